@@ -1,0 +1,79 @@
+"""`hetauto`: one entry point, one module per sub-command under hetauto_megatron/commands/.
+
+Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`. Modules are
+imported lazily so that `hetauto plan` never pays for torch or megatron imports.
+User mistakes (InputError) print one paragraph and exit 2; an infeasible problem exits 3.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import InfeasibleError, InputError
+
+# (command name, module under hetauto_megatron.commands, one-line help). Order = order in --help.
+COMMANDS = [
+    ("plan", "plan", "search the best heterogeneous plan for a model on a device inventory"),
+    ("simulate", "simulate", "predict time, throughput and memory of a plan or a homogeneous layout"),
+    ("emit", "emit", "write Megatron arguments / launch commands or DeepSpeed configs for a plan"),
+    ("dryrun", "dryrun", "run a plan's real Megatron-Core layout on local CPU processes and check its loss"),
+    ("demo", "demo", "the end-to-end tour: plan a LLaMA job on example clusters, then dry-run it"),
+    ("profile", "profile", "time transformer operators on the local device for the learned cost model"),
+    ("fit", "fit", "fit the learned (LightGBM) cost model from profiles"),
+    ("validate-cost-model", "validate_cost_model", "compare cost-model predictions with measurements"),
+    ("probe-link", "probe_link", "measure a link's bandwidth and latency through torch.distributed gloo"),
+    ("patch-megatron", "patch_megatron", "add --hetauto to a Megatron-LM checkout's pretrain_gpt.py"),
+]
+
+EPILOG = """\
+typical flow:
+  hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
+  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml
+  hetauto emit megatron --plan plan.yaml -o launch/
+  hetauto dryrun --plan plan.yaml --tiny --reference
+
+exit codes: 0 ok, 2 invalid input (the message names file, field and fix), 3 no feasible plan.
+'hetauto COMMAND --help' explains each command."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetauto", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Plan and run one Megatron training job across clusters of different accelerators.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_text in COMMANDS:
+        try:
+            mod = importlib.import_module(f".commands.{module}", __package__)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__package__}.commands.{module}":
+                continue  # command not built into this version
+            raise
+        p = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=getattr(mod, "EPILOG", None))
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except InputError as exc:
+        print(f"hetauto {args.command}: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except InfeasibleError as exc:
+        print(f"hetauto {args.command}: no feasible plan: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"hetauto {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The two kinds of user-facing failure, and how the CLI reports them.
+
+Everything a user can get wrong (a malformed file, an unknown device, a plan that does not fit the launched
+job) raises `InputError`; the CLI prints its one-paragraph message and exits 2. A search that finds nothing
+that fits raises `InfeasibleError` (exit 3) saying by how much it misses. Internal bugs stay tracebacks.
+"""
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """A user mistake: names the file, the field, what is wrong and how to fix it. Exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, reason: str, *, file: str | None = None, field: str | None = None, fix: str | None = None):
+        self.reason, self.file, self.field, self.fix = reason, file, field, fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        where = ""
+        if self.file and self.field:
+            where = f"{self.file}: field '{self.field}': "
+        elif self.file:
+            where = f"{self.file}: "
+        elif self.field:
+            where = f"field '{self.field}': "
+        text = where + self.reason.rstrip(".") + "."
+        if self.fix:
+            text += " Fix: " + self.fix.rstrip(".") + "."
+        return text
+
+    def within(self, file: str | None = None, prefix: str | None = None) -> "InputError":
+        """Return this error re-addressed to a file and/or nested under a field prefix (e.g. 'clusters[1]')."""
+        field = self.field
+        if prefix:
+            field = f"{prefix}.{field}" if field else prefix
+        return InputError(self.reason, file=file or self.file, field=field, fix=self.fix)
+
+
+class InfeasibleError(Exception):
+    """No plan fits the devices; the message says what is short (e.g. memory per device). Exit code 3."""
+
+    exit_code = 3

@@ -1,0 +1,214 @@
+"""Plan and Mesh: the file format every other part of hetauto reads.
+
+A plan is the pipeline, in order, cut into meshes. A mesh is one cluster's share of the pipeline: some
+consecutive stages that all use the same TP and DP degree on the same device type. Ranks are numbered
+mesh after mesh (mesh 0 owns ranks [0, n0), mesh 1 the next n1, ...); inside a mesh Megatron's own
+order applies (tp fastest, then dp, then pp), so each mesh is a Megatron grid with a rank offset.
+
+Invariants (checked on construction, with messages that explain):
+- every mesh processes the same samples per micro-batch step: dp_i * micro_batch_size_i is equal
+  everywhere (a smaller DP is made up by a larger micro-batch), so all meshes run the same number of
+  micro-batches per iteration;
+- layer counts sum to the model's; tp divides heads and key/value heads;
+- only the first stage of the pipeline (embedding) and the last (output head) may hold zero layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import yaml
+
+from ..errors import InputError
+from ..spec._fields import get, reject_unknown, require_mapping
+from ..spec.devices import canonical_device_name, get_device
+from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
+
+PLAN_VERSION = 1
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    cluster: str
+    device_type: str
+    tp: int
+    dp: int
+    micro_batch_size: int
+    recompute: str
+    stage_layers: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
+        canon = canonical_device_name(self.device_type)
+        if canon is None:
+            get_device(self.device_type, field="device_type")  # raises with the catalog listed
+        object.__setattr__(self, "device_type", canon)
+        for key in ("tp", "dp", "micro_batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"must be at least 1, got {getattr(self, key)}", field=key)
+        if self.recompute not in RECOMPUTE_MODES:
+            raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute")
+        if not self.stage_layers:
+            raise InputError("is empty: a mesh needs at least one pipeline stage", field="stage_layers",
+                             fix="list the transformer layers of each stage, e.g. [10, 10]")
+        if any(x < 0 for x in self.stage_layers):
+            raise InputError(f"layer counts must not be negative: {list(self.stage_layers)}", field="stage_layers")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_layers)
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.dp * self.num_stages
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one micro-batch step moves through this mesh (all DP replicas together)."""
+        return self.dp * self.micro_batch_size
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["stage_layers"] = list(self.stage_layers)
+        return d
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    global_batch_size: int
+    meshes: tuple[Mesh, ...]
+    inventory: dict | None = None     # the inventory the plan was made for (Inventory.to_dict()), optional
+    estimate: dict | None = None      # the planner's prediction (times, memory), informational
+    version: int = PLAN_VERSION
+
+    def __post_init__(self):
+        object.__setattr__(self, "meshes", tuple(self.meshes))
+        m = self.model
+        if self.version != PLAN_VERSION:
+            raise InputError(f"plan version {self.version} is not supported (this hetauto reads version "
+                             f"{PLAN_VERSION})", field="version", fix="re-create the plan with this hetauto's 'hetauto plan'")
+        if not self.meshes:
+            raise InputError("a plan needs at least one mesh", field="meshes")
+        for i, mesh in enumerate(self.meshes):
+            p = f"meshes[{i}]"
+            if m.num_attention_heads % mesh.tp or m.num_query_groups % mesh.tp:
+                raise InputError(f"tp={mesh.tp} must divide the model's {m.num_attention_heads} attention heads "
+                                 f"and {m.num_query_groups} key/value heads", field=f"{p}.tp",
+                                 fix="choose a tp that divides both")
+        spp = {mesh.samples_per_step for mesh in self.meshes}
+        if len(spp) != 1:
+            detail = ", ".join(f"{x.cluster}: {x.dp}x{x.micro_batch_size}" for x in self.meshes)
+            raise InputError(f"dp * micro_batch_size must be equal in every mesh so all run the same micro-batches; "
+                             f"got {detail}", field="meshes", fix="raise the micro-batch size of the smaller-DP mesh")
+        step = spp.pop()
+        if self.global_batch_size < 1 or self.global_batch_size % step:
+            raise InputError(f"global_batch_size {self.global_batch_size} is not a multiple of dp * micro_batch_size "
+                             f"= {step}", field="global_batch_size", fix=f"use a multiple of {step}")
+        total = sum(self.stage_layers)
+        if total != m.num_layers:
+            raise InputError(f"stage_layers add up to {total} layers but the model has {m.num_layers}",
+                             field="meshes[*].stage_layers", fix=f"make the layer counts sum to {m.num_layers}")
+        layers = self.stage_layers
+        for s, n in enumerate(layers):
+            if n == 0 and 0 < s < len(layers) - 1:
+                raise InputError(f"pipeline stage {s} holds no layers; only the first (embedding) or the last "
+                                 "(output head) stage may be empty", field="meshes[*].stage_layers",
+                                 fix="move a layer into it or remove the stage")
+
+    # ---- derived --------------------------------------------------------------------------------------
+    @property
+    def stage_layers(self) -> list[int]:
+        return [n for mesh in self.meshes for n in mesh.stage_layers]
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return sum(mesh.num_stages for mesh in self.meshes)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.meshes[0].samples_per_step
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // self.samples_per_step
+
+    @property
+    def world_size(self) -> int:
+        return sum(mesh.num_devices for mesh in self.meshes)
+
+    def rank_offset(self, mesh_index: int) -> int:
+        return sum(mesh.num_devices for mesh in self.meshes[:mesh_index])
+
+    def first_stage(self, mesh_index: int) -> int:
+        """Global pipeline stage index of a mesh's first stage."""
+        return sum(mesh.num_stages for mesh in self.meshes[:mesh_index])
+
+    def stage_owner(self, stage: int) -> tuple[int, int]:
+        """(mesh index, stage index inside that mesh) for a global pipeline stage."""
+        for i, mesh in enumerate(self.meshes):
+            if stage < mesh.num_stages:
+                return i, stage
+            stage -= mesh.num_stages
+        raise IndexError(stage)
+
+    # ---- file format ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {"version": self.version, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
+             "meshes": [mesh.to_dict() for mesh in self.meshes]}
+        if self.inventory is not None:
+            d["inventory"] = self.inventory
+        if self.estimate is not None:
+            d["estimate"] = self.estimate
+        return d
+
+    def to_yaml(self) -> str:
+        return "# hetauto plan: pipeline order, one mesh per cluster share (docs/plan-format.md)\n" + \
+            yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+
+    def save(self, path: str) -> None:
+        text = json.dumps(self.to_dict(), indent=2) + "\n" if path.endswith(".json") else self.to_yaml()
+        with open(path, "w") as fh:
+            fh.write(text)
+
+
+_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers"}
+
+
+def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
+    data = require_mapping(data, "a plan", file)
+    reject_unknown(data, {"version", "model", "global_batch_size", "meshes", "inventory", "estimate"}, file=file)
+    version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
+    model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
+                            prefix="model.")
+    gbs = get(data, "global_batch_size", int, file=file)
+    meshes = []
+    for i, raw in enumerate(get(data, "meshes", list, file=file)):
+        p = f"meshes[{i}]."
+        raw = require_mapping(raw, f"meshes[{i}]", file)
+        reject_unknown(raw, _MESH_KEYS, file=file, prefix=p)
+        try:
+            meshes.append(Mesh(
+                cluster=str(get(raw, "cluster", (str, int), file=file, prefix=p)),
+                device_type=get(raw, "device_type", str, file=file, prefix=p),
+                tp=get(raw, "tp", int, default=1, file=file, prefix=p),
+                dp=get(raw, "dp", int, default=1, file=file, prefix=p),
+                micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
+                recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
+                stage_layers=tuple(get(raw, "stage_layers", list, file=file, prefix=p)),
+            ))
+        except InputError as exc:
+            raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"has a malformed value ({exc})", file=file, field=f"meshes[{i}]") from None
+    try:
+        return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
+                    inventory=data.get("inventory"), estimate=data.get("estimate"), version=version)
+    except InputError as exc:
+        raise exc.within(file=file) from None
+
+
+def load_plan(path: str) -> Plan:
+    return plan_from_dict(load_yaml_file(path, "plan"), file=path)

@@ -1,0 +1,168 @@
+"""Inventory: the clusters a job may use and the links between them.
+
+Bandwidths in the file are network figures in Gbit/s (what a datasheet or iperf3 prints); intra-node and
+inter-node latencies are in microseconds, inter-cluster latency in milliseconds. Internally everything is
+bytes/s and seconds.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from ._fields import get, positive, reject_unknown, require_mapping
+from .devices import DeviceType, get_device
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth_gbps: float      # Gbit/s
+    latency_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8
+
+    def transfer_time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    device: DeviceType
+    nodes: int
+    devices_per_node: int
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise InputError(f"cluster '{self.name}' needs at least one node and one device per node",
+                             field="nodes")
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass(frozen=True)
+class Inventory:
+    clusters: tuple[Cluster, ...]
+    links: dict = field(default_factory=dict)   # frozenset({a, b}) -> LinkSpec
+    source: str | None = None
+
+    def __post_init__(self):
+        names = [c.name for c in self.clusters]
+        if not names:
+            raise InputError("lists no clusters", file=self.source, field="clusters",
+                             fix="add at least one cluster entry")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise InputError(f"cluster name(s) {', '.join(dup)} appear more than once", file=self.source,
+                             field="clusters", fix="give every cluster a unique name")
+
+    @property
+    def num_devices(self) -> int:
+        return sum(c.num_devices for c in self.clusters)
+
+    def cluster(self, name: str) -> Cluster:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise InputError(f"no cluster named {name!r}", file=self.source, field="cluster",
+                         fix=f"use one of: {', '.join(c.name for c in self.clusters)}")
+
+    def link(self, a: str, b: str) -> LinkSpec | None:
+        """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b)."""
+        if a == b:
+            return self.cluster(a).inter_node
+        return self.links.get(frozenset((a, b)))
+
+    def to_dict(self) -> dict:
+        return {
+            "clusters": [{
+                "name": c.name, "device": c.device.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node,
+                "memory_gib": c.device.memory_gib, "peak_tflops": c.device.peak_tflops, "hbm_gbps": c.device.hbm_gbps,
+                "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
+                "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6},
+            } for c in self.clusters],
+            "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3}
+                      for pair, l in sorted(self.links.items(), key=lambda kv: sorted(kv[0]))],
+        }
+
+
+_CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
+                 "peak_tflops", "hbm_gbps"}
+_DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
+
+
+def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1e-6) -> LinkSpec:
+    if data is None and default is not None:
+        data = default
+    data = require_mapping(data, prefix.rstrip("."), file)
+    reject_unknown(data, {"bandwidth_gbps", latency_key}, file=file, prefix=prefix)
+    bw = positive(get(data, "bandwidth_gbps", float, file=file, prefix=prefix), prefix + "bandwidth_gbps", file)
+    lat = get(data, latency_key, float, default=0.0, file=file, prefix=prefix)
+    if lat < 0:
+        raise InputError(f"must not be negative, got {lat}", file=file, field=prefix + latency_key)
+    return LinkSpec(bw, lat * scale)
+
+
+def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
+    data = require_mapping(data, "the inventory", file)
+    reject_unknown(data, {"clusters", "links", "name", "description"}, file=file)
+    raw_clusters = get(data, "clusters", list, file=file, fix="list the clusters under 'clusters:'")
+    clusters = []
+    for i, raw in enumerate(raw_clusters):
+        p = f"clusters[{i}]."
+        raw = require_mapping(raw, f"clusters[{i}]", file)
+        reject_unknown(raw, _CLUSTER_KEYS, file=file, prefix=p)
+        name = str(get(raw, "name", (str, int), file=file, prefix=p))
+        dev = get_device(get(raw, "device", str, file=file, prefix=p), file=file, field=p + "device")
+        overrides = {}
+        for key in ("memory_gib", "peak_tflops", "hbm_gbps"):
+            v = get(raw, key, float, default=None, file=file, prefix=p)
+            overrides[key] = positive(v, p + key, file) if v is not None else None
+        dev = dev.with_overrides(**overrides)
+        nodes = get(raw, "nodes", int, file=file, prefix=p)
+        dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
+        if nodes < 1 or dpn < 1:
+            raise InputError(f"nodes ({nodes}) and devices_per_node ({dpn}) must be at least 1", file=file,
+                             field=p + ("nodes" if nodes < 1 else "devices_per_node"))
+        intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
+                      default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": 5.0})
+        inter = _link(raw.get("inter_node"), file=file, prefix=p + "inter_node.", default=_DEFAULT_INTER_NODE)
+        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter))
+    names = {c.name for c in clusters}
+    links = {}
+    for i, raw in enumerate(get(data, "links", list, default=[], file=file)):
+        p = f"links[{i}]."
+        raw = require_mapping(raw, f"links[{i}]", file)
+        reject_unknown(raw, {"between", "bandwidth_gbps", "latency_ms"}, file=file, prefix=p)
+        pair = get(raw, "between", list, file=file, prefix=p, fix="write between: [cluster_a, cluster_b]")
+        pair = [str(x) for x in pair]
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise InputError(f"must name two different clusters, got {pair}", file=file, field=p + "between",
+                             fix="write between: [cluster_a, cluster_b]")
+        for n in pair:
+            if n not in names:
+                raise InputError(f"names cluster {n!r}, which the inventory does not define", file=file,
+                                 field=p + "between", fix=f"use one of: {', '.join(sorted(names))}")
+        key = frozenset(pair)
+        if key in links:
+            raise InputError(f"the link between {pair[0]} and {pair[1]} is given twice", file=file,
+                             field=p + "between", fix="keep one entry per cluster pair")
+        links[key] = _link({k: v for k, v in raw.items() if k != "between"}, file=file, prefix=p,
+                           latency_key="latency_ms", scale=1e-3)
+    inv = Inventory(tuple(clusters), links, source=file)
+    return inv
+
+
+def load_inventory(path: str) -> Inventory:
+    from .model import load_yaml_file
+    return inventory_from_dict(load_yaml_file(path, "inventory"), file=path)
+
+
+def cluster_pairs_without_link(inv: Inventory) -> list[tuple[str, str]]:
+    return [(a.name, b.name) for a, b in itertools.combinations(inv.clusters, 2) if inv.link(a.name, b.name) is None]
