@@ -6,7 +6,7 @@ setup(
     description="Plan and run one LLM training job across clusters of different accelerators (Megatron-Core plugin).",
     python_requires=">=3.12",
     packages=find_packages(include=["hetauto_megatron", "hetauto_megatron.*"]),
-    package_data={"hetauto_megatron": ["data/*.yaml", "data/**/*.yaml"]},
+    package_data={"hetauto_megatron": ["data/*.yaml", "data/*/*"]},
     install_requires=["pyyaml", "numpy"],
     entry_points={"console_scripts": ["hetauto=hetauto_megatron.cli:main"]},
 )

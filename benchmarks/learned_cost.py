@@ -1,0 +1,94 @@
+"""Accuracy of the learned cost model, printed as tables.
+
+1. This CPU: `hetauto profile --quick` (reused when the file exists; --fresh re-profiles), fit with 20% of the
+   shapes held out, held-out MAPE on operator time for several random splits (target <= 10%).
+2. The shipped GPU measurements (tests/data/sailor, from the Sailor project): leave-one-model-out, i.e. fit on
+   three models and predict every measured transformer layer of the fourth, MAPE per GPU type and held-out
+   model, next to the roofline prior's (target <= 10% on A100-40 and GH-96).
+
+    python benchmarks/learned_cost.py [--workdir DIR] [--fresh] [--skip-cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hetauto_megatron.cost import learned as L  # noqa: E402
+from hetauto_megatron.cost.profile import profile, stderr_progress  # noqa: E402
+from hetauto_megatron.spec.devices import get_device  # noqa: E402
+
+SAILOR = os.path.join(ROOT, "tests", "data", "sailor")
+
+
+def cpu_part(workdir: str, fresh: bool, seeds=(0, 1, 2, 3, 4)) -> None:
+    prof = os.path.join(workdir, "profile-cpu.jsonl")
+    if fresh and os.path.exists(prof):
+        os.remove(prof)
+    t = time.perf_counter()
+    summary = profile(get_device("cpu"), prof, grid="quick-cpu", progress=stderr_progress)
+    print(f"\n[1] CPU quick profile: {summary['operators']} operators, {summary['measured_now']} measured in "
+          f"{time.perf_counter() - t:.1f} s ({summary['resumed']} reused)")
+    _, samples = L.profile_samples(prof)
+    print(f"{'split seed':>10} {'fwd MAPE %':>11} {'bwd MAPE %':>11} {'all MAPE %':>11} {'prior MAPE %':>13}")
+    alls = []
+    for seed in seeds:
+        train, test = L.split_holdout(samples, 0.2, seed)
+        pred = L.predict_samples(L.train_boosters(train, seed), test)
+        by = {ph: [(p, s.measured_s) for p, s in zip(pred, test) if s.phase == ph] for ph in ("fwd", "bwd")}
+        m = {ph: L.mape([a for a, _ in v], [b for _, b in v]) for ph, v in by.items()}
+        allm = L.mape(pred, [s.measured_s for s in test])
+        alls.append(allm)
+        prior = L.mape([s.prior_s for s in test], [s.measured_s for s in test])
+        print(f"{seed:>10} {m['fwd']:>11.2f} {m['bwd']:>11.2f} {allm:>11.2f} {prior:>13.1f}")
+    print(f"{'mean':>10} {'':>11} {'':>11} {sum(alls) / len(alls):>11.2f}   (target <= 10)")
+
+
+def sailor_part() -> None:
+    layers = L.load_sailor(SAILOR)
+    models = sorted({r.model for r in layers})
+    print("\n[2] Sailor GPU measurements, leave-one-model-out, per-layer MAPE % (transformer layers, fwd+bwd rows)")
+    print(f"{'GPU':<10} {'held-out model':<14} {'layers':>7} {'learned %':>10} {'prior %':>9}")
+    agg: dict[str, list] = {}
+    for held in models:
+        train_layers = [r for r in layers if r.model != held]
+        boosters = L.train_boosters(L.sailor_samples(train_layers), 0)
+        trained_gpus = {r.gpu for r in train_layers}
+        test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
+        for gpu in sorted({r.gpu for r in test_layers}):
+            sel = [r for r in test_layers if r.gpu == gpu]
+            ss = L.sailor_layer_samples(sel)
+            if gpu not in trained_gpus:
+                print(f"{gpu:<10} {held:<14} {len(sel):>7} {'n/a':>10} {'':>9}  (no other model measured on it)")
+                continue
+            pred = L.predict_samples(boosters, ss)
+            meas = [s.measured_s for s in ss]
+            e, pe = L.mape(pred, meas), L.mape([s.prior_s for s in ss], meas)
+            agg.setdefault(gpu, []).extend(zip(pred, meas, [s.prior_s for s in ss]))
+            print(f"{gpu:<10} {held:<14} {len(sel):>7} {e:>10.1f} {pe:>9.1f}")
+    print(f"\n{'GPU':<10} {'all folds: learned %':>21} {'prior %':>9}")
+    for gpu, v in sorted(agg.items()):
+        print(f"{gpu:<10} {L.mape([a for a, _, _ in v], [b for _, b, _ in v]):>21.1f} "
+              f"{L.mape([c for _, _, c in v], [b for _, b, _ in v]):>9.1f}")
+    print("targets: <= 10 on A100-40 and GH-96")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "learned_cost"))
+    ap.add_argument("--fresh", action="store_true", help="re-profile instead of reusing the profile file")
+    ap.add_argument("--skip-cpu", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    if not args.skip_cpu:
+        cpu_part(args.workdir, args.fresh)
+    sailor_part()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`hetauto emit megatron|deepspeed|summary`: turn a plan file into what a job needs to run."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..errors import InputError
+
+DESCRIPTION = """\
+Turn a plan (from 'hetauto plan', or written by hand: docs/plan-format.md) into launch material.
+
+targets:
+  megatron   per cluster, the exact launch: a bash script that runs torchrun on one node of that cluster
+             with the HETAUTO_* environment (docs/launch.md), the vendor stack's variables and the
+             Megatron-LM arguments (TP, whole-pipeline PP, --pipeline-model-parallel-layout for the
+             uneven split, model shape, micro/global batch, recompute, bf16, distributed optimizer,
+             --hetauto --hetauto-plan). Printed, or one <cluster>.sh per cluster with -o DIR.
+  deepspeed  per mesh, a ds_config JSON checked by DeepSpeed's own parser for that mesh's data-parallel
+             size, plus the plain list of plan features DeepSpeed cannot express (docs/deepspeed.md).
+             Printed, or ds_config.<cluster>.json files and deepspeed-unsupported.txt with -o DIR.
+  summary    the per-stage table (cluster, device, devices, TP/DP, layers, and the plan's estimate of time,
+             memory and utilisation when the plan carries one). Printed, or summary.txt with -o DIR.
+
+An invalid plan exits 2 with a message naming the file, the field and the fix."""
+
+EPILOG = """\
+examples:
+  hetauto emit summary  --plan examples/llama/plans/llama2-70b-736.yaml
+  hetauto emit megatron --plan examples/llama/plans/llama2-70b-736.yaml --cluster ascend
+  hetauto emit megatron --plan plan.yaml -o launch/      # then on each node of cluster X:
+      NODE_RANK=0 CLUSTER_MASTER_ADDR=x-node0 HETAUTO_MASTER_ADDR=first-node0 launch/X.sh --data-path ...
+  hetauto emit deepspeed --plan plan.yaml -o ds/ --json"""
+
+TARGETS = ("megatron", "deepspeed", "summary")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("target", choices=TARGETS, help="what to emit (see above)")
+    parser.add_argument("--plan", required=True, metavar="PLAN", help="plan file (YAML or JSON)")
+    parser.add_argument("--cluster", metavar="NAME", help="only this cluster's launch / configs")
+    parser.add_argument("-o", "--output", metavar="DIR", help="write files into DIR instead of printing them")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
+    parser.add_argument("--script", default=None, metavar="PATH",
+                        help="megatron: training script torchrun starts (default pretrain_gpt.py; the launch also "
+                             "honours $MEGATRON_SCRIPT)")
+    parser.add_argument("--plan-path", default=None, metavar="PATH",
+                        help="megatron: plan path as the nodes see it, for --hetauto-plan (default: --plan made "
+                             "absolute; the launch also honours $HETAUTO_PLAN)")
+    parser.add_argument("--devices-per-node", type=int, default=None, metavar="N",
+                        help="megatron: processes per node when the plan carries no inventory (default 8)")
+
+
+def _out_dir(path: str) -> str:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError("exists and is not a directory", field="-o", fix="name a directory (it is created if needed)")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot be created: {exc.strerror}", field="-o", fix="choose a writable directory") from None
+    return path
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
+
+
+def run(args) -> int:
+    from ..plan.plan import load_plan
+    plan = load_plan(args.plan)
+    if args.devices_per_node is not None and args.devices_per_node < 1:
+        raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
+    out_dir = _out_dir(args.output) if args.output else None
+    written: list[str] = []
+    if args.target == "megatron":
+        from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
+        launches = emit_megatron(plan, plan_path=args.plan_path or os.path.abspath(args.plan), cluster=args.cluster,
+                                 script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
+                                 file=args.plan)
+        if out_dir:
+            for la in launches:
+                path = os.path.join(out_dir, f"{la['name']}.sh")
+                _write(path, la["script"], 0o755)
+                written.append(path)
+        if args.json:
+            print(json.dumps({"world_size": plan.world_size, "pipeline_parallel_size": plan.pipeline_parallel_size,
+                              "launches": launches, "written": written}, indent=2))
+        elif not out_dir:
+            for la in launches:
+                print(f"# ===== cluster {la['cluster']} ({la['name']}.sh): ranks {la['rank_offset']}-"
+                      f"{la['rank_offset'] + la['num_devices'] - 1}, {la['nnodes']} x {la['nproc_per_node']} =====")
+                print(la["script"])
+    elif args.target == "deepspeed":
+        from ..emit.deepspeed import emit_deepspeed, unsupported_features
+        configs = emit_deepspeed(plan, cluster=args.cluster)
+        unsupported = unsupported_features(plan)
+        if out_dir:
+            for c in configs:
+                path = os.path.join(out_dir, f"ds_config.{c['name']}.json")
+                _write(path, json.dumps(c["config"], indent=2) + "\n")
+                written.append(path)
+            path = os.path.join(out_dir, "deepspeed-unsupported.txt")
+            _write(path, "Plan features DeepSpeed cannot express:\n" +
+                   "".join(f"- {u}\n" for u in unsupported) if unsupported else "none\n")
+            written.append(path)
+        if args.json:
+            print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
+        elif not out_dir:
+            for c in configs:
+                print(f"# ds_config for {c['name']} (mesh {c['mesh']}, data-parallel size {c['data_parallel_size']}; "
+                      "accepted by DeepSpeed's parser)")
+                print(json.dumps(c["config"], indent=2))
+            print("# plan features DeepSpeed cannot express:" if unsupported else
+                  "# DeepSpeed can express every feature of this plan")
+            for u in unsupported:
+                print(f"# - {u}")
+    else:
+        from ..emit.summary import format_summary
+        if args.cluster is not None and args.cluster not in {m.cluster for m in plan.meshes}:
+            raise InputError(f"the plan has no cluster named {args.cluster!r}", field="--cluster",
+                             fix=f"use one of: {', '.join(sorted({m.cluster for m in plan.meshes}))}")
+        text = format_summary(plan, plan.estimate)
+        if out_dir:
+            path = os.path.join(out_dir, "summary.txt")
+            _write(path, text + "\n")
+            written.append(path)
+        if args.json:
+            print(json.dumps({"summary": text, "world_size": plan.world_size,
+                              "pipeline_parallel_size": plan.pipeline_parallel_size,
+                              "estimate": plan.estimate, "written": written}, indent=2))
+        elif not out_dir:
+            print(text)
+    if written and not args.json:
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

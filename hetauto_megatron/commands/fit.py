@@ -1,0 +1,45 @@
+"""`hetauto fit`: fit the learned (LightGBM) cost model from operator profiles and/or per-layer GPU data."""
+from __future__ import annotations
+
+import json
+
+DESCRIPTION = """\
+Fit LightGBM regressors that correct a roofline prior (time = prior x exp(prediction)) from measured times:
+operator profiles written by 'hetauto profile' (one file per device type) and, with --sailor DIR, the
+published per-layer GPU measurements of the Sailor project (A100, V100, GH200, RTX GPUs).
+
+A share of the rows (--holdout) is kept aside first to report the error on unseen shapes; then the model is
+refitted on all rows and written to MODEL_DIR: manifest.json plus one booster per (granularity, phase) in
+LightGBM's text format. 'hetauto plan/simulate --cost-model MODEL_DIR' use it for the device types it covers
+and the analytic model for the others."""
+
+EPILOG = """\
+examples:
+  hetauto fit profiles/profile-cpu.jsonl -o cost-model/
+  hetauto fit profiles/*.jsonl --sailor tests/data/sailor -o cost-model/ --json"""
+
+
+def add_arguments(p):
+    p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile files from 'hetauto profile'")
+    p.add_argument("-o", "--out", required=True, metavar="MODEL_DIR", help="directory to write the model to")
+    p.add_argument("--sailor", metavar="DIR", help="directory with Sailor's profiles_tmp.json (per-layer GPU times)")
+    p.add_argument("--holdout", type=float, default=0.2, help="share of shapes held out to report the error "
+                                                              "(default 0.2; 0 = none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the fit report as JSON")
+
+
+def run(args) -> int:
+    from ..cost.learned import fit
+    res = fit(list(args.profiles), args.out, sailor_dir=args.sailor, holdout=args.holdout, seed=args.seed)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=1, sort_keys=True))
+        return 0
+    print(f"fitted {res.rows} rows -> {res.model_dir}")
+    print(f"device types: {', '.join(f'{k} ({v.granularity})' for k, v in sorted(res.devices.items()))}")
+    if res.heldout:
+        print(f"held-out error ({args.holdout:.0%} of operator shapes; per-layer data: of (device, model) pairs):")
+        print(f"  {'device granularity phase':<32} {'rows':>6} {'MAPE %':>8}")
+        for k, v in res.heldout.items():
+            print(f"  {k:<32} {v['rows']:>6} {v['mape_pct']:>8.2f}")
+    return 0

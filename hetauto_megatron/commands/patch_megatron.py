@@ -1,0 +1,222 @@
+"""`hetauto patch-megatron /path/to/Megatron-LM`: add --hetauto to a Megatron-LM checkout's pretrain_gpt.py.
+
+The patch (patches/pretrain_gpt.patch) changes three lines; this command applies it without needing `patch`
+or git, idempotently (a patched file is recognised and left alone), checks the result, and says what changed.
+A file the patch does not fit (another Megatron-LM version, local edits) is left untouched: exit 2 with the
+lines that were not found.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+DESCRIPTION = """\
+Add the --hetauto flag to Megatron-LM's pretrain_gpt.py (branch core_r0.19.0, matching megatron-core 0.19.x).
+
+The patch changes three lines of pretrain_gpt.py:
+  1. imports hetauto_megatron.megatron.hook;
+  2. parses the arguments with hook.parse_and_validate_args (Megatron's own, plus --hetauto, --hetauto-plan,
+     --hetauto-cluster; under --hetauto each rank's TP, DP, micro-batch, pipeline layout and recompute come
+     from the plan);
+  3. adds **hook.pretrain_kwargs(args) to pretrain(...) (the plan's process groups and inter-cluster
+     communicator; nothing without --hetauto).
+Without --hetauto the patched script trains exactly as before. Running it twice changes nothing the second
+time. hetauto_megatron must be importable by the Python that runs pretrain_gpt.py (pip install it)."""
+
+EPILOG = """\
+examples:
+  hetauto patch-megatron ~/Megatron-LM
+  hetauto patch-megatron ~/Megatron-LM --check        # only report whether it is patched / patchable
+  then: torchrun ... pretrain_gpt.py <Megatron arguments> --hetauto --hetauto-plan plan.yaml"""
+
+TARGET = "pretrain_gpt.py"
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int               # 1-based line in the unpatched file (a hint; the text decides)
+    old: tuple[str, ...]         # context + removed lines
+    new: tuple[str, ...]         # context + added lines
+
+    @property
+    def added(self) -> list[str]:
+        return [line for line in self.new if line not in self.old]
+
+    @property
+    def removed(self) -> list[str]:
+        return [line for line in self.old if line not in self.new]
+
+
+def default_patch_path() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.normpath(os.path.join(here, "..", "..", "patches", "pretrain_gpt.patch"))
+
+
+def parse_patch(text: str, *, file: str | None = None) -> list[Hunk]:
+    """Hunks of a one-file unified diff (text before the first '---' line is commentary)."""
+    hunks, old, new, start, in_hunk = [], [], [], 0, False
+    for raw in text.splitlines():
+        m = _HUNK_HEADER.match(raw)
+        if m:
+            if in_hunk:
+                hunks.append(Hunk(start, tuple(old), tuple(new)))
+            start, old, new, in_hunk = int(m.group(1)), [], [], True
+            continue
+        if not in_hunk:
+            continue
+        if raw.startswith("\\"):        # "\ No newline at end of file"
+            continue
+        tag, line = (raw[:1], raw[1:]) if raw else (" ", "")
+        if tag == " ":
+            old.append(line)
+            new.append(line)
+        elif tag == "-":
+            old.append(line)
+        elif tag == "+":
+            new.append(line)
+        else:
+            raise InputError(f"malformed diff line {raw!r}", file=file, fix="use the patch shipped with hetauto")
+    if in_hunk:
+        hunks.append(Hunk(start, tuple(old), tuple(new)))
+    if not hunks:
+        raise InputError("contains no hunks", file=file, fix="use the patch shipped with hetauto")
+    return hunks
+
+
+def _find(lines: list[str], block: tuple[str, ...]) -> list[int]:
+    n = len(block)
+    return [i for i in range(len(lines) - n + 1) if tuple(lines[i:i + n]) == block]
+
+
+@dataclass(frozen=True)
+class PatchState:
+    status: str                  # "applied" | "patchable" | "conflict"
+    reasons: tuple[str, ...] = ()
+    positions: tuple[int, ...] = ()   # 0-based start of each hunk's old block (when patchable)
+
+
+def inspect_file(lines: list[str], hunks: list[Hunk]) -> PatchState:
+    """Decide, per hunk, whether the file holds the patched text (applied), exactly one copy of the
+    unpatched text (patchable), or neither (conflict, with the reason)."""
+    applied, positions, reasons = [], [], []
+    for k, hunk in enumerate(hunks, 1):
+        new_at = _find(lines, hunk.new)
+        old_at = _find(lines, hunk.old)
+        if new_at and not old_at:
+            applied.append(True)
+            positions.append(new_at[0])
+        elif len(old_at) == 1:
+            applied.append(False)
+            positions.append(old_at[0])
+        else:
+            applied.append(None)
+            first = next((line for line in hunk.removed or hunk.old if line.strip()), hunk.old[0])
+            if not old_at:
+                reasons.append(f"hunk {k} (near line {hunk.old_start}): the lines it changes were not found, e.g. "
+                               f"{first.strip()!r}")
+            else:
+                reasons.append(f"hunk {k}: its lines occur {len(old_at)} times, so the place to change is ambiguous")
+    if all(a is True for a in applied):
+        return PatchState("applied", positions=tuple(positions))
+    if all(a is False for a in applied):
+        return PatchState("patchable", positions=tuple(positions))
+    if not reasons:
+        reasons.append("some hunks are applied and others are not (a partly patched or hand-edited file)")
+    return PatchState("conflict", tuple(reasons))
+
+
+def apply_hunks(lines: list[str], hunks: list[Hunk], positions: tuple[int, ...]) -> list[str]:
+    out = list(lines)
+    # bottom-up, so earlier positions stay valid
+    for hunk, pos in sorted(zip(hunks, positions), key=lambda hp: hp[1], reverse=True):
+        out[pos:pos + len(hunk.old)] = list(hunk.new)
+    return out
+
+
+def verify(text: str, hunks: list[Hunk], *, file: str) -> None:
+    """The patched file must hold each added line exactly once and still be valid Python."""
+    lines = text.splitlines()
+    for hunk in hunks:
+        for line in hunk.added:
+            count = sum(1 for x in lines if x == line)
+            if count != 1:
+                raise InputError(f"after patching, the line {line.strip()!r} occurs {count} times", file=file,
+                                 fix="restore the original pretrain_gpt.py (git checkout pretrain_gpt.py) and "
+                                     "run hetauto patch-megatron again")
+    try:
+        compile(text, file, "exec")
+    except SyntaxError as exc:
+        raise InputError(f"the patched file is not valid Python (line {exc.lineno}: {exc.msg})", file=file,
+                         fix="restore the original pretrain_gpt.py and report this") from None
+
+
+def explain(hunks: list[Hunk]) -> list[str]:
+    out = []
+    for hunk in hunks:
+        for line in hunk.removed:
+            out.append(f"  - {line.strip()}")
+        for line in hunk.added:
+            out.append(f"  + {line.strip()}")
+    return out
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("megatron_lm", metavar="MEGATRON_LM_DIR", help="a Megatron-LM checkout (holds pretrain_gpt.py)")
+    parser.add_argument("--check", action="store_true",
+                        help="only report whether the file is patched, patchable or conflicting (exit 2 on conflict)")
+    parser.add_argument("--patch", default=None, metavar="FILE",
+                        help="the patch to apply (default: patches/pretrain_gpt.patch shipped with hetauto)")
+
+
+def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bool = False,
+                   out=print) -> str:
+    """Apply (or with check=True, inspect) the patch. Returns the final status: 'applied' (already),
+    'patched' (changed now) or 'patchable' (check only). Raises InputError when it does not fit."""
+    patch_file = patch_file or default_patch_path()
+    if not os.path.isfile(patch_file):
+        raise InputError("patch file not found", file=patch_file,
+                         fix="run from a hetauto source checkout or pass --patch patches/pretrain_gpt.patch")
+    with open(patch_file) as fh:
+        hunks = parse_patch(fh.read(), file=patch_file)
+    if not os.path.isdir(megatron_lm):
+        raise InputError("is not a directory", file=megatron_lm, fix="pass the root of a Megatron-LM checkout")
+    target = os.path.join(megatron_lm, TARGET)
+    if not os.path.isfile(target):
+        raise InputError(f"has no {TARGET}", file=megatron_lm,
+                         fix="pass the root of a Megatron-LM checkout (git clone -b core_r0.19.0 "
+                             "https://github.com/NVIDIA/Megatron-LM)")
+    with open(target, newline="") as fh:
+        text = fh.read()
+    crlf = "\r\n" in text
+    lines = text.replace("\r\n", "\n").split("\n")
+    state = inspect_file(lines, hunks)
+    if state.status == "conflict":
+        raise InputError("the hetauto patch does not fit this pretrain_gpt.py, which was left unchanged: "
+                         + "; ".join(state.reasons), file=target,
+                         fix="use a Megatron-LM checkout of branch core_r0.19.0 (megatron-core 0.19.x), or make the "
+                             "three changes by hand (patches/README.md lists them)")
+    if state.status == "applied":
+        verify("\n".join(lines), hunks, file=target)
+        out(f"{target}: already patched for --hetauto; nothing to do.")
+        return "applied"
+    if check:
+        out(f"{target}: not patched yet; the patch fits ({len(hunks)} places).")
+        return "patchable"
+    new_text = "\n".join(apply_hunks(lines, hunks, state.positions))
+    verify(new_text, hunks, file=target)
+    with open(target, "w", newline="") as fh:
+        fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
+    out(f"patched {target}:")
+    for line in explain(hunks):
+        out(line)
+    out("Now run it with: --hetauto --hetauto-plan plan.yaml (without --hetauto it trains exactly as before).")
+    return "patched"
+
+
+def run(args) -> int:
+    patch_megatron(args.megatron_lm, patch_file=args.patch, check=args.check)
+    return 0

@@ -1,0 +1,62 @@
+"""`hetauto probe-link`: measure a link's bandwidth and latency through torch.distributed gloo."""
+from __future__ import annotations
+
+import json
+
+from ..errors import InputError
+
+DESCRIPTION = """\
+Measure point-to-point bandwidth (over message sizes) and latency between two hosts through torch.distributed
+gloo: host tensors sent on a two-rank gloo group, the path pipeline activations take between clusters. Like
+iperf3, but through the same stack. Start '--rank 0' on a host of one cluster and '--rank 1' on a host of the
+other, both with --master set to rank 0's address; rank 0 prints the inventory 'links:' entry to paste.
+--local runs both sides on this machine (a self-test; it measures this host's loopback)."""
+
+EPILOG = """\
+examples:
+  cluster A host (10.0.0.5):  hetauto probe-link --rank 0 --master 10.0.0.5:29600 --between h800 ascend
+  cluster B host:             hetauto probe-link --rank 1 --master 10.0.0.5:29600
+  self-test:                  hetauto probe-link --local --json"""
+
+
+def add_arguments(p):
+    p.add_argument("--rank", type=int, help="0 on the side whose address is --master, 1 on the other")
+    p.add_argument("--master", metavar="HOST:PORT", help="rank 0's address, reachable from rank 1")
+    p.add_argument("--local", action="store_true", help="run both sides here (self-test)")
+    p.add_argument("--between", nargs=2, metavar="CLUSTER", default=["cluster_a", "cluster_b"],
+                   help="cluster names for the printed inventory entry")
+    p.add_argument("--max-size-mib", type=float, default=64.0, help="largest message (default 64 MiB)")
+    p.add_argument("--iters", type=int, default=5, help="repetitions per message size (default 5)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other side (default 60)")
+    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
+
+
+def run(args) -> int:
+    from ..cost import probe_link as P
+    if args.max_size_mib <= 0 or args.iters < 1 or args.timeout <= 0:
+        raise InputError("--max-size-mib and --timeout must be positive and --iters at least 1",
+                         field="--max-size-mib")
+    sizes = [n for n in P.DEFAULT_SIZES if n <= args.max_size_mib * (1 << 20)] or [P.DEFAULT_SIZES[0]]
+    if args.between[0] == args.between[1]:
+        raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")
+    if args.local:
+        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout)
+    else:
+        if args.rank is None or args.master is None:
+            raise InputError("both --rank and --master are needed (or --local)", field="--rank",
+                             fix="run '--rank 0 --master HOST:PORT' on one host and '--rank 1' with the same "
+                                 "--master on the other")
+        m = P.run_side(args.rank, args.master, sizes=sizes, iters=args.iters, timeout_s=args.timeout)
+        if m is None:
+            print("probe-link: done (rank 0 prints the result)")
+            return 0
+    a, b = args.between
+    if args.json:
+        print(json.dumps(m.to_dict(a, b), indent=1))
+        return 0
+    print(f"# latency {m.latency_s * 1e6:.1f} us, bandwidth {m.bandwidth_gbps:.3f} Gbit/s "
+          f"({m.bandwidth_bytes_per_s / 1e6:.1f} MB/s); per message size:")
+    for n, t, r in m.per_size:
+        print(f"#   {n:>10} B  {t * 1e3:9.3f} ms  {r * 8 / 1e9:8.3f} Gbit/s")
+    print(P.link_yaml(m, a, b), end="")
+    return 0

@@ -1,0 +1,59 @@
+"""`hetauto profile`: time transformer operators on this machine's device for the learned cost model."""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import InputError
+
+DESCRIPTION = """\
+Time the operators a transformer layer is made of (QKV and output projections, attention core, MLP GEMMs,
+SwiGLU/GELU, norms, rotary embedding, residual adds, logits GEMM, cross-entropy, embedding), forward and
+backward, over a grid of shapes and TP degrees, on this machine's device (cuda, npu or cpu).
+
+Each operator is warmed up, then repeated; the file keeps the median and the spread. The output is a JSON-lines
+file DIR/profile-<device type>.jsonl with the device and library versions in its header. Re-running resumes:
+rows already in the file are skipped. Feed the file to 'hetauto fit'."""
+
+EPILOG = """\
+examples:
+  hetauto profile --device-type cpu --quick                      # ~1-3 minutes on a laptop
+  hetauto profile --device-type h800 --out profiles/             # on a GPU node of the H800 cluster
+  hetauto fit profiles/profile-h800.jsonl -o cost-model/"""
+
+
+def add_arguments(p):
+    p.add_argument("--device-type", required=True, help="catalog device type of this machine's device "
+                                                        "(h800, ascend-910b, mi300x, cpu, ...)")
+    p.add_argument("--out", default="profiles", metavar="DIR", help="output directory (default: profiles)")
+    p.add_argument("--quick", action="store_true", help="a smaller grid: minutes instead of tens of minutes")
+    p.add_argument("--grid", default=None, help="grid by name (tiny, quick-cpu, full-cpu, quick-gpu, full-gpu); "
+                                                "default: picked from the device type and --quick")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on "
+                                                 "accelerators, float32 on cpu)")
+    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default 1 on cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def run(args) -> int:
+    from ..spec.devices import get_device
+    from ..cost.profile import GRIDS, grid_name, profile, stderr_progress
+    device = get_device(args.device_type, field="--device-type")
+    grid = args.grid or grid_name(device, args.quick)
+    if grid not in GRIDS:
+        raise InputError(f"unknown grid {grid!r}", field="--grid", fix=f"use one of: {', '.join(GRIDS)}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"must be at least 1, got {args.threads}", field="--threads")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise InputError("exists and is not a directory", file=args.out, field="--out",
+                         fix="pass a directory (it is created when missing)")
+    out = os.path.join(args.out, f"profile-{device.name}.jsonl")
+    summary = profile(device, out, grid=grid, dtype=args.dtype, seed=args.seed, threads=args.threads,
+                      progress=stderr_progress)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"{summary['file']}: {summary['operators']} operators ({summary['measured_now']} measured now, "
+              f"{summary['resumed']} kept from before) in {summary['seconds']} s")
+    return 0

@@ -1,0 +1,236 @@
+"""What the learned cost model sees: operators, their shapes, a roofline prior, and one feature vector.
+
+Shared by the profiler (which ops to time), the fit (rows -> matrix) and the prediction (a model/TP/micro-batch
+-> the same ops -> the same matrix), so the three can never disagree on what a feature means. Pure Python; no
+torch, no LightGBM.
+
+A transformer layer, as one tensor-parallel rank runs it, is cut into operators (Megatron's order):
+norm, QKV projection, rotary, attention core, output projection, residual add, norm, FC1 (gate+up when gated),
+activation (SwiGLU or GELU), FC2, residual add. The output head is norm, logits GEMM and the cross-entropy.
+TP is "simulated" by dividing the sharded dimension (heads, FFN width, vocabulary) by the TP degree, which is
+exactly what each rank computes; TP collectives are the communication model's business, not ours.
+
+The learned target is the log of measured time over a roofline prior (max of FLOPs at peak and bytes at
+memory bandwidth, per operator). Learning a correction to a physical prior instead of raw time keeps
+predictions sane outside the profiled grid: far from data the trees fall back to a constant efficiency,
+not to a constant time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Bump when the meaning of a feature or of the prior changes: fitted models record it and refuse a mismatch.
+FEATURE_VERSION = 1
+
+OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding")
+# Whole-layer rows (measured per layer, e.g. the shipped GPU measurements).
+LAYER_KINDS = ("transformer", "head", "embedding")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# Backward costs relative to forward, for the prior only (the trees learn the real ratio):
+# GEMMs compute grad-input and grad-weight (2x); attention recomputes probabilities (~2.5x).
+_BWD_FLOP_FACTOR = {"gemm": 2.0, "attention": 2.5}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator on one rank. Unused dimensions are 0. `tokens` = micro-batch x sequence."""
+    name: str          # role in the layer, e.g. "qkv", "fc2", "logits" (for reports)
+    kind: str          # one of OP_KINDS: what decides the cost
+    tokens: int
+    k: int = 0         # GEMM reduction dim / embedding vocabulary rows
+    n: int = 0         # GEMM output dim / width of an elementwise op
+    batch: int = 0     # attention: micro-batch
+    seq: int = 0       # attention: sequence length
+    heads: int = 0     # attention: query heads on this rank; rotary: q + k heads rotated
+    kv_heads: int = 0  # attention: key/value heads on this rank
+    head_dim: int = 0
+    gated: int = 0     # activation: 1 = SwiGLU (two inputs), 0 = GELU
+
+    def __post_init__(self):
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"unknown operator kind {self.kind!r}; expected one of {OP_KINDS}")
+        if self.tokens <= 0:
+            raise ValueError(f"operator {self.name} needs a positive token count, got {self.tokens}")
+
+    def key(self) -> str:
+        """Identity of the measurement (the name is a label, two roles with one shape share a row)."""
+        return (f"{self.kind}:t{self.tokens}:k{self.k}:n{self.n}:b{self.batch}:s{self.seq}:h{self.heads}"
+                f":g{self.kv_heads}:d{self.head_dim}:a{self.gated}")
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in Op.__dataclass_fields__}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Op":
+        return Op(**{f: d[f] for f in Op.__dataclass_fields__ if f in d})
+
+    # ---- analytic size of the forward pass ------------------------------------------------------------
+    def flops(self) -> float:
+        t = self.tokens
+        if self.kind == "gemm":
+            return 2.0 * t * self.k * self.n
+        if self.kind == "attention":
+            # QK^T and PV, causal: half of the s x s score matrix is computed.
+            return 2.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
+        if self.kind == "rotary":
+            return 3.0 * t * self.heads * self.head_dim
+        if self.kind == "activation":
+            return (5.0 if self.gated else 8.0) * t * self.n
+        if self.kind == "norm":
+            return 4.0 * t * self.n
+        if self.kind == "loss":
+            return 5.0 * t * self.n
+        return 1.0 * t * self.n   # add, embedding
+
+    def elements_moved(self) -> float:
+        """Elements read + written once each (a lower bound on traffic)."""
+        t = self.tokens
+        if self.kind == "gemm":
+            return t * self.k + self.k * self.n + t * self.n
+        if self.kind == "attention":
+            return self.batch * self.seq * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        if self.kind == "rotary":
+            return 2.0 * t * self.heads * self.head_dim
+        if self.kind == "activation":
+            return (3.0 if self.gated else 2.0) * t * self.n
+        if self.kind == "add":
+            return 3.0 * t * self.n
+        if self.kind == "embedding":
+            return 2.0 * t * self.n
+        return 2.0 * t * self.n   # norm, loss
+
+    def score_elements(self) -> float:
+        """Size of the attention score matrix: what an unfused attention writes and reads back."""
+        return float(self.batch * self.heads * self.seq * self.seq) if self.kind == "attention" else 0.0
+
+
+def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float) -> float:
+    """The prior: an operator is bound by compute or by memory traffic, whichever is slower."""
+    return max(flops / (peak_tflops * 1e12), nbytes / (hbm_gbps * 1e9), 1e-9)
+
+
+def op_prior_s(op: Op, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
+    f = _BWD_FLOP_FACTOR.get(op.kind, 2.0) if phase == "bwd" else 1.0
+    return roofline_s(f * op.flops(), f * op.elements_moved() * dtype_bytes, peak_tflops, hbm_gbps)
+
+
+# ---- operator decomposition of a model --------------------------------------------------------------------
+def _check_tp(model, tp: int):
+    for attr in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        if getattr(model, attr) % tp:
+            raise ValueError(f"tp {tp} does not divide {attr} {getattr(model, attr)} of {model.name}")
+
+
+def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
+    """The operators one TP rank runs for one transformer layer and one micro-batch."""
+    _check_tp(model, tp)
+    s = seq_length or model.seq_length
+    t, h, d = micro_batch_size * s, model.hidden_size, model.head_dim
+    heads, kv = model.num_attention_heads // tp, model.num_query_groups // tp
+    ffn = model.ffn_hidden_size // tp
+    ops = [Op("norm1", "norm", t, n=h),
+           Op("qkv", "gemm", t, k=h, n=(heads + 2 * kv) * d)]
+    if model.position_embedding == "rope":
+        ops.append(Op("rotary", "rotary", t, heads=heads + kv, head_dim=d))
+    ops += [Op("attention", "attention", t, batch=micro_batch_size, seq=s, heads=heads, kv_heads=kv, head_dim=d),
+            Op("proj", "gemm", t, k=heads * d, n=h),
+            Op("residual1", "add", t, n=h),
+            Op("norm2", "norm", t, n=h),
+            Op("fc1", "gemm", t, k=h, n=(2 if model.gated_mlp else 1) * ffn),
+            Op("act", "activation", t, n=ffn, gated=int(model.gated_mlp)),
+            Op("fc2", "gemm", t, k=ffn, n=h),
+            Op("residual2", "add", t, n=h)]
+    return ops
+
+
+def head_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
+    """Final norm, logits GEMM against the vocabulary shard, and the (vocab-parallel) cross-entropy."""
+    t = micro_batch_size * (seq_length or model.seq_length)
+    v = -(-model.vocab_size // tp)
+    return [Op("final_norm", "norm", t, n=model.hidden_size),
+            Op("logits", "gemm", t, k=model.hidden_size, n=v),
+            Op("loss", "loss", t, n=v)]
+
+
+def embedding_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
+    t = micro_batch_size * (seq_length or model.seq_length)
+    return [Op("embedding", "embedding", t, k=-(-model.vocab_size // tp), n=model.hidden_size)]
+
+
+# ---- feature vectors ----------------------------------------------------------------------------------------
+def _log(x: float) -> float:
+    return math.log2(max(float(x), 1.0))
+
+
+# No TP here: an operator's shape already is the shard one rank computes (TP collectives are not operators of
+# this model), so two TP degrees that give one shape are one measurement.
+OP_FEATURES = ("kind", "phase_bwd", "log_tokens", "log_k", "log_n", "log_batch", "log_seq", "log_heads",
+               "log_kv_heads", "log_head_dim", "gated", "dtype_bytes", "log_flops", "log_bytes",
+               "intensity", "log_score_elems", "peak_tflops", "hbm_gbps", "log_prior")
+
+
+def op_features(op: Op, phase: str, *, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> list[float]:
+    flops, nbytes = op.flops(), op.elements_moved() * dtype_bytes
+    return [float(OP_KINDS.index(op.kind)), float(phase == "bwd"), _log(op.tokens), _log(op.k), _log(op.n),
+            _log(op.batch), _log(op.seq), _log(op.heads), _log(op.kv_heads), _log(op.head_dim), float(op.gated),
+            float(dtype_bytes), _log(flops), _log(nbytes), flops / max(nbytes, 1.0),
+            _log(op.score_elements()), float(peak_tflops), float(hbm_gbps),
+            math.log(op_prior_s(op, phase, dtype_bytes, peak_tflops, hbm_gbps))]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """A whole layer (transformer block, output head or embedding) as measured end to end on one rank."""
+    kind: str          # one of LAYER_KINDS
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    micro_batch: int
+    tp: int
+    gated: int
+    rope: int
+
+    def ops(self) -> list[Op]:
+        from ..spec.model import ModelSpec
+        m = ModelSpec(name="layer", num_layers=1, hidden_size=self.hidden, num_attention_heads=self.heads,
+                      ffn_hidden_size=self.ffn, vocab_size=self.vocab, seq_length=self.seq,
+                      num_query_groups=self.kv_heads, gated_mlp=bool(self.gated),
+                      position_embedding="rope" if self.rope else "learned")
+        fn = {"transformer": layer_ops, "head": head_ops, "embedding": embedding_ops}[self.kind]
+        return fn(m, self.tp, self.micro_batch)
+
+
+LAYER_FEATURES = ("kind", "phase_bwd", "log_hidden", "log_heads", "log_kv_heads", "log_ffn", "log_vocab",
+                  "log_seq", "log_micro_batch", "tp", "gated", "rope", "dtype_bytes", "log_flops", "log_bytes",
+                  "intensity", "log_score_elems", "attn_flop_share", "peak_tflops", "hbm_gbps", "log_prior")
+
+
+def layer_prior_s(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
+    """Sum of operator rooflines, with attention unfused: whole-layer measurements (the shipped GPU data)
+    come from runs that materialise the s x s score matrix (their activation sizes include it), so the prior
+    adds its traffic (written, read by softmax, written, read by PV: 4 passes) and the full, not causal-half,
+    score FLOPs. Without this term, long-sequence layers look several times less efficient than short ones."""
+    f = 2.0 if phase == "bwd" else 1.0
+    base = sum(op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps) for o in ops)
+    scores = sum(o.score_elements() for o in ops)
+    attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
+    return base + f * (4.0 * scores * dtype_bytes / (hbm_gbps * 1e9) + attn_flops / (peak_tflops * 1e12))
+
+
+def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
+                   hbm_gbps: float) -> list[float]:
+    ops = shape.ops()
+    flops = sum(o.flops() for o in ops)
+    nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
+    attn = sum(o.flops() for o in ops if o.kind == "attention")
+    prior = layer_prior_s(ops, phase, dtype_bytes, peak_tflops, hbm_gbps)
+    return [float(LAYER_KINDS.index(shape.kind)), float(phase == "bwd"), _log(shape.hidden), _log(shape.heads),
+            _log(shape.kv_heads), _log(shape.ffn), _log(shape.vocab), _log(shape.seq), _log(shape.micro_batch),
+            float(shape.tp), float(shape.gated), float(shape.rope), float(dtype_bytes), _log(flops), _log(nbytes),
+            flops / max(nbytes, 1.0), _log(sum(o.score_elements() for o in ops)), attn / max(flops, 1.0),
+            float(peak_tflops), float(hbm_gbps), math.log(prior)]

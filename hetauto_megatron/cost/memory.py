@@ -1,0 +1,62 @@
+"""Memory per device of one pipeline stage: weights, gradients, optimizer state, activations.
+
+Bytes per parameter with Megatron's bf16 mixed precision and the distributed optimizer: 2 (bf16 weight)
++ 4 (fp32 main gradient) + 12 / dp (fp32 master weight and two Adam moments, sharded over the DP group).
+
+Activations per transformer layer and micro-batch, in bytes (Korthikanti et al. 2022, generalised to GQA
+and gated MLPs; flash attention, so no s^2 score matrix is stored; everything divided by TP with
+sequence parallelism):
+    attention  s*b*(7h + 4*kv_hidden)   (QKV input, Q, K, V, context, projection input, dropout mask)
+    norms      4*s*b*h
+    mlp        3*s*b*h + 4*s*b*f        (plain: input, up output, activation output, dropout mask)
+               3*s*b*h + 8*s*b*f        (gated: input, gate and up outputs, activation output, product)
+Recompute 'selective' re-runs the MLP and keeps only its input; 'full' keeps each layer's input (2sbh)
+plus one layer's full activations while it is recomputed. Under 1F1B stage i of p holds min(p - i, m)
+micro-batches in flight.
+"""
+from __future__ import annotations
+
+from ..spec.model import ModelSpec
+
+GIB = 1024 ** 3
+RESERVED_GIB = {"cpu": 0.5}          # per-process runtime overhead: CUDA/HCCL context, comm buffers, fragments
+DEFAULT_RESERVED_GIB = 3.0
+
+
+def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str,
+                           seq_length: int | None = None) -> float:
+    s = seq_length or model.seq_length
+    sbh = s * micro_batch_size * model.hidden_size
+    sbf = s * micro_batch_size * model.ffn_hidden_size
+    attn = s * micro_batch_size * (7 * model.hidden_size + 4 * model.kv_hidden)
+    mlp = 3 * sbh + (8 if model.gated_mlp else 4) * sbf
+    full = attn + 4 * sbh + mlp
+    if recompute == "none":
+        return full / tp
+    if recompute == "selective":
+        return (full - mlp + 2 * sbh) / tp
+    return 2 * sbh / tp
+
+
+def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
+                       recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
+                       seq_length: int | None = None) -> dict[str, float]:
+    """Bytes on the busiest device of a stage; keys: params, weights_grads_optimizer, activations, reserved, total."""
+    params = layers * model.layer_params / tp
+    if first:
+        params += model.embedding_params / tp
+    if last:
+        params += model.output_params / tp
+    state = params * (2 + 4 + 12 / dp)
+    s = seq_length or model.seq_length
+    per_layer = layer_activation_bytes(model, tp, micro_batch_size, recompute, s)
+    acts = in_flight * layers * per_layer
+    if recompute == "full" and layers:
+        acts += layer_activation_bytes(model, tp, micro_batch_size, "none", s)
+    if first:
+        acts += in_flight * 2 * s * micro_batch_size * model.hidden_size / tp
+    if last:  # fp32 logits and their gradient for one micro-batch at a time
+        acts += 2 * 4 * s * micro_batch_size * model.vocab_size / tp
+    reserved = RESERVED_GIB.get(vendor, DEFAULT_RESERVED_GIB) * GIB
+    return {"params": params, "weights_grads_optimizer": state, "activations": acts, "reserved": reserved,
+            "total": state + acts + reserved}

@@ -1,0 +1,144 @@
+"""Measure a link between two hosts through torch.distributed gloo: the path pipeline activations take between
+clusters (host tensors sent point to point on a gloo group).
+
+One process per side joins a two-rank gloo group over TCP (rank 0 listens at --master). Latency: half the
+median round trip of a 4-byte ping-pong. Bandwidth: rank 0 sends a message of each size, rank 1 answers with
+a 4-byte acknowledgement; the time minus one latency gives the one-way rate, and the link's bandwidth is the
+best rate over the largest messages (small ones are latency-bound). Every wait has a timeout.
+
+The result is an inventory `links:` entry (Gbit/s and milliseconds, the inventory's units).
+"""
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+DEFAULT_SIZES = tuple(1 << p for p in range(10, 27, 2))   # 1 KiB .. 64 MiB
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    per_size: tuple      # (bytes, seconds one way, bytes/s)
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.bandwidth_bytes_per_s * 8 / 1e9
+
+    def link_entry(self, a: str, b: str) -> dict:
+        return {"between": [a, b], "bandwidth_gbps": round(self.bandwidth_gbps, 3),
+                "latency_ms": round(self.latency_s * 1e3, 4)}
+
+    def to_dict(self, a: str, b: str) -> dict:
+        return {"link": self.link_entry(a, b), "latency_us": round(self.latency_s * 1e6, 2),
+                "per_size": [{"bytes": n, "seconds": round(t, 9), "gbps": round(r * 8 / 1e9, 3)}
+                             for n, t, r in self.per_size]}
+
+
+def link_yaml(m: LinkMeasurement, a: str, b: str) -> str:
+    e = m.link_entry(a, b)
+    return (f"links:\n  - between: [{a}, {b}]\n    bandwidth_gbps: {e['bandwidth_gbps']}\n"
+            f"    latency_ms: {e['latency_ms']}\n")
+
+
+def parse_master(master: str) -> tuple[str, int]:
+    host, sep, port = master.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"'{master}' is not HOST:PORT", field="--master",
+                         fix="give the rank-0 side's address reachable from the other side, e.g. 10.0.0.5:29600")
+    return host, int(port)
+
+
+def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, ping_iters: int = 50,
+             timeout_s: float = 60.0) -> LinkMeasurement | None:
+    """Run one side of the probe; rank 0 returns the measurement, rank 1 returns None."""
+    if rank not in (0, 1):
+        raise InputError(f"must be 0 or 1, got {rank}", field="--rank",
+                         fix="start '--rank 0' on one host and '--rank 1' on the other")
+    host, port = parse_master(master)
+    import torch
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=2,
+                                timeout=timeout)
+    except Exception as exc:   # rendezvous refused / timed out: the user's network or address
+        raise InputError(f"could not reach the other side at {master} within {timeout_s:.0f} s ({exc})",
+                         field="--master", fix="start both sides with the same --master (rank 0's address), "
+                                               "check the port is open, or raise --timeout") from None
+    try:
+        return _measure(torch, dist, rank, sizes, iters, ping_iters)
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(torch, dist, rank, sizes, iters, ping_iters):
+    peer = 1 - rank
+    small = torch.zeros(1, dtype=torch.float32)
+    # Latency: ping-pong of one float.
+    rtts = []
+    for i in range(ping_iters + 3):
+        a = time.perf_counter()
+        if rank == 0:
+            dist.send(small, peer)
+            dist.recv(small, peer)
+        else:
+            dist.recv(small, peer)
+            dist.send(small, peer)
+        if i >= 3:       # first exchanges set up the connection
+            rtts.append(time.perf_counter() - a)
+    latency = statistics.median(rtts) / 2
+    per_size = []
+    for n in sizes:
+        buf = torch.empty(max(1, n // 4), dtype=torch.float32)
+        times = []
+        for _ in range(iters + 1):
+            a = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(small, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(small, peer)
+            times.append(time.perf_counter() - a)
+        one_way = max(statistics.median(times[1:]) - latency, 1e-9)
+        per_size.append((buf.numel() * 4, one_way, buf.numel() * 4 / one_way))
+    if rank != 0:
+        return None
+    big = per_size[-max(1, len(per_size) // 3):]   # largest third: bandwidth-bound
+    return LinkMeasurement(latency, max(r for _, _, r in big), tuple(per_size))
+
+
+def _local_peer(port: int, sizes, iters, timeout_s):
+    run_side(1, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s)
+
+
+def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, port: int | None = None) -> LinkMeasurement:
+    """Both sides on this machine (a second process for rank 1): a self-test of the probe, and the loopback
+    figures of this host."""
+    import multiprocessing as mp
+    port = port or _free_port()
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_local_peer, args=(port, tuple(sizes), iters, timeout_s), daemon=True)
+    proc.start()
+    try:
+        m = run_side(0, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s)
+    finally:
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+    return m
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+

@@ -1,0 +1,297 @@
+"""Operator profiler: times the pieces of a transformer layer on the local device (cuda, npu or cpu).
+
+The grid is made of model-like configurations (hidden size, heads and key/value heads, FFN width, sequence,
+micro-batch, TP); each is cut into the operators one TP rank runs (cost/features.py: `layer_ops`, `head_ops`),
+and shapes that repeat are measured once. Each operator is timed forward and backward (gradients of all
+inputs and weights) after warm-up, over repetitions; rows keep the median, the 10th percentile and the relative
+spread ((p90 - p10) / median).
+
+Output: JSON lines, a header (format, device type and its datasheet figures, dtype, library versions) then
+one row per operator. A run that finds its file already there checks the header matches and skips the rows
+it holds, so an interrupted profile resumes where it stopped. torch is imported only when timing starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..spec.devices import DeviceType
+from ..spec.model import ModelSpec
+from . import features as F
+from .learned import PROFILE_FORMAT, read_profile
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """Model-like configurations to cut into operators."""
+    hidden: tuple
+    head_dim: tuple
+    kv_ratio: tuple      # heads per key/value head (1 = plain multi-head attention)
+    ffn_mult: tuple      # ffn = mult * hidden
+    seq: tuple
+    micro_batch: tuple
+    tp: tuple
+    vocab: tuple
+    max_ops: int         # deterministic subsample above this many distinct operators
+
+
+GRIDS = {
+    # A handful of operators: the pipeline test.
+    "tiny": GridSpec(hidden=(32, 64), head_dim=(16,), kv_ratio=(1, 2), ffn_mult=(2,), seq=(16, 32),
+                     micro_batch=(1,), tp=(1, 2), vocab=(128,), max_ops=40),
+    # Under three minutes on a 2-core CPU; covers the toy models the CPU dry runs use.
+    "quick-cpu": GridSpec(hidden=(64, 128, 192, 256, 384, 512), head_dim=(16, 32, 64), kv_ratio=(1, 2),
+                          ffn_mult=(2, 4), seq=(32, 64, 128, 256), micro_batch=(1, 2, 4), tp=(1, 2, 4),
+                          vocab=(128, 1024, 4096), max_ops=700),
+    "full-cpu": GridSpec(hidden=(64, 128, 256, 512, 768, 1024), head_dim=(16, 32, 64), kv_ratio=(1, 2, 4),
+                         ffn_mult=(2, 3, 4), seq=(32, 64, 128, 256, 512), micro_batch=(1, 2, 4, 8),
+                         tp=(1, 2, 4, 8), vocab=(128, 4096, 32000), max_ops=1500),
+    # Accelerators: shapes of real models, sharded.
+    "quick-gpu": GridSpec(hidden=(1024, 2048, 4096, 8192), head_dim=(64, 128), kv_ratio=(1, 8), ffn_mult=(3, 4),
+                          seq=(1024, 2048, 4096), micro_batch=(1, 2), tp=(1, 2, 4, 8), vocab=(32000, 128256),
+                          max_ops=400),
+    "full-gpu": GridSpec(hidden=(1024, 2048, 4096, 5120, 8192, 12288), head_dim=(64, 128), kv_ratio=(1, 4, 8),
+                         ffn_mult=(2.6875, 3.5, 4), seq=(1024, 2048, 4096, 8192), micro_batch=(1, 2, 4),
+                         tp=(1, 2, 4, 8), vocab=(32000, 128256), max_ops=2000),
+}
+
+
+def grid_name(device: DeviceType, quick: bool) -> str:
+    return ("quick-" if quick else "full-") + ("cpu" if device.vendor == "cpu" else "gpu")
+
+
+def grid_ops(grid: GridSpec, seed: int = 0) -> list[F.Op]:
+    """Distinct operators of every valid configuration of the grid (deterministic order and subsample)."""
+    seen: dict[str, F.Op] = {}
+    for h in grid.hidden:
+        for hd in grid.head_dim:
+            if h % hd:
+                continue
+            heads = h // hd
+            for r in grid.kv_ratio:
+                if heads % r:
+                    continue
+                for fm in grid.ffn_mult:
+                    ffn = int(round(fm * h / 64.0)) * 64 or 64
+                    for tp in grid.tp:
+                        if heads // r % tp or ffn % tp:
+                            continue
+                        for v in grid.vocab:
+                            for s in grid.seq:
+                                for mb in grid.micro_batch:
+                                    m = ModelSpec("grid", 1, h, heads, ffn, v, s, num_query_groups=heads // r)
+                                    for op in F.layer_ops(m, tp, mb) + F.head_ops(m, tp, mb) + \
+                                            F.embedding_ops(m, tp, mb):
+                                        seen.setdefault(op.key(), op)
+    ops = [seen[k] for k in sorted(seen)]
+    if len(ops) > grid.max_ops:
+        # Keep every kind represented: sample each kind in proportion.
+        rng = random.Random(seed)
+        by_kind: dict[str, list[F.Op]] = {}
+        for op in ops:
+            by_kind.setdefault(op.kind, []).append(op)
+        keep = []
+        for kind, lst in sorted(by_kind.items()):
+            n = max(4, int(round(grid.max_ops * len(lst) / len(ops))))
+            keep += lst if len(lst) <= n else rng.sample(lst, n)
+        ops = sorted(keep, key=lambda o: o.key())
+    return ops
+
+
+# ---- timing ---------------------------------------------------------------------------------------------
+class _Runner:
+    """Builds an operator's inputs once and runs forward / forward+backward on them."""
+
+    def __init__(self, torch, device: str, dtype):
+        self.torch, self.device, self.dtype = torch, device, dtype
+
+    def sync(self):
+        t = self.torch
+        if self.device.startswith("cuda"):
+            t.cuda.synchronize()
+        elif self.device.startswith("npu"):
+            t.npu.synchronize()
+
+    def build(self, op: F.Op):
+        """(inputs needing grads, forward function)."""
+        t, dev, dt = self.torch, self.device, self.dtype
+        nnf = t.nn.functional
+
+        def p(*shape):
+            return t.randn(*shape, device=dev, dtype=dt).mul_(0.1).requires_grad_(True)
+
+        k = op.kind
+        if k == "gemm":
+            x, w = p(op.tokens, op.k), p(op.n, op.k)
+            return [x, w], lambda: nnf.linear(x, w)
+        if k == "attention":
+            q = p(op.batch, op.heads, op.seq, op.head_dim)
+            kk, v = p(op.batch, op.kv_heads, op.seq, op.head_dim), p(op.batch, op.kv_heads, op.seq, op.head_dim)
+            gqa = op.heads != op.kv_heads
+            return [q, kk, v], lambda: nnf.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=gqa)
+        if k == "norm":
+            x, w = p(op.tokens, op.n), p(op.n)
+            return [x, w], lambda: nnf.rms_norm(x, (op.n,), w, 1e-5)
+        if k == "rotary":
+            x = p(op.tokens, op.heads, op.head_dim)
+            ang = t.randn(op.tokens, 1, op.head_dim // 2, device=dev, dtype=t.float32)
+            cos = t.cat([ang.cos(), ang.cos()], -1).to(dt)
+            sin = t.cat([ang.sin(), ang.sin()], -1).to(dt)
+            half = op.head_dim // 2
+            return [x], lambda: x * cos + t.cat([-x[..., half:], x[..., :half]], -1) * sin
+        if k == "activation":
+            if op.gated:
+                a, b = p(op.tokens, op.n), p(op.tokens, op.n)
+                return [a, b], lambda: nnf.silu(a) * b
+            a = p(op.tokens, op.n)
+            return [a], lambda: nnf.gelu(a)
+        if k == "add":
+            a, b = p(op.tokens, op.n), p(op.tokens, op.n)
+            return [a, b], lambda: a + b
+        if k == "loss":
+            logits = p(op.tokens, op.n)
+            target = t.randint(0, op.n, (op.tokens,), device=dev)
+            return [logits], lambda: nnf.cross_entropy(logits.float(), target)
+        if k == "embedding":
+            table = p(op.k, op.n)
+            ids = t.randint(0, op.k, (op.tokens,), device=dev)
+            return [table], lambda: nnf.embedding(ids, table)
+        raise ValueError(f"no profiler for operator kind {k}")
+
+    def time_op(self, op: F.Op, *, warmup: int, min_reps: int, max_reps: int, budget_s: float) -> dict:
+        t = self.torch
+        inputs, fwd = self.build(op)
+        out = fwd()
+        grad = t.ones_like(out)
+        for _ in range(warmup):
+            out = fwd()
+            t.autograd.grad(out, inputs, grad)
+        self.sync()
+        ft, bt = [], []
+        start = time.perf_counter()
+        while len(ft) < max_reps and (len(ft) < min_reps or time.perf_counter() - start < budget_s):
+            self.sync()
+            a = time.perf_counter()
+            out = fwd()
+            self.sync()
+            b = time.perf_counter()
+            t.autograd.grad(out, inputs, grad)
+            self.sync()
+            c = time.perf_counter()
+            ft.append(b - a)
+            bt.append(c - b)
+        return {"fwd_s": statistics.median(ft), "bwd_s": statistics.median(bt),
+                "fwd_p10_s": _p10(ft), "bwd_p10_s": _p10(bt),
+                "fwd_spread": _spread(ft), "bwd_spread": _spread(bt), "reps": len(ft)}
+
+
+def _p10(xs: list[float]) -> float:
+    return sorted(xs)[int(0.1 * (len(xs) - 1))]
+
+
+def _spread(xs: list[float]) -> float:
+    xs = sorted(xs)
+    med = statistics.median(xs)
+    lo, hi = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
+    return round((hi - lo) / med, 4) if med > 0 else 0.0
+
+
+def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, torch) -> dict:
+    try:
+        from importlib.metadata import version
+        ours = version("hetauto-megatron")
+    except Exception:   # running from a source tree that was never installed
+        ours = "source"
+    info = {"format": PROFILE_FORMAT, "feature_version": F.FEATURE_VERSION, "device_type": device.name,
+            "vendor": device.vendor, "peak_tflops": device.peak_tflops, "hbm_gbps": device.hbm_gbps,
+            "torch_device": torch_device, "dtype": dtype_name, "dtype_bytes": F.DTYPE_BYTES[dtype_name],
+            "grid": grid, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "hetauto": ours, "host_cpu": platform.processor() or platform.machine(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if torch_device.startswith("cuda"):
+        info["accelerator"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def default_dtype(device: DeviceType) -> str:
+    # CPU dry runs compute in fp32; accelerators train in bf16.
+    return "float32" if device.vendor == "cpu" else "bfloat16"
+
+
+def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None = None, torch_device: str | None = None,
+            warmup: int = 2, min_reps: int = 7, max_reps: int = 100, budget_s: float = 0.15, seed: int = 0,
+            threads: int | None = None, progress=None) -> dict:
+    """Time the grid's operators into `out_path` (resuming it). Returns a summary dict."""
+    if grid not in GRIDS:
+        raise InputError(f"unknown grid {grid!r}", field="--grid", fix=f"use one of: {', '.join(GRIDS)}")
+    dtype = dtype or default_dtype(device)
+    if dtype not in F.DTYPE_BYTES:
+        raise InputError(f"unknown dtype {dtype!r}", field="--dtype", fix=f"use one of: {', '.join(F.DTYPE_BYTES)}")
+    torch_device = torch_device or device.torch_device
+    import torch
+    _check_device(torch, torch_device, device)
+    if threads is None and torch_device == "cpu":
+        # One intra-op thread: each CPU rank of a dry run computes alone, and with several threads a single
+        # descheduled thread (a shared machine) stalls the whole GEMM for a scheduler slice (~16 ms).
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+    done: set[str] = set()
+    header = _header(device, torch_device, dtype, grid, torch)
+    if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
+        old, rows = read_profile(out_path)
+        for key in ("device_type", "dtype", "torch_device"):
+            if old.get(key) != header[key]:
+                raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",
+                                 file=out_path, field=key, fix="write to another --out directory or delete the file")
+        done = {r.get("key") for r in rows}
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        with open(out_path, "w") as fh:
+            fh.write(json.dumps(header, sort_keys=True) + "\n")
+    ops = grid_ops(GRIDS[grid], seed)
+    todo = [op for op in ops if op.key() not in done]
+    torch.manual_seed(seed)
+    runner = _Runner(torch, torch_device, getattr(torch, dtype))
+    started = time.perf_counter()
+    with torch.inference_mode(False), open(out_path, "a") as fh:
+        for i, op in enumerate(todo, 1):
+            res = runner.time_op(op, warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+            row = {"key": op.key(), "op": op.to_dict(), **res}
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+            fh.flush()   # a crash loses at most the operator being timed
+            if progress:
+                elapsed = time.perf_counter() - started
+                progress(i, len(todo), op, res, elapsed / i * (len(todo) - i))
+    return {"file": out_path, "device_type": device.name, "grid": grid, "operators": len(ops),
+            "measured_now": len(todo), "resumed": len(ops) - len(todo),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _check_device(torch, torch_device: str, device: DeviceType) -> None:
+    kind = torch_device.split(":")[0]
+    ok = kind == "cpu" or (kind == "cuda" and torch.cuda.is_available()) or \
+        (kind == "npu" and hasattr(torch, "npu") and torch.npu.is_available())
+    if not ok:
+        raise InputError(f"device type {device.name} runs on '{kind}', which this machine does not have",
+                         field="--device-type", fix="run the profile on a machine with that device "
+                                                    "(or profile this machine with --device-type cpu)")
+
+
+def stderr_progress(i: int, n: int, op: F.Op, res: dict, eta_s: float) -> None:
+    width = 24
+    filled = int(width * i / n)
+    line = (f"\rprofile [{'#' * filled}{'.' * (width - filled)}] {i}/{n}  {op.name:<10} "
+            f"fwd {res['fwd_s'] * 1e3:8.3f} ms  bwd {res['bwd_s'] * 1e3:8.3f} ms  eta {eta_s:5.0f} s")
+    sys.stderr.write(line if sys.stderr.isatty() else line[1:] + "\n")
+    if i == n and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    sys.stderr.flush()

@@ -1,0 +1,208 @@
+"""DeepSpeed configs for a plan: one per mesh, each validated by DeepSpeed's own parser before it is written.
+
+DeepSpeed's pipeline engine runs on one uniform Cartesian topology (one TP and one DP size for the whole job)
+and one communication backend, so a heterogeneous plan maps onto it only partly. What maps:
+- batch arithmetic per mesh: train_batch_size = micro-batch x accumulation steps x the mesh's DP, which is the
+  plan's global batch in every mesh (dp x micro-batch is equal everywhere, so the step counts agree);
+- ZeRO stage 1 (the distributed optimizer's sharding; stages 2/3 are refused with pipelining);
+- bf16; activation checkpointing from the mesh's recompute mode;
+- the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
+  keys, and never reads pipeline.partition/stages): PipelineModule takes only named partition methods, so an
+  explicit list needs a subclass overriding _partition_layers (docs/deepspeed.md).
+What does not map is listed by `unsupported_features`, only for the features the given plan uses.
+
+`deepspeed` (and torch) are imported only inside `validate`, quietly.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+
+from ..errors import InputError
+from ..plan.plan import Plan
+from ..spec.devices import get_device
+
+# Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
+_DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping", "steps_per_print", "bf16", "fp16", "zero_optimization",
+                "activation_checkpointing", "pipeline", "wall_clock_breakdown"}
+OUR_KEY = "hetauto"
+# The `pipeline` keys the 0.19 pipeline engine reads; its parser keeps any others (stages, partition, typos)
+# without effect.
+_PIPELINE_KEYS_READ = {"activation_checkpoint_interval", "pipe_partitioned", "grad_partitioned", "use_reentrant"}
+
+
+def stage_partition(stage_layers: list[int]) -> list[int]:
+    """PipelineModule `parts` boundaries for a layer list [embedding, L transformer layers, output head]:
+    stage s owns layers parts[s]..parts[s+1]-1; the embedding sits on stage 0 and the head on the last."""
+    parts = [0]
+    acc = 1   # the embedding is layer 0
+    for s, n in enumerate(stage_layers):
+        acc += n
+        parts.append(acc + (1 if s == len(stage_layers) - 1 else 0))
+    return parts
+
+
+def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
+    """The ds_config for the ranks of one mesh (a plain dict, not yet validated)."""
+    mesh = plan.meshes[mesh_index]
+    pipelined = plan.pipeline_parallel_size > 1
+    # 'selective' recompute (attention only) has no DeepSpeed equivalent; checkpoint every layer instead so
+    # the memory the plan budgeted is not exceeded (listed by unsupported_features).
+    checkpoint = mesh.recompute in ("full", "selective")
+    cfg = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": mesh.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_micro_batches,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},
+        # ZeRO-1 shards optimizer state over DP like Megatron's distributed optimizer; with pipelining
+        # DeepSpeed allows stages 0 and 1 only. With DP 1 there is nothing to shard.
+        "zero_optimization": {"stage": 1 if mesh.dp > 1 else 0},
+        "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
+                                     "cpu_checkpointing": False},
+        "pipeline": {"activation_checkpoint_interval": 1 if checkpoint else 0},
+        "wall_clock_breakdown": False,
+        OUR_KEY: {
+            "mesh": mesh_index, "cluster": mesh.cluster, "device_type": mesh.device_type,
+            "tensor_parallel_size": mesh.tp, "data_parallel_size": mesh.dp,
+            "pipeline_parallel_size": plan.pipeline_parallel_size,
+            "first_stage": plan.first_stage(mesh_index), "num_stages": mesh.num_stages,
+            "recompute": mesh.recompute, "rank_offset": plan.rank_offset(mesh_index),
+            "stage_layers": plan.stage_layers, "partition": stage_partition(plan.stage_layers),
+        },
+    }
+    if not pipelined:
+        del cfg["pipeline"]
+    return cfg
+
+
+def unsupported_features(plan: Plan) -> list[str]:
+    """Plain sentences, one per feature of this plan that one DeepSpeed job cannot express."""
+    out = []
+    meshes = plan.meshes
+
+    def per_mesh(attr):
+        return ", ".join(f"{m.cluster}={getattr(m, attr)}" for m in meshes)
+
+    if len({m.tp for m in meshes}) > 1:
+        out.append(f"different tensor-parallel sizes per mesh ({per_mesh('tp')}): DeepSpeed's ProcessTopology is "
+                   "one grid with a single TP size")
+    if len({m.dp for m in meshes}) > 1:
+        out.append(f"different data-parallel sizes per mesh ({per_mesh('dp')}): DeepSpeed's ProcessTopology has a "
+                   "single DP size, so stages cannot be replicated differently")
+    if len({m.micro_batch_size for m in meshes}) > 1:
+        out.append(f"different micro-batch sizes per mesh ({per_mesh('micro_batch_size')}): the pipeline engine "
+                   "sends each micro-batch whole to the next stage; it cannot re-split activations between meshes "
+                   "of different DP")
+    vendors = sorted({get_device(m.device_type).vendor for m in meshes})
+    if len(vendors) > 1:
+        out.append(f"cross-vendor communication ({', '.join(vendors)}): DeepSpeed runs one backend for the whole job "
+                   "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
+    if any(m.recompute == "selective" for m in meshes):
+        out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
+                   "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
+                   "assumed")
+    if len(set(plan.stage_layers)) > 1:
+        out.append("the uneven layer split: ds_config cannot carry it (pipeline.partition is never read); it is in "
+                   "the 'hetauto.partition' key and needs a PipelineModule subclass overriding _partition_layers "
+                   "(a private API of the pinned DeepSpeed version)")
+    return out
+
+
+# ---- validation -------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet():
+    """DeepSpeed prints banners and warnings on import and logs every parsed config."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        yield buf
+
+
+@contextlib.contextmanager
+def _data_parallel_world(ds_comm, dp: int):
+    """DeepSpeedConfig takes the DP size from deepspeed.comm, which answers 1 (or fails) when no process group
+    exists; validating offline therefore means answering for it, for the duration of the parse only."""
+    saved = ds_comm.get_rank, ds_comm.get_world_size
+    ds_comm.get_rank = lambda *a, **k: 0
+    ds_comm.get_world_size = lambda *a, **k: dp
+    try:
+        yield
+    finally:
+        ds_comm.get_rank, ds_comm.get_world_size = saved
+
+
+def _import_deepspeed():
+    if "DS_ACCELERATOR" not in os.environ:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"   # the parser needs no device; avoid probing for one
+    with _quiet():
+        import deepspeed  # noqa: F401
+        import deepspeed.comm as ds_comm
+        from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+        from deepspeed.runtime.config import DeepSpeedConfig
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    return ds_comm, DeepSpeedConfig, set(ACT_CHKPT_DEFAULT)
+
+
+def validate(cfg: dict, dp: int, *, pipeline_stages: int = 1, where: str = "the DeepSpeed config"):
+    """Parse `cfg` with DeepSpeed's own DeepSpeedConfig as a job of data-parallel size `dp` would, then check
+    what that parser lets through. Returns the parsed DeepSpeedConfig; raises InputError naming the problem."""
+    ds_comm, DeepSpeedConfig, act_keys = _import_deepspeed()
+    problems = []
+    unknown = sorted(set(cfg) - _DS_TOP_KEYS - {OUR_KEY})
+    if unknown:
+        problems.append(f"unknown top-level key(s) {', '.join(unknown)} (DeepSpeed would ignore them silently)")
+    bad = sorted(set(cfg.get("activation_checkpointing", {})) - act_keys)
+    if bad:
+        problems.append(f"unknown activation_checkpointing key(s) {', '.join(bad)}")
+    bad = sorted(set(cfg.get("pipeline", {})) - _PIPELINE_KEYS_READ)
+    if bad:
+        problems.append(f"pipeline key(s) {', '.join(bad)} that DeepSpeed's engine never reads (stages and partition "
+                        "are PipelineModule arguments)")
+    stage = cfg.get("zero_optimization", {}).get("stage", 0)
+    if pipeline_stages > 1 and isinstance(stage, int) and stage > 1:
+        problems.append(f"ZeRO stage {stage} with {pipeline_stages} pipeline stages (the pipeline engine allows 0 or 1)")
+    if problems:
+        raise InputError("; ".join(problems), field=where)
+    try:
+        with _quiet(), _data_parallel_world(ds_comm, dp):
+            parsed = DeepSpeedConfig(copy.deepcopy(cfg))
+    except Exception as exc:   # DeepSpeed raises AssertionError/ValueError/pydantic errors: all mean "invalid"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"rejected by DeepSpeed's parser with data-parallel size {dp}: {first}", field=where) from None
+    if parsed.world_size != dp:
+        raise InputError(f"DeepSpeed parsed it for data-parallel size {parsed.world_size}, expected {dp}", field=where)
+    return parsed
+
+
+def emit_deepspeed(plan: Plan, *, cluster: str | None = None) -> list[dict]:
+    """Per mesh (optionally only `cluster`'s): name, the validated config, and what DeepSpeed derived."""
+    picked = [i for i, m in enumerate(plan.meshes) if cluster is None or m.cluster == cluster]
+    if not picked:
+        names = sorted({m.cluster for m in plan.meshes})
+        raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
+                         fix=f"use one of: {', '.join(names)}")
+    counts = {}
+    for m in plan.meshes:
+        counts[m.cluster] = counts.get(m.cluster, 0) + 1
+    out = []
+    for i in picked:
+        mesh = plan.meshes[i]
+        name = mesh.cluster if counts[mesh.cluster] == 1 else f"{mesh.cluster}.mesh{i}"
+        cfg = deepspeed_config(plan, i)
+        parsed = validate(cfg, mesh.dp, pipeline_stages=plan.pipeline_parallel_size, where=f"meshes[{i}] ({name})")
+        out.append({"name": name, "mesh": i, "cluster": mesh.cluster, "data_parallel_size": mesh.dp,
+                    "config": cfg,
+                    "parsed": {"train_batch_size": parsed.train_batch_size,
+                               "train_micro_batch_size_per_gpu": parsed.train_micro_batch_size_per_gpu,
+                               "gradient_accumulation_steps": parsed.gradient_accumulation_steps,
+                               "zero_stage": parsed.zero_optimization_stage,
+                               "bf16": bool(parsed.bfloat16_config.enabled)}})
+    return out

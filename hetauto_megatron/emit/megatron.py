@@ -1,0 +1,312 @@
+"""Megatron-LM arguments and per-cluster launch scripts for a plan (docs/launch.md).
+
+One torch.distributed world spans every cluster of the plan. Each cluster starts its own processes with
+torchrun (rendezvous inside the cluster); the HETAUTO_* environment tells the `--hetauto` hook where the
+cluster's ranks sit in the global world. A *launch* is one torchrun job: a run of consecutive meshes of one
+cluster (their ranks are contiguous). A cluster whose meshes are not consecutive in the plan gets one launch
+per run, each with its own rank offset.
+
+Everything here is plain text generation: no torch, no megatron import.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..plan.plan import Mesh, Plan
+from ..spec.devices import get_device
+
+DEFAULT_SCRIPT = "pretrain_gpt.py"
+DEFAULT_CLUSTER_PORT = 29500    # torchrun rendezvous inside one cluster
+DEFAULT_GLOBAL_PORT = 29600     # the cross-cluster TCP store; differs so both can live on the same node 0
+DEFAULT_TIMEOUT_S = 600
+
+
+# ---- Megatron arguments ------------------------------------------------------------------------------------
+def layout_string(stage_layers: list[int]) -> str:
+    """Megatron's --pipeline-model-parallel-layout for an uneven split: 'E' (embedding) opens the first stage,
+    'L' (loss/output head) closes the last, 't*n' are n transformer layers, '|' separates stages.
+    E.g. [3, 2, 1] -> 'Et*3|t*2|tL'; an empty first stage is just 'E'."""
+    parts = []
+    last = len(stage_layers) - 1
+    for s, n in enumerate(stage_layers):
+        body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
+        parts.append(("E" if s == 0 else "") + body + ("L" if s == last else ""))
+    return "|".join(parts)
+
+
+def recompute_args(mode: str) -> list[str]:
+    if mode == "selective":
+        return ["--recompute-granularity", "selective"]
+    if mode == "full":
+        # One layer per checkpoint: the memory figure the cost model assumes for 'full'.
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    return []
+
+
+def model_args(plan: Plan) -> list[str]:
+    """The network-shape arguments: identical on every rank of the job."""
+    m = plan.model
+    args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads)]
+    if m.num_query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.gated_mlp:
+        # Gated MLPs are the LLaMA family: SwiGLU, RMSNorm and no bias in linear layers.
+        args += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear"]
+    args += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
+             "--position-embedding-type", "rope" if m.position_embedding == "rope" else "learned_absolute"]
+    if not m.tie_embeddings:
+        args += ["--untie-embeddings-and-output-weights"]
+    return args
+
+
+def pipeline_args(plan: Plan) -> list[str]:
+    """Whole-pipeline arguments: PP counts every stage of every mesh; the layout carries the uneven split."""
+    args = ["--pipeline-model-parallel-size", str(plan.pipeline_parallel_size)]
+    if plan.pipeline_parallel_size > 1:
+        args += ["--pipeline-model-parallel-layout", layout_string(plan.stage_layers)]
+    return args
+
+
+def mesh_args(mesh: Mesh) -> list[str]:
+    """What differs between meshes: TP, micro-batch and recomputation (DP follows from the device count)."""
+    return ["--tensor-model-parallel-size", str(mesh.tp), "--micro-batch-size", str(mesh.micro_batch_size),
+            *recompute_args(mesh.recompute)]
+
+
+def megatron_args(plan: Plan, mesh_index: int, plan_path: str) -> list[str]:
+    """The complete Megatron-LM argument list for the ranks of one mesh (data/tokenizer/optimizer excluded)."""
+    return [*mesh_args(plan.meshes[mesh_index]), *pipeline_args(plan), *model_args(plan),
+            "--global-batch-size", str(plan.global_batch_size), "--bf16", "--use-distributed-optimizer",
+            "--hetauto", "--hetauto-plan", plan_path]
+
+
+# ---- launches ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """One torchrun job: consecutive meshes of one cluster, ranks [rank_offset, rank_offset + num_devices)."""
+    cluster: str
+    mesh_indices: tuple[int, ...]
+    rank_offset: int
+    num_devices: int
+    devices_per_node: int
+    vendor: str
+    name: str    # file stem: the cluster, plus ".mesh<i>" when the cluster has several launches
+
+    @property
+    def nnodes(self) -> int:
+        return self.num_devices // self.devices_per_node
+
+
+def _inventory_cluster(plan: Plan, name: str) -> dict | None:
+    for c in (plan.inventory or {}).get("clusters", []) or []:
+        if isinstance(c, dict) and str(c.get("name")) == name:
+            return c
+    return None
+
+
+def _devices_per_node(plan: Plan, cluster: str, override: int | None) -> int:
+    if override:
+        return override
+    inv = _inventory_cluster(plan, cluster)
+    if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
+        return inv["devices_per_node"]
+    return 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
+
+
+def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
+    """Group the plan's meshes into launches and check them against the plan's inventory (when it has one)."""
+    _check_inventory(plan, file)
+    groups = []
+    i = 0
+    while i < len(plan.meshes):
+        j = i
+        while j + 1 < len(plan.meshes) and plan.meshes[j + 1].cluster == plan.meshes[i].cluster:
+            j += 1
+        idx = tuple(range(i, j + 1))
+        mesh = plan.meshes[i]
+        n = sum(plan.meshes[k].num_devices for k in idx)
+        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node)
+        if n % dpn:
+            raise InputError(f"cluster {mesh.cluster} runs {n} processes, not a whole number of {dpn}-device nodes, "
+                             "so torchrun cannot start them with one --nproc-per-node", file=file,
+                             field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass --devices-per-node "
+                             "with a node size that divides the mesh")
+        groups.append((idx, n, dpn))
+        i = j + 1
+    clusters = [plan.meshes[idx[0]].cluster for idx, _, _ in groups]
+    launches = []
+    for (idx, n, dpn), name in zip(groups, clusters):
+        # A cluster with several (non-consecutive) launches: name them by their first mesh to keep files apart.
+        stem = name if clusters.count(name) == 1 else f"{name}.mesh{idx[0]}"
+        launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, dpn,
+                               get_device(plan.meshes[idx[0]].device_type).vendor, stem))
+    return launches
+
+
+def _check_inventory(plan: Plan, file: str | None) -> None:
+    """The plan may carry the inventory it was made for: its clusters must exist and be big enough."""
+    if not plan.inventory:
+        return
+    used: dict[str, int] = {}
+    for k, mesh in enumerate(plan.meshes):
+        inv = _inventory_cluster(plan, mesh.cluster)
+        if inv is None:
+            names = [str(c.get("name")) for c in plan.inventory.get("clusters", []) if isinstance(c, dict)]
+            raise InputError(f"names cluster {mesh.cluster!r}, which the plan's inventory does not list",
+                             file=file, field=f"meshes[{k}].cluster", fix=f"use one of: {', '.join(names)}")
+        inv_dev = inv.get("device")
+        if inv_dev is not None and get_device(str(inv_dev)).name != mesh.device_type:
+            raise InputError(f"says device_type {mesh.device_type} but cluster {mesh.cluster} has {inv_dev}",
+                             file=file, field=f"meshes[{k}].device_type", fix=f"write device_type: {inv_dev}")
+        used[mesh.cluster] = used.get(mesh.cluster, 0) + mesh.num_devices
+    for name, n in used.items():
+        inv = _inventory_cluster(plan, name)
+        have = int(inv.get("nodes", 0)) * int(inv.get("devices_per_node", 0))
+        if have and n > have:
+            raise InputError(f"uses {n} devices of cluster {name}, which has only {have}", file=file,
+                             field="meshes", fix="reduce tp, dp or the stage count of that cluster's meshes")
+
+
+# ---- vendor environment -----------------------------------------------------------------------------------
+def vendor_env(vendor: str, max_tp: int) -> tuple[dict[str, str], list[str]]:
+    """(variables the launch sets, commented suggestions) for one device vendor's software stack."""
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if vendor in ("nvidia", "amd", "ascend") and max_tp > 1:
+        # Megatron orders TP communication behind compute on one hardware queue; it asserts this is 1.
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if vendor == "nvidia":
+        notes += ["export NCCL_SOCKET_IFNAME=<nic>      # interface for NCCL bootstrap inside the cluster",
+                  "export NCCL_IB_HCA=<hca list>        # InfiniBand adapters, e.g. mlx5_0,mlx5_1"]
+    elif vendor == "amd":
+        notes += ["export NCCL_SOCKET_IFNAME=<nic>      # RCCL reads the NCCL_* variables",
+                  "export HIP_FORCE_DEV_KERNARG=1       # faster kernel launches on MI300X (ROCm guidance)"]
+    elif vendor == "ascend":
+        env["HCCL_CONNECT_TIMEOUT"] = "1200"   # HCCL's 120 s default is too short for large jobs to come up
+        notes += ["source /usr/local/Ascend/ascend-toolkit/set_env.sh   # CANN environment (path may differ)",
+                  "export HCCL_IF_IP=<ip>               # interface HCCL uses inside the cluster"]
+    elif vendor == "cpu":
+        env["OMP_NUM_THREADS"] = "1"           # several processes per node share the cores
+    notes.append("export GLOO_SOCKET_IFNAME=<nic>      # interface that reaches the other clusters (gloo/TCP)")
+    return env, notes
+
+
+# ---- scripts -----------------------------------------------------------------------------------------------
+def _fmt_args(args: list[str], indent: str = "  ") -> str:
+    """One flag per line with its values, shell-quoted."""
+    lines, cur = [], []
+    for a in args:
+        if a.startswith("--") and cur:
+            lines.append(cur)
+            cur = []
+        cur.append(a)
+    if cur:
+        lines.append(cur)
+    return "\n".join(indent + " ".join(shlex.quote(x) for x in line) for line in lines)
+
+
+def _node_ranges(plan: Plan, la: Launch) -> list[tuple[int, int, int]] | None:
+    """(first node, last node, mesh) per mesh of a multi-mesh launch, or None if a node holds two meshes."""
+    out, start = [], 0
+    for k in la.mesh_indices:
+        n = plan.meshes[k].num_devices
+        if n % la.devices_per_node:
+            return None
+        out.append((start, start + n // la.devices_per_node - 1, k))
+        start += n // la.devices_per_node
+    return out
+
+
+def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT) -> str:
+    first = plan.meshes[0].cluster
+    max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
+    env, notes = vendor_env(la.vendor, max_tp)
+    last_rank = la.rank_offset + la.num_devices - 1
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# hetauto launch for cluster {la.cluster}: global ranks {la.rank_offset}-{last_rank} of {plan.world_size}, "
+        f"{la.nnodes} node(s) x {la.devices_per_node} {plan.meshes[la.mesh_indices[0]].device_type} ({la.vendor}).",
+        f"# Run it once on every node of this cluster with NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR set to",
+        "# this cluster's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: node 0 of cluster "
+        f"{first}.",
+        "# Extra arguments (data, tokenizer, optimizer, checkpoints) are passed through to Megatron.",
+    ]
+    for k in la.mesh_indices:
+        m = plan.meshes[k]
+        s0 = plan.first_stage(k)
+        lines.append(f"# mesh {k}: pipeline stages {s0}-{s0 + m.num_stages - 1} (layers {list(m.stage_layers)}), "
+                     f"tp {m.tp}, dp {m.dp}, micro-batch {m.micro_batch_size}, recompute {m.recompute}, "
+                     f"ranks {plan.rank_offset(k)}-{plan.rank_offset(k) + m.num_devices - 1}")
+    lines += [
+        "set -euo pipefail",
+        f': "${{NODE_RANK:?set NODE_RANK to the index of this node in cluster {la.cluster} (0..{la.nnodes - 1})}}"',
+        f': "${{CLUSTER_MASTER_ADDR:?set CLUSTER_MASTER_ADDR to the address of node 0 of cluster {la.cluster}}}"',
+        f': "${{HETAUTO_MASTER_ADDR:?set HETAUTO_MASTER_ADDR to node 0 of cluster {first}, reachable from every '
+        'cluster}"',
+        "",
+        f"export HETAUTO_CLUSTER={shlex.quote(la.cluster)}",
+        f"export HETAUTO_RANK_OFFSET={la.rank_offset}",
+        f"export HETAUTO_WORLD_SIZE={plan.world_size}",
+        "export HETAUTO_MASTER_ADDR",
+        f'export HETAUTO_MASTER_PORT="${{HETAUTO_MASTER_PORT:-{DEFAULT_GLOBAL_PORT}}}"',
+        f'export HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines += ["# vendor settings to adapt to the site (not required):"] + [f"# {n}" for n in notes]
+    lines.append("")
+    ranges = _node_ranges(plan, la) if len(la.mesh_indices) > 1 else None
+    common = [*pipeline_args(plan), *model_args(plan), "--global-batch-size", str(plan.global_batch_size),
+              "--bf16", "--use-distributed-optimizer"]
+    if len(la.mesh_indices) == 1:
+        lines += ["MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]])), ")"]
+    elif ranges:
+        lines.append('case "$NODE_RANK" in')
+        for lo, hi, k in ranges:
+            pat = "|".join(str(r) for r in range(lo, hi + 1))
+            lines += [f"  {pat})  # mesh {k}", "    MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[k]), "      "),
+                      "    ) ;;"]
+        lines += [f'  *) echo "NODE_RANK must be 0..{la.nnodes - 1}" >&2; exit 2 ;;', "esac"]
+    else:
+        # A node holds ranks of two meshes: one argument list cannot be right for all of them; the --hetauto
+        # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
+        lines += ["# Meshes share a node here: the --hetauto hook sets each rank's own TP/micro-batch/recompute.",
+                  "MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]])), ")"]
+    lines += ["MEGATRON_ARGS=(", _fmt_args(common), ")",
+              "HETAUTO_ARGS=(", f'  --hetauto --hetauto-plan "${{HETAUTO_PLAN:-{plan_path}}}"', ")", ""]
+    lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '
+              f'--node-rank="$NODE_RANK" \\',
+              f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
+              f'  "${{MEGATRON_SCRIPT:-{script}}}" "${{MESH_ARGS[@]}}" "${{MEGATRON_ARGS[@]}}" "${{HETAUTO_ARGS[@]}}" "$@"',
+              ""]
+    return "\n".join(lines)
+
+
+def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, script: str = DEFAULT_SCRIPT,
+                  devices_per_node: int | None = None, file: str | None = None) -> list[dict]:
+    """Per launch: its facts, the exact argument lists and the shell script text (what `hetauto emit megatron`
+    prints or writes). `cluster` keeps only that cluster's launches."""
+    launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
+    if cluster is not None:
+        names = sorted({la.cluster for la in launches})
+        launches = [la for la in launches if la.cluster == cluster]
+        if not launches:
+            raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
+                             fix=f"use one of: {', '.join(names)}")
+    out = []
+    for la in launches:
+        max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
+        env, _ = vendor_env(la.vendor, max_tp)
+        out.append({
+            "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "meshes": list(la.mesh_indices),
+            "rank_offset": la.rank_offset, "num_devices": la.num_devices, "nnodes": la.nnodes,
+            "nproc_per_node": la.devices_per_node,
+            "env": {"HETAUTO_CLUSTER": la.cluster, "HETAUTO_RANK_OFFSET": str(la.rank_offset),
+                    "HETAUTO_WORLD_SIZE": str(plan.world_size), **env},
+            "megatron_args": {str(k): megatron_args(plan, k, plan_path) for k in la.mesh_indices},
+            "script": launch_script(plan, la, plan_path=plan_path, script=script),
+        })
+    return out
+

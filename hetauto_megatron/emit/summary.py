@@ -1,0 +1,78 @@
+"""The human summary of a plan: one row per pipeline stage, then the job's totals.
+
+Layout columns come from the plan alone. Time, memory and utilisation columns come from an estimate dict
+(the simulator's result, or the `estimate` block a plan file carries):
+    {"stages": [{"compute_s", "busy_s", "bubble_s", "memory_gib", "utilisation"}, ...one per stage],
+     "iteration_time_s", "tokens_per_s", "tflops_per_device", "fits"}
+Missing keys print as "-"; without an estimate only the layout is shown.
+"""
+from __future__ import annotations
+
+from ..plan.plan import Plan
+from ..spec.devices import get_device
+
+
+def _capacity_gib(plan: Plan, mesh_index: int) -> float:
+    """Device memory of a mesh: the inventory's (it may override the catalog), else the catalog's."""
+    mesh = plan.meshes[mesh_index]
+    for c in (plan.inventory or {}).get("clusters", []) or []:
+        if isinstance(c, dict) and str(c.get("name")) == mesh.cluster and isinstance(c.get("memory_gib"), (int, float)):
+            return float(c["memory_gib"])
+    return get_device(mesh.device_type).memory_gib
+
+
+def _num(value, fmt: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return format(value, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r):
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return [line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]]
+
+
+def format_summary(plan: Plan, estimate: dict | None = None) -> str:
+    """A fixed-width table of the plan's stages plus totals; `estimate` adds time, memory and utilisation."""
+    est = estimate if isinstance(estimate, dict) else None
+    stages = est.get("stages") if est else None
+    if not (isinstance(stages, list) and len(stages) == plan.pipeline_parallel_size):
+        stages = None
+    header = ["stage", "cluster", "device", "devices", "TP", "DP", "layers", "mbs", "recompute"]
+    if est:
+        header += ["compute s", "busy s", "bubble s", "memory GiB", "util"]
+    rows = []
+    for s in range(plan.pipeline_parallel_size):
+        i, _ = plan.stage_owner(s)
+        m = plan.meshes[i]
+        layers = plan.stage_layers[s]
+        extra = (["+emb"] if s == 0 else []) + (["+head"] if s == plan.pipeline_parallel_size - 1 else [])
+        row = [str(s), m.cluster, m.device_type, str(m.tp * m.dp), str(m.tp), str(m.dp),
+               str(layers) + "".join(extra), str(m.micro_batch_size), m.recompute]
+        if est:
+            st = stages[s] if stages and isinstance(stages[s], dict) else {}
+            mem = _num(st.get("memory_gib"), ".1f")
+            if mem != "-":
+                mem += f" / {_capacity_gib(plan, i):g}"
+            util = _num(st.get("utilisation"), ".0%")
+            row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"), _num(st.get("bubble_s"), ".3f"),
+                    mem, util]
+        rows.append(row)
+    right = {0, 3, 4, 5, 7} | ({9, 10, 11, 12, 13} if est else set())
+    m = plan.model
+    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} mesh(es), "
+             f"{plan.pipeline_parallel_size} pipeline stages",
+             *_table(header, rows, right),
+             f"global batch {plan.global_batch_size} = {plan.num_micro_batches} micro-batch steps x "
+             f"{plan.samples_per_step} samples (dp x micro-batch in every mesh), sequence {m.seq_length}"]
+    if est:
+        fits = est.get("fits")
+        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
+                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s, "
+                     f"{_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
+                     f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}")
+    return "\n".join(lines)

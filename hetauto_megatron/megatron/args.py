@@ -1,0 +1,45 @@
+"""The `--hetauto` command-line flags, as a Megatron `extra_args_provider`.
+
+Megatron-LM builds its parser and then lets the entry script add its own arguments through one callable
+(`parse_and_validate_args(extra_args_provider=...)`). An entry script may already use that slot (Megatron-LM's
+pretrain_gpt.py passes ModelOpt's provider when it is installed), so ours composes with an existing provider
+instead of replacing it. Importing this module costs nothing: no torch, no megatron.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable, Optional
+
+ArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+GROUP_TITLE = "hetauto (heterogeneous multi-cluster training)"
+
+
+def add_hetauto_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add --hetauto, --hetauto-plan and --hetauto-cluster to a Megatron parser (idempotent)."""
+    if any(a.dest == "hetauto" for a in parser._actions):
+        return parser  # a provider chain may call us twice; argparse would reject the duplicate flags
+    g = parser.add_argument_group(GROUP_TITLE)
+    g.add_argument("--hetauto", action="store_true",
+                   help="run this job as one share of a heterogeneous hetauto plan: every rank rewrites its "
+                        "parallel layout (TP, DP, micro-batch, pipeline layout, recompute) from --hetauto-plan "
+                        "and hetauto builds the process groups and inter-cluster transfers")
+    g.add_argument("--hetauto-plan", type=str, default=None, metavar="PLAN.yaml",
+                   help="the plan written by 'hetauto plan' (required with --hetauto)")
+    g.add_argument("--hetauto-cluster", type=str, default=os.environ.get("HETAUTO_CLUSTER"), metavar="NAME",
+                   help="name of the cluster this process runs on; checked against the plan's mesh for this rank "
+                        "(default: $HETAUTO_CLUSTER, which 'hetauto emit megatron' sets)")
+    return parser
+
+
+def hetauto_args_provider(existing: Optional[ArgsProvider] = None) -> ArgsProvider:
+    """An extra_args_provider adding the hetauto flags after `existing` (which may be None)."""
+
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        if existing is not None:
+            parser = existing(parser) or parser  # some providers mutate in place and return None
+        return add_hetauto_args(parser)
+
+    provider.__name__ = f"hetauto_args_provider({getattr(existing, '__name__', None)})"
+    return provider

@@ -1,0 +1,195 @@
+"""Run the tiny `--hetauto` Megatron-LM training end to end on local CPU processes and print its losses.
+
+    python -m hetauto_megatron.megatron.demo [--plan examples/llama/plans/tiny-2clusters-cpu.yaml] [--iters 3]
+
+Runs examples/llama/pretrain_llama_hetauto.py through `megatron.training.pretrain` twice:
+1. with `--hetauto --hetauto-plan PLAN`: one process per device of the plan (its meshes, TP/DP degrees,
+   uneven stages and inter-cluster transfers), and
+2. without --hetauto, as Megatron's own homogeneous layout with the same pipeline stages (TP 1, DP 1,
+   PP = the plan's stages, the same --pipeline-model-parallel-layout): Megatron seeds each stage by its
+   pipeline rank and --use-cpu-initialization draws full weights before TP slicing, so both start from the
+   same weights and must produce the same losses;
+and prints both loss curves and the largest difference. Processes are forked after one import (much cheaper
+than torchrun on a small machine); Megatron's own log of each run goes to a file unless --verbose.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from ..errors import InputError
+from ..plan.plan import Plan, load_plan
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENTRY_SCRIPT = os.path.join(_ROOT, "examples", "llama", "pretrain_llama_hetauto.py")
+DEFAULT_PLAN = os.path.join(_ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+
+# Megatron-LM flags for a CPU run that is comparable across layouts (docs/megatron-integration.md): the local
+# (non-Transformer-Engine) layer spec, no fused kernels, fp32, no dropout, weights drawn in full on the CPU.
+CPU_FLAGS = [
+    "--transformer-impl", "local", "--spec", "local", "--attention-backend", "local",
+    "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion",
+    "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-masked-softmax-fusion", "--no-rope-fusion",
+    "--attention-dropout", "0", "--hidden-dropout", "0", "--use-cpu-initialization",
+    "--num-workers", "0", "--no-create-attention-mask-in-dataloader",
+]
+
+
+def model_flags(plan: Plan) -> list[str]:
+    """Megatron's model arguments for the plan's model (LLaMA style when the MLP is gated)."""
+    m = plan.model
+    out = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+           "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn_hidden_size),
+           "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
+           "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(64 if m.vocab_size % 64 == 0 else 1)]
+    if m.num_query_groups != m.num_attention_heads:
+        out += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.gated_mlp:
+        out += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear"]
+    out += ["--position-embedding-type", m.position_embedding]
+    if not m.tie_embeddings:
+        out += ["--untie-embeddings-and-output-weights"]
+    return out
+
+
+def training_flags(iters: int, seed: int) -> list[str]:
+    return ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", str(iters), "--lr", "1e-3",
+            "--min-lr", "1e-3", "--lr-decay-style", "constant", "--log-interval", "1", "--eval-iters", "0",
+            "--eval-interval", str(max(1000, iters + 1)), "--seed", str(seed), "--distributed-backend", "gloo"]
+
+
+def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[str]:
+    """The command line of the --hetauto run (TP, DP, micro-batch, layout come from the plan)."""
+    return (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
+            ["--micro-batch-size", "1", "--global-batch-size", str(plan.global_batch_size),
+             "--hetauto", "--hetauto-plan", plan_path])
+
+
+def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int]:
+    """Megatron's homogeneous layout with the plan's pipeline stages: TP 1, DP 1, one process per stage."""
+    from ..runtime.model import pipeline_layout
+
+    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
+            ["--micro-batch-size", str(plan.samples_per_step), "--global-batch-size", str(plan.global_batch_size),
+             "--pipeline-model-parallel-size", str(plan.pipeline_parallel_size)])
+    layout = pipeline_layout(plan.stage_layers)
+    if layout:
+        argv += ["--pipeline-model-parallel-layout", layout]
+    return argv, plan.pipeline_parallel_size
+
+
+def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str | None) -> dict:
+    """One forked rank: run the entry script's main() with `argv`, recording each iteration's reduced loss."""
+    import runpy
+
+    if log_dir:
+        fd = os.open(os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    import megatron.training.training as training
+
+    losses, grad_norms = [], []
+    original = training.train_step
+
+    def train_step(*args, **kwargs):
+        out = original(*args, **kwargs)
+        loss_dict, grad_norm = out[0], out[5]
+        if loss_dict and "lm loss" in loss_dict:
+            losses.append(float(loss_dict["lm loss"]))
+        if grad_norm is not None:
+            grad_norms.append(float(grad_norm))
+        return out
+
+    training.train_step = train_step
+    sys.argv = [script] + list(argv)
+    entry = runpy.run_path(script, run_name="hetauto_entry")
+    entry["main"]()
+    from . import hook
+
+    state = hook.current_plan_state()
+    comm = getattr(state, "communicator", None) if state else None
+    return {"losses": losses, "grad_norms": grad_norms,
+            "bytes": dict(getattr(comm, "bytes_sent", {}) or {})}
+
+
+def run_entry(argv: list[str], world_size: int, *, script: str = ENTRY_SCRIPT, timeout_s: float = 300.0,
+              log_dir: str | None = None) -> list[dict]:
+    """Run the entry script on `world_size` forked CPU processes; each rank's losses, grad norms, bytes."""
+    import megatron.training.training  # noqa: F401  (imported once, before the fork)
+
+    from ..runtime.launcher import launch
+
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return launch(_rank_main, world_size, args=(script, list(argv), log_dir), timeout_s=timeout_s, env=env)
+
+
+def last_rank_losses(results: list[dict]) -> list[float]:
+    return results[-1]["losses"]
+
+
+def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234, reference: bool = True,
+             verbose: bool = False, timeout_s: float = 300.0, out=print) -> dict:
+    """The demo: the --hetauto run of `plan_path` (CPU meshes only) and, with reference=True, Megatron's
+    homogeneous run with the same stages. Returns {"hetauto": [...], "reference": [...], "max_abs_diff": x,
+    "bytes": {...}, "log_dir": path}."""
+    plan = load_plan(plan_path)
+    non_cpu = sorted({m.device_type for m in plan.meshes if m.device_type != "cpu"})
+    if non_cpu:
+        raise InputError(f"this local demo runs CPU meshes only; the plan uses {', '.join(non_cpu)}", file=plan_path,
+                         field="meshes[*].device_type",
+                         fix="use a CPU plan such as examples/llama/plans/tiny-2clusters-cpu.yaml, or 'hetauto "
+                             "dryrun --plan PLAN --tiny' to dry-run any plan's layout on CPU")
+    log_dir = None if verbose else tempfile.mkdtemp(prefix="hetauto-megatron-")
+    het_logs = os.path.join(log_dir, "hetauto") if log_dir else None
+    if het_logs:
+        os.makedirs(het_logs)
+    het = run_entry(hetauto_argv(plan_path, plan, iters=iters, seed=seed), plan.world_size, timeout_s=timeout_s,
+                    log_dir=het_logs)
+    result = {"hetauto": last_rank_losses(het), "bytes": {}, "log_dir": log_dir}
+    for r in het:
+        for k, v in r["bytes"].items():
+            result["bytes"][k] = result["bytes"].get(k, 0) + v
+    out(f"--hetauto run ({plan.world_size} CPU processes, {len(plan.meshes)} meshes): "
+        + ", ".join(f"{x:.6f}" for x in result["hetauto"]))
+    if reference:
+        ref_logs = os.path.join(log_dir, "reference") if log_dir else None
+        if ref_logs:
+            os.makedirs(ref_logs)
+        argv, world = reference_argv(plan, iters=iters, seed=seed)
+        ref = run_entry(argv, world, timeout_s=timeout_s, log_dir=ref_logs)
+        result["reference"] = last_rank_losses(ref)
+        diffs = [abs(a - b) for a, b in zip(result["hetauto"], result["reference"])]
+        result["max_abs_diff"] = max(diffs) if diffs else float("nan")
+        out(f"reference (Megatron TP1 x PP{world}, same stages):  "
+            + ", ".join(f"{x:.6f}" for x in result["reference"]))
+        out(f"max |loss difference| = {result['max_abs_diff']:.2e}")
+    if log_dir:
+        out(f"Megatron logs: {log_dir}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hetauto_megatron.megatron.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", default=DEFAULT_PLAN, help="a plan whose meshes are all device_type cpu")
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--no-reference", action="store_true", help="skip Megatron's homogeneous run")
+    parser.add_argument("--verbose", action="store_true", help="show Megatron's own log instead of a log file")
+    args = parser.parse_args(argv)
+    try:
+        result = run_tiny(args.plan, iters=args.iters, seed=args.seed, reference=not args.no_reference,
+                          verbose=args.verbose)
+    except InputError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    if "max_abs_diff" in result and not result["max_abs_diff"] <= 1e-5:
+        print("the --hetauto losses differ from the reference by more than 1e-5", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

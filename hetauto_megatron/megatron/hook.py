@@ -1,0 +1,370 @@
+"""The `--hetauto` hook: what a Megatron-LM entry script calls to run as one share of a heterogeneous plan.
+
+An entry script changes in exactly two places (patches/pretrain_gpt.patch does this to pretrain_gpt.py):
+
+    args = hook.parse_and_validate_args(extra_args_provider=..., args_defaults=...)   # was Megatron's
+    pretrain(..., **hook.pretrain_kwargs(args))                                         # was pretrain(...)
+
+Without --hetauto both are transparent (Megatron's own parsing; no extra pretrain arguments), except that a
+process with no accelerator at all gets the CPU redirections so the loop can be dry-run on CPU.
+
+With --hetauto, per rank:
+1. the megatron-core version is checked (the seams used here exist in 0.19.x only);
+2. after Megatron parsed the command line and BEFORE it validates it, the rank's arguments are rewritten
+   from the plan (rewrite.py: its mesh's TP, DP, micro-batch and recompute, the plan's pipeline depth,
+   layout and global batch; model-shape arguments checked against the plan);
+3. `pretrain_kwargs` joins the global torch.distributed world of the launch contract, builds the plan's
+   process groups with the runtime instead of `initialize_model_parallel`, fills Megatron's parallel_state
+   with this rank's own mesh groups (DDP, the optimizer and the data loader still read those globals; one
+   process belongs to exactly one mesh, so the globals are unambiguous), and returns the plan's
+   `p2p_communicator` and `pg_collection` with `skip_model_parallel_init=True`;
+4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (reduction of
+   tied embeddings across clusters, a global gradient norm that counts each parameter once).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+from typing import Callable, Optional
+
+from ..errors import InputError
+from ..plan.plan import Plan, load_plan
+from . import rewrite
+from .args import hetauto_args_provider
+
+# megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
+# pg_collection, skip_model_parallel_init; the parallel_state globals filled below).
+SUPPORTED_MEGATRON_CORE = ((0, 19),)
+SUPPORTED_TEXT = "0.19.x"
+_PRETRAIN_PARAMS = ("p2p_communicator", "pg_collection", "skip_model_parallel_init")
+
+
+def megatron_core_version() -> str:
+    try:
+        from megatron.core.package_info import __version__
+    except ImportError:
+        raise InputError("megatron-core is not installed", field="--hetauto",
+                         fix=f"pip install 'megatron-core=={SUPPORTED_TEXT}'") from None
+    return str(__version__)
+
+
+def check_megatron_version(version: str | None = None) -> str:
+    """Fail clearly on a megatron-core this hook was not written for. Returns the version."""
+    version = version or megatron_core_version()
+    try:
+        major_minor = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        major_minor = None
+    if major_minor not in SUPPORTED_MEGATRON_CORE:
+        raise InputError(f"megatron-core {version} is not supported by hetauto's Megatron integration "
+                         f"(supported: {SUPPORTED_TEXT})", field="--hetauto",
+                         fix=f"install megatron-core {SUPPORTED_TEXT} (pip install 'megatron-core~=0.19.0') and a "
+                             "Megatron-LM checkout of the matching branch core_r0.19.0")
+    return version
+
+
+def _check_pretrain_signature() -> None:
+    from megatron.training import pretrain
+    params = inspect.signature(pretrain).parameters
+    missing = [p for p in _PRETRAIN_PARAMS if p not in params]
+    if missing:
+        raise InputError(f"this megatron.training.pretrain lacks the parameters {', '.join(missing)} that --hetauto "
+                         "hands it", field="--hetauto",
+                         fix=f"install megatron-core {SUPPORTED_TEXT}, whose training loop accepts them")
+
+
+@dataclasses.dataclass
+class _State:
+    """What the two hook calls share inside one process."""
+    plan: Plan
+    plan_file: str
+    ident: rewrite.LaunchIdentity
+    placement: object             # runtime.groups.RankCoords
+    device_type: str
+    changed: dict
+    context: object = None        # runtime RankContext, once built
+    communicator: object = None
+
+
+_STATE: Optional[_State] = None
+
+
+def current_plan_state() -> Optional[_State]:
+    """This process's plan, placement and runtime context under --hetauto (None without it)."""
+    return _STATE
+
+
+def _has_accelerator() -> bool:
+    import importlib.util
+
+    import torch
+    return torch.cuda.is_available() or importlib.util.find_spec("torch_npu") is not None
+
+
+def enable_cpu_mode() -> None:
+    """Megatron-Core's CUDA redirections (runtime device layer) plus the training loop's (cpu.py)."""
+    from ..runtime.device import enable_cpu_redirects
+    from . import cpu
+
+    enable_cpu_redirects()
+    cpu.apply()
+
+
+def _timeout_s() -> float:
+    raw = os.environ.get("HETAUTO_TIMEOUT_S", "600")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise InputError(f"HETAUTO_TIMEOUT_S={raw!r} is not a positive number of seconds", field="HETAUTO_TIMEOUT_S",
+                         fix="unset it (default 600) or give seconds, e.g. 600")
+    return value
+
+
+def _prepare_hetauto(args) -> _State:
+    """Between Megatron's parsing and its validation: load the plan, place this rank, rewrite its arguments."""
+    if not args.hetauto_plan:
+        raise InputError("--hetauto needs the plan to run", field="--hetauto-plan",
+                         fix="add --hetauto-plan plan.yaml (written by 'hetauto plan')")
+    if getattr(args, "yaml_cfg", None):
+        raise InputError("--yaml-cfg cannot be combined with --hetauto", field="--yaml-cfg",
+                         fix="pass Megatron's arguments on the command line")
+    plan = load_plan(args.hetauto_plan)
+    ident = rewrite.identity_from_env()
+    placement = rewrite.check_launch(plan, ident, args.hetauto_cluster, file=args.hetauto_plan)
+    device_type = placement.device_type
+    from ..spec.devices import get_device
+    if get_device(device_type).vendor == "cpu":
+        enable_cpu_mode()
+    else:
+        from ..runtime.device import check_local_device
+        check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
+    changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
+    args.local_rank = ident.local_rank
+    return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
+
+
+def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
+                            args_defaults: Optional[dict] = None):
+    """Megatron's `parse_and_validate_args` with the --hetauto flags added and, under --hetauto, this rank's
+    arguments rewritten from the plan before Megatron validates them."""
+    global _STATE
+    import megatron.training.arguments as margs
+
+    original_validate = margs.validate_args
+    state_box = {}
+
+    def validate_args(args, defaults={}):
+        if getattr(args, "hetauto", False):
+            check_megatron_version()
+            _check_pretrain_signature()
+            state = _prepare_hetauto(args)
+            state_box["state"] = state
+        elif not _has_accelerator():
+            enable_cpu_mode()
+            if args.distributed_backend == "nccl":
+                args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
+        result = original_validate(args, defaults)
+        if "state" in state_box:
+            # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
+            # Megatron sees the real job (pretrain also re-reads both from torch.distributed).
+            args.world_size = state_box["state"].plan.world_size
+        return result
+
+    margs.validate_args = validate_args
+    try:
+        args = margs.parse_and_validate_args(extra_args_provider=hetauto_args_provider(extra_args_provider),
+                                             ignore_unknown_args=ignore_unknown_args,
+                                             args_defaults=dict(args_defaults or {}))
+    finally:
+        margs.validate_args = original_validate
+    _STATE = state_box.get("state")
+    if _STATE is not None:
+        _log_rewrite(_STATE)
+    return args
+
+
+def _log_rewrite(state: _State) -> None:
+    p = state.placement
+    if state.ident.rank in (0, state.plan.world_size - 1) or p.tp_rank == p.dp_rank == 0:
+        changes = ", ".join(f"{k}={new!r}" for k, (_, new) in sorted(state.changed.items())
+                            if k not in ("rank", "world_size"))
+        print(f"[hetauto] rank {p.rank}: cluster {p.cluster} ({state.device_type}), mesh {p.mesh_index}, "
+              f"stage {p.stage}, tp rank {p.tp_rank}, dp rank {p.dp_rank}; arguments from the plan: {changes}",
+              flush=True)
+
+
+# ---- process groups --------------------------------------------------------------------------------------
+
+# parallel_state global -> ProcessGroupCollection field. Megatron's own mapping the other way round is
+# ProcessGroupCollection.use_mpu_process_groups(); the GTP_remat variants equal the plain groups (no GTP).
+_MPU_GROUPS = {
+    "_TENSOR_MODEL_PARALLEL_GROUP": "tp",
+    "_PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+    "_MODEL_PARALLEL_GROUP": "mp",
+    "_EMBEDDING_GROUP": "embd",
+    "_POSITION_EMBEDDING_GROUP": "pos_embd",
+    "_CONTEXT_PARALLEL_GROUP": "cp",
+    "_TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp_cp",
+    "_DATA_PARALLEL_GROUP": "dp",
+    "_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "dp",
+    "_DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
+    "_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "dp_cp",
+    "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
+    "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "dp_cp",
+    "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp_dp_cp",
+    "_EXPERT_MODEL_PARALLEL_GROUP": "ep",
+    # A dense model's expert-TP group is its TP group (Megatron's default expert TP size = TP size); the RNG
+    # seeding reads it even without experts.
+    "_EXPERT_TENSOR_PARALLEL_GROUP": ("expt_tp", "tp"),
+    "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": ("tp_ep", "tp"),
+    # ... and its expert model-parallel group is the model-parallel group (the grad-norm group).
+    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": ("tp_ep_pp", "mp"),
+    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": ("tp_ep_pp_with_egtp_remat", "tp_ep_pp", "mp"),
+    # Without experts Megatron's expert-DP group spans the same ranks as DP (expert TP = TP, EP = 1).
+    "_EXPERT_DATA_PARALLEL_GROUP": "dp",
+    "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "dp",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "dp",
+    # One distributed-optimizer instance: it shards over the whole DP (x CP) group.
+    "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": ("intra_dist_opt", "dp_cp"),
+}
+# parallel_state rank-list global -> ProcessGroupCollection field
+_MPU_RANKS = {
+    "_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS": "tp",
+    "_PIPELINE_GLOBAL_RANKS": "pp",
+    "_MODEL_PARALLEL_GLOBAL_RANKS": "mp",
+    "_EMBEDDING_GLOBAL_RANKS": "embd",
+    "_POSITION_EMBEDDING_GLOBAL_RANKS": "pos_embd",
+    "_CONTEXT_PARALLEL_GLOBAL_RANKS": "cp",
+    "_DATA_PARALLEL_GLOBAL_RANKS": "dp",
+    "_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP": "dp_cp",
+}
+# Same group on a gloo backend, read by the distributed optimizer: only when the group itself is gloo.
+_MPU_GLOO_GROUPS = {
+    "_DATA_PARALLEL_GROUP_GLOO": "dp",
+    "_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
+    "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
+    "_EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
+}
+
+
+def populate_parallel_state(pg) -> list[str]:
+    """Fill megatron.core.parallel_state with this rank's groups from a ProcessGroupCollection.
+
+    Megatron-LM 0.19 passes `pg_collection` to the model and the schedule, but DDP (model_provider path),
+    `get_megatron_optimizer`, the data loader and the loss reduction still read the globals. Returns the
+    names set (for tests)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    def field(names):
+        for name in (names,) if isinstance(names, str) else names:
+            if getattr(pg, name, None) is not None:
+                return getattr(pg, name)
+        return None
+
+    done = []
+    for glob, name in _MPU_GROUPS.items():
+        group = field(name)
+        if group is not None and hasattr(ps, glob):
+            setattr(ps, glob, group)
+            done.append(glob)
+    for glob, name in _MPU_RANKS.items():
+        group = field(name)
+        if group is not None and hasattr(ps, glob):
+            setattr(ps, glob, dist.get_process_group_ranks(group))
+            done.append(glob)
+    for glob, name in _MPU_GLOO_GROUPS.items():
+        group = field(name)
+        if group is not None and hasattr(ps, glob) and dist.get_backend(group) == "gloo":
+            setattr(ps, glob, group)
+            done.append(glob)
+    return done
+
+
+def _join_world(state: _State) -> None:
+    """Join the one torch.distributed world that spans every cluster (launch contract): global rank =
+    HETAUTO_RANK_OFFSET + RANK, rendezvous at HETAUTO_MASTER_ADDR/PORT when the clusters launch separately."""
+    import torch.distributed as dist
+
+    from ..runtime import groups
+
+    if dist.is_initialized():
+        if dist.get_world_size() != state.plan.world_size or dist.get_rank() != state.ident.rank:
+            raise InputError(f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                             f"{dist.get_world_size()}, but the plan places this process as rank "
+                             f"{state.ident.rank} of {state.plan.world_size}", file=state.plan_file, field="meshes",
+                             fix="let --hetauto initialise torch.distributed (do not call init_process_group first)")
+        return
+    if os.environ.get("HETAUTO_MASTER_ADDR"):
+        os.environ["MASTER_ADDR"] = os.environ["HETAUTO_MASTER_ADDR"]
+        os.environ["MASTER_PORT"] = os.environ.get("HETAUTO_MASTER_PORT", os.environ.get("MASTER_PORT", "29500"))
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
+    groups.init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
+                            dry_run=state.device_type == "cpu", file=state.plan_file)
+
+
+def pretrain_kwargs(args) -> dict:
+    """The keyword arguments to add to `megatron.training.pretrain(...)`: {} without --hetauto; with it the
+    plan's `p2p_communicator` and `pg_collection` and `skip_model_parallel_init=True`."""
+    if not getattr(args, "hetauto", False):
+        return {}
+    state = _STATE
+    if state is None:
+        raise RuntimeError("hetauto_megatron.megatron.hook.pretrain_kwargs() needs the arguments parsed by "
+                           "hook.parse_and_validate_args()")
+    if state.context is None:
+        from megatron.training.arguments import core_transformer_config_from_args
+
+        from ..runtime import groups
+        from ..runtime.communicator import HeteroP2PCommunicator
+
+        _join_world(state)
+        ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
+                                  dry_run=state.device_type == "cpu")
+        populate_parallel_state(ctx.pg)
+        groups.set_megatron_globals(ctx)
+        state.context = ctx
+        state.communicator = HeteroP2PCommunicator(ctx, core_transformer_config_from_args(args),
+                                                   timeout_s=_timeout_s())
+        _install_gradient_rules(state)
+    return {"p2p_communicator": state.communicator, "pg_collection": state.context.pg,
+            "skip_model_parallel_init": True}
+
+
+def _install_gradient_rules(state: _State) -> None:
+    """After Megatron builds model and optimizer: the runtime's finalize-grads function on the model config
+    (training.train keeps a finalize function that is already set) and the once-per-parameter global norm."""
+    import megatron.training.training as training
+    from megatron.core.utils import get_model_config
+
+    from ..runtime import gradients
+
+    original = training.setup_model_and_optimizer
+    if getattr(original, "_hetauto", False):
+        return
+
+    @functools.wraps(original)
+    def setup_model_and_optimizer(*a, **kw):
+        model, optimizer, scheduler = original(*a, **kw)
+        get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(state.context)
+        if optimizer is not None:
+            gradients.count_grad_norm_once(optimizer, state.context)
+        return model, optimizer, scheduler
+
+    setup_model_and_optimizer._hetauto = True
+    training.setup_model_and_optimizer = setup_model_and_optimizer
+
+
+def main_guard(fn: Callable[[], None]) -> None:
+    """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback."""
+    try:
+        fn()
+    except InputError as exc:
+        print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,238 @@
+"""Predict a plan's iteration: stage times, 1F1B pipeline, DP synchronisation, optimizer step, memory.
+
+`simulate(plan, inventory)` evaluates a finished plan (its layer split given). `evaluate_layout` is the
+search's evaluator: the same model, but it solves the layer split itself (plan/split.py) for a list of mesh
+choices, and can extrapolate long pipelines from a shorter event simulation (exact once 1F1B is periodic).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cost.analytic import AnalyticCostModel
+from ..cost.memory import GIB
+from ..errors import InputError
+from ..spec.inventory import Inventory
+from ..spec.model import ModelSpec
+from . import costing
+from .pipeline import estimate_1f1b, simulate_1f1b
+from .plan import Plan
+from .split import split_layers
+
+_DEFAULT_COST = AnalyticCostModel()
+
+
+@dataclass(frozen=True, order=True)
+class MeshChoice:
+    """A mesh before its layer split is known: what the search decides per cluster."""
+    cluster: str
+    tp: int
+    dp: int
+    micro_batch_size: int
+    recompute: str
+    num_stages: int
+
+
+@dataclass
+class Estimate:
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float          # model FLOPs (no recompute) per device per second / 1e12
+    mfu: float                        # model FLOPs utilisation against the devices' summed peak
+    memory_gib: list[float]           # per stage, busiest device
+    fits: bool
+    pipeline_s: float                 # 1F1B makespan
+    dp_exposed_s: float               # DP synchronisation not hidden behind compute
+    optimizer_s: float
+    stages: list[dict] = field(default_factory=list)
+    cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
+
+    def to_dict(self) -> dict:
+        r = lambda x: round(x, 6)
+        return {"iteration_time_s": r(self.iteration_time_s), "tokens_per_s": round(self.tokens_per_s, 1),
+                "tflops_per_device": round(self.tflops_per_device, 2), "mfu": round(self.mfu, 4),
+                "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
+                "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
+                "optimizer_s": r(self.optimizer_s), "stages": self.stages, "cost_model": self.cost_model}
+
+
+def _pipeline(model, inventory, choices, m, cost_model):
+    """Profiles, in-flight counts and boundary links for the stage list of `choices` (pipeline order)."""
+    profs, owners = [], []
+    for mi, c in enumerate(choices):
+        cl = inventory.cluster(c.cluster)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model)
+        profs += [prof] * c.num_stages
+        owners += [mi] * c.num_stages
+    p = len(profs)
+    in_flight = [min(p - i, m) for i in range(p)]
+    samples = choices[0].dp * choices[0].micro_batch_size
+    links = []
+    for i in range(p - 1):
+        a, b = choices[owners[i]], choices[owners[i + 1]]
+        if a.cluster == b.cluster:
+            cl = inventory.cluster(a.cluster)
+            single_node = owners[i] == owners[i + 1] and a.tp * a.dp * a.num_stages <= cl.devices_per_node
+            link = cl.intra_node if single_node else cl.inter_node
+        else:
+            link = inventory.link(a.cluster, b.cluster)
+            if link is None:
+                raise InputError(f"clusters {a.cluster} and {b.cluster} are adjacent in the pipeline but the "
+                                 "inventory has no link between them", file=inventory.source, field="links",
+                                 fix=f"add a links entry between: [{a.cluster}, {b.cluster}] or reorder the meshes")
+        links.append(costing.boundary_transfer_time(model, profs[i], profs[i + 1], link, a.cluster == b.cluster,
+                                                    samples))
+    return profs, owners, in_flight, links
+
+
+def _makespan(fwd, bwd, links, m, extrapolate: bool) -> tuple[float, tuple]:
+    p = len(fwd)
+    m1 = 2 * p + 2
+    if not extrapolate or m <= m1 + p:
+        t = simulate_1f1b(fwd, bwd, links, m)
+        return t.makespan, t.busy
+    # 1F1B becomes periodic after its warm-up: measure the period between two shorter runs.
+    t1 = simulate_1f1b(fwd, bwd, links, m1).makespan
+    t2 = simulate_1f1b(fwd, bwd, links, m1 + p).makespan
+    busy = tuple(m * (f + b) for f, b in zip(fwd, bwd))
+    return t2 + (m - m1 - p) * (t2 - t1) / p, busy
+
+
+def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model,
+            inventory) -> Estimate:
+    p = len(profs)
+    fwd, bwd, mem, dp_exposed, opt = [], [], [], [], []
+    for i, prof in enumerate(profs):
+        first, last = i == 0, i == p - 1
+        f, b = prof.times(layers[i], first, last)
+        fwd.append(f)
+        bwd.append(b)
+        mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last)["total"])
+        rs, ag = costing.dp_sync_times(model, prof, layers[i], first, last)
+        # Megatron overlaps the gradient reduce-scatter with the last micro-batch's backward and the parameter
+        # all-gather with the first forward; only what sticks out costs time.
+        dp_exposed.append(max(0.0, rs - b) + max(0.0, ag - f))
+        opt.append(costing.optimizer_time(model, prof, layers[i], first, last))
+    makespan, busy = _makespan(fwd, bwd, links, m, extrapolate)
+    tail = max(d + o for d, o in zip(dp_exposed, opt))
+    T = makespan + tail
+    tokens = gbs * model.seq_length
+    world = sum(c.tp * c.dp * c.num_stages for c in choices)
+    flops = model.model_flops_per_token() * tokens
+    peak = sum(prof.cluster.device.peak_tflops * 1e12 * prof.tp * prof.dp for prof in profs)
+    fits = all(mm <= prof.memory_cap for mm, prof in zip(mem, profs))
+    stages = []
+    for i, prof in enumerate(profs):
+        stages.append({
+            "stage": i, "mesh": owners[i], "cluster": prof.cluster.name, "device_type": prof.cluster.device.name,
+            "devices": prof.tp * prof.dp, "tp": prof.tp, "dp": prof.dp, "micro_batch_size": prof.micro_batch_size,
+            "recompute": prof.recompute, "layers": layers[i], "forward_s": round(fwd[i], 6),
+            "backward_s": round(bwd[i], 6), "busy_s": round(busy[i], 6), "bubble_s": round(max(makespan - busy[i], 0), 6),
+            "memory_gib": round(mem[i] / GIB, 2), "memory_cap_gib": round(prof.memory_cap / GIB, 2),
+            "utilisation": round(busy[i] / T, 4) if T > 0 else 0.0,
+            "send_next_s": round(links[i], 6) if i < p - 1 else 0.0,
+        })
+    sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
+    return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
+                    mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
+                    dp_exposed_s=max(dp_exposed), optimizer_s=max(opt), stages=stages, cost_model=sources)
+
+
+def plan_choices(plan: Plan) -> list[MeshChoice]:
+    return [MeshChoice(x.cluster, x.tp, x.dp, x.micro_batch_size, x.recompute, x.num_stages) for x in plan.meshes]
+
+
+def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
+    """A plan may only use clusters the inventory has, with the device type, node size and count it has."""
+    used: dict[str, int] = {}
+    for i, mesh in enumerate(plan.meshes):
+        cl = inventory.cluster(mesh.cluster)
+        if cl.device.name != mesh.device_type:
+            raise InputError(f"mesh on cluster {mesh.cluster} says device_type {mesh.device_type} but the inventory "
+                             f"has {cl.device.name} there", field=f"meshes[{i}].device_type",
+                             fix=f"set device_type: {cl.device.name}")
+        if mesh.tp > cl.devices_per_node:
+            raise InputError(f"tp={mesh.tp} spans nodes of cluster {mesh.cluster} ({cl.devices_per_node} devices per "
+                             "node); tensor parallelism must stay inside a node", field=f"meshes[{i}].tp",
+                             fix=f"use tp <= {cl.devices_per_node}")
+        used[mesh.cluster] = used.get(mesh.cluster, 0) + mesh.num_devices
+    for name, n in used.items():
+        have = inventory.cluster(name).num_devices
+        if n > have:
+            raise InputError(f"the plan uses {n} devices of cluster {name}, which has {have}", field="meshes",
+                             fix="reduce tp, dp or the number of stages on that cluster")
+
+
+def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
+    cost_model = cost_model or _DEFAULT_COST
+    check_plan_against_inventory(plan, inventory)
+    choices = plan_choices(plan)
+    m = plan.num_micro_batches
+    profs, owners, in_flight, links = _pipeline(plan.model, inventory, choices, m, cost_model)
+    return _finish(plan.model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, False, owners,
+                   choices, cost_model, inventory)
+
+
+@dataclass
+class LayoutResult:
+    stage_layers: list[int] | None          # None: does not fit in memory
+    iteration_time_s: float                 # inf when infeasible
+    shortfall_gib: float = 0.0              # when infeasible: how much the worst stage misses (layers spread evenly)
+    short_device: str = ""
+    short_mesh: int = -1                    # when infeasible: the mesh of that stage
+
+
+def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshChoice], gbs: int, cost_model,
+                    *, extrapolate: bool = True, exact: bool = True) -> LayoutResult:
+    """Solve the layer split for `choices` and predict the iteration time (the search's objective).
+
+    exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
+    of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True."""
+    m = gbs // (choices[0].dp * choices[0].micro_batch_size)
+    profs, owners, in_flight, links = _pipeline(model, inventory, choices, m, cost_model)
+    p = len(profs)
+    L = model.num_layers
+    lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
+    caps, per, fixed = [], [], []
+    for i, prof in enumerate(profs):
+        first, last = i == 0, i == p - 1
+        caps.append(costing.max_layers_in_memory(model, prof, in_flight[i], first, last))
+        f0, b0 = prof.times(0, first, last)
+        per.append(prof.layer_fwd + prof.layer_bwd)
+        fixed.append(f0 + b0)
+    layers = split_layers(per, fixed, lo, [max(c, -1) for c in caps], L) if min(caps) >= 0 else None
+    if layers is None:
+        # Report how far from fitting: spread layers by speed ignoring memory, find the worst overshoot.
+        rough = split_layers(per, fixed, lo, [L] * p, L) or [L // p] * p
+        worst, dev, mesh = 0.0, "", -1
+        for i, prof in enumerate(profs):
+            need = costing.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1)["total"]
+            if need - prof.memory_cap > worst or mesh < 0:
+                worst, mesh = need - prof.memory_cap, owners[i]
+                dev = f"{prof.cluster.name} ({prof.cluster.device.name}, {prof.memory_cap / GIB:.0f} GiB): needs " \
+                      f"{need / GIB:.1f} GiB"
+        return LayoutResult(None, float("inf"), max(worst, 0.0) / GIB, dev, mesh)
+    if not exact:
+        fwd, bwd, tail = [], [], 0.0
+        for i, prof in enumerate(profs):
+            first, last = i == 0, i == p - 1
+            f, b = prof.times(layers[i], first, last)
+            fwd.append(f)
+            bwd.append(b)
+            rs, ag = costing.dp_sync_times(model, prof, layers[i], first, last)
+            tail = max(tail, max(0.0, rs - b) + max(0.0, ag - f) + costing.optimizer_time(model, prof, layers[i],
+                                                                                            first, last))
+        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail)
+    est = _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model, inventory)
+    return LayoutResult(layers, est.iteration_time_s)
+
+
+def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_layers: list[int],
+                   inventory: Inventory, estimate: dict | None = None) -> Plan:
+    from .plan import Mesh
+    meshes, k = [], 0
+    for c in choices:
+        meshes.append(Mesh(c.cluster, inventory.cluster(c.cluster).device.name, c.tp, c.dp, c.micro_batch_size,
+                           c.recompute, tuple(stage_layers[k:k + c.num_stages])))
+        k += c.num_stages
+    return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes), inventory=inventory.to_dict(),
+                estimate=estimate)

@@ -1,0 +1,60 @@
+"""The exact uneven layer split: how many transformer layers each pipeline stage gets.
+
+All transformer layers of a model cost the same, so on stage i a split of n_i layers costs
+    t_i(n_i) = fixed_i + n_i * per_layer_i           (forward + backward per micro-batch)
+with per_layer_i depending on the stage's device, TP and micro-batch, and fixed_i the embedding or output head.
+The 1F1B steady state runs at the pace of the slowest stage, so the split minimises max_i t_i(n_i) subject to
+sum n_i = L, lo_i <= n_i <= cap_i (cap from the stage's memory, lo = 1 for middle stages).
+
+Distributing identical items to minimise the maximum of increasing per-bin costs is solved exactly by handing
+out layers one at a time to the stage whose cost after taking it is smallest (exchange argument: any optimal
+split can be turned into the greedy one without raising the maximum). Among the splits with that optimal
+maximum T*, the one with the least total work (which sets pipeline fill and drain) fills the cheapest stages
+first up to their cap under T*. `split_layers_bruteforce` checks both claims in the tests.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+
+
+def split_layers(per_layer: list[float], fixed: list[float], lo: list[int], cap: list[int],
+                 total: int) -> list[int] | None:
+    """Layers per stage minimising (max stage time, then total time); None if the caps cannot hold `total`."""
+    n = len(per_layer)
+    if any(c < l for l, c in zip(lo, cap)) or sum(lo) > total or sum(cap) < total:
+        return None
+    counts = list(lo)
+    heap = [(fixed[i] + per_layer[i] * (counts[i] + 1), i) for i in range(n) if counts[i] < cap[i]]
+    heapq.heapify(heap)
+    for _ in range(total - sum(lo)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        if counts[i] < cap[i]:
+            heapq.heappush(heap, (fixed[i] + per_layer[i] * (counts[i] + 1), i))
+    t_star = max(fixed[i] + per_layer[i] * counts[i] for i in range(n))
+    # Least total work with max <= t_star: give each stage its lower bound, then fill cheapest-per-layer first.
+    limit = [min(cap[i], int((t_star - fixed[i]) / per_layer[i] + 1e-9)) if per_layer[i] > 0 else cap[i]
+             for i in range(n)]
+    best = list(lo)
+    left = total - sum(lo)
+    for i in sorted(range(n), key=lambda i: (per_layer[i], i)):
+        take = min(left, max(limit[i] - best[i], 0))
+        best[i] += take
+        left -= take
+    if left == 0 and max(fixed[i] + per_layer[i] * best[i] for i in range(n)) <= t_star + 1e-12:
+        return best
+    return counts
+
+
+def split_layers_bruteforce(per_layer, fixed, lo, cap, total):
+    """Reference for tests: every split, ordered by (max, sum)."""
+    best = None
+    for counts in itertools.product(*[range(l, c + 1) for l, c in zip(lo, cap)]):
+        if sum(counts) != total:
+            continue
+        times = [f + p * c for p, f, c in zip(per_layer, fixed, counts)]
+        key = (round(max(times), 12), round(sum(times), 12))
+        if best is None or key < best[0]:
+            best = (key, list(counts))
+    return None if best is None else best[1]

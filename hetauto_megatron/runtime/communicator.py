@@ -1,0 +1,206 @@
+"""The pipeline communicator for heterogeneous plans: a drop-in for Megatron's `P2PCommunicator`.
+
+Megatron's schedules call `recv_forward`, `send_forward_recv_backward`, ... which all end in `_communicate`.
+This class replaces `_communicate`:
+
+- between two stages of the same mesh it does what Megatron does: the whole local tensor to the partner with
+  the same (tp, dp) position in the next/previous stage;
+- at a boundary between meshes it executes `compute_transfers` (each block crosses once, spread over the TP
+  ranks of both sides), then the receivers reassemble their full tensor with an all-gather over their own TP
+  group; activation gradients coming back across a DP mismatch are rescaled (gradients.py);
+- when the two meshes are in different clusters the blocks are staged through host memory and sent on the
+  boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other).
+
+Every wait has a timeout; a peer that is gone or silent raises `PeerError` naming it instead of hanging.
+`bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster").
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+from .gradients import activation_grad_scale
+from .groups import global_rank
+from .transfers import compute_transfers, owned_seq_range
+
+_GRAD_TAG = 1 << 16  # gradient messages use tags above any activation tag
+
+
+class PeerError(RuntimeError):
+    """A pipeline peer did not answer (gone, or silent past the timeout)."""
+
+
+class HeteroP2PCommunicator(P2PCommunicator):
+    """P2P communicator for a rank of a plan. `ctx` is the rank's `RankContext`, `config` its model config."""
+
+    def __init__(self, ctx, config, *, timeout_s: float | None = None):
+        super().__init__(pp_group=ctx.pg.pp, config=config)
+        self.ctx = ctx
+        self.timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else ctx.timeout_s)
+        self.bytes_sent = {"intra_cluster": 0, "inter_cluster": 0}
+        self._cache = {}
+
+    # ---- boundary geometry -------------------------------------------------------------------------
+    def _side(self, direction: int):
+        """('mesh', partner) inside a mesh or ('cross', other mesh index) at a mesh boundary; None at an end."""
+        c, plan = self.ctx.coords, self.ctx.plan
+        stage = c.stage + direction
+        if not 0 <= stage < plan.pipeline_parallel_size:
+            return None
+        mi, sim = plan.stage_owner(stage)
+        if mi == c.mesh_index:
+            return "mesh", global_rank(plan, mi, sim, c.dp_rank, c.tp_rank)
+        return "cross", mi
+
+    def _cross(self, other: int, shape):
+        """Transfers and metadata of the boundary with mesh `other` for a local tensor of `shape`."""
+        key = (other, tuple(shape))
+        if key in self._cache:
+            return self._cache[key]
+        plan, c = self.ctx.plan, self.ctx.coords
+        me_mesh, other_mesh = plan.meshes[c.mesh_index], plan.meshes[other]
+        seq, mbs, hidden = shape
+        full = (seq, mbs * me_mesh.dp, hidden)
+        if other > c.mesh_index:   # I am the last stage of my mesh; `other` holds the next stage
+            fwd = compute_transfers(me_mesh, other_mesh, full)      # activations I send
+            bwd = compute_transfers(other_mesh, me_mesh, full)      # gradients I receive
+            peer_sim, boundary = 0, c.mesh_index
+            scale = activation_grad_scale(me_mesh, other_mesh)
+        else:                      # I am the first stage of my mesh; `other` holds the previous stage
+            fwd = compute_transfers(other_mesh, me_mesh, full)      # activations I receive
+            bwd = compute_transfers(me_mesh, other_mesh, full)      # gradients I send
+            peer_sim, boundary = other_mesh.num_stages - 1, other
+            scale = 1.0
+        inter = me_mesh.cluster != other_mesh.cluster
+        info = dict(fwd=fwd, bwd=bwd, peer_mesh=other, peer_sim=peer_sim, scale=scale, inter=inter,
+                    group=self.ctx.boundary_groups.get(boundary) if inter else None)
+        self._cache[key] = info
+        return info
+
+    # ---- the one method Megatron's public API funnels into -------------------------------------------
+    def _communicate(self, *, tensor_send_next, tensor_send_prev, recv_prev, recv_next, tensor_shape,
+                     wait_on_reqs=True):
+        if tensor_shape is None:  # send-only calls pass no shape: every tensor of a call has the same one
+            tensor_shape = (tensor_send_next if tensor_send_next is not None else tensor_send_prev).shape
+        shape = tuple(tensor_shape)
+        works, finish = [], []
+        recv_prev_t = recv_next_t = None
+        if tensor_send_next is not None:
+            self._send(+1, tensor_send_next, shape, works, grad=False)
+        if tensor_send_prev is not None:
+            self._send(-1, tensor_send_prev, shape, works, grad=True)
+        if recv_prev:
+            recv_prev_t = self._recv(-1, shape, works, finish, grad=False)
+        if recv_next:
+            recv_next_t = self._recv(+1, shape, works, finish, grad=True)
+        self._wait(works)
+        for step in finish:
+            step()
+        return recv_prev_t, recv_next_t, None
+
+    def _post(self, op, tensor, peer, group, tag, works, what):
+        work = op(tensor, peer, group=group, tag=tag)
+        works.append((work, peer, what))
+
+    def _send(self, direction, tensor, shape, works, *, grad):
+        side = self._side(direction)
+        what = "gradient" if grad else "activation"
+        if side is None:
+            return
+        if side[0] == "mesh":
+            self._post(dist.isend, tensor.detach().contiguous(), side[1], None, 0, works, f"send {what}")
+            self.bytes_sent["intra_cluster"] += tensor.numel() * tensor.element_size()
+            return
+        info = self._cross(side[1], shape)
+        c, plan = self.ctx.coords, self.ctx.plan
+        transfers = info["bwd"] if grad else info["fwd"]
+        base = _GRAD_TAG if grad else 0
+        for k, tr in enumerate(transfers):
+            if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
+                continue
+            piece = tensor.detach()[tr.seq, tr.src_batch].contiguous()
+            if info["inter"]:
+                piece = piece.to("cpu")  # host staging for the gloo inter-cluster path
+            peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.dst_dp, tr.dst_tp)
+            self._post(dist.isend, piece, peer, info["group"], base + k, works, f"send {what} block {k}")
+            self.bytes_sent["inter_cluster" if info["inter"] else "intra_cluster"] += piece.numel() * piece.element_size()
+
+    def _recv(self, direction, shape, works, finish, *, grad):
+        side = self._side(direction)
+        what = "gradient" if grad else "activation"
+        buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
+        if side[0] == "mesh":
+            self._post(dist.irecv, buf, side[1], None, 0, works, f"receive {what}")
+            finish.append(lambda: buf.requires_grad_(True))
+            return buf
+        info = self._cross(side[1], shape)
+        c, plan = self.ctx.coords, self.ctx.plan
+        transfers = info["bwd"] if grad else info["fwd"]
+        base = _GRAD_TAG if grad else 0
+        staged = []
+        for k, tr in enumerate(transfers):
+            if (tr.dst_tp, tr.dst_dp) != (c.tp_rank, c.dp_rank):
+                continue
+            piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
+                                dtype=buf.dtype, device="cpu" if info["inter"] else buf.device)
+            peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp)
+            self._post(dist.irecv, piece, peer, info["group"], base + k, works, f"receive {what} block {k}")
+            staged.append((tr, piece))
+
+        def assemble():
+            with torch.no_grad():
+                for tr, piece in staged:
+                    buf[tr.seq, tr.dst_batch] = piece.to(buf.device)
+                self._allgather_seq(buf)
+                if grad and info["scale"] != 1.0:
+                    buf.mul_(info["scale"])
+            buf.requires_grad_(True)
+
+        finish.append(assemble)
+        return buf
+
+    def _allgather_seq(self, buf):
+        """Each TP rank received its own range of sequence positions; give everyone the whole tensor."""
+        tp = self.ctx.mesh.tp
+        if tp == 1:
+            return
+        seq = buf.shape[0]
+        ranges = [owned_seq_range(t, tp, seq) for t in range(tp)]
+        me = self.ctx.coords.tp_rank
+        group = self.ctx.pg.tp
+        mine = buf[ranges[me][0]:ranges[me][1]]
+        if seq % tp == 0:
+            outs = [torch.empty_like(mine) for _ in range(tp)]
+            dist.all_gather(outs, mine.contiguous(), group=group)
+            for t, (lo, hi) in enumerate(ranges):
+                if t != me:
+                    buf[lo:hi] = outs[t]
+        else:
+            for t, (lo, hi) in enumerate(ranges):
+                part = buf[lo:hi].contiguous()
+                dist.broadcast(part, src=dist.get_global_rank(group, t), group=group)
+                buf[lo:hi] = part
+        self.bytes_sent["intra_cluster"] += mine.numel() * mine.element_size() * (tp - 1)
+
+    def _wait(self, works):
+        c = self.ctx.coords
+        for work, peer, what in works:
+            try:
+                ok = work.wait(self.timeout)
+            except RuntimeError as exc:
+                # gloo's first line says what happened ("Connection closed by peer ..."); the rest is boilerplate
+                reason = str(exc).splitlines()[0].split(". This is typically")[0]
+                raise PeerError(self._peer_message(peer, what, f"failed: {reason}")) from None
+            if ok is False:
+                raise PeerError(self._peer_message(peer, what, f"timed out after {self.timeout.total_seconds():.0f}s"))
+
+    def _peer_message(self, peer, what, how) -> str:
+        from .groups import rank_coords
+
+        c = self.ctx.coords
+        p = rank_coords(self.ctx.plan, peer)
+        return (f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}) could not {what} with rank {peer} "
+                f"(cluster {p.cluster}, stage {p.stage}): {how}; that process is gone or stuck")

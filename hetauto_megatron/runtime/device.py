@@ -1,0 +1,128 @@
+"""The device layer: one place that turns a plan's device type into a torch device and a collective backend,
+and that lets Megatron-Core run on CPU processes.
+
+Mapping (from the catalog's vendor): NVIDIA -> cuda/nccl, AMD ROCm -> cuda/nccl (RCCL answers to the nccl
+name in ROCm builds of torch), Ascend -> npu/hccl (needs torch_npu), cpu -> cpu/gloo.
+
+Megatron-Core 0.19 assumes CUDA in a handful of places (measured, see docs/runtime.md): RNG state helpers,
+`device="cuda"` literals and `.cuda()` calls, `torch.cuda.current_device()` passed as a device,
+`torch.cuda.synchronize()` after pipeline sends, a CUDA stream in DDP, and a `torch.cuda.FloatTensor` type
+check in gradient clipping. `enable_cpu_redirects()` points each of these at the CPU. It is applied only when
+asked (a `cpu` rank), once per process; it is the same set of seams vendor plug-ins such as torch_npu cover
+for their own devices.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from ..errors import InputError
+from ..spec.devices import get_device
+
+
+def torch_device_for(device_type: str) -> str:
+    """'cuda', 'npu' or 'cpu' for a catalog device type (or alias)."""
+    return get_device(device_type).torch_device
+
+
+def backend_for(device_type: str) -> str:
+    """The collective backend used inside a cluster of this device type: nccl, hccl or gloo."""
+    return get_device(device_type).backend
+
+
+def init_backend(device_types) -> str:
+    """Backend string for `init_process_group` in a world that mixes these device types.
+
+    gloo always serves CPU tensors (the host-staged inter-cluster path needs it); each accelerator type adds its
+    own backend for its own tensors. A CPU-only world is plain 'gloo'.
+    """
+    pairs = {"cpu": "gloo"}
+    for name in device_types:
+        dev = get_device(name)
+        if dev.torch_device != "cpu":
+            pairs[dev.torch_device] = dev.backend
+    if len(pairs) == 1:
+        return "gloo"
+    return ",".join(f"{k}:{v}" for k, v in pairs.items())
+
+
+def check_local_device(device_type: str, *, rank: int, file: str | None = None) -> None:
+    """Raise InputError when this process cannot run the plan's device type for `rank`."""
+    import torch
+
+    dev = get_device(device_type)
+    kind = dev.torch_device
+    ok = True
+    if kind == "cuda":
+        ok = torch.cuda.is_available()
+        if ok and dev.vendor == "amd" and not getattr(torch.version, "hip", None):
+            ok = False
+        if ok and dev.vendor == "nvidia" and getattr(torch.version, "hip", None):
+            ok = False
+    elif kind == "npu":
+        ok = importlib.util.find_spec("torch_npu") is not None
+    if not ok:
+        raise InputError(f"rank {rank} is planned on device type {dev.name} ({dev.vendor}, torch device '{kind}') "
+                         f"but this process has no such device", file=file, field="meshes[*].device_type",
+                         fix="launch each rank on the cluster the plan assigns it to, or dry-run the plan on CPU "
+                             "with 'hetauto dryrun'")
+
+
+_redirected = False
+
+
+def enable_cpu_redirects() -> None:
+    """Make the CUDA calls Megatron-Core makes run on the CPU. Idempotent; affects this process only."""
+    global _redirected
+    if _redirected:
+        return
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    import megatron.core.tensor_parallel.random as mrandom
+
+    # RNG: Megatron's tracker saves/restores "CUDA" generator states; the CPU generator stands in.
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
+    # `device=torch.cuda.current_device()` appears at many allocation sites.
+    torch.cuda.current_device = lambda: "cpu"
+    # p2p calls synchronize() after batched sends; CPU ops are already complete when they return.
+    torch.cuda.synchronize = lambda *a, **k: None
+
+    class _NullStream:
+        """DDP waits on / records events in the current stream; on CPU there is nothing to order."""
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    torch.cuda.current_stream = lambda *a, **k: _NullStream()
+
+    def _is_cuda(d) -> bool:
+        if isinstance(d, str):
+            return d.startswith("cuda")
+        return isinstance(d, torch.device) and d.type == "cuda"
+
+    class _CudaToCpu(TorchFunctionMode):
+        """`device='cuda'` in factory calls -> cpu; `Tensor.cuda()` -> itself; `Tensor.type()` reports the
+        CUDA type name because gradient clipping asserts it."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                return func(*args).replace("torch.", "torch.cuda.", 1)
+            if "device" in kwargs and _is_cuda(kwargs["device"]):
+                kwargs["device"] = "cpu"
+            if func is torch.Tensor.to:
+                args = tuple("cpu" if _is_cuda(a) else a for a in args)
+            return func(*args, **kwargs)
+
+    # Entered for the life of the process: every later torch call in it sees the redirect.
+    _CudaToCpu().__enter__()
+    _redirected = True
+
+
+def cpu_redirects_enabled() -> bool:
+    return _redirected

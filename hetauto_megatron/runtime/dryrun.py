@@ -1,0 +1,70 @@
+"""Dry run of a plan on local CPU processes, optionally against the single-process reference."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+
+def prepare_plan(plan, *, tiny: bool):
+    """The plan the dry run executes: the same layout, the model shrunk when `tiny`."""
+    from .model import shrink_model
+
+    return dataclasses.replace(plan, model=shrink_model(plan.model, plan)) if tiny else plan
+
+
+def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0,
+               plan_file: str | None = None) -> dict:
+    """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
+
+    Returns {"model", "steps": [{"loss", "grad_norm"}], "bytes": {"intra_cluster", "inter_cluster"}, "seconds"}
+    plus "reference" and "max_abs_diff" when `reference`, or {"error": text} when a rank failed.
+    Raises InputError for a plan the launch rejects.
+    """
+    t0 = time.perf_counter()
+    preload_megatron()
+    from .groups import validate_launch
+    from .launcher import LaunchError, launch
+    from .train import reference_plan, train_rank
+
+    run_plan = prepare_plan(plan, tiny=tiny)
+    validate_launch(run_plan, run_plan.world_size, file=plan_file)
+    launch_timeout = timeout_s * 4 + 60 * steps
+    try:
+        results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s),
+                         timeout_s=launch_timeout, grace_s=timeout_s + 10)
+        ref = None
+        if reference:
+            ref = launch(train_rank, 1, args=(reference_plan(run_plan), steps, seed, timeout_s),
+                         timeout_s=launch_timeout)[0]
+    except LaunchError as exc:
+        return {"error": str(exc)}
+    first = results[0]
+    report = {
+        "model": run_plan.model.to_dict(),
+        "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
+        "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
+    }
+    if ref is not None:
+        report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]
+        report["max_abs_diff"] = max(max(abs(a["loss"] - b["loss"]), abs(a["grad_norm"] - b["grad_norm"]))
+                                     for a, b in zip(report["steps"], report["reference"]))
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def preload_megatron() -> None:
+    """Import torch and Megatron-Core in the parent so the forked ranks start without paying for it."""
+    import logging
+    import warnings
+
+    # A dry run prints its own report; library notices (no CUDA, no Apex, deprecations) would drown it.
+    warnings.filterwarnings("ignore")
+    for name in ("megatron", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import torch  # noqa: F401
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+
+    from . import communicator, train  # noqa: F401

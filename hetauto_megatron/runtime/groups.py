@@ -1,0 +1,237 @@
+"""Process groups from a plan: every rank learns where it sits and gets Megatron's groups for its mesh.
+
+Rank layout (the plan's, docs/plan-format.md): meshes own consecutive rank ranges; inside a mesh Megatron's
+order applies (tp fastest, then dp, then pipeline stage). Each mesh is therefore an ordinary Megatron grid
+with a rank offset, and its TP / DP / CP groups come from Megatron's own `HyperCommGrid(rank_offset=...)` on
+the cluster's native backend.
+
+What Megatron cannot express is the pipeline across meshes whose stages have different sizes. The schedule
+only asks its pipeline group for rank() (= stage) and size() (= stages), so each rank gets a "chain": one
+rank per stage, chain j taking the (j mod n)-th rank of a stage with n ranks. The data itself moves through
+`HeteroP2PCommunicator`, which knows the real partners. Boundaries between clusters get their own gloo group
+(host-staged traffic); tied embeddings get a gloo group over the first and last stage.
+
+Every rank creates every group in the same order (torch.distributed requires it). A plan that does not fit
+the launched world fails in `validate_launch` before any group exists.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from . import device as devlayer
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    """Where one rank sits in a plan. `stage` is the global pipeline stage."""
+    rank: int
+    mesh_index: int
+    cluster: str
+    device_type: str
+    stage: int
+    stage_in_mesh: int
+    tp_rank: int
+    dp_rank: int
+
+
+def rank_coords(plan, rank: int) -> RankCoords:
+    """Pure: the mesh, stage, TP rank and DP rank of a global rank."""
+    if not 0 <= rank < plan.world_size:
+        raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
+    for i, mesh in enumerate(plan.meshes):
+        local = rank - plan.rank_offset(i)
+        if local < mesh.num_devices:
+            tp_rank = local % mesh.tp
+            dp_rank = (local // mesh.tp) % mesh.dp
+            sim = local // (mesh.tp * mesh.dp)
+            return RankCoords(rank, i, mesh.cluster, mesh.device_type, plan.first_stage(i) + sim, sim, tp_rank, dp_rank)
+    raise AssertionError("unreachable")
+
+
+def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> int:
+    """Pure inverse of rank_coords."""
+    mesh = plan.meshes[mesh_index]
+    return plan.rank_offset(mesh_index) + (stage_in_mesh * mesh.dp + dp) * mesh.tp + tp
+
+
+def stage_ranks(plan, stage: int) -> list[int]:
+    """Global ranks of one pipeline stage in Megatron order (dp-major, tp fastest)."""
+    i, sim = plan.stage_owner(stage)
+    mesh = plan.meshes[i]
+    return [global_rank(plan, i, sim, d, t) for d in range(mesh.dp) for t in range(mesh.tp)]
+
+
+def validate_launch(plan, world_size: int, *, device_types: list[str] | None = None, file: str | None = None) -> None:
+    """Fail (InputError, exit 2) when the launched job does not match the plan.
+
+    `device_types`, when given, is the device type each launched rank really has (index = rank).
+    """
+    if world_size != plan.world_size:
+        detail = ", ".join(f"{m.cluster}: tp{m.tp} x dp{m.dp} x {m.num_stages} stage(s) = {m.num_devices}"
+                           for m in plan.meshes)
+        raise InputError(f"the job was launched with {world_size} processes but the plan needs {plan.world_size} "
+                         f"({detail})", file=file, field="meshes",
+                         fix=f"launch {plan.world_size} processes, or re-plan for the devices you have")
+    if device_types is not None:
+        from ..spec.devices import canonical_device_name
+        for rank, have in enumerate(device_types):
+            c = rank_coords(plan, rank)
+            if canonical_device_name(have) != c.device_type:
+                raise InputError(f"rank {rank} runs on {have} but the plan puts it in mesh {c.mesh_index} "
+                                 f"(cluster {c.cluster}) on {c.device_type}", file=file,
+                                 field=f"meshes[{c.mesh_index}].device_type",
+                                 fix="order the launch so each cluster's ranks get the plan's rank range "
+                                     f"(mesh {c.mesh_index} starts at rank {plan.rank_offset(c.mesh_index)})")
+
+
+def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
+                     file: str | None = None) -> None:
+    """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
+
+    `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
+    type is checked against this process.
+    """
+    import torch.distributed as dist
+
+    validate_launch(plan, world_size, file=file)
+    coords = rank_coords(plan, rank)
+    if dry_run or devlayer.torch_device_for(coords.device_type) == "cpu":
+        devlayer.enable_cpu_redirects()
+        backend = "gloo"
+    else:
+        devlayer.check_local_device(coords.device_type, rank=rank, file=file)
+        backend = devlayer.init_backend([m.device_type for m in plan.meshes])
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+@dataclass
+class RankContext:
+    """Everything one rank needs to run its share of a plan with Megatron-Core.
+
+    `pg` is the `ProcessGroupCollection` to hand to GPTModel, DDP, the optimizer, finalize_model_grads and
+    the schedule. `boundary_groups[i]` is the gloo group of the boundary between mesh i and i+1 when they are
+    in different clusters (None when in the same cluster). `tie_group` is the gloo group over the first and
+    last stage when the model ties its embeddings across stages.
+    """
+    plan: object
+    coords: RankCoords
+    world_size: int
+    pg: object
+    world_gloo: object
+    boundary_groups: dict = field(default_factory=dict)
+    tie_group: object = None
+    timeout_s: float = 60.0
+    dry_run: bool = False
+
+    @property
+    def mesh(self):
+        return self.plan.meshes[self.coords.mesh_index]
+
+    @property
+    def num_stages(self) -> int:
+        return self.plan.pipeline_parallel_size
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords.stage == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.stage == self.num_stages - 1
+
+    @property
+    def device(self) -> str:
+        """torch device of this rank's tensors ('cpu' in a dry run)."""
+        return "cpu" if self.dry_run else devlayer.torch_device_for(self.coords.device_type)
+
+    @property
+    def layer_offset(self) -> int:
+        """Global index of this stage's first transformer layer."""
+        return sum(self.plan.stage_layers[: self.coords.stage])
+
+
+def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False) -> RankContext:
+    """Create all of the plan's process groups (collective: every rank calls it) and return this rank's context.
+
+    torch.distributed must be initialised (see `init_distributed`).
+    """
+    import torch.distributed as dist
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    validate_launch(plan, world_size)
+    me = rank_coords(plan, rank)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    pg = ProcessGroupCollection()
+
+    # 1. per mesh, Megatron's own grid with the mesh's rank offset, on the cluster's backend
+    for i, mesh in enumerate(plan.meshes):
+        backend = "gloo" if dry_run else devlayer.backend_for(mesh.device_type)
+        grid = HyperCommGrid([mesh.tp, 1, 1, mesh.dp, mesh.num_stages], ["tp", "cp", "ep", "dp", "pp"],
+                             rank_offset=plan.rank_offset(i), backend=backend)
+        made = {name: grid.create_pg(dims, timeout=timeout) for name, dims in
+                [("tp", ["tp"]), ("cp", ["cp"]), ("ep", ["ep"]), ("dp", ["dp"]), ("dp_cp", ["dp", "cp"]),
+                 ("tp_cp", ["tp", "cp"])]}
+        if i == me.mesh_index:
+            for name, group in made.items():
+                setattr(pg, name, group)
+
+    # 2. pipeline chains across meshes (only rank()/size() are used by Megatron)
+    per_stage = [stage_ranks(plan, s) for s in range(plan.pipeline_parallel_size)]
+    chains = []
+    for j in range(max(len(r) for r in per_stage)):
+        chain = [r[j % len(r)] for r in per_stage]
+        if chain not in chains:
+            chains.append(chain)
+    my_chain = None
+    for chain in chains:
+        group = dist.new_group(chain, backend="gloo", timeout=timeout)
+        if my_chain is None and chain[me.stage] == rank:
+            my_chain = group
+    pg.pp = my_chain
+
+    # 3. cross-cluster boundaries: host-staged gloo groups
+    boundary_groups = {}
+    for i in range(len(plan.meshes) - 1):
+        a, b = plan.meshes[i], plan.meshes[i + 1]
+        if a.cluster != b.cluster:
+            last_a = plan.first_stage(i) + a.num_stages - 1
+            ranks = per_stage[last_a] + per_stage[last_a + 1]
+            group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
+            boundary_groups[i] = group if rank in ranks else None
+        else:
+            boundary_groups[i] = None
+
+    # 4. tied embeddings between the first and the last stage (reduced by gradients.py, not by Megatron)
+    tie_group = None
+    if plan.model.tie_embeddings and plan.pipeline_parallel_size > 1:
+        ranks = per_stage[0] + per_stage[-1]
+        group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
+        tie_group = group if rank in ranks else None
+
+    world_gloo = dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout)
+
+    # Groups Megatron's DDP / optimizer look up but a dense, expert-free model does not use.
+    pg.expt_dp = pg.ep
+    pg.tp_ep_pp = None
+    pg.embd = None        # tied embeddings are handled by gradients.py across meshes
+    pg.pos_embd = None    # learned positions live on the first stage only
+    pg.intra_dist_opt = None
+    pg.mp = world_gloo    # gradient statistics: summed over all ranks, see gradients.count_grad_norm_once
+    return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
+                       boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run)
+
+
+def set_megatron_globals(ctx: RankContext) -> None:
+    """Set the globals Megatron-Core 0.19.2 still reads despite explicit groups. Safe per process because a
+    process belongs to exactly one stage of one mesh."""
+    from megatron.core import parallel_state as ps
+
+    ps.set_pipeline_model_parallel_rank(ctx.coords.stage)            # read by the pipeline layout path
+    ps.set_pipeline_model_parallel_world_size(ctx.num_stages)
+    ps._TENSOR_MODEL_PARALLEL_GROUP = ctx.pg.tp                     # read by vocab_parallel_cross_entropy
+    if ps._GLOBAL_MEMORY_BUFFER is None:
+        ps._set_global_memory_buffer()                              # attention scratch space (local spec)

@@ -1,0 +1,145 @@
+"""Megatron-Core GPT model for one rank of a plan, initialised identically for any parallel layout.
+
+Every parameter's initial value is a function of its GLOBAL name (layer index counted over the whole model)
+and the seed: the full (unsharded) tensor is drawn from a generator seeded by both, then sliced to this
+rank's tensor-parallel shard. So a plan with any mix of TP sizes and stage splits starts from exactly the
+weights one process running the whole model starts from, which is what makes loss parity testable.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+from ..spec.model import ModelSpec
+
+
+def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
+    """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
+
+    Head counts stay divisible by every mesh's TP size (the plan's invariant), vocabulary by every TP size.
+    """
+    t = math.lcm(*(m.tp for m in plan.meshes))
+    gqa = spec.num_query_groups < spec.num_attention_heads
+    kv = t if gqa else max(t, 2)
+    heads = kv * 2 if gqa else kv
+    hidden = 16 * heads
+    vocab = 128 if 128 % t == 0 else t * math.ceil(128 / t)
+    name = spec.name if spec.name.endswith("tiny") else f"{spec.name}-tiny"
+    return spec.replace(name=name, hidden_size=hidden, num_attention_heads=heads,
+                        num_query_groups=kv, ffn_hidden_size=2 * hidden, vocab_size=vocab, seq_length=16,
+                        max_position_embeddings=16)
+
+
+def pipeline_layout(stage_layers) -> str | None:
+    """Megatron's `pipeline_model_parallel_layout` string for uneven stages, e.g. [0, 3, 1] -> 'E|tttL'... ."""
+    n = len(stage_layers)
+    if n == 1:
+        return None
+    return "|".join(("E" if s == 0 else "") + "t" * k + ("L" if s == n - 1 else "") for s, k in enumerate(stage_layers))
+
+
+def transformer_config(plan, ctx, spec: ModelSpec):
+    """TransformerConfig for this rank: its mesh's TP size, the plan's stages and layers, fp32, no dropout."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    mesh = ctx.mesh
+    kw = dict(
+        num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
+        gated_linear_unit=spec.gated_mlp, activation_func=F.silu if spec.gated_mlp else F.gelu,
+        add_bias_linear=not spec.gated_mlp, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
+        tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=plan.pipeline_parallel_size,
+        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        hidden_dropout=0.0, attention_dropout=0.0, bf16=False, fp16=False,
+        gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+    )
+    layout = pipeline_layout(plan.stage_layers)
+    if layout is not None:
+        kw["pipeline_model_parallel_layout"] = layout
+    if mesh.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif mesh.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    return TransformerConfig(**kw)
+
+
+def build_model(ctx, spec: ModelSpec, config, *, seed: int):
+    """GPTModel holding this rank's stage, with deterministic layout-independent initial weights."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(seed, tp_rank=ctx.coords.tp_rank, ep_rank=0, etp_rank=0)
+    model = GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization=config.normalization),
+        vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
+        pre_process=ctx.is_first_stage, post_process=ctx.is_last_stage,
+        share_embeddings_and_output_weights=spec.tie_embeddings,
+        position_embedding_type="rope" if spec.position_embedding == "rope" else "learned_absolute",
+        pg_collection=ctx.pg)
+    init_weights(model, ctx, spec, seed=seed)
+    if ctx.device != "cpu":
+        model.to(ctx.device)  # built and initialised on the host (layout-independent), then moved
+    return model
+
+
+def global_param_name(local_name: str, layer_offset: int, spec: ModelSpec) -> str:
+    """Name of a rank's parameter in the single-process model (layer index shifted; tied head = embedding)."""
+    parts = local_name.split(".")
+    if local_name.startswith("decoder.layers."):
+        parts[2] = str(int(parts[2]) + layer_offset)
+    name = ".".join(parts)
+    if spec.tie_embeddings and name == "output_layer.weight":
+        return "embedding.word_embeddings.weight"
+    return name
+
+
+def full_initial_value(name: str, shape, *, seed: int):
+    """The unsharded initial tensor of a parameter: normal(0, 0.02) for matrices, around 1 for norm weights,
+    small values for biases. Drawn from a generator seeded by (seed, name), so it does not depend on layout."""
+    import torch
+
+    g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+    noise = torch.randn(tuple(shape), generator=g, dtype=torch.float32)
+    if len(shape) >= 2 or name.endswith("bias"):
+        return noise * 0.02
+    return 1.0 + 0.1 * noise
+
+
+def tp_shard(full, param, tp: int, tp_rank: int, *, gated_fc1: bool):
+    """Slice a full tensor to this TP rank's shard the way Megatron partitions it."""
+    import torch
+
+    if tp == 1 or not getattr(param, "tensor_model_parallel", False):
+        return full
+    dim = param.partition_dim
+    if gated_fc1:
+        # SwiGLU fc1 holds [gate; up]; each TP rank holds [gate shard; up shard].
+        gate, up = full.chunk(2, dim=dim)
+        return torch.cat([gate.chunk(tp, dim=dim)[tp_rank], up.chunk(tp, dim=dim)[tp_rank]], dim=dim)
+    return full.chunk(tp, dim=dim)[tp_rank]
+
+
+def full_shape(param, tp: int):
+    shape = list(param.shape)
+    if tp > 1 and getattr(param, "tensor_model_parallel", False):
+        shape[param.partition_dim] *= tp
+    return shape
+
+
+def init_weights(model, ctx, spec: ModelSpec, *, seed: int) -> None:
+    import torch
+
+    tp, tp_rank = ctx.mesh.tp, ctx.coords.tp_rank
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            gname = global_param_name(name, ctx.layer_offset, spec)
+            full = full_initial_value(gname, full_shape(param, tp), seed=seed)
+            shard = tp_shard(full, param, tp, tp_rank,
+                             gated_fc1=spec.gated_mlp and name.endswith("mlp.linear_fc1.weight"))
+            if tuple(shard.shape) != tuple(param.shape):
+                raise AssertionError(f"{name}: shard {tuple(shard.shape)} != parameter {tuple(param.shape)}")
+            param.copy_(shard)

@@ -1,0 +1,111 @@
+"""The dry-run training loop: a plan's real Megatron-Core layout trained for a few steps on synthetic tokens.
+
+Per rank: groups from the plan, the rank's GPTModel stage, Megatron's DDP (on the mesh's DP group), Megatron's
+optimizer (Adam + gradient clipping), Megatron's 1F1B schedule with `HeteroP2PCommunicator`. The same code with
+`reference_plan(plan)` (one process, whole model, the whole micro-batch step in one micro-batch) is the
+single-device reference the heterogeneous run must match.
+
+Data: for optimizer step s and micro-batch m, the step's samples are drawn from a generator seeded by
+(seed, s, m); a DP replica takes its contiguous share. Every layout therefore sees the same samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from ..plan.plan import Mesh, Plan
+
+# Small enough that Adam's sign-like first steps do not amplify fp32 summation-order noise between layouts.
+LEARNING_RATE = 1e-3
+CLIP_GRAD = 1.0
+
+
+def reference_plan(plan: Plan) -> Plan:
+    """The same model, batch and micro-batch count on one CPU process (tp 1, dp 1, one stage)."""
+    mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=plan.samples_per_step,
+                recompute="none", stage_layers=(plan.model.num_layers,))
+    return dataclasses.replace(plan, meshes=(mesh,), inventory=None, estimate=None)
+
+
+def step_tokens(spec, *, seed: int, step: int, micro: int, batch: int):
+    """(batch, seq + 1) token ids of one micro-batch step: the same for every layout."""
+    import torch
+
+    g = torch.Generator().manual_seed(((seed * 100_003 + step) * 10_007 + micro) % (2 ** 63))
+    return torch.randint(0, spec.vocab_size, (batch, spec.seq_length + 1), generator=g)
+
+
+def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
+               dry_run: bool = True) -> dict:
+    """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
+    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times"}; losses and norms are global."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel.schedules import (forward_backward_no_pipelining,
+                                                           forward_backward_pipelining_without_interleaving)
+
+    from .communicator import HeteroP2PCommunicator
+    from .gradients import count_grad_norm_once, make_finalize_model_grads
+    from .groups import build_groups, init_distributed, set_megatron_globals
+    from .model import build_model, transformer_config
+
+    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
+    ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
+    set_megatron_globals(ctx)
+    spec, mesh, c = plan.model, ctx.mesh, ctx.coords
+    config = transformer_config(plan, ctx, spec)
+    model = build_model(ctx, spec, config, seed=seed)
+    ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
+                                  ddp_config=DistributedDataParallelConfig(overlap_grad_reduce=False,
+                                                                           use_distributed_optimizer=False))
+    comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = make_finalize_model_grads(ctx, comm.bytes_sent)
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
+                                                 params_dtype=torch.float32), [ddp], pg_collection=ctx.pg,
+                                 use_gloo_process_groups=False)
+    count_grad_norm_once(opt, ctx)
+
+    seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, plan.samples_per_step
+    dev = ctx.device
+    positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
+    causal = torch.tril(torch.ones(1, 1, seq, seq, device=dev)) < 0.5  # True = masked
+
+    def loss_func(per_token_loss):
+        loss = per_token_loss.float().mean()
+        return loss, {"lm loss": loss.detach().clone()}
+
+    def forward_step(data_iterator, module):
+        tokens = next(data_iterator)
+        out = module(tokens[:, :-1].contiguous(), positions, causal, labels=tokens[:, 1:].contiguous())
+        return out, loss_func
+
+    losses, norms, times = [], [], []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        data = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)[c.dp_rank * mbs:(c.dp_rank + 1) * mbs]
+                .to(dev) for m in range(plan.num_micro_batches)]
+        common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
+                      num_microbatches=plan.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
+                      forward_only=False, pg_collection=ctx.pg)
+        if plan.pipeline_parallel_size > 1:
+            results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
+        else:
+            results = forward_backward_no_pipelining(**common)
+        _, grad_norm, _ = opt.step()
+        times.append(time.perf_counter() - t0)
+        # The loss lives on the last stage; average its DP replicas and give it to everyone.
+        value = 0.0
+        if ctx.is_last_stage and c.tp_rank == 0:
+            value = sum(r["lm loss"].item() for r in results) / len(results) / mesh.dp
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total, group=ctx.world_gloo)
+        losses.append(total.item())
+        norms.append(float(grad_norm))
+    dist.barrier(group=ctx.world_gloo)
+    dist.destroy_process_group()
+    return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times}

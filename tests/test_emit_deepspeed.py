@@ -1,0 +1,115 @@
+"""`hetauto emit deepspeed`: every emitted config passes DeepSpeed's own parser for its mesh's DP size."""
+import json
+import os
+
+import pytest
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, stage_partition,
+                                             unsupported_features, validate)
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
+
+
+def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu"):
+    return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,
+            "recompute": recompute, "stage_layers": layers}
+
+
+def plan(meshes, gbs=16):
+    return plan_from_dict({"version": 1, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes})
+
+
+PLANS = {
+    "736": lambda: load_plan(PLAN_736),
+    "dp_mismatch": lambda: plan([mesh("h", 2, 2, 2, [0, 4], "selective", "h800"),
+                                 mesh("n", 1, 4, 1, [3, 1], "full", "ascend-910b")]),
+    "recompute_none_one_stage": lambda: plan([mesh("a", 2, 4, 1, [8])], gbs=8),
+    "dp1_uneven": lambda: plan([mesh("a", 1, 1, 4, [5, 1]), mesh("b", 1, 1, 4, [2], "full")], gbs=12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_every_config_passes_deepspeeds_parser(name):
+    p = PLANS[name]()
+    results = emit_deepspeed(p)
+    assert [r["mesh"] for r in results] == list(range(len(p.meshes)))
+    for r in results:
+        m = p.meshes[r["mesh"]]
+        cfg = r["config"]
+        # what DeepSpeed's parser derived, for this mesh's data-parallel size
+        assert r["parsed"]["train_batch_size"] == p.global_batch_size
+        assert r["parsed"]["train_micro_batch_size_per_gpu"] == m.micro_batch_size
+        assert r["parsed"]["gradient_accumulation_steps"] == p.num_micro_batches
+        assert m.micro_batch_size * p.num_micro_batches * m.dp == p.global_batch_size
+        assert r["parsed"]["zero_stage"] == (1 if m.dp > 1 else 0) and r["parsed"]["bf16"]
+        if p.pipeline_parallel_size > 1:
+            assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)
+        else:
+            assert "pipeline" not in cfg
+        assert cfg["hetauto"]["partition"] == stage_partition(p.stage_layers)
+        # the same config is rejected by DeepSpeed for any other DP size: the DP size really reached the parser
+        with pytest.raises(InputError, match="rejected by DeepSpeed's parser"):
+            validate(cfg, m.dp + 1, pipeline_stages=p.pipeline_parallel_size)
+
+
+def test_partition_boundaries():
+    # layer list [embedding, 6 transformer layers, head]: stage 0 = emb + 3 layers, stage 1 = 2 layers, last = 1 + head
+    assert stage_partition([3, 2, 1]) == [0, 4, 6, 8]
+    assert stage_partition([0, 6]) == [0, 1, 8]
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda c: c.update(train_batch_size=15), "rejected by DeepSpeed's parser"),
+    (lambda c: c.update(fp16={"enabled": True}), "rejected by DeepSpeed's parser"),
+    (lambda c: c["zero_optimization"].update(stgae=1), "rejected by DeepSpeed's parser"),
+    (lambda c: c["zero_optimization"].update(stage=2), "ZeRO stage 2 with 4 pipeline stages"),
+    (lambda c: c.update(pipline={}), "unknown top-level key(s) pipline"),
+    (lambda c: c["activation_checkpointing"].update(partitioned=True), "unknown activation_checkpointing key"),
+    (lambda c: c["pipeline"].update(partition=[0, 3, 6]), "pipeline key(s) partition that DeepSpeed's engine never reads"),
+])
+def test_validation_catches(change, words):
+    p = PLANS["dp_mismatch"]()
+    cfg = deepspeed_config(p, 0)
+    change(cfg)
+    with pytest.raises(InputError) as exc:
+        validate(cfg, p.meshes[0].dp, pipeline_stages=p.pipeline_parallel_size)
+    assert words in str(exc.value)
+
+
+def test_unsupported_features_only_those_that_apply():
+    assert unsupported_features(PLANS["recompute_none_one_stage"]()) == []
+    same = plan([mesh("a", 1, 2, 2, [4]), mesh("b", 1, 2, 2, [4])])
+    assert unsupported_features(same) == []
+    text = "\n".join(unsupported_features(PLANS["dp_mismatch"]()))
+    for w in ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective",
+              "uneven layer split"):
+        assert w in text
+    assert len(unsupported_features(PLANS["736"]())) == 6
+
+
+def test_cli_writes_files_and_json(tmp_path, capsys):
+    out = tmp_path / "ds"
+    assert main(["emit", "deepspeed", "--plan", PLAN_736, "-o", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert sorted(os.listdir(out)) == ["deepspeed-unsupported.txt", "ds_config.a100.json", "ds_config.ascend.json",
+                                       "ds_config.h800.json", "ds_config.mi300x.json"]
+    on_disk = json.loads((out / "ds_config.mi300x.json").read_text())
+    assert on_disk == result["configs"][3]["config"] and on_disk["train_micro_batch_size_per_gpu"] == 1
+    assert "cross-vendor" in (out / "deepspeed-unsupported.txt").read_text()
+    assert main(["emit", "deepspeed", "--plan", PLAN_736, "--cluster", "ascend"]) == 0
+    printed = capsys.readouterr().out
+    assert "# ds_config for ascend" in printed and "ds_config for h800" not in printed
+
+
+def test_cli_bad_plan_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("version: 1\nmodel: {preset: tiny}\nglobal_batch_size: 8\nmeshes:\n"
+                    "  - {cluster: a, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, stage_layers: [4]}\n"
+                    "  - {cluster: b, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 1, stage_layers: [4]}\n")
+    assert main(["emit", "deepspeed", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "dp * micro_batch_size must be equal" in err and "Fix:" in err

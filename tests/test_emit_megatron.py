@@ -1,0 +1,205 @@
+"""`hetauto emit megatron`: layout strings Megatron accepts, and launch scripts parsed back by running them.
+
+The scripts are executed with bash; torchrun is replaced (through the TORCHRUN variable the scripts honour) by
+a recorder that writes its argv and environment, and the recorded Megatron arguments are parsed by
+Megatron-LM's own argument parser and layout class.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from megatron.core.transformer.enums import LayerType
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+from megatron.training.arguments import add_megatron_arguments
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.emit.megatron import emit_megatron, layout_string, megatron_args
+from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
+INVENTORY_736 = os.path.join(ROOT, "examples", "llama", "inventory-4clusters-736.yaml")
+
+RECORDER = """\
+import json, os, sys
+rec = {"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
+                                     if k.startswith(("HETAUTO_", "CUDA_", "HCCL_", "OMP_"))}}
+with open(os.environ["RECORD_TO"], "w") as fh:
+    json.dump(rec, fh)
+"""
+
+
+def megatron_parser():
+    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+
+
+def parse_layout(layout, pp):
+    parsed = PipelineParallelLayerLayout(layout, pp)
+    return parsed, [parsed.layout[r][0].count(LayerType.decoder) for r in range(pp)]
+
+
+@pytest.mark.parametrize("stage_layers", [[3, 2, 1], [0, 4, 4], [4, 4, 0], [0, 8, 0], [1], [8], [12, 1, 1, 10],
+                                          [2] * 40])
+def test_layout_accepted_by_megatron(stage_layers):
+    text = layout_string(stage_layers)
+    parsed, per_stage = parse_layout(text, len(stage_layers))
+    parsed.validate_layer_layout(sum(stage_layers), None)   # raises AssertionError when Megatron rejects it
+    assert per_stage == stage_layers
+    assert parsed.layout[0][0][0] == LayerType.embedding and parsed.layout[-1][0][-1] == LayerType.loss
+
+
+def test_layout_example():
+    assert layout_string([3, 2, 1]) == "Et*3|t*2|tL"
+    assert layout_string([0, 2, 0]) == "E|t*2|L"
+
+
+def run_script(path, tmp_path, node_rank, extra_env=None):
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text(RECORDER)
+    out = tmp_path / f"rec-{os.path.basename(path)}-{node_rank}.json"
+    env = {"PATH": os.environ["PATH"], "NODE_RANK": str(node_rank), "CLUSTER_MASTER_ADDR": "10.0.0.1",
+           "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": f"{sys.executable} {recorder}", "RECORD_TO": str(out),
+           **(extra_env or {})}
+    proc = subprocess.run(["bash", str(path), "--mock-data"], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def split_torchrun(argv):
+    p = argparse.ArgumentParser()
+    for name in ("--nnodes", "--nproc-per-node", "--node-rank", "--master-port"):
+        p.add_argument(name, type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("script")
+    tr, rest = p.parse_known_args(argv)
+    return tr, rest
+
+
+def test_736_launch_parses_back(tmp_path):
+    plan = load_plan(PLAN_736)
+    assert plan.world_size == 736   # the example uses every device of the inventory
+    from hetauto_megatron.spec.inventory import load_inventory
+    assert load_inventory(INVENTORY_736).num_devices == 736
+    out = tmp_path / "launch"
+    assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out)]) == 0
+    scripts = sorted(os.listdir(out))
+    assert scripts == sorted(f"{m.cluster}.sh" for m in plan.meshes)
+    total, micro_steps = 0, set()
+    for i, mesh in enumerate(plan.meshes):
+        rec = run_script(out / f"{mesh.cluster}.sh", tmp_path, node_rank=1)
+        env = rec["env"]
+        assert env["HETAUTO_CLUSTER"] == mesh.cluster
+        assert int(env["HETAUTO_RANK_OFFSET"]) == plan.rank_offset(i) == total
+        assert int(env["HETAUTO_WORLD_SIZE"]) == 736
+        assert env["HETAUTO_MASTER_ADDR"] == "10.9.9.9" and env["HETAUTO_TIMEOUT_S"] == "600"
+        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"   # every mesh here has TP > 1
+        tr, rest = split_torchrun(rec["argv"])
+        assert tr.script == "pretrain_gpt.py" and tr.node_rank == 1 and tr.master_addr == "10.0.0.1"
+        assert tr.master_port != int(env["HETAUTO_MASTER_PORT"])
+        devices = tr.nnodes * tr.nproc_per_node
+        total += devices
+        args, unknown = megatron_parser().parse_known_args(rest)
+        assert unknown == ["--hetauto", "--hetauto-plan", os.path.abspath(PLAN_736)]
+        assert args.mock_data   # extra arguments reach Megatron
+        assert args.tensor_model_parallel_size == mesh.tp
+        assert args.pipeline_model_parallel_size == plan.pipeline_parallel_size == 23
+        layout, per_stage = parse_layout(args.pipeline_model_parallel_layout, args.pipeline_model_parallel_size)
+        layout.validate_layer_layout(args.num_layers, None)
+        assert per_stage == plan.stage_layers
+        mine = per_stage[plan.first_stage(i):plan.first_stage(i) + mesh.num_stages]
+        assert mine == list(mesh.stage_layers)
+        dp = devices // (args.tensor_model_parallel_size * len(mine))
+        assert dp * args.tensor_model_parallel_size * len(mine) == devices and dp == mesh.dp
+        assert args.global_batch_size % (args.micro_batch_size * dp) == 0
+        micro_steps.add(args.global_batch_size // (args.micro_batch_size * dp))
+        assert args.micro_batch_size == mesh.micro_batch_size
+        assert args.recompute_granularity == (None if mesh.recompute == "none" else mesh.recompute)
+        if mesh.recompute == "full":
+            assert (args.recompute_method, args.recompute_num_layers) == ("uniform", 1)
+        m = plan.model
+        assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads) == \
+            (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads)
+        assert args.group_query_attention and args.num_query_groups == m.num_query_groups
+        assert args.swiglu and args.untie_embeddings_and_output_weights and args.position_embedding_type == "rope"
+        assert (args.seq_length, args.max_position_embeddings) == (m.seq_length, m.max_position_embeddings)
+        assert args.bf16 and args.use_distributed_optimizer
+    assert total == plan.world_size
+    assert micro_steps == {plan.num_micro_batches}
+
+
+def test_printed_output_is_the_scripts(tmp_path, capsys):
+    out = tmp_path / "launch"
+    assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["emit", "megatron", "--plan", PLAN_736, "--cluster", "ascend"]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "ascend.sh").read_text() in printed and "h800.sh" not in printed.split("=====")[1]
+
+
+def tiny_plan(meshes, gbs=8, inventory=None):
+    d = {"version": 1, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes}
+    if inventory is not None:
+        d["inventory"] = inventory
+    return d
+
+
+def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu"):
+    return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,
+            "recompute": recompute, "stage_layers": layers}
+
+
+def test_consecutive_meshes_of_one_cluster_share_a_launch(tmp_path):
+    # cluster a hosts two meshes (different TP) on whole 2-device nodes: one launch, args chosen per node.
+    plan = plan_from_dict(tiny_plan([mesh("a", 2, 1, 2, [2]), mesh("a", 1, 2, 1, [2, 2]), mesh("b", 1, 2, 1, [2])]))
+    launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=2)
+    assert [(la["cluster"], la["meshes"], la["rank_offset"], la["nnodes"]) for la in launches] == \
+        [("a", [0, 1], 0, 3), ("b", [2], 6, 1)]
+    path = tmp_path / "a.sh"
+    path.write_text(launches[0]["script"])
+    for node, want_tp, want_mbs in [(0, 2, 2), (1, 1, 1), (2, 1, 1)]:
+        tr, rest = split_torchrun(run_script(path, tmp_path, node)["argv"])
+        args, _ = megatron_parser().parse_known_args(rest)
+        assert (args.tensor_model_parallel_size, args.micro_batch_size) == (want_tp, want_mbs)
+        assert tr.nnodes == 3 and tr.nproc_per_node == 2
+
+
+def test_cluster_split_by_another_gets_one_launch_per_run():
+    plan = plan_from_dict(tiny_plan([mesh("a", 1, 1, 1, [2]), mesh("b", 1, 1, 1, [4]), mesh("a", 1, 1, 1, [2])]))
+    launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=1)
+    assert [(la["name"], la["rank_offset"]) for la in launches] == [("a.mesh0", 0), ("b", 1), ("a.mesh2", 2)]
+    assert [la["env"]["HETAUTO_RANK_OFFSET"] for la in launches] == ["0", "1", "2"]
+
+
+def test_megatron_args_for_plain_gpt_model():
+    d = tiny_plan([mesh("a", 1, 1, 1, [8])])
+    d["model"] = {"preset": "tiny", "gated_mlp": False, "tie_embeddings": True, "position_embedding": "learned",
+                  "num_query_groups": 4}
+    args, _ = megatron_parser().parse_known_args(megatron_args(plan_from_dict(d), 0, "p.yaml"))
+    assert not args.swiglu and not args.untie_embeddings_and_output_weights and not args.group_query_attention
+    assert args.position_embedding_type == "learned_absolute" and args.pipeline_model_parallel_layout is None
+
+
+INVENTORY = {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_per_node": 4}]}
+
+
+@pytest.mark.parametrize("plan_dict, words", [
+    (tiny_plan([mesh("a", 1, 3, 1, [8])], gbs=3), ["not a whole number of 4-device nodes", "--devices-per-node"]),
+    (tiny_plan([mesh("z", 1, 4, 1, [8])]), ["meshes[0].cluster", "'z'", "use one of: a"]),
+    (tiny_plan([mesh("a", 2, 4, 1, [8])]), ["uses 8 devices of cluster a", "only 4"]),
+    (tiny_plan([mesh("a", 1, 4, 1, [8], device="h800")]), ["meshes[0].device_type", "cpu"]),
+    (tiny_plan([mesh("a", 3, 4, 1, [8])]), ["meshes[0].tp", "divide"]),
+    (tiny_plan([mesh("a", 1, 4, 1, [4, 0, 4])]), ["stage 1 holds no layers"]),
+])
+def test_bad_plan_exits_2(tmp_path, capsys, plan_dict, words):
+    if "inventory" not in plan_dict:
+        plan_dict["inventory"] = INVENTORY
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(plan_dict))
+    assert main(["emit", "megatron", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "Traceback" not in err
+    for w in words:
+        assert w in err, err

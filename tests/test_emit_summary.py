@@ -1,0 +1,41 @@
+"""The plan summary table, with and without an estimate."""
+import os
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.emit.summary import format_summary
+from hetauto_megatron.plan.plan import load_plan
+
+PLAN_736 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "llama", "plans", "llama2-70b-736.yaml")
+
+
+def test_layout_only():
+    p = load_plan(PLAN_736)
+    lines = format_summary(p).splitlines()
+    assert "736 devices" in lines[0] and "23 pipeline stages" in lines[0]
+    assert "memory" not in lines[1] and "util" not in lines[1]
+    rows = lines[3:3 + 23]
+    assert rows[0].split()[:8] == ["0", "h800", "h800", "32", "8", "4", "3+emb", "2"]
+    assert rows[-1].split()[:8] == ["22", "mi300x", "mi300x", "32", "4", "8", "3+head", "1"]
+    assert sum(int(r.split()[6].split("+")[0]) for r in rows) == 80
+    assert "128 micro-batch steps" in lines[-1]
+
+
+def test_with_estimate():
+    p = load_plan(PLAN_736)
+    stages = [{"compute_s": 0.5 + s, "busy_s": 9.0, "bubble_s": 1.0, "memory_gib": 50.25, "utilisation": 0.9}
+              for s in range(23)]
+    stages[3] = {"busy_s": 8.0}   # missing keys print as '-'
+    text = format_summary(p, {"stages": stages, "iteration_time_s": 10.0, "tokens_per_s": 419430.4,
+                              "tflops_per_device": 201.3, "fits": True})
+    lines = text.splitlines()
+    assert "memory GiB" in lines[1] and "util" in lines[1]
+    assert "50.2 / 80" in lines[3] and "90%" in lines[3] and "0.500" in lines[3]
+    assert "50.2 / 192" in lines[3 + 22]            # MI300X capacity from the plan's inventory
+    assert lines[3 + 3].split()[-5:] == ["-", "8.000", "-", "-", "-"]
+    assert "419,430 tokens/s" in lines[-1] and "fits in memory: yes" in lines[-1]
+
+
+def test_cli_summary(capsys):
+    assert main(["emit", "summary", "--plan", PLAN_736]) == 0
+    assert capsys.readouterr().out.strip() == format_summary(load_plan(PLAN_736))

@@ -1,0 +1,115 @@
+"""Profile a tiny operator grid on this CPU, fit LightGBM on it, save/load in text format, predict."""
+import json
+import math
+import os
+
+import pytest
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.cost import features as F
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.cost.learned import LearnedCostModel, load_cost_model, read_profile
+from hetauto_megatron.spec.devices import get_device
+from hetauto_megatron.spec.model import PRESETS
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("learned")
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(d / "prof")]) == 0
+    prof = d / "prof" / "profile-cpu.jsonl"
+    assert main(["fit", str(prof), "-o", str(d / "model"), "--holdout", "0.25"]) == 0
+    return prof, d / "model"
+
+
+def test_profile_file_has_header_and_timed_rows(fitted):
+    prof, _ = fitted
+    header, rows = read_profile(str(prof))
+    assert header["device_type"] == "cpu" and header["dtype"] == "float32" and header["torch"]
+    kinds = {r["op"]["kind"] for r in rows}
+    assert set(F.OP_KINDS) <= kinds
+    for r in rows:
+        assert r["fwd_s"] > 0 and r["bwd_s"] > 0 and r["reps"] >= 7 and r["fwd_spread"] >= 0
+
+
+def test_profile_resumes_without_remeasuring(fitted, capsys):
+    prof, _ = fitted
+    before = prof.read_text()
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(prof.parent), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["measured_now"] == 0 and summary["resumed"] == summary["operators"]
+    assert prof.read_text() == before
+
+
+def test_model_is_lightgbm_text_with_manifest(fitted):
+    _, model = fitted
+    man = json.loads((model / "manifest.json").read_text())
+    assert man["devices"]["cpu"]["granularity"] == "op"
+    for name in ("op_fwd", "op_bwd"):
+        text = (model / man["boosters"][name]).read_text()
+        assert text.startswith("tree\n") and "feature_names=" in text   # LightGBM's text format, not pickle
+    assert "all" in man["fit"]["heldout"]
+
+
+def test_learned_predicts_cpu_and_falls_back_elsewhere(fitted):
+    _, model = fitted
+    m = load_cost_model(str(model))
+    assert isinstance(m, LearnedCostModel)
+    tiny, cpu, h800 = PRESETS["tiny"], get_device("cpu"), get_device("h800")
+    assert m.source(cpu) == "learned" and m.source(h800) == "analytic"
+    f1, b1 = m.layer_times(tiny, cpu, 1, 1)
+    f2, b2 = m.layer_times(tiny, cpu, 1, 1)
+    assert (f1, b1) == (f2, b2) and 0 < f1 < 1 and 0 < b1 < 1
+    # Learned layer time = sum of the layer's operators as predicted one by one.
+    assert all(x > 0 for x in m.head_times(tiny, cpu, 2, 2) + m.embedding_times(tiny, cpu, 1, 1))
+    assert m.layer_times(PRESETS["llama2-7b"], h800, 2, 1) == AnalyticCostModel().layer_times(
+        PRESETS["llama2-7b"], h800, 2, 1)
+    assert m.recompute_time(tiny, cpu, 1, 1, "full") == f1 and m.recompute_time(tiny, cpu, 1, 1, "none") == 0
+    assert 0 < m.recompute_time(tiny, cpu, 1, 1, "selective") < f1
+    # A reload from disk predicts the same numbers.
+    assert LearnedCostModel(str(model)).layer_times(tiny, cpu, 1, 1) == (f1, b1)
+
+
+def test_load_cost_model_none_is_analytic():
+    assert isinstance(load_cost_model(None), AnalyticCostModel)
+
+
+def test_validate_prints_table_and_mape(fitted, capsys):
+    prof, model = fitted
+    assert main(["validate-cost-model", "--cost-model", str(model), "--profile", str(prof), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["summary"]["all"]["rows"] == len(res["rows"]) > 0
+    assert math.isfinite(res["summary"]["all"]["mape_pct"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["fit", "-o", "OUT"], "nothing to fit"),
+    (["fit", "missing.jsonl", "-o", "OUT"], "profile file not found"),
+    (["fit", "BAD", "-o", "OUT"], "header"),
+    (["fit", "--sailor", "NOWHERE", "-o", "OUT"], "profiles_tmp.json not found"),
+    (["profile", "--device-type", "nosuchgpu"], "unknown device type"),
+    (["profile", "--device-type", "h800", "--grid", "tiny"], "does not have"),
+    (["profile", "--device-type", "cpu", "--grid", "huge"], "unknown grid"),
+    (["validate-cost-model", "--cost-model", "NOWHERE", "--profile", "x"], "not a fitted cost model"),
+    (["validate-cost-model", "--cost-model", "NOWHERE"], "no measurements"),
+])
+def test_bad_inputs_exit_2(tmp_path, capsys, argv, needle):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "a profile"}\n')
+    argv = [str(bad) if a == "BAD" else str(tmp_path / a) if a in ("OUT", "NOWHERE", "missing.jsonl") else a
+            for a in argv]
+    if argv[0] == "profile":
+        argv += ["--out", str(tmp_path / "p")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_refuses_model_of_other_feature_version(fitted, tmp_path):
+    _, model = fitted
+    man = json.loads((model / "manifest.json").read_text())
+    man["feature_version"] = -1
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    from hetauto_megatron.errors import InputError
+    with pytest.raises(InputError, match="feature version"):
+        LearnedCostModel(str(tmp_path))

@@ -1,0 +1,37 @@
+"""probe-link between two local processes: a bandwidth and a latency, printed as a parseable inventory link."""
+import json
+
+import yaml
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.spec.inventory import inventory_from_dict
+
+
+def test_probe_link_local_reports_bandwidth_and_latency_as_inventory_link(capsys):
+    assert main(["probe-link", "--local", "--max-size-mib", "1", "--iters", "2", "--timeout", "60",
+                 "--between", "east", "west"]) == 0
+    out = capsys.readouterr().out
+    link = yaml.safe_load(out)["links"]
+    assert len(link) == 1 and link[0]["bandwidth_gbps"] > 0 and link[0]["latency_ms"] > 0
+    inv = inventory_from_dict({"clusters": [
+        {"name": "east", "device": "cpu", "nodes": 1, "devices_per_node": 1},
+        {"name": "west", "device": "cpu", "nodes": 1, "devices_per_node": 1}], "links": link})
+    spec = inv.link("east", "west")
+    assert spec.bandwidth_gbps == link[0]["bandwidth_gbps"] and spec.latency_s > 0
+
+
+def test_probe_link_json_has_per_size_rates(capsys):
+    assert main(["probe-link", "--local", "--max-size-mib", "0.25", "--iters", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["bytes"] for r in res["per_size"]] == [1024, 4096, 16384, 65536, 262144]
+    assert res["latency_us"] > 0 and res["link"]["bandwidth_gbps"] > 0
+
+
+def test_probe_link_bad_inputs_exit_2(capsys):
+    assert main(["probe-link", "--rank", "0"]) == 2
+    assert main(["probe-link", "--rank", "0", "--master", "nohostport"]) == 2
+    assert main(["probe-link", "--rank", "3", "--master", "127.0.0.1:1"]) == 2
+    # Nobody answers: the rendezvous times out with a one-paragraph error, never a hang.
+    assert main(["probe-link", "--rank", "1", "--master", "127.0.0.1:9", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "HOST:PORT" in err and "could not reach" in err and "Traceback" not in err

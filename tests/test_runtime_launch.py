@@ -1,0 +1,143 @@
+"""Launch-time failures: a plan that does not fit the launched job fails fast with exit 2 and a clear message;
+a rank that dies makes its peers fail with an error naming it instead of hanging; the device layer."""
+import os
+import time
+
+import pytest
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.plan.plan import plan_from_dict
+from hetauto_megatron.runtime.device import backend_for, check_local_device, init_backend, torch_device_for
+from hetauto_megatron.runtime.groups import global_rank, rank_coords, validate_launch
+from hetauto_megatron.runtime.launcher import LaunchError, launch
+from hetauto_megatron.spec.model import PRESETS
+
+TINY = PRESETS["tiny"].to_dict()
+
+
+def two_cluster_plan(dev_a="cpu", dev_b="cpu"):
+    return plan_from_dict({"version": 1, "model": TINY, "global_batch_size": 4, "meshes": [
+        {"cluster": "a", "device_type": dev_a, "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [2, 2]},
+        {"cluster": "b", "device_type": dev_b, "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4]}]})
+
+
+def test_rank_coords_follow_megatron_order_inside_each_mesh():
+    p = two_cluster_plan()
+    got = [(c.mesh_index, c.stage, c.tp_rank, c.dp_rank) for c in (rank_coords(p, r) for r in range(p.world_size))]
+    assert got == [(0, 0, 0, 0), (0, 0, 1, 0), (0, 1, 0, 0), (0, 1, 1, 0), (1, 2, 0, 0), (1, 2, 0, 1)]
+    for r in range(p.world_size):
+        c = rank_coords(p, r)
+        assert global_rank(p, c.mesh_index, c.stage_in_mesh, c.dp_rank, c.tp_rank) == r
+
+
+def test_world_size_mismatch_names_the_counts():
+    with pytest.raises(InputError) as err:
+        validate_launch(two_cluster_plan(), 4, file="plan.yaml")
+    msg = err.value.message
+    assert "launched with 4 processes but the plan needs 6" in msg and "plan.yaml" in msg and "Fix:" in msg
+
+
+def test_rank_on_the_wrong_device_type():
+    p = two_cluster_plan("h800", "mi300x")
+    with pytest.raises(InputError) as err:
+        validate_launch(p, 6, device_types=["h800"] * 4 + ["h800", "mi300x"])
+    assert "rank 4 runs on h800" in err.value.message and "meshes[1].device_type" in err.value.message
+    validate_launch(p, 6, device_types=["H800"] * 4 + ["MI300X"] * 2)  # aliases and case are fine
+
+
+def test_device_layer_mapping_and_local_check():
+    assert (torch_device_for("h800"), backend_for("h800")) == ("cuda", "nccl")
+    assert (torch_device_for("mi300x"), backend_for("mi300x")) == ("cuda", "nccl")
+    assert (torch_device_for("910b"), backend_for("910b")) == ("npu", "hccl")
+    assert (torch_device_for("cpu"), backend_for("cpu")) == ("cpu", "gloo")
+    assert init_backend(["cpu"]) == "gloo"
+    assert init_backend(["h800", "cpu"]) == "cpu:gloo,cuda:nccl"
+    check_local_device("cpu", rank=0)
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="rank 3 is planned on device type h800"):
+            check_local_device("h800", rank=3)
+
+
+def test_launch_reports_a_world_size_mismatch_as_input_error():
+    from hetauto_megatron.runtime.groups import init_distributed
+
+    p = two_cluster_plan()
+
+    def rank_fn(rank, world):
+        init_distributed(p, rank, world, timeout_s=10, dry_run=True)
+
+    with pytest.raises(InputError, match="launched with 2 processes but the plan needs 6"):
+        launch(rank_fn, 2, timeout_s=60)
+
+
+def test_dryrun_layer_count_mismatch_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open("examples/llama/plans/tiny-2clusters-cpu.yaml").read().replace("stage_layers: [3]",
+                                                                                        "stage_layers: [4]"))
+    assert main(["dryrun", "--plan", str(bad), "--tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "stage_layers add up to 9 layers but the model has 8" in err and "Traceback" not in err
+
+
+def _failing_peer(rank, world, plan, timeout_s, mode):
+    """Rank 2 (first stage of mesh b) dies (mode 'die') or goes silent ('hang') right after the groups exist."""
+    import torch
+    from hetauto_megatron.runtime.communicator import HeteroP2PCommunicator
+    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.model import transformer_config
+
+    init_distributed(plan, rank, world, timeout_s=timeout_s, dry_run=True)
+    ctx = build_groups(plan, rank, world, timeout_s=timeout_s, dry_run=True)
+    set_megatron_globals(ctx)
+    comm = HeteroP2PCommunicator(ctx, transformer_config(plan, ctx, plan.model), timeout_s=timeout_s)
+    if rank == 2:
+        if mode == "die":
+            os._exit(9)
+        time.sleep(120)
+    shape = (plan.model.seq_length, ctx.mesh.micro_batch_size, plan.model.hidden_size)
+    if ctx.is_last_stage:
+        comm.recv_forward(shape, False)       # rank 3: waits for its (dead) neighbour's activation
+    else:
+        comm.send_forward(torch.ones(shape), False)
+        comm.recv_backward(shape, False)     # ranks 0, 1: wait for gradients that never come
+    return "finished"
+
+
+def _two_cluster_pipeline():
+    return plan_from_dict({"version": 1, "model": TINY, "global_batch_size": 4, "meshes": [
+        {"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]},
+        {"cluster": "b", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [2, 2]}]})
+
+
+def test_killed_peer_fails_the_others_instead_of_hanging():
+    p = _two_cluster_pipeline()
+    from hetauto_megatron.runtime.dryrun import preload_megatron
+
+    preload_megatron()  # import Megatron once here, not in every forked rank
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(_failing_peer, 4, args=(p, 5.0, "die"), timeout_s=90, grace_s=30)
+    elapsed = time.monotonic() - t0
+    failures = err.value.failures
+    assert "process died (exit code 9)" in failures[2]
+    # the survivors raised their own error naming the dead rank, before the launcher had to kill them
+    for r in (0, 1):
+        assert "PeerError" in failures[r] and "with rank 2 (cluster b" in failures[r], failures[r]
+    assert "PeerError" in failures[3] and "killed" not in failures[3]
+    assert elapsed < 30
+
+
+def test_silent_peer_times_out_with_a_clear_error():
+    from hetauto_megatron.runtime.dryrun import preload_megatron
+
+    preload_megatron()
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(_failing_peer, 4, args=(_two_cluster_pipeline(), 3.0, "hang"), timeout_s=90, grace_s=4)
+    failures = err.value.failures
+    for r in (0, 1, 3):
+        assert "PeerError" in failures[r] and "Timed out waiting 3000ms" in failures[r], failures[r]
+    assert "killed" in failures[2]          # the launcher ends the stuck rank after the grace period
+    assert time.monotonic() - t0 < 30
