@@ -38,7 +38,9 @@ def layout_string(stage_layers: list[int]) -> str:
 
 def recompute_args(mode: str) -> list[str]:
     if mode == "selective":
-        return ["--recompute-granularity", "selective"]
+        # hetauto's 'selective' re-runs the MLP (the cost model's definition; docs/cost-model.md). With flash
+        # attention Megatron's default module, core_attn, saves almost nothing.
+        return ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
     if mode == "full":
         # One layer per checkpoint: the memory figure the cost model assumes for 'full'.
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]

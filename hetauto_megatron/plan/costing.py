@@ -18,7 +18,7 @@ from ..spec.inventory import Cluster, LinkSpec
 from ..spec.model import ModelSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)      # identity hash: profiles are unique (cached) and used as cache keys
 class StageProfile:
     cluster: Cluster
     tp: int
@@ -71,6 +71,7 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
                               vendor=prof.cluster.device.vendor)
 
 
+@lru_cache(maxsize=262144)
 def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, first: bool, last: bool) -> int:
     """Largest layer count a stage can hold (memory is linear in layers), -1 if even zero layers do not fit."""
     base = stage_memory(model, prof, 0, in_flight, first, last)["total"]

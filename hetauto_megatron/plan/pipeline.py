@@ -7,13 +7,23 @@ its stage is free and its input has arrived; a transfer starts when its data is 
 free (links are full duplex, one transfer at a time per direction), so a slow inter-cluster link behaves like an
 extra pipeline stage.
 
-`estimate_1f1b` is the closed form the search uses (one pass, no events):
-    T = sum_i (f_i + b_i) + sum_links 2 x_l + (m - 1) * max(max_i (f_i + b_i), max_l x_l)
-It is exact for uniform stages and an upper bound of the event simulation's makespan otherwise (tests).
+`estimate_1f1b` is the closed form the search screens candidates with (no events):
+    T = sum_i (f_i + b_i) + sum_l 2 x_l + (m - 1) * P
+where P, the steady-state period, is the slowest cycle of the schedule's dependency graph:
+    every link alone (x_l: one transfer per micro-batch per direction), and every run of stages i..k:
+    (sum_{q=i..k} (f_q + b_q) + 2 sum_{links inside} x_l) / min(k - i + 1, m)
+A run of stages i..k is a cycle because 1F1B lets stage i start the forward of micro-batch j + (k - i + 1)
+only after the backward of micro-batch j came back through stages k..i: with k = i it is the stage itself,
+with k = p - 1 it is the in-flight window of stage i, and with a slow link inside the run it is why a slow
+inter-cluster link costs time even when its bandwidth is not the bottleneck. The closed form never
+undercuts the event simulation and is within about 2% of it once m >= 32 (tests); the search re-ranks its
+best candidates with the event simulation.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,13 @@ def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int)
 
 
 def estimate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int) -> float:
-    stage = [f + b for f, b in zip(fwd, bwd)]
-    bottleneck = max(max(stage), max(link, default=0.0))
-    return sum(stage) + 2 * sum(link) + (m - 1) * bottleneck
+    p = len(fwd)
+    stage = np.add(fwd, bwd)
+    links = np.asarray(link, dtype=float)
+    # run[i, k] = sum of stages i..k plus both directions of the links inside, via prefix sums
+    ps = np.concatenate(([0.0], np.cumsum(stage)))
+    pl = np.concatenate(([0.0], np.cumsum(2 * links)))
+    i, k = np.triu_indices(p)
+    run = ps[k + 1] - ps[i] + pl[k] - pl[i]
+    period = max(float(np.max(run / np.minimum(k - i + 1, m))), float(links.max()) if p > 1 else 0.0)
+    return float(stage.sum() + 2 * links.sum() + (m - 1) * period)

@@ -12,6 +12,7 @@ Principles prune and order the tree (what we know about heterogeneous training):
 - Slow links carry only pipeline traffic: a mesh never spans clusters (TP and DP stay on fast links), so the
   only cross-cluster traffic is one activation per micro-batch at a pipeline boundary.
 - Consecutive meshes must be linked in the inventory; the default policy prefers the fastest next link.
+- Pipelines are no deeper than the layers (plus embedding and head) and the micro-batches.
 - Memory-infeasible branches die early: a TP/DP whose single-layer stage does not fit even with full
   recomputation is never expanded.
 
@@ -47,7 +48,7 @@ class SearchConfig:
     iterations: int = 0                # MCTS playouts; 0 -> chosen from the problem size
     budget_s: float | None = None      # wall-clock cap on the tree search
     seed: int = 0
-    rerank: int = 12                   # best distinct leaves re-evaluated with the event simulation
+    rerank: int = 32                   # best distinct leaves re-evaluated with the event simulation
     max_micro_batch: int = 16
     exploration: float = 0.1
     local_search: bool = True
@@ -88,8 +89,13 @@ class SearchSpace:
 
     def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int) -> MeshChoice:
         n = self.inventory.cluster(cluster).num_devices
-        k = min(n // (tp * dp), self.model.num_layers + 2 - stages_before)
+        k = min(n // (tp * dp), self.max_stages(samples) - stages_before)
         return MeshChoice(cluster, tp, dp, samples // dp, AUTO, k)
+
+    def max_stages(self, samples: int) -> int:
+        """Pipeline depth limit: at most one stage per layer (plus embedding and head stages), and no more
+        stages than micro-batches (beyond that 1F1B's fill and drain exceed half of the iteration)."""
+        return min(self.model.num_layers + 2, self.gbs // samples)
 
     def decode(self, path: tuple) -> tuple[int | None, tuple, tuple, bool]:
         """-> (S, finished meshes, decisions of the mesh being built, ended)"""
@@ -117,7 +123,7 @@ class SearchSpace:
             prev = meshes[-1].cluster if meshes else None
             nxt = [c.name for c in self.inventory.clusters if c.name not in used and self.tp[c.name]
                    and (prev is None or self.inventory.link(prev, c.name) is not None)] \
-                if stages < self.model.num_layers + 2 else []
+                if stages < self.max_stages(S) else []
             return nxt + ([END] if meshes and nxt else [])
         cl = self.inventory.cluster(partial[0])
         if len(partial) == 1:
@@ -135,9 +141,11 @@ class SearchSpace:
 
     def legal(self, choices: tuple) -> bool:
         """The tree's rules, checked on a finished layout (local-search moves may set stages and recompute)."""
-        if not choices or sum(m.num_stages for m in choices) > self.model.num_layers + 2:
+        if not choices:
             return False
         S = choices[0].dp * choices[0].micro_batch_size
+        if sum(m.num_stages for m in choices) > self.max_stages(S):
+            return False
         if S not in self.samples or len({m.cluster for m in choices}) != len(choices):
             return False
         for a, b in zip(choices, choices[1:]):
@@ -169,7 +177,7 @@ class _Evaluator:
         auto = [m.recompute == AUTO for m in choices]
         cur = tuple(replace(m, recompute="none") if a else m for m, a in zip(choices, auto))
         while True:
-            res = evaluate_layout(sp.model, sp.inventory, list(cur), sp.gbs, sp.cost, exact=True, extrapolate=True)
+            res = evaluate_layout(sp.model, sp.inventory, list(cur), sp.gbs, sp.cost, exact=False)
             if res.stage_layers is not None:
                 out = (res.iteration_time_s, cur)
                 break
@@ -230,7 +238,7 @@ def _time_lower_bound(model: ModelSpec, inventory: Inventory, gbs: int) -> float
 
 
 def default_iterations(inventory: Inventory) -> int:
-    return 300 + 200 * len(inventory.clusters) ** 2
+    return 300 + 100 * len(inventory.clusters) ** 3
 
 
 def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
@@ -347,7 +355,17 @@ def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list) -> list:
     """Hill-climb from the best leaves, one decision at a time; stops when no single change helps."""
     seen = {k for _, k in ranked}
     found = list(ranked)
-    for _, start in ranked[:4]:
+    # Start from the best leaf of each of the best few cluster orders, so the climb explores different
+    # pipelines rather than polishing one.
+    starts, orders = [], set()
+    for _, k in ranked:
+        order = tuple(m.cluster for m in k)
+        if order not in orders:
+            orders.add(order)
+            starts.append(k)
+        if len(starts) == 6:
+            break
+    for start in starts:
         cur, cur_t = start, ev.resolve(start)[0]
         improved = True
         while improved:

@@ -86,7 +86,7 @@ def _pipeline(model, inventory, choices, m, cost_model):
 
 def _makespan(fwd, bwd, links, m, extrapolate: bool) -> tuple[float, tuple]:
     p = len(fwd)
-    m1 = 2 * p + 2
+    m1 = p + 2
     if not extrapolate or m <= m1 + p:
         t = simulate_1f1b(fwd, bwd, links, m)
         return t.makespan, t.busy
@@ -125,7 +125,8 @@ def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners,
         stages.append({
             "stage": i, "mesh": owners[i], "cluster": prof.cluster.name, "device_type": prof.cluster.device.name,
             "devices": prof.tp * prof.dp, "tp": prof.tp, "dp": prof.dp, "micro_batch_size": prof.micro_batch_size,
-            "recompute": prof.recompute, "layers": layers[i], "forward_s": round(fwd[i], 6),
+            "recompute": prof.recompute, "layers": layers[i], "compute_s": round(m * (fwd[i] + bwd[i]), 6),
+            "forward_s": round(fwd[i], 6),
             "backward_s": round(bwd[i], 6), "busy_s": round(busy[i], 6), "bubble_s": round(max(makespan - busy[i], 0), 6),
             "memory_gib": round(mem[i] / GIB, 2), "memory_cap_gib": round(prof.memory_cap / GIB, 2),
             "utilisation": round(busy[i] / T, 4) if T > 0 else 0.0,

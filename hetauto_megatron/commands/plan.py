@@ -1,0 +1,110 @@
+"""`hetauto plan`: search the best heterogeneous plan and write it with its launch material."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ._common import add_model_inventory_args, load_inputs
+
+DESCRIPTION = """\
+Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
+pipeline order, TP and DP inside each cluster, how many layers each stage gets (uneven), micro-batch sizes
+and recomputation. A Monte-Carlo tree search (UCT) walks these decisions guided by the cost model, the layer
+split is solved exactly for every candidate, and the best candidates are re-checked by an event-level 1F1B
+simulation (docs/search.md, docs/cost-model.md).
+
+Prints the plan summary (per stage: cluster, devices, TP/DP, layers, time, memory, utilisation). With -o the
+plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --emit DIR also the per-cluster
+Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
+
+exit codes: 0 ok; 2 invalid input (the message names file, field and fix); 3 no feasible plan (the
+message says by how much memory the closest layout misses)."""
+
+EPILOG = """\
+examples:
+  hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
+  hetauto plan --model config.json --inventory inv.yaml --global-batch-size 1024 --seq-length 4096 --json
+  hetauto plan --model llama2-7b --inventory inv.yaml --search exhaustive      # small instances only
+  hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/"""
+
+
+def add_arguments(parser) -> None:
+    add_model_inventory_args(parser)
+    parser.add_argument("--global-batch-size", type=int, default=512, metavar="N",
+                        help="sequences per iteration (default 512)")
+    parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
+                        help="mcts (default) or exhaustive (every leaf of the same tree; small instances)")
+    parser.add_argument("--iterations", type=int, default=0, metavar="N",
+                        help="MCTS playouts (default: grows with the number of clusters)")
+    parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
+    parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
+                                                      "per cluster into DIR (needs -o)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run(args) -> int:
+    from ..errors import InputError
+    from ..plan.search import SearchConfig, search
+    from ..plan.simulate import layout_to_plan, simulate
+    model, inventory, cost_model = load_inputs(args)
+    if args.iterations < 0:
+        raise InputError(f"must not be negative, got {args.iterations}", field="--iterations")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s")
+    if args.emit and not args.output:
+        raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
+    cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
+                       progress=not args.quiet and not args.json)
+    result = search(model, inventory, args.global_batch_size, cost_model, cfg)
+    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory)
+    estimate = simulate(plan, inventory, cost_model)
+    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
+                          estimate={**estimate.to_dict(), "search": result.to_dict()})
+    written = []
+    if args.output:
+        plan.save(args.output)
+        written.append(args.output)
+    if args.emit:
+        written += emit_all(plan, args.output, args.emit)
+    if args.json:
+        out = estimate.to_dict()
+        out["search"] = result.to_dict()
+        out["plan"] = plan.to_dict()
+        out["written"] = written
+        print(json.dumps(out, indent=2))
+        return 0
+    from ..emit.summary import format_summary
+    print(format_summary(plan, plan.estimate))
+    print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
+          + (" (cut by --budget-s)" if result.cut_by_budget else ""))
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
+    """Megatron launch scripts and DeepSpeed configs for every cluster of the plan, into out_dir."""
+    from ..emit.deepspeed import emit_deepspeed, unsupported_features
+    from ..emit.megatron import emit_megatron
+    from ..emit.summary import format_summary
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    def write(name, text, mode=0o644):
+        path = os.path.join(out_dir, name)
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, mode)
+        written.append(path)
+
+    for la in emit_megatron(plan, plan_path=os.path.abspath(plan_path)):
+        write(f"{la['name']}.sh", la["script"], 0o755)
+    for c in emit_deepspeed(plan):
+        write(f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n")
+    unsupported = unsupported_features(plan)
+    write("deepspeed-unsupported.txt", "".join(f"- {u}\n" for u in unsupported) or "none\n")
+    write("summary.txt", format_summary(plan, plan.estimate) + "\n")
+    return written

@@ -1,0 +1,78 @@
+"""`hetauto simulate`: predict a plan's (or a homogeneous layout's) iteration time, throughput and memory."""
+from __future__ import annotations
+
+import json
+
+from ._common import add_model_inventory_args, load_inputs
+
+DESCRIPTION = """\
+Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
+busy and bubble time, memory of the busiest device and whether it fits, and overall iteration time,
+tokens/s and model TFLOP/s per device. Give either a plan file, or a homogeneous layout on one cluster
+(--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the exact
+split when they do not divide).
+
+exit codes: 0 ok (also when the layout does not fit: see "fits"), 2 invalid input."""
+
+EPILOG = """\
+examples:
+  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml
+  hetauto simulate --model llama2-7b --inventory inv.yaml --tp 2 --pp 2 --dp 8 --micro-batch-size 1 \\
+      --global-batch-size 256 --recompute selective --cluster h800 --json"""
+
+
+def add_arguments(parser) -> None:
+    add_model_inventory_args(parser)
+    parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
+    g = parser.add_argument_group("homogeneous layout (instead of --plan)")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--pp", type=int)
+    g.add_argument("--dp", type=int)
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--cluster", metavar="NAME", help="cluster to place it on (default: the inventory's first)")
+
+
+def run(args) -> int:
+    from ..errors import InputError
+    from ..plan.plan import Mesh, Plan, load_plan
+    from ..plan.simulate import simulate
+    from ..plan.split import split_layers
+    model, inventory, cost_model = load_inputs(args)
+    layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
+    if args.plan:
+        if any(x is not None for x in layout):
+            raise InputError("give either --plan or a layout (--tp/--pp/--dp/...), not both", field="--plan")
+        plan = load_plan(args.plan)
+        if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
+            raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
+                             f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
+                             f"hidden {model.hidden_size})", file=args.plan, field="model",
+                             fix="pass the plan's model to --model")
+        if args.seq_length:
+            plan = Plan(model, plan.global_batch_size, plan.meshes, plan.inventory)
+    else:
+        names = ["--tp", "--pp", "--dp", "--micro-batch-size", "--global-batch-size"]
+        missing = [n for n, v in zip(names, layout) if v is None]
+        if missing:
+            raise InputError(f"missing {', '.join(missing)}", field=missing[0],
+                             fix="give --plan PLAN, or all of --tp --pp --dp --micro-batch-size --global-batch-size")
+        for n, v in zip(names, layout):
+            if v < 1:
+                raise InputError(f"must be at least 1, got {v}", field=n)
+        tp, pp, dp, mbs, gbs = layout
+        cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
+        if pp > model.num_layers + 2:
+            raise InputError(f"{pp} stages for {model.num_layers} layers", field="--pp",
+                             fix=f"use at most {model.num_layers} stages")
+        lo = [0 if i in (0, pp - 1) else 1 for i in range(pp)]
+        layers = split_layers([1.0] * pp, [0.0] * pp, lo, [model.num_layers] * pp, model.num_layers)
+        plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute, tuple(layers)),))
+    est = simulate(plan, inventory, cost_model)
+    if args.json:
+        print(json.dumps(est.to_dict(), indent=2))
+        return 0
+    from ..emit.summary import format_summary
+    print(format_summary(plan, est.to_dict()))
+    return 0
