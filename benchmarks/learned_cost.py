@@ -2,7 +2,7 @@
 
 1. This CPU: `hetauto profile --quick` (reused when the file exists; --fresh re-profiles), fit with 20% of the
    shapes held out, held-out MAPE on operator time for several random splits (target <= 10%).
-2. The shipped GPU measurements (tests/data/sailor, from the Sailor project): leave-one-model-out, i.e. fit on
+2. The shipped GPU measurements (hetauto_megatron/data/sailor, from the Sailor project): leave-one-model-out, i.e. fit on
    three models and predict every measured transformer layer of the fourth, MAPE per GPU type and held-out
    model, next to the roofline prior's (target <= 10% on A100-40 and GH-96).
 
@@ -22,7 +22,7 @@ from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.profile import profile, stderr_progress  # noqa: E402
 from hetauto_megatron.spec.devices import get_device  # noqa: E402
 
-SAILOR = os.path.join(ROOT, "tests", "data", "sailor")
+SAILOR = L.SAILOR_DATA
 
 
 def cpu_part(workdir: str, fresh: bool, seeds=(0, 1, 2, 3, 4)) -> None:

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except InfeasibleError as exc:
         print(f"hetauto {args.command}: no feasible plan: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:          # output piped into `head` and friends: not an error
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"hetauto {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -8,7 +8,7 @@ import pytest
 from hetauto_megatron.cost import learned as L
 from hetauto_megatron.spec.devices import get_device
 
-SAILOR = os.path.join(os.path.dirname(__file__), "data", "sailor")
+SAILOR = L.SAILOR_DATA   # the copy shipped inside the package
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,8 @@ def test_leave_one_model_out_error_is_bounded(layers):
 def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(tmp_path, capsys):
     from hetauto_megatron.cli import main
     from hetauto_megatron.spec.model import PRESETS
-    assert main(["fit", "--sailor", SAILOR, "-o", str(tmp_path), "--holdout", "0"]) == 0
+    # '--sailor' alone: the packaged measurements, no path needed from an installed package
+    assert main(["fit", "-o", str(tmp_path), "--holdout", "0", "--sailor"]) == 0
     m = L.LearnedCostModel(str(tmp_path))
     a100, h800 = get_device("a100-40gb"), get_device("h800")
     assert m.source(a100) == "learned" and m.source(h800) == "analytic"

@@ -14,7 +14,8 @@ One local process per device of the plan (CPU, gloo, whatever the plan's device 
 own TP/DP groups and layer counts, activations cross meshes through hetauto's pipeline communicator (host-
 staged, as between real clusters), and the model trains a few steps with Megatron's DDP, Adam with gradient
 clipping and the 1F1B schedule on deterministic synthetic tokens. Per step it prints the loss and the global
-gradient norm, and the bytes that crossed inside clusters and between clusters.
+gradient norm, and the bytes that crossed inside clusters and between clusters; then the measured iteration
+time (median over the steps after the first, on the slowest rank; the reference run is not timed in it).
 
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:
@@ -64,7 +65,8 @@ def run(args) -> int:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "seconds")
+        print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "step_times_s",
+                                                 "iteration_s", "seconds")
                           if k in report}))
     else:
         _print_table(report, plan)
@@ -96,4 +98,5 @@ def _print_table(report: dict, plan) -> None:
         ok = report["max_abs_diff"] <= TOLERANCE
         print(f"max |difference| vs single process: {report['max_abs_diff']:.3g} "
               f"({'match' if ok else 'MISMATCH'}, tolerance {TOLERANCE:g})")
-    print(f"wall time {report['seconds']:.1f}s")
+    print(f"iteration time {report['iteration_s']:.3f}s (median of steps after the first, slowest rank); "
+          f"wall time {report['seconds']:.1f}s")

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 
+# Resolved to the packaged copy in run() (cost.learned is imported lazily).
+SAILOR_DEFAULT = "packaged"
+
 DESCRIPTION = """\
 Fit LightGBM regressors that correct a roofline prior (time = prior x exp(prediction)) from measured times:
-operator profiles written by 'hetauto profile' (one file per device type) and, with --sailor DIR, the
-published per-layer GPU measurements of the Sailor project (A100, V100, GH200, RTX GPUs).
+operator profiles written by 'hetauto profile' (one file per device type) and, with --sailor, the
+published per-layer GPU measurements of the Sailor project (A100, V100, GH200, RTX GPUs; a copy ships with
+hetauto, --sailor=DIR reads another directory holding profiles_tmp.json).
 
 A share of the rows (--holdout) is kept aside first to report the error on unseen shapes; then the model is
 refitted on all rows and written to MODEL_DIR: manifest.json plus one booster per (granularity, phase) in
@@ -16,13 +20,15 @@ and the analytic model for the others."""
 EPILOG = """\
 examples:
   hetauto fit profiles/profile-cpu.jsonl -o cost-model/
-  hetauto fit profiles/*.jsonl --sailor tests/data/sailor -o cost-model/ --json"""
+  hetauto fit profiles/*.jsonl --sailor -o cost-model/ --json      # + the packaged GPU data"""
 
 
 def add_arguments(p):
     p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile files from 'hetauto profile'")
     p.add_argument("-o", "--out", required=True, metavar="MODEL_DIR", help="directory to write the model to")
-    p.add_argument("--sailor", metavar="DIR", help="directory with Sailor's profiles_tmp.json (per-layer GPU times)")
+    p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
+                   help="also fit Sailor's per-layer GPU times: alone, the packaged copy; --sailor=DIR another "
+                        "directory holding profiles_tmp.json")
     p.add_argument("--holdout", type=float, default=0.2, help="share of shapes held out to report the error "
                                                               "(default 0.2; 0 = none)")
     p.add_argument("--seed", type=int, default=0)
@@ -30,8 +36,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cost.learned import fit
-    res = fit(list(args.profiles), args.out, sailor_dir=args.sailor, holdout=args.holdout, seed=args.seed)
+    from ..cost.learned import SAILOR_DATA, fit
+    sailor = SAILOR_DATA if args.sailor == SAILOR_DEFAULT else args.sailor
+    res = fit(list(args.profiles), args.out, sailor_dir=sailor, holdout=args.holdout, seed=args.seed)
     if args.json:
         print(json.dumps(res.to_dict(), indent=1, sort_keys=True))
         return 0

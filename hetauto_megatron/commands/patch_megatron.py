@@ -1,6 +1,8 @@
 """`hetauto patch-megatron /path/to/Megatron-LM`: add --hetauto to a Megatron-LM checkout's pretrain_gpt.py.
 
-The patch (patches/pretrain_gpt.patch) changes three lines; this command applies it without needing `patch`
+The patch ships inside the package (hetauto_megatron/data/patches/pretrain_gpt.patch, so an installed hetauto
+needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes three
+lines; this command applies it without needing `patch`
 or git, idempotently (a patched file is recognised and left alone), checks the result, and says what changed.
 A file the patch does not fit (another Megatron-LM version, local edits) is left untouched: exit 2 with the
 lines that were not found.
@@ -52,8 +54,9 @@ class Hunk:
 
 
 def default_patch_path() -> str:
+    """The patch shipped as package data (setup.py package_data "data/*/*")."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "patches", "pretrain_gpt.patch"))
+    return os.path.normpath(os.path.join(here, "..", "data", "patches", "pretrain_gpt.patch"))
 
 
 def parse_patch(text: str, *, file: str | None = None) -> list[Hunk]:
@@ -169,7 +172,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only report whether the file is patched, patchable or conflicting (exit 2 on conflict)")
     parser.add_argument("--patch", default=None, metavar="FILE",
-                        help="the patch to apply (default: patches/pretrain_gpt.patch shipped with hetauto)")
+                        help="the patch to apply (default: the one shipped with hetauto, "
+                             "hetauto_megatron/data/patches/pretrain_gpt.patch)")
 
 
 def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bool = False,
@@ -179,7 +183,8 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
     patch_file = patch_file or default_patch_path()
     if not os.path.isfile(patch_file):
         raise InputError("patch file not found", file=patch_file,
-                         fix="run from a hetauto source checkout or pass --patch patches/pretrain_gpt.patch")
+                         fix="pass --patch with an existing file, or reinstall hetauto (the default patch is "
+                             "package data: hetauto_megatron/data/patches/pretrain_gpt.patch)")
     with open(patch_file) as fh:
         hunks = parse_patch(fh.read(), file=patch_file)
     if not os.path.isdir(megatron_lm):

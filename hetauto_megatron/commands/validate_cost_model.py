@@ -4,24 +4,27 @@ from __future__ import annotations
 import json
 
 from ..errors import InputError
+from .fit import SAILOR_DEFAULT
 
 DESCRIPTION = """\
 Compare a fitted cost model's predictions with measurements and print a table with each row's error and the
 mean absolute percentage error (MAPE) per device type and phase, next to the roofline prior's MAPE.
-Measurements: a profile file from 'hetauto profile' (operator times), or --sailor DIR (per-layer GPU times).
+Measurements: a profile file from 'hetauto profile' (operator times), or --sailor (the packaged per-layer GPU
+times; --sailor=DIR another copy).
 Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
 measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out)."""
 
 EPILOG = """\
 examples:
   hetauto validate-cost-model --cost-model cost-model/ --profile profiles/profile-cpu.jsonl
-  hetauto validate-cost-model --cost-model gpu-model/ --sailor tests/data/sailor --json"""
+  hetauto validate-cost-model --cost-model gpu-model/ --sailor --json"""
 
 
 def add_arguments(p):
     p.add_argument("--cost-model", required=True, metavar="MODEL_DIR", help="directory written by 'hetauto fit'")
     p.add_argument("--profile", action="append", default=[], metavar="FILE", help="profile file (repeatable)")
-    p.add_argument("--sailor", metavar="DIR", help="Sailor per-layer measurements directory")
+    p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
+                   help="Sailor per-layer measurements: alone, the packaged copy; --sailor=DIR another directory")
     p.add_argument("--rows", type=int, default=15, help="table rows to print, worst first (default 15; 0 = all)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
@@ -35,7 +38,8 @@ def run(args) -> int:
     for path in args.profile:
         samples += L.profile_samples(path)[1]
     if args.sailor:
-        samples += L.sailor_layer_samples(L.load_sailor(args.sailor))
+        samples += L.sailor_layer_samples(L.load_sailor(L.SAILOR_DATA if args.sailor == SAILOR_DEFAULT
+                                                        else args.sailor))
     res = L.validate(model, samples)
     if args.json:
         print(json.dumps(res, indent=1))

@@ -138,6 +138,9 @@ SAILOR_MODELS = {
 SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200"}
 SAILOR_EXTRA_GPUS = {"Titan-RTX": (130.0, 672.0), "RTX-2080": (40.3, 448.0), "RTX-3090": (71.0, 936.0)}
 SAILOR_DTYPE_BYTES = 2   # mixed-precision training runs
+# The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
+# installed copy without a path.
+SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sailor")
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,14 @@ def load_sailor(directory: str) -> list[SailorLayer]:
     remaining one or two indices the final norm and output head (summed into one head row).
     """
     path = os.path.join(directory, "profiles_tmp.json")
+    if os.path.isfile(directory):
+        raise InputError("is a file, --sailor takes the directory holding profiles_tmp.json", file=directory,
+                         field="--sailor", fix="write '--sailor' after the profile files (alone it means the "
+                                               "packaged measurements) or '--sailor=DIR'")
     if not os.path.isfile(path):
         raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
-                         field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json")
+                         field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
+                                               "or '--sailor' alone for the packaged copy")
     try:
         with open(path) as fh:
             data = json.load(fh)

@@ -202,6 +202,8 @@ def _log_rewrite(state: _State) -> None:
 
 # parallel_state global -> ProcessGroupCollection field. Megatron's own mapping the other way round is
 # ProcessGroupCollection.use_mpu_process_groups(); the GTP_remat variants equal the plain groups (no GTP).
+# The expert and distributed-optimizer fields are filled by runtime.groups.build_groups as Megatron makes
+# them for a dense model; this table only copies.
 _MPU_GROUPS = {
     "_TENSOR_MODEL_PARALLEL_GROUP": "tp",
     "_PIPELINE_MODEL_PARALLEL_GROUP": "pp",
@@ -218,19 +220,14 @@ _MPU_GROUPS = {
     "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "dp_cp",
     "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp_dp_cp",
     "_EXPERT_MODEL_PARALLEL_GROUP": "ep",
-    # A dense model's expert-TP group is its TP group (Megatron's default expert TP size = TP size); the RNG
-    # seeding reads it even without experts.
-    "_EXPERT_TENSOR_PARALLEL_GROUP": ("expt_tp", "tp"),
-    "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": ("tp_ep", "tp"),
-    # ... and its expert model-parallel group is the model-parallel group (the grad-norm group).
-    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": ("tp_ep_pp", "mp"),
-    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": ("tp_ep_pp_with_egtp_remat", "tp_ep_pp", "mp"),
-    # Without experts Megatron's expert-DP group spans the same ranks as DP (expert TP = TP, EP = 1).
-    "_EXPERT_DATA_PARALLEL_GROUP": "dp",
-    "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "dp",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "dp",
-    # One distributed-optimizer instance: it shards over the whole DP (x CP) group.
-    "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": ("intra_dist_opt", "dp_cp"),
+    "_EXPERT_TENSOR_PARALLEL_GROUP": "expt_tp",
+    "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "tp_ep",
+    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "tp_ep_pp",
+    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "tp_ep_pp",
+    "_EXPERT_DATA_PARALLEL_GROUP": "expt_dp",
+    "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "expt_dp",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "expt_dp",
+    "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "intra_dist_opt",
 }
 # parallel_state rank-list global -> ProcessGroupCollection field
 _MPU_RANKS = {
@@ -248,8 +245,8 @@ _MPU_GLOO_GROUPS = {
     "_DATA_PARALLEL_GROUP_GLOO": "dp",
     "_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
     "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
-    "_EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO": "dp",
+    "_EXPERT_DATA_PARALLEL_GROUP_GLOO": "expt_dp",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO": "expt_dp",
 }
 
 
@@ -262,11 +259,8 @@ def populate_parallel_state(pg) -> list[str]:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    def field(names):
-        for name in (names,) if isinstance(names, str) else names:
-            if getattr(pg, name, None) is not None:
-                return getattr(pg, name)
-        return None
+    def field(name):
+        return getattr(pg, name, None)
 
     done = []
     for glob, name in _MPU_GROUPS.items():

@@ -96,11 +96,7 @@ def check_launch(plan: Plan, ident: LaunchIdentity, cluster: str | None, *, file
                          f"{plan.world_size} ({sizes})", file=file, field="meshes",
                          fix="launch every cluster with the commands from 'hetauto emit megatron --plan' "
                              "(HETAUTO_WORLD_SIZE, HETAUTO_RANK_OFFSET), or pass the plan made for this job")
-    if not 0 <= ident.rank < plan.world_size:
-        raise InputError(f"global rank {ident.rank} (HETAUTO_RANK_OFFSET {ident.rank_offset} + RANK) is outside the "
-                         f"plan's {plan.world_size} ranks", file=file, field="meshes",
-                         fix="set HETAUTO_RANK_OFFSET as 'hetauto emit megatron' prints it for this cluster")
-    placement = rank_coords(plan, ident.rank)
+    placement = rank_coords(plan, ident.rank, file=file)  # the range check (InputError) lives there
     if cluster and cluster != placement.cluster:
         raise InputError(f"global rank {ident.rank} runs on cluster '{cluster}', but the plan puts it on mesh "
                          f"{placement.mesh_index} of cluster '{placement.cluster}'", file=file,

@@ -81,7 +81,8 @@ class SearchSpace:
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
         self.max_mb = max_micro_batch
-        self.samples = [s for s in _divisors(gbs) if s <= inventory.num_devices and (s & (s - 1)) == 0]
+        self.samples = [1 << k for k in range(inventory.num_devices.bit_length())
+                        if gbs % (1 << k) == 0 and (1 << k) <= inventory.num_devices]
         self.tp = {c.name: [t for t in (1, 2, 4, 8, 16) if t <= min(c.devices_per_node, c.num_devices)
                             and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
                    for c in inventory.clusters}

@@ -169,7 +169,8 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
     choices = plan_choices(plan)
     m = plan.num_micro_batches
     profs, owners, in_flight, links = _pipeline(plan.model, inventory, choices, m, cost_model)
-    return _finish(plan.model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, False, owners,
+    # Long runs of micro-batches are extrapolated from the periodic 1F1B steady state (exact once periodic).
+    return _finish(plan.model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, m > 256, owners,
                    choices, cost_model, inventory)
 
 

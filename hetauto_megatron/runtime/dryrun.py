@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 
@@ -16,8 +17,11 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                plan_file: str | None = None) -> dict:
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
-    Returns {"model", "steps": [{"loss", "grad_norm"}], "bytes": {"intra_cluster", "inter_cluster"}, "seconds"}
-    plus "reference" and "max_abs_diff" when `reference`, or {"error": text} when a rank failed.
+    Returns {"model", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
+    "bytes": {"intra_cluster", "inter_cluster"}, "seconds"} plus "reference" and "max_abs_diff" when
+    `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
+    rank; "iteration_s" their median over the steps after the first (the first pays for allocation and
+    warm-up), or the first step's time when there is only one.
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
@@ -44,6 +48,9 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
         "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
     }
+    step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
+    report["step_times_s"] = step_times
+    report["iteration_s"] = statistics.median(step_times[1:] or step_times)
     if ref is not None:
         report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]
         report["max_abs_diff"] = max(max(abs(a["loss"] - b["loss"]), abs(a["grad_norm"] - b["grad_norm"]))

@@ -36,10 +36,16 @@ class RankCoords:
     dp_rank: int
 
 
-def rank_coords(plan, rank: int) -> RankCoords:
-    """Pure: the mesh, stage, TP rank and DP rank of a global rank."""
+def rank_coords(plan, rank: int, *, file: str | None = None) -> RankCoords:
+    """Pure: the mesh, stage, TP rank and DP rank of a global rank. A rank outside the plan is an InputError
+    (the launch gave a process a rank the plan does not have)."""
     if not 0 <= rank < plan.world_size:
-        raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
+        sizes = ", ".join(f"{m.cluster}: ranks {plan.rank_offset(i)}-{plan.rank_offset(i) + m.num_devices - 1}"
+                          for i, m in enumerate(plan.meshes))
+        raise InputError(f"global rank {rank} is outside the plan's {plan.world_size} ranks ({sizes})", file=file,
+                         field="meshes", fix="launch each cluster with the rank offset and world size "
+                                             "'hetauto emit megatron' prints (HETAUTO_RANK_OFFSET + RANK must be "
+                                             f"below {plan.world_size})")
     for i, mesh in enumerate(plan.meshes):
         local = rank - plan.rank_offset(i)
         if local < mesh.num_devices:
@@ -96,7 +102,7 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
     import torch.distributed as dist
 
     validate_launch(plan, world_size, file=file)
-    coords = rank_coords(plan, rank)
+    coords = rank_coords(plan, rank, file=file)
     if dry_run or devlayer.torch_device_for(coords.device_type) == "cpu":
         devlayer.enable_cpu_redirects()
         backend = "gloo"
@@ -214,13 +220,18 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
 
     world_gloo = dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout)
 
-    # Groups Megatron's DDP / optimizer look up but a dense, expert-free model does not use.
-    pg.expt_dp = pg.ep
-    pg.tp_ep_pp = None
     pg.embd = None        # tied embeddings are handled by gradients.py across meshes
     pg.pos_embd = None    # learned positions live on the first stage only
-    pg.intra_dist_opt = None
     pg.mp = world_gloo    # gradient statistics: summed over all ranks, see gradients.count_grad_norm_once
+    # Expert and distributed-optimizer groups exactly as Megatron's initialize_model_parallel makes them for a
+    # dense model (expert parallelism 1, expert TP = TP, one distributed-optimizer instance). DDP, the
+    # optimizer, the RNG seeding and Megatron-LM's training loop look them up even without experts, so they
+    # are set here, once, for every user of the collection (the --hetauto hook copies them to parallel_state).
+    pg.expt_tp = pg.tp
+    pg.tp_ep = pg.tp
+    pg.expt_dp = pg.dp
+    pg.tp_ep_pp = pg.mp
+    pg.intra_dist_opt = pg.dp_cp
     return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
                        boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run)
 
