@@ -98,6 +98,7 @@ def test_layout_overrides_per_mesh():
     assert a["global_batch_size"] == b["global_batch_size"] == 8
     assert (a["recompute_granularity"], a["recompute_method"]) == (None, None)
     assert (b["recompute_granularity"], b["recompute_method"], b["recompute_num_layers"]) == ("full", "uniform", 1)
+    assert a["recompute_modules"] is None
     assert a["decoder_first_pipeline_num_layers"] is None
 
 
@@ -106,7 +107,7 @@ def test_single_stage_plan_has_no_layout():
                        "recompute": "selective", "stage_layers": [8]}])
     o = rewrite.layout_overrides(plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(1, 2, None), None))
     assert o["pipeline_model_parallel_layout"] is None and o["pipeline_model_parallel_size"] == 1
-    assert (o["recompute_granularity"], o["recompute_method"]) == ("selective", None)
+    assert (o["recompute_granularity"], o["recompute_method"], o["recompute_modules"]) == ("selective", None, ["mlp"])
 
 
 def test_validation_world_size_yields_mesh_dp():
@@ -192,3 +193,21 @@ def test_unsupported_megatron_core_fails_clearly(version):
     with pytest.raises(InputError) as exc:
         check_megatron_version(version)
     assert f"megatron-core {version} is not supported" in exc.value.message and "0.19" in exc.value.message
+
+
+def test_recompute_settings_are_the_emitted_ones():
+    """The per-rank rewrite (and the dry run's model) use exactly the settings the launch scripts emit, which
+    are what the cost model priced: selective = the MLP, full = every layer, uniform, one per checkpoint."""
+    from hetauto_megatron.emit.megatron import recompute_args
+    from hetauto_megatron.runtime.model import RECOMPUTE_SETTINGS
+
+    for mode, settings in RECOMPUTE_SETTINGS.items():
+        emitted, flag = {}, None
+        for token in recompute_args(mode):
+            if token.startswith("--"):
+                flag = token[2:].replace("-", "_")
+                emitted[flag] = []
+            else:
+                emitted[flag].append(token)
+        ours = {k: [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in settings.items() if v is not None}
+        assert ours == emitted, mode

@@ -106,3 +106,15 @@ def test_patch_calls_only_the_hooks_public_api():
 def test_malformed_patch_is_an_input_error():
     with pytest.raises(InputError):
         pm.parse_patch("no hunks here")
+
+
+def test_the_patch_is_package_data_and_patches_dir_links_to_it():
+    """One copy: the installed package carries it (no source checkout needed); patches/ points at it."""
+    import os
+
+    import hetauto_megatron
+
+    pkg = os.path.dirname(os.path.abspath(hetauto_megatron.__file__))
+    assert os.path.dirname(pm.default_patch_path()) == os.path.join(pkg, "data", "patches")
+    repo_copy = os.path.join(os.path.dirname(pkg), "patches", "pretrain_gpt.patch")
+    assert os.path.samefile(repo_copy, pm.default_patch_path())

@@ -37,6 +37,8 @@ CASES = {
     "f_zero_layer_first_stage": plan([mesh("a", 1, 1, 2, [0, 4]), mesh("b", 2, 1, 2, [4])]),
     # full activation recomputation in one mesh (Megatron's checkpointing with the CPU RNG tracker)
     "g_recompute_full": plan([{**mesh("a", 2, 1, 2, [4]), "recompute": "full"}, mesh("b", 1, 1, 2, [4])]),
+    # selective recomputation (the MLP, as the cost model prices it) in a TP 2 mesh, none in the other
+    "h_recompute_selective": plan([mesh("a", 1, 1, 2, [4]), {**mesh("b", 2, 1, 2, [4]), "recompute": "selective"}]),
 }
 
 

@@ -7,7 +7,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     tensor_model_parallel_size   <- mesh.tp
     data_parallel_size           <- mesh.dp   (Megatron derives it from world_size; see `validation_world_size`)
     micro_batch_size             <- mesh.micro_batch_size
-    recompute_*                  <- mesh.recompute
+    recompute_*                  <- mesh.recompute (runtime.model.RECOMPUTE_SETTINGS: selective = the MLP)
     pipeline_model_parallel_size <- plan.pipeline_parallel_size
     pipeline_model_parallel_layout <- the plan's stage_layers, e.g. "Et*4|t*4L"
     global_batch_size            <- plan.global_batch_size
@@ -26,15 +26,7 @@ from typing import Mapping
 from ..errors import InputError
 from ..plan.plan import Plan
 from ..runtime.groups import RankCoords, rank_coords
-from ..runtime.model import pipeline_layout
-
-# hetauto's recompute mode -> Megatron (recompute_granularity, recompute_method, recompute_num_layers).
-# "full" recomputes every layer of the stage (uniform method, 1 layer per checkpoint chunk).
-RECOMPUTE_ARGS = {
-    "none": (None, None, None),
-    "selective": ("selective", None, None),
-    "full": ("full", "uniform", 1),
-}
+from ..runtime.model import pipeline_layout, recompute_settings
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -148,7 +140,6 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
 def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     """The per-rank parallel-layout arguments (see the module docstring)."""
     mesh = plan.meshes[placement.mesh_index]
-    granularity, method, num_layers = RECOMPUTE_ARGS[mesh.recompute]
     out = {
         "tensor_model_parallel_size": mesh.tp,
         "pipeline_model_parallel_size": plan.pipeline_parallel_size,
@@ -156,9 +147,7 @@ def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
         "micro_batch_size": mesh.micro_batch_size,
         "global_batch_size": plan.global_batch_size,
         "pipeline_model_parallel_layout": pipeline_layout(plan.stage_layers),
-        "recompute_granularity": granularity,
-        "recompute_method": method,
-        "recompute_num_layers": num_layers,
+        **recompute_settings(mesh.recompute),
         "account_for_embedding_in_pipeline_split": False,
         "account_for_loss_in_pipeline_split": False,
     }

@@ -47,14 +47,17 @@ class Mesh:
         object.__setattr__(self, "device_type", canon)
         for key in ("tp", "dp", "micro_batch_size"):
             if getattr(self, key) < 1:
-                raise InputError(f"must be at least 1, got {getattr(self, key)}", field=key)
+                raise InputError(f"must be at least 1, got {getattr(self, key)}", field=key,
+                                 fix=f"set {key}: 1 or more")
         if self.recompute not in RECOMPUTE_MODES:
-            raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute")
+            raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute",
+                             fix="write recompute: none, selective (attention only) or full (whole layers)")
         if not self.stage_layers:
             raise InputError("is empty: a mesh needs at least one pipeline stage", field="stage_layers",
                              fix="list the transformer layers of each stage, e.g. [10, 10]")
         if any(x < 0 for x in self.stage_layers):
-            raise InputError(f"layer counts must not be negative: {list(self.stage_layers)}", field="stage_layers")
+            raise InputError(f"layer counts must not be negative: {list(self.stage_layers)}", field="stage_layers",
+                             fix="give each stage 0 or more transformer layers")
 
     @property
     def num_stages(self) -> int:
@@ -89,24 +92,33 @@ class Plan:
         m = self.model
         if self.version != PLAN_VERSION:
             raise InputError(f"plan version {self.version} is not supported (this hetauto reads version "
-                             f"{PLAN_VERSION})", field="version", fix="re-create the plan with this hetauto's 'hetauto plan'")
+                             f"{PLAN_VERSION})", field="version",
+                             fix=f"re-create the plan with this hetauto's 'hetauto plan', or set version: {PLAN_VERSION} "
+                                 "if the file follows docs/plan-format.md")
         if not self.meshes:
-            raise InputError("a plan needs at least one mesh", field="meshes")
+            raise InputError("a plan needs at least one mesh", field="meshes",
+                             fix="list the meshes in pipeline order (docs/plan-format.md)")
         for i, mesh in enumerate(self.meshes):
             p = f"meshes[{i}]"
             if m.num_attention_heads % mesh.tp or m.num_query_groups % mesh.tp:
+                ok = [t for t in range(1, m.num_query_groups + 1)
+                      if m.num_attention_heads % t == 0 and m.num_query_groups % t == 0]
                 raise InputError(f"tp={mesh.tp} must divide the model's {m.num_attention_heads} attention heads "
                                  f"and {m.num_query_groups} key/value heads", field=f"{p}.tp",
-                                 fix="choose a tp that divides both")
+                                 fix=f"choose a tp that divides both: {', '.join(map(str, ok))}")
         spp = {mesh.samples_per_step for mesh in self.meshes}
         if len(spp) != 1:
             detail = ", ".join(f"{x.cluster}: {x.dp}x{x.micro_batch_size}" for x in self.meshes)
+            target = max(spp)
+            hint = ", ".join(f"meshes[{i}].micro_batch_size: {target // x.dp}" for i, x in enumerate(self.meshes)
+                             if x.samples_per_step != target and target % x.dp == 0)
             raise InputError(f"dp * micro_batch_size must be equal in every mesh so all run the same micro-batches; "
-                             f"got {detail}", field="meshes", fix="raise the micro-batch size of the smaller-DP mesh")
+                             f"got {detail}", field="meshes",
+                             fix="raise the micro-batch size of the smaller-DP mesh" + (f" ({hint})" if hint else ""))
         step = spp.pop()
         if self.global_batch_size < 1 or self.global_batch_size % step:
-            raise InputError(f"global_batch_size {self.global_batch_size} is not a multiple of dp * micro_batch_size "
-                             f"= {step}", field="global_batch_size", fix=f"use a multiple of {step}")
+            raise InputError(f"global_batch_size {self.global_batch_size} is not a positive multiple of dp * "
+                             f"micro_batch_size = {step}", field="global_batch_size", fix=f"use a multiple of {step}")
         total = sum(self.stage_layers)
         if total != m.num_layers:
             raise InputError(f"stage_layers add up to {total} layers but the model has {m.num_layers}",
@@ -114,8 +126,9 @@ class Plan:
         layers = self.stage_layers
         for s, n in enumerate(layers):
             if n == 0 and 0 < s < len(layers) - 1:
+                mi, si = self.stage_owner(s)
                 raise InputError(f"pipeline stage {s} holds no layers; only the first (embedding) or the last "
-                                 "(output head) stage may be empty", field="meshes[*].stage_layers",
+                                 "(output head) stage may be empty", field=f"meshes[{mi}].stage_layers[{si}]",
                                  fix="move a layer into it or remove the stage")
 
     # ---- derived --------------------------------------------------------------------------------------
@@ -177,6 +190,15 @@ class Plan:
 _MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers"}
 
 
+def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
+    # Checked here, not by int(): 2.5 layers must not silently become 2, nor `true` become 1.
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"must be a whole number of layers, got {v!r}", file=file,
+                             field=f"{prefix}stage_layers[{j}]", fix="write integer layer counts, e.g. [10, 10]")
+    return values
+
+
 def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     data = require_mapping(data, "a plan", file)
     reject_unknown(data, {"version", "model", "global_batch_size", "meshes", "inventory", "estimate"}, file=file)
@@ -197,12 +219,13 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 dp=get(raw, "dp", int, default=1, file=file, prefix=p),
                 micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
                 recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
-                stage_layers=tuple(get(raw, "stage_layers", list, file=file, prefix=p)),
+                stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
             ))
         except InputError as exc:
             raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None
         except (TypeError, ValueError) as exc:
-            raise InputError(f"has a malformed value ({exc})", file=file, field=f"meshes[{i}]") from None
+            raise InputError(f"has a malformed value ({exc})", file=file, field=f"meshes[{i}]",
+                             fix="compare it with docs/plan-format.md") from None
     try:
         return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
                     inventory=data.get("inventory"), estimate=data.get("estimate"), version=version)

@@ -1,8 +1,11 @@
 """Strategy search: Monte-Carlo tree search (UCT) over a plan's sequential decisions, and an exhaustive mode.
 
 A plan is built by a sequence of decisions, each a level of the tree:
-    S, the samples per micro-batch step (= dp * micro_batch_size, equal in every mesh), then for each mesh
-    in pipeline order:  which cluster comes next (or stop)  ->  its TP  ->  its DP (micro-batch = S / DP).
+    the clusters taking part, in pipeline order (one decision per position, then stop);
+    S, the samples per micro-batch step (= dp * micro_batch_size, equal in every mesh);
+    for each mesh in pipeline order: its TP, then its DP (micro-batch = S / DP).
+The coarse, most consequential choices (which sites, which slow links) sit at the top of the tree, where UCT
+spreads its playouts over them.
 A mesh takes as many pipeline stages as its cluster's devices allow (devices // (TP * DP)), and the lightest
 recomputation that lets the layer split fit in memory. A leaf is thus a list of `MeshChoice`; its value is
 the iteration time after the exact layer split (plan/split.py).
@@ -50,7 +53,7 @@ class SearchConfig:
     seed: int = 0
     rerank: int = 32                   # best distinct leaves re-evaluated with the event simulation
     max_micro_batch: int = 16
-    exploration: float = 0.1
+    exploration: float = 0.7
     local_search: bool = True
     progress: bool = False             # progress lines on stderr
 
@@ -88,9 +91,11 @@ class SearchSpace:
                    for c in inventory.clusters}
         self._fits: dict = {}
 
-    def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int) -> MeshChoice:
+    def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0
+             ) -> MeshChoice:
+        """A mesh takes as many stages as its devices allow, leaving one stage for each mesh after it."""
         n = self.inventory.cluster(cluster).num_devices
-        k = min(n // (tp * dp), self.max_stages(samples) - stages_before)
+        k = min(n // (tp * dp), self.max_stages(samples) - stages_before - meshes_after)
         return MeshChoice(cluster, tp, dp, samples // dp, AUTO, k)
 
     def max_stages(self, samples: int) -> int:
@@ -98,40 +103,44 @@ class SearchSpace:
         stages than micro-batches (beyond that 1F1B's fill and drain exceed half of the iteration)."""
         return min(self.model.num_layers + 2, self.gbs // samples)
 
-    def decode(self, path: tuple) -> tuple[int | None, tuple, tuple, bool]:
-        """-> (S, finished meshes, decisions of the mesh being built, ended)"""
-        if not path:
-            return None, (), (), False
-        S, meshes, partial = path[0], [], []
-        for a in path[1:]:
-            if a == END:
-                return S, tuple(meshes), (), True
-            partial.append(a)
-            if len(partial) == 3:
-                meshes.append(self.mesh(*partial, S, sum(m.num_stages for m in meshes)))
-                partial = []
-        return S, tuple(meshes), tuple(partial), False
+    def decode(self, path: tuple):
+        """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)"""
+        order = []
+        i = 0
+        while i < len(path) and path[i] != END:
+            order.append(path[i])
+            i += 1
+        if i == len(path):
+            return tuple(order), False, None, (), None
+        if i + 1 == len(path):
+            return tuple(order), True, None, (), None
+        S = path[i + 1]
+        rest = path[i + 2:]
+        meshes = []
+        for j in range(0, len(rest) - 1, 2):
+            before = sum(m.num_stages for m in meshes)
+            meshes.append(self.mesh(order[len(meshes)], rest[j], rest[j + 1], S, before, len(order) - len(meshes) - 1))
+        pending = rest[-1] if len(rest) % 2 else None
+        return tuple(order), True, S, tuple(meshes), pending
 
     def actions(self, path: tuple) -> list:
-        S, meshes, partial, ended = self.decode(path)
+        order, complete, S, meshes, pending = self.decode(path)
+        if not complete:
+            prev = order[-1] if order else None
+            nxt = [c.name for c in self.inventory.clusters if c.name not in order and self.tp[c.name]
+                   and (prev is None or self.inventory.link(prev, c.name) is not None)]
+            return nxt + ([END] if order else [])
         if S is None:
-            return list(self.samples)
-        if ended:
+            return [s for s in self.samples if self.max_stages(s) >= len(order)]
+        if len(meshes) == len(order):
             return []
-        if not partial:
-            stages = sum(m.num_stages for m in meshes)
-            used = {m.cluster for m in meshes}
-            prev = meshes[-1].cluster if meshes else None
-            nxt = [c.name for c in self.inventory.clusters if c.name not in used and self.tp[c.name]
-                   and (prev is None or self.inventory.link(prev, c.name) is not None)] \
-                if stages < self.max_stages(S) else []
-            return nxt + ([END] if meshes and nxt else [])
-        cl = self.inventory.cluster(partial[0])
-        if len(partial) == 1:
-            return list(self.tp[cl.name])
-        tp = partial[1]
-        return [d for d in _divisors(S) if tp * d <= cl.num_devices and S // d <= self.max_mb
-                and self.fits_one_layer(cl.name, tp, d, S // d, "full")]
+        cl = self.inventory.cluster(order[len(meshes)])
+        if pending is None:
+            return [t for t in self.tp[cl.name]]
+        before = sum(m.num_stages for m in meshes)
+        room = self.max_stages(S) - before - (len(order) - len(meshes) - 1)
+        return [d for d in _divisors(S) if pending * d <= cl.num_devices and S // d <= self.max_mb and room >= 1
+                and self.fits_one_layer(cl.name, pending, d, S // d, "full")]
 
     def fits_one_layer(self, cluster, tp, dp, mb, rc) -> bool:
         key = (cluster, tp, dp, mb, rc)
@@ -210,22 +219,23 @@ class _Node:
         self.done = not untried          # a leaf, or later: every child subtree fully explored
 
 
-def _uct(node: _Node, ln_parent: float, c: float) -> float:
-    mean = node.total / node.visits
-    return 0.5 * mean + 0.5 * node.best + c * math.sqrt(ln_parent / node.visits)
+def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> float:
+    """Mean and best reward of the subtree, rescaled to [0, 1] over the rewards seen so far (good plans differ
+    by a few percent, which an unscaled reward would drown in the exploration term), plus exploration."""
+    value = (0.5 * node.total / node.visits + 0.5 * node.best - lo) / span
+    return value + c * math.sqrt(ln_parent / node.visits)
 
 
 def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Random):
-    """Default policy: random, steered by the principles: keep adding clusters (each adds compute) over the
-    fastest link from the last one."""
-    S, meshes, partial, _ = space.decode(path)
-    if S is not None and not partial:
+    """Default policy: random, steered by the principles: keep adding clusters (each adds compute), preferably
+    over the fastest link from the last one."""
+    order, complete, _, _, _ = space.decode(path)
+    if not complete:
         real = [a for a in acts if a != END]
-        if END in acts and rng.random() < 0.2:
+        if not real or (END in acts and rng.random() < 0.2):
             return END
-        if meshes and rng.random() < 0.6:
-            prev = meshes[-1].cluster
-            return max(real, key=lambda c: space.inventory.link(prev, c).bandwidth_gbps)
+        if order and rng.random() < 0.6:
+            return max(real, key=lambda c: space.inventory.link(order[-1], c).bandwidth_gbps)
         return rng.choice(real)
     return rng.choice(acts)
 
@@ -261,9 +271,9 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     playouts, cut = 0, False
 
     def value(path: tuple) -> float:
-        meshes = space.decode(path)[1]
-        if not meshes:
-            return math.inf
+        order, _, _, meshes, _ = space.decode(path)
+        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
+            return math.inf             # a dead end: no legal completion
         leaves[meshes] = ev.resolve(meshes)[0]
         return leaves[meshes]
 
@@ -283,6 +293,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         t_lb = _time_lower_bound(model, inventory, gbs)
         nodes: dict[tuple, _Node] = {(): _Node(space.actions(()))}
         best_t, last_report = math.inf, t0
+        r_lo, r_hi = 1.0, 0.0           # range of the feasible rewards seen so far
         for it in range(n_iter):
             if nodes[()].done:
                 break                  # the whole tree has been explored
@@ -296,8 +307,9 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                 if node.untried:
                     break
                 ln = math.log(node.visits)
+                span = max(r_hi - r_lo, 1e-9)
                 path = max((c for c in node.children if not nodes[c].done),
-                           key=lambda c: _uct(nodes[c], ln, cfg.exploration))
+                           key=lambda c: _uct(nodes[c], ln, cfg.exploration, r_lo, span))
                 trail.append(path)
             a = node.untried.pop(rng.randrange(len(node.untried)))   # expansion
             path = path + (a,)
@@ -313,6 +325,8 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             t = value(leaf)
             best_t = min(best_t, t)
             reward = 0.0 if not math.isfinite(t) else min(1.0, t_lb / t)
+            if reward > 0:
+                r_lo, r_hi = min(r_lo, reward), max(r_hi, reward)
             for p in trail:
                 n = nodes[p]
                 n.visits += 1

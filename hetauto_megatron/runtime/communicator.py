@@ -102,7 +102,10 @@ class HeteroP2PCommunicator(P2PCommunicator):
         return recv_prev_t, recv_next_t, None
 
     def _post(self, op, tensor, peer, group, tag, works, what):
-        work = op(tensor, peer, group=group, tag=tag)
+        try:
+            work = op(tensor, peer, group=group, tag=tag)
+        except RuntimeError as exc:  # gloo refuses to even post on a connection the peer already closed
+            raise self._peer_failure(exc, peer, what) from None
         works.append((work, peer, what))
 
     def _send(self, direction, tensor, shape, works, *, grad):
@@ -191,11 +194,14 @@ class HeteroP2PCommunicator(P2PCommunicator):
             try:
                 ok = work.wait(self.timeout)
             except RuntimeError as exc:
-                # gloo's first line says what happened ("Connection closed by peer ..."); the rest is boilerplate
-                reason = str(exc).splitlines()[0].split(". This is typically")[0]
-                raise PeerError(self._peer_message(peer, what, f"failed: {reason}")) from None
+                raise self._peer_failure(exc, peer, what) from None
             if ok is False:
                 raise PeerError(self._peer_message(peer, what, f"timed out after {self.timeout.total_seconds():.0f}s"))
+
+    def _peer_failure(self, exc: RuntimeError, peer, what) -> PeerError:
+        # gloo's first line says what happened ("Connection closed by peer ..."); the rest is boilerplate
+        reason = str(exc).splitlines()[0].split(". This is typically")[0]
+        return PeerError(self._peer_message(peer, what, f"failed: {reason}"))
 
     def _peer_message(self, peer, what, how) -> str:
         from .groups import rank_coords

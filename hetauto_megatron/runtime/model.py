@@ -13,6 +13,26 @@ import zlib
 from ..spec.model import ModelSpec
 
 
+# hetauto's recompute modes as Megatron settings: TransformerConfig fields, which are also Megatron-LM's argument
+# names (--recompute-granularity, ...). The planner's cost model prices 'selective' as re-running the MLP
+# (`--recompute-granularity selective --recompute-modules mlp`) and 'full' as checkpointing every layer
+# (`--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`). The dry run's model and
+# the --hetauto argument rewrite both use this table, so they run what the plan was priced for.
+RECOMPUTE_SETTINGS = {
+    "none": {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+             "recompute_modules": None},
+    "selective": {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
+                  "recompute_modules": ["mlp"]},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
+             "recompute_modules": None},
+}
+
+
+def recompute_settings(mode: str) -> dict:
+    """Megatron's recompute settings for a mesh's `recompute` mode (a fresh dict: callers may keep it)."""
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in RECOMPUTE_SETTINGS[mode].items()}
+
+
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
 
@@ -59,10 +79,7 @@ def transformer_config(plan, ctx, spec: ModelSpec):
     layout = pipeline_layout(plan.stage_layers)
     if layout is not None:
         kw["pipeline_model_parallel_layout"] = layout
-    if mesh.recompute == "full":
-        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif mesh.recompute == "selective":
-        kw.update(recompute_granularity="selective")
+    kw.update(recompute_settings(mesh.recompute))
     return TransformerConfig(**kw)
 
 

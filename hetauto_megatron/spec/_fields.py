@@ -1,17 +1,32 @@
 """Small readers for fields of parsed YAML/JSON mappings, raising InputError that names the field."""
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from ..errors import InputError
 
 _MISSING = object()
 
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+               dict: "a mapping (key: value pairs)"}
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A value as the user wrote it, shortened so that a whole mis-indented block does not flood the message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kind_name(value: Any) -> str:
+    return {"NoneType": "nothing", "dict": "a mapping", "list": "a list", "str": "a string", "int": "an integer",
+            "float": "a number", "bool": "true/false"}.get(type(value).__name__, type(value).__name__)
+
 
 def require_mapping(data: Any, what: str, file: str | None) -> dict:
     if not isinstance(data, dict):
-        raise InputError(f"expected a mapping (key: value pairs) for {what}, got {type(data).__name__}", file=file,
-                         fix=f"write {what} as YAML keys, see the docs for an example")
+        raise InputError(f"expected a mapping (key: value pairs) for {what}, got {_kind_name(data)} {_show(data)}",
+                         file=file, fix=f"write {what} as 'key: value' lines (docs/inputs.md has examples)")
     return data
 
 
@@ -28,19 +43,27 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise InputError(f"must be {names}, got {value!r}", file=file, field=field, fix=fix or f"write {key}: <{names}>")
+        names = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
+        raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}", file=file, field=field,
+                         fix=fix or f"write '{key}:' as {names}")
     return value
 
 
 def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None, prefix: str = "") -> None:
-    unknown = sorted(set(data) - set(known))
+    unknown = sorted((str(k) for k in set(data) - set(known)))
     if unknown:
-        raise InputError(f"unknown key(s) {', '.join(unknown)}", file=file, field=prefix.rstrip(".") or None,
-                         fix=f"remove them or use one of: {', '.join(sorted(known))}")
+        renames = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, list(known), n=1)
+            if close:
+                renames.append(f"'{k}' to '{close[0]}'")
+        fix = (f"rename {', '.join(renames)} (a likely typo); otherwise " if renames else "") + \
+            f"remove them; the known keys here are {', '.join(sorted(known))}"
+        raise InputError(f"unknown key(s) {', '.join(unknown)}", file=file, field=prefix.rstrip(".") or None, fix=fix)
 
 
 def positive(value: float, field: str, file: str | None) -> float:
     if value <= 0:
-        raise InputError(f"must be positive, got {value}", file=file, field=field)
+        raise InputError(f"must be positive, got {value}", file=file, field=field,
+                         fix="give a value above zero (bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s)")
     return value

@@ -7,6 +7,7 @@ bytes/s and seconds.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -39,7 +40,7 @@ class Cluster:
     def __post_init__(self):
         if self.nodes < 1 or self.devices_per_node < 1:
             raise InputError(f"cluster '{self.name}' needs at least one node and one device per node",
-                             field="nodes")
+                             field="nodes", fix="set nodes and devices_per_node to 1 or more")
 
     @property
     def num_devices(self) -> int:
@@ -56,7 +57,7 @@ class Inventory:
         names = [c.name for c in self.clusters]
         if not names:
             raise InputError("lists no clusters", file=self.source, field="clusters",
-                             fix="add at least one cluster entry")
+                             fix="add at least one cluster entry (name, device, nodes, devices_per_node)")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise InputError(f"cluster name(s) {', '.join(dup)} appear more than once", file=self.source,
@@ -70,8 +71,8 @@ class Inventory:
         for c in self.clusters:
             if c.name == name:
                 return c
-        raise InputError(f"no cluster named {name!r}", file=self.source, field="cluster",
-                         fix=f"use one of: {', '.join(c.name for c in self.clusters)}")
+        raise InputError(f"has no cluster named {name!r}", file=self.source, field="clusters",
+                         fix=f"use one of the inventory's clusters: {', '.join(c.name for c in self.clusters)}")
 
     def link(self, a: str, b: str) -> LinkSpec | None:
         """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b)."""
@@ -95,17 +96,23 @@ class Inventory:
 _CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
                  "peak_tflops", "hbm_gbps"}
 _DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
+_DEFAULT_INTRA_NODE_LATENCY_US = 5.0
+# Cluster names become file names of the emitted launch scripts and configs, and words in shell commands.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1e-6) -> LinkSpec:
     if data is None and default is not None:
         data = default
     data = require_mapping(data, prefix.rstrip("."), file)
+    if default is not None:
+        data = {**default, **{k: v for k, v in data.items() if v is not None}}   # a partial block keeps the rest
     reject_unknown(data, {"bandwidth_gbps", latency_key}, file=file, prefix=prefix)
     bw = positive(get(data, "bandwidth_gbps", float, file=file, prefix=prefix), prefix + "bandwidth_gbps", file)
     lat = get(data, latency_key, float, default=0.0, file=file, prefix=prefix)
     if lat < 0:
-        raise InputError(f"must not be negative, got {lat}", file=file, field=prefix + latency_key)
+        raise InputError(f"must not be negative, got {lat}", file=file, field=prefix + latency_key,
+                         fix=f"give the one-way latency ({'ms' if latency_key == 'latency_ms' else 'µs'}), 0 or more")
     return LinkSpec(bw, lat * scale)
 
 
@@ -119,6 +126,9 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         raw = require_mapping(raw, f"clusters[{i}]", file)
         reject_unknown(raw, _CLUSTER_KEYS, file=file, prefix=p)
         name = str(get(raw, "name", (str, int), file=file, prefix=p))
+        if not _NAME_RE.fullmatch(name):
+            raise InputError(f"{name!r} is not a usable cluster name", file=file, field=p + "name",
+                             fix="use letters, digits, '.', '_' and '-' only (it names emitted files)")
         dev = get_device(get(raw, "device", str, file=file, prefix=p), file=file, field=p + "device")
         overrides = {}
         for key in ("memory_gib", "peak_tflops", "hbm_gbps"):
@@ -129,9 +139,10 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:
             raise InputError(f"nodes ({nodes}) and devices_per_node ({dpn}) must be at least 1", file=file,
-                             field=p + ("nodes" if nodes < 1 else "devices_per_node"))
+                             field=p + ("nodes" if nodes < 1 else "devices_per_node"),
+                             fix="count the machines and the accelerators in each machine")
         intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
-                      default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": 5.0})
+                      default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": _DEFAULT_INTRA_NODE_LATENCY_US})
         inter = _link(raw.get("inter_node"), file=file, prefix=p + "inter_node.", default=_DEFAULT_INTER_NODE)
         clusters.append(Cluster(name, dev, nodes, dpn, intra, inter))
     names = {c.name for c in clusters}
@@ -143,16 +154,18 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         pair = get(raw, "between", list, file=file, prefix=p, fix="write between: [cluster_a, cluster_b]")
         pair = [str(x) for x in pair]
         if len(pair) != 2 or pair[0] == pair[1]:
-            raise InputError(f"must name two different clusters, got {pair}", file=file, field=p + "between",
-                             fix="write between: [cluster_a, cluster_b]")
+            why = "a link from a cluster to itself; its own network is its inter_node entry" \
+                if len(pair) == 2 else f"{len(pair)} cluster name(s)"
+            raise InputError(f"must name two different clusters, got {pair} ({why})", file=file,
+                             field=p + "between", fix="write between: [cluster_a, cluster_b]")
         for n in pair:
             if n not in names:
                 raise InputError(f"names cluster {n!r}, which the inventory does not define", file=file,
-                                 field=p + "between", fix=f"use one of: {', '.join(sorted(names))}")
+                                 field=p + "between", fix=f"use the clusters' names: {', '.join(sorted(names))}")
         key = frozenset(pair)
         if key in links:
-            raise InputError(f"the link between {pair[0]} and {pair[1]} is given twice", file=file,
-                             field=p + "between", fix="keep one entry per cluster pair")
+            raise InputError(f"the link between {pair[0]} and {pair[1]} is given twice (links are undirected)",
+                             file=file, field=p + "between", fix="keep one entry per cluster pair")
         links[key] = _link({k: v for k, v in raw.items() if k != "between"}, file=file, prefix=p,
                            latency_key="latency_ms", scale=1e-3)
     inv = Inventory(tuple(clusters), links, source=file)

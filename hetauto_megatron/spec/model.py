@@ -40,7 +40,8 @@ class ModelSpec:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                     "seq_length", "num_query_groups"):
             if getattr(self, key) <= 0:
-                raise InputError(f"must be a positive integer, got {getattr(self, key)}", field=key)
+                raise InputError(f"must be a positive integer, got {getattr(self, key)}", field=key,
+                                 fix=f"set {key} to the architecture's value (see the model's config.json)")
         if self.hidden_size % self.num_attention_heads:
             raise InputError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}", field="hidden_size",
@@ -50,7 +51,9 @@ class ModelSpec:
                              f"{self.num_attention_heads}", field="num_query_groups",
                              fix="set it to a divisor of the head count (equal to it for plain multi-head attention)")
         if self.position_embedding not in ("rope", "learned"):
-            raise InputError(f"must be 'rope' or 'learned', got {self.position_embedding!r}", field="position_embedding")
+            raise InputError(f"must be 'rope' or 'learned', got {self.position_embedding!r}", field="position_embedding",
+                             fix="write rope for rotary models (LLaMA, Mistral, Qwen, GPT-NeoX) or learned for "
+                                 "absolute position tables (GPT-2, GPT-3, OPT)")
 
     # ---- derived sizes -------------------------------------------------------------------------------
     @property
@@ -64,7 +67,13 @@ class ModelSpec:
 
     @property
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights and biases are ignored where LLaMA has none)."""
+        """Parameters of one transformer layer.
+
+        Weights only, as in LLaMA/Mistral (no linear biases, RMSNorm with a scale only). Models with biases
+        and LayerNorm shifts (GPT-2, GPT-NeoX, OPT: 9h + ffn per layer; Qwen2's QKV biases) have slightly
+        more; the difference is below 0.2% of the parameters even at 125M and does not move a plan, so it is
+        not modelled (tests/test_spec_models.py checks the counts against the published ones).
+        """
         h = self.hidden_size
         attn = h * (h + 2 * self.kv_hidden) + h * h
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
@@ -134,8 +143,10 @@ def load_yaml_file(path: str, what: str) -> dict:
     """Read a YAML (or JSON) file into a mapping, turning every I/O or syntax failure into an InputError."""
     if not os.path.exists(path):
         raise InputError(f"{what} file not found", file=path, fix="check the path")
+    if os.path.isdir(path):
+        raise InputError(f"is a directory, not a {what} file", file=path, fix=f"pass the {what} YAML file itself")
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -143,20 +154,33 @@ def load_yaml_file(path: str, what: str) -> dict:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"is not valid YAML{at}: {problem}", file=path,
                          fix="correct the syntax (indentation, colons, quotes)") from None
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, fix=f"pass the {what} YAML file") from None
     except OSError as exc:
-        raise InputError(f"cannot be read: {exc.strerror}", file=path) from None
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
+    if data is None:
+        raise InputError("is empty", file=path, fix=f"write the {what} as YAML keys (docs/inputs.md)")
     return require_mapping(data, what, path)
 
 
 def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") -> ModelSpec:
     if "preset" in data:
-        base = PRESETS.get(data["preset"])
+        preset = get(data, "preset", str, file=file, prefix=prefix, fix=f"use one of: {', '.join(PRESETS)}")
+        base = PRESETS.get(preset)
         if base is None:
-            raise InputError(f"unknown preset {data['preset']!r}", file=file, field=f"{prefix}preset",
+            raise InputError(f"unknown preset {preset!r}", file=file, field=f"{prefix}preset",
                              fix=f"use one of: {', '.join(PRESETS)}")
         overrides = {k: v for k, v in data.items() if k != "preset"}
         reject_unknown(overrides, MODEL_KEYS, file=file, prefix=prefix)
-        data = {**base.to_dict(), **overrides}
+        defaults = base.to_dict()
+        # Keys the preset only derived (kv heads = heads without GQA, position table = sequence length) must
+        # follow an override of what they derive from, not keep the preset's number: overriding the heads of
+        # llama2-7b must not silently turn it into a GQA model.
+        if base.num_query_groups == base.num_attention_heads:
+            defaults["num_query_groups"] = 0
+        if base.max_position_embeddings == base.seq_length:
+            defaults["max_position_embeddings"] = 0
+        data = {**defaults, **overrides}
     reject_unknown(data, MODEL_KEYS, file=file, prefix=prefix)
     kw = {}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
@@ -174,69 +198,133 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
         raise exc.within(file=file, prefix=prefix.rstrip(".") or None) from None
 
 
-# Hugging Face config.json: the key names of each family, by model_type.
-_GATED_ACTS = {"silu", "swiglu", "swish"}
+# Hugging Face config.json. The MLP kind, the default of tie_word_embeddings (a config.json omits keys equal to
+# the transformers class default) and the position embedding are properties of the architecture
+# (model_type), not of the activation name: Gemma is gated with a GELU, GPT-NeoX is not gated and uses rotary
+# positions, GPT-2 and OPT tie their head by default. model_type -> (gated_mlp, tie default, position_embedding).
+_HF_FAMILIES = {
+    "llama": (True, False, "rope"), "mistral": (True, False, "rope"), "qwen2": (True, False, "rope"),
+    "qwen3": (True, False, "rope"), "gemma": (True, True, "rope"), "gemma2": (True, True, "rope"),
+    "internlm2": (True, False, "rope"), "baichuan": (True, False, "rope"), "yi": (True, False, "rope"),
+    "gpt2": (False, True, "learned"), "opt": (False, True, "learned"), "gpt_neo": (False, True, "learned"),
+    "gpt_neox": (False, False, "rope"), "gptj": (False, False, "rope"), "phi": (False, False, "rope"),
+    "starcoder2": (False, True, "rope"),
+}
+_GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
+# Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
     """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec."""
     mt = str(cfg.get("model_type", "")).lower()
+    unsupported_fix = "write a model YAML with the architecture's keys instead (docs/inputs.md)"
 
-    def first(*keys, default=None):
+    def first(*keys, default=None, integer=True):
         for k in keys:
             if cfg.get(k) is not None:
-                return cfg[k]
+                value = cfg[k]
+                if integer and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise InputError(f"must be an integer, got {value!r}", file=file, field=k,
+                                     fix="correct the value (config.json files from the Hugging Face Hub have it)")
+                return value
         if default is None:
             raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
-                             field=keys[0], fix="pass a decoder-only transformer config.json or write a model YAML")
+                             field=keys[0], fix="pass a decoder-only transformer config.json or " + unsupported_fix)
         return default
 
-    L = int(first("num_hidden_layers", "n_layer", "num_layers"))
-    h = int(first("hidden_size", "n_embd", "d_model"))
-    heads = int(first("num_attention_heads", "n_head"))
-    kv = int(cfg.get("num_key_value_heads") or cfg.get("multi_query_group_num") or heads)
+    if cfg.get("is_encoder_decoder"):
+        raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
+                         "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
+    for key in _MOE_KEYS:
+        if isinstance(cfg.get(key), int) and cfg[key] > 1:
+            raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
+                             "model: planning it as a dense model would under-count its weights", file=file,
+                             field=key, fix="plan a dense model, or " + unsupported_fix)
+    L = first("num_hidden_layers", "n_layer", "num_layers")
+    h = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head", "num_heads")
+    kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
+    head_dim = cfg.get("head_dim")
+    if isinstance(head_dim, int) and head_dim * heads != h:
+        raise InputError(f"head_dim {head_dim} x {heads} heads is not hidden_size {h}; hetauto assumes "
+                         "head_dim = hidden_size / num_attention_heads", file=file, field="head_dim",
+                         fix=unsupported_fix)
+    family = _HF_FAMILIES.get(mt)
     if mt == "gpt2":
-        act, ffn, tie, pos = cfg.get("activation_function", "gelu_new"), cfg.get("n_inner") or 4 * h, \
-            cfg.get("tie_word_embeddings", True), "learned"
-        max_pos = int(first("n_positions", "n_ctx"))
+        ffn = cfg.get("n_inner") or 4 * h
+        max_pos = first("n_positions", "n_ctx")
     elif mt == "opt":
-        act, ffn, tie, pos = cfg.get("activation_function", "relu"), first("ffn_dim"), \
-            cfg.get("tie_word_embeddings", True), "learned"
-        max_pos = int(first("max_position_embeddings"))
+        ffn = first("ffn_dim")
+        # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.
+        max_pos = first("max_position_embeddings")
+    else:
+        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner")
+        if ffn is None and family is not None and not family[0]:
+            ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
+        ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
+        max_pos = first("max_position_embeddings", "n_positions", "seq_length")
+    if isinstance(ffn, bool) or not isinstance(ffn, int):
+        raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
+                         fix="correct the value")
+    if family is not None:
+        gated, tie_default, pos = family
     else:
         act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") or "silu"
-        ffn = first("intermediate_size", "ffn_dim", "n_inner")
-        tie = cfg.get("tie_word_embeddings", False)
-        pos = "rope" if mt != "gpt_neo" else "learned"
-        max_pos = int(first("max_position_embeddings", "n_positions", "seq_length"))
-    gated = str(act).lower() in _GATED_ACTS
+        gated, tie_default, pos = str(act).lower() in _GATED_ACTS, False, "rope"
+    tie = cfg.get("tie_word_embeddings", tie_default)
+    if not isinstance(tie, bool):
+        raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
+                         fix="write true or false")
     name = cfg.get("_name_or_path") or mt or os.path.splitext(os.path.basename(file or "hf"))[0]
     try:
-        return ModelSpec(name=os.path.basename(str(name)) or "hf-model", num_layers=L, hidden_size=h,
-                         num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=int(ffn),
-                         vocab_size=int(first("vocab_size")), seq_length=max_pos, gated_mlp=gated,
-                         tie_embeddings=bool(tie), position_embedding=pos, max_position_embeddings=max_pos)
+        return ModelSpec(name=os.path.basename(str(name).rstrip("/")) or "hf-model", num_layers=L, hidden_size=h,
+                         num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
+                         vocab_size=first("vocab_size"), seq_length=max_pos, gated_mlp=gated,
+                         tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos)
     except InputError as exc:
         raise exc.within(file=file) from None
 
 
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
+                         fix="correct the syntax (quotes, commas, braces)") from None
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, fix="pass the model's config.json") from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
+    return require_mapping(cfg, "a Hugging Face config", path)
+
+
 def load_model(source: str, *, seq_length: int | None = None) -> ModelSpec:
-    """A preset name, a config.json (Hugging Face) or a model YAML. `seq_length` overrides the file's."""
+    """A preset name, a config.json (Hugging Face) or a model YAML. `seq_length` overrides the file's.
+
+    A Hugging Face checkpoint directory stands for its config.json; a .json file written with this project's
+    own model keys (no model_type) is read like a model YAML.
+    """
     if source in PRESETS:
         spec = PRESETS[source]
     elif not os.path.exists(source) and not source.endswith((".json", ".yaml", ".yml")):
         raise InputError(f"'{source}' is neither a preset nor an existing file", field="--model",
                          fix=f"pass a model YAML, a Hugging Face config.json, or a preset: {', '.join(PRESETS)}")
+    elif os.path.isdir(source):
+        config = os.path.join(source, "config.json")
+        if not os.path.isfile(config):
+            raise InputError("is a directory without a config.json", file=source, field="--model",
+                             fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
+        spec = model_from_hf_config(_read_json(config), file=config)
     elif source.endswith(".json"):
         if not os.path.exists(source):
-            raise InputError("model file not found", file=source, fix="check the path")
-        try:
-            with open(source) as fh:
-                cfg = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=source,
-                             fix="correct the syntax") from None
-        spec = model_from_hf_config(require_mapping(cfg, "a Hugging Face config", source), file=source)
+            raise InputError("model file not found", file=source, field="--model", fix="check the path")
+        cfg = _read_json(source)
+        if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
+            spec = model_from_dict(cfg, file=source)
+        else:
+            spec = model_from_hf_config(cfg, file=source)
     else:
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict) and len(data) == 1:

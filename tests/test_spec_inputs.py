@@ -1,0 +1,306 @@
+"""Every class of input mistake, through the real `hetauto plan` / `hetauto simulate` command line.
+
+Each case writes a small bad file, runs the CLI and checks the contract: exit code 2 (invalid input) or 3 (no
+feasible plan), one message on stderr that names the file and the field, says why and how to fix it, and
+never a Python traceback. Most cases call `cli.main` in-process (fast); a few run the installed entry point as
+a real subprocess to prove the same holds for the process a user starts.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hetauto_megatron import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INV_2 = os.path.join(REPO, "examples", "llama", "inventory-2clusters.yaml")
+
+TWO_CLUSTERS = """\
+clusters:
+  - {name: a, device: h800, nodes: 1, devices_per_node: 8}
+  - {name: b, device: a100, nodes: 1, devices_per_node: 8}
+"""
+CPU_INVENTORY = """\
+clusters:
+  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
+  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
+links:
+  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
+"""
+MESH_A = "{cluster: cluster-a, device_type: cpu, tp: 2, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [3, 2]}"
+MESH_B = "{cluster: cluster-b, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [3]}"
+
+
+def plan_text(mesh_a=MESH_A, mesh_b=MESH_B, version=1, model="{preset: tiny}", gbs=8):
+    return f"version: {version}\nmodel: {model}\nglobal_batch_size: {gbs}\nmeshes:\n- {mesh_a}\n- {mesh_b}\n"
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run_cli(argv, capsys):
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def check_error(rc, err, *, code=2, file=None, field=None, words=(), fix=True):
+    assert rc == code, err
+    assert "Traceback" not in err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, f"expected one paragraph, got: {err!r}"
+    if file:
+        assert file in err, err
+    if field:
+        assert f"field '{field}'" in err, err
+    for w in words:
+        assert w in err, err
+    if fix:
+        assert "Fix: " in err, err
+
+
+def plan_inventory(inv, capsys, model="tiny"):
+    return run_cli(["plan", "--model", model, "--inventory", inv, "--quiet"], capsys)
+
+
+# ---- inventory files ----------------------------------------------------------------------------------------
+INVENTORY_CASES = {
+    # name: (file text, field, words in the message)
+    "yaml-syntax": ("clusters:\n  - name: a\n    device: h800\n   nodes: 2\n", None, ["not valid YAML", "line 4"]),
+    "missing-field": ("clusters:\n  - {name: a, device: h800, devices_per_node: 8}\n", "clusters[0].nodes",
+                      ["is missing", "add 'nodes:'"]),
+    "wrong-type": ("clusters:\n  - {name: a, device: h800, nodes: two, devices_per_node: 8}\n", "clusters[0].nodes",
+                   ["must be an integer", "'two'"]),
+    "bool-as-number": ("clusters:\n  - {name: a, device: h800, nodes: true, devices_per_node: 8}\n",
+                       "clusters[0].nodes", ["must be an integer"]),
+    "unknown-key": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gb: 80}\n",
+                    "clusters[0]", ["unknown key(s) memory_gb", "'memory_gib'"]),
+    "unknown-top-key": (TWO_CLUSTERS + "link: []\n", None, ["unknown key(s) link", "'links'"]),
+    "unknown-device": ("clusters:\n  - {name: a, device: b300, nodes: 1, devices_per_node: 8}\n", "clusters[0].device",
+                       ["unknown device type 'b300'", "h800", "ascend-910b", "mi300x", "cpu"]),
+    "link-unknown-cluster": (TWO_CLUSTERS + "links:\n  - {between: [a, c], bandwidth_gbps: 10, latency_ms: 1}\n",
+                             "links[0].between", ["'c'", "a, b"]),
+    "link-to-itself": (TWO_CLUSTERS + "links:\n  - {between: [a, a], bandwidth_gbps: 10, latency_ms: 1}\n",
+                       "links[0].between", ["two different clusters"]),
+    "link-one-end": (TWO_CLUSTERS + "links:\n  - {between: [a], bandwidth_gbps: 10, latency_ms: 1}\n",
+                     "links[0].between", ["two different clusters"]),
+    "link-duplicate": (TWO_CLUSTERS + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 1}\n"
+                       "  - {between: [b, a], bandwidth_gbps: 20, latency_ms: 1}\n", "links[1].between", ["twice"]),
+    "link-zero-bandwidth": (TWO_CLUSTERS + "links:\n  - {between: [a, b], bandwidth_gbps: 0, latency_ms: 1}\n",
+                            "links[0].bandwidth_gbps", ["must be positive"]),
+    "link-negative-bandwidth": (TWO_CLUSTERS + "links:\n  - {between: [a, b], bandwidth_gbps: -5}\n",
+                                "links[0].bandwidth_gbps", ["must be positive"]),
+    "link-negative-latency": (TWO_CLUSTERS + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: -1}\n",
+                              "links[0].latency_ms", ["must not be negative"]),
+    "intra-node-zero": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8,"
+                        " intra_node: {bandwidth_gbps: 0}}\n", "clusters[0].intra_node.bandwidth_gbps",
+                        ["must be positive"]),
+    "memory-override-zero": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gib: 0}\n",
+                             "clusters[0].memory_gib", ["must be positive"]),
+    "zero-nodes": ("clusters:\n  - {name: a, device: h800, nodes: 0, devices_per_node: 8}\n", "clusters[0].nodes",
+                   ["at least 1"]),
+    "duplicate-cluster": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8}\n"
+                          "  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n", "clusters", ["more than once"]),
+    "no-clusters": ("clusters: []\n", "clusters", ["no clusters"]),
+    "clusters-not-a-list": ("clusters: {a: 1}\n", "clusters", ["must be a list"]),
+    "bad-cluster-name": ("clusters:\n  - {name: 'site a/b', device: h800, nodes: 1, devices_per_node: 8}\n",
+                         "clusters[0].name", ["not a usable cluster name"]),
+    "empty-file": ("", None, ["is empty"]),
+    "not-a-mapping": ("- just\n- a list\n", None, ["expected a mapping"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVENTORY_CASES))
+def test_inventory_errors(case, tmp_path, capsys):
+    text, field, words = INVENTORY_CASES[case]
+    inv = write(tmp_path, f"{case}.yaml", text)
+    rc, out, err = plan_inventory(inv, capsys)
+    check_error(rc, err, file=inv, field=field, words=words)
+    assert out == ""
+
+
+def test_inventory_file_missing(tmp_path, capsys):
+    rc, _, err = plan_inventory(str(tmp_path / "nope.yaml"), capsys)
+    check_error(rc, err, file="nope.yaml", words=["not found"])
+
+
+def test_partial_link_block_keeps_defaults(tmp_path):
+    from hetauto_megatron.spec.devices import CATALOG
+    from hetauto_megatron.spec.inventory import load_inventory
+    inv = load_inventory(write(tmp_path, "inv.yaml", "clusters:\n  - {name: a, device: H800, nodes: 2, "
+                                                     "devices_per_node: 8, intra_node: {latency_us: 3}}\n"))
+    c = inv.clusters[0]
+    assert c.intra_node.bandwidth_gbps == CATALOG["h800"].intra_node_gbps and c.intra_node.latency_s == 3e-6
+    assert c.inter_node.bandwidth_gbps == 200 and c.inter_node.latency_s == pytest.approx(10e-6)
+    assert c.device.name == "h800" and c.num_devices == 16
+
+
+# ---- model inputs -------------------------------------------------------------------------------------------
+MODEL_CASES = {
+    "yaml-syntax": ("m.yaml", "num_layers: [8\n", None, ["not valid YAML"]),
+    "missing-field": ("m.yaml", "num_layers: 8\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 128\n"
+                      "seq_length: 32\n", "ffn_hidden_size", ["is missing"]),
+    "wrong-type": ("m.yaml", "preset: tiny\nnum_layers: 8.5\n", "num_layers", ["must be an integer", "8.5"]),
+    "bool-type": ("m.yaml", "preset: tiny\ngated_mlp: maybe\n", "gated_mlp", ["true or false"]),
+    "unknown-key": ("m.yaml", "preset: tiny\nseq_lenght: 64\n", None, ["unknown key(s) seq_lenght", "'seq_length'"]),
+    "unknown-preset": ("m.yaml", "preset: llama2-8b\n", "preset", ["unknown preset", "llama2-70b"]),
+    "heads-not-dividing": ("m.yaml", "preset: tiny\nhidden_size: 66\n", "hidden_size", ["not divisible"]),
+    "kv-not-dividing": ("m.yaml", "preset: tiny\nnum_query_groups: 3\n", "num_query_groups", ["must divide"]),
+    "bad-position": ("m.yaml", "preset: tiny\nposition_embedding: alibi\n", "position_embedding", ["'alibi'"]),
+    "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
+    "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),
+    "json-not-object": ("config.json", "[1, 2]", None, ["expected a mapping"]),
+    "hf-missing-key": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                       '"num_attention_heads": 4, "vocab_size": 128, "max_position_embeddings": 32}',
+                       "intermediate_size", ["none of intermediate_size"]),
+    "hf-wrong-type": ("config.json", '{"model_type": "llama", "num_hidden_layers": "two", "hidden_size": 64}',
+                      "num_hidden_layers", ["must be an integer", "'two'"]),
+    "hf-moe": ("config.json", '{"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64, '
+               '"num_attention_heads": 4, "intermediate_size": 128, "num_local_experts": 8, "vocab_size": 128, '
+               '"max_position_embeddings": 32}', "num_local_experts", ["mixture-of-experts"]),
+    "hf-encoder-decoder": ("config.json", '{"model_type": "t5", "is_encoder_decoder": true, "d_model": 512}',
+                           "is_encoder_decoder", ["encoder-decoder"]),
+    "hf-head-dim": ("config.json", '{"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 3072, '
+                    '"num_attention_heads": 16, "head_dim": 256, "intermediate_size": 128, "vocab_size": 128, '
+                    '"max_position_embeddings": 32}', "head_dim", ["head_dim 256"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+def test_model_errors(case, tmp_path, capsys):
+    name, text, field, words = MODEL_CASES[case]
+    path = write(tmp_path, name, text)
+    rc, out, err = run_cli(["plan", "--model", path, "--inventory", INV_2, "--quiet"], capsys)
+    check_error(rc, err, file=path, field=field, words=words)
+    assert out == ""
+
+
+def test_model_unknown_preset_name(capsys):
+    rc, _, err = run_cli(["plan", "--model", "llama9-1t", "--inventory", INV_2], capsys)
+    check_error(rc, err, field="--model", words=["neither a preset nor an existing file", "llama2-70b", "gpt3-175b"])
+
+
+def test_model_file_missing(tmp_path, capsys):
+    path = str(tmp_path / "config.json")
+    rc, _, err = run_cli(["plan", "--model", path, "--inventory", INV_2], capsys)
+    check_error(rc, err, file=path, field="--model", words=["not found"])
+
+
+def test_model_directory(tmp_path, capsys):
+    rc, _, err = run_cli(["plan", "--model", str(tmp_path), "--inventory", INV_2], capsys)
+    check_error(rc, err, file=str(tmp_path), field="--model", words=["without a config.json"])
+    # A checkpoint directory stands for its config.json.
+    (tmp_path / "config.json").write_text(open(os.path.join(REPO, "tests", "data", "hf", "gpt2.json")).read())
+    from hetauto_megatron.spec.model import load_model
+    assert load_model(str(tmp_path)).num_layers == 12
+
+
+def test_bad_seq_length(capsys):
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", INV_2, "--seq-length", "0"], capsys)
+    check_error(rc, err, field="--seq-length", words=["at least 1"], fix=False)
+
+
+# ---- plan files ---------------------------------------------------------------------------------------------
+PLAN_CASES = {
+    # name: (plan text, field, words, whether the message names the plan file)
+    "layers-not-summing": (plan_text(mesh_b=MESH_B.replace("[3]", "[4]")), "meshes[*].stage_layers",
+                           ["add up to 9", "has 8", "sum to 8"], True),
+    "dp-mbs-mismatch": (plan_text(mesh_b=MESH_B.replace("micro_batch_size: 1", "micro_batch_size: 2")), "meshes",
+                        ["dp * micro_batch_size", "cluster-a: 1x2", "cluster-b: 2x2", "meshes[0].micro_batch_size: 4"],
+                        True),
+    "tp-not-dividing-heads": (plan_text(mesh_a=MESH_A.replace("tp: 2", "tp: 3")), "meshes[0].tp",
+                              ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
+    "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
+    "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 1"], True),
+    "middle-stage-empty": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[5, 0]")), "meshes[0].stage_layers[1]",
+                           ["stage 1 holds no layers"], True),
+    "fractional-layers": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[2.5, 2.5]")), "meshes[0].stage_layers[0]",
+                          ["whole number", "2.5"], True),
+    "bad-recompute": (plan_text(mesh_a=MESH_A.replace("recompute: none", "recompute: some")), "meshes[0].recompute",
+                      ["'some'", "selective"], True),
+    "unknown-device-type": (plan_text(mesh_a=MESH_A.replace("device_type: cpu", "device_type: tpu")),
+                            "meshes[0].device_type", ["unknown device type 'tpu'", "h800"], True),
+    "unknown-mesh-key": (plan_text(mesh_a=MESH_A.replace("tp: 2", "tp: 2, pp: 2")), "meshes[0]",
+                         ["unknown key(s) pp"], True),
+    "gbs-not-multiple": (plan_text(gbs=7), "global_batch_size", ["multiple of", "= 2"], True),
+    "model-bad-key": (plan_text(model="{preset: tiny, layers: 8}"), "model", ["unknown key(s) layers"], True),
+    "model-missing": (plan_text().replace("model: {preset: tiny}\n", ""), "model", ["is missing"], True),
+    # Checked against the inventory when the plan is simulated.
+    "device-type-not-in-inventory": (plan_text(mesh_a=MESH_A.replace("device_type: cpu", "device_type: h800")),
+                                     "meshes[0].device_type", ["says device_type h800", "cpu"], False),
+    "more-devices-than-cluster": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[2, 2, 1]")), "meshes",
+                                  ["uses 6 devices of cluster cluster-a, which has 4"], False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLAN_CASES))
+def test_plan_file_errors(case, tmp_path, capsys):
+    text, field, words, names_plan = PLAN_CASES[case]
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    plan = write(tmp_path, "plan.yaml", text)
+    rc, out, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", plan, "--json"], capsys)
+    check_error(rc, err, file=plan if names_plan else None, field=field, words=words)
+    assert out == ""
+
+
+def test_plan_file_valid_baseline(tmp_path, capsys):
+    """The files the error cases corrupt are valid as written: each failure above is the corruption's."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    plan = write(tmp_path, "plan.yaml", plan_text())
+    rc, out, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", plan, "--json"], capsys)
+    assert rc == 0, err
+
+
+def test_plan_cluster_not_in_inventory(tmp_path, capsys):
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    plan = write(tmp_path, "plan.yaml", plan_text(mesh_a=MESH_A.replace("cluster-a", "cluster-z")))
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", plan], capsys)
+    check_error(rc, err, words=["'cluster-z'", "cluster-a, cluster-b"])
+
+
+def test_plan_file_missing(tmp_path, capsys):
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", str(tmp_path / "p.yaml")], capsys)
+    check_error(rc, err, file="p.yaml", words=["plan file not found"])
+
+
+# ---- no feasible plan ---------------------------------------------------------------------------------------
+def test_infeasible_exit_3(tmp_path, capsys):
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: small, device: a10, nodes: 1, devices_per_node: 8}\n")
+    rc, out, err = plan_inventory(inv, capsys, model="llama2-70b")
+    check_error(rc, err, code=3, words=["no feasible plan", "misses by", "GiB", "a10"], fix=False)
+    assert out == ""
+
+
+# ---- the real process: exit code and stderr as a user sees them ---------------------------------------------
+def _subprocess(argv):
+    return subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def test_subprocess_errors_have_no_traceback(tmp_path):
+    bad_yaml = write(tmp_path, "inv.yaml", INVENTORY_CASES["yaml-syntax"][0])
+    bad_device = write(tmp_path, "dev.yaml", INVENTORY_CASES["unknown-device"][0])
+    bad_json = write(tmp_path, "config.json", MODEL_CASES["invalid-json"][1])
+    inv = write(tmp_path, "cpu.yaml", CPU_INVENTORY)
+    bad_plan = write(tmp_path, "plan.yaml", plan_text(version=7))
+    small = write(tmp_path, "small.yaml", "clusters:\n  - {name: small, device: a10, nodes: 1, devices_per_node: 8}\n")
+    runs = [
+        (["plan", "--model", "tiny", "--inventory", bad_yaml], 2, bad_yaml),
+        (["plan", "--model", "tiny", "--inventory", bad_device], 2, "clusters[0].device"),
+        (["plan", "--model", bad_json, "--inventory", INV_2], 2, bad_json),
+        (["simulate", "--model", "tiny", "--inventory", inv, "--plan", bad_plan], 2, "field 'version'"),
+        (["plan", "--model", "llama2-70b", "--inventory", small, "--quiet"], 3, "misses by"),
+    ]
+    for argv, code, text in runs:
+        res = _subprocess(argv)
+        assert res.returncode == code, (argv, res.stderr)
+        assert "Traceback" not in res.stderr and text in res.stderr, res.stderr
+        assert res.stdout == ""

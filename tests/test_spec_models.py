@@ -1,0 +1,94 @@
+"""ModelSpec from Hugging Face config.json files of both MLP families, and the presets, against the
+published parameter counts. The fixtures in tests/data/hf/ are the public config.json files (key names and
+values as published) of each model."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hetauto_megatron.spec.model import PRESETS, load_model
+
+HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
+
+# file: (published parameter count, gated_mlp, tie_embeddings, position_embedding, layers, kv heads)
+HF_MODELS = {
+    "llama-2-7b": (6.74e9, True, False, "rope", 32, 32),
+    "mistral-7b": (7.24e9, True, False, "rope", 32, 8),
+    "qwen2-7b": (7.62e9, True, False, "rope", 28, 4),
+    "gpt2": (124.44e6, False, True, "learned", 12, 12),
+    "pythia-160m": (162.32e6, False, False, "rope", 12, 12),
+    "opt-125m": (125.24e6, False, True, "learned", 12, 12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_MODELS))
+def test_hf_config_parses_and_counts(name):
+    published, gated, tie, pos, layers, kv = HF_MODELS[name]
+    spec = load_model(os.path.join(HF, f"{name}.json"))
+    assert (spec.gated_mlp, spec.tie_embeddings, spec.position_embedding) == (gated, tie, pos)
+    assert (spec.num_layers, spec.num_query_groups) == (layers, kv)
+    assert spec.total_params == pytest.approx(published, rel=0.02)
+
+
+def test_hf_exact_counts_where_the_architecture_is_bias_free():
+    # LLaMA/Mistral have no biases: the count is exact (as published by the model cards' checkpoints).
+    assert load_model(os.path.join(HF, "llama-2-7b.json")).total_params == 6_738_415_616
+    assert load_model(os.path.join(HF, "mistral-7b.json")).total_params == 7_241_732_096
+
+
+def test_hf_gqa_shapes():
+    q = load_model(os.path.join(HF, "qwen2-7b.json"))
+    assert q.head_dim == 128 and q.kv_hidden == 512 and q.ffn_hidden_size == 18944
+    # Sequence length defaults to the position table; --seq-length overrides it (rope: table unchanged).
+    assert q.seq_length == 131072
+    short = load_model(os.path.join(HF, "qwen2-7b.json"), seq_length=4096)
+    assert short.seq_length == 4096 and short.total_params == q.total_params
+
+
+def test_hf_learned_positions_grow_with_longer_sequences():
+    g = load_model(os.path.join(HF, "gpt2.json"), seq_length=2048)
+    assert g.max_position_embeddings == 2048
+    assert g.total_params - load_model(os.path.join(HF, "gpt2.json")).total_params == 1024 * 768
+
+
+def test_hf_family_decides_the_mlp_not_the_activation(tmp_path):
+    # Gemma is gated although its activation is a GELU, and ties its head when the key is absent.
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gemma", "num_hidden_layers": 18, "hidden_size": 2048, "num_attention_heads": 8, '
+        '"num_key_value_heads": 1, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 16384, '
+        '"vocab_size": 256000, "max_position_embeddings": 8192}')
+    g = load_model(str(tmp_path / "config.json"))
+    assert g.gated_mlp and g.tie_embeddings and g.num_query_groups == 1
+    assert g.total_params == pytest.approx(2.51e9, rel=0.02)   # Gemma-2B
+
+
+def test_json_with_project_keys_reads_like_yaml(tmp_path):
+    (tmp_path / "m.json").write_text('{"preset": "tiny", "num_layers": 4}')
+    assert load_model(str(tmp_path / "m.json")).num_layers == 4
+
+
+PRESET_COUNTS = {"llama2-7b": 6.74e9, "llama2-13b": 13.0e9, "llama2-70b": 69.0e9, "llama3-8b": 8.03e9,
+                 "llama3-70b": 70.6e9, "mistral-7b": 7.24e9, "gpt3-175b": 175e9}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_COUNTS))
+def test_preset_counts(name):
+    assert PRESETS[name].total_params == pytest.approx(PRESET_COUNTS[name], rel=0.02)
+
+
+def test_preset_overrides_follow_derived_keys(tmp_path):
+    # llama2-7b has no GQA: overriding its heads keeps it without GQA rather than keeping 32 kv heads.
+    (tmp_path / "m.yaml").write_text("preset: llama2-7b\nnum_attention_heads: 64\nseq_length: 2048\n")
+    m = load_model(str(tmp_path / "m.yaml"))
+    assert m.num_query_groups == 64 and m.seq_length == 2048 and m.max_position_embeddings == 2048
+    # A GQA preset keeps its kv heads.
+    (tmp_path / "g.yaml").write_text("preset: llama2-70b\nnum_layers: 40\n")
+    g = load_model(str(tmp_path / "g.yaml"))
+    assert g.num_query_groups == 8 and g.num_layers == 40 and g.hidden_size == 8192
+
+
+def test_gqa_and_swiglu_in_layer_params():
+    m = PRESETS["llama2-70b"]
+    h, kv, f = 8192, 1024, 28672
+    assert m.layer_params == h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
