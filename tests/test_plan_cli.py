@@ -1,0 +1,77 @@
+"""`hetauto plan` / `hetauto simulate` command contract (JSON keys, files written, determinism)."""
+import json
+import os
+import subprocess
+import sys
+
+from hetauto_megatron.plan.plan import load_plan
+
+INV2 = "examples/llama/inventory-2clusters.yaml"
+
+
+def hetauto(*args, cwd=None):
+    r = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", *args], capture_output=True, text=True, cwd=cwd)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_plan_json_contract_and_files(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    r = hetauto("plan", "--model", "llama2-70b", "--inventory", INV2, "--global-batch-size", "256",
+                "-o", str(plan_file), "--emit", str(tmp_path / "launch"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("iteration_time_s", "tokens_per_s", "tflops_per_device", "memory_gib", "fits", "search", "plan"):
+        assert key in out
+    assert out["fits"] is True
+    assert out["search"]["candidates_evaluated"] > 0 and out["search"]["seconds"] >= 0
+    plan = load_plan(str(plan_file))
+    assert plan.to_dict()["meshes"] == out["plan"]["meshes"]
+    assert len(out["memory_gib"]) == plan.pipeline_parallel_size
+    written = sorted(os.listdir(tmp_path / "launch"))
+    assert "summary.txt" in written and any(n.startswith("ds_config.") for n in written)
+    assert any(n.endswith(".sh") for n in written)
+    # the same inputs and seed give the same plan
+    again = json.loads(hetauto("plan", "--model", "llama2-70b", "--inventory", INV2, "--global-batch-size", "256",
+                               "--json").stdout)
+    assert again["plan"]["meshes"] == out["plan"]["meshes"]
+    # simulate of the written plan agrees with the planner's estimate
+    sim = json.loads(hetauto("simulate", "--model", "llama2-70b", "--inventory", INV2, "--plan", str(plan_file),
+                             "--json").stdout)
+    assert abs(sim["iteration_time_s"] - out["iteration_time_s"]) < 1e-6 * out["iteration_time_s"] + 1e-9
+
+
+def test_plan_human_output_is_a_summary_table():
+    r = hetauto("plan", "--model", "llama2-7b", "--inventory", INV2, "--global-batch-size", "128", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "stage" in r.stdout and "TP" in r.stdout and "memory GiB" in r.stdout
+    assert "layouts evaluated" in r.stdout
+
+
+def test_simulate_homogeneous_layout_and_errors():
+    r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "2", "--pp", "2", "--dp", "4",
+                "--micro-batch-size", "1", "--global-batch-size", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["fits"] and len(out["memory_gib"]) == 2 and out["tokens_per_s"] > 0
+    r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "2")
+    assert r.returncode == 2 and "--pp" in r.stderr and "Fix:" in r.stderr
+    r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "16", "--pp", "1", "--dp", "1",
+                "--micro-batch-size", "1", "--global-batch-size", "8")
+    assert r.returncode == 2 and "inside a node" in r.stderr
+
+
+def test_exhaustive_mode_and_infeasible_exit_code():
+    r = hetauto("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
+                "--global-batch-size", "8", "--search", "exhaustive", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["search"]["method"] == "exhaustive"
+    r = hetauto("plan", "--model", "llama2-70b", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml")
+    assert r.returncode == 3 and "GiB" in r.stderr
+
+
+def test_help_teaches():
+    r = hetauto("plan", "--help")
+    assert r.returncode == 0 and "examples:" in r.stdout and "exit codes" in r.stdout
+    r = hetauto("--help")
+    assert r.returncode == 0 and "plan" in r.stdout and "dryrun" in r.stdout

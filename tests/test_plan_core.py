@@ -1,0 +1,108 @@
+"""Pure parts of the planner: exact layer split, 1F1B simulator and its closed form, calibration, memory."""
+import random
+
+import pytest
+
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.cost.calibration import calibration_rows
+from hetauto_megatron.cost.memory import GIB, layer_activation_bytes
+from hetauto_megatron.plan.pipeline import estimate_1f1b, schedule_order, simulate_1f1b
+from hetauto_megatron.plan.plan import Mesh, Plan
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.plan.split import split_layers, split_layers_bruteforce
+from hetauto_megatron.spec.inventory import load_inventory
+from hetauto_megatron.spec.model import PRESETS
+
+
+def test_split_is_exact_against_brute_force():
+    rng = random.Random(1)
+    for _ in range(1500):
+        n = rng.randint(1, 4)
+        per = [rng.choice([0.5, 1, 1.5, 2, 3]) for _ in range(n)]
+        fixed = [rng.choice([0, 0.3, 1]) for _ in range(n)]
+        lo = [0 if i in (0, n - 1) else 1 for i in range(n)]
+        cap = [rng.randint(0, 8) for _ in range(n)]
+        total = rng.randint(1, 12)
+        got = split_layers(per, fixed, lo, cap, total)
+        ref = split_layers_bruteforce(per, fixed, lo, cap, total)
+        assert (got is None) == (ref is None)
+        if got is None:
+            continue
+        key = lambda c: (max(f + p * x for p, f, x in zip(per, fixed, c)), sum(f + p * x for p, f, x in zip(per, fixed, c)))
+        assert key(got) == pytest.approx(key(ref))
+        assert sum(got) == total and all(l <= x <= c for l, x, c in zip(lo, got, cap))
+
+
+def test_split_gives_faster_stages_more_layers():
+    assert split_layers([1.0, 2.0], [0, 0], [0, 0], [80, 80], 30) == [20, 10]
+
+
+def test_1f1b_order_and_uniform_makespan():
+    assert schedule_order(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    t = simulate_1f1b([1.0] * 4, [2.0] * 4, [0.0] * 3, 8)
+    assert t.makespan == pytest.approx((8 + 4 - 1) * 3.0)
+    assert estimate_1f1b([1.0] * 4, [2.0] * 4, [0.0] * 3, 8) == pytest.approx(t.makespan)
+
+
+def test_slow_link_costs_more_than_its_bandwidth_share():
+    """A link slower than no stage still stretches 1F1B: stages on both sides wait for each other's round trip."""
+    f, b = [1.0, 1.0], [2.0, 2.0]
+    fast = simulate_1f1b(f, b, [0.0], 16).makespan
+    slow = simulate_1f1b(f, b, [1.5], 16).makespan
+    assert slow > fast + 16 * 0.5
+
+
+def test_closed_form_never_undercuts_the_event_simulation():
+    rng = random.Random(0)
+    errs = []
+    for _ in range(400):
+        p, m = rng.randint(1, 10), rng.choice([32, 64, 128])
+        f = [rng.uniform(0.5, 2) for _ in range(p)]
+        b = [x * rng.uniform(1.9, 2.1) for x in f]
+        link = [rng.uniform(0, 1.0) for _ in range(p - 1)]
+        sim, est = simulate_1f1b(f, b, link, m).makespan, estimate_1f1b(f, b, link, m)
+        assert sim <= est * (1 + 1e-9)
+        errs.append(1 - sim / est)
+    errs.sort()
+    assert errs[len(errs) // 2] < 0.01 and errs[int(0.9 * len(errs))] < 0.05
+
+
+def test_published_megatron_rows_reproduced_within_15_percent():
+    rows = calibration_rows()
+    assert len(rows) == 5
+    for r in rows:
+        assert abs(r.error) <= 0.15, (r.source, r.params_b, r.published_s, r.predicted_s)
+
+
+def test_gqa_and_swiglu_counted():
+    m = PRESETS["llama2-70b"]
+    assert m.kv_hidden == 1024
+    assert 68e9 < m.total_params < 70e9
+    mha = m.replace(num_query_groups=64)
+    assert mha.layer_params - m.layer_params == 2 * 8192 * (8192 - 1024)
+    plain = m.replace(gated_mlp=False)
+    assert m.layer_params - plain.layer_params == 8192 * 28672
+
+
+def test_recompute_reduces_activation_memory():
+    m = PRESETS["llama2-7b"]
+    none, sel, full = (layer_activation_bytes(m, 1, 1, rc) for rc in ("none", "selective", "full"))
+    assert none > sel > full > 0
+    assert layer_activation_bytes(m, 2, 1, "none") == pytest.approx(none / 2)
+
+
+def test_simulate_plan_reports_every_stage_and_memory():
+    inv = load_inventory("examples/llama/inventory-2clusters.yaml")
+    model = PRESETS["llama2-13b"]
+    plan = Plan(model, 128, (Mesh("h800", "h800", 2, 4, 1, "none", (10, 10)),
+                             Mesh("ascend", "ascend-910b", 4, 2, 2, "selective", (12, 8))))
+    est = simulate(plan, inv, AnalyticCostModel())
+    assert [s["cluster"] for s in est.stages] == ["h800", "h800", "ascend", "ascend"]
+    assert est.fits and len(est.memory_gib) == 4
+    assert est.tokens_per_s == pytest.approx(128 * model.seq_length / est.iteration_time_s)
+    # the inter-cluster boundary is the only slow send
+    sends = [s["send_next_s"] for s in est.stages]
+    assert sends[1] == max(sends)
+    # more layers on the same stage -> more memory on it
+    heavier = Plan(model, 128, (Mesh("h800", "h800", 2, 4, 1, "none", (15, 5)),) + plan.meshes[1:])
+    assert simulate(heavier, inv).memory_gib[0] > est.memory_gib[0]
