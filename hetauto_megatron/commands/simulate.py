@@ -68,8 +68,23 @@ def run(args) -> int:
                              fix=f"use at most {model.num_layers} stages")
         lo = [0 if i in (0, pp - 1) else 1 for i in range(pp)]
         layers = split_layers([1.0] * pp, [0.0] * pp, lo, [model.num_layers] * pp, model.num_layers)
-        plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute, tuple(layers)),))
-    est = simulate(plan, inventory, cost_model)
+        try:
+            plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute,
+                                          tuple(layers)),))
+        except InputError as exc:   # name the command-line flag, not the plan field it became
+            flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
+                    "global_batch_size": "--global-batch-size"}
+            key = (exc.field or "").split(".")[-1]
+            raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
+    try:
+        est = simulate(plan, inventory, cost_model)
+    except InputError as exc:
+        if args.plan and exc.file is None:
+            raise exc.within(file=args.plan) from None
+        if not args.plan and exc.field and exc.field.startswith("meshes[0]."):
+            flag = {"tp": "--tp", "device_type": "--cluster"}.get(exc.field.split(".")[-1], exc.field)
+            raise InputError(exc.reason, field=flag, fix=exc.fix) from None
+        raise
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
         return 0
