@@ -211,3 +211,22 @@ def test_recompute_settings_are_the_emitted_ones():
                 emitted[flag].append(token)
         ours = {k: [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in settings.items() if v is not None}
         assert ours == emitted, mode
+
+
+def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
+    c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, 6, None), None)
+    for fmt in ("torch_dist", "fsdp_dtensor"):
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(ns(save="ck", load=None, ckpt_format=fmt), PLAN, c, file="plan.yaml")
+        assert exc.value.field == "--ckpt-format" and "different TP sizes (1, 2)" in exc.value.reason
+        assert "--ckpt-format torch" in exc.value.fix
+    with pytest.raises(InputError):
+        rewrite.rewrite_args(ns(save=None, load="ck", ckpt_format="torch_dist"), PLAN, c)
+    rewrite.rewrite_args(ns(save="ck", load="ck", ckpt_format="torch"), PLAN, c)
+    rewrite.rewrite_args(ns(save=None, load=None, ckpt_format="torch_dist"), PLAN, c)  # no checkpoints: fine
+    same_tp = make_plan([{"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
+                          "stage_layers": [4]},
+                         {"cluster": "b", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
+                          "stage_layers": [4]}])
+    rewrite.rewrite_args(ns(save="ck", load=None, ckpt_format="torch_dist"), same_tp,
+                         rewrite.check_launch(same_tp, rewrite.LaunchIdentity(0, 4, None), None))

@@ -38,15 +38,21 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
     return 2 * sbh / tp
 
 
+def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters one device of a stage holds: its 1/tp shard of the layers, the embedding, the output head."""
+    params = layers * model.layer_params
+    if first:
+        params += model.embedding_params
+    if last:
+        params += model.output_params
+    return params / tp
+
+
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                        recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
                        seq_length: int | None = None) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights_grads_optimizer, activations, reserved, total."""
-    params = layers * model.layer_params / tp
-    if first:
-        params += model.embedding_params / tp
-    if last:
-        params += model.output_params / tp
+    params = stage_params(model, tp, layers, first, last)
     state = params * (2 + 4 + 12 / dp)
     s = seq_length or model.seq_length
     per_layer = layer_activation_bytes(model, tp, micro_batch_size, recompute, s)

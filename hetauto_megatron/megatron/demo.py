@@ -88,6 +88,8 @@ def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str
         fd = os.open(os.path.join(log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        # Python-level streams too: a caller may have replaced sys.stdout (pytest's capture does)
+        sys.stdout = sys.stderr = open(fd, "w", buffering=1)
     import megatron.training.training as training
 
     losses, grad_norms = [], []

@@ -298,6 +298,9 @@ def _join_world(state: _State) -> None:
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         os.environ["MASTER_ADDR"] = os.environ["HETAUTO_MASTER_ADDR"]
         os.environ["MASTER_PORT"] = os.environ.get("HETAUTO_MASTER_PORT", os.environ.get("MASTER_PORT", "29500"))
+        # torchrun tells its workers that its agent hosts the rendezvous store, so every worker would only
+        # connect as a client. The global store is not any torchrun's: global rank 0 must host it.
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
     groups.init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                             dry_run=state.device_type == "cpu", file=state.plan_file)

@@ -162,6 +162,26 @@ def validation_world_size(plan: Plan, placement: RankCoords) -> int:
     return mesh.tp * mesh.dp * plan.pipeline_parallel_size
 
 
+def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> None:
+    """Checkpointing under a plan whose meshes have different TP sizes needs Megatron's per-rank `torch` format.
+
+    The default `torch_dist` format describes every tensor as one global tensor with one sharding for the
+    whole job; a layer sharded TP 2 in one mesh and TP 1 in another fails Megatron's sharding-integrity check
+    at the first save (an AssertionError naming the tensor's two local shapes). With `--ckpt-format torch`
+    every (TP rank, pipeline stage) writes its own file (mp_rank_TT_PPP, the stage being global and unique),
+    so each mesh saves and loads its own shards; resuming gives the uninterrupted run's losses."""
+    if not (getattr(args, "save", None) or getattr(args, "load", None)):
+        return
+    fmt = getattr(args, "ckpt_format", "torch_dist")
+    tps = sorted({m.tp for m in plan.meshes})
+    if len(tps) > 1 and fmt != "torch":
+        raise InputError(f"--ckpt-format {fmt} cannot checkpoint this plan: its meshes shard the layers with "
+                         f"different TP sizes ({', '.join(map(str, tps))}), and that format needs one sharding "
+                         "for the whole job", file=file, field="--ckpt-format",
+                         fix="add --ckpt-format torch (each mesh saves and loads its own shards; "
+                             "docs/megatron-integration.md, Checkpoints)")
+
+
 def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
     """Rewrite a parsed (not yet validated) Megatron argument namespace in place for this rank.
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
@@ -171,6 +191,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     if getattr(args, "num_experts", None):
         raise InputError("mixture-of-experts models are not supported with --hetauto", field="--num-experts",
                          fix="plan and run a dense model")
+    check_checkpoint_format(args, plan, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement)}
     new["rank"] = placement.rank
     new["world_size"] = validation_world_size(plan, placement)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ..cost import comm
 from ..cost.analytic import BYTES
-from ..cost.memory import GIB, layer_activation_bytes, stage_memory_bytes
+from ..cost.memory import GIB, stage_memory_bytes, stage_params
 from ..spec.inventory import Cluster, LinkSpec
 from ..spec.model import ModelSpec
 
@@ -84,24 +84,14 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:
     """(gradient reduce-scatter, parameter all-gather) seconds of the distributed optimizer, and the optimizer step
     is added by the caller. bf16 gradients and parameters on the ring of the DP group's link."""
-    params = layers * model.layer_params / prof.tp
-    if first:
-        params += model.embedding_params / prof.tp
-    if last:
-        params += model.output_params / prof.tp
-    nbytes = BYTES * params
+    nbytes = BYTES * stage_params(model, prof.tp, layers, first, last)
     return (comm.reduce_scatter_time(nbytes, prof.dp, prof.dp_link),
             comm.all_gather_time(nbytes, prof.dp, prof.dp_link))
 
 
 def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> float:
     """Adam on the local shard: read/write fp32 master, two moments and the gradient (~32 bytes per parameter)."""
-    params = layers * model.layer_params / prof.tp
-    if first:
-        params += model.embedding_params / prof.tp
-    if last:
-        params += model.output_params / prof.tp
-    return params / prof.dp * 32 / (prof.cluster.device.hbm_gbps * 1e9)
+    return stage_params(model, prof.tp, layers, first, last) / prof.dp * 32 / (prof.cluster.device.hbm_gbps * 1e9)
 
 
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
