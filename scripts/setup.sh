@@ -30,6 +30,21 @@ if [ -z "$py" ] || ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 
   exit 2
 fi
 
+# pip, quiet: its log is shown only when it fails (without the "Location ... is ignored" noise some machines'
+# pip configuration adds).
+pip_install() {
+  local log rc=0
+  log="$(mktemp)"
+  "$venv/bin/python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    grep -v "^WARNING: Location 'file:" "$log" >&2 || true
+    rm -f "$log"
+    echo "hetauto setup: 'pip install $*' failed (exit $rc); see the lines above. It needs access to PyPI." >&2
+    exit "$rc"
+  fi
+  rm -f "$log"
+}
+
 key="$( (cat requirements.txt; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)"
 cache="${HETAUTO_CACHE:-$HOME/.cache/hetauto}"
 venv="$cache/venv-$key"
@@ -38,13 +53,13 @@ if [ ! -f "$venv/.hetauto-complete" ]; then
   rm -rf "$venv"
   mkdir -p "$cache"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip setuptools wheel >&2
+  pip_install --upgrade pip setuptools wheel
   # torch first: deepspeed's build step imports it; DS_BUILD_OPS=0 skips compiling kernels.
-  "$venv/bin/python" -m pip install -q "$(grep '^torch==' requirements.txt)" >&2
-  DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --no-build-isolation -r requirements.txt >&2
+  pip_install "$(grep '^torch==' requirements.txt)"
+  DS_BUILD_OPS=0 pip_install --no-build-isolation -r requirements.txt
   touch "$venv/.hetauto-complete"
 fi
 # Editable install of this clone (cheap; re-run every time so the venv points at the current clone).
-"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo" >&2
+pip_install --no-deps --no-build-isolation -e "$repo"
 ln -sfn "$venv" "$repo/.venv"
 echo "hetauto setup: ready ($repo/.venv -> $venv)" >&2
