@@ -31,6 +31,37 @@ def test_rank_coords_follow_megatron_order_inside_each_mesh():
         assert global_rank(p, c.mesh_index, c.stage_in_mesh, c.dp_rank, c.tp_rank) == r
 
 
+@pytest.mark.parametrize("rank", [-1, 6, 100])
+def test_rank_outside_the_plan_is_an_input_error(rank):
+    with pytest.raises(InputError) as err:
+        rank_coords(two_cluster_plan(), rank, file="plan.yaml")
+    msg = err.value.message
+    assert f"global rank {rank} is outside the plan's 6 ranks (a: ranks 0-3, b: ranks 4-5)" in msg
+    assert "plan.yaml" in msg and "HETAUTO_RANK_OFFSET" in msg
+
+
+def test_groups_carry_megatrons_dense_expert_and_optimizer_groups():
+    """build_groups sets the expert / distributed-optimizer groups the way Megatron does for a dense model,
+    so every user of the collection (DDP, optimizer, the --hetauto hook) gets them from one place."""
+    from hetauto_megatron.runtime.dryrun import preload_megatron
+
+    preload_megatron()
+    launch(_expert_groups, 6, args=(two_cluster_plan(),), timeout_s=60)
+
+
+def _expert_groups(rank, world, plan):
+    import torch.distributed as dist
+    from hetauto_megatron.runtime.groups import build_groups, init_distributed
+
+    init_distributed(plan, rank, world, timeout_s=20, dry_run=True)
+    pg = build_groups(plan, rank, world, timeout_s=20, dry_run=True).pg
+    assert pg.expt_tp is pg.tp and pg.tp_ep is pg.tp and pg.expt_dp is pg.dp
+    assert pg.tp_ep_pp is pg.mp and pg.intra_dist_opt is pg.dp_cp
+    assert dist.get_world_size(pg.expt_dp) == plan.meshes[rank_coords(plan, rank).mesh_index].dp
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def test_world_size_mismatch_names_the_counts():
     with pytest.raises(InputError) as err:
         validate_launch(two_cluster_plan(), 4, file="plan.yaml")

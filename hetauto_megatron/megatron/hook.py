@@ -259,7 +259,7 @@ def populate_parallel_state(pg) -> list[str]:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    def field(name):
+    def field(name):  # a field the collection leaves unset is simply not copied
         return getattr(pg, name, None)
 
     done = []
