@@ -199,7 +199,7 @@ def test_recompute_settings_are_the_emitted_ones():
     """The per-rank rewrite (and the dry run's model) use exactly the settings the launch scripts emit, which
     are what the cost model priced: selective = the MLP, full = every layer, uniform, one per checkpoint."""
     from hetauto_megatron.emit.megatron import recompute_args
-    from hetauto_megatron.runtime.model import RECOMPUTE_SETTINGS
+    from hetauto_megatron.plan.plan import RECOMPUTE_SETTINGS
 
     for mode, settings in RECOMPUTE_SETTINGS.items():
         emitted, flag = {}, None

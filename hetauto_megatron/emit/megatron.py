@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..plan.plan import Mesh, Plan
+from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..spec.devices import get_device
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
@@ -37,14 +37,14 @@ def layout_string(stage_layers: list[int]) -> str:
 
 
 def recompute_args(mode: str) -> list[str]:
-    if mode == "selective":
-        # hetauto's 'selective' re-runs the MLP (the cost model's definition; docs/cost-model.md). With flash
-        # attention Megatron's default module, core_attn, saves almost nothing.
-        return ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
-    if mode == "full":
-        # One layer per checkpoint: the memory figure the cost model assumes for 'full'.
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    return []
+    """Megatron-LM flags for a mesh's recompute mode, from the one table plan.RECOMPUTE_SETTINGS."""
+    out = []
+    for key, value in RECOMPUTE_SETTINGS[mode].items():
+        if value is None:
+            continue
+        out.append("--" + key.replace("_", "-"))
+        out += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return out
 
 
 def model_args(plan: Plan) -> list[str]:

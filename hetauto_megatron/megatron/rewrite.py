@@ -7,7 +7,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     tensor_model_parallel_size   <- mesh.tp
     data_parallel_size           <- mesh.dp   (Megatron derives it from world_size; see `validation_world_size`)
     micro_batch_size             <- mesh.micro_batch_size
-    recompute_*                  <- mesh.recompute (runtime.model.RECOMPUTE_SETTINGS: selective = the MLP)
+    recompute_*                  <- mesh.recompute (plan.plan.RECOMPUTE_SETTINGS: selective = the MLP)
     pipeline_model_parallel_size <- plan.pipeline_parallel_size
     pipeline_model_parallel_layout <- the plan's stage_layers, e.g. "Et*4|t*4L"
     global_batch_size            <- plan.global_batch_size

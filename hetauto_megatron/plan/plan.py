@@ -27,6 +27,22 @@ from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
 
 PLAN_VERSION = 1
 RECOMPUTE_MODES = ("none", "selective", "full")
+# What each mode means in Megatron's TransformerConfig; the cost model, the emitted arguments and the runtime all
+# follow this one table. 'selective' re-runs the MLP: with flash attention Megatron's default module
+# (core_attn) saves almost nothing.
+RECOMPUTE_SETTINGS = {
+    "none": {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+             "recompute_modules": None},
+    "selective": {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
+                  "recompute_modules": ["mlp"]},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
+             "recompute_modules": None},
+}
+
+
+def recompute_settings(mode: str) -> dict:
+    """Megatron's recompute settings for a mesh's `recompute` mode (a fresh dict: callers may keep it)."""
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in RECOMPUTE_SETTINGS[mode].items()}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import zlib
 
+from ..plan.plan import RECOMPUTE_SETTINGS, recompute_settings  # noqa: F401  (re-exported)
 from ..spec.model import ModelSpec
 
 
@@ -18,21 +19,6 @@ from ..spec.model import ModelSpec
 # (`--recompute-granularity selective --recompute-modules mlp`) and 'full' as checkpointing every layer
 # (`--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`). The dry run's model and
 # the --hetauto argument rewrite both use this table, so they run what the plan was priced for.
-RECOMPUTE_SETTINGS = {
-    "none": {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
-             "recompute_modules": None},
-    "selective": {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None,
-                  "recompute_modules": ["mlp"]},
-    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
-             "recompute_modules": None},
-}
-
-
-def recompute_settings(mode: str) -> dict:
-    """Megatron's recompute settings for a mesh's `recompute` mode (a fresh dict: callers may keep it)."""
-    return {k: (list(v) if isinstance(v, list) else v) for k, v in RECOMPUTE_SETTINGS[mode].items()}
-
-
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
 
