@@ -80,3 +80,11 @@ def test_search_respects_principles():
     res = evaluate_layout(PRESETS[model], inv, r.choices, gbs, None or __import__(
         "hetauto_megatron.cost.analytic", fromlist=["AnalyticCostModel"]).AnalyticCostModel())
     assert res.stage_layers == r.stage_layers
+
+
+def test_budget_cuts_the_search_and_says_so():
+    from hetauto_megatron.spec.inventory import load_inventory
+    inv = load_inventory("examples/llama/inventory-4clusters-736.yaml")
+    r = search(PRESETS["llama2-70b"], inv, 1024, config=SearchConfig(budget_s=0.2))
+    assert r.cut_by_budget and r.to_dict()["cut_by_budget"]
+    assert r.stage_layers and sum(r.stage_layers) == 80

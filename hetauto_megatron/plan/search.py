@@ -348,7 +348,8 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if not ranked:
         _raise_infeasible(model, inventory, ev)
     if cfg.method == "mcts" and cfg.local_search:
-        ranked = _local_search(space, ev, ranked)
+        deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
+        ranked = _local_search(space, ev, ranked, deadline)
     best = None
     seen = set()
     for _, choices in ranked:
@@ -366,8 +367,9 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                         len(ev.cache), cfg.method, cut, playouts)
 
 
-def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list) -> list:
-    """Hill-climb from the best leaves, one decision at a time; stops when no single change helps."""
+def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list, deadline: float | None = None) -> list:
+    """Hill-climb from the best leaves, one decision at a time; stops when no single change helps (or at the
+    deadline of --budget-s)."""
     seen = {k for _, k in ranked}
     found = list(ranked)
     # Start from the best leaf of each of the best few cluster orders, so the climb explores different
@@ -386,6 +388,8 @@ def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list) -> list:
         while improved:
             improved = False
             for cand in _neighbours(space, cur):
+                if deadline is not None and time.perf_counter() > deadline:
+                    return sorted(found, key=lambda x: x[0])
                 if cand in seen or not space.legal(cand):
                     continue
                 seen.add(cand)
