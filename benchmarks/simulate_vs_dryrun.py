@@ -2,18 +2,25 @@
 
 1. Profile this CPU (`hetauto profile --quick`, reused when the file exists) and fit the learned model
    (or reuse --cost-model DIR).
-2. For each plan (default: the two small CPU plans in examples/llama/plans/cpu-small-*.yaml, on
-   examples/llama/inventory-cpu-dryrun.yaml): `hetauto dryrun` on the FULL model shape (no --tiny), measured
-   iteration time = median over the steps after the first, on the slowest rank.
-3. `simulate(plan, inventory, cost_model)` with the learned model, and with the analytic model for reference.
+2. Measure the local gloo path with `probe-link`'s local mode and put its bandwidth and latency into the
+   inventory (examples/llama/inventory-cpu-dryrun.yaml) for every link the ranks use: inside each "cluster"
+   and between them. On one machine all of them are the loopback; the file's figures are placeholders.
+3. For each plan (default: examples/llama/plans/cpu-small-{pp2,pp2-uneven,tp2}.yaml): `hetauto dryrun` on the
+   FULL model shape (no --tiny); measured iteration time = median over the steps after the first, on the
+   slowest rank (what the dry run reports).
+4. `simulate(plan, inventory, cost_model)` with the learned model, and with the analytic model for reference.
    Prints predicted vs measured and the error (target: learned within 25 %).
 
-Oversubscription: a dry run starts one process per device of the plan, and this machine may have fewer
-cores than that. The profile was measured on one core with one thread (what a rank has when it is alone on
-its core). When the plan has more ranks than the machine has cores, the ranks time-share the cores, so each
-rank computes `ranks / cores` times slower; the benchmark tells the simulator so by scaling the learned
-compute times by that factor (`SharedCoresCostModel`). Communication and optimizer terms are the simulator's
-own (inventory links, device memory bandwidth), untouched.
+Honest measurement on a shared host: a dry run's wall time counts whatever else the machine runs. Before each
+dry run the benchmark waits for an idle machine, and it measures the CPU time others took while it ran (the
+machine's busy time from /proc/stat minus the dry run's own); a run during which others took more than 10 % of
+the machine is repeated (up to --tries), and the table shows that share.
+
+Oversubscription: a dry run starts one process per device of the plan. The profile was measured on one core
+with one thread (what a rank has when it is alone on its core). When a plan has more ranks than the machine
+has cores, the ranks time-share the cores, and the benchmark stretches the learned compute times by
+ranks / cores (`SharedCoresCostModel`); that is a lower bound (time-sharing also costs cache refills and
+scheduling delays at every collective), see docs/cost-model-learned.md.
 
     python benchmarks/simulate_vs_dryrun.py [--workdir DIR] [--cost-model DIR] [--steps N] [--plan FILE ...]
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 
@@ -31,10 +39,12 @@ from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
 from hetauto_megatron.plan.plan import load_plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
-from hetauto_megatron.spec.inventory import load_inventory  # noqa: E402
+from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
+from hetauto_megatron.spec.model import load_yaml_file  # noqa: E402
 
-PLANS = [os.path.join(ROOT, "examples", "llama", "plans", f) for f in ("cpu-small-pp2.yaml", "cpu-small-tp2.yaml")]
+PLANS = [os.path.join(ROOT, "examples", "llama", "plans", f"cpu-small-{n}.yaml") for n in ("pp2", "pp2-uneven", "tp2")]
 INVENTORY = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
+BUSY_LIMIT = 0.10
 
 
 class SharedCoresCostModel:
@@ -64,33 +74,7 @@ class SharedCoresCostModel:
         return self.base.recompute_time(*a) * self.factor
 
 
-def _cpu_jiffies() -> tuple[int, int]:
-    with open("/proc/stat") as fh:
-        v = [int(x) for x in fh.readline().split()[1:]]
-    return sum(v), v[3] + v[4]          # total, idle + iowait
-
-
-def idle_share(seconds: float = 1.0) -> float:
-    """Share of the machine's CPU time that was idle over `seconds` (1.0 when /proc/stat is missing)."""
-    try:
-        t0, i0 = _cpu_jiffies()
-        time.sleep(seconds)
-        t1, i1 = _cpu_jiffies()
-    except OSError:
-        return 1.0
-    return (i1 - i0) / max(t1 - t0, 1)
-
-
-def wait_quiet(max_wait_s: float, threshold: float = 0.9) -> float:
-    """Wait (up to max_wait_s) until the machine is mostly idle: a dry run's wall time measures the whole
-    machine, so neighbours' work would count as ours. Returns the idle share seen last."""
-    deadline = time.monotonic() + max_wait_s
-    share = idle_share()
-    while share < threshold and time.monotonic() < deadline:
-        share = idle_share(2.0)
-    return share
-
-
+# ---- the machine -----------------------------------------------------------------------------------------
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -98,6 +82,53 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (0 when /proc/stat is missing)."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the dry run's ranks, once joined)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def wait_idle(max_wait_s: float, cores: int) -> None:
+    """Wait (up to max_wait_s) until the machine has been idle for a second."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        b0, o0 = machine_busy_s(), own_cpu_s()
+        time.sleep(1.0)
+        others = (machine_busy_s() - b0) - (own_cpu_s() - o0)
+        if others < BUSY_LIMIT * cores or time.monotonic() > deadline:
+            return
+
+
+def measured_dryrun(plan, path: str, steps: int, tries: int, max_wait_s: float, cores: int) -> tuple[dict, float]:
+    """The dry run's report, and the share of the machine others took during it (repeated while > 10 %)."""
+    from hetauto_megatron.runtime.dryrun import run_dryrun
+    best = None
+    for _ in range(tries):
+        wait_idle(max_wait_s, cores)
+        b0, o0, t0 = machine_busy_s(), own_cpu_s(), time.monotonic()
+        rep = run_dryrun(plan, steps=steps, seed=1234, tiny=False, reference=False, timeout_s=300, plan_file=path)
+        if "error" in rep:
+            raise SystemExit(f"{os.path.basename(path)}: the dry run failed:\n{rep['error']}")
+        others = max(0.0, (machine_busy_s() - b0) - (own_cpu_s() - o0)) / ((time.monotonic() - t0) * cores)
+        if best is None or others < best[1]:
+            best = (rep, others)
+        if others <= BUSY_LIMIT:
+            break
+        print(f"  {os.path.basename(path)}: others used {100 * others:.0f} % of the machine during the run; again")
+    return best
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------
 def fitted_model(workdir: str, fresh: bool) -> str:
     from hetauto_megatron.cost.profile import profile, stderr_progress
     from hetauto_megatron.spec.devices import get_device
@@ -113,57 +144,68 @@ def fitted_model(workdir: str, fresh: bool) -> str:
     return model_dir
 
 
+def probed_inventory(path: str, probe: bool):
+    """The inventory with every link set to the measured loopback gloo path (or as written when not probing)."""
+    data = load_yaml_file(path, "inventory")
+    if not probe:
+        return inventory_from_dict(data, file=path), None
+    from hetauto_megatron.cost.probe_link import run_local
+    m = run_local()
+    bw = round(m.bandwidth_gbps, 3)
+    for c in data["clusters"]:
+        for key in ("intra_node", "inter_node"):
+            c[key] = {"bandwidth_gbps": bw, "latency_us": round(m.latency_s * 1e6, 1)}
+    for link in data.get("links", []):
+        link.update(bandwidth_gbps=bw, latency_ms=round(m.latency_s * 1e3, 4))
+    return inventory_from_dict(data, file=path), m
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "learned_cost"))
     ap.add_argument("--cost-model", help="reuse a fitted model directory instead of profiling and fitting")
     ap.add_argument("--fresh", action="store_true", help="re-profile instead of reusing the profile file")
     ap.add_argument("--steps", type=int, default=6, help="dry-run steps per plan (the first is not timed)")
-    ap.add_argument("--plan", action="append", help="plan file (repeatable; default: the two cpu-small plans)")
+    ap.add_argument("--plan", action="append", help="plan file (repeatable; default: the cpu-small plans)")
     ap.add_argument("--inventory", default=INVENTORY)
-    ap.add_argument("--max-wait", type=float, default=180.0,
-                    help="seconds to wait for an idle machine before each dry run (default 180)")
+    ap.add_argument("--no-probe", action="store_true", help="keep the inventory's link figures")
+    ap.add_argument("--tries", type=int, default=3, help="dry runs per plan while others load the machine")
+    ap.add_argument("--max-wait", type=float, default=120.0,
+                    help="seconds to wait for an idle machine before each dry run (default 120)")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     model_dir = args.cost_model or fitted_model(args.workdir, args.fresh)
     learned = L.LearnedCostModel(model_dir)
     analytic = AnalyticCostModel()
-    inv = load_inventory(args.inventory)
     cores = usable_cores()
+    inv, link = probed_inventory(args.inventory, not args.no_probe)
+    if link is not None:
+        print(f"loopback gloo link (probe-link --local): {link.bandwidth_gbps:.2f} Gbit/s, "
+              f"latency {link.latency_s * 1e3:.3f} ms -> every link of the inventory")
 
-    from hetauto_megatron.runtime.dryrun import run_dryrun
     rows = []
     for path in args.plan or PLANS:
         plan = load_plan(path)
         factor = max(1.0, plan.world_size / cores)
         est = simulate(plan, inv, SharedCoresCostModel(learned, factor))
         est_a = simulate(plan, inv, SharedCoresCostModel(analytic, factor))
-        quiet = wait_quiet(args.max_wait)
-        rep = run_dryrun(plan, steps=args.steps, seed=1234, tiny=False, reference=False, timeout_s=300,
-                         plan_file=path)
-        if "error" in rep:
-            print(f"{os.path.basename(path)}: the dry run failed:\n{rep['error']}")
-            return 1
-        meas = rep["iteration_s"]
-        rows.append((os.path.basename(path), plan.world_size, factor, meas, min(rep["step_times_s"][1:] or
-                                                                              rep["step_times_s"]), est, est_a))
-        print(f"{os.path.basename(path)}: machine {100 * quiet:.0f} % idle before, {100 * idle_share():.0f} % after; "
-              f"steps {', '.join(f'{t:.3f}' for t in rep['step_times_s'])} s; "
-              f"simulated pipeline {est.pipeline_s:.3f} s + DP/optimizer tail "
-              f"{est.iteration_time_s - est.pipeline_s:.3f} s; cost model {est.cost_model}")
-    print(f"\n{cores} usable cores; compute stretched by max(1, ranks / cores)")
-    print("measured: median over the steps after the first (what 'hetauto dryrun' reports); best: their fastest")
-    print(f"{'plan':<26} {'ranks':>5} {'x':>4} {'measured s':>11} {'best s':>7} {'learned s':>10} {'error %':>8} "
-          f"{'vs best %':>9} {'analytic s':>11} {'error %':>8}")
-    worst = 0.0
-    for name, ranks, factor, meas, best, est, est_a in rows:
+        rep, others = measured_dryrun(plan, path, args.steps, args.tries, args.max_wait, cores)
+        rows.append((os.path.basename(path), plan.world_size, factor, rep["iteration_s"], others, est, est_a))
+        print(f"{os.path.basename(path)}: steps {', '.join(f'{t:.3f}' for t in rep['step_times_s'])} s; simulated "
+              f"pipeline {est.pipeline_s:.3f} s + DP/optimizer tail {est.iteration_time_s - est.pipeline_s:.3f} s "
+              f"(cost model: {est.cost_model})")
+    print(f"\n{cores} usable cores; compute stretched by x = max(1, ranks / cores); 'others': share of the machine "
+          "other processes used during the measured run")
+    print(f"{'plan':<26} {'ranks':>5} {'x':>4} {'others':>7} {'measured s':>11} {'learned s':>10} {'error %':>8} "
+          f"{'analytic s':>11} {'error %':>8}")
+    errs = []
+    for name, ranks, factor, meas, others, est, est_a in rows:
         e = 100 * (est.iteration_time_s - meas) / meas
-        eb = 100 * (est.iteration_time_s - best) / best
         ea = 100 * (est_a.iteration_time_s - meas) / meas
-        worst = max(worst, abs(e))
-        print(f"{name:<26} {ranks:>5} {factor:>4.1f} {meas:>11.3f} {best:>7.3f} {est.iteration_time_s:>10.3f} "
-              f"{e:>8.1f} {eb:>9.1f} {est_a.iteration_time_s:>11.3f} {ea:>8.1f}")
-    print(f"worst learned error vs measured {worst:.1f} % (target <= 25 %)")
+        errs.append(abs(e))
+        print(f"{name:<26} {ranks:>5} {factor:>4.1f} {100 * others:>6.0f}% {meas:>11.3f} {est.iteration_time_s:>10.3f} "
+              f"{e:>8.1f} {est_a.iteration_time_s:>11.3f} {ea:>8.1f}")
+    print(f"plans within 25 %: {sum(e <= 25 for e in errs)} of {len(errs)} (target: two plans)")
     return 0
 
 

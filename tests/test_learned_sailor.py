@@ -56,3 +56,12 @@ def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(tmp_path, capsys)
     assert 1e-4 < f < b < 10
     assert m.embedding_times(PRESETS["llama2-7b"], a100, 2, 1) == m.fallback.embedding_times(
         PRESETS["llama2-7b"], a100, 2, 1)
+
+
+def test_sailor_flag_given_a_file_explains_the_order(tmp_path, capsys):
+    from hetauto_megatron.cli import main
+    prof = tmp_path / "profile-cpu.jsonl"
+    prof.write_text("{}\n")
+    assert main(["fit", "--sailor", str(prof), "-o", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "--sailor" in err and "after the profile files" in err
