@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/calibration.py
 """
-from hetauto_megatron.cost.calibration import calibration_rows
+from hetauto_megatron.plan.calibration import calibration_rows
 
 
 def main() -> None:

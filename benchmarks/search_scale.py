@@ -13,8 +13,6 @@ import argparse
 import os
 import time
 
-import yaml
-
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import layout_to_plan, simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory

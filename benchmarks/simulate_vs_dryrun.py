@@ -8,7 +8,8 @@
 3. For each plan (default: examples/llama/plans/cpu-small-{pp2,pp2-uneven,tp2}.yaml): `hetauto dryrun` on the
    FULL model shape (no --tiny); measured iteration time = median over the steps after the first, on the
    slowest rank (what the dry run reports).
-4. `simulate(plan, inventory, cost_model)` with the learned model, and with the analytic model for reference.
+4. `simulate(plan, inventory, cost_model)` with the learned model, and with the analytic model for reference:
+   the comparison `hetauto validate-cost-model --dryrun REPORT PLAN` makes (commands/validate_cost_model.py).
    Prints predicted vs measured and the error (target: learned within 25 %).
 
 Honest measurement on a shared host: a dry run's wall time counts whatever else the machine runs. Before each
@@ -19,7 +20,7 @@ the machine is repeated (up to --tries), and the table shows that share.
 Oversubscription: a dry run starts one process per device of the plan. The profile was measured on one core
 with one thread (what a rank has when it is alone on its core). When a plan has more ranks than the machine
 has cores, the ranks time-share the cores, and the benchmark stretches the learned compute times by
-ranks / cores (`SharedCoresCostModel`); that is a lower bound (time-sharing also costs cache refills and
+ranks / cores (cost/shared_cores.py); that is a lower bound (time-sharing also costs cache refills and
 scheduling delays at every collective), see docs/cost-model-learned.md.
 
     python benchmarks/simulate_vs_dryrun.py [--workdir DIR] [--cost-model DIR] [--steps N] [--plan FILE ...]
@@ -35,10 +36,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hetauto_megatron.commands.validate_cost_model import dryrun_row, dryrun_summary, measured_plan  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
+from hetauto_megatron.cost.shared_cores import usable_cores  # noqa: E402
 from hetauto_megatron.plan.plan import load_plan  # noqa: E402
-from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
 from hetauto_megatron.spec.model import load_yaml_file  # noqa: E402
 
@@ -47,41 +49,7 @@ INVENTORY = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
 BUSY_LIMIT = 0.10
 
 
-class SharedCoresCostModel:
-    """A cost model whose compute times are stretched by `factor`: ranks time-sharing fewer cores."""
-
-    def __init__(self, base, factor: float):
-        self.base, self.factor = base, factor
-        self.name = base.name
-
-    def source(self, device):
-        return self.base.source(device)
-
-    def _scaled(self, fn, *a):
-        f, b = fn(*a)
-        return f * self.factor, b * self.factor
-
-    def layer_times(self, *a):
-        return self._scaled(self.base.layer_times, *a)
-
-    def head_times(self, *a):
-        return self._scaled(self.base.head_times, *a)
-
-    def embedding_times(self, *a):
-        return self._scaled(self.base.embedding_times, *a)
-
-    def recompute_time(self, *a):
-        return self.base.recompute_time(*a) * self.factor
-
-
 # ---- the machine -----------------------------------------------------------------------------------------
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # not Linux
-        return os.cpu_count() or 1
-
-
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has been busy (0 when /proc/stat is missing)."""
     try:
@@ -186,26 +154,24 @@ def main() -> int:
     rows = []
     for path in args.plan or PLANS:
         plan = load_plan(path)
-        factor = max(1.0, plan.world_size / cores)
-        est = simulate(plan, inv, SharedCoresCostModel(learned, factor))
-        est_a = simulate(plan, inv, SharedCoresCostModel(analytic, factor))
         rep, others = measured_dryrun(plan, path, args.steps, args.tries, args.max_wait, cores)
-        rows.append((os.path.basename(path), plan.world_size, factor, rep["iteration_s"], others, est, est_a))
-        print(f"{os.path.basename(path)}: steps {', '.join(f'{t:.3f}' for t in rep['step_times_s'])} s; simulated "
-              f"pipeline {est.pipeline_s:.3f} s + DP/optimizer tail {est.iteration_time_s - est.pipeline_s:.3f} s "
-              f"(cost model: {est.cost_model})")
+        # the comparison `hetauto validate-cost-model --dryrun` makes, on the report just measured
+        row = dryrun_row(os.path.basename(path), rep, measured_plan(rep, plan, report_file=path, tiny=None), inv,
+                         learned, cores=cores, analytic=analytic)
+        rows.append((row, others))
+        print(f"{row['label']}: steps {', '.join(f'{t:.3f}' for t in rep['step_times_s'])} s; simulated "
+              f"pipeline {row['pipeline_s']:.3f} s + DP/optimizer tail {row['predicted_s'] - row['pipeline_s']:.3f} s "
+              f"(cost model: {row['cost_model']})")
     print(f"\n{cores} usable cores; compute stretched by x = max(1, ranks / cores); 'others': share of the machine "
           "other processes used during the measured run")
     print(f"{'plan':<26} {'ranks':>5} {'x':>4} {'others':>7} {'measured s':>11} {'learned s':>10} {'error %':>8} "
           f"{'analytic s':>11} {'error %':>8}")
-    errs = []
-    for name, ranks, factor, meas, others, est, est_a in rows:
-        e = 100 * (est.iteration_time_s - meas) / meas
-        ea = 100 * (est_a.iteration_time_s - meas) / meas
-        errs.append(abs(e))
-        print(f"{name:<26} {ranks:>5} {factor:>4.1f} {100 * others:>6.0f}% {meas:>11.3f} {est.iteration_time_s:>10.3f} "
-              f"{e:>8.1f} {est_a.iteration_time_s:>11.3f} {ea:>8.1f}")
-    print(f"plans within 25 %: {sum(e <= 25 for e in errs)} of {len(errs)} (target: two plans)")
+    for r, others in rows:
+        print(f"{r['label']:<26} {r['ranks']:>5} {r['stretch']:>4.1f} {100 * others:>6.0f}% {r['measured_s']:>11.3f} "
+              f"{r['predicted_s']:>10.3f} {r['error_pct']:>8.1f} {r['analytic_s']:>11.3f} {r['analytic_error_pct']:>8.1f}")
+    s = dryrun_summary([r for r, _ in rows])
+    print(f"MAPE: learned {s['mape_pct']:.1f} %, analytic {s['analytic_mape_pct']:.1f} %")
+    print(f"plans within 25 %: {sum(abs(r['error_pct']) <= 25 for r, _ in rows)} of {len(rows)} (target: two plans)")
     return 0
 
 

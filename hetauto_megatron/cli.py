@@ -1,7 +1,9 @@
 """`hetauto`: one entry point, one module per sub-command under hetauto_megatron/commands/.
 
-Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`. Modules are
-imported lazily so that `hetauto plan` never pays for torch or megatron imports.
+Each command module defines `add_arguments(parser)`, `run(args) -> int` and optionally `DESCRIPTION` and
+`EPILOG` (its --help text); the one-line help is in COMMANDS below. Every command module is imported to build
+the parser, so none imports torch, megatron or deepspeed at module level: each does inside `run`, and only
+when it needs them, so `hetauto plan` never pays for them.
 User mistakes (InputError) print one paragraph and exit 2; an infeasible problem exits 3.
 """
 from __future__ import annotations
@@ -43,12 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan and run one Megatron training job across clusters of different accelerators.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
-        try:
-            mod = importlib.import_module(f".commands.{module}", __package__)
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__package__}.commands.{module}":
-                continue  # command not built into this version
-            raise
+        mod = importlib.import_module(f".commands.{module}", __package__)
         p = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=getattr(mod, "EPILOG", None))
         mod.add_arguments(p)

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+from helpers import mesh
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, stage_partition,
@@ -12,11 +13,6 @@ from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
-
-
-def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu"):
-    return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,
-            "recompute": recompute, "stage_layers": layers}
 
 
 def plan(meshes, gbs=16):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import mesh
 from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 from megatron.training.arguments import add_megatron_arguments
@@ -144,11 +145,6 @@ def tiny_plan(meshes, gbs=8, inventory=None):
     if inventory is not None:
         d["inventory"] = inventory
     return d
-
-
-def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu"):
-    return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,
-            "recompute": recompute, "stage_layers": layers}
 
 
 def test_consecutive_meshes_of_one_cluster_share_a_launch(tmp_path):

@@ -1,16 +1,16 @@
 """`hetauto plan` / `hetauto simulate` command contract (JSON keys, files written, determinism)."""
 import json
 import os
-import subprocess
-import sys
+
+from helpers import run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
 
 INV2 = "examples/llama/inventory-2clusters.yaml"
 
 
-def hetauto(*args, cwd=None):
-    r = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", *args], capture_output=True, text=True, cwd=cwd)
+def hetauto(*args):
+    r = run_hetauto(*args)
     assert "Traceback" not in r.stderr, r.stderr
     return r
 

@@ -4,8 +4,8 @@ import random
 import pytest
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
-from hetauto_megatron.cost.calibration import calibration_rows
-from hetauto_megatron.cost.memory import GIB, layer_activation_bytes
+from hetauto_megatron.plan.calibration import calibration_rows
+from hetauto_megatron.cost.memory import layer_activation_bytes
 from hetauto_megatron.plan.pipeline import estimate_1f1b, schedule_order, simulate_1f1b
 from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.plan.simulate import simulate

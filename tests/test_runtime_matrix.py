@@ -2,17 +2,13 @@
 losses and grad norms over 3 Adam steps must agree to 1e-5, and the byte counters must show which path the
 activations took."""
 import pytest
+from helpers import mesh, run_hetauto
 
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.dryrun import run_dryrun
 from hetauto_megatron.spec.model import PRESETS
 
 TINY = PRESETS["tiny"].to_dict()  # 8 layers, 4 heads, 2 key/value groups
-
-
-def mesh(cluster, tp, dp, mbs, layers):
-    return {"cluster": cluster, "device_type": "cpu", "tp": tp, "dp": dp, "micro_batch_size": mbs,
-            "stage_layers": layers}
 
 
 def plan(meshes, model=TINY, gbs=None):
@@ -79,12 +75,9 @@ def test_same_cluster_meshes_stay_off_the_inter_cluster_path():
 def test_cli_dryrun_json_on_the_example_plan():
     """The command a user (and the README) runs: real processes, exit code 0, the documented JSON keys."""
     import json
-    import subprocess
-    import sys
 
-    out = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", "dryrun", "--plan",
-                          "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--reference", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--reference",
+                      "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert set(report) >= {"steps", "reference", "max_abs_diff", "bytes"}

@@ -8,11 +8,10 @@ a real subprocess to prove the same holds for the process a user starts.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers import run_hetauto
 
 from hetauto_megatron import cli
 
@@ -280,11 +279,6 @@ def test_infeasible_exit_3(tmp_path, capsys):
 
 
 # ---- the real process: exit code and stderr as a user sees them ---------------------------------------------
-def _subprocess(argv):
-    return subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", *argv], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-
-
 def test_subprocess_errors_have_no_traceback(tmp_path):
     bad_yaml = write(tmp_path, "inv.yaml", INVENTORY_CASES["yaml-syntax"][0])
     bad_device = write(tmp_path, "dev.yaml", INVENTORY_CASES["unknown-device"][0])
@@ -300,7 +294,7 @@ def test_subprocess_errors_have_no_traceback(tmp_path):
         (["plan", "--model", "llama2-70b", "--inventory", small, "--quiet"], 3, "misses by"),
     ]
     for argv, code, text in runs:
-        res = _subprocess(argv)
+        res = run_hetauto(*argv, timeout=120)
         assert res.returncode == code, (argv, res.stderr)
         assert "Traceback" not in res.stderr and text in res.stderr, res.stderr
         assert res.stdout == ""

@@ -66,7 +66,7 @@ def run(args) -> int:
         return 1
     if args.json:
         print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "step_times_s",
-                                                 "iteration_s", "seconds")
+                                                 "iteration_s", "seconds", "model", "cores")
                           if k in report}))
     else:
         _print_table(report, plan)

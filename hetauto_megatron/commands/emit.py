@@ -51,20 +51,41 @@ def add_arguments(parser) -> None:
                         help="megatron: processes per node when the plan carries no inventory (default 8)")
 
 
-def _out_dir(path: str) -> str:
+def make_out_dir(path: str, field: str = "-o") -> str:
+    """Create the output directory `path` (given by the option `field`), or say why it cannot be used."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError("exists and is not a directory", field="-o", fix="name a directory (it is created if needed)")
+        raise InputError("exists and is not a directory", field=field,
+                         fix="name a directory (it is created if needed)")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot be created: {exc.strerror}", field="-o", fix="choose a writable directory") from None
+        raise InputError(f"cannot be created: {exc.strerror}", field=field, fix="choose a writable directory") from None
     return path
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
+def _write(out_dir: str, name: str, text: str, mode: int = 0o644) -> str:
+    path = os.path.join(out_dir, name)
     with open(path, "w") as fh:
         fh.write(text)
     os.chmod(path, mode)
+    return path
+
+
+# One writer per target, shared with 'hetauto plan --emit'; each returns the paths it wrote.
+def write_megatron(launches: list[dict], out_dir: str) -> list[str]:
+    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755) for la in launches]
+
+
+def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str) -> list[str]:
+    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n")
+               for c in configs]
+    text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
+            if unsupported else "none\n")
+    return written + [_write(out_dir, "deepspeed-unsupported.txt", text)]
+
+
+def write_summary(text: str, out_dir: str) -> list[str]:
+    return [_write(out_dir, "summary.txt", text + "\n")]
 
 
 def run(args) -> int:
@@ -72,7 +93,7 @@ def run(args) -> int:
     plan = load_plan(args.plan)
     if args.devices_per_node is not None and args.devices_per_node < 1:
         raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
-    out_dir = _out_dir(args.output) if args.output else None
+    out_dir = make_out_dir(args.output) if args.output else None
     written: list[str] = []
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
@@ -80,10 +101,7 @@ def run(args) -> int:
                                  script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
                                  file=args.plan)
         if out_dir:
-            for la in launches:
-                path = os.path.join(out_dir, f"{la['name']}.sh")
-                _write(path, la["script"], 0o755)
-                written.append(path)
+            written += write_megatron(launches, out_dir)
         if args.json:
             print(json.dumps({"world_size": plan.world_size, "pipeline_parallel_size": plan.pipeline_parallel_size,
                               "launches": launches, "written": written}, indent=2))
@@ -97,14 +115,7 @@ def run(args) -> int:
         configs = emit_deepspeed(plan, cluster=args.cluster)
         unsupported = unsupported_features(plan)
         if out_dir:
-            for c in configs:
-                path = os.path.join(out_dir, f"ds_config.{c['name']}.json")
-                _write(path, json.dumps(c["config"], indent=2) + "\n")
-                written.append(path)
-            path = os.path.join(out_dir, "deepspeed-unsupported.txt")
-            _write(path, "Plan features DeepSpeed cannot express:\n" +
-                   "".join(f"- {u}\n" for u in unsupported) if unsupported else "none\n")
-            written.append(path)
+            written += write_deepspeed(configs, unsupported, out_dir)
         if args.json:
             print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
         elif not out_dir:
@@ -123,16 +134,14 @@ def run(args) -> int:
                              fix=f"use one of: {', '.join(sorted({m.cluster for m in plan.meshes}))}")
         text = format_summary(plan, plan.estimate)
         if out_dir:
-            path = os.path.join(out_dir, "summary.txt")
-            _write(path, text + "\n")
-            written.append(path)
+            written += write_summary(text, out_dir)
         if args.json:
             print(json.dumps({"summary": text, "world_size": plan.world_size,
                               "pipeline_parallel_size": plan.pipeline_parallel_size,
                               "estimate": plan.estimate, "written": written}, indent=2))
         elif not out_dir:
             print(text)
-    if written and not args.json:
+    if not args.json:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,6 +1,7 @@
 """`hetauto plan`: search the best heterogeneous plan and write it with its launch material."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -61,8 +62,7 @@ def run(args) -> int:
     result = search(model, inventory, args.global_batch_size, cost_model, cfg)
     plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory)
     estimate = simulate(plan, inventory, cost_model)
-    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
-                          estimate={**estimate.to_dict(), "search": result.to_dict()})
+    plan = dataclasses.replace(plan, estimate={**estimate.to_dict(), "search": result.to_dict()})
     written = []
     if args.output:
         plan.save(args.output)
@@ -70,11 +70,7 @@ def run(args) -> int:
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
     if args.json:
-        out = estimate.to_dict()
-        out["search"] = result.to_dict()
-        out["plan"] = plan.to_dict()
-        out["written"] = written
-        print(json.dumps(out, indent=2))
+        print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))
@@ -86,25 +82,12 @@ def run(args) -> int:
 
 
 def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
-    """Megatron launch scripts and DeepSpeed configs for every cluster of the plan, into out_dir."""
+    """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan."""
     from ..emit.deepspeed import emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
-    os.makedirs(out_dir, exist_ok=True)
-    written = []
-
-    def write(name, text, mode=0o644):
-        path = os.path.join(out_dir, name)
-        with open(path, "w") as fh:
-            fh.write(text)
-        os.chmod(path, mode)
-        written.append(path)
-
-    for la in emit_megatron(plan, plan_path=os.path.abspath(plan_path)):
-        write(f"{la['name']}.sh", la["script"], 0o755)
-    for c in emit_deepspeed(plan):
-        write(f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n")
-    unsupported = unsupported_features(plan)
-    write("deepspeed-unsupported.txt", "".join(f"- {u}\n" for u in unsupported) or "none\n")
-    write("summary.txt", format_summary(plan, plan.estimate) + "\n")
-    return written
+    from .emit import make_out_dir, write_deepspeed, write_megatron, write_summary
+    make_out_dir(out_dir, field="--emit")
+    return (write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
+            + write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
+            + write_summary(format_summary(plan, plan.estimate), out_dir))

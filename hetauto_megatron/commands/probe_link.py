@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from ..errors import InputError
 
@@ -32,10 +33,15 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    for flag, value, ok, want in (("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive"),
+                                  ("--iters", args.iters, args.iters >= 1, "at least 1"),
+                                  ("--timeout", args.timeout, args.timeout > 0, "positive")):
+        if not ok:
+            raise InputError(f"must be {want}, got {value:g}", field=flag)
+    # torch's C++ layer logs every failed rendezvous attempt with a native stack trace; the failure itself
+    # reaches the user as one InputError paragraph.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from ..cost import probe_link as P
-    if args.max_size_mib <= 0 or args.iters < 1 or args.timeout <= 0:
-        raise InputError("--max-size-mib and --timeout must be positive and --iters at least 1",
-                         field="--max-size-mib")
     sizes = [n for n in P.DEFAULT_SIZES if n <= args.max_size_mib * (1 << 20)] or [P.DEFAULT_SIZES[0]]
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")

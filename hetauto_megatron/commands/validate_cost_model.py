@@ -1,38 +1,203 @@
 """`hetauto validate-cost-model`: predicted vs measured times, per row and as MAPE."""
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import os
 
 from ..errors import InputError
 from .fit import SAILOR_DEFAULT
 
 DESCRIPTION = """\
-Compare a fitted cost model's predictions with measurements and print a table with each row's error and the
-mean absolute percentage error (MAPE) per device type and phase, next to the roofline prior's MAPE.
-Measurements: a profile file from 'hetauto profile' (operator times), or --sailor (the packaged per-layer GPU
-times; --sailor=DIR another copy).
+Compare a cost model's predictions with measurements and print a table with each row's error and the mean
+absolute percentage error (MAPE).
+
+Operator / layer times (needs --cost-model): a profile file from 'hetauto profile', or --sailor (the packaged
+per-layer GPU times; --sailor=DIR another copy). MAPE per device type and phase, next to the roofline prior's.
 Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
-measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out)."""
+measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
+
+Iteration times: --dryrun REPORT PLAN (repeatable) takes the output of 'hetauto dryrun --plan PLAN --json' and
+the plan it ran, simulates the plan on --inventory with the cost model (--cost-model, or the analytic model),
+and compares the predicted iteration time with the measured one. The prediction uses the model shape the dry
+run ran (a --tiny dry run shrinks it; the report says which) and its ranks' share of the CPU cores: with more
+ranks than cores, compute is stretched by ranks / cores. With --cost-model the analytic prediction is shown
+next to the learned one."""
 
 EPILOG = """\
 examples:
   hetauto validate-cost-model --cost-model cost-model/ --profile profiles/profile-cpu.jsonl
-  hetauto validate-cost-model --cost-model gpu-model/ --sailor --json"""
+  hetauto validate-cost-model --cost-model gpu-model/ --sailor --json
+  hetauto dryrun --plan plan-a.yaml --steps 6 --json > a.json
+  hetauto validate-cost-model --cost-model cost-model/ --inventory inv.yaml --dryrun a.json plan-a.yaml \\
+      --dryrun b.json plan-b.yaml"""
 
 
 def add_arguments(p):
-    p.add_argument("--cost-model", required=True, metavar="MODEL_DIR", help="directory written by 'hetauto fit'")
+    p.add_argument("--cost-model", metavar="MODEL_DIR",
+                   help="directory written by 'hetauto fit' (needed for --profile/--sailor; with --dryrun only, "
+                        "the analytic model is validated when it is omitted)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE", help="profile file (repeatable)")
     p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
                    help="Sailor per-layer measurements: alone, the packaged copy; --sailor=DIR another directory")
+    p.add_argument("--dryrun", action="append", default=[], nargs=2, metavar=("REPORT", "PLAN"),
+                   help="a 'hetauto dryrun --json' report and the plan it ran (repeatable)")
+    p.add_argument("--inventory", metavar="INV", help="inventory the dry-run plans are simulated on (with --dryrun)")
+    p.add_argument("--cores", type=int, metavar="N",
+                   help="CPU cores the dry runs' ranks shared (default: the report's 'cores', else this machine's)")
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help="only for reports that do not name their model: the dry runs ran with --tiny "
+                        "(--no-tiny: they ran the plan's model)")
     p.add_argument("--rows", type=int, default=15, help="table rows to print, worst first (default 15; 0 = all)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
 
-def run(args) -> int:
+# ---- dry-run reports -------------------------------------------------------------------------------------
+def load_dryrun_report(path: str) -> dict:
+    """A 'hetauto dryrun --json' report, checked for what the comparison reads."""
+    if not os.path.isfile(path):
+        raise InputError("dry-run report not found", file=path, field="--dryrun",
+                         fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
+    try:
+        with open(path) as fh:
+            rep = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"is not JSON (line {exc.lineno}: {exc.msg})", file=path, field="--dryrun",
+                         fix="pass the output of 'hetauto dryrun --plan PLAN --json' (nothing else on stdout)") from None
+    if not isinstance(rep, dict):
+        raise InputError("is not a JSON object", file=path, field="--dryrun",
+                         fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
+    t = rep.get("iteration_s")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise InputError(f"has no positive measured iteration time (iteration_s: {t!r})", file=path,
+                         field="iteration_s", fix="pass the output of a dry run that finished: "
+                                                  "'hetauto dryrun --plan PLAN --json'")
+    return rep
+
+
+def measured_plan(report: dict, plan, *, report_file: str, tiny: bool | None):
+    """`plan` with the model shape the dry run measured: the report's "model", or (for reports without it)
+    the plan's model, shrunk the way --tiny shrinks it when `tiny`."""
+    import dataclasses
+
+    from ..spec.model import model_from_dict
+    if "model" in report:
+        if not isinstance(report["model"], dict):
+            raise InputError("'model' is not a mapping", file=report_file, field="model",
+                             fix="pass the output of 'hetauto dryrun --json' unchanged")
+        model = model_from_dict(report["model"], file=report_file, prefix="model.")
+        if model.num_layers != plan.model.num_layers:
+            raise InputError(f"the dry run ran {model.num_layers} layers, the plan has {plan.model.num_layers}: "
+                             "the report is of another plan", file=report_file, field="model.num_layers",
+                             fix="pair each report with the plan it ran: --dryrun REPORT PLAN")
+        if tiny is not None:
+            from ..runtime.dryrun import prepare_plan
+            expect = prepare_plan(plan, tiny=tiny).model
+            if (model.hidden_size, model.seq_length) != (expect.hidden_size, expect.seq_length):
+                raise InputError(f"--{'' if tiny else 'no-'}tiny contradicts the report, which ran hidden size "
+                                 f"{model.hidden_size} and sequence {model.seq_length}", file=report_file,
+                                 field="--tiny", fix="drop --tiny/--no-tiny: the report names its model")
+        try:
+            return dataclasses.replace(plan, model=model)
+        except InputError as exc:
+            raise InputError(f"its model does not fit the plan's layout: {exc.reason}", file=report_file,
+                             field="model", fix="pair each report with the plan it ran: --dryrun REPORT PLAN") from None
+    if tiny is None:
+        raise InputError("the report does not say which model shape the dry run ran", file=report_file,
+                         field="model", fix="pass --tiny if the dry run used --tiny, --no-tiny if it ran the plan's "
+                                            "model (a report that has 'model' needs neither)")
+    from ..runtime.dryrun import prepare_plan
+    return prepare_plan(plan, tiny=tiny)
+
+
+def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: int, analytic=None) -> dict:
+    """Predicted vs measured iteration time of one dry run. `plan` carries the measured model shape
+    (measured_plan); compute is stretched by max(1, ranks / cores). `analytic`: a second model shown beside."""
+    from ..cost.shared_cores import SharedCoresCostModel, core_sharing_factor
+    from ..plan.simulate import simulate
+    for i, mesh in enumerate(plan.meshes):
+        if mesh.device_type != "cpu":
+            raise InputError(f"mesh {i} is on {mesh.device_type}, but a dry run measures CPU processes: its time "
+                             "can only be compared with a prediction for device type cpu", field=f"meshes[{i}]",
+                             fix="validate with plans (and an inventory) whose clusters are of device type cpu")
+    factor = core_sharing_factor(plan.world_size, cores)
+    est = simulate(plan, inventory, SharedCoresCostModel(cost_model, factor))
+    meas = float(report["iteration_s"])
+    row = {"label": label, "model": plan.model.name, "hidden_size": plan.model.hidden_size,
+           "seq_length": plan.model.seq_length, "ranks": plan.world_size, "cores": cores, "stretch": factor,
+           "measured_s": meas, "predicted_s": est.iteration_time_s,
+           "error_pct": 100.0 * (est.iteration_time_s - meas) / meas,
+           "pipeline_s": est.pipeline_s, "cost_model": est.cost_model}
+    if analytic is not None:
+        a = simulate(plan, inventory, SharedCoresCostModel(analytic, factor)).iteration_time_s
+        row.update(analytic_s=a, analytic_error_pct=100.0 * (a - meas) / meas)
+    return row
+
+
+def dryrun_summary(rows: list[dict]) -> dict:
+    def mape(key):
+        return round(sum(abs(r[key]) for r in rows) / len(rows), 2) if rows else float("nan")
+    out = {"rows": len(rows), "mape_pct": mape("error_pct")}
+    if rows and all("analytic_error_pct" in r for r in rows):
+        out["analytic_mape_pct"] = mape("analytic_error_pct")
+    return out
+
+
+def _dryrun_results(args) -> dict:
+    from ..cost.analytic import AnalyticCostModel
+    from ..cost.learned import load_cost_model
+    from ..cost.shared_cores import usable_cores
+    from ..plan.plan import load_plan
+    from ..spec.inventory import load_inventory
+    if not args.inventory:
+        raise InputError("--dryrun needs the inventory the plans are simulated on", field="--inventory",
+                         fix="pass --inventory INV (clusters of device type cpu, as the dry runs)")
+    if args.cores is not None and args.cores < 1:
+        raise InputError(f"must be at least 1, got {args.cores}", field="--cores")
+    inventory = load_inventory(args.inventory)
+    model = load_cost_model(args.cost_model)
+    analytic = AnalyticCostModel() if args.cost_model else None
+    rows = []
+    for report_file, plan_file in args.dryrun:
+        report = load_dryrun_report(report_file)
+        plan = measured_plan(report, load_plan(plan_file), report_file=report_file, tiny=args.tiny)
+        cores = args.cores or report.get("cores") or usable_cores()
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InputError(f"'cores' must be a positive whole number, got {cores!r}", file=report_file,
+                             field="cores", fix="pass --cores N")
+        rows.append(dryrun_row(os.path.basename(plan_file), report, plan, inventory, model, cores=cores,
+                               analytic=analytic))
+    return {"cost_model": model.name, "rows": rows, "summary": dryrun_summary(rows)}
+
+
+def print_dryrun_table(res: dict) -> None:
+    rows = res["rows"]
+    with_analytic = any("analytic_s" in r for r in rows)
+    head = f"{'plan':<28} {'model shape':>13} {'ranks':>5} {'x':>4} {'measured s':>11} {res['cost_model'] + ' s':>11} " \
+           f"{'error %':>8}"
+    print(head + (f" {'analytic s':>11} {'error %':>8}" if with_analytic else ""))
+    for r in rows:
+        shape = f"h{r['hidden_size']} s{r['seq_length']}"
+        line = f"{r['label']:<28} {shape:>13} {r['ranks']:>5} {r['stretch']:>4.1f} {r['measured_s']:>11.4f} " \
+               f"{r['predicted_s']:>11.4f} {r['error_pct']:>8.1f}"
+        if with_analytic:
+            line += f" {r['analytic_s']:>11.4f} {r['analytic_error_pct']:>8.1f}"
+        print(line)
+    s = res["summary"]
+    line = f"MAPE over {s['rows']} dry run(s): {s['mape_pct']:.2f} %"
+    if "analytic_mape_pct" in s:
+        line += f" (analytic: {s['analytic_mape_pct']:.2f} %)"
+    print(line)
+    print("x: compute stretch max(1, ranks / cores) for ranks time-sharing the dry run's CPU cores")
+
+
+# ---- operator / layer measurements -------------------------------------------------------------------------
+def _operator_results(args) -> dict:
     from ..cost import learned as L
-    if not args.profile and not args.sailor:
-        raise InputError("no measurements given", field="--profile", fix="pass --profile FILE and/or --sailor DIR")
+    if not args.cost_model:
+        raise InputError("--profile and --sailor validate a fitted model", field="--cost-model",
+                         fix="pass --cost-model MODEL_DIR (written by 'hetauto fit')")
     model = L.LearnedCostModel(args.cost_model)
     samples = []
     for path in args.profile:
@@ -40,13 +205,13 @@ def run(args) -> int:
     if args.sailor:
         samples += L.sailor_layer_samples(L.load_sailor(L.SAILOR_DATA if args.sailor == SAILOR_DEFAULT
                                                         else args.sailor))
-    res = L.validate(model, samples)
-    if args.json:
-        print(json.dumps(res, indent=1))
-        return 0
+    return L.validate(model, samples)
+
+
+def print_operator_table(res: dict, max_rows: int) -> None:
     rows = sorted(res["rows"], key=lambda r: -abs(r["error_pct"]))
-    if args.rows:
-        rows = rows[:args.rows]
+    if max_rows:
+        rows = rows[:max_rows]
     print(f"{'device':<12} {'ph':<4} {'measured ms':>12} {'predicted ms':>13} {'error %':>8}  row")
     for r in rows:
         print(f"{r['device']:<12} {r['phase']:<4} {r['measured_s'] * 1e3:12.4f} {r['predicted_s'] * 1e3:13.4f} "
@@ -56,4 +221,27 @@ def run(args) -> int:
         print(f"{k:<24} {v['rows']:>6} {v['mape_pct']:>8.2f} {v['prior_mape_pct']:>13.2f}")
     if res["skipped"]:
         print(f"({res['skipped']} rows of device types the model does not cover were skipped)")
+
+
+def run(args) -> int:
+    if not args.profile and not args.sailor and not args.dryrun:
+        raise InputError("no measurements given", field="--profile",
+                         fix="pass --profile FILE, --sailor [DIR] and/or --dryrun REPORT PLAN")
+    if not args.dryrun:
+        for flag, given in (("--inventory", args.inventory), ("--cores", args.cores), ("--tiny", args.tiny)):
+            if given is not None:
+                raise InputError(f"{flag} only applies to --dryrun", field=flag,
+                                 fix="add --dryrun REPORT PLAN or drop the option")
+    # Operator rows keep their top-level JSON keys (rows, summary, skipped); dry runs come under "dryruns".
+    res = _operator_results(args) if (args.profile or args.sailor) else {}
+    dry = _dryrun_results(args) if args.dryrun else None
+    if args.json:
+        print(json.dumps({**res, **({"dryruns": dry} if dry else {})}, indent=1))
+        return 0
+    if res:
+        print_operator_table(res, args.rows)
+    if dry:
+        if res:
+            print()
+        print_dryrun_table(dry)
     return 0

@@ -12,7 +12,8 @@ kernels are. E_max, t0 and the element-wise traffic are ONE set of constants for
 calibrated once against published Megatron runs (docs/cost-model.md); `vendor` is a fixed per-vendor kernel
 maturity factor, an assumption until `hetauto profile` measures the device.
 
-Assumptions (Megatron-Core defaults on GPUs): bf16, flash attention (no s^2 activations stored, attention
+Tensors are `device.dtype_bytes` wide: bf16 (2 bytes) on accelerators, fp32 (4) on `cpu`, where dry runs
+train in fp32. Assumptions (Megatron-Core defaults on GPUs): flash attention (no s^2 activations stored, attention
 backward ~2.5x its forward), sequence parallelism whenever TP > 1 (element-wise work divided by TP).
 """
 from __future__ import annotations
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 
 from ..spec.devices import DeviceType
 from ..spec.model import ModelSpec
-
-BYTES = 2  # bf16
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class AnalyticCostModel:
     def _gemm(self, device, m, k, n):
         """[m,k] x [k,n]: forward time, and backward (two GEMMs of the same size: data and weight grads)."""
         flops = 2.0 * m * k * n
-        nbytes = BYTES * (m * k + k * n + m * n)
+        nbytes = device.dtype_bytes * (m * k + k * n + m * n)
         t = self._op(device, flops, nbytes)
         return t, 2 * t
 
@@ -85,21 +84,22 @@ class AnalyticCostModel:
         s = seq_length or model.seq_length
         m = micro_batch_size * s                      # tokens in the micro-batch
         h, f = model.hidden_size, model.ffn_hidden_size
+        B = device.dtype_bytes
         qkv = self._gemm(device, m, h, (h + 2 * model.kv_hidden) // tp)
         proj = self._gemm(device, m, h // tp, h)
         heads = model.num_attention_heads // tp
         attn_flops = 2 * 2.0 * micro_batch_size * heads * s * s * model.head_dim
-        attn_bytes = BYTES * m * (h + 2 * model.kv_hidden) / tp * 2
+        attn_bytes = B * m * (h + 2 * model.kv_hidden) / tp * 2
         if self.flash_attention:
             a_f = self._op(device, attn_flops, attn_bytes, "attention")
         else:  # two batched GEMMs plus ~5 passes over the [b, heads, s, s] scores (fused softmax, dropout)
-            scores = BYTES * micro_batch_size * heads * s * s
+            scores = B * micro_batch_size * heads * s * s
             a_f = self._op(device, attn_flops, attn_bytes) + self._op(device, 0.0, 5 * scores, "elementwise")
         up = self._gemm(device, m, h, (2 if model.gated_mlp else 1) * f // tp)
         down = self._gemm(device, m, f // tp, h)
-        act_bytes = BYTES * m * f / tp * (3 if model.gated_mlp else 2)
+        act_bytes = B * m * f / tp * (3 if model.gated_mlp else 2)
         sp = tp if self.sequence_parallel else 1
-        ew_bytes = BYTES * m * h * self.cal.elementwise_passes / sp + act_bytes
+        ew_bytes = B * m * h * self.cal.elementwise_passes / sp + act_bytes
         ew = self._op(device, 0.0, ew_bytes, "elementwise")
         return {
             "attention": (qkv[0] + a_f + proj[0], qkv[1] + (2.5 if self.flash_attention else 2.0) * a_f + proj[1]),
@@ -134,6 +134,6 @@ class AnalyticCostModel:
                         seq_length: int | None = None) -> tuple[float, float]:
         """Embedding lookup (a gather) and its backward (a scatter-add into the vocab/tp x hidden table)."""
         m = micro_batch_size * (seq_length or model.seq_length)
-        nbytes = BYTES * m * model.hidden_size * 2
+        nbytes = device.dtype_bytes * m * model.hidden_size * 2
         fwd = self._op(device, 0.0, nbytes, "elementwise")
         return fwd, 2 * fwd

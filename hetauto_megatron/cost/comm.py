@@ -20,6 +20,3 @@ def reduce_scatter_time(nbytes: float, n: int, link: LinkSpec) -> float:
 
 all_gather_time = reduce_scatter_time
 
-
-def p2p_time(nbytes: float, link: LinkSpec) -> float:
-    return link.transfer_time(nbytes)

@@ -24,6 +24,8 @@ import contextlib
 import functools
 import os
 
+from ..runtime.device import NullStream
+
 _APPLIED = False
 _MARK = "_hetauto_cpu_redirect"
 
@@ -40,23 +42,13 @@ def _pretend_one_cuda_device():
         torch.cuda.device_count, torch.cuda.set_device = saved
 
 
-class _NullStream:
-    """Stands in for torch.cuda.Stream: every method is a no-op (CPU work is already ordered)."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 @contextlib.contextmanager
 def _null_cuda_streams():
     import torch
     saved = torch.cuda.Stream, torch.cuda.stream, torch.cuda.current_stream
-    torch.cuda.Stream = _NullStream
+    torch.cuda.Stream = NullStream
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
-    torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    torch.cuda.current_stream = lambda *args, **kwargs: NullStream()
     try:
         yield
     finally:

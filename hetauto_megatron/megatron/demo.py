@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 
+from ..emit.megatron import model_args, pipeline_args
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 
@@ -38,20 +39,11 @@ CPU_FLAGS = [
 
 
 def model_flags(plan: Plan) -> list[str]:
-    """Megatron's model arguments for the plan's model (LLaMA style when the MLP is gated)."""
+    """Megatron's model arguments for the plan's model: the launch scripts' own, plus the vocabulary that the
+    mock data and NullTokenizer need."""
     m = plan.model
-    out = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-           "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn_hidden_size),
-           "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
-           "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(64 if m.vocab_size % 64 == 0 else 1)]
-    if m.num_query_groups != m.num_attention_heads:
-        out += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
-    if m.gated_mlp:
-        out += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear"]
-    out += ["--position-embedding-type", m.position_embedding]
-    if not m.tie_embeddings:
-        out += ["--untie-embeddings-and-output-weights"]
-    return out
+    return model_args(plan) + ["--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by",
+                               str(64 if m.vocab_size % 64 == 0 else 1)]
 
 
 def training_flags(iters: int, seed: int) -> list[str]:
@@ -69,14 +61,8 @@ def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[s
 
 def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int]:
     """Megatron's homogeneous layout with the plan's pipeline stages: TP 1, DP 1, one process per stage."""
-    from ..runtime.model import pipeline_layout
-
-    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
-            ["--micro-batch-size", str(plan.samples_per_step), "--global-batch-size", str(plan.global_batch_size),
-             "--pipeline-model-parallel-size", str(plan.pipeline_parallel_size)])
-    layout = pipeline_layout(plan.stage_layers)
-    if layout:
-        argv += ["--pipeline-model-parallel-layout", layout]
+    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS + pipeline_args(plan) +
+            ["--micro-batch-size", str(plan.samples_per_step), "--global-batch-size", str(plan.global_batch_size)])
     return argv, plan.pipeline_parallel_size
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost import comm
-from ..cost.analytic import BYTES
 from ..cost.memory import GIB, stage_memory_bytes, stage_params
 from ..spec.inventory import Cluster, LinkSpec
 from ..spec.model import ModelSpec
@@ -49,7 +48,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
         if hasattr(cost_model, "recompute_time") else _recompute_from_layer(lf, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
     # two more when a full recompute re-runs the forward. TP stays inside a node (enforced by the search).
-    act = BYTES * micro_batch_size * model.seq_length * model.hidden_size
+    act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
     ar = comm.allreduce_time(act, tp, cluster.intra_node)
     lf += 2 * ar
     lb += 2 * ar + (2 * ar if recompute == "full" else 0.0)
@@ -68,7 +67,7 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
                  last: bool) -> dict[str, float]:
     return stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                               recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
-                              vendor=prof.cluster.device.vendor)
+                              vendor=prof.cluster.device.vendor, dtype_bytes=prof.cluster.device.dtype_bytes)
 
 
 @lru_cache(maxsize=262144)
@@ -83,15 +82,18 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:
     """(gradient reduce-scatter, parameter all-gather) seconds of the distributed optimizer, and the optimizer step
-    is added by the caller. bf16 gradients and parameters on the ring of the DP group's link."""
-    nbytes = BYTES * stage_params(model, prof.tp, layers, first, last)
+    is added by the caller. Gradients and parameters in the device's training precision (bf16 on accelerators,
+    fp32 on cpu) on the ring of the DP group's link."""
+    nbytes = prof.cluster.device.dtype_bytes * stage_params(model, prof.tp, layers, first, last)
     return (comm.reduce_scatter_time(nbytes, prof.dp, prof.dp_link),
             comm.all_gather_time(nbytes, prof.dp, prof.dp_link))
 
 
 def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> float:
-    """Adam on the local shard: read/write fp32 master, two moments and the gradient (~32 bytes per parameter)."""
-    return stage_params(model, prof.tp, layers, first, last) / prof.dp * 32 / (prof.cluster.device.hbm_gbps * 1e9)
+    """Adam on the local shard: read/write the fp32 weight (the master copy under bf16), two moments, read the
+    gradient (and write the bf16 weight): ~32 bytes per parameter in bf16 mixed precision, 28 in fp32."""
+    per_param = 28 if prof.cluster.device.dtype_bytes == 4 else 32
+    return stage_params(model, prof.tp, layers, first, last) / prof.dp * per_param / (prof.cluster.device.hbm_gbps * 1e9)
 
 
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
@@ -101,8 +103,9 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
     Inside a cluster every sending device has its own path: it sends its 1/tp sequence shard of its replica's
     activation. Between clusters the inventory's link is the whole site-to-site bandwidth, shared by all
     replicas; hetauto sends each byte across once, so the whole step's activation crosses it."""
+    B = a.cluster.device.dtype_bytes   # what the sender computes in (the receiver casts if it differs)
     if same_cluster:
-        nbytes = BYTES * a.micro_batch_size * model.seq_length * model.hidden_size / max(a.tp, b.tp)
+        nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / max(a.tp, b.tp)
     else:
-        nbytes = BYTES * samples_per_step * model.seq_length * model.hidden_size
+        nbytes = B * samples_per_step * model.seq_length * model.hidden_size
     return link.transfer_time(nbytes)

@@ -67,6 +67,17 @@ def check_local_device(device_type: str, *, rank: int, file: str | None = None) 
                              "with 'hetauto dryrun'")
 
 
+class NullStream:
+    """Stands in for a torch.cuda.Stream on CPU: DDP (and the training loop) wait on / record events in streams,
+    and on CPU there is nothing to order, so every method is a no-op."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 _redirected = False
 
 
@@ -90,13 +101,7 @@ def enable_cpu_redirects() -> None:
     # p2p calls synchronize() after batched sends; CPU ops are already complete when they return.
     torch.cuda.synchronize = lambda *a, **k: None
 
-    class _NullStream:
-        """DDP waits on / records events in the current stream; on CPU there is nothing to order."""
-
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
-    torch.cuda.current_stream = lambda *a, **k: _NullStream()
+    torch.cuda.current_stream = lambda *a, **k: NullStream()
 
     def _is_cuda(d) -> bool:
         if isinstance(d, str):
@@ -122,7 +127,3 @@ def enable_cpu_redirects() -> None:
     # Entered for the life of the process: every later torch call in it sees the redirect.
     _CudaToCpu().__enter__()
     _redirected = True
-
-
-def cpu_redirects_enabled() -> bool:
-    return _redirected

@@ -18,14 +18,17 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
     Returns {"model", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
-    "bytes": {"intra_cluster", "inter_cluster"}, "seconds"} plus "reference" and "max_abs_diff" when
+    "bytes": {"intra_cluster", "inter_cluster"}, "cores", "seconds"} plus "reference" and "max_abs_diff" when
     `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
     rank; "iteration_s" their median over the steps after the first (the first pays for allocation and
-    warm-up), or the first step's time when there is only one.
+    warm-up), or the first step's time when there is only one. "model" is the shape the ranks ran (the shrunk
+    one under `tiny`), "cores" the CPU cores the ranks shared: what a prediction of the measured time must use
+    (`hetauto validate-cost-model --dryrun`).
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
     preload_megatron()
+    from ..cost.shared_cores import usable_cores
     from .groups import validate_launch
     from .launcher import LaunchError, launch
     from .train import reference_plan, train_rank
@@ -47,6 +50,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         "model": run_plan.model.to_dict(),
         "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
         "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
+        "cores": usable_cores(),
     }
     step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
     report["step_times_s"] = step_times

@@ -3,6 +3,8 @@
 Numbers are vendor datasheet figures for ONE device as the framework sees it (an MI250X is two GCDs; we list
 one GCD): dense BF16 tensor throughput without sparsity, HBM capacity and bandwidth, and the default
 intra-node link (NVLink, Infinity Fabric, HCCS or PCIe) as per-device unidirectional bandwidth.
+`dtype_bytes` is the element size training runs in on the device: 2 (bf16 mixed precision) on accelerators,
+4 on `cpu` (CPU dry runs train in fp32); the cost, memory and transfer models size every tensor with it.
 Inventories may override memory, peak and bandwidth per cluster (`memory_gib`, `peak_tflops`, `hbm_gbps`).
 """
 from __future__ import annotations
@@ -11,6 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import InputError
+
+# Bytes per element of the tensors training keeps, by vendor: accelerators run Megatron's bf16 mixed precision,
+# CPU processes (the dry run) train in fp32.
+DTYPE_BYTES = {"nvidia": 2, "amd": 2, "ascend": 2, "cpu": 4}
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,14 @@ class DeviceType:
     hbm_gbps: float            # memory bandwidth, GB/s (bytes)
     intra_node_gbps: float     # default per-device intra-node link, Gbit/s (used when the inventory omits it)
     description: str = ""
+    dtype_bytes: int = 0       # element size of training tensors; 0 = the vendor's default (DTYPE_BYTES)
+
+    def __post_init__(self):
+        if self.dtype_bytes == 0:
+            object.__setattr__(self, "dtype_bytes", DTYPE_BYTES[self.vendor])
+        if self.dtype_bytes not in (2, 4):
+            raise ValueError(f"device type {self.name}: dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
+                             f"got {self.dtype_bytes}")
 
     @property
     def backend(self) -> str:

@@ -6,13 +6,13 @@ bytes/s and seconds.
 """
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ._fields import get, positive, reject_unknown, require_mapping
 from .devices import DeviceType, get_device
+from .model import load_yaml_file
 
 
 @dataclass(frozen=True)
@@ -168,14 +168,8 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
                              file=file, field=p + "between", fix="keep one entry per cluster pair")
         links[key] = _link({k: v for k, v in raw.items() if k != "between"}, file=file, prefix=p,
                            latency_key="latency_ms", scale=1e-3)
-    inv = Inventory(tuple(clusters), links, source=file)
-    return inv
+    return Inventory(tuple(clusters), links, source=file)
 
 
 def load_inventory(path: str) -> Inventory:
-    from .model import load_yaml_file
     return inventory_from_dict(load_yaml_file(path, "inventory"), file=path)
-
-
-def cluster_pairs_without_link(inv: Inventory) -> list[tuple[str, str]]:
-    return [(a.name, b.name) for a, b in itertools.combinations(inv.clusters, 2) if inv.link(a.name, b.name) is None]

@@ -15,7 +15,8 @@ import yaml
 
 from ..spec.inventory import inventory_from_dict
 from ..spec.model import ModelSpec
-from .analytic import AnalyticCostModel
+from .simulate import MeshChoice, evaluate_layout
+from ..cost.analytic import AnalyticCostModel
 
 TABLE = os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml")
 
@@ -52,7 +53,6 @@ def published_iteration_time(source: str, table: dict, row: dict) -> float:
 
 
 def calibration_rows(path: str = TABLE) -> list[CalibrationRow]:
-    from ..plan.simulate import MeshChoice, evaluate_layout
     with open(path) as fh:
         data = yaml.safe_load(fh)
     out = []

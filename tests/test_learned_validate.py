@@ -1,0 +1,194 @@
+"""`hetauto validate-cost-model --dryrun REPORT PLAN`: a real (tiny) dry run's measured iteration time against the
+simulator's prediction for the model shape the dry run ran."""
+import io
+import json
+import os
+import sys
+
+import pytest
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.cost.shared_cores import SharedCoresCostModel, core_sharing_factor
+from hetauto_megatron.plan.plan import load_plan
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.runtime.dryrun import prepare_plan
+from hetauto_megatron.spec.inventory import load_inventory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+INVENTORY = """\
+clusters:
+  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
+  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
+links:
+  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
+"""
+
+
+@pytest.fixture(scope="module")
+def dryrun(tmp_path_factory):
+    """One real --tiny dry run of the 2-cluster plan (6 ranks), its --json report written as a user would."""
+    d = tmp_path_factory.mktemp("validate")
+    inv = d / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    buf = io.StringIO()
+    capture = pytest.MonkeyPatch()
+    capture.setattr(sys, "stdout", buf)
+    try:
+        rc = main(["dryrun", "--plan", PLAN, "--tiny", "--steps", "3", "--json"])
+    finally:
+        capture.undo()
+    assert rc == 0
+    report = json.loads(buf.getvalue())
+    # `hetauto dryrun --json` names the shape its ranks ran (the shrunk one under --tiny) ...
+    assert report["model"]["hidden_size"] == tiny_plan().model.hidden_size and report["cores"] >= 1
+    (d / "report.json").write_text(buf.getvalue())
+    # ... but a report written by hand or by another tool may not: the tests below use such an unnamed report
+    # (and `with_model` to name it), so both paths are covered.
+    del report["model"]
+    rep = d / "report-unnamed.json"
+    rep.write_text(json.dumps(report))
+    return d, str(rep), str(inv)
+
+
+def tiny_plan():
+    return prepare_plan(load_plan(PLAN), tiny=True)
+
+
+def expected_s(plan, inv, cost_model=None, cores=2):
+    factor = core_sharing_factor(plan.world_size, cores)
+    return simulate(plan, load_inventory(inv), SharedCoresCostModel(cost_model or AnalyticCostModel(), factor))
+
+
+def run_json(argv, capsys):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def with_model(d, rep, model):
+    """The report with the "model" entry the runtime writes (runtime/dryrun.py: the shape the ranks ran)."""
+    data = json.loads(open(rep).read())
+    data["model"] = model.to_dict()
+    path = d / f"report-{model.name}-{model.hidden_size}-{model.seq_length}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_tiny_dryrun_compared_with_the_shrunk_models_prediction(dryrun, capsys):
+    d, rep, inv = dryrun
+    measured = json.loads(open(rep).read())["iteration_s"]
+    res = run_json(["validate-cost-model", "--inventory", inv, "--dryrun", rep, PLAN, "--tiny", "--cores", "2"],
+                   capsys)
+    assert "rows" not in res and set(res) == {"dryruns"}      # no operator rows were asked for
+    row, = res["dryruns"]["rows"]
+    plan = tiny_plan()
+    # The --tiny run shrank the model (sequence 32 -> 16): the prediction is for what ran, not the plan's model.
+    assert (row["hidden_size"], row["seq_length"]) == (plan.model.hidden_size, plan.model.seq_length)
+    assert row["seq_length"] != load_plan(PLAN).model.seq_length
+    assert row["ranks"] == 6 and row["stretch"] == 3.0 and row["measured_s"] == measured
+    assert row["predicted_s"] == pytest.approx(expected_s(plan, inv).iteration_time_s)
+    assert row["error_pct"] == pytest.approx(100 * (row["predicted_s"] - measured) / measured)
+    assert res["dryruns"]["summary"] == {"rows": 1, "mape_pct": round(abs(row["error_pct"]), 2)}
+    assert row["cost_model"] == {"cpu": "analytic"}
+
+
+def test_report_naming_its_model_needs_no_flag(dryrun, capsys):
+    d, rep, inv = dryrun
+    named = with_model(d, rep, tiny_plan().model)
+    a = run_json(["validate-cost-model", "--inventory", inv, "--dryrun", named, PLAN, "--cores", "2"], capsys)
+    b = run_json(["validate-cost-model", "--inventory", inv, "--dryrun", rep, PLAN, "--tiny", "--cores", "2"], capsys)
+    assert a["dryruns"]["rows"][0]["predicted_s"] == b["dryruns"]["rows"][0]["predicted_s"]
+    # the plan's own (unshrunk) shape predicts something else: the shape matters
+    full = run_json(["validate-cost-model", "--inventory", inv, "--dryrun", rep, PLAN, "--no-tiny", "--cores", "2"],
+                    capsys)
+    assert full["dryruns"]["rows"][0]["seq_length"] == 32
+    assert full["dryruns"]["rows"][0]["predicted_s"] != a["dryruns"]["rows"][0]["predicted_s"]
+
+
+def test_repeated_pairs_and_text_table(dryrun, capsys):
+    d, rep, inv = dryrun
+    named = with_model(d, rep, tiny_plan().model)
+    argv = ["validate-cost-model", "--inventory", inv, "--dryrun", named, PLAN, "--dryrun", named, PLAN,
+            "--cores", "6"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("tiny-2clusters-cpu.yaml") == 2 and "MAPE over 2 dry run(s)" in out
+    res = run_json(argv, capsys)
+    assert [r["stretch"] for r in res["dryruns"]["rows"]] == [1.0, 1.0]     # 6 ranks on 6 cores: no stretch
+    assert res["dryruns"]["rows"][0]["predicted_s"] == pytest.approx(
+        expected_s(tiny_plan(), inv, cores=6).iteration_time_s)
+
+
+def test_learned_model_shown_next_to_analytic(dryrun, tmp_path, capsys):
+    d, rep, inv = dryrun
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path)]) == 0
+    assert main(["fit", str(tmp_path / "profile-cpu.jsonl"), "-o", str(tmp_path / "model"), "--holdout", "0"]) == 0
+    capsys.readouterr()
+    res = run_json(["validate-cost-model", "--cost-model", str(tmp_path / "model"), "--inventory", inv,
+                    "--dryrun", rep, PLAN, "--tiny", "--cores", "2"], capsys)
+    row = res["dryruns"]["rows"][0]
+    assert res["dryruns"]["cost_model"] == "learned" and row["cost_model"] == {"cpu": "learned"}
+    assert row["analytic_s"] == pytest.approx(expected_s(tiny_plan(), inv).iteration_time_s)
+    assert row["predicted_s"] != row["analytic_s"]
+    assert set(res["dryruns"]["summary"]) == {"rows", "mape_pct", "analytic_mape_pct"}
+
+
+def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
+    """The dry run trains in fp32: the simulated cpu plan sizes weights, gradients, Adam state and pipeline
+    sends at 4 bytes per element (docs/cost-model.md, 'Precision')."""
+    from hetauto_megatron.cost.memory import stage_memory_bytes
+    from hetauto_megatron.spec.devices import get_device
+    _, _, inv = dryrun
+    assert get_device("cpu").dtype_bytes == 4 and get_device("h800").dtype_bytes == 2
+    m = tiny_plan().model
+    kw = dict(layers=3, tp=2, dp=1, micro_batch_size=2, recompute="none", in_flight=3, first=True, last=False)
+    fp32, bf16 = stage_memory_bytes(m, dtype_bytes=4, **kw), stage_memory_bytes(m, dtype_bytes=2, **kw)
+    assert fp32["weights_grads_optimizer"] == fp32["params"] * 16        # 4 + 4 + 8 / dp, dp = 1
+    assert bf16["weights_grads_optimizer"] == bf16["params"] * 18        # 2 + 4 + 12 / dp
+    assert fp32["activations"] == pytest.approx(2 * bf16["activations"])
+    # the simulator's first stage (cluster-a: 3 layers, TP 2; 3 of 4 micro-batches in flight) is that fp32 figure
+    est = simulate(tiny_plan(), load_inventory(inv))
+    reserved = 0.5 * 1024 ** 3
+    assert est.memory_gib[0] * 1024 ** 3 == pytest.approx(fp32["total"] - fp32["reserved"] + reserved)
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("missing", "dry-run report not found"),
+    ("not-json", "is not JSON"),
+    ("no-time", "no positive measured iteration time"),
+    ("no-model", "does not say which model shape"),
+    ("contradicts", "contradicts the report"),
+    ("other-plan", "report is of another plan"),
+    ("gpu-plan", "a dry run measures CPU processes"),
+    ("no-inventory", "needs the inventory"),
+    ("inventory-alone", "only applies to --dryrun"),
+])
+def test_bad_dryrun_inputs_exit_2(dryrun, tmp_path, capsys, case, needle):
+    d, rep, inv = dryrun
+    named = with_model(d, rep, tiny_plan().model)
+    plan, extra = PLAN, []
+    if case == "missing":
+        rep = str(tmp_path / "nowhere.json")
+    elif case == "not-json":
+        (tmp_path / "r.json").write_text("loss 4.8\n")
+        rep = str(tmp_path / "r.json")
+    elif case == "no-time":
+        (tmp_path / "r.json").write_text(json.dumps({"error": "rank 3 died"}))
+        rep = str(tmp_path / "r.json")
+    elif case == "contradicts":
+        rep, extra = named, ["--no-tiny"]
+    elif case == "other-plan":
+        rep = with_model(tmp_path, rep, tiny_plan().model.replace(name="six", num_layers=6))
+    elif case == "gpu-plan":
+        text = open(PLAN).read().replace("device_type: cpu", "device_type: h800")
+        (tmp_path / "p.yaml").write_text(text)
+        rep, plan = named, str(tmp_path / "p.yaml")
+    argv = ["validate-cost-model", "--dryrun", rep, plan, "--inventory", inv] + extra
+    if case == "no-inventory":
+        argv = ["validate-cost-model", "--dryrun", named, plan]
+    elif case == "inventory-alone":
+        argv = ["validate-cost-model", "--cost-model", "x", "--profile", "y", "--inventory", inv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
