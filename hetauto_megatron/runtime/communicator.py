@@ -147,9 +147,15 @@ class HeteroP2PCommunicator(P2PCommunicator):
         for k, tr in enumerate(transfers):
             if (tr.dst_tp, tr.dst_dp) != (c.tp_rank, c.dp_rank):
                 continue
-            piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
-                                dtype=buf.dtype, device="cpu" if info["inter"] else buf.device)
             peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp)
+            staging = "cpu" if info["inter"] else buf.device
+            view = buf[tr.seq, tr.dst_batch]
+            if view.is_contiguous() and view.device == torch.device(staging):
+                # The block is one contiguous run of the buffer on the right device: receive in place, no copy.
+                self._post(dist.irecv, view, peer, info["group"], base + k, works, f"receive {what} block {k}")
+                continue
+            piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
+                                dtype=buf.dtype, device=staging)
             self._post(dist.irecv, piece, peer, info["group"], base + k, works, f"receive {what} block {k}")
             staged.append((tr, piece))
 
