@@ -113,3 +113,22 @@ def test_refuses_model_of_other_feature_version(fitted, tmp_path):
     from hetauto_megatron.errors import InputError
     with pytest.raises(InputError, match="feature version"):
         LearnedCostModel(str(tmp_path))
+
+
+def test_plan_and_simulate_use_the_learned_model(fitted, capsys):
+    """`--cost-model` reaches the planner: it says which model priced each device type, and the prediction moves."""
+    prof, model = fitted
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "llama")
+    args = ["--model", "tiny", "--inventory", os.path.join(examples, "inventory-cpu-dryrun.yaml")]
+    assert main(["plan", *args, "--global-batch-size", "8", "--json", "--quiet", "--cost-model", str(model)]) == 0
+    learned = json.loads(capsys.readouterr().out)
+    assert learned["cost_model"] == {"cpu": "learned"}
+    assert main(["plan", *args, "--global-batch-size", "8", "--json", "--quiet"]) == 0
+    analytic = json.loads(capsys.readouterr().out)
+    assert analytic["cost_model"] == {"cpu": "analytic"}
+    assert learned["iteration_time_s"] != analytic["iteration_time_s"]
+    # a device type the profile never saw falls back to the analytic model, and says so
+    assert main(["simulate", "--model", "llama2-7b", "--inventory", os.path.join(examples, "inventory-2clusters.yaml"),
+                 "--tp", "2", "--pp", "2", "--dp", "4", "--micro-batch-size", "1", "--global-batch-size", "64",
+                 "--json", "--cost-model", str(model)]) == 0
+    assert json.loads(capsys.readouterr().out)["cost_model"] == {"h800": "analytic"}
