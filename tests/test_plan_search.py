@@ -2,7 +2,7 @@
 import pytest
 
 from hetauto_megatron.errors import InfeasibleError
-from hetauto_megatron.plan.search import SearchConfig, search
+from hetauto_megatron.plan.search import SearchConfig, default_iterations, search
 from hetauto_megatron.plan.simulate import evaluate_layout, layout_to_plan, simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
@@ -33,7 +33,9 @@ def test_mcts_within_one_percent_of_exhaustive(name):
     inv, model, gbs = INSTANCES[name]
     model = PRESETS[model]
     best = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
-    mcts = search(model, inv, gbs, config=SearchConfig(method="mcts", seed=0))
+    # an explicit playout budget keeps it a real tree search (small trees are otherwise just enumerated)
+    mcts = search(model, inv, gbs, config=SearchConfig(method="mcts", seed=0, iterations=default_iterations(inv)))
+    assert mcts.method == "mcts"
     assert mcts.candidates_evaluated < 3 * best.candidates_evaluated
     assert mcts.iteration_time_s <= best.iteration_time_s * 1.01, (name, mcts.choices, best.choices)
     # both answers are real plans: they load, fit in memory and simulate to the reported time
@@ -88,3 +90,11 @@ def test_budget_cuts_the_search_and_says_so():
     r = search(PRESETS["llama2-70b"], inv, 1024, config=SearchConfig(budget_s=0.2))
     assert r.cut_by_budget and r.to_dict()["cut_by_budget"]
     assert r.stage_layers and sum(r.stage_layers) == 80
+
+
+def test_small_trees_are_enumerated_exactly():
+    inv = _inv([("a", "a100-80gb", 1, 4), ("v", "v100", 1, 4)], [("a", "v", 25, 2)])
+    r = search(PRESETS["llama2-7b"], inv, 32)
+    assert r.method == "exhaustive"
+    assert r.iteration_time_s == search(PRESETS["llama2-7b"], inv, 32,
+                                        config=SearchConfig(method="exhaustive")).iteration_time_s

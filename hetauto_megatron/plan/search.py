@@ -22,6 +22,7 @@ Principles prune and order the tree (what we know about heterogeneous training):
 Leaves are screened with the closed-form 1F1B model (microseconds); after the tree search a local search
 changes one decision at a time around the best leaves (TP, DP, stage count, recomputation, order, adding or
 dropping a cluster, S), and the best distinct layouts are re-ranked with the event simulation.
+Trees with at most twice the playout budget's leaves are enumerated instead (cheaper, and exact).
 Everything is driven by one seeded random generator and an iteration budget, so the same inputs and seed give
 the same plan; `budget_s` only stops the tree search early (the result then says it was cut).
 """
@@ -51,7 +52,7 @@ class SearchConfig:
     iterations: int = 0                # MCTS playouts; 0 -> chosen from the problem size
     budget_s: float | None = None      # wall-clock cap on the tree search
     seed: int = 0
-    rerank: int = 32                   # best distinct leaves re-evaluated with the event simulation
+    rerank: int = 24                   # best distinct leaves re-evaluated with the event simulation
     max_micro_batch: int = 16
     exploration: float = 0.7
     local_search: bool = True
@@ -219,6 +220,21 @@ class _Node:
         self.done = not untried          # a leaf, or later: every child subtree fully explored
 
 
+def _leaves(space: SearchSpace, limit: int | None = None) -> list[tuple]:
+    """Every leaf of the decision tree in depth-first order (stops after limit + 1 leaves when a limit is given)."""
+    out, stack = [], [()]
+    while stack:
+        path = stack.pop()
+        acts = space.actions(path)
+        if not acts:
+            out.append(path)
+            if limit is not None and len(out) > limit:
+                break
+        else:
+            stack.extend(path + (a,) for a in reversed(acts))
+    return out
+
+
 def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> float:
     """Mean and best reward of the subtree, rescaled to [0, 1] over the rewards seen so far (good plans differ
     by a few percent, which an unscaled reward would drown in the exploration term), plus exploration."""
@@ -277,18 +293,15 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         leaves[meshes] = ev.resolve(meshes)[0]
         return leaves[meshes]
 
-    if cfg.method == "exhaustive":
-        stack = [()]
-        while stack:
-            path = stack.pop()
-            acts = space.actions(path)
-            if not acts:
-                value(path)
-                playouts += 1
-            else:
-                stack.extend(path + (a,) for a in reversed(acts))
+    n_iter = cfg.iterations or default_iterations(inventory)
+    method = cfg.method
+    if method == "mcts" and not cfg.iterations and len(_leaves(space, limit=2 * n_iter)) <= 2 * n_iter:
+        method = "exhaustive"          # a tree this small costs fewer evaluations to enumerate than to sample
+    if method == "exhaustive":
+        for path in _leaves(space):
+            value(path)
+            playouts += 1
     else:
-        n_iter = cfg.iterations or default_iterations(inventory)
         rng = random.Random(cfg.seed)
         t_lb = _time_lower_bound(model, inventory, gbs)
         nodes: dict[tuple, _Node] = {(): _Node(space.actions(()))}
@@ -297,7 +310,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         for it in range(n_iter):
             if nodes[()].done:
                 break                  # the whole tree has been explored
-            if cfg.budget_s is not None and time.perf_counter() - t0 > cfg.budget_s:
+            if cfg.budget_s is not None and leaves and time.perf_counter() - t0 > cfg.budget_s:
                 cut = True
                 break
             playouts += 1
@@ -347,24 +360,32 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
     if not ranked:
         _raise_infeasible(model, inventory, ev)
-    if cfg.method == "mcts" and cfg.local_search:
+    # The closed form screens; the event simulation decides among the best of the tree's own leaves and, after
+    # the local search, the best of everything found (two lists, so the climb's many near-identical layouts
+    # cannot crowd the tree's best leaves out of the final check).
+    shortlists = [ranked]
+    if method == "mcts" and cfg.local_search:
         deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
-        ranked = _local_search(space, ev, ranked, deadline)
+        shortlists.append(_local_search(space, ev, ranked, deadline))
     best = None
     seen = set()
-    for _, choices in ranked:
-        resolved = ev.resolve(choices)[1]
-        if resolved in seen:
-            continue
-        seen.add(resolved)
-        res = ev.exact(resolved)
-        if res.stage_layers is not None and (best is None or res.iteration_time_s < best[0].iteration_time_s - 1e-12):
-            best = (res, resolved)
-        if len(seen) >= cfg.rerank:
-            break
+    for shortlist in shortlists:
+        checked = 0
+        for _, choices in shortlist:
+            resolved = ev.resolve(choices)[1]
+            if resolved in seen:
+                continue
+            seen.add(resolved)
+            checked += 1
+            res = ev.exact(resolved)
+            if res.stage_layers is not None and (best is None or
+                                                 res.iteration_time_s < best[0].iteration_time_s - 1e-12):
+                best = (res, resolved)
+            if checked >= cfg.rerank:
+                break
     res, choices = best
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
-                        len(ev.cache), cfg.method, cut, playouts)
+                        len(ev.cache), method, cut, playouts)
 
 
 def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list, deadline: float | None = None) -> list:
