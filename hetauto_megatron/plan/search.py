@@ -28,6 +28,7 @@ the same plan; `budget_s` only stops the tree search early (the result then says
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -431,20 +432,22 @@ def _neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
 
     for i, m in enumerate(choices):
         before = sum(x.num_stages for x in choices[:i])
+        # TP and DP together: trading one for the other (same devices, other shard shapes) is the common move
         for tp in space.tp[m.cluster]:
-            if tp != m.tp:
-                out.append(with_mesh(i, space.mesh(m.cluster, tp, m.dp, S, before)))
-        for dp in _divisors(S):
-            if dp != m.dp:
-                out.append(with_mesh(i, space.mesh(m.cluster, m.tp, dp, S, before)))
+            for dp in _divisors(S):
+                if (tp, dp) != (m.tp, m.dp):
+                    out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before)))
         for k in (m.num_stages - 1, m.num_stages + 1, (m.num_stages + 1) // 2):
             if k != m.num_stages:
                 out.append(with_mesh(i, replace(m, num_stages=k)))
         for rc in RECOMPUTE:
             if rc != m.recompute:
                 out.append(with_mesh(i, replace(m, recompute=rc)))
-    for i in range(len(choices) - 1):
-        out.append(choices[:i] + (choices[i + 1], choices[i]) + choices[i + 2:])
+    # every other order of the same meshes (a handful: at most 4! for the inventories this tool targets)
+    if len(choices) <= 4:
+        out += [perm for perm in itertools.permutations(choices) if perm != choices]
+    else:
+        out += [choices[:i] + (choices[i + 1], choices[i]) + choices[i + 2:] for i in range(len(choices) - 1)]
     if len(choices) > 1:
         out += [choices[:i] + choices[i + 1:] for i in range(len(choices))]
     used = {m.cluster for m in choices}

@@ -68,6 +68,9 @@ def _pipeline(model, inventory, choices, m, cost_model):
     samples = choices[0].dp * choices[0].micro_batch_size
     links = []
     for i in range(p - 1):
+        if links and owners[i - 1] == owners[i] == owners[i + 1]:
+            links.append(links[-1])    # inside a mesh every boundary costs the same
+            continue
         a, b = choices[owners[i]], choices[owners[i + 1]]
         if a.cluster == b.cluster:
             cl = inventory.cluster(a.cluster)
@@ -211,6 +214,8 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         rough = split_layers(per, fixed, lo, [L] * p, L) or [L // p] * p
         worst, dev, mesh = 0.0, "", -1
         for i, prof in enumerate(profs):
+            if rough[i] <= caps[i] and mesh >= 0:
+                continue            # this stage fits its share: no need to price it
             need = costing.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1)["total"]
             if need - prof.memory_cap > worst or mesh < 0:
                 worst, mesh = need - prof.memory_cap, owners[i]
