@@ -155,7 +155,7 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
 
 @pytest.mark.parametrize("case, needle", [
     ("missing", "dry-run report not found"),
-    ("not-json", "is not JSON"),
+    ("not-json", "is not valid JSON"),
     ("no-time", "no positive measured iteration time"),
     ("no-model", "does not say which model shape"),
     ("contradicts", "contradicts the report"),

@@ -7,6 +7,7 @@ import math
 import os
 
 from ..errors import InputError
+from ..spec.model import read_json_file
 from .fit import SAILOR_DEFAULT
 
 DESCRIPTION = """\
@@ -59,12 +60,8 @@ def load_dryrun_report(path: str) -> dict:
     if not os.path.isfile(path):
         raise InputError("dry-run report not found", file=path, field="--dryrun",
                          fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
-    try:
-        with open(path) as fh:
-            rep = json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"is not JSON (line {exc.lineno}: {exc.msg})", file=path, field="--dryrun",
-                         fix="pass the output of 'hetauto dryrun --plan PLAN --json' (nothing else on stdout)") from None
+    rep = read_json_file(path, field="--dryrun",
+                         fix="pass the output of 'hetauto dryrun --plan PLAN --json' (nothing else on stdout)")
     if not isinstance(rep, dict):
         raise InputError("is not a JSON object", file=path, field="--dryrun",
                          fix="pass the output of 'hetauto dryrun --plan PLAN --json'")

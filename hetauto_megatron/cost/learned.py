@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..spec.devices import CATALOG, DeviceType, canonical_device_name
-from ..spec.model import ModelSpec
+from ..spec.model import ModelSpec, read_json_file
 from . import features as F
 
 MODEL_FORMAT = "hetauto-learned-cost/1"
@@ -181,11 +181,7 @@ def load_sailor(directory: str) -> list[SailorLayer]:
         raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
                          field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
                                                "or '--sailor' alone for the packaged copy")
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"is not valid JSON at line {exc.lineno}: {exc.msg}", file=path) from None
+    data = read_json_file(path, field="--sailor")
     out = []
     for mname, per_gpu in data.items():
         spec = SAILOR_MODELS.get(mname)
@@ -409,11 +405,7 @@ class LearnedCostModel:
         if not os.path.isfile(path):
             raise InputError("is not a fitted cost model (no manifest.json)", file=model_dir, field="--cost-model",
                              fix="pass a directory written by 'hetauto fit'")
-        try:
-            with open(path) as fh:
-                man = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"is not valid JSON: {exc.msg}", file=path, field="--cost-model") from None
+        man = read_json_file(path, field="--cost-model", fix="re-fit it with 'hetauto fit'")
         if man.get("format") != MODEL_FORMAT:
             raise InputError(f"has format {man.get('format')!r}, expected {MODEL_FORMAT!r}", file=path,
                              field="format", fix="re-fit it with this version of 'hetauto fit'")

@@ -286,18 +286,23 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
         raise exc.within(file=file) from None
 
 
-def _read_json(path: str) -> dict:
+def read_json_file(path: str, *, field: str | None = None, fix: str | None = None):
+    """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
     try:
         with open(path, encoding="utf-8") as fh:
-            cfg = json.load(fh)
+            return json.load(fh)
     except json.JSONDecodeError as exc:
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
-                         fix="correct the syntax (quotes, commas, braces)") from None
+                         field=field, fix=fix or "correct the syntax (quotes, commas, braces)") from None
     except UnicodeDecodeError:
-        raise InputError("is not a UTF-8 text file", file=path, fix="pass the model's config.json") from None
+        raise InputError("is not a UTF-8 text file", file=path, field=field, fix=fix) from None
     except OSError as exc:
-        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
-    return require_mapping(cfg, "a Hugging Face config", path)
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, field=field,
+                         fix="check the path and the file's permissions") from None
+
+
+def _read_json(path: str) -> dict:
+    return require_mapping(read_json_file(path, fix="pass the model's config.json"), "a Hugging Face config", path)
 
 
 def load_model(source: str, *, seq_length: int | None = None) -> ModelSpec:
