@@ -81,31 +81,23 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters):
     peer = 1 - rank
     small = torch.zeros(1, dtype=torch.float32)
     # Latency: ping-pong of one float.
-    rtts = []
-    for i in range(ping_iters + 3):
+    def round_trip(out, back) -> float:
+        """Rank 0 sends `out` and waits for `back`; rank 1 mirrors it. Returns the seconds it took."""
         a = time.perf_counter()
         if rank == 0:
-            dist.send(small, peer)
-            dist.recv(small, peer)
+            dist.send(out, peer)
+            dist.recv(back, peer)
         else:
-            dist.recv(small, peer)
-            dist.send(small, peer)
-        if i >= 3:       # first exchanges set up the connection
-            rtts.append(time.perf_counter() - a)
+            dist.recv(out, peer)
+            dist.send(back, peer)
+        return time.perf_counter() - a
+
+    rtts = [round_trip(small, small) for _ in range(ping_iters + 3)][3:]   # first exchanges set up the connection
     latency = statistics.median(rtts) / 2
     per_size = []
     for n in sizes:
         buf = torch.empty(max(1, n // 4), dtype=torch.float32)
-        times = []
-        for _ in range(iters + 1):
-            a = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, peer)
-                dist.recv(small, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(small, peer)
-            times.append(time.perf_counter() - a)
+        times = [round_trip(buf, small) for _ in range(iters + 1)]
         one_way = max(statistics.median(times[1:]) - latency, 1e-9)
         per_size.append((buf.numel() * 4, one_way, buf.numel() * 4 / one_way))
     if rank != 0:
