@@ -2,9 +2,10 @@
 
 1. This CPU: `hetauto profile --quick` (reused when the file exists; --fresh re-profiles), fit with 20% of the
    shapes held out, held-out MAPE on operator time for several random splits (target <= 10%).
-2. The shipped GPU measurements (hetauto_megatron/data/sailor, from the Sailor project): leave-one-model-out, i.e. fit on
-   three models and predict every measured transformer layer of the fourth, MAPE per GPU type and held-out
-   model, next to the roofline prior's (target <= 10% on A100-40 and GH-96).
+2. The shipped GPU measurements (hetauto_megatron/data/sailor, from the Sailor project): the precision each
+   run used (recovered), then leave-one-model-out, i.e. fit on three models and predict every measured
+   transformer layer of the fourth, MAPE per GPU type and held-out model, next to the calibration alone and
+   the roofline prior (target <= 10% on A100-40 and GH-96).
 
     python benchmarks/learned_cost.py [--workdir DIR] [--fresh] [--skip-cpu]
 """
@@ -38,7 +39,7 @@ def cpu_part(workdir: str, fresh: bool, seeds=(0, 1, 2, 3, 4)) -> None:
     alls = []
     for seed in seeds:
         train, test = L.split_holdout(samples, 0.2, seed)
-        pred = L.predict_samples(L.train_boosters(train, seed), test)
+        pred = L.predict_samples(L.train_model(train, seed), test)
         by = {ph: [(p, s.measured_s) for p, s in zip(pred, test) if s.phase == ph] for ph in ("fwd", "bwd")}
         m = {ph: L.mape([a for a, _ in v], [b for _, b in v]) for ph, v in by.items()}
         allm = L.mape(pred, [s.measured_s for s in test])
@@ -51,30 +52,43 @@ def cpu_part(workdir: str, fresh: bool, seeds=(0, 1, 2, 3, 4)) -> None:
 def sailor_part() -> None:
     layers = L.load_sailor(SAILOR)
     models = sorted({r.model for r in layers})
-    print("\n[2] Sailor GPU measurements, leave-one-model-out, per-layer MAPE % (transformer layers, fwd+bwd rows)")
-    print(f"{'GPU':<10} {'held-out model':<14} {'layers':>7} {'learned %':>10} {'prior %':>9}")
+    prec = L.sailor_precisions(layers)
+    print("\n[2] Sailor GPU measurements. Arithmetic of each run (recovered, see docs/cost-model-learned.md):")
+    for gpu in sorted({g for _, g in prec}):
+        best = {m: max(L.forward_tflops(r) for r in layers if r.model == m and r.gpu == gpu
+                       and r.shape.kind == "transformer") for m, g in prec if g == gpu}
+        print(f"    {gpu:<10} FP32 peak {L.SAILOR_FP32_TFLOPS[gpu]:5.1f} TFLOP/s; " + ", ".join(
+            f"{m} {prec[(m, gpu)]} (best {v:.1f})" for m, v in sorted(best.items())))
+    print("Leave-one-model-out, per-layer MAPE % (every measured transformer layer, fwd and bwd rows):")
+    print(f"{'GPU':<10} {'held-out model':<14} {'layers':>7} {'learned %':>10} {'calibrated %':>13} {'prior %':>9}")
     agg: dict[str, list] = {}
     for held in models:
-        train_layers = [r for r in layers if r.model != held]
-        boosters = L.train_boosters(L.sailor_samples(train_layers), 0)
-        trained_gpus = {r.gpu for r in train_layers}
+        train = L.sailor_samples([r for r in layers if r.model != held])
+        model = L.train_model(train, 0)
+        calibrated = L.train_model(train, 0, rounds=0)
+        trained_gpus = {r.gpu for r in layers if r.model != held}
         test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
+        print(f"  (fit without {held}: boosting rounds kept by cross-validation: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + ")")
         for gpu in sorted({r.gpu for r in test_layers}):
             sel = [r for r in test_layers if r.gpu == gpu]
             ss = L.sailor_layer_samples(sel)
             if gpu not in trained_gpus:
-                print(f"{gpu:<10} {held:<14} {len(sel):>7} {'n/a':>10} {'':>9}  (no other model measured on it)")
+                print(f"{gpu:<10} {held:<14} {len(sel):>7} {'n/a':>10} {'':>13} {'':>9}  "
+                      "(no other model measured on it)")
                 continue
-            pred = L.predict_samples(boosters, ss)
-            meas = [s.measured_s for s in ss]
-            e, pe = L.mape(pred, meas), L.mape([s.prior_s for s in ss], meas)
-            agg.setdefault(gpu, []).extend(zip(pred, meas, [s.prior_s for s in ss]))
-            print(f"{gpu:<10} {held:<14} {len(sel):>7} {e:>10.1f} {pe:>9.1f}")
-    print(f"\n{'GPU':<10} {'all folds: learned %':>21} {'prior %':>9}")
+            pred, cal = L.predict_samples(model, ss), L.predict_samples(calibrated, ss)
+            meas, prior = [s.measured_s for s in ss], [s.baseline_s for s in ss]
+            agg.setdefault(gpu, []).extend(zip(pred, cal, prior, meas))
+            print(f"{gpu:<10} {held:<14} {len(sel):>7} {L.mape(pred, meas):>10.1f} {L.mape(cal, meas):>13.1f} "
+                  f"{L.mape(prior, meas):>9.1f}")
+    print(f"\n{'GPU':<10} {'all folds: learned %':>21} {'calibrated %':>13} {'prior %':>9}")
     for gpu, v in sorted(agg.items()):
-        print(f"{gpu:<10} {L.mape([a for a, _, _ in v], [b for _, b, _ in v]):>21.1f} "
-              f"{L.mape([c for _, _, c in v], [b for _, b, _ in v]):>9.1f}")
-    print("targets: <= 10 on A100-40 and GH-96")
+        meas = [m for *_, m in v]
+        print(f"{gpu:<10} {L.mape([a for a, *_ in v], meas):>21.1f} {L.mape([c for _, c, *_ in v], meas):>13.1f} "
+              f"{L.mape([p for _, _, p, _ in v], meas):>9.1f}")
+    print("targets: <= 10 on A100-40 and GH-96. 'calibrated': stage 1 alone (no trees); 'prior': the roofline "
+          "plus the TP all-reduces")
 
 
 def main() -> int:

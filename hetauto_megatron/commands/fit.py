@@ -7,13 +7,18 @@ import json
 SAILOR_DEFAULT = "packaged"
 
 DESCRIPTION = """\
-Fit LightGBM regressors that correct a roofline prior (time = prior x exp(prediction)) from measured times:
-operator profiles written by 'hetauto profile' (one file per device type) and, with --sailor, the
-published per-layer GPU measurements of the Sailor project (A100, V100, GH200, RTX GPUs; a copy ships with
-hetauto, --sailor=DIR reads another directory holding profiles_tmp.json).
+Fit a cost model from measured times: operator profiles written by 'hetauto profile' (one file per device
+type) and, with --sailor, the published per-layer GPU measurements of the Sailor project (A100, V100, GH200,
+RTX GPUs; a copy ships with hetauto, --sailor=DIR reads another directory holding profiles_tmp.json).
+
+Two stages. (1) The roofline prior, calibrated per device type, phase and operator kind:
+time = rate x prior + overhead. (2) LightGBM regressors correcting what is left,
+time = calibrated x exp(prediction), with the number of boosting rounds chosen by cross-validation over
+whole shapes or models (the fewest rounds within one standard error of the best; 0 = trees do not carry over
+and the calibration answers alone). The report says how many rounds each booster kept.
 
 A share of the rows (--holdout) is kept aside first to report the error on unseen shapes; then the model is
-refitted on all rows and written to MODEL_DIR: manifest.json plus one booster per (granularity, phase) in
+refitted on all rows and written to MODEL_DIR: manifest.json (with the calibration) plus each kept booster in
 LightGBM's text format. 'hetauto plan/simulate --cost-model MODEL_DIR' use it for the device types it covers
 and the analytic model for the others."""
 
@@ -44,6 +49,8 @@ def run(args) -> int:
         return 0
     print(f"fitted {res.rows} rows -> {res.model_dir}")
     print(f"device types: {', '.join(f'{k} ({v.granularity})' for k, v in sorted(res.devices.items()))}")
+    print("boosting rounds kept (cross-validated; 0 = calibrated roofline alone): "
+          + ", ".join(f"{k} {v}" for k, v in sorted(res.rounds.items())))
     if res.heldout:
         print(f"held-out error ({args.holdout:.0%} of operator shapes; per-layer data: of (device, model) pairs):")
         print(f"  {'device granularity phase':<32} {'rows':>6} {'MAPE %':>8}")

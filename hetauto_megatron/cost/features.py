@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 # Bump when the meaning of a feature or of the prior changes: fitted models record it and refuse a mismatch.
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 
 OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding")
 # Whole-layer rows (measured per layer, e.g. the shipped GPU measurements).
@@ -207,19 +207,42 @@ class LayerShape:
 
 LAYER_FEATURES = ("kind", "phase_bwd", "log_hidden", "log_heads", "log_kv_heads", "log_ffn", "log_vocab",
                   "log_seq", "log_micro_batch", "tp", "gated", "rope", "dtype_bytes", "log_flops", "log_bytes",
-                  "intensity", "log_score_elems", "attn_flop_share", "peak_tflops", "hbm_gbps", "log_prior")
+                  "intensity", "log_score_elems", "attn_flop_share", "peak_tflops", "hbm_gbps", "log_prior",
+                  "gemm_share", "attention_share", "score_share")
+
+
+# Bytes moved per attention-score element by an unfused attention (Megatron's default path when flash attention
+# is off), counted kernel by kernel with d = element size and a 1-byte dropout mask:
+# forward: QK^T writes S (d); scale-mask-softmax reads S, writes P (2d); dropout reads P, writes P' and the mask
+# (2d + 1); PV reads P' (d) -> 6d + 1.  Backward: dP' written (d); dV reads P' (d); dropout backward reads dP'
+# and the mask, writes dP (2d + 1); softmax backward reads dP and P, writes dS (3d); dQ and dK each read dS (2d)
+# -> 9d + 1.
+SCORE_BYTES_PER_ELEMENT = {"fwd": (6, 1), "bwd": (9, 1)}
+
+
+def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float,
+                      hbm_gbps: float) -> dict[str, float]:
+    """The prior of a whole layer, by part: GEMM rooflines, attention (core roofline plus the full, not
+    causal-half, score FLOPs), the score matrix's traffic, and the memory-bound rest (norms, activation, adds,
+    rotary). Whole-layer measurements (the shipped GPU data) come from runs that materialise the s x s score
+    matrix (their activation sizes include it), hence the score terms; without them long-sequence layers look
+    several times less efficient than short ones. The parts' shares are features: a layer dominated by score
+    traffic behaves like other score-bound layers, whatever model it belongs to."""
+    f = 2.0 if phase == "bwd" else 1.0
+    parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
+    for o in ops:
+        t = op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps)
+        parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind == "attention" else "other"] += t
+    scores = sum(o.score_elements() for o in ops)
+    attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
+    per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
+    parts["scores"] = scores * (per_elem * dtype_bytes + mask) / (hbm_gbps * 1e9)
+    parts["attention"] += f * attn_flops / (peak_tflops * 1e12)
+    return parts
 
 
 def layer_prior_s(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
-    """Sum of operator rooflines, with attention unfused: whole-layer measurements (the shipped GPU data)
-    come from runs that materialise the s x s score matrix (their activation sizes include it), so the prior
-    adds its traffic (written, read by softmax, written, read by PV: 4 passes) and the full, not causal-half,
-    score FLOPs. Without this term, long-sequence layers look several times less efficient than short ones."""
-    f = 2.0 if phase == "bwd" else 1.0
-    base = sum(op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps) for o in ops)
-    scores = sum(o.score_elements() for o in ops)
-    attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
-    return base + f * (4.0 * scores * dtype_bytes / (hbm_gbps * 1e9) + attn_flops / (peak_tflops * 1e12))
+    return sum(layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps).values())
 
 
 def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
@@ -228,9 +251,11 @@ def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflo
     flops = sum(o.flops() for o in ops)
     nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
     attn = sum(o.flops() for o in ops if o.kind == "attention")
-    prior = layer_prior_s(ops, phase, dtype_bytes, peak_tflops, hbm_gbps)
+    parts = layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps)
+    prior = sum(parts.values())
     return [float(LAYER_KINDS.index(shape.kind)), float(phase == "bwd"), _log(shape.hidden), _log(shape.heads),
             _log(shape.kv_heads), _log(shape.ffn), _log(shape.vocab), _log(shape.seq), _log(shape.micro_batch),
             float(shape.tp), float(shape.gated), float(shape.rope), float(dtype_bytes), _log(flops), _log(nbytes),
             flops / max(nbytes, 1.0), _log(sum(o.score_elements() for o in ops)), attn / max(flops, 1.0),
-            float(peak_tflops), float(hbm_gbps), math.log(prior)]
+            float(peak_tflops), float(hbm_gbps), math.log(prior), parts["gemm"] / prior, parts["attention"] / prior,
+            parts["scores"] / prior]

@@ -13,6 +13,7 @@ can state where each number came from.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from ..spec.devices import CATALOG, DeviceType, canonical_device_name
 from ..spec.model import ModelSpec, read_json_file
 from . import features as F
 
-MODEL_FORMAT = "hetauto-learned-cost/1"
+MODEL_FORMAT = "hetauto-learned-cost/2"
 PROFILE_FORMAT = "hetauto-profile/1"
 MANIFEST = "manifest.json"
 BOOSTERS = ("op_fwd", "op_bwd", "layer_fwd", "layer_bwd")
@@ -48,6 +49,20 @@ class Sample:
     measured_s: float
     group: str             # rows sharing a group are held out together (one shape, or one model)
     label: str             # for tables
+    known_s: float = 0.0   # part of measured_s another model prices (a layer's TP all-reduces): not learned
+
+    @property
+    def baseline_s(self) -> float:
+        """What the analytic side alone predicts: the roofline prior plus the known part."""
+        return self.prior_s + self.known_s
+
+    def learned_part_s(self) -> float:
+        """The measurement less its known part, kept >= a quarter of the measurement so that an over-estimated
+        known part cannot make it vanish."""
+        return max(self.measured_s - self.known_s, 0.25 * self.measured_s)
+
+    def calibration_key(self) -> str:
+        return calibration_key(self.device, self.granularity, self.phase, self.features)
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,9 @@ SAILOR_MODELS = {
 SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200"}
 SAILOR_EXTRA_GPUS = {"Titan-RTX": (130.0, 672.0), "RTX-2080": (40.3, 448.0), "RTX-3090": (71.0, 936.0)}
 SAILOR_DTYPE_BYTES = 2   # mixed-precision training runs
+# Datasheet FP32 throughput without tensor cores (TF32 off), TFLOP/s: the ceiling of a run in plain FP32.
+SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96": 67.0, "Titan-RTX": 16.3,
+                      "RTX-2080": 10.1, "RTX-3090": 35.6}
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sailor")
@@ -154,6 +172,17 @@ class SailorLayer:
     index: int            # layer index in Sailor's list (transformer layers 1..L)
     fwd_s: float
     bwd_s: float
+    precision: str = "fp16"   # "fp16" (tensor cores) or "fp32" (see sailor_precisions)
+    tp_comm_s: float = 0.0    # TP all-reduce time the measurement contains, per pass (see tp_allreduces_s)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else SAILOR_DTYPE_BYTES
+
+    @property
+    def compute_tflops(self) -> float:
+        """The compute ceiling of this run: the tensor-core peak, or the FP32 peak for an FP32 run."""
+        return SAILOR_FP32_TFLOPS[self.gpu] if self.precision == "fp32" else self.peak_tflops
 
 
 def sailor_device(gpu: str) -> tuple[str, float, float]:
@@ -216,7 +245,34 @@ def load_sailor(directory: str) -> list[SailorLayer]:
     if not out:
         raise InputError("holds no usable measurements", file=path, field="--sailor",
                          fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
-    return out
+    prec = sailor_precisions(out)
+    out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
+    fits = read_allreduce_fits(directory)
+    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits)) for r in out]
+
+
+def forward_tflops(r: SailorLayer) -> float:
+    """The FLOP rate a measured transformer layer achieved in its forward pass (attention scores counted in
+    full, as the unfused runs compute them)."""
+    ops = r.shape.ops()
+    flops = sum(o.flops() for o in ops) + sum(o.flops() for o in ops if o.kind == "attention")
+    return flops / r.fwd_s / 1e12
+
+
+def sailor_precisions(layers: list[SailorLayer]) -> dict[tuple, str]:
+    """The arithmetic each (model, GPU) run used, which the data does not record.
+
+    Rule: a run is FP32 when no transformer layer of it ever beat the GPU's FP32 (non-tensor-core) peak;
+    one that did must have used tensor cores (fp16). A run's precision is a fact of how it was launched,
+    like its micro-batch, so it is recovered once per run from the whole run and never fitted.
+    docs/cost-model-learned.md gives the evidence (the same project's fp16/fp32-labelled operator profiles)."""
+    best: dict[tuple, float] = {}
+    for r in layers:
+        if r.shape.kind == "transformer" and r.fwd_s > 0:
+            k = (r.model, r.gpu)
+            best[k] = max(best.get(k, 0.0), forward_tflops(r))
+    return {(r.model, r.gpu): ("fp32" if best.get((r.model, r.gpu), math.inf) <= SAILOR_FP32_TFLOPS[r.gpu] else "fp16")
+            for r in layers}
 
 
 def _sailor_config_key(r: SailorLayer) -> tuple:
@@ -240,12 +296,45 @@ def sailor_samples(layers: list[SailorLayer]) -> list[Sample]:
     return out
 
 
+def read_allreduce_fits(directory: str) -> dict:
+    """Sailor's measured all-reduce bandwidth per GPU and group size (intra_node_bandwidths.json) from the data
+    directory, else from the packaged copy."""
+    path = os.path.join(directory, "intra_node_bandwidths.json")
+    if not os.path.isfile(path):
+        path = os.path.join(SAILOR_DATA, "intra_node_bandwidths.json")
+    return read_json_file(path, field="--sailor")
+
+
+def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
+    """Ring all-reduce time inside one node, the way Sailor prices it from its measurements
+    (sailor/profiling/profile_utils.py): 2(n-1) steps, each moving a chunk of nbytes/n at the bandwidth measured
+    for that chunk size, GB/s = a x^2 + b x + c with x = log2(megabytes), capped at the measured maximum.
+    `fits`: one GPU's entry, {group size: [[a, b, c], max bytes/s]}; the largest group stands in for bigger."""
+    if n <= 1 or nbytes <= 0 or not fits:
+        return 0.0
+    key = str(n) if str(n) in fits else max(fits, key=int)
+    (a, b, c), max_bps = fits[key]
+    chunk = nbytes / n
+    x = math.log2(max(chunk / 1e6, 1e-3))
+    bw = min(max_bps, max(1e9 * (a * x * x + b * x + c), 1e9))
+    return 2 * (n - 1) * chunk / bw
+
+
+def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
+    """The tensor-parallel all-reduces a measured layer contains, per pass (Megatron: two in the forward, two
+    in the backward, each of the layer's activations), which the compute roofline does not price."""
+    if r.shape.kind != "transformer" or r.shape.tp <= 1:
+        return 0.0
+    nbytes = r.shape.micro_batch * r.shape.seq * r.shape.hidden * r.dtype_bytes
+    return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
+
+
 def _sailor_sample(r: SailorLayer, phase: str, t: float) -> Sample:
-    feats = F.layer_features(r.shape, phase, dtype_bytes=SAILOR_DTYPE_BYTES, peak_tflops=r.peak_tflops,
+    feats = F.layer_features(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
                              hbm_gbps=r.hbm_gbps)
-    prior = F.layer_prior_s(r.shape.ops(), phase, SAILOR_DTYPE_BYTES, r.peak_tflops, r.hbm_gbps)
-    label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index}"
-    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label)
+    prior = F.layer_prior_s(r.shape.ops(), phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps)
+    label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
+    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, r.tp_comm_s)
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
@@ -263,42 +352,169 @@ def _lgb():
     return lightgbm
 
 
-def train_boosters(samples: list[Sample], seed: int = 0, rounds: int = NUM_ROUNDS) -> dict:
-    """One booster per (granularity, phase) present in `samples`; target = log(measured / prior)."""
+# ---- stage 1: the roofline, calibrated per device ----------------------------------------------------------
+# Every (device, granularity, phase, operator or layer kind, element size) group gets
+#     learned part = rate * prior + overhead
+# `rate`: how many times slower than its roofline the device runs that kind of work at scale; `overhead`: the
+# fixed time per call (kernel launches, the framework's Python) that dominates small shapes. Two physical numbers
+# per group carry over to shapes and models the measurements never covered. Trees fitted directly on
+# log(measured / prior) instead learn a per-model offset from whatever feature happens to separate the training
+# models, and extrapolate it to a new model wherever it falls (benchmarks/learned_cost.py shows the difference).
+OVERHEAD_STEPS = 20
+
+
+def _fit_rate_overhead(prior: list[float], y: list[float]) -> tuple[float, float]:
+    """Least absolute log error over overheads from 0 to 95% of the fastest measurement (the rate is the median
+    ratio for each); deterministic and robust to a few noisy rows."""
+    if len(y) < 3:
+        return math.exp(statistics.median(math.log(v / p) for p, v in zip(prior, y))), 0.0
+    best = None
+    for i in range(OVERHEAD_STEPS):
+        t0 = min(y) * i / OVERHEAD_STEPS
+        rate = math.exp(statistics.median(math.log((v - t0) / p) for p, v in zip(prior, y)))
+        err = sum(abs(math.log(rate * p + t0) - math.log(v)) for p, v in zip(prior, y))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, rate, t0)
+    return best[1], best[2]
+
+
+def fit_calibration(samples: list[Sample]) -> dict[str, tuple[float, float]]:
+    """Calibration key -> (rate, overhead seconds), from each group's rows."""
+    groups: dict[str, tuple[list, list]] = {}
+    for s in samples:
+        p, y = groups.setdefault(s.calibration_key(), ([], []))
+        p.append(s.prior_s)
+        y.append(s.learned_part_s())
+    return {k: _fit_rate_overhead(p, y) for k, (p, y) in sorted(groups.items())}
+
+
+def calibrated_s(calibration: dict, key: str, prior_s: float) -> float:
+    """rate * prior + overhead. A group never measured (a precision or operator kind this device was not
+    profiled in) borrows the median calibration of the same group on the other devices: a GPU's efficiency is a
+    better guess than none; with no such group, the bare roofline."""
+    hit = calibration.get(key)
+    if hit is None:
+        rest = key.split("|", 1)[1]
+        same = [v for k, v in calibration.items() if k.split("|", 1)[1] == rest]
+        hit = (statistics.median(r for r, _ in same), statistics.median(o for _, o in same)) if same else (1.0, 0.0)
+    return hit[0] * prior_s + hit[1]
+
+
+def calibration_key(device: str, granularity: str, phase: str, features) -> str:
+    """device|granularity|phase|operator or layer kind|element size."""
+    names = F.OP_FEATURES if granularity == "op" else F.LAYER_FEATURES
+    return f"{device}|{granularity}|{phase}|{int(features[0])}|{int(features[names.index('dtype_bytes')])}"
+
+
+# ---- stage 2: LightGBM on what the calibration leaves ------------------------------------------------------
+# The number of boosting rounds is chosen per booster by cross-validation over the training rows' groups (whole
+# models for per-layer data, operator shapes for profiles): where tree corrections do not carry over to unseen
+# groups, the fit says so and keeps fewer or none of them.
+ROUND_CHOICES = (0, 50, 150, 300, NUM_ROUNDS)
+CV_FOLDS = 5
+
+
+@dataclass
+class FittedModel:
+    calibration: dict          # calibration key -> (rate, overhead_s)
+    boosters: dict             # booster name -> lightgbm.Booster (absent where 0 rounds were chosen)
+    rounds: dict               # booster name -> rounds used
+
+    def base_s(self, s: Sample) -> float:
+        return calibrated_s(self.calibration, s.calibration_key(), s.prior_s)
+
+
+def _train_trees(samples: list[Sample], calibration: dict, rounds: dict, seed: int) -> dict:
     import numpy as np
     lgb = _lgb()
     boosters = {}
     for name in BOOSTERS:
+        n = rounds.get(name, 0)
         gran, phase = name.split("_")
         rows = [s for s in samples if s.granularity == gran and s.phase == phase]
-        if not rows:
+        if not rows or n <= 0:
             continue
         names = F.OP_FEATURES if gran == "op" else F.LAYER_FEATURES
         X = np.array([s.features for s in rows], dtype=np.float64)
-        y = np.array([math.log(s.measured_s / s.prior_s) for s in rows], dtype=np.float64)
+        y = np.array([math.log(s.learned_part_s() / calibrated_s(calibration, s.calibration_key(), s.prior_s))
+                      for s in rows], dtype=np.float64)
         ds = lgb.Dataset(X, y, feature_name=list(names), categorical_feature=["kind"], free_raw_data=True,
                          params={"verbosity": -1, "min_data_in_bin": 1})
         params = dict(LGB_PARAMS, seed=seed, min_data_in_leaf=max(1, min(3, len(rows) // 4)))
-        boosters[name] = lgb.train(params, ds, num_boost_round=rounds)
+        boosters[name] = lgb.train(params, ds, num_boost_round=n)
     return boosters
 
 
-def predict_samples(boosters: dict, samples: list[Sample]) -> list[float]:
-    """Predicted seconds for each sample (samples whose booster is missing get their prior)."""
+def _cv_folds(samples: list[Sample], seed: int) -> list[set]:
+    groups = sorted({s.group for s in samples})
+    if len(groups) <= CV_FOLDS + 1:
+        return [{g} for g in groups]          # few groups (whole models): leave one out
+    random.Random(seed).shuffle(groups)
+    return [set(groups[i::CV_FOLDS]) for i in range(CV_FOLDS)]
+
+
+def choose_rounds(samples: list[Sample], seed: int = 0) -> tuple[dict, dict]:
+    """Rounds per booster by cross-validation with the one-standard-error rule: the fewest rounds whose mean
+    fold MAPE is within one standard error of the best (trees must clearly beat the calibration to be kept).
+    Returns the choice and, per booster, {rounds: [mean MAPE %, standard error]}."""
+    import numpy as np
+    per_fold: dict[str, dict[int, list]] = {}
+    for held in _cv_folds(samples, seed):
+        train = [s for s in samples if s.group not in held]
+        test = [s for s in samples if s.group in held]
+        if not train or not test:
+            continue
+        cal = fit_calibration(train)
+        test = [s for s in test if s.calibration_key() in cal]   # judge the trees where the calibration exists
+        boosters = _train_trees(train, cal, {n: max(ROUND_CHOICES) for n in BOOSTERS}, seed)
+        for name in BOOSTERS:
+            gran, phase = name.split("_")
+            rows = [s for s in test if s.granularity == gran and s.phase == phase]
+            if not rows or name not in boosters:
+                continue
+            base = np.array([calibrated_s(cal, s.calibration_key(), s.prior_s) for s in rows])
+            known = np.array([s.known_s for s in rows])
+            meas = np.array([s.measured_s for s in rows])
+            X = np.array([s.features for s in rows], dtype=np.float64)
+            for k in ROUND_CHOICES:
+                corr = np.exp(boosters[name].predict(X, num_iteration=k)) if k else 1.0
+                per_fold.setdefault(name, {}).setdefault(k, []).append(
+                    100.0 * float(np.mean(np.abs(base * corr + known - meas) / meas)))
+    scores, chosen = {}, {}
+    for name, per in per_fold.items():
+        stats = {k: (float(np.mean(v)), float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0)
+                 for k, v in per.items()}
+        best = min(stats, key=lambda k: (stats[k][0], k))
+        chosen[name] = min(k for k in stats if stats[k][0] <= stats[best][0] + stats[best][1])
+        scores[name] = {k: [round(m, 3), round(se, 3)] for k, (m, se) in stats.items()}
+    return chosen, scores
+
+
+def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None) -> FittedModel:
+    """Stage 1 on all rows, then trees with `rounds` each (None: chosen by cross-validation)."""
+    cal = fit_calibration(samples)
+    if rounds is None:
+        chosen, _ = choose_rounds(samples, seed)
+        present = {f"{s.granularity}_{s.phase}" for s in samples}
+        per = {n: chosen.get(n, NUM_ROUNDS) for n in BOOSTERS if n in present}
+    else:
+        per = {n: rounds for n in BOOSTERS}
+    return FittedModel(cal, _train_trees(samples, cal, per, seed), per)
+
+
+def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
+    """Predicted seconds for each sample: calibrated roofline x tree correction + the known part."""
     import numpy as np
     out = [0.0] * len(samples)
     by_name: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
         by_name.setdefault(f"{s.granularity}_{s.phase}", []).append(i)
     for name, idx in by_name.items():
-        b = boosters.get(name)
-        if b is None:
-            for i in idx:
-                out[i] = samples[i].prior_s
-            continue
-        pred = b.predict(np.array([samples[i].features for i in idx], dtype=np.float64))
-        for i, p in zip(idx, pred):
-            out[i] = samples[i].prior_s * math.exp(float(p))
+        b = model.boosters.get(name)
+        corr = (b.predict(np.array([samples[i].features for i in idx], dtype=np.float64)) if b is not None
+                else [0.0] * len(idx))
+        for i, c in zip(idx, corr):
+            out[i] = model.base_s(samples[i]) * math.exp(float(c)) + samples[i].known_s
     return out
 
 
@@ -323,15 +539,17 @@ class FitResult:
     devices: dict           # name -> DeviceInfo
     heldout: dict           # "device granularity phase" -> {"rows": n, "mape_pct": x}
     rows: int
+    rounds: dict            # booster -> boosting rounds kept (0: the calibrated roofline alone)
 
     def to_dict(self) -> dict:
-        return {"model_dir": self.model_dir, "rows": self.rows,
+        return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
                 "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
 
 
 def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, holdout: float = 0.2,
-        seed: int = 0, rounds: int = NUM_ROUNDS) -> FitResult:
-    """Fit on profiles (and Sailor data), measure the error on a held-out share, refit on all rows, save."""
+        seed: int = 0, rounds: int | None = None) -> FitResult:
+    """Fit on profiles (and Sailor data), measure the error on a held-out share, refit on all rows, save.
+    `rounds` None: boosting rounds chosen by cross-validation (see choose_rounds)."""
     if not profiles and not sailor_dir:
         raise InputError("nothing to fit", field="PROFILES",
                          fix="pass profile files from 'hetauto profile' and/or --sailor DIR")
@@ -361,7 +579,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     if holdout > 0:
         train, test = split_holdout(samples, holdout, seed)
         if train and test:
-            pred = predict_samples(train_boosters(train, seed, rounds), test)
+            pred = predict_samples(train_model(train, seed, rounds), test)
             keys: dict[str, list[int]] = {}
             for i, s in enumerate(test):
                 keys.setdefault(f"{s.device} {s.granularity} {s.phase}", []).append(i)
@@ -369,19 +587,24 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                 heldout[k] = {"rows": len(idx), "mape_pct": round(mape([pred[i] for i in idx],
                                                                         [test[i].measured_s for i in idx]), 2)}
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
-    boosters = train_boosters(samples, seed, rounds)
-    save_model(out_dir, boosters, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
-                                            "holdout_fraction": holdout, "rounds": rounds})
-    return FitResult(out_dir, devices, heldout, len(samples))
+    model = train_model(samples, seed, rounds)
+    save_model(out_dir, model, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
+                                         "holdout_fraction": holdout, "rounds": model.rounds})
+    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds))
 
 
-def save_model(out_dir: str, boosters: dict, devices: dict, metrics: dict) -> None:
+def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -> None:
     os.makedirs(out_dir, exist_ok=True)
+    for name in BOOSTERS:   # a booster left from an earlier fit must not be read as part of this one
+        stale = os.path.join(out_dir, f"{name}.txt")
+        if name not in model.boosters and os.path.exists(stale):
+            os.remove(stale)
     files = {}
-    for name, b in boosters.items():
+    for name, b in model.boosters.items():
         files[name] = f"{name}.txt"
         b.save_model(os.path.join(out_dir, files[name]))
     manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
+                "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -415,6 +638,12 @@ class LearnedCostModel:
                              fix="re-fit it: 'hetauto fit PROFILES -o DIR'")
         self.manifest = man
         self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
+        try:
+            self.calibration = {k: (float(v["rate"]), float(v["overhead_s"]))
+                                for k, v in man.get("calibration", {}).items()}
+        except (TypeError, KeyError, ValueError):
+            raise InputError("has a garbled 'calibration' table", file=path, field="calibration",
+                             fix="re-fit it with 'hetauto fit'")
         lgb = _lgb()
         self.boosters = {}
         for name, fname in man.get("boosters", {}).items():
@@ -425,45 +654,46 @@ class LearnedCostModel:
             self.boosters[name] = lgb.Booster(model_file=fpath)
         self._cache: dict[tuple, tuple[float, float]] = {}
 
+    def _covers(self, info: DeviceInfo) -> bool:
+        """Measured in both phases at its granularity (its calibration has groups for both)."""
+        return all(any(k.startswith(f"{info.name}|{info.granularity}|{ph}|") for k in self.calibration)
+                   for ph in ("fwd", "bwd"))
+
     def _info(self, device: DeviceType) -> DeviceInfo | None:
         info = self.devices.get(canonical_device_name(device.name) or device.name) or self.devices.get(device.name)
-        if info is None:
-            return None
-        if f"{info.granularity}_fwd" not in self.boosters or f"{info.granularity}_bwd" not in self.boosters:
-            return None
-        return info
+        return info if info is not None and self._covers(info) else None
 
     def source(self, device: DeviceType) -> str:
         return "learned" if self._info(device) is not None else "analytic"
 
     def covered_devices(self) -> list[str]:
         """Device types this model predicts for (by name; some need not be in the catalog)."""
-        return sorted(d for d, i in self.devices.items()
-                      if f"{i.granularity}_fwd" in self.boosters and f"{i.granularity}_bwd" in self.boosters)
+        return sorted(d for d, i in self.devices.items() if self._covers(i))
 
     # ---- internals --------------------------------------------------------------------------------------
-    def _predict(self, name: str, X: list) -> list[float]:
+    def _predict(self, info: DeviceInfo, phase: str, rows: list[tuple[list, float]]) -> float:
+        """Sum over rows of (features, prior): calibrated roofline x the booster's correction (when kept)."""
         import numpy as np
-        return [float(v) for v in self.boosters[name].predict(np.array(X, dtype=np.float64))]
+        b = self.boosters.get(f"{info.granularity}_{phase}")
+        corr = b.predict(np.array([x for x, _ in rows], dtype=np.float64)) if b is not None else [0.0] * len(rows)
+        return sum(calibrated_s(self.calibration, calibration_key(info.name, info.granularity, phase, x), prior)
+                   * math.exp(float(c)) for (x, prior), c in zip(rows, corr))
 
     def _ops_time(self, info: DeviceInfo, ops: list[F.Op]) -> tuple[float, float]:
-        out = []
-        for phase in ("fwd", "bwd"):
-            X = [F.op_features(o, phase, dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops,
-                               hbm_gbps=info.hbm_gbps) for o in ops]
-            pred = self._predict(f"op_{phase}", X)
-            out.append(sum(F.op_prior_s(o, phase, info.dtype_bytes, info.peak_tflops, info.hbm_gbps) * math.exp(p)
-                           for o, p in zip(ops, pred)))
-        return out[0], out[1]
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
+        return tuple(self._predict(info, phase, [(F.op_features(o, phase, **a),
+                                                  F.op_prior_s(o, phase, info.dtype_bytes, info.peak_tflops,
+                                                               info.hbm_gbps)) for o in ops])
+                     for phase in ("fwd", "bwd"))
 
     def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
-        out = []
-        for phase in ("fwd", "bwd"):
-            x = F.layer_features(shape, phase, dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops,
-                                 hbm_gbps=info.hbm_gbps)
-            prior = F.layer_prior_s(shape.ops(), phase, info.dtype_bytes, info.peak_tflops, info.hbm_gbps)
-            out.append(prior * math.exp(self._predict(f"layer_{phase}", [x])[0]))
-        return out[0], out[1]
+        """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
+        the planner prices them with its communication model."""
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
+        return tuple(self._predict(info, phase, [(F.layer_features(shape, phase, **a),
+                                                  F.layer_prior_s(shape.ops(), phase, info.dtype_bytes,
+                                                                  info.peak_tflops, info.hbm_gbps))])
+                     for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
         info = self._info(device)
@@ -539,9 +769,10 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
         raise InputError("the model covers none of the measured device types "
                          f"({', '.join(sorted({s.device for s in samples}))})", field="--cost-model",
                          fix="fit a model that includes these measurements' device type")
-    pred = predict_samples(model.boosters, rows)
+    fitted = FittedModel(model.calibration, model.boosters, {})
+    pred = predict_samples(fitted, rows)
     table = [{"device": s.device, "phase": s.phase, "label": s.label, "measured_s": s.measured_s,
-              "predicted_s": p, "prior_s": s.prior_s, "error_pct": 100.0 * (p - s.measured_s) / s.measured_s}
+              "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p - s.measured_s) / s.measured_s}
              for s, p in zip(rows, pred)]
     summary: dict[str, dict] = {}
     for key in sorted({(r["device"], r["phase"]) for r in table}) + [("all", "")]:
