@@ -101,8 +101,10 @@ def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(tmp_path, capsys)
     assert m.source(a100) == "learned" and m.source(h800) == "analytic"
     f, b = m.layer_times(PRESETS["llama2-7b"], a100, 2, 1, 2048)
     assert 1e-4 < f < b < 10
-    assert m.embedding_times(PRESETS["llama2-7b"], a100, 2, 1) == m.fallback.embedding_times(
-        PRESETS["llama2-7b"], a100, 2, 1)
+    # heads and embeddings: not measured alike across the data's models, so analytic
+    for piece in ("embedding", "head"):
+        assert getattr(m, f"{piece}_times")(PRESETS["llama2-7b"], a100, 2, 1) == getattr(
+            m.fallback, f"{piece}_times")(PRESETS["llama2-7b"], a100, 2, 1)
 
 
 def test_sailor_flag_given_a_file_explains_the_order(tmp_path, capsys):

@@ -280,11 +280,17 @@ def _sailor_config_key(r: SailorLayer) -> tuple:
 
 
 def sailor_samples(layers: list[SailorLayer]) -> list[Sample]:
-    """One row per (model, GPU, layer kind, micro-batch, TP, phase): the median over the identical layers,
-    so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal."""
+    """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
+    layers, so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal.
+
+    The output-head rows are left out: they do not measure the same thing in every model. GPT-Neo-2.7's last
+    entry is the final norm alone (0.3 ms on a GH200, 3-30 % of a logits GEMM's roofline), OPT-350's includes
+    the logits and the loss, LLAMA-3-8's is split over two entries. A learned head would be whichever model it
+    was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
     groups: dict[tuple, list[SailorLayer]] = {}
     for r in layers:
-        groups.setdefault(_sailor_config_key(r), []).append(r)
+        if r.shape.kind == "transformer":
+            groups.setdefault(_sailor_config_key(r), []).append(r)
     out = []
     for key, rs in groups.items():
         r0 = rs[0]
@@ -706,8 +712,9 @@ class LearnedCostModel:
         if info.granularity == "op":
             fn = {"layer": F.layer_ops, "head": F.head_ops, "embedding": F.embedding_ops}[piece]
             res = self._ops_time(info, fn(model, tp, mb, seq))
-        elif piece == "embedding":
-            res = self.fallback.embedding_times(model, device, tp, mb, seq)   # not measured per layer: analytic
+        elif piece in ("embedding", "head"):
+            # per-layer data measures transformer layers only (see sailor_samples): analytic
+            res = getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
         else:
             shape = F.LayerShape("transformer" if piece == "layer" else "head", model.hidden_size,
                                  model.num_attention_heads, model.num_query_groups, model.ffn_hidden_size,
