@@ -6,6 +6,14 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The two CPU clusters the tiny example plan (examples/llama/plans/tiny-2clusters-cpu.yaml) is written for.
+CPU_INVENTORY = """\
+clusters:
+  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
+  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
+links:
+  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
+"""
 
 
 def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+from helpers import CPU_INVENTORY
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.cost.analytic import AnalyticCostModel
@@ -17,13 +18,6 @@ from hetauto_megatron.spec.inventory import load_inventory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
-INVENTORY = """\
-clusters:
-  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
-  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
-links:
-  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def dryrun(tmp_path_factory):
     """One real --tiny dry run of the 2-cluster plan (6 ranks), its --json report written as a user would."""
     d = tmp_path_factory.mktemp("validate")
     inv = d / "inventory.yaml"
-    inv.write_text(INVENTORY)
+    inv.write_text(CPU_INVENTORY)
     buf = io.StringIO()
     capture = pytest.MonkeyPatch()
     capture.setattr(sys, "stdout", buf)

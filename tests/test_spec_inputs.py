@@ -11,7 +11,7 @@ import os
 import textwrap
 
 import pytest
-from helpers import run_hetauto
+from helpers import CPU_INVENTORY, run_hetauto
 
 from hetauto_megatron import cli
 
@@ -22,13 +22,6 @@ TWO_CLUSTERS = """\
 clusters:
   - {name: a, device: h800, nodes: 1, devices_per_node: 8}
   - {name: b, device: a100, nodes: 1, devices_per_node: 8}
-"""
-CPU_INVENTORY = """\
-clusters:
-  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
-  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
-links:
-  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
 """
 MESH_A = "{cluster: cluster-a, device_type: cpu, tp: 2, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [3, 2]}"
 MESH_B = "{cluster: cluster-b, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [3]}"

@@ -426,8 +426,12 @@ class FittedModel:
     boosters: dict             # booster name -> lightgbm.Booster (absent where 0 rounds were chosen)
     rounds: dict               # booster name -> rounds used
 
-    def base_s(self, s: Sample) -> float:
-        return calibrated_s(self.calibration, s.calibration_key(), s.prior_s)
+    def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
+        """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
+        import numpy as np
+        b = self.boosters.get(name)
+        corr = b.predict(np.array(X, dtype=np.float64)) if b is not None else [0.0] * len(keys)
+        return [calibrated_s(self.calibration, k, p) * math.exp(float(c)) for k, p, c in zip(keys, priors, corr)]
 
 
 def _train_trees(samples: list[Sample], calibration: dict, rounds: dict, seed: int) -> dict:
@@ -510,17 +514,16 @@ def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None)
 
 def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
     """Predicted seconds for each sample: calibrated roofline x tree correction + the known part."""
-    import numpy as np
     out = [0.0] * len(samples)
     by_name: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
         by_name.setdefault(f"{s.granularity}_{s.phase}", []).append(i)
     for name, idx in by_name.items():
-        b = model.boosters.get(name)
-        corr = (b.predict(np.array([samples[i].features for i in idx], dtype=np.float64)) if b is not None
-                else [0.0] * len(idx))
-        for i, c in zip(idx, corr):
-            out[i] = model.base_s(samples[i]) * math.exp(float(c)) + samples[i].known_s
+        rows = [samples[i] for i in idx]
+        times = model.times(name, [s.calibration_key() for s in rows], [s.prior_s for s in rows],
+                            [s.features for s in rows])
+        for i, t in zip(idx, times):
+            out[i] = t + samples[i].known_s
     return out
 
 
@@ -645,24 +648,25 @@ class LearnedCostModel:
         self.manifest = man
         self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
         try:
-            self.calibration = {k: (float(v["rate"]), float(v["overhead_s"]))
-                                for k, v in man.get("calibration", {}).items()}
+            calibration = {k: (float(v["rate"]), float(v["overhead_s"]))
+                           for k, v in man.get("calibration", {}).items()}
         except (TypeError, KeyError, ValueError):
             raise InputError("has a garbled 'calibration' table", file=path, field="calibration",
                              fix="re-fit it with 'hetauto fit'")
         lgb = _lgb()
-        self.boosters = {}
+        boosters = {}
         for name, fname in man.get("boosters", {}).items():
             fpath = os.path.join(model_dir, fname)
             if not os.path.isfile(fpath):
                 raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
                                  fix="re-fit the model or copy the whole directory")
-            self.boosters[name] = lgb.Booster(model_file=fpath)
+            boosters[name] = lgb.Booster(model_file=fpath)
+        self.fitted = FittedModel(calibration, boosters, man.get("fit", {}).get("rounds", {}))
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def _covers(self, info: DeviceInfo) -> bool:
         """Measured in both phases at its granularity (its calibration has groups for both)."""
-        return all(any(k.startswith(f"{info.name}|{info.granularity}|{ph}|") for k in self.calibration)
+        return all(any(k.startswith(f"{info.name}|{info.granularity}|{ph}|") for k in self.fitted.calibration)
                    for ph in ("fwd", "bwd"))
 
     def _info(self, device: DeviceType) -> DeviceInfo | None:
@@ -678,12 +682,10 @@ class LearnedCostModel:
 
     # ---- internals --------------------------------------------------------------------------------------
     def _predict(self, info: DeviceInfo, phase: str, rows: list[tuple[list, float]]) -> float:
-        """Sum over rows of (features, prior): calibrated roofline x the booster's correction (when kept)."""
-        import numpy as np
-        b = self.boosters.get(f"{info.granularity}_{phase}")
-        corr = b.predict(np.array([x for x, _ in rows], dtype=np.float64)) if b is not None else [0.0] * len(rows)
-        return sum(calibrated_s(self.calibration, calibration_key(info.name, info.granularity, phase, x), prior)
-                   * math.exp(float(c)) for (x, prior), c in zip(rows, corr))
+        """Sum over rows of (features, prior) of the fitted model's times."""
+        keys = [calibration_key(info.name, info.granularity, phase, x) for x, _ in rows]
+        return sum(self.fitted.times(f"{info.granularity}_{phase}", keys, [p for _, p in rows],
+                                     [x for x, _ in rows]))
 
     def _ops_time(self, info: DeviceInfo, ops: list[F.Op]) -> tuple[float, float]:
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
@@ -716,7 +718,7 @@ class LearnedCostModel:
             # per-layer data measures transformer layers only (see sailor_samples): analytic
             res = getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
         else:
-            shape = F.LayerShape("transformer" if piece == "layer" else "head", model.hidden_size,
+            shape = F.LayerShape("transformer", model.hidden_size,
                                  model.num_attention_heads, model.num_query_groups, model.ffn_hidden_size,
                                  model.vocab_size, seq or model.seq_length, mb, tp, int(model.gated_mlp),
                                  int(model.position_embedding == "rope"))
@@ -776,8 +778,7 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
         raise InputError("the model covers none of the measured device types "
                          f"({', '.join(sorted({s.device for s in samples}))})", field="--cost-model",
                          fix="fit a model that includes these measurements' device type")
-    fitted = FittedModel(model.calibration, model.boosters, {})
-    pred = predict_samples(fitted, rows)
+    pred = predict_samples(model.fitted, rows)
     table = [{"device": s.device, "phase": s.phase, "label": s.label, "measured_s": s.measured_s,
               "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p - s.measured_s) / s.measured_s}
              for s, p in zip(rows, pred)]
