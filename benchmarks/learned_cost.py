@@ -7,6 +7,11 @@
    transformer layer of the fourth, MAPE per GPU type and held-out model, next to the calibration alone and
    the roofline prior (target <= 10% on A100-40 and GH-96).
 
+3. The packaged NVIDIA H200 measurements (hetauto_megatron/data/h200, measured by `hetauto profile`): held-out
+   MAPE on operator time over the same random splits, the model fitted on the quick grid against a separately
+   measured part of the full grid (larger shapes), and whole layers: the sum of operators, the composed layer
+   time (leave one model out) and the analytic model, each against 96 measured layers.
+
     python benchmarks/learned_cost.py [--workdir DIR] [--fresh] [--skip-cpu]
 """
 from __future__ import annotations
@@ -34,7 +39,11 @@ def cpu_part(workdir: str, fresh: bool, seeds=(0, 1, 2, 3, 4)) -> None:
     summary = profile(get_device("cpu"), prof, grid="quick-cpu", progress=stderr_progress)
     print(f"\n[1] CPU quick profile: {summary['operators']} operators, {summary['measured_now']} measured in "
           f"{time.perf_counter() - t:.1f} s ({summary['resumed']} reused)")
-    _, samples = L.profile_samples(prof)
+    heldout_splits(L.profile_samples(prof)[1], seeds)
+
+
+def heldout_splits(samples, seeds=(0, 1, 2, 3, 4)) -> None:
+    """Held-out MAPE on operator time: fit on 80% of the shapes, predict the other 20%, for several splits."""
     print(f"{'split seed':>10} {'fwd MAPE %':>11} {'bwd MAPE %':>11} {'all MAPE %':>11} {'prior MAPE %':>13}")
     alls = []
     for seed in seeds:
@@ -91,6 +100,37 @@ def sailor_part() -> None:
           "plus the TP all-reduces")
 
 
+def h200_part(workdir: str) -> None:
+    prof, layers, full = (os.path.join(L.H200_DATA, f) for f in
+                          ("profile-h200.jsonl", "layers-h200.jsonl", "profile-h200-full-grid-part.jsonl"))
+    print("\n[3] NVIDIA H200 (packaged measurements, bf16, CUDA-event device time). Quick grid, held out:")
+    heldout_splits(L.profile_samples(prof)[1])
+    plain, composed = os.path.join(workdir, "h200-ops"), os.path.join(workdir, "h200-ops-layers")
+    L.fit([prof], plain, holdout=0.0)
+    res = L.fit([prof, layers], composed, holdout=0.0)
+    full_samples = L.profile_samples(full)[1]
+    v = L.validate(L.LearnedCostModel(plain), full_samples)
+    print("Fitted on the quick grid, predicting the separately measured full-grid part (larger shapes):")
+    print(f"{'kind':<12} {'phase':<6} {'rows':>5} {'learned %':>10} {'prior %':>9}")
+    kinds = sorted({r["label"].split()[1].split(":")[0] for r in v["rows"]})
+    for kind in kinds:
+        for ph in ("fwd", "bwd"):
+            sel = [r for r in v["rows"] if r["phase"] == ph and r["label"].split()[1].startswith(kind + ":")]
+            print(f"{kind:<12} {ph:<6} {len(sel):>5} {L.mape([r['predicted_s'] for r in sel], [r['measured_s'] for r in sel]):>10.1f} "
+                  f"{L.mape([r['prior_s'] for r in sel], [r['measured_s'] for r in sel]):>9.1f}")
+    for k, s in v["summary"].items():
+        print(f"{'all ' + k:<19} {s['rows']:>5} {s['mape_pct']:>10.1f} {s['prior_mape_pct']:>9.1f}")
+    lv = L.validate_layers(L.LearnedCostModel(plain), [layers])
+    print("Whole layers (96 measured; one TP rank, no sequence parallelism), MAPE %:")
+    print(f"{'phase':<6} {'sum of operators':>17} {'composed, model left out':>25} {'analytic model':>15}")
+    for ph in ("fwd", "bwd"):
+        c = res.heldout[f"h200 layer-composition {ph}"]
+        a = lv["summary"][f"h200 {ph}"]
+        print(f"{ph:<6} {c['sum_of_operators_mape_pct']:>17.1f} {c['mape_pct']:>25.1f} {a['analytic_mape_pct']:>15.1f}")
+    print("composition kept: " + ", ".join(f"{k.replace('|', ' ')} x{r:.3f} + {o * 1e6:.0f} us"
+                                           for k, (r, o) in sorted(res.composition.items())))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=os.path.join(ROOT, "out", "learned_cost"))
@@ -101,6 +141,7 @@ def main() -> int:
     if not args.skip_cpu:
         cpu_part(args.workdir, args.fresh)
     sailor_part()
+    h200_part(args.workdir)
     return 0
 
 

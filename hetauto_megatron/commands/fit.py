@@ -20,16 +20,23 @@ and the calibration answers alone). The report says how many rounds each booster
 A share of the rows (--holdout) is kept aside first to report the error on unseen shapes; then the model is
 refitted on all rows and written to MODEL_DIR: manifest.json (with the calibration) plus each kept booster in
 LightGBM's text format. 'hetauto plan/simulate --cost-model MODEL_DIR' use it for the device types it covers
-and the analytic model for the others."""
+and the analytic model for the others.
+
+Whole layers timed by 'hetauto profile --layers' (pass the file among the PROFILEs, with the same device's
+operator profile) add a third stage: a layer's time = rate x (sum of its operators) + overhead, per device
+and phase, for the backward work no isolated operator does (gradient accumulation where the residual stream
+forks, assembling the gradients of fused projections). Its leave-one-model-out error is reported."""
 
 EPILOG = """\
 examples:
   hetauto fit profiles/profile-cpu.jsonl -o cost-model/
-  hetauto fit profiles/*.jsonl --sailor -o cost-model/ --json      # + the packaged GPU data"""
+  hetauto fit profiles/*.jsonl --sailor -o cost-model/ --json      # + the packaged GPU data
+  hetauto fit profiles/profile-h200.jsonl profiles/layers-h200.jsonl -o h200-model/   # + whole layers"""
 
 
 def add_arguments(p):
-    p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile files from 'hetauto profile'")
+    p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile files from 'hetauto profile' (operators "
+                                                                 "and, optionally, --layers files)")
     p.add_argument("-o", "--out", required=True, metavar="MODEL_DIR", help="directory to write the model to")
     p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
                    help="also fit Sailor's per-layer GPU times: alone, the packaged copy; --sailor=DIR another "
@@ -51,9 +58,22 @@ def run(args) -> int:
     print(f"device types: {', '.join(f'{k} ({v.granularity})' for k, v in sorted(res.devices.items()))}")
     print("boosting rounds kept (cross-validated; 0 = calibrated roofline alone): "
           + ", ".join(f"{k} {v}" for k, v in sorted(res.rounds.items())))
+    if res.composition:
+        print("layer composition (whole layers measured; layer = rate x sum of operators + overhead): " + ", ".join(
+            f"{k.replace('|', ' ')} x{r:.3f} + {o * 1e6:.0f} us" for k, (r, o) in sorted(res.composition.items())))
     if res.heldout:
         print(f"held-out error ({args.holdout:.0%} of operator shapes; per-layer data: of (device, model) pairs):")
         print(f"  {'device granularity phase':<32} {'rows':>6} {'MAPE %':>8}")
         for k, v in res.heldout.items():
+            if "sum_of_operators_mape_pct" in v:
+                continue
             print(f"  {k:<32} {v['rows']:>6} {v['mape_pct']:>8.2f}")
+    comp = {k: v for k, v in res.heldout.items() if "sum_of_operators_mape_pct" in v}
+    if comp:
+        print("whole layers, leave one model out (composition kept only where it beats the plain sum):")
+        print(f"  {'device phase':<32} {'layers':>6} {'models':>6} {'sum MAPE %':>11} {'composed MAPE %':>16} kept")
+        for k, v in comp.items():
+            c = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
+            print(f"  {k.replace(' layer-composition', ''):<32} {v['rows']:>6} {v['models']:>6} "
+                  f"{v['sum_of_operators_mape_pct']:>11.2f} {c:>16} {'yes' if v['kept'] else 'no'}")
     return 0

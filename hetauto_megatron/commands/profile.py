@@ -13,13 +13,20 @@ backward, over a grid of shapes and TP degrees, on this machine's device (cuda, 
 
 Each operator is warmed up, then repeated; the file keeps the median and the spread. The output is a JSON-lines
 file DIR/profile-<device type>.jsonl with the device and library versions in its header. Re-running resumes:
-rows already in the file are skipped. Feed the file to 'hetauto fit'."""
+rows already in the file are skipped. Feed the file to 'hetauto fit'.
+
+--layers times whole transformer layers instead (the same operators chained, for model-like shapes at each TP
+degree) into DIR/layers-<device type>.jsonl: the check of what the planner asks for, a layer's time predicted
+as the sum of its operators. 'hetauto validate-cost-model --profile' compares them with the learned and the
+analytic model."""
 
 EPILOG = """\
 examples:
   hetauto profile --device-type cpu --quick                      # ~1-3 minutes on a laptop
   hetauto profile --device-type h800 --out profiles/             # on a GPU node of the H800 cluster
-  hetauto fit profiles/profile-h800.jsonl -o cost-model/"""
+  hetauto fit profiles/profile-h800.jsonl -o cost-model/
+  hetauto profile --device-type h800 --layers --out profiles/    # whole layers, to validate the fitted model
+  hetauto validate-cost-model --cost-model cost-model/ --profile profiles/layers-h800.jsonl"""
 
 
 def add_arguments(p):
@@ -27,8 +34,11 @@ def add_arguments(p):
                                                         "(h800, ascend-910b, mi300x, cpu, ...)")
     p.add_argument("--out", default="profiles", metavar="DIR", help="output directory (default: profiles)")
     p.add_argument("--quick", action="store_true", help="a smaller grid: minutes instead of tens of minutes")
-    p.add_argument("--grid", default=None, help="grid by name (tiny, quick-cpu, full-cpu, quick-gpu, full-gpu); "
-                                                "default: picked from the device type and --quick")
+    p.add_argument("--layers", action="store_true", help="time whole transformer layers (validation data) "
+                                                         "instead of operators")
+    p.add_argument("--grid", default=None, help="grid by name (operators: tiny, quick-cpu, full-cpu, quick-gpu, "
+                                                "full-gpu; layers: layers-tiny, layers-cpu, layers-gpu); default: "
+                                                "picked from the device type, --quick and --layers")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on "
                                                  "accelerators, float32 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default 1 on cpu)")
@@ -38,22 +48,28 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec.devices import get_device
-    from ..cost.profile import GRIDS, grid_name, profile, stderr_progress
+    from ..cost.profile import GRIDS, LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
-    grid = args.grid or grid_name(device, args.quick)
-    if grid not in GRIDS:
-        raise InputError(f"unknown grid {grid!r}", field="--grid", fix=f"use one of: {', '.join(GRIDS)}")
+    grid = args.grid or grid_name(device, args.quick, args.layers)
+    if grid not in GRIDS and grid not in LAYER_GRIDS:
+        raise InputError(f"unknown grid {grid!r}", field="--grid",
+                         fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
+    if args.layers and grid not in LAYER_GRIDS:
+        raise InputError(f"{grid} is an operator grid, --layers times layers", field="--grid",
+                         fix=f"drop --layers, or pick a layer grid: {', '.join(LAYER_GRIDS)}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"must be at least 1, got {args.threads}", field="--threads")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError("exists and is not a directory", file=args.out, field="--out",
                          fix="pass a directory (it is created when missing)")
-    out = os.path.join(args.out, f"profile-{device.name}.jsonl")
+    stem = "layers" if granularity(grid) == "layer" else "profile"
+    out = os.path.join(args.out, f"{stem}-{device.name}.jsonl")
     summary = profile(device, out, grid=grid, dtype=args.dtype, seed=args.seed, threads=args.threads,
                       progress=stderr_progress)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
-        print(f"{summary['file']}: {summary['operators']} operators ({summary['measured_now']} measured now, "
+        what = "operators" if "operators" in summary else "layers"
+        print(f"{summary['file']}: {summary[what]} {what} ({summary['measured_now']} measured now, "
               f"{summary['resumed']} kept from before) in {summary['seconds']} s")
     return 0

@@ -16,6 +16,10 @@ absolute percentage error (MAPE).
 
 Operator / layer times (needs --cost-model): a profile file from 'hetauto profile', or --sailor (the packaged
 per-layer GPU times; --sailor=DIR another copy). MAPE per device type and phase, next to the roofline prior's.
+
+Whole layers: a file from 'hetauto profile --layers' (passed with --profile too) compares each measured layer
+with the layer time the planner would use - from the model (for a profiled device: the sum of the layer's
+operators) and from the analytic model - forward and backward, with each one's MAPE.
 Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
 measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
 
@@ -30,6 +34,7 @@ EPILOG = """\
 examples:
   hetauto validate-cost-model --cost-model cost-model/ --profile profiles/profile-cpu.jsonl
   hetauto validate-cost-model --cost-model gpu-model/ --sailor --json
+  hetauto validate-cost-model --cost-model h200-model/ --profile profiles/layers-h200.jsonl
   hetauto dryrun --plan plan-a.yaml --steps 6 --json > a.json
   hetauto validate-cost-model --cost-model cost-model/ --inventory inv.yaml --dryrun a.json plan-a.yaml \\
       --dryrun b.json plan-b.yaml"""
@@ -196,13 +201,33 @@ def _operator_results(args) -> dict:
         raise InputError("--profile and --sailor validate a fitted model", field="--cost-model",
                          fix="pass --cost-model MODEL_DIR (written by 'hetauto fit')")
     model = L.LearnedCostModel(args.cost_model)
+    layer_files = [p for p in args.profile if L.profile_granularity(p) == "layer"]
     samples = []
     for path in args.profile:
-        samples += L.profile_samples(path)[1]
+        if path not in layer_files:
+            samples += L.profile_samples(path)[1]
     if args.sailor:
         samples += L.sailor_layer_samples(L.load_sailor(L.SAILOR_DATA if args.sailor == SAILOR_DEFAULT
                                                         else args.sailor))
-    return L.validate(model, samples)
+    res = L.validate(model, samples) if samples else {}
+    if layer_files:
+        res["layers"] = L.validate_layers(model, layer_files)
+    return res
+
+
+def print_layer_table(res: dict, max_rows: int) -> None:
+    rows = sorted(res["rows"], key=lambda r: -abs(r["error_pct"]))
+    if max_rows:
+        rows = rows[:max_rows]
+    print("Whole layers (one TP rank, no sequence parallelism): measured vs the planner's layer time")
+    print(f"{'device':<10} {'ph':<4} {'measured ms':>12} {'model ms':>10} {'error %':>8} {'analytic ms':>12} "
+          f"{'error %':>8}  layer")
+    for r in rows:
+        print(f"{r['device']:<10} {r['phase']:<4} {r['measured_s'] * 1e3:12.3f} {r['predicted_s'] * 1e3:10.3f} "
+              f"{r['error_pct']:8.1f} {r['analytic_s'] * 1e3:12.3f} {r['analytic_error_pct']:8.1f}  {r['label']}")
+    print(f"\n{'device phase':<24} {'rows':>6} {'model':>9} {'MAPE %':>8} {'analytic MAPE %':>16}")
+    for k, v in res["summary"].items():
+        print(f"{k:<24} {v['rows']:>6} {v['source']:>9} {v['mape_pct']:>8.2f} {v['analytic_mape_pct']:>16.2f}")
 
 
 def print_operator_table(res: dict, max_rows: int) -> None:
@@ -235,10 +260,15 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({**res, **({"dryruns": dry} if dry else {})}, indent=1))
         return 0
+    layers = res.pop("layers", None)
     if res:
         print_operator_table(res, args.rows)
-    if dry:
+    if layers:
         if res:
+            print()
+        print_layer_table(layers, args.rows)
+    if dry:
+        if res or layers:
             print()
         print_dryrun_table(dry)
     return 0

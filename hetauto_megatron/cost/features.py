@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 # Bump when the meaning of a feature or of the prior changes: fitted models record it and refuse a mismatch.
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 
 OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding")
 # Whole-layer rows (measured per layer, e.g. the shipped GPU measurements).
@@ -113,7 +113,12 @@ def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float)
 
 def op_prior_s(op: Op, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
     f = _BWD_FLOP_FACTOR.get(op.kind, 2.0) if phase == "bwd" else 1.0
-    return roofline_s(f * op.flops(), f * op.elements_moved() * dtype_bytes, peak_tflops, hbm_gbps)
+    elements = f * op.elements_moved()
+    if op.kind == "embedding" and phase == "bwd":
+        # The table's gradient is written whole (zeroed, then the looked-up rows accumulated into it): its cost
+        # grows with vocabulary x hidden, not only with the tokens.
+        elements = 2.0 * op.tokens * op.n + 2.0 * op.k * op.n
+    return roofline_s(f * op.flops(), elements * dtype_bytes, peak_tflops, hbm_gbps)
 
 
 # ---- operator decomposition of a model --------------------------------------------------------------------
@@ -195,14 +200,35 @@ class LayerShape:
     gated: int
     rope: int
 
-    def ops(self) -> list[Op]:
+    def model(self, name: str = "layer"):
+        """The (one-layer) model this layer belongs to, at the layer's sequence length."""
         from ..spec.model import ModelSpec
-        m = ModelSpec(name="layer", num_layers=1, hidden_size=self.hidden, num_attention_heads=self.heads,
-                      ffn_hidden_size=self.ffn, vocab_size=self.vocab, seq_length=self.seq,
-                      num_query_groups=self.kv_heads, gated_mlp=bool(self.gated),
-                      position_embedding="rope" if self.rope else "learned")
+        return ModelSpec(name=name, num_layers=1, hidden_size=self.hidden, num_attention_heads=self.heads,
+                         ffn_hidden_size=self.ffn, vocab_size=self.vocab, seq_length=self.seq,
+                         num_query_groups=self.kv_heads, gated_mlp=bool(self.gated),
+                         position_embedding="rope" if self.rope else "learned")
+
+    def ops(self) -> list[Op]:
         fn = {"transformer": layer_ops, "head": head_ops, "embedding": embedding_ops}[self.kind]
-        return fn(m, self.tp, self.micro_batch)
+        return fn(self.model(), self.tp, self.micro_batch)
+
+    def key(self) -> str:
+        return (f"{self.kind}:h{self.hidden}:a{self.heads}:g{self.kv_heads}:f{self.ffn}:v{self.vocab}:s{self.seq}"
+                f":b{self.micro_batch}:tp{self.tp}:glu{self.gated}:rope{self.rope}")
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in LayerShape.__dataclass_fields__}
+
+    @staticmethod
+    def from_dict(d: dict) -> "LayerShape":
+        return LayerShape(**{f: d[f] for f in LayerShape.__dataclass_fields__})
+
+    @staticmethod
+    def of(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> "LayerShape":
+        """A transformer layer of `model` as one TP rank runs it."""
+        return LayerShape("transformer", model.hidden_size, model.num_attention_heads, model.num_query_groups,
+                          model.ffn_hidden_size, model.vocab_size, seq_length or model.seq_length, micro_batch_size,
+                          tp, int(model.gated_mlp), int(model.position_embedding == "rope"))
 
 
 LAYER_FEATURES = ("kind", "phase_bwd", "log_hidden", "log_heads", "log_kv_heads", "log_ffn", "log_vocab",

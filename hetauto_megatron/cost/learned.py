@@ -110,6 +110,11 @@ def read_profile(path: str) -> tuple[dict, list[dict]]:
 
 def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     header, rows = read_profile(path)
+    if header.get("granularity", "op") != "op":
+        raise InputError("holds whole-layer timings ('hetauto profile --layers'), which check a fitted model "
+                         "rather than train it", file=path, field="granularity",
+                         fix="fit on operator profiles; compare the layers with 'hetauto validate-cost-model "
+                             "--cost-model MODEL_DIR --profile FILE'")
     try:
         dev, db = str(header["device_type"]), int(header["dtype_bytes"])
         peak, bw = float(header["peak_tflops"]), float(header["hbm_gbps"])
@@ -158,6 +163,8 @@ SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96"
                       "RTX-2080": 10.1, "RTX-3090": 35.6}
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
+# NVIDIA H200 operator and layer timings measured by `hetauto profile` (data/h200/README.md).
+H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200")
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sailor")
 
 
@@ -425,6 +432,7 @@ class FittedModel:
     calibration: dict          # calibration key -> (rate, overhead_s)
     boosters: dict             # booster name -> lightgbm.Booster (absent where 0 rounds were chosen)
     rounds: dict               # booster name -> rounds used
+    composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
@@ -432,6 +440,27 @@ class FittedModel:
         b = self.boosters.get(name)
         corr = b.predict(np.array(X, dtype=np.float64)) if b is not None else [0.0] * len(keys)
         return [calibrated_s(self.calibration, k, p) * math.exp(float(c)) for k, p, c in zip(keys, priors, corr)]
+
+    def op_sum_times(self, info: "DeviceInfo", ops: list[F.Op]) -> tuple[float, float]:
+        """(forward, backward) seconds of a list of operators on a profiled device: the sum of their times."""
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
+        out = []
+        for phase in ("fwd", "bwd"):
+            X = [F.op_features(o, phase, **a) for o in ops]
+            keys = [calibration_key(info.name, "op", phase, x) for x in X]
+            priors = [F.op_prior_s(o, phase, info.dtype_bytes, info.peak_tflops, info.hbm_gbps) for o in ops]
+            out.append(sum(self.times(f"op_{phase}", keys, priors, X)))
+        return out[0], out[1]
+
+    def composed_layer_times(self, info: "DeviceInfo", ops: list[F.Op]) -> tuple[float, float]:
+        """A transformer layer from its operators: their sum, composed (stage 3) where whole layers of the device
+        were measured."""
+        sums = self.op_sum_times(info, ops)
+        return tuple(_apply_rate(self.composition.get(f"{info.name}|{ph}"), t) for ph, t in zip(("fwd", "bwd"), sums))
+
+
+def _apply_rate(rate_overhead, t: float) -> float:
+    return t if rate_overhead is None else rate_overhead[0] * t + rate_overhead[1]
 
 
 def _train_trees(samples: list[Sample], calibration: dict, rounds: dict, seed: int) -> dict:
@@ -512,6 +541,46 @@ def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None)
     return FittedModel(cal, _train_trees(samples, cal, per, seed), per)
 
 
+# ---- stage 3: composing operators into a layer ----------------------------------------------------------------
+# A layer is more than its operators timed one by one: its backward accumulates the residual stream's gradient
+# where the stream forks and assembles the gradients of fused projections (QKV, gate+up) from their parts, work no
+# isolated operator does. Whole layers measured on the device (`hetauto profile --layers`) calibrate
+#     layer = rate * (sum of the layer's operators) + overhead
+# per device and phase, with the same robust fit as stage 1. It is kept only where it carries over: fitted without
+# one model, it must predict that model's layers better than the plain sum does (leave one model out), the same
+# rule that keeps or drops the trees. On a CPU, whose caches make a layer faster or slower than its operators
+# depending on the shape, it usually does not.
+def layer_op_sums(model: FittedModel, info: DeviceInfo, layers: list[MeasuredLayer]) -> list[tuple[float, float]]:
+    return [model.op_sum_times(info, r.shape.ops()) for r in layers]
+
+
+def fit_composition(model: FittedModel, infos: dict, layers: dict) -> tuple[dict, dict]:
+    """`layers`: device -> measured layers. Returns ("device|phase" -> (rate, overhead_s)) for the compositions
+    kept and, per device and phase, the leave-one-model-out MAPE of the composed layer time next to the plain
+    sum's, and whether it was kept (it needs layers of at least two models to be judged)."""
+    comp, report = {}, {}
+    for dev, rows in sorted(layers.items()):
+        sums = layer_op_sums(model, infos[dev], rows)
+        names = sorted({r.model for r in rows})
+        for i, ph in enumerate(("fwd", "bwd")):
+            pred = [sm[i] for sm in sums]
+            meas = [getattr(r, f"{ph}_s") for r in rows]
+            errs = []
+            for name in names if len(names) > 1 else []:
+                rest = [(p, m) for p, m, r in zip(pred, meas, rows) if r.model != name]
+                ro = _fit_rate_overhead([p for p, _ in rest], [m for _, m in rest])
+                errs += [abs(_apply_rate(ro, p) - m) / m for p, m, r in zip(pred, meas, rows) if r.model == name]
+            plain = mape(pred, meas)
+            composed = 100.0 * sum(errs) / len(errs) if errs else float("nan")
+            kept = bool(errs) and composed < plain
+            if kept:
+                comp[f"{dev}|{ph}"] = _fit_rate_overhead(pred, meas)
+            report[f"{dev} layer-composition {ph}"] = {
+                "rows": len(rows), "models": len(names), "mape_pct": round(composed, 2) if errs else None,
+                "sum_of_operators_mape_pct": round(plain, 2), "kept": kept}
+    return comp, report
+
+
 def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
     """Predicted seconds for each sample: calibrated roofline x tree correction + the known part."""
     out = [0.0] * len(samples)
@@ -549,9 +618,11 @@ class FitResult:
     heldout: dict           # "device granularity phase" -> {"rows": n, "mape_pct": x}
     rows: int
     rounds: dict            # booster -> boosting rounds kept (0: the calibrated roofline alone)
+    composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
 
     def to_dict(self) -> dict:
         return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
+                "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in self.composition.items()},
                 "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
 
 
@@ -566,7 +637,10 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         raise InputError(f"must be in [0, 1), got {holdout}", field="--holdout")
     devices: dict[str, DeviceInfo] = {}
     samples: list[Sample] = []
+    layer_files = [p for p in profiles if profile_granularity(p) == "layer"]
     for p in profiles:
+        if p in layer_files:
+            continue
         info, rows = profile_samples(p)
         if info.name in devices:
             raise InputError(f"device type {info.name} comes from two profiles", file=p, field="device_type",
@@ -574,13 +648,14 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         devices[info.name] = info
         samples += rows
     if sailor_dir:
-        layers = load_sailor(sailor_dir)
-        for name, info in sailor_device_infos(layers).items():
+        sailor = load_sailor(sailor_dir)
+        for name, info in sailor_device_infos(sailor).items():
             if name in devices:
                 raise InputError(f"device type {name} is both profiled and in the Sailor data", field="--sailor",
                                  fix="fit them into separate model directories")
             devices[name] = info
-        samples += sailor_samples(layers)
+        samples += sailor_samples(sailor)
+    layers = _layer_files_of(layer_files, devices)
     if len(samples) < 8:
         raise InputError(f"only {len(samples)} measurements: too few to fit", field="PROFILES",
                          fix="profile more shapes (drop --quick or widen the grid)")
@@ -597,9 +672,33 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                                                                         [test[i].measured_s for i in idx]), 2)}
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
+    model.composition, report = fit_composition(model, devices, layers)
+    heldout.update(report)
     save_model(out_dir, model, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
-                                         "holdout_fraction": holdout, "rounds": model.rounds})
-    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds))
+                                         "holdout_fraction": holdout, "rounds": model.rounds,
+                                         "layers": {d: len(v) for d, v in layers.items()}})
+    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition))
+
+
+def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
+    """Device -> measured layers, each file checked against the operator profile it composes."""
+    layers: dict[str, list[MeasuredLayer]] = {}
+    for p in layer_files:
+        header, rows = read_layers(p)
+        dev = str(header.get("device_type"))
+        if devices.get(dev) is None or devices[dev].granularity != "op":
+            raise InputError(f"whole layers of device type {dev}, but no operator profile of it is being fitted",
+                             file=p, field="device_type",
+                             fix=f"pass the operator profile of {dev} ('hetauto profile --device-type {dev}') too")
+        if dev in layers:
+            raise InputError(f"device type {dev} has two layer files", file=p, field="device_type",
+                             fix="merge them into one file (profiling resumes into an existing file) or pass one")
+        if int(header.get("dtype_bytes", 0)) != devices[dev].dtype_bytes:
+            raise InputError(f"layers were timed with {header.get('dtype')}, the operators with "
+                             f"{devices[dev].dtype_bytes}-byte elements", file=p, field="dtype",
+                             fix="profile layers and operators with the same --dtype")
+        layers[dev] = rows
+    return layers
 
 
 def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -> None:
@@ -614,6 +713,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
         b.save_model(os.path.join(out_dir, files[name]))
     manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
                 "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
+                "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -647,12 +747,14 @@ class LearnedCostModel:
                              fix="re-fit it: 'hetauto fit PROFILES -o DIR'")
         self.manifest = man
         self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
-        try:
-            calibration = {k: (float(v["rate"]), float(v["overhead_s"]))
-                           for k, v in man.get("calibration", {}).items()}
-        except (TypeError, KeyError, ValueError):
-            raise InputError("has a garbled 'calibration' table", file=path, field="calibration",
-                             fix="re-fit it with 'hetauto fit'")
+        tables = {}
+        for table in ("calibration", "composition"):
+            try:
+                tables[table] = {k: (float(v["rate"]), float(v["overhead_s"]))
+                                 for k, v in man.get(table, {}).items()}
+            except (TypeError, KeyError, ValueError, AttributeError):
+                raise InputError(f"has a garbled '{table}' table", file=path, field=table,
+                                 fix="re-fit it with 'hetauto fit'")
         lgb = _lgb()
         boosters = {}
         for name, fname in man.get("boosters", {}).items():
@@ -661,7 +763,8 @@ class LearnedCostModel:
                 raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
                                  fix="re-fit the model or copy the whole directory")
             boosters[name] = lgb.Booster(model_file=fpath)
-        self.fitted = FittedModel(calibration, boosters, man.get("fit", {}).get("rounds", {}))
+        self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
+                                  tables["composition"])
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def _covers(self, info: DeviceInfo) -> bool:
@@ -687,13 +790,6 @@ class LearnedCostModel:
         return sum(self.fitted.times(f"{info.granularity}_{phase}", keys, [p for _, p in rows],
                                      [x for x, _ in rows]))
 
-    def _ops_time(self, info: DeviceInfo, ops: list[F.Op]) -> tuple[float, float]:
-        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
-        return tuple(self._predict(info, phase, [(F.op_features(o, phase, **a),
-                                                  F.op_prior_s(o, phase, info.dtype_bytes, info.peak_tflops,
-                                                               info.hbm_gbps)) for o in ops])
-                     for phase in ("fwd", "bwd"))
-
     def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
         """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
         the planner prices them with its communication model."""
@@ -711,18 +807,16 @@ class LearnedCostModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        if info.granularity == "op":
-            fn = {"layer": F.layer_ops, "head": F.head_ops, "embedding": F.embedding_ops}[piece]
-            res = self._ops_time(info, fn(model, tp, mb, seq))
+        if info.granularity == "op" and piece == "layer":
+            res = self.fitted.composed_layer_times(info, F.layer_ops(model, tp, mb, seq))
+        elif info.granularity == "op":
+            fn = {"head": F.head_ops, "embedding": F.embedding_ops}[piece]
+            res = self.fitted.op_sum_times(info, fn(model, tp, mb, seq))
         elif piece in ("embedding", "head"):
             # per-layer data measures transformer layers only (see sailor_samples): analytic
             res = getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
         else:
-            shape = F.LayerShape("transformer", model.hidden_size,
-                                 model.num_attention_heads, model.num_query_groups, model.ffn_hidden_size,
-                                 model.vocab_size, seq or model.seq_length, mb, tp, int(model.gated_mlp),
-                                 int(model.position_embedding == "rope"))
-            res = self._layer_time(info, shape)
+            res = self._layer_time(info, F.LayerShape.of(model, tp, mb, seq))
         self._cache[key] = res
         return res
 
@@ -768,6 +862,72 @@ def sailor_layer_samples(layers: list[SailorLayer]) -> list[Sample]:
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
     return [_sailor_sample(r, ph, getattr(r, f"{ph}_s")) for r in layers for ph in ("fwd", "bwd")
             if getattr(r, f"{ph}_s") > 0]
+
+
+# ---- whole layers measured by `hetauto profile --layers` ------------------------------------------------------
+@dataclass(frozen=True)
+class MeasuredLayer:
+    """One row of a layer file: a transformer layer as one TP rank ran it, forward and backward."""
+    model: str
+    shape: F.LayerShape
+    fwd_s: float
+    bwd_s: float
+
+
+def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
+    """(header, rows) of a file written by `hetauto profile --layers`."""
+    header, rows = read_profile(path)
+    if header.get("granularity") != "layer":
+        raise InputError("holds operator timings, not whole layers", file=path, field="granularity",
+                         fix="pass a file written by 'hetauto profile --layers'")
+    out = []
+    for r in rows:
+        try:
+            out.append(MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
+                                     float(r.get("fwd_p10_s", r["fwd_s"])), float(r.get("bwd_p10_s", r["bwd_s"]))))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
+                             fix="delete the row (profiling resumes and re-measures it)")
+    return header, out
+
+
+def profile_granularity(path: str) -> str:
+    """'op' or 'layer': what a file written by `hetauto profile` holds."""
+    header, _ = read_profile(path)
+    return str(header.get("granularity", "op"))
+
+
+def validate_layers(model, paths: list[str]) -> dict:
+    """Measured whole layers vs the layer time the planner gets from `model` (for a profiled device: the sum of
+    the layer's operators) and from the analytic model. The measured layers run every element-wise operator on
+    the whole sequence, so the analytic model is asked without sequence parallelism."""
+    from .analytic import AnalyticCostModel
+    from ..spec.devices import get_device
+    analytic = AnalyticCostModel(sequence_parallel=False)
+    table = []
+    for path in paths:
+        header, rows = read_layers(path)
+        device = get_device(str(header.get("device_type")), file=path, field="device_type")
+        source = model.source(device)
+        for r in rows:
+            spec = r.shape.model(r.model)
+            pred = model.layer_times(spec, device, r.shape.tp, r.shape.micro_batch)
+            ana = analytic.layer_times(spec, device, r.shape.tp, r.shape.micro_batch)
+            for i, phase in enumerate(("fwd", "bwd")):
+                meas = r.fwd_s if phase == "fwd" else r.bwd_s
+                table.append({"device": device.name, "source": source, "phase": phase,
+                              "label": f"{r.model} tp{r.shape.tp} b{r.shape.micro_batch} s{r.shape.seq}",
+                              "measured_s": meas, "predicted_s": pred[i], "analytic_s": ana[i],
+                              "error_pct": 100.0 * (pred[i] - meas) / meas,
+                              "analytic_error_pct": 100.0 * (ana[i] - meas) / meas})
+    summary = {}
+    for key in sorted({(r["device"], r["phase"]) for r in table}) + [("all", "")]:
+        sel = [r for r in table if key[0] == "all" or (r["device"], r["phase"]) == key]
+        summary[" ".join(k for k in key if k)] = {
+            "rows": len(sel), "source": ",".join(sorted({r["source"] for r in sel})),
+            "mape_pct": round(mape([r["predicted_s"] for r in sel], [r["measured_s"] for r in sel]), 2),
+            "analytic_mape_pct": round(mape([r["analytic_s"] for r in sel], [r["measured_s"] for r in sel]), 2)}
+    return {"rows": table, "summary": summary}
 
 
 def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:

@@ -6,8 +6,16 @@ and shapes that repeat are measured once. Each operator is timed forward and bac
 inputs and weights) after warm-up, over repetitions; rows keep the median, the 10th percentile and the relative
 spread ((p90 - p10) / median).
 
-Output: JSON lines, a header (format, device type and its datasheet figures, dtype, library versions) then
-one row per operator. A run that finds its file already there checks the header matches and skips the rows
+With a layer grid (`--layers`) it times whole transformer layers instead: the same operators chained into one
+forward and one backward pass of a layer, for model-like shapes at each TP degree. Those rows are not training
+data; they check what the planner asks a cost model for (a layer's time, predicted as the sum of its operators)
+against a layer really run (`hetauto validate-cost-model --profile layers-T.jsonl`).
+
+On accelerators, each pass is timed with device events (the stream's own clock, no host synchronisation inside
+the interval); on CPU with the wall clock.
+
+Output: JSON lines, a header (format, granularity, device type and its datasheet figures, dtype, library
+versions) then one row per operator or layer. A run that finds its file already there checks the header matches and skips the rows
 it holds, so an interrupted profile resumes where it stopped. torch is imported only when timing starts.
 """
 from __future__ import annotations
@@ -63,8 +71,64 @@ GRIDS = {
 }
 
 
-def grid_name(device: DeviceType, quick: bool) -> str:
-    return ("quick-" if quick else "full-") + ("cpu" if device.vendor == "cpu" else "gpu")
+@dataclass(frozen=True)
+class LayerGridSpec:
+    """Whole transformer layers to time: models (preset names or shapes) x TP x micro-batch x sequence."""
+    models: tuple        # preset names, or ModelSpec objects
+    tp: tuple
+    micro_batch: tuple
+    seq: tuple           # sequence lengths; 0 = the model's own
+
+
+def _cpu_layer_models() -> tuple:
+    # Toy shapes like the CPU dry runs' (hidden 64-512), GQA and plain attention, SwiGLU and GELU MLPs.
+    return (ModelSpec("cpu-a", 1, 128, 4, 512, 1024, 64, num_query_groups=2),
+            ModelSpec("cpu-b", 1, 256, 8, 704, 4096, 128, num_query_groups=8),
+            ModelSpec("cpu-c", 1, 384, 6, 1536, 4096, 128, num_query_groups=6, gated_mlp=False,
+                      position_embedding="learned"),
+            ModelSpec("cpu-d", 1, 512, 8, 1408, 1024, 256, num_query_groups=2))
+
+
+LAYER_GRIDS = {
+    # Two toy models (GQA + SwiGLU + rotary; plain attention + GELU): the pipeline test.
+    "layers-tiny": LayerGridSpec(models=("tiny", ModelSpec("tiny-gelu", 1, 64, 4, 256, 128, 32, gated_mlp=False,
+                                                           position_embedding="learned")),
+                                 tp=(1, 2), micro_batch=(1,), seq=(0,)),
+    "layers-cpu": LayerGridSpec(models=_cpu_layer_models(), tp=(1, 2), micro_batch=(1, 2), seq=(0,)),
+    "layers-gpu": LayerGridSpec(models=("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "mistral-7b",
+                                        "gpt3-175b"), tp=(1, 2, 4, 8), micro_batch=(1, 2), seq=(2048, 4096)),
+}
+
+
+def grid_name(device: DeviceType, quick: bool, layers: bool = False) -> str:
+    kind = "cpu" if device.vendor == "cpu" else "gpu"
+    if layers:
+        return f"layers-{kind}"
+    return ("quick-" if quick else "full-") + kind
+
+
+def granularity(grid: str) -> str:
+    return "layer" if grid in LAYER_GRIDS else "op"
+
+
+def layer_shapes(grid: LayerGridSpec) -> list[F.LayerShape]:
+    """Every valid (model, TP, micro-batch, sequence) of the grid, in a fixed order, as named layer shapes."""
+    from ..spec.model import PRESETS
+    out = []
+    for m in grid.models:
+        spec = PRESETS[m] if isinstance(m, str) else m
+        for tp in grid.tp:
+            if spec.num_query_groups % tp or spec.ffn_hidden_size % tp or spec.num_attention_heads % tp:
+                continue
+            for seq in grid.seq:
+                for mb in grid.micro_batch:
+                    out.append((spec.name, F.LayerShape.of(spec, tp, mb, seq or spec.seq_length)))
+    seen, shapes = set(), []
+    for name, shape in out:
+        if shape.key() not in seen:
+            seen.add(shape.key())
+            shapes.append((name, shape))
+    return shapes
 
 
 def grid_ops(grid: GridSpec, seed: int = 0) -> list[F.Op]:
@@ -106,18 +170,41 @@ def grid_ops(grid: GridSpec, seed: int = 0) -> list[F.Op]:
 
 
 # ---- timing ---------------------------------------------------------------------------------------------
+# Cycles of the spin kernel per second of host launch time to cover: a GPU clock of ~2 GHz; a slower clock only
+# makes the spin longer, never too short.
+SPIN_CYCLES_PER_S = 2.0e9
+
+
 class _Runner:
     """Builds an operator's inputs once and runs forward / forward+backward on them."""
 
     def __init__(self, torch, device: str, dtype):
         self.torch, self.device, self.dtype = torch, device, dtype
+        kind = device.split(":")[0]
+        # Accelerators: the device's own events time each pass on its stream (torch.cuda.Event, torch.npu.Event).
+        self.backend = getattr(torch, kind) if kind in ("cuda", "npu") else None
+        # CUDA: keep the device busy (a spin kernel) while the host enqueues the timed passes, so that the events
+        # time the kernels back to back - the device time a training step pays - and not the host's launch path
+        # (tens of microseconds per operator, hidden in a real step where the host runs ahead of the device).
+        self.spin = None
+        if kind == "cuda":
+            try:
+                torch.cuda._sleep(1000)
+                torch.cuda.synchronize()
+                self.spin = torch.cuda._sleep
+            except Exception:   # a build without the spin kernel: events then include launch gaps
+                self.spin = None
+
+    @property
+    def timing(self) -> str:
+        """How the rows were timed (written into the profile's header)."""
+        if self.backend is None:
+            return "wall clock"
+        return "device events, launch hidden" if self.spin else "device events"
 
     def sync(self):
-        t = self.torch
-        if self.device.startswith("cuda"):
-            t.cuda.synchronize()
-        elif self.device.startswith("npu"):
-            t.npu.synchronize()
+        if self.backend is not None:
+            self.backend.synchronize()
 
     def build(self, op: F.Op):
         """(inputs needing grads, forward function)."""
@@ -165,9 +252,45 @@ class _Runner:
             return [table], lambda: nnf.embedding(ids, table)
         raise ValueError(f"no profiler for operator kind {k}")
 
-    def time_op(self, op: F.Op, *, warmup: int, min_reps: int, max_reps: int, budget_s: float) -> dict:
+    def build_layer(self, shape: F.LayerShape):
+        """(inputs and weights needing grads, forward function) of one transformer layer as one TP rank runs
+        it: exactly the operators of `features.layer_ops`, chained, so the sum of the operators' predictions
+        can be checked against the whole."""
+        t, dev, dt = self.torch, self.device, self.dtype
+        nnf = t.nn.functional
+
+        def p(*dims):
+            return t.randn(*dims, device=dev, dtype=dt).mul_(0.1).requires_grad_(True)
+
+        tp, b, s, h = shape.tp, shape.micro_batch, shape.seq, shape.hidden
+        heads, kv, ffn, d = shape.heads // tp, shape.kv_heads // tp, shape.ffn // tp, shape.hidden // shape.heads
+        x = p(b * s, h)
+        n1, n2 = p(h), p(h)
+        w_qkv, w_proj = p((heads + 2 * kv) * d, h), p(h, heads * d)
+        w_fc1, w_fc2 = p((2 if shape.gated else 1) * ffn, h), p(h, ffn)
+        ang = t.randn(s, 1, d // 2, device=dev, dtype=t.float32)
+        cos = t.cat([ang.cos(), ang.cos()], -1).to(dt)
+        sin = t.cat([ang.sin(), ang.sin()], -1).to(dt)
+        half = d // 2
+
+        def fwd():
+            qkv = nnf.linear(nnf.rms_norm(x, (h,), n1, 1e-5), w_qkv).view(b, s, heads + 2 * kv, d)
+            qk, v = qkv[:, :, :heads + kv], qkv[:, :, heads + kv:]
+            if shape.rope:
+                qk = qk * cos + t.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+            a = nnf.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True, enable_gqa=heads != kv)
+            x1 = x + nnf.linear(a.transpose(1, 2).reshape(b * s, heads * d), w_proj)
+            u = nnf.linear(nnf.rms_norm(x1, (h,), n2, 1e-5), w_fc1)
+            act = nnf.silu(u[:, :ffn]) * u[:, ffn:] if shape.gated else nnf.gelu(u)
+            return x1 + nnf.linear(act, w_fc2)
+        return [x, n1, n2, w_qkv, w_proj, w_fc1, w_fc2], fwd
+
+    def time_fn(self, inputs, fwd, *, warmup: int, min_reps: int, max_reps: int, budget_s: float) -> dict:
+        """Median / 10th percentile / spread of the forward pass and of the backward pass (gradients of all
+        `inputs`), after `warmup` untimed iterations; at least min_reps, then until budget_s or max_reps."""
         t = self.torch
-        inputs, fwd = self.build(op)
         out = fwd()
         grad = t.ones_like(out)
         for _ in range(warmup):
@@ -175,15 +298,29 @@ class _Runner:
             t.autograd.grad(out, inputs, grad)
         self.sync()
         ft, bt = [], []
+        spin = self.spin
+        launch_s = 1e-3      # host time to enqueue one repetition, re-measured each time
         start = time.perf_counter()
         while len(ft) < max_reps and (len(ft) < min_reps or time.perf_counter() - start < budget_s):
-            self.sync()
+            if self.backend is not None:
+                ev = [self.backend.Event(enable_timing=True) for _ in range(3)]
+                if spin is not None:
+                    spin(int(min(2.0 * launch_s, 0.05) * SPIN_CYCLES_PER_S))
+                h = time.perf_counter()
+                ev[0].record()
+                out = fwd()
+                ev[1].record()
+                t.autograd.grad(out, inputs, grad)
+                ev[2].record()
+                launch_s = time.perf_counter() - h
+                ev[2].synchronize()
+                ft.append(ev[0].elapsed_time(ev[1]) / 1e3)    # milliseconds -> seconds
+                bt.append(ev[1].elapsed_time(ev[2]) / 1e3)
+                continue
             a = time.perf_counter()
             out = fwd()
-            self.sync()
             b = time.perf_counter()
             t.autograd.grad(out, inputs, grad)
-            self.sync()
             c = time.perf_counter()
             ft.append(b - a)
             bt.append(c - b)
@@ -209,7 +346,8 @@ def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, t
         ours = version("hetauto-megatron")
     except Exception:   # running from a source tree that was never installed
         ours = "source"
-    info = {"format": PROFILE_FORMAT, "feature_version": F.FEATURE_VERSION, "device_type": device.name,
+    info = {"format": PROFILE_FORMAT, "granularity": granularity(grid), "feature_version": F.FEATURE_VERSION,
+            "device_type": device.name,
             "vendor": device.vendor, "peak_tflops": device.peak_tflops, "hbm_gbps": device.hbm_gbps,
             "torch_device": torch_device, "dtype": dtype_name, "dtype_bytes": F.DTYPE_BYTES[dtype_name],
             "grid": grid, "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -229,9 +367,11 @@ def default_dtype(device: DeviceType) -> str:
 def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None = None, torch_device: str | None = None,
             warmup: int = 2, min_reps: int = 7, max_reps: int = 100, budget_s: float = 0.15, seed: int = 0,
             threads: int | None = None, progress=None) -> dict:
-    """Time the grid's operators into `out_path` (resuming it). Returns a summary dict."""
-    if grid not in GRIDS:
-        raise InputError(f"unknown grid {grid!r}", field="--grid", fix=f"use one of: {', '.join(GRIDS)}")
+    """Time the grid's operators (or, for a layer grid, whole layers) into `out_path` (resuming it).
+    Returns a summary dict."""
+    if grid not in GRIDS and grid not in LAYER_GRIDS:
+        raise InputError(f"unknown grid {grid!r}", field="--grid",
+                         fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
     dtype = dtype or default_dtype(device)
     if dtype not in F.DTYPE_BYTES:
         raise InputError(f"unknown dtype {dtype!r}", field="--dtype", fix=f"use one of: {', '.join(F.DTYPE_BYTES)}")
@@ -245,11 +385,12 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     if threads:
         torch.set_num_threads(threads)
     done: set[str] = set()
-    header = _header(device, torch_device, dtype, grid, torch)
+    runner = _Runner(torch, torch_device, getattr(torch, dtype))
+    header = {**_header(device, torch_device, dtype, grid, torch), "timing": runner.timing}
     if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
         old, rows = read_profile(out_path)
-        for key in ("device_type", "dtype", "torch_device"):
-            if old.get(key) != header[key]:
+        for key in ("granularity", "device_type", "dtype", "torch_device"):
+            if old.get(key, "op") != header[key]:
                 raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",
                                  file=out_path, field=key, fix="write to another --out directory or delete the file")
         done = {r.get("key") for r in rows}
@@ -257,22 +398,27 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         with open(out_path, "w") as fh:
             fh.write(json.dumps(header, sort_keys=True) + "\n")
-    ops = grid_ops(GRIDS[grid], seed)
-    todo = [op for op in ops if op.key() not in done]
+    # (key, label, row fields, builder) of everything the grid measures
+    if grid in LAYER_GRIDS:
+        items = [(sh.key(), f"{name} tp{sh.tp} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
+                  lambda sh=sh: runner.build_layer(sh)) for name, sh in layer_shapes(LAYER_GRIDS[grid])]
+    else:
+        items = [(op.key(), op.name, {"op": op.to_dict()}, lambda op=op: runner.build(op))
+                 for op in grid_ops(GRIDS[grid], seed)]
+    todo = [it for it in items if it[0] not in done]
     torch.manual_seed(seed)
-    runner = _Runner(torch, torch_device, getattr(torch, dtype))
     started = time.perf_counter()
     with torch.inference_mode(False), open(out_path, "a") as fh:
-        for i, op in enumerate(todo, 1):
-            res = runner.time_op(op, warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
-            row = {"key": op.key(), "op": op.to_dict(), **res}
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
-            fh.flush()   # a crash loses at most the operator being timed
+        for i, (key, label, fields, build) in enumerate(todo, 1):
+            res = runner.time_fn(*build(), warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+            fh.write(json.dumps({"key": key, **fields, **res}, sort_keys=True) + "\n")
+            fh.flush()   # a crash loses at most the row being timed
             if progress:
                 elapsed = time.perf_counter() - started
-                progress(i, len(todo), op, res, elapsed / i * (len(todo) - i))
-    return {"file": out_path, "device_type": device.name, "grid": grid, "operators": len(ops),
-            "measured_now": len(todo), "resumed": len(ops) - len(todo),
+                progress(i, len(todo), label, res, elapsed / i * (len(todo) - i))
+    return {"file": out_path, "device_type": device.name, "grid": grid, "granularity": granularity(grid),
+            "operators" if grid in GRIDS else "layers": len(items),
+            "measured_now": len(todo), "resumed": len(items) - len(todo),
             "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -286,10 +432,10 @@ def _check_device(torch, torch_device: str, device: DeviceType) -> None:
                                                     "(or profile this machine with --device-type cpu)")
 
 
-def stderr_progress(i: int, n: int, op: F.Op, res: dict, eta_s: float) -> None:
+def stderr_progress(i: int, n: int, label: str, res: dict, eta_s: float) -> None:
     width = 24
     filled = int(width * i / n)
-    line = (f"\rprofile [{'#' * filled}{'.' * (width - filled)}] {i}/{n}  {op.name:<10} "
+    line = (f"\rprofile [{'#' * filled}{'.' * (width - filled)}] {i}/{n}  {label:<10} "
             f"fwd {res['fwd_s'] * 1e3:8.3f} ms  bwd {res['bwd_s'] * 1e3:8.3f} ms  eta {eta_s:5.0f} s")
     sys.stderr.write(line if sys.stderr.isatty() else line[1:] + "\n")
     if i == n and sys.stderr.isatty():

@@ -1,0 +1,105 @@
+"""Whole layers: `hetauto profile --layers` on this CPU, the layer-composition stage of `hetauto fit`, and
+`validate-cost-model` on layer files; then the packaged NVIDIA H200 measurements, fitted for real."""
+import json
+import os
+
+import pytest
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.cost import learned as L
+from hetauto_megatron.spec.devices import get_device
+from hetauto_megatron.spec.model import PRESETS
+
+H200 = {k: os.path.join(L.H200_DATA, f) for k, f in (("ops", "profile-h200.jsonl"), ("layers", "layers-h200.jsonl"),
+                                                      ("full", "profile-h200-full-grid-part.jsonl"))}
+
+
+@pytest.fixture(scope="module")
+def cpu_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("layers")
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(d)]) == 0
+    assert main(["profile", "--device-type", "cpu", "--layers", "--grid", "layers-tiny", "--out", str(d)]) == 0
+    return d / "profile-cpu.jsonl", d / "layers-cpu.jsonl", d
+
+
+def test_layer_file_holds_timed_layers(cpu_files):
+    _, layers, _ = cpu_files
+    header, rows = L.read_layers(str(layers))
+    assert header["granularity"] == "layer" and header["timing"] == "wall clock"
+    assert {r.model for r in rows} == {"tiny", "tiny-gelu"} and {r.shape.tp for r in rows} == {1, 2}
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in rows)
+
+
+def test_fit_with_layers_reports_composition(cpu_files, capsys):
+    ops, layers, d = cpu_files
+    assert main(["fit", str(ops), str(layers), "-o", str(d / "m"), "--holdout", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for ph in ("fwd", "bwd"):
+        rep = res["heldout"][f"cpu layer-composition {ph}"]
+        assert rep["models"] == 2 and rep["rows"] == 4 and rep["mape_pct"] is not None
+        # kept exactly when it beats the plain sum on the model left out
+        assert rep["kept"] == (rep["mape_pct"] < rep["sum_of_operators_mape_pct"])
+        assert (f"cpu|{ph}" in res["composition"]) == rep["kept"]
+    man = json.loads((d / "m" / "manifest.json").read_text())
+    assert man["fit"]["layers"] == {"cpu": 4}
+
+
+def test_validate_layer_file_against_learned_and_analytic(cpu_files, capsys):
+    ops, layers, d = cpu_files
+    assert main(["fit", str(ops), "-o", str(d / "m-ops"), "--holdout", "0"]) == 0
+    capsys.readouterr()
+    assert main(["validate-cost-model", "--cost-model", str(d / "m-ops"), "--profile", str(layers), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)["layers"]
+    assert len(res["rows"]) == 8 and res["summary"]["cpu fwd"]["source"] == "learned"
+    r = res["rows"][0]
+    assert r["predicted_s"] > 0 and r["analytic_s"] > 0 and r["measured_s"] > 0
+    assert main(["validate-cost-model", "--cost-model", str(d / "m-ops"), "--profile", str(layers)]) == 0
+    out = capsys.readouterr().out
+    assert "Whole layers" in out and "analytic MAPE %" in out
+
+
+def test_layer_files_are_refused_where_operators_are_expected(cpu_files, tmp_path, capsys):
+    ops, layers, _ = cpu_files
+    assert main(["fit", str(layers), "-o", str(tmp_path / "m")]) == 2          # layers without operators
+    err = capsys.readouterr().err
+    assert "no operator profile" in err and str(layers) in err and "Traceback" not in err
+    assert main(["profile", "--device-type", "cpu", "--layers", "--grid", "tiny", "--out", str(tmp_path)]) == 2
+    assert "operator grid" in capsys.readouterr().err
+    with pytest.raises(Exception, match="whole-layer timings"):
+        L.profile_samples(str(layers))
+    with pytest.raises(Exception, match="not whole layers"):
+        L.read_layers(str(ops))
+
+
+# ---- the packaged H200 measurements -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def h200_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("h200")
+    res = L.fit([H200["ops"], H200["layers"]], str(d / "m"), holdout=0.0)
+    return res, L.LearnedCostModel(str(d / "m"))
+
+
+def test_h200_quick_profile_predicts_the_separately_measured_full_grid(h200_model):
+    _, model = h200_model
+    res = L.validate(model, L.profile_samples(H200["full"])[1])
+    s = res["summary"]
+    assert s["all"]["rows"] == 1772 and s["all"]["mape_pct"] <= 10.0
+    assert s["h200 fwd"]["mape_pct"] < s["h200 fwd"]["prior_mape_pct"] / 5
+
+
+def test_h200_layer_composition_carries_over_and_beats_analytic(h200_model):
+    res, model = h200_model
+    for ph in ("fwd", "bwd"):
+        rep = res.heldout[f"h200 layer-composition {ph}"]
+        assert rep["kept"] and rep["models"] == 6 and rep["mape_pct"] <= 5.0
+    assert res.composition["h200|bwd"][0] > 1.1      # a layer's backward does more than its operators'
+    lv = L.validate_layers(model, [H200["layers"]])["summary"]
+    assert lv["all"]["mape_pct"] < lv["all"]["analytic_mape_pct"]
+    h200 = get_device("h200")
+    assert model.source(h200) == "learned"
+    # one layer the planner asks for, against its measurement
+    _, rows = L.read_layers(H200["layers"])
+    row = next(r for r in rows if r.model == "llama2-70b" and r.shape.tp == 8 and r.shape.micro_batch == 1
+               and r.shape.seq == 4096)
+    fwd, bwd = model.layer_times(PRESETS["llama2-70b"], h200, 8, 1)
+    assert abs(fwd / row.fwd_s - 1) < 0.1 and abs(bwd / row.bwd_s - 1) < 0.1
