@@ -1,13 +1,16 @@
 """The learned cost model: LightGBM corrections to a roofline prior, fitted on measured times.
 
-Two kinds of measurement train it (cost/features.py defines both feature vectors):
+Three kinds of measurement train it (cost/features.py defines the feature vectors):
 - operator rows from `hetauto profile` (one device type per file): QKV/output projections, attention core, MLP
   GEMMs, norms, rotary, activation, logits GEMM, loss; a layer's time is the sum of its operators;
+- whole layers from `hetauto profile --layers` of a profiled device: how its operators compose into a layer
+  (stage 3 below), kept where it carries over to a model left out;
 - whole-layer rows: the per-layer GPU timings published by the Sailor project (see `load_sailor`).
 
-Each booster predicts log(measured / prior) for one (granularity, phase); prediction = prior * exp(output).
-A model directory holds `manifest.json` (format, feature version, device types covered, fit metrics) and the
-boosters in LightGBM's text format. `LearnedCostModel` answers for the device types it has measurements of and
+Stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits LightGBM on
+log(measured / calibrated) per (granularity, phase) with cross-validated rounds, stage 3 composes operators into
+layers. A model directory holds `manifest.json` (format, feature version, calibration and composition tables,
+device types covered, fit metrics) and the boosters in LightGBM's text format. `LearnedCostModel` answers for the device types it has measurements of and
 hands every other device type to the analytic model, and `source(device)` says which one answered, so a plan
 can state where each number came from.
 """
@@ -111,10 +114,9 @@ def read_profile(path: str) -> tuple[dict, list[dict]]:
 def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     header, rows = read_profile(path)
     if header.get("granularity", "op") != "op":
-        raise InputError("holds whole-layer timings ('hetauto profile --layers'), which check a fitted model "
-                         "rather than train it", file=path, field="granularity",
-                         fix="fit on operator profiles; compare the layers with 'hetauto validate-cost-model "
-                             "--cost-model MODEL_DIR --profile FILE'")
+        raise InputError("holds whole-layer timings ('hetauto profile --layers'), not operators", file=path,
+                         field="granularity", fix="pass it to 'hetauto fit' together with the same device's operator "
+                                                  "profile, or to 'hetauto validate-cost-model --profile'")
     try:
         dev, db = str(header["device_type"]), int(header["dtype_bytes"])
         peak, bw = float(header["peak_tflops"]), float(header["hbm_gbps"])
@@ -163,9 +165,9 @@ SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96"
                       "RTX-2080": 10.1, "RTX-3090": 35.6}
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
-# NVIDIA H200 operator and layer timings measured by `hetauto profile` (data/h200/README.md).
-H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200")
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sailor")
+# NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
+H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200")
 
 
 @dataclass(frozen=True)
