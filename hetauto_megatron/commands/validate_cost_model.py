@@ -215,10 +215,14 @@ def _operator_results(args) -> dict:
     return res
 
 
+def worst_first(rows: list[dict], max_rows: int) -> list[dict]:
+    """The rows by falling absolute error, the first max_rows of them (0 = all)."""
+    rows = sorted(rows, key=lambda r: -abs(r["error_pct"]))
+    return rows[:max_rows] if max_rows else rows
+
+
 def print_layer_table(res: dict, max_rows: int) -> None:
-    rows = sorted(res["rows"], key=lambda r: -abs(r["error_pct"]))
-    if max_rows:
-        rows = rows[:max_rows]
+    rows = worst_first(res["rows"], max_rows)
     print("Whole layers (one TP rank, no sequence parallelism): measured vs the planner's layer time")
     print(f"{'device':<10} {'ph':<4} {'measured ms':>12} {'model ms':>10} {'error %':>8} {'analytic ms':>12} "
           f"{'error %':>8}  layer")
@@ -231,9 +235,7 @@ def print_layer_table(res: dict, max_rows: int) -> None:
 
 
 def print_operator_table(res: dict, max_rows: int) -> None:
-    rows = sorted(res["rows"], key=lambda r: -abs(r["error_pct"]))
-    if max_rows:
-        rows = rows[:max_rows]
+    rows = worst_first(res["rows"], max_rows)
     print(f"{'device':<12} {'ph':<4} {'measured ms':>12} {'predicted ms':>13} {'error %':>8}  row")
     for r in rows:
         print(f"{r['device']:<12} {r['phase']:<4} {r['measured_s'] * 1e3:12.4f} {r['predicted_s'] * 1e3:13.4f} "

@@ -922,14 +922,24 @@ def validate_layers(model, paths: list[str]) -> dict:
                               "measured_s": meas, "predicted_s": pred[i], "analytic_s": ana[i],
                               "error_pct": 100.0 * (pred[i] - meas) / meas,
                               "analytic_error_pct": 100.0 * (ana[i] - meas) / meas})
-    summary = {}
+    summary = summarise(table, {"analytic_mape_pct": "analytic_s"})
+    for key, v in summary.items():
+        v["source"] = ",".join(sorted({r["source"] for r in table if key == "all" or
+                                       f"{r['device']} {r['phase']}" == key}))
+    return {"rows": table, "summary": summary}
+
+
+def summarise(table: list[dict], others: dict[str, str]) -> dict:
+    """MAPE of a validation table's rows per 'device phase' and over 'all': of "predicted_s", and of each
+    other prediction (summary key -> row key) beside it."""
+    summary: dict[str, dict] = {}
     for key in sorted({(r["device"], r["phase"]) for r in table}) + [("all", "")]:
         sel = [r for r in table if key[0] == "all" or (r["device"], r["phase"]) == key]
+        meas = [r["measured_s"] for r in sel]
         summary[" ".join(k for k in key if k)] = {
-            "rows": len(sel), "source": ",".join(sorted({r["source"] for r in sel})),
-            "mape_pct": round(mape([r["predicted_s"] for r in sel], [r["measured_s"] for r in sel]), 2),
-            "analytic_mape_pct": round(mape([r["analytic_s"] for r in sel], [r["measured_s"] for r in sel]), 2)}
-    return {"rows": table, "summary": summary}
+            "rows": len(sel), "mape_pct": round(mape([r["predicted_s"] for r in sel], meas), 2),
+            **{name: round(mape([r[col] for r in sel], meas), 2) for name, col in others.items()}}
+    return summary
 
 
 def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
@@ -944,10 +954,5 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
     table = [{"device": s.device, "phase": s.phase, "label": s.label, "measured_s": s.measured_s,
               "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p - s.measured_s) / s.measured_s}
              for s, p in zip(rows, pred)]
-    summary: dict[str, dict] = {}
-    for key in sorted({(r["device"], r["phase"]) for r in table}) + [("all", "")]:
-        sel = [r for r in table if key[0] == "all" or (r["device"], r["phase"]) == key]
-        summary[" ".join(k for k in key if k)] = {
-            "rows": len(sel), "mape_pct": round(mape([r["predicted_s"] for r in sel], [r["measured_s"] for r in sel]), 2),
-            "prior_mape_pct": round(mape([r["prior_s"] for r in sel], [r["measured_s"] for r in sel]), 2)}
-    return {"rows": table, "summary": summary, "skipped": len(samples) - len(rows)}
+    return {"rows": table, "summary": summarise(table, {"prior_mape_pct": "prior_s"}),
+            "skipped": len(samples) - len(rows)}
