@@ -11,21 +11,24 @@ Time the operators a transformer layer is made of (QKV and output projections, a
 SwiGLU/GELU, norms, rotary embedding, residual adds, logits GEMM, cross-entropy, embedding), forward and
 backward, over a grid of shapes and TP degrees, on this machine's device (cuda, npu or cpu).
 
-Each operator is warmed up, then repeated; the file keeps the median and the spread. The output is a JSON-lines
-file DIR/profile-<device type>.jsonl with the device and library versions in its header. Re-running resumes:
-rows already in the file are skipped. Feed the file to 'hetauto fit'.
+Each operator is warmed up, then repeated; the file keeps the median and the spread. On a GPU each pass is
+timed with CUDA events while a spin kernel keeps the GPU busy, so a row is the kernels' device time, not the
+host's launch path; on CPU, wall clock. The output is a JSON-lines file DIR/profile-<device type>.jsonl with
+the device and library versions in its header. Re-running resumes: rows already in the file are skipped. Feed
+the file to 'hetauto fit'.
 
 --layers times whole transformer layers instead (the same operators chained, for model-like shapes at each TP
-degree) into DIR/layers-<device type>.jsonl: the check of what the planner asks for, a layer's time predicted
-as the sum of its operators. 'hetauto validate-cost-model --profile' compares them with the learned and the
-analytic model."""
+degree) into DIR/layers-<device type>.jsonl. Given to 'hetauto fit' with the operator profile, they teach it
+how operators compose into a layer (kept only if that carries over to a model left out); given to
+'hetauto validate-cost-model --profile', they check the planner's layer time, learned and analytic."""
 
 EPILOG = """\
 examples:
   hetauto profile --device-type cpu --quick                      # ~1-3 minutes on a laptop
   hetauto profile --device-type h800 --out profiles/             # on a GPU node of the H800 cluster
   hetauto fit profiles/profile-h800.jsonl -o cost-model/
-  hetauto profile --device-type h800 --layers --out profiles/    # whole layers, to validate the fitted model
+  hetauto profile --device-type h800 --layers --out profiles/    # whole layers (half a minute on an H200)
+  hetauto fit profiles/profile-h800.jsonl profiles/layers-h800.jsonl -o cost-model/
   hetauto validate-cost-model --cost-model cost-model/ --profile profiles/layers-h800.jsonl"""
 
 
@@ -34,8 +37,8 @@ def add_arguments(p):
                                                         "(h800, ascend-910b, mi300x, cpu, ...)")
     p.add_argument("--out", default="profiles", metavar="DIR", help="output directory (default: profiles)")
     p.add_argument("--quick", action="store_true", help="a smaller grid: minutes instead of tens of minutes")
-    p.add_argument("--layers", action="store_true", help="time whole transformer layers (validation data) "
-                                                         "instead of operators")
+    p.add_argument("--layers", action="store_true", help="time whole transformer layers instead of operators "
+                                                         "(for the fit's layer composition, and as a check)")
     p.add_argument("--grid", default=None, help="grid by name (operators: tiny, quick-cpu, full-cpu, quick-gpu, "
                                                 "full-gpu; layers: layers-tiny, layers-cpu, layers-gpu); default: "
                                                 "picked from the device type, --quick and --layers")
