@@ -103,3 +103,21 @@ def test_h200_layer_composition_carries_over_and_beats_analytic(h200_model):
                and r.shape.seq == 4096)
     fwd, bwd = model.layer_times(PRESETS["llama2-70b"], h200, 8, 1)
     assert abs(fwd / row.fwd_s - 1) < 0.1 and abs(bwd / row.bwd_s - 1) < 0.1
+
+
+def test_planner_uses_the_h200_model_for_h200_only(h200_model, tmp_path, capsys):
+    _, model = h200_model
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n"
+                   "  - {name: hopper, device: h200, nodes: 1, devices_per_node: 8}\n"
+                   "  - {name: ampere, device: a100-80gb, nodes: 2, devices_per_node: 8}\n"
+                   "links:\n  - {between: [hopper, ampere], bandwidth_gbps: 100, latency_ms: 0.5}\n")
+    args = ["plan", "--model", "llama2-13b", "--inventory", str(inv), "--global-batch-size", "256", "--json",
+            "--quiet"]
+    assert main(args + ["--cost-model", model.model_dir]) == 0
+    learned = json.loads(capsys.readouterr().out)
+    assert learned["cost_model"] == {"h200": "learned", "a100-80gb": "analytic"}
+    assert main(args) == 0
+    analytic = json.loads(capsys.readouterr().out)
+    assert analytic["cost_model"] == {"h200": "analytic", "a100-80gb": "analytic"}
+    assert learned["iteration_time_s"] != analytic["iteration_time_s"]
