@@ -1,6 +1,7 @@
 """The simulator, fed the learned CPU cost model, against measured CPU dry-run iteration times.
 
-1. Profile this CPU (`hetauto profile --quick`, reused when the file exists) and fit the learned model
+1. Profile this CPU (`hetauto profile --quick`, reused when the file exists) and Megatron-Core's own layers
+   (`hetauto profile --layers --layer-impl megatron`), and fit the learned model with its layer composition
    (or reuse --cost-model DIR).
 2. Measure the local gloo path with `probe-link`'s local mode and put its bandwidth and latency into the
    inventory (examples/llama/inventory-cpu-dryrun.yaml) for every link the ranks use: inside each "cluster"
@@ -106,9 +107,21 @@ def fitted_model(workdir: str, fresh: bool) -> str:
     t = time.perf_counter()
     s = profile(get_device("cpu"), prof, grid="quick-cpu", progress=stderr_progress)
     print(f"profile: {s['operators']} operators ({s['measured_now']} measured now) in {time.perf_counter() - t:.1f} s")
+    # Megatron-Core's own layers (TP 1, the dry runs' build) teach the fit how operators compose into them.
+    layers = os.path.join(workdir, "megatron-layers", "layers-cpu.jsonl")
+    if fresh and os.path.exists(layers):
+        os.remove(layers)
+    t = time.perf_counter()
+    s = profile(get_device("cpu"), layers, grid="layers-cpu", layer_impl="megatron", progress=stderr_progress)
+    print(f"Megatron-Core layers: {s['layers']} ({s['measured_now']} measured now) in {time.perf_counter() - t:.1f} s")
     model_dir = os.path.join(workdir, "model-cpu")
-    res = L.fit([prof], model_dir, holdout=0.2)
-    print(f"fit: {res.rows} rows -> {model_dir}, held-out operator MAPE {res.heldout['all']['mape_pct']:.2f} %")
+    res = L.fit([prof, layers], model_dir, holdout=0.2)
+    comp = ", ".join(f"{ph} {'kept' if res.heldout[f'cpu layer-composition {ph}']['kept'] else 'not kept'} "
+                     f"({res.heldout[f'cpu layer-composition {ph}']['sum_of_operators_mape_pct']:.1f} -> "
+                     f"{res.heldout[f'cpu layer-composition {ph}']['mape_pct']:.1f} % with a model left out)"
+                     for ph in ("fwd", "bwd"))
+    print(f"fit: {res.rows} rows -> {model_dir}, held-out operator MAPE {res.heldout['all']['mape_pct']:.2f} %; "
+          f"layer composition: {comp}")
     return model_dir
 
 

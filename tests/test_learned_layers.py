@@ -121,3 +121,31 @@ def test_planner_uses_the_h200_model_for_h200_only(h200_model, tmp_path, capsys)
     analytic = json.loads(capsys.readouterr().out)
     assert analytic["cost_model"] == {"h200": "analytic", "a100-80gb": "analytic"}
     assert learned["iteration_time_s"] != analytic["iteration_time_s"]
+
+
+def test_megatron_core_layers_compose_operators_into_what_the_dry_run_trains(cpu_files, capsys):
+    """`--layer-impl megatron` times Megatron-Core's own layer (the dry run's build) in a one-rank process."""
+    ops, _, d = cpu_files
+    out = d / "megatron"
+    assert main(["profile", "--device-type", "cpu", "--layers", "--layer-impl", "megatron", "--grid", "layers-tiny",
+                 "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["layers"] == 2 and summary["measured_now"] == 2          # TP 1 only
+    header, rows = L.read_layers(str(out / "layers-cpu.jsonl"))
+    assert header["layer_impl"] == "megatron" and {r.model for r in rows} == {"tiny", "tiny-gelu"}
+    assert all(r.shape.tp == 1 and r.fwd_s > 0 and r.bwd_s > 0 for r in rows)
+    # a resumed run must be of the same implementation
+    assert main(["profile", "--device-type", "cpu", "--layers", "--grid", "layers-tiny", "--out", str(out)]) == 2
+    assert "layer_impl" in capsys.readouterr().err
+    assert main(["fit", str(ops), str(out / "layers-cpu.jsonl"), "-o", str(d / "m-meg"), "--holdout", "0"]) == 0
+    assert "cpu fwd" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--device-type", "h200", "--layers", "--layer-impl", "megatron"], "cpu, float32"),
+    (["--device-type", "cpu", "--layer-impl", "megatron", "--grid", "tiny"], "only applies to whole layers"),
+])
+def test_layer_impl_misuse_exits_2(tmp_path, capsys, argv, needle):
+    assert main(["profile", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err

@@ -39,6 +39,10 @@ def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="a smaller grid: minutes instead of tens of minutes")
     p.add_argument("--layers", action="store_true", help="time whole transformer layers instead of operators "
                                                          "(for the fit's layer composition, and as a check)")
+    p.add_argument("--layer-impl", default="torch", choices=("torch", "megatron"),
+                   help="with --layers: 'torch' chains the profiled operators in plain PyTorch (any device); "
+                        "'megatron' times Megatron-Core's own layer as the CPU dry runs build it (cpu, float32, "
+                        "TP 1), so the fit composes operators into what a Megatron job runs (default: torch)")
     p.add_argument("--grid", default=None, help="grid by name (operators: tiny, quick-cpu, full-cpu, quick-gpu, "
                                                 "full-gpu; layers: layers-tiny, layers-cpu, layers-gpu); default: "
                                                 "picked from the device type, --quick and --layers")
@@ -67,8 +71,10 @@ def run(args) -> int:
                          fix="pass a directory (it is created when missing)")
     stem = "layers" if granularity(grid) == "layer" else "profile"
     out = os.path.join(args.out, f"{stem}-{device.name}.jsonl")
+    if args.layer_impl != "torch" and granularity(grid) != "layer":
+        raise InputError("only applies to whole layers", field="--layer-impl", fix="add --layers, or drop it")
     summary = profile(device, out, grid=grid, dtype=args.dtype, seed=args.seed, threads=args.threads,
-                      progress=stderr_progress)
+                      layer_impl=args.layer_impl, progress=stderr_progress)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:

@@ -94,7 +94,7 @@ LAYER_GRIDS = {
     "layers-tiny": LayerGridSpec(models=("tiny", ModelSpec("tiny-gelu", 1, 64, 4, 256, 128, 32, gated_mlp=False,
                                                            position_embedding="learned")),
                                  tp=(1, 2), micro_batch=(1,), seq=(0,)),
-    "layers-cpu": LayerGridSpec(models=_cpu_layer_models(), tp=(1, 2), micro_batch=(1, 2), seq=(0,)),
+    "layers-cpu": LayerGridSpec(models=_cpu_layer_models(), tp=(1, 2), micro_batch=(1, 2, 4), seq=(0,)),
     "layers-gpu": LayerGridSpec(models=("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "mistral-7b",
                                         "gpt3-175b"), tp=(1, 2, 4, 8), micro_batch=(1, 2), seq=(2048, 4096)),
 }
@@ -175,7 +175,7 @@ def grid_ops(grid: GridSpec, seed: int = 0) -> list[F.Op]:
 SPIN_CYCLES_PER_S = 2.0e9
 
 
-class _Runner:
+class Runner:
     """Builds an operator's inputs once and runs forward / forward+backward on them."""
 
     def __init__(self, torch, device: str, dtype):
@@ -364,14 +364,24 @@ def default_dtype(device: DeviceType) -> str:
     return "float32" if device.vendor == "cpu" else "bfloat16"
 
 
+LAYER_IMPLS = ("torch", "megatron")
+
+
 def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None = None, torch_device: str | None = None,
             warmup: int = 2, min_reps: int = 7, max_reps: int = 100, budget_s: float = 0.15, seed: int = 0,
-            threads: int | None = None, progress=None) -> dict:
+            threads: int | None = None, layer_impl: str = "torch", progress=None) -> dict:
     """Time the grid's operators (or, for a layer grid, whole layers) into `out_path` (resuming it).
-    Returns a summary dict."""
+    `layer_impl`: layers built from the profiled operators in plain PyTorch ("torch"), or Megatron-Core's own
+    layer as hetauto's runtime builds it ("megatron": CPU, fp32, TP 1). Returns a summary dict."""
     if grid not in GRIDS and grid not in LAYER_GRIDS:
         raise InputError(f"unknown grid {grid!r}", field="--grid",
                          fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
+    if layer_impl not in LAYER_IMPLS:
+        raise InputError(f"unknown layer implementation {layer_impl!r}", field="--layer-impl",
+                         fix=f"use one of: {', '.join(LAYER_IMPLS)}")
+    if layer_impl == "megatron" and (device.vendor != "cpu" or (dtype or "float32") != "float32"):
+        raise InputError("Megatron-Core layers are timed as the CPU dry runs build them (cpu, float32)",
+                         field="--layer-impl", fix="profile --device-type cpu, or use --layer-impl torch")
     dtype = dtype or default_dtype(device)
     if dtype not in F.DTYPE_BYTES:
         raise InputError(f"unknown dtype {dtype!r}", field="--dtype", fix=f"use one of: {', '.join(F.DTYPE_BYTES)}")
@@ -385,12 +395,17 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     if threads:
         torch.set_num_threads(threads)
     done: set[str] = set()
-    runner = _Runner(torch, torch_device, getattr(torch, dtype))
+    runner = Runner(torch, torch_device, getattr(torch, dtype))
     header = {**_header(device, torch_device, dtype, grid, torch), "timing": runner.timing}
+    if grid in LAYER_GRIDS:
+        header["layer_impl"] = layer_impl
     if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
         old, rows = read_profile(out_path)
-        for key in ("granularity", "device_type", "dtype", "torch_device"):
-            if old.get(key, "op") != header[key]:
+        # files written before a field existed hold its first meaning
+        defaults = {"granularity": "op", "layer_impl": "torch"}
+        for key in ("granularity", "device_type", "dtype", "torch_device") + (
+                ("layer_impl",) if grid in LAYER_GRIDS else ()):
+            if old.get(key, defaults.get(key)) != header[key]:
                 raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",
                                  file=out_path, field=key, fix="write to another --out directory or delete the file")
         done = {r.get("key") for r in rows}
@@ -398,19 +413,26 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         with open(out_path, "w") as fh:
             fh.write(json.dumps(header, sort_keys=True) + "\n")
-    # (key, label, row fields, builder) of everything the grid measures
-    if grid in LAYER_GRIDS:
+    timing = dict(warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+    # (key, label, row fields, measure) of everything the grid measures
+    if grid in LAYER_GRIDS and layer_impl == "megatron":
+        from ..runtime.layer_timing import megatron_layer_times
+        items = [(sh.key(), f"{name} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
+                  lambda sh=sh, name=name: megatron_layer_times(sh, name, timing=timing, threads=threads or 1))
+                 for name, sh in layer_shapes(LAYER_GRIDS[grid]) if sh.tp == 1]
+    elif grid in LAYER_GRIDS:
         items = [(sh.key(), f"{name} tp{sh.tp} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
-                  lambda sh=sh: runner.build_layer(sh)) for name, sh in layer_shapes(LAYER_GRIDS[grid])]
+                  lambda sh=sh: runner.time_fn(*runner.build_layer(sh), **timing))
+                 for name, sh in layer_shapes(LAYER_GRIDS[grid])]
     else:
-        items = [(op.key(), op.name, {"op": op.to_dict()}, lambda op=op: runner.build(op))
+        items = [(op.key(), op.name, {"op": op.to_dict()}, lambda op=op: runner.time_fn(*runner.build(op), **timing))
                  for op in grid_ops(GRIDS[grid], seed)]
     todo = [it for it in items if it[0] not in done]
     torch.manual_seed(seed)
     started = time.perf_counter()
     with torch.inference_mode(False), open(out_path, "a") as fh:
-        for i, (key, label, fields, build) in enumerate(todo, 1):
-            res = runner.time_fn(*build(), warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+        for i, (key, label, fields, measure) in enumerate(todo, 1):
+            res = measure()
             fh.write(json.dumps({"key": key, **fields, **res}, sort_keys=True) + "\n")
             fh.flush()   # a crash loses at most the row being timed
             if progress:
