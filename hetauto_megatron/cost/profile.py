@@ -6,17 +6,19 @@ and shapes that repeat are measured once. Each operator is timed forward and bac
 inputs and weights) after warm-up, over repetitions; rows keep the median, the 10th percentile and the relative
 spread ((p90 - p10) / median).
 
-With a layer grid (`--layers`) it times whole transformer layers instead: the same operators chained into one
-forward and one backward pass of a layer, for model-like shapes at each TP degree. Those rows are not training
-data; they check what the planner asks a cost model for (a layer's time, predicted as the sum of its operators)
-against a layer really run (`hetauto validate-cost-model --profile layers-T.jsonl`).
+With a layer grid (`--layers`) it times whole transformer layers instead, for model-like shapes: the same
+operators chained into one layer in plain PyTorch (at each TP degree), or Megatron-Core's own layer as the CPU
+dry runs build it (`--layer-impl megatron`, runtime/layer_timing.py). `hetauto fit` learns from them how
+operators compose into a layer (cost/learned.py, stage 3); `hetauto validate-cost-model --profile
+layers-T.jsonl` checks the planner's layer time against them.
 
 On accelerators, each pass is timed with device events (the stream's own clock, no host synchronisation inside
-the interval); on CPU with the wall clock.
+the interval), on CUDA behind a spin kernel that hides the host's launch path; on CPU with the wall clock.
 
 Output: JSON lines, a header (format, granularity, device type and its datasheet figures, dtype, library
-versions) then one row per operator or layer. A run that finds its file already there checks the header matches and skips the rows
-it holds, so an interrupted profile resumes where it stopped. torch is imported only when timing starts.
+versions, how rows were timed) then one row per operator or layer. A run that finds its file already there
+checks the header matches and skips the rows it holds, so an interrupted profile resumes where it stopped.
+torch is imported only when timing starts.
 """
 from __future__ import annotations
 
@@ -382,6 +384,11 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     if layer_impl == "megatron" and (device.vendor != "cpu" or (dtype or "float32") != "float32"):
         raise InputError("Megatron-Core layers are timed as the CPU dry runs build them (cpu, float32)",
                          field="--layer-impl", fix="profile --device-type cpu, or use --layer-impl torch")
+    if layer_impl == "megatron":
+        import importlib.util
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            raise InputError("needs Megatron-Core, which this Python cannot import", field="--layer-impl",
+                             fix="install the pinned packages (bash scripts/setup.sh) or use --layer-impl torch")
     dtype = dtype or default_dtype(device)
     if dtype not in F.DTYPE_BYTES:
         raise InputError(f"unknown dtype {dtype!r}", field="--dtype", fix=f"use one of: {', '.join(F.DTYPE_BYTES)}")
