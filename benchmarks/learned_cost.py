@@ -72,16 +72,20 @@ def sailor_part() -> None:
     print(f"{'GPU':<10} {'held-out model':<14} {'layers':>7} {'learned %':>10} {'calibrated %':>13} {'prior %':>9}")
     agg: dict[str, list] = {}
     for held in models:
-        train = L.sailor_samples([r for r in layers if r.model != held])
+        # what `hetauto fit --sailor` does on the three training models: the backward score-traffic weight chosen
+        # by leave-one-model-out among them, then the calibration and the trees
+        train_layers = [r for r in layers if r.model != held]
+        weight, _ = L.choose_score_weight(train_layers)
+        train = L.sailor_samples(train_layers, weight)
         model = L.train_model(train, 0)
         calibrated = L.train_model(train, 0, rounds=0)
         trained_gpus = {r.gpu for r in layers if r.model != held}
         test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
-        print(f"  (fit without {held}: boosting rounds kept by cross-validation: "
-              + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + ")")
+        print(f"  (fit without {held}: backward score-traffic weight {weight}; boosting rounds kept by "
+              "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + ")")
         for gpu in sorted({r.gpu for r in test_layers}):
             sel = [r for r in test_layers if r.gpu == gpu]
-            ss = L.sailor_layer_samples(sel)
+            ss = L.sailor_layer_samples(sel, weight)
             if gpu not in trained_gpus:
                 print(f"{gpu:<10} {held:<14} {len(sel):>7} {'n/a':>10} {'':>13} {'':>9}  "
                       "(no other model measured on it)")

@@ -58,6 +58,9 @@ def run(args) -> int:
     print(f"device types: {', '.join(f'{k} ({v.granularity})' for k, v in sorted(res.devices.items()))}")
     print("boosting rounds kept (cross-validated; 0 = calibrated roofline alone): "
           + ", ".join(f"{k} {v}" for k, v in sorted(res.rounds.items())))
+    if args.sailor:
+        print(f"backward score-traffic weight of the per-layer data: {res.score_bwd_weight} (chosen by leave-one-"
+              "model-out among its models)")
     if res.composition:
         print("layer composition (whole layers measured; layer = rate x sum of operators + overhead): " + ", ".join(
             f"{k.replace('|', ' ')} x{r:.3f} + {o * 1e6:.0f} us" for k, (r, o) in sorted(res.composition.items())))

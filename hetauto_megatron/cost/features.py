@@ -247,13 +247,16 @@ SCORE_BYTES_PER_ELEMENT = {"fwd": (6, 1), "bwd": (9, 1)}
 
 
 def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float,
-                      hbm_gbps: float) -> dict[str, float]:
+                      hbm_gbps: float, score_bwd_weight: float = 1.0) -> dict[str, float]:
     """The prior of a whole layer, by part: GEMM rooflines, attention (core roofline plus the full, not
     causal-half, score FLOPs), the score matrix's traffic, and the memory-bound rest (norms, activation, adds,
     rotary). Whole-layer measurements (the shipped GPU data) come from runs that materialise the s x s score
     matrix (their activation sizes include it), hence the score terms; without them long-sequence layers look
     several times less efficient than short ones. The parts' shares are features: a layer dominated by score
-    traffic behaves like other score-bound layers, whatever model it belongs to."""
+    traffic behaves like other score-bound layers, whatever model it belongs to.
+    `score_bwd_weight`: how many times the counted traffic the backward's score kernels cost (they reach a
+    lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned.py:
+    choose_score_weight), 1 = as counted."""
     f = 2.0 if phase == "bwd" else 1.0
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
     for o in ops:
@@ -262,22 +265,24 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     scores = sum(o.score_elements() for o in ops)
     attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
     per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
-    parts["scores"] = scores * (per_elem * dtype_bytes + mask) / (hbm_gbps * 1e9)
+    weight = score_bwd_weight if phase == "bwd" else 1.0
+    parts["scores"] = weight * scores * (per_elem * dtype_bytes + mask) / (hbm_gbps * 1e9)
     parts["attention"] += f * attn_flops / (peak_tflops * 1e12)
     return parts
 
 
-def layer_prior_s(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
-    return sum(layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps).values())
+def layer_prior_s(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float,
+                  score_bwd_weight: float = 1.0) -> float:
+    return sum(layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps, score_bwd_weight).values())
 
 
 def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
-                   hbm_gbps: float) -> list[float]:
+                   hbm_gbps: float, score_bwd_weight: float = 1.0) -> list[float]:
     ops = shape.ops()
     flops = sum(o.flops() for o in ops)
     nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
     attn = sum(o.flops() for o in ops if o.kind == "attention")
-    parts = layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps)
+    parts = layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps, score_bwd_weight)
     prior = sum(parts.values())
     return [float(LAYER_KINDS.index(shape.kind)), float(phase == "bwd"), _log(shape.hidden), _log(shape.heads),
             _log(shape.kv_heads), _log(shape.ffn), _log(shape.vocab), _log(shape.seq), _log(shape.micro_batch),

@@ -288,7 +288,7 @@ def _sailor_config_key(r: SailorLayer) -> tuple:
     return (r.model, r.gpu, r.shape.kind, r.shape.micro_batch, r.shape.tp)
 
 
-def sailor_samples(layers: list[SailorLayer]) -> list[Sample]:
+def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
     """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
     layers, so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal.
 
@@ -307,8 +307,40 @@ def sailor_samples(layers: list[SailorLayer]) -> list[Sample]:
             t = statistics.median(getattr(r, f"{phase}_s") for r in rs)
             if t <= 0:
                 continue
-            out.append(_sailor_sample(r0, phase, t))
+            out.append(_sailor_sample(r0, phase, t, score_bwd_weight))
     return out
+
+
+# The unfused attention's backward score kernels (softmax and dropout backward, the batched GEMMs reading the
+# s x s gradients) cost more than their counted bytes at full bandwidth, by a factor the data has to say: the
+# weight on the backward's score traffic is chosen like the boosting rounds, by leave-one-model-out on the
+# training models (the calibration alone; every GPU weighted equally), from this grid.
+SCORE_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
+
+
+def choose_score_weight(layers: list[SailorLayer]) -> tuple[float, dict]:
+    """(weight, {weight: mean over GPUs of the leave-one-model-out MAPE %}); 1.0 with fewer than two models."""
+    models = sorted({r.model for r in layers})
+    if len(models) < 2:
+        return 1.0, {}
+    scores = {}
+    for w in SCORE_WEIGHTS:
+        errs: dict[str, list[float]] = {}
+        for held in models:
+            train = [r for r in layers if r.model != held]
+            trained = {r.gpu for r in train}
+            test = sailor_layer_samples([r for r in layers if r.model == held and r.gpu in trained
+                                         and r.shape.kind == "transformer"], w)
+            if not test:
+                continue
+            pred = predict_samples(train_model(sailor_samples(train, w), rounds=0), test)
+            for s, p in zip(test, pred):
+                errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
+        if errs:
+            scores[w] = round(100.0 * statistics.mean(statistics.mean(v) for v in errs.values()), 3)
+    if not scores:
+        return 1.0, {}
+    return min(scores, key=lambda w: (scores[w], w)), scores
 
 
 def read_allreduce_fits(directory: str) -> dict:
@@ -344,10 +376,10 @@ def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
     return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
 
 
-def _sailor_sample(r: SailorLayer, phase: str, t: float) -> Sample:
+def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0) -> Sample:
     feats = F.layer_features(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
-                             hbm_gbps=r.hbm_gbps)
-    prior = F.layer_prior_s(r.shape.ops(), phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps)
+                             hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
+    prior = F.layer_prior_s(r.shape.ops(), phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps, score_bwd_weight)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, r.tp_comm_s)
 
@@ -435,6 +467,7 @@ class FittedModel:
     boosters: dict             # booster name -> lightgbm.Booster (absent where 0 rounds were chosen)
     rounds: dict               # booster name -> rounds used
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
+    score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
@@ -621,9 +654,11 @@ class FitResult:
     rows: int
     rounds: dict            # booster -> boosting rounds kept (0: the calibrated roofline alone)
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
+    score_bwd_weight: float = 1.0
 
     def to_dict(self) -> dict:
         return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
+                "score_bwd_weight": self.score_bwd_weight,
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in self.composition.items()},
                 "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
 
@@ -656,7 +691,10 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                 raise InputError(f"device type {name} is both profiled and in the Sailor data", field="--sailor",
                                  fix="fit them into separate model directories")
             devices[name] = info
-        samples += sailor_samples(sailor)
+        score_weight, score_weights = choose_score_weight(sailor)
+        samples += sailor_samples(sailor, score_weight)
+    else:
+        score_weight, score_weights = 1.0, {}
     layers = _layer_files_of(layer_files, devices)
     if len(samples) < 8:
         raise InputError(f"only {len(samples)} measurements: too few to fit", field="PROFILES",
@@ -674,12 +712,15 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                                                                         [test[i].measured_s for i in idx]), 2)}
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
+    model.score_bwd_weight = score_weight
     model.composition, report = fit_composition(model, devices, layers)
     heldout.update(report)
     save_model(out_dir, model, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
                                          "holdout_fraction": holdout, "rounds": model.rounds,
-                                         "layers": {d: len(v) for d, v in layers.items()}})
-    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition))
+                                         "layers": {d: len(v) for d, v in layers.items()},
+                                         "score_bwd_weights": {str(k): v for k, v in score_weights.items()}})
+    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition),
+                     model.score_bwd_weight)
 
 
 def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
@@ -716,6 +757,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
     manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
                 "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
+                "score_bwd_weight": model.score_bwd_weight,
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -765,8 +807,12 @@ class LearnedCostModel:
                 raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
                                  fix="re-fit the model or copy the whole directory")
             boosters[name] = lgb.Booster(model_file=fpath)
+        weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise InputError(f"has a garbled score_bwd_weight ({weight!r})", file=path, field="score_bwd_weight",
+                             fix="re-fit it with 'hetauto fit'")
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
-                                  tables["composition"])
+                                  tables["composition"], float(weight))
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def _covers(self, info: DeviceInfo) -> bool:
@@ -795,10 +841,11 @@ class LearnedCostModel:
     def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
         """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
         the planner prices them with its communication model."""
+        w = self.fitted.score_bwd_weight
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
-        return tuple(self._predict(info, phase, [(F.layer_features(shape, phase, **a),
+        return tuple(self._predict(info, phase, [(F.layer_features(shape, phase, **a, score_bwd_weight=w),
                                                   F.layer_prior_s(shape.ops(), phase, info.dtype_bytes,
-                                                                  info.peak_tflops, info.hbm_gbps))])
+                                                                  info.peak_tflops, info.hbm_gbps, w))])
                      for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
@@ -860,10 +907,10 @@ def load_cost_model(path: str | None):
 
 
 # ---- validation --------------------------------------------------------------------------------------------
-def sailor_layer_samples(layers: list[SailorLayer]) -> list[Sample]:
+def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
-    return [_sailor_sample(r, ph, getattr(r, f"{ph}_s")) for r in layers for ph in ("fwd", "bwd")
-            if getattr(r, f"{ph}_s") > 0]
+    return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight) for r in layers
+            for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
 
 
 # ---- whole layers measured by `hetauto profile --layers` ------------------------------------------------------
