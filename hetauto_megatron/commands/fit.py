@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import json
 
-# Resolved to the packaged copy in run() (cost.learned is imported lazily).
+# What a bare `--sailor` stores; `sailor_path` resolves it to the packaged copy (cost.learned is imported lazily).
 SAILOR_DEFAULT = "packaged"
+
+
+def sailor_path(value: str | None) -> str | None:
+    """The Sailor data directory a `--sailor[=DIR]` option names."""
+    if value != SAILOR_DEFAULT:
+        return value
+    from ..cost.learned import SAILOR_DATA
+    return SAILOR_DATA
 
 DESCRIPTION = """\
 Fit a cost model from measured times: operator profiles written by 'hetauto profile' (one file per device
@@ -48,9 +56,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..cost.learned import SAILOR_DATA, fit
-    sailor = SAILOR_DATA if args.sailor == SAILOR_DEFAULT else args.sailor
-    res = fit(list(args.profiles), args.out, sailor_dir=sailor, holdout=args.holdout, seed=args.seed)
+    from ..cost.learned import fit
+    res = fit(list(args.profiles), args.out, sailor_dir=sailor_path(args.sailor), holdout=args.holdout,
+              seed=args.seed)
     if args.json:
         print(json.dumps(res.to_dict(), indent=1, sort_keys=True))
         return 0

@@ -55,13 +55,11 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec.devices import get_device
-    from ..cost.profile import GRIDS, LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
+    from ..cost.profile import LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
     grid = args.grid or grid_name(device, args.quick, args.layers)
-    if grid not in GRIDS and grid not in LAYER_GRIDS:
-        raise InputError(f"unknown grid {grid!r}", field="--grid",
-                         fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
-    if args.layers and grid not in LAYER_GRIDS:
+    gran = granularity(grid)
+    if args.layers and gran != "layer":
         raise InputError(f"{grid} is an operator grid, --layers times layers", field="--grid",
                          fix=f"drop --layers, or pick a layer grid: {', '.join(LAYER_GRIDS)}")
     if args.threads is not None and args.threads < 1:
@@ -69,9 +67,9 @@ def run(args) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError("exists and is not a directory", file=args.out, field="--out",
                          fix="pass a directory (it is created when missing)")
-    stem = "layers" if granularity(grid) == "layer" else "profile"
+    stem = "layers" if gran == "layer" else "profile"
     out = os.path.join(args.out, f"{stem}-{device.name}.jsonl")
-    if args.layer_impl != "torch" and granularity(grid) != "layer":
+    if args.layer_impl != "torch" and gran != "layer":
         raise InputError("only applies to whole layers", field="--layer-impl", fix="add --layers, or drop it")
     summary = profile(device, out, grid=grid, dtype=args.dtype, seed=args.seed, threads=args.threads,
                       layer_impl=args.layer_impl, progress=stderr_progress)

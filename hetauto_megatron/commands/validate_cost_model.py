@@ -8,7 +8,7 @@ import os
 
 from ..errors import InputError
 from ..spec.model import read_json_file
-from .fit import SAILOR_DEFAULT
+from .fit import SAILOR_DEFAULT, sailor_path
 
 DESCRIPTION = """\
 Compare a cost model's predictions with measurements and print a table with each row's error and the mean
@@ -209,7 +209,7 @@ def _operator_results(args) -> dict:
             samples += L.profile_samples(path)[1]
     if args.sailor:
         # transformer layers: what a model fitted on this data predicts (heads and embeddings stay analytic)
-        sailor = L.load_sailor(L.SAILOR_DATA if args.sailor == SAILOR_DEFAULT else args.sailor)
+        sailor = L.load_sailor(sailor_path(args.sailor))
         samples += L.sailor_layer_samples([r for r in sailor if r.shape.kind == "transformer"],
                                           model.fitted.score_bwd_weight)
     res = L.validate(model, samples) if samples else {}

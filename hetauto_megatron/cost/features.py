@@ -122,8 +122,16 @@ def op_prior_s(op: Op, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbp
 
 
 # ---- operator decomposition of a model --------------------------------------------------------------------
+_TP_SHARDED = ("num_attention_heads", "num_query_groups", "ffn_hidden_size")
+
+
+def tp_divides(model, tp: int) -> bool:
+    """Whether `tp` ranks can split the model's heads, key/value groups and FFN width evenly."""
+    return all(getattr(model, attr) % tp == 0 for attr in _TP_SHARDED)
+
+
 def _check_tp(model, tp: int):
-    for attr in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+    for attr in _TP_SHARDED:
         if getattr(model, attr) % tp:
             raise ValueError(f"tp {tp} does not divide {attr} {getattr(model, attr)} of {model.name}")
 
@@ -176,13 +184,15 @@ OP_FEATURES = ("kind", "phase_bwd", "log_tokens", "log_k", "log_n", "log_batch",
                "intensity", "log_score_elems", "peak_tflops", "hbm_gbps", "log_prior")
 
 
-def op_features(op: Op, phase: str, *, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> list[float]:
+def op_row(op: Op, phase: str, *, dtype_bytes: int, peak_tflops: float,
+           hbm_gbps: float) -> tuple[list[float], float]:
+    """(feature vector, roofline prior in seconds) of one operator and phase."""
     flops, nbytes = op.flops(), op.elements_moved() * dtype_bytes
+    prior = op_prior_s(op, phase, dtype_bytes, peak_tflops, hbm_gbps)
     return [float(OP_KINDS.index(op.kind)), float(phase == "bwd"), _log(op.tokens), _log(op.k), _log(op.n),
             _log(op.batch), _log(op.seq), _log(op.heads), _log(op.kv_heads), _log(op.head_dim), float(op.gated),
             float(dtype_bytes), _log(flops), _log(nbytes), flops / max(nbytes, 1.0),
-            _log(op.score_elements()), float(peak_tflops), float(hbm_gbps),
-            math.log(op_prior_s(op, phase, dtype_bytes, peak_tflops, hbm_gbps))]
+            _log(op.score_elements()), float(peak_tflops), float(hbm_gbps), math.log(prior)], prior
 
 
 @dataclass(frozen=True)
@@ -271,13 +281,9 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     return parts
 
 
-def layer_prior_s(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float,
-                  score_bwd_weight: float = 1.0) -> float:
-    return sum(layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps, score_bwd_weight).values())
-
-
-def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
-                   hbm_gbps: float, score_bwd_weight: float = 1.0) -> list[float]:
+def layer_row(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
+              hbm_gbps: float, score_bwd_weight: float = 1.0) -> tuple[list[float], float]:
+    """(feature vector, prior in seconds) of one whole layer and phase."""
     ops = shape.ops()
     flops = sum(o.flops() for o in ops)
     nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
@@ -289,4 +295,4 @@ def layer_features(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflo
             float(shape.tp), float(shape.gated), float(shape.rope), float(dtype_bytes), _log(flops), _log(nbytes),
             flops / max(nbytes, 1.0), _log(sum(o.score_elements() for o in ops)), attn / max(flops, 1.0),
             float(peak_tflops), float(hbm_gbps), math.log(prior), parts["gemm"] / prior, parts["attention"] / prior,
-            parts["scores"] / prior]
+            parts["scores"] / prior], prior

@@ -84,8 +84,9 @@ class DeviceInfo:
 
 
 # ---- profiles written by `hetauto profile` -------------------------------------------------------------------
-def read_profile(path: str) -> tuple[dict, list[dict]]:
-    """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line."""
+def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[dict]]:
+    """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line.
+    `header_only`: stop after the header (rows come back empty)."""
     if not os.path.isfile(path):
         raise InputError("profile file not found", file=path, fix="pass a file written by 'hetauto profile'")
     header, rows = None, []
@@ -104,6 +105,8 @@ def read_profile(path: str) -> tuple[dict, list[dict]]:
                     raise InputError(f"does not start with a '{PROFILE_FORMAT}' header line", file=path,
                                      field="format", fix="pass a file written by 'hetauto profile'")
                 header = rec
+                if header_only:
+                    break
             else:
                 rows.append(rec)
     if header is None:
@@ -136,9 +139,8 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
         for phase, t in phases.items():
             if t <= 0:
                 continue
-            feats = F.op_features(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
-            samples.append(Sample("op", phase, dev, tuple(feats),
-                                  F.op_prior_s(op, phase, db, peak, bw), t, op.key(), f"{op.name} {op.key()}"))
+            feats, prior = F.op_row(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
+            samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}"))
     info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path))
     return info, samples
 
@@ -166,6 +168,8 @@ SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96"
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sailor")
+
+
 # NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
 H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "h200")
 
@@ -377,9 +381,8 @@ def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
 
 
 def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0) -> Sample:
-    feats = F.layer_features(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
-                             hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
-    prior = F.layer_prior_s(r.shape.ops(), phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps, score_bwd_weight)
+    feats, prior = F.layer_row(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
+                               hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, r.tp_comm_s)
 
@@ -481,9 +484,9 @@ class FittedModel:
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
         out = []
         for phase in ("fwd", "bwd"):
-            X = [F.op_features(o, phase, **a) for o in ops]
+            rows = [F.op_row(o, phase, **a) for o in ops]
+            X, priors = [x for x, _ in rows], [p for _, p in rows]
             keys = [calibration_key(info.name, "op", phase, x) for x in X]
-            priors = [F.op_prior_s(o, phase, info.dtype_bytes, info.peak_tflops, info.hbm_gbps) for o in ops]
             out.append(sum(self.times(f"op_{phase}", keys, priors, X)))
         return out[0], out[1]
 
@@ -813,23 +816,23 @@ class LearnedCostModel:
                              fix="re-fit it with 'hetauto fit'")
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
                                   tables["composition"], float(weight))
+        # Covered: measured in both phases at its granularity (its calibration has groups for both).
+        groups = {tuple(k.split("|")[:3]) for k in self.fitted.calibration}
+        self._covered = {d for d, i in self.devices.items()
+                         if all((i.name, i.granularity, ph) in groups for ph in ("fwd", "bwd"))}
         self._cache: dict[tuple, tuple[float, float]] = {}
 
-    def _covers(self, info: DeviceInfo) -> bool:
-        """Measured in both phases at its granularity (its calibration has groups for both)."""
-        return all(any(k.startswith(f"{info.name}|{info.granularity}|{ph}|") for k in self.fitted.calibration)
-                   for ph in ("fwd", "bwd"))
-
     def _info(self, device: DeviceType) -> DeviceInfo | None:
-        info = self.devices.get(canonical_device_name(device.name) or device.name) or self.devices.get(device.name)
-        return info if info is not None and self._covers(info) else None
+        name = canonical_device_name(device.name) or device.name
+        name = name if name in self.devices else device.name
+        return self.devices[name] if name in self._covered else None
 
     def source(self, device: DeviceType) -> str:
         return "learned" if self._info(device) is not None else "analytic"
 
     def covered_devices(self) -> list[str]:
         """Device types this model predicts for (by name; some need not be in the catalog)."""
-        return sorted(d for d, i in self.devices.items() if self._covers(i))
+        return sorted(self._covered)
 
     # ---- internals --------------------------------------------------------------------------------------
     def _predict(self, info: DeviceInfo, phase: str, rows: list[tuple[list, float]]) -> float:
@@ -841,12 +844,9 @@ class LearnedCostModel:
     def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
         """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
         the planner prices them with its communication model."""
-        w = self.fitted.score_bwd_weight
-        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
-        return tuple(self._predict(info, phase, [(F.layer_features(shape, phase, **a, score_bwd_weight=w),
-                                                  F.layer_prior_s(shape.ops(), phase, info.dtype_bytes,
-                                                                  info.peak_tflops, info.hbm_gbps, w))])
-                     for phase in ("fwd", "bwd"))
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
+                 score_bwd_weight=self.fitted.score_bwd_weight)
+        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)]) for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
         info = self._info(device)
@@ -888,10 +888,11 @@ class LearnedCostModel:
         from the analytic model's split, applied to the learned forward time)."""
         if recompute == "none":
             return 0.0
+        if recompute == "full":
+            return self.layer_times(model, device, tp, micro_batch_size, seq_length)[0]
+        if self._info(device) is None:
+            return self.fallback.recompute_time(model, device, tp, micro_batch_size, recompute, seq_length)
         fwd = self.layer_times(model, device, tp, micro_batch_size, seq_length)[0]
-        if recompute == "full" or self._info(device) is None:
-            return fwd if recompute == "full" else self.fallback.recompute_time(
-                model, device, tp, micro_batch_size, recompute, seq_length)
         parts = self.fallback.layer_parts(model, device, tp, micro_batch_size, seq_length)
         total = sum(p[0] for p in parts.values())
         return fwd * parts["mlp"][0] / total if total > 0 else 0.0
@@ -941,8 +942,8 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
 
 
 def profile_granularity(path: str) -> str:
-    """'op' or 'layer': what a file written by `hetauto profile` holds."""
-    header, _ = read_profile(path)
+    """'op' or 'layer': what a file written by `hetauto profile` holds (its header says)."""
+    header, _ = read_profile(path, header_only=True)
     return str(header.get("granularity", "op"))
 
 

@@ -114,7 +114,8 @@ def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, p
     """Both sides on this machine (a second process for rank 1): a self-test of the probe, and the loopback
     figures of this host."""
     import multiprocessing as mp
-    port = port or _free_port()
+    from ..runtime.launcher import free_port
+    port = port or free_port()
     ctx = mp.get_context("spawn")
     proc = ctx.Process(target=_local_peer, args=(port, tuple(sizes), iters, timeout_s), daemon=True)
     proc.start()
@@ -126,11 +127,3 @@ def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, p
             proc.terminate()
             proc.join(5)
     return m
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-

@@ -110,26 +110,27 @@ def grid_name(device: DeviceType, quick: bool, layers: bool = False) -> str:
 
 
 def granularity(grid: str) -> str:
+    """'layer' or 'op': what a grid times; an unknown grid name is an input error."""
+    if grid not in GRIDS and grid not in LAYER_GRIDS:
+        raise InputError(f"unknown grid {grid!r}", field="--grid",
+                         fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
     return "layer" if grid in LAYER_GRIDS else "op"
 
 
-def layer_shapes(grid: LayerGridSpec) -> list[F.LayerShape]:
-    """Every valid (model, TP, micro-batch, sequence) of the grid, in a fixed order, as named layer shapes."""
+def layer_shapes(grid: LayerGridSpec) -> list[tuple[str, F.LayerShape]]:
+    """Every valid (model, TP, micro-batch, sequence) of the grid, in a fixed order, as (model name, layer
+    shape); a shape two models share is timed once."""
     from ..spec.model import PRESETS
-    out = []
+    seen, shapes = set(), []
     for m in grid.models:
         spec = PRESETS[m] if isinstance(m, str) else m
-        for tp in grid.tp:
-            if spec.num_query_groups % tp or spec.ffn_hidden_size % tp or spec.num_attention_heads % tp:
-                continue
+        for tp in (tp for tp in grid.tp if F.tp_divides(spec, tp)):
             for seq in grid.seq:
                 for mb in grid.micro_batch:
-                    out.append((spec.name, F.LayerShape.of(spec, tp, mb, seq or spec.seq_length)))
-    seen, shapes = set(), []
-    for name, shape in out:
-        if shape.key() not in seen:
-            seen.add(shape.key())
-            shapes.append((name, shape))
+                    shape = F.LayerShape.of(spec, tp, mb, seq or spec.seq_length)
+                    if shape.key() not in seen:
+                        seen.add(shape.key())
+                        shapes.append((spec.name, shape))
     return shapes
 
 
@@ -208,14 +209,26 @@ class Runner:
         if self.backend is not None:
             self.backend.synchronize()
 
+    def _param(self, *dims):
+        """A random tensor that needs its gradient (an input or a weight)."""
+        return self.torch.randn(*dims, device=self.device, dtype=self.dtype).mul_(0.1).requires_grad_(True)
+
+    def _rotary_tables(self, rows: int, head_dim: int):
+        """(cos, sin) of random angles, [rows, 1, head_dim], for rotating [rows, heads, head_dim] tensors."""
+        t = self.torch
+        ang = t.randn(rows, 1, head_dim // 2, device=self.device, dtype=t.float32)
+        return t.cat([ang.cos(), ang.cos()], -1).to(self.dtype), t.cat([ang.sin(), ang.sin()], -1).to(self.dtype)
+
+    def _rotate(self, x, cos, sin):
+        """Rotary embedding over the last dimension (rotate-half form)."""
+        half = x.shape[-1] // 2
+        return x * cos + self.torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
     def build(self, op: F.Op):
         """(inputs needing grads, forward function)."""
-        t, dev, dt = self.torch, self.device, self.dtype
+        t, dev = self.torch, self.device
         nnf = t.nn.functional
-
-        def p(*shape):
-            return t.randn(*shape, device=dev, dtype=dt).mul_(0.1).requires_grad_(True)
-
+        p = self._param
         k = op.kind
         if k == "gemm":
             x, w = p(op.tokens, op.k), p(op.n, op.k)
@@ -230,11 +243,8 @@ class Runner:
             return [x, w], lambda: nnf.rms_norm(x, (op.n,), w, 1e-5)
         if k == "rotary":
             x = p(op.tokens, op.heads, op.head_dim)
-            ang = t.randn(op.tokens, 1, op.head_dim // 2, device=dev, dtype=t.float32)
-            cos = t.cat([ang.cos(), ang.cos()], -1).to(dt)
-            sin = t.cat([ang.sin(), ang.sin()], -1).to(dt)
-            half = op.head_dim // 2
-            return [x], lambda: x * cos + t.cat([-x[..., half:], x[..., :half]], -1) * sin
+            cos, sin = self._rotary_tables(op.tokens, op.head_dim)
+            return [x], lambda: self._rotate(x, cos, sin)
         if k == "activation":
             if op.gated:
                 a, b = p(op.tokens, op.n), p(op.tokens, op.n)
@@ -258,28 +268,22 @@ class Runner:
         """(inputs and weights needing grads, forward function) of one transformer layer as one TP rank runs
         it: exactly the operators of `features.layer_ops`, chained, so the sum of the operators' predictions
         can be checked against the whole."""
-        t, dev, dt = self.torch, self.device, self.dtype
+        t = self.torch
         nnf = t.nn.functional
-
-        def p(*dims):
-            return t.randn(*dims, device=dev, dtype=dt).mul_(0.1).requires_grad_(True)
-
+        p = self._param
         tp, b, s, h = shape.tp, shape.micro_batch, shape.seq, shape.hidden
         heads, kv, ffn, d = shape.heads // tp, shape.kv_heads // tp, shape.ffn // tp, shape.hidden // shape.heads
         x = p(b * s, h)
         n1, n2 = p(h), p(h)
         w_qkv, w_proj = p((heads + 2 * kv) * d, h), p(h, heads * d)
         w_fc1, w_fc2 = p((2 if shape.gated else 1) * ffn, h), p(h, ffn)
-        ang = t.randn(s, 1, d // 2, device=dev, dtype=t.float32)
-        cos = t.cat([ang.cos(), ang.cos()], -1).to(dt)
-        sin = t.cat([ang.sin(), ang.sin()], -1).to(dt)
-        half = d // 2
+        cos, sin = self._rotary_tables(s, d)
 
         def fwd():
             qkv = nnf.linear(nnf.rms_norm(x, (h,), n1, 1e-5), w_qkv).view(b, s, heads + 2 * kv, d)
             qk, v = qkv[:, :, :heads + kv], qkv[:, :, heads + kv:]
             if shape.rope:
-                qk = qk * cos + t.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+                qk = self._rotate(qk, cos, sin)
             q, k = qk[:, :, :heads], qk[:, :, heads:]
             a = nnf.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=True, enable_gqa=heads != kv)
@@ -336,10 +340,10 @@ def _p10(xs: list[float]) -> float:
 
 
 def _spread(xs: list[float]) -> float:
-    xs = sorted(xs)
+    """(p90 - p10) / median."""
     med = statistics.median(xs)
-    lo, hi = xs[int(0.1 * (len(xs) - 1))], xs[int(round(0.9 * (len(xs) - 1)))]
-    return round((hi - lo) / med, 4) if med > 0 else 0.0
+    hi = sorted(xs)[int(round(0.9 * (len(xs) - 1)))]
+    return round((hi - _p10(xs)) / med, 4) if med > 0 else 0.0
 
 
 def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, torch) -> dict:
@@ -375,9 +379,7 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     """Time the grid's operators (or, for a layer grid, whole layers) into `out_path` (resuming it).
     `layer_impl`: layers built from the profiled operators in plain PyTorch ("torch"), or Megatron-Core's own
     layer as hetauto's runtime builds it ("megatron": CPU, fp32, TP 1). Returns a summary dict."""
-    if grid not in GRIDS and grid not in LAYER_GRIDS:
-        raise InputError(f"unknown grid {grid!r}", field="--grid",
-                         fix=f"use one of: {', '.join(list(GRIDS) + list(LAYER_GRIDS))}")
+    granularity(grid)
     if layer_impl not in LAYER_IMPLS:
         raise InputError(f"unknown layer implementation {layer_impl!r}", field="--layer-impl",
                          fix=f"use one of: {', '.join(LAYER_IMPLS)}")
@@ -423,7 +425,9 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     timing = dict(warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
     # (key, label, row fields, measure) of everything the grid measures
     if grid in LAYER_GRIDS and layer_impl == "megatron":
+        from ..runtime.dryrun import preload_megatron
         from ..runtime.layer_timing import megatron_layer_times
+        preload_megatron()   # once, so that each layer's forked process starts with Megatron-Core imported
         items = [(sh.key(), f"{name} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
                   lambda sh=sh, name=name: megatron_layer_times(sh, name, timing=timing, threads=threads or 1))
                  for name, sh in layer_shapes(LAYER_GRIDS[grid]) if sh.tp == 1]

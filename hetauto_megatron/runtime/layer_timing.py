@@ -15,13 +15,12 @@ from ..cost import features as F
 
 def megatron_layer_times(shape: F.LayerShape, name: str, *, timing: dict, threads: int,
                          timeout_s: float = 300.0) -> dict:
-    """Timing row (as `Runner.time_fn` returns it) of one TP-1 Megatron-Core transformer layer of `shape`."""
+    """Timing row (as `Runner.time_fn` returns it) of one TP-1 Megatron-Core transformer layer of `shape`, in a
+    forked one-rank process (call runtime.dryrun.preload_megatron first so that it starts fast)."""
     from ..plan.plan import Mesh, Plan
-    from .dryrun import preload_megatron
     from .launcher import launch
     if shape.tp != 1:
         raise ValueError(f"Megatron-Core layers are timed at TP 1, got TP {shape.tp}")
-    preload_megatron()
     mesh = Mesh(cluster="profile", device_type="cpu", tp=1, dp=1, micro_batch_size=shape.micro_batch,
                 recompute="none", stage_layers=(1,))
     plan = Plan(model=shape.model(name), global_batch_size=shape.micro_batch, meshes=(mesh,))
