@@ -85,7 +85,7 @@ def measured_dryrun(plan, path: str, steps: int, tries: int, max_wait_s: float, 
     for _ in range(tries):
         wait_idle(max_wait_s, cores)
         b0, o0, t0 = machine_busy_s(), own_cpu_s(), time.monotonic()
-        rep = run_dryrun(plan, steps=steps, seed=1234, tiny=False, reference=False, timeout_s=300, plan_file=path)
+        rep = run_dryrun(plan, steps=steps, seed=1234, tiny=False, reference=False, timeout_s=300)
         if "error" in rep:
             raise SystemExit(f"{os.path.basename(path)}: the dry run failed:\n{rep['error']}")
         others = max(0.0, (machine_busy_s() - b0) - (own_cpu_s() - o0)) / ((time.monotonic() - t0) * cores)

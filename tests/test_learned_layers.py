@@ -15,11 +15,11 @@ H200 = {k: os.path.join(L.H200_DATA, f) for k, f in (("ops", "profile-h200.jsonl
 
 
 @pytest.fixture(scope="module")
-def cpu_files(tmp_path_factory):
+def cpu_files(tmp_path_factory, tiny_cpu_model):
+    """(operator profile, layer file, a directory for this module's models)."""
     d = tmp_path_factory.mktemp("layers")
-    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(d)]) == 0
     assert main(["profile", "--device-type", "cpu", "--layers", "--grid", "layers-tiny", "--out", str(d)]) == 0
-    return d / "profile-cpu.jsonl", d / "layers-cpu.jsonl", d
+    return tiny_cpu_model[0], d / "layers-cpu.jsonl", d
 
 
 def test_layer_file_holds_timed_layers(cpu_files):
@@ -44,16 +44,15 @@ def test_fit_with_layers_reports_composition(cpu_files, capsys):
     assert man["fit"]["layers"] == {"cpu": 4}
 
 
-def test_validate_layer_file_against_learned_and_analytic(cpu_files, capsys):
-    ops, layers, d = cpu_files
-    assert main(["fit", str(ops), "-o", str(d / "m-ops"), "--holdout", "0"]) == 0
-    capsys.readouterr()
-    assert main(["validate-cost-model", "--cost-model", str(d / "m-ops"), "--profile", str(layers), "--json"]) == 0
+def test_validate_layer_file_against_learned_and_analytic(cpu_files, tiny_cpu_model, capsys):
+    _, layers, _ = cpu_files
+    model = str(tiny_cpu_model[1])      # fitted on the operators alone
+    assert main(["validate-cost-model", "--cost-model", model, "--profile", str(layers), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)["layers"]
     assert len(res["rows"]) == 8 and res["summary"]["cpu fwd"]["source"] == "learned"
     r = res["rows"][0]
     assert r["predicted_s"] > 0 and r["analytic_s"] > 0 and r["measured_s"] > 0
-    assert main(["validate-cost-model", "--cost-model", str(d / "m-ops"), "--profile", str(layers)]) == 0
+    assert main(["validate-cost-model", "--cost-model", model, "--profile", str(layers)]) == 0
     out = capsys.readouterr().out
     assert "Whole layers" in out and "analytic MAPE %" in out
 

@@ -1,11 +1,9 @@
 """`hetauto validate-cost-model --dryrun REPORT PLAN`: a real (tiny) dry run's measured iteration time against the
 simulator's prediction for the model shape the dry run ran."""
-import io
 import json
-import os
-import sys
 
 import pytest
+from conftest import TINY_PLAN
 from helpers import CPU_INVENTORY
 
 from hetauto_megatron.cli import main
@@ -16,28 +14,19 @@ from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.runtime.dryrun import prepare_plan
 from hetauto_megatron.spec.inventory import load_inventory
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+PLAN = TINY_PLAN
 
 
 @pytest.fixture(scope="module")
-def dryrun(tmp_path_factory):
+def dryrun(tmp_path_factory, tiny_dryrun_json):
     """One real --tiny dry run of the 2-cluster plan (6 ranks), its --json report written as a user would."""
     d = tmp_path_factory.mktemp("validate")
     inv = d / "inventory.yaml"
     inv.write_text(CPU_INVENTORY)
-    buf = io.StringIO()
-    capture = pytest.MonkeyPatch()
-    capture.setattr(sys, "stdout", buf)
-    try:
-        rc = main(["dryrun", "--plan", PLAN, "--tiny", "--steps", "3", "--json"])
-    finally:
-        capture.undo()
-    assert rc == 0
-    report = json.loads(buf.getvalue())
+    report = json.loads(tiny_dryrun_json)
     # `hetauto dryrun --json` names the shape its ranks ran (the shrunk one under --tiny) ...
     assert report["model"]["hidden_size"] == tiny_plan().model.hidden_size and report["cores"] >= 1
-    (d / "report.json").write_text(buf.getvalue())
+    (d / "report.json").write_text(tiny_dryrun_json)
     # ... but a report written by hand or by another tool may not: the tests below use such an unnamed report
     # (and `with_model` to name it), so both paths are covered.
     del report["model"]
@@ -114,12 +103,10 @@ def test_repeated_pairs_and_text_table(dryrun, capsys):
         expected_s(tiny_plan(), inv, cores=6).iteration_time_s)
 
 
-def test_learned_model_shown_next_to_analytic(dryrun, tmp_path, capsys):
+def test_learned_model_shown_next_to_analytic(dryrun, tiny_cpu_model, capsys):
     d, rep, inv = dryrun
-    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path)]) == 0
-    assert main(["fit", str(tmp_path / "profile-cpu.jsonl"), "-o", str(tmp_path / "model"), "--holdout", "0"]) == 0
     capsys.readouterr()
-    res = run_json(["validate-cost-model", "--cost-model", str(tmp_path / "model"), "--inventory", inv,
+    res = run_json(["validate-cost-model", "--cost-model", str(tiny_cpu_model[1]), "--inventory", inv,
                     "--dryrun", rep, PLAN, "--tiny", "--cores", "2"], capsys)
     row = res["dryruns"]["rows"][0]
     assert res["dryruns"]["cost_model"] == "learned" and row["cost_model"] == {"cpu": "learned"}

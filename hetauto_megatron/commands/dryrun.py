@@ -60,7 +60,7 @@ def run(args) -> int:
     from ..runtime.dryrun import run_dryrun
 
     report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
-                        timeout_s=args.timeout, plan_file=args.plan)
+                        timeout_s=args.timeout)
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1

@@ -26,7 +26,8 @@ from typing import Mapping
 from ..errors import InputError
 from ..plan.plan import Plan
 from ..runtime.groups import RankCoords, rank_coords
-from ..runtime.model import pipeline_layout, recompute_settings
+from ..plan.plan import recompute_settings
+from ..runtime.model import pipeline_layout
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {

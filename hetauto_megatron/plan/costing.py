@@ -44,8 +44,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
                   cost_model) -> StageProfile:
     dev = cluster.device
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
-    lb += cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute) \
-        if hasattr(cost_model, "recompute_time") else _recompute_from_layer(lf, recompute)
+    lb += cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
     # two more when a full recompute re-runs the forward. TP stays inside a node (enforced by the search).
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
@@ -57,10 +56,6 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     dp_link = cluster.intra_node if tp * dp <= cluster.devices_per_node else cluster.inter_node
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
                         dev.memory_gib * GIB)
-
-
-def _recompute_from_layer(layer_fwd: float, recompute: str) -> float:
-    return {"none": 0.0, "selective": 0.5 * layer_fwd, "full": layer_fwd}[recompute]
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,

@@ -40,9 +40,10 @@ from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
+from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = RECOMPUTE_MODES       # in the order the evaluator raises them
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
 END = "<end>"
 

@@ -15,7 +15,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .pipeline import estimate_1f1b, simulate_1f1b
-from .plan import Plan
+from .plan import Mesh, Plan
 from .split import split_layers
 
 _DEFAULT_COST = AnalyticCostModel()
@@ -208,7 +208,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         f0, b0 = prof.times(0, first, last)
         per.append(prof.layer_fwd + prof.layer_bwd)
         fixed.append(f0 + b0)
-    layers = split_layers(per, fixed, lo, [max(c, -1) for c in caps], L) if min(caps) >= 0 else None
+    layers = split_layers(per, fixed, lo, caps, L) if min(caps) >= 0 else None
     if layers is None:
         # Report how far from fitting: spread layers by speed ignoring memory, find the worst overshoot.
         rough = split_layers(per, fixed, lo, [L] * p, L) or [L // p] * p
@@ -239,7 +239,6 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
 
 def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_layers: list[int],
                    inventory: Inventory, estimate: dict | None = None) -> Plan:
-    from .plan import Mesh
     meshes, k = [], 0
     for c in choices:
         meshes.append(Mesh(c.cluster, inventory.cluster(c.cluster).device.name, c.tp, c.dp, c.micro_batch_size,

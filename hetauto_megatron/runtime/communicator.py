@@ -23,7 +23,7 @@ import torch.distributed as dist
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
 from .gradients import activation_grad_scale
-from .groups import global_rank
+from .groups import global_rank, rank_coords
 from .transfers import compute_transfers, owned_seq_range
 
 _GRAD_TAG = 1 << 16  # gradient messages use tags above any activation tag
@@ -195,7 +195,6 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self.bytes_sent["intra_cluster"] += mine.numel() * mine.element_size() * (tp - 1)
 
     def _wait(self, works):
-        c = self.ctx.coords
         for work, peer, what in works:
             try:
                 ok = work.wait(self.timeout)
@@ -210,8 +209,6 @@ class HeteroP2PCommunicator(P2PCommunicator):
         return PeerError(self._peer_message(peer, what, f"failed: {reason}"))
 
     def _peer_message(self, peer, what, how) -> str:
-        from .groups import rank_coords
-
         c = self.ctx.coords
         p = rank_coords(self.ctx.plan, peer)
         return (f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}) could not {what} with rank {peer} "

@@ -19,7 +19,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 
 from ..errors import InputError
 
@@ -27,9 +26,8 @@ from ..errors import InputError
 class LaunchError(RuntimeError):
     """One or more ranks failed; `failures` maps rank -> one-paragraph reason."""
 
-    def __init__(self, failures: dict[int, str], results: dict | None = None):
+    def __init__(self, failures: dict[int, str]):
         self.failures = dict(sorted(failures.items()))
-        self.results = results or {}
         lines = [f"rank {r}: {msg}" for r, msg in self.failures.items()]
         super().__init__(f"{len(self.failures)} rank(s) failed:\n" + "\n".join(lines))
 
@@ -52,7 +50,7 @@ def _child(fn, rank, world_size, args, env, conn):
         payload = {"input_error": {"reason": exc.reason, "file": exc.file, "field": exc.field, "fix": exc.fix}}
         code = 2
     except BaseException as exc:  # report everything: the parent decides what to show
-        payload = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        payload = {"error": f"{type(exc).__name__}: {exc}"}
         code = 1
     try:
         conn.send_bytes(json.dumps(payload, default=float).encode())
@@ -67,7 +65,7 @@ def _child(fn, rank, world_size, args, env, conn):
 
 
 def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, grace_s: float = 30.0,
-           env: dict | None = None, show_tracebacks: bool = False) -> list:
+           env: dict | None = None) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` forked processes; return the results in rank order.
 
     Raises `InputError` (the lowest failing rank's) when a rank rejected its input, `LaunchError` when any rank
@@ -101,26 +99,24 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
                         got = None
                 if got is not None:
                     payloads[rank] = got
-                    if "ok" not in got:
-                        failures[rank] = _describe(got, show_tracebacks)
+                    if "ok" not in got:     # an input error is raised below; any failure starts the grace
+                        failures[rank] = got.get("error", "rejected its input")
                 elif not p.is_alive():
                     p.join()
                     failures[rank] = f"process died (exit code {p.exitcode}) without reporting a result"
                 if rank in failures and first_failure_at is None:
                     first_failure_at = time.monotonic()
-            if len(payloads) + len(set(failures) - set(payloads)) == world_size:
+            if len(set(payloads) | set(failures)) == world_size:
                 break
             now = time.monotonic()
+            why = None
             if now > deadline:
-                for rank in range(world_size):
-                    if rank not in payloads and rank not in failures:
-                        failures[rank] = f"still running after the launch timeout of {timeout_s:.0f}s; killed"
-                break
-            if first_failure_at is not None and now - first_failure_at > grace_s:
-                for rank in range(world_size):
-                    if rank not in payloads and rank not in failures:
-                        failures[rank] = (f"still running {grace_s:.0f}s after another rank failed; killed "
-                                          "(it was probably waiting on the failed rank)")
+                why = f"still running after the launch timeout of {timeout_s:.0f}s; killed"
+            elif first_failure_at is not None and now - first_failure_at > grace_s:
+                why = (f"still running {grace_s:.0f}s after another rank failed; killed "
+                       "(it was probably waiting on the failed rank)")
+            if why:
+                failures.update({r: why for r in range(world_size) if r not in payloads and r not in failures})
                 break
             time.sleep(0.01)
     finally:
@@ -134,14 +130,6 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
     if input_errors:
         raise InputError(**payloads[input_errors[0]]["input_error"])
     if failures:
-        raise LaunchError(failures, {r: g.get("ok") for r, g in payloads.items() if "ok" in g})
+        raise LaunchError(failures)
     return [payloads[r]["ok"] for r in range(world_size)]
 
-
-def _describe(got: dict, show_tracebacks: bool) -> str:
-    if "input_error" in got:
-        return str(InputError(**got["input_error"]).message)
-    text = got.get("error", "unknown failure")
-    if show_tracebacks and got.get("traceback"):
-        text += "\n" + got["traceback"]
-    return text

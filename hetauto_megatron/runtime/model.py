@@ -10,15 +10,10 @@ from __future__ import annotations
 import math
 import zlib
 
-from ..plan.plan import RECOMPUTE_SETTINGS, recompute_settings  # noqa: F401  (re-exported)
+from ..plan.plan import recompute_settings
 from ..spec.model import ModelSpec
 
 
-# hetauto's recompute modes as Megatron settings: TransformerConfig fields, which are also Megatron-LM's argument
-# names (--recompute-granularity, ...). The planner's cost model prices 'selective' as re-running the MLP
-# (`--recompute-granularity selective --recompute-modules mlp`) and 'full' as checkpointing every layer
-# (`--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`). The dry run's model and
-# the --hetauto argument rewrite both use this table, so they run what the plan was priced for.
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
 

@@ -1,0 +1,32 @@
+"""Fixtures several test modules share: each costs real processes, so it runs once per test session."""
+import contextlib
+import io
+import json
+import os
+
+import pytest
+from helpers import ROOT
+
+from hetauto_megatron.cli import main
+
+TINY_PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_dryrun_json():
+    """The --json output of one real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps), as printed."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "3", "--json"])
+    assert rc == 0
+    json.loads(buf.getvalue())
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_model(tmp_path_factory):
+    """(profile file, model directory): this CPU profiled on the tiny grid, fitted without a hold-out."""
+    d = tmp_path_factory.mktemp("tiny-cpu-model")
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(d)]) == 0
+    assert main(["fit", str(d / "profile-cpu.jsonl"), "-o", str(d / "model"), "--holdout", "0"]) == 0
+    return d / "profile-cpu.jsonl", d / "model"
