@@ -914,6 +914,18 @@ def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
 
 
+def layer_time_pairs(samples: list[Sample], pred: list[float]) -> list[tuple[float, float]]:
+    """(predicted, measured) forward + backward seconds of each measured layer, from its per-pass rows (a layer's
+    rows share a label): the time a pipeline stage spends on the layer per micro-batch, which the layer split
+    and the 1F1B model add up."""
+    sums: dict[str, list[float]] = {}
+    for s, p in zip(samples, pred):
+        a = sums.setdefault(s.label, [0.0, 0.0])
+        a[0] += p
+        a[1] += s.measured_s
+    return [(a, b) for a, b in sums.values()]
+
+
 # ---- whole layers measured by `hetauto profile --layers` ------------------------------------------------------
 @dataclass(frozen=True)
 class MeasuredLayer:
