@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
+from ..plan.settings import megatron_setting_args
 from ..spec.devices import get_device
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
@@ -73,15 +74,16 @@ def pipeline_args(plan: Plan) -> list[str]:
 
 
 def mesh_args(mesh: Mesh) -> list[str]:
-    """What differs between meshes: TP, micro-batch and recomputation (DP follows from the device count)."""
+    """What differs between meshes: TP, micro-batch, recomputation and the runtime settings (plan/settings.py);
+    DP follows from the device count."""
     return ["--tensor-model-parallel-size", str(mesh.tp), "--micro-batch-size", str(mesh.micro_batch_size),
-            *recompute_args(mesh.recompute)]
+            *recompute_args(mesh.recompute), *megatron_setting_args(mesh.settings)]
 
 
 def megatron_args(plan: Plan, mesh_index: int, plan_path: str) -> list[str]:
     """The complete Megatron-LM argument list for the ranks of one mesh (data/tokenizer/optimizer excluded)."""
     return [*mesh_args(plan.meshes[mesh_index]), *pipeline_args(plan), *model_args(plan),
-            "--global-batch-size", str(plan.global_batch_size), "--bf16", "--use-distributed-optimizer",
+            "--global-batch-size", str(plan.global_batch_size), "--bf16",
             "--hetauto", "--hetauto-plan", plan_path]
 
 

@@ -24,8 +24,10 @@ from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
+from .settings import RuntimeSettings, default_settings, resolve_settings
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)   # version 1 has no per-mesh `settings`: the defaults apply
 RECOMPUTE_MODES = ("none", "selective", "full")
 # What each mode means in Megatron's TransformerConfig; the cost model, the emitted arguments and the runtime all
 # follow this one table. 'selective' re-runs the MLP: with flash attention Megatron's default module
@@ -54,9 +56,19 @@ class Mesh:
     micro_batch_size: int
     recompute: str
     stage_layers: tuple[int, ...]
+    # The plan's overrides of the runtime-settings defaults (plan/settings.py), as sorted (key, value) pairs so
+    # the mesh stays hashable; a dict is accepted. `settings` resolves them.
+    setting_overrides: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
+        overrides = self.setting_overrides
+        if isinstance(overrides, dict):
+            overrides = overrides.items()
+        # Normalised to the values that differ from the defaults, so equal settings mean equal meshes.
+        defaults = default_settings(self.tp).to_dict()
+        object.__setattr__(self, "setting_overrides",
+                           tuple(sorted((k, v) for k, v in overrides if k not in defaults or defaults[k] != v)))
         canon = canonical_device_name(self.device_type)
         if canon is None:
             get_device(self.device_type, field="device_type")  # raises with the catalog listed
@@ -74,6 +86,12 @@ class Mesh:
         if any(x < 0 for x in self.stage_layers):
             raise InputError(f"layer counts must not be negative: {list(self.stage_layers)}", field="stage_layers",
                              fix="give each stage 0 or more transformer layers")
+        self.settings  # validates the overrides
+
+    @property
+    def settings(self) -> RuntimeSettings:
+        """The runtime settings this mesh runs with: the defaults for its TP, with the plan's overrides."""
+        return resolve_settings(self.tp, dict(self.setting_overrides))
 
     @property
     def num_stages(self) -> int:
@@ -91,6 +109,8 @@ class Mesh:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["stage_layers"] = list(self.stage_layers)
+        del d["setting_overrides"]
+        d["settings"] = self.settings.to_dict()   # written in full: the file says what runs
         return d
 
 
@@ -106,9 +126,9 @@ class Plan:
     def __post_init__(self):
         object.__setattr__(self, "meshes", tuple(self.meshes))
         m = self.model
-        if self.version != PLAN_VERSION:
-            raise InputError(f"plan version {self.version} is not supported (this hetauto reads version "
-                             f"{PLAN_VERSION})", field="version",
+        if self.version not in READABLE_VERSIONS:
+            raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
+                             f"{', '.join(map(str, READABLE_VERSIONS))})", field="version",
                              fix=f"re-create the plan with this hetauto's 'hetauto plan', or set version: {PLAN_VERSION} "
                                  "if the file follows docs/plan-format.md")
         if not self.meshes:
@@ -185,7 +205,7 @@ class Plan:
 
     # ---- file format ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = {"version": self.version, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
+        d = {"version": PLAN_VERSION, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
              "meshes": [mesh.to_dict() for mesh in self.meshes]}
         if self.inventory is not None:
             d["inventory"] = self.inventory
@@ -203,7 +223,7 @@ class Plan:
             fh.write(text)
 
 
-_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers"}
+_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings"}
 
 
 def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
@@ -236,6 +256,7 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
                 recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
                 stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
+                setting_overrides=require_mapping(raw.get("settings") or {}, f"meshes[{i}].settings", file),
             ))
         except InputError as exc:
             raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None

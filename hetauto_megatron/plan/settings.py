@@ -1,0 +1,100 @@
+"""Runtime settings per mesh: the one table the cost model, the emitted arguments, the `--hetauto` rewrite,
+the dry run and the DeepSpeed emitter all read.
+
+A plan is only worth what its predictions are worth, and a prediction is only right if it prices what runs.
+So every setting that changes time or memory lives here, once, with its default and its Megatron spelling;
+nothing else in hetauto decides them:
+
+    sequence_parallel       on for TP > 1: activations and element-wise work outside the TP regions are split
+                            over the TP ranks (Megatron's --sequence-parallel)
+    distributed_optimizer   Adam state and fp32 master weights sharded over the mesh's DP group (ZeRO-1,
+                            Megatron's --use-distributed-optimizer); gradients are reduce-scattered
+    overlap_grad_reduce     the DP gradient reduce-scatter runs bucket by bucket during the backward pass
+    overlap_param_gather    the parameter all-gather of the distributed optimizer runs during the next forward
+    grad_reduce_dtype       the element type of the DP gradient reduction: fp32 (Megatron's default,
+                            grad_reduce_in_fp32) or the training precision ("param")
+
+A mesh may override any of them in the plan file (`settings:` in a mesh, docs/plan-format.md); the defaults
+are what `hetauto plan` assumes and what production Megatron jobs run.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+GRAD_REDUCE_DTYPES = ("fp32", "param")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    sequence_parallel: bool
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    grad_reduce_dtype: str = "fp32"
+
+    def __post_init__(self):
+        for f in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
+            if not isinstance(getattr(self, f), bool):
+                raise InputError(f"must be true or false, got {getattr(self, f)!r}", field=f"settings.{f}",
+                                 fix=f"write {f}: true or {f}: false")
+        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise InputError(f"must be one of {', '.join(GRAD_REDUCE_DTYPES)}, got {self.grad_reduce_dtype!r}",
+                             field="settings.grad_reduce_dtype",
+                             fix="write grad_reduce_dtype: fp32 (reduce gradients in fp32, Megatron's default) "
+                                 "or param (in the training precision)")
+        if self.overlap_param_gather and not self.distributed_optimizer:
+            raise InputError("overlap_param_gather needs the distributed optimizer (there is no parameter "
+                             "all-gather without it)", field="settings.overlap_param_gather",
+                             fix="set overlap_param_gather: false, or distributed_optimizer: true")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings))
+
+# Setting -> Megatron-LM argument attribute (args.<name>) and the value Megatron must hold for it.
+MEGATRON_ARGS = {
+    "sequence_parallel": "sequence_parallel",
+    "distributed_optimizer": "use_distributed_optimizer",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "overlap_param_gather": "overlap_param_gather",
+}
+
+
+def default_settings(tp: int) -> RuntimeSettings:
+    """What production Megatron jobs run: SP whenever TP shards the layers, the distributed optimizer with both
+    overlaps, gradients reduced in fp32."""
+    return RuntimeSettings(sequence_parallel=tp > 1)
+
+
+def resolve_settings(tp: int, overrides: dict | None = None) -> RuntimeSettings:
+    """The defaults for a mesh of this TP, with a plan's per-mesh overrides applied (validated)."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(SETTING_KEYS))
+    if unknown:
+        raise InputError(f"unknown setting(s) {', '.join(unknown)}", field="settings",
+                         fix=f"use only: {', '.join(SETTING_KEYS)}")
+    if overrides.get("sequence_parallel") and tp == 1:
+        raise InputError("sequence_parallel needs tp > 1 (it splits the sequence over the TP ranks)",
+                         field="settings.sequence_parallel", fix="drop the override or raise tp")
+    return dataclasses.replace(default_settings(tp), **overrides)
+
+
+def megatron_setting_args(s: RuntimeSettings) -> list[str]:
+    """Megatron-LM flags for one mesh's settings."""
+    out = []
+    if s.sequence_parallel:
+        out.append("--sequence-parallel")
+    if s.distributed_optimizer:
+        out.append("--use-distributed-optimizer")
+    if s.overlap_grad_reduce:
+        out.append("--overlap-grad-reduce")
+    if s.overlap_param_gather:
+        out.append("--overlap-param-gather")
+    if s.grad_reduce_dtype == "param":
+        out.append("--grad-reduce-in-bf16")
+    return out
