@@ -106,3 +106,20 @@ def test_simulate_plan_reports_every_stage_and_memory():
     # more layers on the same stage -> more memory on it
     heavier = Plan(model, 128, (Mesh("h800", "h800", 2, 4, 1, "none", (15, 5)),) + plan.meshes[1:])
     assert simulate(heavier, inv).memory_gib[0] > est.memory_gib[0]
+
+
+def test_recorded_events_cover_every_operation():
+    f, b, link, m = [1.0, 2.0, 1.5], [2.0, 4.0, 3.0], [0.5, 2.5], 6
+    t = simulate_1f1b(f, b, link, m, record=True)
+    assert simulate_1f1b(f, b, link, m).events is None
+    for i in range(3):
+        ops = [e for e in t.events if e.resource == ("stage", i) and e.kind in "FB"]
+        assert len(ops) == 2 * m
+        assert sum(e.end - e.start for e in ops) == pytest.approx(t.busy[i])
+        ops.sort(key=lambda e: e.start)
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(ops, ops[1:]))     # a stage runs one op at a time
+    for l in range(2):
+        for d, kind in (("fwd", "F"), ("bwd", "B")):
+            tr = [e for e in t.events if e.resource == ("link", l, d)]
+            assert [e.kind for e in tr] == [kind] * m
+    assert max(e.end for e in t.events) == pytest.approx(t.makespan)

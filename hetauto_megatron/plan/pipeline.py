@@ -27,10 +27,28 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class Event:
+    """One operation of the simulated iteration (`simulate_1f1b(..., record=True)`), times in seconds.
+
+    resource: ("stage", i) for pipeline stage i, or ("link", l, "fwd" | "bwd") for the link between stages l and
+              l + 1 in the direction of the activations ("fwd") or of their gradients ("bwd").
+    kind:     on a stage: "F" / "B" (forward / backward compute), "send" (the stage is held by a send it does not
+              overlap), "recv" (the stage waits for data that is still on its link: exposed communication);
+              on a link: "F" / "B" (the micro-batch's activation / gradient crossing; `end` is its arrival).
+    """
+    resource: tuple
+    kind: str
+    micro_batch: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class PipelineTimes:
     makespan: float                 # end of the last backward
     busy: tuple[float, ...]         # compute seconds per stage
     finish: tuple[float, ...]       # when each stage ran its last backward
+    events: tuple[Event, ...] | None = None   # every operation, when simulated with record=True
 
 
 def schedule_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
@@ -43,8 +61,11 @@ def schedule_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
     return ops
 
 
-def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int) -> PipelineTimes:
-    """fwd[i], bwd[i]: per-micro-batch times of stage i; link[i]: transfer time between stage i and i+1."""
+def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int, *,
+                  record: bool = False) -> PipelineTimes:
+    """fwd[i], bwd[i]: per-micro-batch times of stage i; link[i]: transfer time between stage i and i+1.
+    record=True also returns every operation's start and end (`PipelineTimes.events`, see `Event`)."""
+    events = [] if record else None
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
     orders = [schedule_order(i, p, m) for i in range(p)]
@@ -78,6 +99,10 @@ def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int)
                         s = max(end, link_free_f[i])
                         link_free_f[i] = s + link[i]
                         f_arrive[i + 1][j] = s + link[i]
+                        if record:
+                            events.append(Event(("link", i, "fwd"), "F", j, s, s + link[i]))
+                    if record:
+                        events.append(Event(("stage", i), "F", j, start, end))
                     busy[i] += fwd[i]
                 else:
                     ready = b_arrive[i][j]
@@ -89,6 +114,10 @@ def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int)
                         s = max(end, link_free_b[i - 1])
                         link_free_b[i - 1] = s + link[i - 1]
                         b_arrive[i - 1][j] = s + link[i - 1]
+                        if record:
+                            events.append(Event(("link", i - 1, "bwd"), "B", j, s, s + link[i - 1]))
+                    if record:
+                        events.append(Event(("stage", i), "B", j, start, end))
                     busy[i] += bwd[i]
                     finish[i] = end
                 free[i] = end
@@ -97,7 +126,9 @@ def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int)
                 progressed = True
         if not progressed:  # cannot happen for a valid 1F1B order; guards against an endless loop
             raise RuntimeError("1F1B simulation deadlocked")
-    return PipelineTimes(max(finish), tuple(busy), tuple(finish))
+    if record:
+        events.sort(key=lambda e: (e.start, e.resource))
+    return PipelineTimes(max(finish), tuple(busy), tuple(finish), tuple(events) if record else None)
 
 
 def estimate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int) -> float:
