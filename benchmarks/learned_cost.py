@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hetauto_megatron.cost import learned as L  # noqa: E402
-from hetauto_megatron.cost.profile import profile, stderr_progress  # noqa: E402
+from hetauto_megatron.measure.profile import profile, stderr_progress  # noqa: E402
 from hetauto_megatron.spec.devices import get_device  # noqa: E402
 
 SAILOR = L.SAILOR_DATA

@@ -99,7 +99,7 @@ def measured_dryrun(plan, path: str, steps: int, tries: int, max_wait_s: float, 
 
 # ---- inputs ------------------------------------------------------------------------------------------------
 def fitted_model(workdir: str, fresh: bool) -> str:
-    from hetauto_megatron.cost.profile import profile, stderr_progress
+    from hetauto_megatron.measure.profile import profile, stderr_progress
     from hetauto_megatron.spec.devices import get_device
     prof = os.path.join(workdir, "profile-cpu.jsonl")
     if fresh and os.path.exists(prof):
@@ -130,7 +130,7 @@ def probed_inventory(path: str, probe: bool):
     data = load_yaml_file(path, "inventory")
     if not probe:
         return inventory_from_dict(data, file=path), None
-    from hetauto_megatron.cost.probe_link import run_local
+    from hetauto_megatron.measure.probe_link import run_local
     m = run_local()
     bw = round(m.bandwidth_gbps, 3)
     for c in data["clusters"]:

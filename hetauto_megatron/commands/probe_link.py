@@ -41,7 +41,7 @@ def run(args) -> int:
     # torch's C++ layer logs every failed rendezvous attempt with a native stack trace; the failure itself
     # reaches the user as one InputError paragraph.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from ..cost import probe_link as P
+    from ..measure import probe_link as P
     sizes = [n for n in P.DEFAULT_SIZES if n <= args.max_size_mib * (1 << 20)] or [P.DEFAULT_SIZES[0]]
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")

@@ -55,7 +55,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec.devices import get_device
-    from ..cost.profile import LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
+    from ..measure.profile import LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
     grid = args.grid or grid_name(device, args.quick, args.layers)
     gran = granularity(grid)

@@ -265,7 +265,7 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     several times less efficient than short ones. The parts' shares are features: a layer dominated by score
     traffic behaves like other score-bound layers, whatever model it belongs to.
     `score_bwd_weight`: how many times the counted traffic the backward's score kernels cost (they reach a
-    lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned.py:
+    lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned/fitting.py:
     choose_score_weight), 1 = as counted."""
     f = 2.0 if phase == "bwd" else 1.0
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}

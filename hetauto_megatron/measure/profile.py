@@ -8,8 +8,8 @@ spread ((p90 - p10) / median).
 
 With a layer grid (`--layers`) it times whole transformer layers instead, for model-like shapes: the same
 operators chained into one layer in plain PyTorch (at each TP degree), or Megatron-Core's own layer as the CPU
-dry runs build it (`--layer-impl megatron`, runtime/layer_timing.py). `hetauto fit` learns from them how
-operators compose into a layer (cost/learned.py, stage 3); `hetauto validate-cost-model --profile
+dry runs build it (`--layer-impl megatron`, measure/layer_timing.py). `hetauto fit` learns from them how
+operators compose into a layer (cost/learned/fitting.py, stage 3); `hetauto validate-cost-model --profile
 layers-T.jsonl` checks the planner's layer time against them.
 
 On accelerators, each pass is timed with device events (the stream's own clock, no host synchronisation inside
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..spec.devices import DeviceType
 from ..spec.model import ModelSpec
-from . import features as F
-from .learned import PROFILE_FORMAT, read_profile
+from ..cost import features as F
+from ..cost.learned import PROFILE_FORMAT, read_profile
 
 
 @dataclass(frozen=True)
@@ -426,7 +426,7 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     # (key, label, row fields, measure) of everything the grid measures
     if grid in LAYER_GRIDS and layer_impl == "megatron":
         from ..runtime.dryrun import preload_megatron
-        from ..runtime.layer_timing import megatron_layer_times
+        from .layer_timing import megatron_layer_times
         preload_megatron()   # once, so that each layer's forked process starts with Megatron-Core imported
         items = [(sh.key(), f"{name} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
                   lambda sh=sh, name=name: megatron_layer_times(sh, name, timing=timing, threads=threads or 1))

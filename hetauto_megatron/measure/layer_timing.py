@@ -5,7 +5,7 @@ The layer is the one a CPU dry run trains (runtime/model.py: Megatron-Core's GPT
 fp32, RMSNorm/SwiGLU or LayerNorm/GELU, Megatron's own unfused attention with its mask), built in a one-rank
 process of its own (Megatron-Core keeps its parallel state in process globals), TP 1: a TP > 1 layer of
 Megatron-Core needs its TP ranks and would time their all-reduces too, which the communication model prices.
-Its forward and backward are timed exactly like an operator (cost/profile.py: `Runner.time_fn`), so the rows
+Its forward and backward are timed exactly like an operator (measure/profile.py: `Runner.time_fn`), so the rows
 line up with the operator profile whose composition they calibrate.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ def megatron_layer_times(shape: F.LayerShape, name: str, *, timing: dict, thread
     """Timing row (as `Runner.time_fn` returns it) of one TP-1 Megatron-Core transformer layer of `shape`, in a
     forked one-rank process (call runtime.dryrun.preload_megatron first so that it starts fast)."""
     from ..plan.plan import Mesh, Plan
-    from .launcher import launch
+    from ..runtime.launcher import launch
     if shape.tp != 1:
         raise ValueError(f"Megatron-Core layers are timed at TP 1, got TP {shape.tp}")
     mesh = Mesh(cluster="profile", device_type="cpu", tp=1, dp=1, micro_batch_size=shape.micro_batch,
@@ -30,9 +30,9 @@ def megatron_layer_times(shape: F.LayerShape, name: str, *, timing: dict, thread
 def _time_layer_rank(rank: int, world_size: int, plan, timing: dict, threads: int, timeout_s: float) -> dict:
     import torch
 
-    from ..cost.profile import Runner
-    from .groups import build_groups, init_distributed, set_megatron_globals
-    from .model import build_model, transformer_config
+    from .profile import Runner
+    from ..runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from ..runtime.model import build_model, transformer_config
 
     torch.set_num_threads(threads)
     init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=True)

@@ -1,0 +1,30 @@
+"""The learned cost model: LightGBM corrections to a roofline prior, fitted on measured times.
+
+Three kinds of measurement train it (cost/features.py defines the feature vectors):
+- operator rows from `hetauto profile` (one device type per file): QKV/output projections, attention core, MLP
+  GEMMs, norms, rotary, activation, logits GEMM, loss; a layer's time is the sum of its operators;
+- whole layers from `hetauto profile --layers` of a profiled device: how its operators compose into a layer
+  (stage 3 in fitting.py), kept where it carries over to a model left out;
+- whole-layer rows: the per-layer GPU timings published by the Sailor project (sailor.py).
+
+One module per concept:
+- samples.py: a measured row (`Sample`), what is known of a device (`DeviceInfo`), the profile files;
+- sailor.py: the Sailor data and the training rows made of it;
+- fitting.py: stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits
+  LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated rounds, stage 3 composes
+  operators into layers; `fit` runs them and saves the model;
+- model.py: the fitted model on disk (`manifest.json`: format, feature version, calibration and composition
+  tables, device types covered, fit metrics; boosters in LightGBM's text format) and `LearnedCostModel`, which
+  answers for the device types it has measurements of and hands every other device type to the analytic model;
+  `source(device)` says which one answered, so a plan can state where each number came from;
+- validation.py: predicted against measured.
+"""
+from .fitting import (ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead, choose_rounds,  # noqa: F401
+                      choose_score_weight, fit, fit_calibration, fit_composition, split_holdout, train_model)
+from .model import FittedModel, LearnedCostModel, calibrated_s, load_cost_model, predict_samples, save_model  # noqa: F401
+from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS, SailorLayer,  # noqa: F401
+                     forward_tflops, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
+                     sailor_samples)
+from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
+                      calibration_key, mape, profile_granularity, profile_samples, read_layers, read_profile)
+from .validation import layer_time_pairs, summarise, validate, validate_layers  # noqa: F401

@@ -1,0 +1,324 @@
+"""Fitting the learned model: stage 1 calibrates the roofline prior per group of rows (rate x prior +
+overhead), stage 2 fits LightGBM on what is left with cross-validated rounds, stage 3 composes operators
+into layers; `fit` runs all three, measures a held-out share and saves the model."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from ...errors import InputError
+from .. import features as F
+from .model import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples, save_model
+from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_samples
+from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
+
+
+# Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.
+LGB_PARAMS = {"objective": "regression_l2", "learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 3,
+              "min_data_in_bin": 1, "max_bin": 255, "feature_fraction": 0.9, "bagging_fraction": 1.0,
+              "lambda_l2": 1.0, "verbosity": -1, "num_threads": 1, "deterministic": True, "seed": 0}
+NUM_ROUNDS = 600
+
+
+# ---- stage 1: the roofline, calibrated per device ----------------------------------------------------------
+# Every (device, granularity, phase, operator or layer kind, element size) group gets
+#     learned part = rate * prior + overhead
+# `rate`: how many times slower than its roofline the device runs that kind of work at scale; `overhead`: the
+# fixed time per call (kernel launches, the framework's Python) that dominates small shapes. Two physical numbers
+# per group carry over to shapes and models the measurements never covered. Trees fitted directly on
+# log(measured / prior) instead learn a per-model offset from whatever feature happens to separate the training
+# models, and extrapolate it to a new model wherever it falls (benchmarks/learned_cost.py shows the difference).
+OVERHEAD_STEPS = 20
+
+
+def _fit_rate_overhead(prior: list[float], y: list[float]) -> tuple[float, float]:
+    """Least absolute log error over overheads from 0 to 95% of the fastest measurement (the rate is the median
+    ratio for each); deterministic and robust to a few noisy rows."""
+    if len(y) < 3:
+        return math.exp(statistics.median(math.log(v / p) for p, v in zip(prior, y))), 0.0
+    best = None
+    for i in range(OVERHEAD_STEPS):
+        t0 = min(y) * i / OVERHEAD_STEPS
+        rate = math.exp(statistics.median(math.log((v - t0) / p) for p, v in zip(prior, y)))
+        err = sum(abs(math.log(rate * p + t0) - math.log(v)) for p, v in zip(prior, y))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, rate, t0)
+    return best[1], best[2]
+
+
+def fit_calibration(samples: list[Sample]) -> dict[str, tuple[float, float]]:
+    """Calibration key -> (rate, overhead seconds), from each group's rows."""
+    groups: dict[str, tuple[list, list]] = {}
+    for s in samples:
+        p, y = groups.setdefault(s.calibration_key(), ([], []))
+        p.append(s.prior_s)
+        y.append(s.learned_part_s())
+    return {k: _fit_rate_overhead(p, y) for k, (p, y) in sorted(groups.items())}
+
+
+# ---- stage 2: LightGBM on what the calibration leaves ------------------------------------------------------
+# The number of boosting rounds is chosen per booster by cross-validation over the training rows' groups (whole
+# models for per-layer data, operator shapes for profiles): where tree corrections do not carry over to unseen
+# groups, the fit says so and keeps fewer or none of them.
+ROUND_CHOICES = (0, 50, 150, 300, NUM_ROUNDS)
+CV_FOLDS = 5
+
+
+def _train_trees(samples: list[Sample], calibration: dict, rounds: dict, seed: int) -> dict:
+    import numpy as np
+    lgb = _lgb()
+    boosters = {}
+    for name in BOOSTERS:
+        n = rounds.get(name, 0)
+        gran, phase = name.split("_")
+        rows = [s for s in samples if s.granularity == gran and s.phase == phase]
+        if not rows or n <= 0:
+            continue
+        names = F.OP_FEATURES if gran == "op" else F.LAYER_FEATURES
+        X = np.array([s.features for s in rows], dtype=np.float64)
+        y = np.array([math.log(s.learned_part_s() / calibrated_s(calibration, s.calibration_key(), s.prior_s))
+                      for s in rows], dtype=np.float64)
+        ds = lgb.Dataset(X, y, feature_name=list(names), categorical_feature=["kind"], free_raw_data=True,
+                         params={"verbosity": -1, "min_data_in_bin": 1})
+        params = dict(LGB_PARAMS, seed=seed, min_data_in_leaf=max(1, min(3, len(rows) // 4)))
+        boosters[name] = lgb.train(params, ds, num_boost_round=n)
+    return boosters
+
+
+def _cv_folds(samples: list[Sample], seed: int) -> list[set]:
+    groups = sorted({s.group for s in samples})
+    if len(groups) <= CV_FOLDS + 1:
+        return [{g} for g in groups]          # few groups (whole models): leave one out
+    random.Random(seed).shuffle(groups)
+    return [set(groups[i::CV_FOLDS]) for i in range(CV_FOLDS)]
+
+
+def choose_rounds(samples: list[Sample], seed: int = 0) -> tuple[dict, dict]:
+    """Rounds per booster by cross-validation with the one-standard-error rule: the fewest rounds whose mean
+    fold MAPE is within one standard error of the best (trees must clearly beat the calibration to be kept).
+    Returns the choice and, per booster, {rounds: [mean MAPE %, standard error]}."""
+    import numpy as np
+    per_fold: dict[str, dict[int, list]] = {}
+    for held in _cv_folds(samples, seed):
+        train = [s for s in samples if s.group not in held]
+        test = [s for s in samples if s.group in held]
+        if not train or not test:
+            continue
+        cal = fit_calibration(train)
+        test = [s for s in test if s.calibration_key() in cal]   # judge the trees where the calibration exists
+        boosters = _train_trees(train, cal, {n: max(ROUND_CHOICES) for n in BOOSTERS}, seed)
+        for name in BOOSTERS:
+            gran, phase = name.split("_")
+            rows = [s for s in test if s.granularity == gran and s.phase == phase]
+            if not rows or name not in boosters:
+                continue
+            base = np.array([calibrated_s(cal, s.calibration_key(), s.prior_s) for s in rows])
+            known = np.array([s.known_s for s in rows])
+            meas = np.array([s.measured_s for s in rows])
+            X = np.array([s.features for s in rows], dtype=np.float64)
+            for k in ROUND_CHOICES:
+                corr = np.exp(boosters[name].predict(X, num_iteration=k)) if k else 1.0
+                per_fold.setdefault(name, {}).setdefault(k, []).append(
+                    100.0 * float(np.mean(np.abs(base * corr + known - meas) / meas)))
+    scores, chosen = {}, {}
+    for name, per in per_fold.items():
+        stats = {k: (float(np.mean(v)), float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0)
+                 for k, v in per.items()}
+        best = min(stats, key=lambda k: (stats[k][0], k))
+        chosen[name] = min(k for k in stats if stats[k][0] <= stats[best][0] + stats[best][1])
+        scores[name] = {k: [round(m, 3), round(se, 3)] for k, (m, se) in stats.items()}
+    return chosen, scores
+
+
+def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None) -> FittedModel:
+    """Stage 1 on all rows, then trees with `rounds` each (None: chosen by cross-validation)."""
+    cal = fit_calibration(samples)
+    if rounds is None:
+        chosen, _ = choose_rounds(samples, seed)
+        present = {f"{s.granularity}_{s.phase}" for s in samples}
+        per = {n: chosen.get(n, NUM_ROUNDS) for n in BOOSTERS if n in present}
+    else:
+        per = {n: rounds for n in BOOSTERS}
+    return FittedModel(cal, _train_trees(samples, cal, per, seed), per)
+
+
+# The unfused attention's backward score kernels (softmax and dropout backward, the batched GEMMs reading the
+# s x s gradients) cost more than their counted bytes at full bandwidth, by a factor the data has to say: the
+# weight on the backward's score traffic is chosen like the boosting rounds, by leave-one-model-out on the
+# training models (the calibration alone; every GPU weighted equally), from this grid.
+SCORE_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
+
+
+def choose_score_weight(layers: list[SailorLayer]) -> tuple[float, dict]:
+    """(weight, {weight: mean over GPUs of the leave-one-model-out MAPE %}); 1.0 with fewer than two models."""
+    models = sorted({r.model for r in layers})
+    if len(models) < 2:
+        return 1.0, {}
+    scores = {}
+    for w in SCORE_WEIGHTS:
+        errs: dict[str, list[float]] = {}
+        for held in models:
+            train = [r for r in layers if r.model != held]
+            trained = {r.gpu for r in train}
+            test = sailor_layer_samples([r for r in layers if r.model == held and r.gpu in trained
+                                         and r.shape.kind == "transformer"], w)
+            if not test:
+                continue
+            pred = predict_samples(train_model(sailor_samples(train, w), rounds=0), test)
+            for s, p in zip(test, pred):
+                errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
+        if errs:
+            scores[w] = round(100.0 * statistics.mean(statistics.mean(v) for v in errs.values()), 3)
+    if not scores:
+        return 1.0, {}
+    return min(scores, key=lambda w: (scores[w], w)), scores
+
+
+# ---- stage 3: composing operators into a layer ----------------------------------------------------------------
+# A layer is more than its operators timed one by one: its backward accumulates the residual stream's gradient
+# where the stream forks and assembles the gradients of fused projections (QKV, gate+up) from their parts, work no
+# isolated operator does. Whole layers measured on the device (`hetauto profile --layers`) calibrate
+#     layer = rate * (sum of the layer's operators) + overhead
+# per device and phase, with the same robust fit as stage 1. It is kept only where it carries over: fitted without
+# one model, it must predict that model's layers better than the plain sum does (leave one model out), the same
+# rule that keeps or drops the trees. On a CPU, whose caches make a layer faster or slower than its operators
+# depending on the shape, it usually does not.
+def layer_op_sums(model: FittedModel, info: DeviceInfo, layers: list[MeasuredLayer]) -> list[tuple[float, float]]:
+    return [model.op_sum_times(info, r.shape.ops()) for r in layers]
+
+
+def fit_composition(model: FittedModel, infos: dict, layers: dict) -> tuple[dict, dict]:
+    """`layers`: device -> measured layers. Returns ("device|phase" -> (rate, overhead_s)) for the compositions
+    kept and, per device and phase, the leave-one-model-out MAPE of the composed layer time next to the plain
+    sum's, and whether it was kept (it needs layers of at least two models to be judged)."""
+    comp, report = {}, {}
+    for dev, rows in sorted(layers.items()):
+        sums = layer_op_sums(model, infos[dev], rows)
+        names = sorted({r.model for r in rows})
+        for i, ph in enumerate(("fwd", "bwd")):
+            pred = [sm[i] for sm in sums]
+            meas = [getattr(r, f"{ph}_s") for r in rows]
+            errs = []
+            for name in names if len(names) > 1 else []:
+                rest = [(p, m) for p, m, r in zip(pred, meas, rows) if r.model != name]
+                ro = _fit_rate_overhead([p for p, _ in rest], [m for _, m in rest])
+                errs += [abs(_apply_rate(ro, p) - m) / m for p, m, r in zip(pred, meas, rows) if r.model == name]
+            plain = mape(pred, meas)
+            composed = 100.0 * sum(errs) / len(errs) if errs else float("nan")
+            kept = bool(errs) and composed < plain
+            if kept:
+                comp[f"{dev}|{ph}"] = _fit_rate_overhead(pred, meas)
+            report[f"{dev} layer-composition {ph}"] = {
+                "rows": len(rows), "models": len(names), "mape_pct": round(composed, 2) if errs else None,
+                "sum_of_operators_mape_pct": round(plain, 2), "kept": kept}
+    return comp, report
+
+
+def split_holdout(samples: list[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
+    """Random split by group (an operator shape, both phases, stays on one side)."""
+    groups = sorted({(s.device, s.group) for s in samples})
+    rng = random.Random(seed)
+    rng.shuffle(groups)
+    held = set(groups[:int(round(fraction * len(groups)))])
+    return [s for s in samples if (s.device, s.group) not in held], [s for s in samples if (s.device, s.group) in held]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    model_dir: str
+    devices: dict           # name -> DeviceInfo
+    heldout: dict           # "device granularity phase" -> {"rows": n, "mape_pct": x}
+    rows: int
+    rounds: dict            # booster -> boosting rounds kept (0: the calibrated roofline alone)
+    composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
+    score_bwd_weight: float = 1.0
+
+    def to_dict(self) -> dict:
+        return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
+                "score_bwd_weight": self.score_bwd_weight,
+                "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in self.composition.items()},
+                "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
+
+
+def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, holdout: float = 0.2,
+        seed: int = 0, rounds: int | None = None) -> FitResult:
+    """Fit on profiles (and Sailor data), measure the error on a held-out share, refit on all rows, save.
+    `rounds` None: boosting rounds chosen by cross-validation (see choose_rounds)."""
+    if not profiles and not sailor_dir:
+        raise InputError("nothing to fit", field="PROFILES",
+                         fix="pass profile files from 'hetauto profile' and/or --sailor DIR")
+    if not 0.0 <= holdout < 1.0:
+        raise InputError(f"must be in [0, 1), got {holdout}", field="--holdout")
+    devices: dict[str, DeviceInfo] = {}
+    samples: list[Sample] = []
+    layer_files = [p for p in profiles if profile_granularity(p) == "layer"]
+    for p in profiles:
+        if p in layer_files:
+            continue
+        info, rows = profile_samples(p)
+        if info.name in devices:
+            raise InputError(f"device type {info.name} comes from two profiles", file=p, field="device_type",
+                             fix="merge them into one file (profiling resumes into an existing file) or pass one")
+        devices[info.name] = info
+        samples += rows
+    if sailor_dir:
+        sailor = load_sailor(sailor_dir)
+        for name, info in sailor_device_infos(sailor).items():
+            if name in devices:
+                raise InputError(f"device type {name} is both profiled and in the Sailor data", field="--sailor",
+                                 fix="fit them into separate model directories")
+            devices[name] = info
+        score_weight, score_weights = choose_score_weight(sailor)
+        samples += sailor_samples(sailor, score_weight)
+    else:
+        score_weight, score_weights = 1.0, {}
+    layers = _layer_files_of(layer_files, devices)
+    if len(samples) < 8:
+        raise InputError(f"only {len(samples)} measurements: too few to fit", field="PROFILES",
+                         fix="profile more shapes (drop --quick or widen the grid)")
+    heldout = {}
+    if holdout > 0:
+        train, test = split_holdout(samples, holdout, seed)
+        if train and test:
+            pred = predict_samples(train_model(train, seed, rounds), test)
+            keys: dict[str, list[int]] = {}
+            for i, s in enumerate(test):
+                keys.setdefault(f"{s.device} {s.granularity} {s.phase}", []).append(i)
+            for k, idx in sorted(keys.items()):
+                heldout[k] = {"rows": len(idx), "mape_pct": round(mape([pred[i] for i in idx],
+                                                                        [test[i].measured_s for i in idx]), 2)}
+            heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
+    model = train_model(samples, seed, rounds)
+    model.score_bwd_weight = score_weight
+    model.composition, report = fit_composition(model, devices, layers)
+    heldout.update(report)
+    save_model(out_dir, model, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
+                                         "holdout_fraction": holdout, "rounds": model.rounds,
+                                         "layers": {d: len(v) for d, v in layers.items()},
+                                         "score_bwd_weights": {str(k): v for k, v in score_weights.items()}})
+    return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition),
+                     model.score_bwd_weight)
+
+
+def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
+    """Device -> measured layers, each file checked against the operator profile it composes."""
+    layers: dict[str, list[MeasuredLayer]] = {}
+    for p in layer_files:
+        header, rows = read_layers(p)
+        dev = str(header.get("device_type"))
+        if devices.get(dev) is None or devices[dev].granularity != "op":
+            raise InputError(f"whole layers of device type {dev}, but no operator profile of it is being fitted",
+                             file=p, field="device_type",
+                             fix=f"pass the operator profile of {dev} ('hetauto profile --device-type {dev}') too")
+        if dev in layers:
+            raise InputError(f"device type {dev} has two layer files", file=p, field="device_type",
+                             fix="merge them into one file (profiling resumes into an existing file) or pass one")
+        if int(header.get("dtype_bytes", 0)) != devices[dev].dtype_bytes:
+            raise InputError(f"layers were timed with {header.get('dtype')}, the operators with "
+                             f"{devices[dev].dtype_bytes}-byte elements", file=p, field="dtype",
+                             fix="profile layers and operators with the same --dtype")
+        layers[dev] = rows
+    return layers

@@ -1,0 +1,247 @@
+"""The fitted model: calibration tables and LightGBM boosters (`FittedModel`), their manifest on disk, and
+`LearnedCostModel`, the planner's cost-model interface over them (analytic fallback for device types it
+does not cover)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+from ...errors import InputError
+from ...spec.devices import DeviceType, canonical_device_name
+from ...spec.model import ModelSpec, read_json_file
+from .. import features as F
+from .samples import BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key
+
+
+# ---- fitting -----------------------------------------------------------------------------------------------
+def _lgb():
+    import lightgbm  # imported on first use: the planner must start fast without a fitted model
+    return lightgbm
+
+
+def calibrated_s(calibration: dict, key: str, prior_s: float) -> float:
+    """rate * prior + overhead. A group never measured (a precision or operator kind this device was not
+    profiled in) borrows the median calibration of the same group on the other devices: a GPU's efficiency is a
+    better guess than none; with no such group, the bare roofline."""
+    hit = calibration.get(key)
+    if hit is None:
+        rest = key.split("|", 1)[1]
+        same = [v for k, v in calibration.items() if k.split("|", 1)[1] == rest]
+        hit = (statistics.median(r for r, _ in same), statistics.median(o for _, o in same)) if same else (1.0, 0.0)
+    return hit[0] * prior_s + hit[1]
+
+
+@dataclass
+class FittedModel:
+    calibration: dict          # calibration key -> (rate, overhead_s)
+    boosters: dict             # booster name -> lightgbm.Booster (absent where 0 rounds were chosen)
+    rounds: dict               # booster name -> rounds used
+    composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
+    score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
+
+    def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
+        """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
+        import numpy as np
+        b = self.boosters.get(name)
+        corr = b.predict(np.array(X, dtype=np.float64)) if b is not None else [0.0] * len(keys)
+        return [calibrated_s(self.calibration, k, p) * math.exp(float(c)) for k, p, c in zip(keys, priors, corr)]
+
+    def op_sum_times(self, info: "DeviceInfo", ops: list[F.Op]) -> tuple[float, float]:
+        """(forward, backward) seconds of a list of operators on a profiled device: the sum of their times."""
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps)
+        out = []
+        for phase in ("fwd", "bwd"):
+            rows = [F.op_row(o, phase, **a) for o in ops]
+            X, priors = [x for x, _ in rows], [p for _, p in rows]
+            keys = [calibration_key(info.name, "op", phase, x) for x in X]
+            out.append(sum(self.times(f"op_{phase}", keys, priors, X)))
+        return out[0], out[1]
+
+    def composed_layer_times(self, info: "DeviceInfo", ops: list[F.Op]) -> tuple[float, float]:
+        """A transformer layer from its operators: their sum, composed (stage 3) where whole layers of the device
+        were measured."""
+        sums = self.op_sum_times(info, ops)
+        return tuple(_apply_rate(self.composition.get(f"{info.name}|{ph}"), t) for ph, t in zip(("fwd", "bwd"), sums))
+
+
+def _apply_rate(rate_overhead, t: float) -> float:
+    return t if rate_overhead is None else rate_overhead[0] * t + rate_overhead[1]
+
+
+def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
+    """Predicted seconds for each sample: calibrated roofline x tree correction + the known part."""
+    out = [0.0] * len(samples)
+    by_name: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_name.setdefault(f"{s.granularity}_{s.phase}", []).append(i)
+    for name, idx in by_name.items():
+        rows = [samples[i] for i in idx]
+        times = model.times(name, [s.calibration_key() for s in rows], [s.prior_s for s in rows],
+                            [s.features for s in rows])
+        for i, t in zip(idx, times):
+            out[i] = t + samples[i].known_s
+    return out
+
+
+def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    for name in BOOSTERS:   # a booster left from an earlier fit must not be read as part of this one
+        stale = os.path.join(out_dir, f"{name}.txt")
+        if name not in model.boosters and os.path.exists(stale):
+            os.remove(stale)
+    files = {}
+    for name, b in model.boosters.items():
+        files[name] = f"{name}.txt"
+        b.save_model(os.path.join(out_dir, files[name]))
+    manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
+                "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
+                "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
+                "score_bwd_weight": model.score_bwd_weight,
+                "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
+                "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
+    with open(os.path.join(out_dir, MANIFEST), "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+# ---- prediction --------------------------------------------------------------------------------------------
+class LearnedCostModel:
+    """Same interface as AnalyticCostModel; learned where the model directory covers the device type."""
+
+    name = "learned"
+
+    def __init__(self, model_dir: str, fallback=None):
+        if fallback is None:
+            from ..analytic import AnalyticCostModel
+            fallback = AnalyticCostModel()
+        self.fallback = fallback
+        self.model_dir = model_dir
+        path = os.path.join(model_dir, MANIFEST)
+        if not os.path.isfile(path):
+            raise InputError("is not a fitted cost model (no manifest.json)", file=model_dir, field="--cost-model",
+                             fix="pass a directory written by 'hetauto fit'")
+        man = read_json_file(path, field="--cost-model", fix="re-fit it with 'hetauto fit'")
+        if man.get("format") != MODEL_FORMAT:
+            raise InputError(f"has format {man.get('format')!r}, expected {MODEL_FORMAT!r}", file=path,
+                             field="format", fix="re-fit it with this version of 'hetauto fit'")
+        if man.get("feature_version") != F.FEATURE_VERSION:
+            raise InputError(f"was fitted with feature version {man.get('feature_version')}, this version uses "
+                             f"{F.FEATURE_VERSION}", file=path, field="feature_version",
+                             fix="re-fit it: 'hetauto fit PROFILES -o DIR'")
+        self.manifest = man
+        self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
+        tables = {}
+        for table in ("calibration", "composition"):
+            try:
+                tables[table] = {k: (float(v["rate"]), float(v["overhead_s"]))
+                                 for k, v in man.get(table, {}).items()}
+            except (TypeError, KeyError, ValueError, AttributeError):
+                raise InputError(f"has a garbled '{table}' table", file=path, field=table,
+                                 fix="re-fit it with 'hetauto fit'")
+        lgb = _lgb()
+        boosters = {}
+        for name, fname in man.get("boosters", {}).items():
+            fpath = os.path.join(model_dir, fname)
+            if not os.path.isfile(fpath):
+                raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
+                                 fix="re-fit the model or copy the whole directory")
+            boosters[name] = lgb.Booster(model_file=fpath)
+        weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise InputError(f"has a garbled score_bwd_weight ({weight!r})", file=path, field="score_bwd_weight",
+                             fix="re-fit it with 'hetauto fit'")
+        self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
+                                  tables["composition"], float(weight))
+        # Covered: measured in both phases at its granularity (its calibration has groups for both).
+        groups = {tuple(k.split("|")[:3]) for k in self.fitted.calibration}
+        self._covered = {d for d, i in self.devices.items()
+                         if all((i.name, i.granularity, ph) in groups for ph in ("fwd", "bwd"))}
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def _info(self, device: DeviceType) -> DeviceInfo | None:
+        name = canonical_device_name(device.name) or device.name
+        name = name if name in self.devices else device.name
+        return self.devices[name] if name in self._covered else None
+
+    def source(self, device: DeviceType) -> str:
+        return "learned" if self._info(device) is not None else "analytic"
+
+    def covered_devices(self) -> list[str]:
+        """Device types this model predicts for (by name; some need not be in the catalog)."""
+        return sorted(self._covered)
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _predict(self, info: DeviceInfo, phase: str, rows: list[tuple[list, float]]) -> float:
+        """Sum over rows of (features, prior) of the fitted model's times."""
+        keys = [calibration_key(info.name, info.granularity, phase, x) for x, _ in rows]
+        return sum(self.fitted.times(f"{info.granularity}_{phase}", keys, [p for _, p in rows],
+                                     [x for x, _ in rows]))
+
+    def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
+        """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
+        the planner prices them with its communication model."""
+        a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
+                 score_bwd_weight=self.fitted.score_bwd_weight)
+        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)]) for phase in ("fwd", "bwd"))
+
+    def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
+        info = self._info(device)
+        if info is None:
+            return getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
+        key = (piece, model, info.name, tp, mb, seq)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if info.granularity == "op" and piece == "layer":
+            res = self.fitted.composed_layer_times(info, F.layer_ops(model, tp, mb, seq))
+        elif info.granularity == "op":
+            fn = {"head": F.head_ops, "embedding": F.embedding_ops}[piece]
+            res = self.fitted.op_sum_times(info, fn(model, tp, mb, seq))
+        elif piece in ("embedding", "head"):
+            # per-layer data measures transformer layers only (see sailor_samples): analytic
+            res = getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
+        else:
+            res = self._layer_time(info, F.LayerShape.of(model, tp, mb, seq))
+        self._cache[key] = res
+        return res
+
+    # ---- the cost-model interface -----------------------------------------------------------------------
+    def layer_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                    seq_length: int | None = None) -> tuple[float, float]:
+        return self._piece("layer", model, device, tp, micro_batch_size, seq_length)
+
+    def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                   seq_length: int | None = None) -> tuple[float, float]:
+        return self._piece("head", model, device, tp, micro_batch_size, seq_length)
+
+    def embedding_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                        seq_length: int | None = None) -> tuple[float, float]:
+        return self._piece("embedding", model, device, tp, micro_batch_size, seq_length)
+
+    def recompute_time(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                       recompute: str, seq_length: int | None = None) -> float:
+        """Full recomputation re-runs the layer's forward; selective re-runs the MLP share of it (the share
+        from the analytic model's split, applied to the learned forward time)."""
+        if recompute == "none":
+            return 0.0
+        if recompute == "full":
+            return self.layer_times(model, device, tp, micro_batch_size, seq_length)[0]
+        if self._info(device) is None:
+            return self.fallback.recompute_time(model, device, tp, micro_batch_size, recompute, seq_length)
+        fwd = self.layer_times(model, device, tp, micro_batch_size, seq_length)[0]
+        parts = self.fallback.layer_parts(model, device, tp, micro_batch_size, seq_length)
+        total = sum(p[0] for p in parts.values())
+        return fwd * parts["mlp"][0] / total if total > 0 else 0.0
+
+
+def load_cost_model(path: str | None):
+    """The cost model the planner uses: analytic when no directory is given, learned (with analytic fallback)
+    otherwise."""
+    if path is None:
+        from ..analytic import AnalyticCostModel
+        return AnalyticCostModel()
+    return LearnedCostModel(path)

@@ -1,0 +1,236 @@
+"""The Sailor project's per-layer GPU measurements (packaged under data/sailor): loading, the arithmetic each
+run used, the TP all-reduces a measured layer contains, and the training rows made of them."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+from ...errors import InputError
+from ...spec.devices import CATALOG
+from ...spec.model import ModelSpec, read_json_file
+from .. import features as F
+from .samples import DeviceInfo, Sample
+
+
+# ---- Sailor per-layer GPU measurements ---------------------------------------------------------------------
+# The shapes of the four models as Sailor ran them, checked against llm_info.json's parameter counts
+# (tests/test_learned_sailor.py): OPT and GPT-Neo are plain-MLP GPTs with learned positions; Sailor's
+# "LLAMA-3-8" layer holds 268.5M parameters, i.e. full multi-head attention and a 16384-wide SwiGLU, and its
+# activations are 8192 tokens per micro-batch.
+SAILOR_MODELS = {
+    "OPT-350": ModelSpec("OPT-350", 24, 1024, 16, 4096, 50272, 2048, gated_mlp=False, position_embedding="learned"),
+    "GPT-Neo-2.7": ModelSpec("GPT-Neo-2.7", 32, 2560, 20, 10240, 50257, 2048, gated_mlp=False,
+                             position_embedding="learned"),
+    "OPT-30": ModelSpec("OPT-30", 48, 7168, 56, 28672, 50272, 2048, gated_mlp=False, position_embedding="learned"),
+    "LLAMA-3-8": ModelSpec("LLAMA-3-8", 32, 4096, 32, 16384, 128256, 8192, gated_mlp=True, position_embedding="rope"),
+}
+# Sailor GPU names -> our catalog; GPUs outside the catalog still train the model with their datasheet figures
+# (dense FP16 tensor throughput with FP32 accumulation, memory bandwidth).
+SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200"}
+SAILOR_EXTRA_GPUS = {"Titan-RTX": (130.0, 672.0), "RTX-2080": (40.3, 448.0), "RTX-3090": (71.0, 936.0)}
+SAILOR_DTYPE_BYTES = 2   # mixed-precision training runs
+# Datasheet FP32 throughput without tensor cores (TF32 off), TFLOP/s: the ceiling of a run in plain FP32.
+SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96": 67.0, "Titan-RTX": 16.3,
+                      "RTX-2080": 10.1, "RTX-3090": 35.6}
+# The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
+# installed copy without a path.
+SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "sailor")
+
+
+@dataclass(frozen=True)
+class SailorLayer:
+    model: str
+    gpu: str
+    device: str
+    peak_tflops: float
+    hbm_gbps: float
+    shape: F.LayerShape
+    index: int            # layer index in Sailor's list (transformer layers 1..L)
+    fwd_s: float
+    bwd_s: float
+    precision: str = "fp16"   # "fp16" (tensor cores) or "fp32" (see sailor_precisions)
+    tp_comm_s: float = 0.0    # TP all-reduce time the measurement contains, per pass (see tp_allreduces_s)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else SAILOR_DTYPE_BYTES
+
+    @property
+    def compute_tflops(self) -> float:
+        """The compute ceiling of this run: the tensor-core peak, or the FP32 peak for an FP32 run."""
+        return SAILOR_FP32_TFLOPS[self.gpu] if self.precision == "fp32" else self.peak_tflops
+
+
+def sailor_device(gpu: str) -> tuple[str, float, float]:
+    if gpu in SAILOR_GPUS:
+        d = CATALOG[SAILOR_GPUS[gpu]]
+        return d.name, d.peak_tflops, d.hbm_gbps
+    if gpu in SAILOR_EXTRA_GPUS:
+        return gpu.lower(), *SAILOR_EXTRA_GPUS[gpu]
+    return "", 0.0, 0.0
+
+
+def load_sailor(directory: str) -> list[SailorLayer]:
+    """Every transformer-layer and head measurement of profiles_tmp.json as a SailorLayer.
+
+    Layout: [model][gpu][micro_batch][tp][layer_index] = [forward_s, backward_s, update_s]; index 0 is the
+    embedding (not used: its sub-millisecond times are launch noise), 1..L the transformer layers, the
+    remaining one or two indices the final norm and output head (summed into one head row).
+    """
+    path = os.path.join(directory, "profiles_tmp.json")
+    if os.path.isfile(directory):
+        raise InputError("is a file, --sailor takes the directory holding profiles_tmp.json", file=directory,
+                         field="--sailor", fix="write '--sailor' after the profile files (alone it means the "
+                                               "packaged measurements) or '--sailor=DIR'")
+    if not os.path.isfile(path):
+        raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
+                         field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
+                                               "or '--sailor' alone for the packaged copy")
+    data = read_json_file(path, field="--sailor")
+    out = []
+    for mname, per_gpu in data.items():
+        spec = SAILOR_MODELS.get(mname)
+        if spec is None:
+            continue
+        for gpu, per_mb in per_gpu.items():
+            dev, peak, bw = sailor_device(gpu)
+            if not dev:
+                continue
+            for mb, per_tp in per_mb.items():
+                for tp, layers in per_tp.items():
+                    mb_i, tp_i = int(mb), int(tp)
+                    if spec.num_attention_heads % tp_i or spec.ffn_hidden_size % tp_i:
+                        continue
+                    common = dict(hidden=spec.hidden_size, heads=spec.num_attention_heads,
+                                  kv_heads=spec.num_query_groups, ffn=spec.ffn_hidden_size, vocab=spec.vocab_size,
+                                  seq=spec.seq_length, micro_batch=mb_i, tp=tp_i, gated=int(spec.gated_mlp),
+                                  rope=int(spec.position_embedding == "rope"))
+                    idx = sorted(int(i) for i in layers)
+                    L = spec.num_layers
+                    for i in idx:
+                        if 1 <= i <= L:
+                            f, b = layers[str(i)][:2]
+                            out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("transformer", **common),
+                                                   i, float(f), float(b)))
+                    tail = [i for i in idx if i > L]
+                    if tail:
+                        f = sum(layers[str(i)][0] for i in tail)
+                        b = sum(layers[str(i)][1] for i in tail)
+                        out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("head", **common),
+                                               tail[-1], float(f), float(b)))
+    if not out:
+        raise InputError("holds no usable measurements", file=path, field="--sailor",
+                         fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
+    prec = sailor_precisions(out)
+    out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
+    fits = read_allreduce_fits(directory)
+    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits)) for r in out]
+
+
+def forward_tflops(r: SailorLayer) -> float:
+    """The FLOP rate a measured transformer layer achieved in its forward pass (attention scores counted in
+    full, as the unfused runs compute them)."""
+    ops = r.shape.ops()
+    flops = sum(o.flops() for o in ops) + sum(o.flops() for o in ops if o.kind == "attention")
+    return flops / r.fwd_s / 1e12
+
+
+def sailor_precisions(layers: list[SailorLayer]) -> dict[tuple, str]:
+    """The arithmetic each (model, GPU) run used, which the data does not record.
+
+    Rule: a run is FP32 when no transformer layer of it ever beat the GPU's FP32 (non-tensor-core) peak;
+    one that did must have used tensor cores (fp16). A run's precision is a fact of how it was launched,
+    like its micro-batch, so it is recovered once per run from the whole run and never fitted.
+    docs/cost-model-learned.md gives the evidence (the same project's fp16/fp32-labelled operator profiles)."""
+    best: dict[tuple, float] = {}
+    for r in layers:
+        if r.shape.kind == "transformer" and r.fwd_s > 0:
+            k = (r.model, r.gpu)
+            best[k] = max(best.get(k, 0.0), forward_tflops(r))
+    return {(r.model, r.gpu): ("fp32" if best.get((r.model, r.gpu), math.inf) <= SAILOR_FP32_TFLOPS[r.gpu] else "fp16")
+            for r in layers}
+
+
+def _sailor_config_key(r: SailorLayer) -> tuple:
+    return (r.model, r.gpu, r.shape.kind, r.shape.micro_batch, r.shape.tp)
+
+
+def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
+    """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
+    layers, so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal.
+
+    The output-head rows are left out: they do not measure the same thing in every model. GPT-Neo-2.7's last
+    entry is the final norm alone (0.3 ms on a GH200, 3-30 % of a logits GEMM's roofline), OPT-350's includes
+    the logits and the loss, LLAMA-3-8's is split over two entries. A learned head would be whichever model it
+    was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
+    groups: dict[tuple, list[SailorLayer]] = {}
+    for r in layers:
+        if r.shape.kind == "transformer":
+            groups.setdefault(_sailor_config_key(r), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        r0 = rs[0]
+        for phase in ("fwd", "bwd"):
+            t = statistics.median(getattr(r, f"{phase}_s") for r in rs)
+            if t <= 0:
+                continue
+            out.append(_sailor_sample(r0, phase, t, score_bwd_weight))
+    return out
+
+
+def read_allreduce_fits(directory: str) -> dict:
+    """Sailor's measured all-reduce bandwidth per GPU and group size (intra_node_bandwidths.json) from the data
+    directory, else from the packaged copy."""
+    path = os.path.join(directory, "intra_node_bandwidths.json")
+    if not os.path.isfile(path):
+        path = os.path.join(SAILOR_DATA, "intra_node_bandwidths.json")
+    return read_json_file(path, field="--sailor")
+
+
+def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
+    """Ring all-reduce time inside one node, the way Sailor prices it from its measurements
+    (sailor/profiling/profile_utils.py): 2(n-1) steps, each moving a chunk of nbytes/n at the bandwidth measured
+    for that chunk size, GB/s = a x^2 + b x + c with x = log2(megabytes), capped at the measured maximum.
+    `fits`: one GPU's entry, {group size: [[a, b, c], max bytes/s]}; the largest group stands in for bigger."""
+    if n <= 1 or nbytes <= 0 or not fits:
+        return 0.0
+    key = str(n) if str(n) in fits else max(fits, key=int)
+    (a, b, c), max_bps = fits[key]
+    chunk = nbytes / n
+    x = math.log2(max(chunk / 1e6, 1e-3))
+    bw = min(max_bps, max(1e9 * (a * x * x + b * x + c), 1e9))
+    return 2 * (n - 1) * chunk / bw
+
+
+def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
+    """The tensor-parallel all-reduces a measured layer contains, per pass (Megatron: two in the forward, two
+    in the backward, each of the layer's activations), which the compute roofline does not price."""
+    if r.shape.kind != "transformer" or r.shape.tp <= 1:
+        return 0.0
+    nbytes = r.shape.micro_batch * r.shape.seq * r.shape.hidden * r.dtype_bytes
+    return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
+
+
+def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0) -> Sample:
+    feats, prior = F.layer_row(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
+                               hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
+    label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
+    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, r.tp_comm_s)
+
+
+def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
+    count: dict[str, int] = {}
+    for r in layers:
+        count[r.device] = count.get(r.device, 0) + 1
+    first = {r.device: r for r in layers}
+    return {d: DeviceInfo(d, "layer", SAILOR_DTYPE_BYTES, first[d].peak_tflops, first[d].hbm_gbps, n, "sailor")
+            for d, n in count.items()}
+
+
+def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
+    """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
+    return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight) for r in layers
+            for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]

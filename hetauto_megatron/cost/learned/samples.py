@@ -1,0 +1,169 @@
+"""Measured rows the learned model trains and is judged on: `Sample` (one timed operator or layer pass),
+`DeviceInfo`, and the files `hetauto profile` writes (operators, and whole layers with `--layers`)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ...errors import InputError
+from .. import features as F
+
+
+MODEL_FORMAT = "hetauto-learned-cost/2"
+PROFILE_FORMAT = "hetauto-profile/1"
+MANIFEST = "manifest.json"
+BOOSTERS = ("op_fwd", "op_bwd", "layer_fwd", "layer_bwd")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training / validation row."""
+    granularity: str       # "op" | "layer"
+    phase: str             # "fwd" | "bwd"
+    device: str            # device type the measurement comes from
+    features: tuple
+    prior_s: float
+    measured_s: float
+    group: str             # rows sharing a group are held out together (one shape, or one model)
+    label: str             # for tables
+    known_s: float = 0.0   # part of measured_s another model prices (a layer's TP all-reduces): not learned
+
+    @property
+    def baseline_s(self) -> float:
+        """What the analytic side alone predicts: the roofline prior plus the known part."""
+        return self.prior_s + self.known_s
+
+    def learned_part_s(self) -> float:
+        """The measurement less its known part, kept >= a quarter of the measurement so that an over-estimated
+        known part cannot make it vanish."""
+        return max(self.measured_s - self.known_s, 0.25 * self.measured_s)
+
+    def calibration_key(self) -> str:
+        return calibration_key(self.device, self.granularity, self.phase, self.features)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the model knows of a device type: the figures its features were computed with."""
+    name: str
+    granularity: str
+    dtype_bytes: int
+    peak_tflops: float
+    hbm_gbps: float
+    rows: int
+    source: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---- profiles written by `hetauto profile` -------------------------------------------------------------------
+def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[dict]]:
+    """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line.
+    `header_only`: stop after the header (rows come back empty)."""
+    if not os.path.isfile(path):
+        raise InputError("profile file not found", file=path, fix="pass a file written by 'hetauto profile'")
+    header, rows = None, []
+    with open(path) as fh:
+        for no, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"line {no} is not JSON ({exc.msg})", file=path,
+                                 fix="pass a file written by 'hetauto profile' (a cut-off last line can be deleted)")
+            if header is None:
+                if not isinstance(rec, dict) or rec.get("format") != PROFILE_FORMAT:
+                    raise InputError(f"does not start with a '{PROFILE_FORMAT}' header line", file=path,
+                                     field="format", fix="pass a file written by 'hetauto profile'")
+                header = rec
+                if header_only:
+                    break
+            else:
+                rows.append(rec)
+    if header is None:
+        raise InputError("is empty", file=path, fix="run 'hetauto profile' to fill it")
+    return header, rows
+
+
+def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
+    header, rows = read_profile(path)
+    if header.get("granularity", "op") != "op":
+        raise InputError("holds whole-layer timings ('hetauto profile --layers'), not operators", file=path,
+                         field="granularity", fix="pass it to 'hetauto fit' together with the same device's operator "
+                                                  "profile, or to 'hetauto validate-cost-model --profile'")
+    try:
+        dev, db = str(header["device_type"]), int(header["dtype_bytes"])
+        peak, bw = float(header["peak_tflops"]), float(header["hbm_gbps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"header lacks or garbles {exc}", file=path, field="header",
+                         fix="re-run 'hetauto profile' to write a fresh file")
+    samples = []
+    for r in rows:
+        try:
+            op = F.Op.from_dict(r["op"])
+            # The 10th percentile, not the median: on a shared host the median also measures the neighbours
+            # (a preempted repetition takes a scheduler slice longer); on a dedicated accelerator both agree.
+            phases = {ph: float(r.get(f"{ph}_p10_s", r[f"{ph}_s"])) for ph in ("fwd", "bwd")}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
+                             fix="delete the row (profiling resumes and re-measures it)")
+        for phase, t in phases.items():
+            if t <= 0:
+                continue
+            feats, prior = F.op_row(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
+            samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}"))
+    info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path))
+    return info, samples
+
+
+# NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
+H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "h200")
+
+
+def calibration_key(device: str, granularity: str, phase: str, features) -> str:
+    """device|granularity|phase|operator or layer kind|element size."""
+    names = F.OP_FEATURES if granularity == "op" else F.LAYER_FEATURES
+    return f"{device}|{granularity}|{phase}|{int(features[0])}|{int(features[names.index('dtype_bytes')])}"
+
+
+# ---- whole layers measured by `hetauto profile --layers` ------------------------------------------------------
+@dataclass(frozen=True)
+class MeasuredLayer:
+    """One row of a layer file: a transformer layer as one TP rank ran it, forward and backward."""
+    model: str
+    shape: F.LayerShape
+    fwd_s: float
+    bwd_s: float
+
+
+def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
+    """(header, rows) of a file written by `hetauto profile --layers`."""
+    header, rows = read_profile(path)
+    if header.get("granularity") != "layer":
+        raise InputError("holds operator timings, not whole layers", file=path, field="granularity",
+                         fix="pass a file written by 'hetauto profile --layers'")
+    out = []
+    for r in rows:
+        try:
+            out.append(MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
+                                     float(r.get("fwd_p10_s", r["fwd_s"])), float(r.get("bwd_p10_s", r["bwd_s"]))))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
+                             fix="delete the row (profiling resumes and re-measures it)")
+    return header, out
+
+
+def profile_granularity(path: str) -> str:
+    """'op' or 'layer': what a file written by `hetauto profile` holds (its header says)."""
+    header, _ = read_profile(path, header_only=True)
+    return str(header.get("granularity", "op"))
+
+
+def mape(pred: list[float], meas: list[float]) -> float:
+    if not meas:
+        return float("nan")
+    return 100.0 * sum(abs(p - m) / m for p, m in zip(pred, meas)) / len(meas)
