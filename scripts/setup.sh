@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Creates (or reuses) the project's virtual environment and links it as .venv in the repo root.
+# Creates (or reuses) the project's environment: a shared environment with the heavy dependencies, and this
+# clone's own small .venv on top of it.
 #
-# The environment lives outside the clone, in ~/.cache/hetauto/venv-<hash of requirements.txt and the
-# Python version>, so every clone, CI run and later session with the same pins reuses it (a fresh install
-# takes about a minute; torch alone is several GB). Set HETAUTO_PYTHON to pick the interpreter and
-# HETAUTO_CACHE to move the cache.
+# The heavy dependencies (torch, megatron-core, deepspeed, ...) live outside the clone, in
+# ~/.cache/hetauto/venv-<hash of requirements.txt and the Python version>, so every clone, CI run and later
+# session with the same pins reuses them (a fresh install takes about a minute; torch alone is several GB).
+# This clone's code is installed (editable) into .venv in the repo root only: a small virtual environment
+# whose site-packages reaches the shared one's packages through a .pth file. Two clones therefore share the
+# dependencies but each .venv imports its own clone's code; .venv/bin has `hetauto` and the shared
+# environment's console scripts (torchrun, pytest, deepspeed, ...) running .venv's Python, so workers that
+# torchrun starts with sys.executable see this clone too. Takes a few seconds once the shared part exists.
+# Set HETAUTO_PYTHON to pick the interpreter and HETAUTO_CACHE to move the cache.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -32,10 +38,12 @@ fi
 
 # pip, quiet: its log is shown only when it fails (without the "Location ... is ignored" noise some machines'
 # pip configuration adds).
+# Usage: pip_install PYTHON ARGS...
 pip_install() {
-  local log rc=0
+  local python="$1" log rc=0
+  shift
   log="$(mktemp)"
-  "$venv/bin/python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  "$python" -m pip install -q "$@" >"$log" 2>&1 || rc=$?
   if [ "$rc" -ne 0 ]; then
     grep -v "^WARNING: Location 'file:" "$log" >&2 || true
     rm -f "$log"
@@ -47,19 +55,43 @@ pip_install() {
 
 key="$( (cat requirements.txt; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)"
 cache="${HETAUTO_CACHE:-$HOME/.cache/hetauto}"
-venv="$cache/venv-$key"
-if [ ! -f "$venv/.hetauto-complete" ]; then
-  echo "hetauto setup: creating $venv (first time only, about a minute)" >&2
-  rm -rf "$venv"
-  mkdir -p "$cache"
-  "$py" -m venv "$venv"
-  pip_install --upgrade pip setuptools wheel
+shared="$cache/venv-$key"
+mkdir -p "$cache"
+# One clone at a time builds the shared environment; the others wait for it instead of racing.
+exec 9>"$cache/.lock-$key"
+flock 9
+if [ ! -f "$shared/.hetauto-complete" ]; then
+  echo "hetauto setup: creating $shared (first time only, about a minute)" >&2
+  rm -rf "$shared"
+  "$py" -m venv "$shared"
+  pip_install "$shared/bin/python" --upgrade pip setuptools wheel
   # torch first: deepspeed's build step imports it; DS_BUILD_OPS=0 skips compiling kernels.
-  pip_install "$(grep '^torch==' requirements.txt)"
-  DS_BUILD_OPS=0 pip_install --no-build-isolation -r requirements.txt
-  touch "$venv/.hetauto-complete"
+  pip_install "$shared/bin/python" "$(grep '^torch==' requirements.txt)"
+  DS_BUILD_OPS=0 pip_install "$shared/bin/python" --no-build-isolation -r requirements.txt
+  touch "$shared/.hetauto-complete"
 fi
-# Editable install of this clone (cheap; re-run every time so the venv points at the current clone).
-pip_install --no-deps --no-build-isolation -e "$repo"
-ln -sfn "$venv" "$repo/.venv"
-echo "hetauto setup: ready ($repo/.venv -> $venv)" >&2
+flock -u 9
+
+# This clone's own environment, rebuilt every time (a second or two). Earlier versions of this script linked
+# .venv to the shared environment and installed the clone there, so the last clone set up won for every
+# clone: such a link is replaced.
+own="$repo/.venv"
+if [ -L "$own" ]; then rm -f "$own"; else rm -rf "$own"; fi
+"$py" -m venv --without-pip "$own"
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+# A path line in a .pth file is appended to sys.path after this site-packages, so this clone's own install
+# comes first. The shared environment's .pth files are not processed: a clone an older set-up installed
+# there stays invisible.
+site_of "$shared/bin/python" >"$(site_of "$own/bin/python")/_hetauto_shared_env.pth"
+# pip (from the shared environment) installs into .venv, the environment of the Python that runs it.
+pip_install "$own/bin/python" --no-deps --no-build-isolation -e "$repo"
+# The shared environment's console scripts, running .venv's Python (torchrun, pytest, deepspeed, ...).
+for script in "$shared"/bin/*; do
+  name="$(basename "$script")"
+  [ -e "$own/bin/$name" ] && continue
+  if [ "$(head -c 256 "$script" | tr -d '\0' | head -n 1)" = "#!$shared/bin/python" ]; then
+    { echo "#!$own/bin/python"; tail -n +2 "$script"; } >"$own/bin/$name"
+    chmod +x "$own/bin/$name"
+  fi
+done
+echo "hetauto setup: ready ($own; dependencies from $shared)" >&2
