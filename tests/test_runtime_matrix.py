@@ -1,75 +1,117 @@
 """Heterogeneous layouts on real Megatron-Core (CPU, gloo, forked ranks) against the single-process reference:
 losses and grad norms over 3 Adam steps must agree to 1e-5, and the byte counters must show which path the
-activations took."""
+data took.
+
+The layouts run the production settings of plan/settings.py (nothing here sets them): the distributed
+optimizer with the gradient reduce-scatter and the parameter all-gather overlapped, gradients reduced in
+fp32, sequence parallelism where TP > 1. The reference is one process with Megatron's plain optimizer. Every
+step's gradient norm is above the clipping threshold, so clipping binds and a wrong global norm changes the
+update. Each layout runs once per session (`report`); the tests read the shared reports.
+"""
 import pytest
 from helpers import mesh, run_hetauto
 
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.dryrun import run_dryrun
+from hetauto_megatron.runtime.gradients import TieBlock, owned_interval, tie_blocks
+from hetauto_megatron.runtime.train import CLIP_GRAD
 from hetauto_megatron.spec.model import PRESETS
 
 TINY = PRESETS["tiny"].to_dict()  # 8 layers, 4 heads, 2 key/value groups
+TIED = {**TINY, "tie_embeddings": True}
+STEPS = 3
 
 
 def plan(meshes, model=TINY, gbs=None):
     step = meshes[0]["dp"] * meshes[0]["micro_batch_size"]
-    return plan_from_dict({"version": 1, "model": model, "global_batch_size": gbs or 3 * step, "meshes": meshes})
+    return plan_from_dict({"version": 2, "model": model, "global_batch_size": gbs or 3 * step, "meshes": meshes})
 
 
 CASES = {
-    # (a) TP 2 -> 1, uneven layers, two clusters
-    "a_tp2_to_tp1_uneven": plan([mesh("a", 2, 1, 2, [2, 3]), mesh("b", 1, 1, 2, [3])]),
-    # (b) TP 1 -> 2
-    "b_tp1_to_tp2": plan([mesh("a", 1, 1, 2, [3]), mesh("b", 2, 1, 2, [5])]),
-    # (c) DP mismatch: tp1 dp2 -> tp2 dp1 (the smaller DP runs the larger micro-batch)
-    "c_dp2_to_dp1": plan([mesh("a", 1, 2, 1, [4]), mesh("b", 2, 1, 2, [4])]),
-    # (d) 3 meshes, 2 clusters, TP 4 -> 2 -> 1 (a model with 4 key/value groups so TP 4 is legal)
-    "d_three_meshes_tp4_2_1": plan([mesh("x", 4, 1, 2, [3]), mesh("x", 2, 1, 2, [3]), mesh("y", 1, 1, 2, [2])],
-                                   model={**TINY, "num_attention_heads": 8, "num_query_groups": 4}),
-    # (e) tied embeddings, first and last stage in different clusters with different TP and DP
-    "e_tied_across_clusters": plan([mesh("a", 2, 1, 2, [4]), mesh("b", 1, 2, 1, [4])],
-                                   model={**TINY, "tie_embeddings": True}),
-    # (f) an embedding-only first stage (zero transformer layers)
-    "f_zero_layer_first_stage": plan([mesh("a", 1, 1, 2, [0, 4]), mesh("b", 2, 1, 2, [4])]),
-    # full activation recomputation in one mesh (Megatron's checkpointing with the CPU RNG tracker)
-    "g_recompute_full": plan([{**mesh("a", 2, 1, 2, [4]), "recompute": "full"}, mesh("b", 1, 1, 2, [4])]),
-    # selective recomputation (the MLP, as the cost model prices it) in a TP 2 mesh, none in the other
-    "h_recompute_selective": plan([mesh("a", 1, 1, 2, [4]), {**mesh("b", 2, 1, 2, [4]), "recompute": "selective"}]),
+    # TP 2 -> 1, uneven layers, two clusters, full recomputation in the TP 2 mesh
+    "tp2_to_tp1_uneven": plan([{**mesh("a", 2, 1, 2, [2, 3]), "recompute": "full"}, mesh("b", 1, 1, 2, [3])]),
+    # TP 1 -> 2, selective recomputation (the MLP, as the cost model prices it) in the TP 2 mesh
+    "tp1_to_tp2": plan([mesh("a", 1, 1, 2, [3]), {**mesh("b", 2, 1, 2, [5]), "recompute": "selective"}]),
+    # DP 2 -> 1 (the smaller DP runs the larger micro-batch): the DP 2 mesh shards its optimizer
+    "dp2_to_dp1": plan([mesh("a", 1, 2, 1, [4]), mesh("b", 2, 1, 2, [4])]),
+    # 3 meshes in 2 clusters, TP 2 -> 4 across the clusters, then 4 -> 1 inside one
+    "three_meshes_tp2_4_1": plan([mesh("x", 2, 1, 2, [3]), mesh("y", 4, 1, 2, [3]), mesh("y", 1, 1, 2, [2])],
+                                 model={**TINY, "num_attention_heads": 8, "num_query_groups": 4}),
+    # tied embeddings, first and last stage in different clusters with different TP and DP: the last mesh's two
+    # DP ranks own different halves of the output layer after the reduce-scatter
+    "tied_across_clusters": plan([mesh("a", 2, 1, 2, [4]), mesh("b", 1, 2, 1, [4])], model=TIED),
+    # an embedding-only first stage (zero transformer layers), tied to a TP 2 last stage
+    "embedding_only_stage": plan([mesh("a", 1, 1, 2, [0, 4]), mesh("b", 2, 1, 2, [4])], model=TIED),
 }
+PLAIN = "tied_across_clusters"   # also run with --no-distributed-optimizer
+
+_reports = {}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_single_process(name):
-    p = CASES[name]
-    assert p.world_size <= 8
-    report = run_dryrun(p, steps=3, seed=7, tiny=True, reference=True, timeout_s=60)
-    assert "error" not in report, report.get("error")
-    assert len(report["steps"]) == 3
-    assert report["max_abs_diff"] <= 1e-5, report
-    # the model trains: something changed between steps, and norms are finite and positive
-    losses = [s["loss"] for s in report["steps"]]
-    assert len(set(losses)) == 3 and all(s["grad_norm"] > 0 for s in report["steps"])
+def report(name, distributed_optimizer=True):
+    key = (name, distributed_optimizer)
+    if key not in _reports:
+        p = CASES[name]
+        assert p.world_size <= 8
+        _reports[key] = run_dryrun(p, steps=STEPS, seed=7, tiny=True, reference=True, timeout_s=60,
+                                   distributed_optimizer=distributed_optimizer)
+    return _reports[key]
+
+
+@pytest.mark.parametrize("name,distributed_optimizer", [(n, True) for n in sorted(CASES)] + [(PLAIN, False)])
+def test_matches_single_process(name, distributed_optimizer):
+    p, r = CASES[name], report(name, distributed_optimizer)
+    assert "error" not in r, r.get("error")
+    assert len(r["steps"]) == STEPS
+    assert r["max_abs_diff"] <= 1e-5, r
+    # the model trains, and clipping binds at every step (the reference's own norm says so)
+    losses = [s["loss"] for s in r["steps"]]
+    assert len(set(losses)) == STEPS
+    assert all(s["grad_norm"] > CLIP_GRAD for s in r["reference"]), r["reference"]
     clusters = {m.cluster for m in p.meshes}
     if len(clusters) > 1:
-        assert report["bytes"]["inter_cluster"] > 0
+        assert r["bytes"]["inter_cluster"] > 0
     else:
-        assert report["bytes"]["inter_cluster"] == 0
+        assert r["bytes"]["inter_cluster"] == 0
+    # what ran is what the settings table says, per mesh
+    for m, ran in zip(p.meshes, r["settings"]):
+        want = m.settings.to_dict()
+        want.pop("sequence_parallel")   # the CPU dry run does not run sequence parallelism yet
+        if not distributed_optimizer:
+            want.update(distributed_optimizer=False, overlap_param_gather=False)
+        assert {k: ran[k] for k in want} == want, (m, ran)
+
+
+def boundary_bytes(p, r):
+    """Inter-cluster bytes of the activations and their gradients: once per micro-batch each way, fp32."""
+    tiny = r["model"]
+    per_micro = tiny["seq_length"] * p.samples_per_step * tiny["hidden_size"] * 4
+    crossings = sum(a.cluster != b.cluster for a, b in zip(p.meshes, p.meshes[1:]))
+    return 2 * per_micro * p.num_micro_batches * crossings * STEPS
 
 
 def test_inter_cluster_bytes_are_exactly_the_boundary_traffic():
-    # (a): one boundary a -> b. Per micro-batch the activation (seq, batch, hidden) crosses once forward and
-    # its gradient once backward, fp32: nothing else may take the inter-cluster path.
-    p = CASES["a_tp2_to_tp1_uneven"]
-    report = run_dryrun(p, steps=2, seed=1, tiny=True, reference=False, timeout_s=60)
-    tiny = report["model"]
-    per_micro = tiny["seq_length"] * p.samples_per_step * tiny["hidden_size"] * 4
-    assert report["bytes"]["inter_cluster"] == 2 * per_micro * p.num_micro_batches * 2
+    # one boundary a -> b and no tied weights: nothing else may take the inter-cluster path (in particular not
+    # the distributed optimizer's reduce-scatter or all-gather, which stay inside each mesh)
+    p = CASES["tp2_to_tp1_uneven"]
+    r = report("tp2_to_tp1_uneven")
+    assert r["bytes"]["inter_cluster"] == boundary_bytes(p, r)
+
+
+@pytest.mark.parametrize("distributed_optimizer", [True, False])
+def test_tied_embeddings_cross_once_each_way(distributed_optimizer):
+    # Shard to shard: every element of the tied table crosses the slow link once in each direction per step,
+    # whether the last mesh's two DP ranks own halves of it (distributed optimizer) or DP rank 0 owns it all.
+    p, r = CASES[PLAIN], report(PLAIN, distributed_optimizer)
+    tiny = r["model"]
+    table = tiny["vocab_size"] * tiny["hidden_size"] * 4
+    assert r["bytes"]["inter_cluster"] - boundary_bytes(p, r) == 2 * table * STEPS
 
 
 def test_same_cluster_meshes_stay_off_the_inter_cluster_path():
     p = plan([mesh("a", 2, 1, 2, [4]), mesh("a", 1, 1, 2, [4])])
-    report = run_dryrun(p, steps=1, seed=1, tiny=True, reference=False, timeout_s=60)
-    assert report["bytes"]["inter_cluster"] == 0 and report["bytes"]["intra_cluster"] > 0
+    r = run_dryrun(p, steps=1, seed=1, tiny=True, reference=False, timeout_s=60)
+    assert r["bytes"]["inter_cluster"] == 0 and r["bytes"]["intra_cluster"] > 0
 
 
 def test_cli_dryrun_json_on_the_example_plan():
@@ -79,8 +121,29 @@ def test_cli_dryrun_json_on_the_example_plan():
     out = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--reference",
                       "--json")
     assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    assert set(report) >= {"steps", "reference", "max_abs_diff", "bytes"}
-    assert len(report["steps"]) == 3 and set(report["steps"][0]) == {"loss", "grad_norm"}
-    assert report["max_abs_diff"] <= 1e-5
-    assert report["bytes"]["inter_cluster"] > 0 and report["bytes"]["intra_cluster"] > 0
+    r = json.loads(out.stdout)
+    assert set(r) >= {"steps", "reference", "max_abs_diff", "bytes", "settings"}
+    assert len(r["steps"]) == 3 and set(r["steps"][0]) == {"loss", "grad_norm"}
+    assert r["max_abs_diff"] <= 1e-5
+    assert r["bytes"]["inter_cluster"] > 0 and r["bytes"]["intra_cluster"] > 0
+    assert [(s["cluster"], s["distributed_optimizer"], s["overlap_grad_reduce"]) for s in r["settings"]] == \
+        [("cluster-a", True, True), ("cluster-b", True, True)]
+
+
+# ---- the pure parts of the tied-embedding exchange ---------------------------------------------------------------
+
+def test_owned_interval_follows_megatrons_bucket_shards():
+    # a 10-element parameter at [4, 14) of a 16-element bucket, DP 2: rank 0 owns [0, 8) of the bucket
+    assert owned_interval(4, 14, 16, 2, 0) == (0, 4)
+    assert owned_interval(4, 14, 16, 2, 1) == (4, 10)
+    assert owned_interval(0, 4, 16, 2, 1) == (0, 0)     # the rank's shard misses the parameter
+
+
+def test_tie_blocks_pair_each_element_once():
+    # first stage: TP 2 (ranks 0, 1) own halves of a 12-element table; last stage: DP 3 shards of 5, 4, 3
+    blocks = tie_blocks([(0, 0, 6), (1, 6, 12)], [(4, 0, 5), (5, 5, 9), (6, 9, 12), (7, 0, 0)])
+    assert blocks == [TieBlock(0, 4, 0, 5), TieBlock(0, 5, 5, 6), TieBlock(1, 5, 6, 9), TieBlock(1, 6, 9, 12)]
+    with pytest.raises(ValueError, match="differ in size"):
+        tie_blocks([(0, 0, 6)], [(1, 0, 8)])
+    with pytest.raises(ValueError, match="partition"):
+        tie_blocks([(0, 0, 6), (1, 5, 12)], [(2, 0, 12)])

@@ -13,9 +13,14 @@ Run a plan's real Megatron-Core layout on this machine before booking the cluste
 One local process per device of the plan (CPU, gloo, whatever the plan's device types): every mesh gets its
 own TP/DP groups and layer counts, activations cross meshes through hetauto's pipeline communicator (host-
 staged, as between real clusters), and the model trains a few steps with Megatron's DDP, Adam with gradient
-clipping and the 1F1B schedule on deterministic synthetic tokens. Per step it prints the loss and the global
-gradient norm, and the bytes that crossed inside clusters and between clusters; then the measured iteration
+clipping and the 1F1B schedule on deterministic synthetic tokens. Each mesh runs the plan's runtime settings,
+as the launch scripts do: by default the distributed optimizer with the gradient reduce-scatter and the
+parameter all-gather overlapped, gradients reduced in fp32, sequence parallelism where TP > 1 (a plan may
+override them per mesh). Per step it prints the loss and the global gradient norm, and the bytes that
+crossed inside clusters and between clusters; then the settings each mesh ran with and the measured iteration
 time (median over the steps after the first, on the slowest rank; the reference run is not timed in it).
+
+--no-distributed-optimizer runs every mesh with the plain optimizer instead, to compare.
 
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:
@@ -40,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1234, help="seed of weights and data (default 1234)")
     parser.add_argument("--reference", action="store_true",
                         help="also run the model in one process and compare (exit 1 if they differ > 1e-5)")
+    parser.add_argument("--no-distributed-optimizer", dest="distributed_optimizer", action="store_false",
+                        help="every mesh with Megatron's plain optimizer (replicated Adam state, gradients "
+                             "all-reduced) instead of the plan's distributed optimizer, to compare")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds any rank may wait for a peer before failing (default 120)")
@@ -60,13 +68,13 @@ def run(args) -> int:
     from ..runtime.dryrun import run_dryrun
 
     report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
-                        timeout_s=args.timeout)
+                        timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer)
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "step_times_s",
-                                                 "iteration_s", "seconds", "model", "cores")
+        print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
+                                                 "step_times_s", "iteration_s", "seconds", "model", "cores")
                           if k in report}))
     else:
         _print_table(report, plan)
@@ -94,6 +102,11 @@ def _print_table(report: dict, plan) -> None:
         print(line)
     b = report["bytes"]
     print(f"bytes sent: intra-cluster {b['intra_cluster']:,}, inter-cluster {b['inter_cluster']:,}")
+    for i, s in enumerate(report["settings"]):
+        on = [k for k in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+              if s[k]]
+        print(f"mesh {i} ({s['cluster']}, tp {s['tp']} x dp {s['dp']}): {', '.join(on) or 'no sharding or overlap'}; "
+              f"gradients reduced in {s['grad_reduce_dtype']}")
     if ref:
         ok = report["max_abs_diff"] <= TOLERANCE
         print(f"max |difference| vs single process: {report['max_abs_diff']:.3g} "

@@ -349,7 +349,8 @@ def _install_gradient_rules(state: _State) -> None:
     @functools.wraps(original)
     def setup_model_and_optimizer(*a, **kw):
         model, optimizer, scheduler = original(*a, **kw)
-        get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(state.context)
+        get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(
+            state.context, state.communicator.bytes_sent)
         if optimizer is not None:
             gradients.count_grad_norm_once(optimizer, state.context)
         return model, optimizer, scheduler

@@ -6,23 +6,32 @@ import statistics
 import time
 
 
-def prepare_plan(plan, *, tiny: bool):
-    """The plan the dry run executes: the same layout, the model shrunk when `tiny`."""
+def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
+    """The plan the dry run executes: the same layout, the model shrunk when `tiny`; with
+    `distributed_optimizer=False` every mesh runs the plain optimizer (and so no parameter all-gather to
+    overlap), to compare with the production settings."""
     from .model import shrink_model
 
+    if not distributed_optimizer:
+        off = {"distributed_optimizer": False, "overlap_param_gather": False}
+        plan = dataclasses.replace(plan, meshes=tuple(
+            dataclasses.replace(m, setting_overrides={**dict(m.setting_overrides), **off}) for m in plan.meshes))
     return dataclasses.replace(plan, model=shrink_model(plan.model, plan)) if tiny else plan
 
 
-def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0) -> dict:
+def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0,
+               distributed_optimizer: bool = True) -> dict:
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
     Returns {"model", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
-    "bytes": {"intra_cluster", "inter_cluster"}, "cores", "seconds"} plus "reference" and "max_abs_diff" when
+    "bytes": {"intra_cluster", "inter_cluster"}, "settings", "cores", "seconds"} plus "reference" and
+    "max_abs_diff" when
     `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
     rank; "iteration_s" their median over the steps after the first (the first pays for allocation and
     warm-up), or the first step's time when there is only one. "model" is the shape the ranks ran (the shrunk
     one under `tiny`), "cores" the CPU cores the ranks shared: what a prediction of the measured time must use
-    (`hetauto validate-cost-model --dryrun`).
+    (`hetauto validate-cost-model --dryrun`). "settings" lists per mesh {"cluster", "tp", "dp", and the runtime
+    settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}.
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
@@ -31,7 +40,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     from .launcher import LaunchError, launch
     from .train import reference_plan, train_rank
 
-    run_plan = prepare_plan(plan, tiny=tiny)
+    run_plan = prepare_plan(plan, tiny=tiny, distributed_optimizer=distributed_optimizer)
     launch_timeout = timeout_s * 4 + 60 * steps
     try:
         results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s),
@@ -47,6 +56,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         "model": run_plan.model.to_dict(),
         "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
         "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
+        "settings": mesh_settings(run_plan, results),
         "cores": usable_cores(),
     }
     step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
@@ -58,6 +68,18 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                                      for a, b in zip(report["steps"], report["reference"]))
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def mesh_settings(plan, results) -> list[dict]:
+    """Per mesh, the settings its ranks ran with (they are the same on every rank of a mesh: asserted)."""
+    out = []
+    for i, m in enumerate(plan.meshes):
+        start = plan.rank_offset(i)
+        ran = [results[r]["settings"] for r in range(start, start + m.num_devices)]
+        if any(s != ran[0] for s in ran):
+            raise AssertionError(f"mesh {i} ({m.cluster}): its ranks ran with different settings: {ran}")
+        out.append({"cluster": m.cluster, "tp": m.tp, "dp": m.dp, **ran[0]})
+    return out
 
 
 def preload_megatron() -> None:

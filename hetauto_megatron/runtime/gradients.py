@@ -1,19 +1,29 @@
 """Gradient rules that keep a heterogeneous pipeline numerically equal to one process running the model.
 
 1. Parameter gradients are reduced over DP inside each mesh: Megatron's DDP / finalize_model_grads on the
-   mesh's own DP group (`ctx.pg.dp`).
+   mesh's own DP group (`ctx.pg.dp`): an all-reduce with the plain optimizer, a reduce-scatter with the
+   distributed optimizer (then each DP rank holds the reduced gradient of its own shard only).
 2. Loss normalisation. Every replica of a mesh with DP degree k averages its loss over its own samples and DDP
    averages over the k replicas, so inside that mesh an activation gradient is k times the gradient of the
    global mean loss. Where an activation crosses from a mesh with DP k_src to one with DP k_dst, its
    gradient going back is therefore rescaled by k_src / k_dst (`activation_grad_scale`). Equal DP: 1.
 3. Tied input/output embeddings whose first and last stage sit in different meshes (possibly different TP
-   sizes, possibly different clusters): both sides gather their TP shards to the full matrix, the two full
-   gradients are summed over the tie group (gloo, host-staged), and each rank takes back its own shard.
+   and DP, possibly different clusters) are summed shard to shard. In the coordinates of the whole
+   (padded vocabulary x hidden) table, flattened row-major, every rank of each side owns one interval: with
+   the distributed optimizer the part of its TP shard its DP rank owns after the reduce-scatter, with the
+   plain optimizer the whole TP shard on DP rank 0 (the other replicas hold copies). The owners of one side
+   partition the table, so each element is sent once in each direction between the two ranks that own it
+   (`tie_blocks`); nothing goes around a ring and no rank sends zeros. With the plain optimizer DP rank 0
+   then broadcasts the sum to its replicas inside its mesh.
 4. The global gradient norm counts each parameter once: Megatron already skips TP duplicates and the tied
-   output copy; across meshes with different DP degrees only DP rank 0 of each mesh contributes, and the sum
-   runs over all ranks (`count_grad_norm_once`). Clipping then uses the same global norm everywhere.
+   output copy; with the distributed optimizer every DP rank contributes the shard it owns, with the plain
+   one only DP rank 0 of each mesh (the replicas hold copies); the sum runs over all ranks
+   (`count_grad_norm_once`). Clipping then uses the same global norm everywhere.
 """
 from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
 
 
 def activation_grad_scale(src_mesh, dst_mesh) -> float:
@@ -21,16 +31,68 @@ def activation_grad_scale(src_mesh, dst_mesh) -> float:
     return src_mesh.dp / dst_mesh.dp
 
 
+# ---- pure: who owns what of the tied table, who sends what to whom ------------------------------------------
+
+def owned_interval(param_start: int, param_end: int, bucket_numel: int, dp_size: int, dp_rank: int) -> tuple[int, int]:
+    """The part [lo, hi) of a parameter (in its own flattened coordinates) whose reduced gradient DP rank
+    `dp_rank` holds after Megatron's reduce-scatter: the parameter sits at [param_start, param_end) of a
+    bucket of `bucket_numel` elements, and rank r gets the r-th of `dp_size` equal pieces of the bucket.
+    Empty (lo == hi) when the rank's piece misses the parameter."""
+    shard = bucket_numel // dp_size
+    lo, hi = max(param_start, dp_rank * shard), min(param_end, (dp_rank + 1) * shard)
+    return (lo - param_start, hi - param_start) if lo < hi else (0, 0)
+
+
+@dataclass(frozen=True)
+class TieBlock:
+    """Elements [start, stop) of the flattened whole table: owned by `first` on the first stage and `last` on
+    the last stage (global ranks); each sends its values to the other."""
+    first: int
+    last: int
+    start: int
+    stop: int
+
+
+def tie_blocks(first_owners, last_owners) -> list[TieBlock]:
+    """Pair the two sides' owners. `*_owners` are (global rank, start, stop) intervals of the flattened table;
+    each side's non-empty intervals must partition the same table. Deterministic order (by start)."""
+    first = sorted((s, e, r) for r, s, e in first_owners if s < e)
+    last = sorted((s, e, r) for r, s, e in last_owners if s < e)
+    for name, side in (("first", first), ("last", last)):
+        covered = 0
+        for s, e, _ in side:
+            if s != covered:
+                raise ValueError(f"the {name} stage's owners do not partition the table (gap or overlap at {covered})")
+            covered = e
+    if first[-1][1] != last[-1][1]:
+        raise ValueError(f"the tied tables differ in size: {first[-1][1]} vs {last[-1][1]} elements")
+    out, i, j = [], 0, 0
+    while i < len(first) and j < len(last):
+        lo, hi = max(first[i][0], last[j][0]), min(first[i][1], last[j][1])
+        if lo < hi:
+            out.append(TieBlock(first[i][2], last[j][2], lo, hi))
+        if first[i][1] <= last[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+# ---- the finalize function Megatron calls after the backward pass ----------------------------------------------
+
 def make_finalize_model_grads(ctx, counter: dict | None = None):
     """A drop-in for `config.finalize_model_grads_func`: Megatron's finalize_model_grads with this rank's
     groups, then the cross-stage tied-embedding reduction. `counter` (e.g. a communicator's `bytes_sent`)
     receives the bytes the tie reduction sends."""
     from megatron.core.distributed import finalize_model_grads
 
+    tie = TiedEmbeddingExchange(ctx, counter) if ctx.tie_group is not None else None
+
     def finalize(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
         finalize_model_grads(model, num_tokens, pg_collection=pg_collection or ctx.pg,
                              force_all_reduce=force_all_reduce)
-        reduce_tied_embeddings(model, ctx, counter)
+        if tie is not None:
+            tie.reduce(model)
 
     return finalize
 
@@ -45,44 +107,102 @@ def _tied_weight(model_chunks, ctx):
     return module.output_layer.weight
 
 
-def reduce_tied_embeddings(model_chunks, ctx, counter: dict | None = None) -> None:
-    """Sum the word-embedding gradient of the first stage and the output-layer gradient of the last stage."""
-    import torch
-    import torch.distributed as dist
+def _sharded_ownership(chunk, weight):
+    """(lo, hi) of `weight` whose reduced gradient this rank holds when `chunk` is a Megatron DDP with the
+    distributed optimizer; None when every DP replica holds the whole reduced gradient."""
+    if not getattr(getattr(chunk, "ddp_config", None), "use_distributed_optimizer", False):
+        return None
+    group = chunk.param_to_bucket_group[weight]
+    bucket = next(b for b in group.buckets if weight in b.params)
+    start, end = bucket.param_to_index[weight]
+    return owned_interval(start, end, bucket.grad_data.numel(), group.intra_distributed_optimizer_instance_size,
+                          group.intra_distributed_optimizer_instance_rank)
 
-    if ctx.tie_group is None:
-        return
-    weight = _tied_weight(model_chunks, ctx)
-    grad = getattr(weight, "main_grad", None)
-    if grad is None:
-        grad = weight.grad
-    tp, tp_rank = ctx.mesh.tp, ctx.coords.tp_rank
-    if tp > 1:
-        shards = [torch.empty_like(grad) for _ in range(tp)]
-        dist.all_gather(shards, grad.contiguous(), group=ctx.pg.tp)
-        full = torch.cat(shards, dim=0)
-    else:
-        full = grad
-    # One contribution per side (its TP rank 0 of DP replica 0); everyone else adds zeros, which is exact.
-    leader = tp_rank == 0 and ctx.coords.dp_rank == 0
-    staged = full.detach().to("cpu", copy=True) if leader else torch.zeros(full.shape, dtype=full.dtype)
-    dist.all_reduce(staged, group=ctx.tie_group)
-    rows = staged.shape[0] // tp
-    grad.copy_(staged[tp_rank * rows:(tp_rank + 1) * rows].to(grad.device))
-    if counter is not None and leader:
+
+class TiedEmbeddingExchange:
+    """Sums the word-embedding gradient of the first stage and the output-layer gradient of the last stage,
+    shard to shard (rule 3 of the module docstring). The owners' intervals are exchanged once, on the first
+    call (a few bytes per rank over the tie group, not counted); every later step only moves gradient blocks."""
+
+    def __init__(self, ctx, counter: dict | None = None):
+        self.ctx, self.counter = ctx, counter
         first, last = ctx.plan.meshes[0], ctx.plan.meshes[-1]
-        key = "inter_cluster" if first.cluster != last.cluster else "intra_cluster"
-        counter[key] = counter.get(key, 0) + staged.numel() * staged.element_size()
+        self.key = "inter_cluster" if first.cluster != last.cluster else "intra_cluster"
+        self.timeout = datetime.timedelta(seconds=ctx.timeout_s)
+        self.blocks = None
+        self.local = None      # this rank's (lo, hi) in its own flattened shard, or None when it owns nothing
+        self.sharded = False
+
+    def _plan_blocks(self, chunk, weight):
+        import torch
+        import torch.distributed as dist
+
+        c = self.ctx.coords
+        owned = _sharded_ownership(chunk, weight)
+        self.sharded = owned is not None
+        if owned is None:
+            owned = (0, weight.numel()) if c.dp_rank == 0 else (0, 0)
+        base = c.tp_rank * weight.numel()     # TP shards are equal row blocks of the (padded) table
+        mine = torch.tensor([c.rank, int(self.ctx.is_first_stage), base + owned[0], base + owned[1]],
+                            dtype=torch.int64)
+        size = dist.get_world_size(self.ctx.tie_group)
+        rows = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(rows, mine, group=self.ctx.tie_group)
+        owners = [r.tolist() for r in rows]
+        self.blocks = tie_blocks([(r, s, e) for r, f, s, e in owners if f], [(r, s, e) for r, f, s, e in owners if not f])
+        self.local = (base, owned) if owned[0] < owned[1] else None
+
+    def reduce(self, model_chunks) -> None:
+        import torch
+        import torch.distributed as dist
+
+        weight = _tied_weight(model_chunks, self.ctx)
+        grad = getattr(weight, "main_grad", None)
+        if grad is None:
+            grad = weight.grad
+        if self.blocks is None:
+            self._plan_blocks(model_chunks[0], weight)
+        me, first = self.ctx.coords.rank, self.ctx.is_first_stage
+        flat = grad.view(-1)
+        works, received = [], []
+        if self.local is not None:
+            base = self.local[0]
+            for k, b in enumerate(self.blocks):
+                mine, peer = (b.first, b.last) if first else (b.last, b.first)
+                if mine != me:
+                    continue
+                view = flat[b.start - base:b.stop - base]
+                out = view.detach().to("cpu", copy=True)
+                inbox = torch.empty_like(out)
+                # tags: even = first -> last, odd = last -> first, so both directions of a block never mix
+                works.append(dist.isend(out, peer, group=self.ctx.tie_group, tag=2 * k + (0 if first else 1)))
+                works.append(dist.irecv(inbox, peer, group=self.ctx.tie_group, tag=2 * k + (1 if first else 0)))
+                received.append((view, inbox))
+                if self.counter is not None:
+                    self.counter[self.key] = self.counter.get(self.key, 0) + out.numel() * out.element_size()
+        for work in works:
+            if work.wait(self.timeout) is False:
+                raise TimeoutError(f"rank {me}: the tied-embedding exchange timed out after "
+                                   f"{self.timeout.total_seconds():.0f}s")
+        with torch.no_grad():
+            for view, inbox in received:
+                view.add_(inbox.to(view.device))
+        if not self.sharded and self.ctx.mesh.dp > 1:
+            # plain optimizer: every replica must step with the summed gradient; DP rank 0 received it
+            dist.broadcast(grad, src=dist.get_global_rank(self.ctx.pg.dp, 0), group=self.ctx.pg.dp)
 
 
 def count_grad_norm_once(optimizer, ctx) -> None:
     """Make Megatron's optimizer compute the global grad norm over every mesh, counting each parameter once.
 
-    Sets the optimizer's gradient-statistics group to all ranks and lets only DP rank 0 of each mesh
-    contribute (the other replicas hold identical, already-reduced gradients).
+    Sets the optimizer's gradient-statistics group to all ranks. With the distributed optimizer every DP rank
+    contributes the shard it owns (the shards of a mesh partition its parameters); with the plain optimizer
+    only DP rank 0 of each mesh contributes (the other replicas hold identical, already-reduced gradients).
     """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
     subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     for sub in subs:
         sub.grad_stats_parallel_group = ctx.world_gloo
-        if ctx.coords.dp_rank != 0:
+        if ctx.coords.dp_rank != 0 and not isinstance(sub, DistributedOptimizer):
             sub.get_grads_for_grad_norm = lambda *args, **kwargs: []

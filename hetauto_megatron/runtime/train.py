@@ -1,9 +1,11 @@
 """The dry-run training loop: a plan's real Megatron-Core layout trained for a few steps on synthetic tokens.
 
 Per rank: groups from the plan, the rank's GPTModel stage, Megatron's DDP (on the mesh's DP group), Megatron's
-optimizer (Adam + gradient clipping), Megatron's 1F1B schedule with `HeteroP2PCommunicator`. The same code with
-`reference_plan(plan)` (one process, whole model, the whole micro-batch step in one micro-batch) is the
-single-device reference the heterogeneous run must match.
+optimizer (Adam + gradient clipping), Megatron's 1F1B schedule with `HeteroP2PCommunicator`. DDP and optimizer
+are configured from the mesh's runtime settings (plan/settings.py; by default the distributed optimizer with
+the gradient reduce-scatter and the parameter all-gather overlapped, as production Megatron jobs run). The same
+code with `reference_plan(plan)` (one process, whole model, the whole micro-batch step in one micro-batch,
+plain optimizer) is the single-device reference the heterogeneous run must match.
 
 Data: for optimizer step s and micro-batch m, the step's samples are drawn from a generator seeded by
 (seed, s, m); a DP replica takes its contiguous share. Every layout therefore sees the same samples.
@@ -21,9 +23,12 @@ CLIP_GRAD = 1.0
 
 
 def reference_plan(plan: Plan) -> Plan:
-    """The same model, batch and micro-batch count on one CPU process (tp 1, dp 1, one stage)."""
+    """The same model, batch and micro-batch count on one CPU process (tp 1, dp 1, one stage), with the plain
+    optimizer and no overlap: the simplest way Megatron trains the model, not the code path under test."""
     mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=plan.samples_per_step,
-                recompute="none", stage_layers=(plan.model.num_layers,))
+                recompute="none", stage_layers=(plan.model.num_layers,),
+                setting_overrides={"distributed_optimizer": False, "overlap_grad_reduce": False,
+                                   "overlap_param_gather": False})
     return dataclasses.replace(plan, meshes=(mesh,), inventory=None, estimate=None)
 
 
@@ -35,10 +40,20 @@ def step_tokens(spec, *, seed: int, step: int, micro: int, batch: int):
     return torch.randint(0, spec.vocab_size, (batch, spec.seq_length + 1), generator=g)
 
 
+def ddp_settings(settings) -> dict:
+    """Megatron's DistributedDataParallelConfig fields for a mesh's runtime settings (plan/settings.py), spelled
+    as Megatron-LM's `get_megatron_ddp_config` derives them from the command line."""
+    return dict(use_distributed_optimizer=settings.distributed_optimizer,
+                overlap_grad_reduce=settings.overlap_grad_reduce,
+                overlap_param_gather=settings.overlap_param_gather,
+                grad_reduce_in_fp32=settings.grad_reduce_dtype == "fp32")
+
+
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
                dry_run: bool = True) -> dict:
     """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
-    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times"}; losses and norms are global."""
+    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times", "settings"}; losses and norms are global,
+    "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -57,15 +72,20 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
     config = transformer_config(plan, ctx, spec)
     model = build_model(ctx, spec, config, seed=seed)
+    settings = mesh.settings
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
-                                  ddp_config=DistributedDataParallelConfig(overlap_grad_reduce=False,
-                                                                           use_distributed_optimizer=False))
+                                  ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
     config.no_sync_func = ddp.no_sync
+    if settings.overlap_grad_reduce:
+        # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
+        # gradient reductions in the pipeline bubble.
+        config.grad_sync_func = ddp.start_grad_sync
     config.finalize_model_grads_func = make_finalize_model_grads(ctx, comm.bytes_sent)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
-                                                 params_dtype=torch.float32), [ddp], pg_collection=ctx.pg,
-                                 use_gloo_process_groups=False)
+                                                 params_dtype=torch.float32,
+                                                 use_distributed_optimizer=settings.distributed_optimizer),
+                                 [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
     count_grad_norm_once(opt, ctx)
 
     seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, plan.samples_per_step
@@ -108,4 +128,16 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         norms.append(float(grad_norm))
     dist.barrier(group=ctx.world_gloo)
     dist.destroy_process_group()
-    return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times}
+    return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
+            "settings": settings_that_ran(config, ddp.ddp_config, opt)}
+
+
+def settings_that_ran(config, ddp_config, optimizer) -> dict:
+    """The runtime settings (plan/settings.py keys) read back from the objects Megatron built, so a report
+    says what ran rather than what was asked for."""
+    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return {"sequence_parallel": bool(config.sequence_parallel),
+            "distributed_optimizer": all(s.config.use_distributed_optimizer for s in subs),
+            "overlap_grad_reduce": bool(ddp_config.overlap_grad_reduce),
+            "overlap_param_gather": bool(ddp_config.overlap_param_gather),
+            "grad_reduce_dtype": "fp32" if ddp_config.grad_reduce_in_fp32 else "param"}
