@@ -18,6 +18,8 @@ from .errors import InfeasibleError, InputError
 COMMANDS = [
     ("plan", "plan", "search the best heterogeneous plan for a model on a device inventory"),
     ("simulate", "simulate", "predict time, throughput and memory of a plan or a homogeneous layout"),
+    ("explain", "explain", "why this plan: bottleneck, memory headroom, runners-up, what-if sensitivity"),
+    ("compare", "compare", "plans side by side: throughput, memory, clusters, cross-cluster bytes, $/1M tokens"),
     ("emit", "emit", "write Megatron arguments / launch commands or DeepSpeed configs for a plan"),
     ("dryrun", "dryrun", "run a plan's real Megatron-Core layout on local CPU processes and check its loss"),
     ("demo", "demo", "the end-to-end tour: plan a LLaMA job on example clusters, then dry-run it"),
@@ -31,7 +33,9 @@ COMMANDS = [
 EPILOG = """\
 typical flow:
   hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
-  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml
+  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml \
+      --timeline plan.png
+  hetauto explain --plan plan.yaml
   hetauto emit megatron --plan plan.yaml -o launch/
   hetauto dryrun --plan plan.yaml --tiny --reference
 

@@ -32,7 +32,7 @@ def test_with_estimate():
     assert "memory GiB" in lines[1] and "util" in lines[1]
     assert "50.2 / 80" in lines[3] and "90%" in lines[3] and "0.500" in lines[3]
     assert "50.2 / 192" in lines[3 + 22]            # MI300X capacity from the plan's inventory
-    assert lines[3 + 3].split()[-5:] == ["-", "8.000", "-", "-", "-"]
+    assert lines[3 + 3].split()[-6:] == ["-", "8.000", "-", "-", "-", "-"]   # compute busy bubble link mem util
     assert "419,430 tokens/s" in lines[-1] and "fits in memory: yes" in lines[-1]
 
 

@@ -11,6 +11,12 @@ def add_model_inventory_args(parser) -> None:
     parser.add_argument("--cost-model", metavar="DIR",
                         help="a learned cost model from 'hetauto fit' (default: the analytic model); device types "
                              "it has no data for fall back to the analytic model")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="what-if: override the inventory without editing it (repeatable): "
+                             "link.A-B.bandwidth_gbps, link.A-B.latency_ms, cluster.NAME.nodes, "
+                             "cluster.NAME.devices_per_node, cluster.NAME.memory_gib, cluster.NAME.peak_tflops, "
+                             "cluster.NAME.inter_node.bandwidth_gbps, ... (docs/explain.md); e.g. "
+                             "--set link.h800-ascend.bandwidth_gbps=100 --set cluster.ascend.nodes=8")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -19,8 +25,9 @@ def load_inputs(args):
     from ..errors import InputError
     from ..spec.inventory import load_inventory
     from ..spec.model import load_model
+    from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length")
     model = load_model(args.model, seq_length=args.seq_length)
-    inventory = load_inventory(args.inventory)
+    inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     return model, inventory, load_cost_model(args.cost_model)

@@ -27,7 +27,9 @@ examples:
   hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
   hetauto plan --model config.json --inventory inv.yaml --global-batch-size 1024 --seq-length 4096 --json
   hetauto plan --model llama2-7b --inventory inv.yaml --search exhaustive      # small instances only
-  hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/"""
+  hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/
+  hetauto plan --model llama2-70b --inventory inv.yaml --explain       # why this plan, runners-up, what-if
+  hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if"""
 
 
 def add_arguments(parser) -> None:
@@ -44,6 +46,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--explain", action="store_true",
+                        help="also explain the plan: bottleneck, memory headroom, runners-up, sensitivity "
+                             "('hetauto explain --help')")
 
 
 def run(args) -> int:
@@ -69,13 +74,21 @@ def run(args) -> int:
         written.append(args.output)
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
+    explained = None
+    if args.explain:
+        from .explain import explain_report
+        explained = explain_report(plan, inventory, cost_model, search_result=result, seed=args.seed)
     if args.json:
-        print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written}, indent=2))
+        print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written,
+                          **({"explain": explained} if explained else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
           + (" (cut by --budget-s)" if result.cut_by_budget else ""))
+    if explained:
+        from .explain import format_report
+        print("\n" + format_report(explained))
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0

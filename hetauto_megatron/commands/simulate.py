@@ -42,16 +42,22 @@ def run(args) -> int:
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
-        if any(x is not None for x in layout):
-            raise InputError("give either --plan or a layout (--tp/--pp/--dp/...), not both", field="--plan")
+        if any(x is not None for x in layout[:4]):
+            raise InputError("give either --plan or a layout (--tp/--pp/--dp/--micro-batch-size), not both",
+                             field="--plan", fix="with --plan only --global-batch-size and --seq-length may change")
         plan = load_plan(args.plan)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
                              f"hidden {model.hidden_size})", file=args.plan, field="model",
                              fix="pass the plan's model to --model")
-        if args.seq_length:
-            plan = Plan(model, plan.global_batch_size, plan.meshes, plan.inventory)
+        if args.seq_length or args.global_batch_size:
+            gbs = args.global_batch_size or plan.global_batch_size
+            try:
+                plan = Plan(model, gbs, plan.meshes, plan.inventory)
+            except InputError as exc:   # what-if batch that the plan's micro-batch step does not divide
+                raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
+                                 fix=exc.fix) from None
     else:
         names = ["--tp", "--pp", "--dp", "--micro-batch-size", "--global-batch-size"]
         missing = [n for n, v in zip(names, layout) if v is None]

@@ -2,12 +2,16 @@
 
 Layout columns come from the plan alone. Time, memory and utilisation columns come from an estimate dict
 (the simulator's result, or the `estimate` block a plan file carries):
-    {"stages": [{"compute_s", "busy_s", "bubble_s", "memory_gib", "utilisation"}, ...one per stage],
-     "iteration_time_s", "tokens_per_s", "tflops_per_device", "fits"}
+    {"stages": [{"compute_s", "busy_s", "bubble_s", "send_next_s", "memory_gib", "utilisation"}, ...one per
+     stage], "iteration_time_s", "tokens_per_s", "tflops_per_device", "fits"}
+"link s" is one micro-batch's activation crossing from the stage to the next (the same again for its gradient
+coming back). The bottleneck (plan/explain.py: the largest of the slowest stage's compute, the bubble, the
+exposed link time, DP sync and the optimizer) is marked on its stage or boundary and named under the table.
 Missing keys print as "-"; without an estimate only the layout is shown.
 """
 from __future__ import annotations
 
+from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
 from ..spec.devices import get_device
 
@@ -43,8 +47,14 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
     if not (isinstance(stages, list) and len(stages) == plan.pipeline_parallel_size):
         stages = None
     header = ["stage", "cluster", "device", "devices", "TP", "DP", "layers", "mbs", "recompute"]
+    bd = breakdown(est, plan.num_micro_batches) if est and stages else None
+    mark = {}
+    if bd and bd["bottleneck"] in ("compute", "dp_sync", "optimizer") and bd["stage"] is not None:
+        mark[bd["stage"]] = "<- bottleneck"
+    elif bd and bd["bottleneck"] == "link" and bd["boundary"] is not None:
+        mark[bd["boundary"]] = "<- bottleneck (link)"
     if est:
-        header += ["compute s", "busy s", "bubble s", "memory GiB", "util"]
+        header += ["compute s", "busy s", "bubble s", "link s", "memory GiB", "util"] + ([""] if mark else [])
     rows = []
     for s in range(plan.pipeline_parallel_size):
         i, _ = plan.stage_owner(s)
@@ -59,10 +69,11 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
             if mem != "-":
                 mem += f" / {_capacity_gib(plan, i):g}"
             util = _num(st.get("utilisation"), ".0%")
+            last = s == plan.pipeline_parallel_size - 1
             row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"), _num(st.get("bubble_s"), ".3f"),
-                    mem, util]
+                    "-" if last else _num(st.get("send_next_s"), ".4f"), mem, util] + ([mark.get(s, "")] if mark else [])
         rows.append(row)
-    right = {0, 3, 4, 5, 7} | ({9, 10, 11, 12, 13} if est else set())
+    right = {0, 3, 4, 5, 7} | ({9, 10, 11, 12, 13, 14} if est else set())
     m = plan.model
     lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} mesh(es), "
              f"{plan.pipeline_parallel_size} pipeline stages",
@@ -75,4 +86,8 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
                      f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s, "
                      f"{_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
                      f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}")
+    if bd:
+        others = ", ".join(f"{k.replace('_', ' ')} {v['share']:.0%}" for k, v in bd["parts"].items()
+                           if k != bd["bottleneck"])
+        lines.append(f"bottleneck: {describe_bottleneck(plan, bd)} ({others}; 'hetauto explain' says more)")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..cost.analytic import AnalyticCostModel, DEFAULT_CALIBRATION
 from ..errors import InfeasibleError, InputError
@@ -71,6 +71,9 @@ class SearchResult:
     method: str
     cut_by_budget: bool = False
     iterations: int = 0
+    # every layout the event simulation re-checked, best first: (iteration s, choices, stage_layers); the
+    # first is the result, the next ones are the runners-up `hetauto explain` shows
+    ranked: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"method": self.method, "seconds": round(self.seconds, 3), "candidates_evaluated":
@@ -371,6 +374,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         shortlists.append(_local_search(space, ev, ranked, deadline))
     best = None
     seen = set()
+    exact = []
     for shortlist in shortlists:
         checked = 0
         for _, choices in shortlist:
@@ -380,6 +384,8 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             seen.add(resolved)
             checked += 1
             res = ev.exact(resolved)
+            if res.stage_layers is not None:
+                exact.append((res.iteration_time_s, resolved, res.stage_layers))
             if res.stage_layers is not None and (best is None or
                                                  res.iteration_time_s < best[0].iteration_time_s - 1e-12):
                 best = (res, resolved)
@@ -387,7 +393,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                 break
     res, choices = best
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
-                        len(ev.cache), method, cut, playouts)
+                        len(ev.cache), method, cut, playouts, sorted(exact, key=lambda x: x[0]))
 
 
 def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list, deadline: float | None = None) -> list:

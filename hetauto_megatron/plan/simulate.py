@@ -134,6 +134,7 @@ def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners,
             "memory_gib": round(mem[i] / GIB, 2), "memory_cap_gib": round(prof.memory_cap / GIB, 2),
             "utilisation": round(busy[i] / T, 4) if T > 0 else 0.0,
             "send_next_s": round(links[i], 6) if i < p - 1 else 0.0,
+            "dp_exposed_s": round(dp_exposed[i], 6), "optimizer_s": round(opt[i], 6),
         })
     sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,

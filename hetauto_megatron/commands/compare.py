@@ -1,0 +1,131 @@
+"""`hetauto compare`: several plans side by side, the rows where they differ marked."""
+from __future__ import annotations
+
+import json
+
+from .explain import add_plan_input_args
+
+DESCRIPTION = """\
+Put plans side by side: predicted iteration time, tokens/s, tokens/s per device, model TFLOP/s per
+device, the peak memory of the busiest device against its capacity, the clusters and devices used, the
+pipeline shape, the bytes that cross between clusters per iteration (activations forward and their
+gradients back, every micro-batch), the bottleneck, and $ per million tokens when prices are known.
+
+Every plan is simulated afresh with the current cost model, on the inventory stored in it (or --inventory
+for all of them, with --set what-ifs applied). Rows where the plans differ are marked with '*', the best
+value of a numeric row with '<'.
+
+Prices are per device-hour, per cluster: --price NAME=USD (repeatable), or a cluster's
+price_per_device_hour in the plan's stored inventory. Only the devices a plan uses are counted.
+
+exit codes: 0 ok, 2 invalid input."""
+
+EPILOG = """\
+examples:
+  hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o a.yaml
+  hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml \\
+      --set link.h800-ascend.bandwidth_gbps=100 -o b.yaml
+  hetauto compare a.yaml b.yaml --price h800=2.5 --price ascend=1.2
+  hetauto compare a.yaml b.yaml --inventory inv.yaml --json"""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("plans", nargs="+", metavar="PLAN", help="plan files (YAML or JSON)")
+    add_plan_input_args(parser)
+    parser.add_argument("--price", action="append", default=[], metavar="CLUSTER=USD",
+                        help="price of one device-hour on a cluster (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _prices(args, plan) -> dict:
+    from ..errors import InputError
+    prices = {}
+    for c in (plan.inventory or {}).get("clusters", []) or []:
+        if isinstance(c, dict) and isinstance(c.get("price_per_device_hour"), (int, float)):
+            prices[str(c["name"])] = float(c["price_per_device_hour"])
+    for item in args.price:
+        name, sep, value = item.partition("=")
+        try:
+            prices[name.strip()] = float(value)
+            ok = sep and prices[name.strip()] >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"{item!r} is not CLUSTER=USD_PER_DEVICE_HOUR", field="--price", fix="write e.g. --price h800=2.5")
+    return prices
+
+
+def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
+    from ..plan.explain import breakdown, cross_cluster_bytes, describe_bottleneck
+    from ..plan.simulate import simulate
+    est = simulate(plan, inventory, cost_model).to_dict()
+    used: dict[str, int] = {}
+    for m in plan.meshes:
+        used[m.cluster] = used.get(m.cluster, 0) + m.num_devices
+    mem = [(s["memory_gib"] / s["memory_cap_gib"], s["memory_gib"], s["memory_cap_gib"]) for s in est["stages"]]
+    peak = max(mem)
+    tokens = plan.global_batch_size * plan.model.seq_length
+    row = {"plan": path, "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"],
+           "tokens_per_s_per_device": est["tokens_per_s"] / plan.world_size,
+           "tflops_per_device": est["tflops_per_device"], "peak_memory_share": peak[0],
+           "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "fits": "yes" if est["fits"] else "NO",
+           "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
+           "pipeline": f"{plan.pipeline_parallel_size} stages x {plan.num_micro_batches} micro-batches",
+           "meshes": ", ".join(f"{m.cluster} TP{m.tp} DP{m.dp} mbs{m.micro_batch_size} {m.recompute}"
+                               for m in plan.meshes),
+           "cross_cluster_bytes": cross_cluster_bytes(plan, inventory),
+           "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
+           "usd_per_million_tokens": None}
+    if used and all(c in prices for c in used):
+        usd = sum(n * prices[c] for c, n in used.items()) * est["iteration_time_s"] / 3600
+        row["usd_per_million_tokens"] = usd / tokens * 1e6
+    return row
+
+
+# (key, label, format, better: "max" | "min" | None)
+ROWS = [("iteration_time_s", "iteration s", "{:.3f}", "min"), ("tokens_per_s", "tokens/s", "{:,.0f}", "max"),
+        ("tokens_per_s_per_device", "tokens/s per device", "{:,.1f}", "max"),
+        ("tflops_per_device", "TFLOP/s per device", "{:.1f}", "max"),
+        ("usd_per_million_tokens", "$ per 1M tokens", "{:.3f}", "min"),
+        ("peak_memory", "peak memory", "{}", None), ("fits", "fits in memory", "{}", None),
+        ("devices", "devices", "{}", None), ("clusters", "clusters (devices)", "{}", None),
+        ("meshes", "meshes", "{}", None), ("pipeline", "pipeline", "{}", None),
+        ("cross_cluster_bytes", "cross-cluster GB/iteration", "{:.2f}", "min"), ("bottleneck", "bottleneck", "{}", None)]
+
+
+def format_table(rows: list[dict]) -> str:
+    import os
+    header = ["", ""] + [os.path.basename(r["plan"]) for r in rows]
+    lines = []
+    for key, label, fmt, better in ROWS:
+        vals = [r[key] for r in rows]
+        if key == "usd_per_million_tokens" and all(v is None for v in vals):
+            continue
+        shown = ["-" if v is None else fmt.format(v / 1e9 if key == "cross_cluster_bytes" else v) for v in vals]
+        if better and len(rows) > 1 and all(v is not None for v in vals):
+            best = (max if better == "max" else min)(vals)
+            shown = [s + (" <" if v == best and len(set(vals)) > 1 else "") for s, v in zip(shown, vals)]
+        differ = len({str(v) for v in vals}) > 1
+        lines.append(["*" if differ else "", label] + shown)
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+    fmt_line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt_line(header), fmt_line(["-" * w for w in widths]), *map(fmt_line, lines),
+                      "('*': the plans differ; '<': the best value)"])
+
+
+def run(args) -> int:
+    from ..errors import InputError
+    from .explain import plan_inputs
+    rows = []
+    for path in args.plans:
+        plan, inventory, cost_model = plan_inputs(args, path)
+        try:
+            rows.append(plan_row(path, plan, inventory, cost_model, _prices(args, plan)))
+        except InputError as exc:
+            raise (exc.within(file=path) if exc.file is None else exc) from None
+    if args.json:
+        differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
+        print(json.dumps({"plans": rows, "differ": differ}, indent=2))
+    else:
+        print(format_table(rows))
+    return 0

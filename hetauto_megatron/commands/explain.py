@@ -1,0 +1,179 @@
+"""`hetauto explain`: why this plan - its bottleneck, memory headroom, the runners-up, and what-if sensitivity."""
+from __future__ import annotations
+
+import json
+
+DESCRIPTION = """\
+Explain a plan before booking the devices:
+
+  bottleneck   the iteration cut into the slowest stage's compute, the pipeline bubble (1F1B fill and
+               drain), the exposed link time (what the links add on top), DP synchronisation and the
+               optimizer step; the parts add up to the predicted iteration time, the largest one is the
+               bottleneck (each part is what the iteration would save without it: the event simulation
+               is re-run with that cost removed);
+  memory       headroom per stage: capacity minus the busiest device's predicted memory;
+  runners-up   the 5 best other layouts of the search, their predicted throughput and the decision in
+               which each differs from the plan (cluster order, TP, DP, micro-batch, stages, recompute);
+  sensitivity  throughput at half and twice each inter-cluster link's bandwidth and the global batch (the
+               plan's layout re-simulated), and each cluster's node count (re-planned: a bigger cluster
+               allows other layouts).
+
+The model and inventory default to those stored in the plan (a 'hetauto plan -o' file has both);
+--set overrides the inventory first (what-if). Text by default, --json for scripts. --no-search skips the
+runners-up and the re-planned sensitivities (one search each, about a second for a few clusters).
+
+exit codes: 0 ok, 2 invalid input."""
+
+EPILOG = """\
+examples:
+  hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
+  hetauto explain --plan plan.yaml
+  hetauto explain --plan plan.yaml --set link.h800-ascend.bandwidth_gbps=100 --json
+  hetauto explain --plan my-plan.yaml --model llama2-70b --inventory inv.yaml --no-search
+  hetauto plan --model llama2-70b --inventory inv.yaml --explain        # plan and explain in one go"""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--plan", required=True, metavar="PLAN", help="plan file from 'hetauto plan' (YAML or JSON)")
+    add_plan_input_args(parser)
+    parser.add_argument("--runners-up", type=int, default=5, metavar="K", help="runner-up layouts to show (default 5)")
+    parser.add_argument("--no-search", action="store_true",
+                        help="skip the runners-up and the re-planned cluster-size sensitivities")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the searches (default 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def add_plan_input_args(parser) -> None:
+    """--model/--inventory/--cost-model/--set for commands that read a plan file (explain, compare, dryrun)."""
+    parser.add_argument("--model", metavar="M", help="the plan's model as a preset, YAML or config.json (default: the "
+                                                     "model stored in the plan)")
+    parser.add_argument("--inventory", metavar="I", help="inventory YAML (default: the one stored in the plan)")
+    parser.add_argument("--cost-model", metavar="DIR", help="a learned cost model from 'hetauto fit' (default: analytic)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="what-if override of the inventory, e.g. link.A-B.bandwidth_gbps=100 or "
+                             "cluster.NAME.nodes=8 (repeatable; see 'hetauto simulate --help')")
+
+
+def plan_inputs(args, plan_path: str, plan=None):
+    """(plan, inventory, cost model) for a plan file: the model and inventory it carries unless given."""
+    import dataclasses
+
+    from ..cost.learned import load_cost_model
+    from ..errors import InputError
+    from ..plan.plan import load_plan
+    from ..spec.inventory import inventory_from_dict, load_inventory
+    from ..spec.model import load_model
+    from ..spec.whatif import apply_overrides
+    plan = plan or load_plan(plan_path)
+    if getattr(args, "model", None):
+        model = load_model(args.model)
+        if (model.num_layers, model.hidden_size) != (plan.model.num_layers, plan.model.hidden_size):
+            raise InputError(f"the plan is for {plan.model.name} ({plan.model.num_layers} layers, hidden "
+                             f"{plan.model.hidden_size}), --model is {model.name}", file=plan_path, field="model",
+                             fix="pass the plan's model, or leave --model out to use the one in the plan")
+        plan = dataclasses.replace(plan, model=model)
+    if getattr(args, "inventory", None):
+        inventory = load_inventory(args.inventory)
+    elif plan.inventory:
+        try:
+            inventory = inventory_from_dict(plan.inventory, file=plan_path)
+        except InputError as exc:
+            raise exc.within(prefix="inventory") from None
+    else:
+        raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
+                         fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
+    inventory = apply_overrides(inventory, getattr(args, "set", None))
+    return plan, inventory, load_cost_model(getattr(args, "cost_model", None))
+
+
+def explain_report(plan, inventory, cost_model, *, search_result=None, do_search: bool = True, k: int = 5,
+                   seed: int = 0) -> dict:
+    """Everything `hetauto explain` prints, as one JSON-able dict. `search_result`: a search already run on
+    the same inputs (plan --explain), reused for the runners-up."""
+    from ..plan import explain as X
+    from ..plan.search import SearchConfig, search
+    from ..plan.simulate import simulate
+    est = simulate(plan, inventory, cost_model).to_dict()
+    bd = X.breakdown(est, plan.num_micro_batches)
+    tokens = plan.global_batch_size * plan.model.seq_length
+    searches = {}
+
+    def replan(inv):
+        key = tuple((c.name, c.nodes) for c in inv.clusters)
+        if key not in searches:
+            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model, SearchConfig(seed=seed))
+        return tokens / searches[key].iteration_time_s
+
+    rep = {"model": plan.model.name, "devices": plan.world_size, "stages": plan.pipeline_parallel_size,
+           "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
+           "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
+           "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
+           "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None}
+    if do_search:
+        if search_result is not None:
+            searches[tuple((c.name, c.nodes) for c in inventory.clusters)] = search_result
+        replan(inventory)
+        rep["runners_up"] = X.runners_up(plan, searches[tuple((c.name, c.nodes) for c in inventory.clusters)], k)
+    rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
+    return rep
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def format_report(rep: dict) -> str:
+    from ..plan.explain import PART_NAMES
+    bd = rep["breakdown"]
+    out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stages, {rep['micro_batches']} "
+           f"micro-batches; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
+           + ("" if rep["fits"] else "  (DOES NOT FIT in memory)"), "",
+           f"bottleneck: {rep['bottleneck']}"]
+    for k, v in bd["parts"].items():
+        note = ""
+        if k == "link" and bd.get("link_boundary") is not None and v["seconds"] > 0:
+            b = bd["link_boundary"]
+            note = f"  (boundary {b} -> {b + 1} alone: {bd['link_boundary_saves_s']:.3f} s)"
+        out.append(f"  {PART_NAMES[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
+                   + ("  <- bottleneck" if k == bd["bottleneck"] else "") + note)
+    out += ["", "memory headroom per stage (busiest device):",
+            "  stage  cluster         used GiB  capacity GiB  headroom"]
+    for m in rep["memory"]:
+        out.append(f"  {m['stage']:>5}  {str(m['cluster']):<14} {m['memory_gib']:>9.1f}  {m['capacity_gib']:>12.1f}  "
+                   f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)")
+    if rep["runners_up"] is not None:
+        out += ["", "runners-up (the search's next best layouts, predicted):",
+                f"  #  {'tokens/s':>10}  {'vs plan':>8}  decision that differs"]
+        for i, r in enumerate(rep["runners_up"], 1):
+            out.append(f"  {i}  {r['tokens_per_s']:>10,.0f}  {_pct(r['tokens_per_s'] / rep['tokens_per_s'] - 1):>8}  "
+                       + "; ".join(r["differs"]))
+        if not rep["runners_up"]:
+            out.append("  (the search found no other layout that fits)")
+    out += ["", "sensitivity of throughput (tokens/s at x0.5 and x2 of one input):"]
+    for row in rep["sensitivity"]:
+        cells = []
+        for c in row["cases"]:
+            cells.append(f"x{c['factor']:g} ({c['value']:g}): " + (f"{c['tokens_per_s']:,.0f} ({_pct(c['change'])})"
+                                                                  if c["tokens_per_s"] else c.get("note", "-")))
+        out.append(f"  {row['what']:<30} base {row['base']:g}: " + ";  ".join(cells) + f"  [{row['method']}]")
+    if rep["runners_up"] is None:
+        out.append("  (cluster sizes need a search: run without --no-search)")
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from ..errors import InputError
+    if args.runners_up < 0:
+        raise InputError(f"must not be negative, got {args.runners_up}", field="--runners-up")
+    plan, inventory, cost_model = plan_inputs(args, args.plan)
+    try:
+        rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,
+                             seed=args.seed)
+    except InputError as exc:
+        raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith("meshes")
+               else exc) from None
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print(format_report(rep))
+    return 0

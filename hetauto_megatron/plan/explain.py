@@ -1,0 +1,226 @@
+"""Why a plan is what it is: what limits its iteration, how much memory is left, what came second, and what a
+faster link, a bigger cluster or another batch would buy (`hetauto explain`). Pure functions over the simulator.
+
+The iteration is cut into five parts that add up to the predicted iteration time T:
+    compute    the slowest stage's forward + backward over all micro-batches (its busy time);
+    bubble     what 1F1B's fill and drain add with instant links: makespan(links = 0) - compute;
+    link       what the links add on top: makespan - makespan(links = 0);
+    dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute);
+    optimizer  the optimizer step after it.
+The first three are the pipeline's makespan; the last two its tail (of the stage whose tail is longest).
+The bottleneck is the largest part. Each is priced by re-running the same event simulation with one thing
+removed, so a part is exactly what the iteration would save without it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..errors import InfeasibleError, InputError
+from .plan import Plan
+from .simulate import _makespan, plan_choices, simulate
+
+PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer")
+PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
+              "link": "exposed link time", "dp_sync": "DP synchronisation", "optimizer": "optimizer step"}
+
+
+def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
+    """The five parts of the iteration from a simulator estimate (`Estimate.to_dict()` or a plan file's
+    `estimate` block); None when the estimate lacks the per-stage times (an older file)."""
+    stages = estimate.get("stages") if isinstance(estimate, dict) else None
+    keys = ("forward_s", "backward_s", "send_next_s", "busy_s")
+    if not stages or not all(isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in keys)
+                             for s in stages):
+        return None
+    m = num_micro_batches
+    fwd = [s["forward_s"] for s in stages]
+    bwd = [s["backward_s"] for s in stages]
+    links = [s["send_next_s"] for s in stages[:-1]]
+    T = float(estimate["iteration_time_s"])
+    makespan = float(estimate["pipeline_s"])
+    free_links = _makespan(fwd, bwd, [0.0] * len(links), m, m > 256)[0]
+    busy = [m * (f + b) for f, b in zip(fwd, bwd)]
+    slow = max(range(len(stages)), key=lambda i: busy[i])
+    tails = [(s.get("dp_exposed_s"), s.get("optimizer_s")) for s in stages]
+    if all(isinstance(d, (int, float)) and isinstance(o, (int, float)) for d, o in tails):
+        t = max(range(len(stages)), key=lambda i: tails[i][0] + tails[i][1])
+        dp, opt = tails[t]
+    else:                       # older estimates carry only the totals
+        t = None
+        dp = float(estimate.get("dp_exposed_s") or 0.0)
+        opt = max(0.0, T - makespan - dp)
+    parts = {"compute": busy[slow], "bubble": max(0.0, free_links - busy[slow]),
+             "link": max(0.0, makespan - free_links), "dp_sync": dp, "optimizer": opt}
+    # Which boundary the exposed link time comes from: the one whose removal alone saves the most.
+    link_at, saved = None, 0.0
+    if parts["link"] > 1e-9 * T:
+        for i in range(len(links)):
+            alone = _makespan(fwd, bwd, [0.0 if k == i else x for k, x in enumerate(links)], m, m > 256)[0]
+            if makespan - alone > saved:
+                link_at, saved = i, makespan - alone
+    worst = max(PARTS, key=lambda k: parts[k])
+    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t, "optimizer": t}[worst]
+    return {"iteration_s": T, "parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
+            "bottleneck": worst, "stage": where if worst != "link" else None,
+            "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,
+            "link_boundary_saves_s": saved}
+
+
+def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str:
+    """One sentence naming the bottleneck and where it sits (short: a few words, for tables)."""
+    if bd is None:
+        return "-"
+    k = bd["bottleneck"]
+    share = bd["parts"][k]["share"]
+    where = ""
+    if k == "compute":
+        s = bd["stage"]
+        mi, _ = plan.stage_owner(s)
+        where = f" (stage {s} on {plan.meshes[mi].cluster}, {plan.stage_layers[s]} layers)"
+    elif k == "link" and bd["boundary"] is not None:
+        b = bd["boundary"]
+        a, c = plan.meshes[plan.stage_owner(b)[0]].cluster, plan.meshes[plan.stage_owner(b + 1)[0]].cluster
+        where = f" (boundary stage {b} -> {b + 1}, {a} -> {c})"
+    elif k in ("dp_sync", "optimizer") and bd["stage"] is not None:
+        where = f" (stage {bd['stage']})"
+    elif k == "bubble":
+        where = f" ({plan.pipeline_parallel_size} stages over {plan.num_micro_batches} micro-batches)"
+    if short:
+        return f"{k.replace('_', ' ')} {share:.0%}{where}"
+    return f"{PART_NAMES[k]}{where}: {share:.0%} of the iteration"
+
+
+def memory_headroom(estimate: dict) -> list[dict]:
+    out = []
+    for s in estimate.get("stages") or []:
+        used, cap = s.get("memory_gib"), s.get("memory_cap_gib")
+        if isinstance(used, (int, float)) and isinstance(cap, (int, float)) and cap > 0:
+            out.append({"stage": s.get("stage"), "cluster": s.get("cluster"), "memory_gib": used,
+                        "capacity_gib": cap, "headroom_gib": round(cap - used, 2),
+                        "headroom_share": round((cap - used) / cap, 4)})
+    return out
+
+
+def cross_cluster_bytes(plan: Plan, inventory) -> float:
+    """Bytes that cross between clusters per iteration: at every boundary between meshes on different
+    clusters, each micro-batch step's whole activation forward and its gradient back, each in its sender's
+    training precision (what costing.boundary_transfer_time prices; hetauto sends each byte across once)."""
+    m = plan.model
+    per_sample = m.seq_length * m.hidden_size
+    total = 0.0
+    for a, b in zip(plan.meshes, plan.meshes[1:]):
+        if a.cluster != b.cluster:
+            sender_bytes = inventory.cluster(a.cluster).device.dtype_bytes + inventory.cluster(b.cluster).device.dtype_bytes
+            total += plan.num_micro_batches * plan.samples_per_step * per_sample * sender_bytes
+    return total
+
+
+# ---- runners-up ---------------------------------------------------------------------------------------------
+def differences(a, a_layers, b, b_layers) -> list[str]:
+    """The decisions in which layout b (MeshChoice list, stage layers) differs from layout a."""
+    out = []
+    order_a, order_b = [m.cluster for m in a], [m.cluster for m in b]
+    if order_a != order_b:
+        out.append(f"clusters {' > '.join(order_a)} -> {' > '.join(order_b)}")
+    sa, sb = a[0].dp * a[0].micro_batch_size, b[0].dp * b[0].micro_batch_size
+    if sa != sb:
+        out.append(f"samples per micro-batch step {sa} -> {sb}")
+    mine = {m.cluster: m for m in a}
+    for m in b:
+        o = mine.get(m.cluster)
+        if o is None:
+            continue
+        changes = [f"{name} {getattr(o, key)} -> {getattr(m, key)}"
+                   for key, name in (("tp", "TP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),
+                                     ("num_stages", "stages"), ("recompute", "recompute"))
+                   if getattr(o, key) != getattr(m, key) and not (key == "micro_batch_size" and sa != sb)]
+        if changes:
+            out.append(f"{m.cluster}: " + ", ".join(changes))
+    if not out and list(a_layers) != list(b_layers):
+        out.append(f"layer split {list(a_layers)} -> {list(b_layers)}")
+    return out
+
+
+def runners_up(plan: Plan, result, k: int = 5) -> list[dict]:
+    """The k best layouts of a search (`SearchResult.ranked`) other than the plan's own, each with its
+    predicted throughput and what it decides differently."""
+    mine = plan_choices(plan)
+    tokens = plan.global_batch_size * plan.model.seq_length
+    out = []
+    for t, choices, layers in result.ranked:
+        if list(choices) == mine and list(layers) == plan.stage_layers:
+            continue
+        out.append({"iteration_time_s": t, "tokens_per_s": tokens / t,
+                    "clusters": [m.cluster for m in choices], "stage_layers": list(layers),
+                    "differs": differences(mine, plan.stage_layers, choices, layers) or ["(same decisions)"]})
+        if len(out) == k:
+            break
+    return out
+
+
+# ---- sensitivity --------------------------------------------------------------------------------------------
+def _tokens(plan: Plan, inventory, cost_model) -> float:
+    return simulate(plan, inventory, cost_model).tokens_per_s
+
+
+def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
+    """Throughput when one input changes by each factor.
+
+    Links (the inter-cluster links the plan crosses) and the global batch: the plan's own layout re-simulated.
+    Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
+    (None skips them); their change is against `replan` of the unchanged inventory."""
+    base = _tokens(plan, inventory, cost_model)
+    rows = []
+    used = []
+    for a, b in zip(plan.meshes, plan.meshes[1:]):
+        key = frozenset((a.cluster, b.cluster))
+        if a.cluster != b.cluster and key in inventory.links and key not in used:
+            used.append(key)
+    for key in used:
+        link = inventory.links[key]
+        name = "-".join(m.cluster for m in plan.meshes if m.cluster in key)
+        row = {"what": f"link {name} bandwidth", "key": f"link.{name}.bandwidth_gbps", "base": link.bandwidth_gbps,
+               "method": "same layout", "base_tokens_per_s": base, "cases": []}
+        for f in factors:
+            inv = dataclasses.replace(inventory, links={**inventory.links,
+                                                        key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
+            row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, inv, cost_model), base))
+        rows.append(row)
+    row = {"what": "global batch", "key": "--global-batch-size", "base": plan.global_batch_size,
+           "method": "same layout", "base_tokens_per_s": base, "cases": []}
+    for f in factors:
+        gbs = int(plan.global_batch_size * f)
+        try:
+            other = dataclasses.replace(plan, global_batch_size=gbs, estimate=None)
+        except InputError as exc:
+            row["cases"].append({"factor": f, "value": gbs, "tokens_per_s": None, "change": None,
+                                 "note": exc.reason})
+            continue
+        row["cases"].append(_case(f, gbs, _tokens(other, inventory, cost_model), base))
+    rows.append(row)
+    if replan is not None:
+        ref = replan(inventory)
+        for cl in inventory.clusters:
+            row = {"what": f"cluster {cl.name} size (nodes)", "key": f"cluster.{cl.name}.nodes", "base": cl.nodes,
+                   "method": "re-planned", "base_tokens_per_s": ref, "cases": []}
+            for f in factors:
+                nodes = int(cl.nodes * f)
+                if nodes < 1:
+                    row["cases"].append({"factor": f, "value": nodes, "tokens_per_s": None, "change": None,
+                                         "note": "fewer than one node"})
+                    continue
+                inv = dataclasses.replace(inventory, clusters=tuple(
+                    dataclasses.replace(c, nodes=nodes) if c is cl else c for c in inventory.clusters))
+                try:
+                    row["cases"].append(_case(f, nodes, replan(inv), ref))
+                except InfeasibleError:
+                    row["cases"].append({"factor": f, "value": nodes, "tokens_per_s": None, "change": None,
+                                         "note": "no feasible plan"})
+            rows.append(row)
+    return rows
+
+
+def _case(factor, value, tokens, base) -> dict:
+    return {"factor": factor, "value": value, "tokens_per_s": tokens,
+            "change": tokens / base - 1.0 if base and math.isfinite(tokens) else None}

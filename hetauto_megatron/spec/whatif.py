@@ -1,0 +1,105 @@
+"""What-if overrides of an inventory from the command line: `--set KEY=VALUE`, without editing the file.
+
+Keys (units as in the inventory file, docs/inputs.md):
+    link.A-B.bandwidth_gbps   link.A-B.latency_ms          the link between clusters A and B
+    cluster.X.nodes           cluster.X.devices_per_node
+    cluster.X.memory_gib      cluster.X.peak_tflops        cluster.X.hbm_gbps
+    cluster.X.intra_node.bandwidth_gbps   cluster.X.intra_node.latency_us   (and inter_node.*)
+Cluster names may themselves contain '-' or '.': a key is matched against the inventory's own names.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import InputError
+from .inventory import Cluster, Inventory, LinkSpec
+
+LINK_FIELDS = ("bandwidth_gbps", "latency_ms")
+CLUSTER_FIELDS = ("nodes", "devices_per_node", "memory_gib", "peak_tflops", "hbm_gbps",
+                  "intra_node.bandwidth_gbps", "intra_node.latency_us",
+                  "inter_node.bandwidth_gbps", "inter_node.latency_us")
+_INT_FIELDS = ("nodes", "devices_per_node")
+
+
+def _examples(inv: Inventory) -> str:
+    names = [c.name for c in inv.clusters]
+    ex = [f"cluster.{names[0]}.nodes=8"]
+    if inv.links:
+        a, b = sorted(next(iter(inv.links)))
+        ex.insert(0, f"link.{a}-{b}.bandwidth_gbps=100")
+    return ("write --set link.A-B.FIELD=V (FIELD: " + ", ".join(LINK_FIELDS) + ") or --set cluster.NAME.FIELD=V "
+            "(FIELD: " + ", ".join(CLUSTER_FIELDS) + "), e.g. " + ", ".join(ex)
+            + f"; clusters: {', '.join(names)}")
+
+
+def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        raise InputError(f"{key}={text!r}: the value must be {'a whole number' if integer else 'a number'}",
+                         field="--set", fix=f"write e.g. {key}={'8' if integer else '100'}") from None
+    latency = key.endswith("latency_ms") or key.endswith("latency_us")
+    if value < 0 or (value == 0 and not latency):
+        raise InputError(f"{key}={text}: must be {'0 or more' if latency else 'positive'}", field="--set",
+                         fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
+    return value
+
+
+def _link_pair(inv: Inventory, text: str, key: str) -> frozenset:
+    names = {c.name for c in inv.clusters}
+    pairs = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "-"
+             and text[:i] in names and text[i + 1:] in names]
+    if not pairs:
+        raise InputError(f"{key}: {text!r} is not two of the inventory's clusters joined by '-'", field="--set",
+                         fix=_examples(inv))
+    pair = frozenset(pairs[0])
+    if pair not in inv.links:
+        a, b = pairs[0]
+        raise InputError(f"{key}: the inventory has no link between {a} and {b}", field="--set",
+                         fix="override an existing link: " + ", ".join("-".join(sorted(p)) for p in inv.links)
+                         if inv.links else "add the link to the inventory's links: first")
+    return pair
+
+
+def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
+    """`inv` with each 'KEY=VALUE' of `settings` applied in order (InputError naming --set for a bad one)."""
+    for item in settings or []:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise InputError(f"{item!r} is not KEY=VALUE", field="--set", fix=_examples(inv))
+        kind, _, rest = key.partition(".")
+        if kind == "link":
+            target, _, field = rest.rpartition(".")
+            if field not in LINK_FIELDS:
+                raise InputError(f"unknown key {key!r}", field="--set", fix=_examples(inv))
+            pair = _link_pair(inv, target, key)
+            value = _number(key, text, False, inv)
+            old = inv.links[pair]
+            new = LinkSpec(value, old.latency_s) if field == "bandwidth_gbps" else LinkSpec(old.bandwidth_gbps,
+                                                                                            value * 1e-3)
+            inv = dataclasses.replace(inv, links={**inv.links, pair: new})
+        elif kind == "cluster":
+            match = max((c for c in inv.clusters if rest.startswith(c.name + ".")), key=lambda c: len(c.name),
+                        default=None)
+            field = rest[len(match.name) + 1:] if match else ""
+            if match is None or field not in CLUSTER_FIELDS:
+                raise InputError(f"unknown key {key!r}", field="--set", fix=_examples(inv))
+            value = _number(key, text, field in _INT_FIELDS, inv)
+            inv = dataclasses.replace(inv, clusters=tuple(_set_cluster(c, field, value) if c is match else c
+                                                          for c in inv.clusters))
+        else:
+            raise InputError(f"unknown key {key!r}: keys start with 'link.' or 'cluster.'", field="--set",
+                             fix=_examples(inv))
+    return inv
+
+
+def _set_cluster(c: Cluster, field: str, value: float) -> Cluster:
+    if field in _INT_FIELDS:
+        return dataclasses.replace(c, **{field: int(value)})
+    if field in ("memory_gib", "peak_tflops", "hbm_gbps"):
+        return dataclasses.replace(c, device=c.device.with_overrides(**{field: value}))
+    which, what = field.split(".")
+    old: LinkSpec = getattr(c, which)
+    new = LinkSpec(value, old.latency_s) if what == "bandwidth_gbps" else LinkSpec(old.bandwidth_gbps, value * 1e-6)
+    return dataclasses.replace(c, **{which: new})

@@ -1,0 +1,163 @@
+"""hetauto explain / compare / simulate what-ifs, and the summary's link column and bottleneck mark.
+
+The bottleneck cases are built so the answer follows from first principles on the simulator's per-stage
+numbers (forward f, backward b, link transfer x per micro-batch), not from explain's own arithmetic:
+- bubble-bound: one micro-batch, so the pipeline is a chain: every stage waits for all others, and the idle
+  time of the slowest stage is sum(f + b) - max(f + b), (p - 1) / p of the chain for equal stages;
+- link-bound: a link carries one micro-batch at a time, so the pipeline takes at least m * x, while with
+  instant links 1F1B needs at most (m + p - 1) * max(f + b);
+- compute-bound: many micro-batches on two stages and fast links, so the slowest stage's m * (f + b) is
+  at least m / (m + p - 1) of the pipeline.
+"""
+import json
+import os
+
+import pytest
+import yaml
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.emit.summary import format_summary
+from hetauto_megatron.plan.plan import load_plan
+
+
+def _inventory(path, clusters, link_gbps=None):
+    data = {"clusters": [{"name": n, "device": "H800", "nodes": k, "devices_per_node": 8} for n, k in clusters]}
+    if link_gbps is not None:
+        data["links"] = [{"between": [clusters[0][0], clusters[1][0]], "bandwidth_gbps": link_gbps, "latency_ms": 1}]
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _plan(path, meshes, gbs, model="llama2-7b"):
+    from hetauto_megatron.spec.model import load_model
+    data = {"version": 2, "model": load_model(model).to_dict(), "global_batch_size": gbs,
+            "meshes": [{"cluster": c, "device_type": "h800", "tp": 8, "dp": 1, "micro_batch_size": 1,
+                        "recompute": "none", "stage_layers": layers} for c, layers in meshes]}
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _json(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _case(tmp_path, capsys, inv, plan):
+    est = _json(capsys, "simulate", "--model", "llama2-7b", "--inventory", inv, "--plan", plan, "--json")
+    rep = _json(capsys, "explain", "--plan", plan, "--inventory", inv, "--no-search", "--json")
+    st = est["stages"]
+    fb = [s["forward_s"] + s["backward_s"] for s in st]
+    x = [s["send_next_s"] for s in st[:-1]]
+    parts = rep["breakdown"]["parts"]
+    assert sum(p["seconds"] for p in parts.values()) == pytest.approx(est["iteration_time_s"], rel=1e-6)
+    return est, rep, fb, x, parts
+
+
+def test_bottleneck_bubble_bound(tmp_path, capsys):
+    inv = _inventory(tmp_path / "inv.yaml", [("a", 8)])
+    plan = _plan(tmp_path / "p.yaml", [("a", [4] * 8)], gbs=1)          # 8 stages, ONE micro-batch
+    est, rep, fb, x, parts = _case(tmp_path, capsys, inv, plan)
+    # one micro-batch: a chain forward through every stage and back
+    assert est["pipeline_s"] == pytest.approx(sum(fb) + 2 * sum(x), rel=1e-6)
+    assert parts["bubble"]["seconds"] == pytest.approx(sum(fb) - max(fb), rel=1e-4)
+    assert rep["breakdown"]["bottleneck"] == "bubble"
+    assert parts["bubble"]["share"] > 0.7                                  # ~ (p - 1) / p of the chain
+
+
+def test_bottleneck_link_bound(tmp_path, capsys):
+    inv = _inventory(tmp_path / "inv.yaml", [("a", 1), ("b", 1)], link_gbps=0.5)
+    plan = _plan(tmp_path / "p.yaml", [("a", [16]), ("b", [16])], gbs=32)
+    est, rep, fb, x, parts = _case(tmp_path, capsys, inv, plan)
+    m, p = 32, 2
+    assert est["pipeline_s"] >= m * x[0]                   # the link carries one micro-batch at a time
+    bound = m * x[0] - (m + p - 1) * max(fb)               # what the link adds at least
+    assert bound > m * max(fb)                             # the construction: more than the whole compute
+    assert parts["link"]["seconds"] >= bound * (1 - 1e-6)
+    assert rep["breakdown"]["bottleneck"] == "link" and rep["breakdown"]["boundary"] == 0
+
+
+def test_bottleneck_compute_bound(tmp_path, capsys):
+    inv = _inventory(tmp_path / "inv.yaml", [("a", 2)])
+    plan = _plan(tmp_path / "p.yaml", [("a", [16, 16])], gbs=128)       # 2 stages, 128 micro-batches
+    est, rep, fb, x, parts = _case(tmp_path, capsys, inv, plan)
+    m, p = 128, 2
+    slow = max(range(p), key=lambda i: fb[i])
+    assert parts["compute"]["seconds"] == pytest.approx(m * fb[slow], rel=1e-5)
+    assert parts["compute"]["seconds"] / est["pipeline_s"] >= m / (m + p - 1) * 0.99
+    assert rep["breakdown"]["bottleneck"] == "compute" and rep["breakdown"]["stage"] == slow
+    assert "stage %d" % slow in rep["bottleneck"]
+
+
+def test_explain_full_report_on_the_readme_plan(tmp_path, capsys):
+    from helpers import ROOT
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = str(tmp_path / "p.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "bottleneck:" in out and "runners-up" in out and "sensitivity" in out
+    rep = _json(capsys, "explain", "--plan", plan, "--json")
+    assert len(rep["runners_up"]) == 5
+    base = rep["tokens_per_s"]
+    assert all(r["tokens_per_s"] <= base * 1.0001 and r["differs"] for r in rep["runners_up"])
+    assert [m["headroom_gib"] >= 0 for m in rep["memory"]] == [True] * rep["stages"]
+    whats = [r["what"] for r in rep["sensitivity"]]
+    assert "global batch" in whats and any(w.startswith("link") for w in whats)
+    assert sum(w.startswith("cluster") for w in whats) == 2
+    link = next(r for r in rep["sensitivity"] if r["what"].startswith("link"))
+    slow, fast = link["cases"]
+    assert slow["tokens_per_s"] <= base <= fast["tokens_per_s"]     # a slower link never helps this layout
+
+
+def test_simulate_what_if_flags(tmp_path, capsys):
+    from helpers import ROOT
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = str(tmp_path / "p.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    sim = lambda *extra: _json(capsys, "simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan,
+                               "--json", *extra)
+    base = sim()
+    slow = sim("--set", "link.h800-ascend.bandwidth_gbps=2.5")
+    assert slow["iteration_time_s"] > base["iteration_time_s"]
+    assert sim("--set", "link.ascend-h800.latency_ms=2")["iteration_time_s"] == base["iteration_time_s"]
+    big = sim("--global-batch-size", "1024")
+    assert big["iteration_time_s"] > 1.8 * base["iteration_time_s"]
+    for bad in (["--set", "link.h800-mars.bandwidth_gbps=1"], ["--set", "cluster.ascend.gpus=4"],
+                ["--set", "cluster.ascend.nodes=two"], ["--set", "nodes=4"], ["--set", "cluster.ascend.nodes=1"],
+                ["--global-batch-size", "1022"]):
+        assert main(["simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert "error:" in err and "Traceback" not in err
+
+
+def test_summary_link_column_and_bottleneck_mark(tmp_path, capsys):
+    inv = _inventory(tmp_path / "inv.yaml", [("a", 1), ("b", 1)], link_gbps=0.5)
+    plan = _plan(tmp_path / "p.yaml", [("a", [16]), ("b", [16])], gbs=32)
+    est = _json(capsys, "simulate", "--model", "llama2-7b", "--inventory", inv, "--plan", plan, "--json")
+    lines = format_summary(load_plan(plan), est).splitlines()
+    assert "link s" in lines[1]
+    assert lines[3].endswith("<- bottleneck (link)") and f"{est['stages'][0]['send_next_s']:.4f}" in lines[3]
+    assert lines[-1].startswith("bottleneck: exposed link time")
+
+
+def test_compare(tmp_path, capsys):
+    from helpers import ROOT
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    a, b = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
+    for path, extra in ((a, []), (b, ["--set", "link.h800-ascend.bandwidth_gbps=100"])):
+        assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", path, "--quiet", "--json", *extra]) == 0
+    capsys.readouterr()
+    rep = _json(capsys, "compare", a, b, "--price", "h800=2", "--price", "ascend=1", "--json")
+    ra, rb = rep["plans"]
+    assert rb["tokens_per_s"] > ra["tokens_per_s"] and "tokens_per_s" in rep["differ"]
+    # $/1M tokens from first principles: device-hours of one iteration over its tokens
+    plan = load_plan(a)
+    hours = ra["iteration_time_s"] / 3600
+    usd = sum(m.num_devices * (2 if m.cluster == "h800" else 1) for m in plan.meshes) * hours
+    assert ra["usd_per_million_tokens"] == pytest.approx(usd / (512 * 4096) * 1e6, rel=1e-9)
+    # 2 x (activation + gradient) x m x samples x seq x hidden x 2 bytes at the one cross-cluster boundary
+    assert ra["cross_cluster_bytes"] == 2 * 2 * plan.num_micro_batches * plan.samples_per_step * 4096 * 8192
+    assert main(["compare", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "* " in out and " <" in out
+    assert main(["compare", a, "--price", "h800"]) == 2
