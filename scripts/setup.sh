@@ -94,4 +94,27 @@ for script in "$shared"/bin/*; do
     chmod +x "$own/bin/$name"
   fi
 done
+
+# NVIDIA's Megatron-LM entry script and the two files it imports, at tag core_v0.19.0 (what hetauto's patch is
+# written for), for the tests that patch and run it. Best effort and verified: without network access those
+# tests are skipped (or set HETAUTO_MEGATRON_LM to a Megatron-LM checkout of branch core_r0.19.0).
+mlm="$cache/megatron-lm-core_v0.19.0"
+mlm_files="7283c4aeb5a00c694bbf2930527a184fc0d5f607f548c74707c71cc240d05fae  pretrain_gpt.py
+8486f2047dd2bd23c82900ac8d0580270d810f1ac6bf3207260d79ac1460e227  model_provider.py
+cf4b409d598cd2bbba52edf41f2f772dd59cde741e093fe52c41a2acf9a8ea7b  gpt_builders.py"
+if ! (cd "$mlm" 2>/dev/null && echo "$mlm_files" | sha256sum --check --quiet >/dev/null 2>&1); then
+  tmp="$(mktemp -d)"
+  ok=1
+  for f in pretrain_gpt.py model_provider.py gpt_builders.py; do
+    curl -fsSL --connect-timeout 5 --max-time 30 -o "$tmp/$f" \
+      "https://raw.githubusercontent.com/NVIDIA/Megatron-LM/core_v0.19.0/$f" 2>/dev/null || { ok=0; break; }
+  done
+  if [ "$ok" = 1 ] && (cd "$tmp" && echo "$mlm_files" | sha256sum --check --quiet >/dev/null 2>&1); then
+    rm -rf "$mlm" && mkdir -p "$mlm" && cp "$tmp"/*.py "$mlm"/
+  else
+    echo "hetauto setup: note: could not download NVIDIA's pretrain_gpt.py (core_v0.19.0); the tests that run it" \
+         "will be skipped. Set HETAUTO_MEGATRON_LM to a Megatron-LM checkout of branch core_r0.19.0 to run them." >&2
+  fi
+  rm -rf "$tmp"
+fi
 echo "hetauto setup: ready ($own; dependencies from $shared)" >&2

@@ -26,3 +26,18 @@ def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu") -> dict:
     """One mesh of a plan file."""
     return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,
             "recompute": recompute, "stage_layers": layers}
+
+
+# NVIDIA's Megatron-LM entry script and the two files it imports (what hetauto's patch is written for).
+NVIDIA_ENTRY_FILES = ("pretrain_gpt.py", "model_provider.py", "gpt_builders.py")
+
+
+def nvidia_megatron_lm() -> str | None:
+    """A directory holding NVIDIA's pretrain_gpt.py of Megatron-LM core_v0.19.0 and the files it imports:
+    $HETAUTO_MEGATRON_LM (a checkout of branch core_r0.19.0), else the copy scripts/setup.sh downloads into
+    the cache; None when neither exists (the tests that run it are then skipped)."""
+    cache = os.environ.get("HETAUTO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hetauto")
+    for where in (os.environ.get("HETAUTO_MEGATRON_LM"), os.path.join(cache, "megatron-lm-core_v0.19.0")):
+        if where and all(os.path.isfile(os.path.join(where, f)) for f in NVIDIA_ENTRY_FILES):
+            return where
+    return None

@@ -1,7 +1,7 @@
 """`hetauto patch-megatron /path/to/Megatron-LM`: add --hetauto to a Megatron-LM checkout's pretrain_gpt.py.
 
 The patch ships inside the package (hetauto_megatron/data/patches/pretrain_gpt.patch, so an installed hetauto
-needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes three
+needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes four
 lines; this command applies it without needing `patch`
 or git, idempotently (a patched file is recognised and left alone), checks the result, and says what changed.
 A file the patch does not fit (another Megatron-LM version, local edits) is left untouched: exit 2 with the
@@ -18,12 +18,13 @@ from ..errors import InputError
 DESCRIPTION = """\
 Add the --hetauto flag to Megatron-LM's pretrain_gpt.py (branch core_r0.19.0, matching megatron-core 0.19.x).
 
-The patch changes three lines of pretrain_gpt.py:
+The patch changes four lines of pretrain_gpt.py:
   1. imports hetauto_megatron.megatron.hook;
-  2. parses the arguments with hook.parse_and_validate_args (Megatron's own, plus --hetauto, --hetauto-plan,
+  2. routes the main block's user errors through the hook (one paragraph and exit 2, no traceback);
+  3. parses the arguments with hook.parse_and_validate_args (Megatron's own, plus --hetauto, --hetauto-plan,
      --hetauto-cluster; under --hetauto each rank's TP, DP, micro-batch, pipeline layout and recompute come
      from the plan);
-  3. adds **hook.pretrain_kwargs(args) to pretrain(...) (the plan's process groups and inter-cluster
+  4. adds **hook.pretrain_kwargs(args) to pretrain(...) (the plan's process groups and inter-cluster
      communicator; nothing without --hetauto).
 Without --hetauto the patched script trains exactly as before. Running it twice changes nothing the second
 time. hetauto_megatron must be importable by the Python that runs pretrain_gpt.py (pip install it)."""
@@ -203,7 +204,7 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         raise InputError("the hetauto patch does not fit this pretrain_gpt.py, which was left unchanged: "
                          + "; ".join(state.reasons), file=target,
                          fix="use a Megatron-LM checkout of branch core_r0.19.0 (megatron-core 0.19.x), or make the "
-                             "three changes by hand (patches/README.md lists them)")
+                             "four changes by hand (patches/README.md lists them)")
     if state.status == "applied":
         verify("\n".join(lines), hunks, file=target)
         out(f"{target}: already patched for --hetauto; nothing to do.")

@@ -29,8 +29,10 @@ DEFAULT_PLAN = os.path.join(_ROOT, "examples", "llama", "plans", "tiny-2clusters
 
 # Megatron-LM flags for a CPU run that is comparable across layouts (docs/megatron-integration.md): the local
 # (non-Transformer-Engine) layer spec, no fused kernels, fp32, no dropout, weights drawn in full on the CPU.
+# `--transformer-impl local` alone selects the local spec; NVIDIA's pretrain_gpt.py fails on `--spec local`
+# (and Megatron accepts `--attention-backend local` only together with it).
 CPU_FLAGS = [
-    "--transformer-impl", "local", "--spec", "local", "--attention-backend", "local",
+    "--transformer-impl", "local",
     "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion",
     "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-masked-softmax-fusion", "--no-rope-fusion",
     "--attention-dropout", "0", "--hidden-dropout", "0", "--use-cpu-initialization",

@@ -359,10 +359,31 @@ def _install_gradient_rules(state: _State) -> None:
     training.setup_model_and_optimizer = setup_model_and_optimizer
 
 
+def _exit_for_user(exc: InputError):
+    print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
+    sys.exit(exc.exit_code)
+
+
 def main_guard(fn: Callable[[], None]) -> None:
     """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback."""
     try:
         fn()
     except InputError as exc:
-        print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+        _exit_for_user(exc)
+
+
+def guard_script_errors() -> None:
+    """The same for a script whose `__main__` block is not a function (NVIDIA's pretrain_gpt.py; the patch
+    calls this first thing there): from now on an InputError that ends the script prints one paragraph and
+    exits 2. Any other exception keeps its traceback (the previous sys.excepthook handles it)."""
+    previous = sys.excepthook
+    if getattr(previous, "_hetauto", False):
+        return
+
+    def excepthook(kind, exc, tb):
+        if isinstance(exc, InputError):
+            _exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
+        previous(kind, exc, tb)
+
+    excepthook._hetauto = True
+    sys.excepthook = excepthook

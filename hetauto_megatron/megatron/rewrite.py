@@ -90,6 +90,11 @@ def check_launch(plan: Plan, ident: LaunchIdentity, cluster: str | None, *, file
                          fix="launch every cluster with the commands from 'hetauto emit megatron --plan' "
                              "(HETAUTO_WORLD_SIZE, HETAUTO_RANK_OFFSET), or pass the plan made for this job")
     placement = rank_coords(plan, ident.rank, file=file)  # the range check (InputError) lives there
+    names = sorted({m.cluster for m in plan.meshes})
+    if cluster and cluster not in names:
+        raise InputError(f"the plan has no cluster '{cluster}' (its clusters: {', '.join(names)})", file=file,
+                         field="--hetauto-cluster",
+                         fix="pass --hetauto-cluster (or HETAUTO_CLUSTER) with the name the plan gives this cluster")
     if cluster and cluster != placement.cluster:
         raise InputError(f"global rank {ident.rank} runs on cluster '{cluster}', but the plan puts it on mesh "
                          f"{placement.mesh_index} of cluster '{placement.cluster}'", file=file,
