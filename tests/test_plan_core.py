@@ -4,7 +4,7 @@ import random
 import pytest
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
-from hetauto_megatron.plan.calibration import calibration_rows
+from hetauto_megatron.plan.calibration import fit_constants, predict, published_runs
 from hetauto_megatron.cost.memory import layer_activation_bytes
 from hetauto_megatron.plan.pipeline import estimate_1f1b, schedule_order, simulate_1f1b
 from hetauto_megatron.plan.plan import Mesh, Plan
@@ -67,11 +67,17 @@ def test_closed_form_never_undercuts_the_event_simulation():
     assert errs[len(errs) // 2] < 0.01 and errs[int(0.9 * len(errs))] < 0.05
 
 
-def test_published_megatron_rows_reproduced_within_15_percent():
-    rows = calibration_rows()
-    assert len(rows) == 5
-    for r in rows:
-        assert abs(r.error) <= 0.15, (r.source, r.params_b, r.published_s, r.predicted_s)
+def test_published_megatron_runs_predicted_out_of_sample():
+    """Each published run predicted with the constants fitted on the OTHER runs only (leave one out, computed
+    here): MAPE <= 12 %, every run within 20 % (the targets of docs/cost-model.md)."""
+    runs = published_runs()
+    assert len(runs) >= 5
+    errs = []
+    for i, held in enumerate(runs):
+        cal = fit_constants(runs[:i] + runs[i + 1:])
+        errs.append(predict(held, cal) / held.published_s - 1)
+    assert sum(abs(e) for e in errs) / len(errs) <= 0.12, errs
+    assert max(abs(e) for e in errs) <= 0.20, errs
 
 
 def test_gqa_and_swiglu_counted():

@@ -24,6 +24,12 @@ operators) and from the analytic model - forward and backward, with each one's M
 Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
 measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
 
+Published runs: --published compares the analytic model with the packaged published Megatron-LM runs
+(--published=FILE another table in the same format): each run's error in sample (the packaged constants,
+fitted on all runs) beside its error out of sample (the constants fitted without that run), and, with
+--cost-model, the learned model's (which is never fitted on these runs; device types it does not cover are
+priced by the analytic model, and the table says which model priced each run).
+
 Iteration times: --dryrun REPORT PLAN (repeatable) takes the output of 'hetauto dryrun --plan PLAN --json' and
 the plan it ran, simulates the plan on --inventory with the cost model (--cost-model, or the analytic model),
 and compares the predicted iteration time with the measured one. The prediction uses the model shape the dry
@@ -36,6 +42,8 @@ examples:
   hetauto validate-cost-model --cost-model cost-model/ --profile profiles/profile-cpu.jsonl
   hetauto validate-cost-model --cost-model gpu-model/ --sailor --json
   hetauto validate-cost-model --cost-model h200-model/ --profile profiles/layers-h200.jsonl
+  hetauto validate-cost-model --published
+  hetauto validate-cost-model --published --cost-model gpu-model/ --json
   hetauto dryrun --plan plan-a.yaml --steps 6 --json > a.json
   hetauto validate-cost-model --cost-model cost-model/ --inventory inv.yaml --dryrun a.json plan-a.yaml \\
       --dryrun b.json plan-b.yaml"""
@@ -48,6 +56,8 @@ def add_arguments(p):
     p.add_argument("--profile", action="append", default=[], metavar="FILE", help="profile file (repeatable)")
     p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
                    help="Sailor per-layer measurements: alone, the packaged copy; --sailor=DIR another directory")
+    p.add_argument("--published", metavar="FILE", nargs="?", const="",
+                   help="published Megatron-LM runs: alone, the packaged table; --published=FILE another table")
     p.add_argument("--dryrun", action="append", default=[], nargs=2, metavar=("REPORT", "PLAN"),
                    help="a 'hetauto dryrun --json' report and the plan it ran (repeatable)")
     p.add_argument("--inventory", metavar="INV", help="inventory the dry-run plans are simulated on (with --dryrun)")
@@ -195,6 +205,68 @@ def print_dryrun_table(res: dict) -> None:
     print("x: compute stretch max(1, ranks / cores) for ranks time-sharing the dry run's CPU cores")
 
 
+# ---- published runs ----------------------------------------------------------------------------------------
+def published_results(path: str | None, cost_model_dir: str | None) -> dict:
+    """Every published run: in-sample and leave-one-out error of the analytic model, and the learned model's
+    error when a model directory is given."""
+    from ..cost.learned import LearnedCostModel
+    from ..plan import calibration as C
+    path = path or C.TABLE
+    if not os.path.isfile(path):
+        raise InputError("published-runs table not found", file=path, field="--published",
+                         fix="pass a YAML table in the format of the packaged one, or --published alone")
+    runs = C.published_runs(path)
+    loo, fits = C.leave_one_out(path)
+    rows = []
+    for run, held, fit in zip(runs, loo, fits):
+        ins = C.predict(run)
+        row = {"source": run.source, "model": run.model.name, "device": run.device, "tp": run.tp, "pp": run.pp,
+               "dp": run.dp, "published_s": run.published_s, "in_sample_s": ins,
+               "in_sample_error_pct": 100.0 * (ins / run.published_s - 1), "held_out_s": held.predicted_s,
+               "held_out_error_pct": 100.0 * held.error, "held_out_constants": fit}
+        if cost_model_dir:
+            learned = LearnedCostModel(cost_model_dir, fallback=C.era_cost_model(run))
+            from ..spec.devices import get_device
+            t = C.predict(run, cost_model=learned)
+            row.update(learned_s=t, learned_error_pct=100.0 * (t / run.published_s - 1),
+                       learned_source=learned.source(get_device(run.device)))
+        rows.append(row)
+
+    def summary(key):
+        errs = [abs(r[key]) for r in rows]
+        return {"mape_pct": round(sum(errs) / len(errs), 2), "worst_pct": round(max(errs), 2)}
+    out = {"table": path, "fitted_constants": list(C.FITTED), "rows": rows,
+           "summary": {"analytic_in_sample": summary("in_sample_error_pct"),
+                       "analytic_leave_one_out": summary("held_out_error_pct")}}
+    if cost_model_dir:
+        out["summary"]["learned"] = summary("learned_error_pct")
+    return out
+
+
+def print_published_table(res: dict) -> None:
+    rows = res["rows"]
+    learned = "learned_s" in rows[0] if rows else False
+    head = f"{'source':<15} {'model':<12} {'TP':>3} {'PP':>3} {'DP':>4} {'published s':>11} {'in-sample s':>11} " \
+           f"{'error %':>8} {'held-out s':>10} {'error %':>8}"
+    print(head + (f" {'learned s':>10} {'error %':>8} {'priced by':>9}" if learned else ""))
+    for r in rows:
+        line = f"{r['source']:<15} {r['model']:<12} {r['tp']:>3} {r['pp']:>3} {r['dp']:>4} {r['published_s']:>11.3f} " \
+               f"{r['in_sample_s']:>11.3f} {r['in_sample_error_pct']:>8.1f} {r['held_out_s']:>10.3f} " \
+               f"{r['held_out_error_pct']:>8.1f}"
+        if learned:
+            line += f" {r['learned_s']:>10.3f} {r['learned_error_pct']:>8.1f} {r['learned_source']:>9}"
+        print(line)
+    s = res["summary"]
+    print(f"\nanalytic, in sample (constants fitted on every run):  MAPE {s['analytic_in_sample']['mape_pct']:.1f} %, "
+          f"worst {s['analytic_in_sample']['worst_pct']:.1f} %")
+    print(f"analytic, leave one out (fitted without the run):     MAPE {s['analytic_leave_one_out']['mape_pct']:.1f} %, "
+          f"worst {s['analytic_leave_one_out']['worst_pct']:.1f} %")
+    if "learned" in s:
+        print(f"learned (never fitted on these runs):                 MAPE {s['learned']['mape_pct']:.1f} %, "
+              f"worst {s['learned']['worst_pct']:.1f} %")
+    print(f"fitted constants: {', '.join(res['fitted_constants'])}; the others are physical (docs/cost-model.md)")
+
+
 # ---- operator / layer measurements -------------------------------------------------------------------------
 def _operator_results(args) -> dict:
     from ..cost import learned as L
@@ -251,9 +323,9 @@ def print_operator_table(res: dict, max_rows: int) -> None:
 
 
 def run(args) -> int:
-    if not args.profile and not args.sailor and not args.dryrun:
+    if not args.profile and not args.sailor and not args.dryrun and args.published is None:
         raise InputError("no measurements given", field="--profile",
-                         fix="pass --profile FILE, --sailor [DIR] and/or --dryrun REPORT PLAN")
+                         fix="pass --profile FILE, --sailor [DIR], --published [FILE] and/or --dryrun REPORT PLAN")
     if not args.dryrun:
         for flag, given in (("--inventory", args.inventory), ("--cores", args.cores), ("--tiny", args.tiny)):
             if given is not None:
@@ -262,9 +334,15 @@ def run(args) -> int:
     # Operator rows keep their top-level JSON keys (rows, summary, skipped); dry runs come under "dryruns".
     res = _operator_results(args) if (args.profile or args.sailor) else {}
     dry = _dryrun_results(args) if args.dryrun else None
+    pub = published_results(args.published, args.cost_model) if args.published is not None else None
     if args.json:
-        print(json.dumps({**res, **({"dryruns": dry} if dry else {})}, indent=1))
+        print(json.dumps({**res, **({"dryruns": dry} if dry else {}), **({"published": pub} if pub else {})},
+                         indent=1))
         return 0
+    if pub:
+        print_published_table(pub)
+        if res or dry:
+            print()
     layers = res.pop("layers", None)
     if res:
         print_operator_table(res, args.rows)

@@ -1,37 +1,73 @@
-"""Analytic compute-time model: a roofline per operator with a size-dependent efficiency.
+"""Analytic compute-time model: a roofline per kernel that knows small work is inefficient.
 
 Each transformer layer is the GEMMs Megatron runs (QKV, attention core, output projection, MLP up/gate and
-down) plus memory-bound element-wise work (norms, activation, residual adds, rotary). For an operator with F
-FLOPs and B bytes moved on a device with peak P and memory bandwidth W:
+down) plus memory-bound element-wise work (norms, activation, residual adds, rotary). A GEMM [m,k] x [k,n] with
+F = 2mkn FLOPs and B bytes moved, on a device with peak P, memory bandwidth W and U streaming multiprocessors
+(compute units), takes
 
-    time = max(F / (P * eff(F)), B / W)    with    eff(F) = E_max * vendor * F / (F + P * t0)
+    time = max(F / (P * E_max * vendor * wave(m, n)), B / W) + kernel_latency
+    wave(m, n) = tiles / (U * ceil(tiles / U)),   tiles = ceil(m / 128) * ceil(n / 128)
 
-`eff` grows with the GEMM size and saturates at E_max: a GEMM of P*t0 FLOPs (the work the device does in t0
-seconds at peak) reaches half of it, so small shards (high TP, small micro-batches) are penalised the way real
-kernels are. E_max, t0 and the element-wise traffic are ONE set of constants for every device and model,
-calibrated once against published Megatron runs (docs/cost-model.md); `vendor` is a fixed per-vendor kernel
-maturity factor, an assumption until `hetauto profile` measures the device.
+`max(., B/W)` is the roofline: a GEMM with a thin dimension (low arithmetic intensity) is bound by memory.
+`wave` is wave quantisation: the kernel computes its output in 128 x 128 tiles, one per SM at a time, so the
+last wave of tiles leaves SMs idle; a small shard (high TP, short sequences) fills one wave badly. Every kernel
+pays a fixed `kernel_latency` (launch, prologue, the tail of its last wave). On top of the kernels, each layer
+pays `layer_overhead` per micro-batch and pass (the framework's Python, autograd bookkeeping and the
+synchronisations that stop the CPU from running ahead), the first and last stage pay `micro_batch_overhead`
+per micro-batch (fetching the batch and broadcasting it over TP; the loss and its bookkeeping), and every
+iteration pays `iteration_overhead` (zeroing gradient buffers, the gradient-norm reduction, the learning-rate
+schedule, logging). These fixed costs are why a small model, or a large one sharded thinly, runs far below a
+large GEMM's efficiency: its kernels are short and the fixed costs are not.
+
+The constants are ONE set for every device and model. Two are fitted on published Megatron runs (E_max and
+layer_overhead, benchmarks/calibration.py, leave one run out); the others are physical figures with their
+source in docs/cost-model.md. `vendor` is a fixed per-vendor kernel maturity factor, an assumption until
+`hetauto profile` measures the device.
 
 Tensors are `device.dtype_bytes` wide: bf16 (2 bytes) on accelerators, fp32 (4) on `cpu`, where dry runs
-train in fp32. Assumptions (Megatron-Core defaults on GPUs): flash attention (no s^2 activations stored, attention
-backward ~2.5x its forward), sequence parallelism whenever TP > 1 (element-wise work divided by TP).
+train in fp32. The software stack is a setting of the model: flash attention (no s^2 scores through memory,
+attention backward ~2.5x its forward) and sequence parallelism (element-wise work divided by TP) are on by
+default, as Megatron-Core runs today.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..spec.devices import DeviceType
 from ..spec.model import ModelSpec
 
+# Streaming multiprocessors (NVIDIA), compute units (AMD, one MI250X GCD), AI cores (Ascend): how many GEMM
+# tiles the device computes at once. Datasheet figures; a type missing here gets its vendor's default.
+COMPUTE_UNITS = {
+    "a100-40gb": 108, "a100-80gb": 108, "h100-sxm": 132, "h800": 132, "h20": 78, "h200": 132, "gh200": 132,
+    "v100": 80, "v100-16gb": 80, "l40s": 142, "a10": 72, "mi250x": 110, "mi300x": 304, "ascend-910b": 24,
+}
+DEFAULT_COMPUTE_UNITS = {"nvidia": 108, "amd": 110, "ascend": 24, "cpu": 8}
+GEMM_TILE = 128     # output tile edge of the tensor-core GEMM kernels (cuBLAS / CUTLASS bf16 on Ampere, Hopper)
+
+
+def compute_units(device: DeviceType) -> int:
+    return COMPUTE_UNITS.get(device.name, DEFAULT_COMPUTE_UNITS.get(device.vendor, 100))
+
+
+def wave_efficiency(m: float, n: float, units: int, tile: int = GEMM_TILE) -> float:
+    """Share of the SM-time of a GEMM's waves that computes output tiles (1 when the last wave is full)."""
+    tiles = math.ceil(m / tile) * math.ceil(n / tile)
+    return tiles / (units * math.ceil(tiles / units))
+
 
 @dataclass(frozen=True)
 class Calibration:
-    """The model's only free constants (one set for all rows of the calibration table)."""
-    gemm_max_efficiency: float = 0.76
-    gemm_half_time_s: float = 20e-6          # t0: a GEMM of P*t0 FLOPs runs at half of the max efficiency
-    attention_efficiency: float = 0.60       # flash-attention core relative to GEMM efficiency
-    elementwise_passes: float = 16.0         # element-wise reads+writes of the [tokens, hidden] tensor per layer fwd
-    kernel_overhead_s: float = 4e-6          # launch/dispatch cost per operator
+    """The model's constants: one set for every device and model (docs/cost-model.md gives each one's source)."""
+    gemm_max_efficiency: float = 0.742       # fitted: fraction of peak a large, wave-aligned GEMM reaches
+    attention_efficiency: float = 0.60       # flash-attention core relative to a GEMM (FlashAttention-2 paper)
+    elementwise_passes: float = 16.0         # reads+writes of the [tokens, hidden] tensor per layer forward
+    kernel_latency_s: float = 5e-6           # per kernel: launch, prologue/epilogue, last-wave tail
+    layer_overhead_s: float = 0.0            # fitted: framework time per layer, micro-batch and pass not hidden
+                                             # behind the GPU (0 on Megatron-Core at the published sizes)
+    micro_batch_overhead_s: float = 0.2e-3   # per micro-batch on the first stage (get_batch) and the last (loss)
+    iteration_overhead_s: float = 10e-3      # per iteration: zero grads, grad-norm, LR schedule, logging
     vendor_factor: tuple = (("nvidia", 1.0), ("amd", 0.80), ("ascend", 0.85), ("cpu", 1.0))
 
     def vendor(self, vendor: str) -> float:
@@ -42,8 +78,8 @@ DEFAULT_CALIBRATION = Calibration()
 
 
 class AnalyticCostModel:
-    """Compute time of model pieces on one device of a TP group. No TP collectives, no recomputation here:
-    the simulator adds those (cost/comm.py, recompute factors below)."""
+    """Compute time of model pieces on one device of a TP group. No TP collectives here: the simulator adds
+    those (cost/comm.py); recomputation is priced by `recompute_time`."""
 
     name = "analytic"
 
@@ -59,28 +95,36 @@ class AnalyticCostModel:
     def source(self, device: DeviceType) -> str:
         return "analytic"
 
-    # ---- one operator ----------------------------------------------------------------------------------
-    def _op(self, device: DeviceType, flops: float, nbytes: float, kind: str = "gemm") -> float:
+    # ---- kernels ---------------------------------------------------------------------------------------
+    def _kernel(self, device: DeviceType, flops: float, nbytes: float, wave: float = 1.0,
+                kind: str = "gemm") -> float:
         c = self.cal
-        peak = device.peak_tflops * 1e12
-        eff = c.gemm_max_efficiency * c.vendor(device.vendor) * flops / (flops + peak * c.gemm_half_time_s)
+        peak = device.peak_tflops * 1e12 * c.gemm_max_efficiency * c.vendor(device.vendor) * wave
         if kind == "attention":
-            eff *= c.attention_efficiency
-        compute = flops / (peak * eff) if flops > 0 else 0.0
+            peak *= c.attention_efficiency
+        compute = flops / peak if flops > 0 else 0.0
         memory = nbytes / (device.hbm_gbps * 1e9)
-        return max(compute, memory) + c.kernel_overhead_s
+        return max(compute, memory) + c.kernel_latency_s
 
-    def _gemm(self, device, m, k, n):
-        """[m,k] x [k,n]: forward time, and backward (two GEMMs of the same size: data and weight grads)."""
-        flops = 2.0 * m * k * n
-        nbytes = device.dtype_bytes * (m * k + k * n + m * n)
-        t = self._op(device, flops, nbytes)
-        return t, 2 * t
+    def _mm(self, device: DeviceType, m: float, k: float, n: float) -> float:
+        """One GEMM [m,k] x [k,n] (output m x n)."""
+        B = device.dtype_bytes
+        wave = wave_efficiency(m, n, compute_units(device)) if device.vendor != "cpu" else 1.0
+        return self._kernel(device, 2.0 * m * k * n, B * (m * k + k * n + m * n), wave)
+
+    def _gemm(self, device: DeviceType, m, k, n) -> tuple[float, float]:
+        """A linear layer on m tokens, k inputs, n outputs: forward, and backward = the input gradient
+        [m,n] x [n,k] plus the weight gradient [k,m] x [m,n] (each with its own output tiling)."""
+        return self._mm(device, m, k, n), self._mm(device, m, n, k) + self._mm(device, k, m, n)
+
+    def _elementwise(self, device: DeviceType, nbytes: float) -> float:
+        return self._kernel(device, 0.0, nbytes)
 
     # ---- model pieces ----------------------------------------------------------------------------------
     def layer_parts(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None = None) -> dict[str, tuple[float, float]]:
-        """(forward_s, backward_s) of each part of one transformer layer: attention, mlp, elementwise."""
+        """(forward_s, backward_s) of each part of one transformer layer: attention, mlp, elementwise,
+        overhead (the framework's fixed time)."""
         s = seq_length or model.seq_length
         m = micro_batch_size * s                      # tokens in the micro-batch
         h, f = model.hidden_size, model.ffn_hidden_size
@@ -91,20 +135,24 @@ class AnalyticCostModel:
         attn_flops = 2 * 2.0 * micro_batch_size * heads * s * s * model.head_dim
         attn_bytes = B * m * (h + 2 * model.kv_hidden) / tp * 2
         if self.flash_attention:
-            a_f = self._op(device, attn_flops, attn_bytes, "attention")
+            a_f = self._kernel(device, attn_flops, attn_bytes, kind="attention")
+            a_b = 2.5 * a_f
         else:  # two batched GEMMs plus ~5 passes over the [b, heads, s, s] scores (fused softmax, dropout)
             scores = B * micro_batch_size * heads * s * s
-            a_f = self._op(device, attn_flops, attn_bytes) + self._op(device, 0.0, 5 * scores, "elementwise")
+            wave = wave_efficiency(s, s, compute_units(device)) if device.vendor != "cpu" else 1.0
+            a_f = self._kernel(device, attn_flops, attn_bytes, wave) + self._elementwise(device, 5 * scores)
+            a_b = 2.0 * a_f
         up = self._gemm(device, m, h, (2 if model.gated_mlp else 1) * f // tp)
         down = self._gemm(device, m, f // tp, h)
         act_bytes = B * m * f / tp * (3 if model.gated_mlp else 2)
         sp = tp if self.sequence_parallel else 1
-        ew_bytes = B * m * h * self.cal.elementwise_passes / sp + act_bytes
-        ew = self._op(device, 0.0, ew_bytes, "elementwise")
+        ew = self._elementwise(device, B * m * h * self.cal.elementwise_passes / sp + act_bytes)
+        o = self.cal.layer_overhead_s
         return {
-            "attention": (qkv[0] + a_f + proj[0], qkv[1] + (2.5 if self.flash_attention else 2.0) * a_f + proj[1]),
+            "attention": (qkv[0] + a_f + proj[0], qkv[1] + a_b + proj[1]),
             "mlp": (up[0] + down[0], up[1] + down[1]),
             "elementwise": (ew, 2 * ew),
+            "overhead": (o, 2 * o),                  # the backward runs about twice the forward's kernels
         }
 
     def layer_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
@@ -124,16 +172,24 @@ class AnalyticCostModel:
 
     def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                    seq_length: int | None = None) -> tuple[float, float]:
-        """Final norm, logits GEMM (vocab split by TP) and the cross-entropy over [tokens, vocab/tp] fp32."""
+        """Final norm, logits GEMM (vocab split by TP), the cross-entropy over [tokens, vocab/tp] fp32, and the
+        last stage's per-micro-batch bookkeeping (loss averaging and reporting)."""
         m = micro_batch_size * (seq_length or model.seq_length)
         g = self._gemm(device, m, model.hidden_size, model.vocab_size // tp)
-        ce = self._op(device, 0.0, 4 * 3 * m * model.vocab_size / tp, "elementwise")
-        return g[0] + ce, g[1] + ce
+        ce = self._elementwise(device, 4 * 3 * m * model.vocab_size / tp)
+        o = self.cal.micro_batch_overhead_s
+        return g[0] + ce + o, g[1] + ce
 
     def embedding_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                         seq_length: int | None = None) -> tuple[float, float]:
-        """Embedding lookup (a gather) and its backward (a scatter-add into the vocab/tp x hidden table)."""
+        """Embedding lookup (a gather) and its backward (a scatter-add into the vocab/tp x hidden table), plus
+        the first stage's per-micro-batch data fetch (the loader's next batch, broadcast over the TP group)."""
         m = micro_batch_size * (seq_length or model.seq_length)
         nbytes = device.dtype_bytes * m * model.hidden_size * 2
-        fwd = self._op(device, 0.0, nbytes, "elementwise")
-        return fwd, 2 * fwd
+        fwd = self._elementwise(device, nbytes)
+        return fwd + self.cal.micro_batch_overhead_s, 2 * fwd
+
+    def iteration_overhead_s(self, device: DeviceType) -> float:
+        """Fixed time per iteration outside the pipeline (zeroing gradient buffers, the gradient-norm
+        reduction, the learning-rate schedule, logging)."""
+        return self.cal.iteration_overhead_s

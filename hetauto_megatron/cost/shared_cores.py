@@ -51,3 +51,6 @@ class SharedCoresCostModel:
 
     def recompute_time(self, *a):
         return self.base.recompute_time(*a) * self.factor
+
+    def iteration_overhead_s(self, device):
+        return self.base.iteration_overhead_s(device) * self.factor

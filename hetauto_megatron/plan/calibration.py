@@ -1,31 +1,66 @@
-"""Reproduce published homogeneous Megatron-LM throughputs with the analytic model (the calibration check).
+"""Published homogeneous Megatron-LM throughputs against the analytic model: in sample and out of sample.
 
 The table (hetauto_megatron/data/published-megatron-throughput.yaml) gives, per run, the model, TP/PP/DP, global
-batch and achieved TFLOP/s per GPU, from which the published iteration time follows. We predict each row with
-ONE fixed set of constants (cost/analytic.py `Calibration`) and the software stack of its era: the 2021 A100
-runs predate flash attention and sequence parallelism, the 2024 H100 runs use both. The tables do not state
-the micro-batch size; we use 1 for every row (Megatron's published configurations at these scales).
+batch and achieved TFLOP/s per GPU, from which the published iteration time follows. Each source states the
+system and the software of its era (device, node links, flash attention, sequence parallelism, micro-batch
+size, how its TFLOP/s were counted); a source without those keys gets the defaults of the two sources the
+package ships (`_SOURCE_DEFAULTS`), so another table in the same format can be checked as it is.
+
+`FITTED` names the only constants fitted on these runs (cost/analytic.py `Calibration`); every other constant
+is a physical figure. `leave_one_out` predicts each run with the constants fitted on the others: that is the
+out-of-sample error the docs and `hetauto validate-cost-model --published` report.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
 import yaml
 
+from ..cost.analytic import DEFAULT_CALIBRATION, AnalyticCostModel, Calibration
+from ..errors import InputError
+from ..spec.devices import canonical_device_name
 from ..spec.inventory import inventory_from_dict
 from ..spec.model import ModelSpec
 from .simulate import MeshChoice, evaluate_layout
-from ..cost.analytic import AnalyticCostModel
 
-TABLE = os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml")
+TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
 
-# Per source: catalog device, node links of those systems (Selene: NVLink3 + 8x200G HDR; Eos: NVLink4 + 8x400G NDR),
-# and the software generation.
-_SOURCES = {
-    "source_a_a100": dict(device="a100-80gb", intra=2400, inter=200, flash=False, sp=False),
-    "source_b_h100": dict(device="h100-sxm", intra=3600, inter=400, flash=True, sp=True),
+# Per source: catalog device, node links of those systems (Selene: NVLink3 + 8x200G HDR; Eos: NVLink4 + 8x400G
+# NDR), the software generation, and whether the published TFLOP/s count the recomputation's FLOPs.
+_SOURCE_DEFAULTS = {
+    "source_a_a100": dict(device="a100-80gb", intra_node_gbps=2400, inter_node_gbps=200, flash_attention=False,
+                          sequence_parallel=False, micro_batch_size=1, flops_count="hardware",
+                          tie_embeddings=True),
+    "source_b_h100": dict(device="h100-sxm", intra_node_gbps=3600, inter_node_gbps=400, flash_attention=True,
+                          sequence_parallel=True, micro_batch_size=1, flops_count="model", tie_embeddings=False),
 }
+
+# The constants fitted on published runs; the rest of `Calibration` is physical (docs/cost-model.md).
+FITTED = ("gemm_max_efficiency", "layer_overhead_s")
+_BOUNDS = {"gemm_max_efficiency": (0.3, 1.0), "layer_overhead_s": (0.0, 2e-3)}
+_SCALE = {"gemm_max_efficiency": 1.0, "layer_overhead_s": 1e-4}     # the search moves in these units
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    source: str
+    params_b: float
+    model: ModelSpec
+    device: str
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    micro_batch_size: int
+    recompute: str
+    flash_attention: bool
+    sequence_parallel: bool
+    intra_node_gbps: float
+    inter_node_gbps: float
+    published_s: float
 
 
 @dataclass
@@ -43,36 +78,112 @@ class CalibrationRow:
         return self.predicted_s / self.published_s - 1
 
 
-def published_iteration_time(source: str, table: dict, row: dict) -> float:
-    h, L, V, s, B = row["hidden"], row["layers"], table["vocab"], table["seq_len"], row["batch"]
-    if source == "source_a_a100":   # counts recomputation FLOPs
+def published_iteration_time(flops_count: str, vocab: int, seq: int, row: dict) -> float:
+    """Seconds per iteration from the published TFLOP/s per GPU (Narayanan et al. 2021, appendix)."""
+    h, L, V, s, B = row["hidden"], row["layers"], vocab, seq, row["batch"]
+    if flops_count == "hardware":   # counts the recomputation's FLOPs
         flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     else:                           # model FLOPs
         flops = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
     return flops / (row["tflops_per_gpu"] * 1e12 * row["gpus"])
 
 
-def calibration_rows(path: str = TABLE) -> list[CalibrationRow]:
-    with open(path) as fh:
-        data = yaml.safe_load(fh)
+def published_runs(path: str = TABLE) -> list[PublishedRun]:
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise InputError(f"cannot be read ({exc.strerror})", file=path, fix="pass a published-throughput YAML file")
+    if not isinstance(data, dict):
+        raise InputError("is not a mapping of sources", file=path,
+                         fix="write one section per source with vocab, seq_len, recompute and rows")
     out = []
-    for source, cfg in _SOURCES.items():
-        table = data[source]
-        cost = AnalyticCostModel(flash_attention=cfg["flash"], sequence_parallel=cfg["sp"])
-        for row in table["rows"]:
-            h = row["hidden"]
-            model = ModelSpec(name=f"gpt-{row['params_b']}b", num_layers=row["layers"], hidden_size=h,
-                              num_attention_heads=row["heads"], ffn_hidden_size=4 * h, vocab_size=table["vocab"],
-                              seq_length=table["seq_len"], gated_mlp=False, position_embedding="learned",
-                              tie_embeddings=source == "source_a_a100")
-            tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
-            dp = gpus // (tp * pp)
-            inv = inventory_from_dict({"clusters": [{
-                "name": "c", "device": cfg["device"], "nodes": gpus // 8, "devices_per_node": 8,
-                "intra_node": {"bandwidth_gbps": cfg["intra"], "latency_us": 5},
-                "inter_node": {"bandwidth_gbps": cfg["inter"], "latency_us": 10}}]})
-            res = evaluate_layout(model, inv, [MeshChoice("c", tp, dp, 1, table["recompute"], pp)], row["batch"],
-                                  cost, extrapolate=False)
-            out.append(CalibrationRow(source, row["params_b"], tp, pp, dp,
-                                      published_iteration_time(source, table, row), res.iteration_time_s))
+    for source, table in data.items():
+        cfg = dict(_SOURCE_DEFAULTS.get(source, {}))
+        cfg.update({k: v for k, v in table.items() if k in _SOURCE_DEFAULTS["source_a_a100"]})
+        missing = [k for k in _SOURCE_DEFAULTS["source_a_a100"] if k not in cfg]
+        if missing:
+            raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
+                             fix="add these keys to the source (see the packaged table)")
+        for i, row in enumerate(table["rows"]):
+            try:
+                h = row["hidden"]
+                model = ModelSpec(name=f"gpt-{row['params_b']}b", num_layers=row["layers"], hidden_size=h,
+                                  num_attention_heads=row["heads"], ffn_hidden_size=4 * h, vocab_size=table["vocab"],
+                                  seq_length=table["seq_len"], gated_mlp=False, position_embedding="learned",
+                                  tie_embeddings=bool(cfg["tie_embeddings"]))
+                tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
+                out.append(PublishedRun(
+                    source, float(row["params_b"]), model, canonical_device_name(cfg["device"]) or cfg["device"], tp, pp, gpus // (tp * pp), row["batch"],
+                    int(cfg["micro_batch_size"]), table["recompute"], bool(cfg["flash_attention"]),
+                    bool(cfg["sequence_parallel"]), float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
+                    published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row)))
+            except (KeyError, TypeError, ZeroDivisionError) as exc:
+                raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
+                                 fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")
     return out
+
+
+def era_cost_model(run: PublishedRun, calibration: Calibration = DEFAULT_CALIBRATION) -> AnalyticCostModel:
+    """The analytic model with the software the run used (flash attention, sequence parallelism)."""
+    return AnalyticCostModel(calibration, flash_attention=run.flash_attention,
+                             sequence_parallel=run.sequence_parallel)
+
+
+def predict(run: PublishedRun, calibration: Calibration = DEFAULT_CALIBRATION, cost_model=None) -> float:
+    """Iteration time of a published run: the analytic model with `calibration` and the run's software, or
+    `cost_model` when given."""
+    cost = cost_model if cost_model is not None else era_cost_model(run, calibration)
+    gpus = run.tp * run.pp * run.dp
+    inv = inventory_from_dict({"clusters": [{
+        "name": "c", "device": run.device, "nodes": max(1, gpus // 8), "devices_per_node": min(8, gpus),
+        "intra_node": {"bandwidth_gbps": run.intra_node_gbps, "latency_us": 5},
+        "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
+    res = evaluate_layout(run.model, inv, [MeshChoice("c", run.tp, run.dp, run.micro_batch_size, run.recompute,
+                                                      run.pp)], run.global_batch, cost, extrapolate=True)
+    return res.iteration_time_s
+
+
+def _row(run: PublishedRun, predicted: float) -> CalibrationRow:
+    return CalibrationRow(run.source, run.params_b, run.tp, run.pp, run.dp, run.published_s, predicted)
+
+
+def fit_constants(runs: list[PublishedRun], base: Calibration = DEFAULT_CALIBRATION) -> Calibration:
+    """The FITTED constants minimising the mean squared log(predicted / published) over `runs` (Nelder-Mead
+    from `base`, restarted once from its own answer; deterministic); the other constants stay as in `base`."""
+    from scipy.optimize import minimize
+    scale = [_SCALE[k] for k in FITTED]
+
+    def calib(x) -> Calibration:
+        vals = {k: float(min(max(v * s, _BOUNDS[k][0]), _BOUNDS[k][1])) for k, v, s in zip(FITTED, x, scale)}
+        return dataclasses.replace(base, **vals)
+
+    def loss(x) -> float:
+        c = calib(x)
+        return sum(math.log(predict(r, c) / r.published_s) ** 2 for r in runs) / len(runs)
+
+    x = [max(getattr(base, k), 0.5 * s) / s for k, s in zip(FITTED, scale)]
+    for _ in range(2):
+        x = minimize(loss, x, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 400}).x
+    return calib(x)
+
+
+def calibration_rows(path: str = TABLE, calibration: Calibration = DEFAULT_CALIBRATION) -> list[CalibrationRow]:
+    """Every run predicted with one given set of constants (in sample for the packaged table)."""
+    return [_row(r, predict(r, calibration)) for r in published_runs(path)]
+
+
+def leave_one_out(path: str = TABLE, base: Calibration = DEFAULT_CALIBRATION) -> tuple[list[CalibrationRow], list]:
+    """Each run predicted with the FITTED constants fitted on all the other runs (each run is its own model).
+    Returns the rows and, per run, the constants its fold used."""
+    runs = published_runs(path)
+    rows, fits = [], []
+    for i, held in enumerate(runs):
+        cal = fit_constants(runs[:i] + runs[i + 1:], base)
+        rows.append(_row(held, predict(held, cal)))
+        fits.append({k: getattr(cal, k) for k in FITTED})
+    return rows, fits
+
+
+def mape(rows: list[CalibrationRow]) -> float:
+    return 100.0 * sum(abs(r.error) for r in rows) / len(rows)

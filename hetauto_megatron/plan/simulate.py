@@ -100,6 +100,12 @@ def _makespan(fwd, bwd, links, m, extrapolate: bool) -> tuple[float, tuple]:
     return t2 + (m - m1 - p) * (t2 - t1) / p, busy
 
 
+def _iteration_overhead(cost_model, profs) -> float:
+    """The fixed per-iteration time outside the pipeline (cost model's `iteration_overhead_s`): the slowest
+    device type's, as every rank waits for the others at the iteration's end."""
+    return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
+
+
 def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model,
             inventory) -> Estimate:
     p = len(profs)
@@ -116,7 +122,7 @@ def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners,
         dp_exposed.append(max(0.0, rs - b) + max(0.0, ag - f))
         opt.append(costing.optimizer_time(model, prof, layers[i], first, last))
     makespan, busy = _makespan(fwd, bwd, links, m, extrapolate)
-    tail = max(d + o for d, o in zip(dp_exposed, opt))
+    tail = max(d + o for d, o in zip(dp_exposed, opt)) + _iteration_overhead(cost_model, profs)
     T = makespan + tail
     tokens = gbs * model.seq_length
     world = sum(c.tp * c.dp * c.num_stages for c in choices)
@@ -233,7 +239,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
             rs, ag = costing.dp_sync_times(model, prof, layers[i], first, last)
             tail = max(tail, max(0.0, rs - b) + max(0.0, ag - f) + costing.optimizer_time(model, prof, layers[i],
                                                                                             first, last))
-        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail)
+        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail + _iteration_overhead(cost_model, profs))
     est = _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model, inventory)
     return LayoutResult(layers, est.iteration_time_s)
 

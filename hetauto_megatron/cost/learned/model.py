@@ -222,6 +222,10 @@ class LearnedCostModel:
                         seq_length: int | None = None) -> tuple[float, float]:
         return self._piece("embedding", model, device, tp, micro_batch_size, seq_length)
 
+    def iteration_overhead_s(self, device: DeviceType) -> float:
+        """Per-iteration fixed time: no measurement covers it, the analytic model's constant."""
+        return self.fallback.iteration_overhead_s(device)
+
     def recompute_time(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                        recompute: str, seq_length: int | None = None) -> float:
         """Full recomputation re-runs the layer's forward; selective re-runs the MLP share of it (the share
