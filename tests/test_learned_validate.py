@@ -122,8 +122,10 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
     from hetauto_megatron.spec.devices import get_device
     _, _, inv = dryrun
     assert get_device("cpu").dtype_bytes == 4 and get_device("h800").dtype_bytes == 2
-    m = tiny_plan().model
-    kw = dict(layers=3, tp=2, dp=1, micro_batch_size=2, recompute="none", in_flight=3, first=True, last=False)
+    from hetauto_megatron.plan.settings import default_settings
+    m = tiny_plan().model.replace(vocab_size=tiny_plan().padded_vocab_size)   # the table that runs
+    kw = dict(layers=3, tp=2, dp=1, micro_batch_size=2, recompute="none", in_flight=3, first=True, last=False,
+              settings=default_settings(2))
     fp32, bf16 = stage_memory_bytes(m, dtype_bytes=4, **kw), stage_memory_bytes(m, dtype_bytes=2, **kw)
     assert fp32["weights_grads_optimizer"] == fp32["params"] * 16        # 4 + 4 + 8 / dp, dp = 1
     assert bf16["weights_grads_optimizer"] == bf16["params"] * 18        # 2 + 4 + 12 / dp

@@ -92,9 +92,10 @@ def test_gqa_and_swiglu_counted():
 
 def test_recompute_reduces_activation_memory():
     m = PRESETS["llama2-7b"]
-    none, sel, full = (layer_activation_bytes(m, 1, 1, rc) for rc in ("none", "selective", "full"))
+    none, sel, full = (layer_activation_bytes(m, 1, 1, rc, sequence_parallel=False)
+                       for rc in ("none", "selective", "full"))
     assert none > sel > full > 0
-    assert layer_activation_bytes(m, 2, 1, "none") == pytest.approx(none / 2)
+    assert layer_activation_bytes(m, 2, 1, "none", sequence_parallel=True) == pytest.approx(none / 2)
 
 
 def test_simulate_plan_reports_every_stage_and_memory():

@@ -16,7 +16,9 @@ def _inv(clusters, links):
 
 
 INSTANCES = {
-    "a100+v100/llama2-7b": (_inv([("a", "a100-80gb", 2, 8), ("v", "v100", 1, 8)], [("a", "v", 25, 2)]),
+    # V100 has no bf16: this job trains in fp16 (the plan records it, simulate prices it)
+    "a100+v100/llama2-7b": (_inv([("a", "a100-80gb", 2, 8), ("v", "v100", 1, 8)], [("a", "v", 25, 2)])
+                            .with_precision("fp16"),
                             "llama2-7b", 64),
     "h800+910b+mi300x/llama2-13b": (_inv([("h", "h800", 2, 8), ("n", "ascend-910b", 1, 8), ("m", "mi300x", 1, 8)],
                                          [("h", "n", 25, 2), ("h", "m", 50, 1), ("n", "m", 10, 3)]),

@@ -38,6 +38,14 @@ _SOURCE_DEFAULTS = {
                           sequence_parallel=True, micro_batch_size=1, flops_count="model", tie_embeddings=False),
 }
 
+# The runtime settings (plan/settings.py) each era's Megatron-LM ran with, as plan overrides; a source may state
+# its own (`runtime_settings:`). 2021 had neither sequence parallelism nor the distributed optimizer and
+# all-reduced the fp32 gradients after the backward pass; the 2024 runs use the table's defaults.
+_SOURCE_SETTINGS = {
+    "source_a_a100": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_grad_reduce": False,
+                      "overlap_param_gather": False},
+}
+
 # The constants fitted on published runs; the rest of `Calibration` is physical (docs/cost-model.md).
 FITTED = ("gemm_max_efficiency", "layer_overhead_s")
 _BOUNDS = {"gemm_max_efficiency": (0.3, 1.0), "layer_overhead_s": (0.0, 2e-3)}
@@ -61,6 +69,7 @@ class PublishedRun:
     intra_node_gbps: float
     inter_node_gbps: float
     published_s: float
+    settings: tuple = ()     # the run's runtime-settings overrides, sorted (key, value) pairs
 
 
 @dataclass
@@ -117,7 +126,8 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                     source, float(row["params_b"]), model, canonical_device_name(cfg["device"]) or cfg["device"], tp, pp, gpus // (tp * pp), row["batch"],
                     int(cfg["micro_batch_size"]), table["recompute"], bool(cfg["flash_attention"]),
                     bool(cfg["sequence_parallel"]), float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
-                    published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row)))
+                    published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
+                    tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items()))))
             except (KeyError, TypeError, ZeroDivisionError) as exc:
                 raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
                                  fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")
@@ -140,7 +150,7 @@ def predict(run: PublishedRun, calibration: Calibration = DEFAULT_CALIBRATION, c
         "intra_node": {"bandwidth_gbps": run.intra_node_gbps, "latency_us": 5},
         "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
     res = evaluate_layout(run.model, inv, [MeshChoice("c", run.tp, run.dp, run.micro_batch_size, run.recompute,
-                                                      run.pp)], run.global_batch, cost, extrapolate=True)
+                                                      run.pp, run.settings)], run.global_batch, cost, extrapolate=True)
     return res.iteration_time_s
 
 

@@ -5,6 +5,12 @@ layer takes forward and backward on one micro-batch (TP collectives and recomput
 embedding and the output head add on the first and last stage, how many bytes a layer costs in memory, and how
 long DP gradient synchronisation and the optimizer step take per parameter. Stage time is then linear in its
 layer count, which is what makes the exact layer split cheap (plan/split.py).
+
+Every term is priced under the mesh's runtime settings (plan/settings.py, `StageProfile.settings`), the same
+table the emitted arguments and the runtime read: memory (cost/memory.py) with or without sequence parallelism
+and the distributed optimizer, the DP gradient reduction in the gradient-reduce dtype and exposed unless it
+overlaps, and the iteration tail: the tied-embedding exchange between the first and the last stage and the
+global gradient-norm all-reduce over the world's gloo group.
 """
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost import comm
-from ..cost.memory import GIB, stage_memory_bytes, stage_params
-from ..spec.inventory import Cluster, LinkSpec
+from ..cost.memory import GIB, grad_buffer_bytes, stage_memory_bytes, stage_params
+from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
+from .settings import RuntimeSettings, default_settings
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: profiles are unique (cached) and used as cache keys
@@ -32,6 +39,7 @@ class StageProfile:
     head_bwd: float
     dp_link: LinkSpec           # the link DP collectives of this mesh run on
     memory_cap: float           # usable bytes per device
+    settings: RuntimeSettings   # what this mesh runs with (plan/settings.py)
 
     def times(self, layers: int, first: bool, last: bool) -> tuple[float, float]:
         f = layers * self.layer_fwd + (self.emb_fwd if first else 0.0) + (self.head_fwd if last else 0.0)
@@ -41,7 +49,9 @@ class StageProfile:
 
 @lru_cache(maxsize=65536)
 def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_batch_size: int, recompute: str,
-                  cost_model) -> StageProfile:
+                  cost_model, settings: RuntimeSettings | None = None) -> StageProfile:
+    """`settings`: the mesh's runtime settings; None = the defaults for its TP (what `hetauto plan` emits)."""
+    settings = settings or default_settings(tp)
     dev = cluster.device
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
     lb += cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
@@ -53,16 +63,29 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     lb += 2 * ar + (2 * ar if recompute == "full" else 0.0)
     ef, eb = cost_model.embedding_times(model, dev, tp, micro_batch_size)
     hf, hb = cost_model.head_times(model, dev, tp, micro_batch_size)
-    dp_link = cluster.intra_node if tp * dp <= cluster.devices_per_node else cluster.inter_node
+    dp_link = dp_ring_link(cluster, tp, dp)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
-                        dev.memory_gib * GIB)
+                        dev.memory_gib * GIB, settings)
+
+
+def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
+    """The link a DP group's ring runs at. Inside one node: the intra-node link. Across nodes, the group has
+    k = min(dp, devices_per_node / tp) members per node, each with its own NIC (the inventory's inter_node
+    bandwidth is per device); NCCL runs one ring channel per NIC, so each node crossing carries k NICs'
+    bandwidth, up to the intra-node link's."""
+    if tp * dp <= cluster.devices_per_node:
+        return cluster.intra_node
+    k = max(1, min(dp, cluster.devices_per_node // tp))
+    inter = cluster.inter_node
+    return LinkSpec(min(k * inter.bandwidth_gbps, cluster.intra_node.bandwidth_gbps), inter.latency_s)
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
                  last: bool) -> dict[str, float]:
     return stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                               recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
-                              vendor=prof.cluster.device.vendor, dtype_bytes=prof.cluster.device.dtype_bytes)
+                              settings=prof.settings, vendor=prof.cluster.device.vendor,
+                              dtype_bytes=prof.cluster.device.dtype_bytes)
 
 
 @lru_cache(maxsize=262144)
@@ -76,19 +99,131 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 
 
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:
-    """(gradient reduce-scatter, parameter all-gather) seconds of the distributed optimizer, and the optimizer step
-    is added by the caller. Gradients and parameters in the device's training precision (bf16 on accelerators,
-    fp32 on cpu) on the ring of the DP group's link."""
-    nbytes = prof.cluster.device.dtype_bytes * stage_params(model, prof.tp, layers, first, last)
-    return (comm.reduce_scatter_time(nbytes, prof.dp, prof.dp_link),
-            comm.all_gather_time(nbytes, prof.dp, prof.dp_link))
+    """(gradient reduction, parameter all-gather) seconds of one iteration on the ring of the DP group's link.
+
+    With the distributed optimizer the gradients are reduce-scattered and the updated parameters all-gathered;
+    without it the gradients are all-reduced and nothing is gathered. Gradients travel in the gradient
+    buffer's dtype (fp32 by default, settings.grad_reduce_dtype), parameters in the training precision."""
+    params = stage_params(model, prof.tp, layers, first, last)
+    dtype = prof.cluster.device.dtype_bytes
+    grads = grad_buffer_bytes(dtype, prof.settings) * params
+    if prof.settings.distributed_optimizer:
+        return (comm.reduce_scatter_time(grads, prof.dp, prof.dp_link),
+                comm.all_gather_time(dtype * params, prof.dp, prof.dp_link))
+    return comm.allreduce_time(grads, prof.dp, prof.dp_link), 0.0
+
+
+def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, fwd_window: float,
+                     bwd_window: float) -> tuple[float, float]:
+    """(gradient reduction, parameter gather) seconds DP synchronisation adds to the iteration for one stage.
+
+    With overlap_grad_reduce Megatron reduces bucket by bucket as the last micro-batch's backward produces the
+    gradients, so the reduction hides behind `bwd_window`: that backward plus the pipeline's drain after it (the
+    stages before this one still running theirs). With overlap_param_gather the gather of the updated parameters
+    runs during the next iteration's first forward (`fwd_window`: this stage's, after the earlier stages').
+    Only what sticks out costs time; without the overlap the collective is exposed in full."""
+    reduce, gather = dp_sync_times(model, prof, layers, first, last)
+    s = prof.settings
+    return (max(0.0, reduce - bwd_window) if s.overlap_grad_reduce else reduce,
+            max(0.0, gather - fwd_window) if s.overlap_param_gather else gather)
+
+
+def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
+                   links) -> dict[str, float]:
+    """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
+    the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
+    tied-embedding exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
+    gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
+    stage_dp_exposed_s, stage_optimizer_s (lists)."""
+    p = len(profiles)
+    reduce_exp, after = [], []
+    fwd_before = bwd_before = 0.0
+    for i, prof in enumerate(profiles):
+        first, last = i == 0, i == p - 1
+        r, g = dp_exposed_times(model, prof, layers[i], first, last, fwd_before + fwd[i], bwd_before + bwd[i])
+        o = optimizer_time(model, prof, layers[i], first, last)
+        reduce_exp.append(r)
+        after.append((g, o))
+        link = links[i] if i < p - 1 else 0.0
+        fwd_before += fwd[i] + link
+        bwd_before += bwd[i] + link
+    sync = iteration_sync_time(model, inventory, meshes, profiles)
+    exposed = [r + g for r, (g, _) in zip(reduce_exp, after)]
+    opt = [o for _, o in after]
+    return {"tail_s": max(reduce_exp) + sync + max(g + o for g, o in after), "dp_exposed_s": max(exposed),
+            "optimizer_s": max(opt), "sync_s": sync, "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
 
 
 def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> float:
-    """Adam on the local shard: read/write the fp32 weight (the master copy under bf16), two moments, read the
-    gradient (and write the bf16 weight): ~32 bytes per parameter in bf16 mixed precision, 28 in fp32."""
+    """Adam on the local shard (the whole stage without the distributed optimizer): read/write the fp32 weight
+    (the master copy in 16-bit training), two moments, read the gradient (and write the 16-bit weight):
+    ~32 bytes per parameter in 16-bit mixed precision, 28 in fp32."""
     per_param = 28 if prof.cluster.device.dtype_bytes == 4 else 32
-    return stage_params(model, prof.tp, layers, first, last) / prof.dp * per_param / (prof.cluster.device.hbm_gbps * 1e9)
+    shard = prof.dp if prof.settings.distributed_optimizer else 1
+    return stage_params(model, prof.tp, layers, first, last) / shard * per_param / (prof.cluster.device.hbm_gbps * 1e9)
+
+
+# ---- the iteration tail: after the pipeline drains, before the optimizer step --------------------------------
+GRAD_NORM_ALLREDUCES = 1     # the global gradient norm (one fp32 scalar): all-reduced once per iteration
+
+
+def _hop_latency(inventory: Inventory, a: str, b: str) -> float:
+    """Latency of one message between clusters a and b (a's inter-node network when a == b). Clusters with no
+    link of their own in the inventory reach each other through the slowest link it lists."""
+    link = inventory.link(a, b)
+    if link is None:
+        link = max(inventory.links.values(), key=lambda x: x.latency_s, default=inventory.cluster(a).inter_node)
+    return link.latency_s
+
+
+def _cross_link(inventory: Inventory, a: str, b: str) -> LinkSpec:
+    link = inventory.link(a, b)
+    if link is None:    # not adjacent in the inventory: the slowest listed link carries it (conservative)
+        link = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=inventory.cluster(a).inter_node)
+    return link
+
+
+def tied_embedding_time(model: ModelSpec, inventory: Inventory, meshes, first: StageProfile,
+                        last: StageProfile) -> float:
+    """Summing the gradients of a tied input embedding (first stage) and output head (last stage).
+
+    Inside one mesh it is Megatron's embedding group: the two stages' ranks of the same TP and DP rank
+    all-reduce their TP shard of the table on the mesh's inter-node network. Across meshes (other TP sizes,
+    possibly other clusters) each side's TP ranks gather the full table to their DP-0 / TP-0 leader, the two
+    leaders exchange it over the link between their clusters once each way, and each side scatters the sum
+    back. The table travels in the gradient-reduce dtype (the dtype of `main_grad`). `meshes`: the plan's
+    mesh list or MeshChoices (cluster, tp, dp, num_stages), pipeline order."""
+    if not model.tie_embeddings or sum(m.num_stages for m in meshes) == 1:
+        return 0.0
+    table = model.vocab_size * model.hidden_size
+    if len(meshes) == 1:
+        nbytes = grad_buffer_bytes(first.cluster.device.dtype_bytes, first.settings) * table / first.tp
+        return comm.allreduce_time(nbytes, 2, first.cluster.inter_node)
+    gb = max(grad_buffer_bytes(p.cluster.device.dtype_bytes, p.settings) for p in (first, last))
+    nbytes = gb * table
+    gather = max(2 * comm.all_gather_time(nbytes, p.tp, p.cluster.intra_node) for p in (first, last))
+    a, b = meshes[0].cluster, meshes[-1].cluster
+    link = _cross_link(inventory, a, b) if a != b else inventory.cluster(a).inter_node
+    return gather + 2 * link.transfer_time(nbytes)
+
+
+def grad_norm_time(inventory: Inventory, meshes) -> float:
+    """The global gradient norm: a scalar all-reduced over the gloo group of every rank (ranks mesh after
+    mesh). gloo's ring takes 2(n - 1) steps, each waiting for its left neighbour, so the message walks the ring
+    about twice: twice the sum of the hop latencies (each rank to the next, the last back to the first), where
+    hops inside a cluster cost its inter-node latency and hops between clusters their link's. Bandwidth does
+    not matter for a few bytes."""
+    ring = 0.0
+    for i, m in enumerate(meshes):
+        ring += (m.tp * m.dp * m.num_stages - 1) * inventory.cluster(m.cluster).inter_node.latency_s
+        ring += _hop_latency(inventory, m.cluster, meshes[(i + 1) % len(meshes)].cluster)
+    return GRAD_NORM_ALLREDUCES * 2 * ring
+
+
+def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles) -> float:
+    """The tail's job-wide terms: tied-embedding exchange + global-norm all-reduce (`profiles`: per stage)."""
+    return tied_embedding_time(model, inventory, meshes, profiles[0], profiles[-1]) + grad_norm_time(inventory,
+                                                                                                     meshes)
 
 
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
@@ -100,7 +235,9 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
     replicas; hetauto sends each byte across once, so the whole step's activation crosses it."""
     B = a.cluster.device.dtype_bytes   # what the sender computes in (the receiver casts if it differs)
     if same_cluster:
-        nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / max(a.tp, b.tp)
+        # Without sequence parallelism every TP rank of the sender holds (and sends) the whole activation.
+        shards = max(a.tp, b.tp) if a.settings.sequence_parallel else 1
+        nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
     else:
         nbytes = B * samples_per_step * model.seq_length * model.hidden_size
     return link.transfer_time(nbytes)

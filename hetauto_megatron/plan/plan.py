@@ -24,10 +24,12 @@ from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
-from .settings import RuntimeSettings, default_settings, resolve_settings
+from .settings import (DEFAULT_PRECISION, RuntimeSettings, check_precision, default_settings, padded_vocab_size,
+                       resolve_settings)
 
 PLAN_VERSION = 2
-READABLE_VERSIONS = (1, 2)   # version 1 has no per-mesh `settings`: the defaults apply
+# Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
+READABLE_VERSIONS = (1, 2)
 RECOMPUTE_MODES = ("none", "selective", "full")
 # What each mode means in Megatron's TransformerConfig; the cost model, the emitted arguments and the runtime all
 # follow this one table. 'selective' re-runs the MLP: with flash attention Megatron's default module
@@ -122,9 +124,11 @@ class Plan:
     inventory: dict | None = None     # the inventory the plan was made for (Inventory.to_dict()), optional
     estimate: dict | None = None      # the planner's prediction (times, memory), informational
     version: int = PLAN_VERSION
+    precision: str = DEFAULT_PRECISION   # training precision of the whole job (bf16, fp16, fp8, fp32)
 
     def __post_init__(self):
         object.__setattr__(self, "meshes", tuple(self.meshes))
+        check_precision(self.precision)
         m = self.model
         if self.version not in READABLE_VERSIONS:
             raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
@@ -185,6 +189,11 @@ class Plan:
         return self.global_batch_size // self.samples_per_step
 
     @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""
+        return padded_vocab_size(self.model.vocab_size, [mesh.tp for mesh in self.meshes])
+
+    @property
     def world_size(self) -> int:
         return sum(mesh.num_devices for mesh in self.meshes)
 
@@ -206,7 +215,7 @@ class Plan:
     # ---- file format ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {"version": PLAN_VERSION, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
-             "meshes": [mesh.to_dict() for mesh in self.meshes]}
+             "precision": self.precision, "meshes": [mesh.to_dict() for mesh in self.meshes]}
         if self.inventory is not None:
             d["inventory"] = self.inventory
         if self.estimate is not None:
@@ -237,11 +246,13 @@ def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
 
 def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     data = require_mapping(data, "a plan", file)
-    reject_unknown(data, {"version", "model", "global_batch_size", "meshes", "inventory", "estimate"}, file=file)
+    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "meshes", "inventory", "estimate"},
+                   file=file)
     version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
+    precision = check_precision(get(data, "precision", str, default=DEFAULT_PRECISION, file=file), file=file)
     meshes = []
     for i, raw in enumerate(get(data, "meshes", list, file=file)):
         p = f"meshes[{i}]."
@@ -265,7 +276,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                              fix="compare it with docs/plan-format.md") from None
     try:
         return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
-                    inventory=data.get("inventory"), estimate=data.get("estimate"), version=version)
+                    inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,
+                    precision=precision)
     except InputError as exc:
         raise exc.within(file=file) from None
 

@@ -16,13 +16,20 @@ nothing else in hetauto decides them:
 
 A mesh may override any of them in the plan file (`settings:` in a mesh, docs/plan-format.md); the defaults
 are what `hetauto plan` assumes and what production Megatron jobs run.
+
+Two job-wide properties sit beside the table because the same readers need them: the training precision
+(`Plan.precision`, its Megatron flags in `precision_args`) and the padded vocabulary (`padded_vocab_size`): Megatron
+pads the embedding table to a multiple of make_vocab_size_divisible_by x TP, and TP differs per mesh, so the plan
+pads once, to a size every mesh's multiple divides, and every mesh is told that size.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..spec.devices import PRECISIONS
 
 GRAD_REDUCE_DTYPES = ("fp32", "param")
 
@@ -84,8 +91,8 @@ def resolve_settings(tp: int, overrides: dict | None = None) -> RuntimeSettings:
     return dataclasses.replace(default_settings(tp), **overrides)
 
 
-def megatron_setting_args(s: RuntimeSettings) -> list[str]:
-    """Megatron-LM flags for one mesh's settings."""
+def megatron_setting_args(s: RuntimeSettings, precision: str = "bf16") -> list[str]:
+    """Megatron-LM flags for one mesh's settings (the gradient dtype's spelling depends on the precision)."""
     out = []
     if s.sequence_parallel:
         out.append("--sequence-parallel")
@@ -95,6 +102,47 @@ def megatron_setting_args(s: RuntimeSettings) -> list[str]:
         out.append("--overlap-grad-reduce")
     if s.overlap_param_gather:
         out.append("--overlap-param-gather")
-    if s.grad_reduce_dtype == "param":
-        out.append("--grad-reduce-in-bf16")
+    out += grad_reduce_args(s.grad_reduce_dtype, precision)
     return out
+
+
+def grad_reduce_args(grad_reduce_dtype: str, precision: str) -> list[str]:
+    """Megatron's spelling of the gradient dtype: bf16 (and fp8, which trains on bf16 parameters) reduces in
+    fp32 unless --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32; fp32
+    training has fp32 gradients either way."""
+    return list(_GRAD_REDUCE_FLAGS.get((precision, grad_reduce_dtype), ()))
+
+
+_GRAD_REDUCE_FLAGS = {("bf16", "param"): ("--grad-reduce-in-bf16",), ("fp8", "param"): ("--grad-reduce-in-bf16",),
+                      ("fp16", "fp32"): ("--accumulate-allreduce-grads-in-fp32",)}
+
+# ---- precision --------------------------------------------------------------------------------------------
+DEFAULT_PRECISION = "bf16"
+# fp8 runs Transformer Engine's GEMMs in fp8 ("hybrid": E4M3 forward, E5M2 gradients) on bf16 parameters.
+_PRECISION_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",),
+                   "fp8": ("--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"),
+                   "fp32": ()}
+
+
+def check_precision(precision: str, *, field: str = "precision", file: str | None = None) -> str:
+    if precision not in PRECISIONS:
+        raise InputError(f"must be one of {', '.join(PRECISIONS)}, got {precision!r}", file=file, field=field,
+                         fix="write bf16 (the default), fp16, fp8 (Transformer Engine, Hopper/Ada/MI300) or fp32")
+    return precision
+
+
+def precision_args(precision: str) -> list[str]:
+    """Megatron-LM flags for the job's training precision (fp32: none, Megatron's default)."""
+    return list(_PRECISION_ARGS[check_precision(precision)])
+
+
+# ---- vocabulary padding -----------------------------------------------------------------------------------
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128     # Megatron's default --make-vocab-size-divisible-by
+
+
+def padded_vocab_size(vocab_size: int, tps, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> int:
+    """One padded vocabulary for the whole plan: the smallest size >= vocab_size that divisible_by x tp divides
+    for every mesh's tp (Megatron pads to one such multiple per job; here each mesh gets the common size).
+    E.g. 50257 with TP 1 and TP 2 -> 50432; Megatron alone would pad to 50304 at TP 1 and 50432 at TP 2."""
+    step = math.lcm(*(int(divisible_by) * int(tp) for tp in tps))
+    return -(-int(vocab_size) // step) * step

@@ -16,6 +16,7 @@ from ..spec.model import ModelSpec
 from . import costing
 from .pipeline import estimate_1f1b, simulate_1f1b
 from .plan import Mesh, Plan
+from .settings import DEFAULT_PRECISION, padded_vocab_size, resolve_settings
 from .split import split_layers
 
 _DEFAULT_COST = AnalyticCostModel()
@@ -30,6 +31,11 @@ class MeshChoice:
     micro_batch_size: int
     recompute: str
     num_stages: int
+    setting_overrides: tuple = ()     # the plan's overrides of the mesh's runtime settings (Mesh.setting_overrides)
+
+    @property
+    def settings(self):
+        return resolve_settings(self.tp, dict(self.setting_overrides))
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Estimate:
     pipeline_s: float                 # 1F1B makespan
     dp_exposed_s: float               # DP synchronisation not hidden behind compute
     optimizer_s: float
+    sync_s: float = 0.0               # tied-embedding exchange + global-norm all-reduce (iteration tail)
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
 
@@ -52,7 +59,7 @@ class Estimate:
                 "tflops_per_device": round(self.tflops_per_device, 2), "mfu": round(self.mfu, 4),
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
-                "optimizer_s": r(self.optimizer_s), "stages": self.stages, "cost_model": self.cost_model}
+                "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages, "cost_model": self.cost_model}
 
 
 def _pipeline(model, inventory, choices, m, cost_model):
@@ -60,7 +67,7 @@ def _pipeline(model, inventory, choices, m, cost_model):
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model, c.settings)
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
@@ -109,21 +116,17 @@ def _iteration_overhead(cost_model, profs) -> float:
 def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model,
             inventory) -> Estimate:
     p = len(profs)
-    fwd, bwd, mem, dp_exposed, opt = [], [], [], [], []
+    fwd, bwd, mem = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1
         f, b = prof.times(layers[i], first, last)
         fwd.append(f)
         bwd.append(b)
         mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last)["total"])
-        rs, ag = costing.dp_sync_times(model, prof, layers[i], first, last)
-        # Megatron overlaps the gradient reduce-scatter with the last micro-batch's backward and the parameter
-        # all-gather with the first forward; only what sticks out costs time.
-        dp_exposed.append(max(0.0, rs - b) + max(0.0, ag - f))
-        opt.append(costing.optimizer_time(model, prof, layers[i], first, last))
     makespan, busy = _makespan(fwd, bwd, links, m, extrapolate)
-    tail = max(d + o for d, o in zip(dp_exposed, opt)) + _iteration_overhead(cost_model, profs)
-    T = makespan + tail
+    # DP sync exposed as each mesh's settings say, tied-embedding exchange, global norm, optimizer step.
+    tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
+    T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
     tokens = gbs * model.seq_length
     world = sum(c.tp * c.dp * c.num_stages for c in choices)
     flops = model.model_flops_per_token() * tokens
@@ -140,16 +143,24 @@ def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners,
             "memory_gib": round(mem[i] / GIB, 2), "memory_cap_gib": round(prof.memory_cap / GIB, 2),
             "utilisation": round(busy[i] / T, 4) if T > 0 else 0.0,
             "send_next_s": round(links[i], 6) if i < p - 1 else 0.0,
-            "dp_exposed_s": round(dp_exposed[i], 6), "optimizer_s": round(opt[i], 6),
+            "dp_exposed_s": round(tail["stage_dp_exposed_s"][i], 6),
+            "optimizer_s": round(tail["stage_optimizer_s"][i], 6),
         })
     sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
-                    dp_exposed_s=max(dp_exposed), optimizer_s=max(opt), stages=stages, cost_model=sources)
+                    dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],
+                    stages=stages, cost_model=sources)
 
 
 def plan_choices(plan: Plan) -> list[MeshChoice]:
-    return [MeshChoice(x.cluster, x.tp, x.dp, x.micro_batch_size, x.recompute, x.num_stages) for x in plan.meshes]
+    return [MeshChoice(x.cluster, x.tp, x.dp, x.micro_batch_size, x.recompute, x.num_stages, x.setting_overrides)
+            for x in plan.meshes]
+
+
+def padded_model(model: ModelSpec, choices) -> ModelSpec:
+    """The model as it runs: its vocabulary padded once for every mesh's TP (plan.settings.padded_vocab_size)."""
+    return model.replace(vocab_size=padded_vocab_size(model.vocab_size, [c.tp for c in choices]))
 
 
 def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
@@ -180,11 +191,13 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
 def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
     cost_model = cost_model or _DEFAULT_COST
     check_plan_against_inventory(plan, inventory)
+    inventory = inventory.with_precision(plan.precision)   # the plan's precision prices every device
     choices = plan_choices(plan)
+    model = padded_model(plan.model, choices)
     m = plan.num_micro_batches
-    profs, owners, in_flight, links = _pipeline(plan.model, inventory, choices, m, cost_model)
+    profs, owners, in_flight, links = _pipeline(model, inventory, choices, m, cost_model)
     # Long runs of micro-batches are extrapolated from the periodic 1F1B steady state (exact once periodic).
-    return _finish(plan.model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, m > 256, owners,
+    return _finish(model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, m > 256, owners,
                    choices, cost_model, inventory)
 
 
@@ -204,6 +217,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
     of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True."""
     m = gbs // (choices[0].dp * choices[0].micro_batch_size)
+    model = padded_model(model, choices)
     profs, owners, in_flight, links = _pipeline(model, inventory, choices, m, cost_model)
     p = len(profs)
     L = model.num_layers
@@ -230,16 +244,14 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
                       f"{need / GIB:.1f} GiB"
         return LayoutResult(None, float("inf"), max(worst, 0.0) / GIB, dev, mesh)
     if not exact:
-        fwd, bwd, tail = [], [], 0.0
+        fwd, bwd = [], []
         for i, prof in enumerate(profs):
-            first, last = i == 0, i == p - 1
-            f, b = prof.times(layers[i], first, last)
+            f, b = prof.times(layers[i], i == 0, i == p - 1)
             fwd.append(f)
             bwd.append(b)
-            rs, ag = costing.dp_sync_times(model, prof, layers[i], first, last)
-            tail = max(tail, max(0.0, rs - b) + max(0.0, ag - f) + costing.optimizer_time(model, prof, layers[i],
-                                                                                            first, last))
-        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail + _iteration_overhead(cost_model, profs))
+        tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)["tail_s"]
+        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail
+                            + _iteration_overhead(cost_model, profs))
     est = _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model, inventory)
     return LayoutResult(layers, est.iteration_time_s)
 
@@ -249,7 +261,7 @@ def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_
     meshes, k = [], 0
     for c in choices:
         meshes.append(Mesh(c.cluster, inventory.cluster(c.cluster).device.name, c.tp, c.dp, c.micro_batch_size,
-                           c.recompute, tuple(stage_layers[k:k + c.num_stages])))
+                           c.recompute, tuple(stage_layers[k:k + c.num_stages]), c.setting_overrides))
         k += c.num_stages
     return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes), inventory=inventory.to_dict(),
-                estimate=estimate)
+                estimate=estimate, precision=inventory.precision or DEFAULT_PRECISION)

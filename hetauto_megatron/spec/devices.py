@@ -1,10 +1,20 @@
 """The built-in device catalog: public per-device specs of common accelerators.
 
 Numbers are vendor datasheet figures for ONE device as the framework sees it (an MI250X is two GCDs; we list
-one GCD): dense BF16 tensor throughput without sparsity, HBM capacity and bandwidth, and the default
-intra-node link (NVLink, Infinity Fabric, HCCS or PCIe) as per-device unidirectional bandwidth.
-`dtype_bytes` is the element size training runs in on the device: 2 (bf16 mixed precision) on accelerators,
-4 on `cpu` (CPU dry runs train in fp32); the cost, memory and transfer models size every tensor with it.
+one GCD): dense tensor throughput without sparsity per training precision, HBM capacity and bandwidth, and
+the default intra-node link (NVLink, Infinity Fabric, HCCS or PCIe) as per-device unidirectional bandwidth.
+
+Training precision is a property of the job (`hetauto plan --precision`, `Plan.precision`), not of the
+inventory: `DeviceType.at_precision(p)` gives the device as that job sees it, with
+    peak_tflops   the dense peak at p: bf16/fp16 on the tensor cores, fp8 (Transformer Engine) only on devices
+                  that have it (Hopper, Ada, MI300X), fp32 without tensor cores (Megatron leaves TF32 off)
+    dtype_bytes   the element size of parameters, activations and pipeline sends: 2 for bf16, fp16 and fp8
+                  (fp8 trains on bf16 parameters), 4 for fp32
+    precision     p
+`cpu` is priced in fp32 whatever the job's precision, because that is what CPU dry runs train in.
+A catalog entry not yet placed in a job (`precision == ""`) carries its 16-bit tensor peak (bf16, or fp16
+where the device has no bf16) and 16-bit elements, which is also what an inventory's `peak_tflops` overrides:
+the other precisions scale with it.
 Inventories may override memory, peak and bandwidth per cluster (`memory_gib`, `peak_tflops`, `hbm_gbps`).
 """
 from __future__ import annotations
@@ -14,9 +24,11 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-# Bytes per element of the tensors training keeps, by vendor: accelerators run Megatron's bf16 mixed precision,
-# CPU processes (the dry run) train in fp32.
+# Bytes per element of the tensors training keeps, by vendor, before a precision is chosen: accelerators run
+# 16-bit mixed precision, CPU processes (the dry run) train in fp32.
 DTYPE_BYTES = {"nvidia": 2, "amd": 2, "ascend": 2, "cpu": 4}
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -24,13 +36,18 @@ class DeviceType:
     name: str                  # canonical catalog name, e.g. "h800"
     vendor: str                # nvidia | amd | ascend | cpu: decides the collective backend and torch device
     memory_gib: float          # device memory
-    peak_tflops: float         # dense BF16 tensor-core peak
+    peak_tflops: float         # dense peak at `precision` (unplaced: the 16-bit tensor peak)
     hbm_gbps: float            # memory bandwidth, GB/s (bytes)
     intra_node_gbps: float     # default per-device intra-node link, Gbit/s (used when the inventory omits it)
     description: str = ""
     dtype_bytes: int = 0       # element size of training tensors; 0 = the vendor's default (DTYPE_BYTES)
+    precision: str = ""        # the job's training precision once placed (at_precision); "" = catalog entry
+    peaks: tuple = ()          # datasheet (precision, dense TFLOP/s) pairs; a precision absent is unsupported
+    reference_tflops: float = 0.0   # the 16-bit peak the inventory may override; 0 = peak_tflops
 
     def __post_init__(self):
+        if self.reference_tflops == 0:
+            object.__setattr__(self, "reference_tflops", self.peak_tflops)
         if self.dtype_bytes == 0:
             object.__setattr__(self, "dtype_bytes", DTYPE_BYTES[self.vendor])
         if self.dtype_bytes not in (2, 4):
@@ -47,27 +64,74 @@ class DeviceType:
         return {"nvidia": "cuda", "amd": "cuda", "ascend": "npu", "cpu": "cpu"}[self.vendor]
 
     def with_overrides(self, **kw) -> "DeviceType":
-        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+        """The inventory's per-cluster values; `peak_tflops` is the 16-bit tensor peak (other precisions scale)."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        peak = kw.pop("peak_tflops", None)
+        dev = dataclasses.replace(self, **kw)
+        if peak is not None:
+            dev = dataclasses.replace(dev, reference_tflops=peak, peak_tflops=peak)
+            if self.precision:
+                dev = dataclasses.replace(dev, precision="").at_precision(self.precision)
+        return dev
+
+    def peak_tflops_at(self, precision: str) -> float | None:
+        """Dense peak at a training precision, scaled like an inventory override; None if the device lacks it."""
+        if self.vendor == "cpu":
+            return None if precision == "fp8" else self.reference_tflops
+        table = dict(self.peaks)
+        if precision not in table:
+            return None
+        sixteen = table.get("bf16") or table["fp16"]
+        return table[precision] * self.reference_tflops / sixteen
+
+    def at_precision(self, precision: str, *, file: str | None = None, field: str | None = None) -> "DeviceType":
+        """This device as a job training in `precision` sees it (see the module docstring)."""
+        if precision not in PRECISIONS:
+            raise InputError(f"unknown training precision {precision!r}", file=file, field=field or "--precision",
+                             fix=f"use one of: {', '.join(PRECISIONS)}")
+        peak = self.peak_tflops_at(precision)
+        if peak is None:
+            have = [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]
+            raise InputError(f"device type {self.name} ({self.description or self.vendor}) cannot train in "
+                             f"{precision}", file=file, field=field or "--precision",
+                             fix=f"choose a precision it has: {', '.join(have)}, or plan without that cluster")
+        if self.vendor == "cpu":      # dry runs train in fp32 whatever the job's precision
+            return dataclasses.replace(self, precision="fp32", peak_tflops=peak, dtype_bytes=4)
+        return dataclasses.replace(self, precision=precision, peak_tflops=peak, dtype_bytes=PRECISION_BYTES[precision])
 
 
-def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc):
-    return DeviceType(name, vendor, float(mem), float(tflops), float(hbm), float(link_gbytes) * 8, desc)
+def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None, bf16=True):
+    """tflops: the 16-bit dense tensor peak (bf16 and fp16 alike unless bf16=False); fp32: without tensor cores;
+    fp8: dense fp8 peak where the device has fp8 (None: it has not)."""
+    peaks = {"fp16": tflops}
+    if bf16:
+        peaks["bf16"] = tflops
+    if fp8:
+        peaks["fp8"] = fp8
+    if fp32:
+        peaks["fp32"] = fp32
+    return DeviceType(name, vendor, float(mem), float(tflops), float(hbm), float(link_gbytes) * 8, desc,
+                      peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())))
 
 
+# fp32 peaks are the datasheets' non-tensor FP32 (Megatron does not enable TF32); the Ascend 910B publishes none.
 CATALOG: dict[str, DeviceType] = {d.name: d for d in [
-    _d("a100-40gb", "nvidia", 40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB, NVLink3"),
-    _d("a100-80gb", "nvidia", 80, 312, 2039, 300, "NVIDIA A100 SXM4 80GB, NVLink3"),
-    _d("h100-sxm", "nvidia", 80, 989, 3350, 450, "NVIDIA H100 SXM5 80GB, NVLink4"),
-    _d("h800", "nvidia", 80, 989, 3350, 200, "NVIDIA H800 SXM5 80GB (export NVLink 400 GB/s bidirectional)"),
-    _d("h20", "nvidia", 96, 148, 4000, 450, "NVIDIA H20 96GB"),
-    _d("h200", "nvidia", 141, 989, 4800, 450, "NVIDIA H200 SXM 141GB"),
-    _d("gh200", "nvidia", 96, 989, 4000, 450, "NVIDIA GH200 Grace Hopper, 96GB HBM3"),
-    _d("v100", "nvidia", 32, 125, 900, 150, "NVIDIA V100 SXM2 32GB (FP16 tensor peak; no BF16)"),
-    _d("v100-16gb", "nvidia", 16, 125, 900, 150, "NVIDIA V100 SXM2 16GB"),
-    _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4"),
-    _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4"),
-    _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)"),
-    _d("mi300x", "amd", 192, 1307, 5300, 448, "AMD Instinct MI300X 192GB, Infinity Fabric"),
+    _d("a100-40gb", "nvidia", 40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB, NVLink3", fp32=19.5),
+    _d("a100-80gb", "nvidia", 80, 312, 2039, 300, "NVIDIA A100 SXM4 80GB, NVLink3", fp32=19.5),
+    _d("h100-sxm", "nvidia", 80, 989, 3350, 450, "NVIDIA H100 SXM5 80GB, NVLink4", fp32=67, fp8=1979),
+    _d("h800", "nvidia", 80, 989, 3350, 200, "NVIDIA H800 SXM5 80GB (export NVLink 400 GB/s bidirectional)",
+       fp32=67, fp8=1979),
+    _d("h20", "nvidia", 96, 148, 4000, 450, "NVIDIA H20 96GB", fp32=44, fp8=296),
+    _d("h200", "nvidia", 141, 989, 4800, 450, "NVIDIA H200 SXM 141GB", fp32=67, fp8=1979),
+    _d("gh200", "nvidia", 96, 989, 4000, 450, "NVIDIA GH200 Grace Hopper, 96GB HBM3", fp32=67, fp8=1979),
+    _d("v100", "nvidia", 32, 125, 900, 150, "NVIDIA V100 SXM2 32GB (FP16 tensor peak; no BF16)", fp32=15.7,
+       bf16=False),
+    _d("v100-16gb", "nvidia", 16, 125, 900, 150, "NVIDIA V100 SXM2 16GB (FP16 tensor peak; no BF16)", fp32=15.7,
+       bf16=False),
+    _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733),
+    _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2),
+    _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)", fp32=47.9),
+    _d("mi300x", "amd", 192, 1307, 5300, 448, "AMD Instinct MI300X 192GB, Infinity Fabric", fp32=163.4, fp8=2615),
     _d("ascend-910b", "ascend", 64, 320, 1600, 196, "Huawei Ascend 910B 64GB, HCCS"),
     _d("cpu", "cpu", 16, 0.5, 20, 10, "a CPU process (gloo): for dry runs of a plan's layout and numerics"),
 ]}

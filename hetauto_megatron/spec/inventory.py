@@ -6,6 +6,7 @@ bytes/s and seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ class Inventory:
     clusters: tuple[Cluster, ...]
     links: dict = field(default_factory=dict)   # frozenset({a, b}) -> LinkSpec
     source: str | None = None
+    # The job's training precision the devices are priced at (with_precision); "" = the catalog's 16-bit peaks.
+    # Precision is not a field of the inventory file: it is a property of the job (hetauto plan --precision).
+    precision: str = ""
 
     def __post_init__(self):
         names = [c.name for c in self.clusters]
@@ -74,6 +78,21 @@ class Inventory:
         raise InputError(f"has no cluster named {name!r}", file=self.source, field="clusters",
                          fix=f"use one of the inventory's clusters: {', '.join(c.name for c in self.clusters)}")
 
+    def with_precision(self, precision: str) -> "Inventory":
+        """The inventory as a job training in `precision` sees it: every device's peak and element size at that
+        precision (spec/devices.py); InputError naming the cluster if a device lacks it."""
+        if precision == self.precision:
+            return self
+        clusters = []
+        for c in self.clusters:
+            try:
+                dev = c.device.at_precision(precision, field="--precision")
+            except InputError as exc:
+                raise InputError(f"cluster {c.name}: {exc.reason}", file=self.source, field=exc.field,
+                                 fix=exc.fix) from None
+            clusters.append(dataclasses.replace(c, device=dev))
+        return dataclasses.replace(self, clusters=tuple(clusters), precision=precision)
+
     def link(self, a: str, b: str) -> LinkSpec | None:
         """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b)."""
         if a == b:
@@ -84,7 +103,7 @@ class Inventory:
         return {
             "clusters": [{
                 "name": c.name, "device": c.device.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node,
-                "memory_gib": c.device.memory_gib, "peak_tflops": c.device.peak_tflops, "hbm_gbps": c.device.hbm_gbps,
+                "memory_gib": c.device.memory_gib, "peak_tflops": c.device.reference_tflops, "hbm_gbps": c.device.hbm_gbps,
                 "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
                 "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6},
             } for c in self.clusters],
