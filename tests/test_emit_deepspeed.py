@@ -10,13 +10,18 @@ from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, s
                                              unsupported_features, validate)
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+from hetauto_megatron.spec.devices import get_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
 
 
 def plan(meshes, gbs=16):
-    return plan_from_dict({"version": 1, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes})
+    return plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes})
+
+
+def with_settings(m, **settings):
+    return dict(m, settings=settings)
 
 
 PLANS = {
@@ -25,6 +30,10 @@ PLANS = {
                                  mesh("n", 1, 4, 1, [3, 1], "full", "ascend-910b")]),
     "recompute_none_one_stage": lambda: plan([mesh("a", 2, 4, 1, [8])], gbs=8),
     "dp1_uneven": lambda: plan([mesh("a", 1, 1, 4, [5, 1]), mesh("b", 1, 1, 4, [2], "full")], gbs=12),
+    # per-mesh overrides of the settings table: no distributed optimizer; reduction in the training precision
+    "overrides": lambda: plan([with_settings(mesh("h", 2, 2, 2, [4], device="h800"), distributed_optimizer=False,
+                                             overlap_param_gather=False, grad_reduce_dtype="param"),
+                               with_settings(mesh("g", 2, 2, 2, [4], device="h800"), overlap_grad_reduce=False)]),
 }
 
 
@@ -41,7 +50,14 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert r["parsed"]["train_micro_batch_size_per_gpu"] == m.micro_batch_size
         assert r["parsed"]["gradient_accumulation_steps"] == p.num_micro_batches
         assert m.micro_batch_size * p.num_micro_batches * m.dp == p.global_batch_size
-        assert r["parsed"]["zero_stage"] == (1 if m.dp > 1 else 0) and r["parsed"]["bf16"]
+        # the mesh's runtime settings (plan/settings.py), as DeepSpeed's parser read them
+        s, bf16 = m.settings, get_device(m.device_type).dtype_bytes == 2
+        assert r["parsed"]["zero_stage"] == (1 if s.distributed_optimizer else 0)
+        assert r["parsed"]["overlap_comm"] == (s.distributed_optimizer and s.overlap_grad_reduce)
+        reduce = "bfloat16" if bf16 and s.grad_reduce_dtype == "param" else "float32"
+        assert r["parsed"]["communication_data_type"] == reduce
+        assert r["parsed"]["bf16"] == bf16 and r["parsed"]["bf16"] == (m.device_type != "cpu")
+        assert cfg["hetauto"]["settings"] == s.to_dict()
         if p.pipeline_parallel_size > 1:
             assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)
         else:
@@ -77,14 +93,24 @@ def test_validation_catches(change, words):
 
 
 def test_unsupported_features_only_those_that_apply():
-    assert unsupported_features(PLANS["recompute_none_one_stage"]()) == []
-    same = plan([mesh("a", 1, 2, 2, [4]), mesh("b", 1, 2, 2, [4])])
+    no_param_gather_overlap = {"overlap_param_gather": False}
+    assert unsupported_features(plan([with_settings(mesh("a", 2, 4, 1, [8]), **no_param_gather_overlap)],
+                                     gbs=8)) == ["sequence parallelism: not a DeepSpeed setting; the model's own "
+                                                 "tensor-parallel layers (e.g. Megatron's, through the mpu) must "
+                                                 "split the sequence"]
+    same = plan([with_settings(mesh("a", 1, 2, 2, [4]), **no_param_gather_overlap),
+                 with_settings(mesh("b", 1, 2, 2, [4]), **no_param_gather_overlap)])
     assert unsupported_features(same) == []
+    assert ["overlap_param_gather" in line for line in
+            unsupported_features(plan([mesh("a", 1, 2, 2, [4]), mesh("b", 1, 2, 2, [4])]))] == [True]
+    fp32_accumulation = plan([with_settings(mesh("a", 1, 2, 2, [4], device="h800"), distributed_optimizer=False,
+                                            overlap_param_gather=False)] * 2)
+    assert ["fp32 gradient accumulation" in line for line in unsupported_features(fp32_accumulation)] == [True]
     text = "\n".join(unsupported_features(PLANS["dp_mismatch"]()))
     for w in ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective",
               "uneven layer split"):
         assert w in text
-    assert len(unsupported_features(PLANS["736"]())) == 6
+    assert len(unsupported_features(PLANS["736"]())) == 8
 
 
 def test_cli_writes_files_and_json(tmp_path, capsys):

@@ -4,8 +4,11 @@ DeepSpeed's pipeline engine runs on one uniform Cartesian topology (one TP and o
 and one communication backend, so a heterogeneous plan maps onto it only partly. What maps:
 - batch arithmetic per mesh: train_batch_size = micro-batch x accumulation steps x the mesh's DP, which is the
   plan's global batch in every mesh (dp x micro-batch is equal everywhere, so the step counts agree);
-- ZeRO stage 1 (the distributed optimizer's sharding; stages 2/3 are refused with pipelining);
-- bf16; activation checkpointing from the mesh's recompute mode;
+- the mesh's runtime settings (plan/settings.py, the one table Megatron's arguments are read from too): the
+  distributed optimizer is ZeRO stage 1 (stages 2/3 are refused with pipelining), overlap_grad_reduce is
+  ZeRO's overlap_comm, grad_reduce_dtype is the communication and gradient-accumulation dtype;
+- the precision the device trains in (bf16 on accelerators, fp32 on CPU); activation checkpointing from the
+  mesh's recompute mode;
 - the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
   keys, and never reads pipeline.partition/stages): PipelineModule takes only named partition methods, so an
   explicit list needs a subclass overriding _partition_layers (docs/deepspeed.md).
@@ -28,7 +31,8 @@ from ..spec.devices import get_device
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
 _DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "steps_per_print", "bf16", "fp16", "zero_optimization",
-                "activation_checkpointing", "pipeline", "wall_clock_breakdown"}
+                "activation_checkpointing", "pipeline", "wall_clock_breakdown", "communication_data_type",
+                "data_types"}
 OUR_KEY = "hetauto"
 # The `pipeline` keys the 0.19 pipeline engine reads; its parser keeps any others (stages, partition, typos)
 # without effect.
@@ -49,21 +53,36 @@ def stage_partition(stage_layers: list[int]) -> list[int]:
 def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     """The ds_config for the ranks of one mesh (a plain dict, not yet validated)."""
     mesh = plan.meshes[mesh_index]
+    settings = mesh.settings
     pipelined = plan.pipeline_parallel_size > 1
     # 'selective' recompute (attention only) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
     checkpoint = mesh.recompute in ("full", "selective")
+    # The precision the cost model sizes tensors with: bf16 mixed precision on accelerators, fp32 on CPU.
+    bf16 = get_device(mesh.device_type).dtype_bytes == 2
+    # The DP gradient reduction's element type (Megatron's grad_reduce_in_fp32): DeepSpeed reduces in
+    # communication_data_type and accumulates in data_types.grad_accum_dtype.
+    reduce_dtype = "fp32" if settings.grad_reduce_dtype == "fp32" or not bf16 else "bf16"
+    # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; with
+    # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm overlaps ZeRO's gradient reduction with
+    # the backward pass, as overlap_grad_reduce does in Megatron.
+    zero = {"stage": 1 if settings.distributed_optimizer else 0}
+    if settings.distributed_optimizer:
+        zero["overlap_comm"] = settings.overlap_grad_reduce
     cfg = {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": mesh.micro_batch_size,
         "gradient_accumulation_steps": plan.num_micro_batches,
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
-        "bf16": {"enabled": True},
+        "bf16": {"enabled": bf16},
         "fp16": {"enabled": False},
-        # ZeRO-1 shards optimizer state over DP like Megatron's distributed optimizer; with pipelining
-        # DeepSpeed allows stages 0 and 1 only. With DP 1 there is nothing to shard.
-        "zero_optimization": {"stage": 1 if mesh.dp > 1 else 0},
+        "communication_data_type": reduce_dtype,
+        # bf16 with fp32 accumulation needs ZeRO in DeepSpeed (its BF16 optimizer); without the distributed
+        # optimizer gradients accumulate in the training precision (listed by unsupported_features).
+        "data_types": {"grad_accum_dtype": reduce_dtype if settings.distributed_optimizer else
+                       ("bf16" if bf16 else "fp32")},
+        "zero_optimization": zero,
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
                                      "cpu_checkpointing": False},
         "pipeline": {"activation_checkpoint_interval": 1 if checkpoint else 0},
@@ -74,6 +93,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
             "pipeline_parallel_size": plan.pipeline_parallel_size,
             "first_stage": plan.first_stage(mesh_index), "num_stages": mesh.num_stages,
             "recompute": mesh.recompute, "rank_offset": plan.rank_offset(mesh_index),
+            "settings": settings.to_dict(),
             "stage_layers": plan.stage_layers, "partition": stage_partition(plan.stage_layers),
         },
     }
@@ -108,6 +128,16 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
                    "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
                    "assumed")
+    if any(m.settings.overlap_param_gather for m in meshes):
+        out.append("overlap of the parameter all-gather with the next forward pass (overlap_param_gather): ZeRO-1 "
+                   "gathers the updated parameters at the end of the optimizer step")
+    if any(m.settings.sequence_parallel for m in meshes):
+        out.append("sequence parallelism: not a DeepSpeed setting; the model's own tensor-parallel layers (e.g. "
+                   "Megatron's, through the mpu) must split the sequence")
+    if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
+           and get_device(m.device_type).dtype_bytes == 2 for m in meshes):
+        out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16 "
+                   "gradients in bf16 unless ZeRO is on")
     if len(set(plan.stage_layers)) > 1:
         out.append("the uneven layer split: ds_config cannot carry it (pipeline.partition is never read); it is in "
                    "the 'hetauto.partition' key and needs a PipelineModule subclass overriding _partition_layers "
@@ -204,5 +234,8 @@ def emit_deepspeed(plan: Plan, *, cluster: str | None = None) -> list[dict]:
                                "train_micro_batch_size_per_gpu": parsed.train_micro_batch_size_per_gpu,
                                "gradient_accumulation_steps": parsed.gradient_accumulation_steps,
                                "zero_stage": parsed.zero_optimization_stage,
+                               "overlap_comm": bool(parsed.zero_config.overlap_comm),
+                               "communication_data_type": str(parsed.communication_data_type).replace("torch.", ""),
+                               "grad_accum_dtype": parsed.grad_accum_dtype,
                                "bf16": bool(parsed.bfloat16_config.enabled)}})
     return out

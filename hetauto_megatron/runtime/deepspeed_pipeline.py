@@ -1,0 +1,272 @@
+"""Run an emitted DeepSpeed config with DeepSpeed's pipeline engine (docs/deepspeed.md).
+
+`hetauto emit deepspeed` writes one ds_config per mesh with the plan's uneven layer split in its own
+`hetauto.partition` key, because DeepSpeed's `PipelineModule` accepts only named partition methods. This module
+is the other half:
+
+- `layer_specs(model)`: a small GPT-like layer list for the plan's model, `[embedding, L transformer layers,
+  head]` (the layout `hetauto.partition` counts in), as DeepSpeed `LayerSpec`s so each stage builds only its
+  own layers. Pre-norm layers (RMSNorm and SwiGLU for gated models, LayerNorm and GELU otherwise), grouped-query
+  attention, RoPE or learned positions, tied embeddings through a `TiedLayerSpec`. Not tensor-parallel: for
+  TP > 1 use Megatron's layers with an mpu.
+- `PlanPipelineModule`: a `PipelineModule` whose stage boundaries are the given list (it overrides the private
+  `_partition_layers`, so the DeepSpeed version is pinned: 0.19.8).
+- `pipeline_module(model, ds_config)` and `initialize(model, ds_config)`: the module from an emitted config
+  (partition, stage count, activation checkpointing), checked against DeepSpeed's process topology, and
+  `deepspeed.initialize` with a torch optimizer (no JIT-compiled DeepSpeed optimizer).
+- `reference_layers(model)`: the same layers, with the same per-layer seeds, in one process: what a pipeline run
+  must reproduce.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InputError
+from ..spec.model import ModelSpec
+
+BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
+
+
+def import_deepspeed():
+    """`import deepspeed`, on CPU without probing for a GPU and without the JIT build of its shared-memory
+    all-reduce (about 20 s and a C++ compiler; gloo's own all-reduce is used instead)."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    import deepspeed
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        # "import deepspeed.comm.torch" would bind the name torch to the torch package: go through importlib
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    return deepspeed
+
+
+# ---- the layers ------------------------------------------------------------------------------------------
+def _norm(model: ModelSpec) -> nn.Module:
+    return nn.RMSNorm(model.hidden_size, eps=1e-5) if model.gated_mlp else nn.LayerNorm(model.hidden_size)
+
+
+def _rotate(x: torch.Tensor) -> torch.Tensor:
+    """RoPE on [batch, heads, seq, head_dim] (rotate-half form, base 10000)."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(x.dtype), torch.cat([angles.sin()] * 2, -1).to(x.dtype)
+    half = dim // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class Embedding(nn.Module):
+    """Layer 0: token (and learned position) embedding. With tied embeddings it also holds the final norm and
+    computes the logits on the last stage (`tied_head`), so its weights are shared between the two stages."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.word = nn.Embedding(model.vocab_size, model.hidden_size)
+        nn.init.normal_(self.word.weight, std=0.02)
+        self.position = None
+        if model.position_embedding == "learned":
+            self.position = nn.Embedding(model.max_position_embeddings, model.hidden_size)
+            nn.init.normal_(self.position.weight, std=0.02)
+        self.final_norm = _norm(model) if model.tie_embeddings else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.word(tokens)
+        if self.position is not None:
+            h = h + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        return h
+
+
+def tied_head(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
+    return F.linear(embedding.final_norm(hidden), embedding.word.weight)
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm decoder layer: causal grouped-query self-attention and an MLP, each with a residual."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        h, d = model.hidden_size, model.head_dim
+        self.heads, self.groups, self.rope = model.num_attention_heads, model.num_query_groups, \
+            model.position_embedding == "rope"
+        self.norm1, self.norm2 = _norm(model), _norm(model)
+        self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * d, bias=False)
+        self.proj = nn.Linear(self.heads * d, h, bias=False)
+        self.gated = model.gated_mlp
+        self.up = nn.Linear(h, model.ffn_hidden_size * (2 if self.gated else 1), bias=False)
+        self.down = nn.Linear(model.ffn_hidden_size, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(
+            [self.heads * self.head_dim, self.groups * self.head_dim, self.groups * self.head_dim], -1)
+        q = q.view(b, s, self.heads, -1).transpose(1, 2)
+        k = k.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
+        v = v.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
+        if self.rope:
+            q, k = _rotate(q), _rotate(k)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
+        up = self.up(self.norm2(x))
+        if self.gated:
+            gate, up = up.chunk(2, -1)
+            up = F.silu(gate) * up
+        else:
+            up = F.gelu(up)
+        return x + self.down(up)
+
+    @property
+    def head_dim(self) -> int:
+        return self.proj.in_features // self.heads
+
+
+class Head(nn.Module):
+    """The last layer of an untied model: final norm and output projection to the vocabulary."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.norm = _norm(model)
+        self.out = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        nn.init.normal_(self.out.weight, std=0.02 / math.sqrt(2 * model.num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over the micro-batch (the pipeline's loss_fn)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def layer_specs(model: ModelSpec) -> list:
+    """[embedding, model.num_layers transformer layers, head] as DeepSpeed layer specs."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    if model.tie_embeddings:
+        first = TiedLayerSpec("embedding", Embedding, model, tied_weight_attr=["word.weight"])
+        last = TiedLayerSpec("embedding", Embedding, model, forward_fn=tied_head, tied_weight_attr=["word.weight"])
+    else:
+        first, last = LayerSpec(Embedding, model), LayerSpec(Head, model)
+    return [first] + [LayerSpec(TransformerLayer, model) for _ in range(model.num_layers)] + [last]
+
+
+def reference_layers(model: ModelSpec, *, base_seed: int = BASE_SEED) -> list:
+    """The same layers in one process, each built from the seed the pipeline uses for it; the callable list a
+    single-process run applies in order (the head reuses the embedding when the model ties them)."""
+    out = []
+    for i in range(model.num_layers + 2):
+        torch.manual_seed(base_seed + i)
+        if i == 0:
+            out.append(Embedding(model))
+        elif i <= model.num_layers:
+            out.append(TransformerLayer(model))
+        elif model.tie_embeddings:
+            embedding = out[0]
+            out.append(lambda x, e=embedding: tied_head(e, x))
+        else:
+            out.append(Head(model))
+    return out
+
+
+def synthetic_batch(model: ModelSpec, indices, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token samples by index (each from its own generator, so any split of a step's samples over ranks and
+    micro-batches sees the same data): inputs [n, seq] and next-token labels [n, seq]."""
+    rows = []
+    for i in indices:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + int(i))
+        rows.append(torch.randint(0, model.vocab_size, (model.seq_length + 1,), generator=g))
+    data = torch.stack(rows)
+    return data[:, :-1], data[:, 1:]
+
+
+# ---- the pipeline module from an emitted config ----------------------------------------------------------
+def _pipeline_module_class():
+    from deepspeed.pipe import PipelineModule
+
+    class PlanPipelineModule(PipelineModule):
+        """A PipelineModule whose stage boundaries are an explicit list: stage s builds layers
+        partition[s]..partition[s+1]-1."""
+
+        def __init__(self, layers, partition: list[int], **kwargs):
+            self._hetauto_partition = [int(x) for x in partition]   # read by _partition_layers during __init__
+            super().__init__(layers, partition_method="uniform", **kwargs)
+
+        def _partition_layers(self, method="uniform"):
+            parts = self._hetauto_partition
+            if len(parts) != self.num_stages + 1 or parts[0] != 0 or parts[-1] != len(self._layer_specs) or \
+                    any(a >= b for a, b in zip(parts, parts[1:])):
+                raise InputError(f"partition {parts} does not split {len(self._layer_specs)} layers into "
+                                 f"{self.num_stages} non-empty stages", field="hetauto.partition",
+                                 fix="use the config 'hetauto emit deepspeed' wrote for this plan")
+            self.parts = parts
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=parts[stage], stop=parts[stage + 1])
+
+    return PlanPipelineModule
+
+
+def _check_config(model: ModelSpec, ds_config: dict) -> dict:
+    block = ds_config.get("hetauto")
+    if not isinstance(block, dict) or "partition" not in block:
+        raise InputError("has no 'hetauto' block with the stage partition", field="hetauto",
+                         fix="use a config written by 'hetauto emit deepspeed'")
+    if block["tensor_parallel_size"] != 1:
+        raise InputError(f"tensor_parallel_size {block['tensor_parallel_size']}: these layers are not "
+                         "tensor-parallel", field="hetauto.tensor_parallel_size",
+                         fix="plan with tp 1, or build the model from Megatron's layers and pass its mpu")
+    layers = sum(block["stage_layers"])
+    if layers != model.num_layers:
+        raise InputError(f"the config splits {layers} transformer layers, the model has {model.num_layers}",
+                         field="hetauto.stage_layers", fix="pass the model of the plan the config was emitted from")
+    return block
+
+
+def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_SEED):
+    """This rank's PipelineModule for an emitted config (torch.distributed initialised, every rank of the
+    plan launched). Checks that DeepSpeed's (pipe, data) coordinates of this rank are the plan's stage and
+    DP rank, so the rank numbering of the launch and of the plan agree."""
+    import torch.distributed as dist
+
+    block = _check_config(model, ds_config)
+    stages = block["pipeline_parallel_size"]
+    module = _pipeline_module_class()(
+        layer_specs(model), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
+        base_seed=base_seed,
+        activation_checkpoint_interval=ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
+    rank = dist.get_rank()
+    coord = module.topology().get_coord(rank)
+    local = rank - block["rank_offset"]
+    dp, first = block["data_parallel_size"], block["first_stage"]
+    in_mesh = 0 <= local < dp * block["num_stages"]
+    if not in_mesh or (coord.pipe, coord.data) != (first + local // dp, local % dp):
+        raise InputError(f"rank {rank} is stage {coord.pipe}, data-parallel rank {coord.data} for DeepSpeed, "
+                         f"which is not where mesh {block['mesh']} ({block['cluster']}) of the plan puts it",
+                         field="hetauto.rank_offset",
+                         fix="give each rank the config of its own cluster, with the plan's rank order")
+    return module
+
+
+def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed: int = BASE_SEED):
+    """`deepspeed.initialize` of this rank's pipeline module with an Adam optimizer (torch's: DeepSpeed's own
+    would be JIT-compiled). Returns the PipelineEngine; train with `engine.train_batch(data_iter)`."""
+    deepspeed = import_deepspeed()
+    module = pipeline_module(model, ds_config, base_seed=base_seed)
+    params = [p for p in module.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=torch.optim.Adam(params, lr=lr),
+                                           model_parameters=params, config=ds_config)
+    return engine
+
+
+def config_for_rank(configs: list[dict], rank: int) -> dict:
+    """Of a plan's per-mesh configs, the one of the mesh that holds global `rank`."""
+    for cfg in configs:
+        block = cfg["hetauto"]
+        if 0 <= rank - block["rank_offset"] < block["data_parallel_size"] * block["tensor_parallel_size"] * \
+                block["num_stages"]:
+            return cfg
+    raise InputError(f"no config holds rank {rank}", field="hetauto.rank_offset",
+                     fix="pass every mesh's config of the plan")
