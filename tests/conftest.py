@@ -13,14 +13,27 @@ TINY_PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu
 
 
 @pytest.fixture(scope="session")
-def tiny_dryrun_json():
-    """The --json output of one real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps), as printed."""
+def tiny_dryrun_files(tmp_path_factory):
+    """One real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps): its --json output as printed, and the
+    timelines it wrote with --compare: a trace (predicted, and measured on every rank) and a picture
+    (predicted above measured)."""
+    from helpers import CPU_INVENTORY
+    d = tmp_path_factory.mktemp("tiny-dryrun")
+    (d / "inv.yaml").write_text(CPU_INVENTORY)
+    files = {"trace": d / "timeline.json", "picture": d / "timeline.png"}
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "3", "--json"])
+        rc = main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "3", "--json", "--timeline", str(files["trace"]),
+                   "--timeline", str(files["picture"]), "--compare", "--inventory", str(d / "inv.yaml")])
     assert rc == 0
     json.loads(buf.getvalue())
-    return buf.getvalue()
+    return buf.getvalue(), files
+
+
+@pytest.fixture(scope="session")
+def tiny_dryrun_json(tiny_dryrun_files):
+    """The --json output of one real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps), as printed."""
+    return tiny_dryrun_files[0]
 
 
 @pytest.fixture(scope="session")

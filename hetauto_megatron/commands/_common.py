@@ -31,3 +31,35 @@ def load_inputs(args):
     model = load_model(args.model, seq_length=args.seq_length)
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     return model, inventory, load_cost_model(args.cost_model)
+
+
+TIMELINE_SUFFIXES = (".json", ".png", ".svg", ".pdf")
+
+
+def check_timeline_paths(paths: list[str] | None, flag: str = "--timeline") -> None:
+    from ..errors import InputError
+    for path in paths or []:
+        if not path.lower().endswith(TIMELINE_SUFFIXES):
+            raise InputError(f"{path!r}: the file name must end in .json (a Chrome/Perfetto trace) or .png (a "
+                             "picture; .svg and .pdf work too)", field=flag, fix="e.g. --timeline plan.json or "
+                             "--timeline plan.png")
+
+
+def write_timelines(paths: list[str] | None, timelines: list) -> list[str]:
+    """Write `timelines` (plan/timeline.py) to every path: a trace for .json, a picture otherwise."""
+    from ..emit.picture import write_timeline
+    from ..errors import InputError
+    for path in paths or []:
+        if not path.lower().endswith(".json"):
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise InputError("drawing a timeline needs matplotlib, which is not installed", field="--timeline",
+                                 fix="pip install matplotlib (it is in requirements.txt), or write a .json "
+                                     "trace instead") from None
+        try:
+            write_timeline(timelines, path)
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror}", field="--timeline",
+                             fix="check that the directory exists and is writable") from None
+    return list(paths or [])

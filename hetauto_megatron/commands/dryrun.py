@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..errors import InputError
+from ._timeline import add_timeline_args, check_timeline_args, write_dryrun_timelines
 
 DESCRIPTION = """\
 Run a plan's real Megatron-Core layout on this machine before booking the clusters.
@@ -30,6 +31,8 @@ EPILOG = """\
 examples:
   hetauto dryrun --plan examples/llama/plans/tiny-2clusters-cpu.yaml --tiny --reference
   hetauto dryrun --plan plan.yaml --tiny --steps 5 --json
+  hetauto dryrun --plan plan.yaml --tiny --timeline run.png --timeline run.json   # what each rank did, when
+  hetauto dryrun --plan plan.yaml --tiny --timeline vs.png --compare     # predicted above measured
 
 exit codes: 0 ok, 1 the run failed or did not match the reference, 2 invalid plan or options."""
 
@@ -51,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds any rank may wait for a peer before failing (default 120)")
+    add_timeline_args(parser)
 
 
 def run(args) -> int:
@@ -65,6 +69,7 @@ def run(args) -> int:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
                          fix="dry-run a smaller plan with the same shape (fewer DP replicas or stages)")
+    check_timeline_args(args, plan)
     from ..runtime.dryrun import run_dryrun
 
     report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
@@ -72,6 +77,9 @@ def run(args) -> int:
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1
+    if args.timeline:
+        for path in write_dryrun_timelines(args, plan, report):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
                                                  "step_times_s", "iteration_s", "seconds", "model", "cores")

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
+import sys
 
-from ._common import add_model_inventory_args, load_inputs
+from ._common import add_model_inventory_args, check_timeline_paths, load_inputs, write_timelines
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
@@ -12,11 +13,28 @@ tokens/s and model TFLOP/s per device. Give either a plan file, or a homogeneous
 (--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the exact
 split when they do not divide).
 
+What-if without editing files: --set KEY=VALUE overrides the inventory (repeatable):
+  link.A-B.bandwidth_gbps, link.A-B.latency_ms            the link between clusters A and B
+  cluster.NAME.nodes, cluster.NAME.devices_per_node       a cluster's size
+  cluster.NAME.memory_gib, .peak_tflops, .hbm_gbps        its devices
+  cluster.NAME.inter_node.bandwidth_gbps, .latency_us     its network (intra_node.* for inside a node)
+and --global-batch-size / --seq-length override the plan's. A plan keeps its layout: to see what a bigger
+cluster buys, re-plan with the same --set ('hetauto plan --set ...'), or 'hetauto explain' for x0.5 / x2 of
+every link, cluster and the batch at once.
+
+--timeline FILE writes the predicted schedule: .json a Chrome/Perfetto trace, .png a picture (docs/explain.md).
+
 exit codes: 0 ok (also when the layout does not fit: see "fits"), 2 invalid input."""
 
 EPILOG = """\
 examples:
   hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml
+  # the predicted schedule as a picture and as a trace for ui.perfetto.dev
+  hetauto simulate --model llama2-70b --inventory inv.yaml --plan plan.yaml --timeline plan.png --timeline plan.json
+  # what-if, without editing files: a 4x faster link, twice the batch, twice the sequence
+  hetauto simulate --model llama2-70b --inventory inv.yaml --plan plan.yaml \\
+      --set link.h800-ascend.bandwidth_gbps=100 --global-batch-size 1024 --seq-length 8192
+  hetauto plan --model llama2-70b --inventory inv.yaml --set cluster.ascend.nodes=8   # a bigger cluster: re-plan
   hetauto simulate --model llama2-7b --inventory inv.yaml --tp 2 --pp 2 --dp 8 --micro-batch-size 1 \\
       --global-batch-size 256 --recompute selective --cluster h800 --json"""
 
@@ -24,6 +42,11 @@ examples:
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
     parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
+    parser.add_argument("--timeline", action="append", metavar="FILE",
+                        help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
+                             "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
+                             "waiting for a link, idle, DP sync and optimizer, per link its transfers "
+                             "(repeatable)")
     g = parser.add_argument_group("homogeneous layout (instead of --plan)")
     g.add_argument("--tp", type=int)
     g.add_argument("--pp", type=int)
@@ -39,6 +62,7 @@ def run(args) -> int:
     from ..plan.plan import Mesh, Plan, load_plan
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
+    check_timeline_paths(args.timeline)
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
@@ -91,9 +115,15 @@ def run(args) -> int:
             flag = {"tp": "--tp", "device_type": "--cluster"}.get(exc.field.split(".")[-1], exc.field)
             raise InputError(exc.reason, field=flag, fix=exc.fix) from None
         raise
+    written = []
+    if args.timeline:
+        from ..plan.timeline import predicted_timeline
+        written = write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     if args.json:
-        print(json.dumps(est.to_dict(), indent=2))
+        print(json.dumps({**est.to_dict(), **({"written": written} if written else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, est.to_dict()))
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -31,7 +31,8 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     warm-up), or the first step's time when there is only one. "model" is the shape the ranks ran (the shrunk
     one under `tiny`), "cores" the CPU cores the ranks shared: what a prediction of the measured time must use
     (`hetauto validate-cost-model --dryrun`). "settings" lists per mesh {"cluster", "tp", "dp", and the runtime
-    settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}.
+    settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}. "ops" has every rank's
+    per-operation stamps of every step (runtime/op_timing.py), for measured timelines.
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
@@ -61,6 +62,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     }
     step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
     report["step_times_s"] = step_times
+    report["ops"] = [r["ops"] for r in results]     # per rank, per step: op_timing.OpClock.steps
     report["iteration_s"] = statistics.median(step_times[1:] or step_times)
     if ref is not None:
         report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]

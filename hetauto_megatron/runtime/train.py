@@ -52,7 +52,7 @@ def ddp_settings(settings) -> dict:
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
                dry_run: bool = True) -> dict:
     """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
-    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times", "settings"}; losses and norms are global,
+    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times", "ops", "settings"}; losses and norms are global,
     "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
     import torch
     import torch.distributed as dist
@@ -65,6 +65,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     from .gradients import count_grad_norm_once, make_finalize_model_grads
     from .groups import build_groups, init_distributed, set_megatron_globals
     from .model import build_model, transformer_config
+    from .op_timing import OpClock
 
     init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
     ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
@@ -87,6 +88,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                                                  use_distributed_optimizer=settings.distributed_optimizer),
                                  [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
     count_grad_norm_once(opt, ctx)
+    clock = OpClock().install(comm, config)   # per-operation stamps for measured timelines (op_timing.py)
 
     seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, plan.samples_per_step
     dev = ctx.device
@@ -105,6 +107,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     losses, norms, times = [], [], []
     for step in range(steps):
         t0 = time.perf_counter()
+        clock.begin_step()
         ddp.zero_grad_buffer()
         opt.zero_grad()
         data = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)[c.dp_rank * mbs:(c.dp_rank + 1) * mbs]
@@ -116,8 +119,10 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
             results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
         else:
             results = forward_backward_no_pipelining(**common)
-        _, grad_norm, _ = opt.step()
+        with clock.span("optimizer"):
+            _, grad_norm, _ = opt.step()
         times.append(time.perf_counter() - t0)
+        clock.end_step()
         # The loss lives on the last stage; average its DP replicas and give it to everyone.
         value = 0.0
         if ctx.is_last_stage and c.tp_rank == 0:
@@ -126,9 +131,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         dist.all_reduce(total, group=ctx.world_gloo)
         losses.append(total.item())
         norms.append(float(grad_norm))
+    clock.uninstall()
     dist.barrier(group=ctx.world_gloo)
     dist.destroy_process_group()
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
+            "ops": clock.steps,
             "settings": settings_that_ran(config, ddp.ddp_config, opt)}
 
 

@@ -1,0 +1,54 @@
+"""`hetauto dryrun --timeline [--compare]`: the measured timeline of a dry run, and the predicted one above it."""
+from __future__ import annotations
+
+
+def add_timeline_args(parser) -> None:
+    g = parser.add_argument_group("timelines (docs/explain.md)")
+    g.add_argument("--timeline", action="append", metavar="FILE",
+                   help="write the measured schedule of the last step: FILE.json a Chrome/Perfetto trace (every "
+                        "rank), FILE.png a picture (one rank per stage); forward, backward, send, receive (waiting "
+                        "for a peer), idle, DP sync, optimizer (repeatable)")
+    g.add_argument("--compare", action="store_true",
+                   help="with --timeline: also the simulator's prediction of the same run (the shape it ran, its "
+                        "ranks' share of the CPU cores), drawn above the measured one")
+    g.add_argument("--inventory", metavar="INV",
+                   help="inventory the prediction uses (default: the one stored in the plan)")
+    g.add_argument("--cost-model", metavar="DIR", help="learned cost model for the prediction (default: analytic)")
+
+
+def check_timeline_args(args, plan):
+    """Fail before the run: bad file names, --compare without --timeline or without an inventory."""
+    from ..errors import InputError
+    from ._common import check_timeline_paths
+    check_timeline_paths(args.timeline)
+    if args.compare and not args.timeline:
+        raise InputError("--compare draws the prediction next to a measured timeline", field="--compare",
+                         fix="add --timeline FILE.png (or .json)")
+    if args.compare and not (args.inventory or plan.inventory):
+        raise InputError("the plan carries no inventory to predict the run on", file=args.plan, field="inventory",
+                         fix="pass --inventory INV (the one the plan was made for)")
+
+
+def write_dryrun_timelines(args, plan, report) -> list[str]:
+    from ..cost.learned import load_cost_model
+    from ..cost.shared_cores import SharedCoresCostModel, core_sharing_factor
+    from ..plan.timeline import predicted_timeline
+    from ..runtime.op_timing import measured_timeline
+    from ..spec.inventory import inventory_from_dict, load_inventory
+    from ._common import write_timelines
+    from .validate_cost_model import measured_plan
+    ran = measured_plan(report, plan, report_file=args.plan, tiny=None)
+    written = []
+    for path in args.timeline:
+        per_stage = not path.lower().endswith(".json")     # pictures: one rank per stage, like the prediction
+        timelines = [measured_timeline(ran, report["ops"], per_stage=per_stage)]
+        if args.compare:
+            inv = load_inventory(args.inventory) if args.inventory else inventory_from_dict(plan.inventory,
+                                                                                             file=args.plan)
+            factor = core_sharing_factor(ran.world_size, report["cores"])
+            cost = SharedCoresCostModel(load_cost_model(args.cost_model), factor)
+            timelines.insert(0, predicted_timeline(ran, inv, cost, title=(
+                f"predicted: {ran.model.name} as run (hidden {ran.model.hidden_size}, sequence {ran.model.seq_length}), "
+                f"{ran.world_size} ranks on {report['cores']} cores (compute x{factor:.1f})")))
+        written += write_timelines([path], timelines)
+    return written

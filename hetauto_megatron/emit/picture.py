@@ -1,0 +1,80 @@
+"""Timelines as a PNG picture (matplotlib, imported only here and only when a picture is drawn).
+
+One panel per timeline, stacked on the same time axis (predicted above measured): a row per stage or rank
+and per link direction between clusters. Forward and backward take their cluster's colour (backward
+darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black; idle time
+is left blank.
+"""
+from __future__ import annotations
+
+from ..plan.timeline import Timeline
+
+CLUSTER_COLOURS = ["#4c72b0", "#55a868", "#dd8452", "#8172b3", "#937860", "#64b5cd", "#da8bc3", "#8c8c8c"]
+KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222"}
+
+
+def _darker(hex_colour: str, f: float = 0.6) -> tuple:
+    r, g, b = (int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return (r * f, g * f, b * f)
+
+
+def _rows(tl: Timeline, all_links: bool) -> list[int]:
+    """Lanes drawn: every stage/rank, the links between clusters (every link with all_links)."""
+    return [i for i, lane in enumerate(tl.lanes) if lane.kind != "link" or lane.inter_cluster or all_links]
+
+
+def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = False, dpi: int = 100) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    clusters = list(dict.fromkeys(c for tl in timelines for c in tl.clusters))
+    colour = {c: CLUSTER_COLOURS[i % len(CLUSTER_COLOURS)] for i, c in enumerate(clusters)}
+    rows = [_rows(tl, all_links) for tl in timelines]
+    heights = [max(2, len(r)) * 0.32 + 0.9 for r in rows]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights) + 0.8), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, tl, lanes in zip(axes[:, 0], timelines, rows):
+        y_of = {lane: len(lanes) - 1 - k for k, lane in enumerate(lanes)}
+        bars: dict = {}
+        for s in tl.spans:
+            if s.lane not in y_of or s.kind == "idle":
+                continue
+            lane = tl.lanes[s.lane]
+            if s.kind in ("forward", "backward") and lane.kind != "link":
+                base = colour.get(lane.cluster, CLUSTER_COLOURS[-1])
+                c = base if s.kind == "forward" else _darker(base)
+            else:
+                c = KIND_COLOURS.get(s.kind, "#9e9e9e")
+            bars.setdefault((y_of[s.lane], c), []).append((s.start, s.duration))
+        for (y, c), xr in bars.items():
+            ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white", linewidth=0.2)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([tl.lanes[i].name + (f"  [{tl.lanes[i].cluster}]" if tl.lanes[i].kind != "link" else "")
+                            for i in reversed(lanes)], fontsize=7)
+        ax.set_ylim(-0.6, len(lanes) - 0.4)
+        ax.axvline(tl.iteration_s, color="#c44e52", linewidth=0.8, linestyle="--")
+        ax.set_title(tl.title, fontsize=9, loc="left")
+        ax.grid(axis="x", linewidth=0.3, alpha=0.5)
+    axes[-1, 0].set_xlabel("seconds from the start of the iteration (dashed: iteration end)")
+    handles = []
+    for c in clusters:
+        handles += [Patch(color=colour[c], label=f"{c} forward"), Patch(color=_darker(colour[c]), label=f"{c} backward")]
+    handles += [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
+                Patch(color=KIND_COLOURS["receive"], label="receive: waiting for a link / peer"),
+                Patch(color=KIND_COLOURS["dp-sync"], label="DP sync"),
+                Patch(color=KIND_COLOURS["optimizer"], label="optimizer")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if len(handles) <= 6 else 0.09, 1, 1))
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def write_timeline(timelines: list[Timeline], path: str) -> None:
+    """Chrome trace for a .json path, a picture for .png (or .svg/.pdf)."""
+    if path.endswith(".json"):
+        from .trace import write_trace
+        write_trace(timelines, path)
+    else:
+        draw_timelines(timelines, path)

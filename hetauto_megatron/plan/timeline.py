@@ -1,0 +1,119 @@
+"""A pipeline timeline: what every stage (or rank) and every link does over one iteration (pure data).
+
+Lanes are pipeline stages, link directions, or (measured) ranks; spans are what a lane does from `start` to
+`end` (seconds from the iteration's start), of these kinds:
+    forward, backward    compute of one micro-batch;
+    send                 on a link lane: one micro-batch's activation (or its gradient) crossing;
+                         on a stage or rank lane: the time it is held by a send it does not overlap;
+    receive              waiting for data that is on its link (exposed communication);
+    idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
+    dp-sync, optimizer   the DP synchronisation not hidden by compute, and the optimizer step.
+`predicted_timeline` builds one from the simulator (plan/simulate.py and the event simulation of
+plan/pipeline.py); runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
+Chrome/Perfetto trace, emit/picture.py draws them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer")
+_EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str                    # "stage 3", "activations a->b (3->4)", "rank 5 (stage 2)"
+    cluster: str                 # the cluster it runs on; a link between clusters: "a -> b"
+    kind: str                    # "stage" | "link" | "rank"
+    stage: int | None = None     # pipeline stage (stage and rank lanes), first stage of the boundary (links)
+    inter_cluster: bool = False  # a link lane between two clusters
+
+
+@dataclass(frozen=True)
+class Span:
+    lane: int                    # index into Timeline.lanes
+    kind: str                    # one of KINDS
+    start: float                 # seconds from the iteration's start
+    end: float
+    micro_batch: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Timeline:
+    title: str
+    lanes: list[Lane]
+    spans: list[Span]
+    iteration_s: float
+    clusters: list[str] = field(default_factory=list)   # in pipeline order: the colour order
+    source: str = "predicted"                            # "predicted" | "measured"
+
+    def busy(self, lane: int) -> float:
+        """Compute seconds of a lane (its forward and backward spans)."""
+        return sum(s.duration for s in self.spans if s.lane == lane and s.kind in ("forward", "backward"))
+
+
+def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: list[Span]) -> None:
+    if t1 - t0 > 1e-12:
+        out.append(Span(lane, kind, t0, t1))
+
+
+def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None) -> Timeline:
+    """The simulator's schedule of one iteration of `plan` (its 1F1B pipeline, then the DP sync and optimizer
+    tail each stage has after the pipeline drained, as the iteration time counts it)."""
+    from .pipeline import simulate_1f1b
+    from .simulate import simulate
+    est = simulate(plan, inventory, cost_model).to_dict()
+    st = est["stages"]
+    p, m = len(st), plan.num_micro_batches
+    fwd = [s["forward_s"] for s in st]
+    bwd = [s["backward_s"] for s in st]
+    links = [s["send_next_s"] for s in st[:-1]]
+    run = simulate_1f1b(fwd, bwd, links, m, record=True)
+    makespan, T = run.makespan, est["iteration_time_s"]
+    clusters = list(dict.fromkeys(s["cluster"] for s in st))
+    lanes = [Lane(f"stage {i}", st[i]["cluster"], "stage", i) for i in range(p)]
+    link_lane = {}
+    for i in range(p - 1):
+        a, b = st[i]["cluster"], st[i + 1]["cluster"]
+        cl = a if a == b else f"{a} -> {b}"
+        cross = f" {a}->{b}" if a != b else ""
+        back = f" {b}->{a}" if a != b else ""
+        for d, what in (("fwd", f"activations{cross} ({i}->{i + 1})"), ("bwd", f"gradients{back} ({i + 1}->{i})")):
+            link_lane[(i, d)] = len(lanes)
+            lanes.append(Lane(what, cl, "link", i, a != b))
+    spans: list[Span] = []
+    arrive = {}                  # (stage, kind, micro-batch) -> the link event that brought its input
+    per_stage: list[list] = [[] for _ in range(p)]
+    for e in run.events:
+        if e.resource[0] == "link":
+            _, i, d = e.resource
+            spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
+            arrive[(i + 1, "F", e.micro_batch) if d == "fwd" else (i, "B", e.micro_batch)] = e
+        else:
+            per_stage[e.resource[1]].append(e)
+    for i, events in enumerate(per_stage):
+        events.sort(key=lambda e: e.start)
+        t = 0.0
+        for e in events:
+            if e.start > t:
+                # Waiting: on the link for the part of the gap its input was crossing, on other stages before.
+                link = arrive.get((i, e.kind, e.micro_batch))
+                split = min(max(t, link.start), e.start) if link is not None and abs(link.end - e.start) < 1e-9 \
+                    else e.start
+                _fill(spans, i, t, split, "idle", spans)
+                _fill(spans, i, split, e.start, "receive", spans)
+            spans.append(Span(i, _EVENT_KIND.get(e.kind, e.kind), e.start, e.end, e.micro_batch))
+            t = max(t, e.end)
+        _fill(spans, i, t, makespan, "idle", spans)
+        dp, opt = st[i].get("dp_exposed_s", 0.0), st[i].get("optimizer_s", 0.0)
+        _fill(spans, i, makespan, makespan + dp, "dp-sync", spans)
+        _fill(spans, i, makespan + dp, makespan + dp + opt, "optimizer", spans)
+        _fill(spans, i, makespan + dp + opt, T, "idle", spans)
+    spans.sort(key=lambda s: (s.lane, s.start))
+    name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
+                     f"{T:.3g} s per iteration")
+    return Timeline(name, lanes, spans, T, clusters, "predicted")

@@ -1,0 +1,116 @@
+"""Timelines: predicted (simulate --timeline) and measured (dryrun --timeline --compare) as Chrome traces and
+pictures. A trace must load as Trace Event Format, and what it shows must add up to what the simulator and the
+dry run report on their own: per stage the compute spans sum to the simulated busy time; per rank the spans
+cover the step time the dry run measured."""
+import json
+import os
+from collections import Counter, defaultdict
+
+import pytest
+from helpers import ROOT
+
+from hetauto_megatron.cli import main
+from hetauto_megatron.plan.plan import load_plan
+
+FIELDS = ("name", "ph", "ts", "dur", "pid", "tid")
+
+
+def _lanes(events):
+    """{(pid, tid): (thread name, process name, [X events sorted by ts])}"""
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    spans = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            spans[(e["pid"], e["tid"])].append(e)
+    return {k: (names[k], procs[k[0]], sorted(v, key=lambda e: e["ts"])) for k, v in spans.items()}
+
+
+def _check_format(trace):
+    events = trace["traceEvents"]
+    assert events
+    for e in events:
+        assert all(k in e for k in FIELDS), e
+        assert e["ph"] in ("X", "M") and isinstance(e["name"], str)
+        assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    lanes = _lanes(events)
+    for name, _, spans in lanes.values():     # a lane does one thing at a time
+        for a, b in zip(spans, spans[1:]):
+            assert b["ts"] >= a["ts"] + a["dur"] - 1e-3, (name, a, b)
+    return lanes
+
+
+def _is_png(path):
+    with open(path, "rb") as fh:
+        return fh.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 10_000
+
+
+def test_predicted_timeline_of_the_readme_plan(tmp_path, capsys):
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = str(tmp_path / "plan.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json"]) == 0
+    capsys.readouterr()
+    trace, png = str(tmp_path / "t.json"), str(tmp_path / "t.png")
+    assert main(["simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--json",
+                 "--timeline", trace, "--timeline", png]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["written"] == [trace, png] and _is_png(png)
+    with open(trace) as fh:
+        lanes = _check_format(json.load(fh))
+    p, m = len(est["stages"]), load_plan(plan).num_micro_batches
+    stage_lanes = {int(n.split()[1]): spans for n, _, spans in lanes.values() if n.startswith("stage ")}
+    assert sorted(stage_lanes) == list(range(p))
+    T = est["iteration_time_s"] * 1e6
+    for i, spans in stage_lanes.items():
+        kinds = Counter(e["cat"] for e in spans)
+        assert kinds["forward"] == kinds["backward"] == m
+        busy = sum(e["dur"] for e in spans if e["cat"] in ("forward", "backward")) / 1e6
+        assert busy == pytest.approx(est["stages"][i]["busy_s"], rel=1e-5)
+        # the lane covers the whole iteration: compute, waits, DP sync and optimizer tail
+        assert sum(e["dur"] for e in spans) == pytest.approx(T, rel=1e-6)
+        assert spans[-1]["ts"] + spans[-1]["dur"] == pytest.approx(T, rel=1e-6)
+    links = [spans for n, _, spans in lanes.values() if n.startswith(("activations", "gradients"))]
+    assert len(links) == 2 * (p - 1) and all(len(s) == m for s in links)
+    # the cross-cluster link: each transfer takes what the simulator prices per micro-batch
+    cross = [i for i in range(p - 1) if est["stages"][i]["cluster"] != est["stages"][i + 1]["cluster"]]
+    assert len(cross) == 1
+    x = est["stages"][cross[0]]["send_next_s"] * 1e6
+    cross_lanes = [s for _, proc, s in lanes.values() if proc.startswith("link ")]   # the process between clusters
+    assert len(cross_lanes) == 2 and all(e["dur"] == pytest.approx(x, rel=1e-6) for s in cross_lanes for e in s)
+
+
+def test_measured_and_predicted_timelines_of_a_dry_run(tiny_dryrun_files):
+    out, files = tiny_dryrun_files
+    report = json.loads(out)
+    assert _is_png(files["picture"])
+    with open(files["trace"]) as fh:
+        trace = json.load(fh)
+    assert [t["source"] for t in trace["otherData"]["timelines"]] == ["predicted", "measured"]
+    lanes = _check_format(trace)
+    plan = load_plan(os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"))
+    m = plan.num_micro_batches
+    ranks = {n: spans for n, proc, spans in lanes.values() if proc.startswith("measured") and n.startswith("rank ")}
+    assert len(ranks) == plan.world_size
+    for name, spans in ranks.items():
+        kinds = Counter(e["cat"] for e in spans)
+        assert kinds["forward"] == kinds["backward"] == m, name
+        assert kinds["optimizer"] == 1 and kinds["receive"] >= 1
+    # every rank's lane covers its own step; the longest is the step time the dry run reports (last step)
+    covered = max(sum(e["dur"] for e in spans) for spans in ranks.values()) / 1e6
+    assert covered == pytest.approx(report["step_times_s"][-1], rel=0.01, abs=1e-3)
+    predicted = {n: s for n, proc, s in lanes.values() if proc.startswith("predicted") and n.startswith("stage ")}
+    assert len(predicted) == plan.pipeline_parallel_size
+    assert all(Counter(e["cat"] for e in s)["forward"] == m for s in predicted.values())
+
+
+def test_timeline_errors(tmp_path, capsys):
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    assert main(["simulate", "--model", "llama2-7b", "--inventory", inv, "--tp", "8", "--pp", "1", "--dp", "1",
+                 "--micro-batch-size", "1", "--global-batch-size", "8", "--timeline", str(tmp_path / "t.txt")]) == 2
+    assert "--timeline" in capsys.readouterr().err
+    tiny = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    assert main(["dryrun", "--plan", tiny, "--tiny", "--compare"]) == 2            # before any process starts
+    assert main(["dryrun", "--plan", tiny, "--tiny", "--timeline", "x.png", "--compare"]) == 2   # no inventory
+    err = capsys.readouterr().err
+    assert "--compare" in err and "--inventory" in err and "Traceback" not in err
