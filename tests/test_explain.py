@@ -58,8 +58,9 @@ def test_bottleneck_bubble_bound(tmp_path, capsys):
     plan = _plan(tmp_path / "p.yaml", [("a", [4] * 8)], gbs=1)          # 8 stages, ONE micro-batch
     est, rep, fb, x, parts = _case(tmp_path, capsys, inv, plan)
     # one micro-batch: a chain forward through every stage and back
-    assert est["pipeline_s"] == pytest.approx(sum(fb) + 2 * sum(x), rel=1e-6)
-    assert parts["bubble"]["seconds"] == pytest.approx(sum(fb) - max(fb), rel=1e-4)
+    us = 1e-6 * 4 * len(fb)          # the per-stage figures are printed to the microsecond
+    assert est["pipeline_s"] == pytest.approx(sum(fb) + 2 * sum(x), abs=us)
+    assert parts["bubble"]["seconds"] == pytest.approx(sum(fb) - max(fb), abs=us)
     assert rep["breakdown"]["bottleneck"] == "bubble"
     assert parts["bubble"]["share"] > 0.7                                  # ~ (p - 1) / p of the chain
 

@@ -2,7 +2,8 @@
 
 One panel per timeline, stacked on the same time axis (predicted above measured): a row per stage or rank
 and per link direction between clusters. Forward and backward take their cluster's colour (backward
-darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black; idle time
+darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black, the fixed per-iteration
+overhead olive; idle time
 is left blank.
 """
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from ..plan.timeline import Timeline
 
 CLUSTER_COLOURS = ["#4c72b0", "#55a868", "#dd8452", "#8172b3", "#937860", "#64b5cd", "#da8bc3", "#8c8c8c"]
-KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222"}
+KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222",
+                "overhead": "#c8b560"}
 
 
 def _darker(hex_colour: str, f: float = 0.6) -> tuple:
@@ -64,7 +66,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     handles += [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
                 Patch(color=KIND_COLOURS["receive"], label="receive: waiting for a link / peer"),
                 Patch(color=KIND_COLOURS["dp-sync"], label="DP sync"),
-                Patch(color=KIND_COLOURS["optimizer"], label="optimizer")]
+                Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
+                Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if len(handles) <= 6 else 0.09, 1, 1))
     fig.savefig(path, dpi=dpi)

@@ -15,12 +15,12 @@ from ..plan.timeline import Timeline
 
 # Chrome's reserved colour names per kind (Perfetto picks its own; Chrome's viewer honours these).
 _CNAME = {"forward": "good", "backward": "bad", "send": "grey", "receive": "yellow", "idle": "white",
-          "dp-sync": "terrible", "optimizer": "black"}
+          "dp-sync": "terrible", "optimizer": "black", "overhead": "olive"}
 
 
 def _label(span, lane) -> str:
     what = {"forward": "F", "backward": "B", "send": "send", "receive": "receive", "idle": "idle",
-            "dp-sync": "DP sync", "optimizer": "optimizer"}[span.kind]
+            "dp-sync": "DP sync", "optimizer": "optimizer", "overhead": "overhead"}[span.kind]
     if lane.kind == "link" and span.micro_batch is not None:
         what = "activation" if lane.name.startswith("activations") else "gradient"
     return f"{what} {span.micro_batch}" if span.micro_batch is not None else what

@@ -6,8 +6,10 @@ The iteration is cut into five parts that add up to the predicted iteration time
     bubble     what 1F1B's fill and drain add with instant links: makespan(links = 0) - compute;
     link       what the links add on top: makespan - makespan(links = 0);
     dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute);
-    optimizer  the optimizer step after it.
-The first three are the pipeline's makespan; the last two its tail (of the stage whose tail is longest).
+    optimizer  the optimizer step after it;
+    overhead   the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging, ...).
+The first three are the pipeline's makespan; DP sync and optimizer its tail (of the stage whose tail is
+longest); the overhead is what the iteration has beyond them.
 The bottleneck is the largest part. Each is priced by re-running the same event simulation with one thing
 removed, so a part is exactly what the iteration would save without it.
 """
@@ -20,9 +22,10 @@ from ..errors import InfeasibleError, InputError
 from .plan import Plan
 from .simulate import _makespan, plan_choices, simulate
 
-PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer")
+PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
-              "link": "exposed link time", "dp_sync": "DP synchronisation", "optimizer": "optimizer step"}
+              "link": "exposed link time", "dp_sync": "DP synchronisation", "optimizer": "optimizer step",
+              "overhead": "fixed per-iteration overhead"}
 
 
 def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
@@ -49,9 +52,10 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     else:                       # older estimates carry only the totals
         t = None
         dp = float(estimate.get("dp_exposed_s") or 0.0)
-        opt = max(0.0, T - makespan - dp)
+        opt = float(estimate.get("optimizer_s") or 0.0)
     parts = {"compute": busy[slow], "bubble": max(0.0, free_links - busy[slow]),
-             "link": max(0.0, makespan - free_links), "dp_sync": dp, "optimizer": opt}
+             "link": max(0.0, makespan - free_links), "dp_sync": dp, "optimizer": opt,
+             "overhead": max(0.0, T - makespan - dp - opt)}
     # Which boundary the exposed link time comes from: the one whose removal alone saves the most.
     link_at, saved = None, 0.0
     if parts["link"] > 1e-9 * T:
@@ -60,7 +64,7 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             if makespan - alone > saved:
                 link_at, saved = i, makespan - alone
     worst = max(PARTS, key=lambda k: parts[k])
-    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t, "optimizer": t}[worst]
+    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t, "optimizer": t, "overhead": None}[worst]
     return {"iteration_s": T, "parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "stage": where if worst != "link" else None,
             "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,

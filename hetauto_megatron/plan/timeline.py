@@ -7,7 +7,8 @@ Lanes are pipeline stages, link directions, or (measured) ranks; spans are what 
                          on a stage or rank lane: the time it is held by a send it does not overlap;
     receive              waiting for data that is on its link (exposed communication);
     idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
-    dp-sync, optimizer   the DP synchronisation not hidden by compute, and the optimizer step.
+    dp-sync, optimizer   the DP synchronisation not hidden by compute, and the optimizer step;
+    overhead             the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging).
 `predicted_timeline` builds one from the simulator (plan/simulate.py and the event simulation of
 plan/pipeline.py); runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
 Chrome/Perfetto trace, emit/picture.py draws them.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer")
+KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer", "overhead")
 _EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}
 
 
@@ -95,6 +96,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             arrive[(i + 1, "F", e.micro_batch) if d == "fwd" else (i, "B", e.micro_batch)] = e
         else:
             per_stage[e.resource[1]].append(e)
+    tail = max(s.get("dp_exposed_s", 0.0) + s.get("optimizer_s", 0.0) for s in st)
     for i, events in enumerate(per_stage):
         events.sort(key=lambda e: e.start)
         t = 0.0
@@ -112,7 +114,8 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
         dp, opt = st[i].get("dp_exposed_s", 0.0), st[i].get("optimizer_s", 0.0)
         _fill(spans, i, makespan, makespan + dp, "dp-sync", spans)
         _fill(spans, i, makespan + dp, makespan + dp + opt, "optimizer", spans)
-        _fill(spans, i, makespan + dp + opt, T, "idle", spans)
+        _fill(spans, i, makespan + dp + opt, makespan + tail, "idle", spans)
+        _fill(spans, i, makespan + tail, T, "overhead", spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration")
