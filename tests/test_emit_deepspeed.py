@@ -6,18 +6,18 @@ import pytest
 from helpers import mesh
 
 from hetauto_megatron.cli import main
-from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, stage_partition,
+from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, mesh_precision, stage_partition,
                                              unsupported_features, validate)
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
-from hetauto_megatron.spec.devices import get_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
 
 
-def plan(meshes, gbs=16):
-    return plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes})
+def plan(meshes, gbs=16, precision="bf16"):
+    return plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": gbs, "meshes": meshes,
+                           "precision": precision})
 
 
 def with_settings(m, **settings):
@@ -34,6 +34,9 @@ PLANS = {
     "overrides": lambda: plan([with_settings(mesh("h", 2, 2, 2, [4], device="h800"), distributed_optimizer=False,
                                              overlap_param_gather=False, grad_reduce_dtype="param"),
                                with_settings(mesh("g", 2, 2, 2, [4], device="h800"), overlap_grad_reduce=False)]),
+    "fp16_param_reduce": lambda: plan([with_settings(mesh("v", 1, 2, 2, [8], device="h800"), grad_reduce_dtype="param")],
+                                      precision="fp16"),
+    "fp32": lambda: plan([mesh("h", 1, 2, 2, [4], device="h800"), mesh("c", 1, 2, 2, [4])], precision="fp32"),
 }
 
 
@@ -51,12 +54,14 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert r["parsed"]["gradient_accumulation_steps"] == p.num_micro_batches
         assert m.micro_batch_size * p.num_micro_batches * m.dp == p.global_batch_size
         # the mesh's runtime settings (plan/settings.py), as DeepSpeed's parser read them
-        s, bf16 = m.settings, get_device(m.device_type).dtype_bytes == 2
+        s, precision = m.settings, mesh_precision(p, r["mesh"])
+        assert precision == ("fp32" if m.device_type == "cpu" else p.precision)
         assert r["parsed"]["zero_stage"] == (1 if s.distributed_optimizer else 0)
         assert r["parsed"]["overlap_comm"] == (s.distributed_optimizer and s.overlap_grad_reduce)
-        reduce = "bfloat16" if bf16 and s.grad_reduce_dtype == "param" else "float32"
+        low = {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
+        reduce = low if low and s.grad_reduce_dtype == "param" else "float32"
         assert r["parsed"]["communication_data_type"] == reduce
-        assert r["parsed"]["bf16"] == bf16 and r["parsed"]["bf16"] == (m.device_type != "cpu")
+        assert r["parsed"]["bf16"] == (precision == "bf16") and cfg["fp16"]["enabled"] == (precision == "fp16")
         assert cfg["hetauto"]["settings"] == s.to_dict()
         if p.pipeline_parallel_size > 1:
             assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)

@@ -7,7 +7,7 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
 - the mesh's runtime settings (plan/settings.py, the one table Megatron's arguments are read from too): the
   distributed optimizer is ZeRO stage 1 (stages 2/3 are refused with pipelining), overlap_grad_reduce is
   ZeRO's overlap_comm, grad_reduce_dtype is the communication and gradient-accumulation dtype;
-- the precision the device trains in (bf16 on accelerators, fp32 on CPU); activation checkpointing from the
+- the precision the mesh trains in (the plan's; fp32 on CPU; fp8 as bf16); activation checkpointing from the
   mesh's recompute mode;
 - the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
   keys, and never reads pipeline.partition/stages): PipelineModule takes only named partition methods, so an
@@ -58,11 +58,13 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     # 'selective' recompute (attention only) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
     checkpoint = mesh.recompute in ("full", "selective")
-    # The precision the cost model sizes tensors with: bf16 mixed precision on accelerators, fp32 on CPU.
-    bf16 = get_device(mesh.device_type).dtype_bytes == 2
+    # The precision this mesh trains in, as the cost model prices it: the plan's (fp8 is bf16 here: DeepSpeed
+    # has no fp8 setting, Transformer Engine's layers do it), fp32 on CPU.
+    precision = mesh_precision(plan, mesh_index)
+    low = {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision)   # None: fp32
     # The DP gradient reduction's element type (Megatron's grad_reduce_in_fp32): DeepSpeed reduces in
     # communication_data_type and accumulates in data_types.grad_accum_dtype.
-    reduce_dtype = "fp32" if settings.grad_reduce_dtype == "fp32" or not bf16 else "bf16"
+    reduce_dtype = low if low and settings.grad_reduce_dtype == "param" else "fp32"
     # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; with
     # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm overlaps ZeRO's gradient reduction with
     # the backward pass, as overlap_grad_reduce does in Megatron.
@@ -75,13 +77,12 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
         "gradient_accumulation_steps": plan.num_micro_batches,
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": False},
+        "bf16": {"enabled": low == "bf16"},
+        "fp16": {"enabled": low == "fp16"},
         "communication_data_type": reduce_dtype,
         # bf16 with fp32 accumulation needs ZeRO in DeepSpeed (its BF16 optimizer); without the distributed
         # optimizer gradients accumulate in the training precision (listed by unsupported_features).
-        "data_types": {"grad_accum_dtype": reduce_dtype if settings.distributed_optimizer else
-                       ("bf16" if bf16 else "fp32")},
+        "data_types": {"grad_accum_dtype": reduce_dtype if settings.distributed_optimizer else (low or "fp32")},
         "zero_optimization": zero,
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
                                      "cpu_checkpointing": False},
@@ -100,6 +101,11 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     if not pipelined:
         del cfg["pipeline"]
     return cfg
+
+
+def mesh_precision(plan: Plan, mesh_index: int) -> str:
+    """The precision a mesh trains in: the plan's, except fp32 on CPU (Plan.precision, DeviceType.at_precision)."""
+    return get_device(plan.meshes[mesh_index].device_type).at_precision(plan.precision).precision
 
 
 def unsupported_features(plan: Plan) -> list[str]:
@@ -135,9 +141,12 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("sequence parallelism: not a DeepSpeed setting; the model's own tensor-parallel layers (e.g. "
                    "Megatron's, through the mpu) must split the sequence")
     if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
-           and get_device(m.device_type).dtype_bytes == 2 for m in meshes):
-        out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16 "
-                   "gradients in bf16 unless ZeRO is on")
+           and mesh_precision(plan, i) != "fp32" for i, m in enumerate(meshes)):
+        out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "
+                   "gradients in that precision unless ZeRO is on")
+    if plan.precision == "fp8" and any(mesh_precision(plan, i) == "fp8" for i in range(len(meshes))):
+        out.append("fp8 training: DeepSpeed has no fp8 setting (the configs say bf16); the model's layers must "
+                   "run their GEMMs in fp8 themselves (Transformer Engine)")
     if len(set(plan.stage_layers)) > 1:
         out.append("the uneven layer split: ds_config cannot carry it (pipeline.partition is never read); it is in "
                    "the 'hetauto.partition' key and needs a PipelineModule subclass overriding _partition_layers "
