@@ -6,6 +6,11 @@ For each instance it prints: devices, search wall time, layouts evaluated, the p
 tokens/s and MFU, and two references: the best plan on the single fastest cluster alone (what a homogeneous
 job would do), and where the tree is small enough the exhaustive optimum of the same search space.
 Targets: <= 1 s for 512 devices, <= 10 s for 736 devices on one core; MCTS within 1% of exhaustive.
+
+Then, for the README's 2-cluster plan and the 4-cluster / 736-device example, the boundary schedules
+(docs/search.md): the plan searched with blocking cross-cluster transfers (what the runtime does today) and with
+overlapped ones (asynchronous, depth chosen per boundary): predicted tokens/s, speed-up over the fastest single
+cluster, the clusters that take part and each cross-cluster boundary's schedule.
 """
 from __future__ import annotations
 
@@ -62,6 +67,32 @@ def main() -> None:
               f"{ex_s:>12} {gap:>6}")
         print("    " + "  ->  ".join(f"{c.cluster}: tp{c.tp} dp{c.dp} mb{c.micro_batch_size} x{c.num_stages} "
                                      f"{c.recompute}" for c in r.choices))
+    schedules(model, args.seed)
+
+
+def schedules(model, seed: int) -> None:
+    """Blocking vs overlapped cross-cluster boundaries on the README's 2-cluster plan and the 736-device example."""
+    cases = [("README 2 clusters (64 H800 + 32 910B, 25 Gbit/s)", "inventory-2clusters.yaml", 512),
+             ("4 clusters / 736 devices", "inventory-4clusters-736.yaml", 1024)]
+    print(f"\n{'instance':50} {'schedule':10} {'search s':>8} {'iter s':>8} {'tokens/s':>9} {'speed-up':>8}  clusters "
+          "(boundary schedules)")
+    for name, path, gbs in cases:
+        inv = load_inventory(os.path.join(EX, path))
+        fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
+        alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
+        alone = search(model, alone_inv, gbs, config=SearchConfig(seed=seed))
+        for schedule in ("blocking", "overlapped"):
+            t0 = time.perf_counter()
+            r = search(model, inv, gbs, config=SearchConfig(seed=seed, schedule=schedule))
+            secs = time.perf_counter() - t0
+            est = simulate(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), inv)
+            used = " -> ".join(c.cluster + ("" if i == len(r.choices) - 1 else
+                                            " [blocking]" if r.boundaries[i] is None else f" [overlapped d={r.boundaries[i]}]")
+                               for i, c in enumerate(r.choices))
+            print(f"{name:50} {schedule:10} {secs:8.2f} {est.iteration_time_s:8.3f} {est.tokens_per_s:9.0f} "
+                  f"{alone.iteration_time_s / est.iteration_time_s:7.2f}x  {used}")
+        print(f"{'':50} {fastest.name + ' alone':10} {'':8} {alone.iteration_time_s:8.3f} "
+              f"{gbs * model.seq_length / alone.iteration_time_s:9.0f}")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,22 @@ def test_help_teaches():
     assert r.returncode == 0 and "examples:" in r.stdout and "exit codes" in r.stdout
     r = hetauto("--help")
     assert r.returncode == 0 and "plan" in r.stdout and "dryrun" in r.stdout
+
+
+def test_overlapped_boundaries_are_planned_written_and_simulated(tmp_path):
+    """--boundary-schedule overlapped: the cross-cluster boundary is written with its depth, `simulate` of the file
+    reproduces the estimate, and a boundary that cannot overlap is refused naming the field."""
+    plan_file = tmp_path / "plan.yaml"
+    r = hetauto("plan", "--model", "llama2-70b", "--inventory", INV2, "--global-batch-size", "512",
+                "--boundary-schedule", "overlapped", "-o", str(plan_file), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    meshes = out["plan"]["meshes"]
+    assert len(meshes) == 2 and meshes[0]["boundary"]["schedule"] == "overlapped" and "boundary" not in meshes[1]
+    sim = json.loads(hetauto("simulate", "--model", "llama2-70b", "--inventory", INV2, "--plan", str(plan_file),
+                             "--json").stdout)
+    assert abs(sim["iteration_time_s"] - out["iteration_time_s"]) < 1e-6 * out["iteration_time_s"]
+    text = plan_file.read_text().replace("schedule: overlapped", "schedule: sideways")
+    (tmp_path / "bad.yaml").write_text(text)
+    r = hetauto("simulate", "--model", "llama2-70b", "--inventory", INV2, "--plan", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 2 and "meshes[0].boundary.schedule" in r.stderr and "Fix:" in r.stderr

@@ -42,6 +42,10 @@ def add_arguments(parser) -> None:
                         help="MCTS playouts (default: grows with the number of clusters)")
     parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
+    parser.add_argument("--boundary-schedule", choices=("blocking", "overlapped"), default="blocking",
+                        help="cross-cluster pipeline boundaries: blocking (the sender waits for each transfer, what "
+                             "the runtime does today) or overlapped (asynchronous transfers, warm-up depth chosen "
+                             "per boundary; docs/search.md)")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
@@ -63,9 +67,10 @@ def run(args) -> int:
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
-                       progress=not args.quiet and not args.json)
+                       progress=not args.quiet and not args.json, schedule=args.boundary_schedule)
     result = search(model, inventory, args.global_batch_size, cost_model, cfg)
-    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory)
+    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
+                          boundaries=result.boundaries)
     estimate = simulate(plan, inventory, cost_model)
     plan = dataclasses.replace(plan, estimate={**estimate.to_dict(), "search": result.to_dict()})
     written = []

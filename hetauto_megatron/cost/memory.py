@@ -39,7 +39,8 @@ The split parts are always divided by TP (tensor-parallel regions). The replicat
 it off every TP rank holds them in full, Table 2's sbh(10 + 24/t).
 Recompute 'selective' re-runs the MLP and keeps only its input; 'full' keeps each layer's input (2sbh, split by
 TP only under sequence parallelism) plus one layer's full activations while it is recomputed. Under 1F1B stage
-i of p holds min(p - i, m) micro-batches in flight.
+i of p holds min(p - i, m) micro-batches in flight, more before an overlapped cross-cluster
+boundary (its warm-up depth, plan/pipeline.py).
 """
 from __future__ import annotations
 
@@ -109,10 +110,13 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
 
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                        recompute: str, in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
-                       seq_length: int | None = None, dtype_bytes: int = 2) -> dict[str, float]:
+                       seq_length: int | None = None, dtype_bytes: int = 2,
+                       boundary_buffers: int = 0) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
-    runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings."""
+    runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings. boundary_buffers: whole
+    (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
+    (activations received ahead, a gradient in flight; plan/simulate.py counts them)."""
     sp = settings.sequence_parallel
     params = stage_params(model, tp, layers, first, last)
     per = state_bytes_per_param(dtype_bytes, dp, settings)
@@ -129,6 +133,7 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
         acts += in_flight * dtype_bytes * s * micro_batch_size * model.hidden_size / (tp if sp else 1)
     if last:  # fp32 logits and their gradient for one micro-batch at a time, split over TP by vocabulary
         acts += 2 * FP32 * s * micro_batch_size * model.vocab_size / tp
+    acts += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
     reserved = RESERVED_GIB.get(vendor, DEFAULT_RESERVED_GIB) * GIB
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts, "reserved": reserved,
             "total": state + acts + reserved}

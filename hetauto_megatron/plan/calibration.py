@@ -150,7 +150,7 @@ def predict(run: PublishedRun, calibration: Calibration = DEFAULT_CALIBRATION, c
         "intra_node": {"bandwidth_gbps": run.intra_node_gbps, "latency_us": 5},
         "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
     res = evaluate_layout(run.model, inv, [MeshChoice("c", run.tp, run.dp, run.micro_batch_size, run.recompute,
-                                                      run.pp, run.settings)], run.global_batch, cost, extrapolate=True)
+                                                      run.pp, run.settings)], run.global_batch, cost)
     return res.iteration_time_s
 
 

@@ -81,20 +81,22 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
-                 last: bool) -> dict[str, float]:
+                 last: bool, boundary_buffers: int = 0) -> dict[str, float]:
     return stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                               recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
                               settings=prof.settings, vendor=prof.cluster.device.vendor,
-                              dtype_bytes=prof.cluster.device.dtype_bytes)
+                              dtype_bytes=prof.cluster.device.dtype_bytes,
+                              boundary_buffers=boundary_buffers)
 
 
 @lru_cache(maxsize=262144)
-def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, first: bool, last: bool) -> int:
+def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, first: bool, last: bool,
+                         boundary_buffers: int = 0) -> int:
     """Largest layer count a stage can hold (memory is linear in layers), -1 if even zero layers do not fit."""
-    base = stage_memory(model, prof, 0, in_flight, first, last)["total"]
+    base = stage_memory(model, prof, 0, in_flight, first, last, boundary_buffers)["total"]
     if base > prof.memory_cap:
         return -1
-    per = stage_memory(model, prof, 1, in_flight, first, last)["total"] - base
+    per = stage_memory(model, prof, 1, in_flight, first, last, boundary_buffers)["total"] - base
     return int((prof.memory_cap - base) // per) if per > 0 else model.num_layers
 
 

@@ -20,7 +20,7 @@ import math
 
 from ..errors import InfeasibleError, InputError
 from .plan import Plan
-from .simulate import _makespan, plan_choices, simulate
+from .simulate import plan_choices, simulate, stage_makespan
 
 PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
@@ -42,7 +42,7 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     links = [s["send_next_s"] for s in stages[:-1]]
     T = float(estimate["iteration_time_s"])
     makespan = float(estimate["pipeline_s"])
-    free_links = _makespan(fwd, bwd, [0.0] * len(links), m, m > 256)[0]
+    free_links = stage_makespan(stages, m, [0.0] * len(links))
     busy = [m * (f + b) for f, b in zip(fwd, bwd)]
     slow = max(range(len(stages)), key=lambda i: busy[i])
     tails = [(s.get("dp_exposed_s"), s.get("optimizer_s")) for s in stages]
@@ -60,7 +60,7 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     link_at, saved = None, 0.0
     if parts["link"] > 1e-9 * T:
         for i in range(len(links)):
-            alone = _makespan(fwd, bwd, [0.0 if k == i else x for k, x in enumerate(links)], m, m > 256)[0]
+            alone = stage_makespan(stages, m, [0.0 if k == i else x for k, x in enumerate(links)])
             if makespan - alone > saved:
                 link_at, saved = i, makespan - alone
     worst = max(PARTS, key=lambda k: parts[k])

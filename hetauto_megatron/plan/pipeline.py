@@ -1,27 +1,47 @@
 """1F1B pipeline timing over stages of different speeds joined by links of different speeds (pure functions).
 
 `simulate_1f1b` is the event-level simulation: every forward/backward of every micro-batch on every stage, and
-every transfer on every link, in Megatron's non-interleaved 1F1B order (stage i runs min(p-i-1, m) warm-up
-forwards, then alternates one forward and one backward, then drains its backwards). An operation starts when
-its stage is free and its input has arrived; a transfer starts when its data is ready and its link direction is
-free (links are full duplex, one transfer at a time per direction), so a slow inter-cluster link behaves like an
-extra pipeline stage.
+every transfer on every link, in Megatron's non-interleaved 1F1B order (stage i runs w_i warm-up forwards,
+then alternates one forward and one backward, then drains its backwards). It prices what the runtime does:
+
+- An operation starts when its stage is free and its input has arrived.
+- A link is a resource of its own, one per direction (links are full duplex). One micro-batch's transfer
+  occupies its direction for `link - latency` seconds (the bytes at the link's bandwidth) and arrives
+  `latency` seconds later; transfers in one direction queue in micro-batch order, so a link slower than
+  the stages around it is a pipeline stage of its own (docs/inputs.md: a link's bandwidth is shared by
+  every flow crossing it; one transfer at a time at the full bandwidth finishes the queue at the same time
+  as sharing it would, and each transfer no later).
+- Boundary schedules, per boundary l (between stages l and l + 1):
+  blocking   (Megatron's native P2P, and every boundary inside a cluster): the sending stage is held until its
+             transfer has arrived (the runtime waits for every send, including a synchronous device-to-host
+             copy on the cross-cluster path), then runs its next operation;
+  overlapped (the asynchronous cross-cluster communicator): the send is posted and the stage goes on at once;
+             receives are posted early, so the receiver waits only if the data has not arrived when it needs
+             it. Its depth d_l adds d_l warm-up forwards to every stage before the boundary, so d_l more
+             micro-batches are in flight across the link (the link acts as d_l virtual stages):
+                 w_i = min(m, p - i - 1 + sum_{l >= i} d_l)
+  Megatron pairs each send with the matching receive of the neighbour (send_forward_recv_backward with
+  send_backward_recv_forward), so a blocking transfer starts when the sender is done, as simulated here.
+
+Every micro-batch is simulated (no extrapolation): the operations are visited in a dependency order computed
+once per pipeline shape (cached), then each costs a few additions in a tight loop (~1 µs per operation).
 
 `estimate_1f1b` is the closed form the search screens candidates with (no events):
     T = sum_i (f_i + b_i) + sum_l 2 x_l + (m - 1) * P
-where P, the steady-state period, is the slowest cycle of the schedule's dependency graph:
-    every link alone (x_l: one transfer per micro-batch per direction), and every run of stages i..k:
-    (sum_{q=i..k} (f_q + b_q) + 2 sum_{links inside} x_l) / min(k - i + 1, m)
-A run of stages i..k is a cycle because 1F1B lets stage i start the forward of micro-batch j + (k - i + 1)
-only after the backward of micro-batch j came back through stages k..i: with k = i it is the stage itself,
-with k = p - 1 it is the in-flight window of stage i, and with a slow link inside the run it is why a slow
-inter-cluster link costs time even when its bandwidth is not the bottleneck. The closed form never
-undercuts the event simulation and is within about 2% of it once m >= 32 (tests); the search re-ranks its
-best candidates with the event simulation.
+where P, the steady-state period, is the slowest cycle of the schedule's dependency graph: every overlapped
+link direction alone (its occupancy per micro-batch), and every run of stages i..k,
+    (sum_{q=i..k} (f'_q + b'_q) + 2 sum_{overlapped links inside} x_l) / min(w_i - w_k + 1, m)
+with f'_q, b'_q the compute plus the blocking sends that hold stage q. A run is a cycle because 1F1B lets stage i
+start the forward of micro-batch j + (w_i - w_k + 1) only after the backward of micro-batch j came back
+through stages k..i: with k = i it is the stage itself, with k = p - 1 the in-flight window of stage i, and a
+slow link inside a run is why it costs time even when its bandwidth is not the bottleneck. The closed form
+never undercuts the event simulation on the tests' random cases and is within a few % of it once m >= 32;
+the search re-ranks its best candidates with the event simulation.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -51,8 +71,14 @@ class PipelineTimes:
     events: tuple[Event, ...] | None = None   # every operation, when simulated with record=True
 
 
-def schedule_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
-    warm = min(p - stage - 1, m)
+def warmup_counts(p: int, m: int, depth=None) -> tuple[int, ...]:
+    """Warm-up forwards per stage: the stages after it, plus the depth of every overlapped boundary after it."""
+    d = list(depth) if depth is not None else [0] * max(p - 1, 0)
+    return tuple(min(m, p - i - 1 + sum(d[i:])) for i in range(p))
+
+
+def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[tuple[str, int]]:
+    warm = min(p - stage - 1, m) if warm is None else warm
     ops = [("F", j) for j in range(warm)]
     for j in range(m - warm):
         ops.append(("F", warm + j))
@@ -61,84 +87,154 @@ def schedule_order(stage: int, p: int, m: int) -> list[tuple[str, int]]:
     return ops
 
 
-def simulate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int, *,
-                  record: bool = False) -> PipelineTimes:
-    """fwd[i], bwd[i]: per-micro-batch times of stage i; link[i]: transfer time between stage i and i+1.
-    record=True also returns every operation's start and end (`PipelineTimes.events`, see `Event`)."""
-    events = [] if record else None
-    p = len(fwd)
-    assert len(bwd) == p and len(link) == p - 1 and m >= 1
-    orders = [schedule_order(i, p, m) for i in range(p)]
+@lru_cache(maxsize=512)
+def _dependency_order(p: int, m: int, warm: tuple) -> tuple:
+    """All operations as (stage, is_forward, micro-batch), ordered so every input is produced before it is used
+    and each stage's operations keep their 1F1B order (which also keeps every link direction's FIFO order)."""
+    orders = [[(i, k == "F", j) for k, j in schedule_order(i, p, m, warm[i])] for i in range(p)]
     ptr = [0] * p
-    free = [0.0] * p
-    f_arrive = [[None] * m for _ in range(p)]   # when micro-batch j's activation is available at stage i
-    b_arrive = [[None] * m for _ in range(p)]   # when its gradient is available at stage i
-    for j in range(m):
-        f_arrive[0][j] = 0.0
-    link_free_f = [0.0] * max(p - 1, 0)
-    link_free_b = [0.0] * max(p - 1, 0)
-    f_done = [[None] * m for _ in range(p)]
-    busy = [0.0] * p
-    finish = [0.0] * p
-    remaining = p * 2 * m
-    while remaining:
+    f_done = [0] * p     # forwards done per stage (in micro-batch order)
+    b_done = [0] * p
+    out = []
+    while len(out) < 2 * p * m:
         progressed = False
         for i in range(p):
-            while ptr[i] < len(orders[i]):
-                kind, j = orders[i][ptr[i]]
-                if kind == "F":
-                    ready = f_arrive[i][j]
-                    if ready is None:
-                        break
-                    start = max(free[i], ready)
-                    end = start + fwd[i]
-                    f_done[i][j] = end
-                    if i == p - 1:
-                        b_arrive[i][j] = end      # the loss is computed here: backward may start at once
-                    else:
-                        s = max(end, link_free_f[i])
-                        link_free_f[i] = s + link[i]
-                        f_arrive[i + 1][j] = s + link[i]
-                        if record:
-                            events.append(Event(("link", i, "fwd"), "F", j, s, s + link[i]))
-                    if record:
-                        events.append(Event(("stage", i), "F", j, start, end))
-                    busy[i] += fwd[i]
+            o = orders[i]
+            while ptr[i] < len(o):
+                _, fw, j = o[ptr[i]]
+                if fw and i > 0 and f_done[i - 1] <= j:
+                    break
+                if not fw and i < p - 1 and b_done[i + 1] <= j:
+                    break
+                out.append(o[ptr[i]])
+                if fw:
+                    f_done[i] += 1
                 else:
-                    ready = b_arrive[i][j]
-                    if ready is None:
-                        break
-                    start = max(free[i], ready, f_done[i][j])
-                    end = start + bwd[i]
-                    if i > 0:
-                        s = max(end, link_free_b[i - 1])
-                        link_free_b[i - 1] = s + link[i - 1]
-                        b_arrive[i - 1][j] = s + link[i - 1]
-                        if record:
-                            events.append(Event(("link", i - 1, "bwd"), "B", j, s, s + link[i - 1]))
-                    if record:
-                        events.append(Event(("stage", i), "B", j, start, end))
-                    busy[i] += bwd[i]
-                    finish[i] = end
-                free[i] = end
+                    b_done[i] += 1
                 ptr[i] += 1
-                remaining -= 1
                 progressed = True
-        if not progressed:  # cannot happen for a valid 1F1B order; guards against an endless loop
-            raise RuntimeError("1F1B simulation deadlocked")
-    if record:
-        events.sort(key=lambda e: (e.start, e.resource))
-    return PipelineTimes(max(finish), tuple(busy), tuple(finish), tuple(events) if record else None)
+        if not progressed:  # cannot happen for warm-ups that do not grow down the pipeline
+            raise RuntimeError(f"1F1B schedule with warm-ups {warm} deadlocks")
+    return tuple(out)
 
 
-def estimate_1f1b(fwd: list[float], bwd: list[float], link: list[float], m: int) -> float:
+def _boundaries(p, link, latency, blocking, depth):
+    n = max(p - 1, 0)
+    x = [float(v) for v in link]
+    lat = [0.0] * n if latency is None else [float(v) for v in latency]
+    blk = [True] * n if blocking is None else [bool(v) for v in blocking]
+    d = [0] * n if depth is None else [int(v) for v in depth]
+    assert len(x) == len(lat) == len(blk) == len(d) == n
+    assert all(0 <= a <= t for a, t in zip(lat, x)) and all(v >= 0 for v in d)
+    assert not any(b and v for b, v in zip(blk, d)), "a blocking boundary has no extra warm-up depth"
+    return x, lat, blk, d
+
+
+def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None,
+                  record: bool = False) -> PipelineTimes:
+    """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i; link[l]: one micro-batch's transfer time
+    between stage l and l + 1 (latency included); latency[l]: the part of it that does not occupy the link
+    (default 0); blocking[l]: the boundary's schedule (default True: blocking); depth[l]: extra warm-up
+    micro-batches of an overlapped boundary (default 0). record=True also returns every operation's start and
+    end (`PipelineTimes.events`, see `Event`)."""
     p = len(fwd)
-    stage = np.add(fwd, bwd)
-    links = np.asarray(link, dtype=float)
-    # run[i, k] = sum of stages i..k plus both directions of the links inside, via prefix sums
+    assert len(bwd) == p and len(link) == p - 1 and m >= 1
+    x, lat, blk, d = _boundaries(p, link, latency, blocking, depth)
+    occ = [a - b for a, b in zip(x, lat)]
+    order = _dependency_order(p, m, warmup_counts(p, m, d))
+    f = [float(v) for v in fwd]
+    b = [float(v) for v in bwd]
+    free = [0.0] * p                    # when stage i may start its next operation
+    f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
+    b_arr = [0.0] * (p * m)             # ... its gradient
+    f_sent = [0.0] * (p * m)            # when the sender finished the data now travelling to stage i
+    b_sent = [0.0] * (p * m)
+    link_f = [0.0] * p                  # when link l is next free, activation direction
+    link_b = [0.0] * p
+    finish = [0.0] * p
+    last = p - 1
+    ev = [] if record else None
+    for i, fw, j in order:
+        k = i * m + j
+        fr = free[i]
+        if fw:
+            ready = f_arr[k]
+            start = fr if fr > ready else ready
+            end = start + f[i]
+            if i == last:
+                b_arr[k] = end            # the loss is computed here: the backward may start at once
+                free[i] = end
+            else:
+                s = end if end > link_f[i] else link_f[i]
+                link_f[i] = s + occ[i]
+                a = s + x[i]
+                f_arr[k + m] = a
+                free[i] = a if blk[i] else end
+                if record:
+                    f_sent[k + m] = end
+                    ev.append(Event(("link", i, "fwd"), "F", j, s, a))
+                    if blk[i] and a > end:
+                        ev.append(Event(("stage", i), "send", j, end, a))
+        else:
+            ready = b_arr[k]
+            start = fr if fr > ready else ready
+            end = start + b[i]
+            finish[i] = end
+            if i:
+                s = end if end > link_b[i - 1] else link_b[i - 1]
+                link_b[i - 1] = s + occ[i - 1]
+                a = s + x[i - 1]
+                b_arr[k - m] = a
+                free[i] = a if blk[i - 1] else end
+                if record:
+                    b_sent[k - m] = end
+                    ev.append(Event(("link", i - 1, "bwd"), "B", j, s, a))
+                    if blk[i - 1] and a > end:
+                        ev.append(Event(("stage", i), "send", j, end, a))
+            else:
+                free[i] = end
+        if record:
+            ev.append(Event(("stage", i), "F" if fw else "B", j, start, end))
+            # waiting for data that is on its way (sent, queued or on the wire) is exposed communication
+            if (i > 0) if fw else (i < last):
+                since = max(fr, (f_sent if fw else b_sent)[k])
+                if ready > since:
+                    ev.append(Event(("stage", i), "recv", j, since, ready))
+    busy = tuple(m * (f[i] + b[i]) for i in range(p))
+    if record:
+        ev.sort(key=lambda e: (e.start, e.resource, e.kind))
+    return PipelineTimes(max(finish), busy, tuple(finish), tuple(ev) if record else None)
+
+
+def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None) -> float:
+    p = len(fwd)
+    f = np.asarray(fwd, dtype=float)
+    b = np.asarray(bwd, dtype=float)
+    xs = np.asarray(link, dtype=float)
+    stage = f + b
+    w = np.minimum(np.arange(p - 1, -1, -1), m).astype(float)
+    period_link = 0.0
+    if p > 1:
+        blk = np.ones(p - 1, dtype=bool) if blocking is None else np.asarray(blocking, dtype=bool)
+        held = np.where(blk, xs, 0.0)
+        stage[:-1] += held          # a blocking forward send holds the sender until it has arrived
+        stage[1:] += held           # and so does the gradient sent back
+        inner = np.concatenate(([0.0], np.cumsum(np.where(blk, 0.0, 2 * xs))))
+        if depth is not None and any(depth):
+            w = np.minimum(np.arange(p - 1, -1, -1) + np.concatenate((np.cumsum(np.asarray(depth)[::-1])[::-1], [0])),
+                           m).astype(float)
+        if not blk.all():
+            occ = xs - (0.0 if latency is None else np.asarray(latency, dtype=float))
+            period_link = float(occ[~blk].max())
+    else:
+        inner = np.zeros(1)
     ps = np.concatenate(([0.0], np.cumsum(stage)))
-    pl = np.concatenate(([0.0], np.cumsum(2 * links)))
-    i, k = np.triu_indices(p)
-    run = ps[k + 1] - ps[i] + pl[k] - pl[i]
-    period = max(float(np.max(run / np.minimum(k - i + 1, m))), float(links.max()) if p > 1 else 0.0)
-    return float(stage.sum() + 2 * links.sum() + (m - 1) * period)
+    i, k = _pairs(p)
+    run = ps[k + 1] - ps[i] + inner[k] - inner[i]
+    period = max(float(np.max(run / np.minimum(w[i] - w[k] + 1, m))), period_link)
+    return float(f.sum() + b.sum() + 2 * xs.sum() + (m - 1) * period)
+
+
+@lru_cache(maxsize=256)
+def _pairs(p: int):
+    return np.triu_indices(p)

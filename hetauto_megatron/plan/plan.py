@@ -31,6 +31,7 @@ PLAN_VERSION = 2
 # Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
 READABLE_VERSIONS = (1, 2)
 RECOMPUTE_MODES = ("none", "selective", "full")
+BOUNDARY_SCHEDULES = ("blocking", "overlapped")
 # What each mode means in Megatron's TransformerConfig; the cost model, the emitted arguments and the runtime all
 # follow this one table. 'selective' re-runs the MLP: with flash attention Megatron's default module
 # (core_attn) saves almost nothing.
@@ -61,6 +62,11 @@ class Mesh:
     # The plan's overrides of the runtime-settings defaults (plan/settings.py), as sorted (key, value) pairs so
     # the mesh stays hashable; a dict is accepted. `settings` resolves them.
     setting_overrides: tuple = ()
+    # The schedule of the pipeline boundary after this mesh (plan/pipeline.py): "blocking" (the sender waits for
+    # its transfer) or "overlapped" (asynchronous, `boundary_depth` extra warm-up micro-batches in flight); only a
+    # boundary into another cluster may be overlapped.
+    boundary_schedule: str = "blocking"
+    boundary_depth: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
@@ -82,6 +88,13 @@ class Mesh:
         if self.recompute not in RECOMPUTE_MODES:
             raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute",
                              fix="write recompute: none, selective (attention only) or full (whole layers)")
+        if self.boundary_schedule not in BOUNDARY_SCHEDULES:
+            raise InputError(f"must be one of {', '.join(BOUNDARY_SCHEDULES)}, got {self.boundary_schedule!r}",
+                             field="boundary.schedule", fix="write schedule: blocking or schedule: overlapped")
+        if isinstance(self.boundary_depth, bool) or not isinstance(self.boundary_depth, int) or \
+                self.boundary_depth < 0 or (self.boundary_schedule == "blocking" and self.boundary_depth):
+            raise InputError(f"must be a whole number >= 0 (0 for a blocking boundary), got {self.boundary_depth!r}",
+                             field="boundary.depth", fix="write depth: 0, 1, 2, ... (extra warm-up micro-batches)")
         if not self.stage_layers:
             raise InputError("is empty: a mesh needs at least one pipeline stage", field="stage_layers",
                              fix="list the transformer layers of each stage, e.g. [10, 10]")
@@ -111,7 +124,7 @@ class Mesh:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["stage_layers"] = list(self.stage_layers)
-        del d["setting_overrides"]
+        del d["setting_overrides"], d["boundary_schedule"], d["boundary_depth"]
         d["settings"] = self.settings.to_dict()   # written in full: the file says what runs
         return d
 
@@ -163,6 +176,12 @@ class Plan:
         if total != m.num_layers:
             raise InputError(f"stage_layers add up to {total} layers but the model has {m.num_layers}",
                              field="meshes[*].stage_layers", fix=f"make the layer counts sum to {m.num_layers}")
+        for i, mesh in enumerate(self.meshes):
+            if mesh.boundary_schedule == "overlapped" and (i == len(self.meshes) - 1
+                                                           or self.meshes[i + 1].cluster == mesh.cluster):
+                raise InputError("only a pipeline boundary into another cluster can be overlapped; this mesh is "
+                                 + ("the last" if i == len(self.meshes) - 1 else "followed by the same cluster"),
+                                 field=f"meshes[{i}].boundary.schedule", fix="write schedule: blocking")
         layers = self.stage_layers
         for s, n in enumerate(layers):
             if n == 0 and 0 < s < len(layers) - 1:
@@ -216,6 +235,9 @@ class Plan:
     def to_dict(self) -> dict:
         d = {"version": PLAN_VERSION, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
              "precision": self.precision, "meshes": [mesh.to_dict() for mesh in self.meshes]}
+        for mesh, nxt, out in zip(self.meshes, self.meshes[1:], d["meshes"]):
+            if nxt.cluster != mesh.cluster:   # written in full where a boundary crosses clusters: it says what runs
+                out["boundary"] = {"schedule": mesh.boundary_schedule, "depth": mesh.boundary_depth}
         if self.inventory is not None:
             d["inventory"] = self.inventory
         if self.estimate is not None:
@@ -232,7 +254,8 @@ class Plan:
             fh.write(text)
 
 
-_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings"}
+_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings",
+              "boundary"}
 
 
 def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
@@ -258,6 +281,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         p = f"meshes[{i}]."
         raw = require_mapping(raw, f"meshes[{i}]", file)
         reject_unknown(raw, _MESH_KEYS, file=file, prefix=p)
+        boundary = require_mapping(raw.get("boundary") or {}, f"meshes[{i}].boundary", file)
+        reject_unknown(boundary, {"schedule", "depth"}, file=file, prefix=f"{p}boundary.")
         try:
             meshes.append(Mesh(
                 cluster=str(get(raw, "cluster", (str, int), file=file, prefix=p)),
@@ -268,6 +293,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
                 stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
                 setting_overrides=require_mapping(raw.get("settings") or {}, f"meshes[{i}].settings", file),
+                boundary_schedule=get(boundary, "schedule", str, default="blocking", file=file, prefix=f"{p}boundary."),
+                boundary_depth=get(boundary, "depth", int, default=0, file=file, prefix=f"{p}boundary."),
             ))
         except InputError as exc:
             raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None

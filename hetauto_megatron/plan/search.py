@@ -41,7 +41,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .plan import RECOMPUTE_MODES
-from .simulate import MeshChoice, evaluate_layout
+from .simulate import SCHEDULES, MeshChoice, evaluate_layout
 
 RECOMPUTE = RECOMPUTE_MODES       # in the order the evaluator raises them
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
@@ -55,6 +55,7 @@ class SearchConfig:
     budget_s: float | None = None      # wall-clock cap on the tree search
     seed: int = 0
     rerank: int = 24                   # best distinct leaves re-evaluated with the event simulation
+    schedule: str = "blocking"         # cross-cluster boundaries: "blocking" or "overlapped" (depth chosen per layout)
     max_micro_batch: int = 16
     exploration: float = 0.7
     local_search: bool = True
@@ -74,6 +75,7 @@ class SearchResult:
     # every layout the event simulation re-checked, best first: (iteration s, choices, stage_layers); the
     # first is the result, the next ones are the runners-up `hetauto explain` shows
     ranked: list = field(default_factory=list)
+    boundaries: tuple | None = None    # per mesh, the boundary after it: None (blocking) or the overlapped depth
 
     def to_dict(self) -> dict:
         return {"method": self.method, "seconds": round(self.seconds, 3), "candidates_evaluated":
@@ -87,8 +89,10 @@ def _divisors(n: int) -> list[int]:
 class SearchSpace:
     """The decision tree: `actions(path)` lists the legal next decisions after a path of decisions."""
 
-    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16):
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16,
+                 schedule: str = "blocking"):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
+        self.schedule = schedule
         self.max_mb = max_micro_batch
         self.samples = [1 << k for k in range(inventory.num_devices.bit_length())
                         if gbs % (1 << k) == 0 and (1 << k) <= inventory.num_devices]
@@ -193,7 +197,8 @@ class _Evaluator:
         auto = [m.recompute == AUTO for m in choices]
         cur = tuple(replace(m, recompute="none") if a else m for m, a in zip(choices, auto))
         while True:
-            res = evaluate_layout(sp.model, sp.inventory, list(cur), sp.gbs, sp.cost, exact=False)
+            res = evaluate_layout(sp.model, sp.inventory, list(cur), sp.gbs, sp.cost, exact=False,
+                                  schedule=sp.schedule)
             if res.stage_layers is not None:
                 out = (res.iteration_time_s, cur)
                 break
@@ -212,7 +217,8 @@ class _Evaluator:
 
     def exact(self, choices: tuple):
         sp = self.space
-        return evaluate_layout(sp.model, sp.inventory, list(choices), sp.gbs, sp.cost, exact=True, extrapolate=True)
+        return evaluate_layout(sp.model, sp.inventory, list(choices), sp.gbs, sp.cost, exact=True,
+                               schedule=sp.schedule)
 
 
 class _Node:
@@ -281,7 +287,10 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         raise InputError(f"must be at least 1, got {gbs}", field="--global-batch-size")
     if cfg.method not in ("mcts", "exhaustive"):
         raise InputError(f"unknown search method {cfg.method!r}", field="--search", fix="use mcts or exhaustive")
-    space = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch)
+    if cfg.schedule not in SCHEDULES:
+        raise InputError(f"unknown boundary schedule {cfg.schedule!r}", field="--boundary-schedule",
+                         fix="use blocking or overlapped")
+    space = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, cfg.schedule)
     if not any(space.tp.values()):
         raise InputError(f"no TP degree up to the node size divides the model's {model.num_attention_heads} "
                          f"attention heads and {model.num_query_groups} key/value heads", field="model",
@@ -393,7 +402,8 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                 break
     res, choices = best
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
-                        len(ev.cache), method, cut, playouts, sorted(exact, key=lambda x: x[0]))
+                        len(ev.cache), method, cut, playouts, sorted(exact, key=lambda x: x[0]),
+                        boundaries=res.boundaries)
 
 
 def _local_search(space: SearchSpace, ev: _Evaluator, ranked: list, deadline: float | None = None) -> list:

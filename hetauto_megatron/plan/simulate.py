@@ -2,10 +2,13 @@
 
 `simulate(plan, inventory)` evaluates a finished plan (its layer split given). `evaluate_layout` is the
 search's evaluator: the same model, but it solves the layer split itself (plan/split.py) for a list of mesh
-choices, and can extrapolate long pipelines from a shorter event simulation (exact once 1F1B is periodic).
+choices and, for the overlapped schedule, chooses each cross-cluster boundary's warm-up depth. Both simulate
+every micro-batch (plan/pipeline.py); memory counts the extra in-flight micro-batches and boundary buffers
+of overlapped boundaries.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..cost.analytic import AnalyticCostModel
@@ -14,7 +17,7 @@ from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import estimate_1f1b, simulate_1f1b
+from .pipeline import estimate_1f1b, simulate_1f1b, warmup_counts
 from .plan import Mesh, Plan
 from .settings import DEFAULT_PRECISION, padded_vocab_size, resolve_settings
 from .split import split_layers
@@ -62,21 +65,41 @@ class Estimate:
                 "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages, "cost_model": self.cost_model}
 
 
-def _pipeline(model, inventory, choices, m, cost_model):
-    """Profiles, in-flight counts and boundary links for the stage list of `choices` (pipeline order)."""
+@dataclass(frozen=True)
+class Pipeline:
+    """The stage list of a layout (pipeline order) and what joins its stages."""
+    profs: list                 # StageProfile per stage
+    owners: list                # mesh index per stage
+    links: list                 # per boundary: one micro-batch's transfer time, latency included
+    latency: list               # per boundary: the part of it that does not occupy the link
+    cross: list                 # per boundary: True where it joins two clusters (the only ones that may overlap)
+
+    def boundary_schedule(self, depths) -> tuple[list, list]:
+        """(blocking, depth) per boundary from the per-mesh boundary depths (None: blocking)."""
+        blocking, depth = [], []
+        for l, crosses in enumerate(self.cross):
+            d = depths[self.owners[l]] if crosses and depths is not None else None
+            blocking.append(d is None)
+            depth.append(d or 0)
+        return blocking, depth
+
+
+def _pipeline(model, inventory, choices, cost_model) -> Pipeline:
+    """Profiles and boundary links for the stage list of `choices` (pipeline order)."""
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model, c.settings)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model)
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
-    in_flight = [min(p - i, m) for i in range(p)]
     samples = choices[0].dp * choices[0].micro_batch_size
-    links = []
+    links, latency, cross = [], [], []
     for i in range(p - 1):
         if links and owners[i - 1] == owners[i] == owners[i + 1]:
             links.append(links[-1])    # inside a mesh every boundary costs the same
+            latency.append(latency[-1])
+            cross.append(False)
             continue
         a, b = choices[owners[i]], choices[owners[i + 1]]
         if a.cluster == b.cluster:
@@ -91,20 +114,23 @@ def _pipeline(model, inventory, choices, m, cost_model):
                                  fix=f"add a links entry between: [{a.cluster}, {b.cluster}] or reorder the meshes")
         links.append(costing.boundary_transfer_time(model, profs[i], profs[i + 1], link, a.cluster == b.cluster,
                                                     samples))
-    return profs, owners, in_flight, links
+        latency.append(min(link.latency_s, links[-1]))
+        cross.append(a.cluster != b.cluster)
+    return Pipeline(profs, owners, links, latency, cross)
 
 
-def _makespan(fwd, bwd, links, m, extrapolate: bool) -> tuple[float, tuple]:
-    p = len(fwd)
-    m1 = p + 2
-    if not extrapolate or m <= m1 + p:
-        t = simulate_1f1b(fwd, bwd, links, m)
-        return t.makespan, t.busy
-    # 1F1B becomes periodic after its warm-up: measure the period between two shorter runs.
-    t1 = simulate_1f1b(fwd, bwd, links, m1).makespan
-    t2 = simulate_1f1b(fwd, bwd, links, m1 + p).makespan
-    busy = tuple(m * (f + b) for f, b in zip(fwd, bwd))
-    return t2 + (m - m1 - p) * (t2 - t1) / p, busy
+def _memory_terms(pipe: Pipeline, m: int, blocking: list, depth: list) -> tuple[list, list]:
+    """(in-flight micro-batches, boundary buffers) per stage. 1F1B holds w_i + 1 micro-batches on stage i (its
+    warm-up forwards and the one it runs); each side of an overlapped boundary of depth d holds d + 2 boundary
+    tensors: up to d + 1 activations received ahead (or waiting to leave) and one gradient on its way."""
+    p = len(pipe.profs)
+    in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
+    buffers = [0] * p
+    for l, (blk, d) in enumerate(zip(blocking, depth)):
+        if not blk:
+            buffers[l] += d + 2
+            buffers[l + 1] += d + 2
+    return in_flight, buffers
 
 
 def _iteration_overhead(cost_model, profs) -> float:
@@ -113,17 +139,26 @@ def _iteration_overhead(cost_model, profs) -> float:
     return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
 
 
-def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model,
-            inventory) -> Estimate:
+def _iteration_overhead(cost_model, profs) -> float:
+    """The fixed per-iteration time outside the pipeline (cost model's `iteration_overhead_s`): the slowest
+    device type's, as every rank waits for the others at the iteration's end."""
+    return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
+
+
+def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory) -> Estimate:
+    profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
+    blocking, depth = pipe.boundary_schedule(depths)
+    in_flight, buffers = _memory_terms(pipe, m, blocking, depth)
     fwd, bwd, mem = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1
         f, b = prof.times(layers[i], first, last)
         fwd.append(f)
         bwd.append(b)
-        mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last)["total"])
-    makespan, busy = _makespan(fwd, bwd, links, m, extrapolate)
+        mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
+    sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+    makespan, busy = sim.makespan, sim.busy
     # DP sync exposed as each mesh's settings say, tied-embedding exchange, global norm, optimizer step.
     tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
     T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
@@ -146,11 +181,28 @@ def _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners,
             "dp_exposed_s": round(tail["stage_dp_exposed_s"][i], 6),
             "optimizer_s": round(tail["stage_optimizer_s"][i], 6),
         })
+        if i < p - 1:   # the boundary to the next stage, as simulated (stage_makespan re-runs it)
+            stages[-1].update({"send_next_latency_s": round(pipe.latency[i], 9),
+                               "send_next_schedule": "blocking" if blocking[i] else "overlapped",
+                               "send_next_depth": depth[i]})
     sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
                     dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],
                     stages=stages, cost_model=sources)
+
+
+def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> float:
+    """The 1F1B makespan of an estimate's `stages` (Estimate.stages / a plan file's estimate), optionally with
+    other link times (e.g. 0 to price the links away); boundaries keep their simulated schedule (blocking when
+    an older estimate does not say)."""
+    fwd = [s["forward_s"] for s in stages]
+    bwd = [s["backward_s"] for s in stages]
+    links = [s["send_next_s"] for s in stages[:-1]] if links is None else list(links)
+    latency = [min(s.get("send_next_latency_s", 0.0), x) for s, x in zip(stages, links)]
+    blocking = [s.get("send_next_schedule", "blocking") == "blocking" for s in stages[:-1]]
+    depth = [0 if b else int(s.get("send_next_depth", 0)) for s, b in zip(stages, blocking)]
+    return simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth).makespan
 
 
 def plan_choices(plan: Plan) -> list[MeshChoice]:
@@ -188,17 +240,20 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
                              fix="reduce tp, dp or the number of stages on that cluster")
 
 
+def plan_boundaries(plan: Plan) -> list:
+    """Per mesh, the schedule of the boundary after it: None (blocking) or the overlapped depth."""
+    return [m.boundary_depth if m.boundary_schedule == "overlapped" else None for m in plan.meshes]
+
+
 def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
     cost_model = cost_model or _DEFAULT_COST
     check_plan_against_inventory(plan, inventory)
     inventory = inventory.with_precision(plan.precision)   # the plan's precision prices every device
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
-    m = plan.num_micro_batches
-    profs, owners, in_flight, links = _pipeline(model, inventory, choices, m, cost_model)
-    # Long runs of micro-batches are extrapolated from the periodic 1F1B steady state (exact once periodic).
-    return _finish(model, plan.global_batch_size, profs, plan.stage_layers, in_flight, links, m, m > 256, owners,
-                   choices, cost_model, inventory)
+    pipe = _pipeline(model, inventory, choices, cost_model)
+    return _finish(model, plan.global_batch_size, pipe, plan.stage_layers, plan.num_micro_batches,
+                   plan_boundaries(plan), choices, cost_model, inventory)
 
 
 @dataclass
@@ -208,24 +263,60 @@ class LayoutResult:
     shortfall_gib: float = 0.0              # when infeasible: how much the worst stage misses (layers spread evenly)
     short_device: str = ""
     short_mesh: int = -1                    # when infeasible: the mesh of that stage
+    boundaries: tuple | None = None         # per mesh, the boundary after it: None (blocking) or overlapped depth
+
+
+SCHEDULES = ("blocking", "overlapped")
 
 
 def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshChoice], gbs: int, cost_model,
-                    *, extrapolate: bool = True, exact: bool = True) -> LayoutResult:
+                    *, exact: bool = True, schedule: str = "blocking", depths=None) -> LayoutResult:
     """Solve the layer split for `choices` and predict the iteration time (the search's objective).
 
     exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
-    of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True."""
+    of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True.
+    schedule="overlapped" overlaps every cross-cluster boundary and chooses its depth: no extra warm-up, or the
+    link's round trip in micro-batches (2 x transfer / slowest stage, rounded up; halved until memory allows),
+    whichever is faster. `depths` (per mesh: None or a depth) fixes the boundaries instead."""
     m = gbs // (choices[0].dp * choices[0].micro_batch_size)
     model = padded_model(model, choices)
-    profs, owners, in_flight, links = _pipeline(model, inventory, choices, m, cost_model)
+    pipe = _pipeline(model, inventory, choices, cost_model)
+    n = len(choices)
+    crossing = {pipe.owners[l] for l, c in enumerate(pipe.cross) if c}
+    if depths is not None or schedule == "blocking" or not crossing:
+        return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
+                         cost_model, exact, inventory)
+    zero = [0 if i in crossing else None for i in range(n)]
+    best = _evaluate(model, gbs, pipe, m, zero, choices, cost_model, exact, inventory)
+    if best.stage_layers is None:
+        return best
+    slowest = max(sum(prof.times(best.stage_layers[i], i == 0, i == len(pipe.profs) - 1))
+                  for i, prof in enumerate(pipe.profs))
+    deep = list(zero)
+    for l, c in enumerate(pipe.cross):
+        if c:
+            deep[pipe.owners[l]] = min(m, math.ceil(2 * pipe.links[l] / slowest - 1e-9))
+    while any(deep):
+        res = _evaluate(model, gbs, pipe, m, deep, choices, cost_model, exact, inventory)
+        if res.stage_layers is not None:
+            if res.iteration_time_s < best.iteration_time_s:
+                best = res
+            break
+        deep = [None if d is None else d // 2 for d in deep]
+    return best
+
+
+def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory) -> LayoutResult:
+    profs, owners = pipe.profs, pipe.owners
     p = len(profs)
+    blocking, depth = pipe.boundary_schedule(depths)
+    in_flight, buffers = _memory_terms(pipe, m, blocking, depth)
     L = model.num_layers
     lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
     caps, per, fixed = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1
-        caps.append(costing.max_layers_in_memory(model, prof, in_flight[i], first, last))
+        caps.append(costing.max_layers_in_memory(model, prof, in_flight[i], first, last, buffers[i]))
         f0, b0 = prof.times(0, first, last)
         per.append(prof.layer_fwd + prof.layer_bwd)
         fixed.append(f0 + b0)
@@ -237,7 +328,8 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         for i, prof in enumerate(profs):
             if rough[i] <= caps[i] and mesh >= 0:
                 continue            # this stage fits its share: no need to price it
-            need = costing.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1)["total"]
+            need = costing.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1,
+                                        buffers[i])["total"]
             if need - prof.memory_cap > worst or mesh < 0:
                 worst, mesh = need - prof.memory_cap, owners[i]
                 dev = f"{prof.cluster.name} ({prof.cluster.device.name}, {prof.memory_cap / GIB:.0f} GiB): needs " \
@@ -249,19 +341,22 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
             f, b = prof.times(layers[i], i == 0, i == p - 1)
             fwd.append(f)
             bwd.append(b)
-        tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)["tail_s"]
-        return LayoutResult(layers, estimate_1f1b(fwd, bwd, links, m) + tail
-                            + _iteration_overhead(cost_model, profs))
-    est = _finish(model, gbs, profs, layers, in_flight, links, m, extrapolate, owners, choices, cost_model, inventory)
-    return LayoutResult(layers, est.iteration_time_s)
+        tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
+        t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+        return LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths))
+    est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory)
+    return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths))
 
 
 def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_layers: list[int],
-                   inventory: Inventory, estimate: dict | None = None) -> Plan:
+                   inventory: Inventory, estimate: dict | None = None, boundaries=None) -> Plan:
+    """boundaries: per mesh, the boundary after it: None (blocking) or an overlapped depth (LayoutResult's)."""
     meshes, k = [], 0
-    for c in choices:
+    for i, c in enumerate(choices):
+        d = None if boundaries is None else boundaries[i]
         meshes.append(Mesh(c.cluster, inventory.cluster(c.cluster).device.name, c.tp, c.dp, c.micro_batch_size,
-                           c.recompute, tuple(stage_layers[k:k + c.num_stages]), c.setting_overrides))
+                           c.recompute, tuple(stage_layers[k:k + c.num_stages]), c.setting_overrides,
+                           boundary_schedule="blocking" if d is None else "overlapped", boundary_depth=d or 0))
         k += c.num_stages
     return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes), inventory=inventory.to_dict(),
                 estimate=estimate, precision=inventory.precision or DEFAULT_PRECISION)

@@ -1,0 +1,80 @@
+"""A brute-force reference for the 1F1B simulator (tests only): a discrete-time state machine.
+
+Independent of plan/pipeline.py's formulation (a dependency order and a longest-path pass): time advances one
+tick at a time; at every tick each link direction starts its oldest queued transfer when it is free, stages
+finish, hand data to their links and start whatever their 1F1B order allows. All durations are whole ticks, so
+the answer is exact. The rules are the ones documented in plan/pipeline.py: a stage runs one operation at a
+time in its 1F1B order (w_i warm-ups); a transfer occupies its link direction for `occ` ticks and arrives
+`lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived.
+"""
+from __future__ import annotations
+
+
+def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
+    p = len(fwd)
+    warm = [min(m, p - i - 1 + sum(depth[i:])) for i in range(p)]
+    orders = []
+    for i in range(p):
+        ops = [("F", j) for j in range(warm[i])]
+        for j in range(m - warm[i]):
+            ops += [("F", warm[i] + j), ("B", j)]
+        ops += [("B", j) for j in range(m - warm[i], m)]
+        orders.append(ops)
+    have = [set() for _ in range(p)]          # ("F", j) / ("B", j) inputs that have arrived at stage i
+    for j in range(m):
+        have[0].add(("F", j))
+    nxt = [0] * p
+    running = [None] * p                      # (op, end tick) while computing
+    held = [None] * p                         # transfer the stage waits on (blocking send)
+    queue = {}                                # (l, dir) -> list of transfers waiting for the link
+    link_busy = {}                            # (l, dir) -> tick the current transfer stops occupying it
+    flying = []                               # [arrival tick, stage, data, transfer id]
+    arrived_ids = set()
+    tid = 0
+    done = 0
+    t = 0
+    last_end = 0
+    while done < 2 * p * m:
+        changed = True
+        while changed:                        # settle everything that happens at tick t
+            changed = False
+            for fl in list(flying):
+                if fl[0] == t:
+                    flying.remove(fl)
+                    have[fl[1]].add(fl[2])
+                    arrived_ids.add(fl[3])
+                    changed = True
+            for (l, d), q in queue.items():
+                if q and link_busy.get((l, d), 0) <= t:
+                    stage, data, ident = q.pop(0)
+                    link_busy[(l, d)] = t + occ[l]
+                    flying.append([t + occ[l] + lat[l], stage, data, ident])
+                    changed = True
+            for i in range(p):
+                if running[i] is not None and running[i][1] == t:
+                    (kind, j), _ = running[i]
+                    running[i] = None
+                    done += 1
+                    last_end = t
+                    changed = True
+                    if kind == "F" and i == p - 1:
+                        have[i].add(("B", j))
+                    elif kind == "F" or i > 0:
+                        l, d, dst = (i, "f", i + 1) if kind == "F" else (i - 1, "b", i - 1)
+                        tid += 1
+                        queue.setdefault((l, d), []).append((dst, (kind, j), tid))
+                        if blocking[l]:
+                            held[i] = tid
+                if held[i] is not None and held[i] in arrived_ids:
+                    held[i] = None
+                    changed = True
+                if running[i] is None and held[i] is None and nxt[i] < len(orders[i]):
+                    op = orders[i][nxt[i]]
+                    if op in have[i]:
+                        nxt[i] += 1
+                        running[i] = (op, t + (fwd[i] if op[0] == "F" else bwd[i]))
+                        changed = True
+        t += 1
+        if t > 10 ** 7:
+            raise RuntimeError("reference simulation does not end")
+    return last_end
