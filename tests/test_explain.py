@@ -93,7 +93,9 @@ def test_explain_full_report_on_the_readme_plan(tmp_path, capsys):
     from helpers import ROOT
     inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
     plan = str(tmp_path / "p.yaml")
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--explain"]) == 0
+    # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--explain",
+                 "--boundary-schedule", "overlapped"]) == 0
     out = capsys.readouterr().out
     assert "bottleneck:" in out and "runners-up" in out and "sensitivity" in out
     rep = _json(capsys, "explain", "--plan", plan, "--json")
@@ -113,7 +115,8 @@ def test_simulate_what_if_flags(tmp_path, capsys):
     from helpers import ROOT
     inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
     plan = str(tmp_path / "p.yaml")
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json"]) == 0
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
+                 "--boundary-schedule", "overlapped"]) == 0
     capsys.readouterr()
     sim = lambda *extra: _json(capsys, "simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan,
                                "--json", *extra)
@@ -146,7 +149,8 @@ def test_compare(tmp_path, capsys):
     inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
     a, b = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
     for path, extra in ((a, []), (b, ["--set", "link.h800-ascend.bandwidth_gbps=100"])):
-        assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", path, "--quiet", "--json", *extra]) == 0
+        assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", path, "--quiet", "--json",
+                     "--boundary-schedule", "overlapped", *extra]) == 0
     capsys.readouterr()
     rep = _json(capsys, "compare", a, b, "--price", "h800=2", "--price", "ascend=1", "--json")
     ra, rb = rep["plans"]

@@ -97,11 +97,14 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     bd = X.breakdown(est, plan.num_micro_batches)
     tokens = plan.global_batch_size * plan.model.seq_length
     searches = {}
+    # re-planned under the plan's own boundary schedule
+    schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
 
     def replan(inv):
         key = tuple((c.name, c.nodes) for c in inv.clusters)
         if key not in searches:
-            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model, SearchConfig(seed=seed))
+            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model,
+                                   SearchConfig(seed=seed, schedule=schedule))
         return tokens / searches[key].iteration_time_s
 
     rep = {"model": plan.model.name, "devices": plan.world_size, "stages": plan.pipeline_parallel_size,
