@@ -1,5 +1,6 @@
 """compute_transfers: every element of the step activation crosses the boundary exactly once, lands where the
-receiver expects it, and comes from a sender that holds it. Pure: no processes."""
+receiver expects it, and comes from a sender that holds it, with sequence parallelism on either side, both or
+neither. Pure: no processes."""
 from collections import Counter, namedtuple
 
 import pytest
@@ -14,33 +15,52 @@ PAIRS = [(M(1, 1), M(2, 1)), (M(2, 1), M(1, 1)), (M(4, 1), M(2, 1)), (M(2, 1), M
 SHAPES = [(32, 12, 4), (30, 24, 2), (7, 24, 3), (3, 24, 1)]
 
 
-# the plan guarantees batch is divisible by both DP degrees, so only such cases exist
-CASES = [(s, d, sh) for s, d in PAIRS for sh in SHAPES if sh[1] % s.dp == 0 and sh[1] % d.dp == 0]
+# the plan guarantees batch is divisible by both DP degrees, so only such cases exist; sequence parallelism
+# (only for TP > 1) needs the sequence divisible by that side's TP, as Megatron requires
+SP = [(False, False), (True, False), (False, True), (True, True)]
+CASES = [(s, d, sh, ssp, dsp) for s, d in PAIRS for sh in SHAPES for ssp, dsp in SP
+         if sh[1] % s.dp == 0 and sh[1] % d.dp == 0 and not (ssp and (s.tp == 1 or sh[0] % s.tp))
+         and not (dsp and (d.tp == 1 or sh[0] % d.tp))]
 
 
-@pytest.mark.parametrize("src,dst,shape", CASES)
-def test_every_element_crosses_once_to_its_owner(src, dst, shape):
+def local_positions(tp_rank, tp, seq, sp):
+    """The full-sequence positions a TP rank's local tensor holds, in local order."""
+    return list(range(*owned_seq_range(tp_rank, tp, seq))) if sp else list(range(seq))
+
+
+@pytest.mark.parametrize("src,dst,shape,src_sp,dst_sp", CASES)
+def test_every_element_crosses_once_to_its_owner(src, dst, shape, src_sp, dst_sp):
     seq, batch, hidden = shape
-    ts = compute_transfers(src, dst, shape)
+    ts = compute_transfers(src, dst, shape, src_sp=src_sp, dst_sp=dst_sp)
     hits = Counter()
     share_s, share_r = batch // src.dp, batch // dst.dp
+    got = Counter()  # (dst_tp, dst_dp) -> elements received
     for t in ts:
-        # the sender holds this block: its replica's batch share, any sequence position (no SP)
+        assert 0 <= t.src_tp < src.tp and 0 <= t.dst_tp < dst.tp
+        # the sender holds this block: its replica's batch share, and (with SP) its own sequence shard; the
+        # local slice it reads holds exactly these full-sequence positions
         assert t.src_dp * share_s <= t.batch_start and t.batch_stop <= (t.src_dp + 1) * share_s
-        # the receiver replica needs it, and its TP rank owns these positions before the all-gather
+        held = local_positions(t.src_tp, src.tp, seq, src_sp)
+        assert held[t.src_seq] == list(range(t.seq_start, t.seq_stop))
+        # the receiver replica needs it, its TP rank owns these positions (its shard with SP, its part of the
+        # all-gather without), and the local slice it writes is where those positions live
         assert t.dst_dp * share_r <= t.batch_start and t.batch_stop <= (t.dst_dp + 1) * share_r
         lo, hi = owned_seq_range(t.dst_tp, dst.tp, seq)
         assert lo <= t.seq_start and t.seq_stop <= hi
-        assert 0 <= t.src_tp < src.tp and 0 <= t.dst_tp < dst.tp
+        assert local_positions(t.dst_tp, dst.tp, seq, dst_sp)[t.dst_seq] == list(range(t.seq_start, t.seq_stop))
         # local slices stay inside the local tensors
         assert 0 <= t.src_batch.start < t.src_batch.stop <= share_s
         assert 0 <= t.dst_batch.start < t.dst_batch.stop <= share_r
+        got[(t.dst_tp, t.dst_dp)] += t.numel(1)
         for s in range(t.seq_start, t.seq_stop):
             for b in range(t.batch_start, t.batch_stop):
                 hits[(s, b)] += 1
     assert set(hits) == {(s, b) for s in range(seq) for b in range(batch)}
     assert set(hits.values()) == {1}
     assert sum(t.numel(hidden) for t in ts) == seq * batch * hidden
+    # with SP every receiving rank gets its whole shard over the boundary and nothing else
+    if dst_sp:
+        assert got == {(t, e): seq // dst.tp * share_r for t in range(dst.tp) for e in range(dst.dp)}
 
 
 @pytest.mark.parametrize("src,dst", [(M(2, 1), M(1, 1)), (M(4, 1), M(2, 1)), (M(4, 2), M(1, 4)), (M(2, 2), M(4, 1))])
@@ -67,6 +87,33 @@ def test_examples_spelled_out():
     # identical meshes: tp rank t sends its own share of the sequence to tp rank t
     ts = compute_transfers(M(2, 1), M(2, 1), (32, 2, 8))
     assert [(t.src_tp, t.dst_tp) for t in ts] == [(0, 0), (1, 1)]
+
+
+def test_sequence_parallel_examples_spelled_out():
+    # TP 2 (SP) -> TP 1: each sender sends its whole local shard; the receiver puts them one after the other
+    ts = compute_transfers(M(2, 1), M(1, 1), (32, 2, 8), src_sp=True)
+    assert [(t.src_tp, t.src_seq, t.dst_seq) for t in ts] == [(0, slice(0, 16), slice(0, 16)),
+                                                              (1, slice(0, 16), slice(16, 32))]
+    # TP 1 -> TP 2 (SP): receiver tp1 gets positions 16..31 as its local 0..15 and skips the all-gather
+    ts = compute_transfers(M(1, 1), M(2, 1), (32, 2, 8), dst_sp=True)
+    assert [(t.dst_tp, t.src_seq, t.dst_seq) for t in ts] == [(0, slice(0, 16), slice(0, 16)),
+                                                              (1, slice(16, 32), slice(0, 16))]
+    # TP 2 (SP) -> TP 4 (SP): sender tp0 feeds receivers 0 and 1, each a quarter, from its two halves
+    ts = compute_transfers(M(2, 1), M(4, 1), (32, 2, 8), src_sp=True, dst_sp=True)
+    assert [(t.src_tp, t.dst_tp, t.src_seq, t.dst_seq) for t in ts] == [
+        (0, 0, slice(0, 8), slice(0, 8)), (0, 1, slice(8, 16), slice(0, 8)),
+        (1, 2, slice(0, 8), slice(0, 8)), (1, 3, slice(8, 16), slice(0, 8))]
+    # SP on both sides with equal TP: shard t goes to shard t, whole
+    ts = compute_transfers(M(2, 1), M(2, 1), (32, 2, 8), src_sp=True, dst_sp=True)
+    assert [(t.src_tp, t.dst_tp, t.src_seq, t.dst_seq) for t in ts] == [(0, 0, slice(0, 16), slice(0, 16)),
+                                                                        (1, 1, slice(0, 16), slice(0, 16))]
+
+
+def test_sequence_parallel_needs_a_divisible_sequence():
+    with pytest.raises(ValueError, match="divisible by its tp 4"):
+        compute_transfers(M(4, 1), M(1, 1), (30, 2, 8), src_sp=True)
+    with pytest.raises(ValueError, match="receiver side"):
+        compute_transfers(M(1, 1), M(4, 1), (30, 2, 8), dst_sp=True)
 
 
 def test_rejects_batch_not_divisible():

@@ -15,6 +15,8 @@ in `megatron.training` needs on top, each scoped as narrowly as the code allows:
 |                                            | draws whose count depends on TP (breaks parity)    |                              |
 | core.datasets.utils.compile_helpers        | runs `make`; the wheel ships the built helper but  | skip `make` when the built   |
 |                                            | no Makefile                                        | helper imports               |
+| transformer.torch_norm.WrappedTorchNorm    | the local spec's norm (no Apex, no Transformer      | builds runtime.norm's        |
+| (--sequence-parallel)                      | Engine on CPU) refuses sequence parallelism        | SequenceParallelTorchNorm    |
 
 Applied only when this process's device type is `cpu` (see `hook.py`); `apply()` is idempotent.
 """
@@ -25,6 +27,7 @@ import functools
 import os
 
 from ..runtime.device import NullStream
+from ..runtime.norm import allow_sequence_parallel_in_torch_norm
 
 _APPLIED = False
 _MARK = "_hetauto_cpu_redirect"
@@ -102,4 +105,7 @@ def apply() -> None:
     training.set_jit_fusion_options = lambda *args, **kwargs: None
     if not getattr(data_utils.compile_helpers, _MARK, False):
         data_utils.compile_helpers = _compile_helpers_if_missing(data_utils.compile_helpers)
+    # The same torch norm with its parameters marked for sequence parallelism, as Transformer Engine's are
+    # on GPUs: finalize_model_grads then sums their gradients over the TP group.
+    allow_sequence_parallel_in_torch_norm()
     _APPLIED = True

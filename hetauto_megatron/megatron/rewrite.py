@@ -8,6 +8,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     data_parallel_size           <- mesh.dp   (Megatron derives it from world_size; see `validation_world_size`)
     micro_batch_size             <- mesh.micro_batch_size
     recompute_*                  <- mesh.recompute (plan.plan.RECOMPUTE_SETTINGS: selective = the MLP)
+    sequence_parallel            <- mesh.settings.sequence_parallel (plan/settings.py)
     pipeline_model_parallel_size <- plan.pipeline_parallel_size
     pipeline_model_parallel_layout <- the plan's stage_layers, e.g. "Et*4|t*4L"
     global_batch_size            <- plan.global_batch_size
@@ -154,6 +155,8 @@ def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
         "global_batch_size": plan.global_batch_size,
         "pipeline_model_parallel_layout": pipeline_layout(plan.stage_layers),
         **recompute_settings(mesh.recompute),
+        # what the mesh's activations look like at its boundaries: the communicator cuts them by this setting
+        "sequence_parallel": mesh.settings.sequence_parallel,
         "account_for_embedding_in_pipeline_split": False,
         "account_for_loss_in_pipeline_split": False,
     }

@@ -6,8 +6,10 @@ This class replaces `_communicate`:
 - between two stages of the same mesh it does what Megatron does: the whole local tensor to the partner with
   the same (tp, dp) position in the next/previous stage;
 - at a boundary between meshes it executes `compute_transfers` (each block crosses once, spread over the TP
-  ranks of both sides), then the receivers reassemble their full tensor with an all-gather over their own TP
-  group; activation gradients coming back across a DP mismatch are rescaled (gradients.py);
+  ranks of both sides). With sequence parallelism (the mesh's `settings.sequence_parallel`) a rank's tensor is
+  its own sequence shard: it sends from it and receives exactly it. Receivers without sequence parallelism
+  reassemble their full tensor with an all-gather over their own TP group; activation gradients coming back
+  across a DP mismatch are rescaled (gradients.py);
 - when the two meshes are in different clusters the blocks are staged through host memory and sent on the
   boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other).
 
@@ -42,6 +44,13 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self.timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else ctx.timeout_s)
         self.bytes_sent = {"intra_cluster": 0, "inter_cluster": 0}
         self._cache = {}
+        mesh = ctx.mesh
+        if bool(getattr(config, "sequence_parallel", False)) != mesh.settings.sequence_parallel:
+            # The partner meshes cut what they send by this mesh's setting in the plan; the model must hold the
+            # activations the same way or every boundary block lands in the wrong place.
+            raise ValueError(f"the model of mesh {ctx.coords.mesh_index} (cluster {mesh.cluster}) runs with "
+                             f"sequence_parallel={bool(getattr(config, 'sequence_parallel', False))} but the plan "
+                             f"says {mesh.settings.sequence_parallel} (meshes[{ctx.coords.mesh_index}].settings)")
 
     # ---- boundary geometry -------------------------------------------------------------------------
     def _side(self, direction: int):
@@ -63,15 +72,16 @@ class HeteroP2PCommunicator(P2PCommunicator):
         plan, c = self.ctx.plan, self.ctx.coords
         me_mesh, other_mesh = plan.meshes[c.mesh_index], plan.meshes[other]
         seq, mbs, hidden = shape
-        full = (seq, mbs * me_mesh.dp, hidden)
+        me_sp, other_sp = me_mesh.settings.sequence_parallel, other_mesh.settings.sequence_parallel
+        full = (seq * me_mesh.tp if me_sp else seq, mbs * me_mesh.dp, hidden)  # my local tensor is my shard
         if other > c.mesh_index:   # I am the last stage of my mesh; `other` holds the next stage
-            fwd = compute_transfers(me_mesh, other_mesh, full)      # activations I send
-            bwd = compute_transfers(other_mesh, me_mesh, full)      # gradients I receive
+            fwd = compute_transfers(me_mesh, other_mesh, full, src_sp=me_sp, dst_sp=other_sp)  # activations I send
+            bwd = compute_transfers(other_mesh, me_mesh, full, src_sp=other_sp, dst_sp=me_sp)  # gradients I receive
             peer_sim, boundary = 0, c.mesh_index
             scale = activation_grad_scale(me_mesh, other_mesh)
         else:                      # I am the first stage of my mesh; `other` holds the previous stage
-            fwd = compute_transfers(other_mesh, me_mesh, full)      # activations I receive
-            bwd = compute_transfers(me_mesh, other_mesh, full)      # gradients I send
+            fwd = compute_transfers(other_mesh, me_mesh, full, src_sp=other_sp, dst_sp=me_sp)  # activations I receive
+            bwd = compute_transfers(me_mesh, other_mesh, full, src_sp=me_sp, dst_sp=other_sp)  # gradients I send
             peer_sim, boundary = other_mesh.num_stages - 1, other
             scale = 1.0
         inter = me_mesh.cluster != other_mesh.cluster
@@ -124,7 +134,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         for k, tr in enumerate(transfers):
             if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
                 continue
-            piece = tensor.detach()[tr.seq, tr.src_batch].contiguous()
+            piece = tensor.detach()[tr.src_seq, tr.src_batch].contiguous()
             if info["inter"]:
                 piece = piece.to("cpu")  # host staging for the gloo inter-cluster path
             peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.dst_dp, tr.dst_tp)
@@ -149,7 +159,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 continue
             peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp)
             staging = "cpu" if info["inter"] else buf.device
-            view = buf[tr.seq, tr.dst_batch]
+            view = buf[tr.dst_seq, tr.dst_batch]
             if view.is_contiguous() and view.device == torch.device(staging):
                 # The block is one contiguous run of the buffer on the right device: receive in place, no copy.
                 self._post(dist.irecv, view, peer, info["group"], base + k, works, f"receive {what} block {k}")
@@ -162,8 +172,9 @@ class HeteroP2PCommunicator(P2PCommunicator):
         def assemble():
             with torch.no_grad():
                 for tr, piece in staged:
-                    buf[tr.seq, tr.dst_batch] = piece.to(buf.device)
-                self._allgather_seq(buf)
+                    buf[tr.dst_seq, tr.dst_batch] = piece.to(buf.device)
+                if not self.ctx.mesh.settings.sequence_parallel:  # with SP the shard is all this rank holds
+                    self._allgather_seq(buf)
                 if grad and info["scale"] != 1.0:
                     buf.mul_(info["scale"])
             buf.requires_grad_(True)

@@ -23,7 +23,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                distributed_optimizer: bool = True) -> dict:
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
-    Returns {"model", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
+    Returns {"model", "padded_vocab_size", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
     "bytes": {"intra_cluster", "inter_cluster"}, "settings", "cores", "seconds"} plus "reference" and
     "max_abs_diff" when
     `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
@@ -48,13 +48,15 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                          timeout_s=launch_timeout, grace_s=timeout_s + 10)
         ref = None
         if reference:
-            ref = launch(train_rank, 1, args=(reference_plan(run_plan), steps, seed, timeout_s),
-                         timeout_s=launch_timeout)[0]
+            # the reference builds the plan's padded vocabulary, not the one its single TP-1 mesh would pad to
+            ref = launch(train_rank, 1, args=(reference_plan(run_plan), steps, seed, timeout_s, True,
+                                              run_plan.padded_vocab_size), timeout_s=launch_timeout)[0]
     except LaunchError as exc:
         return {"error": str(exc)}
     first = results[0]
     report = {
         "model": run_plan.model.to_dict(),
+        "padded_vocab_size": run_plan.padded_vocab_size,
         "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
         "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
         "settings": mesh_settings(run_plan, results),

@@ -4,6 +4,10 @@ Every parameter's initial value is a function of its GLOBAL name (layer index co
 and the seed: the full (unsharded) tensor is drawn from a generator seeded by both, then sliced to this
 rank's tensor-parallel shard. So a plan with any mix of TP sizes and stage splits starts from exactly the
 weights one process running the whole model starts from, which is what makes loss parity testable.
+
+Every mesh builds the embedding table and output layer with the plan's one padded vocabulary
+(`Plan.padded_vocab_size`, plan/settings.py), so tied tables and initial weights agree row for row across meshes, and
+runs sequence parallelism as its `settings.sequence_parallel` says, with a norm that supports it (norm.py).
 """
 from __future__ import annotations
 
@@ -17,14 +21,15 @@ from ..spec.model import ModelSpec
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
 
-    Head counts stay divisible by every mesh's TP size (the plan's invariant), vocabulary by every TP size.
+    Head counts stay divisible by every mesh's TP size (the plan's invariant); the vocabulary is 128 tokens,
+    which the plan pads like any other (`Plan.padded_vocab_size`).
     """
     t = math.lcm(*(m.tp for m in plan.meshes))
     gqa = spec.num_query_groups < spec.num_attention_heads
     kv = t if gqa else max(t, 2)
     heads = kv * 2 if gqa else kv
     hidden = 16 * heads
-    vocab = 128 if 128 % t == 0 else t * math.ceil(128 / t)
+    vocab = 128
     name = spec.name if spec.name.endswith("tiny") else f"{spec.name}-tiny"
     return spec.replace(name=name, hidden_size=hidden, num_attention_heads=heads,
                         num_query_groups=kv, ffn_hidden_size=2 * hidden, vocab_size=vocab, seq_length=16,
@@ -40,7 +45,8 @@ def pipeline_layout(stage_layers) -> str | None:
 
 
 def transformer_config(plan, ctx, spec: ModelSpec):
-    """TransformerConfig for this rank: its mesh's TP size, the plan's stages and layers, fp32, no dropout."""
+    """TransformerConfig for this rank: its mesh's TP size and sequence parallelism, the plan's stages and layers,
+    fp32, no dropout."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -52,6 +58,7 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         gated_linear_unit=spec.gated_mlp, activation_func=F.silu if spec.gated_mlp else F.gelu,
         add_bias_linear=not spec.gated_mlp, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
         tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=plan.pipeline_parallel_size,
+        sequence_parallel=mesh.settings.sequence_parallel,
         use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0, bf16=False, fp16=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -64,16 +71,38 @@ def transformer_config(plan, ctx, spec: ModelSpec):
     return TransformerConfig(**kw)
 
 
-def build_model(ctx, spec: ModelSpec, config, *, seed: int):
-    """GPTModel holding this rank's stage, with deterministic layout-independent initial weights."""
-    from megatron.core.models.gpt import GPTModel
+def decoder_block_spec(config, stage: int):
+    """Megatron's local layer spec for this stage's layers, its norms (and the final norm) replaced by
+    `SequenceParallelTorchNorm`: the same torch modules, whose parameters are marked for sequence parallelism."""
+    import dataclasses
+
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import (TransformerBlock, TransformerBlockSubmodules,
+                                                             get_num_layers_to_build)
+
+    from .norm import SequenceParallelTorchNorm
+
+    layer = get_gpt_layer_local_spec(normalization=config.normalization)
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, input_layernorm=SequenceParallelTorchNorm, pre_mlp_layernorm=SequenceParallelTorchNorm))
+    n = get_num_layers_to_build(config, pp_rank=stage)
+    return ModuleSpec(module=TransformerBlock, submodules=TransformerBlockSubmodules(
+        layer_specs=[layer] * n, layer_norm=SequenceParallelTorchNorm))
+
+
+def build_model(ctx, spec: ModelSpec, config, *, seed: int, vocab_size: int | None = None):
+    """GPTModel holding this rank's stage, with deterministic layout-independent initial weights.
+
+    `vocab_size` is the padded table size; by default the plan's (`Plan.padded_vocab_size`). A single-process
+    reference of a plan passes the plan's size so both build the same table."""
+    from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     model_parallel_cuda_manual_seed(seed, tp_rank=ctx.coords.tp_rank, ep_rank=0, etp_rank=0)
     model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization=config.normalization),
-        vocab_size=spec.vocab_size, max_sequence_length=spec.max_position_embeddings,
+        config=config, transformer_layer_spec=decoder_block_spec(config, ctx.coords.stage),
+        vocab_size=vocab_size or ctx.plan.padded_vocab_size, max_sequence_length=spec.max_position_embeddings,
         pre_process=ctx.is_first_stage, post_process=ctx.is_last_stage,
         share_embeddings_and_output_weights=spec.tie_embeddings,
         position_embedding_type="rope" if spec.position_embedding == "rope" else "learned_absolute",

@@ -50,10 +50,11 @@ def ddp_settings(settings) -> dict:
 
 
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
-               dry_run: bool = True) -> dict:
+               dry_run: bool = True, vocab_size: int | None = None) -> dict:
     """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
-    `--tiny`). Returns {"losses", "grad_norms", "bytes", "step_times", "ops", "settings"}; losses and norms are global,
-    "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
+    `--tiny`). `vocab_size`: the padded table size (default the plan's; a reference run passes the size of the
+    plan it checks). Returns {"losses", "grad_norms", "bytes", "step_times", "ops", "settings"}; losses and norms
+    are global, "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -72,7 +73,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     set_megatron_globals(ctx)
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
     config = transformer_config(plan, ctx, spec)
-    model = build_model(ctx, spec, config, seed=seed)
+    model = build_model(ctx, spec, config, seed=seed, vocab_size=vocab_size)
     settings = mesh.settings
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))

@@ -6,21 +6,24 @@ replicas (`Plan.samples_per_step`). Both sides hold it differently:
 
 - data parallelism splits the batch dimension: replica d of a mesh with DP degree k holds samples
   [d*batch/k, (d+1)*batch/k) (Megatron gives each replica its own contiguous share);
-- without sequence parallelism every TP rank of a replica holds that whole share (all sequence positions).
+- without sequence parallelism every TP rank of a replica holds that whole share (all sequence positions);
+- with sequence parallelism (Megatron's --sequence-parallel) TP rank t of a replica holds only its own
+  sequence shard, positions `owned_seq_range(t, tp, seq)` = [t*seq/tp, (t+1)*seq/tp), as a local tensor
+  (seq/tp, share, hidden).
 
 A naive exchange would send the whole share to every receiving TP rank, moving each byte tp_dst times over
 the boundary (the slow, inter-cluster link). Instead the receiving replica's share is cut along the sequence
-dimension into one piece per receiving TP rank; each piece crosses once, and the receivers reassemble the
-full share with an all-gather over their own TP group, on their own fast intra-cluster backend. On the
-sending side the pieces are spread over the sender's TP ranks (which all hold the same data) so every
-sender's link carries a share of the traffic. Backward (activation gradients) is the same computation with
-the two meshes swapped.
+dimension at the shard boundaries of BOTH sides: each piece lies inside one sender TP rank's shard and one
+receiver TP rank's shard, and crosses once, from that sender to that receiver. A receiver with sequence
+parallelism then holds exactly its shard; one without reassembles the full share with an all-gather over its
+own TP group, on its own fast intra-cluster backend. A sender without sequence parallelism holds every
+position, so the same cut spreads the sending over its TP ranks and every sender's link carries a share of
+the traffic. Backward (activation gradients) is the same computation with the two meshes swapped.
 
 `compute_transfers` is pure: no processes, no torch.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -30,7 +33,8 @@ class Transfer:
 
     seq_start/seq_stop and batch_start/batch_stop are in the coordinates of the full step activation;
     `src_batch_offset` / `dst_batch_offset` turn the batch range into the sender's / receiver's local
-    tensor (whose batch dimension holds only that replica's share).
+    tensor (whose batch dimension holds only that replica's share), `src_seq_offset` / `dst_seq_offset` the
+    sequence range (non-zero only on a side with sequence parallelism, whose local tensor is its shard).
     """
     src_tp: int
     src_dp: int
@@ -42,6 +46,8 @@ class Transfer:
     batch_stop: int
     src_batch_offset: int
     dst_batch_offset: int
+    src_seq_offset: int = 0
+    dst_seq_offset: int = 0
 
     def __post_init__(self):
         if not (0 <= self.seq_start < self.seq_stop and 0 <= self.batch_start < self.batch_stop):
@@ -59,25 +65,42 @@ class Transfer:
 
     @property
     def seq(self) -> slice:
+        """The sequence range in full-activation coordinates."""
         return slice(self.seq_start, self.seq_stop)
+
+    @property
+    def src_seq(self) -> slice:
+        """The sequence slice of the sender's local tensor."""
+        return slice(self.seq_start - self.src_seq_offset, self.seq_stop - self.src_seq_offset)
+
+    @property
+    def dst_seq(self) -> slice:
+        """The sequence slice of the receiver's local tensor."""
+        return slice(self.seq_start - self.dst_seq_offset, self.seq_stop - self.dst_seq_offset)
 
     def numel(self, hidden: int) -> int:
         return (self.seq_stop - self.seq_start) * (self.batch_stop - self.batch_start) * hidden
 
 
 def owned_seq_range(tp_rank: int, tp: int, seq: int) -> tuple[int, int]:
-    """Sequence positions receiver TP rank `tp_rank` (of `tp`) gets over the boundary before the all-gather."""
+    """Sequence positions TP rank `tp_rank` (of `tp`) owns: its shard under sequence parallelism, and the part a
+    receiver without it gets over the boundary before its all-gather."""
     return tp_rank * seq // tp, (tp_rank + 1) * seq // tp
 
 
-def compute_transfers(src_mesh, dst_mesh, shape) -> list[Transfer]:
+def _owner(pos: int, tp: int, seq: int) -> int:
+    return next(t for t in range(tp) if owned_seq_range(t, tp, seq)[0] <= pos < owned_seq_range(t, tp, seq)[1])
+
+
+def compute_transfers(src_mesh, dst_mesh, shape, *, src_sp: bool = False, dst_sp: bool = False) -> list[Transfer]:
     """Map every block of a (seq, batch, hidden) step activation from its sender to its receiver.
 
-    `src_mesh` and `dst_mesh` need only `.tp` and `.dp` (a plan `Mesh` works). `batch` must be divisible by
-    both DP degrees (the plan guarantees it: batch = dp * micro_batch_size in every mesh). The result
-    partitions the whole activation: every element is in exactly one transfer, so each byte crosses once.
-    The order is deterministic (receiver dp, sender dp, sequence), so both sides can derive message tags
-    from positions in the list.
+    `src_mesh` and `dst_mesh` need only `.tp` and `.dp` (a plan `Mesh` works); `src_sp` / `dst_sp` say whether
+    that side runs sequence parallelism (its `settings.sequence_parallel`), which needs `seq` divisible by its
+    TP. `batch` must be divisible by both DP degrees (the plan guarantees it: batch = dp * micro_batch_size in
+    every mesh). The result partitions the whole activation: every element is in exactly one transfer, so each
+    byte crosses once. The order is deterministic (receiver dp, sender dp, sequence), so both sides can derive
+    message tags from positions in the list.
     """
     seq, batch, hidden = (int(x) for x in shape)
     tp_s, dp_s, tp_r, dp_r = int(src_mesh.tp), int(src_mesh.dp), int(dst_mesh.tp), int(dst_mesh.dp)
@@ -87,26 +110,14 @@ def compute_transfers(src_mesh, dst_mesh, shape) -> list[Transfer]:
         raise ValueError(f"shape must be positive, got {shape}")
     if batch % dp_s or batch % dp_r:
         raise ValueError(f"batch {batch} is not divisible by both DP degrees ({dp_s} and {dp_r})")
-    # Cut the sequence into n = lcm(tp_s, tp_r) chunks: chunk c goes from sender TP rank c*tp_s//n to
-    # receiver TP rank c*tp_r//n, so both sides' TP ranks get contiguous, equal shares of the work.
-    n = min(math.lcm(tp_s, tp_r), seq)
-    bound = [c * seq // n for c in range(n + 1)]
-    seq_blocks = []  # (src_tp, dst_tp, start, stop), consecutive chunks with the same pair merged
-    for c in range(n):
-        if bound[c] == bound[c + 1]:
-            continue
-        pair = (c * tp_s // n, c * tp_r // n)
-        if seq_blocks and seq_blocks[-1][:2] == pair and seq_blocks[-1][3] == bound[c]:
-            seq_blocks[-1] = (*pair, seq_blocks[-1][2], bound[c + 1])
-        else:
-            seq_blocks.append((*pair, bound[c], bound[c + 1]))
-    if n < math.lcm(tp_s, tp_r):
-        # Fewer positions than TP ranks: re-derive the receiver of each position from owned_seq_range so
-        # the all-gather on the receiving side finds every position where it expects it.
-        seq_blocks = []
-        for pos in range(seq):
-            dst = next(t for t in range(tp_r) if owned_seq_range(t, tp_r, seq)[0] <= pos < owned_seq_range(t, tp_r, seq)[1])
-            seq_blocks.append((pos * tp_s // seq, dst, pos, pos + 1))
+    for side, sp, tp in (("sender", src_sp, tp_s), ("receiver", dst_sp, tp_r)):
+        if sp and seq % tp:
+            raise ValueError(f"sequence parallelism on the {side} side needs seq {seq} divisible by its tp {tp}")
+    # Cut the sequence at every shard boundary of both sides: each piece then has one sending TP rank (the
+    # owner of its positions; with the equal floor split of a side without SP this spreads the sending evenly)
+    # and one receiving TP rank. With seq a multiple of lcm(tp_s, tp_r) these are the lcm equal chunks.
+    cuts = sorted({owned_seq_range(t, tp, seq)[0] for tp in (tp_s, tp_r) for t in range(tp)} | {seq})
+    seq_blocks = [(_owner(a, tp_s, seq), _owner(a, tp_r, seq), a, b) for a, b in zip(cuts, cuts[1:])]
     share_s, share_r = batch // dp_s, batch // dp_r
     out = []
     for e in range(dp_r):
@@ -118,5 +129,7 @@ def compute_transfers(src_mesh, dst_mesh, shape) -> list[Transfer]:
                 continue
             for src_tp, dst_tp, q0, q1 in seq_blocks:
                 out.append(Transfer(src_tp=src_tp, src_dp=d, dst_tp=dst_tp, dst_dp=e, seq_start=q0, seq_stop=q1,
-                                    batch_start=b0, batch_stop=b1, src_batch_offset=s0, dst_batch_offset=r0))
+                                    batch_start=b0, batch_stop=b1, src_batch_offset=s0, dst_batch_offset=r0,
+                                    src_seq_offset=owned_seq_range(src_tp, tp_s, seq)[0] if src_sp else 0,
+                                    dst_seq_offset=owned_seq_range(dst_tp, tp_r, seq)[0] if dst_sp else 0))
     return out
