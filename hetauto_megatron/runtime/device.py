@@ -10,6 +10,11 @@ Megatron-Core 0.19 assumes CUDA in a handful of places (measured, see docs/runti
 check in gradient clipping. `enable_cpu_redirects()` points each of these at the CPU. It is applied only when
 asked (a `cpu` rank), once per process; it is the same set of seams vendor plug-ins such as torch_npu cover
 for their own devices.
+
+Sequence parallelism needs no redirect here: gloo in the pinned torch 2.13 implements the collectives Megatron's
+sequence-parallel regions and distributed optimizer call (`all_gather_into_tensor`, `reduce_scatter_tensor`,
+`_all_gather_base`, `_reduce_scatter_base`), bit-identical to all_gather + cat and all_reduce + own chunk
+(tests/test_runtime_sp.py). What it does need on CPU is a norm that marks its parameters (runtime/norm.py).
 """
 from __future__ import annotations
 
