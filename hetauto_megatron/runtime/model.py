@@ -14,15 +14,28 @@ from __future__ import annotations
 import math
 import zlib
 
+from ..errors import InputError
 from ..plan.plan import recompute_settings
 from ..spec.model import ModelSpec
+
+
+def check_sequence_split(plan) -> None:
+    """Sequence parallelism gives each TP rank seq/tp positions: Megatron needs the sequence to divide evenly."""
+    for i, mesh in enumerate(plan.meshes):
+        if mesh.settings.sequence_parallel and plan.model.seq_length % mesh.tp:
+            raise InputError(f"sequence parallelism splits the {plan.model.seq_length}-token sequence over tp={mesh.tp} "
+                             "ranks, which needs the sequence length to be a multiple of tp",
+                             field=f"meshes[{i}].settings.sequence_parallel",
+                             fix="set sequence_parallel: false in this mesh's settings, or choose a tp that divides "
+                                 "the sequence length")
 
 
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     """`--tiny`: keep the layer count and therefore the whole parallel layout, shrink everything else.
 
-    Head counts stay divisible by every mesh's TP size (the plan's invariant); the vocabulary is 128 tokens,
-    which the plan pads like any other (`Plan.padded_vocab_size`).
+    Head counts stay divisible by every mesh's TP size (the plan's invariant), and so does the sequence (16
+    positions, rounded up to a multiple of every TP: sequence parallelism splits it); the vocabulary is 128
+    tokens, which the plan pads like any other (`Plan.padded_vocab_size`).
     """
     t = math.lcm(*(m.tp for m in plan.meshes))
     gqa = spec.num_query_groups < spec.num_attention_heads
@@ -30,10 +43,11 @@ def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
     heads = kv * 2 if gqa else kv
     hidden = 16 * heads
     vocab = 128
+    seq = t * math.ceil(16 / t)
     name = spec.name if spec.name.endswith("tiny") else f"{spec.name}-tiny"
     return spec.replace(name=name, hidden_size=hidden, num_attention_heads=heads,
-                        num_query_groups=kv, ffn_hidden_size=2 * hidden, vocab_size=vocab, seq_length=16,
-                        max_position_embeddings=16)
+                        num_query_groups=kv, ffn_hidden_size=2 * hidden, vocab_size=vocab, seq_length=seq,
+                        max_position_embeddings=seq)
 
 
 def pipeline_layout(stage_layers) -> str | None:
@@ -52,6 +66,7 @@ def transformer_config(plan, ctx, spec: ModelSpec):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     mesh = ctx.mesh
+    check_sequence_split(plan)
     kw = dict(
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
