@@ -83,3 +83,19 @@ def test_closed_form_never_undercuts_the_event_simulation():
         errs.append(1 - sim / est)
     errs.sort()
     assert errs[len(errs) // 2] < 0.01 and errs[int(0.9 * len(errs))] < 0.05
+
+
+def test_recorded_events_never_overlap_on_a_resource():
+    rng = random.Random(5)
+    for _ in range(60):
+        p, m, f, b, occ, lat, blk, depth = _case(rng)
+        t = simulate_1f1b(f, b, [o + a for o, a in zip(occ, lat)], m, latency=lat, blocking=blk, depth=depth,
+                          record=True)
+        by = {}
+        for e in t.events:
+            by.setdefault(e.resource, []).append(e)
+            if e.resource[0] == "link":
+                assert e.arrival == e.end + lat[e.resource[1]]
+        for evs in by.values():
+            evs.sort(key=lambda e: (e.start, e.end))
+            assert all(a.end <= c.start for a, c in zip(evs, evs[1:]))

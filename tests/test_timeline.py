@@ -49,7 +49,9 @@ def _is_png(path):
 def test_predicted_timeline_of_the_readme_plan(tmp_path, capsys):
     inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
     plan = str(tmp_path / "plan.yaml")
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json"]) == 0
+    # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
+                 "--boundary-schedule", "overlapped"]) == 0
     capsys.readouterr()
     trace, png = str(tmp_path / "t.json"), str(tmp_path / "t.png")
     assert main(["simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--json",
@@ -73,10 +75,11 @@ def test_predicted_timeline_of_the_readme_plan(tmp_path, capsys):
         assert spans[-1]["ts"] + spans[-1]["dur"] == pytest.approx(T, rel=1e-6)
     links = [spans for n, _, spans in lanes.values() if n.startswith(("activations", "gradients"))]
     assert len(links) == 2 * (p - 1) and all(len(s) == m for s in links)
-    # the cross-cluster link: each transfer takes what the simulator prices per micro-batch
+    # the cross-cluster link: each transfer occupies it for what the simulator prices per micro-batch, less the
+    # latency (in flight, not occupying it)
     cross = [i for i in range(p - 1) if est["stages"][i]["cluster"] != est["stages"][i + 1]["cluster"]]
     assert len(cross) == 1
-    x = est["stages"][cross[0]]["send_next_s"] * 1e6
+    x = (est["stages"][cross[0]]["send_next_s"] - est["stages"][cross[0]]["send_next_latency_s"]) * 1e6
     cross_lanes = [s for _, proc, s in lanes.values() if proc.startswith("link ")]   # the process between clusters
     assert len(cross_lanes) == 2 and all(e["dur"] == pytest.approx(x, rel=1e-6) for s in cross_lanes for e in s)
 

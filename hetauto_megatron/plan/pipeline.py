@@ -54,13 +54,16 @@ class Event:
               l + 1 in the direction of the activations ("fwd") or of their gradients ("bwd").
     kind:     on a stage: "F" / "B" (forward / backward compute), "send" (the stage is held by a send it does not
               overlap), "recv" (the stage waits for data that is still on its link: exposed communication);
-              on a link: "F" / "B" (the micro-batch's activation / gradient crossing; `end` is its arrival).
+              on a link: "F" / "B" (the micro-batch's activation / gradient occupying the link from `start` to
+              `end`; it reaches the other side at `arrival`, `end` plus the latency).
+    Events of one resource never overlap.
     """
     resource: tuple
     kind: str
     micro_batch: int
     start: float
     end: float
+    arrival: float | None = None    # link transfers only
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
                 free[i] = a if blk[i] else end
                 if record:
                     f_sent[k + m] = end
-                    ev.append(Event(("link", i, "fwd"), "F", j, s, a))
+                    ev.append(Event(("link", i, "fwd"), "F", j, s, link_f[i], a))
                     if blk[i] and a > end:
                         ev.append(Event(("stage", i), "send", j, end, a))
         else:
@@ -188,7 +191,7 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
                 free[i] = a if blk[i - 1] else end
                 if record:
                     b_sent[k - m] = end
-                    ev.append(Event(("link", i - 1, "bwd"), "B", j, s, a))
+                    ev.append(Event(("link", i - 1, "bwd"), "B", j, s, link_b[i - 1], a))
                     if blk[i - 1] and a > end:
                         ev.append(Event(("stage", i), "send", j, end, a))
             else:

@@ -192,17 +192,23 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
                     stages=stages, cost_model=sources)
 
 
+def stage_schedule(stages: list[dict], links: list | None = None) -> dict:
+    """simulate_1f1b's boundary keywords (latency, blocking, depth) from an estimate's `stages` (Estimate.stages
+    / a plan file's estimate): the boundaries as simulated, blocking when an older estimate does not say."""
+    links = [s["send_next_s"] for s in stages[:-1]] if links is None else links
+    blocking = [s.get("send_next_schedule", "blocking") == "blocking" for s in stages[:-1]]
+    return {"latency": [min(s.get("send_next_latency_s", 0.0), x) for s, x in zip(stages, links)],
+            "blocking": blocking,
+            "depth": [0 if b else int(s.get("send_next_depth", 0)) for s, b in zip(stages, blocking)]}
+
+
 def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> float:
-    """The 1F1B makespan of an estimate's `stages` (Estimate.stages / a plan file's estimate), optionally with
-    other link times (e.g. 0 to price the links away); boundaries keep their simulated schedule (blocking when
-    an older estimate does not say)."""
+    """The 1F1B makespan of an estimate's `stages`, optionally with other link times (e.g. 0 to price the links
+    away); boundaries keep their simulated schedule."""
     fwd = [s["forward_s"] for s in stages]
     bwd = [s["backward_s"] for s in stages]
     links = [s["send_next_s"] for s in stages[:-1]] if links is None else list(links)
-    latency = [min(s.get("send_next_latency_s", 0.0), x) for s, x in zip(stages, links)]
-    blocking = [s.get("send_next_schedule", "blocking") == "blocking" for s in stages[:-1]]
-    depth = [0 if b else int(s.get("send_next_depth", 0)) for s, b in zip(stages, blocking)]
-    return simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth).makespan
+    return simulate_1f1b(fwd, bwd, links, m, **stage_schedule(stages, links)).makespan
 
 
 def plan_choices(plan: Plan) -> list[MeshChoice]:

@@ -66,14 +66,14 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     """The simulator's schedule of one iteration of `plan` (its 1F1B pipeline, then the DP sync and optimizer
     tail each stage has after the pipeline drained, as the iteration time counts it)."""
     from .pipeline import simulate_1f1b
-    from .simulate import simulate
+    from .simulate import simulate, stage_schedule
     est = simulate(plan, inventory, cost_model).to_dict()
     st = est["stages"]
     p, m = len(st), plan.num_micro_batches
     fwd = [s["forward_s"] for s in st]
     bwd = [s["backward_s"] for s in st]
     links = [s["send_next_s"] for s in st[:-1]]
-    run = simulate_1f1b(fwd, bwd, links, m, record=True)
+    run = simulate_1f1b(fwd, bwd, links, m, record=True, **stage_schedule(st))
     makespan, T = run.makespan, est["iteration_time_s"]
     clusters = list(dict.fromkeys(s["cluster"] for s in st))
     lanes = [Lane(f"stage {i}", st[i]["cluster"], "stage", i) for i in range(p)]
@@ -104,7 +104,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             if e.start > t:
                 # Waiting: on the link for the part of the gap its input was crossing, on other stages before.
                 link = arrive.get((i, e.kind, e.micro_batch))
-                split = min(max(t, link.start), e.start) if link is not None and abs(link.end - e.start) < 1e-9 \
+                split = min(max(t, link.start), e.start) if link is not None and abs(link.arrival - e.start) < 1e-9 \
                     else e.start
                 _fill(spans, i, t, split, "idle", spans)
                 _fill(spans, i, split, e.start, "receive", spans)
