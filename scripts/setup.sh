@@ -57,9 +57,10 @@ key="$( (cat requirements.txt; "$py" -c 'import sys; print(sys.version)') | sha2
 cache="${HETAUTO_CACHE:-$HOME/.cache/hetauto}"
 shared="$cache/venv-$key"
 mkdir -p "$cache"
-# One clone at a time builds the shared environment; the others wait for it instead of racing.
+# One clone at a time builds the shared environment; the others wait for it instead of racing (where flock
+# exists: util-linux).
 exec 9>"$cache/.lock-$key"
-flock 9
+command -v flock >/dev/null 2>&1 && flock 9
 if [ ! -f "$shared/.hetauto-complete" ]; then
   echo "hetauto setup: creating $shared (first time only, about a minute)" >&2
   rm -rf "$shared"
@@ -70,7 +71,8 @@ if [ ! -f "$shared/.hetauto-complete" ]; then
   DS_BUILD_OPS=0 pip_install "$shared/bin/python" --no-build-isolation -r requirements.txt
   touch "$shared/.hetauto-complete"
 fi
-flock -u 9
+command -v flock >/dev/null 2>&1 && flock -u 9
+exec 9>&-
 
 # This clone's own environment, rebuilt every time (a second or two). Earlier versions of this script linked
 # .venv to the shared environment and installed the clone there, so the last clone set up won for every
