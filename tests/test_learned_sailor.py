@@ -135,6 +135,17 @@ def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(tmp_path, capsys)
     assert m.source(a100) == "learned" and m.source(h800) == "analytic"
     f, b = m.layer_times(PRESETS["llama2-7b"], a100, 2, 1, 2048)
     assert 1e-4 < f < b < 10
+    # 'V100' is the 32 GB v100, which the data does not cover: analytic, saying which types are covered and
+    # naming the 16 GB type of the same chip
+    info, why = m.coverage(get_device("V100"))
+    assert info is None and "v100-16gb" in why and "a100-40gb" in why and m.source(get_device("V100")) == "analytic"
+    # the V100-16 was measured in fp32 only: a 2-byte plan is not priced with other GPUs' fp16 rates ...
+    info, why = m.coverage(get_device("v100-16gb"))
+    assert info is None and "4-byte" in why and "2-byte" in why
+    # ... a 4-byte one is, with the V100's own (FP32-peak) figures
+    info, _ = m.coverage(get_device("v100-16gb").with_overrides(dtype_bytes=4))
+    assert info is not None and info.dtype_bytes == 4 and info.peak_tflops == L.SAILOR_FP32_TFLOPS["V100-16"]
+    assert any(line.startswith("v100: analytic") for line in m.describe([get_device("V100"), a100]))
     # heads and embeddings: not measured alike across the data's models, so analytic
     for piece in ("embedding", "head"):
         assert getattr(m, f"{piece}_times")(PRESETS["llama2-7b"], a100, 2, 1) == getattr(

@@ -1,6 +1,8 @@
 """Arguments and loading shared by the planner commands (plan, simulate)."""
 from __future__ import annotations
 
+import sys
+
 
 def add_model_inventory_args(parser) -> None:
     parser.add_argument("--model", required=True, metavar="M",
@@ -30,7 +32,13 @@ def load_inputs(args):
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length")
     model = load_model(args.model, seq_length=args.seq_length)
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
-    return model, inventory, load_cost_model(args.cost_model)
+    cost_model = load_cost_model(args.cost_model)
+    if hasattr(cost_model, "describe"):
+        # Which model prices each device type, and why: a learned model never answers silently for a type
+        # (or a precision) it has no measurements of. --json carries the same under "cost_model_why".
+        for line in cost_model.describe(c.device for c in inventory.clusters):
+            print(f"cost model: {line}", file=sys.stderr)
+    return model, inventory, cost_model
 
 
 TIMELINE_SUFFIXES = (".json", ".png", ".svg", ".pdf")

@@ -55,6 +55,7 @@ class Estimate:
     sync_s: float = 0.0               # tied-embedding exchange + global-norm all-reduce (iteration tail)
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
+    cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
 
     def to_dict(self) -> dict:
         r = lambda x: round(x, 6)
@@ -62,7 +63,8 @@ class Estimate:
                 "tflops_per_device": round(self.tflops_per_device, 2), "mfu": round(self.mfu, 4),
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
-                "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages, "cost_model": self.cost_model}
+                "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages,
+                "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {})}
 
 
 @dataclass(frozen=True)
@@ -139,12 +141,6 @@ def _iteration_overhead(cost_model, profs) -> float:
     return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
 
 
-def _iteration_overhead(cost_model, profs) -> float:
-    """The fixed per-iteration time outside the pipeline (cost model's `iteration_overhead_s`): the slowest
-    device type's, as every rank waits for the others at the iteration's end."""
-    return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
-
-
 def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory) -> Estimate:
     profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
@@ -186,10 +182,12 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
                                "send_next_schedule": "blocking" if blocking[i] else "overlapped",
                                "send_next_depth": depth[i]})
     sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
+    why = {prof.cluster.device.name: cost_model.coverage(prof.cluster.device)[1] for prof in profs} \
+        if hasattr(cost_model, "coverage") else {}
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
                     dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],
-                    stages=stages, cost_model=sources)
+                    stages=stages, cost_model=sources, cost_model_why=why)
 
 
 def stage_schedule(stages: list[dict], links: list | None = None) -> dict:

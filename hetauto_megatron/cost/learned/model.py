@@ -156,19 +156,45 @@ class LearnedCostModel:
                              fix="re-fit it with 'hetauto fit'")
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
                                   tables["composition"], float(weight))
-        # Covered: measured in both phases at its granularity (its calibration has groups for both).
-        groups = {tuple(k.split("|")[:3]) for k in self.fitted.calibration}
+        # Covered: measured in both phases at its granularity, in the element size its DeviceInfo states (the
+        # calibration has groups for both phases at that size).
+        groups = {(d, g, ph, b) for d, g, ph, _, b in (k.split("|") for k in self.fitted.calibration)}
         self._covered = {d for d, i in self.devices.items()
-                         if all((i.name, i.granularity, ph) in groups for ph in ("fwd", "bwd"))}
+                         if all((i.name, i.granularity, ph, str(i.dtype_bytes)) in groups for ph in ("fwd", "bwd"))}
         self._cache: dict[tuple, tuple[float, float]] = {}
 
-    def _info(self, device: DeviceType) -> DeviceInfo | None:
+    def coverage(self, device: DeviceType) -> tuple[DeviceInfo | None, str]:
+        """(what the model knows of `device`, None if the analytic model prices it; and why, in words).
+
+        A device type is priced by the learned model only with its own measurements in the element size it
+        trains in: no rate is borrowed from another device type or another precision."""
         name = canonical_device_name(device.name) or device.name
         name = name if name in self.devices else device.name
-        return self.devices[name] if name in self._covered else None
+        covered = ", ".join(self.covered_devices()) or "none"
+        info = self.devices.get(name)
+        if info is None or name not in self._covered:
+            kin = [d for d in self.covered_devices() if d.split("-")[0] == name.split("-")[0] and d != name]
+            hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
+                    "that name in the inventory") if kin else ""
+            return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
+        if info.dtype_bytes != device.dtype_bytes:
+            return None, (f"the learned model measured {name} with {info.dtype_bytes}-byte elements, the plan "
+                          f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision")
+        return info, f"measured ({info.source}, {info.rows} rows)"
+
+    def _info(self, device: DeviceType) -> DeviceInfo | None:
+        return self.coverage(device)[0]
 
     def source(self, device: DeviceType) -> str:
         return "learned" if self._info(device) is not None else "analytic"
+
+    def describe(self, devices) -> list[str]:
+        """One line per device type: which model prices it and why (what the planner says on stderr)."""
+        out = []
+        for dev in sorted({d.name: d for d in devices}.values(), key=lambda d: d.name):
+            info, why = self.coverage(dev)
+            out.append(f"{dev.name}: {'learned' if info is not None else 'analytic'} ({why})")
+        return out
 
     def covered_devices(self) -> list[str]:
         """Device types this model predicts for (by name; some need not be in the catalog)."""

@@ -222,11 +222,18 @@ def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
+    """One DeviceInfo per GPU. Its element size is the precision the model can price it in: 2 (tensor-core
+    fp16) when any run of that GPU used it, else 4 (a GPU measured only in fp32, like the V100-16 here, is priced
+    in fp32 only: its rate is never taken from other GPUs' fp16 runs)."""
     count: dict[str, int] = {}
+    half: set[str] = set()
     for r in layers:
         count[r.device] = count.get(r.device, 0) + 1
-    first = {r.device: r for r in layers}
-    return {d: DeviceInfo(d, "layer", SAILOR_DTYPE_BYTES, first[d].peak_tflops, first[d].hbm_gbps, n, "sailor")
+        if r.dtype_bytes == SAILOR_DTYPE_BYTES:
+            half.add(r.device)
+    # the figures the features of that precision were computed with (an fp32 run's compute ceiling is the FP32 peak)
+    first = {r.device: r for r in layers if (r.device in half) == (r.dtype_bytes == SAILOR_DTYPE_BYTES)}
+    return {d: DeviceInfo(d, "layer", first[d].dtype_bytes, first[d].compute_tflops, first[d].hbm_gbps, n, "sailor")
             for d, n in count.items()}
 
 
