@@ -147,8 +147,10 @@ def nvidia_script(tmp_path_factory):
 
 
 def _run_script(script, argv, world_size, cwd):
+    from hetauto_megatron.runtime.launcher import free_port
+
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT="29531", CUDA_DEVICE_MAX_CONNECTIONS="1")
+               MASTER_PORT=str(free_port()), CUDA_DEVICE_MAX_CONNECTIONS="1")
     return subprocess.run([sys.executable, script] + argv, env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
