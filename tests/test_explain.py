@@ -94,10 +94,9 @@ def test_explain_full_report_on_the_readme_plan(tmp_path, capsys):
     inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
     plan = str(tmp_path / "p.yaml")
     # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--explain",
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
                  "--boundary-schedule", "overlapped"]) == 0
-    out = capsys.readouterr().out
-    assert "bottleneck:" in out and "runners-up" in out and "sensitivity" in out
+    capsys.readouterr()           # (plan --explain: the demo test)
     rep = _json(capsys, "explain", "--plan", plan, "--json")
     assert len(rep["runners_up"]) == 5
     base = rep["tokens_per_s"]
@@ -166,3 +165,12 @@ def test_compare(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "* " in out and " <" in out
     assert main(["compare", a, "--price", "h800"]) == 2
+
+
+def test_demo_explains_its_plan_and_draws_the_timeline(tmp_path, capfd):
+    assert main(["demo", "--out", str(tmp_path), "--skip-training"]) == 0
+    out = capfd.readouterr().out
+    assert "bottleneck: " in out and "runners-up" in out and "sensitivity of throughput" in out
+    with open(tmp_path / "llama2-70b-timeline.png", "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "llama2-70b-timeline.json").read_text())["traceEvents"]

@@ -9,10 +9,13 @@ DESCRIPTION = """\
 The whole product in one command, on this machine (CPU only, a few minutes):
 
   1. plan LLaMA-2-70B on the example inventory of two clusters (64 H800 + 32 Ascend 910B joined by a
-     25 Gbit/s link): the searched plan, its summary, Megatron launch scripts and DeepSpeed configs;
+     25 Gbit/s link): the searched plan, its summary, why it is what it is (bottleneck, memory headroom,
+     runners-up, sensitivity to links, cluster sizes and batch), its predicted timeline as a picture,
+     Megatron launch scripts and DeepSpeed configs;
   2. plan the tiny model on two CPU "clusters" (4 + 2 processes) and dry-run that plan on real
      Megatron-Core: one process per device, per-cluster TP/DP, uneven stages, host-staged inter-cluster
-     transfers, 3 Adam steps, compared with a single-process run of the same model;
+     transfers, 3 Adam steps, compared with a single-process run of the same model; its measured timeline
+     is drawn under the predicted one;
   3. run Megatron-LM's own training loop (megatron.training.pretrain) with --hetauto on a two-cluster CPU
      plan and compare its losses with Megatron's homogeneous layout.
 
@@ -51,7 +54,9 @@ def run(args) -> int:
     steps = [
         ("1/3  Plan LLaMA-2-70B on 64 H800 + 32 Ascend 910B (25 Gbit/s between the sites)",
          ["plan", "--model", "llama2-70b", "--inventory", os.path.join(ex, "inventory-2clusters.yaml"),
-          "--global-batch-size", "512", "-o", big_plan, "--emit", os.path.join(out, "launch")]),
+          "--global-batch-size", "512", "-o", big_plan, "--emit", os.path.join(out, "launch"), "--explain",
+          "--timeline", os.path.join(out, "llama2-70b-timeline.png"),
+          "--timeline", os.path.join(out, "llama2-70b-timeline.json")]),
     ]
     if not args.skip_training:
         steps += [
@@ -59,7 +64,8 @@ def run(args) -> int:
              ["plan", "--model", "tiny", "--inventory", os.path.join(ex, "inventory-cpu-dryrun.yaml"),
               "--global-batch-size", "8", "-o", tiny_plan, "--quiet"]),
             ("2b/3 Dry-run that plan on real Megatron-Core and compare with one process",
-             ["dryrun", "--plan", tiny_plan, "--tiny", "--reference"]),
+             ["dryrun", "--plan", tiny_plan, "--tiny", "--reference",
+              "--timeline", os.path.join(out, "tiny-dryrun-timeline.png"), "--compare"]),
             ("3/3  Megatron-LM's training loop with --hetauto on a two-cluster CPU plan",
              ["-m", "hetauto_megatron.megatron.demo", "--plan", os.path.join(ex, "plans", "tiny-2clusters-cpu.yaml")]),
         ]
@@ -67,5 +73,6 @@ def run(args) -> int:
         rc = _step(title, argv)
         if rc:
             return rc
-    print(f"\nhetauto demo: all steps passed; plans, launch scripts and DeepSpeed configs are in {out}/")
+    print(f"\nhetauto demo: all steps passed; plans, timelines (.png pictures, .json traces for ui.perfetto.dev), "
+          f"launch scripts and DeepSpeed configs are in {out}/")
     return 0

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ._common import add_model_inventory_args, load_inputs
+from ._common import add_model_inventory_args, check_timeline_paths, load_inputs, write_timelines
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -28,7 +28,7 @@ examples:
   hetauto plan --model config.json --inventory inv.yaml --global-batch-size 1024 --seq-length 4096 --json
   hetauto plan --model llama2-7b --inventory inv.yaml --search exhaustive      # small instances only
   hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/
-  hetauto plan --model llama2-70b --inventory inv.yaml --explain       # why this plan, runners-up, what-if
+  hetauto plan --model llama2-70b --inventory inv.yaml --explain --timeline plan.png   # why, and what it does
   hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if"""
 
 
@@ -50,6 +50,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--timeline", action="append", metavar="FILE",
+                        help="write the plan's predicted iteration: FILE.json a Chrome/Perfetto trace, FILE.png a "
+                             "picture (repeatable; 'hetauto simulate --help')")
     parser.add_argument("--explain", action="store_true",
                         help="also explain the plan: bottleneck, memory headroom, runners-up, sensitivity "
                              "('hetauto explain --help')")
@@ -66,6 +69,7 @@ def run(args) -> int:
         raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s")
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
+    check_timeline_paths(args.timeline)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, schedule=args.boundary_schedule)
     result = search(model, inventory, args.global_batch_size, cost_model, cfg)
@@ -79,6 +83,9 @@ def run(args) -> int:
         written.append(args.output)
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
+    if args.timeline:
+        from ..plan.timeline import predicted_timeline
+        written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     explained = None
     if args.explain:
         from .explain import explain_report

@@ -1,0 +1,80 @@
+"""The pictures of docs/explain.md, made by the commands a user runs (nothing drawn by hand).
+
+1. The README's 2-cluster plan (LLaMA-2-70B on 64 H800 + 32 Ascend 910B, global batch 512): `hetauto plan`,
+   then its predicted timeline (`hetauto simulate --timeline`) and explanation (`hetauto explain`).
+2. A CPU dry run: the tiny model planned on the two CPU "clusters" of examples/llama/inventory-cpu-dryrun.yaml,
+   dry-run with `hetauto dryrun --tiny --timeline ... --compare`: measured (one rank per stage) under the
+   simulator's prediction of the same run.
+Prints the figures the pictures show (predicted and measured iteration time, the bottleneck).
+
+    python benchmarks/explain_pictures.py [--out docs/images] [--steps 4]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hetauto_megatron.cli import main as hetauto  # noqa: E402
+
+EX = os.path.join(ROOT, "examples", "llama")
+
+
+def run(*argv: str) -> str:
+    """`hetauto ARGV` in this process; its stdout (exits on failure)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = hetauto(list(argv))
+    if rc:
+        raise SystemExit(f"hetauto {' '.join(argv)}: exit code {rc}")
+    return buf.getvalue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "images"))
+    ap.add_argument("--steps", type=int, default=4, help="dry-run steps (the last one is drawn)")
+    ap.add_argument("--cost-model", help="a learned CPU model ('hetauto fit') for the dry run's prediction "
+                                         "(default: the analytic model)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="hetauto-explain-")
+
+    inv = os.path.join(EX, "inventory-2clusters.yaml")
+    plan = os.path.join(work, "llama2-70b.yaml")
+    run("plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", plan, "--quiet")
+    png = os.path.join(args.out, "timeline-llama2-70b-2clusters.png")
+    est = json.loads(run("simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--json",
+                         "--timeline", png))
+    rep = json.loads(run("explain", "--plan", plan, "--no-search", "--json"))
+    print(f"1. {png}: predicted {est['iteration_time_s']:.3f} s per iteration, {est['tokens_per_s']:,.0f} tokens/s; "
+          f"bottleneck: {rep['bottleneck']}")
+
+    tiny = os.path.join(work, "tiny.yaml")
+    run("plan", "--model", "tiny", "--inventory", os.path.join(EX, "inventory-cpu-dryrun.yaml"),
+        "--global-batch-size", "8", "-o", tiny, "--quiet")
+    png = os.path.join(args.out, "dryrun-measured-vs-predicted.png")
+    trace = os.path.join(work, "dryrun.json")
+    rep = json.loads(run("dryrun", "--plan", tiny, "--tiny", "--steps", str(args.steps), "--json",
+                         "--timeline", png, "--timeline", trace, "--compare",
+                         *(["--cost-model", args.cost_model] if args.cost_model else [])))
+    with open(trace) as fh:
+        timelines = json.load(fh)["otherData"]["timelines"]
+    pred, meas = (next(t for t in timelines if t["source"] == s) for s in ("predicted", "measured"))
+    print(f"2. {png}: CPU dry run, {rep['cores']} cores; last step measured {meas['iteration_s']:.3f} s, "
+          f"predicted {pred['iteration_s']:.3f} s ({100 * (pred['iteration_s'] / meas['iteration_s'] - 1):+.0f} %); "
+          f"median step {rep['iteration_s']:.3f} s")
+    for name in ("timeline-llama2-70b-2clusters.png", "dryrun-measured-vs-predicted.png"):
+        print(f"   {name}: {os.path.getsize(os.path.join(args.out, name)) / 1024:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
