@@ -1,10 +1,11 @@
 """The pictures of docs/explain.md, made by the commands a user runs (nothing drawn by hand).
 
-1. The README's 2-cluster plan (LLaMA-2-70B on 64 H800 + 32 Ascend 910B, global batch 512): `hetauto plan`,
+1. The README's 2-cluster plan (LLaMA-2-70B on 64 H800 + 32 Ascend 910B, global batch 512, cross-cluster
+   transfers overlapped with compute): `hetauto plan --boundary-schedule overlapped`,
    then its predicted timeline (`hetauto simulate --timeline`) and explanation (`hetauto explain`).
-2. A CPU dry run: the tiny model planned on the two CPU "clusters" of examples/llama/inventory-cpu-dryrun.yaml,
-   dry-run with `hetauto dryrun --tiny --timeline ... --compare`: measured (one rank per stage) under the
-   simulator's prediction of the same run.
+2. A CPU dry run of examples/llama/plans/tiny-2clusters-cpu.yaml (the tiny model on two CPU "clusters", 6 ranks)
+   with `hetauto dryrun --tiny --timeline ... --compare`: measured (one rank per stage) under the simulator's
+   prediction of the same run.
 Prints the figures the pictures show (predicted and measured iteration time, the bottleneck).
 
     python benchmarks/explain_pictures.py [--out docs/images] [--steps 4]
@@ -25,6 +26,14 @@ sys.path.insert(0, ROOT)
 from hetauto_megatron.cli import main as hetauto  # noqa: E402
 
 EX = os.path.join(ROOT, "examples", "llama")
+# examples/llama/inventory-cpu-dryrun.yaml with the cluster names examples/llama/plans/tiny-2clusters-cpu.yaml uses
+CPU_INVENTORY = """\
+clusters:
+  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4, intra_node: {bandwidth_gbps: 80, latency_us: 20}}
+  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2, intra_node: {bandwidth_gbps: 80, latency_us: 20}}
+links:
+  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
+"""
 
 
 def run(*argv: str) -> str:
@@ -49,7 +58,9 @@ def main() -> int:
 
     inv = os.path.join(EX, "inventory-2clusters.yaml")
     plan = os.path.join(work, "llama2-70b.yaml")
-    run("plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", plan, "--quiet")
+    # the README's 2-cluster plan: overlapped boundaries (with blocking ones the plan leaves the 910B out)
+    run("plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", plan, "--quiet",
+        "--boundary-schedule", "overlapped")
     png = os.path.join(args.out, "timeline-llama2-70b-2clusters.png")
     est = json.loads(run("simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--json",
                          "--timeline", png))
@@ -57,13 +68,15 @@ def main() -> int:
     print(f"1. {png}: predicted {est['iteration_time_s']:.3f} s per iteration, {est['tokens_per_s']:,.0f} tokens/s; "
           f"bottleneck: {rep['bottleneck']}")
 
-    tiny = os.path.join(work, "tiny.yaml")
-    run("plan", "--model", "tiny", "--inventory", os.path.join(EX, "inventory-cpu-dryrun.yaml"),
-        "--global-batch-size", "8", "-o", tiny, "--quiet")
+    # the example CPU plan of two "clusters" (6 ranks: TP 2 x 2 stages, then DP 2), on the inventory it names
+    tiny = os.path.join(EX, "plans", "tiny-2clusters-cpu.yaml")
+    inv = os.path.join(work, "cpu-inventory.yaml")
+    with open(inv, "w") as fh:
+        fh.write(CPU_INVENTORY)
     png = os.path.join(args.out, "dryrun-measured-vs-predicted.png")
     trace = os.path.join(work, "dryrun.json")
     rep = json.loads(run("dryrun", "--plan", tiny, "--tiny", "--steps", str(args.steps), "--json",
-                         "--timeline", png, "--timeline", trace, "--compare",
+                         "--timeline", png, "--timeline", trace, "--compare", "--inventory", inv,
                          *(["--cost-model", args.cost_model] if args.cost_model else [])))
     with open(trace) as fh:
         timelines = json.load(fh)["otherData"]["timelines"]

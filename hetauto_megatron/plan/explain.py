@@ -1,15 +1,15 @@
 """Why a plan is what it is: what limits its iteration, how much memory is left, what came second, and what a
 faster link, a bigger cluster or another batch would buy (`hetauto explain`). Pure functions over the simulator.
 
-The iteration is cut into five parts that add up to the predicted iteration time T:
+The iteration is cut into six parts that add up to the predicted iteration time T:
     compute    the slowest stage's forward + backward over all micro-batches (its busy time);
     bubble     what 1F1B's fill and drain add with instant links: makespan(links = 0) - compute;
     link       what the links add on top: makespan - makespan(links = 0);
-    dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute);
+    dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute), with
+               the job-wide tied-embedding exchange and grad-norm reduction;
     optimizer  the optimizer step after it;
     overhead   the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging, ...).
-The first three are the pipeline's makespan; DP sync and optimizer its tail (of the stage whose tail is
-longest); the overhead is what the iteration has beyond them.
+The first three are the pipeline's makespan; the last three its tail.
 The bottleneck is the largest part. Each is priced by re-running the same event simulation with one thing
 removed, so a part is exactly what the iteration would save without it.
 """
@@ -29,7 +29,7 @@ PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bub
 
 
 def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
-    """The five parts of the iteration from a simulator estimate (`Estimate.to_dict()` or a plan file's
+    """The six parts of the iteration from a simulator estimate (`Estimate.to_dict()` or a plan file's
     `estimate` block); None when the estimate lacks the per-stage times (an older file)."""
     stages = estimate.get("stages") if isinstance(estimate, dict) else None
     keys = ("forward_s", "backward_s", "send_next_s", "busy_s")
@@ -45,17 +45,17 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     free_links = stage_makespan(stages, m, [0.0] * len(links))
     busy = [m * (f + b) for f, b in zip(fwd, bwd)]
     slow = max(range(len(stages)), key=lambda i: busy[i])
-    tails = [(s.get("dp_exposed_s"), s.get("optimizer_s")) for s in stages]
-    if all(isinstance(d, (int, float)) and isinstance(o, (int, float)) for d, o in tails):
-        t = max(range(len(stages)), key=lambda i: tails[i][0] + tails[i][1])
-        dp, opt = tails[t]
-    else:                       # older estimates carry only the totals
-        t = None
-        dp = float(estimate.get("dp_exposed_s") or 0.0)
-        opt = float(estimate.get("optimizer_s") or 0.0)
+    # The tail after the pipeline: the exposed DP sync (and the job-wide tied-embedding / grad-norm sync), the
+    # optimizer step, and the cost model's fixed overhead, which is what remains of T.
+    tail = max(0.0, T - makespan)
+    opt = min(float(estimate.get("optimizer_s") or 0.0), tail)
+    dp = min(float(estimate.get("dp_exposed_s") or 0.0) + float(estimate.get("sync_s") or 0.0), tail - opt)
+    per = lambda key: [s.get(key) if isinstance(s.get(key), (int, float)) else 0.0 for s in stages]
+    t_dp = max(range(len(stages)), key=lambda i: per("dp_exposed_s")[i])
+    t_opt = max(range(len(stages)), key=lambda i: per("optimizer_s")[i])
     parts = {"compute": busy[slow], "bubble": max(0.0, free_links - busy[slow]),
              "link": max(0.0, makespan - free_links), "dp_sync": dp, "optimizer": opt,
-             "overhead": max(0.0, T - makespan - dp - opt)}
+             "overhead": tail - opt - dp}
     # Which boundary the exposed link time comes from: the one whose removal alone saves the most.
     link_at, saved = None, 0.0
     if parts["link"] > 1e-9 * T:
@@ -64,7 +64,8 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             if makespan - alone > saved:
                 link_at, saved = i, makespan - alone
     worst = max(PARTS, key=lambda k: parts[k])
-    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t, "optimizer": t, "overhead": None}[worst]
+    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t_dp, "optimizer": t_opt,
+             "overhead": None}[worst]
     return {"iteration_s": T, "parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "stage": where if worst != "link" else None,
             "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,

@@ -65,6 +65,7 @@ def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: li
 def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None) -> Timeline:
     """The simulator's schedule of one iteration of `plan` (its 1F1B pipeline, then the DP sync and optimizer
     tail each stage has after the pipeline drained, as the iteration time counts it)."""
+    from .explain import breakdown
     from .pipeline import simulate_1f1b
     from .simulate import simulate, stage_schedule
     est = simulate(plan, inventory, cost_model).to_dict()
@@ -73,8 +74,11 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     fwd = [s["forward_s"] for s in st]
     bwd = [s["backward_s"] for s in st]
     links = [s["send_next_s"] for s in st[:-1]]
+    # the simulation the estimate made (each boundary as simulated), every operation recorded
     run = simulate_1f1b(fwd, bwd, links, m, record=True, **stage_schedule(st))
     makespan, T = run.makespan, est["iteration_time_s"]
+    parts = breakdown(est, m)["parts"]
+    tail_end = T - parts["overhead"]["seconds"]
     clusters = list(dict.fromkeys(s["cluster"] for s in st))
     lanes = [Lane(f"stage {i}", st[i]["cluster"], "stage", i) for i in range(p)]
     link_lane = {}
@@ -87,35 +91,30 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             link_lane[(i, d)] = len(lanes)
             lanes.append(Lane(what, cl, "link", i, a != b))
     spans: list[Span] = []
-    arrive = {}                  # (stage, kind, micro-batch) -> the link event that brought its input
     per_stage: list[list] = [[] for _ in range(p)]
+    # A link lane shows the link busy with each transfer; the latency after it is in flight, not on the link
+    # (the next transfer may start): the data arrives at the event's `arrival`, after the span's end.
     for e in run.events:
         if e.resource[0] == "link":
             _, i, d = e.resource
             spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
-            arrive[(i + 1, "F", e.micro_batch) if d == "fwd" else (i, "B", e.micro_batch)] = e
         else:
             per_stage[e.resource[1]].append(e)
-    tail = max(s.get("dp_exposed_s", 0.0) + s.get("optimizer_s", 0.0) for s in st)
+    sync = est.get("sync_s", 0.0)      # the job-wide tied-embedding / grad-norm exchange, on every stage
     for i, events in enumerate(per_stage):
         events.sort(key=lambda e: e.start)
         t = 0.0
-        for e in events:
-            if e.start > t:
-                # Waiting: on the link for the part of the gap its input was crossing, on other stages before.
-                link = arrive.get((i, e.kind, e.micro_batch))
-                split = min(max(t, link.start), e.start) if link is not None and abs(link.arrival - e.start) < 1e-9 \
-                    else e.start
-                _fill(spans, i, t, split, "idle", spans)
-                _fill(spans, i, split, e.start, "receive", spans)
+        for e in events:         # F, B, send (held by a blocking send), recv (its input is on the link)
+            _fill(spans, i, t, e.start, "idle", spans)      # waiting for another stage's compute
             spans.append(Span(i, _EVENT_KIND.get(e.kind, e.kind), e.start, e.end, e.micro_batch))
             t = max(t, e.end)
         _fill(spans, i, t, makespan, "idle", spans)
-        dp, opt = st[i].get("dp_exposed_s", 0.0), st[i].get("optimizer_s", 0.0)
-        _fill(spans, i, makespan, makespan + dp, "dp-sync", spans)
-        _fill(spans, i, makespan + dp, makespan + dp + opt, "optimizer", spans)
-        _fill(spans, i, makespan + dp + opt, makespan + tail, "idle", spans)
-        _fill(spans, i, makespan + tail, T, "overhead", spans)
+        a = min(makespan + st[i].get("dp_exposed_s", 0.0) + sync, tail_end)
+        b = min(a + st[i].get("optimizer_s", 0.0), tail_end)
+        _fill(spans, i, makespan, a, "dp-sync", spans)
+        _fill(spans, i, a, b, "optimizer", spans)
+        _fill(spans, i, b, tail_end, "idle", spans)
+        _fill(spans, i, tail_end, T, "overhead", spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration")
