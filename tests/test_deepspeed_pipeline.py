@@ -16,10 +16,10 @@ from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, uns
 from hetauto_megatron.plan.plan import plan_from_dict
 
 STEPS, LR, DATA_SEED = 3, 1e-2, 7
-# One vendor (cpu), TP 1 and DP 2 and micro-batch 1 everywhere, 5 + 3 layers: DeepSpeed can express it
-# (its only gap: the uneven split, which is what hetauto.partition carries).
+# One vendor (cpu), TP 1 and DP 2 and micro-batch 1 everywhere, 5 + 3 layers, full recomputation in the
+# second cluster: DeepSpeed can express it (its gap: the uneven split, which is what hetauto.partition carries).
 PLAN = {"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
-        "meshes": [mesh("a", 1, 2, 1, [5]), mesh("b", 1, 2, 1, [3])]}
+        "meshes": [mesh("a", 1, 2, 1, [5]), mesh("b", 1, 2, 1, [3], "full")]}
 MODELS = {"llama-style": {"preset": "tiny"},
           "gpt2-style-tied": {"preset": "tiny", "tie_embeddings": True, "position_embedding": "learned",
                               "gated_mlp": False}}
@@ -55,6 +55,7 @@ def _rank(rank, world_size, model, configs):
     out = {"losses": losses, "parts": list(engine.module.parts), "stage": engine.stage_id,
            "local": [engine.module._local_start, engine.module._local_stop],
            "zero_stage": engine.zero_optimization_stage(), "overlap_comm": bool(engine.zero_overlap_comm()),
+           "checkpoint_interval": engine.module.activation_checkpoint_interval,
            "engine": type(engine).__name__}
     dist.barrier()
     dist.destroy_process_group()
@@ -119,7 +120,9 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
         assert r["parts"] == partition, r
         assert r["local"] == partition[r["stage"]:r["stage"] + 2]
         # the plan's settings table reached the engine: distributed optimizer -> ZeRO-1, overlap -> overlap_comm
-        settings = plan.meshes[0 if rank < 2 else 1].settings
+        m = plan.meshes[0 if rank < 2 else 1]
+        settings = m.settings
+        assert r["checkpoint_interval"] == (1 if m.recompute == "full" else 0)
         assert r["zero_stage"] == (1 if settings.distributed_optimizer else 0)
         assert r["overlap_comm"] == settings.overlap_grad_reduce
     reference = _single_process_losses(plan.model, plan.global_batch_size)
