@@ -7,8 +7,6 @@ import pytest
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.cost import learned as L
-from hetauto_megatron.spec.devices import get_device
-from hetauto_megatron.spec.model import PRESETS
 
 H200 = {k: os.path.join(L.H200_DATA, f) for k, f in (("ops", "profile-h200.jsonl"), ("layers", "layers-h200.jsonl"),
                                                       ("full", "profile-h200-full-grid-part.jsonl"))}
@@ -71,41 +69,46 @@ def test_layer_files_are_refused_where_operators_are_expected(cpu_files, tmp_pat
 
 
 # ---- the packaged H200 measurements -------------------------------------------------------------------------
+HELD = "llama2-70b"     # the model whose measured layers the H200 fit never sees
+
+
 @pytest.fixture(scope="module")
 def h200_model(tmp_path_factory):
+    """The H200 model fitted on the operator profile and the whole layers of every model but HELD; HELD's
+    measured layers are written to their own file, for the test to predict."""
     d = tmp_path_factory.mktemp("h200")
-    res = L.fit([H200["ops"], H200["layers"]], str(d / "m"), holdout=0.0)
-    return res, L.LearnedCostModel(str(d / "m"))
+    lines = open(H200["layers"]).read().splitlines()
+    header, rows = lines[0], [json.loads(x) for x in lines[1:] if x.strip()]
+    train, held = d / "layers-train.jsonl", d / "layers-held.jsonl"
+    for path, keep in ((train, lambda r: r["model"] != HELD), (held, lambda r: r["model"] == HELD)):
+        path.write_text("\n".join([header] + [json.dumps(r) for r in rows if keep(r)]) + "\n")
+    res = L.fit([H200["ops"], str(train)], str(d / "m"), holdout=0.0)
+    return res, L.LearnedCostModel(str(d / "m")), str(held)
 
 
 def test_h200_quick_profile_predicts_the_separately_measured_full_grid(h200_model):
-    _, model = h200_model
+    _, model, _ = h200_model
     res = L.validate(model, L.profile_samples(H200["full"])[1])
     s = res["summary"]
     assert s["all"]["rows"] == 1772 and s["all"]["mape_pct"] <= 10.0
     assert s["h200 fwd"]["mape_pct"] < s["h200 fwd"]["prior_mape_pct"] / 5
 
 
-def test_h200_layer_composition_carries_over_and_beats_analytic(h200_model):
-    res, model = h200_model
+def test_h200_layers_of_a_model_left_out_are_predicted(h200_model):
+    """Leave one model out, computed here: the layers of a model the fit never saw (16 measured layers of
+    llama2-70b: TP 1-8, micro-batch 1-4, sequence 2048-4096) against the planner's layer time, forward and
+    backward each within 10 % (the target) and closer than the analytic model's."""
+    res, model, held = h200_model
+    lv = L.validate_layers(model, [held])
+    assert {r["label"].split()[0] for r in lv["rows"]} == {HELD} and len(lv["rows"]) == 32
     for ph in ("fwd", "bwd"):
-        rep = res.heldout[f"h200 layer-composition {ph}"]
-        assert rep["kept"] and rep["models"] == 6 and rep["mape_pct"] <= 5.0
+        s = lv["summary"][f"h200 {ph}"]
+        assert s["source"] == "learned" and s["mape_pct"] <= 10.0 and s["mape_pct"] < s["analytic_mape_pct"], s
     assert res.composition["h200|bwd"][0] > 1.1      # a layer's backward does more than its operators'
-    lv = L.validate_layers(model, [H200["layers"]])["summary"]
-    assert lv["all"]["mape_pct"] < lv["all"]["analytic_mape_pct"]
-    h200 = get_device("h200")
-    assert model.source(h200) == "learned"
-    # one layer the planner asks for, against its measurement
-    _, rows = L.read_layers(H200["layers"])
-    row = next(r for r in rows if r.model == "llama2-70b" and r.shape.tp == 8 and r.shape.micro_batch == 1
-               and r.shape.seq == 4096)
-    fwd, bwd = model.layer_times(PRESETS["llama2-70b"], h200, 8, 1)
-    assert abs(fwd / row.fwd_s - 1) < 0.1 and abs(bwd / row.bwd_s - 1) < 0.1
 
 
 def test_planner_uses_the_h200_model_for_h200_only(h200_model, tmp_path, capsys):
-    _, model = h200_model
+    _, model, _ = h200_model
     inv = tmp_path / "inv.yaml"
     inv.write_text("clusters:\n"
                    "  - {name: hopper, device: h200, nodes: 1, devices_per_node: 8}\n"
