@@ -7,8 +7,9 @@ DESCRIPTION = """\
 Explain a plan before booking the devices:
 
   bottleneck   the iteration cut into the slowest stage's compute, the pipeline bubble (1F1B fill and
-               drain), the exposed link time (what the links add on top), DP synchronisation and the
-               optimizer step; the parts add up to the predicted iteration time, the largest one is the
+               drain), the exposed link time (what the links add on top), DP synchronisation, the
+               optimizer step and the fixed per-iteration overhead; the parts add up to the predicted
+               iteration time, the largest one is the
                bottleneck (each part is what the iteration would save without it: the event simulation
                is re-run with that cost removed);
   memory       headroom per stage: capacity minus the busiest device's predicted memory;

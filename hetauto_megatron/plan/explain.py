@@ -140,6 +140,8 @@ def differences(a, a_layers, b, b_layers) -> list[str]:
                    for key, name in (("tp", "TP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),
                                      ("num_stages", "stages"), ("recompute", "recompute"))
                    if getattr(o, key) != getattr(m, key) and not (key == "micro_batch_size" and sa != sb)]
+        if o.setting_overrides != m.setting_overrides:
+            changes.append("runtime settings")
         if changes:
             out.append(f"{m.cluster}: " + ", ".join(changes))
     if not out and list(a_layers) != list(b_layers):
