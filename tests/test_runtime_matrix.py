@@ -8,8 +8,10 @@ fp32, sequence parallelism where TP > 1. The reference is one process with Megat
 step's gradient norm is above the clipping threshold, so clipping binds and a wrong global norm changes the
 update. Each layout runs once per session (`report`); the tests read the shared reports.
 """
+import os
+
 import pytest
-from helpers import mesh, run_hetauto
+from helpers import ROOT, mesh, run_hetauto
 
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.dryrun import run_dryrun
@@ -145,3 +147,16 @@ def test_tie_blocks_pair_each_element_once():
         tie_blocks([(0, 0, 6)], [(1, 0, 8)])
     with pytest.raises(ValueError, match="partition"):
         tie_blocks([(0, 0, 6), (1, 5, 12)], [(2, 0, 12)])
+
+
+def test_cli_dryrun_no_distributed_optimizer_table_says_what_ran(capsys):
+    """--no-distributed-optimizer: every mesh runs the plain optimizer (so no parameter all-gather to overlap);
+    the table lists per mesh the settings read back from what Megatron built."""
+    from hetauto_megatron.cli import main
+
+    assert main(["dryrun", "--plan", os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"),
+                 "--tiny", "--steps", "1",
+                 "--no-distributed-optimizer"]) == 0
+    out = capsys.readouterr().out
+    assert "mesh 0 (cluster-a, tp 2 x dp 1): sequence_parallel, overlap_grad_reduce; gradients reduced in fp32" in out
+    assert "mesh 1 (cluster-b, tp 1 x dp 2): overlap_grad_reduce; gradients reduced in fp32" in out
