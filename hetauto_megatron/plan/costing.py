@@ -187,26 +187,35 @@ def _cross_link(inventory: Inventory, a: str, b: str) -> LinkSpec:
 
 def tied_embedding_time(model: ModelSpec, inventory: Inventory, meshes, first: StageProfile,
                         last: StageProfile) -> float:
-    """Summing the gradients of a tied input embedding (first stage) and output head (last stage).
+    """Summing the gradients of a tied input embedding (first stage) and output head (last stage), as
+    runtime/gradients.py runs it: shard to shard.
 
-    Inside one mesh it is Megatron's embedding group: the two stages' ranks of the same TP and DP rank
-    all-reduce their TP shard of the table on the mesh's inter-node network. Across meshes (other TP sizes,
-    possibly other clusters) each side's TP ranks gather the full table to their DP-0 / TP-0 leader, the two
-    leaders exchange it over the link between their clusters once each way, and each side scatters the sum
-    back. The table travels in the gradient-reduce dtype (the dtype of `main_grad`). `meshes`: the plan's
-    mesh list or MeshChoices (cluster, tp, dp, num_stages), pipeline order."""
+    Each side's owners partition the table: with the distributed optimizer every (TP, DP) rank owns the part of
+    its TP shard it holds after the reduce-scatter, with the plain optimizer DP rank 0 of each TP rank owns its
+    TP shard. Every element goes once each way between the two ranks that own it, both directions at once, so
+    each rank sends and receives its owned part: table / owners of its side. Between clusters all pairs share
+    the link: one table per direction. Inside a cluster (two meshes, or two stages of one mesh) the pairs are
+    separate devices on the inter-node network, and the side with fewer owners sets the time. With the plain
+    optimizer each side's DP rank 0 then broadcasts its summed TP shard to its replicas. The table travels in
+    the gradient-reduce dtype (the dtype of `main_grad`). `meshes`: the plan's mesh list or MeshChoices
+    (cluster, tp, dp, num_stages), pipeline order."""
     if not model.tie_embeddings or sum(m.num_stages for m in meshes) == 1:
         return 0.0
     table = model.vocab_size * model.hidden_size
-    if len(meshes) == 1:
-        nbytes = grad_buffer_bytes(first.cluster.device.dtype_bytes, first.settings) * table / first.tp
-        return comm.allreduce_time(nbytes, 2, first.cluster.inter_node)
     gb = max(grad_buffer_bytes(p.cluster.device.dtype_bytes, p.settings) for p in (first, last))
     nbytes = gb * table
-    gather = max(2 * comm.all_gather_time(nbytes, p.tp, p.cluster.intra_node) for p in (first, last))
+
+    def owners(p: StageProfile) -> int:
+        return p.tp * (p.dp if p.settings.distributed_optimizer else 1)
+
     a, b = meshes[0].cluster, meshes[-1].cluster
-    link = _cross_link(inventory, a, b) if a != b else inventory.cluster(a).inter_node
-    return gather + 2 * link.transfer_time(nbytes)
+    if a != b:
+        exchange = _cross_link(inventory, a, b).transfer_time(nbytes)
+    else:
+        exchange = inventory.cluster(a).inter_node.transfer_time(nbytes / min(owners(first), owners(last)))
+    broadcast = max((p.dp_link.transfer_time(nbytes / p.tp) for p in (first, last)
+                     if p.dp > 1 and not p.settings.distributed_optimizer), default=0.0)
+    return exchange + broadcast
 
 
 def grad_norm_time(inventory: Inventory, meshes) -> float:
