@@ -160,3 +160,35 @@ def test_cli_dryrun_no_distributed_optimizer_table_says_what_ran(capsys):
     out = capsys.readouterr().out
     assert "mesh 0 (cluster-a, tp 2 x dp 1): sequence_parallel, overlap_grad_reduce; gradients reduced in fp32" in out
     assert "mesh 1 (cluster-b, tp 1 x dp 2): overlap_grad_reduce; gradients reduced in fp32" in out
+
+
+def test_priced_tie_exchange_is_what_the_runtime_sent():
+    """The cost model's iteration tail prices the tied-embedding exchange the runtime runs: per direction one
+    (padded) table in the main-gradient dtype over the link between the clusters. Compared with the bytes the
+    dry run counted, for both optimizers (the plain one adds a DP broadcast inside cluster b, priced apart)."""
+    import yaml
+    from helpers import CPU_INVENTORY
+
+    from hetauto_megatron.plan.costing import StageProfile, dp_ring_link, tied_embedding_time
+    from hetauto_megatron.plan.settings import resolve_settings
+    from hetauto_megatron.runtime.model import shrink_model
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+
+    inv = inventory_from_dict(yaml.safe_load(CPU_INVENTORY.replace("cluster-a", "a").replace("cluster-b", "b")))
+    link = inv.link("a", "b")
+    p = CASES[PLAIN]
+    model = shrink_model(p.model, p)
+    for distributed_optimizer in (True, False):
+        r = report(PLAIN, distributed_optimizer)
+        profiles = []
+        for m, ran in zip(p.meshes, r["settings"]):    # priced with the settings that ran
+            settings = resolve_settings(m.tp, {k: ran[k] for k in ("distributed_optimizer", "overlap_param_gather")})
+            c = inv.cluster(m.cluster)
+            profiles.append(StageProfile(c, m.tp, m.dp, m.micro_batch_size, "none", 0, 0, 0, 0, 0, 0,
+                                         dp_ring_link(c, m.tp, m.dp), 0, settings))
+        exchange = tied_embedding_time(model, inv, p.meshes, profiles[0], profiles[-1])
+        if not distributed_optimizer:
+            exchange -= profiles[-1].dp_link.transfer_time(r["padded_vocab_size"] * model.hidden_size * 4)
+        priced_bytes_per_direction = (exchange - link.latency_s) * link.bytes_per_s
+        measured = r["bytes"]["inter_cluster"] - boundary_bytes(p, r)
+        assert priced_bytes_per_direction == pytest.approx(measured / 2 / STEPS, rel=1e-9)

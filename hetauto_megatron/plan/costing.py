@@ -21,7 +21,7 @@ from ..cost import comm
 from ..cost.memory import GIB, grad_buffer_bytes, stage_memory_bytes, stage_params
 from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
-from .settings import RuntimeSettings, default_settings
+from .settings import RuntimeSettings, default_settings, padded_vocab_size
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: profiles are unique (cached) and used as cache keys
@@ -201,7 +201,7 @@ def tied_embedding_time(model: ModelSpec, inventory: Inventory, meshes, first: S
     (cluster, tp, dp, num_stages), pipeline order."""
     if not model.tie_embeddings or sum(m.num_stages for m in meshes) == 1:
         return 0.0
-    table = model.vocab_size * model.hidden_size
+    table = padded_vocab_size(model.vocab_size, [m.tp for m in meshes]) * model.hidden_size   # what every mesh builds
     gb = max(grad_buffer_bytes(p.cluster.device.dtype_bytes, p.settings) for p in (first, last))
     nbytes = gb * table
 
