@@ -29,7 +29,8 @@ examples:
   hetauto plan --model llama2-7b --inventory inv.yaml --search exhaustive      # small instances only
   hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/
   hetauto plan --model llama2-70b --inventory inv.yaml --explain --timeline plan.png   # why, and what it does
-  hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if"""
+  hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if
+  hetauto plan --model llama2-70b --inventory inv-without-a100.yaml --from plan.yaml -o plan2.yaml"""
 
 
 def add_arguments(parser) -> None:
@@ -39,13 +40,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
                         help="mcts (default) or exhaustive (every leaf of the same tree; small instances)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
-                        help="MCTS playouts (default: grows with the number of clusters)")
+                        help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
     parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
     parser.add_argument("--boundary-schedule", choices=("blocking", "overlapped"), default="blocking",
                         help="cross-cluster pipeline boundaries: blocking (the sender waits for each transfer, what "
                              "the runtime does today) or overlapped (asynchronous transfers, warm-up depth chosen "
                              "per boundary; docs/search.md)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="processes the search runs on (default 0: one per available core); the plan depends "
+                             "on --seed only, not on N")
+    parser.add_argument("--from", dest="from_plan", metavar="PLAN",
+                        help="re-plan after an inventory change: start from this plan (warm start, a fifth of the "
+                             "cold search) and print what moved")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
@@ -67,11 +74,25 @@ def run(args) -> int:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations")
     if args.budget_s is not None and args.budget_s <= 0:
         raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s")
+    if args.workers < 0:
+        raise InputError(f"must not be negative, got {args.workers}", field="--workers",
+                         fix="give a number of processes, or 0 for one per core")
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
     check_timeline_paths(args.timeline)
+    old = warm = None
+    if args.from_plan:
+        from ..plan.plan import load_plan
+        from ..plan.replan import warm_layouts
+        from ..plan.space import SearchSpace
+        old = load_plan(args.from_plan)
+        if old.model.num_layers != model.num_layers or old.model.hidden_size != model.hidden_size:
+            raise InputError(f"was made for {old.model.name}, not {model.name}", file=args.from_plan, field="model",
+                             fix="pass the plan made for this --model, or drop --from for a cold search")
+        warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model))
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
-                       progress=not args.quiet and not args.json, schedule=args.boundary_schedule)
+                       progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
+                       schedule=args.boundary_schedule)
     result = search(model, inventory, args.global_batch_size, cost_model, cfg)
     plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
                           boundaries=result.boundaries)
@@ -90,14 +111,22 @@ def run(args) -> int:
     if args.explain:
         from .explain import explain_report
         explained = explain_report(plan, inventory, cost_model, search_result=result, seed=args.seed)
+    moved = None
+    if old is not None:
+        from ..plan.replan import describe_moves
+        moved = describe_moves(old, plan)
     if args.json:
         print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written,
-                          **({"explain": explained} if explained else {})}, indent=2))
+                          **({"explain": explained} if explained else {}),
+                          **({"moved": moved} if moved is not None else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
-          + (" (cut by --budget-s)" if result.cut_by_budget else ""))
+          + (" (cut by --budget-s)" if result.cut_by_budget else "")
+          + (f", warm start from {args.from_plan}" if old is not None else ""))
+    if moved is not None:
+        print("\nwhat moved since " + args.from_plan + ":\n" + "\n".join("  " + line for line in moved))
     if explained:
         from .explain import format_report
         print("\n" + format_report(explained))

@@ -92,12 +92,31 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
 @lru_cache(maxsize=262144)
 def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, first: bool, last: bool,
                          boundary_buffers: int = 0) -> int:
-    """Largest layer count a stage can hold (memory is linear in layers), -1 if even zero layers do not fit."""
-    base = stage_memory(model, prof, 0, in_flight, first, last, boundary_buffers)["total"]
-    if base > prof.memory_cap:
+    """Largest layer count a stage can hold, -1 if even zero layers do not fit.
+
+    Memory is affine in the layer count from one layer on, not from zero: under full recomputation the first
+    layer also brings the buffer one layer's recomputed activations need. So the slope is taken between one and
+    two layers (between zero and one it would count that buffer once per layer and understate the cap), and the
+    count is checked against the memory model at its edge so that rounding never overstates it."""
+    cap = prof.memory_cap
+
+    def need(n: int) -> float:
+        return stage_memory(model, prof, n, in_flight, first, last, boundary_buffers)["total"]
+
+    if need(0) > cap:
         return -1
-    per = stage_memory(model, prof, 1, in_flight, first, last, boundary_buffers)["total"] - base
-    return int((prof.memory_cap - base) // per) if per > 0 else model.num_layers
+    one = need(1)
+    if one > cap:
+        return 0
+    per = need(2) - one
+    if per <= 0:
+        return model.num_layers
+    n = 1 + int((cap - one) // per)
+    while n > 1 and need(n) > cap:
+        n -= 1
+    while need(n + 1) <= cap:
+        n += 1
+    return n
 
 
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:

@@ -1,0 +1,105 @@
+"""Local search around the tree's best leaves: change one decision at a time while it helps.
+
+Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes), its stage count,
+its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a mesh,
+adding an unused cluster anywhere, and S halved or doubled. Each climb is independent of the others (its own
+record of what it tried; the evaluator's caches make repeats cheap), so climbs can run in any order or in
+parallel and give the same result.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+
+from .plan import RECOMPUTE_MODES
+from .space import SearchSpace, divisors
+
+
+def starts(ranked: list, count: int) -> list[tuple]:
+    """The best leaf of each of the best `count` cluster orders, so the climbs explore different pipelines
+    rather than polishing one."""
+    out, orders = [], set()
+    for _, k in ranked:
+        order = tuple(m.cluster for m in k)
+        if order not in orders:
+            orders.add(order)
+            out.append(k)
+        if len(out) == count:
+            break
+    return out
+
+
+def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = None) -> list:
+    """Hill-climb from `start`; -> every feasible layout priced on the way, as (seconds, layout)."""
+    found, seen = [], {start}
+    cur, cur_t = start, resolve(start)
+    improved = True
+    while improved:
+        improved = False
+        for cand in neighbours(space, cur):
+            if deadline is not None and time.perf_counter() > deadline:
+                return found
+            if cand in seen or not space.legal(cand):
+                continue
+            seen.add(cand)
+            t = resolve(cand)
+            if math.isfinite(t):
+                found.append((t, cand))
+            if t < cur_t - 1e-12:
+                cur, cur_t, improved = cand, t, True
+    return found
+
+
+def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
+    S = choices[0].dp * choices[0].micro_batch_size
+    out = []
+
+    def with_mesh(i, m):
+        return choices[:i] + (m,) + choices[i + 1:]
+
+    for i, m in enumerate(choices):
+        before = sum(x.num_stages for x in choices[:i])
+        for tp in space.tp[m.cluster]:
+            for dp in divisors(S):
+                if (tp, dp) != (m.tp, m.dp):
+                    out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before, len(choices) - i - 1)))
+        for k in (m.num_stages - 1, m.num_stages + 1, (m.num_stages + 1) // 2):
+            if k != m.num_stages:
+                out.append(with_mesh(i, replace(m, num_stages=k)))
+        for rc in RECOMPUTE_MODES:
+            if rc != m.recompute:
+                out.append(with_mesh(i, replace(m, recompute=rc)))
+    if len(choices) <= 4:
+        out += [perm for perm in itertools.permutations(choices) if perm != choices]
+    else:
+        out += [choices[:i] + (choices[i + 1], choices[i]) + choices[i + 2:] for i in range(len(choices) - 1)]
+    if len(choices) > 1:
+        out += [choices[:i] + choices[i + 1:] for i in range(len(choices))]
+    used = {m.cluster for m in choices}
+    for cl in space.inventory.clusters:
+        if cl.name in used or not space.tp[cl.name]:
+            continue
+        for dp in divisors(S):
+            for i in range(len(choices) + 1):
+                out.append(choices[:i] + (space.mesh(cl.name, max(space.tp[cl.name]), dp, S, 0),) + choices[i:])
+    for S2 in (S // 2, S * 2):
+        if S2 not in space.samples:
+            continue
+        # each mesh absorbs the change in its DP or in its micro-batch (every combination up to four meshes)
+        per_mesh = []
+        for m in choices:
+            opts = []
+            if S2 > S or m.dp % 2 == 0:
+                opts.append(replace(m, dp=m.dp * S2 // S))
+            if S2 > S or m.micro_batch_size % 2 == 0:
+                opts.append(replace(m, micro_batch_size=m.micro_batch_size * S2 // S))
+            per_mesh.append(opts)
+        if any(not o for o in per_mesh):
+            continue
+        if len(choices) <= 4:
+            out += list(itertools.product(*per_mesh))
+        else:
+            out += [tuple(o[0] for o in per_mesh), tuple(o[-1] for o in per_mesh)]
+    return out

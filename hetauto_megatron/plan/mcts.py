@@ -1,0 +1,159 @@
+"""One Monte-Carlo tree search (UCT) over the decision tree of plan/space.py.
+
+Each playout selects down the tree by UCT (mean and best reward of a subtree, rescaled to the range of rewards
+seen so far, plus exploration), expands one untried decision, completes the plan with the default policy and
+backs up reward = T_lower_bound / T. Fully explored subtrees are never selected again.
+
+Branch and bound works at every level: `SearchSpace.bound` is a lower bound on the closed-form time of every leaf
+below a node, and nodes whose bound is no better than the best plan held are closed and never walked into;
+when every node is closed the tree has proved its best plan optimal (for the closed form).
+
+A tree stops at its playout cap or when it stalls: no better plan in the last `patience` playouts, where the
+patience grows with the playouts spent (a tree that keeps improving late is given time). Everything is driven
+by one seeded generator, so a tree's result depends only on its seed and budget, never on time or on other
+trees (which is what lets several trees run in parallel and still give the same plan).
+"""
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .space import END, SearchSpace
+
+GREEDY = 0.0        # how often the default policy takes the fastest-looking TP/DP instead of a random one
+
+
+@dataclass
+class TreeRun:
+    leaves: dict = field(default_factory=dict)     # layout as decided -> closed-form seconds
+    playouts: int = 0
+    cut: bool = False
+    best_at: int = 0                               # the playout that found the best plan
+
+
+class _Node:
+    __slots__ = ("visits", "total", "best", "children", "untried", "done")
+
+    def __init__(self, untried: list):
+        self.visits, self.total, self.best = 0, 0.0, 0.0
+        self.children: list = []
+        self.untried = untried
+        self.done = not untried          # a leaf, or later: every child subtree fully explored
+
+
+def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> float:
+    """Mean and best reward of the subtree, rescaled to [0, 1] over the rewards seen so far (good plans differ
+    by a few percent, which an unscaled reward would drown in the exploration term), plus exploration."""
+    value = (0.5 * node.total / node.visits + 0.5 * node.best - lo) / span
+    return value + c * math.sqrt(ln_parent / node.visits)
+
+
+def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Random, best_t: float):
+    """Default policy: random, steered by the principles: keep adding clusters (each adds compute), preferably
+    over the fastest link from the last one; never into an order whose bound is worse than the best plan."""
+    acts = [a for a in acts if space.bound(path + (a,)) < best_t]
+    if not acts:
+        return None
+    order, complete, S, _, _ = space.decode(path)
+    if not complete:
+        real = [a for a in acts if a != END]
+        if not real or (END in acts and rng.random() < 0.2):
+            return END
+        if order and rng.random() < 0.6:
+            return max(real, key=lambda c: space.inventory.link(order[-1], c).bandwidth_gbps)
+        return rng.choice(real)
+    if S is not None and rng.random() < GREEDY:  # TP or DP: often the mesh that pushes the most layers/s
+        _, _, _, meshes, pending = space.decode(path)
+        cl = order[len(meshes)]
+        if pending is None:
+            return max(acts, key=lambda tp: space.best_rate(cl, tp, S))
+        return max(acts, key=lambda dp: space.mesh_rate(cl, pending, dp, S))
+    return rng.choice(acts)
+
+
+def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: int, exploration: float = 0.7,
+             deadline: float | None = None, progress: bool = False, best_known: float = math.inf) -> TreeRun:
+    """`value(leaf path)` -> (closed-form seconds, layout); inf when infeasible or a dead end. `best_known`: a
+    plan found elsewhere (re-planning: the old plan), which bounds the tree from the first playout."""
+    rng = random.Random(seed)
+    run = TreeRun()
+    t_lb = space.time_lower_bound()
+    nodes: dict[tuple, _Node] = {(): _Node(list(space.actions(())))}
+    best_t, best_at, last_report, t0 = best_known, 0, time.perf_counter(), time.perf_counter()
+    r_lo, r_hi = 1.0, 0.0               # range of the feasible rewards seen so far
+    while run.playouts < max_playouts and not nodes[()].done:
+        if run.playouts - best_at > max(patience, run.playouts // 2):
+            break                       # stalled
+        if deadline is not None and run.leaves and time.perf_counter() > deadline:
+            run.cut = True
+            break
+        path, trail = (), [()]
+        while True:                     # selection: UCT among children whose subtree is not exhausted
+            node = nodes[path]
+            for c in node.children:     # bounding: close what can no longer beat the best plan held
+                if not nodes[c].done and space.bound(c) >= best_t:
+                    nodes[c].done = True
+            if node.untried or all(nodes[c].done for c in node.children):
+                break
+            ln = math.log(max(node.visits, 1))
+            span = max(r_hi - r_lo, 1e-9)
+            path = max((c for c in node.children if not nodes[c].done),
+                       key=lambda c: _uct(nodes[c], ln, exploration, r_lo, span))
+            trail.append(path)
+        a = None
+        while node.untried:             # expansion: an untried decision the bound does not rule out
+            a = node.untried.pop(rng.randrange(len(node.untried)))
+            if space.bound(path + (a,)) < best_t:
+                break
+            a = None
+        if a is None:
+            _close(nodes, trail)
+            continue
+        path = path + (a,)
+        node.children.append(path)
+        nodes[path] = _Node(list(space.actions(path)))
+        trail.append(path)
+        run.playouts += 1
+        leaf = path                     # rollout
+        while True:
+            acts = space.actions(leaf)
+            if not acts:
+                break
+            nxt = _rollout_action(space, leaf, acts, rng, best_t)
+            if nxt is None:
+                break
+            leaf = leaf + (nxt,)
+        t, layout = value(leaf) if not space.actions(leaf) else (math.inf, None)
+        if math.isfinite(t):
+            run.leaves[layout] = t
+        if t < best_t * (1 - 1e-4):
+            best_at = run.best_at = run.playouts
+        best_t = min(best_t, t)
+        reward = 0.0 if not math.isfinite(t) else min(1.0, t_lb / t)
+        if reward > 0:
+            r_lo, r_hi = min(r_lo, reward), max(r_hi, reward)
+        for p in trail:
+            n = nodes[p]
+            n.visits += 1
+            n.total += reward
+            n.best = max(n.best, reward)
+        _close(nodes, trail)
+        if progress and time.perf_counter() - last_report > 1.0:
+            last_report = time.perf_counter()
+            print(f"hetauto plan: tree {seed}: {run.playouts} playouts, best {best_t:.3f} s/iteration "
+                  f"({last_report - t0:.1f} s)", file=sys.stderr, flush=True)
+    return run
+
+
+def _close(nodes: dict, trail: list) -> None:
+    """A node whose children are all exhausted (or bounded) is exhausted."""
+    for p in reversed(trail):
+        n = nodes[p]
+        if n.done:
+            continue
+        if n.untried or not all(nodes[c].done for c in n.children):
+            break
+        n.done = True

@@ -1,0 +1,132 @@
+"""The search at scale: exact memory caps, valid bounds, the fast evaluator, symmetry, parallel determinism."""
+import math
+import random
+
+import pytest
+
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.cost.memory import stage_memory_bytes
+from hetauto_megatron.plan import costing
+from hetauto_megatron.plan import space as space_mod
+from hetauto_megatron.plan.evaluator import LayoutEvaluator, _CapTable
+from hetauto_megatron.plan.search import SearchConfig, _layout_value, search
+from hetauto_megatron.plan.simulate import evaluate_layout
+from hetauto_megatron.spec.inventory import inventory_from_dict
+from hetauto_megatron.spec.model import PRESETS
+
+COST = AnalyticCostModel()
+DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20", "cpu"]
+
+
+def _inv(clusters, links):
+    return inventory_from_dict({
+        "clusters": [{"name": n, "device": d, "nodes": nodes, "devices_per_node": dpn,
+                      "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}} for n, d, nodes, dpn in clusters],
+        "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
+
+
+def test_memory_cap_is_the_largest_layer_count_that_fits():
+    """Against brute force over layer counts with the memory model: the cap is exact for every recomputation
+    level (full recomputation's one-layer buffer is paid once, not per layer) and every in-flight count."""
+    rng = random.Random(3)
+    checked = full_above_old = 0
+    for _ in range(250):
+        dev = rng.choice(DEVICES)
+        cl = _inv([("x", dev, 2, 8)], []).clusters[0]
+        model = PRESETS[rng.choice(["llama2-7b", "llama2-70b", "gpt3-175b", "llama3-8b"])]
+        tp, dp, mb = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 8]), rng.choice([1, 2, 4])
+        rc = rng.choice(["none", "selective", "full"])
+        first, last = rng.random() < 0.3, rng.random() < 0.3
+        prof = costing.stage_profile(model, cl, tp, dp, mb, rc, COST)
+        table = _CapTable(model, prof, first, last)
+        for f in (1, 2, 5, 17, 40):
+            need = [stage_memory_bytes(model, layers=n, tp=tp, dp=dp, micro_batch_size=mb, recompute=rc,
+                                       in_flight=f, first=first, last=last, vendor=cl.device.vendor,
+                                       dtype_bytes=cl.device.dtype_bytes)["total"] for n in range(0, 400)]
+            exact = max((n for n, x in enumerate(need) if x <= prof.memory_cap), default=-1)
+            if exact >= 399:
+                continue                    # more layers than any model has: the cap does not bind
+            assert costing.max_layers_in_memory(model, prof, f, first, last) == exact
+            assert table.cap(f) == exact
+            checked += 1
+            if rc == "full" and exact >= 2:
+                # what a slope taken between zero and one layer would allow (the buffer counted per layer)
+                old = int((prof.memory_cap - need[0]) // (need[1] - need[0]))
+                full_above_old += exact > old
+    assert checked > 500 and full_above_old > 20
+
+
+def _random_instance(rng):
+    k = rng.choice([2, 3])
+    names = "abc"[:k]
+    inv = _inv([(n, rng.choice(DEVICES[:-1]), rng.choice([1, 2]), rng.choice([4, 8])) for n in names],
+               [(a, b, rng.choice([10, 25, 100]), rng.choice([1, 3])) for i, a in enumerate(names)
+                for b in names[i + 1:]])
+    return inv, PRESETS[rng.choice(["llama2-7b", "llama2-13b"])], rng.choice([64, 128])
+
+
+def test_bounds_never_exceed_what_the_leaves_below_cost():
+    """Branch and bound is only exact if every node's bound is at most the value of every leaf under it."""
+    rng = random.Random(11)
+    leaves = 0
+    for _ in range(4):
+        inv, model, gbs = _random_instance(rng)
+        sp = space_mod.SearchSpace(model, inv, gbs, COST)
+        value = _layout_value(sp, LayoutEvaluator(model, inv, gbs, COST))
+        for leaf in space_mod.leaves(sp, limit=1500):
+            t, _ = value(leaf)
+            if math.isfinite(t):
+                leaves += 1
+                assert all(sp.bound(leaf[:k]) <= t * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
+    assert leaves > 1000
+
+
+def test_fast_evaluator_agrees_with_evaluate_layout():
+    rng = random.Random(5)
+    compared = infeasible = 0
+    for _ in range(4):
+        inv, model, gbs = _random_instance(rng)
+        sp = space_mod.SearchSpace(model, inv, gbs, COST)
+        ev = LayoutEvaluator(model, inv, gbs, COST)
+        for leaf in rng.sample(space_mod.leaves(sp, limit=3000), 60):
+            _, _, _, meshes, _ = sp.decode(leaf)
+            if min(m.num_stages for m in meshes) < 1:
+                continue
+            t, resolved = ev.resolve(meshes)
+            ref = evaluate_layout(model, inv, list(resolved), gbs, COST, exact=False)
+            if math.isfinite(t):
+                assert ref.iteration_time_s == pytest.approx(t, rel=1e-12)
+                compared += 1
+            else:
+                assert ref.stage_layers is None
+                infeasible += 1
+    assert compared > 100
+
+
+def test_interchangeable_clusters_are_searched_once():
+    """Two identical clusters: the tree offers one order of them, and loses nothing (exhaustive optima agree
+    with the tree that tells them apart)."""
+    inv = _inv([("a", "a100-80gb", 1, 8), ("b", "a100-80gb", 1, 8), ("v", "v100", 1, 8)],
+               [("a", "b", 25, 2), ("a", "v", 25, 2), ("b", "v", 25, 2)])
+    model = PRESETS["llama2-7b"]
+    sp = space_mod.SearchSpace(model, inv, 64, COST)
+    assert sp.twin_of == {"a": "a", "b": "a", "v": "v"}
+    assert "b" not in sp.actions(())
+    full = space_mod.SearchSpace(model, inv, 64, COST)
+    full.twin_of = {n: n for n in full.names}
+    full._twins = {n: [n] for n in full.names}
+    assert len(space_mod.leaves(sp)) < len(space_mod.leaves(full))
+    ev = LayoutEvaluator(model, inv, 64, COST)
+    best = [min(t for t, _ in map(_layout_value(s, ev), space_mod.leaves(s))) for s in (sp, full)]
+    assert best[0] == pytest.approx(best[1])
+
+
+def test_parallel_search_gives_the_same_plan():
+    inv = _inv([("h", "h100-sxm", 2, 8), ("n", "ascend-910b", 1, 8), ("m", "mi300x", 1, 8)],
+               [("h", "n", 25, 2), ("h", "m", 50, 1), ("n", "m", 10, 3)])
+    cfg = dict(seed=3, iterations=800)
+    one = search(PRESETS["llama2-13b"], inv, 128, config=SearchConfig(workers=1, **cfg))
+    two = search(PRESETS["llama2-13b"], inv, 128, config=SearchConfig(workers=2, **cfg))
+    assert (one.choices, one.stage_layers, one.iteration_time_s) == (two.choices, two.stage_layers,
+                                                                     two.iteration_time_s)
+    assert one.method == "mcts" and one.trees >= 2
