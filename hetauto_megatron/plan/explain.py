@@ -176,7 +176,8 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
 
     Links (the inter-cluster links the plan crosses) and the global batch: the plan's own layout re-simulated.
     Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
-    (None skips them); their change is against `replan` of the unchanged inventory."""
+    (None skips them), and so are links the plan does not cross (at the larger factor only: a slower unused link
+    changes nothing); their change is against `replan` of the unchanged inventory."""
     base = _tokens(plan, inventory, cost_model)
     rows = []
     used = []
@@ -208,6 +209,16 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     rows.append(row)
     if replan is not None:
         ref = replan(inventory)
+        # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
+        for key in sorted(set(inventory.links) - set(used), key=sorted):
+            link = inventory.links[key]
+            name = "-".join(sorted(key))
+            f = max(factors)
+            inv = dataclasses.replace(inventory, links={**inventory.links,
+                                                        key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
+            rows.append({"what": f"link {name} bandwidth (unused)", "key": f"link.{name}.bandwidth_gbps",
+                         "base": link.bandwidth_gbps, "method": "re-planned", "base_tokens_per_s": ref,
+                         "cases": [_replanned(replan, inv, f, link.bandwidth_gbps * f, ref)]})
         for cl in inventory.clusters:
             row = {"what": f"cluster {cl.name} size (nodes)", "key": f"cluster.{cl.name}.nodes", "base": cl.nodes,
                    "method": "re-planned", "base_tokens_per_s": ref, "cases": []}
@@ -219,13 +230,16 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
                     continue
                 inv = dataclasses.replace(inventory, clusters=tuple(
                     dataclasses.replace(c, nodes=nodes) if c is cl else c for c in inventory.clusters))
-                try:
-                    row["cases"].append(_case(f, nodes, replan(inv), ref))
-                except InfeasibleError:
-                    row["cases"].append({"factor": f, "value": nodes, "tokens_per_s": None, "change": None,
-                                         "note": "no feasible plan"})
+                row["cases"].append(_replanned(replan, inv, f, nodes, ref))
             rows.append(row)
     return rows
+
+
+def _replanned(replan, inv, factor, value, ref) -> dict:
+    try:
+        return _case(factor, value, replan(inv), ref)
+    except InfeasibleError:
+        return {"factor": factor, "value": value, "tokens_per_s": None, "change": None, "note": "no feasible plan"}
 
 
 def _case(factor, value, tokens, base) -> dict:
