@@ -230,3 +230,113 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
                           "stage_layers": [4]}])
     rewrite.rewrite_args(ns(save="ck", load=None, ckpt_format="torch_dist"), same_tp,
                          rewrite.check_launch(same_tp, rewrite.LaunchIdentity(0, 4, None), None))
+
+
+# ---- runtime settings, precision and vocabulary from the plan (plan/settings.py) ---------------------------
+def _megatron_args(monkeypatch, extra=(), impl="local"):
+    """Megatron-LM's own parser on a CPU-friendly command line plus `extra`."""
+    import megatron.training.arguments as margs
+
+    from hetauto_megatron.megatron import cpu
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    cpu.apply()
+    monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--max-position-embeddings", "32",
+                                      *(["--transformer-impl", impl] if impl else []),
+                                      "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--mock-data",
+                                      "--train-iters", "1", "--lr", "1e-3", *extra])
+    return margs, margs.parse_args(hetauto_args_provider())
+
+
+TIED_50257 = [     # accelerator meshes: the rewrite needs no device, Megatron's parser none either
+    {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4]},
+    {"cluster": "b", "device_type": "mi300x", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4],
+     "settings": {"overlap_param_gather": False, "grad_reduce_dtype": "param"}},
+]
+
+
+def test_rewrite_sets_the_plans_settings_and_one_padded_vocabulary(monkeypatch):
+    """Every rank gets its mesh's settings and the plan's precision as Megatron's own flags, and Megatron's own
+    vocabulary padding (vocab_size_with_padding, which pads to make_vocab_size_divisible_by x TP) gives the
+    same table on TP 1 and TP 2: 50257 -> 50432 (alone Megatron would pad to 50304 at TP 1)."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    d = {"version": 2, "model": PRESETS["tiny"].replace(vocab_size=50257, tie_embeddings=True).to_dict(),
+         "global_batch_size": 8, "meshes": TIED_50257}
+    plan = plan_from_dict(d)
+    assert plan.padded_vocab_size == 50432
+    sizes = set()
+    for rank in range(plan.world_size):
+        margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257"])
+        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        rewrite.rewrite_args(args, plan, c)
+        margs.validate_args(args, {})
+        s = plan.meshes[c.mesh_index].settings
+        assert (args.sequence_parallel, args.use_distributed_optimizer, args.overlap_grad_reduce,
+                args.overlap_param_gather) == (s.sequence_parallel, s.distributed_optimizer, s.overlap_grad_reduce,
+                                               s.overlap_param_gather)
+        assert args.bf16 and not args.fp16 and args.fp8 is None
+        # fp32 gradient reduction is Megatron's bf16 default; mesh b reduces in the training precision
+        assert args.accumulate_allreduce_grads_in_fp32 == (s.grad_reduce_dtype == "fp32")
+        assert args.padded_vocab_size == plan.padded_vocab_size
+        args.padded_vocab_size = None          # what Megatron's tokenizer set-up would compute on this rank
+        sizes.add(vocab_size_with_padding(50257, args, logging_enabled=False))
+    assert sizes == {50432}
+    assert plan.meshes[0].settings.sequence_parallel is False and plan.meshes[1].settings.sequence_parallel
+
+
+def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [8],
+         "settings": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_param_gather": False}}]})
+    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None)
+    # flags the plan runs anyway, or leaves off without being told: filled in, no error
+    _, args = _megatron_args(monkeypatch, ["--bf16", "--overlap-grad-reduce"])
+    rewrite.rewrite_args(args, plan, c)
+    assert args.sequence_parallel is False and args.use_distributed_optimizer is False and args.overlap_grad_reduce
+    for flags, field, needle in [
+        (["--sequence-parallel"], "meshes[0].settings.sequence_parallel",
+         "--sequence-parallel (plan: meshes[0].settings.sequence_parallel is false)"),
+        (["--use-distributed-optimizer"], "meshes[0].settings.distributed_optimizer", "--use-distributed-optimizer"),
+        (["--fp16"], "precision", "--fp16 (plan: precision is bf16)"),
+        (["--fp8-format", "e4m3"], "precision", "--fp8-format e4m3 (plan: precision is bf16)"),
+        (["--grad-reduce-in-bf16"], "meshes[0].settings.grad_reduce_dtype", "grad_reduce_dtype is fp32"),
+    ]:
+        _, args = _megatron_args(monkeypatch, flags)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, plan, c, file="plan.yaml")
+        assert exc.value.field == field and needle in exc.value.message, exc.value.message
+        assert exc.value.exit_code == 2
+
+
+def test_precision_flags_follow_the_plan(monkeypatch):
+    def mesh(device):
+        return [{"cluster": "a", "device_type": device, "tp": 1, "dp": 1, "micro_batch_size": 8, "stage_layers": [8]}]
+    base = {"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": mesh("h800")}
+    for precision, want in [("fp32", (False, False)), ("fp16", (False, True)), ("bf16", (True, False))]:
+        plan = plan_from_dict({**base, "precision": precision})
+        margs, args = _megatron_args(monkeypatch)
+        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+        margs.validate_args(args, {})
+        assert (args.bf16, args.fp16) == want, precision
+        if precision == "fp16":       # fp16 reduces in fp16 unless told; the plan's default is fp32
+            assert args.accumulate_allreduce_grads_in_fp32
+    # fp8: Transformer Engine's hybrid format on bf16 parameters
+    plan = plan_from_dict({**base, "precision": "fp8"})
+    _, args = _megatron_args(monkeypatch, impl=None)
+    rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+    assert (args.bf16, args.fp8, args.transformer_impl) == (True, "hybrid", "transformer_engine")
+    # CPU processes (dry runs) train in fp32 whatever the plan's precision: a --bf16 for them is refused
+    cpu = {**base, "meshes": mesh("cpu")}
+    plan = plan_from_dict(cpu)
+    margs, args = _megatron_args(monkeypatch)
+    rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+    assert not args.bf16 and not args.fp16
+    _, args = _megatron_args(monkeypatch, ["--bf16"])
+    with pytest.raises(InputError, match="--bf16 .plan: precision is fp32 .a CPU process; the plan says bf16"):
+        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+    for device in ("cpu", "a100-80gb"):        # neither has fp8
+        plan = plan_from_dict({**base, "meshes": mesh(device), "precision": "fp8"})
+        _, args = _megatron_args(monkeypatch)
+        with pytest.raises(InputError, match=f"device type {device} .* cannot train in fp8"):
+            rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))

@@ -51,23 +51,35 @@ def test_entry_script_rejects_a_launch_that_does_not_match_the_plan():
     assert "Traceback" not in proc.stderr
 
 
-def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tiny_run, tmp_path):
+def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tmp_path):
     """--ckpt-format torch under --hetauto with TP 2 and TP 1 meshes: each (TP rank, stage) saves its own shard;
-    2 iterations, save, resume for the 3rd: the 3rd loss is the uninterrupted run's."""
+    2 iterations, save, resume for the 3rd: the 3rd loss is the uninterrupted run's.
+
+    The plan's meshes run without the distributed optimizer here: Megatron-Core 0.19 cannot load its
+    distributed-optimizer state from the `torch` format when the optimizer is torch's Adam on fp32 parameters
+    (what a CPU process without Apex or Transformer Engine runs): the main parameters are views of the model's
+    and Adam's per-parameter `step` is not in the file (docs/megatron-integration.md, Checkpoints)."""
+    import dataclasses
+
     from hetauto_megatron.plan.plan import load_plan
 
     plan = load_plan(PLAN)
+    plan = dataclasses.replace(plan, meshes=tuple(dataclasses.replace(
+        m, setting_overrides={"distributed_optimizer": False, "overlap_param_gather": False}) for m in plan.meshes))
+    PLAN_NO_DO = str(tmp_path / "plan.yaml")
+    plan.save(PLAN_NO_DO)
+    uninterrupted = demo.last_rank_losses(demo.run_entry(demo.hetauto_argv(PLAN_NO_DO, plan, iters=3, seed=1234),
+                                                         plan.world_size))
     ckpt = tmp_path / "ckpt"
-    first = demo.run_entry(demo.hetauto_argv(PLAN, plan, iters=2, seed=1234) +
+    first = demo.run_entry(demo.hetauto_argv(PLAN_NO_DO, plan, iters=2, seed=1234) +
                            ["--ckpt-format", "torch", "--save", str(ckpt), "--save-interval", "2"], plan.world_size,
                            log_dir=str(tmp_path))
     shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir())
     # cluster-a: TP 2 x stages 0, 1; cluster-b: TP 1 x stage 2 (its DP replica 1 does not write)
     assert shards == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002", "mp_rank_01_000", "mp_rank_01_001"]
-    resumed = demo.run_entry(demo.hetauto_argv(PLAN, plan, iters=3, seed=1234) +
+    resumed = demo.run_entry(demo.hetauto_argv(PLAN_NO_DO, plan, iters=3, seed=1234) +
                              ["--ckpt-format", "torch", "--load", str(ckpt), "--override-opt_param-scheduler"],
                              plan.world_size, log_dir=str(tmp_path))
-    uninterrupted = tiny_run[0]["hetauto"]
     assert demo.last_rank_losses(first) == uninterrupted[:2]
     assert len(demo.last_rank_losses(resumed)) == 1
     assert abs(demo.last_rank_losses(resumed)[0] - uninterrupted[2]) <= 1e-6

@@ -22,6 +22,15 @@ def add_model_inventory_args(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def add_precision_arg(parser, default: str | None) -> None:
+    from ..spec.devices import PRECISIONS
+    parser.add_argument("--precision", choices=PRECISIONS, default=default,
+                        help="training precision of the job: bf16 (default), fp16, fp8 (Transformer Engine, on "
+                             "devices that have it) or fp32; sets each device's peak and every tensor's element "
+                             "size, is stored in the plan and emitted as Megatron's flags (cpu dry runs: fp32)"
+                             + ("" if default else "; default: the plan's, else bf16"))
+
+
 def load_inputs(args):
     from ..cost.learned import load_cost_model
     from ..errors import InputError

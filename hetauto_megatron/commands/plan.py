@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from ._common import add_model_inventory_args, check_timeline_paths, load_inputs, write_timelines
+from ._common import (add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
+                      write_timelines)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -27,6 +28,7 @@ examples:
   hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
   hetauto plan --model config.json --inventory inv.yaml --global-batch-size 1024 --seq-length 4096 --json
   hetauto plan --model llama2-7b --inventory inv.yaml --search exhaustive      # small instances only
+  hetauto plan --model llama2-7b --inventory a100-v100.yaml --precision fp16   # V100 has no bf16
   hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/
   hetauto plan --model llama2-70b --inventory inv.yaml --explain --timeline plan.png   # why, and what it does
   hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if
@@ -35,6 +37,7 @@ examples:
 
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
+    add_precision_arg(parser, "bf16")
     parser.add_argument("--global-batch-size", type=int, default=512, metavar="N",
                         help="sequences per iteration (default 512)")
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
@@ -70,6 +73,7 @@ def run(args) -> int:
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import layout_to_plan, simulate
     model, inventory, cost_model = load_inputs(args)
+    inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations")
     if args.budget_s is not None and args.budget_s <= 0:

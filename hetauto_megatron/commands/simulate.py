@@ -1,10 +1,12 @@
 """`hetauto simulate`: predict a plan's (or a homogeneous layout's) iteration time, throughput and memory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
-from ._common import add_model_inventory_args, check_timeline_paths, load_inputs, write_timelines
+from ._common import (add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
+                      write_timelines)
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
@@ -41,6 +43,7 @@ examples:
 
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
+    add_precision_arg(parser, None)
     parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
@@ -78,7 +81,7 @@ def run(args) -> int:
         if args.seq_length or args.global_batch_size:
             gbs = args.global_batch_size or plan.global_batch_size
             try:
-                plan = Plan(model, gbs, plan.meshes, plan.inventory)
+                plan = Plan(model, gbs, plan.meshes, plan.inventory, precision=plan.precision)
             except InputError as exc:   # what-if batch that the plan's micro-batch step does not divide
                 raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
                                  fix=exc.fix) from None
@@ -100,12 +103,14 @@ def run(args) -> int:
         layers = split_layers([1.0] * pp, [0.0] * pp, lo, [model.num_layers] * pp, model.num_layers)
         try:
             plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute,
-                                          tuple(layers)),))
+                                          tuple(layers)),), precision=args.precision or "bf16")
         except InputError as exc:   # name the command-line flag, not the plan field it became
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
                     "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
+    if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
+        plan = dataclasses.replace(plan, precision=args.precision)
     try:
         est = simulate(plan, inventory, cost_model)
     except InputError as exc:

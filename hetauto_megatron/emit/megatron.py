@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
-from ..plan.settings import megatron_setting_args
+from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
@@ -73,17 +73,24 @@ def pipeline_args(plan: Plan) -> list[str]:
     return args
 
 
-def mesh_args(mesh: Mesh) -> list[str]:
-    """What differs between meshes: TP, micro-batch, recomputation and the runtime settings (plan/settings.py);
-    DP follows from the device count."""
+def mesh_args(mesh: Mesh, precision: str = "bf16") -> list[str]:
+    """What differs between meshes: TP, micro-batch, recomputation, the runtime settings (plan/settings.py) and
+    the precision the mesh trains in (Plan.mesh_precision: the plan's; fp32 on CPU processes), which also
+    spells the gradient dtype's flag; DP follows from the device count."""
     return ["--tensor-model-parallel-size", str(mesh.tp), "--micro-batch-size", str(mesh.micro_batch_size),
-            *recompute_args(mesh.recompute), *megatron_setting_args(mesh.settings)]
+            *recompute_args(mesh.recompute), *megatron_setting_args(mesh.settings, precision),
+            *precision_args(precision)]
+
+
+def job_args(plan: Plan) -> list[str]:
+    """Arguments every rank shares: pipeline, model and global batch. The padded vocabulary is not a flag:
+    the --hetauto hook gives every mesh the plan's one padded size."""
+    return [*pipeline_args(plan), *model_args(plan), "--global-batch-size", str(plan.global_batch_size)]
 
 
 def megatron_args(plan: Plan, mesh_index: int, plan_path: str) -> list[str]:
     """The complete Megatron-LM argument list for the ranks of one mesh (data/tokenizer/optimizer excluded)."""
-    return [*mesh_args(plan.meshes[mesh_index]), *pipeline_args(plan), *model_args(plan),
-            "--global-batch-size", str(plan.global_batch_size), "--bf16",
+    return [*mesh_args(plan.meshes[mesh_index], plan.mesh_precision(mesh_index)), *job_args(plan),
             "--hetauto", "--hetauto-plan", plan_path]
 
 
@@ -262,22 +269,24 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     lines += ["# vendor settings to adapt to the site (not required):"] + [f"# {n}" for n in notes]
     lines.append("")
     ranges = _node_ranges(plan, la) if len(la.mesh_indices) > 1 else None
-    common = [*pipeline_args(plan), *model_args(plan), "--global-batch-size", str(plan.global_batch_size),
-              "--bf16", "--use-distributed-optimizer"]
+    common = job_args(plan)
     if len(la.mesh_indices) == 1:
-        lines += ["MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]])), ")"]
+        lines += ["MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]], plan.mesh_precision(la.mesh_indices[0]))),
+                  ")"]
     elif ranges:
         lines.append('case "$NODE_RANK" in')
         for lo, hi, k in ranges:
             pat = "|".join(str(r) for r in range(lo, hi + 1))
-            lines += [f"  {pat})  # mesh {k}", "    MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[k]), "      "),
+            lines += [f"  {pat})  # mesh {k}", "    MESH_ARGS=(",
+                      _fmt_args(mesh_args(plan.meshes[k], plan.mesh_precision(k)), "      "),
                       "    ) ;;"]
         lines += [f'  *) echo "NODE_RANK must be 0..{la.nnodes - 1}" >&2; exit 2 ;;', "esac"]
     else:
         # A node holds ranks of two meshes: one argument list cannot be right for all of them; the --hetauto
         # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
         lines += ["# Meshes share a node here: the --hetauto hook sets each rank's own TP/micro-batch/recompute.",
-                  "MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]])), ")"]
+                  "MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]],
+                                                     plan.mesh_precision(la.mesh_indices[0]))), ")"]
     lines += ["MEGATRON_ARGS=(", _fmt_args(common), ")",
               "HETAUTO_ARGS=(", f'  --hetauto --hetauto-plan "${{HETAUTO_PLAN:-{plan_path}}}"', ")", ""]
     lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '

@@ -67,7 +67,10 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
             st = stages[s] if stages and isinstance(stages[s], dict) else {}
             mem = _num(st.get("memory_gib"), ".1f")
             if mem != "-":
-                mem += f" / {_capacity_gib(plan, i):g}"
+                # The capacity the estimate was made against (the inventory simulated, which may override the
+                # catalog's memory_gib), else the plan's own inventory, else the catalog.
+                cap = st.get("memory_cap_gib")
+                mem += f" / {cap if _num(cap, 'g') != '-' else _capacity_gib(plan, i):g}"
             util = _num(st.get("utilisation"), ".0%")
             last = s == plan.pipeline_parallel_size - 1
             row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"), _num(st.get("bubble_s"), ".3f"),

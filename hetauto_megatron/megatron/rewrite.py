@@ -12,11 +12,21 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     pipeline_model_parallel_size <- plan.pipeline_parallel_size
     pipeline_model_parallel_layout <- the plan's stage_layers, e.g. "Et*4|t*4L"
     global_batch_size            <- plan.global_batch_size
+    sequence_parallel, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
+    grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32
+                                 <- mesh.settings (plan/settings.py, the table the cost model priced)
+    bf16, fp16, fp8 (+ transformer_impl) <- plan.precision
+    padded_vocab_size, make_vocab_size_divisible_by
+                                 <- one padded vocabulary for every mesh (Plan.padded_vocab_size)
 
 The plan's invariant dp * micro_batch_size = const makes Megatron compute the same number of micro-batches
 on every rank, which the 1F1B schedule needs. Model-shape arguments are checked against the plan's model:
 a value the user left unset is filled in, a contradicting one is an error (the plan was made for another
-model, so its layout and memory estimate do not apply).
+model, so its layout and memory estimate do not apply). The same holds for the runtime settings and the
+precision: Megatron's flags for them are switches that default to off, so a flag the user did not give is
+filled in from the plan (per mesh, like TP), and one the user gave that no mesh of the plan runs (e.g.
+--sequence-parallel where every mesh has sequence_parallel: false, or --fp16 in a bf16 plan) is refused, naming
+the flag and the plan field: the plan's time and memory were priced for what the plan says.
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ from ..errors import InputError
 from ..plan.plan import Plan
 from ..runtime.groups import RankCoords, rank_coords
 from ..plan.plan import recompute_settings
+from ..plan.settings import padded_vocab_size
 from ..runtime.model import pipeline_layout
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
@@ -136,6 +147,10 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
     elif want["group_query_attention"]:
         fill["group_query_attention"] = True
         fill["num_query_groups"] = want["num_query_groups"]
+    # The tokenizer's vocabulary (given explicitly for NullTokenizer) must be the plan's: its table was priced.
+    have_vocab = getattr(args, "vocab_size", None)
+    if have_vocab is not None and int(have_vocab) != plan.model.vocab_size:
+        clashes.append(f"--vocab-size {have_vocab} (plan: {plan.model.vocab_size})")
     if clashes:
         raise InputError(f"the Megatron arguments describe another model than the plan's '{plan.model.name}': "
                          + "; ".join(clashes), file=file, field="model",
@@ -162,6 +177,87 @@ def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     }
     out.update({k: None for k in _OTHER_SPLIT_ARGS})
     return out
+
+
+# Setting -> (Megatron argument, its flag). Each is a store_true switch (default False) in Megatron-LM.
+_SETTING_ARGS = {
+    "sequence_parallel": ("sequence_parallel", "--sequence-parallel"),
+    "distributed_optimizer": ("use_distributed_optimizer", "--use-distributed-optimizer"),
+    "overlap_grad_reduce": ("overlap_grad_reduce", "--overlap-grad-reduce"),
+    "overlap_param_gather": ("overlap_param_gather", "--overlap-param-gather"),
+}
+_FLAGS = {"bf16": "--bf16", "fp16": "--fp16", "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
+          "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32"}
+FP8_FORMAT = "hybrid"       # E4M3 forward, E5M2 gradients (Transformer Engine's recipe for training)
+
+
+def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[bool, str]]:
+    """Megatron argument -> (value the mesh runs, plan field) for every on/off switch the plan decides."""
+    settings = plan.meshes[mesh_index].settings
+    at = f"meshes[{mesh_index}].settings"
+    out = {arg: (getattr(settings, key), f"{at}.{key}") for key, (arg, _) in _SETTING_ARGS.items()}
+    p = plan.mesh_precision(mesh_index)
+    sixteen_bit = "bf16" if p in ("bf16", "fp8") else "fp16" if p == "fp16" else None
+    out["bf16"] = (sixteen_bit == "bf16", "precision")
+    out["fp16"] = (sixteen_bit == "fp16", "precision")
+    # The gradient-reduction dtype, in the spelling of the precision (settings.grad_reduce_args).
+    dtype, field = settings.grad_reduce_dtype, f"{at}.grad_reduce_dtype"
+    if sixteen_bit == "bf16":
+        out["grad_reduce_in_bf16"] = (dtype == "param", field)
+    elif sixteen_bit == "fp16":
+        out["accumulate_allreduce_grads_in_fp32"] = (dtype == "fp32", field)
+    return out
+
+
+def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
+    """Megatron's values for the mesh's runtime settings, the job's precision and the padded vocabulary.
+    Raises InputError naming every flag the user gave that the plan does not run (see the module docstring)."""
+    mesh = plan.meshes[placement.mesh_index]
+    try:
+        precision = plan.mesh_precision(placement.mesh_index)     # fp8 only where the device has it
+    except InputError as exc:
+        raise exc.within(file=file) from None
+    out, clashes = {}, []
+    # A flag is refused when no mesh of the plan runs it: one argument list may serve several meshes (a node
+    # holding ranks of two meshes gets the first mesh's), and each rank takes its own mesh's value, like TP.
+    every = [_switch_values(plan, i) for i in range(len(plan.meshes))]
+    for arg, (want, field) in every[placement.mesh_index].items():
+        if getattr(args, arg, False) and not any(v.get(arg, (False,))[0] for v in every):
+            flag = dict(_SETTING_ARGS.values()).get(arg) or _FLAGS[arg]
+            clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
+        out[arg] = want
+    fp8 = FP8_FORMAT if precision == "fp8" else None
+    have_fp8 = getattr(args, "fp8", None)
+    if have_fp8 not in (None, fp8):
+        clashes.append((f"--fp8-format {have_fp8} (plan: precision is {precision})", "precision"))
+    out["fp8"] = fp8
+    if fp8:
+        impl = getattr(args, "transformer_impl", "transformer_engine")
+        if impl != "transformer_engine":
+            clashes.append((f"--transformer-impl {impl} (plan: precision is fp8, which runs on Transformer Engine)",
+                            "precision"))
+        out["transformer_impl"] = "transformer_engine"
+    if clashes:
+        raise InputError("the Megatron arguments ask for something the plan does not run: "
+                         + "; ".join(text for text, _ in clashes), file=file, field=clashes[0][1],
+                         fix="drop these flags (--hetauto sets every runtime setting from the plan), or change the "
+                             "plan's settings / precision and re-check it with 'hetauto simulate'")
+    # One vocabulary for every mesh: Megatron pads to make_vocab_size_divisible_by x TP, and TP differs per
+    # mesh; the plan pads once for all of them (with the user's divisor, Megatron's default 128) and each mesh
+    # is given that size, with a divisor that reproduces it should Megatron recompute the padding.
+    divisor = int(getattr(args, "make_vocab_size_divisible_by", None) or 128)
+    padded = padded_vocab_size(plan.model.vocab_size, [m.tp for m in plan.meshes], divisor)
+    out["padded_vocab_size"] = padded
+    out["make_vocab_size_divisible_by"] = padded // mesh.tp
+    return out
+
+
+def _plan_word(plan: Plan, precision: str, field: str) -> str:
+    if field == "precision":
+        return precision + ("" if precision == plan.precision else f" (a CPU process; the plan says {plan.precision})")
+    if field.endswith("grad_reduce_dtype"):
+        return plan.meshes[int(field.split("[")[1].split("]")[0])].settings.grad_reduce_dtype
+    return "false"
 
 
 def validation_world_size(plan: Plan, placement: RankCoords) -> int:
@@ -201,7 +297,8 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
         raise InputError("mixture-of-experts models are not supported with --hetauto", field="--num-experts",
                          fix="plan and run a dense model")
     check_checkpoint_format(args, plan, file=file)
-    new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement)}
+    new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
+           **runtime_setting_overrides(args, plan, placement, file=file)}
     new["rank"] = placement.rank
     new["world_size"] = validation_world_size(plan, placement)
     changed = {}

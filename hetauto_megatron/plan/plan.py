@@ -207,6 +207,12 @@ class Plan:
     def num_micro_batches(self) -> int:
         return self.global_batch_size // self.samples_per_step
 
+    def mesh_precision(self, mesh_index: int) -> str:
+        """The precision a mesh's ranks train in: the plan's, except that CPU processes (dry runs) train in fp32
+        (spec/devices.py); InputError if the mesh's device type lacks the plan's precision (fp8 on an A100)."""
+        dev = get_device(self.meshes[mesh_index].device_type)
+        return dev.at_precision(self.precision, field="precision").precision
+
     @property
     def padded_vocab_size(self) -> int:
         """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""

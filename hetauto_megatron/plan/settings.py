@@ -52,6 +52,10 @@ class RuntimeSettings:
                              field="settings.grad_reduce_dtype",
                              fix="write grad_reduce_dtype: fp32 (reduce gradients in fp32, Megatron's default) "
                                  "or param (in the training precision)")
+        if self.overlap_param_gather and not self.overlap_grad_reduce:
+            raise InputError("overlap_param_gather needs overlap_grad_reduce (Megatron asserts it)",
+                             field="settings.overlap_param_gather",
+                             fix="set overlap_param_gather: false, or overlap_grad_reduce: true")
         if self.overlap_param_gather and not self.distributed_optimizer:
             raise InputError("overlap_param_gather needs the distributed optimizer (there is no parameter "
                              "all-gather without it)", field="settings.overlap_param_gather",

@@ -91,7 +91,7 @@ def _pipeline(model, inventory, choices, cost_model) -> Pipeline:
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model, c.settings)
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
