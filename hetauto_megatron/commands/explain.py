@@ -18,8 +18,7 @@ Explain a plan before booking the devices:
   sensitivity  throughput at half and twice each inter-cluster link's bandwidth and the global batch (the
                plan's layout re-simulated), and each cluster's node count (re-planned: a bigger cluster
                allows other layouts); links the plan does not cross at twice their bandwidth (re-planned:
-               would a faster link bring another cluster in?). Re-plans on 3 or more clusters use a quarter
-               of a full search's playouts.
+               would a faster link bring another cluster in?).
 
 The model and inventory default to those stored in the plan (a 'hetauto plan -o' file has both);
 --set overrides the inventory first (what-if). Text by default, --json for scripts. --no-search skips the
@@ -94,7 +93,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result`: a search already run on
     the same inputs (plan --explain), reused for the runners-up."""
     from ..plan import explain as X
-    from ..plan.search import SearchConfig, default_iterations, search
+    from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
     est = simulate(plan, inventory, cost_model).to_dict()
     bd = X.breakdown(est, plan.num_micro_batches)
@@ -103,18 +102,12 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     # re-planned under the plan's own boundary schedule
     schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
 
-    def config(inv, full: bool) -> SearchConfig:
-        # Re-plans on 3+ clusters use a quarter of a full search's playouts (seconds, not tens of seconds); their
-        # change is measured against a re-plan of the unchanged inventory with the same budget.
-        small = full or len(inv.clusters) <= 2
-        return SearchConfig(seed=seed, schedule=schedule, iterations=0 if small else default_iterations(inv) // 4)
-
-    def run_search(inv, full=False):
-        cfg = config(inv, full)
+    def run_search(inv):
         key = (tuple((c.name, c.nodes) for c in inv.clusters), tuple(sorted(
-            (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())), cfg.iterations)
+            (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
         if key not in searches:
-            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model, cfg)
+            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model,
+                                   SearchConfig(seed=seed, schedule=schedule))
         return searches[key]
 
     def replan(inv):
@@ -126,7 +119,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
            "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None}
     if do_search:
-        rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory, full=True), k)
+        rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k)
     rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
     return rep
 
