@@ -23,6 +23,12 @@ time (median over the steps after the first, on the slowest rank; the reference 
 
 --no-distributed-optimizer runs every mesh with the plain optimizer instead, to compare.
 
+--emulate-links makes every cross-cluster transfer take the inventory's link time (the boundary's bytes at the
+link's bandwidth, queued per direction, plus its latency; blocking or overlapped as the plan's boundary says),
+multiplied by a scale that keeps the plan's ratio of link time to compute on this machine's CPU processes
+(printed; give SCALE to choose it). It reports, per rank, the time its compute waited on a cross-cluster
+transfer: what the links will cost, measured, before booking the clusters.
+
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:
 the exit code is 1 when losses or grad norms differ by more than the tolerance (1e-5, fp32)."""
@@ -33,6 +39,7 @@ examples:
   hetauto dryrun --plan plan.yaml --tiny --steps 5 --json
   hetauto dryrun --plan plan.yaml --tiny --timeline run.png --timeline run.json   # what each rank did, when
   hetauto dryrun --plan plan.yaml --tiny --timeline vs.png --compare     # predicted above measured
+  hetauto dryrun --plan plan.yaml --tiny --emulate-links                 # links at the inventory's speed
 
 exit codes: 0 ok, 1 the run failed or did not match the reference, 2 invalid plan or options."""
 
@@ -51,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-distributed-optimizer", dest="distributed_optimizer", action="store_false",
                         help="every mesh with Megatron's plain optimizer (replicated Adam state, gradients "
                              "all-reduced) instead of the plan's distributed optimizer, to compare")
+    parser.add_argument("--emulate-links", nargs="?", const="auto", metavar="SCALE",
+                        help="cross-cluster transfers at the inventory's link bandwidth and latency, times SCALE "
+                             "(default: the scale that keeps the plan's link-to-compute ratio on this CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds any rank may wait for a peer before failing (default 120)")
@@ -72,8 +82,12 @@ def run(args) -> int:
     check_timeline_args(args, plan)
     from ..runtime.dryrun import run_dryrun
 
+    scale = None
+    if args.emulate_links:
+        plan, scale = _emulation(args, plan)
     report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
-                        timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer)
+                        timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
+                        emulate_links=scale)
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1
@@ -81,16 +95,62 @@ def run(args) -> int:
         for path in write_dryrun_timelines(args, plan, report):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
-        print(json.dumps({k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
-                                                 "step_times_s", "iteration_s", "seconds", "model", "cores")
-                          if k in report}))
+        print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
+                                                    "step_times_s", "iteration_s", "seconds", "model", "cores",
+                                                    "exposed_s") if k in report},
+                          "link_scale": scale}))
     else:
         _print_table(report, plan)
+        _print_exposed(report, plan, scale)
     if args.reference and report["max_abs_diff"] > TOLERANCE:
         print(f"hetauto dryrun: the plan's run differs from the single-process reference by "
               f"{report['max_abs_diff']:.3g} (> {TOLERANCE:g})", file=sys.stderr)
         return 1
     return 0
+
+
+def _emulation(args, plan):
+    """(plan with its inventory, link-time scale) for --emulate-links; the scale is printed by the caller."""
+    import dataclasses
+
+    from ..runtime.dryrun import emulation_scale, prepare_plan
+    from ..spec.inventory import load_inventory
+    if args.inventory:
+        plan = dataclasses.replace(plan, inventory=load_inventory(args.inventory).to_dict())
+    if plan.inventory is None:
+        raise InputError("needs the inventory the plan was made for, and the plan file has none",
+                         field="--emulate-links", file=args.plan, fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
+    from ..spec.inventory import inventory_from_dict
+    inv = inventory_from_dict(plan.inventory)
+    for a, b in zip(plan.meshes, plan.meshes[1:]):
+        if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
+            raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}", field="links",
+                             file=args.inventory or args.plan,
+                             fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
+    if args.emulate_links == "auto":
+        scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
+    else:
+        try:
+            scale = float(args.emulate_links)
+        except ValueError:
+            scale = -1.0
+        if not scale > 0:
+            raise InputError(f"must be a positive number, got {args.emulate_links!r}", field="--emulate-links",
+                             fix="give a scale such as 1 or 1000, or no value for the automatic one")
+    return plan, scale
+
+
+def _print_exposed(report: dict, plan, scale) -> None:
+    """Per rank, the median time per step its compute waited on cross-cluster transfers."""
+    import statistics
+    if scale is not None:
+        print(f"link emulation: inventory link times x {scale:.4g}")
+    exposed = report.get("exposed_s") or []
+    rows = [(r, statistics.median(e[1:] or e)) for r, e in enumerate(exposed) if e and max(e) > 0]
+    if rows:
+        it = report["iteration_s"]
+        print("waited on cross-cluster transfers per step (median): " + ", ".join(
+            f"rank {r} {t * 1e3:.1f} ms ({t / it:.0%})" for r, t in rows))
 
 
 def _print_table(report: dict, plan) -> None:

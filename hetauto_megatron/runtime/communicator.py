@@ -11,24 +11,40 @@ This class replaces `_communicate`:
   reassemble their full tensor with an all-gather over their own TP group; activation gradients coming back
   across a DP mismatch are rescaled (gradients.py);
 - when the two meshes are in different clusters the blocks are staged through host memory and sent on the
-  boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other).
+  boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other), blocking or overlapped as the plan's
+  boundary schedule says (cross_link.py: sends completed late, receives posted ahead; optional link
+  emulation); before an overlapped boundary the warm-up grows by its depth (`total_stages`, which Megatron's
+  1F1B reads for nothing else).
 
 Every wait has a timeout; a peer that is gone or silent raises `PeerError` naming it instead of hanging.
-`bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster").
+`bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster"); `exposed_s()` the time
+this rank waited on cross-cluster transfers (not on its peers' compute). Call `begin_step(num_micro_batches)`
+before and `end_step()` after each schedule run so receives are posted ahead and sends completed.
 """
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
+from .cross_link import CrossLink, LinkEmulator, sleep_until, stamp_tag, tag
 from .gradients import activation_grad_scale
 from .groups import global_rank, rank_coords
 from .transfers import compute_transfers, owned_seq_range
 
-_GRAD_TAG = 1 << 16  # gradient messages use tags above any activation tag
+
+def _covered(lo: float, hi: float, intervals) -> float:
+    """Length of [lo, hi] covered by the union of `intervals`."""
+    total, reach = 0.0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 class PeerError(RuntimeError):
@@ -44,6 +60,10 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self.timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else ctx.timeout_s)
         self.bytes_sent = {"intra_cluster": 0, "inter_cluster": 0}
         self._cache = {}
+        self._links = {}                 # (other mesh, grad) -> CrossLink
+        self._emulation = None           # (scale, inventory) once emulate_links() was called
+        self._micro_batches = None
+        self._held, self._on_way, self._exposed = [], [], 0.0
         mesh = ctx.mesh
         if bool(getattr(config, "sequence_parallel", False)) != mesh.settings.sequence_parallel:
             # The partner meshes cut what they send by this mesh's setting in the plan; the model must hold the
@@ -51,6 +71,58 @@ class HeteroP2PCommunicator(P2PCommunicator):
             raise ValueError(f"the model of mesh {ctx.coords.mesh_index} (cluster {mesh.cluster}) runs with "
                              f"sequence_parallel={bool(getattr(config, 'sequence_parallel', False))} but the plan "
                              f"says {mesh.settings.sequence_parallel} (meshes[{ctx.coords.mesh_index}].settings)")
+
+    # ---- schedule ----------------------------------------------------------------------------------
+    @property
+    def total_stages(self) -> int:
+        """What Megatron's 1F1B derives this stage's warm-up from (total_stages - current_stage - 1): the pipeline
+        depth plus the depth of every overlapped boundary after this stage (plan/pipeline.py's w_i)."""
+        plan, stage = self.ctx.plan, self.ctx.coords.stage
+        extra = 0
+        for mi, mesh in enumerate(plan.meshes):
+            if mesh.boundary_schedule == "overlapped" and plan.first_stage(mi) + mesh.num_stages - 1 >= stage:
+                extra += mesh.boundary_depth
+        return self.pp_group.size() + extra
+
+    def emulate_links(self, scale: float, inventory) -> None:
+        """Cross-cluster transfers take the inventory link's time x `scale` (bandwidth / scale, latency x scale)."""
+        self._emulation = (scale, inventory)
+
+    def begin_step(self, num_micro_batches: int) -> None:
+        self._micro_batches = num_micro_batches
+        for link in self._links.values():
+            link.begin_step(num_micro_batches)
+
+    def end_step(self) -> None:
+        for link in self._links.values():
+            link.flush(self._wait)
+
+    def exposed_s(self) -> float:
+        """Seconds this rank waited on cross-cluster transfers: in a call, while one of its messages was on
+        its way (sent and not yet arrived), plus waits for overlapped sends to finish."""
+        return self._exposed + sum(link.exposed_s for link in self._links.values())
+
+    def _link(self, other: int, grad: bool, shape) -> CrossLink:
+        key = (other, grad)
+        if key not in self._links:
+            plan, me = self.ctx.plan, self.ctx.coords.mesh_index
+            before = min(me, other)                       # the mesh whose boundary this is
+            mesh = plan.meshes[before]
+            overlapped = mesh.boundary_schedule == "overlapped"
+            a, b = plan.meshes[before], plan.meshes[before + 1]
+            seq = shape[0] * (plan.meshes[me].tp if plan.meshes[me].settings.sequence_parallel else 1)
+            nbytes = seq * plan.samples_per_step * shape[2] * torch.tensor([], dtype=self.config.pipeline_dtype
+                                                                            ).element_size()
+            emulator = None
+            if self._emulation is not None:
+                scale, inventory = self._emulation
+                spec = inventory.link(a.cluster, b.cluster)
+                emulator = LinkEmulator(spec.bytes_per_s / scale, spec.latency_s * scale)
+            link = CrossLink(grad=grad, overlapped=overlapped, depth=mesh.boundary_depth if overlapped else 0,
+                             emulator=emulator, boundary_bytes=nbytes)
+            link.begin_step(self._micro_batches)
+            self._links[key] = link
+        return self._links[key]
 
     # ---- boundary geometry -------------------------------------------------------------------------
     def _side(self, direction: int):
@@ -96,7 +168,12 @@ class HeteroP2PCommunicator(P2PCommunicator):
         if tensor_shape is None:  # send-only calls pass no shape: every tensor of a call has the same one
             tensor_shape = (tensor_send_next if tensor_send_next is not None else tensor_send_prev).shape
         shape = tuple(tensor_shape)
+        for link in self._links.values():
+            link.complete_sends(self._wait)
         works, finish = [], []
+        self._held = []                  # blocking cross-cluster sends of this call: (link, sent at, arrival)
+        self._on_way = []                # (from, to): cross-cluster messages of this call on their way
+        call_start = time.monotonic()
         recv_prev_t = recv_next_t = None
         if tensor_send_next is not None:
             self._send(+1, tensor_send_next, shape, works, grad=False)
@@ -106,7 +183,15 @@ class HeteroP2PCommunicator(P2PCommunicator):
             recv_prev_t = self._recv(-1, shape, works, finish, grad=False)
         if recv_next:
             recv_next_t = self._recv(+1, shape, works, finish, grad=True)
+        for _, _, arrive in self._held:
+            if arrive is not None:
+                sleep_until(arrive)      # the emulated link holds a blocking sender until it delivered
         self._wait(works)
+        if self._on_way or self._held:
+            end = time.monotonic()
+            self._on_way += [(sent_at, end if arrive is None else min(arrive, end))
+                             for _, sent_at, arrive in self._held]
+            self._exposed += _covered(call_start, end, self._on_way)
         for step in finish:
             step()
         return recv_prev_t, recv_next_t, None
@@ -130,7 +215,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         info = self._cross(side[1], shape)
         c, plan = self.ctx.coords, self.ctx.plan
         transfers = info["bwd"] if grad else info["fwd"]
-        base = _GRAD_TAG if grad else 0
+        peer, pieces = None, []
         for k, tr in enumerate(transfers):
             if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
                 continue
@@ -138,8 +223,30 @@ class HeteroP2PCommunicator(P2PCommunicator):
             if info["inter"]:
                 piece = piece.to("cpu")  # host staging for the gloo inter-cluster path
             peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.dst_dp, tr.dst_tp)
-            self._post(dist.isend, piece, peer, info["group"], base + k, works, f"send {what} block {k}")
-            self.bytes_sent["inter_cluster" if info["inter"] else "intra_cluster"] += piece.numel() * piece.element_size()
+            pieces.append((k, piece, peer))
+            nbytes = piece.numel() * piece.element_size()
+            self.bytes_sent["inter_cluster" if info["inter"] else "intra_cluster"] += nbytes
+        if not pieces:
+            return
+        if not info["inter"]:
+            for k, piece, peer in pieces:
+                self._post(dist.isend, piece, peer, None, k + (1 << 16 if grad else 0), works, f"send {what} block {k}")
+            return
+        link = self._link(side[1], grad, shape)
+
+        def post_all(j, sent_at):
+            out = []
+            for peer in sorted({peer for _, _, peer in pieces}):
+                self._post(dist.isend, torch.tensor([sent_at], dtype=torch.float64), peer, info["group"],
+                           stamp_tag(grad, j), out, f"send {what}")
+            for k, piece, peer in pieces:
+                self._post(dist.isend, piece, peer, info["group"], tag(grad, j, k), out, f"send {what} block {k}")
+            return out
+
+        held = link.send(post_all, self._wait)
+        if held is not None:           # blocking: waited for with the call's other transfers (_communicate)
+            works.extend(held[0])
+            self._held.append((link, held[1], held[2]))
 
     def _recv(self, direction, shape, works, finish, *, grad):
         side = self._side(direction)
@@ -152,22 +259,41 @@ class HeteroP2PCommunicator(P2PCommunicator):
         info = self._cross(side[1], shape)
         c, plan = self.ctx.coords, self.ctx.plan
         transfers = info["bwd"] if grad else info["fwd"]
-        base = _GRAD_TAG if grad else 0
-        staged = []
-        for k, tr in enumerate(transfers):
-            if (tr.dst_tp, tr.dst_dp) != (c.tp_rank, c.dp_rank):
-                continue
-            peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp)
-            staging = "cpu" if info["inter"] else buf.device
-            view = buf[tr.dst_seq, tr.dst_batch]
-            if view.is_contiguous() and view.device == torch.device(staging):
-                # The block is one contiguous run of the buffer on the right device: receive in place, no copy.
-                self._post(dist.irecv, view, peer, info["group"], base + k, works, f"receive {what} block {k}")
-                continue
-            piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
-                                dtype=buf.dtype, device=staging)
-            self._post(dist.irecv, piece, peer, info["group"], base + k, works, f"receive {what} block {k}")
-            staged.append((tr, piece))
+        mine = [(k, tr, global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp))
+                for k, tr in enumerate(transfers) if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
+        staging = torch.device("cpu" if info["inter"] else self.ctx.device)
+
+        def post_message(j, out):
+            """Post the receives of one message into a fresh buffer: (buffer, staged blocks, send times)."""
+            buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
+            staged, stamps = [], []
+            if info["inter"]:
+                for peer in sorted({peer for _, _, peer in mine}):
+                    stamps.append(torch.empty(1, dtype=torch.float64))
+                    self._post(dist.irecv, stamps[-1], peer, info["group"], stamp_tag(grad, j), out,
+                               f"receive {what}")
+            for k, tr, peer in mine:
+                t = tag(grad, j, k) if info["inter"] else k + (1 << 16 if grad else 0)
+                view = buf[tr.dst_seq, tr.dst_batch]
+                if view.is_contiguous() and view.device == staging:
+                    # The block is one contiguous run of the buffer on the right device: receive in place.
+                    self._post(dist.irecv, view, peer, info["group"], t, out, f"receive {what} block {k}")
+                    continue
+                piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
+                                    dtype=buf.dtype, device=staging)
+                self._post(dist.irecv, piece, peer, info["group"], t, out, f"receive {what} block {k}")
+                staged.append((tr, piece))
+            return buf, staged, stamps
+
+        if info["inter"] and mine:
+            def post(j):
+                out = []
+                buf, staged, stamps = post_message(j, out)
+                return out, stamps, (buf, staged)
+            (buf, staged), on_way = self._link(side[1], grad, shape).receive(post, self._wait)
+            self._on_way.append(on_way)
+        else:
+            buf, staged, _ = post_message(0, works)
 
         def assemble():
             with torch.no_grad():

@@ -22,8 +22,27 @@ def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
     return plan
 
 
+def emulation_scale(plan, run_plan) -> float:
+    """The factor on the inventory's link times that keeps, on this machine's CPU processes, the plan's ratio of
+    link time to compute: the simulator's slowest-stage compute per micro-batch of the run (CPU devices, the
+    model that runs) over that of the plan on its own inventory (1 for a plan made for CPU devices)."""
+    from ..plan.simulate import simulate
+    from ..spec.inventory import inventory_from_dict
+
+    def slowest(p, inv) -> float:
+        return max(s["forward_s"] + s["backward_s"] for s in simulate(p, inv).stages)
+
+    real_inv = inventory_from_dict(plan.inventory)
+    cpu = dict(plan.inventory)
+    cpu["clusters"] = [{k: v for k, v in c.items() if k not in ("memory_gib", "peak_tflops", "hbm_gbps")}
+                       | {"device": "cpu"} for c in plan.inventory["clusters"]]
+    cpu_plan = dataclasses.replace(run_plan, meshes=tuple(dataclasses.replace(m, device_type="cpu")
+                                                          for m in run_plan.meshes), inventory=cpu)
+    return slowest(cpu_plan, inventory_from_dict(cpu)) / slowest(plan, real_inv)
+
+
 def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0,
-               distributed_optimizer: bool = True) -> dict:
+               distributed_optimizer: bool = True, emulate_links: float | None = None) -> dict:
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
     Returns {"model", "padded_vocab_size", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
@@ -35,7 +54,10 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     one under `tiny`), "cores" the CPU cores the ranks shared: what a prediction of the measured time must use
     (`hetauto validate-cost-model --dryrun`). "settings" lists per mesh {"cluster", "tp", "dp", and the runtime
     settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}. "ops" has every rank's
-    per-operation stamps of every step (runtime/op_timing.py), for measured timelines.
+    per-operation stamps of every step (runtime/op_timing.py), for measured timelines. "exposed_s" has, per
+    rank, the seconds of each step it waited on cross-cluster transfers (not on its peers' compute).
+    `emulate_links`: cross-cluster transfers run at the plan inventory's link bandwidth and latency with their
+    time multiplied by this scale (runtime/cross_link.py).
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
@@ -47,7 +69,8 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     run_plan = prepare_plan(plan, tiny=tiny, distributed_optimizer=distributed_optimizer)
     launch_timeout = timeout_s * 4 + 60 * steps
     try:
-        results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s),
+        results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s, True, None,
+                                                                emulate_links),
                          timeout_s=launch_timeout, grace_s=timeout_s + 10)
         ref = None
         if reference:
@@ -68,6 +91,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
     report["step_times_s"] = step_times
     report["ops"] = [r["ops"] for r in results]     # per rank, per step: op_timing.OpClock.steps
+    report["exposed_s"] = [r["exposed_s"] for r in results]
     report["iteration_s"] = statistics.median(step_times[1:] or step_times)
     if ref is not None:
         report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]

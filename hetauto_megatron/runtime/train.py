@@ -50,10 +50,12 @@ def ddp_settings(settings) -> dict:
 
 
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
-               dry_run: bool = True, vocab_size: int | None = None) -> dict:
+               dry_run: bool = True, vocab_size: int | None = None, emulate_links: float | None = None) -> dict:
     """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
     `--tiny`). `vocab_size`: the padded table size (default the plan's; a reference run passes the size of the
-    plan it checks). Returns {"losses", "grad_norms", "bytes", "step_times", "ops", "settings"}; losses and norms
+    plan it checks). `emulate_links`: cross-cluster transfers take the plan inventory's link time x this scale
+    (runtime/cross_link.py). Returns {"losses", "grad_norms", "bytes", "step_times", "exposed_s", "ops",
+    "settings"}; "exposed_s" is per step the time this rank waited on cross-cluster transfers; losses and norms
     are global, "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
     import torch
     import torch.distributed as dist
@@ -78,6 +80,9 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
+    if emulate_links is not None:
+        from ..spec.inventory import inventory_from_dict
+        comm.emulate_links(emulate_links, inventory_from_dict(plan.inventory))
     config.no_sync_func = ddp.no_sync
     if settings.overlap_grad_reduce:
         # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
@@ -105,7 +110,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         out = module(tokens[:, :-1].contiguous(), positions, causal, labels=tokens[:, 1:].contiguous())
         return out, loss_func
 
-    losses, norms, times = [], [], []
+    losses, norms, times, exposed = [], [], [], []
     for step in range(steps):
         t0 = time.perf_counter()
         clock.begin_step()
@@ -117,7 +122,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                       num_microbatches=plan.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
                       forward_only=False, pg_collection=ctx.pg)
         if plan.pipeline_parallel_size > 1:
+            before = comm.exposed_s()
+            comm.begin_step(plan.num_micro_batches)
             results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
+            comm.end_step()
+            exposed.append(comm.exposed_s() - before)
         else:
             results = forward_backward_no_pipelining(**common)
         with clock.span("optimizer"):
@@ -136,6 +145,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     dist.barrier(group=ctx.world_gloo)
     dist.destroy_process_group()
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
+            "exposed_s": exposed,
             "ops": clock.steps,
             "settings": settings_that_ran(config, ddp.ddp_config, opt)}
 

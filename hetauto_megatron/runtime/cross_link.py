@@ -1,0 +1,142 @@
+"""One direction of a cross-cluster pipeline boundary, as one rank sees it: blocking or overlapped transfers,
+optional link emulation, and the measured time the rank's compute waited on the link.
+
+The plan decides each cross-cluster boundary's schedule (plan/pipeline.py prices it the same way):
+- blocking:   a send is posted and waited for before the schedule goes on (Megatron's behaviour);
+- overlapped: a send is posted and completed later (gloo moves the bytes on its own threads while the stage
+              computes); receives are posted ahead, up to the boundary's depth + 1 messages, so a stage waits
+              only when the data it needs has not arrived. Sends in flight are completed at the next call and
+              at the end of the step, every wait with the communicator's timeout.
+
+Each message carries the time its sender posted it (a one-element tensor beside the blocks), so both ends can
+run the same link emulation (`LinkEmulator`: the link direction is a queue at the inventory's bandwidth plus
+its latency, scaled for a CPU run) and the communicator can tell waiting for the link from waiting for the
+sender's compute: it counts as exposed only the time a message was on its way (sent, queued or on the wire).
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+_WINDOW = 1024            # messages numbered modulo this in tags (far more than are ever in flight)
+_BLOCKS = 1023            # blocks per message at most; block slot _BLOCKS carries the send time
+_GRAD = 1 << 30           # gradient tags above every activation tag
+
+
+def tag(grad: bool, message: int, block: int) -> int:
+    return (_GRAD if grad else 0) + (message % _WINDOW) * (_BLOCKS + 1) + block
+
+
+def stamp_tag(grad: bool, message: int) -> int:
+    """The tag of a message's send time (one per sending-receiving pair)."""
+    return tag(grad, message, _BLOCKS)
+
+
+def now() -> float:
+    return time.monotonic()     # one clock for every process of a machine (CLOCK_MONOTONIC)
+
+
+class LinkEmulator:
+    """A link direction as a queue: a transfer of the boundary's bytes occupies it for bytes / bandwidth after the
+    previous one, and lands `latency` later. Both ends compute the same arrival from the same send times."""
+
+    def __init__(self, bytes_per_s: float, latency_s: float):
+        self.bytes_per_s, self.latency_s = bytes_per_s, latency_s
+        self.free = 0.0
+
+    def arrival(self, sent_at: float, nbytes: float) -> float:
+        start = max(sent_at, self.free)
+        self.free = start + nbytes / self.bytes_per_s
+        return self.free + self.latency_s
+
+
+def sleep_until(t: float) -> None:
+    while True:
+        left = t - now()
+        if left <= 0:
+            return
+        time.sleep(left)
+
+
+class CrossLink:
+    """The state of one direction (activations or gradients) of one cross-cluster boundary for this rank."""
+
+    def __init__(self, *, grad: bool, overlapped: bool, depth: int, emulator: LinkEmulator | None,
+                 boundary_bytes: float):
+        self.grad, self.overlapped, self.depth = grad, overlapped, depth
+        self.emulator, self.boundary_bytes = emulator, boundary_bytes
+        self.sent = 0                              # messages sent (numbering for tags)
+        self.posted = 0                            # receives posted this step
+        self.received = 0                          # messages received (numbering for tags)
+        self.ahead: collections.deque = collections.deque()   # posted receives: (message, posted state)
+        self.pending: list = []                    # overlapped sends in flight: (works, tensors kept alive)
+        self.exposed_s = 0.0                       # waits for overlapped sends (back-pressure, end of step)
+
+    # ---- sending ---------------------------------------------------------------------------------------
+    def send(self, post_all, wait):
+        """post_all(message number, send time) posts the message (its send time to every receiving peer, then
+        the blocks) and returns the work entries; wait(works) waits for them (raising on a dead peer).
+        Overlapped: returns None (completed later). Blocking: returns (works, send time, emulated arrival or
+        None) for the caller to wait for together with the call's receives (Megatron pairs each send with the
+        neighbour's receive in one call; waiting for the send alone first would deadlock)."""
+        j, self.sent = self.sent, self.sent + 1
+        sent_at = now()
+        works = post_all(j, sent_at)
+        arrive = self.emulator.arrival(sent_at, self.boundary_bytes) if self.emulator else None
+        if self.overlapped:
+            self.pending.append(works)
+            self.complete_sends(wait, block=len(self.pending) > self.depth + 2)
+            return None
+        return works, sent_at, arrive
+
+    def complete_sends(self, wait, block: bool = False) -> None:
+        """Drop the sends that finished; with block, wait for the oldest (and at the end of a step for all)."""
+        keep = []
+        for i, works in enumerate(self.pending):
+            if (block and i == 0) or all(w[0].is_completed() for w in works):
+                t0 = now()
+                wait(works)
+                self.exposed_s += now() - t0
+            else:
+                keep.append(works)
+        self.pending = keep
+
+    def flush(self, wait) -> None:
+        t0 = now()
+        for works in self.pending:
+            wait(works)
+        self.pending = []
+        self.exposed_s += now() - t0
+
+    # ---- receiving -------------------------------------------------------------------------------------
+    def begin_step(self, num_micro_batches: int | None) -> None:
+        self.posted = 0
+        self.limit = num_micro_batches
+
+    def receive(self, post_message, wait):
+        """post_message(message number) -> (works, send-time tensors, payload): the receives of one message (the
+        send time from each sending peer, then the blocks). Returns (payload, (send time, arrival)) once the
+        message has arrived."""
+        want = self.depth + 1 if self.overlapped else 1
+        limit = getattr(self, "limit", None)
+        while len(self.ahead) < want and (limit is None or self.posted < limit or not self.ahead):
+            j, self.received = self.received, self.received + 1
+            self.ahead.append(post_message(j))
+            self.posted += 1
+            if limit is None:
+                break
+        works, stamps, payload = self.ahead.popleft()
+        t0 = now()
+        wait(works)
+        sent_at = max(float(t.item()) for t in stamps)
+        if self.emulator:
+            sleep_until(self.emulator.arrival(sent_at, self.boundary_bytes))
+        t1 = now()
+        if self.overlapped and limit is not None:   # keep `want` receives posted
+            while len(self.ahead) < want and self.posted < limit:
+                j, self.received = self.received, self.received + 1
+                self.ahead.append(post_message(j))
+                self.posted += 1
+        return payload, (sent_at, t1)
