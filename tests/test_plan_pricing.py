@@ -1,0 +1,131 @@
+"""What the planner prices is what runs: the runtime settings, the training precision, the iteration tail.
+
+Each prediction is held against a published formula or a first-principles bound computed here from the
+inventory's own numbers, never against the pricing code itself.
+"""
+import json
+
+import pytest
+import yaml
+from helpers import ROOT, run_hetauto
+
+from hetauto_megatron.cost.memory import layer_activation_bytes
+from hetauto_megatron.plan.plan import Mesh, Plan, plan_from_dict
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.spec.inventory import inventory_from_dict
+from hetauto_megatron.spec.model import ModelSpec, PRESETS
+
+INV2 = f"{ROOT}/examples/llama/inventory-2clusters.yaml"
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_activations_follow_korthikanti_table_2(t):
+    """Korthikanti et al. 2022, Table 2, per layer at 16-bit activations, the attention-score terms (5as/h) left
+    out because flash attention stores none: no parallelism 34sbh, tensor parallel sbh(10 + 24/t), tensor +
+    sequence parallel 34sbh/t; full recomputation keeps the layer input, 2sbh (2sbh/t with SP)."""
+    s, b, h = 2048, 1, 4096
+    gpt = ModelSpec(name="gpt", num_layers=1, hidden_size=h, num_attention_heads=32, ffn_hidden_size=4 * h,
+                    vocab_size=51200, seq_length=s, gated_mlp=False)
+    sbh = s * b * h
+    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=False) == pytest.approx(sbh * (10 + 24 / t))
+    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=True) == pytest.approx(34 * sbh / t)
+    assert layer_activation_bytes(gpt, t, b, "full", sequence_parallel=False) == pytest.approx(2 * sbh)
+    assert layer_activation_bytes(gpt, t, b, "full", sequence_parallel=True) == pytest.approx(2 * sbh / t)
+
+
+def _inv(link_gbps=25.0, latency_ms=2.0):
+    return inventory_from_dict({"clusters": [
+        {"name": "a", "device": "h800", "nodes": 2, "devices_per_node": 8,
+         "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}},
+        {"name": "b", "device": "h800", "nodes": 2, "devices_per_node": 8,
+         "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}}],
+        "links": [{"between": ["a", "b"], "bandwidth_gbps": link_gbps, "latency_ms": latency_ms}]})
+
+
+def _two_mesh_plan(model, overrides=()):
+    return Plan(model, 64, (Mesh("a", "h800", 8, 2, 1, "selective", (8,), dict(overrides)),
+                            Mesh("b", "h800", 8, 2, 1, "selective", (8,), dict(overrides))))
+
+
+def test_tied_embeddings_across_clusters_cost_the_table_twice_over_the_link():
+    """Tied input and output embeddings in two clusters: their gradients are summed shard to shard between the
+    owners, the whole table once in each direction of the (full-duplex) 25 Gbit/s link in the fp32 gradient
+    dtype, so the iteration is longer by at least 4 bytes x (padded vocab x hidden) / link bandwidth than the
+    same plan untied (which has more parameters, not fewer)."""
+    m = PRESETS["llama2-7b"].replace(num_layers=16)
+    inv = _inv()
+    tied, untied = (simulate(_two_mesh_plan(m.replace(tie_embeddings=x)), inv) for x in (True, False))
+    table = 4 * 32768 * m.hidden_size          # vocab 32000 padded to 128 x 8 = 1024 multiple
+    bound = table / (25e9 / 8)
+    assert tied.sync_s >= bound
+    assert tied.iteration_time_s - untied.iteration_time_s >= bound * 0.95
+
+
+def test_gradient_reduction_is_exposed_without_overlap():
+    """Without overlap_grad_reduce the DP reduce-scatter waits for the backward pass: the exposed DP time is at
+    least the ring's bandwidth term for one stage's fp32 gradients, (n-1)/n x bytes / per-rank bandwidth, with
+    the inventory's numbers (DP 2 over the 400 Gbit/s inter-node network: TP 8 fills a node)."""
+    m = PRESETS["llama2-7b"].replace(num_layers=16)
+    inv = _inv()
+    off = simulate(_two_mesh_plan(m, {"overlap_grad_reduce": False, "overlap_param_gather": False}), inv)
+    on = simulate(_two_mesh_plan(m), inv)
+    params_per_rank = 8 * m.layer_params / 8   # 8 layers, TP 8 (a lower bound: embedding and norms left out)
+    ring = (2 - 1) / 2 * 4 * params_per_rank / (400e9 / 8)
+    assert off.dp_exposed_s >= ring
+    assert on.dp_exposed_s < off.dp_exposed_s
+    assert on.iteration_time_s < off.iteration_time_s
+
+
+def test_precision_is_an_input_stored_and_emitted(tmp_path):
+    out = tmp_path / "fp32.yaml"
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump({"clusters": [
+        {"name": "h", "device": "h800", "nodes": 2, "devices_per_node": 8},
+        {"name": "a", "device": "a100-80gb", "nodes": 2, "devices_per_node": 8}],
+        "links": [{"between": ["h", "a"], "bandwidth_gbps": 100, "latency_ms": 1}]}))
+    r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv_path), "--global-batch-size", "64",
+                    "--precision", "fp32", "-o", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["precision"] == "fp32" and data["version"] == 2
+    r = run_hetauto("emit", "megatron", "--plan", str(out), "--json")
+    args = [a for la in json.loads(r.stdout)["launches"] for v in la["megatron_args"].values() for a in v]
+    assert "--bf16" not in args and "--fp16" not in args
+    # fp8 only where the device has it: the Ascend 910B has none
+    r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", INV2, "--precision", "fp8")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "ascend-910b" in r.stderr and "cannot train in fp8" in r.stderr and "bf16, fp16" in r.stderr
+    # fp32 runs at the non-tensor-core peak: the same plan is slower than in bf16
+    plan = plan_from_dict(data)
+    inv = inventory_from_dict(yaml.safe_load(inv_path.read_text()))
+    fp32, bf16 = simulate(plan, inv), simulate(Plan(plan.model, plan.global_batch_size, plan.meshes), inv)
+    assert fp32.iteration_time_s > 3 * bf16.iteration_time_s
+    assert max(fp32.memory_gib) > max(bf16.memory_gib)
+
+
+def test_version_1_plans_read_as_bf16():
+    d = yaml.safe_load(open(f"{ROOT}/examples/llama/plans/tiny-2clusters-cpu.yaml"))
+    assert d["version"] == 1 and "precision" not in d
+    assert plan_from_dict(d).precision == "bf16"
+
+
+def test_fp8_plan_emits_transformer_engine_flags():
+    d = {"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "precision": "fp8",
+         "meshes": [{"cluster": "h", "device_type": "h100-sxm", "tp": 1, "dp": 8, "micro_batch_size": 1,
+                     "stage_layers": [8]}]}
+    from hetauto_megatron.emit.megatron import megatron_args
+    args = megatron_args(plan_from_dict(d), 0, "p.yaml")
+    assert "--fp8-format hybrid" in " ".join(args) and "--transformer-impl transformer_engine" in " ".join(args)
+
+
+def test_simulate_table_shows_the_inventorys_memory(tmp_path):
+    """An inventory that gives its H800s 64 GiB (not the catalog's 80): the table says / 64."""
+    inv = yaml.safe_load(open(INV2))
+    inv["clusters"][0]["memory_gib"] = 64
+    p = tmp_path / "inv.yaml"
+    p.write_text(yaml.safe_dump(inv))
+    r = run_hetauto("simulate", "--model", "llama2-7b", "--inventory", str(p), "--tp", "8", "--pp", "2", "--dp",
+                    "4", "--micro-batch-size", "1", "--global-batch-size", "64", "--cluster", "h800")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if " h800 " in line]
+    assert rows and all("/ 64" in line and "/ 80" not in line for line in rows), r.stdout
