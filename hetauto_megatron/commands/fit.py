@@ -76,7 +76,7 @@ def run(args) -> int:
         print(f"held-out error ({args.holdout:.0%} of operator shapes; per-layer data: of (device, model) pairs):")
         print(f"  {'device granularity phase':<32} {'rows':>6} {'MAPE %':>8}")
         for k, v in res.heldout.items():
-            if "sum_of_operators_mape_pct" in v:
+            if "sum_of_operators_mape_pct" in v or "traffic_mape_pct" in v:
                 continue
             print(f"  {k:<32} {v['rows']:>6} {v['mape_pct']:>8.2f}")
     comp = {k: v for k, v in res.heldout.items() if "sum_of_operators_mape_pct" in v}
@@ -87,4 +87,12 @@ def run(args) -> int:
             c = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
             print(f"  {k.replace(' layer-composition', ''):<32} {v['rows']:>6} {v['models']:>6} "
                   f"{v['sum_of_operators_mape_pct']:>11.2f} {c:>16} {'yes' if v['kept'] else 'no'}")
+    opt = {k: v for k, v in res.heldout.items() if "traffic_mape_pct" in v}
+    if opt:
+        print("optimizer step per layer, leave one model out (kept only where it beats the bare memory traffic):")
+        print(f"  {'device':<32} {'rows':>6} {'models':>6} {'traffic MAPE %':>15} {'fitted MAPE %':>14} kept")
+        for k, v in opt.items():
+            c = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
+            print(f"  {k.replace(' optimizer-step', ''):<32} {v['rows']:>6} {v['models']:>6} "
+                  f"{v['traffic_mape_pct']:>15.2f} {c:>14} {'yes' if v['kept'] else 'no'}")
     return 0

@@ -189,6 +189,11 @@ class AnalyticCostModel:
         fwd = self._elementwise(device, nbytes)
         return fwd + self.cal.micro_batch_overhead_s, 2 * fwd
 
+    def optimizer_calibration(self, device: DeviceType) -> tuple[float, float]:
+        """(rate on the optimizer step's memory traffic, fixed seconds per layer): the analytic model prices the
+        step as its traffic at full bandwidth (plan/costing.py); a learned model may know better."""
+        return 1.0, 0.0
+
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Fixed time per iteration outside the pipeline (zeroing gradient buffers, the gradient-norm
         reduction, the learning-rate schedule, logging)."""

@@ -54,3 +54,7 @@ class SharedCoresCostModel:
 
     def iteration_overhead_s(self, device):
         return self.base.iteration_overhead_s(device) * self.factor
+
+    def optimizer_calibration(self, device):
+        rate, per_layer = self.base.optimizer_calibration(device)
+        return rate * self.factor, per_layer * self.factor

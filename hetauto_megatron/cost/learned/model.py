@@ -42,6 +42,7 @@ class FittedModel:
     rounds: dict               # booster name -> rounds used
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
+    optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per layer)
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
@@ -100,6 +101,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
     manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
                 "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
+                "optimizer": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
                 "score_bwd_weight": model.score_bwd_weight,
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
@@ -135,7 +137,7 @@ class LearnedCostModel:
         self.manifest = man
         self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
         tables = {}
-        for table in ("calibration", "composition"):
+        for table in ("calibration", "composition", "optimizer"):
             try:
                 tables[table] = {k: (float(v["rate"]), float(v["overhead_s"]))
                                  for k, v in man.get(table, {}).items()}
@@ -156,6 +158,7 @@ class LearnedCostModel:
                              fix="re-fit it with 'hetauto fit'")
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
                                   tables["composition"], float(weight))
+        self.fitted.optimizer = tables["optimizer"]
         # Covered: measured in both phases at its granularity, in the element size its DeviceInfo states (the
         # calibration has groups for both phases at that size).
         groups = {(d, g, ph, b) for d, g, ph, _, b in (k.split("|") for k in self.fitted.calibration)}
@@ -247,6 +250,13 @@ class LearnedCostModel:
     def embedding_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                         seq_length: int | None = None) -> tuple[float, float]:
         return self._piece("embedding", model, device, tp, micro_batch_size, seq_length)
+
+    def optimizer_calibration(self, device: DeviceType) -> tuple[float, float]:
+        """(rate on the optimizer's memory traffic, fixed seconds per layer) of the optimizer step: measured for
+        a covered device type where the fit kept it (fit_optimizer), else the analytic model's (1, 0)."""
+        info = self._info(device)
+        hit = self.fitted.optimizer.get(info.name) if info is not None else None
+        return hit if hit is not None else self.fallback.optimizer_calibration(device)
 
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Per-iteration fixed time: no measurement covers it, the analytic model's constant."""

@@ -241,3 +241,52 @@ def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
     return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight) for r in layers
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
+
+
+# ---- the optimizer step, measured per layer -------------------------------------------------------------------
+@dataclass(frozen=True)
+class SailorUpdate:
+    """The optimizer step of one transformer layer on one TP rank (the third figure of each Sailor entry), the
+    median over the run's layers and micro-batch sizes (the step does not depend on the micro-batch)."""
+    model: str
+    gpu: str
+    device: str
+    tp: int
+    params: float          # the layer's parameters on one TP rank
+    bytes_per_param: int   # Adam's memory traffic per parameter: 32 in 16-bit mixed precision, 28 in fp32
+    hbm_gbps: float
+    update_s: float
+
+    @property
+    def prior_s(self) -> float:
+        """The optimizer's memory traffic at full bandwidth (plan/costing.py `optimizer_time`)."""
+        return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
+
+
+def load_sailor_updates(directory: str) -> list[SailorUpdate]:
+    """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step of its transformer layers."""
+    data = read_json_file(os.path.join(directory, "profiles_tmp.json"), field="--sailor")
+    layers = load_sailor(directory)
+    prec = sailor_precisions(layers)
+    out = []
+    for mname, per_gpu in data.items():
+        spec = SAILOR_MODELS.get(mname)
+        if spec is None:
+            continue
+        h, f = spec.hidden_size, spec.ffn_hidden_size
+        per_layer = 4 * h * h + (3 if spec.gated_mlp else 2) * h * f
+        for gpu, per_mb in per_gpu.items():
+            dev, _, bw = sailor_device(gpu)
+            if not dev or (mname, gpu) not in prec:
+                continue
+            by_tp: dict[int, list[float]] = {}
+            for per_tp in per_mb.values():
+                for tp, entries in per_tp.items():
+                    for i in range(1, spec.num_layers + 1):
+                        e = entries.get(str(i))
+                        if e and len(e) > 2 and e[2] > 0:
+                            by_tp.setdefault(int(tp), []).append(float(e[2]))
+            for tp, ups in sorted(by_tp.items()):
+                out.append(SailorUpdate(mname, gpu, dev, tp, per_layer / tp, 28 if prec[(mname, gpu)] == "fp32" else 32,
+                                        bw, statistics.median(ups)))
+    return out
