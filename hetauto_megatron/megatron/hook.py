@@ -335,7 +335,9 @@ def pretrain_kwargs(args) -> dict:
 
 
 def _install_gradient_rules(state: _State) -> None:
-    """After Megatron builds model and optimizer: the runtime's finalize-grads function on the model config
+    """Once Megatron has built the model, before the optimizer copies its parameters: the tied output layer gets
+    the first stage's embeddings (Megatron's own copy needs an embedding group, which a plan spanning TP sizes
+    has not). After model and optimizer: the runtime's finalize-grads function on the model config
     (training.train keeps a finalize function that is already set) and the once-per-parameter global norm."""
     import megatron.training.training as training
     from megatron.core.utils import get_model_config
@@ -345,6 +347,16 @@ def _install_gradient_rules(state: _State) -> None:
     original = training.setup_model_and_optimizer
     if getattr(original, "_hetauto", False):
         return
+    original_get_optimizer = training.get_megatron_optimizer
+
+    # Both of Megatron-LM's model paths (model_provider and the config builder NVIDIA's pretrain_gpt.py takes)
+    # hand the built model to get_megatron_optimizer, which copies the parameters into the optimizer.
+    @functools.wraps(original_get_optimizer)
+    def get_megatron_optimizer(config, model_chunks, *a, **kw):
+        gradients.copy_tied_weights(model_chunks, state.context, state.communicator.bytes_sent)
+        return original_get_optimizer(config, model_chunks, *a, **kw)
+
+    training.get_megatron_optimizer = get_megatron_optimizer
 
     @functools.wraps(original)
     def setup_model_and_optimizer(*a, **kw):

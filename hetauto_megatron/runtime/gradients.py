@@ -192,6 +192,56 @@ class TiedEmbeddingExchange:
             dist.broadcast(grad, src=dist.get_global_rank(self.ctx.pg.dp, 0), group=self.ctx.pg.dp)
 
 
+def copy_tied_weights(model_chunks, ctx, counter: dict | None = None) -> None:
+    """Give the last stage's output layer the first stage's word embeddings, once, after the model is built and
+    before the optimizer copies its parameters.
+
+    Megatron does this with an all-reduce over its embedding group (the last stage's copy starts at zero), which
+    needs equal TP shards on both sides; across meshes that group does not exist (`ctx.pg.embd` is None), so
+    without this copy the output layer would start at zero. Shard to shard as the gradient exchange: DP rank 0 of
+    each first-stage TP rank sends its rows to every last-stage replica's ranks that hold them (the dry run needs
+    none of this: it draws both copies from the same global name)."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.tie_group is None:
+        return
+    c, first = ctx.coords, ctx.is_first_stage
+    weight = _tied_weight(model_chunks, ctx)
+    base = c.tp_rank * weight.numel()
+    owns = not first or c.dp_rank == 0      # senders: one replica of the first stage; receivers: every replica
+    mine = torch.tensor([c.rank, int(first), c.dp_rank, base, base + weight.numel() if owns else base],
+                        dtype=torch.int64)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(ctx.tie_group))]
+    dist.all_gather(rows, mine, group=ctx.tie_group)
+    table = [r.tolist() for r in rows]
+    senders = [(r, s, e) for r, f, _, s, e in table if f]
+    blocks = []
+    for d in sorted({dp for _, f, dp, _, _ in table if not f}):
+        blocks += tie_blocks(senders, [(r, s, e) for r, f, dp, s, e in table if not f and dp == d])
+    first_mesh, last_mesh = ctx.plan.meshes[0], ctx.plan.meshes[-1]
+    key = "inter_cluster" if first_mesh.cluster != last_mesh.cluster else "intra_cluster"
+    flat, works, received = weight.data.view(-1), [], []
+    for k, b in enumerate(blocks):
+        view = flat[b.start - base:b.stop - base]
+        if first and b.first == c.rank:
+            out = view.detach().to("cpu", copy=True)
+            works.append(dist.isend(out, b.last, group=ctx.tie_group, tag=k))
+            if counter is not None:
+                counter[key] = counter.get(key, 0) + out.numel() * out.element_size()
+        elif not first and b.last == c.rank:
+            inbox = torch.empty(view.shape, dtype=view.dtype)
+            works.append(dist.irecv(inbox, b.first, group=ctx.tie_group, tag=k))
+            received.append((view, inbox))
+    timeout = datetime.timedelta(seconds=ctx.timeout_s)
+    for work in works:
+        if work.wait(timeout) is False:
+            raise TimeoutError(f"rank {c.rank}: copying the tied embeddings timed out after {ctx.timeout_s:.0f}s")
+    with torch.no_grad():
+        for view, inbox in received:
+            view.copy_(inbox.to(view.device))
+
+
 def count_grad_norm_once(optimizer, ctx) -> None:
     """Make Megatron's optimizer compute the global grad norm over every mesh, counting each parameter once.
 
