@@ -43,7 +43,7 @@ def megatron_baseline(rank, world, plan, steps, seed):
     from hetauto_megatron.runtime.device import enable_cpu_redirects
     from hetauto_megatron.runtime.groups import RankContext, rank_coords
     from hetauto_megatron.runtime.model import build_model, transformer_config
-    from hetauto_megatron.runtime.train import LEARNING_RATE, CLIP_GRAD, step_tokens
+    from hetauto_megatron.runtime.train import CLIP_GRAD, LEARNING_RATE, ddp_settings, step_tokens
 
     enable_cpu_redirects()
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -54,12 +54,17 @@ def megatron_baseline(rank, world, plan, steps, seed):
                       dry_run=True)
     config = transformer_config(plan, ctx, plan.model)
     model = build_model(ctx, plan.model, config, seed=seed)
-    ddp = DistributedDataParallel(config=config, module=model, ddp_config=DistributedDataParallelConfig(
-        overlap_grad_reduce=False, use_distributed_optimizer=False))
+    # the mesh's runtime settings, as the hetauto run uses them (distributed optimizer, overlaps, SP in `config`)
+    ddp = DistributedDataParallel(config=config, module=model,
+                                  ddp_config=DistributedDataParallelConfig(**ddp_settings(mesh.settings)))
     config.no_sync_func = ddp.no_sync
+    if mesh.settings.overlap_grad_reduce:
+        config.grad_sync_func = ddp.start_grad_sync
     config.finalize_model_grads_func = finalize_model_grads
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
-                                                 params_dtype=torch.float32), [ddp])
+                                                 params_dtype=torch.float32,
+                                                 use_distributed_optimizer=mesh.settings.distributed_optimizer),
+                                 [ddp])
     spec, mbs = plan.model, mesh.micro_batch_size
     pos = torch.arange(spec.seq_length).unsqueeze(0).expand(mbs, -1)
     mask = torch.tril(torch.ones(1, 1, spec.seq_length, spec.seq_length)) < 0.5
