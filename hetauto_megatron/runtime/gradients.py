@@ -128,7 +128,6 @@ class TiedEmbeddingExchange:
         self.ctx, self.counter = ctx, counter
         first, last = ctx.plan.meshes[0], ctx.plan.meshes[-1]
         self.key = "inter_cluster" if first.cluster != last.cluster else "intra_cluster"
-        self.timeout = datetime.timedelta(seconds=ctx.timeout_s)
         self.blocks = None
         self.local = None      # this rank's (lo, hi) in its own flattened shard, or None when it owns nothing
         self.sharded = False
@@ -175,15 +174,12 @@ class TiedEmbeddingExchange:
                 out = view.detach().to("cpu", copy=True)
                 inbox = torch.empty_like(out)
                 # tags: even = first -> last, odd = last -> first, so both directions of a block never mix
-                works.append(dist.isend(out, peer, group=self.ctx.tie_group, tag=2 * k + (0 if first else 1)))
-                works.append(dist.irecv(inbox, peer, group=self.ctx.tie_group, tag=2 * k + (1 if first else 0)))
+                works.append((dist.isend(out, peer, group=self.ctx.tie_group, tag=2 * k + (0 if first else 1)), peer))
+                works.append((dist.irecv(inbox, peer, group=self.ctx.tie_group, tag=2 * k + (1 if first else 0)), peer))
                 received.append((view, inbox))
                 if self.counter is not None:
                     self.counter[self.key] = self.counter.get(self.key, 0) + out.numel() * out.element_size()
-        for work in works:
-            if work.wait(self.timeout) is False:
-                raise TimeoutError(f"rank {me}: the tied-embedding exchange timed out after "
-                                   f"{self.timeout.total_seconds():.0f}s")
+        _wait(works, self.ctx, "exchange tied-embedding gradients")
         with torch.no_grad():
             for view, inbox in received:
                 view.add_(inbox.to(view.device))
@@ -226,20 +222,35 @@ def copy_tied_weights(model_chunks, ctx, counter: dict | None = None) -> None:
         view = flat[b.start - base:b.stop - base]
         if first and b.first == c.rank:
             out = view.detach().to("cpu", copy=True)
-            works.append(dist.isend(out, b.last, group=ctx.tie_group, tag=k))
+            works.append((dist.isend(out, b.last, group=ctx.tie_group, tag=k), b.last))
             if counter is not None:
                 counter[key] = counter.get(key, 0) + out.numel() * out.element_size()
         elif not first and b.last == c.rank:
             inbox = torch.empty(view.shape, dtype=view.dtype)
-            works.append(dist.irecv(inbox, b.first, group=ctx.tie_group, tag=k))
+            works.append((dist.irecv(inbox, b.first, group=ctx.tie_group, tag=k), b.first))
             received.append((view, inbox))
-    timeout = datetime.timedelta(seconds=ctx.timeout_s)
-    for work in works:
-        if work.wait(timeout) is False:
-            raise TimeoutError(f"rank {c.rank}: copying the tied embeddings timed out after {ctx.timeout_s:.0f}s")
+    _wait(works, ctx, "copy the tied embeddings")
     with torch.no_grad():
         for view, inbox in received:
             view.copy_(inbox.to(view.device))
+
+
+def _wait(works, ctx, what: str) -> None:
+    """Wait for (work, peer) pairs with the context's timeout; a peer that is gone or silent is named."""
+    from .communicator import PeerError
+    from .groups import rank_coords
+
+    timeout = datetime.timedelta(seconds=ctx.timeout_s)
+    for work, peer in works:
+        try:
+            ok = work.wait(timeout)
+            how = None if ok is not False else f"timed out after {ctx.timeout_s:.0f}s"
+        except RuntimeError as exc:   # gloo: the connection was closed or timed out
+            how = f"failed: {str(exc).splitlines()[0]}"
+        if how:
+            c, p = ctx.coords, rank_coords(ctx.plan, peer)
+            raise PeerError(f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}) could not {what} with rank "
+                            f"{peer} (cluster {p.cluster}, stage {p.stage}): {how}; that process is gone or stuck")
 
 
 def count_grad_norm_once(optimizer, ctx) -> None:
