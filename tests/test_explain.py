@@ -158,13 +158,23 @@ def test_compare(tmp_path, capsys):
     plan = load_plan(a)
     hours = ra["iteration_time_s"] / 3600
     usd = sum(m.num_devices * (2 if m.cluster == "h800" else 1) for m in plan.meshes) * hours
-    assert ra["usd_per_million_tokens"] == pytest.approx(usd / (512 * 4096) * 1e6, rel=1e-9)
+    assert ra["cost_per_million_tokens"] == pytest.approx(usd / (512 * 4096) * 1e6, rel=1e-9)
     # 2 x (activation + gradient) x m x samples x seq x hidden x 2 bytes at the one cross-cluster boundary
     assert ra["cross_cluster_bytes"] == 2 * 2 * plan.num_micro_batches * plan.samples_per_step * 4096 * 8192
     assert main(["compare", a, b]) == 0
     out = capsys.readouterr().out
     assert "* " in out and " <" in out
     assert main(["compare", a, "--price", "h800"]) == 2
+    assert main(["compare", a, "--price", "mars=1"]) == 2
+    # prices in the inventory file give the same figure
+    data = yaml.safe_load(open(inv))
+    for c in data["clusters"]:
+        c["price_per_device_hour"] = 2 if c["name"] == "h800" else 1
+    priced = tmp_path / "priced.yaml"
+    priced.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    rep = _json(capsys, "compare", a, "--inventory", str(priced), "--json")
+    assert rep["plans"][0]["cost_per_million_tokens"] == pytest.approx(ra["cost_per_million_tokens"], rel=1e-9)
 
 
 def test_demo_explains_its_plan_and_draws_the_timeline(tmp_path, capfd):

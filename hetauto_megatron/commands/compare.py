@@ -15,8 +15,8 @@ Every plan is simulated afresh with the current cost model, on the inventory sto
 for all of them, with --set what-ifs applied). Rows where the plans differ are marked with '*', the best
 value of a numeric row with '<'.
 
-Prices are per device-hour, per cluster: --price NAME=USD (repeatable), or a cluster's
-price_per_device_hour in the plan's stored inventory. Only the devices a plan uses are counted.
+Prices are per device-hour, per cluster: a cluster's price_per_device_hour in the inventory (docs/inputs.md),
+or --price NAME=PRICE (repeatable, wins). Only the devices a plan uses are counted.
 
 exit codes: 0 ok, 2 invalid input."""
 
@@ -32,26 +32,30 @@ examples:
 def add_arguments(parser) -> None:
     parser.add_argument("plans", nargs="+", metavar="PLAN", help="plan files (YAML or JSON)")
     add_plan_input_args(parser)
-    parser.add_argument("--price", action="append", default=[], metavar="CLUSTER=USD",
-                        help="price of one device-hour on a cluster (repeatable)")
+    parser.add_argument("--price", action="append", default=[], metavar="CLUSTER=PRICE",
+                        help="price of one device-hour on a cluster, any currency (repeatable; overrides the "
+                             "inventory's price_per_device_hour)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def _prices(args, plan) -> dict:
+def _prices(args, inventory) -> dict:
+    """Price of a device-hour per cluster: the inventory's price_per_device_hour, overridden by --price."""
     from ..errors import InputError
-    prices = {}
-    for c in (plan.inventory or {}).get("clusters", []) or []:
-        if isinstance(c, dict) and isinstance(c.get("price_per_device_hour"), (int, float)):
-            prices[str(c["name"])] = float(c["price_per_device_hour"])
+    prices = {c.name: c.price_per_device_hour for c in inventory.clusters if c.price_per_device_hour is not None}
+    names = [c.name for c in inventory.clusters]
     for item in args.price:
-        name, sep, value = item.partition("=")
+        name, sep, value = (x.strip() for x in item.partition("="))
         try:
-            prices[name.strip()] = float(value)
-            ok = sep and prices[name.strip()] >= 0
+            ok = bool(sep) and float(value) >= 0
         except ValueError:
             ok = False
         if not ok:
-            raise InputError(f"{item!r} is not CLUSTER=USD_PER_DEVICE_HOUR", field="--price", fix="write e.g. --price h800=2.5")
+            raise InputError(f"{item!r} is not CLUSTER=PRICE_PER_DEVICE_HOUR", field="--price",
+                             fix="write e.g. --price h800=2.5")
+        if name not in names:
+            raise InputError(f"{item!r}: the inventory has no cluster {name!r}", field="--price",
+                             fix=f"price one of: {', '.join(names)}")
+        prices[name] = float(value)
     return prices
 
 
@@ -75,10 +79,10 @@ def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
                                for m in plan.meshes),
            "cross_cluster_bytes": cross_cluster_bytes(plan, inventory),
            "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
-           "usd_per_million_tokens": None}
+           "cost_per_million_tokens": None}
     if used and all(c in prices for c in used):
         usd = sum(n * prices[c] for c, n in used.items()) * est["iteration_time_s"] / 3600
-        row["usd_per_million_tokens"] = usd / tokens * 1e6
+        row["cost_per_million_tokens"] = usd / tokens * 1e6
     return row
 
 
@@ -86,7 +90,7 @@ def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
 ROWS = [("iteration_time_s", "iteration s", "{:.3f}", "min"), ("tokens_per_s", "tokens/s", "{:,.0f}", "max"),
         ("tokens_per_s_per_device", "tokens/s per device", "{:,.1f}", "max"),
         ("tflops_per_device", "TFLOP/s per device", "{:.1f}", "max"),
-        ("usd_per_million_tokens", "$ per 1M tokens", "{:.3f}", "min"),
+        ("cost_per_million_tokens", "cost per 1M tokens", "{:.3f}", "min"),
         ("peak_memory", "peak memory", "{}", None), ("fits", "fits in memory", "{}", None),
         ("devices", "devices", "{}", None), ("clusters", "clusters (devices)", "{}", None),
         ("meshes", "meshes", "{}", None), ("pipeline", "pipeline", "{}", None),
@@ -99,7 +103,7 @@ def format_table(rows: list[dict]) -> str:
     lines = []
     for key, label, fmt, better in ROWS:
         vals = [r[key] for r in rows]
-        if key == "usd_per_million_tokens" and all(v is None for v in vals):
+        if key == "cost_per_million_tokens" and all(v is None for v in vals):
             continue
         shown = ["-" if v is None else fmt.format(v / 1e9 if key == "cross_cluster_bytes" else v) for v in vals]
         if better and len(rows) > 1 and all(v is not None for v in vals):
@@ -120,7 +124,7 @@ def run(args) -> int:
     for path in args.plans:
         plan, inventory, cost_model = plan_inputs(args, path)
         try:
-            rows.append(plan_row(path, plan, inventory, cost_model, _prices(args, plan)))
+            rows.append(plan_row(path, plan, inventory, cost_model, _prices(args, inventory)))
         except InputError as exc:
             raise (exc.within(file=path) if exc.file is None else exc) from None
     if args.json:

@@ -37,6 +37,7 @@ class Cluster:
     devices_per_node: int
     intra_node: LinkSpec
     inter_node: LinkSpec
+    price_per_device_hour: float | None = None   # optional, any currency: 'hetauto compare' reports cost per token
 
     def __post_init__(self):
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -106,6 +107,7 @@ class Inventory:
                 "memory_gib": c.device.memory_gib, "peak_tflops": c.device.reference_tflops, "hbm_gbps": c.device.hbm_gbps,
                 "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
                 "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6},
+                **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
             } for c in self.clusters],
             "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3}
                       for pair, l in sorted(self.links.items(), key=lambda kv: sorted(kv[0]))],
@@ -113,7 +115,7 @@ class Inventory:
 
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
-                 "peak_tflops", "hbm_gbps"}
+                 "peak_tflops", "hbm_gbps", "price_per_device_hour"}
 _DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
 _DEFAULT_INTRA_NODE_LATENCY_US = 5.0
 # Cluster names become file names of the emitted launch scripts and configs, and words in shell commands.
@@ -163,7 +165,11 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
                       default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": _DEFAULT_INTRA_NODE_LATENCY_US})
         inter = _link(raw.get("inter_node"), file=file, prefix=p + "inter_node.", default=_DEFAULT_INTER_NODE)
-        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter))
+        price = get(raw, "price_per_device_hour", float, default=None, file=file, prefix=p)
+        if price is not None and price < 0:
+            raise InputError(f"must not be negative, got {price}", file=file, field=p + "price_per_device_hour",
+                             fix="give what one device-hour costs (any currency), or leave it out")
+        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter, price))
     names = {c.name for c in clusters}
     links = {}
     for i, raw in enumerate(get(data, "links", list, default=[], file=file)):
