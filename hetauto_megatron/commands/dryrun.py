@@ -119,7 +119,8 @@ def _emulation(args, plan):
         plan = dataclasses.replace(plan, inventory=load_inventory(args.inventory).to_dict())
     if plan.inventory is None:
         raise InputError("needs the inventory the plan was made for, and the plan file has none",
-                         field="--emulate-links", file=args.plan, fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
+                         field="--emulate-links", file=args.plan,
+                         fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
     from ..spec.inventory import inventory_from_dict
     inv = inventory_from_dict(plan.inventory)
     for a, b in zip(plan.meshes, plan.meshes[1:]):

@@ -148,7 +148,8 @@ class TiedEmbeddingExchange:
         rows = [torch.empty_like(mine) for _ in range(size)]
         dist.all_gather(rows, mine, group=self.ctx.tie_group)
         owners = [r.tolist() for r in rows]
-        self.blocks = tie_blocks([(r, s, e) for r, f, s, e in owners if f], [(r, s, e) for r, f, s, e in owners if not f])
+        self.blocks = tie_blocks([(r, s, e) for r, f, s, e in owners if f],
+                                 [(r, s, e) for r, f, s, e in owners if not f])
         self.local = (base, owned) if owned[0] < owned[1] else None
 
     def reduce(self, model_chunks) -> None:
@@ -160,7 +161,7 @@ class TiedEmbeddingExchange:
         if grad is None:
             grad = weight.grad
         if self.blocks is None:
-            self._plan_blocks(model_chunks[0], weight)
+            self._plan_blocks(model_chunks[0] if self.ctx.is_first_stage else model_chunks[-1], weight)
         me, first = self.ctx.coords.rank, self.ctx.is_first_stage
         flat = grad.view(-1)
         works, received = [], []
