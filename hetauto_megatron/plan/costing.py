@@ -14,6 +14,7 @@ global gradient-norm all-reduce over the world's gloo group.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,6 +55,8 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
                   cost_model, settings: RuntimeSettings | None = None) -> StageProfile:
     """`settings`: the mesh's runtime settings; None = the defaults for its TP (what `hetauto plan` emits)."""
     settings = settings or default_settings(tp)
+    if tp > 1:     # (at TP 1 there is nothing to split)
+        cost_model = _with_sequence_parallel(cost_model, settings.sequence_parallel)
     dev = cluster.device
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
     lb += cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
@@ -69,6 +72,17 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     opt_rate, opt_layer = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
                         dev.memory_gib * GIB, settings, opt_rate, opt_layer)
+
+
+def _with_sequence_parallel(cost_model, sequence_parallel: bool):
+    """The cost model pricing element-wise work as the mesh runs it: a model that has the switch (the analytic
+    one: without sequence parallelism every TP rank repeats the norms, dropout and residuals of the whole
+    sequence) gets the mesh's setting."""
+    if getattr(cost_model, "sequence_parallel", sequence_parallel) == sequence_parallel:
+        return cost_model
+    other = copy.copy(cost_model)
+    other.sequence_parallel = sequence_parallel
+    return other
 
 
 def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
