@@ -22,9 +22,19 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
 @pytest.fixture(scope="module")
-def tiny_run():
+def tiny_run(tmp_path_factory):
+    """The 2-cluster tiny plan with its cross-cluster boundary overlapped (depth 1): asynchronous transfers,
+    receives posted ahead, one more warm-up micro-batch on cluster-a (the blocking path runs in the NVIDIA test)."""
+    import dataclasses
+
+    from hetauto_megatron.plan.plan import load_plan
+    plan = load_plan(PLAN)
+    plan = dataclasses.replace(plan, meshes=(dataclasses.replace(plan.meshes[0], boundary_schedule="overlapped",
+                                                                 boundary_depth=1),) + plan.meshes[1:])
+    path = str(tmp_path_factory.mktemp("overlapped") / "plan.yaml")
+    plan.save(path)
     lines = []
-    return demo.run_tiny(PLAN, iters=3, out=lines.append), lines
+    return demo.run_tiny(path, iters=3, out=lines.append), lines
 
 
 def test_hetauto_pretrain_matches_megatron_homogeneous_layout(tiny_run):

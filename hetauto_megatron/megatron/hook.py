@@ -19,7 +19,8 @@ With --hetauto, per rank:
    process belongs to exactly one mesh, so the globals are unambiguous), and returns the plan's
    `p2p_communicator` and `pg_collection` with `skip_model_parallel_init=True`;
 4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (reduction of
-   tied embeddings across clusters, a global gradient norm that counts each parameter once).
+   tied embeddings across clusters, a global gradient norm that counts each parameter once), and each run of
+   the schedule is bracketed by the communicator's begin_step / end_step (overlapped boundaries).
 """
 from __future__ import annotations
 
@@ -369,6 +370,34 @@ def _install_gradient_rules(state: _State) -> None:
 
     setup_model_and_optimizer._hetauto = True
     training.setup_model_and_optimizer = setup_model_and_optimizer
+    _install_step_bounds(state)
+
+
+def _install_step_bounds(state: _State) -> None:
+    """Every schedule run of Megatron-LM's loop (training and evaluation) is bracketed by the communicator's
+    begin_step / end_step, so overlapped cross-cluster boundaries post their receives ahead and complete their
+    sends within the step (runtime/cross_link.py)."""
+    import megatron.training.training as training
+
+    original = training.get_forward_backward_func
+    if getattr(original, "_hetauto", False):
+        return
+    comm = state.communicator
+
+    @functools.wraps(original)
+    def get_forward_backward_func(*a, **kw):
+        run = original(*a, **kw)
+
+        @functools.wraps(run)
+        def bounded(*args, **kwargs):
+            comm.begin_step(kwargs["num_microbatches"])
+            out = run(*args, **kwargs)
+            comm.end_step()
+            return out
+        return bounded
+
+    get_forward_backward_func._hetauto = True
+    training.get_forward_backward_func = get_forward_backward_func
 
 
 def _exit_for_user(exc: InputError):
