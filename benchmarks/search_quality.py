@@ -16,7 +16,7 @@ import random
 import time
 
 from hetauto_megatron.plan import space as space_mod
-from hetauto_megatron.plan.search import SearchConfig, search
+from hetauto_megatron.plan.search import EXHAUSTIVE_LEAVES, SearchConfig, search
 from hetauto_megatron.plan.space import SearchSpace
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
@@ -60,7 +60,7 @@ def main() -> None:
         inv, model, gbs = random_instance(rng)
         sp = SearchSpace(model, inv, gbs, cost)
         n = len(space_mod.leaves(sp, limit=MAX_LEAVES))
-        if n > MAX_LEAVES or n < 50:
+        if n > MAX_LEAVES or n <= EXHAUSTIVE_LEAVES:       # the default search would enumerate smaller trees
             continue
         t0 = time.perf_counter()
         try:

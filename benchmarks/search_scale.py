@@ -1,11 +1,16 @@
-"""Search time and plan quality at growing scale (LLaMA-2-70B), pinned to one core.
+"""Search time and plan quality at growing scale, on one core and on all cores.
 
-    .venv/bin/python benchmarks/search_scale.py [--seed N]
+    .venv/bin/python benchmarks/search_scale.py [--seed N] [--skip-8]
 
-For each instance it prints: devices, search wall time, layouts evaluated, the plan's predicted iteration time,
-tokens/s and MFU, and two references: the best plan on the single fastest cluster alone (what a homogeneous
-job would do), and where the tree is small enough the exhaustive optimum of the same search space.
-Targets: <= 1 s for 512 devices, <= 10 s for 736 devices on one core; MCTS within 1% of exhaustive.
+For each instance it prints, once pinned to one core (--workers 1) and once on every core the machine gives
+this process (--workers = that count): wall seconds, CPU seconds (this process and its workers), layouts
+evaluated and layouts per second, the plan's predicted iteration time, tokens/s and MFU, and two references:
+the best plan on the single fastest cluster alone (what a homogeneous job would do), and where the tree is
+small enough the exhaustive optimum of the same search space. The load average is printed first: on a
+shared machine wall times are pessimistic, CPU seconds less so.
+Targets (issue 15): 2 clusters / 512 devices <= 0.5 s, 4 clusters / 736 devices <= 1 s, 8 clusters / 16,384
+devices <= 30 s. Then re-planning: the 736-device example after its busiest cluster leaves, cold and with
+--from the old plan (target: <= 20 % of the cold search's time, the same plan quality).
 
 Then, for the README's 2-cluster plan and the 4-cluster / 736-device example, the boundary schedules
 (docs/search.md): the plan searched with blocking cross-cluster transfers (what the runtime does today) and with
@@ -18,13 +23,17 @@ import argparse
 import os
 import time
 
+from hetauto_megatron.plan.replan import warm_layouts
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import layout_to_plan, simulate
+from hetauto_megatron.plan.space import SearchSpace
+from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
 from hetauto_megatron.spec.model import PRESETS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EX = os.path.join(HERE, "..", "examples", "llama")
+EX8 = os.path.join(HERE, "..", "examples", "gpt3", "inventory-8clusters-16k.yaml")
 
 
 def two_clusters(h800_nodes: int, other: str, other_nodes: int, bw: float) -> dict:
@@ -36,38 +45,86 @@ def two_clusters(h800_nodes: int, other: str, other_nodes: int, bw: float) -> di
         "links": [{"between": ["h800", other], "bandwidth_gbps": bw, "latency_ms": 2}]}
 
 
+def timed(model, inv, gbs, cfg):
+    """(result, wall s, CPU s of this process and its finished workers)."""
+    c0, w0 = os.times(), time.perf_counter()
+    r = search(model, inv, gbs, config=cfg)
+    c1 = os.times()
+    return r, time.perf_counter() - w0, (c1.user + c1.system + c1.children_user + c1.children_system
+                                         - c0.user - c0.system - c0.children_user - c0.children_system)
+
+
+def without(inv, name: str):
+    d = inv.to_dict()
+    d["clusters"] = [c for c in d["clusters"] if c["name"] != name]
+    d["links"] = [link for link in d.get("links", []) if name not in link["between"]]
+    return inventory_from_dict(d)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-8", action="store_true", help="leave out the 8-cluster / 16,384-device instance")
     args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    model = PRESETS["llama2-70b"]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
+          f"all cores = {len(cores)}")
+    llama = PRESETS["llama2-70b"]
     instances = [
-        ("2 clusters / 64 devices", inventory_from_dict(two_clusters(4, "ascend-910b", 4, 25)), 256, True),
-        ("2 clusters / 512 devices", inventory_from_dict(two_clusters(32, "a100-80gb", 32, 100)), 1024, False),
-        ("4 clusters / 736 devices", load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024, False),
+        ("2 clusters / 64 devices", llama, inventory_from_dict(two_clusters(4, "ascend-910b", 4, 25)), 256, True),
+        ("2 clusters / 512 devices", llama, inventory_from_dict(two_clusters(32, "a100-80gb", 32, 100)), 1024, False),
+        ("4 clusters / 736 devices", llama, load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024,
+         False),
     ]
-    print(f"{'instance':26} {'search s':>8} {'layouts':>7} {'iter s':>8} {'tokens/s':>10} {'MFU':>6} "
-          f"{'fastest-alone s':>15} {'speed-up':>8} {'exhaustive s':>12} {'gap':>6}")
-    for name, inv, gbs, exhaustive in instances:
-        t0 = time.perf_counter()
-        r = search(model, inv, gbs, config=SearchConfig(seed=args.seed))
-        secs = time.perf_counter() - t0
-        est = simulate(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv), inv)
+    if not args.skip_8:
+        instances.append(("8 clusters / 16,384 devices", PRESETS["gpt3-175b"], load_inventory(EX8), 4096, False))
+    print(f"{'instance':28} {'cores':>5} {'wall s':>7} {'CPU s':>6} {'layouts':>7} {'layouts/s':>9} {'iter s':>8} "
+          f"{'tokens/s':>10} {'MFU':>6} {'fastest-alone s':>15} {'speed-up':>8} {'exhaustive s':>12} {'gap':>6}")
+    plans = {}
+    for name, model, inv, gbs, exhaustive in instances:
         fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
         alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
         alone = search(model, alone_inv, gbs, config=SearchConfig(seed=args.seed))
         ex_s, gap = "-", "-"
-        if exhaustive:
-            ex = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
-            ex_s, gap = f"{ex.iteration_time_s:.3f}", f"{(r.iteration_time_s / ex.iteration_time_s - 1) * 100:+.2f}%"
-        print(f"{name:26} {secs:8.2f} {r.candidates_evaluated:7d} {r.iteration_time_s:8.3f} {est.tokens_per_s:10.0f} "
-              f"{est.mfu:6.1%} {alone.iteration_time_s:15.3f} {alone.iteration_time_s / r.iteration_time_s:7.2f}x "
-              f"{ex_s:>12} {gap:>6}")
+        for n in sorted({1, len(cores)}):
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, set(cores[:n]))
+            r, wall, cpu = timed(model, inv, gbs, SearchConfig(seed=args.seed, workers=n))
+            est = simulate(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), inv)
+            if exhaustive and ex_s == "-":
+                ex = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
+                ex_s, gap = f"{ex.iteration_time_s:.3f}", f"{(r.iteration_time_s / ex.iteration_time_s - 1) * 100:+.2f}%"
+            print(f"{name:28} {n:5d} {wall:7.2f} {cpu:6.2f} {r.candidates_evaluated:7d} "
+                  f"{r.candidates_evaluated / wall:9.0f} {r.iteration_time_s:8.3f} {est.tokens_per_s:10.0f} "
+                  f"{est.mfu:6.1%} {alone.iteration_time_s:15.3f} {alone.iteration_time_s / r.iteration_time_s:7.2f}x "
+                  f"{ex_s:>12} {gap:>6}", flush=True)
+        plans[name] = (model, inv, gbs, r)
         print("    " + "  ->  ".join(f"{c.cluster}: tp{c.tp} dp{c.dp} mb{c.micro_batch_size} x{c.num_stages} "
                                      f"{c.recompute}" for c in r.choices))
-    schedules(model, args.seed)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cores[0]})
+    replan(*plans["4 clusters / 736 devices"], args.seed)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+    schedules(llama, args.seed)
+
+
+def replan(model, inv, gbs, r, seed: int) -> None:
+    """The 736-device plan after a cluster leaves: cold search vs --from. The cluster is the plan's last mesh
+    if the plan has several, else the largest cluster the plan leaves out."""
+    if len(r.choices) > 1:
+        used = r.choices[-1].cluster
+    else:
+        used = max((c for c in inv.clusters if c.name != r.choices[0].cluster), key=lambda c: c.num_devices).name
+    smaller = without(inv, used)
+    old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
+    cold, cold_wall, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
+    warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
+    hot, hot_wall, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+    print(f"\nre-plan, 736 devices without {used} (one core, old plan {'+'.join(c.cluster for c in r.choices)}): cold {cold_wall:.2f} s wall / {cold_cpu:.2f} s CPU, "
+          f"{cold.candidates_evaluated} layouts, {cold.iteration_time_s:.3f} s/iteration; --from {hot_wall:.2f} s / "
+          f"{hot_cpu:.2f} s CPU ({hot_cpu / cold_cpu:.0%} of cold), {hot.candidates_evaluated} layouts, "
+          f"{hot.iteration_time_s:.3f} s/iteration ({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)")
 
 
 def schedules(model, seed: int) -> None:

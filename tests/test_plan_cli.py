@@ -94,3 +94,33 @@ def test_overlapped_boundaries_are_planned_written_and_simulated(tmp_path):
     (tmp_path / "bad.yaml").write_text(text)
     r = hetauto("simulate", "--model", "llama2-70b", "--inventory", INV2, "--plan", str(tmp_path / "bad.yaml"))
     assert r.returncode == 2 and "meshes[0].boundary.schedule" in r.stderr and "Fix:" in r.stderr
+
+
+def test_replan_from_an_old_plan_says_what_moved(tmp_path):
+    """--from: the old plan made for three clusters, the inventory now without one of them; the re-plan is a
+    plan of the new inventory (as good as a cold search of it) and names the cluster that left."""
+    import yaml
+    inv3 = "examples/llama/inventory-3clusters.yaml"
+    old = tmp_path / "old.yaml"
+    r = hetauto("plan", "--model", "llama2-13b", "--inventory", inv3, "--global-batch-size", "128",
+                "--boundary-schedule", "overlapped", "-o", str(old), "--json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    used = [m["cluster"] for m in json.loads(r.stdout)["plan"]["meshes"]]
+    gone = used[-1]
+    d = yaml.safe_load(open(inv3))
+    d["clusters"] = [c for c in d["clusters"] if c["name"] != gone]
+    d["links"] = [link for link in d["links"] if gone not in link["between"]]
+    inv2 = tmp_path / "inv.yaml"
+    inv2.write_text(yaml.safe_dump(d))
+    args = ("plan", "--model", "llama2-13b", "--inventory", str(inv2), "--global-batch-size", "128",
+            "--boundary-schedule", "overlapped", "--json", "--workers", "1")
+    cold = json.loads(hetauto(*args).stdout)
+    r = hetauto(*args, "--from", str(old))
+    assert r.returncode == 0, r.stderr
+    warm = json.loads(r.stdout)
+    assert gone not in [m["cluster"] for m in warm["plan"]["meshes"]]
+    assert warm["iteration_time_s"] <= cold["iteration_time_s"] * 1.01
+    if len(used) > 1:
+        assert any(line.startswith(f"{gone}: left the plan") for line in warm["moved"])
+    r = hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv2), "--from", str(old), "--quiet")
+    assert r.returncode == 2 and "old.yaml" in r.stderr and "llama2-13b" in r.stderr

@@ -32,6 +32,7 @@ class TreeRun:
     playouts: int = 0
     cut: bool = False
     best_at: int = 0                               # the playout that found the best plan
+    priced: int = 0                                # layouts the evaluator priced for this tree (in its process)
 
 
 class _Node:

@@ -2,8 +2,8 @@
 
 The old plan seeds the search: its meshes on the clusters that are still there (with the devices they still
 have) become local-search starts, and their predicted time is the first plan the tree search must beat, so
-its bounds close most of the tree from the first playout. The tree search then runs with a fifth of its cold
-budget (docs/search.md has the measured time and quality against a cold search).
+its bounds close most of the tree from the first playout. The search then grows two trees with a tenth of
+the cold budget each (docs/search.md has the measured time and quality against a cold search).
 """
 from __future__ import annotations
 

@@ -40,7 +40,9 @@ TREES = 4                       # independent trees per round ...
 MAX_TREES = 8                   # ... and at most this many in all
 AGREE = 0.003                   # trees whose best plans are this close (relative) agree
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
-REPLAN_SHARE = 5                # a warm-started tree gets this fraction of the cold budget
+REPLAN_SHARE = 10               # re-planning (a warm start): each tree gets a tenth of the cold budget,
+REPLAN_TREES, REPLAN_CLIMBS = 2, 2   # there are two trees, and two climbs besides those from the old plan,
+REPLAN_RERANK = 4                    # and the event simulation re-checks the best four of each list
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 
 
@@ -86,7 +88,7 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
     """(playout cap per tree, stall patience, estimated leaves) from the tree's size."""
     est = space.estimate_leaves(random.Random(seed * 7919 + 1))
     cap = int(min(MAX_PLAYOUTS, max(MIN_PLAYOUTS, est ** 0.75)))
-    return cap, max(MIN_PLAYOUTS, cap // 2), est
+    return cap, max(MIN_PLAYOUTS // 2, cap // 8), est
 
 
 # ---- work that may run in other processes ---------------------------------------------------------------
@@ -105,14 +107,19 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
 def _tree_job(job) -> TreeRun:
     seed, cap, patience, deadline, best_known = job
     sp, ev, cfg = _CTX["space"], _CTX["ev"], _CTX["cfg"]
-    return run_tree(sp, _layout_value(sp, ev), seed, cap, patience, cfg.exploration, deadline, cfg.progress,
-                    best_known)
+    before = len(ev.cache)
+    run = run_tree(sp, _layout_value(sp, ev), seed, cap, patience, cfg.exploration, deadline, cfg.progress,
+                   best_known)
+    run.priced = len(ev.cache) - before
+    return run
 
 
-def _climb_job(job) -> list:
+def _climb_job(job) -> tuple[list, int]:
     start, deadline = job
     sp, ev = _CTX["space"], _CTX["ev"]
-    return local.climb(sp, lambda c: ev.resolve(c)[0], start, deadline)
+    before = len(ev.cache)
+    found = local.climb(sp, lambda c: ev.resolve(c)[0], start, deadline)
+    return found, len(ev.cache) - before
 
 
 def _run_all(fn, jobs: list, workers: int) -> list:
@@ -150,12 +157,13 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     leaves: dict[tuple, float] = {}
     playouts, cut, trees = 0, False, 0
+    priced = 0                          # layouts priced (in whichever process priced them)
     method = cfg.method
     cap, patience, est = tree_budget(sp, cfg.seed)
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
     best_known = min((ev.resolve(w)[0] for w in warm), default=math.inf)
     if warm:                            # re-planning: the old plan bounds the trees, which get less to do
-        cap, patience = (max(MIN_PLAYOUTS // 3, x // REPLAN_SHARE) for x in (cap, patience))
+        cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
     if method == "mcts" and not cfg.iterations and est <= 4 * EXHAUSTIVE_LEAVES:
         if len(space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES)) <= EXHAUSTIVE_LEAVES:
             method = "exhaustive"      # a tree this small costs fewer evaluations to enumerate than to sample
@@ -164,6 +172,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         for path in space_mod.leaves(sp):
             t, layout = value(path)
             playouts += 1
+            priced = len(ev.cache)
             if math.isfinite(t):
                 leaves[layout] = t
     else:
@@ -171,10 +180,12 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
         best_per_tree = []
         while trees < MAX_TREES:
-            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(TREES)]
-            trees += TREES
+            count = REPLAN_TREES if warm else TREES
+            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(count)]
+            trees += count
             for run in _run_all(_tree_job, jobs, workers):
                 leaves.update(run.leaves)
+                priced += run.priced
                 playouts += run.playouts
                 cut |= run.cut
                 best_per_tree.append(min(run.leaves.values(), default=math.inf))
@@ -192,18 +203,19 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     # cannot crowd the tree's best leaves out of the final check).
     shortlists = [ranked]
     if (method == "mcts" and cfg.local_search) or warm:
-        jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, CLIMBS))]
+        jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, REPLAN_CLIMBS if warm else CLIMBS))]
         found = list(ranked) + [(ev.resolve(w)[0], w) for w in warm]
-        for part in _run_all(_climb_job, jobs, workers):
+        for part, n in _run_all(_climb_job, jobs, workers):
             found += part
+            priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
-    best, exact = _rank_exact(ev, shortlists, cfg.rerank)
+    best, exact = _rank_exact(ev, shortlists, min(cfg.rerank, REPLAN_RERANK) if warm else cfg.rerank)
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
     _CTX.clear()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
-                        len(ev.cache), method, cut, playouts, trees, exact, res.boundaries)
+                        priced, method, cut, playouts, trees, exact, res.boundaries)
 
 
 def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int):
