@@ -6,7 +6,9 @@ The layouts run the production settings of plan/settings.py (nothing here sets t
 optimizer with the gradient reduce-scatter and the parameter all-gather overlapped, gradients reduced in
 fp32, sequence parallelism where TP > 1. The reference is one process with Megatron's plain optimizer. Every
 step's gradient norm is above the clipping threshold, so clipping binds and a wrong global norm changes the
-update. Each layout runs once per session (`report`); the tests read the shared reports.
+update. Each layout runs once per session (`report`); the tests read the shared reports. GPT-2's 50257-token
+vocabulary, padded once for the whole plan and tied between a TP 2 and a TP 1 x DP 2 cluster, is the same
+check in tests/test_runtime_sp.py.
 """
 import os
 
