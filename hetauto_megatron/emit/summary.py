@@ -25,6 +25,27 @@ def _capacity_gib(plan: Plan, mesh_index: int) -> float:
     return get_device(mesh.device_type).memory_gib
 
 
+def _cpu_note(plan: Plan) -> str:
+    cpu = any(get_device(mesh.device_type).vendor == "cpu" for mesh in plan.meshes)
+    return " (fp32 on cpu processes)" if cpu and plan.precision != "fp32" else ""
+
+
+def _settings_text(plan: Plan) -> str:
+    """Each mesh's runtime settings (plan/settings.py) in a few words, meshes with the same ones together."""
+    groups: dict[str, list[str]] = {}
+    for i, mesh in enumerate(plan.meshes):
+        st = mesh.settings
+        overlap = "+".join(w for w, on in (("grad", st.overlap_grad_reduce), ("param", st.overlap_param_gather)) if on)
+        text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
+                          ("distributed optimizer" if st.distributed_optimizer else "plain optimizer"),
+                          (f"overlap {overlap}" if overlap else "no DP overlap"),
+                          f"gradients in {'fp32' if st.grad_reduce_dtype == 'fp32' else plan.precision}"])
+        groups.setdefault(text, []).append(str(i))
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"mesh {','.join(idx)}: {text}" for text, idx in groups.items())
+
+
 def _num(value, fmt: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
@@ -81,6 +102,8 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
     lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} mesh(es), "
              f"{plan.pipeline_parallel_size} pipeline stages",
              *_table(header, rows, right),
+             f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
+             f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}",
              f"global batch {plan.global_batch_size} = {plan.num_micro_batches} micro-batch steps x "
              f"{plan.samples_per_step} samples (dp x micro-batch in every mesh), sequence {m.seq_length}"]
     if est:
