@@ -94,6 +94,18 @@ def test_h200_quick_profile_predicts_the_separately_measured_full_grid(h200_mode
     assert s["h200 fwd"]["mape_pct"] < s["h200 fwd"]["prior_mape_pct"] / 5
 
 
+def test_h200_model_prices_only_the_precision_it_measured(h200_model):
+    """Measured in bf16: the learned model prices a bf16 job's H200s, never an fp8 or fp32 job's (the analytic
+    model does, at that precision's peak, and the planner says why)."""
+    from hetauto_megatron.spec.devices import get_device
+    _, model, _ = h200_model
+    h200 = get_device("h200")
+    assert model.source(h200.at_precision("bf16")) == "learned"
+    for precision in ("fp8", "fp32"):
+        info, why = model.coverage(h200.at_precision(precision))
+        assert info is None and "no rate is borrowed from another precision" in why, why
+
+
 def test_h200_layers_of_a_model_left_out_are_predicted(h200_model):
     """Leave one model out, computed here: the layers of a model the fit never saw (16 measured layers of
     llama2-70b: TP 1-8, micro-batch 1-4, sequence 2048-4096) against the planner's layer time, forward and

@@ -183,6 +183,9 @@ class LearnedCostModel:
         if info.dtype_bytes != device.dtype_bytes:
             return None, (f"the learned model measured {name} with {info.dtype_bytes}-byte elements, the plan "
                           f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision")
+        if device.precision == "fp8":   # same element size as bf16, another GEMM rate: measured never in fp8
+            return None, (f"the learned model measured {name} in 16-bit, the plan trains in fp8: no rate is "
+                          "borrowed from another precision")
         return info, f"measured ({info.source}, {info.rows} rows)"
 
     def _info(self, device: DeviceType) -> DeviceInfo | None:
