@@ -1,6 +1,8 @@
 """`hetauto dryrun --timeline [--compare]`: the measured timeline of a dry run, and the predicted one above it."""
 from __future__ import annotations
 
+import sys
+
 
 def add_timeline_args(parser) -> None:
     g = parser.add_argument_group("timelines (docs/explain.md)")
@@ -51,4 +53,8 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
                 f"predicted: {ran.model.name} as run (hidden {ran.model.hidden_size}, sequence {ran.model.seq_length}), "
                 f"{ran.world_size} ranks on {report['cores']} cores (compute x{factor:.1f})")))
         written += write_timelines([path], timelines)
+    if args.compare:
+        pred, meas = timelines[0].iteration_s, timelines[-1].iteration_s
+        print(f"timeline: last step measured {meas:.3f} s, predicted {pred:.3f} s "
+              f"({100 * (pred / meas - 1):+.0f} %)", file=sys.stderr)
     return written
