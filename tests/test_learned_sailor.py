@@ -44,10 +44,16 @@ def test_leave_one_model_out_error_is_bounded(layers):
     assert err < 20.0 and err < prior_err / 3, (err, prior_err)
 
 
-def test_layer_time_of_a_held_out_model_is_closer_than_its_passes(layers):
-    """Without LLAMA-3-8, its GH-96 layers' forward + backward time is within 10 %, while the passes apart are
-    further off: the fit splits the time between the passes wrongly (its 8192-token softmax runs unfused), not
-    the layer's total."""
+def test_unfused_softmax_of_long_sequences_carries_over_to_a_model_left_out(layers):
+    """LLAMA-3-8 ran 8192 keys, past the 4096 that Megatron-DeepSpeed's fused softmax kernel takes: PyTorch's
+    softmax passes over the scores (counted kernel by kernel, at the memory bandwidth) and no attention
+    dropout. Without LLAMA-3-8 in the fit (no other run takes that path), its GH-96 layers are predicted within
+    10 % per pass, forward and backward rows apart (the target), and its layers' forward + backward time too."""
+    from hetauto_megatron.cost import features as F
+    llama = next(r for r in layers if r.model == "LLAMA-3-8" and r.shape.kind == "transformer")
+    opt = next(r for r in layers if r.model == "OPT-350" and r.shape.kind == "transformer")
+    assert F.unfused_softmax_s(llama.shape, "fwd", 2, 4000.0) > 0 == F.unfused_softmax_s(opt.shape, "fwd", 2, 4000.0)
+    assert F.unfused_softmax_bytes("fwd", 2) == 41 and F.unfused_softmax_bytes("fwd", 4) == 33
     train_layers = [r for r in layers if r.model != "LLAMA-3-8"]
     weight, _ = L.choose_score_weight(train_layers)
     model = L.train_model(L.sailor_samples(train_layers, weight), rounds=0)
@@ -57,8 +63,10 @@ def test_layer_time_of_a_held_out_model_is_closer_than_its_passes(layers):
     pairs = L.layer_time_pairs(test, pred)
     assert len(pairs) == len(held)
     assert sum(m for _, m in pairs) == pytest.approx(sum(r.fwd_s + r.bwd_s for r in held))
-    per_layer, per_pass = L.mape(*zip(*pairs)), L.mape(pred, [s.measured_s for s in test])
-    assert per_layer < 10.0 < per_pass, (per_layer, per_pass)
+    for ph in ("fwd", "bwd"):
+        sel = [(p, s.measured_s) for p, s in zip(pred, test) if s.phase == ph]
+        assert L.mape(*zip(*sel)) <= 10.0, (ph, L.mape(*zip(*sel)))
+    assert L.mape(*zip(*pairs)) <= 10.0
 
 
 def test_backward_score_weight_is_chosen_on_training_models_and_carries_over(layers):

@@ -218,7 +218,8 @@ class LearnedCostModel:
         the planner prices them with its communication model."""
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
                  score_bwd_weight=self.fitted.score_bwd_weight)
-        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)]) for phase in ("fwd", "bwd"))
+        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)])
+                     + F.unfused_softmax_s(shape, phase, info.dtype_bytes, info.hbm_gbps) for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
         info = self._info(device)

@@ -218,7 +218,9 @@ def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float
     feats, prior = F.layer_row(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
                                hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
-    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, r.tp_comm_s)
+    # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
+    known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
+    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known)
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
