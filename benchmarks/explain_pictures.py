@@ -6,7 +6,9 @@
 2. A CPU dry run of examples/llama/plans/tiny-2clusters-cpu.yaml (the tiny model on two CPU "clusters", 6 ranks)
    with `hetauto dryrun --tiny --timeline ... --compare`: measured (one rank per stage) under the simulator's
    prediction of the same run.
-Prints the figures the pictures show (predicted and measured iteration time, the bottleneck).
+3. `hetauto compare` of the README plan at 25 and at 100 Gbit/s between the sites (example prices).
+Prints the figures the pictures and docs/explain.md show (predicted and measured iteration time, the
+bottleneck, the comparison).
 
     python benchmarks/explain_pictures.py [--out docs/images] [--steps 4]
 """
@@ -69,6 +71,13 @@ def main() -> int:
           f"bottleneck: {rep['bottleneck']}")
 
     # the example CPU plan of two "clusters" (6 ranks: TP 2 x 2 stages, then DP 2), on the inventory it names
+    # compare: the plan as the runtime runs it today (blocking transfers) at 25 and at 100 Gbit/s
+    a, b = os.path.join(work, "plan.yaml"), os.path.join(work, "plan-100g.yaml")
+    run("plan", "--model", "llama2-70b", "--inventory", inv, "-o", a, "--quiet")
+    run("plan", "--model", "llama2-70b", "--inventory", inv, "-o", b, "--quiet",
+        "--set", "link.h800-ascend.bandwidth_gbps=100")
+    print(run("compare", a, b, "--price", "h800=2.5", "--price", "ascend=1.2"))
+
     tiny = os.path.join(EX, "plans", "tiny-2clusters-cpu.yaml")
     inv = os.path.join(work, "cpu-inventory.yaml")
     with open(inv, "w") as fh:
