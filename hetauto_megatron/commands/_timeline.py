@@ -54,7 +54,12 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
                 f"{ran.world_size} ranks on {report['cores']} cores (compute x{factor:.1f})")))
         written += write_timelines([path], timelines)
     if args.compare:
-        pred, meas = timelines[0].iteration_s, timelines[-1].iteration_s
-        print(f"timeline: last step measured {meas:.3f} s, predicted {pred:.3f} s "
-              f"({100 * (pred / meas - 1):+.0f} %)", file=sys.stderr)
+        pred, meas = timelines[0], measured_timeline(ran, report["ops"], per_stage=True)
+        print(f"timeline: last step measured {meas.iteration_s:.3f} s, predicted {pred.iteration_s:.3f} s "
+              f"({100 * (pred.iteration_s / meas.iteration_s - 1):+.0f} %); forward + backward per stage, "
+              "measured / predicted: " + ", ".join(
+                  f"{lane.stage}: {meas.busy(i):.3f} / {pred.busy(k):.3f} s"
+                  for i, lane in enumerate(meas.lanes)
+                  for k, pl in enumerate(pred.lanes) if pl.kind == "stage" and pl.stage == lane.stage),
+              file=sys.stderr)
     return written
