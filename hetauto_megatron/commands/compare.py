@@ -9,7 +9,7 @@ DESCRIPTION = """\
 Put plans side by side: predicted iteration time, tokens/s, tokens/s per device, model TFLOP/s per
 device, the peak memory of the busiest device against its capacity, the clusters and devices used, the
 pipeline shape, the bytes that cross between clusters per iteration (activations forward and their
-gradients back, every micro-batch), the bottleneck, and $ per million tokens when prices are known.
+gradients back, every micro-batch), the bottleneck, and the cost per million tokens when prices are known.
 
 Every plan is simulated afresh with the current cost model, on the inventory stored in it (or --inventory
 for all of them, with --set what-ifs applied). Rows where the plans differ are marked with '*', the best
@@ -77,7 +77,7 @@ def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
            "pipeline": f"{plan.pipeline_parallel_size} stages x {plan.num_micro_batches} micro-batches",
            "meshes": ", ".join(f"{m.cluster} TP{m.tp} DP{m.dp} mbs{m.micro_batch_size} {m.recompute}"
                                for m in plan.meshes),
-           "cross_cluster_bytes": cross_cluster_bytes(plan, inventory),
+           "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision)),
            "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
            "cost_per_million_tokens": None}
     if used and all(c in prices for c in used):

@@ -106,8 +106,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
         key = (tuple((c.name, c.nodes) for c in inv.clusters), tuple(sorted(
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
         if key not in searches:
-            searches[key] = search(plan.model, inv, plan.global_batch_size, cost_model,
-                                   SearchConfig(seed=seed, schedule=schedule))
+            searches[key] = search(plan.model, inv.with_precision(plan.precision), plan.global_batch_size,
+                                   cost_model, SearchConfig(seed=seed, schedule=schedule))
         return searches[key]
 
     def replan(inv):
