@@ -118,3 +118,14 @@ def test_timeline_errors(tmp_path, capsys):
     assert main(["dryrun", "--plan", tiny, "--tiny", "--timeline", "x.png", "--compare"]) == 2   # no inventory
     err = capsys.readouterr().err
     assert "--compare" in err and "--inventory" in err and "Traceback" not in err
+
+
+def test_planner_never_imports_matplotlib_or_torch():
+    import subprocess
+    import sys
+    code = ("import sys, hetauto_megatron.cli as c; c.build_parser(); "
+            "import hetauto_megatron.plan.timeline, hetauto_megatron.plan.explain, hetauto_megatron.emit.trace, "
+            "hetauto_megatron.emit.picture, hetauto_megatron.emit.summary; "
+            "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
