@@ -144,9 +144,11 @@ def format_report(rep: dict) -> str:
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "") + note)
     out += ["", "memory headroom per stage (busiest device):",
             "  stage  cluster         used GiB  capacity GiB  headroom"]
+    tight = min(rep["memory"], key=lambda m: m["headroom_share"], default=None)
     for m in rep["memory"]:
         out.append(f"  {m['stage']:>5}  {str(m['cluster']):<14} {m['memory_gib']:>9.1f}  {m['capacity_gib']:>12.1f}  "
-                   f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)")
+                   f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)"
+                   + ("  <- least headroom" if m is tight else ""))
     if rep["runners_up"] is not None:
         out += ["", "runners-up (the search's next best layouts, predicted):",
                 f"  #  {'tokens/s':>10}  {'vs plan':>8}  decision that differs"]
