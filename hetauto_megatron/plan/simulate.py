@@ -281,7 +281,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True.
     schedule="overlapped" overlaps every cross-cluster boundary and chooses its depth: no extra warm-up, or the
     link's round trip in micro-batches (2 x transfer / slowest stage, rounded up; halved until memory allows),
-    whichever is faster. `depths` (per mesh: None or a depth) fixes the boundaries instead."""
+    whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None or a depth) fixes the boundaries instead."""
     m = gbs // (choices[0].dp * choices[0].micro_batch_size)
     model = padded_model(model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model)
@@ -292,10 +292,18 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
                          cost_model, exact, inventory)
     zero = [0 if i in crossing else None for i in range(n)]
     best = _evaluate(model, gbs, pipe, m, zero, choices, cost_model, exact, inventory)
-    if best.stage_layers is None:
+    if best.stage_layers is None:   # not even the overlapped buffers fit: blocking needs none
+        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory)
+    p = len(pipe.profs)
+    fb = [prof.times(best.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
+    fwd, bwd = [f for f, _ in fb], [b for _, b in fb]
+    blocking, depth = pipe.boundary_schedule(zero)
+    shallow = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+    hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(pipe.cross, pipe.links)], m,
+                           blocking=blocking, depth=depth)
+    if shallow <= hidden * 1.001:     # the links already cost nothing at depth 0: a deeper warm-up cannot help
         return best
-    slowest = max(sum(prof.times(best.stage_layers[i], i == 0, i == len(pipe.profs) - 1))
-                  for i, prof in enumerate(pipe.profs))
+    slowest = max(f + b for f, b in fb)
     deep = list(zero)
     for l, c in enumerate(pipe.cross):
         if c:
