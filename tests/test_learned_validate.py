@@ -165,3 +165,21 @@ def test_bad_dryrun_inputs_exit_2(dryrun, tmp_path, capsys, case, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_published_runs_in_sample_and_held_out(tmp_path, capsys):
+    """`validate-cost-model --published`: every packaged published run with the analytic model's error in sample
+    and with the constants fitted without it; the held-out errors are the published rows' (recomputed here from
+    the printed times), within the targets (MAPE <= 12 %, worst <= 20 %)."""
+    res = run_json(["validate-cost-model", "--published"], capsys)["published"]
+    rows = res["rows"]
+    assert len(rows) >= 5 and res["fitted_constants"] == ["gemm_max_efficiency", "layer_overhead_s"]
+    errs = [100 * (r["held_out_s"] / r["published_s"] - 1) for r in rows]
+    assert errs == pytest.approx([r["held_out_error_pct"] for r in rows])
+    assert sum(abs(e) for e in errs) / len(errs) <= 12.0 and max(abs(e) for e in errs) <= 20.0
+    assert main(["validate-cost-model", "--published"]) == 0
+    out = capsys.readouterr().out
+    assert "leave one out" in out and "in sample" in out
+    assert main(["validate-cost-model", f"--published={tmp_path / 'none.yaml'}"]) == 2
+    err = capsys.readouterr().err
+    assert "published-runs table not found" in err and "Traceback" not in err
