@@ -136,14 +136,19 @@ def _failing_peer(rank, world, plan, timeout_s, mode):
     return "finished"
 
 
-def _two_cluster_pipeline():
-    return plan_from_dict({"version": 1, "model": TINY, "global_batch_size": 4, "meshes": [
-        {"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]},
+def _two_cluster_pipeline(boundary=None):
+    a = {"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]}
+    return plan_from_dict({"version": 2, "model": TINY, "global_batch_size": 4, "meshes": [
+        {**a, "boundary": boundary or {"schedule": "blocking"}},
         {"cluster": "b", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [2, 2]}]})
 
 
-def test_killed_peer_fails_the_others_instead_of_hanging():
-    p = _two_cluster_pipeline()
+def test_killed_peer_fails_the_others_instead_of_hanging(monkeypatch):
+    # the cross-cluster boundary overlapped, its sends posted by the communication thread (as on accelerators):
+    # the late waits still name the dead peer (the silent-peer test below runs the blocking path)
+    from hetauto_megatron.runtime import host_staging
+    monkeypatch.setattr(host_staging, "THREAD_ON_CPU", True)
+    p = _two_cluster_pipeline({"schedule": "overlapped", "depth": 1})
     from hetauto_megatron.runtime.dryrun import preload_megatron
 
     preload_megatron()  # import Megatron once here, not in every forked rank

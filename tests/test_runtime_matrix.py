@@ -31,6 +31,9 @@ def plan(meshes, model=TINY, gbs=None):
     return plan_from_dict({"version": 2, "model": model, "global_batch_size": gbs or 3 * step, "meshes": meshes})
 
 
+OVERLAPPED_1 = {"schedule": "overlapped", "depth": 1}
+# Boundaries are blocking unless a case says otherwise; tests/test_runtime_overlap.py runs TP 2 -> 1 and
+# DP 2 -> 1 both ways and compares the two schedules with each other.
 CASES = {
     # TP 2 -> 1, uneven layers, two clusters, full recomputation in the TP 2 mesh
     "tp2_to_tp1_uneven": plan([{**mesh("a", 2, 1, 2, [2, 3]), "recompute": "full"}, mesh("b", 1, 1, 2, [3])]),
@@ -38,12 +41,15 @@ CASES = {
     "tp1_to_tp2": plan([mesh("a", 1, 1, 2, [3]), {**mesh("b", 2, 1, 2, [5]), "recompute": "selective"}]),
     # DP 2 -> 1 (the smaller DP runs the larger micro-batch): the DP 2 mesh shards its optimizer
     "dp2_to_dp1": plan([mesh("a", 1, 2, 1, [4]), mesh("b", 2, 1, 2, [4])]),
-    # 3 meshes in 2 clusters, TP 2 -> 4 across the clusters, then 4 -> 1 inside one
-    "three_meshes_tp2_4_1": plan([mesh("x", 2, 1, 2, [3]), mesh("y", 4, 1, 2, [3]), mesh("y", 1, 1, 2, [2])],
+    # 3 meshes in 2 clusters, TP 2 -> 4 across the clusters (overlapped, depth 1), then 4 -> 1 inside one
+    "three_meshes_tp2_4_1": plan([{**mesh("x", 2, 1, 2, [3]), "boundary": OVERLAPPED_1}, mesh("y", 4, 1, 2, [3]),
+                                  mesh("y", 1, 1, 2, [2])],
                                  model={**TINY, "num_attention_heads": 8, "num_query_groups": 4}),
     # tied embeddings, first and last stage in different clusters with different TP and DP: the last mesh's two
-    # DP ranks own different halves of the output layer after the reduce-scatter
-    "tied_across_clusters": plan([mesh("a", 2, 1, 2, [4]), mesh("b", 1, 2, 1, [4])], model=TIED),
+    # DP ranks own different halves of the output layer after the reduce-scatter; the boundary is overlapped
+    # with depth 2 (every micro-batch of the step in flight before the first backward)
+    "tied_across_clusters": plan([{**mesh("a", 2, 1, 2, [4]), "boundary": {"schedule": "overlapped", "depth": 2}},
+                                  mesh("b", 1, 2, 1, [4])], model=TIED),
     # an embedding-only first stage (zero transformer layers), tied to a TP 2 last stage
     "embedding_only_stage": plan([mesh("a", 1, 1, 2, [0, 4]), mesh("b", 2, 1, 2, [4])], model=TIED),
 }

@@ -11,10 +11,11 @@ This class replaces `_communicate`:
   reassemble their full tensor with an all-gather over their own TP group; activation gradients coming back
   across a DP mismatch are rescaled (gradients.py);
 - when the two meshes are in different clusters the blocks are staged through host memory and sent on the
-  boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other), blocking or overlapped as the plan's
-  boundary schedule says (cross_link.py: sends completed late, receives posted ahead; optional link
-  emulation); before an overlapped boundary the warm-up grows by its depth (`total_stages`, which Megatron's
-  1F1B reads for nothing else).
+  boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other), off the compute stream
+  (host_staging.py: copies on a copy stream into pinned buffers, sends posted by a communication thread),
+  blocking or overlapped as the plan's boundary schedule says (cross_link.py: sends completed late, receives
+  posted ahead; optional link emulation); before an overlapped boundary the warm-up grows by its depth
+  (`total_stages`, which Megatron's 1F1B reads for nothing else).
 
 Every wait has a timeout; a peer that is gone or silent raises `PeerError` naming it instead of hanging.
 `bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster"); `exposed_s()` the time
@@ -23,6 +24,7 @@ before and `end_step()` after each schedule run so receives are posted ahead and
 """
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import time
 
@@ -30,9 +32,10 @@ import torch
 import torch.distributed as dist
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-from .cross_link import CrossLink, LinkEmulator, sleep_until, stamp_tag, tag
+from .cross_link import CrossLink, LinkEmulator, now, sleep_until, stamp_tag, tag
 from .gradients import activation_grad_scale
 from .groups import global_rank, rank_coords
+from .host_staging import HostStaging
 from .transfers import compute_transfers, owned_seq_range
 
 
@@ -64,6 +67,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self._emulation = None           # (scale, inventory) once emulate_links() was called
         self._micro_batches = None
         self._held, self._on_way, self._exposed = [], [], 0.0
+        self.staging = HostStaging(ctx.device)
         mesh = ctx.mesh
         if bool(getattr(config, "sequence_parallel", False)) != mesh.settings.sequence_parallel:
             # The partner meshes cut what they send by this mesh's setting in the plan; the model must hold the
@@ -95,7 +99,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
 
     def end_step(self) -> None:
         for link in self._links.values():
-            link.flush(self._wait)
+            link.flush(self._finish_send)
 
     def exposed_s(self) -> float:
         """Seconds this rank waited on cross-cluster transfers: in a call, while one of its messages was on
@@ -169,9 +173,9 @@ class HeteroP2PCommunicator(P2PCommunicator):
             tensor_shape = (tensor_send_next if tensor_send_next is not None else tensor_send_prev).shape
         shape = tuple(tensor_shape)
         for link in self._links.values():
-            link.complete_sends(self._wait)
+            link.complete_sends(self._finish_send)
         works, finish = [], []
-        self._held = []                  # blocking cross-cluster sends of this call: (link, sent at, arrival)
+        self._held = []                  # blocking cross-cluster sends of this call (communication-thread futures)
         self._on_way = []                # (from, to): cross-cluster messages of this call on their way
         call_start = time.monotonic()
         recv_prev_t = recv_next_t = None
@@ -183,15 +187,18 @@ class HeteroP2PCommunicator(P2PCommunicator):
             recv_prev_t = self._recv(-1, shape, works, finish, grad=False)
         if recv_next:
             recv_next_t = self._recv(+1, shape, works, finish, grad=True)
-        for _, _, arrive in self._held:
+        held = [self._posted(fut) for fut in self._held]    # (works, sent at, arrival, host buffers)
+        for _, _, arrive, _ in held:
             if arrive is not None:
                 sleep_until(arrive)      # the emulated link holds a blocking sender until it delivered
-        self._wait(works)
-        if self._on_way or self._held:
+        self._wait(works + [w for h in held for w in h[0]])
+        if self._on_way or held:
             end = time.monotonic()
-            self._on_way += [(sent_at, end if arrive is None else min(arrive, end))
-                             for _, sent_at, arrive in self._held]
+            self._on_way += [(sent_at, end if arrive is None else min(arrive, end)) for _, sent_at, arrive, _ in held]
             self._exposed += _covered(call_start, end, self._on_way)
+        for _, _, _, hosts in held:   # the sends completed with the call: their host buffers are free
+            for host in hosts:
+                self.staging.release(host)
         for step in finish:
             step()
         return recv_prev_t, recv_next_t, None
@@ -215,13 +222,16 @@ class HeteroP2PCommunicator(P2PCommunicator):
         info = self._cross(side[1], shape)
         c, plan = self.ctx.coords, self.ctx.plan
         transfers = info["bwd"] if grad else info["fwd"]
-        peer, pieces = None, []
+        peer, pieces, copied = None, [], []
         for k, tr in enumerate(transfers):
             if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
                 continue
-            piece = tensor.detach()[tr.src_seq, tr.src_batch].contiguous()
-            if info["inter"]:
-                piece = piece.to("cpu")  # host staging for the gloo inter-cluster path
+            piece = tensor.detach()[tr.src_seq, tr.src_batch]
+            if info["inter"]:   # host staging for the gloo inter-cluster path, asynchronous on accelerators
+                piece, event = self.staging.to_host(piece)
+                copied.append(event)
+            else:
+                piece = piece.contiguous()
             peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.dst_dp, tr.dst_tp)
             pieces.append((k, piece, peer))
             nbytes = piece.numel() * piece.element_size()
@@ -234,19 +244,22 @@ class HeteroP2PCommunicator(P2PCommunicator):
             return
         link = self._link(side[1], grad, shape)
 
-        def post_all(j, sent_at):
-            out = []
+        def post_all(j):
+            """On the communication thread: once the blocks are on the host, post the message."""
+            for event in copied:
+                if event is not None:
+                    event.synchronize()
+            sent_at, out = now(), []
             for peer in sorted({peer for _, _, peer in pieces}):
                 self._post(dist.isend, torch.tensor([sent_at], dtype=torch.float64), peer, info["group"],
                            stamp_tag(grad, j), out, f"send {what}")
             for k, piece, peer in pieces:
                 self._post(dist.isend, piece, peer, info["group"], tag(grad, j, k), out, f"send {what} block {k}")
-            return out
+            return out, sent_at, [piece for _, piece, _ in pieces]
 
-        held = link.send(post_all, self._wait)
+        held = link.send(post_all, self.staging.submit, self._finish_send)
         if held is not None:           # blocking: waited for with the call's other transfers (_communicate)
-            works.extend(held[0])
-            self._held.append((link, held[1], held[2]))
+            self._held.append(held)
 
     def _recv(self, direction, shape, works, finish, *, grad):
         side = self._side(direction)
@@ -279,8 +292,9 @@ class HeteroP2PCommunicator(P2PCommunicator):
                     # The block is one contiguous run of the buffer on the right device: receive in place.
                     self._post(dist.irecv, view, peer, info["group"], t, out, f"receive {what} block {k}")
                     continue
-                piece = torch.empty((tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2]),
-                                    dtype=buf.dtype, device=staging)
+                size = (tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2])
+                piece = (self.staging.receive_buffer(size, buf.dtype) if info["inter"]
+                         else torch.empty(size, dtype=buf.dtype, device=staging))
                 self._post(dist.irecv, piece, peer, info["group"], t, out, f"receive {what} block {k}")
                 staged.append((tr, piece))
             return buf, staged, stamps
@@ -297,8 +311,11 @@ class HeteroP2PCommunicator(P2PCommunicator):
 
         def assemble():
             with torch.no_grad():
-                for tr, piece in staged:
-                    buf[tr.dst_seq, tr.dst_batch] = piece.to(buf.device)
+                if info["inter"]:    # host -> device on the copy stream; the compute stream waits for it
+                    self.staging.to_device([(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged])
+                else:
+                    for tr, piece in staged:
+                        buf[tr.dst_seq, tr.dst_batch] = piece
                 if not self.ctx.mesh.settings.sequence_parallel:  # with SP the shard is all this rank holds
                     self._allgather_seq(buf)
                 if grad and info["scale"] != 1.0:
@@ -330,6 +347,22 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 dist.broadcast(part, src=dist.get_global_rank(group, t), group=group)
                 buf[lo:hi] = part
         self.bytes_sent["intra_cluster"] += mine.numel() * mine.element_size() * (tp - 1)
+
+    def _posted(self, fut):
+        """The result of a send job of the communication thread (its PeerError, if posting failed, raised here)."""
+        try:
+            return fut.result(timeout=self.timeout.total_seconds())
+        except concurrent.futures.TimeoutError:
+            c = self.ctx.coords
+            raise PeerError(f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}): a cross-cluster send was not "
+                            f"posted within {self.timeout.total_seconds():.0f}s (device-to-host copy stuck)") from None
+
+    def _finish_send(self, fut) -> None:
+        """Wait for a cross-cluster send to complete and give its host buffers back."""
+        works, _, _, hosts = self._posted(fut)
+        self._wait(works)
+        for host in hosts:
+            self.staging.release(host)
 
     def _wait(self, works):
         for work, peer, what in works:

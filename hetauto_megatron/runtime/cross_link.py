@@ -3,10 +3,12 @@ optional link emulation, and the measured time the rank's compute waited on the 
 
 The plan decides each cross-cluster boundary's schedule (plan/pipeline.py prices it the same way):
 - blocking:   a send is posted and waited for before the schedule goes on (Megatron's behaviour);
-- overlapped: a send is posted and completed later (gloo moves the bytes on its own threads while the stage
-              computes); receives are posted ahead, up to the boundary's depth + 1 messages, so a stage waits
-              only when the data it needs has not arrived. Sends in flight are completed at the next call and
-              at the end of the step, every wait with the communicator's timeout.
+- overlapped: a send is handed to the communication thread and completed later (host_staging.py: the
+              device-to-host copy on a copy stream, the gloo send posted by the thread as soon as the bytes are
+              on the host, gloo moving them on its own threads while the stage computes); receives are posted
+              ahead, up to the boundary's depth + 1 messages, so a stage waits only when the data it needs has
+              not arrived. Sends in flight are completed at the next call and at the end of the step, every
+              wait with the communicator's timeout.
 
 Each message carries the time its sender posted it (a one-element tensor beside the blocks), so both ends can
 run the same link emulation (`LinkEmulator`: the link direction is a queue at the inventory's bandwidth plus
@@ -75,38 +77,45 @@ class CrossLink:
         self.exposed_s = 0.0                       # waits for overlapped sends (back-pressure, end of step)
 
     # ---- sending ---------------------------------------------------------------------------------------
-    def send(self, post_all, wait):
-        """post_all(message number, send time) posts the message (its send time to every receiving peer, then
-        the blocks) and returns the work entries; wait(works) waits for them (raising on a dead peer).
-        Overlapped: returns None (completed later). Blocking: returns (works, send time, emulated arrival or
-        None) for the caller to wait for together with the call's receives (Megatron pairs each send with the
-        neighbour's receive in one call; waiting for the send alone first would deadlock)."""
+    def send(self, post_all, submit, finish):
+        """post_all(message number) -> (works, send time, host buffers): on the communication thread, waits until
+        the message's bytes are on the host, then posts it (its send time to every receiving peer, then the
+        blocks). submit(job) runs a job on that thread (host_staging.HostStaging.submit) and returns its future;
+        finish(future) waits for the posted sends (raising on a dead peer) and frees the host buffers.
+        Overlapped: returns None (completed later). Blocking: returns the future; its result (works, send time,
+        emulated arrival or None, host buffers) is waited for by the caller together with the call's receives
+        (Megatron pairs each send with the neighbour's receive in one call; waiting for the send alone first
+        would deadlock)."""
         j, self.sent = self.sent, self.sent + 1
-        sent_at = now()
-        works = post_all(j, sent_at)
-        arrive = self.emulator.arrival(sent_at, self.boundary_bytes) if self.emulator else None
-        if self.overlapped:
-            self.pending.append(works)
-            self.complete_sends(wait, block=len(self.pending) > self.depth + 2)
-            return None
-        return works, sent_at, arrive
 
-    def complete_sends(self, wait, block: bool = False) -> None:
-        """Drop the sends that finished; with block, wait for the oldest (and at the end of a step for all)."""
+        def job():
+            works, sent_at, hosts = post_all(j)
+            arrive = self.emulator.arrival(sent_at, self.boundary_bytes) if self.emulator else None
+            return works, sent_at, arrive, hosts
+
+        fut = submit(job)
+        if self.overlapped:
+            self.pending.append(fut)
+            self.complete_sends(finish, block=len(self.pending) > self.depth + 2)
+            return None
+        return fut
+
+    def complete_sends(self, finish, block: bool = False) -> None:
+        """Drop the sends that finished; with block, wait for the oldest (back-pressure: depth + 2 in flight)."""
         keep = []
-        for i, works in enumerate(self.pending):
-            if (block and i == 0) or all(w[0].is_completed() for w in works):
+        for i, fut in enumerate(self.pending):
+            if (block and i == 0) or (fut.done() and all(w[0].is_completed() for w in fut.result()[0])):
                 t0 = now()
-                wait(works)
+                finish(fut)
                 self.exposed_s += now() - t0
             else:
-                keep.append(works)
+                keep.append(fut)
         self.pending = keep
 
-    def flush(self, wait) -> None:
+    def flush(self, finish) -> None:
         t0 = now()
-        for works in self.pending:
-            wait(works)
+        for fut in self.pending:
+            finish(fut)
         self.pending = []
         self.exposed_s += now() - t0
 
