@@ -194,9 +194,15 @@ def _log_rewrite(state: _State) -> None:
     if state.ident.rank in (0, state.plan.world_size - 1) or p.tp_rank == p.dp_rank == 0:
         changes = ", ".join(f"{k}={new!r}" for k, (_, new) in sorted(state.changed.items())
                             if k not in ("rank", "world_size"))
+        meshes = state.plan.meshes
+        boundary = ""     # the schedule the communicator runs at this mesh's cross-cluster boundary, if any
+        if p.mesh_index + 1 < len(meshes) and meshes[p.mesh_index + 1].cluster != p.cluster:
+            m = meshes[p.mesh_index]
+            boundary = (f"; boundary to mesh {p.mesh_index + 1}: {m.boundary_schedule}"
+                        + (f", depth {m.boundary_depth}" if m.boundary_schedule == "overlapped" else ""))
         print(f"[hetauto] rank {p.rank}: cluster {p.cluster} ({state.device_type}), mesh {p.mesh_index}, "
-              f"stage {p.stage}, tp rank {p.tp_rank}, dp rank {p.dp_rank}; arguments from the plan: {changes}",
-              flush=True)
+              f"stage {p.stage}, tp rank {p.tp_rank}, dp rank {p.dp_rank}{boundary}; arguments from the plan: "
+              f"{changes}", flush=True)
 
 
 # ---- process groups --------------------------------------------------------------------------------------
