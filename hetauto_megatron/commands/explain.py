@@ -95,6 +95,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     from ..plan import explain as X
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
+    inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     est = simulate(plan, inventory, cost_model).to_dict()
     bd = X.breakdown(est, plan.num_micro_batches)
     tokens = plan.global_batch_size * plan.model.seq_length

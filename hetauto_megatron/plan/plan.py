@@ -24,7 +24,7 @@ from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
-from .settings import (DEFAULT_PRECISION, RuntimeSettings, check_precision, default_settings, padded_vocab_size,
+from .settings import (DEFAULT_PRECISION, RuntimeSettings, check_precision, minimal_overrides, padded_vocab_size,
                        resolve_settings)
 
 PLAN_VERSION = 2
@@ -73,10 +73,8 @@ class Mesh:
         overrides = self.setting_overrides
         if isinstance(overrides, dict):
             overrides = overrides.items()
-        # Normalised to the values that differ from the defaults, so equal settings mean equal meshes.
-        defaults = default_settings(self.tp).to_dict()
-        object.__setattr__(self, "setting_overrides",
-                           tuple(sorted((k, v) for k, v in overrides if k not in defaults or defaults[k] != v)))
+        # Normalised to the values that change something, so equal settings mean equal meshes.
+        object.__setattr__(self, "setting_overrides", minimal_overrides(self.tp, dict(overrides)))
         canon = canonical_device_name(self.device_type)
         if canon is None:
             get_device(self.device_type, field="device_type")  # raises with the catalog listed

@@ -92,7 +92,31 @@ def resolve_settings(tp: int, overrides: dict | None = None) -> RuntimeSettings:
     if overrides.get("sequence_parallel") and tp == 1:
         raise InputError("sequence_parallel needs tp > 1 (it splits the sequence over the TP ranks)",
                          field="settings.sequence_parallel", fix="drop the override or raise tp")
+    if "overlap_param_gather" not in overrides:
+        # Its default follows what it needs: there is no parameter gather to overlap without the distributed
+        # optimizer, and Megatron overlaps it only together with the gradient reduction.
+        overrides["overlap_param_gather"] = (overrides.get("distributed_optimizer", True)
+                                             and overrides.get("overlap_grad_reduce", True))
     return dataclasses.replace(default_settings(tp), **overrides)
+
+
+def minimal_overrides(tp: int, overrides) -> tuple:
+    """The overrides that change something, as sorted (key, value) pairs: a key whose value the others already
+    imply is dropped, so equal settings give equal overrides (and equal meshes)."""
+    items = dict(overrides)
+    settings = resolve_settings(tp, items)      # validates
+    keep = {}
+    for key in sorted(items):
+        rest = {k: v for k, v in items.items() if k != key}
+        try:
+            implied = getattr(resolve_settings(tp, rest), key)
+        except InputError:
+            implied = None          # the others alone are not a valid combination: this key is needed
+        if implied != items[key]:
+            keep[key] = items[key]
+    if resolve_settings(tp, keep) != settings:      # dropping keys one at a time changed the whole: keep all
+        keep = items
+    return tuple(sorted(keep.items()))
 
 
 def megatron_setting_args(s: RuntimeSettings, precision: str = "bf16") -> list[str]:
