@@ -167,6 +167,8 @@ MISTAKES = {
     "wrong world size": (2, [], ["launched with 2 processes but the plan needs 6", PLAN, "Fix:"]),
     "missing plan": (6, ["--hetauto-plan", "no-such-plan.yaml"], ["no-such-plan.yaml: plan file not found"]),
     "model mismatch": (6, ["--num-layers", "12"], ["another model than the plan's", "--num-layers 12 (plan: 8)"]),
+    "flag the plan does not run": (6, ["--fp16"], ["--fp16 (plan: precision is fp32", "field 'precision'",
+                                                    "Fix:"]),
     "unknown cluster": (6, ["--hetauto-cluster", "cluster-z"],
                         ["the plan has no cluster 'cluster-z' (its clusters: cluster-a, cluster-b)", "Fix:"]),
 }
