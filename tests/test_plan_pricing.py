@@ -91,6 +91,14 @@ def test_precision_is_an_input_stored_and_emitted(tmp_path):
     r = run_hetauto("emit", "megatron", "--plan", str(out), "--json")
     args = [a for la in json.loads(r.stdout)["launches"] for v in la["megatron_args"].values() for a in v]
     assert "--bf16" not in args and "--fp16" not in args
+    # simulate --precision: the same plan at another precision (what-if); bf16 on the tensor cores is faster
+    times = {}
+    for p in ("fp32", "bf16"):
+        r = run_hetauto("simulate", "--model", "llama2-7b", "--inventory", str(inv_path), "--plan", str(out),
+                        "--precision", p, "--json")
+        assert r.returncode == 0, r.stderr
+        times[p] = json.loads(r.stdout)["iteration_time_s"]
+    assert times["bf16"] < times["fp32"] / 3
     # fp8 only where the device has it: the Ascend 910B has none
     r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", INV2, "--precision", "fp8")
     assert r.returncode == 2 and "Traceback" not in r.stderr
