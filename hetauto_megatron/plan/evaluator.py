@@ -74,24 +74,26 @@ class LayoutEvaluator:
         if seg is None:
             prof = self.profile(c, pm)
             k = c.num_stages
-            per, fixed, caps = [], [], []
-            for j in range(k):
-                f, l = first and j == 0, last and j == k - 1
-                f0, b0 = prof.times(0, f, l)
-                per.append(prof.layer_fwd + prof.layer_bwd)
-                fixed.append(f0 + b0)
-                caps.append(self.cap(pm, prof, min(to_end - j, m), f, l))
+            per = [prof.layer_fwd + prof.layer_bwd] * k
+            fixed = [0.0] * k
+            middle = self.cap_table(pm, prof, False, False)
+            caps = [middle.cap(min(to_end - j, m)) for j in range(k)]
+            for j, f, l in ((0, first, last and k == 1), (k - 1, first and k == 1, last)):
+                if f or l:              # the embedding's and the head's stages
+                    f0, b0 = prof.times(0, f, l)
+                    fixed[j] = f0 + b0
+                    caps[j] = self.cap_table(pm, prof, f, l).cap(min(to_end - j, m))
             seg = self._segments[key] = ([prof] * k, per, fixed, caps)
         return seg
 
-    def cap(self, pm: ModelSpec, prof, in_flight: int, first: bool, last: bool) -> int:
-        """Layers a stage holds in memory (costing.max_layers_in_memory), from a table per stage configuration
-        (device, TP, DP, micro-batch, recomputation, settings: the profile) and first/last stage."""
+    def cap_table(self, pm: ModelSpec, prof, first: bool, last: bool) -> "_CapTable":
+        """Memory caps (costing.max_layers_in_memory) of a stage configuration (device, TP, DP, micro-batch,
+        recomputation, settings: the profile) as first/last stage, for every in-flight count."""
         key = (prof, first, last)
         table = self._caps.get(key)
         if table is None:
             table = self._caps[key] = _CapTable(pm, prof, first, last)
-        return table.cap(in_flight)
+        return table
 
     def boundary(self, a: MeshChoice, b: MeshChoice, pm: ModelSpec, inside: bool, samples: int):
         """(transfer time, latency part) of one micro-batch crossing from mesh a to mesh b (or inside a)."""

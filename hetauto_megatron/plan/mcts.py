@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 
 from .space import END, SearchSpace
 
-GREEDY = 0.0        # how often the default policy takes the fastest-looking TP/DP instead of a random one
-
 
 @dataclass
 class TreeRun:
@@ -54,24 +52,18 @@ def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> flo
 
 def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Random, best_t: float):
     """Default policy: random, steered by the principles: keep adding clusters (each adds compute), preferably
-    over the fastest link from the last one; never into an order whose bound is worse than the best plan."""
+    over the fastest link from the last one; never into a node whose bound is no better than the best plan."""
     acts = [a for a in acts if space.bound(path + (a,)) < best_t]
     if not acts:
         return None
-    order, complete, S, _, _ = space.decode(path)
-    if not complete:
+    if END not in path:                 # still choosing the clusters
+        order = path
         real = [a for a in acts if a != END]
         if not real or (END in acts and rng.random() < 0.2):
             return END
         if order and rng.random() < 0.6:
             return max(real, key=lambda c: space.inventory.link(order[-1], c).bandwidth_gbps)
         return rng.choice(real)
-    if S is not None and rng.random() < GREEDY:  # TP or DP: often the mesh that pushes the most layers/s
-        _, _, _, meshes, pending = space.decode(path)
-        cl = order[len(meshes)]
-        if pending is None:
-            return max(acts, key=lambda tp: space.best_rate(cl, tp, S))
-        return max(acts, key=lambda dp: space.mesh_rate(cl, pending, dp, S))
     return rng.choice(acts)
 
 

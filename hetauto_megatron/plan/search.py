@@ -35,7 +35,7 @@ from .mcts import TreeRun, run_tree
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
-EXHAUSTIVE_LEAVES = 3000        # enumerate trees this small
+EXHAUSTIVE_LEAVES = 15000       # enumerate trees this small (about twice the time MCTS takes there; exact)
 TREES = 4                       # independent trees per round ...
 MAX_TREES = 8                   # ... and at most this many in all
 AGREE = 0.003                   # trees whose best plans are this close (relative) agree
@@ -88,7 +88,7 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
     """(playout cap per tree, stall patience, estimated leaves) from the tree's size."""
     est = space.estimate_leaves(random.Random(seed * 7919 + 1))
     cap = int(min(MAX_PLAYOUTS, max(MIN_PLAYOUTS, est ** 0.75)))
-    return cap, max(MIN_PLAYOUTS // 2, cap // 8), est
+    return cap, max(MIN_PLAYOUTS // 2, min(cap // 4, MAX_PLAYOUTS // 8)), est
 
 
 # ---- work that may run in other processes ---------------------------------------------------------------

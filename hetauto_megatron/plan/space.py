@@ -164,20 +164,15 @@ class SearchSpace:
         return self._fits[key]
 
     def mesh_rate(self, cluster: str, tp: int, dp: int, samples: int) -> float:
-        """Layers per second a mesh of this shape pushes through in the steady state (its stages over the
-        time of one layer), the default policy's guide to TP and DP: it ignores memory beyond the one-layer
-        check and the room other meshes leave, which the evaluator prices."""
+        """Layers per second a mesh of this shape pushes through in the steady state at best (its stages over
+        the time of one layer without recomputation), for the bounds: it ignores memory beyond the one-layer
+        check and the room other meshes leave."""
         key = ("rate", cluster, tp, dp, samples)
         rate = self._fits.get(key)
         if rate is None:
             k = min(self._cl[cluster].num_devices // (tp * dp), self.max_stages(samples))
             rate = self._fits[key] = k / self.layer_time(cluster, tp, dp, samples // dp)
         return rate
-
-    def best_rate(self, cluster: str, tp: int, samples: int) -> float:
-        return max((self.mesh_rate(cluster, tp, d, samples) for d in divisors(samples)
-                    if tp * d <= self._cl[cluster].num_devices and samples // d <= self.max_mb
-                    and self.fits_one_layer(cluster, tp, d, samples // d, "full")), default=0.0)
 
     def legal(self, choices: tuple) -> bool:
         """The tree's rules, checked on a finished layout (local-search moves may set stages and recompute)."""
