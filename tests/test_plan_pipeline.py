@@ -99,3 +99,32 @@ def test_recorded_events_never_overlap_on_a_resource():
         for evs in by.values():
             evs.sort(key=lambda e: (e.start, e.end))
             assert all(a.end <= c.start for a, c in zip(evs, evs[1:]))
+
+
+def test_overlapped_boundary_memory_counts_warmup_and_buffers():
+    """Depth d on the boundary after mesh 0: each stage of mesh 0 holds d more micro-batches of its layers'
+    activations (and the first stage d more embedding outputs); the two stages at the boundary hold d + 2
+    boundary tensors (sequence x micro-batch x hidden) each; mesh 1 beyond the boundary stage is unchanged."""
+    import dataclasses
+
+    from hetauto_megatron.cost.memory import GIB, layer_activation_bytes
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    from hetauto_megatron.plan.simulate import simulate
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.model import PRESETS
+
+    inv = load_inventory("examples/llama/inventory-2clusters.yaml")
+    model = PRESETS["llama2-13b"]
+    a = Mesh("h800", "h800", 2, 4, 1, "none", (10, 10))
+    b = Mesh("ascend", "ascend-910b", 4, 2, 2, "selective", (12, 8))
+    d = 3
+    base = simulate(Plan(model, 128, (a, b)), inv)
+    deep = simulate(Plan(model, 128, (dataclasses.replace(a, boundary_schedule="overlapped", boundary_depth=d), b)),
+                    inv)
+    h, s = model.hidden_size, model.seq_length
+    act = layer_activation_bytes(model, 2, 1, "none", sequence_parallel=a.settings.sequence_parallel)
+    boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h, (d + 2) * 2 * s * 2 * h
+    first_extra = d * 2 * s * h / (2 if a.settings.sequence_parallel else 1)
+    want = [d * 10 * act + first_extra, d * 10 * act + boundary_a, boundary_b, 0.0]
+    got = [(x - y) * GIB for x, y in zip(deep.memory_gib, base.memory_gib)]
+    assert got == pytest.approx(want, rel=1e-9, abs=1.0)
