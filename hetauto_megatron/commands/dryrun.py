@@ -14,7 +14,10 @@ Run a plan's real Megatron-Core layout on this machine before booking the cluste
 One local process per device of the plan (CPU, gloo, whatever the plan's device types): every mesh gets its
 own TP/DP groups and layer counts, activations cross meshes through hetauto's pipeline communicator (host-
 staged, as between real clusters), and the model trains a few steps with Megatron's DDP, Adam with gradient
-clipping and the 1F1B schedule on deterministic synthetic tokens. Each mesh runs the plan's runtime settings,
+clipping and the 1F1B schedule on deterministic synthetic tokens. Each rank measures what it holds in the
+first step (weights, gradient buffer and optimizer state from the tensors; activations as the peak of the
+tensors autograd keeps for the backward pass, through the whole schedule) and the report puts it beside the
+memory model's prediction for its stage (--json: "memory", one entry per rank). Each mesh runs the plan's runtime settings,
 as the launch scripts do: by default the distributed optimizer with the gradient reduce-scatter and the
 parameter all-gather overlapped, gradients reduced in fp32, sequence parallelism where TP > 1 (a plan may
 override them per mesh). Per step it prints the loss and the global gradient norm, and the bytes that
@@ -97,10 +100,11 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
                                                     "step_times_s", "iteration_s", "seconds", "model", "cores",
-                                                    "exposed_s") if k in report},
+                                                    "exposed_s", "memory") if k in report},
                           "link_scale": scale}))
     else:
         _print_table(report, plan)
+        _print_memory(report)
         _print_exposed(report, plan, scale)
     if args.reference and report["max_abs_diff"] > TOLERANCE:
         print(f"hetauto dryrun: the plan's run differs from the single-process reference by "
@@ -152,6 +156,23 @@ def _print_exposed(report: dict, plan, scale) -> None:
         it = report["iteration_s"]
         print("waited on cross-cluster transfers per step (median): " + ", ".join(
             f"rank {r} {t * 1e3:.1f} ms ({t / it:.0%})" for r, t in rows))
+
+
+def _print_memory(report: dict) -> None:
+    """Per stage (its first rank): predicted and measured memory, activations and the whole."""
+    rows = {}
+    for r in report.get("memory", []):
+        rows.setdefault(r["stage"], r)
+    if not rows:
+        return
+    print("memory per rank, KiB predicted / measured (weights + gradients + optimizer + activations; the "
+          "activations are the peak autograd held over the step):")
+    for stage, r in sorted(rows.items()):
+        p, g = r["predicted"], r["measured"]
+        print(f"  stage {stage} (tp {r['tp']} x dp {r['dp']}, recompute {r['recompute']}, {r['in_flight']} in "
+              f"flight): activations {p['activations'] / 1024:,.0f} / {g['activations'] / 1024:,.0f}, total "
+              f"{p['total'] / 1024:,.0f} / {g['total'] / 1024:,.0f} ({g['total'] / p['total'] - 1:+.1%}); "
+              f"allocator peak in the step {g['allocator_peak'] / 1024:,.0f}")
 
 
 def _print_table(report: dict, plan) -> None:

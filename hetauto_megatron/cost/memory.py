@@ -44,6 +44,8 @@ boundary (its warm-up depth, plan/pipeline.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..spec.model import ModelSpec
 
 GIB = 1024 ** 3
@@ -68,27 +70,80 @@ def state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, floa
             "optimizer": (master + ADAM_MOMENT_BYTES + fp32_grad_copy) / shard}
 
 
-def _activation_parts(model: ModelSpec, micro_batch_size: int, recompute: str, s: int) -> tuple[float, float]:
-    """(replicated, split) activation bytes of one layer and micro-batch at 2 bytes per element: the part that
-    only sequence parallelism divides by TP, and the part inside the tensor-parallel regions."""
-    b = micro_batch_size
-    sbh = s * b * model.hidden_size
-    sbf = s * b * model.ffn_hidden_size
-    attn_rep, attn_split = 3 * sbh, 4 * sbh + 4 * s * b * model.kv_hidden
-    norms = 4 * sbh
-    mlp_rep, mlp_split = 3 * sbh, (8 if model.gated_mlp else 4) * sbf
-    if recompute == "none":
-        return attn_rep + norms + mlp_rep, attn_split + mlp_split
-    if recompute == "selective":     # the MLP is re-run: only its input (2sbh, replicated without SP) is kept
-        return attn_rep + norms + 2 * sbh, attn_split
-    return 2 * sbh, 0.0              # full: the layer's input
+@dataclass(frozen=True)
+class LayerImpl:
+    """How the layers that run keep their activations for the backward pass. Transformer Engine on accelerators
+    (the default) and Megatron's local spec of torch modules that CPU dry runs build (runtime/model.py) differ:
+    measured with saved-tensor hooks (runtime/memory_meter.py), the local spec keeps more per layer."""
+    flash_attention: bool = True   # no s x s score matrix; K and V at their GQA width. Unfused attention keeps
+                                   # the softmax output (a*s*s*b) and K, V repeated to every head
+    fused_norm: bool = True        # the norm keeps its input and a per-row statistic; torch's RMSNorm is a
+                                   # composite that also keeps the normalised input before the weight
+    fused_rope: bool = True        # unfused rotary embedding keeps its cos and sin for Q and K: 4*s*head_dim
+    fused_glu: bool = True         # Megatron's unfused GLU adds its linear offset (0) to the linear half: one
+                                   # more s*b*f tensor
+    dropout: bool = True           # hidden dropout after the embedding, attention and MLP keeps 1-byte masks
+
+
+TRANSFORMER_ENGINE = LayerImpl()
+# What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
+# and GLU) with dropout off, so that every layout computes the same numbers.
+DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
+                         dropout=False)
+
+
+def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl) -> dict[str, float]:
+    """Bytes one layer keeps for one micro-batch, by how TP divides them (element size E):
+    rep     outside the TP regions: divided by TP only under sequence parallelism. The two norms' inputs and
+            outputs (each output is the next linear's input: QKV, MLP), their fp32 row statistics, the
+            composite RMSNorm's normalised input, the dropout masks after attention and MLP
+    attn    inside TP: Q, K and V (GQA width with flash attention, repeated to every head without), the
+            context (projection input); unfused: the softmax output (+ dropout mask and output)
+    mlp     inside TP: fc1 output (2f gated: gate and up), activation output, product (gated); Megatron's
+            unfused GLU offset add
+    fixed   not divided by TP nor by the micro-batch: unfused rope's cos/sin for Q and K"""
+    h, f, a = model.hidden_size, model.ffn_hidden_size, model.num_attention_heads
+    sbh, sbf = s * b * h, s * b * f
+    composite_norm = not impl.fused_norm and model.gated_mlp      # gated models run RMSNorm (runtime/model.py)
+    # fused norms keep a per-row fp32 statistic too; Korthikanti's count leaves it out (h/4 times smaller
+    # than one norm's input): counted where it was measured, the torch norms of the dry run
+    stats = 0 if impl.fused_norm else 2 * FP32 * s * b
+    rep = (4 + (2 if composite_norm else 0)) * sbh * E + stats + (2 * sbh if impl.dropout else 0)
+    attn = 2 * sbh * E
+    if impl.flash_attention:
+        attn += 2 * s * b * model.kv_hidden * E
+    else:
+        scores = a * s * s * b
+        attn += 2 * sbh * E + scores * E + (scores * (E + 1) if impl.dropout else 0)
+    mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
+    fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
+    return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
 
 
 def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
-                           sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2) -> float:
-    s = seq_length or model.seq_length
-    rep, split = _activation_parts(model, micro_batch_size, recompute, s)
-    return dtype_bytes / 2 * ((rep / tp if sequence_parallel else rep) + split / tp)
+                           sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
+                           impl: LayerImpl = TRANSFORMER_ENGINE) -> float:
+    """Bytes one layer keeps for one micro-batch between its forward and its backward. 'selective' re-runs the
+    MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input."""
+    p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl)
+    rep_tp = tp if sequence_parallel else 1
+    if recompute == "full":
+        return p["input"] / rep_tp
+    kept = p["rep"] / rep_tp + p["attn"] / tp + p["fixed"]
+    return kept + (p["mlp"] / tp if recompute == "none" else 0.0)
+
+
+def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
+                           sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
+                           impl: LayerImpl = TRANSFORMER_ENGINE) -> float:
+    """What recomputation materialises again during the backward pass, one layer at a time: the whole layer
+    ('full') or its MLP ('selective'); 0 without recomputation."""
+    if recompute == "none":
+        return 0.0
+    kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl)
+    full = layer_activation_bytes(model, tp, micro_batch_size, "none", **kw)
+    return full if recompute == "full" else full - layer_activation_bytes(model, tp, micro_batch_size,
+                                                                          "selective", **kw)
 
 
 def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
@@ -111,7 +166,7 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                        recompute: str, in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
                        seq_length: int | None = None, dtype_bytes: int = 2,
-                       boundary_buffers: int = 0) -> dict[str, float]:
+                       boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
     runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings. boundary_buffers: whole
@@ -122,18 +177,30 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     per = state_bytes_per_param(dtype_bytes, dp, settings)
     parts = {k: params * v for k, v in per.items()}
     state = sum(parts.values())
-    s = seq_length or model.seq_length
-    per_layer = layer_activation_bytes(model, tp, micro_batch_size, recompute, sequence_parallel=sp,
-                                       seq_length=s, dtype_bytes=dtype_bytes)
-    acts = in_flight * layers * per_layer
-    if recompute == "full" and layers:
-        acts += layer_activation_bytes(model, tp, micro_batch_size, "none", sequence_parallel=sp, seq_length=s,
-                                       dtype_bytes=dtype_bytes)
-    if first:   # the embedding's output, kept for its backward (scattered over TP under sequence parallelism)
-        acts += in_flight * dtype_bytes * s * micro_batch_size * model.hidden_size / (tp if sp else 1)
-    if last:  # fp32 logits and their gradient for one micro-batch at a time, split over TP by vocabulary
-        acts += 2 * FP32 * s * micro_batch_size * model.vocab_size / tp
-    acts += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
+    s, b, E = seq_length or model.seq_length, micro_batch_size, dtype_bytes
+    kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl)
+    saved = in_flight * layers * layer_activation_bytes(model, tp, b, recompute, **kw)
+    # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
+    # that happens after the head's backward has freed the logits, so the two do not add (max below)
+    buffer = recompute_buffer_bytes(model, tp, b, recompute, **kw) if layers else 0.0
+    rep_tp = tp if sp else 1
+    if first:   # the token ids (int64) the embedding keeps, and its dropout mask
+        saved += in_flight * (8 * s * b + (s * b * model.hidden_size / rep_tp if impl.dropout else 0))
+    workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
+    if last:
+        # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
+        # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
+        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward)
+        norm = (2 + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
+            + (0 if impl.fused_norm else FP32 * s * b)
+        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.vocab_size / tp
+        logits_grad = FP32 * s * b * model.vocab_size / tp     # formed in the head's backward pass
+        saved += max(head, buffer)
+        workspace = max(head + logits_grad, buffer) - max(head, buffer)
+    else:
+        saved += buffer
+    saved += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
+    acts = saved + workspace
     reserved = RESERVED_GIB.get(vendor, DEFAULT_RESERVED_GIB) * GIB
-    return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts, "reserved": reserved,
-            "total": state + acts + reserved}
+    return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
+            "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}

@@ -90,6 +90,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     }
     step_times = [max(ts) for ts in zip(*(r["step_times"] for r in results))]
     report["step_times_s"] = step_times
+    report["memory"] = memory_report(run_plan, results)
     report["ops"] = [r["ops"] for r in results]     # per rank, per step: op_timing.OpClock.steps
     report["exposed_s"] = [r["exposed_s"] for r in results]
     report["iteration_s"] = statistics.median(step_times[1:] or step_times)
@@ -99,6 +100,64 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                                      for a, b in zip(report["steps"], report["reference"]))
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
+CPU_DTYPE_BYTES = 4      # the dry run trains in fp32 (runtime/model.py)
+
+
+def predicted_stage_memory(plan) -> list[dict]:
+    """cost/memory.py's prediction for every stage of the plan as the dry run runs it: the model that runs (the
+    shrunk one under --tiny) with the plan's padded vocabulary, fp32, each mesh's runtime settings, and the
+    micro-batches each stage holds under 1F1B (its warm-up plus the one it runs, grown by overlapped
+    boundaries' depths; overlapped boundaries add their buffers, as plan/simulate.py prices them)."""
+    from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
+    from ..plan.pipeline import warmup_counts
+
+    model = plan.model.replace(vocab_size=plan.padded_vocab_size)
+    p, m = plan.pipeline_parallel_size, plan.num_micro_batches
+    owners = [i for i, mesh in enumerate(plan.meshes) for _ in range(mesh.num_stages)]
+    depth, buffers = [0] * max(p - 1, 0), [0] * p
+    for s in range(p - 1):
+        mesh = plan.meshes[owners[s]]
+        if owners[s] != owners[s + 1] and mesh.boundary_schedule == "overlapped":
+            depth[s] = mesh.boundary_depth
+            buffers[s] += depth[s] + 2
+            buffers[s + 1] += depth[s] + 2
+    out = []
+    for s, w in enumerate(warmup_counts(p, m, depth)):
+        mesh = plan.meshes[owners[s]]
+        b = stage_memory_bytes(model, layers=plan.stage_layers[s], tp=mesh.tp, dp=mesh.dp,
+                               micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
+                               in_flight=min(w + 1, m), first=s == 0, last=s == p - 1, settings=mesh.settings,
+                               vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES, boundary_buffers=buffers[s],
+                               impl=DRY_RUN_IMPL)
+        out.append({k: b[k] for k in MEMORY_PARTS} | {"activations": b["activations_saved"],
+                                                       "activation_workspace": b["activations"] - b["activations_saved"],
+                                                       "in_flight": min(w + 1, m)})
+    return out
+
+
+def memory_report(plan, results) -> list[dict]:
+    """Per rank: its stage, predicted and measured bytes of weights, gradients, optimizer state and activations
+    (and their sum, "total", without the per-process reserve the model adds on devices), plus the allocator's
+    peak during the step (runtime/memory_meter.py)."""
+    predicted = predicted_stage_memory(plan)
+    out = []
+    for i, mesh in enumerate(plan.meshes):
+        for local in range(mesh.num_devices):
+            rank = plan.rank_offset(i) + local
+            stage = plan.first_stage(i) + local // (mesh.tp * mesh.dp)
+            got = results[rank]["memory"]
+            want = predicted[stage]
+            measured = {k: int(got[k]) for k in MEMORY_PARTS}
+            pred = {k: round(want[k]) for k in MEMORY_PARTS}
+            out.append({"rank": rank, "stage": stage, "mesh": i, "tp": mesh.tp, "dp": mesh.dp,
+                        "recompute": mesh.recompute, "in_flight": want["in_flight"],
+                        "predicted": pred | {"total": sum(pred.values())},
+                        "measured": measured | {"total": sum(measured.values()),
+                                                "allocator_peak": int(got["allocator_peak"])}})
+    return out
 
 
 def mesh_settings(plan, results) -> list[dict]:

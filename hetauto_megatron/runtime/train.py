@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import contextmanager
 
 from ..plan.plan import Mesh, Plan
 
@@ -67,6 +68,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     from .communicator import HeteroP2PCommunicator
     from .gradients import count_grad_norm_once, make_finalize_model_grads
     from .groups import build_groups, init_distributed, set_megatron_globals
+    from .memory_meter import state_storages
     from .model import build_model, transformer_config
     from .op_timing import OpClock
 
@@ -111,6 +113,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         return out, loss_func
 
     losses, norms, times, exposed = [], [], [], []
+    meter, alloc = None, {}
     for step in range(steps):
         t0 = time.perf_counter()
         clock.begin_step()
@@ -121,14 +124,16 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
                       num_microbatches=plan.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
                       forward_only=False, pg_collection=ctx.pg)
-        if plan.pipeline_parallel_size > 1:
-            before = comm.exposed_s()
-            comm.begin_step(plan.num_micro_batches)
-            results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
-            comm.end_step()
-            exposed.append(comm.exposed_s() - before)
-        else:
-            results = forward_backward_no_pipelining(**common)
+        with _metered(step == 0, model, ddp, opt, alloc) as meter_now:   # memory: the first step only (untimed)
+            meter = meter_now or meter
+            if plan.pipeline_parallel_size > 1:
+                before = comm.exposed_s()
+                comm.begin_step(plan.num_micro_batches)
+                results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
+                comm.end_step()
+                exposed.append(comm.exposed_s() - before)
+            else:
+                results = forward_backward_no_pipelining(**common)
         with clock.span("optimizer"):
             _, grad_norm, _ = opt.step()
         times.append(time.perf_counter() - t0)
@@ -142,12 +147,28 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         losses.append(total.item())
         norms.append(float(grad_norm))
     clock.uninstall()
+    state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
+    memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
+    memory.update(activations=meter.peak, allocator_peak=alloc.get("peak", 0))
     dist.barrier(group=ctx.world_gloo)
     dist.destroy_process_group()
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
             "exposed_s": exposed,
-            "ops": clock.steps,
+            "ops": clock.steps, "memory": memory,
             "settings": settings_that_ran(config, ddp.ddp_config, opt)}
+
+
+@contextmanager
+def _metered(on: bool, model, ddp, opt, alloc: dict):
+    """Measure the memory of the step it wraps (runtime/memory_meter.py) when `on`: the saved-tensor peak
+    (yields the meter) and the allocator's peak (into `alloc`); yields None and measures nothing otherwise."""
+    if not on:
+        yield None
+        return
+    from .memory_meter import SavedTensorMeter, allocator_peak, state_storages
+    meter = SavedTensorMeter(exclude=state_storages(model, ddp, opt)["_storages"])
+    with allocator_peak(alloc), meter.metering():
+        yield meter
 
 
 def settings_that_ran(config, ddp_config, optimizer) -> dict:

@@ -1,0 +1,151 @@
+"""What one dry-run rank really holds in memory, read from the tensors (the measured side of cost/memory.py).
+
+- State: the bytes of the weights, the gradient buffer and the optimizer state, from the objects Megatron built:
+  the DP buffers' `param_data` (the distributed optimizer keeps the parameters there) or the parameters
+  themselves, the buffers' `grad_data` (every parameter's `main_grad`), and every tensor the optimizer holds
+  that is not a view of those: fp32 master shards, Adam's moments, fp32 copies of 16-bit gradients.
+- Activations: `SavedTensorMeter` wraps the training step in `torch.autograd.graph.saved_tensors_hooks`, so
+  every tensor autograd keeps for a backward pass is seen when it is saved and when autograd lets it go (its
+  packed holder is released after the backward that used it). Bytes are counted per unique storage (a view
+  such as a chunk of a fused projection's output costs its whole storage once), storages of the state above
+  (a linear layer saves its weight) are left out, and the live total is followed through the whole 1F1B
+  schedule: its peak is what the in-flight micro-batches hold at once, recomputation included (the hooks stay
+  on during the backward pass, where full recomputation re-runs a layer's forward).
+- Cross-check: `allocator_peak` runs the same step under torch's profiler with memory profiling and follows
+  every CPU allocation and free the step makes: the peak of bytes allocated during the step above its start
+  covers the saved activations plus the transients (a gradient being formed, the logits' gradient, the
+  buffers a collective allocates). It bounds the saved-tensor peak from above.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+def _nbytes(t) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def state_storages(model, ddp, optimizer) -> dict:
+    """{"weights", "gradients", "optimizer"} bytes this rank holds, and the set of their storages' addresses."""
+    import torch
+
+    bufs = list(ddp.buffers) + list(getattr(ddp, "expert_parallel_buffers", []))
+    if bufs and all(b.param_data is not None for b in bufs):      # distributed optimizer: params live in param_data
+        weights = sum(b.param_data.numel() * b.param_data.element_size() for b in bufs)
+    else:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in bufs)
+    owned = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + [b.grad_data for b in bufs]
+             + [b.param_data for b in bufs if b.param_data is not None]}
+    seen, state = set(), 0
+    for inner in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(inner, "optimizer", inner)
+        tensors = []
+        for group in inner.param_groups:
+            for p in group["params"]:
+                tensors += [p, p.grad] + [v for k, v in inner.state.get(p, {}).items() if k != "step"]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in owned or ptr in seen:
+                continue
+            seen.add(ptr)
+            state += _nbytes(t)
+    return {"weights": weights, "gradients": grads, "optimizer": state, "_storages": owned | seen}
+
+
+class _Held:
+    """What autograd keeps instead of a saved tensor while the meter runs; releasing it releases the tensor."""
+    __slots__ = ("tensor", "meter", "ptr")
+
+    def __init__(self, tensor, meter, ptr):
+        self.tensor, self.meter, self.ptr = tensor, meter, ptr
+
+    def __del__(self):
+        self.meter._release(self.ptr)
+
+
+class SavedTensorMeter:
+    """Live bytes of the tensors autograd holds for backward, by unique storage; `peak` over the metered span."""
+
+    def __init__(self, exclude: set):
+        self.exclude = exclude
+        self.refs: dict = {}          # storage address -> [holders alive, bytes]
+        self.live = 0
+        self.peak = 0
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.exclude or storage.nbytes() == 0:
+            return t
+        ref = self.refs.get(ptr)
+        if ref is None:
+            ref = self.refs[ptr] = [0, storage.nbytes()]
+            self.live += ref[1]
+            self.peak = max(self.peak, self.live)
+        ref[0] += 1
+        return _Held(t.detach(), self, ptr)     # detached: the holder must not keep the graph alive
+
+    @staticmethod
+    def _unpack(packed):
+        return packed.tensor if isinstance(packed, _Held) else packed
+
+    def _release(self, ptr):
+        ref = self.refs.get(ptr)
+        if ref is None:
+            return
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self.refs[ptr]
+
+    @contextmanager
+    def metering(self):
+        import torch
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield self
+
+
+@contextmanager
+def allocator_peak(result: dict):
+    """Profile the block's CPU allocations; on exit result["peak"] = the highest net bytes allocated inside it
+    (allocations minus frees, in time order), result["end"] = the net at its end."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    older = torch.empty(64)
+    with _quiet_stderr():            # the profiler's start and stop notices would drown the dry run's report
+        prof.__enter__()
+        del older                    # torch warns (once) at the first free of a block older than the profile
+    try:
+        yield result
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+              and e.device_type() == torch.autograd.DeviceType.CPU]
+    net = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        net += e.nbytes()
+        peak = max(peak, net)
+    result["peak"], result["end"] = peak, net
+
+
+@contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the block (native libraries write there directly)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
