@@ -77,3 +77,13 @@ def test_every_stage_of_the_two_cluster_run_within_10_percent(tiny_dryrun_json):
     rows = json.loads(tiny_dryrun_json)["memory"]
     assert {(r["tp"], r["dp"]) for r in rows} == {(2, 1), (1, 2)}
     _check(rows)
+
+
+def test_profile_overheads_needs_the_device():
+    """`hetauto profile --overheads` measures on an accelerator only; without one it says so (exit 2)."""
+    import torch
+    from helpers import run_hetauto
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is at hand: the measuring path would run")
+    r = run_hetauto("profile", "--device-type", "h100", "--overheads")
+    assert r.returncode == 2 and "--overheads" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -51,12 +51,18 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default 1 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.add_argument("--overheads", action="store_true",
+                   help="measure the runtime memory overheads instead (context, collective buffers, workspace, "
+                        "allocator fragmentation; cost/memory.py RUNTIME_OVERHEADS): needs the device (a GPU "
+                        "or an Ascend NPU); the collective buffers only under torchrun with 2+ ranks")
 
 
 def run(args) -> int:
     from ..spec.devices import get_device
     from ..measure.profile import LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
+    if args.overheads:
+        return _overheads(args, device)
     grid = args.grid or grid_name(device, args.quick, args.layers)
     gran = granularity(grid)
     if args.layers and gran != "layer":
@@ -79,4 +85,23 @@ def run(args) -> int:
         what = "operators" if "operators" in summary else "layers"
         print(f"{summary['file']}: {summary[what]} {what} ({summary['measured_now']} measured now, "
               f"{summary['resumed']} kept from before) in {summary['seconds']} s")
+    return 0
+
+
+def _overheads(args, device) -> int:
+    """`--overheads`: measure them on this machine's accelerator and write overheads-<type>.json."""
+    from ..measure.overheads import accelerator_at_hand, measure_overheads
+    if device.vendor == "cpu" or not accelerator_at_hand(device.vendor):
+        raise InputError(f"measuring runtime overheads needs a {device.name} ({device.vendor}) device, and this "
+                         "machine has none that torch can use", field="--overheads",
+                         fix="run it on a machine with the device (one process per device, alone on it)")
+    result = measure_overheads(device.vendor)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"overheads-{device.name}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1) if args.json else
+          f"{path}: context {result['context_gib']:.2f} GiB, workspace {result['workspace_gib']:.2f} GiB, "
+          f"collective buffers {'not measured (one rank)' if result['comm_gib'] is None else format(result['comm_gib'], '.2f') + ' GiB'}, "
+          f"fragmentation {result['fragmentation']:.1%}")
     return 0

@@ -24,23 +24,21 @@ place. Bucket padding (to 64 elements per parameter and to a DP-divisible bucket
 real stage and is not modelled. tests/test_memory_megatron.py pins these figures against the tensors of a
 real Megatron-Core stage built with DDP and the distributed optimizer.
 
-Activations per transformer layer and micro-batch, at 2 bytes per element (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", Table 2, generalised to GQA and gated MLPs, with flash
-attention so no s^2 score matrix is stored), scaled by dtype_bytes / 2:
-    attention  s*b*(7h + 4*kv_hidden)   QKV input 2h and dropout mask h [replicated], Q 2h, K and V 4kv,
-                                        context (projection input) 2h [split by TP]
-    norms      4*s*b*h                  the two norm inputs [replicated]
-    mlp        3*s*b*h + 4*s*b*f        plain: input 2h and dropout mask h [replicated], up output, activation
-                                        output [split]
-               3*s*b*h + 8*s*b*f        gated: the same replicated part, gate and up outputs, activation output
-                                        and product [split]
-The split parts are always divided by TP (tensor-parallel regions). The replicated ones (10sbh of Korthikanti's
-34sbh) are divided by TP only with sequence parallelism, which shards the sequence outside those regions; with
-it off every TP rank holds them in full, Table 2's sbh(10 + 24/t).
-Recompute 'selective' re-runs the MLP and keeps only its input; 'full' keeps each layer's input (2sbh, split by
-TP only under sequence parallelism) plus one layer's full activations while it is recomputed. Under 1F1B stage
-i of p holds min(p - i, m) micro-batches in flight, more before an overlapped cross-cluster
-boundary (its warm-up depth, plan/pipeline.py).
+Activations: what each layer keeps for its backward pass per micro-batch (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", generalised to GQA and gated MLPs), for the layers that
+run (`LayerImpl`: Transformer Engine by default, flash attention so no s^2 score matrix; the dry run's local
+spec of torch modules keeps more, `DRY_RUN_IMPL`); see `_layer_parts`. The parts outside the tensor-parallel
+regions (the norms' inputs and outputs, the dropout masks: Korthikanti's 10sbh of 34sbh) are divided by TP
+only under sequence parallelism; without it every TP rank holds them in full, Table 2's sbh(10 + 24/t).
+Recompute 'selective' re-runs the MLP and keeps its input; 'full' keeps each layer's input; either
+re-materialises one layer (or MLP) at a time in the backward pass. Under 1F1B stage i of p holds
+min(p - i, m) micro-batches in flight, more before an overlapped cross-cluster boundary (its warm-up depth,
+plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of real dry runs (TP 1/2, DP 1/2, every
+recompute mode, the production settings) against what the ranks hold, measured (runtime/memory_meter.py).
+
+Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
+the allocator's fragmentation: `RUNTIME_OVERHEADS`, per vendor (docs/cost-model.md gives each constant's basis;
+`hetauto profile --overheads` measures them on a device, measure/overheads.py).
 """
 from __future__ import annotations
 
@@ -49,8 +47,40 @@ from dataclasses import dataclass
 from ..spec.model import ModelSpec
 
 GIB = 1024 ** 3
-RESERVED_GIB = {"cpu": 0.5}          # per-process runtime overhead: CUDA/HCCL context, comm buffers, fragments
-DEFAULT_RESERVED_GIB = 3.0
+
+
+@dataclass(frozen=True)
+class RuntimeOverhead:
+    """Memory one training process holds on its device beyond the tensors the model prices (GiB, and a fraction
+    of the tensors for the allocator). `hetauto profile --overheads` measures each on a device
+    (measure/overheads.py)."""
+    context_gib: float      # the runtime's context (CUDA, HIP, CANN) and the framework's loaded kernels
+    comm_gib: float         # the collective library's buffers over the rank's communicators (TP, DP, PP)
+    workspace_gib: float    # GEMM and attention workspaces (cuBLAS/cuBLASLt, Transformer Engine, aclnn)
+    fragmentation: float    # the caching allocator's reserved / allocated bytes at the peak, minus 1
+
+    @property
+    def fixed_gib(self) -> float:
+        return self.context_gib + self.comm_gib + self.workspace_gib
+
+    def bytes(self, allocated: float) -> float:
+        return self.fixed_gib * GIB + self.fragmentation * allocated
+
+
+# Per vendor. Estimates until measured on the device (docs/cost-model.md gives each one's basis): the fixed
+# parts sum to the 3 GiB reserve the planner has always taken for accelerators; fragmentation is left at 0 until
+# `hetauto profile --overheads` has measured a device's allocator. CPU dry-run processes: the interpreter,
+# torch and Megatron-Core, the gloo buffers.
+RUNTIME_OVERHEADS = {
+    "nvidia": RuntimeOverhead(context_gib=0.75, comm_gib=1.5, workspace_gib=0.75, fragmentation=0.0),
+    "amd": RuntimeOverhead(context_gib=0.75, comm_gib=1.5, workspace_gib=0.75, fragmentation=0.0),
+    "ascend": RuntimeOverhead(context_gib=1.0, comm_gib=1.5, workspace_gib=0.5, fragmentation=0.0),
+    "cpu": RuntimeOverhead(context_gib=0.5, comm_gib=0.0, workspace_gib=0.0, fragmentation=0.0),
+}
+DEFAULT_OVERHEAD = RUNTIME_OVERHEADS["nvidia"]
+# The fixed reserve per vendor (kept for readers of the older name)
+RESERVED_GIB = {k: v.fixed_gib for k, v in RUNTIME_OVERHEADS.items()}
+DEFAULT_RESERVED_GIB = DEFAULT_OVERHEAD.fixed_gib
 ADAM_MOMENT_BYTES = 8                # exp_avg + exp_avg_sq, fp32
 FP32 = 4
 
@@ -201,6 +231,6 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
         saved += buffer
     saved += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
     acts = saved + workspace
-    reserved = RESERVED_GIB.get(vendor, DEFAULT_RESERVED_GIB) * GIB
+    reserved = RUNTIME_OVERHEADS.get(vendor, DEFAULT_OVERHEAD).bytes(state + acts)
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}
