@@ -50,6 +50,10 @@ CASES = {
     # with depth 2 (every micro-batch of the step in flight before the first backward)
     "tied_across_clusters": plan([{**mesh("a", 2, 1, 2, [4]), "boundary": {"schedule": "overlapped", "depth": 2}},
                                   mesh("b", 1, 2, 1, [4])], model=TIED),
+    # one cluster, two meshes: the embedding's stage at TP 1, then TP 2 with full recomputation on the same
+    # cluster (an intra-cluster boundary between different TP), tied to a TP 1 x DP 2 last stage in another cluster
+    "two_meshes_one_cluster": plan([mesh("a", 1, 1, 2, [0, 2]), mesh("a", 2, 1, 2, [3], recompute="full"),
+                                    mesh("b", 1, 2, 1, [3])], model=TIED),
     # an embedding-only first stage (zero transformer layers), tied to a TP 2 last stage
     "embedding_only_stage": plan([mesh("a", 1, 1, 2, [0, 4]), mesh("b", 2, 1, 2, [4])], model=TIED),
 }
