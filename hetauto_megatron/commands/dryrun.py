@@ -14,15 +14,15 @@ Run a plan's real Megatron-Core layout on this machine before booking the cluste
 One local process per device of the plan (CPU, gloo, whatever the plan's device types): every mesh gets its
 own TP/DP groups and layer counts, activations cross meshes through hetauto's pipeline communicator (host-
 staged, as between real clusters), and the model trains a few steps with Megatron's DDP, Adam with gradient
-clipping and the 1F1B schedule on deterministic synthetic tokens. Each rank measures what it holds in the
-first step (weights, gradient buffer and optimizer state from the tensors; activations as the peak of the
-tensors autograd keeps for the backward pass, through the whole schedule) and the report puts it beside the
-memory model's prediction for its stage (--json: "memory", one entry per rank). Each mesh runs the plan's runtime settings,
+clipping and the 1F1B schedule on deterministic synthetic tokens. Each mesh runs the plan's runtime settings,
 as the launch scripts do: by default the distributed optimizer with the gradient reduce-scatter and the
 parameter all-gather overlapped, gradients reduced in fp32, sequence parallelism where TP > 1 (a plan may
 override them per mesh). Per step it prints the loss and the global gradient norm, and the bytes that
 crossed inside clusters and between clusters; then the settings each mesh ran with and the measured iteration
 time (median over the steps after the first, on the slowest rank; the reference run is not timed in it).
+Each rank measures what it holds in the first step (weights, gradient buffer and optimizer state from the
+tensors; activations as the peak of the tensors autograd keeps for the backward pass, through the whole
+schedule), printed per stage beside the memory model's prediction (--json: "memory", one entry per rank).
 
 --no-distributed-optimizer runs every mesh with the plain optimizer instead, to compare.
 

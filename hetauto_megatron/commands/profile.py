@@ -100,8 +100,8 @@ def _overheads(args, device) -> int:
     path = os.path.join(args.out, f"overheads-{device.name}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
+    comm = "not measured (one rank)" if result["comm_gib"] is None else f"{result['comm_gib']:.2f} GiB"
     print(json.dumps(result, indent=1) if args.json else
           f"{path}: context {result['context_gib']:.2f} GiB, workspace {result['workspace_gib']:.2f} GiB, "
-          f"collective buffers {'not measured (one rank)' if result['comm_gib'] is None else format(result['comm_gib'], '.2f') + ' GiB'}, "
-          f"fragmentation {result['fragmentation']:.1%}")
+          f"collective buffers {comm}, fragmentation {result['fragmentation']:.1%}")
     return 0

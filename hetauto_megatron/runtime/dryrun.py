@@ -132,8 +132,9 @@ def predicted_stage_memory(plan) -> list[dict]:
                                in_flight=min(w + 1, m), first=s == 0, last=s == p - 1, settings=mesh.settings,
                                vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES, boundary_buffers=buffers[s],
                                impl=DRY_RUN_IMPL)
+        transient = b["activations"] - b["activations_saved"]     # the logits' gradient: not a saved tensor
         out.append({k: b[k] for k in MEMORY_PARTS} | {"activations": b["activations_saved"],
-                                                       "activation_workspace": b["activations"] - b["activations_saved"],
+                                                       "activation_workspace": transient,
                                                        "in_flight": min(w + 1, m)})
     return out
 
