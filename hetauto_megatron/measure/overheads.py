@@ -41,6 +41,7 @@ def measure_overheads(vendor: str, *, hidden: int = 4096, seq: int = 2048, steps
     import torch
 
     mod, dev, backend = _backend(vendor)
+    mod.set_device(int(os.environ.get("LOCAL_RANK", "0")))    # under torchrun: this rank's device
 
     def in_use() -> int:
         free, total = mod.mem_get_info()
@@ -68,7 +69,6 @@ def measure_overheads(vendor: str, *, hidden: int = 4096, seq: int = 2048, steps
         import torch.distributed as dist
         if not dist.is_initialized():
             dist.init_process_group(backend)
-        mod.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         t = torch.ones(1 << 20, device=dev)
         mod.synchronize()
         before_use, before_res = in_use(), mod.memory_reserved()
