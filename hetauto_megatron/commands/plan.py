@@ -46,10 +46,10 @@ def add_arguments(parser) -> None:
                         help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
     parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
-    parser.add_argument("--boundary-schedule", choices=("blocking", "overlapped"), default="blocking",
-                        help="cross-cluster pipeline boundaries: blocking (the sender waits for each transfer, what "
-                             "the runtime does today) or overlapped (asynchronous transfers, warm-up depth chosen "
-                             "per boundary; docs/search.md)")
+    parser.add_argument("--boundary-schedule", choices=("overlapped", "blocking"), default="overlapped",
+                        help="cross-cluster pipeline boundaries: overlapped (the default: asynchronous transfers, "
+                             "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "
+                             "as Megatron's own P2P does); docs/search.md")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")

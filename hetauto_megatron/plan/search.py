@@ -53,7 +53,7 @@ class SearchConfig:
     budget_s: float | None = None      # wall-clock cap on the tree search
     seed: int = 0
     rerank: int = 16                   # best distinct layouts of each list re-evaluated with the event simulation
-    schedule: str = "blocking"         # cross-cluster boundaries: "blocking" or "overlapped" (depth chosen per layout)
+    schedule: str = "overlapped"       # cross-cluster boundaries: "overlapped" (depth chosen per layout) or "blocking"
     max_micro_batch: int = 16
     exploration: float = 0.7
     local_search: bool = True

@@ -274,14 +274,15 @@ SCHEDULES = ("blocking", "overlapped")
 
 
 def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshChoice], gbs: int, cost_model,
-                    *, exact: bool = True, schedule: str = "blocking", depths=None) -> LayoutResult:
+                    *, exact: bool = True, schedule: str = "overlapped", depths=None) -> LayoutResult:
     """Solve the layer split for `choices` and predict the iteration time (the search's objective).
 
     exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
     of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True.
     schedule="overlapped" overlaps every cross-cluster boundary and chooses its depth: no extra warm-up, or the
     link's round trip in micro-batches (2 x transfer / slowest stage, rounded up; halved until memory allows),
-    whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None or a depth) fixes the boundaries instead."""
+    whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None
+    or a depth) fixes the boundaries instead."""
     m = gbs // (choices[0].dp * choices[0].micro_batch_size)
     model = padded_model(model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model)
@@ -289,11 +290,11 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     crossing = {pipe.owners[l] for l, c in enumerate(pipe.cross) if c}
     if depths is not None or schedule == "blocking" or not crossing:
         return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
-                         cost_model, exact, inventory)
+                         cost_model, exact, inventory)[0]
     zero = [0 if i in crossing else None for i in range(n)]
-    best = _evaluate(model, gbs, pipe, m, zero, choices, cost_model, exact, inventory)
+    best, tail = _evaluate(model, gbs, pipe, m, zero, choices, cost_model, exact, inventory)
     if best.stage_layers is None:   # not even the overlapped buffers fit: blocking needs none
-        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory)
+        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory)[0]
     p = len(pipe.profs)
     fb = [prof.times(best.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
     fwd, bwd = [f for f, _ in fb], [b for _, b in fb]
@@ -309,7 +310,8 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         if c:
             deep[pipe.owners[l]] = min(m, math.ceil(2 * pipe.links[l] / slowest - 1e-9))
     while any(deep):
-        res = _evaluate(model, gbs, pipe, m, deep, choices, cost_model, exact, inventory)
+        res = _evaluate(model, gbs, pipe, m, deep, choices, cost_model, exact, inventory,
+                        reuse=(best.stage_layers, tail))[0]
         if res.stage_layers is not None:
             if res.iteration_time_s < best.iteration_time_s:
                 best = res
@@ -318,7 +320,11 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     return best
 
 
-def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory) -> LayoutResult:
+def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None):
+    """(LayoutResult, its closed-form tail or None). reuse: (layers, tail) of the same layout under looser memory
+    caps (a shallower overlapped depth): when those layers fit these caps they are this split too (the greedy
+    split is optimal for the looser caps and feasible for these), and the tail, which depends on the layers
+    only, is the same."""
     profs, owners = pipe.profs, pipe.owners
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
@@ -332,7 +338,11 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
         f0, b0 = prof.times(0, first, last)
         per.append(prof.layer_fwd + prof.layer_bwd)
         fixed.append(f0 + b0)
-    layers = split_layers(per, fixed, lo, caps, L) if min(caps) >= 0 else None
+    tail = None
+    if reuse is not None and reuse[0] is not None and all(x <= c for x, c in zip(reuse[0], caps)):
+        layers, tail = reuse
+    else:
+        layers = split_layers(per, fixed, lo, caps, L) if min(caps) >= 0 else None
     if layers is None:
         # Report how far from fitting: spread layers by speed ignoring memory, find the worst overshoot.
         rough = split_layers(per, fixed, lo, [L] * p, L) or [L // p] * p
@@ -346,18 +356,20 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
                 worst, mesh = need - prof.memory_cap, owners[i]
                 dev = f"{prof.cluster.name} ({prof.cluster.device.name}, {prof.memory_cap / GIB:.0f} GiB): needs " \
                       f"{need / GIB:.1f} GiB"
-        return LayoutResult(None, float("inf"), max(worst, 0.0) / GIB, dev, mesh)
+        return LayoutResult(None, float("inf"), max(worst, 0.0) / GIB, dev, mesh), None
     if not exact:
         fwd, bwd = [], []
         for i, prof in enumerate(profs):
             f, b = prof.times(layers[i], i == 0, i == p - 1)
             fwd.append(f)
             bwd.append(b)
-        tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
+        if tail is None:
+            tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
-        return LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths))
+        return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
+                tail)
     est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory)
-    return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths))
+    return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths)), None
 
 
 def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_layers: list[int],
