@@ -96,7 +96,7 @@ def test_fast_evaluator_agrees_with_evaluate_layout():
             if min(m.num_stages for m in meshes) < 1:
                 continue
             t, resolved = ev.resolve(meshes)
-            ref = evaluate_layout(model, inv, list(resolved), gbs, COST, exact=False)
+            ref = evaluate_layout(model, inv, list(resolved), gbs, COST, exact=False, schedule=ev.schedule)
             if math.isfinite(t):
                 assert ref.iteration_time_s == pytest.approx(t, rel=1e-12)
                 compared += 1
