@@ -79,20 +79,26 @@ def run(args) -> int:
             if "sum_of_operators_mape_pct" in v or "traffic_mape_pct" in v:
                 continue
             print(f"  {k:<32} {v['rows']:>6} {v['mape_pct']:>8.2f}")
-    comp = {k: v for k, v in res.heldout.items() if "sum_of_operators_mape_pct" in v}
-    if comp:
-        print("whole layers, leave one model out (composition kept only where it beats the plain sum):")
-        print(f"  {'device phase':<32} {'layers':>6} {'models':>6} {'sum MAPE %':>11} {'composed MAPE %':>16} kept")
-        for k, v in comp.items():
-            c = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
-            print(f"  {k.replace(' layer-composition', ''):<32} {v['rows']:>6} {v['models']:>6} "
-                  f"{v['sum_of_operators_mape_pct']:>11.2f} {c:>16} {'yes' if v['kept'] else 'no'}")
-    opt = {k: v for k, v in res.heldout.items() if "traffic_mape_pct" in v}
-    if opt:
-        print("optimizer step per layer, leave one model out (kept only where it beats the bare memory traffic):")
-        print(f"  {'device':<32} {'rows':>6} {'models':>6} {'traffic MAPE %':>15} {'fitted MAPE %':>14} kept")
-        for k, v in opt.items():
-            c = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
-            print(f"  {k.replace(' optimizer-step', ''):<32} {v['rows']:>6} {v['models']:>6} "
-                  f"{v['traffic_mape_pct']:>15.2f} {c:>14} {'yes' if v['kept'] else 'no'}")
+    _leave_one_model_out(res.heldout, "sum_of_operators_mape_pct", " layer-composition",
+                         "whole layers, leave one model out (composition kept only where it beats the plain sum):",
+                         ("device phase", "layers", "sum MAPE %", "composed MAPE %"))
+    _leave_one_model_out(res.heldout, "traffic_mape_pct", " optimizer-step",
+                         "optimizer step per layer, leave one model out (kept only where it beats the bare memory "
+                         "traffic):", ("device", "rows", "traffic MAPE %", "fitted MAPE %"))
     return 0
+
+
+def _leave_one_model_out(heldout: dict, baseline_key: str, suffix: str, title: str, columns: tuple):
+    """One leave-one-model-out table: per device, the baseline's error beside the fitted stage's and whether the
+    fitted stage was kept (the layer composition and the optimizer step report the same way)."""
+    rows = {k: v for k, v in heldout.items() if baseline_key in v}
+    if not rows:
+        return
+    first, rows_name, baseline_name, fitted_name = columns
+    wb, wf = len(baseline_name) + 1, len(fitted_name) + 1
+    print(title)
+    print(f"  {first:<32} {rows_name:>6} {'models':>6} {baseline_name:>{wb}} {fitted_name:>{wf}} kept")
+    for k, v in rows.items():
+        fitted = f"{v['mape_pct']:.2f}" if v["mape_pct"] is not None else "n/a"
+        print(f"  {k.replace(suffix, ''):<32} {v['rows']:>6} {v['models']:>6} "
+              f"{v[baseline_key]:>{wb}.2f} {fitted:>{wf}} {'yes' if v['kept'] else 'no'}")
