@@ -5,7 +5,8 @@ One pipeline stage (the whole model: embedding, 2 layers, output head) is built 
 wrapped in Megatron-Core's DistributedDataParallel and optimizer with the mesh's runtime settings
 (runtime/train.py: ddp_settings), once per case: fp32 (what CPU dry runs train in) and bf16 mixed precision,
 with and without the distributed optimizer, gradients reduced in fp32 or in bf16. One optimizer step
-materialises Adam's moments. The bytes are then read from the real tensors:
+materialises Adam's moments. The bytes are then read from the real tensors (runtime/memory_meter.py, as the dry run
+reads them):
     weights    the DP buffer's param_data (distributed optimizer), else the parameters themselves
     gradients  the DP buffer's grad_data (every parameter's main_grad)
     optimizer  every tensor the optimizer holds that is not a view of those buffers or of the parameters:
@@ -45,6 +46,7 @@ def _measure(rank, world_size):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.memory_meter import state_storages
     from hetauto_megatron.runtime.model import build_model, transformer_config
     from hetauto_megatron.runtime.train import ddp_settings
 
@@ -71,30 +73,8 @@ def _measure(rank, world_size):
         for buf in ddp.buffers:        # some gradient, so that Adam allocates its moments on the step
             buf.grad_data.fill_(1e-3)
         opt.step()
-        bufs = ddp.buffers + ddp.expert_parallel_buffers
-        nbytes = lambda t: t.numel() * t.element_size()
-        if settings.distributed_optimizer:
-            weights = sum(nbytes(b.param_data) for b in bufs)
-        else:
-            weights = sum(nbytes(p) for p in model.parameters())
-        grads = sum(nbytes(b.grad_data) for b in bufs)
-        owned = {t.untyped_storage().data_ptr() for t in list(model.parameters())
-                 + [b.grad_data for b in bufs] + [b.param_data for b in bufs if b.param_data is not None]}
-        seen, state = set(), 0
-        inner = getattr(opt, "optimizer", opt)
-        tensors = []
-        for group in inner.param_groups:
-            for p in group["params"]:
-                tensors += [p, p.grad] + [v for k, v in inner.state.get(p, {}).items() if k != "step"]
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                continue
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in owned or ptr in seen:
-                continue
-            seen.add(ptr)
-            state += t.untyped_storage().nbytes()
-        out.append({"weights": weights, "gradients": grads, "optimizer": state})
+        held = state_storages(model, ddp, opt)     # what the dry run's memory meter reads from the tensors
+        out.append({k: held[k] for k in ("weights", "gradients", "optimizer")})
     return out
 
 
