@@ -16,12 +16,20 @@ and recomputation. A Monte-Carlo tree search (UCT) walks these decisions guided 
 split is solved exactly for every candidate, and the best candidates are re-checked by an event-level 1F1B
 simulation (docs/search.md, docs/cost-model.md).
 
+The objective is the highest throughput (--objective throughput, the default) or the least cost per token
+(--objective cost: each cluster's price_per_device_hour in the inventory, for the devices the plan uses;
+reported as cost per 1M tokens whenever the clusters of the plan have prices). Constraints narrow the search:
+--max-devices, --use-clusters / --exclude-clusters (pin clusters in or out), --tp CLUSTER=N and
+--recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all) and
+--micro-batch-size. The plan records them (estimate.search; docs/search.md).
+
 Prints the plan summary (per stage: cluster, devices, TP/DP, layers, time, memory, utilisation). With -o the
 plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --emit DIR also the per-cluster
 Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
 
-exit codes: 0 ok; 2 invalid input (the message names file, field and fix); 3 no feasible plan (the
-message says by how much memory the closest layout misses)."""
+exit codes: 0 ok; 2 invalid input (the message names file, field and fix; e.g. an unknown cluster in a
+constraint, or --objective cost without a cluster's price); 3 no feasible plan (the message says by how much
+memory the closest layout misses, and which constraint binds when lifting one would make a plan feasible)."""
 
 EPILOG = """\
 examples:
@@ -32,7 +40,10 @@ examples:
   hetauto plan --model llama2-70b --inventory inv.yaml -o plan.yaml --emit launch/
   hetauto plan --model llama2-70b --inventory inv.yaml --explain --timeline plan.png   # why, and what it does
   hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if
-  hetauto plan --model llama2-70b --inventory inv-without-a100.yaml --from plan.yaml -o plan2.yaml"""
+  hetauto plan --model llama2-70b --inventory inv-without-a100.yaml --from plan.yaml -o plan2.yaml
+  hetauto plan --model llama2-7b --inventory priced.yaml --objective cost       # least cost per 1M tokens
+  hetauto plan --model llama2-70b --inventory inv.yaml --max-devices 256 --exclude-clusters ascend \
+      --tp h800=8 --recompute a100=full --max-pp 16 --micro-batch-size 1"""
 
 
 def add_arguments(parser) -> None:
@@ -50,6 +61,22 @@ def add_arguments(parser) -> None:
                         help="cross-cluster pipeline boundaries: overlapped (the default: asynchronous transfers, "
                              "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "
                              "as Megatron's own P2P does); docs/search.md")
+    g = parser.add_argument_group("objective and constraints (docs/search.md)")
+    g.add_argument("--objective", choices=("throughput", "cost"), default="throughput",
+                   help="throughput (default: the shortest iteration) or cost (the least cost per token, from each "
+                        "cluster's price_per_device_hour for the devices the plan uses; every cluster the search may "
+                        "use needs a price)")
+    g.add_argument("--max-devices", type=int, metavar="N", help="use at most N devices in all")
+    g.add_argument("--use-clusters", metavar="A,B", help="clusters that must take part (others may join too)")
+    g.add_argument("--exclude-clusters", metavar="C,D", help="clusters the plan must not use")
+    g.add_argument("--tp", action="append", default=[], metavar="CLUSTER=N",
+                   help="pin a cluster's tensor-parallel degree (repeatable), e.g. --tp h800=8")
+    g.add_argument("--recompute", action="append", default=[], metavar="CLUSTER=MODE",
+                   help="pin a cluster's recomputation: none, selective or full (repeatable), e.g. "
+                        "--recompute a100=full")
+    g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
+    g.add_argument("--micro-batch-size", type=int, metavar="N",
+                   help="every mesh runs micro-batches of N samples (a power of two)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
@@ -70,7 +97,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..errors import InputError
-    from ..plan.search import SearchConfig, search
+    from ..plan.search import SearchConfig
     from ..plan.simulate import layout_to_plan, simulate
     model, inventory, cost_model = load_inputs(args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
@@ -94,14 +121,15 @@ def run(args) -> int:
             raise InputError(f"was made for {old.model.name}, not {model.name}", file=args.from_plan, field="model",
                              fix="pass the plan made for this --model, or drop --from for a cold search")
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model))
+    con = constraints_from_args(args)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
-                       schedule=args.boundary_schedule)
-    result = search(model, inventory, args.global_batch_size, cost_model, cfg)
+                       schedule=args.boundary_schedule, constraints=con)
+    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg)
     plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
                           boundaries=result.boundaries)
     estimate = simulate(plan, inventory, cost_model)
-    plan = dataclasses.replace(plan, estimate={**estimate.to_dict(), "search": result.to_dict()})
+    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
     if args.output:
         plan.save(args.output)
@@ -126,6 +154,9 @@ def run(args) -> int:
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))
+    if plan.estimate.get("cost_per_million_tokens") is not None:
+        print(f"\ncost: {plan.estimate['cost_per_million_tokens']:.4f} per 1M tokens (price per device-hour x "
+              f"devices used; objective: {con.objective})")
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
           + (" (cut by --budget-s)" if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
@@ -137,6 +168,62 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def constraints_from_args(args):
+    """The objective and constraints the command line asks for (plan/constraints.py checks them on the inputs)."""
+    from ..errors import InputError
+    from ..plan.constraints import Constraints, parse_names, parse_pins
+    tp = []
+    for name, value in parse_pins(args.tp, "--tp", "h800=8"):
+        if not value.isdigit():
+            raise InputError(f"{name}={value}: the TP degree must be a whole number", field="--tp",
+                             fix=f"write e.g. --tp {name}=8")
+        tp.append((name, int(value)))
+    return Constraints(objective=args.objective, max_devices=args.max_devices,
+                       use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
+                       tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
+                       max_pp=args.max_pp, micro_batch_size=args.micro_batch_size)
+
+
+def search_explained(model, inventory, gbs, cost_model, cfg):
+    """The search; when nothing is feasible under constraints, says which one binds: each constraint is lifted
+    in turn, and those whose lifting lets a plan fit are named (a short search each: only on failure)."""
+    import dataclasses as dc
+
+    from ..errors import InfeasibleError
+    from ..plan.constraints import describe
+    from ..plan.search import search
+    try:
+        return search(model, inventory, gbs, cost_model, cfg)
+    except InfeasibleError as exc:
+        con = cfg.constraints
+        if not con.active:
+            raise
+        binding = []
+        for name in con.active:
+            trial = dc.replace(cfg, constraints=con.without(name), iterations=min(cfg.iterations or 400, 400),
+                               progress=False, local_search=False)
+            try:
+                search(model, inventory, gbs, cost_model, trial)
+                binding.append(describe(con, name))
+            except InfeasibleError:
+                pass
+        where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
+                 else f"each of these alone binds: {'; '.join(binding)}" if binding
+                 else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
+        raise InfeasibleError(f"{exc} -- under the constraints "
+                              f"{'; '.join(describe(con, n) for n in con.active)}, {where}") from None
+
+
+def plan_estimate(plan, inventory, estimate, result, con) -> dict:
+    """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
+    plan was made (search method, objective, constraints)."""
+    from ..plan.constraints import cost_per_million_tokens
+    tokens = plan.global_batch_size * plan.model.seq_length
+    cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
+    return {**estimate.to_dict(), **({"cost_per_million_tokens": cost} if cost is not None else {}),
+            "search": {**result.to_dict(), "objective": con.objective, "constraints": con.active}}
 
 
 def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:

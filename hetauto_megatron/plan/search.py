@@ -30,6 +30,7 @@ from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
+from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import AUTO, LayoutEvaluator
 from .mcts import TreeRun, run_tree
 from .simulate import SCHEDULES, MeshChoice
@@ -60,6 +61,7 @@ class SearchConfig:
     progress: bool = False             # progress lines on stderr
     workers: int = 1                   # processes (0: one per core)
     warm_start: tuple = ()             # layouts to start the local search from (a previous plan, re-planning)
+    constraints: Constraints | None = None   # objective and hard constraints (plan/constraints.py)
 
 
 @dataclass
@@ -100,7 +102,7 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
         order, _, _, meshes, _ = space.decode(path)
         if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
             return math.inf, None       # a dead end: no legal completion
-        return ev.resolve(meshes)[0], meshes
+        return space.score(ev.resolve(meshes)[0], meshes), meshes
     return value
 
 
@@ -118,7 +120,7 @@ def _climb_job(job) -> tuple[list, int]:
     start, deadline = job
     sp, ev = _CTX["space"], _CTX["ev"]
     before = len(ev.cache)
-    found = local.climb(sp, lambda c: ev.resolve(c)[0], start, deadline)
+    found = local.climb(sp, lambda c: sp.score(ev.resolve(c)[0], c), start, deadline)
     return found, len(ev.cache) - before
 
 
@@ -145,7 +147,10 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if cfg.schedule not in SCHEDULES:
         raise InputError(f"unknown boundary schedule {cfg.schedule!r}", field="--boundary-schedule",
                          fix="use blocking or overlapped")
-    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch)
+    con = cfg.constraints or Constraints()
+    check_constraints(con, model, inventory, gbs)
+    inventory = restrict(inventory, con)    # the excluded clusters are not there
+    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, con)
     if not any(sp.tp.values()):
         raise InputError(f"no TP degree up to the node size divides the model's {model.num_attention_heads} "
                          f"attention heads and {model.num_query_groups} key/value heads", field="model",
@@ -161,7 +166,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     method = cfg.method
     cap, patience, est = tree_budget(sp, cfg.seed)
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
-    best_known = min((ev.resolve(w)[0] for w in warm), default=math.inf)
+    best_known = min((sp.score(ev.resolve(w)[0], w) for w in warm), default=math.inf)
     if warm:                            # re-planning: the old plan bounds the trees, which get less to do
         cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
     if method == "mcts" and not cfg.iterations and est <= 4 * EXHAUSTIVE_LEAVES:
@@ -204,12 +209,12 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     shortlists = [ranked]
     if (method == "mcts" and cfg.local_search) or warm:
         jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, REPLAN_CLIMBS if warm else CLIMBS))]
-        found = list(ranked) + [(ev.resolve(w)[0], w) for w in warm]
+        found = list(ranked) + [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
         for part, n in _run_all(_climb_job, jobs, workers):
             found += part
             priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
-    best, exact = _rank_exact(ev, shortlists, min(cfg.rerank, REPLAN_RERANK) if warm else cfg.rerank)
+    best, exact = _rank_exact(ev, shortlists, min(cfg.rerank, REPLAN_RERANK) if warm else cfg.rerank, sp.score)
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
@@ -218,8 +223,9 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                         priced, method, cut, playouts, trees, exact, res.boundaries)
 
 
-def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int):
-    """The event simulation decides: -> ((result, layout) of the best, every re-checked layout best first)."""
+def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda t, layout: t):
+    """The event simulation decides: -> ((result, layout) of the best by `score` (the objective), every
+    re-checked layout best first)."""
     best, seen, exact = None, set(), []
     for shortlist in shortlists:
         checked = 0
@@ -234,8 +240,8 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int):
             res = ev.exact(resolved)
             if res.stage_layers is not None:
                 exact.append((res.iteration_time_s, resolved, res.stage_layers))
-            if res.stage_layers is not None and (best is None or
-                                                 res.iteration_time_s < best[0].iteration_time_s - 1e-12):
+            if res.stage_layers is not None and (best is None or score(res.iteration_time_s, resolved) <
+                                                 score(best[0].iteration_time_s, best[1]) - 1e-12):
                 best = (res, resolved)
             if checked >= rerank:
                 break

@@ -29,6 +29,7 @@ from ..cost.analytic import DEFAULT_CALIBRATION
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
+from .constraints import Constraints, price_per_second, devices_by_cluster
 from .evaluator import AUTO
 from .simulate import MeshChoice
 
@@ -49,16 +50,25 @@ def peak_rate(cluster) -> float:
         cluster.device.vendor)
 
 
+def tp_degrees(model: ModelSpec, cluster) -> list[int]:
+    """The TP degrees a cluster may run: inside one node, dividing the attention and key/value heads."""
+    return [t for t in (1, 2, 4, 8, 16) if t <= min(cluster.devices_per_node, cluster.num_devices)
+            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
+
+
 class SearchSpace:
     """The decision tree: `actions(path)` lists the legal next decisions after a path of decisions."""
 
-    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16):
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16,
+                 constraints: Constraints | None = None):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
-        self.max_mb = max_micro_batch
+        self.con = con = constraints or Constraints()
+        self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
+        self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
         self.samples = [1 << k for k in range(inventory.num_devices.bit_length())
-                        if gbs % (1 << k) == 0 and (1 << k) <= inventory.num_devices]
-        self.tp = {c.name: [t for t in (1, 2, 4, 8, 16) if t <= min(c.devices_per_node, c.num_devices)
-                            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
+                        if gbs % (1 << k) == 0 and (1 << k) <= inventory.num_devices
+                        and (1 << k) >= (con.micro_batch_size or 1)]
+        self.tp = {c.name: [t for t in tp_degrees(model, c) if con.tp_of(c.name) in (None, t)]
                    for c in inventory.clusters}
         self.names = [c.name for c in inventory.clusters]
         self._cl = {c.name: c for c in inventory.clusters}
@@ -83,8 +93,9 @@ class SearchSpace:
             for b in inv.clusters[:i]:
                 if first[b.name] != b.name:
                     continue
-                same = (a.device, a.nodes, a.devices_per_node, a.intra_node, a.inter_node) == \
-                       (b.device, b.nodes, b.devices_per_node, b.intra_node, b.inter_node)
+                same = (a.device, a.nodes, a.devices_per_node, a.intra_node, a.inter_node, a.price_per_device_hour,
+                        self.con.pinned(a.name)) == (b.device, b.nodes, b.devices_per_node, b.intra_node,
+                                                     b.inter_node, b.price_per_device_hour, self.con.pinned(b.name))
                 if same and all(inv.link(a.name, x) == inv.link(b.name, x) for x in self.names
                                 if x not in (a.name, b.name)):
                     first[a.name] = b.name
@@ -92,17 +103,25 @@ class SearchSpace:
         return first
 
     # ---- the tree -----------------------------------------------------------------------------------------
-    def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0
-             ) -> MeshChoice:
-        """A mesh takes as many stages as its devices allow, leaving one stage for each mesh after it."""
-        n = self._cl[cluster].num_devices
+    def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0,
+             devices_before: int = 0) -> MeshChoice:
+        """A mesh takes as many stages as its devices allow (within --max-devices), leaving one stage for each
+        mesh after it. Its recomputation is the evaluator's choice unless --recompute pins it."""
+        n = min(self._cl[cluster].num_devices, self.max_devices - devices_before)
         k = min(n // (tp * dp), self.max_stages(samples) - stages_before - meshes_after)
-        return MeshChoice(cluster, tp, dp, samples // dp, AUTO, k)
+        return MeshChoice(cluster, tp, dp, samples // dp, self.con.recompute_of(cluster) or AUTO, k)
 
     def max_stages(self, samples: int) -> int:
         """Pipeline depth limit: at most one stage per layer (plus embedding and head stages), and no more
-        stages than micro-batches (beyond that 1F1B's fill and drain exceed half of the iteration)."""
-        return min(self.model.num_layers + 2, self.gbs // samples)
+        stages than micro-batches (beyond that 1F1B's fill and drain exceed half of the iteration); --max-pp."""
+        return min(self.model.num_layers + 2, self.gbs // samples, self.con.max_pp or self.gbs)
+
+    def score(self, seconds: float, choices) -> float:
+        """What the search minimises: seconds per iteration, or for the cost objective the money per iteration
+        (the devices in use times their price per second times the iteration)."""
+        if self.con.objective != "cost" or not math.isfinite(seconds):
+            return seconds
+        return seconds * price_per_second(self.inventory, devices_by_cluster(choices))
 
     def decode(self, path: tuple):
         """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)"""
@@ -118,10 +137,12 @@ class SearchSpace:
         S = path[i + 1]
         rest = path[i + 2:]
         meshes = []
-        before = 0
+        before = devices = 0
         for j in range(0, len(rest) - 1, 2):
-            meshes.append(self.mesh(order[len(meshes)], rest[j], rest[j + 1], S, before, len(order) - len(meshes) - 1))
+            meshes.append(self.mesh(order[len(meshes)], rest[j], rest[j + 1], S, before, len(order) - len(meshes) - 1,
+                                    devices))
             before += meshes[-1].num_stages
+            devices += meshes[-1].num_stages * rest[j] * rest[j + 1]
         pending = rest[-1] if len(rest) % 2 else None
         return tuple(order), True, S, tuple(meshes), pending
 
@@ -138,7 +159,8 @@ class SearchSpace:
             nxt = [c for c in self.names if c not in order and self.tp[c]
                    and self._earlier_twins_used(c, order)
                    and (prev is None or self.inventory.link(prev, c) is not None)]
-            return nxt + ([END] if order else [])
+            done = order and all(c in order for c in self.con.use_clusters)   # --use-clusters: all taken part
+            return nxt + ([END] if done else [])
         if S is None:
             return [s for s in self.samples if self.max_stages(s) >= len(order)]
         if len(meshes) == len(order):
@@ -148,8 +170,16 @@ class SearchSpace:
             return list(self.tp[cl.name])
         before = sum(m.num_stages for m in meshes)
         room = self.max_stages(S) - before - (len(order) - len(meshes) - 1)
-        return [d for d in divisors(S) if pending * d <= cl.num_devices and S // d <= self.max_mb and room >= 1
-                and self.fits_one_layer(cl.name, pending, d, S // d, "full")]
+        free = min(cl.num_devices, self.max_devices - sum(m.tp * m.dp * m.num_stages for m in meshes))
+        return [d for d in divisors(S) if pending * d <= free and S // d <= self.max_mb and room >= 1
+                and self._mb_ok(S // d) and self.fits_one_layer(cl.name, pending, d, S // d, self._rc(cl.name))]
+
+    def _mb_ok(self, mb: int) -> bool:
+        return self.con.micro_batch_size in (None, mb)
+
+    def _rc(self, cluster: str) -> str:
+        """The recomputation the one-layer check assumes: the pinned one, else the most generous."""
+        return self.con.recompute_of(cluster) or "full"
 
     def _earlier_twins_used(self, c: str, order) -> bool:
         """Interchangeable clusters enter the pipeline in inventory order: c only after every earlier twin."""
@@ -183,13 +213,17 @@ class SearchSpace:
             return False
         if S not in self.samples or len({m.cluster for m in choices}) != len(choices):
             return False
+        if sum(m.tp * m.dp * m.num_stages for m in choices) > self.max_devices or not all(
+                c in {m.cluster for m in choices} for c in self.con.use_clusters):
+            return False
         for a, b in zip(choices, choices[1:]):
             if self.inventory.link(a.cluster, b.cluster) is None:
                 return False
         for m in choices:
             n = self._cl[m.cluster].num_devices
             if (m.tp not in self.tp[m.cluster] or m.dp * m.micro_batch_size != S or m.micro_batch_size > self.max_mb
-                    or m.num_stages < 1 or m.tp * m.dp * m.num_stages > n
+                    or m.num_stages < 1 or m.tp * m.dp * m.num_stages > n or not self._mb_ok(m.micro_batch_size)
+                    or self.con.recompute_of(m.cluster) not in (None, m.recompute)
                     or not self.fits_one_layer(m.cluster, m.tp, m.dp, m.micro_batch_size,
                                                "full" if m.recompute == AUTO else m.recompute)):
                 return False
@@ -212,12 +246,25 @@ class SearchSpace:
 
     # ---- bounds -------------------------------------------------------------------------------------------
     def time_lower_bound(self) -> float:
-        """Model FLOPs of an iteration at the calibrated peak efficiency of every device at once."""
+        """Model FLOPs of an iteration at the calibrated peak efficiency of every device at once (cost objective:
+        at the price per FLOP of the cheapest device, the least an iteration can cost)."""
+        if self.con.objective == "cost":
+            return self._cost_bound(self.names, 1.0)
         return self._flops / sum(self._rate.values())
 
+    def _cost_bound(self, names, slack: float) -> float:
+        """Each cluster's share w of the FLOPs takes at least w / (its devices' peak rate) seconds, so it costs
+        at least w x its price per FLOP; the cheapest price per FLOP of `names` bounds the whole."""
+        per_flop = min(self._cl[c].price_per_device_hour / 3600 * self._cl[c].num_devices / self._rate[c]
+                       for c in names)
+        return slack * self._flops * per_flop
+
     def order_bound(self, order: tuple, complete: bool) -> float:
-        """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster than this."""
+        """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster (for the cost
+        objective: costs less) than this."""
         names = order if complete else [c for c in self.names if c in order or self.tp[c]]
+        if self.con.objective == "cost":
+            return self._cost_bound(names, COMPUTE_SLACK)
         bound = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
         for a, b in zip(order, order[1:]):
             bound = max(bound, self._act_bytes[a] / self.inventory.link(a, b).bytes_per_s)
@@ -229,6 +276,9 @@ class SearchSpace:
         if b is None:
             order, complete, S, meshes, pending = self.decode(path)
             b = self.order_bound(order, complete)
+            if self.con.objective == "cost":
+                self._bounds[path] = b  # the pipeline bounds below are in seconds
+                return b
             if S is not None:
                 b = max(b, self._pipeline_bound(order, complete, S, meshes, pending))
             elif complete:
@@ -270,7 +320,7 @@ class SearchSpace:
     def _shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
         n = self._cl[cluster].num_devices
         return [(tp, d) for tp in tps for d in divisors(S) if tp * d <= n and S // d <= self.max_mb
-                and self.fits_one_layer(cluster, tp, d, S // d, "full")]
+                and self._mb_ok(S // d) and self.fits_one_layer(cluster, tp, d, S // d, self._rc(cluster))]
 
     def layer_time(self, cluster: str, tp: int, dp: int, mb: int) -> float:
         """Forward + backward of one layer without recomputation (the fastest a layer of this shape runs)."""

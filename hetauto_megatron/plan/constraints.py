@@ -1,0 +1,175 @@
+"""What the user asks of a plan besides speed: the objective (throughput or cost) and hard constraints.
+
+The search (plan/space.py) reads a `Constraints` in three places: the decisions it offers (pinned TP, micro-batch,
+recomputation, the pipeline depth and device count limits, clusters pinned in or out), `SearchSpace.legal`
+(the local search's moves obey the same rules), and `SearchSpace.score` (the value the search minimises:
+seconds per iteration, or money per iteration for the cost objective). Prices are per device-hour per cluster
+(the inventory's `price_per_device_hour`); a plan pays for the devices it uses, not for its clusters' idle ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..spec.inventory import Inventory
+from .plan import RECOMPUTE_MODES
+
+OBJECTIVES = ("throughput", "cost")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    objective: str = "throughput"          # "throughput": shortest iteration; "cost": least money per token
+    max_devices: int | None = None         # devices the plan may use in all
+    use_clusters: tuple = ()               # clusters that must take part
+    exclude_clusters: tuple = ()           # clusters that must not
+    tp: tuple = ()                         # ((cluster, TP), ...): every mesh of the cluster runs this TP
+    recompute: tuple = ()                  # ((cluster, mode), ...): every mesh of the cluster recomputes so
+    max_pp: int | None = None              # pipeline stages in all
+    micro_batch_size: int | None = None    # every mesh's micro-batch
+
+    def tp_of(self, cluster: str) -> int | None:
+        return dict(self.tp).get(cluster)
+
+    def recompute_of(self, cluster: str) -> str | None:
+        return dict(self.recompute).get(cluster)
+
+    def pinned(self, cluster: str) -> tuple:
+        """What distinguishes a cluster from an otherwise identical one (symmetry classes must not merge them)."""
+        return (self.tp_of(cluster), self.recompute_of(cluster), cluster in self.use_clusters)
+
+    @property
+    def active(self) -> dict:
+        """The constraints that are set, as the plan records them (estimate.search.constraints)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name != "objective" and v not in (None, ()):
+                out[f.name] = dict(v) if f.name in ("tp", "recompute") else (list(v) if isinstance(v, tuple) else v)
+        return out
+
+    def without(self, name: str) -> "Constraints":
+        """These constraints with `name` lifted (to tell which one binds when nothing is feasible)."""
+        return dataclasses.replace(self, **{name: Constraints.__dataclass_fields__[name].default})
+
+
+# The command-line flag of each constraint (messages name the flag the user typed).
+FLAGS = {"max_devices": "--max-devices", "use_clusters": "--use-clusters", "exclude_clusters": "--exclude-clusters",
+         "tp": "--tp", "recompute": "--recompute", "max_pp": "--max-pp", "micro_batch_size": "--micro-batch-size"}
+
+
+def describe(c: Constraints, name: str) -> str:
+    v = getattr(c, name)
+    if name in ("tp", "recompute"):
+        return " ".join(f"{FLAGS[name]} {k}={x}" for k, x in v)
+    if name in ("use_clusters", "exclude_clusters"):
+        return f"{FLAGS[name]} {','.join(v)}"
+    return f"{FLAGS[name]} {v}"
+
+
+def parse_pins(items: list[str], flag: str, example: str) -> tuple:
+    """'CLUSTER=VALUE' strings -> ((cluster, value), ...) in the order given (a cluster at most once)."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or not name or not value:
+            raise InputError(f"{item!r} is not CLUSTER=VALUE", field=flag, fix=f"write e.g. {flag} {example}")
+        if name in out:
+            raise InputError(f"cluster {name!r} is given twice", field=flag, fix="give each cluster once")
+        out[name] = value
+    return tuple(out.items())
+
+
+def parse_names(text: str | None) -> tuple:
+    return tuple(dict.fromkeys(x.strip() for x in (text or "").split(",") if x.strip()))
+
+
+def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
+    """InputError (exit 2) naming the flag and the fix for a constraint that cannot mean anything here."""
+    from .space import tp_degrees
+    names = [x.name for x in inventory.clusters]
+    if c.objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {c.objective!r}", field="--objective", fix="use throughput or cost")
+    for flag, clusters in (("--use-clusters", c.use_clusters), ("--exclude-clusters", c.exclude_clusters),
+                           ("--tp", [k for k, _ in c.tp]), ("--recompute", [k for k, _ in c.recompute])):
+        for name in clusters:
+            if name not in names:
+                raise InputError(f"the inventory ({inventory.source or 'inventory'}) has no cluster {name!r}",
+                                 field=flag, fix=f"name one of its clusters: {', '.join(names)}")
+    both = [n for n in c.use_clusters if n in c.exclude_clusters]
+    if both:
+        raise InputError(f"cluster {both[0]!r} is both pinned in and excluded", field="--exclude-clusters",
+                         fix=f"drop {both[0]} from --use-clusters or from --exclude-clusters")
+    if len(c.exclude_clusters) == len(names):
+        raise InputError("excludes every cluster of the inventory", field="--exclude-clusters",
+                         fix="leave at least one cluster in")
+    for name, tp in c.tp:
+        if name in c.exclude_clusters:
+            raise InputError(f"pins the TP of {name!r}, which --exclude-clusters leaves out", field="--tp",
+                             fix=f"drop --tp {name}=... or keep {name} in")
+        options = tp_degrees(model, inventory.cluster(name))
+        if tp not in options:
+            raise InputError(f"TP {tp} is not possible on cluster {name!r} (TP stays inside a node of "
+                             f"{inventory.cluster(name).devices_per_node} devices and divides the model's "
+                             f"{model.num_attention_heads} attention and {model.num_query_groups} key/value heads)",
+                             field="--tp", fix=f"use one of: {', '.join(map(str, options)) or 'none'}")
+    for name, mode in c.recompute:
+        if mode not in RECOMPUTE_MODES:
+            raise InputError(f"unknown recomputation {mode!r} for cluster {name!r}", field="--recompute",
+                             fix=f"use one of: {', '.join(RECOMPUTE_MODES)} (e.g. --recompute {name}=full)")
+    for flag, v in (("--max-devices", c.max_devices), ("--max-pp", c.max_pp),
+                    ("--micro-batch-size", c.micro_batch_size)):
+        if v is not None and v < 1:
+            raise InputError(f"must be at least 1, got {v}", field=flag)
+    mb = c.micro_batch_size
+    if mb is not None and (mb & (mb - 1) or gbs % mb):
+        raise InputError(f"{mb} is not a power of two dividing the global batch {gbs} (a micro-batch step moves "
+                         "a power of two of samples)", field="--micro-batch-size",
+                         fix="use 1, 2, 4, ... dividing --global-batch-size")
+    if c.objective == "cost":
+        missing = [x.name for x in inventory.clusters if x.name not in c.exclude_clusters
+                   and x.price_per_device_hour is None]
+        if missing:
+            i = names.index(missing[0])
+            which = ", ".join(repr(m) for m in missing) + (" have" if len(missing) > 1 else " has")
+            raise InputError(f"--objective cost needs a price for every cluster the search may use; cluster "
+                             f"{which} none", file=inventory.source,
+                             field=f"clusters[{i}].price_per_device_hour",
+                             fix=f"add price_per_device_hour to {'these clusters' if len(missing) > 1 else 'it'} "
+                                 f"in the inventory, or leave {'them' if len(missing) > 1 else 'it'} out with "
+                                 f"--exclude-clusters {','.join(missing)}")
+
+
+def restrict(inventory: Inventory, c: Constraints) -> Inventory:
+    """The inventory without the excluded clusters (and their links): what the search may use."""
+    if not c.exclude_clusters:
+        return inventory
+    keep = tuple(x for x in inventory.clusters if x.name not in c.exclude_clusters)
+    links = {k: v for k, v in inventory.links.items() if not (k & set(c.exclude_clusters))}
+    return dataclasses.replace(inventory, clusters=keep, links=links)
+
+
+def devices_by_cluster(meshes) -> dict[str, int]:
+    """Devices a layout (MeshChoices) or a plan's meshes use per cluster."""
+    out: dict[str, int] = {}
+    for m in meshes:
+        n = m.tp * m.dp * (m.num_stages if hasattr(m, "num_stages") else len(m.stage_layers))
+        out[m.cluster] = out.get(m.cluster, 0) + n
+    return out
+
+
+def price_per_second(inventory: Inventory, used: dict[str, int]) -> float | None:
+    """Money per second the devices in use cost; None when a cluster in use has no price."""
+    total = 0.0
+    for name, n in used.items():
+        price = inventory.cluster(name).price_per_device_hour
+        if price is None:
+            return None
+        total += n * price / 3600
+    return total
+
+
+def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:
+    rate = price_per_second(inventory, devices_by_cluster(meshes))
+    return None if rate is None else rate * iteration_time_s / tokens * 1e6

@@ -1,0 +1,178 @@
+"""The objective (throughput or cost per token) and the search's constraints, through the command a user runs."""
+import json
+import math
+import random
+
+import pytest
+from helpers import run_hetauto
+
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan import space as space_mod
+from hetauto_megatron.plan.constraints import Constraints
+from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.plan import load_plan
+from hetauto_megatron.plan.search import SearchConfig, _layout_value, search
+from hetauto_megatron.spec.devices import CATALOG
+from hetauto_megatron.spec.inventory import inventory_from_dict
+from hetauto_megatron.spec.model import PRESETS
+
+COST = AnalyticCostModel()
+# A fast expensive cluster and a slow cheap one: 8 H100 at 10 per device-hour, 8 A100 at 1.
+PRICED = """\
+clusters:
+  - {name: fast, device: H100, nodes: 1, devices_per_node: 8, price_per_device_hour: 10.0}
+  - {name: cheap, device: A100, nodes: 1, devices_per_node: 8, price_per_device_hour: 1.0}
+links:
+  - {between: [fast, cheap], bandwidth_gbps: 100, latency_ms: 1}
+"""
+PLAN = ("plan", "--model", "llama2-7b", "--global-batch-size", "64", "--quiet")
+
+
+@pytest.fixture(scope="module")
+def priced(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inv") / "priced.yaml"
+    path.write_text(PRICED)
+    return str(path)
+
+
+def plan_json(*args):
+    r = run_hetauto(*PLAN, *args, "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return json.loads(r.stdout)
+
+
+def devices(out):
+    used = {}
+    for m in out["plan"]["meshes"]:
+        used[m["cluster"]] = used.get(m["cluster"], 0) + m["tp"] * m["dp"] * len(m["stage_layers"])
+    return used
+
+
+def test_cheapest_plan_is_not_the_fastest(priced):
+    fastest = plan_json("--inventory", priced)
+    cheapest = plan_json("--inventory", priced, "--objective", "cost")
+    price = {"fast": 10.0, "cheap": 1.0}
+    for name, out in (("fastest", fastest), ("cheapest", cheapest)):
+        # the cost per 1M tokens by hand: devices in use x price per hour, over the tokens an hour trains
+        by_hand = sum(n * price[c] for c, n in devices(out).items()) / (out["tokens_per_s"] * 3600) * 1e6
+        assert out["cost_per_million_tokens"] == pytest.approx(by_hand, rel=1e-3)
+        assert out["search"]["objective"] == ("cost" if name == "cheapest" else "throughput")
+        print(f"{name}: {out['tokens_per_s']:,.0f} tokens/s, {out['cost_per_million_tokens']:.4f} per 1M tokens, "
+              f"devices {devices(out)}")
+    assert fastest["tokens_per_s"] > cheapest["tokens_per_s"]
+    assert cheapest["cost_per_million_tokens"] < fastest["cost_per_million_tokens"]
+    # From first principles (datasheet peaks, equal efficiency): an H100 does 989 / 312 = 3.2x an A100's work at
+    # 10x its price, so the A100s alone are the cheapest way to train, and adding the H100s is the fastest.
+    assert devices(cheapest) == {"cheap": 8} and devices(fastest).get("fast") == 8
+    peak = {"fast": CATALOG["h100-sxm"].peak_tflops, "cheap": CATALOG["a100-80gb"].peak_tflops}
+    rate = {name: sum(n * peak[c] for c, n in devices(out).items()) for name, out in
+            (("fastest", fastest), ("cheapest", cheapest))}
+    money = {name: sum(n * price[c] for c, n in devices(out).items()) for name, out in
+             (("fastest", fastest), ("cheapest", cheapest))}
+    speedup = fastest["tokens_per_s"] / cheapest["tokens_per_s"]
+    dearer = fastest["cost_per_million_tokens"] / cheapest["cost_per_million_tokens"]
+    # the predicted ratios are within a factor of 1.5 of the peak-FLOP hand calculation (a pipeline across the
+    # two clusters loses some of the peak ratio to the slower stages, the link and the bubble)
+    hand_speedup = rate["fastest"] / rate["cheapest"]
+    hand_dearer = (money["fastest"] / rate["fastest"]) / (money["cheapest"] / rate["cheapest"])
+    print(f"speed-up {speedup:.2f} (peak FLOPs {hand_speedup:.2f}), cost ratio {dearer:.2f} (hand {hand_dearer:.2f})")
+    assert hand_speedup / 1.5 <= speedup <= hand_speedup * 1.5
+    assert hand_dearer / 1.5 <= dearer <= hand_dearer * 1.5
+
+
+def test_constraints_are_obeyed_and_recorded(priced, tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    out = plan_json("--inventory", priced, "--max-devices", "8", "--use-clusters", "fast", "--tp", "fast=2",
+                    "--recompute", "fast=full", "--max-pp", "2", "--micro-batch-size", "2", "-o", str(plan_file))
+    meshes = out["plan"]["meshes"]
+    assert sum(devices(out).values()) <= 8 and "fast" in devices(out)
+    assert sum(len(m["stage_layers"]) for m in meshes) <= 2
+    for m in meshes:
+        assert m["micro_batch_size"] == 2
+        if m["cluster"] == "fast":
+            assert (m["tp"], m["recompute"]) == (2, "full")
+    recorded = load_plan(str(plan_file)).estimate["search"]
+    assert recorded["objective"] == "throughput"
+    assert recorded["constraints"] == {"max_devices": 8, "use_clusters": ["fast"], "tp": {"fast": 2},
+                                       "recompute": {"fast": "full"}, "max_pp": 2, "micro_batch_size": 2}
+    # excluding the fast cluster leaves the cheap one alone
+    assert set(devices(plan_json("--inventory", priced, "--exclude-clusters", "fast"))) == {"cheap"}
+
+
+@pytest.mark.parametrize("args,flag,fix", [
+    (("--tp", "nosuch=8"), "--tp", "fast, cheap"),
+    (("--use-clusters", "fast,nosuch"), "--use-clusters", "fast, cheap"),
+    (("--exclude-clusters", "nosuch"), "--exclude-clusters", "fast, cheap"),
+    (("--recompute", "fast=most"), "--recompute", "none, selective, full"),
+    (("--tp", "fast=3"), "--tp", "1, 2, 4, 8"),
+    (("--use-clusters", "fast", "--exclude-clusters", "fast"), "--exclude-clusters", "drop fast"),
+    (("--micro-batch-size", "3"), "--micro-batch-size", "power of two"),
+])
+def test_bad_constraints_exit_2_naming_the_flag(priced, args, flag, fix):
+    r = run_hetauto(*PLAN, "--inventory", priced, *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"'{flag}'" in r.stderr and "Fix:" in r.stderr and fix in r.stderr
+
+
+def test_cost_objective_needs_prices():
+    r = run_hetauto(*PLAN, "--inventory", "examples/llama/inventory-2clusters.yaml", "--objective", "cost")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "price_per_device_hour" in r.stderr and "--exclude-clusters h800,ascend" in r.stderr
+
+
+def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):
+    # LLaMA-2-7B does not fit on one 80 GiB device; the 16 devices hold it
+    r = run_hetauto(*PLAN, "--inventory", priced, "--max-devices", "1", "--tp", "fast=1")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "the constraint that binds: --max-devices 1" in r.stderr
+
+
+def _priced_instance(rng):
+    names = "abc"[:rng.choice([2, 3])]
+    return inventory_from_dict({
+        "clusters": [{"name": n, "device": rng.choice(["a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b"]),
+                      "nodes": rng.choice([1, 2]), "devices_per_node": 8,
+                      "price_per_device_hour": rng.choice([0.5, 1.0, 2.5, 4.0])} for n in names],
+        "links": [{"between": [a, b], "bandwidth_gbps": rng.choice([25, 100])} for i, a in enumerate(names)
+                  for b in names[i + 1:]]})
+
+
+def test_cost_bounds_never_exceed_the_cost_of_the_leaves_below():
+    """Branch and bound stays exact for the cost objective: every node's bound is at most every leaf's cost."""
+    rng = random.Random(4)
+    model, leaves = PRESETS["llama2-7b"], 0
+    for _ in range(3):
+        inv = _priced_instance(rng)
+        sp = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost"))
+        value = _layout_value(sp, LayoutEvaluator(model, inv, 64, COST))
+        for leaf in space_mod.leaves(sp, limit=400):
+            cost, _ = value(leaf)
+            if math.isfinite(cost):
+                leaves += 1
+                assert all(sp.bound(leaf[:k]) <= cost * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
+    assert leaves > 200
+
+
+def test_pinned_optimum_is_the_best_leaf_that_obeys_the_pin():
+    """The constrained tree's exhaustive optimum is the best of the unconstrained tree's leaves that obey the
+    pins (TP, micro-batch, clusters in): the constraints cut the tree without losing anything they allow."""
+    rng = random.Random(9)
+    inv = _priced_instance(rng)
+    model = PRESETS["llama2-7b"]
+    free = space_mod.SearchSpace(model, inv, 64, COST)
+    value = _layout_value(free, LayoutEvaluator(model, inv, 64, COST))
+    allowed = []
+    for leaf in space_mod.leaves(free):
+        t, layout = value(leaf)
+        if math.isfinite(t) and any(m.cluster == "b" for m in layout) and all(
+                m.micro_batch_size == 2 and (m.cluster != "a" or m.tp == 2) for m in layout):
+            allowed.append(t)
+    con = Constraints(tp=(("a", 2),), micro_batch_size=2, use_clusters=("b",))
+    pinned = space_mod.SearchSpace(model, inv, 64, COST, constraints=con)
+    pinned_value = _layout_value(pinned, LayoutEvaluator(model, inv, 64, COST))
+    best = min(pinned_value(leaf)[0] for leaf in space_mod.leaves(pinned))
+    assert allowed and best == pytest.approx(min(allowed), rel=1e-12)
+    assert len(space_mod.leaves(pinned)) < len(space_mod.leaves(free)) / 4
+    got = search(model, inv, 64, COST, SearchConfig(method="exhaustive", constraints=con))
+    assert all(m.micro_batch_size == 2 and (m.cluster != "a" or m.tp == 2) for m in got.choices)
+    assert "b" in {m.cluster for m in got.choices}
