@@ -23,6 +23,10 @@ reported as cost per 1M tokens whenever the clusters of the plan have prices). C
 --recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all) and
 --micro-batch-size. The plan records them (estimate.search; docs/search.md).
 
+A plan may give one cluster several consecutive meshes (e.g. the embedding's stage at TP 1, the rest at TP 2,
+or full recomputation only on the first stages; docs/plan-format.md). The search gives each cluster one mesh;
+write such a split into the plan file by hand and check it with 'hetauto simulate --plan'.
+
 Prints the plan summary (per stage: cluster, devices, TP/DP, layers, time, memory, utilisation). With -o the
 plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --emit DIR also the per-cluster
 Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
@@ -212,7 +216,7 @@ def search_explained(model, inventory, gbs, cost_model, cfg):
         where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
                  else f"each of these alone binds: {'; '.join(binding)}" if binding
                  else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
-        raise InfeasibleError(f"{exc} -- under the constraints "
+        raise InfeasibleError(f"{str(exc).rstrip('.')}. Under the constraints "
                               f"{'; '.join(describe(con, n) for n in con.active)}, {where}") from None
 
 
