@@ -60,3 +60,10 @@ def test_emulate_links_needs_an_inventory(tmp_path):
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links")
     assert r.returncode == 2 and "--emulate-links" in r.stderr and "--inventory" in r.stderr
     assert "Traceback" not in r.stderr
+    # an inventory without the plan's clusters is told as such (not as a missing link), a bad scale before any file
+    r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
+                    "--inventory", "examples/llama/inventory-2clusters.yaml")
+    assert r.returncode == 2 and "meshes[0].cluster" in r.stderr and "cluster-a" in r.stderr, r.stderr
+    r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
+                    "-3", "--inventory", "examples/llama/inventory-2clusters.yaml")
+    assert r.returncode == 2 and "positive number" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -117,24 +117,11 @@ def _emulation(args, plan):
     """(plan with its inventory, link-time scale) for --emulate-links; the scale is printed by the caller."""
     import dataclasses
 
+    from ..plan.simulate import check_plan_against_inventory
     from ..runtime.dryrun import emulation_scale, prepare_plan
     from ..spec.inventory import load_inventory
-    if args.inventory:
-        plan = dataclasses.replace(plan, inventory=load_inventory(args.inventory).to_dict())
-    if plan.inventory is None:
-        raise InputError("needs the inventory the plan was made for, and the plan file has none",
-                         field="--emulate-links", file=args.plan,
-                         fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
-    from ..spec.inventory import inventory_from_dict
-    inv = inventory_from_dict(plan.inventory)
-    for a, b in zip(plan.meshes, plan.meshes[1:]):
-        if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
-            raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}", field="links",
-                             file=args.inventory or args.plan,
-                             fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
-    if args.emulate_links == "auto":
-        scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
-    else:
+    scale = None
+    if args.emulate_links != "auto":      # a wrong number is told before any file is read
         try:
             scale = float(args.emulate_links)
         except ValueError:
@@ -142,6 +129,25 @@ def _emulation(args, plan):
         if not scale > 0:
             raise InputError(f"must be a positive number, got {args.emulate_links!r}", field="--emulate-links",
                              fix="give a scale such as 1 or 1000, or no value for the automatic one")
+    if args.inventory:
+        plan = dataclasses.replace(plan, inventory=load_inventory(args.inventory).to_dict())
+    if plan.inventory is None:
+        raise InputError("needs the inventory the plan was made for, and the plan file has none",
+                         field="--emulate-links", file=args.plan,
+                         fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
+    from ..spec.inventory import inventory_from_dict
+    inv = inventory_from_dict(plan.inventory, file=args.inventory or args.plan)
+    try:                                  # the plan's clusters, devices and sizes first: a link needs both ends
+        check_plan_against_inventory(plan, inv)
+    except InputError as exc:
+        raise (exc.within(file=args.plan) if exc.file is None else exc) from None
+    for a, b in zip(plan.meshes, plan.meshes[1:]):
+        if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
+            raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}", field="links",
+                             file=args.inventory or args.plan,
+                             fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
+    if args.emulate_links == "auto":
+        scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
     return plan, scale
 
 

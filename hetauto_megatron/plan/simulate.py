@@ -225,8 +225,8 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
     names = [c.name for c in inventory.clusters]
     for i, mesh in enumerate(plan.meshes):
         if mesh.cluster not in names:
-            raise InputError(f"names cluster {mesh.cluster!r}, which the inventory {inventory.source or ''} does not "
-                             "have", field=f"meshes[{i}].cluster", fix=f"use one of: {', '.join(names)}")
+            raise InputError(f"names cluster {mesh.cluster!r}, which the inventory "
+                             f"{inventory.source + ' ' if inventory.source else ''}does not have", field=f"meshes[{i}].cluster", fix=f"use one of: {', '.join(names)}")
         cl = inventory.cluster(mesh.cluster)
         if cl.device.name != mesh.device_type:
             raise InputError(f"mesh on cluster {mesh.cluster} says device_type {mesh.device_type} but the inventory "
