@@ -71,7 +71,7 @@ def main() -> int:
           f"bottleneck: {rep['bottleneck']}")
 
     # the example CPU plan of two "clusters" (6 ranks: TP 2 x 2 stages, then DP 2), on the inventory it names
-    # compare: the default plan (blocking transfers) at 25 and at 100 Gbit/s
+    # compare: the default plan (overlapped transfers) at 25 and at 100 Gbit/s
     a, b = os.path.join(work, "plan.yaml"), os.path.join(work, "plan-100g.yaml")
     run("plan", "--model", "llama2-70b", "--inventory", inv, "-o", a, "--quiet")
     run("plan", "--model", "llama2-70b", "--inventory", inv, "-o", b, "--quiet",
