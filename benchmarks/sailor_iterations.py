@@ -1,0 +1,127 @@
+"""Whole iterations composed by hetauto's simulator against Sailor's measured GH200 runs, leave one model out.
+
+For every measured run of data/sailor/validation-runs.json (Sailor's validation on the Clariden GH200 cluster,
+OPT-350 and GPT-Neo-2.7), the learned model is fitted as `hetauto fit --sailor` fits it, on the packaged Sailor
+data without the run's model (every GPU's rows of that model removed), and `plan/simulate.py` composes the run's
+real layout with it: the embedding and head, the 1F1B pipeline with its flush, the TP all-reduces, the DP
+gradient all-reduce over the nodes' network, the tied-embedding exchange, the optimizer step and the fixed
+per-iteration cost. The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
+optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers
+were measured in (tensor cores: docs/cost-model-learned.md, "The arithmetic each run used"): the learned model
+prices no other. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per GPU, as
+on Clariden). Nothing is fitted to the runs.
+
+A run whose recorded layout does not hold its model's layers is listed and left out (GPT-Neo N4 D4 records
+OPT-350's 26 entries for GPT-Neo's 34).
+
+    python benchmarks/sailor_iterations.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hetauto_megatron.cost import learned as L  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS  # noqa: E402
+from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
+from hetauto_megatron.plan.simulate import simulate  # noqa: E402
+from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
+
+SAILOR_JOB = {"sequence_parallel": False, "distributed_optimizer": False, "overlap_grad_reduce": False}
+SAILOR_SIMULATOR_MAPE = 8.9    # Sailor's own simulator on its OPT-350 runs (the issue's figure)
+PRECISION = "bf16"             # the 2-byte tensor-core rate the GH200 layers were measured at
+
+
+def load_runs() -> list[dict]:
+    with open(os.path.join(L.SAILOR_DATA, "validation-runs.json")) as f:
+        return json.load(f)
+
+
+def fit_without(model_name: str, out_dir: str) -> L.LearnedCostModel:
+    """`hetauto fit --sailor` on the packaged data with every row of `model_name` removed."""
+    data = os.path.join(out_dir, "data")
+    os.makedirs(data, exist_ok=True)
+    for f in ("intra_node_bandwidths.json", "llm_info.json"):
+        shutil.copy(os.path.join(L.SAILOR_DATA, f), data)
+    with open(os.path.join(L.SAILOR_DATA, "profiles_tmp.json")) as f:
+        prof = json.load(f)
+    with open(os.path.join(data, "profiles_tmp.json"), "w") as f:
+        json.dump({k: v for k, v in prof.items() if k != model_name}, f)
+    L.fit([], os.path.join(out_dir, "model"), sailor_dir=data, holdout=0.0)
+    return L.LearnedCostModel(os.path.join(out_dir, "model"))
+
+
+def run_plan(run: dict) -> tuple[Plan, object] | None:
+    """The run as a hetauto plan on its cluster (None when its recorded layout does not hold the model)."""
+    model = SAILOR_MODELS[run["model"]].replace(tie_embeddings=True)
+    entries = run["stage_layers"]
+    if sum(entries) != model.num_layers + 2:
+        return None
+    p = len(entries)
+    layers = tuple(n - (i == 0) - (i == p - 1) for i, n in enumerate(entries))   # embedding, head: not layers
+    inv = inventory_from_dict({"clusters": [{"name": "clariden", "device": "gh200", "nodes": run["nodes"],
+                                             "devices_per_node": 4}]})
+    mesh = Mesh("clariden", "gh200", run["tp"][0], run["dp"][0], run["micro_batch_size"], "none", layers, SAILOR_JOB)
+    return Plan(model=model, global_batch_size=run["global_batch_size"], meshes=(mesh,), inventory=inv.to_dict(),
+                precision=PRECISION), inv
+
+
+def whole_iterations(workdir: str) -> tuple[list[dict], list[dict]]:
+    """(rows, skipped): per run, measured and predicted iteration and the predicted parts, each model left out."""
+    runs = load_runs()
+    rows, skipped = [], []
+    for held in sorted({r["model"] for r in runs}):
+        cm = fit_without(held, os.path.join(workdir, held))
+        for r in runs:
+            if r["model"] != held:
+                continue
+            built = run_plan(r)
+            if built is None:
+                skipped.append(r)
+                continue
+            plan, inv = built
+            e = simulate(plan, inv, cm)
+            rows.append({"run": r, "micro_batches": plan.num_micro_batches, "measured_s": r["measured_iteration_s"],
+                         "predicted_s": e.iteration_time_s, "pipeline_s": e.pipeline_s, "dp_s": e.dp_exposed_s,
+                         "optimizer_s": e.optimizer_s, "sync_s": e.sync_s, "cost_model": e.cost_model})
+    return rows, skipped
+
+
+def error_pct(row: dict) -> float:
+    return 100.0 * (row["predicted_s"] / row["measured_s"] - 1.0)
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, skipped = whole_iterations(tmp)
+    print(f"{'model':<12} {'nodes':>5} {'entries per stage':<26} {'tp':>2} {'dp':>3} {'mbs':>3} {'m':>4} "
+          f"{'measured s':>10} {'predicted s':>11} {'error %':>8}  pipeline / dp / optimizer / sync s")
+    for x in rows:
+        r = x["run"]
+        print(f"{r['model']:<12} {r['nodes']:>5} {str(r['stage_layers']):<26} {r['tp'][0]:>2} {r['dp'][0]:>3} "
+              f"{r['micro_batch_size']:>3} {x['micro_batches']:>4} {x['measured_s']:>10.4f} {x['predicted_s']:>11.4f} "
+              f"{error_pct(x):>+8.1f}  {x['pipeline_s']:.3f} / {x['dp_s']:.3f} / {x['optimizer_s']:.4f} / "
+              f"{x['sync_s']:.4f}")
+    for r in skipped:
+        print(f"left out: {r['model']} {r['file']}: {sum(r['stage_layers'])} layer entries recorded, the model has "
+              f"{SAILOR_MODELS[r['model']].num_layers + 2}")
+    groups = {"all": rows, **{m: [x for x in rows if x["run"]["model"] == m] for m in sorted({x["run"]["model"]
+                                                                                                 for x in rows})},
+              "1-2 micro-batches or 1 node": [x for x in rows if x["micro_batches"] <= 2 or x["run"]["nodes"] == 1],
+              "micro-batch size 1-2": [x for x in rows if x["run"]["micro_batch_size"] <= 2],
+              "micro-batch size 4-8": [x for x in rows if x["run"]["micro_batch_size"] >= 4]}
+    print("\nleave-one-model-out whole-iteration error (learned model fitted without the run's model):")
+    for name, sel in groups.items():
+        errs = [abs(error_pct(x)) for x in sel]
+        print(f"  {name:<28} {len(sel):>3} runs  MAPE {sum(errs) / len(errs):5.1f} %  worst {max(errs):5.1f} %")
+    print(f"target: MAPE <= {SAILOR_SIMULATOR_MAPE} % (Sailor's own simulator on its OPT-350 runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

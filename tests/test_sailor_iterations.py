@@ -1,0 +1,33 @@
+"""Whole iterations composed by the simulator with the learned model against Sailor's measured GH200 runs, each
+model left out of the fit (benchmarks/sailor_iterations.py prints the table). The target is Sailor's own
+simulator's error on the same runs (8.9 %); the learned model does not reach it yet (15.6 % measured, the runs at
+micro-batch size 1-2 under-predicted 21-45 %: docs/cost-model-learned.md), so the check is an expected failure
+that turns into a failure of this test the day it is met (strict), to be made a plain assertion then."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import sailor_iterations as S  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    rows, skipped = S.whole_iterations(str(tmp_path_factory.mktemp("sailor-iterations")))
+    return rows, skipped
+
+
+def test_every_packaged_run_is_composed_with_the_learned_model(rows):
+    rows, skipped = rows
+    assert len(rows) + len(skipped) == len(S.load_runs())
+    assert len(skipped) <= 1                      # only the record whose layout lists another model's entries
+    assert all(x["cost_model"] == {"gh200": "learned"} for x in rows)
+
+
+@pytest.mark.xfail(strict=True, reason="leave-one-model-out whole-iteration MAPE measured 15.6 % (worst 44.8 %), "
+                                       "target 8.9 %")
+def test_whole_iteration_error_reaches_sailors_simulator(rows):
+    errs = [abs(S.error_pct(x)) for x in rows[0]]
+    assert sum(errs) / len(errs) <= S.SAILOR_SIMULATOR_MAPE
