@@ -59,12 +59,15 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
     def with_mesh(i, m):
         return choices[:i] + (m,) + choices[i + 1:]
 
+    # devices in use: a changed or added mesh takes what --max-devices leaves it
+    devices_used = sum(x.tp * x.dp * x.num_stages for x in choices)
     for i, m in enumerate(choices):
         before = sum(x.num_stages for x in choices[:i])
         for tp in space.tp[m.cluster]:
             for dp in divisors(S):
                 if (tp, dp) != (m.tp, m.dp):
-                    out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before, len(choices) - i - 1)))
+                    out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before, len(choices) - i - 1,
+                                                       devices_used - m.tp * m.dp * m.num_stages)))
         for k in (m.num_stages - 1, m.num_stages + 1, (m.num_stages + 1) // 2):
             if k != m.num_stages:
                 out.append(with_mesh(i, replace(m, num_stages=k)))
@@ -83,7 +86,8 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             continue
         for dp in divisors(S):
             for i in range(len(choices) + 1):
-                out.append(choices[:i] + (space.mesh(cl.name, max(space.tp[cl.name]), dp, S, 0),) + choices[i:])
+                out.append(choices[:i] + (space.mesh(cl.name, max(space.tp[cl.name]), dp, S, 0, 0, devices_used),)
+                           + choices[i:])
     for S2 in (S // 2, S * 2):
         if S2 not in space.samples:
             continue
