@@ -1,6 +1,6 @@
 """Blocking vs overlapped cross-cluster transfers on CPU with emulated links, measured and predicted.
 
-    .venv/bin/python benchmarks/overlap.py [--steps N] [--micro-batches M]
+    .venv/bin/python benchmarks/overlap.py [--steps N] [--micro-batches M] [--ratios 0.25,0.5,1.0]
 
 Two "clusters" of one CPU process each (one pipeline stage each) train a small GPT with Megatron-Core's 1F1B
 through hetauto's communicator. A first run without link emulation measures each stage's forward and backward
@@ -10,9 +10,9 @@ transfer takes 0.25x, 0.5x and 1.0x the slower stage's compute, and each point r
 and with the overlapped one (depth: the link's round trip in stage times, rounded up, as the planner chooses).
 
 Per run it prints the measured iteration time (median of the steps after the first, slowest rank) and the
-simulator's prediction (plan/pipeline.py) fed, step by step, with the per-stage forward and backward times
-measured in that step plus its measured time outside the pipeline, so the comparison tests the schedule and
-link model, not the CPU compute model (the error is the median over steps). Then the exposed cross-cluster
+simulator's prediction (plan/pipeline.py) fed, step by step, with every forward and backward measured in that
+step (each micro-batch's own time on each stage) plus its measured time outside the pipeline, so the
+comparison tests the schedule and link model, not the CPU compute model (the error is the median over steps). Then the exposed cross-cluster
 time as a share of the iteration, measured (the time a rank's compute waited while a message was on its way,
 communicator.exposed_s) and predicted (the simulator's held sends and waits for data on its way, the same
 quantity), for the bottleneck stage (the larger measured compute: its waits are what lengthens the
@@ -45,12 +45,17 @@ def make_plan(m: int, boundary: dict, link: dict | None) -> object:
                            "meshes": [mesh("a", {"boundary": boundary}), mesh("b", {})]})
 
 
+def stage_ops(report: dict, rank: int, step: int) -> tuple[list, list]:
+    """Forward and backward seconds of each micro-batch of a rank in one step, in micro-batch order."""
+    ops = report["ops"][rank][step]["ops"]
+    f = [e - s for k, _, s, e in sorted(o for o in ops if o[0] == "forward")]
+    b = [e - s for k, _, s, e in sorted(o for o in ops if o[0] == "backward")]
+    return f, b
+
+
 def stage_times(report: dict, rank: int, step: int) -> tuple[float, float]:
     """Mean forward and backward seconds per micro-batch of a rank in one step."""
-    ops = report["ops"][rank][step]["ops"]
-    f = [e - s for k, _, s, e in ops if k == "forward"]
-    b = [e - s for k, _, s, e in ops if k == "backward"]
-    return statistics.mean(f), statistics.mean(b)
+    return tuple(statistics.mean(v) for v in stage_ops(report, rank, step))
 
 
 def outside_pipeline(report: dict, step: int) -> float:
@@ -73,7 +78,8 @@ def run(m: int, steps: int, boundary: dict, link: dict | None, emulate: bool) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--micro-batches", type=int, default=16)
+    ap.add_argument("--micro-batches", type=int, default=32)
+    ap.add_argument("--ratios", default="0.25,0.5,1.0", help="link time per micro-batch / a stage's compute")
     args = ap.parse_args()
     m = args.micro_batches
     base = run(m, args.steps, {"schedule": "blocking"}, None, emulate=False)
@@ -83,10 +89,11 @@ def main() -> None:
     boundary_bytes = MODEL["seq_length"] * 1 * MODEL["hidden_size"] * 4      # fp32 activations of one step
     print(f"stage compute per micro-batch (forward + backward): {fb[0] * 1e3:.1f} / {fb[1] * 1e3:.1f} ms; "
           f"{m} micro-batches; no-link iteration {base['iteration_s']:.3f} s")
+    print("link/stage: as set from the first run's compute / as measured in the run (the load changes)")
     print(f"{'link/stage':>10} {'schedule':>14} {'measured s':>10} {'predicted s':>11} {'error':>7} "
           f"{'exposed, bottleneck stage':>26} {'exposed, worst rank':>20}")
     print(f"{'':>10} {'':>14} {'':>10} {'':>11} {'':>7} {'measured / predicted':>26} {'measured / predicted':>20}")
-    for ratio in (0.25, 0.5, 1.0):
+    for ratio in (float(v) for v in args.ratios.split(",")):
         x = ratio * stage
         latency = x / 2
         link = {"bandwidth_gbps": boundary_bytes * 8 / (x - latency) / 1e9, "latency_ms": latency * 1e3}
@@ -95,8 +102,8 @@ def main() -> None:
             r = run(m, args.steps, boundary, link, emulate=True)
             blocking = boundary["schedule"] == "blocking"
             measured, predicted, errors, exp_m, exp_p, compute = [], [], [], [], [], []
-            for i in later:      # each step predicted from its own measured compute (the machine is shared)
-                (f0, b0), (f1, b1) = stage_times(r, 0, i), stage_times(r, 1, i)
+            for i in later:      # each step replayed with its own measured operations (the machine is shared)
+                (f0, b0), (f1, b1) = stage_ops(r, 0, i), stage_ops(r, 1, i)
                 sim = simulate_1f1b([f0, f1], [b0, b1], [x], m, latency=[latency], blocking=[blocking],
                                     depth=[0 if blocking else depth], record=True)
                 measured.append(r["step_times_s"][i])
@@ -106,14 +113,15 @@ def main() -> None:
                 exp_p.append([sum(e.end - e.start for e in sim.events if e.resource == ("stage", s)
                                   and e.kind in ("send", "recv")) / predicted[-1] for s in (0, 1)])
                 exp_m.append([r["exposed_s"][s][i] / measured[-1] for s in (0, 1)])
-                compute.append([f0 + b0, f1 + b1])
+                compute.append([statistics.mean(f0) + statistics.mean(b0), statistics.mean(f1) + statistics.mean(b1)])
             it = statistics.median(measured)
             slow = max((0, 1), key=lambda s: statistics.median(c[s] for c in compute))   # the bottleneck stage
             med = lambda rows, s: statistics.median(row[s] for row in rows)
             name = "blocking" if blocking else f"overlapped d={depth}"
             bottleneck = f"{med(exp_m, slow):.1%} / {med(exp_p, slow):.1%} (stage {slow})"
             worst = f"{max(med(exp_m, s) for s in (0, 1)):.1%} / {max(med(exp_p, s) for s in (0, 1)):.1%}"
-            print(f"{ratio:>9.2f}x {name:>14} {it:10.3f} {statistics.median(predicted):11.3f} "
+            actual = x / med(compute, slow)       # the link's time over the bottleneck's compute in this run
+            print(f"{ratio:>5.2f}x {actual:>4.2f}x {name:>14} {it:10.3f} {statistics.median(predicted):11.3f} "
                   f"{statistics.median(errors):+7.1%} {bottleneck:>26} {worst:>20}")
 
 

@@ -5,7 +5,8 @@ tick at a time; at every tick each link direction starts its oldest queued trans
 finish, hand data to their links and start whatever their 1F1B order allows. All durations are whole ticks, so
 the answer is exact. The rules are the ones documented in plan/pipeline.py: a stage runs one operation at a
 time in its 1F1B order (w_i warm-ups); a transfer occupies its link direction for `occ` ticks and arrives
-`lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived.
+`lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived. A stage's forward
+or backward cost is one number, or a list with each micro-batch's own.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
                     op = orders[i][nxt[i]]
                     if op in have[i]:
                         nxt[i] += 1
-                        running[i] = (op, t + (fwd[i] if op[0] == "F" else bwd[i]))
+                        cost = fwd[i] if op[0] == "F" else bwd[i]
+                        running[i] = (op, t + (cost[op[1]] if isinstance(cost, list) else cost))
                         changed = True
         t += 1
         if t > 10 ** 7:

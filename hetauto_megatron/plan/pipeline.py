@@ -135,7 +135,8 @@ def _boundaries(p, link, latency, blocking, depth):
 
 def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None,
                   record: bool = False) -> PipelineTimes:
-    """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i; link[l]: one micro-batch's transfer time
+    """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i (or a sequence of m: micro-batch j's own time,
+    to replay measured operations); link[l]: one micro-batch's transfer time
     between stage l and l + 1 (latency included); latency[l]: the part of it that does not occupy the link
     (default 0); blocking[l]: the boundary's schedule (default True: blocking); depth[l]: extra warm-up
     micro-batches of an overlapped boundary (default 0). record=True also returns every operation's start and
@@ -145,8 +146,8 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     x, lat, blk, d = _boundaries(p, link, latency, blocking, depth)
     occ = [a - b for a, b in zip(x, lat)]
     order = _dependency_order(p, m, warmup_counts(p, m, d))
-    f = [float(v) for v in fwd]
-    b = [float(v) for v in bwd]
+    f = [_per_micro_batch(v, m) for v in fwd]
+    b = [_per_micro_batch(v, m) for v in bwd]
     free = [0.0] * p                    # when stage i may start its next operation
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
     b_arr = [0.0] * (p * m)             # ... its gradient
@@ -163,7 +164,7 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
         if fw:
             ready = f_arr[k]
             start = fr if fr > ready else ready
-            end = start + f[i]
+            end = start + f[i][j]
             if i == last:
                 b_arr[k] = end            # the loss is computed here: the backward may start at once
                 free[i] = end
@@ -181,7 +182,7 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
         else:
             ready = b_arr[k]
             start = fr if fr > ready else ready
-            end = start + b[i]
+            end = start + b[i][j]
             finish[i] = end
             if i:
                 s = end if end > link_b[i - 1] else link_b[i - 1]
@@ -203,10 +204,18 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
                 since = max(fr, (f_sent if fw else b_sent)[k])
                 if ready > since:
                     ev.append(Event(("stage", i), "recv", j, since, ready))
-    busy = tuple(m * (f[i] + b[i]) for i in range(p))
+    busy = tuple(sum(f[i]) + sum(b[i]) for i in range(p))
     if record:
         ev.sort(key=lambda e: (e.start, e.resource, e.kind))
     return PipelineTimes(max(finish), busy, tuple(finish), tuple(ev) if record else None)
+
+
+def _per_micro_batch(v, m: int) -> list[float]:
+    if isinstance(v, (int, float, np.floating)):
+        return [float(v)] * m
+    out = [float(x) for x in v]
+    assert len(out) == m, "one compute time per micro-batch"
+    return out
 
 
 def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None) -> float:
