@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/overlap.py [--steps N] [--micro-batches M] [--ratios 0.25,0.5,1.0]
 
 Two "clusters" of one CPU process each (one pipeline stage each) train a small GPT with Megatron-Core's 1F1B
-through hetauto's communicator. A first run without link emulation measures each stage's forward and backward
-per micro-batch. Then the link between the clusters is emulated (runtime/cross_link.py: the boundary's bytes at
+through hetauto's communicator. A run without link emulation before each point measures each stage's forward
+and backward per micro-batch. Then the link between the clusters is emulated (runtime/cross_link.py: the boundary's bytes at
 the link bandwidth, queued per direction, plus latency; half of the link time each) so that one micro-batch's
 transfer takes 0.25x, 0.5x and 1.0x the slower stage's compute, and each point runs with the blocking schedule
 and with the overlapped one (depth: the link's round trip in stage times, rounded up, as the planner chooses).
@@ -18,7 +18,10 @@ communicator.exposed_s) and predicted (the simulator's held sends and waits for 
 quantity), for the bottleneck stage (the larger measured compute: its waits are what lengthens the
 iteration) and for the worst rank (a faster stage waits anyway, and part of that wait is link time).
 The pipeline's fill and drain each carry one crossing of the link no schedule can hide, so the exposed share
-falls as 1 / micro-batches.
+falls as 1 / micro-batches. "steady" is the simulator's exposed share of the bottleneck stage for the same
+step with every operation at its stage's mean time, "jitter" the largest coefficient of variation of one
+stage's forward or backward times in a step: on a shared machine operations vary, a stage that is briefly
+faster waits for data still on the link, and both the measure and the replay count that wait.
 Targets: overlapped exposed time <= 5 % of the iteration at 0.5x; predicted within 10 % of measured for both
 schedules at every point.
 """
@@ -89,11 +92,14 @@ def main() -> None:
     boundary_bytes = MODEL["seq_length"] * 1 * MODEL["hidden_size"] * 4      # fp32 activations of one step
     print(f"stage compute per micro-batch (forward + backward): {fb[0] * 1e3:.1f} / {fb[1] * 1e3:.1f} ms; "
           f"{m} micro-batches; no-link iteration {base['iteration_s']:.3f} s")
-    print("link/stage: as set from the first run's compute / as measured in the run (the load changes)")
+    print("link/stage: as set from a run without link just before / as measured in the run (the load changes)")
     print(f"{'link/stage':>10} {'schedule':>14} {'measured s':>10} {'predicted s':>11} {'error':>7} "
-          f"{'exposed, bottleneck stage':>26} {'exposed, worst rank':>20}")
+          f"{'exposed, bottleneck stage':>26} {'exposed, worst rank':>20} {'steady':>7} {'jitter':>7}")
     print(f"{'':>10} {'':>14} {'':>10} {'':>11} {'':>7} {'measured / predicted':>26} {'measured / predicted':>20}")
-    for ratio in (float(v) for v in args.ratios.split(",")):
+    for n, ratio in enumerate(float(v) for v in args.ratios.split(",")):
+        if n:    # the machine's load changes: measure the stages again right before each point
+            again = run(m, 3, {"schedule": "blocking"}, None, emulate=False)
+            stage = max(statistics.median(sum(stage_times(again, r, i)) for i in (1, 2)) for r in (0, 1))
         x = ratio * stage
         latency = x / 2
         link = {"bandwidth_gbps": boundary_bytes * 8 / (x - latency) / 1e9, "latency_ms": latency * 1e3}
@@ -101,7 +107,7 @@ def main() -> None:
         for boundary in ({"schedule": "blocking"}, {"schedule": "overlapped", "depth": depth}):
             r = run(m, args.steps, boundary, link, emulate=True)
             blocking = boundary["schedule"] == "blocking"
-            measured, predicted, errors, exp_m, exp_p, compute = [], [], [], [], [], []
+            measured, predicted, errors, exp_m, exp_p, compute, steady, jitter = [], [], [], [], [], [], [], []
             for i in later:      # each step replayed with its own measured operations (the machine is shared)
                 (f0, b0), (f1, b1) = stage_ops(r, 0, i), stage_ops(r, 1, i)
                 sim = simulate_1f1b([f0, f1], [b0, b1], [x], m, latency=[latency], blocking=[blocking],
@@ -114,6 +120,13 @@ def main() -> None:
                                   and e.kind in ("send", "recv")) / predicted[-1] for s in (0, 1)])
                 exp_m.append([r["exposed_s"][s][i] / measured[-1] for s in (0, 1)])
                 compute.append([statistics.mean(f0) + statistics.mean(b0), statistics.mean(f1) + statistics.mean(b1)])
+                # the same step with every operation at its stage's mean: the schedule's exposure without jitter
+                flat = simulate_1f1b([statistics.mean(f0), statistics.mean(f1)], [statistics.mean(b0),
+                                     statistics.mean(b1)], [x], m, latency=[latency], blocking=[blocking],
+                                     depth=[0 if blocking else depth], record=True)
+                steady.append([sum(e.end - e.start for e in flat.events if e.resource == ("stage", s)
+                                   and e.kind in ("send", "recv")) / flat.makespan for s in (0, 1)])
+                jitter.append(max(statistics.pstdev(v) / statistics.mean(v) for v in (f0, b0, f1, b1)))
             it = statistics.median(measured)
             slow = max((0, 1), key=lambda s: statistics.median(c[s] for c in compute))   # the bottleneck stage
             med = lambda rows, s: statistics.median(row[s] for row in rows)
@@ -122,7 +135,8 @@ def main() -> None:
             worst = f"{max(med(exp_m, s) for s in (0, 1)):.1%} / {max(med(exp_p, s) for s in (0, 1)):.1%}"
             actual = x / med(compute, slow)       # the link's time over the bottleneck's compute in this run
             print(f"{ratio:>5.2f}x {actual:>4.2f}x {name:>14} {it:10.3f} {statistics.median(predicted):11.3f} "
-                  f"{statistics.median(errors):+7.1%} {bottleneck:>26} {worst:>20}")
+                  f"{statistics.median(errors):+7.1%} {bottleneck:>26} {worst:>20} {med(steady, slow):7.1%} "
+                  f"{statistics.median(jitter):7.0%}")
 
 
 if __name__ == "__main__":
