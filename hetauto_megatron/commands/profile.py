@@ -59,7 +59,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec.devices import get_device
-    from ..measure.profile import LAYER_GRIDS, granularity, grid_name, profile, stderr_progress
+    from ..measure.grids import LAYER_GRIDS, granularity, grid_name
+    from ..measure.profile import profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
     if args.overheads:
         return _overheads(args, device)
