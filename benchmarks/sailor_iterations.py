@@ -18,7 +18,9 @@ OPT-350's 26 entries for GPT-Neo's 34).
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
 import sys
@@ -27,7 +29,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost import learned as L  # noqa: E402
-from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, read_allreduce_fits, sailor_allreduce_s  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
@@ -56,6 +58,26 @@ def fit_without(model_name: str, out_dir: str) -> L.LearnedCostModel:
     return L.LearnedCostModel(os.path.join(out_dir, "model"))
 
 
+@functools.lru_cache(maxsize=None)
+def intra_node_link(gpu: str = "GH-96", n: int = 4) -> dict:
+    """The node's link as Sailor measured it (intra_node_bandwidths.json: the all-reduce of `n` GPUs), as the
+    inventory's alpha-beta entry: bandwidth and latency of least absolute log error against Sailor's curve for
+    messages of 1 MB to 1 GB (a grid, 0.5 us and 2 GB/s steps). The learned layer times were fitted with that
+    curve's all-reduces set apart, so the planner must add them back at the same speed; the catalog's NVLink
+    figure (450 GB/s) is twice as fast at these sizes. GH200, 4 GPUs: 206 GB/s, 8 us."""
+    fits = read_allreduce_fits(L.SAILOR_DATA)[gpu]
+    sizes = [2 ** (k / 2) * 1e6 for k in range(21)]
+    measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
+    best = None
+    for lat_us in (0.5 * i for i in range(200)):
+        for bw in (2e9 * i for i in range(10, 300)):
+            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
+                      for s, t in zip(sizes, measured))
+            if best is None or err < best[0]:
+                best = (err, lat_us, bw)
+    return {"bandwidth_gbps": best[2] * 8 / 1e9, "latency_us": best[1]}
+
+
 def run_plan(run: dict) -> tuple[Plan, object] | None:
     """The run as a hetauto plan on its cluster (None when its recorded layout does not hold the model)."""
     model = SAILOR_MODELS[run["model"]].replace(tie_embeddings=True)
@@ -65,7 +87,7 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
     p = len(entries)
     layers = tuple(n - (i == 0) - (i == p - 1) for i, n in enumerate(entries))   # embedding, head: not layers
     inv = inventory_from_dict({"clusters": [{"name": "clariden", "device": "gh200", "nodes": run["nodes"],
-                                             "devices_per_node": 4}]})
+                                             "devices_per_node": 4, "intra_node": intra_node_link()}]})
     mesh = Mesh("clariden", "gh200", run["tp"][0], run["dp"][0], run["micro_batch_size"], "none", layers, SAILOR_JOB)
     return Plan(model=model, global_batch_size=run["global_batch_size"], meshes=(mesh,), inventory=inv.to_dict(),
                 precision=PRECISION), inv
