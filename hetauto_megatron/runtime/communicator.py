@@ -174,6 +174,8 @@ class HeteroP2PCommunicator(P2PCommunicator):
         shape = tuple(tensor_shape)
         for link in self._links.values():
             link.complete_sends(self._finish_send)
+        if self.staging.accelerator:
+            self._start_early_copies()
         works, finish = [], []
         self._held = []                  # blocking cross-cluster sends of this call (communication-thread futures)
         self._on_way = []                # (from, to): cross-cluster messages of this call on their way
@@ -303,16 +305,20 @@ class HeteroP2PCommunicator(P2PCommunicator):
             def post(j):
                 out = []
                 buf, staged, stamps = post_message(j, out)
-                return out, stamps, (buf, staged)
-            (buf, staged), on_way = self._link(side[1], grad, shape).receive(post, self._wait)
+                return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None]
+            (buf, copies, started), on_way = self._link(side[1], grad, shape).receive(post, self._wait)
             self._on_way.append(on_way)
+            staged = []
         else:
             buf, staged, _ = post_message(0, works)
 
         def assemble():
             with torch.no_grad():
-                if info["inter"]:    # host -> device on the copy stream; the compute stream waits for it
-                    self.staging.to_device([(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged])
+                if info["inter"] and mine:   # host -> device on the copy stream; the compute stream waits for it
+                    if copies:
+                        self.staging.to_device(copies)
+                    else:
+                        self.staging.wait_on_device(started)     # started early (_start_early_copies)
                 else:
                     for tr, piece in staged:
                         buf[tr.dst_seq, tr.dst_batch] = piece
@@ -347,6 +353,18 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 dist.broadcast(part, src=dist.get_global_rank(group, t), group=group)
                 buf[lo:hi] = part
         self.bytes_sent["intra_cluster"] += mine.numel() * mine.element_size() * (tp - 1)
+
+    def _start_early_copies(self) -> None:
+        """Received messages posted ahead that have already arrived start their host-to-device copy now, so it is
+        done by the time the stage takes them (not with link emulation: there a message counts as arrived only
+        at its emulated time, which the link computes when the message is taken)."""
+        for link in self._links.values():
+            if link.emulator is not None:
+                continue
+            for works, _, payload in link.ahead:
+                if payload[1] and all(w[0].is_completed() for w in works):
+                    payload[2] = self.staging.start_to_device(payload[1])
+                    payload[1] = []
 
     def _posted(self, fut):
         """The result of a send job of the communication thread (its PeerError, if posting failed, raised here)."""

@@ -11,9 +11,10 @@ the send can even be posted, and a host-to-device copy the compute stream waits 
   at once. On CPU there is nothing to copy: the compute thread posts the sends itself (gloo moves the bytes
   on its own threads either way), through the same futures; `THREAD_ON_CPU` makes CPU processes use the
   thread too (the tests run the accelerator's thread logic that way).
-- Receives: posted ahead into pinned host buffers; once a message is needed and has arrived, the host-to-device
-  copy runs on the copy stream and the compute stream waits for its event only (the compute thread never
-  blocks on the copy).
+- Receives: posted ahead into pinned host buffers. A message found complete at any later call of the
+  communicator starts its host-to-device copy on the copy stream then (`start_to_device`), one still on its
+  way when it is needed starts it then; either way the compute stream waits for the copy's event only when
+  the stage takes the message (`wait_on_device`), and the compute thread never blocks on the copy.
 - Pinned buffers come from a pool and return to it when their send (or host-to-device copy) has completed, so a
   boundary with d micro-batches in flight cycles through about d + 2 buffers per block (double buffering at
   depth 0), allocated once.
@@ -105,10 +106,20 @@ class HostStaging:
     def to_device(self, pairs) -> None:
         """Copy each (host block, device view) of an arrived message; the compute stream waits for the copies
         (not the compute thread). On CPU a plain copy."""
+        self.wait_on_device(self.start_to_device(pairs))
+
+    def wait_on_device(self, event) -> None:
+        """Make the compute stream wait for a host-to-device copy started earlier (None: nothing to wait for)."""
+        if event is not None:
+            self.mod.current_stream(self.device).wait_event(event)
+
+    def start_to_device(self, pairs):
+        """Start the host-to-device copies of an arrived message on the copy stream; returns the event the
+        compute stream must wait for before it reads the views (None on CPU, where the copy is done)."""
         if not self.accelerator:
             for host, view in pairs:
                 view.copy_(host)
-            return
+            return None
         compute = self.mod.current_stream(self.device)
         allocated = self.mod.Event()
         allocated.record(compute)           # the destination's memory is free on the compute stream from here
@@ -118,7 +129,7 @@ class HostStaging:
                 view.copy_(host, non_blocking=True)
             copied = self.mod.Event()
             copied.record(self.copy_stream)
-        compute.wait_event(copied)
         for host, view in pairs:
             view.record_stream(self.copy_stream)
             self.release(host, copied)
+        return copied
