@@ -31,6 +31,19 @@ def tiny_dryrun_files(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def readme_plan(tmp_path_factory):
+    """The README's plan (LLaMA-2-70B on examples/llama/inventory-2clusters.yaml, global batch 512, overlapped
+    cross-cluster boundaries), searched once: (plan file, inventory file). Tests only read it."""
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = str(tmp_path_factory.mktemp("readme-plan") / "plan.yaml")
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", plan,
+                   "--quiet", "--json", "--boundary-schedule", "overlapped"])
+    assert rc == 0
+    return plan, inv
+
+
+@pytest.fixture(scope="session")
 def tiny_dryrun_json(tiny_dryrun_files):
     """The --json output of one real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps), as printed."""
     return tiny_dryrun_files[0]

@@ -10,7 +10,6 @@ numbers (forward f, backward b, link transfer x per micro-batch), not from expla
   at least m / (m + p - 1) of the pipeline.
 """
 import json
-import os
 
 import pytest
 import yaml
@@ -89,14 +88,9 @@ def test_bottleneck_compute_bound(tmp_path, capsys):
     assert "stage %d" % slow in rep["bottleneck"]
 
 
-def test_explain_full_report_on_the_readme_plan(tmp_path, capsys):
-    from helpers import ROOT
-    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
-    plan = str(tmp_path / "p.yaml")
+def test_explain_full_report_on_the_readme_plan(readme_plan, capsys):
     # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
-                 "--boundary-schedule", "overlapped"]) == 0
-    capsys.readouterr()           # (plan --explain: the demo test)
+    plan, _ = readme_plan          # (plan --explain: the demo test)
     rep = _json(capsys, "explain", "--plan", plan, "--json")
     assert len(rep["runners_up"]) == 5
     base = rep["tokens_per_s"]
@@ -110,13 +104,8 @@ def test_explain_full_report_on_the_readme_plan(tmp_path, capsys):
     assert slow["tokens_per_s"] <= base <= fast["tokens_per_s"]     # a slower link never helps this layout
 
 
-def test_simulate_what_if_flags(tmp_path, capsys):
-    from helpers import ROOT
-    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
-    plan = str(tmp_path / "p.yaml")
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
-                 "--boundary-schedule", "overlapped"]) == 0
-    capsys.readouterr()
+def test_simulate_what_if_flags(readme_plan, capsys):
+    plan, inv = readme_plan
     sim = lambda *extra: _json(capsys, "simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan,
                                "--json", *extra)
     base = sim()
@@ -143,13 +132,12 @@ def test_summary_link_column_and_bottleneck_mark(tmp_path, capsys):
     assert lines[-1].startswith("bottleneck: exposed link time")
 
 
-def test_compare(tmp_path, capsys):
-    from helpers import ROOT
-    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
-    a, b = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
-    for path, extra in ((a, []), (b, ["--set", "link.h800-ascend.bandwidth_gbps=100"])):
-        assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", path, "--quiet", "--json",
-                     "--boundary-schedule", "overlapped", *extra]) == 0
+def test_compare(readme_plan, tmp_path, capsys):
+    a, inv = readme_plan
+    b = str(tmp_path / "b.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", b,
+                 "--quiet", "--json", "--boundary-schedule", "overlapped",
+                 "--set", "link.h800-ascend.bandwidth_gbps=100"]) == 0
     capsys.readouterr()
     rep = _json(capsys, "compare", a, b, "--price", "h800=2", "--price", "ascend=1", "--json")
     ra, rb = rep["plans"]

@@ -46,13 +46,8 @@ def _is_png(path):
         return fh.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 10_000
 
 
-def test_predicted_timeline_of_the_readme_plan(tmp_path, capsys):
-    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
-    plan = str(tmp_path / "plan.yaml")
-    # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
-    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "-o", plan, "--quiet", "--json",
-                 "--boundary-schedule", "overlapped"]) == 0
-    capsys.readouterr()
+def test_predicted_timeline_of_the_readme_plan(readme_plan, tmp_path, capsys):
+    plan, inv = readme_plan      # overlapped boundaries: with blocking ones the best plan leaves the 910B out
     trace, png = str(tmp_path / "t.json"), str(tmp_path / "t.png")
     assert main(["simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--json",
                  "--timeline", trace, "--timeline", png]) == 0
