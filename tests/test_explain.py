@@ -111,7 +111,9 @@ def test_simulate_what_if_flags(readme_plan, capsys):
     base = sim()
     slow = sim("--set", "link.h800-ascend.bandwidth_gbps=2.5")
     assert slow["iteration_time_s"] > base["iteration_time_s"]
-    assert sim("--set", "link.ascend-h800.latency_ms=2")["iteration_time_s"] == base["iteration_time_s"]
+    # either order of the link's ends; a latency of 500 ms (the inventory says 2) cannot be free
+    far = sim("--set", "link.ascend-h800.latency_ms=500")["iteration_time_s"]
+    assert far == sim("--set", "link.h800-ascend.latency_ms=500")["iteration_time_s"] > base["iteration_time_s"]
     big = sim("--global-batch-size", "1024")
     assert big["iteration_time_s"] > 1.8 * base["iteration_time_s"]
     for bad in (["--set", "link.h800-mars.bandwidth_gbps=1"], ["--set", "cluster.ascend.gpus=4"],
