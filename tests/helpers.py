@@ -41,3 +41,29 @@ def nvidia_megatron_lm() -> str | None:
         if where and all(os.path.isfile(os.path.join(where, f)) for f in NVIDIA_ENTRY_FILES):
             return where
     return None
+
+
+def small_inventory(clusters, links):
+    """An Inventory from (name, device, nodes, devices per node) clusters and (a, b, Gbit/s, ms) links; every
+    cluster's nodes joined at 200 Gbit/s, 10 us."""
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    return inventory_from_dict({
+        "clusters": [{"name": n, "device": d, "nodes": nodes, "devices_per_node": dpn,
+                      "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}} for n, d, nodes, dpn in clusters],
+        "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
+
+
+def leaves_within_bounds(sp, value, limit: int) -> int:
+    """Branch and bound is exact only if every node's bound is at most the value of every leaf under it: asserts
+    that for the first `limit` leaves of the search space `sp` (`value(leaf) -> (objective, _)`), and returns how
+    many of them were feasible."""
+    import math
+
+    from hetauto_megatron.plan import space as space_mod
+    feasible = 0
+    for leaf in space_mod.leaves(sp, limit=limit):
+        v, _ = value(leaf)
+        if math.isfinite(v):
+            feasible += 1
+            assert all(sp.bound(leaf[:k]) <= v * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
+    return feasible

@@ -4,7 +4,7 @@ import math
 import random
 
 import pytest
-from helpers import run_hetauto
+from helpers import leaves_within_bounds, run_hetauto
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
@@ -144,12 +144,7 @@ def test_cost_bounds_never_exceed_the_cost_of_the_leaves_below():
     for _ in range(3):
         inv = _priced_instance(rng)
         sp = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost"))
-        value = _layout_value(sp, LayoutEvaluator(model, inv, 64, COST))
-        for leaf in space_mod.leaves(sp, limit=400):
-            cost, _ = value(leaf)
-            if math.isfinite(cost):
-                leaves += 1
-                assert all(sp.bound(leaf[:k]) <= cost * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
+        leaves += leaves_within_bounds(sp, _layout_value(sp, LayoutEvaluator(model, inv, 64, COST)), 400)
     assert leaves > 200
 
 

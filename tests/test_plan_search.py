@@ -1,18 +1,12 @@
 """Search: MCTS lands within 1% of the exhaustive optimum of the same decision tree; determinism; errors."""
 import pytest
+from helpers import small_inventory as _inv
 
 from hetauto_megatron.errors import InfeasibleError
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import layout_to_plan, simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
-
-
-def _inv(clusters, links):
-    return inventory_from_dict({
-        "clusters": [{"name": n, "device": d, "nodes": nodes, "devices_per_node": dpn,
-                      "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}} for n, d, nodes, dpn in clusters],
-        "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
 INSTANCES = {

@@ -3,6 +3,7 @@ import math
 import random
 
 import pytest
+from helpers import leaves_within_bounds, small_inventory as _inv
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.memory import stage_memory_bytes
@@ -11,18 +12,10 @@ from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator, _CapTable
 from hetauto_megatron.plan.search import SearchConfig, _layout_value, search
 from hetauto_megatron.plan.simulate import evaluate_layout
-from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
 
 COST = AnalyticCostModel()
 DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20", "cpu"]
-
-
-def _inv(clusters, links):
-    return inventory_from_dict({
-        "clusters": [{"name": n, "device": d, "nodes": nodes, "devices_per_node": dpn,
-                      "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}} for n, d, nodes, dpn in clusters],
-        "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
 def test_memory_cap_is_the_largest_layer_count_that_fits():
@@ -75,12 +68,7 @@ def test_bounds_never_exceed_what_the_leaves_below_cost():
     for _ in range(4):
         inv, model, gbs = _random_instance(rng)
         sp = space_mod.SearchSpace(model, inv, gbs, COST)
-        value = _layout_value(sp, LayoutEvaluator(model, inv, gbs, COST))
-        for leaf in space_mod.leaves(sp, limit=1500):
-            t, _ = value(leaf)
-            if math.isfinite(t):
-                leaves += 1
-                assert all(sp.bound(leaf[:k]) <= t * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
+        leaves += leaves_within_bounds(sp, _layout_value(sp, LayoutEvaluator(model, inv, gbs, COST)), 1500)
     assert leaves > 1000
 
 
