@@ -260,30 +260,32 @@ class SearchSpace:
         return slack * self._flops * per_flop
 
     def order_bound(self, order: tuple, complete: bool) -> float:
-        """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster (for the cost
-        objective: costs less) than this."""
+        """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster than this."""
         names = order if complete else [c for c in self.names if c in order or self.tp[c]]
-        if self.con.objective == "cost":
-            return self._cost_bound(names, COMPUTE_SLACK)
         bound = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
         for a, b in zip(order, order[1:]):
             bound = max(bound, self._act_bytes[a] / self.inventory.link(a, b).bytes_per_s)
         return bound
 
     def bound(self, path: tuple) -> float:
-        """A lower bound on the closed-form time of every leaf below `path` (cached per path)."""
+        """A lower bound on the closed-form time (cost objective: money per iteration) of every leaf below
+        `path` (cached per path)."""
         b = self._bounds.get(path)
         if b is None:
             order, complete, S, meshes, pending = self.decode(path)
             b = self.order_bound(order, complete)
-            if self.con.objective == "cost":
-                self._bounds[path] = b  # the pipeline bounds below are in seconds
-                return b
             if S is not None:
                 b = max(b, self._pipeline_bound(order, complete, S, meshes, pending))
             elif complete:
                 b = max(b, min((self._pipeline_bound(order, True, s, (), None) for s in self.actions(path)),
                                default=math.inf))
+            if self.con.objective == "cost":
+                # money: the time bound times the least the leaves below pay per second (the meshes decided so
+                # far, and one device of every other cluster of the order), and the cheapest price per FLOP
+                names = order if complete else [c for c in self.names if c in order or self.tp[c]]
+                rate = price_per_second(self.inventory, devices_by_cluster(meshes)) + sum(
+                    self._cl[c].price_per_device_hour / 3600 for c in order[len(meshes):])
+                b = max(self._cost_bound(names, COMPUTE_SLACK), b * rate if math.isfinite(b) else b)
             self._bounds[path] = b
         return b
 
