@@ -9,7 +9,7 @@ per-iteration cost. The job's settings are Sailor's (benchmarks/memory_sailor.py
 optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers
 were measured in (tensor cores: docs/cost-model-learned.md, "The arithmetic each run used"): the learned model
 prices no other. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per GPU, as
-on Clariden). Nothing is fitted to the runs.
+on Clariden), and the node's link as Sailor measured it (intra_node_link). Nothing is fitted to the runs.
 
 A run whose recorded layout does not hold its model's layers is listed and left out (GPT-Neo N4 D4 records
 OPT-350's 26 entries for GPT-Neo's 34).
