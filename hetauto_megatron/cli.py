@@ -33,11 +33,12 @@ COMMANDS = [
 EPILOG = """\
 typical flow:
   hetauto plan --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml -o plan.yaml
-  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml \
+  hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml \\
       --timeline plan.png
   hetauto explain --plan plan.yaml
   hetauto emit megatron --plan plan.yaml -o launch/
-  hetauto dryrun --plan plan.yaml --tiny --reference
+  hetauto plan --model tiny --inventory examples/llama/inventory-cpu-dryrun.yaml --global-batch-size 8 -o tiny.yaml
+  hetauto dryrun --plan tiny.yaml --tiny --reference      # a plan small enough for this machine's CPU processes
 
 exit codes: 0 ok, 2 invalid input (the message names file, field and fix), 3 no feasible plan.
 'hetauto COMMAND --help' explains each command."""
