@@ -132,9 +132,9 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
                    and x.price_per_device_hour is None]
         if missing:
             i = names.index(missing[0])
-            which = ", ".join(repr(m) for m in missing) + (" have" if len(missing) > 1 else " has")
-            raise InputError(f"--objective cost needs a price for every cluster the search may use; cluster "
-                             f"{which} none", file=inventory.source,
+            which = ("clusters " if len(missing) > 1 else "cluster ") + ", ".join(repr(m) for m in missing) + \
+                (" have" if len(missing) > 1 else " has")
+            raise InputError(f"--objective cost needs a price for every cluster the search may use; {which} none", file=inventory.source,
                              field=f"clusters[{i}].price_per_device_hour",
                              fix=f"add price_per_device_hour to {'these clusters' if len(missing) > 1 else 'it'} "
                                  f"in the inventory, or leave {'them' if len(missing) > 1 else 'it'} out with "
