@@ -95,6 +95,11 @@ def test_constraints_are_obeyed_and_recorded(priced, tmp_path):
     assert recorded["objective"] == "throughput"
     assert recorded["constraints"] == {"max_devices": 8, "use_clusters": ["fast"], "tp": {"fast": 2},
                                        "recompute": {"fast": "full"}, "max_pp": 2, "micro_batch_size": 2}
+    # simulate re-prices the written plan: the same cost per 1M tokens
+    sim = run_hetauto("simulate", "--model", "llama2-7b", "--inventory", priced, "--plan", str(plan_file), "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["cost_per_million_tokens"] == pytest.approx(out["cost_per_million_tokens"],
+                                                                              rel=1e-6)
     # excluding the fast cluster leaves the cheap one alone
     assert set(devices(plan_json("--inventory", priced, "--exclude-clusters", "fast"))) == {"cheap"}
 

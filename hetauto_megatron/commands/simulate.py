@@ -11,7 +11,8 @@ from ._common import (add_model_inventory_args, add_precision_arg, check_timelin
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
 busy and bubble time, memory of the busiest device and whether it fits, and overall iteration time,
-tokens/s and model TFLOP/s per device. Give either a plan file, or a homogeneous layout on one cluster
+tokens/s and model TFLOP/s per device, and the cost per 1M tokens when the inventory prices the plan's
+clusters (price_per_device_hour, for the devices the plan uses). Give either a plan file, or a homogeneous layout on one cluster
 (--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the exact
 split when they do not divide).
 
@@ -124,11 +125,17 @@ def run(args) -> int:
     if args.timeline:
         from ..plan.timeline import predicted_timeline
         written = write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
+    from ..plan.constraints import cost_per_million_tokens
+    cost = cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,
+                                   plan.global_batch_size * plan.model.seq_length)   # None without prices
     if args.json:
-        print(json.dumps({**est.to_dict(), **({"written": written} if written else {})}, indent=2))
+        print(json.dumps({**est.to_dict(), **({"cost_per_million_tokens": cost} if cost is not None else {}),
+                          **({"written": written} if written else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, est.to_dict()))
+    if cost is not None:
+        print(f"\ncost: {cost:.4f} per 1M tokens (price per device-hour x devices used)")
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
