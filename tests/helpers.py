@@ -67,3 +67,17 @@ def leaves_within_bounds(sp, value, limit: int) -> int:
             feasible += 1
             assert all(sp.bound(leaf[:k]) <= v * (1 + 1e-9) for k in range(len(leaf) + 1)), leaf
     return feasible
+
+
+def wait_all(procs, timeout: float) -> list[int]:
+    """Exit codes of subprocesses started with start_new_session=True; whatever still runs after `timeout`
+    seconds (or when waiting fails) is killed with its whole process group, so no launch outlives its test."""
+    import os
+    import signal
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

@@ -12,9 +12,10 @@ forked 6-process world.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
+
+from helpers import wait_all
 
 from hetauto_megatron.cli import main as cli
 from hetauto_megatron.megatron import demo
@@ -57,13 +58,7 @@ def test_emitted_scripts_run_with_torchrun_per_cluster_and_match_one_forked_worl
             procs.append(subprocess.Popen(["bash", str(out / f"{cluster}.sh"), *extra_args(plan)], env=env,
                                           stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
         logs.append(log)
-    try:
-        codes = [p.wait(timeout=150) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    codes = wait_all(procs, timeout=150)
     text = {str(log.name): log.read_text() for log in logs}
     assert codes == [0, 0, 0], {k: v[-3000:] for k, v in text.items()}
 

@@ -7,11 +7,11 @@ slicing, so the two runs start from the same weights and see the same samples.
 """
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
+from helpers import wait_all
 from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
 
 from hetauto_megatron.megatron import demo
@@ -105,16 +105,6 @@ def _torchrun(script, argv, nproc, port, log, env=None):
                             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.path.dirname(script))
 
 
-def _finish(procs, timeout=300):
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-
 def _logged_losses(text):
     found = sorted((int(i), float(v)) for i, v in LOSS.findall(text))
     assert [i for i, _ in found] == list(range(1, NVIDIA_ITERS + 1)), text[-3000:]
@@ -151,7 +141,7 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
     for i, m in enumerate(plan.meshes):
         env = dict(common, HETAUTO_CLUSTER=m.cluster, HETAUTO_RANK_OFFSET=str(plan.rank_offset(i)))
         het.append(_torchrun(nvidia_script, het_argv, m.num_devices, free_port(), tmp_path / f"{m.cluster}.log", env))
-    codes = _finish(het)
+    codes = wait_all(het, timeout=300)
     logs = {m.cluster: (tmp_path / f"{m.cluster}.log").read_text() for m in plan.meshes}
     assert codes == [0] * len(plan.meshes), {k: v[-3000:] for k, v in logs.items()}
     assert plan.world_size == 6 and "[hetauto] rank 4: cluster cluster-b (cpu), mesh 1, stage 2" in logs["cluster-b"]
@@ -163,7 +153,8 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
 
     ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
     ref_log = tmp_path / "megatron.log"
-    codes = _finish([_torchrun(nvidia_script, ref_argv + PRODUCTION_FLAGS, stages, free_port(), ref_log)])
+    codes = wait_all([_torchrun(nvidia_script, ref_argv + PRODUCTION_FLAGS, stages, free_port(), ref_log)],
+                     timeout=300)
     assert codes == [0], ref_log.read_text()[-3000:]
     ref_losses = _logged_losses(ref_log.read_text())
     assert len(set(ref_losses)) == NVIDIA_ITERS, f"the model did not train: {ref_losses}"
