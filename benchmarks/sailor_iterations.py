@@ -9,7 +9,8 @@ per-iteration cost. The job's settings are Sailor's (benchmarks/memory_sailor.py
 optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers
 were measured in (tensor cores: docs/cost-model-learned.md, "The arithmetic each run used"): the learned model
 prices no other. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per GPU, as
-on Clariden), and the node's link as Sailor measured it (intra_node_link). Nothing is fitted to the runs.
+on Clariden), with the links inside and between nodes as Sailor measured them (measured_link). Nothing is
+fitted to the runs.
 
 A run whose recorded layout does not hold its model's layers is listed and left out (GPT-Neo N4 D4 records
 OPT-350's 26 entries for GPT-Neo's 34).
@@ -29,7 +30,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost import learned as L  # noqa: E402
-from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, read_allreduce_fits, sailor_allreduce_s  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, sailor_allreduce_s  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
@@ -59,18 +60,25 @@ def fit_without(model_name: str, out_dir: str) -> L.LearnedCostModel:
 
 
 @functools.lru_cache(maxsize=None)
-def intra_node_link(gpu: str = "GH-96", n: int = 4) -> dict:
-    """The node's link as Sailor measured it (intra_node_bandwidths.json: the all-reduce of `n` GPUs), as the
-    inventory's alpha-beta entry: bandwidth and latency of least absolute log error against Sailor's curve for
-    messages of 1 MB to 1 GB (a grid, 0.5 us and 2 GB/s steps). The learned layer times were fitted with that
-    curve's all-reduces set apart, so the planner must add them back at the same speed; the catalog's NVLink
-    figure (450 GB/s) is twice as fast at these sizes. GH200, 4 GPUs: 206 GB/s, 8 us."""
-    fits = read_allreduce_fits(L.SAILOR_DATA)[gpu]
+def measured_link(kind: str, per_node: int, n: int, gpu: str = "GH-96") -> dict:
+    """A link as Sailor measured it (network_coeffs_all_homo.json: the all-reduce bandwidth inside a node, `kind`
+    "intra", or between nodes, "inter", with `per_node` GPUs of each node taking part), for an all-reduce of `n`
+    ranks, as the inventory's alpha-beta entry:
+    bandwidth and latency of least absolute log error against Sailor's curve for messages of 1 MB to 1 GB (a grid,
+    0.5 us and 0.5 GB/s steps).
+    - intra (GH200, 4 GPUs): 206 GB/s, 8 us. The learned layer times were fitted with this curve's all-reduces set
+      apart, so the planner must add them back at the same speed; the catalog's NVLink figure (450 GB/s) is twice
+      as fast at these sizes.
+    - inter (GH200, one GPU per node, as each DP ring of a TP 4 layout has; 2 nodes): 22.5 GB/s, 41 us (the
+      inventory's default: 25 GB/s, 10 us)."""
+    with open(os.path.join(L.SAILOR_DATA, "network_coeffs_all_homo.json")) as f:
+        curve = json.load(f)[kind][gpu][str(per_node)]
+    fits = {str(n): curve}     # sailor_allreduce_s looks the curve up by the group's size
     sizes = [2 ** (k / 2) * 1e6 for k in range(21)]
     measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
     best = None
-    for lat_us in (0.5 * i for i in range(200)):
-        for bw in (2e9 * i for i in range(10, 300)):
+    for lat_us in (0.5 * i for i in range(400)):
+        for bw in (0.5e9 * i for i in range(4, 1000)):
             err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
                       for s, t in zip(sizes, measured))
             if best is None or err < best[0]:
@@ -87,7 +95,8 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
     p = len(entries)
     layers = tuple(n - (i == 0) - (i == p - 1) for i, n in enumerate(entries))   # embedding, head: not layers
     inv = inventory_from_dict({"clusters": [{"name": "clariden", "device": "gh200", "nodes": run["nodes"],
-                                             "devices_per_node": 4, "intra_node": intra_node_link()}]})
+                                             "devices_per_node": 4, "intra_node": measured_link("intra", 4, 4),
+                                             "inter_node": measured_link("inter", 1, 2)}]})
     mesh = Mesh("clariden", "gh200", run["tp"][0], run["dp"][0], run["micro_batch_size"], "none", layers, SAILOR_JOB)
     return Plan(model=model, global_batch_size=run["global_batch_size"], meshes=(mesh,), inventory=inv.to_dict(),
                 precision=PRECISION), inv
