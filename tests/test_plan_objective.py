@@ -100,8 +100,10 @@ def test_constraints_are_obeyed_and_recorded(priced, tmp_path):
     assert sim.returncode == 0, sim.stderr
     assert json.loads(sim.stdout)["cost_per_million_tokens"] == pytest.approx(out["cost_per_million_tokens"],
                                                                               rel=1e-6)
-    # excluding the fast cluster leaves the cheap one alone
+    # excluding the fast cluster leaves the cheap one alone, also when re-planning from a plan that used it
     assert set(devices(plan_json("--inventory", priced, "--exclude-clusters", "fast"))) == {"cheap"}
+    assert set(devices(plan_json("--inventory", priced, "--exclude-clusters", "fast", "--from", str(plan_file)))) \
+        == {"cheap"}
 
 
 @pytest.mark.parametrize("args,flag,fix", [

@@ -206,7 +206,7 @@ class SearchSpace:
 
     def legal(self, choices: tuple) -> bool:
         """The tree's rules, checked on a finished layout (local-search moves may set stages and recompute)."""
-        if not choices:
+        if not choices or any(m.cluster not in self._cl for m in choices):   # e.g. --exclude-clusters
             return False
         S = choices[0].dp * choices[0].micro_batch_size
         if sum(m.num_stages for m in choices) > self.max_stages(S):
@@ -231,7 +231,9 @@ class SearchSpace:
 
     def canonical(self, choices: tuple) -> tuple:
         """The same layout with interchangeable clusters renamed so that they appear in inventory order (the
-        form the tree holds)."""
+        form the tree holds). A layout on a cluster the search does not see (--exclude-clusters) is left as is."""
+        if any(m.cluster not in self.twin_of for m in choices):
+            return choices
         seen: dict[str, list] = {}
         out = []
         for m in choices:
