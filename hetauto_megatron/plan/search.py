@@ -37,8 +37,8 @@ from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
 EXHAUSTIVE_LEAVES = 15000       # enumerate trees this small (about twice the time MCTS takes there; exact)
-TREES = 4                       # independent trees per round ...
-MAX_TREES = 8                   # ... and at most this many in all
+TREES = 6                       # independent trees per round ...
+MAX_TREES = 12                  # ... and at most this many in all
 AGREE = 0.003                   # trees whose best plans are this close (relative) agree
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_SHARE = 10               # re-planning (a warm start): each tree gets a tenth of the cold budget,
