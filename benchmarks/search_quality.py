@@ -1,6 +1,6 @@
 """Plan quality of the default search against the exhaustive optimum of the same decision tree.
 
-    .venv/bin/python benchmarks/search_quality.py [--instances 20] [--seeds 3] [--llama-seeds 5]
+    .venv/bin/python benchmarks/search_quality.py [--instances 20] [--seeds 3] [--llama-seeds 5] [--schedule S]
 
 Draws random instances of 2-4 clusters (mixed A100/H100/H800/H20/L40S/V100/910B/MI250X/MI300X, 10-100 Gbit/s
 links, LLaMA 7B-13B) whose tree exhaustive search can finish, and reports for every instance and seed how far
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--llama-seeds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--schedule", choices=("blocking", "overlapped"), default="blocking",
+                    help="cross-cluster boundaries of every search here (blocking: the evaluator's fast path)")
     args = ap.parse_args()
     rng = random.Random(2026)
     cost = AnalyticCostModel()
@@ -64,14 +66,14 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         try:
-            ex = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
+            ex = search(model, inv, gbs, config=SearchConfig(method="exhaustive", schedule=args.schedule))
         except Exception:               # infeasible instance: draw another
             continue
         ex_s = time.perf_counter() - t0
         done += 1
         gaps, secs = [], []
         for seed in range(args.seeds):
-            r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=args.workers))
+            r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=args.workers, schedule=args.schedule))
             gap = r.iteration_time_s / ex.iteration_time_s - 1
             gaps.append(gap)
             secs.append(r.seconds)
@@ -85,7 +87,7 @@ def main() -> None:
 
     inv = load_inventory(os.path.join(EX, "inventory-3clusters.yaml"))
     model = PRESETS["llama2-70b"]
-    results = [search(model, inv, 512, config=SearchConfig(seed=s, workers=args.workers))
+    results = [search(model, inv, 512, config=SearchConfig(seed=s, workers=args.workers, schedule=args.schedule))
                for s in range(args.llama_seeds)]
     best = min(r.iteration_time_s for r in results)
     tokens = 512 * model.seq_length
