@@ -295,7 +295,7 @@ class SearchSpace:
         """1F1B's closed form is T = sum of stage times + links + (m - 1) x period. The period is at least the
         slowest stage, hence at least L / (sum over meshes of stages / per-layer time): the layers spread
         perfectly over stages that need no memory and no recomputation. The stage times sum to at least
-        L x the fastest per-layer time. A link carries m transfers of S samples each way."""
+        L x the fastest per-layer time."""
         m = self.gbs // S
         rate, fastest = 0.0, math.inf
         for c in meshes:
@@ -315,11 +315,9 @@ class SearchSpace:
         if rate <= 0:
             return math.inf
         L = self.model.num_layers
-        bound = (m - 1) * L / rate + L * fastest
-        for a, b in zip(order, order[1:]):
-            link = self.inventory.link(a, b)
-            bound = max(bound, m * link.transfer_time(self._act_bytes[a] * S / self.gbs))
-        return bound
+        # (The links' share is order_bound's: their bytes. Their latency is not a bound: an overlapped
+        # boundary keeps several micro-batches in flight, so latencies overlap.)
+        return (m - 1) * L / rate + L * fastest
 
     def _shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
         n = self._cl[cluster].num_devices
