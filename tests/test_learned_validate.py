@@ -119,7 +119,8 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
     fp32, bf16 = stage_memory_bytes(m, dtype_bytes=4, **kw), stage_memory_bytes(m, dtype_bytes=2, **kw)
     assert fp32["weights_grads_optimizer"] == fp32["params"] * 16        # 4 + 4 + 8 / dp, dp = 1
     assert bf16["weights_grads_optimizer"] == bf16["params"] * 18        # 2 + 4 + 12 / dp
-    assert fp32["activations"] == pytest.approx(2 * bf16["activations"])
+    # Activations in the training precision double; dropout masks (1 byte) and token ids (int64) do not.
+    assert bf16["activations"] < fp32["activations"] < 2 * bf16["activations"]
     # the simulator's first stage (cluster-a: 3 layers, TP 2; 3 of 4 micro-batches in flight) is that fp32 figure
     est = simulate(tiny_plan(), load_inventory(inv))
     reserved = 0.5 * 1024 ** 3
