@@ -13,6 +13,7 @@ from test_runtime_matrix import CASES as MATRIX
 from test_runtime_matrix import TINY, plan
 
 from hetauto_megatron.runtime.dryrun import run_dryrun
+from hetauto_megatron.runtime.train import CLIP_GRAD
 
 GPT2_VOCAB = 50257
 
@@ -44,7 +45,8 @@ def test_gpt2_vocabulary_padded_once_tied_across_tp2_and_tp1_clusters():
     assert r["padded_vocab_size"] == 50432 and r["model"]["vocab_size"] == GPT2_VOCAB
     assert r["max_abs_diff"] <= 1e-5, r
     losses = [s["loss"] for s in r["steps"]]
-    assert len(set(losses)) == 3 and all(s["grad_norm"] > 0 for s in r["steps"])
+    # clipping binds at every step here too (the reference norm exceeds the clip)
+    assert len(set(losses)) == 3 and all(s["grad_norm"] > CLIP_GRAD for s in r["reference"]), r["reference"]
     assert [s["sequence_parallel"] for s in r["settings"]] == [True, False]
 
 
