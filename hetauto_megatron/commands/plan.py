@@ -46,7 +46,7 @@ examples:
   hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if
   hetauto plan --model llama2-70b --inventory inv-without-a100.yaml --from plan.yaml -o plan2.yaml
   hetauto plan --model llama2-7b --inventory priced.yaml --objective cost       # least cost per 1M tokens
-  hetauto plan --model llama2-70b --inventory inv.yaml --max-devices 256 --exclude-clusters ascend \
+  hetauto plan --model llama2-70b --inventory inv.yaml --max-devices 256 --exclude-clusters ascend \\
       --tp h800=8 --recompute a100=full --max-pp 16 --micro-batch-size 1"""
 
 
@@ -216,8 +216,11 @@ def search_explained(model, inventory, gbs, cost_model, cfg):
         where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
                  else f"each of these alone binds: {'; '.join(binding)}" if binding
                  else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
-        raise InfeasibleError(f"{str(exc).rstrip('.')}. Under the constraints "
-                              f"{'; '.join(describe(con, n) for n in con.active)}, {where}") from None
+        # The binding constraint is the news; the closest miss under the constraints follows as detail.
+        under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
+        if binding:
+            raise InfeasibleError(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
+        raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
 
 
 def plan_estimate(plan, inventory, estimate, result, con) -> dict:
