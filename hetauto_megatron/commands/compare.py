@@ -38,11 +38,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def _prices(args, inventory) -> dict:
-    """Price of a device-hour per cluster: the inventory's price_per_device_hour, overridden by --price."""
+def _priced(args, inventory):
+    """The inventory with every --price NAME=PRICE applied (wins over its price_per_device_hour)."""
+    import dataclasses
     from ..errors import InputError
-    prices = {c.name: c.price_per_device_hour for c in inventory.clusters if c.price_per_device_hour is not None}
     names = [c.name for c in inventory.clusters]
+    prices = {}
     for item in args.price:
         name, sep, value = (x.strip() for x in item.partition("="))
         try:
@@ -56,10 +57,13 @@ def _prices(args, inventory) -> dict:
             raise InputError(f"{item!r}: the inventory has no cluster {name!r}", field="--price",
                              fix=f"price one of: {', '.join(names)}")
         prices[name] = float(value)
-    return prices
+    clusters = [dataclasses.replace(c, price_per_device_hour=prices.get(c.name, c.price_per_device_hour))
+                for c in inventory.clusters]
+    return dataclasses.replace(inventory, clusters=clusters)
 
 
-def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
+def plan_row(path: str, plan, inventory, cost_model) -> dict:
+    from ..plan.constraints import cost_per_million_tokens
     from ..plan.explain import breakdown, cross_cluster_bytes, describe_bottleneck
     from ..plan.simulate import simulate
     est = simulate(plan, inventory, cost_model).to_dict()
@@ -80,9 +84,7 @@ def plan_row(path: str, plan, inventory, cost_model, prices: dict) -> dict:
            "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision)),
            "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
            "cost_per_million_tokens": None}
-    if used and all(c in prices for c in used):
-        usd = sum(n * prices[c] for c, n in used.items()) * est["iteration_time_s"] / 3600
-        row["cost_per_million_tokens"] = usd / tokens * 1e6
+    row["cost_per_million_tokens"] = cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens)
     return row
 
 
@@ -124,7 +126,7 @@ def run(args) -> int:
     for path in args.plans:
         plan, inventory, cost_model = plan_inputs(args, path)
         try:
-            rows.append(plan_row(path, plan, inventory, cost_model, _prices(args, inventory)))
+            rows.append(plan_row(path, plan, _priced(args, inventory), cost_model))
         except InputError as exc:
             raise (exc.within(file=path) if exc.file is None else exc) from None
     if args.json:
