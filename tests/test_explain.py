@@ -174,3 +174,16 @@ def test_demo_explains_its_plan_and_draws_the_timeline(tmp_path, capfd):
     with open(tmp_path / "llama2-70b-timeline.png", "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "llama2-70b-timeline.json").read_text())["traceEvents"]
+
+
+def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, capsys):
+    # The unconstrained best plan uses both clusters; a plan made without 'ascend' must be explained against
+    # runners-up that also leave it out, or the comparison is with plans the user ruled out.
+    _, inv = readme_plan
+    out = str(tmp_path / "h800-only.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", out,
+                 "--quiet", "--exclude-clusters", "ascend"]) == 0
+    capsys.readouterr()
+    rep = _json(capsys, "explain", "--plan", out, "--json")
+    assert rep["runners_up"], "the search found no runner-up"
+    assert all(r["clusters"] and set(r["clusters"]) == {"h800"} for r in rep["runners_up"]), rep["runners_up"]

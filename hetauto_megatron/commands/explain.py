@@ -93,6 +93,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result`: a search already run on
     the same inputs (plan --explain), reused for the runners-up."""
     from ..plan import explain as X
+    from ..plan.constraints import Constraints
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
@@ -100,7 +101,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     bd = X.breakdown(est, plan.num_micro_batches)
     tokens = plan.global_batch_size * plan.model.seq_length
     searches = {}
-    # re-planned under the plan's own boundary schedule
+    # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
+    constraints = Constraints.from_record((plan.estimate or {}).get("search"))
     schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
 
     def run_search(inv):
@@ -108,7 +110,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
         if key not in searches:
             searches[key] = search(plan.model, inv.with_precision(plan.precision), plan.global_batch_size,
-                                   cost_model, SearchConfig(seed=seed, schedule=schedule))
+                                   cost_model, SearchConfig(seed=seed, schedule=schedule, constraints=constraints))
         return searches[key]
 
     def replan(inv):

@@ -49,6 +49,22 @@ class Constraints:
                 out[f.name] = dict(v) if f.name in ("tp", "recompute") else (list(v) if isinstance(v, tuple) else v)
         return out
 
+    @classmethod
+    def from_record(cls, record: dict | None) -> "Constraints":
+        """The objective and constraints a plan was made under, from what its estimate recorded
+        (`estimate.search`: {"objective": ..., "constraints": active}); none recorded = no constraints."""
+        record = record or {}
+        active = dict(record.get("constraints") or {})
+        for name in ("tp", "recompute"):
+            if name in active:
+                active[name] = tuple(dict(active[name]).items())
+        for name in ("use_clusters", "exclude_clusters"):
+            if name in active:
+                active[name] = tuple(active[name])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(objective=record.get("objective", "throughput"),
+                   **{k: v for k, v in active.items() if k in known})
+
     def without(self, name: str) -> "Constraints":
         """These constraints with `name` lifted (to tell which one binds when nothing is feasible)."""
         return dataclasses.replace(self, **{name: Constraints.__dataclass_fields__[name].default})
