@@ -20,6 +20,11 @@ own TP group, on its own fast intra-cluster backend. A sender without sequence p
 position, so the same cut spreads the sending over its TP ranks and every sender's link carries a share of
 the traffic. Backward (activation gradients) is the same computation with the two meshes swapped.
 
+A pipeline position may hold several meshes side by side (`alongside` meshes in the plan: more DP replicas of
+the same stages, possibly with another TP and micro-batch size). Then each side of the boundary is a list of
+meshes, each holding its own sample range of the step (`Share`), and the batch dimension is re-sliced between
+the two sides' replicas exactly as between the DP replicas of two single meshes.
+
 `compute_transfers` is pure: no processes, no torch.
 """
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Transfer:
     dst_batch_offset: int
     src_seq_offset: int = 0
     dst_seq_offset: int = 0
+    src_mesh: int = 0          # which mesh of the sending side (index into its list of `Share`s)
+    dst_mesh: int = 0          # which mesh of the receiving side
 
     def __post_init__(self):
         if not (0 <= self.seq_start < self.seq_stop and 0 <= self.batch_start < self.batch_stop):
@@ -92,44 +99,90 @@ def _owner(pos: int, tp: int, seq: int) -> int:
     return next(t for t in range(tp) if owned_seq_range(t, tp, seq)[0] <= pos < owned_seq_range(t, tp, seq)[1])
 
 
-def compute_transfers(src_mesh, dst_mesh, shape, *, src_sp: bool = False, dst_sp: bool = False) -> list[Transfer]:
+@dataclass(frozen=True)
+class Share:
+    """One mesh of a pipeline position as a boundary sees it: its TP and DP degree, whether it runs sequence
+    parallelism, and the samples [start, stop) of the micro-batch step it holds (replica d of it the
+    contiguous `mbs = (stop - start) / dp` samples from start + d * mbs; `Plan.sample_range`)."""
+    tp: int
+    dp: int
+    start: int
+    stop: int
+    sp: bool = False
+
+    @property
+    def micro_batch_size(self) -> int:
+        return (self.stop - self.start) // self.dp
+
+
+def _shares(side, batch: int, sp: bool, name: str) -> list[Share]:
+    """A side given as one mesh (`.tp`, `.dp`; it holds the whole step) or as its meshes' `Share`s, checked."""
+    if hasattr(side, "tp"):
+        return _shares([Share(int(side.tp), int(side.dp), 0, batch, sp)], batch, sp, name)
+    covered = 0
+    for k, sh in enumerate(side):
+        if min(sh.tp, sh.dp) < 1:
+            raise ValueError(f"tp and dp must be >= 1, got {name} mesh {k}: tp{sh.tp} dp{sh.dp}")
+        if sh.start != covered or sh.stop <= sh.start:
+            raise ValueError(f"the {name} meshes' sample ranges must partition the step in order; mesh {k} holds "
+                             f"[{sh.start}, {sh.stop}), expected to start at {covered}")
+        if (sh.stop - sh.start) % sh.dp:
+            raise ValueError(f"batch {sh.stop - sh.start} of {name} mesh {k} is not divisible by its dp {sh.dp}")
+        covered = sh.stop
+    if covered != batch:
+        raise ValueError(f"the {name} meshes hold {covered} samples of a {batch}-sample step")
+    return list(side)
+
+
+def compute_transfers(src, dst, shape, *, src_sp: bool = False, dst_sp: bool = False) -> list[Transfer]:
     """Map every block of a (seq, batch, hidden) step activation from its sender to its receiver.
 
-    `src_mesh` and `dst_mesh` need only `.tp` and `.dp` (a plan `Mesh` works); `src_sp` / `dst_sp` say whether
-    that side runs sequence parallelism (its `settings.sequence_parallel`), which needs `seq` divisible by its
-    TP. `batch` must be divisible by both DP degrees (the plan guarantees it: batch = dp * micro_batch_size in
-    every mesh). The result partitions the whole activation: every element is in exactly one transfer, so each
-    byte crosses once. The order is deterministic (receiver dp, sender dp, sequence), so both sides can derive
-    message tags from positions in the list.
+    Each side is one mesh (anything with `.tp` and `.dp`, e.g. a plan `Mesh`; `src_sp` / `dst_sp` say whether
+    it runs sequence parallelism, its `settings.sequence_parallel`) holding the whole step, or the meshes of a
+    pipeline position as a list of `Share`s, each holding its own sample range of the step with its own TP,
+    DP, micro-batch size and sequence parallelism (then `src_sp` / `dst_sp` are not used). A side with sequence
+    parallelism needs `seq` divisible by its TP, and each mesh's samples must divide by its DP (the plan
+    guarantees both). The result partitions the whole activation: every element is in exactly one transfer, so
+    each byte crosses once. `Transfer.src_mesh` / `.dst_mesh` index the side's list (0 for a single mesh). The
+    order is deterministic (receiver mesh, receiver dp, sender mesh, sender dp, sequence), so both sides can
+    derive message tags from positions in the list.
     """
     seq, batch, hidden = (int(x) for x in shape)
-    tp_s, dp_s, tp_r, dp_r = int(src_mesh.tp), int(src_mesh.dp), int(dst_mesh.tp), int(dst_mesh.dp)
-    if min(tp_s, dp_s, tp_r, dp_r) < 1:
-        raise ValueError(f"tp and dp must be >= 1, got src tp{tp_s} dp{dp_s}, dst tp{tp_r} dp{dp_r}")
     if seq < 1 or hidden < 1 or batch < 1:
         raise ValueError(f"shape must be positive, got {shape}")
-    if batch % dp_s or batch % dp_r:
-        raise ValueError(f"batch {batch} is not divisible by both DP degrees ({dp_s} and {dp_r})")
-    for side, sp, tp in (("sender", src_sp, tp_s), ("receiver", dst_sp, tp_r)):
-        if sp and seq % tp:
-            raise ValueError(f"sequence parallelism on the {side} side needs seq {seq} divisible by its tp {tp}")
-    # Cut the sequence at every shard boundary of both sides: each piece then has one sending TP rank (the
-    # owner of its positions; with the equal floor split of a side without SP this spreads the sending evenly)
-    # and one receiving TP rank. With seq a multiple of lcm(tp_s, tp_r) these are the lcm equal chunks.
-    cuts = sorted({owned_seq_range(t, tp, seq)[0] for tp in (tp_s, tp_r) for t in range(tp)} | {seq})
-    seq_blocks = [(_owner(a, tp_s, seq), _owner(a, tp_r, seq), a, b) for a, b in zip(cuts, cuts[1:])]
-    share_s, share_r = batch // dp_s, batch // dp_r
+    if hasattr(src, "tp") and hasattr(dst, "tp"):
+        tp_s, dp_s, tp_r, dp_r = int(src.tp), int(src.dp), int(dst.tp), int(dst.dp)
+        if min(tp_s, dp_s, tp_r, dp_r) < 1:
+            raise ValueError(f"tp and dp must be >= 1, got src tp{tp_s} dp{dp_s}, dst tp{tp_r} dp{dp_r}")
+        if batch % dp_s or batch % dp_r:
+            raise ValueError(f"batch {batch} is not divisible by both DP degrees ({dp_s} and {dp_r})")
+    senders, receivers = _shares(src, batch, src_sp, "sender"), _shares(dst, batch, dst_sp, "receiver")
+    for side, shares in (("sender", senders), ("receiver", receivers)):
+        for sh in shares:
+            if sh.sp and seq % sh.tp:
+                raise ValueError(f"sequence parallelism on the {side} side needs seq {seq} divisible by its tp {sh.tp}")
     out = []
-    for e in range(dp_r):
-        r0, r1 = e * share_r, (e + 1) * share_r
-        for d in range(dp_s):
-            s0, s1 = d * share_s, (d + 1) * share_s
-            b0, b1 = max(r0, s0), min(r1, s1)
-            if b0 >= b1:
-                continue
-            for src_tp, dst_tp, q0, q1 in seq_blocks:
-                out.append(Transfer(src_tp=src_tp, src_dp=d, dst_tp=dst_tp, dst_dp=e, seq_start=q0, seq_stop=q1,
-                                    batch_start=b0, batch_stop=b1, src_batch_offset=s0, dst_batch_offset=r0,
-                                    src_seq_offset=owned_seq_range(src_tp, tp_s, seq)[0] if src_sp else 0,
-                                    dst_seq_offset=owned_seq_range(dst_tp, tp_r, seq)[0] if dst_sp else 0))
+    for rm, r in enumerate(receivers):
+        for e in range(r.dp):
+            r0 = r.start + e * r.micro_batch_size
+            r1 = r0 + r.micro_batch_size
+            for sm, s in enumerate(senders):
+                # Cut the sequence at every shard boundary of both meshes: each piece then has one sending TP rank
+                # (the owner of its positions; with the equal floor split of a mesh without SP this spreads the
+                # sending evenly) and one receiving TP rank. With seq a multiple of lcm(tp_s, tp_r) these are the
+                # lcm equal chunks.
+                cuts = sorted({owned_seq_range(t, tp, seq)[0] for tp in (s.tp, r.tp) for t in range(tp)} | {seq})
+                blocks = [(_owner(a, s.tp, seq), _owner(a, r.tp, seq), a, b) for a, b in zip(cuts, cuts[1:])]
+                for d in range(s.dp):
+                    s0 = s.start + d * s.micro_batch_size
+                    b0, b1 = max(r0, s0), min(r1, s0 + s.micro_batch_size)
+                    if b0 >= b1:
+                        continue
+                    for src_tp, dst_tp, q0, q1 in blocks:
+                        out.append(Transfer(src_tp=src_tp, src_dp=d, dst_tp=dst_tp, dst_dp=e, seq_start=q0,
+                                            seq_stop=q1, batch_start=b0, batch_stop=b1, src_batch_offset=s0,
+                                            dst_batch_offset=r0,
+                                            src_seq_offset=owned_seq_range(src_tp, s.tp, seq)[0] if s.sp else 0,
+                                            dst_seq_offset=owned_seq_range(dst_tp, r.tp, seq)[0] if r.sp else 0,
+                                            src_mesh=sm, dst_mesh=rm))
     return out
