@@ -56,6 +56,10 @@ class Estimate:
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
     cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
+    # several pipelines / mixed replica groups (plan/multi_simulate.py): per pipeline its samples and times, and
+    # the exchange that sums gradients across the mesh stages holding the same parameters
+    pipelines: list = field(default_factory=list)
+    replica_sync_s: float = 0.0
 
     def to_dict(self) -> dict:
         r = lambda x: round(x, 6)
@@ -64,7 +68,8 @@ class Estimate:
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
                 "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages,
-                "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {})}
+                "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {}),
+                **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {})}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""Pricing several pipelines and mixed replica groups in a stage (plan/multi_simulate.py).
+
+Every expectation is the existing single-pipeline simulator on an equivalent plan, or a hand computation from
+the model's parameter counts and the inventory's link: never the code path under test."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import small_inventory
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan.multi_simulate import PipelineShape, shapes_estimate
+from hetauto_megatron.plan.plan import Mesh, Plan
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.spec.model import PRESETS
+
+COST = AnalyticCostModel()
+MODEL = PRESETS["llama2-7b"]          # untied embeddings, 32 layers
+
+
+def _plan(model, gbs, meshes):
+    return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes))
+
+
+def _price(model, inv, pipelines, precision="bf16"):
+    """pipelines: [(samples, [[Mesh, ...] per position])]"""
+    shapes, k = [], 0
+    for samples, positions in pipelines:
+        pos = []
+        for group in positions:
+            pos.append([(k + j, m) for j, m in enumerate(group)])
+            k += len(group)
+        shapes.append(PipelineShape(pos, samples))
+    return shapes_estimate(model, inv.with_precision(precision), shapes, COST)
+
+
+def _mesh(cluster, device, tp, dp, mbs, layers, **kw):
+    return Mesh(cluster, device, tp, dp, mbs, "none", tuple(layers), **kw)
+
+
+def test_one_pipeline_of_single_meshes_prices_as_the_simulator():
+    inv = small_inventory([("a", "a100-80gb", 2, 8), ("b", "h100", 2, 8)], [("a", "b", 100, 1)])
+    for boundary in (dict(), dict(boundary_schedule="overlapped", boundary_depth=2)):
+        meshes = [_mesh("b", "h100", 2, 4, 2, [9, 9], **boundary), _mesh("a", "a100-80gb", 2, 4, 2, [7, 7])]
+        plan = _plan(MODEL, 128, meshes)
+        want = simulate(plan, inv, COST)
+        got = _price(MODEL, inv, [(128, [[m] for m in meshes])])
+        assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+        assert got.pipeline_s == pytest.approx(want.pipeline_s, rel=1e-12)
+        assert got.memory_gib == pytest.approx(want.memory_gib, rel=1e-12)
+
+
+def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sync():
+    """Two twin clusters, one pipeline each with half the batch: every micro-batch step is the one pipeline's
+    with twice the DP on one cluster of twice the nodes (same micro-batches, same stage times, same links
+    inside a cluster), so the 1F1B makespans are equal; the gradients of the whole model then cross the link
+    between the twins once each way (bf16 training, fp32 gradient buffer: 4 bytes per parameter)."""
+    link_gbps, link_ms = 100, 2
+    inv = small_inventory([("a1", "h100", 4, 8), ("a2", "h100", 4, 8), ("big", "h100", 8, 8)],
+                          [("a1", "a2", link_gbps, link_ms)])
+    half = [_mesh("a1", "h100", 4, 4, 1, [16, 16])], [_mesh("a2", "h100", 4, 4, 1, [16, 16])]
+    got = _price(MODEL, inv, [(64, [half[0]]), (64, [half[1]])])
+    one = simulate(_plan(MODEL, 128, [_mesh("big", "h100", 4, 8, 1, [16, 16])]), inv, COST)
+    assert got.pipeline_s == pytest.approx(one.pipeline_s, rel=1e-12)
+    # the vocabulary as it runs: padded to a multiple of 128 x TP (4) = 512 (Megatron's rule)
+    padded = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512)
+    params = padded.total_params
+    hand = link_ms / 1e3 + 4 * params / (link_gbps * 1e9 / 8)
+    assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
+    # each pipeline alone is the simulator's plan with its half of the batch; the joint iteration adds the sync
+    alone = simulate(_plan(MODEL, 64, half[0]), inv, COST)
+    assert got.memory_gib[:2] == pytest.approx(alone.memory_gib, rel=1e-12)
+    assert got.iteration_time_s == pytest.approx(alone.iteration_time_s + hand + (got.sync_s - hand - alone.sync_s),
+                                                 rel=1e-9)
+    assert got.iteration_time_s > alone.iteration_time_s + hand
+
+
+def test_alongside_twins_equal_one_mesh_of_their_dp_and_a_slower_group_sets_the_stage_time():
+    inv = small_inventory([("a", "a100-80gb", 4, 8), ("v", "v100", 4, 8)], [("a", "v", 100, 1)])
+    # two identical groups side by side on one cluster = one mesh with their DP summed (same micro-batch)
+    pos = [_mesh("a", "a100-80gb", 2, 2, 2, [16]), _mesh("a", "a100-80gb", 2, 2, 2, [16])]
+    tail = [_mesh("a", "a100-80gb", 2, 4, 2, [16])]
+    got = _price(MODEL, inv, [(64, [pos, tail])], "fp16")
+    one = simulate(Plan(model=MODEL, global_batch_size=64, meshes=(_mesh("a", "a100-80gb", 2, 4, 2, [16]), tail[0]),
+                        precision="fp16"), inv, COST)
+    assert got.pipeline_s == pytest.approx(one.pipeline_s, rel=1e-12)
+    # a V100 group next to an A100 group, one stage each: the stage runs at the slower group's pace, which is
+    # the V100 mesh alone with the same micro-batches
+    # (a vocabulary every TP pads alike: 32256 = 63 x 512, so each group alone builds the same table)
+    model = MODEL.replace(vocab_size=32256)
+    a = _mesh("a", "a100-80gb", 1, 4, 2, [32])
+    v = _mesh("v", "v100", 4, 2, 4, [32])
+    got = _price(model, inv, [(128, [[a, v]])], "fp16")
+    slow = simulate(Plan(model=model, global_batch_size=128 // 2, meshes=(_mesh("v", "v100", 4, 2, 4, [32]),),
+                         precision="fp16"), inv, COST)
+    fast = simulate(Plan(model=model, global_batch_size=128 // 2, meshes=(_mesh("a", "a100-80gb", 1, 4, 2, [32]),),
+                         precision="fp16"), inv, COST)
+    assert slow.pipeline_s > fast.pipeline_s
+    assert got.pipeline_s == pytest.approx(slow.pipeline_s, rel=1e-12)      # 8 micro-batch steps of 16 samples
+    # memory per group: each group as its own mesh with the same micro-batches in flight
+    assert got.memory_gib == pytest.approx(fast.memory_gib + slow.memory_gib, rel=1e-12)
+    # the two groups' gradients cross the A100-V100 link once each way: the whole model in fp32
+    hand = 1e-3 + 4 * model.total_params / (100e9 / 8)
+    assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
