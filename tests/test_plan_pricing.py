@@ -87,7 +87,7 @@ def test_precision_is_an_input_stored_and_emitted(tmp_path):
                     "--precision", "fp32", "-o", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     data = yaml.safe_load(out.read_text())
-    assert data["precision"] == "fp32" and data["version"] == 2
+    assert data["precision"] == "fp32" and data["version"] == 3
     r = run_hetauto("emit", "megatron", "--plan", str(out), "--json")
     args = [a for la in json.loads(r.stdout)["launches"] for v in la["megatron_args"].values() for a in v]
     assert "--bf16" not in args and "--fp16" not in args

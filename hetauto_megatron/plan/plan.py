@@ -1,6 +1,7 @@
 """Plan and Mesh: the file format every other part of hetauto reads.
 
-A plan is the pipeline, in order, cut into meshes. A mesh is one cluster's share of the pipeline: some
+A plan is one or more pipelines joined by data parallelism (format version 3; plan/shapes.py has the shapes),
+each cut into meshes; the sketch below is that of one pipeline. A pipeline is, in order, cut into meshes. A mesh is one cluster's share of the pipeline: some
 consecutive stages that all use the same TP and DP degree on the same device type. Ranks are numbered
 mesh after mesh (mesh 0 owns ranks [0, n0), mesh 1 the next n1, ...); inside a mesh Megatron's own
 order applies (tp fastest, then dp, then pp), so each mesh is a Megatron grid with a rank offset.
@@ -11,6 +12,8 @@ Invariants (checked on construction, with messages that explain):
   micro-batches per iteration;
 - layer counts sum to the model's; tp divides heads and key/value heads;
 - only the first stage of the pipeline (embedding) and the last (output head) may hold zero layers.
+Several pipelines, and meshes standing `alongside` another (more replicas of the same stages), generalise these
+rules per pipeline and per position (plan/shapes.py, docs/plan-format.md).
 """
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
+from . import shapes
 from .settings import (DEFAULT_PRECISION, RuntimeSettings, check_precision, minimal_overrides, padded_vocab_size,
                        resolve_settings)
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 # Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
-READABLE_VERSIONS = (1, 2)
+# Version 3 adds several pipelines (`pipelines`, `meshes[*].pipeline`) and mixed replicas (`meshes[*].alongside`).
+READABLE_VERSIONS = (1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 BOUNDARY_SCHEDULES = ("blocking", "overlapped")
 # What each mode means in Megatron's TransformerConfig; the cost model, the emitted arguments and the runtime all
@@ -67,6 +72,10 @@ class Mesh:
     # boundary into another cluster may be overlapped.
     boundary_schedule: str = "blocking"
     boundary_depth: int = 0
+    # Version 3: the pipeline this mesh belongs to (0, 1, ...), and whether it stands alongside the mesh before it
+    # (more data-parallel replicas of the same stages, possibly another device type, TP and micro-batch).
+    pipeline: int = 0
+    alongside: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
@@ -93,6 +102,12 @@ class Mesh:
                 self.boundary_depth < 0 or (self.boundary_schedule == "blocking" and self.boundary_depth):
             raise InputError(f"must be a whole number >= 0 (0 for a blocking boundary), got {self.boundary_depth!r}",
                              field="boundary.depth", fix="write depth: 0, 1, 2, ... (extra warm-up micro-batches)")
+        if isinstance(self.pipeline, bool) or not isinstance(self.pipeline, int) or self.pipeline < 0:
+            raise InputError(f"must be a whole number >= 0, got {self.pipeline!r}", field="pipeline",
+                             fix="write pipeline: 0 for the first pipeline, 1 for the second, ...")
+        if not isinstance(self.alongside, bool):
+            raise InputError(f"must be true or false, got {self.alongside!r}", field="alongside",
+                             fix="write alongside: true, or leave the key out")
         if not self.stage_layers:
             raise InputError("is empty: a mesh needs at least one pipeline stage", field="stage_layers",
                              fix="list the transformer layers of each stage, e.g. [10, 10]")
@@ -122,7 +137,7 @@ class Mesh:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["stage_layers"] = list(self.stage_layers)
-        del d["setting_overrides"], d["boundary_schedule"], d["boundary_depth"]
+        del d["setting_overrides"], d["boundary_schedule"], d["boundary_depth"], d["pipeline"], d["alongside"]
         d["settings"] = self.settings.to_dict()   # written in full: the file says what runs
         return d
 
@@ -136,9 +151,16 @@ class Plan:
     estimate: dict | None = None      # the planner's prediction (times, memory), informational
     version: int = PLAN_VERSION
     precision: str = DEFAULT_PRECISION   # training precision of the whole job (bf16, fp16, fp8, fp32)
+    # Samples per iteration of each pipeline (version 3); () means one pipeline training the whole batch. A plan
+    # of one pipeline always stores (), so replacing its global_batch_size keeps it valid.
+    pipeline_samples: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "meshes", tuple(self.meshes))
+        samples = tuple(self.pipeline_samples)
+        if samples == (self.global_batch_size,):
+            samples = ()
+        object.__setattr__(self, "pipeline_samples", samples)
         check_precision(self.precision)
         m = self.model
         if self.version not in READABLE_VERSIONS:
@@ -157,48 +179,89 @@ class Plan:
                 raise InputError(f"tp={mesh.tp} must divide the model's {m.num_attention_heads} attention heads "
                                  f"and {m.num_query_groups} key/value heads", field=f"{p}.tp",
                                  fix=f"choose a tp that divides both: {', '.join(map(str, ok))}")
-        spp = {mesh.samples_per_step for mesh in self.meshes}
-        if len(spp) != 1:
-            detail = ", ".join(f"{x.cluster}: {x.dp}x{x.micro_batch_size}" for x in self.meshes)
-            target = max(spp)
-            hint = ", ".join(f"meshes[{i}].micro_batch_size: {target // x.dp}" for i, x in enumerate(self.meshes)
-                             if x.samples_per_step != target and target % x.dp == 0)
-            raise InputError(f"dp * micro_batch_size must be equal in every mesh so all run the same micro-batches; "
-                             f"got {detail}", field="meshes",
-                             fix="raise the micro-batch size of the smaller-DP mesh" + (f" ({hint})" if hint else ""))
-        step = spp.pop()
-        if self.global_batch_size < 1 or self.global_batch_size % step:
-            raise InputError(f"global_batch_size {self.global_batch_size} is not a positive multiple of dp * "
-                             f"micro_batch_size = {step}", field="global_batch_size", fix=f"use a multiple of {step}")
-        total = sum(self.stage_layers)
-        if total != m.num_layers:
-            raise InputError(f"stage_layers add up to {total} layers but the model has {m.num_layers}",
-                             field="meshes[*].stage_layers", fix=f"make the layer counts sum to {m.num_layers}")
-        for i, mesh in enumerate(self.meshes):
-            if mesh.boundary_schedule == "overlapped" and (i == len(self.meshes) - 1
-                                                           or self.meshes[i + 1].cluster == mesh.cluster):
-                raise InputError("only a pipeline boundary into another cluster can be overlapped; this mesh is "
-                                 + ("the last" if i == len(self.meshes) - 1 else "followed by the same cluster"),
-                                 field=f"meshes[{i}].boundary.schedule", fix="write schedule: blocking")
-        layers = self.stage_layers
-        for s, n in enumerate(layers):
-            if n == 0 and 0 < s < len(layers) - 1:
-                mi, si = self.stage_owner(s)
-                raise InputError(f"pipeline stage {s} holds no layers; only the first (embedding) or the last "
-                                 "(output head) stage may be empty", field=f"meshes[{mi}].stage_layers[{si}]",
-                                 fix="move a layer into it or remove the stage")
+        if any(isinstance(n, bool) or not isinstance(n, int) for n in samples):
+            raise InputError(f"samples must be whole numbers, got {list(samples)}", field="pipelines",
+                             fix="write each pipeline as {samples: N} with N a whole number")
+        if (self.version < 3 and not self.is_simple) or (self.version < 3 and samples):
+            raise InputError(f"is {self.version}, but the plan uses version-3 keys (`pipelines`, `pipeline`, "
+                             "`alongside`)", field="version", fix="write version: 3")
+        shapes.check_shapes(self)
 
-    # ---- derived --------------------------------------------------------------------------------------
+    # ---- the shapes (version 3; plan/shapes.py) --------------------------------------------------------
+    @property
+    def is_simple(self) -> bool:
+        """One pipeline, no alongside mesh: every single-pipeline code path applies unchanged."""
+        return shapes.is_simple(self.meshes)
+
+    @property
+    def num_pipelines(self) -> int:
+        return self.meshes[-1].pipeline + 1
+
+    @property
+    def samples_per_pipeline(self) -> tuple[int, ...]:
+        """Samples per iteration of each pipeline (pipeline_samples, or the global batch for one pipeline)."""
+        return self.pipeline_samples or (self.global_batch_size,)
+
+    def pipeline_mesh_indices(self, p: int) -> list[int]:
+        return list(shapes.pipeline_ranges(self.meshes)[p])
+
+    def positions(self, p: int) -> list[list[int]]:
+        """Mesh indices of each position of pipeline p (a mesh and the meshes alongside it), in stage order."""
+        return shapes.positions_of(self.meshes, shapes.pipeline_ranges(self.meshes)[p])
+
+    def pipeline(self, p: int) -> "Plan":
+        """Pipeline p as a plan of its own (its meshes with pipeline 0, global_batch_size = its samples): simple
+        when it has no alongside mesh, so single-pipeline code runs on it. The estimate is the whole plan's and
+        is left out."""
+        meshes = [dataclasses.replace(self.meshes[i], pipeline=0) for i in self.pipeline_mesh_indices(p)]
+        return dataclasses.replace(self, meshes=tuple(meshes), global_batch_size=self.samples_per_pipeline[p],
+                                   pipeline_samples=(), estimate=None)
+
+    def pipeline_step(self, p: int) -> int:
+        """Samples one micro-batch step moves through pipeline p (any of its positions)."""
+        return shapes.position_step(self.meshes, self.positions(p)[0])
+
+    def pipeline_micro_batches(self, p: int) -> int:
+        return self.samples_per_pipeline[p] // self.pipeline_step(p)
+
+    def locate(self, mesh_index: int) -> tuple[int, int, int]:
+        """(pipeline, position inside it, pipeline stage of the mesh's first stage) of a mesh."""
+        return shapes.locate(self.meshes, mesh_index)
+
+    def sample_range(self, mesh_index: int, dp_rank: int) -> tuple[int, int]:
+        """[start, stop) of a DP replica's samples inside one micro-batch step of its pipeline."""
+        return shapes.sample_range(self.meshes, mesh_index, dp_rank)
+
+    def layer_holders(self, layer: int) -> list[tuple[int, int]]:
+        """(mesh index, stage in mesh) of every mesh stage holding transformer layer `layer` (0-based)."""
+        return shapes.layer_holders(self.meshes, layer, self.model.num_layers)
+
+    def embedding_holders(self) -> list[tuple[int, int]]:
+        """(mesh index, stage in mesh) of every first stage of a pipeline (they hold the embedding)."""
+        return shapes.end_holders(self.meshes, last=False)
+
+    def head_holders(self) -> list[tuple[int, int]]:
+        """(mesh index, stage in mesh) of every last stage of a pipeline (they hold the output head)."""
+        return shapes.end_holders(self.meshes, last=True)
+
+    def _simple_only(self, what: str) -> None:
+        if not self.is_simple:
+            raise shapes.not_simple_error(self.meshes, f"Plan.{what}")
+
+    # ---- derived (one pipeline; on a plan that is not simple these raise InputError) -------------------
     @property
     def stage_layers(self) -> list[int]:
+        self._simple_only("stage_layers")
         return [n for mesh in self.meshes for n in mesh.stage_layers]
 
     @property
     def pipeline_parallel_size(self) -> int:
+        self._simple_only("pipeline_parallel_size")
         return sum(mesh.num_stages for mesh in self.meshes)
 
     @property
     def samples_per_step(self) -> int:
+        self._simple_only("samples_per_step")
         return self.meshes[0].samples_per_step
 
     @property
@@ -225,10 +288,12 @@ class Plan:
 
     def first_stage(self, mesh_index: int) -> int:
         """Global pipeline stage index of a mesh's first stage."""
+        self._simple_only("first_stage")
         return sum(mesh.num_stages for mesh in self.meshes[:mesh_index])
 
     def stage_owner(self, stage: int) -> tuple[int, int]:
         """(mesh index, stage index inside that mesh) for a global pipeline stage."""
+        self._simple_only("stage_owner")
         for i, mesh in enumerate(self.meshes):
             if stage < mesh.num_stages:
                 return i, stage
@@ -238,9 +303,21 @@ class Plan:
     # ---- file format ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {"version": PLAN_VERSION, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
-             "precision": self.precision, "meshes": [mesh.to_dict() for mesh in self.meshes]}
-        for mesh, nxt, out in zip(self.meshes, self.meshes[1:], d["meshes"]):
-            if nxt.cluster != mesh.cluster:   # written in full where a boundary crosses clusters: it says what runs
+             "precision": self.precision}
+        if self.num_pipelines > 1:
+            d["pipelines"] = [{"samples": n} for n in self.samples_per_pipeline]
+        d["meshes"] = [mesh.to_dict() for mesh in self.meshes]
+        for i, (mesh, out) in enumerate(zip(self.meshes, d["meshes"])):
+            if self.num_pipelines > 1:
+                out["pipeline"] = mesh.pipeline
+            if mesh.alongside:
+                out["alongside"] = True
+            nxt = self.meshes[i + 1] if i + 1 < len(self.meshes) else None
+            # Written in full where a boundary crosses clusters between single meshes: it says what runs.
+            if (nxt is not None and nxt.pipeline == mesh.pipeline and not nxt.alongside and nxt.cluster != mesh.cluster
+                    and not mesh.alongside and not (i + 2 < len(self.meshes) and self.meshes[i + 2].alongside
+                                                    and self.meshes[i + 2].pipeline == mesh.pipeline)) \
+                    or mesh.boundary_schedule != "blocking":
                 out["boundary"] = {"schedule": mesh.boundary_schedule, "depth": mesh.boundary_depth}
         if self.inventory is not None:
             d["inventory"] = self.inventory
@@ -259,7 +336,7 @@ class Plan:
 
 
 _MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings",
-              "boundary"}
+              "boundary", "pipeline", "alongside"}
 
 
 def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
@@ -273,13 +350,19 @@ def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
 
 def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     data = require_mapping(data, "a plan", file)
-    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "meshes", "inventory", "estimate"},
-                   file=file)
+    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "pipelines", "meshes", "inventory",
+                          "estimate"}, file=file)
     version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
     precision = check_precision(get(data, "precision", str, default=DEFAULT_PRECISION, file=file), file=file)
+    pipeline_samples = []
+    for p, raw in enumerate(get(data, "pipelines", list, default=[], file=file)):
+        raw = require_mapping(raw, f"pipelines[{p}]", file)
+        reject_unknown(raw, {"samples"}, file=file, prefix=f"pipelines[{p}].")
+        pipeline_samples.append(get(raw, "samples", int, file=file, prefix=f"pipelines[{p}].",
+                                    fix="write {samples: N}: the samples this pipeline trains per iteration"))
     meshes = []
     for i, raw in enumerate(get(data, "meshes", list, file=file)):
         p = f"meshes[{i}]."
@@ -299,6 +382,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 setting_overrides=require_mapping(raw.get("settings") or {}, f"meshes[{i}].settings", file),
                 boundary_schedule=get(boundary, "schedule", str, default="blocking", file=file, prefix=f"{p}boundary."),
                 boundary_depth=get(boundary, "depth", int, default=0, file=file, prefix=f"{p}boundary."),
+                pipeline=get(raw, "pipeline", int, default=0, file=file, prefix=p),
+                alongside=get(raw, "alongside", bool, default=False, file=file, prefix=p),
             ))
         except InputError as exc:
             raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None
@@ -308,7 +393,7 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     try:
         return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
                     inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,
-                    precision=precision)
+                    precision=precision, pipeline_samples=tuple(pipeline_samples))
     except InputError as exc:
         raise exc.within(file=file) from None
 

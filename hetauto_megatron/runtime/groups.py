@@ -25,7 +25,10 @@ from . import device as devlayer
 
 @dataclass(frozen=True)
 class RankCoords:
-    """Where one rank sits in a plan. `stage` is the global pipeline stage."""
+    """Where one rank sits in a plan. `stage` is the pipeline stage inside the rank's own pipeline (the global
+    stage in a plan of one pipeline). `position` is the index, inside that pipeline, of the rank's position (its
+    mesh and the meshes alongside it: they hold the same stages); `sample_start`/`sample_stop` are this rank's
+    replica's samples inside one micro-batch step of its pipeline (docs/plan-format.md, version 3)."""
     rank: int
     mesh_index: int
     cluster: str
@@ -34,6 +37,10 @@ class RankCoords:
     stage_in_mesh: int
     tp_rank: int
     dp_rank: int
+    pipeline: int = 0
+    position: int = 0
+    sample_start: int = 0
+    sample_stop: int = 0
 
 
 def rank_coords(plan, rank: int, *, file: str | None = None) -> RankCoords:
@@ -52,7 +59,10 @@ def rank_coords(plan, rank: int, *, file: str | None = None) -> RankCoords:
             tp_rank = local % mesh.tp
             dp_rank = (local // mesh.tp) % mesh.dp
             sim = local // (mesh.tp * mesh.dp)
-            return RankCoords(rank, i, mesh.cluster, mesh.device_type, plan.first_stage(i) + sim, sim, tp_rank, dp_rank)
+            pipeline, position, first = plan.locate(i)
+            start, stop = plan.sample_range(i, dp_rank)
+            return RankCoords(rank, i, mesh.cluster, mesh.device_type, first + sim, sim, tp_rank, dp_rank,
+                              pipeline, position, start, stop)
     raise AssertionError("unreachable")
 
 
@@ -62,11 +72,19 @@ def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> 
     return plan.rank_offset(mesh_index) + (stage_in_mesh * mesh.dp + dp) * mesh.tp + tp
 
 
-def stage_ranks(plan, stage: int) -> list[int]:
-    """Global ranks of one pipeline stage in Megatron order (dp-major, tp fastest)."""
-    i, sim = plan.stage_owner(stage)
-    mesh = plan.meshes[i]
-    return [global_rank(plan, i, sim, d, t) for d in range(mesh.dp) for t in range(mesh.tp)]
+def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
+    """Global ranks of one pipeline stage of one pipeline: in Megatron order (dp-major, tp fastest) for each mesh
+    holding it, mesh after mesh (a mesh and the meshes alongside it). IndexError for a stage the pipeline lacks."""
+    if stage < 0:
+        raise IndexError(stage)
+    first = 0
+    for pos in plan.positions(pipeline):
+        n = plan.meshes[pos[0]].num_stages
+        if stage < first + n:
+            return [global_rank(plan, i, stage - first, d, t) for i in pos
+                    for d in range(plan.meshes[i].dp) for t in range(plan.meshes[i].tp)]
+        first += n
+    raise IndexError(stage)
 
 
 def validate_launch(plan, world_size: int, *, device_types: list[str] | None = None, file: str | None = None) -> None:

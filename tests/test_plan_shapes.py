@@ -1,0 +1,259 @@
+"""Plan format version 3: several pipelines joined by DP and meshes alongside each other (mixed replicas).
+Every expectation is worked out by hand from the rules of docs/plan-format.md, not by the code under test."""
+import copy
+import dataclasses
+
+import pytest
+import yaml
+
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.plan.plan import PLAN_VERSION, Mesh, Plan, load_plan, plan_from_dict
+from hetauto_megatron.plan.shapes import require_simple
+from tests.helpers import mesh, run_hetauto
+
+
+def two_pipelines() -> dict:
+    """Pipeline 0: a stage of 1 A100-like mesh (dp 2 x mbs 2) alongside a TP-2 mesh (dp 1 x mbs 2) = 6 samples per
+    step, then a second stage; pipeline 1: two stages on one mesh, 2 x 1 = 2 samples per step."""
+    along = dict(mesh("b", 2, 1, 2, [4]), alongside=True)
+    meshes = [mesh("a", 1, 2, 2, [4]), along, mesh("c", 1, 3, 2, [4]),
+              dict(mesh("d", 1, 2, 1, [3, 5]), pipeline=1)]
+    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 16,
+            "pipelines": [{"samples": 12}, {"samples": 4}], "meshes": meshes}
+
+
+def simple() -> dict:
+    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 8,
+            "meshes": [mesh("a", 1, 2, 2, [0, 4]), mesh("b", 2, 1, 4, [4])]}
+
+
+def test_shapes_api_by_hand():
+    plan = plan_from_dict(two_pipelines())
+    assert not plan.is_simple and plan.num_pipelines == 2
+    assert plan.pipeline_samples == (12, 4) and plan.samples_per_pipeline == (12, 4)
+    assert plan.pipeline_mesh_indices(0) == [0, 1, 2] and plan.pipeline_mesh_indices(1) == [3]
+    assert plan.positions(0) == [[0, 1], [2]] and plan.positions(1) == [[3]]
+    assert plan.pipeline_step(0) == 6 and plan.pipeline_micro_batches(0) == 2
+    assert plan.pipeline_step(1) == 2 and plan.pipeline_micro_batches(1) == 2
+    # world: 2 + 2 + 3 + 2*2 = 11 ranks, mesh after mesh
+    assert plan.world_size == 11 and [plan.rank_offset(i) for i in range(4)] == [0, 2, 4, 7]
+    assert [plan.locate(i) for i in range(4)] == [(0, 0, 0), (0, 0, 0), (0, 1, 1), (1, 0, 0)]
+    # samples inside a step: mesh 0 replicas [0,2), [2,4); mesh 1 (alongside) [4,6); mesh 2 replicas of 2
+    assert [plan.sample_range(0, d) for d in range(2)] == [(0, 2), (2, 4)]
+    assert plan.sample_range(1, 0) == (4, 6)
+    assert [plan.sample_range(2, d) for d in range(3)] == [(0, 2), (2, 4), (4, 6)]
+    assert plan.sample_range(3, 1) == (1, 2)
+    # layers 0-3 on stage 0 of meshes 0 and 1 (pipeline 0) and stage 0 of mesh 3 (pipeline 1: 3 layers)
+    assert plan.layer_holders(0) == [(0, 0), (1, 0), (3, 0)]
+    assert plan.layer_holders(3) == [(0, 0), (1, 0), (3, 1)]
+    assert plan.layer_holders(4) == [(2, 0), (3, 1)]
+    assert plan.embedding_holders() == [(0, 0), (1, 0), (3, 0)]
+    assert plan.head_holders() == [(2, 0), (3, 1)]
+    with pytest.raises(IndexError):
+        plan.layer_holders(8)
+    with pytest.raises(IndexError):
+        plan.sample_range(0, 2)
+
+
+def test_pipeline_of_a_plan_is_a_plan_of_its_own():
+    plan = plan_from_dict(two_pipelines())
+    p1 = plan.pipeline(1)
+    assert p1.is_simple and p1.global_batch_size == 4 and p1.num_micro_batches == 2
+    assert p1.stage_layers == [3, 5] and p1.meshes[0].pipeline == 0 and p1.meshes[0].cluster == "d"
+    p0 = plan.pipeline(0)
+    assert not p0.is_simple and p0.num_pipelines == 1 and p0.global_batch_size == 12
+    assert p0.positions(0) == [[0, 1], [2]]
+
+
+def test_simple_plan_unchanged():
+    plan = plan_from_dict(simple())
+    assert plan.is_simple and plan.num_pipelines == 1 and plan.pipeline_samples == ()
+    assert plan.samples_per_pipeline == (8,) and plan.positions(0) == [[0], [1]]
+    assert plan.stage_layers == [0, 4, 4] and plan.num_micro_batches == 2 and plan.first_stage(1) == 2
+    assert plan.pipeline(0) == plan
+    assert plan.layer_holders(4) == [(1, 0)] and plan.embedding_holders() == [(0, 0)]
+    assert plan.head_holders() == [(1, 0)] and plan.sample_range(0, 1) == (2, 4)
+    d = plan.to_dict()
+    assert d["version"] == PLAN_VERSION == 3
+    assert "pipelines" not in d and all("pipeline" not in m and "alongside" not in m for m in d["meshes"])
+    # a version-2 file reads to the same plan
+    v2 = simple()
+    v2["version"] = 2
+    assert plan_from_dict(v2) == dataclasses.replace(plan, version=2)
+    # one pipeline listed explicitly is the same plan
+    assert plan_from_dict(dict(simple(), pipelines=[{"samples": 8}])) == plan
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_round_trip(tmp_path, suffix):
+    plan = plan_from_dict(two_pipelines())
+    path = str(tmp_path / f"p{suffix}")
+    plan.save(path)
+    again = load_plan(path)
+    assert again == plan
+    d = plan.to_dict()
+    assert d["pipelines"] == [{"samples": 12}, {"samples": 4}]
+    assert [m["pipeline"] for m in d["meshes"]] == [0, 0, 0, 1]
+    assert [m.get("alongside", False) for m in d["meshes"]] == [False, True, False, False]
+    # no boundary keys next to a mixed position; none for a pipeline's last mesh
+    assert all("boundary" not in m for m in d["meshes"])
+
+
+def test_single_pipeline_properties_refuse_new_shapes():
+    plan = plan_from_dict(two_pipelines())
+    for name in ("stage_layers", "pipeline_parallel_size", "samples_per_step", "num_micro_batches"):
+        with pytest.raises(InputError, match=r"2 pipelines.*mixed replicas"):
+            getattr(plan, name)
+    with pytest.raises(InputError, match="Plan.first_stage"):
+        plan.first_stage(0)
+    with pytest.raises(InputError, match="Plan.stage_owner"):
+        plan.stage_owner(0)
+    with pytest.raises(InputError) as exc:
+        require_simple(plan, "hetauto simulate", "p.yaml")
+    msg = exc.value.message
+    assert msg.startswith("p.yaml: field 'pipelines': hetauto simulate supports plans of one pipeline") and "Fix:" in msg
+    require_simple(plan_from_dict(simple()), "hetauto simulate")
+
+
+def bad(edit):
+    d = copy.deepcopy(two_pipelines())
+    edit(d)
+    with pytest.raises(InputError) as exc:
+        plan_from_dict(d, file="p.yaml")
+    return exc.value
+
+
+def test_errors_name_the_field_and_fix():
+    def first_alongside(d):
+        d["meshes"][0]["alongside"] = True
+    e = bad(first_alongside)
+    assert e.field == "meshes[0].alongside" and "first mesh" in e.reason and "remove" in e.fix
+
+    def pipeline1_first_alongside(d):
+        d["meshes"][3]["alongside"] = True
+    assert bad(pipeline1_first_alongside).field == "meshes[3].alongside"
+
+    def unequal_layers(d):
+        d["meshes"][1]["stage_layers"] = [3]
+    e = bad(unequal_layers)
+    assert e.field == "meshes[1].stage_layers" and "[4]" in e.fix
+
+    def unequal_steps(d):
+        d["meshes"][2]["dp"] = 2   # position 1 moves 4 samples, position 0 moves 6
+    e = bad(unequal_steps)
+    assert e.field == "meshes[0:3]" and "= 6" in e.reason and "= 4" in e.reason and "6 samples" in e.fix
+
+    def not_multiple(d):
+        d["pipelines"] = [{"samples": 9}, {"samples": 7}]
+    e = bad(not_multiple)
+    assert e.field == "pipelines[0].samples" and "multiple of 6" in e.fix
+
+    def wrong_sum(d):
+        d["pipelines"] = [{"samples": 12}, {"samples": 6}]
+    e = bad(wrong_sum)
+    assert e.field == "pipelines" and "18" in e.reason and "16" in e.reason
+
+    def missing(d):
+        del d["pipelines"]
+    e = bad(missing)
+    assert e.field == "pipelines" and "is missing" in e.reason
+
+    def count(d):
+        d["pipelines"] = [{"samples": 16}]
+    assert bad(count).field == "pipelines"
+
+    def layers(d):
+        d["meshes"][3]["stage_layers"] = [3, 4]
+    e = bad(layers)
+    assert "pipeline 1" in e.reason and "7" in e.reason
+
+    def empty_middle(d):
+        d["meshes"][3]["stage_layers"] = [3, 0, 5]
+    assert bad(empty_middle).field == "meshes[3].stage_layers[1]"
+
+    def gap(d):
+        d["meshes"][3]["pipeline"] = 2
+    e = bad(gap)
+    assert e.field == "meshes[3].pipeline" and "1" in e.fix
+
+    def interleaved(d):
+        d["meshes"][1]["pipeline"] = 1
+    e = bad(interleaved)
+    assert e.field == "meshes[2].pipeline"   # 0, 1, 0: the third mesh goes back
+
+    def old_version(d):
+        d["version"] = 2
+    e = bad(old_version)
+    assert e.field == "version" and "version: 3" in e.fix
+
+    def bad_samples(d):
+        d["pipelines"][0] = {"samples": 12, "sample": 1}
+    assert bad(bad_samples).field == "pipelines[0]"
+
+    def overlapped_into_mixed(d):
+        d["pipelines"] = [{"samples": 12}, {"samples": 4}]
+        d["meshes"][:3] = [dict(mesh("a", 1, 2, 2, [4]), boundary={"schedule": "overlapped", "depth": 1}),
+                           mesh("c", 1, 2, 1, [4]), dict(mesh("b", 1, 1, 2, [4]), alongside=True)]
+    e = bad(overlapped_into_mixed)
+    assert e.field in ("meshes[0].boundary.schedule",)
+
+    def overlapped_last_of_pipeline(d):
+        d["meshes"][2]["boundary"] = {"schedule": "overlapped", "depth": 0}
+    e = bad(overlapped_last_of_pipeline)
+    assert e.field == "meshes[2].boundary.schedule" and "last of its pipeline" in e.reason
+
+    def not_bool(d):
+        d["meshes"][1]["alongside"] = "yes"
+    assert bad(not_bool).field == "meshes[1].alongside"
+
+
+def test_mesh_keys_checked_in_python():
+    with pytest.raises(InputError, match="pipeline"):
+        Mesh("a", "cpu", 1, 1, 1, "none", (8,), pipeline=-1)
+    with pytest.raises(InputError, match="alongside"):
+        Mesh("a", "cpu", 1, 1, 1, "none", (8,), alongside=1)
+
+
+def test_overlapped_boundary_between_single_meshes_of_a_pipeline():
+    d = two_pipelines()
+    d["meshes"][3] = dict(mesh("d", 1, 2, 1, [3]), pipeline=1, boundary={"schedule": "overlapped", "depth": 1})
+    d["meshes"].append(dict(mesh("e", 1, 1, 2, [5]), pipeline=1))
+    plan = plan_from_dict(d)
+    assert plan.meshes[3].boundary_schedule == "overlapped"
+    out = plan.to_dict()["meshes"]
+    assert out[3]["boundary"] == {"schedule": "overlapped", "depth": 1} and "boundary" not in out[2]
+    assert plan_from_dict(plan.to_dict()) == plan
+
+
+def test_invalid_new_shape_is_exit_2_via_cli(tmp_path):
+    d = two_pipelines()
+    d["meshes"][1]["stage_layers"] = [3]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(d))
+    r = run_hetauto("emit", "summary", "--plan", str(path))
+    assert r.returncode == 2, r.stderr
+    assert "field 'meshes[1].stage_layers'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rank_arithmetic_of_the_new_shapes():
+    from hetauto_megatron.runtime.groups import global_rank, rank_coords, stage_ranks, validate_launch
+    plan = plan_from_dict(two_pipelines())
+    got = [(c.mesh_index, c.pipeline, c.position, c.stage, c.stage_in_mesh, c.tp_rank, c.dp_rank,
+            c.sample_start, c.sample_stop) for c in (rank_coords(plan, r) for r in range(11))]
+    assert got == [(0, 0, 0, 0, 0, 0, 0, 0, 2), (0, 0, 0, 0, 0, 0, 1, 2, 4),           # ranks 0-1: a, dp 2
+                   (1, 0, 0, 0, 0, 0, 0, 4, 6), (1, 0, 0, 0, 0, 1, 0, 4, 6),           # ranks 2-3: b alongside, tp 2
+                   (2, 0, 1, 1, 0, 0, 0, 0, 2), (2, 0, 1, 1, 0, 0, 1, 2, 4), (2, 0, 1, 1, 0, 0, 2, 4, 6),
+                   (3, 1, 0, 0, 0, 0, 0, 0, 1), (3, 1, 0, 0, 0, 0, 1, 1, 2),           # pipeline 1, stage 0
+                   (3, 1, 0, 1, 1, 0, 0, 0, 1), (3, 1, 0, 1, 1, 0, 1, 1, 2)]           # pipeline 1, stage 1
+    for r in range(11):
+        c = rank_coords(plan, r)
+        assert global_rank(plan, c.mesh_index, c.stage_in_mesh, c.dp_rank, c.tp_rank) == r
+    assert stage_ranks(plan, 0) == [0, 1, 2, 3] and stage_ranks(plan, 1) == [4, 5, 6]
+    assert stage_ranks(plan, 0, pipeline=1) == [7, 8] and stage_ranks(plan, 1, pipeline=1) == [9, 10]
+    with pytest.raises(IndexError):
+        stage_ranks(plan, 2)
+    validate_launch(plan, 11, device_types=["cpu"] * 11)
+    with pytest.raises(InputError, match="needs 11"):
+        validate_launch(plan, 10)
+    with pytest.raises(InputError, match="outside the plan's 11 ranks"):
+        rank_coords(plan, 11)
