@@ -257,3 +257,71 @@ def test_rank_arithmetic_of_the_new_shapes():
         validate_launch(plan, 10)
     with pytest.raises(InputError, match="outside the plan's 11 ranks"):
         rank_coords(plan, 11)
+
+
+INV = "examples/llama/inventory-cpu-dryrun.yaml"
+
+
+def two_plain_pipelines() -> dict:
+    """Two pipelines without alongside meshes (emit summary takes this shape)."""
+    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 12,
+            "pipelines": [{"samples": 8}, {"samples": 4}],
+            "meshes": [mesh("a", 1, 2, 2, [4]), mesh("b", 1, 1, 4, [4]), dict(mesh("c", 1, 2, 1, [8]), pipeline=1)]}
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["simulate", "--model", "tiny", "--inventory", INV, "--plan", "{plan}"], "hetauto simulate"),
+    (["emit", "megatron", "--plan", "{plan}"], "hetauto emit megatron"),
+    (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
+    (["emit", "summary", "--plan", "{along}"], "hetauto emit summary"),
+    (["dryrun", "--plan", "{plan}", "--tiny"], "hetauto dryrun"),
+    (["explain", "--plan", "{plan}"], "hetauto explain"),
+    (["compare", "{plan}", "{plan}"], "hetauto compare"),
+    (["plan", "--model", "tiny", "--inventory", INV, "--global-batch-size", "12", "--from", "{plan}"],
+     "hetauto plan --from"),
+])
+def test_commands_refuse_shapes_they_do_not_take_with_exit_2(tmp_path, argv, what):
+    plan, along = tmp_path / "two.yaml", tmp_path / "along.yaml"
+    plan.write_text(yaml.safe_dump(two_plain_pipelines()))
+    along.write_text(yaml.safe_dump(two_pipelines()))
+    r = run_hetauto(*[a.format(plan=plan, along=along) for a in argv])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{what} supports plans of" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1   # one paragraph
+
+
+def test_emit_summary_takes_several_pipelines(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(two_plain_pipelines()))
+    r = run_hetauto("emit", "summary", "--plan", str(path))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "2 pipelines joined by data parallelism; global batch 12 = 8 + 4" in out
+    assert "pipeline 1 (meshes from meshes[2], ranks from 3)" in out
+    # pipeline 1 on its own: 4 samples in steps of 2 x 1 = 2 micro-batch steps, one stage of 8 layers
+    assert "global batch 4 = 2 micro-batch steps x 2 samples" in out
+
+
+def test_megatron_hook_refuses_new_shapes(tmp_path):
+    from types import SimpleNamespace
+
+    from hetauto_megatron.megatron.hook import _prepare_hetauto
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(two_plain_pipelines()))
+    with pytest.raises(InputError) as exc:
+        _prepare_hetauto(SimpleNamespace(hetauto_plan=str(path), yaml_cfg=None, hetauto_cluster=None))
+    assert "the --hetauto Megatron-LM hook supports plans of one pipeline" in exc.value.message
+
+
+def test_docs_examples_load_with_the_figures_the_docs_state():
+    import os
+    import re
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "plan-format.md")).read()
+    blocks = [plan_from_dict(yaml.safe_load(b)) for b in re.findall(r"```yaml\n(version: 3.*?)```", text, re.S)]
+    two, mixed = blocks
+    assert two.num_pipelines == 2 and [two.pipeline_micro_batches(p) for p in range(2)] == [80, 48]
+    assert two.rank_offset(1) == 16 and two.world_size == 28 and two.layer_holders(20) == [(0, 1), (1, 1)]
+    assert two.pipeline(1).is_simple and two.pipeline(1).global_batch_size == 384
+    assert mixed.positions(0) == [[0, 1], [2]] and mixed.pipeline_micro_batches(0) == 64
+    assert [mixed.sample_range(0, d) for d in (0, 5)] == [(0, 2), (10, 12)] and mixed.sample_range(1, 0) == (12, 16)
+    assert [mixed.rank_offset(i) for i in range(3)] == [0, 6, 10] and mixed.world_size == 18

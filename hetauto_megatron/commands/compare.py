@@ -124,7 +124,7 @@ def run(args) -> int:
     from .explain import plan_inputs
     rows = []
     for path in args.plans:
-        plan, inventory, cost_model = plan_inputs(args, path)
+        plan, inventory, cost_model = plan_inputs(args, path, what="hetauto compare")
         try:
             rows.append(plan_row(path, plan, _priced(args, inventory), cost_model))
         except InputError as exc:

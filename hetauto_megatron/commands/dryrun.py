@@ -72,12 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..plan.plan import load_plan
+    from ..plan.shapes import require_simple
 
     if args.steps < 1:
         raise InputError(f"must be at least 1, got {args.steps}", field="--steps")
     if args.timeout <= 0:
         raise InputError(f"must be positive, got {args.timeout}", field="--timeout")
     plan = load_plan(args.plan)
+    require_simple(plan, "hetauto dryrun", args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",

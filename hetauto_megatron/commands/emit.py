@@ -112,7 +112,7 @@ def run(args) -> int:
                 print(la["script"])
     elif args.target == "deepspeed":
         from ..emit.deepspeed import emit_deepspeed, unsupported_features
-        configs = emit_deepspeed(plan, cluster=args.cluster)
+        configs = emit_deepspeed(plan, cluster=args.cluster, file=args.plan)
         unsupported = unsupported_features(plan)
         if out_dir:
             written += write_deepspeed(configs, unsupported, out_dir)
@@ -132,12 +132,15 @@ def run(args) -> int:
         if args.cluster is not None and args.cluster not in {m.cluster for m in plan.meshes}:
             raise InputError(f"the plan has no cluster named {args.cluster!r}", field="--cluster",
                              fix=f"use one of: {', '.join(sorted({m.cluster for m in plan.meshes}))}")
-        text = format_summary(plan, plan.estimate)
+        text = format_summary(plan, plan.estimate, file=args.plan)
         if out_dir:
             written += write_summary(text, out_dir)
         if args.json:
-            print(json.dumps({"summary": text, "world_size": plan.world_size,
-                              "pipeline_parallel_size": plan.pipeline_parallel_size,
+            shape = ({"pipeline_parallel_size": plan.pipeline_parallel_size} if plan.is_simple else
+                     {"pipelines": [{"samples": plan.samples_per_pipeline[p],
+                                     "pipeline_parallel_size": plan.pipeline(p).pipeline_parallel_size}
+                                    for p in range(plan.num_pipelines)]})
+            print(json.dumps({"summary": text, "world_size": plan.world_size, **shape,
                               "estimate": plan.estimate, "written": written}, indent=2))
         elif not out_dir:
             print(text)

@@ -119,8 +119,10 @@ def run(args) -> int:
     if args.from_plan:
         from ..plan.plan import load_plan
         from ..plan.replan import warm_layouts
+        from ..plan.shapes import require_simple
         from ..plan.space import SearchSpace
         old = load_plan(args.from_plan)
+        require_simple(old, "hetauto plan --from", args.from_plan)
         if old.model.num_layers != model.num_layers or old.model.hidden_size != model.hidden_size:
             raise InputError(f"was made for {old.model.name}, not {model.name}", file=args.from_plan, field="model",
                              fix="pass the plan made for this --model, or drop --from for a cold search")

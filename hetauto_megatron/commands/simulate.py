@@ -64,6 +64,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.plan import Mesh, Plan, load_plan
+    from ..plan.shapes import require_simple
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
@@ -74,6 +75,7 @@ def run(args) -> int:
             raise InputError("give either --plan or a layout (--tp/--pp/--dp/--micro-batch-size), not both",
                              field="--plan", fix="with --plan only --global-batch-size and --seq-length may change")
         plan = load_plan(args.plan)
+        require_simple(plan, "hetauto simulate", args.plan)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "

@@ -162,6 +162,7 @@ def _dryrun_results(args) -> dict:
     from ..cost.learned import load_cost_model
     from ..cost.shared_cores import usable_cores
     from ..plan.plan import load_plan
+    from ..plan.shapes import require_simple
     from ..spec.inventory import load_inventory
     if not args.inventory:
         raise InputError("--dryrun needs the inventory the plans are simulated on", field="--inventory",
@@ -174,7 +175,9 @@ def _dryrun_results(args) -> dict:
     rows = []
     for report_file, plan_file in args.dryrun:
         report = load_dryrun_report(report_file)
-        plan = measured_plan(report, load_plan(plan_file), report_file=report_file, tiny=args.tiny)
+        plan = load_plan(plan_file)
+        require_simple(plan, "hetauto validate-cost-model --dryrun", plan_file)
+        plan = measured_plan(report, plan, report_file=report_file, tiny=args.tiny)
         cores = args.cores or report.get("cores") or usable_cores()
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise InputError(f"'cores' must be a positive whole number, got {cores!r}", file=report_file,

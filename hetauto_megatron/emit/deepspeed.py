@@ -26,6 +26,7 @@ import os
 
 from ..errors import InputError
 from ..plan.plan import Plan
+from ..plan.shapes import require_simple
 from ..spec.devices import get_device
 
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
@@ -221,8 +222,9 @@ def validate(cfg: dict, dp: int, *, pipeline_stages: int = 1, where: str = "the 
     return parsed
 
 
-def emit_deepspeed(plan: Plan, *, cluster: str | None = None) -> list[dict]:
+def emit_deepspeed(plan: Plan, *, cluster: str | None = None, file: str | None = None) -> list[dict]:
     """Per mesh (optionally only `cluster`'s): name, the validated config, and what DeepSpeed derived."""
+    require_simple(plan, "hetauto emit deepspeed", file)
     picked = [i for i, m in enumerate(plan.meshes) if cluster is None or m.cluster == cluster]
     if not picked:
         names = sorted({m.cluster for m in plan.meshes})

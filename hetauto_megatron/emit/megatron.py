@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
+from ..plan.shapes import require_simple
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
 
@@ -301,6 +302,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
                   devices_per_node: int | None = None, file: str | None = None) -> list[dict]:
     """Per launch: its facts, the exact argument lists and the shell script text (what `hetauto emit megatron`
     prints or writes). `cluster` keeps only that cluster's launches."""
+    require_simple(plan, "hetauto emit megatron", file)
     launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
     if cluster is not None:
         names = sorted({la.cluster for la in launches})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
+from ..plan.shapes import require_simple
 from ..spec.devices import get_device
 
 
@@ -61,8 +62,12 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     return [line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]]
 
 
-def format_summary(plan: Plan, estimate: dict | None = None) -> str:
-    """A fixed-width table of the plan's stages plus totals; `estimate` adds time, memory and utilisation."""
+def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None = None) -> str:
+    """A fixed-width table of the plan's stages plus totals; `estimate` adds time, memory and utilisation. A plan
+    of several pipelines gets one table per pipeline (without the estimate's per-stage figures)."""
+    require_simple(plan, "hetauto emit summary", file, several_pipelines=True)
+    if not plan.is_simple:
+        return _format_pipelines(plan, estimate)
     est = estimate if isinstance(estimate, dict) else None
     stages = est.get("stages") if est else None
     if not (isinstance(stages, list) and len(stages) == plan.pipeline_parallel_size):
@@ -116,4 +121,21 @@ def format_summary(plan: Plan, estimate: dict | None = None) -> str:
         others = ", ".join(f"{k.replace('_', ' ')} {v['share']:.0%}" for k, v in bd["parts"].items()
                            if k != bd["bottleneck"])
         lines.append(f"bottleneck: {describe_bottleneck(plan, bd)} ({others}; 'hetauto explain' says more)")
+    return "\n".join(lines)
+
+
+def _format_pipelines(plan: Plan, estimate: dict | None) -> str:
+    """Several pipelines joined by data parallelism: a header, then each pipeline's own summary."""
+    m, samples = plan.model, plan.samples_per_pipeline
+    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {plan.num_pipelines} pipelines "
+             f"joined by data parallelism; global batch {plan.global_batch_size} = "
+             f"{' + '.join(map(str, samples))} samples per pipeline"]
+    est = estimate if isinstance(estimate, dict) else {}
+    if est.get("iteration_time_s") is not None:
+        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
+                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s (whole plan)")
+    for p in range(plan.num_pipelines):
+        first = plan.pipeline_mesh_indices(p)[0]
+        lines += ["", f"pipeline {p} (meshes from meshes[{first}], ranks from {plan.rank_offset(first)}):",
+                  format_summary(plan.pipeline(p))]
     return "\n".join(lines)

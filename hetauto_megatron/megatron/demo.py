@@ -22,6 +22,7 @@ import tempfile
 from ..emit.megatron import model_args, pipeline_args
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
+from ..plan.shapes import require_simple
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENTRY_SCRIPT = os.path.join(_ROOT, "examples", "llama", "pretrain_llama_hetauto.py")
@@ -125,6 +126,7 @@ def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234,
     homogeneous run with the same stages. Returns {"hetauto": [...], "reference": [...], "max_abs_diff": x,
     "bytes": {...}, "log_dir": path}."""
     plan = load_plan(plan_path)
+    require_simple(plan, "the --hetauto demo", plan_path)
     non_cpu = sorted({m.device_type for m in plan.meshes if m.device_type != "cpu"})
     if non_cpu:
         raise InputError(f"this local demo runs CPU meshes only; the plan uses {', '.join(non_cpu)}", file=plan_path,

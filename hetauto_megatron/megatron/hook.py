@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
+from ..plan.shapes import require_simple
 from . import rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
@@ -136,6 +137,7 @@ def _prepare_hetauto(args) -> _State:
         raise InputError("--yaml-cfg cannot be combined with --hetauto", field="--yaml-cfg",
                          fix="pass Megatron's arguments on the command line")
     plan = load_plan(args.hetauto_plan)
+    require_simple(plan, "the --hetauto Megatron-LM hook", args.hetauto_plan)
     ident = rewrite.identity_from_env()
     placement = rewrite.check_launch(plan, ident, args.hetauto_cluster, file=args.hetauto_plan)
     device_type = placement.device_type
