@@ -101,7 +101,7 @@ def transfer_path(rank, world, plan, shape, reps):
     ctx = build_groups(plan, rank, world, timeout_s=120, dry_run=True)
     set_megatron_globals(ctx)
     comm = HeteroP2PCommunicator(ctx, transformer_config(plan, ctx, plan.model))
-    group = ctx.boundary_groups[0]
+    group = ctx.boundary_groups[(0, 1)]
     x = torch.randn(shape)
     out = {}
     for kind in ("raw", "communicator", "raw", "communicator"):  # interleaved, second round counts

@@ -170,12 +170,12 @@ def _print_memory(report: dict) -> None:
     """Per stage (its first rank): predicted and measured memory, activations and the whole."""
     rows = {}
     for r in report.get("memory", []):
-        rows.setdefault(r["stage"], r)
+        rows.setdefault((r["stage"], r["mesh"]), r)    # meshes side by side at a stage: one line each
     if not rows:
         return
     print("memory per rank, KiB predicted / measured (weights + gradients + optimizer + activations; the "
           "activations are the peak autograd held over the step):")
-    for stage, r in sorted(rows.items()):
+    for (stage, _), r in sorted(rows.items()):
         p, g = r["predicted"], r["measured"]
         print(f"  stage {stage} (tp {r['tp']} x dp {r['dp']}, recompute {r['recompute']}, {r['in_flight']} in "
               f"flight): activations {p['activations'] / 1024:,.0f} / {g['activations'] / 1024:,.0f}, total "
@@ -184,10 +184,12 @@ def _print_memory(report: dict) -> None:
 
 
 def _print_table(report: dict, plan) -> None:
-    m = report["model"]
-    print(f"dry run of {plan.world_size} ranks, {len(plan.meshes)} mesh(es), {plan.pipeline_parallel_size} "
+    from ..runtime.layout import PipelineLayout
+
+    m, layout = report["model"], PipelineLayout(plan)
+    print(f"dry run of {plan.world_size} ranks, {len(plan.meshes)} mesh(es), {layout.num_stages} "
           f"stages, model {m['name']} ({m['num_layers']} layers, hidden {m['hidden_size']}), "
-          f"{plan.num_micro_batches} micro-batches per step")
+          f"{layout.num_micro_batches} micro-batches per step")
     ref = report.get("reference")
     head = f"{'step':>4}  {'loss':>14}  {'grad norm':>14}"
     if ref:

@@ -81,11 +81,13 @@ class HeteroP2PCommunicator(P2PCommunicator):
     def total_stages(self) -> int:
         """What Megatron's 1F1B derives this stage's warm-up from (total_stages - current_stage - 1): the pipeline
         depth plus the depth of every overlapped boundary after this stage (plan/pipeline.py's w_i)."""
-        plan, stage = self.ctx.plan, self.ctx.coords.stage
+        plan, stage, layout = self.ctx.plan, self.ctx.coords.stage, self.ctx.layout
         extra = 0
-        for mi, mesh in enumerate(plan.meshes):
-            if mesh.boundary_schedule == "overlapped" and plan.first_stage(mi) + mesh.num_stages - 1 >= stage:
-                extra += mesh.boundary_depth
+        for pos in layout.positions:     # only a boundary between single-mesh positions is overlapped (plan rule)
+            for mi in pos:
+                mesh = plan.meshes[mi]
+                if mesh.boundary_schedule == "overlapped" and layout.first_stage(mi) + mesh.num_stages - 1 >= stage:
+                    extra += mesh.boundary_depth
         return self.pp_group.size() + extra
 
     def emulate_links(self, scale: float, inventory) -> None:
@@ -113,10 +115,12 @@ class HeteroP2PCommunicator(P2PCommunicator):
             before = min(me, other)                       # the mesh whose boundary this is
             mesh = plan.meshes[before]
             overlapped = mesh.boundary_schedule == "overlapped"
-            a, b = plan.meshes[before], plan.meshes[before + 1]
-            seq = shape[0] * (plan.meshes[me].tp if plan.meshes[me].settings.sequence_parallel else 1)
-            nbytes = seq * plan.samples_per_step * shape[2] * torch.tensor([], dtype=self.config.pipeline_dtype
-                                                                            ).element_size()
+            a, b = plan.meshes[min(me, other)], plan.meshes[max(me, other)]
+            info = self._cross(other, shape)
+            # what crosses between the two meshes per micro-batch in this direction (the whole step's activation
+            # when each side is one mesh)
+            nbytes = sum(tr.numel(shape[2]) for _, tr in info["bwd" if grad else "fwd"]) * \
+                torch.tensor([], dtype=self.config.pipeline_dtype).element_size()
             emulator = None
             if self._emulation is not None:
                 scale, inventory = self._emulation
@@ -130,39 +134,47 @@ class HeteroP2PCommunicator(P2PCommunicator):
 
     # ---- boundary geometry -------------------------------------------------------------------------
     def _side(self, direction: int):
-        """('mesh', partner) inside a mesh or ('cross', other mesh index) at a mesh boundary; None at an end."""
-        c, plan = self.ctx.coords, self.ctx.plan
+        """('mesh', partner) inside a mesh, ('cross', [mesh indices]) at a boundary into the meshes holding the
+        neighbouring stage (one, or several side by side); None at an end of the pipeline."""
+        c, plan, layout = self.ctx.coords, self.ctx.plan, self.ctx.layout
         stage = c.stage + direction
-        if not 0 <= stage < plan.pipeline_parallel_size:
+        if not 0 <= stage < layout.num_stages:
             return None
-        mi, sim = plan.stage_owner(stage)
-        if mi == c.mesh_index:
-            return "mesh", global_rank(plan, mi, sim, c.dp_rank, c.tp_rank)
-        return "cross", mi
+        holders = layout.stages[stage]
+        for mi, sim in holders:
+            if mi == c.mesh_index:
+                return "mesh", global_rank(plan, mi, sim, c.dp_rank, c.tp_rank)
+        return "cross", [mi for mi, _ in holders]
 
     def _cross(self, other: int, shape):
-        """Transfers and metadata of the boundary with mesh `other` for a local tensor of `shape`."""
+        """The blocks between my mesh and mesh `other` (at the neighbouring stage) for a local tensor of `shape`:
+        `fwd` / `bwd` are (k, Transfer) with k the block's position in the whole boundary's list (its tag)."""
         key = (other, tuple(shape))
         if key in self._cache:
             return self._cache[key]
-        plan, c = self.ctx.plan, self.ctx.coords
+        plan, c, layout = self.ctx.plan, self.ctx.coords, self.ctx.layout
         me_mesh, other_mesh = plan.meshes[c.mesh_index], plan.meshes[other]
-        seq, mbs, hidden = shape
-        me_sp, other_sp = me_mesh.settings.sequence_parallel, other_mesh.settings.sequence_parallel
-        full = (seq * me_mesh.tp if me_sp else seq, mbs * me_mesh.dp, hidden)  # my local tensor is my shard
+        seq, _, hidden = shape
+        full = (seq * me_mesh.tp if me_mesh.settings.sequence_parallel else seq, layout.step, hidden)
         if other > c.mesh_index:   # I am the last stage of my mesh; `other` holds the next stage
-            fwd = compute_transfers(me_mesh, other_mesh, full, src_sp=me_sp, dst_sp=other_sp)  # activations I send
-            bwd = compute_transfers(other_mesh, me_mesh, full, src_sp=other_sp, dst_sp=me_sp)  # gradients I receive
-            peer_sim, boundary = 0, c.mesh_index
-            scale = activation_grad_scale(me_mesh, other_mesh)
+            before, after = layout.shares(c.stage), layout.shares(c.stage + 1)
+            up, down = c.mesh_index, other
+            peer_sim = 0
+            scale = activation_grad_scale(me_mesh, other_mesh)   # for the gradients I receive from `other`
         else:                      # I am the first stage of my mesh; `other` holds the previous stage
-            fwd = compute_transfers(other_mesh, me_mesh, full, src_sp=other_sp, dst_sp=me_sp)  # activations I receive
-            bwd = compute_transfers(me_mesh, other_mesh, full, src_sp=me_sp, dst_sp=other_sp)  # gradients I send
-            peer_sim, boundary = other_mesh.num_stages - 1, other
+            before, after = layout.shares(c.stage - 1), layout.shares(c.stage)
+            up, down = other, c.mesh_index
+            peer_sim = other_mesh.num_stages - 1
             scale = 1.0
+        up_k = [mi for mi, _ in layout.stages[layout.first_stage(up) + plan.meshes[up].num_stages - 1]].index(up)
+        down_k = [mi for mi, _ in layout.stages[layout.first_stage(down)]].index(down)
+        fwd = [(k, tr) for k, tr in enumerate(compute_transfers(before, after, full))
+               if (tr.src_mesh, tr.dst_mesh) == (up_k, down_k)]
+        bwd = [(k, tr) for k, tr in enumerate(compute_transfers(after, before, full))
+               if (tr.src_mesh, tr.dst_mesh) == (down_k, up_k)]
         inter = me_mesh.cluster != other_mesh.cluster
         info = dict(fwd=fwd, bwd=bwd, peer_mesh=other, peer_sim=peer_sim, scale=scale, inter=inter,
-                    group=self.ctx.boundary_groups.get(boundary) if inter else None)
+                    group=self.ctx.boundary_groups.get((up, down)) if inter else None)
         self._cache[key] = info
         return info
 
@@ -221,11 +233,16 @@ class HeteroP2PCommunicator(P2PCommunicator):
             self._post(dist.isend, tensor.detach().contiguous(), side[1], None, 0, works, f"send {what}")
             self.bytes_sent["intra_cluster"] += tensor.numel() * tensor.element_size()
             return
-        info = self._cross(side[1], shape)
+        for other in side[1]:
+            self._send_to(other, tensor, shape, works, grad=grad, what=what)
+
+    def _send_to(self, other, tensor, shape, works, *, grad, what):
+        """Send this rank's blocks for mesh `other` (at the neighbouring stage)."""
+        info = self._cross(other, shape)
         c, plan = self.ctx.coords, self.ctx.plan
         transfers = info["bwd"] if grad else info["fwd"]
         peer, pieces, copied = None, [], []
-        for k, tr in enumerate(transfers):
+        for k, tr in transfers:
             if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
                 continue
             piece = tensor.detach()[tr.src_seq, tr.src_batch]
@@ -244,7 +261,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             for k, piece, peer in pieces:
                 self._post(dist.isend, piece, peer, None, k + (1 << 16 if grad else 0), works, f"send {what} block {k}")
             return
-        link = self._link(side[1], grad, shape)
+        link = self._link(other, grad, shape)
 
         def post_all(j):
             """On the communication thread: once the blocks are on the host, post the message."""
@@ -266,21 +283,50 @@ class HeteroP2PCommunicator(P2PCommunicator):
     def _recv(self, direction, shape, works, finish, *, grad):
         side = self._side(direction)
         what = "gradient" if grad else "activation"
-        buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
         if side[0] == "mesh":
+            buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
             self._post(dist.irecv, buf, side[1], None, 0, works, f"receive {what}")
             finish.append(lambda: buf.requires_grad_(True))
             return buf
-        info = self._cross(side[1], shape)
+        # Every mesh holding the neighbouring stage fills its blocks of one buffer (several only when meshes stand
+        # side by side, whose boundaries are blocking: the buffer is then posted at once).
+        buf, fills = None, []
+        for other in side[1]:
+            buf, fill = self._recv_from(other, shape, works, buf, grad=grad, what=what)
+            if fill is not None:
+                fills.append(fill)
+
+        def assemble():
+            with torch.no_grad():
+                for fill in fills:
+                    fill()
+                if not self.ctx.mesh.settings.sequence_parallel:  # with SP the shard is all this rank holds
+                    self._allgather_seq(buf)
+            buf.requires_grad_(True)
+
+        finish.append(assemble)
+        return buf
+
+    def _recv_from(self, other, shape, works, into, *, grad, what):
+        """Post the receives of this rank's blocks from mesh `other` into `into` (a fresh buffer when None).
+        Returns (buffer, fill): fill() puts the received blocks in place and scales gradients (None when this rank
+        receives nothing from `other`)."""
+        info = self._cross(other, shape)
         c, plan = self.ctx.coords, self.ctx.plan
         transfers = info["bwd"] if grad else info["fwd"]
         mine = [(k, tr, global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp))
-                for k, tr in enumerate(transfers) if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
+                for k, tr in transfers if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
+        if into is None and not (info["inter"] and mine):
+            into = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
+        if not mine:
+            return into, None
         staging = torch.device("cpu" if info["inter"] else self.ctx.device)
 
-        def post_message(j, out):
-            """Post the receives of one message into a fresh buffer: (buffer, staged blocks, send times)."""
-            buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
+        def post_message(j, out, buf):
+            """Post the receives of one message into `buf` (a fresh buffer when None): (buffer, staged blocks,
+            send times)."""
+            if buf is None:
+                buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
             staged, stamps = [], []
             if info["inter"]:
                 for peer in sorted({peer for _, _, peer in mine}):
@@ -301,35 +347,34 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 staged.append((tr, piece))
             return buf, staged, stamps
 
-        if info["inter"] and mine:
+        if info["inter"]:
             def post(j):
                 out = []
-                buf, staged, stamps = post_message(j, out)
+                # an overlapped link posts messages ahead, each into its own buffer; a blocking one posts this
+                # call's message only, into the shared buffer
+                buf, staged, stamps = post_message(j, out, into if not self._link(other, grad, shape).overlapped
+                                                   else None)
                 return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None]
-            (buf, copies, started), on_way = self._link(side[1], grad, shape).receive(post, self._wait)
+            (buf, copies, started), on_way = self._link(other, grad, shape).receive(post, self._wait)
             self._on_way.append(on_way)
             staged = []
         else:
-            buf, staged, _ = post_message(0, works)
+            buf, staged, _ = post_message(0, works, into)
 
-        def assemble():
-            with torch.no_grad():
-                if info["inter"] and mine:   # host -> device on the copy stream; the compute stream waits for it
-                    if copies:
-                        self.staging.to_device(copies)
-                    else:
-                        self.staging.wait_on_device(started)     # started early (_start_early_copies)
+        def fill():
+            if info["inter"]:   # host -> device on the copy stream; the compute stream waits for it
+                if copies:
+                    self.staging.to_device(copies)
                 else:
-                    for tr, piece in staged:
-                        buf[tr.dst_seq, tr.dst_batch] = piece
-                if not self.ctx.mesh.settings.sequence_parallel:  # with SP the shard is all this rank holds
-                    self._allgather_seq(buf)
-                if grad and info["scale"] != 1.0:
-                    buf.mul_(info["scale"])
-            buf.requires_grad_(True)
+                    self.staging.wait_on_device(started)     # started early (_start_early_copies)
+            else:
+                for tr, piece in staged:
+                    buf[tr.dst_seq, tr.dst_batch] = piece
+            if grad and info["scale"] != 1.0:
+                for _, tr, _ in mine:
+                    buf[tr.dst_seq, tr.dst_batch] *= info["scale"]
 
-        finish.append(assemble)
-        return buf
+        return buf, fill
 
     def _allgather_seq(self, buf):
         """Each TP rank received its own range of sequence positions; give everyone the whole tensor."""

@@ -106,36 +106,44 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
 CPU_DTYPE_BYTES = 4      # the dry run trains in fp32 (runtime/model.py)
 
 
-def predicted_stage_memory(plan) -> list[dict]:
-    """cost/memory.py's prediction for every stage of the plan as the dry run runs it: the model that runs (the
-    shrunk one under --tiny) with the plan's padded vocabulary, fp32, each mesh's runtime settings, and the
-    micro-batches each stage holds under 1F1B (its warm-up plus the one it runs, grown by overlapped
-    boundaries' depths; overlapped boundaries add their buffers, as plan/simulate.py prices them)."""
+def predicted_stage_memory(plan) -> dict:
+    """cost/memory.py's prediction for every mesh stage of the plan as the dry run runs it, keyed by (mesh index,
+    stage inside the mesh): the model that runs (the shrunk one under --tiny) with the plan's padded vocabulary,
+    fp32, the mesh's TP, DP, micro-batch size and runtime settings, and the micro-batches its pipeline stage
+    holds under 1F1B (its warm-up plus the one it runs, grown by overlapped boundaries' depths; overlapped
+    boundaries add their buffers, as plan/simulate.py prices them). Meshes side by side at a stage each get
+    their own prediction."""
     from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
     from ..plan.pipeline import warmup_counts
+    from .layout import PipelineLayout
 
     model = plan.model.replace(vocab_size=plan.padded_vocab_size)
-    p, m = plan.pipeline_parallel_size, plan.num_micro_batches
-    owners = [i for i, mesh in enumerate(plan.meshes) for _ in range(mesh.num_stages)]
-    depth, buffers = [0] * max(p - 1, 0), [0] * p
-    for s in range(p - 1):
-        mesh = plan.meshes[owners[s]]
-        if owners[s] != owners[s + 1] and mesh.boundary_schedule == "overlapped":
-            depth[s] = mesh.boundary_depth
-            buffers[s] += depth[s] + 2
-            buffers[s + 1] += depth[s] + 2
-    out = []
-    for s, w in enumerate(warmup_counts(p, m, depth)):
-        mesh = plan.meshes[owners[s]]
-        b = stage_memory_bytes(model, layers=plan.stage_layers[s], tp=mesh.tp, dp=mesh.dp,
-                               micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
-                               in_flight=min(w + 1, m), first=s == 0, last=s == p - 1, settings=mesh.settings,
-                               vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES, boundary_buffers=buffers[s],
-                               impl=DRY_RUN_IMPL)
-        transient = b["activations"] - b["activations_saved"]     # the logits' gradient: not a saved tensor
-        out.append({k: b[k] for k in MEMORY_PARTS} | {"activations": b["activations_saved"],
-                                                       "activation_workspace": transient,
-                                                       "in_flight": min(w + 1, m)})
+    out = {}
+    for pipe in range(plan.num_pipelines):
+        layout = PipelineLayout(plan, pipe)
+        p, m = layout.num_stages, layout.num_micro_batches
+        depth, buffers = [0] * max(p - 1, 0), [0] * p
+        for s in range(p - 1):
+            holders = layout.stages[s]
+            i, sim = holders[0]
+            mesh = plan.meshes[i]
+            # only a boundary out of a mesh's last stage, between single-mesh positions, can be overlapped
+            if len(holders) == 1 and sim == mesh.num_stages - 1 and mesh.boundary_schedule == "overlapped":
+                depth[s] = mesh.boundary_depth
+                buffers[s] += depth[s] + 2
+                buffers[s + 1] += depth[s] + 2
+        for s, w in enumerate(warmup_counts(p, m, depth)):
+            for i, sim in layout.stages[s]:
+                mesh = plan.meshes[i]
+                b = stage_memory_bytes(model, layers=layout.stage_layers[s], tp=mesh.tp, dp=mesh.dp,
+                                       micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
+                                       in_flight=min(w + 1, m), first=s == 0, last=s == p - 1,
+                                       settings=mesh.settings, vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES,
+                                       boundary_buffers=buffers[s], impl=DRY_RUN_IMPL)
+                transient = b["activations"] - b["activations_saved"]   # the logits' gradient: not a saved tensor
+                out[(i, sim)] = ({k: b[k] for k in MEMORY_PARTS} |
+                                 {"activations": b["activations_saved"], "activation_workspace": transient,
+                                  "in_flight": min(w + 1, m), "stage": s})
     return out
 
 
@@ -148,12 +156,11 @@ def memory_report(plan, results) -> list[dict]:
     for i, mesh in enumerate(plan.meshes):
         for local in range(mesh.num_devices):
             rank = plan.rank_offset(i) + local
-            stage = plan.first_stage(i) + local // (mesh.tp * mesh.dp)
+            want = predicted[(i, local // (mesh.tp * mesh.dp))]
             got = results[rank]["memory"]
-            want = predicted[stage]
             measured = {k: int(got[k]) for k in MEMORY_PARTS}
             pred = {k: round(want[k]) for k in MEMORY_PARTS}
-            out.append({"rank": rank, "stage": stage, "mesh": i, "tp": mesh.tp, "dp": mesh.dp,
+            out.append({"rank": rank, "stage": want["stage"], "mesh": i, "tp": mesh.tp, "dp": mesh.dp,
                         "recompute": mesh.recompute, "in_flight": want["in_flight"],
                         "predicted": pred | {"total": sum(pred.values())},
                         "measured": measured | {"total": sum(measured.values()),

@@ -3,10 +3,15 @@
 1. Parameter gradients are reduced over DP inside each mesh: Megatron's DDP / finalize_model_grads on the
    mesh's own DP group (`ctx.pg.dp`): an all-reduce with the plain optimizer, a reduce-scatter with the
    distributed optimizer (then each DP rank holds the reduced gradient of its own shard only).
-2. Loss normalisation. Every replica of a mesh with DP degree k averages its loss over its own samples and DDP
-   averages over the k replicas, so inside that mesh an activation gradient is k times the gradient of the
-   global mean loss. Where an activation crosses from a mesh with DP k_src to one with DP k_dst, its
-   gradient going back is therefore rescaled by k_src / k_dst (`activation_grad_scale`). Equal DP: 1.
+2. Loss normalisation. Every replica averages its loss over its own micro-batch (mbs samples) and DDP
+   averages over the mesh's replicas, so after its DP reduction a mesh holds the mean gradient over ITS
+   samples, and the activation gradient of one sample is 1 / mbs times that sample's loss gradient (times 1 /
+   micro-batches, the same everywhere). Where an activation crosses from a mesh with micro-batch size mbs_src
+   to one with mbs_dst, its gradient going back is rescaled by mbs_dst / mbs_src (`activation_grad_scale`,
+   per block: the meshes holding a stage side by side may differ). Between single meshes that is
+   k_src / k_dst for DP degrees k, since dp * mbs is the same everywhere. Meshes side by side at a stage each
+   hold the mean over their own samples; replica_sync.py then sums each parameter over its holders weighted
+   by their share of the batch (`RankContext.batch_share`), which gives the global-batch mean.
 3. Tied input/output embeddings whose first and last stage sit in different meshes (possibly different TP
    and DP, possibly different clusters) are summed shard to shard. In the coordinates of the whole
    (padded vocabulary x hidden) table, flattened row-major, every rank of each side owns one interval: with
@@ -14,7 +19,9 @@
    plain optimizer the whole TP shard on DP rank 0 (the other replicas hold copies). The owners of one side
    partition the table, so each element is sent once in each direction between the two ranks that own it
    (`tie_blocks`); nothing goes around a ring and no rank sends zeros. With the plain optimizer DP rank 0
-   then broadcasts the sum to its replicas inside its mesh.
+   then broadcasts the sum to its replicas inside its mesh. (When several meshes hold a stage side by side, or
+   there are several pipelines, replica_sync.py sums the tied copies with every other shared parameter and
+   this exchange does not run.)
 4. The global gradient norm counts each parameter once: Megatron already skips TP duplicates and the tied
    output copy; with the distributed optimizer every DP rank contributes the shard it owns, with the plain
    one only DP rank 0 of each mesh (the replicas hold copies); the sum runs over all ranks
@@ -27,8 +34,9 @@ from dataclasses import dataclass
 
 
 def activation_grad_scale(src_mesh, dst_mesh) -> float:
-    """Factor for the activation gradient flowing back from dst_mesh to src_mesh (forward direction src->dst)."""
-    return src_mesh.dp / dst_mesh.dp
+    """Factor for the activation gradient flowing back from dst_mesh to src_mesh (forward direction src->dst):
+    each side's per-sample gradient is 1 / its micro-batch size of the sample's loss gradient (rule 2)."""
+    return dst_mesh.micro_batch_size / src_mesh.micro_batch_size
 
 
 # ---- pure: who owns what of the tied table, who sends what to whom ------------------------------------------
@@ -80,10 +88,11 @@ def tie_blocks(first_owners, last_owners) -> list[TieBlock]:
 
 # ---- the finalize function Megatron calls after the backward pass ----------------------------------------------
 
-def make_finalize_model_grads(ctx, counter: dict | None = None):
+def make_finalize_model_grads(ctx, counter: dict | None = None, replicas=None):
     """A drop-in for `config.finalize_model_grads_func`: Megatron's finalize_model_grads with this rank's
-    groups, then the cross-stage tied-embedding reduction. `counter` (e.g. a communicator's `bytes_sent`)
-    receives the bytes the tie reduction sends."""
+    groups, then the cross-stage tied-embedding reduction, then (`replicas`, a replica_sync.ReplicaSync, for
+    plans whose parameters several meshes hold) the sum across those meshes. `counter` (e.g. a communicator's
+    `bytes_sent`) receives the bytes the tie reduction sends."""
     from megatron.core.distributed import finalize_model_grads
 
     tie = TiedEmbeddingExchange(ctx, counter) if ctx.tie_group is not None else None
@@ -93,6 +102,8 @@ def make_finalize_model_grads(ctx, counter: dict | None = None):
                              force_all_reduce=force_all_reduce)
         if tie is not None:
             tie.reduce(model)
+        if replicas is not None:
+            replicas.reduce(model)
 
     return finalize
 
@@ -254,17 +265,20 @@ def _wait(works, ctx, what: str) -> None:
                             f"{peer} (cluster {p.cluster}, stage {p.stage}): {how}; that process is gone or stuck")
 
 
-def count_grad_norm_once(optimizer, ctx) -> None:
+def count_grad_norm_once(optimizer, ctx, replicas=None) -> None:
     """Make Megatron's optimizer compute the global grad norm over every mesh, counting each parameter once.
 
     Sets the optimizer's gradient-statistics group to all ranks. With the distributed optimizer every DP rank
     contributes the shard it owns (the shards of a mesh partition its parameters); with the plain optimizer
     only DP rank 0 of each mesh contributes (the other replicas hold identical, already-reduced gradients).
+    With several meshes holding the same parameters (`replicas`, a replica_sync.ReplicaSync) only the ranks of
+    each parameter's first holder contribute: after the exchange every holder has the same global gradient.
     """
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     for sub in subs:
         sub.grad_stats_parallel_group = ctx.world_gloo
-        if ctx.coords.dp_rank != 0 and not isinstance(sub, DistributedOptimizer):
+        left_out = replicas is not None and not replicas.counts_in_norm
+        if left_out or (ctx.coords.dp_rank != 0 and not isinstance(sub, DistributedOptimizer)):
             sub.get_grads_for_grad_norm = lambda *args, **kwargs: []

@@ -5,11 +5,13 @@ order applies (tp fastest, then dp, then pipeline stage). Each mesh is therefore
 with a rank offset, and its TP / DP / CP groups come from Megatron's own `HyperCommGrid(rank_offset=...)` on
 the cluster's native backend.
 
-What Megatron cannot express is the pipeline across meshes whose stages have different sizes. The schedule
-only asks its pipeline group for rank() (= stage) and size() (= stages), so each rank gets a "chain": one
-rank per stage, chain j taking the (j mod n)-th rank of a stage with n ranks. The data itself moves through
-`HeteroP2PCommunicator`, which knows the real partners. Boundaries between clusters get their own gloo group
-(host-staged traffic); tied embeddings get a gloo group over the first and last stage.
+What Megatron cannot express is the pipeline across meshes whose stages have different sizes (and stages held
+by several meshes side by side, runtime/layout.py). The schedule only asks its pipeline group for rank()
+(= stage) and size() (= stages), so each rank gets a "chain": one rank per stage, chain j taking the
+(j mod n)-th rank of a stage with n ranks (all meshes of the stage counted). The data itself moves through
+`HeteroP2PCommunicator`, which knows the real partners. Each pair of meshes at consecutive stages in different
+clusters gets its own gloo group (host-staged traffic); tied embeddings get a gloo group over the first and last
+stage.
 
 Every rank creates every group in the same order (torch.distributed requires it). A plan that does not fit
 the launched world fails in `validate_launch` before any group exists.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from . import device as devlayer
+from .layout import PipelineLayout
 
 
 @dataclass(frozen=True)
@@ -136,9 +139,11 @@ class RankContext:
     """Everything one rank needs to run its share of a plan with Megatron-Core.
 
     `pg` is the `ProcessGroupCollection` to hand to GPTModel, DDP, the optimizer, finalize_model_grads and
-    the schedule. `boundary_groups[i]` is the gloo group of the boundary between mesh i and i+1 when they are
-    in different clusters (None when in the same cluster). `tie_group` is the gloo group over the first and
-    last stage when the model ties its embeddings across stages.
+    the schedule. `boundary_groups[(i, j)]` is the gloo group of the pipeline boundary from mesh i to mesh j
+    (consecutive stages) when they are in different clusters (absent when in the same cluster; None on a rank
+    outside it). `tie_group` is the gloo group over the first and last stage when the model ties its embeddings
+    across stages. `layout` says which meshes hold each stage of the rank's pipeline and which samples each
+    replica holds.
     """
     plan: object
     coords: RankCoords
@@ -149,14 +154,28 @@ class RankContext:
     tie_group: object = None
     timeout_s: float = 60.0
     dry_run: bool = False
+    replica_group: object = None
+
+    @property
+    def mesh_index(self) -> int:
+        return self.coords.mesh_index
+
+    @property
+    def batch_share(self) -> float:
+        """The share of each iteration's global batch this rank's mesh trains: the weight of its gradients."""
+        return self.layout.sample_share(self.coords.mesh_index)
 
     @property
     def mesh(self):
         return self.plan.meshes[self.coords.mesh_index]
 
     @property
+    def layout(self) -> PipelineLayout:
+        return PipelineLayout(self.plan, self.mesh.pipeline)
+
+    @property
     def num_stages(self) -> int:
-        return self.plan.pipeline_parallel_size
+        return self.layout.num_stages
 
     @property
     def is_first_stage(self) -> bool:
@@ -174,7 +193,7 @@ class RankContext:
     @property
     def layer_offset(self) -> int:
         """Global index of this stage's first transformer layer."""
-        return sum(self.plan.stage_layers[: self.coords.stage])
+        return sum(self.layout.stage_layers[: self.coords.stage])
 
 
 def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False) -> RankContext:
@@ -203,8 +222,10 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
             for name, group in made.items():
                 setattr(pg, name, group)
 
-    # 2. pipeline chains across meshes (only rank()/size() are used by Megatron)
-    per_stage = [stage_ranks(plan, s) for s in range(plan.pipeline_parallel_size)]
+    # 2. pipeline chains across meshes (only rank()/size() are used by Megatron); a stage held by several meshes
+    #    side by side contributes all their ranks
+    layout = PipelineLayout(plan, plan.meshes[me.mesh_index].pipeline)
+    per_stage = [layout.stage_ranks(s) for s in range(layout.num_stages)]
     chains = []
     for j in range(max(len(r) for r in per_stage)):
         chain = [r[j % len(r)] for r in per_stage]
@@ -217,26 +238,30 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
             my_chain = group
     pg.pp = my_chain
 
-    # 3. cross-cluster boundaries: host-staged gloo groups
+    # 3. cross-cluster boundaries: a host-staged gloo group per pair of meshes at consecutive stages in
+    #    different clusters (the last stage of one, the first of the other)
     boundary_groups = {}
-    for i in range(len(plan.meshes) - 1):
-        a, b = plan.meshes[i], plan.meshes[i + 1]
-        if a.cluster != b.cluster:
-            last_a = plan.first_stage(i) + a.num_stages - 1
-            ranks = per_stage[last_a] + per_stage[last_a + 1]
-            group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
-            boundary_groups[i] = group if rank in ranks else None
-        else:
-            boundary_groups[i] = None
+    for before, after in zip(layout.positions, layout.positions[1:]):
+        for i in before:
+            for j in after:
+                a, b = plan.meshes[i], plan.meshes[j]
+                if a.cluster == b.cluster:
+                    continue
+                ranks = ([global_rank(plan, i, a.num_stages - 1, d, t) for d in range(a.dp) for t in range(a.tp)] +
+                         [global_rank(plan, j, 0, d, t) for d in range(b.dp) for t in range(b.tp)])
+                group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
+                boundary_groups[(i, j)] = group if rank in ranks else None
 
     # 4. tied embeddings between the first and the last stage (reduced by gradients.py, not by Megatron)
     tie_group = None
-    if plan.model.tie_embeddings and plan.pipeline_parallel_size > 1:
+    if plan.model.tie_embeddings and layout.num_stages > 1 and plan.is_simple:
         ranks = per_stage[0] + per_stage[-1]
         group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
         tie_group = group if rank in ranks else None
 
     world_gloo = dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout)
+    replica_group = (None if plan.is_simple else
+                     dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout))
 
     pg.embd = None        # tied embeddings are handled by gradients.py across meshes
     pg.pos_embd = None    # learned positions live on the first stage only
@@ -251,7 +276,8 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     pg.tp_ep_pp = pg.mp
     pg.intra_dist_opt = pg.dp_cp
     return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
-                       boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run)
+                       boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run,
+                       replica_group=replica_group)
 
 
 def set_megatron_globals(ctx: RankContext) -> None:

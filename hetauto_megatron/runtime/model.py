@@ -72,14 +72,14 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
         gated_linear_unit=spec.gated_mlp, activation_func=F.silu if spec.gated_mlp else F.gelu,
         add_bias_linear=not spec.gated_mlp, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
-        tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=plan.pipeline_parallel_size,
+        tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=ctx.layout.num_stages,
         sequence_parallel=mesh.settings.sequence_parallel,
         use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0, bf16=False, fp16=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
     )
-    layout = pipeline_layout(plan.stage_layers)
+    layout = pipeline_layout(ctx.layout.stage_layers)
     if layout is not None:
         kw["pipeline_model_parallel_layout"] = layout
     kw.update(recompute_settings(mesh.recompute))

@@ -8,7 +8,8 @@ code with `reference_plan(plan)` (one process, whole model, the whole micro-batc
 plain optimizer) is the single-device reference the heterogeneous run must match.
 
 Data: for optimizer step s and micro-batch m, the step's samples are drawn from a generator seeded by
-(seed, s, m); a DP replica takes its contiguous share. Every layout therefore sees the same samples.
+(seed, s, m); a DP replica takes its contiguous share (`Plan.sample_range`: mesh after mesh when several meshes
+hold a stage side by side). Every layout therefore sees the same samples.
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ CLIP_GRAD = 1.0
 def reference_plan(plan: Plan) -> Plan:
     """The same model, batch and micro-batch count on one CPU process (tp 1, dp 1, one stage), with the plain
     optimizer and no overlap: the simplest way Megatron trains the model, not the code path under test."""
-    mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=plan.samples_per_step,
+    from .layout import PipelineLayout
+
+    mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=PipelineLayout(plan).step,
                 recompute="none", stage_layers=(plan.model.num_layers,),
                 setting_overrides={"distributed_optimizer": False, "overlap_grad_reduce": False,
                                    "overlap_param_gather": False})
@@ -90,15 +93,23 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
         # gradient reductions in the pipeline bubble.
         config.grad_sync_func = ddp.start_grad_sync
-    config.finalize_model_grads_func = make_finalize_model_grads(ctx, comm.bytes_sent)
+    replicas = None
+    if ctx.replica_group is not None:
+        # parameters that several meshes hold (meshes side by side at a stage, other pipelines): summed across
+        # them after each mesh's DP reduction, weighted by their share of the batch (replica_sync.py)
+        from .replica_sync import ReplicaSync
+        replicas = ReplicaSync(ctx, [ddp], counter=comm.bytes_sent)
+    config.finalize_model_grads_func = make_finalize_model_grads(ctx, comm.bytes_sent, replicas)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
                                                  params_dtype=torch.float32,
                                                  use_distributed_optimizer=settings.distributed_optimizer),
                                  [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
-    count_grad_norm_once(opt, ctx)
+    count_grad_norm_once(opt, ctx, replicas)
     clock = OpClock().install(comm, config)   # per-operation stamps for measured timelines (op_timing.py)
 
-    seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, plan.samples_per_step
+    layout = ctx.layout
+    seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, layout.step
+    first, last = layout.sample_range(c.mesh_index, c.dp_rank)   # this replica's samples of every step
     dev = ctx.device
     positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
     causal = torch.tril(torch.ones(1, 1, seq, seq, device=dev)) < 0.5  # True = masked
@@ -119,16 +130,16 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         clock.begin_step()
         ddp.zero_grad_buffer()
         opt.zero_grad()
-        data = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)[c.dp_rank * mbs:(c.dp_rank + 1) * mbs]
-                .to(dev) for m in range(plan.num_micro_batches)]
+        data = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)[first:last].to(dev)
+                for m in range(layout.num_micro_batches)]
         common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
-                      num_microbatches=plan.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
+                      num_microbatches=layout.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
                       forward_only=False, pg_collection=ctx.pg)
         with _metered(step == 0, model, ddp, opt, alloc) as meter_now:   # memory: the first step only (untimed)
             meter = meter_now or meter
-            if plan.pipeline_parallel_size > 1:
+            if layout.num_stages > 1:
                 before = comm.exposed_s()
-                comm.begin_step(plan.num_micro_batches)
+                comm.begin_step(layout.num_micro_batches)
                 results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
                 comm.end_step()
                 exposed.append(comm.exposed_s() - before)
@@ -138,10 +149,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
             _, grad_norm, _ = opt.step()
         times.append(time.perf_counter() - t0)
         clock.end_step()
-        # The loss lives on the last stage; average its DP replicas and give it to everyone.
+        # The loss lives on the last stage; weight each replica by its share of the step's samples (1 / dp for a
+        # mesh alone at the stage) and give the sum to everyone.
         value = 0.0
         if ctx.is_last_stage and c.tp_rank == 0:
-            value = sum(r["lm loss"].item() for r in results) / len(results) / mesh.dp
+            value = sum(r["lm loss"].item() for r in results) / len(results) * mbs / batch
         total = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(total, group=ctx.world_gloo)
         losses.append(total.item())
