@@ -63,6 +63,11 @@ def test_pipeline_of_a_plan_is_a_plan_of_its_own():
     p0 = plan.pipeline(0)
     assert not p0.is_simple and p0.num_pipelines == 1 and p0.global_batch_size == 12
     assert p0.positions(0) == [[0, 1], [2]]
+    for bad_p in (-1, 2):
+        with pytest.raises(IndexError):
+            plan.pipeline(bad_p)
+        with pytest.raises(IndexError):
+            plan.positions(bad_p)
 
 
 def test_simple_plan_unchanged():
@@ -70,7 +75,7 @@ def test_simple_plan_unchanged():
     assert plan.is_simple and plan.num_pipelines == 1 and plan.pipeline_samples == ()
     assert plan.samples_per_pipeline == (8,) and plan.positions(0) == [[0], [1]]
     assert plan.stage_layers == [0, 4, 4] and plan.num_micro_batches == 2 and plan.first_stage(1) == 2
-    assert plan.pipeline(0) == plan
+    assert plan.pipeline(0) is plan
     assert plan.layer_holders(4) == [(1, 0)] and plan.embedding_holders() == [(0, 0)]
     assert plan.head_holders() == [(1, 0)] and plan.sample_range(0, 1) == (2, 4)
     d = plan.to_dict()
@@ -141,7 +146,8 @@ def test_errors_name_the_field_and_fix():
     def unequal_steps(d):
         d["meshes"][2]["dp"] = 2   # position 1 moves 4 samples, position 0 moves 6
     e = bad(unequal_steps)
-    assert e.field == "meshes[0:3]" and "= 6" in e.reason and "= 4" in e.reason and "6 samples" in e.fix
+    assert e.field == "meshes[2].micro_batch_size" and "= 6" in e.reason and "= 4" in e.reason
+    assert "meshes[2]" in e.fix and "6 samples" in e.fix
 
     def not_multiple(d):
         d["pipelines"] = [{"samples": 9}, {"samples": 7}]
@@ -165,7 +171,7 @@ def test_errors_name_the_field_and_fix():
     def layers(d):
         d["meshes"][3]["stage_layers"] = [3, 4]
     e = bad(layers)
-    assert "pipeline 1" in e.reason and "7" in e.reason
+    assert "pipeline 1" in e.reason and "7" in e.reason and e.field == "meshes[3].stage_layers"
 
     def empty_middle(d):
         d["meshes"][3]["stage_layers"] = [3, 0, 5]

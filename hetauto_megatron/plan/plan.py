@@ -161,6 +161,8 @@ class Plan:
         if samples == (self.global_batch_size,):
             samples = ()
         object.__setattr__(self, "pipeline_samples", samples)
+        # Cached (not a field): the single-pipeline properties check it on every call.
+        object.__setattr__(self, "_simple", shapes.is_simple(self.meshes))
         check_precision(self.precision)
         m = self.model
         if self.version not in READABLE_VERSIONS:
@@ -191,7 +193,7 @@ class Plan:
     @property
     def is_simple(self) -> bool:
         """One pipeline, no alongside mesh: every single-pipeline code path applies unchanged."""
-        return shapes.is_simple(self.meshes)
+        return self._simple
 
     @property
     def num_pipelines(self) -> int:
@@ -202,17 +204,26 @@ class Plan:
         """Samples per iteration of each pipeline (pipeline_samples, or the global batch for one pipeline)."""
         return self.pipeline_samples or (self.global_batch_size,)
 
+    def _pipeline_range(self, p: int) -> range:
+        if not 0 <= p < self.num_pipelines:
+            raise IndexError(f"pipeline {p} of a plan with {self.num_pipelines} pipeline(s)")
+        return shapes.pipeline_ranges(self.meshes)[p]
+
     def pipeline_mesh_indices(self, p: int) -> list[int]:
-        return list(shapes.pipeline_ranges(self.meshes)[p])
+        return list(self._pipeline_range(p))
 
     def positions(self, p: int) -> list[list[int]]:
         """Mesh indices of each position of pipeline p (a mesh and the meshes alongside it), in stage order."""
-        return shapes.positions_of(self.meshes, shapes.pipeline_ranges(self.meshes)[p])
+        return shapes.positions_of(self.meshes, self._pipeline_range(p))
 
     def pipeline(self, p: int) -> "Plan":
         """Pipeline p as a plan of its own (its meshes with pipeline 0, global_batch_size = its samples): simple
-        when it has no alongside mesh, so single-pipeline code runs on it. The estimate is the whole plan's and
-        is left out."""
+        when it has no alongside mesh, so single-pipeline code runs on it. A plan of one pipeline is returned as
+        it is; otherwise the estimate (the whole plan's) is left out. Mind that the vocabulary is padded for the
+        TP of every pipeline's meshes: a pipeline run as part of this plan builds `self.padded_vocab_size`, which
+        may exceed the sub-plan's own."""
+        if self._pipeline_range(p) and self.num_pipelines == 1:
+            return self
         meshes = [dataclasses.replace(self.meshes[i], pipeline=0) for i in self.pipeline_mesh_indices(p)]
         return dataclasses.replace(self, meshes=tuple(meshes), global_batch_size=self.samples_per_pipeline[p],
                                    pipeline_samples=(), estimate=None)
@@ -245,7 +256,7 @@ class Plan:
         return shapes.end_holders(self.meshes, last=True)
 
     def _simple_only(self, what: str) -> None:
-        if not self.is_simple:
+        if not self._simple:
             raise shapes.not_simple_error(self.meshes, f"Plan.{what}")
 
     # ---- derived (one pipeline; on a plan that is not simple these raise InputError) -------------------
@@ -266,6 +277,7 @@ class Plan:
 
     @property
     def num_micro_batches(self) -> int:
+        self._simple_only("num_micro_batches")
         return self.global_batch_size // self.samples_per_step
 
     def mesh_precision(self, mesh_index: int) -> str:

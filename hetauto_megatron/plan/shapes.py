@@ -92,7 +92,7 @@ def not_simple_error(meshes, what: str) -> InputError:
 def check_shapes(plan) -> None:
     """Validate pipelines and positions (InputError naming the field and the fix). Called by Plan.__post_init__
     after the per-mesh checks; the messages for a simple plan are the version-2 ones."""
-    meshes, m = plan.meshes, plan.model
+    meshes = plan.meshes
     for i, mesh in enumerate(meshes):
         prev = meshes[i - 1].pipeline if i else 0
         if mesh.pipeline not in (prev, prev + 1) or (i == 0 and mesh.pipeline != 0):
@@ -151,10 +151,13 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
                              fix="raise the micro-batch size of the smaller-DP mesh" + (f" ({hint})" if hint else ""))
         detail = "; ".join(" + ".join(f"meshes[{i}] {meshes[i].dp}x{meshes[i].micro_batch_size}" for i in pos)
                            + f" = {s}" for pos, s in zip(positions, steps))
+        odd = next(pos for pos, s in zip(positions, steps) if s != steps[0])
         raise InputError(f"every stage{where} must move the same samples per micro-batch step (the sum of dp * "
                          f"micro_batch_size over the meshes side by side); got {detail}",
-                         field=f"meshes[{idx.start}:{idx.stop}]",
-                         fix=f"change dp or micro_batch_size so every position moves {max(steps)} samples per step")
+                         field=f"meshes[{odd[0]}].micro_batch_size",
+                         fix=f"change dp or micro_batch_size of meshes[{odd[0]}]" + (" and its alongside meshes"
+                                                                                      if len(odd) > 1 else "")
+                             + f" (or of the others) so every stage moves {steps[0]} samples per step")
     step = steps[0]
     if samples < 1 or samples % step:
         if simple and len(plan.pipeline_samples) <= 1:
@@ -166,7 +169,7 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
     layers = [n for pos in positions for n in meshes[pos[0]].stage_layers]
     if sum(layers) != m.num_layers:
         raise InputError(f"stage_layers{where} add up to {sum(layers)} layers but the model has {m.num_layers}",
-                         field="meshes[*].stage_layers", fix=f"make the layer counts{where} sum to {m.num_layers}"
+                         field="meshes[*].stage_layers" if simple else f"meshes[{idx.start}].stage_layers", fix=f"make the layer counts{where} sum to {m.num_layers}"
                                                              + ("" if simple else " (every pipeline holds the whole "
                                                                                   "model)"))
     for s, n in enumerate(layers):
