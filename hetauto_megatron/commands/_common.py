@@ -31,6 +31,14 @@ def add_precision_arg(parser, default: str | None) -> None:
                              + ("" if default else "; default: the plan's, else bf16"))
 
 
+def add_memory_job_arg(parser) -> None:
+    parser.add_argument("--memory-job", choices=("sailor-deepspeed",), default=None,
+                        help="also require every stage to fit as another framework's job holds memory: "
+                             "sailor-deepspeed = Sailor's Megatron-DeepSpeed fork as its simulator counts it (fp32, "
+                             "Adam state unsharded, no sequence parallelism, unfused attention, DeepSpeed's 8 bytes "
+                             "per parameter more); docs/peers.md")
+
+
 def load_inputs(args):
     from ..cost.learned import load_cost_model
     from ..errors import InputError
@@ -42,10 +50,15 @@ def load_inputs(args):
     model = load_model(args.model, seq_length=args.seq_length)
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
+    if getattr(args, "memory_job", None):
+        from ..plan.costing import MEMORY_JOBS
+        cost_model.memory_job = MEMORY_JOBS[args.memory_job]()     # read by every stage profile (plan/costing.py)
     if hasattr(cost_model, "describe"):
         # Which model prices each device type, and why: a learned model never answers silently for a type
         # (or a precision) it has no measurements of. --json carries the same under "cost_model_why".
-        for line in cost_model.describe(c.device for c in inventory.clusters):
+        # at the job's precision: the learned model covers a device type per element size
+        priced = inventory.with_precision(args.precision) if getattr(args, "precision", None) else inventory
+        for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
     return model, inventory, cost_model
 

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ._common import (add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
                       write_timelines)
 
 DESCRIPTION = """\
@@ -53,6 +53,7 @@ examples:
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
     add_precision_arg(parser, "bf16")
+    add_memory_job_arg(parser)
     parser.add_argument("--global-batch-size", type=int, default=512, metavar="N",
                         help="sequences per iteration (default 512)")
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import sys
 
-from ._common import (add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
                       write_timelines)
 
 DESCRIPTION = """\
@@ -45,6 +45,7 @@ examples:
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
     add_precision_arg(parser, None)
+    add_memory_job_arg(parser)
     parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "

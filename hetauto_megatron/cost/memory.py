@@ -113,6 +113,8 @@ class LayerImpl:
     fused_glu: bool = True         # Megatron's unfused GLU adds its linear offset (0) to the linear half: one
                                    # more s*b*f tensor
     dropout: bool = True           # hidden dropout after the embedding, attention and MLP keeps 1-byte masks
+    attention_dropout: bool | None = None   # dropout on the attention probabilities (unfused attention keeps its
+                                   # mask and output); None: as `dropout`. OPT and GPT-Neo train without it
 
 
 TRANSFORMER_ENGINE = LayerImpl()
@@ -144,7 +146,8 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl) -> d
         attn += 2 * s * b * model.kv_hidden * E
     else:
         scores = a * s * s * b
-        attn += 2 * sbh * E + scores * E + (scores * (E + 1) if impl.dropout else 0)
+        attn_dropout = impl.dropout if impl.attention_dropout is None else impl.attention_dropout
+        attn += 2 * sbh * E + scores * E + (scores * (E + 1) if attn_dropout else 0)
     mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
@@ -234,3 +237,32 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     reserved = RUNTIME_OVERHEADS.get(vendor, DEFAULT_OVERHEAD).bytes(state + acts)
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}
+
+
+# ---- a job another framework runs ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobMemory:
+    """How another framework's job holds memory, for planning a job that must also fit as that framework runs it
+    (`hetauto plan --memory-job`, docs/peers.md). Every figure is a documented fact of that framework, never
+    fitted to a measurement.
+      settings           the runtime settings the job runs with (optimizer sharding, sequence parallelism)
+      impl               how its layers keep activations
+      dtype_bytes        the element size of its parameters and activations
+      extra_bytes_per_param   what the framework keeps per parameter beyond weights, gradients and Adam state
+    The fixed per-process reserve stays ours (RUNTIME_OVERHEADS)."""
+    name: str
+    settings: object                # a plan.settings.RuntimeSettings (cost/ does not import plan/)
+    impl: LayerImpl
+    dtype_bytes: int
+    extra_bytes_per_param: float
+
+
+def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
+                           recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
+                           seq_length: int | None = None) -> dict[str, float]:
+    """stage_memory_bytes of the same stage as `job` runs it, plus the framework's bytes per parameter."""
+    b = stage_memory_bytes(model, layers=layers, tp=tp, dp=dp, micro_batch_size=micro_batch_size,
+                           recompute=recompute, in_flight=in_flight, first=first, last=last, settings=job.settings,
+                           vendor=vendor, seq_length=seq_length, dtype_bytes=job.dtype_bytes, impl=job.impl)
+    extra = job.extra_bytes_per_param * b["params"]
+    return {**b, "framework": extra, "total": b["total"] + extra}

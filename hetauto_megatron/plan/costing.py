@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost import comm
-from ..cost.memory import GIB, grad_buffer_bytes, stage_memory_bytes, stage_params
+from ..cost.memory import (GIB, JobMemory, LayerImpl, grad_buffer_bytes, job_stage_memory_bytes, stage_memory_bytes,
+                           stage_params)
 from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
 from .settings import RuntimeSettings, default_settings, padded_vocab_size
@@ -43,6 +44,7 @@ class StageProfile:
     settings: RuntimeSettings   # what this mesh runs with (plan/settings.py)
     optimizer_rate: float = 1.0     # the optimizer step: rate x its memory traffic + optimizer_layer_s per layer
     optimizer_layer_s: float = 0.0  # (the cost model's optimizer_calibration; analytic: 1, 0)
+    memory_job: JobMemory | None = None   # every stage must also fit as this job holds memory (--memory-job)
 
     def times(self, layers: int, first: bool, last: bool) -> tuple[float, float]:
         f = layers * self.layer_fwd + (self.emb_fwd if first else 0.0) + (self.head_fwd if last else 0.0)
@@ -71,7 +73,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     dp_link = dp_ring_link(cluster, tp, dp)
     opt_rate, opt_layer = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
-                        dev.memory_gib * GIB, settings, opt_rate, opt_layer)
+                        dev.memory_gib * GIB, settings, opt_rate, opt_layer, getattr(cost_model, "memory_job", None))
 
 
 def _with_sequence_parallel(cost_model, sequence_parallel: bool):
@@ -99,11 +101,36 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
                  last: bool, boundary_buffers: int = 0) -> dict[str, float]:
-    return stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
-                              recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
-                              settings=prof.settings, vendor=prof.cluster.device.vendor,
-                              dtype_bytes=prof.cluster.device.dtype_bytes,
-                              boundary_buffers=boundary_buffers)
+    """Bytes on the busiest device of the stage (cost/memory.py). With a memory job (`--memory-job`), `total` is
+    the larger of what this plan's runtime holds and what that job would hold (`job_total`): the stage must fit
+    both ways."""
+    mem = stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
+                             recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
+                             settings=prof.settings, vendor=prof.cluster.device.vendor,
+                             dtype_bytes=prof.cluster.device.dtype_bytes,
+                             boundary_buffers=boundary_buffers)
+    if prof.memory_job is not None:
+        job = job_stage_memory_bytes(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
+                                     micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
+                                     in_flight=in_flight, first=first, last=last,
+                                     vendor=prof.cluster.device.vendor)
+        mem = {**mem, "job_total": job["total"], "total": max(mem["total"], job["total"])}
+    return mem
+
+
+def sailor_deepspeed_job() -> JobMemory:
+    """Sailor's Megatron-DeepSpeed fork as its simulator counts memory (sailor/Planner/simulations/
+    runtime_simulator.py `check_config_fits`; docs/peers.md): fp32 training, Adam state on every DP rank (no ZeRO),
+    no sequence parallelism, unfused attention keeping the s x s softmax output, hidden dropout but no attention
+    dropout (OPT and GPT-Neo train without it), and 8 bytes per parameter beyond weights + gradients + Adam:
+    DeepSpeed's gradient communication buffer (4) and its extra model copy (4)."""
+    return JobMemory("sailor-deepspeed",
+                     RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,
+                                     overlap_param_gather=False),
+                     LayerImpl(flash_attention=False, dropout=True, attention_dropout=False), 4, 8.0)
+
+
+MEMORY_JOBS = {"sailor-deepspeed": sailor_deepspeed_job}
 
 
 @lru_cache(maxsize=262144)
