@@ -1,0 +1,158 @@
+"""The terms Sailor's simulator prices a plan with, re-derived in our own code from its documented behaviour
+(docs/peers.md gives each term with its file in github.com/eth-easl/sailor, commit cf2c8e3), from the data it
+uses, packaged in hetauto_megatron/data/sailor/: profiles_tmp.json (per-layer forward, backward and optimizer
+times), llm_info.json (per-layer parameters and activation memory) and an extract of
+multizone_bandwidths_het.json (network curves per zone pair). It is a cross-check for the peer scenarios, not a
+replacement for running Sailor's simulator: where its code makes a choice that our plans do not express (one
+micro-batch size for the whole plan), the reading used is said where it is made.
+
+A plan here: stages, each a list of replica groups (gpu, tp, replicas, micro-batch, zone) holding the same
+Sailor layer entries (0 = embedding, 1..L transformer layers, L+1.. the head).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data", "sailor")
+GPU_MEMORY_GB = {"A100-40": 40, "V100-16": 16}        # constants.py, compared in GiB (x 1024^3)
+BYTES_PER_PARAM = 8 + 4 + 4 + 4 + 4      # Adam (2 x 4), fp32 model, gradients, DeepSpeed comm buffer, DS copies
+BUCKET_BYTES = 500_000_000               # DeepSpeed's all-reduce bucket, as Sailor prices the DP sync
+FLOAT = 4                                # fp16=False: the simulator's element size
+
+
+def _load(name: str):
+    with open(os.path.join(DATA, name)) as f:
+        return json.load(f)
+
+
+PROFILES = _load("profiles_tmp.json")
+LLM_INFO = _load("llm_info.json")
+CURVES = _load("multizone_bandwidths_het.json")
+
+
+@dataclass(frozen=True)
+class Group:
+    gpu: str          # Sailor's name: A100-40, V100-16
+    tp: int
+    replicas: int
+    mbs: int
+    zone: str
+
+
+def curve_time(nbytes: float, coeffs) -> float:
+    """Seconds to move nbytes at Sailor's fitted bandwidth (GB/s = a x^2 + b x + c, x = log2 of megabytes)."""
+    if nbytes <= 0:
+        return 0.0
+    x = math.log2(nbytes / 1e6)
+    a, b, c = coeffs
+    return nbytes / 1e9 / (a * x * x + b * x + c)
+
+
+def _coeffs(src: Group, dst: Group, count_src: int, count_dst: int):
+    return CURVES[src.zone][src.gpu][str(count_src)][dst.zone][dst.gpu][str(count_dst)][0]
+
+
+def allreduce_buckets(nbytes: float, n: int, coeffs) -> float:
+    """Ring all-reduce bucket by bucket: 2(n-1) steps of bucket/n each."""
+    if n <= 1:
+        return 0.0
+    t, left = 0.0, nbytes
+    while left > 0:
+        b = min(BUCKET_BYTES, left)
+        t += 2 * (n - 1) * curve_time(b / n, coeffs)
+        left -= b
+    return t
+
+
+def _replicas(stage: list[Group]) -> list[Group]:
+    return [g for g in stage for _ in range(g.replicas)]
+
+
+def layer_times(model: str, g: Group, layers) -> tuple[float, float, float] | None:
+    """(forward + backward of the stage's entries, the optimizer time Sailor charges (its first entry's), None if
+    the profile has no such configuration."""
+    try:
+        prof = PROFILES[model][g.gpu][str(g.mbs)][str(g.tp)]
+    except KeyError:
+        return None
+    fb = sum(prof[str(i)][0] + prof[str(i)][1] for i in layers)
+    return fb, prof[str(layers[0])][2], 0.0
+
+
+def memory_bytes(model: str, stages: list[tuple[list[int], list[Group]]]) -> list[list[float]]:
+    """Per stage, per group: parameters x 24 bytes + activation memory x micro-batch x 4 bytes x (stages - i) +
+    2 GB (TP 1) or 3 GB (TP > 1) of framework memory (check_config_fits)."""
+    p = len(stages)
+    out = []
+    for i, (layers, groups) in enumerate(stages):
+        row = []
+        for g in groups:
+            info = LLM_INFO[model][str(g.tp)]
+            params = sum(info[str(l)]["params_floats"] for l in layers)
+            act = sum(info[str(l)]["act_mem_floats"] for l in layers) * g.mbs * FLOAT
+            row.append(params * BYTES_PER_PARAM + act * (p - i) + (2e9 if g.tp == 1 else 3e9))
+        out.append(row)
+    return out
+
+
+def fits(model: str, stages) -> bool:
+    mem = memory_bytes(model, stages)
+    return all(m <= GPU_MEMORY_GB[g.gpu] * 1024 ** 3 for (_, groups), row in zip(stages, mem)
+               for g, m in zip(groups, row))
+
+
+def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: int) -> float:
+    """One iteration: (m - 1) x the straggler stage (compute + its sends) + the sum of all stages' compute and
+    sends + the largest optimizer time + the DP gradient sync. m = global batch / samples per micro-batch step of
+    the first stage (Sailor: ceil(gbs / (mbs x dp)); with per-group micro-batches, the sum over its replicas)."""
+    p = len(stages)
+    step = sum(g.replicas * g.mbs for g in stages[0][1])
+    m = math.ceil(gbs / step)
+    info1 = LLM_INFO[model]["1"]
+    comp, upd = [], []
+    for layers, groups in stages:
+        t = [layer_times(model, g, layers) for g in groups]
+        if any(x is None for x in t):
+            return math.inf
+        comp.append(max(x[0] for x in t))
+        upd.append(max(x[1] for x in t))
+    comm = []
+    for i, (layers, groups) in enumerate(stages):
+        reps = _replicas(groups)
+        act_t = grad_t = 0.0
+        if i < p - 1:
+            nxt = _replicas(stages[i + 1][1])
+            for j, g in enumerate(reps):
+                h = nxt[j % len(nxt)]
+                size = info1[str(layers[-1])]["act_output_floats"] * FLOAT * g.mbs
+                act_t = max(act_t, curve_time(size, _coeffs(g, h, min(g.tp, 4), min(h.tp, 4))))
+        if i > 0:
+            prv = _replicas(stages[i - 1][1])
+            for j, g in enumerate(reps):
+                h = prv[j % len(prv)]
+                size = info1[str(layers[0])]["act_output_floats"] * FLOAT * g.mbs
+                grad_t = max(grad_t, curve_time(size, _coeffs(g, h, min(g.tp, 4), min(h.tp, 4))))
+        if 0 < i < p - 1:
+            comm.append(act_t + grad_t)
+        elif i == p - 1 and p > 1:
+            comm.append(2 * grad_t)
+        elif i == 0 and p > 1:
+            comm.append(act_t if p <= 3 else 2 * act_t)
+        else:
+            comm.append(0.0)
+    straggler = max(c + s for c, s in zip(comp, comm))
+    t_pp = (m - 1) * straggler + sum(comm) + sum(comp) + max(upd)
+    sync = 0.0
+    for layers, groups in stages:
+        reps = _replicas(groups)
+        if len(reps) < 2:
+            continue
+        tp_min = min(4, min(g.tp for g in groups))
+        size = sum(info1[str(l)]["params_floats"] * FLOAT for l in layers) / tp_min
+        # each neighbouring pair of replicas is priced as if it bounded the ring: the slowest pair sets the time
+        for a, b in zip(reps, reps[1:]):
+            sync = max(sync, allreduce_buckets(size, len(reps), _coeffs(a, b, 1, 1)))
+    return t_pp + sync

@@ -1,0 +1,80 @@
+"""The peer scenarios (examples/peers/, docs/peers.md): a plan made with `--memory-job sailor-deepspeed` fits under our
+memory model configured as Sailor's job runs, and that configuration never under-predicts Sailor's own memory
+terms, computed from the per-layer parameters and activation memory Sailor measured (data/sailor/llm_info.json)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hetauto_megatron.cost.memory import job_stage_memory_bytes
+from hetauto_megatron.plan.costing import sailor_deepspeed_job
+from hetauto_megatron.plan.plan import load_plan
+from hetauto_megatron.plan.settings import padded_vocab_size
+from hetauto_megatron.spec.model import load_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "hetauto_megatron", "data", "sailor")
+with open(os.path.join(DATA, "llm_info.json")) as f:
+    LLM_INFO = json.load(f)
+
+
+def sailor_stage_bytes(model: str, entries: list[int], tp: int, mbs: int, in_flight: int) -> float:
+    """Sailor's check_config_fits: 24 bytes per parameter, measured activation memory x micro-batch x 4 bytes x
+    the stages after this one, 2 GB (TP 1) or 3 GB of framework memory."""
+    info = LLM_INFO[model][str(tp)]
+    params = sum(info[str(i)]["params_floats"] for i in entries)
+    act = sum(info[str(i)]["act_mem_floats"] for i in entries) * mbs * 4
+    return params * 24 + act * in_flight + (2e9 if tp == 1 else 3e9)
+
+
+CASES = [  # (model, yaml, entries of the stage (0 = embedding, L+1 = head), tp, micro-batch, stages, stage index)
+    ("OPT-350", "opt-350m.yaml", list(range(0, 13)), 1, 4, 2, 0),
+    ("OPT-350", "opt-350m.yaml", list(range(13, 26)), 1, 4, 2, 1),
+    ("OPT-350", "opt-350m.yaml", list(range(0, 13)), 4, 4, 2, 0),
+    ("OPT-350", "opt-350m.yaml", list(range(7, 15)), 2, 2, 4, 1),
+    ("GPT-Neo-2.7", "gpt-neo-2.7b.yaml", list(range(0, 9)), 1, 1, 4, 0),
+    ("GPT-Neo-2.7", "gpt-neo-2.7b.yaml", list(range(25, 34)), 4, 2, 4, 3),
+    ("GPT-Neo-2.7", "gpt-neo-2.7b.yaml", list(range(9, 17)), 2, 1, 4, 1),
+]
+
+
+@pytest.mark.parametrize("name,yaml,entries,tp,mbs,p,i", CASES)
+def test_job_memory_not_below_sailors_terms(name, yaml, entries, tp, mbs, p, i):
+    model = load_model(os.path.join(ROOT, "examples", "peers", "models", yaml))
+    model = model.replace(vocab_size=padded_vocab_size(model.vocab_size, [tp]))
+    L = model.num_layers
+    first, last = entries[0] == 0, entries[-1] > L
+    layers = len([e for e in entries if 1 <= e <= L])
+    ours = job_stage_memory_bytes(sailor_deepspeed_job(), model, layers=layers, tp=tp, dp=8, micro_batch_size=mbs,
+                                  recompute="none", in_flight=p - i, first=first, last=last)["total"]
+    theirs = sailor_stage_bytes(name, entries, tp, mbs, p - i)
+    assert ours >= theirs, f"{name} stage {i}/{p} tp{tp} mbs{mbs}: ours {ours / 2**30:.2f} GiB < Sailor's " \
+                           f"{theirs / 2**30:.2f} GiB"
+    assert ours <= 1.6 * theirs, "configured as Sailor's job, the model should describe the same job"
+
+
+def test_peer_plan_fits_as_sailors_job(tmp_path):
+    """OPT-350M on the same-zone inventory, planned with the memory job (analytic model: the memory does not
+    depend on the time model): every stage of every mesh fits its device as Sailor's job would hold it."""
+    out = tmp_path / "plan.yaml"
+    cmd = [sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model", "examples/peers/models/opt-350m.yaml",
+           "--inventory", "examples/peers/inventory-same-zone.yaml", "--precision", "fp32",
+           "--global-batch-size", "1024", "--memory-job", "sailor-deepspeed", "--quiet", "--budget-s", "20",
+           "-o", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(out))
+    model = plan.model.replace(vocab_size=padded_vocab_size(plan.model.vocab_size, [m.tp for m in plan.meshes]))
+    caps = {c["name"]: c["memory_gib"] * 2 ** 30 for c in plan.inventory["clusters"]}
+    p = sum(len(m.stage_layers) for m in plan.meshes)
+    m_count = plan.global_batch_size // (plan.meshes[0].dp * plan.meshes[0].micro_batch_size)
+    s = 0
+    for mesh in plan.meshes:
+        for layers in mesh.stage_layers:
+            need = job_stage_memory_bytes(sailor_deepspeed_job(), model, layers=layers, tp=mesh.tp, dp=mesh.dp,
+                                          micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
+                                          in_flight=min(p - s, m_count), first=s == 0, last=s == p - 1)["total"]
+            assert need <= caps[mesh.cluster], f"stage {s} on {mesh.cluster}: {need / 2**30:.1f} GiB"
+            s += 1
