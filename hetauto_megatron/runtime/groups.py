@@ -162,8 +162,11 @@ class RankContext:
 
     @property
     def batch_share(self) -> float:
-        """The share of each iteration's global batch this rank's mesh trains: the weight of its gradients."""
-        return self.layout.sample_share(self.coords.mesh_index)
+        """The share of each iteration's global batch this rank's mesh trains, the weight of its gradients in the
+        sum across the meshes holding a parameter (replica_sync.py): its pipeline's share of the batch (1 with one
+        pipeline; a per-pipeline view of the plan carries it as `batch_share`) times the mesh's share of its
+        stage's samples (1 for a mesh alone at its stage)."""
+        return getattr(self.plan, "batch_share", 1.0) * self.layout.sample_share(self.coords.mesh_index)
 
     @property
     def mesh(self):
