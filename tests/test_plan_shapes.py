@@ -201,7 +201,12 @@ def test_errors_name_the_field_and_fix():
         d["meshes"][:3] = [dict(mesh("a", 1, 2, 2, [4]), boundary={"schedule": "overlapped", "depth": 1}),
                            mesh("c", 1, 2, 1, [4]), dict(mesh("b", 1, 1, 2, [4]), alongside=True)]
     e = bad(overlapped_into_mixed)
-    assert e.field in ("meshes[0].boundary.schedule",)
+    assert e.field == "meshes[0].boundary.schedule" and "side by side" in e.reason
+
+    def overlapped_out_of_alongside(d):
+        d["meshes"][1]["boundary"] = {"schedule": "overlapped", "depth": 1}
+    e = bad(overlapped_out_of_alongside)
+    assert e.field == "meshes[1].boundary.schedule" and "side by side" in e.reason
 
     def overlapped_last_of_pipeline(d):
         d["meshes"][2]["boundary"] = {"schedule": "overlapped", "depth": 0}

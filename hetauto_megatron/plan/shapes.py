@@ -193,16 +193,17 @@ def _check_boundary(meshes, i: int, idx: range) -> None:
     mesh = meshes[i]
     if mesh.boundary_schedule != "overlapped":
         return
-    last = i == idx.stop - 1
-    if last or meshes[i + 1].cluster == mesh.cluster:
-        raise InputError("only a pipeline boundary into another cluster can be overlapped; this mesh is "
-                         + ("the last" + ("" if len(idx) == len(meshes) else " of its pipeline") if last
-                            else "followed by the same cluster"),
+    reason = "only a pipeline boundary into another cluster can be overlapped; this mesh is "
+    if i == idx.stop - 1:
+        raise InputError(reason + "the last" + ("" if len(idx) == len(meshes) else " of its pipeline"),
                          field=f"meshes[{i}].boundary.schedule", fix="write schedule: blocking")
     if mesh.alongside or meshes[i + 1].alongside or (i + 2 < idx.stop and meshes[i + 2].alongside):
-        raise InputError("an overlapped boundary needs one mesh on each side, but a mesh here has alongside "
-                         "meshes (mixed replicas)", field=f"meshes[{i}].boundary.schedule",
+        raise InputError("an overlapped boundary needs one mesh on each side, but a stage here is held by "
+                         "meshes side by side (alongside)", field=f"meshes[{i}].boundary.schedule",
                          fix="write schedule: blocking for a boundary next to alongside meshes")
+    if meshes[i + 1].cluster == mesh.cluster:
+        raise InputError(reason + "followed by the same cluster", field=f"meshes[{i}].boundary.schedule",
+                         fix="write schedule: blocking")
 
 
 # ---- derived quantities (valid plans) ------------------------------------------------------------------------
