@@ -336,3 +336,17 @@ def test_docs_examples_load_with_the_figures_the_docs_state():
     assert mixed.positions(0) == [[0, 1], [2]] and mixed.pipeline_micro_batches(0) == 64
     assert [mixed.sample_range(0, d) for d in (0, 5)] == [(0, 2), (10, 12)] and mixed.sample_range(1, 0) == (12, 16)
     assert [mixed.rank_offset(i) for i in range(3)] == [0, 6, 10] and mixed.world_size == 18
+
+
+def test_pipeline_samples_in_python_are_checked():
+    plan = plan_from_dict(two_pipelines())
+    with pytest.raises(InputError, match="whole numbers"):
+        dataclasses.replace(plan, pipeline_samples=(12.0, 4))
+    with pytest.raises(InputError, match="add up to 18"):
+        dataclasses.replace(plan, pipeline_samples=(12, 6))
+    # one pipeline: () and (global_batch_size,) are the same plan; another number is refused
+    one = plan_from_dict(simple())
+    assert dataclasses.replace(one, pipeline_samples=(8,)) == one
+    with pytest.raises(InputError, match="add up to 4"):
+        dataclasses.replace(one, pipeline_samples=(4,))
+    assert dataclasses.replace(one, global_batch_size=16).num_micro_batches == 4

@@ -1,9 +1,9 @@
 """Plan and Mesh: the file format every other part of hetauto reads.
 
-A plan is one or more pipelines joined by data parallelism (format version 3; plan/shapes.py has the shapes),
-each cut into meshes; the sketch below is that of one pipeline. A pipeline is, in order, cut into meshes. A mesh is one cluster's share of the pipeline: some
-consecutive stages that all use the same TP and DP degree on the same device type. Ranks are numbered
-mesh after mesh (mesh 0 owns ranks [0, n0), mesh 1 the next n1, ...); inside a mesh Megatron's own
+A plan is one or more pipelines joined by data parallelism (format version 3; plan/shapes.py has the shapes).
+What follows describes one pipeline. The pipeline, in order, is cut into meshes. A mesh is one cluster's share
+of the pipeline: some consecutive stages that all use the same TP and DP degree on the same device type. Ranks
+are numbered mesh after mesh (mesh 0 owns ranks [0, n0), mesh 1 the next n1, ...); inside a mesh Megatron's own
 order applies (tp fastest, then dp, then pp), so each mesh is a Megatron grid with a rank offset.
 
 Invariants (checked on construction, with messages that explain):
@@ -222,7 +222,8 @@ class Plan:
         it is; otherwise the estimate (the whole plan's) is left out. Mind that the vocabulary is padded for the
         TP of every pipeline's meshes: a pipeline run as part of this plan builds `self.padded_vocab_size`, which
         may exceed the sub-plan's own."""
-        if self._pipeline_range(p) and self.num_pipelines == 1:
+        self._pipeline_range(p)   # IndexError for a pipeline the plan lacks
+        if self.num_pipelines == 1:
             return self
         meshes = [dataclasses.replace(self.meshes[i], pipeline=0) for i in self.pipeline_mesh_indices(p)]
         return dataclasses.replace(self, meshes=tuple(meshes), global_batch_size=self.samples_per_pipeline[p],
