@@ -350,3 +350,16 @@ def test_pipeline_samples_in_python_are_checked():
     with pytest.raises(InputError, match="add up to 4"):
         dataclasses.replace(one, pipeline_samples=(4,))
     assert dataclasses.replace(one, global_batch_size=16).num_micro_batches == 4
+
+
+def test_a_pipeline_view_pads_the_vocabulary_as_the_whole_plan():
+    # GPT-2's 50257 tokens: TP 2 in pipeline 0 pads to a multiple of 256 (50432), TP 1 alone to 128 (50304)
+    d = two_plain_pipelines()
+    d["model"] = {"preset": "tiny", "vocab_size": 50257}
+    d["meshes"][0]["tp"] = 2
+    plan = plan_from_dict(d)
+    assert plan.padded_vocab_size == 50432
+    assert plan.pipeline(1).padded_vocab_size == 50432 and plan.pipeline(0).padded_vocab_size == 50432
+    alone = plan_from_dict({"version": 3, "model": d["model"], "global_batch_size": 4,
+                            "meshes": [mesh("c", 1, 2, 1, [8])]})
+    assert alone.padded_vocab_size == 50304

@@ -246,7 +246,7 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     # mesh; the plan pads once for all of them (with the user's divisor, Megatron's default 128) and each mesh
     # is given that size, with a divisor that reproduces it should Megatron recompute the padding.
     divisor = int(getattr(args, "make_vocab_size_divisible_by", None) or 128)
-    padded = padded_vocab_size(plan.model.vocab_size, [m.tp for m in plan.meshes], divisor)
+    padded = padded_vocab_size(plan.model.vocab_size, plan.vocab_tps, divisor)
     out["padded_vocab_size"] = padded
     out["make_vocab_size_divisible_by"] = padded // mesh.tp
     return out

@@ -154,6 +154,9 @@ class Plan:
     # Samples per iteration of each pipeline (version 3); () means one pipeline training the whole batch. A plan
     # of one pipeline always stores (), so replacing its global_batch_size keeps it valid.
     pipeline_samples: tuple[int, ...] = ()
+    # Not in the file: the TP sizes of the other pipelines when this plan is one pipeline of a larger plan
+    # (Plan.pipeline), so that its vocabulary is padded as the whole plan's: every pipeline builds one table size.
+    vocab_pad_tps: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "meshes", tuple(self.meshes))
@@ -161,6 +164,7 @@ class Plan:
         if samples == (self.global_batch_size,):
             samples = ()
         object.__setattr__(self, "pipeline_samples", samples)
+        object.__setattr__(self, "vocab_pad_tps", tuple(sorted(set(self.vocab_pad_tps))))
         # Cached (not a field): the single-pipeline properties check it on every call.
         object.__setattr__(self, "_simple", shapes.is_simple(self.meshes))
         check_precision(self.precision)
@@ -219,15 +223,16 @@ class Plan:
     def pipeline(self, p: int) -> "Plan":
         """Pipeline p as a plan of its own (its meshes with pipeline 0, global_batch_size = its samples): simple
         when it has no alongside mesh, so single-pipeline code runs on it. A plan of one pipeline is returned as
-        it is; otherwise the estimate (the whole plan's) is left out. Mind that the vocabulary is padded for the
-        TP of every pipeline's meshes: a pipeline run as part of this plan builds `self.padded_vocab_size`, which
-        may exceed the sub-plan's own."""
+        it is; otherwise the estimate (the whole plan's) is left out. Its padded vocabulary is the whole plan's
+        (vocab_pad_tps carries the other pipelines' TP sizes), so every pipeline builds the same table. A view
+        to run or price, not to save: the file would lose vocab_pad_tps."""
         self._pipeline_range(p)   # IndexError for a pipeline the plan lacks
         if self.num_pipelines == 1:
             return self
         meshes = [dataclasses.replace(self.meshes[i], pipeline=0) for i in self.pipeline_mesh_indices(p)]
         return dataclasses.replace(self, meshes=tuple(meshes), global_batch_size=self.samples_per_pipeline[p],
-                                   pipeline_samples=(), estimate=None)
+                                   pipeline_samples=(), estimate=None,
+                                   vocab_pad_tps=tuple(m.tp for m in self.meshes) + self.vocab_pad_tps)
 
     def pipeline_step(self, p: int) -> int:
         """Samples one micro-batch step moves through pipeline p (any of its positions)."""
@@ -288,9 +293,14 @@ class Plan:
         return dev.at_precision(self.precision, field="precision").precision
 
     @property
+    def vocab_tps(self) -> list[int]:
+        """The TP sizes the vocabulary is padded for: every mesh's, and a pipeline view's other pipelines'."""
+        return [mesh.tp for mesh in self.meshes] + list(self.vocab_pad_tps)
+
+    @property
     def padded_vocab_size(self) -> int:
         """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""
-        return padded_vocab_size(self.model.vocab_size, [mesh.tp for mesh in self.meshes])
+        return padded_vocab_size(self.model.vocab_size, self.vocab_tps)
 
     @property
     def world_size(self) -> int:
