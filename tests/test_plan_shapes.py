@@ -311,6 +311,13 @@ def test_emit_summary_takes_several_pipelines(tmp_path):
     assert "pipeline 1 (meshes from meshes[2], ranks from 3)" in out
     # pipeline 1 on its own: 4 samples in steps of 2 x 1 = 2 micro-batch steps, one stage of 8 layers
     assert "global batch 4 = 2 micro-batch steps x 2 samples" in out
+    # an estimate of the whole plan (as plan/multi_simulate.py writes it) adds its per-pipeline times
+    from hetauto_megatron.emit.summary import format_summary
+    est = {"iteration_time_s": 2.5, "tokens_per_s": 153.6, "replica_sync_s": 0.25,
+           "pipelines": [{"pipeline_s": 2.0, "dp_exposed_s": 0.125}, {"pipeline_s": 1.5, "dp_exposed_s": 0.0}]}
+    text = format_summary(plan_from_dict(two_plain_pipelines()), est)
+    assert "iteration 2.500 s, 154 tokens/s (whole plan), gradient sum across pipelines 0.250 s" in text
+    assert "ranks from 3, predicted pipeline 1.500 s + DP 0.000 s" in text
 
 
 def test_megatron_hook_refuses_new_shapes(tmp_path):

@@ -133,9 +133,15 @@ def _format_pipelines(plan: Plan, estimate: dict | None) -> str:
     est = estimate if isinstance(estimate, dict) else {}
     if est.get("iteration_time_s") is not None:
         lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
-                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s (whole plan)")
+                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s (whole plan), gradient sum across pipelines "
+                     f"{_num(est.get('replica_sync_s'), '.3f')} s")
+    per = est.get("pipelines")
+    per = per if isinstance(per, list) and len(per) == plan.num_pipelines else [{}] * plan.num_pipelines
     for p in range(plan.num_pipelines):
         first = plan.pipeline_mesh_indices(p)[0]
-        lines += ["", f"pipeline {p} (meshes from meshes[{first}], ranks from {plan.rank_offset(first)}):",
+        timing = per[p] if isinstance(per[p], dict) else {}
+        predicted = (f", predicted pipeline {_num(timing.get('pipeline_s'), '.3f')} s + DP "
+                     f"{_num(timing.get('dp_exposed_s'), '.3f')} s" if timing else "")
+        lines += ["", f"pipeline {p} (meshes from meshes[{first}], ranks from {plan.rank_offset(first)}{predicted}):",
                   format_summary(plan.pipeline(p))]
     return "\n".join(lines)
