@@ -79,7 +79,15 @@ def run(args) -> int:
     if args.timeout <= 0:
         raise InputError(f"must be positive, got {args.timeout}", field="--timeout")
     plan = load_plan(args.plan)
-    require_simple(plan, "hetauto dryrun", args.plan)
+    if any(m.alongside for m in plan.meshes):
+        from ..plan.shapes import describe_shape
+        shape, field = describe_shape(plan.meshes)
+        raise InputError(f"hetauto dryrun supports plans of one or several pipelines whose stages each run on one "
+                         f"mesh (no `alongside: true`), but this plan has {shape}", file=args.plan, field=field,
+                         fix="dry-run a plan without alongside meshes (the format version 3 section of "
+                             "docs/plan-format.md lists which commands take which shapes)")
+    if args.timeline or args.emulate_links:
+        require_simple(plan, "hetauto dryrun --timeline / --emulate-links", args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
@@ -101,6 +109,7 @@ def run(args) -> int:
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
+                                                    "padded_vocab_size",
                                                     "step_times_s", "iteration_s", "seconds", "model", "cores",
                                                     "exposed_s", "memory") if k in report},
                           "link_scale": scale}))
@@ -170,14 +179,16 @@ def _print_memory(report: dict) -> None:
     """Per stage (its first rank): predicted and measured memory, activations and the whole."""
     rows = {}
     for r in report.get("memory", []):
-        rows.setdefault((r["stage"], r["mesh"]), r)    # meshes side by side at a stage: one line each
+        # meshes side by side at a stage: one line each; several pipelines: theirs in order
+        rows.setdefault((r.get("pipeline", 0), r["stage"], r["mesh"]), r)
     if not rows:
         return
     print("memory per rank, KiB predicted / measured (weights + gradients + optimizer + activations; the "
           "activations are the peak autograd held over the step):")
-    for (stage, _), r in sorted(rows.items()):
+    for (pipeline, stage, _), r in sorted(rows.items()):
         p, g = r["predicted"], r["measured"]
-        print(f"  stage {stage} (tp {r['tp']} x dp {r['dp']}, recompute {r['recompute']}, {r['in_flight']} in "
+        where = f"pipeline {pipeline} " if "pipeline" in r else ""
+        print(f"  {where}stage {stage} (tp {r['tp']} x dp {r['dp']}, recompute {r['recompute']}, {r['in_flight']} in "
               f"flight): activations {p['activations'] / 1024:,.0f} / {g['activations'] / 1024:,.0f}, total "
               f"{p['total'] / 1024:,.0f} / {g['total'] / 1024:,.0f} ({g['total'] / p['total'] - 1:+.1%}); "
               f"allocator peak in the step {g['allocator_peak'] / 1024:,.0f}")
@@ -186,10 +197,14 @@ def _print_memory(report: dict) -> None:
 def _print_table(report: dict, plan) -> None:
     from ..runtime.layout import PipelineLayout
 
-    m, layout = report["model"], PipelineLayout(plan)
-    print(f"dry run of {plan.world_size} ranks, {len(plan.meshes)} mesh(es), {layout.num_stages} "
-          f"stages, model {m['name']} ({m['num_layers']} layers, hidden {m['hidden_size']}), "
-          f"{layout.num_micro_batches} micro-batches per step")
+    m = report["model"]
+    pipes = [PipelineLayout(plan, p) for p in range(plan.num_pipelines)]
+    shape = "; ".join(f"{q.num_stages} stages, {q.num_micro_batches} micro-batches per step"
+                      + (f" ({q.samples} samples)" if len(pipes) > 1 else "") for q in pipes)
+    if len(pipes) > 1:
+        shape = f"{len(pipes)} pipelines joined by data parallelism: {shape}"
+    print(f"dry run of {plan.world_size} ranks, {len(plan.meshes)} mesh(es), model {m['name']} ({m['num_layers']} "
+          f"layers, hidden {m['hidden_size']}), {shape}")
     ref = report.get("reference")
     head = f"{'step':>4}  {'loss':>14}  {'grad norm':>14}"
     if ref:

@@ -150,7 +150,7 @@ def predicted_stage_memory(plan) -> dict:
 def memory_report(plan, results) -> list[dict]:
     """Per rank: its stage, predicted and measured bytes of weights, gradients, optimizer state and activations
     (and their sum, "total", without the per-process reserve the model adds on devices), plus the allocator's
-    peak during the step (runtime/memory_meter.py)."""
+    peak during the step (runtime/memory_meter.py). With several pipelines also "pipeline" ("stage" is inside it)."""
     predicted = predicted_stage_memory(plan)
     out = []
     for i, mesh in enumerate(plan.meshes):
@@ -160,11 +160,14 @@ def memory_report(plan, results) -> list[dict]:
             got = results[rank]["memory"]
             measured = {k: int(got[k]) for k in MEMORY_PARTS}
             pred = {k: round(want[k]) for k in MEMORY_PARTS}
-            out.append({"rank": rank, "stage": want["stage"], "mesh": i, "tp": mesh.tp, "dp": mesh.dp,
-                        "recompute": mesh.recompute, "in_flight": want["in_flight"],
-                        "predicted": pred | {"total": sum(pred.values())},
-                        "measured": measured | {"total": sum(measured.values()),
-                                                "allocator_peak": int(got["allocator_peak"])}})
+            entry = {"rank": rank, "stage": want["stage"], "mesh": i, "tp": mesh.tp, "dp": mesh.dp,
+                     "recompute": mesh.recompute, "in_flight": want["in_flight"],
+                     "predicted": pred | {"total": sum(pred.values())},
+                     "measured": measured | {"total": sum(measured.values()),
+                                             "allocator_peak": int(got["allocator_peak"])}}
+            if plan.num_pipelines > 1:
+                entry["pipeline"] = mesh.pipeline      # "stage" is the stage inside that pipeline
+            out.append(entry)
     return out
 
 

@@ -250,7 +250,7 @@ def copy_tied_weights(model_chunks, ctx, counter: dict | None = None) -> None:
 def _wait(works, ctx, what: str) -> None:
     """Wait for (work, peer) pairs with the context's timeout; a peer that is gone or silent is named."""
     from .communicator import PeerError
-    from .groups import rank_coords
+    from .groups import describe_rank
 
     timeout = datetime.timedelta(seconds=ctx.timeout_s)
     for work, peer in works:
@@ -260,9 +260,8 @@ def _wait(works, ctx, what: str) -> None:
         except RuntimeError as exc:   # gloo: the connection was closed or timed out
             how = f"failed: {str(exc).splitlines()[0]}"
         if how:
-            c, p = ctx.coords, rank_coords(ctx.plan, peer)
-            raise PeerError(f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}) could not {what} with rank "
-                            f"{peer} (cluster {p.cluster}, stage {p.stage}): {how}; that process is gone or stuck")
+            raise PeerError(f"{describe_rank(ctx.plan, ctx.coords.rank)} could not {what} with "
+                            f"{describe_rank(ctx.plan, peer)}: {how}; that process is gone or stuck")
 
 
 def count_grad_norm_once(optimizer, ctx, replicas=None) -> None:

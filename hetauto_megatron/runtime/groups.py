@@ -13,6 +13,9 @@ by several meshes side by side, runtime/layout.py). The schedule only asks its p
 clusters gets its own gloo group (host-staged traffic); tied embeddings get a gloo group over the first and last
 stage.
 
+With several pipelines every pipeline gets its chains and boundary groups, pipeline after pipeline; the
+parameters they all hold are summed across them on one more gloo group over all ranks (replica_sync.py).
+
 Every rank creates every group in the same order (torch.distributed requires it). A plan that does not fit
 the launched world fails in `validate_launch` before any group exists.
 """
@@ -67,6 +70,13 @@ def rank_coords(plan, rank: int, *, file: str | None = None) -> RankCoords:
             return RankCoords(rank, i, mesh.cluster, mesh.device_type, first + sim, sim, tp_rank, dp_rank,
                               pipeline, position, start, stop)
     raise AssertionError("unreachable")
+
+
+def describe_rank(plan, rank: int) -> str:
+    """'rank 5 (pipeline 1, cluster b, stage 0)' for messages; the pipeline is named only when there are several."""
+    c = rank_coords(plan, rank)
+    where = f"pipeline {c.pipeline}, " if plan.num_pipelines > 1 else ""
+    return f"rank {rank} ({where}cluster {c.cluster}, stage {c.stage})"
 
 
 def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> int:
@@ -142,8 +152,10 @@ class RankContext:
     the schedule. `boundary_groups[(i, j)]` is the gloo group of the pipeline boundary from mesh i to mesh j
     (consecutive stages) when they are in different clusters (absent when in the same cluster; None on a rank
     outside it). `tie_group` is the gloo group over the first and last stage when the model ties its embeddings
-    across stages. `layout` says which meshes hold each stage of the rank's pipeline and which samples each
-    replica holds.
+    across stages (plans of one pipeline without alongside meshes). `layout` says which meshes hold each stage
+    of the rank's pipeline and which samples each replica holds. `replica_group` is the gloo group over all
+    ranks on which replica_sync.py sums the gradients of parameters that several meshes hold (None for a simple
+    plan).
     """
     plan: object
     coords: RankCoords
@@ -164,9 +176,9 @@ class RankContext:
     def batch_share(self) -> float:
         """The share of each iteration's global batch this rank's mesh trains, the weight of its gradients in the
         sum across the meshes holding a parameter (replica_sync.py): its pipeline's share of the batch (1 with one
-        pipeline; a per-pipeline view of the plan carries it as `batch_share`) times the mesh's share of its
-        stage's samples (1 for a mesh alone at its stage)."""
-        return getattr(self.plan, "batch_share", 1.0) * self.layout.sample_share(self.coords.mesh_index)
+        pipeline) times the mesh's share of its stage's samples (1 for a mesh alone at its stage)."""
+        layout = self.layout
+        return layout.samples / self.plan.global_batch_size * layout.sample_share(self.coords.mesh_index)
 
     @property
     def mesh(self):
@@ -225,35 +237,16 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
             for name, group in made.items():
                 setattr(pg, name, group)
 
-    # 2. pipeline chains across meshes (only rank()/size() are used by Megatron); a stage held by several meshes
-    #    side by side contributes all their ranks
-    layout = PipelineLayout(plan, plan.meshes[me.mesh_index].pipeline)
-    per_stage = [layout.stage_ranks(s) for s in range(layout.num_stages)]
-    chains = []
-    for j in range(max(len(r) for r in per_stage)):
-        chain = [r[j % len(r)] for r in per_stage]
-        if chain not in chains:
-            chains.append(chain)
-    my_chain = None
-    for chain in chains:
-        group = dist.new_group(chain, backend="gloo", timeout=timeout)
-        if my_chain is None and chain[me.stage] == rank:
-            my_chain = group
+    # 2. and 3., pipeline after pipeline (every rank creates every pipeline's groups, in the same order)
+    my_chain, boundary_groups = None, {}
+    for p in range(plan.num_pipelines):
+        layout = PipelineLayout(plan, p)
+        chain, groups = _pipeline_groups(plan, layout, rank, me.stage if p == me.pipeline else None, timeout)
+        my_chain = my_chain or chain
+        boundary_groups.update(groups)
+        if p == me.pipeline:
+            per_stage = [layout.stage_ranks(s) for s in range(layout.num_stages)]
     pg.pp = my_chain
-
-    # 3. cross-cluster boundaries: a host-staged gloo group per pair of meshes at consecutive stages in
-    #    different clusters (the last stage of one, the first of the other)
-    boundary_groups = {}
-    for before, after in zip(layout.positions, layout.positions[1:]):
-        for i in before:
-            for j in after:
-                a, b = plan.meshes[i], plan.meshes[j]
-                if a.cluster == b.cluster:
-                    continue
-                ranks = ([global_rank(plan, i, a.num_stages - 1, d, t) for d in range(a.dp) for t in range(a.tp)] +
-                         [global_rank(plan, j, 0, d, t) for d in range(b.dp) for t in range(b.tp)])
-                group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
-                boundary_groups[(i, j)] = group if rank in ranks else None
 
     # 4. tied embeddings between the first and the last stage (reduced by gradients.py, not by Megatron)
     tie_group = None
@@ -281,6 +274,42 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
                        boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run,
                        replica_group=replica_group)
+
+
+def _pipeline_groups(plan, layout, rank: int, stage, timeout):
+    """One pipeline's chains and cross-cluster boundary groups (collective: every rank of the world calls it).
+    Returns (this rank's chain group or None, {(i, j): boundary group or None}); `stage` is this rank's stage
+    when the pipeline is its own, else None."""
+    import torch.distributed as dist
+
+    # 2. pipeline chains across meshes (only rank()/size() are used by Megatron); a stage held by several meshes
+    #    side by side contributes all their ranks
+    per_stage = [layout.stage_ranks(s) for s in range(layout.num_stages)]
+    chains = []
+    for j in range(max(len(r) for r in per_stage)):
+        chain = [r[j % len(r)] for r in per_stage]
+        if chain not in chains:
+            chains.append(chain)
+    my_chain = None
+    for chain in chains:
+        group = dist.new_group(chain, backend="gloo", timeout=timeout)
+        if my_chain is None and stage is not None and chain[stage] == rank:
+            my_chain = group
+
+    # 3. cross-cluster boundaries: a host-staged gloo group per pair of meshes at consecutive stages in
+    #    different clusters (the last stage of one, the first of the other)
+    boundary_groups = {}
+    for before, after in zip(layout.positions, layout.positions[1:]):
+        for i in before:
+            for j in after:
+                a, b = plan.meshes[i], plan.meshes[j]
+                if a.cluster == b.cluster:
+                    continue
+                ranks = ([global_rank(plan, i, a.num_stages - 1, d, t) for d in range(a.dp) for t in range(a.tp)] +
+                         [global_rank(plan, j, 0, d, t) for d in range(b.dp) for t in range(b.tp)])
+                group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
+                boundary_groups[(i, j)] = group if rank in ranks else None
+    return my_chain, boundary_groups
 
 
 def set_megatron_globals(ctx: RankContext) -> None:

@@ -9,7 +9,10 @@ plain optimizer) is the single-device reference the heterogeneous run must match
 
 Data: for optimizer step s and micro-batch m, the step's samples are drawn from a generator seeded by
 (seed, s, m); a DP replica takes its contiguous share (`Plan.sample_range`: mesh after mesh when several meshes
-hold a stage side by side). Every layout therefore sees the same samples.
+hold a stage side by side). Every layout therefore sees the same samples. With several pipelines the
+iteration's whole global batch is one draw (micro-batch 0 of all its samples) and pipeline p trains the
+samples after those of pipelines < p (`pipeline_samples`); their reference trains the whole batch as one
+micro-batch: the same samples again.
 """
 from __future__ import annotations
 
@@ -29,11 +32,20 @@ def reference_plan(plan: Plan) -> Plan:
     optimizer and no overlap: the simplest way Megatron trains the model, not the code path under test."""
     from .layout import PipelineLayout
 
-    mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=PipelineLayout(plan).step,
+    step = PipelineLayout(plan).step if plan.num_pipelines == 1 else plan.global_batch_size
+    mesh = Mesh(cluster="reference", device_type="cpu", tp=1, dp=1, micro_batch_size=step,
                 recompute="none", stage_layers=(plan.model.num_layers,),
                 setting_overrides={"distributed_optimizer": False, "overlap_grad_reduce": False,
                                    "overlap_param_gather": False})
-    return dataclasses.replace(plan, meshes=(mesh,), inventory=None, estimate=None)
+    return dataclasses.replace(plan, meshes=(mesh,), pipeline_samples=(), inventory=None, estimate=None)
+
+
+def pipeline_samples(plan, pipeline: int, *, seed: int, step: int):
+    """With several pipelines: the (samples_p, seq + 1) token ids pipeline `pipeline` trains in optimizer step
+    `step`, its slice of the one draw of the whole global batch (samples in pipeline order)."""
+    start = sum(plan.samples_per_pipeline[:pipeline])
+    whole = step_tokens(plan.model, seed=seed, step=step, micro=0, batch=plan.global_batch_size)
+    return whole[start:start + plan.samples_per_pipeline[pipeline]]
 
 
 def step_tokens(spec, *, seed: int, step: int, micro: int, batch: int):
@@ -130,8 +142,13 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         clock.begin_step()
         ddp.zero_grad_buffer()
         opt.zero_grad()
-        data = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)[first:last].to(dev)
-                for m in range(layout.num_micro_batches)]
+        if plan.num_pipelines == 1:
+            step_batches = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)
+                            for m in range(layout.num_micro_batches)]
+        else:
+            mine = pipeline_samples(plan, c.pipeline, seed=seed, step=step)
+            step_batches = [mine[m * batch:(m + 1) * batch] for m in range(layout.num_micro_batches)]
+        data = [tokens[first:last].to(dev) for tokens in step_batches]
         common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
                       num_microbatches=layout.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
                       forward_only=False, pg_collection=ctx.pg)
@@ -150,10 +167,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         times.append(time.perf_counter() - t0)
         clock.end_step()
         # The loss lives on the last stage; weight each replica by its share of the step's samples (1 / dp for a
-        # mesh alone at the stage) and give the sum to everyone.
+        # mesh alone at the stage) and its pipeline's share of the global batch, and give the sum to everyone.
         value = 0.0
         if ctx.is_last_stage and c.tp_rank == 0:
-            value = sum(r["lm loss"].item() for r in results) / len(results) * mbs / batch
+            value = sum(r["lm loss"].item() for r in results) / len(results) * mbs / batch * layout.samples / \
+                plan.global_batch_size
         total = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(total, group=ctx.world_gloo)
         losses.append(total.item())

@@ -1,0 +1,186 @@
+"""Gradients of the parameters that several meshes hold: summed across the holders, weighted by their batch shares.
+
+With several pipelines joined by data parallelism every pipeline holds the whole model, each with its own
+stage split, TP and DP, and trains its own slice of the global batch. After each mesh's own DP reduction
+(Megatron's DDP: a reduce-scatter with the distributed optimizer, an all-reduce without) a holder's gradient is
+the mean over the samples its pipeline trained; the global-batch mean is the sum over the holders of each
+holder's gradient times its share of the global batch (`RankContext.batch_share`). Tied embeddings add
+holders: the embedding of each pipeline's first stage and the output layer of its last stage are holders of
+the same table (the tied head is the same tensor), each with its pipeline's share, so the sum also ties them.
+
+The exchange (shard_regions.py): per parameter, every holder's sources send their reduced elements to the
+first holder's source of each element (gather), that rank sums in holder order, and sends the sum back to every
+rank that holds the element (scatter). Elements are paired exactly: TP slices of any degree, SwiGLU's fused
+fc1, and the shards the distributed optimizer's reduce-scatter leaves on each DP rank. All messages are
+host-staged on one gloo group over all ranks (`RankContext.replica_group`), one message per pair of ranks and
+phase, every wait with a timeout that names both ranks. It runs after the backward pass, in
+`finalize_model_grads` (gradients.make_finalize_model_grads), after the mesh's DP reduction.
+
+Where the rules of the holders come from: each rank publishes, once (`ReplicaSync(...)`, collective over all
+ranks), for each of its parameters its global name, its holder (mesh index, stage in mesh), weight, TP layout
+and the interval of the local tensor whose reduced gradient it holds; every rank derives the same moves.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .gradients import _sharded_ownership, _wait
+from .shard_regions import Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
+
+GATHER_TAG, SCATTER_TAG = 0, 1
+
+
+def _unwrap(chunk):
+    return chunk.module if hasattr(chunk, "module") else chunk
+
+
+def owner_records(ctx, model_chunks, *, weight: float) -> list[dict]:
+    """This rank's share of every parameter it holds (JSON-able; the input of shard_regions.sync_moves)."""
+    from .model import global_param_name
+
+    c, spec = ctx.coords, ctx.plan.model
+    out = []
+    for chunk in model_chunks:
+        for name, param in _unwrap(chunk).named_parameters():
+            if not param.requires_grad:
+                continue
+            owned = _sharded_ownership(chunk, param)
+            sharded = owned is not None
+            tp_split = bool(getattr(param, "tensor_model_parallel", False)) and ctx.mesh.tp > 1
+            out.append({
+                "name": global_param_name(name, ctx.layer_offset, spec), "local_name": name,
+                "rank": c.rank, "cluster": c.cluster, "holder": (ctx.mesh_index, c.stage_in_mesh),
+                "weight": weight, "shape": list(param.shape), "tp": ctx.mesh.tp, "tp_rank": c.tp_rank,
+                "partition_dim": param.partition_dim if tp_split else None,
+                "gated": spec.gated_mlp and name.endswith("mlp.linear_fc1.weight"),
+                "lo": owned[0] if sharded else 0, "hi": owned[1] if sharded else param.numel(),
+                # one copy of each element counts: DP rank 0 without sharding, TP rank 0 for TP duplicates
+                "source": (sharded or c.dp_rank == 0) and (tp_split or c.tp_rank == 0),
+                "shared": bool(getattr(param, "shared", False)),
+            })
+    return out
+
+
+def owners_from(records) -> dict[str, list[Owner]]:
+    """Per global parameter name, its owners (pure)."""
+    by_name = defaultdict(list)
+    for r in records:
+        layout = tp_layout(r["shape"], r["tp"], r["tp_rank"], r["partition_dim"], gated=r["gated"])
+        by_name[r["name"]].append(Owner(r["rank"], tuple(r["holder"]), r["weight"], layout, r["lo"], r["hi"],
+                                        r["source"]))
+    return dict(by_name)
+
+
+class ReplicaSync:
+    """The exchange of one rank (module doc). Construct it on every rank at the same point, after DDP is built
+    (collective over `ctx.replica_group`); call `reduce(model_chunks)` after each DP reduction. `counter`
+    (e.g. a communicator's `bytes_sent`) receives the bytes this rank sends, per link class."""
+
+    def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
+        import torch.distributed as dist
+
+        self.ctx, self.counter = ctx, counter
+        mine = owner_records(ctx, model_chunks, weight=ctx.batch_share if weight is None else weight)
+        table = [None] * dist.get_world_size(ctx.replica_group)
+        dist.all_gather_object(table, mine, group=ctx.replica_group)
+        records = [r for rows in table for r in rows]
+        self.cluster = {r["rank"]: r["cluster"] for r in records}
+        owners = owners_from(records)
+        me = ctx.coords.rank
+        self.moves, self.weights, self.root_scale = [], {}, []
+        self.locals = {r["name"]: r for r in mine}
+        norm_roles = set()
+        for name in sorted(owners):
+            moves = sync_moves(name, owners[name])
+            self.moves += [m for m in moves if me in (m.src, m.dst)]
+            if name not in self.locals:
+                continue
+            keys, weights = holders_of(owners[name]), weights_of(owners[name])
+            self.weights[name] = weights
+            rec = self.locals[name]
+            is_root = tuple(rec["holder"]) == keys[0]
+            if is_root and rec["source"] and len(keys) > 1 and rec["lo"] < rec["hi"]:
+                self.root_scale.append((name, weights[0]))
+            if not rec["shared"]:     # Megatron leaves the tied output copy out of the norm already
+                norm_roles.add(is_root)
+        if len(norm_roles) > 1:
+            raise ValueError(f"rank {me} holds parameters whose first holder is its mesh and others whose first "
+                             "holder is another mesh: the gradient norm cannot count them once per rank")
+        # the global norm counts each parameter once: on the ranks of its first holder (gradients.py rule 4)
+        self.counts_in_norm = norm_roles != {False}
+        self.layouts = {name: o.layout for name, os_ in owners.items() for o in os_ if o.rank == me}
+        self.by_local_name = {r["local_name"]: name for name, r in self.locals.items()}
+
+    # ---- the exchange ----------------------------------------------------------------------------------
+    def _tables(self, model_chunks) -> dict:
+        """name -> this rank's gradient of the parameter as its 2-D table (a view of Megatron's main_grad)."""
+        out = {}
+        for chunk in model_chunks:
+            for name, param in _unwrap(chunk).named_parameters():
+                gname = self.by_local_name.get(name)
+                if gname is None:
+                    continue
+                grad = getattr(param, "main_grad", None)
+                if grad is None:
+                    grad = param.grad
+                out[gname] = grad.view(table_shape(grad.shape))
+        return out
+
+    def _view(self, tables, move, rect):
+        r0, r1, c0, c1 = to_local(self.layouts[move.name], rect)
+        return tables[move.name][r0:r1, c0:c1]
+
+    def _count(self, peer: int, nbytes: int) -> None:
+        if self.counter is not None:
+            key = "inter_cluster" if self.cluster[peer] != self.ctx.coords.cluster else "intra_cluster"
+            self.counter[key] = self.counter.get(key, 0) + nbytes
+
+    def _exchange(self, phase: str, tag: int, tables, what: str):
+        """Post this phase's sends and receives; returns [(move, received flat piece)] after waiting."""
+        import torch
+        import torch.distributed as dist
+
+        me, group = self.ctx.coords.rank, self.ctx.replica_group
+        out, inn = defaultdict(list), defaultdict(list)
+        for m in self.moves:
+            if m.phase == phase:
+                (out[m.dst] if m.src == me else inn[m.src]).append(m)
+        works, inboxes = [], []
+        for peer, moves in sorted(out.items()):
+            parts = [self._view(tables, m, r).reshape(-1) for m in moves for r in m.rects]
+            message = torch.cat(parts).detach().to("cpu", copy=True)
+            works.append((dist.isend(message, peer, group=group, tag=tag), peer))
+            self._count(peer, message.numel() * message.element_size())
+        for peer, moves in sorted(inn.items()):
+            inbox = torch.empty(sum(m.numel for m in moves), dtype=tables[moves[0].name].dtype)
+            works.append((dist.irecv(inbox, peer, group=group, tag=tag), peer))
+            inboxes.append((moves, inbox))
+        _wait(works, self.ctx, what)
+        got = []
+        for moves, inbox in inboxes:
+            at = 0
+            for m in moves:
+                for r in m.rects:
+                    n = (r[1] - r[0]) * (r[3] - r[2])
+                    got.append((m, r, inbox[at:at + n]))
+                    at += n
+        return got
+
+    def reduce(self, model_chunks) -> None:
+        """Sum every shared parameter's gradient across its holders (module doc); collective over the holders."""
+        import torch
+
+        tables = self._tables(model_chunks)
+        got = self._exchange("gather", GATHER_TAG, tables, "send gradients to the first holder of a parameter")
+        with torch.no_grad():
+            for name, w in self.root_scale:     # the first holder's own term, then the others in holder order
+                rec = self.locals[name]
+                tables[name].view(-1)[rec["lo"]:rec["hi"]].mul_(w)
+            for m, r, piece in sorted(got, key=lambda x: x[0].holder):
+                view = self._view(tables, m, r)
+                view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
+        got = self._exchange("scatter", SCATTER_TAG, tables, "receive the summed gradients of a parameter")
+        with torch.no_grad():
+            for m, r, piece in got:
+                view = self._view(tables, m, r)
+                view.copy_(piece.to(view.device).view(view.shape))

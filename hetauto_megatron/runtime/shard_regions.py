@@ -1,0 +1,217 @@
+"""Which elements of a parameter's gradient move between which ranks when several meshes hold the parameter.
+
+Pure (no torch, no processes): the plan for `replica_sync.py`.
+
+A parameter is seen as a 2-D table (rows, cols): a matrix as itself, a vector of n elements as (n, 1). Each
+rank holds a local tensor, its TP shard, and a `Layout` says where the local tensor's blocks sit in the whole
+table: TP along dim 0 is a block of rows, TP along dim 1 a block of columns, SwiGLU's fused fc1 two blocks of
+rows (the rank's gate rows and its up rows), a parameter without TP the whole table. After the mesh's own DP
+reduction a rank holds the reduced gradient of one interval of its local tensor, flattened row-major: with
+Megatron's distributed optimizer the part its DP rank owns after the reduce-scatter (`gradients.owned_interval`),
+with the plain optimizer all of it. Mapped into the whole table that interval is a few rectangles: the rank's
+`region`.
+
+Every holder (one stage of one mesh) has "sources": one rank per element whose reduced gradient counts (its
+regions partition the table: DP rank 0 only with the plain optimizer, TP rank 0 only for a parameter that TP
+duplicates), and "sinks": every rank that must end with the summed gradient (every rank whose region is not
+empty; a source is a sink too). The exchange is a gather to one root holder (the first in plan order) and a
+scatter back:
+
+- gather: every source of every other holder sends each element of its region to the root's source of that
+  element (the rectangles where the two regions meet), once;
+- the root source sums, in holder order, weight x gradient of every holder (the result is the same bits for
+  every holder, because only the root computes it);
+- scatter: every root source sends the sum of each element of its region to every sink that holds the element.
+
+So a parameter with H holders moves (H - 1) + (sum over holders of their copies) - 1 times its elements per
+iteration: 2 x for two holders that each shard it once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Rect = tuple  # (row_start, row_stop, col_start, col_stop) in the whole table, stops exclusive
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a rank's local tensor sits in the whole parameter. `segments`: (local_row, whole_row, rows,
+    local_col, whole_col, cols) blocks, each mapping a block of the local table onto one of the whole table."""
+    local: tuple[int, int]
+    whole: tuple[int, int]
+    segments: tuple[tuple[int, int, int, int, int, int], ...]
+
+
+def table_shape(shape) -> tuple[int, int]:
+    """A tensor shape as (rows, cols): vectors are one column, higher ranks fold everything after dim 0."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        return (1, 1)
+    if len(shape) == 1:
+        return (shape[0], 1)
+    cols = 1
+    for s in shape[1:]:
+        cols *= s
+    return (shape[0], cols)
+
+
+def tp_layout(local_shape, tp: int, tp_rank: int, partition_dim: int | None, *, gated: bool = False) -> Layout:
+    """The layout of TP rank `tp_rank` of `tp` for a local tensor of `local_shape`, cut by Megatron along
+    `partition_dim` (None: not cut, every TP rank holds the whole parameter). `gated`: SwiGLU's fc1, whose
+    shard is [gate rows of this rank; up rows of this rank] (runtime/model.py tp_shard)."""
+    rows, cols = table_shape(local_shape)
+    if tp == 1 or partition_dim is None:
+        return Layout((rows, cols), (rows, cols), ((0, 0, rows, 0, 0, cols),))
+    if partition_dim == 0 and gated:
+        half = rows // 2
+        return Layout((rows, cols), (rows * tp, cols),
+                      ((0, tp_rank * half, half, 0, 0, cols), (half, tp * half + tp_rank * half, half, 0, 0, cols)))
+    if partition_dim == 0:
+        return Layout((rows, cols), (rows * tp, cols), ((0, tp_rank * rows, rows, 0, 0, cols),))
+    if partition_dim == 1 and len(tuple(local_shape)) == 2:
+        return Layout((rows, cols), (rows, cols * tp), ((0, 0, rows, 0, tp_rank * cols, cols),))
+    raise ValueError(f"no layout for a tensor of shape {tuple(local_shape)} cut along dim {partition_dim}")
+
+
+def _flat_rects(lo: int, hi: int, cols: int) -> list[Rect]:
+    """The row-major interval [lo, hi) of a table with `cols` columns as at most three rectangles."""
+    out = []
+    while lo < hi:
+        r, c = divmod(lo, cols)
+        if c or hi - lo < cols:                          # a partial row
+            stop = min(hi, (r + 1) * cols)
+            out.append((r, r + 1, c, c + stop - lo))
+            lo = stop
+        else:                                            # whole rows
+            n = (hi - lo) // cols
+            out.append((r, r + n, 0, cols))
+            lo += n * cols
+    return out
+
+
+def _meet(a: Rect, b: Rect) -> Rect | None:
+    r0, r1, c0, c1 = max(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), min(a[3], b[3])
+    return (r0, r1, c0, c1) if r0 < r1 and c0 < c1 else None
+
+
+def region(layout: Layout, lo: int, hi: int) -> tuple[Rect, ...]:
+    """The whole-table rectangles of the local flattened interval [lo, hi), sorted; each lies inside one segment."""
+    out = []
+    for piece in _flat_rects(lo, hi, layout.local[1]):
+        for lr, wr, nr, lc, wc, nc in layout.segments:
+            m = _meet(piece, (lr, lr + nr, lc, lc + nc))
+            if m is not None:
+                out.append((m[0] - lr + wr, m[1] - lr + wr, m[2] - lc + wc, m[3] - lc + wc))
+    return tuple(sorted(out))
+
+
+def meet(a, b) -> tuple[Rect, ...]:
+    """The rectangles where two regions overlap, sorted (the order both ends of a message agree on)."""
+    return tuple(sorted(m for x in a for y in b if (m := _meet(x, y)) is not None))
+
+
+def area(rects) -> int:
+    return sum((r[1] - r[0]) * (r[3] - r[2]) for r in rects)
+
+
+def to_local(layout: Layout, rect: Rect) -> Rect:
+    """A whole-table rectangle (inside one of the layout's segments) in the local table's coordinates."""
+    for lr, wr, nr, lc, wc, nc in layout.segments:
+        if wr <= rect[0] and rect[1] <= wr + nr and wc <= rect[2] and rect[3] <= wc + nc:
+            return (rect[0] - wr + lr, rect[1] - wr + lr, rect[2] - wc + lc, rect[3] - wc + lc)
+    raise ValueError(f"{rect} is not inside one block of this rank's shard {layout.segments}")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """One rank's share of one holder of a parameter. `holder`: a sortable key (mesh index, stage in mesh);
+    `weight`: the factor of this holder's gradient in the sum; [lo, hi): the interval of the local tensor,
+    flattened, whose reduced gradient the rank holds; `source`: whether its values count (see module doc)."""
+    rank: int
+    holder: tuple
+    weight: float
+    layout: Layout
+    lo: int
+    hi: int
+    source: bool
+
+    @property
+    def region(self) -> tuple[Rect, ...]:
+        return region(self.layout, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Rectangles of one parameter sent from `src` to `dst`: phase "gather" (a holder's gradient to the root,
+    `holder` = that holder's index in plan order) or "scatter" (the sum back to a sink)."""
+    phase: str
+    src: int
+    dst: int
+    name: str
+    holder: int
+    rects: tuple[Rect, ...]
+
+    @property
+    def numel(self) -> int:
+        return area(self.rects)
+
+
+def holders_of(owners) -> list[tuple]:
+    """The holder keys of a parameter in plan order; the first is the root."""
+    return sorted({o.holder for o in owners})
+
+
+def weights_of(owners) -> list[float]:
+    """Each holder's weight (every owner of a holder must carry the same one)."""
+    out = []
+    for h in holders_of(owners):
+        ws = {o.weight for o in owners if o.holder == h}
+        if len(ws) != 1:
+            raise ValueError(f"the ranks of holder {h} disagree on its weight: {sorted(ws)}")
+        out.append(ws.pop())
+    return out
+
+
+def _check_partition(name: str, holder, sources) -> None:
+    whole = sources[0].layout.whole if sources else None
+    if not sources:
+        raise ValueError(f"{name}: holder {holder} has no source rank")
+    rects = [r for o in sources for r in o.region]
+    if any(o.layout.whole != whole for o in sources):
+        raise ValueError(f"{name}: the ranks of holder {holder} see different whole shapes")
+    overlap = any(_meet(a, b) for i, a in enumerate(rects) for b in rects[i + 1:])
+    if overlap or area(rects) != whole[0] * whole[1]:
+        raise ValueError(f"{name}: the source ranks of holder {holder} do not partition the parameter "
+                         f"({area(rects)} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
+
+
+def sync_moves(name: str, owners) -> list[Move]:
+    """Every move of one parameter's gradient exchange among its holders (module doc), deterministic. Checks
+    that every holder sees the same whole shape and that each holder's sources partition it."""
+    keys = holders_of(owners)
+    if len(keys) < 2:
+        return []
+    shapes = {o.layout.whole for o in owners}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: the holders hold different shapes {sorted(shapes)}")
+    sources = {h: sorted((o for o in owners if o.holder == h and o.source and o.lo < o.hi), key=lambda o: o.rank)
+               for h in keys}
+    for h in keys:
+        _check_partition(name, h, sources[h])
+    root = sources[keys[0]]
+    moves = []
+    for index, h in enumerate(keys[1:], start=1):
+        for s in sources[h]:
+            for r in root:
+                rects = meet(s.region, r.region)
+                if rects:
+                    moves.append(Move("gather", s.rank, r.rank, name, index, rects))
+    sinks = sorted((o for o in owners if o.lo < o.hi), key=lambda o: (o.holder, o.rank))
+    for r in root:
+        for k in sinks:
+            if k.rank == r.rank:
+                continue
+            rects = meet(r.region, k.region)
+            if rects:
+                moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
+    return moves

@@ -1,0 +1,124 @@
+"""Which gradient elements move where when several meshes hold a parameter (runtime/shard_regions.py), checked
+without processes: the regions follow Megatron's TP cuts and DP shards, and running the moves on plain Python
+numbers leaves every holder with sum(weight x gradient) computed element by element from the whole tensors."""
+import itertools
+
+import pytest
+
+from hetauto_megatron.runtime.gradients import owned_interval
+from hetauto_megatron.runtime.shard_regions import (Owner, area, meet, region, sync_moves, table_shape, to_local,
+                                                    tp_layout)
+
+
+def test_tp_cut_along_columns_maps_a_dp_shard_to_row_pieces():
+    # whole (4, 6), TP 2 along dim 1: rank 1 holds columns 3..5; its DP shard is local elements [2, 7)
+    lay = tp_layout((4, 3), 2, 1, 1)
+    assert lay.whole == (4, 6)
+    assert region(lay, 2, 7) == ((0, 1, 5, 6), (1, 2, 3, 6), (2, 3, 3, 4))
+    assert to_local(lay, (1, 2, 3, 6)) == (1, 2, 0, 3)
+
+
+def test_gated_fc1_shard_is_two_row_blocks():
+    # SwiGLU fc1 of 8 rows (4 gate, 4 up), TP 2: rank 1 holds gate rows 2..3 and up rows 6..7
+    lay = tp_layout((4, 5), 2, 1, 0, gated=True)
+    assert region(lay, 0, 20) == ((2, 4, 0, 5), (6, 8, 0, 5))
+    assert region(lay, 7, 13) == ((3, 4, 2, 5), (6, 7, 0, 3))
+    assert table_shape((7,)) == (7, 1) and table_shape((2, 3, 4)) == (2, 12)
+
+
+def _owners(holder, weight, whole, tp, dp, partition_dim, *, first_rank, sharded=True, gated=False):
+    """The owners of one holder: TP x DP ranks (tp fastest), DP shards as Megatron's reduce-scatter leaves them
+    for a parameter alone in a bucket padded to a multiple of dp."""
+    rows, cols = whole
+    local = (rows // tp, cols) if partition_dim == 0 else (rows, cols // tp) if partition_dim == 1 else whole
+    numel = local[0] * local[1]
+    bucket = -(-numel // dp) * dp
+    out = []
+    for d, t in itertools.product(range(dp), range(tp)):
+        lo, hi = owned_interval(0, numel, bucket, dp, d) if sharded else (0, numel)
+        source = (sharded or d == 0) and (partition_dim is not None or t == 0)
+        out.append(Owner(first_rank + d * tp + t, holder, weight, tp_layout(local, tp, t, partition_dim, gated=gated),
+                         lo, hi, source))
+    return out
+
+
+def _run(moves, owners, grads, weights):
+    """Execute the moves on dicts {(row, col): value} per rank, as replica_sync.ReplicaSync.reduce does."""
+    held = {}
+    for o in owners:
+        held[o.rank] = {}
+        for rect in o.region:
+            for r in range(rect[0], rect[1]):
+                for c in range(rect[2], rect[3]):
+                    held[o.rank][(r, c)] = grads[o.holder][(r, c)]
+    root = min(o.holder for o in owners)
+    for o in owners:
+        if o.holder == root and o.source:
+            held[o.rank] = {k: v * weights[0] for k, v in held[o.rank].items()}
+    gathered = [m for m in moves if m.phase == "gather"]
+    sent = {id(m): {(r, c): held[m.src][(r, c)] for rect in m.rects for r in range(rect[0], rect[1])
+                    for c in range(rect[2], rect[3])} for m in gathered}
+    for m in sorted(gathered, key=lambda m: m.holder):
+        for k, v in sent[id(m)].items():
+            held[m.dst][k] += weights[m.holder] * v
+    for m in moves:
+        if m.phase == "scatter":
+            for rect in m.rects:
+                for r in range(rect[0], rect[1]):
+                    for c in range(rect[2], rect[3]):
+                        held[m.dst][(r, c)] = held[m.src][(r, c)]
+    return held
+
+
+@pytest.mark.parametrize("partition_dim,sharded,gated", [(0, True, False), (1, True, False), (None, True, False),
+                                                         (1, False, False), (0, True, True)])
+def test_every_holder_ends_with_the_weighted_sum(partition_dim, sharded, gated):
+    # a (6, 4) parameter held by three meshes: TP 2 x DP 2, TP 1 x DP 3, TP 3 x DP 1 (not for gated: 3 rows of 6
+    # do not split into gate and up halves), weights 0.5, 0.3, 0.2
+    whole = (8, 4) if gated else (6, 4) if partition_dim != 1 else (4, 6)
+    layouts = [(2, 2), (1, 3)] + ([] if gated else [(3, 1)])
+    weights = [0.5, 0.3, 0.2][:len(layouts)]
+    owners, first = [], 0
+    for h, (tp, dp) in enumerate(layouts):
+        owners += _owners((h, 0), weights[h], whole, tp, dp, partition_dim, first_rank=first, sharded=sharded,
+                          gated=gated)
+        first += tp * dp
+    grads = {(h, 0): {(r, c): float(1 + r * 10 + c + 100 * h) for r in range(whole[0]) for c in range(whole[1])}
+             for h in range(len(layouts))}
+    moves = sync_moves("w", owners)
+    held = _run(moves, owners, grads, weights)
+    for o in owners:
+        if o.lo == o.hi:
+            continue
+        for (r, c), v in held[o.rank].items():
+            want = sum(weights[h] * grads[(h, 0)][(r, c)] for h in range(len(layouts)))
+            assert v == pytest.approx(want, rel=1e-12), (o.rank, r, c)
+    # gather: each non-root holder's elements once; scatter: the sum once to every holder's copy of it
+    total = whole[0] * whole[1]
+    gathered = sum(m.numel for m in moves if m.phase == "gather")
+    assert gathered == (len(layouts) - 1) * total
+    copies = sum(area(o.region) for o in owners) // total      # every sink's copy of every element
+    scattered = sum(m.numel for m in moves if m.phase == "scatter")
+    assert scattered == (copies - 1) * total
+
+
+def test_two_holders_sharded_once_move_each_element_once_each_way():
+    # what the cost model prices: a TP-cut parameter, distributed optimizer, two pipelines -> 2 x its elements
+    owners = _owners((0, 0), 0.625, (8, 4), 2, 1, 0, first_rank=0) + \
+        _owners((3, 1), 0.375, (8, 4), 1, 2, 0, first_rank=2)
+    moves = sync_moves("w", owners)
+    assert sum(m.numel for m in moves if m.phase == "gather") == 32
+    assert sum(m.numel for m in moves if m.phase == "scatter") == 32
+    assert {(m.src, m.dst) for m in moves if m.phase == "gather"} == {(2, 0), (3, 1)}
+
+
+def test_holders_that_do_not_partition_the_parameter_are_refused():
+    good = _owners((0, 0), 0.5, (4, 4), 1, 2, 0, first_rank=0)
+    bad = _owners((1, 0), 0.5, (4, 4), 1, 2, 0, first_rank=2)
+    bad[1] = Owner(3, (1, 0), 0.5, bad[1].layout, 7, 16, True)      # overlaps rank 2's [0, 8)
+    with pytest.raises(ValueError, match="do not partition"):
+        sync_moves("w", good + bad)
+    other = _owners((1, 0), 0.5, (4, 8), 1, 1, 0, first_rank=2)
+    with pytest.raises(ValueError, match="different shapes"):
+        sync_moves("w", good + other)
+    assert meet(((0, 2, 0, 2),), ((1, 3, 1, 3),)) == ((1, 2, 1, 2),)
