@@ -1,0 +1,44 @@
+"""Peak memory per GPU predicted for Sailor's measured GH200 runs against what the GPUs held
+(benchmarks/memory_sailor.py prints the table). The memory model is configured to the job as its framework runs it
+(plan/costing.py sailor_deepspeed_job: fp32, Adam state on every rank, no sequence parallelism, unfused attention
+without dropout on the probabilities, DeepSpeed's 8 bytes per parameter) with our NVIDIA runtime overheads; nothing
+is fitted to the runs."""
+import os
+import statistics
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import memory_sailor as M  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def job():
+    runs = M.load_runs()
+    return runs, M.ratios(runs)[M.JOB]
+
+
+def _mape(rows):
+    return 100 * statistics.mean(abs(x - 1) for _, x in rows)
+
+
+def test_every_run_whose_layout_holds_its_model_is_compared(job):
+    runs, rows = job
+    assert len(rows) == sum(M.layout_holds_model(r) for r in runs) >= len(runs) - 1
+
+
+def test_peak_memory_within_10_percent_at_every_micro_batch_size(job):
+    """Target 10 % (the issue's per-stage memory target), at micro-batch 1-2 (parameter and optimizer state
+    dominate) and 4-8 (activations dominate) alike."""
+    _, rows = job
+    for sel in (lambda r: r["micro_batch_size"] <= 2, lambda r: r["micro_batch_size"] >= 4):
+        part = [(r, x) for r, x in rows if sel(r)]
+        assert len(part) >= 5
+        assert _mape(part) <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason="MAPE measured 6.3 % over 26 runs; Sailor's own simulator reaches 5.9 %")
+def test_peak_memory_reaches_sailors_simulator(job):
+    assert _mape(job[1]) <= 5.9
