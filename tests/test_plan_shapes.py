@@ -285,7 +285,6 @@ def two_plain_pipelines() -> dict:
     (["emit", "megatron", "--plan", "{plan}"], "hetauto emit megatron"),
     (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
     (["emit", "summary", "--plan", "{along}"], "hetauto emit summary"),
-    (["dryrun", "--plan", "{along}", "--tiny"], "hetauto dryrun"),      # several pipelines run (runtime.md)
     (["dryrun", "--plan", "{plan}", "--tiny", "--timeline", "t.json"], "hetauto dryrun --timeline / --emulate-links"),
     (["explain", "--plan", "{plan}"], "hetauto explain"),
     (["compare", "{plan}", "{plan}"], "hetauto compare"),

@@ -79,14 +79,7 @@ def run(args) -> int:
     if args.timeout <= 0:
         raise InputError(f"must be positive, got {args.timeout}", field="--timeout")
     plan = load_plan(args.plan)
-    if any(m.alongside for m in plan.meshes):
-        from ..plan.shapes import describe_shape
-        shape, field = describe_shape(plan.meshes)
-        raise InputError(f"hetauto dryrun supports plans of one or several pipelines whose stages each run on one "
-                         f"mesh (no `alongside: true`), but this plan has {shape}", file=args.plan, field=field,
-                         fix="dry-run a plan without alongside meshes (the format version 3 section of "
-                             "docs/plan-format.md lists which commands take which shapes)")
-    if args.timeline or args.emulate_links:
+    if args.timeline or args.emulate_links:     # both read the simulator's prediction of the run
         require_simple(plan, "hetauto dryrun --timeline / --emulate-links", args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
