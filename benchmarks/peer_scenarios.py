@@ -216,7 +216,7 @@ def main() -> int:
                   f"memory per stage, ours as the sailor-deepspeed job (GiB used/cap) | Sailor's terms (GiB)")
             for label, meshes, ips, fit, mem, sips, sfit, st in rows:
                 smem = [f"{max(r) / GIB:.1f}" for r in S.memory_bytes(model, st)]
-                print(f"{label:<32} {ips:>9.4f} {str(fit):>5}  {sips:>17.4f} {str(sfit):>5}  "
+                print(f"{label:<32} {ips:>9.5f} {str(fit):>5}  {sips:>17.5f} {str(sfit):>5}  "
                       f"{' '.join(mem)} | {' '.join(smem)}")
             if model == "OPT-350" and net == "same-zone":
                 print(f"best peer under Sailor's simulator: Metis 0.0829 it/s, Sailor 0.0769 it/s; "

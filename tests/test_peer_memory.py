@@ -78,3 +78,55 @@ def test_peer_plan_fits_as_sailors_job(tmp_path):
                                           in_flight=min(p - s, m_count), first=s == 0, last=s == p - 1)["total"]
             assert need <= caps[mesh.cluster], f"stage {s} on {mesh.cluster}: {need / 2**30:.1f} GiB"
             s += 1
+
+
+# ---- fp32 GEMMs on TF32: the inventory's `tf32`, the peak, the learned model's coverage, the emitted switch --------
+def test_tf32_cluster_key(tmp_path):
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
+    inv = load_inventory(os.path.join(ROOT, "examples", "peers", "inventory-same-zone.yaml"))
+    a100, v100 = inv.cluster("a100").device, inv.cluster("v100").device
+    assert a100.tf32 and not v100.tf32
+    fp32 = inv.with_precision("fp32")
+    # the datasheets' dense TF32 tensor peak for the A100, the CUDA cores' FP32 for the V100 (no TF32)
+    assert fp32.cluster("a100").device.peak_tflops == 156.0 and fp32.cluster("v100").device.peak_tflops == 15.7
+    assert inv.with_precision("fp16").cluster("a100").device.peak_tflops == 312.0
+    assert inventory_from_dict(inv.to_dict()).cluster("a100").device.tf32      # plan files keep it
+    bad = {"clusters": [{"name": "v", "device": "v100-16gb", "nodes": 1, "devices_per_node": 4, "tf32": True}]}
+    with pytest.raises(InputError) as exc:
+        inventory_from_dict(bad, file="inv.yaml")
+    assert exc.value.field == "clusters[0].tf32" and "TF32" in str(exc.value)
+
+
+def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
+    """Sailor's A100-40 runs that beat the FP32 CUDA-core peak are its fp32 jobs with TF32 GEMMs: an fp32 plan on a
+    `tf32` cluster is priced from them (OPT-350 at TP 1 within 10 % of the measured layer), a plain fp32 plan is
+    not (analytic, saying why), and the launch script sets PyTorch's TF32 switch as priced."""
+    import dataclasses
+    import statistics
+    from hetauto_megatron.cli import main
+    from hetauto_megatron.cost.learned import SAILOR_MODELS, LearnedCostModel
+    from hetauto_megatron.spec.devices import get_device
+    assert main(["fit", "-o", str(tmp_path / "m"), "--holdout", "0", "--sailor"]) == 0
+    m = LearnedCostModel(str(tmp_path / "m"))
+    tf32 = dataclasses.replace(get_device("a100-40gb"), tf32=True).at_precision("fp32")
+    plain = get_device("a100-40gb").at_precision("fp32")
+    info, why = m.coverage(tf32)
+    assert info is not None and "TF32" in why
+    assert m.coverage(plain)[0] is None
+    with open(os.path.join(DATA, "profiles_tmp.json")) as f:
+        layers = json.load(f)["OPT-350"]["A100-40"]["2"]["1"]
+    measured = statistics.median(layers[str(i)][0] + layers[str(i)][1] for i in range(1, 25))
+    predicted = sum(m.layer_times(SAILOR_MODELS["OPT-350"], tf32, 1, 2))
+    assert abs(predicted / measured - 1) < 0.10, (predicted, measured)
+    # the emitted launch turns TF32 on where the plan priced it, off elsewhere
+    out = tmp_path / "plan.yaml"
+    r = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model",
+                        "examples/peers/models/opt-350m.yaml", "--inventory", "examples/peers/inventory-same-zone.yaml",
+                        "--precision", "fp32", "--global-batch-size", "1024", "--quiet", "--budget-s", "20",
+                        "-o", str(out), "--emit", str(tmp_path / "launch")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    a100 = (tmp_path / "launch" / "a100.sh").read_text()
+    v100 = (tmp_path / "launch" / "v100.sh").read_text()
+    assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0" in v100

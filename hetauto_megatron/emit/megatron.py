@@ -183,10 +183,15 @@ def _check_inventory(plan: Plan, file: str | None) -> None:
 
 
 # ---- vendor environment -----------------------------------------------------------------------------------
-def vendor_env(vendor: str, max_tp: int) -> tuple[dict[str, str], list[str]]:
-    """(variables the launch sets, commented suggestions) for one device vendor's software stack."""
+def vendor_env(vendor: str, max_tp: int, fp32_tf32: bool | None = None) -> tuple[dict[str, str], list[str]]:
+    """(variables the launch sets, commented suggestions) for one device vendor's software stack. `fp32_tf32`:
+    for an fp32 plan on NVIDIA devices, whether its GEMMs run on the TF32 tensor cores as priced (the cluster's
+    `tf32` in the inventory); PyTorch's switch is set either way, since NVIDIA's containers turn TF32 on and
+    upstream PyTorch leaves it off."""
     env: dict[str, str] = {}
     notes: list[str] = []
+    if vendor == "nvidia" and fp32_tf32 is not None:
+        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1" if fp32_tf32 else "0"
     if vendor in ("nvidia", "amd", "ascend") and max_tp > 1:
         # Megatron orders TP communication behind compute on one hardware queue; it asserts this is 1.
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
@@ -204,6 +209,16 @@ def vendor_env(vendor: str, max_tp: int) -> tuple[dict[str, str], list[str]]:
         env["OMP_NUM_THREADS"] = "1"           # several processes per node share the cores
     notes.append("export GLOO_SOCKET_IFNAME=<nic>      # interface that reaches the other clusters (gloo/TCP)")
     return env, notes
+
+
+def _fp32_tf32(plan: Plan, cluster: str) -> bool | None:
+    """For an fp32 plan: whether the cluster runs its GEMMs on TF32 (the inventory's `tf32`); None otherwise."""
+    if plan.precision != "fp32":
+        return None
+    for c in (plan.inventory or {}).get("clusters", []):
+        if c.get("name") == cluster:
+            return bool(c.get("tf32", False))
+    return False
 
 
 # ---- scripts -----------------------------------------------------------------------------------------------
@@ -235,7 +250,7 @@ def _node_ranges(plan: Plan, la: Launch) -> list[tuple[int, int, int]] | None:
 def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT) -> str:
     first = plan.meshes[0].cluster
     max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
-    env, notes = vendor_env(la.vendor, max_tp)
+    env, notes = vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
     last_rank = la.rank_offset + la.num_devices - 1
     lines = [
         "#!/usr/bin/env bash",
@@ -313,7 +328,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
     out = []
     for la in launches:
         max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
-        env, _ = vendor_env(la.vendor, max_tp)
+        env, _ = vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
         out.append({
             "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "meshes": list(la.mesh_indices),
             "rank_offset": la.rank_offset, "num_devices": la.num_devices, "nnodes": la.nnodes,

@@ -7,7 +7,9 @@ the default intra-node link (NVLink, Infinity Fabric, HCCS or PCIe) as per-devic
 Training precision is a property of the job (`hetauto plan --precision`, `Plan.precision`), not of the
 inventory: `DeviceType.at_precision(p)` gives the device as that job sees it, with
     peak_tflops   the dense peak at p: bf16/fp16 on the tensor cores, fp8 (Transformer Engine) only on devices
-                  that have it (Hopper, Ada, MI300X), fp32 without tensor cores (Megatron leaves TF32 off)
+                  that have it (Hopper, Ada, MI300X), fp32 without tensor cores (PyTorch leaves TF32 off),
+                  or on the TF32 tensor cores where the cluster's PyTorch enables TF32 (`tf32: true` in the
+                  inventory: NVIDIA's PyTorch containers do by default, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)
     dtype_bytes   the element size of parameters, activations and pipeline sends: 2 for bf16, fp16 and fp8
                   (fp8 trains on bf16 parameters), 4 for fp32
     precision     p
@@ -44,6 +46,7 @@ class DeviceType:
     precision: str = ""        # the job's training precision once placed (at_precision); "" = catalog entry
     peaks: tuple = ()          # datasheet (precision, dense TFLOP/s) pairs; a precision absent is unsupported
     reference_tflops: float = 0.0   # the 16-bit peak the inventory may override; 0 = peak_tflops
+    tf32: bool = False         # fp32 GEMMs run on the TF32 tensor cores (the cluster's PyTorch allows it)
 
     def __post_init__(self):
         if self.reference_tflops == 0:
@@ -90,6 +93,8 @@ class DeviceType:
             raise InputError(f"unknown training precision {precision!r}", file=file, field=field or "--precision",
                              fix=f"use one of: {', '.join(PRECISIONS)}")
         peak = self.peak_tflops_at(precision)
+        if precision == "fp32" and self.tf32 and self.peak_tflops_at("tf32") is not None:
+            peak = self.peak_tflops_at("tf32")   # fp32 storage, GEMMs on the TF32 tensor cores
         if peak is None:
             have = [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]
             raise InputError(f"device type {self.name} ({self.description or self.vendor}) cannot train in "
@@ -100,9 +105,10 @@ class DeviceType:
         return dataclasses.replace(self, precision=precision, peak_tflops=peak, dtype_bytes=PRECISION_BYTES[precision])
 
 
-def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None, bf16=True):
+def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None, bf16=True, tf32=None):
     """tflops: the 16-bit dense tensor peak (bf16 and fp16 alike unless bf16=False); fp32: without tensor cores;
-    fp8: dense fp8 peak where the device has fp8 (None: it has not)."""
+    fp8: dense fp8 peak where the device has fp8 (None: it has not); tf32: the dense TF32 tensor peak an fp32 job
+    reaches with TF32 enabled (not a training precision of its own)."""
     peaks = {"fp16": tflops}
     if bf16:
         peaks["bf16"] = tflops
@@ -110,26 +116,29 @@ def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None
         peaks["fp8"] = fp8
     if fp32:
         peaks["fp32"] = fp32
+    if tf32:
+        peaks["tf32"] = tf32
     return DeviceType(name, vendor, float(mem), float(tflops), float(hbm), float(link_gbytes) * 8, desc,
                       peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())))
 
 
-# fp32 peaks are the datasheets' non-tensor FP32 (Megatron does not enable TF32); the Ascend 910B publishes none.
+# fp32 peaks are the datasheets' non-tensor FP32 (PyTorch leaves TF32 off unless told); the Ascend 910B publishes none.
+# tf32: the datasheets' dense TF32 tensor peak (half the sparse figure), NVIDIA Ampere and newer.
 CATALOG: dict[str, DeviceType] = {d.name: d for d in [
-    _d("a100-40gb", "nvidia", 40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB, NVLink3", fp32=19.5),
-    _d("a100-80gb", "nvidia", 80, 312, 2039, 300, "NVIDIA A100 SXM4 80GB, NVLink3", fp32=19.5),
-    _d("h100-sxm", "nvidia", 80, 989, 3350, 450, "NVIDIA H100 SXM5 80GB, NVLink4", fp32=67, fp8=1979),
+    _d("a100-40gb", "nvidia", 40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB, NVLink3", fp32=19.5, tf32=156),
+    _d("a100-80gb", "nvidia", 80, 312, 2039, 300, "NVIDIA A100 SXM4 80GB, NVLink3", fp32=19.5, tf32=156),
+    _d("h100-sxm", "nvidia", 80, 989, 3350, 450, "NVIDIA H100 SXM5 80GB, NVLink4", fp32=67, fp8=1979, tf32=494.7),
     _d("h800", "nvidia", 80, 989, 3350, 200, "NVIDIA H800 SXM5 80GB (export NVLink 400 GB/s bidirectional)",
-       fp32=67, fp8=1979),
-    _d("h20", "nvidia", 96, 148, 4000, 450, "NVIDIA H20 96GB", fp32=44, fp8=296),
-    _d("h200", "nvidia", 141, 989, 4800, 450, "NVIDIA H200 SXM 141GB", fp32=67, fp8=1979),
-    _d("gh200", "nvidia", 96, 989, 4000, 450, "NVIDIA GH200 Grace Hopper, 96GB HBM3", fp32=67, fp8=1979),
+       fp32=67, fp8=1979, tf32=494.7),
+    _d("h20", "nvidia", 96, 148, 4000, 450, "NVIDIA H20 96GB", fp32=44, fp8=296, tf32=74),
+    _d("h200", "nvidia", 141, 989, 4800, 450, "NVIDIA H200 SXM 141GB", fp32=67, fp8=1979, tf32=494.7),
+    _d("gh200", "nvidia", 96, 989, 4000, 450, "NVIDIA GH200 Grace Hopper, 96GB HBM3", fp32=67, fp8=1979, tf32=494.7),
     _d("v100", "nvidia", 32, 125, 900, 150, "NVIDIA V100 SXM2 32GB (FP16 tensor peak; no BF16)", fp32=15.7,
        bf16=False),
     _d("v100-16gb", "nvidia", 16, 125, 900, 150, "NVIDIA V100 SXM2 16GB (FP16 tensor peak; no BF16)", fp32=15.7,
        bf16=False),
-    _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733),
-    _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2),
+    _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733, tf32=183),
+    _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2, tf32=62.5),
     _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)", fp32=47.9),
     _d("mi300x", "amd", 192, 1307, 5300, 448, "AMD Instinct MI300X 192GB, Infinity Fabric", fp32=163.4, fp8=2615),
     _d("ascend-910b", "ascend", 64, 320, 1600, 196, "Huawei Ascend 910B 64GB, HCCS"),

@@ -108,6 +108,7 @@ class Inventory:
                 "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
                 "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
+                **({"tf32": True} if c.device.tf32 else {}),
             } for c in self.clusters],
             "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3}
                       for pair, l in sorted(self.links.items(), key=lambda kv: sorted(kv[0]))],
@@ -115,7 +116,7 @@ class Inventory:
 
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
-                 "peak_tflops", "hbm_gbps", "price_per_device_hour"}
+                 "peak_tflops", "hbm_gbps", "price_per_device_hour", "tf32"}
 _DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
 _DEFAULT_INTRA_NODE_LATENCY_US = 5.0
 # Cluster names become file names of the emitted launch scripts and configs, and words in shell commands.
@@ -156,6 +157,12 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
             v = get(raw, key, float, default=None, file=file, prefix=p)
             overrides[key] = positive(v, p + key, file) if v is not None else None
         dev = dev.with_overrides(**overrides)
+        tf32 = get(raw, "tf32", bool, default=False, file=file, prefix=p)
+        if tf32 and dev.peak_tflops_at("tf32") is None:
+            raise InputError(f"device type {dev.name} has no TF32 tensor cores", file=file, field=p + "tf32",
+                             fix="leave tf32 out (its fp32 GEMMs run without tensor cores)")
+        if tf32:
+            dev = dataclasses.replace(dev, tf32=True)
         nodes = get(raw, "nodes", int, file=file, prefix=p)
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:

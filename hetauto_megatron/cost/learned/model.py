@@ -180,6 +180,12 @@ class LearnedCostModel:
             hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
+        if (device.precision == "fp32" and getattr(device, "tf32", False) and info.source == "sailor"
+                and info.dtype_bytes == 2):
+            # Sailor's tensor-core runs (they beat the FP32 CUDA-core peak) come from fp32 jobs in NVIDIA's PyTorch
+            # container, whose fp32 GEMMs run on TF32 (docs/peers.md): an fp32 job with TF32 is what they measured
+            return info, (f"measured ({info.source}, {info.rows} rows): its tensor-core runs, Sailor's fp32 jobs "
+                          "with TF32 GEMMs, price this fp32 plan with TF32")
         if info.dtype_bytes != device.dtype_bytes:
             return None, (f"the learned model measured {name} with {info.dtype_bytes}-byte elements, the plan "
                           f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision")
