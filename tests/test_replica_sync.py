@@ -2,6 +2,7 @@
 without processes: the regions follow Megatron's TP cuts and DP shards, and running the moves on plain Python
 numbers leaves every holder with sum(weight x gradient) computed element by element from the whole tensors."""
 import itertools
+import os
 
 import pytest
 
@@ -122,3 +123,26 @@ def test_holders_that_do_not_partition_the_parameter_are_refused():
     with pytest.raises(ValueError, match="different shapes"):
         sync_moves("w", good + other)
     assert meet(((0, 2, 0, 2),), ((1, 3, 1, 3),)) == ((1, 2, 1, 2),)
+
+
+def test_one_ranks_moves_are_its_share_of_all_moves():
+    # each rank derives only its own moves (time linear in the owners): the same moves, in the same order
+    owners = _owners((0, 0), 0.5, (8, 6), 2, 2, 1, first_rank=0) + _owners((1, 0), 0.25, (8, 6), 1, 3, None,
+                                                                          first_rank=4) + \
+        _owners((2, 1), 0.25, (8, 6), 2, 1, 0, first_rank=7)
+    every = sync_moves("w", owners)
+    for rank in range(9):
+        assert sync_moves("w", owners, rank=rank) == [m for m in every if rank in (m.src, m.dst)]
+
+
+def test_ranks_are_named_with_their_pipeline():
+    from helpers import ROOT, mesh
+
+    from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+    from hetauto_megatron.runtime.groups import describe_rank
+    plan = load_plan(os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml"))
+    assert describe_rank(plan, 5) == "rank 5 (pipeline 1, cluster cluster-b, stage 0)"
+    assert describe_rank(plan, 3) == "rank 3 (pipeline 0, cluster cluster-a, stage 1)"
+    one = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 4,
+                          "meshes": [mesh("a", 1, 1, 2, [8])]})
+    assert describe_rank(one, 0) == "rank 0 (cluster a, stage 0)"

@@ -91,8 +91,7 @@ class ReplicaSync:
         self.locals = {r["name"]: r for r in mine}
         norm_roles = set()
         for name in sorted(owners):
-            moves = sync_moves(name, owners[name])
-            self.moves += [m for m in moves if me in (m.src, m.dst)]
+            self.moves += sync_moves(name, owners[name], rank=me)
             if name not in self.locals:
                 continue
             keys, weights = holders_of(owners[name]), weights_of(owners[name])

@@ -29,6 +29,7 @@ iteration: 2 x for two holders that each shard it once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 Rect = tuple  # (row_start, row_stop, col_start, col_stop) in the whole table, stops exclusive
 
@@ -135,7 +136,7 @@ class Owner:
     hi: int
     source: bool
 
-    @property
+    @cached_property
     def region(self) -> tuple[Rect, ...]:
         return region(self.layout, self.lo, self.hi)
 
@@ -173,21 +174,31 @@ def weights_of(owners) -> list[float]:
 
 
 def _check_partition(name: str, holder, sources) -> None:
-    whole = sources[0].layout.whole if sources else None
+    """The sources' intervals must cover the parameter once. Ranks with one layout (one TP rank) must hold
+    disjoint intervals of it; different TP ranks' blocks are disjoint by construction, so the sizes must add up
+    to the whole. Linear in the ranks (a holder may have thousands)."""
     if not sources:
         raise ValueError(f"{name}: holder {holder} has no source rank")
-    rects = [r for o in sources for r in o.region]
+    whole = sources[0].layout.whole
     if any(o.layout.whole != whole for o in sources):
         raise ValueError(f"{name}: the ranks of holder {holder} see different whole shapes")
-    overlap = any(_meet(a, b) for i, a in enumerate(rects) for b in rects[i + 1:])
-    if overlap or area(rects) != whole[0] * whole[1]:
+    by_layout: dict = {}
+    for o in sources:
+        by_layout.setdefault(o.layout, []).append((o.lo, o.hi))
+    overlap = False
+    for intervals in by_layout.values():
+        intervals.sort()
+        overlap |= any(b[0] < a[1] for a, b in zip(intervals, intervals[1:]))
+    size = sum(o.hi - o.lo for o in sources)
+    if overlap or size != whole[0] * whole[1]:
         raise ValueError(f"{name}: the source ranks of holder {holder} do not partition the parameter "
-                         f"({area(rects)} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
+                         f"({size} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
 
 
-def sync_moves(name: str, owners) -> list[Move]:
-    """Every move of one parameter's gradient exchange among its holders (module doc), deterministic. Checks
-    that every holder sees the same whole shape and that each holder's sources partition it."""
+def sync_moves(name: str, owners, rank: int | None = None) -> list[Move]:
+    """Every move of one parameter's gradient exchange among its holders (module doc), deterministic; with
+    `rank`, only the moves that rank sends or receives (the same moves, found in time linear in the owners).
+    Checks that every holder sees the same whole shape and that each holder's sources partition it."""
     keys = holders_of(owners)
     if len(keys) < 2:
         return []
@@ -199,19 +210,24 @@ def sync_moves(name: str, owners) -> list[Move]:
     for h in keys:
         _check_partition(name, h, sources[h])
     root = sources[keys[0]]
+
+    def pairs(a, b):
+        """(x, y) for x in a, y in b, but only those involving `rank` when it is given."""
+        if rank is None:
+            return [(x, y) for x in a for y in b]
+        mine = [y for y in b if y.rank == rank]
+        return [(x, y) for x in a if x.rank == rank for y in b] + [(x, y) for x in a if x.rank != rank for y in mine]
+
     moves = []
     for index, h in enumerate(keys[1:], start=1):
-        for s in sources[h]:
-            for r in root:
-                rects = meet(s.region, r.region)
-                if rects:
-                    moves.append(Move("gather", s.rank, r.rank, name, index, rects))
-    sinks = sorted((o for o in owners if o.lo < o.hi), key=lambda o: (o.holder, o.rank))
-    for r in root:
-        for k in sinks:
-            if k.rank == r.rank:
-                continue
-            rects = meet(r.region, k.region)
+        for s, r in sorted(pairs(sources[h], root), key=lambda p: (p[0].rank, p[1].rank)):
+            rects = meet(s.region, r.region)
             if rects:
-                moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
+                moves.append(Move("gather", s.rank, r.rank, name, index, rects))
+    sinks = sorted((o for o in owners if o.lo < o.hi), key=lambda o: (o.holder, o.rank))
+    order = {(o.holder, o.rank): n for n, o in enumerate(sinks)}
+    for r, k in sorted(pairs(root, sinks), key=lambda p: (p[0].rank, order[(p[1].holder, p[1].rank)])):
+        rects = meet(r.region, k.region) if k.rank != r.rank else ()
+        if rects:
+            moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
     return moves
