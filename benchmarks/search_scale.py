@@ -20,6 +20,7 @@ cluster, the clusters that take part and each cross-cluster boundary's schedule.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 
@@ -65,7 +66,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-8", action="store_true", help="leave out the 8-cluster / 16,384-device instance")
+    ap.add_argument("--shapes-only", action="store_true",
+                    help="only the new shapes' report (several pipelines, mixed replica groups; one core)")
     args = ap.parse_args()
+    if args.shapes_only:
+        shapes_report(args.seed, args.skip_8)
+        return
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
           f"all cores = {len(cores)}")
@@ -107,6 +113,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cores))
     schedules(llama, args.seed)
+    shapes_report(args.seed, args.skip_8)
 
 
 def replan(model, inv, gbs, r, seed: int) -> None:
@@ -150,6 +157,69 @@ def schedules(model, seed: int) -> None:
                   f"{alone.iteration_time_s / est.iteration_time_s:7.2f}x  {used}")
         print(f"{'':50} {fastest.name + ' alone':10} {'':8} {alone.iteration_time_s:8.3f} "
               f"{gbs * model.seq_length / alone.iteration_time_s:9.0f}")
+
+
+def shapes_report(seed: int, skip_8: bool) -> None:
+    """The new shapes (plan/multi_search.py, the default of `hetauto plan`): on one core, the search with them
+    (wall and CPU s), the plan, the clusters it uses, its speed-up over the fastest cluster alone; how many
+    partitions of the clusters into pipelines were bounded and searched; and what several pipelines give: the
+    best partition bound, and the priced plan of the best-bound partition and of one pipeline per cluster used
+    (searched even when the bound rules them out)."""
+    from hetauto_megatron.plan.constraints import Constraints
+    from hetauto_megatron.plan.multi_search import PartitionBound, ShapesResult, _search_partition, search_shapes
+    from hetauto_megatron.plan.multi_search import set_partitions
+    import itertools
+    cases = [("4 clusters / 736 devices", PRESETS["llama2-70b"],
+              load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024)]
+    if not skip_8:
+        cases.append(("8 clusters / 16,384 devices", PRESETS["gpt3-175b"], load_inventory(EX8), 4096))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cores[0]})
+    print("\nnew shapes (several pipelines, mixed replica groups), one core:")
+    cost = AnalyticCostModel()
+    for name, model, inv, gbs in cases:
+        fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
+        alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
+        alone = search(model, alone_inv, gbs, config=SearchConfig(seed=seed, workers=1))
+        c0, w0 = os.times(), time.perf_counter()
+        r = search_shapes(model, inv, gbs, cost, SearchConfig(seed=seed, workers=1))
+        c1 = os.times()
+        wall, cpu = time.perf_counter() - w0, c1.user + c1.system - c0.user - c0.system
+        est = simulate(r.plan, inv)
+        used = sorted({m.cluster for m in r.plan.meshes})
+        print(f"{name}: search {wall:.2f} s wall / {cpu:.2f} s CPU (single-pipeline part {r.simple.seconds:.2f} s); "
+              f"{r.iteration_time_s:.3f} s/iteration, {est.tokens_per_s:,.0f} tokens/s, "
+              f"{alone.iteration_time_s / r.iteration_time_s:.2f}x the fastest cluster alone ({fastest.name}, "
+              f"{alone.iteration_time_s:.3f} s); {r.plan.num_pipelines} pipeline(s), clusters {', '.join(used)} "
+              f"({len(used)} of {len(inv.clusters)}), {sum(m.alongside for m in r.plan.meshes)} replica group(s) "
+              f"alongside; partitions bounded {r.partitions}, searched {r.partitions_searched}, replica groups "
+              f"priced {r.alongside_tried}")
+        # what several pipelines give: the best bound, and two partitions searched regardless of it
+        bound = PartitionBound(model, inv, gbs)
+        names = [c.name for c in inv.clusters]
+        best_b = min(((bound(p), p) for k in range(2, len(names) + 1) for sub in itertools.combinations(names, k)
+                      for p in set_partitions(list(sub)) if len(p) >= 2), key=lambda x: x[0])
+        print(f"    best partition bound {best_b[0]:.3f} s ({' | '.join('+'.join(b) for b in best_b[1])}) against "
+              f"the plan's {r.iteration_time_s:.3f} s")
+        each = [[c] for c in used] if len(used) > 1 else [[fastest.name], [r.simple.choices[0].cluster]]
+        for label, blocks in (("best-bound partition", best_b[1]), ("one pipeline per cluster of the plan", each)):
+            if len({c for b in blocks for c in b}) < 2 or not math.isfinite(bound(blocks)):
+                continue
+            t0 = time.perf_counter()
+            out = ShapesResult(None, math.inf, None, 0.0)
+            found = _search_partition(model, inv, gbs, cost, SearchConfig(seed=seed, workers=1), Constraints(), names,
+                                      blocks, {}, out)
+            if found is None:
+                print(f"    {label} {' | '.join('+'.join(b) for b in blocks)}: no feasible plan")
+                continue
+            t, plan = found
+            e = simulate(plan, inv)
+            print(f"    {label} {' | '.join('+'.join(b) for b in blocks)}: {t:.3f} s/iteration "
+                  f"(gradient sync {e.replica_sync_s:.3f} s, samples {list(plan.samples_per_pipeline)}; "
+                  f"{time.perf_counter() - t0:.1f} s to search)")
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sy
     """Two twin clusters, one pipeline each with half the batch: every micro-batch step is the one pipeline's
     with twice the DP on one cluster of twice the nodes (same micro-batches, same stage times, same links
     inside a cluster), so the 1F1B makespans are equal; the gradients of the whole model then cross the link
-    between the twins once each way (bf16 training, fp32 gradient buffer: 4 bytes per parameter)."""
+    between the twins twice: gathered to pipeline 0's ranks, then the sum scattered back (bf16 training, fp32
+    gradient buffer: 4 bytes per parameter; each phase pays the link's latency)."""
     link_gbps, link_ms = 100, 2
     inv = small_inventory([("a1", "h100", 4, 8), ("a2", "h100", 4, 8), ("big", "h100", 8, 8)],
                           [("a1", "a2", link_gbps, link_ms)])
@@ -64,7 +65,7 @@ def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sy
     # the vocabulary as it runs: padded to a multiple of 128 x TP (4) = 512 (Megatron's rule)
     padded = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512)
     params = padded.total_params
-    hand = link_ms / 1e3 + 4 * params / (link_gbps * 1e9 / 8)
+    hand = 2 * (link_ms / 1e3 + 4 * params / (link_gbps * 1e9 / 8))
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
     # each pipeline alone is the simulator's plan with its half of the batch; the joint iteration adds the sync
     alone = simulate(_plan(MODEL, 64, half[0]), inv, COST)
@@ -98,6 +99,52 @@ def test_alongside_twins_equal_one_mesh_of_their_dp_and_a_slower_group_sets_the_
     assert got.pipeline_s == pytest.approx(slow.pipeline_s, rel=1e-12)      # 8 micro-batch steps of 16 samples
     # memory per group: each group as its own mesh with the same micro-batches in flight
     assert got.memory_gib == pytest.approx(fast.memory_gib + slow.memory_gib, rel=1e-12)
-    # the two groups' gradients cross the A100-V100 link once each way: the whole model in fp32
-    hand = 1e-3 + 4 * model.total_params / (100e9 / 8)
+    # the V100 group's gradients cross the link to the A100 group's ranks, the sums come back: the whole
+    # model in fp32, twice
+    hand = 2 * (1e-3 + 4 * model.total_params / (100e9 / 8))
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
+
+
+def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
+    """Two pipelines of two stages each, tied embeddings, the plain optimizer at DP 2 (every DP replica holds the
+    whole gradient, so the scatter sends the sum to both replicas). Per parameter block the root is pipeline 0's
+    holder; over the 10 Gbit/s link go, in the gather phase, pipeline 1's gradients of every layer, of its two
+    copies of the tied table (first and last stage) and of the final norm; in the scatter phase twice that."""
+    model = MODEL.replace(tie_embeddings=True, vocab_size=32256)        # 32256: padded alike at every TP
+    inv = small_inventory([("a", "h100", 2, 8), ("b", "h100", 2, 8)], [("a", "b", 10, 5)])
+    plain = {"distributed_optimizer": False}
+    p0 = [_mesh("a", "h100", 4, 2, 1, [16, 16], setting_overrides=plain)]
+    p1 = [_mesh("b", "h100", 4, 2, 1, [16, 16], setting_overrides=plain)]
+    got = _price(model, inv, [(32, [p0]), (32, [p1])])
+    h = model.hidden_size
+    gather = 4 * (model.num_layers * model.layer_params + 2 * model.embedding_params + h)
+    bw = 10e9 / 8
+    assert got.replica_sync_s == pytest.approx((5e-3 + gather / bw) + (5e-3 + 2 * gather / bw), rel=1e-9)
+    # one pipeline of single meshes ties its table by the tied-embedding exchange instead: no holders' exchange
+    one = _price(model, inv, [(32, [p0])])
+    want = simulate(Plan(model=model, global_batch_size=32, meshes=tuple(p0)), inv, COST)
+    assert one.replica_sync_s == 0 and one.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+
+
+def test_explain_of_two_pipelines_splits_the_iteration(tmp_path):
+    """hetauto explain takes a plan of two pipelines: its parts add up to the predicted iteration, the holders'
+    exchange is the simulator's, and each pipeline of single meshes gets its own bottleneck."""
+    import yaml
+
+    from helpers import run_hetauto
+    from hetauto_megatron.plan.plan import plan_from_dict
+    inv = small_inventory([("a1", "h100", 4, 8), ("a2", "h100", 4, 8)], [("a1", "a2", 100, 2)])
+    meshes = [_mesh("a1", "h100", 4, 4, 1, [16, 16]), _mesh("a2", "h100", 4, 4, 1, [16, 16], pipeline=1)]
+    plan = Plan(model=MODEL, global_batch_size=128, meshes=tuple(meshes), inventory=inv.to_dict(),
+                pipeline_samples=(64, 64))
+    path = tmp_path / "two.yaml"
+    plan.save(str(path))
+    r = run_hetauto("explain", "--plan", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    rep = json.loads(r.stdout)
+    est = simulate(plan_from_dict(yaml.safe_load(path.read_text())), inv, COST)
+    parts = rep["breakdown"]["parts"]
+    assert sum(p["seconds"] for p in parts.values()) == pytest.approx(est.iteration_time_s, abs=1e-5)   # 6 decimals
+    assert parts["holders_sync"]["seconds"] == pytest.approx(est.replica_sync_s, abs=1e-6)
+    assert [p["samples"] for p in rep["pipelines"]] == [64, 64] and all(p["bottleneck"] for p in rep["pipelines"])

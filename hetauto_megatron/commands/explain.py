@@ -69,7 +69,8 @@ def plan_inputs(args, plan_path: str, plan=None, what: str = "hetauto explain"):
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     plan = plan or load_plan(plan_path)
-    require_simple(plan, what, plan_path)
+    if what != "hetauto explain":     # explain takes every shape (plan/multi_explain.py)
+        require_simple(plan, what, plan_path)
     if getattr(args, "model", None):
         model = load_model(args.model)
         if (model.num_layers, model.hidden_size) != (plan.model.num_layers, plan.model.hidden_size):
@@ -99,6 +100,9 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     from ..plan.constraints import Constraints
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
+    if not plan.is_simple:     # several pipelines, replica groups side by side
+        from ..plan.multi_explain import shapes_report
+        return shapes_report(plan, inventory, cost_model)
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     est = simulate(plan, inventory, cost_model).to_dict()
     bd = X.breakdown(est, plan.num_micro_batches)
@@ -136,6 +140,9 @@ def _pct(x) -> str:
 
 def format_report(rep: dict) -> str:
     from ..plan.explain import PART_NAMES
+    if rep.get("shape") == "pipelines":
+        from ..plan.multi_explain import format_shapes_report
+        return format_shapes_report(rep)
     bd = rep["breakdown"]
     out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stages, {rep['micro_batches']} "
            f"micro-batches; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"

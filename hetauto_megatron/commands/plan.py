@@ -82,6 +82,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
     g.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="every mesh runs micro-batches of N samples (a power of two)")
+    parser.add_argument("--shapes", choices=("all", "simple"), default="all",
+                        help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
+                             "groups in a stage, keeping the best of those and the single pipeline; simple: one "
+                             "pipeline, one mesh per cluster (docs/search.md)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
@@ -103,7 +107,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
-    from ..plan.simulate import layout_to_plan, simulate
+    from ..plan.simulate import simulate
     model, inventory, cost_model = load_inputs(args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
@@ -132,9 +136,8 @@ def run(args) -> int:
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        schedule=args.boundary_schedule, constraints=con)
-    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg)
-    plan = layout_to_plan(model, args.global_batch_size, result.choices, result.stage_layers, inventory,
-                          boundaries=result.boundaries)
+    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, args.shapes)
+    plan = result.plan
     estimate = simulate(plan, inventory, cost_model)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
@@ -149,7 +152,7 @@ def run(args) -> int:
     explained = None
     if args.explain:
         from .explain import explain_report
-        explained = explain_report(plan, inventory, cost_model, search_result=result, seed=args.seed)
+        explained = explain_report(plan, inventory, cost_model, search_result=result.simple, seed=args.seed)
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves
@@ -193,16 +196,18 @@ def constraints_from_args(args):
                        max_pp=args.max_pp, micro_batch_size=args.micro_batch_size)
 
 
-def search_explained(model, inventory, gbs, cost_model, cfg):
-    """The search; when nothing is feasible under constraints, says which one binds: each constraint is lifted
-    in turn, and those whose lifting lets a plan fit are named (a short search each: only on failure)."""
+def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
+    """The search (plan/multi_search.py: the single pipeline and, unless shapes is "simple", the new shapes);
+    when nothing is feasible under constraints, says which one binds: each constraint is lifted in turn, and
+    those whose lifting lets a plan fit are named (a short search each: only on failure)."""
     import dataclasses as dc
 
     from ..errors import InfeasibleError
     from ..plan.constraints import describe
+    from ..plan.multi_search import search_shapes
     from ..plan.search import search
     try:
-        return search(model, inventory, gbs, cost_model, cfg)
+        return search_shapes(model, inventory, gbs, cost_model, cfg, shapes)
     except InfeasibleError as exc:
         con = cfg.constraints
         if not con.active:

@@ -76,7 +76,8 @@ def run(args) -> int:
             raise InputError("give either --plan or a layout (--tp/--pp/--dp/--micro-batch-size), not both",
                              field="--plan", fix="with --plan only --global-batch-size and --seq-length may change")
         plan = load_plan(args.plan)
-        require_simple(plan, "hetauto simulate", args.plan)
+        if args.timeline:      # the timeline draws one pipeline of single meshes; the figures take every shape
+            require_simple(plan, "hetauto simulate --timeline", args.plan)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
@@ -85,7 +86,13 @@ def run(args) -> int:
         if args.seq_length or args.global_batch_size:
             gbs = args.global_batch_size or plan.global_batch_size
             try:
-                plan = Plan(model, gbs, plan.meshes, plan.inventory, precision=plan.precision)
+                samples = plan.pipeline_samples
+                if samples and gbs != plan.global_batch_size:   # several pipelines: their shares kept in proportion
+                    from ..plan.batch_split import split_batch
+                    samples = tuple(split_batch(gbs, [plan.pipeline_step(p) for p in range(plan.num_pipelines)],
+                                                [1 / n for n in samples]))
+                plan = Plan(model, gbs, plan.meshes, plan.inventory, precision=plan.precision,
+                            pipeline_samples=samples)
             except InputError as exc:   # what-if batch that the plan's micro-batch step does not divide
                 raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
                                  fix=exc.fix) from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
-from ..plan.shapes import require_simple
 from ..spec.devices import get_device
 
 
@@ -64,11 +63,11 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None = None) -> str:
     """A fixed-width table of the plan's stages plus totals; `estimate` adds time, memory and utilisation. A plan
-    of several pipelines gets one table per pipeline (without the estimate's per-stage figures)."""
-    require_simple(plan, "hetauto emit summary", file, several_pipelines=True)
-    if not plan.is_simple:
-        return _format_pipelines(plan, estimate)
+    of several pipelines or with replica groups side by side gets one row per stage and group, pipeline after
+    pipeline."""
     est = estimate if isinstance(estimate, dict) else None
+    if not plan.is_simple:
+        return _format_shapes(plan, est)
     stages = est.get("stages") if est else None
     if not (isinstance(stages, list) and len(stages) == plan.pipeline_parallel_size):
         stages = None
@@ -124,24 +123,56 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
     return "\n".join(lines)
 
 
-def _format_pipelines(plan: Plan, estimate: dict | None) -> str:
-    """Several pipelines joined by data parallelism: a header, then each pipeline's own summary."""
-    m, samples = plan.model, plan.samples_per_pipeline
-    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {plan.num_pipelines} pipelines "
-             f"joined by data parallelism; global batch {plan.global_batch_size} = "
-             f"{' + '.join(map(str, samples))} samples per pipeline"]
-    est = estimate if isinstance(estimate, dict) else {}
-    if est.get("iteration_time_s") is not None:
-        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
-                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s (whole plan), gradient sum across pipelines "
-                     f"{_num(est.get('replica_sync_s'), '.3f')} s")
-    per = est.get("pipelines")
-    per = per if isinstance(per, list) and len(per) == plan.num_pipelines else [{}] * plan.num_pipelines
+def _format_shapes(plan: Plan, est: dict | None) -> str:
+    """Several pipelines and/or mixed replica groups: one row per stage and replica group, pipeline after
+    pipeline (the estimate's rows of plan/multi_simulate.py carry `pipeline` and `mesh`)."""
+    rows_by_key = {}
+    for st in (est or {}).get("stages") or []:
+        if isinstance(st, dict):
+            rows_by_key[(st.get("mesh"), st.get("stage"))] = st
+    header = ["pipe", "stage", "mesh", "cluster", "device", "devices", "TP", "DP", "layers", "mbs", "recompute"]
+    if est:
+        header += ["compute s", "busy s", "link s", "memory GiB", "util"]
+    rows = []
     for p in range(plan.num_pipelines):
-        first = plan.pipeline_mesh_indices(p)[0]
-        timing = per[p] if isinstance(per[p], dict) else {}
-        predicted = (f", predicted pipeline {_num(timing.get('pipeline_s'), '.3f')} s + DP "
-                     f"{_num(timing.get('dp_exposed_s'), '.3f')} s" if timing else "")
-        lines += ["", f"pipeline {p} (meshes from meshes[{first}], ranks from {plan.rank_offset(first)}{predicted}):",
-                  format_summary(plan.pipeline(p))]
+        stage = 0
+        for pos in plan.positions(p):
+            n = plan.meshes[pos[0]].num_stages
+            for j in range(n):
+                for k, i in enumerate(pos):
+                    m = plan.meshes[i]
+                    row = [str(p), str(stage + j), str(i) + (" +" if k else ""), m.cluster, m.device_type,
+                           str(m.tp * m.dp), str(m.tp), str(m.dp), str(m.stage_layers[j]), str(m.micro_batch_size),
+                           m.recompute]
+                    if est:
+                        st = rows_by_key.get((i, stage + j), {})
+                        mem = _num(st.get("memory_gib"), ".1f")
+                        if mem != "-":
+                            mem += f" / {_num(st.get('memory_cap_gib'), 'g')}"
+                        row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"),
+                                _num(st.get("send_next_s"), ".4f"), mem, _num(st.get("utilisation"), ".0%")]
+                    rows.append(row)
+            stage += n
+    m = plan.model
+    parts = [f"pipeline {p}: {n} samples ({plan.pipeline_micro_batches(p)} micro-batch steps x "
+             f"{plan.pipeline_step(p)})" for p, n in enumerate(plan.samples_per_pipeline)]
+    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} meshes, "
+             f"{plan.num_pipelines} pipeline(s) joined by data parallelism ('+': a replica group alongside the "
+             "mesh above it)",
+             *_table(header, rows, {0, 1, 5, 6, 7, 9} | ({11, 12, 13, 15} if est else set())),
+             f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
+             f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}",
+             f"global batch {plan.global_batch_size}: " + "; ".join(parts) + f", sequence {m.seq_length}"]
+    if est:
+        fits = est.get("fits")
+        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
+                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s, "
+                     f"{_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
+                     f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}; gradients "
+                     f"summed across the stages holding the same layers: {_num(est.get('replica_sync_s'), '.3f')} s")
+        per = est.get("pipelines")
+        if isinstance(per, list) and len(per) == plan.num_pipelines and all(isinstance(x, dict) for x in per):
+            lines.append("predicted per pipeline: " + "; ".join(
+                f"{p}: 1F1B {_num(x.get('pipeline_s'), '.3f')} s + DP {_num(x.get('dp_exposed_s'), '.3f')} s"
+                for p, x in enumerate(per)))
     return "\n".join(lines)

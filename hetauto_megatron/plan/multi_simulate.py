@@ -15,15 +15,15 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
   (exposed as its settings say, costing.dp_exposed_times).
 - **Gradients across holders** (`replica_sync_time`): every parameter's gradient is then summed across every
-  mesh stage that holds it (the other pipelines, the alongside groups), shard interval to shard interval as
-  runtime/replica_sync.py exchanges them: for each pair of holders each element crosses once each way, in the
-  gradient-reduce dtype. Pairs on different clusters share the inventory's link between them (concurrent flows
-  on one link add up; different links run at once); two holders on one cluster exchange between their owner
-  ranks in parallel on the inter-node network, so the side with fewer owners sets the time. It runs after the
-  DP reduction and before the optimizer step, so it is exposed in full.
-- **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, each
-  pipeline's tied-embedding exchange (the slowest), the global gradient norm over every rank, the slowest
-  stage's optimizer step and exposed parameter gather, and the fixed per-iteration overhead.
+  mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the output head's
+  copies too), as runtime/replica_sync.py runs it: the first holder in plan order is the root; a gather phase
+  brings every other holder's reduced gradient (gradient-reduce dtype) to the root's ranks, a scatter phase
+  sends the sum back to every rank holding the elements. Between clusters a phase's bytes on one inventory
+  link add up (different links run at once); inside a cluster the rank pairs run in parallel on the inter-node
+  network. It runs after the DP reduction and before the optimizer step, so it is exposed in full.
+- **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
+  global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
+  the fixed per-iteration overhead.
 
 A plan with one pipeline and no alongside mesh is priced by plan/simulate.py as before; on such a plan this
 module gives the same figures (a test checks it), so the two can never drift apart unnoticed.
@@ -59,7 +59,7 @@ class PipelineShape:
 
 def shapes_of(plan) -> list[PipelineShape]:
     """The pipelines of a plan (plan/plan.py's version-3 API) as PipelineShapes."""
-    samples = plan.pipeline_samples or (plan.global_batch_size,)
+    samples = plan.samples_per_pipeline
     return [PipelineShape([[(i, plan.meshes[i]) for i in pos] for pos in plan.positions(p)], samples[p])
             for p in range(plan.num_pipelines)]
 
@@ -216,20 +216,20 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
 
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
-def _holders(model, shapes: list[PipelineShape], stage_lists: list) -> list:
-    """Per parameter block: (its parameters, its holders [(cluster, Mesh, StageProfile, (pipeline, stage, mesh
-    index))]). Blocks: every transformer layer, the embedding (first stage of each pipeline),
-    the output head and final norm (last stage of each pipeline; with tied embeddings the last stage's own copy
-    of the table is a parameter of its own too)."""
-    blocks = []
+def _holders(model, stage_lists: list, tie: bool) -> list:
+    """Per parameter block: (its parameters, its holders [(cluster, StageProfile, key)]), holders in plan order
+    (key = (mesh index, pipeline stage): the first is the root of the exchange, as runtime/replica_sync.py orders
+    them). Blocks: every transformer layer; the embedding (first stage of each pipeline); the final norm and
+    output head (last stage of each pipeline). With `tie` the output head is the embedding's table: its copies
+    on the last stages are holders of the embedding block (the runtime sums the tied copies with the others)."""
     L = model.num_layers
     by_layer: list = [[] for _ in range(L)]
     emb, head = [], []
-    for pi, stages in enumerate(stage_lists):
+    for stages in stage_lists:
         layer = 0
         for si, st in enumerate(stages):
             for idx, mesh, prof in st.groups:
-                h = (mesh.cluster, mesh, prof, (pi, si, idx))
+                h = (mesh.cluster, prof, (idx, si))
                 for l in range(layer, layer + st.layers):
                     by_layer[l].append(h)
                 if st.first:
@@ -237,46 +237,64 @@ def _holders(model, shapes: list[PipelineShape], stage_lists: list) -> list:
                 if st.last:
                     head.append(h)
             layer += st.layers
-    blocks += [(model.layer_params, hs) for hs in by_layer]
-    blocks.append((model.embedding_params, emb))
-    blocks.append((model.output_params, head))
-    return blocks
+    blocks = [(model.layer_params, hs) for hs in by_layer]
+    if tie:
+        blocks += [(model.embedding_params, emb + [h for h in head if h not in emb]),
+                   (model.hidden_size, head)]
+    else:
+        blocks += [(model.embedding_params, emb), (model.output_params, head)]
+    return [(n, sorted(hs, key=lambda h: h[2])) for n, hs in blocks]
 
 
-def replica_sync_time(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], stage_lists) -> float:
-    """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it.
+def _owners(prof) -> int:
+    """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
+    optimizer, the TP slices of DP rank 0 without it."""
+    return prof.tp * (prof.dp if prof.settings.distributed_optimizer else 1)
 
-    For each pair of holders of a block, its gradients cross once each way (both directions at once) in the
-    gradient-reduce dtype. Pairs on different clusters share the inventory's link between them (all blocks'
-    bytes on one link add up: one transfer at the full bandwidth); pairs on one cluster run between owner
-    ranks in parallel, the side with fewer owners setting the time, one block after another on those ranks.
-    Different links and different rank pairs run at once: the slowest sets the time. Holders without the
-    distributed optimizer then broadcast their summed TP shard to their DP replicas."""
-    link_bytes: dict = {}
-    pair_time: dict = {}
-    bcast = 0.0
-    for params, hs in _holders(model, shapes, stage_lists):
-        for i in range(len(hs)):
-            for j in range(i + 1, len(hs)):
-                (ca, ma, pa, ka), (cb, mb, pb, kb) = hs[i], hs[j]
-                gb = max(grad_buffer_bytes(p.cluster.device.dtype_bytes, p.settings) for p in (pa, pb))
-                nbytes = gb * params
-                if ca != cb:
-                    key = frozenset((ca, cb))
-                    link_bytes[key] = link_bytes.get(key, 0.0) + nbytes
-                else:
-                    owners = min(p.tp * (p.dp if p.settings.distributed_optimizer else 1) for p in (pa, pb))
-                    key = (ka, kb, ca)       # the two holders' owner ranks
-                    pair_time[key] = pair_time.get(key, 0.0) + nbytes / owners / \
-                        inventory.cluster(ca).inter_node.bytes_per_s
-        if len(hs) > 1:
-            for _, mesh, prof, *_ in hs:
-                if prof.dp > 1 and not prof.settings.distributed_optimizer:
-                    gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
-                    bcast = max(bcast, prof.dp_link.transfer_time(gb * params / prof.tp))
-    times = [costing._cross_link(inventory, *sorted(k)).transfer_time(b) for k, b in link_bytes.items()]
-    times += [t + inventory.cluster(k[2]).inter_node.latency_s for k, t in pair_time.items()]
-    return max(times, default=0.0) + bcast
+
+def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: bool) -> float:
+    """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it, as
+    runtime/replica_sync.py runs it: per parameter the first holder (plan order) is the root; in a gather phase
+    every other holder's source ranks send their reduced gradient to the root's ranks owning the same elements,
+    then, after the sums, a scatter phase sends the result back to every rank that holds the elements (every DP
+    replica without the distributed optimizer, the root's own replicas included). Each phase is one message
+    per pair of ranks for all parameters at once; the second starts when the first is done. Bytes are the
+    gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one inventory link add up (one
+    transfer at the link's bandwidth); inside a cluster the rank pairs run in parallel on the inter-node network,
+    each root rank sending or receiving its share (the side with fewer owner ranks sets it). A phase lasts as
+    long as its busiest link or root rank."""
+    phases = [{}, {}]          # per phase: resource -> bytes
+    for params, hs in _holders(model, stage_lists, tie):
+        if len(hs) < 2:
+            continue
+        rc, rp, rk = hs[0]
+        for c, prof, key in hs:
+            gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings) * params
+            copies = 1 if prof.settings.distributed_optimizer else prof.dp
+            if key == rk:
+                if copies > 1:      # the root's own DP replicas receive the sum too
+                    res = ("ranks", rk, c)
+                    phases[1][res] = phases[1].get(res, 0.0) + gb * (copies - 1) / prof.tp
+                continue
+            if c != rc:
+                res = ("link", frozenset((c, rc)))
+                phases[0][res] = phases[0].get(res, 0.0) + gb
+                phases[1][res] = phases[1].get(res, 0.0) + gb * copies
+            else:
+                per_rank = gb / min(_owners(prof), _owners(rp))
+                res = ("ranks", rk, c)
+                phases[0][res] = phases[0].get(res, 0.0) + per_rank
+                phases[1][res] = phases[1].get(res, 0.0) + per_rank * copies
+    total = 0.0
+    for phase in phases:
+        times = []
+        for res, nbytes in phase.items():
+            if res[0] == "link":
+                times.append(costing._cross_link(inventory, *sorted(res[1])).transfer_time(nbytes))
+            else:
+                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
+        total += max(times, default=0.0)
+    return total
 
 
 # ---- the whole plan --------------------------------------------------------------------------------------------
@@ -286,6 +304,7 @@ class ShapesResult:
     pipelines: list            # PipelineTiming per pipeline
     replica_sync_s: float
     grad_norm_s: float
+    tied_s: float
     fits: bool
     extra: dict = field(default_factory=dict)
 
@@ -298,11 +317,15 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))
         timings.append(price_pipeline(pm, inventory, s, cost_model))
-    sync = replica_sync_time(pm, inventory, shapes, stage_lists)
+    simple = len(shapes) == 1 and all(len(pos) == 1 for pos in shapes[0].positions)
+    # one pipeline of single meshes ties its embedding by the tied-embedding exchange (costing); any other shape
+    # sums the tied copies in the holders' exchange with every other shared parameter (runtime/replica_sync.py)
+    sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings and not simple)
+    tied = max(t.tied_s for t in timings) if simple else 0.0
     norm = costing.grad_norm_time(inventory, meshes)
-    T = (max(t.before_sync for t in timings) + sync + max(t.tied_s for t in timings) + norm
+    T = (max(t.before_sync for t in timings) + sync + tied + norm
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
-    return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings))
+    return ShapesResult(T, timings, sync, norm, tied, all(t.fits for t in timings))
 
 
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
@@ -331,7 +354,7 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                    pipeline_s=max(t.makespan for t in res.pipelines),
                    dp_exposed_s=max(max(r["dp_exposed_s"] for r in t.stages) for t in res.pipelines),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
-                   sync_s=res.replica_sync_s + res.grad_norm_s + max(t.tied_s for t in res.pipelines),
+                   sync_s=res.replica_sync_s + res.grad_norm_s + res.tied_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "dp_exposed_s": round(t.reduce_s, 6), "before_sync_s": round(t.before_sync, 6)}

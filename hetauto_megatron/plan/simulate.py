@@ -258,6 +258,9 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
     cost_model = cost_model or _DEFAULT_COST
     check_plan_against_inventory(plan, inventory)
     inventory = inventory.with_precision(plan.precision)   # the plan's precision prices every device
+    if not plan.is_simple:     # several pipelines, or mixed replica groups in a stage
+        from .multi_simulate import shapes_estimate, shapes_of
+        return shapes_estimate(plan.model, inventory, shapes_of(plan), cost_model)
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model)

@@ -1,0 +1,447 @@
+"""The search over the new plan shapes: several pipelines joined by data parallelism, mixed replica groups.
+
+Above the single-pipeline search (plan/search.py, `search`), two more decisions:
+
+1. **Which clusters form which pipeline** (a partition of a subset of the clusters into two or more blocks).
+   Each block is one pipeline, searched by the existing search on exactly that block's clusters (all of them
+   take part: the subsets are other partitions) with its share of the global batch. The shares start in proportion to the blocks' peak FLOP rates, then follow the
+   pipelines' measured times (plan/batch_split.py: multiples of each pipeline's micro-batch step, summing to
+   the global batch); each layout is re-priced at its new share, and the plan (plan/multi_simulate.py) is
+   priced as a whole, gradient sync included. A partition is only searched when its bound beats the best
+   plan held: the model's FLOPs at the peak rate of every cluster used, plus the gradient sync, which for
+   every pair of pipelines moves the model's gradients (gradient-reduce dtype) over the links between their
+   clusters (every link joining the two blocks at once at best). Partitions are tried best bound first.
+2. **Mixed replica groups in a stage** (Sailor style): the devices a cluster leaves over, or a cluster no
+   pipeline uses, may stand alongside a mesh as more data-parallel replicas of its stages (same layers, their
+   own TP, DP and micro-batch). The step's samples are split across the groups in proportion to their speed
+   (closed form, rounded to whole micro-batches), not searched as a tree level; a group is kept when the
+   priced plan is faster.
+
+The result is the best of the single-pipeline plan and these (`--shapes simple` skips both levels), so the
+new shapes never make a plan worse. Deterministic for a given seed (the single-pipeline searches are).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from ..cost.analytic import AnalyticCostModel
+from ..cost.memory import grad_buffer_bytes
+from ..errors import InfeasibleError, InputError
+from ..spec.inventory import Inventory
+from ..spec.model import ModelSpec
+from . import costing
+from .batch_split import split_batch
+from .constraints import Constraints, devices_by_cluster, price_per_second
+from .plan import Plan
+from .search import SearchConfig, SearchResult, search
+from .settings import default_settings
+from .simulate import evaluate_layout, layout_to_plan, simulate
+from .space import COMPUTE_SLACK, peak_rate, tp_degrees
+
+SHAPES = ("all", "simple")
+MAX_PARTITIONS = 6          # partitions searched (best bound first) after the bound has pruned the rest
+REBALANCE_ROUNDS = 3        # batch re-splits from the pipelines' times
+
+
+@dataclass
+class ShapesResult:
+    plan: Plan                      # the best plan found (estimate not set)
+    iteration_time_s: float
+    simple: SearchResult            # the single-pipeline search (its runners-up, method, ...)
+    seconds: float
+    partitions: int = 0             # partitions of the clusters into pipelines considered
+    partitions_searched: int = 0    # ... whose bound beat the best plan, searched
+    pipelines_searched: int = 0     # single-pipeline searches for those
+    alongside_tried: int = 0        # mixed replica groups priced
+    tried: list = field(default_factory=list)   # (what, seconds per iteration or None, why) for the report
+
+    @property
+    def candidates_evaluated(self) -> int:
+        return self.simple.candidates_evaluated
+
+    @property
+    def method(self) -> str:
+        return self.simple.method
+
+    @property
+    def cut_by_budget(self) -> bool:
+        return self.simple.cut_by_budget
+
+    def to_dict(self) -> dict:
+        return {**self.simple.to_dict(), "seconds": round(self.seconds, 3),
+                "shapes": {"partitions": self.partitions, "partitions_searched": self.partitions_searched,
+                           "pipelines_searched": self.pipelines_searched, "alongside_tried": self.alongside_tried}}
+
+
+def _score(con: Constraints, inventory: Inventory, plan: Plan, seconds: float) -> float:
+    if con.objective != "cost" or not math.isfinite(seconds):
+        return seconds
+    return seconds * price_per_second(inventory, devices_by_cluster(plan.meshes))
+
+
+def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
+                  config: SearchConfig | None = None, shapes: str = "all") -> ShapesResult:
+    """The best plan of the single-pipeline search and, unless shapes == "simple", of the new shapes."""
+    cfg = config or SearchConfig()
+    cost = cost_model or AnalyticCostModel()
+    if shapes not in SHAPES:
+        raise InputError(f"unknown value {shapes!r}", field="--shapes", fix="use all or simple")
+    t0 = time.perf_counter()
+    base = search(model, inventory, gbs, cost, cfg)
+    con = cfg.constraints or Constraints()
+    plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
+    best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
+    out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
+    if shapes == "simple" or cfg.warm_start:
+        out.seconds = time.perf_counter() - t0
+        return out
+    usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
+    if con.max_devices is None and len(usable) > 1:
+        best = _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out)
+    best = _alongside(model, inventory, cost, con, best, out)
+    if con.max_devices is None:
+        best = _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out)
+    out.plan, out.iteration_time_s = best[2], best[1]
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# ---- level 1: clusters -> pipelines ----------------------------------------------------------------------------
+def set_partitions(items: list):
+    """Every partition of `items` into blocks (lists), each once."""
+    if not items:
+        yield []
+        return
+    head, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[head]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[head] + part[i]] + part[i + 1:]
+
+
+class PartitionBound:
+    """A lower bound on the iteration of any plan whose pipelines use exactly these blocks of clusters.
+
+    Pipelines: block X alone would take at least c_X = max(its FLOPs share of the whole batch at the peak rate of
+    its clusters, the whole batch's activations over the slowest link of the best order through its clusters)
+    for the whole batch (both are proportional to its share s_X), so the slowest pipeline takes at least
+    min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient sync, after the pipelines: each pair of
+    pipelines exchanges every parameter's gradient (gradient-reduce dtype) once each way, over the links
+    joining their clusters (at best all of them at once; the slowest link of the inventory where a pair of
+    clusters has none, as the pricing does)."""
+
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
+        self.inventory = inventory
+        self.flops = model.model_flops_per_token() * gbs * model.seq_length
+        self.rate = {c.name: peak_rate(c) for c in inventory.clusters}
+        # every pipeline holds every parameter; gradients travel in the gradient buffer's dtype as the search's
+        # meshes run it (the default settings), the smallest of the clusters' element sizes
+        self.grad_bytes = model.total_params * min(
+            grad_buffer_bytes(c.device.dtype_bytes, default_settings(1)) for c in inventory.clusters)
+        self.act_bytes = {c.name: c.device.dtype_bytes * gbs * model.seq_length * model.hidden_size
+                          for c in inventory.clusters}
+        slowest = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=None)
+        self.fallback = slowest.bytes_per_s if slowest is not None else 0.0
+        self._cost: dict = {}
+
+    def block_cost(self, block) -> float:
+        """c_X: the least time pipeline X would take for the whole global batch (cached per block)."""
+        key = frozenset(block)
+        c = self._cost.get(key)
+        if c is None:
+            c = COMPUTE_SLACK * self.flops / sum(self.rate[x] for x in block)
+            if len(block) > 1:
+                bw = self._bottleneck_path(sorted(block))
+                c = max(c, min(self.act_bytes[x] for x in block) / bw if bw > 0 else math.inf)
+            self._cost[key] = c
+        return c
+
+    def _bottleneck_path(self, block: list) -> float:
+        """The largest b such that an order through every cluster of the block uses only links of at least b
+        bytes/s (0 when no order exists): thresholds tried from the fastest link down, each checked with the
+        subset dynamic programme for a Hamiltonian path."""
+        n = len(block)
+        bw = {}
+        for i, j in itertools.combinations(range(n), 2):
+            link = self.inventory.link(block[i], block[j])
+            if link is not None:
+                bw[i, j] = bw[j, i] = link.bytes_per_s
+        for t in sorted(set(bw.values()), reverse=True):
+            adj = [[j for j in range(n) if bw.get((i, j), 0.0) >= t] for i in range(n)]
+            reach = [0] * (1 << n)          # reach[mask]: bitset of end clusters of a path covering mask
+            for i in range(n):
+                reach[1 << i] |= 1 << i
+            for mask in range(1, 1 << n):
+                ends = reach[mask]
+                if not ends:
+                    continue
+                for i in range(n):
+                    if ends >> i & 1:
+                        for j in adj[i]:
+                            if not mask >> j & 1:
+                                reach[mask | 1 << j] |= 1 << j
+            if reach[(1 << n) - 1]:
+                return t
+        return 0.0
+
+    def __call__(self, blocks: list) -> float:
+        inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)
+        if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
+            return math.inf
+        sync = 0.0
+        for a, b in itertools.combinations(blocks, 2):
+            cap, missing = 0.0, False
+            for x in a:
+                for y in b:
+                    link = self.inventory.link(x, y)
+                    if link is None:
+                        missing = True
+                    else:
+                        cap += link.bytes_per_s
+            cap += self.fallback if missing else 0.0    # pairs without a link use the slowest one (pricing)
+            sync = max(sync, self.grad_bytes / cap if cap > 0 else math.inf)
+        return 1 / inv_sum + sync
+
+
+def _block_constraints(con: Constraints, block: list, names: list) -> Constraints:
+    """The pipeline of a block uses exactly the block's clusters (the partition says which clusters take part,
+    so its bound may count only their links)."""
+    keep = set(block)
+    return dataclasses.replace(
+        con, exclude_clusters=tuple(n for n in names if n not in keep), use_clusters=tuple(block),
+        tp=tuple((c, t) for c, t in con.tp if c in keep), recompute=tuple((c, r) for c, r in con.recompute if c in keep))
+
+
+def _unit(gbs: int, k: int) -> int:
+    """Initial shares are multiples of this power of two (room for a micro-batch step of several samples)."""
+    u = 1
+    while gbs % (2 * u) == 0 and 2 * u * k * 8 <= gbs:
+        u *= 2
+    return u
+
+
+def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult):
+    bound = PartitionBound(model, inventory, gbs)
+    names = [c.name for c in inventory.clusters]
+    cands = []
+    for r in range(2, len(usable) + 1):
+        for subset in itertools.combinations(usable, r):
+            if not all(c in subset for c in con.use_clusters):
+                continue
+            for blocks in set_partitions(list(subset)):
+                if len(blocks) >= 2 and gbs >= len(blocks):
+                    out.partitions += 1
+                    b = bound(blocks)
+                    if b < best[1]:
+                        cands.append((b, [sorted(x, key=names.index) for x in blocks]))
+    cands.sort(key=lambda x: (x[0], str(x[1])))
+    cache: dict = {}
+    sub_cfg = dataclasses.replace(cfg, progress=False)
+    for b, blocks in cands[:MAX_PARTITIONS]:
+        if b >= best[1]:
+            break
+        out.partitions_searched += 1
+        found = _search_partition(model, inventory, gbs, cost, sub_cfg, con, names, blocks, cache, out)
+        what = " | ".join("+".join(x) for x in blocks)
+        if found is None:
+            out.tried.append((what, None, "no feasible split"))
+            continue
+        t, plan = found
+        out.tried.append((what, t, f"bound {b:.3f} s"))
+        s = _score(con, inventory, plan, t)
+        if s < best[0] - 1e-12:
+            best = (s, t, plan)
+    return best
+
+
+def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out):
+    k = len(blocks)
+    rates = [sum(peak_rate(inventory.cluster(c)) for c in blk) for blk in blocks]
+    try:
+        shares = split_batch(gbs, [_unit(gbs, k)] * k, [1 / r for r in rates])
+    except InputError:
+        return None
+    layouts = []
+    for blk, share in zip(blocks, shares):
+        key = (tuple(blk), share)
+        if key not in cache:
+            out.pipelines_searched += 1
+            try:
+                cache[key] = search(model, inventory, share, cost,
+                                    dataclasses.replace(cfg, constraints=_block_constraints(con, blk, names)))
+            except (InfeasibleError, InputError):
+                cache[key] = None
+        if cache[key] is None:
+            return None
+        r = cache[key]
+        layouts.append((r.choices, r.stage_layers, r.boundaries, r.iteration_time_s))
+    best = None
+    for _ in range(REBALANCE_ROUNDS):
+        plan = _joined(model, inventory, gbs, shares, layouts)
+        t = simulate(plan, inventory, cost).iteration_time_s
+        if best is None or t < best[0]:
+            best = (t, plan)
+        steps = [c[0].dp * c[0].micro_batch_size for c, *_ in layouts]
+        try:
+            new = split_batch(gbs, steps, [lay[3] / s for lay, s in zip(layouts, shares)])
+        except InputError:
+            break
+        if new == shares:
+            break
+        moved = []
+        for (choices, _, bnd, _), share in zip(layouts, new):
+            res = evaluate_layout(model, inventory, list(choices), share, cost, exact=True, schedule=cfg.schedule)
+            if res.stage_layers is None:
+                break
+            moved.append((choices, res.stage_layers, res.boundaries, res.iteration_time_s))
+        if len(moved) != k:
+            break
+        layouts, shares = moved, new
+    return best
+
+
+def _joined(model, inventory, gbs, shares, layouts) -> Plan:
+    meshes = []
+    for p, ((choices, layers, bnd, _), share) in enumerate(zip(layouts, shares)):
+        part = layout_to_plan(model, share, choices, layers, inventory, boundaries=bnd)
+        meshes += [dataclasses.replace(m, pipeline=p) for m in part.meshes]
+    return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes), inventory=inventory.to_dict(),
+                precision=inventory.precision or part.precision, pipeline_samples=tuple(shares))
+
+
+# ---- level 2: mixed replica groups in a stage -----------------------------------------------------------------
+def _split(S: int, groups: list) -> list | None:
+    """Micro-batch per group of two so that dp_0 * mbs_0 + dp_1 * mbs_1 = S, the shares following the groups'
+    speeds: a group takes mbs / v seconds per step (v: samples per second of one of its replicas), and the step
+    takes the slower group's. The continuous optimum gives each group S * dp_g v_g / sum(dp v) samples; among the
+    whole micro-batches that add up to S the split with the smallest max(mbs_g / v_g) is that optimum rounded
+    (ties: more samples on the first group). groups: [(dp, v)] x 2. None when no split of whole micro-batches."""
+    (dp0, v0), (dp1, v1) = groups
+    best = None
+    for m0 in range(1, S // dp0 + 1):
+        rest = S - dp0 * m0
+        if rest < dp1 or rest % dp1:
+            continue
+        key = (max(m0 / v0, rest // dp1 / v1), -m0)
+        if best is None or key < best[0]:
+            best = (key, [m0, rest // dp1])
+    return None if best is None else best[1]
+
+
+def _speed(model, inventory, cost, cluster, tp, dp, mbs, recompute) -> float:
+    prof = costing.stage_profile(model, inventory.cluster(cluster), tp, dp, mbs, recompute, cost)
+    return mbs / (prof.layer_fwd + prof.layer_bwd)
+
+
+def _alongside(model, inventory, cost, con, best, out: ShapesResult):
+    """Greedy, mesh by mesh: the best extra replica group from free devices, kept if the plan gains. The group
+    takes part of the mesh's micro-batch step (the step stays), or the pipeline's step doubles (the other meshes of
+    the pipeline double their micro-batch) and the two groups share it by speed."""
+    inv = inventory.with_precision(best[2].precision)
+    max_mb = 16
+    for _ in range(2):                                   # a second pass may use what the first left free
+        plan = best[2]
+        improved = False
+        for idx, mesh in enumerate(plan.meshes):
+            if mesh.alongside or (idx + 1 < len(plan.meshes) and plan.meshes[idx + 1].alongside):
+                continue
+            p = mesh.pipeline
+            mates = [i for i in plan.pipeline_mesh_indices(p) if i != idx]
+            used = devices_by_cluster(plan.meshes)
+            k, S = mesh.num_stages, mesh.samples_per_step
+            v0 = _speed(model, inv, cost, mesh.cluster, mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute)
+            for cl in inv.clusters:
+                free = cl.num_devices - used.get(cl.name, 0)
+                if cl.name in con.exclude_clusters or free < k or (
+                        cl.name != mesh.cluster and inv.link(cl.name, mesh.cluster) is None):
+                    continue
+                for tp in tp_degrees(model, cl):
+                    if con.tp_of(cl.name) not in (None, tp) or tp * k > free:
+                        continue
+                    for dp in sorted({free // (tp * k), max(1, free // (tp * k) // 2)}):
+                        for scale in (1, 2):
+                            step = S * scale
+                            if plan.samples_per_pipeline[p] % step or (scale > 1 and any(
+                                    plan.meshes[i].micro_batch_size * scale > max_mb for i in mates)):
+                                continue
+                            v1 = _speed(model, inv, cost, cl.name, tp, dp, max(1, step // (2 * dp)), "none")
+                            mbs = _split(step, [(mesh.dp, v0), (dp, v1)])
+                            if mbs is None or max(mbs) > max_mb or (con.micro_batch_size and set(mbs) != {
+                                    con.micro_batch_size}):
+                                continue
+                            for rc in ("none", "selective", "full"):
+                                if con.recompute_of(cl.name) not in (None, rc):
+                                    continue
+                                extra = dataclasses.replace(mesh, cluster=cl.name, device_type=cl.device.name,
+                                                            tp=tp, dp=dp, micro_batch_size=mbs[1], recompute=rc,
+                                                            setting_overrides=(), alongside=True,
+                                                            boundary_schedule="blocking", boundary_depth=0)
+                                main = dataclasses.replace(mesh, micro_batch_size=mbs[0])
+                                cand = _with_group(plan, idx, main, extra, mates, scale)
+                                if cand is None:
+                                    break
+                                out.alongside_tried += 1
+                                est = simulate(cand, inventory, cost)
+                                if not est.fits:
+                                    continue                 # more recomputation may fit
+                                sc = _score(con, inventory, cand, est.iteration_time_s)
+                                if sc < best[0] - 1e-12:
+                                    best = (sc, est.iteration_time_s, cand)
+                                    improved = True
+                                break
+        if not improved:
+            break
+    return best
+
+
+def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult):
+    """Sailor's shape: one cluster's pipeline with another cluster's devices as replica groups of its stages.
+    Start from the best plan on each cluster alone, when a linked cluster could stand alongside it: the groups
+    would at least exchange the model's gradients twice (gather, scatter) over the link between the two, on top
+    of the model's FLOPs at both clusters' peak; clusters where that bound cannot beat the best plan are
+    skipped."""
+    bound = PartitionBound(model, inventory, gbs)
+    names = [c.name for c in inventory.clusters]
+    sub_cfg = dataclasses.replace(cfg, progress=False)
+    for c in usable:
+        partners = [d for d in usable if d != c and inventory.link(c, d) is not None
+                    and COMPUTE_SLACK * bound.flops / (bound.rate[c] + bound.rate[d])
+                    + 2 * bound.grad_bytes / inventory.link(c, d).bytes_per_s < best[1]]
+        if not partners:
+            continue
+        try:
+            r = search(model, inventory, gbs, cost, dataclasses.replace(
+                sub_cfg, constraints=_block_constraints(con, [c], names)))
+        except (InfeasibleError, InputError):
+            continue
+        out.pipelines_searched += 1
+        start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
+        held = (math.inf, math.inf, start)
+        found = _alongside(model, inventory, cost, con, held, out)
+        if found is not held and found[0] < best[0] - 1e-12:
+            best = found
+        out.tried.append((f"{c} with groups alongside", found[1] if found is not held else None,
+                          f"partners {'+'.join(partners)}"))
+    return best
+
+
+def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int) -> Plan | None:
+    """The plan with `extra` alongside mesh `idx` (now `main`); the pipeline's other meshes (`mates`) scale their
+    micro-batch by `scale`."""
+    meshes = list(plan.meshes)
+    for i in mates:
+        if scale != 1:
+            meshes[i] = dataclasses.replace(meshes[i], micro_batch_size=meshes[i].micro_batch_size * scale)
+    # the boundaries around a position with several groups are blocking (plan/shapes.py)
+    if idx > 0 and meshes[idx - 1].pipeline == main.pipeline:
+        meshes[idx - 1] = dataclasses.replace(meshes[idx - 1], boundary_schedule="blocking", boundary_depth=0)
+    main = dataclasses.replace(main, boundary_schedule="blocking", boundary_depth=0)
+    meshes[idx:idx + 1] = [main, extra]
+    try:
+        return dataclasses.replace(plan, meshes=tuple(meshes), estimate=None)
+    except InputError:
+        return None

@@ -1,0 +1,93 @@
+"""The search over the new shapes (plan/multi_search.py): the partition level, its bound, the batch split, mixed
+replica groups, and that the new shapes never make a plan worse."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers import small_inventory
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan import multi_search
+from hetauto_megatron.plan.constraints import Constraints
+from hetauto_megatron.plan.multi_search import PartitionBound, search_shapes, set_partitions
+from hetauto_megatron.plan.search import SearchConfig, search
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.spec.model import PRESETS
+
+MODEL = PRESETS["llama2-7b"]
+
+
+def test_set_partitions_are_the_bell_numbers():
+    # Bell numbers 1, 2, 5, 15, 52 (OEIS A000110): every partition once
+    for n, bell in zip(range(1, 6), (1, 2, 5, 15, 52)):
+        parts = list(set_partitions(list(range(n))))
+        assert len(parts) == bell
+        assert len({tuple(sorted(tuple(sorted(b)) for b in p)) for p in parts}) == bell
+
+
+def test_micro_batch_split_follows_speed():
+    # 4 replicas at speed v and 2 at 2v share a step of 16 samples: 8 each, so 2 and 4 per replica: each group
+    # then takes mbs / speed = 2 / v per step
+    assert multi_search._split(16, [(4, 1.0), (2, 2.0)]) == [2, 4]
+    # the first group keeps at least one sample per replica, and no split of whole micro-batches -> None
+    assert multi_search._split(6, [(4, 1.0), (1, 100.0)]) == [1, 2]
+    assert multi_search._split(5, [(2, 1.0), (2, 1.0)]) is None
+
+
+def test_two_pipelines_on_twin_clusters_beat_one_pipeline_and_price_as_simulated():
+    """Two A100 clusters on a 400 Gbit/s link and an 8-layer model of LLaMA-2-7B's width (1.7B parameters):
+    one pipeline must cross the link every micro-batch and fill and drain two stages; two pipelines (one per
+    cluster, half the batch each) gather and scatter the model's fp32 gradients once (7 GB each way, 0.28 s)."""
+    model = MODEL.replace(num_layers=8)
+    inv = small_inventory([("a", "a100-80gb", 2, 8), ("b", "a100-80gb", 2, 8)], [("a", "b", 400, 1)])
+    cfg = SearchConfig(workers=1)
+    one = search(model, inv, 512, config=cfg)
+    res = search_shapes(model, inv, 512, config=cfg)
+    assert res.plan.num_pipelines == 2 and res.plan.samples_per_pipeline == (256, 256)
+    assert res.iteration_time_s < one.iteration_time_s
+    assert simulate(res.plan, inv).iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-12)
+    simple = search_shapes(model, inv, 512, config=cfg, shapes="simple")
+    assert simple.plan.is_simple and simple.iteration_time_s == one.iteration_time_s
+
+
+def test_partition_bound_never_exceeds_the_priced_plan():
+    inv = small_inventory([("a", "a100-80gb", 1, 8), ("h", "h100", 1, 8), ("v", "l40s", 1, 8)],
+                          [("a", "h", 100, 1), ("h", "v", 50, 2), ("a", "v", 200, 1)])
+    cost = AnalyticCostModel()
+    bound = PartitionBound(MODEL, inv, 256)
+    names = [c.name for c in inv.clusters]
+    checked = 0
+    for blocks in set_partitions(names):
+        if len(blocks) < 2:
+            continue
+        out = multi_search.ShapesResult(None, math.inf, None, 0.0)
+        found = multi_search._search_partition(MODEL, inv, 256, cost, SearchConfig(workers=1), Constraints(), names,
+                                               blocks, {}, out)
+        if found is not None:
+            assert bound(blocks) <= found[0]
+            checked += 1
+    assert checked >= 3
+
+
+def test_new_shapes_never_make_the_plan_worse():
+    inv = small_inventory([("a", "a100-80gb", 2, 8), ("h", "h100", 1, 8)], [("a", "h", 25, 4)])
+    cfg = SearchConfig(workers=1)
+    one = search(MODEL, inv, 128, config=cfg)
+    res = search_shapes(MODEL, inv, 128, config=cfg)
+    assert res.iteration_time_s <= one.iteration_time_s
+
+
+def test_partition_bound_counts_the_slowest_link_of_the_best_order():
+    """A block's pipeline must pass through all its clusters: a - b at 100 Gbit/s and b - c at 50 Gbit/s, no
+    a - c link, so every order crosses the 50 Gbit/s link with the whole share's activations."""
+    inv = small_inventory([("a", "h100", 1, 8), ("b", "h100", 1, 8), ("c", "h100", 1, 8), ("d", "h100", 1, 8)],
+                          [("a", "b", 100, 1), ("b", "c", 50, 1)])
+    bound = PartitionBound(MODEL, inv, 64)
+    act = 2 * 64 * MODEL.seq_length * MODEL.hidden_size            # bf16 activations of the whole batch
+    assert bound.block_cost(["a", "b", "c"]) == pytest.approx(max(act / (50e9 / 8), bound.block_cost(["a"]) / 3))
+    assert bound.block_cost(["a", "c"]) == math.inf                # no link: no pipeline through both
+    assert bound([["a", "c"], ["b"]]) == math.inf
+    # d has no link at all: its pairs fall back to the slowest link of the inventory, as the pricing does
+    grads = 4 * MODEL.total_params
+    assert bound([["a"], ["d"]]) == pytest.approx(1 / (2 / bound.block_cost(["a"])) + grads / (50e9 / 8))
