@@ -166,8 +166,8 @@ def shapes_report(seed: int, skip_8: bool) -> None:
     best partition bound, and the priced plan of the best-bound partition and of one pipeline per cluster used
     (searched even when the bound rules them out)."""
     from hetauto_megatron.plan.constraints import Constraints
-    from hetauto_megatron.plan.multi_search import PartitionBound, ShapesResult, _search_partition, search_shapes
-    from hetauto_megatron.plan.multi_search import set_partitions
+    from hetauto_megatron.plan.multi_search import ShapesResult, _search_partition, search_shapes
+    from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
     import itertools
     cases = [("4 clusters / 736 devices", PRESETS["llama2-70b"],
               load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024)]

@@ -10,7 +10,8 @@ from helpers import small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import multi_search
 from hetauto_megatron.plan.constraints import Constraints
-from hetauto_megatron.plan.multi_search import PartitionBound, search_shapes, set_partitions
+from hetauto_megatron.plan.multi_search import search_shapes
+from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.model import PRESETS
@@ -91,3 +92,20 @@ def test_partition_bound_counts_the_slowest_link_of_the_best_order():
     # d has no link at all: its pairs fall back to the slowest link of the inventory, as the pricing does
     grads = 4 * MODEL.total_params
     assert bound([["a"], ["d"]]) == pytest.approx(1 / (2 / bound.block_cost(["a"])) + grads / (50e9 / 8))
+
+
+def test_cost_objective_keeps_the_cheapest_of_the_shapes():
+    """With --objective cost the new shapes are compared by money per iteration: never dearer than the single
+    pipeline's plan, and the partition bound prunes on money (time bound x one device of each cluster's price)."""
+    from hetauto_megatron.plan.constraints import devices_by_cluster, price_per_second
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    d = small_inventory([("a", "a100-80gb", 2, 8), ("b", "a100-80gb", 2, 8)], [("a", "b", 400, 1)]).to_dict()
+    for c, price in zip(d["clusters"], (1.0, 3.0)):
+        c["price_per_device_hour"] = price
+    inv = inventory_from_dict(d)
+    model = MODEL.replace(num_layers=8)
+    cfg = SearchConfig(workers=1, constraints=Constraints(objective="cost"))
+    one = search(model, inv, 512, config=cfg)
+    res = search_shapes(model, inv, 512, config=cfg)
+    money = lambda meshes, t: t * price_per_second(inv, devices_by_cluster(meshes))
+    assert money(res.plan.meshes, res.iteration_time_s) <= money(one.choices, one.iteration_time_s) * (1 + 1e-12)

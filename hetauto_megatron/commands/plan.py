@@ -23,9 +23,13 @@ reported as cost per 1M tokens whenever the clusters of the plan have prices). C
 --recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all) and
 --micro-batch-size. The plan records them (estimate.search; docs/search.md).
 
-A plan may give one cluster several consecutive meshes (e.g. the embedding's stage at TP 1, the rest at TP 2,
-or full recomputation only on the first stages; docs/plan-format.md). The search gives each cluster one mesh;
-write such a split into the plan file by hand and check it with 'hetauto simulate --plan'.
+By default (--shapes all) the search also considers several pipelines joined by data parallelism (the clusters
+partitioned into pipelines, the batch split by their speed, their gradients summed after each iteration) and
+replica groups of another TP or device type alongside a mesh's stages, and keeps whichever plan is best: the
+new shapes never make the plan worse; --shapes simple plans one pipeline with one mesh per cluster
+(docs/search.md). A plan may give one cluster several consecutive meshes (e.g. the embedding's stage at TP 1,
+the rest at TP 2; docs/plan-format.md); the search gives each cluster one mesh per pipeline; write such a
+split into the plan file by hand and check it with 'hetauto simulate --plan'.
 
 Prints the plan summary (per stage: cluster, devices, TP/DP, layers, time, memory, utilisation). With -o the
 plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --emit DIR also the per-cluster
@@ -46,6 +50,7 @@ examples:
   hetauto plan --model llama2-70b --inventory inv.yaml --set link.h800-ascend.bandwidth_gbps=100  # what-if
   hetauto plan --model llama2-70b --inventory inv-without-a100.yaml --from plan.yaml -o plan2.yaml
   hetauto plan --model llama2-7b --inventory priced.yaml --objective cost       # least cost per 1M tokens
+  hetauto plan --model llama2-70b --inventory inv.yaml --shapes simple   # one pipeline, one mesh per cluster
   hetauto plan --model llama2-70b --inventory inv.yaml --max-devices 256 --exclude-clusters ascend \\
       --tp h800=8 --recompute a100=full --max-pp 16 --micro-batch-size 1"""
 

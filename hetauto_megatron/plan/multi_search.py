@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 
 from ..cost.analytic import AnalyticCostModel
-from ..cost.memory import grad_buffer_bytes
 from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -38,8 +37,8 @@ from .batch_split import split_batch
 from .constraints import Constraints, devices_by_cluster, price_per_second
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
-from .settings import default_settings
 from .simulate import evaluate_layout, layout_to_plan, simulate
+from .partition_bound import PartitionBound, set_partitions
 from .space import COMPUTE_SLACK, peak_rate, tp_degrees
 
 SHAPES = ("all", "simple")
@@ -111,102 +110,6 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
 
 
 # ---- level 1: clusters -> pipelines ----------------------------------------------------------------------------
-def set_partitions(items: list):
-    """Every partition of `items` into blocks (lists), each once."""
-    if not items:
-        yield []
-        return
-    head, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        yield [[head]] + part
-        for i in range(len(part)):
-            yield part[:i] + [[head] + part[i]] + part[i + 1:]
-
-
-class PartitionBound:
-    """A lower bound on the iteration of any plan whose pipelines use exactly these blocks of clusters.
-
-    Pipelines: block X alone would take at least c_X = max(its FLOPs share of the whole batch at the peak rate of
-    its clusters, the whole batch's activations over the slowest link of the best order through its clusters)
-    for the whole batch (both are proportional to its share s_X), so the slowest pipeline takes at least
-    min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient sync, after the pipelines: each pair of
-    pipelines exchanges every parameter's gradient (gradient-reduce dtype) once each way, over the links
-    joining their clusters (at best all of them at once; the slowest link of the inventory where a pair of
-    clusters has none, as the pricing does)."""
-
-    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
-        self.inventory = inventory
-        self.flops = model.model_flops_per_token() * gbs * model.seq_length
-        self.rate = {c.name: peak_rate(c) for c in inventory.clusters}
-        # every pipeline holds every parameter; gradients travel in the gradient buffer's dtype as the search's
-        # meshes run it (the default settings), the smallest of the clusters' element sizes
-        self.grad_bytes = model.total_params * min(
-            grad_buffer_bytes(c.device.dtype_bytes, default_settings(1)) for c in inventory.clusters)
-        self.act_bytes = {c.name: c.device.dtype_bytes * gbs * model.seq_length * model.hidden_size
-                          for c in inventory.clusters}
-        slowest = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=None)
-        self.fallback = slowest.bytes_per_s if slowest is not None else 0.0
-        self._cost: dict = {}
-
-    def block_cost(self, block) -> float:
-        """c_X: the least time pipeline X would take for the whole global batch (cached per block)."""
-        key = frozenset(block)
-        c = self._cost.get(key)
-        if c is None:
-            c = COMPUTE_SLACK * self.flops / sum(self.rate[x] for x in block)
-            if len(block) > 1:
-                bw = self._bottleneck_path(sorted(block))
-                c = max(c, min(self.act_bytes[x] for x in block) / bw if bw > 0 else math.inf)
-            self._cost[key] = c
-        return c
-
-    def _bottleneck_path(self, block: list) -> float:
-        """The largest b such that an order through every cluster of the block uses only links of at least b
-        bytes/s (0 when no order exists): thresholds tried from the fastest link down, each checked with the
-        subset dynamic programme for a Hamiltonian path."""
-        n = len(block)
-        bw = {}
-        for i, j in itertools.combinations(range(n), 2):
-            link = self.inventory.link(block[i], block[j])
-            if link is not None:
-                bw[i, j] = bw[j, i] = link.bytes_per_s
-        for t in sorted(set(bw.values()), reverse=True):
-            adj = [[j for j in range(n) if bw.get((i, j), 0.0) >= t] for i in range(n)]
-            reach = [0] * (1 << n)          # reach[mask]: bitset of end clusters of a path covering mask
-            for i in range(n):
-                reach[1 << i] |= 1 << i
-            for mask in range(1, 1 << n):
-                ends = reach[mask]
-                if not ends:
-                    continue
-                for i in range(n):
-                    if ends >> i & 1:
-                        for j in adj[i]:
-                            if not mask >> j & 1:
-                                reach[mask | 1 << j] |= 1 << j
-            if reach[(1 << n) - 1]:
-                return t
-        return 0.0
-
-    def __call__(self, blocks: list) -> float:
-        inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)
-        if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
-            return math.inf
-        sync = 0.0
-        for a, b in itertools.combinations(blocks, 2):
-            cap, missing = 0.0, False
-            for x in a:
-                for y in b:
-                    link = self.inventory.link(x, y)
-                    if link is None:
-                        missing = True
-                    else:
-                        cap += link.bytes_per_s
-            cap += self.fallback if missing else 0.0    # pairs without a link use the slowest one (pricing)
-            sync = max(sync, self.grad_bytes / cap if cap > 0 else math.inf)
-        return 1 / inv_sum + sync
-
-
 def _block_constraints(con: Constraints, block: list, names: list) -> Constraints:
     """The pipeline of a block uses exactly the block's clusters (the partition says which clusters take part,
     so its bound may count only their links)."""
@@ -224,6 +127,14 @@ def _unit(gbs: int, k: int) -> int:
     return u
 
 
+def _objective_bound(con: Constraints, inventory: Inventory, seconds: float, clusters) -> float:
+    """A time bound as a bound on the objective: with --objective cost, times the least the plan pays per second
+    (one device of each of `clusters`, which all take part)."""
+    if con.objective != "cost" or not math.isfinite(seconds):
+        return seconds
+    return seconds * price_per_second(inventory, {c: 1 for c in clusters})
+
+
 def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult):
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
@@ -235,14 +146,14 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
             for blocks in set_partitions(list(subset)):
                 if len(blocks) >= 2 and gbs >= len(blocks):
                     out.partitions += 1
-                    b = bound(blocks)
-                    if b < best[1]:
+                    b = _objective_bound(con, inventory, bound(blocks), subset)
+                    if b < best[0]:
                         cands.append((b, [sorted(x, key=names.index) for x in blocks]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
     cache: dict = {}
     sub_cfg = dataclasses.replace(cfg, progress=False)
     for b, blocks in cands[:MAX_PARTITIONS]:
-        if b >= best[1]:
+        if b >= best[0]:
             break
         out.partitions_searched += 1
         found = _search_partition(model, inventory, gbs, cost, sub_cfg, con, names, blocks, cache, out)
@@ -409,8 +320,8 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
     sub_cfg = dataclasses.replace(cfg, progress=False)
     for c in usable:
         partners = [d for d in usable if d != c and inventory.link(c, d) is not None
-                    and COMPUTE_SLACK * bound.flops / (bound.rate[c] + bound.rate[d])
-                    + 2 * bound.grad_bytes / inventory.link(c, d).bytes_per_s < best[1]]
+                    and _objective_bound(con, inventory, COMPUTE_SLACK * bound.flops / (bound.rate[c] + bound.rate[d])
+                                         + 2 * bound.grad_bytes / inventory.link(c, d).bytes_per_s, (c, d)) < best[0]]
         if not partners:
             continue
         try:

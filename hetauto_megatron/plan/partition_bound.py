@@ -1,0 +1,109 @@
+"""The bound that keeps the search over pipelines cheap (plan/multi_search.py): the partitions of the clusters into
+pipelines, and a lower bound on the iteration of any plan whose pipelines use exactly given blocks of clusters.
+Pure functions of the model, the inventory and the batch (no search, no simulation)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..cost.memory import grad_buffer_bytes
+from ..spec.inventory import Inventory
+from ..spec.model import ModelSpec
+from .settings import default_settings
+from .space import COMPUTE_SLACK, peak_rate
+
+
+def set_partitions(items: list):
+    """Every partition of `items` into blocks (lists), each once."""
+    if not items:
+        yield []
+        return
+    head, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[head]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[head] + part[i]] + part[i + 1:]
+
+
+class PartitionBound:
+    """A lower bound on the iteration of any plan whose pipelines use exactly these blocks of clusters.
+
+    Pipelines: block X alone would take at least c_X = max(its FLOPs share of the whole batch at the peak rate of
+    its clusters, the whole batch's activations over the slowest link of the best order through its clusters)
+    for the whole batch (both are proportional to its share s_X), so the slowest pipeline takes at least
+    min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient sync, after the pipelines: each pair of
+    pipelines exchanges every parameter's gradient (gradient-reduce dtype) once each way, over the links
+    joining their clusters (at best all of them at once; the slowest link of the inventory where a pair of
+    clusters has none, as the pricing does)."""
+
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
+        self.inventory = inventory
+        self.flops = model.model_flops_per_token() * gbs * model.seq_length
+        self.rate = {c.name: peak_rate(c) for c in inventory.clusters}
+        # every pipeline holds every parameter; gradients travel in the gradient buffer's dtype as the search's
+        # meshes run it (the default settings), the smallest of the clusters' element sizes
+        self.grad_bytes = model.total_params * min(
+            grad_buffer_bytes(c.device.dtype_bytes, default_settings(1)) for c in inventory.clusters)
+        self.act_bytes = {c.name: c.device.dtype_bytes * gbs * model.seq_length * model.hidden_size
+                          for c in inventory.clusters}
+        slowest = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=None)
+        self.fallback = slowest.bytes_per_s if slowest is not None else 0.0
+        self._cost: dict = {}
+
+    def block_cost(self, block) -> float:
+        """c_X: the least time pipeline X would take for the whole global batch (cached per block)."""
+        key = frozenset(block)
+        c = self._cost.get(key)
+        if c is None:
+            c = COMPUTE_SLACK * self.flops / sum(self.rate[x] for x in block)
+            if len(block) > 1:
+                bw = self._bottleneck_path(sorted(block))
+                c = max(c, min(self.act_bytes[x] for x in block) / bw if bw > 0 else math.inf)
+            self._cost[key] = c
+        return c
+
+    def _bottleneck_path(self, block: list) -> float:
+        """The largest b such that an order through every cluster of the block uses only links of at least b
+        bytes/s (0 when no order exists): thresholds tried from the fastest link down, each checked with the
+        subset dynamic programme for a Hamiltonian path."""
+        n = len(block)
+        bw = {}
+        for i, j in itertools.combinations(range(n), 2):
+            link = self.inventory.link(block[i], block[j])
+            if link is not None:
+                bw[i, j] = bw[j, i] = link.bytes_per_s
+        for t in sorted(set(bw.values()), reverse=True):
+            adj = [[j for j in range(n) if bw.get((i, j), 0.0) >= t] for i in range(n)]
+            reach = [0] * (1 << n)          # reach[mask]: bitset of end clusters of a path covering mask
+            for i in range(n):
+                reach[1 << i] |= 1 << i
+            for mask in range(1, 1 << n):
+                ends = reach[mask]
+                if not ends:
+                    continue
+                for i in range(n):
+                    if ends >> i & 1:
+                        for j in adj[i]:
+                            if not mask >> j & 1:
+                                reach[mask | 1 << j] |= 1 << j
+            if reach[(1 << n) - 1]:
+                return t
+        return 0.0
+
+    def __call__(self, blocks: list) -> float:
+        inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)
+        if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
+            return math.inf
+        sync = 0.0
+        for a, b in itertools.combinations(blocks, 2):
+            cap, missing = 0.0, False
+            for x in a:
+                for y in b:
+                    link = self.inventory.link(x, y)
+                    if link is None:
+                        missing = True
+                    else:
+                        cap += link.bytes_per_s
+            cap += self.fallback if missing else 0.0    # pairs without a link use the slowest one (pricing)
+            sync = max(sync, self.grad_bytes / cap if cap > 0 else math.inf)
+        return 1 / inv_sum + sync
