@@ -65,7 +65,9 @@ def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sy
     # the vocabulary as it runs: padded to a multiple of 128 x TP (4) = 512 (Megatron's rule)
     padded = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512)
     params = padded.total_params
-    hand = 2 * (link_ms / 1e3 + 4 * params / (link_gbps * 1e9 / 8))
+    # gather: every element once; scatter: every element back, the norms (2h per layer, h final) to all 4 TP ranks
+    norms = MODEL.num_layers * 2 * MODEL.hidden_size + MODEL.hidden_size
+    hand = 2 * link_ms / 1e3 + 4 * (params + params + 3 * norms) / (link_gbps * 1e9 / 8)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
     # each pipeline alone is the simulator's plan with its half of the batch; the joint iteration adds the sync
     alone = simulate(_plan(MODEL, 64, half[0]), inv, COST)
@@ -101,7 +103,9 @@ def test_alongside_twins_equal_one_mesh_of_their_dp_and_a_slower_group_sets_the_
     assert got.memory_gib == pytest.approx(fast.memory_gib + slow.memory_gib, rel=1e-12)
     # the V100 group's gradients cross the link to the A100 group's ranks, the sums come back: the whole
     # model in fp32, twice
-    hand = 2 * (1e-3 + 4 * model.total_params / (100e9 / 8))
+    # model in fp32, twice (the norms back to all 4 TP ranks of the V100 group)
+    norms = model.num_layers * 2 * model.hidden_size + model.hidden_size
+    hand = 2e-3 + 4 * (2 * model.total_params + 3 * norms) / (100e9 / 8)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
 
 
@@ -109,7 +113,8 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     """Two pipelines of two stages each, tied embeddings, the plain optimizer at DP 2 (every DP replica holds the
     whole gradient, so the scatter sends the sum to both replicas). Per parameter block the root is pipeline 0's
     holder; over the 10 Gbit/s link go, in the gather phase, pipeline 1's gradients of every layer, of its two
-    copies of the tied table (first and last stage) and of the final norm; in the scatter phase twice that."""
+    copies of the tied table (first and last stage) and of the final norm; in the scatter phase the sums to both
+    DP replicas, and what TP duplicates (the norms) to every TP rank."""
     model = MODEL.replace(tie_embeddings=True, vocab_size=32256)        # 32256: padded alike at every TP
     inv = small_inventory([("a", "h100", 2, 8), ("b", "h100", 2, 8)], [("a", "b", 10, 5)])
     plain = {"distributed_optimizer": False}
@@ -119,7 +124,9 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     h = model.hidden_size
     gather = 4 * (model.num_layers * model.layer_params + 2 * model.embedding_params + h)
     bw = 10e9 / 8
-    assert got.replica_sync_s == pytest.approx((5e-3 + gather / bw) + (5e-3 + 2 * gather / bw), rel=1e-9)
+    # back: to both DP replicas, the norms to all 4 TP ranks (each layer's 2h, the final norm h)
+    scatter = 4 * 2 * (model.num_layers * (model.layer_params + 3 * 2 * h) + 2 * model.embedding_params + 4 * h)
+    assert got.replica_sync_s == pytest.approx((5e-3 + gather / bw) + (5e-3 + scatter / bw), rel=1e-9)
     # one pipeline of single meshes ties its table by the tied-embedding exchange instead: no holders' exchange
     one = _price(model, inv, [(32, [p0])])
     want = simulate(Plan(model=model, global_batch_size=32, meshes=tuple(p0)), inv, COST)
@@ -148,3 +155,30 @@ def test_explain_of_two_pipelines_splits_the_iteration(tmp_path):
     assert sum(p["seconds"] for p in parts.values()) == pytest.approx(est.iteration_time_s, abs=1e-5)   # 6 decimals
     assert parts["holders_sync"]["seconds"] == pytest.approx(est.replica_sync_s, abs=1e-6)
     assert [p["samples"] for p in rep["pipelines"]] == [64, 64] and all(p["bottleneck"] for p in rep["pipelines"])
+
+
+def test_the_exchange_moves_what_the_runtime_counted():
+    """examples/llama/plans/tiny-alongside-cpu.yaml: stage 0 = mesh A (cluster-a, TP 1 x DP 2) beside mesh B
+    (cluster-b, TP 2 x DP 1), stage 1 = mesh C (cluster-b), tied embeddings. The runtime counts the bytes its
+    exchange sends between the clusters (tests/test_runtime_alongside.py, the same formula from the model's
+    shapes): B sends A every element of stage 0 once and gets the sum back, the norms on both TP ranks; C sends A
+    its tied output table and gets it back. On a link of 1 byte/s without latency the priced exchange is those
+    bytes, in seconds."""
+    from hetauto_megatron.plan.multi_simulate import shapes_of
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    plan = load_plan("examples/llama/plans/tiny-alongside-cpu.yaml")
+    inv = inventory_from_dict({"clusters": [{"name": "cluster-a", "device": "cpu", "nodes": 1, "devices_per_node": 4},
+                                            {"name": "cluster-b", "device": "cpu", "nodes": 1, "devices_per_node": 2}],
+                               "links": [{"between": ["cluster-a", "cluster-b"], "bandwidth_gbps": 8e-9,
+                                          "latency_ms": 0}]})
+    got = shapes_estimate(plan.model, inv.with_precision(plan.precision), shapes_of(plan), COST)
+    m = plan.model
+    hidden, ffn, heads, kv = m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups
+    head = hidden // heads
+    split = hidden * (heads + 2 * kv) * head + hidden * hidden + hidden * 2 * ffn + ffn * hidden
+    norms, layers, table = 2 * hidden, 4, plan.padded_vocab_size * hidden
+    stage0 = layers * (split + norms) + table
+    counted = (stage0 + (stage0 + layers * norms) + 2 * table) * 4
+    # the exchange inside cluster-b (none here) and the ranks' own network are far faster than 1 byte/s
+    assert got.replica_sync_s == pytest.approx(counted, rel=1e-6)

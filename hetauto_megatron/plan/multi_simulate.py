@@ -217,7 +217,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
 def _holders(model, stage_lists: list, tie: bool) -> list:
-    """Per parameter block: (its parameters, its holders [(cluster, StageProfile, key)]), holders in plan order
+    """Per parameter block: ((its parameters, those TP duplicates), its holders [(cluster, StageProfile, key)]),
+    holders in plan order
     (key = (mesh index, pipeline stage): the first is the root of the exchange, as runtime/replica_sync.py orders
     them). Blocks: every transformer layer; the embedding (first stage of each pipeline); the final norm and
     output head (last stage of each pipeline). With `tie` the output head is the embedding's table: its copies
@@ -237,13 +238,15 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
                 if st.last:
                     head.append(h)
             layer += st.layers
-    blocks = [(model.layer_params, hs) for hs in by_layer]
+    h = model.hidden_size
+    pos = model.embedding_params - model.vocab_size * h        # a learned position table (0 with rope)
+    # (parameters, of which every TP rank keeps a copy: the norms, a learned position table)
+    blocks = [((model.layer_params, 2 * h), hs) for hs in by_layer]
     if tie:
-        blocks += [(model.embedding_params, emb + [h for h in head if h not in emb]),
-                   (model.hidden_size, head)]
+        blocks += [((model.embedding_params, pos), emb + [x for x in head if x not in emb]), ((h, h), head)]
     else:
-        blocks += [(model.embedding_params, emb), (model.output_params, head)]
-    return [(n, sorted(hs, key=lambda h: h[2])) for n, hs in blocks]
+        blocks += [((model.embedding_params, pos), emb), ((model.output_params, h), head)]
+    return [(n, sorted(hs, key=lambda x: x[2])) for n, hs in blocks]
 
 
 def _owners(prof) -> int:
@@ -257,7 +260,8 @@ def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: 
     runtime/replica_sync.py runs it: per parameter the first holder (plan order) is the root; in a gather phase
     every other holder's source ranks send their reduced gradient to the root's ranks owning the same elements,
     then, after the sums, a scatter phase sends the result back to every rank that holds the elements (every DP
-    replica without the distributed optimizer, the root's own replicas included). Each phase is one message
+    replica without the distributed optimizer, both TP ranks for what TP duplicates, the root's own copies
+    included). Each phase is one message
     per pair of ranks for all parameters at once; the second starts when the first is done. Bytes are the
     gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one inventory link add up (one
     transfer at the link's bandwidth); inside a cluster the rank pairs run in parallel on the inter-node network,
@@ -267,24 +271,27 @@ def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: 
     for params, hs in _holders(model, stage_lists, tie):
         if len(hs) < 2:
             continue
+        n, dup = params
         rc, rp, rk = hs[0]
         for c, prof, key in hs:
-            gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings) * params
-            copies = 1 if prof.settings.distributed_optimizer else prof.dp
+            gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
+            replicas = 1 if prof.settings.distributed_optimizer else prof.dp
+            sent = gb * n                                             # every element once, to the root
+            back = gb * replicas * (n - dup + dup * prof.tp)          # to every rank keeping it
             if key == rk:
-                if copies > 1:      # the root's own DP replicas receive the sum too
+                if back > sent:     # the root's own copies (DP replicas, TP duplicates) receive the sum too
                     res = ("ranks", rk, c)
-                    phases[1][res] = phases[1].get(res, 0.0) + gb * (copies - 1) / prof.tp
+                    phases[1][res] = phases[1].get(res, 0.0) + (back - sent) / prof.tp
                 continue
             if c != rc:
                 res = ("link", frozenset((c, rc)))
-                phases[0][res] = phases[0].get(res, 0.0) + gb
-                phases[1][res] = phases[1].get(res, 0.0) + gb * copies
+                phases[0][res] = phases[0].get(res, 0.0) + sent
+                phases[1][res] = phases[1].get(res, 0.0) + back
             else:
-                per_rank = gb / min(_owners(prof), _owners(rp))
+                owners = min(_owners(prof), _owners(rp))
                 res = ("ranks", rk, c)
-                phases[0][res] = phases[0].get(res, 0.0) + per_rank
-                phases[1][res] = phases[1].get(res, 0.0) + per_rank * copies
+                phases[0][res] = phases[0].get(res, 0.0) + sent / owners
+                phases[1][res] = phases[1].get(res, 0.0) + back / owners
     total = 0.0
     for phase in phases:
         times = []
