@@ -6,9 +6,11 @@ without the new shapes when the planner has them (`--shapes simple|all`), and th
   - by Sailor's simulator terms (benchmarks/sailor_terms.py, docs/peers.md): it/s and whether every stage fits.
 Sailor's simulator scored Metis's OPT-350 plan at 0.0829 it/s and Sailor's at 0.0769 (same zone).
 
-    python benchmarks/peer_scenarios.py [--links] [--quick]
+    python benchmarks/peer_scenarios.py [--links] [--quick] [--sailor-best]
 
 --links prints the inventory figures derived from Sailor's network curves. --quick plans OPT-350M same zone only.
+--sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per scenario), to see
+how far our planner's choice is from the best that simulator would score.
 """
 from __future__ import annotations
 
@@ -171,6 +173,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--links", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sailor-best", action="store_true")
     args = ap.parse_args()
     if args.links:
         print_links()
@@ -218,6 +221,11 @@ def main() -> int:
                 smem = [f"{max(r) / GIB:.1f}" for r in S.memory_bytes(model, st)]
                 print(f"{label:<32} {ips:>9.5f} {str(fit):>5}  {sips:>17.5f} {str(sfit):>5}  "
                       f"{' '.join(mem)} | {' '.join(smem)}")
+            if args.sailor_best:
+                ips, st = S.best_simple(model, {"A100-40": za, "V100-16": zv})
+                print(f"best simple plan under Sailor's terms: {ips:.5f} it/s: " + " | ".join(
+                    f"entries {e[0]}-{e[-1]}: " + ", ".join(f"{g.gpu} tp{g.tp} x{g.replicas} mbs{g.mbs}" for g in gs)
+                    for e, gs in st))
             if model == "OPT-350" and net == "same-zone":
                 print(f"best peer under Sailor's simulator: Metis 0.0829 it/s, Sailor 0.0769 it/s; "
                       f"target >= {PEER_BEST}")

@@ -156,3 +156,30 @@ def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: in
         for a, b in zip(reps, reps[1:]):
             sync = max(sync, allreduce_buckets(size, len(reps), _coeffs(a, b, 1, 1)))
     return t_pp + sync
+
+
+def best_simple(model: str, zones: dict, gbs: int = 1024, devices: int = 16) -> tuple[float, list]:
+    """The best simple plan under these terms (brute force): the two GPU types in either order, each one mesh of
+    one or two stages at TP 1/2/4 over its `devices`, micro-batches 1-8 with equal samples per step, every layer
+    split, within memory. Returns (it/s, stages)."""
+    import itertools
+    n = len(LLM_INFO[model]["1"])
+    best = (0.0, [])
+    for order in (("V100-16", "A100-40"), ("A100-40", "V100-16")):
+        for tpa, sa, tpb, sb in itertools.product((1, 2, 4), (1, 2), (1, 2, 4), (1, 2)):
+            dpa, dpb = devices // (tpa * sa), devices // (tpb * sb)
+            for mba in (1, 2, 4, 8):
+                if (dpa * mba) % dpb or dpa * mba // dpb not in (1, 2, 4, 8):
+                    continue
+                ga = Group(order[0], tpa, dpa, mba, zones[order[0]])
+                gb = Group(order[1], tpb, dpb, dpa * mba // dpb, zones[order[1]])
+                for cuts in itertools.combinations(range(1, n), sa + sb - 1):
+                    bounds = (0,) + cuts + (n,)
+                    stages = [(list(range(bounds[i], bounds[i + 1])), [ga if i < sa else gb])
+                              for i in range(sa + sb)]
+                    if not fits(model, stages):
+                        continue
+                    t = iteration_s(model, stages, gbs)
+                    if 0 < t < math.inf and 1 / t > best[0]:
+                        best = (1 / t, stages)
+    return best
