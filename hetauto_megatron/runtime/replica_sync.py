@@ -9,8 +9,9 @@ holders: the embedding of each pipeline's first stage and the output layer of it
 the same table (the tied head is the same tensor), each with its pipeline's share, so the sum also ties them.
 
 The exchange (shard_regions.py): per parameter, every holder's sources send their reduced elements to the
-first holder's source of each element (gather), that rank sums in holder order, and sends the sum back to every
-rank that holds the element (scatter). Elements are paired exactly: TP slices of any degree, SwiGLU's fused
+first holder's source of each element (gather), that rank sums in holder order, and sends the sum back to the
+other holders' sources (scatter); inside each mesh stage the other ranks get it from their source by a
+broadcast on the mesh's own DP group (plain optimizer replicas) or TP group (TP-duplicated parameters). Elements are paired exactly: TP slices of any degree, SwiGLU's fused
 fc1, and the shards the distributed optimizer's reduce-scatter leaves on each DP rank. All messages are
 host-staged on one gloo group over all ranks (`RankContext.replica_group`), one message per pair of ranks and
 phase, every wait with a timeout that names both ranks. It runs after the backward pass, in
@@ -50,6 +51,7 @@ def owner_records(ctx, model_chunks, *, weight: float) -> list[dict]:
             out.append({
                 "name": global_param_name(name, ctx.layer_offset, spec), "local_name": name,
                 "rank": c.rank, "cluster": c.cluster, "holder": (ctx.mesh_index, c.stage_in_mesh),
+                "dp_rank": c.dp_rank, "sharded": sharded,
                 "weight": weight, "shape": list(param.shape), "tp": ctx.mesh.tp, "tp_rank": c.tp_rank,
                 "partition_dim": param.partition_dim if tp_split else None,
                 "gated": spec.gated_mlp and name.endswith("mlp.linear_fc1.weight"),
@@ -109,6 +111,16 @@ class ReplicaSync:
         self.counts_in_norm = norm_roles != {False}
         self.layouts = {name: o.layout for name, os_ in owners.items() for o in os_ if o.rank == me}
         self.by_local_name = {r["local_name"]: name for name, r in self.locals.items()}
+        # copies inside this mesh stage get the sum from its source by broadcast (module doc)
+        synced = sorted(self.weights)
+        self.dp_copies = synced if ctx.mesh.dp > 1 and not any(self.locals[n]["sharded"] for n in synced) else []
+        self.tp_copies = [n for n in synced if ctx.mesh.tp > 1 and self.locals[n]["partition_dim"] is None]
+        for name in self.tp_copies:     # TP ranks of one DP rank hold the same part of a TP-duplicated parameter
+            mine_ = self.locals[name]
+            parts = {(r["lo"], r["hi"]) for r in records if r["name"] == name and r["holder"] == mine_["holder"]
+                     and r["dp_rank"] == mine_["dp_rank"]}
+            if len(parts) != 1:
+                raise ValueError(f"{name}: the TP ranks of mesh {ctx.mesh_index} hold different parts {parts}")
 
     # ---- the exchange ----------------------------------------------------------------------------------
     def _tables(self, model_chunks) -> dict:
@@ -183,3 +195,24 @@ class ReplicaSync:
             for m, r, piece in got:
                 view = self._view(tables, m, r)
                 view.copy_(piece.to(view.device).view(view.shape))
+        # the other copies inside the mesh stage: DP replicas (plain optimizer), then TP ranks (duplicated params)
+        self._broadcast(tables, self.dp_copies, self.ctx.pg.dp, whole=True)
+        self._broadcast(tables, self.tp_copies, self.ctx.pg.tp, whole=False)
+
+    def _broadcast(self, tables, names, group, *, whole: bool) -> None:
+        """Rank 0 of `group` (inside this mesh) sends these parameters' summed gradients (the whole tensors, or
+        the part this rank holds) to the group's other ranks, in one message."""
+        import torch
+        import torch.distributed as dist
+
+        if not names:
+            return
+        views = [tables[n].view(-1) if whole else tables[n].view(-1)[self.locals[n]["lo"]:self.locals[n]["hi"]]
+                 for n in names]
+        flat = torch.cat(views)
+        dist.broadcast(flat, src=dist.get_global_rank(group, 0), group=group)
+        with torch.no_grad():
+            at = 0
+            for v in views:
+                v.copy_(flat[at:at + v.numel()])
+                at += v.numel()

@@ -13,18 +13,18 @@ with the plain optimizer all of it. Mapped into the whole table that interval is
 
 Every holder (one stage of one mesh) has "sources": one rank per element whose reduced gradient counts (its
 regions partition the table: DP rank 0 only with the plain optimizer, TP rank 0 only for a parameter that TP
-duplicates), and "sinks": every rank that must end with the summed gradient (every rank whose region is not
-empty; a source is a sink too). The exchange is a gather to one root holder (the first in plan order) and a
+duplicates). The other ranks of the holder keep copies; they get the sum from their source inside the mesh
+(replica_sync.py broadcasts it). The exchange is a gather to one root holder (the first in plan order) and a
 scatter back:
 
 - gather: every source of every other holder sends each element of its region to the root's source of that
   element (the rectangles where the two regions meet), once;
 - the root source sums, in holder order, weight x gradient of every holder (the result is the same bits for
   every holder, because only the root computes it);
-- scatter: every root source sends the sum of each element of its region to every sink that holds the element.
+- scatter: every root source sends the sum of each element of its region to the other holders' sources of it.
 
-So a parameter with H holders moves (H - 1) + (sum over holders of their copies) - 1 times its elements per
-iteration: 2 x for two holders that each shard it once.
+So a parameter with H holders moves 2 (H - 1) times its elements per iteration between holders, once to and
+once from the root holder.
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ class Owner:
 @dataclass(frozen=True)
 class Move:
     """Rectangles of one parameter sent from `src` to `dst`: phase "gather" (a holder's gradient to the root,
-    `holder` = that holder's index in plan order) or "scatter" (the sum back to a sink)."""
+    `holder` = that holder's index in plan order) or "scatter" (the sum back to another holder's source)."""
     phase: str
     src: int
     dst: int
@@ -224,10 +224,10 @@ def sync_moves(name: str, owners, rank: int | None = None) -> list[Move]:
             rects = meet(s.region, r.region)
             if rects:
                 moves.append(Move("gather", s.rank, r.rank, name, index, rects))
-    sinks = sorted((o for o in owners if o.lo < o.hi), key=lambda o: (o.holder, o.rank))
+    sinks = sorted((o for h in keys[1:] for o in sources[h]), key=lambda o: (o.holder, o.rank))
     order = {(o.holder, o.rank): n for n, o in enumerate(sinks)}
     for r, k in sorted(pairs(root, sinks), key=lambda p: (p[0].rank, order[(p[1].holder, p[1].rank)])):
-        rects = meet(r.region, k.region) if k.rank != r.rank else ()
+        rects = meet(r.region, k.region)
         if rects:
             moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
     return moves
