@@ -109,3 +109,24 @@ def test_cost_objective_keeps_the_cheapest_of_the_shapes():
     res = search_shapes(model, inv, 512, config=cfg)
     money = lambda meshes, t: t * price_per_second(inv, devices_by_cluster(meshes))
     assert money(res.plan.meshes, res.iteration_time_s) <= money(one.choices, one.iteration_time_s) * (1 + 1e-12)
+
+
+def test_plan_command_writes_two_pipelines_and_emit_plans_the_simple_shape(tmp_path):
+    import yaml
+
+    from helpers import run_hetauto
+    from hetauto_megatron.plan.plan import load_plan
+    model = tmp_path / "m8.yaml"
+    model.write_text(yaml.safe_dump({**MODEL.replace(num_layers=8).to_dict(), "name": "llama-8-layers"}))
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(small_inventory([("a", "a100-80gb", 2, 8), ("b", "a100-80gb", 2, 8)],
+                                                  [("a", "b", 400, 1)]).to_dict()))
+    base = ["plan", "--model", str(model), "--inventory", str(inv), "--global-batch-size", "512", "--workers", "1"]
+    r = run_hetauto(*base, "-o", str(tmp_path / "p.yaml"), "--timeline", str(tmp_path / "t.png"))
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(tmp_path / "p.yaml"))
+    assert plan.num_pipelines == 2 and "no timeline written" in r.stderr and not (tmp_path / "t.png").exists()
+    assert plan.estimate["search"]["shapes"]["partitions"] == 1
+    r = run_hetauto(*base, "-o", str(tmp_path / "q.yaml"), "--emit", str(tmp_path / "launch"))
+    assert r.returncode == 0, r.stderr
+    assert load_plan(str(tmp_path / "q.yaml")).is_simple and "--shapes simple" in r.stderr

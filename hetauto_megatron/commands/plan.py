@@ -90,7 +90,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shapes", choices=("all", "simple"), default="all",
                         help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
                              "groups in a stage, keeping the best of those and the single pipeline; simple: one "
-                             "pipeline, one mesh per cluster (docs/search.md)")
+                             "pipeline, one mesh per cluster (docs/search.md); --emit implies simple (the launch "
+                             "scripts run that shape)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
@@ -141,7 +142,14 @@ def run(args) -> int:
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        schedule=args.boundary_schedule, constraints=con)
-    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, args.shapes)
+    shapes = args.shapes
+    if args.emit and shapes != "simple":
+        # the launch scripts run one pipeline of single meshes (docs/plan-format.md: which commands take which shapes)
+        shapes = "simple"
+        if not args.quiet:
+            print("hetauto plan: --emit writes Megatron-LM launch scripts, which run one pipeline of single meshes: "
+                  "planning that shape (--shapes simple)", file=sys.stderr)
+    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan
     estimate = simulate(plan, inventory, cost_model)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
@@ -151,7 +159,12 @@ def run(args) -> int:
         written.append(args.output)
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
-    if args.timeline:
+    if args.timeline and not plan.is_simple:
+        from ..plan.shapes import describe_shape
+        print("hetauto plan: --timeline draws plans of one pipeline of single meshes; this plan has "
+              f"{describe_shape(plan.meshes)[0]}: no timeline written (--shapes simple plans that shape)",
+              file=sys.stderr)
+    elif args.timeline:
         from ..plan.timeline import predicted_timeline
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     explained = None
