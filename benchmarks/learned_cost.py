@@ -81,13 +81,14 @@ def sailor_part() -> None:
         # by leave-one-model-out among them, then the calibration and the trees
         train_layers = [r for r in layers if r.model != held]
         weight, _ = L.choose_score_weight(train_layers)
-        train = L.sailor_samples(train_layers, weight)
-        model = L.train_model(train, 0)
-        calibrated = L.train_model(train, 0, rounds=0)
+        model = L.train_sailor_model(train_layers, weight, 0)
+        calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0)
         trained_gpus = {r.gpu for r in layers if r.model != held}
         test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
         print(f"  (fit without {held}: backward score-traffic weight {weight}; boosting rounds kept by "
-              "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + ")")
+              "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + "; host floor: "
+              + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(model.host_floor.items()))
+                 or "none") + ")")
         for gpu in sorted({r.gpu for r in test_layers}):
             sel = [r for r in test_layers if r.gpu == gpu]
             ss = L.sailor_layer_samples(sel, weight)

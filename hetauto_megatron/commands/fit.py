@@ -69,6 +69,9 @@ def run(args) -> int:
     if args.sailor:
         print(f"backward score-traffic weight of the per-layer data: {res.score_bwd_weight} (chosen by leave-one-"
               "model-out among its models)")
+        print("host floor of a layer's pass (measured where doubling the micro-batch adds under half to the time): "
+              + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(res.host_floor.items()))
+                 or "none"))
     if res.composition:
         print("layer composition (whole layers measured; layer = rate x sum of operators + overhead): " + ", ".join(
             f"{k.replace('|', ' ')} x{r:.3f} + {o * 1e6:.0f} us" for k, (r, o) in sorted(res.composition.items())))

@@ -20,10 +20,11 @@ One module per concept:
 - validation.py: predicted against measured.
 """
 from .fitting import (ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead, choose_rounds,  # noqa: F401
-                      choose_score_weight, fit, fit_calibration, fit_composition, split_holdout, train_model)
+                      choose_score_weight, fit, fit_calibration, fit_composition, split_holdout, train_model,
+                      train_sailor_model)
 from .model import FittedModel, LearnedCostModel, calibrated_s, load_cost_model, predict_samples, save_model  # noqa: F401
-from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS, SailorLayer,  # noqa: F401
-                     forward_tflops, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
+from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS,  # noqa: F401
+                     SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
                      sailor_samples)
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
                       calibration_key, mape, profile_granularity, profile_samples, read_layers, read_profile)

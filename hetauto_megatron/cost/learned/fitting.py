@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from ...errors import InputError
 from .. import features as F
 from .model import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples, save_model
-from .sailor import (SailorLayer, load_sailor, load_sailor_updates, sailor_device_infos, sailor_layer_samples,
-                     sailor_samples)
+from .sailor import (SailorLayer, load_sailor, load_sailor_updates, sailor_device_infos, sailor_host_floors,
+                     sailor_layer_samples, sailor_samples)
 from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
 
 
@@ -146,6 +146,15 @@ def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None)
     return FittedModel(cal, _train_trees(samples, cal, per, seed), per)
 
 
+def train_sailor_model(layers: list[SailorLayer], score_bwd_weight: float = 1.0, seed: int = 0,
+                       rounds: int | None = None) -> FittedModel:
+    """`train_model` on the Sailor layers (host-bound configurations left out of the calibration), with the host
+    floor those configurations measured."""
+    model = train_model(sailor_samples(layers, score_bwd_weight), seed, rounds)
+    model.host_floor = sailor_host_floors(layers, score_bwd_weight)
+    return model
+
+
 # The unfused attention's backward score kernels (softmax and dropout backward, the batched GEMMs reading the
 # s x s gradients) cost more than their counted bytes at full bandwidth, by a factor the data has to say: the
 # weight on the backward's score traffic is chosen like the boosting rounds, by leave-one-model-out on the
@@ -168,7 +177,7 @@ def choose_score_weight(layers: list[SailorLayer]) -> tuple[float, dict]:
                                          and r.shape.kind == "transformer"], w)
             if not test:
                 continue
-            pred = predict_samples(train_model(sailor_samples(train, w), rounds=0), test)
+            pred = predict_samples(train_sailor_model(train, w, rounds=0), test)
             for s, p in zip(test, pred):
                 errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
         if errs:
@@ -269,10 +278,11 @@ class FitResult:
     rounds: dict            # booster -> boosting rounds kept (0: the calibrated roofline alone)
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0
+    host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds
 
     def to_dict(self) -> dict:
         return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
-                "score_bwd_weight": self.score_bwd_weight,
+                "score_bwd_weight": self.score_bwd_weight, "host_floor": self.host_floor,
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in self.composition.items()},
                 "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
 
@@ -329,6 +339,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
     model.score_bwd_weight = score_weight
+    model.host_floor = sailor_host_floors(sailor, score_weight) if sailor_dir else {}
     model.composition, report = fit_composition(model, devices, layers)
     model.optimizer = optimizer
     heldout.update(report)
@@ -338,7 +349,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                                          "layers": {d: len(v) for d, v in layers.items()},
                                          "score_bwd_weights": {str(k): v for k, v in score_weights.items()}})
     return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition),
-                     model.score_bwd_weight)
+                     model.score_bwd_weight, dict(model.host_floor))
 
 
 def _layer_files_of(layer_files: list[str], devices: dict) -> dict:

@@ -43,6 +43,12 @@ class FittedModel:
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per layer)
+    host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds (sailor_host_floors)
+
+    def floored(self, device: str, phase: str, t: float) -> float:
+        """A whole layer's learned time, no less than the device's host floor for that pass (where one was
+        measured): the time the host takes to issue the layer's kernels."""
+        return max(t, self.host_floor.get(f"{device}|{phase}", 0.0))
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
@@ -84,7 +90,8 @@ def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
         times = model.times(name, [s.calibration_key() for s in rows], [s.prior_s for s in rows],
                             [s.features for s in rows])
         for i, t in zip(idx, times):
-            out[i] = t + samples[i].known_s
+            s = samples[i]
+            out[i] = (model.floored(s.device, s.phase, t) if s.granularity == "layer" else t) + s.known_s
     return out
 
 
@@ -102,7 +109,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
                 "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
                 "optimizer": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
-                "score_bwd_weight": model.score_bwd_weight,
+                "score_bwd_weight": model.score_bwd_weight, "host_floor": dict(sorted(model.host_floor.items())),
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -159,6 +166,12 @@ class LearnedCostModel:
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
                                   tables["composition"], float(weight))
         self.fitted.optimizer = tables["optimizer"]
+        floor = man.get("host_floor", {})   # models fitted before it existed: no floor
+        if not isinstance(floor, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                                                  for v in floor.values()):
+            raise InputError("has a garbled host_floor table", file=path, field="host_floor",
+                             fix="re-fit it with 'hetauto fit'")
+        self.fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
         # Covered: measured in both phases at its granularity, in the element size its DeviceInfo states (the
         # calibration has groups for both phases at that size).
         groups = {(d, g, ph, b) for d, g, ph, _, b in (k.split("|") for k in self.fitted.calibration)}
@@ -224,7 +237,7 @@ class LearnedCostModel:
         the planner prices them with its communication model."""
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
                  score_bwd_weight=self.fitted.score_bwd_weight)
-        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)])
+        return tuple(self.fitted.floored(info.name, phase, self._predict(info, phase, [F.layer_row(shape, phase, **a)]))
                      + F.unfused_softmax_s(shape, phase, info.dtype_bytes, info.hbm_gbps) for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):

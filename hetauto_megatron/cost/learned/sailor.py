@@ -158,24 +158,74 @@ def _sailor_config_key(r: SailorLayer) -> tuple:
     return (r.model, r.gpu, r.shape.kind, r.shape.micro_batch, r.shape.tp)
 
 
+def _config_times(layers: list[SailorLayer]) -> dict[tuple, tuple[SailorLayer, dict[str, float]]]:
+    """Configuration key -> (a layer of it, {phase: the median time over its identical transformer layers})."""
+    groups: dict[tuple, list[SailorLayer]] = {}
+    for r in layers:
+        if r.shape.kind == "transformer":
+            groups.setdefault(_sailor_config_key(r), []).append(r)
+    return {k: (rs[0], {ph: statistics.median(getattr(r, f"{ph}_s") for r in rs) for ph in ("fwd", "bwd")})
+            for k, rs in groups.items()}
+
+
+# ---- the host floor -------------------------------------------------------------------------------------------
+# Sailor timed each layer with CUDA events recorded in the layer's forward and backward hooks, without synchronising
+# between layers (sailor/profiling/profile_utils.py). Where the host issues a layer's kernels (Python, PyTorch's
+# dispatcher, the launches and the TP all-reduces' NCCL calls) more slowly than the GPU runs them, the GPU waits
+# for each kernel and the events measure the host: the time no longer follows the work. A training step issues its
+# layers the same way, so a layer there cannot take less either. A measured configuration is host-bound when
+# doubling its micro-batch (twice the GPU work) adds less than half to its time, from a series' smallest
+# micro-batch up to the first that does not: under `max(GPU, host)` with the GPU's time proportional to the work,
+# a time that less than doubles is set by the host (1.5 is the midpoint between flat, 1, and proportional, 2).
+HOST_BOUND_RATIO = 1.5
+
+
+def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> dict[tuple, float]:
+    """(configuration key, phase) -> its measured time less the known part (TP all-reduces, unfused softmax
+    passes), for every host-bound configuration of the transformer layers (see HOST_BOUND_RATIO)."""
+    conf = _config_times(layers)
+    series: dict[tuple, dict[int, tuple]] = {}
+    for key, (r0, times) in conf.items():
+        for ph, t in times.items():
+            if t > 0:
+                series.setdefault((r0.model, r0.gpu, r0.shape.tp, ph), {})[r0.shape.micro_batch] = (key, r0, t)
+    out = {}
+    for (_, _, _, ph), per in series.items():
+        for b in sorted(per):
+            if 2 * b not in per or per[2 * b][2] >= HOST_BOUND_RATIO * per[b][2]:
+                break
+            key, r0, t = per[b]
+            out[(key, ph)] = _sailor_sample(r0, ph, t, score_bwd_weight).learned_part_s()
+    return out
+
+
+def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> dict[str, float]:
+    """"device|phase" -> the host floor of a transformer layer's pass: the smallest host-bound time (less its known
+    part) measured on that GPU, over models and TP degrees (the host issues the same kernels at any TP degree; the
+    TP all-reduces are priced apart). A GPU none of whose configurations is host-bound has none."""
+    floors: dict[str, float] = {}
+    dev = {_sailor_config_key(r): r.device for r in layers}
+    for (key, ph), t in host_bound_times(layers, score_bwd_weight).items():
+        k = f"{dev[key]}|{ph}"
+        floors[k] = min(floors.get(k, math.inf), t)
+    return floors
+
+
 def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
     """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
     layers, so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal.
+    Host-bound configurations (`host_bound_times`) are left out: the calibration describes the GPU's work, and the
+    host floor (`sailor_host_floors`) prices what they measured.
 
     The output-head rows are left out: they do not measure the same thing in every model. GPT-Neo-2.7's last
     entry is the final norm alone (0.3 ms on a GH200, 3-30 % of a logits GEMM's roofline), OPT-350's includes
     the logits and the loss, LLAMA-3-8's is split over two entries. A learned head would be whichever model it
     was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
-    groups: dict[tuple, list[SailorLayer]] = {}
-    for r in layers:
-        if r.shape.kind == "transformer":
-            groups.setdefault(_sailor_config_key(r), []).append(r)
+    host = host_bound_times(layers, score_bwd_weight)
     out = []
-    for key, rs in groups.items():
-        r0 = rs[0]
-        for phase in ("fwd", "bwd"):
-            t = statistics.median(getattr(r, f"{phase}_s") for r in rs)
-            if t <= 0:
+    for key, (r0, times) in _config_times(layers).items():
+        for phase, t in times.items():
+            if t <= 0 or (key, phase) in host:
                 continue
             out.append(_sailor_sample(r0, phase, t, score_bwd_weight))
     return out

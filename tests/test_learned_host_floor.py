@@ -1,0 +1,66 @@
+"""The host floor of the per-layer GPU data (Sailor's measurements): where doubling a layer's micro-batch adds
+under half to its time, the host issuing its kernels sets the time, not the GPU (cost/learned/sailor.py,
+HOST_BOUND_RATIO). Those configurations are left out of the calibration and their time becomes a floor under the
+device's layer passes. Checked against the measurements, every model left out in turn as the fit would see it."""
+import pytest
+
+from hetauto_megatron.cost import learned as L
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return L.load_sailor(L.SAILOR_DATA)
+
+
+@pytest.fixture(scope="module")
+def folds(layers):
+    """Per held-out model: the fit without it (score weight chosen among the others, calibration, host floor) and
+    its transformer-layer rows on the GPUs the others were measured on. The cross-validation keeps no boosting
+    rounds on this data (benchmarks/learned_cost.py), so the calibration is the fit."""
+    out = {}
+    for held in sorted({r.model for r in layers}):
+        train = [r for r in layers if r.model != held]
+        weight, _ = L.choose_score_weight(train)
+        gpus = {r.gpu for r in train}
+        test = L.sailor_layer_samples([r for r in layers if r.model == held and r.gpu in gpus
+                                       and r.shape.kind == "transformer"], weight)
+        out[held] = (train, weight, L.train_sailor_model(train, weight, rounds=0), test)
+    return out
+
+
+def test_host_bound_configurations_are_the_flat_ones(layers):
+    """OPT-350 on the GH200 at TP 4: forward 1.50, 1.70, 1.70, 2.68 ms at micro-batch 1, 2, 4, 8, so 1 and 2 are
+    host-bound and 4 is not (8 takes 1.6x); GPT-Neo-2.7 on the A100-40 at TP 1 grows with its work throughout."""
+    hb = {(k[0], k[3], k[4], ph) for k, ph in L.host_bound_times(layers)}
+    assert ("OPT-350", 1, 4, "fwd") in hb and ("OPT-350", 2, 4, "fwd") in hb
+    assert ("OPT-350", 4, 4, "fwd") not in hb
+    assert not any(k[0] == "GPT-Neo-2.7" and k[2] == 1 for k in hb)
+    floors = L.sailor_host_floors(layers)
+    assert 1e-3 < floors["gh200|fwd"] < 1.5e-3
+
+
+def test_floor_from_other_models_prices_host_bound_layers_of_a_model_left_out(layers, folds):
+    """Fitted without OPT-350, the GH200 forward floor comes from GPT-Neo-2.7's host-bound layer alone; OPT-350's
+    host-bound forwards (TP 4, micro-batch 1-2) are then predicted several times better than by the calibration,
+    which puts them at a third of their time, and its GH200 forward rows as a whole within the 10 % target."""
+    train, weight, model, test = folds["OPT-350"]
+    assert "gh200|fwd" in model.host_floor
+    bare = L.train_model(L.sailor_samples(train, weight), rounds=0)
+    flat = [s for s in test if s.device == "gh200" and s.phase == "fwd" and "tp=4 " in s.label
+            and ("mb=1 " in s.label or "mb=2 " in s.label)]
+    meas = [s.measured_s for s in flat]
+    with_floor, without = L.mape(L.predict_samples(model, flat), meas), L.mape(L.predict_samples(bare, flat), meas)
+    assert with_floor < without / 3, (with_floor, without)
+    fwd = [s for s in test if s.device == "gh200" and s.phase == "fwd"]
+    assert L.mape(L.predict_samples(model, fwd), [s.measured_s for s in fwd]) <= 10.0
+
+
+def test_per_pass_error_leave_one_model_out_within_10_percent(folds):
+    """The issue's target: leave-one-model-out error per pass (forward and backward rows apart) <= 10 % on the
+    GH200 and the A100-40, over every fold (benchmarks/learned_cost.py prints the table)."""
+    errs: dict[str, list[float]] = {}
+    for _, _, model, test in folds.values():
+        for s, p in zip(test, L.predict_samples(model, test)):
+            errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
+    for dev in ("gh200", "a100-40gb"):
+        assert 100 * sum(errs[dev]) / len(errs[dev]) <= 10.0, dev
