@@ -55,17 +55,18 @@ def test_job_memory_not_below_sailors_terms(name, yaml, entries, tp, mbs, p, i):
     assert ours <= 1.6 * theirs, "configured as Sailor's job, the model should describe the same job"
 
 
-def test_peer_plan_fits_as_sailors_job(tmp_path):
-    """OPT-350M on the same-zone inventory, planned with the memory job (analytic model: the memory does not
-    depend on the time model): every stage of every mesh fits its device as Sailor's job would hold it."""
+def _plan(tmp_path, *extra) -> str:
     out = tmp_path / "plan.yaml"
     cmd = [sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model", "examples/peers/models/opt-350m.yaml",
            "--inventory", "examples/peers/inventory-same-zone.yaml", "--precision", "fp32",
-           "--global-batch-size", "1024", "--memory-job", "sailor-deepspeed", "--quiet", "--budget-s", "20",
-           "-o", str(out)]
+           "--global-batch-size", "1024", "--quiet", "--budget-s", "20", "-o", str(out), *extra]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    plan = load_plan(str(out))
+    return str(out)
+
+
+def _assert_fits_as_sailors_job(path: str) -> None:
+    plan = load_plan(path)
     model = plan.model.replace(vocab_size=padded_vocab_size(plan.model.vocab_size, [m.tp for m in plan.meshes]))
     caps = {c["name"]: c["memory_gib"] * 2 ** 30 for c in plan.inventory["clusters"]}
     p = sum(len(m.stage_layers) for m in plan.meshes)
@@ -78,6 +79,13 @@ def test_peer_plan_fits_as_sailors_job(tmp_path):
                                           in_flight=min(p - s, m_count), first=s == 0, last=s == p - 1)["total"]
             assert need <= caps[mesh.cluster], f"stage {s} on {mesh.cluster}: {need / 2**30:.1f} GiB"
             s += 1
+
+
+def test_peer_plan_fits_as_sailors_job(tmp_path):
+    """OPT-350M on the same-zone inventory, planned with --memory-job (analytic model: the memory does not depend
+    on the time model): every stage of every mesh fits its device as Sailor's job would hold it. (Planned without
+    it, the A100 stage of this plan needs 47 GiB as that job.)"""
+    _assert_fits_as_sailors_job(_plan(tmp_path, "--memory-job", "sailor-deepspeed", "--shapes", "simple"))
 
 
 # ---- fp32 GEMMs on TF32: the inventory's `tf32`, the peak, the learned model's coverage, the emitted switch --------
@@ -109,6 +117,8 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
     from hetauto_megatron.spec.devices import get_device
     assert main(["fit", "-o", str(tmp_path / "m"), "--holdout", "0", "--sailor"]) == 0
     m = LearnedCostModel(str(tmp_path / "m"))
+    # priced from Sailor's fp32 measurements, the plan also fits as Sailor's job without being asked
+    _assert_fits_as_sailors_job(_plan(tmp_path, "--cost-model", str(tmp_path / "m")))
     tf32 = dataclasses.replace(get_device("a100-40gb"), tf32=True).at_precision("fp32")
     plain = get_device("a100-40gb").at_precision("fp32")
     info, why = m.coverage(tf32)
@@ -120,13 +130,7 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
     predicted = sum(m.layer_times(SAILOR_MODELS["OPT-350"], tf32, 1, 2))
     assert abs(predicted / measured - 1) < 0.10, (predicted, measured)
     # the emitted launch turns TF32 on where the plan priced it, off elsewhere
-    out = tmp_path / "plan.yaml"
-    r = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model",
-                        "examples/peers/models/opt-350m.yaml", "--inventory", "examples/peers/inventory-same-zone.yaml",
-                        "--precision", "fp32", "--global-batch-size", "1024", "--quiet", "--budget-s", "20",
-                        "-o", str(out), "--emit", str(tmp_path / "launch")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
+    _plan(tmp_path, "--shapes", "simple", "--emit", str(tmp_path / "launch"))
     a100 = (tmp_path / "launch" / "a100.sh").read_text()
     v100 = (tmp_path / "launch" / "v100.sh").read_text()
     assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0" in v100

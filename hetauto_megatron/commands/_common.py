@@ -60,6 +60,11 @@ def load_inputs(args):
         priced = inventory.with_precision(args.precision) if getattr(args, "precision", None) else inventory
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
+        from ..plan.costing import memory_job_of
+        jobs = sorted({c.device.name for c in priced.clusters if memory_job_of(cost_model, c.device) is not None})
+        if jobs and not getattr(args, "memory_job", None):
+            print(f"memory: {', '.join(jobs)} priced from Sailor's fp32 measurements: every stage must also fit as "
+                  "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
     return model, inventory, cost_model
 
 

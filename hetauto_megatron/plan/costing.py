@@ -73,7 +73,20 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     dp_link = dp_ring_link(cluster, tp, dp)
     opt_rate, opt_layer = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
-                        dev.memory_gib * GIB, settings, opt_rate, opt_layer, getattr(cost_model, "memory_job", None))
+                        dev.memory_gib * GIB, settings, opt_rate, opt_layer, memory_job_of(cost_model, dev))
+
+
+def memory_job_of(cost_model, device):
+    """The job a stage on `device` must also fit as (StageProfile.memory_job): the one asked for (--memory-job),
+    else Sailor's Megatron-DeepSpeed job for an fp32 plan whose device the cost model prices from Sailor's
+    measurements: those are that fp32 job's layers (unfused attention, its framework), so the plan must also hold
+    in memory as that job does (docs/peers.md). None: this plan's runtime alone."""
+    job = getattr(cost_model, "memory_job", None)
+    if job is None and device.precision == "fp32" and hasattr(cost_model, "coverage"):
+        info = cost_model.coverage(device)[0]
+        if info is not None and info.source == "sailor":
+            return sailor_deepspeed_job()
+    return job
 
 
 def _with_sequence_parallel(cost_model, sequence_parallel: bool):
