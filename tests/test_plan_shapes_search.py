@@ -52,23 +52,32 @@ def test_two_pipelines_on_twin_clusters_beat_one_pipeline_and_price_as_simulated
     assert simple.plan.is_simple and simple.iteration_time_s == one.iteration_time_s
 
 
-def test_partition_bound_never_exceeds_the_priced_plan():
-    inv = small_inventory([("a", "a100-80gb", 1, 8), ("h", "h100", 1, 8), ("v", "l40s", 1, 8)],
-                          [("a", "h", 100, 1), ("h", "v", 50, 2), ("a", "v", 200, 1)])
-    cost = AnalyticCostModel()
-    bound = PartitionBound(MODEL, inv, 256)
+def test_partition_bound_never_exceeds_the_priced_plan_and_prunes_no_better_partition():
+    """Every partition of every subset of three clusters (8-layer model, fast links: several partitions are
+    close to the single pipeline), each searched and priced: its bound is below its plan, and the search with
+    its pruning finds a plan at least as good as the best of them all."""
+    import itertools
+    model = MODEL.replace(num_layers=8)
+    inv = small_inventory([("a", "a100-80gb", 1, 4), ("h", "h100", 1, 4), ("v", "l40s", 1, 4)],
+                          [("a", "h", 400, 1), ("h", "v", 200, 1), ("a", "v", 400, 1)])
+    cost, cfg = AnalyticCostModel(), SearchConfig(workers=1)
+    bound = PartitionBound(model, inv, 128)
     names = [c.name for c in inv.clusters]
-    checked = 0
-    for blocks in set_partitions(names):
-        if len(blocks) < 2:
-            continue
-        out = multi_search.ShapesResult(None, math.inf, None, 0.0)
-        found = multi_search._search_partition(MODEL, inv, 256, cost, SearchConfig(workers=1), Constraints(), names,
-                                               blocks, {}, out)
-        if found is not None:
-            assert bound(blocks) <= found[0]
-            checked += 1
-    assert checked >= 3
+    found_all = []
+    for k in (2, 3):
+        for subset in itertools.combinations(names, k):
+            for blocks in set_partitions(list(subset)):
+                if len(blocks) < 2:
+                    continue
+                out = multi_search.ShapesResult(None, math.inf, None, 0.0)
+                found = multi_search._search_partition(model, inv, 128, cost, cfg, Constraints(), names, blocks, {},
+                                                       out)
+                if found is not None:
+                    assert bound(blocks) <= found[0]
+                    found_all.append(found[0])
+    assert len(found_all) >= 5
+    res = search_shapes(model, inv, 128, cost, cfg)
+    assert res.iteration_time_s <= min(found_all) * (1 + 1e-9)
 
 
 def test_new_shapes_never_make_the_plan_worse():
