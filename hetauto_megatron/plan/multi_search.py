@@ -265,10 +265,17 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult):
             used = devices_by_cluster(plan.meshes)
             k, S = mesh.num_stages, mesh.samples_per_step
             v0 = _speed(model, inv, cost, mesh.cluster, mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute)
+            # a group on another cluster exchanges at least the mesh's layers' gradients twice (gather, scatter;
+            # at least 2 bytes per parameter) over the link: no faster than that alone
+            grads = 2 * 2 * model.layer_params * sum(mesh.stage_layers)
             for cl in inv.clusters:
                 free = cl.num_devices - used.get(cl.name, 0)
                 if cl.name in con.exclude_clusters or free < k or (
                         cl.name != mesh.cluster and inv.link(cl.name, mesh.cluster) is None):
+                    continue
+                if cl.name != mesh.cluster and _objective_bound(
+                        con, inv, grads / inv.link(cl.name, mesh.cluster).bytes_per_s,
+                        {m.cluster for m in plan.meshes} | {cl.name}) >= best[0]:
                     continue
                 for tp in tp_degrees(model, cl):
                     if con.tp_of(cl.name) not in (None, tp) or tp * k > free:
