@@ -10,7 +10,7 @@ from hetauto_megatron.cost.memory import stage_memory_bytes
 from hetauto_megatron.plan import costing
 from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator, _CapTable
-from hetauto_megatron.plan.search import SearchConfig, _layout_value, search
+from hetauto_megatron.plan.search import SearchConfig, _layout_value, bounded_enumeration, search
 from hetauto_megatron.plan.simulate import evaluate_layout
 from hetauto_megatron.spec.model import PRESETS
 
@@ -42,8 +42,7 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
             if exact >= 399:
                 continue                    # more layers than any model has: the cap does not bind
             assert costing.max_layers_in_memory(model, prof, f, first, last, buffers) == exact
-            if not buffers:
-                assert table.cap(f) == exact
+            assert table.cap(f, buffers) == exact
             checked += 1
             if rc == "full" and exact >= 2:
                 # what a slope taken between zero and one layer would allow (the buffer counted per layer)
@@ -76,13 +75,15 @@ def test_bounds_never_exceed_what_the_leaves_below_cost(schedule):
     assert leaves > limit * 2 / 3
 
 
-def test_fast_evaluator_agrees_with_evaluate_layout():
+@pytest.mark.parametrize("schedule", ["blocking", "overlapped"])
+def test_fast_evaluator_agrees_with_evaluate_layout(schedule):
+    """The search's cached evaluator computes evaluate_layout's closed form, overlapped depths included."""
     rng = random.Random(5)
     compared = infeasible = 0
     for _ in range(4):
         inv, model, gbs = _random_instance(rng)
         sp = space_mod.SearchSpace(model, inv, gbs, COST)
-        ev = LayoutEvaluator(model, inv, gbs, COST)
+        ev = LayoutEvaluator(model, inv, gbs, COST, schedule)
         for leaf in rng.sample(space_mod.leaves(sp, limit=3000), 60):
             _, _, _, meshes, _ = sp.decode(leaf)
             if min(m.num_stages for m in meshes) < 1:
@@ -96,6 +97,42 @@ def test_fast_evaluator_agrees_with_evaluate_layout():
                 assert ref.stage_layers is None
                 infeasible += 1
     assert compared > 100
+
+
+@pytest.mark.parametrize("schedule", ["blocking", "overlapped"])
+def test_leaf_lower_bound_never_exceeds_the_leaf(schedule):
+    """The cheap bound that spares the bounded enumeration most pricing is a lower bound of every leaf's value
+    (the recomputation the evaluator chooses, the overlapped depths, the tail), and close to it."""
+    rng = random.Random(7)
+    ratios = []
+    for _ in range(4):
+        inv, model, gbs = _random_instance(rng)
+        sp = space_mod.SearchSpace(model, inv, gbs, COST)
+        ev = LayoutEvaluator(model, inv, gbs, COST, schedule)
+        for leaf in space_mod.leaves(sp, limit=600):
+            _, _, _, meshes, _ = sp.decode(leaf)
+            if min(m.num_stages for m in meshes) < 1:
+                continue
+            t, lb = ev.resolve(meshes)[0], ev.lower_bound(meshes)
+            assert lb <= t * (1 + 1e-12), (meshes, lb, t)
+            if math.isfinite(t):
+                ratios.append(lb / t)
+    assert len(ratios) > 800 and max(ratios) > 0.9
+
+
+def test_bounded_enumeration_keeps_the_best_leaves_of_the_full_one():
+    """Branch and bound with the bounds above must hold the same best leaves as enumerating every leaf, while
+    pricing fewer of them."""
+    rng = random.Random(13)
+    for _ in range(3):
+        inv, model, gbs = _random_instance(rng)
+        sp = space_mod.SearchSpace(model, inv, gbs, COST)
+        full_ev, ev = (LayoutEvaluator(model, inv, gbs, COST, "overlapped") for _ in range(2))
+        value = _layout_value(sp, full_ev)
+        every = sorted(t for t, _ in map(value, space_mod.leaves(sp)) if math.isfinite(t))
+        found, _ = bounded_enumeration(sp, ev, 16)
+        assert sorted(found.values())[:16] == every[:16]
+        assert len(ev.cache) < len(full_ev.cache)
 
 
 def test_interchangeable_clusters_are_searched_once():

@@ -1,8 +1,7 @@
 """The search's leaf evaluator: the closed-form value of a layout, fast enough to price hundreds of thousands.
 
-It computes what `simulate.evaluate_layout(..., exact=False)` computes (a test checks they agree), organised
-for a search that prices many layouts differing in one decision (the overlapped boundary schedule, whose
-depths are chosen per layout, is priced by `evaluate_layout` itself, after the same early rejection):
+It computes what `simulate.evaluate_layout(..., exact=False)` computes (a test checks they agree to 1e-12 with
+either boundary schedule), organised for a search that prices many layouts differing in one decision:
 
 - every term is cached under the key it depends on, never under the layout: a mesh segment's per-layer times,
   fixed (embedding/head) times and memory caps under (cluster, TP, DP, micro-batch, recompute, its distance to
@@ -10,6 +9,11 @@ depths are chosen per layout, is priced by `evaluate_layout` itself, after the s
   (mesh configuration, layers, first, last); a boundary's transfer under the two configurations and the link.
   A playout that changes one decision thus reuses every other mesh's work (incremental costing). The
   functions behind the caches (plan/costing.py) stay pure: the caches only remember their answers.
+- overlapped boundaries follow `evaluate_layout`'s choice step for step (depth 0; blocking if even its boundary
+  buffers do not fit; the round-trip depth, halved until it fits, when the links cost time at depth 0), from
+  the same cached terms: memory caps with the extra in-flight micro-batches and boundary buffers come from the
+  same affine tables, and the iteration tail is cached under the layer split (a deeper warm-up that keeps the
+  split keeps the tail).
 - recomputation is resolved as before (start with none, raise the mesh that runs out of memory), but a layout
   that cannot fit even with full recomputation everywhere it may be raised is rejected from its layer counts
   alone, without pricing its memory shortfall. Only when no layout fits at all does `closest_miss` price the
@@ -23,7 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import estimate_1f1b
+from .pipeline import estimate_1f1b, warmup_counts
 from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout, padded_model
 from .split import split_layers
@@ -47,6 +51,8 @@ class LayoutEvaluator:
         self._links: dict = {}
         self._caps: dict = {}
         self._levels: dict = {}
+        self._joins: dict = {}
+        self._tails: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
 
     # ---- cached terms -------------------------------------------------------------------------------------
@@ -135,27 +141,147 @@ class LayoutEvaluator:
         """Whether some split holds every layer: what `split_layers` checks before it splits."""
         return min(caps) >= 0 and (p < 3 or min(caps[1:-1]) >= 1) and sum(caps) >= self.model.num_layers
 
+    def joins(self, cur: tuple, pm: ModelSpec):
+        """(links, latency, cross, owners, overhead) of a layout's stage list: per boundary its transfer time, the
+        latency part, whether it joins two clusters; per stage its mesh; the iteration's fixed overhead."""
+        out = self._joins.get(cur)
+        if out is None:
+            links, latency, cross, owners = [], [], [], []
+            samples = cur[0].dp * cur[0].micro_batch_size
+            for mi, c in enumerate(cur):
+                owners += [mi] * c.num_stages
+                if c.num_stages > 1:
+                    x = self.boundary(c, c, pm, True, samples)
+                    links += [x[0]] * (c.num_stages - 1)
+                    latency += [x[1]] * (c.num_stages - 1)
+                    cross += [False] * (c.num_stages - 1)
+                if mi < len(cur) - 1:
+                    x = self.boundary(c, cur[mi + 1], pm, False, samples)
+                    links.append(x[0])
+                    latency.append(x[1])
+                    cross.append(c.cluster != cur[mi + 1].cluster)
+            overhead = max(self.cost.iteration_overhead_s(self._clusters[c.cluster].device) for c in cur)
+            out = self._joins[cur] = (links, latency, cross, owners, overhead)
+        return out
+
+    def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list):
+        """(fwd, bwd, iteration tail) of a layer split: the tail depends on the split, not on the boundaries."""
+        key = (cur, tuple(layers))
+        out = self._tails.get(key)
+        if out is None:
+            p = len(profs)
+            fwd, bwd = [], []
+            for i, prof in enumerate(profs):
+                f, b = prof.times(layers[i], i == 0, i == p - 1)
+                fwd.append(f)
+                bwd.append(b)
+            t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links)["tail_s"]
+            out = self._tails[key] = (fwd, bwd, t)
+        return out
+
+    def lower_bound(self, choices: tuple) -> float:
+        """A lower bound on `resolve(choices)`'s time (either schedule), from cached terms only (no layer split,
+        no tail, no 1F1B): the closed form is
+            sum_i (f_i + b_i) + 2 sum_l x_l + (m - 1) P + tail + overhead,
+        and with stage i costing fixed_i + n_i per_i for its n_i layers (sum n_i = L),
+        - sum_i (f_i + b_i) >= sum_i fixed_i + L min_i per_i;
+        - P >= the slowest stage >= (L + sum_i fixed_i / per_i) / sum_i 1 / per_i: if every stage takes at most
+          M, then n_i <= (M - fixed_i) / per_i, and these add up to at least L;
+        - the tail >= the job-wide sync + the slowest optimizer step, which is affine in the layers too, so the
+          same argument bounds it;
+        with per-layer times without recomputation (the fastest; recomputation only adds). A test checks it
+        against every leaf of random instances."""
+        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        cur = tuple(self.level(c, "none") if c.recompute == AUTO else c for c in choices)
+        pm, p, profs, per, fixed, _ = self._stage_lists(cur, m)
+        links, _, _, _, overhead = self.joins(cur, pm)
+        sync, opt_fixed, opt_per = self._tail_terms(cur, pm, profs)
+        L = self.model.num_layers
+        inv = [1.0 / x for x in per]
+        period = (L + sum(f * q for f, q in zip(fixed, inv))) / sum(inv)
+        if opt_per is not None:
+            inv = [1.0 / x for x in opt_per]
+            opt = (L + sum(f * q for f, q in zip(opt_fixed, inv))) / sum(inv)
+        else:
+            opt = max(opt_fixed)
+        return sum(fixed) + L * min(per) + 2 * sum(links) + (m - 1) * period + sync + opt + overhead
+
+    def _tail_terms(self, cur: tuple, pm: ModelSpec, profs: list):
+        """(job-wide sync, optimizer step per stage at zero layers, its per-layer increment or None)."""
+        out = self._tails.get(cur)
+        if out is None:
+            p = len(profs)
+            sync = costing.iteration_sync_time(pm, self.inventory, cur, profs)
+            o0 = [costing.optimizer_time(pm, prof, 0, i == 0, i == p - 1) for i, prof in enumerate(profs)]
+            o1 = [costing.optimizer_time(pm, prof, 1, i == 0, i == p - 1) - a for i, (prof, a) in
+                  enumerate(zip(profs, o0))]
+            out = self._tails[cur] = (sync, o0, o1 if min(o1) > 0 else None)
+        return out
+
     def time(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], m: int) -> float:
         """evaluate_layout's closed form for blocking boundaries, from the cached terms."""
-        p = len(profs)
-        fwd, bwd, links, latency = [], [], [], []
-        for i, prof in enumerate(profs):
-            f, b = prof.times(layers[i], i == 0, i == p - 1)
-            fwd.append(f)
-            bwd.append(b)
-        samples = cur[0].dp * cur[0].micro_batch_size
-        for mi, c in enumerate(cur):
-            if c.num_stages > 1:
-                x = self.boundary(c, c, pm, True, samples)
-                links += [x[0]] * (c.num_stages - 1)
-                latency += [x[1]] * (c.num_stages - 1)
-            if mi < len(cur) - 1:
-                x = self.boundary(c, cur[mi + 1], pm, False, samples)
-                links.append(x[0])
-                latency.append(x[1])
-        tail = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links)["tail_s"]
-        overhead = max(self.cost.iteration_overhead_s(prof.cluster.device) for prof in profs)
+        links, latency, _, _, overhead = self.joins(cur, pm)
+        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
+
+    def _depth_caps(self, pm: ModelSpec, profs: list, cross: list, owners: list, depths: list, m: int):
+        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (simulate's
+        _memory_terms: the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
+        p = len(profs)
+        depth = [depths[owners[l]] if c else 0 for l, c in enumerate(cross)]
+        buffers = [0] * p
+        for l, c in enumerate(cross):
+            if c:
+                buffers[l] += depth[l] + 2
+                buffers[l + 1] += depth[l] + 2
+        warm = warmup_counts(p, m, depth)
+        caps = [self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(warm[i] + 1, m), buffers[i])
+                for i, prof in enumerate(profs)]
+        return caps, depth
+
+    def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
+        """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits
+        (`caps`: its blocking caps): -> (seconds, per-mesh boundary depths or None)."""
+        links, latency, cross, owners, overhead = self.joins(cur, pm)
+        p, L = len(profs), self.model.num_layers
+        lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
+        crossing = {owners[l] for l, c in enumerate(cross) if c}
+        if not crossing:
+            return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
+        zero = [0 if i in crossing else None for i in range(len(cur))]
+        zcaps, depth = self._depth_caps(pm, profs, cross, owners, zero, m)
+        layers = split_layers(per, fixed, lo, zcaps, L) if min(zcaps) >= 0 else None
+        if layers is None:              # not even the overlapped buffers fit: blocking needs none
+            return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
+        blocking = [not c for c in cross]
+        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
+        shallow = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
+        best = (shallow + tail + overhead, tuple(zero))
+        hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m, blocking=blocking,
+                               depth=depth)
+        if shallow <= hidden * 1.001:   # the links already cost nothing at depth 0: a deeper warm-up cannot help
+            return best
+        slowest = max(f + b for f, b in zip(fwd, bwd))
+        deep = list(zero)
+        for l, c in enumerate(cross):
+            if c:
+                deep[owners[l]] = min(m, math.ceil(2 * links[l] / slowest - 1e-9))
+        while any(deep):
+            dcaps, ddepth = self._depth_caps(pm, profs, cross, owners, deep, m)
+            if all(x <= c for x, c in zip(layers, dcaps)):
+                dl, (dfwd, dbwd, dtail) = layers, (fwd, bwd, tail)   # the same split, hence the same tail
+            else:
+                dl = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None
+                if dl is not None:
+                    dfwd, dbwd, dtail = self.tail(cur, pm, profs, dl, links)
+            if dl is not None:
+                t = estimate_1f1b(dfwd, dbwd, links, m, latency=latency, blocking=blocking, depth=ddepth) \
+                    + dtail + overhead
+                if t < best[0]:
+                    best = (t, tuple(deep))
+                break
+            deep = [None if d is None else d // 2 for d in deep]
+        return best
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:
         out = self.cache.get(choices)
@@ -176,15 +302,10 @@ class LayoutEvaluator:
                     layers = split_layers(per, fixed, lo, caps, self.model.num_layers)
                     out = self.cache[choices] = (self.time(cur, pm, profs, layers, m), cur)
                     return out
-                # overlapped boundaries: evaluate_layout chooses their depths (and may need more memory)
-                res = evaluate_layout(self.model, self.inventory, list(cur), self.gbs, self.cost, exact=False,
-                                      schedule=self.schedule)
-                if res.stage_layers is not None:
-                    out = self.cache[choices] = (res.iteration_time_s, cur)
-                    return out
-                raise_at = self._next_raise(cur, auto, res.short_mesh)
-            else:
-                raise_at = self._short_mesh(cur, auto, per, fixed, caps)
+                # overlapped boundaries: their depths are chosen here (blocking fits, so some choice does)
+                out = self.cache[choices] = (self.overlapped(cur, pm, profs, per, fixed, caps, m)[0], cur)
+                return out
+            raise_at = self._short_mesh(cur, auto, per, fixed, caps)
             if raise_at is None:
                 self.rejected.append(cur)
                 out = self.cache[choices] = (math.inf, cur)
@@ -246,58 +367,59 @@ class LayoutEvaluator:
 
 
 class _CapTable:
-    """Memory caps of one stage configuration for every in-flight count, without re-running the memory model
-    for each count: a stage's memory is affine in its layer count (from one layer on) and in its in-flight
-    micro-batches, with a layers x in-flight term (the activations), so six readings of the memory model give
-    it everywhere. A seventh reading, away from those six, checks the shape; if the memory model ever stops
-    having it, every count is asked of costing.max_layers_in_memory directly."""
+    """Memory caps of one stage configuration for every in-flight count and boundary-buffer count, without
+    re-running the memory model for each: a stage's memory is affine in its layer count (from one layer on), in
+    its in-flight micro-batches and in the boundary tensors it holds, with a layers x in-flight term (the
+    activations), so eight readings of the memory model give it everywhere. A ninth reading, away from those,
+    checks the shape; if the memory model ever stops having it, every count is asked of
+    costing.max_layers_in_memory directly."""
 
     def __init__(self, model, prof, first: bool, last: bool):
         self.model, self.prof, self.first, self.last = model, prof, first, last
-        self.caps: dict[int, int] = {}
+        self.caps: dict[tuple, int] = {}
 
-        def need(n, f):
-            return costing.stage_memory(model, prof, n, f, first, last)["total"]
+        def need(n, f, buf=0):
+            return costing.stage_memory(model, prof, n, f, first, last, buf)["total"]
 
         z1, z2 = need(0, 1), need(0, 2)
-        self.zero = (z1 - (z2 - z1), z2 - z1)                  # zero layers: a + c * f
+        self.zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)   # zero layers: a + c * f + e * buffers
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
         d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
         b = (m21 - m11) - d                                   # per layer
         c = (m12 - m11) - d                                   # per in-flight micro-batch
         a = m11 - b - c - d                                   # one layer and none in flight, less a layer
-        self.coef = (a, b, c, d)
-        probe = need(7, 5)
-        self.affine = abs(self._need(7, 5) - probe) <= 1e-9 * max(probe, 1.0)
+        self.coef = (a, b, c, d, need(1, 1, 1) - m11)         # ... and per boundary tensor
+        probe = need(7, 5, 3)
+        self.affine = abs(self._need(7, 5, 3) - probe) <= 1e-9 * max(probe, 1.0)
 
-    def _need(self, n: int, f: int) -> float:
+    def _need(self, n: int, f: int, buf: int = 0) -> float:
         if n == 0:
-            return self.zero[0] + self.zero[1] * f
-        a, b, c, d = self.coef
-        return a + b * n + c * f + d * n * f
+            return self.zero[0] + self.zero[1] * f + self.zero[2] * buf
+        a, b, c, d, e = self.coef
+        return a + b * n + c * f + d * n * f + e * buf
 
-    def cap(self, f: int) -> int:
-        n = self.caps.get(f)
+    def cap(self, f: int, buf: int = 0) -> int:
+        n = self.caps.get((f, buf))
         if n is not None:
             return n
         if not self.affine:
-            n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last)
+            n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
             limit = self.prof.memory_cap
-            if self._need(0, f) > limit:
+            if self._need(0, f, buf) > limit:
                 n = -1
-            elif self._need(1, f) > limit:
+            elif self._need(1, f, buf) > limit:
                 n = 0
             else:
-                a, b, c, d = self.coef
+                a, b, c, d, e = self.coef
                 per = b + d * f
                 if per <= 0:
                     n = self.model.num_layers
                 else:
-                    n = max(1, int((limit - a - c * f) // per))
-                    while n > 1 and self._need(n, f) > limit:
+                    n = max(1, int((limit - a - c * f - e * buf) // per))
+                    while n > 1 and self._need(n, f, buf) > limit:
                         n -= 1
-                    while self._need(n + 1, f) <= limit:
+                    while self._need(n + 1, f, buf) <= limit:
                         n += 1
-        self.caps[f] = n
+        self.caps[(f, buf)] = n
         return n

@@ -4,8 +4,11 @@ The decision tree, its symmetries and bounds are in plan/space.py; one tree sear
 local search in plan/local.py; leaves are priced by plan/evaluator.py (closed-form 1F1B, microseconds).
 
 How much to search is decided by the problem, not by the number of clusters:
-- a tree with at most `EXHAUSTIVE_LEAVES` leaves is enumerated (cheaper than sampling it, and exact);
-- otherwise several independent trees are grown (seeds derived from --seed). Each stops at a playout cap
+- first, a bounded enumeration (depth-first branch and bound, children best bound first) tries to prove the
+  tree's best `rerank` leaves: a subtree whose bound is above the `rerank`-th best leaf found is skipped, and
+  so is a leaf whose cheap lower bound (`LayoutEvaluator.lower_bound`) is, without pricing it. When it
+  finishes within `ENUMERATION_VISITS` nodes, its shortlist is the one full enumeration would re-rank (exact);
+- otherwise (it stops there, keeping what it priced in the evaluator's caches) several independent trees are grown (seeds derived from --seed). Each stops at a playout cap
   that grows with the square root of the tree's estimated size (Knuth's estimator), or earlier when it
   stalls. Where the trees disagree (their best plans differ by more than `AGREE`), UCT has stalled in
   different basins: more trees are grown, in rounds, up to `MAX_TREES`;
@@ -17,6 +20,7 @@ on the seed only (not on the worker count, nor on the machine's speed unless `bu
 """
 from __future__ import annotations
 
+import heapq
 import math
 import multiprocessing
 import os
@@ -36,7 +40,8 @@ from .mcts import TreeRun, run_tree
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
-EXHAUSTIVE_LEAVES = 15000       # enumerate trees this small (about twice the time MCTS takes there; exact)
+EXHAUSTIVE_LEAVES = 15000       # trees this small are cheap to enumerate in full (the infeasibility report)
+ENUMERATION_VISITS = 4000       # nodes the bounded enumeration may visit before the trees take over
 TREES = 6                       # independent trees per round ...
 MAX_TREES = 12                  # ... and at most this many in all
 AGREE = 0.003                   # trees whose best plans are this close (relative) agree
@@ -106,6 +111,54 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
     return value
 
 
+def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
+                        deadline: float | None = None):
+    """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
+    value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
+    when it would need more than `max_visits` nodes (or run past `deadline`). Nodes are visited in order of
+    their bound (`SearchSpace.bound`; for a leaf also `LayoutEvaluator.lower_bound`), a leaf is priced when its
+    turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
+    leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
+    value = _layout_value(space, ev)
+    found: dict = {}
+    top: list = []                      # max-heap (negated) of the best `keep` values found
+    slack = 1 + 1e-9                    # a bound within rounding of a leaf's value does not prune it
+    queue = [(space.bound(()), 0, (), False)]
+    reached = visits = 0
+    while queue:
+        key, _, path, checked = heapq.heappop(queue)
+        if len(top) >= keep and key > -top[0] * slack:
+            break
+        visits += 1
+        if (max_visits is not None and visits > max_visits) or (deadline is not None and visits % 64 == 0
+                                                              and time.perf_counter() > deadline):
+            return None, visits
+        acts = space.actions(path)
+        if acts:
+            for a in acts:
+                child = path + (a,)
+                reached += 1
+                heapq.heappush(queue, (space.bound(child), reached, child, False))
+            continue
+        order, _, _, meshes, _ = space.decode(path)
+        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
+            continue                    # a dead end: no legal completion
+        if not checked:                 # the leaf's own bound, cheaper than pricing it, decides its turn
+            lb = space.score(ev.lower_bound(meshes), meshes)
+            if lb > key:
+                reached += 1
+                heapq.heappush(queue, (lb, reached, path, True))
+                continue
+        t, layout = value(path)
+        if math.isfinite(t):
+            found[layout] = t
+            if len(top) < keep:
+                heapq.heappush(top, -t)
+            elif t < -top[0]:
+                heapq.heapreplace(top, -t)
+    return found, visits
+
+
 def _tree_job(job) -> TreeRun:
     seed, cap, patience, deadline, best_known = job
     sp, ev, cfg = _CTX["space"], _CTX["ev"], _CTX["cfg"]
@@ -169,10 +222,12 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     best_known = min((sp.score(ev.resolve(w)[0], w) for w in warm), default=math.inf)
     if warm:                            # re-planning: the old plan bounds the trees, which get less to do
         cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
-    if method == "mcts" and not cfg.iterations and est <= 4 * EXHAUSTIVE_LEAVES:
-        if len(space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES)) <= EXHAUSTIVE_LEAVES:
-            method = "exhaustive"      # a tree this small costs fewer evaluations to enumerate than to sample
-    if method == "exhaustive":
+    if method == "mcts" and not cfg.iterations and not warm:
+        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), ENUMERATION_VISITS, deadline)
+        priced = len(ev.cache)
+        if found is not None:          # the bounds settled the tree: its best leaves are known exactly
+            method, leaves = "exhaustive", found
+    if method == "exhaustive" and cfg.method == "exhaustive":
         value = _layout_value(sp, ev)
         for path in space_mod.leaves(sp):
             t, layout = value(path)
@@ -180,7 +235,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             priced = len(ev.cache)
             if math.isfinite(t):
                 leaves[layout] = t
-    else:
+    elif method == "mcts":
         if cfg.iterations:
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
         best_per_tree = []
