@@ -16,6 +16,12 @@ Then, for the README's 2-cluster plan and the 4-cluster / 736-device example, th
 (docs/search.md): the plan searched with blocking cross-cluster transfers (what the runtime does today) and with
 overlapped ones (asynchronous, depth chosen per boundary): predicted tokens/s, speed-up over the fastest single
 cluster, the clusters that take part and each cross-cluster boundary's schedule.
+
+Last, the new shapes (`--shapes-only` runs just this; issue 14's targets: <= 10 s on one core at 736 devices,
+<= 60 s at 16,384, with them): the search with several pipelines and mixed replica groups (the default of
+`hetauto plan`), its plan, speed-up over the fastest cluster alone, the clusters taking part, the partitions of the
+clusters into pipelines bounded and searched, the best partition bound, and two partitions searched regardless
+of their bound (the best-bound one, one pipeline per cluster of the plan) with their gradient exchange.
 """
 from __future__ import annotations
 
