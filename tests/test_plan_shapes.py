@@ -306,7 +306,7 @@ def test_emit_summary_takes_several_pipelines(tmp_path):
     r = run_hetauto("emit", "summary", "--plan", str(path))
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "2 pipeline(s) joined by data parallelism" in out
+    assert "2 pipelines joined by data parallelism" in out
     # pipeline 0: 8 samples in steps of 2 x 2; pipeline 1: 4 samples in steps of 2 x 1, one stage of 8 layers
     assert "pipeline 0: 8 samples (2 micro-batch steps x 4); pipeline 1: 4 samples (2 micro-batch steps x 2)" in out
     rows = [line.split() for line in out.splitlines()[3:6]]

@@ -156,9 +156,11 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
     m = plan.model
     parts = [f"pipeline {p}: {n} samples ({plan.pipeline_micro_batches(p)} micro-batch steps x "
              f"{plan.pipeline_step(p)})" for p, n in enumerate(plan.samples_per_pipeline)]
+    pipes = ("one pipeline" if plan.num_pipelines == 1 else
+             f"{plan.num_pipelines} pipelines joined by data parallelism")
+    along = " ('+': a replica group alongside the mesh above it)" if any(x.alongside for x in plan.meshes) else ""
     lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} meshes, "
-             f"{plan.num_pipelines} pipeline(s) joined by data parallelism ('+': a replica group alongside the "
-             "mesh above it)",
+             f"{pipes}{along}",
              *_table(header, rows, {0, 1, 5, 6, 7, 9} | ({11, 12, 13, 15} if est else set())),
              f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
              f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}",
