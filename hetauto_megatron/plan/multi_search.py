@@ -4,13 +4,12 @@ Above the single-pipeline search (plan/search.py, `search`), two more decisions:
 
 1. **Which clusters form which pipeline** (a partition of a subset of the clusters into two or more blocks).
    Each block is one pipeline, searched by the existing search on exactly that block's clusters (all of them
-   take part: the subsets are other partitions) with its share of the global batch. The shares start in proportion to the blocks' peak FLOP rates, then follow the
-   pipelines' measured times (plan/batch_split.py: multiples of each pipeline's micro-batch step, summing to
-   the global batch); each layout is re-priced at its new share, and the plan (plan/multi_simulate.py) is
-   priced as a whole, gradient sync included. A partition is only searched when its bound beats the best
-   plan held: the model's FLOPs at the peak rate of every cluster used, plus the gradient sync, which for
-   every pair of pipelines moves the model's gradients (gradient-reduce dtype) over the links between their
-   clusters (every link joining the two blocks at once at best). Partitions are tried best bound first.
+   take part: the subsets are other partitions) with its share of the global batch. The shares start in
+   proportion to the blocks' peak FLOP rates, then follow the pipelines' predicted times (plan/batch_split.py:
+   multiples of each pipeline's micro-batch step, summing to the global batch); each layout is re-priced at
+   its new share, and the plan (plan/multi_simulate.py) is priced as a whole, gradient exchange included. A
+   partition is only searched when its bound (plan/partition_bound.py) beats the best plan held; partitions
+   are tried best bound first.
 2. **Mixed replica groups in a stage** (Sailor style): the devices a cluster leaves over, or a cluster no
    pipeline uses, may stand alongside a mesh as more data-parallel replicas of its stages (same layers, their
    own TP, DP and micro-batch). The step's samples are split across the groups in proportion to their speed
@@ -99,10 +98,10 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         out.seconds = time.perf_counter() - t0
         return out
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
-    if con.max_devices is None and len(usable) > 1:
-        best = _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out)
-    best = _alongside(model, inventory, cost, con, best, out)
-    if con.max_devices is None:
+    if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
+        if len(usable) > 1:
+            best = _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out)
+        best = _alongside(model, inventory, cost, con, best, out)
         best = _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
@@ -340,6 +339,8 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
         start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
         held = (math.inf, math.inf, start)
         found = _alongside(model, inventory, cost, con, held, out)
+        if found is not held and not all(u in {m.cluster for m in found[2].meshes} for u in con.use_clusters):
+            found = held                 # --use-clusters: a cluster pinned in is missing
         if found is not held and found[0] < best[0] - 1e-12:
             best = found
         out.tried.append((f"{c} with groups alongside", found[1] if found is not held else None,
