@@ -54,9 +54,10 @@ def test_bytes_are_the_resliced_activations_and_the_gradient_sum(report):
     Per micro-batch each sample's activation crosses the boundary once forward and its gradient once back, from
     the mesh holding it at stage 0 to the replica holding it at stage 1: A's 2 samples between cluster-a and
     cluster-b, B's 2 inside cluster-b. Per iteration the gradient sum across the holders (replica_sync.py, root =
-    mesh A): B sends A every element of stage 0 once and receives the sum back on both TP ranks where TP
-    duplicates a parameter (the two norms of each layer); C sends A its tied output layer and receives the sum
-    back (its two DP ranks own halves). Nothing else leaves a mesh."""
+    mesh A): B sends A every element of stage 0 once and receives the sum back once (where TP duplicates a
+    parameter, the two norms of each layer, B's TP rank 0 receives it and broadcasts it to TP rank 1 inside
+    the mesh); C sends A its tied output layer and receives the sum back (its two DP ranks own halves). Nothing
+    else leaves a mesh."""
     m, vocab = report["model"], report["padded_vocab_size"]
     seq, hidden, ffn, heads, kv = (m[k] for k in ("seq_length", "hidden_size", "ffn_hidden_size",
                                                   "num_attention_heads", "num_query_groups"))
@@ -69,7 +70,7 @@ def test_bytes_are_the_resliced_activations_and_the_gradient_sum(report):
     norms = 2 * hidden                                    # RMSNorm weights, the same on every TP rank
     layers, table = 4, vocab * hidden
     stage0 = layers * (split + norms) + table
-    sync = (stage0 + (stage0 + layers * norms)            # B -> A, A -> B (the norms to both TP ranks)
+    sync = (2 * stage0                                    # B -> A, A -> B
             + 2 * table) * fp32                           # C -> A, A -> C: the tied output layer
     assert report["bytes"]["intra_cluster"] == activations_b * STEPS
     assert report["bytes"]["inter_cluster"] == (activations_a + sync) * STEPS
