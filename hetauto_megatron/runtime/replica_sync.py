@@ -32,7 +32,10 @@ GATHER_TAG, SCATTER_TAG = 0, 1
 
 
 def _unwrap(chunk):
-    return chunk.module if hasattr(chunk, "module") else chunk
+    """The model inside Megatron's wrappers (DDP, and Float16Module under Megatron-LM's --bf16 / --fp16)."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
 
 
 def owner_records(ctx, model_chunks, *, weight: float) -> list[dict]:
@@ -190,12 +193,23 @@ class ReplicaSync:
             for m, r, piece in sorted(got, key=lambda x: x[0].holder):
                 view = self._view(tables, m, r)
                 view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
-        got = self._exchange("scatter", SCATTER_TAG, tables, "receive the summed gradients of a parameter")
+        self.scatter_back(tables, "receive the summed gradients of a parameter")
+        self.fill_copies(tables)
+
+    def scatter_back(self, tables, what: str) -> None:
+        """The scatter phase: the first holder's sources send their values of `tables` (name -> 2-D table of
+        this rank's tensor) to the other holders' sources, which take them."""
+        import torch
+
+        got = self._exchange("scatter", SCATTER_TAG, tables, what)
         with torch.no_grad():
             for m, r, piece in got:
                 view = self._view(tables, m, r)
                 view.copy_(piece.to(view.device).view(view.shape))
-        # the other copies inside the mesh stage: DP replicas (plain optimizer), then TP ranks (duplicated params)
+
+    def fill_copies(self, tables) -> None:
+        """Inside this mesh stage, the ranks that are not sources take their source's values: DP replicas under
+        the plain optimizer (DP group), then the TP ranks of TP-duplicated parameters (TP group)."""
         self._broadcast(tables, self.dp_copies, self.ctx.pg.dp, whole=True)
         self._broadcast(tables, self.tp_copies, self.ctx.pg.tp, whole=False)
 
