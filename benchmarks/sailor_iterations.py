@@ -4,8 +4,11 @@ For every measured run of data/sailor/validation-runs.json (Sailor's validation 
 OPT-350 and GPT-Neo-2.7), the learned model is fitted as `hetauto fit --sailor` fits it, on the packaged Sailor
 data without the run's model (every GPU's rows of that model removed), and `plan/simulate.py` composes the run's
 real layout with it: the embedding and head, the 1F1B pipeline with its flush, the TP all-reduces, the DP
-gradient all-reduce over the nodes' network, the tied-embedding exchange, the optimizer step and the fixed
-per-iteration cost. The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
+gradient all-reduce over the nodes' network, the optimizer step and the fixed per-iteration cost. The embedding
+and the output layer are not tied: the fork's OPT builds its head as a layer of its own (megatron/model/opt_model.py,
+OPTLMHeadPipe), so no tied-embedding exchange runs. The fork's GPT-Neo has no output layer at all (its last layer is
+the final norm, and its loss takes the cross-entropy over the norm's output: gpt_neo_model.py); the plan cannot say
+so, and the composed GPT-Neo iterations include a head that did not run (docs/cost-model-learned.md). The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
 optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers
 were measured in (tensor cores: docs/cost-model-learned.md, "The arithmetic each run used"): the learned model
 prices no other. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per GPU, as
@@ -88,7 +91,7 @@ def measured_link(kind: str, per_node: int, n: int, gpu: str = "GH-96") -> dict:
 
 def run_plan(run: dict) -> tuple[Plan, object] | None:
     """The run as a hetauto plan on its cluster (None when its recorded layout does not hold the model)."""
-    model = SAILOR_MODELS[run["model"]].replace(tie_embeddings=True)
+    model = SAILOR_MODELS[run["model"]].replace(tie_embeddings=False)     # as the fork builds them (see above)
     entries = run["stage_layers"]
     if sum(entries) != model.num_layers + 2:
         return None
