@@ -78,31 +78,44 @@ def print_links() -> None:
 
 
 # ---- plans ------------------------------------------------------------------------------------------------------
-def sailor_stages(plan: dict, model: str, zones: dict) -> list:
-    """Our plan (JSON) as Sailor's stages: a position's meshes are replica groups of its stages; the first stage
-    holds the embedding (entry 0), the last the head (entries L+1..)."""
+def sailor_pipelines(plan: dict, model: str, zones: dict) -> tuple[list, list[int]]:
+    """Our plan (JSON) as Sailor's pipelines of stages, and the samples each trains: a position's meshes are replica
+    groups of its stages; a pipeline's first stage holds the embedding (entry 0), its last the head (L+1..)."""
     L = {"OPT-350": 24, "GPT-Neo-2.7": 32}[model]
     n_entries = len(S.LLM_INFO[model]["1"])
-    positions = []
+    by_pipe: dict[int, list] = {}
     for m in plan["meshes"]:
+        positions = by_pipe.setdefault(m.get("pipeline", 0), [])
         if m.get("alongside"):
             positions[-1].append(m)
         else:
             positions.append([m])
-    stages, start = [], 1
-    per_stage = [(pos, k) for pos in positions for k in range(len(pos[0]["stage_layers"]))]
-    for s, (pos, k) in enumerate(per_stage):
-        n = pos[0]["stage_layers"][k]
-        entries = list(range(start, start + n))
-        start += n
-        if s == 0:
-            entries = [0] + entries
-        if s == len(per_stage) - 1:
-            entries += list(range(L + 1, n_entries))
-        groups = [S.Group(GPU[m["device_type"]], m["tp"], m["dp"], m["micro_batch_size"], zones[m["cluster"]])
-                  for m in pos]
-        stages.append((entries, groups))
-    return stages
+    pipelines = []
+    for _, positions in sorted(by_pipe.items()):
+        stages, start = [], 1
+        per_stage = [(pos, k) for pos in positions for k in range(len(pos[0]["stage_layers"]))]
+        for s, (pos, k) in enumerate(per_stage):
+            n = pos[0]["stage_layers"][k]
+            entries = list(range(start, start + n))
+            start += n
+            if s == 0:
+                entries = [0] + entries
+            if s == len(per_stage) - 1:
+                entries += list(range(L + 1, n_entries))
+            stages.append((entries, [S.Group(GPU[m["device_type"]], m["tp"], m["dp"], m["micro_batch_size"],
+                                             zones[m["cluster"]]) for m in pos]))
+        pipelines.append(stages)
+    samples = [p["samples"] for p in plan["pipelines"]] if plan.get("pipelines") else [plan.get("global_batch_size",
+                                                                                                 1024)]
+    return pipelines, samples
+
+
+def sailor_score(plan: dict, model: str, zones: dict) -> tuple[float, bool, list[str]]:
+    """(it/s, fits, largest memory per stage in GiB) under Sailor's terms."""
+    pipes, samples = sailor_pipelines(plan, model, zones)
+    t = S.iteration_multi_s(model, pipes, samples)
+    mem = [f"{max(r) / GIB:.1f}" for st in pipes for r in S.memory_bytes(model, st)]
+    return 1 / t, all(S.fits(model, st) for st in pipes), mem
 
 
 def sailor_plan_opt350(precision: str = "fp32") -> dict:
@@ -159,7 +172,7 @@ def our_price(plan_json: dict, inventory_path: str, cost_model_dir: str) -> dict
 
 
 def describe(meshes) -> str:
-    return "; ".join(f"{m['cluster']} tp{m['tp']} dp{m['dp']} mbs{m['micro_batch_size']} "
+    return "; ".join(f"{'P' + str(m['pipeline']) + ' ' if m.get('pipeline') else ''}{m['cluster']} tp{m['tp']} dp{m['dp']} mbs{m['micro_batch_size']} "
                      f"{'+' if m.get('alongside') else ''}{list(m['stage_layers'])}"
                      + (f" rc={m['recompute']}" if m.get("recompute", "none") != "none" else "") for m in meshes)
 
@@ -202,23 +215,20 @@ def main() -> int:
                     continue
                 meshes = res["plan"]["meshes"]
                 mem = [f"{s['memory_gib']:.1f}/{s['memory_cap_gib']:.0f}" for s in res["stages"]]
-                st = sailor_stages(res["plan"], model, zones)
                 rows.append((label, meshes, 1 / res["iteration_time_s"], res["fits"], mem,
-                             1 / S.iteration_s(model, st, 1024), S.fits(model, st), st))
+                             *sailor_score(res["plan"], model, zones)))
                 print(f"{label}: {describe(meshes)}")
                 print(f"  cost model: {res['cost_model']}")
             if model == "OPT-350":
                 p = sailor_plan_opt350()
                 p["model_yaml"] = yaml_path
                 ours = our_price(p, inv, cost_model)
-                st = sailor_stages(p, model, zones)
                 mem = [f"{g:.1f}" for g in ours["memory_gib"]]
                 rows.append(("Sailor's plan (v3, alongside)", p["meshes"], 1 / ours["iteration_time_s"],
-                             ours["fits"], mem, 1 / S.iteration_s(model, st, 1024), S.fits(model, st), st))
+                             ours["fits"], mem, *sailor_score({**p, "global_batch_size": 1040}, model, zones)))
             print(f"{'plan':<32} {'ours it/s':>9} {'fits':>5}  {'Sailor-terms it/s':>17} {'fits':>5}  "
                   f"memory per stage, ours as the sailor-deepspeed job (GiB used/cap) | Sailor's terms (GiB)")
-            for label, meshes, ips, fit, mem, sips, sfit, st in rows:
-                smem = [f"{max(r) / GIB:.1f}" for r in S.memory_bytes(model, st)]
+            for label, meshes, ips, fit, mem, sips, sfit, smem in rows:
                 print(f"{label:<32} {ips:>9.5f} {str(fit):>5}  {sips:>17.5f} {str(sfit):>5}  "
                       f"{' '.join(mem)} | {' '.join(smem)}")
             if args.sailor_best:

@@ -104,13 +104,10 @@ def fits(model: str, stages) -> bool:
                for g, m in zip(groups, row))
 
 
-def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: int) -> float:
-    """One iteration: (m - 1) x the straggler stage (compute + its sends) + the sum of all stages' compute and
-    sends + the largest optimizer time + the DP gradient sync. m = global batch / samples per micro-batch step of
-    the first stage (Sailor: ceil(gbs / (mbs x dp)); with per-group micro-batches, the sum over its replicas)."""
+def pipeline_s(model: str, stages: list[tuple[list[int], list[Group]]], m: int) -> float:
+    """One pipeline's time for m micro-batches: (m - 1) x the straggler stage (compute + its sends) + the sum of all
+    stages' compute and sends + the largest optimizer time."""
     p = len(stages)
-    step = sum(g.replicas * g.mbs for g in stages[0][1])
-    m = math.ceil(gbs / step)
     info1 = LLM_INFO[model]["1"]
     comp, upd = [], []
     for layers, groups in stages:
@@ -144,7 +141,14 @@ def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: in
         else:
             comm.append(0.0)
     straggler = max(c + s for c, s in zip(comp, comm))
-    t_pp = (m - 1) * straggler + sum(comm) + sum(comp) + max(upd)
+    return (m - 1) * straggler + sum(comm) + sum(comp) + max(upd)
+
+
+def dp_sync_s(model: str, stages) -> float:
+    """The DP gradient sync inside a pipeline, not overlapped: per stage, its parameters x 4 bytes / the smallest
+    TP (at most 4) in DeepSpeed buckets over the replicas' ring; each neighbouring pair of replicas is priced as if it
+    bounded the ring (the slowest pair sets the time); the slowest stage."""
+    info1 = LLM_INFO[model]["1"]
     sync = 0.0
     for layers, groups in stages:
         reps = _replicas(groups)
@@ -152,10 +156,36 @@ def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: in
             continue
         tp_min = min(4, min(g.tp for g in groups))
         size = sum(info1[str(l)]["params_floats"] * FLOAT for l in layers) / tp_min
-        # each neighbouring pair of replicas is priced as if it bounded the ring: the slowest pair sets the time
         for a, b in zip(reps, reps[1:]):
             sync = max(sync, allreduce_buckets(size, len(reps), _coeffs(a, b, 1, 1)))
-    return t_pp + sync
+    return sync
+
+
+def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: int) -> float:
+    """One pipeline: pipeline_s + dp_sync_s. m = global batch / samples per micro-batch step of the first stage
+    (Sailor: ceil(gbs / (mbs x dp)); with per-group micro-batches, the sum over its replicas)."""
+    return iteration_multi_s(model, [stages], [gbs])
+
+
+def iteration_multi_s(model: str, pipelines: list, samples: list[int]) -> float:
+    """Several pipelines: the slowest pipeline, the slowest pipeline's DP sync, and the sync across pipelines: for
+    each stage of the pipeline with most stages, its parameters x 4 bytes all-reduced over the pipelines, bucket by
+    bucket, on its own zone's curve (one GPU per VM). Pipeline p runs samples_p / its step micro-batches (Sailor
+    gives every pipeline ceil(gbs / (mbs x dp x pipelines)): the same where the batch splits evenly)."""
+    t_pp = 0.0
+    for stages, n in zip(pipelines, samples):
+        step = sum(g.replicas * g.mbs for g in stages[0][1])
+        t_pp = max(t_pp, pipeline_s(model, stages, math.ceil(n / step)))
+    intra = max(dp_sync_s(model, stages) for stages in pipelines)
+    inter = 0.0
+    if len(pipelines) > 1:
+        info1 = LLM_INFO[model]["1"]
+        longest = max(pipelines, key=len)
+        for layers, groups in longest:
+            size = sum(info1[str(l)]["params_floats"] * FLOAT for l in layers)
+            for g in groups:
+                inter = max(inter, allreduce_buckets(size, len(pipelines), _coeffs(g, g, 1, 1)))
+    return t_pp + intra + inter
 
 
 def best_simple(model: str, zones: dict, gbs: int = 1024, devices: int = 16) -> tuple[float, list]:
