@@ -8,6 +8,7 @@ import pytest
 
 from helpers import small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan.costing import dp_ring_link
 from hetauto_megatron.plan.multi_simulate import PipelineShape, shapes_estimate
 from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.plan.simulate import simulate
@@ -65,9 +66,12 @@ def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sy
     # the vocabulary as it runs: padded to a multiple of 128 x TP (4) = 512 (Megatron's rule)
     padded = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512)
     params = padded.total_params
-    # gather: every element once; scatter: every element back, the norms (2h per layer, h final) to all 4 TP ranks
-    norms = MODEL.num_layers * 2 * MODEL.hidden_size + MODEL.hidden_size
-    hand = 2 * link_ms / 1e3 + 4 * (params + params + 3 * norms) / (link_gbps * 1e9 / 8)
+    # gather: every element once; scatter: every element back; then inside each holder TP rank 0 broadcasts its DP
+    # shard of the norms (2h per layer of the stage, h final on the last) to the other TP ranks, on the node's link
+    h = MODEL.hidden_size
+    norms_per_rank = 4 * (16 * 2 * h + h) / 4
+    hand = 2 * link_ms / 1e3 + 4 * (params + params) / (link_gbps * 1e9 / 8) + \
+        inv.cluster("a1").intra_node.transfer_time(norms_per_rank)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
     # each pipeline alone is the simulator's plan with its half of the batch; the joint iteration adds the sync
     alone = simulate(_plan(MODEL, 64, half[0]), inv, COST)
@@ -102,19 +106,20 @@ def test_alongside_twins_equal_one_mesh_of_their_dp_and_a_slower_group_sets_the_
     # memory per group: each group as its own mesh with the same micro-batches in flight
     assert got.memory_gib == pytest.approx(fast.memory_gib + slow.memory_gib, rel=1e-12)
     # the V100 group's gradients cross the link to the A100 group's ranks, the sums come back: the whole
-    # model in fp32, twice
-    # model in fp32, twice (the norms back to all 4 TP ranks of the V100 group)
+    # model in fp32, twice; then the V100 group's TP rank 0 broadcasts its DP shard (of 2) of the norms to the
+    # other 3 TP ranks on the node's link
     norms = model.num_layers * 2 * model.hidden_size + model.hidden_size
-    hand = 2e-3 + 4 * (2 * model.total_params + 3 * norms) / (100e9 / 8)
+    hand = 2e-3 + 4 * 2 * model.total_params / (100e9 / 8) + inv.cluster("v").intra_node.transfer_time(4 * norms / 2)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
 
 
 def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     """Two pipelines of two stages each, tied embeddings, the plain optimizer at DP 2 (every DP replica holds the
-    whole gradient, so the scatter sends the sum to both replicas). Per parameter block the root is pipeline 0's
-    holder; over the 10 Gbit/s link go, in the gather phase, pipeline 1's gradients of every layer, of its two
-    copies of the tied table (first and last stage) and of the final norm; in the scatter phase the sums to both
-    DP replicas, and what TP duplicates (the norms) to every TP rank."""
+    whole gradient; DP rank 0's count). Per parameter block the root is pipeline 0's holder; over the 10 Gbit/s
+    link go, in the gather phase, pipeline 1's gradients of every layer, of its two copies of the tied table
+    (first and last stage) and of the final norm, and in the scatter phase the same sums back. Then inside every
+    holder DP rank 0 broadcasts its local tensors to its replica (the mesh's DP link) and TP rank 0 the norms to
+    the other TP ranks (the node's link); the last stages, which hold the most, set that time."""
     model = MODEL.replace(tie_embeddings=True, vocab_size=32256)        # 32256: padded alike at every TP
     inv = small_inventory([("a", "h100", 2, 8), ("b", "h100", 2, 8)], [("a", "b", 10, 5)])
     plain = {"distributed_optimizer": False}
@@ -124,9 +129,11 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     h = model.hidden_size
     gather = 4 * (model.num_layers * model.layer_params + 2 * model.embedding_params + h)
     bw = 10e9 / 8
-    # back: to both DP replicas, the norms to all 4 TP ranks (each layer's 2h, the final norm h)
-    scatter = 4 * 2 * (model.num_layers * (model.layer_params + 3 * 2 * h) + 2 * model.embedding_params + 4 * h)
-    assert got.replica_sync_s == pytest.approx((5e-3 + gather / bw) + (5e-3 + scatter / bw), rel=1e-9)
+    # a last stage: 16 layers, its copy of the table, the final norm; TP 4 duplicates the norms (2h a layer, h)
+    n, dup = 16 * model.layer_params + model.embedding_params + h, 16 * 2 * h + h
+    a = inv.cluster("a")
+    copies = dp_ring_link(a, 4, 2).transfer_time(4 * ((n - dup) / 4 + dup)) + a.intra_node.transfer_time(4 * dup)
+    assert got.replica_sync_s == pytest.approx(2 * (5e-3 + gather / bw) + copies, rel=1e-9)
     # one pipeline of single meshes ties its table by the tied-embedding exchange instead: no holders' exchange
     one = _price(model, inv, [(32, [p0])])
     want = simulate(Plan(model=model, global_batch_size=32, meshes=tuple(p0)), inv, COST)
@@ -161,9 +168,9 @@ def test_the_exchange_moves_what_the_runtime_counted():
     """examples/llama/plans/tiny-alongside-cpu.yaml: stage 0 = mesh A (cluster-a, TP 1 x DP 2) beside mesh B
     (cluster-b, TP 2 x DP 1), stage 1 = mesh C (cluster-b), tied embeddings. The runtime counts the bytes its
     exchange sends between the clusters (tests/test_runtime_alongside.py, the same formula from the model's
-    shapes): B sends A every element of stage 0 once and gets the sum back, the norms on both TP ranks; C sends A
-    its tied output table and gets it back. On a link of 1 byte/s without latency the priced exchange is those
-    bytes, in seconds."""
+    shapes): B sends A every element of stage 0 once and gets the sum back (on its TP rank 0 for the norms TP
+    duplicates, which broadcasts them inside the mesh); C sends A its tied output table and gets it back. On a
+    link of 1 byte/s without latency the priced exchange is those bytes, in seconds."""
     from hetauto_megatron.plan.multi_simulate import shapes_of
     from hetauto_megatron.plan.plan import load_plan
     from hetauto_megatron.spec.inventory import inventory_from_dict
@@ -179,6 +186,14 @@ def test_the_exchange_moves_what_the_runtime_counted():
     split = hidden * (heads + 2 * kv) * head + hidden * hidden + hidden * 2 * ffn + ffn * hidden
     norms, layers, table = 2 * hidden, 4, plan.padded_vocab_size * hidden
     stage0 = layers * (split + norms) + table
-    counted = (stage0 + (stage0 + layers * norms) + 2 * table) * 4
-    # the exchange inside cluster-b (none here) and the ranks' own network are far faster than 1 byte/s
+    counted = (2 * stage0 + 2 * table) * 4
+    # the exchange inside cluster-b (none here), the broadcast inside mesh B and the ranks' own network are far
+    # faster than 1 byte/s
+    assert got.replica_sync_s == pytest.approx(counted, rel=1e-6)
+    # and so for the two-pipeline example (tests/test_runtime_pipelines.py): every parameter once each way, the
+    # tied table of pipeline 1's two ends once each way with pipeline 0's first stage
+    two = load_plan("examples/llama/plans/tiny-2pipelines-cpu.yaml")
+    got = shapes_estimate(two.model, inv.with_precision(two.precision), shapes_of(two), COST)
+    m, table = two.model, two.padded_vocab_size * two.model.hidden_size
+    counted = 4 * (2 * (m.num_layers * m.layer_params + m.hidden_size) + 2 * 2 * table)
     assert got.replica_sync_s == pytest.approx(counted, rel=1e-6)

@@ -18,9 +18,10 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the output head's
   copies too), as runtime/replica_sync.py runs it: the first holder in plan order is the root; a gather phase
   brings every other holder's reduced gradient (gradient-reduce dtype) to the root's ranks, a scatter phase
-  sends the sum back to every rank holding the elements. Between clusters a phase's bytes on one inventory
-  link add up (different links run at once); inside a cluster the rank pairs run in parallel on the inter-node
-  network. It runs after the DP reduction and before the optimizer step, so it is exposed in full.
+  sends the sum back to the same ranks, then each holder's other ranks take it from theirs by broadcasts inside
+  the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters a phase's bytes on
+  one inventory link add up (different links run at once); inside a cluster the rank pairs run in parallel on
+  the inter-node network. It runs after the DP reduction and before the optimizer step, so it is exposed in full.
 - **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
   global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
   the fixed per-iteration overhead.
@@ -259,15 +260,17 @@ def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: 
     """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it, as
     runtime/replica_sync.py runs it: per parameter the first holder (plan order) is the root; in a gather phase
     every other holder's source ranks send their reduced gradient to the root's ranks owning the same elements,
-    then, after the sums, a scatter phase sends the result back to every rank that holds the elements (every DP
-    replica without the distributed optimizer, both TP ranks for what TP duplicates, the root's own copies
-    included). Each phase is one message
-    per pair of ranks for all parameters at once; the second starts when the first is done. Bytes are the
-    gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one inventory link add up (one
-    transfer at the link's bandwidth); inside a cluster the rank pairs run in parallel on the inter-node network,
-    each root rank sending or receiving its share (the side with fewer owner ranks sets it). A phase lasts as
-    long as its busiest link or root rank."""
+    then, after the sums, a scatter phase sends the result back to the same source ranks. Each phase is one
+    message per pair of ranks for all parameters at once; the second starts when the first is done. Bytes are
+    the gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one inventory link add up
+    (one transfer at the link's bandwidth); inside a cluster the rank pairs run in parallel on the inter-node
+    network, each root rank sending or receiving its share (the side with fewer owner ranks sets it). A phase
+    lasts as long as its busiest link or root rank. Then, inside every holder at once, the ranks that are not
+    sources take the sum from theirs: without the distributed optimizer a broadcast to the DP replicas of every
+    synced local tensor (on the mesh's DP link), then for what TP duplicates (the norms, a learned position
+    table) a broadcast to the other TP ranks of the part each holds (on the node's link)."""
     phases = [{}, {}]          # per phase: resource -> bytes
+    copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
     for params, hs in _holders(model, stage_lists, tie):
         if len(hs) < 2:
             continue
@@ -275,23 +278,24 @@ def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: 
         rc, rp, rk = hs[0]
         for c, prof, key in hs:
             gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
-            replicas = 1 if prof.settings.distributed_optimizer else prof.dp
-            sent = gb * n                                             # every element once, to the root
-            back = gb * replicas * (n - dup + dup * prof.tp)          # to every rank keeping it
+            sharded = prof.settings.distributed_optimizer
+            acc = copies.setdefault(key, [0.0, 0.0, prof])
+            if not sharded and prof.dp > 1:
+                acc[0] += gb * ((n - dup) / prof.tp + dup)            # every rank's whole local tensor
+            if prof.tp > 1:
+                acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
             if key == rk:
-                if back > sent:     # the root's own copies (DP replicas, TP duplicates) receive the sum too
-                    res = ("ranks", rk, c)
-                    phases[1][res] = phases[1].get(res, 0.0) + (back - sent) / prof.tp
                 continue
+            sent = gb * n                                             # every element once, to the root and back
             if c != rc:
                 res = ("link", frozenset((c, rc)))
                 phases[0][res] = phases[0].get(res, 0.0) + sent
-                phases[1][res] = phases[1].get(res, 0.0) + back
+                phases[1][res] = phases[1].get(res, 0.0) + sent
             else:
                 owners = min(_owners(prof), _owners(rp))
                 res = ("ranks", rk, c)
                 phases[0][res] = phases[0].get(res, 0.0) + sent / owners
-                phases[1][res] = phases[1].get(res, 0.0) + back / owners
+                phases[1][res] = phases[1].get(res, 0.0) + sent / owners
     total = 0.0
     for phase in phases:
         times = []
@@ -301,6 +305,9 @@ def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: 
             else:
                 times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
         total += max(times, default=0.0)
+    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
+                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
+                 default=0.0)
     return total
 
 
