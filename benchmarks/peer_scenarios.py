@@ -6,9 +6,12 @@ without the new shapes when the planner has them (`--shapes simple|all`), and th
   - by Sailor's simulator terms (benchmarks/sailor_terms.py, docs/peers.md): it/s and whether every stage fits.
 Sailor's simulator scored Metis's OPT-350 plan at 0.0829 it/s and Sailor's at 0.0769 (same zone).
 
-    python benchmarks/peer_scenarios.py [--links] [--quick] [--sailor-best]
+    python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best]
 
---links prints the inventory figures derived from Sailor's network curves. --quick plans OPT-350M same zone only.
+--links prints the inventory figures derived from Sailor's network curves. --layers prints the planner's layer time
+(forward + backward, TP all-reduces on the inventory's links included) of both GPUs in fp32 against Sailor's
+measurements (the median transformer layer of each configuration; in-sample: the model is fitted on these runs,
+benchmarks/learned_cost.py gives the leave-one-model-out figures). --quick plans OPT-350M same zone only.
 --sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per scenario), to see
 how far our planner's choice is from the best that simulator would score.
 """
@@ -75,6 +78,31 @@ def print_links() -> None:
                 if best is None or e < best[0]:
                     best = (e, bw, lat)
         print(f"{gpu} intra_node (4-GPU all-reduce)            {best[1] * 8 / 1e9:7.0f} Gbit/s  latency {best[2]:6.1f} us")
+
+
+def print_layers(cost_model_dir: str) -> None:
+    import statistics
+    from hetauto_megatron.cost.learned import SAILOR_MODELS, load_cost_model
+    from hetauto_megatron.plan import costing
+    from hetauto_megatron.spec.inventory import load_inventory
+    cm = load_cost_model(cost_model_dir)
+    inv = load_inventory(os.path.join(ROOT, "examples/peers/inventory-same-zone.yaml")).with_precision("fp32")
+    print(f"{'GPU':<8} {'model':<12} {'mbs':>3} {'tp':>2} {'measured ms':>11} {'planner ms':>10} {'error':>6}  model")
+    for cluster, gpu in (("a100", "A100-40"), ("v100", "V100-16")):
+        c = inv.cluster(cluster)
+        for name in ("OPT-350", "GPT-Neo-2.7"):
+            spec = SAILOR_MODELS[name]
+            for mbs in (1, 2, 4):
+                for tp in (1, 2, 4):
+                    entries = S.PROFILES[name][gpu].get(str(mbs), {}).get(str(tp))
+                    if not entries:
+                        continue
+                    meas = statistics.median(entries[str(i)][0] + entries[str(i)][1]
+                                             for i in range(1, spec.num_layers + 1))
+                    prof = costing.stage_profile(spec, c, tp, 1, mbs, "none", cm)
+                    pred = prof.layer_fwd + prof.layer_bwd
+                    print(f"{gpu:<8} {name:<12} {mbs:>3} {tp:>2} {meas * 1e3:>11.2f} {pred * 1e3:>10.2f} "
+                          f"{100 * (pred / meas - 1):>+5.0f}%  {cm.source(c.device)}")
 
 
 # ---- plans ------------------------------------------------------------------------------------------------------
@@ -185,6 +213,7 @@ def has_shapes_flag() -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--links", action="store_true")
+    ap.add_argument("--layers", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sailor-best", action="store_true")
     args = ap.parse_args()
@@ -194,6 +223,9 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="peers-")
     cost_model = os.path.join(work, "gpu-model")
     subprocess.run(HETAUTO + ["fit", "--sailor", "-o", cost_model], cwd=ROOT, check=True, capture_output=True)
+    if args.layers:
+        print_layers(cost_model)
+        return 0
     shape_runs = ["simple", "all"] if has_shapes_flag() else [None]
     if shape_runs == [None]:
         print("new shapes: this planner has no --shapes option yet; the simple-shape plan only")
