@@ -52,3 +52,46 @@ def test_two_pipelines_match_one_process_and_move_the_priced_bytes(distributed_o
     table = r["padded_vocab_size"] * h
     per_step = 4 * (2 * (model.num_layers * model.layer_params + h) + 2 * 2 * table)
     assert r["bytes"]["inter_cluster"] == per_step * STEPS
+
+
+def _silent_second_pipeline(rank, world, plan, timeout_s):
+    """Rank 1 (pipeline 1) builds its stage and publishes its shares, then never joins the gradient exchange."""
+    import time
+
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.replica_sync import ReplicaSync
+    from hetauto_megatron.runtime.train import ddp_settings
+
+    init_distributed(plan, rank, world, timeout_s=timeout_s, dry_run=True)
+    ctx = build_groups(plan, rank, world, timeout_s=timeout_s, dry_run=True)
+    set_megatron_globals(ctx)
+    config = transformer_config(plan, ctx, plan.model)
+    ddp = DistributedDataParallel(config=config, module=build_model(ctx, plan.model, config, seed=1),
+                                  pg_collection=ctx.pg,
+                                  ddp_config=DistributedDataParallelConfig(**ddp_settings(ctx.mesh.settings)))
+    sync = ReplicaSync(ctx, [ddp])
+    if rank == 1:
+        time.sleep(120)
+    sync.reduce([ddp])
+    return "finished"
+
+
+def test_a_silent_pipeline_fails_the_exchange_with_both_ranks_named():
+    from hetauto_megatron.plan.plan import plan_from_dict
+    from hetauto_megatron.runtime.dryrun import preload_megatron
+    from hetauto_megatron.runtime.launcher import LaunchError, launch
+    from hetauto_megatron.spec.model import PRESETS
+
+    one = {"device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 1, "stage_layers": [2]}
+    plan = plan_from_dict({"version": 3, "model": {**PRESETS["tiny"].to_dict(), "num_layers": 2},
+                           "global_batch_size": 2, "pipelines": [{"samples": 1}, {"samples": 1}],
+                           "meshes": [{**one, "cluster": "a"}, {**one, "cluster": "b", "pipeline": 1}]})
+    preload_megatron()
+    with pytest.raises(LaunchError) as err:
+        launch(_silent_second_pipeline, 2, args=(plan, 3.0), timeout_s=90, grace_s=4)
+    failure = err.value.failures[0]
+    assert "PeerError" in failure and "rank 0 (pipeline 0, cluster a, stage 0) could not exchange gradients" in failure
+    assert "with rank 1 (pipeline 1, cluster b, stage 0)" in failure and "timed out" in failure.lower(), failure

@@ -185,7 +185,8 @@ class ReplicaSync:
         import torch
 
         tables = self._tables(model_chunks)
-        got = self._exchange("gather", GATHER_TAG, tables, "send gradients to the first holder of a parameter")
+        got = self._exchange("gather", GATHER_TAG, tables,
+                             "exchange gradients of shared parameters (gather to their first holder)")
         with torch.no_grad():
             for name, w in self.root_scale:     # the first holder's own term, then the others in holder order
                 rec = self.locals[name]
@@ -193,7 +194,7 @@ class ReplicaSync:
             for m, r, piece in sorted(got, key=lambda x: x[0].holder):
                 view = self._view(tables, m, r)
                 view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
-        self.scatter_back(tables, "receive the summed gradients of a parameter")
+        self.scatter_back(tables, "exchange gradients of shared parameters (the sums back from their first holder)")
         self.fill_copies(tables)
 
     def scatter_back(self, tables, what: str) -> None:
@@ -224,6 +225,8 @@ class ReplicaSync:
         views = [tables[n].view(-1) if whole else tables[n].view(-1)[self.locals[n]["lo"]:self.locals[n]["hi"]]
                  for n in names]
         flat = torch.cat(views)
+        if flat.numel() == 0:     # the same on every rank of the group: they hold the same parts
+            return
         dist.broadcast(flat, src=dist.get_global_rank(group, 0), group=group)
         with torch.no_grad():
             at = 0
