@@ -283,7 +283,6 @@ def two_plain_pipelines() -> dict:
 @pytest.mark.parametrize("argv,what", [
     (["simulate", "--model", "tiny", "--inventory", INV, "--plan", "{plan}", "--timeline", "{tmp}/t.png"],
      "hetauto simulate --timeline"),
-    (["emit", "megatron", "--plan", "{plan}"], "hetauto emit megatron"),
     (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
     (["dryrun", "--plan", "{plan}", "--tiny", "--timeline", "t.json"], "hetauto dryrun --timeline / --emulate-links"),
     (["compare", "{plan}", "{plan}"], "hetauto compare"),
@@ -320,15 +319,20 @@ def test_emit_summary_takes_several_pipelines(tmp_path):
     assert "predicted per pipeline: 0: 1F1B 2.000 s + DP 0.125 s; 1: 1F1B 1.500 s + DP 0.000 s" in text
 
 
-def test_megatron_hook_refuses_new_shapes(tmp_path):
+@pytest.mark.parametrize("shape", [two_plain_pipelines, two_pipelines])
+def test_megatron_hook_takes_the_new_shapes(tmp_path, monkeypatch, shape):
+    """The hook places ranks of several pipelines and of meshes side by side: what stops a one-process launch of
+    such a plan is the launch (its world size), not the shape."""
     from types import SimpleNamespace
 
     from hetauto_megatron.megatron.hook import _prepare_hetauto
+    for var in ("RANK", "WORLD_SIZE", "HETAUTO_RANK_OFFSET", "HETAUTO_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
     path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump(two_plain_pipelines()))
+    path.write_text(yaml.safe_dump(shape()))
     with pytest.raises(InputError) as exc:
         _prepare_hetauto(SimpleNamespace(hetauto_plan=str(path), yaml_cfg=None, hetauto_cluster=None))
-    assert "the --hetauto Megatron-LM hook supports plans of one pipeline" in exc.value.message
+    assert "launched with 1 processes but the plan needs" in exc.value.message
 
 
 def test_docs_examples_load_with_the_figures_the_docs_state():

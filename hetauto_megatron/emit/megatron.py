@@ -3,8 +3,10 @@
 One torch.distributed world spans every cluster of the plan. Each cluster starts its own processes with
 torchrun (rendezvous inside the cluster); the HETAUTO_* environment tells the `--hetauto` hook where the
 cluster's ranks sit in the global world. A *launch* is one torchrun job: a run of consecutive meshes of one
-cluster (their ranks are contiguous). A cluster whose meshes are not consecutive in the plan gets one launch
-per run, each with its own rank offset.
+cluster and one pipeline (their ranks are contiguous). A cluster whose meshes are not consecutive in the plan,
+or that runs meshes of several pipelines, gets one launch per run, each with its own rank offset. Each pipeline
+of a plan runs its own Megatron pipeline: its launches carry its depth and layout; --global-batch-size is the
+job's (the hook gives each mesh its share).
 
 Everything here is plain text generation: no torch, no megatron import.
 """
@@ -15,7 +17,6 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
-from ..plan.shapes import require_simple
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
 
@@ -66,11 +67,28 @@ def model_args(plan: Plan) -> list[str]:
     return args
 
 
-def pipeline_args(plan: Plan) -> list[str]:
-    """Whole-pipeline arguments: PP counts every stage of every mesh; the layout carries the uneven split."""
-    args = ["--pipeline-model-parallel-size", str(plan.pipeline_parallel_size)]
-    if plan.pipeline_parallel_size > 1:
-        args += ["--pipeline-model-parallel-layout", layout_string(plan.stage_layers)]
+def pipeline_stage_layers(plan: Plan, pipeline: int = 0) -> list[int]:
+    """Transformer layers of each stage of one pipeline: its positions' stages in order (the meshes side by side
+    at a position hold the same stages)."""
+    return [n for pos in plan.positions(pipeline) for n in plan.meshes[pos[0]].stage_layers]
+
+
+def pipeline_first_stage(plan: Plan, mesh_index: int) -> int:
+    """Stage of a mesh's first stage inside its own pipeline."""
+    stage = 0
+    for pos in plan.positions(plan.meshes[mesh_index].pipeline):
+        if mesh_index in pos:
+            return stage
+        stage += plan.meshes[pos[0]].num_stages
+    raise AssertionError("unreachable")
+
+
+def pipeline_args(plan: Plan, pipeline: int = 0) -> list[str]:
+    """Whole-pipeline arguments of one pipeline: PP counts its stages; the layout carries the uneven split."""
+    layers = pipeline_stage_layers(plan, pipeline)
+    args = ["--pipeline-model-parallel-size", str(len(layers))]
+    if len(layers) > 1:
+        args += ["--pipeline-model-parallel-layout", layout_string(layers)]
     return args
 
 
@@ -83,22 +101,25 @@ def mesh_args(mesh: Mesh, precision: str = "bf16") -> list[str]:
             *precision_args(precision)]
 
 
-def job_args(plan: Plan) -> list[str]:
-    """Arguments every rank shares: pipeline, model and global batch. The padded vocabulary is not a flag:
-    the --hetauto hook gives every mesh the plan's one padded size."""
-    return [*pipeline_args(plan), *model_args(plan), "--global-batch-size", str(plan.global_batch_size)]
+def job_args(plan: Plan, pipeline: int = 0) -> list[str]:
+    """Arguments every rank of one pipeline shares: its pipeline, the model and the job's global batch (the
+    --hetauto hook gives each mesh its share of it). The padded vocabulary is not a flag: the hook gives every
+    mesh the plan's one padded size."""
+    return [*pipeline_args(plan, pipeline), *model_args(plan), "--global-batch-size", str(plan.global_batch_size)]
 
 
 def megatron_args(plan: Plan, mesh_index: int, plan_path: str) -> list[str]:
     """The complete Megatron-LM argument list for the ranks of one mesh (data/tokenizer/optimizer excluded)."""
-    return [*mesh_args(plan.meshes[mesh_index], plan.mesh_precision(mesh_index)), *job_args(plan),
+    return [*mesh_args(plan.meshes[mesh_index], plan.mesh_precision(mesh_index)),
+            *job_args(plan, plan.meshes[mesh_index].pipeline),
             "--hetauto", "--hetauto-plan", plan_path]
 
 
 # ---- launches ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Launch:
-    """One torchrun job: consecutive meshes of one cluster, ranks [rank_offset, rank_offset + num_devices)."""
+    """One torchrun job: consecutive meshes of one cluster and one pipeline, ranks [rank_offset, rank_offset +
+    num_devices)."""
     cluster: str
     mesh_indices: tuple[int, ...]
     rank_offset: int
@@ -106,6 +127,7 @@ class Launch:
     devices_per_node: int
     vendor: str
     name: str    # file stem: the cluster, plus ".mesh<i>" when the cluster has several launches
+    pipeline: int = 0
 
     @property
     def nnodes(self) -> int:
@@ -135,7 +157,8 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     i = 0
     while i < len(plan.meshes):
         j = i
-        while j + 1 < len(plan.meshes) and plan.meshes[j + 1].cluster == plan.meshes[i].cluster:
+        while (j + 1 < len(plan.meshes) and plan.meshes[j + 1].cluster == plan.meshes[i].cluster
+               and plan.meshes[j + 1].pipeline == plan.meshes[i].pipeline):
             j += 1
         idx = tuple(range(i, j + 1))
         mesh = plan.meshes[i]
@@ -154,7 +177,7 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         # A cluster with several (non-consecutive) launches: name them by their first mesh to keep files apart.
         stem = name if clusters.count(name) == 1 else f"{name}.mesh{idx[0]}"
         launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, dpn,
-                               get_device(plan.meshes[idx[0]].device_type).vendor, stem))
+                               get_device(plan.meshes[idx[0]].device_type).vendor, stem, plan.meshes[idx[0]].pipeline))
     return launches
 
 
@@ -261,10 +284,15 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         f"{first}.",
         "# Extra arguments (data, tokenizer, optimizer, checkpoints) are passed through to Megatron.",
     ]
+    if plan.num_pipelines > 1:
+        lines.append(f"# pipeline {la.pipeline} of {plan.num_pipelines}: {plan.samples_per_pipeline[la.pipeline]} of "
+                     f"the {plan.global_batch_size} samples of each global batch, "
+                     f"{len(pipeline_stage_layers(plan, la.pipeline))} stage(s)")
     for k in la.mesh_indices:
         m = plan.meshes[k]
-        s0 = plan.first_stage(k)
-        lines.append(f"# mesh {k}: pipeline stages {s0}-{s0 + m.num_stages - 1} (layers {list(m.stage_layers)}), "
+        s0 = pipeline_first_stage(plan, k)
+        side = " (alongside the mesh before it)" if m.alongside else ""
+        lines.append(f"# mesh {k}{side}: pipeline stages {s0}-{s0 + m.num_stages - 1} (layers {list(m.stage_layers)}), "
                      f"tp {m.tp}, dp {m.dp}, micro-batch {m.micro_batch_size}, recompute {m.recompute}, "
                      f"ranks {plan.rank_offset(k)}-{plan.rank_offset(k) + m.num_devices - 1}")
     lines += [
@@ -285,7 +313,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     lines += ["# vendor settings to adapt to the site (not required):"] + [f"# {n}" for n in notes]
     lines.append("")
     ranges = _node_ranges(plan, la) if len(la.mesh_indices) > 1 else None
-    common = job_args(plan)
+    common = job_args(plan, la.pipeline)
     if len(la.mesh_indices) == 1:
         lines += ["MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]], plan.mesh_precision(la.mesh_indices[0]))),
                   ")"]
@@ -317,7 +345,6 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
                   devices_per_node: int | None = None, file: str | None = None) -> list[dict]:
     """Per launch: its facts, the exact argument lists and the shell script text (what `hetauto emit megatron`
     prints or writes). `cluster` keeps only that cluster's launches."""
-    require_simple(plan, "hetauto emit megatron", file)
     launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
     if cluster is not None:
         names = sorted({la.cluster for la in launches})
@@ -330,7 +357,8 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
         max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
         env, _ = vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
         out.append({
-            "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "meshes": list(la.mesh_indices),
+            "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "pipeline": la.pipeline,
+            "meshes": list(la.mesh_indices),
             "rank_offset": la.rank_offset, "num_devices": la.num_devices, "nnodes": la.nnodes,
             "nproc_per_node": la.devices_per_node,
             "env": {"HETAUTO_CLUSTER": la.cluster, "HETAUTO_RANK_OFFSET": str(la.rank_offset),

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 
-from ..emit.megatron import model_args, pipeline_args
+from ..emit.megatron import model_args, pipeline_args, pipeline_stage_layers
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from ..plan.shapes import require_simple
@@ -63,10 +63,13 @@ def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[s
 
 
 def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int]:
-    """Megatron's homogeneous layout with the plan's pipeline stages: TP 1, DP 1, one process per stage."""
-    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS + pipeline_args(plan) +
-            ["--micro-batch-size", str(plan.samples_per_step), "--global-batch-size", str(plan.global_batch_size)])
-    return argv, plan.pipeline_parallel_size
+    """Megatron's homogeneous layout with the plan's pipeline stages: TP 1, DP 1, one process per stage. With
+    several pipelines (or meshes side by side): pipeline 0's stages, whose weights every pipeline starts from
+    (the first holder's, replica_sync.ReplicaWeights), training the whole global batch as one micro-batch."""
+    step = plan.samples_per_step if plan.is_simple else plan.global_batch_size
+    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS + pipeline_args(plan, 0) +
+            ["--micro-batch-size", str(step), "--global-batch-size", str(plan.global_batch_size)])
+    return argv, len(pipeline_stage_layers(plan, 0))
 
 
 def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str | None) -> dict:

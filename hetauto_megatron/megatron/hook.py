@@ -33,7 +33,6 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from ..plan.shapes import require_simple
 from . import rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
@@ -137,7 +136,6 @@ def _prepare_hetauto(args) -> _State:
         raise InputError("--yaml-cfg cannot be combined with --hetauto", field="--yaml-cfg",
                          fix="pass Megatron's arguments on the command line")
     plan = load_plan(args.hetauto_plan)
-    require_simple(plan, "the --hetauto Megatron-LM hook", args.hetauto_plan)
     ident = rewrite.identity_from_env()
     placement = rewrite.check_launch(plan, ident, args.hetauto_cluster, file=args.hetauto_plan)
     device_type = placement.device_type
@@ -199,11 +197,14 @@ def _log_rewrite(state: _State) -> None:
                             if k not in ("rank", "world_size"))
         meshes = state.plan.meshes
         boundary = ""     # the schedule the communicator runs at this mesh's cross-cluster boundary, if any
-        if p.mesh_index + 1 < len(meshes) and meshes[p.mesh_index + 1].cluster != p.cluster:
+        after = meshes[p.mesh_index + 1] if p.mesh_index + 1 < len(meshes) else None
+        if (after is not None and after.pipeline == p.pipeline and not after.alongside
+                and after.cluster != p.cluster and state.plan.positions(p.pipeline)[p.position] == [p.mesh_index]):
             m = meshes[p.mesh_index]
             boundary = (f"; boundary to mesh {p.mesh_index + 1}: {m.boundary_schedule}"
                         + (f", depth {m.boundary_depth}" if m.boundary_schedule == "overlapped" else ""))
-        print(f"[hetauto] rank {p.rank}: cluster {p.cluster} ({state.device_type}), mesh {p.mesh_index}, "
+        where = f"pipeline {p.pipeline}, " if state.plan.num_pipelines > 1 else ""
+        print(f"[hetauto] rank {p.rank}: {where}cluster {p.cluster} ({state.device_type}), mesh {p.mesh_index}, "
               f"stage {p.stage}, tp rank {p.tp_rank}, dp rank {p.dp_rank}{boundary}; arguments from the plan: "
               f"{changes}", flush=True)
 
@@ -280,9 +281,17 @@ def _install_gradient_rules(state: _State) -> None:
 
     # Both of Megatron-LM's model paths (model_provider and the config builder NVIDIA's pretrain_gpt.py takes)
     # hand the built model to get_megatron_optimizer, which copies the parameters into the optimizer.
+    ctx, counter = state.context, state.communicator.bytes_sent
+
     @functools.wraps(original_get_optimizer)
     def get_megatron_optimizer(config, model_chunks, *a, **kw):
-        gradients.copy_tied_weights(model_chunks, state.context, state.communicator.bytes_sent)
+        if ctx.replica_group is not None:
+            # several meshes hold each parameter (other pipelines, meshes side by side): every holder starts
+            # from its first holder's weights, the tied output layers included (replica_sync.ReplicaWeights)
+            from ..runtime.replica_sync import ReplicaWeights
+            ReplicaWeights(ctx, model_chunks, counter=counter).copy(model_chunks)
+        else:
+            gradients.copy_tied_weights(model_chunks, ctx, counter)
         return original_get_optimizer(config, model_chunks, *a, **kw)
 
     training.get_megatron_optimizer = get_megatron_optimizer
@@ -290,15 +299,24 @@ def _install_gradient_rules(state: _State) -> None:
     @functools.wraps(original)
     def setup_model_and_optimizer(*a, **kw):
         model, optimizer, scheduler = original(*a, **kw)
+        replicas = None
+        if ctx.replica_group is not None:
+            # as the dry run (runtime/train.py): after each mesh's DP reduction, in finalize_model_grads, every
+            # parameter's gradient is summed across its holders weighted by their share of the batch
+            from ..runtime.replica_sync import ReplicaSync
+            replicas = ReplicaSync(ctx, model, counter=counter)
         get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(
-            state.context, state.communicator.bytes_sent)
+            ctx, counter, replicas)
         if optimizer is not None:
-            gradients.count_grad_norm_once(optimizer, state.context)
+            gradients.count_grad_norm_once(optimizer, ctx, replicas)
         return model, optimizer, scheduler
 
     setup_model_and_optimizer._hetauto = True
     training.setup_model_and_optimizer = setup_model_and_optimizer
     _install_step_bounds(state)
+    if not state.plan.is_simple:
+        from .plan_data import install_plan_batches
+        install_plan_batches(state)
 
 
 def _install_step_bounds(state: _State) -> None:

@@ -9,9 +9,11 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     micro_batch_size             <- mesh.micro_batch_size
     recompute_*                  <- mesh.recompute (plan.plan.RECOMPUTE_SETTINGS: selective = the MLP)
     sequence_parallel            <- mesh.settings.sequence_parallel (plan/settings.py)
-    pipeline_model_parallel_size <- plan.pipeline_parallel_size
-    pipeline_model_parallel_layout <- the plan's stage_layers, e.g. "Et*4|t*4L"
-    global_batch_size            <- plan.global_batch_size
+    pipeline_model_parallel_size <- the stages of the rank's pipeline (runtime.layout.PipelineLayout)
+    pipeline_model_parallel_layout <- that pipeline's stage layers, e.g. "Et*4|t*4L"
+    global_batch_size            <- the samples the rank's mesh trains per iteration: its pipeline's micro-batches
+                                    x the mesh's dp x micro_batch_size (= plan.global_batch_size for a plan of
+                                    one pipeline; the user's --global-batch-size must be the plan's, the job's)
     sequence_parallel, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
     grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32
                                  <- mesh.settings (plan/settings.py, the table the cost model priced)
@@ -19,8 +21,10 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     padded_vocab_size, make_vocab_size_divisible_by
                                  <- one padded vocabulary for every mesh (Plan.padded_vocab_size)
 
-The plan's invariant dp * micro_batch_size = const makes Megatron compute the same number of micro-batches
-on every rank, which the 1F1B schedule needs. Model-shape arguments are checked against the plan's model:
+Megatron computes micro-batches = global_batch_size / (dp * micro_batch_size), so every rank of a pipeline
+(all meshes of its stages, side by side or not) computes its pipeline's number, which the 1F1B schedule needs.
+Several pipelines each run their own Megatron pipeline (depth, layout, micro-batches); what joins them (each
+pipeline's samples, the gradient sum across them, the logged loss of the whole batch) is hook.py's. Model-shape arguments are checked against the plan's model:
 a value the user left unset is filled in, a contradicting one is an error (the plan was made for another
 model, so its layout and memory estimate do not apply). The same holds for the runtime settings and the
 precision: Megatron's flags for them are switches that default to off, so a flag the user did not give is
@@ -36,8 +40,9 @@ from typing import Mapping
 
 from ..errors import InputError
 from ..plan.plan import Plan
-from ..runtime.groups import RankCoords, rank_coords
 from ..plan.plan import recompute_settings
+from ..runtime.groups import RankCoords, rank_coords
+from ..runtime.layout import PipelineLayout
 from ..plan.settings import padded_vocab_size
 from ..runtime.model import pipeline_layout
 
@@ -162,13 +167,14 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
 def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     """The per-rank parallel-layout arguments (see the module docstring)."""
     mesh = plan.meshes[placement.mesh_index]
+    layout = PipelineLayout(plan, mesh.pipeline)
     out = {
         "tensor_model_parallel_size": mesh.tp,
-        "pipeline_model_parallel_size": plan.pipeline_parallel_size,
+        "pipeline_model_parallel_size": layout.num_stages,
         "context_parallel_size": 1,
         "micro_batch_size": mesh.micro_batch_size,
-        "global_batch_size": plan.global_batch_size,
-        "pipeline_model_parallel_layout": pipeline_layout(plan.stage_layers),
+        "global_batch_size": mesh_batch_size(plan, placement.mesh_index),
+        "pipeline_model_parallel_layout": pipeline_layout(layout.stage_layers),
         **recompute_settings(mesh.recompute),
         # what the mesh's activations look like at its boundaries: the communicator cuts them by this setting
         "sequence_parallel": mesh.settings.sequence_parallel,
@@ -177,6 +183,49 @@ def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     }
     out.update({k: None for k in _OTHER_SPLIT_ARGS})
     return out
+
+
+def mesh_batch_size(plan: Plan, mesh_index: int) -> int:
+    """Samples one mesh trains per iteration, Megatron's --global-batch-size on its ranks: its pipeline's
+    micro-batches x dp x micro_batch_size (the plan's global batch for a plan of one pipeline of single meshes)."""
+    mesh = plan.meshes[mesh_index]
+    return PipelineLayout(plan, mesh.pipeline).num_micro_batches * mesh.samples_per_step
+
+
+# Megatron arguments counted in samples: under several pipelines (or meshes side by side) Megatron's sample count
+# is the mesh's share of the batch, so a schedule in samples would end or decay at a different iteration on each.
+_SAMPLE_ARGS = (("train_samples", "--train-samples", "--train-iters"),
+                ("lr_warmup_samples", "--lr-warmup-samples", "--lr-warmup-iters"),
+                ("lr_decay_samples", "--lr-decay-samples", "--lr-decay-iters"),
+                ("lr_wsd_decay_samples", "--lr-wsd-decay-samples", "--lr-wsd-decay-iters"),
+                ("rampup_batch_size", "--rampup-batch-size", None))
+
+
+def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
+    """The user's job-wide arguments against the plan: --global-batch-size must be the plan's (its time and memory
+    were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only and
+    no checkpoints yet (a stage index names a checkpoint file, and each pipeline has its own stage 0)."""
+    have = getattr(args, "global_batch_size", None)
+    if have is not None and int(have) != plan.global_batch_size:
+        split = ""
+        if plan.num_pipelines > 1:
+            split = f" (pipelines: {' + '.join(map(str, plan.samples_per_pipeline))} samples)"
+        raise InputError(f"--global-batch-size {have} is not the plan's global batch of {plan.global_batch_size} "
+                         f"samples{split}", file=file, field="global_batch_size",
+                         fix=f"pass --global-batch-size {plan.global_batch_size} (or drop it: --hetauto sets each "
+                             "mesh's share), or make a plan for this batch with 'hetauto plan'")
+    if plan.is_simple:
+        return
+    for arg, flag, instead in _SAMPLE_ARGS:
+        if getattr(args, arg, None):
+            raise InputError(f"{flag} is not supported with a plan of several pipelines or meshes side by side: "
+                             "Megatron counts samples per mesh there", file=file, field=flag,
+                             fix=f"use {instead}" if instead else "drop the flag (a plan has one global batch)")
+    for arg in ("save", "load"):
+        if getattr(args, arg, None):
+            raise InputError(f"--{arg} is not supported yet with a plan of several pipelines or meshes side by side",
+                             file=file, field=f"--{arg}",
+                             fix="drop it, or checkpoint a plan of one pipeline (docs/megatron-integration.md)")
 
 
 # Setting -> (Megatron argument, its flag). Each is a store_true switch (default False) in Megatron-LM.
@@ -264,7 +313,7 @@ def validation_world_size(plan: Plan, placement: RankCoords) -> int:
     """The world size Megatron's validate_args must see so that it derives this rank's mesh DP
     (data_parallel_size = world_size / (tp * pp)): the homogeneous job this mesh would be on its own."""
     mesh = plan.meshes[placement.mesh_index]
-    return mesh.tp * mesh.dp * plan.pipeline_parallel_size
+    return mesh.tp * mesh.dp * PipelineLayout(plan, mesh.pipeline).num_stages
 
 
 def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> None:
@@ -297,6 +346,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
         raise InputError("mixture-of-experts models are not supported with --hetauto", field="--num-experts",
                          fix="plan and run a dense model")
     check_checkpoint_format(args, plan, file=file)
+    check_job_args(args, plan, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}
     new["rank"] = placement.rank

@@ -233,3 +233,32 @@ class ReplicaSync:
             for v in views:
                 v.copy_(flat[at:at + v.numel()])
                 at += v.numel()
+
+
+class ReplicaWeights(ReplicaSync):
+    """Every holder's parameters set to their first holder's values, once, before training: the scatter phase and
+    the copies inside each mesh stage (`scatter_back`, `fill_copies`) run on parameter values instead of
+    gradients. A runtime that builds each stage with its own seeds needs it: Megatron-LM seeds each stage by its
+    pipeline rank, so two pipelines with different stage splits (or meshes of different TP side by side at a
+    stage) would start from different weights (the dry run needs none of it: it draws every copy by global name).
+    The tied output layers are holders of the embedding table, so they get the first stage's embeddings too.
+    Collective over `ctx.replica_group` (construction and `copy`); `counter` receives the bytes sent."""
+
+    def __init__(self, ctx, model_chunks, *, counter: dict | None = None):
+        # the modules inside DDP: every rank's interval is its whole local tensor (no distributed-optimizer shard)
+        super().__init__(ctx, [_unwrap(c) for c in model_chunks], weight=1.0, counter=counter)
+
+    def _tables(self, model_chunks) -> dict:
+        """name -> this rank's parameter values as its 2-D table (a view of the parameter)."""
+        out = {}
+        for chunk in model_chunks:
+            for name, param in _unwrap(chunk).named_parameters():
+                gname = self.by_local_name.get(name)
+                if gname is not None:
+                    out[gname] = param.data.view(table_shape(param.shape))
+        return out
+
+    def copy(self, model_chunks) -> None:
+        tables = self._tables(model_chunks)
+        self.scatter_back(tables, "receive the first holder's weights of a parameter")
+        self.fill_copies(tables)

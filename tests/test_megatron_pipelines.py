@@ -1,0 +1,198 @@
+"""NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on a plan of two pipelines joined by data
+parallelism, launched as `hetauto emit megatron` says (one torchrun per cluster, its rank offset and the job's
+world size), against Megatron's own homogeneous single-pipeline run of the same global batch.
+
+The plan (tiny model, tied embeddings, the plan's production settings: sequence parallelism, distributed
+optimizer, both overlaps): pipeline 0 on cluster-b, TP 1 over two stages of 2 | 6 layers, 4 micro-batches of 2
+samples; pipeline 1 on cluster-a, TP 2 over two stages of 4 | 4 layers, 3 micro-batches of 2 samples. 6 ranks,
+14 samples per iteration. Megatron's homogeneous reference: pipeline 0's stages (2 | 6) at TP 1, the whole batch
+as one micro-batch (2 ranks), the same samples of the same mock dataset.
+
+Measured without each piece (the first plan order, pipeline 0 = TP 2 over 4 | 4; max |loss difference| over 4
+iterations, against 0 with all of them): every pipeline from its own seeds instead of pipeline 0's weights
+3.6e-1; Megatron's own sampler (each pipeline from sample 0) 6.5e-2; the last pipeline's loss logged instead of
+the whole batch's 1.5e-2.
+"""
+import os
+import subprocess
+import sys
+
+import yaml
+from helpers import wait_all
+from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
+from test_megatron_pretrain import NVIDIA_ITERS, _logged_losses, _torchrun
+
+from hetauto_megatron.emit.megatron import emit_megatron
+from hetauto_megatron.megatron import demo
+from hetauto_megatron.plan.plan import load_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")
+
+
+def two_pipeline_plan(tmp_path) -> str:
+    """The example plan's two meshes, at DP 1 (6 ranks instead of 8 on a small machine) and in the other order:
+    pipeline 0 (whose weights every pipeline starts from) TP 1 over 2 | 6 layers, 8 samples; pipeline 1 TP 2
+    over 4 | 4 layers, 6 samples, so the start-up copy of the weights reaches TP shards and TP-duplicated norms."""
+    raw = yaml.safe_load(open(PLAN))
+    a, b = raw["meshes"]
+    b = dict(b, dp=1)
+    b.pop("pipeline")
+    raw["meshes"] = [b, dict(a, pipeline=1)]
+    raw["pipelines"] = [{"samples": 8}, {"samples": 6}]
+    path = tmp_path / "two-pipelines.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def job_flags(plan, iters):
+    """The job's own arguments after the emitted ones: mock data, the vocabulary, CPU flags."""
+    return (["--vocab-size", str(plan.model.vocab_size), "--make-vocab-size-divisible-by", "64"] +
+            demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
+
+
+def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):
+    from hetauto_megatron.runtime.launcher import free_port
+
+    plan_file = two_pipeline_plan(tmp_path)
+    plan = load_plan(plan_file)
+    assert plan.num_pipelines == 2 and plan.world_size == 6 and plan.model.tie_embeddings
+    launches = emit_megatron(plan, plan_path=plan_file, devices_per_node=2)
+    assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == \
+        [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)]
+    procs = []
+    common = {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(free_port()), "HETAUTO_TIMEOUT_S": "120"}
+    for la in launches:
+        argv = la["megatron_args"][str(la["meshes"][0])] + job_flags(plan, NVIDIA_ITERS)
+        procs.append(_torchrun(nvidia_script, argv, la["num_devices"], free_port(), tmp_path / f"{la['name']}.log",
+                               dict(common, **la["env"])))
+    codes = wait_all(procs, timeout=400)
+    logs = {la["name"]: (tmp_path / f"{la['name']}.log").read_text() for la in launches}
+    assert codes == [0, 0], {k: v[-3000:] for k, v in logs.items()}
+    assert "[hetauto] rank 2: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 0" in logs["cluster-a"]
+    # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch
+    for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L"), (8, 6)):
+        args = la["megatron_args"][str(la["meshes"][0])]
+        assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout
+        assert f"global_batch_size={batch}" in logs[la["name"]], logs[la["name"]][-3000:]
+    het = _logged_losses(logs["cluster-a"])     # Megatron logs on the last rank: pipeline 1's last stage
+
+    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
+    ref_log = tmp_path / "megatron.log"
+    settings = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                "--overlap-param-gather"]
+    codes = wait_all([_torchrun(nvidia_script, ref_argv + settings, stages, free_port(), ref_log)], timeout=300)
+    assert codes == [0], ref_log.read_text()[-3000:]
+    ref = _logged_losses(ref_log.read_text())
+    assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
+    diff = max(abs(a - b) for a, b in zip(het, ref))
+    print(f"two pipelines: {het}\nMegatron, one pipeline: {ref}\nmax |difference| {diff:.1e}")
+    assert diff <= 1e-5, (het, ref)
+
+
+def test_a_global_batch_that_is_not_the_plans_exits_2(nvidia_script, tmp_path):
+    plan_file = two_pipeline_plan(tmp_path)
+    plan = load_plan(plan_file)
+    argv = (emit_megatron(plan, plan_path=plan_file, devices_per_node=2)[0]["megatron_args"]["0"] +
+            job_flags(plan, 1))
+    argv[argv.index("--global-batch-size") + 1] = "16"
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", HETAUTO_WORLD_SIZE="6",
+               HETAUTO_RANK_OFFSET="0", HETAUTO_CLUSTER="cluster-b", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    proc = subprocess.run([sys.executable, nvidia_script] + argv, env=env, cwd=os.path.dirname(nvidia_script),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "--global-batch-size 16" in errors[0] and "global_batch_size" in errors[0] and "8 + 6" in errors[0]
+
+
+# ---- the pure parts: launches, per-rank arguments, samples (no processes) ------------------------------------
+
+def alongside_plan():
+    """Pipeline 0: a position of mesh a (TP 1, dp 2 x mbs 1) with mesh b alongside (TP 2, dp 1 x mbs 2), 4
+    samples per step, then mesh c; pipeline 1: mesh d, 2 stages, also on cluster c. 8 + 4 samples."""
+    from helpers import mesh
+
+    from hetauto_megatron.plan.plan import plan_from_dict
+
+    return plan_from_dict({
+        "version": 3, "model": {"preset": "tiny"}, "global_batch_size": 12,
+        "pipelines": [{"samples": 8}, {"samples": 4}],
+        "meshes": [mesh("a", 1, 2, 1, [4]), dict(mesh("b", 2, 1, 2, [4]), alongside=True), mesh("c", 1, 2, 2, [4]),
+                   dict(mesh("c", 1, 1, 2, [3, 5]), pipeline=1)]})
+
+
+def test_emit_gives_each_pipeline_its_launches_depth_and_layout():
+    plan = alongside_plan()
+    launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=1)
+    # cluster c runs meshes of both pipelines: one launch each, never one torchrun across two pipelines
+    assert [(la["name"], la["pipeline"], la["meshes"], la["rank_offset"]) for la in launches] == \
+        [("a", 0, [0], 0), ("b", 0, [1], 2), ("c.mesh2", 0, [2], 4), ("c.mesh3", 1, [3], 6)]
+    assert {la["env"]["HETAUTO_WORLD_SIZE"] for la in launches} == {"8"}
+
+    def arg(argv, flag):
+        return argv[argv.index(flag) + 1] if flag in argv else None
+    for la, pp, layout in zip(launches, ("2", "2", "2", "2"), ("Et*4|t*4L",) * 3 + ("Et*3|t*5L",)):
+        argv = la["megatron_args"][str(la["meshes"][0])]
+        assert (arg(argv, "--pipeline-model-parallel-size"), arg(argv, "--pipeline-model-parallel-layout")) == \
+            (pp, layout)
+        assert arg(argv, "--global-batch-size") == "12"        # the job's; the hook gives each mesh its share
+    assert "# pipeline 1 of 2: 4 of the 12 samples of each global batch, 2 stage(s)" in launches[3]["script"]
+    assert "# mesh 1 (alongside the mesh before it): pipeline stages 0-0" in launches[1]["script"]
+
+
+def test_each_rank_gets_its_pipelines_depth_layout_and_its_meshs_share_of_the_batch():
+    from hetauto_megatron.megatron import rewrite
+    from hetauto_megatron.runtime.groups import rank_coords
+
+    plan = alongside_plan()
+    seen = {}
+    for rank in range(plan.world_size):
+        c = rank_coords(plan, rank)
+        o = rewrite.layout_overrides(plan, c)
+        seen[c.mesh_index] = (o["pipeline_model_parallel_size"], o["pipeline_model_parallel_layout"],
+                              o["global_batch_size"], o["micro_batch_size"],
+                              rewrite.validation_world_size(plan, c))
+    # pipeline 0: 2 micro-batch steps of 4 samples; mesh a trains 2 x 2 x 1, b 2 x 1 x 2, c 2 x 2 x 2;
+    # Megatron derives micro-batches = batch / (dp x mbs) = 2 on every rank of pipeline 0, 2 on pipeline 1
+    assert seen == {0: (2, "Etttt|ttttL", 4, 1, 4), 1: (2, "Etttt|ttttL", 4, 2, 4), 2: (2, "Etttt|ttttL", 8, 2, 4),
+                    3: (2, "Ettt|tttttL", 4, 2, 2)}
+
+
+def test_every_sample_of_the_global_batch_is_trained_once_per_iteration():
+    from hetauto_megatron.megatron.plan_data import PlanSampler, micro_batch_indices
+    from hetauto_megatron.runtime.groups import rank_coords
+
+    plan = alongside_plan()
+    for iteration in range(3):
+        seen = []
+        for rank in range(plan.world_size):
+            c = rank_coords(plan, rank)
+            if c.tp_rank == 0 and c.stage_in_mesh == 0 and c.stage == 0:    # the ranks that read data first
+                seen += [i for mb in micro_batch_indices(plan, c.mesh_index, c.dp_rank, iteration) for i in mb]
+        assert sorted(seen) == list(range(iteration * 12, (iteration + 1) * 12))
+    # pipeline 0's step holds samples 0-3 (mesh a: replicas 0 | 1; mesh b: 2-3), its second step 4-7; pipeline 1
+    # trains 8-11; and a sampler resumed after one iteration (Megatron's consumed samples: the mesh's 4) goes on
+    assert micro_batch_indices(plan, 0, 1, 0) == [[1], [5]]
+    assert micro_batch_indices(plan, 1, 0, 0) == [[2, 3], [6, 7]]
+    assert micro_batch_indices(plan, 3, 0, 1) == [[20, 21], [22, 23]]
+    assert list(PlanSampler(36, 4, plan, 1, 0)) == [[14, 15], [18, 19], [26, 27], [30, 31]]
+
+
+def test_sample_counted_schedules_and_checkpoints_are_refused_naming_the_flag():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.megatron import rewrite
+
+    plan = alongside_plan()
+    for extra, flag in (({"train_samples": 1200}, "--train-samples"), ({"lr_warmup_samples": 10},
+                        "--lr-warmup-samples"), ({"save": "/ckpt"}, "--save"),
+                        ({"global_batch_size": 16}, "global_batch_size")):
+        args = SimpleNamespace(**{"global_batch_size": None, **extra})
+        with pytest.raises(InputError) as exc:
+            rewrite.check_job_args(args, plan, file="p.yaml")
+        assert exc.value.field == flag and exc.value.file == "p.yaml"
+    rewrite.check_job_args(SimpleNamespace(global_batch_size=12, train_samples=None, save=None), plan)
