@@ -61,10 +61,13 @@ def load_inputs(args):
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
         from ..plan.costing import memory_job_of
-        jobs = sorted({c.device.name for c in priced.clusters if memory_job_of(cost_model, c.device) is not None})
+        jobs = {c.device.name: memory_job_of(cost_model, c.device) for c in priced.clusters}
+        jobs = {k: v for k, v in jobs.items() if v is not None}
         if jobs and not getattr(args, "memory_job", None):
-            print(f"memory: {', '.join(jobs)} priced from Sailor's fp32 measurements: every stage must also fit as "
-                  "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
+            # one job: every cluster's stages, also those another model prices, must fit as it holds memory
+            cost_model.memory_job = next(iter(jobs.values()))
+            print(f"memory: {', '.join(sorted(jobs))} priced from Sailor's fp32 measurements: every stage must also "
+                  "fit as Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
     return model, inventory, cost_model
 
 

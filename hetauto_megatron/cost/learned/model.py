@@ -201,7 +201,11 @@ class LearnedCostModel:
                           "with TF32 GEMMs, price this fp32 plan with TF32")
         if info.dtype_bytes != device.dtype_bytes:
             return None, (f"the learned model measured {name} with {info.dtype_bytes}-byte elements, the plan "
-                          f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision")
+                          f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision"
+                          + ("; its tensor-core runs were Sailor's fp32 jobs with TF32 GEMMs: they price an fp32 "
+                             "plan on a cluster with 'tf32: true' in the inventory"
+                             if device.precision == "fp32" and info.source == "sailor" and info.dtype_bytes == 2
+                             and device.peak_tflops_at("tf32") is not None else ""))
         if device.precision == "fp8":   # same element size as bf16, another GEMM rate: measured never in fp8
             return None, (f"the learned model measured {name} in 16-bit, the plan trains in fp8: no rate is "
                           "borrowed from another precision")
