@@ -188,6 +188,12 @@ def run(args) -> int:
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
           + (" (cut by --budget-s)" if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
+    if result.partitions or result.alongside_tried:
+        from ..plan.shapes import describe_shape
+        print(f"new shapes: {result.partitions} partitions of the clusters into pipelines bounded, "
+              f"{result.partitions_searched} searched; {result.alongside_tried} replica groups side by side priced; "
+              + (f"the plan has {describe_shape(plan.meshes)[0]} (one pipeline of single meshes: "
+                 f"{result.simple.iteration_time_s:.3f} s)" if not plan.is_simple else "one pipeline of single meshes kept"))
     if moved is not None:
         print("\nwhat moved since " + args.from_plan + ":\n" + "\n".join("  " + line for line in moved))
     if explained:
