@@ -11,8 +11,9 @@ the same table (the tied head is the same tensor), each with its pipeline's shar
 The exchange (shard_regions.py): per parameter, every holder's sources send their reduced elements to the
 first holder's source of each element (gather), that rank sums in holder order, and sends the sum back to the
 other holders' sources (scatter); inside each mesh stage the other ranks get it from their source by a
-broadcast on the mesh's own DP group (plain optimizer replicas) or TP group (TP-duplicated parameters). Elements are paired exactly: TP slices of any degree, SwiGLU's fused
-fc1, and the shards the distributed optimizer's reduce-scatter leaves on each DP rank. All messages are
+broadcast on the mesh's own DP group (plain optimizer replicas) or TP group (TP-duplicated parameters).
+Elements are paired exactly: TP slices of any degree, SwiGLU's fused fc1, and the shards the distributed
+optimizer's reduce-scatter leaves on each DP rank. All messages are
 host-staged on one gloo group over all ranks (`RankContext.replica_group`), one message per pair of ranks and
 phase, every wait with a timeout that names both ranks. It runs after the backward pass, in
 `finalize_model_grads` (gradients.make_finalize_model_grads), after the mesh's DP reduction.
@@ -79,7 +80,8 @@ def owners_from(records) -> dict[str, list[Owner]]:
 class ReplicaSync:
     """The exchange of one rank (module doc). Construct it on every rank at the same point, after DDP is built
     (collective over `ctx.replica_group`); call `reduce(model_chunks)` after each DP reduction. `counter`
-    (e.g. a communicator's `bytes_sent`) receives the bytes this rank sends, per link class."""
+    (e.g. a communicator's `bytes_sent`) receives the bytes this rank sends to other holders, per link class
+    (the broadcasts inside a mesh stage are not counted)."""
 
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist
@@ -99,14 +101,15 @@ class ReplicaSync:
             self.moves += sync_moves(name, owners[name], rank=me)
             if name not in self.locals:
                 continue
-            keys, weights = holders_of(owners[name]), weights_of(owners[name])
-            self.weights[name] = weights
-            rec = self.locals[name]
+            keys, rec = holders_of(owners[name]), self.locals[name]
             is_root = tuple(rec["holder"]) == keys[0]
-            if is_root and rec["source"] and len(keys) > 1 and rec["lo"] < rec["hi"]:
-                self.root_scale.append((name, weights[0]))
             if not rec["shared"]:     # Megatron leaves the tied output copy out of the norm already
                 norm_roles.add(is_root)
+            if len(keys) < 2:         # held by one mesh stage only: nothing to sum
+                continue
+            self.weights[name] = weights = weights_of(owners[name])
+            if is_root and rec["source"] and rec["lo"] < rec["hi"]:
+                self.root_scale.append((name, weights[0]))
         if len(norm_roles) > 1:
             raise ValueError(f"rank {me} holds parameters whose first holder is its mesh and others whose first "
                              "holder is another mesh: the gradient norm cannot count them once per rank")
@@ -194,7 +197,8 @@ class ReplicaSync:
             for m, r, piece in sorted(got, key=lambda x: x[0].holder):
                 view = self._view(tables, m, r)
                 view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
-        self.scatter_back(tables, "exchange gradients of shared parameters (the sums back from their first holder)")
+        self.scatter_back(tables,
+                          "exchange gradients of shared parameters (the sums back from their first holder)")
         self.fill_copies(tables)
 
     def scatter_back(self, tables, what: str) -> None:
