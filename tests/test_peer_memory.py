@@ -59,7 +59,7 @@ def _plan(tmp_path, *extra) -> str:
     out = tmp_path / "plan.yaml"
     cmd = [sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model", "examples/peers/models/opt-350m.yaml",
            "--inventory", "examples/peers/inventory-same-zone.yaml", "--precision", "fp32",
-           "--global-batch-size", "1024", "--quiet", "--budget-s", "20", "-o", str(out), *extra]
+           "--global-batch-size", "1024", "--quiet", "--budget-s", "8", "--shapes", "simple", "-o", str(out), *extra]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return str(out)
@@ -85,7 +85,7 @@ def test_peer_plan_fits_as_sailors_job(tmp_path):
     """OPT-350M on the same-zone inventory, planned with --memory-job (analytic model: the memory does not depend
     on the time model): every stage of every mesh fits its device as Sailor's job would hold it. (Planned without
     it, the A100 stage of this plan needs 47 GiB as that job.)"""
-    _assert_fits_as_sailors_job(_plan(tmp_path, "--memory-job", "sailor-deepspeed", "--shapes", "simple"))
+    _assert_fits_as_sailors_job(_plan(tmp_path, "--memory-job", "sailor-deepspeed"))
 
 
 # ---- fp32 GEMMs on TF32: the inventory's `tf32`, the peak, the learned model's coverage, the emitted switch --------
@@ -130,7 +130,7 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
     predicted = sum(m.layer_times(SAILOR_MODELS["OPT-350"], tf32, 1, 2))
     assert abs(predicted / measured - 1) < 0.10, (predicted, measured)
     # the emitted launch turns TF32 on where the plan priced it, off elsewhere
-    _plan(tmp_path, "--shapes", "simple", "--emit", str(tmp_path / "launch"))
+    _plan(tmp_path, "--emit", str(tmp_path / "launch"))
     a100 = (tmp_path / "launch" / "a100.sh").read_text()
     v100 = (tmp_path / "launch" / "v100.sh").read_text()
     assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0" in v100
