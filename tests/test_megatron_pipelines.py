@@ -1,6 +1,7 @@
-"""NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on a plan of two pipelines joined by data
-parallelism, launched as `hetauto emit megatron` says (one torchrun per cluster, its rank offset and the job's
-world size), against Megatron's own homogeneous single-pipeline run of the same global batch.
+"""NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on plans of format version 3 (two pipelines
+joined by data parallelism; meshes side by side at a stage), launched as `hetauto emit megatron` says (one
+torchrun per launch, its rank offset and the job's world size), against Megatron's own homogeneous
+single-pipeline run of the same global batch.
 
 The plan (tiny model, tied embeddings, the plan's production settings: sequence parallelism, distributed
 optimizer, both overlaps): pipeline 0 on cluster-b, TP 1 over two stages of 2 | 6 layers, 4 micro-batches of 2
@@ -51,42 +52,65 @@ def job_flags(plan, iters):
             demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
 
 
-def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):
+def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log):
+    """Launch the plan per `hetauto emit megatron` (one torchrun per launch, 2 devices per node), then Megatron's
+    own single-pipeline run (demo.reference_argv); returns (logs, the --hetauto losses, Megatron's)."""
     from hetauto_megatron.runtime.launcher import free_port
 
-    plan_file = two_pipeline_plan(tmp_path)
     plan = load_plan(plan_file)
-    assert plan.num_pipelines == 2 and plan.world_size == 6 and plan.model.tie_embeddings
     launches = emit_megatron(plan, plan_path=plan_file, devices_per_node=2)
-    assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == \
-        [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)]
+    assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == launch_facts
     procs = []
     common = {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(free_port()), "HETAUTO_TIMEOUT_S": "120"}
     for la in launches:
+        # the launch's scripts pick each node's mesh arguments; the hook sets every rank's own from the plan anyway
         argv = la["megatron_args"][str(la["meshes"][0])] + job_flags(plan, NVIDIA_ITERS)
-        procs.append(_torchrun(nvidia_script, argv, la["num_devices"], free_port(), tmp_path / f"{la['name']}.log",
+        procs.append(_torchrun(script, argv, la["num_devices"], free_port(), tmp_path / f"{la['name']}.log",
                                dict(common, **la["env"])))
     codes = wait_all(procs, timeout=400)
     logs = {la["name"]: (tmp_path / f"{la['name']}.log").read_text() for la in launches}
-    assert codes == [0, 0], {k: v[-3000:] for k, v in logs.items()}
+    assert codes == [0] * len(launches), {k: v[-3000:] for k, v in logs.items()}
+    het = _logged_losses(logs[last_log])     # Megatron logs on the last rank
+
+    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
+    ref_log = tmp_path / "megatron.log"
+    settings = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                "--overlap-param-gather"]
+    codes = wait_all([_torchrun(script, ref_argv + settings, stages, free_port(), ref_log)], timeout=300)
+    assert codes == [0], ref_log.read_text()[-3000:]
+    ref = _logged_losses(ref_log.read_text())
+    assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
+    return launches, logs, het, ref
+
+
+def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):
+    plan_file = two_pipeline_plan(tmp_path)
+    plan = load_plan(plan_file)
+    assert plan.num_pipelines == 2 and plan.world_size == 6 and plan.model.tie_embeddings
+    launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
+                                                    [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)], "cluster-a")
     assert "[hetauto] rank 2: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 0" in logs["cluster-a"]
     # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch
     for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L"), (8, 6)):
         args = la["megatron_args"][str(la["meshes"][0])]
         assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout
         assert f"global_batch_size={batch}" in logs[la["name"]], logs[la["name"]][-3000:]
-    het = _logged_losses(logs["cluster-a"])     # Megatron logs on the last rank: pipeline 1's last stage
-
-    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
-    ref_log = tmp_path / "megatron.log"
-    settings = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                "--overlap-param-gather"]
-    codes = wait_all([_torchrun(nvidia_script, ref_argv + settings, stages, free_port(), ref_log)], timeout=300)
-    assert codes == [0], ref_log.read_text()[-3000:]
-    ref = _logged_losses(ref_log.read_text())
-    assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
     diff = max(abs(a - b) for a, b in zip(het, ref))
     print(f"two pipelines: {het}\nMegatron, one pipeline: {ref}\nmax |difference| {diff:.1e}")
+    assert diff <= 1e-5, (het, ref)
+
+
+def test_meshes_side_by_side_match_megatrons_single_mesh_run(nvidia_script, tmp_path):
+    """examples/llama/plans/tiny-alongside-cpu.yaml: stage 0 held by mesh A (TP 1 x DP 2, 1 sample each) and,
+    alongside, mesh B (TP 2 with sequence parallelism, 2 samples); stage 1 by mesh C (TP 1 x DP 2, 2 samples
+    each); tied embeddings; 6 ranks, 12 samples (3 steps of 4). Megatron's reference: 4 | 4 at TP 1."""
+    plan_file = os.path.join(ROOT, "examples", "llama", "plans", "tiny-alongside-cpu.yaml")
+    launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
+                                                    [("cluster-a", 0, 0, 2), ("cluster-b", 0, 2, 4)], "cluster-b")
+    # Megatron derives 3 micro-batches on every rank: A 6 / (2 x 1), B 6 / (1 x 2), C 12 / (2 x 2)
+    assert "global_batch_size=6" in logs["cluster-a"] and "global_batch_size=6" in logs["cluster-b"]
+    diff = max(abs(a - b) for a, b in zip(het, ref))
+    print(f"meshes side by side: {het}\nMegatron, one mesh per stage: {ref}\nmax |difference| {diff:.1e}")
     assert diff <= 1e-5, (het, ref)
 
 
