@@ -21,6 +21,11 @@ With --hetauto, per rank:
 4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (reduction of
    tied embeddings across clusters, a global gradient norm that counts each parameter once), and each run of
    the schedule is bracketed by the communicator's begin_step / end_step (overlapped boundaries).
+5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
+   pipeline's Megatron; the parameters every holder shares start from their first holder's values
+   (replica_sync.ReplicaWeights) and their gradients are summed across holders in finalize_model_grads
+   (replica_sync.ReplicaSync, as in the dry run); plan_data.py gives each replica its samples of the global
+   batch and logs the whole batch's loss.
 """
 from __future__ import annotations
 
