@@ -177,6 +177,7 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
     return n
 
 
+@lru_cache(maxsize=262144)     # pure; the search asks for the same stage under many layouts
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:
     """(gradient reduction, parameter all-gather) seconds of one iteration on the ring of the DP group's link.
 
@@ -233,6 +234,7 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
             "optimizer_s": max(opt), "sync_s": sync, "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
 
 
+@lru_cache(maxsize=262144)
 def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> float:
     """Adam on the local shard (the whole stage without the distributed optimizer): read/write the fp32 weight
     (the master copy in 16-bit training), two moments, read the gradient (and write the 16-bit weight):

@@ -288,14 +288,16 @@ class LayoutEvaluator:
         if out is not None:
             return out
         auto = [c.recompute == AUTO for c in choices]
-        if not self._may_fit(choices, auto):
+        cur = tuple(self.level(c, "none") if a else c for c, a in zip(choices, auto))
+        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        lists = self._stage_lists(cur, m)
+        # (when the lightest levels fit, so would the most generous: the early rejection is only asked otherwise)
+        if not self._fits(lists[5], lists[1]) and not self._may_fit(choices, auto):
             self.rejected.append(tuple(replace(c, recompute="full") if a else c for c, a in zip(choices, auto)))
             out = self.cache[choices] = (math.inf, self.rejected[-1])
             return out
-        cur = tuple(self.level(c, "none") if a else c for c, a in zip(choices, auto))
-        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
         while True:
-            pm, p, profs, per, fixed, caps = self._stage_lists(cur, m)
+            pm, p, profs, per, fixed, caps = lists
             if self._fits(caps, p):
                 if self.schedule == "blocking":
                     lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
@@ -312,6 +314,7 @@ class LayoutEvaluator:
                 return out
             nxt = RECOMPUTE_MODES[RECOMPUTE_MODES.index(cur[raise_at].recompute) + 1]
             cur = cur[:raise_at] + (self.level(cur[raise_at], nxt),) + cur[raise_at + 1:]
+            lists = self._stage_lists(cur, m)
 
     def _may_fit(self, choices: tuple, auto: list) -> bool:
         """Early rejection from layer counts alone: could the layers fit if every AUTO stage held as many as its
