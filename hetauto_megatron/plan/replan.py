@@ -2,7 +2,7 @@
 
 The old plan seeds the search: its meshes on the clusters that are still there (with the devices they still
 have) become local-search starts, and their predicted time is the first plan the tree search must beat, so
-its bounds close most of the tree from the first playout. The search then grows two trees with a tenth of
+its bounds close most of the tree from the first playout. The search then grows two trees with a twentieth of
 the cold budget each (docs/search.md has the measured time and quality against a cold search).
 """
 from __future__ import annotations
