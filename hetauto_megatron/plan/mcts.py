@@ -34,9 +34,10 @@ class TreeRun:
 
 
 class _Node:
-    __slots__ = ("visits", "total", "best", "children", "untried", "done")
+    __slots__ = ("visits", "total", "best", "children", "untried", "done", "bound")
 
-    def __init__(self, untried: list):
+    def __init__(self, untried: list, bound: float = 0.0):
+        self.bound = bound               # SearchSpace.bound of the node (fixed: the bounds do not change)
         self.visits, self.total, self.best = 0, 0.0, 0.0
         self.children: list = []
         self.untried = untried
@@ -53,7 +54,7 @@ def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> flo
 def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Random, best_t: float):
     """Default policy: random, steered by the principles: keep adding clusters (each adds compute), preferably
     over the fastest link from the last one; never into a node whose bound is no better than the best plan."""
-    acts = [a for a in acts if space.bound(path + (a,)) < best_t]
+    acts = [a for a, b in space.child_bounds(path) if b < best_t]
     if not acts:
         return None
     if END not in path:                 # still choosing the clusters
@@ -87,8 +88,9 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
         while True:                     # selection: UCT among children whose subtree is not exhausted
             node = nodes[path]
             for c in node.children:     # bounding: close what can no longer beat the best plan held
-                if not nodes[c].done and space.bound(c) >= best_t:
-                    nodes[c].done = True
+                child = nodes[c]
+                if not child.done and child.bound >= best_t:
+                    child.done = True
             if node.untried or all(nodes[c].done for c in node.children):
                 break
             ln = math.log(max(node.visits, 1))
@@ -107,7 +109,7 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
             continue
         path = path + (a,)
         node.children.append(path)
-        nodes[path] = _Node(list(space.actions(path)))
+        nodes[path] = _Node(list(space.actions(path)), space.bound(path))
         trail.append(path)
         run.playouts += 1
         leaf = path                     # rollout

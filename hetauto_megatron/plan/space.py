@@ -75,6 +75,8 @@ class SearchSpace:
         self._fits: dict = {}
         self._actions: dict = {}
         self._bounds: dict = {}
+        self._child_bounds: dict = {}
+        self._decoded: dict = {}
         self.twin_of = self._symmetry_classes()
         self._twins = {k: [x for x in self.names if self.twin_of[x] == k] for k in set(self.twin_of.values())}
         flops = model.model_flops_per_token() * gbs * model.seq_length
@@ -124,7 +126,14 @@ class SearchSpace:
         return seconds * price_per_second(self.inventory, devices_by_cluster(choices))
 
     def decode(self, path: tuple):
-        """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)"""
+        """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)
+        (cached: every playout decodes its leaf)"""
+        out = self._decoded.get(path)
+        if out is None:
+            out = self._decoded[path] = self._decode(path)
+        return out
+
+    def _decode(self, path: tuple):
         order = []
         i = 0
         while i < len(path) and path[i] != END:
@@ -268,6 +277,14 @@ class SearchSpace:
         for a, b in zip(order, order[1:]):
             bound = max(bound, self._act_bytes[a] / self.inventory.link(a, b).bytes_per_s)
         return bound
+
+    def child_bounds(self, path: tuple) -> list:
+        """[(action, bound of path + (action,))] for every legal next decision (cached: the tree search's default
+        policy asks it at every level of every playout)."""
+        out = self._child_bounds.get(path)
+        if out is None:
+            out = self._child_bounds[path] = [(a, self.bound(path + (a,))) for a in self.actions(path)]
+        return out
 
     def bound(self, path: tuple) -> float:
         """A lower bound on the closed-form time (cost objective: money per iteration) of every leaf below
