@@ -12,9 +12,12 @@ as one micro-batch (2 ranks), the same samples of the same mock dataset.
 Measured without each piece (the first plan order, pipeline 0 = TP 2 over 4 | 4; max |loss difference| over 4
 iterations, against 0 with all of them): every pipeline from its own seeds instead of pipeline 0's weights
 3.6e-1; Megatron's own sampler (each pipeline from sample 0) 6.5e-2; the last pipeline's loss logged instead of
-the whole batch's 1.5e-2.
+the whole batch's 1.5e-2; (this plan order) the last pipeline's validation loss 2.7e-2. The two-pipeline run also
+evaluates (every 2 iterations, and the validation and test sets at the end): measured within 1e-6 (one unit of
+the last printed digit) of Megatron's.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -52,7 +55,15 @@ def job_flags(plan, iters):
             demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
 
 
-def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log):
+VALIDATION = re.compile(r"validation loss at (.*?) \| lm loss value: ([0-9.E+-]+) \|")
+
+
+def validation_losses(text):
+    """Megatron's logged validation (and test-set) losses: [(where, value)]."""
+    return [(where, float(v)) for where, v in VALIDATION.findall(text)]
+
+
+def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):
     """Launch the plan per `hetauto emit megatron` (one torchrun per launch, 2 devices per node), then Megatron's
     own single-pipeline run (demo.reference_argv); returns (logs, the --hetauto losses, Megatron's)."""
     from hetauto_megatron.runtime.launcher import free_port
@@ -64,7 +75,7 @@ def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log):
     common = {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(free_port()), "HETAUTO_TIMEOUT_S": "120"}
     for la in launches:
         # the launch's scripts pick each node's mesh arguments; the hook sets every rank's own from the plan anyway
-        argv = la["megatron_args"][str(la["meshes"][0])] + job_flags(plan, NVIDIA_ITERS)
+        argv = la["megatron_args"][str(la["meshes"][0])] + job_flags(plan, NVIDIA_ITERS) + list(extra)
         procs.append(_torchrun(script, argv, la["num_devices"], free_port(), tmp_path / f"{la['name']}.log",
                                dict(common, **la["env"])))
     codes = wait_all(procs, timeout=400)
@@ -76,9 +87,11 @@ def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log):
     ref_log = tmp_path / "megatron.log"
     settings = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                 "--overlap-param-gather"]
-    codes = wait_all([_torchrun(script, ref_argv + settings, stages, free_port(), ref_log)], timeout=300)
+    codes = wait_all([_torchrun(script, ref_argv + settings + list(extra), stages, free_port(), ref_log)],
+                     timeout=300)
     assert codes == [0], ref_log.read_text()[-3000:]
-    ref = _logged_losses(ref_log.read_text())
+    logs["reference"] = ref_log.read_text()
+    ref = _logged_losses(logs["reference"])
     assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
     return launches, logs, het, ref
 
@@ -88,16 +101,20 @@ def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_pa
     plan = load_plan(plan_file)
     assert plan.num_pipelines == 2 and plan.world_size == 6 and plan.model.tie_embeddings
     launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
-                                                    [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)], "cluster-a")
+                                                    [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)], "cluster-a",
+                                                    extra=["--eval-iters", "1", "--eval-interval", "2"])
     assert "[hetauto] rank 2: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 0" in logs["cluster-a"]
     # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch
     for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L"), (8, 6)):
         args = la["megatron_args"][str(la["meshes"][0])]
         assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout
         assert f"global_batch_size={batch}" in logs[la["name"]], logs[la["name"]][-3000:]
-    diff = max(abs(a - b) for a, b in zip(het, ref))
-    print(f"two pipelines: {het}\nMegatron, one pipeline: {ref}\nmax |difference| {diff:.1e}")
-    assert diff <= 1e-5, (het, ref)
+    # evaluation reads a global batch of the validation / test set as training does, and logs the whole batch's
+    het_val, ref_val = validation_losses(logs["cluster-a"]), validation_losses(logs["reference"])
+    assert [w for w, _ in het_val] == [w for w, _ in ref_val] and len(ref_val) >= 3, (het_val, ref_val)
+    diff = max(abs(a - b) for a, b in zip(het + [v for _, v in het_val], ref + [v for _, v in ref_val]))
+    print(f"two pipelines: {het} {het_val}\nMegatron, one pipeline: {ref} {ref_val}\nmax |difference| {diff:.1e}")
+    assert diff <= 1e-5, (het, ref, het_val, ref_val)
 
 
 def test_meshes_side_by_side_match_megatrons_single_mesh_run(nvidia_script, tmp_path):
@@ -214,7 +231,9 @@ def test_sample_counted_schedules_and_checkpoints_are_refused_naming_the_flag():
     plan = alongside_plan()
     for extra, flag in (({"train_samples": 1200}, "--train-samples"), ({"lr_warmup_samples": 10},
                         "--lr-warmup-samples"), ({"save": "/ckpt"}, "--save"),
-                        ({"global_batch_size": 16}, "global_batch_size")):
+                        ({"global_batch_size": 16}, "global_batch_size"),
+                        ({"calculate_per_token_loss": True}, "--calculate-per-token-loss"),
+                        ({"eval_micro_batch_size": 1}, "--eval-micro-batch-size")):
         args = SimpleNamespace(**{"global_batch_size": None, **extra})
         with pytest.raises(InputError) as exc:
             rewrite.check_job_args(args, plan, file="p.yaml")

@@ -7,11 +7,12 @@ sample 0 and its logged loss would be the last pipeline's alone. Here, as in the
 - iteration i trains the global batch [i x B, (i + 1) x B) of the dataset (B = the plan's global batch), pipeline
   p the samples after those of pipelines < p, its micro-batch m the m-th step of those, and a replica the samples
   `Plan.sample_range` gives it inside each step. So the job trains exactly the samples a single pipeline of the
-  same global batch trains, and every sample once (`plan_sampler` replaces Megatron's training sampler);
-- the dataset is sized for the plan's global batch, not a mesh's share;
-- the loss Megatron logs is the whole batch's: each mesh at a pipeline's last stage contributes its mean loss
-  (Megatron's reduction over its own DP group) weighted by its share of the global batch
-  (RankContext.batch_share, the weight of its gradients in replica_sync.py), summed over all ranks.
+  same global batch trains, and every sample once (`PlanSampler` replaces Megatron's sampler, for training and
+  for evaluation: an evaluation iteration reads a global batch of the validation or test set the same way);
+- the datasets are sized for the plan's global batch, not a mesh's share;
+- the losses Megatron logs (training and validation) are the whole batch's: each mesh at a pipeline's last stage
+  contributes its mean loss (Megatron's reduction over its own DP group) weighted by its share of the global
+  batch (RankContext.batch_share, the weight of its gradients in replica_sync.py), summed over all ranks.
 
 `micro_batch_indices` is pure; the rest is a thin layer over megatron.training.
 """
@@ -66,14 +67,20 @@ def install_plan_batches(state) -> None:
     original_loader = training.build_pretraining_data_loader
     original_sizes = training.get_train_valid_test_num_samples
     original_step = training.train_step
+    original_evaluate = training.evaluate
 
     @functools.wraps(original_sizes)
     def get_train_valid_test_num_samples():
         from megatron.training import get_args
 
-        sizes = list(original_sizes())
-        sizes[0] = get_args().train_iters * plan.global_batch_size     # the whole job's samples, every pipeline's
-        return tuple(sizes)
+        args = get_args()
+        # Megatron sizes the datasets by its (the mesh's) batch: give it the job's while it counts
+        mesh_batch = (args.global_batch_size, args.eval_global_batch_size)
+        args.global_batch_size = args.eval_global_batch_size = plan.global_batch_size
+        try:
+            return original_sizes()
+        finally:
+            args.global_batch_size, args.eval_global_batch_size = mesh_batch
 
     @functools.wraps(original_loader)
     def build_pretraining_data_loader(dataset, consumed_samples):
@@ -81,8 +88,8 @@ def install_plan_batches(state) -> None:
         from megatron.training import get_args
 
         split = getattr(dataset, "index_split", getattr(dataset, "split", None))
-        if dataset is None or split != Split.train or get_args().dataloader_type != "single":
-            return original_loader(dataset, consumed_samples)   # evaluation: Megatron's own, per pipeline
+        if dataset is None or split not in (Split.train, Split.valid, Split.test):
+            return original_loader(dataset, consumed_samples)
         import torch
 
         sampler = PlanSampler(len(dataset), consumed_samples, plan, coords.mesh_index, coords.dp_rank)
@@ -94,11 +101,18 @@ def install_plan_batches(state) -> None:
         out = original_step(*args, **kwargs)
         return (whole_batch_losses(state, out[0]),) + tuple(out[1:])
 
-    for fn in (get_train_valid_test_num_samples, build_pretraining_data_loader, train_step):
+    @functools.wraps(original_evaluate)
+    def evaluate(*args, **kwargs):
+        losses, *rest = original_evaluate(*args, **kwargs)
+        whole = whole_batch_losses(state, losses or {})     # collective: every rank, every evaluation
+        return (whole if losses is not None else None, *rest)
+
+    for fn in (get_train_valid_test_num_samples, build_pretraining_data_loader, train_step, evaluate):
         fn._hetauto = True
     training.get_train_valid_test_num_samples = get_train_valid_test_num_samples
     training.build_pretraining_data_loader = build_pretraining_data_loader
     training.train_step = train_step
+    training.evaluate = evaluate
 
 
 def whole_batch_losses(state, loss_dict: dict) -> dict:

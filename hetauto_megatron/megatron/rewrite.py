@@ -221,6 +221,13 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
             raise InputError(f"{flag} is not supported with a plan of several pipelines or meshes side by side: "
                              "Megatron counts samples per mesh there", file=file, field=flag,
                              fix=f"use {instead}" if instead else "drop the flag (a plan has one global batch)")
+    for arg in ("eval_global_batch_size", "eval_micro_batch_size", "full_validation", "calculate_per_token_loss"):
+        if getattr(args, arg, None):
+            flag = "--" + arg.replace("_", "-")
+            raise InputError(f"{flag} is not supported with a plan of several pipelines or meshes side by side: "
+                             "evaluation reads the global batch as training does, and losses and gradients are "
+                             "weighted by each mesh's share of the samples", file=file, field=flag,
+                             fix="drop the flag")
     for arg in ("save", "load"):
         if getattr(args, arg, None):
             raise InputError(f"--{arg} is not supported yet with a plan of several pipelines or meshes side by side",
