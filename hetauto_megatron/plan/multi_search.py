@@ -147,7 +147,9 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
                     out.partitions += 1
                     b = _objective_bound(con, inventory, bound(blocks), subset)
                     if b < best[0]:
-                        cands.append((b, [sorted(x, key=names.index) for x in blocks]))
+                        r = bound.root(blocks)        # pipeline 0: the root of the gradient exchange
+                        ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
+                        cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
     cache: dict = {}
     sub_cfg = dataclasses.replace(cfg, progress=False)

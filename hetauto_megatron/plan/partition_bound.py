@@ -31,10 +31,12 @@ class PartitionBound:
     Pipelines: block X alone would take at least c_X = max(its FLOPs share of the whole batch at the peak rate of
     its clusters, the whole batch's activations over the slowest link of the best order through its clusters)
     for the whole batch (both are proportional to its share s_X), so the slowest pipeline takes at least
-    min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient sync, after the pipelines: each pair of
-    pipelines exchanges every parameter's gradient (gradient-reduce dtype) once each way, over the links
-    joining their clusters (at best all of them at once; the slowest link of the inventory where a pair of
-    clusters has none, as the pricing does)."""
+    min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient exchange, after the pipelines (as
+    runtime/replica_sync.py runs it, plan/multi_simulate.py prices it): every parameter's gradient (gradient-reduce
+    dtype) goes from every other pipeline to pipeline 0's ranks, then the sum comes back, one phase after the
+    other: at least 2 G / (the links joining pipeline 0's clusters to those of each other pipeline, all at once
+    at best; the slowest link of the inventory where a pair of clusters has none, as the pricing does). The plan
+    makes pipeline 0 the block for which that is least (`root`)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
         self.inventory = inventory
@@ -90,20 +92,34 @@ class PartitionBound:
                 return t
         return 0.0
 
+    def _cap(self, a, b) -> float:
+        """Bytes per second between two blocks at best: every link joining them at once (pairs of clusters without
+        a link use the inventory's slowest one, as the pricing does: counted once)."""
+        cap, missing = 0.0, False
+        for x in a:
+            for y in b:
+                link = self.inventory.link(x, y)
+                if link is None:
+                    missing = True
+                else:
+                    cap += link.bytes_per_s
+        return cap + (self.fallback if missing else 0.0)
+
+    def root(self, blocks: list) -> int:
+        """The block to make pipeline 0, the root of every parameter's exchange: the one whose slowest cut to
+        another block is the fastest (the exchange's bound below)."""
+        return min(range(len(blocks)), key=lambda r: (self._sync(blocks, r), r))
+
+    def _sync(self, blocks: list, r: int) -> float:
+        worst = 0.0
+        for i, b in enumerate(blocks):
+            if i != r:
+                cap = self._cap(blocks[r], b)
+                worst = max(worst, 2 * self.grad_bytes / cap if cap > 0 else math.inf)
+        return worst
+
     def __call__(self, blocks: list) -> float:
         inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)
         if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
             return math.inf
-        sync = 0.0
-        for a, b in itertools.combinations(blocks, 2):
-            cap, missing = 0.0, False
-            for x in a:
-                for y in b:
-                    link = self.inventory.link(x, y)
-                    if link is None:
-                        missing = True
-                    else:
-                        cap += link.bytes_per_s
-            cap += self.fallback if missing else 0.0    # pairs without a link use the slowest one (pricing)
-            sync = max(sync, self.grad_bytes / cap if cap > 0 else math.inf)
-        return 1 / inv_sum + sync
+        return 1 / inv_sum + self._sync(blocks, self.root(blocks))
