@@ -1,6 +1,6 @@
 """NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on plans of format version 3 (two pipelines
-joined by data parallelism; meshes side by side at a stage), launched as `hetauto emit megatron` says (one
-torchrun per launch, its rank offset and the job's world size), against Megatron's own homogeneous
+joined by data parallelism; meshes side by side at a stage), launched by the scripts `hetauto emit megatron` writes, run as
+they are (one torchrun per node, the launch's rank offset and the job's world size), against Megatron's own homogeneous
 single-pipeline run of the same global batch.
 
 The plan (tiny model, tied embeddings, the plan's production settings: sequence parallelism, distributed
@@ -24,7 +24,7 @@ import sys
 import yaml
 from helpers import wait_all
 from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
-from test_megatron_pretrain import NVIDIA_ITERS, _logged_losses, _torchrun
+from test_megatron_pretrain import NVIDIA_ITERS, TORCHRUN, _logged_losses, _torchrun
 
 from hetauto_megatron.emit.megatron import emit_megatron
 from hetauto_megatron.megatron import demo
@@ -64,23 +64,34 @@ def validation_losses(text):
 
 
 def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):
-    """Launch the plan per `hetauto emit megatron` (one torchrun per launch, 2 devices per node), then Megatron's
-    own single-pipeline run (demo.reference_argv); returns (logs, the --hetauto losses, Megatron's)."""
+    """Run the launch scripts `hetauto emit megatron` writes for the plan (2 devices per node) as they are, one
+    bash per node (torchrun inside, its rendezvous per launch, NVIDIA's script as MEGATRON_SCRIPT), then
+    Megatron's own single-pipeline run (demo.reference_argv). Returns (launches, logs by "<launch>.node<n>", by
+    launch name (its last node) and "reference", the --hetauto losses, Megatron's)."""
     from hetauto_megatron.runtime.launcher import free_port
 
     plan = load_plan(plan_file)
     launches = emit_megatron(plan, plan_path=plan_file, devices_per_node=2)
     assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == launch_facts
-    procs = []
-    common = {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(free_port()), "HETAUTO_TIMEOUT_S": "120"}
+    base = dict(os.environ, TORCHRUN=TORCHRUN, MEGATRON_SCRIPT=script, HETAUTO_MASTER_ADDR="127.0.0.1",
+                HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="120", CLUSTER_MASTER_ADDR="127.0.0.1",
+                PYTHONWARNINGS="ignore")
+    procs, logs = [], {}
     for la in launches:
-        # the launch's scripts pick each node's mesh arguments; the hook sets every rank's own from the plan anyway
-        argv = la["megatron_args"][str(la["meshes"][0])] + job_flags(plan, NVIDIA_ITERS) + list(extra)
-        procs.append(_torchrun(script, argv, la["num_devices"], free_port(), tmp_path / f"{la['name']}.log",
-                               dict(common, **la["env"])))
+        path = tmp_path / f"{la['name']}.sh"
+        path.write_text(la["script"])
+        port = free_port()
+        for node in range(la["nnodes"]):
+            log = tmp_path / f"{la['name']}.node{node}.log"
+            env = dict(base, NODE_RANK=str(node), CLUSTER_MASTER_PORT=str(port))
+            with open(log, "w") as fh:
+                procs.append(subprocess.Popen(["bash", str(path), *job_flags(plan, NVIDIA_ITERS), *extra], env=env,
+                                              stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                              cwd=os.path.dirname(script)))
+            logs[f"{la['name']}.node{node}"] = logs[la["name"]] = log
     codes = wait_all(procs, timeout=400)
-    logs = {la["name"]: (tmp_path / f"{la['name']}.log").read_text() for la in launches}
-    assert codes == [0] * len(launches), {k: v[-3000:] for k, v in logs.items()}
+    logs = {name: log.read_text() for name, log in logs.items()}
+    assert codes == [0] * len(procs), {k: v[-3000:] for k, v in logs.items()}
     het = _logged_losses(logs[last_log])     # Megatron logs on the last rank
 
     ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
@@ -103,7 +114,7 @@ def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_pa
     launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
                                                     [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)], "cluster-a",
                                                     extra=["--eval-iters", "1", "--eval-interval", "2"])
-    assert "[hetauto] rank 2: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 0" in logs["cluster-a"]
+    assert "[hetauto] rank 4: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 1" in logs["cluster-a"]
     # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch
     for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L"), (8, 6)):
         args = la["megatron_args"][str(la["meshes"][0])]
@@ -124,8 +135,11 @@ def test_meshes_side_by_side_match_megatrons_single_mesh_run(nvidia_script, tmp_
     plan_file = os.path.join(ROOT, "examples", "llama", "plans", "tiny-alongside-cpu.yaml")
     launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
                                                     [("cluster-a", 0, 0, 2), ("cluster-b", 0, 2, 4)], "cluster-b")
-    # Megatron derives 3 micro-batches on every rank: A 6 / (2 x 1), B 6 / (1 x 2), C 12 / (2 x 2)
-    assert "global_batch_size=6" in logs["cluster-a"] and "global_batch_size=6" in logs["cluster-b"]
+    # Megatron derives 3 micro-batches on every rank: A 6 / (2 x 1), B 6 / (1 x 2), C 12 / (2 x 2); cluster-b's
+    # launch gives node 0 mesh B's arguments and node 1 mesh C's
+    assert "global_batch_size=6" in logs["cluster-a"] and "global_batch_size=6" in logs["cluster-b.node0"]
+    assert "[hetauto] rank 2: cluster cluster-b (cpu), mesh 1, stage 0" in logs["cluster-b.node0"]
+    assert "[hetauto] rank 4: cluster cluster-b (cpu), mesh 2, stage 1" in logs["cluster-b.node1"]
     diff = max(abs(a - b) for a, b in zip(het, ref))
     print(f"meshes side by side: {het}\nMegatron, one mesh per stage: {ref}\nmax |difference| {diff:.1e}")
     assert diff <= 1e-5, (het, ref)
