@@ -251,8 +251,9 @@ def _speed(model, inventory, cost, cluster, tp, dp, mbs, recompute) -> float:
 
 def _alongside(model, inventory, cost, con, best, out: ShapesResult):
     """Greedy, mesh by mesh: the best extra replica group from free devices, kept if the plan gains. The group
-    takes part of the mesh's micro-batch step (the step stays), or the pipeline's step doubles (the other meshes of
-    the pipeline double their micro-batch) and the two groups share it by speed."""
+    takes part of the mesh's micro-batch step (the step stays), or the pipeline's step grows 2, 4 or 8 times (the
+    other meshes of the pipeline scale their micro-batch alike) and the two groups share it by speed: a slow
+    group needs a large step to take a small share of it."""
     inv = inventory.with_precision(best[2].precision)
     max_mb = 16
     for _ in range(2):                                   # a second pass may use what the first left free
@@ -281,8 +282,10 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult):
                 for tp in tp_degrees(model, cl):
                     if con.tp_of(cl.name) not in (None, tp) or tp * k > free:
                         continue
-                    for dp in sorted({free // (tp * k), max(1, free // (tp * k) // 2)}):
-                        for scale in (1, 2):
+                    most = free // (tp * k)
+                    # all the free devices, or a power of two fewer replicas (a slow device type takes a few)
+                    for dp in sorted({most} | {1 << j for j in range(most.bit_length()) if 1 << j < most}):
+                        for scale in (1, 2, 4, 8):
                             step = S * scale
                             if plan.samples_per_pipeline[p] % step or (scale > 1 and any(
                                     plan.meshes[i].micro_batch_size * scale > max_mb for i in mates)):
