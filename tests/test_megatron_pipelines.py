@@ -234,7 +234,7 @@ def test_every_sample_of_the_global_batch_is_trained_once_per_iteration():
     assert list(PlanSampler(36, 4, plan, 1, 0)) == [[14, 15], [18, 19], [26, 27], [30, 31]]
 
 
-def test_sample_counted_schedules_and_checkpoints_are_refused_naming_the_flag():
+def test_sample_counted_schedules_and_shared_checkpoint_formats_are_refused_naming_the_flag():
     from types import SimpleNamespace
 
     import pytest
@@ -244,7 +244,7 @@ def test_sample_counted_schedules_and_checkpoints_are_refused_naming_the_flag():
 
     plan = alongside_plan()
     for extra, flag in (({"train_samples": 1200}, "--train-samples"), ({"lr_warmup_samples": 10},
-                        "--lr-warmup-samples"), ({"save": "/ckpt"}, "--save"),
+                        "--lr-warmup-samples"), ({"save": "/ckpt"}, "--ckpt-format"),
                         ({"global_batch_size": 16}, "global_batch_size"),
                         ({"calculate_per_token_loss": True}, "--calculate-per-token-loss"),
                         ({"eval_micro_batch_size": 1}, "--eval-micro-batch-size")):
@@ -252,4 +252,48 @@ def test_sample_counted_schedules_and_checkpoints_are_refused_naming_the_flag():
         with pytest.raises(InputError) as exc:
             rewrite.check_job_args(args, plan, file="p.yaml")
         assert exc.value.field == flag and exc.value.file == "p.yaml"
-    rewrite.check_job_args(SimpleNamespace(global_batch_size=12, train_samples=None, save=None), plan)
+    rewrite.check_job_args(SimpleNamespace(global_batch_size=12, train_samples=None, save="/ckpt",
+                                           ckpt_format="torch"), plan)
+
+
+def test_every_mesh_stage_checkpoints_under_its_own_name():
+    from hetauto_megatron.megatron.rewrite import checkpoint_stage
+    from hetauto_megatron.runtime.groups import rank_coords
+
+    plan = alongside_plan()
+    # mesh a (stage 0), b alongside it (stage 0), c (stage 1), then pipeline 1's mesh d (its stages 0 and 1)
+    names = {(checkpoint_stage(plan, c), c.tp_rank) for c in map(lambda r: rank_coords(plan, r), range(8))
+             if c.dp_rank == 0}
+    assert sorted(names) == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0), (4, 0)]
+
+
+def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrupted_loss(tmp_path):
+    """--ckpt-format torch under two pipelines (each with its stage 0): 3 iterations saving at the 2nd, then a run
+    resumed from that checkpoint trains the 3rd: Megatron logs the uninterrupted run's loss. The plain optimizer,
+    as in test_megatron_pretrain's checkpoint test (Megatron-Core 0.19 does not resume its distributed optimizer
+    from the `torch` format on CPU). Our entry script on forked processes (cheaper than torchrun)."""
+    import dataclasses
+
+    plan = load_plan(two_pipeline_plan(tmp_path))
+    plan = dataclasses.replace(plan, meshes=tuple(dataclasses.replace(
+        m, setting_overrides={"distributed_optimizer": False, "overlap_param_gather": False}) for m in plan.meshes))
+    plan_file = str(tmp_path / "plain.yaml")
+    plan.save(plan_file)
+    ckpt = tmp_path / "ckpt"
+    argv = demo.hetauto_argv(plan_file, plan, iters=3, seed=1234) + ["--ckpt-format", "torch"]
+    argv[argv.index("--global-batch-size") + 1] = str(plan.global_batch_size)
+    logs = {}
+    for name, extra in (("whole", ["--save", str(ckpt), "--save-interval", "2"]),
+                        ("resumed", ["--load", str(ckpt), "--ckpt-step", "2"])):
+        (tmp_path / name).mkdir()
+        demo.run_entry(argv + extra, plan.world_size, log_dir=str(tmp_path / name))
+        logs[name] = (tmp_path / name / f"rank{plan.world_size - 1}.log").read_text()
+    # pipeline 0 (TP 1): mesh stages 0, 1; pipeline 1 (TP 2): 2, 3 - no file shared between the pipelines
+    shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir())
+    assert shards == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002", "mp_rank_00_003", "mp_rank_01_002",
+                      "mp_rank_01_003"]
+    whole = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["whole"]))
+    resumed = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["resumed"]))
+    assert sorted(whole) == ["1", "2", "3"] and sorted(resumed) == ["3"], (whole, resumed)
+    print(f"uninterrupted {whole['3']}, resumed {resumed['3']}")
+    assert abs(float(whole["3"]) - float(resumed["3"])) <= 1e-6

@@ -14,13 +14,19 @@ sample 0 and its logged loss would be the last pipeline's alone. Here, as in the
   contributes its mean loss (Megatron's reduction over its own DP group) weighted by its share of the global
   batch (RankContext.batch_share, the weight of its gradients in replica_sync.py), summed over all ranks.
 
+Checkpoints (`--ckpt-format torch`): each mesh stage's DP rank 0 writes its own file, named by TP rank and the
+mesh stage's index over the plan (rewrite.checkpoint_stage), since every pipeline has a stage 0. Every holder of
+a parameter holds the same values after each step, so each resumes from its own file; the samples resume from
+Megatron's consumed-samples count (the mesh's own, converted back to iterations by PlanSampler).
+
 `micro_batch_indices` is pure; the rest is a thin layer over megatron.training.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 
-from .rewrite import mesh_batch_size
+from .rewrite import checkpoint_stage, mesh_batch_size
 
 
 def micro_batch_indices(plan, mesh_index: int, dp_rank: int, iteration: int) -> list[list[int]]:
@@ -107,6 +113,20 @@ def install_plan_batches(state) -> None:
         whole = whole_batch_losses(state, losses or {})     # collective: every rank, every evaluation
         return (whole if losses is not None else None, *rest)
 
+    import megatron.training.checkpointing as checkpointing
+
+    original_name = checkpointing.get_checkpoint_name
+    signature = inspect.signature(original_name)
+    stage = checkpoint_stage(plan, coords)
+
+    @functools.wraps(original_name)
+    def get_checkpoint_name(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("pipeline_rank") is None:     # this rank's own file (Megatron fills in its ranks)
+            bound.arguments["pipeline_rank"], bound.arguments["pipeline_parallel"] = stage, True
+        return original_name(*bound.args, **bound.kwargs)
+
+    checkpointing.get_checkpoint_name = get_checkpoint_name
     for fn in (get_train_valid_test_num_samples, build_pretraining_data_loader, train_step, evaluate):
         fn._hetauto = True
     training.get_train_valid_test_num_samples = get_train_valid_test_num_samples

@@ -204,7 +204,7 @@ _SAMPLE_ARGS = (("train_samples", "--train-samples", "--train-iters"),
 def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     """The user's job-wide arguments against the plan: --global-batch-size must be the plan's (its time and memory
     were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only and
-    no checkpoints yet (a stage index names a checkpoint file, and each pipeline has its own stage 0)."""
+    checkpoints in the per-rank `torch` format (see `checkpoint_stage`)."""
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -228,11 +228,20 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                              "evaluation reads the global batch as training does, and losses and gradients are "
                              "weighted by each mesh's share of the samples", file=file, field=flag,
                              fix="drop the flag")
-    for arg in ("save", "load"):
-        if getattr(args, arg, None):
-            raise InputError(f"--{arg} is not supported yet with a plan of several pipelines or meshes side by side",
-                             file=file, field=f"--{arg}",
-                             fix="drop it, or checkpoint a plan of one pipeline (docs/megatron-integration.md)")
+    fmt = getattr(args, "ckpt_format", "torch_dist")
+    if (getattr(args, "save", None) or getattr(args, "load", None)) and fmt != "torch":
+        raise InputError(f"--ckpt-format {fmt} cannot checkpoint a plan of several pipelines or meshes side by side: "
+                         "several meshes hold each parameter, each with its own sharding", file=file,
+                         field="--ckpt-format", fix="add --ckpt-format torch (each mesh stage saves and loads its own "
+                                                    "shards; docs/megatron-integration.md, Checkpoints)")
+
+
+def checkpoint_stage(plan: Plan, placement: RankCoords) -> int:
+    """The stage number in this rank's checkpoint file name (Megatron's mp_rank_TT_SSS): the index of its mesh
+    stage counted over every mesh of the plan in order, so that stages of different pipelines (each has a stage
+    0) and meshes side by side at one stage (each with its own TP shards) never share a file. For a plan of one
+    pipeline of single meshes it is the pipeline stage, Megatron's own name."""
+    return sum(m.num_stages for m in plan.meshes[:placement.mesh_index]) + placement.stage_in_mesh
 
 
 # Setting -> (Megatron argument, its flag). Each is a store_true switch (default False) in Megatron-LM.
