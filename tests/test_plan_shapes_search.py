@@ -51,6 +51,7 @@ def test_data_parallel_across_twin_clusters_beats_one_pipeline_and_prices_as_sim
     # at least as good as the two pipelines the partition level searched
     two = [t for what, t, _ in res.tried if what == "a | b"]
     assert two and res.iteration_time_s <= two[0]
+    assert search_shapes(model, inv, 512, config=cfg).plan == res.plan       # deterministic
     assert simulate(res.plan, inv).iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-12)
     simple = search_shapes(model, inv, 512, config=cfg, shapes="simple")
     assert simple.plan.is_simple and simple.iteration_time_s == one.iteration_time_s

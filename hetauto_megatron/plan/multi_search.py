@@ -194,8 +194,9 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
     best = None
     for _ in range(REBALANCE_ROUNDS):
         plan = _joined(model, inventory, gbs, shares, layouts)
-        t = simulate(plan, inventory, cost).iteration_time_s
-        if best is None or t < best[0]:
+        est = simulate(plan, inventory, cost)
+        t = est.iteration_time_s
+        if est.fits and (best is None or t < best[0]):
             best = (t, plan)
         steps = [c[0].dp * c[0].micro_batch_size for c, *_ in layouts]
         try:
