@@ -98,14 +98,26 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         out.seconds = time.perf_counter() - t0
         return out
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
+    # --budget-s covers the whole search: the levels below stop where it runs out
+    deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
         if len(usable) > 1:
-            best = _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out)
+            best = _partitions(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
         best = _alongside(model, inventory, cost, con, best, out)
-        best = _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out)
+        best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _sub(cfg: SearchConfig, deadline) -> SearchConfig:
+    """The configuration of the single-pipeline searches below: quiet, within what is left of --budget-s."""
+    left = None if deadline is None else max(0.1, deadline - time.perf_counter())
+    return dataclasses.replace(cfg, progress=False, budget_s=left)
+
+
+def _out_of_time(deadline) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
 
 
 # ---- level 1: clusters -> pipelines ----------------------------------------------------------------------------
@@ -134,7 +146,7 @@ def _objective_bound(con: Constraints, inventory: Inventory, seconds: float, clu
     return seconds * price_per_second(inventory, {c: 1 for c in clusters})
 
 
-def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult):
+def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult, deadline=None):
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
     cands = []
@@ -152,9 +164,9 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
                         cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
     cache: dict = {}
-    sub_cfg = dataclasses.replace(cfg, progress=False)
+    sub_cfg = cfg
     for b, blocks in cands[:MAX_PARTITIONS]:
-        if b >= best[0]:
+        if b >= best[0] or _out_of_time(deadline):
             break
         out.partitions_searched += 1
         found = _search_partition(model, inventory, gbs, cost, sub_cfg, con, names, blocks, cache, out)
@@ -321,7 +333,7 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult):
     return best
 
 
-def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult):
+def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult, deadline=None):
     """Sailor's shape: one cluster's pipeline with another cluster's devices as replica groups of its stages.
     Start from the best plan on each cluster alone, when a linked cluster could stand alongside it: the groups
     would at least exchange the model's gradients twice (gather, scatter) over the link between the two, on top
@@ -329,8 +341,10 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
     skipped."""
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
-    sub_cfg = dataclasses.replace(cfg, progress=False)
+    sub_cfg = cfg
     for c in usable:
+        if _out_of_time(deadline):
+            break
         partners = [d for d in usable if d != c and inventory.link(c, d) is not None
                     and _objective_bound(con, inventory, COMPUTE_SLACK * bound.flops / (bound.rate[c] + bound.rate[d])
                                          + 2 * bound.grad_bytes / inventory.link(c, d).bytes_per_s, (c, d)) < best[0]]
