@@ -282,11 +282,11 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
     ckpt = tmp_path / "ckpt"
     argv = demo.hetauto_argv(plan_file, plan, iters=3, seed=1234) + ["--ckpt-format", "torch"]
     argv[argv.index("--global-batch-size") + 1] = str(plan.global_batch_size)
-    logs = {}
+    logs, steps = {}, {}
     for name, extra in (("whole", ["--save", str(ckpt), "--save-interval", "2"]),
                         ("resumed", ["--load", str(ckpt), "--ckpt-step", "2"])):
         (tmp_path / name).mkdir()
-        demo.run_entry(argv + extra, plan.world_size, log_dir=str(tmp_path / name))
+        steps[name] = demo.last_rank_losses(demo.run_entry(argv + extra, plan.world_size, log_dir=str(tmp_path / name)))
         logs[name] = (tmp_path / name / f"rank{plan.world_size - 1}.log").read_text()
     # pipeline 0 (TP 1): mesh stages 0, 1; pipeline 1 (TP 2): 2, 3 - no file shared between the pipelines
     shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir())
@@ -296,4 +296,8 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
     resumed = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["resumed"]))
     assert sorted(whole) == ["1", "2", "3"] and sorted(resumed) == ["3"], (whole, resumed)
     print(f"uninterrupted {whole['3']}, resumed {resumed['3']}")
+    # the demo's per-step record is the whole batch's loss too (the --hetauto demo takes these plans); Megatron's
+    # log line averages since the previous line in the first iterations, a complete interval is the step's loss
+    assert len(steps["whole"]) == 3 and abs(steps["whole"][-1] - float(whole["3"])) <= 1e-6
+    assert abs(steps["whole"][0] - float(whole["1"])) <= 1e-6 and steps["resumed"] == steps["whole"][2:]
     assert abs(float(whole["3"]) - float(resumed["3"])) <= 1e-6
