@@ -27,7 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import estimate_1f1b, warmup_counts
+from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout, padded_model
 from .split import split_layers
@@ -234,9 +234,15 @@ class LayoutEvaluator:
             if c:
                 buffers[l] += depth[l] + 2
                 buffers[l + 1] += depth[l] + 2
-        warm = warmup_counts(p, m, depth)
-        caps = [self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(warm[i] + 1, m), buffers[i])
-                for i, prof in enumerate(profs)]
+        caps = [0] * p
+        after = 0                       # warmup_counts: the stages after i plus the depths after it
+        table = None
+        for i in range(p - 1, -1, -1):
+            if i < p - 1:
+                after += depth[i]
+            if table is None or i in (0, p - 2) or profs[i] is not profs[i + 1]:
+                table = self.cap_table(pm, profs[i], i == 0, i == p - 1)   # one per mesh and end stage
+            caps[i] = table.cap(min(min(m, p - i - 1 + after) + 1, m), buffers[i])
         return caps, depth
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):

@@ -77,6 +77,7 @@ class SearchSpace:
         self._bounds: dict = {}
         self._child_bounds: dict = {}
         self._decoded: dict = {}
+        self._pinned_rc = {c.name: con.recompute_of(c.name) for c in inventory.clusters}   # --recompute
         self.twin_of = self._symmetry_classes()
         self._twins = {k: [x for x in self.names if self.twin_of[x] == k] for k in set(self.twin_of.values())}
         flops = model.model_flops_per_token() * gbs * model.seq_length
@@ -111,7 +112,7 @@ class SearchSpace:
         mesh after it. Its recomputation is the evaluator's choice unless --recompute pins it."""
         n = min(self._cl[cluster].num_devices, self.max_devices - devices_before)
         k = min(n // (tp * dp), self.max_stages(samples) - stages_before - meshes_after)
-        return MeshChoice(cluster, tp, dp, samples // dp, self.con.recompute_of(cluster) or AUTO, k)
+        return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
 
     def max_stages(self, samples: int) -> int:
         """Pipeline depth limit: at most one stage per layer (plus embedding and head stages), and no more
@@ -188,7 +189,7 @@ class SearchSpace:
 
     def _rc(self, cluster: str) -> str:
         """The recomputation the one-layer check assumes: the pinned one, else the most generous."""
-        return self.con.recompute_of(cluster) or "full"
+        return self._pinned_rc[cluster] or "full"
 
     def _earlier_twins_used(self, c: str, order) -> bool:
         """Interchangeable clusters enter the pipeline in inventory order: c only after every earlier twin."""
@@ -272,6 +273,13 @@ class SearchSpace:
 
     def order_bound(self, order: tuple, complete: bool) -> float:
         """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster than this."""
+        key = ("order", order, complete)
+        b = self._fits.get(key)
+        if b is None:
+            b = self._fits[key] = self._order_bound(order, complete)
+        return b
+
+    def _order_bound(self, order: tuple, complete: bool) -> float:
         names = order if complete else [c for c in self.names if c in order or self.tp[c]]
         bound = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
         for a, b in zip(order, order[1:]):
@@ -337,6 +345,13 @@ class SearchSpace:
         return (m - 1) * L / rate + L * fastest
 
     def _shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
+        key = ("shapes", cluster, S, tuple(tps))
+        out = self._fits.get(key)
+        if out is None:
+            out = self._fits[key] = self._list_shapes(cluster, S, tps)
+        return out
+
+    def _list_shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
         n = self._cl[cluster].num_devices
         return [(tp, d) for tp in tps for d in divisors(S) if tp * d <= n and S // d <= self.max_mb
                 and self._mb_ok(S // d) and self.fits_one_layer(cluster, tp, d, S // d, self._rc(cluster))]
