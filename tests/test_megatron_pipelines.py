@@ -196,6 +196,22 @@ def test_emit_gives_each_pipeline_its_launches_depth_and_layout():
     assert "# mesh 1 (alongside the mesh before it): pipeline stages 0-0" in launches[1]["script"]
 
 
+def test_emit_cli_prints_and_writes_a_plan_of_two_pipelines(tmp_path, capsys):
+    import json
+
+    from hetauto_megatron.cli import main as cli
+
+    assert cli(["emit", "megatron", "--plan", PLAN, "--devices-per-node", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world_size"] == 8 and "pipeline_parallel_size" not in out
+    assert out["pipelines"] == [{"samples": 6, "pipeline_parallel_size": 2}, {"samples": 8, "pipeline_parallel_size": 2}]
+    assert cli(["emit", "megatron", "--plan", PLAN, "--devices-per-node", "2"]) == 0
+    assert "# ===== cluster cluster-b (cluster-b.sh): pipeline 1, ranks 4-7, 2 x 2 =====" in capsys.readouterr().out
+    assert cli(["emit", "megatron", "--plan", PLAN, "--devices-per-node", "2", "-o", str(tmp_path / "launch")]) == 0
+    assert sorted(p.name for p in (tmp_path / "launch").iterdir() if p.suffix == ".sh") == ["cluster-a.sh",
+                                                                                           "cluster-b.sh"]
+
+
 def test_each_rank_gets_its_pipelines_depth_layout_and_its_meshs_share_of_the_batch():
     from hetauto_megatron.megatron import rewrite
     from hetauto_megatron.runtime.groups import rank_coords

@@ -103,11 +103,17 @@ def run(args) -> int:
         if out_dir:
             written += write_megatron(launches, out_dir)
         if args.json:
-            print(json.dumps({"world_size": plan.world_size, "pipeline_parallel_size": plan.pipeline_parallel_size,
+            from ..emit.megatron import pipeline_stage_layers
+            pipes = [{"samples": plan.samples_per_pipeline[p],
+                      "pipeline_parallel_size": len(pipeline_stage_layers(plan, p))} for p in range(plan.num_pipelines)]
+            # "pipeline_parallel_size": the one pipeline's depth (plans of one pipeline); "pipelines": each one's
+            depth = {"pipeline_parallel_size": pipes[0]["pipeline_parallel_size"]} if len(pipes) == 1 else {}
+            print(json.dumps({"world_size": plan.world_size, **depth, "pipelines": pipes,
                               "launches": launches, "written": written}, indent=2))
         elif not out_dir:
             for la in launches:
-                print(f"# ===== cluster {la['cluster']} ({la['name']}.sh): ranks {la['rank_offset']}-"
+                pipe = f"pipeline {la['pipeline']}, " if plan.num_pipelines > 1 else ""
+                print(f"# ===== cluster {la['cluster']} ({la['name']}.sh): {pipe}ranks {la['rank_offset']}-"
                       f"{la['rank_offset'] + la['num_devices'] - 1}, {la['nnodes']} x {la['nproc_per_node']} =====")
                 print(la["script"])
     elif args.target == "deepspeed":
