@@ -52,6 +52,7 @@ class LayoutEvaluator:
         self._caps: dict = {}
         self._levels: dict = {}
         self._joins: dict = {}
+        self._mesh_bounds: dict = {}
         self._tails: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
 
@@ -193,29 +194,62 @@ class LayoutEvaluator:
         against every leaf of random instances."""
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
         cur = tuple(self.level(c, "none") if c.recompute == AUTO else c for c in choices)
-        pm, p, profs, per, fixed, _ = self._stage_lists(cur, m)
-        links, _, _, _, overhead = self.joins(cur, pm)
-        sync, opt_fixed, opt_per = self._tail_terms(cur, pm, profs)
-        L = self.model.num_layers
-        inv = [1.0 / x for x in per]
-        period = (L + sum(f * q for f, q in zip(fixed, inv))) / sum(inv)
-        if opt_per is not None:
-            inv = [1.0 / x for x in opt_per]
-            opt = (L + sum(f * q for f, q in zip(opt_fixed, inv))) / sum(inv)
-        else:
-            opt = max(opt_fixed)
-        return sum(fixed) + L * min(per) + 2 * sum(links) + (m - 1) * period + sync + opt + overhead
+        pm = self.padded(cur)
+        n, L = len(cur), self.model.num_layers
+        samples = cur[0].dp * cur[0].micro_batch_size
+        fixed = fixed_per = inv_per = opt_fixed = opt_inv = links = overhead = opt_max = 0.0
+        fastest, opt_affine = math.inf, True
+        for mi, c in enumerate(cur):
+            t = self._mesh_terms(c, pm, mi == 0, mi == n - 1)
+            fixed += t[0]
+            fixed_per += t[1]
+            inv_per += t[2]
+            fastest = min(fastest, t[3])
+            opt_fixed += t[4]
+            opt_inv += t[5]
+            opt_affine &= t[6]
+            opt_max = max(opt_max, t[7])
+            overhead = max(overhead, t[8])
+            if c.num_stages > 1:
+                links += (c.num_stages - 1) * self.boundary(c, c, pm, True, samples)[0]
+            if mi < n - 1:
+                links += self.boundary(c, cur[mi + 1], pm, False, samples)[0]
+        period = (L + fixed_per) / inv_per
+        opt = (L + opt_fixed) / opt_inv if opt_affine else opt_max
+        sync = costing.iteration_sync_time(pm, self.inventory, cur, [self.profile(cur[0], pm),
+                                                                      self.profile(cur[-1], pm)])
+        return fixed + L * fastest + 2 * links + (m - 1) * period + sync + opt + overhead
 
-    def _tail_terms(self, cur: tuple, pm: ModelSpec, profs: list):
-        """(job-wide sync, optimizer step per stage at zero layers, its per-layer increment or None)."""
-        out = self._tails.get(cur)
+    def _mesh_terms(self, c: MeshChoice, pm: ModelSpec, first: bool, last: bool) -> tuple:
+        """A mesh's share of `lower_bound`'s sums over its stages: (sum fixed_i, sum fixed_i / per_i,
+        sum 1 / per_i, per-layer time, sum opt0_i / opt1_i, sum 1 / opt1_i, every opt1_i > 0, max opt0_i,
+        iteration overhead), with opt0_i + n opt1_i stage i's optimizer step for n layers."""
+        key = (c, pm.vocab_size, first, last)
+        out = self._mesh_bounds.get(key)
         if out is None:
-            p = len(profs)
-            sync = costing.iteration_sync_time(pm, self.inventory, cur, profs)
-            o0 = [costing.optimizer_time(pm, prof, 0, i == 0, i == p - 1) for i, prof in enumerate(profs)]
-            o1 = [costing.optimizer_time(pm, prof, 1, i == 0, i == p - 1) - a for i, (prof, a) in
-                  enumerate(zip(profs, o0))]
-            out = self._tails[cur] = (sync, o0, o1 if min(o1) > 0 else None)
+            prof = self.profile(c, pm)
+            k = c.num_stages
+            per = prof.layer_fwd + prof.layer_bwd
+            kinds = {}                  # (first, last) of each stage -> how many stages
+            for j in range(k):
+                f, l = first and j == 0, last and j == k - 1
+                kinds[(f, l)] = kinds.get((f, l), 0) + 1
+            fixed = fixed_per = opt_fixed = opt_inv = opt_max = 0.0
+            affine = True
+            for (f, l), count in kinds.items():
+                f0, b0 = prof.times(0, f, l)
+                fixed += count * (f0 + b0)
+                fixed_per += count * (f0 + b0) / per
+                o0 = costing.optimizer_time(pm, prof, 0, f, l)
+                o1 = costing.optimizer_time(pm, prof, 1, f, l) - o0
+                opt_max = max(opt_max, o0)
+                if o1 > 0:
+                    opt_fixed += count * o0 / o1
+                    opt_inv += count / o1
+                else:
+                    affine = False
+            out = self._mesh_bounds[key] = (fixed, fixed_per, k / per, per, opt_fixed, opt_inv, affine, opt_max,
+                                      self.cost.iteration_overhead_s(prof.cluster.device))
         return out
 
     def time(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], m: int) -> float:
