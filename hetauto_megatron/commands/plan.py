@@ -90,8 +90,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shapes", choices=("all", "simple"), default="all",
                         help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
                              "groups in a stage, keeping the best of those and the single pipeline; simple: one "
-                             "pipeline, one mesh per cluster (docs/search.md); --emit implies simple (the launch "
-                             "scripts run that shape)")
+                             "pipeline, one mesh per cluster (docs/search.md); --emit writes Megatron-LM launch scripts "
+                             "for every shape, DeepSpeed configs for the simple one")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
@@ -143,12 +143,6 @@ def run(args) -> int:
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        schedule=args.boundary_schedule, constraints=con)
     shapes = args.shapes
-    if args.emit and shapes != "simple":
-        # the launch scripts run one pipeline of single meshes (docs/plan-format.md: which commands take which shapes)
-        shapes = "simple"
-        if not args.quiet:
-            print("hetauto plan: --emit writes Megatron-LM launch scripts, which run one pipeline of single meshes: "
-                  "planning that shape (--shapes simple)", file=sys.stderr)
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan
     estimate = simulate(plan, inventory, cost_model)
@@ -272,6 +266,13 @@ def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
     from ..emit.summary import format_summary
     from .emit import make_out_dir, write_deepspeed, write_megatron, write_summary
     make_out_dir(out_dir, field="--emit")
-    return (write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
-            + write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
-            + write_summary(format_summary(plan, plan.estimate), out_dir))
+    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
+    if plan.is_simple:
+        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
+    else:
+        # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
+        from ..plan.shapes import describe_shape
+        print(f"hetauto plan: no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
+              "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes too)",
+              file=sys.stderr)
+    return written + write_summary(format_summary(plan, plan.estimate), out_dir)
