@@ -4,14 +4,15 @@ The decision tree, its symmetries and bounds are in plan/space.py; one tree sear
 local search in plan/local.py; leaves are priced by plan/evaluator.py (closed-form 1F1B, microseconds).
 
 How much to search is decided by the problem, not by the number of clusters:
-- first, a bounded enumeration (depth-first branch and bound, children best bound first) tries to prove the
-  tree's best `rerank` leaves: a subtree whose bound is above the `rerank`-th best leaf found is skipped, and
-  so is a leaf whose cheap lower bound (`LayoutEvaluator.lower_bound`) is, without pricing it. When it
-  finishes within `ENUMERATION_VISITS` nodes (tried on trees of up to `ENUMERATION_TREE` leaves), its shortlist is the one full enumeration would re-rank (exact);
-- otherwise (it stops there, keeping what it priced in the evaluator's caches) several independent trees are grown (seeds derived from --seed). Each stops at a playout cap
-  that grows with the square root of the tree's estimated size (Knuth's estimator), or earlier when it
-  stalls. Where the trees disagree (their best plans differ by more than `AGREE`), UCT has stalled in
-  different basins: more trees are grown, in rounds, up to `MAX_TREES`;
+- first, a bounded enumeration (best-first branch and bound) tries to prove the tree's best `rerank` leaves:
+  a node whose bound is above the `rerank`-th best leaf found is never visited, and a leaf whose cheap lower
+  bound (`LayoutEvaluator.lower_bound`) is above it is not priced. When it finishes within
+  `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
+  shortlist is the one full enumeration would re-rank (exact);
+- otherwise (it stops there, keeping what it priced in the evaluator's caches) several independent trees are
+  grown (seeds derived from --seed). Each stops at a playout cap that grows with the tree's estimated size
+  (Knuth's estimator), or earlier when it stalls. Where the trees disagree (their best plans differ by more
+  than `AGREE`), UCT has stalled in different basins: more trees are grown, in rounds, up to `MAX_TREES`;
 - a local search climbs from the best leaf of each of the best cluster orders found;
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
   simulation decides).
@@ -41,8 +42,8 @@ from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
 EXHAUSTIVE_LEAVES = 15000       # trees this small are cheap to enumerate in full (the infeasibility report)
-ENUMERATION_VISITS = 4000       # nodes the bounded enumeration may visit before the trees take over,
-ENUMERATION_TREE = 1_000_000    # tried on trees of up to this many leaves (Knuth's estimate)
+ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of up to this many leaves (Knuth's
+ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
 TREES = 6                       # independent trees per round ...
 MAX_TREES = 12                  # ... and at most this many in all
 AGREE = 0.003                   # trees whose best plans are this close (relative) agree
@@ -224,7 +225,8 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if warm:                            # re-planning: the old plan bounds the trees, which get less to do
         cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
     if method == "mcts" and not cfg.iterations and not warm and est <= ENUMERATION_TREE:
-        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), ENUMERATION_VISITS, deadline)
+        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), max(4000, int(ENUMERATION_VISITS * est)),
+                                              deadline)
         priced = len(ev.cache)
         if found is not None:          # the bounds settled the tree: its best leaves are known exactly
             method, leaves = "exhaustive", found
