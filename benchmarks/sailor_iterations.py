@@ -6,7 +6,7 @@ data without the run's model (every GPU's rows of that model removed), and `plan
 real layout with it: the embedding and head, the 1F1B pipeline with its flush, the TP all-reduces, the DP
 gradient all-reduce over the nodes' network, the optimizer step and the fixed per-iteration cost. The embedding
 and the output layer are not tied: the fork's OPT builds its head as a layer of its own (megatron/model/opt_model.py,
-OPTLMHeadPipe), so no tied-embedding exchange runs. The fork's GPT-Neo has no output layer at all (its last layer is
+OPTLMHeadPipe), so no tied table is summed across stages. The fork's GPT-Neo has no output layer at all (its last layer is
 the final norm, and its loss takes the cross-entropy over the norm's output: gpt_neo_model.py); the plan cannot say
 so, and the composed GPT-Neo iterations include a head that did not run (docs/cost-model-learned.md). The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
 optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers

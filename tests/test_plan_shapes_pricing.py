@@ -134,10 +134,15 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     a = inv.cluster("a")
     copies = dp_ring_link(a, 4, 2).transfer_time(4 * ((n - dup) / 4 + dup)) + a.intra_node.transfer_time(4 * dup)
     assert got.replica_sync_s == pytest.approx(2 * (5e-3 + gather / bw) + copies, rel=1e-9)
-    # one pipeline of single meshes ties its table by the tied-embedding exchange instead: no holders' exchange
+    # one pipeline of single meshes sums only its tied table, in the same exchange: its two holders (first and
+    # last stage) are on cluster a, each TP rank of DP rank 0 sends its quarter to the other stage's owner over
+    # the inter-node network and gets the sum back; then each stage's DP rank 0 broadcasts its quarter
     one = _price(model, inv, [(32, [p0])])
     want = simulate(Plan(model=model, global_batch_size=32, meshes=tuple(p0)), inv, COST)
-    assert one.replica_sync_s == 0 and one.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+    quarter = 4 * model.vocab_size * h / 4
+    tied = 2 * a.inter_node.transfer_time(quarter) + dp_ring_link(a, 4, 2).transfer_time(quarter)
+    assert one.replica_sync_s == pytest.approx(tied, rel=1e-9)
+    assert one.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
 
 
 def test_explain_of_two_pipelines_splits_the_iteration(tmp_path):

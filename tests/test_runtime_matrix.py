@@ -17,7 +17,7 @@ from helpers import ROOT, mesh, run_hetauto
 
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.dryrun import run_dryrun
-from hetauto_megatron.runtime.gradients import TieBlock, owned_interval, tie_blocks
+from hetauto_megatron.runtime.gradients import owned_interval
 from hetauto_megatron.runtime.train import CLIP_GRAD
 from hetauto_megatron.spec.model import PRESETS
 
@@ -142,7 +142,7 @@ def test_cli_dryrun_json_on_the_example_plan():
         [("cluster-a", True, True), ("cluster-b", True, True)]
 
 
-# ---- the pure parts of the tied-embedding exchange ---------------------------------------------------------------
+# ---- the pure parts of the tied table's exchange -----------------------------------------------------------------
 
 def test_owned_interval_follows_megatrons_bucket_shards():
     # a 10-element parameter at [4, 14) of a 16-element bucket, DP 2: rank 0 owns [0, 8) of the bucket
@@ -151,14 +151,24 @@ def test_owned_interval_follows_megatrons_bucket_shards():
     assert owned_interval(0, 4, 16, 2, 1) == (0, 0)     # the rank's shard misses the parameter
 
 
-def test_tie_blocks_pair_each_element_once():
-    # first stage: TP 2 (ranks 0, 1) own halves of a 12-element table; last stage: DP 3 shards of 5, 4, 3
-    blocks = tie_blocks([(0, 0, 6), (1, 6, 12)], [(4, 0, 5), (5, 5, 9), (6, 9, 12), (7, 0, 0)])
-    assert blocks == [TieBlock(0, 4, 0, 5), TieBlock(0, 5, 5, 6), TieBlock(1, 5, 6, 9), TieBlock(1, 6, 9, 12)]
-    with pytest.raises(ValueError, match="differ in size"):
-        tie_blocks([(0, 0, 6)], [(1, 0, 8)])
+def test_tied_table_pairs_each_element_once():
+    """The tied table's two holders, as replica_sync.py pairs them: first stage TP 2 (ranks 0, 1) own halves of
+    a 12-element table; last stage DP 3 shards of 5, 4, 3 (rank 7 owns nothing). Every element goes once from
+    the rank of the last stage that owns it to the first stage's owner, and the sum once back."""
+    from hetauto_megatron.runtime.shard_regions import Owner, sync_moves, tp_layout
+
+    first = [Owner(r, (0, 0), 1.0, tp_layout((6, 1), 2, t, 0), 0, 6, True) for t, r in enumerate((0, 1))]
+    whole = tp_layout((12, 1), 1, 0, None)
+    last = [Owner(r, (1, 0), 1.0, whole, lo, hi, True) for r, lo, hi in ((4, 0, 5), (5, 5, 9), (6, 9, 12), (7, 0, 0))]
+    moves = [(m.phase, m.src, m.dst, m.rects) for m in sync_moves("table", first + last)]
+    pairs = [(4, 0, 0, 5), (5, 0, 5, 6), (5, 1, 6, 9), (6, 1, 9, 12)]
+    assert moves == ([("gather", s, d, ((lo, hi, 0, 1),)) for s, d, lo, hi in pairs]
+                     + [("scatter", d, s, ((lo, hi, 0, 1),)) for s, d, lo, hi in pairs])
+    with pytest.raises(ValueError, match="different shapes"):
+        sync_moves("table", first + [Owner(4, (1, 0), 1.0, tp_layout((8, 1), 1, 0, None), 0, 8, True)])
     with pytest.raises(ValueError, match="partition"):
-        tie_blocks([(0, 0, 6), (1, 5, 12)], [(2, 0, 12)])
+        sync_moves("table", first + [Owner(4, (1, 0), 1.0, whole, 0, 6, True),
+                                     Owner(5, (1, 0), 1.0, whole, 5, 12, True)])
 
 
 def test_cli_dryrun_no_distributed_optimizer_table_says_what_ran(capsys):
@@ -175,13 +185,14 @@ def test_cli_dryrun_no_distributed_optimizer_table_says_what_ran(capsys):
 
 
 def test_priced_tie_exchange_is_what_the_runtime_sent():
-    """The cost model's iteration tail prices the tied-embedding exchange the runtime runs: per direction one
-    (padded) table in the main-gradient dtype over the link between the clusters. Compared with the bytes the
-    dry run counted, for both optimizers (the plain one adds a DP broadcast inside cluster b, priced apart)."""
+    """The cost model's iteration tail prices the tied table's sum the runtime runs (replica_sync.py): one
+    (padded) table in the main-gradient dtype over the link between the clusters to the first stage, then the sum
+    back, one phase after the other. Compared with the bytes the dry run counted, for both optimizers (the plain
+    one adds a DP broadcast inside cluster b, priced apart)."""
     import yaml
     from helpers import CPU_INVENTORY
 
-    from hetauto_megatron.plan.costing import StageProfile, dp_ring_link, tied_embedding_time
+    from hetauto_megatron.plan.costing import StageProfile, dp_ring_link, holders_sync_time, tied_table_blocks
     from hetauto_megatron.plan.settings import resolve_settings
     from hetauto_megatron.runtime.model import shrink_model
     from hetauto_megatron.spec.inventory import inventory_from_dict
@@ -198,9 +209,9 @@ def test_priced_tie_exchange_is_what_the_runtime_sent():
             c = inv.cluster(m.cluster)
             profiles.append(StageProfile(c, m.tp, m.dp, m.micro_batch_size, "none", 0, 0, 0, 0, 0, 0,
                                          dp_ring_link(c, m.tp, m.dp), 0, settings))
-        exchange = tied_embedding_time(model, inv, p.meshes, profiles[0], profiles[-1])
+        exchange = holders_sync_time(inv, tied_table_blocks(model, p.meshes, profiles[0], profiles[-1]))
         if not distributed_optimizer:
             exchange -= profiles[-1].dp_link.transfer_time(r["padded_vocab_size"] * model.hidden_size * 4)
-        priced_bytes_per_direction = (exchange - link.latency_s) * link.bytes_per_s
+        priced_bytes_per_phase = (exchange / 2 - link.latency_s) * link.bytes_per_s
         measured = r["bytes"]["inter_cluster"] - boundary_bytes(p, r)
-        assert priced_bytes_per_direction == pytest.approx(measured / 2 / STEPS, rel=1e-9)
+        assert priced_bytes_per_phase == pytest.approx(measured / 2 / STEPS, rel=1e-9)

@@ -18,14 +18,14 @@ With --hetauto, per rank:
    with this rank's own mesh groups (DDP, the optimizer and the data loader still read those globals; one
    process belongs to exactly one mesh, so the globals are unambiguous), and returns the plan's
    `p2p_communicator` and `pg_collection` with `skip_model_parallel_init=True`;
-4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (reduction of
-   tied embeddings across clusters, a global gradient norm that counts each parameter once), and each run of
-   the schedule is bracketed by the communicator's begin_step / end_step (overlapped boundaries).
+4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (every parameter
+   several mesh stages hold, the tied embedding table's two ends included, starts from its first holder's
+   values (replica_sync.ReplicaWeights) and has its gradient summed across holders in finalize_model_grads
+   (replica_sync.ReplicaSync, as in the dry run); a global gradient norm that counts each parameter once), and
+   each run of the schedule is bracketed by the communicator's begin_step / end_step (overlapped boundaries).
 5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
-   pipeline's Megatron; the parameters every holder shares start from their first holder's values
-   (replica_sync.ReplicaWeights) and their gradients are summed across holders in finalize_model_grads
-   (replica_sync.ReplicaSync, as in the dry run); plan_data.py gives each replica its samples of the global
-   batch and logs the whole batch's loss.
+   pipeline's Megatron (every layer then has several holders, step 4); plan_data.py gives each replica its
+   samples of the global batch and logs the whole batch's loss.
 """
 from __future__ import annotations
 
@@ -270,10 +270,11 @@ def pretrain_kwargs(args) -> dict:
 
 
 def _install_gradient_rules(state: _State) -> None:
-    """Once Megatron has built the model, before the optimizer copies its parameters: the tied output layer gets
-    the first stage's embeddings (Megatron's own copy needs an embedding group, which a plan spanning TP sizes
-    has not). After model and optimizer: the runtime's finalize-grads function on the model config
-    (training.train keeps a finalize function that is already set) and the once-per-parameter global norm."""
+    """Once Megatron has built the model, before the optimizer copies its parameters: every holder of a shared
+    parameter gets its first holder's values, so the tied output layer gets the first stage's embeddings
+    (Megatron's own copy needs an embedding group, which a plan spanning TP sizes has not). After model and
+    optimizer: the runtime's finalize-grads function on the model config (training.train keeps a finalize
+    function that is already set) and the once-per-parameter global norm."""
     import megatron.training.training as training
     from megatron.core.utils import get_model_config
 
@@ -291,12 +292,10 @@ def _install_gradient_rules(state: _State) -> None:
     @functools.wraps(original_get_optimizer)
     def get_megatron_optimizer(config, model_chunks, *a, **kw):
         if ctx.replica_group is not None:
-            # several meshes hold each parameter (other pipelines, meshes side by side): every holder starts
-            # from its first holder's weights, the tied output layers included (replica_sync.ReplicaWeights)
+            # several mesh stages hold a parameter (the tied output layer, other pipelines, meshes side by side):
+            # every holder starts from its first holder's weights (replica_sync.ReplicaWeights)
             from ..runtime.replica_sync import ReplicaWeights
             ReplicaWeights(ctx, model_chunks, counter=counter).copy(model_chunks)
-        else:
-            gradients.copy_tied_weights(model_chunks, ctx, counter)
         return original_get_optimizer(config, model_chunks, *a, **kw)
 
     training.get_megatron_optimizer = get_megatron_optimizer
@@ -307,11 +306,12 @@ def _install_gradient_rules(state: _State) -> None:
         replicas = None
         if ctx.replica_group is not None:
             # as the dry run (runtime/train.py): after each mesh's DP reduction, in finalize_model_grads, every
-            # parameter's gradient is summed across its holders weighted by their share of the batch
+            # shared parameter's gradient (the tied table's too) is summed across its holders weighted by their
+            # share of the batch
             from ..runtime.replica_sync import ReplicaSync
             replicas = ReplicaSync(ctx, model, counter=counter)
         get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(
-            ctx, counter, replicas)
+            ctx, replicas)
         if optimizer is not None:
             gradients.count_grad_norm_once(optimizer, ctx, replicas)
         return model, optimizer, scheduler

@@ -9,8 +9,9 @@ layer count, which is what makes the exact layer split cheap (plan/split.py).
 Every term is priced under the mesh's runtime settings (plan/settings.py, `StageProfile.settings`), the same
 table the emitted arguments and the runtime read: memory (cost/memory.py) with or without sequence parallelism
 and the distributed optimizer, the DP gradient reduction in the gradient-reduce dtype and exposed unless it
-overlaps, and the iteration tail: the tied-embedding exchange between the first and the last stage and the
-global gradient-norm all-reduce over the world's gloo group.
+overlaps, and the iteration tail: the gradients of parameters several mesh stages hold summed across them
+(`holders_sync_time`; in one pipeline of single meshes only a tied embedding table, between the first and the
+last stage) and the global gradient-norm all-reduce over the world's gloo group.
 """
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
                    links) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
-    tied-embedding exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
+    tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
     gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
     stage_dp_exposed_s, stage_optimizer_s (lists)."""
     p = len(profiles)
@@ -267,37 +268,81 @@ def _cross_link(inventory: Inventory, a: str, b: str) -> LinkSpec:
     return link
 
 
-def tied_embedding_time(model: ModelSpec, inventory: Inventory, meshes, first: StageProfile,
-                        last: StageProfile) -> float:
-    """Summing the gradients of a tied input embedding (first stage) and output head (last stage), as
-    runtime/gradients.py runs it: shard to shard.
+# ---- parameters several mesh stages hold, summed across their holders (runtime/replica_sync.py) ------------------
+def _owners(prof: StageProfile) -> int:
+    """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
+    optimizer, the TP slices of DP rank 0 without it."""
+    return prof.tp * (prof.dp if prof.settings.distributed_optimizer else 1)
 
-    Each side's owners partition the table: with the distributed optimizer every (TP, DP) rank owns the part of
-    its TP shard it holds after the reduce-scatter, with the plain optimizer DP rank 0 of each TP rank owns its
-    TP shard. Every element goes once each way between the two ranks that own it, both directions at once, so
-    each rank sends and receives its owned part: table / owners of its side. Between clusters all pairs share
-    the link: one table per direction. Inside a cluster (two meshes, or two stages of one mesh) the pairs are
-    separate devices on the inter-node network, and the side with fewer owners sets the time. With the plain
-    optimizer each side's DP rank 0 then broadcasts its summed TP shard to its replicas. The table travels in
-    the gradient-reduce dtype (the dtype of `main_grad`). `meshes`: the plan's mesh list or MeshChoices
-    (cluster, tp, dp, num_stages), pipeline order."""
+
+def holders_sync_time(inventory: Inventory, blocks) -> float:
+    """Seconds of the exchange that sums every shared parameter's gradient across the mesh stages holding it, as
+    runtime/replica_sync.py runs it, for every plan shape (one pipeline's tied embedding table included).
+    `blocks`: [((parameters, of which every TP rank keeps a copy), [(cluster, StageProfile, key), ...])], each
+    block's holders sorted by key (mesh index, stage): the first is the root.
+
+    Per parameter the root's source ranks receive, in a gather phase, every other holder's reduced gradient for
+    the elements they own; after the sums, a scatter phase sends the result back to the same source ranks. Each
+    phase is one message per pair of ranks for all parameters at once; the second starts when the first is
+    done. Bytes are the gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one
+    inventory link add up (one transfer at the link's bandwidth); inside a cluster the rank pairs run in
+    parallel on the inter-node network, each root rank sending or receiving its share (the side with fewer
+    owner ranks sets it). A phase lasts as long as its busiest link or root rank. Then, inside every holder at
+    once, the ranks that are not sources take the sum from theirs: without the distributed optimizer a
+    broadcast to the DP replicas of every synced local tensor (on the mesh's DP link), then for what TP
+    duplicates (the norms, a learned position table) a broadcast to the other TP ranks of the part each holds
+    (on the node's link). Runs after the DP reduction, before the optimizer step: exposed in full."""
+    phases = [{}, {}]          # per phase: resource -> bytes
+    copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
+    for (n, dup), hs in blocks:
+        if len(hs) < 2 or n == 0:
+            continue
+        rc, rp, rk = hs[0]
+        for c, prof, key in hs:
+            gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
+            sharded = prof.settings.distributed_optimizer
+            acc = copies.setdefault(key, [0.0, 0.0, prof])
+            if not sharded and prof.dp > 1:
+                acc[0] += gb * ((n - dup) / prof.tp + dup)            # every rank's whole local tensor
+            if prof.tp > 1:
+                acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
+            if key == rk:
+                continue
+            sent = gb * n                                             # every element once, to the root and back
+            if c != rc:
+                res = ("link", frozenset((c, rc)))
+                phases[0][res] = phases[0].get(res, 0.0) + sent
+                phases[1][res] = phases[1].get(res, 0.0) + sent
+            else:
+                owners = min(_owners(prof), _owners(rp))
+                res = ("ranks", rk, c)
+                phases[0][res] = phases[0].get(res, 0.0) + sent / owners
+                phases[1][res] = phases[1].get(res, 0.0) + sent / owners
+    total = 0.0
+    for phase in phases:
+        times = []
+        for res, nbytes in phase.items():
+            if res[0] == "link":
+                times.append(_cross_link(inventory, *sorted(res[1])).transfer_time(nbytes))
+            else:
+                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
+        total += max(times, default=0.0)
+    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
+                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
+                 default=0.0)
+    return total
+
+
+def tied_table_blocks(model: ModelSpec, meshes, first: StageProfile, last: StageProfile) -> list:
+    """One pipeline of single meshes: its only parameter with two holders is a tied embedding table, held by the
+    first stage (word embeddings, the root) and the last stage (output layer). The block for holders_sync_time
+    (none untied or with one stage). `meshes`: the plan's mesh list or MeshChoices (cluster, tp, dp,
+    num_stages), pipeline order; the table has the plan's padded vocabulary, as every mesh builds it."""
     if not model.tie_embeddings or sum(m.num_stages for m in meshes) == 1:
-        return 0.0
-    table = padded_vocab_size(model.vocab_size, [m.tp for m in meshes]) * model.hidden_size   # what every mesh builds
-    gb = max(grad_buffer_bytes(p.cluster.device.dtype_bytes, p.settings) for p in (first, last))
-    nbytes = gb * table
-
-    def owners(p: StageProfile) -> int:
-        return p.tp * (p.dp if p.settings.distributed_optimizer else 1)
-
-    a, b = meshes[0].cluster, meshes[-1].cluster
-    if a != b:
-        exchange = _cross_link(inventory, a, b).transfer_time(nbytes)
-    else:
-        exchange = inventory.cluster(a).inter_node.transfer_time(nbytes / min(owners(first), owners(last)))
-    broadcast = max((p.dp_link.transfer_time(nbytes / p.tp) for p in (first, last)
-                     if p.dp > 1 and not p.settings.distributed_optimizer), default=0.0)
-    return exchange + broadcast
+        return []
+    table = padded_vocab_size(model.vocab_size, [m.tp for m in meshes]) * model.hidden_size
+    return [((table, 0), [(meshes[0].cluster, first, (0, 0)),
+                          (meshes[-1].cluster, last, (len(meshes) - 1, meshes[-1].num_stages - 1))])]
 
 
 def grad_norm_time(inventory: Inventory, meshes) -> float:
@@ -314,9 +359,10 @@ def grad_norm_time(inventory: Inventory, meshes) -> float:
 
 
 def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles) -> float:
-    """The tail's job-wide terms: tied-embedding exchange + global-norm all-reduce (`profiles`: per stage)."""
-    return tied_embedding_time(model, inventory, meshes, profiles[0], profiles[-1]) + grad_norm_time(inventory,
-                                                                                                     meshes)
+    """The tail's job-wide terms of one pipeline of single meshes: the tied table summed across its two holders
+    (holders_sync_time, as for any plan shape) + global-norm all-reduce (`profiles`: per stage)."""
+    blocks = tied_table_blocks(model, meshes, profiles[0], profiles[-1])
+    return holders_sync_time(inventory, blocks) + grad_norm_time(inventory, meshes)
 
 
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,

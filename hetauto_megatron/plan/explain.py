@@ -6,7 +6,7 @@ The iteration is cut into six parts that add up to the predicted iteration time 
     bubble     what 1F1B's fill and drain add with instant links: makespan(links = 0) - compute;
     link       what the links add on top: makespan - makespan(links = 0);
     dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute), with
-               the job-wide tied-embedding exchange and grad-norm reduction;
+               the job-wide holders' exchange (a tied table) and grad-norm reduction;
     optimizer  the optimizer step after it;
     overhead   the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging, ...).
 The first three are the pipeline's makespan; the last three its tail.

@@ -14,14 +14,16 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   (overlapped or blocking, plan field `boundary`); one with several groups on either side is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
   (exposed as its settings say, costing.dp_exposed_times).
-- **Gradients across holders** (`replica_sync_time`): every parameter's gradient is then summed across every
-  mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the output head's
-  copies too), as runtime/replica_sync.py runs it: the first holder in plan order is the root; a gather phase
-  brings every other holder's reduced gradient (gradient-reduce dtype) to the root's ranks, a scatter phase
-  sends the sum back to the same ranks, then each holder's other ranks take it from theirs by broadcasts inside
-  the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters a phase's bytes on
-  one inventory link add up (different links run at once); inside a cluster the rank pairs run in parallel on
-  the inter-node network. It runs after the DP reduction and before the optimizer step, so it is exposed in full.
+- **Gradients across holders** (`replica_sync_time`, whose core costing.holders_sync_time also prices the
+  tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
+  across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
+  output head's copies too), as runtime/replica_sync.py runs it: the first holder in plan order is the root; a
+  gather phase brings every other holder's reduced gradient (gradient-reduce dtype) to the root's ranks, a
+  scatter phase sends the sum back to the same ranks, then each holder's other ranks take it from theirs by
+  broadcasts inside the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters
+  a phase's bytes on one inventory link add up (different links run at once); inside a cluster the rank pairs
+  run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
+  it is exposed in full.
 - **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
   global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
   the fixed per-iteration overhead.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cost.memory import GIB, grad_buffer_bytes
+from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
@@ -82,7 +84,6 @@ class PipelineTiming:
     makespan: float            # its 1F1B
     reduce_s: float            # the slowest stage's exposed DP reduction after it
     after_s: float             # the slowest stage's optimizer step + exposed parameter gather
-    tied_s: float              # its tied-embedding exchange
     overhead_s: float
     stages: list               # per stage and group: the Estimate-style dict
     fits: bool
@@ -211,9 +212,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         link = links[i] if i < p - 1 else 0.0
         fwd_before += fwd[i] + link
         bwd_before += bwd[i] + link
-    firsts = [pos[0][1] for pos in shape.positions]
-    tied = costing.tied_embedding_time(model, inventory, firsts, stages[0].groups[0][2], stages[-1].groups[0][2])
-    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s, tied, overhead, rows, fits)
+    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s, overhead, rows, fits)
 
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
@@ -222,8 +221,9 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
     holders in plan order
     (key = (mesh index, pipeline stage): the first is the root of the exchange, as runtime/replica_sync.py orders
     them). Blocks: every transformer layer; the embedding (first stage of each pipeline); the final norm and
-    output head (last stage of each pipeline). With `tie` the output head is the embedding's table: its copies
-    on the last stages are holders of the embedding block (the runtime sums the tied copies with the others)."""
+    output head (last stage of each pipeline). With `tie` the output head is the embedding's word table: its
+    copies on the last stages are holders of that block (the runtime sums the tied copies with the others); a
+    learned position table is a block of the first stages only."""
     L = model.num_layers
     by_layer: list = [[] for _ in range(L)]
     emb, head = [], []
@@ -243,72 +243,18 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
     pos = model.embedding_params - model.vocab_size * h        # a learned position table (0 with rope)
     # (parameters, of which every TP rank keeps a copy: the norms, a learned position table)
     blocks = [((model.layer_params, 2 * h), hs) for hs in by_layer]
-    if tie:
-        blocks += [((model.embedding_params, pos), emb + [x for x in head if x not in emb]), ((h, h), head)]
+    if tie:     # the word table is tied; a learned position table stays on the first stages
+        blocks += [((model.embedding_params - pos, 0), emb + [x for x in head if x not in emb]), ((pos, pos), emb),
+                   ((h, h), head)]
     else:
         blocks += [((model.embedding_params, pos), emb), ((model.output_params, h), head)]
     return [(n, sorted(hs, key=lambda x: x[2])) for n, hs in blocks]
 
 
-def _owners(prof) -> int:
-    """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
-    optimizer, the TP slices of DP rank 0 without it."""
-    return prof.tp * (prof.dp if prof.settings.distributed_optimizer else 1)
-
-
 def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: bool) -> float:
-    """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it, as
-    runtime/replica_sync.py runs it: per parameter the first holder (plan order) is the root; in a gather phase
-    every other holder's source ranks send their reduced gradient to the root's ranks owning the same elements,
-    then, after the sums, a scatter phase sends the result back to the same source ranks. Each phase is one
-    message per pair of ranks for all parameters at once; the second starts when the first is done. Bytes are
-    the gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one inventory link add up
-    (one transfer at the link's bandwidth); inside a cluster the rank pairs run in parallel on the inter-node
-    network, each root rank sending or receiving its share (the side with fewer owner ranks sets it). A phase
-    lasts as long as its busiest link or root rank. Then, inside every holder at once, the ranks that are not
-    sources take the sum from theirs: without the distributed optimizer a broadcast to the DP replicas of every
-    synced local tensor (on the mesh's DP link), then for what TP duplicates (the norms, a learned position
-    table) a broadcast to the other TP ranks of the part each holds (on the node's link)."""
-    phases = [{}, {}]          # per phase: resource -> bytes
-    copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
-    for params, hs in _holders(model, stage_lists, tie):
-        if len(hs) < 2:
-            continue
-        n, dup = params
-        rc, rp, rk = hs[0]
-        for c, prof, key in hs:
-            gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
-            sharded = prof.settings.distributed_optimizer
-            acc = copies.setdefault(key, [0.0, 0.0, prof])
-            if not sharded and prof.dp > 1:
-                acc[0] += gb * ((n - dup) / prof.tp + dup)            # every rank's whole local tensor
-            if prof.tp > 1:
-                acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
-            if key == rk:
-                continue
-            sent = gb * n                                             # every element once, to the root and back
-            if c != rc:
-                res = ("link", frozenset((c, rc)))
-                phases[0][res] = phases[0].get(res, 0.0) + sent
-                phases[1][res] = phases[1].get(res, 0.0) + sent
-            else:
-                owners = min(_owners(prof), _owners(rp))
-                res = ("ranks", rk, c)
-                phases[0][res] = phases[0].get(res, 0.0) + sent / owners
-                phases[1][res] = phases[1].get(res, 0.0) + sent / owners
-    total = 0.0
-    for phase in phases:
-        times = []
-        for res, nbytes in phase.items():
-            if res[0] == "link":
-                times.append(costing._cross_link(inventory, *sorted(res[1])).transfer_time(nbytes))
-            else:
-                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
-        total += max(times, default=0.0)
-    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
-                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
-                 default=0.0)
-    return total
+    """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it
+    (costing.holders_sync_time, the one pricing of runtime/replica_sync.py, over this plan's holders)."""
+    return costing.holders_sync_time(inventory, _holders(model, stage_lists, tie))
 
 
 # ---- the whole plan --------------------------------------------------------------------------------------------
@@ -318,7 +264,6 @@ class ShapesResult:
     pipelines: list            # PipelineTiming per pipeline
     replica_sync_s: float
     grad_norm_s: float
-    tied_s: float
     fits: bool
     extra: dict = field(default_factory=dict)
 
@@ -331,15 +276,13 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))
         timings.append(price_pipeline(pm, inventory, s, cost_model))
-    simple = len(shapes) == 1 and all(len(pos) == 1 for pos in shapes[0].positions)
-    # one pipeline of single meshes ties its embedding by the tied-embedding exchange (costing); any other shape
-    # sums the tied copies in the holders' exchange with every other shared parameter (runtime/replica_sync.py)
-    sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings and not simple)
-    tied = max(t.tied_s for t in timings) if simple else 0.0
+    # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
+    # other shared parameter (runtime/replica_sync.py)
+    sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings)
     norm = costing.grad_norm_time(inventory, meshes)
-    T = (max(t.before_sync for t in timings) + sync + tied + norm
+    T = (max(t.before_sync for t in timings) + sync + norm
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
-    return ShapesResult(T, timings, sync, norm, tied, all(t.fits for t in timings))
+    return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings))
 
 
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
@@ -368,7 +311,7 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                    pipeline_s=max(t.makespan for t in res.pipelines),
                    dp_exposed_s=max(max(r["dp_exposed_s"] for r in t.stages) for t in res.pipelines),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
-                   sync_s=res.replica_sync_s + res.grad_norm_s + res.tied_s,
+                   sync_s=res.replica_sync_s + res.grad_norm_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "dp_exposed_s": round(t.reduce_s, 6), "before_sync_s": round(t.before_sync, 6)}

@@ -52,7 +52,7 @@ class Estimate:
     pipeline_s: float                 # 1F1B makespan
     dp_exposed_s: float               # DP synchronisation not hidden behind compute
     optimizer_s: float
-    sync_s: float = 0.0               # tied-embedding exchange + global-norm all-reduce (iteration tail)
+    sync_s: float = 0.0               # tied table's holders' exchange + global-norm all-reduce (iteration tail)
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
     cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
@@ -160,7 +160,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
     makespan, busy = sim.makespan, sim.busy
-    # DP sync exposed as each mesh's settings say, tied-embedding exchange, global norm, optimizer step.
+    # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
     tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
     T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
     tokens = gbs * model.seq_length

@@ -151,11 +151,10 @@ class RankContext:
     `pg` is the `ProcessGroupCollection` to hand to GPTModel, DDP, the optimizer, finalize_model_grads and
     the schedule. `boundary_groups[(i, j)]` is the gloo group of the pipeline boundary from mesh i to mesh j
     (consecutive stages) when they are in different clusters (absent when in the same cluster; None on a rank
-    outside it). `tie_group` is the gloo group over the first and last stage when the model ties its embeddings
-    across stages (plans of one pipeline without alongside meshes). `layout` says which meshes hold each stage
-    of the rank's pipeline and which samples each replica holds. `replica_group` is the gloo group over all
-    ranks on which replica_sync.py sums the gradients of parameters that several meshes hold (None for a simple
-    plan).
+    outside it). `layout` says which meshes hold each stage of the rank's pipeline and which samples each replica
+    holds. `replica_group` is the gloo group over all ranks on which replica_sync.py sums the gradients of
+    parameters that several mesh stages hold: other pipelines, meshes side by side, and the tied ends of the
+    embedding table (None when no parameter has two holders: a simple plan without tied embeddings across stages).
     """
     plan: object
     coords: RankCoords
@@ -163,7 +162,6 @@ class RankContext:
     pg: object
     world_gloo: object
     boundary_groups: dict = field(default_factory=dict)
-    tie_group: object = None
     timeout_s: float = 60.0
     dry_run: bool = False
     replica_group: object = None
@@ -244,22 +242,16 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
         chain, groups = _pipeline_groups(plan, layout, rank, me.stage if p == me.pipeline else None, timeout)
         my_chain = my_chain or chain
         boundary_groups.update(groups)
-        if p == me.pipeline:
-            per_stage = [layout.stage_ranks(s) for s in range(layout.num_stages)]
     pg.pp = my_chain
 
-    # 4. tied embeddings between the first and the last stage (reduced by gradients.py, not by Megatron)
-    tie_group = None
-    if plan.model.tie_embeddings and layout.num_stages > 1 and plan.is_simple:
-        ranks = per_stage[0] + per_stage[-1]
-        group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
-        tie_group = group if rank in ranks else None
-
     world_gloo = dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout)
-    replica_group = (None if plan.is_simple else
-                     dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout))
+    # 4. parameters held by several mesh stages (other pipelines, meshes side by side, the tied embedding table
+    # at both ends of a pipeline) are summed across their holders by replica_sync.py on this group
+    tied = plan.model.tie_embeddings and layout.num_stages > 1
+    replica_group = (dist.new_group(list(range(world_size)), backend="gloo", timeout=timeout)
+                     if tied or not plan.is_simple else None)
 
-    pg.embd = None        # tied embeddings are handled by gradients.py across meshes
+    pg.embd = None        # tied embeddings are summed by replica_sync.py across meshes
     pg.pos_embd = None    # learned positions live on the first stage only
     pg.mp = world_gloo    # gradient statistics: summed over all ranks, see gradients.count_grad_norm_once
     # Expert and distributed-optimizer groups exactly as Megatron's initialize_model_parallel makes them for a
@@ -272,7 +264,7 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     pg.tp_ep_pp = pg.mp
     pg.intra_dist_opt = pg.dp_cp
     return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
-                       boundary_groups=boundary_groups, tie_group=tie_group, timeout_s=timeout_s, dry_run=dry_run,
+                       boundary_groups=boundary_groups, timeout_s=timeout_s, dry_run=dry_run,
                        replica_group=replica_group)
 
 

@@ -107,11 +107,12 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         config.grad_sync_func = ddp.start_grad_sync
     replicas = None
     if ctx.replica_group is not None:
-        # parameters that several meshes hold (meshes side by side at a stage, other pipelines): summed across
-        # them after each mesh's DP reduction, weighted by their share of the batch (replica_sync.py)
+        # parameters that several mesh stages hold (meshes side by side at a stage, other pipelines, the tied
+        # embedding table at both ends): summed across them after each mesh's DP reduction, weighted by their
+        # share of the batch (replica_sync.py)
         from .replica_sync import ReplicaSync
         replicas = ReplicaSync(ctx, [ddp], counter=comm.bytes_sent)
-    config.finalize_model_grads_func = make_finalize_model_grads(ctx, comm.bytes_sent, replicas)
+    config.finalize_model_grads_func = make_finalize_model_grads(ctx, replicas)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
                                                  params_dtype=torch.float32,
                                                  use_distributed_optimizer=settings.distributed_optimizer),
