@@ -45,7 +45,7 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     free_links = stage_makespan(stages, m, [0.0] * len(links))
     busy = [m * (f + b) for f, b in zip(fwd, bwd)]
     slow = max(range(len(stages)), key=lambda i: busy[i])
-    # The tail after the pipeline: the exposed DP sync (and the job-wide tied-embedding / grad-norm sync), the
+    # The tail after the pipeline: the exposed DP sync (and the job-wide tied-table / grad-norm sync), the
     # optimizer step, and the cost model's fixed overhead, which is what remains of T.
     tail = max(0.0, T - makespan)
     opt = min(float(estimate.get("optimizer_s") or 0.0), tail)

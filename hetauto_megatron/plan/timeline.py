@@ -100,7 +100,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
         else:
             per_stage[e.resource[1]].append(e)
-    sync = est.get("sync_s", 0.0)      # the job-wide tied-embedding / grad-norm exchange, on every stage
+    sync = est.get("sync_s", 0.0)      # the job-wide tied-table holders' / grad-norm exchange, on every stage
     for i, events in enumerate(per_stage):
         events.sort(key=lambda e: e.start)
         t = 0.0
