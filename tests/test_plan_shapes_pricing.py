@@ -53,9 +53,9 @@ def test_one_pipeline_of_single_meshes_prices_as_the_simulator():
 def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sync():
     """Two twin clusters, one pipeline each with half the batch: every micro-batch step is the one pipeline's
     with twice the DP on one cluster of twice the nodes (same micro-batches, same stage times, same links
-    inside a cluster), so the 1F1B makespans are equal; the gradients of the whole model then cross the link
-    between the twins twice: gathered to pipeline 0's ranks, then the sum scattered back (bf16 training, fp32
-    gradient buffer: 4 bytes per parameter; each phase pays the link's latency)."""
+    inside a cluster), so the 1F1B makespans are equal; every parameter has two holders, so the gradients of
+    the whole model cross the link once in each direction, both at once (the link is full duplex), and both
+    ends sum them (bf16 training, fp32 gradient buffer: 4 bytes per parameter; one phase, one latency)."""
     link_gbps, link_ms = 100, 2
     inv = small_inventory([("a1", "h100", 4, 8), ("a2", "h100", 4, 8), ("big", "h100", 8, 8)],
                           [("a1", "a2", link_gbps, link_ms)])
@@ -66,11 +66,11 @@ def test_two_identical_pipelines_equal_one_with_dp_doubled_up_to_the_gradient_sy
     # the vocabulary as it runs: padded to a multiple of 128 x TP (4) = 512 (Megatron's rule)
     padded = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512)
     params = padded.total_params
-    # gather: every element once; scatter: every element back; then inside each holder TP rank 0 broadcasts its DP
-    # shard of the norms (2h per layer of the stage, h final on the last) to the other TP ranks, on the node's link
+    # every element once each way at once; then inside each holder TP rank 0 broadcasts its DP shard of the norms
+    # (2h per layer of the stage, h final on the last) to the other TP ranks, on the node's link
     h = MODEL.hidden_size
     norms_per_rank = 4 * (16 * 2 * h + h) / 4
-    hand = 2 * link_ms / 1e3 + 4 * (params + params) / (link_gbps * 1e9 / 8) + \
+    hand = link_ms / 1e3 + 4 * params / (link_gbps * 1e9 / 8) + \
         inv.cluster("a1").intra_node.transfer_time(norms_per_rank)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
     # each pipeline alone is the simulator's plan with its half of the batch; the joint iteration adds the sync
@@ -105,19 +105,21 @@ def test_alongside_twins_equal_one_mesh_of_their_dp_and_a_slower_group_sets_the_
     assert got.pipeline_s == pytest.approx(slow.pipeline_s, rel=1e-12)      # 8 micro-batch steps of 16 samples
     # memory per group: each group as its own mesh with the same micro-batches in flight
     assert got.memory_gib == pytest.approx(fast.memory_gib + slow.memory_gib, rel=1e-12)
-    # the V100 group's gradients cross the link to the A100 group's ranks, the sums come back: the whole
-    # model in fp32, twice; then the V100 group's TP rank 0 broadcasts its DP shard (of 2) of the norms to the
-    # other 3 TP ranks on the node's link
+    # two holders: the V100 group's gradients cross the link to the A100 group's ranks and theirs the other way,
+    # at once (the whole model in fp32 each way); then the V100 group's TP rank 0 broadcasts its DP shard (of 2)
+    # of the norms to the other 3 TP ranks on the node's link
     norms = model.num_layers * 2 * model.hidden_size + model.hidden_size
-    hand = 2e-3 + 4 * 2 * model.total_params / (100e9 / 8) + inv.cluster("v").intra_node.transfer_time(4 * norms / 2)
+    hand = 1e-3 + 4 * model.total_params / (100e9 / 8) + inv.cluster("v").intra_node.transfer_time(4 * norms / 2)
     assert got.replica_sync_s == pytest.approx(hand, rel=1e-9)
 
 
 def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     """Two pipelines of two stages each, tied embeddings, the plain optimizer at DP 2 (every DP replica holds the
-    whole gradient; DP rank 0's count). Per parameter block the root is pipeline 0's holder; over the 10 Gbit/s
-    link go, in the gather phase, pipeline 1's gradients of every layer, of its two copies of the tied table
-    (first and last stage) and of the final norm, and in the scatter phase the same sums back. Then inside every
+    whole gradient; DP rank 0's count). The layers and the final norm have two holders (one per pipeline): their
+    gradients cross the 10 Gbit/s link once each way, at once, in the first phase. The tied table has four (both
+    ends of both pipelines), root pipeline 0's first stage: in the same first phase pipeline 1's two copies go
+    to it, and in a second phase the sums come back. The first phase's busier direction (b -> a) carries
+    layers, norm and two tables; the second, two tables. Then inside every
     holder DP rank 0 broadcasts its local tensors to its replica (the mesh's DP link) and TP rank 0 the norms to
     the other TP ranks (the node's link); the last stages, which hold the most, set that time."""
     model = MODEL.replace(tie_embeddings=True, vocab_size=32256)        # 32256: padded alike at every TP
@@ -128,19 +130,20 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     got = _price(model, inv, [(32, [p0]), (32, [p1])])
     h = model.hidden_size
     gather = 4 * (model.num_layers * model.layer_params + 2 * model.embedding_params + h)
+    scatter = 4 * 2 * model.embedding_params
     bw = 10e9 / 8
     # a last stage: 16 layers, its copy of the table, the final norm; TP 4 duplicates the norms (2h a layer, h)
     n, dup = 16 * model.layer_params + model.embedding_params + h, 16 * 2 * h + h
     a = inv.cluster("a")
     copies = dp_ring_link(a, 4, 2).transfer_time(4 * ((n - dup) / 4 + dup)) + a.intra_node.transfer_time(4 * dup)
-    assert got.replica_sync_s == pytest.approx(2 * (5e-3 + gather / bw) + copies, rel=1e-9)
+    assert got.replica_sync_s == pytest.approx(2 * 5e-3 + (gather + scatter) / bw + copies, rel=1e-9)
     # one pipeline of single meshes sums only its tied table, in the same exchange: its two holders (first and
     # last stage) are on cluster a, each TP rank of DP rank 0 sends its quarter to the other stage's owner over
-    # the inter-node network and gets the sum back; then each stage's DP rank 0 broadcasts its quarter
+    # the inter-node network and gets the other's quarter at once; then each stage's DP rank 0 broadcasts it
     one = _price(model, inv, [(32, [p0])])
     want = simulate(Plan(model=model, global_batch_size=32, meshes=tuple(p0)), inv, COST)
     quarter = 4 * model.vocab_size * h / 4
-    tied = 2 * a.inter_node.transfer_time(quarter) + dp_ring_link(a, 4, 2).transfer_time(quarter)
+    tied = a.inter_node.transfer_time(quarter) + dp_ring_link(a, 4, 2).transfer_time(quarter)
     assert one.replica_sync_s == pytest.approx(tied, rel=1e-9)
     assert one.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
 
@@ -173,9 +176,10 @@ def test_the_exchange_moves_what_the_runtime_counted():
     """examples/llama/plans/tiny-alongside-cpu.yaml: stage 0 = mesh A (cluster-a, TP 1 x DP 2) beside mesh B
     (cluster-b, TP 2 x DP 1), stage 1 = mesh C (cluster-b), tied embeddings. The runtime counts the bytes its
     exchange sends between the clusters (tests/test_runtime_alongside.py, the same formula from the model's
-    shapes): B sends A every element of stage 0 once and gets the sum back (on its TP rank 0 for the norms TP
-    duplicates, which broadcasts them inside the mesh); C sends A its tied output table and gets it back. On a
-    link of 1 byte/s without latency the priced exchange is those bytes, in seconds."""
+    shapes): B and A send each other every element of stage 0's layers once, at once (two holders; B's TP rank
+    0 for the norms TP duplicates, which broadcasts them inside the mesh); B and C send A their tied tables (three
+    holders) with them and get the sums back in a second phase. On a full-duplex link of 1 byte/s without
+    latency the priced exchange is the busier direction's bytes of each phase, in seconds."""
     from hetauto_megatron.plan.multi_simulate import shapes_of
     from hetauto_megatron.plan.plan import load_plan
     from hetauto_megatron.spec.inventory import inventory_from_dict
@@ -191,14 +195,18 @@ def test_the_exchange_moves_what_the_runtime_counted():
     split = hidden * (heads + 2 * kv) * head + hidden * hidden + hidden * 2 * ffn + ffn * hidden
     norms, layers, table = 2 * hidden, 4, plan.padded_vocab_size * hidden
     stage0 = layers * (split + norms) + table
-    counted = (2 * stage0 + 2 * table) * 4
-    # the exchange inside cluster-b (none here), the broadcast inside mesh B and the ranks' own network are far
+    counted = (2 * stage0 + 2 * table) * 4     # the bytes the runtime sends (test_runtime_alongside.py)
+    # first phase b -> a: stage 0's layers and two tables (a -> b: the layers); second phase a -> b: two tables.
+    # The exchange inside cluster-b (none here), the broadcast inside mesh B and the ranks' own network are far
     # faster than 1 byte/s
-    assert got.replica_sync_s == pytest.approx(counted, rel=1e-6)
+    priced = ((stage0 - table) + 2 * table + 2 * table) * 4
+    assert counted - priced == (stage0 - table) * 4       # the layers' a -> b direction ran at the same time
+    assert got.replica_sync_s == pytest.approx(priced, rel=1e-6)
     # and so for the two-pipeline example (tests/test_runtime_pipelines.py): every parameter once each way, the
-    # tied table of pipeline 1's two ends once each way with pipeline 0's first stage
+    # tied table of pipeline 1's two ends once each way with pipeline 0's first stage; priced: the layers and the
+    # final norm one way (the other way at the same time) with pipeline 1's tables, then the tables back
     two = load_plan("examples/llama/plans/tiny-2pipelines-cpu.yaml")
     got = shapes_estimate(two.model, inv.with_precision(two.precision), shapes_of(two), COST)
     m, table = two.model, two.padded_vocab_size * two.model.hidden_size
-    counted = 4 * (2 * (m.num_layers * m.layer_params + m.hidden_size) + 2 * 2 * table)
-    assert got.replica_sync_s == pytest.approx(counted, rel=1e-6)
+    priced = 4 * ((m.num_layers * m.layer_params + m.hidden_size) + 2 * 2 * table)
+    assert got.replica_sync_s == pytest.approx(priced, rel=1e-6)

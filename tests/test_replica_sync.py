@@ -53,7 +53,14 @@ def _run(moves, owners, grads, weights):
                 for c in range(rect[2], rect[3]):
                     held[o.rank][(r, c)] = grads[o.holder][(r, c)]
     root = min(o.holder for o in owners)
-    for o in owners:
+    paired = [m for m in moves if m.phase == "pair"]     # two holders: both ends sum the same two operands
+    sent = {id(m): {(r, c): held[m.src][(r, c)] for rect in m.rects for r in range(rect[0], rect[1])
+                    for c in range(rect[2], rect[3])} for m in paired}
+    for m in paired:
+        for k, v in sent[id(m)].items():
+            g = {m.holder: v, 1 - m.holder: held[m.dst][k]}
+            held[m.dst][k] = weights[0] * g[0] + weights[1] * g[1]
+    for o in owners if not paired else ():
         if o.holder == root and o.source:
             held[o.rank] = {k: v * weights[0] for k, v in held[o.rank].items()}
     gathered = [m for m in moves if m.phase == "gather"]
@@ -98,10 +105,14 @@ def test_every_holder_ends_with_the_weighted_sum(partition_dim, sharded, gated):
         for (r, c), v in held[o.rank].items():
             want = sum(weights[h] * grads[(h, 0)][(r, c)] for h in range(len(layouts)))
             assert v == pytest.approx(want, rel=1e-12), (o.rank, r, c)
-    # gather: each non-root holder's elements once to the root; scatter: the sum once back to each of them
+    # two holders: every element once each way, in one phase; more: each non-root holder's elements once to the
+    # root (gather), the sum once back to each of them (scatter)
     total = whole[0] * whole[1]
-    for phase in ("gather", "scatter"):
-        assert sum(m.numel for m in moves if m.phase == phase) == (len(layouts) - 1) * total
+    if len(layouts) == 2:
+        assert {m.phase for m in moves} == {"pair"} and sum(m.numel for m in moves) == 2 * total
+    else:
+        for phase in ("gather", "scatter"):
+            assert sum(m.numel for m in moves if m.phase == phase) == (len(layouts) - 1) * total
 
 
 def test_two_holders_sharded_once_move_each_element_once_each_way():
@@ -109,6 +120,11 @@ def test_two_holders_sharded_once_move_each_element_once_each_way():
     owners = _owners((0, 0), 0.625, (8, 4), 2, 1, 0, first_rank=0) + \
         _owners((3, 1), 0.375, (8, 4), 1, 2, 0, first_rank=2)
     moves = sync_moves("w", owners)
+    assert {m.phase for m in moves} == {"pair"} and sum(m.numel for m in moves) == 64
+    assert {(m.src, m.dst) for m in moves} == {(2, 0), (0, 2), (3, 1), (1, 3)}
+    assert [m.numel for m in moves if m.holder == 1] == [m.numel for m in moves if m.holder == 0] == [16, 16]
+    # the start-up copy of the first holder's weights: the scatter phase of the gather/scatter moves
+    moves = sync_moves("w", owners, pairwise=False)
     assert sum(m.numel for m in moves if m.phase == "gather") == 32
     assert sum(m.numel for m in moves if m.phase == "scatter") == 32
     assert {(m.src, m.dst) for m in moves if m.phase == "gather"} == {(2, 0), (3, 1)}
@@ -134,6 +150,11 @@ def test_one_ranks_moves_are_its_share_of_all_moves():
     every = sync_moves("w", owners)
     for rank in range(9):
         assert sync_moves("w", owners, rank=rank) == [m for m in every if rank in (m.src, m.dst)]
+    two = owners[:7]      # two holders: the pair moves
+    every = sync_moves("w", two)
+    assert {m.phase for m in every} == {"pair"}
+    for rank in range(7):
+        assert sync_moves("w", two, rank=rank) == [m for m in every if rank in (m.src, m.dst)]
 
 
 def test_ranks_are_named_with_their_pipeline():

@@ -120,6 +120,21 @@ def test_tied_embeddings_cross_once_each_way(distributed_optimizer):
     assert r["bytes"]["inter_cluster"] - boundary_bytes(p, r) == 2 * table * STEPS
 
 
+TIED_CASES = [(n, True) for n in sorted(CASES) if CASES[n].model.tie_embeddings] + [(PLAIN, False)]
+
+
+@pytest.mark.parametrize("name,distributed_optimizer", TIED_CASES)
+def test_tied_copies_stay_bitwise_equal(name, distributed_optimizer):
+    # After 3 steps the first stage's embedding table and the last stage's output layer (each put together from
+    # its TP shards) are the same bits: both ends of the pair exchange compute the same sum on the host, and
+    # each then runs the same optimizer update on it.
+    digests = report(name, distributed_optimizer)["shared_digests"]
+    assert list(digests) == ["embedding.word_embeddings.weight"], digests
+    copies = digests["embedding.word_embeddings.weight"]
+    assert len(copies) == 2 and "incomplete" not in copies.values(), copies
+    assert len(set(copies.values())) == 1, copies
+
+
 def test_same_cluster_meshes_stay_off_the_inter_cluster_path():
     p = plan([mesh("a", 2, 1, 2, [4]), mesh("a", 1, 1, 2, [4])])
     r = run_dryrun(p, steps=1, seed=1, tiny=True, reference=False, timeout_s=60)
@@ -153,8 +168,9 @@ def test_owned_interval_follows_megatrons_bucket_shards():
 
 def test_tied_table_pairs_each_element_once():
     """The tied table's two holders, as replica_sync.py pairs them: first stage TP 2 (ranks 0, 1) own halves of
-    a 12-element table; last stage DP 3 shards of 5, 4, 3 (rank 7 owns nothing). Every element goes once from
-    the rank of the last stage that owns it to the first stage's owner, and the sum once back."""
+    a 12-element table; last stage DP 3 shards of 5, 4, 3 (rank 7 owns nothing). Every element goes once each
+    way between the rank of the last stage that owns it and the first stage's owner, both directions in one
+    phase (the start-up copy of the weights: the first stage's owner to the last stage's, once)."""
     from hetauto_megatron.runtime.shard_regions import Owner, sync_moves, tp_layout
 
     first = [Owner(r, (0, 0), 1.0, tp_layout((6, 1), 2, t, 0), 0, 6, True) for t, r in enumerate((0, 1))]
@@ -162,8 +178,10 @@ def test_tied_table_pairs_each_element_once():
     last = [Owner(r, (1, 0), 1.0, whole, lo, hi, True) for r, lo, hi in ((4, 0, 5), (5, 5, 9), (6, 9, 12), (7, 0, 0))]
     moves = [(m.phase, m.src, m.dst, m.rects) for m in sync_moves("table", first + last)]
     pairs = [(4, 0, 0, 5), (5, 0, 5, 6), (5, 1, 6, 9), (6, 1, 9, 12)]
-    assert moves == ([("gather", s, d, ((lo, hi, 0, 1),)) for s, d, lo, hi in pairs]
-                     + [("scatter", d, s, ((lo, hi, 0, 1),)) for s, d, lo, hi in pairs])
+    assert moves == [m for s, d, lo, hi in pairs
+                     for m in (("pair", s, d, ((lo, hi, 0, 1),)), ("pair", d, s, ((lo, hi, 0, 1),)))]
+    copy = [(m.phase, m.src, m.dst, m.rects) for m in sync_moves("table", first + last, pairwise=False)]
+    assert [m for m in copy if m[0] == "scatter"] == [("scatter", d, s, ((lo, hi, 0, 1),)) for s, d, lo, hi in pairs]
     with pytest.raises(ValueError, match="different shapes"):
         sync_moves("table", first + [Owner(4, (1, 0), 1.0, tp_layout((8, 1), 1, 0, None), 0, 8, True)])
     with pytest.raises(ValueError, match="partition"):
@@ -186,9 +204,9 @@ def test_cli_dryrun_no_distributed_optimizer_table_says_what_ran(capsys):
 
 def test_priced_tie_exchange_is_what_the_runtime_sent():
     """The cost model's iteration tail prices the tied table's sum the runtime runs (replica_sync.py): one
-    (padded) table in the main-gradient dtype over the link between the clusters to the first stage, then the sum
-    back, one phase after the other. Compared with the bytes the dry run counted, for both optimizers (the plain
-    one adds a DP broadcast inside cluster b, priced apart)."""
+    (padded) table in the main-gradient dtype over the link between the clusters in each direction, both at once
+    (one phase; the link is full duplex). Compared with the bytes the dry run counted, for both optimizers (the
+    plain one adds a DP broadcast inside cluster b, priced apart)."""
     import yaml
     from helpers import CPU_INVENTORY
 
@@ -212,6 +230,6 @@ def test_priced_tie_exchange_is_what_the_runtime_sent():
         exchange = holders_sync_time(inv, tied_table_blocks(model, p.meshes, profiles[0], profiles[-1]))
         if not distributed_optimizer:
             exchange -= profiles[-1].dp_link.transfer_time(r["padded_vocab_size"] * model.hidden_size * 4)
-        priced_bytes_per_phase = (exchange / 2 - link.latency_s) * link.bytes_per_s
+        priced_bytes_per_direction = (exchange - link.latency_s) * link.bytes_per_s
         measured = r["bytes"]["inter_cluster"] - boundary_bytes(p, r)
-        assert priced_bytes_per_phase == pytest.approx(measured / 2 / STEPS, rel=1e-9)
+        assert priced_bytes_per_direction == pytest.approx(measured / 2 / STEPS, rel=1e-9)

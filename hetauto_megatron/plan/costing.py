@@ -281,19 +281,27 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     `blocks`: [((parameters, of which every TP rank keeps a copy), [(cluster, StageProfile, key), ...])], each
     block's holders sorted by key (mesh index, stage): the first is the root.
 
-    Per parameter the root's source ranks receive, in a gather phase, every other holder's reduced gradient for
-    the elements they own; after the sums, a scatter phase sends the result back to the same source ranks. Each
-    phase is one message per pair of ranks for all parameters at once; the second starts when the first is
-    done. Bytes are the gradient buffer's (gradient-reduce dtype). Between clusters a phase's bytes on one
-    inventory link add up (one transfer at the link's bandwidth); inside a cluster the rank pairs run in
-    parallel on the inter-node network, each root rank sending or receiving its share (the side with fewer
-    owner ranks sets it). A phase lasts as long as its busiest link or root rank. Then, inside every holder at
-    once, the ranks that are not sources take the sum from theirs: without the distributed optimizer a
-    broadcast to the DP replicas of every synced local tensor (on the mesh's DP link), then for what TP
-    duplicates (the norms, a learned position table) a broadcast to the other TP ranks of the part each holds
-    (on the node's link). Runs after the DP reduction, before the optimizer step: exposed in full."""
-    phases = [{}, {}]          # per phase: resource -> bytes
+    Two holders: one phase, each holder's source ranks send their reduced gradient of the elements they own to
+    the other holder's and receive its, both directions at once. Three or more: the root's source ranks
+    receive, in a gather phase, every other holder's reduced gradient for the elements they own; after the
+    sums, a scatter phase sends the result back to the same source ranks. The pair moves run in the gather's
+    phase; the scatter starts when that phase is done. Each phase is one message per pair of ranks for all
+    parameters at once. Bytes are the gradient buffer's (gradient-reduce dtype). Every link is full duplex (as
+    for pipeline boundaries: each direction its own resource). Between clusters a phase's bytes in one
+    direction of an inventory link add up (one transfer at the link's bandwidth); inside a cluster the rank
+    pairs run in parallel on the inter-node network, each root rank sending or receiving its share (the side
+    with fewer owner ranks sets it). A phase lasts as long as its busiest link direction or root rank
+    direction. Then, inside every holder at once, the ranks that are not sources take the sum from theirs:
+    without the distributed optimizer a broadcast to the DP replicas of every synced local tensor (on the
+    mesh's DP link), then for what TP duplicates (the norms, a learned position table) a broadcast to the other
+    TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
+    step: exposed in full."""
+    phases = [{}, {}]          # per phase: resource (one direction) -> bytes
     copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
+
+    def add(phase: int, res, nbytes: float) -> None:
+        phases[phase][res] = phases[phase].get(res, 0.0) + nbytes
+
     for (n, dup), hs in blocks:
         if len(hs) < 2 or n == 0:
             continue
@@ -308,22 +316,20 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
             if key == rk:
                 continue
-            sent = gb * n                                             # every element once, to the root and back
+            sent = gb * n                                             # every element once each way
             if c != rc:
-                res = ("link", frozenset((c, rc)))
-                phases[0][res] = phases[0].get(res, 0.0) + sent
-                phases[1][res] = phases[1].get(res, 0.0) + sent
+                to_root, from_root = ("link", c, rc), ("link", rc, c)
             else:
-                owners = min(_owners(prof), _owners(rp))
-                res = ("ranks", rk, c)
-                phases[0][res] = phases[0].get(res, 0.0) + sent / owners
-                phases[1][res] = phases[1].get(res, 0.0) + sent / owners
+                sent /= min(_owners(prof), _owners(rp))
+                to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
+            add(0, to_root, sent)
+            add(0 if len(hs) == 2 else 1, from_root, sent)
     total = 0.0
     for phase in phases:
         times = []
         for res, nbytes in phase.items():
             if res[0] == "link":
-                times.append(_cross_link(inventory, *sorted(res[1])).transfer_time(nbytes))
+                times.append(_cross_link(inventory, res[1], res[2]).transfer_time(nbytes))
             else:
                 times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
         total += max(times, default=0.0)

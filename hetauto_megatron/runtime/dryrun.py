@@ -46,7 +46,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
     Returns {"model", "padded_vocab_size", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
-    "bytes": {"intra_cluster", "inter_cluster"}, "settings", "cores", "seconds"} plus "reference" and
+    "bytes": {"intra_cluster", "inter_cluster"}, "settings", "cores", "seconds", "shared_digests"} plus "reference" and
     "max_abs_diff" when
     `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
     rank; "iteration_s" their median over the steps after the first (the first pays for allocation and
@@ -56,6 +56,8 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}. "ops" has every rank's
     per-operation stamps of every step (runtime/op_timing.py), for measured timelines. "exposed_s" has, per
     rank, the seconds of each step it waited on cross-cluster transfers (not on its peers' compute).
+    "shared_digests": per parameter that several mesh stages hold, per holder, the digest of its copy after the
+    last step (`shared_digests`).
     `emulate_links`: cross-cluster transfers run at the plan inventory's link bandwidth and latency with their
     time multiplied by this scale (runtime/cross_link.py).
     Raises InputError for a plan the launch rejects.
@@ -94,6 +96,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     report["ops"] = [r["ops"] for r in results]     # per rank, per step: op_timing.OpClock.steps
     report["exposed_s"] = [r["exposed_s"] for r in results]
     report["iteration_s"] = statistics.median(step_times[1:] or step_times)
+    report["shared_digests"] = shared_digests(results)
     if ref is not None:
         report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]
         report["max_abs_diff"] = max(max(abs(a["loss"] - b["loss"]), abs(a["grad_norm"] - b["grad_norm"]))
@@ -168,6 +171,33 @@ def memory_report(plan, results) -> list[dict]:
             if plan.num_pipelines > 1:
                 entry["pipeline"] = mesh.pipeline      # "stage" is the stage inside that pipeline
             out.append(entry)
+    return out
+
+
+def shared_digests(results) -> dict:
+    """{parameter: {"mesh M stage S": sha256 of its whole table's bytes}} from the ranks' "shared" values (each
+    source rank's part, put together): equal digests mean the holders' copies are bitwise equal. A copy with
+    elements no rank supplied reads "incomplete"."""
+    import hashlib
+
+    import torch
+
+    wholes = {}
+    for r in results:
+        for row in r["shared"]:
+            key = (row["name"], f"mesh {row['holder'][0]} stage {row['holder'][1]}")
+            dtype = getattr(torch, row["dtype"])
+            whole = wholes.setdefault(key, torch.full(tuple(row["whole"]), float("nan"), dtype=dtype))
+            local = torch.full(tuple(row["local"]), float("nan"), dtype=dtype)
+            local.view(-1)[row["lo"]:row["hi"]] = torch.tensor(row["values"], dtype=dtype)
+            for lr, wr, nr, lc, wc, nc in row["segments"]:
+                block, into = local[lr:lr + nr, lc:lc + nc], whole[wr:wr + nr, wc:wc + nc]
+                into.copy_(torch.where(torch.isnan(block), into, block))
+    out = {}
+    for (name, holder), whole in sorted(wholes.items()):
+        done = not torch.isnan(whole).any()
+        out.setdefault(name, {})[holder] = hashlib.sha256(whole.numpy().tobytes()).hexdigest() if done \
+            else "incomplete"
     return out
 
 

@@ -8,10 +8,15 @@ holder's gradient times its share of the global batch (`RankContext.batch_share`
 holders: the embedding of each pipeline's first stage and the output layer of its last stage are holders of
 the same table (the tied head is the same tensor), each with its pipeline's share, so the sum also ties them.
 
-The exchange (shard_regions.py): per parameter, every holder's sources send their reduced elements to the
-first holder's source of each element (gather), that rank sums in holder order, and sends the sum back to the
-other holders' sources (scatter); inside each mesh stage the other ranks get it from their source by a
-broadcast on the mesh's own DP group (plain optimizer replicas) or TP group (TP-duplicated parameters).
+The exchange (shard_regions.py): a parameter with two holders (the tied table of one pipeline, every parameter
+of two pipelines) is one phase, "pair": each source sends its reduced elements to the other holder's source of
+each element and receives that rank's, both directions at once, and both ends compute w0 x g0 + w1 x g1 in
+holder order on the host (`_pair_sums`). A parameter with three or more holders is a gather and a scatter:
+every holder's sources send their reduced elements to the first holder's source of each element, that rank sums
+in holder order and sends the sum back to the other holders' sources. The pair phase runs together with the
+gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
+then get the sum from their source by a broadcast on the mesh's own DP group (plain optimizer replicas) or TP
+group (TP-duplicated parameters).
 Elements are paired exactly: TP slices of any degree, SwiGLU's fused fc1, and the shards the distributed
 optimizer's reduce-scatter leaves on each DP rank. All messages are
 host-staged on one gloo group over all ranks (`RankContext.replica_group`), one message per pair of ranks and
@@ -29,7 +34,7 @@ from collections import defaultdict
 from .gradients import _sharded_ownership, _wait
 from .shard_regions import Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
 
-GATHER_TAG, SCATTER_TAG = 0, 1
+GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
 
 
 def _unwrap(chunk):
@@ -83,6 +88,8 @@ class ReplicaSync:
     (e.g. a communicator's `bytes_sent`) receives the bytes this rank sends to other holders, per link class
     (the broadcasts inside a mesh stage are not counted)."""
 
+    PAIRWISE = True     # two holders exchange both directions at once (shard_regions.sync_moves)
+
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist
 
@@ -98,7 +105,7 @@ class ReplicaSync:
         self.locals = {r["name"]: r for r in mine}
         norm_roles = set()
         for name in sorted(owners):
-            self.moves += sync_moves(name, owners[name], rank=me)
+            self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE)
             if name not in self.locals:
                 continue
             keys, rec = holders_of(owners[name]), self.locals[name]
@@ -108,7 +115,7 @@ class ReplicaSync:
             if len(keys) < 2:         # held by one mesh stage only: nothing to sum
                 continue
             self.weights[name] = weights = weights_of(owners[name])
-            if is_root and rec["source"] and rec["lo"] < rec["hi"]:
+            if is_root and rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # the gather's root
                 self.root_scale.append((name, weights[0]))
         if len(norm_roles) > 1:
             raise ValueError(f"rank {me} holds parameters whose first holder is its mesh and others whose first "
@@ -127,6 +134,27 @@ class ReplicaSync:
                      and r["dp_rank"] == mine_["dp_rank"]}
             if len(parts) != 1:
                 raise ValueError(f"{name}: the TP ranks of mesh {ctx.mesh_index} hold different parts {parts}")
+
+    def held_values(self, model_chunks) -> list[dict]:
+        """This rank's values of the parameters it shares with other holders, for checking that the holders'
+        copies agree: [{"name", "holder", "local", "whole", "segments", "lo", "hi", "dtype", "values"}]
+        (JSON-able; values: elements [lo, hi) of the local tensor flattened, exact as Python floats; the shapes
+        and `segments` place them in the whole table, shard_regions.Layout). Source ranks only, each its own
+        interval: with the distributed optimizer a DP rank's other elements are the last gather's (Megatron
+        gathers the updated ones at the next forward pass under overlap_param_gather)."""
+        out = []
+        for chunk in model_chunks:
+            for name, param in _unwrap(chunk).named_parameters():
+                gname = self.by_local_name.get(name)
+                rec = self.locals.get(gname)
+                if gname not in self.weights or not rec["source"] or rec["lo"] >= rec["hi"]:
+                    continue
+                lay = self.layouts[gname]
+                out.append({"name": gname, "holder": tuple(rec["holder"]), "local": lay.local, "whole": lay.whole,
+                            "segments": lay.segments, "lo": rec["lo"], "hi": rec["hi"],
+                            "dtype": str(param.dtype).removeprefix("torch."),
+                            "values": param.detach().to("cpu").reshape(-1)[rec["lo"]:rec["hi"]].tolist()})
+        return out
 
     # ---- the exchange ----------------------------------------------------------------------------------
     def _tables(self, model_chunks) -> dict:
@@ -152,15 +180,16 @@ class ReplicaSync:
             key = "inter_cluster" if self.cluster[peer] != self.ctx.coords.cluster else "intra_cluster"
             self.counter[key] = self.counter.get(key, 0) + nbytes
 
-    def _exchange(self, phase: str, tag: int, tables, what: str):
-        """Post this phase's sends and receives; returns [(move, received flat piece)] after waiting."""
+    def _exchange(self, phases: tuple, tag: int, tables, what: str):
+        """Post the sends and receives of these phases' moves, one message per peer and direction; returns
+        [(move, rectangle, received flat piece)] after waiting."""
         import torch
         import torch.distributed as dist
 
         me, group = self.ctx.coords.rank, self.ctx.replica_group
         out, inn = defaultdict(list), defaultdict(list)
         for m in self.moves:
-            if m.phase == phase:
+            if m.phase in phases:
                 (out[m.dst] if m.src == me else inn[m.src]).append(m)
         works, inboxes = [], []
         for peer, moves in sorted(out.items()):
@@ -188,25 +217,48 @@ class ReplicaSync:
         import torch
 
         tables = self._tables(model_chunks)
-        got = self._exchange("gather", GATHER_TAG, tables,
-                             "exchange gradients of shared parameters (gather to their first holder)")
+        got = self._exchange(("pair", "gather"), GATHER_TAG, tables,
+                             "exchange gradients of shared parameters (with the other holder, or to the first)")
+        self._pair_sums(tables, [g for g in got if g[0].phase == "pair"])
         with torch.no_grad():
             for name, w in self.root_scale:     # the first holder's own term, then the others in holder order
                 rec = self.locals[name]
                 tables[name].view(-1)[rec["lo"]:rec["hi"]].mul_(w)
-            for m, r, piece in sorted(got, key=lambda x: x[0].holder):
+            for m, r, piece in sorted((g for g in got if g[0].phase == "gather"), key=lambda x: x[0].holder):
                 view = self._view(tables, m, r)
                 view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
         self.scatter_back(tables,
                           "exchange gradients of shared parameters (the sums back from their first holder)")
         self.fill_copies(tables)
 
+    def _pair_sums(self, tables, got) -> None:
+        """Two holders: this rank's elements become w0 x g0 + w1 x g1, where g0 is the first holder's gradient
+        and g1 the second's, one of them received from the partner and the other this rank's own.
+
+        The partner computes the same sum for the same elements, and both must get the same bits (each holder
+        then steps its own copy of the parameter). So the sum is taken ON THE HOST: both ends copy their
+        operands to CPU tensors of the same dtype and run the same three CPU operations in holder order (two
+        products, one addition; no fused multiply-add, each operation rounds once as IEEE 754 says), so the two
+        copies stay bitwise equal even when the holders' accelerators are of different vendors, whose kernels
+        may round or fuse differently."""
+        import torch
+
+        with torch.no_grad():
+            for m, r, piece in got:
+                view = self._view(tables, m, r)
+                own = view.detach().to("cpu", copy=True).reshape(-1)      # what this rank sent the partner
+                g0, g1 = (piece, own) if m.holder == 0 else (own, piece)   # m.holder: the sender's holder
+                w0, w1 = self.weights[m.name]
+                total = torch.mul(g0, w0)
+                total.add_(torch.mul(g1, w1))
+                view.copy_(total.to(view.device).view(view.shape))
+
     def scatter_back(self, tables, what: str) -> None:
         """The scatter phase: the first holder's sources send their values of `tables` (name -> 2-D table of
         this rank's tensor) to the other holders' sources, which take them."""
         import torch
 
-        got = self._exchange("scatter", SCATTER_TAG, tables, what)
+        got = self._exchange(("scatter",), SCATTER_TAG, tables, what)
         with torch.no_grad():
             for m, r, piece in got:
                 view = self._view(tables, m, r)
@@ -247,6 +299,8 @@ class ReplicaWeights(ReplicaSync):
     stage) would start from different weights (the dry run needs none of it: it draws every copy by global name).
     The tied output layers are holders of the embedding table, so they get the first stage's embeddings too.
     Collective over `ctx.replica_group` (construction and `copy`); `counter` receives the bytes sent."""
+
+    PAIRWISE = False    # the scatter phase alone, for two holders as for more
 
     def __init__(self, ctx, model_chunks, *, counter: dict | None = None):
         # the modules inside DDP: every rank's interval is its whole local tensor (no distributed-optimizer shard)

@@ -14,17 +14,28 @@ with the plain optimizer all of it. Mapped into the whole table that interval is
 Every holder (one stage of one mesh) has "sources": one rank per element whose reduced gradient counts (its
 regions partition the table: DP rank 0 only with the plain optimizer, TP rank 0 only for a parameter that TP
 duplicates). The other ranks of the holder keep copies; they get the sum from their source inside the mesh
-(replica_sync.py broadcasts it). The exchange is a gather to one root holder (the first in plan order) and a
+(replica_sync.py broadcasts it).
+
+A parameter with exactly two holders (the tied table of one pipeline, every parameter of two pipelines) is
+exchanged in one phase, "pair": each source of either holder sends each element of its region to the other
+holder's source of that element (the rectangles where the two regions meet), both directions at once, and both
+ends compute the same sum w0 x g0 + w1 x g1 from the same two operands (replica_sync.py says how they get the
+same bits). Every element crosses once each way: 2 x its elements, in one phase.
+
+With three or more holders the exchange is a gather to one root holder (the first in plan order) and a
 scatter back:
 
 - gather: every source of every other holder sends each element of its region to the root's source of that
-  element (the rectangles where the two regions meet), once;
+  element, once;
 - the root source sums, in holder order, weight x gradient of every holder (the result is the same bits for
   every holder, because only the root computes it);
 - scatter: every root source sends the sum of each element of its region to the other holders' sources of it.
 
-So a parameter with H holders moves 2 (H - 1) times its elements per iteration between holders, once to and
-once from the root holder.
+So a parameter with H >= 3 holders moves 2 (H - 1) times its elements per iteration between holders, once to
+and once from the root holder, in two phases one after the other.
+
+`sync_moves(..., pairwise=False)` gives the gather and scatter moves for two holders as well: the start-up copy
+of the first holder's weights (replica_sync.ReplicaWeights) is the scatter phase alone.
 """
 from __future__ import annotations
 
@@ -143,8 +154,10 @@ class Owner:
 
 @dataclass(frozen=True)
 class Move:
-    """Rectangles of one parameter sent from `src` to `dst`: phase "gather" (a holder's gradient to the root,
-    `holder` = that holder's index in plan order) or "scatter" (the sum back to another holder's source)."""
+    """Rectangles of one parameter sent from `src` to `dst`: phase "pair" (two holders: the sender's gradient to
+    the other holder, `holder` = the sender's holder index, 0 or 1), "gather" (a holder's gradient to the root,
+    `holder` = that holder's index in plan order) or "scatter" (the sum back to another holder's source,
+    `holder` = the receiver's index)."""
     phase: str
     src: int
     dst: int
@@ -195,10 +208,11 @@ def _check_partition(name: str, holder, sources) -> None:
                          f"({size} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
 
 
-def sync_moves(name: str, owners, rank: int | None = None) -> list[Move]:
+def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = True) -> list[Move]:
     """Every move of one parameter's gradient exchange among its holders (module doc), deterministic; with
-    `rank`, only the moves that rank sends or receives (the same moves, found in time linear in the owners).
-    Checks that every holder sees the same whole shape and that each holder's sources partition it."""
+    `rank`, only the moves that rank sends or receives (the same moves, found in time linear in the owners);
+    `pairwise=False`: gather and scatter even for two holders. Checks that every holder sees the same whole shape
+    and that each holder's sources partition it."""
     keys = holders_of(owners)
     if len(keys) < 2:
         return []
@@ -219,6 +233,12 @@ def sync_moves(name: str, owners, rank: int | None = None) -> list[Move]:
         return [(x, y) for x in a if x.rank == rank for y in b] + [(x, y) for x in a if x.rank != rank for y in mine]
 
     moves = []
+    if pairwise and len(keys) == 2:     # both directions at once, each pair of ranks in (sender, receiver) order
+        for s, r in sorted(pairs(sources[keys[1]], root), key=lambda p: (p[0].rank, p[1].rank)):
+            rects = meet(s.region, r.region)
+            if rects:
+                moves += [Move("pair", s.rank, r.rank, name, 1, rects), Move("pair", r.rank, s.rank, name, 0, rects)]
+        return moves
     for index, h in enumerate(keys[1:], start=1):
         for s, r in sorted(pairs(sources[h], root), key=lambda p: (p[0].rank, p[1].rank)):
             rects = meet(s.region, r.region)

@@ -71,8 +71,10 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     `--tiny`). `vocab_size`: the padded table size (default the plan's; a reference run passes the size of the
     plan it checks). `emulate_links`: cross-cluster transfers take the plan inventory's link time x this scale
     (runtime/cross_link.py). Returns {"losses", "grad_norms", "bytes", "step_times", "exposed_s", "ops",
-    "settings"}; "exposed_s" is per step the time this rank waited on cross-cluster transfers; losses and norms
-    are global, "settings" are this rank's runtime settings as Megatron built them (`settings_that_ran`)."""
+    "settings", "shared"}; "exposed_s" is per step the time this rank waited on cross-cluster transfers; losses
+    and norms are global, "settings" are this rank's runtime settings as Megatron built them
+    (`settings_that_ran`), "shared" its values of the parameters other mesh stages also hold, after the last
+    step (replica_sync.ReplicaSync.held_values)."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -178,6 +180,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         losses.append(total.item())
         norms.append(float(grad_norm))
     clock.uninstall()
+    shared = replicas.held_values([ddp]) if replicas is not None else []
     state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
     memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
     memory.update(activations=meter.peak, allocator_peak=alloc.get("peak", 0))
@@ -186,7 +189,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
             "exposed_s": exposed,
             "ops": clock.steps, "memory": memory,
-            "settings": settings_that_ran(config, ddp.ddp_config, opt)}
+            "settings": settings_that_ran(config, ddp.ddp_config, opt), "shared": shared}
 
 
 @contextmanager
