@@ -103,12 +103,12 @@ def test_partition_bound_counts_the_slowest_link_of_the_best_order():
     assert bound.block_cost(["a", "b", "c"]) == pytest.approx(max(act / (50e9 / 8), bound.block_cost(["a"]) / 3))
     assert bound.block_cost(["a", "c"]) == math.inf                # no link: no pipeline through both
     assert bound([["a", "c"], ["b"]]) == math.inf
-    # d has no link at all: its pairs fall back to the slowest link of the inventory, as the pricing does; the
-    # gradients go to the root and back (two phases)
+    # d has no link at all: its pairs fall back to the slowest link of the inventory, as the pricing does; two
+    # pipelines: the gradients cross once each way, at once (one phase)
     grads = 4 * MODEL.total_params
-    assert bound([["a"], ["d"]]) == pytest.approx(1 / (2 / bound.block_cost(["a"])) + 2 * grads / (50e9 / 8))
+    assert bound([["a"], ["d"]]) == pytest.approx(1 / (2 / bound.block_cost(["a"])) + grads / (50e9 / 8))
     # three pipelines on a - b and b - c at 100 Gbit/s, a - c at 10: pipeline 0 (the root) is b, whose slowest
-    # cut is 100 Gbit/s (a would wait on its 10 Gbit/s link to c)
+    # cut is 100 Gbit/s (a would wait on its 10 Gbit/s link to c); to the root and back, two phases
     tri = PartitionBound(MODEL, small_inventory([("a", "h100", 1, 8), ("b", "h100", 1, 8), ("c", "h100", 1, 8)],
                                                 [("a", "b", 100, 1), ("b", "c", 100, 1), ("a", "c", 10, 1)]), 64)
     assert tri.root([["a"], ["b"], ["c"]]) == 1

@@ -32,11 +32,13 @@ class PartitionBound:
     its clusters, the whole batch's activations over the slowest link of the best order through its clusters)
     for the whole batch (both are proportional to its share s_X), so the slowest pipeline takes at least
     min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient exchange, after the pipelines (as
-    runtime/replica_sync.py runs it, plan/multi_simulate.py prices it): every parameter's gradient (gradient-reduce
-    dtype) goes from every other pipeline to pipeline 0's ranks, then the sum comes back, one phase after the
-    other: at least 2 G / (the links joining pipeline 0's clusters to those of each other pipeline, all at once
-    at best; the slowest link of the inventory where a pair of clusters has none, as the pricing does). The plan
-    makes pipeline 0 the block for which that is least (`root`)."""
+    runtime/replica_sync.py runs it, plan/multi_simulate.py prices it): with two pipelines every parameter has
+    two holders, whose gradients (gradient-reduce dtype) cross once each way at once (full-duplex links): at
+    least G / (the links joining the two blocks, all at once at best); with three or more every parameter's
+    gradient goes from every other pipeline to pipeline 0's ranks, then the sum comes back, one phase after the
+    other: at least 2 G / (the links joining pipeline 0's clusters to those of each other pipeline). The slowest
+    link of the inventory stands in where a pair of clusters has none, as the pricing does. The plan makes
+    pipeline 0 the block for which that is least (`root`)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
         self.inventory = inventory
@@ -111,11 +113,12 @@ class PartitionBound:
         return min(range(len(blocks)), key=lambda r: (self._sync(blocks, r), r))
 
     def _sync(self, blocks: list, r: int) -> float:
+        phases = 1 if len(blocks) == 2 else 2       # two holders: both directions at once
         worst = 0.0
         for i, b in enumerate(blocks):
             if i != r:
                 cap = self._cap(blocks[r], b)
-                worst = max(worst, 2 * self.grad_bytes / cap if cap > 0 else math.inf)
+                worst = max(worst, phases * self.grad_bytes / cap if cap > 0 else math.inf)
         return worst
 
     def __call__(self, blocks: list) -> float:
