@@ -17,12 +17,13 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
 - **Gradients across holders** (`replica_sync_time`, whose core costing.holders_sync_time also prices the
   tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
   across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
-  output head's copies too), as runtime/replica_sync.py runs it: the first holder in plan order is the root; a
-  gather phase brings every other holder's reduced gradient (gradient-reduce dtype) to the root's ranks, a
-  scatter phase sends the sum back to the same ranks, then each holder's other ranks take it from theirs by
-  broadcasts inside the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters
-  a phase's bytes on one inventory link add up (different links run at once); inside a cluster the rank pairs
-  run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
+  output head's copies too), as runtime/replica_sync.py runs it: two holders send each other their reduced
+  gradient (gradient-reduce dtype) at once, in one phase; with three or more the first holder in plan order is
+  the root, a gather phase brings every other holder's reduced gradient to the root's ranks, a scatter phase
+  sends the sum back to the same ranks; then each holder's other ranks take it from theirs by broadcasts
+  inside the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters a phase's
+  bytes in one direction of an inventory link add up (links are full duplex; different links run at once);
+  inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
   it is exposed in full.
 - **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
   global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and

@@ -15,8 +15,9 @@
 3. Tied input/output embeddings: the first stage's word embeddings and the last stage's output layer are two
    holders of one table (the same global name), possibly in different meshes with different TP and DP and in
    different clusters. replica_sync.py sums them like any parameter several mesh stages hold (one pipeline:
-   each with weight 1, the whole batch), shard to shard: every element goes once to the first stage's rank
-   that owns it and the sum once back, so a step moves twice the (padded) table in the gradient-reduce dtype.
+   each with weight 1, the whole batch), shard to shard: the two ranks owning an element send it to each
+   other at once and both compute the sum, so a step moves twice the (padded) table in the gradient-reduce
+   dtype, once in each direction.
 4. The global gradient norm counts each parameter once: Megatron already skips TP duplicates and the tied
    output copy; with the distributed optimizer every DP rank contributes the shard it owns, with the plain
    one only DP rank 0 of each mesh (the replicas hold copies); the sum runs over all ranks
