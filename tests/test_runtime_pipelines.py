@@ -53,6 +53,15 @@ def test_two_pipelines_match_one_process_and_move_the_priced_bytes(distributed_o
     per_step = 4 * (2 * (model.num_layers * model.layer_params + h) + 2 * 2 * table)
     assert r["bytes"]["inter_cluster"] == per_step * STEPS
 
+    # every holder's copy of every shared parameter is the same bits after the steps: the layers' and the final
+    # norm's two holders (one per pipeline) each sum the pair on the host, the tied table's four get their
+    # first holder's sum
+    digests = r["shared_digests"]
+    assert len(digests) == 6 * model.num_layers + 2, sorted(digests)    # 4 matrices, 2 norms a layer; norm, table
+    for name, copies in digests.items():
+        assert len(copies) == (4 if name == "embedding.word_embeddings.weight" else 2), (name, copies)
+        assert "incomplete" not in copies.values() and len(set(copies.values())) == 1, (name, copies)
+
 
 def _silent_second_pipeline(rank, world, plan, timeout_s):
     """Rank 1 (pipeline 1) builds its stage and publishes its shares, then never joins the gradient exchange."""

@@ -104,7 +104,7 @@ def run(args) -> int:
         print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
                                                     "padded_vocab_size",
                                                     "step_times_s", "iteration_s", "seconds", "model", "cores",
-                                                    "exposed_s", "memory") if k in report},
+                                                    "exposed_s", "memory", "shared_digests") if k in report},
                           "link_scale": scale}))
     else:
         _print_table(report, plan)
