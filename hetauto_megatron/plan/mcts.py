@@ -34,21 +34,15 @@ class TreeRun:
 
 
 class _Node:
-    __slots__ = ("visits", "total", "best", "children", "untried", "done", "bound")
+    __slots__ = ("visits", "total", "best", "children", "untried", "done", "bound", "path")
 
     def __init__(self, untried: list, bound: float = 0.0):
         self.bound = bound               # SearchSpace.bound of the node (fixed: the bounds do not change)
         self.visits, self.total, self.best = 0, 0.0, 0.0
-        self.children: list = []
+        self.children: list = []         # the child nodes, in the order they were expanded
         self.untried = untried
         self.done = not untried          # a leaf, or later: every child subtree fully explored
-
-
-def _uct(node: _Node, ln_parent: float, c: float, lo: float, span: float) -> float:
-    """Mean and best reward of the subtree, rescaled to [0, 1] over the rewards seen so far (good plans differ
-    by a few percent, which an unscaled reward would drown in the exploration term), plus exploration."""
-    value = (0.5 * node.total / node.visits + 0.5 * node.best - lo) / span
-    return value + c * math.sqrt(ln_parent / node.visits)
+        self.path: tuple = ()
 
 
 def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Random, best_t: float):
@@ -75,29 +69,45 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
     rng = random.Random(seed)
     run = TreeRun()
     t_lb = space.time_lower_bound()
-    nodes: dict[tuple, _Node] = {(): _Node(list(space.actions(())))}
+    root = _Node(list(space.actions(())))
     best_t, best_at, last_report, t0 = best_known, 0, time.perf_counter(), time.perf_counter()
     r_lo, r_hi = 1.0, 0.0               # range of the feasible rewards seen so far
-    while run.playouts < max_playouts and not nodes[()].done:
+    sqrt = math.sqrt
+    while run.playouts < max_playouts and not root.done:
         if run.playouts - best_at > max(patience, run.playouts // 2):
             break                       # stalled
         if deadline is not None and run.leaves and time.perf_counter() > deadline:
             run.cut = True
             break
-        path, trail = (), [()]
+        path, node, trail = (), root, [root]
         while True:                     # selection: UCT among children whose subtree is not exhausted
-            node = nodes[path]
-            for c in node.children:     # bounding: close what can no longer beat the best plan held
-                child = nodes[c]
-                if not child.done and child.bound >= best_t:
-                    child.done = True
-            if node.untried or all(nodes[c].done for c in node.children):
+            if node.untried:
+                for child in node.children:     # bounding: close what can no longer beat the best plan held
+                    if not child.done and child.bound >= best_t:
+                        child.done = True
                 break
+            # one pass: bounding, then UCT among the children still open: mean and best reward of the subtree,
+            # rescaled to [0, 1] over the rewards seen so far (good plans differ by a few percent, which an
+            # unscaled reward would drown in the exploration term), plus exploration; the first of equal
+            # scores wins
             ln = math.log(max(node.visits, 1))
             span = max(r_hi - r_lo, 1e-9)
-            path = max((c for c in node.children if not nodes[c].done),
-                       key=lambda c: _uct(nodes[c], ln, exploration, r_lo, span))
-            trail.append(path)
+            pick, top = None, -math.inf
+            for child in node.children:
+                if child.done:
+                    continue
+                if child.bound >= best_t:
+                    child.done = True
+                    continue
+                v = (0.5 * child.total / child.visits + 0.5 * child.best - r_lo) / span \
+                    + exploration * sqrt(ln / child.visits)
+                if pick is None or v > top:
+                    pick, top = child, v
+            if pick is None:
+                break
+            node = pick
+            path = node.path
+            trail.append(node)
         a = None
         while node.untried:             # expansion: an untried decision the bound does not rule out
             a = node.untried.pop(rng.randrange(len(node.untried)))
@@ -105,23 +115,23 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
                 break
             a = None
         if a is None:
-            _close(nodes, trail)
+            _close(trail)
             continue
         path = path + (a,)
-        node.children.append(path)
-        nodes[path] = _Node(list(space.actions(path)), space.bound(path))
-        trail.append(path)
+        child = _Node(list(space.actions(path)), space.bound(path))
+        child.path = path
+        node.children.append(child)
+        trail.append(child)
         run.playouts += 1
         leaf = path                     # rollout
-        while True:
-            acts = space.actions(leaf)
-            if not acts:
-                break
+        acts = space.actions(path)
+        while acts:
             nxt = _rollout_action(space, leaf, acts, rng, best_t)
             if nxt is None:
                 break
             leaf = leaf + (nxt,)
-        t, layout = value(leaf) if not space.actions(leaf) else (math.inf, None)
+            acts = space.actions(leaf)
+        t, layout = value(leaf) if not acts else (math.inf, None)
         if math.isfinite(t):
             run.leaves[layout] = t
         if t < best_t * (1 - 1e-4):
@@ -130,12 +140,12 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
         reward = 0.0 if not math.isfinite(t) else min(1.0, t_lb / t)
         if reward > 0:
             r_lo, r_hi = min(r_lo, reward), max(r_hi, reward)
-        for p in trail:
-            n = nodes[p]
+        for n in trail:
             n.visits += 1
             n.total += reward
-            n.best = max(n.best, reward)
-        _close(nodes, trail)
+            if reward > n.best:
+                n.best = reward
+        _close(trail)
         if progress and time.perf_counter() - last_report > 1.0:
             last_report = time.perf_counter()
             print(f"hetauto plan: tree {seed}: {run.playouts} playouts, best {best_t:.3f} s/iteration "
@@ -143,12 +153,11 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
     return run
 
 
-def _close(nodes: dict, trail: list) -> None:
+def _close(trail: list) -> None:
     """A node whose children are all exhausted (or bounded) is exhausted."""
-    for p in reversed(trail):
-        n = nodes[p]
+    for n in reversed(trail):
         if n.done:
             continue
-        if n.untried or not all(nodes[c].done for c in n.children):
+        if n.untried or not all(c.done for c in n.children):
             break
         n.done = True
