@@ -12,11 +12,12 @@ simulator (plan/simulate.py, plan/multi_simulate.py), of this decision space:
     boundary depths as the evaluator chooses them), i.e. `search(method="exhaustive")`;
   * several pipelines: every partition of every subset of >= 2 clusters into >= 2 blocks x every block as
     pipeline 0 (the root of the gradient exchange) x every split of the global batch into positive
-    per-pipeline samples in multiples of a 32nd of it (of 1 below 32) x, per block, every leaf of the
-    single-pipeline tree over exactly the block's clusters at its share. Branch and bound over the product:
-    a pipeline priced alone (its vocabulary padded for its own TPs only, never more than the plan's) bounds
-    the plan's `before sync + after + overhead` terms from below (asserted on every plan priced). Every plan
-    priced here is also checked against its partition's bound (plan/partition_bound.py): none may be faster;
+    per-pipeline samples in multiples of a 64th of it for two pipelines, a 32nd for three (of 1 below) x,
+    per block, every leaf of the single-pipeline tree over exactly the block's clusters at its share. Branch
+    and bound over the product: a pipeline priced alone (its vocabulary padded for its own TPs only, never
+    more than the plan's) bounds the plan's `before sync + after + overhead` terms from below (asserted on
+    every plan priced). Every plan priced here is also checked against its partition's bound
+    (plan/partition_bound.py): none may be faster;
   * a replica group: every leaf of every cluster alone (at the global batch) x one group alongside its mesh
     from any linked cluster's devices (or the same cluster's left-over ones): every TP, every DP up to the free
     devices, the step kept or grown 2/4/8 times, every split of the step into whole micro-batches, the least
@@ -96,6 +97,11 @@ def built_instances():
         ("twin sites", make_inventory([("a", "a100-80gb", 1, 4), ("b", "a100-80gb", 1, 4), ("c", "a100-80gb", 1, 4)],
                                       [("a", "b", 400, 1), ("b", "c", 200, 1), ("a", "c", 100, 2)]),
          llama.replace(num_layers=4), 256),
+        # two device types on a fast link, large batches: the second type's devices as replicas beside the first
+        ("mixed types", make_inventory([("a", "h100-sxm", 1, 4), ("b", "a100-80gb", 1, 4)], [("a", "b", 400, 1)]),
+         llama.replace(num_layers=4), 512),
+        ("mixed types", make_inventory([("a", "a100-80gb", 1, 8), ("b", "l40s", 1, 8)], [("a", "b", 400, 1)]),
+         llama.replace(num_layers=2), 256),
         # Sailor-like: one device type short of memory next to a roomy one
         ("sailor-like", make_inventory([("a", "a100-40gb", 1, 4), ("b", "v100-16gb", 1, 8)], [("a", "b", 100, 1)]),
          opt, 64),
@@ -246,8 +252,9 @@ class Exhaustive:
 
 
 def _compositions(n: int, k: int):
-    """Every way to write n as an ordered sum of k positive multiples of n / 32 (of 1 when n < 32)."""
-    g = max(1, n // 32)
+    """Every way to write n as an ordered sum of k positive multiples of n / 64 for two parts, n / 32 for more
+    (of 1 below that)."""
+    g = max(1, n // (64 if k == 2 else 32))
     for cuts in itertools.combinations(range(g, n, g), k - 1):
         yield [b - a for a, b in zip((0,) + cuts, cuts + (n,))]
 
