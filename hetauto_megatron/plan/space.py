@@ -330,19 +330,30 @@ class SearchSpace:
         rest = order[len(meshes):] if complete else [c for c in self.names if c not in order and self.tp[c]]
         for i, cl in enumerate(rest):
             tps = [pending] if i == 0 and pending is not None else self.tp[cl]
-            shapes = self._shapes(cl, S, tps)
-            if not shapes:
+            best = self._best_shape(cl, S, tps)
+            if best is None:
                 if complete:
                     return math.inf
                 continue
-            rate += max(self.mesh_rate(cl, tp, dp, S) for tp, dp in shapes)
-            fastest = min(fastest, min(self.layer_time(cl, tp, dp, S // dp) for tp, dp in shapes))
+            rate += best[0]
+            fastest = min(fastest, best[1])
         if rate <= 0:
             return math.inf
         L = self.model.num_layers
         # (The links' share is order_bound's: their bytes. Their latency is not a bound: an overlapped
         # boundary keeps several micro-batches in flight, so latencies overlap.)
         return (m - 1) * L / rate + L * fastest
+
+    def _best_shape(self, cluster: str, S: int, tps) -> tuple[float, float] | None:
+        """(best mesh_rate, least layer_time) over the cluster's shapes for S and these TPs; None if it has none
+        (cached: every bound asks it for every cluster still to be placed)."""
+        key = ("best", cluster, S, tuple(tps))
+        if key not in self._fits:
+            shapes = self._shapes(cluster, S, tps)
+            self._fits[key] = None if not shapes else (
+                max(self.mesh_rate(cluster, tp, dp, S) for tp, dp in shapes),
+                min(self.layer_time(cluster, tp, dp, S // dp) for tp, dp in shapes))
+        return self._fits[key]
 
     def _shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
         key = ("shapes", cluster, S, tuple(tps))
