@@ -11,8 +11,9 @@ How much to search is decided by the problem, not by the number of clusters:
   shortlist is the one full enumeration would re-rank (exact);
 - otherwise (it stops there, keeping what it priced in the evaluator's caches) several independent trees are
   grown (seeds derived from --seed). Each stops at a playout cap that grows with the tree's estimated size
-  (Knuth's estimator), or earlier when it stalls. Where the trees disagree (their best plans differ by more
-  than `AGREE`), UCT has stalled in different basins: more trees are grown, in rounds, up to `MAX_TREES`;
+  (Knuth's estimator), or earlier when it stalls. (Trees that disagree are not grown further: the climbs
+  below start from the best leaf of each of the best cluster orders of all trees, which is what reconciles
+  them; a second round of six trees changed no benchmark plan and cost up to half of the search);
 - a local search climbs from the best leaf of each of the best cluster orders found;
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
   simulation decides).
@@ -26,7 +27,6 @@ import math
 import multiprocessing
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -44,9 +44,7 @@ from .space import SearchSpace
 EXHAUSTIVE_LEAVES = 15000       # trees this small are cheap to enumerate in full (the infeasibility report)
 ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of up to this many leaves (Knuth's
 ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
-TREES = 6                       # independent trees per round ...
-MAX_TREES = 12                  # ... and at most this many in all
-AGREE = 0.003                   # trees whose best plans are this close (relative) agree
+TREES = 6                       # independent trees
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_SHARE = 20               # re-planning (a warm start): each tree gets a twentieth of the cold budget,
 REPLAN_TREES, REPLAN_CLIMBS = 2, 2   # there are two trees, and two climbs besides those from the old plan,
@@ -241,23 +239,14 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     elif method == "mcts":
         if cfg.iterations:
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
-        best_per_tree = []
-        while trees < MAX_TREES:
-            count = REPLAN_TREES if warm else TREES
-            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(count)]
-            trees += count
-            for run in _run_all(_tree_job, jobs, workers):
-                leaves.update(run.leaves)
-                priced += run.priced
-                playouts += run.playouts
-                cut |= run.cut
-                best_per_tree.append(min(run.leaves.values(), default=math.inf))
-            ok = sorted(t for t in best_per_tree if math.isfinite(t))
-            if cfg.iterations or warm or cut or not ok or ok[min(1, len(ok) - 1)] <= ok[0] * (1 + AGREE):
-                break                  # the two best trees agree (or the budget is fixed or spent)
-            if cfg.progress:
-                print(f"hetauto plan: trees disagree ({ok[0]:.3f} vs {ok[1]:.3f} s): {TREES} more",
-                      file=sys.stderr, flush=True)
+        count = REPLAN_TREES if warm else TREES
+        jobs = [(cfg.seed * 1000 + j, cap, patience, deadline, best_known) for j in range(count)]
+        trees = count
+        for run in _run_all(_tree_job, jobs, workers):
+            leaves.update(run.leaves)
+            priced += run.priced
+            playouts += run.playouts
+            cut |= run.cut
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)
