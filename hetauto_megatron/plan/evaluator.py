@@ -260,7 +260,7 @@ class LayoutEvaluator:
 
     def _depth_caps(self, pm: ModelSpec, profs: list, cross: list, owners: list, depths: list, m: int):
         """Memory caps per stage with overlapped boundaries of the given per-mesh depths (simulate's
-        _memory_terms: the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
+        memory_terms: the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
         p = len(profs)
         depth = [depths[owners[l]] if c else 0 for l, c in enumerate(cross)]
         buffers = [0] * p

@@ -40,9 +40,9 @@ from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import simulate_1f1b, warmup_counts
+from .pipeline import simulate_1f1b
 from .settings import padded_vocab_size
-from .simulate import Estimate
+from .simulate import Estimate, memory_terms
 
 
 @dataclass
@@ -176,12 +176,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         blocking.append(d is None)
         depth.append(d or 0)
     sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
-    in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
-    buffers = [0] * p
-    for l, (blk, d) in enumerate(zip(blocking, depth)):
-        if not blk:
-            buffers[l] += d + 2
-            buffers[l + 1] += d + 2
+    in_flight, buffers = memory_terms(p, m, blocking, depth)
     # the tail as costing.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = 0.0
     fwd_before = bwd_before = 0.0

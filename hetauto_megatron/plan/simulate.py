@@ -126,11 +126,10 @@ def _pipeline(model, inventory, choices, cost_model) -> Pipeline:
     return Pipeline(profs, owners, links, latency, cross)
 
 
-def _memory_terms(pipe: Pipeline, m: int, blocking: list, depth: list) -> tuple[list, list]:
+def memory_terms(p: int, m: int, blocking: list, depth: list) -> tuple[list, list]:
     """(in-flight micro-batches, boundary buffers) per stage. 1F1B holds w_i + 1 micro-batches on stage i (its
     warm-up forwards and the one it runs); each side of an overlapped boundary of depth d holds d + 2 boundary
-    tensors: up to d + 1 activations received ahead (or waiting to leave) and one gradient on its way."""
-    p = len(pipe.profs)
+    tensors: up to d + 1 activations received ahead (or waiting to leave) and one gradient on its way. `p`: stages."""
     in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
     buffers = [0] * p
     for l, (blk, d) in enumerate(zip(blocking, depth)):
@@ -150,7 +149,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
     profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
-    in_flight, buffers = _memory_terms(pipe, m, blocking, depth)
+    in_flight, buffers = memory_terms(len(pipe.profs), m, blocking, depth)
     fwd, bwd, mem = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1
@@ -336,7 +335,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
     profs, owners = pipe.profs, pipe.owners
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
-    in_flight, buffers = _memory_terms(pipe, m, blocking, depth)
+    in_flight, buffers = memory_terms(len(pipe.profs), m, blocking, depth)
     L = model.num_layers
     lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
     caps, per, fixed = [], [], []
