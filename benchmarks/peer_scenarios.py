@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sailor_terms as S  # noqa: E402
 
-from hetauto_megatron.cost.learned.sailor import read_allreduce_fits, sailor_allreduce_s  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import fit_ring_allreduce, read_allreduce_fits  # noqa: E402
 from hetauto_megatron.cost.memory import GIB  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 
@@ -68,16 +68,8 @@ def print_links() -> None:
         print(f"{name:<42} {gb * 8 * mult:7.1f} Gbit/s  latency {lat:6.0f} us")
     fits = read_allreduce_fits(S.DATA)
     for gpu in ("A100-40", "V100-16"):
-        f, n = {"4": fits[gpu]["4"]}, 4
-        meas = [sailor_allreduce_s(f, s, n) for s in sizes]
-        best = None
-        for lat in (0.5 * i for i in range(200)):
-            for bw in (0.5e9 * i for i in range(4, 1000)):
-                e = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat * 1e-6) / t))
-                        for s, t in zip(sizes, meas))
-                if best is None or e < best[0]:
-                    best = (e, bw, lat)
-        print(f"{gpu} intra_node (4-GPU all-reduce)            {best[1] * 8 / 1e9:7.0f} Gbit/s  latency {best[2]:6.1f} us")
+        bw, lat = fit_ring_allreduce({"4": fits[gpu]["4"]}, 4, sizes, max_latency_us=100)
+        print(f"{gpu} intra_node (4-GPU all-reduce)            {bw * 8 / 1e9:7.0f} Gbit/s  latency {lat:6.1f} us")
 
 
 def print_layers(cost_model_dir: str) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost import learned as L  # noqa: E402
-from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, sailor_allreduce_s  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, fit_ring_allreduce  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
@@ -76,17 +75,9 @@ def measured_link(kind: str, per_node: int, n: int, gpu: str = "GH-96") -> dict:
       inventory's default: 25 GB/s, 10 us)."""
     with open(os.path.join(L.SAILOR_DATA, "network_coeffs_all_homo.json")) as f:
         curve = json.load(f)[kind][gpu][str(per_node)]
-    fits = {str(n): curve}     # sailor_allreduce_s looks the curve up by the group's size
-    sizes = [2 ** (k / 2) * 1e6 for k in range(21)]
-    measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
-    best = None
-    for lat_us in (0.5 * i for i in range(400)):
-        for bw in (0.5e9 * i for i in range(4, 1000)):
-            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
-                      for s, t in zip(sizes, measured))
-            if best is None or err < best[0]:
-                best = (err, lat_us, bw)
-    return {"bandwidth_gbps": best[2] * 8 / 1e9, "latency_us": best[1]}
+    fits = {str(n): curve}     # fit_ring_allreduce looks the curve up by the group's size
+    bw, lat_us = fit_ring_allreduce(fits, n, [2 ** (k / 2) * 1e6 for k in range(21)], max_latency_us=200)
+    return {"bandwidth_gbps": bw * 8 / 1e9, "latency_us": lat_us}
 
 
 def run_plan(run: dict) -> tuple[Plan, object] | None:

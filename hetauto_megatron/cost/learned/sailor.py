@@ -255,6 +255,22 @@ def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
     return 2 * (n - 1) * chunk / bw
 
 
+def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency us) of the alpha-beta ring all-reduce of `n` ranks, 2(n-1)/n x size / bandwidth +
+    2(n-1) x latency, closest to Sailor's curve (`sailor_allreduce_s`) over the message `sizes` in least absolute
+    log error: a grid of 0.5 us below `max_latency_us` and 0.5 GB/s from 2 to 499.5 GB/s (how an inventory entry
+    is derived from Sailor's measurements)."""
+    measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
+    best = None
+    for lat_us in (0.5 * i for i in range(int(2 * max_latency_us))):
+        for bw in (0.5e9 * i for i in range(4, 1000)):
+            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
+                      for s, t in zip(sizes, measured))
+            if best is None or err < best[0]:
+                best = (err, bw, lat_us)
+    return best[1], best[2]
+
+
 def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
     """The tensor-parallel all-reduces a measured layer contains, per pass (Megatron: two in the forward, two
     in the backward, each of the layer's activations), which the compute roofline does not price."""
