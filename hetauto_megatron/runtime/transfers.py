@@ -163,16 +163,18 @@ def compute_transfers(src, dst, shape, *, src_sp: bool = False, dst_sp: bool = F
                 raise ValueError(f"sequence parallelism on the {side} side needs seq {seq} divisible by its tp {sh.tp}")
     out = []
     for rm, r in enumerate(receivers):
+        # Cut the sequence at every shard boundary of both meshes: each piece then has one sending TP rank (the
+        # owner of its positions; with the equal floor split of a mesh without SP this spreads the sending evenly)
+        # and one receiving TP rank. With seq a multiple of lcm(tp_s, tp_r) these are the lcm equal chunks. The
+        # cuts depend only on the two meshes, so they are computed once per pair, not per receiving replica.
+        sender_blocks = []
+        for s in senders:
+            cuts = sorted({owned_seq_range(t, tp, seq)[0] for tp in (s.tp, r.tp) for t in range(tp)} | {seq})
+            sender_blocks.append([(_owner(a, s.tp, seq), _owner(a, r.tp, seq), a, b) for a, b in zip(cuts, cuts[1:])])
         for e in range(r.dp):
             r0 = r.start + e * r.micro_batch_size
             r1 = r0 + r.micro_batch_size
-            for sm, s in enumerate(senders):
-                # Cut the sequence at every shard boundary of both meshes: each piece then has one sending TP rank
-                # (the owner of its positions; with the equal floor split of a mesh without SP this spreads the
-                # sending evenly) and one receiving TP rank. With seq a multiple of lcm(tp_s, tp_r) these are the
-                # lcm equal chunks.
-                cuts = sorted({owned_seq_range(t, tp, seq)[0] for tp in (s.tp, r.tp) for t in range(tp)} | {seq})
-                blocks = [(_owner(a, s.tp, seq), _owner(a, r.tp, seq), a, b) for a, b in zip(cuts, cuts[1:])]
+            for sm, (s, blocks) in enumerate(zip(senders, sender_blocks)):
                 for d in range(s.dp):
                     s0 = s.start + d * s.micro_batch_size
                     b0, b1 = max(r0, s0), min(r1, s0 + s.micro_batch_size)
