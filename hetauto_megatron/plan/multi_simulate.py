@@ -157,9 +157,12 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
     return t, lat, cross, depth
 
 
-def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape, cost_model) -> PipelineTiming:
-    """One pipeline's 1F1B, memory and its own tail terms (`model`: the padded model of the whole plan)."""
-    stages = _stages(model, inventory, shape, cost_model)
+def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape, cost_model,
+                   stages: list[_Stage] | None = None) -> PipelineTiming:
+    """One pipeline's 1F1B, memory and its own tail terms (`model`: the padded model of the whole plan; `stages`:
+    _stages(model, inventory, shape, cost_model) when the caller already built them)."""
+    if stages is None:
+        stages = _stages(model, inventory, shape, cost_model)
     p = len(stages)
     m = shape.samples // shape.step
     fwd, bwd, per_group = [], [], []
@@ -271,7 +274,7 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     timings, stage_lists = [], []
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))
-        timings.append(price_pipeline(pm, inventory, s, cost_model))
+        timings.append(price_pipeline(pm, inventory, s, cost_model, stage_lists[-1]))
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
     sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings)
