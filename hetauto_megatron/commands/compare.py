@@ -42,19 +42,19 @@ def _priced(args, inventory):
     """The inventory with every --price NAME=PRICE applied (wins over its price_per_device_hour)."""
     import dataclasses
     from ..errors import InputError
+    from ..plan.constraints import parse_pins
     names = [c.name for c in inventory.clusters]
     prices = {}
-    for item in args.price:
-        name, sep, value = (x.strip() for x in item.partition("="))
+    for name, value in parse_pins(args.price, "--price", "h800=2.5"):
         try:
-            ok = bool(sep) and float(value) >= 0
+            ok = float(value) >= 0
         except ValueError:
             ok = False
         if not ok:
-            raise InputError(f"{item!r} is not CLUSTER=PRICE_PER_DEVICE_HOUR", field="--price",
-                             fix="write e.g. --price h800=2.5")
+            raise InputError(f"{name}={value}: the price must be a number of 0 or more", field="--price",
+                             fix=f"write e.g. --price {name}=2.5")
         if name not in names:
-            raise InputError(f"{item!r}: the inventory has no cluster {name!r}", field="--price",
+            raise InputError(f"the inventory has no cluster {name!r}", field="--price",
                              fix=f"price one of: {', '.join(names)}")
         prices[name] = float(value)
     clusters = [dataclasses.replace(c, price_per_device_hour=prices.get(c.name, c.price_per_device_hour))
@@ -83,8 +83,7 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
                                for m in plan.meshes),
            "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision)),
            "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
-           "cost_per_million_tokens": None}
-    row["cost_per_million_tokens"] = cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens)
+           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens)}
     return row
 
 

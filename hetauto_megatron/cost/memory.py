@@ -78,9 +78,6 @@ RUNTIME_OVERHEADS = {
     "cpu": RuntimeOverhead(context_gib=0.5, comm_gib=0.0, workspace_gib=0.0, fragmentation=0.0),
 }
 DEFAULT_OVERHEAD = RUNTIME_OVERHEADS["nvidia"]
-# The fixed reserve per vendor (kept for readers of the older name)
-RESERVED_GIB = {k: v.fixed_gib for k, v in RUNTIME_OVERHEADS.items()}
-DEFAULT_RESERVED_GIB = DEFAULT_OVERHEAD.fixed_gib
 ADAM_MOMENT_BYTES = 8                # exp_avg + exp_avg_sq, fp32
 FP32 = 4
 

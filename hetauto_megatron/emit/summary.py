@@ -30,6 +30,15 @@ def _cpu_note(plan: Plan) -> str:
     return " (fp32 on cpu processes)" if cpu and plan.precision != "fp32" else ""
 
 
+def _grad_dtype(plan, i: int) -> str:
+    """The dtype mesh i reduces gradients in, as it runs: fp32, or its training precision (a CPU mesh trains in
+    fp32; fp8 trains on bf16 parameters, so its gradients are bf16: settings.grad_reduce_args)."""
+    if plan.meshes[i].settings.grad_reduce_dtype == "fp32":
+        return "fp32"
+    precision = plan.mesh_precision(i)
+    return "bf16" if precision == "fp8" else precision
+
+
 def _settings_text(plan: Plan) -> str:
     """Each mesh's runtime settings (plan/settings.py) in a few words, meshes with the same ones together."""
     groups: dict[str, list[str]] = {}
@@ -39,7 +48,7 @@ def _settings_text(plan: Plan) -> str:
         text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
                           ("distributed optimizer" if st.distributed_optimizer else "plain optimizer"),
                           (f"overlap {overlap}" if overlap else "no DP overlap"),
-                          f"gradients in {'fp32' if st.grad_reduce_dtype == 'fp32' else plan.precision}"])
+                          f"gradients in {_grad_dtype(plan, i)}"])
         groups.setdefault(text, []).append(str(i))
     if len(groups) == 1:
         return next(iter(groups))
