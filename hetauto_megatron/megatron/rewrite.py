@@ -43,7 +43,7 @@ from ..plan.plan import Plan
 from ..plan.plan import recompute_settings
 from ..runtime.groups import RankCoords, rank_coords
 from ..runtime.layout import PipelineLayout
-from ..plan.settings import padded_vocab_size
+from ..plan.settings import MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.model import pipeline_layout
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
@@ -244,34 +244,13 @@ def checkpoint_stage(plan: Plan, placement: RankCoords) -> int:
     return sum(m.num_stages for m in plan.meshes[:placement.mesh_index]) + placement.stage_in_mesh
 
 
-# Setting -> (Megatron argument, its flag). Each is a store_true switch (default False) in Megatron-LM.
-_SETTING_ARGS = {
-    "sequence_parallel": ("sequence_parallel", "--sequence-parallel"),
-    "distributed_optimizer": ("use_distributed_optimizer", "--use-distributed-optimizer"),
-    "overlap_grad_reduce": ("overlap_grad_reduce", "--overlap-grad-reduce"),
-    "overlap_param_gather": ("overlap_param_gather", "--overlap-param-gather"),
-}
-_FLAGS = {"bf16": "--bf16", "fp16": "--fp16", "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
-          "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32"}
-FP8_FORMAT = "hybrid"       # E4M3 forward, E5M2 gradients (Transformer Engine's recipe for training)
-
-
-def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[bool, str]]:
-    """Megatron argument -> (value the mesh runs, plan field) for every on/off switch the plan decides."""
-    settings = plan.meshes[mesh_index].settings
+def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[object, str]]:
+    """Megatron argument -> (value the mesh runs, plan field) for every argument the plan decides
+    (settings.megatron_values)."""
     at = f"meshes[{mesh_index}].settings"
-    out = {arg: (getattr(settings, key), f"{at}.{key}") for key, (arg, _) in _SETTING_ARGS.items()}
-    p = plan.mesh_precision(mesh_index)
-    sixteen_bit = "bf16" if p in ("bf16", "fp8") else "fp16" if p == "fp16" else None
-    out["bf16"] = (sixteen_bit == "bf16", "precision")
-    out["fp16"] = (sixteen_bit == "fp16", "precision")
-    # The gradient-reduction dtype, in the spelling of the precision (settings.grad_reduce_args).
-    dtype, field = settings.grad_reduce_dtype, f"{at}.grad_reduce_dtype"
-    if sixteen_bit == "bf16":
-        out["grad_reduce_in_bf16"] = (dtype == "param", field)
-    elif sixteen_bit == "fp16":
-        out["accumulate_allreduce_grads_in_fp32"] = (dtype == "fp32", field)
-    return out
+    values = megatron_values(plan.meshes[mesh_index].settings, plan.mesh_precision(mesh_index))
+    return {arg: (v, "precision" if MEGATRON_ARGS[arg][1] == "precision" else f"{at}.{MEGATRON_ARGS[arg][1]}")
+            for arg, v in values.items()}
 
 
 def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
@@ -286,22 +265,26 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     # A flag is refused when no mesh of the plan runs it: one argument list may serve several meshes (a node
     # holding ranks of two meshes gets the first mesh's), and each rank takes its own mesh's value, like TP.
     every = [_switch_values(plan, i) for i in range(len(plan.meshes))]
-    for arg, (want, field) in every[placement.mesh_index].items():
+    mine = every[placement.mesh_index]
+    for arg, (want, field) in mine.items():
+        if not isinstance(want, bool):
+            continue                # fp8 format and transformer_impl: checked below
         if getattr(args, arg, False) and not any(v.get(arg, (False,))[0] for v in every):
-            flag = dict(_SETTING_ARGS.values()).get(arg) or _FLAGS[arg]
+            flag = MEGATRON_ARGS[arg][0]
             clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
         out[arg] = want
-    fp8 = FP8_FORMAT if precision == "fp8" else None
+    fp8 = mine["fp8"][0]
     have_fp8 = getattr(args, "fp8", None)
     if have_fp8 not in (None, fp8):
         clashes.append((f"--fp8-format {have_fp8} (plan: precision is {precision})", "precision"))
     out["fp8"] = fp8
     if fp8:
-        impl = getattr(args, "transformer_impl", "transformer_engine")
-        if impl != "transformer_engine":
+        want_impl = mine["transformer_impl"][0]
+        impl = getattr(args, "transformer_impl", want_impl)
+        if impl != want_impl:
             clashes.append((f"--transformer-impl {impl} (plan: precision is fp8, which runs on Transformer Engine)",
                             "precision"))
-        out["transformer_impl"] = "transformer_engine"
+        out["transformer_impl"] = want_impl
     if clashes:
         raise InputError("the Megatron arguments ask for something the plan does not run: "
                          + "; ".join(text for text, _ in clashes), file=file, field=clashes[0][1],

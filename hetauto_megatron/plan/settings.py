@@ -67,15 +67,6 @@ class RuntimeSettings:
 
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings))
 
-# Setting -> Megatron-LM argument attribute (args.<name>) and the value Megatron must hold for it.
-MEGATRON_ARGS = {
-    "sequence_parallel": "sequence_parallel",
-    "distributed_optimizer": "use_distributed_optimizer",
-    "overlap_grad_reduce": "overlap_grad_reduce",
-    "overlap_param_gather": "overlap_param_gather",
-}
-
-
 def default_settings(tp: int) -> RuntimeSettings:
     """What production Megatron jobs run: SP whenever TP shards the layers, the distributed optimizer with both
     overlaps, gradients reduced in fp32."""
@@ -119,39 +110,63 @@ def minimal_overrides(tp: int, overrides) -> tuple:
     return tuple(sorted(keep.items()))
 
 
-def megatron_setting_args(s: RuntimeSettings, precision: str = "bf16") -> list[str]:
-    """Megatron-LM flags for one mesh's settings (the gradient dtype's spelling depends on the precision)."""
-    out = []
-    if s.sequence_parallel:
-        out.append("--sequence-parallel")
-    if s.distributed_optimizer:
-        out.append("--use-distributed-optimizer")
-    if s.overlap_grad_reduce:
-        out.append("--overlap-grad-reduce")
-    if s.overlap_param_gather:
-        out.append("--overlap-param-gather")
-    out += grad_reduce_args(s.grad_reduce_dtype, precision)
+# Every Megatron-LM argument the plan decides: attribute (args.<name>) -> (its flag, what in the plan decides it:
+# a setting of the mesh, or the job's "precision"). The emitted flags and the --hetauto rewrite's values and
+# checks all come from `megatron_values`, which fills this table for one mesh.
+MEGATRON_ARGS = {
+    "sequence_parallel": ("--sequence-parallel", "sequence_parallel"),
+    "use_distributed_optimizer": ("--use-distributed-optimizer", "distributed_optimizer"),
+    "overlap_grad_reduce": ("--overlap-grad-reduce", "overlap_grad_reduce"),
+    "overlap_param_gather": ("--overlap-param-gather", "overlap_param_gather"),
+    "grad_reduce_in_bf16": ("--grad-reduce-in-bf16", "grad_reduce_dtype"),
+    "accumulate_allreduce_grads_in_fp32": ("--accumulate-allreduce-grads-in-fp32", "grad_reduce_dtype"),
+    "bf16": ("--bf16", "precision"),
+    "fp16": ("--fp16", "precision"),
+    "fp8": ("--fp8-format", "precision"),
+    "transformer_impl": ("--transformer-impl", "precision"),
+}
+DEFAULT_PRECISION = "bf16"
+# fp8 runs Transformer Engine's GEMMs in fp8 ("hybrid": E4M3 forward, E5M2 gradients) on bf16 parameters.
+FP8_FORMAT = "hybrid"
+
+
+def megatron_values(s: RuntimeSettings, precision: str = DEFAULT_PRECISION) -> dict:
+    """{Megatron attribute: value} for one mesh's settings at the job's precision (keys of MEGATRON_ARGS; a
+    switch is True/False, fp8 and transformer_impl are strings or None). The gradient dtype's spelling depends
+    on the precision: bf16 (and fp8, which trains on bf16 parameters) reduces in fp32 unless
+    --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32; fp32 training has
+    fp32 gradients either way (neither attribute is decided)."""
+    sixteen_bit = {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(check_precision(precision))
+    out = {"sequence_parallel": s.sequence_parallel, "use_distributed_optimizer": s.distributed_optimizer,
+           "overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather}
+    if sixteen_bit == "bf16":
+        out["grad_reduce_in_bf16"] = s.grad_reduce_dtype == "param"
+    elif sixteen_bit == "fp16":
+        out["accumulate_allreduce_grads_in_fp32"] = s.grad_reduce_dtype == "fp32"
+    out["bf16"] = sixteen_bit == "bf16"
+    out["fp16"] = sixteen_bit == "fp16"
+    out["fp8"] = FP8_FORMAT if precision == "fp8" else None
+    if precision == "fp8":
+        out["transformer_impl"] = "transformer_engine"
     return out
 
 
-def grad_reduce_args(grad_reduce_dtype: str, precision: str) -> list[str]:
-    """Megatron's spelling of the gradient dtype: bf16 (and fp8, which trains on bf16 parameters) reduces in
-    fp32 unless --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32; fp32
-    training has fp32 gradients either way."""
-    return list(_GRAD_REDUCE_FLAGS.get((precision, grad_reduce_dtype), ()))
+def _flags(values: dict, from_precision: bool) -> list[str]:
+    out = []
+    for attr, value in values.items():
+        flag, source = MEGATRON_ARGS[attr]
+        if (source == "precision") != from_precision or value in (False, None):
+            continue
+        out += [flag] if value is True else [flag, str(value)]
+    return out
 
 
-_GRAD_REDUCE_FLAGS = {("bf16", "param"): ("--grad-reduce-in-bf16",), ("fp8", "param"): ("--grad-reduce-in-bf16",),
-                      ("fp16", "fp32"): ("--accumulate-allreduce-grads-in-fp32",)}
+def megatron_setting_args(s: RuntimeSettings, precision: str = DEFAULT_PRECISION) -> list[str]:
+    """Megatron-LM flags for one mesh's settings (the gradient dtype's spelling depends on the precision)."""
+    return _flags(megatron_values(s, precision), from_precision=False)
+
 
 # ---- precision --------------------------------------------------------------------------------------------
-DEFAULT_PRECISION = "bf16"
-# fp8 runs Transformer Engine's GEMMs in fp8 ("hybrid": E4M3 forward, E5M2 gradients) on bf16 parameters.
-_PRECISION_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",),
-                   "fp8": ("--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"),
-                   "fp32": ()}
-
-
 def check_precision(precision: str, *, field: str = "precision", file: str | None = None) -> str:
     if precision not in PRECISIONS:
         raise InputError(f"must be one of {', '.join(PRECISIONS)}, got {precision!r}", file=file, field=field,
@@ -161,7 +176,7 @@ def check_precision(precision: str, *, field: str = "precision", file: str | Non
 
 def precision_args(precision: str) -> list[str]:
     """Megatron-LM flags for the job's training precision (fp32: none, Megatron's default)."""
-    return list(_PRECISION_ARGS[check_precision(precision)])
+    return _flags(megatron_values(default_settings(1), precision), from_precision=True)
 
 
 # ---- vocabulary padding -----------------------------------------------------------------------------------
