@@ -100,19 +100,29 @@ def test_partition_bound_counts_the_slowest_link_of_the_best_order():
                           [("a", "b", 100, 1), ("b", "c", 50, 1)])
     bound = PartitionBound(MODEL, inv, 64)
     act = 2 * 64 * MODEL.seq_length * MODEL.hidden_size            # bf16 activations of the whole batch
-    assert bound.block_cost(["a", "b", "c"]) == pytest.approx(max(act / (50e9 / 8), bound.block_cost(["a"]) / 3))
+    # one cluster's compute by hand (docs/search.md): LLaMA-2-7B's training FLOPs of the batch (3 x forward: per
+    # token and layer 8 h^2 for the projections, 4 s h for the attention scores, 6 h ffn for the gated MLP; the
+    # logits 2 h V) over 8 H100s at the datasheet's 989 TFLOP/s x the fitted peak GEMM efficiency 0.740
+    # (docs/cost-model.md), x the search's slack 0.8 (a learned model may predict a little faster)
+    h, s, ffn, vocab, layers = 4096, 4096, 11008, 32000, 32
+    flops = 3 * (layers * (8 * h * h + 4 * s * h + 6 * h * ffn) + 2 * h * vocab) * 64 * s
+    one = 0.8 * flops / (8 * 989e12 * 0.740)
+    assert bound.block_cost(["a"]) == pytest.approx(one, rel=1e-12)
+    assert bound.block_cost(["a", "b", "c"]) == pytest.approx(max(act / (50e9 / 8), one / 3))
     assert bound.block_cost(["a", "c"]) == math.inf                # no link: no pipeline through both
     assert bound([["a", "c"], ["b"]]) == math.inf
     # d has no link at all: its pairs fall back to the slowest link of the inventory, as the pricing does; two
     # pipelines: the gradients cross once each way, at once (one phase)
-    grads = 4 * MODEL.total_params
-    assert bound([["a"], ["d"]]) == pytest.approx(1 / (2 / bound.block_cost(["a"])) + grads / (50e9 / 8))
+    # fp32 gradients of the 6.74 B parameters: per layer 4 h^2 attention, 3 h ffn MLP, 2 h norms; two tables, final norm
+    grads = 4 * (layers * (4 * h * h + 3 * h * ffn + 2 * h) + 2 * vocab * h + h)
+    assert grads / 4 == pytest.approx(6.74e9, rel=1e-3)
+    assert bound([["a"], ["d"]]) == pytest.approx(one / 2 + grads / (50e9 / 8))
     # three pipelines on a - b and b - c at 100 Gbit/s, a - c at 10: pipeline 0 (the root) is b, whose slowest
     # cut is 100 Gbit/s (a would wait on its 10 Gbit/s link to c); to the root and back, two phases
     tri = PartitionBound(MODEL, small_inventory([("a", "h100", 1, 8), ("b", "h100", 1, 8), ("c", "h100", 1, 8)],
                                                 [("a", "b", 100, 1), ("b", "c", 100, 1), ("a", "c", 10, 1)]), 64)
     assert tri.root([["a"], ["b"], ["c"]]) == 1
-    assert tri([["a"], ["b"], ["c"]]) == pytest.approx(1 / (3 / tri.block_cost(["a"])) + 2 * grads / (100e9 / 8))
+    assert tri([["a"], ["b"], ["c"]]) == pytest.approx(one / 3 + 2 * grads / (100e9 / 8))
 
 
 def test_cost_objective_keeps_the_cheapest_of_the_shapes():
