@@ -103,7 +103,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
         if len(usable) > 1:
             best = _partitions(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
-        best = _alongside(model, inventory, cost, con, best, out)
+        best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch)
         best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
@@ -262,13 +262,13 @@ def _speed(model, inventory, cost, cluster, tp, dp, mbs, recompute) -> float:
     return mbs / (prof.layer_fwd + prof.layer_bwd)
 
 
-def _alongside(model, inventory, cost, con, best, out: ShapesResult):
+def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int = 16):
     """Greedy, mesh by mesh: the best extra replica group from free devices, kept if the plan gains. The group
     takes part of the mesh's micro-batch step (the step stays), or the pipeline's step grows 2, 4 or 8 times (the
     other meshes of the pipeline scale their micro-batch alike) and the two groups share it by speed: a slow
-    group needs a large step to take a small share of it."""
+    group needs a large step to take a small share of it. No micro-batch grows past `max_mb`
+    (SearchConfig.max_micro_batch)."""
     inv = inventory.with_precision(best[2].precision)
-    max_mb = 16
     for _ in range(2):                                   # a second pass may use what the first left free
         plan = best[2]
         improved = False
@@ -358,7 +358,7 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
         out.pipelines_searched += 1
         start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
         held = (math.inf, math.inf, start)
-        found = _alongside(model, inventory, cost, con, held, out)
+        found = _alongside(model, inventory, cost, con, held, out, cfg.max_micro_batch)
         if found is not held and not all(u in {m.cluster for m in found[2].meshes} for u in con.use_clusters):
             found = held                 # --use-clusters: a cluster pinned in is missing
         if found is not held and found[0] < best[0] - 1e-12:
