@@ -210,12 +210,13 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links) -> dict[str, float]:
+                   links, sync: float | None = None) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
     tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
     gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
-    stage_dp_exposed_s, stage_optimizer_s (lists)."""
+    stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
+    profiles) when the caller has it (it depends on the layout only, not on the layer split)."""
     p = len(profiles)
     reduce_exp, after = [], []
     fwd_before = bwd_before = 0.0
@@ -228,7 +229,8 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
         link = links[i] if i < p - 1 else 0.0
         fwd_before += fwd[i] + link
         bwd_before += bwd[i] + link
-    sync = iteration_sync_time(model, inventory, meshes, profiles)
+    if sync is None:
+        sync = iteration_sync_time(model, inventory, meshes, profiles)
     exposed = [r + g for r, (g, _) in zip(reduce_exp, after)]
     opt = [o for _, o in after]
     return {"tail_s": max(reduce_exp) + sync + max(g + o for g, o in after), "dp_exposed_s": max(exposed),

@@ -54,6 +54,7 @@ class LayoutEvaluator:
         self._joins: dict = {}
         self._mesh_bounds: dict = {}
         self._tails: dict = {}
+        self._syncs: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
 
     # ---- cached terms -------------------------------------------------------------------------------------
@@ -165,6 +166,15 @@ class LayoutEvaluator:
             out = self._joins[cur] = (links, latency, cross, owners, overhead)
         return out
 
+    def sync(self, cur: tuple, pm: ModelSpec) -> float:
+        """The tail's job-wide terms (costing.iteration_sync_time): they depend on the layout only, so once per
+        layout rather than once per layer split or bound."""
+        out = self._syncs.get(cur)
+        if out is None:
+            out = self._syncs[cur] = costing.iteration_sync_time(
+                pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)])
+        return out
+
     def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list):
         """(fwd, bwd, iteration tail) of a layer split: the tail depends on the split, not on the boundaries."""
         key = (cur, tuple(layers))
@@ -176,7 +186,8 @@ class LayoutEvaluator:
                 f, b = prof.times(layers[i], i == 0, i == p - 1)
                 fwd.append(f)
                 bwd.append(b)
-            t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links)["tail_s"]
+            t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
+                                       sync=self.sync(cur, pm))["tail_s"]
             out = self._tails[key] = (fwd, bwd, t)
         return out
 
@@ -216,9 +227,7 @@ class LayoutEvaluator:
                 links += self.boundary(c, cur[mi + 1], pm, False, samples)[0]
         period = (L + fixed_per) / inv_per
         opt = (L + opt_fixed) / opt_inv if opt_affine else opt_max
-        sync = costing.iteration_sync_time(pm, self.inventory, cur, [self.profile(cur[0], pm),
-                                                                      self.profile(cur[-1], pm)])
-        return fixed + L * fastest + 2 * links + (m - 1) * period + sync + opt + overhead
+        return fixed + L * fastest + 2 * links + (m - 1) * period + self.sync(cur, pm) + opt + overhead
 
     def _mesh_terms(self, c: MeshChoice, pm: ModelSpec, first: bool, last: bool) -> tuple:
         """A mesh's share of `lower_bound`'s sums over its stages: (sum fixed_i, sum fixed_i / per_i,
