@@ -109,19 +109,26 @@ def test_tf32_cluster_key(tmp_path):
     assert exc.value.field == "clusters[0].tf32" and "TF32" in str(exc.value)
 
 
-def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
+@pytest.fixture(scope="module")
+def sailor_model(tmp_path_factory) -> str:
+    """A learned cost model fitted to Sailor's measurements (hetauto fit --sailor; ~10 s), shared by this file."""
+    from hetauto_megatron.cli import main
+    out = str(tmp_path_factory.mktemp("sailor") / "m")
+    assert main(["fit", "-o", out, "--holdout", "0", "--sailor"]) == 0
+    return out
+
+
+def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor_model):
     """Sailor's A100-40 runs that beat the FP32 CUDA-core peak are its fp32 jobs with TF32 GEMMs: an fp32 plan on a
     `tf32` cluster is priced from them (OPT-350 at TP 1 within 10 % of the measured layer), a plain fp32 plan is
     not (analytic, saying why), and the launch script sets PyTorch's TF32 switch as priced."""
     import dataclasses
     import statistics
-    from hetauto_megatron.cli import main
     from hetauto_megatron.cost.learned import SAILOR_MODELS, LearnedCostModel
     from hetauto_megatron.spec.devices import get_device
-    assert main(["fit", "-o", str(tmp_path / "m"), "--holdout", "0", "--sailor"]) == 0
-    m = LearnedCostModel(str(tmp_path / "m"))
+    m = LearnedCostModel(sailor_model)
     # priced from Sailor's fp32 measurements, the plan also fits as Sailor's job without being asked
-    _assert_fits_as_sailors_job(_plan(tmp_path, "--cost-model", str(tmp_path / "m")))
+    _assert_fits_as_sailors_job(_plan(tmp_path, "--cost-model", sailor_model))
     tf32 = dataclasses.replace(get_device("a100-40gb"), tf32=True).at_precision("fp32")
     plain = get_device("a100-40gb").at_precision("fp32")
     info, why = m.coverage(tf32)
@@ -137,3 +144,38 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path):
     a100 = (tmp_path / "launch" / "a100.sh").read_text()
     v100 = (tmp_path / "launch" / "v100.sh").read_text()
     assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0" in v100
+
+
+def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_model):
+    """The memory job is the plan's, decided at its precision by every command (plan/costing.py
+    resolve_memory_job): the same-zone inventory with a plain-fp32 A100 (priced analytically) beside the V100
+    (priced from Sailor's fp32 measurements), and an fp32 plan on the A100 alone at micro-batch 4. Under our
+    runtime its stage fits the 40 GiB; as Sailor's job (the s x s softmax kept per layer) it does not. `simulate`
+    (with or without --precision) and `compare` must all say so."""
+    import yaml
+    from hetauto_megatron.cli import main
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
+    inv = load_inventory(os.path.join(ROOT, "examples", "peers", "inventory-same-zone.yaml")).to_dict()
+    for c in inv["clusters"]:
+        c.pop("tf32", None)
+    inv = inventory_from_dict(inv)
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump(inv.to_dict()))
+    model_path = os.path.join(ROOT, "examples", "peers", "models", "opt-350m.yaml")
+    plan = Plan(load_model(model_path), 1024, (Mesh("a100", "a100-40gb", 1, 16, 4, "none", (24,)),), inv.to_dict(),
+                precision="fp32")
+    plan_path = str(tmp_path / "plan.yaml")
+    plan.save(plan_path)
+    verdicts = {}
+    simulate = ["simulate", "--model", model_path, "--inventory", str(inv_path), "--plan", plan_path]
+    for name, cmd in (("simulate", simulate), ("simulate --precision fp32", [*simulate, "--precision", "fp32"]),
+                      ("compare", ["compare", plan_path])):
+        capsys.readouterr()
+        assert main([*cmd, "--cost-model", sailor_model, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        verdicts[name] = out["fits"] if cmd[0] == "simulate" else out["plans"][0]["fits"] == "yes"
+    # analytic model (no Sailor data): our runtime alone, which fits
+    assert main(["compare", plan_path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["fits"] == "yes"
+    assert verdicts == {"simulate": False, "simulate --precision fp32": False, "compare": False}

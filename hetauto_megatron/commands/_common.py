@@ -60,15 +60,17 @@ def load_inputs(args):
         priced = inventory.with_precision(args.precision) if getattr(args, "precision", None) else inventory
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
-        from ..plan.costing import memory_job_of
-        jobs = {c.device.name: memory_job_of(cost_model, c.device) for c in priced.clusters}
-        jobs = {k: v for k, v in jobs.items() if v is not None}
-        if jobs and not getattr(args, "memory_job", None):
-            # one job: every cluster's stages, also those another model prices, must fit as it holds memory
-            cost_model.memory_job = next(iter(jobs.values()))
-            print(f"memory: {', '.join(sorted(jobs))} priced from Sailor's fp32 measurements: every stage must also "
-                  "fit as Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
+        apply_memory_job(cost_model, priced)
     return model, inventory, cost_model
+
+
+def apply_memory_job(cost_model, inventory) -> None:
+    """plan/costing.py resolve_memory_job on the inventory at the plan's precision, saying so on stderr."""
+    from ..plan.costing import resolve_memory_job
+    names = resolve_memory_job(cost_model, inventory)
+    if names:
+        print(f"memory: {', '.join(names)} priced from Sailor's fp32 measurements: every stage must also fit as "
+              "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
 
 
 TIMELINE_SUFFIXES = (".json", ".png", ".svg", ".pdf")

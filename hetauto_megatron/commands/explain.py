@@ -89,7 +89,11 @@ def plan_inputs(args, plan_path: str, plan=None, what: str = "hetauto explain"):
         raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
                          fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
     inventory = apply_overrides(inventory, getattr(args, "set", None))
-    return plan, inventory, load_cost_model(getattr(args, "cost_model", None))
+    cost_model = load_cost_model(getattr(args, "cost_model", None))
+    # the plan's memory job, decided at its precision as every command decides it (plan/costing.py)
+    from ._common import apply_memory_job
+    apply_memory_job(cost_model, inventory.with_precision(plan.precision))
+    return plan, inventory, cost_model
 
 
 def explain_report(plan, inventory, cost_model, *, search_result=None, do_search: bool = True, k: int = 5,

@@ -5,8 +5,8 @@ import dataclasses
 import json
 import sys
 
-from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
-                      write_timelines)
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
+                      check_timeline_paths, load_inputs, write_timelines)
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
@@ -123,6 +123,8 @@ def run(args) -> int:
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
     try:
+        # the plan's memory job, decided at its precision as every command decides it (plan/costing.py)
+        apply_memory_job(cost_model, inventory.with_precision(plan.precision))
         est = simulate(plan, inventory, cost_model)
     except InputError as exc:
         if args.plan and exc.file is None:

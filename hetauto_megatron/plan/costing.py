@@ -90,6 +90,20 @@ def memory_job_of(cost_model, device):
     return job
 
 
+def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
+    """Decide the memory job of a whole plan on `inventory` (at the plan's precision) before it is priced: one
+    job, so once any device is priced from Sailor's fp32 measurements (memory_job_of), every cluster's stages,
+    also those another model prices, must fit as Sailor's Megatron-DeepSpeed job holds memory. Sets
+    `cost_model.memory_job` and returns those devices' names (sorted; empty if a job was already asked for or
+    none is priced so). Every command that prices a plan calls it, so they all give the same verdict."""
+    if getattr(cost_model, "memory_job", None) is not None:
+        return []
+    names = sorted({c.device.name for c in inventory.clusters if memory_job_of(cost_model, c.device) is not None})
+    if names:
+        cost_model.memory_job = sailor_deepspeed_job()
+    return names
+
+
 def _with_sequence_parallel(cost_model, sequence_parallel: bool):
     """The cost model pricing element-wise work as the mesh runs it: a model that has the switch (the analytic
     one: without sequence parallelism every TP rank repeats the norms, dropout and residuals of the whole
