@@ -9,6 +9,7 @@ seconds per iteration, or money per iteration for the cost objective). Prices ar
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -184,6 +185,14 @@ def price_per_second(inventory: Inventory, used: dict[str, int]) -> float | None
             return None
         total += n * price / 3600
     return total
+
+
+def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int]) -> float:
+    """What the search minimises for an iteration of `seconds` on the devices `used` (per cluster): the seconds,
+    or with --objective cost the money (seconds times the devices' price per second)."""
+    if c.objective != "cost" or not math.isfinite(seconds):
+        return seconds
+    return seconds * price_per_second(inventory, used)
 
 
 def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:

@@ -33,7 +33,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .batch_split import split_batch
-from .constraints import Constraints, devices_by_cluster, price_per_second
+from .constraints import Constraints, devices_by_cluster, objective_value
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
 from .simulate import evaluate_layout, layout_to_plan, simulate
@@ -76,9 +76,7 @@ class ShapesResult:
 
 
 def _score(con: Constraints, inventory: Inventory, plan: Plan, seconds: float) -> float:
-    if con.objective != "cost" or not math.isfinite(seconds):
-        return seconds
-    return seconds * price_per_second(inventory, devices_by_cluster(plan.meshes))
+    return objective_value(con, inventory, seconds, devices_by_cluster(plan.meshes))
 
 
 def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
@@ -141,9 +139,7 @@ def _unit(gbs: int, k: int) -> int:
 def _objective_bound(con: Constraints, inventory: Inventory, seconds: float, clusters) -> float:
     """A time bound as a bound on the objective: with --objective cost, times the least the plan pays per second
     (one device of each of `clusters`, which all take part)."""
-    if con.objective != "cost" or not math.isfinite(seconds):
-        return seconds
-    return seconds * price_per_second(inventory, {c: 1 for c in clusters})
+    return objective_value(con, inventory, seconds, {c: 1 for c in clusters})
 
 
 def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult, deadline=None):

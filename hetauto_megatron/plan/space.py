@@ -29,7 +29,7 @@ from ..cost.analytic import DEFAULT_CALIBRATION
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .constraints import Constraints, price_per_second, devices_by_cluster
+from .constraints import Constraints, devices_by_cluster, objective_value, price_per_second
 from .evaluator import AUTO
 from .simulate import MeshChoice
 
@@ -122,9 +122,7 @@ class SearchSpace:
     def score(self, seconds: float, choices) -> float:
         """What the search minimises: seconds per iteration, or for the cost objective the money per iteration
         (the devices in use times their price per second times the iteration)."""
-        if self.con.objective != "cost" or not math.isfinite(seconds):
-            return seconds
-        return seconds * price_per_second(self.inventory, devices_by_cluster(choices))
+        return objective_value(self.con, self.inventory, seconds, devices_by_cluster(choices))
 
     def decode(self, path: tuple):
         """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)
