@@ -36,7 +36,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
 from .constraints import Constraints, check as check_constraints, restrict
-from .evaluator import AUTO, LayoutEvaluator
+from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
@@ -310,8 +310,3 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
             f"largest device has {largest:.0f} GiB). Add devices or clusters, or shorten --seq-length")
     raise InfeasibleError(f"{model.name}: no legal layout exists for this inventory (TP must divide the heads, "
                           "clusters next to each other in the pipeline must be linked)")
-
-
-def auto_layout(choices) -> tuple:
-    """A plan's meshes as the search decides them (recomputation left to the evaluator)."""
-    return tuple(MeshChoice(c.cluster, c.tp, c.dp, c.micro_batch_size, AUTO, c.num_stages) for c in choices)
