@@ -171,7 +171,7 @@ def devices_by_cluster(meshes) -> dict[str, int]:
     """Devices a layout (MeshChoices) or a plan's meshes use per cluster."""
     out: dict[str, int] = {}
     for m in meshes:
-        n = m.tp * m.dp * (m.num_stages if hasattr(m, "num_stages") else len(m.stage_layers))
+        n = m.tp * m.dp * m.num_stages
         out[m.cluster] = out.get(m.cluster, 0) + n
     return out
 
