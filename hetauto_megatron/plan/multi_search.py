@@ -160,12 +160,11 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
                         cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
     cache: dict = {}
-    sub_cfg = cfg
     for b, blocks in cands[:MAX_PARTITIONS]:
         if b >= best[0] or _out_of_time(deadline):
             break
         out.partitions_searched += 1
-        found = _search_partition(model, inventory, gbs, cost, sub_cfg, con, names, blocks, cache, out)
+        found = _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out)
         what = " | ".join("+".join(x) for x in blocks)
         if found is None:
             out.tried.append((what, None, "no feasible split"))
@@ -337,7 +336,6 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
     skipped."""
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
-    sub_cfg = cfg
     for c in usable:
         if _out_of_time(deadline):
             break
@@ -348,7 +346,7 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
             continue
         try:
             r = search(model, inventory, gbs, cost, dataclasses.replace(
-                sub_cfg, constraints=_block_constraints(con, [c], names)))
+                cfg, constraints=_block_constraints(con, [c], names)))
         except (InfeasibleError, InputError):
             continue
         out.pipelines_searched += 1
