@@ -347,18 +347,11 @@ class SearchSpace:
         (cached: every bound asks it for every cluster still to be placed)."""
         key = ("best", cluster, S, tuple(tps))
         if key not in self._fits:
-            shapes = self._shapes(cluster, S, tps)
+            shapes = self._list_shapes(cluster, S, tps)
             self._fits[key] = None if not shapes else (
                 max(self.mesh_rate(cluster, tp, dp, S) for tp, dp in shapes),
                 min(self.layer_time(cluster, tp, dp, S // dp) for tp, dp in shapes))
         return self._fits[key]
-
-    def _shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
-        key = ("shapes", cluster, S, tuple(tps))
-        out = self._fits.get(key)
-        if out is None:
-            out = self._fits[key] = self._list_shapes(cluster, S, tps)
-        return out
 
     def _list_shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:
         n = self._cl[cluster].num_devices
