@@ -22,6 +22,7 @@ the launched world fails in `validate_launch` before any group exists.
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -182,8 +183,9 @@ class RankContext:
     def mesh(self):
         return self.plan.meshes[self.coords.mesh_index]
 
-    @property
+    @functools.cached_property
     def layout(self) -> PipelineLayout:
+        # built once: the communicator, batch_share and layer_offset read it on every step (the plan is frozen)
         return PipelineLayout(self.plan, self.mesh.pipeline)
 
     @property
