@@ -166,8 +166,8 @@ class HeteroP2PCommunicator(P2PCommunicator):
             up, down = other, c.mesh_index
             peer_sim = other_mesh.num_stages - 1
             scale = 1.0
-        up_k = [mi for mi, _ in layout.stages[layout.first_stage(up) + plan.meshes[up].num_stages - 1]].index(up)
-        down_k = [mi for mi, _ in layout.stages[layout.first_stage(down)]].index(down)
+        up_k = layout.position_of(up).index(up)       # which mesh of its position (the boundary side's list)
+        down_k = layout.position_of(down).index(down)
         fwd = [(k, tr) for k, tr in enumerate(compute_transfers(before, after, full))
                if (tr.src_mesh, tr.dst_mesh) == (up_k, down_k)]
         bwd = [(k, tr) for k, tr in enumerate(compute_transfers(after, before, full))

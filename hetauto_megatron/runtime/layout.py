@@ -58,6 +58,7 @@ class PipelineLayout:
         raise ValueError(f"mesh {mesh_index} is not in pipeline {self.pipeline}")
 
     def position_of(self, mesh_index: int) -> list[int]:
+        """Mesh indices of the position holding a mesh (the mesh and those alongside it), in mesh order."""
         return next(pos for pos in self.positions if mesh_index in pos)
 
     def stage_ranks(self, stage: int) -> list[int]:

@@ -124,7 +124,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
 
     layout = ctx.layout
     seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, layout.step
-    first, last = layout.sample_range(c.mesh_index, c.dp_rank)   # this replica's samples of every step
+    first, last = c.sample_start, c.sample_stop   # this replica's samples of every step
     dev = ctx.device
     positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
     causal = torch.tril(torch.ones(1, 1, seq, seq, device=dev)) < 0.5  # True = masked
