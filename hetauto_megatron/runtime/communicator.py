@@ -126,7 +126,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 scale, inventory = self._emulation
                 spec = inventory.link(a.cluster, b.cluster)
                 emulator = LinkEmulator(spec.bytes_per_s / scale, spec.latency_s * scale)
-            link = CrossLink(grad=grad, overlapped=overlapped, depth=mesh.boundary_depth if overlapped else 0,
+            link = CrossLink(overlapped=overlapped, depth=mesh.boundary_depth if overlapped else 0,
                              emulator=emulator, boundary_bytes=nbytes)
             link.begin_step(self._micro_batches)
             self._links[key] = link

@@ -65,12 +65,12 @@ def sleep_until(t: float) -> None:
 class CrossLink:
     """The state of one direction (activations or gradients) of one cross-cluster boundary for this rank."""
 
-    def __init__(self, *, grad: bool, overlapped: bool, depth: int, emulator: LinkEmulator | None,
-                 boundary_bytes: float):
-        self.grad, self.overlapped, self.depth = grad, overlapped, depth
+    def __init__(self, *, overlapped: bool, depth: int, emulator: LinkEmulator | None, boundary_bytes: float):
+        self.overlapped, self.depth = overlapped, depth
         self.emulator, self.boundary_bytes = emulator, boundary_bytes
         self.sent = 0                              # messages sent (numbering for tags)
         self.posted = 0                            # receives posted this step
+        self.limit = None                          # messages to receive this step (None: not told, one at a time)
         self.received = 0                          # messages received (numbering for tags)
         self.ahead: collections.deque = collections.deque()   # posted receives: (message, posted state)
         self.pending: list = []                    # overlapped sends in flight: (works, tensors kept alive)
@@ -129,7 +129,7 @@ class CrossLink:
         send time from each sending peer, then the blocks). Returns (payload, (send time, arrival)) once the
         message has arrived."""
         want = self.depth + 1 if self.overlapped else 1
-        limit = getattr(self, "limit", None)
+        limit = self.limit
         while len(self.ahead) < want and (limit is None or self.posted < limit or not self.ahead):
             j, self.received = self.received, self.received + 1
             self.ahead.append(post_message(j))
