@@ -120,7 +120,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             # what crosses between the two meshes per micro-batch in this direction (the whole step's activation
             # when each side is one mesh)
             nbytes = sum(tr.numel(shape[2]) for _, tr in info["bwd" if grad else "fwd"]) * \
-                torch.tensor([], dtype=self.config.pipeline_dtype).element_size()
+                self.config.pipeline_dtype.itemsize
             emulator = None
             if self._emulation is not None:
                 scale, inventory = self._emulation
@@ -348,14 +348,15 @@ class HeteroP2PCommunicator(P2PCommunicator):
             return buf, staged, stamps
 
         if info["inter"]:
+            link = self._link(other, grad, shape)
+
             def post(j):
                 out = []
                 # an overlapped link posts messages ahead, each into its own buffer; a blocking one posts this
                 # call's message only, into the shared buffer
-                buf, staged, stamps = post_message(j, out, into if not self._link(other, grad, shape).overlapped
-                                                   else None)
+                buf, staged, stamps = post_message(j, out, None if link.overlapped else into)
                 return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None]
-            (buf, copies, started), on_way = self._link(other, grad, shape).receive(post, self._wait)
+            (buf, copies, started), on_way = link.receive(post, self._wait)
             self._on_way.append(on_way)
             staged = []
         else:
