@@ -180,6 +180,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         losses.append(total.item())
         norms.append(float(grad_norm))
     clock.uninstall()
+    comm.staging.close()       # the communication thread (accelerators): every send completed in end_step
     shared = replicas.held_values([ddp]) if replicas is not None else []
     state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
     memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
