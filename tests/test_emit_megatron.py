@@ -17,7 +17,8 @@ from megatron.core.transformer.pipeline_parallel_layer_layout import PipelinePar
 from megatron.training.arguments import add_megatron_arguments
 
 from hetauto_megatron.cli import main
-from hetauto_megatron.emit.megatron import emit_megatron, layout_string, megatron_args
+from hetauto_megatron.emit.megatron import emit_megatron, megatron_args
+from hetauto_megatron.plan.layout import megatron_layout
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,10 +43,9 @@ def parse_layout(layout, pp):
     return parsed, [parsed.layout[r][0].count(LayerType.decoder) for r in range(pp)]
 
 
-@pytest.mark.parametrize("stage_layers", [[3, 2, 1], [0, 4, 4], [4, 4, 0], [0, 8, 0], [1], [8], [12, 1, 1, 10],
-                                          [2] * 40])
+@pytest.mark.parametrize("stage_layers", [[3, 2, 1], [0, 4, 4], [4, 4, 0], [0, 8, 0], [12, 1, 1, 10], [2] * 40])
 def test_layout_accepted_by_megatron(stage_layers):
-    text = layout_string(stage_layers)
+    text = megatron_layout(stage_layers)
     parsed, per_stage = parse_layout(text, len(stage_layers))
     parsed.validate_layer_layout(sum(stage_layers), None)   # raises AssertionError when Megatron rejects it
     assert per_stage == stage_layers
@@ -53,8 +53,9 @@ def test_layout_accepted_by_megatron(stage_layers):
 
 
 def test_layout_example():
-    assert layout_string([3, 2, 1]) == "Et*3|t*2|tL"
-    assert layout_string([0, 2, 0]) == "E|t*2|L"
+    assert megatron_layout([3, 2, 1]) == "Et*3|t*2|tL"
+    assert megatron_layout([0, 2, 0]) == "E|t*2|L"
+    assert megatron_layout([8]) is None         # one stage: nothing to split, no flag
 
 
 def run_script(path, tmp_path, node_rank, extra_env=None):

@@ -94,7 +94,7 @@ def test_layout_overrides_per_mesh():
     assert a["tensor_model_parallel_size"] == 2 and b["tensor_model_parallel_size"] == 1
     assert a["micro_batch_size"] == 2 and b["micro_batch_size"] == 1
     assert a["pipeline_model_parallel_size"] == b["pipeline_model_parallel_size"] == 3
-    assert a["pipeline_model_parallel_layout"] == b["pipeline_model_parallel_layout"] == "Ettt|tt|tttL"
+    assert a["pipeline_model_parallel_layout"] == b["pipeline_model_parallel_layout"] == "Et*3|t*2|t*3L"
     assert a["global_batch_size"] == b["global_batch_size"] == 8
     assert (a["recompute_granularity"], a["recompute_method"]) == (None, None)
     assert (b["recompute_granularity"], b["recompute_method"], b["recompute_num_layers"]) == ("full", "uniform", 1)
@@ -179,7 +179,7 @@ def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
         assert args.data_parallel_size == mesh.dp
         assert args.micro_batch_size == mesh.micro_batch_size
         assert args.global_batch_size // (args.micro_batch_size * args.data_parallel_size) == plan.num_micro_batches
-        assert args.pipeline_model_parallel_layout == "Ettt|tt|tttL"
+        assert args.pipeline_model_parallel_layout == "Et*3|t*2|t*3L"
         assert args.num_layers == 8 and args.num_query_groups == 2
 
 

@@ -231,8 +231,8 @@ def test_each_rank_gets_its_pipelines_depth_layout_and_its_meshs_share_of_the_ba
                               rewrite.validation_world_size(plan, c))
     # pipeline 0: 2 micro-batch steps of 4 samples; mesh a trains 2 x 2 x 1, b 2 x 1 x 2, c 2 x 2 x 2;
     # Megatron derives micro-batches = batch / (dp x mbs) = 2 on every rank of pipeline 0, 2 on pipeline 1
-    assert seen == {0: (2, "Etttt|ttttL", 4, 1, 4), 1: (2, "Etttt|ttttL", 4, 2, 4), 2: (2, "Etttt|ttttL", 8, 2, 4),
-                    3: (2, "Ettt|tttttL", 4, 2, 2)}
+    assert seen == {0: (2, "Et*4|t*4L", 4, 1, 4), 1: (2, "Et*4|t*4L", 4, 2, 4), 2: (2, "Et*4|t*4L", 8, 2, 4),
+                    3: (2, "Et*3|t*5L", 4, 2, 2)}
 
 
 def test_every_sample_of_the_global_batch_is_trained_once_per_iteration():

@@ -188,7 +188,7 @@ def _print_memory(report: dict) -> None:
 
 
 def _print_table(report: dict, plan) -> None:
-    from ..runtime.layout import PipelineLayout
+    from ..plan.layout import PipelineLayout
 
     m = report["model"]
     pipes = [PipelineLayout(plan, p) for p in range(plan.num_pipelines)]

@@ -103,9 +103,9 @@ def run(args) -> int:
         if out_dir:
             written += write_megatron(launches, out_dir)
         if args.json:
-            from ..emit.megatron import pipeline_stage_layers
+            from ..plan.layout import PipelineLayout
             pipes = [{"samples": plan.samples_per_pipeline[p],
-                      "pipeline_parallel_size": len(pipeline_stage_layers(plan, p))} for p in range(plan.num_pipelines)]
+                      "pipeline_parallel_size": PipelineLayout(plan, p).num_stages} for p in range(plan.num_pipelines)]
             # "pipeline_parallel_size": the one pipeline's depth (plans of one pipeline); "pipelines": each one's
             depth = {"pipeline_parallel_size": pipes[0]["pipeline_parallel_size"]} if len(pipes) == 1 else {}
             print(json.dumps({"world_size": plan.world_size, **depth, "pipelines": pipes,

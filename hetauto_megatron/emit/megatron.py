@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..plan.layout import PipelineLayout, megatron_layout
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
@@ -27,18 +28,6 @@ DEFAULT_TIMEOUT_S = 600
 
 
 # ---- Megatron arguments ------------------------------------------------------------------------------------
-def layout_string(stage_layers: list[int]) -> str:
-    """Megatron's --pipeline-model-parallel-layout for an uneven split: 'E' (embedding) opens the first stage,
-    'L' (loss/output head) closes the last, 't*n' are n transformer layers, '|' separates stages.
-    E.g. [3, 2, 1] -> 'Et*3|t*2|tL'; an empty first stage is just 'E'."""
-    parts = []
-    last = len(stage_layers) - 1
-    for s, n in enumerate(stage_layers):
-        body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
-        parts.append(("E" if s == 0 else "") + body + ("L" if s == last else ""))
-    return "|".join(parts)
-
-
 def recompute_args(mode: str) -> list[str]:
     """Megatron-LM flags for a mesh's recompute mode, from the one table plan.RECOMPUTE_SETTINGS."""
     out = []
@@ -67,28 +56,12 @@ def model_args(plan: Plan) -> list[str]:
     return args
 
 
-def pipeline_stage_layers(plan: Plan, pipeline: int = 0) -> list[int]:
-    """Transformer layers of each stage of one pipeline: its positions' stages in order (the meshes side by side
-    at a position hold the same stages)."""
-    return [n for pos in plan.positions(pipeline) for n in plan.meshes[pos[0]].stage_layers]
-
-
-def pipeline_first_stage(plan: Plan, mesh_index: int) -> int:
-    """Stage of a mesh's first stage inside its own pipeline."""
-    stage = 0
-    for pos in plan.positions(plan.meshes[mesh_index].pipeline):
-        if mesh_index in pos:
-            return stage
-        stage += plan.meshes[pos[0]].num_stages
-    raise AssertionError("unreachable")
-
-
 def pipeline_args(plan: Plan, pipeline: int = 0) -> list[str]:
     """Whole-pipeline arguments of one pipeline: PP counts its stages; the layout carries the uneven split."""
-    layers = pipeline_stage_layers(plan, pipeline)
+    layers = PipelineLayout(plan, pipeline).stage_layers
     args = ["--pipeline-model-parallel-size", str(len(layers))]
     if len(layers) > 1:
-        args += ["--pipeline-model-parallel-layout", layout_string(layers)]
+        args += ["--pipeline-model-parallel-layout", megatron_layout(layers)]
     return args
 
 
@@ -287,10 +260,10 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     if plan.num_pipelines > 1:
         lines.append(f"# pipeline {la.pipeline} of {plan.num_pipelines}: {plan.samples_per_pipeline[la.pipeline]} of "
                      f"the {plan.global_batch_size} samples of each global batch, "
-                     f"{len(pipeline_stage_layers(plan, la.pipeline))} stage(s)")
+                     f"{PipelineLayout(plan, la.pipeline).num_stages} stage(s)")
     for k in la.mesh_indices:
         m = plan.meshes[k]
-        s0 = pipeline_first_stage(plan, k)
+        s0 = PipelineLayout(plan, m.pipeline).first_stage(k)
         side = " (alongside the mesh before it)" if m.alongside else ""
         lines.append(f"# mesh {k}{side}: pipeline stages {s0}-{s0 + m.num_stages - 1} (layers {list(m.stage_layers)}), "
                      f"tp {m.tp}, dp {m.dp}, micro-batch {m.micro_batch_size}, recompute {m.recompute}, "

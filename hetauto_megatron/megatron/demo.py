@@ -19,8 +19,9 @@ import os
 import sys
 import tempfile
 
-from ..emit.megatron import model_args, pipeline_args, pipeline_stage_layers
+from ..emit.megatron import model_args, pipeline_args
 from ..errors import InputError
+from ..plan.layout import PipelineLayout
 from ..plan.plan import Plan, load_plan
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,7 +69,7 @@ def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int
     step = plan.samples_per_step if plan.is_simple else plan.global_batch_size
     argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS + pipeline_args(plan, 0) +
             ["--micro-batch-size", str(step), "--global-batch-size", str(plan.global_batch_size)])
-    return argv, len(pipeline_stage_layers(plan, 0))
+    return argv, PipelineLayout(plan, 0).num_stages
 
 
 def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str | None) -> dict:

@@ -26,15 +26,14 @@ from __future__ import annotations
 import functools
 import inspect
 
+from ..plan.layout import mesh_layout
 from .rewrite import checkpoint_stage, mesh_batch_size
 
 
 def micro_batch_indices(plan, mesh_index: int, dp_rank: int, iteration: int) -> list[list[int]]:
     """Dataset indices of one replica's micro-batches in one iteration (module doc), in schedule order."""
-    from ..runtime.layout import PipelineLayout
-
     mesh = plan.meshes[mesh_index]
-    layout = PipelineLayout(plan, mesh.pipeline)
+    layout = mesh_layout(plan, mesh_index)
     start, stop = plan.sample_range(mesh_index, dp_rank)
     base = iteration * plan.global_batch_size + sum(plan.samples_per_pipeline[:mesh.pipeline])
     return [list(range(base + m * layout.step + start, base + m * layout.step + stop))

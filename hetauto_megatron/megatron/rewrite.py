@@ -9,7 +9,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     micro_batch_size             <- mesh.micro_batch_size
     recompute_*                  <- mesh.recompute (plan.plan.RECOMPUTE_SETTINGS: selective = the MLP)
     sequence_parallel            <- mesh.settings.sequence_parallel (plan/settings.py)
-    pipeline_model_parallel_size <- the stages of the rank's pipeline (runtime.layout.PipelineLayout)
+    pipeline_model_parallel_size <- the stages of the rank's pipeline (plan.layout.PipelineLayout)
     pipeline_model_parallel_layout <- that pipeline's stage layers, e.g. "Et*4|t*4L"
     global_batch_size            <- the samples the rank's mesh trains per iteration: its pipeline's micro-batches
                                     x the mesh's dp x micro_batch_size (= plan.global_batch_size for a plan of
@@ -39,12 +39,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import InputError
-from ..plan.plan import Plan
-from ..plan.plan import recompute_settings
-from ..runtime.groups import RankCoords, rank_coords
-from ..runtime.layout import PipelineLayout
+from ..plan.layout import mesh_layout, megatron_layout
+from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MEGATRON_ARGS, megatron_values, padded_vocab_size
-from ..runtime.model import pipeline_layout
+from ..runtime.groups import RankCoords, rank_coords
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -167,14 +165,14 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
 def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     """The per-rank parallel-layout arguments (see the module docstring)."""
     mesh = plan.meshes[placement.mesh_index]
-    layout = PipelineLayout(plan, mesh.pipeline)
+    layout = mesh_layout(plan, placement.mesh_index)
     out = {
         "tensor_model_parallel_size": mesh.tp,
         "pipeline_model_parallel_size": layout.num_stages,
         "context_parallel_size": 1,
         "micro_batch_size": mesh.micro_batch_size,
         "global_batch_size": mesh_batch_size(plan, placement.mesh_index),
-        "pipeline_model_parallel_layout": pipeline_layout(layout.stage_layers),
+        "pipeline_model_parallel_layout": megatron_layout(layout.stage_layers),
         **recompute_settings(mesh.recompute),
         # what the mesh's activations look like at its boundaries: the communicator cuts them by this setting
         "sequence_parallel": mesh.settings.sequence_parallel,
@@ -189,7 +187,7 @@ def mesh_batch_size(plan: Plan, mesh_index: int) -> int:
     """Samples one mesh trains per iteration, Megatron's --global-batch-size on its ranks: its pipeline's
     micro-batches x dp x micro_batch_size (the plan's global batch for a plan of one pipeline of single meshes)."""
     mesh = plan.meshes[mesh_index]
-    return PipelineLayout(plan, mesh.pipeline).num_micro_batches * mesh.samples_per_step
+    return mesh_layout(plan, mesh_index).num_micro_batches * mesh.samples_per_step
 
 
 # Megatron arguments counted in samples: under several pipelines (or meshes side by side) Megatron's sample count
@@ -312,7 +310,7 @@ def validation_world_size(plan: Plan, placement: RankCoords) -> int:
     """The world size Megatron's validate_args must see so that it derives this rank's mesh DP
     (data_parallel_size = world_size / (tp * pp)): the homogeneous job this mesh would be on its own."""
     mesh = plan.meshes[placement.mesh_index]
-    return mesh.tp * mesh.dp * PipelineLayout(plan, mesh.pipeline).num_stages
+    return mesh.tp * mesh.dp * mesh_layout(plan, placement.mesh_index).num_stages
 
 
 def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> None:

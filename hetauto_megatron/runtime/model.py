@@ -15,6 +15,7 @@ import math
 import zlib
 
 from ..errors import InputError
+from ..plan.layout import megatron_layout
 from ..plan.plan import recompute_settings
 from ..spec.model import ModelSpec
 
@@ -50,14 +51,6 @@ def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
                         max_position_embeddings=seq)
 
 
-def pipeline_layout(stage_layers) -> str | None:
-    """Megatron's `pipeline_model_parallel_layout` string for uneven stages, e.g. [0, 3, 1] -> 'E|tttL'... ."""
-    n = len(stage_layers)
-    if n == 1:
-        return None
-    return "|".join(("E" if s == 0 else "") + "t" * k + ("L" if s == n - 1 else "") for s, k in enumerate(stage_layers))
-
-
 def transformer_config(plan, ctx, spec: ModelSpec):
     """TransformerConfig for this rank: its mesh's TP size and sequence parallelism, the plan's stages and layers,
     fp32, no dropout."""
@@ -79,7 +72,7 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
     )
-    layout = pipeline_layout(ctx.layout.stage_layers)
+    layout = megatron_layout(ctx.layout.stage_layers)
     if layout is not None:
         kw["pipeline_model_parallel_layout"] = layout
     kw.update(recompute_settings(mesh.recompute))
