@@ -15,10 +15,15 @@ prices no other. The cluster: 4 GH200 per node, the inventory's default network 
 on Clariden), with the links inside and between nodes as Sailor measured them (measured_link). Nothing is
 fitted to the runs.
 
+The pipeline is DeepSpeed's (plan/deepspeed_schedule.py): the fork trains with DeepSpeed's pipeline engine; `--1f1b`
+composes the same runs with Megatron's 1F1B instead. `--measured-layers` is a diagnostic of the composition alone,
+in sample: the run's model's own measured layer, embedding and head times (Sailor's profile at the run's TP and
+micro-batch) in place of the learned ones.
+
 A run whose recorded layout does not hold its model's layers is listed and left out (GPT-Neo N4 D4 records
 OPT-350's 26 entries for GPT-Neo's 34).
 
-    python benchmarks/sailor_iterations.py
+    python benchmarks/sailor_iterations.py [--1f1b] [--measured-layers]
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from hetauto_megatron.cost import comm  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, fit_ring_allreduce  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
@@ -96,8 +102,40 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
                 precision=PRECISION), inv
 
 
-def whole_iterations(workdir: str) -> tuple[list[dict], list[dict]]:
-    """(rows, skipped): per run, measured and predicted iteration and the predicted parts, each model left out."""
+class MeasuredLayers:
+    """Diagnostic (in sample): the learned model with the transformer layers, the embedding and the head replaced
+    by Sailor's measured times of `sailor_model` on the GH200 at the asked TP and micro-batch (the median layer; its
+    TP all-reduces, which the planner adds back with the node's link, taken out as the fit takes them out)."""
+
+    def __init__(self, cost_model, sailor_model: str, intra_node):
+        self.cost_model, self.intra_node = cost_model, intra_node
+        with open(os.path.join(L.SAILOR_DATA, "profiles_tmp.json")) as f:
+            self.entries = json.load(f)[sailor_model]["GH-96"]
+
+    def __getattr__(self, name):
+        return getattr(self.cost_model, name)
+
+    def _entries(self, tp: int, mb: int) -> list:
+        e = self.entries[str(mb)][str(tp)]
+        return [e[str(i)] for i in range(len(e))]
+
+    def layer_times(self, model, device, tp, mb, seq=None):
+        layers = self._entries(tp, mb)[1:-1]
+        ar = comm.allreduce_time(device.dtype_bytes * mb * model.seq_length * model.hidden_size, tp, self.intra_node)
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        return med([x[0] for x in layers]) - 2 * ar, med([x[1] for x in layers]) - 2 * ar
+
+    def embedding_times(self, model, device, tp, mb, seq=None):
+        return tuple(self._entries(tp, mb)[0][:2])
+
+    def head_times(self, model, device, tp, mb, seq=None):
+        return tuple(self._entries(tp, mb)[-1][:2])
+
+
+def whole_iterations(workdir: str, engine: str = "deepspeed", measured_layers: bool = False
+                     ) -> tuple[list[dict], list[dict]]:
+    """(rows, skipped): per run, measured and predicted iteration and the predicted parts, each model left out.
+    `engine`: the pipeline schedule (the fork's: DeepSpeed's); `measured_layers`: the in-sample diagnostic above."""
     runs = load_runs()
     rows, skipped = [], []
     for held in sorted({r["model"] for r in runs}):
@@ -110,7 +148,8 @@ def whole_iterations(workdir: str) -> tuple[list[dict], list[dict]]:
                 skipped.append(r)
                 continue
             plan, inv = built
-            e = simulate(plan, inv, cm)
+            model = MeasuredLayers(cm, held, inv.clusters[0].intra_node) if measured_layers else cm
+            e = simulate(plan, inv, model, engine=engine)
             rows.append({"run": r, "micro_batches": plan.num_micro_batches, "measured_s": r["measured_iteration_s"],
                          "predicted_s": e.iteration_time_s, "pipeline_s": e.pipeline_s, "dp_s": e.dp_exposed_s,
                          "optimizer_s": e.optimizer_s, "sync_s": e.sync_s, "cost_model": e.cost_model})
@@ -122,8 +161,9 @@ def error_pct(row: dict) -> float:
 
 
 def main() -> int:
+    engine = "megatron" if "--1f1b" in sys.argv else "deepspeed"
     with tempfile.TemporaryDirectory() as tmp:
-        rows, skipped = whole_iterations(tmp)
+        rows, skipped = whole_iterations(tmp, engine, "--measured-layers" in sys.argv)
     print(f"{'model':<12} {'nodes':>5} {'entries per stage':<26} {'tp':>2} {'dp':>3} {'mbs':>3} {'m':>4} "
           f"{'measured s':>10} {'predicted s':>11} {'error %':>8}  pipeline / dp / optimizer / sync s")
     for x in rows:
@@ -140,7 +180,9 @@ def main() -> int:
               "1-2 micro-batches or 1 node": [x for x in rows if x["micro_batches"] <= 2 or x["run"]["nodes"] == 1],
               "micro-batch size 1-2": [x for x in rows if x["run"]["micro_batch_size"] <= 2],
               "micro-batch size 4-8": [x for x in rows if x["run"]["micro_batch_size"] >= 4]}
-    print("\nleave-one-model-out whole-iteration error (learned model fitted without the run's model):")
+    what = ("the run's model's own measured layers (in sample)" if "--measured-layers" in sys.argv
+            else "learned model fitted without the run's model")
+    print(f"\nwhole-iteration error, pipeline of {engine}, {what}:")
     for name, sel in groups.items():
         errs = [abs(error_pct(x)) for x in sel]
         print(f"  {name:<28} {len(sel):>3} runs  MAPE {sum(errs) / len(errs):5.1f} %  worst {max(errs):5.1f} %")

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
+from .deepspeed_schedule import simulate_deepspeed
 from .pipeline import estimate_1f1b, simulate_1f1b, warmup_counts
 from .plan import Mesh, Plan
 from .settings import DEFAULT_PRECISION, padded_vocab_size, resolve_settings
@@ -145,7 +146,8 @@ def _iteration_overhead(cost_model, profs) -> float:
     return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
 
 
-def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory) -> Estimate:
+def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory,
+            engine: str = "megatron") -> Estimate:
     profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
@@ -157,8 +159,11 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         fwd.append(f)
         bwd.append(b)
         mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
-    sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
-    makespan, busy = sim.makespan, sim.busy
+    if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
+        makespan, busy = simulate_deepspeed(fwd, bwd, links, m)
+    else:
+        sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+        makespan, busy = sim.makespan, sim.busy
     # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
     tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
     T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
@@ -253,18 +258,29 @@ def plan_boundaries(plan: Plan) -> list:
     return [m.boundary_depth if m.boundary_schedule == "overlapped" else None for m in plan.meshes]
 
 
-def simulate(plan: Plan, inventory: Inventory, cost_model=None) -> Estimate:
+ENGINES = ("megatron", "deepspeed")
+
+
+def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str = "megatron") -> Estimate:
+    """The plan's iteration as `engine` runs its pipeline: "megatron" (hetauto's runtime and Megatron-LM: 1F1B,
+    plan/pipeline.py) or "deepspeed" (DeepSpeed's pipeline engine, the configs `hetauto emit deepspeed` writes:
+    its lock-step TrainSchedule, plan/deepspeed_schedule.py; one pipeline of single meshes, every boundary
+    blocking). Every other term is the same."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: one of {ENGINES}")
     cost_model = cost_model or _DEFAULT_COST
     check_plan_against_inventory(plan, inventory)
     inventory = inventory.with_precision(plan.precision)   # the plan's precision prices every device
     if not plan.is_simple:     # several pipelines, or mixed replica groups in a stage
+        if engine != "megatron":
+            raise ValueError("only a plan of one pipeline of single meshes runs on DeepSpeed's pipeline engine")
         from .multi_simulate import shapes_estimate, shapes_of
         return shapes_estimate(plan.model, inventory, shapes_of(plan), cost_model)
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model)
     return _finish(model, plan.global_batch_size, pipe, plan.stage_layers, plan.num_micro_batches,
-                   plan_boundaries(plan), choices, cost_model, inventory)
+                   plan_boundaries(plan) if engine == "megatron" else None, choices, cost_model, inventory, engine)
 
 
 @dataclass

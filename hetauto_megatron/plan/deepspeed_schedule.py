@@ -1,0 +1,103 @@
+"""The pipeline as DeepSpeed's pipeline engine runs it: its `TrainSchedule`, each transfer blocking both its ends.
+
+DeepSpeed's engine (`deepspeed.runtime.pipe.schedule.TrainSchedule`, which `PipelineEngine.train_batch` executes
+instruction by instruction) runs a lock-step schedule of 2 (m + p - 1) steps: at every step a stage runs one
+forward or one backward (or nothing), and it exchanges with its neighbours as separate instructions, in this order:
+
+    forward step:   RecvActivation(this micro-batch), SendGrad(the previous step's micro-batch), ForwardPass
+    backward step:  SendActivation(the previous step's micro-batch), RecvGrad(this micro-batch), BackwardPass
+
+(the first and the last stage have no neighbour on one side). Each instruction is one NCCL point-to-point transfer
+of several MB, waited for before the next instruction: the sender's and the receiver's streams both wait until it
+has been received, so a send and its receive start together, when both stages have reached them, and both stages
+are held for the whole transfer. A middle stage therefore runs four transfers one after the other per micro-batch
+(receive the activation, send the gradient, send the activation, receive the gradient), none overlapped with its
+compute or with each other, where Megatron's 1F1B (plan/pipeline.py) holds only the sender and pairs each send with
+the receive the stage needs next. With transfers of zero time the two schedules give the same makespan (the order
+of the forwards and backwards is the same); each transfer's time is what differs: in a pipeline of equal stages
+the period per micro-batch is forward + backward + 2 x transfer for two stages and + 4 x transfer for a middle
+stage of more.
+
+`simulate_deepspeed` plays every instruction of every stage with those rules (no extrapolation); the makespan is
+when the last stage finishes its last instruction. Sailor's measured GH200 runs ran this engine
+(benchmarks/sailor_iterations.py, docs/cost-model-learned.md).
+"""
+from __future__ import annotations
+
+FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
+
+
+def train_schedule(m: int, p: int, s: int) -> list[tuple[int, int]]:
+    """Stage s's instructions (kind, micro-batch) in DeepSpeed's TrainSchedule order, m micro-batches, p stages."""
+    out: list[tuple[int, int]] = []
+    prev = -1
+    for step in range(2 * (m + p - 1)):
+        forward = step % 2 == s % 2
+        if forward:
+            mb = (step if step % 2 == 0 else step - 1) // 2 - s // 2
+        elif step % 2 == 0:
+            mb = step // 2 - p + (s + 1) // 2
+        else:
+            mb = (step - 1) // 2 - p + 1 + s // 2
+        valid, prev_valid = 0 <= mb < m, 0 <= prev < m
+        if forward and s > 0:
+            if valid:
+                out.append((RECV_ACT, mb))
+            if prev_valid:
+                out.append((SEND_GRAD, prev))
+        elif not forward and s < p - 1:
+            if prev_valid:
+                out.append((SEND_ACT, prev))
+            if valid:
+                out.append((RECV_GRAD, mb))
+        if valid:
+            out.append((FORWARD if forward else BACKWARD, mb))
+        prev = mb
+    return out
+
+
+def _meeting(kind: int, s: int, mb: int) -> tuple[str, int, int]:
+    """The key a send and its receive share: direction, boundary (the lower stage), micro-batch."""
+    if kind in (SEND_ACT, RECV_ACT):
+        return "act", s if kind == SEND_ACT else s - 1, mb
+    return "grad", s - 1 if kind == SEND_GRAD else s, mb
+
+
+def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m: int) -> tuple[float, list[float]]:
+    """(makespan, busy seconds per stage) of DeepSpeed's TrainSchedule. fwd[i], bwd[i]: one micro-batch's compute
+    on stage i; link[l]: one micro-batch's transfer between stage l and l + 1 (latency included; the same time
+    each way)."""
+    p = len(fwd)
+    assert len(bwd) == p and len(link) == p - 1 and m >= 1
+    prog = [train_schedule(m, p, s) for s in range(p)]
+    pc = [0] * p
+    clock = [0.0] * p
+    waiting: dict[tuple, tuple[int, float]] = {}    # meeting -> (stage that reached it first, when)
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while pc[s] < len(prog[s]):
+                kind, mb = prog[s][pc[s]]
+                if kind in (FORWARD, BACKWARD):
+                    clock[s] += fwd[s] if kind == FORWARD else bwd[s]
+                    pc[s] += 1
+                    moved = True
+                    continue
+                key = _meeting(kind, s, mb)
+                other = waiting.get(key)
+                if other is None:
+                    waiting[key] = (s, clock[s])
+                    break                    # this stage waits for its neighbour to reach the same transfer
+                if other[0] == s:
+                    break
+                del waiting[key]
+                o = other[0]
+                clock[s] = clock[o] = max(clock[s], other[1]) + link[key[1]]
+                pc[s] += 1
+                pc[o] += 1
+                moved = True
+    if any(pc[s] < len(prog[s]) for s in range(p)):
+        raise AssertionError("DeepSpeed schedule deadlocked: the instruction lists do not pair")
+    busy = [m * (f + b) for f, b in zip(fwd, bwd)]
+    return max(clock), busy
