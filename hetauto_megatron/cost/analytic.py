@@ -190,7 +190,7 @@ class AnalyticCostModel:
         return fwd + self.cal.micro_batch_overhead_s, 2 * fwd
 
     def optimizer_calibration(self, device: DeviceType) -> tuple[float, float]:
-        """(rate on the optimizer step's memory traffic, fixed seconds per layer): the analytic model prices the
+        """(rate on the optimizer step's memory traffic, fixed seconds per step): the analytic model prices the
         step as its traffic at full bandwidth (plan/costing.py); a learned model may know better."""
         return 1.0, 0.0
 

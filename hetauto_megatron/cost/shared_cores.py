@@ -56,5 +56,5 @@ class SharedCoresCostModel:
         return self.base.iteration_overhead_s(device) * self.factor
 
     def optimizer_calibration(self, device):
-        rate, per_layer = self.base.optimizer_calibration(device)
-        return rate * self.factor, per_layer * self.factor
+        rate, per_step = self.base.optimizer_calibration(device)
+        return rate * self.factor, per_step * self.factor

@@ -43,8 +43,8 @@ class StageProfile:
     dp_link: LinkSpec           # the link DP collectives of this mesh run on
     memory_cap: float           # usable bytes per device
     settings: RuntimeSettings   # what this mesh runs with (plan/settings.py)
-    optimizer_rate: float = 1.0     # the optimizer step: rate x its memory traffic + optimizer_layer_s per layer
-    optimizer_layer_s: float = 0.0  # (the cost model's optimizer_calibration; analytic: 1, 0)
+    optimizer_rate: float = 1.0     # the optimizer step: rate x its memory traffic + optimizer_step_s
+    optimizer_step_s: float = 0.0   # (the cost model's optimizer_calibration; analytic: 1, 0)
     memory_job: JobMemory | None = None   # every stage must also fit as this job holds memory (--memory-job)
 
     def times(self, layers: int, first: bool, last: bool) -> tuple[float, float]:
@@ -72,9 +72,9 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     ef, eb = cost_model.embedding_times(model, dev, tp, micro_batch_size)
     hf, hb = cost_model.head_times(model, dev, tp, micro_batch_size)
     dp_link = dp_ring_link(cluster, tp, dp)
-    opt_rate, opt_layer = cost_model.optimizer_calibration(dev)
+    opt_rate, opt_step = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
-                        dev.memory_gib * GIB, settings, opt_rate, opt_layer, memory_job_of(cost_model, dev))
+                        dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev))
 
 
 def memory_job_of(cost_model, device):
@@ -256,12 +256,12 @@ def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: boo
     """Adam on the local shard (the whole stage without the distributed optimizer): read/write the fp32 weight
     (the master copy in 16-bit training), two moments, read the gradient (and write the 16-bit weight):
     ~32 bytes per parameter in 16-bit mixed precision, 28 in fp32. A learned cost model may have measured the
-    step on the device: then `optimizer_rate` x that traffic + `optimizer_layer_s` per layer (a fixed cost per
-    layer's tensors, cost/learned/fitting.py `fit_optimizer`)."""
+    step on the device: then `optimizer_rate` x that traffic + `optimizer_step_s`, a fixed cost per optimizer call
+    (one per stage and iteration; cost/learned/fitting.py `fit_optimizer`)."""
     per_param = 28 if prof.cluster.device.dtype_bytes == 4 else 32
     shard = prof.dp if prof.settings.distributed_optimizer else 1
     traffic = stage_params(model, prof.tp, layers, first, last) / shard * per_param / (prof.cluster.device.hbm_gbps * 1e9)
-    return prof.optimizer_rate * traffic + prof.optimizer_layer_s * layers
+    return prof.optimizer_rate * traffic + prof.optimizer_step_s
 
 
 # ---- the iteration tail: after the pipeline drains, before the optimizer step --------------------------------

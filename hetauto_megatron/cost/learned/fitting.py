@@ -237,13 +237,13 @@ def split_holdout(samples: list[Sample], fraction: float, seed: int) -> tuple[li
 
 
 # ---- the optimizer step ---------------------------------------------------------------------------------------
-# A measured optimizer step per layer is far from its memory traffic at full bandwidth (2-19x on the Sailor data,
-# the smaller the layer the further): the step loops over the layer's tensors, each with a fixed cost. Per device,
-#     step per layer = rate x traffic + overhead
-# with the stage-1 fit, kept only for a device measured with at least two models (so it is judged on a model left
-# out); the planner's optimizer step (plan/costing.py) then uses it for that device.
+# The measured step of Sailor's profiled model (sailor.SailorUpdate: one Adam call over the embedding, two layers and
+# the head) is 0.9-1.8x its memory traffic at full bandwidth. Per device,
+#     step = rate x traffic + overhead      (overhead: once per optimizer call, i.e. per stage and iteration)
+# with the stage-1 fit, kept only for a device measured with at least two models and only where it predicts a
+# model left out better than the traffic alone; the planner's optimizer step (plan/costing.py) then uses it.
 def fit_optimizer(updates: list) -> tuple[dict, dict]:
-    """(device -> (rate, overhead_s per layer), device -> report with the leave-one-model-out MAPE next to the
+    """(device -> (rate, overhead_s per step), device -> report with the leave-one-model-out MAPE next to the
     bare traffic's)."""
     table, report = {}, {}
     for dev in sorted({u.device for u in updates}):

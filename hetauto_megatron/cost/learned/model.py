@@ -42,7 +42,7 @@ class FittedModel:
     rounds: dict               # booster name -> rounds used
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
-    optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per layer)
+    optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
     host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds (sailor_host_floors)
 
     def floored(self, device: str, phase: str, t: float) -> float:
@@ -108,7 +108,9 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
     manifest = {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": files,
                 "calibration": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.calibration.items()},
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.composition.items()},
-                "optimizer": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
+                # the optimizer step's fixed cost is per optimizer call ("optimizer_step"); models that stored it
+                # per layer ("optimizer", before) are read without it: their step is the analytic model's
+                "optimizer_step": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
                 "score_bwd_weight": model.score_bwd_weight, "host_floor": dict(sorted(model.host_floor.items())),
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
@@ -144,7 +146,7 @@ class LearnedCostModel:
         self.manifest = man
         self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
         tables = {}
-        for table in ("calibration", "composition", "optimizer"):
+        for table in ("calibration", "composition", "optimizer_step"):
             try:
                 tables[table] = {k: (float(v["rate"]), float(v["overhead_s"]))
                                  for k, v in man.get(table, {}).items()}
@@ -165,7 +167,7 @@ class LearnedCostModel:
                              fix="re-fit it with 'hetauto fit'")
         self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
                                   tables["composition"], float(weight))
-        self.fitted.optimizer = tables["optimizer"]
+        self.fitted.optimizer = tables["optimizer_step"]
         floor = man.get("host_floor", {})   # models fitted before it existed: no floor
         if not isinstance(floor, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
                                                   for v in floor.values()):
@@ -279,8 +281,8 @@ class LearnedCostModel:
         return self._piece("embedding", model, device, tp, micro_batch_size, seq_length)
 
     def optimizer_calibration(self, device: DeviceType) -> tuple[float, float]:
-        """(rate on the optimizer's memory traffic, fixed seconds per layer) of the optimizer step: measured for
-        a covered device type where the fit kept it (fit_optimizer), else the analytic model's (1, 0)."""
+        """(rate on the optimizer's memory traffic, fixed seconds per optimizer step) of a stage's optimizer step:
+        measured for a covered device type where the fit kept it (fit_optimizer), else the analytic model's (1, 0)."""
         info = self._info(device)
         hit = self.fitted.optimizer.get(info.name) if info is not None else None
         return hit if hit is not None else self.fallback.optimizer_calibration(device)

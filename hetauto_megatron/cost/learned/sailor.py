@@ -311,16 +311,20 @@ def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
 
 
-# ---- the optimizer step, measured per layer -------------------------------------------------------------------
+# ---- the optimizer step, measured per profiled model ---------------------------------------------------------
 @dataclass(frozen=True)
 class SailorUpdate:
-    """The optimizer step of one transformer layer on one TP rank (the third figure of each Sailor entry), the
-    median over the run's layers and micro-batch sizes (the step does not depend on the micro-batch)."""
+    """The optimizer step Sailor measured for one (model, GPU, TP): the third figure of its entries. It is the mean
+    step of the whole model the profiler trained (the fork's megatron/training.py writes
+    `model[0].timers(STEP_MICRO_TIMER).mean()` into every entry): the embedding, two transformer layers and the
+    output-layer entry, one optimizer call over their parameters on one TP rank (`llm_info.json`'s count of those
+    entries at that TP). The median over the entries and micro-batch sizes (the step does not depend on the
+    micro-batch)."""
     model: str
     gpu: str
     device: str
     tp: int
-    params: float          # the layer's parameters on one TP rank
+    params: float          # the profiled model's parameters on one TP rank
     bytes_per_param: int   # Adam's memory traffic per parameter: 32 in 16-bit mixed precision, 28 in fp32
     hbm_gbps: float
     update_s: float
@@ -331,9 +335,14 @@ class SailorUpdate:
         return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
 
 
+PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler trains (with the embedding and the head)
+
+
 def load_sailor_updates(directory: str) -> list[SailorUpdate]:
-    """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step of its transformer layers."""
+    """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step and llm_info.json's parameter
+    count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry)."""
     data = read_json_file(os.path.join(directory, "profiles_tmp.json"), field="--sailor")
+    info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
     layers = load_sailor(directory)
     prec = sailor_precisions(layers)
     out = []
@@ -341,8 +350,6 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
         spec = SAILOR_MODELS.get(mname)
         if spec is None:
             continue
-        h, f = spec.hidden_size, spec.ffn_hidden_size
-        per_layer = 4 * h * h + (3 if spec.gated_mlp else 2) * h * f
         for gpu, per_mb in per_gpu.items():
             dev, _, bw = sailor_device(gpu)
             if not dev or (mname, gpu) not in prec:
@@ -350,11 +357,15 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
             by_tp: dict[int, list[float]] = {}
             for per_tp in per_mb.values():
                 for tp, entries in per_tp.items():
-                    for i in range(1, spec.num_layers + 1):
-                        e = entries.get(str(i))
-                        if e and len(e) > 2 and e[2] > 0:
+                    for e in entries.values():
+                        if len(e) > 2 and e[2] > 0:
                             by_tp.setdefault(int(tp), []).append(float(e[2]))
             for tp, ups in sorted(by_tp.items()):
-                out.append(SailorUpdate(mname, gpu, dev, tp, per_layer / tp, 28 if prec[(mname, gpu)] == "fp32" else 32,
-                                        bw, statistics.median(ups)))
+                counts = info.get(mname, {}).get(str(tp))
+                if not counts:
+                    continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
+                last = max(counts, key=int)
+                params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
+                out.append(SailorUpdate(mname, gpu, dev, tp, float(params),
+                                        28 if prec[(mname, gpu)] == "fp32" else 32, bw, statistics.median(ups)))
     return out
