@@ -168,3 +168,33 @@ def test_ranks_are_named_with_their_pipeline():
     one = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 4,
                           "meshes": [mesh("a", 1, 1, 2, [8])]})
     assert describe_rank(one, 0) == "rank 0 (cluster a, stage 0)"
+
+
+def test_each_message_is_read_as_it_was_written():
+    # replica_sync groups each rank's moves into one message per peer once; the receiver must place every piece
+    # of a message at the offset its sender wrote it, and a pair's two ends take the same rectangles
+    from hetauto_megatron.runtime.replica_sync import messages_of
+
+    owners = {"w": _owners((0, 0), 0.5, (8, 6), 2, 2, 1, first_rank=0) +
+              _owners((1, 0), 0.25, (8, 6), 1, 3, None, first_rank=4) +
+              _owners((2, 1), 0.25, (8, 6), 2, 1, 0, first_rank=7),
+              "v": _owners((0, 0), 0.5, (8, 1), 2, 2, None, first_rank=0) +
+              _owners((1, 0), 0.5, (8, 1), 1, 3, None, first_rank=4)}
+    for phases in (("pair", "gather"), ("scatter",)):
+        msgs = {}
+        for rank in range(9):
+            moves = [m for name in sorted(owners) for m in sync_moves(name, owners[name], rank=rank)]
+            layouts = {name: o.layout for name, os_ in owners.items() for o in os_ if o.rank == rank}
+            msgs[rank] = messages_of(moves, phases, rank, layouts)
+        assert any(msgs[r].sends for r in msgs)
+        for rank, mine in msgs.items():
+            for peer, numel, pieces in mine.sends:
+                inbox = {p: (n, ps) for p, n, ps in msgs[peer].receives}[rank]
+                assert inbox[0] == numel == sum(p.numel for p in pieces)
+                assert [(p.name, p.move.rects, p.at) for p in pieces] == \
+                    [(p.name, p.move.rects, p.at) for p in inbox[1]]
+                back = {p: ps for p, _, ps in mine.receives}.get(peer, ())   # two holders of "v": a pair
+                assert sorted((p.name, p.rect) for p in pieces if p.move.phase == "pair") == \
+                    sorted((p.name, p.rect) for p in back if p.move.phase == "pair")
+        paired = [p for m in msgs.values() for _, _, ps in m.sends for p in ps if p.move.phase == "pair"]
+        assert bool(paired) == (phases[0] == "pair")

@@ -30,11 +30,68 @@ and the interval of the local tensor whose reduced gradient it holds; every rank
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from .gradients import _sharded_ownership, _wait
-from .shard_regions import Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
+from .shard_regions import Move, Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
 
 GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rectangle of a message: rows x cols of the local table of parameter `name` (`rect` in local
+    coordinates: row_start, row_stop, col_start, col_stop), at [at, at + numel) of the flat message; `move` is
+    the move it belongs to."""
+    name: str
+    rect: tuple
+    at: int
+    move: Move
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.rect[0], self.rect[1])
+
+    @property
+    def cols(self) -> slice:
+        return slice(self.rect[2], self.rect[3])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rect[1] - self.rect[0], self.rect[3] - self.rect[2])
+
+    @property
+    def numel(self) -> int:
+        return (self.rect[1] - self.rect[0]) * (self.rect[3] - self.rect[2])
+
+
+@dataclass(frozen=True)
+class Messages:
+    """One exchange of a rank: `sends` and `receives`, each [(peer, elements, pieces)], one message per peer,
+    peers in rank order."""
+    sends: tuple
+    receives: tuple
+
+
+def messages_of(moves, phases: tuple, me: int, layouts: dict) -> Messages:
+    """Rank `me`'s messages of the moves of these phases: one per peer and direction, its pieces in move order
+    (the order the other end derives from the same moves), placed in the local tables by `layouts`."""
+    out, inn = defaultdict(list), defaultdict(list)
+    for m in moves:
+        if m.phase in phases:
+            (out[m.dst] if m.src == me else inn[m.src]).append(m)
+
+    def message(peer, ms):
+        at, pieces = 0, []
+        for m in ms:
+            for rect in m.rects:
+                p = Piece(m.name, to_local(layouts[m.name], rect), at, m)
+                pieces.append(p)
+                at += p.numel
+        return peer, at, tuple(pieces)
+
+    return Messages(tuple(message(peer, ms) for peer, ms in sorted(out.items())),
+                    tuple(message(peer, ms) for peer, ms in sorted(inn.items())))
 
 
 def _unwrap(chunk):
@@ -123,7 +180,9 @@ class ReplicaSync:
         # the global norm counts each parameter once: on the ranks of its first holder (gradients.py rule 4)
         self.counts_in_norm = norm_roles != {False}
         self.layouts = {name: o.layout for name, os_ in owners.items() for o in os_ if o.rank == me}
+        self._group_messages()
         self.by_local_name = {r["local_name"]: name for name, r in self.locals.items()}
+        self._found = (None, [])      # _shared's: the chunks it looked at, their shared parameters
         # copies inside this mesh stage get the sum from its source by broadcast (module doc)
         synced = sorted(self.weights)
         self.dp_copies = synced if ctx.mesh.dp > 1 and not any(self.locals[n]["sharded"] for n in synced) else []
@@ -134,6 +193,27 @@ class ReplicaSync:
                      and r["dp_rank"] == mine_["dp_rank"]}
             if len(parts) != 1:
                 raise ValueError(f"{name}: the TP ranks of mesh {ctx.mesh_index} hold different parts {parts}")
+
+    def _group_messages(self) -> None:
+        """The messages of every step, grouped once (the plan and the parameters are fixed): per exchange, per peer
+        the pieces in the order both ends agree on, and which received piece takes part in which sum."""
+        me = self.ctx.coords.rank
+        self.first_phase = messages_of(self.moves, ("pair", "gather"), me, self.layouts)
+        self.scatter_phase = messages_of(self.moves, ("scatter",), me, self.layouts)
+        # two holders: each piece received from the partner is summed with this rank's own operand, the same
+        # rectangles this rank sent that partner (pair moves go both ways with the same rectangles)
+        sent_at = {(peer, p.name, p.rect): (s, p.at)
+                   for s, (peer, _, pieces) in enumerate(self.first_phase.sends) for p in pieces}
+        self.pair_sums, gathered = [], []
+        for k, (peer, _, pieces) in enumerate(self.first_phase.receives):
+            for p in pieces:
+                if p.move.phase == "pair":
+                    s, at = sent_at[(peer, p.name, p.rect)]
+                    self.pair_sums.append((k, p, s, at, *self.weights[p.name]))
+                else:
+                    gathered.append((k, p, self.weights[p.name][p.move.holder]))
+        # the root adds the other holders' terms in holder order (a stable sort: the same order on every step)
+        self.gather_adds = sorted(gathered, key=lambda g: g[1].move.holder)
 
     def held_values(self, model_chunks) -> list[dict]:
         """This rank's values of the parameters it shares with other holders, for checking that the holders'
@@ -157,112 +237,111 @@ class ReplicaSync:
         return out
 
     # ---- the exchange ----------------------------------------------------------------------------------
+    def _shared(self, model_chunks) -> list:
+        """[(global name, parameter)] of this rank's shared parameters in `model_chunks`, found once per set of
+        chunks (the model's parameters are fixed: no module walk on every step)."""
+        key = tuple(id(c) for c in model_chunks)
+        if self._found[0] != key:
+            found = [(self.by_local_name[name], param) for chunk in model_chunks
+                     for name, param in _unwrap(chunk).named_parameters() if name in self.by_local_name]
+            self._found = (key, found)
+        return self._found[1]
+
     def _tables(self, model_chunks) -> dict:
         """name -> this rank's gradient of the parameter as its 2-D table (a view of Megatron's main_grad)."""
         out = {}
-        for chunk in model_chunks:
-            for name, param in _unwrap(chunk).named_parameters():
-                gname = self.by_local_name.get(name)
-                if gname is None:
-                    continue
-                grad = getattr(param, "main_grad", None)
-                if grad is None:
-                    grad = param.grad
-                out[gname] = grad.view(table_shape(grad.shape))
+        for gname, param in self._shared(model_chunks):
+            grad = getattr(param, "main_grad", None)
+            if grad is None:
+                grad = param.grad
+            out[gname] = grad.view(table_shape(grad.shape))
         return out
-
-    def _view(self, tables, move, rect):
-        r0, r1, c0, c1 = to_local(self.layouts[move.name], rect)
-        return tables[move.name][r0:r1, c0:c1]
 
     def _count(self, peer: int, nbytes: int) -> None:
         if self.counter is not None:
             key = "inter_cluster" if self.cluster[peer] != self.ctx.coords.cluster else "intra_cluster"
             self.counter[key] = self.counter.get(key, 0) + nbytes
 
-    def _exchange(self, phases: tuple, tag: int, tables, what: str):
-        """Post the sends and receives of these phases' moves, one message per peer and direction; returns
-        [(move, rectangle, received flat piece)] after waiting."""
+    def _exchange(self, messages: Messages, tag: int, tables, what: str) -> tuple[list, list]:
+        """Post the sends and receives of one exchange (its messages, grouped at construction) and wait; returns
+        (sent, received): the flat host tensors, in the order of `messages.sends` and `messages.receives`."""
         import torch
         import torch.distributed as dist
 
-        me, group = self.ctx.coords.rank, self.ctx.replica_group
-        out, inn = defaultdict(list), defaultdict(list)
-        for m in self.moves:
-            if m.phase in phases:
-                (out[m.dst] if m.src == me else inn[m.src]).append(m)
-        works, inboxes = [], []
-        for peer, moves in sorted(out.items()):
-            parts = [self._view(tables, m, r).reshape(-1) for m in moves for r in m.rects]
-            message = torch.cat(parts).detach().to("cpu", copy=True)
+        group, works, sent, received = self.ctx.replica_group, [], [], []
+        for peer, numel, pieces in messages.sends:
+            first = tables[pieces[0].name]
+            # each element copied once, straight into the message; on an accelerator into one device buffer that
+            # then crosses to the host in one copy
+            flat = torch.empty(numel, dtype=first.dtype, device=first.device)
+            with torch.no_grad():
+                for p in pieces:
+                    flat[p.at:p.at + p.numel].view(p.shape).copy_(tables[p.name][p.rows, p.cols])
+            message = flat.to("cpu")
             works.append((dist.isend(message, peer, group=group, tag=tag), peer))
             self._count(peer, message.numel() * message.element_size())
-        for peer, moves in sorted(inn.items()):
-            inbox = torch.empty(sum(m.numel for m in moves), dtype=tables[moves[0].name].dtype)
+            sent.append(message)
+        for peer, numel, pieces in messages.receives:
+            inbox = torch.empty(numel, dtype=tables[pieces[0].name].dtype)
             works.append((dist.irecv(inbox, peer, group=group, tag=tag), peer))
-            inboxes.append((moves, inbox))
+            received.append(inbox)
         _wait(works, self.ctx, what)
-        got = []
-        for moves, inbox in inboxes:
-            at = 0
-            for m in moves:
-                for r in m.rects:
-                    n = (r[1] - r[0]) * (r[3] - r[2])
-                    got.append((m, r, inbox[at:at + n]))
-                    at += n
-        return got
+        return sent, received
 
     def reduce(self, model_chunks) -> None:
         """Sum every shared parameter's gradient across its holders (module doc); collective over the holders."""
         import torch
 
         tables = self._tables(model_chunks)
-        got = self._exchange(("pair", "gather"), GATHER_TAG, tables,
-                             "exchange gradients of shared parameters (with the other holder, or to the first)")
-        self._pair_sums(tables, [g for g in got if g[0].phase == "pair"])
+        sent, received = self._exchange(self.first_phase, GATHER_TAG, tables,
+                                        "exchange gradients of shared parameters (with the other holder, or to "
+                                        "the first)")
+        self._pair_sums(tables, sent, received)
         with torch.no_grad():
             for name, w in self.root_scale:     # the first holder's own term, then the others in holder order
                 rec = self.locals[name]
                 tables[name].view(-1)[rec["lo"]:rec["hi"]].mul_(w)
-            for m, r, piece in sorted((g for g in got if g[0].phase == "gather"), key=lambda x: x[0].holder):
-                view = self._view(tables, m, r)
-                view.add_(piece.to(view.device).view(view.shape), alpha=self.weights[m.name][m.holder])
+            for k, p, w in self.gather_adds:
+                view = tables[p.name][p.rows, p.cols]
+                view.add_(received[k][p.at:p.at + p.numel].to(view.device).view(p.shape), alpha=w)
         self.scatter_back(tables,
                           "exchange gradients of shared parameters (the sums back from their first holder)")
         self.fill_copies(tables)
 
-    def _pair_sums(self, tables, got) -> None:
+    def _pair_sums(self, tables, sent, received) -> None:
         """Two holders: this rank's elements become w0 x g0 + w1 x g1, where g0 is the first holder's gradient
-        and g1 the second's, one of them received from the partner and the other this rank's own.
+        and g1 the second's, one of them received from the partner and the other this rank's own (the very
+        host copy this rank sent the partner: both ends take the same operands).
 
         The partner computes the same sum for the same elements, and both must get the same bits (each holder
-        then steps its own copy of the parameter). So the sum is taken ON THE HOST: both ends copy their
-        operands to CPU tensors of the same dtype and run the same three CPU operations in holder order (two
+        then steps its own copy of the parameter). So the sum is taken ON THE HOST: both ends hold their
+        operands as CPU tensors of the same dtype and run the same three CPU operations in holder order (two
         products, one addition; no fused multiply-add, each operation rounds once as IEEE 754 says), so the two
         copies stay bitwise equal even when the holders' accelerators are of different vendors, whose kernels
         may round or fuse differently."""
         import torch
 
         with torch.no_grad():
-            for m, r, piece in got:
-                view = self._view(tables, m, r)
-                own = view.detach().to("cpu", copy=True).reshape(-1)      # what this rank sent the partner
-                g0, g1 = (piece, own) if m.holder == 0 else (own, piece)   # m.holder: the sender's holder
-                w0, w1 = self.weights[m.name]
+            for k, p, s, at, w0, w1 in self.pair_sums:
+                piece = received[k][p.at:p.at + p.numel]
+                own = sent[s][at:at + p.numel]
+                g0, g1 = (piece, own) if p.move.holder == 0 else (own, piece)   # move.holder: the sender's
                 total = torch.mul(g0, w0)
                 total.add_(torch.mul(g1, w1))
-                view.copy_(total.to(view.device).view(view.shape))
+                view = tables[p.name][p.rows, p.cols]
+                view.copy_(total.to(view.device).view(p.shape))
 
     def scatter_back(self, tables, what: str) -> None:
         """The scatter phase: the first holder's sources send their values of `tables` (name -> 2-D table of
         this rank's tensor) to the other holders' sources, which take them."""
         import torch
 
-        got = self._exchange(("scatter",), SCATTER_TAG, tables, what)
+        _, received = self._exchange(self.scatter_phase, SCATTER_TAG, tables, what)
         with torch.no_grad():
-            for m, r, piece in got:
-                view = self._view(tables, m, r)
-                view.copy_(piece.to(view.device).view(view.shape))
+            for inbox, (_, _, pieces) in zip(received, self.scatter_phase.receives):
+                for p in pieces:
+                    view = tables[p.name][p.rows, p.cols]
+                    view.copy_(inbox[p.at:p.at + p.numel].to(view.device).view(p.shape))
 
     def fill_copies(self, tables) -> None:
         """Inside this mesh stage, the ranks that are not sources take their source's values: DP replicas under
@@ -308,13 +387,7 @@ class ReplicaWeights(ReplicaSync):
 
     def _tables(self, model_chunks) -> dict:
         """name -> this rank's parameter values as its 2-D table (a view of the parameter)."""
-        out = {}
-        for chunk in model_chunks:
-            for name, param in _unwrap(chunk).named_parameters():
-                gname = self.by_local_name.get(name)
-                if gname is not None:
-                    out[gname] = param.data.view(table_shape(param.shape))
-        return out
+        return {gname: param.data.view(table_shape(param.shape)) for gname, param in self._shared(model_chunks)}
 
     def copy(self, model_chunks) -> None:
         tables = self._tables(model_chunks)
