@@ -387,13 +387,33 @@ def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles
     return holders_sync_time(inventory, blocks) + grad_norm_time(inventory, meshes)
 
 
+def boundary_pairs(senders, receivers, seq: int) -> int:
+    """How many (sending rank, receiving rank) pairs a boundary's transfers use at once: the runtime's
+    `compute_transfers` blocks, one connection per pair (runtime/communicator.py). `senders` / `receivers`:
+    (first sample, end sample, tp, dp) of each mesh of the two sides in one micro-batch step. A pair of
+    replicas whose samples overlap exchanges one block per piece of the sequence cut at both TP shardings."""
+    pairs = 0
+    for s0, s1, stp, sdp in senders:
+        for r0, r1, rtp, rdp in receivers:
+            lo, hi = max(s0, r0), min(s1, r1)
+            if lo >= hi:
+                continue
+            ms, mr = (s1 - s0) // sdp, (r1 - r0) // rdp
+            cuts = {x for x in range(s0, s1, ms) if lo < x < hi} | {x for x in range(r0, r1, mr) if lo < x < hi}
+            seq_cuts = {t * seq // stp for t in range(stp)} | {t * seq // rtp for t in range(rtp)} | {seq}
+            pairs += (len(cuts) + 1) * (len(seq_cuts) - 1)
+    return pairs
+
+
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
                            samples_per_step: int) -> float:
     """One micro-batch's activation (or its gradient) crossing a stage boundary.
 
     Inside a cluster every sending device has its own path: it sends its 1/tp sequence shard of its replica's
     activation. Between clusters the inventory's link is the whole site-to-site bandwidth, shared by all
-    replicas; hetauto sends each byte across once, so the whole step's activation crosses it."""
+    replicas; hetauto sends each byte across once, so the whole step's activation crosses it, over as many
+    concurrent connections as the boundary has rank pairs (a link with `flow_gbps` gives each its rate, up to
+    the link's bandwidth)."""
     B = a.cluster.device.dtype_bytes   # what the sender computes in (the receiver casts if it differs)
     if same_cluster:
         # Without sequence parallelism every TP rank of the sender holds (and sends) the whole activation.
@@ -401,4 +421,8 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
         nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
     else:
         nbytes = B * samples_per_step * model.seq_length * model.hidden_size
+        if link.flow_gbps is not None:
+            S = samples_per_step
+            return link.transfer_time(nbytes, boundary_pairs([(0, S, a.tp, a.dp)], [(0, S, b.tp, b.dp)],
+                                                             model.seq_length))
     return link.transfer_time(nbytes)

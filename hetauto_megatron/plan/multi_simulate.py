@@ -129,7 +129,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
             t = costing.boundary_transfer_time(model, prof, prof, link, True, mesh.dp * mesh.micro_batch_size)
             best = max(best, (t, min(link.latency_s, t)))
         return best[0], best[1], False, None
-    per_link: dict = {}                 # cross-cluster link -> bytes of this step; same-cluster pairs apart
+    per_link: dict = {}                 # cross-cluster link -> [bytes of this step, rank pairs]; same-cluster apart
     inside = []
     for s0, e0, ma, pa in _ranges(a.groups):
         for s1, e1, mb, pb in _ranges(b.groups):
@@ -143,11 +143,14 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
             else:
                 key = frozenset((ma.cluster, mb.cluster))
                 nbytes = pa.cluster.device.dtype_bytes * o * model.seq_length * model.hidden_size
-                per_link[key] = per_link.get(key, 0.0) + nbytes
+                pairs = costing.boundary_pairs([(s0, e0, ma.tp, ma.dp)], [(s1, e1, mb.tp, mb.dp)], model.seq_length)
+                acc = per_link.setdefault(key, [0.0, 0])
+                acc[0] += nbytes
+                acc[1] += pairs
     times = list(inside)
-    for key, nbytes in per_link.items():
+    for key, (nbytes, pairs) in per_link.items():
         link = costing._cross_link(inventory, *sorted(key))
-        t = link.transfer_time(nbytes)
+        t = link.transfer_time(nbytes, pairs)
         times.append((t, min(link.latency_s, t)))
     t, lat = max(times)
     single = len(a.groups) == 1 and len(b.groups) == 1

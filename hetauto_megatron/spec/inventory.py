@@ -18,15 +18,25 @@ from .model import load_yaml_file
 
 @dataclass(frozen=True)
 class LinkSpec:
-    bandwidth_gbps: float      # Gbit/s
+    bandwidth_gbps: float      # Gbit/s: what the link carries with every connection on it busy (the aggregate)
     latency_s: float
+    # Gbit/s one connection (one rank pair's TCP stream) reaches alone; None: no per-connection limit. On a
+    # long-haul path a single stream gets far less than the path (window / round trip), concurrent pairs add up
+    # until the aggregate: k connections move min(bandwidth, k x flow) (docs/cost-model.md, "Pipeline sends").
+    flow_gbps: float | None = None
 
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_gbps * 1e9 / 8
 
-    def transfer_time(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s
+    def bytes_per_s_over(self, flows: int | None = None) -> float:
+        """Bytes/s of `flows` concurrent connections (None: the aggregate, as if enough connections ran)."""
+        if self.flow_gbps is None or flows is None:
+            return self.bytes_per_s
+        return min(self.bandwidth_gbps, max(flows, 1) * self.flow_gbps) * 1e9 / 8
+
+    def transfer_time(self, nbytes: float, flows: int | None = None) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s_over(flows)
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,8 @@ class Inventory:
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
                 **({"tf32": True} if c.device.tf32 else {}),
             } for c in self.clusters],
-            "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3}
+            "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3,
+                       **({"flow_gbps": l.flow_gbps} if l.flow_gbps is not None else {})}
                       for pair, l in sorted(self.links.items(), key=lambda kv: sorted(kv[0]))],
         }
 
@@ -182,7 +193,7 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
     for i, raw in enumerate(get(data, "links", list, default=[], file=file)):
         p = f"links[{i}]."
         raw = require_mapping(raw, f"links[{i}]", file)
-        reject_unknown(raw, {"between", "bandwidth_gbps", "latency_ms"}, file=file, prefix=p)
+        reject_unknown(raw, {"between", "bandwidth_gbps", "latency_ms", "flow_gbps"}, file=file, prefix=p)
         pair = get(raw, "between", list, file=file, prefix=p, fix="write between: [cluster_a, cluster_b]")
         pair = [str(x) for x in pair]
         if len(pair) != 2 or pair[0] == pair[1]:
@@ -198,8 +209,18 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         if key in links:
             raise InputError(f"the link between {pair[0]} and {pair[1]} is given twice (links are undirected)",
                              file=file, field=p + "between", fix="keep one entry per cluster pair")
-        links[key] = _link({k: v for k, v in raw.items() if k != "between"}, file=file, prefix=p,
-                           latency_key="latency_ms", scale=1e-3)
+        link = _link({k: v for k, v in raw.items() if k not in ("between", "flow_gbps")}, file=file, prefix=p,
+                     latency_key="latency_ms", scale=1e-3)
+        flow = get(raw, "flow_gbps", float, default=None, file=file, prefix=p)
+        if flow is not None:
+            flow = positive(flow, p + "flow_gbps", file)
+            if flow > link.bandwidth_gbps:
+                raise InputError(f"one connection ({flow} Gbit/s) cannot be faster than the whole link "
+                                 f"({link.bandwidth_gbps} Gbit/s)", file=file, field=p + "flow_gbps",
+                                 fix="give flow_gbps as one rank pair's measured rate, at most bandwidth_gbps "
+                                     "(all pairs together), or leave it out")
+            link = dataclasses.replace(link, flow_gbps=flow)
+        links[key] = link
     return Inventory(tuple(clusters), links, source=file)
 
 

@@ -2,6 +2,7 @@
 
 Keys (units as in the inventory file, docs/inputs.md):
     link.A-B.bandwidth_gbps   link.A-B.latency_ms          the link between clusters A and B
+    link.A-B.flow_gbps        what one connection on it reaches alone
     cluster.X.nodes           cluster.X.devices_per_node
     cluster.X.memory_gib      cluster.X.peak_tflops        cluster.X.hbm_gbps
     cluster.X.intra_node.bandwidth_gbps   cluster.X.intra_node.latency_us   (and inter_node.*)
@@ -14,7 +15,7 @@ import dataclasses
 from ..errors import InputError
 from .inventory import Cluster, Inventory, LinkSpec
 
-LINK_FIELDS = ("bandwidth_gbps", "latency_ms")
+LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
 CLUSTER_FIELDS = ("nodes", "devices_per_node", "memory_gib", "peak_tflops", "hbm_gbps",
                   "intra_node.bandwidth_gbps", "intra_node.latency_us",
                   "inter_node.bandwidth_gbps", "inter_node.latency_us")
@@ -76,8 +77,8 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             pair = _link_pair(inv, target, key)
             value = _number(key, text, False, inv)
             old = inv.links[pair]
-            new = LinkSpec(value, old.latency_s) if field == "bandwidth_gbps" else LinkSpec(old.bandwidth_gbps,
-                                                                                            value * 1e-3)
+            new = dataclasses.replace(old, **({"latency_s": value * 1e-3} if field == "latency_ms" else
+                                              {field: value}))
             inv = dataclasses.replace(inv, links={**inv.links, pair: new})
         elif kind == "cluster":
             match = max((c for c in inv.clusters if rest.startswith(c.name + ".")), key=lambda c: len(c.name),
@@ -101,5 +102,6 @@ def _set_cluster(c: Cluster, field: str, value: float) -> Cluster:
         return dataclasses.replace(c, device=c.device.with_overrides(**{field: value}))
     which, what = field.split(".")
     old: LinkSpec = getattr(c, which)
-    new = LinkSpec(value, old.latency_s) if what == "bandwidth_gbps" else LinkSpec(old.bandwidth_gbps, value * 1e-6)
+    new = dataclasses.replace(old, **({"bandwidth_gbps": value} if what == "bandwidth_gbps" else
+                                      {"latency_s": value * 1e-6}))
     return dataclasses.replace(c, **{which: new})
