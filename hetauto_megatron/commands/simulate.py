@@ -47,6 +47,10 @@ def add_arguments(parser) -> None:
     add_precision_arg(parser, None)
     add_memory_job_arg(parser)
     parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
+    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default="megatron",
+                        help="the pipeline engine that runs the plan: megatron (hetauto's runtime and Megatron-LM, "
+                             "1F1B; default) or deepspeed (DeepSpeed's pipeline engine with the configs 'hetauto emit "
+                             "deepspeed' writes: its TrainSchedule, every send and receive blocking both stages)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
                              "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
@@ -69,6 +73,9 @@ def run(args) -> int:
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
+    if args.engine != "megatron" and args.timeline:
+        raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
+                         fix="drop --timeline, or simulate with --engine megatron")
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
@@ -125,7 +132,11 @@ def run(args) -> int:
     try:
         # the plan's memory job, decided at its precision as every command decides it (plan/costing.py)
         apply_memory_job(cost_model, inventory.with_precision(plan.precision))
-        est = simulate(plan, inventory, cost_model)
+        if args.engine != "megatron" and not plan.is_simple:
+            raise InputError("DeepSpeed's pipeline engine runs one pipeline of single meshes; this plan has several "
+                             "pipelines or meshes side by side", field="--engine",
+                             fix="simulate it with --engine megatron (hetauto's runtime runs every plan shape)")
+        est = simulate(plan, inventory, cost_model, engine=args.engine)
     except InputError as exc:
         if args.plan and exc.file is None:
             raise exc.within(file=args.plan) from None
