@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b, warmup_counts
+from hetauto_megatron.plan.pipeline import estimate_1f1b, memory_terms, simulate_1f1b, warmup_counts, warmup_forwards
 from pipeline_reference import reference_makespan
 
 
@@ -78,6 +78,26 @@ def test_overlapped_depth_lets_the_link_hide():
     deep = simulate_1f1b(f, b, x, m, depth=[0, 3, 0], **kw).makespan
     assert deep <= free * 1.10 < shallow < blocking
     assert warmup_counts(4, m, [0, 3, 0]) == (6, 5, 1, 0)
+
+
+def test_a_plans_overlapped_boundaries_set_warm_up_and_memory():
+    # one rule for the planner's memory model, the dry run's prediction and the runtime's warm-up (what Megatron's
+    # 1F1B reads from the communicator's total_stages): cluster a's two stages, then an overlapped boundary of
+    # depth 2 into cluster b's two stages
+    from helpers import mesh
+
+    from hetauto_megatron.plan.layout import PipelineLayout
+    from hetauto_megatron.plan.plan import plan_from_dict
+
+    plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 16, "meshes": [
+        {**mesh("a", 1, 1, 2, [2, 2]), "boundary": {"schedule": "overlapped", "depth": 2}},
+        mesh("b", 1, 1, 2, [2, 2])]})
+    layout = PipelineLayout(plan)
+    assert layout.boundary_depths == [None, 2, None]
+    assert layout.warmup_forwards == warmup_forwards(4, [0, 2, 0]) == (5, 4, 1, 0)   # 1F1B's p - s - 1, plus 2
+    assert warmup_counts(4, 3, [0, 2, 0]) == (3, 3, 1, 0)    # never more than the micro-batches
+    assert layout.num_micro_batches == 8
+    assert layout.memory_terms == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == ([6, 5, 2, 1], [0, 4, 4, 0])
 
 
 def test_closed_form_never_undercuts_the_event_simulation():

@@ -27,7 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import estimate_1f1b
+from .pipeline import estimate_1f1b, memory_terms
 from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout, padded_model
 from .split import split_layers
@@ -268,24 +268,17 @@ class LayoutEvaluator:
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
 
     def _depth_caps(self, pm: ModelSpec, profs: list, cross: list, owners: list, depths: list, m: int):
-        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (simulate's
-        memory_terms: the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
+        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms:
+        the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
         p = len(profs)
         depth = [depths[owners[l]] if c else 0 for l, c in enumerate(cross)]
-        buffers = [0] * p
-        for l, c in enumerate(cross):
-            if c:
-                buffers[l] += depth[l] + 2
-                buffers[l + 1] += depth[l] + 2
+        in_flight, buffers = memory_terms(p, m, [not c for c in cross], depth)
         caps = [0] * p
-        after = 0                       # warmup_counts: the stages after i plus the depths after it
         table = None
         for i in range(p - 1, -1, -1):
-            if i < p - 1:
-                after += depth[i]
             if table is None or i in (0, p - 2) or profs[i] is not profs[i + 1]:
                 table = self.cap_table(pm, profs[i], i == 0, i == p - 1)   # one per mesh and end stage
-            caps[i] = table.cap(min(min(m, p - i - 1 + after) + 1, m), buffers[i])
+            caps[i] = table.cap(in_flight[i], buffers[i])
         return caps, depth
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):

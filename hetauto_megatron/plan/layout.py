@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .pipeline import memory_terms, warmup_forwards
+
 
 @dataclass(frozen=True)
 class PipelineLayout:
@@ -55,6 +57,34 @@ class PipelineLayout:
     def position_of(self, mesh_index: int) -> list[int]:
         """Mesh indices of the position holding a mesh (the mesh and those alongside it), in mesh order."""
         return next(pos for pos in self.positions if mesh_index in pos)
+
+    # ---- schedule ---------------------------------------------------------------------------------------
+    @cached_property
+    def boundary_depths(self) -> list[int | None]:
+        """Per boundary (between stages s and s + 1): the warm-up depth of an overlapped boundary, None where it
+        is blocking. Only a boundary out of a mesh's last stage into a single-mesh position can be overlapped
+        (checked on load)."""
+        out = []
+        for pos in self.positions:
+            mesh = self.plan.meshes[pos[0]]
+            out += [None] * (mesh.num_stages - 1)
+            overlapped = len(pos) == 1 and mesh.boundary_schedule == "overlapped"
+            out.append(mesh.boundary_depth if overlapped else None)
+        return out[:-1]      # no boundary after the last stage
+
+    @cached_property
+    def warmup_forwards(self) -> tuple[int, ...]:
+        """Per stage, its 1F1B warm-up forwards before the cap at the micro-batches (plan/pipeline.py
+        `warmup_forwards`: the stages after it plus the depths of the overlapped boundaries after it)."""
+        return warmup_forwards(self.num_stages, [d or 0 for d in self.boundary_depths])
+
+    @cached_property
+    def memory_terms(self) -> tuple[list, list]:
+        """(in-flight micro-batches, boundary buffers) per stage, as the planner's memory model prices them
+        (plan/pipeline.py `memory_terms`)."""
+        depths = self.boundary_depths
+        return memory_terms(self.num_stages, self.num_micro_batches, [d is None for d in depths],
+                            [d or 0 for d in depths])
 
     # ---- samples ----------------------------------------------------------------------------------------
     @cached_property

@@ -40,9 +40,9 @@ from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import simulate_1f1b
+from .pipeline import memory_terms, simulate_1f1b
 from .settings import padded_vocab_size
-from .simulate import Estimate, memory_terms
+from .simulate import Estimate
 
 
 @dataclass

@@ -74,10 +74,36 @@ class PipelineTimes:
     events: tuple[Event, ...] | None = None   # every operation, when simulated with record=True
 
 
-def warmup_counts(p: int, m: int, depth=None) -> tuple[int, ...]:
-    """Warm-up forwards per stage: the stages after it, plus the depth of every overlapped boundary after it."""
+def warmup_forwards(p: int, depth=None) -> tuple[int, ...]:
+    """The warm-up rule, before the cap at the micro-batch count: per stage, the stages after it plus the depth
+    of every overlapped boundary after it (`depth`: per boundary, 0 where blocking). The runtime hands it to
+    Megatron's 1F1B, which caps it itself (runtime/communicator.py `total_stages`)."""
     d = list(depth) if depth is not None else [0] * max(p - 1, 0)
-    return tuple(min(m, p - i - 1 + sum(d[i:])) for i in range(p))
+    out, after = [0] * p, 0
+    for i in range(p - 1, -1, -1):
+        if i < p - 1:
+            after += d[i]
+        out[i] = p - i - 1 + after
+    return tuple(out)
+
+
+def warmup_counts(p: int, m: int, depth=None) -> tuple[int, ...]:
+    """Warm-up forwards per stage of 1F1B with `m` micro-batches: `warmup_forwards`, at most m."""
+    return tuple(min(m, w) for w in warmup_forwards(p, depth))
+
+
+def memory_terms(p: int, m: int, blocking, depth) -> tuple[list, list]:
+    """(in-flight micro-batches, boundary buffers) per stage, what the memory model prices and the dry run
+    predicts. 1F1B holds w_i + 1 micro-batches on stage i (its warm-up forwards and the one it runs); each side
+    of an overlapped boundary of depth d holds d + 2 boundary tensors: up to d + 1 activations received ahead
+    (or waiting to leave) and one gradient on its way. `p`: stages; `blocking`, `depth`: per boundary."""
+    in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
+    buffers = [0] * p
+    for l, (blk, d) in enumerate(zip(blocking, depth)):
+        if not blk:
+            buffers[l] += d + 2
+            buffers[l + 1] += d + 2
+    return in_flight, buffers
 
 
 def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[tuple[str, int]]:

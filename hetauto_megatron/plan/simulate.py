@@ -18,7 +18,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .deepspeed_schedule import simulate_deepspeed
-from .pipeline import estimate_1f1b, simulate_1f1b, warmup_counts
+from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
 from .settings import DEFAULT_PRECISION, padded_vocab_size, resolve_settings
 from .split import split_layers
@@ -125,19 +125,6 @@ def _pipeline(model, inventory, choices, cost_model) -> Pipeline:
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
     return Pipeline(profs, owners, links, latency, cross)
-
-
-def memory_terms(p: int, m: int, blocking: list, depth: list) -> tuple[list, list]:
-    """(in-flight micro-batches, boundary buffers) per stage. 1F1B holds w_i + 1 micro-batches on stage i (its
-    warm-up forwards and the one it runs); each side of an overlapped boundary of depth d holds d + 2 boundary
-    tensors: up to d + 1 activations received ahead (or waiting to leave) and one gradient on its way. `p`: stages."""
-    in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
-    buffers = [0] * p
-    for l, (blk, d) in enumerate(zip(blocking, depth)):
-        if not blk:
-            buffers[l] += d + 2
-            buffers[l + 1] += d + 2
-    return in_flight, buffers
 
 
 def _iteration_overhead(cost_model, profs) -> float:

@@ -68,6 +68,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self._micro_batches = None
         self._held, self._on_way, self._exposed = [], [], 0.0
         self.staging = HostStaging(ctx.device)
+        self._total_stages = ctx.coords.stage + 1 + ctx.layout.warmup_forwards[ctx.coords.stage]
         mesh = ctx.mesh
         if bool(getattr(config, "sequence_parallel", False)) != mesh.settings.sequence_parallel:
             # The partner meshes cut what they send by this mesh's setting in the plan; the model must hold the
@@ -79,16 +80,10 @@ class HeteroP2PCommunicator(P2PCommunicator):
     # ---- schedule ----------------------------------------------------------------------------------
     @property
     def total_stages(self) -> int:
-        """What Megatron's 1F1B derives this stage's warm-up from (total_stages - current_stage - 1): the pipeline
-        depth plus the depth of every overlapped boundary after this stage (plan/pipeline.py's w_i)."""
-        plan, stage, layout = self.ctx.plan, self.ctx.coords.stage, self.ctx.layout
-        extra = 0
-        for pos in layout.positions:     # only a boundary between single-mesh positions is overlapped (plan rule)
-            for mi in pos:
-                mesh = plan.meshes[mi]
-                if mesh.boundary_schedule == "overlapped" and layout.first_stage(mi) + mesh.num_stages - 1 >= stage:
-                    extra += mesh.boundary_depth
-        return self.pp_group.size() + extra
+        """What Megatron's 1F1B derives this stage's warm-up from (total_stages - current_stage - 1, capped at
+        the micro-batches): the planner's warm-up rule (`PipelineLayout.warmup_forwards`: the stages after this
+        one plus the depth of every overlapped boundary after it)."""
+        return self._total_stages
 
     def emulate_links(self, scale: float, inventory) -> None:
         """Cross-cluster transfers take the inventory link's time x `scale` (bandwidth / scale, latency x scale)."""

@@ -114,39 +114,29 @@ def predicted_stage_memory(plan) -> dict:
     stage inside the mesh): the model that runs (the shrunk one under --tiny) with the plan's padded vocabulary,
     fp32, the mesh's TP, DP, micro-batch size and runtime settings, and the micro-batches its pipeline stage
     holds under 1F1B (its warm-up plus the one it runs, grown by overlapped boundaries' depths; overlapped
-    boundaries add their buffers, as plan/simulate.py prices them). Meshes side by side at a stage each get
-    their own prediction."""
+    boundaries add their buffers: `PipelineLayout.memory_terms`, as the planner prices them). Meshes side by
+    side at a stage each get their own prediction."""
     from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
-    from ..plan.pipeline import warmup_counts
     from .layout import PipelineLayout
 
     model = plan.model.replace(vocab_size=plan.padded_vocab_size)
     out = {}
     for pipe in range(plan.num_pipelines):
         layout = PipelineLayout(plan, pipe)
-        p, m = layout.num_stages, layout.num_micro_batches
-        depth, buffers = [0] * max(p - 1, 0), [0] * p
-        for s in range(p - 1):
-            holders = layout.stages[s]
-            i, sim = holders[0]
-            mesh = plan.meshes[i]
-            # only a boundary out of a mesh's last stage, between single-mesh positions, can be overlapped
-            if len(holders) == 1 and sim == mesh.num_stages - 1 and mesh.boundary_schedule == "overlapped":
-                depth[s] = mesh.boundary_depth
-                buffers[s] += depth[s] + 2
-                buffers[s + 1] += depth[s] + 2
-        for s, w in enumerate(warmup_counts(p, m, depth)):
+        p = layout.num_stages
+        in_flight, buffers = layout.memory_terms
+        for s in range(p):
             for i, sim in layout.stages[s]:
                 mesh = plan.meshes[i]
                 b = stage_memory_bytes(model, layers=layout.stage_layers[s], tp=mesh.tp, dp=mesh.dp,
                                        micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
-                                       in_flight=min(w + 1, m), first=s == 0, last=s == p - 1,
+                                       in_flight=in_flight[s], first=s == 0, last=s == p - 1,
                                        settings=mesh.settings, vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES,
                                        boundary_buffers=buffers[s], impl=DRY_RUN_IMPL)
                 transient = b["activations"] - b["activations_saved"]   # the logits' gradient: not a saved tensor
                 out[(i, sim)] = ({k: b[k] for k in MEMORY_PARTS} |
                                  {"activations": b["activations_saved"], "activation_workspace": transient,
-                                  "in_flight": min(w + 1, m), "stage": s})
+                                  "in_flight": in_flight[s], "stage": s})
     return out
 
 
