@@ -72,6 +72,8 @@ def print_links() -> None:
     for name, (sz, sg, c, rz, rg, mult) in {
             "a100 inter_node (one GPU per VM)": ("us-central1-a", "A100-40", "1", "us-central1-a", "A100-40", 1),
             "v100 inter_node (one GPU per VM)": ("us-central1-a", "V100-16", "1", "us-central1-a", "V100-16", 1),
+            "a100 inter_node node_gbps (4 GPUs per VM)": ("us-central1-a", "A100-40", "4", "us-central1-a", "A100-40", 1),
+            "v100 inter_node node_gbps (4 GPUs per VM)": ("us-central1-a", "V100-16", "4", "us-central1-a", "V100-16", 1),
             "link same zone (4 VM pairs x 4 GPUs)": ("us-central1-a", "A100-40", "4", "us-central1-a", "V100-16", 4),
             "link cross-region (4 VM pairs x 4 GPUs)": ("us-central1-a", "A100-40", "4", "us-west1-b", "V100-16", 4),
             "link same zone flow_gbps (one GPU pair)": ("us-central1-a", "A100-40", "1", "us-central1-a", "V100-16", 1),

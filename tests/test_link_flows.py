@@ -115,3 +115,19 @@ def test_concurrent_pairs_against_measured_sends():
         assert new <= 0.35, rows[-1]
     print("\n".join(rows))
     assert np.mean(errors) <= 0.25, "\n".join(rows)
+
+
+def test_node_network_caps_the_dp_ring_and_the_sends_inside_a_cluster():
+    """inter_node.node_gbps: a node's devices share one NIC (a cloud VM). A DP ring of TP 1 x DP 16 over 4 nodes of
+    4 crosses each node with 4 devices: 4 x 15.6 = 62.4 Gbit/s with a NIC per device, the node's 48 with one
+    (Sailor's measured 4 concurrent pairs between two A100 VMs, same zone)."""
+    from hetauto_megatron.plan.costing import dp_ring_link
+    raw = {"clusters": [{"name": "a", "device": "a100", "nodes": 4, "devices_per_node": 4,
+                         "inter_node": {"bandwidth_gbps": 15.6, "latency_us": 568}}]}
+    per_device = inventory_from_dict(raw).cluster("a")
+    raw["clusters"][0]["inter_node"]["node_gbps"] = 48.0
+    shared = inventory_from_dict(raw).cluster("a")
+    assert inventory_from_dict(inventory_from_dict(raw).to_dict()).cluster("a").inter_node.node_gbps == 48.0
+    assert dp_ring_link(per_device, 1, 16).bandwidth_gbps == pytest.approx(62.4)
+    assert dp_ring_link(shared, 1, 16).bandwidth_gbps == pytest.approx(48.0)
+    assert dp_ring_link(shared, 4, 4).bandwidth_gbps == pytest.approx(15.6)     # one device per node in the ring

@@ -16,6 +16,7 @@ last stage) and the global gradient-norm all-reduce over the world's gloo group.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -119,12 +120,13 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
     """The link a DP group's ring runs at. Inside one node: the intra-node link. Across nodes, the group has
     k = min(dp, devices_per_node / tp) members per node, each with its own NIC (the inventory's inter_node
     bandwidth is per device); NCCL runs one ring channel per NIC, so each node crossing carries k NICs'
-    bandwidth, up to the intra-node link's."""
+    bandwidth, up to the intra-node link's, and up to the node's own (`node_gbps`: one NIC for the node)."""
     if tp * dp <= cluster.devices_per_node:
         return cluster.intra_node
     k = max(1, min(dp, cluster.devices_per_node // tp))
     inter = cluster.inter_node
-    return LinkSpec(min(k * inter.bandwidth_gbps, cluster.intra_node.bandwidth_gbps), inter.latency_s)
+    return LinkSpec(min(k * inter.bandwidth_gbps, inter.node_gbps or math.inf, cluster.intra_node.bandwidth_gbps),
+                    inter.latency_s)
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
@@ -419,6 +421,9 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
         # Without sequence parallelism every TP rank of the sender holds (and sends) the whole activation.
         shards = max(a.tp, b.tp) if a.settings.sequence_parallel else 1
         nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
+        if link.node_gbps is not None:   # the node's devices send at once through its one NIC
+            senders = min(a.tp * a.dp, a.cluster.devices_per_node)
+            return link.latency_s + nbytes / (min(link.bandwidth_gbps, link.node_gbps / senders) * 1e9 / 8)
     else:
         nbytes = B * samples_per_step * model.seq_length * model.hidden_size
         if link.flow_gbps is not None:

@@ -24,6 +24,9 @@ class LinkSpec:
     # long-haul path a single stream gets far less than the path (window / round trip), concurrent pairs add up
     # until the aggregate: k connections move min(bandwidth, k x flow) (docs/cost-model.md, "Pipeline sends").
     flow_gbps: float | None = None
+    # inter_node only: Gbit/s all devices of one node reach together on the network (one NIC shared by the node,
+    # as on a cloud VM); None: each device has its own (the bandwidth is per device)
+    node_gbps: float | None = None
 
     @property
     def bytes_per_s(self) -> float:
@@ -116,7 +119,8 @@ class Inventory:
                 "name": c.name, "device": c.device.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node,
                 "memory_gib": c.device.memory_gib, "peak_tflops": c.device.reference_tflops, "hbm_gbps": c.device.hbm_gbps,
                 "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
-                "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6},
+                "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6,
+                               **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
                 **({"tf32": True} if c.device.tf32 else {}),
             } for c in self.clusters],
@@ -182,7 +186,16 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
                              fix="count the machines and the accelerators in each machine")
         intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
                       default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": _DEFAULT_INTRA_NODE_LATENCY_US})
-        inter = _link(raw.get("inter_node"), file=file, prefix=p + "inter_node.", default=_DEFAULT_INTER_NODE)
+        raw_inter = raw.get("inter_node")
+        node_gbps = None
+        if isinstance(raw_inter, dict) and "node_gbps" in raw_inter:
+            raw_inter = dict(raw_inter)
+            node_gbps = positive(get(raw_inter, "node_gbps", float, file=file, prefix=p + "inter_node."),
+                                 p + "inter_node.node_gbps", file)
+            del raw_inter["node_gbps"]
+        inter = _link(raw_inter, file=file, prefix=p + "inter_node.", default=_DEFAULT_INTER_NODE)
+        if node_gbps is not None:
+            inter = dataclasses.replace(inter, node_gbps=node_gbps)
         price = get(raw, "price_per_device_hour", float, default=None, file=file, prefix=p)
         if price is not None and price < 0:
             raise InputError(f"must not be negative, got {price}", file=file, field=p + "price_per_device_hour",
