@@ -201,8 +201,9 @@ _SAMPLE_ARGS = (("train_samples", "--train-samples", "--train-iters"),
 
 def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     """The user's job-wide arguments against the plan: --global-batch-size must be the plan's (its time and memory
-    were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only and
-    checkpoints in the per-rank `torch` format (see `checkpoint_stage`)."""
+    were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only
+    (and checkpoints in the per-rank `torch` format: `check_checkpoint_format`)."""
+    check_checkpoint_format(args, plan, file=file)
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -226,12 +227,6 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                              "evaluation reads the global batch as training does, and losses and gradients are "
                              "weighted by each mesh's share of the samples", file=file, field=flag,
                              fix="drop the flag")
-    fmt = getattr(args, "ckpt_format", "torch_dist")
-    if (getattr(args, "save", None) or getattr(args, "load", None)) and fmt != "torch":
-        raise InputError(f"--ckpt-format {fmt} cannot checkpoint a plan of several pipelines or meshes side by side: "
-                         "several meshes hold each parameter, each with its own sharding", file=file,
-                         field="--ckpt-format", fix="add --ckpt-format torch (each mesh stage saves and loads its own "
-                                                    "shards; docs/megatron-integration.md, Checkpoints)")
 
 
 def checkpoint_stage(plan: Plan, placement: RankCoords) -> int:
@@ -314,23 +309,30 @@ def validation_world_size(plan: Plan, placement: RankCoords) -> int:
 
 
 def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> None:
-    """Checkpointing under a plan whose meshes have different TP sizes needs Megatron's per-rank `torch` format.
+    """Checkpointing a plan whose meshes shard a parameter differently needs Megatron's per-rank `torch` format:
+    meshes with different TP sizes, and any plan of several pipelines or meshes side by side (several meshes hold
+    each parameter, each with its own sharding).
 
     The default `torch_dist` format describes every tensor as one global tensor with one sharding for the
     whole job; a layer sharded TP 2 in one mesh and TP 1 in another fails Megatron's sharding-integrity check
     at the first save (an AssertionError naming the tensor's two local shapes). With `--ckpt-format torch`
-    every (TP rank, pipeline stage) writes its own file (mp_rank_TT_PPP, the stage being global and unique),
-    so each mesh saves and loads its own shards; resuming gives the uninterrupted run's losses."""
-    if not (getattr(args, "save", None) or getattr(args, "load", None)):
-        return
+    every (TP rank, mesh stage) writes its own file (mp_rank_TT_SSS, the stage unique across meshes:
+    `checkpoint_stage`), so each mesh saves and loads its own shards; resuming gives the uninterrupted run's
+    losses."""
     fmt = getattr(args, "ckpt_format", "torch_dist")
+    if not (getattr(args, "save", None) or getattr(args, "load", None)) or fmt == "torch":
+        return
     tps = sorted({m.tp for m in plan.meshes})
-    if len(tps) > 1 and fmt != "torch":
-        raise InputError(f"--ckpt-format {fmt} cannot checkpoint this plan: its meshes shard the layers with "
-                         f"different TP sizes ({', '.join(map(str, tps))}), and that format needs one sharding "
-                         "for the whole job", file=file, field="--ckpt-format",
-                         fix="add --ckpt-format torch (each mesh saves and loads its own shards; "
-                             "docs/megatron-integration.md, Checkpoints)")
+    if len(tps) > 1:
+        why = (f"its meshes shard the layers with different TP sizes ({', '.join(map(str, tps))}), and that format "
+               "needs one sharding for the whole job")
+    elif not plan.is_simple:
+        why = "it has several pipelines or meshes side by side: several meshes hold each parameter"
+    else:
+        return
+    raise InputError(f"--ckpt-format {fmt} cannot checkpoint this plan: {why}", file=file, field="--ckpt-format",
+                     fix="add --ckpt-format torch (each mesh stage saves and loads its own shards; "
+                         "docs/megatron-integration.md, Checkpoints)")
 
 
 def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
@@ -342,7 +344,6 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     if getattr(args, "num_experts", None):
         raise InputError("mixture-of-experts models are not supported with --hetauto", field="--num-experts",
                          fix="plan and run a dense model")
-    check_checkpoint_format(args, plan, file=file)
     check_job_args(args, plan, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}
