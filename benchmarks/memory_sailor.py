@@ -25,6 +25,7 @@ model's layers is left out, as in benchmarks/sailor_iterations.py (GPT-Neo N4 D4
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -42,9 +43,9 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "sailor", "validation-runs.json")
 FORK_FIXED_BYTES = 4.76e9 + 300e6      # Sailor's documented kernel loading and context for its fork
 SAILOR_JOB = sailor_deepspeed_job()
-SIXTEEN_BIT_WITH_ATTENTION_DROPOUT = JobMemory("16-bit, attention dropout", SAILOR_JOB.settings,
-                                               LayerImpl(flash_attention=False, dropout=True), 2,
-                                               SAILOR_JOB.extra_bytes_per_param)
+SIXTEEN_BIT_WITH_ATTENTION_DROPOUT = JobMemory("16-bit, attention dropout",
+                                               dataclasses.replace(SAILOR_JOB.settings, attention_dropout=0.1),
+                                               LayerImpl(flash_attention=False), 2, SAILOR_JOB.extra_bytes_per_param)
 
 
 def predicted_peak(run: dict, *, job: JobMemory | None, fork_fixed: bool = False) -> float:

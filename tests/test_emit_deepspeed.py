@@ -6,7 +6,7 @@ import pytest
 from helpers import mesh
 
 from hetauto_megatron.cli import main
-from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, mesh_precision, stage_partition,
+from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, stage_partition,
                                              unsupported_features, validate)
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
@@ -54,7 +54,7 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert r["parsed"]["gradient_accumulation_steps"] == p.num_micro_batches
         assert m.micro_batch_size * p.num_micro_batches * m.dp == p.global_batch_size
         # the mesh's runtime settings (plan/settings.py), as DeepSpeed's parser read them
-        s, precision = m.settings, mesh_precision(p, r["mesh"])
+        s, precision = m.settings, p.mesh_precision(r["mesh"])
         assert precision == ("fp32" if m.device_type == "cpu" else p.precision)
         assert r["parsed"]["zero_stage"] == (1 if s.distributed_optimizer else 0)
         assert r["parsed"]["overlap_comm"] == (s.distributed_optimizer and s.overlap_grad_reduce)

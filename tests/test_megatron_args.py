@@ -340,3 +340,56 @@ def test_precision_flags_follow_the_plan(monkeypatch):
         _, args = _megatron_args(monkeypatch)
         with pytest.raises(InputError, match=f"device type {device} .* cannot train in fp8"):
             rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+
+
+DROPOUT_MESHES = [
+    {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 2, "stage_layers": [4],
+     "settings": {"hidden_dropout": 0.1, "attention_dropout": 0.05}},
+    {"cluster": "b", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 4, "stage_layers": [4]},
+]
+
+
+def test_dropout_is_emitted_and_rewritten_as_the_memory_model_priced_it(monkeypatch):
+    """Each mesh's dropouts (plan/settings.py) are what the memory model prices: with hidden dropout every layer
+    keeps two 1-byte masks (after attention and MLP) and the first stage the embedding's, per micro-batch in flight
+    (Transformer Engine's flash attention keeps nothing for the attention dropout); without, nothing. The launch
+    arguments `hetauto emit megatron` writes, parsed by Megatron-LM's own parser, carry those values (Megatron's
+    default would be 0.1 for both), and the --hetauto rewrite gives them to every rank, also when the command line
+    leaves the flags out; another value than the plan's (and Megatron's default) is refused, naming the field."""
+    import dataclasses
+
+    from hetauto_megatron.cost.memory import stage_memory_bytes
+    from hetauto_megatron.emit.megatron import megatron_args
+
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
+                           "meshes": DROPOUT_MESHES})
+    m = plan.model
+    for i, in_flight, first in ((0, 2, True), (1, 1, False)):
+        mesh = plan.meshes[i]
+        kw = dict(layers=4, tp=mesh.tp, dp=mesh.dp, micro_batch_size=mesh.micro_batch_size, recompute="none",
+                  in_flight=in_flight, first=first, last=not first)
+        priced = stage_memory_bytes(m, settings=mesh.settings, **kw)["activations"]
+        without = stage_memory_bytes(m, settings=dataclasses.replace(mesh.settings, hidden_dropout=0.0,
+                                                                     attention_dropout=0.0), **kw)["activations"]
+        sbh = m.seq_length * mesh.micro_batch_size * m.hidden_size / (mesh.tp if mesh.settings.sequence_parallel
+                                                                      else 1)
+        masks = in_flight * (4 * 2 * sbh + (sbh if first else 0)) if mesh.settings.hidden_dropout else 0.0
+        assert priced - without == pytest.approx(masks), (i, priced, without)
+    want = {0: (0.1, 0.05), 1: (0.0, 0.0)}
+    assert {i: (mesh.settings.hidden_dropout, mesh.settings.attention_dropout)
+            for i, mesh in enumerate(plan.meshes)} == want
+    for rank in range(plan.world_size):
+        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        emitted = [a for a in megatron_args(plan, c.mesh_index, "plan.yaml") if a != "--hetauto-plan"
+                   and a != "plan.yaml"]
+        _, args = _megatron_args(monkeypatch, emitted)
+        assert (args.hidden_dropout, args.attention_dropout) == want[c.mesh_index], emitted
+        _, args = _megatron_args(monkeypatch)                  # flags left out: Megatron's 0.1
+        assert (args.hidden_dropout, args.attention_dropout) == (0.1, 0.1)
+        rewrite.rewrite_args(args, plan, c)
+        assert (args.hidden_dropout, args.attention_dropout) == want[c.mesh_index]
+    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, plan.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, ["--hidden-dropout", "0.3"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, c, file="plan.yaml")
+    assert exc.value.field == "meshes[0].settings.hidden_dropout" and "--hidden-dropout 0.3" in exc.value.message

@@ -8,8 +8,10 @@ storages, in-flight micro-batches and recomputation included). `hetauto dryrun -
 cost/memory.py's prediction for the same stage (the shrunk model, fp32, the padded vocabulary, the layers the
 dry run builds: runtime/dryrun.py predicted_stage_memory).
 
-Grid: the session's 2-cluster run (TP 2 x DP 1 over two stages, TP 1 x DP 2; no recomputation) and one 7-rank
-run here: TP 1 x DP 1 selective, TP 2 x DP 1 full, TP 2 x DP 2 selective, one stage each (in flight 3, 2, 1).
+Grid: the session's 2-cluster run (TP 2 x DP 1 over two stages, TP 1 x DP 2; no recomputation; no dropout, the
+default settings) and one 7-rank run here: TP 1 x DP 1 selective, TP 2 x DP 1 full, TP 2 x DP 2 selective, one
+stage each (in flight 3, 2, 1), with hidden and attention dropout 0.1 in every mesh's settings (the dry run builds
+its layers with them, as the launch arguments and the --hetauto rewrite pass them to Megatron).
 Target: every stage within 10 % (activations and total); state within 2 % (Megatron's 64-element padding).
 """
 import contextlib
@@ -24,6 +26,7 @@ from hetauto_megatron.cli import main
 ACTIVATIONS_TOLERANCE = 0.10
 TOTAL_TOLERANCE = 0.10
 STATE_TOLERANCE = 0.02
+DROPOUT = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 GRID_PLAN = {
     "version": 2,
     "model": {"name": "tiny", "num_layers": 6, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
@@ -32,11 +35,11 @@ GRID_PLAN = {
     "global_batch_size": 8,
     "meshes": [
         {"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2, "recompute": "selective",
-         "stage_layers": [2]},
+         "stage_layers": [2], "settings": DROPOUT},
         {"cluster": "b", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2, "recompute": "full",
-         "stage_layers": [2]},
+         "stage_layers": [2], "settings": DROPOUT},
         {"cluster": "c", "device_type": "cpu", "tp": 2, "dp": 2, "micro_batch_size": 1, "recompute": "selective",
-         "stage_layers": [2]},
+         "stage_layers": [2], "settings": DROPOUT},
     ],
 }
 
@@ -71,6 +74,23 @@ def test_every_stage_of_the_recompute_grid_within_10_percent(grid_memory):
     assert [r["recompute"] for r in grid_memory] == ["selective"] + ["full"] * 2 + ["selective"] * 4
     assert [r["in_flight"] for r in grid_memory] == [3, 2, 2, 1, 1, 1, 1]
     _check(grid_memory)
+
+
+def test_the_grids_dropout_is_more_than_the_tolerance():
+    """The grid's dropouts change the prediction by more than the tolerance on some stage, so a memory model (or a
+    dry run) that left them out would fail the grid's check above."""
+    import copy
+
+    from hetauto_megatron.plan.plan import plan_from_dict
+    from hetauto_megatron.runtime.dryrun import predicted_stage_memory, prepare_plan
+
+    without = copy.deepcopy(GRID_PLAN)
+    for mesh in without["meshes"]:
+        del mesh["settings"]
+    on, off = (predicted_stage_memory(prepare_plan(plan_from_dict(d), tiny=True)) for d in (GRID_PLAN, without))
+    share = {k: on[k]["activations"] / off[k]["activations"] - 1 for k in on}
+    print("dropout's share of the predicted activations per mesh stage:", {k: f"{v:+.1%}" for k, v in share.items()})
+    assert max(share.values()) > ACTIVATIONS_TOLERANCE
 
 
 def test_every_stage_of_the_two_cluster_run_within_10_percent(tiny_dryrun_json):

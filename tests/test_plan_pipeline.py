@@ -137,7 +137,7 @@ def test_recorded_events_never_overlap_on_a_resource():
 
 def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     """Depth d on the boundary after mesh 0: each stage of mesh 0 holds d more micro-batches of its layers'
-    activations (and the first stage d more token ids and embedding dropout masks); the two stages at the
+    activations (and the first stage d more token ids, and embedding dropout masks with dropout on); the two stages at the
     boundary hold d + 2 boundary tensors (sequence x micro-batch x hidden) each; mesh 1 beyond the boundary stage
     is unchanged."""
     import dataclasses
@@ -159,7 +159,9 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     h, s = model.hidden_size, model.seq_length
     act = layer_activation_bytes(model, 2, 1, "none", sequence_parallel=a.settings.sequence_parallel)
     boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h, (d + 2) * 2 * s * 2 * h
-    first_extra = d * (8 * s + s * h / (2 if a.settings.sequence_parallel else 1))   # int64 ids, 1-byte mask
+    # int64 ids, and a 1-byte embedding dropout mask when the mesh's settings have hidden dropout (default: none)
+    mask = s * h / (2 if a.settings.sequence_parallel else 1) if a.settings.hidden_dropout else 0.0
+    first_extra = d * (8 * s + mask)
     want = [d * 10 * act + first_extra, d * 10 * act + boundary_a, boundary_b, 0.0]
     got = [(x - y) * GIB for x, y in zip(deep.memory_gib, base.memory_gib)]
     assert got == pytest.approx(want, rel=1e-9, abs=1.0)

@@ -22,13 +22,17 @@ INV2 = f"{ROOT}/examples/llama/inventory-2clusters.yaml"
 def test_activations_follow_korthikanti_table_2(t):
     """Korthikanti et al. 2022, Table 2, per layer at 16-bit activations, the attention-score terms (5as/h) left
     out because flash attention stores none: no parallelism 34sbh, tensor parallel sbh(10 + 24/t), tensor +
-    sequence parallel 34sbh/t; full recomputation keeps the layer input, 2sbh (2sbh/t with SP)."""
+    sequence parallel 34sbh/t; full recomputation keeps the layer input, 2sbh (2sbh/t with SP). The paper counts
+    hidden dropout (two 1-byte masks, 2sbh of the 34sbh); without it (the plan's default) 32sbh."""
     s, b, h = 2048, 1, 4096
     gpt = ModelSpec(name="gpt", num_layers=1, hidden_size=h, num_attention_heads=32, ffn_hidden_size=4 * h,
                     vocab_size=51200, seq_length=s, gated_mlp=False)
     sbh = s * b * h
-    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=False) == pytest.approx(sbh * (10 + 24 / t))
-    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=True) == pytest.approx(34 * sbh / t)
+    paper = dict(hidden_dropout=0.1, attention_dropout=0.1)    # flash attention keeps no attention-dropout mask
+    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=False, **paper) == \
+        pytest.approx(sbh * (10 + 24 / t))
+    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=True, **paper) == pytest.approx(34 * sbh / t)
+    assert layer_activation_bytes(gpt, t, b, "none", sequence_parallel=True) == pytest.approx(32 * sbh / t)
     assert layer_activation_bytes(gpt, t, b, "full", sequence_parallel=False) == pytest.approx(2 * sbh)
     assert layer_activation_bytes(gpt, t, b, "full", sequence_parallel=True) == pytest.approx(2 * sbh / t)
 
@@ -147,8 +151,39 @@ def test_sequence_parallel_off_costs_memory_and_time():
     on = simulate(_two_mesh_plan(m), inv)
     off = simulate(_two_mesh_plan(m, {"sequence_parallel": False}), inv)
     sbh = m.seq_length * 1 * m.hidden_size
-    # stage 0 holds 2 micro-batches in flight; selective recompute keeps norms, attention's replicated part and
-    # the MLP input: 3 + 4 + 2 = 9 sbh at 2 bytes, of which SP keeps 1/8
-    extra = 2 * 8 * 9 * sbh * (1 - 1 / 8)
+    # stage 0 holds 2 micro-batches in flight; the replicated part of a layer without dropout (the default) is the
+    # two norms' inputs and outputs, 4 sbh at 2 bytes, of which SP keeps 1/8
+    extra = 2 * 8 * 4 * 2 * sbh * (1 - 1 / 8)
     assert (off.memory_gib[0] - on.memory_gib[0]) * 1024 ** 3 >= 0.99 * extra
     assert off.stages[0]["forward_s"] > on.stages[0]["forward_s"]
+
+
+def test_measured_overheads_from_the_inventory_replace_the_vendor_estimates(tmp_path):
+    """A cluster's `overheads:` (the file `hetauto profile --overheads` writes, or the figures inline) is what the
+    memory model reserves on its devices: the fixed GiB plus fragmentation x the priced bytes, instead of the
+    vendor's estimates (NVIDIA: 3 GiB fixed, no fragmentation). A figure the measurement left out (comm_gib null:
+    one rank) keeps the vendor's; a file measured on another device type is refused (exit 2)."""
+    m = PRESETS["llama2-7b"].replace(num_layers=16)
+    measured = {"vendor": "nvidia", "device": "NVIDIA H800", "device_type": "h800", "context_gib": 0.5,
+                "workspace_gib": 0.25, "comm_gib": None, "fragmentation": 0.05}
+    (tmp_path / "overheads-h800.json").write_text(json.dumps(measured))
+    raw = {"clusters": [
+        {"name": "a", "device": "h800", "nodes": 2, "devices_per_node": 8, "overheads": "overheads-h800.json"},
+        {"name": "b", "device": "h800", "nodes": 2, "devices_per_node": 8,
+         "overheads": {"context_gib": 1.0, "comm_gib": 2.0, "workspace_gib": 1.0}}],
+        "links": [{"between": ["a", "b"], "bandwidth_gbps": 25, "latency_ms": 2}]}
+    inv = inventory_from_dict(raw, file=str(tmp_path / "inv.yaml"))
+    base = simulate(_two_mesh_plan(m), _inv())
+    est = simulate(_two_mesh_plan(m), inv)
+    for i, (fixed, frag) in enumerate(((0.5 + 1.5 + 0.25, 0.05), (4.0, 0.0))):
+        tensors = base.memory_gib[i] - 3.0                    # the vendor's estimate: 3 GiB fixed, no fragmentation
+        assert est.memory_gib[i] == pytest.approx(tensors * (1 + frag) + fixed, rel=1e-9), (i, est.memory_gib)
+    # a plan carries its inventory's figures, not the path (Inventory.to_dict)
+    assert [c.overhead for c in inventory_from_dict(inv.to_dict()).clusters] == [c.overhead for c in inv.clusters]
+    measured["device_type"] = "a100-80"
+    (tmp_path / "overheads-h800.json").write_text(json.dumps(measured))
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(raw))
+    r = run_hetauto("simulate", "--model", "llama2-7b", "--inventory", str(tmp_path / "inv.yaml"), "--tp", "8",
+                    "--pp", "2", "--dp", "2", "--micro-batch-size", "1", "--global-batch-size", "64")
+    assert r.returncode == 2 and "clusters[0].overheads" in r.stderr and "a100-80" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -53,8 +53,9 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--overheads", action="store_true",
                    help="measure the runtime memory overheads instead (context, collective buffers, workspace, "
-                        "allocator fragmentation; cost/memory.py RUNTIME_OVERHEADS): needs the device (a GPU "
-                        "or an Ascend NPU); the collective buffers only under torchrun with 2+ ranks")
+                        "allocator fragmentation; spec/overheads.py) into overheads-TYPE.json, which an inventory "
+                        "cluster's 'overheads:' gives the memory model: needs the device (a GPU or an Ascend NPU); "
+                        "the collective buffers only under torchrun with 2+ ranks")
 
 
 def run(args) -> int:
@@ -96,7 +97,7 @@ def _overheads(args, device) -> int:
         raise InputError(f"measuring runtime overheads needs a {device.name} ({device.vendor}) device, and this "
                          "machine has none that torch can use", field="--overheads",
                          fix="run it on a machine with the device (one process per device, alone on it)")
-    result = measure_overheads(device.vendor)
+    result = {"device_type": device.name, **measure_overheads(device.vendor)}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"overheads-{device.name}.json")
     with open(path, "w") as f:

@@ -247,14 +247,15 @@ LAYER_FEATURES = ("kind", "phase_bwd", "log_hidden", "log_heads", "log_kv_heads"
                   "gemm_share", "attention_share", "score_share")
 
 
-# Bytes moved per attention-score element by an unfused attention (Megatron's default path when flash attention
-# is off), counted kernel by kernel with d = element size and a 1-byte dropout mask:
-# forward: QK^T writes S (d); scale-mask-softmax reads S, writes P (2d); dropout reads P, writes P' and the mask
-# (2d + 1); PV reads P' (d) -> 6d + 1.  Backward: dP' written (d); dV reads P' (d); dropout backward reads dP'
-# and the mask, writes dP (2d + 1); softmax backward reads dP and P, writes dS (3d); dQ and dK each read dS (2d)
-# -> 9d + 1.  Without attention dropout: 4d forward, 7d backward.
+# Bytes moved per attention-score element by an unfused attention (the measured framework's path: the shipped
+# per-layer data never ran flash attention), counted kernel by kernel with d = element size. With one more
+# element-wise pass over the scores that reads a 1-byte mask (`extra_score_pass`):
+# forward: QK^T writes S (d); scale-mask-softmax reads S, writes P (2d); the extra pass reads P and the mask,
+# writes P' (2d + 1); PV reads P' (d) -> 6d + 1.  Backward: dP' written (d); dV reads P' (d); the extra pass's
+# backward reads dP' and the mask, writes dP (2d + 1); softmax backward reads dP and P, writes dS (3d); dQ and dK
+# each read dS (2d) -> 9d + 1.  Without it: 4d forward, 7d backward.
 SCORE_BYTES_PER_ELEMENT = {"fwd": (6, 1), "bwd": (9, 1)}
-SCORE_BYTES_NO_DROPOUT = {"fwd": 4, "bwd": 7}
+SCORE_BYTES_ONE_PASS = {"fwd": 4, "bwd": 7}
 # Megatron-DeepSpeed (the software of the shipped per-layer GPU data) runs its fused scale-mask-softmax kernel only
 # for keys of 16 to 4096 tokens (megatron/model/fused_softmax.py, is_kernel_available); longer sequences take
 # PyTorch's path, separate passes over the scores in fp32 (a 16-bit input is cast up and back):
@@ -266,14 +267,18 @@ SCORE_BYTES_NO_DROPOUT = {"fwd": 4, "bwd": 7}
 FUSED_SOFTMAX_MAX_KEYS = 4096
 
 
-def attention_dropout(shape) -> bool:
-    """Whether a layer's attention applies dropout to its scores. The layer shape does not record it; GPT-style
-    models with learned positions train with it (OPT, GPT-Neo: 0.1), LLaMA-style ones (rotary) without."""
+def extra_score_pass(shape) -> bool:
+    """Whether the learned prior counts one more pass over a measured layer's scores (2d + 1 bytes each way, see
+    above): for the GPT-style layers with learned positions of the shipped data (OPT, GPT-Neo), not for rotary
+    (LLaMA-style) ones; chosen by leave-one-model-out (docs/cost-model-learned.md, "The softmax path"). It describes
+    the measured framework's kernels, not dropout: that framework applies none to the attention probabilities
+    (plan/costing.py sailor_deepspeed_job prices its memory so). A plan's own dropouts are runtime settings
+    (plan/settings.py) that the memory model reads."""
     return not shape.rope
 
 
 def unfused_softmax_bytes(phase: str, d: int) -> float:
-    """Bytes per score element of PyTorch's softmax path (no dropout), kernel by kernel (see above)."""
+    """Bytes per score element of PyTorch's softmax path, kernel by kernel (see above)."""
     cast = 6 if d < 4 else 0
     return (d + cast + 8 + 9 + 8 + cast + d) if phase == "fwd" else (2 * d + cast + 12 + 9 + 8 + cast + 2 * d)
 
@@ -285,12 +290,12 @@ def unfused_softmax_s(shape, phase: str, dtype_bytes: int, hbm_gbps: float) -> f
     if shape.kind != "transformer" or shape.seq <= FUSED_SOFTMAX_MAX_KEYS:
         return 0.0
     scores = sum(o.score_elements() for o in shape.ops())
-    fused = SCORE_BYTES_NO_DROPOUT[phase] * dtype_bytes
+    fused = SCORE_BYTES_ONE_PASS[phase] * dtype_bytes
     return scores * (unfused_softmax_bytes(phase, dtype_bytes) - fused) / (hbm_gbps * 1e9)
 
 
 def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float,
-                      hbm_gbps: float, score_bwd_weight: float = 1.0, dropout: bool = True) -> dict[str, float]:
+                      hbm_gbps: float, score_bwd_weight: float = 1.0, extra_pass: bool = True) -> dict[str, float]:
     """The prior of a whole layer, by part: GEMM rooflines, attention (core roofline plus the full, not
     causal-half, score FLOPs), the score matrix's traffic, and the memory-bound rest (norms, activation, adds,
     rotary). Whole-layer measurements (the shipped GPU data) come from runs that materialise the s x s score
@@ -299,7 +304,7 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     traffic behaves like other score-bound layers, whatever model it belongs to.
     `score_bwd_weight`: how many times the counted traffic the backward's score kernels cost (they reach a
     lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned/fitting.py:
-    choose_score_weight), 1 = as counted. `dropout`: whether the attention applies dropout to its scores.
+    choose_score_weight), 1 = as counted. `extra_pass`: `extra_score_pass` of the layer.
     A sequence beyond the fused softmax kernel's reach adds `unfused_softmax_s`, outside this prior."""
     f = 2.0 if phase == "bwd" else 1.0
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
@@ -309,7 +314,7 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     scores = sum(o.score_elements() for o in ops)
     attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
     per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
-    per_score = per_elem * dtype_bytes + mask if dropout else SCORE_BYTES_NO_DROPOUT[phase] * dtype_bytes
+    per_score = per_elem * dtype_bytes + mask if extra_pass else SCORE_BYTES_ONE_PASS[phase] * dtype_bytes
     weight = score_bwd_weight if phase == "bwd" else 1.0
     parts["scores"] = weight * scores * per_score / (hbm_gbps * 1e9)
     parts["attention"] += f * attn_flops / (peak_tflops * 1e12)
@@ -324,7 +329,7 @@ def layer_row(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: f
     nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
     attn = sum(o.flops() for o in ops if o.kind == "attention")
     parts = layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps, score_bwd_weight,
-                              attention_dropout(shape))
+                              extra_score_pass(shape))
     prior = sum(parts.values())
     return [float(LAYER_KINDS.index(shape.kind)), float(phase == "bwd"), _log(shape.hidden), _log(shape.heads),
             _log(shape.kv_heads), _log(shape.ffn), _log(shape.vocab), _log(shape.seq), _log(shape.micro_batch),

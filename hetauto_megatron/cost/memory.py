@@ -37,47 +37,18 @@ plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of real dry ru
 recompute mode, the production settings) against what the ranks hold, measured (runtime/memory_meter.py).
 
 Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
-the allocator's fragmentation: `RUNTIME_OVERHEADS`, per vendor (docs/cost-model.md gives each constant's basis;
-`hetauto profile --overheads` measures them on a device, measure/overheads.py).
+the allocator's fragmentation (spec/overheads.py): a cluster's measured figures when its inventory entry gives
+them (`overheads:`, from `hetauto profile --overheads`), else `RUNTIME_OVERHEADS` per vendor (docs/cost-model.md
+gives each constant's basis).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..spec.model import ModelSpec
-
-GIB = 1024 ** 3
-
-
-@dataclass(frozen=True)
-class RuntimeOverhead:
-    """Memory one training process holds on its device beyond the tensors the model prices (GiB, and a fraction
-    of the tensors for the allocator). `hetauto profile --overheads` measures each on a device
-    (measure/overheads.py)."""
-    context_gib: float      # the runtime's context (CUDA, HIP, CANN) and the framework's loaded kernels
-    comm_gib: float         # the collective library's buffers over the rank's communicators (TP, DP, PP)
-    workspace_gib: float    # GEMM and attention workspaces (cuBLAS/cuBLASLt, Transformer Engine, aclnn)
-    fragmentation: float    # the caching allocator's reserved / allocated bytes at the peak, minus 1
-
-    @property
-    def fixed_gib(self) -> float:
-        return self.context_gib + self.comm_gib + self.workspace_gib
-
-    def bytes(self, allocated: float) -> float:
-        return self.fixed_gib * GIB + self.fragmentation * allocated
+from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 
 
-# Per vendor. Estimates until measured on the device (docs/cost-model.md gives each one's basis): the fixed
-# parts sum to the 3 GiB reserve the planner has always taken for accelerators; fragmentation is left at 0 until
-# `hetauto profile --overheads` has measured a device's allocator. CPU dry-run processes: the interpreter,
-# torch and Megatron-Core, the gloo buffers.
-RUNTIME_OVERHEADS = {
-    "nvidia": RuntimeOverhead(context_gib=0.75, comm_gib=1.5, workspace_gib=0.75, fragmentation=0.0),
-    "amd": RuntimeOverhead(context_gib=0.75, comm_gib=1.5, workspace_gib=0.75, fragmentation=0.0),
-    "ascend": RuntimeOverhead(context_gib=1.0, comm_gib=1.5, workspace_gib=0.5, fragmentation=0.0),
-    "cpu": RuntimeOverhead(context_gib=0.5, comm_gib=0.0, workspace_gib=0.0, fragmentation=0.0),
-}
-DEFAULT_OVERHEAD = RUNTIME_OVERHEADS["nvidia"]
 ADAM_MOMENT_BYTES = 8                # exp_avg + exp_avg_sq, fp32
 FP32 = 4
 
@@ -109,25 +80,31 @@ class LayerImpl:
     fused_rope: bool = True        # unfused rotary embedding keeps its cos and sin for Q and K: 4*s*head_dim
     fused_glu: bool = True         # Megatron's unfused GLU adds its linear offset (0) to the linear half: one
                                    # more s*b*f tensor
-    dropout: bool = True           # hidden dropout after the embedding, attention and MLP keeps 1-byte masks
-    attention_dropout: bool | None = None   # dropout on the attention probabilities (unfused attention keeps its
-                                   # mask and output); None: as `dropout`. OPT and GPT-Neo train without it
+    dropout_mask_bytes: int | None = 1   # what a dropout keeps per element when the settings turn it on
+                                   # (settings.hidden_dropout / attention_dropout > 0; at 0 PyTorch keeps nothing):
+                                   # a 1-byte mask from the fused kernel on accelerators; None = the element size:
+                                   # on CPU PyTorch draws the mask as a tensor of the input's dtype
 
 
 TRANSFORMER_ENGINE = LayerImpl()
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
-# and GLU) with dropout off, so that every layout computes the same numbers.
+# and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
-                         dropout=False)
+                         dropout_mask_bytes=None)
 
 
-def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl) -> dict[str, float]:
+def _mask_bytes(impl: LayerImpl, E: int) -> int:
+    return E if impl.dropout_mask_bytes is None else impl.dropout_mask_bytes
+
+
+def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidden_dropout: float,
+                 attention_dropout: float) -> dict[str, float]:
     """Bytes one layer keeps for one micro-batch, by how TP divides them (element size E):
     rep     outside the TP regions: divided by TP only under sequence parallelism. The two norms' inputs and
             outputs (each output is the next linear's input: QKV, MLP), their fp32 row statistics, the
-            composite RMSNorm's normalised input, the dropout masks after attention and MLP
+            composite RMSNorm's normalised input, the hidden-dropout masks after attention and MLP
     attn    inside TP: Q, K and V (GQA width with flash attention, repeated to every head without), the
-            context (projection input); unfused: the softmax output (+ dropout mask and output)
+            context (projection input); unfused: the softmax output (+ the attention dropout's mask and output)
     mlp     inside TP: fc1 output (2f gated: gate and up), activation output, product (gated); Megatron's
             unfused GLU offset add
     fixed   not divided by TP nor by the micro-batch: unfused rope's cos/sin for Q and K"""
@@ -137,14 +114,14 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl) -> d
     # fused norms keep a per-row fp32 statistic too; Korthikanti's count leaves it out (h/4 times smaller
     # than one norm's input): counted where it was measured, the torch norms of the dry run
     stats = 0 if impl.fused_norm else 2 * FP32 * s * b
-    rep = (4 + (2 if composite_norm else 0)) * sbh * E + stats + (2 * sbh if impl.dropout else 0)
+    mask = _mask_bytes(impl, E)
+    rep = (4 + (2 if composite_norm else 0)) * sbh * E + stats + (2 * sbh * mask if hidden_dropout else 0)
     attn = 2 * sbh * E
     if impl.flash_attention:
         attn += 2 * s * b * model.kv_hidden * E
     else:
         scores = a * s * s * b
-        attn_dropout = impl.dropout if impl.attention_dropout is None else impl.attention_dropout
-        attn += 2 * sbh * E + scores * E + (scores * (E + 1) if attn_dropout else 0)
+        attn += 2 * sbh * E + scores * E + (scores * (E + mask) if attention_dropout else 0)
     mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
@@ -152,10 +129,13 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl) -> d
 
 def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
                            sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
-                           impl: LayerImpl = TRANSFORMER_ENGINE) -> float:
+                           impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
+                           attention_dropout: float = 0.0) -> float:
     """Bytes one layer keeps for one micro-batch between its forward and its backward. 'selective' re-runs the
-    MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input."""
-    p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl)
+    MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input.
+    The dropouts are the mesh's settings (plan/settings.py; 0 = off, the default)."""
+    p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl, hidden_dropout,
+                     attention_dropout)
     rep_tp = tp if sequence_parallel else 1
     if recompute == "full":
         return p["input"] / rep_tp
@@ -165,12 +145,14 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
 
 def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
                            sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
-                           impl: LayerImpl = TRANSFORMER_ENGINE) -> float:
+                           impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
+                           attention_dropout: float = 0.0) -> float:
     """What recomputation materialises again during the backward pass, one layer at a time: the whole layer
     ('full') or its MLP ('selective'); 0 without recomputation."""
     if recompute == "none":
         return 0.0
-    kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl)
+    kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl,
+              hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
     full = layer_activation_bytes(model, tp, micro_batch_size, "none", **kw)
     return full if recompute == "full" else full - layer_activation_bytes(model, tp, micro_batch_size,
                                                                           "selective", **kw)
@@ -196,26 +178,31 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                        recompute: str, in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
                        seq_length: int | None = None, dtype_bytes: int = 2,
-                       boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE) -> dict[str, float]:
+                       boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE,
+                       overhead: RuntimeOverhead | None = None) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
-    runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings. boundary_buffers: whole
+    runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
+    optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
-    (activations received ahead, a gradient in flight; plan/simulate.py counts them)."""
+    (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
+    measured runtime overheads (the inventory cluster's); None: the vendor's estimates."""
     sp = settings.sequence_parallel
     params = stage_params(model, tp, layers, first, last)
     per = state_bytes_per_param(dtype_bytes, dp, settings)
     parts = {k: params * v for k, v in per.items()}
     state = sum(parts.values())
     s, b, E = seq_length or model.seq_length, micro_batch_size, dtype_bytes
-    kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl)
+    kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
+              attention_dropout=settings.attention_dropout)
     saved = in_flight * layers * layer_activation_bytes(model, tp, b, recompute, **kw)
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
     buffer = recompute_buffer_bytes(model, tp, b, recompute, **kw) if layers else 0.0
     rep_tp = tp if sp else 1
     if first:   # the token ids (int64) the embedding keeps, and its dropout mask
-        saved += in_flight * (8 * s * b + (s * b * model.hidden_size / rep_tp if impl.dropout else 0))
+        mask = _mask_bytes(impl, E) if settings.hidden_dropout else 0
+        saved += in_flight * (8 * s * b + s * b * model.hidden_size * mask / rep_tp)
     workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
@@ -231,7 +218,7 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
         saved += buffer
     saved += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
     acts = saved + workspace
-    reserved = RUNTIME_OVERHEADS.get(vendor, DEFAULT_OVERHEAD).bytes(state + acts)
+    reserved = (overhead or vendor_overhead(vendor)).bytes(state + acts)
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}
 
@@ -246,7 +233,7 @@ class JobMemory:
       impl               how its layers keep activations
       dtype_bytes        the element size of its parameters and activations
       extra_bytes_per_param   what the framework keeps per parameter beyond weights, gradients and Adam state
-    The fixed per-process reserve stays ours (RUNTIME_OVERHEADS)."""
+    The fixed per-process reserve stays ours (spec/overheads.py)."""
     name: str
     settings: object                # a plan.settings.RuntimeSettings (cost/ does not import plan/)
     impl: LayerImpl
@@ -256,10 +243,11 @@ class JobMemory:
 
 def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                            recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
-                           seq_length: int | None = None) -> dict[str, float]:
+                           seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> dict[str, float]:
     """stage_memory_bytes of the same stage as `job` runs it, plus the framework's bytes per parameter."""
     b = stage_memory_bytes(model, layers=layers, tp=tp, dp=dp, micro_batch_size=micro_batch_size,
                            recompute=recompute, in_flight=in_flight, first=first, last=last, settings=job.settings,
-                           vendor=vendor, seq_length=seq_length, dtype_bytes=job.dtype_bytes, impl=job.impl)
+                           vendor=vendor, seq_length=seq_length, dtype_bytes=job.dtype_bytes, impl=job.impl,
+                           overhead=overhead)
     extra = job.extra_bytes_per_param * b["params"]
     return {**b, "framework": extra, "total": b["total"] + extra}

@@ -26,6 +26,7 @@ import os
 
 from ..errors import InputError
 from ..plan.plan import Plan
+from ..plan.settings import sixteen_bit_dtype
 from ..plan.shapes import require_simple
 from ..spec.devices import get_device
 
@@ -61,8 +62,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     checkpoint = mesh.recompute in ("full", "selective")
     # The precision this mesh trains in, as the cost model prices it: the plan's (fp8 is bf16 here: DeepSpeed
     # has no fp8 setting, Transformer Engine's layers do it), fp32 on CPU.
-    precision = mesh_precision(plan, mesh_index)
-    low = {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision)   # None: fp32
+    low = sixteen_bit_dtype(plan.mesh_precision(mesh_index))   # None: fp32
     # The DP gradient reduction's element type (Megatron's grad_reduce_in_fp32): DeepSpeed reduces in
     # communication_data_type and accumulates in data_types.grad_accum_dtype.
     reduce_dtype = low if low and settings.grad_reduce_dtype == "param" else "fp32"
@@ -104,11 +104,6 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     return cfg
 
 
-def mesh_precision(plan: Plan, mesh_index: int) -> str:
-    """The precision a mesh trains in: the plan's, except fp32 on CPU (Plan.precision, DeviceType.at_precision)."""
-    return get_device(plan.meshes[mesh_index].device_type).at_precision(plan.precision).precision
-
-
 def unsupported_features(plan: Plan) -> list[str]:
     """Plain sentences, one per feature of this plan that one DeepSpeed job cannot express."""
     out = []
@@ -142,10 +137,10 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("sequence parallelism: not a DeepSpeed setting; the model's own tensor-parallel layers (e.g. "
                    "Megatron's, through the mpu) must split the sequence")
     if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
-           and mesh_precision(plan, i) != "fp32" for i, m in enumerate(meshes)):
+           and plan.mesh_precision(i) != "fp32" for i, m in enumerate(meshes)):
         out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "
                    "gradients in that precision unless ZeRO is on")
-    if plan.precision == "fp8" and any(mesh_precision(plan, i) == "fp8" for i in range(len(meshes))):
+    if plan.precision == "fp8" and any(plan.mesh_precision(i) == "fp8" for i in range(len(meshes))):
         out.append("fp8 training: DeepSpeed has no fp8 setting (the configs say bf16); the model's layers must "
                    "run their GEMMs in fp8 themselves (Transformer Engine)")
     if len(set(plan.stage_layers)) > 1:

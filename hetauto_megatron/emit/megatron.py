@@ -81,9 +81,14 @@ def job_args(plan: Plan, pipeline: int = 0) -> list[str]:
     return [*pipeline_args(plan, pipeline), *model_args(plan), "--global-batch-size", str(plan.global_batch_size)]
 
 
+def plan_mesh_args(plan: Plan, mesh_index: int) -> list[str]:
+    """mesh_args of one mesh of the plan, at the precision that mesh trains in."""
+    return mesh_args(plan.meshes[mesh_index], plan.mesh_precision(mesh_index))
+
+
 def megatron_args(plan: Plan, mesh_index: int, plan_path: str) -> list[str]:
     """The complete Megatron-LM argument list for the ranks of one mesh (data/tokenizer/optimizer excluded)."""
-    return [*mesh_args(plan.meshes[mesh_index], plan.mesh_precision(mesh_index)),
+    return [*plan_mesh_args(plan, mesh_index),
             *job_args(plan, plan.meshes[mesh_index].pipeline),
             "--hetauto", "--hetauto-plan", plan_path]
 
@@ -207,6 +212,12 @@ def vendor_env(vendor: str, max_tp: int, fp32_tf32: bool | None = None) -> tuple
     return env, notes
 
 
+def launch_env(plan: Plan, la: "Launch") -> tuple[dict[str, str], list[str]]:
+    """vendor_env for one launch: its vendor, the largest TP among its meshes, the cluster's TF32 switch."""
+    max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
+    return vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
+
+
 def _fp32_tf32(plan: Plan, cluster: str) -> bool | None:
     """For an fp32 plan: whether the cluster runs its GEMMs on TF32 (the inventory's `tf32`); None otherwise."""
     if plan.precision != "fp32":
@@ -245,8 +256,7 @@ def _node_ranges(plan: Plan, la: Launch) -> list[tuple[int, int, int]] | None:
 
 def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT) -> str:
     first = plan.meshes[0].cluster
-    max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
-    env, notes = vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
+    env, notes = launch_env(plan, la)
     last_rank = la.rank_offset + la.num_devices - 1
     lines = [
         "#!/usr/bin/env bash",
@@ -288,22 +298,20 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     ranges = _node_ranges(plan, la) if len(la.mesh_indices) > 1 else None
     common = job_args(plan, la.pipeline)
     if len(la.mesh_indices) == 1:
-        lines += ["MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]], plan.mesh_precision(la.mesh_indices[0]))),
-                  ")"]
+        lines += ["MESH_ARGS=(", _fmt_args(plan_mesh_args(plan, la.mesh_indices[0])), ")"]
     elif ranges:
         lines.append('case "$NODE_RANK" in')
         for lo, hi, k in ranges:
             pat = "|".join(str(r) for r in range(lo, hi + 1))
             lines += [f"  {pat})  # mesh {k}", "    MESH_ARGS=(",
-                      _fmt_args(mesh_args(plan.meshes[k], plan.mesh_precision(k)), "      "),
+                      _fmt_args(plan_mesh_args(plan, k), "      "),
                       "    ) ;;"]
         lines += [f'  *) echo "NODE_RANK must be 0..{la.nnodes - 1}" >&2; exit 2 ;;', "esac"]
     else:
         # A node holds ranks of two meshes: one argument list cannot be right for all of them; the --hetauto
         # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
         lines += ["# Meshes share a node here: the --hetauto hook sets each rank's own TP/micro-batch/recompute.",
-                  "MESH_ARGS=(", _fmt_args(mesh_args(plan.meshes[la.mesh_indices[0]],
-                                                     plan.mesh_precision(la.mesh_indices[0]))), ")"]
+                  "MESH_ARGS=(", _fmt_args(plan_mesh_args(plan, la.mesh_indices[0])), ")"]
     lines += ["MEGATRON_ARGS=(", _fmt_args(common), ")",
               "HETAUTO_ARGS=(", f'  --hetauto --hetauto-plan "${{HETAUTO_PLAN:-{plan_path}}}"', ")", ""]
     lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '
@@ -327,8 +335,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
                              fix=f"use one of: {', '.join(names)}")
     out = []
     for la in launches:
-        max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
-        env, _ = vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
+        env, _ = launch_env(plan, la)
         out.append({
             "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "pipeline": la.pipeline,
             "meshes": list(la.mesh_indices),

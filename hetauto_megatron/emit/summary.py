@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
+from ..plan.settings import sixteen_bit_dtype
 from ..spec.devices import get_device
 
 
@@ -32,11 +33,11 @@ def _cpu_note(plan: Plan) -> str:
 
 def _grad_dtype(plan, i: int) -> str:
     """The dtype mesh i reduces gradients in, as it runs: fp32, or its training precision (a CPU mesh trains in
-    fp32; fp8 trains on bf16 parameters, so its gradients are bf16: settings.grad_reduce_args)."""
+    fp32; fp8 trains on bf16 parameters, so its gradients are bf16: settings.sixteen_bit_dtype)."""
     if plan.meshes[i].settings.grad_reduce_dtype == "fp32":
         return "fp32"
     precision = plan.mesh_precision(i)
-    return "bf16" if precision == "fp8" else precision
+    return sixteen_bit_dtype(precision) or precision
 
 
 def _settings_text(plan: Plan) -> str:
@@ -48,7 +49,9 @@ def _settings_text(plan: Plan) -> str:
         text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
                           ("distributed optimizer" if st.distributed_optimizer else "plain optimizer"),
                           (f"overlap {overlap}" if overlap else "no DP overlap"),
-                          f"gradients in {_grad_dtype(plan, i)}"])
+                          f"gradients in {_grad_dtype(plan, i)}"]
+                         + ([f"dropout hidden {st.hidden_dropout:g}, attention {st.attention_dropout:g}"]
+                            if st.hidden_dropout or st.attention_dropout else []))
         groups.setdefault(text, []).append(str(i))
     if len(groups) == 1:
         return next(iter(groups))
@@ -59,6 +62,19 @@ def _num(value, fmt: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
     return format(value, fmt)
+
+
+def _precision_line(plan: Plan) -> str:
+    m = plan.model
+    return (f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
+            f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}")
+
+
+def _estimate_line(est: dict) -> str:
+    fits = est.get("fits")
+    return (f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, {_num(est.get('tokens_per_s'), ',.0f')} "
+            f"tokens/s, {_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
+            f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}")
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -115,16 +131,11 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
     lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} mesh(es), "
              f"{plan.pipeline_parallel_size} pipeline stages",
              *_table(header, rows, right),
-             f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
-             f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}",
+             _precision_line(plan),
              f"global batch {plan.global_batch_size} = {plan.num_micro_batches} micro-batch steps x "
              f"{plan.samples_per_step} samples (dp x micro-batch in every mesh), sequence {m.seq_length}"]
     if est:
-        fits = est.get("fits")
-        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
-                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s, "
-                     f"{_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
-                     f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}")
+        lines.append(_estimate_line(est))
     if bd:
         others = ", ".join(f"{k.replace('_', ' ')} {v['share']:.0%}" for k, v in bd["parts"].items()
                            if k != bd["bottleneck"])
@@ -171,16 +182,11 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
     lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {len(plan.meshes)} meshes, "
              f"{pipes}{along}",
              *_table(header, rows, {0, 1, 5, 6, 7, 9} | ({11, 12, 13, 15} if est else set())),
-             f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
-             f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}",
+             _precision_line(plan),
              f"global batch {plan.global_batch_size}: " + "; ".join(parts) + f", sequence {m.seq_length}"]
     if est:
-        fits = est.get("fits")
-        lines.append(f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, "
-                     f"{_num(est.get('tokens_per_s'), ',.0f')} tokens/s, "
-                     f"{_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
-                     f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}; gradients "
-                     f"summed across the stages holding the same layers: {_num(est.get('replica_sync_s'), '.3f')} s")
+        lines.append(_estimate_line(est) + "; gradients summed across the stages holding the same layers: "
+                     f"{_num(est.get('replica_sync_s'), '.3f')} s")
         per = est.get("pipelines")
         if isinstance(per, list) and len(per) == plan.num_pipelines and all(isinstance(x, dict) for x in per):
             lines.append("predicted per pipeline: " + "; ".join(

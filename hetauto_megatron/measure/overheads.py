@@ -1,4 +1,5 @@
-"""Measure a device's runtime memory overheads (cost/memory.py `RuntimeOverhead`): `hetauto profile --overheads`.
+"""Measure a device's runtime memory overheads (spec/overheads.py `RuntimeOverhead`): `hetauto profile --overheads`
+writes them to overheads-TYPE.json, which an inventory cluster's `overheads:` gives the memory model.
 
 Runs only where an accelerator is at hand (CUDA or ROCm through torch.cuda, Ascend through torch_npu); the
 readings are the device's own (mem_get_info: bytes in use on the device by every context, this process's
@@ -40,7 +41,15 @@ def measure_overheads(vendor: str, *, hidden: int = 4096, seq: int = 2048, steps
     """Measured overheads in GiB (fragmentation as a fraction); "comm_gib" is None without a multi-rank launch."""
     import torch
 
-    mod, dev, backend = _backend(vendor)
+    from ..errors import InputError
+
+    found = _backend(vendor)
+    if found is None:
+        raise InputError(f"measuring runtime overheads needs a {vendor} accelerator that torch can use, and this "
+                         "machine has none (or the vendor is not one of nvidia, amd, ascend)",
+                         field="--device-type", fix="run 'hetauto profile --overheads' on a machine with the "
+                         "device, with --device-type naming it (one process per device, alone on it)")
+    mod, dev, backend = found
     mod.set_device(int(os.environ.get("LOCAL_RANK", "0")))    # under torchrun: this rank's device
 
     def in_use() -> int:

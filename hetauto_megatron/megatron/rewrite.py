@@ -15,7 +15,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
                                     x the mesh's dp x micro_batch_size (= plan.global_batch_size for a plan of
                                     one pipeline; the user's --global-batch-size must be the plan's, the job's)
     sequence_parallel, use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather,
-    grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32
+    grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32, hidden_dropout, attention_dropout
                                  <- mesh.settings (plan/settings.py, the table the cost model priced)
     bf16, fp16, fp8 (+ transformer_impl) <- plan.precision
     padded_vocab_size, make_vocab_size_divisible_by
@@ -30,7 +30,9 @@ model, so its layout and memory estimate do not apply). The same holds for the r
 precision: Megatron's flags for them are switches that default to off, so a flag the user did not give is
 filled in from the plan (per mesh, like TP), and one the user gave that no mesh of the plan runs (e.g.
 --sequence-parallel where every mesh has sequence_parallel: false, or --fp16 in a bf16 plan) is refused, naming
-the flag and the plan field: the plan's time and memory were priced for what the plan says.
+the flag and the plan field: the plan's time and memory were priced for what the plan says. The dropouts are
+probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's value; a value the user gave that
+is neither Megatron's default (which an absent flag also gives) nor one a mesh runs is refused.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from typing import Mapping
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
-from ..plan.settings import MEGATRON_ARGS, megatron_values, padded_vocab_size
+from ..plan.settings import MEGATRON_ARGS, MEGATRON_DEFAULT_DROPOUT, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords, rank_coords
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
@@ -260,10 +262,19 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     every = [_switch_values(plan, i) for i in range(len(plan.meshes))]
     mine = every[placement.mesh_index]
     for arg, (want, field) in mine.items():
+        flag = MEGATRON_ARGS[arg][0]
+        if isinstance(want, float):
+            # A probability (the dropouts): Megatron's parser gives its default (0.1) when the flag is absent, so
+            # only another value is the user's own choice; it must be one a mesh of the plan runs.
+            have = getattr(args, arg, None)
+            if have is not None and float(have) != MEGATRON_DEFAULT_DROPOUT and \
+                    not any(v[arg][0] == float(have) for v in every):
+                clashes.append((f"{flag} {have} (plan: {field} is {want})", field))
+            out[arg] = want
+            continue
         if not isinstance(want, bool):
             continue                # fp8 format and transformer_impl: checked below
         if getattr(args, arg, False) and not any(v.get(arg, (False,))[0] for v in every):
-            flag = MEGATRON_ARGS[arg][0]
             clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
         out[arg] = want
     fp8 = mine["fp8"][0]

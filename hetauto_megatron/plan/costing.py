@@ -25,7 +25,7 @@ from ..cost.memory import (GIB, JobMemory, LayerImpl, grad_buffer_bytes, job_sta
                            stage_params)
 from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
-from .settings import RuntimeSettings, default_settings, padded_vocab_size
+from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings, default_settings, padded_vocab_size
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: profiles are unique (cached) and used as cache keys
@@ -138,12 +138,12 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
                              recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
                              settings=prof.settings, vendor=prof.cluster.device.vendor,
                              dtype_bytes=prof.cluster.device.dtype_bytes,
-                             boundary_buffers=boundary_buffers)
+                             boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
     if prof.memory_job is not None:
         job = job_stage_memory_bytes(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
                                      micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
                                      in_flight=in_flight, first=first, last=last,
-                                     vendor=prof.cluster.device.vendor)
+                                     vendor=prof.cluster.device.vendor, overhead=prof.cluster.overhead)
         mem = {**mem, "job_total": job["total"], "total": max(mem["total"], job["total"])}
     return mem
 
@@ -151,14 +151,15 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
 def sailor_deepspeed_job() -> JobMemory:
     """Sailor's Megatron-DeepSpeed fork as its simulator counts memory (sailor/Planner/simulations/
     runtime_simulator.py `check_config_fits`; docs/peers.md): fp32 training, Adam state on every DP rank (no ZeRO),
-    no sequence parallelism, unfused attention keeping the s x s softmax output, hidden dropout but no attention
-    dropout (what Sailor's per-layer measurements show: 360 MB per OPT-350 layer at micro-batch 1 in fp32, less than
-    the scores with a dropout mask and output would take alone), and 8 bytes per parameter beyond weights +
-    gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4)."""
+    no sequence parallelism, unfused attention keeping the s x s softmax output, hidden dropout (Megatron's 0.1) but
+    no attention dropout (what Sailor's per-layer measurements show: 360 MB per OPT-350 layer at micro-batch 1 in
+    fp32, less than the scores with a dropout mask and output would take alone), and 8 bytes per parameter beyond
+    weights + gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4)."""
     return JobMemory("sailor-deepspeed",
                      RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,
-                                     overlap_param_gather=False),
-                     LayerImpl(flash_attention=False, dropout=True, attention_dropout=False), 4, 8.0)
+                                     overlap_param_gather=False, hidden_dropout=MEGATRON_DEFAULT_DROPOUT,
+                                     attention_dropout=0.0),
+                     LayerImpl(flash_attention=False), 4, 8.0)
 
 
 MEMORY_JOBS = {"sailor-deepspeed": sailor_deepspeed_job}

@@ -13,6 +13,16 @@ nothing else in hetauto decides them:
     overlap_param_gather    the parameter all-gather of the distributed optimizer runs during the next forward
     grad_reduce_dtype       the element type of the DP gradient reduction: fp32 (Megatron's default,
                             grad_reduce_in_fp32) or the training precision ("param")
+    hidden_dropout          dropout probability after the embedding and after each layer's attention and MLP
+                            (Megatron's --hidden-dropout); above 0 every such dropout keeps its mask for the
+                            backward pass
+    attention_dropout       dropout probability on the attention probabilities (--attention-dropout); above 0 an
+                            unfused attention keeps its mask and the dropped probabilities (flash attention
+                            regenerates them)
+
+Dropout defaults to 0: LLM pre-training runs without it (LLaMA, GPT-NeoX; Megatron-LM's own LLaMA examples pass
+--attention-dropout 0.0 --hidden-dropout 0.0). Megatron's own default is 0.1 for both, so the emitted arguments
+and the --hetauto rewrite always state the plan's values.
 
 A mesh may override any of them in the plan file (`settings:` in a mesh, docs/plan-format.md); the defaults
 are what `hetauto plan` assumes and what production Megatron jobs run.
@@ -32,6 +42,8 @@ from ..errors import InputError
 from ..spec.devices import PRECISIONS
 
 GRAD_REDUCE_DTYPES = ("fp32", "param")
+DROPOUT_KEYS = ("hidden_dropout", "attention_dropout")
+MEGATRON_DEFAULT_DROPOUT = 0.1      # Megatron-LM's --hidden-dropout and --attention-dropout when not given
 
 
 @dataclass(frozen=True)
@@ -41,12 +53,20 @@ class RuntimeSettings:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     grad_reduce_dtype: str = "fp32"
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
 
     def __post_init__(self):
         for f in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
             if not isinstance(getattr(self, f), bool):
                 raise InputError(f"must be true or false, got {getattr(self, f)!r}", field=f"settings.{f}",
                                  fix=f"write {f}: true or {f}: false")
+        for f in DROPOUT_KEYS:
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise InputError(f"must be a probability from 0 up to (not including) 1, got {value!r}",
+                                 field=f"settings.{f}", fix=f"write {f}: 0.0 (no dropout, the default) or e.g. 0.1")
+            object.__setattr__(self, f, float(value))
         if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
             raise InputError(f"must be one of {', '.join(GRAD_REDUCE_DTYPES)}, got {self.grad_reduce_dtype!r}",
                              field="settings.grad_reduce_dtype",
@@ -119,6 +139,8 @@ MEGATRON_ARGS = {
     "overlap_grad_reduce": ("--overlap-grad-reduce", "overlap_grad_reduce"),
     "overlap_param_gather": ("--overlap-param-gather", "overlap_param_gather"),
     "grad_reduce_in_bf16": ("--grad-reduce-in-bf16", "grad_reduce_dtype"),
+    "hidden_dropout": ("--hidden-dropout", "hidden_dropout"),
+    "attention_dropout": ("--attention-dropout", "attention_dropout"),
     "accumulate_allreduce_grads_in_fp32": ("--accumulate-allreduce-grads-in-fp32", "grad_reduce_dtype"),
     "bf16": ("--bf16", "precision"),
     "fp16": ("--fp16", "precision"),
@@ -132,17 +154,20 @@ FP8_FORMAT = "hybrid"
 
 def megatron_values(s: RuntimeSettings, precision: str = DEFAULT_PRECISION) -> dict:
     """{Megatron attribute: value} for one mesh's settings at the job's precision (keys of MEGATRON_ARGS; a
-    switch is True/False, fp8 and transformer_impl are strings or None). The gradient dtype's spelling depends
+    switch is True/False, the dropouts are probabilities (floats, always given: Megatron's default is not 0), fp8
+    and transformer_impl are strings or None). The gradient dtype's spelling depends
     on the precision: bf16 (and fp8, which trains on bf16 parameters) reduces in fp32 unless
     --grad-reduce-in-bf16; fp16 reduces in fp16 unless --accumulate-allreduce-grads-in-fp32; fp32 training has
     fp32 gradients either way (neither attribute is decided)."""
-    sixteen_bit = {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(check_precision(precision))
+    sixteen_bit = sixteen_bit_dtype(check_precision(precision))
     out = {"sequence_parallel": s.sequence_parallel, "use_distributed_optimizer": s.distributed_optimizer,
            "overlap_grad_reduce": s.overlap_grad_reduce, "overlap_param_gather": s.overlap_param_gather}
     if sixteen_bit == "bf16":
         out["grad_reduce_in_bf16"] = s.grad_reduce_dtype == "param"
     elif sixteen_bit == "fp16":
         out["accumulate_allreduce_grads_in_fp32"] = s.grad_reduce_dtype == "fp32"
+    out["hidden_dropout"] = s.hidden_dropout
+    out["attention_dropout"] = s.attention_dropout
     out["bf16"] = sixteen_bit == "bf16"
     out["fp16"] = sixteen_bit == "fp16"
     out["fp8"] = FP8_FORMAT if precision == "fp8" else None
@@ -155,7 +180,7 @@ def _flags(values: dict, from_precision: bool) -> list[str]:
     out = []
     for attr, value in values.items():
         flag, source = MEGATRON_ARGS[attr]
-        if (source == "precision") != from_precision or value in (False, None):
+        if (source == "precision") != from_precision or value is False or value is None:
             continue
         out += [flag] if value is True else [flag, str(value)]
     return out
@@ -172,6 +197,12 @@ def check_precision(precision: str, *, field: str = "precision", file: str | Non
         raise InputError(f"must be one of {', '.join(PRECISIONS)}, got {precision!r}", file=file, field=field,
                          fix="write bf16 (the default), fp16, fp8 (Transformer Engine, Hopper/Ada/MI300) or fp32")
     return precision
+
+
+def sixteen_bit_dtype(precision: str) -> str | None:
+    """The 16-bit type a precision keeps its parameters and gradients in: bf16 for bf16 and fp8 (Transformer
+    Engine runs fp8 GEMMs on bf16 parameters), fp16 for fp16; None for fp32."""
+    return {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision)
 
 
 def precision_args(precision: str) -> list[str]:

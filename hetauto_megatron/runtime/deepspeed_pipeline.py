@@ -218,6 +218,11 @@ def _check_config(model: ModelSpec, ds_config: dict) -> dict:
         raise InputError(f"tensor_parallel_size {block['tensor_parallel_size']}: these layers are not "
                          "tensor-parallel", field="hetauto.tensor_parallel_size",
                          fix="plan with tp 1, or build the model from Megatron's layers and pass its mpu")
+    for key in ("hidden_dropout", "attention_dropout"):     # the mesh's settings, as the memory model priced them
+        if (block.get("settings") or {}).get(key):
+            raise InputError(f"{key} {block['settings'][key]}: these layers apply no dropout",
+                             field=f"hetauto.settings.{key}", fix="plan with dropout 0 (the default), or build the "
+                             "model from layers that apply the config's dropouts")
     layers = sum(block["stage_layers"])
     if layers != model.num_layers:
         raise InputError(f"the config splits {layers} transformer layers, the model has {model.num_layers}",

@@ -53,7 +53,7 @@ def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
 
 def transformer_config(plan, ctx, spec: ModelSpec):
     """TransformerConfig for this rank: its mesh's TP size and sequence parallelism, the plan's stages and layers,
-    fp32, no dropout."""
+    fp32, the mesh's dropouts (settings: 0 by default, so that every layout computes the same numbers)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -68,7 +68,8 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=ctx.layout.num_stages,
         sequence_parallel=mesh.settings.sequence_parallel,
         use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-        hidden_dropout=0.0, attention_dropout=0.0, bf16=False, fp16=False,
+        hidden_dropout=mesh.settings.hidden_dropout,
+        attention_dropout=mesh.settings.attention_dropout, bf16=False, fp16=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
     )

@@ -14,6 +14,7 @@ from ..errors import InputError
 from ._fields import get, positive, reject_unknown, require_mapping
 from .devices import DeviceType, get_device
 from .model import load_yaml_file
+from .overheads import RuntimeOverhead, overhead_from_value
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Cluster:
     intra_node: LinkSpec
     inter_node: LinkSpec
     price_per_device_hour: float | None = None   # optional, any currency: 'hetauto compare' reports cost per token
+    overhead: RuntimeOverhead | None = None      # measured runtime overheads (`overheads:`); None: the vendor's
 
     def __post_init__(self):
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -123,6 +125,7 @@ class Inventory:
                                **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
                 **({"tf32": True} if c.device.tf32 else {}),
+                **({"overheads": c.overhead.to_dict()} if c.overhead is not None else {}),
             } for c in self.clusters],
             "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3,
                        **({"flow_gbps": l.flow_gbps} if l.flow_gbps is not None else {})}
@@ -131,7 +134,7 @@ class Inventory:
 
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
-                 "peak_tflops", "hbm_gbps", "price_per_device_hour", "tf32"}
+                 "peak_tflops", "hbm_gbps", "price_per_device_hour", "tf32", "overheads"}
 _DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
 _DEFAULT_INTRA_NODE_LATENCY_US = 5.0
 # Cluster names become file names of the emitted launch scripts and configs, and words in shell commands.
@@ -200,7 +203,10 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         if price is not None and price < 0:
             raise InputError(f"must not be negative, got {price}", file=file, field=p + "price_per_device_hour",
                              fix="give what one device-hour costs (any currency), or leave it out")
-        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter, price))
+        overhead = None
+        if raw.get("overheads") is not None:
+            overhead = overhead_from_value(raw["overheads"], device=dev, file=file, field=p + "overheads")
+        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter, price, overhead))
     names = {c.name for c in clusters}
     links = {}
     for i, raw in enumerate(get(data, "links", list, default=[], file=file)):
