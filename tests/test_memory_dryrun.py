@@ -107,3 +107,12 @@ def test_profile_overheads_needs_the_device():
         pytest.skip("a GPU is at hand: the measuring path would run")
     r = run_hetauto("profile", "--device-type", "h100", "--overheads")
     assert r.returncode == 2 and "--overheads" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_reference_run_with_dropout_is_refused(tmp_path, capsys):
+    """Losses compared with a single process need dropout 0 (each layout draws its masks differently): exit 2
+    naming the mesh's settings, before any process starts."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(GRID_PLAN))
+    assert main(["dryrun", "--plan", str(path), "--tiny", "--reference"]) == 2
+    assert "meshes[0].settings" in capsys.readouterr().err

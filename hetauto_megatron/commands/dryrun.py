@@ -86,6 +86,11 @@ def run(args) -> int:
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
                          fix="dry-run a smaller plan with the same shape (fewer DP replicas or stages)")
     check_timeline_args(args, plan)
+    dropping = [i for i, m in enumerate(plan.meshes) if m.settings.hidden_dropout or m.settings.attention_dropout]
+    if args.reference and dropping:
+        raise InputError("--reference compares losses with a single-process run, and with dropout every layout "
+                         "draws its masks differently", file=args.plan, field=f"meshes[{dropping[0]}].settings",
+                         fix="drop --reference, or dry-run the plan with hidden_dropout: 0 and attention_dropout: 0")
     from ..runtime.dryrun import run_dryrun
 
     scale = None
