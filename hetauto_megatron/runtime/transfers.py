@@ -115,23 +115,28 @@ class Share:
         return (self.stop - self.start) // self.dp
 
 
-def _shares(side, batch: int, sp: bool, name: str) -> list[Share]:
-    """A side given as one mesh (`.tp`, `.dp`; it holds the whole step) or as its meshes' `Share`s, checked."""
+def _shares(side, seq: int, batch: int, sp: bool, name: str) -> list[Share]:
+    """A side given as one mesh (`.tp`, `.dp`; it holds the whole step) or as its meshes' `Share`s, checked: the
+    one validation of a side, each message naming the side and, in a list, the mesh."""
     if hasattr(side, "tp"):
-        return _shares([Share(int(side.tp), int(side.dp), 0, batch, sp)], batch, sp, name)
+        shares, labels = [Share(int(side.tp), int(side.dp), 0, batch, sp)], [f"the {name} side"]
+    else:
+        shares, labels = list(side), [f"{name} mesh {k}" for k in range(len(side))]
     covered = 0
-    for k, sh in enumerate(side):
+    for sh, label in zip(shares, labels):
         if min(sh.tp, sh.dp) < 1:
-            raise ValueError(f"tp and dp must be >= 1, got {name} mesh {k}: tp{sh.tp} dp{sh.dp}")
+            raise ValueError(f"tp and dp must be >= 1, got {label}: tp{sh.tp} dp{sh.dp}")
         if sh.start != covered or sh.stop <= sh.start:
-            raise ValueError(f"the {name} meshes' sample ranges must partition the step in order; mesh {k} holds "
+            raise ValueError(f"the {name} meshes' sample ranges must partition the step in order; {label} holds "
                              f"[{sh.start}, {sh.stop}), expected to start at {covered}")
         if (sh.stop - sh.start) % sh.dp:
-            raise ValueError(f"batch {sh.stop - sh.start} of {name} mesh {k} is not divisible by its dp {sh.dp}")
+            raise ValueError(f"batch {sh.stop - sh.start} of {label} is not divisible by its dp {sh.dp}")
+        if sh.sp and seq % sh.tp:
+            raise ValueError(f"sequence parallelism on {label} needs seq {seq} divisible by its tp {sh.tp}")
         covered = sh.stop
     if covered != batch:
         raise ValueError(f"the {name} meshes hold {covered} samples of a {batch}-sample step")
-    return list(side)
+    return shares
 
 
 def compute_transfers(src, dst, shape, *, src_sp: bool = False, dst_sp: bool = False) -> list[Transfer]:
@@ -150,17 +155,7 @@ def compute_transfers(src, dst, shape, *, src_sp: bool = False, dst_sp: bool = F
     seq, batch, hidden = (int(x) for x in shape)
     if seq < 1 or hidden < 1 or batch < 1:
         raise ValueError(f"shape must be positive, got {shape}")
-    if hasattr(src, "tp") and hasattr(dst, "tp"):
-        tp_s, dp_s, tp_r, dp_r = int(src.tp), int(src.dp), int(dst.tp), int(dst.dp)
-        if min(tp_s, dp_s, tp_r, dp_r) < 1:
-            raise ValueError(f"tp and dp must be >= 1, got src tp{tp_s} dp{dp_s}, dst tp{tp_r} dp{dp_r}")
-        if batch % dp_s or batch % dp_r:
-            raise ValueError(f"batch {batch} is not divisible by both DP degrees ({dp_s} and {dp_r})")
-    senders, receivers = _shares(src, batch, src_sp, "sender"), _shares(dst, batch, dst_sp, "receiver")
-    for side, shares in (("sender", senders), ("receiver", receivers)):
-        for sh in shares:
-            if sh.sp and seq % sh.tp:
-                raise ValueError(f"sequence parallelism on the {side} side needs seq {seq} divisible by its tp {sh.tp}")
+    senders, receivers = _shares(src, seq, batch, src_sp, "sender"), _shares(dst, seq, batch, dst_sp, "receiver")
     out = []
     for rm, r in enumerate(receivers):
         # Cut the sequence at every shard boundary of both meshes: each piece then has one sending TP rank (the
