@@ -34,8 +34,9 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
 from .cross_link import CrossLink, LinkEmulator, now, sleep_until, stamp_tag, tag
 from .gradients import activation_grad_scale
-from .groups import global_rank, rank_coords
+from .groups import describe_rank, global_rank
 from .host_staging import HostStaging
+from .peers import PeerError, failure, wait_all
 from .transfers import compute_transfers, owned_seq_range
 
 
@@ -48,10 +49,6 @@ def _covered(lo: float, hi: float, intervals) -> float:
             total += b - a
             reach = b
     return total
-
-
-class PeerError(RuntimeError):
-    """A pipeline peer did not answer (gone, or silent past the timeout)."""
 
 
 class HeteroP2PCommunicator(P2PCommunicator):
@@ -219,7 +216,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         try:
             work = op(tensor, peer, group=group, tag=tag)
         except RuntimeError as exc:  # gloo refuses to even post on a connection the peer already closed
-            raise self._peer_failure(exc, peer, what) from None
+            raise failure(self.ctx, exc, peer, what) from None
         works.append((work, peer, what))
 
     def _send(self, direction, tensor, shape, works, *, grad):
@@ -415,8 +412,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         try:
             return fut.result(timeout=self.timeout.total_seconds())
         except concurrent.futures.TimeoutError:
-            c = self.ctx.coords
-            raise PeerError(f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}): a cross-cluster send was not "
+            raise PeerError(f"{describe_rank(self.ctx.plan, self.ctx.coords.rank)}: a cross-cluster send was not "
                             f"posted within {self.timeout.total_seconds():.0f}s (device-to-host copy stuck)") from None
 
     def _finish_send(self, fut) -> None:
@@ -427,21 +423,4 @@ class HeteroP2PCommunicator(P2PCommunicator):
             self.staging.release(host)
 
     def _wait(self, works):
-        for work, peer, what in works:
-            try:
-                ok = work.wait(self.timeout)
-            except RuntimeError as exc:
-                raise self._peer_failure(exc, peer, what) from None
-            if ok is False:
-                raise PeerError(self._peer_message(peer, what, f"timed out after {self.timeout.total_seconds():.0f}s"))
-
-    def _peer_failure(self, exc: RuntimeError, peer, what) -> PeerError:
-        # gloo's first line says what happened ("Connection closed by peer ..."); the rest is boilerplate
-        reason = str(exc).splitlines()[0].split(". This is typically")[0]
-        return PeerError(self._peer_message(peer, what, f"failed: {reason}"))
-
-    def _peer_message(self, peer, what, how) -> str:
-        c = self.ctx.coords
-        p = rank_coords(self.ctx.plan, peer)
-        return (f"rank {c.rank} (cluster {c.cluster}, stage {c.stage}) could not {what} with rank {peer} "
-                f"(cluster {p.cluster}, stage {p.stage}): {how}; that process is gone or stuck")
+        wait_all(works, self.ctx, self.timeout)

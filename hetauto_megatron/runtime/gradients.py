@@ -25,8 +25,6 @@
 """
 from __future__ import annotations
 
-import datetime
-
 
 def activation_grad_scale(src_mesh, dst_mesh) -> float:
     """Factor for the activation gradient flowing back from dst_mesh to src_mesh (forward direction src->dst):
@@ -73,23 +71,6 @@ def _sharded_ownership(chunk, weight):
     start, end = bucket.param_to_index[weight]
     return owned_interval(start, end, bucket.grad_data.numel(), group.intra_distributed_optimizer_instance_size,
                           group.intra_distributed_optimizer_instance_rank)
-
-
-def _wait(works, ctx, what: str) -> None:
-    """Wait for (work, peer) pairs with the context's timeout; a peer that is gone or silent is named."""
-    from .communicator import PeerError
-    from .groups import describe_rank
-
-    timeout = datetime.timedelta(seconds=ctx.timeout_s)
-    for work, peer in works:
-        try:
-            ok = work.wait(timeout)
-            how = None if ok is not False else f"timed out after {ctx.timeout_s:.0f}s"
-        except RuntimeError as exc:   # gloo: the connection was closed or timed out
-            how = f"failed: {str(exc).splitlines()[0]}"
-        if how:
-            raise PeerError(f"{describe_rank(ctx.plan, ctx.coords.rank)} could not {what} with "
-                            f"{describe_rank(ctx.plan, peer)}: {how}; that process is gone or stuck")
 
 
 def count_grad_norm_once(optimizer, ctx, replicas=None) -> None:

@@ -29,10 +29,12 @@ and the interval of the local tensor whose reduced gradient it holds; every rank
 """
 from __future__ import annotations
 
+import datetime
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .gradients import _sharded_ownership, _wait
+from .gradients import _sharded_ownership
+from .peers import wait_all
 from .shard_regions import Move, Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
 
 GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
@@ -278,14 +280,14 @@ class ReplicaSync:
                 for p in pieces:
                     flat[p.at:p.at + p.numel].view(p.shape).copy_(tables[p.name][p.rows, p.cols])
             message = flat.to("cpu")
-            works.append((dist.isend(message, peer, group=group, tag=tag), peer))
+            works.append((dist.isend(message, peer, group=group, tag=tag), peer, what))
             self._count(peer, message.numel() * message.element_size())
             sent.append(message)
         for peer, numel, pieces in messages.receives:
             inbox = torch.empty(numel, dtype=tables[pieces[0].name].dtype)
-            works.append((dist.irecv(inbox, peer, group=group, tag=tag), peer))
+            works.append((dist.irecv(inbox, peer, group=group, tag=tag), peer, what))
             received.append(inbox)
-        _wait(works, self.ctx, what)
+        wait_all(works, self.ctx, datetime.timedelta(seconds=self.ctx.timeout_s))
         return sent, received
 
     def reduce(self, model_chunks) -> None:
