@@ -254,7 +254,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             return
         if not info["inter"]:
             for k, piece, peer in pieces:
-                self._post(dist.isend, piece, peer, None, k + (1 << 16 if grad else 0), works, f"send {what} block {k}")
+                self._post(dist.isend, piece, peer, None, tag(grad, 0, k), works, f"send {what} block {k}")
             return
         link = self._link(other, grad, shape)
 
@@ -329,7 +329,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
                     self._post(dist.irecv, stamps[-1], peer, info["group"], stamp_tag(grad, j), out,
                                f"receive {what}")
             for k, tr, peer in mine:
-                t = tag(grad, j, k) if info["inter"] else k + (1 << 16 if grad else 0)
+                t = tag(grad, j, k)       # one message per call inside a cluster: j = 0
                 view = buf[tr.dst_seq, tr.dst_batch]
                 if view.is_contiguous() and view.device == staging:
                     # The block is one contiguous run of the buffer on the right device: receive in place.

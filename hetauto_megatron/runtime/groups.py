@@ -86,6 +86,12 @@ def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> 
     return plan.rank_offset(mesh_index) + (stage_in_mesh * mesh.dp + dp) * mesh.tp + tp
 
 
+def mesh_stage_ranks(plan, mesh_index: int, stage_in_mesh: int) -> list[int]:
+    """Global ranks of one stage of one mesh, in Megatron's order (dp-major, tp fastest)."""
+    mesh = plan.meshes[mesh_index]
+    return [global_rank(plan, mesh_index, stage_in_mesh, d, t) for d in range(mesh.dp) for t in range(mesh.tp)]
+
+
 def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
     """Global ranks of one pipeline stage of one pipeline: in Megatron order (dp-major, tp fastest) for each mesh
     holding it, mesh after mesh (a mesh and the meshes alongside it). IndexError for a stage the pipeline lacks."""
@@ -95,8 +101,7 @@ def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
     for pos in plan.positions(pipeline):
         n = plan.meshes[pos[0]].num_stages
         if stage < first + n:
-            return [global_rank(plan, i, stage - first, d, t) for i in pos
-                    for d in range(plan.meshes[i].dp) for t in range(plan.meshes[i].tp)]
+            return [r for i in pos for r in mesh_stage_ranks(plan, i, stage - first)]
         first += n
     raise IndexError(stage)
 
@@ -299,8 +304,7 @@ def _pipeline_groups(plan, layout, rank: int, stage, timeout):
                 a, b = plan.meshes[i], plan.meshes[j]
                 if a.cluster == b.cluster:
                     continue
-                ranks = ([global_rank(plan, i, a.num_stages - 1, d, t) for d in range(a.dp) for t in range(a.tp)] +
-                         [global_rank(plan, j, 0, d, t) for d in range(b.dp) for t in range(b.tp)])
+                ranks = mesh_stage_ranks(plan, i, a.num_stages - 1) + mesh_stage_ranks(plan, j, 0)
                 group = dist.new_group(sorted(ranks), backend="gloo", timeout=timeout)
                 boundary_groups[(i, j)] = group if rank in ranks else None
     return my_chain, boundary_groups

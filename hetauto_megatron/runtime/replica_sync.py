@@ -225,17 +225,15 @@ class ReplicaSync:
         interval: with the distributed optimizer a DP rank's other elements are the last gather's (Megatron
         gathers the updated ones at the next forward pass under overlap_param_gather)."""
         out = []
-        for chunk in model_chunks:
-            for name, param in _unwrap(chunk).named_parameters():
-                gname = self.by_local_name.get(name)
-                rec = self.locals.get(gname)
-                if gname not in self.weights or not rec["source"] or rec["lo"] >= rec["hi"]:
-                    continue
-                lay = self.layouts[gname]
-                out.append({"name": gname, "holder": tuple(rec["holder"]), "local": lay.local, "whole": lay.whole,
-                            "segments": lay.segments, "lo": rec["lo"], "hi": rec["hi"],
-                            "dtype": str(param.dtype).removeprefix("torch."),
-                            "values": param.detach().to("cpu").reshape(-1)[rec["lo"]:rec["hi"]].tolist()})
+        for gname, param in self._shared(model_chunks):
+            rec = self.locals[gname]
+            if gname not in self.weights or not rec["source"] or rec["lo"] >= rec["hi"]:
+                continue
+            lay = self.layouts[gname]
+            out.append({"name": gname, "holder": tuple(rec["holder"]), "local": lay.local, "whole": lay.whole,
+                        "segments": lay.segments, "lo": rec["lo"], "hi": rec["hi"],
+                        "dtype": str(param.dtype).removeprefix("torch."),
+                        "values": param.detach().to("cpu").reshape(-1)[rec["lo"]:rec["hi"]].tolist()})
         return out
 
     # ---- the exchange ----------------------------------------------------------------------------------
