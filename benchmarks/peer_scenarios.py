@@ -6,14 +6,16 @@ without the new shapes when the planner has them (`--shapes simple|all`), and th
   - by Sailor's simulator terms (benchmarks/sailor_terms.py, docs/peers.md): it/s and whether every stage fits.
 Sailor's simulator scored Metis's OPT-350 plan at 0.0829 it/s and Sailor's at 0.0769 (same zone).
 
-    python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best]
+    python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best [--terms]]
 
 --links prints the inventory figures derived from Sailor's network curves. --layers prints the planner's layer time
 (forward + backward, TP all-reduces on the inventory's links included) of both GPUs in fp32 against Sailor's
 measurements (the median transformer layer of each configuration; in-sample: the model is fitted on these runs,
 benchmarks/learned_cost.py gives the leave-one-model-out figures). --quick plans OPT-350M same zone only.
 --sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per scenario), to see
-how far our planner's choice is from the best that simulator would score.
+how far our planner's choice is from the best that simulator would score; --terms then prices both plans term by
+term under Sailor's terms and under our simulator (as our runtime runs it, every boundary blocking, and as
+DeepSpeed's pipeline engine runs it).
 """
 from __future__ import annotations
 
@@ -207,6 +209,72 @@ def our_price(plan_json: dict, inventory_path: str, cost_model_dir: str) -> dict
             else None}
 
 
+def sailor_best_meshes(model: str, stages) -> list[dict]:
+    """A simple plan of best_simple (Sailor entries per stage, one group each) as our meshes: consecutive stages on
+    one GPU type are one mesh; transformer layers only (the embedding and the head go with the first and last)."""
+    L = {"OPT-350": 24, "GPT-Neo-2.7": 32}[model]
+    meshes = []
+    for entries, (g,) in stages:
+        n = sum(1 for e in entries if 1 <= e <= L)
+        cluster = "a100" if g.gpu == "A100-40" else "v100"
+        if meshes and meshes[-1]["cluster"] == cluster:
+            meshes[-1]["stage_layers"].append(n)
+        else:
+            meshes.append({"cluster": cluster, "device_type": {"a100": "a100-40gb", "v100": "v100-16gb"}[cluster],
+                           "tp": g.tp, "dp": g.replicas, "micro_batch_size": g.mbs, "stage_layers": [n]})
+    return meshes
+
+
+def print_terms(label: str, meshes: list[dict], model: str, zones: dict, yaml_path: str, inv_path: str,
+                cost_model_dir: str) -> None:
+    """One simple plan, term by term, under Sailor's terms and under our simulator: as our runtime runs it (each
+    cross-cluster boundary overlapped at the best depth or blocking, whichever is faster), with every boundary
+    blocking, and as DeepSpeed's pipeline engine runs it (plan/deepspeed_schedule.py)."""
+    from hetauto_megatron.cost.learned import load_cost_model
+    from hetauto_megatron.plan.costing import sailor_deepspeed_job
+    from hetauto_megatron.plan.simulate import simulate
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.model import load_model
+    pipes, _ = sailor_pipelines({"meshes": meshes}, model, zones)
+    st = pipes[0]
+    step = st[0][1][0].replicas * st[0][1][0].mbs
+    t = S.pipeline_terms(model, st, math.ceil(1024 / step))
+    dp = S.dp_sync_s(model, st)
+    per_mb = [1e3 * (c + x) for c, x in zip(t["compute_s"], t["sends_s"])]
+    print(f"  {label}: {describe(meshes)}")
+    print(f"    Sailor's terms {t['steady_s'] + t['fill_s'] + t['optimizer_s'] + dp:6.3f} s: per micro-batch, stage "
+          f"compute + sends charged (ms) " + ", ".join(f"{1e3 * c:.0f}+{1e3 * x:.0f}" for c, x in
+                                                        zip(t["compute_s"], t["sends_s"]))
+          + f"; straggler x (m-1) {t['steady_s']:.3f}, fill {t['fill_s']:.3f}, DP sync {dp:.3f}, optimizer "
+          f"{t['optimizer_s']:.3f}  (straggler {max(per_mb):.0f} ms)")
+    cm = load_cost_model(cost_model_dir)
+    cm.memory_job = sailor_deepspeed_job()
+    inv = load_inventory(os.path.join(ROOT, inv_path))
+    model_spec = load_model(os.path.join(ROOT, yaml_path))
+
+    def price(schedule, depth, engine="megatron"):
+        ms = []
+        for i, m in enumerate(meshes):
+            cross = i + 1 < len(meshes) and meshes[i + 1]["cluster"] != m["cluster"]
+            ms.append(Mesh(m["cluster"], m["device_type"], m["tp"], m["dp"], m["micro_batch_size"], "none",
+                           tuple(m["stage_layers"]), boundary_schedule=schedule if cross else "blocking",
+                           boundary_depth=depth if cross else 0))
+        plan = Plan(model=model_spec, global_batch_size=1024, meshes=tuple(ms), inventory=inv.to_dict(),
+                    precision="fp32")
+        return simulate(plan, inv, cm, engine=engine)
+    runs = [price("blocking", 0)] + [price("overlapped", d) for d in (0, 1, 2)]
+    best = min((e for e in runs if e.fits), key=lambda e: e.iteration_time_s, default=runs[0])
+    ds = price("blocking", 0, "deepspeed")
+    other = best.iteration_time_s - best.pipeline_s - best.dp_exposed_s
+    print(f"    ours {best.iteration_time_s:6.3f} s (boundary {best.stages[0].get('send_next_schedule', '-')} depth "
+          f"{best.stages[0].get('send_next_depth', 0)}): per micro-batch, stage compute (ms) "
+          + ", ".join(f"{1e3 * (r['forward_s'] + r['backward_s']):.0f}" for r in best.stages)
+          + f", sends (ms) " + ", ".join(f"{1e3 * r['send_next_s']:.0f}" for r in best.stages[:-1])
+          + f"; pipeline {best.pipeline_s:.3f}, DP exposed {best.dp_exposed_s:.3f}, rest {other:.3f}")
+    print(f"    ours, every boundary blocking {runs[0].iteration_time_s:6.3f} s; as DeepSpeed's engine runs it "
+          f"{ds.iteration_time_s:6.3f} s (pipeline {ds.pipeline_s:.3f}, DP exposed {ds.dp_exposed_s:.3f})")
+
+
 def describe(meshes) -> str:
     return "; ".join(f"{'P' + str(m['pipeline']) + ' ' if m.get('pipeline') else ''}{m['cluster']} tp{m['tp']} dp{m['dp']} mbs{m['micro_batch_size']} "
                      f"{'+' if m.get('alongside') else ''}{list(m['stage_layers'])}"
@@ -224,6 +292,7 @@ def main() -> int:
     ap.add_argument("--layers", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sailor-best", action="store_true")
+    ap.add_argument("--terms", action="store_true", help="with --sailor-best: both plans term by term")
     args = ap.parse_args()
     if args.links:
         print_links()
@@ -276,6 +345,12 @@ def main() -> int:
                 print(f"best simple plan under Sailor's terms: {ips:.5f} it/s: " + " | ".join(
                     f"entries {e[0]}-{e[-1]}: " + ", ".join(f"{g.gpu} tp{g.tp} x{g.replicas} mbs{g.mbs}" for g in gs)
                     for e, gs in st))
+                if args.terms:
+                    print("term by term (seconds per iteration):")
+                    if rows and rows[0][0].startswith("hetauto"):
+                        print_terms("ours", rows[0][1], model, zones, yaml_path, inv, cost_model)
+                    print_terms("best under Sailor's terms", sailor_best_meshes(model, st), model, zones, yaml_path,
+                                inv, cost_model)
             if model == "OPT-350" and net == "same-zone":
                 print(f"best peer under Sailor's simulator: Metis 0.0829 it/s, Sailor 0.0769 it/s; "
                       f"target >= {PEER_BEST}")

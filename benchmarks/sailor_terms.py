@@ -107,13 +107,21 @@ def fits(model: str, stages) -> bool:
 def pipeline_s(model: str, stages: list[tuple[list[int], list[Group]]], m: int) -> float:
     """One pipeline's time for m micro-batches: (m - 1) x the straggler stage (compute + its sends) + the sum of all
     stages' compute and sends + the largest optimizer time."""
+    t = pipeline_terms(model, stages, m)
+    return t["steady_s"] + t["fill_s"] + t["optimizer_s"]
+
+
+def pipeline_terms(model: str, stages: list[tuple[list[int], list[Group]]], m: int) -> dict:
+    """pipeline_s's terms: per stage its compute and the sends charged to it per micro-batch (seconds), the
+    straggler's (m - 1) micro-batches (`steady_s`), the sum of every stage's compute and sends (`fill_s`) and the
+    largest optimizer time."""
     p = len(stages)
     info1 = LLM_INFO[model]["1"]
     comp, upd = [], []
     for layers, groups in stages:
         t = [layer_times(model, g, layers) for g in groups]
         if any(x is None for x in t):
-            return math.inf
+            return {"compute_s": [], "sends_s": [], "steady_s": math.inf, "fill_s": 0.0, "optimizer_s": 0.0}
         comp.append(max(x[0] for x in t))
         upd.append(max(x[1] for x in t))
     comm = []
@@ -141,7 +149,8 @@ def pipeline_s(model: str, stages: list[tuple[list[int], list[Group]]], m: int) 
         else:
             comm.append(0.0)
     straggler = max(c + s for c, s in zip(comp, comm))
-    return (m - 1) * straggler + sum(comm) + sum(comp) + max(upd)
+    return {"compute_s": comp, "sends_s": comm, "steady_s": (m - 1) * straggler, "fill_s": sum(comm) + sum(comp),
+            "optimizer_s": max(upd)}
 
 
 def dp_sync_s(model: str, stages) -> float:
