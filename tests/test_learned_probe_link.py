@@ -20,6 +20,20 @@ def test_probe_link_local_reports_bandwidth_and_latency_as_inventory_link(capsys
     assert spec.bandwidth_gbps == link[0]["bandwidth_gbps"] and spec.latency_s > 0
 
 
+def test_probe_link_connections_give_the_total_and_one_connections_rate(capsys):
+    """--connections 2: the largest messages also go on two gloo connections at once; the entry gives their total
+    as bandwidth_gbps and one connection's measured rate as flow_gbps, and the inventory reads both."""
+    assert main(["probe-link", "--local", "--max-size-mib", "1", "--iters", "2", "--timeout", "60",
+                 "--connections", "2", "--between", "east", "west"]) == 0
+    link = yaml.safe_load(capsys.readouterr().out)["links"]
+    assert 0 < link[0]["flow_gbps"] <= link[0]["bandwidth_gbps"]
+    inv = inventory_from_dict({"clusters": [
+        {"name": "east", "device": "cpu", "nodes": 1, "devices_per_node": 1},
+        {"name": "west", "device": "cpu", "nodes": 1, "devices_per_node": 1}], "links": link})
+    assert inv.link("east", "west").flow_gbps == link[0]["flow_gbps"]
+    assert main(["probe-link", "--local", "--connections", "0"]) == 2
+
+
 def test_probe_link_json_has_per_size_rates(capsys):
     assert main(["probe-link", "--local", "--max-size-mib", "0.25", "--iters", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -11,12 +11,16 @@ Measure point-to-point bandwidth (over message sizes) and latency between two ho
 gloo: host tensors sent on a two-rank gloo group, the path pipeline activations take between clusters. Like
 iperf3, but through the same stack. Start '--rank 0' on a host of one cluster and '--rank 1' on a host of the
 other, both with --master set to rank 0's address; rank 0 prints the inventory 'links:' entry to paste.
+--connections N also sends the largest messages on N connections at once, as a boundary's rank pairs do: the
+entry then gives their total as bandwidth_gbps and one connection's rate as flow_gbps (on a long-haul path one
+TCP stream gets far less than the path).
 --local runs both sides on this machine (a self-test; it measures this host's loopback)."""
 
 EPILOG = """\
 examples:
   cluster A host (10.0.0.5):  hetauto probe-link --rank 0 --master 10.0.0.5:29600 --between h800 ascend
   cluster B host:             hetauto probe-link --rank 1 --master 10.0.0.5:29600
+  with 8 connections at once: add --connections 8 on both sides
   self-test:                  hetauto probe-link --local --json"""
 
 
@@ -29,13 +33,16 @@ def add_arguments(p):
     p.add_argument("--max-size-mib", type=float, default=64.0, help="largest message (default 64 MiB)")
     p.add_argument("--iters", type=int, default=5, help="repetitions per message size (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other side (default 60)")
+    p.add_argument("--connections", type=int, default=1,
+                   help="also measure this many connections at once (same on both sides; default 1)")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
 
 
 def run(args) -> int:
     for flag, value, ok, want in (("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive"),
                                   ("--iters", args.iters, args.iters >= 1, "at least 1"),
-                                  ("--timeout", args.timeout, args.timeout > 0, "positive")):
+                                  ("--timeout", args.timeout, args.timeout > 0, "positive"),
+                                  ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64")):
         if not ok:
             raise InputError(f"must be {want}, got {value:g}", field=flag)
     # torch's C++ layer logs every failed rendezvous attempt with a native stack trace; the failure itself
@@ -46,13 +53,14 @@ def run(args) -> int:
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")
     if args.local:
-        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout)
+        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections)
     else:
         if args.rank is None or args.master is None:
             raise InputError("both --rank and --master are needed (or --local)", field="--rank",
                              fix="run '--rank 0 --master HOST:PORT' on one host and '--rank 1' with the same "
                                  "--master on the other")
-        m = P.run_side(args.rank, args.master, sizes=sizes, iters=args.iters, timeout_s=args.timeout)
+        m = P.run_side(args.rank, args.master, sizes=sizes, iters=args.iters, timeout_s=args.timeout,
+                       connections=args.connections)
         if m is None:
             print("probe-link: done (rank 0 prints the result)")
             return 0
@@ -61,7 +69,9 @@ def run(args) -> int:
         print(json.dumps(m.to_dict(a, b), indent=1))
         return 0
     print(f"# latency {m.latency_s * 1e6:.1f} us, bandwidth {m.bandwidth_gbps:.3f} Gbit/s "
-          f"({m.bandwidth_bytes_per_s / 1e6:.1f} MB/s); per message size:")
+          f"({m.bandwidth_bytes_per_s / 1e6:.1f} MB/s) on one connection"
+          + (f", {m.together_bytes_per_s * 8 / 1e9:.3f} Gbit/s on {m.connections} at once"
+             if m.together_bytes_per_s else "") + "; per message size (one connection):")
     for n, t, r in m.per_size:
         print(f"#   {n:>10} B  {t * 1e3:9.3f} ms  {r * 8 / 1e9:8.3f} Gbit/s")
     print(P.link_yaml(m, a, b), end="")

@@ -6,6 +6,12 @@ median round trip of a 4-byte ping-pong. Bandwidth: rank 0 sends a message of ea
 a 4-byte acknowledgement; the time minus one latency gives the one-way rate, and the link's bandwidth is the
 best rate over the largest messages (small ones are latency-bound). Every wait has a timeout.
 
+That is one connection, as one rank pair of a pipeline boundary uses (one gloo connection per pair). With
+`connections` > 1 the largest messages are also sent on that many connections at once (one gloo group each: its
+own TCP connection), the way a boundary's rank pairs send together: the link entry then gives their total as
+`bandwidth_gbps` and the single connection's rate as `flow_gbps` (docs/inputs.md). On a long-haul path the two
+differ by far (one TCP stream is limited by its window over the round trip).
+
 The result is an inventory `links:` entry (Gbit/s and milliseconds, the inventory's units).
 """
 from __future__ import annotations
@@ -25,25 +31,33 @@ class LinkMeasurement:
     latency_s: float
     bandwidth_bytes_per_s: float
     per_size: tuple      # (bytes, seconds one way, bytes/s)
+    connections: int = 1
+    together_bytes_per_s: float | None = None   # all `connections` at once (None: one connection measured)
 
     @property
     def bandwidth_gbps(self) -> float:
         return self.bandwidth_bytes_per_s * 8 / 1e9
 
     def link_entry(self, a: str, b: str) -> dict:
-        return {"between": [a, b], "bandwidth_gbps": round(self.bandwidth_gbps, 3),
-                "latency_ms": round(self.latency_s * 1e3, 4)}
+        if self.together_bytes_per_s is None:
+            return {"between": [a, b], "bandwidth_gbps": round(self.bandwidth_gbps, 3),
+                    "latency_ms": round(self.latency_s * 1e3, 4)}
+        total = max(self.together_bytes_per_s, self.bandwidth_bytes_per_s) * 8 / 1e9
+        return {"between": [a, b], "bandwidth_gbps": round(total, 3), "latency_ms": round(self.latency_s * 1e3, 4),
+                "flow_gbps": round(min(self.bandwidth_gbps, total), 3)}
 
     def to_dict(self, a: str, b: str) -> dict:
         return {"link": self.link_entry(a, b), "latency_us": round(self.latency_s * 1e6, 2),
+                "connections": self.connections,
                 "per_size": [{"bytes": n, "seconds": round(t, 9), "gbps": round(r * 8 / 1e9, 3)}
                              for n, t, r in self.per_size]}
 
 
 def link_yaml(m: LinkMeasurement, a: str, b: str) -> str:
     e = m.link_entry(a, b)
+    flow = f"    flow_gbps: {e['flow_gbps']}\n" if "flow_gbps" in e else ""
     return (f"links:\n  - between: [{a}, {b}]\n    bandwidth_gbps: {e['bandwidth_gbps']}\n"
-            f"    latency_ms: {e['latency_ms']}\n")
+            f"    latency_ms: {e['latency_ms']}\n{flow}")
 
 
 def parse_master(master: str) -> tuple[str, int]:
@@ -55,7 +69,7 @@ def parse_master(master: str) -> tuple[str, int]:
 
 
 def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, ping_iters: int = 50,
-             timeout_s: float = 60.0) -> LinkMeasurement | None:
+             timeout_s: float = 60.0, connections: int = 1) -> LinkMeasurement | None:
     """Run one side of the probe; rank 0 returns the measurement, rank 1 returns None."""
     if rank not in (0, 1):
         raise InputError(f"must be 0 or 1, got {rank}", field="--rank",
@@ -72,12 +86,12 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
                          field="--master", fix="start both sides with the same --master (rank 0's address), "
                                                "check the port is open, or raise --timeout") from None
     try:
-        return _measure(torch, dist, rank, sizes, iters, ping_iters)
+        return _measure(torch, dist, rank, sizes, iters, ping_iters, connections, timeout)
     finally:
         dist.destroy_process_group()
 
 
-def _measure(torch, dist, rank, sizes, iters, ping_iters):
+def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout=None):
     peer = 1 - rank
     small = torch.zeros(1, dtype=torch.float32)
     # Latency: ping-pong of one float.
@@ -100,27 +114,49 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters):
         times = [round_trip(buf, small) for _ in range(iters + 1)]
         one_way = max(statistics.median(times[1:]) - latency, 1e-9)
         per_size.append((buf.numel() * 4, one_way, buf.numel() * 4 / one_way))
+    big = per_size[-max(1, len(per_size) // 3):]   # largest third: bandwidth-bound
+    together = None
+    if connections > 1:
+        # every rank creates the same groups in the same order; each is a gloo context of its own connection
+        groups = [None] + [dist.new_group([0, 1], backend="gloo", timeout=timeout) for _ in range(connections - 1)]
+        rates = []
+        for n, _, _ in big:
+            bufs = [torch.empty(max(1, n // 4), dtype=torch.float32) for _ in groups]
+            times = []
+            for _ in range(iters + 1):
+                a = time.perf_counter()
+                op = dist.isend if rank == 0 else dist.irecv
+                for w in [op(b, peer, group=g) for b, g in zip(bufs, groups)]:
+                    w.wait()
+                if rank == 0:
+                    dist.recv(small, peer)
+                else:
+                    dist.send(small, peer)
+                times.append(time.perf_counter() - a)
+            one_way = max(statistics.median(times[1:]) - latency, 1e-9)
+            rates.append(len(groups) * bufs[0].numel() * 4 / one_way)
+        together = max(rates)
     if rank != 0:
         return None
-    big = per_size[-max(1, len(per_size) // 3):]   # largest third: bandwidth-bound
-    return LinkMeasurement(latency, max(r for _, _, r in big), tuple(per_size))
+    return LinkMeasurement(latency, max(r for _, _, r in big), tuple(per_size), connections, together)
 
 
-def _local_peer(port: int, sizes, iters, timeout_s):
-    run_side(1, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s)
+def _local_peer(port: int, sizes, iters, timeout_s, connections=1):
+    run_side(1, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections)
 
 
-def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, port: int | None = None) -> LinkMeasurement:
+def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, port: int | None = None,
+              connections: int = 1) -> LinkMeasurement:
     """Both sides on this machine (a second process for rank 1): a self-test of the probe, and the loopback
     figures of this host."""
     import multiprocessing as mp
     from ..runtime.launcher import free_port
     port = port or free_port()
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_local_peer, args=(port, tuple(sizes), iters, timeout_s), daemon=True)
+    proc = ctx.Process(target=_local_peer, args=(port, tuple(sizes), iters, timeout_s, connections), daemon=True)
     proc.start()
     try:
-        m = run_side(0, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s)
+        m = run_side(0, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections)
     finally:
         proc.join(timeout_s)
         if proc.is_alive():
