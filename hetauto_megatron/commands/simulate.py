@@ -9,7 +9,8 @@ from ._common import (add_memory_job_arg, add_model_inventory_args, add_precisio
                       check_timeline_paths, load_inputs, write_timelines)
 
 DESCRIPTION = """\
-Predict one training iteration with the cost model and the event-level 1F1B simulator: per stage compute,
+Predict one training iteration with the cost model and the event-level 1F1B simulator (--engine deepspeed:
+DeepSpeed's pipeline schedule, for plans run by DeepSpeed's engine): per stage compute,
 busy and bubble time, memory of the busiest device and whether it fits, and overall iteration time,
 tokens/s and model TFLOP/s per device, and the cost per 1M tokens when the inventory prices the plan's
 clusters (price_per_device_hour, for the devices the plan uses). Give either a plan file, or a homogeneous layout on one cluster
