@@ -19,7 +19,11 @@ the period per micro-batch is forward + backward + 2 x transfer for two stages a
 stage of more.
 
 `simulate_deepspeed` plays every instruction of every stage with those rules (no extrapolation); the makespan is
-when the last stage finishes its last instruction. Sailor's measured GH200 runs ran this engine
+when the last stage finishes its last instruction. Each transfer takes the time the simulator prices for the
+boundary (plan/costing.py `boundary_transfer_time`, as for Megatron). Not priced: DeepSpeed's engine sends each TP
+rank's 1/TP partition of the activation and the receiver all-gathers it over TP (`PartitionedTensor`,
+`reconstruct_tensor`), fewer bytes on the network than a TP rank's whole activation without sequence parallelism
+(docs/cost-model-learned.md, "What is left"). Sailor's measured GH200 runs ran this engine
 (benchmarks/sailor_iterations.py, docs/cost-model-learned.md).
 """
 from __future__ import annotations
