@@ -214,4 +214,5 @@ def settings_that_ran(config, ddp_config, optimizer) -> dict:
             "distributed_optimizer": all(s.config.use_distributed_optimizer for s in subs),
             "overlap_grad_reduce": bool(ddp_config.overlap_grad_reduce),
             "overlap_param_gather": bool(ddp_config.overlap_param_gather),
-            "grad_reduce_dtype": "fp32" if ddp_config.grad_reduce_in_fp32 else "param"}
+            "grad_reduce_dtype": "fp32" if ddp_config.grad_reduce_in_fp32 else "param",
+            "hidden_dropout": float(config.hidden_dropout), "attention_dropout": float(config.attention_dropout)}
