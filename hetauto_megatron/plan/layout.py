@@ -47,12 +47,10 @@ class PipelineLayout:
 
     def first_stage(self, mesh_index: int) -> int:
         """Pipeline stage of a mesh's first stage."""
-        stage = 0
-        for pos in self.positions:
-            if mesh_index in pos:
-                return stage
-            stage += self.plan.meshes[pos[0]].num_stages
-        raise ValueError(f"mesh {mesh_index} is not in pipeline {self.pipeline}")
+        pipeline, _, stage = self.plan.locate(mesh_index)
+        if pipeline != self.pipeline:
+            raise ValueError(f"mesh {mesh_index} is not in pipeline {self.pipeline}")
+        return stage
 
     def position_of(self, mesh_index: int) -> list[int]:
         """Mesh indices of the position holding a mesh (the mesh and those alongside it), in mesh order."""
@@ -90,12 +88,12 @@ class PipelineLayout:
     @cached_property
     def step(self) -> int:
         """Samples one micro-batch step moves through every stage (all replicas of all meshes of a position)."""
-        return sum(self.plan.meshes[i].samples_per_step for i in self.positions[0])
+        return self.plan.pipeline_step(self.pipeline)
 
     @property
     def samples(self) -> int:
         """Samples this pipeline trains per iteration."""
-        return self.plan.pipeline(self.pipeline).global_batch_size
+        return self.plan.samples_per_pipeline[self.pipeline]
 
     @property
     def num_micro_batches(self) -> int:
