@@ -51,7 +51,10 @@ def grid_memory(tmp_path_factory):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
-    return json.loads(buf.getvalue())["memory"]
+    report = json.loads(buf.getvalue())
+    # what ran (read back from the TransformerConfig each mesh built): the plan's dropouts
+    assert [(s["hidden_dropout"], s["attention_dropout"]) for s in report["settings"]] == [(0.1, 0.1)] * 3
+    return report["memory"]
 
 
 def _check(rows):
