@@ -25,7 +25,8 @@ phase, every wait with a timeout that names both ranks. It runs after the backwa
 
 Where the rules of the holders come from: each rank publishes, once (`ReplicaSync(...)`, collective over all
 ranks), for each of its parameters its global name, its holder (mesh index, stage in mesh), weight, TP layout
-and the interval of the local tensor whose reduced gradient it holds; every rank derives the same moves.
+and the interval of the local tensor whose reduced gradient it holds; every rank derives the same moves and
+groups its own into messages once (`messages_of`): a step only copies elements into and out of them.
 """
 from __future__ import annotations
 
