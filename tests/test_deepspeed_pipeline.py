@@ -1,9 +1,13 @@
 """DeepSpeed's own pipeline engine runs an emitted config: `deepspeed.initialize` with the package's
 PipelineModule on the plan's uneven partition (`hetauto.partition`), 4 CPU processes over gloo, ZeRO-1 over
-DP 2 with overlap_comm (the plan's distributed optimizer and gradient-reduce overlap), gradient clipping.
+DP 2 (the plan's distributed optimizer; ZeRO-0 for the first model, a plan without it), gradient clipping.
 
 Its losses must equal a single-process run of the same model written in plain torch (the same layers and
-per-layer seeds, the whole global batch in one pass, torch's Adam and clip_grad_norm_), within 1e-5. Two
+per-layer seeds, the whole global batch in one pass, torch's Adam and clip_grad_norm_), within 1e-5. And the
+engine must reduce the DP gradients as the settings table's `deepspeed` row says and `simulate(engine="deepspeed")`
+prices it: every DP gradient collective of the run is recorded with the pipeline instruction it ran in; all of
+them run in ReduceGrads, after the stage's last backward (none during a BackwardPass), one all-reduce of the
+stage's whole gradient per step, with ZeRO-0 and ZeRO-1 alike. Two
 models cover the helper's layers: the LLaMA-style tiny preset (RoPE, SwiGLU, RMSNorm, GQA, separate output
 layer) and a GPT-2-style variant (learned positions, GELU, LayerNorm, embeddings tied across the two stages).
 """
@@ -14,6 +18,7 @@ from helpers import mesh
 
 from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
 from hetauto_megatron.plan.plan import plan_from_dict
+from hetauto_megatron.plan.settings import as_run_by
 
 STEPS, LR, DATA_SEED = 3, 1e-2, 7
 # One vendor (cpu), TP 1 and DP 2 and micro-batch 1 everywhere, 5 + 3 layers, full recomputation in the
@@ -23,6 +28,39 @@ PLAN = {"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
 MODELS = {"llama-style": {"preset": "tiny"},
           "gpt2-style-tied": {"preset": "tiny", "tie_embeddings": True, "position_embedding": "learned",
                               "gated_mlp": False}}
+# The settings each model's plan runs with: none (ZeRO-0), and the defaults (distributed optimizer -> ZeRO-1). (ZeRO-0
+# with the tied embedding clips by a norm that counts the tied weight on both stages: 1e-4 off the reference.)
+SETTINGS = {"llama-style": {"distributed_optimizer": False}, "gpt2-style-tied": {}}
+_COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
+
+
+def _record_collectives(dist, where: list, log: list, group: list):
+    """Wrap torch.distributed's reducing collectives (before DeepSpeed binds them) so that each call on the DP group
+    is logged with the pipeline instruction running (`where[0]`) and its elements; the call itself is unchanged."""
+    for name in _COLLECTIVES:
+        original = getattr(dist, name)
+
+        def call(*args, _original=original, _name=name, **kwargs):
+            g = kwargs.get("group")
+            tensor = kwargs.get("tensor", args[0] if args else None)
+            if group and g is group[0] and hasattr(tensor, "numel"):
+                log.append((where[0], _name, tensor.numel()))
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, call)
+
+
+def _record_instructions(engine, where: list):
+    """The engine's instruction table, each entry setting `where[0]` to its instruction's name while it runs."""
+    def wrap(fn, name):
+        def run(self, *args, **kwargs):
+            where[0] = name
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                where[0] = "between"
+        return run
+    engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
 
 
 def _indices(step, micro, dp_rank, dp, mbs, gbs):
@@ -37,9 +75,13 @@ def _rank(rank, world_size, model, configs):
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
 
     deepspeed = dsp.import_deepspeed()
+    where, log, group = ["init"], [], []
+    _record_collectives(dist, where, log, group)
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = dsp.config_for_rank(configs, rank)
     engine = dsp.initialize(model, cfg, lr=LR)
+    group.append(engine.grid.get_data_parallel_group())
+    _record_instructions(engine, where)
     dp, mbs, gas = cfg["hetauto"]["data_parallel_size"], cfg["train_micro_batch_size_per_gpu"], \
         cfg["gradient_accumulation_steps"]
     dp_rank = engine.grid.get_data_parallel_rank()
@@ -56,7 +98,8 @@ def _rank(rank, world_size, model, configs):
            "local": [engine.module._local_start, engine.module._local_stop],
            "zero_stage": engine.zero_optimization_stage(), "overlap_comm": bool(engine.zero_overlap_comm()),
            "checkpoint_interval": engine.module.activation_checkpoint_interval,
-           "engine": type(engine).__name__}
+           "engine": type(engine).__name__, "dp_collectives": log,
+           "stage_parameters": sum(p.numel() for p in engine.module.parameters() if p.requires_grad)}
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -91,7 +134,8 @@ def pipeline_run(request, tmp_path_factory):
     from hetauto_megatron.runtime.deepspeed_pipeline import import_deepspeed
     from hetauto_megatron.runtime.launcher import free_port, launch
 
-    plan = plan_from_dict(dict(PLAN, model=MODELS[request.param]))
+    meshes = [dict(m, settings=SETTINGS[request.param]) for m in PLAN["meshes"]]
+    plan = plan_from_dict(dict(PLAN, model=MODELS[request.param], meshes=meshes))
     out = tmp_path_factory.mktemp("ds")
     configs = []
     for r in emit_deepspeed(plan):      # validated by DeepSpeed's parser; each cluster reads its own file
@@ -119,9 +163,9 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
         assert r["engine"] == "PipelineEngine"
         assert r["parts"] == partition, r
         assert r["local"] == partition[r["stage"]:r["stage"] + 2]
-        # the plan's settings table reached the engine: distributed optimizer -> ZeRO-1, overlap -> overlap_comm
+        # the plan's settings table reached the engine as its deepspeed row says: distributed optimizer -> ZeRO-1
         m = plan.meshes[0 if rank < 2 else 1]
-        settings = m.settings
+        settings = as_run_by(m.settings, "deepspeed")
         assert r["checkpoint_interval"] == (1 if m.recompute == "full" else 0)
         assert r["zero_stage"] == (1 if settings.distributed_optimizer else 0)
         assert r["overlap_comm"] == settings.overlap_grad_reduce
@@ -131,3 +175,23 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
         diff = max(abs(a - b) for a, b in zip(r["losses"], reference))
         assert diff <= 1e-5, (r["losses"], reference)
     assert abs(reference[-1] - reference[0]) > 1e-3, reference   # the updates moved the loss well past 1e-5
+
+
+def test_dp_reduction_runs_after_the_last_backward(pipeline_run):
+    """What the engine did, against the table's deepspeed row (and what simulate(engine="deepspeed") prices): the
+    DP gradient reduction is not overlapped with the backward pass; it is one all-reduce of the stage's whole
+    gradient per step, in ReduceGrads (ZeRO-1: not a reduce-scatter)."""
+    plan, _, results = pipeline_run
+    for r in results:
+        m = plan.meshes[0 if r["stage"] == 0 else 1]
+        settings = as_run_by(m.settings, "deepspeed")
+        assert not settings.overlap_grad_reduce and not settings.sharded_grad_reduce
+        gradients = [(where, name, n) for where, name, n in r["dp_collectives"] if n > 1]   # not the norm's scalars
+        assert gradients, r["dp_collectives"]
+        assert {where for where, _, _ in gradients} == {"ReduceGrads"}, gradients
+        assert {name for _, name, _ in gradients} == {"all_reduce"}, gradients
+        per_step = sum(n for _, _, n in gradients) / STEPS
+        # the whole gradient (from 95 %: a parameter with no gradient on a stage, e.g. the tied module's unused
+        # positions on the last, is left out; ZeRO pads its flat buffer)
+        assert 0.95 * r["stage_parameters"] <= per_step <= 1.01 * r["stage_parameters"], (per_step,
+                                                                                          r["stage_parameters"])

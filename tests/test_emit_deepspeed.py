@@ -10,6 +10,7 @@ from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, s
                                              unsupported_features, validate)
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+from hetauto_megatron.plan.settings import as_run_by
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
@@ -54,10 +55,11 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert r["parsed"]["gradient_accumulation_steps"] == p.num_micro_batches
         assert m.micro_batch_size * p.num_micro_batches * m.dp == p.global_batch_size
         # the mesh's runtime settings (plan/settings.py), as DeepSpeed's parser read them
-        s, precision = m.settings, p.mesh_precision(r["mesh"])
+        # (their row for DeepSpeed's engine: what that engine runs of them)
+        s, precision = as_run_by(m.settings, "deepspeed"), p.mesh_precision(r["mesh"])
         assert precision == ("fp32" if m.device_type == "cpu" else p.precision)
         assert r["parsed"]["zero_stage"] == (1 if s.distributed_optimizer else 0)
-        assert r["parsed"]["overlap_comm"] == (s.distributed_optimizer and s.overlap_grad_reduce)
+        assert r["parsed"]["overlap_comm"] is False     # the pipeline engine reduces after the last backward
         low = {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
         reduce = low if low and s.grad_reduce_dtype == "param" else "float32"
         assert r["parsed"]["communication_data_type"] == reduce
@@ -98,7 +100,7 @@ def test_validation_catches(change, words):
 
 
 def test_unsupported_features_only_those_that_apply():
-    no_param_gather_overlap = {"overlap_param_gather": False}
+    no_param_gather_overlap = {"overlap_grad_reduce": False, "overlap_param_gather": False}
     assert unsupported_features(plan([with_settings(mesh("a", 2, 4, 1, [8]), **no_param_gather_overlap)],
                                      gbs=8)) == ["sequence parallelism: not a DeepSpeed setting; the model's own "
                                                  "tensor-parallel layers (e.g. Megatron's, through the mpu) must "
@@ -106,16 +108,17 @@ def test_unsupported_features_only_those_that_apply():
     same = plan([with_settings(mesh("a", 1, 2, 2, [4]), **no_param_gather_overlap),
                  with_settings(mesh("b", 1, 2, 2, [4]), **no_param_gather_overlap)])
     assert unsupported_features(same) == []
-    assert ["overlap_param_gather" in line for line in
-            unsupported_features(plan([mesh("a", 1, 2, 2, [4]), mesh("b", 1, 2, 2, [4])]))] == [True]
+    assert [("overlap_grad_reduce" in line, "overlap_param_gather" in line) for line in
+            unsupported_features(plan([mesh("a", 1, 2, 2, [4]), mesh("b", 1, 2, 2, [4])]))] == [(True, False),
+                                                                                                 (False, True)]
     fp32_accumulation = plan([with_settings(mesh("a", 1, 2, 2, [4], device="h800"), distributed_optimizer=False,
-                                            overlap_param_gather=False)] * 2)
+                                            overlap_grad_reduce=False, overlap_param_gather=False)] * 2)
     assert ["fp32 gradient accumulation" in line for line in unsupported_features(fp32_accumulation)] == [True]
     text = "\n".join(unsupported_features(PLANS["dp_mismatch"]()))
     for w in ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective",
               "uneven layer split"):
         assert w in text
-    assert len(unsupported_features(PLANS["736"]())) == 8
+    assert len(unsupported_features(PLANS["736"]())) == 9
 
 
 def test_cli_writes_files_and_json(tmp_path, capsys):

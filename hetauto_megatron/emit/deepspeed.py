@@ -4,9 +4,11 @@ DeepSpeed's pipeline engine runs on one uniform Cartesian topology (one TP and o
 and one communication backend, so a heterogeneous plan maps onto it only partly. What maps:
 - batch arithmetic per mesh: train_batch_size = micro-batch x accumulation steps x the mesh's DP, which is the
   plan's global batch in every mesh (dp x micro-batch is equal everywhere, so the step counts agree);
-- the mesh's runtime settings (plan/settings.py, the one table Megatron's arguments are read from too): the
-  distributed optimizer is ZeRO stage 1 (stages 2/3 are refused with pipelining), overlap_grad_reduce is
-  ZeRO's overlap_comm, grad_reduce_dtype is the communication and gradient-accumulation dtype;
+- the mesh's runtime settings as DeepSpeed's engine runs them (plan/settings.py, the one table Megatron's
+  arguments are read from too, its `deepspeed` row: `as_run_by`): the distributed optimizer is ZeRO stage 1
+  (stages 2/3 are refused with pipelining), grad_reduce_dtype is the communication and gradient-accumulation
+  dtype; the pipeline engine reduces gradients after the last backward whatever overlap_comm says, so overlap_comm
+  is the table's (off) and a plan asking for overlap_grad_reduce gets it listed as unsupported;
 - the precision the mesh trains in (the plan's; fp32 on CPU; fp8 as bf16); activation checkpointing from the
   mesh's recompute mode;
 - the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
@@ -26,7 +28,7 @@ import os
 
 from ..errors import InputError
 from ..plan.plan import Plan
-from ..plan.settings import sixteen_bit_dtype
+from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..plan.shapes import require_simple
 from ..spec.devices import get_device
 
@@ -55,7 +57,7 @@ def stage_partition(stage_layers: list[int]) -> list[int]:
 def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     """The ds_config for the ranks of one mesh (a plain dict, not yet validated)."""
     mesh = plan.meshes[mesh_index]
-    settings = mesh.settings
+    settings = as_run_by(mesh.settings, ENGINE)     # what DeepSpeed's engine runs of the mesh's settings
     pipelined = plan.pipeline_parallel_size > 1
     # 'selective' recompute (attention only) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
@@ -67,8 +69,8 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     # communication_data_type and accumulates in data_types.grad_accum_dtype.
     reduce_dtype = low if low and settings.grad_reduce_dtype == "param" else "fp32"
     # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; with
-    # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm overlaps ZeRO's gradient reduction with
-    # the backward pass, as overlap_grad_reduce does in Megatron.
+    # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm: the table's row for DeepSpeed's engine (off:
+    # under the pipeline engine ZeRO reduces in ReduceGrads after the last backward either way, settings.py).
     zero = {"stage": 1 if settings.distributed_optimizer else 0}
     if settings.distributed_optimizer:
         zero["overlap_comm"] = settings.overlap_grad_reduce
@@ -104,6 +106,20 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     return cfg
 
 
+ENGINE = "deepspeed"     # the row of the settings table (plan/settings.py ENGINES) these configs run as
+# What a mesh loses of a setting DeepSpeed's engine does not run (as_run_by turns it off).
+_SETTING_GAPS = {
+    "overlap_grad_reduce": "overlap of the DP gradient reduction with the backward pass (overlap_grad_reduce): "
+                           "DeepSpeed's pipeline engine turns its backward all-reduce off and reduces in its ReduceGrads "
+                           "instruction after the stage's last backward, with ZeRO-0 and ZeRO-1 alike (overlap_comm "
+                           "changes nothing there); 'hetauto simulate --engine deepspeed' prices it so",
+    "overlap_param_gather": "overlap of the parameter all-gather with the next forward pass (overlap_param_gather): "
+                            "ZeRO-1 gathers the updated parameters at the end of the optimizer step",
+    "sequence_parallel": "sequence parallelism: not a DeepSpeed setting; the model's own tensor-parallel layers (e.g. "
+                         "Megatron's, through the mpu) must split the sequence",
+}
+
+
 def unsupported_features(plan: Plan) -> list[str]:
     """Plain sentences, one per feature of this plan that one DeepSpeed job cannot express."""
     out = []
@@ -130,12 +146,9 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
                    "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
                    "assumed")
-    if any(m.settings.overlap_param_gather for m in meshes):
-        out.append("overlap of the parameter all-gather with the next forward pass (overlap_param_gather): ZeRO-1 "
-                   "gathers the updated parameters at the end of the optimizer step")
-    if any(m.settings.sequence_parallel for m in meshes):
-        out.append("sequence parallelism: not a DeepSpeed setting; the model's own tensor-parallel layers (e.g. "
-                   "Megatron's, through the mpu) must split the sequence")
+    for key, why in _SETTING_GAPS.items():     # settings the plan asks for that the engine's row turns off
+        if any(getattr(m.settings, key) != getattr(as_run_by(m.settings, ENGINE), key) for m in meshes):
+            out.append(why)
     if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
            and plan.mesh_precision(i) != "fp32" for i, m in enumerate(meshes)):
         out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "

@@ -199,16 +199,20 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool) -> tuple[float, float]:
     """(gradient reduction, parameter all-gather) seconds of one iteration on the ring of the DP group's link.
 
-    With the distributed optimizer the gradients are reduce-scattered and the updated parameters all-gathered;
-    without it the gradients are all-reduced and nothing is gathered. Gradients travel in the gradient
+    With the distributed optimizer the gradients are reduce-scattered (all-reduced where the mesh's engine does
+    so: settings.py ENGINES) and the updated parameters all-gathered; without it the gradients are all-reduced and
+    nothing is gathered. Gradients travel in the gradient
     buffer's dtype (fp32 by default, settings.grad_reduce_dtype), parameters in the training precision."""
     params = stage_params(model, prof.tp, layers, first, last)
     dtype = prof.cluster.device.dtype_bytes
     grads = grad_buffer_bytes(dtype, prof.settings) * params
+    # The engine's row of the settings table says which collective reduces (settings.py ENGINES: DeepSpeed's ZeRO-1
+    # all-reduces whole buckets before each rank keeps its shard).
+    reduce = (comm.reduce_scatter_time if prof.settings.sharded_grad_reduce else comm.allreduce_time)(
+        grads, prof.dp, prof.dp_link)
     if prof.settings.distributed_optimizer:
-        return (comm.reduce_scatter_time(grads, prof.dp, prof.dp_link),
-                comm.all_gather_time(dtype * params, prof.dp, prof.dp_link))
-    return comm.allreduce_time(grads, prof.dp, prof.dp_link), 0.0
+        return reduce, comm.all_gather_time(dtype * params, prof.dp, prof.dp_link)
+    return reduce, 0.0
 
 
 def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, fwd_window: float,

@@ -105,3 +105,13 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
         raise AssertionError("DeepSpeed schedule deadlocked: the instruction lists do not pair")
     busy = [m * (f + b) for f, b in zip(fwd, bwd)]
     return max(clock), busy
+
+
+def deepspeed_links(link: list[float]) -> list[float]:
+    """Boundary times for which Megatron's blocking 1F1B closed form (pipeline.estimate_1f1b with every boundary
+    blocking) screens DeepSpeed's TrainSchedule: each link time twice. A DeepSpeed transfer holds both of its
+    stages, so each boundary costs each neighbour a send and a receive per micro-batch and direction where 1F1B's
+    blocking sender pays only its sends: in a pipeline of equal stages 1F1B's period is f + b + 2x per stage and
+    DeepSpeed's f + b + 4x for a middle stage (f + b + 2x for two stages, whose shared cycle of two micro-batches
+    1F1B prices at f + b + x). The search screens with it and re-ranks its best layouts with `simulate_deepspeed`."""
+    return [2 * x for x in link]

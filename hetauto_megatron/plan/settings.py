@@ -55,6 +55,9 @@ class RuntimeSettings:
     grad_reduce_dtype: str = "fp32"
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
+    # The engine these settings are run by (`as_run_by`): not a setting a plan overrides, the engine dimension of
+    # the table that decides what the cost model prices (e.g. the collective of the DP gradient reduction).
+    engine: str = "megatron"
 
     def __post_init__(self):
         for f in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
@@ -82,10 +85,69 @@ class RuntimeSettings:
                              fix="set overlap_param_gather: false, or distributed_optimizer: true")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings (the keys a plan may override), without the engine."""
+        return {k: getattr(self, k) for k in SETTING_KEYS}
+
+    @property
+    def sharded_grad_reduce(self) -> bool:
+        """The DP gradient reduction is a reduce-scatter (distributed optimizer, run as its engine runs it)."""
+        return self.distributed_optimizer and ENGINES[self.engine].sharded_grad_reduce
 
 
-SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings))
+SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "engine")
+
+
+# ---- the engine dimension: what each pipeline engine does with a mesh's settings -----------------------------
+@dataclass(frozen=True)
+class Engine:
+    """How a pipeline engine runs a mesh's settings. Everything that prices or emits a plan for an engine reads
+    its row here (`as_run_by`, `reduce_collective`): the settings a plan asks for and the settings that engine
+    runs are one table."""
+    name: str
+    overlaps_grad_reduce: bool      # overlap_grad_reduce runs as set (else the reduction follows the last backward)
+    overlaps_param_gather: bool     # overlap_param_gather runs as set (else the gather ends the optimizer step)
+    sequence_parallel: bool         # sequence_parallel runs as set (else every TP rank holds the whole sequence)
+    sharded_grad_reduce: bool       # with the distributed optimizer the gradients are reduce-scattered (else
+                                    # all-reduced whole, each rank then keeping its shard)
+    blocking_boundaries: bool       # every pipeline transfer blocks (else the plan's boundary schedule runs)
+    simple_only: bool               # one pipeline of single meshes only
+
+
+ENGINES = {
+    # hetauto's runtime and Megatron-LM: every setting as set (Megatron-Core's DDP buckets, distributed optimizer).
+    "megatron": Engine("megatron", True, True, True, True, False, False),
+    # DeepSpeed 0.19.8's PipelineEngine with the configs emit/deepspeed.py writes (docs/deepspeed.md, measured by
+    # tests/test_deepspeed_pipeline.py): it sets enable_backward_allreduce = False (runtime/pipe/engine.py:80) and
+    # reduces the DP gradients in its ReduceGrads instruction after the stage's last backward (pipe/engine.py:287,
+    # pipe/schedule.py:238-241), with ZeRO-0 and ZeRO-1 alike: ZeRO-1's gradient hooks reduce only at a gradient-
+    # accumulation boundary (zero/stage_1_and_2.py:2293), which the pipeline engine raises only inside ReduceGrads
+    # (pipe/engine.py:659-668), so overlap_comm changes nothing there. ZeRO-1 all-reduces each bucket whole
+    # (use_multi_rank_bucket_allreduce, on by default: stage_1_and_2.py:1695) and all-gathers the updated parameters
+    # in its optimizer step. DeepSpeed has no sequence-parallel setting; every transfer is a blocking instruction
+    # (plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features).
+    "deepspeed": Engine("deepspeed", False, False, False, False, True, True),
+}
+DEFAULT_ENGINE = "megatron"
+
+
+def check_engine(engine: str, *, field: str = "--engine", file: str | None = None) -> Engine:
+    if engine not in ENGINES:
+        raise InputError(f"must be one of {', '.join(ENGINES)}, got {engine!r}", file=file, field=field,
+                         fix="write megatron (hetauto's runtime and Megatron-LM, the default) or deepspeed "
+                             "(DeepSpeed's pipeline engine)")
+    return ENGINES[engine]
+
+
+def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettings:
+    """A mesh's settings as `engine` runs them: a setting the engine does not run is off (what it then does is what
+    the cost model prices and the engine's emitter writes). The Megatron engine runs them all, unchanged."""
+    e = ENGINES[engine]
+    if e.overlaps_grad_reduce and e.overlaps_param_gather and e.sequence_parallel:
+        return s
+    return dataclasses.replace(s, overlap_grad_reduce=s.overlap_grad_reduce and e.overlaps_grad_reduce,
+                               overlap_param_gather=s.overlap_param_gather and e.overlaps_param_gather,
+                               sequence_parallel=s.sequence_parallel and e.sequence_parallel,
+                               engine=engine)
 
 def default_settings(tp: int) -> RuntimeSettings:
     """What production Megatron jobs run: SP whenever TP shards the layers, the distributed optimizer with both

@@ -17,10 +17,10 @@ from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .deepspeed_schedule import simulate_deepspeed
+from .deepspeed_schedule import deepspeed_links, simulate_deepspeed
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
-from .settings import DEFAULT_PRECISION, padded_vocab_size, resolve_settings
+from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, resolve_settings
 from .split import split_layers
 
 _DEFAULT_COST = AnalyticCostModel()
@@ -92,12 +92,14 @@ class Pipeline:
         return blocking, depth
 
 
-def _pipeline(model, inventory, choices, cost_model) -> Pipeline:
-    """Profiles and boundary links for the stage list of `choices` (pipeline order)."""
+def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGINE) -> Pipeline:
+    """Profiles and boundary links for the stage list of `choices` (pipeline order); each mesh's settings as
+    `engine` runs them (settings.py `as_run_by`)."""
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model, c.settings)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model,
+                                     as_run_by(c.settings, engine))
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
@@ -245,16 +247,13 @@ def plan_boundaries(plan: Plan) -> list:
     return [m.boundary_depth if m.boundary_schedule == "overlapped" else None for m in plan.meshes]
 
 
-ENGINES = ("megatron", "deepspeed")
-
-
 def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str = "megatron") -> Estimate:
     """The plan's iteration as `engine` runs its pipeline: "megatron" (hetauto's runtime and Megatron-LM: 1F1B,
     plan/pipeline.py) or "deepspeed" (DeepSpeed's pipeline engine, the configs `hetauto emit deepspeed` writes:
     its lock-step TrainSchedule, plan/deepspeed_schedule.py; one pipeline of single meshes, every boundary
-    blocking). Every other term is the same."""
+    blocking; the DP reduction as that engine runs it, settings.py ENGINES). Every other term is the same."""
     if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r}: one of {ENGINES}")
+        raise ValueError(f"engine {engine!r}: one of {tuple(ENGINES)}")
     cost_model = cost_model or _DEFAULT_COST
     check_plan_against_inventory(plan, inventory)
     inventory = inventory.with_precision(plan.precision)   # the plan's precision prices every device
@@ -265,7 +264,7 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str = "m
         return shapes_estimate(plan.model, inventory, shapes_of(plan), cost_model)
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
-    pipe = _pipeline(model, inventory, choices, cost_model)
+    pipe = _pipeline(model, inventory, choices, cost_model, engine)
     return _finish(model, plan.global_batch_size, pipe, plan.stage_layers, plan.num_micro_batches,
                    plan_boundaries(plan) if engine == "megatron" else None, choices, cost_model, inventory, engine)
 
@@ -284,7 +283,8 @@ SCHEDULES = ("blocking", "overlapped")
 
 
 def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshChoice], gbs: int, cost_model,
-                    *, exact: bool = True, schedule: str = "overlapped", depths=None) -> LayoutResult:
+                    *, exact: bool = True, schedule: str = "overlapped", depths=None,
+                    engine: str = DEFAULT_ENGINE) -> LayoutResult:
     """Solve the layer split for `choices` and predict the iteration time (the search's objective).
 
     exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
@@ -292,11 +292,14 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     schedule="overlapped" overlaps every cross-cluster boundary and chooses its depth: no extra warm-up, or the
     link's round trip in micro-batches (2 x transfer / slowest stage, rounded up; halved until memory allows),
     whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None
-    or a depth) fixes the boundaries instead."""
+    or a depth) fixes the boundaries instead. engine="deepspeed": DeepSpeed's pipeline engine (every boundary
+    blocking; exact: its TrainSchedule; closed form: `deepspeed_links`)."""
     m = gbs // (choices[0].dp * choices[0].micro_batch_size)
     model = padded_model(model, choices)
-    pipe = _pipeline(model, inventory, choices, cost_model)
+    pipe = _pipeline(model, inventory, choices, cost_model, engine)
     n = len(choices)
+    if ENGINES[engine].blocking_boundaries:
+        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory, engine=engine)[0]
     crossing = {pipe.owners[l] for l, c in enumerate(pipe.cross) if c}
     if depths is not None or schedule == "blocking" or not crossing:
         return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
@@ -330,7 +333,8 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     return best
 
 
-def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None):
+def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None,
+              engine: str = DEFAULT_ENGINE):
     """(LayoutResult, its closed-form tail or None). reuse: (layers, tail) of the same layout under looser memory
     caps (a shallower overlapped depth): when those layers fit these caps they are this split too (the greedy
     split is optimal for the looser caps and feasible for these), and the tail, which depends on the layers
@@ -375,10 +379,13 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             bwd.append(b)
         if tail is None:
             tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
-        t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+        if engine == "deepspeed":
+            t = estimate_1f1b(fwd, bwd, deepspeed_links(pipe.links), m, blocking=blocking, depth=depth)
+        else:
+            t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
         return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
                 tail)
-    est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory)
+    est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory, engine)
     return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths)), None
 
 
