@@ -119,6 +119,45 @@ def test_closed_form_never_undercuts_the_event_simulation():
     assert errs[len(errs) // 2] < 0.01 and errs[int(0.9 * len(errs))] < 0.05
 
 
+def _period_by_every_run(f, b, link, m, blk, depth):
+    """The closed form's period as its definition reads (pipeline.py's docstring): every run of stages i..k and
+    every overlapped link direction, one by one."""
+    p = len(f)
+    stage = [x + y for x, y in zip(f, b)]
+    for l in range(p - 1):
+        if blk[l]:
+            stage[l] += link[l]
+            stage[l + 1] += link[l]
+    w = [min(m, p - i - 1 + sum(depth[i:])) for i in range(p)]
+    best = max([0.0] + [x for x, bl in zip(link, blk) if not bl])      # latency 0: the whole transfer occupies
+    for i in range(p):
+        for k in range(i, p):
+            run = sum(stage[i:k + 1]) + sum(2 * link[l] for l in range(i, k) if not blk[l])
+            best = max(best, run / min(w[i] - w[k] + 1, m))
+    return best
+
+
+def test_closed_form_equals_its_definition_run_by_run():
+    """estimate_1f1b finds the period in a few linear passes (the longest runs from a saturated front, single
+    stages, Dinkelbach's iteration where an overlapped link beats its depth): the same as trying every run of
+    stages, on pipelines of up to 60 stages, few micro-batches (a saturated front) or many, equal stages (ties)
+    or not, every boundary schedule."""
+    rng = random.Random(21)
+    worst = 0.0
+    for _ in range(600):
+        p, m = rng.choice([1, 2, 3, 5, 9, 20, 60]), rng.choice([1, 2, 3, 5, 16, 64, 512])
+        even = rng.random() < 0.5
+        f = [1.0 if even else rng.uniform(0.2, 3) for _ in range(p)]
+        b = [2 * x for x in f]
+        link = [rng.choice([0.0, rng.uniform(0, 0.3), rng.uniform(0, 8)]) for _ in range(p - 1)]
+        blk = [rng.random() < 0.6 for _ in range(p - 1)]
+        depth = [0 if x else rng.choice([0, 0, 1, 3, 30]) for x in blk]
+        got = estimate_1f1b(f, b, link, m, blocking=blk, depth=depth)
+        want = sum(f) + sum(b) + 2 * sum(link) + (m - 1) * _period_by_every_run(f, b, link, m, blk, depth)
+        worst = max(worst, abs(got - want) / want)
+    assert worst < 1e-12
+
+
 def test_recorded_events_never_overlap_on_a_resource():
     rng = random.Random(5)
     for _ in range(60):

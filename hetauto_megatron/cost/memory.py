@@ -44,6 +44,7 @@ gives each constant's basis).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
@@ -127,6 +128,7 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
 
 
+@lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
 def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
                            sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
                            impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
@@ -143,6 +145,7 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
     return kept + (p["mlp"] / tp if recompute == "none" else 0.0)
 
 
+@lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
 def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
                            sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
                            impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,

@@ -225,37 +225,53 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     runs during the next iteration's first forward (`fwd_window`: this stage's, after the earlier stages').
     Only what sticks out costs time; without the overlap the collective is exposed in full."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
-    s = prof.settings
+    return _exposed(prof.settings, reduce, gather, fwd_window, bwd_window)
+
+
+def _exposed(s: RuntimeSettings, reduce: float, gather: float, fwd_window: float,
+             bwd_window: float) -> tuple[float, float]:
     return (max(0.0, reduce - bwd_window) if s.overlap_grad_reduce else reduce,
             max(0.0, gather - fwd_window) if s.overlap_param_gather else gather)
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links, sync: float | None = None) -> dict[str, float]:
+                   links, sync: float | None = None, per_stage: bool = True) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
     tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
     gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
     stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
-    profiles) when the caller has it (it depends on the layout only, not on the layer split)."""
+    profiles) when the caller has it (it depends on the layout only, not on the layer split).
+    per_stage=False: only tail_s (the search's leaves), from the first stage of each run of identical stages
+    (same profile, layers, ends): later ones of a run see a longer window before them, so they expose no more."""
     p = len(profiles)
     reduce_exp, after = [], []
     fwd_before = bwd_before = 0.0
+    run = None
     for i, prof in enumerate(profiles):
-        first, last = i == 0, i == p - 1
-        r, g = dp_exposed_times(model, prof, layers[i], first, last, fwd_before + fwd[i], bwd_before + bwd[i])
-        o = optimizer_time(model, prof, layers[i], first, last)
-        reduce_exp.append(r)
-        after.append((g, o))
+        n = layers[i]
+        if prof is not run or n != run_n or i == 1 or i == p - 1:   # a mesh's stages repeat: priced once per run
+            run, run_n, first, last = prof, n, i == 0, i == p - 1
+            reduce, gather = dp_sync_times(model, prof, n, first, last)
+            o = optimizer_time(model, prof, n, first, last)
+            new = True
+        if new or per_stage:
+            r, g = _exposed(prof.settings, reduce, gather, fwd_before + fwd[i], bwd_before + bwd[i])
+            reduce_exp.append(r)
+            after.append((g, o))
+            new = False
         link = links[i] if i < p - 1 else 0.0
         fwd_before += fwd[i] + link
         bwd_before += bwd[i] + link
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
+    tail = max(reduce_exp) + sync + max(g + o for g, o in after)
+    if not per_stage:
+        return {"tail_s": tail}
     exposed = [r + g for r, (g, _) in zip(reduce_exp, after)]
     opt = [o for _, o in after]
-    return {"tail_s": max(reduce_exp) + sync + max(g + o for g, o in after), "dp_exposed_s": max(exposed),
-            "optimizer_s": max(opt), "sync_s": sync, "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
+    return {"tail_s": tail, "dp_exposed_s": max(exposed), "optimizer_s": max(opt), "sync_s": sync,
+            "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
 
 
 @lru_cache(maxsize=262144)

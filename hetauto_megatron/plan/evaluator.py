@@ -27,7 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .pipeline import estimate_1f1b, memory_terms
+from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout, padded_model
 from .split import split_layers
@@ -84,8 +84,7 @@ class LayoutEvaluator:
             k = c.num_stages
             per = [prof.layer_fwd + prof.layer_bwd] * k
             fixed = [0.0] * k
-            middle = self.cap_table(pm, prof, False, False)
-            caps = [middle.cap(min(to_end - j, m)) for j in range(k)]
+            caps = self.cap_table(pm, prof, False, False).in_flight_caps(to_end, m, k)
             for j, f, l in ((0, first, last and k == 1), (k - 1, first and k == 1, last)):
                 if f or l:              # the embedding's and the head's stages
                     f0, b0 = prof.times(0, f, l)
@@ -99,8 +98,12 @@ class LayoutEvaluator:
         recomputation, settings: the profile) as first/last stage, for every in-flight count."""
         key = (prof, first, last)
         table = self._caps.get(key)
-        if table is None:
-            table = self._caps[key] = _CapTable(pm, prof, first, last)
+        if table is None:               # profiles that differ only in speed share one: memory is what counts
+            dev = prof.cluster.device
+            mkey = (pm.vocab_size, prof.tp, prof.dp, prof.micro_batch_size, prof.recompute, prof.settings,
+                    dev.vendor, dev.dtype_bytes, prof.memory_cap, prof.memory_job, first, last)
+            table = self._caps[key] = self._caps.get(mkey) or self._caps.setdefault(mkey, _CapTable(pm, prof, first,
+                                                                                                      last))
         return table
 
     def boundary(self, a: MeshChoice, b: MeshChoice, pm: ModelSpec, inside: bool, samples: int):
@@ -181,13 +184,15 @@ class LayoutEvaluator:
         out = self._tails.get(key)
         if out is None:
             p = len(profs)
-            fwd, bwd = [], []
+            fwd, bwd = [0.0] * p, [0.0] * p
+            kind = None
             for i, prof in enumerate(profs):
-                f, b = prof.times(layers[i], i == 0, i == p - 1)
-                fwd.append(f)
-                bwd.append(b)
+                if (prof, layers[i]) != kind or i in (1, p - 1):   # the end stages differ from their runs
+                    kind = (prof, layers[i])
+                    f, b = prof.times(layers[i], i == 0, i == p - 1)
+                fwd[i], bwd[i] = f, b
             t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
-                                       sync=self.sync(cur, pm))["tail_s"]
+                                       sync=self.sync(cur, pm), per_stage=False)["tail_s"]
             out = self._tails[key] = (fwd, bwd, t)
         return out
 
@@ -267,19 +272,38 @@ class LayoutEvaluator:
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
 
-    def _depth_caps(self, pm: ModelSpec, profs: list, cross: list, owners: list, depths: list, m: int):
-        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms:
-        the extra warm-up forwards in flight, d + 2 boundary tensors on each side)."""
-        p = len(profs)
-        depth = [depths[owners[l]] if c else 0 for l, c in enumerate(cross)]
-        in_flight, buffers = memory_terms(p, m, [not c for c in cross], depth)
-        caps = [0] * p
-        table = None
-        for i in range(p - 1, -1, -1):
-            if table is None or i in (0, p - 2) or profs[i] is not profs[i + 1]:
-                table = self.cap_table(pm, profs[i], i == 0, i == p - 1)   # one per mesh and end stage
-            caps[i] = table.cap(in_flight[i], buffers[i])
-        return caps, depth
+    def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
+        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms'
+        rule: the extra warm-up forwards in flight, d + 2 boundary tensors on each side) -> (caps, depth per
+        boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its own last one on (A), so
+        stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m) micro-batches:
+        the blocking caps' pattern further from the end; only its end stages differ (buffers, embedding,
+        head)."""
+        p, n = len(cross) + 1, len(cur)
+        depth = [0] * (p - 1)
+        parts = []
+        after = to_end = 0
+        d_in = None                     # the depth of the boundary into the mesh after (None: blocking)
+        for mi in range(n - 1, -1, -1):
+            c = cur[mi]
+            k = c.num_stages
+            start = p - to_end - k
+            to_end += k
+            d_out = d_in
+            d_in = depths[mi - 1] if mi and cross[start - 1] else None
+            if d_out is not None:
+                depth[start + k - 1] = d_out
+                after += d_out
+            prof = self.profile(c, pm)
+            seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
+            for j in {0, k - 1}:
+                i = start + j
+                buf = (d_in + 2 if j == 0 and d_in is not None else 0) + \
+                      (d_out + 2 if j == k - 1 and d_out is not None else 0)
+                if buf or i == 0 or i == p - 1:
+                    seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
+            parts.append(seg)
+        return [x for seg in reversed(parts) for x in seg], depth
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
         """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits
@@ -291,7 +315,7 @@ class LayoutEvaluator:
         if not crossing:
             return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
         zero = [0 if i in crossing else None for i in range(len(cur))]
-        zcaps, depth = self._depth_caps(pm, profs, cross, owners, zero, m)
+        zcaps, depth = self._depth_caps(cur, pm, cross, zero, m)
         layers = split_layers(per, fixed, lo, zcaps, L) if min(zcaps) >= 0 else None
         if layers is None:              # not even the overlapped buffers fit: blocking needs none
             return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
@@ -299,17 +323,21 @@ class LayoutEvaluator:
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
         shallow = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
         best = (shallow + tail + overhead, tuple(zero))
-        hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m, blocking=blocking,
-                               depth=depth)
-        if shallow <= hidden * 1.001:   # the links already cost nothing at depth 0: a deeper warm-up cannot help
-            return best
+        # the links already cost nothing at depth 0 (depth 0 within 0.1 % of the links priced away): a deeper
+        # warm-up cannot help. Pricing them away saves at least their fill and drain, 2 x each, so when that
+        # alone is over 0.1 % of the time the answer is known without the second closed form.
+        if 2 * sum(x for c, x in zip(cross, links) if c) <= 0.001 * shallow:
+            hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m,
+                                   blocking=blocking, depth=depth)
+            if shallow <= hidden * 1.001:
+                return best
         slowest = max(f + b for f, b in zip(fwd, bwd))
         deep = list(zero)
         for l, c in enumerate(cross):
             if c:
                 deep[owners[l]] = min(m, math.ceil(2 * links[l] / slowest - 1e-9))
         while any(deep):
-            dcaps, ddepth = self._depth_caps(pm, profs, cross, owners, deep, m)
+            dcaps, ddepth = self._depth_caps(cur, pm, cross, deep, m)
             if all(x <= c for x, c in zip(layers, dcaps)):
                 dl, (dfwd, dbwd, dtail) = layers, (fwd, bwd, tail)   # the same split, hence the same tail
             else:
@@ -415,19 +443,21 @@ class _CapTable:
     """Memory caps of one stage configuration for every in-flight count and boundary-buffer count, without
     re-running the memory model for each: a stage's memory is affine in its layer count (from one layer on), in
     its in-flight micro-batches and in the boundary tensors it holds, with a layers x in-flight term (the
-    activations), so eight readings of the memory model give it everywhere. A ninth reading, away from those,
+    activations), so five readings of the memory model give it everywhere. A sixth reading, away from those,
     checks the shape; if the memory model ever stops having it, every count is asked of
-    costing.max_layers_in_memory directly."""
+    costing.max_layers_in_memory directly. Three more, taken only when a stage cannot hold even one layer, give
+    the zero-layer memory (affine in the in-flight count and the buffers) that tells a cap of 0 from -1."""
 
     def __init__(self, model, prof, first: bool, last: bool):
         self.model, self.prof, self.first, self.last = model, prof, first, last
         self.caps: dict[tuple, int] = {}
+        self.row: list[int] = []
 
         def need(n, f, buf=0):
             return costing.stage_memory(model, prof, n, f, first, last, buf)["total"]
 
-        z1, z2 = need(0, 1), need(0, 2)
-        self.zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)   # zero layers: a + c * f + e * buffers
+        self._zero_need = need
+        self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
         d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
         b = (m21 - m11) - d                                   # per layer
@@ -437,11 +467,29 @@ class _CapTable:
         probe = need(7, 5, 3)
         self.affine = abs(self._need(7, 5, 3) - probe) <= 1e-9 * max(probe, 1.0)
 
+    @property
+    def zero(self) -> tuple:
+        if self._zero is None:
+            need = self._zero_need
+            z1, z2 = need(0, 1), need(0, 2)
+            self._zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)
+        return self._zero
+
     def _need(self, n: int, f: int, buf: int = 0) -> float:
         if n == 0:
             return self.zero[0] + self.zero[1] * f + self.zero[2] * buf
         a, b, c, d, e = self.coef
         return a + b * n + c * f + d * n * f + e * buf
+
+    def in_flight_caps(self, to_end: int, m: int, k: int) -> list[int]:
+        """The caps of k consecutive stages of this configuration, the first `to_end` stages from the pipeline's
+        end: stage j holds min(to_end - j, m) micro-batches in flight (no boundary buffers)."""
+        top = min(to_end, m)
+        row = self.row                                                    # by in-flight count
+        while len(row) <= top:
+            row.append(self.cap(len(row)))
+        deep = min(max(to_end - m, 0), k)                                 # stages holding all m
+        return [row[top]] * deep + row[to_end - k + 1:to_end - deep + 1][::-1]
 
     def cap(self, f: int, buf: int = 0) -> int:
         n = self.caps.get((f, buf))
@@ -451,20 +499,18 @@ class _CapTable:
             n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
             limit = self.prof.memory_cap
-            if self._need(0, f, buf) > limit:
-                n = -1
-            elif self._need(1, f, buf) > limit:
-                n = 0
+            a, b, c, d, e = self.coef
+            per = b + d * f                         # (each reading written as _need writes it: same rounding)
+            if a + b * 1 + c * f + d * 1 * f + e * buf > limit:     # not even one layer: zero, or not even that
+                z0, z1, z2 = self.zero
+                n = -1 if z0 + z1 * f + z2 * buf > limit else 0
+            elif per <= 0:
+                n = self.model.num_layers
             else:
-                a, b, c, d, e = self.coef
-                per = b + d * f
-                if per <= 0:
-                    n = self.model.num_layers
-                else:
-                    n = max(1, int((limit - a - c * f - e * buf) // per))
-                    while n > 1 and self._need(n, f, buf) > limit:
-                        n -= 1
-                    while self._need(n + 1, f, buf) <= limit:
-                        n += 1
+                n = max(1, int((limit - a - c * f - e * buf) // per))
+                while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
+                    n -= 1
+                while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:
+                    n += 1
         self.caps[(f, buf)] = n
         return n

@@ -16,16 +16,17 @@ and drain) fills the cheapest stages first up to their cap under T*. `split_laye
 from __future__ import annotations
 
 import heapq
+import math
 import itertools
 
 
 def split_layers(per: list[float], fixed: list[float], lo: list[int], cap: list[int],
                  total: int) -> list[int] | None:
     """Layers per stage minimising (max stage time, then total time); None if the caps cannot hold `total`.
-    (Plain loops: at the 2-100 stages of a pipeline they are 1.5-3x faster than numpy, whose per-call
-    overhead dominates; measured with benchmarks/search_scale.py's instances.)"""
+    (Plain loops without builtin calls per stage: at the 2-100 stages of a pipeline they are faster than numpy,
+    whose per-call overhead dominates; measured with benchmarks/search_scale.py's instances.)"""
     n = len(per)
-    if any(c < l for l, c in zip(lo, cap)) or sum(lo) > total or sum(cap) < total:
+    if sum(lo) > total or sum(cap) < total or any(c < l for l, c in zip(lo, cap)):
         return None
     counts = _fill_below(per, fixed, lo, cap, total)
     heap = [(fixed[i] + per[i] * (counts[i] + 1), i) for i in range(n) if counts[i] < cap[i]]
@@ -35,16 +36,25 @@ def split_layers(per: list[float], fixed: list[float], lo: list[int], cap: list[
         counts[i] += 1
         if counts[i] < cap[i]:
             heapq.heappush(heap, (fixed[i] + per[i] * (counts[i] + 1), i))
-    t_star = max(fixed[i] + per[i] * counts[i] for i in range(n))
+    t_star = max([f + p * k for f, p, k in zip(fixed, per, counts)])
     # Least total work with max <= t_star: give each stage its lower bound, then fill cheapest-per-layer first.
-    limit = [min(cap[i], int((t_star - fixed[i]) / per[i] + 1e-9)) if per[i] > 0 else cap[i] for i in range(n)]
     best = list(lo)
     left = total - sum(lo)
-    for i in sorted(range(n), key=lambda i: (per[i], i)):
-        take = min(left, max(limit[i] - best[i], 0))
-        best[i] += take
-        left -= take
-    if left == 0 and max(fixed[i] + per[i] * best[i] for i in range(n)) <= t_star + 1e-12:
+    worst = -math.inf
+    for i in sorted(range(n), key=per.__getitem__):     # (stable: equal per-layer times in stage order)
+        p, f = per[i], fixed[i]
+        if left:
+            limit = int((t_star - f) / p + 1e-9) if p > 0 else cap[i]
+            take = (limit if limit < cap[i] else cap[i]) - best[i]
+            if take > 0:
+                if take > left:
+                    take = left
+                best[i] += take
+                left -= take
+        t = f + p * best[i]
+        if t > worst:
+            worst = t
+    if left == 0 and worst <= t_star + 1e-12:
         return best
     return counts
 
@@ -54,10 +64,13 @@ def _fill_below(per, fixed, lo, cap, total) -> list[int]:
     ignoring their caps, would hold `total` layers. The hand-out takes exactly these first (it always takes
     the cheapest next layer), so starting from them only saves steps. If rounding makes the start hold more
     than `total`, start from the lower bounds instead."""
-    if any(p <= 0 for p in per):
+    if min(per) <= 0:
         return list(lo)
-    level = (total + sum(f / p for f, p in zip(fixed, per))) / sum(1.0 / p for p in per)
-    counts = [min(c, max(l, int((level - f) / p))) for p, f, l, c in zip(per, fixed, lo, cap)]
+    level = (total + sum([f / p for f, p in zip(fixed, per)])) / sum([1.0 / p for p in per])
+    counts = []
+    for p, f, l, c in zip(per, fixed, lo, cap):
+        k = int((level - f) / p)
+        counts.append(c if k >= c else l if k <= l else k)
     return counts if sum(counts) <= total else list(lo)
 
 
