@@ -174,23 +174,27 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
     layer also brings the buffer one layer's recomputed activations need. So the slope is taken between one and
     two layers (between zero and one it would count that buffer once per layer and understate the cap), and the
     count is checked against the memory model at its edge so that rounding never overstates it."""
-    cap = prof.memory_cap
-
     def need(n: int) -> float:
         return stage_memory(model, prof, n, in_flight, first, last, boundary_buffers)["total"]
 
-    if need(0) > cap:
-        return -1
+    return layers_that_fit(need, prof.memory_cap, model.num_layers)
+
+
+def layers_that_fit(need, limit: float, num_layers: int) -> int:
+    """The largest n with need(n) <= limit, -1 if even need(0) exceeds it; `need` (bytes for n layers) grows
+    affinely from one layer on: a step from the slope between one and two layers, then checked against
+    `need` at its edge so that rounding never overstates it (need(n) > limit for n above). need(0) is only
+    asked when not even one layer fits. (`num_layers` when a layer costs nothing.)"""
     one = need(1)
-    if one > cap:
-        return 0
+    if one > limit:
+        return -1 if need(0) > limit else 0
     per = need(2) - one
     if per <= 0:
-        return model.num_layers
-    n = 1 + int((cap - one) // per)
-    while n > 1 and need(n) > cap:
+        return num_layers
+    n = 1 + int((limit - one) // per)
+    while n > 1 and need(n) > limit:
         n -= 1
-    while need(n + 1) <= cap:
+    while need(n + 1) <= limit:
         n += 1
     return n
 

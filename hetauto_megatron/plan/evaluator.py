@@ -498,19 +498,7 @@ class _CapTable:
         if not self.affine:
             n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
-            limit = self.prof.memory_cap
-            a, b, c, d, e = self.coef
-            per = b + d * f                         # (each reading written as _need writes it: same rounding)
-            if a + b * 1 + c * f + d * 1 * f + e * buf > limit:     # not even one layer: zero, or not even that
-                z0, z1, z2 = self.zero
-                n = -1 if z0 + z1 * f + z2 * buf > limit else 0
-            elif per <= 0:
-                n = self.model.num_layers
-            else:
-                n = max(1, int((limit - a - c * f - e * buf) // per))
-                while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
-                    n -= 1
-                while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:
-                    n += 1
+            n = costing.layers_that_fit(lambda layers: self._need(layers, f, buf), self.prof.memory_cap,
+                                        self.model.num_layers)
         self.caps[(f, buf)] = n
         return n
