@@ -238,6 +238,20 @@ def _exposed(s: RuntimeSettings, reduce: float, gather: float, fwd_window: float
             max(0.0, gather - fwd_window) if s.overlap_param_gather else gather)
 
 
+def tail_windows(fwd, bwd, links):
+    """(forward window, backward window) of each stage of a pipeline (pipeline order): its own pass plus those
+    of the stages before it, links included. The backward window is what its gradient reduction can hide behind
+    (its last backward and the drain of the stages before it), the forward one its parameter gather
+    (dp_exposed_times)."""
+    fwd_before = bwd_before = 0.0
+    last = len(fwd) - 1
+    for i, (f, b) in enumerate(zip(fwd, bwd)):
+        yield fwd_before + f, bwd_before + b
+        link = links[i] if i < last else 0.0
+        fwd_before += f + link
+        bwd_before += b + link
+
+
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
                    links, sync: float | None = None, per_stage: bool = True) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
@@ -250,23 +264,19 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     (same profile, layers, ends): later ones of a run see a longer window before them, so they expose no more."""
     p = len(profiles)
     reduce_exp, after = [], []
-    fwd_before = bwd_before = 0.0
     run = None
-    for i, prof in enumerate(profiles):
-        n = layers[i]
+    for i, (fw, bw) in enumerate(tail_windows(fwd, bwd, links)):
+        prof, n = profiles[i], layers[i]
         if prof is not run or n != run_n or i == 1 or i == p - 1:   # a mesh's stages repeat: priced once per run
             run, run_n, first, last = prof, n, i == 0, i == p - 1
             reduce, gather = dp_sync_times(model, prof, n, first, last)
             o = optimizer_time(model, prof, n, first, last)
             new = True
         if new or per_stage:
-            r, g = _exposed(prof.settings, reduce, gather, fwd_before + fwd[i], bwd_before + bwd[i])
+            r, g = _exposed(prof.settings, reduce, gather, fw, bw)
             reduce_exp.append(r)
             after.append((g, o))
             new = False
-        link = links[i] if i < p - 1 else 0.0
-        fwd_before += fwd[i] + link
-        bwd_before += bwd[i] + link
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
     tail = max(reduce_exp) + sync + max(g + o for g, o in after)

@@ -27,6 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
+from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .simulate import MeshChoice, evaluate_layout, padded_model
@@ -307,51 +308,30 @@ class LayoutEvaluator:
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
         """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits
-        (`caps`: its blocking caps): -> (seconds, per-mesh boundary depths or None)."""
+        (`caps`: its blocking caps): the same policy (plan/overlap.py) priced from the cached terms ->
+        (seconds, per-mesh boundary depths or None)."""
         links, latency, cross, owners, overhead = self.joins(cur, pm)
         p, L = len(profs), self.model.num_layers
         lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
-        crossing = {owners[l] for l, c in enumerate(cross) if c}
-        if not crossing:
-            return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
-        zero = [0 if i in crossing else None for i in range(len(cur))]
-        zcaps, depth = self._depth_caps(cur, pm, cross, zero, m)
-        layers = split_layers(per, fixed, lo, zcaps, L) if min(zcaps) >= 0 else None
-        if layers is None:              # not even the overlapped buffers fit: blocking needs none
-            return self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m), None
         blocking = [not c for c in cross]
-        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
-        shallow = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
-        best = (shallow + tail + overhead, tuple(zero))
-        # the links already cost nothing at depth 0 (depth 0 within 0.1 % of the links priced away): a deeper
-        # warm-up cannot help. Pricing them away saves at least their fill and drain, 2 x each, so when that
-        # alone is over 0.1 % of the time the answer is known without the second closed form.
-        if 2 * sum(x for c, x in zip(cross, links) if c) <= 0.001 * shallow:
-            hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m,
-                                   blocking=blocking, depth=depth)
-            if shallow <= hidden * 1.001:
-                return best
-        slowest = max(f + b for f, b in zip(fwd, bwd))
-        deep = list(zero)
-        for l, c in enumerate(cross):
-            if c:
-                deep[owners[l]] = min(m, math.ceil(2 * links[l] / slowest - 1e-9))
-        while any(deep):
-            dcaps, ddepth = self._depth_caps(cur, pm, cross, deep, m)
-            if all(x <= c for x, c in zip(layers, dcaps)):
-                dl, (dfwd, dbwd, dtail) = layers, (fwd, bwd, tail)   # the same split, hence the same tail
+
+        def price(depths, reuse) -> Priced:
+            if not any(d is not None for d in depths):
+                t = self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m)
+                return Priced(t, True, None, None, None, None, (t, None))
+            dcaps, depth = self._depth_caps(cur, pm, cross, depths, m)
+            if reuse is not None and all(x <= c for x, c in zip(reuse[0], dcaps)):
+                layers, fwd, bwd, tail = reuse      # the same split (optimal under looser caps), the same tail
             else:
-                dl = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None
-                if dl is not None:
-                    dfwd, dbwd, dtail = self.tail(cur, pm, profs, dl, links)
-            if dl is not None:
-                t = estimate_1f1b(dfwd, dbwd, links, m, latency=latency, blocking=blocking, depth=ddepth) \
-                    + dtail + overhead
-                if t < best[0]:
-                    best = (t, tuple(deep))
-                break
-            deep = [None if d is None else d // 2 for d in deep]
-        return best
+                layers = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None
+                if layers is None:
+                    return Priced(math.inf, False, None, None, None, None, None)
+                fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
+            closed = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
+            t = closed + tail + overhead
+            return Priced(t, True, fwd, bwd, closed, (layers, fwd, bwd, tail), (t, tuple(depths)))
+
+        return choose_depths(cross, owners, links, latency, m, len(cur), price).result
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:
         out = self.cache.get(choices)

@@ -185,13 +185,11 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
     in_flight, buffers = memory_terms(p, m, blocking, depth)
     # the tail as costing.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = 0.0
-    fwd_before = bwd_before = 0.0
     rows, fits = [], True
     overhead = 0.0
-    for i, st in enumerate(stages):
+    for i, (st, (fw, bw)) in enumerate(zip(stages, costing.tail_windows(fwd, bwd, links))):
         for (idx, mesh, prof), (f, b) in zip(st.groups, per_group[i]):
-            r, g = costing.dp_exposed_times(model, prof, st.layers, st.first, st.last, fwd_before + fwd[i],
-                                            bwd_before + bwd[i])
+            r, g = costing.dp_exposed_times(model, prof, st.layers, st.first, st.last, fw, bw)
             o = costing.optimizer_time(model, prof, st.layers, st.first, st.last)
             reduce_s, after_s = max(reduce_s, r), max(after_s, g + o)
             overhead = max(overhead, cost_model.iteration_overhead_s(prof.cluster.device))
@@ -211,9 +209,6 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
                             "send_next_schedule": "blocking" if blocking[i] else "overlapped",
                             "send_next_depth": depth[i]})
             rows.append(row)
-        link = links[i] if i < p - 1 else 0.0
-        fwd_before += fwd[i] + link
-        bwd_before += bwd[i] + link
     return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s, overhead, rows, fits)
 
 

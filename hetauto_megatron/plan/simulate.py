@@ -8,7 +8,6 @@ of overlapped boundaries.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..cost.analytic import AnalyticCostModel
@@ -18,6 +17,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .deepspeed_schedule import deepspeed_links, simulate_deepspeed
+from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
 from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, resolve_settings
@@ -300,37 +300,20 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     n = len(choices)
     if ENGINES[engine].blocking_boundaries:
         return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory, engine=engine)[0]
-    crossing = {pipe.owners[l] for l, c in enumerate(pipe.cross) if c}
-    if depths is not None or schedule == "blocking" or not crossing:
+    if depths is not None or schedule == "blocking":
         return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
                          cost_model, exact, inventory)[0]
-    zero = [0 if i in crossing else None for i in range(n)]
-    best, tail = _evaluate(model, gbs, pipe, m, zero, choices, cost_model, exact, inventory)
-    if best.stage_layers is None:   # not even the overlapped buffers fit: blocking needs none
-        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory)[0]
-    p = len(pipe.profs)
-    fb = [prof.times(best.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
-    fwd, bwd = [f for f, _ in fb], [b for _, b in fb]
-    blocking, depth = pipe.boundary_schedule(zero)
-    shallow = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
-    hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(pipe.cross, pipe.links)], m,
-                           blocking=blocking, depth=depth)
-    if shallow <= hidden * 1.001:     # the links already cost nothing at depth 0: a deeper warm-up cannot help
-        return best
-    slowest = max(f + b for f, b in fb)
-    deep = list(zero)
-    for l, c in enumerate(pipe.cross):
-        if c:
-            deep[pipe.owners[l]] = min(m, math.ceil(2 * pipe.links[l] / slowest - 1e-9))
-    while any(deep):
-        res = _evaluate(model, gbs, pipe, m, deep, choices, cost_model, exact, inventory,
-                        reuse=(best.stage_layers, tail))[0]
-        if res.stage_layers is not None:
-            if res.iteration_time_s < best.iteration_time_s:
-                best = res
-            break
-        deep = [None if d is None else d // 2 for d in deep]
-    return best
+
+    def price(depths, reuse) -> Priced:
+        res, tail = _evaluate(model, gbs, pipe, m, depths, choices, cost_model, exact, inventory, reuse=reuse)
+        if res.stage_layers is None:
+            return Priced(res.iteration_time_s, False, None, None, None, None, res)
+        p = len(pipe.profs)
+        fb = [prof.times(res.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
+        return Priced(res.iteration_time_s, True, [f for f, _ in fb], [b for _, b in fb], None,
+                      (res.stage_layers, tail), res)
+
+    return choose_depths(pipe.cross, pipe.owners, pipe.links, pipe.latency, m, n, price).result
 
 
 def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None,
