@@ -102,7 +102,8 @@ class LayoutEvaluator:
         if table is None:               # profiles that differ only in speed share one: memory is what counts
             dev = prof.cluster.device
             mkey = (pm.vocab_size, prof.tp, prof.dp, prof.micro_batch_size, prof.recompute, prof.settings,
-                    dev.vendor, dev.dtype_bytes, prof.memory_cap, prof.memory_job, first, last)
+                    dev.vendor, dev.dtype_bytes, prof.cluster.overhead, prof.memory_cap, prof.memory_job, first,
+                    last)               # (costing.stage_memory's inputs)
             table = self._caps[key] = self._caps.get(mkey) or self._caps.setdefault(mkey, _CapTable(pm, prof, first,
                                                                                                       last))
         return table
