@@ -67,6 +67,12 @@ def add_arguments(parser) -> None:
                         help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
     parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
+    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default="megatron",
+                        help="the pipeline engine the plan is for: megatron (hetauto's runtime and Megatron-LM; the "
+                             "default) or deepspeed (DeepSpeed's pipeline engine, run with the configs 'hetauto emit "
+                             "deepspeed' writes: one pipeline of single meshes with equal TP, DP and micro-batch, one "
+                             "vendor, no selective recomputation, every boundary blocking, its TrainSchedule, the DP "
+                             "reduction after the last backward); the plan file records it (docs/deepspeed.md)")
     parser.add_argument("--boundary-schedule", choices=("overlapped", "blocking"), default="overlapped",
                         help="cross-cluster pipeline boundaries: overlapped (the default: asynchronous transfers, "
                              "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "
@@ -125,6 +131,13 @@ def run(args) -> int:
                          fix="give a number of processes, or 0 for one per core")
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
+    if args.engine == "deepspeed":
+        if args.precision == "fp8":
+            raise InputError("DeepSpeed has no fp8 setting", field="--precision",
+                             fix="plan --engine deepspeed with bf16, fp16 or fp32, or fp8 with --engine megatron")
+        if args.timeline:
+            raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
+                             fix="drop --timeline, or plan with --engine megatron")
     check_timeline_paths(args.timeline)
     old = warm = None
     if args.from_plan:
@@ -141,11 +154,13 @@ def run(args) -> int:
     con = constraints_from_args(args)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
-                       schedule=args.boundary_schedule, constraints=con)
-    shapes = args.shapes
+                       schedule=args.boundary_schedule, constraints=con, engine=args.engine)
+    # DeepSpeed's engine runs one pipeline of single meshes (settings.py ENGINES; the evaluator plans its uniform
+    # layouts and blocking boundaries only)
+    shapes = "simple" if args.engine == "deepspeed" else args.shapes
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
-    plan = result.plan
-    estimate = simulate(plan, inventory, cost_model)
+    plan = dataclasses.replace(result.plan, engine=args.engine)
+    estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
     if args.output:
@@ -266,6 +281,12 @@ def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
     from ..emit.summary import format_summary
     from .emit import make_out_dir, write_deepspeed, write_megatron, write_summary
     make_out_dir(out_dir, field="--emit")
+    if plan.engine == "deepspeed":      # made for DeepSpeed's pipeline engine: its configs are what runs it
+        print("hetauto plan: the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs "
+              "written, no Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the "
+              "plan's estimate does not price)", file=sys.stderr)
+        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
+                + write_summary(format_summary(plan, plan.estimate), out_dir))
     written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
     if plan.is_simple:
         written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)

@@ -48,9 +48,10 @@ def add_arguments(parser) -> None:
     add_precision_arg(parser, None)
     add_memory_job_arg(parser)
     parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
-    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default="megatron",
-                        help="the pipeline engine that runs the plan: megatron (hetauto's runtime and Megatron-LM, "
-                             "1F1B; default) or deepspeed (DeepSpeed's pipeline engine with the configs 'hetauto emit "
+    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default=None,
+                        help="the pipeline engine that runs the plan (default: the one the plan file records, else "
+                             "megatron): megatron (hetauto's runtime and Megatron-LM, "
+                             "1F1B) or deepspeed (DeepSpeed's pipeline engine with the configs 'hetauto emit "
                              "deepspeed' writes: its TrainSchedule, every send and receive blocking both stages)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
@@ -74,9 +75,6 @@ def run(args) -> int:
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
-    if args.engine != "megatron" and args.timeline:
-        raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
-                         fix="drop --timeline, or simulate with --engine megatron")
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
@@ -84,6 +82,8 @@ def run(args) -> int:
             raise InputError("give either --plan or a layout (--tp/--pp/--dp/--micro-batch-size), not both",
                              field="--plan", fix="with --plan only --global-batch-size and --seq-length may change")
         plan = load_plan(args.plan)
+        if args.engine is None:         # the engine the plan was made for
+            args.engine = plan.engine
         if args.timeline:      # the timeline draws one pipeline of single meshes; the figures take every shape
             require_simple(plan, "hetauto simulate --timeline", args.plan)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
@@ -100,11 +100,12 @@ def run(args) -> int:
                     samples = tuple(split_batch(gbs, [plan.pipeline_step(p) for p in range(plan.num_pipelines)],
                                                 [1 / n for n in samples]))
                 plan = Plan(model, gbs, plan.meshes, plan.inventory, precision=plan.precision,
-                            pipeline_samples=samples)
+                            pipeline_samples=samples, engine=plan.engine)
             except InputError as exc:   # what-if batch that the plan's micro-batch step does not divide
                 raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
                                  fix=exc.fix) from None
     else:
+        args.engine = args.engine or "megatron"
         names = ["--tp", "--pp", "--dp", "--micro-batch-size", "--global-batch-size"]
         missing = [n for n, v in zip(names, layout) if v is None]
         if missing:
@@ -128,6 +129,9 @@ def run(args) -> int:
                     "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
+    if args.engine != "megatron" and args.timeline:
+        raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
+                         fix="drop --timeline, or simulate with --engine megatron")
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
     try:

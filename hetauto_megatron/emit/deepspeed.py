@@ -29,7 +29,7 @@ import os
 from ..errors import InputError
 from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
-from ..plan.shapes import require_simple
+from ..plan.shapes import require_simple, uniform_topology_gaps
 from ..spec.devices import get_device
 
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
@@ -128,21 +128,22 @@ def unsupported_features(plan: Plan) -> list[str]:
     def per_mesh(attr):
         return ", ".join(f"{m.cluster}={getattr(m, attr)}" for m in meshes)
 
-    if len({m.tp for m in meshes}) > 1:
+    gaps = uniform_topology_gaps(meshes, [get_device(m.device_type).vendor for m in meshes])
+    if "tp" in gaps:
         out.append(f"different tensor-parallel sizes per mesh ({per_mesh('tp')}): DeepSpeed's ProcessTopology is "
                    "one grid with a single TP size")
-    if len({m.dp for m in meshes}) > 1:
+    if "dp" in gaps:
         out.append(f"different data-parallel sizes per mesh ({per_mesh('dp')}): DeepSpeed's ProcessTopology has a "
                    "single DP size, so stages cannot be replicated differently")
-    if len({m.micro_batch_size for m in meshes}) > 1:
+    if "micro_batch_size" in gaps:
         out.append(f"different micro-batch sizes per mesh ({per_mesh('micro_batch_size')}): the pipeline engine "
                    "sends each micro-batch whole to the next stage; it cannot re-split activations between meshes "
                    "of different DP")
-    vendors = sorted({get_device(m.device_type).vendor for m in meshes})
-    if len(vendors) > 1:
+    if "vendor" in gaps:
+        vendors = sorted({get_device(m.device_type).vendor for m in meshes})
         out.append(f"cross-vendor communication ({', '.join(vendors)}): DeepSpeed runs one backend for the whole job "
                    "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
-    if any(m.recompute == "selective" for m in meshes):
+    if "selective" in gaps:
         out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
                    "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
                    "assumed")

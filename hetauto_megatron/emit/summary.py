@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
-from ..plan.settings import sixteen_bit_dtype
+from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..spec.devices import get_device
 
 
@@ -41,10 +41,11 @@ def _grad_dtype(plan, i: int) -> str:
 
 
 def _settings_text(plan: Plan) -> str:
-    """Each mesh's runtime settings (plan/settings.py) in a few words, meshes with the same ones together."""
+    """Each mesh's runtime settings (plan/settings.py) as the plan's engine runs them, in a few words, meshes with the
+    same ones together."""
     groups: dict[str, list[str]] = {}
     for i, mesh in enumerate(plan.meshes):
-        st = mesh.settings
+        st = as_run_by(mesh.settings, plan.engine)
         overlap = "+".join(w for w, on in (("grad", st.overlap_grad_reduce), ("param", st.overlap_param_gather)) if on)
         text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
                           ("distributed optimizer" if st.distributed_optimizer else "plain optimizer"),
@@ -67,7 +68,11 @@ def _num(value, fmt: str) -> str:
 def _precision_line(plan: Plan) -> str:
     m = plan.model
     return (f"precision {plan.precision}{_cpu_note(plan)}, vocabulary {m.vocab_size} padded to "
-            f"{plan.padded_vocab_size}; runtime settings: {_settings_text(plan)}")
+            f"{plan.padded_vocab_size}; runtime settings{_engine_note(plan)}: {_settings_text(plan)}")
+
+
+def _engine_note(plan: Plan) -> str:
+    return "" if plan.engine == "megatron" else f" as {plan.engine}'s pipeline engine runs them"
 
 
 def _estimate_line(est: dict) -> str:

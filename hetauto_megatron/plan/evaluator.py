@@ -27,9 +27,12 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
+from .deepspeed_schedule import deepspeed_links
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
+from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
+from .shapes import uniform_topology_gaps
 from .simulate import MeshChoice, evaluate_layout, padded_model
 from .split import split_layers
 
@@ -40,9 +43,13 @@ class LayoutEvaluator:
     """Closed-form iteration time of a layout, resolving AUTO recomputation. `resolve(choices)` ->
     (seconds or inf, layout with the recomputation chosen)."""
 
-    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, schedule: str = "blocking"):
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, schedule: str = "blocking",
+                 engine: str = DEFAULT_ENGINE):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
-        self.schedule = schedule
+        # The pipeline engine planned for (settings.py ENGINES): DeepSpeed's runs every boundary blocking, its
+        # TrainSchedule (screened by `deepspeed_links`), the settings as it runs them, and uniform layouts only.
+        self.engine = engine
+        self.schedule = "blocking" if ENGINES[engine].blocking_boundaries else schedule
         self._padded: dict = {}
         self.cache: dict = {}           # layout as decided -> (time, resolved layout)
         self.rejected: list = []        # layouts that cannot fit, kept to report the closest miss if none fits
@@ -72,7 +79,8 @@ class LayoutEvaluator:
         prof = self._profiles.get(key)
         if prof is None:
             prof = self._profiles[key] = costing.stage_profile(pm, self._clusters[c.cluster], c.tp, c.dp,
-                                                               c.micro_batch_size, c.recompute, self.cost)
+                                                               c.micro_batch_size, c.recompute, self.cost,
+                                                               as_run_by(c.settings, self.engine))
         return prof
 
     def segment(self, c: MeshChoice, pm: ModelSpec, to_end: int, m: int, first: bool, last: bool):
@@ -272,6 +280,8 @@ class LayoutEvaluator:
         """evaluate_layout's closed form for blocking boundaries, from the cached terms."""
         links, latency, _, _, overhead = self.joins(cur, pm)
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
+        if self.engine == "deepspeed":
+            return estimate_1f1b(fwd, bwd, deepspeed_links(links), m) + tail + overhead
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
 
     def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
@@ -338,6 +348,9 @@ class LayoutEvaluator:
         out = self.cache.get(choices)
         if out is not None:
             return out
+        if self.engine == "deepspeed" and not self.uniform(choices):     # a layout DeepSpeed's engine cannot run
+            out = self.cache[choices] = (math.inf, choices)
+            return out
         auto = [c.recompute == AUTO for c in choices]
         cur = tuple(self.level(c, "none") if a else c for c, a in zip(choices, auto))
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
@@ -364,8 +377,15 @@ class LayoutEvaluator:
                 out = self.cache[choices] = (math.inf, cur)
                 return out
             nxt = RECOMPUTE_MODES[RECOMPUTE_MODES.index(cur[raise_at].recompute) + 1]
+            if nxt == "selective" and self.engine == "deepspeed":
+                nxt = "full"        # DeepSpeed checkpoints whole layers only
             cur = cur[:raise_at] + (self.level(cur[raise_at], nxt),) + cur[raise_at + 1:]
             lists = self._stage_lists(cur, m)
+
+    def uniform(self, choices: tuple) -> bool:
+        """Whether one uniform topology runs the layout (shapes.uniform_topology_gaps: what emit/deepspeed.py lists
+        as DeepSpeed's gaps): equal TP, DP and micro-batch, one vendor, no selective recomputation."""
+        return not uniform_topology_gaps(choices, [self._clusters[c.cluster].device.vendor for c in choices])
 
     def _may_fit(self, choices: tuple, auto: list) -> bool:
         """Early rejection from layer counts alone: could the layers fit if every AUTO stage held as many as its
@@ -407,14 +427,14 @@ class LayoutEvaluator:
     def exact(self, choices: tuple):
         """The event simulation of a resolved layout (what the search's final ranking uses)."""
         return evaluate_layout(self.model, self.inventory, list(choices), self.gbs, self.cost, exact=True,
-                               schedule=self.schedule)
+                               schedule=self.schedule, engine=self.engine)
 
     def closest_miss(self) -> tuple[float, str] | None:
         """(GiB short, where) of the rejected layout that misses by the least: priced only when nothing fits."""
         best = None
         for cur in dict.fromkeys(self.rejected):
             res = evaluate_layout(self.model, self.inventory, list(cur), self.gbs, self.cost, exact=False,
-                                  schedule=self.schedule)
+                                  schedule=self.schedule, engine=self.engine)
             if res.stage_layers is None and (best is None or res.shortfall_gib < best[0]):
                 best = (res.shortfall_gib, res.short_device)
         return best

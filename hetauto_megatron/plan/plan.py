@@ -28,8 +28,8 @@ from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
 from . import shapes
-from .settings import (DEFAULT_PRECISION, RuntimeSettings, check_precision, minimal_overrides, padded_vocab_size,
-                       resolve_settings)
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, RuntimeSettings, check_engine, check_precision,
+                       minimal_overrides, padded_vocab_size, resolve_settings)
 
 PLAN_VERSION = 3
 # Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
@@ -157,6 +157,9 @@ class Plan:
     # Not in the file: the TP sizes of the other pipelines when this plan is one pipeline of a larger plan
     # (Plan.pipeline), so that its vocabulary is padded as the whole plan's: every pipeline builds one table size.
     vocab_pad_tps: tuple[int, ...] = ()
+    # The pipeline engine the plan was made for (settings.py ENGINES): megatron (hetauto's runtime and Megatron-LM)
+    # or deepspeed (DeepSpeed's pipeline engine); `simulate` and `emit` use it unless told otherwise.
+    engine: str = DEFAULT_ENGINE
 
     def __post_init__(self):
         object.__setattr__(self, "meshes", tuple(self.meshes))
@@ -168,6 +171,10 @@ class Plan:
         # Cached (not a field): the single-pipeline properties check it on every call.
         object.__setattr__(self, "_simple", shapes.is_simple(self.meshes))
         check_precision(self.precision)
+        if check_engine(self.engine, field="engine").simple_only and not self._simple:
+            raise InputError(f"engine {self.engine} runs one pipeline of single meshes; this plan has "
+                             f"{shapes.describe_shape(self.meshes)[0]}", field="engine",
+                             fix="drop 'engine' (hetauto's runtime runs every plan shape) or make the plan one pipeline")
         m = self.model
         if self.version not in READABLE_VERSIONS:
             raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
@@ -327,6 +334,8 @@ class Plan:
     def to_dict(self) -> dict:
         d = {"version": PLAN_VERSION, "model": self.model.to_dict(), "global_batch_size": self.global_batch_size,
              "precision": self.precision}
+        if self.engine != DEFAULT_ENGINE:       # optional: absent means megatron (files without it read as before)
+            d["engine"] = self.engine
         if self.num_pipelines > 1:
             d["pipelines"] = [{"samples": n} for n in self.samples_per_pipeline]
         d["meshes"] = [mesh.to_dict() for mesh in self.meshes]
@@ -373,13 +382,15 @@ def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
 
 def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     data = require_mapping(data, "a plan", file)
-    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "pipelines", "meshes", "inventory",
-                          "estimate"}, file=file)
+    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "engine", "pipelines", "meshes",
+                          "inventory", "estimate"}, file=file)
     version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
     precision = check_precision(get(data, "precision", str, default=DEFAULT_PRECISION, file=file), file=file)
+    engine = get(data, "engine", str, default=DEFAULT_ENGINE, file=file)
+    check_engine(engine, field="engine", file=file)
     pipeline_samples = []
     for p, raw in enumerate(get(data, "pipelines", list, default=[], file=file)):
         raw = require_mapping(raw, f"pipelines[{p}]", file)
@@ -416,7 +427,7 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     try:
         return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
                     inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,
-                    precision=precision, pipeline_samples=tuple(pipeline_samples))
+                    precision=precision, pipeline_samples=tuple(pipeline_samples), engine=engine)
     except InputError as exc:
         raise exc.within(file=file) from None
 

@@ -60,6 +60,7 @@ class SearchConfig:
     seed: int = 0
     rerank: int = 16                   # best distinct layouts of each list re-evaluated with the event simulation
     schedule: str = "overlapped"       # cross-cluster boundaries: "overlapped" (depth chosen per layout) or "blocking"
+    engine: str = "megatron"           # the pipeline engine planned for (settings.py ENGINES): "megatron" | "deepspeed"
     max_micro_batch: int = 16
     exploration: float = 0.7
     local_search: bool = True
@@ -209,7 +210,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                          f"attention heads and {model.num_query_groups} key/value heads", field="model",
                          fix="check num_attention_heads and num_query_groups")
     workers = cfg.workers or default_workers()
-    ev = LayoutEvaluator(model, inventory, gbs, cost, cfg.schedule)
+    ev = LayoutEvaluator(model, inventory, gbs, cost, cfg.schedule, cfg.engine)
     _CTX.update(space=sp, ev=ev, cfg=cfg)
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s

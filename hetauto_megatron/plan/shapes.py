@@ -47,6 +47,22 @@ def is_simple(meshes) -> bool:
     return all(m.pipeline == 0 and not m.alongside for m in meshes)
 
 
+# What one uniform ProcessTopology (DeepSpeed's pipeline engine: one TP and one DP size, one backend) cannot run.
+UNIFORM_GAPS = ("tp", "dp", "micro_batch_size", "vendor", "selective")
+
+
+def uniform_topology_gaps(meshes, vendors) -> list[str]:
+    """Which of UNIFORM_GAPS a list of meshes (Mesh or MeshChoice: tp, dp, micro_batch_size, recompute) has, with
+    `vendors` the device vendor of each: different TP, DP or micro-batch per mesh, more than one vendor, selective
+    recomputation (whole layers only). emit/deepspeed.py words them; `hetauto plan --engine deepspeed` plans none."""
+    out = [k for k in ("tp", "dp", "micro_batch_size") if len({getattr(m, k) for m in meshes}) > 1]
+    if len(set(vendors)) > 1:
+        out.append("vendor")
+    if any(m.recompute == "selective" for m in meshes):
+        out.append("selective")
+    return out
+
+
 def describe_shape(meshes) -> tuple[str, str]:
     """(what makes the plan not simple, in words; the field that says so), e.g. ('2 pipelines', 'pipelines')."""
     ranges = pipeline_ranges(meshes)

@@ -1,0 +1,85 @@
+"""`hetauto plan --engine deepspeed`: plans for DeepSpeed's pipeline engine (uniform layouts, blocking boundaries,
+its TrainSchedule, the DP reduction after the last backward). Such a plan, priced by the event simulation of
+DeepSpeed's schedule (plan/deepspeed_schedule.py simulate_deepspeed: every instruction played, a different code
+path than the search's closed form), must be no slower than the default plan priced the same way; the plan file
+records the engine, and simulate uses it by default."""
+import dataclasses
+import json
+
+import pytest
+from helpers import run_hetauto
+from helpers import small_inventory as _inv
+
+from hetauto_megatron.emit.deepspeed import unsupported_features
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+from hetauto_megatron.plan.search import SearchConfig, search
+from hetauto_megatron.plan.simulate import layout_to_plan, simulate
+from hetauto_megatron.spec.model import PRESETS
+
+INSTANCES = {
+    # fp16 (the V100 has no bf16); the default plan gives the two meshes different TP
+    "a100+v100/llama2-7b": (_inv([("a", "a100-80gb", 2, 8), ("v", "v100", 1, 8)], [("a", "v", 25, 2)])
+                            .with_precision("fp16"), "llama2-7b", 64),
+    # the default plan is one DeepSpeed can run (TP 4 x DP 4 on both): the two searches price the same layouts
+    "a100-40+h20/llama2-13b": (_inv([("a", "a100-40gb", 2, 8), ("h", "h20", 2, 8)], [("a", "h", 50, 1)]),
+                               "llama2-13b", 128),
+    # a slow link: overlapped transfers hide it, DeepSpeed's blocking ones do not
+    "h100+l40s-10g/llama3-8b": (_inv([("h", "h100-sxm", 1, 8), ("l", "l40s", 2, 8)], [("h", "l", 10, 5)]),
+                                "llama3-8b", 128),
+}
+STRUCTURAL = ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective", "fp8")
+
+
+def _plan(model, inv, gbs, engine):
+    r = search(model, inv, gbs, config=SearchConfig(method="exhaustive", engine=engine))
+    plan = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
+    return dataclasses.replace(plan, engine=engine)
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_deepspeed_plan_is_no_slower_on_deepspeeds_engine(name):
+    inv, model, gbs = INSTANCES[name]
+    model = PRESETS[model]
+    ours = _plan(model, inv, gbs, "deepspeed")
+    default = _plan(model, inv, gbs, "megatron")
+    t_ours = simulate(ours, inv, engine="deepspeed")
+    t_default = simulate(default, inv, engine="deepspeed")
+    assert t_ours.fits
+    assert t_ours.iteration_time_s <= t_default.iteration_time_s * (1 + 1e-9), (name, ours.meshes, default.meshes)
+    # a plan DeepSpeed's engine runs: no structural gap, every boundary blocking, the engine recorded
+    gaps = unsupported_features(ours)
+    assert not [g for g in gaps if any(w in g for w in STRUCTURAL)], gaps
+    assert all(m.boundary_schedule == "blocking" for m in ours.meshes)
+    assert plan_from_dict(ours.to_dict()).engine == "deepspeed"
+
+
+def test_plan_file_records_the_engine_and_simulate_uses_it(tmp_path):
+    out = tmp_path / "plan.yaml"
+    r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", "examples/llama/inventory-2clusters.yaml",
+                    "--global-batch-size", "64", "--engine", "deepspeed", "--quiet", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    plan = load_plan(str(out))
+    assert plan.engine == "deepspeed" and plan.is_simple
+    args = ("simulate", "--model", "llama2-7b", "--inventory", "examples/llama/inventory-2clusters.yaml",
+            "--plan", str(out), "--json")
+    recorded, told = run_hetauto(*args), run_hetauto(*args, "--engine", "deepspeed")
+    megatron = run_hetauto(*args, "--engine", "megatron")
+    assert recorded.returncode == told.returncode == megatron.returncode == 0, recorded.stderr
+    t = [json.loads(x.stdout)["iteration_time_s"] for x in (recorded, told, megatron)]
+    assert t[0] == t[1] == pytest.approx(planned["iteration_time_s"], rel=1e-6)
+    assert t[2] != t[0]
+
+
+def test_old_files_read_as_megatron_and_deepspeed_needs_one_pipeline():
+    data = {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 8,
+            "meshes": [{"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 2, "micro_batch_size": 1,
+                        "stage_layers": [8]}]}
+    assert plan_from_dict(data).engine == "megatron" and "engine" not in plan_from_dict(data).to_dict()
+    with pytest.raises(InputError, match="engine"):
+        plan_from_dict(dict(data, engine="torchtitan"))
+    two = dict(data, engine="deepspeed", pipelines=[{"samples": 4}, {"samples": 4}],
+               meshes=[dict(data["meshes"][0], dp=1), dict(data["meshes"][0], dp=1, pipeline=1)])
+    with pytest.raises(InputError, match="one pipeline of single meshes"):
+        plan_from_dict(two)
