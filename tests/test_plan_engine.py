@@ -83,3 +83,24 @@ def test_old_files_read_as_megatron_and_deepspeed_needs_one_pipeline():
                meshes=[dict(data["meshes"][0], dp=1), dict(data["meshes"][0], dp=1, pipeline=1)])
     with pytest.raises(InputError, match="one pipeline of single meshes"):
         plan_from_dict(two)
+
+
+def test_search_evaluator_agrees_with_evaluate_layout_for_deepspeed():
+    """The search's cached closed form (plan/evaluator.py) for DeepSpeed's engine is evaluate_layout's."""
+    import itertools
+
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan.evaluator import LayoutEvaluator
+    from hetauto_megatron.plan.simulate import MeshChoice, evaluate_layout
+    inv, model, gbs = INSTANCES["h100+l40s-10g/llama3-8b"]
+    model, cm = PRESETS[model], AnalyticCostModel()
+    ev = LayoutEvaluator(model, inv, gbs, cm, "overlapped", "deepspeed")
+    priced = 0
+    for tp, dp, s1, s2, rc in itertools.product([1, 2], [2, 4], [1, 2], [1, 2], ["none", "full"]):
+        t, cur = ev.resolve((MeshChoice("h", tp, dp, 1, rc, s1), MeshChoice("l", tp, dp, 1, rc, s2)))
+        ref = evaluate_layout(model, inv, list(cur), gbs, cm, exact=False, engine="deepspeed").iteration_time_s
+        assert t == pytest.approx(ref, rel=1e-12) or t == ref == float("inf")
+        priced += t < float("inf")
+    assert priced >= 20
+    # a layout DeepSpeed's uniform topology cannot run is never priced
+    assert ev.resolve((MeshChoice("h", 1, 4, 1, "none", 1), MeshChoice("l", 2, 4, 1, "none", 1)))[0] == float("inf")
