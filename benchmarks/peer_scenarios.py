@@ -1,7 +1,9 @@
 """The peer scenarios (issues 12 and 14): 16 A100-40 + 16 V100-16, OPT-350M and GPT-Neo-2.7B, global batch 1024 x
 2048 tokens, fp32, same zone and cross-region (examples/peers/). For each model x network: our plan (`hetauto plan
 --precision fp32 --cost-model <fitted on the packaged Sailor data> --memory-job sailor-deepspeed`), with and
-without the new shapes when the planner has them (`--shapes simple|all`), and the peers' plans, each priced
+without the new shapes when the planner has them (`--shapes simple|all`), planned for DeepSpeed's pipeline engine
+(`--engine deepspeed`: Sailor's measured jobs ran its Megatron-DeepSpeed fork, i.e. that engine), and the peers'
+plans, each priced
   - by our simulator (plan/simulate.py, plan/multi_simulate.py): iteration time, it/s, memory per stage vs capacity;
   - by Sailor's simulator terms (benchmarks/sailor_terms.py, docs/peers.md): it/s and whether every stage fits.
 Sailor's simulator scored Metis's OPT-350 plan at 0.0829 it/s and Sailor's at 0.0769 (same zone).
@@ -170,12 +172,14 @@ def sailor_plan_opt350(precision: str = "fp32") -> dict:
          "stage_layers": [12]}]}
 
 
-def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None) -> dict:
+def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None) -> dict:
     cmd = HETAUTO + ["plan", "--model", model_yaml, "--inventory", inventory, "--precision", "fp32",
                      "--global-batch-size", "1024", "--cost-model", cost_model, "--memory-job", "sailor-deepspeed",
                      "--json", "--quiet"]
     if shapes:
         cmd += ["--shapes", shapes]
+    if engine:      # the pipeline engine planned for (Sailor's measured jobs ran DeepSpeed's)
+        cmd += ["--engine", engine]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
@@ -316,9 +320,10 @@ def main() -> int:
             inv = f"examples/peers/inventory-{net}.yaml"
             print(f"\n== {model}, {net} ({inv}) ==")
             rows = []
-            for shapes in shape_runs:
-                res = run_plan(yaml_path, inv, cost_model, shapes)
-                label = f"hetauto ({shapes or 'simple'} shapes)"
+            runs = [(shapes, None) for shapes in shape_runs] + [("simple", "deepspeed")]
+            for shapes, engine in runs:
+                res = run_plan(yaml_path, inv, cost_model, shapes, engine)
+                label = "hetauto (--engine deepspeed)" if engine else f"hetauto ({shapes or 'simple'} shapes)"
                 if "error" in res:
                     print(f"{label}: no plan: {res['error']}")
                     continue
@@ -349,6 +354,9 @@ def main() -> int:
                     print("term by term (seconds per iteration):")
                     if rows and rows[0][0].startswith("hetauto"):
                         print_terms("ours", rows[0][1], model, zones, yaml_path, inv, cost_model)
+                    for row in rows:
+                        if row[0] == "hetauto (--engine deepspeed)":
+                            print_terms("ours, --engine deepspeed", row[1], model, zones, yaml_path, inv, cost_model)
                     print_terms("best under Sailor's terms", sailor_best_meshes(model, st), model, zones, yaml_path,
                                 inv, cost_model)
             if model == "OPT-350" and net == "same-zone":
