@@ -73,6 +73,23 @@ def apply_memory_job(cost_model, inventory) -> None:
               "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
 
 
+def check_output_file(path: str | None, flag: str) -> None:
+    """Refuse an output file that cannot be written before any work is done (a directory, a missing folder)."""
+    import os
+
+    from ..errors import InputError
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise InputError(f"{path!r} is a directory", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise InputError(f"the folder {folder!r} of {path!r} does not exist", field=flag,
+                         fix="create the folder first, or write the file elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"the folder {folder!r} is not writable", field=flag, fix="write the file elsewhere")
+
+
 TIMELINE_SUFFIXES = (".json", ".png", ".svg", ".pdf")
 
 

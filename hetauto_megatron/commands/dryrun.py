@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ..errors import InputError
@@ -76,8 +77,9 @@ def run(args) -> int:
 
     if args.steps < 1:
         raise InputError(f"must be at least 1, got {args.steps}", field="--steps")
-    if args.timeout <= 0:
-        raise InputError(f"must be positive, got {args.timeout}", field="--timeout")
+    if not 0 < args.timeout < math.inf:     # NaN too: every rank's wait would fail to convert it
+        raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
+                         fix="e.g. --timeout 120")
     plan = load_plan(args.plan)
     if args.timeline or args.emulate_links:     # both read the simulator's prediction of the run
         require_simple(plan, "hetauto dryrun --timeline / --emulate-links", args.plan)
@@ -135,7 +137,7 @@ def _emulation(args, plan):
             scale = float(args.emulate_links)
         except ValueError:
             scale = -1.0
-        if not scale > 0:
+        if not 0 < scale < math.inf:
             raise InputError(f"must be a positive number, got {args.emulate_links!r}", field="--emulate-links",
                              fix="give a scale such as 1 or 1000, or no value for the automatic one")
     if args.inventory:

@@ -6,8 +6,8 @@ import json
 import os
 import sys
 
-from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_timeline_paths, load_inputs,
-                      write_timelines)
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_file,
+                      check_timeline_paths, load_inputs, write_timelines)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -120,6 +120,9 @@ def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
     from ..plan.simulate import simulate
+    from ..plan.plan import check_global_batch_size
+    check_global_batch_size(args.global_batch_size, field="--global-batch-size")
+    check_output_file(args.output, "-o")
     model, inventory, cost_model = load_inputs(args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:

@@ -75,6 +75,9 @@ def run(args) -> int:
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
+    if args.global_batch_size is not None:
+        from ..plan.plan import check_global_batch_size
+        check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:

@@ -17,13 +17,11 @@ import math
 import os
 from dataclasses import dataclass
 
-import yaml
-
 from ..cost.analytic import DEFAULT_CALIBRATION, AnalyticCostModel, Calibration
 from ..errors import InputError
 from ..spec.devices import canonical_device_name
 from ..spec.inventory import inventory_from_dict
-from ..spec.model import ModelSpec
+from ..spec.model import ModelSpec, load_yaml_file
 from .simulate import MeshChoice, evaluate_layout
 
 TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
@@ -98,16 +96,12 @@ def published_iteration_time(flops_count: str, vocab: int, seq: int, row: dict) 
 
 
 def published_runs(path: str = TABLE) -> list[PublishedRun]:
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise InputError(f"cannot be read ({exc.strerror})", file=path, fix="pass a published-throughput YAML file")
-    if not isinstance(data, dict):
-        raise InputError("is not a mapping of sources", file=path,
-                         fix="write one section per source with vocab, seq_len, recompute and rows")
+    data = load_yaml_file(path, "published-runs table")   # syntax, encoding, a directory: one paragraph each
     out = []
     for source, table in data.items():
+        if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+            raise InputError(f"source {source} is not a mapping with a list of rows", file=path, field=str(source),
+                             fix="write each source as vocab, seq_len, recompute and rows: (see the packaged table)")
         cfg = dict(_SOURCE_DEFAULTS.get(source, {}))
         cfg.update({k: v for k, v in table.items() if k in _SOURCE_DEFAULTS["source_a_a100"]})
         missing = [k for k in _SOURCE_DEFAULTS["source_a_a100"] if k not in cfg]
@@ -128,7 +122,7 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                     bool(cfg["sequence_parallel"]), float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
                     tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items()))))
-            except (KeyError, TypeError, ZeroDivisionError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
                 raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
                                  fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")
     return out

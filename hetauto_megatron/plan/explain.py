@@ -28,14 +28,36 @@ PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bub
               "overhead": "fixed per-iteration overhead"}
 
 
+def _is_figure(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _figure(value) -> float:
+    """An optional figure of a stored estimate: 0 when absent or not a finite number."""
+    return float(value) if _is_figure(value) else 0.0
+
+
+def _usable_estimate(estimate) -> bool:
+    """Whether a stored estimate (a plan file's `estimate`, informational and maybe edited by hand or written by
+    an older hetauto) has every figure the breakdown re-simulates from, each a finite number."""
+    stages = estimate.get("stages") if isinstance(estimate, dict) else None
+    if not isinstance(stages, list) or not stages:
+        return False
+    if not (_is_figure(estimate.get("iteration_time_s")) and _is_figure(estimate.get("pipeline_s"))):
+        return False
+    keys = ("forward_s", "backward_s", "send_next_s", "busy_s")
+    return all(isinstance(s, dict) and all(_is_figure(s.get(k)) for k in keys)
+               and _is_figure(s.get("send_next_latency_s", 0.0))
+               and isinstance(s.get("send_next_depth", 0), int) and not isinstance(s.get("send_next_depth", 0), bool)
+               and s.get("send_next_depth", 0) >= 0 for s in stages)
+
+
 def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     """The six parts of the iteration from a simulator estimate (`Estimate.to_dict()` or a plan file's
     `estimate` block); None when the estimate lacks the per-stage times (an older file)."""
-    stages = estimate.get("stages") if isinstance(estimate, dict) else None
-    keys = ("forward_s", "backward_s", "send_next_s", "busy_s")
-    if not stages or not all(isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in keys)
-                             for s in stages):
+    if not _usable_estimate(estimate):
         return None
+    stages = estimate["stages"]
     m = num_micro_batches
     fwd = [s["forward_s"] for s in stages]
     bwd = [s["backward_s"] for s in stages]
@@ -48,9 +70,9 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     # The tail after the pipeline: the exposed DP sync (and the job-wide tied-table / grad-norm sync), the
     # optimizer step, and the cost model's fixed overhead, which is what remains of T.
     tail = max(0.0, T - makespan)
-    opt = min(float(estimate.get("optimizer_s") or 0.0), tail)
-    dp = min(float(estimate.get("dp_exposed_s") or 0.0) + float(estimate.get("sync_s") or 0.0), tail - opt)
-    per = lambda key: [s.get(key) if isinstance(s.get(key), (int, float)) else 0.0 for s in stages]
+    opt = min(_figure(estimate.get("optimizer_s")), tail)
+    dp = min(_figure(estimate.get("dp_exposed_s")) + _figure(estimate.get("sync_s")), tail - opt)
+    per = lambda key: [_figure(s.get(key)) for s in stages]
     t_dp = max(range(len(stages)), key=lambda i: per("dp_exposed_s")[i])
     t_opt = max(range(len(stages)), key=lambda i: per("optimizer_s")[i])
     parts = {"compute": busy[slow], "bubble": max(0.0, free_links - busy[slow]),

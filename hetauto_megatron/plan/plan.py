@@ -26,6 +26,7 @@ import yaml
 from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.devices import canonical_device_name, get_device
+from ..spec.inventory import inventory_from_dict
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
 from . import shapes
 from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, RuntimeSettings, check_engine, check_precision,
@@ -175,6 +176,7 @@ class Plan:
             raise InputError(f"engine {self.engine} runs one pipeline of single meshes; this plan has "
                              f"{shapes.describe_shape(self.meshes)[0]}", field="engine",
                              fix="drop 'engine' (hetauto's runtime runs every plan shape) or make the plan one pipeline")
+        check_global_batch_size(self.global_batch_size)
         m = self.model
         if self.version not in READABLE_VERSIONS:
             raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
@@ -367,6 +369,22 @@ class Plan:
             fh.write(text)
 
 
+# Samples per iteration: far above any published run (thousands), and what keeps the simulator's 1F1B events
+# (micro-batch steps x stages, ~10 s per million steps) from running for ever on a typo.
+MAX_GLOBAL_BATCH_SIZE = 1_000_000
+
+
+def check_global_batch_size(value: int, *, field: str = "global_batch_size", file: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"must be a whole number of samples, at least 1, got {value!r}", file=file, field=field,
+                         fix="give the samples per iteration of the whole job, e.g. 512")
+    if value > MAX_GLOBAL_BATCH_SIZE:
+        raise InputError(f"is {value:,} samples per iteration, more than {MAX_GLOBAL_BATCH_SIZE:,} (published runs "
+                         "train thousands)", file=file, field=field,
+                         fix="give the samples per iteration of the whole job, e.g. 512")
+    return value
+
+
 _MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings",
               "boundary", "pipeline", "alongside"}
 
@@ -424,6 +442,15 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         except (TypeError, ValueError) as exc:
             raise InputError(f"has a malformed value ({exc})", file=file, field=f"meshes[{i}]",
                              fix="compare it with docs/plan-format.md") from None
+    if data.get("estimate") is not None:     # informational, but every reader takes it for a mapping
+        require_mapping(data["estimate"], "the plan's estimate", file)
+    if data.get("inventory") is not None:
+        # the stored inventory is what emit reads node sizes and memory from: a broken one is named here, not as a
+        # plan that "does not list" its own clusters
+        try:
+            inventory_from_dict(data["inventory"], file=file)
+        except InputError as exc:
+            raise exc.within(file=file, prefix="inventory") from None
     try:
         return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
                     inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,

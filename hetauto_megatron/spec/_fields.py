@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from ..errors import InputError
@@ -32,7 +33,9 @@ def require_mapping(data: Any, what: str, file: str | None) -> dict:
 
 def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, file: str | None = None,
         prefix: str = "", fix: str | None = None) -> Any:
-    """Read data[key] checking its type; ints are accepted where floats are expected, bools never as numbers."""
+    """Read data[key] checking its type; ints are accepted where floats are expected, bools never as numbers, and
+    a number must be finite (YAML's .nan and .inf, JSON's NaN and Infinity parse as floats, and would pass every
+    `> 0` check while making every time and memory figure NaN)."""
     field = f"{prefix}{key}"
     if key not in data or data[key] is None:
         if default is _MISSING:
@@ -41,7 +44,12 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     value = data[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value) if abs(value) < 1e300 else math.inf
+    if float in kinds and isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"must be a finite number, got {value}", file=file, field=field,
+                         fix=fix or f"write '{key}:' as a plain number (NaN and infinity are not figures)")
+    if float in kinds and isinstance(value, float):
+        return value
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         names = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
         raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}", file=file, field=field,

@@ -17,6 +17,12 @@ from ..errors import InputError
 from ._fields import get, reject_unknown, require_mapping
 
 
+# Bounds far above any published transformer (a few hundred layers; widths, vocabularies and contexts in the
+# millions at most): a figure beyond them is a typo, and the search and simulator would run for ever on it.
+MAX_LAYERS = 10_000
+MAX_SIZE = 10_000_000
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -38,10 +44,15 @@ class ModelSpec:
         if self.max_position_embeddings == 0:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                    "seq_length", "num_query_groups"):
+                    "seq_length", "num_query_groups", "max_position_embeddings"):
             if getattr(self, key) <= 0:
                 raise InputError(f"must be a positive integer, got {getattr(self, key)}", field=key,
                                  fix=f"set {key} to the architecture's value (see the model's config.json)")
+            limit = MAX_LAYERS if key == "num_layers" else MAX_SIZE
+            if getattr(self, key) > limit:
+                # a typo, not a model: the planner's work grows with these, so it would run for ever
+                raise InputError(f"is {getattr(self, key)}, more than any transformer has (at most {limit:,} here)",
+                                 field=key, fix=f"set {key} to the architecture's value (see the model's config.json)")
         if self.hidden_size % self.num_attention_heads:
             raise InputError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}", field="hidden_size",

@@ -11,6 +11,7 @@ Cluster names may themselves contain '-' or '.': a key is matched against the in
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import InputError
 from .inventory import Cluster, Inventory, LinkSpec
@@ -40,6 +41,9 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
         raise InputError(f"{key}={text!r}: the value must be {'a whole number' if integer else 'a number'}",
                          field="--set", fix=f"write e.g. {key}={'8' if integer else '100'}") from None
     latency = key.endswith("latency_ms") or key.endswith("latency_us")
+    if not math.isfinite(value):
+        raise InputError(f"{key}={text}: must be a finite number", field="--set",
+                         fix=f"write e.g. {key}={'8' if integer else '100'} (NaN and infinity are not figures)")
     if value < 0 or (value == 0 and not latency):
         raise InputError(f"{key}={text}: must be {'0 or more' if latency else 'positive'}", field="--set",
                          fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
@@ -79,6 +83,10 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             old = inv.links[pair]
             new = dataclasses.replace(old, **({"latency_s": value * 1e-3} if field == "latency_ms" else
                                               {field: value}))
+            if new.flow_gbps is not None and new.flow_gbps > new.bandwidth_gbps:
+                raise InputError(f"{key}={text}: one connection ({new.flow_gbps} Gbit/s) would be faster than the "
+                                 f"whole link ({new.bandwidth_gbps} Gbit/s)", field="--set",
+                                 fix="keep flow_gbps at most bandwidth_gbps (set both if you change the link)")
             inv = dataclasses.replace(inv, links={**inv.links, pair: new})
         elif kind == "cluster":
             match = max((c for c in inv.clusters if rest.startswith(c.name + ".")), key=lambda c: len(c.name),

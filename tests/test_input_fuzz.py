@@ -1,0 +1,188 @@
+"""Broken inputs never crash or hang the command line: a deterministic sample of scripts/fuzz_inputs.py's
+mutations (every field of the example inventories, models and plans made the wrong type, negative, NaN,
+infinite, huge, missing, unknown; whole files empty, binary, missing, a directory; bad --set values), each run
+through the commands that read it, must exit 0, 2 or 3, print no traceback, end within the time limit and, on
+exit 2, name the field or the file. Then one test per class of defect the fuzzing found, through the real CLI.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from hetauto_megatron import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_INV = os.path.join(REPO, "examples", "llama", "inventory-cpu-dryrun.yaml")
+with open(CPU_INV) as _fh:
+    CPU_INVENTORY = _fh.read()     # block style: the cases below edit single lines of it
+
+
+def _fuzz_module():
+    spec = importlib.util.spec_from_file_location("fuzz_inputs", os.path.join(REPO, "scripts", "fuzz_inputs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_inputs"] = mod      # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fuzzed_inputs_exit_cleanly(tmp_path):
+    fz = _fuzz_module()
+    ws = fz.Workspace(str(tmp_path))
+    cases = fz.sample(fz.all_cases(ws), 90, seed=0)
+    findings = fz.run_cases(cases, timeout=30.0, runner=fz.run_forked, cwd=str(tmp_path))
+    assert not findings, f"{len(findings)} of {len(cases)} cases:\n" + fz.report(findings, show=3)
+
+
+def run_cli(argv, capsys):
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def check_error(rc, err, *, field, words=()):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len([x for x in err.splitlines() if x.strip()]) == 1, err
+    assert f"field '{field}'" in err, err
+    assert "Fix: " in err, err
+    for w in words:
+        assert w in err, err
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---- NaN and infinity in files: they passed every `> 0` check and crashed deep in the planner ------------
+NONFINITE_FILES = {
+    "link-latency-nan": (CPU_INVENTORY.replace("latency_ms: 0.1", "latency_ms: .nan"), "links[0].latency_ms"),
+    "intra-node-bandwidth-inf": (CPU_INVENTORY.replace("intra_node: {bandwidth_gbps: 80,",
+                                                       "intra_node: {bandwidth_gbps: .inf,", 1),
+                                 "clusters[0].intra_node.bandwidth_gbps"),
+    "overheads-nan": (CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n    overheads: "
+                                            "{context_gib: .nan}", 1), "clusters[0].overheads.context_gib"),
+    "node-gbps-inf": (CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n    inter_node: "
+                                            "{node_gbps: .inf}", 1), "clusters[0].inter_node.node_gbps"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NONFINITE_FILES))
+def test_nonfinite_figures_in_an_inventory(case, tmp_path, capsys):
+    text, field = NONFINITE_FILES[case]
+    assert text != CPU_INVENTORY
+    inv = write(tmp_path, "inv.yaml", text)
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
+                         capsys)
+    check_error(rc, err, field=field, words=["finite number"])
+
+
+def test_nonfinite_figure_in_a_measured_overheads_file(tmp_path, capsys):
+    (tmp_path / "overheads-cpu.json").write_text(json.dumps({"device_type": "cpu", "fragmentation": float("nan")}))
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
+                                                            "    overheads: overheads-cpu.json", 1))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
+                         capsys)
+    check_error(rc, err, field="fragmentation", words=["overheads-cpu.json", "finite number"])
+
+
+# ---- --set: NaN/inf accepted, a connection faster than its link accepted ---------------------------------
+@pytest.mark.parametrize("item, words", [
+    ("link.site-a-site-b.bandwidth_gbps=nan", ["finite number"]),
+    ("link.site-a-site-b.latency_ms=inf", ["finite number"]),
+    ("cluster.site-a.memory_gib=nan", ["finite number"]),
+    ("link.site-a-site-b.flow_gbps=1000", ["faster than the whole link"]),
+])
+def test_bad_set_values(item, words, capsys):
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                          "--set", item], capsys)
+    check_error(rc, err, field="--set", words=words)
+
+
+# ---- numbers that hang the planner: a huge model or batch ran for ever --------------------------------------
+def test_huge_model_and_batch_are_refused(tmp_path, capsys):
+    model = write(tmp_path, "m.yaml", "preset: tiny\nnum_layers: 1000000000000000000000000000000\n")
+    rc, _, err = run_cli(["simulate", "--model", model, "--inventory", CPU_INV, "--tp", "1", "--pp", "2", "--dp",
+                          "1", "--micro-batch-size", "1", "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="num_layers", words=["more than any transformer"])
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", str(10 ** 26),
+                          "--quiet"], capsys)
+    check_error(rc, err, field="--global-batch-size", words=["samples per iteration"])
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--plan",
+                          os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"),
+                          "--global-batch-size", "0"], capsys)
+    check_error(rc, err, field="--global-batch-size")
+
+
+def test_negative_position_table_is_refused(tmp_path, capsys):
+    model = write(tmp_path, "m.yaml", "preset: tiny\nposition_embedding: learned\nmax_position_embeddings: -4\n")
+    rc, _, err = run_cli(["plan", "--model", model, "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"],
+                         capsys)
+    check_error(rc, err, field="max_position_embeddings")
+
+
+# ---- a plan's stored inventory and estimate ------------------------------------------------------------------
+def _written_plan(tmp_path, capsys) -> dict:
+    path = str(tmp_path / "plan.yaml")
+    assert cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                     "-o", path]) == 0
+    capsys.readouterr()
+    import yaml
+    with open(path) as fh:
+        return yaml.safe_load(fh)
+
+
+def test_broken_stored_inventory_is_named(tmp_path, capsys):
+    import yaml
+    data = _written_plan(tmp_path, capsys)
+    data["inventory"]["clusters"][0]["memory_gib"] = float("inf")
+    plan = write(tmp_path, "broken.yaml", yaml.safe_dump(data))
+    rc, _, err = run_cli(["emit", "megatron", "--plan", plan], capsys)
+    check_error(rc, err, field="inventory.clusters[0].memory_gib", words=["finite number"])
+    data["inventory"]["clusters"] = 7
+    plan = write(tmp_path, "broken2.yaml", yaml.safe_dump(data))
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    check_error(rc, err, field="inventory.clusters", words=["must be a list"])
+
+
+@pytest.mark.parametrize("key, value", [("send_next_depth", float("-inf")), ("send_next_depth", "two"),
+                                        ("forward_s", float("nan")), ("send_next_latency_s", "x")])
+def test_broken_stored_estimate_still_summarises(key, value, tmp_path, capsys):
+    """The estimate is informational: a hand-edited one prints without its breakdown, never a traceback."""
+    import yaml
+    data = _written_plan(tmp_path, capsys)
+    data["estimate"]["stages"][0][key] = value
+    plan = write(tmp_path, "edited.yaml", yaml.safe_dump(data))
+    rc, out, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    assert rc == 0, err
+    assert "plan: tiny" in out
+
+
+# ---- files the commands write or read beside the inputs -----------------------------------------------------
+def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
+    for target in (str(tmp_path / "no-such-dir" / "plan.yaml"), str(tmp_path)):
+        rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
+                              "--quiet", "-o", target], capsys)
+        check_error(rc, err, field="-o")
+
+
+def test_dryrun_timeout_must_be_a_number_of_seconds(capsys):
+    plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    for value in ("nan", "inf", "-1"):
+        rc, _, err = run_cli(["dryrun", "--plan", plan, "--timeout", value], capsys)
+        check_error(rc, err, field="--timeout")
+
+
+def test_published_table_of_the_wrong_shape(tmp_path, capsys):
+    table = write(tmp_path, "table.yaml", "source_x: 3\n")
+    rc, _, err = run_cli(["validate-cost-model", "--published", table], capsys)
+    check_error(rc, err, field="source_x", words=["list of rows"])
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_bytes(bytes(range(256)))
+    rc, _, err = run_cli(["validate-cost-model", "--published", str(garbage)], capsys)
+    assert rc == 2 and "Traceback" not in err and str(garbage) in err, err
