@@ -3,17 +3,18 @@ its TrainSchedule, the DP reduction after the last backward). Such a plan, price
 DeepSpeed's schedule (plan/deepspeed_schedule.py simulate_deepspeed: every instruction played, a different code
 path than the search's closed form), must be no slower than the default plan priced the same way; the plan file
 records the engine, and simulate uses it by default."""
-import dataclasses
 import json
 
 import pytest
 from helpers import run_hetauto
 from helpers import small_inventory as _inv
 
+from hetauto_megatron.commands.plan import for_engine
 from hetauto_megatron.emit.deepspeed import unsupported_features
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 from hetauto_megatron.plan.search import SearchConfig, search
+from hetauto_megatron.plan.settings import as_run_by
 from hetauto_megatron.plan.simulate import layout_to_plan, simulate
 from hetauto_megatron.spec.model import PRESETS
 
@@ -28,13 +29,11 @@ INSTANCES = {
     "h100+l40s-10g/llama3-8b": (_inv([("h", "h100-sxm", 1, 8), ("l", "l40s", 2, 8)], [("h", "l", 10, 5)]),
                                 "llama3-8b", 128),
 }
-STRUCTURAL = ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective", "fp8")
 
 
 def _plan(model, inv, gbs, engine):
     r = search(model, inv, gbs, config=SearchConfig(method="exhaustive", engine=engine))
-    plan = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
-    return dataclasses.replace(plan, engine=engine)
+    return for_engine(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), engine)
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCES))
@@ -47,9 +46,11 @@ def test_deepspeed_plan_is_no_slower_on_deepspeeds_engine(name):
     t_default = simulate(default, inv, engine="deepspeed")
     assert t_ours.fits
     assert t_ours.iteration_time_s <= t_default.iteration_time_s * (1 + 1e-9), (name, ours.meshes, default.meshes)
-    # a plan DeepSpeed's engine runs: no structural gap, every boundary blocking, the engine recorded
+    # a plan DeepSpeed's engine runs: no gap but the uneven split (which PlanPipelineModule runs), its settings
+    # those the engine runs, every boundary blocking, the engine recorded
     gaps = unsupported_features(ours)
-    assert not [g for g in gaps if any(w in g for w in STRUCTURAL)], gaps
+    assert all("uneven layer split" in g for g in gaps), gaps
+    assert all(m.settings.to_dict() == as_run_by(m.settings, "deepspeed").to_dict() for m in ours.meshes)
     assert all(m.boundary_schedule == "blocking" for m in ours.meshes)
     assert plan_from_dict(ours.to_dict()).engine == "deepspeed"
 

@@ -97,6 +97,10 @@ def run(args) -> int:
     written: list[str] = []
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
+        if plan.engine != "megatron":      # the plan was made (and is priced) for another engine
+            print(f"hetauto emit: {args.plan} was planned for {plan.engine}'s pipeline engine (its estimate prices "
+                  f"that engine); these Megatron-LM scripts run Megatron's 1F1B ('hetauto simulate --engine megatron' "
+                  "prices it)", file=sys.stderr)
         launches = emit_megatron(plan, plan_path=args.plan_path or os.path.abspath(args.plan), cluster=args.cluster,
                                  script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
                                  file=args.plan)

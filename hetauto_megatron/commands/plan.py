@@ -162,7 +162,7 @@ def run(args) -> int:
     # layouts and blocking boundaries only)
     shapes = "simple" if args.engine == "deepspeed" else args.shapes
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
-    plan = dataclasses.replace(result.plan, engine=args.engine)
+    plan = for_engine(result.plan, args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
@@ -214,6 +214,15 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def for_engine(plan, engine: str):
+    """The plan recording the engine it was made for, each mesh's settings those the engine runs (settings.py
+    `as_run_by`: for DeepSpeed's, no overlaps and no sequence parallelism), so that the file says what runs."""
+    from ..plan.settings import as_run_by
+    meshes = tuple(dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict())
+                   for m in plan.meshes) if engine != "megatron" else plan.meshes
+    return dataclasses.replace(plan, meshes=meshes, engine=engine)
 
 
 def constraints_from_args(args):

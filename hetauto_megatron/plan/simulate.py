@@ -247,11 +247,13 @@ def plan_boundaries(plan: Plan) -> list:
     return [m.boundary_depth if m.boundary_schedule == "overlapped" else None for m in plan.meshes]
 
 
-def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str = "megatron") -> Estimate:
+def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None) -> Estimate:
     """The plan's iteration as `engine` runs its pipeline: "megatron" (hetauto's runtime and Megatron-LM: 1F1B,
     plan/pipeline.py) or "deepspeed" (DeepSpeed's pipeline engine, the configs `hetauto emit deepspeed` writes:
     its lock-step TrainSchedule, plan/deepspeed_schedule.py; one pipeline of single meshes, every boundary
-    blocking; the DP reduction as that engine runs it, settings.py ENGINES). Every other term is the same."""
+    blocking; the DP reduction as that engine runs it, settings.py ENGINES). Every other term is the same. None: the
+    engine the plan was made for (`Plan.engine`), so every command prices a plan as it runs."""
+    engine = engine or plan.engine
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {tuple(ENGINES)}")
     cost_model = cost_model or _DEFAULT_COST
