@@ -499,7 +499,11 @@ class _CapTable:
         if not self.affine:
             n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
-            n = costing.layers_that_fit(lambda layers: self._need(layers, f, buf), self.prof.memory_cap,
-                                        self.model.num_layers)
+            a, b, c, d, e = self.coef
+
+            def need(n: int) -> float:          # self._need(n, f, buf), written out: the rows ask it often
+                return a + b * n + c * f + d * n * f + e * buf if n else self._need(0, f, buf)
+
+            n = costing.layers_that_fit(need, self.prof.memory_cap, self.model.num_layers, b + d * f)
         self.caps[(f, buf)] = n
         return n
