@@ -519,7 +519,8 @@ def judge(case: Case, rc: int, stdout: str, stderr: str, seconds: float, base_me
         if not any(str(n).lower() in message for n in case.names):
             return "message names no field"
     # the plan's estimate is informational (never read for decisions): a NaN there is printed as written
-    informational = "estimate" in case.names
+    # ... and a fitted model's intercepts (overhead_s) may be negative
+    informational = "estimate" in case.names or (case.kind == "costmodel" and case.mutation == "negative")
     if rc == 0 and case.mutation in ("nan", "inf", "-inf", "negative") and case.kind != "args" and not informational:
         return f"accepted {case.mutation}"
     return None

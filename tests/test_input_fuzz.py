@@ -186,3 +186,63 @@ def test_published_table_of_the_wrong_shape(tmp_path, capsys):
     garbage.write_bytes(bytes(range(256)))
     rc, _, err = run_cli(["validate-cost-model", "--published", str(garbage)], capsys)
     assert rc == 2 and "Traceback" not in err and str(garbage) in err, err
+
+
+# ---- a fitted cost model's manifest (hetauto fit writes it; an edited or truncated one is named) -------------
+def _manifest() -> dict:
+    from hetauto_megatron.cost import features as F
+    from hetauto_megatron.cost.learned.samples import MODEL_FORMAT
+    return {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": {},
+            "calibration": {"a100-40gb|layer|fwd|0|2": {"rate": 1.2, "overhead_s": -0.001},
+                            "a100-40gb|layer|bwd|0|2": {"rate": 1.1, "overhead_s": 0.0}},
+            "devices": {"a100-40gb": {"name": "a100-40gb", "granularity": "layer", "dtype_bytes": 2,
+                                      "peak_tflops": 312.0, "hbm_gbps": 1555.0, "rows": 10, "source": "sailor"}}}
+
+
+def _edit(doc, path, value):
+    node = doc
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("devices", "a100-40gb", "peak_tflops"), float("nan"), "devices.a100-40gb"),
+    (("devices", "a100-40gb", "name"), {"a": 1}, "devices.a100-40gb"),
+    (("devices", "a100-40gb", "extra"), 1, "devices.a100-40gb"),
+    (("devices", "a100-40gb"), [1, 2], "devices.a100-40gb"),
+    (("calibration", "a100-40gb|layer|fwd|0|2", "rate"), float("inf"), "calibration.a100-40gb|layer|fwd|0|2"),
+    (("calibration", "not-a-key"), {"rate": 1.0, "overhead_s": 0.0}, "calibration.not-a-key"),
+    (("boosters",), 3, "boosters"),
+    (("boosters",), {"layer_fwd": 4}, "boosters"),
+    (("boosters",), {"layer_fwd": "layer_fwd.txt"}, "boosters"),
+])
+def test_garbled_cost_model_manifest(path, value, field, tmp_path, capsys):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps(_manifest()))
+    argv = ["simulate", "--model", "tiny", "--inventory", CPU_INV, "--tp", "1", "--pp", "2", "--dp", "1",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--cost-model", str(d)]
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 0, err          # the hand-written manifest itself is a valid (tiny) model
+    if path == ("boosters",) and isinstance(value, dict) and value.get("layer_fwd") == "layer_fwd.txt":
+        (d / "layer_fwd.txt").write_bytes(bytes(range(256)))      # a booster file that is not LightGBM's
+    (d / "manifest.json").write_text(json.dumps(_edit(_manifest(), path, value)))
+    rc, _, err = run_cli(argv, capsys)
+    check_error(rc, err, field=field, words=["manifest.json" if field != "boosters" or "txt" not in str(value)
+                                             else "LightGBM"])
+
+
+@pytest.mark.parametrize("search, field", [(7, "estimate.search"),
+                                           ({"constraints": {"tp": "eight"}}, "estimate.search.constraints.tp"),
+                                           ({"objective": "speed"}, "estimate.search.objective"),
+                                           ({"constraints": {"max_devices": "all"}},
+                                            "estimate.search.constraints.max_devices")])
+def test_garbled_search_record_is_named_by_explain(search, field, tmp_path, capsys):
+    import yaml
+    data = _written_plan(tmp_path, capsys)
+    data["estimate"]["search"] = search
+    plan = write(tmp_path, "edited.yaml", yaml.safe_dump(data))
+    rc, _, err = run_cli(["explain", "--plan", plan, "--runners-up", "1"], capsys)
+    check_error(rc, err, field=field, words=[plan])

@@ -195,7 +195,7 @@ def run(args) -> int:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,
                              seed=args.seed)
     except InputError as exc:
-        raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith("meshes")
+        raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None
     if args.json:
         print(json.dumps(rep, indent=2))

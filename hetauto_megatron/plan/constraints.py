@@ -55,16 +55,38 @@ class Constraints:
         """The objective and constraints a plan was made under, from what its estimate recorded
         (`estimate.search`: {"objective": ..., "constraints": active}); none recorded = no constraints."""
         record = record or {}
-        active = dict(record.get("constraints") or {})
+
+        def garbled(key: str, what: str):
+            return InputError(f"must be {what}", field=f"estimate.search.{key}",
+                              fix="remove the plan's estimate.search block (hetauto plan writes it) or correct it")
+        if not isinstance(record, dict):
+            raise InputError("must be a mapping", field="estimate.search",
+                             fix="remove the plan's estimate.search block (hetauto plan writes it) or correct it")
+        active = record.get("constraints") or {}
+        if not isinstance(active, dict):
+            raise garbled("constraints", "a mapping of constraint: value")
+        active = dict(active)
         for name in ("tp", "recompute"):
             if name in active:
-                active[name] = tuple(dict(active[name]).items())
+                kind = int if name == "tp" else str
+                if not isinstance(active[name], dict) or not all(
+                        isinstance(v, kind) and not isinstance(v, bool) for v in active[name].values()):
+                    raise garbled(f"constraints.{name}", f"a mapping of cluster: {'TP' if name == 'tp' else 'mode'}")
+                active[name] = tuple((str(k), v) for k, v in active[name].items())
         for name in ("use_clusters", "exclude_clusters"):
             if name in active:
+                if not isinstance(active[name], list) or not all(isinstance(v, str) for v in active[name]):
+                    raise garbled(f"constraints.{name}", "a list of cluster names")
                 active[name] = tuple(active[name])
+        for name in ("max_devices", "max_pp", "micro_batch_size"):
+            v = active.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise garbled(f"constraints.{name}", "a whole number, at least 1")
+        objective = record.get("objective", "throughput")
+        if objective not in OBJECTIVES:
+            raise garbled("objective", f"one of {', '.join(OBJECTIVES)}")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(objective=record.get("objective", "throughput"),
-                   **{k: v for k, v in active.items() if k in known})
+        return cls(objective=objective, **{k: v for k, v in active.items() if k in known})
 
     def without(self, name: str) -> "Constraints":
         """These constraints with `name` lifted (to tell which one binds when nothing is feasible)."""

@@ -119,6 +119,30 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
         fh.write("\n")
 
 
+def _device_infos(raw, path: str) -> dict:
+    """The manifest's `devices` table, each entry checked: a garbled one is named, never a TypeError."""
+    kinds = {f.name: f.type for f in dataclasses.fields(DeviceInfo)}
+    if not isinstance(raw, dict):
+        raise InputError("must be a mapping of device type: figures", file=path, field="devices",
+                         fix="re-fit it with 'hetauto fit'")
+    out = {}
+    for name, v in raw.items():
+        ok = isinstance(v, dict) and set(v) == set(kinds)
+        for key, kind in (kinds.items() if ok else ()):
+            x = v[key]
+            if kind in ("str", str):
+                ok = ok and isinstance(x, str)
+            elif kind in ("int", int):
+                ok = ok and isinstance(x, int) and not isinstance(x, bool) and x >= (0 if key == "rows" else 1)
+            else:
+                ok = ok and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+        if not ok:
+            raise InputError(f"has a garbled entry for {name!r} (expected {', '.join(kinds)}, each a figure of "
+                             "the right kind)", file=path, field=f"devices.{name}", fix="re-fit it with 'hetauto fit'")
+        out[name] = DeviceInfo(**v)
+    return out
+
+
 # ---- prediction --------------------------------------------------------------------------------------------
 class LearnedCostModel:
     """Same interface as AnalyticCostModel; learned where the model directory covers the device type."""
@@ -136,6 +160,9 @@ class LearnedCostModel:
             raise InputError("is not a fitted cost model (no manifest.json)", file=model_dir, field="--cost-model",
                              fix="pass a directory written by 'hetauto fit'")
         man = read_json_file(path, field="--cost-model", fix="re-fit it with 'hetauto fit'")
+        if not isinstance(man, dict):
+            raise InputError("is not a manifest (a JSON object)", file=path, field="--cost-model",
+                             fix="pass a directory written by 'hetauto fit'")
         if man.get("format") != MODEL_FORMAT:
             raise InputError(f"has format {man.get('format')!r}, expected {MODEL_FORMAT!r}", file=path,
                              field="format", fix="re-fit it with this version of 'hetauto fit'")
@@ -144,7 +171,7 @@ class LearnedCostModel:
                              f"{F.FEATURE_VERSION}", file=path, field="feature_version",
                              fix="re-fit it: 'hetauto fit PROFILES -o DIR'")
         self.manifest = man
-        self.devices = {k: DeviceInfo(**v) for k, v in man.get("devices", {}).items()}
+        self.devices = _device_infos(man.get("devices", {}), path)
         tables = {}
         for table in ("calibration", "composition", "optimizer_step"):
             try:
@@ -153,24 +180,38 @@ class LearnedCostModel:
             except (TypeError, KeyError, ValueError, AttributeError):
                 raise InputError(f"has a garbled '{table}' table", file=path, field=table,
                                  fix="re-fit it with 'hetauto fit'")
+            bad = [k for k, (r, o) in tables[table].items() if not (math.isfinite(r) and math.isfinite(o))
+                   or (table == "calibration" and len(k.split("|")) != 5)]
+            if bad:
+                raise InputError(f"has a garbled '{table}' table (entry {bad[0]!r}: not finite figures or not a "
+                                 "calibration key)", file=path, field=f"{table}.{bad[0]}", fix="re-fit it with 'hetauto fit'")
         lgb = _lgb()
         boosters = {}
-        for name, fname in man.get("boosters", {}).items():
+        named = man.get("boosters", {})
+        if not isinstance(named, dict) or not all(isinstance(f, str) for f in named.values()):
+            raise InputError("must map each booster's name to its file name", file=path, field="boosters",
+                             fix="re-fit it with 'hetauto fit'")
+        for name, fname in named.items():
             fpath = os.path.join(model_dir, fname)
             if not os.path.isfile(fpath):
                 raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
                                  fix="re-fit the model or copy the whole directory")
-            boosters[name] = lgb.Booster(model_file=fpath)
+            try:
+                boosters[name] = lgb.Booster(model_file=fpath)
+            except Exception as exc:     # LightGBM's own error type for a file it cannot parse
+                raise InputError(f"booster file {fname} is not a LightGBM model ({str(exc).strip()[:120]})",
+                                 file=model_dir, field="boosters", fix="re-fit the model or copy the whole directory") from None
         weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise InputError(f"has a garbled score_bwd_weight ({weight!r})", file=path, field="score_bwd_weight",
                              fix="re-fit it with 'hetauto fit'")
-        self.fitted = FittedModel(tables["calibration"], boosters, man.get("fit", {}).get("rounds", {}),
+        fit = man.get("fit") if isinstance(man.get("fit"), dict) else {}    # the fit's report: informational
+        self.fitted = FittedModel(tables["calibration"], boosters, fit.get("rounds", {}),
                                   tables["composition"], float(weight))
         self.fitted.optimizer = tables["optimizer_step"]
         floor = man.get("host_floor", {})   # models fitted before it existed: no floor
-        if not isinstance(floor, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                                                  for v in floor.values()):
+        if not isinstance(floor, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in floor.values()):
             raise InputError("has a garbled host_floor table", file=path, field="host_floor",
                              fix="re-fit it with 'hetauto fit'")
         self.fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
