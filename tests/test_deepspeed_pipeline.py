@@ -28,9 +28,14 @@ PLAN = {"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
 MODELS = {"llama-style": {"preset": "tiny"},
           "gpt2-style-tied": {"preset": "tiny", "tie_embeddings": True, "position_embedding": "learned",
                               "gated_mlp": False}}
-# The settings each model's plan runs with: none (ZeRO-0), and the defaults (distributed optimizer -> ZeRO-1). (ZeRO-0
-# with the tied embedding clips by a norm that counts the tied weight on both stages: 1e-4 off the reference.)
-SETTINGS = {"llama-style": {"distributed_optimizer": False}, "gpt2-style-tied": {}}
+# The runs: (model, the plan's settings, overlap_comm written into the configs or None to keep the emitted one).
+# ZeRO-0 (no distributed optimizer) and ZeRO-1 as emitted (overlap_comm false, the table's deepspeed row), and ZeRO-1
+# with overlap_comm true, as a hand-edited config (or the configs before the table's engine row) would have it: the
+# engine must still reduce after the last backward. (ZeRO-0 with the tied embedding clips by a norm that counts the
+# tied weight on both stages: 1e-4 off the reference, so ZeRO-0 runs the LLaMA-style model.)
+RUNS = {"llama-style": ("llama-style", {"distributed_optimizer": False}, None),
+        "gpt2-style-tied": ("gpt2-style-tied", {}, None),
+        "llama-style-overlap_comm": ("llama-style", {}, True)}
 _COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
 
 
@@ -129,23 +134,26 @@ def _single_process_losses(model, gbs):
     return losses
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+@pytest.fixture(scope="module", params=sorted(RUNS))
 def pipeline_run(request, tmp_path_factory):
     from hetauto_megatron.runtime.deepspeed_pipeline import import_deepspeed
     from hetauto_megatron.runtime.launcher import free_port, launch
 
-    meshes = [dict(m, settings=SETTINGS[request.param]) for m in PLAN["meshes"]]
-    plan = plan_from_dict(dict(PLAN, model=MODELS[request.param], meshes=meshes))
+    model, settings, overlap_comm = RUNS[request.param]
+    meshes = [dict(m, settings=settings) for m in PLAN["meshes"]]
+    plan = plan_from_dict(dict(PLAN, model=MODELS[model], meshes=meshes))
     out = tmp_path_factory.mktemp("ds")
     configs = []
     for r in emit_deepspeed(plan):      # validated by DeepSpeed's parser; each cluster reads its own file
+        if overlap_comm is not None:
+            r["config"]["zero_optimization"]["overlap_comm"] = overlap_comm
         path = out / f"ds_config.{r['name']}.json"
         path.write_text(json.dumps(r["config"]))
         configs.append(json.loads(path.read_text()))
     import_deepspeed()                  # once, before the ranks are forked
     results = launch(_rank, plan.world_size, args=(plan.model, configs), timeout_s=300,
                      env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    return plan, configs, results
+    return plan, configs, results, overlap_comm
 
 
 def test_plan_is_one_deepspeed_can_express():
@@ -156,7 +164,7 @@ def test_plan_is_one_deepspeed_can_express():
 
 
 def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
-    plan, configs, results = pipeline_run
+    plan, configs, results, overlap_comm = pipeline_run
     partition = stage_partition(plan.stage_layers)
     assert partition == [0, 6, 10]                       # DeepSpeed's 'uniform' would give [0, 5, 10]
     for rank, r in enumerate(results):
@@ -168,7 +176,7 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
         settings = as_run_by(m.settings, "deepspeed")
         assert r["checkpoint_interval"] == (1 if m.recompute == "full" else 0)
         assert r["zero_stage"] == (1 if settings.distributed_optimizer else 0)
-        assert r["overlap_comm"] == settings.overlap_grad_reduce
+        assert r["overlap_comm"] == (settings.overlap_grad_reduce if overlap_comm is None else overlap_comm)
     reference = _single_process_losses(plan.model, plan.global_batch_size)
     for r in results:
         assert len(r["losses"]) == STEPS
@@ -180,8 +188,8 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
 def test_dp_reduction_runs_after_the_last_backward(pipeline_run):
     """What the engine did, against the table's deepspeed row (and what simulate(engine="deepspeed") prices): the
     DP gradient reduction is not overlapped with the backward pass; it is one all-reduce of the stage's whole
-    gradient per step, in ReduceGrads (ZeRO-1: not a reduce-scatter)."""
-    plan, _, results = pipeline_run
+    gradient per step, in ReduceGrads (ZeRO-1: not a reduce-scatter), whether overlap_comm is on or off."""
+    plan, _, results, _ = pipeline_run
     for r in results:
         m = plan.meshes[0 if r["stage"] == 0 else 1]
         settings = as_run_by(m.settings, "deepspeed")
