@@ -246,3 +246,17 @@ def test_garbled_search_record_is_named_by_explain(search, field, tmp_path, caps
     plan = write(tmp_path, "edited.yaml", yaml.safe_dump(data))
     rc, _, err = run_cli(["explain", "--plan", plan, "--runners-up", "1"], capsys)
     check_error(rc, err, field=field, words=[plan])
+
+
+# ---- the launch environment the --hetauto hook reads on every torchrun worker ----------------------------------
+@pytest.mark.parametrize("name, value", [("HETAUTO_TIMEOUT_S", "nan"), ("HETAUTO_TIMEOUT_S", "inf"),
+                                         ("HETAUTO_MASTER_PORT", "http"), ("HETAUTO_MASTER_PORT", "70000")])
+def test_launch_environment_figures(name, value, monkeypatch):
+    """Read before the process groups are made: a NaN timeout or a port that is not one stopped every rank with a
+    bare ValueError/OverflowError inside torch; now one InputError (the hook's excepthook prints it, exit 2)."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.megatron import hook
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InputError) as exc:
+        hook._timeout_s() if name == "HETAUTO_TIMEOUT_S" else hook._master_port()
+    assert exc.value.field == name and "Fix: " in exc.value.message

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import sys
 from typing import Callable, Optional
@@ -126,10 +127,22 @@ def _timeout_s() -> float:
         value = float(raw)
     except ValueError:
         value = -1
-    if value <= 0:
+    if not 0 < value < math.inf:      # NaN and inf too: the process groups' timedelta cannot hold them
         raise InputError(f"HETAUTO_TIMEOUT_S={raw!r} is not a positive number of seconds", field="HETAUTO_TIMEOUT_S",
                          fix="unset it (default 600) or give seconds, e.g. 600")
     return value
+
+
+def _master_port() -> str:
+    """HETAUTO_MASTER_PORT (else MASTER_PORT, else 29500), checked: torch's rendezvous fails with a bare
+    ValueError on every rank for a port that is not a number."""
+    name = "HETAUTO_MASTER_PORT" if os.environ.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
+    raw = os.environ.get(name) or "29500"
+    if not (raw.strip().isdigit() and 0 < int(raw) < 65536):
+        raise InputError(f"{name}={raw!r} is not a TCP port", field=name,
+                         fix="set it as the launch command from 'hetauto emit megatron' does (a port from 1 to "
+                             "65535 that global rank 0's host has free)")
+    return raw.strip()
 
 
 def _prepare_hetauto(args) -> _State:
@@ -232,7 +245,7 @@ def _join_world(state: _State) -> None:
         return
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         os.environ["MASTER_ADDR"] = os.environ["HETAUTO_MASTER_ADDR"]
-        os.environ["MASTER_PORT"] = os.environ.get("HETAUTO_MASTER_PORT", os.environ.get("MASTER_PORT", "29500"))
+        os.environ["MASTER_PORT"] = _master_port()
         # torchrun tells its workers that its agent hosts the rendezvous store, so every worker would only
         # connect as a client. The global store is not any torchrun's: global rank 0 must host it.
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
