@@ -36,6 +36,7 @@ from .batch_split import split_batch
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
+from .settings import ENGINES
 from .simulate import evaluate_layout, layout_to_plan, simulate
 from .partition_bound import PartitionBound, set_partitions
 from .space import COMPUTE_SLACK, peak_rate, tp_degrees
@@ -92,7 +93,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
     best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
     out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
-    if shapes == "simple" or cfg.warm_start:
+    if shapes == "simple" or cfg.warm_start or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
         out.seconds = time.perf_counter() - t0
         return out
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
