@@ -254,7 +254,8 @@ def tail_windows(fwd, bwd, links):
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links, sync: float | None = None, per_stage: bool = True) -> dict[str, float]:
+                   links, sync: float | None = None, per_stage: bool = True,
+                   memo: dict | None = None) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
     tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
@@ -262,7 +263,9 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
     profiles) when the caller has it (it depends on the layout only, not on the layer split).
     per_stage=False: only tail_s (the search's leaves), from the first stage of each run of identical stages
-    (same profile, layers, ends): later ones of a run see a longer window before them, so they expose no more."""
+    (same profile, layers, ends): later ones of a run see a longer window before them, so they expose no more.
+    memo: a dict the caller keeps for one model, remembering each stage kind's collectives and optimizer step
+    across calls (keyed by the profile, without hashing the model)."""
     p = len(profiles)
     reduce_exp, after = [], []
     run = None
@@ -270,8 +273,12 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
         prof, n = profiles[i], layers[i]
         if prof is not run or n != run_n or i == 1 or i == p - 1:   # a mesh's stages repeat: priced once per run
             run, run_n, first, last = prof, n, i == 0, i == p - 1
-            reduce, gather = dp_sync_times(model, prof, n, first, last)
-            o = optimizer_time(model, prof, n, first, last)
+            terms = None if memo is None else memo.get((prof, n, first, last))
+            if terms is None:
+                terms = (*dp_sync_times(model, prof, n, first, last), optimizer_time(model, prof, n, first, last))
+                if memo is not None:
+                    memo[(prof, n, first, last)] = terms
+            reduce, gather, o = terms
             new = True
         if new or per_stage:
             r, g = _exposed(prof.settings, reduce, gather, fw, bw)

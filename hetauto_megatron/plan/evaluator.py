@@ -62,6 +62,7 @@ class LayoutEvaluator:
         self._joins: dict = {}
         self._mesh_bounds: dict = {}
         self._tails: dict = {}
+        self._stage_terms: dict = {}    # (profile, layers, first, last) -> DP collectives, optimizer step
         self._syncs: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
 
@@ -202,7 +203,7 @@ class LayoutEvaluator:
                     f, b = prof.times(layers[i], i == 0, i == p - 1)
                 fwd[i], bwd[i] = f, b
             t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
-                                       sync=self.sync(cur, pm), per_stage=False)["tail_s"]
+                                       sync=self.sync(cur, pm), per_stage=False, memo=self._stage_terms)["tail_s"]
             out = self._tails[key] = (fwd, bwd, t)
         return out
 
