@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .pipeline import memory_terms, warmup_forwards
+from .shapes import boundary_depth
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,14 @@ class PipelineLayout:
     @cached_property
     def boundary_depths(self) -> list[int | None]:
         """Per boundary (between stages s and s + 1): the warm-up depth of an overlapped boundary, None where it
-        is blocking. Only a boundary out of a mesh's last stage into a single-mesh position can be overlapped
-        (checked on load)."""
+        is blocking: inside a mesh always, between positions as plan/shapes.py `boundary_depth` says."""
+        meshes, positions = self.plan.meshes, self.positions
         out = []
-        for pos in self.positions:
-            mesh = self.plan.meshes[pos[0]]
-            out += [None] * (mesh.num_stages - 1)
-            overlapped = len(pos) == 1 and mesh.boundary_schedule == "overlapped"
-            out.append(mesh.boundary_depth if overlapped else None)
-        return out[:-1]      # no boundary after the last stage
+        for pos, nxt in zip(positions, positions[1:] + [None]):
+            out += [None] * (meshes[pos[0]].num_stages - 1)
+            if nxt is not None:      # no boundary after the last stage
+                out.append(boundary_depth([meshes[i] for i in pos], [meshes[i] for i in nxt]))
+        return out
 
     @cached_property
     def warmup_forwards(self) -> tuple[int, ...]:

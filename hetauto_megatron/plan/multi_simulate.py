@@ -11,7 +11,8 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   (`Plan.sample_range`): a pair of groups on different clusters moves its overlapping samples over the
   inventory's link, and every pair on one link shares it; on one cluster each device sends its own shard. The
   boundary takes as long as its slowest link. A boundary between two single-mesh positions keeps its schedule
-  (overlapped or blocking, plan field `boundary`); one with several groups on either side is blocking.
+  (overlapped or blocking, plan field `boundary`; shapes.boundary_depth); one with several groups on either side
+  is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
   (exposed as its settings say, costing.dp_exposed_times).
 - **Gradients across holders** (`replica_sync_time`, whose core costing.holders_sync_time also prices the
@@ -42,6 +43,7 @@ from ..spec.model import ModelSpec
 from . import costing
 from .pipeline import memory_terms, simulate_1f1b
 from .settings import padded_vocab_size
+from .shapes import boundary_depth
 from .simulate import Estimate
 
 
@@ -119,7 +121,7 @@ def _ranges(pos) -> list:
 
 
 def _boundary(model, inventory, a: _Stage, b: _Stage):
-    """(transfer time, latency part, crosses clusters, schedule depth or None) of one micro-batch step's
+    """(transfer time, latency part, overlapped depth or None: shapes.boundary_depth) of one micro-batch step's
     activations from stage a to stage b (the gradients go back the same way)."""
     if a.position == b.position:        # inside a position: each group to its own next stage
         best = (0.0, 0.0)
@@ -128,7 +130,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
             link = cl.intra_node if mesh.num_devices <= cl.devices_per_node else cl.inter_node
             t = costing.boundary_transfer_time(model, prof, prof, link, True, mesh.dp * mesh.micro_batch_size)
             best = max(best, (t, min(link.latency_s, t)))
-        return best[0], best[1], False, None
+        return best[0], best[1], None
     per_link: dict = {}                 # cross-cluster link -> [bytes of this step, rank pairs]; same-cluster apart
     inside = []
     for s0, e0, ma, pa in _ranges(a.groups):
@@ -153,11 +155,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
         t = link.transfer_time(nbytes, pairs)
         times.append((t, min(link.latency_s, t)))
     t, lat = max(times)
-    single = len(a.groups) == 1 and len(b.groups) == 1
-    mesh = a.groups[0][1]
-    cross = single and mesh.cluster != b.groups[0][1].cluster
-    depth = mesh.boundary_depth if cross and mesh.boundary_schedule == "overlapped" else None
-    return t, lat, cross, depth
+    return t, lat, boundary_depth([m for _, m, _ in a.groups], [m for _, m, _ in b.groups])
 
 
 def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape, cost_model,
@@ -176,7 +174,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         bwd.append(max(b for _, b in times))
     links, latency, blocking, depth = [], [], [], []
     for a, b in zip(stages, stages[1:]):
-        t, lat, cross, d = _boundary(model, inventory, a, b)
+        t, lat, d = _boundary(model, inventory, a, b)
         links.append(t)
         latency.append(lat)
         blocking.append(d is None)

@@ -205,6 +205,21 @@ def _stage_owner(meshes, positions, stage: int) -> tuple[int, int]:
     raise IndexError(stage)
 
 
+def boundary_depth(before, after) -> int | None:
+    """The warm-up depth of the pipeline boundary from one position to the next (`before`, `after`: the meshes of
+    each), None where it blocks. The one rule the planner's pricing (plan/simulate.py, plan/multi_simulate.py) and
+    the runtime's schedule (plan/layout.py) read: only a boundary between two single meshes on different clusters
+    may overlap, and the mesh before it says whether it does (`boundary_schedule`) and how deep (`boundary_depth`).
+    A plan asking for more is refused on load (`_check_boundary`, below); a search's candidate is not, hence the
+    checks here."""
+    if len(before) != 1 or len(after) != 1:
+        return None
+    a, b = before[0], after[0]
+    if a.boundary_schedule != "overlapped" or a.cluster == b.cluster:
+        return None
+    return a.boundary_depth
+
+
 def _check_boundary(meshes, i: int, idx: range) -> None:
     mesh = meshes[i]
     if mesh.boundary_schedule != "overlapped":

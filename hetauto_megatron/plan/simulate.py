@@ -21,6 +21,7 @@ from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
 from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, resolve_settings
+from .shapes import boundary_depth
 from .split import split_layers
 
 _DEFAULT_COST = AnalyticCostModel()
@@ -243,8 +244,10 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
 
 
 def plan_boundaries(plan: Plan) -> list:
-    """Per mesh, the schedule of the boundary after it: None (blocking) or the overlapped depth."""
-    return [m.boundary_depth if m.boundary_schedule == "overlapped" else None for m in plan.meshes]
+    """Per mesh of a plan of one pipeline of single meshes, the boundary after it: None (blocking) or the
+    overlapped depth (shapes.boundary_depth)."""
+    m = plan.meshes
+    return [boundary_depth([a], [b]) for a, b in zip(m, m[1:])] + [None]
 
 
 def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None) -> Estimate:
