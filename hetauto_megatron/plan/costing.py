@@ -451,18 +451,19 @@ def boundary_pairs(senders, receivers, seq: int) -> int:
 
 
 def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
-                           samples_per_step: int) -> float:
+                           samples_per_step: int, partitions: int = 1) -> float:
     """One micro-batch's activation (or its gradient) crossing a stage boundary.
 
     Inside a cluster every sending device has its own path: it sends its 1/tp sequence shard of its replica's
-    activation. Between clusters the inventory's link is the whole site-to-site bandwidth, shared by all
+    activation (or, `partitions` > 1, its 1/partitions slice of the whole activation: DeepSpeed's engine,
+    plan/deepspeed_schedule.py). Between clusters the inventory's link is the whole site-to-site bandwidth, shared by all
     replicas; hetauto sends each byte across once, so the whole step's activation crosses it, over as many
     concurrent connections as the boundary has rank pairs (a link with `flow_gbps` gives each its rate, up to
     the link's bandwidth)."""
     B = a.cluster.device.dtype_bytes   # what the sender computes in (the receiver casts if it differs)
     if same_cluster:
         # Without sequence parallelism every TP rank of the sender holds (and sends) the whole activation.
-        shards = max(a.tp, b.tp) if a.settings.sequence_parallel else 1
+        shards = max(a.tp, b.tp) if a.settings.sequence_parallel else partitions
         nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
         if link.node_gbps is not None:   # the node's devices send at once through its one NIC
             senders = min(a.tp * a.dp, a.cluster.devices_per_node)

@@ -19,14 +19,25 @@ the period per micro-batch is forward + backward + 2 x transfer for two stages a
 stage of more.
 
 `simulate_deepspeed` plays every instruction of every stage with those rules (no extrapolation); the makespan is
-when the last stage finishes its last instruction. Each transfer takes the time the simulator prices for the
-boundary (plan/costing.py `boundary_transfer_time`, as for Megatron). Not priced: DeepSpeed's engine sends each TP
-rank's 1/TP partition of the activation and the receiver all-gathers it over TP (`PartitionedTensor`,
-`reconstruct_tensor`), fewer bytes on the network than a TP rank's whole activation without sequence parallelism
-(docs/cost-model-learned.md, "What is left"). Sailor's measured GH200 runs ran this engine
-(benchmarks/sailor_iterations.py, docs/cost-model-learned.md).
+when the last stage finishes its last instruction.
+
+What each transfer carries (DeepSpeed 0.19.8, read in its source: docs/deepspeed.md, "What DeepSpeed's engine sends
+between stages"). With TP 1 a send is the stage's whole activation (or its gradient) in the element it computes
+in: `costing.boundary_transfer_time`, as for Megatron. With TP > 1 (a topology with a model axis) the engine
+partitions both by default (`pipe_partitioned`, `grad_partitioned`): each TP rank sends a small int64 meta tensor
+and then its 1/TP slice of the flattened tensor, in the tensor's own element type, to its counterpart, and the
+receiving stage rebuilds the whole tensor with an all-gather over its TP ranks: the activation's in its
+ForwardPass, and in its BackwardPass the gradient's plus one of its own output, whose data it dropped when it
+sent the slices. `deepspeed_transfer_time` prices the send (the meta message, then 1/TP of the activation on
+the boundary's link), `partition_gather_time` one such all-gather (on the stage's node link, where the TP
+all-reduces run) and `partitioned_passes` adds the gathers to the passes that run them. Sailor's measured
+GH200 runs ran this engine (benchmarks/sailor_iterations.py, docs/cost-model-learned.md).
 """
 from __future__ import annotations
+
+from ..cost import comm
+from ..spec.model import ModelSpec
+from . import costing
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
 
@@ -115,3 +126,37 @@ def deepspeed_links(link: list[float]) -> list[float]:
     DeepSpeed's f + b + 4x for a middle stage (f + b + 2x for two stages, whose shared cycle of two micro-batches
     1F1B prices at f + b + x). The search screens with it and re-ranks its best layouts with `simulate_deepspeed`."""
     return [2 * x for x in link]
+
+
+def _meta_bytes(tp: int) -> int:
+    """PartitionedTensor.to_meta of an activation [micro, seq, hidden] over tp ranks: int64 [ndim, 3 sizes,
+    tp, rank, the tp + 1 partition offsets]."""
+    return 8 * (1 + 3 + 2 + tp + 1)
+
+
+def deepspeed_transfer_time(model: ModelSpec, a, b, link, same_cluster: bool, samples_per_step: int) -> float:
+    """One SendActivation / SendGrad of a micro-batch from stage profile a to b (DeepSpeed needs equal TP): with
+    TP > 1 the meta tensor, a message of its own, then each TP rank's 1/TP slice (the whole step's activation
+    still crosses a link between clusters once); with TP 1 the whole activation, as costing prices it."""
+    if a.tp == 1:
+        return costing.boundary_transfer_time(model, a, b, link, same_cluster, samples_per_step)
+    return link.transfer_time(_meta_bytes(a.tp)) + costing.boundary_transfer_time(
+        model, a, b, link, same_cluster, samples_per_step, partitions=a.tp)
+
+
+def partition_gather_time(model: ModelSpec, prof) -> float:
+    """PartitionedTensor.full of one micro-batch's activation (or gradient) on a stage of TP > 1: an all-gather
+    of the whole tensor, in the stage's element, over its TP ranks on the node's link; 0 with TP 1."""
+    if prof.tp == 1:
+        return 0.0
+    nbytes = prof.cluster.device.dtype_bytes * prof.micro_batch_size * model.seq_length * model.hidden_size
+    return comm.all_gather_time(nbytes, prof.tp, prof.cluster.intra_node)
+
+
+def partitioned_passes(fwd: list[float], bwd: list[float], gather: list[float]) -> tuple[list[float], list[float]]:
+    """(fwd, bwd) per stage with the all-gathers DeepSpeed's passes run (gather[i]: `partition_gather_time` of
+    stage i): every forward but the first stage's gathers its received activation, every backward but the last
+    stage's gathers its own output and the received gradient."""
+    p = len(fwd)
+    return ([f + (gather[i] if i > 0 else 0.0) for i, f in enumerate(fwd)],
+            [b + (2 * gather[i] if i < p - 1 else 0.0) for i, b in enumerate(bwd)])

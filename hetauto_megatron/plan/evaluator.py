@@ -27,7 +27,7 @@ from dataclasses import replace
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .deepspeed_schedule import deepspeed_links
+from .deepspeed_schedule import deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
@@ -127,7 +127,8 @@ class LayoutEvaluator:
                 link = cl.intra_node if a.tp * a.dp * a.num_stages <= cl.devices_per_node else cl.inter_node
             else:
                 link = self.inventory.link(a.cluster, b.cluster)
-            t = costing.boundary_transfer_time(pm, self.profile(a, pm), self.profile(b, pm), link, inside, samples)
+            transfer = deepspeed_transfer_time if self.engine == "deepspeed" else costing.boundary_transfer_time
+            t = transfer(pm, self.profile(a, pm), self.profile(b, pm), link, inside, samples)
             out = self._links[key] = (t, min(link.latency_s, t))
         return out
 
@@ -281,7 +282,8 @@ class LayoutEvaluator:
         """evaluate_layout's closed form for blocking boundaries, from the cached terms."""
         links, latency, _, _, overhead = self.joins(cur, pm)
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
-        if self.engine == "deepspeed":
+        if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
+            fwd, bwd = partitioned_passes(fwd, bwd, [partition_gather_time(pm, prof) for prof in profs])
             return estimate_1f1b(fwd, bwd, deepspeed_links(links), m) + tail + overhead
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
 

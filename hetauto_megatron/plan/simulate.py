@@ -16,7 +16,8 @@ from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
-from .deepspeed_schedule import deepspeed_links, simulate_deepspeed
+from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes,
+                                 simulate_deepspeed)
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
@@ -123,8 +124,8 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
                 raise InputError(f"clusters {a.cluster} and {b.cluster} are adjacent in the pipeline but the "
                                  "inventory has no link between them", file=inventory.source, field="links",
                                  fix=f"add a links entry between: [{a.cluster}, {b.cluster}] or reorder the meshes")
-        links.append(costing.boundary_transfer_time(model, profs[i], profs[i + 1], link, a.cluster == b.cluster,
-                                                    samples))
+        transfer = deepspeed_transfer_time if engine == "deepspeed" else costing.boundary_transfer_time
+        links.append(transfer(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
     return Pipeline(profs, owners, links, latency, cross)
@@ -134,6 +135,11 @@ def _iteration_overhead(cost_model, profs) -> float:
     """The fixed per-iteration time outside the pipeline (cost model's `iteration_overhead_s`): the slowest
     device type's, as every rank waits for the others at the iteration's end."""
     return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
+
+
+def _deepspeed_passes(model, profs, fwd, bwd) -> tuple[list[float], list[float]]:
+    """The passes as DeepSpeed's engine runs them: with the all-gathers of its TP-partitioned transfers."""
+    return partitioned_passes(fwd, bwd, [partition_gather_time(model, prof) for prof in profs])
 
 
 def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory,
@@ -150,7 +156,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         bwd.append(b)
         mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
-        makespan, busy = simulate_deepspeed(fwd, bwd, links, m)
+        makespan, busy = simulate_deepspeed(*_deepspeed_passes(model, profs, fwd, bwd), links, m)
     else:
         sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
         makespan, busy = sim.makespan, sim.busy
@@ -368,7 +374,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
         if tail is None:
             tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         if engine == "deepspeed":
-            t = estimate_1f1b(fwd, bwd, deepspeed_links(pipe.links), m, blocking=blocking, depth=depth)
+            t = estimate_1f1b(*_deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
+                              blocking=blocking, depth=depth)
         else:
             t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
         return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
