@@ -44,7 +44,7 @@ from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MEGATRON_ARGS, MEGATRON_DEFAULT_DROPOUT, megatron_values, padded_vocab_size
-from ..runtime.groups import RankCoords, rank_coords
+from ..runtime.groups import RankCoords, check_world_size, rank_coords
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -100,12 +100,7 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> LaunchIdentity:
 
 def check_launch(plan: Plan, ident: LaunchIdentity, cluster: str | None, *, file: str | None = None) -> RankCoords:
     """The launched world must be the plan's, and this process must run on the cluster the plan puts it on."""
-    if ident.world_size != plan.world_size:
-        sizes = ", ".join(f"{m.cluster}: {m.num_devices}" for m in plan.meshes)
-        raise InputError(f"the job was launched with {ident.world_size} processes but the plan needs "
-                         f"{plan.world_size} ({sizes})", file=file, field="meshes",
-                         fix="launch every cluster with the commands from 'hetauto emit megatron --plan' "
-                             "(HETAUTO_WORLD_SIZE, HETAUTO_RANK_OFFSET), or pass the plan made for this job")
+    check_world_size(plan, ident.world_size, file=file)
     placement = rank_coords(plan, ident.rank, file=file)  # the range check (InputError) lives there
     names = sorted({m.cluster for m in plan.meshes})
     if cluster and cluster not in names:

@@ -106,17 +106,25 @@ def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
     raise IndexError(stage)
 
 
-def validate_launch(plan, world_size: int, *, device_types: list[str] | None = None, file: str | None = None) -> None:
-    """Fail (InputError, exit 2) when the launched job does not match the plan.
-
-    `device_types`, when given, is the device type each launched rank really has (index = rank).
-    """
+def check_world_size(plan, world_size: int, *, file: str | None = None) -> None:
+    """The launched world must be the plan's (InputError, exit 2, before any group exists). Pure: both launch
+    paths call it, hetauto's runtime (`validate_launch`) and Megatron-LM's --hetauto (megatron/rewrite.py)."""
     if world_size != plan.world_size:
         detail = ", ".join(f"{m.cluster}: tp{m.tp} x dp{m.dp} x {m.num_stages} stage(s) = {m.num_devices}"
                            for m in plan.meshes)
         raise InputError(f"the job was launched with {world_size} processes but the plan needs {plan.world_size} "
                          f"({detail})", file=file, field="meshes",
-                         fix=f"launch {plan.world_size} processes, or re-plan for the devices you have")
+                         fix=f"launch {plan.world_size} processes, every cluster with the commands 'hetauto emit "
+                             "megatron --plan' prints (they set HETAUTO_WORLD_SIZE and HETAUTO_RANK_OFFSET), or "
+                             "pass the plan made for this job, or re-plan for the devices you have")
+
+
+def validate_launch(plan, world_size: int, *, device_types: list[str] | None = None, file: str | None = None) -> None:
+    """Fail (InputError, exit 2) when the launched job does not match the plan.
+
+    `device_types`, when given, is the device type each launched rank really has (index = rank).
+    """
+    check_world_size(plan, world_size, file=file)
     if device_types is not None:
         from ..spec.devices import canonical_device_name
         for rank, have in enumerate(device_types):
