@@ -67,6 +67,8 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert cfg["hetauto"]["settings"] == s.to_dict()
         if p.pipeline_parallel_size > 1:
             assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)
+            # the partitioned transfers simulate(engine="deepspeed") prices (tests/test_deepspeed_transfers.py)
+            assert cfg["pipeline"]["pipe_partitioned"] is cfg["pipeline"]["grad_partitioned"] is True
         else:
             assert "pipeline" not in cfg
         assert cfg["hetauto"]["partition"] == stage_partition(p.stage_layers)

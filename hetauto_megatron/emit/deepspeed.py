@@ -89,7 +89,10 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
         "zero_optimization": zero,
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
                                      "cpu_checkpointing": False},
-        "pipeline": {"activation_checkpoint_interval": 1 if checkpoint else 0},
+        # With TP > 1 each rank sends its 1/TP slice of an activation or gradient and the receiver all-gathers it,
+        # as the cost model prices it (plan/deepspeed_schedule.py); DeepSpeed's defaults, written so the file says so.
+        "pipeline": {"activation_checkpoint_interval": 1 if checkpoint else 0, "pipe_partitioned": True,
+                     "grad_partitioned": True},
         "wall_clock_breakdown": False,
         OUR_KEY: {
             "mesh": mesh_index, "cluster": mesh.cluster, "device_type": mesh.device_type,
