@@ -124,7 +124,8 @@ ENGINES = {
     # (pipe/engine.py:659-668), so overlap_comm changes nothing there. ZeRO-1 all-reduces each bucket whole
     # (use_multi_rank_bucket_allreduce, on by default: stage_1_and_2.py:1695) and all-gathers the updated parameters
     # in its optimizer step. DeepSpeed has no sequence-parallel setting; every transfer is a blocking instruction
-    # (plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features).
+    # and, with TP > 1, a 1/TP slice the receiver all-gathers (pipe_partitioned, grad_partitioned: pipe/engine.py:
+    # 137-138; plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features).
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True),
 }
 DEFAULT_ENGINE = "megatron"
