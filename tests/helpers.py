@@ -22,6 +22,14 @@ def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess
                           cwd=cwd, timeout=timeout)
 
 
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """`hetauto ARGV` in this process: (exit code, stdout, stderr) as pytest's `capsys` captured them."""
+    from hetauto_megatron import cli
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
 def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu") -> dict:
     """One mesh of a plan file."""
     return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,

@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+from helpers import run_cli
 
 from hetauto_megatron import cli
 
@@ -35,12 +36,6 @@ def test_fuzzed_inputs_exit_cleanly(tmp_path):
     cases = fz.sample(fz.all_cases(ws), 90, seed=0)
     findings = fz.run_cases(cases, timeout=30.0, runner=fz.run_forked, cwd=str(tmp_path))
     assert not findings, f"{len(findings)} of {len(cases)} cases:\n" + fz.report(findings, show=3)
-
-
-def run_cli(argv, capsys):
-    rc = cli.main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def check_error(rc, err, *, field, words=()):

@@ -11,9 +11,8 @@ import os
 import textwrap
 
 import pytest
-from helpers import CPU_INVENTORY, run_hetauto
+from helpers import CPU_INVENTORY, run_cli, run_hetauto
 
-from hetauto_megatron import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INV_2 = os.path.join(REPO, "examples", "llama", "inventory-2clusters.yaml")
@@ -35,12 +34,6 @@ def write(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
     return str(path)
-
-
-def run_cli(argv, capsys):
-    rc = cli.main(argv)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def check_error(rc, err, *, code=2, file=None, field=None, words=(), fix=True):
