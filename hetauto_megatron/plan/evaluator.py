@@ -100,7 +100,8 @@ class LayoutEvaluator:
                     f0, b0 = prof.times(0, f, l)
                     fixed[j] = f0 + b0
                     caps[j] = self.cap_table(pm, prof, f, l).cap(min(to_end - j, m))
-            seg = self._segments[key] = ([prof] * k, per, fixed, caps)
+            # tuples: once they hold only numbers the garbage collector stops scanning them (caches grow large)
+            seg = self._segments[key] = ((prof,) * k, tuple(per), tuple(fixed), tuple(caps))
         return seg
 
     def cap_table(self, pm: ModelSpec, prof, first: bool, last: bool) -> "_CapTable":
@@ -178,7 +179,7 @@ class LayoutEvaluator:
                     latency.append(x[1])
                     cross.append(c.cluster != cur[mi + 1].cluster)
             overhead = max(self.cost.iteration_overhead_s(self._clusters[c.cluster].device) for c in cur)
-            out = self._joins[cur] = (links, latency, cross, owners, overhead)
+            out = self._joins[cur] = (tuple(links), tuple(latency), tuple(cross), tuple(owners), overhead)
         return out
 
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
@@ -205,7 +206,7 @@ class LayoutEvaluator:
                 fwd[i], bwd[i] = f, b
             t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
                                        sync=self.sync(cur, pm), per_stage=False, memo=self._stage_terms)["tail_s"]
-            out = self._tails[key] = (fwd, bwd, t)
+            out = self._tails[key] = (tuple(fwd), tuple(bwd), t)
         return out
 
     def lower_bound(self, choices: tuple) -> float:
@@ -460,7 +461,6 @@ class _CapTable:
         def need(n, f, buf=0):
             return costing.stage_memory(model, prof, n, f, first, last, buf)["total"]
 
-        self._zero_need = need
         self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
         d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
@@ -474,9 +474,11 @@ class _CapTable:
     @property
     def zero(self) -> tuple:
         if self._zero is None:
-            need = self._zero_need
-            z1, z2 = need(0, 1), need(0, 2)
-            self._zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)
+            def need(f, buf=0):
+                return costing.stage_memory(self.model, self.prof, 0, f, self.first, self.last, buf)["total"]
+
+            z1, z2 = need(1), need(2)
+            self._zero = (z1 - (z2 - z1), z2 - z1, need(1, 1) - z1)
         return self._zero
 
     def _need(self, n: int, f: int, buf: int = 0) -> float:
