@@ -61,6 +61,20 @@ def small_inventory(clusters, links):
         "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
+def record_instructions(engine, where: list) -> None:
+    """Replace a DeepSpeed PipelineEngine's instruction table by one whose entries set `where[0]` to their
+    instruction's name while they run ("between" after), so that what a test records is tagged with it."""
+    def wrap(fn, name):
+        def run(self, *args, **kwargs):
+            where[0] = name
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                where[0] = "between"
+        return run
+    engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
+
+
 def leaves_within_bounds(sp, value, limit: int) -> int:
     """Branch and bound is exact only if every node's bound is at most the value of every leaf under it: asserts
     that for the first `limit` leaves of the search space `sp` (`value(leaf) -> (objective, _)`), and returns how

@@ -14,7 +14,7 @@ layer) and a GPT-2-style variant (learned positions, GELU, LayerNorm, embeddings
 import json
 
 import pytest
-from helpers import mesh
+from helpers import mesh, record_instructions
 
 from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
 from hetauto_megatron.plan.plan import plan_from_dict
@@ -55,19 +55,6 @@ def _record_collectives(dist, where: list, log: list, group: list):
         setattr(dist, name, call)
 
 
-def _record_instructions(engine, where: list):
-    """The engine's instruction table, each entry setting `where[0]` to its instruction's name while it runs."""
-    def wrap(fn, name):
-        def run(self, *args, **kwargs):
-            where[0] = name
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                where[0] = "between"
-        return run
-    engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
-
-
 def _indices(step, micro, dp_rank, dp, mbs, gbs):
     """The samples of one micro-batch of one DP rank: together the step's global batch, each sample once."""
     start = step * gbs + (micro * dp + dp_rank) * mbs
@@ -86,7 +73,7 @@ def _rank(rank, world_size, model, configs):
     cfg = dsp.config_for_rank(configs, rank)
     engine = dsp.initialize(model, cfg, lr=LR)
     group.append(engine.grid.get_data_parallel_group())
-    _record_instructions(engine, where)
+    record_instructions(engine, where)
     dp, mbs, gas = cfg["hetauto"]["data_parallel_size"], cfg["train_micro_batch_size_per_gpu"], \
         cfg["gradient_accumulation_steps"]
     dp_rank = engine.grid.get_data_parallel_rank()

@@ -9,6 +9,7 @@ run is recorded with the pipeline instruction running it; the pricing functions 
 their seconds are bytes.
 """
 import pytest
+from helpers import record_instructions
 
 from hetauto_megatron.spec.model import PRESETS
 
@@ -48,16 +49,7 @@ def _rank(rank, world_size):
            "gradient_accumulation_steps": MICRO_BATCHES, "steps_per_print": 10 ** 6}
     engine, *_ = deepspeed.initialize(model=module, config=cfg,
                                       optimizer=torch.optim.SGD(module.parameters(), lr=1e-3))
-
-    def wrap(fn, name):
-        def run(self, *args, **kwargs):
-            where[0] = name
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                where[0] = "between"
-        return run
-    engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
+    record_instructions(engine, where)
     gen = torch.Generator().manual_seed(1)
     data = iter([(torch.randn(MICRO, MODEL.seq_length, h, generator=gen),
                   torch.randn(MICRO, MODEL.seq_length, h, generator=gen)) for _ in range(2 * MICRO_BATCHES)])
