@@ -9,7 +9,8 @@ from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.memory import stage_memory_bytes
 from hetauto_megatron.plan import costing
 from hetauto_megatron.plan import space as space_mod
-from hetauto_megatron.plan.evaluator import LayoutEvaluator, _CapTable
+from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.memory_caps import CapTable
 from hetauto_megatron.plan.search import SearchConfig, _layout_value, bounded_enumeration, search
 from hetauto_megatron.plan.simulate import evaluate_layout
 from hetauto_megatron.spec.model import PRESETS
@@ -31,7 +32,7 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
         rc = rng.choice(["none", "selective", "full"])
         first, last = rng.random() < 0.3, rng.random() < 0.3
         prof = costing.stage_profile(model, cl, tp, dp, mb, rc, COST)
-        table = _CapTable(model, prof, first, last)
+        table = CapTable(model, prof, first, last)
         buffers = rng.choice([0, 0, 4])     # an overlapped boundary's tensors
         for f in (1, 2, 5, 17, 40):
             need = [stage_memory_bytes(model, layers=n, tp=tp, dp=dp, micro_batch_size=mb, recompute=rc,

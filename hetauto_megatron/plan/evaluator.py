@@ -28,6 +28,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .deepspeed_schedule import deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes
+from .memory_caps import CapTable
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
@@ -104,7 +105,7 @@ class LayoutEvaluator:
             seg = self._segments[key] = ((prof,) * k, tuple(per), tuple(fixed), tuple(caps))
         return seg
 
-    def cap_table(self, pm: ModelSpec, prof, first: bool, last: bool) -> "_CapTable":
+    def cap_table(self, pm: ModelSpec, prof, first: bool, last: bool) -> "CapTable":
         """Memory caps (costing.max_layers_in_memory) of a stage configuration (device, TP, DP, micro-batch,
         recomputation, settings: the profile) as first/last stage, for every in-flight count."""
         key = (prof, first, last)
@@ -114,7 +115,7 @@ class LayoutEvaluator:
             mkey = (pm.vocab_size, prof.tp, prof.dp, prof.micro_batch_size, prof.recompute, prof.settings,
                     dev.vendor, dev.dtype_bytes, prof.cluster.overhead, prof.memory_cap, prof.memory_job, first,
                     last)               # (costing.stage_memory's inputs)
-            table = self._caps[key] = self._caps.get(mkey) or self._caps.setdefault(mkey, _CapTable(pm, prof, first,
+            table = self._caps[key] = self._caps.get(mkey) or self._caps.setdefault(mkey, CapTable(pm, prof, first,
                                                                                                       last))
         return table
 
@@ -442,73 +443,3 @@ class LayoutEvaluator:
             if res.stage_layers is None and (best is None or res.shortfall_gib < best[0]):
                 best = (res.shortfall_gib, res.short_device)
         return best
-
-
-class _CapTable:
-    """Memory caps of one stage configuration for every in-flight count and boundary-buffer count, without
-    re-running the memory model for each: a stage's memory is affine in its layer count (from one layer on), in
-    its in-flight micro-batches and in the boundary tensors it holds, with a layers x in-flight term (the
-    activations), so five readings of the memory model give it everywhere. A sixth reading, away from those,
-    checks the shape; if the memory model ever stops having it, every count is asked of
-    costing.max_layers_in_memory directly. Three more, taken only when a stage cannot hold even one layer, give
-    the zero-layer memory (affine in the in-flight count and the buffers) that tells a cap of 0 from -1."""
-
-    def __init__(self, model, prof, first: bool, last: bool):
-        self.model, self.prof, self.first, self.last = model, prof, first, last
-        self.caps: dict[tuple, int] = {}
-        self.row: list[int] = []
-
-        def need(n, f, buf=0):
-            return costing.stage_memory(model, prof, n, f, first, last, buf)["total"]
-
-        self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
-        m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
-        d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
-        b = (m21 - m11) - d                                   # per layer
-        c = (m12 - m11) - d                                   # per in-flight micro-batch
-        a = m11 - b - c - d                                   # one layer and none in flight, less a layer
-        self.coef = (a, b, c, d, need(1, 1, 1) - m11)         # ... and per boundary tensor
-        probe = need(7, 5, 3)
-        self.affine = abs(self._need(7, 5, 3) - probe) <= 1e-9 * max(probe, 1.0)
-
-    @property
-    def zero(self) -> tuple:
-        if self._zero is None:
-            def need(f, buf=0):
-                return costing.stage_memory(self.model, self.prof, 0, f, self.first, self.last, buf)["total"]
-
-            z1, z2 = need(1), need(2)
-            self._zero = (z1 - (z2 - z1), z2 - z1, need(1, 1) - z1)
-        return self._zero
-
-    def _need(self, n: int, f: int, buf: int = 0) -> float:
-        if n == 0:
-            return self.zero[0] + self.zero[1] * f + self.zero[2] * buf
-        a, b, c, d, e = self.coef
-        return a + b * n + c * f + d * n * f + e * buf
-
-    def in_flight_caps(self, to_end: int, m: int, k: int) -> list[int]:
-        """The caps of k consecutive stages of this configuration, the first `to_end` stages from the pipeline's
-        end: stage j holds min(to_end - j, m) micro-batches in flight (no boundary buffers)."""
-        top = min(to_end, m)
-        row = self.row                                                    # by in-flight count
-        while len(row) <= top:
-            row.append(self.cap(len(row)))
-        deep = min(max(to_end - m, 0), k)                                 # stages holding all m
-        return [row[top]] * deep + row[to_end - k + 1:to_end - deep + 1][::-1]
-
-    def cap(self, f: int, buf: int = 0) -> int:
-        n = self.caps.get((f, buf))
-        if n is not None:
-            return n
-        if not self.affine:
-            n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
-        else:
-            a, b, c, d, e = self.coef
-
-            def need(n: int) -> float:          # self._need(n, f, buf), written out: the rows ask it often
-                return a + b * n + c * f + d * n * f + e * buf if n else self._need(0, f, buf)
-
-            n = costing.layers_that_fit(need, self.prof.memory_cap, self.model.num_layers, b + d * f)
-        self.caps[(f, buf)] = n
-        return n
