@@ -149,7 +149,7 @@ def _names(path) -> tuple:
 
 # ---- the inputs and the commands that read them --------------------------------------------------------------
 class Workspace:
-    def __init__(self, tmp: str):
+    def __init__(self, tmp: str, deepspeed: bool = True):
         self.tmp = tmp
         self.n = 0
         from hetauto_megatron.cli import main
@@ -157,8 +157,14 @@ class Workspace:
         self.plan_written = os.path.join(tmp, "written-plan.yaml")
         _quiet(main, ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
                       "-o", self.plan_written])
+        # ... and one for DeepSpeed's pipeline engine (the plan file's `engine`)
+        self.plan_deepspeed = os.path.join(tmp, "written-plan-deepspeed.yaml")
+        _quiet(main, ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
+                      "--engine", "deepspeed", "-o", self.plan_deepspeed])
         # DeepSpeed's config parser (emit deepspeed) imports torch: once here, not in every child
-        _quiet(main, ["emit", "deepspeed", "--plan", self.plan_written])
+        self.deepspeed = deepspeed
+        if deepspeed:
+            _quiet(main, ["emit", "deepspeed", "--plan", self.plan_written])
         self.full_inventory = os.path.join(tmp, "full-inventory.yaml")
         self.overheads_file = os.path.join(tmp, "overheads-cpu.json")
         with open(self.overheads_file, "w") as fh:
@@ -198,7 +204,7 @@ class Workspace:
     def plans(self) -> list[str]:
         return sorted(os.path.join(d, f) for d, _, fs in os.walk(EX) for f in fs
                       if os.path.basename(d) == "plans" and f.endswith(".yaml")
-                      and "736" not in f) + [self.plan_written]
+                      and "736" not in f) + [self.plan_written, self.plan_deepspeed]
 
 
 def inventory_commands(inv: str) -> list[list[str]]:
@@ -260,18 +266,43 @@ def file_level_cases(ws: Workspace, kind: str, commands) -> list[Case]:
     return cases
 
 
-def field_cases(ws: Workspace, kind: str, source: str, commands, *, keep=None) -> list[Case]:
+@dataclass
+class Mutant:
+    """One mutated document, written and turned into its cases (one per command) only when sampled: the full
+    set is tens of thousands of files."""
+    ws: "Workspace"
+    kind: str
+    source: str
+    label: str
+    mutation: str
+    path: tuple
+    doc: object
+    commands: object
+
+    def cases(self) -> list[Case]:
+        dest = self.ws.write(_dump(self.doc))   # beside the overheads file a relative `overheads:` names
+        out = []
+        for argv in self.commands(dest):
+            # the unmutated input's message; not for the dry run, which would start processes on a valid plan
+            base = [self.source if a == dest else a for a in argv] if argv[0] != "dryrun" else None
+            out.append(Case(self.kind, f"{os.path.basename(self.source)}:{self.label}", argv, _names(self.path),
+                            self.mutation, base))
+        return out
+
+
+def field_cases(ws: Workspace, kind: str, source: str, commands, *, keep=None) -> list[Mutant]:
     with open(source) as fh:
         doc = yaml.safe_load(fh)
-    cases = []
-    for label, mutation, path, mutated in mutate(doc):
-        if keep and not keep(path):
-            continue
-        dest = ws.write(_dump(mutated))   # beside the overheads file a relative `overheads:` names
-        for argv in commands(dest):
-            base = [source if a == dest else a for a in argv]
-            cases.append(Case(kind, f"{os.path.basename(source)}:{label}", argv, _names(path), mutation, base))
-    return cases
+    return [Mutant(ws, kind, source, label, mutation, path, mutated, commands)
+            for label, mutation, path, mutated in mutate(doc) if not keep or keep(path)]
+
+
+def expand(items: list) -> list[Case]:
+    """Cases and mutants (sample() takes both) as the cases to run."""
+    out = []
+    for item in items:
+        out += item.cases() if isinstance(item, Mutant) else [item]
+    return out
 
 
 def overheads_cases(ws: Workspace) -> list[Case]:
@@ -400,8 +431,15 @@ def costmodel_cases(ws: Workspace, model_dir: str | None) -> list[Case]:
     return cases
 
 
-def all_cases(ws: Workspace, model_dir: str | None = None, only: str | None = None) -> list[Case]:
-    cases: list[Case] = []
+def all_cases(ws: Workspace, model_dir: str | None = None, only: str | None = None, *, n: int | None = None,
+              seed: int = 0) -> list[Case]:
+    """Every case, or a deterministic sample of about n (mutated documents are sampled before being written)."""
+    cases = expand(sample(_all_items(ws, model_dir, only), n, seed))
+    return cases if ws.deepspeed else [c for c in cases if c.argv[:2] != ["emit", "deepspeed"]]
+
+
+def _all_items(ws: Workspace, model_dir: str | None = None, only: str | None = None) -> list:
+    cases: list = []
     want = (lambda k: only in (None, k))
     if want("inventory"):
         cases += file_level_cases(ws, "inventory", inventory_commands)
@@ -546,18 +584,18 @@ def run_cases(cases: list[Case], timeout: float, runner, cwd: str, progress=Fals
     return findings
 
 
-def sample(cases: list[Case], n: int | None, seed: int) -> list[Case]:
-    """A deterministic sample that keeps every (kind, mutation) class represented."""
-    if not n or n >= len(cases):
-        return cases
+def sample(items: list, n: int | None, seed: int) -> list:
+    """A deterministic sample of cases and mutants that keeps every kind of mutation represented."""
+    if not n or n >= len(items):
+        return items
     rng = random.Random(seed)
     by_class: dict = {}
-    for c in cases:
-        by_class.setdefault((c.kind, c.mutation), []).append(c)
-    picked = [rng.choice(group) for _, group in sorted(by_class.items())]
-    rest = [c for c in cases if c not in picked]
-    picked += rng.sample(rest, max(0, min(len(rest), n - len(picked))))
-    return picked
+    for i, c in enumerate(items):
+        by_class.setdefault(c.mutation, []).append(i)
+    picked = {rng.choice(group) for _, group in sorted(by_class.items())}
+    rest = [i for i in range(len(items)) if i not in picked]
+    picked |= set(rng.sample(rest, max(0, min(len(rest), n - len(picked)))))
+    return [items[i] for i in sorted(picked)]
 
 
 def report(findings: list[Finding], show: int) -> str:
@@ -587,7 +625,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hetauto-fuzz-") as tmp:
         ws = Workspace(tmp)
-        cases = sample(all_cases(ws, args.cost_model, args.only), args.sample, args.seed)
+        cases = all_cases(ws, args.cost_model, args.only, n=args.sample, seed=args.seed)
         t0 = time.monotonic()
         findings = run_cases(cases, args.timeout, run_exec if args.exec else run_forked, tmp, progress=True)
         print(f"{len(cases)} cases in {time.monotonic() - t0:.1f} s: {len(findings)} findings")

@@ -202,7 +202,7 @@ class LearnedCostModel:
                 raise InputError(f"booster file {fname} is not a LightGBM model ({str(exc).strip()[:120]})",
                                  file=model_dir, field="boosters", fix="re-fit the model or copy the whole directory") from None
         weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
             raise InputError(f"has a garbled score_bwd_weight ({weight!r})", file=path, field="score_bwd_weight",
                              fix="re-fit it with 'hetauto fit'")
         fit = man.get("fit") if isinstance(man.get("fit"), dict) else {}    # the fit's report: informational
