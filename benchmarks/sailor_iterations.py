@@ -9,10 +9,13 @@ and the output layer are not tied: the fork's OPT builds its head as a layer of 
 OPTLMHeadPipe), so no tied table is summed across stages. The fork's GPT-Neo has no output layer at all (its last layer is
 the final norm, and its loss takes the cross-entropy over the norm's output: gpt_neo_model.py); the plan cannot say
 so, and the composed GPT-Neo iterations include a head that did not run (docs/cost-model-learned.md). The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
-optimizer sharding, no overlapped gradient reduction. Compute is priced in the element size the GH200 layers
-were measured in (tensor cores: docs/cost-model-learned.md, "The arithmetic each run used"): the learned model
-prices no other. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per GPU, as
-on Clariden), with the links inside and between nodes as Sailor measured them (measured_link). Nothing is
+optimizer sharding, no overlapped gradient reduction, and fp32 as the job trained (no --fp16 or --bf16, no fp16
+section in its DeepSpeed config) inside NVIDIA's PyTorch container, whose TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 ran its
+GEMMs on the TF32 tensor cores (docs/peers.md): the plans are fp32 and the cluster says `tf32: true`, so the learned
+model prices the GH200 from its tensor-core runs (cost/learned/model.py, `coverage`), while every transfer,
+all-reduce and all-gather moves the 4-byte elements DeepSpeed sent (docs/deepspeed.md) and the optimizer step keeps
+no separate fp32 master copy. The cluster: 4 GH200 per node, the inventory's default network (one 200 Gbit/s NIC per
+GPU, as on Clariden), with the links inside and between nodes as Sailor measured them (measured_link). Nothing is
 fitted to the runs.
 
 The pipeline is DeepSpeed's (plan/deepspeed_schedule.py): the fork trains with DeepSpeed's pipeline engine; `--1f1b`
@@ -45,7 +48,7 @@ from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
 
 SAILOR_JOB = {"sequence_parallel": False, "distributed_optimizer": False, "overlap_grad_reduce": False}
 SAILOR_SIMULATOR_MAPE = 8.9    # Sailor's own simulator on its OPT-350 runs (the issue's figure)
-PRECISION = "bf16"             # the 2-byte tensor-core rate the GH200 layers were measured at
+PRECISION = "fp32"             # the job's: fp32 storage and transfers, GEMMs on TF32 (the inventory's tf32)
 
 
 def load_runs() -> list[dict]:
@@ -95,7 +98,8 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
     p = len(entries)
     layers = tuple(n - (i == 0) - (i == p - 1) for i, n in enumerate(entries))   # embedding, head: not layers
     inv = inventory_from_dict({"clusters": [{"name": "clariden", "device": "gh200", "nodes": run["nodes"],
-                                             "devices_per_node": 4, "intra_node": measured_link("intra", 4, 4),
+                                             "devices_per_node": 4, "tf32": True,    # the job's TF32 GEMMs
+                                             "intra_node": measured_link("intra", 4, 4),
                                              "inter_node": measured_link("inter", 1, 2)}]})
     mesh = Mesh("clariden", "gh200", run["tp"][0], run["dp"][0], run["micro_batch_size"], "none", layers, SAILOR_JOB)
     return Plan(model=model, global_batch_size=run["global_batch_size"], meshes=(mesh,), inventory=inv.to_dict(),
@@ -105,7 +109,8 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
 class MeasuredLayers:
     """Diagnostic (in sample): the learned model with the transformer layers, the embedding and the head replaced
     by Sailor's measured times of `sailor_model` on the GH200 at the asked TP and micro-batch (the median layer; its
-    TP all-reduces, which the planner adds back with the node's link, taken out as the fit takes them out)."""
+    TP all-reduces, which the planner adds back with the node's link, taken out in the plan's element: the job's 4
+    bytes)."""
 
     def __init__(self, cost_model, sailor_model: str, intra_node):
         self.cost_model, self.intra_node = cost_model, intra_node
