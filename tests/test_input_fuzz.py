@@ -256,3 +256,15 @@ def test_launch_environment_figures(name, value, monkeypatch):
     with pytest.raises(InputError) as exc:
         hook._timeout_s() if name == "HETAUTO_TIMEOUT_S" else hook._master_port()
     assert exc.value.field == name and "Fix: " in exc.value.message
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["compare", "PLAN", "--inventory", CPU_INV, "--price", "site-a=inf"], "--price"),
+    (["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--budget-s", "nan"],
+     "--budget-s"),
+])
+def test_nonfinite_command_line_figures(argv, field, tmp_path, capsys):
+    _written_plan(tmp_path, capsys)
+    argv = [str(tmp_path / "plan.yaml") if a == "PLAN" else a for a in argv]
+    rc, _, err = run_cli(argv, capsys)
+    check_error(rc, err, field=field)

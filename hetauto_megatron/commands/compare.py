@@ -47,11 +47,11 @@ def _priced(args, inventory):
     prices = {}
     for name, value in parse_pins(args.price, "--price", "h800=2.5"):
         try:
-            ok = float(value) >= 0
+            ok = 0 <= float(value) < float("inf")     # NaN fails too
         except ValueError:
             ok = False
         if not ok:
-            raise InputError(f"{name}={value}: the price must be a number of 0 or more", field="--price",
+            raise InputError(f"{name}={value}: the price must be a finite number of 0 or more", field="--price",
                              fix=f"write e.g. --price {name}=2.5")
         if name not in names:
             raise InputError(f"the inventory has no cluster {name!r}", field="--price",

@@ -127,8 +127,9 @@ def run(args) -> int:
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations")
-    if args.budget_s is not None and args.budget_s <= 0:
-        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s")
+    if args.budget_s is not None and not args.budget_s > 0:     # NaN too: it would never stop the search
+        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s",
+                         fix="give the search's time limit in seconds, e.g. --budget-s 30")
     if args.workers < 0:
         raise InputError(f"must not be negative, got {args.workers}", field="--workers",
                          fix="give a number of processes, or 0 for one per core")
