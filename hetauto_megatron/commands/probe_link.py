@@ -41,7 +41,7 @@ def add_arguments(p):
 def run(args) -> int:
     for flag, value, ok, want in (("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive"),
                                   ("--iters", args.iters, args.iters >= 1, "at least 1"),
-                                  ("--timeout", args.timeout, args.timeout > 0, "positive"),
+                                  ("--timeout", args.timeout, 0 < args.timeout < float("inf"), "positive"),
                                   ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64")):
         if not ok:
             raise InputError(f"must be {want}, got {value:g}", field=flag)
