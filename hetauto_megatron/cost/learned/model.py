@@ -289,7 +289,9 @@ class LearnedCostModel:
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
         info = self._info(device)
-        if info is None:
+        if info is None or (info.granularity != "op" and piece in ("embedding", "head")):
+            # per-layer data measures transformer layers only (see sailor_samples): the analytic model prices the
+            # embedding and head for the device as this plan sees it (its precision, TF32), so not cached by name
             return getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
         key = (piece, model, info.name, tp, mb, seq)
         hit = self._cache.get(key)
@@ -300,9 +302,6 @@ class LearnedCostModel:
         elif info.granularity == "op":
             fn = {"head": F.head_ops, "embedding": F.embedding_ops}[piece]
             res = self.fitted.op_sum_times(info, fn(model, tp, mb, seq))
-        elif piece in ("embedding", "head"):
-            # per-layer data measures transformer layers only (see sailor_samples): analytic
-            res = getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
         else:
             res = self._layer_time(info, F.LayerShape.of(model, tp, mb, seq))
         self._cache[key] = res
