@@ -2,7 +2,10 @@
 
 Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes), its stage count,
 its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a mesh,
-adding an unused cluster anywhere, and S halved or doubled. Each climb is independent of the others (its own
+adding an unused cluster anywhere, and S halved or doubled: each mesh absorbs the change in its DP (giving up
+stages where its devices run out) or its micro-batch, or one mesh takes any TP/DP at the new S while the others
+absorb it in their micro-batch (the TP/DP move across an S step: without it a climb stalls at a small S whose
+best reshaping needs the larger S first). Each climb is independent of the others (its own
 record of what it tried; the evaluator's caches make repeats cheap), so climbs can run in any order or in
 parallel and give the same result.
 """
@@ -106,4 +109,15 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             out += list(itertools.product(*per_mesh))
         else:
             out += [tuple(o[0] for o in per_mesh), tuple(o[-1] for o in per_mesh)]
-    return out
+        # or one mesh takes another shape at the new S (stages as its devices allow, as the tree gives them)
+        # while the others absorb the change in their micro-batch: the TP/DP move across an S step
+        if all(S2 > S or m.micro_batch_size % 2 == 0 for m in choices):
+            absorbed = [replace(m, micro_batch_size=m.micro_batch_size * S2 // S) for m in choices]
+            for i, m in enumerate(choices):
+                before = sum(x.num_stages for x in choices[:i])
+                for tp in space.tp[m.cluster]:
+                    for dp in divisors(S2):
+                        out.append(absorbed[:i] + [space.mesh(m.cluster, tp, dp, S2, before, len(choices) - i - 1,
+                                                              devices_used - m.tp * m.dp * m.num_stages)]
+                                   + absorbed[i + 1:])
+    return [tuple(c) for c in out]
