@@ -114,6 +114,14 @@ def test_huge_model_and_batch_are_refused(tmp_path, capsys):
     check_error(rc, err, field="--global-batch-size")
 
 
+def test_huge_mesh_is_refused(tmp_path, capsys):
+    plan = write(tmp_path, "p.yaml", "version: 1\nmodel: {preset: tiny}\nglobal_batch_size: 8\nmeshes:\n"
+                 "- {cluster: site-a, device_type: cpu, dp: 100000000000000000000, micro_batch_size: 1, "
+                 "stage_layers: [8]}\n")
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    check_error(rc, err, field="meshes[0].dp", words=["more than"])
+
+
 def test_negative_position_table_is_refused(tmp_path, capsys):
     model = write(tmp_path, "m.yaml", "preset: tiny\nposition_embedding: learned\nmax_position_embeddings: -4\n")
     rc, _, err = run_cli(["plan", "--model", model, "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"],

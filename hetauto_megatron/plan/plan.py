@@ -93,6 +93,9 @@ class Mesh:
             if getattr(self, key) < 1:
                 raise InputError(f"must be at least 1, got {getattr(self, key)}", field=key,
                                  fix=f"set {key}: 1 or more")
+            if getattr(self, key) > MAX_GLOBAL_BATCH_SIZE:    # no mesh is wider than the largest batch is long
+                raise InputError(f"is {getattr(self, key)}, more than {MAX_GLOBAL_BATCH_SIZE:,}", field=key,
+                                 fix=f"set {key} to the mesh's size (docs/plan-format.md)")
         if self.recompute not in RECOMPUTE_MODES:
             raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute",
                              fix="write recompute: none, selective (attention only) or full (whole layers)")
