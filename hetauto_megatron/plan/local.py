@@ -34,8 +34,10 @@ def starts(ranked: list, count: int) -> list[tuple]:
     return out
 
 
-def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = None) -> list:
-    """Hill-climb from `start`; -> every feasible layout priced on the way, as (seconds, layout)."""
+def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = None, bound=None) -> list:
+    """Hill-climb from `start`; -> every feasible layout priced on the way, as (seconds, layout). `bound(layout)`,
+    if given, is a lower bound on `resolve(layout)`: a neighbour it puts no better than the current layout
+    cannot be a step, and is not priced (the climb takes the same steps)."""
     found, seen = [], {start}
     cur, cur_t = start, resolve(start)
     improved = True
@@ -47,6 +49,8 @@ def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = No
             if cand in seen or not space.legal(cand):
                 continue
             seen.add(cand)
+            if bound is not None and bound(cand) >= cur_t:
+                continue
             t = resolve(cand)
             if math.isfinite(t):
                 found.append((t, cand))

@@ -9,12 +9,14 @@ How much to search is decided by the problem, not by the number of clusters:
   bound (`LayoutEvaluator.lower_bound`) is above it is not priced. When it finishes within
   `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
   shortlist is the one full enumeration would re-rank (exact);
-- otherwise (it stops there, keeping what it priced in the evaluator's caches) several independent trees are
-  grown (seeds derived from --seed). Each stops at a playout cap that grows with the tree's estimated size
-  (Knuth's estimator), or earlier when it stalls. (Trees that disagree are not grown further: the climbs
-  below start from the best leaf of each of the best cluster orders of all trees, which is what reconciles
-  them; a second round of six trees changed no benchmark plan and cost up to half of the search);
-- a local search climbs from the best leaf of each of the best cluster orders found;
+- otherwise (on a larger tree after `SEED_VISITS` nodes) it stops, and the leaves it priced seed the rest: the
+  best-first order reaches good leaves early (the 736-device example's best closed form after 22 priced), and
+  the best of them is the plan the trees must beat, so their bounds close more of the tree;
+- independent trees (seeds derived from --seed) are grown `TREE_ROUND` at a time, while a round finds a better
+  plan than the best held before it (at most `TREES`). Each stops at a playout cap that grows with the tree's
+  estimated size (Knuth's estimator), or earlier when it stalls;
+- a local search climbs from the best leaf of each of the best cluster orders found; a neighbour whose lower
+  bound is no better than the climb's current layout is not priced (the climb takes the same steps);
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
   simulation decides).
 Trees and climbs are independent of each other, so `workers` processes run them in parallel; the plan depends
@@ -44,7 +46,10 @@ from .space import SearchSpace
 EXHAUSTIVE_LEAVES = 15000       # trees this small are cheap to enumerate in full (the infeasibility report)
 ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of up to this many leaves (Knuth's
 ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
-TREES = 6                       # independent trees
+TREES = 6                       # independent trees at most,
+TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
+SEED_VISITS = 4000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
+                                # seed the trees)
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_SHARE = 20               # re-planning (a warm start): each tree gets a twentieth of the cold budget,
 REPLAN_TREES, REPLAN_CLIMBS = 2, 2   # there are two trees, and two climbs besides those from the old plan,
@@ -113,15 +118,17 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
-                        deadline: float | None = None):
+                        deadline: float | None = None, found: dict | None = None):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
-    when it would need more than `max_visits` nodes (or run past `deadline`). Nodes are visited in order of
+    when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
+    leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
+    the tree search). Nodes are visited in order of
     their bound (`SearchSpace.bound`; for a leaf also `LayoutEvaluator.lower_bound`), a leaf is priced when its
     turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
     leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
     value = _layout_value(space, ev)
-    found: dict = {}
+    found = {} if found is None else found
     top: list = []                      # max-heap (negated) of the best `keep` values found
     slack = 1 + 1e-9                    # a bound within rounding of a leaf's value does not prune it
     queue = [(space.bound(()), 0, (), False)]
@@ -174,7 +181,7 @@ def _climb_job(job) -> tuple[list, int]:
     start, deadline = job
     sp, ev = _CTX["space"], _CTX["ev"]
     before = len(ev.cache)
-    found = local.climb(sp, lambda c: sp.score(ev.resolve(c)[0], c), start, deadline)
+    found = local.climb(sp, lambda c: sp.score(ev.resolve(c)[0], c), start, deadline, lambda c: sp.leaf_bound(c, ev))
     return found, len(ev.cache) - before
 
 
@@ -223,12 +230,17 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     best_known = min((sp.score(ev.resolve(w)[0], w) for w in warm), default=math.inf)
     if warm:                            # re-planning: the old plan bounds the trees, which get less to do
         cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
-    if method == "mcts" and not cfg.iterations and not warm and est <= ENUMERATION_TREE:
-        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), max(4000, int(ENUMERATION_VISITS * est)),
-                                              deadline)
+    if method == "mcts" and not cfg.iterations and not warm:
+        # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
+        visits = max(4000, int(ENUMERATION_VISITS * est)) if est <= ENUMERATION_TREE else SEED_VISITS
+        seeds: dict = {}
+        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), visits, deadline, seeds)
         priced = len(ev.cache)
         if found is not None:          # the bounds settled the tree: its best leaves are known exactly
             method, leaves = "exhaustive", found
+        else:                          # its best leaf is the plan the trees must beat
+            leaves.update(seeds)
+            best_known = min([best_known, *seeds.values()])
     if method == "exhaustive" and cfg.method == "exhaustive":
         value = _layout_value(sp, ev)
         for path in space_mod.leaves(sp):
@@ -241,13 +253,20 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         if cfg.iterations:
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
         count = REPLAN_TREES if warm else TREES
-        jobs = [(cfg.seed * 1000 + j, cap, patience, deadline, best_known) for j in range(count)]
-        trees = count
-        for run in _run_all(_tree_job, jobs, workers):
-            leaves.update(run.leaves)
-            priced += run.priced
-            playouts += run.playouts
-            cut |= run.cut
+        while trees < count:           # rounds of TREE_ROUND trees, while a round finds a better plan
+            n = min(TREE_ROUND, count - trees)
+            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(n)]
+            trees += n
+            best_round = math.inf
+            for run in _run_all(_tree_job, jobs, workers):
+                leaves.update(run.leaves)
+                priced += run.priced
+                playouts += run.playouts
+                cut |= run.cut
+                best_round = min([best_round, *run.leaves.values()])
+            if cut or (not cfg.iterations and not best_round < best_known * (1 - 1e-4)):
+                break                  # out of time, or the round found nothing better than the plan held
+            best_known = min(best_known, best_round)
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)

@@ -133,26 +133,22 @@ class SearchSpace:
         return out
 
     def _decode(self, path: tuple):
-        order = []
-        i = 0
-        while i < len(path) and path[i] != END:
-            order.append(path[i])
-            i += 1
-        if i == len(path):
-            return tuple(order), False, None, (), None
-        if i + 1 == len(path):
-            return tuple(order), True, None, (), None
-        S = path[i + 1]
-        rest = path[i + 2:]
-        meshes = []
-        before = devices = 0
-        for j in range(0, len(rest) - 1, 2):
-            meshes.append(self.mesh(order[len(meshes)], rest[j], rest[j + 1], S, before, len(order) - len(meshes) - 1,
-                                    devices))
-            before += meshes[-1].num_stages
-            devices += meshes[-1].num_stages * rest[j] * rest[j + 1]
-        pending = rest[-1] if len(rest) % 2 else None
-        return tuple(order), True, S, tuple(meshes), pending
+        """From the parent's decoding (cached) and the last decision: a playout extends a path one decision at
+        a time, so each path is decoded once, in constant time."""
+        if not path:
+            return (), False, None, (), None
+        order, complete, S, meshes, pending = self.decode(path[:-1])
+        a = path[-1]
+        if not complete:
+            return (order, True, None, (), None) if a == END else (order + (a,), False, None, (), None)
+        if S is None:
+            return order, True, a, (), None
+        if pending is None:
+            return order, True, S, meshes, a
+        before = sum(m.num_stages for m in meshes)
+        devices = sum(m.num_stages * m.tp * m.dp for m in meshes)
+        mesh = self.mesh(order[len(meshes)], pending, a, S, before, len(order) - len(meshes) - 1, devices)
+        return order, True, S, meshes + (mesh,), None
 
     def actions(self, path: tuple) -> list:
         acts = self._actions.get(path)
@@ -283,6 +279,12 @@ class SearchSpace:
         for a, b in zip(order, order[1:]):
             bound = max(bound, self._act_bytes[a] / self.inventory.link(a, b).bytes_per_s)
         return bound
+
+    def leaf_bound(self, choices: tuple, ev) -> float:
+        """A lower bound on the objective of a finished layout (one the tree holds or a local-search move): the
+        larger of its cluster order's bound and the evaluator's own (`LayoutEvaluator.lower_bound`)."""
+        order = tuple(m.cluster for m in choices)
+        return self.score(max(self.order_bound(order, True), ev.lower_bound(choices)), choices)
 
     def child_bounds(self, path: tuple) -> list:
         """[(action, bound of path + (action,))] for every legal next decision (cached: the tree search's default
