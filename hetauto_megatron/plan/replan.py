@@ -1,9 +1,9 @@
 """Re-planning after the inventory changed (`hetauto plan --from PLAN`): warm start and what moved.
 
 The old plan seeds the search: its meshes on the clusters that are still there (with the devices they still
-have) become local-search starts, and their predicted time is the first plan the tree search must beat, so
-its bounds close most of the tree from the first playout. The search then grows two trees with a twentieth of
-the cold budget each (docs/search.md has the measured time and quality against a cold search).
+have) become local-search starts, and their predicted time is the plan to beat. The bounded enumeration,
+pruned by that time, looks for what the old plan cannot reach by small steps (another S, another order), and
+climbs start from both; no trees (docs/search.md has the measured time and quality against a cold search).
 """
 from __future__ import annotations
 

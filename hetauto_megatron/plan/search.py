@@ -51,9 +51,9 @@ TREE_ROUND = 3                  # grown this many at a time while a round finds 
 SEED_VISITS = 4000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
                                 # seed the trees)
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
-REPLAN_SHARE = 20               # re-planning (a warm start): each tree gets a twentieth of the cold budget,
-REPLAN_TREES, REPLAN_CLIMBS = 2, 2   # there are two trees, and two climbs besides those from the old plan,
-REPLAN_RERANK = 4                    # and the event simulation re-checks the best four of each list
+REPLAN_VISITS = SEED_VISITS     # re-planning (a warm start): the bounded enumeration's visits (pruned by the old
+REPLAN_CLIMBS = 2               # plan's value), no trees, two climbs besides those from the old plan,
+REPLAN_RERANK = 4               # and the event simulation re-checks the best four of each list
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 
 
@@ -118,12 +118,13 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
-                        deadline: float | None = None, found: dict | None = None):
+                        deadline: float | None = None, found: dict | None = None, incumbent: float = math.inf):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
-    the tree search). Nodes are visited in order of
+    the tree search). `incumbent`, a plan's value already held (re-planning: the old plan on what is left),
+    prunes like the `keep`-th best value: only leaves that can beat it are wanted. Nodes are visited in order of
     their bound (`SearchSpace.bound`; for a leaf also `LayoutEvaluator.lower_bound`), a leaf is priced when its
     turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
     leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
@@ -135,7 +136,7 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     reached = visits = 0
     while queue:
         key, _, path, checked = heapq.heappop(queue)
-        if len(top) >= keep and key > -top[0] * slack:
+        if key > incumbent * slack or (len(top) >= keep and key > -top[0] * slack):
             break
         visits += 1
         if (max_visits is not None and visits > max_visits) or (deadline is not None and visits % 64 == 0
@@ -228,9 +229,13 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     cap, patience, est = tree_budget(sp, cfg.seed)
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
     best_known = min((sp.score(ev.resolve(w)[0], w) for w in warm), default=math.inf)
-    if warm:                            # re-planning: the old plan bounds the trees, which get less to do
-        cap, patience = (max(MIN_PLAYOUTS // 6, x // REPLAN_SHARE) for x in (cap, patience))
-    if method == "mcts" and not cfg.iterations and not warm:
+    if warm and method == "mcts" and not cfg.iterations:
+        # re-planning: the old plan is the plan to beat; the bounded enumeration, pruned by it, looks for better
+        # leaves (another S or order than the old plan's), and the climbs take it from there: no trees
+        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), REPLAN_VISITS, deadline, leaves,
+                                              incumbent=best_known)
+        priced = len(ev.cache)
+    elif method == "mcts" and not cfg.iterations:
         # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
         visits = max(4000, int(ENUMERATION_VISITS * est)) if est <= ENUMERATION_TREE else SEED_VISITS
         seeds: dict = {}
@@ -252,7 +257,7 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     elif method == "mcts":
         if cfg.iterations:
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
-        count = REPLAN_TREES if warm else TREES
+        count = 0 if warm and not cfg.iterations else TREES
         while trees < count:           # rounds of TREE_ROUND trees, while a round finds a better plan
             n = min(TREE_ROUND, count - trees)
             jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(n)]
