@@ -246,15 +246,24 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     playouts, cut, trees = 0, False, 0
     priced = 0                          # layouts priced (in whichever process priced them)
     method = cfg.method
-    cap, patience, est = tree_budget(sp, cfg.seed)
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
-    best_known = min((sp.score(ev.resolve(w)[0], w) for w in warm), default=math.inf)
+    # the tree's size sets the trees' budget and the enumeration's visits; a re-plan grows no trees
+    cap, patience, est = tree_budget(sp, cfg.seed) if not warm or cfg.iterations else (0, 0, math.inf)
+    warm_found = [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
+    if warm and cfg.local_search:       # re-planning: first climb from the old plan (a few hundred layouts)
+        before = len(ev.cache)
+        for part, n in _run_all(_climb_job, [(w, deadline) for w in warm], workers):
+            warm_found += part
+            priced += n
+        priced -= len(ev.cache) - before     # counted again below when they ran in this process
+    best_known = min((t for t, _ in warm_found), default=math.inf)
     if warm and method == "mcts" and not cfg.iterations:
-        # re-planning: the old plan is the plan to beat; the bounded enumeration, pruned by it, looks for better
-        # leaves (another S or order than the old plan's), and the climbs take it from there: no trees
+        # the climbed old plan is the plan to beat: the bounded enumeration, pruned by it, looks only where a
+        # better leaf can be (another S or order than the old plan's, which no climb reaches through better
+        # layouts), and climbs start from its best orders: no trees
         found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), REPLAN_VISITS, deadline, leaves,
                                               incumbent=best_known)
-        priced = len(ev.cache)
+        priced += len(ev.cache)
     elif method == "mcts" and not cfg.iterations:
         # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
         visits = max(4000, int(ENUMERATION_VISITS * est)) if est <= ENUMERATION_TREE else SEED_VISITS
@@ -300,8 +309,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     # cannot crowd the tree's best leaves out of the final check).
     shortlists = [ranked]
     if (method == "mcts" and cfg.local_search) or warm:
-        jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, REPLAN_CLIMBS if warm else CLIMBS))]
-        found = list(ranked) + [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
+        climbed = set(warm) if cfg.local_search else set()
+        jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, REPLAN_CLIMBS if warm else CLIMBS))
+                if s not in climbed]
+        found = list(ranked) + warm_found
         for part, n in _run_all(_climb_job, jobs, workers):
             found += part
             priced += n
