@@ -1,6 +1,6 @@
 """Search time and plan quality at growing scale, on one core and on all cores.
 
-    .venv/bin/python benchmarks/search_scale.py [--seed N] [--skip-8]
+    .venv/bin/python benchmarks/search_scale.py [--seed N] [--skip-8] [--shapes-only | --replan-only]
 
 For each instance it prints, once pinned to one core (--workers 1) and once on every core the machine gives
 this process (--workers = that count): wall seconds, CPU seconds (this process and its workers), layouts
@@ -10,7 +10,8 @@ small enough the exhaustive optimum of the same search space. The load average i
 shared machine wall times are pessimistic, CPU seconds less so.
 Targets (issue 15): 2 clusters / 512 devices <= 0.5 s, 4 clusters / 736 devices <= 1 s, 8 clusters / 16,384
 devices <= 30 s. Then re-planning: the 736-device example after its busiest cluster leaves, cold and with
---from the old plan (target: <= 20 % of the cold search's time, the same plan quality).
+--from the old plan (target: <= 20 % of the cold search's time, the same plan quality); `--replan-only` runs
+just re-planning, with every cluster of the 736-device and the 3-cluster example removed in turn.
 
 Then, for the README's 2-cluster plan and the 4-cluster / 736-device example, the boundary schedules
 (docs/search.md): the plan searched with blocking cross-cluster transfers (what the runtime does today) and with
@@ -74,7 +75,13 @@ def main() -> None:
     ap.add_argument("--skip-8", action="store_true", help="leave out the 8-cluster / 16,384-device instance")
     ap.add_argument("--shapes-only", action="store_true",
                     help="only the new shapes' report (several pipelines, mixed replica groups; one core)")
+    ap.add_argument("--replan-only", action="store_true",
+                    help="only re-planning, one core: every cluster of the 736-device and the 3-cluster example "
+                         "removed in turn, cold search vs --from the full inventory's plan")
     args = ap.parse_args()
+    if args.replan_only:
+        replan_all(args.seed)
+        return
     if args.shapes_only:
         shapes_report(args.seed, args.skip_8)
         return
@@ -138,6 +145,28 @@ def replan(model, inv, gbs, r, seed: int) -> None:
           f"{cold.candidates_evaluated} layouts, {cold.iteration_time_s:.3f} s/iteration; --from {hot_wall:.2f} s / "
           f"{hot_cpu:.2f} s CPU ({hot_cpu / cold_cpu:.0%} of cold), {hot.candidates_evaluated} layouts, "
           f"{hot.iteration_time_s:.3f} s/iteration ({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)")
+
+
+def replan_all(seed: int) -> None:
+    """Each cluster of the 736-device example (global batch 1024) and of the 3-cluster one (512) removed in
+    turn: cold search vs --from the full inventory's plan, CPU seconds on one core, and the plans' values."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; one core, CPU seconds")
+    model = PRESETS["llama2-70b"]
+    for path, gbs in (("inventory-4clusters-736.yaml", 1024), ("inventory-3clusters.yaml", 512)):
+        inv = load_inventory(os.path.join(EX, path))
+        r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=1))
+        old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
+        print(f"{path}: old plan {'+'.join(c.cluster for c in r.choices)}")
+        for gone in [c.name for c in inv.clusters]:
+            smaller = without(inv, gone)
+            cold, _, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
+            warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
+            hot, _, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+            print(f"  without {gone:8} cold {cold_cpu:5.2f} s {cold.iteration_time_s:8.3f} s/it   --from {hot_cpu:5.2f} s "
+                  f"({hot_cpu / cold_cpu:4.0%}) {hot.iteration_time_s:8.3f} s/it "
+                  f"({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)", flush=True)
 
 
 def schedules(model, seed: int) -> None:
