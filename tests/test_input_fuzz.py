@@ -114,6 +114,21 @@ def test_huge_model_and_batch_are_refused(tmp_path, capsys):
     check_error(rc, err, field="--global-batch-size")
 
 
+def test_figure_beyond_any_hardware_is_refused(tmp_path, capsys):
+    """memory_gib: 1e30 made the search run for ever (its memory arithmetic loses precision)."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
+                                                            "    memory_gib: 1.0e+30", 1))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
+                         capsys)
+    check_error(rc, err, field="clusters[0].memory_gib", words=["beyond any device"])
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                          "--set", "link.site-a-site-b.bandwidth_gbps=1e12"], capsys)
+    check_error(rc, err, field="--set", words=["beyond any device"])
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--tp", "1", "--pp", "1", "--dp", "1",
+                          "--micro-batch-size", "1", "--global-batch-size", "8", "--cluster", "nowhere"], capsys)
+    check_error(rc, err, field="--cluster", words=["site-a"])
+
+
 def test_huge_mesh_is_refused(tmp_path, capsys):
     plan = write(tmp_path, "p.yaml", "version: 1\nmodel: {preset: tiny}\nglobal_batch_size: 8\nmeshes:\n"
                  "- {cluster: site-a, device_type: cpu, dp: 100000000000000000000, micro_batch_size: 1, "

@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 from ..errors import InputError
+from ._fields import MAX_FIGURE
 from .inventory import Cluster, Inventory, LinkSpec
 
 LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
@@ -44,6 +45,9 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     if not math.isfinite(value):
         raise InputError(f"{key}={text}: must be a finite number", field="--set",
                          fix=f"write e.g. {key}={'8' if integer else '100'} (NaN and infinity are not figures)")
+    if value > MAX_FIGURE:
+        raise InputError(f"{key}={text}: beyond any device or network (at most {MAX_FIGURE:g})", field="--set",
+                         fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB, latency in ms/µs")
     if value < 0 or (value == 0 and not latency):
         raise InputError(f"{key}={text}: must be {'0 or more' if latency else 'positive'}", field="--set",
                          fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
