@@ -154,7 +154,10 @@ def test_interchangeable_clusters_are_searched_once():
     assert best[0] == pytest.approx(best[1])
 
 
-def test_parallel_search_gives_the_same_plan():
+def test_parallel_search_gives_the_same_plan(monkeypatch):
+    # a search this short keeps its jobs in one process (PARALLEL_AFTER_S): force the worker processes
+    import hetauto_megatron.plan.search as search_mod
+    monkeypatch.setattr(search_mod, "PARALLEL_AFTER_S", 0.0)
     inv = _inv([("h", "h100-sxm", 2, 8), ("n", "ascend-910b", 1, 8), ("m", "mi300x", 1, 8)],
                [("h", "n", 25, 2), ("h", "m", 50, 1), ("n", "m", 10, 3)])
     cfg = dict(seed=3, iterations=800)
