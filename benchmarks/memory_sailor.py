@@ -1,6 +1,6 @@
 """Predicted peak memory per GPU against Sailor's measured GH200 runs (data/sailor/validation-runs.json).
 
-Sailor trains with its Megatron-DeepSpeed fork as plan/costing.py `sailor_deepspeed_job` describes it (the one
+Sailor trains with its Megatron-DeepSpeed fork as plan/memory_fit.py `sailor_deepspeed_job` describes it (the one
 definition, also what `hetauto plan --memory-job sailor-deepspeed` checks): fp32 (its launch scripts pass neither
 --fp16 nor --bf16, and its DeepSpeed config has no fp16 section), Adam state on every rank (ZeRO stage 0), no
 sequence parallelism, Megatron's unfused attention keeping the s x s softmax output and no dropout on it (the
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS  # noqa: E402
 from hetauto_megatron.cost.memory import (GIB, TRANSFORMER_ENGINE, JobMemory, LayerImpl,  # noqa: E402
                                           job_stage_memory_bytes, stage_memory_bytes)
-from hetauto_megatron.plan.costing import sailor_deepspeed_job  # noqa: E402
+from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job  # noqa: E402
 from hetauto_megatron.plan.settings import default_settings, padded_vocab_size  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",

@@ -189,7 +189,7 @@ def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | Non
 def our_price(plan_json: dict, inventory_path: str, cost_model_dir: str) -> dict:
     """A plan (JSON meshes) priced by our simulator, with the sailor-deepspeed memory job."""
     from hetauto_megatron.cost.learned import load_cost_model
-    from hetauto_megatron.plan.costing import sailor_deepspeed_job
+    from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job
     from hetauto_megatron.plan.multi_simulate import shapes_estimate, shapes_of
     from hetauto_megatron.plan.simulate import simulate
     from hetauto_megatron.spec.inventory import load_inventory
@@ -235,7 +235,7 @@ def print_terms(label: str, meshes: list[dict], model: str, zones: dict, yaml_pa
     cross-cluster boundary overlapped at the best depth or blocking, whichever is faster), with every boundary
     blocking, and as DeepSpeed's pipeline engine runs it (plan/deepspeed_schedule.py)."""
     from hetauto_megatron.cost.learned import load_cost_model
-    from hetauto_megatron.plan.costing import sailor_deepspeed_job
+    from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job
     from hetauto_megatron.plan.simulate import simulate
     from hetauto_megatron.spec.inventory import load_inventory
     from hetauto_megatron.spec.model import load_model

@@ -16,7 +16,7 @@ import pytest
 
 from hetauto_megatron.cost.learned import SAILOR_DATA
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.plan.costing import boundary_pairs
+from hetauto_megatron.plan.link_costs import boundary_pairs
 from hetauto_megatron.runtime.transfers import Share, compute_transfers
 from hetauto_megatron.spec.inventory import LinkSpec, inventory_from_dict
 
@@ -121,7 +121,7 @@ def test_node_network_caps_the_dp_ring_and_the_sends_inside_a_cluster():
     """inter_node.node_gbps: a node's devices share one NIC (a cloud VM). A DP ring of TP 1 x DP 16 over 4 nodes of
     4 crosses each node with 4 devices: 4 x 15.6 = 62.4 Gbit/s with a NIC per device, the node's 48 with one
     (Sailor's measured 4 concurrent pairs between two A100 VMs, same zone)."""
-    from hetauto_megatron.plan.costing import dp_ring_link
+    from hetauto_megatron.plan.link_costs import dp_ring_link
     raw = {"clusters": [{"name": "a", "device": "a100", "nodes": 4, "devices_per_node": 4,
                          "inter_node": {"bandwidth_gbps": 15.6, "latency_us": 568}}]}
     per_device = inventory_from_dict(raw).cluster("a")

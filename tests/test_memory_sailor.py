@@ -1,6 +1,6 @@
 """Peak memory per GPU predicted for Sailor's measured GH200 runs against what the GPUs held
 (benchmarks/memory_sailor.py prints the table). The memory model is configured to the job as its framework runs it
-(plan/costing.py sailor_deepspeed_job: fp32, Adam state on every rank, no sequence parallelism, unfused attention
+(plan/memory_fit.py sailor_deepspeed_job: fp32, Adam state on every rank, no sequence parallelism, unfused attention
 without dropout on the probabilities, DeepSpeed's 8 bytes per parameter) with our NVIDIA runtime overheads; nothing
 is fitted to the runs."""
 import os

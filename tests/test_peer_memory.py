@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hetauto_megatron.cost.memory import job_stage_memory_bytes
-from hetauto_megatron.plan.costing import sailor_deepspeed_job
+from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.plan.settings import padded_vocab_size
 from hetauto_megatron.spec.model import load_model
@@ -151,7 +151,7 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor
 
 
 def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_model):
-    """The memory job is the plan's, decided at its precision by every command (plan/costing.py
+    """The memory job is the plan's, decided at its precision by every command (plan/memory_fit.py
     resolve_memory_job): the same-zone inventory with a plain-fp32 A100 (priced analytically) beside the V100
     (priced from Sailor's fp32 measurements), and an fp32 plan on the A100 alone at micro-batch 4. Under our
     runtime its stage fits the 40 GiB; as Sailor's job (the s x s softmax kept per layer) it does not. `simulate`

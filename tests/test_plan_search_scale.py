@@ -7,7 +7,7 @@ from helpers import leaves_within_bounds, small_inventory as _inv
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.memory import stage_memory_bytes
-from hetauto_megatron.plan import costing
+from hetauto_megatron.plan import costing, memory_fit
 from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.memory_caps import CapTable
@@ -42,7 +42,7 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
             exact = max((n for n, x in enumerate(need) if x <= prof.memory_cap), default=-1)
             if exact >= 399:
                 continue                    # more layers than any model has: the cap does not bind
-            assert costing.max_layers_in_memory(model, prof, f, first, last, buffers) == exact
+            assert memory_fit.max_layers_in_memory(model, prof, f, first, last, buffers) == exact
             assert table.cap(f, buffers) == exact
             checked += 1
             if rc == "full" and exact >= 2:

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
-from hetauto_megatron.plan.costing import dp_ring_link
+from hetauto_megatron.plan.link_costs import dp_ring_link
 from hetauto_megatron.plan.multi_simulate import PipelineShape, shapes_estimate
 from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.plan.simulate import simulate

@@ -51,7 +51,7 @@ def load_inputs(args):
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
     if getattr(args, "memory_job", None):
-        from ..plan.costing import MEMORY_JOBS
+        from ..plan.memory_fit import MEMORY_JOBS
         cost_model.memory_job = MEMORY_JOBS[args.memory_job]()     # read by every stage profile (plan/costing.py)
     if hasattr(cost_model, "describe"):
         # Which model prices each device type, and why: a learned model never answers silently for a type
@@ -65,8 +65,8 @@ def load_inputs(args):
 
 
 def apply_memory_job(cost_model, inventory) -> None:
-    """plan/costing.py resolve_memory_job on the inventory at the plan's precision, saying so on stderr."""
-    from ..plan.costing import resolve_memory_job
+    """plan/memory_fit.py resolve_memory_job on the inventory at the plan's precision, saying so on stderr."""
+    from ..plan.memory_fit import resolve_memory_job
     names = resolve_memory_job(cost_model, inventory)
     if names:
         print(f"memory: {', '.join(names)} priced from Sailor's fp32 measurements: every stage must also fit as "

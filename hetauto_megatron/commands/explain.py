@@ -90,7 +90,7 @@ def plan_inputs(args, plan_path: str, plan=None, what: str = "hetauto explain"):
                          fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
     inventory = apply_overrides(inventory, getattr(args, "set", None))
     cost_model = load_cost_model(getattr(args, "cost_model", None))
-    # the plan's memory job, decided at its precision as every command decides it (plan/costing.py)
+    # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
     from ._common import apply_memory_job
     apply_memory_job(cost_model, inventory.with_precision(plan.precision))
     return plan, inventory, cost_model

@@ -142,7 +142,7 @@ def run(args) -> int:
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
     try:
-        # the plan's memory job, decided at its precision as every command decides it (plan/costing.py)
+        # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
         apply_memory_job(cost_model, inventory.with_precision(plan.precision))
         if args.engine != "megatron" and not plan.is_simple:
             raise InputError("DeepSpeed's pipeline engine runs one pipeline of single meshes; this plan has several "

@@ -191,7 +191,7 @@ class AnalyticCostModel:
 
     def optimizer_calibration(self, device: DeviceType) -> tuple[float, float]:
         """(rate on the optimizer step's memory traffic, fixed seconds per step): the analytic model prices the
-        step as its traffic at full bandwidth (plan/costing.py); a learned model may know better."""
+        step as its traffic at full bandwidth (plan/tail_costs.py); a learned model may know better."""
         return 1.0, 0.0
 
     def iteration_overhead_s(self, device: DeviceType) -> float:

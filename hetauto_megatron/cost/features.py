@@ -272,7 +272,7 @@ def extra_score_pass(shape) -> bool:
     above): for the GPT-style layers with learned positions of the shipped data (OPT, GPT-Neo), not for rotary
     (LLaMA-style) ones; chosen by leave-one-model-out (docs/cost-model-learned.md, "The softmax path"). It describes
     the measured framework's kernels, not dropout: that framework applies none to the attention probabilities
-    (plan/costing.py sailor_deepspeed_job prices its memory so). A plan's own dropouts are runtime settings
+    (plan/memory_fit.py sailor_deepspeed_job prices its memory so). A plan's own dropouts are runtime settings
     (plan/settings.py) that the memory model reads."""
     return not shape.rope
 

@@ -23,7 +23,7 @@ when the last stage finishes its last instruction.
 
 What each transfer carries (DeepSpeed 0.19.8, read in its source: docs/deepspeed.md, "What DeepSpeed's engine sends
 between stages"). With TP 1 a send is the stage's whole activation (or its gradient) in the element it computes
-in: `costing.boundary_transfer_time`, as for Megatron. With TP > 1 (a topology with a model axis) the engine
+in: `link_costs.boundary_transfer_time`, as for Megatron. With TP > 1 (a topology with a model axis) the engine
 partitions both by default (`pipe_partitioned`, `grad_partitioned`): each TP rank sends a small int64 meta tensor
 and then its 1/TP slice of the flattened tensor, in the tensor's own element type, to its counterpart, and the
 receiving stage rebuilds the whole tensor with an all-gather over its TP ranks: the activation's in its
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..cost import comm
 from ..spec.model import ModelSpec
-from . import costing
+from . import link_costs
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
 
@@ -137,10 +137,10 @@ def _meta_bytes(tp: int) -> int:
 def deepspeed_transfer_time(model: ModelSpec, a, b, link, same_cluster: bool, samples_per_step: int) -> float:
     """One SendActivation / SendGrad of a micro-batch from stage profile a to b (DeepSpeed needs equal TP): with
     TP > 1 the meta tensor, a message of its own, then each TP rank's 1/TP slice (the whole step's activation
-    still crosses a link between clusters once); with TP 1 the whole activation, as costing prices it."""
+    still crosses a link between clusters once); with TP 1 the whole activation, as link_costs prices it."""
     if a.tp == 1:
-        return costing.boundary_transfer_time(model, a, b, link, same_cluster, samples_per_step)
-    return link.transfer_time(_meta_bytes(a.tp)) + costing.boundary_transfer_time(
+        return link_costs.boundary_transfer_time(model, a, b, link, same_cluster, samples_per_step)
+    return link.transfer_time(_meta_bytes(a.tp)) + link_costs.boundary_transfer_time(
         model, a, b, link, same_cluster, samples_per_step, partitions=a.tp)
 
 

@@ -8,12 +8,13 @@ either boundary schedule), organised for a search that prices many layouts diffe
   the pipeline's end, its stage count, micro-batches, first/last); a stage's times and DP/optimizer tail under
   (mesh configuration, layers, first, last); a boundary's transfer under the two configurations and the link.
   A playout that changes one decision thus reuses every other mesh's work (incremental costing). The
-  functions behind the caches (plan/costing.py) stay pure: the caches only remember their answers.
-- overlapped boundaries follow `evaluate_layout`'s choice step for step (depth 0; blocking if even its boundary
-  buffers do not fit; the round-trip depth, halved until it fits, when the links cost time at depth 0), from
-  the same cached terms: memory caps with the extra in-flight micro-batches and boundary buffers come from the
-  same affine tables, and the iteration tail is cached under the layer split (a deeper warm-up that keeps the
-  split keeps the tail).
+  functions behind the caches (plan/costing.py, memory_fit.py, link_costs.py, tail_costs.py) stay pure: the
+  caches only remember their answers.
+- overlapped boundaries (plan/evaluator_overlap.py) follow `evaluate_layout`'s choice step for step (depth 0;
+  blocking if even its boundary buffers do not fit; the round-trip depth, halved until it fits, when the links cost
+  time at depth 0), from the same cached terms: memory caps with the extra in-flight micro-batches and boundary
+  buffers come from the same affine tables, and the iteration tail is cached under the layer split (a deeper warm-up
+  that keeps the split keeps the tail).
 - recomputation is resolved as before (start with none, raise the mesh that runs out of memory), but a layout
   that cannot fit even with full recomputation everywhere it may be raised is rejected from its layer counts
   alone, without pricing its memory shortfall. Only when no layout fits at all does `closest_miss` price the
@@ -26,10 +27,10 @@ from dataclasses import replace
 
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing
+from . import costing, link_costs, tail_costs
 from .deepspeed_schedule import deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes
+from .evaluator_overlap import OverlapPricing
 from .memory_caps import CapTable
-from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
@@ -40,7 +41,7 @@ from .split import split_layers
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
 
 
-class LayoutEvaluator:
+class LayoutEvaluator(OverlapPricing):
     """Closed-form iteration time of a layout, resolving AUTO recomputation. `resolve(choices)` ->
     (seconds or inf, layout with the recomputation chosen)."""
 
@@ -106,7 +107,7 @@ class LayoutEvaluator:
         return seg
 
     def cap_table(self, pm: ModelSpec, prof, first: bool, last: bool) -> "CapTable":
-        """Memory caps (costing.max_layers_in_memory) of a stage configuration (device, TP, DP, micro-batch,
+        """Memory caps (memory_fit.max_layers_in_memory) of a stage configuration (device, TP, DP, micro-batch,
         recomputation, settings: the profile) as first/last stage, for every in-flight count."""
         key = (prof, first, last)
         table = self._caps.get(key)
@@ -114,7 +115,7 @@ class LayoutEvaluator:
             dev = prof.cluster.device
             mkey = (pm.vocab_size, prof.tp, prof.dp, prof.micro_batch_size, prof.recompute, prof.settings,
                     dev.vendor, dev.dtype_bytes, prof.cluster.overhead, prof.memory_cap, prof.memory_job, first,
-                    last)               # (costing.stage_memory's inputs)
+                    last)               # (memory_fit.stage_memory's inputs)
             table = self._caps[key] = self._caps.get(mkey) or self._caps.setdefault(mkey, CapTable(pm, prof, first,
                                                                                                       last))
         return table
@@ -129,7 +130,7 @@ class LayoutEvaluator:
                 link = cl.intra_node if a.tp * a.dp * a.num_stages <= cl.devices_per_node else cl.inter_node
             else:
                 link = self.inventory.link(a.cluster, b.cluster)
-            transfer = deepspeed_transfer_time if self.engine == "deepspeed" else costing.boundary_transfer_time
+            transfer = deepspeed_transfer_time if self.engine == "deepspeed" else link_costs.boundary_transfer_time
             t = transfer(pm, self.profile(a, pm), self.profile(b, pm), link, inside, samples)
             out = self._links[key] = (t, min(link.latency_s, t))
         return out
@@ -184,11 +185,11 @@ class LayoutEvaluator:
         return out
 
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
-        """The tail's job-wide terms (costing.iteration_sync_time): they depend on the layout only, so once per
+        """The tail's job-wide terms (tail_costs.iteration_sync_time): they depend on the layout only, so once per
         layout rather than once per layer split or bound."""
         out = self._syncs.get(cur)
         if out is None:
-            out = self._syncs[cur] = costing.iteration_sync_time(
+            out = self._syncs[cur] = tail_costs.iteration_sync_time(
                 pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)])
         return out
 
@@ -205,7 +206,7 @@ class LayoutEvaluator:
                     kind = (prof, layers[i])
                     f, b = prof.times(layers[i], i == 0, i == p - 1)
                 fwd[i], bwd[i] = f, b
-            t = costing.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
+            t = tail_costs.iteration_tail(pm, self.inventory, cur, profs, layers, fwd, bwd, links,
                                        sync=self.sync(cur, pm), per_stage=False, memo=self._stage_terms)["tail_s"]
             out = self._tails[key] = (tuple(fwd), tuple(bwd), t)
         return out
@@ -268,8 +269,8 @@ class LayoutEvaluator:
                 f0, b0 = prof.times(0, f, l)
                 fixed += count * (f0 + b0)
                 fixed_per += count * (f0 + b0) / per
-                o0 = costing.optimizer_time(pm, prof, 0, f, l)
-                o1 = costing.optimizer_time(pm, prof, 1, f, l) - o0
+                o0 = tail_costs.optimizer_time(pm, prof, 0, f, l)
+                o1 = tail_costs.optimizer_time(pm, prof, 1, f, l) - o0
                 opt_max = max(opt_max, o0)
                 if o1 > 0:
                     opt_fixed += count * o0 / o1
@@ -288,66 +289,6 @@ class LayoutEvaluator:
             fwd, bwd = partitioned_passes(fwd, bwd, [partition_gather_time(pm, prof) for prof in profs])
             return estimate_1f1b(fwd, bwd, deepspeed_links(links), m) + tail + overhead
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
-
-    def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
-        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms'
-        rule: the extra warm-up forwards in flight, d + 2 boundary tensors on each side) -> (caps, depth per
-        boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its own last one on (A), so
-        stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m) micro-batches:
-        the blocking caps' pattern further from the end; only its end stages differ (buffers, embedding,
-        head)."""
-        p, n = len(cross) + 1, len(cur)
-        depth = [0] * (p - 1)
-        parts = []
-        after = to_end = 0
-        d_in = None                     # the depth of the boundary into the mesh after (None: blocking)
-        for mi in range(n - 1, -1, -1):
-            c = cur[mi]
-            k = c.num_stages
-            start = p - to_end - k
-            to_end += k
-            d_out = d_in
-            d_in = depths[mi - 1] if mi and cross[start - 1] else None
-            if d_out is not None:
-                depth[start + k - 1] = d_out
-                after += d_out
-            prof = self.profile(c, pm)
-            seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
-            for j in {0, k - 1}:
-                i = start + j
-                buf = (d_in + 2 if j == 0 and d_in is not None else 0) + \
-                      (d_out + 2 if j == k - 1 and d_out is not None else 0)
-                if buf or i == 0 or i == p - 1:
-                    seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
-            parts.append(seg)
-        return [x for seg in reversed(parts) for x in seg], depth
-
-    def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
-        """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits
-        (`caps`: its blocking caps): the same policy (plan/overlap.py) priced from the cached terms ->
-        (seconds, per-mesh boundary depths or None)."""
-        links, latency, cross, owners, overhead = self.joins(cur, pm)
-        p, L = len(profs), self.model.num_layers
-        lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
-        blocking = [not c for c in cross]
-
-        def price(depths, reuse) -> Priced:
-            if not any(d is not None for d in depths):
-                t = self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m)
-                return Priced(t, True, None, None, None, None, (t, None))
-            dcaps, depth = self._depth_caps(cur, pm, cross, depths, m)
-            if reuse is not None and all(x <= c for x, c in zip(reuse[0], dcaps)):
-                layers, fwd, bwd, tail = reuse      # the same split (optimal under looser caps), the same tail
-            else:
-                layers = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None
-                if layers is None:
-                    return Priced(math.inf, False, None, None, None, None, None)
-                fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
-            closed = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
-            t = closed + tail + overhead
-            return Priced(t, True, fwd, bwd, closed, (layers, fwd, bwd, tail), (t, tuple(depths)))
-
-        return choose_depths(cross, owners, links, latency, m, len(cur), price).result
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:
         out = self.cache.get(choices)

@@ -135,7 +135,7 @@ def memory_headroom(estimate: dict) -> list[dict]:
 def cross_cluster_bytes(plan: Plan, inventory) -> float:
     """Bytes that cross between clusters per iteration: at every boundary between meshes on different
     clusters, each micro-batch step's whole activation forward and its gradient back, each in its sender's
-    training precision (what costing.boundary_transfer_time prices; hetauto sends each byte across once)."""
+    training precision (what link_costs.boundary_transfer_time prices; hetauto sends each byte across once)."""
     m = plan.model
     per_sample = m.seq_length * m.hidden_size
     total = 0.0

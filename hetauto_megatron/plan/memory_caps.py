@@ -1,9 +1,9 @@
 """Memory caps of one stage configuration as a table (the search's leaf evaluator, plan/evaluator.py): the largest
 layer count a stage can hold for every in-flight count and boundary-buffer count, from a few readings of the
-memory model (cost/memory.py through costing.stage_memory) instead of a search per count."""
+memory model (cost/memory.py through memory_fit.stage_memory) instead of a search per count."""
 from __future__ import annotations
 
-from . import costing
+from . import memory_fit
 
 
 class CapTable:
@@ -12,7 +12,7 @@ class CapTable:
     its in-flight micro-batches and in the boundary tensors it holds, with a layers x in-flight term (the
     activations), so five readings of the memory model give it everywhere. A sixth reading, away from those,
     checks the shape; if the memory model ever stops having it, every count is asked of
-    costing.max_layers_in_memory directly. Three more, taken only when a stage cannot hold even one layer, give
+    memory_fit.max_layers_in_memory directly. Three more, taken only when a stage cannot hold even one layer, give
     the zero-layer memory (affine in the in-flight count and the buffers) that tells a cap of 0 from -1."""
 
     def __init__(self, model, prof, first: bool, last: bool):
@@ -21,7 +21,7 @@ class CapTable:
         self.row: list[int] = []
 
         def need(n, f, buf=0):
-            return costing.stage_memory(model, prof, n, f, first, last, buf)["total"]
+            return memory_fit.stage_memory(model, prof, n, f, first, last, buf)["total"]
 
         self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
@@ -37,7 +37,7 @@ class CapTable:
     def zero(self) -> tuple:
         if self._zero is None:
             def need(f, buf=0):
-                return costing.stage_memory(self.model, self.prof, 0, f, self.first, self.last, buf)["total"]
+                return memory_fit.stage_memory(self.model, self.prof, 0, f, self.first, self.last, buf)["total"]
 
             z1, z2 = need(1), need(2)
             self._zero = (z1 - (z2 - z1), z2 - z1, need(1, 1) - z1)
@@ -64,13 +64,13 @@ class CapTable:
         if n is not None:
             return n
         if not self.affine:
-            n = costing.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
+            n = memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
             a, b, c, d, e = self.coef
 
             def need(n: int) -> float:          # self._need(n, f, buf), written out: the rows ask it often
                 return a + b * n + c * f + d * n * f + e * buf if n else self._need(0, f, buf)
 
-            n = costing.layers_that_fit(need, self.prof.memory_cap, self.model.num_layers, b + d * f)
+            n = memory_fit.layers_that_fit(need, self.prof.memory_cap, self.model.num_layers, b + d * f)
         self.caps[(f, buf)] = n
         return n

@@ -14,8 +14,8 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   (overlapped or blocking, plan field `boundary`; shapes.boundary_depth); one with several groups on either side
   is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
-  (exposed as its settings say, costing.dp_exposed_times).
-- **Gradients across holders** (`replica_sync_time`, whose core costing.holders_sync_time also prices the
+  (exposed as its settings say, tail_costs.dp_exposed_times).
+- **Gradients across holders** (`replica_sync_time`, whose core tail_costs.holders_sync_time also prices the
   tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
   across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
   output head's copies too), as runtime/replica_sync.py runs it: two holders send each other their reduced
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing
+from . import costing, link_costs, memory_fit, tail_costs
 from .pipeline import memory_terms, simulate_1f1b
 from .settings import padded_vocab_size
 from .shapes import boundary_depth
@@ -128,7 +128,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
         for idx, mesh, prof in a.groups:
             cl = inventory.cluster(mesh.cluster)
             link = cl.intra_node if mesh.num_devices <= cl.devices_per_node else cl.inter_node
-            t = costing.boundary_transfer_time(model, prof, prof, link, True, mesh.dp * mesh.micro_batch_size)
+            t = link_costs.boundary_transfer_time(model, prof, prof, link, True, mesh.dp * mesh.micro_batch_size)
             best = max(best, (t, min(link.latency_s, t)))
         return best[0], best[1], None
     per_link: dict = {}                 # cross-cluster link -> [bytes of this step, rank pairs]; same-cluster apart
@@ -140,18 +140,18 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
                 continue
             if ma.cluster == mb.cluster:
                 link = inventory.cluster(ma.cluster).inter_node
-                t = costing.boundary_transfer_time(model, pa, pb, link, True, o)
+                t = link_costs.boundary_transfer_time(model, pa, pb, link, True, o)
                 inside.append((t, min(link.latency_s, t)))
             else:
                 key = frozenset((ma.cluster, mb.cluster))
                 nbytes = pa.cluster.device.dtype_bytes * o * model.seq_length * model.hidden_size
-                pairs = costing.boundary_pairs([(s0, e0, ma.tp, ma.dp)], [(s1, e1, mb.tp, mb.dp)], model.seq_length)
+                pairs = link_costs.boundary_pairs([(s0, e0, ma.tp, ma.dp)], [(s1, e1, mb.tp, mb.dp)], model.seq_length)
                 acc = per_link.setdefault(key, [0.0, 0])
                 acc[0] += nbytes
                 acc[1] += pairs
     times = list(inside)
     for key, (nbytes, pairs) in per_link.items():
-        link = costing._cross_link(inventory, *sorted(key))
+        link = tail_costs._cross_link(inventory, *sorted(key))
         t = link.transfer_time(nbytes, pairs)
         times.append((t, min(link.latency_s, t)))
     t, lat = max(times)
@@ -181,17 +181,17 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         depth.append(d or 0)
     sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
     in_flight, buffers = memory_terms(p, m, blocking, depth)
-    # the tail as costing.iteration_tail prices it, over every group of every stage
+    # the tail as tail_costs.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = 0.0
     rows, fits = [], True
     overhead = 0.0
-    for i, (st, (fw, bw)) in enumerate(zip(stages, costing.tail_windows(fwd, bwd, links))):
+    for i, (st, (fw, bw)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
         for (idx, mesh, prof), (f, b) in zip(st.groups, per_group[i]):
-            r, g = costing.dp_exposed_times(model, prof, st.layers, st.first, st.last, fw, bw)
-            o = costing.optimizer_time(model, prof, st.layers, st.first, st.last)
+            r, g = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, fw, bw)
+            o = tail_costs.optimizer_time(model, prof, st.layers, st.first, st.last)
             reduce_s, after_s = max(reduce_s, r), max(after_s, g + o)
             overhead = max(overhead, cost_model.iteration_overhead_s(prof.cluster.device))
-            mem = costing.stage_memory(model, prof, st.layers, in_flight[i], st.first, st.last, buffers[i])["total"]
+            mem = memory_fit.stage_memory(model, prof, st.layers, in_flight[i], st.first, st.last, buffers[i])["total"]
             fits &= mem <= prof.memory_cap
             row = {"stage": i, "mesh": idx, "position": st.position, "cluster": prof.cluster.name,
                    "device_type": prof.cluster.device.name, "devices": prof.tp * prof.dp, "tp": prof.tp,
@@ -248,8 +248,8 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
 
 def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: bool) -> float:
     """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it
-    (costing.holders_sync_time, the one pricing of runtime/replica_sync.py, over this plan's holders)."""
-    return costing.holders_sync_time(inventory, _holders(model, stage_lists, tie))
+    (tail_costs.holders_sync_time, the one pricing of runtime/replica_sync.py, over this plan's holders)."""
+    return tail_costs.holders_sync_time(inventory, _holders(model, stage_lists, tie))
 
 
 # ---- the whole plan --------------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
     sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings)
-    norm = costing.grad_norm_time(inventory, meshes)
+    norm = tail_costs.grad_norm_time(inventory, meshes)
     T = (max(t.before_sync for t in timings) + sync + norm
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
     return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings))

@@ -15,7 +15,7 @@ from ..cost.memory import GIB
 from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing
+from . import costing, link_costs, memory_fit, tail_costs
 from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes,
                                  simulate_deepspeed)
 from .overlap import Priced, choose_depths
@@ -124,7 +124,7 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
                 raise InputError(f"clusters {a.cluster} and {b.cluster} are adjacent in the pipeline but the "
                                  "inventory has no link between them", file=inventory.source, field="links",
                                  fix=f"add a links entry between: [{a.cluster}, {b.cluster}] or reorder the meshes")
-        transfer = deepspeed_transfer_time if engine == "deepspeed" else costing.boundary_transfer_time
+        transfer = deepspeed_transfer_time if engine == "deepspeed" else link_costs.boundary_transfer_time
         links.append(transfer(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
@@ -154,14 +154,14 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         f, b = prof.times(layers[i], first, last)
         fwd.append(f)
         bwd.append(b)
-        mem.append(costing.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
+        mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
         makespan, busy = simulate_deepspeed(*_deepspeed_passes(model, profs, fwd, bwd), links, m)
     else:
         sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
         makespan, busy = sim.makespan, sim.busy
     # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
-    tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
+    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
     T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
     tokens = gbs * model.seq_length
     world = sum(c.tp * c.dp * c.num_stages for c in choices)
@@ -342,7 +342,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
     caps, per, fixed = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1
-        caps.append(costing.max_layers_in_memory(model, prof, in_flight[i], first, last, buffers[i]))
+        caps.append(memory_fit.max_layers_in_memory(model, prof, in_flight[i], first, last, buffers[i]))
         f0, b0 = prof.times(0, first, last)
         per.append(prof.layer_fwd + prof.layer_bwd)
         fixed.append(f0 + b0)
@@ -358,7 +358,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
         for i, prof in enumerate(profs):
             if rough[i] <= caps[i] and mesh >= 0:
                 continue            # this stage fits its share: no need to price it
-            need = costing.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1,
+            need = memory_fit.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1,
                                         buffers[i])["total"]
             if need - prof.memory_cap > worst or mesh < 0:
                 worst, mesh = need - prof.memory_cap, owners[i]
@@ -372,7 +372,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             fwd.append(f)
             bwd.append(b)
         if tail is None:
-            tail = costing.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
+            tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         if engine == "deepspeed":
             t = estimate_1f1b(*_deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
                               blocking=blocking, depth=depth)

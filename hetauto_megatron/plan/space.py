@@ -28,7 +28,7 @@ import random
 from ..cost.analytic import DEFAULT_CALIBRATION
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing
+from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value, price_per_second
 from .evaluator import AUTO
 from .simulate import MeshChoice
@@ -194,7 +194,7 @@ class SearchSpace:
         key = (cluster, tp, dp, mb, rc)
         if key not in self._fits:
             prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost)
-            self._fits[key] = costing.max_layers_in_memory(self.model, prof, 1, False, False) >= 1
+            self._fits[key] = memory_fit.max_layers_in_memory(self.model, prof, 1, False, False) >= 1
         return self._fits[key]
 
     def mesh_rate(self, cluster: str, tp: int, dp: int, samples: int) -> float:

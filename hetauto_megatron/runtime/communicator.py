@@ -117,7 +117,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             if self._emulation is not None:
                 scale, inventory = self._emulation
                 spec = inventory.link(a.cluster, b.cluster)
-                # as the planner prices it: one connection per rank pair (costing.boundary_pairs)
+                # as the planner prices it: one connection per rank pair (link_costs.boundary_pairs)
                 pairs = len({(tr.src_mesh, tr.src_dp, tr.src_tp, tr.dst_mesh, tr.dst_dp, tr.dst_tp)
                              for _, tr in info["bwd" if grad else "fwd"]})
                 emulator = LinkEmulator(spec.bytes_per_s_over(pairs) / scale, spec.latency_s * scale)

@@ -241,7 +241,7 @@ def split_holdout(samples: list[Sample], fraction: float, seed: int) -> tuple[li
 # the head) is 0.9-1.8x its memory traffic at full bandwidth. Per device,
 #     step = rate x traffic + overhead      (overhead: once per optimizer call, i.e. per stage and iteration)
 # with the stage-1 fit, kept only for a device measured with at least two models and only where it predicts a
-# model left out better than the traffic alone; the planner's optimizer step (plan/costing.py) then uses it.
+# model left out better than the traffic alone; the planner's optimizer step (plan/tail_costs.py) then uses it.
 def fit_optimizer(updates: list) -> tuple[dict, dict]:
     """(device -> (rate, overhead_s per step), device -> report with the leave-one-model-out MAPE next to the
     bare traffic's)."""

@@ -331,7 +331,7 @@ class SailorUpdate:
 
     @property
     def prior_s(self) -> float:
-        """The optimizer's memory traffic at full bandwidth (plan/costing.py `optimizer_time`)."""
+        """The optimizer's memory traffic at full bandwidth (plan/tail_costs.py `optimizer_time`)."""
         return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
 
 

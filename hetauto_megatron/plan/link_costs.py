@@ -1,0 +1,75 @@
+"""What links cost: the link a DP group's ring runs on, and one micro-batch's activation crossing a stage boundary.
+
+Boundary transfers are priced as runtime/communicator.py sends them: inside a cluster every sending device its
+own shard on its own path, between clusters each byte once over the inventory's site-to-site link, over as many
+concurrent connections as the boundary has rank pairs (`boundary_pairs`). The simulator, the search's evaluator,
+the multi-pipeline simulator and DeepSpeed's schedule (plan/deepspeed_schedule.py) all price boundaries here.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..spec.inventory import Cluster, LinkSpec
+from ..spec.model import ModelSpec
+
+if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
+    from .costing import StageProfile
+
+
+def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
+    """The link a DP group's ring runs at. Inside one node: the intra-node link. Across nodes, the group has
+    k = min(dp, devices_per_node / tp) members per node, each with its own NIC (the inventory's inter_node
+    bandwidth is per device); NCCL runs one ring channel per NIC, so each node crossing carries k NICs'
+    bandwidth, up to the intra-node link's, and up to the node's own (`node_gbps`: one NIC for the node)."""
+    if tp * dp <= cluster.devices_per_node:
+        return cluster.intra_node
+    k = max(1, min(dp, cluster.devices_per_node // tp))
+    inter = cluster.inter_node
+    return LinkSpec(min(k * inter.bandwidth_gbps, inter.node_gbps or math.inf, cluster.intra_node.bandwidth_gbps),
+                    inter.latency_s)
+
+
+def boundary_pairs(senders, receivers, seq: int) -> int:
+    """How many (sending rank, receiving rank) pairs a boundary's transfers use at once: the runtime's
+    `compute_transfers` blocks, one connection per pair (runtime/communicator.py). `senders` / `receivers`:
+    (first sample, end sample, tp, dp) of each mesh of the two sides in one micro-batch step. A pair of
+    replicas whose samples overlap exchanges one block per piece of the sequence cut at both TP shardings."""
+    pairs = 0
+    for s0, s1, stp, sdp in senders:
+        for r0, r1, rtp, rdp in receivers:
+            lo, hi = max(s0, r0), min(s1, r1)
+            if lo >= hi:
+                continue
+            ms, mr = (s1 - s0) // sdp, (r1 - r0) // rdp
+            cuts = {x for x in range(s0, s1, ms) if lo < x < hi} | {x for x in range(r0, r1, mr) if lo < x < hi}
+            seq_cuts = {t * seq // stp for t in range(stp)} | {t * seq // rtp for t in range(rtp)} | {seq}
+            pairs += (len(cuts) + 1) * (len(seq_cuts) - 1)
+    return pairs
+
+
+def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, link: LinkSpec, same_cluster: bool,
+                           samples_per_step: int, partitions: int = 1) -> float:
+    """One micro-batch's activation (or its gradient) crossing a stage boundary.
+
+    Inside a cluster every sending device has its own path: it sends its 1/tp sequence shard of its replica's
+    activation (or, `partitions` > 1, its 1/partitions slice of the whole activation: DeepSpeed's engine,
+    plan/deepspeed_schedule.py). Between clusters the inventory's link is the whole site-to-site bandwidth, shared by all
+    replicas; hetauto sends each byte across once, so the whole step's activation crosses it, over as many
+    concurrent connections as the boundary has rank pairs (a link with `flow_gbps` gives each its rate, up to
+    the link's bandwidth)."""
+    B = a.cluster.device.dtype_bytes   # what the sender computes in (the receiver casts if it differs)
+    if same_cluster:
+        # Without sequence parallelism every TP rank of the sender holds (and sends) the whole activation.
+        shards = max(a.tp, b.tp) if a.settings.sequence_parallel else partitions
+        nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
+        if link.node_gbps is not None:   # the node's devices send at once through its one NIC
+            senders = min(a.tp * a.dp, a.cluster.devices_per_node)
+            return link.latency_s + nbytes / (min(link.bandwidth_gbps, link.node_gbps / senders) * 1e9 / 8)
+    else:
+        nbytes = B * samples_per_step * model.seq_length * model.hidden_size
+        if link.flow_gbps is not None:
+            S = samples_per_step
+            return link.transfer_time(nbytes, boundary_pairs([(0, S, a.tp, a.dp)], [(0, S, b.tp, b.dp)],
+                                                             model.seq_length))
+    return link.transfer_time(nbytes)

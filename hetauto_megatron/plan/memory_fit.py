@@ -1,0 +1,118 @@
+"""A stage's memory, the layers that fit in it, and the memory job a plan must also fit as.
+
+What a stage holds comes from the memory model (cost/memory.py) under the mesh's runtime settings; with a memory
+job (`--memory-job`, or Sailor's Megatron-DeepSpeed job for devices priced from Sailor's fp32 measurements) the
+stage must also fit as that job would hold memory. Kept apart from the stage profile (plan/costing.py) because
+it is the planner's one memory verdict: the simulator, the layer split's caps (plan/memory_caps.py) and the
+search's screening all ask it.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from ..cost.memory import JobMemory, LayerImpl, job_stage_memory_bytes, stage_memory_bytes
+from ..spec.inventory import Inventory
+from ..spec.model import ModelSpec
+from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
+
+if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
+    from .costing import StageProfile
+
+
+def memory_job_of(cost_model, device):
+    """The job a stage on `device` must also fit as (StageProfile.memory_job): the one asked for (--memory-job),
+    else Sailor's Megatron-DeepSpeed job for an fp32 plan whose device the cost model prices from Sailor's
+    measurements: those are that fp32 job's layers (unfused attention, its framework), so the plan must also hold
+    in memory as that job does (docs/peers.md). None: this plan's runtime alone."""
+    job = getattr(cost_model, "memory_job", None)
+    if job is None and device.precision == "fp32" and hasattr(cost_model, "coverage"):
+        info = cost_model.coverage(device)[0]
+        if info is not None and info.source == "sailor":
+            return sailor_deepspeed_job()
+    return job
+
+
+def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
+    """Decide the memory job of a whole plan on `inventory` (at the plan's precision) before it is priced: one
+    job, so once any device is priced from Sailor's fp32 measurements (memory_job_of), every cluster's stages,
+    also those another model prices, must fit as Sailor's Megatron-DeepSpeed job holds memory. Sets
+    `cost_model.memory_job` and returns those devices' names (sorted; empty if a job was already asked for or
+    none is priced so). Every command that prices a plan calls it, so they all give the same verdict."""
+    if getattr(cost_model, "memory_job", None) is not None:
+        return []
+    names = sorted({c.device.name for c in inventory.clusters if memory_job_of(cost_model, c.device) is not None})
+    if names:
+        cost_model.memory_job = sailor_deepspeed_job()
+    return names
+
+
+def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
+                 last: bool, boundary_buffers: int = 0) -> dict[str, float]:
+    """Bytes on the busiest device of the stage (cost/memory.py). With a memory job (`--memory-job`), `total` is
+    the larger of what this plan's runtime holds and what that job would hold (`job_total`): the stage must fit
+    both ways."""
+    mem = stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
+                             recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
+                             settings=prof.settings, vendor=prof.cluster.device.vendor,
+                             dtype_bytes=prof.cluster.device.dtype_bytes,
+                             boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
+    if prof.memory_job is not None:
+        job = job_stage_memory_bytes(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
+                                     micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
+                                     in_flight=in_flight, first=first, last=last,
+                                     vendor=prof.cluster.device.vendor, overhead=prof.cluster.overhead)
+        mem = {**mem, "job_total": job["total"], "total": max(mem["total"], job["total"])}
+    return mem
+
+
+def sailor_deepspeed_job() -> JobMemory:
+    """Sailor's Megatron-DeepSpeed fork as its simulator counts memory (sailor/Planner/simulations/
+    runtime_simulator.py `check_config_fits`; docs/peers.md): fp32 training, Adam state on every DP rank (no ZeRO),
+    no sequence parallelism, unfused attention keeping the s x s softmax output, hidden dropout (Megatron's 0.1) but
+    no attention dropout (what Sailor's per-layer measurements show: 360 MB per OPT-350 layer at micro-batch 1 in
+    fp32, less than the scores with a dropout mask and output would take alone), and 8 bytes per parameter beyond
+    weights + gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4)."""
+    return JobMemory("sailor-deepspeed",
+                     RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,
+                                     overlap_param_gather=False, hidden_dropout=MEGATRON_DEFAULT_DROPOUT,
+                                     attention_dropout=0.0),
+                     LayerImpl(flash_attention=False), 4, 8.0)
+
+
+MEMORY_JOBS = {"sailor-deepspeed": sailor_deepspeed_job}
+
+
+@lru_cache(maxsize=262144)
+def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, first: bool, last: bool,
+                         boundary_buffers: int = 0) -> int:
+    """Largest layer count a stage can hold, -1 if even zero layers do not fit.
+
+    Memory is affine in the layer count from one layer on, not from zero: under full recomputation the first
+    layer also brings the buffer one layer's recomputed activations need. So the slope is taken between one and
+    two layers (between zero and one it would count that buffer once per layer and understate the cap), and the
+    count is checked against the memory model at its edge so that rounding never overstates it."""
+    def need(n: int) -> float:
+        return stage_memory(model, prof, n, in_flight, first, last, boundary_buffers)["total"]
+
+    return layers_that_fit(need, prof.memory_cap, model.num_layers)
+
+
+def layers_that_fit(need, limit: float, num_layers: int, per: float | None = None) -> int:
+    """The largest n with need(n) <= limit, -1 if even need(0) exceeds it; `need` (bytes for n layers) grows
+    affinely from one layer on: a step from the slope between one and two layers (`per`, when the caller knows
+    it), then checked against `need` at its edge so that rounding never overstates it (need(n) > limit for n
+    above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer costs nothing.)"""
+    one = need(1)
+    if one > limit:
+        return -1 if need(0) > limit else 0
+    if per is None:
+        per = need(2) - one
+    if per <= 0:
+        return num_layers
+    n = 1 + int((limit - one) // per)
+    while n > 1 and need(n) > limit:
+        n -= 1
+    while need(n + 1) <= limit:
+        n += 1
+    return n
