@@ -39,7 +39,7 @@ def test_micro_batch_split_follows_speed():
 def test_data_parallel_across_twin_clusters_beats_one_pipeline_and_prices_as_simulated():
     """Two A100 clusters on a 400 Gbit/s link and an 8-layer model of LLaMA-2-7B's width (1.7B parameters):
     one pipeline must cross the link every micro-batch and fill and drain two stages; two pipelines (one per
-    cluster, half the batch each) gather and scatter the model's fp32 gradients once (7 GB each way, 0.28 s);
+    cluster, half the batch each) swap the model's fp32 gradients once, both ways at once (7 GB each way, 0.15 s);
     so does one stage held by both clusters side by side, with the step split by speed."""
     model = MODEL.replace(num_layers=8)
     inv = small_inventory([("a", "a100-80gb", 2, 8), ("b", "a100-80gb", 2, 8)], [("a", "b", 400, 1)])
