@@ -124,7 +124,18 @@ class AnalyticCostModel:
     def layer_parts(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None = None) -> dict[str, tuple[float, float]]:
         """(forward_s, backward_s) of each part of one transformer layer: attention, mlp, elementwise,
-        overhead (the framework's fixed time)."""
+        overhead (the framework's fixed time). Memoised per cost model: a stage profile asks it twice (layer
+        and recompute times) and the search prices each configuration on many meshes; a fresh dict each call."""
+        key = (model, device, tp, micro_batch_size, seq_length, self.flash_attention, self.sequence_parallel,
+               self.cal)
+        cache = self.__dict__.setdefault("_parts_memo", {})     # (copy.copy shares it: the key holds the switches)
+        parts = cache.get(key)
+        if parts is None:
+            parts = cache[key] = self._layer_parts(model, device, tp, micro_batch_size, seq_length)
+        return dict(parts)
+
+    def _layer_parts(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                     seq_length: int | None) -> dict[str, tuple[float, float]]:
         s = seq_length or model.seq_length
         m = micro_batch_size * s                      # tokens in the micro-batch
         h, f = model.hidden_size, model.ffn_hidden_size
@@ -173,7 +184,16 @@ class AnalyticCostModel:
     def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                    seq_length: int | None = None) -> tuple[float, float]:
         """Final norm, logits GEMM (vocab split by TP), the cross-entropy over [tokens, vocab/tp] fp32, and the
-        last stage's per-micro-batch bookkeeping (loss averaging and reporting)."""
+        last stage's per-micro-batch bookkeeping (loss averaging and reporting). Memoised as layer_parts."""
+        key = ("head", model, device, tp, micro_batch_size, seq_length, self.cal)
+        cache = self.__dict__.setdefault("_parts_memo", {})
+        out = cache.get(key)
+        if out is None:
+            out = cache[key] = self._head_times(model, device, tp, micro_batch_size, seq_length)
+        return out
+
+    def _head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                    seq_length: int | None) -> tuple[float, float]:
         m = micro_batch_size * (seq_length or model.seq_length)
         g = self._gemm(device, m, model.hidden_size, model.vocab_size // tp)
         ce = self._elementwise(device, 4 * 3 * m * model.vocab_size / tp)

@@ -178,6 +178,73 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
     return params
 
 
+@lru_cache(maxsize=65536)     # pure; a stage configuration's every memory reading asks for the same terms
+def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
+                 seq_length: int | None, E: int, impl: LayerImpl) -> tuple:
+    """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
+    (bytes per parameter as (key, value) pairs, one layer's kept activations per micro-batch, the recompute
+    buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient)."""
+    sp = settings.sequence_parallel
+    per = tuple(state_bytes_per_param(E, dp, settings).items())
+    s = seq_length or model.seq_length
+    kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
+              attention_dropout=settings.attention_dropout)
+    act = layer_activation_bytes(model, tp, b, recompute, **kw)
+    buffer = recompute_buffer_bytes(model, tp, b, recompute, **kw)
+    rep_tp = tp if sp else 1
+    first_saved = head = logits_grad = 0.0
+    if first:
+        mask = _mask_bytes(impl, E) if settings.hidden_dropout else 0
+        first_saved = 8 * s * b + s * b * model.hidden_size * mask / rep_tp
+    if last:
+        # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
+        # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
+        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward)
+        norm = (2 + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
+            + (0 if impl.fused_norm else FP32 * s * b)
+        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.vocab_size / tp
+        logits_grad = FP32 * s * b * model.vocab_size / tp     # formed in the head's backward pass
+    return per, act, buffer, first_saved, head, logits_grad
+
+
+def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, recompute: str, in_flight: int,
+                  first: bool, last: bool, settings, vendor: str, seq_length: int | None, dtype_bytes: int,
+                  layers: int, boundary_buffers: int, impl: LayerImpl, overhead: RuntimeOverhead | None) -> tuple:
+    """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
+    reserved). The search reads only the total, many thousand times (stage_memory_total)."""
+    per, act, buffer, first_saved, head, logits_grad = _stage_terms(
+        model, tp, dp, micro_batch_size, recompute, first, last, settings, seq_length, dtype_bytes, impl)
+    params = stage_params(model, tp, layers, first, last)
+    state = sum(params * v for _, v in per)          # (the order stage_memory_bytes' dict sums in)
+    saved = in_flight * layers * act
+    # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
+    # that happens after the head's backward has freed the logits, so the two do not add (max below)
+    buffer = buffer if layers else 0.0
+    if first:   # the token ids (int64) the embedding keeps, and its dropout mask
+        saved += in_flight * first_saved
+    workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
+    if last:
+        saved += max(head, buffer)
+        workspace = max(head + logits_grad, buffer) - max(head, buffer)
+    else:
+        saved += buffer
+    saved += boundary_buffers * dtype_bytes * (seq_length or model.seq_length) * micro_batch_size * model.hidden_size
+    acts = saved + workspace
+    reserved = (overhead or vendor_overhead(vendor)).bytes(state + acts)
+    return params, per, state, saved, acts, reserved
+
+
+def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int, recompute: str,
+                       in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
+                       seq_length: int | None = None, dtype_bytes: int = 2, boundary_buffers: int = 0,
+                       impl: LayerImpl = TRANSFORMER_ENGINE, overhead: RuntimeOverhead | None = None) -> float:
+    """stage_memory_bytes(...)["total"], the same number without building the breakdown."""
+    _, _, state, _, acts, reserved = _stage_memory(
+        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
+        dtype_bytes, layers, boundary_buffers, impl, overhead)
+    return state + acts + reserved
+
+
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                        recompute: str, in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
                        seq_length: int | None = None, dtype_bytes: int = 2,
@@ -190,38 +257,10 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
     (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates."""
-    sp = settings.sequence_parallel
-    params = stage_params(model, tp, layers, first, last)
-    per = state_bytes_per_param(dtype_bytes, dp, settings)
-    parts = {k: params * v for k, v in per.items()}
-    state = sum(parts.values())
-    s, b, E = seq_length or model.seq_length, micro_batch_size, dtype_bytes
-    kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
-              attention_dropout=settings.attention_dropout)
-    saved = in_flight * layers * layer_activation_bytes(model, tp, b, recompute, **kw)
-    # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
-    # that happens after the head's backward has freed the logits, so the two do not add (max below)
-    buffer = recompute_buffer_bytes(model, tp, b, recompute, **kw) if layers else 0.0
-    rep_tp = tp if sp else 1
-    if first:   # the token ids (int64) the embedding keeps, and its dropout mask
-        mask = _mask_bytes(impl, E) if settings.hidden_dropout else 0
-        saved += in_flight * (8 * s * b + s * b * model.hidden_size * mask / rep_tp)
-    workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
-    if last:
-        # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
-        # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
-        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward)
-        norm = (2 + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
-            + (0 if impl.fused_norm else FP32 * s * b)
-        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.vocab_size / tp
-        logits_grad = FP32 * s * b * model.vocab_size / tp     # formed in the head's backward pass
-        saved += max(head, buffer)
-        workspace = max(head + logits_grad, buffer) - max(head, buffer)
-    else:
-        saved += buffer
-    saved += boundary_buffers * dtype_bytes * s * micro_batch_size * model.hidden_size
-    acts = saved + workspace
-    reserved = (overhead or vendor_overhead(vendor)).bytes(state + acts)
+    params, per, state, saved, acts, reserved = _stage_memory(
+        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
+        dtype_bytes, layers, boundary_buffers, impl, overhead)
+    parts = {k: params * v for k, v in per}
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}
 
@@ -254,3 +293,13 @@ def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp:
                            overhead=overhead)
     extra = job.extra_bytes_per_param * b["params"]
     return {**b, "framework": extra, "total": b["total"] + extra}
+
+
+def job_stage_memory_total(job: JobMemory, model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
+                           recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
+                           seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> float:
+    """job_stage_memory_bytes(...)["total"], without building the breakdown."""
+    params, _, state, _, acts, reserved = _stage_memory(
+        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, job.settings, vendor, seq_length,
+        job.dtype_bytes, layers, 0, job.impl, overhead)
+    return state + acts + reserved + job.extra_bytes_per_param * params

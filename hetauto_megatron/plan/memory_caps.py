@@ -21,7 +21,7 @@ class CapTable:
         self.row: list[int] = []
 
         def need(n, f, buf=0):
-            return memory_fit.stage_memory(model, prof, n, f, first, last, buf)["total"]
+            return memory_fit.stage_memory_total(model, prof, n, f, first, last, buf)
 
         self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
@@ -37,7 +37,7 @@ class CapTable:
     def zero(self) -> tuple:
         if self._zero is None:
             def need(f, buf=0):
-                return memory_fit.stage_memory(self.model, self.prof, 0, f, self.first, self.last, buf)["total"]
+                return memory_fit.stage_memory_total(self.model, self.prof, 0, f, self.first, self.last, buf)
 
             z1, z2 = need(1), need(2)
             self._zero = (z1 - (z2 - z1), z2 - z1, need(1, 1) - z1)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import JobMemory, LayerImpl, job_stage_memory_bytes, stage_memory_bytes
+from ..cost.memory import (JobMemory, LayerImpl, job_stage_memory_bytes, job_stage_memory_total, stage_memory_bytes,
+                           stage_memory_total as _stage_total)
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
@@ -66,6 +67,24 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
     return mem
 
 
+
+def stage_memory_total(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
+                       last: bool, boundary_buffers: int = 0) -> float:
+    """stage_memory(...)["total"] without the breakdown: what the memory caps (plan/memory_caps.py) read, many
+    thousand times in a search."""
+    dev = prof.cluster.device
+    total = _stage_total(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
+                         recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
+                         settings=prof.settings, vendor=dev.vendor, dtype_bytes=dev.dtype_bytes,
+                         boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
+    if prof.memory_job is not None:
+        job = job_stage_memory_total(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
+                                     micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
+                                     in_flight=in_flight, first=first, last=last, vendor=dev.vendor,
+                                     overhead=prof.cluster.overhead)
+        total = max(total, job)
+    return total
+
 def sailor_deepspeed_job() -> JobMemory:
     """Sailor's Megatron-DeepSpeed fork as its simulator counts memory (sailor/Planner/simulations/
     runtime_simulator.py `check_config_fits`; docs/peers.md): fp32 training, Adam state on every DP rank (no ZeRO),
@@ -93,7 +112,7 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
     two layers (between zero and one it would count that buffer once per layer and understate the cap), and the
     count is checked against the memory model at its edge so that rounding never overstates it."""
     def need(n: int) -> float:
-        return stage_memory(model, prof, n, in_flight, first, last, boundary_buffers)["total"]
+        return stage_memory_total(model, prof, n, in_flight, first, last, boundary_buffers)
 
     return layers_that_fit(need, prof.memory_cap, model.num_layers)
 

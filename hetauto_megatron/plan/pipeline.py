@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
+import numbers
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
 
 
 def _per_micro_batch(v, m: int) -> list[float]:
-    if isinstance(v, (int, float, np.floating)):
+    if isinstance(v, numbers.Real):     # (numpy floats too, without importing numpy for them)
         return [float(v)] * m
     out = [float(x) for x in v]
     assert len(out) == m, "one compute time per micro-batch"
