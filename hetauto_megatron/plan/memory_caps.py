@@ -17,7 +17,9 @@ class CapTable:
 
     def __init__(self, model, prof, first: bool, last: bool):
         self.model, self.prof, self.first, self.last = model, prof, first, last
-        self.caps: dict[tuple, int] = {}
+        self.caps: dict[tuple, int] = {}          # (in-flight, buffers) -> cap, buffers > 0
+        self.row_caps: dict[int, int] = {}        # in-flight -> cap, no buffers
+        self.limit = prof.memory_cap
         self.row: list[int] = []
 
         def need(n, f, buf=0):
@@ -60,17 +62,28 @@ class CapTable:
         return [row[top]] * deep + row[to_end - k + 1:to_end - deep + 1][::-1]
 
     def cap(self, f: int, buf: int = 0) -> int:
-        n = self.caps.get((f, buf))
+        caps = self.caps if buf else self.row_caps     # no boundary buffers (most asks): keyed by the bare int
+        key = (f, buf) if buf else f
+        n = caps.get(key)
         if n is not None:
             return n
         if not self.affine:
             n = memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
         else:
+            # memory_fit.layers_that_fit written out on the affine need (the same arithmetic, so the same caps):
+            # the rows ask it tens of thousands of times per search
             a, b, c, d, e = self.coef
-
-            def need(n: int) -> float:          # self._need(n, f, buf), written out: the rows ask it often
-                return a + b * n + c * f + d * n * f + e * buf if n else self._need(0, f, buf)
-
-            n = memory_fit.layers_that_fit(need, self.prof.memory_cap, self.model.num_layers, b + d * f)
-        self.caps[(f, buf)] = n
+            limit = self.limit
+            n = 1
+            if a + b * n + c * f + d * n * f + e * buf > limit:
+                n = -1 if self._need(0, f, buf) > limit else 0
+            elif b + d * f <= 0:
+                n = self.model.num_layers
+            else:
+                n = 1 + int((limit - (a + b * n + c * f + d * n * f + e * buf)) // (b + d * f))
+                while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
+                    n -= 1
+                while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:
+                    n += 1
+        caps[key] = n
         return n
