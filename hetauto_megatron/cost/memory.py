@@ -48,6 +48,7 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
+from ..cache_keys import cached_hash
 
 
 ADAM_MOMENT_BYTES = 8                # exp_avg + exp_avg_sq, fp32
@@ -74,6 +75,7 @@ class LayerImpl:
     """How the layers that run keep their activations for the backward pass. Transformer Engine on accelerators
     (the default) and Megatron's local spec of torch modules that CPU dry runs build (runtime/model.py) differ:
     measured with saved-tensor hooks (runtime/memory_meter.py), the local spec keeps more per layer."""
+    __hash__ = cached_hash                 # a cache key of the planner: hashed once (cache_keys.py)
     flash_attention: bool = True   # no s x s score matrix; K and V at their GQA width. Unfused attention keeps
                                    # the softmax output (a*s*s*b) and K, V repeated to every head
     fused_norm: bool = True        # the norm keeps its input and a per-row statistic; torch's RMSNorm is a

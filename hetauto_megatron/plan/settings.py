@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..spec.devices import PRECISIONS
+from ..cache_keys import cached_hash
 
 GRAD_REDUCE_DTYPES = ("fp32", "param")
 DROPOUT_KEYS = ("hidden_dropout", "attention_dropout")
@@ -48,6 +49,7 @@ MEGATRON_DEFAULT_DROPOUT = 0.1      # Megatron-LM's --hidden-dropout and --atten
 
 @dataclass(frozen=True)
 class RuntimeSettings:
+    __hash__ = cached_hash                 # a cache key of the planner: hashed once (cache_keys.py)
     sequence_parallel: bool
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = True

@@ -15,6 +15,7 @@ import yaml
 
 from ..errors import InputError
 from ._fields import get, reject_unknown, require_mapping
+from ..cache_keys import cached_hash
 
 
 # Bounds far above any published transformer (a few hundred layers; widths, vocabularies and contexts in the
@@ -25,6 +26,7 @@ MAX_SIZE = 10_000_000
 
 @dataclass(frozen=True)
 class ModelSpec:
+    __hash__ = cached_hash                 # a cache key of the planner: hashed once (cache_keys.py)
     name: str
     num_layers: int
     hidden_size: int
