@@ -9,7 +9,6 @@ import pytest
 from helpers import run_hetauto
 from helpers import small_inventory as _inv
 
-from hetauto_megatron.commands.plan import for_engine
 from hetauto_megatron.emit.deepspeed import unsupported_features
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
@@ -33,7 +32,7 @@ INSTANCES = {
 
 def _plan(model, inv, gbs, engine):
     r = search(model, inv, gbs, config=SearchConfig(method="exhaustive", engine=engine))
-    return for_engine(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), engine)
+    return layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries).for_engine(engine)
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCES))

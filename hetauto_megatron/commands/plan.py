@@ -121,6 +121,7 @@ def run(args) -> int:
     from ..plan.search import SearchConfig
     from ..plan.simulate import simulate
     from ..plan.plan import check_global_batch_size
+    from ..plan.settings import ENGINES
     check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     check_output_file(args.output, "-o")
     model, inventory, cost_model = load_inputs(args)
@@ -161,9 +162,9 @@ def run(args) -> int:
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
     # DeepSpeed's engine runs one pipeline of single meshes (settings.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)
-    shapes = "simple" if args.engine == "deepspeed" else args.shapes
+    shapes = "simple" if ENGINES[args.engine].simple_only else args.shapes
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
-    plan = for_engine(result.plan, args.engine)
+    plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
@@ -215,15 +216,6 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def for_engine(plan, engine: str):
-    """The plan recording the engine it was made for, each mesh's settings those the engine runs (settings.py
-    `as_run_by`: for DeepSpeed's, no overlaps and no sequence parallelism), so that the file says what runs."""
-    from ..plan.settings import as_run_by
-    meshes = tuple(dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict())
-                   for m in plan.meshes) if engine != "megatron" else plan.meshes
-    return dataclasses.replace(plan, meshes=meshes, engine=engine)
 
 
 def constraints_from_args(args):

@@ -29,7 +29,7 @@ from ..spec.devices import canonical_device_name, get_device
 from ..spec.inventory import inventory_from_dict
 from ..spec.model import ModelSpec, model_from_dict, load_yaml_file
 from . import shapes
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, RuntimeSettings, check_engine, check_precision,
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, RuntimeSettings, as_run_by, check_engine, check_precision,
                        minimal_overrides, padded_vocab_size, resolve_settings)
 
 PLAN_VERSION = 3
@@ -297,6 +297,14 @@ class Plan:
     def num_micro_batches(self) -> int:
         self._simple_only("num_micro_batches")
         return self.global_batch_size // self.samples_per_step
+
+    def for_engine(self, engine: str) -> "Plan":
+        """This plan made for `engine` (settings.py ENGINES): the engine recorded, and each mesh's settings written
+        as that engine runs them (`as_run_by`: for DeepSpeed's, no overlaps and no sequence parallelism), so that
+        the file says what runs rather than what was asked for. The Megatron engine runs every setting as set."""
+        meshes = self.meshes if engine == "megatron" else tuple(
+            dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict()) for m in self.meshes)
+        return dataclasses.replace(self, meshes=meshes, engine=engine)
 
     def mesh_precision(self, mesh_index: int) -> str:
         """The precision a mesh's ranks train in: the plan's, except that CPU processes (dry runs) train in fp32
