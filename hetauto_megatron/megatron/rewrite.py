@@ -7,7 +7,7 @@ values that are global by nature (pipeline depth, per-stage layer layout, global
     tensor_model_parallel_size   <- mesh.tp
     data_parallel_size           <- mesh.dp   (Megatron derives it from world_size; see `validation_world_size`)
     micro_batch_size             <- mesh.micro_batch_size
-    recompute_*                  <- mesh.recompute (plan.plan.RECOMPUTE_SETTINGS: selective = the MLP)
+    recompute_*                  <- mesh.recompute (plan.mesh.RECOMPUTE_SETTINGS: selective = the MLP)
     sequence_parallel            <- mesh.settings.sequence_parallel (plan/settings.py)
     pipeline_model_parallel_size <- the stages of the rank's pipeline (plan.layout.PipelineLayout)
     pipeline_model_parallel_layout <- that pipeline's stage layers, e.g. "Et*4|t*4L"

@@ -1,0 +1,152 @@
+"""The plan file: a Plan written as YAML or JSON, and read back, whichever readable version it has.
+
+Plans are data: what `hetauto plan` writes is what emit, simulate, dryrun and the `--hetauto` hook read. The file
+carries a schema version (docs/plan-format.md): this hetauto writes PLAN_VERSION and reads every version in
+READABLE_VERSIONS, an older file meaning what it meant when it was written.
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import yaml
+
+from ..errors import InputError
+from ..spec._fields import get, reject_unknown, require_mapping
+from ..spec.inventory import inventory_from_dict
+from ..spec.model import load_yaml_file, model_from_dict
+from .mesh import Mesh
+from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, check_engine, check_precision
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+PLAN_VERSION = 3
+# Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
+# Version 3 adds several pipelines (`pipelines`, `meshes[*].pipeline`) and mixed replicas (`meshes[*].alongside`).
+READABLE_VERSIONS = (1, 2, 3)
+
+
+# ---- writing ----------------------------------------------------------------------------------------------
+def plan_to_dict(plan: Plan) -> dict:
+    """The plan as the file's mapping, at PLAN_VERSION: every mesh's settings in full and every boundary between
+    clusters spelled out, so the file says what runs."""
+    d = {"version": PLAN_VERSION, "model": plan.model.to_dict(), "global_batch_size": plan.global_batch_size,
+         "precision": plan.precision}
+    if plan.engine != DEFAULT_ENGINE:       # optional: absent means megatron (files without it read as before)
+        d["engine"] = plan.engine
+    if plan.num_pipelines > 1:
+        d["pipelines"] = [{"samples": n} for n in plan.samples_per_pipeline]
+    d["meshes"] = [mesh.to_dict() for mesh in plan.meshes]
+    for i, (mesh, out) in enumerate(zip(plan.meshes, d["meshes"])):
+        if plan.num_pipelines > 1:
+            out["pipeline"] = mesh.pipeline
+        if mesh.alongside:
+            out["alongside"] = True
+        nxt = plan.meshes[i + 1] if i + 1 < len(plan.meshes) else None
+        # Written in full where a boundary crosses clusters between single meshes: it says what runs.
+        if (nxt is not None and nxt.pipeline == mesh.pipeline and not nxt.alongside and nxt.cluster != mesh.cluster
+                and not mesh.alongside and not (i + 2 < len(plan.meshes) and plan.meshes[i + 2].alongside
+                                                and plan.meshes[i + 2].pipeline == mesh.pipeline)) \
+                or mesh.boundary_schedule != "blocking":
+            out["boundary"] = {"schedule": mesh.boundary_schedule, "depth": mesh.boundary_depth}
+    if plan.inventory is not None:
+        d["inventory"] = plan.inventory
+    if plan.estimate is not None:
+        d["estimate"] = plan.estimate
+    return d
+
+
+def plan_to_yaml(plan: Plan) -> str:
+    return "# hetauto plan: pipeline order, one mesh per cluster share (docs/plan-format.md)\n" + \
+        yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=None, width=120)
+
+
+def save_plan(plan: Plan, path: str) -> None:
+    """Write the plan: JSON for a .json name, YAML otherwise."""
+    text = json.dumps(plan_to_dict(plan), indent=2) + "\n" if path.endswith(".json") else plan_to_yaml(plan)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+# ---- reading ----------------------------------------------------------------------------------------------
+_MESH_KEYS = {"cluster", "device_type", "tp", "dp", "micro_batch_size", "recompute", "stage_layers", "settings",
+              "boundary", "pipeline", "alongside"}
+
+
+def _layer_counts(values: list, prefix: str, file: str | None) -> list[int]:
+    # Checked here, not by int(): 2.5 layers must not silently become 2, nor `true` become 1.
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"must be a whole number of layers, got {v!r}", file=file,
+                             field=f"{prefix}stage_layers[{j}]", fix="write integer layer counts, e.g. [10, 10]")
+    return values
+
+
+def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
+    """The plan a file's mapping describes (any readable version), every field checked with messages that
+    name the file, the field and the fix."""
+    from .plan import Plan      # here, not at the top: plan.py imports this module (the version, the reader)
+    data = require_mapping(data, "a plan", file)
+    reject_unknown(data, {"version", "model", "global_batch_size", "precision", "engine", "pipelines", "meshes",
+                          "inventory", "estimate"}, file=file)
+    version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
+    model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
+                            prefix="model.")
+    gbs = get(data, "global_batch_size", int, file=file)
+    precision = check_precision(get(data, "precision", str, default=DEFAULT_PRECISION, file=file), file=file)
+    engine = get(data, "engine", str, default=DEFAULT_ENGINE, file=file)
+    check_engine(engine, field="engine", file=file)
+    pipeline_samples = []
+    for p, raw in enumerate(get(data, "pipelines", list, default=[], file=file)):
+        raw = require_mapping(raw, f"pipelines[{p}]", file)
+        reject_unknown(raw, {"samples"}, file=file, prefix=f"pipelines[{p}].")
+        pipeline_samples.append(get(raw, "samples", int, file=file, prefix=f"pipelines[{p}].",
+                                    fix="write {samples: N}: the samples this pipeline trains per iteration"))
+    meshes = []
+    for i, raw in enumerate(get(data, "meshes", list, file=file)):
+        p = f"meshes[{i}]."
+        raw = require_mapping(raw, f"meshes[{i}]", file)
+        reject_unknown(raw, _MESH_KEYS, file=file, prefix=p)
+        boundary = require_mapping(raw.get("boundary") or {}, f"meshes[{i}].boundary", file)
+        reject_unknown(boundary, {"schedule", "depth"}, file=file, prefix=f"{p}boundary.")
+        try:
+            meshes.append(Mesh(
+                cluster=str(get(raw, "cluster", (str, int), file=file, prefix=p)),
+                device_type=get(raw, "device_type", str, file=file, prefix=p),
+                tp=get(raw, "tp", int, default=1, file=file, prefix=p),
+                dp=get(raw, "dp", int, default=1, file=file, prefix=p),
+                micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
+                recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
+                stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
+                setting_overrides=require_mapping(raw.get("settings") or {}, f"meshes[{i}].settings", file),
+                boundary_schedule=get(boundary, "schedule", str, default="blocking", file=file, prefix=f"{p}boundary."),
+                boundary_depth=get(boundary, "depth", int, default=0, file=file, prefix=f"{p}boundary."),
+                pipeline=get(raw, "pipeline", int, default=0, file=file, prefix=p),
+                alongside=get(raw, "alongside", bool, default=False, file=file, prefix=p),
+            ))
+        except InputError as exc:
+            raise exc.within(file=file, prefix=f"meshes[{i}]") if exc.file is None else exc from None
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"has a malformed value ({exc})", file=file, field=f"meshes[{i}]",
+                             fix="compare it with docs/plan-format.md") from None
+    if data.get("estimate") is not None:     # informational, but every reader takes it for a mapping
+        require_mapping(data["estimate"], "the plan's estimate", file)
+    if data.get("inventory") is not None:
+        # the stored inventory is what emit reads node sizes and memory from: a broken one is named here, not as a
+        # plan that "does not list" its own clusters
+        try:
+            inventory_from_dict(data["inventory"], file=file)
+        except InputError as exc:
+            raise exc.within(file=file, prefix="inventory") from None
+    try:
+        return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
+                    inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,
+                    precision=precision, pipeline_samples=tuple(pipeline_samples), engine=engine)
+    except InputError as exc:
+        raise exc.within(file=file) from None
+
+
+def load_plan(path: str) -> Plan:
+    """The plan in a YAML or JSON file."""
+    return plan_from_dict(load_yaml_file(path, "plan"), file=path)
