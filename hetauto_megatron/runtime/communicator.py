@@ -6,10 +6,10 @@ This class replaces `_communicate`:
 - between two stages of the same mesh it does what Megatron does: the whole local tensor to the partner with
   the same (tp, dp) position in the next/previous stage;
 - at a boundary between meshes it executes `compute_transfers` (each block crosses once, spread over the TP
-  ranks of both sides). With sequence parallelism (the mesh's `settings.sequence_parallel`) a rank's tensor is
-  its own sequence shard: it sends from it and receives exactly it. Receivers without sequence parallelism
-  reassemble their full tensor with an all-gather over their own TP group; activation gradients coming back
-  across a DP mismatch are rescaled (gradients.py);
+  ranks of both sides; boundary.py says which blocks are this rank's). With sequence parallelism (the mesh's
+  `settings.sequence_parallel`) a rank's tensor is its own sequence shard: it sends from it and receives exactly
+  it. Receivers without sequence parallelism reassemble their full tensor with an all-gather over their own TP
+  group; activation gradients coming back across a DP mismatch are rescaled (gradients.py);
 - when the two meshes are in different clusters the blocks are staged through host memory and sent on the
   boundary's gloo group (NCCL, HCCL and RCCL cannot talk to each other), off the compute stream
   (host_staging.py: copies on a copy stream into pinned buffers, sends posted by a communication thread),
@@ -32,23 +32,12 @@ import torch
 import torch.distributed as dist
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-from .cross_link import CrossLink, LinkEmulator, now, sleep_until, stamp_tag, tag
-from .gradients import activation_grad_scale
-from .groups import describe_rank, global_rank
+from .boundary import Crossing, crossing, neighbour
+from .cross_link import CrossLink, LinkEmulator, covered, now, sleep_until, stamp_tag, tag
+from .groups import describe_rank
 from .host_staging import HostStaging
 from .peers import PeerError, failure, wait_all
-from .transfers import compute_transfers, owned_seq_range
-
-
-def _covered(lo: float, hi: float, intervals) -> float:
-    """Length of [lo, hi] covered by the union of `intervals`."""
-    total, reach = 0.0, lo
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, hi)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
+from .transfers import owned_seq_range
 
 
 class HeteroP2PCommunicator(P2PCommunicator):
@@ -59,7 +48,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self.ctx = ctx
         self.timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else ctx.timeout_s)
         self.bytes_sent = {"intra_cluster": 0, "inter_cluster": 0}
-        self._cache = {}
+        self._crossings = {}             # (other mesh, shape) -> boundary.Crossing
         self._links = {}                 # (other mesh, grad) -> CrossLink
         self._emulation = None           # (scale, inventory) once emulate_links() was called
         self._micro_batches = None
@@ -108,10 +97,10 @@ class HeteroP2PCommunicator(P2PCommunicator):
             mesh = plan.meshes[before]
             overlapped = mesh.boundary_schedule == "overlapped"
             a, b = plan.meshes[min(me, other)], plan.meshes[max(me, other)]
-            info = self._cross(other, shape)
+            boundary = self._crossing(other, shape)
             # what crosses between the two meshes per micro-batch in this direction (the whole step's activation
             # when each side is one mesh)
-            nbytes = sum(tr.numel(shape[2]) for _, tr in info["bwd" if grad else "fwd"]) * \
+            nbytes = sum(tr.numel(shape[2]) for _, tr in boundary.blocks(grad)) * \
                 self.config.pipeline_dtype.itemsize
             emulator = None
             if self._emulation is not None:
@@ -119,7 +108,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 spec = inventory.link(a.cluster, b.cluster)
                 # as the planner prices it: one connection per rank pair (link_costs.boundary_pairs)
                 pairs = len({(tr.src_mesh, tr.src_dp, tr.src_tp, tr.dst_mesh, tr.dst_dp, tr.dst_tp)
-                             for _, tr in info["bwd" if grad else "fwd"]})
+                             for _, tr in boundary.blocks(grad)})
                 emulator = LinkEmulator(spec.bytes_per_s_over(pairs) / scale, spec.latency_s * scale)
             link = CrossLink(overlapped=overlapped, depth=mesh.boundary_depth if overlapped else 0,
                              emulator=emulator, boundary_bytes=nbytes)
@@ -127,51 +116,12 @@ class HeteroP2PCommunicator(P2PCommunicator):
             self._links[key] = link
         return self._links[key]
 
-    # ---- boundary geometry -------------------------------------------------------------------------
-    def _side(self, direction: int):
-        """('mesh', partner) inside a mesh, ('cross', [mesh indices]) at a boundary into the meshes holding the
-        neighbouring stage (one, or several side by side); None at an end of the pipeline."""
-        c, plan, layout = self.ctx.coords, self.ctx.plan, self.ctx.layout
-        stage = c.stage + direction
-        if not 0 <= stage < layout.num_stages:
-            return None
-        holders = layout.stages[stage]
-        for mi, sim in holders:
-            if mi == c.mesh_index:
-                return "mesh", global_rank(plan, mi, sim, c.dp_rank, c.tp_rank)
-        return "cross", [mi for mi, _ in holders]
-
-    def _cross(self, other: int, shape):
-        """The blocks between my mesh and mesh `other` (at the neighbouring stage) for a local tensor of `shape`:
-        `fwd` / `bwd` are (k, Transfer) with k the block's position in the whole boundary's list (its tag)."""
+    def _crossing(self, other: int, shape) -> Crossing:
+        """boundary.crossing, once per other mesh and tensor shape (every call of a step asks again)."""
         key = (other, tuple(shape))
-        if key in self._cache:
-            return self._cache[key]
-        plan, c, layout = self.ctx.plan, self.ctx.coords, self.ctx.layout
-        me_mesh, other_mesh = plan.meshes[c.mesh_index], plan.meshes[other]
-        seq, _, hidden = shape
-        full = (seq * me_mesh.tp if me_mesh.settings.sequence_parallel else seq, layout.step, hidden)
-        if other > c.mesh_index:   # I am the last stage of my mesh; `other` holds the next stage
-            before, after = layout.shares(c.stage), layout.shares(c.stage + 1)
-            up, down = c.mesh_index, other
-            peer_sim = 0
-            scale = activation_grad_scale(me_mesh, other_mesh)   # for the gradients I receive from `other`
-        else:                      # I am the first stage of my mesh; `other` holds the previous stage
-            before, after = layout.shares(c.stage - 1), layout.shares(c.stage)
-            up, down = other, c.mesh_index
-            peer_sim = other_mesh.num_stages - 1
-            scale = 1.0
-        up_k = layout.position_of(up).index(up)       # which mesh of its position (the boundary side's list)
-        down_k = layout.position_of(down).index(down)
-        fwd = [(k, tr) for k, tr in enumerate(compute_transfers(before, after, full))
-               if (tr.src_mesh, tr.dst_mesh) == (up_k, down_k)]
-        bwd = [(k, tr) for k, tr in enumerate(compute_transfers(after, before, full))
-               if (tr.src_mesh, tr.dst_mesh) == (down_k, up_k)]
-        inter = me_mesh.cluster != other_mesh.cluster
-        info = dict(fwd=fwd, bwd=bwd, peer_mesh=other, peer_sim=peer_sim, scale=scale, inter=inter,
-                    group=self.ctx.boundary_groups.get((up, down)) if inter else None)
-        self._cache[key] = info
-        return info
+        if key not in self._crossings:
+            self._crossings[key] = crossing(self.ctx, other, shape)
+        return self._crossings[key]
 
     # ---- the one method Megatron's public API funnels into -------------------------------------------
     def _communicate(self, *, tensor_send_next, tensor_send_prev, recv_prev, recv_next, tensor_shape,
@@ -204,7 +154,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         if self._on_way or held:
             end = time.monotonic()
             self._on_way += [(sent_at, end if arrive is None else min(arrive, end)) for _, sent_at, arrive, _ in held]
-            self._exposed += _covered(call_start, end, self._on_way)
+            self._exposed += covered(call_start, end, self._on_way)
         for _, _, _, hosts in held:   # the sends completed with the call: their host buffers are free
             for host in hosts:
                 self.staging.release(host)
@@ -220,7 +170,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         works.append((work, peer, what))
 
     def _send(self, direction, tensor, shape, works, *, grad):
-        side = self._side(direction)
+        side = neighbour(self.ctx, direction)
         what = "gradient" if grad else "activation"
         if side is None:
             return
@@ -233,26 +183,26 @@ class HeteroP2PCommunicator(P2PCommunicator):
 
     def _send_to(self, other, tensor, shape, works, *, grad, what):
         """Send this rank's blocks for mesh `other` (at the neighbouring stage)."""
-        info = self._cross(other, shape)
+        boundary = self._crossing(other, shape)
         c, plan = self.ctx.coords, self.ctx.plan
-        transfers = info["bwd"] if grad else info["fwd"]
+        transfers = boundary.blocks(grad)
         peer, pieces, copied = None, [], []
         for k, tr in transfers:
             if (tr.src_tp, tr.src_dp) != (c.tp_rank, c.dp_rank):
                 continue
             piece = tensor.detach()[tr.src_seq, tr.src_batch]
-            if info["inter"]:   # host staging for the gloo inter-cluster path, asynchronous on accelerators
+            if boundary.inter:   # host staging for the gloo inter-cluster path, asynchronous on accelerators
                 piece, event = self.staging.to_host(piece)
                 copied.append(event)
             else:
                 piece = piece.contiguous()
-            peer = global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.dst_dp, tr.dst_tp)
+            peer = boundary.peer_rank(plan, tr.dst_dp, tr.dst_tp)
             pieces.append((k, piece, peer))
             nbytes = piece.numel() * piece.element_size()
-            self.bytes_sent["inter_cluster" if info["inter"] else "intra_cluster"] += nbytes
+            self.bytes_sent["inter_cluster" if boundary.inter else "intra_cluster"] += nbytes
         if not pieces:
             return
-        if not info["inter"]:
+        if not boundary.inter:
             for k, piece, peer in pieces:
                 self._post(dist.isend, piece, peer, None, tag(grad, 0, k), works, f"send {what} block {k}")
             return
@@ -265,10 +215,10 @@ class HeteroP2PCommunicator(P2PCommunicator):
                     event.synchronize()
             sent_at, out = now(), []
             for peer in sorted({peer for _, _, peer in pieces}):
-                self._post(dist.isend, torch.tensor([sent_at], dtype=torch.float64), peer, info["group"],
+                self._post(dist.isend, torch.tensor([sent_at], dtype=torch.float64), peer, boundary.group,
                            stamp_tag(grad, j), out, f"send {what}")
             for k, piece, peer in pieces:
-                self._post(dist.isend, piece, peer, info["group"], tag(grad, j, k), out, f"send {what} block {k}")
+                self._post(dist.isend, piece, peer, boundary.group, tag(grad, j, k), out, f"send {what} block {k}")
             return out, sent_at, [piece for _, piece, _ in pieces]
 
         held = link.send(post_all, self.staging.submit, self._finish_send)
@@ -276,7 +226,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             self._held.append(held)
 
     def _recv(self, direction, shape, works, finish, *, grad):
-        side = self._side(direction)
+        side = neighbour(self.ctx, direction)
         what = "gradient" if grad else "activation"
         if side[0] == "mesh":
             buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
@@ -306,16 +256,16 @@ class HeteroP2PCommunicator(P2PCommunicator):
         """Post the receives of this rank's blocks from mesh `other` into `into` (a fresh buffer when None).
         Returns (buffer, fill): fill() puts the received blocks in place and scales gradients (None when this rank
         receives nothing from `other`)."""
-        info = self._cross(other, shape)
+        boundary = self._crossing(other, shape)
         c, plan = self.ctx.coords, self.ctx.plan
-        transfers = info["bwd"] if grad else info["fwd"]
-        mine = [(k, tr, global_rank(plan, info["peer_mesh"], info["peer_sim"], tr.src_dp, tr.src_tp))
+        transfers = boundary.blocks(grad)
+        mine = [(k, tr, boundary.peer_rank(plan, tr.src_dp, tr.src_tp))
                 for k, tr in transfers if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
-        if into is None and not (info["inter"] and mine):
+        if into is None and not (boundary.inter and mine):
             into = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
         if not mine:
             return into, None
-        staging = torch.device("cpu" if info["inter"] else self.ctx.device)
+        staging = torch.device("cpu" if boundary.inter else self.ctx.device)
 
         def post_message(j, out, buf):
             """Post the receives of one message into `buf` (a fresh buffer when None): (buffer, staged blocks,
@@ -323,26 +273,26 @@ class HeteroP2PCommunicator(P2PCommunicator):
             if buf is None:
                 buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
             staged, stamps = [], []
-            if info["inter"]:
+            if boundary.inter:
                 for peer in sorted({peer for _, _, peer in mine}):
                     stamps.append(torch.empty(1, dtype=torch.float64))
-                    self._post(dist.irecv, stamps[-1], peer, info["group"], stamp_tag(grad, j), out,
+                    self._post(dist.irecv, stamps[-1], peer, boundary.group, stamp_tag(grad, j), out,
                                f"receive {what}")
             for k, tr, peer in mine:
                 t = tag(grad, j, k)       # one message per call inside a cluster: j = 0
                 view = buf[tr.dst_seq, tr.dst_batch]
                 if view.is_contiguous() and view.device == staging:
                     # The block is one contiguous run of the buffer on the right device: receive in place.
-                    self._post(dist.irecv, view, peer, info["group"], t, out, f"receive {what} block {k}")
+                    self._post(dist.irecv, view, peer, boundary.group, t, out, f"receive {what} block {k}")
                     continue
                 size = (tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2])
-                piece = (self.staging.receive_buffer(size, buf.dtype) if info["inter"]
+                piece = (self.staging.receive_buffer(size, buf.dtype) if boundary.inter
                          else torch.empty(size, dtype=buf.dtype, device=staging))
-                self._post(dist.irecv, piece, peer, info["group"], t, out, f"receive {what} block {k}")
+                self._post(dist.irecv, piece, peer, boundary.group, t, out, f"receive {what} block {k}")
                 staged.append((tr, piece))
             return buf, staged, stamps
 
-        if info["inter"]:
+        if boundary.inter:
             link = self._link(other, grad, shape)
 
             def post(j):
@@ -358,7 +308,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
             buf, staged, _ = post_message(0, works, into)
 
         def fill():
-            if info["inter"]:   # host -> device on the copy stream; the compute stream waits for it
+            if boundary.inter:   # host -> device on the copy stream; the compute stream waits for it
                 if copies:
                     self.staging.to_device(copies)
                 else:
@@ -366,9 +316,9 @@ class HeteroP2PCommunicator(P2PCommunicator):
             else:
                 for tr, piece in staged:
                     buf[tr.dst_seq, tr.dst_batch] = piece
-            if grad and info["scale"] != 1.0:
+            if grad and boundary.scale != 1.0:
                 for _, tr, _ in mine:
-                    buf[tr.dst_seq, tr.dst_batch] *= info["scale"]
+                    buf[tr.dst_seq, tr.dst_batch] *= boundary.scale
 
         return buf, fill
 

@@ -54,6 +54,18 @@ class LinkEmulator:
         return self.free + self.latency_s
 
 
+def covered(lo: float, hi: float, intervals) -> float:
+    """Length of [lo, hi] covered by the union of `intervals`: of a call's wait, the time some message was on its
+    way (what counts as exposed)."""
+    total, reach = 0.0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
 def sleep_until(t: float) -> None:
     while True:
         left = t - now()
