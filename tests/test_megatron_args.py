@@ -355,7 +355,7 @@ def test_dropout_is_emitted_and_rewritten_as_the_memory_model_priced_it(monkeypa
     (Transformer Engine's flash attention keeps nothing for the attention dropout); without, nothing. The launch
     arguments `hetauto emit megatron` writes, parsed by Megatron-LM's own parser, carry those values (Megatron's
     default would be 0.1 for both), and the --hetauto rewrite gives them to every rank, also when the command line
-    leaves the flags out; another value than the plan's (and Megatron's default) is refused, naming the field."""
+    leaves the flags out; a value no mesh runs is refused, naming the field."""
     import dataclasses
 
     from hetauto_megatron.cost.memory import stage_memory_bytes
@@ -393,3 +393,35 @@ def test_dropout_is_emitted_and_rewritten_as_the_memory_model_priced_it(monkeypa
     with pytest.raises(InputError) as exc:
         rewrite.rewrite_args(args, plan, c, file="plan.yaml")
     assert exc.value.field == "meshes[0].settings.hidden_dropout" and "--hidden-dropout 0.3" in exc.value.message
+
+
+def test_a_typed_dropout_the_plan_does_not_run_is_refused_also_megatrons_default(monkeypatch):
+    """Megatron's parser gives 0.1 for an absent --hidden-dropout / --attention-dropout; a user who types 0.1 asks
+    for dropout the plan (every mesh at 0, the default) neither priced nor runs: refused like a switch no mesh runs,
+    one paragraph naming the flag, the plan field and the fix (exit 2). Left out, the flags take the plan's 0."""
+    import pickle
+
+    plan = plan_from_dict({"version": 3, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
+                           "meshes": [{"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1,
+                                       "micro_batch_size": 8, "stage_layers": [8]}]})
+    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None)
+    for flag, field in (("--hidden-dropout", "hidden_dropout"), ("--attention-dropout", "attention_dropout")):
+        for typed in ("0.1", "0.2"):
+            _, args = _megatron_args(monkeypatch, [flag, typed])
+            with pytest.raises(InputError) as exc:
+                rewrite.rewrite_args(args, plan, c, file="plan.yaml")
+            e = exc.value
+            assert e.exit_code == 2 and e.field == f"meshes[0].settings.{field}", e.message
+            assert f"{flag} {typed} (plan: meshes[0].settings.{field} is 0.0)" in e.message
+            text = str(e)
+            assert "plan.yaml" in text and "Fix: drop these flags" in text and "\n" not in text, text
+        _, args = _megatron_args(monkeypatch, [flag, "0.0"])         # what the plan runs: accepted
+        rewrite.rewrite_args(args, plan, c)
+        assert getattr(args, field) == 0.0
+    margs, args = _megatron_args(monkeypatch)                          # left out: the plan's value
+    assert (args.hidden_dropout, args.attention_dropout) == (0.1, 0.1)    # Megatron's default, as parsed
+    assert type(pickle.loads(pickle.dumps(args.hidden_dropout))) is float    # saved arguments need no hetauto
+    rewrite.rewrite_args(args, plan, c)
+    margs.validate_args(args, {})
+    assert (args.hidden_dropout, args.attention_dropout) == (0.0, 0.0)
+    assert type(args.hidden_dropout) is float and type(args.attention_dropout) is float

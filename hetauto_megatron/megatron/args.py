@@ -3,7 +3,9 @@
 Megatron-LM builds its parser and then lets the entry script add its own arguments through one callable
 (`parse_and_validate_args(extra_args_provider=...)`). An entry script may already use that slot (Megatron-LM's
 pretrain_gpt.py passes ModelOpt's provider when it is installed), so ours composes with an existing provider
-instead of replacing it. Importing this module costs nothing: no torch, no megatron.
+instead of replacing it. It also marks the defaults of Megatron's dropout flags (`ParserDefault`), so the
+`--hetauto` rewrite can tell a dropout the user typed from one the parser filled in. Importing this module costs
+nothing: no torch, no megatron.
 """
 from __future__ import annotations
 
@@ -11,13 +13,39 @@ import argparse
 import os
 from typing import Callable, Optional
 
+from ..plan.settings import DROPOUT_KEYS, MEGATRON_ARGS
+
 ArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 
 GROUP_TITLE = "hetauto (heterogeneous multi-cluster training)"
+# Megatron's attributes of --hidden-dropout and --attention-dropout (plan/settings.py MEGATRON_ARGS)
+DROPOUT_ARGS = tuple(arg for arg, (_, setting) in MEGATRON_ARGS.items() if setting in DROPOUT_KEYS)
+
+
+class ParserDefault(float):
+    """A dropout as Megatron's parser gives it when the flag is absent: its default (0.1), a float like any other
+    to Megatron. Every other setting the plan decides defaults to off or unset, so a given flag shows; a dropout's
+    default is not 0, and only this mark tells an absent --hidden-dropout from a typed --hidden-dropout 0.1
+    (argparse converts typed values with float(): never a ParserDefault). Pickled as a plain float, so saved
+    arguments (Megatron's checkpoints) load without hetauto."""
+
+    def __reduce__(self):
+        return float, (float(self),)
+
+
+def mark_dropout_defaults(parser: argparse.ArgumentParser) -> None:
+    """Make the defaults of Megatron's dropout flags ParserDefault values (idempotent; a parser without the
+    flags is left as it is)."""
+    for action in parser._actions:
+        if action.dest in DROPOUT_ARGS and isinstance(action.default, float) \
+                and not isinstance(action.default, ParserDefault):
+            action.default = ParserDefault(action.default)
 
 
 def add_hetauto_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add --hetauto, --hetauto-plan and --hetauto-cluster to a Megatron parser (idempotent)."""
+    """Add --hetauto, --hetauto-plan and --hetauto-cluster to a Megatron parser, and mark its dropout defaults
+    (idempotent)."""
+    mark_dropout_defaults(parser)
     if any(a.dest == "hetauto" for a in parser._actions):
         return parser  # a provider chain may call us twice; argparse would reject the duplicate flags
     g = parser.add_argument_group(GROUP_TITLE)

@@ -31,8 +31,8 @@ precision: Megatron's flags for them are switches that default to off, so a flag
 filled in from the plan (per mesh, like TP), and one the user gave that no mesh of the plan runs (e.g.
 --sequence-parallel where every mesh has sequence_parallel: false, or --fp16 in a bf16 plan) is refused, naming
 the flag and the plan field: the plan's time and memory were priced for what the plan says. The dropouts are
-probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's value; a value the user gave that
-is neither Megatron's default (which an absent flag also gives) nor one a mesh runs is refused.
+probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's value, and a value the user gave
+(also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh runs is refused in the same way.
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ from typing import Mapping
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
-from ..plan.settings import MEGATRON_ARGS, MEGATRON_DEFAULT_DROPOUT, megatron_values, padded_vocab_size
+from ..plan.settings import MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords, check_world_size, rank_coords
+from .args import ParserDefault
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -259,10 +260,10 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     for arg, (want, field) in mine.items():
         flag = MEGATRON_ARGS[arg][0]
         if isinstance(want, float):
-            # A probability (the dropouts): Megatron's parser gives its default (0.1) when the flag is absent, so
-            # only another value is the user's own choice; it must be one a mesh of the plan runs.
+            # A probability (the dropouts): given when typed on the command line (an absent flag leaves the
+            # parser's marked default, args.py ParserDefault), and then, like a switch, it must be one a mesh runs.
             have = getattr(args, arg, None)
-            if have is not None and float(have) != MEGATRON_DEFAULT_DROPOUT and \
+            if have is not None and not isinstance(have, ParserDefault) and \
                     not any(v[arg][0] == float(have) for v in every):
                 clashes.append((f"{flag} {have} (plan: {field} is {want})", field))
             out[arg] = want
