@@ -48,6 +48,7 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
+from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
 
@@ -185,7 +186,8 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
                  seq_length: int | None, E: int, impl: LayerImpl) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
     (bytes per parameter as (key, value) pairs, one layer's kept activations per micro-batch, the recompute
-    buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient)."""
+    buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
+    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_param(E, dp, settings).items())
     s = seq_length or model.seq_length
@@ -206,15 +208,19 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
             + (0 if impl.fused_norm else FP32 * s * b)
         head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.vocab_size / tp
         logits_grad = FP32 * s * b * model.vocab_size / tp     # formed in the head's backward pass
-    return per, act, buffer, first_saved, head, logits_grad
+    pipe = NO_PIPE_BUFFERS
+    if getattr(settings, "pipe_buffers", False):      # DeepSpeed's engine (plan/settings.py ENGINES)
+        pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.vocab_size / tp * E,
+                                      first, last)
+    return per, act, buffer, first_saved, head, logits_grad, pipe
 
 
 def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, recompute: str, in_flight: int,
                   first: bool, last: bool, settings, vendor: str, seq_length: int | None, dtype_bytes: int,
                   layers: int, boundary_buffers: int, impl: LayerImpl, overhead: RuntimeOverhead | None) -> tuple:
     """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
-    reserved). The search reads only the total, many thousand times (stage_memory_total)."""
-    per, act, buffer, first_saved, head, logits_grad = _stage_terms(
+    reserved, pipe buffers). The search reads only the total, many thousand times (stage_memory_total)."""
+    per, act, buffer, first_saved, head, logits_grad, pipe = _stage_terms(
         model, tp, dp, micro_batch_size, recompute, first, last, settings, seq_length, dtype_bytes, impl)
     params = stage_params(model, tp, layers, first, last)
     state = sum(params * v for _, v in per)          # (the order stage_memory_bytes' dict sums in)
@@ -231,9 +237,12 @@ def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, rec
     else:
         saved += buffer
     saved += boundary_buffers * dtype_bytes * (seq_length or model.seq_length) * micro_batch_size * model.hidden_size
+    pipe_kept = in_flight * pipe.per_in_flight + pipe.fixed       # 0 unless the engine keeps pipe buffers
+    saved += pipe_kept
+    workspace += pipe.workspace
     acts = saved + workspace
     reserved = (overhead or vendor_overhead(vendor)).bytes(state + acts)
-    return params, per, state, saved, acts, reserved
+    return params, per, state, saved, acts, reserved, pipe_kept + pipe.workspace
 
 
 def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int, recompute: str,
@@ -241,7 +250,7 @@ def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
                        seq_length: int | None = None, dtype_bytes: int = 2, boundary_buffers: int = 0,
                        impl: LayerImpl = TRANSFORMER_ENGINE, overhead: RuntimeOverhead | None = None) -> float:
     """stage_memory_bytes(...)["total"], the same number without building the breakdown."""
-    _, _, state, _, acts, reserved = _stage_memory(
+    _, _, state, _, acts, reserved, _ = _stage_memory(
         model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
         dtype_bytes, layers, boundary_buffers, impl, overhead)
     return state + acts + reserved
@@ -258,13 +267,14 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
     (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
-    measured runtime overheads (the inventory cluster's); None: the vendor's estimates."""
-    params, per, state, saved, acts, reserved = _stage_memory(
+    measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
+    DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine)."""
+    params, per, state, saved, acts, reserved, pipe = _stage_memory(
         model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
         dtype_bytes, layers, boundary_buffers, impl, overhead)
     parts = {k: params * v for k, v in per}
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
-            "activations_saved": saved, "reserved": reserved, "total": state + acts + reserved}
+            "activations_saved": saved, "pipe_buffers": pipe, "reserved": reserved, "total": state + acts + reserved}
 
 
 # ---- a job another framework runs ------------------------------------------------------------------------
@@ -301,7 +311,7 @@ def job_stage_memory_total(job: JobMemory, model: ModelSpec, *, layers: int, tp:
                            recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
                            seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> float:
     """job_stage_memory_bytes(...)["total"], without building the breakdown."""
-    params, _, state, _, acts, reserved = _stage_memory(
+    params, _, state, _, acts, reserved, _ = _stage_memory(
         model, tp, dp, micro_batch_size, recompute, in_flight, first, last, job.settings, vendor, seq_length,
         job.dtype_bytes, layers, 0, job.impl, overhead)
     return state + acts + reserved + job.extra_bytes_per_param * params

@@ -91,11 +91,13 @@ def sailor_deepspeed_job() -> JobMemory:
     no sequence parallelism, unfused attention keeping the s x s softmax output, hidden dropout (Megatron's 0.1) but
     no attention dropout (what Sailor's per-layer measurements show: 360 MB per OPT-350 layer at micro-batch 1 in
     fp32, less than the scores with a dropout mask and output would take alone), and 8 bytes per parameter beyond
-    weights + gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4)."""
+    weights + gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4). Run by
+    DeepSpeed's pipeline engine (the settings' engine, plan/settings.py ENGINES): the memory model adds the pipe
+    buffers that engine keeps (cost/pipe_buffers.py), as it does for a plan made with --engine deepspeed."""
     return JobMemory("sailor-deepspeed",
                      RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,
                                      overlap_param_gather=False, hidden_dropout=MEGATRON_DEFAULT_DROPOUT,
-                                     attention_dropout=0.0),
+                                     attention_dropout=0.0, engine="deepspeed"),
                      LayerImpl(flash_attention=False), 4, 8.0)
 
 

@@ -95,6 +95,11 @@ class RuntimeSettings:
         """The DP gradient reduction is a reduce-scatter (distributed optimizer, run as its engine runs it)."""
         return self.distributed_optimizer and ENGINES[self.engine].sharded_grad_reduce
 
+    @property
+    def pipe_buffers(self) -> bool:
+        """The engine keeps DeepSpeed's pipe buffers, which the memory model adds (cost/pipe_buffers.py)."""
+        return ENGINES[self.engine].pipe_buffers
+
 
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "engine")
 
@@ -113,11 +118,14 @@ class Engine:
                                     # all-reduced whole, each rank then keeping its shard)
     blocking_boundaries: bool       # every pipeline transfer blocks (else the plan's boundary schedule runs)
     simple_only: bool               # one pipeline of single meshes only
+    pipe_buffers: bool              # keeps DeepSpeed's pipe buffers: each stage's output (or its 1/TP slice) and
+                                    # received input per micro-batch in flight, the last stage's logits of two
+                                    # micro-batches (cost/pipe_buffers.py; else Megatron's schedule: none)
 
 
 ENGINES = {
     # hetauto's runtime and Megatron-LM: every setting as set (Megatron-Core's DDP buckets, distributed optimizer).
-    "megatron": Engine("megatron", True, True, True, True, False, False),
+    "megatron": Engine("megatron", True, True, True, True, False, False, False),
     # DeepSpeed 0.19.8's PipelineEngine with the configs emit/deepspeed.py writes (docs/deepspeed.md, measured by
     # tests/test_deepspeed_pipeline.py): it sets enable_backward_allreduce = False (runtime/pipe/engine.py:80) and
     # reduces the DP gradients in its ReduceGrads instruction after the stage's last backward (pipe/engine.py:287,
@@ -127,8 +135,10 @@ ENGINES = {
     # (use_multi_rank_bucket_allreduce, on by default: stage_1_and_2.py:1695) and all-gathers the updated parameters
     # in its optimizer step. DeepSpeed has no sequence-parallel setting; every transfer is a blocking instruction
     # and, with TP > 1, a 1/TP slice the receiver all-gathers (pipe_partitioned, grad_partitioned: pipe/engine.py:
-    # 137-138; plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features).
-    "deepspeed": Engine("deepspeed", False, False, False, False, True, True),
+    # 137-138; plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features). Its
+    # PipelineEngine keeps pipe buffers the memory model counts (cost/pipe_buffers.py, measured by
+    # tests/test_memory_deepspeed.py).
+    "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True),
 }
 DEFAULT_ENGINE = "megatron"
 
