@@ -27,10 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cost.memory import LayerImpl
 from ..errors import InputError
 from ..spec.model import ModelSpec
 
 BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
+# How these layers keep activations, for the memory model (tests/test_memory_deepspeed.py): torch's
+# scaled_dot_product_attention (on CPU its flash kernel: no s x s matrix), torch's norms (RMSNorm keeps the
+# normalised input), unfused rotary embedding, SiLU x up without Megatron's GLU offset. K and V are repeated to every
+# head before the attention, which the flash-attention count keeps at their GQA width: 2 s b (h - kv_hidden)
+# elements per layer it leaves out (4 % of the tiny model's layer).
+LAYER_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, fused_glu=True,
+                       dropout_mask_bytes=None)
 
 
 def import_deepspeed():

@@ -108,6 +108,30 @@ class SavedTensorMeter:
             yield self
 
 
+def held_storages(exclude: set) -> dict:
+    """{storage address: bytes} of every tensor a Python object holds now (found through the garbage collector's
+    objects), less the storages in `exclude`: a framework's own buffers (DeepSpeed's pipe buffers), which the
+    saved-tensor hooks do not see. (What autograd saves is held in C++: SavedTensorMeter counts it.)"""
+    import gc
+    import warnings
+
+    import torch
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # isinstance on torch's deprecated module-level objects warns
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in tensors:
+        try:
+            storage = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError):      # a tensor without storage (meta, sparse)
+            continue
+        ptr = storage.data_ptr()
+        if ptr and ptr not in exclude:
+            out[ptr] = storage.nbytes()
+    return out
+
+
 @contextmanager
 def allocator_peak(result: dict):
     """Profile the block's CPU allocations; on exit result["peak"] = the highest net bytes allocated inside it
