@@ -215,15 +215,24 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     return per, act, buffer, first_saved, head, logits_grad, pipe
 
 
-def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, recompute: str, in_flight: int,
-                  first: bool, last: bool, settings, vendor: str, seq_length: int | None, dtype_bytes: int,
-                  layers: int, boundary_buffers: int, impl: LayerImpl, overhead: RuntimeOverhead | None) -> tuple:
+def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
+                   vendor: str, seq_length: int | None, E: int, impl: LayerImpl,
+                   overhead: RuntimeOverhead | None) -> tuple:
+    """What every reading of one stage configuration shares (`_reading`'s first argument): the model, TP, first,
+    last, _stage_terms' terms, the bytes of one boundary tensor, the runtime overhead."""
+    return (model, tp, first, last, *_stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E,
+                                                  impl),
+            E * (seq_length or model.seq_length) * b * model.hidden_size, overhead or vendor_overhead(vendor))
+
+
+def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
     """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
-    reserved, pipe buffers). The search reads only the total, many thousand times (stage_memory_total)."""
-    per, act, buffer, first_saved, head, logits_grad, pipe = _stage_terms(
-        model, tp, dp, micro_batch_size, recompute, first, last, settings, seq_length, dtype_bytes, impl)
+    reserved, pipe buffers) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
+    `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
+    (stage_memory_total, stage_memory_reader)."""
+    model, tp, first, last, per, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
     params = stage_params(model, tp, layers, first, last)
-    state = sum(params * v for _, v in per)          # (the order stage_memory_bytes' dict sums in)
+    state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
     saved = in_flight * layers * act
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -236,13 +245,20 @@ def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, rec
         workspace = max(head + logits_grad, buffer) - max(head, buffer)
     else:
         saved += buffer
-    saved += boundary_buffers * dtype_bytes * (seq_length or model.seq_length) * micro_batch_size * model.hidden_size
+    saved += boundary_buffers * tensor
     pipe_kept = in_flight * pipe.per_in_flight + pipe.fixed       # 0 unless the engine keeps pipe buffers
     saved += pipe_kept
     workspace += pipe.workspace
     acts = saved + workspace
-    reserved = (overhead or vendor_overhead(vendor)).bytes(state + acts)
+    reserved = overhead.bytes(state + acts)
     return params, per, state, saved, acts, reserved, pipe_kept + pipe.workspace
+
+
+def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, recompute: str, in_flight: int,
+                  first: bool, last: bool, settings, vendor: str, seq_length: int | None, dtype_bytes: int,
+                  layers: int, boundary_buffers: int, impl: LayerImpl, overhead: RuntimeOverhead | None) -> tuple:
+    return _reading(_configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor,
+                                   seq_length, dtype_bytes, impl, overhead), layers, in_flight, boundary_buffers)
 
 
 def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int, recompute: str,
@@ -254,6 +270,22 @@ def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
         model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
         dtype_bytes, layers, boundary_buffers, impl, overhead)
     return state + acts + reserved
+
+
+def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
+                        last: bool, settings, vendor: str = "nvidia", seq_length: int | None = None,
+                        dtype_bytes: int = 2, impl: LayerImpl = TRANSFORMER_ENGINE,
+                        overhead: RuntimeOverhead | None = None):
+    """stage_memory_total of one stage configuration as a function of (layers, in_flight, boundary_buffers), the
+    same floats, with the configuration's terms looked up once: the search's memory caps (plan/memory_caps.py)
+    read each configuration several times."""
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
+                         dtype_bytes, impl, overhead)
+
+    def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
+        _, _, state, _, acts, reserved, _ = _reading(cfg, layers, in_flight, boundary_buffers)
+        return state + acts + reserved
+    return total
 
 
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
@@ -311,7 +343,21 @@ def job_stage_memory_total(job: JobMemory, model: ModelSpec, *, layers: int, tp:
                            recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
                            seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> float:
     """job_stage_memory_bytes(...)["total"], without building the breakdown."""
-    params, _, state, _, acts, reserved, _ = _stage_memory(
-        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, job.settings, vendor, seq_length,
-        job.dtype_bytes, layers, 0, job.impl, overhead)
-    return state + acts + reserved + job.extra_bytes_per_param * params
+    return job_stage_memory_reader(job, model, tp=tp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
+                                   first=first, last=last, vendor=vendor, seq_length=seq_length,
+                                   overhead=overhead)(layers, in_flight)
+
+
+def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int,
+                            recompute: str, first: bool, last: bool, vendor: str = "nvidia",
+                            seq_length: int | None = None, overhead: RuntimeOverhead | None = None):
+    """job_stage_memory_total of one stage configuration as a function of (layers, in_flight, boundary_buffers:
+    ignored, as there), the same floats (stage_memory_reader's reason)."""
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, job.settings, vendor, seq_length,
+                         job.dtype_bytes, job.impl, overhead)
+    extra = job.extra_bytes_per_param
+
+    def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
+        params, _, state, _, acts, reserved, _ = _reading(cfg, layers, in_flight, 0)
+        return state + acts + reserved + extra * params
+    return total

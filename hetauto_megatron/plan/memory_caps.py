@@ -22,9 +22,7 @@ class CapTable:
         self.limit = prof.memory_cap
         self.row: list[int] = []
 
-        def need(n, f, buf=0):
-            return memory_fit.stage_memory_total(model, prof, n, f, first, last, buf)
-
+        need = self.reading = memory_fit.stage_memory_reader(model, prof, first, last)   # (n, f, buffers)
         self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
         m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
         d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
@@ -38,11 +36,9 @@ class CapTable:
     @property
     def zero(self) -> tuple:
         if self._zero is None:
-            def need(f, buf=0):
-                return memory_fit.stage_memory_total(self.model, self.prof, 0, f, self.first, self.last, buf)
-
-            z1, z2 = need(1), need(2)
-            self._zero = (z1 - (z2 - z1), z2 - z1, need(1, 1) - z1)
+            need = self.reading
+            z1, z2 = need(0, 1), need(0, 2)
+            self._zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)
         return self._zero
 
     def _need(self, n: int, f: int, buf: int = 0) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import (JobMemory, LayerImpl, job_stage_memory_bytes, job_stage_memory_total, stage_memory_bytes,
-                           stage_memory_total as _stage_total)
+from ..cost.memory import (JobMemory, LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+                           stage_memory_reader as _stage_reader)
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
@@ -70,20 +70,28 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
 
 def stage_memory_total(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
                        last: bool, boundary_buffers: int = 0) -> float:
-    """stage_memory(...)["total"] without the breakdown: what the memory caps (plan/memory_caps.py) read, many
-    thousand times in a search."""
+    """stage_memory(...)["total"] without the breakdown."""
+    return stage_memory_reader(model, prof, first, last)(layers, in_flight, boundary_buffers)
+
+
+def stage_memory_reader(model: ModelSpec, prof: StageProfile, first: bool, last: bool):
+    """stage_memory_total of a stage as a function of (layers, in_flight, boundary_buffers), the same floats, with
+    the stage configuration's terms looked up once: what the memory caps (plan/memory_caps.py) read, several
+    times per configuration and thousands of configurations per search."""
     dev = prof.cluster.device
-    total = _stage_total(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
-                         recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
-                         settings=prof.settings, vendor=dev.vendor, dtype_bytes=dev.dtype_bytes,
-                         boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
-    if prof.memory_job is not None:
-        job = job_stage_memory_total(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
-                                     micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
-                                     in_flight=in_flight, first=first, last=last, vendor=dev.vendor,
-                                     overhead=prof.cluster.overhead)
-        total = max(total, job)
-    return total
+    total = _stage_reader(model, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
+                          recompute=prof.recompute, first=first, last=last, settings=prof.settings, vendor=dev.vendor,
+                          dtype_bytes=dev.dtype_bytes, overhead=prof.cluster.overhead)
+    if prof.memory_job is None:
+        return total
+    job = job_stage_memory_reader(prof.memory_job, model, tp=prof.tp, dp=prof.dp,
+                                  micro_batch_size=prof.micro_batch_size, recompute=prof.recompute, first=first,
+                                  last=last, vendor=dev.vendor, overhead=prof.cluster.overhead)
+
+    def larger(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:     # it must fit both ways
+        return max(total(layers, in_flight, boundary_buffers), job(layers, in_flight))
+    return larger
+
 
 def sailor_deepspeed_job() -> JobMemory:
     """Sailor's Megatron-DeepSpeed fork as its simulator counts memory (sailor/Planner/simulations/
@@ -113,8 +121,10 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
     layer also brings the buffer one layer's recomputed activations need. So the slope is taken between one and
     two layers (between zero and one it would count that buffer once per layer and understate the cap), and the
     count is checked against the memory model at its edge so that rounding never overstates it."""
+    reading = stage_memory_reader(model, prof, first, last)
+
     def need(n: int) -> float:
-        return stage_memory_total(model, prof, n, in_flight, first, last, boundary_buffers)
+        return reading(n, in_flight, boundary_buffers)
 
     return layers_that_fit(need, prof.memory_cap, model.num_layers)
 

@@ -15,42 +15,53 @@ and drain) fills the cheapest stages first up to their cap under T*. `split_laye
 """
 from __future__ import annotations
 
-import heapq
-import math
 import itertools
+import math
+from heapq import heapify, heappop, heapreplace
+from operator import lt, truediv
 
 
 def split_layers(per: list[float], fixed: list[float], lo: list[int], cap: list[int],
                  total: int) -> list[int] | None:
     """Layers per stage minimising (max stage time, then total time); None if the caps cannot hold `total`.
     (Plain loops without builtin calls per stage: at the 2-100 stages of a pipeline they are faster than numpy,
-    whose per-call overhead dominates; measured with benchmarks/search_scale.py's instances.)"""
+    whose per-call overhead dominates, and than map chains of builtins; measured with benchmarks/search_scale.py's
+    instances.)"""
     n = len(per)
-    if sum(lo) > total or sum(cap) < total or any(c < l for l, c in zip(lo, cap)):
+    if sum(lo) > total or sum(cap) < total or any(map(lt, cap, lo)):
         return None
     counts = _fill_below(per, fixed, lo, cap, total)
-    heap = [(fixed[i] + per[i] * (counts[i] + 1), i) for i in range(n) if counts[i] < cap[i]]
-    heapq.heapify(heap)
-    for _ in range(total - sum(counts)):
-        _, i = heapq.heappop(heap)
-        counts[i] += 1
-        if counts[i] < cap[i]:
-            heapq.heappush(heap, (fixed[i] + per[i] * (counts[i] + 1), i))
+    left = total - sum(counts)
+    if left:
+        heap = [(fixed[i] + per[i] * (k + 1), i) for i, k in enumerate(counts) if k < cap[i]]
+        heapify(heap)
+        for _ in range(left):       # (entries are distinct (time, stage) pairs: the pop order is the heap's)
+            i = heap[0][1]
+            k = counts[i] = counts[i] + 1
+            if k < cap[i]:
+                heapreplace(heap, (fixed[i] + per[i] * (k + 1), i))
+            else:
+                heappop(heap)
     t_star = max([f + p * k for f, p, k in zip(fixed, per, counts)])
     # Least total work with max <= t_star: give each stage its lower bound, then fill cheapest-per-layer first.
     best = list(lo)
     left = total - sum(lo)
     worst = -math.inf
-    for i in sorted(range(n), key=per.__getitem__):     # (stable: equal per-layer times in stage order)
+    order = sorted(range(n), key=per.__getitem__)     # (stable: equal per-layer times in stage order)
+    for pos, i in enumerate(order):
+        if not left:                # the rest keep their lower bounds: only their times remain to compare
+            rest = max([fixed[j] + per[j] * best[j] for j in order[pos:]])
+            if rest > worst:
+                worst = rest
+            break
         p, f = per[i], fixed[i]
-        if left:
-            limit = int((t_star - f) / p + 1e-9) if p > 0 else cap[i]
-            take = (limit if limit < cap[i] else cap[i]) - best[i]
-            if take > 0:
-                if take > left:
-                    take = left
-                best[i] += take
-                left -= take
+        limit = int((t_star - f) / p + 1e-9) if p > 0 else cap[i]
+        take = (limit if limit < cap[i] else cap[i]) - best[i]
+        if take > 0:
+            if take > left:
+                take = left
+            best[i] += take
+            left -= take
         t = f + p * best[i]
         if t > worst:
             worst = t
@@ -66,11 +77,9 @@ def _fill_below(per, fixed, lo, cap, total) -> list[int]:
     than `total`, start from the lower bounds instead."""
     if min(per) <= 0:
         return list(lo)
-    level = (total + sum([f / p for f, p in zip(fixed, per)])) / sum([1.0 / p for p in per])
-    counts = []
-    for p, f, l, c in zip(per, fixed, lo, cap):
-        k = int((level - f) / p)
-        counts.append(c if k >= c else l if k <= l else k)
+    level = (total + sum(map(truediv, fixed, per))) / sum([1.0 / p for p in per])
+    counts = [c if (k := int((level - f) / p)) >= c else l if k <= l else k
+              for p, f, l, c in zip(per, fixed, lo, cap)]
     return counts if sum(counts) <= total else list(lo)
 
 

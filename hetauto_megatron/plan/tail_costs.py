@@ -9,7 +9,10 @@ last stage) and the global gradient-norm all-reduce over the world's gloo group 
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
+from itertools import accumulate, compress
+from operator import add, is_not, ne, or_
 
 from ..cost import comm
 from ..cost.memory import grad_buffer_bytes, stage_params
@@ -81,38 +84,54 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
     stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
     profiles) when the caller has it (it depends on the layout only, not on the layer split).
-    per_stage=False: only tail_s (the search's leaves), from the first stage of each run of identical stages
-    (same profile, layers, ends): later ones of a run see a longer window before them, so they expose no more.
-    memo: a dict the caller keeps for one model, remembering each stage kind's collectives and optimizer step
-    across calls (keyed by the profile, without hashing the model)."""
-    p = len(profiles)
-    reduce_exp, after = [], []
-    run = None
-    for i, (fw, bw) in enumerate(tail_windows(fwd, bwd, links)):
-        prof, n = profiles[i], layers[i]
-        if prof is not run or n != run_n or i == 1 or i == p - 1:   # a mesh's stages repeat: priced once per run
-            run, run_n, first, last = prof, n, i == 0, i == p - 1
-            terms = None if memo is None else memo.get((prof, n, first, last))
-            if terms is None:
-                terms = (*dp_sync_times(model, prof, n, first, last), optimizer_time(model, prof, n, first, last))
-                if memo is not None:
-                    memo[(prof, n, first, last)] = terms
-            reduce, gather, o = terms
-            new = True
-        if new or per_stage:
-            r, g = _exposed(prof.settings, reduce, gather, fw, bw)
-            reduce_exp.append(r)
-            after.append((g, o))
-            new = False
+    per_stage=False: only tail_s (`tail_seconds`, the search's leaves). memo: as for tail_seconds."""
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
-    tail = max(reduce_exp) + sync + max(g + o for g, o in after)
     if not per_stage:
-        return {"tail_s": tail}
+        return {"tail_s": tail_seconds(model, profiles, layers, fwd, bwd, links, sync, memo)}
+    p = len(profiles)
+    reduce_exp, after = [], []
+    for i, (fw, bw) in enumerate(tail_windows(fwd, bwd, links)):
+        prof, n = profiles[i], layers[i]
+        reduce, gather = dp_sync_times(model, prof, n, i == 0, i == p - 1)
+        r, g = _exposed(prof.settings, reduce, gather, fw, bw)
+        reduce_exp.append(r)
+        after.append((g, optimizer_time(model, prof, n, i == 0, i == p - 1)))
+    tail = max(reduce_exp) + sync + max(g + o for g, o in after)
     exposed = [r + g for r, (g, _) in zip(reduce_exp, after)]
     opt = [o for _, o in after]
     return {"tail_s": tail, "dp_exposed_s": max(exposed), "optimizer_s": max(opt), "sync_s": sync,
             "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
+
+
+def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: float, memo: dict | None = None) -> float:
+    """iteration_tail(...)["tail_s"], the same float, for the search's leaves: from the first stage of each run of
+    identical stages (same profile, layers, ends) only, since later ones of a run see a longer window before them
+    and so expose no more. The windows' running sums are taken with accumulate (the same additions in the same
+    order as tail_windows) instead of a Python step per stage. memo: a dict the caller keeps for one model,
+    remembering each stage kind's collectives and optimizer step across calls (keyed by the profile, without
+    hashing the model)."""
+    p = len(profiles)
+    fwd_before = list(accumulate(map(add, fwd, links), initial=0.0))     # (links: p - 1, so p sums)
+    bwd_before = list(accumulate(map(add, bwd, links), initial=0.0))
+    # run starts: stage 0, 1 and p - 1 (the ends differ from their runs), and wherever profile or layers change
+    starts = {0, 1, p - 1}.union(compress(range(1, p), map(or_, map(is_not, profiles[1:], profiles),
+                                                           map(ne, layers[1:], layers))))
+    reduce_max = after_max = -math.inf
+    for i in sorted(starts) if p > 1 else (0,):
+        prof, n, first, last = profiles[i], layers[i], i == 0, i == p - 1
+        terms = None if memo is None else memo.get((prof, n, first, last))
+        if terms is None:
+            terms = (*dp_sync_times(model, prof, n, first, last), optimizer_time(model, prof, n, first, last))
+            if memo is not None:
+                memo[(prof, n, first, last)] = terms
+        reduce, gather, o = terms
+        r, g = _exposed(prof.settings, reduce, gather, fwd_before[i] + fwd[i], bwd_before[i] + bwd[i])
+        if r > reduce_max:
+            reduce_max = r
+        if g + o > after_max:
+            after_max = g + o
+    return reduce_max + sync + after_max
 
 
 @lru_cache(maxsize=262144)
