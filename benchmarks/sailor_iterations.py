@@ -42,13 +42,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hetauto_megatron.cost import comm  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, fit_ring_allreduce  # noqa: E402
+from hetauto_megatron.cost.sailor_job import SAILOR_ELEMENT_BYTES, SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
 
 SAILOR_JOB = {"sequence_parallel": False, "distributed_optimizer": False, "overlap_grad_reduce": False}
 SAILOR_SIMULATOR_MAPE = 8.9    # Sailor's own simulator on its OPT-350 runs (the issue's figure)
-PRECISION = "fp32"             # the job's: fp32 storage and transfers, GEMMs on TF32 (the inventory's tf32)
+PRECISION = SAILOR_JOB_PRECISION   # the job's: fp32 storage and transfers, GEMMs on TF32 (the inventory's tf32)
 
 
 def load_runs() -> list[dict]:
@@ -109,8 +110,8 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
 class MeasuredLayers:
     """Diagnostic (in sample): the learned model with the transformer layers, the embedding and the head replaced
     by Sailor's measured times of `sailor_model` on the GH200 at the asked TP and micro-batch (the median layer; its
-    TP all-reduces, which the planner adds back with the node's link, taken out in the plan's element: the job's 4
-    bytes)."""
+    TP all-reduces, which the planner adds back with the node's link, taken out in the job's element,
+    SAILOR_ELEMENT_BYTES, as the fit takes them out)."""
 
     def __init__(self, cost_model, sailor_model: str, intra_node):
         self.cost_model, self.intra_node = cost_model, intra_node
@@ -126,7 +127,7 @@ class MeasuredLayers:
 
     def layer_times(self, model, device, tp, mb, seq=None):
         layers = self._entries(tp, mb)[1:-1]
-        ar = comm.allreduce_time(device.dtype_bytes * mb * model.seq_length * model.hidden_size, tp, self.intra_node)
+        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp, self.intra_node)
         med = lambda xs: sorted(xs)[len(xs) // 2]
         return med([x[0] for x in layers]) - 2 * ar, med([x[1] for x in layers]) - 2 * ar
 

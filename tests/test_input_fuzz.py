@@ -211,10 +211,11 @@ def _manifest() -> dict:
     from hetauto_megatron.cost import features as F
     from hetauto_megatron.cost.learned.samples import MODEL_FORMAT
     return {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": {},
-            "calibration": {"a100-40gb|layer|fwd|0|2": {"rate": 1.2, "overhead_s": -0.001},
-                            "a100-40gb|layer|bwd|0|2": {"rate": 1.1, "overhead_s": 0.0}},
+            "calibration": {"a100-40gb|layer|fwd|0|16-bit": {"rate": 1.2, "overhead_s": -0.001},
+                            "a100-40gb|layer|bwd|0|16-bit": {"rate": 1.1, "overhead_s": 0.0}},
             "devices": {"a100-40gb": {"name": "a100-40gb", "granularity": "layer", "dtype_bytes": 2,
-                                      "peak_tflops": 312.0, "hbm_gbps": 1555.0, "rows": 10, "source": "sailor"}}}
+                                      "peak_tflops": 312.0, "hbm_gbps": 1555.0, "rows": 10, "source": "sailor",
+                                      "arithmetic": "16-bit"}}}
 
 
 def _edit(doc, path, value):
@@ -229,8 +230,10 @@ def _edit(doc, path, value):
     (("devices", "a100-40gb", "peak_tflops"), float("nan"), "devices.a100-40gb"),
     (("devices", "a100-40gb", "name"), {"a": 1}, "devices.a100-40gb"),
     (("devices", "a100-40gb", "extra"), 1, "devices.a100-40gb"),
+    (("devices", "a100-40gb", "arithmetic"), "fp64", "devices.a100-40gb"),
+    (("devices", "a100-40gb", "arithmetic"), "tf32", "devices.a100-40gb"),     # TF32 runs hold 4-byte elements
     (("devices", "a100-40gb"), [1, 2], "devices.a100-40gb"),
-    (("calibration", "a100-40gb|layer|fwd|0|2", "rate"), float("inf"), "calibration.a100-40gb|layer|fwd|0|2"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), float("inf"), "calibration.a100-40gb|layer|fwd|0|16-bit"),
     (("calibration", "not-a-key"), {"rate": 1.0, "overhead_s": 0.0}, "calibration.not-a-key"),
     (("score_bwd_weight",), float("inf"), "score_bwd_weight"),
     (("boosters",), 3, "boosters"),

@@ -28,6 +28,25 @@ OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", 
 LAYER_KINDS = ("transformer", "head", "embedding")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+# The arithmetic a measurement ran in, and so which plans its rates may price (cost/learned/model.py `coverage`)
+# and which calibration group it joins: 16-bit tensor-core training (bf16/fp16), fp32 on the CUDA cores, or fp32
+# storage with its GEMMs on the TF32 tensor cores. Each with the element size of the tensors the job stores and
+# moves (activations, TP all-reduces, softmax passes, pipeline sends): a TF32 job's are fp32, 4 bytes.
+ARITHMETIC_BYTES = {"16-bit": 2, "fp32": 4, "tf32": 4}
+
+
+def arithmetic_of(dtype_bytes: int, tf32: bool = False) -> str:
+    """The arithmetic of a job whose tensors are `dtype_bytes` wide (`tf32`: an fp32 job's GEMMs on TF32)."""
+    return "16-bit" if dtype_bytes == 2 else "tf32" if tf32 else "fp32"
+
+
+def device_arithmetic(device) -> str:
+    """The arithmetic a plan's device (spec/devices.py DeviceType, placed at the job's precision) trains in:
+    an fp32 job on a cluster whose PyTorch runs fp32 GEMMs on TF32 (`tf32: true`) is a TF32 job."""
+    tf32 = (device.dtype_bytes == 4 and device.precision == "fp32" and getattr(device, "tf32", False)
+            and device.peak_tflops_at("tf32") is not None)
+    return arithmetic_of(device.dtype_bytes, tf32)
+
 # Backward costs relative to forward, for the prior only (the trees learn the real ratio):
 # GEMMs compute grad-input and grad-weight (2x); attention recomputes probabilities (~2.5x).
 _BWD_FLOP_FACTOR = {"gemm": 2.0, "attention": 2.5}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..cost.memory import (JobMemory, LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
                            stage_memory_reader as _stage_reader)
+from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
@@ -106,7 +107,7 @@ def sailor_deepspeed_job() -> JobMemory:
                      RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,
                                      overlap_param_gather=False, hidden_dropout=MEGATRON_DEFAULT_DROPOUT,
                                      attention_dropout=0.0, engine="deepspeed"),
-                     LayerImpl(flash_attention=False), 4, 8.0)
+                     LayerImpl(flash_attention=False), SAILOR_ELEMENT_BYTES, 8.0)   # fp32: cost/sailor_job.py
 
 
 MEMORY_JOBS = {"sailor-deepspeed": sailor_deepspeed_job}

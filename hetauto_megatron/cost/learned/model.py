@@ -64,7 +64,7 @@ class FittedModel:
         for phase in ("fwd", "bwd"):
             rows = [F.op_row(o, phase, **a) for o in ops]
             X, priors = [x for x, _ in rows], [p for _, p in rows]
-            keys = [calibration_key(info.name, "op", phase, x) for x in X]
+            keys = [calibration_key(info.name, "op", phase, x, info.arithmetic) for x in X]
             out.append(sum(self.times(f"op_{phase}", keys, priors, X)))
         return out[0], out[1]
 
@@ -136,11 +136,16 @@ def _device_infos(raw, path: str) -> dict:
                 ok = ok and isinstance(x, int) and not isinstance(x, bool) and x >= (0 if key == "rows" else 1)
             else:
                 ok = ok and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+        ok = ok and v["arithmetic"] in F.ARITHMETIC_BYTES and F.ARITHMETIC_BYTES[v["arithmetic"]] == v["dtype_bytes"]
         if not ok:
             raise InputError(f"has a garbled entry for {name!r} (expected {', '.join(kinds)}, each a figure of "
                              "the right kind)", file=path, field=f"devices.{name}", fix="re-fit it with 'hetauto fit'")
         out[name] = DeviceInfo(**v)
     return out
+
+
+_ARITHMETIC_WORDS = {"16-bit": "16-bit precision (bf16/fp16)", "fp32": "fp32 without tensor cores",
+                     "tf32": "fp32 with TF32 GEMMs"}
 
 
 # ---- prediction --------------------------------------------------------------------------------------------
@@ -215,18 +220,19 @@ class LearnedCostModel:
             raise InputError("has a garbled host_floor table", file=path, field="host_floor",
                              fix="re-fit it with 'hetauto fit'")
         self.fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
-        # Covered: measured in both phases at its granularity, in the element size its DeviceInfo states (the
-        # calibration has groups for both phases at that size).
-        groups = {(d, g, ph, b) for d, g, ph, _, b in (k.split("|") for k in self.fitted.calibration)}
+        # Covered: measured in both phases at its granularity, in the arithmetic its DeviceInfo states (the
+        # calibration has groups for both phases in it).
+        groups = {(d, g, ph, a) for d, g, ph, _, a in (k.split("|") for k in self.fitted.calibration)}
         self._covered = {d for d, i in self.devices.items()
-                         if all((i.name, i.granularity, ph, str(i.dtype_bytes)) in groups for ph in ("fwd", "bwd"))}
+                         if all((i.name, i.granularity, ph, i.arithmetic) in groups for ph in ("fwd", "bwd"))}
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def coverage(self, device: DeviceType) -> tuple[DeviceInfo | None, str]:
         """(what the model knows of `device`, None if the analytic model prices it; and why, in words).
 
-        A device type is priced by the learned model only with its own measurements in the element size it
-        trains in: no rate is borrowed from another device type or another precision."""
+        A device type is priced by the learned model only with its own measurements in the arithmetic it trains in
+        (F.device_arithmetic: 16-bit, fp32, or fp32 with TF32 GEMMs, e.g. Sailor's tensor-core runs): no rate is
+        borrowed from another device type or another precision."""
         name = canonical_device_name(device.name) or device.name
         name = name if name in self.devices else device.name
         covered = ", ".join(self.covered_devices()) or "none"
@@ -236,23 +242,17 @@ class LearnedCostModel:
             hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
-        if (device.precision == "fp32" and getattr(device, "tf32", False) and info.source == "sailor"
-                and info.dtype_bytes == 2):
-            # Sailor's tensor-core runs (they beat the FP32 CUDA-core peak) come from fp32 jobs in NVIDIA's PyTorch
-            # container, whose fp32 GEMMs run on TF32 (docs/peers.md): an fp32 job with TF32 is what they measured
-            return info, (f"measured ({info.source}, {info.rows} rows): its tensor-core runs, Sailor's fp32 jobs "
-                          "with TF32 GEMMs, price this fp32 plan with TF32")
-        if info.dtype_bytes != device.dtype_bytes:
-            return None, (f"the learned model measured {name} with {info.dtype_bytes}-byte elements, the plan "
-                          f"trains in {device.dtype_bytes}-byte elements: no rate is borrowed from another precision"
-                          + ("; its tensor-core runs were Sailor's fp32 jobs with TF32 GEMMs: they price an fp32 "
-                             "plan on a cluster with 'tf32: true' in the inventory"
-                             if device.precision == "fp32" and info.source == "sailor" and info.dtype_bytes == 2
+        want = F.device_arithmetic(device)
+        if info.arithmetic != want:
+            return None, (f"the learned model measured {name} in {_ARITHMETIC_WORDS[info.arithmetic]}, the plan trains "
+                          f"in {_ARITHMETIC_WORDS[want]}: no rate is borrowed from another precision"
+                          + ("; an fp32 plan runs on TF32 where the inventory says 'tf32: true' for the cluster"
+                             if info.arithmetic == "tf32" and device.precision == "fp32"
                              and device.peak_tflops_at("tf32") is not None else ""))
         if device.precision == "fp8":   # same element size as bf16, another GEMM rate: measured never in fp8
             return None, (f"the learned model measured {name} in 16-bit, the plan trains in fp8: no rate is "
                           "borrowed from another precision")
-        return info, f"measured ({info.source}, {info.rows} rows)"
+        return info, f"measured ({info.source}, {info.rows} rows, {_ARITHMETIC_WORDS[info.arithmetic]})"
 
     def _info(self, device: DeviceType) -> DeviceInfo | None:
         return self.coverage(device)[0]
@@ -275,7 +275,7 @@ class LearnedCostModel:
     # ---- internals --------------------------------------------------------------------------------------
     def _predict(self, info: DeviceInfo, phase: str, rows: list[tuple[list, float]]) -> float:
         """Sum over rows of (features, prior) of the fitted model's times."""
-        keys = [calibration_key(info.name, info.granularity, phase, x) for x, _ in rows]
+        keys = [calibration_key(info.name, info.granularity, phase, x, info.arithmetic) for x, _ in rows]
         return sum(self.fitted.times(f"{info.granularity}_{phase}", keys, [p for _, p in rows],
                                      [x for x, _ in rows]))
 

@@ -12,6 +12,7 @@ from ...errors import InputError
 from ...spec.devices import CATALOG
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
+from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .samples import DeviceInfo, Sample
 
 
@@ -31,10 +32,21 @@ SAILOR_MODELS = {
 # (dense FP16 tensor throughput with FP32 accumulation, memory bandwidth).
 SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200"}
 SAILOR_EXTRA_GPUS = {"Titan-RTX": (130.0, 672.0), "RTX-2080": (40.3, 448.0), "RTX-3090": (71.0, 936.0)}
-SAILOR_DTYPE_BYTES = 2   # mixed-precision training runs
+# Every run was an fp32 job (cost/sailor_job.py gives the evidence): 4-byte activations, TP all-reduces and softmax
+# passes, whether its GEMMs ran on the TF32 tensor cores or on the CUDA cores (sailor_precisions).
 # Datasheet FP32 throughput without tensor cores (TF32 off), TFLOP/s: the ceiling of a run in plain FP32.
 SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96": 67.0, "Titan-RTX": 16.3,
                       "RTX-2080": 10.1, "RTX-3090": 35.6}
+# Dense TF32 tensor peak of the GPUs outside the catalog that have TF32 (Turing has none); catalog GPUs: theirs.
+SAILOR_EXTRA_TF32_TFLOPS = {"RTX-3090": 35.6}
+
+
+def sailor_tf32_tflops(gpu: str) -> float | None:
+    """The dense TF32 tensor peak of a Sailor GPU, the ceiling of an fp32 run whose GEMMs ran on TF32; None
+    where the GPU has no TF32 (V100, Turing)."""
+    if gpu in SAILOR_GPUS:
+        return CATALOG[SAILOR_GPUS[gpu]].peak_tflops_at("tf32")
+    return SAILOR_EXTRA_TF32_TFLOPS.get(gpu)
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "sailor")
@@ -51,17 +63,18 @@ class SailorLayer:
     index: int            # layer index in Sailor's list (transformer layers 1..L)
     fwd_s: float
     bwd_s: float
-    precision: str = "fp16"   # "fp16" (tensor cores) or "fp32" (see sailor_precisions)
+    precision: str = "tf32"   # the arithmetic: "tf32" (GEMMs on the TF32 tensor cores) or "fp32" (sailor_precisions)
     tp_comm_s: float = 0.0    # TP all-reduce time the measurement contains, per pass (see tp_allreduces_s)
 
     @property
     def dtype_bytes(self) -> int:
-        return 4 if self.precision == "fp32" else SAILOR_DTYPE_BYTES
+        """The element size of the run's tensors: the job's (fp32), whatever unit ran its GEMMs."""
+        return SAILOR_ELEMENT_BYTES
 
     @property
     def compute_tflops(self) -> float:
-        """The compute ceiling of this run: the tensor-core peak, or the FP32 peak for an FP32 run."""
-        return SAILOR_FP32_TFLOPS[self.gpu] if self.precision == "fp32" else self.peak_tflops
+        """The compute ceiling of this run: the TF32 tensor peak, or the FP32 peak for a run on the CUDA cores."""
+        return SAILOR_FP32_TFLOPS[self.gpu] if self.precision == "fp32" else sailor_tf32_tflops(self.gpu)
 
 
 def sailor_device(gpu: str) -> tuple[str, float, float]:
@@ -139,10 +152,12 @@ def forward_tflops(r: SailorLayer) -> float:
 
 
 def sailor_precisions(layers: list[SailorLayer]) -> dict[tuple, str]:
-    """The arithmetic each (model, GPU) run used, which the data does not record.
+    """The arithmetic each (model, GPU) run used, which the data does not record: every run is an fp32 job
+    (cost/sailor_job.py), its GEMMs on the TF32 tensor cores or on the CUDA cores.
 
-    Rule: a run is FP32 when no transformer layer of it ever beat the GPU's FP32 (non-tensor-core) peak;
-    one that did must have used tensor cores (fp16). A run's precision is a fact of how it was launched,
+    Rule: a run is FP32 (CUDA cores) when no transformer layer of it ever beat the GPU's FP32 (non-tensor-core)
+    peak or the GPU has no TF32; one that did must have used the tensor cores, TF32 in an fp32 job ("tf32"),
+    whose ceiling is the TF32 peak (`SailorLayer.compute_tflops`). A run's arithmetic is a fact of how it was launched,
     like its micro-batch, so it is recovered once per run from the whole run and never fitted.
     docs/cost-model-learned.md gives the evidence (the same project's fp16/fp32-labelled operator profiles)."""
     best: dict[tuple, float] = {}
@@ -150,7 +165,8 @@ def sailor_precisions(layers: list[SailorLayer]) -> dict[tuple, str]:
         if r.shape.kind == "transformer" and r.fwd_s > 0:
             k = (r.model, r.gpu)
             best[k] = max(best.get(k, 0.0), forward_tflops(r))
-    return {(r.model, r.gpu): ("fp32" if best.get((r.model, r.gpu), math.inf) <= SAILOR_FP32_TFLOPS[r.gpu] else "fp16")
+    return {(r.model, r.gpu): ("fp32" if best.get((r.model, r.gpu), math.inf) <= SAILOR_FP32_TFLOPS[r.gpu]
+                               or sailor_tf32_tflops(r.gpu) is None else "tf32")
             for r in layers}
 
 
@@ -286,22 +302,24 @@ def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
     known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
-    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known)
+    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known, r.precision)
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
-    """One DeviceInfo per GPU. Its element size is the precision the model can price it in: 2 (tensor-core
-    fp16) when any run of that GPU used it, else 4 (a GPU measured only in fp32, like the V100-16 here, is priced
-    in fp32 only: its rate is never taken from other GPUs' fp16 runs)."""
+    """One DeviceInfo per GPU, in the arithmetic the model can price it in: fp32 with TF32 GEMMs when any run of
+    that GPU used the tensor cores, else fp32 on the CUDA cores (a GPU measured only so, like the V100-16 here, is
+    priced in that arithmetic only: its rate is never taken from other GPUs' tensor-core runs). No Sailor GPU
+    prices a 16-bit plan: none was measured in one."""
     count: dict[str, int] = {}
-    half: set[str] = set()
+    tensor: set[str] = set()
     for r in layers:
         count[r.device] = count.get(r.device, 0) + 1
-        if r.dtype_bytes == SAILOR_DTYPE_BYTES:
-            half.add(r.device)
-    # the figures the features of that precision were computed with (an fp32 run's compute ceiling is the FP32 peak)
-    first = {r.device: r for r in layers if (r.device in half) == (r.dtype_bytes == SAILOR_DTYPE_BYTES)}
-    return {d: DeviceInfo(d, "layer", first[d].dtype_bytes, first[d].compute_tflops, first[d].hbm_gbps, n, "sailor")
+        if r.precision == "tf32":
+            tensor.add(r.device)
+    # the figures the features of that arithmetic were computed with (an fp32 run's compute ceiling is the FP32 peak)
+    first = {r.device: r for r in layers if (r.device in tensor) == (r.precision == "tf32")}
+    return {d: DeviceInfo(d, "layer", first[d].dtype_bytes, first[d].compute_tflops, first[d].hbm_gbps, n, "sailor",
+                          first[d].precision)
             for d, n in count.items()}
 
 
@@ -325,7 +343,7 @@ class SailorUpdate:
     device: str
     tp: int
     params: float          # the profiled model's parameters on one TP rank
-    bytes_per_param: int   # Adam's memory traffic per parameter: 32 in 16-bit mixed precision, 28 in fp32
+    bytes_per_param: int   # Adam's memory traffic per parameter: 28 in an fp32 job (no master copy), as all these ran
     hbm_gbps: float
     update_s: float
 
@@ -335,6 +353,9 @@ class SailorUpdate:
         return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
 
 
+# Adam's memory traffic per parameter by element size (plan/tail_costs.py optimizer_time): 16-bit mixed precision
+# reads and writes an fp32 master copy too (32), an fp32 job does not (28).
+ADAM_BYTES_PER_PARAM = {2: 32, 4: 28}
 PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler trains (with the embedding and the head)
 
 
@@ -366,6 +387,6 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
                     continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
                 last = max(counts, key=int)
                 params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
-                out.append(SailorUpdate(mname, gpu, dev, tp, float(params),
-                                        28 if prec[(mname, gpu)] == "fp32" else 32, bw, statistics.median(ups)))
+                out.append(SailorUpdate(mname, gpu, dev, tp, float(params), ADAM_BYTES_PER_PARAM[SAILOR_ELEMENT_BYTES],
+                                        bw, statistics.median(ups)))
     return out

@@ -10,7 +10,7 @@ from ...errors import InputError
 from .. import features as F
 
 
-MODEL_FORMAT = "hetauto-learned-cost/2"
+MODEL_FORMAT = "hetauto-learned-cost/3"   # 3: calibration groups and devices keyed by arithmetic
 PROFILE_FORMAT = "hetauto-profile/1"
 MANIFEST = "manifest.json"
 BOOSTERS = ("op_fwd", "op_bwd", "layer_fwd", "layer_bwd")
@@ -28,6 +28,7 @@ class Sample:
     group: str             # rows sharing a group are held out together (one shape, or one model)
     label: str             # for tables
     known_s: float = 0.0   # part of measured_s another model prices (a layer's TP all-reduces): not learned
+    arithmetic: str = ""   # F.ARITHMETIC_BYTES key; "" = the element size's (16-bit or fp32), as profiles record
 
     @property
     def baseline_s(self) -> float:
@@ -40,12 +41,13 @@ class Sample:
         return max(self.measured_s - self.known_s, 0.25 * self.measured_s)
 
     def calibration_key(self) -> str:
-        return calibration_key(self.device, self.granularity, self.phase, self.features)
+        return calibration_key(self.device, self.granularity, self.phase, self.features, self.arithmetic)
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What the model knows of a device type: the figures its features were computed with."""
+    """What the model knows of a device type: the figures its features were computed with, and the arithmetic it
+    was measured in (the plans it may price: `LearnedCostModel.coverage`)."""
     name: str
     granularity: str
     dtype_bytes: int
@@ -53,6 +55,7 @@ class DeviceInfo:
     hbm_gbps: float
     rows: int
     source: str
+    arithmetic: str
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -116,7 +119,7 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
                 continue
             feats, prior = F.op_row(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
             samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}"))
-    info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path))
+    info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path), F.arithmetic_of(db))
     return info, samples
 
 
@@ -124,10 +127,12 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
 H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "h200")
 
 
-def calibration_key(device: str, granularity: str, phase: str, features) -> str:
-    """device|granularity|phase|operator or layer kind|element size."""
+def calibration_key(device: str, granularity: str, phase: str, features, arithmetic: str = "") -> str:
+    """device|granularity|phase|operator or layer kind|arithmetic (F.ARITHMETIC_BYTES; "" = the features' element
+    size's). TF32 and CUDA-core fp32 runs move the same 4-byte elements at different rates: separate groups."""
     names = F.OP_FEATURES if granularity == "op" else F.LAYER_FEATURES
-    return f"{device}|{granularity}|{phase}|{int(features[0])}|{int(features[names.index('dtype_bytes')])}"
+    return (f"{device}|{granularity}|{phase}|{int(features[0])}|"
+            f"{arithmetic or F.arithmetic_of(int(features[names.index('dtype_bytes')]))}")
 
 
 # ---- whole layers measured by `hetauto profile --layers` ------------------------------------------------------
