@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from operator import attrgetter, mul
 
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -211,11 +210,12 @@ class LayoutEvaluator(OverlapPricing):
         if out is None:
             # prof.times of every stage: n x the per-layer time in the middle (what times adds there is 0.0, which
             # changes no float), the embedding and the head at the ends
-            fwd = list(map(mul, layers, map(attrgetter("layer_fwd"), profs)))
-            bwd = list(map(mul, layers, map(attrgetter("layer_bwd"), profs)))
+            fwd = [n * prof.layer_fwd for n, prof in zip(layers, profs)]
+            bwd = [n * prof.layer_bwd for n, prof in zip(layers, profs)]
             p = len(profs)
-            for i in {0, p - 1}:
-                fwd[i], bwd[i] = profs[i].times(layers[i], i == 0, i == p - 1)
+            fwd[0], bwd[0] = profs[0].times(layers[0], True, p == 1)
+            if p > 1:
+                fwd[-1], bwd[-1] = profs[-1].times(layers[-1], False, True)
             t = tail_costs.tail_seconds(pm, profs, layers, fwd, bwd, links, self.sync(cur, pm), self._stage_terms)
             out = self._tails[key] = (tuple(fwd), tuple(bwd), t)
         return out

@@ -49,37 +49,45 @@ class CapTable:
 
     def in_flight_caps(self, to_end: int, m: int, k: int) -> list[int]:
         """The caps of k consecutive stages of this configuration, the first `to_end` stages from the pipeline's
-        end: stage j holds min(to_end - j, m) micro-batches in flight (no boundary buffers)."""
+        end: stage j holds min(to_end - j, m) micro-batches in flight (no boundary buffers). The row by
+        in-flight count is filled only where asked (a mesh far from the pipeline's end never asks the small
+        counts): the rows were most of the search's cap computations."""
         top = min(to_end, m)
-        row = self.row                                                    # by in-flight count
-        while len(row) <= top:
-            row.append(self.cap(len(row)))
         deep = min(max(to_end - m, 0), k)                                 # stages holding all m
+        row = self.row                                                    # by in-flight count, None: not yet
+        if len(row) <= top:
+            row.extend([None] * (top + 1 - len(row)))
+        for f in range(to_end - k + 1, to_end - deep + 1):
+            if row[f] is None:
+                row[f] = self._fit(f, 0)
+        if deep and row[top] is None:
+            row[top] = self._fit(top, 0)
         return [row[top]] * deep + row[to_end - k + 1:to_end - deep + 1][::-1]
 
     def cap(self, f: int, buf: int = 0) -> int:
         caps = self.caps if buf else self.row_caps     # no boundary buffers (most asks): keyed by the bare int
         key = (f, buf) if buf else f
         n = caps.get(key)
-        if n is not None:
-            return n
+        if n is None:
+            n = caps[key] = self._fit(f, buf)
+        return n
+
+    def _fit(self, f: int, buf: int) -> int:
+        """The cap for f in flight and buf boundary tensors (uncached: `cap` and the rows remember it)."""
         if not self.affine:
-            n = memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
-        else:
-            # memory_fit.layers_that_fit written out on the affine need (the same arithmetic, so the same caps):
-            # the rows ask it tens of thousands of times per search
-            a, b, c, d, e = self.coef
-            limit = self.limit
-            n = 1
-            if a + b * n + c * f + d * n * f + e * buf > limit:
-                n = -1 if self._need(0, f, buf) > limit else 0
-            elif b + d * f <= 0:
-                n = self.model.num_layers
-            else:
-                n = 1 + int((limit - (a + b * n + c * f + d * n * f + e * buf)) // (b + d * f))
-                while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
-                    n -= 1
-                while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:
-                    n += 1
-        caps[key] = n
+            return memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
+        # memory_fit.layers_that_fit written out on the affine need (the same arithmetic, so the same caps): the
+        # search asks it tens of thousands of times
+        a, b, c, d, e = self.coef
+        limit = self.limit
+        n = 1
+        if a + b * n + c * f + d * n * f + e * buf > limit:
+            return -1 if self._need(0, f, buf) > limit else 0
+        if b + d * f <= 0:
+            return self.model.num_layers
+        n = 1 + int((limit - (a + b * n + c * f + d * n * f + e * buf)) // (b + d * f))
+        while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
+            n -= 1
+        while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:
+            n += 1
         return n

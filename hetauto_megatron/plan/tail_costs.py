@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from itertools import accumulate, compress
-from operator import add, is_not, ne, or_
 
 from ..cost import comm
 from ..cost.memory import grad_buffer_bytes, stage_params
@@ -107,30 +105,32 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
 def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: float, memo: dict | None = None) -> float:
     """iteration_tail(...)["tail_s"], the same float, for the search's leaves: from the first stage of each run of
     identical stages (same profile, layers, ends) only, since later ones of a run see a longer window before them
-    and so expose no more. The windows' running sums are taken with accumulate (the same additions in the same
-    order as tail_windows) instead of a Python step per stage. memo: a dict the caller keeps for one model,
-    remembering each stage kind's collectives and optimizer step across calls (keyed by the profile, without
-    hashing the model)."""
-    p = len(profiles)
-    fwd_before = list(accumulate(map(add, fwd, links), initial=0.0))     # (links: p - 1, so p sums)
-    bwd_before = list(accumulate(map(add, bwd, links), initial=0.0))
-    # run starts: stage 0, 1 and p - 1 (the ends differ from their runs), and wherever profile or layers change
-    starts = {0, 1, p - 1}.union(compress(range(1, p), map(or_, map(is_not, profiles[1:], profiles),
-                                                           map(ne, layers[1:], layers))))
+    and so expose no more (the windows summed as tail_windows sums them, in one plain loop). memo: a dict the
+    caller keeps for one model, remembering each stage kind's collectives and optimizer step across calls (keyed
+    by the profile, without hashing the model)."""
+    memo = {} if memo is None else memo
+    last = len(profiles) - 1
+    fwd_before = bwd_before = 0.0
+    run = run_n = None
     reduce_max = after_max = -math.inf
-    for i in sorted(starts) if p > 1 else (0,):
-        prof, n, first, last = profiles[i], layers[i], i == 0, i == p - 1
-        terms = None if memo is None else memo.get((prof, n, first, last))
-        if terms is None:
-            terms = (*dp_sync_times(model, prof, n, first, last), optimizer_time(model, prof, n, first, last))
-            if memo is not None:
-                memo[(prof, n, first, last)] = terms
-        reduce, gather, o = terms
-        r, g = _exposed(prof.settings, reduce, gather, fwd_before[i] + fwd[i], bwd_before[i] + bwd[i])
-        if r > reduce_max:
-            reduce_max = r
-        if g + o > after_max:
-            after_max = g + o
+    for i in range(last + 1):
+        prof, n, f, b = profiles[i], layers[i], fwd[i], bwd[i]
+        if prof is not run or n != run_n or i == 1 or i == last:   # the end stages differ from their runs
+            run, run_n = prof, n
+            key = (prof, n, i == 0, i == last)
+            terms = memo.get(key)
+            if terms is None:
+                terms = memo[key] = (*dp_sync_times(model, prof, n, i == 0, i == last),
+                                     optimizer_time(model, prof, n, i == 0, i == last))
+            r, g = _exposed(prof.settings, terms[0], terms[1], fwd_before + f, bwd_before + b)
+            if r > reduce_max:
+                reduce_max = r
+            if g + terms[2] > after_max:
+                after_max = g + terms[2]
+        if i < last:
+            x = links[i]
+            fwd_before += f + x
+            bwd_before += b + x
     return reduce_max + sync + after_max
 
 
