@@ -11,10 +11,11 @@ step, 4 micro-batches:
          rank runs them whole, as TP 1 would), so only the engine's terms are those of TP 2
 At every instruction boundary each rank reads what it holds: the tensors autograd saved (saved-tensor hooks,
 runtime/memory_meter.py) and every other tensor a Python object holds (the engine's buffers), by unique storage,
-less the weights, gradients and optimizer state and whatever was alive before the step. Predicted: the memory model's
-activations kept (`activations_saved`: the layers, LAYER_IMPL, and the pipe buffers) and its `pipe_buffers`, for the
-same stage. Target: every stage within 10 %, pipe buffers and activations alike (the transients of a backward pass
-are not at a boundary: compared is what stays).
+less the weights, gradients and optimizer state and whatever was alive before the step; and what the engine holds
+as each backward pass starts (where a TP > 1 stage has rebuilt its whole output and the received gradient, the
+model's workspace). Predicted: the memory model's activations kept (`activations_saved`: the layers, LAYER_IMPL, and
+the pipe buffers) and its pipe buffers, kept and with the workspace, for the same stage. Target: every stage within
+10 %, each of the three.
 """
 import json
 
@@ -37,7 +38,10 @@ TP2_STAGES = 2
 
 
 def _measure(engine, module, model):
-    """Run one step; return the boundary where saved + engine-held bytes peak, with both."""
+    """Run one step; return the boundary where saved + engine-held bytes peak, with both, and the most the engine
+    held as a backward pass started (where a TP > 1 stage has rebuilt its output and the received gradient)."""
+    import torch
+
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
     from hetauto_megatron.runtime.memory_meter import SavedTensorMeter, held_storages
 
@@ -52,29 +56,43 @@ def _measure(engine, module, model):
                 out.add(p.grad.untyped_storage().data_ptr())
         return out
 
-    rows = []
+    rows, backward_entries = [], []
+
+    def read():
+        exclude = state()
+        saved = {p: b for p, (_, b) in meter.refs.items() if p not in exclude}
+        held = {p: b for p, b in held_storages(exclude).items() if p not in saved}
+        return sum(saved.values()), sum(held.values())
 
     def wrap(fn, name):
         def run(self, *args, **kwargs):
             result = fn(self, *args, **kwargs)
             if name not in ("OptimizerStep", "ReduceGrads", "ReduceTiedGrads"):   # gradient and optimizer state
-                exclude = state()
-                saved = {p: b for p, (_, b) in meter.refs.items() if p not in exclude}
-                held = {p: b for p, b in held_storages(exclude).items() if p not in saved}
-                rows.append((name, sum(saved.values()), sum(held.values())))
+                rows.append((name, *read()))
             return result
         return run
 
     engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
+    backward = torch.Tensor.backward
+
+    def entering_backward(self, *args, **kwargs):     # the engine's BackwardPass calls it once per micro-batch
+        backward_entries.append(read()[1])
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = entering_backward
 
     def batches():
         for i in range(MICRO):
             yield dsp.synthetic_batch(model, range(i * MBS, (i + 1) * MBS))
 
-    with meter.metering():
-        engine.train_batch(data_iter=batches())
+    try:
+        with meter.metering():
+            engine.train_batch(data_iter=batches())
+    finally:
+        torch.Tensor.backward = backward
     name, saved, held = max(rows, key=lambda r: r[1] + r[2])
-    return {"stage": engine.stage_id, "at": name, "saved": saved, "engine": held}
+    return {"stage": engine.stage_id, "at": name, "saved": saved, "engine": held,
+            "engine_in_backward": max(backward_entries)}
 
 
 def _tp1_rank(rank, world_size, model, configs):
@@ -148,18 +166,19 @@ def tp2_run():
 
 
 def _predicted(model, *, tp_engine, layers, first, last, in_flight, settings):
-    """The memory model's kept activations and pipe buffers of a stage whose layers run at TP 1."""
+    """The memory model's kept activations, kept pipe buffers and pipe buffers with the backward's workspace, of a
+    stage whose layers run at TP 1."""
     b = stage_memory_bytes(model, layers=layers, tp=1, dp=1, micro_batch_size=MBS, recompute="none",
                            in_flight=in_flight, first=first, last=last, settings=settings, dtype_bytes=4,
                            impl=_impl())
-    if tp_engine == 1:
-        return b["activations_saved"], b["pipe_buffers"]
+    if tp_engine == 1:      # (no workspace at TP 1)
+        return b["activations_saved"], b["pipe_buffers"], b["pipe_buffers"]
     # the engine partitions over its model axis of 2; the replicated layers' logits are the whole vocabulary
     s, E = model.seq_length, 4
     pipe = deepspeed_pipe_buffers(tp_engine, s * MBS * model.hidden_size * E, s * MBS * model.vocab_size * E,
                                   first, last)
     kept = in_flight * pipe.per_in_flight + pipe.fixed
-    return b["activations_saved"] - b["pipe_buffers"] + kept, kept
+    return b["activations_saved"] - b["pipe_buffers"] + kept, kept, kept + pipe.workspace
 
 
 def _impl():
@@ -168,13 +187,16 @@ def _impl():
 
 
 def _check(rows):
-    for where, (pred_acts, pred_pipe), got in rows:
+    for where, (pred_acts, pred_pipe, pred_in_backward), got in rows:
         measured = got["saved"] + got["engine"]
         print(f"{where}: activations predicted {pred_acts / 1024:.0f} / measured {measured / 1024:.0f} KiB, "
-              f"pipe buffers {pred_pipe / 1024:.0f} / {got['engine'] / 1024:.0f} KiB (peak at {got['at']})")
-    for where, (pred_acts, pred_pipe), got in rows:
+              f"pipe buffers {pred_pipe / 1024:.0f} / {got['engine'] / 1024:.0f} KiB (peak at {got['at']}), "
+              f"as a backward starts {pred_in_backward / 1024:.0f} / {got['engine_in_backward'] / 1024:.0f} KiB")
+    for where, (pred_acts, pred_pipe, pred_in_backward), got in rows:
         assert got["engine"] == pytest.approx(pred_pipe, rel=TOLERANCE), (where, pred_pipe, got)
         assert got["saved"] + got["engine"] == pytest.approx(pred_acts, rel=TOLERANCE), (where, pred_acts, got)
+        assert got["engine_in_backward"] == pytest.approx(pred_in_backward, rel=TOLERANCE), \
+            (where, pred_in_backward, got)
 
 
 def test_every_stage_at_tp1_within_10_percent(tp1_run):
