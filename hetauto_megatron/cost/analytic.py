@@ -168,18 +168,25 @@ class AnalyticCostModel:
 
     def layer_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None = None) -> tuple[float, float]:
-        parts = self.layer_parts(model, device, tp, micro_batch_size, seq_length)
-        return sum(p[0] for p in parts.values()), sum(p[1] for p in parts.values())
+        """(forward, backward) of one layer: the sums of layer_parts (memoised as it is, with its sums: every new
+        stage profile asks them)."""
+        key = ("times", model, device, tp, micro_batch_size, seq_length, self.flash_attention,
+               self.sequence_parallel, self.cal)
+        cache = self.__dict__.setdefault("_parts_memo", {})
+        out = cache.get(key)
+        if out is None:
+            parts = self.layer_parts(model, device, tp, micro_batch_size, seq_length)
+            out = cache[key] = (sum(p[0] for p in parts.values()), sum(p[1] for p in parts.values()))
+        return out
 
     def recompute_time(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                        recompute: str, seq_length: int | None = None) -> float:
         """Extra backward-pass time per layer: full re-runs the layer's forward; selective re-runs the MLP."""
         if recompute == "none":
             return 0.0
-        parts = self.layer_parts(model, device, tp, micro_batch_size, seq_length)
         if recompute == "full":
-            return sum(p[0] for p in parts.values())
-        return parts["mlp"][0]
+            return self.layer_times(model, device, tp, micro_batch_size, seq_length)[0]
+        return self.layer_parts(model, device, tp, micro_batch_size, seq_length)["mlp"][0]
 
     def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                    seq_length: int | None = None) -> tuple[float, float]:

@@ -168,16 +168,29 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
     """Parameters one device of a stage holds. Linear weights and the vocabulary are split over TP; norms and a
     learned position table are replicated on every TP rank (Megatron-Core's layout). With tied embeddings the
     last stage keeps its own copy of the table, except when it is also the first stage."""
+    return _params(_param_terms(model, tp, first, last), layers)
+
+
+def _param_terms(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple:
+    """stage_params' terms that do not depend on the layer count: (parameters per layer, what the first and the
+    last stage add, in the order they are added)."""
     h = model.hidden_size
     norms = 2 * h
-    params = layers * ((model.layer_params - norms) / tp + norms)
+    adds = []
     if first:
         pos = model.embedding_params - model.vocab_size * h
-        params += model.vocab_size * h / tp + pos
+        adds.append(model.vocab_size * h / tp + pos)
     if last:
-        params += h                                   # the final norm
+        adds.append(h)                                # the final norm
         if not (first and model.tie_embeddings):
-            params += model.vocab_size * h / tp        # the output head (or the tied table's copy)
+            adds.append(model.vocab_size * h / tp)     # the output head (or the tied table's copy)
+    return (model.layer_params - norms) / tp + norms, tuple(adds)
+
+
+def _params(terms: tuple, layers: int) -> float:
+    params = layers * terms[0]
+    for add in terms[1]:
+        params += add
     return params
 
 
@@ -218,10 +231,10 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                    vendor: str, seq_length: int | None, E: int, impl: LayerImpl,
                    overhead: RuntimeOverhead | None) -> tuple:
-    """What every reading of one stage configuration shares (`_reading`'s first argument): the model, TP, first,
-    last, _stage_terms' terms, the bytes of one boundary tensor, the runtime overhead."""
-    return (model, tp, first, last, *_stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E,
-                                                  impl),
+    """What every reading of one stage configuration shares (`_reading`'s first argument): the parameters' terms
+    (stage_params), first, last, _stage_terms' terms, the bytes of one boundary tensor, the runtime overhead."""
+    return (_param_terms(model, tp, first, last), first, last,
+            *_stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl),
             E * (seq_length or model.seq_length) * b * model.hidden_size, overhead or vendor_overhead(vendor))
 
 
@@ -230,8 +243,8 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     reserved, pipe buffers) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
     `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_total, stage_memory_reader)."""
-    model, tp, first, last, per, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
-    params = stage_params(model, tp, layers, first, last)
+    params_terms, first, last, per, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
+    params = _params(params_terms, layers)
     state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
     saved = in_flight * layers * act
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage

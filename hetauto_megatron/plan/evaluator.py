@@ -66,6 +66,7 @@ class LayoutEvaluator(OverlapPricing):
         self._tails: dict = {}
         self._stage_terms: dict = {}    # (profile, layers, first, last) -> DP collectives, optimizer step
         self._syncs: dict = {}
+        self._rings: dict = {}          # (cluster, ranks) per mesh -> the global-norm all-reduce
         self._settings: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
 
@@ -196,11 +197,16 @@ class LayoutEvaluator(OverlapPricing):
 
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
         """The tail's job-wide terms (tail_costs.iteration_sync_time): they depend on the layout only, so once per
-        layout rather than once per layer split or bound."""
+        layout rather than once per layer split or bound; its global-norm ring once per (cluster, ranks) of each
+        mesh, all it depends on (layouts that differ in recomputation or micro-batch share it)."""
         out = self._syncs.get(cur)
         if out is None:
+            ring = tuple([(c.cluster, c.tp * c.dp * c.num_stages) for c in cur])
+            norm = self._rings.get(ring)
+            if norm is None:
+                norm = self._rings[ring] = tail_costs.grad_norm_time(self.inventory, cur)
             out = self._syncs[cur] = tail_costs.iteration_sync_time(
-                pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)])
+                pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)], norm)
         return out
 
     def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list):

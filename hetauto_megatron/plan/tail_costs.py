@@ -263,8 +263,11 @@ def grad_norm_time(inventory: Inventory, meshes) -> float:
     return GRAD_NORM_ALLREDUCES * 2 * ring
 
 
-def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles) -> float:
+def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles,
+                        grad_norm: float | None = None) -> float:
     """The tail's job-wide terms of one pipeline of single meshes: the tied table summed across its two holders
-    (holders_sync_time, as for any plan shape) + global-norm all-reduce (`profiles`: per stage)."""
+    (holders_sync_time, as for any plan shape; exactly 0.0 without one) + global-norm all-reduce (`profiles`: per
+    stage; `grad_norm`: grad_norm_time(inventory, meshes) when the caller has it)."""
     blocks = tied_table_blocks(model, meshes, profiles[0], profiles[-1])
-    return holders_sync_time(inventory, blocks) + grad_norm_time(inventory, meshes)
+    return ((holders_sync_time(inventory, blocks) if blocks else 0.0) +
+            (grad_norm_time(inventory, meshes) if grad_norm is None else grad_norm))
