@@ -42,6 +42,7 @@ from . import local, space as space_mod
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
+from .replan import micro_batches, warm_enumeration
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
@@ -53,9 +54,8 @@ TREE_ROUND = 3                  # grown this many at a time while a round finds 
 SEED_VISITS = 4000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
                                 # seed the trees)
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
-REPLAN_VISITS = SEED_VISITS     # re-planning (a warm start): the bounded enumeration's visits (pruned by the old
-REPLAN_CLIMBS = 2               # plan's value), no trees, two climbs besides those from the old plan,
-REPLAN_RERANK = 4               # and the event simulation re-checks the best four of each list
+REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
+REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found
 PARALLEL_AFTER_S = 5.0          # jobs go to worker processes only once the search has run this long (below)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
@@ -282,13 +282,13 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             warm_found += part
             priced += n
         priced -= len(ev.cache) - before     # counted again below when they ran in this process
-    best_known = min((t for t, _ in warm_found), default=math.inf)
+    best_known = old_best = min((t for t, _ in warm_found), default=math.inf)
     if warm and method == "mcts" and not cfg.iterations:
-        # the climbed old plan is the plan to beat: the bounded enumeration, pruned by it, looks only where a
-        # better leaf can be (another S or order than the old plan's, which no climb reaches through better
-        # layouts), and climbs start from its best orders: no trees
-        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), REPLAN_VISITS, deadline, leaves,
-                                              incumbent=best_known)
+        # the climbed old plan is the plan to beat: an enumeration pruned by it, over the old plan's micro-batch
+        # sizes, looks where a better leaf can be (another S, order, TP or DP than the old plan's, which no
+        # climb reaches through better layouts; plan/replan.py), and a climb starts from what beat it: no trees
+        _, playouts, _ = warm_enumeration(sp, _layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), best_known,
+                                          found=leaves, micro_batches=micro_batches(warm), deadline=deadline)
         priced += len(ev.cache)
     elif method == "mcts" and not cfg.iterations:
         # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
@@ -336,13 +336,18 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     shortlists = [ranked]
     if (method == "mcts" and cfg.local_search) or warm:
         climbed = set(warm) if cfg.local_search else set()
-        jobs = [(s, deadline) for s in dict.fromkeys(warm + local.starts(ranked, REPLAN_CLIMBS if warm else CLIMBS))
-                if s not in climbed]
+        if warm:    # re-planning: the old plan was climbed; climb from the best of what beat it
+            starts = local.starts([x for x in ranked if x[0] < old_best * (1 - 1e-9)], REPLAN_CLIMBS)
+        else:
+            starts = local.starts(ranked, CLIMBS)
+        jobs = [(s, deadline) for s in dict.fromkeys(warm + starts) if s not in climbed]
         found = list(ranked) + warm_found
         for part, n in _run_all(_climb_job, jobs, workers, t0):
             found += part
             priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
+        if warm:    # re-planning: one list (the climbs are few), so the best few of everything are re-checked
+            shortlists = shortlists[1:]
     best, exact = _rank_exact(ev, shortlists, min(cfg.rerank, REPLAN_RERANK) if warm else cfg.rerank, sp.score)
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
