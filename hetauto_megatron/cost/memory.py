@@ -171,6 +171,7 @@ def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool
     return _params(_param_terms(model, tp, first, last), layers)
 
 
+@lru_cache(maxsize=65536)     # pure; every new stage configuration of a search asks for one of a few
 def _param_terms(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple:
     """stage_params' terms that do not depend on the layer count: (parameters per layer, what the first and the
     last stage add, in the order they are added)."""

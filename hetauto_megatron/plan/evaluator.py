@@ -57,6 +57,7 @@ class LayoutEvaluator(OverlapPricing):
         self.rejected: list = []        # layouts that cannot fit, kept to report the closest miss if none fits
         self._profiles: dict = {}
         self._segments: dict = {}
+        self._depth_segments: dict = {}     # a mesh's caps under overlapped boundaries (evaluator_overlap.py)
         self._stages: dict = {}
         self._links: dict = {}
         self._caps: dict = {}

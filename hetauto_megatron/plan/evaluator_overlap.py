@@ -9,6 +9,7 @@ picks the depths. `OverlapPricing` is mixed into `LayoutEvaluator`; its methods 
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
@@ -41,16 +42,21 @@ class OverlapPricing:
             if d_out is not None:
                 depth[start + k - 1] = d_out
                 after += d_out
-            prof = self.profile(c, pm)
-            seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
-            for j in {0, k - 1}:
-                i = start + j
-                buf = (d_in + 2 if j == 0 and d_in is not None else 0) + \
-                      (d_out + 2 if j == k - 1 and d_out is not None else 0)
-                if buf or i == 0 or i == p - 1:
-                    seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
+            # a mesh's caps depend on these alone: remembered, as the search moves one decision at a time
+            key = (c, pm.vocab_size, to_end, after, m, d_in, d_out, start == 0, to_end == k)
+            seg = self._depth_segments.get(key)
+            if seg is None:
+                prof = self.profile(c, pm)
+                seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
+                for j in {0, k - 1}:
+                    i = start + j
+                    buf = (d_in + 2 if j == 0 and d_in is not None else 0) + \
+                          (d_out + 2 if j == k - 1 and d_out is not None else 0)
+                    if buf or i == 0 or i == p - 1:
+                        seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
+                seg = self._depth_segments[key] = tuple(seg)
             parts.append(seg)
-        return [x for seg in reversed(parts) for x in seg], depth
+        return list(chain.from_iterable(reversed(parts))), depth
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
         """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits

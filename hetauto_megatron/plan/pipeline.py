@@ -274,21 +274,22 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     gain = [0.0] * p                        # per boundary: 2 x_l if overlapped
     extra = [0] * p if depth is None else list(depth) + [0]    # per boundary: its depth d_l
     period_link = 0.0
-    for l in range(p - 1):
-        x = link[l]
+    overlapped = []
+    for l, x in enumerate(link):
         if blocking is None or blocking[l]:
             stage[l] += x                   # a blocking forward send holds the sender until it has arrived
             stage[l + 1] += x               # and so does the gradient sent back
         else:
             gain[l] = 2 * x
+            overlapped.append(l)
             occ = x - (0.0 if latency is None else latency[l])
             if occ > period_link:
                 period_link = occ
-    period = _run_period(stage, gain, extra, m)
+    period = _run_period(stage, gain, extra, m, overlapped)
     return sum(fwd) + sum(bwd) + 2 * sum(link) + (m - 1) * (period if period > period_link else period_link)
 
 
-def _run_period(stage: list, gain: list, extra: list, m: int) -> float:
+def _run_period(stage: list, gain: list, extra: list, m: int, overlapped: list) -> float:
     """max over runs of stages i <= k of N(i, k) / D(i, k), the runs' part of the period (module docstring):
     N(i, k) = sum_{q=i..k} stage_q + sum_{l=i..k-1} gain_l (gain: 2 x_l on overlapped boundaries) and
     D(i, k) = min(w_i - w_k + 1, m), w_i = min(m, u_i), u_i = p - 1 - i + sum_{l >= i} extra_l.
@@ -300,10 +301,11 @@ def _run_period(stage: list, gain: list, extra: list, m: int) -> float:
     stages' and boundaries' own ratios, so the single stages (D = 1) decide unless a boundary's gain beats its
     weight at that ratio; then Dinkelbach's iteration finds the best run exactly: for a ratio r,
     max_{i <= k} N - r D = max_k (G_k + r u_k) - min_{i <= k} (H_i + r u_i) - r (N = G_k - H_i) is one pass,
-    and the run attaining it has a larger ratio unless r is already the maximum."""
+    and the run attaining it has a larger ratio unless r is already the maximum. `overlapped`: the boundaries
+    that may have a gain (the blocking ones have none), all a boundary check need look at."""
     p = len(stage)
     best = max(stage)                       # the runs of one stage
-    if p - 1 + sum(extra) < m and not any(g > best * e for g, e in zip(gain, extra) if g):
+    if p - 1 + sum(extra) < m and not any(gain[l] > best * extra[l] for l in overlapped):
         return best                         # no F, and no boundary beats the best single stage
     u = [0] * p
     acc = 0
@@ -326,19 +328,19 @@ def _run_period(stage: list, gain: list, extra: list, m: int) -> float:
             r = G[k] / min(m - u[k] + 1, m)
             if r > best:
                 best = r
-    if not any(gain[l] > best * extra[l] for l in range(front, p - 1)):
+    if not any(gain[l] > best * extra[l] for l in overlapped if l >= front):
         return best                         # no boundary after F beats the best single stage
     for _ in range(64):                     # Dinkelbach: a handful of passes
         lo_val, lo_i = math.inf, front
-        top, pair = -math.inf, None
-        for k in range(front, p):
-            y = H[k] + best * u[k]
+        top, i, k = -math.inf, None, None
+        for q in range(front, p):
+            ru = best * u[q]
+            y = H[q] + ru
             if y < lo_val:
-                lo_val, lo_i = y, k
-            v = G[k] + best * u[k] - lo_val
+                lo_val, lo_i = y, q
+            v = G[q] + ru - lo_val
             if v > top:
-                top, pair = v, (lo_i, k)
-        i, k = pair
+                top, i, k = v, lo_i, q
         r = (G[k] - H[i]) / (u[i] - u[k] + 1)
         if not r > best:
             break
