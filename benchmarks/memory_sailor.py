@@ -5,7 +5,11 @@ definition, also what `hetauto plan --memory-job sailor-deepspeed` checks): fp32
 --fp16 nor --bf16, and its DeepSpeed config has no fp16 section), Adam state on every rank (ZeRO stage 0), no
 sequence parallelism, Megatron's unfused attention keeping the s x s softmax output and no dropout on it (the
 fork's OPT and GPT-Neo attention feeds the softmax output straight to the context GEMM), and 8 bytes per parameter
-for DeepSpeed's extra model copy and gradient communication buffer. Nothing is fitted to the runs. Printed four ways:
+for DeepSpeed's extra model copy and gradient communication buffer. The models as the fork builds them
+(cost/learned/sailor.py SAILOR_MODELS): OPT-350's output layer is a layer of its own, not tied to the embedding
+(opt_model.py, OPTLMHeadPipe), and GPT-Neo has none (gpt_neo_model.py: its last stage ends at the final norm and
+the loss reads the norm's outputs, so no vocabulary-wide weights, logits or pipe-buffer logits).
+Nothing is fitted to the runs. Printed four ways:
   plan defaults   what `hetauto plan` assumes for a bf16 Megatron-Core job (distributed optimizer,
                   Transformer Engine layers): the figure the issue reported (about a third of the measurement)
   Sailor's job    sailor_deepspeed_job, with our nvidia runtime overheads (context, NCCL, workspace)
@@ -51,7 +55,7 @@ SIXTEEN_BIT_WITH_ATTENTION_DROPOUT = JobMemory("16-bit, attention dropout",
 def predicted_peak(run: dict, *, job: JobMemory | None, fork_fixed: bool = False) -> float:
     """The largest stage's bytes: `job` None is what `hetauto plan` assumes by default (bf16 Megatron-Core)."""
     model = SAILOR_MODELS[run["model"]]
-    model = model.replace(vocab_size=padded_vocab_size(model.vocab_size, run["tp"]), tie_embeddings=True)
+    model = model.replace(vocab_size=padded_vocab_size(model.vocab_size, run["tp"]))
     p = len(run["stage_layers"])
     micro = run["global_batch_size"] // (run["micro_batch_size"] * run["dp"][0])
     peaks = []

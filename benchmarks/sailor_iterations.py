@@ -7,8 +7,9 @@ real layout with it: the embedding and head, the 1F1B pipeline with its flush, t
 gradient all-reduce over the nodes' network, the optimizer step and the fixed per-iteration cost. The embedding
 and the output layer are not tied: the fork's OPT builds its head as a layer of its own (megatron/model/opt_model.py,
 OPTLMHeadPipe), so no tied table is summed across stages. The fork's GPT-Neo has no output layer at all (its last layer is
-the final norm, and its loss takes the cross-entropy over the norm's output: gpt_neo_model.py); the plan cannot say
-so, and the composed GPT-Neo iterations include a head that did not run (docs/cost-model-learned.md). The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
+the final norm, and its loss takes the cross-entropy over the norm's output: gpt_neo_model.py), and the model says so
+(SAILOR_MODELS, ModelSpec.output_layer): its last stage runs no logits GEMM and holds and updates no vocabulary-wide
+weights. The job's settings are Sailor's (benchmarks/memory_sailor.py): no sequence parallelism, no
 optimizer sharding, no overlapped gradient reduction, and fp32 as the job trained (no --fp16 or --bf16, no fp16
 section in its DeepSpeed config) inside NVIDIA's PyTorch container, whose TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 ran its
 GEMMs on the TF32 tensor cores (docs/peers.md): the plans are fp32 and the cluster says `tf32: true`, so the learned

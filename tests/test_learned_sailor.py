@@ -26,6 +26,23 @@ def test_model_shapes_match_sailor_parameter_counts():
         assert measured["act_output_floats"] == spec.seq_length * spec.hidden_size, name
 
 
+def test_output_layers_match_sailor_parameter_counts():
+    """The entries after the transformer layers hold, per TP rank, the output layer as the fork builds it and the
+    final norm (weight and bias, 2 x hidden): OPT's logits GEMM over the padded vocabulary, and for GPT-Neo
+    nothing but the norm (no output layer: gpt_neo_model.py). LLAMA-3-8's entries hold two norms and no head in
+    llm_info.json, so it is not compared."""
+    from hetauto_megatron.plan.settings import padded_vocab_size
+    info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
+    assert not L.SAILOR_MODELS["GPT-Neo-2.7"].output_layer and L.SAILOR_MODELS["OPT-350"].output_layer
+    for name in ("OPT-350", "OPT-30", "GPT-Neo-2.7"):
+        spec = L.SAILOR_MODELS[name]
+        for tp, entries in info[name].items():
+            tail = sum(entries[str(i)]["params_floats"] for i in range(spec.num_layers + 1, len(entries)))
+            run = spec.replace(vocab_size=padded_vocab_size(spec.vocab_size, [int(tp)]))
+            head = run.output_params - run.hidden_size             # the output layer, without the final norm
+            assert tail == head / int(tp) + 2 * spec.hidden_size, (name, tp)
+
+
 def test_loader_reads_layers_and_heads(layers):
     kinds = {(r.model, r.shape.kind) for r in layers}
     assert {(m, k) for m in L.SAILOR_MODELS for k in ("transformer", "head")} <= kinds

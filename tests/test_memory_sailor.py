@@ -39,6 +39,6 @@ def test_peak_memory_within_10_percent_at_every_micro_batch_size(job):
         assert _mape(part) <= 10.0
 
 
-@pytest.mark.xfail(strict=True, reason="MAPE measured 6.2 % over 26 runs (6.3 % before DeepSpeed's pipe buffers were counted); Sailor's own simulator reaches 5.9 %")
+@pytest.mark.xfail(strict=True, reason="MAPE measured 6.3 % over 26 runs (6.2 % while GPT-Neo was given an output layer the fork does not build and OPT-350 a tied one; 6.3 % before DeepSpeed's pipe buffers were counted); Sailor's own simulator reaches 5.9 %")
 def test_peak_memory_reaches_sailors_simulator(job):
     assert _mape(job[1]) <= 5.9

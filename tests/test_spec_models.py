@@ -92,3 +92,18 @@ def test_gqa_and_swiglu_in_layer_params():
     m = PRESETS["llama2-70b"]
     h, kv, f = 8192, 1024, 28672
     assert m.layer_params == h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
+
+
+def test_a_model_without_output_layer_is_not_a_model_file_key():
+    """Only the description of a measured job (Sailor's GPT-Neo, whose fork builds no output layer) sets
+    output_layer false: a model file cannot, since hetauto's runtimes always build the output layer, and the
+    files hetauto writes for every model it runs are unchanged (the key is written only when false)."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.model import model_from_dict
+    base = PRESETS["llama2-7b"]
+    assert "output_layer" not in base.to_dict()
+    headless = base.replace(output_layer=False)
+    assert headless.to_dict()["output_layer"] is False
+    assert headless.output_params == base.hidden_size and headless.logits_flops_per_token() == 0
+    with pytest.raises(InputError, match="output_layer"):
+        model_from_dict({**base.to_dict(), "output_layer": False})

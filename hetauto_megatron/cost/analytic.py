@@ -191,7 +191,9 @@ class AnalyticCostModel:
     def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                    seq_length: int | None = None) -> tuple[float, float]:
         """Final norm, logits GEMM (vocab split by TP), the cross-entropy over [tokens, vocab/tp] fp32, and the
-        last stage's per-micro-batch bookkeeping (loss averaging and reporting). Memoised as layer_parts."""
+        last stage's per-micro-batch bookkeeping (loss averaging and reporting). A model without an output layer
+        has no GEMM and its cross-entropy is over the norm's outputs (ModelSpec.logits_width). Memoised as
+        layer_parts."""
         key = ("head", model, device, tp, micro_batch_size, seq_length, self.cal)
         cache = self.__dict__.setdefault("_parts_memo", {})
         out = cache.get(key)
@@ -202,8 +204,8 @@ class AnalyticCostModel:
     def _head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None) -> tuple[float, float]:
         m = micro_batch_size * (seq_length or model.seq_length)
-        g = self._gemm(device, m, model.hidden_size, model.vocab_size // tp)
-        ce = self._elementwise(device, 4 * 3 * m * model.vocab_size / tp)
+        g = self._gemm(device, m, model.hidden_size, model.vocab_size // tp) if model.output_layer else (0.0, 0.0)
+        ce = self._elementwise(device, 4 * 3 * m * model.logits_width(tp))
         o = self.cal.micro_batch_overhead_s
         return g[0] + ce + o, g[1] + ce
 

@@ -178,8 +178,11 @@ def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = No
 
 
 def head_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
-    """Final norm, logits GEMM against the vocabulary shard, and the (vocab-parallel) cross-entropy."""
+    """Final norm, logits GEMM against the vocabulary shard, and the (vocab-parallel) cross-entropy; without an
+    output layer (ModelSpec.output_layer) no GEMM, and the loss over the norm's outputs."""
     t = micro_batch_size * (seq_length or model.seq_length)
+    if not getattr(model, "output_layer", True):
+        return [Op("final_norm", "norm", t, n=model.hidden_size), Op("loss", "loss", t, n=model.hidden_size)]
     v = -(-model.vocab_size // tp)
     return [Op("final_norm", "norm", t, n=model.hidden_size),
             Op("logits", "gemm", t, k=model.hidden_size, n=v),

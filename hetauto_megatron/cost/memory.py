@@ -183,7 +183,7 @@ def _param_terms(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple:
         adds.append(model.vocab_size * h / tp + pos)
     if last:
         adds.append(h)                                # the final norm
-        if not (first and model.tie_embeddings):
+        if model.output_layer and not (first and model.tie_embeddings):
             adds.append(model.vocab_size * h / tp)     # the output head (or the tied table's copy)
     return (model.layer_params - norms) / tp + norms, tuple(adds)
 
@@ -217,14 +217,17 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
         # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
-        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward)
-        norm = (2 + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
+        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward).
+        # Without an output layer the loss reads the norm's output itself, which the norm does not keep (its
+        # input does), and the softmax is over that output (model.logits_width)
+        kept = 2 if model.output_layer else 1
+        norm = (kept + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
             + (0 if impl.fused_norm else FP32 * s * b)
-        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.vocab_size / tp
-        logits_grad = FP32 * s * b * model.vocab_size / tp     # formed in the head's backward pass
+        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.logits_width(tp)
+        logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
     pipe = NO_PIPE_BUFFERS
     if getattr(settings, "pipe_buffers", False):      # DeepSpeed's engine (plan/settings.py ENGINES)
-        pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.vocab_size / tp * E,
+        pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
     return per, act, buffer, first_saved, head, logits_grad, pipe
 

@@ -50,7 +50,8 @@ def deepspeed_pipe_buffers(tp: int, boundary: float, logits: float, first: bool,
     """DeepSpeed 0.19.8's pipe buffers on one stage (module docstring). `boundary`: bytes of one micro-batch's
     activation between stages (sequence x micro-batch x hidden x element: what a stage sends, and the gradient
     it receives back); `logits`: bytes of the last stage's output per micro-batch (sequence x micro-batch x
-    vocabulary / TP x element); `tp`: the stage's TP group, over which the engine partitions its transfers."""
+    vocabulary / TP x element; a model without an output layer sends its final norm's outputs to the loss:
+    ModelSpec.logits_width); `tp`: the stage's TP group, over which the engine partitions its transfers."""
     if first and last:                 # one stage: no transfers, only the output slots
         return PipeBuffers(0.0, 2 * logits, 0.0)
     part = boundary / tp               # what crosses per TP rank (the whole tensor with TP 1)

@@ -39,6 +39,10 @@ class ModelSpec:
     tie_embeddings: bool = False
     position_embedding: str = "rope"   # "rope" or "learned" (GPT-2/OPT/GPT-3 absolute positions)
     max_position_embeddings: int = 0   # 0 -> seq_length
+    # False: no logits layer; the loss takes its cross-entropy over the final norm's outputs (how Sailor's
+    # Megatron-DeepSpeed fork builds GPT-Neo, whose measured runs are priced with it: cost/learned/sailor.py).
+    # Not a model hetauto's runtimes build: model files cannot set it, and it is written only when False.
+    output_layer: bool = True
 
     def __post_init__(self):
         if self.num_query_groups == 0:
@@ -101,7 +105,12 @@ class ModelSpec:
     @property
     def output_params(self) -> int:
         """Output head + final norm; the head shares the embedding when tied (still stored on the last stage)."""
-        return self.vocab_size * self.hidden_size + self.hidden_size
+        return (self.vocab_size * self.hidden_size if self.output_layer else 0) + self.hidden_size
+
+    def logits_width(self, tp: int) -> float:
+        """Elements per token of the loss's input on one TP rank: the vocabulary shard the output layer computes,
+        or, without an output layer, the final norm's outputs, whole on every rank."""
+        return self.vocab_size / tp if self.output_layer else self.hidden_size
 
     @property
     def total_params(self) -> int:
@@ -117,20 +126,23 @@ class ModelSpec:
         return proj + attn + mlp
 
     def logits_flops_per_token(self) -> float:
-        return 2 * self.hidden_size * self.vocab_size
+        return 2 * self.hidden_size * self.vocab_size if self.output_layer else 0.0
 
     def model_flops_per_token(self) -> float:
         """Forward + backward model FLOPs per token (3x forward), no recomputation."""
         return 3 * (self.num_layers * self.layer_flops_per_token() + self.logits_flops_per_token())
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.output_layer:          # every model a plan runs: its files stay as they were
+            del d["output_layer"]
+        return d
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 
 
-MODEL_KEYS = [f.name for f in dataclasses.fields(ModelSpec)]
+MODEL_KEYS = [f.name for f in dataclasses.fields(ModelSpec) if f.name != "output_layer"]   # (see the field)
 
 
 def _p(name, L, h, heads, ffn, vocab, seq, kv=0, gated=True, tie=False, pos="rope"):

@@ -20,11 +20,15 @@ from .samples import DeviceInfo, Sample
 # The shapes of the four models as Sailor ran them, checked against llm_info.json's parameter counts
 # (tests/test_learned_sailor.py): OPT and GPT-Neo are plain-MLP GPTs with learned positions; Sailor's
 # "LLAMA-3-8" layer holds 268.5M parameters, i.e. full multi-head attention and a 16384-wide SwiGLU, and its
-# activations are 8192 tokens per micro-batch.
+# activations are 8192 tokens per micro-batch. The fork builds GPT-Neo without an output layer
+# (third_party/Megatron-DeepSpeed/megatron/model/gpt_neo_model.py, GPTNeoModelPipe: the transformer layers, then a
+# LayerNorm, and the loss's vocab-parallel cross-entropy over that norm's outputs): its last entry in llm_info.json
+# holds the norm's 5,120 parameters, and its measured head times do not shrink with TP (0.4-0.7 ms forward at
+# micro-batch 8 on the GH200, TP 1-4, where OPT-350's logits GEMM goes 14.9 -> 4.0 ms).
 SAILOR_MODELS = {
     "OPT-350": ModelSpec("OPT-350", 24, 1024, 16, 4096, 50272, 2048, gated_mlp=False, position_embedding="learned"),
     "GPT-Neo-2.7": ModelSpec("GPT-Neo-2.7", 32, 2560, 20, 10240, 50257, 2048, gated_mlp=False,
-                             position_embedding="learned"),
+                             position_embedding="learned", output_layer=False),
     "OPT-30": ModelSpec("OPT-30", 48, 7168, 56, 28672, 50272, 2048, gated_mlp=False, position_embedding="learned"),
     "LLAMA-3-8": ModelSpec("LLAMA-3-8", 32, 4096, 32, 16384, 128256, 8192, gated_mlp=True, position_embedding="rope"),
 }
