@@ -37,8 +37,10 @@ import sailor_terms as S  # noqa: E402
 
 from hetauto_megatron.cost.learned.sailor import fit_ring_allreduce, read_allreduce_fits  # noqa: E402
 from hetauto_megatron.cost.memory import GIB  # noqa: E402
+from hetauto_megatron.cost.sailor_job import SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 
+# The scenarios train as Sailor's jobs did (cost/sailor_job.py): fp32, on TF32 where the inventory says `tf32: true`.
 PEER_BEST = 0.0829        # Metis's OPT-350 plan under Sailor's simulator (issue 12)
 MODELS = {"OPT-350": "examples/peers/models/opt-350m.yaml", "GPT-Neo-2.7": "examples/peers/models/gpt-neo-2.7b.yaml"}
 NETWORKS = {"same-zone": ("us-central1-a", "us-central1-a"), "cross-region": ("us-central1-a", "us-west1-b")}
@@ -98,7 +100,8 @@ def print_layers(cost_model_dir: str) -> None:
     from hetauto_megatron.plan import costing
     from hetauto_megatron.spec.inventory import load_inventory
     cm = load_cost_model(cost_model_dir)
-    inv = load_inventory(os.path.join(ROOT, "examples/peers/inventory-same-zone.yaml")).with_precision("fp32")
+    inv = load_inventory(os.path.join(ROOT, "examples/peers/inventory-same-zone.yaml"))
+    inv = inv.with_precision(SAILOR_JOB_PRECISION)
     print(f"{'GPU':<8} {'model':<12} {'mbs':>3} {'tp':>2} {'measured ms':>11} {'planner ms':>10} {'error':>6}  model")
     for cluster, gpu in (("a100", "A100-40"), ("v100", "V100-16")):
         c = inv.cluster(cluster)
@@ -158,7 +161,7 @@ def sailor_score(plan: dict, model: str, zones: dict) -> tuple[float, bool, list
     return 1 / t, all(S.fits(model, st) for st in pipes), mem
 
 
-def sailor_plan_opt350(precision: str = "fp32") -> dict:
+def sailor_plan_opt350(precision: str = SAILOR_JOB_PRECISION) -> dict:
     """Sailor's OPT-350 plan on this scenario as plan format version 3. Its layout is as issue 14 describes it (6
     A100 TP 1 and 4 V100 TP 4 as replicas of stage 0; the 10 other A100 at TP 1 are stage 1, since every stage
     of Sailor's pipeline has the same number of replicas); its split and micro-batch are not published: the ones
@@ -173,7 +176,7 @@ def sailor_plan_opt350(precision: str = "fp32") -> dict:
 
 
 def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None) -> dict:
-    cmd = HETAUTO + ["plan", "--model", model_yaml, "--inventory", inventory, "--precision", "fp32",
+    cmd = HETAUTO + ["plan", "--model", model_yaml, "--inventory", inventory, "--precision", SAILOR_JOB_PRECISION,
                      "--global-batch-size", "1024", "--cost-model", cost_model, "--memory-job", "sailor-deepspeed",
                      "--json", "--quiet"]
     if shapes:
@@ -203,11 +206,12 @@ def our_price(plan_json: dict, inventory_path: str, cost_model_dir: str) -> dict
     step = sum(m.dp * m.micro_batch_size for m in meshes if m is meshes[0] or m.alongside and m.stage_layers
                == meshes[0].stage_layers)
     gbs = -(-1024 // step) * step
-    plan = Plan(model=model, global_batch_size=gbs, meshes=meshes, inventory=inv.to_dict(), precision="fp32")
+    plan = Plan(model=model, global_batch_size=gbs, meshes=meshes, inventory=inv.to_dict(),
+                precision=SAILOR_JOB_PRECISION)
     cm = load_cost_model(cost_model_dir)
     cm.memory_job = sailor_deepspeed_job()
     est = simulate(plan, inv, cm) if plan.is_simple else shapes_estimate(
-        model, inv.with_precision("fp32"), shapes_of(plan), cm)
+        model, inv.with_precision(SAILOR_JOB_PRECISION), shapes_of(plan), cm)
     return {"iteration_time_s": est.iteration_time_s, "memory_gib": est.memory_gib, "fits": est.fits,
             "caps": [r["memory_cap_gib"] for r in est.stages] if est.stages and "memory_cap_gib" in est.stages[0]
             else None}
@@ -264,7 +268,7 @@ def print_terms(label: str, meshes: list[dict], model: str, zones: dict, yaml_pa
                            tuple(m["stage_layers"]), boundary_schedule=schedule if cross else "blocking",
                            boundary_depth=depth if cross else 0))
         plan = Plan(model=model_spec, global_batch_size=1024, meshes=tuple(ms), inventory=inv.to_dict(),
-                    precision="fp32")
+                    precision=SAILOR_JOB_PRECISION)
         return simulate(plan, inv, cm, engine=engine)
     runs = [price("blocking", 0)] + [price("overlapped", d) for d in (0, 1, 2)]
     best = min((e for e in runs if e.fits), key=lambda e: e.iteration_time_s, default=runs[0])

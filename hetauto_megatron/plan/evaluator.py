@@ -74,7 +74,7 @@ class LayoutEvaluator(OverlapPricing):
     # ---- cached terms -------------------------------------------------------------------------------------
     def padded(self, cur: tuple) -> ModelSpec:
         """The model as it runs (its vocabulary padded for every mesh's TP), one object per set of TPs."""
-        key = frozenset(c.tp for c in cur)
+        key = frozenset([c.tp for c in cur])
         pm = self._padded.get(key)
         if pm is None:
             pm = self._padded[key] = padded_model(self.model, cur)
@@ -157,7 +157,7 @@ class LayoutEvaluator(OverlapPricing):
 
     def _stage_lists(self, cur: tuple, m: int):
         pm = self.padded(cur)
-        p = sum(c.num_stages for c in cur)
+        p = sum([c.num_stages for c in cur])
         profs, per, fixed, caps = [], [], [], []
         to_end = p
         for mi, c in enumerate(cur):
@@ -240,7 +240,7 @@ class LayoutEvaluator(OverlapPricing):
         with per-layer times without recomputation (the fastest; recomputation only adds). A test checks it
         against every leaf of random instances."""
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
-        cur = tuple(self.level(c, "none") if c.recompute == AUTO else c for c in choices)
+        cur = tuple([self.level(c, "none") if c.recompute == AUTO else c for c in choices])
         pm = self.padded(cur)
         n, L = len(cur), self.model.num_layers
         samples = cur[0].dp * cur[0].micro_batch_size
@@ -314,7 +314,7 @@ class LayoutEvaluator(OverlapPricing):
             out = self.cache[choices] = (math.inf, choices)
             return out
         auto = [c.recompute == AUTO for c in choices]
-        cur = tuple(self.level(c, "none") if a else c for c, a in zip(choices, auto))
+        cur = tuple([self.level(c, "none") if a else c for c, a in zip(choices, auto)])
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
         lists = self._stage_lists(cur, m)
         # (when the lightest levels fit, so would the most generous: the early rejection is only asked otherwise)
@@ -355,7 +355,7 @@ class LayoutEvaluator(OverlapPricing):
         Full recomputation is nearly always the most generous, so it is tried alone first. (Blocking
         boundaries hold the least memory, so this is a necessary condition for either schedule.)"""
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
-        full = tuple(self.level(c, "full") if a else c for c, a in zip(choices, auto))
+        full = tuple([self.level(c, "full") if a else c for c, a in zip(choices, auto)])
         pm, p, _, _, _, caps = self._stage_lists(full, m)
         if self._fits(caps, p):
             return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
+from operator import le
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
@@ -72,7 +73,7 @@ class OverlapPricing:
                 t = self.time(cur, pm, profs, split_layers(per, fixed, lo, caps, L), m)
                 return Priced(t, True, None, None, None, None, (t, None))
             dcaps, depth = self._depth_caps(cur, pm, cross, depths, m)
-            if reuse is not None and all(x <= c for x, c in zip(reuse[0], dcaps)):
+            if reuse is not None and all(map(le, reuse[0], dcaps)):
                 layers, fwd, bwd, tail = reuse      # the same split (optimal under looser caps), the same tail
             else:
                 layers = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None

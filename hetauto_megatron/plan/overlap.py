@@ -45,12 +45,12 @@ def choose_depths(cross: list, owners: list, links: list, latency: list, m: int,
     # The links already cost nothing at depth 0 (within 0.1 % of the links priced away): a deeper warm-up
     # cannot help. Pricing them away saves at least their fill and drain, 2 x each, so when that alone is over
     # 0.1 % of the time they do cost something, without the second closed form.
-    if 2 * sum(x for c, x in zip(cross, links) if c) <= 0.001 * shallow:
+    if 2 * sum([x for c, x in zip(cross, links) if c]) <= 0.001 * shallow:
         hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m, blocking=blocking,
                                depth=depth)
         if shallow <= hidden * 1.001:
             return best
-    slowest = max(f + b for f, b in zip(fwd, bwd))
+    slowest = max([f + b for f, b in zip(fwd, bwd)])
     deep = list(zero)
     for l, c in enumerate(cross):
         if c:

@@ -160,7 +160,7 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
         if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
             continue                    # a dead end: no legal completion
         if not checked:                 # the leaf's own bound, cheaper than pricing it, decides its turn
-            lb = space.score(ev.lower_bound(meshes), meshes)
+            lb = space.leaf_bound(meshes, ev)
             if lb > key:
                 reached += 1
                 heapq.heappush(queue, (lb, reached, path, True))

@@ -31,6 +31,7 @@ from ..spec.model import ModelSpec
 from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value, price_per_second
 from .evaluator import AUTO
+from .leaf_bound import split_lower_bound
 from .simulate import MeshChoice
 
 END = "<end>"
@@ -77,6 +78,7 @@ class SearchSpace:
         self._bounds: dict = {}
         self._child_bounds: dict = {}
         self._decoded: dict = {}
+        self._leaf_bounds: dict = {}
         self._pinned_rc = {c.name: con.recompute_of(c.name) for c in inventory.clusters}   # --recompute
         self.twin_of = self._symmetry_classes()
         self._twins = {k: [x for x in self.names if self.twin_of[x] == k] for k in set(self.twin_of.values())}
@@ -282,9 +284,14 @@ class SearchSpace:
 
     def leaf_bound(self, choices: tuple, ev) -> float:
         """A lower bound on the objective of a finished layout (one the tree holds or a local-search move): the
-        larger of its cluster order's bound and the evaluator's own (`LayoutEvaluator.lower_bound`)."""
-        order = tuple(m.cluster for m in choices)
-        return self.score(max(self.order_bound(order, True), ev.lower_bound(choices)), choices)
+        larger of its cluster order's bound and the evaluator's own raised by the layer split's rules
+        (`leaf_bound.split_lower_bound`). Cached: every climb asks it of the neighbours of its layouts."""
+        b = self._leaf_bounds.get(choices)
+        if b is None:
+            order = tuple(m.cluster for m in choices)
+            b = self._leaf_bounds[choices] = self.score(max(self.order_bound(order, True),
+                                                            split_lower_bound(ev, choices)), choices)
+        return b
 
     def child_bounds(self, path: tuple) -> list:
         """[(action, bound of path + (action,))] for every legal next decision (cached: the tree search's default
@@ -319,14 +326,19 @@ class SearchSpace:
     def _pipeline_bound(self, order, complete, S, meshes, pending) -> float:
         """1F1B's closed form is T = sum of stage times + links + (m - 1) x period. The period is at least the
         slowest stage, hence at least L / (sum over meshes of stages / per-layer time): the layers spread
-        perfectly over stages that need no memory and no recomputation. The stage times sum to at least
-        L x the fastest per-layer time."""
+        perfectly over stages that need no memory and no recomputation; and at least the per-layer time of
+        every mesh with a middle stage (all but the pipeline's first and last), which holds a layer at least.
+        The stage times sum to at least L x the fastest per-layer time, plus for each middle stage what its
+        layer costs above the fastest."""
         m = self.gbs // S
         rate, fastest = 0.0, math.inf
-        for c in meshes:
+        middle = []                     # per-layer time of each stage that must hold a layer
+        done = complete and len(meshes) == len(order)       # a leaf: the last mesh's last stage is an end too
+        for i, c in enumerate(meshes):
             per = self.layer_time(c.cluster, c.tp, c.dp, c.micro_batch_size)
             rate += c.num_stages / per
             fastest = min(fastest, per)
+            middle += [per] * max(0, c.num_stages - (i == 0) - (done and i == len(meshes) - 1))
         rest = order[len(meshes):] if complete else [c for c in self.names if c not in order and self.tp[c]]
         for i, cl in enumerate(rest):
             tps = [pending] if i == 0 and pending is not None else self.tp[cl]
@@ -337,12 +349,17 @@ class SearchSpace:
                 continue
             rate += best[0]
             fastest = min(fastest, best[1])
+            if complete and i < len(rest) - 1 and (meshes or i > 0):
+                middle.append(best[1])  # a mesh before the last, not the first: its stages are middle ones
         if rate <= 0:
             return math.inf
         L = self.model.num_layers
+        if len(middle) > L:
+            return math.inf
         # (The links' share is order_bound's: their bytes. Their latency is not a bound: an overlapped
         # boundary keeps several micro-batches in flight, so latencies overlap.)
-        return (m - 1) * L / rate + L * fastest
+        period = max(L / rate, max(middle, default=0.0))
+        return (m - 1) * period + L * fastest + sum(middle) - len(middle) * fastest
 
     def _best_shape(self, cluster: str, S: int, tps) -> tuple[float, float] | None:
         """(best mesh_rate, least layer_time) over the cluster's shapes for S and these TPs; None if it has none

@@ -1,0 +1,69 @@
+"""The search's bounds against the evaluator on random layouts: a node's bound (`SearchSpace.bound`) is at most
+the value of every leaf below it, and a finished layout's bound (`SearchSpace.leaf_bound`: the order's bound, the
+evaluator's own raised by what the layer split's rules add) is at most the layout's value, on leaves of the tree
+and on the local search's moves (other stage counts, recomputation, TP/DP, S), which the tree never builds."""
+import math
+import random
+
+import pytest
+from helpers import small_inventory as _inv
+
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan import local
+from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.space import SearchSpace
+from hetauto_megatron.spec.model import PRESETS
+
+COST = AnalyticCostModel()
+DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20"]
+
+
+def _instance(rng):
+    """2-3 clusters of 8-64 devices (deep pipelines of slow stages are where the split's rules bind)."""
+    names = "abc"[:rng.choice([2, 3])]
+    inv = _inv([(n, rng.choice(DEVICES), rng.choice([1, 2, 4, 8]), 8) for n in names],
+               [(a, b, rng.choice([10, 25, 100, 400]), rng.choice([1, 3])) for i, a in enumerate(names)
+                for b in names[i + 1:]])
+    return inv, PRESETS[rng.choice(["llama2-7b", "llama2-13b", "llama2-70b"])], rng.choice([64, 128, 256])
+
+
+def _random_leaf(sp, rng):
+    path = ()
+    while True:
+        acts = sp.actions(path)
+        if not acts:
+            return path
+        path = path + (rng.choice(acts),)
+
+
+@pytest.mark.parametrize("schedule", ["overlapped", "blocking"])
+def test_bounds_never_exceed_the_evaluated_value_of_random_layouts(schedule):
+    rng = random.Random(23)
+    leaves = moves = raised = 0
+    ratios = []
+    for _ in range(10):
+        inv, model, gbs = _instance(rng)
+        sp = SearchSpace(model, inv, gbs, COST)
+        ev = LayoutEvaluator(model, inv, gbs, COST, schedule)
+        for _ in range(40):
+            path = _random_leaf(sp, rng)
+            order, _, _, meshes, _ = sp.decode(path)
+            if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
+                continue                # a dead end: no legal completion
+            t = ev.resolve(meshes)[0]
+            if math.isfinite(t):
+                leaves += 1
+                for k in range(len(path) + 1):
+                    assert sp.bound(path[:k]) <= t * (1 + 1e-9), (meshes, k, sp.bound(path[:k]), t)
+            near = [c for c in local.neighbours(sp, meshes) if sp.legal(c)]
+            for layout in [meshes] + rng.sample(near, min(8, len(near))):
+                t = ev.resolve(layout)[0]
+                b = sp.leaf_bound(layout, ev)
+                assert b <= t * (1 + 1e-9), (layout, b, t)
+                if math.isfinite(t):
+                    moves += 1
+                    ratios.append(b / t)
+                    raised += b > max(ev.lower_bound(layout), sp.order_bound(tuple(m.cluster for m in layout),
+                                                                             True)) * (1 + 1e-6)
+    # enough feasible layouts checked, the split's rules raise the bound on some, and it is close on some
+    assert leaves > 100 and moves > 500 and raised > 50 and max(ratios) > 0.95
