@@ -1,6 +1,7 @@
 """Search time and plan quality at growing scale, on one core and on all cores.
 
-    .venv/bin/python benchmarks/search_scale.py [--seed N] [--skip-8] [--shapes-only | --replan-only]
+    .venv/bin/python benchmarks/search_scale.py [--seed N] [--skip-8] [--shapes-only | --replan-only |
+                                                 --replan-random N]
 
 For each instance it prints, once pinned to one core (--workers 1) and once on every core the machine gives
 this process (--workers = that count): wall seconds, CPU seconds (this process and its workers), layouts
@@ -11,7 +12,8 @@ shared machine wall times are pessimistic, CPU seconds less so.
 Targets (issue 15): 2 clusters / 512 devices <= 0.5 s, 4 clusters / 736 devices <= 1 s, 8 clusters / 16,384
 devices <= 30 s. Then re-planning: the 736-device example after its busiest cluster leaves, cold and with
 --from the old plan (target: <= 20 % of the cold search's time, the same plan quality); `--replan-only` runs
-just re-planning, with every cluster of the 736-device and the 3-cluster example removed in turn.
+just re-planning, with every cluster of the 736-device and the 3-cluster example removed in turn;
+`--replan-random N` re-plans N random instances of benchmarks/search_quality.py the same way (plan quality).
 
 Then, for the README's 2-cluster plan and the 4-cluster / 736-device example, the boundary schedules
 (docs/search.md): the plan searched with blocking cross-cluster transfers (what the runtime does today) and with
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import time
 
 from hetauto_megatron.plan.replan import warm_layouts
@@ -78,9 +81,15 @@ def main() -> None:
     ap.add_argument("--replan-only", action="store_true",
                     help="only re-planning, one core: every cluster of the 736-device and the 3-cluster example "
                          "removed in turn, cold search vs --from the full inventory's plan")
+    ap.add_argument("--replan-random", type=int, default=0, metavar="N",
+                    help="only re-planning on N random instances of benchmarks/search_quality.py (each cluster "
+                         "removed in turn), one core: --from against the cold search's plan")
     args = ap.parse_args()
     if args.replan_only:
         replan_all(args.seed)
+        return
+    if args.replan_random:
+        replan_random(args.replan_random, args.seed)
         return
     if args.shapes_only:
         shapes_report(args.seed, args.skip_8)
@@ -167,6 +176,45 @@ def replan_all(seed: int) -> None:
             print(f"  without {gone:8} cold {cold_cpu:5.2f} s {cold.iteration_time_s:8.3f} s/it   --from {hot_cpu:5.2f} s "
                   f"({hot_cpu / cold_cpu:4.0%}) {hot.iteration_time_s:8.3f} s/it "
                   f"({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)", flush=True)
+
+
+def replan_random(count: int, seed: int) -> None:
+    """--from against a cold search on `count` random instances of search_quality.py (2-4 clusters, 16-32
+    devices, LLaMA 7B-13B; drawn from random.Random(7)), each cluster of each removed in turn (where the old
+    plan leaves a legal warm start): the gap of the plans' values and the CPU seconds, one core."""
+    from search_quality import random_instance
+    from hetauto_megatron.errors import InfeasibleError
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; one core, CPU seconds")
+    rng, done, gaps, cold_s, hot_s = random.Random(7), 0, [], 0.0, 0.0
+    while done < count:
+        inv, model, gbs = random_instance(rng)
+        try:
+            r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=1))
+        except InfeasibleError:
+            continue
+        done += 1
+        old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
+        for gone in [c.name for c in inv.clusters]:
+            smaller = without(inv, gone)
+            warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
+            if not warm:
+                continue
+            try:
+                cold, _, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
+            except InfeasibleError:
+                continue
+            hot, _, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+            gap = (hot.iteration_time_s / cold.iteration_time_s - 1) * 100
+            gaps.append(gap)
+            cold_s, hot_s = cold_s + cold_cpu, hot_s + hot_cpu
+            print(f"  {done:2} {model.name:10} gbs {gbs:3} {'+'.join(c.device.name for c in inv.clusters):38} "
+                  f"without {gone}: cold {cold_cpu:5.2f} s --from {hot_cpu:5.2f} s {gap:+.2f}%", flush=True)
+    print(f"{len(gaps)} removals: {sum(g <= 0.005 for g in gaps)} at the cold plan's value or better, "
+          f"{sum(g <= 1 for g in gaps)} within 1 %, worst {max(gaps):+.2f}%; CPU cold {cold_s:.2f} s, "
+          f"--from {hot_s:.2f} s ({hot_s / cold_s:.0%})")
 
 
 def schedules(model, seed: int) -> None:

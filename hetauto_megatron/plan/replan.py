@@ -42,7 +42,8 @@ def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
 
 
 DIVE_WEIGHT = 0.005     # the warm enumeration's priority: a node's bound x (1 + DIVE_WEIGHT x decisions left)
-PATIENCE = 300          # it stops this many visits after its last better leaf (or its start)
+PATIENCE = 300          # it stops this many visits after its last better leaf (or its first leaf priced),
+MAX_VISITS = 4000       # or after this many visits
 
 
 def micro_batches(warm: list[tuple]) -> dict:
@@ -92,10 +93,11 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
         return b * (1 + DIVE_WEIGHT * decisions_left(space, path))
 
     queue = [(priority((), space.bound(())), 0, (), None)]
-    reached = visits = last = 0
+    reached = visits = 0
+    last = None                         # the visit that priced the last better leaf (or the first leaf)
     while queue:
-        if visits - last >= patience or (deadline is not None and visits % 64 == 0
-                                          and time.perf_counter() > deadline):
+        if (last is not None and visits - last >= patience) or visits >= MAX_VISITS or (
+                deadline is not None and visits % 64 == 0 and time.perf_counter() > deadline):
             return found, visits, False
         _, _, path, lb = heapq.heappop(queue)
         if (lb if lb is not None else space.bound(path)) > best * slack:
@@ -127,11 +129,31 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
                 heapq.heappush(queue, (lb, reached, path, lb))
                 continue
         t, layout = value(path)
+        if last is None:
+            last = visits
         if math.isfinite(t):
             found[layout] = t
             if t < best * (1 - 1e-9):
                 best, last = t, visits
     return found, visits, True
+
+
+def shortlist(ranked: list, gbs: int, few: int, most: int, many_micro_batches: int, same=lambda layout: layout
+              ) -> list:
+    """The layouts a re-plan's event simulation re-checks, from (value, layout) best first: the best `few`
+    distinct ones, and those of the best `most` that run fewer than `many_micro_batches` micro-batches, where the
+    closed form is up to 13 % off the simulation (fill and drain; search.RERANK_MARGIN_M). Layouts with the
+    same `same(layout)` (the evaluator's resolved layout: recomputation chosen) count once."""
+    out, seen = [], set()
+    for t, layout in ranked:
+        if not math.isfinite(t) or same(layout) in seen:
+            continue
+        seen.add(same(layout))
+        if len(out) < few or gbs // (layout[0].dp * layout[0].micro_batch_size) < many_micro_batches:
+            out.append((t, layout))
+        if len(seen) >= most:
+            break
+    return out
 
 
 def describe_moves(old: Plan, new: Plan) -> list[str]:

@@ -42,7 +42,7 @@ from . import local, space as space_mod
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
-from .replan import micro_batches, warm_enumeration
+from .replan import micro_batches, shortlist, warm_enumeration
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
@@ -55,7 +55,8 @@ SEED_VISITS = 4000              # on a tree too large to settle, the bounded enu
                                 # seed the trees)
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
-REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found
+REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found (and
+                                # those of the best `rerank` with fewer than RERANK_MARGIN_M micro-batches)
 PARALLEL_AFTER_S = 5.0          # jobs go to worker processes only once the search has run this long (below)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
@@ -346,9 +347,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             found += part
             priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
-        if warm:    # re-planning: one list (the climbs are few), so the best few of everything are re-checked
-            shortlists = shortlists[1:]
-    best, exact = _rank_exact(ev, shortlists, min(cfg.rerank, REPLAN_RERANK) if warm else cfg.rerank, sp.score)
+        if warm:    # re-planning: one list (the climbs are few), the best few of everything (replan.shortlist)
+            shortlists = [shortlist(shortlists[1], gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
+                                    lambda c: ev.resolve(c)[1])]
+    best, exact = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score)
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
