@@ -51,8 +51,8 @@ ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of u
 ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
-SEED_VISITS = 4000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
-                                # seed the trees)
+SEED_VISITS = 2000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
+                                # seed the trees; the 736-device example's best closed form within 1,000)
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
 REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found (and
@@ -109,7 +109,7 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
     """(playout cap per tree, stall patience, estimated leaves) from the tree's size."""
     est = space.estimate_leaves(random.Random(seed * 7919 + 1))
     cap = int(min(MAX_PLAYOUTS, max(MIN_PLAYOUTS, est ** 0.75)))
-    return cap, max(MIN_PLAYOUTS // 2, min(cap // 4, MAX_PLAYOUTS // 8)), est
+    return cap, max(MIN_PLAYOUTS // 2, min(cap // 6, MAX_PLAYOUTS // 12)), est
 
 
 # ---- work that may run in other processes ---------------------------------------------------------------
