@@ -102,8 +102,8 @@ def add_arguments(parser) -> None:
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
     parser.add_argument("--from", dest="from_plan", metavar="PLAN",
-                        help="re-plan after an inventory change: start from this plan (warm start: on the examples "
-                             "4-22 %% of a cold search's time, docs/search.md) and print what moved")
+                        help="re-plan after an inventory change: start from this plan (warm start: about a tenth of a "
+                             "cold search's time on the 736-device example, docs/search.md) and print what moved")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")

@@ -138,6 +138,21 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
     return found, visits, True
 
 
+def micro_batch_variants(space: SearchSpace, layout: tuple) -> list[tuple]:
+    """The layout with every mesh's micro-batch doubled, and halved where all are even (S doubled or halved, the
+    same meshes and stages), where legal: with few micro-batches the closed form's fill and drain can rank
+    these wrongly against the layout, so the event simulation decides (a climb prices one only when the
+    closed form's bound says it may be better)."""
+    out = []
+    for num, den in ((2, 1), (1, 2)):
+        if all(m.micro_batch_size * num % den == 0 for m in layout):
+            v = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size * num // den, m.recompute, m.num_stages)
+                      for m in layout)
+            if space.legal(v):
+                out.append(v)
+    return out
+
+
 def shortlist(ranked: list, gbs: int, few: int, most: int, many_micro_batches: int, same=lambda layout: layout
               ) -> list:
     """The layouts a re-plan's event simulation re-checks, from (value, layout) best first: the best `few`

@@ -42,7 +42,7 @@ from . import local, space as space_mod
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
-from .replan import micro_batches, shortlist, warm_enumeration
+from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
@@ -348,6 +348,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
         if warm:    # re-planning: one list (the climbs are few), the best few of everything (replan.shortlist)
+            top = min(found, key=lambda x: x[0], default=None)     # its micro-batch variants, where few
+            if top is not None and gbs // (top[1][0].dp * top[1][0].micro_batch_size) < RERANK_MARGIN_M:
+                found += [(sp.score(ev.resolve(v)[0], v), v) for v in micro_batch_variants(sp, top[1])]
+                shortlists[1] = sorted(found, key=lambda x: x[0])
             shortlists = [shortlist(shortlists[1], gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
                                     lambda c: ev.resolve(c)[1])]
     best, exact = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score)
