@@ -47,7 +47,7 @@ from hetauto_megatron.plan.multi_simulate import price_pipeline, shapes_of
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
 from hetauto_megatron.plan.plan import Plan
 from hetauto_megatron.plan.search import SearchConfig, search
-from hetauto_megatron.plan.simulate import layout_to_plan, padded_model, plan_choices, simulate
+from hetauto_megatron.plan.simulate import layout_to_plan, padded_model, simulate
 from hetauto_megatron.plan.space import SearchSpace, tp_degrees
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS, load_model

@@ -15,8 +15,6 @@ and compared with cost/memory.stage_memory_bytes for the same stage (padded voca
 each parameter's start to 64 elements and each bucket's end to a DP-divisible size, which the model does not
 price: the tolerance is 2 % (measured below 0.5 % here).
 """
-import dataclasses
-
 import pytest
 
 from hetauto_megatron.cost.memory import stage_memory_bytes

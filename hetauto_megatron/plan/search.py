@@ -126,15 +126,13 @@ def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
-                        deadline: float | None = None, found: dict | None = None, incumbent: float = math.inf):
+                        deadline: float | None = None, found: dict | None = None):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
-    the tree search). `incumbent`, a plan's value already held (re-planning: the old plan on what is left),
-    prunes like the `keep`-th best value: only leaves that can beat it are wanted. Nodes are visited in order of
-    their bound (`SearchSpace.bound`; for a leaf also `LayoutEvaluator.lower_bound`), a leaf is priced when its
-    turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
+    the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also
+    `LayoutEvaluator.lower_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
     leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
     value = _layout_value(space, ev)
     found = {} if found is None else found
@@ -144,7 +142,7 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     reached = visits = 0
     while queue:
         key, _, path, checked = heapq.heappop(queue)
-        if key > incumbent * slack or (len(top) >= keep and key > -top[0] * slack):
+        if len(top) >= keep and key > -top[0] * slack:
             break
         visits += 1
         if (max_visits is not None and visits > max_visits) or (deadline is not None and visits % 64 == 0

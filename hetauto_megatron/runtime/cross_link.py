@@ -20,8 +20,6 @@ from __future__ import annotations
 import collections
 import time
 
-import torch
-
 _WINDOW = 1024            # messages numbered modulo this in tags (far more than are ever in flight)
 _BLOCKS = 1023            # blocks per message at most; block slot _BLOCKS carries the send time
 _GRAD = 1 << 30           # gradient tags above every activation tag
