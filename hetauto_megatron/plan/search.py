@@ -6,7 +6,7 @@ local search in plan/local.py; leaves are priced by plan/evaluator.py (closed-fo
 How much to search is decided by the problem, not by the number of clusters:
 - first, a bounded enumeration (best-first branch and bound) tries to prove the tree's best `rerank` leaves:
   a node whose bound is above the `rerank`-th best leaf found is never visited, and a leaf whose cheap lower
-  bound (`LayoutEvaluator.lower_bound`) is above it is not priced. When it finishes within
+  bound (`SearchSpace.leaf_bound`) is above it is not priced. When it finishes within
   `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
   shortlist is the one full enumeration would re-rank (exact);
 - otherwise (on a larger tree after `SEED_VISITS` nodes) it stops, and the leaves it priced seed the rest: the
@@ -131,9 +131,9 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
-    the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also
-    `LayoutEvaluator.lower_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound left is above the `keep`-th best value found: no
-    leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
+    the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
+    `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
+    left is above the `keep`-th best value found: no leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
     value = _layout_value(space, ev)
     found = {} if found is None else found
     top: list = []                      # max-heap (negated) of the best `keep` values found
