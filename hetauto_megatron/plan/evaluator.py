@@ -15,6 +15,7 @@ either boundary schedule), organised for a search that prices many layouts diffe
   time at depth 0), from the same cached terms: memory caps with the extra in-flight micro-batches and boundary
   buffers come from the same affine tables, and the iteration tail is cached under the layer split (a deeper warm-up
   that keeps the split keeps the tail).
+- a layout's lower bound, from the cached terms alone, lets the search skip pricing it (plan/leaf_bound.py).
 - recomputation is resolved as before (start with none, raise the mesh that runs out of memory), but a layout
   that cannot fit even with full recomputation everywhere it may be raised is rejected from its layer counts
   alone, without pricing its memory shortfall. Only when no layout fits at all does `closest_miss` price the
@@ -30,6 +31,7 @@ from ..spec.model import ModelSpec
 from . import costing, link_costs, tail_costs
 from .deepspeed_schedule import deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes
 from .evaluator_overlap import OverlapPricing
+from .leaf_bound import LeafBound
 from .memory_caps import CapTable
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
@@ -41,7 +43,7 @@ from .split import split_layers
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
 
 
-class LayoutEvaluator(OverlapPricing):
+class LayoutEvaluator(OverlapPricing, LeafBound):
     """Closed-form iteration time of a layout, resolving AUTO recomputation. `resolve(choices)` ->
     (seconds or inf, layout with the recomputation chosen)."""
 
@@ -63,7 +65,7 @@ class LayoutEvaluator(OverlapPricing):
         self._caps: dict = {}
         self._levels: dict = {}
         self._joins: dict = {}
-        self._mesh_bounds: dict = {}
+        self._mesh_bounds: dict = {}    # a mesh's share of lower_bound's sums (leaf_bound.py)
         self._tails: dict = {}
         self._stage_terms: dict = {}    # (profile, layers, first, last) -> DP collectives, optimizer step
         self._syncs: dict = {}
@@ -155,6 +157,10 @@ class LayoutEvaluator(OverlapPricing):
             out = self._levels[key] = replace(c, recompute=recompute)
         return out
 
+    def lightest(self, choices: tuple) -> tuple:
+        """`choices` with every AUTO recomputation at its lightest level (none): the fastest, what bounds use."""
+        return tuple([self.level(c, "none") if c.recompute == AUTO else c for c in choices])
+
     def _stage_lists(self, cur: tuple, m: int):
         pm = self.padded(cur)
         p = sum([c.num_stages for c in cur])
@@ -225,76 +231,6 @@ class LayoutEvaluator(OverlapPricing):
                 fwd[-1], bwd[-1] = profs[-1].times(layers[-1], False, True)
             t = tail_costs.tail_seconds(pm, profs, layers, fwd, bwd, links, self.sync(cur, pm), self._stage_terms)
             out = self._tails[key] = (tuple(fwd), tuple(bwd), t)
-        return out
-
-    def lower_bound(self, choices: tuple) -> float:
-        """A lower bound on `resolve(choices)`'s time (either schedule), from cached terms only (no layer split,
-        no tail, no 1F1B): the closed form is
-            sum_i (f_i + b_i) + 2 sum_l x_l + (m - 1) P + tail + overhead,
-        and with stage i costing fixed_i + n_i per_i for its n_i layers (sum n_i = L),
-        - sum_i (f_i + b_i) >= sum_i fixed_i + L min_i per_i;
-        - P >= the slowest stage >= (L + sum_i fixed_i / per_i) / sum_i 1 / per_i: if every stage takes at most
-          M, then n_i <= (M - fixed_i) / per_i, and these add up to at least L;
-        - the tail >= the job-wide sync + the slowest optimizer step, which is affine in the layers too, so the
-          same argument bounds it;
-        with per-layer times without recomputation (the fastest; recomputation only adds). A test checks it
-        against every leaf of random instances."""
-        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
-        cur = tuple([self.level(c, "none") if c.recompute == AUTO else c for c in choices])
-        pm = self.padded(cur)
-        n, L = len(cur), self.model.num_layers
-        samples = cur[0].dp * cur[0].micro_batch_size
-        fixed = fixed_per = inv_per = opt_fixed = opt_inv = links = overhead = opt_max = 0.0
-        fastest, opt_affine = math.inf, True
-        for mi, c in enumerate(cur):
-            t = self._mesh_terms(c, pm, mi == 0, mi == n - 1)
-            fixed += t[0]
-            fixed_per += t[1]
-            inv_per += t[2]
-            fastest = min(fastest, t[3])
-            opt_fixed += t[4]
-            opt_inv += t[5]
-            opt_affine &= t[6]
-            opt_max = max(opt_max, t[7])
-            overhead = max(overhead, t[8])
-            if c.num_stages > 1:
-                links += (c.num_stages - 1) * self.boundary(c, c, pm, True, samples)[0]
-            if mi < n - 1:
-                links += self.boundary(c, cur[mi + 1], pm, False, samples)[0]
-        period = (L + fixed_per) / inv_per
-        opt = (L + opt_fixed) / opt_inv if opt_affine else opt_max
-        return fixed + L * fastest + 2 * links + (m - 1) * period + self.sync(cur, pm) + opt + overhead
-
-    def _mesh_terms(self, c: MeshChoice, pm: ModelSpec, first: bool, last: bool) -> tuple:
-        """A mesh's share of `lower_bound`'s sums over its stages: (sum fixed_i, sum fixed_i / per_i,
-        sum 1 / per_i, per-layer time, sum opt0_i / opt1_i, sum 1 / opt1_i, every opt1_i > 0, max opt0_i,
-        iteration overhead), with opt0_i + n opt1_i stage i's optimizer step for n layers."""
-        key = (c, pm.vocab_size, first, last)
-        out = self._mesh_bounds.get(key)
-        if out is None:
-            prof = self.profile(c, pm)
-            k = c.num_stages
-            per = prof.layer_fwd + prof.layer_bwd
-            kinds = {}                  # (first, last) of each stage -> how many stages
-            for j in range(k):
-                f, l = first and j == 0, last and j == k - 1
-                kinds[(f, l)] = kinds.get((f, l), 0) + 1
-            fixed = fixed_per = opt_fixed = opt_inv = opt_max = 0.0
-            affine = True
-            for (f, l), count in kinds.items():
-                f0, b0 = prof.times(0, f, l)
-                fixed += count * (f0 + b0)
-                fixed_per += count * (f0 + b0) / per
-                o0 = tail_costs.optimizer_time(pm, prof, 0, f, l)
-                o1 = tail_costs.optimizer_time(pm, prof, 1, f, l) - o0
-                opt_max = max(opt_max, o0)
-                if o1 > 0:
-                    opt_fixed += count * o0 / o1
-                    opt_inv += count / o1
-                else:
-                    affine = False
-            out = self._mesh_bounds[key] = (fixed, fixed_per, k / per, per, opt_fixed, opt_inv, affine, opt_max,
-                                      self.cost.iteration_overhead_s(prof.cluster.device))
         return out
 
     def time(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], m: int) -> float:

@@ -1,9 +1,9 @@
-"""A finished layout's lower bound that knows every middle stage holds at least one layer.
+"""A finished layout's lower bounds, from the leaf evaluator's cached terms: what lets a search skip pricing it.
 
-`LayoutEvaluator.lower_bound` bounds the closed form `sum_i t_i + 2 sum_l x_l + (m - 1) P + tail + overhead` (t_i
-stage i's forward + backward, P >= the slowest stage) from the cached terms, spreading the layers over the
-stages by speed alone, fractions of a layer and empty stages allowed (stage i costs fixed_i + n_i per_i, per_i
-without recomputation, the fastest):
+`LayoutEvaluator.lower_bound` (`LeafBound`, mixed into the evaluator) bounds the closed form
+`sum_i t_i + 2 sum_l x_l + (m - 1) P + tail + overhead` (t_i stage i's forward + backward, P >= the slowest stage)
+from the cached terms, spreading the layers over the stages by speed alone, fractions of a layer and empty stages
+allowed (stage i costs fixed_i + n_i per_i, per_i without recomputation, the fastest):
     P >= P_0 = (L + sum_i fixed_i / per_i) / sum_i 1 / per_i,     sum_i t_i >= S_0 = sum_i fixed_i + L min_i per_i.
 The split a layout runs puts whole layers on the stages, at least one on every middle stage (all but the
 pipeline's first and last), so also
@@ -12,26 +12,107 @@ pipeline's first and last), so also
                alike stages takes one more layer each, until they do),
     sum_i t_i >= S_1 = sum_i fixed_i + sum_(middle i) per_i + (L - middle stages) min_i per_i
 (the other layers at the fastest per-layer time). P_1 >= P_0 and S_1 >= S_0, so the evaluator's bound raised by
-(m - 1)(P_1 - P_0) + (S_1 - S_0) stays below the layout's value. It matters on deep pipelines of slow stages,
-which the local search's moves (stage counts, TP/DP, S) often reach: on the 736-device example a neighbour on
-63 single-GPU A100 stages is priced 188 s where the evaluator's bound says 11.8 s, and the climbs price about half
-as many layouts with it (taking the same steps). The memory caps would add little: on the same climbs the exact split
-with the largest cap any recomputation allows ruled out 1 more neighbour of 2,170, at the price of the cap
-tables of every recomputation level. A test checks the bound against the evaluator on random layouts, local-search
-moves included.
+(m - 1)(P_1 - P_0) + (S_1 - S_0) (`split_lower_bound`) stays below the layout's value. It matters on deep
+pipelines of slow stages, which the local search's moves (stage counts, TP/DP, S) often reach: on the 736-device
+example a neighbour on 63 single-GPU A100 stages is priced 188 s where the evaluator's bound says 11.8 s, and the
+climbs price about half as many layouts with it (taking the same steps). The memory caps would add little: on the
+same climbs the exact split with the largest cap any recomputation allows ruled out 1 more neighbour of 2,170, at
+the price of the cap tables of every recomputation level. A test checks the bound against the evaluator on random
+layouts, local-search moves included.
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from .evaluator import AUTO, LayoutEvaluator
+from ..spec.model import ModelSpec
+from . import tail_costs
+
+if TYPE_CHECKING:
+    from .evaluator import LayoutEvaluator
+    from .simulate import MeshChoice
+
+
+class LeafBound:
+    """`LayoutEvaluator.lower_bound` (plan/evaluator.py), mixed into it: its methods read the evaluator's cached
+    terms (`lightest`, `padded`, `profile`, `boundary`, `sync`), `gbs`, `model` and `cost`."""
+
+    def lower_bound(self, choices: tuple) -> float:
+        """A lower bound on `resolve(choices)`'s time (either schedule), from cached terms only (no layer split,
+        no tail, no 1F1B): the closed form is
+            sum_i (f_i + b_i) + 2 sum_l x_l + (m - 1) P + tail + overhead,
+        and with stage i costing fixed_i + n_i per_i for its n_i layers (sum n_i = L),
+        - sum_i (f_i + b_i) >= sum_i fixed_i + L min_i per_i;
+        - P >= the slowest stage >= (L + sum_i fixed_i / per_i) / sum_i 1 / per_i: if every stage takes at most
+          M, then n_i <= (M - fixed_i) / per_i, and these add up to at least L;
+        - the tail >= the job-wide sync + the slowest optimizer step, which is affine in the layers too, so the
+          same argument bounds it;
+        with per-layer times without recomputation (the fastest; recomputation only adds). A test checks it
+        against every leaf of random instances."""
+        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        cur = self.lightest(choices)
+        pm = self.padded(cur)
+        n, L = len(cur), self.model.num_layers
+        samples = cur[0].dp * cur[0].micro_batch_size
+        fixed = fixed_per = inv_per = opt_fixed = opt_inv = links = overhead = opt_max = 0.0
+        fastest, opt_affine = math.inf, True
+        for mi, c in enumerate(cur):
+            t = self._mesh_terms(c, pm, mi == 0, mi == n - 1)
+            fixed += t[0]
+            fixed_per += t[1]
+            inv_per += t[2]
+            fastest = min(fastest, t[3])
+            opt_fixed += t[4]
+            opt_inv += t[5]
+            opt_affine &= t[6]
+            opt_max = max(opt_max, t[7])
+            overhead = max(overhead, t[8])
+            if c.num_stages > 1:
+                links += (c.num_stages - 1) * self.boundary(c, c, pm, True, samples)[0]
+            if mi < n - 1:
+                links += self.boundary(c, cur[mi + 1], pm, False, samples)[0]
+        period = (L + fixed_per) / inv_per
+        opt = (L + opt_fixed) / opt_inv if opt_affine else opt_max
+        return fixed + L * fastest + 2 * links + (m - 1) * period + self.sync(cur, pm) + opt + overhead
+
+    def _mesh_terms(self, c: MeshChoice, pm: ModelSpec, first: bool, last: bool) -> tuple:
+        """A mesh's share of `lower_bound`'s sums over its stages: (sum fixed_i, sum fixed_i / per_i,
+        sum 1 / per_i, per-layer time, sum opt0_i / opt1_i, sum 1 / opt1_i, every opt1_i > 0, max opt0_i,
+        iteration overhead), with opt0_i + n opt1_i stage i's optimizer step for n layers."""
+        key = (c, pm.vocab_size, first, last)
+        out = self._mesh_bounds.get(key)
+        if out is None:
+            prof = self.profile(c, pm)
+            k = c.num_stages
+            per = prof.layer_fwd + prof.layer_bwd
+            kinds = {}                  # (first, last) of each stage -> how many stages
+            for j in range(k):
+                f, l = first and j == 0, last and j == k - 1
+                kinds[(f, l)] = kinds.get((f, l), 0) + 1
+            fixed = fixed_per = opt_fixed = opt_inv = opt_max = 0.0
+            affine = True
+            for (f, l), count in kinds.items():
+                f0, b0 = prof.times(0, f, l)
+                fixed += count * (f0 + b0)
+                fixed_per += count * (f0 + b0) / per
+                o0 = tail_costs.optimizer_time(pm, prof, 0, f, l)
+                o1 = tail_costs.optimizer_time(pm, prof, 1, f, l) - o0
+                opt_max = max(opt_max, o0)
+                if o1 > 0:
+                    opt_fixed += count * o0 / o1
+                    opt_inv += count / o1
+                else:
+                    affine = False
+            out = self._mesh_bounds[key] = (fixed, fixed_per, k / per, per, opt_fixed, opt_inv, affine, opt_max,
+                                            self.cost.iteration_overhead_s(prof.cluster.device))
+        return out
 
 
 def split_lower_bound(ev: LayoutEvaluator, choices: tuple) -> float:
     """`ev.lower_bound(choices)` raised by what whole layers and a layer on every middle stage add (module
     docstring)."""
     m = ev.gbs // (choices[0].dp * choices[0].micro_batch_size)
-    cur = tuple(ev.level(c, "none") if c.recompute == AUTO else c for c in choices)
+    cur = ev.lightest(choices)
     pm = ev.padded(cur)
     n, L = len(cur), ev.model.num_layers
     groups = []                         # (per-layer time, fixed time, least layers, stages) of alike stages
