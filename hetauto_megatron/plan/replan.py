@@ -117,9 +117,9 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
                     reached += 1
                     heapq.heappush(queue, (priority(child, b), reached, child, None))
             continue
-        order, _, _, meshes, _ = space.decode(path)
-        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
-            continue                    # a dead end: no legal completion
+        meshes = space.leaf_meshes(path)
+        if meshes is None:
+            continue                    # a dead end
         if lb is None:                  # the leaf's own bound, cheaper than pricing it, decides its turn
             lb = leaf_bound(meshes)
             if lb > best * slack:

@@ -118,9 +118,9 @@ _CTX: dict = {}
 
 def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
     def value(path: tuple):
-        order, _, _, meshes, _ = space.decode(path)
-        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
-            return math.inf, None       # a dead end: no legal completion
+        meshes = space.leaf_meshes(path)
+        if meshes is None:
+            return math.inf, None       # a dead end
         return space.score(ev.resolve(meshes)[0], meshes), meshes
     return value
 
@@ -155,9 +155,9 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
                 reached += 1
                 heapq.heappush(queue, (space.bound(child), reached, child, False))
             continue
-        order, _, _, meshes, _ = space.decode(path)
-        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
-            continue                    # a dead end: no legal completion
+        meshes = space.leaf_meshes(path)
+        if meshes is None:
+            continue                    # a dead end
         if not checked:                 # the leaf's own bound, cheaper than pricing it, decides its turn
             lb = space.leaf_bound(meshes, ev)
             if lb > key:

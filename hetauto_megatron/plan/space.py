@@ -134,6 +134,13 @@ class SearchSpace:
             out = self._decoded[path] = self._decode(path)
         return out
 
+    def leaf_meshes(self, path: tuple) -> tuple | None:
+        """A leaf's meshes, or None where the path is a dead end (no legal completion)."""
+        order, _, _, meshes, _ = self.decode(path)
+        if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
+            return None
+        return meshes
+
     def _decode(self, path: tuple):
         """From the parent's decoding (cached) and the last decision: a playout extends a path one decision at
         a time, so each path is decoded once, in constant time."""
