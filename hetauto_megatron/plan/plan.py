@@ -233,5 +233,8 @@ class Plan:
     def to_dict(self) -> dict:
         return plan_to_dict(self)
 
+    def to_yaml(self) -> str:
+        return plan_to_yaml(self)
+
     def save(self, path: str) -> None:
         save_plan(self, path)
