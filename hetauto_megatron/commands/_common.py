@@ -36,7 +36,7 @@ def add_memory_job_arg(parser) -> None:
                         help="also require every stage to fit as another framework's job holds memory: "
                              "sailor-deepspeed = Sailor's Megatron-DeepSpeed fork as its simulator counts it (fp32, "
                              "Adam state unsharded, no sequence parallelism, unfused attention, DeepSpeed's 8 bytes "
-                             "per parameter more); docs/peers.md")
+                             "per parameter more and its pipeline engine's buffers); docs/peers.md")
 
 
 def load_inputs(args):

@@ -71,8 +71,9 @@ def add_arguments(parser) -> None:
                         help="the pipeline engine the plan is for: megatron (hetauto's runtime and Megatron-LM; the "
                              "default) or deepspeed (DeepSpeed's pipeline engine, run with the configs 'hetauto emit "
                              "deepspeed' writes: one pipeline of single meshes with equal TP, DP and micro-batch, one "
-                             "vendor, no selective recomputation, every boundary blocking, its TrainSchedule, the DP "
-                             "reduction after the last backward); the plan file records it (docs/deepspeed.md)")
+                             "vendor, no selective recomputation, every boundary blocking, its TrainSchedule and pipe "
+                             "buffers, the DP reduction after the last backward); the plan file records it "
+                             "(docs/deepspeed.md)")
     parser.add_argument("--boundary-schedule", choices=("overlapped", "blocking"), default="overlapped",
                         help="cross-cluster pipeline boundaries: overlapped (the default: asynchronous transfers, "
                              "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "

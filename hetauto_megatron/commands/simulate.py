@@ -52,7 +52,8 @@ def add_arguments(parser) -> None:
                         help="the pipeline engine that runs the plan (default: the one the plan file records, else "
                              "megatron): megatron (hetauto's runtime and Megatron-LM, "
                              "1F1B) or deepspeed (DeepSpeed's pipeline engine with the configs 'hetauto emit "
-                             "deepspeed' writes: its TrainSchedule, every send and receive blocking both stages)")
+                             "deepspeed' writes: its TrainSchedule and pipe buffers, every send and receive blocking "
+                             "both stages)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
                              "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
