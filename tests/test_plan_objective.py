@@ -11,7 +11,7 @@ from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.constraints import Constraints
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.plan import load_plan
-from hetauto_megatron.plan.search import SearchConfig, _layout_value, search
+from hetauto_megatron.plan.search import SearchConfig, layout_value, search
 from hetauto_megatron.spec.devices import CATALOG
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
@@ -151,7 +151,7 @@ def test_cost_bounds_never_exceed_the_cost_of_the_leaves_below():
     for _ in range(3):
         inv = _priced_instance(rng)
         sp = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost"))
-        leaves += leaves_within_bounds(sp, _layout_value(sp, LayoutEvaluator(model, inv, 64, COST)), 400)
+        leaves += leaves_within_bounds(sp, layout_value(sp, LayoutEvaluator(model, inv, 64, COST)), 400)
     assert leaves > 200
 
 
@@ -162,7 +162,7 @@ def test_pinned_optimum_is_the_best_leaf_that_obeys_the_pin():
     inv = _priced_instance(rng)
     model = PRESETS["llama2-7b"]
     free = space_mod.SearchSpace(model, inv, 64, COST)
-    value = _layout_value(free, LayoutEvaluator(model, inv, 64, COST))
+    value = layout_value(free, LayoutEvaluator(model, inv, 64, COST))
     allowed = []
     for leaf in space_mod.leaves(free):
         t, layout = value(leaf)
@@ -171,7 +171,7 @@ def test_pinned_optimum_is_the_best_leaf_that_obeys_the_pin():
             allowed.append(t)
     con = Constraints(tp=(("a", 2),), micro_batch_size=2, use_clusters=("b",))
     pinned = space_mod.SearchSpace(model, inv, 64, COST, constraints=con)
-    pinned_value = _layout_value(pinned, LayoutEvaluator(model, inv, 64, COST))
+    pinned_value = layout_value(pinned, LayoutEvaluator(model, inv, 64, COST))
     best = min(pinned_value(leaf)[0] for leaf in space_mod.leaves(pinned))
     assert allowed and best == pytest.approx(min(allowed), rel=1e-12)
     assert len(space_mod.leaves(pinned)) < len(space_mod.leaves(free)) / 4

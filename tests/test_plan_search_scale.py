@@ -11,7 +11,7 @@ from hetauto_megatron.plan import costing, memory_fit
 from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.memory_caps import CapTable
-from hetauto_megatron.plan.search import SearchConfig, _layout_value, bounded_enumeration, search
+from hetauto_megatron.plan.search import SearchConfig, bounded_enumeration, layout_value, search
 from hetauto_megatron.plan.simulate import evaluate_layout
 from hetauto_megatron.spec.model import PRESETS
 
@@ -71,7 +71,7 @@ def test_bounds_never_exceed_what_the_leaves_below_cost(schedule):
     far = (_inv([("a", "h100-sxm", 2, 8), ("b", "h100-sxm", 2, 8)], [("a", "b", 400, 40)]), PRESETS["llama2-7b"], 256)
     for inv, model, gbs in [_random_instance(rng) for _ in range(4)] + [far]:
         sp = space_mod.SearchSpace(model, inv, gbs, COST)
-        leaves += leaves_within_bounds(sp, _layout_value(sp, LayoutEvaluator(model, inv, gbs, COST, schedule)),
+        leaves += leaves_within_bounds(sp, layout_value(sp, LayoutEvaluator(model, inv, gbs, COST, schedule)),
                                        limit)
     assert leaves > limit * 2 / 3
 
@@ -129,7 +129,7 @@ def test_bounded_enumeration_keeps_the_best_leaves_of_the_full_one():
         inv, model, gbs = _random_instance(rng)
         sp = space_mod.SearchSpace(model, inv, gbs, COST)
         full_ev, ev = (LayoutEvaluator(model, inv, gbs, COST, "overlapped") for _ in range(2))
-        value = _layout_value(sp, full_ev)
+        value = layout_value(sp, full_ev)
         every = sorted(t for t, _ in map(value, space_mod.leaves(sp)) if math.isfinite(t))
         found, _ = bounded_enumeration(sp, ev, 16)
         assert sorted(found.values())[:16] == every[:16]
@@ -150,14 +150,14 @@ def test_interchangeable_clusters_are_searched_once():
     full._twins = {n: [n] for n in full.names}
     assert len(space_mod.leaves(sp)) < len(space_mod.leaves(full))
     ev = LayoutEvaluator(model, inv, 64, COST)
-    best = [min(t for t, _ in map(_layout_value(s, ev), space_mod.leaves(s))) for s in (sp, full)]
+    best = [min(t for t, _ in map(layout_value(s, ev), space_mod.leaves(s))) for s in (sp, full)]
     assert best[0] == pytest.approx(best[1])
 
 
 def test_parallel_search_gives_the_same_plan(monkeypatch):
     # a search this short keeps its jobs in one process (PARALLEL_AFTER_S): force the worker processes
-    import hetauto_megatron.plan.search as search_mod
-    monkeypatch.setattr(search_mod, "PARALLEL_AFTER_S", 0.0)
+    import hetauto_megatron.plan.search_jobs as search_jobs
+    monkeypatch.setattr(search_jobs, "PARALLEL_AFTER_S", 0.0)
     inv = _inv([("h", "h100-sxm", 2, 8), ("n", "ascend-910b", 1, 8), ("m", "mi300x", 1, 8)],
                [("h", "n", 25, 2), ("h", "m", 50, 1), ("n", "m", 10, 3)])
     cfg = dict(seed=3, iterations=800)

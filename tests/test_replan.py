@@ -8,7 +8,7 @@ from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.replan import micro_batches, shortlist, warm_enumeration
-from hetauto_megatron.plan.search import _layout_value
+from hetauto_megatron.plan.search import layout_value
 from hetauto_megatron.plan.space import SearchSpace
 from hetauto_megatron.spec.model import PRESETS
 
@@ -36,7 +36,7 @@ def test_warm_enumeration_finds_the_best_leaf_when_it_settles():
     micro-batches, or only those allowed); with that value as the incumbent it prices nothing better."""
     checked = 0
     for sp, ev in _instances(4):
-        value = _layout_value(sp, ev)
+        value = layout_value(sp, ev)
         bound = lambda c: sp.leaf_bound(c, ev)     # noqa: E731
         every = {}
         for leaf in space_mod.leaves(sp):

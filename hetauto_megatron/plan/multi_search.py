@@ -39,7 +39,8 @@ from .search import SearchConfig, SearchResult, search
 from .settings import ENGINES
 from .simulate import evaluate_layout, layout_to_plan, simulate
 from .partition_bound import PartitionBound, set_partitions
-from .space import COMPUTE_SLACK, peak_rate, tp_degrees
+from .space import tp_degrees
+from .space_bounds import COMPUTE_SLACK, peak_rate
 
 SHAPES = ("all", "simple")
 MAX_PARTITIONS = 6          # partitions searched (best bound first) after the bound has pruned the rest

@@ -10,7 +10,7 @@ from ..cost.memory import grad_buffer_bytes
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .settings import default_settings
-from .space import COMPUTE_SLACK, peak_rate
+from .space_bounds import COMPUTE_SLACK, peak_rate
 
 
 def set_partitions(items: list):

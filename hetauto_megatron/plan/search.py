@@ -1,7 +1,8 @@
 """Strategy search: Monte-Carlo tree search over a plan's sequential decisions, local search, final ranking.
 
-The decision tree, its symmetries and bounds are in plan/space.py; one tree search in plan/mcts.py; the
-local search in plan/local.py; leaves are priced by plan/evaluator.py (closed-form 1F1B, microseconds).
+The decision tree and its symmetries are in plan/space.py, its bounds in plan/space_bounds.py; one tree
+search in plan/mcts.py; the local search in plan/local.py; trees and climbs as jobs for worker processes in
+plan/search_jobs.py; leaves are priced by plan/evaluator.py (closed-form 1F1B, microseconds).
 
 How much to search is decided by the problem, not by the number of clusters:
 - first, a bounded enumeration (best-first branch and bound) tries to prove the tree's best `rerank` leaves:
@@ -20,16 +21,15 @@ How much to search is decided by the problem, not by the number of clusters:
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
   simulation decides).
 Trees and climbs are independent of each other, so `workers` processes run them in parallel once the search
-has run PARALLEL_AFTER_S (shorter jobs gain more from sharing one process's caches); the plan depends
-on the seed only (not on the worker count, nor on the machine's speed unless `budget_s` cuts the search).
+has run PARALLEL_AFTER_S (plan/search_jobs.py: shorter jobs gain more from sharing one process's caches); the
+plan depends on the seed only (not on the worker count, nor on the machine's speed unless `budget_s` cuts the
+search).
 """
 from __future__ import annotations
 
 import gc
 import heapq
 import math
-import multiprocessing
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -41,8 +41,8 @@ from ..spec.model import ModelSpec
 from . import local, space as space_mod
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
-from .mcts import TreeRun, run_tree
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
+from .search_jobs import climb_job, default_workers, layout_value, release, run_all, share, tree_job
 from .simulate import SCHEDULES, MeshChoice
 from .space import SearchSpace
 
@@ -57,7 +57,6 @@ MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
 REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found (and
                                 # those of the best `rerank` with fewer than RERANK_MARGIN_M micro-batches)
-PARALLEL_AFTER_S = 5.0          # jobs go to worker processes only once the search has run this long (below)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
 RERANK_MARGIN_M = 64            # whose closed form is over 5 % above the best simulated so far (they differ by
@@ -112,19 +111,6 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
     return cap, max(MIN_PLAYOUTS // 2, min(cap // 6, MAX_PLAYOUTS // 12)), est
 
 
-# ---- work that may run in other processes ---------------------------------------------------------------
-_CTX: dict = {}
-
-
-def _layout_value(space: SearchSpace, ev: LayoutEvaluator):
-    def value(path: tuple):
-        meshes = space.leaf_meshes(path)
-        if meshes is None:
-            return math.inf, None       # a dead end
-        return space.score(ev.resolve(meshes)[0], meshes), meshes
-    return value
-
-
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
                         deadline: float | None = None, found: dict | None = None):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
@@ -133,8 +119,9 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
     the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
     `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
-    left is above the `keep`-th best value found: no leaf left can enter the best `keep`. Ties are broken by the order nodes were reached (deterministic)."""
-    value = _layout_value(space, ev)
+    left is above the `keep`-th best value found: no leaf left can enter the best `keep`. Ties are broken by the
+    order nodes were reached (deterministic)."""
+    value = layout_value(space, ev)
     found = {} if found is None else found
     top: list = []                      # max-heap (negated) of the best `keep` values found
     slack = 1 + 1e-9                    # a bound within rounding of a leaf's value does not prune it
@@ -172,56 +159,6 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
             elif t < -top[0]:
                 heapq.heapreplace(top, -t)
     return found, visits
-
-
-def _tree_job(job) -> TreeRun:
-    seed, cap, patience, deadline, best_known = job
-    sp, ev, cfg = _CTX["space"], _CTX["ev"], _CTX["cfg"]
-    before = len(ev.cache)
-    run = run_tree(sp, _layout_value(sp, ev), seed, cap, patience, cfg.exploration, deadline, cfg.progress,
-                   best_known)
-    run.priced = len(ev.cache) - before
-    return run
-
-
-def _climb_job(job) -> tuple[list, int]:
-    start, deadline = job
-    sp, ev = _CTX["space"], _CTX["ev"]
-    before = len(ev.cache)
-    found = local.climb(sp, lambda c: sp.score(ev.resolve(c)[0], c), start, deadline, lambda c: sp.leaf_bound(c, ev))
-    return found, len(ev.cache) - before
-
-
-def _priced_in_worker(call) -> tuple:
-    """(fn's result, the layouts it priced with their values): a worker process's cache dies with it."""
-    fn, job = call
-    ev = _CTX["ev"]
-    before = len(ev.cache)
-    out = fn(job)
-    return out, list(ev.cache.items())[before:]     # a dict keeps insertion order: the new entries are last
-
-
-def _run_all(fn, jobs: list, workers: int, started: float) -> list:
-    """fn over jobs, in `workers` processes forked now (they inherit every layout priced so far). The layouts the
-    workers price come back into this process's cache, so later jobs and the final ranking do not price them
-    again. Jobs run one after another in this process share each other's layouts, which processes cannot: on
-    the benchmark's instances (jobs of 0.01-0.3 s) two processes spent more CPU than one (736 devices: trees
-    0.33 s each against 0.27, climbs 0.55 s against 0.39) and were slower in wall time (1.42 s against 1.14),
-    so a search that has run less than PARALLEL_AFTER_S keeps its jobs in this process. The plan is the same
-    either way (the cache only remembers values)."""
-    if workers <= 1 or len(jobs) <= 1 or time.perf_counter() - started < PARALLEL_AFTER_S:
-        return [fn(j) for j in jobs]
-    with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        done = pool.map(_priced_in_worker, [(fn, j) for j in jobs], chunksize=1)
-    cache = _CTX["ev"].cache
-    for _, priced in done:
-        for key, value in priced:
-            cache.setdefault(key, value)
-    return [out for out, _ in done]
-
-
-def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # ---- the search -------------------------------------------------------------------------------------------
@@ -264,7 +201,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                          fix="check num_attention_heads and num_query_groups")
     workers = cfg.workers or default_workers()
     ev = LayoutEvaluator(model, inventory, gbs, cost, cfg.schedule, cfg.engine)
-    _CTX.update(space=sp, ev=ev, cfg=cfg)
+    share(sp, ev, cfg)
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     leaves: dict[tuple, float] = {}
@@ -277,7 +214,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     warm_found = [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
     if warm and cfg.local_search:       # re-planning: first climb from the old plan (a few hundred layouts)
         before = len(ev.cache)
-        for part, n in _run_all(_climb_job, [(w, deadline) for w in warm], workers, t0):
+        for part, n in run_all(climb_job, [(w, deadline) for w in warm], workers, t0):
             warm_found += part
             priced += n
         priced -= len(ev.cache) - before     # counted again below when they ran in this process
@@ -286,7 +223,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         # the climbed old plan is the plan to beat: an enumeration pruned by it, over the old plan's micro-batch
         # sizes, looks where a better leaf can be (another S, order, TP or DP than the old plan's, which no
         # climb reaches through better layouts; plan/replan.py), and a climb starts from what beat it: no trees
-        _, playouts, _ = warm_enumeration(sp, _layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), best_known,
+        _, playouts, _ = warm_enumeration(sp, layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), best_known,
                                           found=leaves, micro_batches=micro_batches(warm), deadline=deadline)
         priced += len(ev.cache)
     elif method == "mcts" and not cfg.iterations:
@@ -301,7 +238,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             leaves.update(seeds)
             best_known = min([best_known, *seeds.values()])
     if method == "exhaustive" and cfg.method == "exhaustive":
-        value = _layout_value(sp, ev)
+        value = layout_value(sp, ev)
         for path in space_mod.leaves(sp):
             t, layout = value(path)
             playouts += 1
@@ -317,7 +254,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(n)]
             trees += n
             best_round = math.inf
-            for run in _run_all(_tree_job, jobs, workers, t0):
+            for run in run_all(tree_job, jobs, workers, t0):
                 leaves.update(run.leaves)
                 priced += run.priced
                 playouts += run.playouts
@@ -341,7 +278,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             starts = local.starts(ranked, CLIMBS)
         jobs = [(s, deadline) for s in dict.fromkeys(warm + starts) if s not in climbed]
         found = list(ranked) + warm_found
-        for part, n in _run_all(_climb_job, jobs, workers, t0):
+        for part, n in run_all(climb_job, jobs, workers, t0):
             found += part
             priced += n
         shortlists.append(sorted(found, key=lambda x: x[0]))
@@ -356,7 +293,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
-    _CTX.clear()
+    release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
                         priced, method, cut, playouts, trees, exact, res.boundaries)
 
@@ -391,7 +328,7 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
 
 def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace):
     if not ev.rejected:                 # the trees ran in other processes: price some layouts here
-        value = _layout_value(sp, ev)
+        value = layout_value(sp, ev)
         for path in space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES):
             value(path)
     largest = max(c.device.memory_gib for c in inventory.clusters)
