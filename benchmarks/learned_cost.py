@@ -80,18 +80,18 @@ def sailor_part() -> None:
         # what `hetauto fit --sailor` does on the three training models: the backward score-traffic weight chosen
         # by leave-one-model-out among them, then the calibration and the trees
         train_layers = [r for r in layers if r.model != held]
-        weight, _ = L.choose_score_weight(train_layers)
-        model = L.train_sailor_model(train_layers, weight, 0)
-        calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0)
+        weight, gemm_weight, _ = L.choose_weights(train_layers)
+        model = L.train_sailor_model(train_layers, weight, 0, gemm_bwd_weight=gemm_weight)
+        calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0, gemm_bwd_weight=gemm_weight)
         trained_gpus = {r.gpu for r in layers if r.model != held}
         test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
-        print(f"  (fit without {held}: backward score-traffic weight {weight}; boosting rounds kept by "
+        print(f"  (fit without {held}: backward score-traffic weight {weight}, TF32 GEMM weight {gemm_weight}; boosting rounds kept by "
               "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + "; host floor: "
               + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(model.host_floor.items()))
                  or "none") + ")")
         for gpu in sorted({r.gpu for r in test_layers}):
             sel = [r for r in test_layers if r.gpu == gpu]
-            ss = L.sailor_layer_samples(sel, weight)
+            ss = L.sailor_layer_samples(sel, weight, gemm_weight)
             if gpu not in trained_gpus:
                 print(f"{gpu:<10} {held:<14} {len(sel):>7} {'n/a':>8}  (no other model measured on it)")
                 continue

@@ -79,10 +79,11 @@ def measured_link(kind: str, per_node: int, n: int, gpu: str = "GH-96") -> dict:
     ranks, as the inventory's alpha-beta entry:
     bandwidth and latency of least absolute log error against Sailor's curve for messages of 1 MB to 1 GB (a grid,
     0.5 us and 0.5 GB/s steps).
-    - intra (GH200, 4 GPUs): 206 GB/s, 8 us. The learned layer times were fitted with this curve's all-reduces set
-      apart, so the planner must add them back at the same speed; the catalog's NVLink figure (450 GB/s) is twice
-      as fast at these sizes.
-    - inter (GH200, one GPU per node, as each DP ring of a TP 4 layout has; 2 nodes): 22.5 GB/s, 41 us (the
+    The curve is read at the whole message, as Sailor measured it (cost/learned/sailor.py sailor_allreduce_s).
+    - intra (GH200, 4 GPUs): 228 GB/s, 2.5 us (206 GB/s, 8 us read at the ring's chunk, as Sailor's simulator reads
+      it). The learned layer times were fitted with this curve's all-reduces set apart, so the planner must add them
+      back at the same speed; the catalog's NVLink figure (450 GB/s) is about twice as fast at these sizes.
+    - inter (GH200, one GPU per node, as each DP ring of a TP 4 layout has; 2 nodes): 23 GB/s, 26 us (the
       inventory's default: 25 GB/s, 10 us)."""
     with open(os.path.join(L.SAILOR_DATA, "network_coeffs_all_homo.json")) as f:
         curve = json.load(f)[kind][gpu][str(per_node)]

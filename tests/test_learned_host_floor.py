@@ -20,11 +20,12 @@ def folds(layers):
     out = {}
     for held in sorted({r.model for r in layers}):
         train = [r for r in layers if r.model != held]
-        weight, _ = L.choose_score_weight(train)
+        weight, gemm_weight, _ = L.choose_weights(train)
         gpus = {r.gpu for r in train}
         test = L.sailor_layer_samples([r for r in layers if r.model == held and r.gpu in gpus
-                                       and r.shape.kind == "transformer"], weight)
-        out[held] = (train, weight, L.train_sailor_model(train, weight, rounds=0), test)
+                                       and r.shape.kind == "transformer"], weight, gemm_weight)
+        out[held] = (train, (weight, gemm_weight),
+                     L.train_sailor_model(train, weight, rounds=0, gemm_bwd_weight=gemm_weight), test)
     return out
 
 
@@ -43,9 +44,9 @@ def test_floor_from_other_models_prices_host_bound_layers_of_a_model_left_out(la
     """Fitted without OPT-350, the GH200 forward floor comes from GPT-Neo-2.7's host-bound layer alone; OPT-350's
     host-bound forwards (TP 4, micro-batch 1-2) are then predicted several times better than by the calibration,
     which puts them at a third of their time, and its GH200 forward rows as a whole within the 10 % target."""
-    train, weight, model, test = folds["OPT-350"]
+    train, weights, model, test = folds["OPT-350"]
     assert "gh200|fwd" in model.host_floor
-    bare = L.train_model(L.sailor_samples(train, weight), rounds=0)
+    bare = L.train_model(L.sailor_samples(train, *weights), rounds=0)
     flat = [s for s in test if s.device == "gh200" and s.phase == "fwd" and "tp=4 " in s.label
             and ("mb=1 " in s.label or "mb=2 " in s.label)]
     meas = [s.measured_s for s in flat]

@@ -3,6 +3,7 @@ within bounds, and the learned model answers for the GPU types it saw."""
 import dataclasses
 import json
 import os
+import statistics
 
 import pytest
 
@@ -68,10 +69,10 @@ def test_leave_one_model_out_error_is_bounded(layers):
 def llama_left_out(layers):
     """LLAMA-3-8's GH-96 layers predicted by a fit without LLAMA-3-8: (held layers, rows, predictions)."""
     train_layers = [r for r in layers if r.model != "LLAMA-3-8"]
-    weight, _ = L.choose_score_weight(train_layers)
-    model = L.train_model(L.sailor_samples(train_layers, weight), rounds=0)
+    weight, gemm_weight, _ = L.choose_weights(train_layers)
+    model = L.train_model(L.sailor_samples(train_layers, weight, gemm_weight), rounds=0)
     held = [r for r in layers if r.model == "LLAMA-3-8" and r.gpu == "GH-96" and r.shape.kind == "transformer"]
-    test = L.sailor_layer_samples(held, weight)
+    test = L.sailor_layer_samples(held, weight, gemm_weight)
     return held, test, L.predict_samples(model, test)
 
 
@@ -98,7 +99,7 @@ def test_unfused_softmax_of_long_sequences_carries_over_to_a_model_left_out(laye
 
 
 @pytest.mark.xfail(strict=True, reason="priced in the job's fp32 elements, LLAMA-3-8's GH-96 forward passes come "
-                                       "out 9-13 % short with LLAMA-3-8 left out (MAPE 14.8 %); "
+                                       "out 10-21 % short with LLAMA-3-8 left out (MAPE 15.9 %); "
                                        "docs/cost-model-learned.md, 'The arithmetic each run used'")
 def test_llama_forward_alone_within_ten_percent(llama_left_out):
     """The forward rows alone, the stricter measure (within 10 % while the runs were read as 2-byte fp16)."""
@@ -111,16 +112,41 @@ def test_backward_score_weight_is_chosen_on_training_models_and_carries_over(lay
     """The weight on the backward's score traffic is chosen by leave-one-model-out among the training models
     only; fitted without GPT-Neo-2.7 it predicts GPT-Neo's A100 layers better than the counted traffic does."""
     train_layers = [r for r in layers if r.model != "GPT-Neo-2.7"]
-    weight, scores = L.choose_score_weight(train_layers)
-    assert set(scores) == set(L.SCORE_WEIGHTS) and weight > 1.0 and scores[weight] < scores[1.0]
+    weight, gemm_weight, scores = L.choose_weights(train_layers)
+    assert set(scores["score"]) == set(L.SCORE_WEIGHTS) and weight > 1.0
+    assert scores["score"][weight] < scores["score"][1.0]
     held = [r for r in layers if r.model == "GPT-Neo-2.7" and r.shape.kind == "transformer"
             and r.device in ("a100-40gb", "a100-80gb")]
     errs = {}
     for w in (1.0, weight):
-        test = L.sailor_layer_samples(held, w)
-        pred = L.predict_samples(L.train_model(L.sailor_samples(train_layers, w), rounds=0), test)
+        test = L.sailor_layer_samples(held, w, gemm_weight)
+        pred = L.predict_samples(L.train_model(L.sailor_samples(train_layers, w, gemm_weight), rounds=0), test)
         errs[w] = L.mape(pred, [s.measured_s for s in test])
     assert errs[weight] < 10.0 < errs[1.0], errs
+
+
+def test_hopper_tf32_backward_gemm_weight_is_chosen_on_training_models_and_carries_over(layers):
+    """TF32 backward GEMMs on a GPU whose TF32 instruction wants K-major operands (Hopper: the GH200) get a weight
+    chosen, with the score weight, by leave-one-model-out among the training models. Fitted without GPT-Neo-2.7 (the
+    GEMM-heaviest backward of the GH200 runs: 40 % of its prior, OPT-350's 13 %), it is above 1 and predicts
+    GPT-Neo's GH200 backward passes better than the forward's efficiency (weight 1) does, within the 10 % target;
+    the other GPUs' rows do not depend on it."""
+    from hetauto_megatron.cost import features as F
+    train_layers = [r for r in layers if r.model != "GPT-Neo-2.7"]
+    weight, gemm_weight, scores = L.choose_weights(train_layers)
+    assert gemm_weight > 1.0 and set(scores["gemm"]) == set(L.GEMM_BWD_WEIGHTS)
+    assert F.backward_gemm_weighted("gh200", "tf32") and not F.backward_gemm_weighted("a100-40gb", "tf32")
+    assert not F.backward_gemm_weighted("gh200", "16-bit")
+    held = [r for r in layers if r.model == "GPT-Neo-2.7" and r.gpu == "GH-96" and r.shape.kind == "transformer"]
+    errs = {}
+    for g in (1.0, gemm_weight):
+        test = [s for s in L.sailor_layer_samples(held, weight, g) if s.phase == "bwd"]
+        model = L.train_sailor_model(train_layers, weight, rounds=0, gemm_bwd_weight=g)
+        errs[g] = L.mape(L.predict_samples(model, test), [s.measured_s for s in test])
+    assert errs[gemm_weight] < min(10.0, errs[1.0]), errs
+    a100 = [r for r in layers if r.gpu == "A100-40" and r.shape.kind == "transformer"][:4]
+    assert [s.prior_s for s in L.sailor_layer_samples(a100, weight, 1.0)] == [
+        s.prior_s for s in L.sailor_layer_samples(a100, weight, gemm_weight)]
 
 
 def test_precision_of_each_run_is_recovered(layers):
@@ -150,7 +176,7 @@ def test_tp_all_reduces_are_the_known_part_of_a_measured_layer(layers):
               and r.shape.micro_batch == 8 and r.shape.kind == "transformer")
     nbytes = 8 * 2048 * 2560 * 4      # the fp32 job's activation
     c = r2.tp_comm_s
-    # two ring all-reduces of 168 MB between 2 A100s (each moves 84 MB chunks at the ~170 GB/s measured for them)
+    # two all-reduces of 168 MB between 2 A100s, each at the ~198 GB/s bus bandwidth measured for that message
     assert 2 * nbytes / 250e9 < c < 2 * nbytes / 100e9, c
     assert r1.tp_comm_s == 0.0
     s = L.sailor_layer_samples([r2])[0]
@@ -241,3 +267,28 @@ def test_optimizer_step_of_a_model_left_out_is_predicted_from_the_others():
             meas += [u.update_s for u in rows if u.model == held]
         err = L.mape(pred, meas)
         assert err <= 25.0, (dev, err, pred, meas)
+
+
+def test_tp_all_reduces_set_apart_match_what_the_tp4_layers_measure(layers):
+    """Sailor's all-reduce curve read at the whole message, as its profiler measured it (sailor_allreduce_s), against
+    what the A100-40's TP 4 layers contain: at one micro-batch, the TP 4 forward less the TP 1 forward's multiple of
+    its prior applied to the TP 4 prior is the time of the two all-reduces (GPT-Neo-2.7 and OPT-350, micro-batch 4 and
+    8, 34-168 MB messages): 0.97-1.09 of it; within 15 % each (read at the ring's chunk, as Sailor's simulator does,
+    1.38-1.58)."""
+    from hetauto_megatron.cost import features as F
+    med = {}
+    for r in layers:
+        if r.gpu == "A100-40" and r.shape.kind == "transformer" and r.model in ("GPT-Neo-2.7", "OPT-350"):
+            med.setdefault((r.model, r.shape.micro_batch, r.shape.tp), []).append(r)
+    checked = 0
+    for (model, mb, tp), rs in med.items():
+        if tp != 4 or mb < 4 or (model, mb, 1) not in med:
+            continue
+        one = med[(model, mb, 1)]
+        prior = {t: F.layer_row(g[0].shape, "fwd", dtype_bytes=4, peak_tflops=g[0].compute_tflops,
+                                hbm_gbps=g[0].hbm_gbps)[1] for t, g in ((1, one), (4, rs))}
+        rate = statistics.median(r.fwd_s for r in one) / prior[1]
+        implied = statistics.median(r.fwd_s for r in rs) - rate * prior[4]
+        assert abs(rs[0].tp_comm_s / implied - 1) < 0.15, (model, mb, rs[0].tp_comm_s, implied)
+        checked += 1
+    assert checked == 4

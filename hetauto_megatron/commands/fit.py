@@ -67,8 +67,8 @@ def run(args) -> int:
     print("boosting rounds kept (cross-validated; 0 = calibrated roofline alone): "
           + ", ".join(f"{k} {v}" for k, v in sorted(res.rounds.items())))
     if args.sailor:
-        print(f"backward score-traffic weight of the per-layer data: {res.score_bwd_weight} (chosen by leave-one-"
-              "model-out among its models)")
+        print(f"backward score-traffic weight of the per-layer data: {res.score_bwd_weight}; backward TF32 GEMM weight "
+              f"on K-major-only GPUs: {res.gemm_bwd_weight} (both chosen by leave-one-model-out among its models)")
         print("host floor of a layer's pass (measured where doubling the micro-batch adds under half to the time): "
               + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(res.host_floor.items()))
                  or "none"))

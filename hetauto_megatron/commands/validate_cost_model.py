@@ -286,7 +286,7 @@ def _operator_results(args) -> dict:
         # transformer layers: what a model fitted on this data predicts (heads and embeddings stay analytic)
         sailor = L.load_sailor(sailor_path(args.sailor))
         samples += L.sailor_layer_samples([r for r in sailor if r.shape.kind == "transformer"],
-                                          model.fitted.score_bwd_weight)
+                                          model.fitted.score_bwd_weight, model.fitted.gemm_bwd_weight)
     res = L.validate(model, samples) if samples else {}
     if layer_files:
         res["layers"] = L.validate_layers(model, layer_files)

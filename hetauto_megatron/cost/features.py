@@ -40,6 +40,20 @@ def arithmetic_of(dtype_bytes: int, tf32: bool = False) -> str:
     return "16-bit" if dtype_bytes == 2 else "tf32" if tf32 else "fp32"
 
 
+# GPUs whose TF32 tensor-core instruction takes its operands K-major only: Hopper's wgmma transposes an operand in
+# shared memory for 16-bit types alone (PTX ISA, wgmma.mma_async: imm-trans-a/-b are for .f16/.bf16). A linear
+# layer's forward GEMM (X W^T) reads both operands K-major; its backward's do not (dX = dY W reads W N-major,
+# dW = dY^T X reads dY and X M- and N-major), so in TF32 they run off that instruction's fast path, at a lower share
+# of the TF32 peak than the forward's. Ampere's mma.sync loads its operands through registers in any layout.
+TF32_K_MAJOR_ONLY = frozenset({"h100-sxm", "h800", "h20", "h200", "gh200"})
+
+
+def backward_gemm_weighted(device: str, arithmetic: str) -> bool:
+    """Whether a layer's backward GEMMs on `device` in `arithmetic` take the fitted backward-GEMM weight
+    (cost/learned/fitting.py choose_weights): TF32 GEMMs on a GPU whose TF32 instruction wants K-major operands."""
+    return arithmetic == "tf32" and device in TF32_K_MAJOR_ONLY
+
+
 def device_arithmetic(device) -> str:
     """The arithmetic a plan's device (spec/devices.py DeviceType, placed at the job's precision) trains in:
     an fp32 job on a cluster whose PyTorch runs fp32 GEMMs on TF32 (`tf32: true`) is a TF32 job."""
@@ -317,7 +331,8 @@ def unfused_softmax_s(shape, phase: str, dtype_bytes: int, hbm_gbps: float) -> f
 
 
 def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: float,
-                      hbm_gbps: float, score_bwd_weight: float = 1.0, extra_pass: bool = True) -> dict[str, float]:
+                      hbm_gbps: float, score_bwd_weight: float = 1.0, extra_pass: bool = True,
+                      gemm_bwd_weight: float = 1.0) -> dict[str, float]:
     """The prior of a whole layer, by part: GEMM rooflines, attention (core roofline plus the full, not
     causal-half, score FLOPs), the score matrix's traffic, and the memory-bound rest (norms, activation, adds,
     rotary). Whole-layer measurements (the shipped GPU data) come from runs that materialise the s x s score
@@ -326,13 +341,17 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     traffic behaves like other score-bound layers, whatever model it belongs to.
     `score_bwd_weight`: how many times the counted traffic the backward's score kernels cost (they reach a
     lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned/fitting.py:
-    choose_score_weight), 1 = as counted. `extra_pass`: `extra_score_pass` of the layer.
+    choose_weights), 1 = as counted. `extra_pass`: `extra_score_pass` of the layer. `gemm_bwd_weight`: how many
+    times their roofline at the forward's efficiency the backward's GEMMs take where `backward_gemm_weighted` (TF32 on
+    a GPU whose TF32 instruction wants K-major operands), fitted the same way; 1 elsewhere.
     A sequence beyond the fused softmax kernel's reach adds `unfused_softmax_s`, outside this prior."""
     f = 2.0 if phase == "bwd" else 1.0
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
     for o in ops:
         t = op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps)
         parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind == "attention" else "other"] += t
+    if phase == "bwd":
+        parts["gemm"] *= gemm_bwd_weight
     scores = sum(o.score_elements() for o in ops)
     attn_flops = sum(o.flops() for o in ops if o.kind == "attention")
     per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
@@ -344,14 +363,14 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
 
 
 def layer_row(shape: LayerShape, phase: str, *, dtype_bytes: int, peak_tflops: float,
-              hbm_gbps: float, score_bwd_weight: float = 1.0) -> tuple[list[float], float]:
+              hbm_gbps: float, score_bwd_weight: float = 1.0, gemm_bwd_weight: float = 1.0) -> tuple[list[float], float]:
     """(feature vector, prior in seconds) of one whole layer and phase."""
     ops = shape.ops()
     flops = sum(o.flops() for o in ops)
     nbytes = sum(o.elements_moved() for o in ops) * dtype_bytes
     attn = sum(o.flops() for o in ops if o.kind == "attention")
     parts = layer_prior_parts(ops, phase, dtype_bytes, peak_tflops, hbm_gbps, score_bwd_weight,
-                              extra_score_pass(shape))
+                              extra_score_pass(shape), gemm_bwd_weight)
     prior = sum(parts.values())
     return [float(LAYER_KINDS.index(shape.kind)), float(phase == "bwd"), _log(shape.hidden), _log(shape.heads),
             _log(shape.kv_heads), _log(shape.ffn), _log(shape.vocab), _log(shape.seq), _log(shape.micro_batch),

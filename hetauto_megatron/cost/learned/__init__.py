@@ -19,8 +19,8 @@ One module per concept:
   `source(device)` says which one answered, so a plan can state where each number came from;
 - validation.py: predicted against measured.
 """
-from .fitting import (ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead, choose_rounds,  # noqa: F401
-                      choose_score_weight, fit, fit_calibration, fit_composition, split_holdout, train_model,
+from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead,  # noqa: F401
+                      choose_rounds, choose_weights, fit, fit_calibration, fit_composition, split_holdout, train_model,
                       train_sailor_model)
 from .model import FittedModel, LearnedCostModel, calibrated_s, load_cost_model, predict_samples, save_model  # noqa: F401
 from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS,  # noqa: F401

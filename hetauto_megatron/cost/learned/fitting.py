@@ -147,44 +147,69 @@ def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None)
 
 
 def train_sailor_model(layers: list[SailorLayer], score_bwd_weight: float = 1.0, seed: int = 0,
-                       rounds: int | None = None) -> FittedModel:
+                       rounds: int | None = None, gemm_bwd_weight: float = 1.0) -> FittedModel:
     """`train_model` on the Sailor layers (host-bound configurations left out of the calibration), with the host
     floor those configurations measured."""
-    model = train_model(sailor_samples(layers, score_bwd_weight), seed, rounds)
-    model.host_floor = sailor_host_floors(layers, score_bwd_weight)
+    model = train_model(sailor_samples(layers, score_bwd_weight, gemm_bwd_weight), seed, rounds)
+    model.host_floor = sailor_host_floors(layers, score_bwd_weight, gemm_bwd_weight)
+    model.score_bwd_weight, model.gemm_bwd_weight = score_bwd_weight, gemm_bwd_weight
     return model
 
 
-# The unfused attention's backward score kernels (softmax and dropout backward, the batched GEMMs reading the
-# s x s gradients) cost more than their counted bytes at full bandwidth, by a factor the data has to say: the
-# weight on the backward's score traffic is chosen like the boosting rounds, by leave-one-model-out on the
-# training models (the calibration alone; every GPU weighted equally), from this grid.
+# Two weights on a layer's backward prior that the data has to say, chosen like the boosting rounds: by
+# leave-one-model-out on the training models (the calibration alone; every GPU weighted equally), from grids.
+# - The unfused attention's backward score kernels (softmax backward, the batched GEMMs reading the s x s gradients)
+#   cost more than their counted bytes at full bandwidth: the weight on the backward's score traffic.
+# - TF32 backward GEMMs on a GPU whose TF32 instruction takes K-major operands only (features.TF32_K_MAJOR_ONLY:
+#   Hopper) run at a lower share of the TF32 peak than the forward's: the weight on their roofline. It changes only
+#   those GPUs' rows, so for each score weight it is chosen on their rows alone; 1 where no such GPU was measured
+#   with two models.
 SCORE_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
+GEMM_BWD_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0)
 
 
-def choose_score_weight(layers: list[SailorLayer]) -> tuple[float, dict]:
-    """(weight, {weight: mean over GPUs of the leave-one-model-out MAPE %}); 1.0 with fewer than two models."""
-    models = sorted({r.model for r in layers})
-    if len(models) < 2:
-        return 1.0, {}
-    scores = {}
+def _lomo_errors(layers: list[SailorLayer], w: float, g: float) -> dict[str, list[float]]:
+    """Device -> relative errors of every transformer layer of each model, predicted by the calibration fitted on
+    the other models, judged where that calibration exists (as choose_rounds judges the trees): a row of a device
+    and arithmetic no other model was measured in would measure the median borrowed from other devices, not the
+    weights."""
+    errs: dict[str, list[float]] = {}
+    for held in sorted({r.model for r in layers}):
+        train = [r for r in layers if r.model != held]
+        model = train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
+        test = [s for s in sailor_layer_samples([r for r in layers if r.model == held and r.shape.kind == "transformer"],
+                                                w, g) if s.calibration_key() in model.calibration]
+        if not test:
+            continue
+        pred = predict_samples(model, test)
+        for s, p in zip(test, pred):
+            errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
+    return errs
+
+
+def choose_weights(layers: list[SailorLayer]) -> tuple[float, float, dict]:
+    """(score weight, backward-GEMM weight, {"score": {w: mean over GPUs of the leave-one-model-out MAPE % with the
+    best backward-GEMM weight for w}, "gemm": {g: the same at the chosen w}}); 1.0, 1.0 with fewer than two
+    models."""
+    if len({r.model for r in layers}) < 2:
+        return 1.0, 1.0, {"score": {}, "gemm": {}}
+    weighted = [r for r in layers if F.backward_gemm_weighted(r.device, r.precision)]
+    devices = {r.device for r in weighted}
+    gemm_grid = GEMM_BWD_WEIGHTS if len({r.model for r in weighted}) >= 2 else (1.0,)
+    table: dict[float, dict[float, float]] = {}
     for w in SCORE_WEIGHTS:
-        errs: dict[str, list[float]] = {}
-        for held in models:
-            train = [r for r in layers if r.model != held]
-            trained = {r.gpu for r in train}
-            test = sailor_layer_samples([r for r in layers if r.model == held and r.gpu in trained
-                                         and r.shape.kind == "transformer"], w)
-            if not test:
-                continue
-            pred = predict_samples(train_sailor_model(train, w, rounds=0), test)
-            for s, p in zip(test, pred):
-                errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
-        if errs:
-            scores[w] = round(100.0 * statistics.mean(statistics.mean(v) for v in errs.values()), 3)
-    if not scores:
-        return 1.0, {}
-    return min(scores, key=lambda w: (scores[w], w)), scores
+        errs = _lomo_errors(layers, w, 1.0)
+        rest = [statistics.mean(v) for d, v in errs.items() if d not in devices]
+        for g in gemm_grid:
+            # the backward-GEMM weight changes only its GPUs' rows: their errors from a fit on their rows alone
+            own = _lomo_errors(weighted, w, g) if len(gemm_grid) > 1 else errs
+            mine = [statistics.mean(v) for d, v in own.items() if d in devices]
+            if rest or mine:
+                table.setdefault(w, {})[g] = round(100.0 * statistics.mean(rest + mine), 3)
+    if not table:
+        return 1.0, 1.0, {"score": {}, "gemm": {}}
+    w, g = min(((w, g) for w in table for g in table[w]), key=lambda k: (table[k[0]][k[1]], k))
+    return w, g, {"score": {k: min(v.values()) for k, v in table.items()}, "gemm": dict(table[w])}
 
 
 # ---- stage 3: composing operators into a layer ----------------------------------------------------------------
@@ -279,10 +304,12 @@ class FitResult:
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0
     host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds
+    gemm_bwd_weight: float = 1.0
 
     def to_dict(self) -> dict:
         return {"model_dir": self.model_dir, "rows": self.rows, "rounds": self.rounds,
-                "score_bwd_weight": self.score_bwd_weight, "host_floor": self.host_floor,
+                "score_bwd_weight": self.score_bwd_weight, "gemm_bwd_weight": self.gemm_bwd_weight,
+                "host_floor": self.host_floor,
                 "composition": {k: {"rate": r, "overhead_s": o} for k, (r, o) in self.composition.items()},
                 "devices": {k: v.to_dict() for k, v in self.devices.items()}, "heldout": self.heldout}
 
@@ -315,11 +342,11 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                 raise InputError(f"device type {name} is both profiled and in the Sailor data", field="--sailor",
                                  fix="fit them into separate model directories")
             devices[name] = info
-        score_weight, score_weights = choose_score_weight(sailor)
-        samples += sailor_samples(sailor, score_weight)
+        score_weight, gemm_weight, weight_scores = choose_weights(sailor)
+        samples += sailor_samples(sailor, score_weight, gemm_weight)
         optimizer, optimizer_report = fit_optimizer(load_sailor_updates(sailor_dir))
     else:
-        score_weight, score_weights = 1.0, {}
+        score_weight, gemm_weight, weight_scores = 1.0, 1.0, {"score": {}, "gemm": {}}
         optimizer, optimizer_report = {}, {}
     layers = _layer_files_of(layer_files, devices)
     if len(samples) < 8:
@@ -338,8 +365,8 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                                                                         [test[i].measured_s for i in idx]), 2)}
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
-    model.score_bwd_weight = score_weight
-    model.host_floor = sailor_host_floors(sailor, score_weight) if sailor_dir else {}
+    model.score_bwd_weight, model.gemm_bwd_weight = score_weight, gemm_weight
+    model.host_floor = sailor_host_floors(sailor, score_weight, gemm_weight) if sailor_dir else {}
     model.composition, report = fit_composition(model, devices, layers)
     model.optimizer = optimizer
     heldout.update(report)
@@ -347,9 +374,10 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     save_model(out_dir, model, devices, {"heldout": heldout, "rows": len(samples), "seed": seed,
                                          "holdout_fraction": holdout, "rounds": model.rounds,
                                          "layers": {d: len(v) for d, v in layers.items()},
-                                         "score_bwd_weights": {str(k): v for k, v in score_weights.items()}})
+                                         "score_bwd_weights": {str(k): v for k, v in weight_scores["score"].items()},
+                                         "gemm_bwd_weights": {str(k): v for k, v in weight_scores["gemm"].items()}})
     return FitResult(out_dir, devices, heldout, len(samples), dict(model.rounds), dict(model.composition),
-                     model.score_bwd_weight, dict(model.host_floor))
+                     model.score_bwd_weight, dict(model.host_floor), model.gemm_bwd_weight)
 
 
 def _layer_files_of(layer_files: list[str], devices: dict) -> dict:

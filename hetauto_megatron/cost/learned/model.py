@@ -44,6 +44,7 @@ class FittedModel:
     score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
     host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds (sailor_host_floors)
+    gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
 
     def floored(self, device: str, phase: str, t: float) -> float:
         """A whole layer's learned time, no less than the device's host floor for that pass (where one was
@@ -111,7 +112,8 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
                 # the optimizer step's fixed cost is per optimizer call ("optimizer_step"); models that stored it
                 # per layer ("optimizer", before) are read without it: their step is the analytic model's
                 "optimizer_step": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
-                "score_bwd_weight": model.score_bwd_weight, "host_floor": dict(sorted(model.host_floor.items())),
+                "score_bwd_weight": model.score_bwd_weight, "gemm_bwd_weight": model.gemm_bwd_weight,
+                "host_floor": dict(sorted(model.host_floor.items())),
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -207,13 +209,16 @@ class LearnedCostModel:
                 raise InputError(f"booster file {fname} is not a LightGBM model ({str(exc).strip()[:120]})",
                                  file=model_dir, field="boosters", fix="re-fit the model or copy the whole directory") from None
         weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
-            raise InputError(f"has a garbled score_bwd_weight ({weight!r})", file=path, field="score_bwd_weight",
-                             fix="re-fit it with 'hetauto fit'")
+        gemm_weight = man.get("gemm_bwd_weight", 1.0)   # models fitted before it existed: the forward's efficiency
+        for field, value in (("score_bwd_weight", weight), ("gemm_bwd_weight", gemm_weight)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise InputError(f"has a garbled {field} ({value!r})", file=path, field=field,
+                                 fix="re-fit it with 'hetauto fit'")
         fit = man.get("fit") if isinstance(man.get("fit"), dict) else {}    # the fit's report: informational
         self.fitted = FittedModel(tables["calibration"], boosters, fit.get("rounds", {}),
                                   tables["composition"], float(weight))
         self.fitted.optimizer = tables["optimizer_step"]
+        self.fitted.gemm_bwd_weight = float(gemm_weight)
         floor = man.get("host_floor", {})   # models fitted before it existed: no floor
         if not isinstance(floor, dict) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in floor.values()):
@@ -283,7 +288,9 @@ class LearnedCostModel:
         """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
         the planner prices them with its communication model."""
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
-                 score_bwd_weight=self.fitted.score_bwd_weight)
+                 score_bwd_weight=self.fitted.score_bwd_weight,
+                 gemm_bwd_weight=self.fitted.gemm_bwd_weight if F.backward_gemm_weighted(info.name, info.arithmetic)
+                 else 1.0)
         return tuple(self.fitted.floored(info.name, phase, self._predict(info, phase, [F.layer_row(shape, phase, **a)]))
                      + F.unfused_softmax_s(shape, phase, info.dtype_bytes, info.hbm_gbps) for phase in ("fwd", "bwd"))
 

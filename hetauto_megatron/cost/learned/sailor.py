@@ -200,7 +200,8 @@ def _config_times(layers: list[SailorLayer]) -> dict[tuple, tuple[SailorLayer, d
 HOST_BOUND_RATIO = 1.5
 
 
-def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> dict[tuple, float]:
+def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
+                     gemm_bwd_weight: float = 1.0) -> dict[tuple, float]:
     """(configuration key, phase) -> its measured time less the known part (TP all-reduces, unfused softmax
     passes), for every host-bound configuration of the transformer layers (see HOST_BOUND_RATIO)."""
     conf = _config_times(layers)
@@ -215,23 +216,33 @@ def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -
             if 2 * b not in per or per[2 * b][2] >= HOST_BOUND_RATIO * per[b][2]:
                 break
             key, r0, t = per[b]
-            out[(key, ph)] = _sailor_sample(r0, ph, t, score_bwd_weight).learned_part_s()
+            out[(key, ph)] = _sailor_sample(r0, ph, t, score_bwd_weight, gemm_bwd_weight).learned_part_s()
     return out
 
 
-def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> dict[str, float]:
+def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
+                       gemm_bwd_weight: float = 1.0) -> dict[str, float]:
     """"device|phase" -> the host floor of a transformer layer's pass: the smallest host-bound time (less its known
     part) measured on that GPU, over models and TP degrees (the host issues the same kernels at any TP degree; the
-    TP all-reduces are priced apart). A GPU none of whose configurations is host-bound has none."""
+    TP all-reduces are priced apart). A GPU none of whose configurations is host-bound has none.
+    The backward's floor is no lower than the forward's: the backward issues at least one kernel for each of the
+    forward's (every operator's gradient, plus the weight gradients), through autograd's engine on top of the same
+    dispatcher. Where no backward was measured host-bound (it grows with the work in every configuration of the
+    models at hand) the forward's floor stands for it."""
     floors: dict[str, float] = {}
     dev = {_sailor_config_key(r): r.device for r in layers}
-    for (key, ph), t in host_bound_times(layers, score_bwd_weight).items():
+    for (key, ph), t in host_bound_times(layers, score_bwd_weight, gemm_bwd_weight).items():
         k = f"{dev[key]}|{ph}"
         floors[k] = min(floors.get(k, math.inf), t)
+    for k, t in list(floors.items()):
+        if k.endswith("|fwd"):
+            b = k[:-len("fwd")] + "bwd"
+            floors[b] = max(floors.get(b, 0.0), t)
     return floors
 
 
-def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
+def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
+                   gemm_bwd_weight: float = 1.0) -> list[Sample]:
     """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
     layers, so a 48-layer model does not outweigh a 24-layer one and per-layer jitter does not become signal.
     Host-bound configurations (`host_bound_times`) are left out: the calibration describes the GPU's work, and the
@@ -241,13 +252,13 @@ def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> 
     entry is the final norm alone (0.3 ms on a GH200, 3-30 % of a logits GEMM's roofline), OPT-350's includes
     the logits and the loss, LLAMA-3-8's is split over two entries. A learned head would be whichever model it
     was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
-    host = host_bound_times(layers, score_bwd_weight)
+    host = host_bound_times(layers, score_bwd_weight, gemm_bwd_weight)
     out = []
     for key, (r0, times) in _config_times(layers).items():
         for phase, t in times.items():
             if t <= 0 or (key, phase) in host:
                 continue
-            out.append(_sailor_sample(r0, phase, t, score_bwd_weight))
+            out.append(_sailor_sample(r0, phase, t, score_bwd_weight, gemm_bwd_weight))
     return out
 
 
@@ -261,18 +272,25 @@ def read_allreduce_fits(directory: str) -> dict:
 
 
 def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
-    """Ring all-reduce time inside one node, the way Sailor prices it from its measurements
-    (sailor/profiling/profile_utils.py): 2(n-1) steps, each moving a chunk of nbytes/n at the bandwidth measured
-    for that chunk size, GB/s = a x^2 + b x + c with x = log2(megabytes), capped at the measured maximum.
-    `fits`: one GPU's entry, {group size: [[a, b, c], max bytes/s]}; the largest group stands in for bigger."""
+    """Ring all-reduce time of an `nbytes` message over `n` GPUs inside one node, from Sailor's measured curve:
+    2(n-1)/n x nbytes at the bus bandwidth the curve gives for that message, GB/s = a x^2 + b x + c with
+    x = log2(megabytes), capped at the measured maximum. `fits`: one GPU's entry, {group size: [[a, b, c], max
+    bytes/s]}; the largest group stands in for bigger.
+
+    The curve is read as it was measured: Sailor's profiler (sailor/profiling/networking/test_collectives.py, fitted by
+    fit_func.py) times one all-reduce of the whole message per size, so x is the whole message. Its figures are bus
+    bandwidths: the A100-40's 4-GPU maximum, 243 GB/s, would need 365 GB/s per GPU as an algorithm bandwidth
+    (2(n-1)/n of it crosses each GPU's links), over NVLink3's 300. Sailor's own simulator evaluates the curve at the
+    chunk, nbytes/n (profile_utils.estimate_ar_time), which prices a 4-GPU all-reduce 1.2-2.2x slower at these
+    sizes; the layers measured at TP 4 against TP 1 show the whole message's reading (docs/cost-model-learned.md,
+    step 9)."""
     if n <= 1 or nbytes <= 0 or not fits:
         return 0.0
     key = str(n) if str(n) in fits else max(fits, key=int)
     (a, b, c), max_bps = fits[key]
-    chunk = nbytes / n
-    x = math.log2(max(chunk / 1e6, 1e-3))
+    x = math.log2(max(nbytes / 1e6, 1e-3))
     bw = min(max_bps, max(1e9 * (a * x * x + b * x + c), 1e9))
-    return 2 * (n - 1) * chunk / bw
+    return 2 * (n - 1) / n * nbytes / bw
 
 
 def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> tuple[float, float]:
@@ -300,9 +318,11 @@ def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
     return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
 
 
-def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0) -> Sample:
+def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0,
+                   gemm_bwd_weight: float = 1.0) -> Sample:
+    g = gemm_bwd_weight if F.backward_gemm_weighted(r.device, r.precision) else 1.0
     feats, prior = F.layer_row(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
-                               hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight)
+                               hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight, gemm_bwd_weight=g)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
     known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
@@ -327,9 +347,10 @@ def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
             for d, n in count.items()}
 
 
-def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0) -> list[Sample]:
+def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
+                         gemm_bwd_weight: float = 1.0) -> list[Sample]:
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
-    return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight) for r in layers
+    return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight, gemm_bwd_weight) for r in layers
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
 
 
