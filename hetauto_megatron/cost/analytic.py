@@ -223,6 +223,13 @@ class AnalyticCostModel:
         step as its traffic at full bandwidth (plan/tail_costs.py); a learned model may know better."""
         return 1.0, 0.0
 
+    def host_floors(self, device: DeviceType, tp: int) -> tuple[float, float]:
+        """(forward, backward) host floor of a layer's pass (F.host_floored): none. The roofline prices each
+        kernel's work and adds the fixed per-kernel and per-micro-batch overheads (the calibration) to it; a floor
+        that hides the all-reduces in the host's issue time needs the measured host-bound layers the learned
+        model is fitted on."""
+        return 0.0, 0.0
+
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Fixed time per iteration outside the pipeline (zeroing gradient buffers, the gradient-norm
         reduction, the learning-rate schedule, logging)."""

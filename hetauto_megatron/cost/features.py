@@ -319,6 +319,17 @@ def unfused_softmax_bytes(phase: str, d: int) -> float:
     return (d + cast + 8 + 9 + 8 + cast + d) if phase == "fwd" else (2 * d + cast + 12 + 9 + 8 + cast + 2 * d)
 
 
+def host_floored(gpu_work_s: float, floor_s: float) -> float:
+    """A transformer layer's pass as it runs: the GPU's work, compute and the TP all-reduces together, but no less
+    than the host floor, the time the host takes to issue the pass (Python, PyTorch's dispatcher, the launches and
+    the all-reduces' NCCL calls, all from one thread; where the host is slower, the GPU waits for each kernel and
+    the all-reduces hide in that wait). The one rule the fit (sailor.host_bound_times measures the floor on the
+    whole pass), the learned model's predictions of measured layers (model.predict_samples) and the planner's
+    stage profiles (plan/costing.stage_profile) apply. floor_s 0: no floor (the analytic model, a GPU none of
+    whose measured configurations is host-bound)."""
+    return max(gpu_work_s, floor_s)
+
+
 def unfused_softmax_s(shape, phase: str, dtype_bytes: int, hbm_gbps: float) -> float:
     """Seconds a layer of more than FUSED_SOFTMAX_MAX_KEYS keys spends in PyTorch's softmax path beyond what
     the fused kernel would have moved: element-wise passes over the scores, priced at the memory bandwidth

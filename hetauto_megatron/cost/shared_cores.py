@@ -49,6 +49,9 @@ class SharedCoresCostModel:
     def embedding_times(self, *a):
         return self._scaled(self.base.embedding_times, *a)
 
+    def host_floors(self, *a):
+        return self._scaled(self.base.host_floors, *a)
+
     def recompute_time(self, *a):
         return self.base.recompute_time(*a) * self.factor
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost import comm
+from ..cost.features import host_floored
 from ..cost.memory import GIB, JobMemory
 from ..spec.inventory import Cluster, LinkSpec
 from ..spec.model import ModelSpec
@@ -63,13 +64,15 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
         cost_model = _with_sequence_parallel(cost_model, settings.sequence_parallel)
     dev = cluster.device
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
-    lb += cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
+    rec = cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
     # two more when a full recompute re-runs the forward. TP stays inside a node (enforced by the search).
+    # The host floor bounds each pass's compute and all-reduces together (one host thread issues both).
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
     ar = comm.allreduce_time(act, tp, cluster.intra_node)
-    lf += 2 * ar
-    lb += 2 * ar + (2 * ar if recompute == "full" else 0.0)
+    floor_f, floor_b = cost_model.host_floors(dev, tp)
+    lf = host_floored(lf + 2 * ar, floor_f)
+    lb = host_floored(lb + 2 * ar, floor_b) + (host_floored(rec + 2 * ar, floor_f) if recompute == "full" else rec)
     ef, eb = cost_model.embedding_times(model, dev, tp, micro_batch_size)
     hf, hb = cost_model.head_times(model, dev, tp, micro_batch_size)
     dp_link = dp_ring_link(cluster, tp, dp)

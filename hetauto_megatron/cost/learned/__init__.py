@@ -27,5 +27,6 @@ from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_G
                      SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
                      sailor_samples)
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
-                      calibration_key, mape, profile_granularity, profile_samples, read_layers, read_profile)
+                      calibration_key, host_floor_key, mape, profile_granularity, profile_samples, read_layers,
+                      read_profile)
 from .validation import layer_time_pairs, summarise, validate, validate_layers  # noqa: F401

@@ -14,7 +14,7 @@ from ...errors import InputError
 from ...spec.devices import DeviceType, canonical_device_name
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
-from .samples import BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key
+from .samples import BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key, host_floor_key
 
 
 # ---- fitting -----------------------------------------------------------------------------------------------
@@ -46,10 +46,11 @@ class FittedModel:
     host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds (sailor_host_floors)
     gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
 
-    def floored(self, device: str, phase: str, t: float) -> float:
-        """A whole layer's learned time, no less than the device's host floor for that pass (where one was
-        measured): the time the host takes to issue the layer's kernels."""
-        return max(t, self.host_floor.get(f"{device}|{phase}", 0.0))
+    def floor_s(self, device: str, phase: str, tp: int) -> float:
+        """The device's host floor for a layer's pass at TP degree `tp`, compute and TP all-reduces together
+        (F.host_floored); 0 where none was measured. (Models fitted before the floor bounded the all-reduces
+        too keyed it "device|phase", on compute alone; it is read as the whole pass's, a little lower.)"""
+        return self.host_floor.get(host_floor_key(device, phase, tp), self.host_floor.get(f"{device}|{phase}", 0.0))
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
@@ -92,7 +93,10 @@ def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
                             [s.features for s in rows])
         for i, t in zip(idx, times):
             s = samples[i]
-            out[i] = (model.floored(s.device, s.phase, t) if s.granularity == "layer" else t) + s.known_s
+            # a measured layer's pass: its learned part and its known part (TP all-reduces, softmax passes)
+            # together stand on the host floor
+            out[i] = (F.host_floored(t + s.known_s, model.floor_s(s.device, s.phase, s.tp)) if s.granularity == "layer"
+                      else t + s.known_s)
     return out
 
 
@@ -286,12 +290,13 @@ class LearnedCostModel:
 
     def _layer_time(self, info: DeviceInfo, shape: F.LayerShape) -> tuple[float, float]:
         """Compute only: a measured layer's TP all-reduces were set apart when fitting (Sample.known_s), and
-        the planner prices them with its communication model."""
+        the planner prices them with its communication model; the host floor bounds compute and all-reduces
+        together, so the planner applies it where it adds them (`host_floors`)."""
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
                  score_bwd_weight=self.fitted.score_bwd_weight,
                  gemm_bwd_weight=self.fitted.gemm_bwd_weight if F.backward_gemm_weighted(info.name, info.arithmetic)
                  else 1.0)
-        return tuple(self.fitted.floored(info.name, phase, self._predict(info, phase, [F.layer_row(shape, phase, **a)]))
+        return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)])
                      + F.unfused_softmax_s(shape, phase, info.dtype_bytes, info.hbm_gbps) for phase in ("fwd", "bwd"))
 
     def _piece(self, piece: str, model: ModelSpec, device: DeviceType, tp: int, mb: int, seq: int | None):
@@ -333,6 +338,17 @@ class LearnedCostModel:
         info = self._info(device)
         hit = self.fitted.optimizer.get(info.name) if info is not None else None
         return hit if hit is not None else self.fallback.optimizer_calibration(device)
+
+    def host_floors(self, device: DeviceType, tp: int) -> tuple[float, float]:
+        """(forward, backward) host floor of a transformer layer's pass at TP degree `tp`, compute and TP
+        all-reduces together (F.host_floored; the planner applies it where it adds the all-reduces): the fitted
+        one for a device measured per layer, else the fallback's."""
+        info = self._info(device)
+        if info is None:
+            return self.fallback.host_floors(device, tp)
+        if info.granularity != "layer":
+            return 0.0, 0.0
+        return self.fitted.floor_s(info.name, "fwd", tp), self.fitted.floor_s(info.name, "bwd", tp)
 
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Per-iteration fixed time: no measurement covers it, the analytic model's constant."""

@@ -13,7 +13,7 @@ from ...spec.devices import CATALOG
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
 from ..sailor_job import SAILOR_ELEMENT_BYTES
-from .samples import DeviceInfo, Sample
+from .samples import DeviceInfo, Sample, host_floor_key
 
 
 # ---- Sailor per-layer GPU measurements ---------------------------------------------------------------------
@@ -202,8 +202,9 @@ HOST_BOUND_RATIO = 1.5
 
 def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
                      gemm_bwd_weight: float = 1.0) -> dict[tuple, float]:
-    """(configuration key, phase) -> its measured time less the known part (TP all-reduces, unfused softmax
-    passes), for every host-bound configuration of the transformer layers (see HOST_BOUND_RATIO)."""
+    """(configuration key, phase) -> its measured time, the whole pass (compute, softmax passes and TP all-reduces:
+    the host issues them all, and the GPU waits for it either way; F.host_floored), for every host-bound
+    configuration of the transformer layers (see HOST_BOUND_RATIO)."""
     conf = _config_times(layers)
     series: dict[tuple, dict[int, tuple]] = {}
     for key, (r0, times) in conf.items():
@@ -216,27 +217,36 @@ def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
             if 2 * b not in per or per[2 * b][2] >= HOST_BOUND_RATIO * per[b][2]:
                 break
             key, r0, t = per[b]
-            out[(key, ph)] = _sailor_sample(r0, ph, t, score_bwd_weight, gemm_bwd_weight).learned_part_s()
+            out[(key, ph)] = t
     return out
 
 
 def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
                        gemm_bwd_weight: float = 1.0) -> dict[str, float]:
-    """"device|phase" -> the host floor of a transformer layer's pass: the smallest host-bound time (less its known
-    part) measured on that GPU, over models and TP degrees (the host issues the same kernels at any TP degree; the
-    TP all-reduces are priced apart). A GPU none of whose configurations is host-bound has none.
+    """host_floor_key -> the host floor of a transformer layer's pass, compute and TP all-reduces together
+    (F.host_floored): the smallest host-bound time measured on that GPU, over models, at TP 1 and over the TP
+    degrees above 1 apart (at TP > 1 the host issues the same kernels at any degree, plus the all-reduces' NCCL
+    calls: on the GH200 at TP 4 OPT-350's and GPT-Neo's host-bound forwards take 1.500 and 1.505 ms with 0.16 and
+    0.34 ms of all-reduces; OPT-350's at TP 1 1.225 ms). A GPU none of whose configurations is host-bound has none.
+    A TP > 1 pass issues all a TP 1 pass does, so its floor is no lower than TP 1's (and TP 1's stands for it
+    where no TP > 1 configuration was host-bound); a TP > 1 floor says nothing of TP 1, which then has none.
     The backward's floor is no lower than the forward's: the backward issues at least one kernel for each of the
     forward's (every operator's gradient, plus the weight gradients), through autograd's engine on top of the same
     dispatcher. Where no backward was measured host-bound (it grows with the work in every configuration of the
     models at hand) the forward's floor stands for it."""
     floors: dict[str, float] = {}
-    dev = {_sailor_config_key(r): r.device for r in layers}
+    conf = {_sailor_config_key(r): r for r in layers}
     for (key, ph), t in host_bound_times(layers, score_bwd_weight, gemm_bwd_weight).items():
-        k = f"{dev[key]}|{ph}"
+        k = host_floor_key(conf[key].device, ph, conf[key].shape.tp)
         floors[k] = min(floors.get(k, math.inf), t)
+    for dev in sorted({r.device for r in layers}):
+        for ph in ("fwd", "bwd"):
+            one, many = host_floor_key(dev, ph, 1), host_floor_key(dev, ph, 2)
+            if one in floors:
+                floors[many] = max(floors.get(many, 0.0), floors[one])
     for k, t in list(floors.items()):
-        if k.endswith("|fwd"):
-            b = k[:-len("fwd")] + "bwd"
+        if "|fwd|" in k:
+            b = k.replace("|fwd|", "|bwd|")
             floors[b] = max(floors.get(b, 0.0), t)
     return floors
 
@@ -326,7 +336,7 @@ def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
     known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
-    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known, r.precision)
+    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known, r.precision, r.shape.tp)
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:

@@ -29,6 +29,7 @@ class Sample:
     label: str             # for tables
     known_s: float = 0.0   # part of measured_s another model prices (a layer's TP all-reduces): not learned
     arithmetic: str = ""   # F.ARITHMETIC_BYTES key; "" = the element size's (16-bit or fp32), as profiles record
+    tp: int = 0            # a layer row's TP degree (its host floor depends on it: host_floor_key); 0 = not a layer
 
     @property
     def baseline_s(self) -> float:
@@ -125,6 +126,12 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
 
 # NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
 H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "h200")
+
+
+def host_floor_key(device: str, phase: str, tp: int) -> str:
+    """The host floor's key: at TP 1 the host issues no all-reduces (no NCCL calls, none of the TP regions'
+    bookkeeping), so a TP 1 pass and a TP > 1 pass have a floor each."""
+    return f"{device}|{phase}|{'tp1' if tp <= 1 else 'tp>1'}"
 
 
 def calibration_key(device: str, granularity: str, phase: str, features, arithmetic: str = "") -> str:
