@@ -131,7 +131,8 @@ def unsupported_features(plan: Plan) -> list[str]:
     def per_mesh(attr):
         return ", ".join(f"{m.cluster}={getattr(m, attr)}" for m in meshes)
 
-    gaps = uniform_topology_gaps(meshes, [get_device(m.device_type).vendor for m in meshes])
+    vendors = [get_device(m.device_type).vendor for m in meshes]
+    gaps = uniform_topology_gaps(meshes, vendors)
     if "tp" in gaps:
         out.append(f"different tensor-parallel sizes per mesh ({per_mesh('tp')}): DeepSpeed's ProcessTopology is "
                    "one grid with a single TP size")
@@ -143,8 +144,7 @@ def unsupported_features(plan: Plan) -> list[str]:
                    "sends each micro-batch whole to the next stage; it cannot re-split activations between meshes "
                    "of different DP")
     if "vendor" in gaps:
-        vendors = sorted({get_device(m.device_type).vendor for m in meshes})
-        out.append(f"cross-vendor communication ({', '.join(vendors)}): DeepSpeed runs one backend for the whole job "
+        out.append(f"cross-vendor communication ({', '.join(sorted(set(vendors)))}): DeepSpeed runs one backend for the whole job "
                    "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
     if "selective" in gaps:
         out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
