@@ -74,19 +74,16 @@ def tail_windows(fwd, bwd, links):
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links, sync: float | None = None, per_stage: bool = True,
-                   memo: dict | None = None) -> dict[str, float]:
+                   links, sync: float | None = None) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
     tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
     gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
     stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
-    profiles) when the caller has it (it depends on the layout only, not on the layer split).
-    per_stage=False: only tail_s (`tail_seconds`, the search's leaves). memo: as for tail_seconds."""
+    profiles) when the caller has it (it depends on the layout only, not on the layer split). The search's
+    leaves need tail_s alone: `tail_seconds`."""
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
-    if not per_stage:
-        return {"tail_s": tail_seconds(model, profiles, layers, fwd, bwd, links, sync, memo)}
     p = len(profiles)
     reduce_exp, after = [], []
     for i, (fw, bw) in enumerate(tail_windows(fwd, bwd, links)):
