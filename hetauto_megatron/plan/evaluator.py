@@ -250,7 +250,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
             out = self.cache[choices] = (math.inf, choices)
             return out
         auto = [c.recompute == AUTO for c in choices]
-        cur = tuple([self.level(c, "none") if a else c for c, a in zip(choices, auto)])
+        cur = self.lightest(choices)
         m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
         lists = self._stage_lists(cur, m)
         # (when the lightest levels fit, so would the most generous: the early rejection is only asked otherwise)
