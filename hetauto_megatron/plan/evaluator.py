@@ -28,8 +28,8 @@ from dataclasses import replace
 
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing, link_costs, tail_costs
-from .deepspeed_schedule import deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes
+from . import costing, tail_costs
+from .deepspeed_schedule import deepspeed_links
 from .evaluator_overlap import OverlapPricing
 from .leaf_bound import LeafBound
 from .memory_caps import CapTable
@@ -37,7 +37,7 @@ from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
 from .shapes import uniform_topology_gaps
-from .simulate import MeshChoice, evaluate_layout, padded_model
+from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, evaluate_layout, padded_model
 from .split import split_layers
 
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
@@ -144,8 +144,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
                 link = cl.intra_node if a.tp * a.dp * a.num_stages <= cl.devices_per_node else cl.inter_node
             else:
                 link = self.inventory.link(a.cluster, b.cluster)
-            transfer = deepspeed_transfer_time if self.engine == "deepspeed" else link_costs.boundary_transfer_time
-            t = transfer(pm, self.profile(a, pm), self.profile(b, pm), link, inside, samples)
+            t = boundary_transfer(self.engine)(pm, self.profile(a, pm), self.profile(b, pm), link, inside, samples)
             out = self._links[key] = (t, min(link.latency_s, t))
         return out
 
@@ -238,7 +237,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         links, latency, _, _, overhead = self.joins(cur, pm)
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
-            fwd, bwd = partitioned_passes(fwd, bwd, [partition_gather_time(pm, prof) for prof in profs])
+            fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
             return estimate_1f1b(fwd, bwd, deepspeed_links(links), m) + tail + overhead
         return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
 

@@ -124,8 +124,7 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
                 raise InputError(f"clusters {a.cluster} and {b.cluster} are adjacent in the pipeline but the "
                                  "inventory has no link between them", file=inventory.source, field="links",
                                  fix=f"add a links entry between: [{a.cluster}, {b.cluster}] or reorder the meshes")
-        transfer = deepspeed_transfer_time if engine == "deepspeed" else link_costs.boundary_transfer_time
-        links.append(transfer(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
+        links.append(boundary_transfer(engine)(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
     return Pipeline(profs, owners, links, latency, cross)
@@ -137,7 +136,13 @@ def _iteration_overhead(cost_model, profs) -> float:
     return max(cost_model.iteration_overhead_s(prof.cluster.device) for prof in profs)
 
 
-def _deepspeed_passes(model, profs, fwd, bwd) -> tuple[list[float], list[float]]:
+def boundary_transfer(engine: str):
+    """The pricing of one boundary's send under `engine` (the search's evaluator uses it too): DeepSpeed's
+    engine sends its TP-partitioned slices (deepspeed_schedule.deepspeed_transfer_time)."""
+    return deepspeed_transfer_time if engine == "deepspeed" else link_costs.boundary_transfer_time
+
+
+def deepspeed_passes(model, profs, fwd, bwd) -> tuple[list[float], list[float]]:
     """The passes as DeepSpeed's engine runs them: with the all-gathers of its TP-partitioned transfers."""
     return partitioned_passes(fwd, bwd, [partition_gather_time(model, prof) for prof in profs])
 
@@ -156,7 +161,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         bwd.append(b)
         mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
-        makespan, busy = simulate_deepspeed(*_deepspeed_passes(model, profs, fwd, bwd), links, m)
+        makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m)
     else:
         sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
         makespan, busy = sim.makespan, sim.busy
@@ -374,7 +379,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
         if tail is None:
             tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         if engine == "deepspeed":
-            t = estimate_1f1b(*_deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
+            t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
                               blocking=blocking, depth=depth)
         else:
             t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
