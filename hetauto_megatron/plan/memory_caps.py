@@ -18,9 +18,8 @@ class CapTable:
     def __init__(self, model, prof, first: bool, last: bool):
         self.model, self.prof, self.first, self.last = model, prof, first, last
         self.caps: dict[tuple, int] = {}          # (in-flight, buffers) -> cap, buffers > 0
-        self.row_caps: dict[int, int] = {}        # in-flight -> cap, no buffers
         self.limit = prof.memory_cap
-        self.row: list[int] = []
+        self.row: list[int] = []                  # by in-flight count, no buffers (most asks); None: not yet
 
         need = self.reading = memory_fit.stage_memory_reader(model, prof, first, last)   # (n, f, buffers)
         self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
@@ -54,9 +53,7 @@ class CapTable:
         counts): the rows were most of the search's cap computations."""
         top = min(to_end, m)
         deep = min(max(to_end - m, 0), k)                                 # stages holding all m
-        row = self.row                                                    # by in-flight count, None: not yet
-        if len(row) <= top:
-            row.extend([None] * (top + 1 - len(row)))
+        row = self._row(top)
         for f in range(to_end - k + 1, to_end - deep + 1):
             if row[f] is None:
                 row[f] = self._fit(f, 0)
@@ -64,12 +61,23 @@ class CapTable:
             row[top] = self._fit(top, 0)
         return [row[top]] * deep + row[to_end - k + 1:to_end - deep + 1][::-1]
 
+    def _row(self, f: int) -> list:
+        """The row by in-flight count, long enough to hold count f."""
+        row = self.row
+        if len(row) <= f:
+            row.extend([None] * (f + 1 - len(row)))
+        return row
+
     def cap(self, f: int, buf: int = 0) -> int:
-        caps = self.caps if buf else self.row_caps     # no boundary buffers (most asks): keyed by the bare int
-        key = (f, buf) if buf else f
-        n = caps.get(key)
+        if not buf:                     # no boundary buffers: the row in_flight_caps fills
+            row = self._row(f)
+            n = row[f]
+            if n is None:
+                n = row[f] = self._fit(f, 0)
+            return n
+        n = self.caps.get((f, buf))
         if n is None:
-            n = caps[key] = self._fit(f, buf)
+            n = self.caps[(f, buf)] = self._fit(f, buf)
         return n
 
     def _fit(self, f: int, buf: int) -> int:
