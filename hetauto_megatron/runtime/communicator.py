@@ -92,11 +92,11 @@ class HeteroP2PCommunicator(P2PCommunicator):
     def _link(self, other: int, grad: bool, shape) -> CrossLink:
         key = (other, grad)
         if key not in self._links:
-            plan, me = self.ctx.plan, self.ctx.coords.mesh_index
+            plan, layout, me = self.ctx.plan, self.ctx.layout, self.ctx.coords.mesh_index
             before = min(me, other)                       # the mesh whose boundary this is
-            mesh = plan.meshes[before]
-            overlapped = mesh.boundary_schedule == "overlapped"
-            a, b = plan.meshes[min(me, other)], plan.meshes[max(me, other)]
+            a, b = plan.meshes[before], plan.meshes[max(me, other)]
+            # its schedule as the layout has it (plan/shapes.py boundary_depth, the rule the planner prices)
+            depth = layout.boundary_depths[layout.first_stage(before) + a.num_stages - 1]
             boundary = self._crossing(other, shape)
             # what crosses between the two meshes per micro-batch in this direction (the whole step's activation
             # when each side is one mesh)
@@ -110,7 +110,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 pairs = len({(tr.src_mesh, tr.src_dp, tr.src_tp, tr.dst_mesh, tr.dst_dp, tr.dst_tp)
                              for _, tr in boundary.blocks(grad)})
                 emulator = LinkEmulator(spec.bytes_per_s_over(pairs) / scale, spec.latency_s * scale)
-            link = CrossLink(overlapped=overlapped, depth=mesh.boundary_depth if overlapped else 0,
+            link = CrossLink(overlapped=depth is not None, depth=depth or 0,
                              emulator=emulator, boundary_bytes=nbytes)
             link.begin_step(self._micro_batches)
             self._links[key] = link
