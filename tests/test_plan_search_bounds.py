@@ -47,8 +47,8 @@ def test_bounds_never_exceed_the_evaluated_value_of_random_layouts(schedule):
         ev = LayoutEvaluator(model, inv, gbs, COST, schedule)
         for _ in range(40):
             path = _random_leaf(sp, rng)
-            order, _, _, meshes, _ = sp.decode(path)
-            if not meshes or len(meshes) != len(order) or min(m.num_stages for m in meshes) < 1:
+            meshes = sp.leaf_meshes(path)
+            if meshes is None:
                 continue                # a dead end: no legal completion
             t = ev.resolve(meshes)[0]
             if math.isfinite(t):
