@@ -37,7 +37,7 @@ from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
 from .shapes import uniform_topology_gaps
-from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, evaluate_layout, padded_model
+from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, evaluate_layout, num_micro_batches, padded_model
 from .split import split_layers
 
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
@@ -250,7 +250,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
             return out
         auto = [c.recompute == AUTO for c in choices]
         cur = self.lightest(choices)
-        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        m = num_micro_batches(choices, self.gbs)
         lists = self._stage_lists(cur, m)
         # (when the lightest levels fit, so would the most generous: the early rejection is only asked otherwise)
         if not self._fits(lists[5], lists[1]) and not self._may_fit(choices, auto):
@@ -289,7 +289,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         most generous recomputation level allows? If not, no choice of levels fits and nothing is priced.
         Full recomputation is nearly always the most generous, so it is tried alone first. (Blocking
         boundaries hold the least memory, so this is a necessary condition for either schedule.)"""
-        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        m = num_micro_batches(choices, self.gbs)
         full = tuple([self.level(c, "full") if a else c for c, a in zip(choices, auto)])
         pm, p, _, _, _, caps = self._stage_lists(full, m)
         if self._fits(caps, p):

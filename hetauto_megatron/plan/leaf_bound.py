@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..spec.model import ModelSpec
 from . import tail_costs
+from .simulate import num_micro_batches
 
 if TYPE_CHECKING:
     from .evaluator import LayoutEvaluator
@@ -49,7 +50,7 @@ class LeafBound:
           same argument bounds it;
         with per-layer times without recomputation (the fastest; recomputation only adds). A test checks it
         against every leaf of random instances."""
-        m = self.gbs // (choices[0].dp * choices[0].micro_batch_size)
+        m = num_micro_batches(choices, self.gbs)
         cur = self.lightest(choices)
         pm = self.padded(cur)
         n, L = len(cur), self.model.num_layers
@@ -111,7 +112,7 @@ class LeafBound:
 def split_lower_bound(ev: LayoutEvaluator, choices: tuple) -> float:
     """`ev.lower_bound(choices)` raised by what whole layers and a layer on every middle stage add (module
     docstring)."""
-    m = ev.gbs // (choices[0].dp * choices[0].micro_batch_size)
+    m = num_micro_batches(choices, ev.gbs)
     cur = ev.lightest(choices)
     pm = ev.padded(cur)
     n, L = len(cur), ev.model.num_layers

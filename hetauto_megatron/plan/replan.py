@@ -15,7 +15,7 @@ import time
 
 from .evaluator import AUTO
 from .plan import Plan
-from .simulate import MeshChoice
+from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
 
 
@@ -164,7 +164,7 @@ def shortlist(ranked: list, gbs: int, few: int, most: int, many_micro_batches: i
         if not math.isfinite(t) or same(layout) in seen:
             continue
         seen.add(same(layout))
-        if len(out) < few or gbs // (layout[0].dp * layout[0].micro_batch_size) < many_micro_batches:
+        if len(out) < few or num_micro_batches(layout, gbs) < many_micro_batches:
             out.append((t, layout))
         if len(seen) >= most:
             break

@@ -43,7 +43,7 @@ from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .search_jobs import climb_job, default_workers, layout_value, release, run_all, share, tree_job
-from .simulate import SCHEDULES, MeshChoice
+from .simulate import SCHEDULES, MeshChoice, num_micro_batches
 from .space import SearchSpace
 
 EXHAUSTIVE_LEAVES = 15000       # trees this small are cheap to enumerate in full (the infeasibility report)
@@ -284,7 +284,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         shortlists.append(sorted(found, key=lambda x: x[0]))
         if warm:    # re-planning: one list (the climbs are few), the best few of everything (replan.shortlist)
             top = min(found, key=lambda x: x[0], default=None)     # its micro-batch variants, where few
-            if top is not None and gbs // (top[1][0].dp * top[1][0].micro_batch_size) < RERANK_MARGIN_M:
+            if top is not None and num_micro_batches(top[1], gbs) < RERANK_MARGIN_M:
                 found += [(sp.score(ev.resolve(v)[0], v), v) for v in micro_batch_variants(sp, top[1])]
                 shortlists[1] = sorted(found, key=lambda x: x[0])
             shortlists = [shortlist(shortlists[1], gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
@@ -308,7 +308,7 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
             if not math.isfinite(t):
                 continue
             if (best is not None and t > score(best[0].iteration_time_s, best[1]) * (1 + RERANK_MARGIN)
-                    and ev.gbs // (choices[0].dp * choices[0].micro_batch_size) >= RERANK_MARGIN_M):
+                    and num_micro_batches(choices, ev.gbs) >= RERANK_MARGIN_M):
                 continue    # many micro-batches: the closed form is close to the simulation, and this is not
             resolved = ev.resolve(choices)[1]
             if resolved in seen:

@@ -44,6 +44,11 @@ class MeshChoice:
         return resolve_settings(self.tp, dict(self.setting_overrides))
 
 
+def num_micro_batches(layout, gbs: int) -> int:
+    """Micro-batches per iteration of a layout (meshes of one pipeline, which all step dp x micro-batch samples)."""
+    return gbs // (layout[0].dp * layout[0].micro_batch_size)
+
+
 @dataclass
 class Estimate:
     iteration_time_s: float
@@ -310,7 +315,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
     whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None
     or a depth) fixes the boundaries instead. engine="deepspeed": DeepSpeed's pipeline engine (every boundary
     blocking; exact: its TrainSchedule; closed form: `deepspeed_links`)."""
-    m = gbs // (choices[0].dp * choices[0].micro_batch_size)
+    m = num_micro_batches(choices, gbs)
     model = padded_model(model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model, engine)
     n = len(choices)
