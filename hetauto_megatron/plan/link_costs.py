@@ -1,4 +1,5 @@
-"""What links cost: the link a DP group's ring runs on, and one micro-batch's activation crossing a stage boundary.
+"""What links cost: the link a DP group's ring runs on, the link between two clusters, and one micro-batch's
+activation crossing a stage boundary.
 
 Boundary transfers are priced as runtime/communicator.py sends them: inside a cluster every sending device its
 own shard on its own path, between clusters each byte once over the inventory's site-to-site link, over as many
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..spec.inventory import Cluster, LinkSpec
+from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
 
 if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
@@ -28,6 +29,15 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
     inter = cluster.inter_node
     return LinkSpec(min(k * inter.bandwidth_gbps, inter.node_gbps or math.inf, cluster.intra_node.bandwidth_gbps),
                     inter.latency_s)
+
+
+def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:
+    """The link traffic between clusters a and b crosses: the inventory's, or where they are not adjacent in it
+    the slowest link it lists (conservative)."""
+    link = inventory.link(a, b)
+    if link is None:
+        link = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=inventory.cluster(a).inter_node)
+    return link
 
 
 def boundary_pairs(senders, receivers, seq: int) -> int:

@@ -151,7 +151,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
                 acc[1] += pairs
     times = list(inside)
     for key, (nbytes, pairs) in per_link.items():
-        link = tail_costs._cross_link(inventory, *sorted(key))
+        link = link_costs.link_between(inventory, *sorted(key))
         t = link.transfer_time(nbytes, pairs)
         times.append((t, min(link.latency_s, t)))
     t, lat = max(times)

@@ -14,9 +14,10 @@ from functools import lru_cache
 
 from ..cost import comm
 from ..cost.memory import grad_buffer_bytes, stage_params
-from ..spec.inventory import Inventory, LinkSpec
+from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
+from .link_costs import link_between
 from .settings import RuntimeSettings, padded_vocab_size
 
 
@@ -157,13 +158,6 @@ def _hop_latency(inventory: Inventory, a: str, b: str) -> float:
     return link.latency_s
 
 
-def _cross_link(inventory: Inventory, a: str, b: str) -> LinkSpec:
-    link = inventory.link(a, b)
-    if link is None:    # not adjacent in the inventory: the slowest listed link carries it (conservative)
-        link = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=inventory.cluster(a).inter_node)
-    return link
-
-
 # ---- parameters several mesh stages hold, summed across their holders (runtime/replica_sync.py) ------------------
 def _owners(prof: StageProfile) -> int:
     """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
@@ -225,7 +219,7 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
         times = []
         for res, nbytes in phase.items():
             if res[0] == "link":
-                times.append(_cross_link(inventory, res[1], res[2]).transfer_time(nbytes))
+                times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
             else:
                 times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
         total += max(times, default=0.0)
