@@ -61,6 +61,19 @@ def small_inventory(clusters, links):
         "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
+def record_calls(module, names, entry) -> None:
+    """Wrap the functions `names` of `module` (torch.distributed, before DeepSpeed's backend binds them) so that each
+    call first gives `entry(name, args, kwargs)` to the test's log, then runs unchanged."""
+    for name in names:
+        original = getattr(module, name)
+
+        def call(*args, _original=original, _name=name, **kwargs):
+            entry(_name, args, kwargs)
+            return _original(*args, **kwargs)
+
+        setattr(module, name, call)
+
+
 def record_instructions(engine, where: list) -> None:
     """Replace a DeepSpeed PipelineEngine's instruction table by one whose entries set `where[0]` to their
     instruction's name while they run ("between" after), so that what a test records is tagged with it."""

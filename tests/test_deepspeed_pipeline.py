@@ -14,7 +14,7 @@ layer) and a GPT-2-style variant (learned positions, GELU, LayerNorm, embeddings
 import json
 
 import pytest
-from helpers import mesh, record_instructions
+from helpers import mesh, record_calls, record_instructions
 
 from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
 from hetauto_megatron.plan.plan import plan_from_dict
@@ -42,17 +42,12 @@ _COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor
 def _record_collectives(dist, where: list, log: list, group: list):
     """Wrap torch.distributed's reducing collectives (before DeepSpeed binds them) so that each call on the DP group
     is logged with the pipeline instruction running (`where[0]`) and its elements; the call itself is unchanged."""
-    for name in _COLLECTIVES:
-        original = getattr(dist, name)
+    def entry(name, args, kwargs):
+        tensor = kwargs.get("tensor", args[0] if args else None)
+        if group and kwargs.get("group") is group[0] and hasattr(tensor, "numel"):
+            log.append((where[0], name, tensor.numel()))
 
-        def call(*args, _original=original, _name=name, **kwargs):
-            g = kwargs.get("group")
-            tensor = kwargs.get("tensor", args[0] if args else None)
-            if group and g is group[0] and hasattr(tensor, "numel"):
-                log.append((where[0], _name, tensor.numel()))
-            return _original(*args, **kwargs)
-
-        setattr(dist, name, call)
+    record_calls(dist, _COLLECTIVES, entry)
 
 
 def _indices(step, micro, dp_rank, dp, mbs, gbs):

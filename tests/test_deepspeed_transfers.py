@@ -9,7 +9,7 @@ run is recorded with the pipeline instruction running it; the pricing functions 
 their seconds are bytes.
 """
 import pytest
-from helpers import record_instructions
+from helpers import record_calls, record_instructions
 
 from hetauto_megatron.spec.model import PRESETS
 
@@ -25,17 +25,13 @@ def _rank(rank, world_size):
     deepspeed = dsp.import_deepspeed()
     where, log = ["init"], []
     first = {"send": "tensor", "all_gather_into_tensor": "output_tensor", "all_gather": "tensor_list"}
-    for name, key in first.items():      # (wrapped before DeepSpeed's backend binds them)
-        original = getattr(dist, name)
 
-        def call(*args, _original=original, _name=name, _key=key, **kwargs):
-            t = kwargs[_key] if _key in kwargs else args[0]        # what is sent / the gathered whole
-            ts = t if isinstance(t, (list, tuple)) else [t]
-            log.append((where[0], "send" if _name == "send" else "gather", sum(x.numel() * x.element_size()
-                                                                                for x in ts)))
-            return _original(*args, **kwargs)
+    def entry(name, args, kwargs):
+        t = kwargs[first[name]] if first[name] in kwargs else args[0]        # what is sent / the gathered whole
+        ts = t if isinstance(t, (list, tuple)) else [t]
+        log.append((where[0], "send" if name == "send" else "gather", sum(x.numel() * x.element_size() for x in ts)))
 
-        setattr(dist, name, call)
+    record_calls(dist, first, entry)      # (before DeepSpeed's backend binds them)
     deepspeed.init_distributed(dist_backend="gloo")
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
