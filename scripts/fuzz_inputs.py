@@ -23,6 +23,7 @@ case costs milliseconds, not an interpreter start; `--exec` runs the installed `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -467,13 +468,8 @@ def _all_items(ws: Workspace, model_dir: str | None = None, only: str | None = N
 
 # ---- running a case -------------------------------------------------------------------------------------------
 def _quiet(main, argv):
-    with open(os.devnull, "w") as null:
-        old = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = null
-        try:
-            return main(argv)
-        finally:
-            sys.stdout, sys.stderr = old
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        return main(argv)
 
 
 def run_forked(argv: list[str], timeout: float, cwd: str) -> tuple[int, str, str, float]:
