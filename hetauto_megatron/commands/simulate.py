@@ -119,11 +119,11 @@ def run(args) -> int:
             if v < 1:
                 raise InputError(f"must be at least 1, got {v}", field=n)
         tp, pp, dp, mbs, gbs = layout
-        if args.cluster and args.cluster not in [c.name for c in inventory.clusters]:
-            raise InputError(f"the inventory has no cluster named {args.cluster!r}", file=args.inventory,
-                             field="--cluster", fix="use one of the inventory's clusters: "
-                             + ", ".join(c.name for c in inventory.clusters))
-        cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
+        try:
+            cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
+        except InputError as exc:       # named as the flag that chose it
+            raise InputError(f"the inventory {exc.reason}", file=args.inventory, field="--cluster",
+                             fix=exc.fix) from None
         if pp > model.num_layers + 2:
             raise InputError(f"{pp} stages for {model.num_layers} layers", field="--pp",
                              fix=f"use at most {model.num_layers} stages")
