@@ -226,7 +226,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
         head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.logits_width(tp)
         logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
     pipe = NO_PIPE_BUFFERS
-    if getattr(settings, "pipe_buffers", False):      # DeepSpeed's engine (plan/settings.py ENGINES)
+    if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
     return per, act, buffer, first_saved, head, logits_grad, pipe
@@ -271,31 +271,13 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     return params, per, state, saved, acts, reserved, pipe_kept + pipe.workspace
 
 
-def _stage_memory(model: ModelSpec, tp: int, dp: int, micro_batch_size: int, recompute: str, in_flight: int,
-                  first: bool, last: bool, settings, vendor: str, seq_length: int | None, dtype_bytes: int,
-                  layers: int, boundary_buffers: int, impl: LayerImpl, overhead: RuntimeOverhead | None) -> tuple:
-    return _reading(_configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor,
-                                   seq_length, dtype_bytes, impl, overhead), layers, in_flight, boundary_buffers)
-
-
-def stage_memory_total(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int, recompute: str,
-                       in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
-                       seq_length: int | None = None, dtype_bytes: int = 2, boundary_buffers: int = 0,
-                       impl: LayerImpl = TRANSFORMER_ENGINE, overhead: RuntimeOverhead | None = None) -> float:
-    """stage_memory_bytes(...)["total"], the same number without building the breakdown."""
-    _, _, state, _, acts, reserved, _ = _stage_memory(
-        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
-        dtype_bytes, layers, boundary_buffers, impl, overhead)
-    return state + acts + reserved
-
-
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
                         last: bool, settings, vendor: str = "nvidia", seq_length: int | None = None,
                         dtype_bytes: int = 2, impl: LayerImpl = TRANSFORMER_ENGINE,
                         overhead: RuntimeOverhead | None = None):
-    """stage_memory_total of one stage configuration as a function of (layers, in_flight, boundary_buffers), the
-    same floats, with the configuration's terms looked up once: the search's memory caps (plan/memory_caps.py)
-    read each configuration several times."""
+    """stage_memory_bytes(...)["total"] of one stage configuration as a function of (layers, in_flight,
+    boundary_buffers), the same floats, with the configuration's terms looked up once: the search's memory caps
+    (plan/memory_caps.py) read each configuration several times."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
                          dtype_bytes, impl, overhead)
 
@@ -318,9 +300,9 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine)."""
-    params, per, state, saved, acts, reserved, pipe = _stage_memory(
-        model, tp, dp, micro_batch_size, recompute, in_flight, first, last, settings, vendor, seq_length,
-        dtype_bytes, layers, boundary_buffers, impl, overhead)
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
+                         dtype_bytes, impl, overhead)
+    params, per, state, saved, acts, reserved, pipe = _reading(cfg, layers, in_flight, boundary_buffers)
     parts = {k: params * v for k, v in per}
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "pipe_buffers": pipe, "reserved": reserved, "total": state + acts + reserved}
@@ -356,20 +338,11 @@ def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp:
     return {**b, "framework": extra, "total": b["total"] + extra}
 
 
-def job_stage_memory_total(job: JobMemory, model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
-                           recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
-                           seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> float:
-    """job_stage_memory_bytes(...)["total"], without building the breakdown."""
-    return job_stage_memory_reader(job, model, tp=tp, dp=dp, micro_batch_size=micro_batch_size, recompute=recompute,
-                                   first=first, last=last, vendor=vendor, seq_length=seq_length,
-                                   overhead=overhead)(layers, in_flight)
-
-
 def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int,
                             recompute: str, first: bool, last: bool, vendor: str = "nvidia",
                             seq_length: int | None = None, overhead: RuntimeOverhead | None = None):
-    """job_stage_memory_total of one stage configuration as a function of (layers, in_flight, boundary_buffers:
-    ignored, as there), the same floats (stage_memory_reader's reason)."""
+    """job_stage_memory_bytes(...)["total"] of one stage configuration as a function of (layers, in_flight,
+    boundary_buffers: ignored, as there), the same floats (stage_memory_reader's reason)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, job.settings, vendor, seq_length,
                          job.dtype_bytes, job.impl, overhead)
     extra = job.extra_bytes_per_param

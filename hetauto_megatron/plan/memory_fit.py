@@ -68,17 +68,10 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
     return mem
 
 
-
-def stage_memory_total(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
-                       last: bool, boundary_buffers: int = 0) -> float:
-    """stage_memory(...)["total"] without the breakdown."""
-    return stage_memory_reader(model, prof, first, last)(layers, in_flight, boundary_buffers)
-
-
 def stage_memory_reader(model: ModelSpec, prof: StageProfile, first: bool, last: bool):
-    """stage_memory_total of a stage as a function of (layers, in_flight, boundary_buffers), the same floats, with
-    the stage configuration's terms looked up once: what the memory caps (plan/memory_caps.py) read, several
-    times per configuration and thousands of configurations per search."""
+    """stage_memory(...)["total"] of a stage as a function of (layers, in_flight, boundary_buffers), the same
+    floats, with the stage configuration's terms looked up once: what the memory caps (plan/memory_caps.py) read,
+    several times per configuration and thousands of configurations per search."""
     dev = prof.cluster.device
     total = _stage_reader(model, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                           recompute=prof.recompute, first=first, last=last, settings=prof.settings, vendor=dev.vendor,
