@@ -128,11 +128,16 @@ class AnalyticCostModel:
         and recompute times) and the search prices each configuration on many meshes; a fresh dict each call."""
         key = (model, device, tp, micro_batch_size, seq_length, self.flash_attention, self.sequence_parallel,
                self.cal)
-        cache = self.__dict__.setdefault("_parts_memo", {})     # (copy.copy shares it: the key holds the switches)
-        parts = cache.get(key)
-        if parts is None:
-            parts = cache[key] = self._layer_parts(model, device, tp, micro_batch_size, seq_length)
-        return dict(parts)
+        return dict(self._memo(key, self._layer_parts, model, device, tp, micro_batch_size, seq_length))
+
+    def _memo(self, key: tuple, compute, *args):
+        """compute(*args), memoised per cost model under `key` (copy.copy shares the memo: each key holds the
+        switches and the calibration it depends on)."""
+        cache = self.__dict__.setdefault("_parts_memo", {})
+        out = cache.get(key)
+        if out is None:
+            out = cache[key] = compute(*args)
+        return out
 
     def _layer_parts(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                      seq_length: int | None) -> dict[str, tuple[float, float]]:
@@ -172,12 +177,12 @@ class AnalyticCostModel:
         stage profile asks them)."""
         key = ("times", model, device, tp, micro_batch_size, seq_length, self.flash_attention,
                self.sequence_parallel, self.cal)
-        cache = self.__dict__.setdefault("_parts_memo", {})
-        out = cache.get(key)
-        if out is None:
-            parts = self.layer_parts(model, device, tp, micro_batch_size, seq_length)
-            out = cache[key] = (sum(p[0] for p in parts.values()), sum(p[1] for p in parts.values()))
-        return out
+        return self._memo(key, self._layer_times, model, device, tp, micro_batch_size, seq_length)
+
+    def _layer_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                     seq_length: int | None) -> tuple[float, float]:
+        parts = self.layer_parts(model, device, tp, micro_batch_size, seq_length)
+        return sum(p[0] for p in parts.values()), sum(p[1] for p in parts.values())
 
     def recompute_time(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                        recompute: str, seq_length: int | None = None) -> float:
@@ -195,11 +200,7 @@ class AnalyticCostModel:
         has no GEMM and its cross-entropy is over the norm's outputs (ModelSpec.logits_width). Memoised as
         layer_parts."""
         key = ("head", model, device, tp, micro_batch_size, seq_length, self.cal)
-        cache = self.__dict__.setdefault("_parts_memo", {})
-        out = cache.get(key)
-        if out is None:
-            out = cache[key] = self._head_times(model, device, tp, micro_batch_size, seq_length)
-        return out
+        return self._memo(key, self._head_times, model, device, tp, micro_batch_size, seq_length)
 
     def _head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None) -> tuple[float, float]:
