@@ -399,8 +399,7 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
     count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry)."""
     data = read_json_file(os.path.join(directory, "profiles_tmp.json"), field="--sailor")
     info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
-    layers = load_sailor(directory)
-    prec = sailor_precisions(layers)
+    runs = {(r.model, r.gpu) for r in load_sailor(directory)}     # the (model, GPU) runs with measured layers
     out = []
     for mname, per_gpu in data.items():
         spec = SAILOR_MODELS.get(mname)
@@ -408,7 +407,7 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
             continue
         for gpu, per_mb in per_gpu.items():
             dev, _, bw = sailor_device(gpu)
-            if not dev or (mname, gpu) not in prec:
+            if not dev or (mname, gpu) not in runs:
                 continue
             by_tp: dict[int, list[float]] = {}
             for per_tp in per_mb.values():
