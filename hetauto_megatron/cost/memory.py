@@ -56,6 +56,13 @@ ADAM_MOMENT_BYTES = 8                # exp_avg + exp_avg_sq, fp32
 FP32 = 4
 
 
+def adam_traffic_bytes_per_param(dtype_bytes: int) -> int:
+    """Memory traffic of one Adam step per parameter: read and write the fp32 weight and the two fp32 moments,
+    read the gradient (28 bytes); 16-bit mixed precision also writes the 16-bit weight from the fp32 master copy
+    and reads a 16-bit gradient (32)."""
+    return 28 if dtype_bytes == FP32 else 32
+
+
 def grad_buffer_bytes(dtype_bytes: int, settings) -> int:
     """Element size of DDP's gradient buffer: fp32 unless the plan reduces in the training precision."""
     return FP32 if settings.grad_reduce_dtype == "fp32" else dtype_bytes

@@ -13,7 +13,7 @@ import math
 from functools import lru_cache
 
 from ..cost import comm
-from ..cost.memory import grad_buffer_bytes, stage_params
+from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage_params
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
@@ -139,7 +139,7 @@ def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: boo
     ~32 bytes per parameter in 16-bit mixed precision, 28 in fp32. A learned cost model may have measured the
     step on the device: then `optimizer_rate` x that traffic + `optimizer_step_s`, a fixed cost per optimizer call
     (one per stage and iteration; cost/learned/fitting.py `fit_optimizer`)."""
-    per_param = 28 if prof.cluster.device.dtype_bytes == 4 else 32
+    per_param = adam_traffic_bytes_per_param(prof.cluster.device.dtype_bytes)
     shard = prof.dp if prof.settings.distributed_optimizer else 1
     traffic = stage_params(model, prof.tp, layers, first, last) / shard * per_param / (prof.cluster.device.hbm_gbps * 1e9)
     return prof.optimizer_rate * traffic + prof.optimizer_step_s

@@ -12,6 +12,7 @@ from ...errors import InputError
 from ...spec.devices import CATALOG
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
+from ..memory import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .samples import DeviceInfo, Sample, host_floor_key
 
@@ -388,9 +389,6 @@ class SailorUpdate:
         return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
 
 
-# Adam's memory traffic per parameter by element size (plan/tail_costs.py optimizer_time): 16-bit mixed precision
-# reads and writes an fp32 master copy too (32), an fp32 job does not (28).
-ADAM_BYTES_PER_PARAM = {2: 32, 4: 28}
 PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler trains (with the embedding and the head)
 
 
@@ -421,6 +419,6 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
                     continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
                 last = max(counts, key=int)
                 params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
-                out.append(SailorUpdate(mname, gpu, dev, tp, float(params), ADAM_BYTES_PER_PARAM[SAILOR_ELEMENT_BYTES],
+                out.append(SailorUpdate(mname, gpu, dev, tp, float(params), adam_traffic_bytes_per_param(SAILOR_ELEMENT_BYTES),
                                         bw, statistics.median(ups)))
     return out
