@@ -118,6 +118,7 @@ def held_storages(exclude: set) -> dict:
     import torch
 
     out = {}
+    gc.collect()      # what no live object reaches (a cycle the collector has not run on yet) is not held
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # isinstance on torch's deprecated module-level objects warns
         tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
