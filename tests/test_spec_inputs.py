@@ -264,6 +264,42 @@ def test_infeasible_exit_3(tmp_path, capsys):
     assert out == ""
 
 
+
+def test_infeasible_when_not_one_layer_fits(tmp_path, capsys):
+    """Devices too small for a single transformer layer: the search's tree has no leaf at all. The message still
+    says by how much the closest stage misses and which field to change, and its figure is the threshold: with
+    a little more memory than it names, one layer fits (the closest whole layout is reported instead)."""
+    import re
+    text = "clusters:\n  - {name: small, device: cpu, nodes: 1, devices_per_node: 2, memory_gib: %s}\n"
+    inv = write(tmp_path, "inv.yaml", text % 1)
+    rc, out, err = plan_inventory(inv, capsys, model="llama2-7b")
+    check_error(rc, err, code=3, file=inv, field="clusters[0].memory_gib",
+                words=["no feasible plan", "not one transformer layer", "misses by", "cluster small"])
+    assert out == ""
+    need = float(re.search(r"needs ([0-9.]+) GiB", err).group(1))
+    tp = int(re.search(r"one layer at TP (\d+)", err).group(1))
+    # A LLaMA-2-7B layer holds 4 x 4096^2 + 3 x 4096 x 11008 parameters; split over TP and trained with Adam
+    # unsharded (DP 1), each needs at least a 16-bit weight and gradient and two fp32 moments: 12 bytes.
+    assert need >= (4 * 4096 ** 2 + 3 * 4096 * 11008) / tp * 12 / 2 ** 30
+    write(tmp_path, "inv.yaml", text % round(need + 0.1, 1))
+    rc, _, err = plan_inventory(inv, capsys, model="llama2-7b")
+    assert rc == 3 and "not one transformer layer" not in err and "closest layout misses by" in err, err
+    write(tmp_path, "inv.yaml", text % round(need - 0.1, 1))
+    rc, _, err = plan_inventory(inv, capsys, model="llama2-7b")
+    assert rc == 3 and "not one transformer layer" in err, err
+
+
+# ---- output directories: refused before any work ------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["demo", "--skip-training", "--out"], ["fit", "--sailor", "-o"]])
+def test_output_directory_that_is_a_file(argv, tmp_path, capsys):
+    taken = write(tmp_path, "taken", "a file, not a directory\n")
+    rc, out, err = run_cli(argv + [taken], capsys)
+    check_error(rc, err, field=argv[-1], words=[taken, "exists and is not a directory"])
+    assert out == ""
+    rc, _, err = run_cli(argv + [os.path.join(taken, "sub")], capsys)
+    check_error(rc, err, field=argv[-1], words=["cannot be created", "is a file"] if argv[0] == "fit" else
+                ["cannot be created"])
+
 # ---- the real process: exit code and stderr as a user sees them ---------------------------------------------
 def test_subprocess_errors_have_no_traceback(tmp_path):
     bad_yaml = write(tmp_path, "inv.yaml", INVENTORY_CASES["yaml-syntax"][0])

@@ -90,6 +90,25 @@ def check_output_file(path: str | None, flag: str) -> None:
         raise InputError(f"the folder {folder!r} is not writable", field=flag, fix="write the file elsewhere")
 
 
+
+def check_output_dir(path: str, flag: str) -> None:
+    """Refuse an output directory that cannot be created before any work is done: a file of that name, or a
+    parent that is not a directory (the directory itself is created when the results are written)."""
+    import os
+
+    from ..errors import InputError
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise InputError(f"{path!r} exists and is not a directory", field=flag,
+                         fix="name a directory (it is created if needed)")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"{path!r} cannot be created: {parent!r} is a file", field=flag,
+                         fix="name a directory under a folder")
+
 TIMELINE_SUFFIXES = (".json", ".png", ".svg", ".pdf")
 
 

@@ -54,12 +54,13 @@ def add_arguments(parser) -> None:
 def make_out_dir(path: str, field: str = "-o") -> str:
     """Create the output directory `path` (given by the option `field`), or say why it cannot be used."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError("exists and is not a directory", field=field,
+        raise InputError(f"{path!r} exists and is not a directory", field=field,
                          fix="name a directory (it is created if needed)")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot be created: {exc.strerror}", field=field, fix="choose a writable directory") from None
+        raise InputError(f"{path!r} cannot be created: {exc.strerror}", field=field,
+                         fix="choose a writable directory") from None
     return path
 
 

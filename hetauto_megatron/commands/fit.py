@@ -57,6 +57,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..cost.learned import fit
+    from ._common import check_output_dir
+    check_output_dir(args.out, "-o")      # before the fit, which takes minutes
     res = fit(list(args.profiles), args.out, sailor_dir=sailor_path(args.sailor), holdout=args.holdout,
               seed=args.seed)
     if args.json:

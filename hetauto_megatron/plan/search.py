@@ -339,5 +339,39 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
             f"{model.name} does not fit on the inventory's {inventory.num_devices} devices even with full "
             f"recomputation: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB). Add devices or clusters, or shorten --seq-length")
+    layer = _one_layer_miss(model, inventory, sp)
+    if layer:
+        short, need, index, tp, dp = layer
+        c = inventory.clusters[index]
+        where = f"{inventory.source}, field " if inventory.source else "field "
+        raise InfeasibleError(
+            f"{model.name} does not fit on the inventory's {inventory.num_devices} devices even with full "
+            f"recomputation: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
+            f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
+            f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB). Fix: devices with more memory ({where}"
+            f"'clusters[{index}].memory_gib'), more devices per node for a larger TP, or a shorter --seq-length")
     raise InfeasibleError(f"{model.name}: no legal layout exists for this inventory (TP must divide the heads, "
                           "clusters next to each other in the pipeline must be linked)")
+
+
+def _one_layer_miss(model: ModelSpec, inventory: Inventory, sp: SearchSpace):
+    """When the tree has no leaf because no mesh can hold even one layer (SearchSpace.fits_one_layer prunes
+    it), the stage shape that misses by the least: (GiB short, GiB needed, cluster index, TP, DP), or None when some
+    one-layer stage fits (the tree is empty for another reason). The shapes are the tree's own: its TP degrees,
+    DP dividing a micro-batch step, the pinned micro-batch (else 1) and recomputation (else full)."""
+    from .costing import stage_profile
+    from .memory_fit import stage_memory_reader
+    gib = 1024 ** 3
+    best = None
+    mb = sp.con.micro_batch_size or 1
+    for index, c in enumerate(inventory.clusters):
+        for tp in sp.tp.get(c.name, []):
+            for dp in [s // mb for s in sp.samples if s >= mb and tp * (s // mb) <= c.num_devices]:
+                prof = stage_profile(model, c, tp, dp, mb, sp._rc(c.name), sp.cost)
+                need = stage_memory_reader(model, prof, False, False)(1, 1)
+                if need <= prof.memory_cap:
+                    return None
+                short = (need - prof.memory_cap) / gib
+                if best is None or short < best[0]:
+                    best = (short, need / gib, index, tp, dp)
+    return best
