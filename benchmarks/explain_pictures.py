@@ -28,14 +28,6 @@ sys.path.insert(0, ROOT)
 from hetauto_megatron.cli import main as hetauto  # noqa: E402
 
 EX = os.path.join(ROOT, "examples", "llama")
-# examples/llama/inventory-cpu-dryrun.yaml with the cluster names examples/llama/plans/tiny-2clusters-cpu.yaml uses
-CPU_INVENTORY = """\
-clusters:
-  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4, intra_node: {bandwidth_gbps: 80, latency_us: 20}}
-  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2, intra_node: {bandwidth_gbps: 80, latency_us: 20}}
-links:
-  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
-"""
 
 
 def run(*argv: str) -> str:
@@ -79,9 +71,7 @@ def main() -> int:
     print(run("compare", a, b, "--price", "h800=2.5", "--price", "ascend=1.2"))
 
     tiny = os.path.join(EX, "plans", "tiny-2clusters-cpu.yaml")
-    inv = os.path.join(work, "cpu-inventory.yaml")
-    with open(inv, "w") as fh:
-        fh.write(CPU_INVENTORY)
+    inv = os.path.join(EX, "inventory-cpu-tiny-2clusters.yaml")      # the cluster names the plan uses
     png = os.path.join(args.out, "dryrun-measured-vs-predicted.png")
     trace = os.path.join(work, "dryrun.json")
     rep = json.loads(run("dryrun", "--plan", tiny, "--tiny", "--steps", str(args.steps), "--json",
