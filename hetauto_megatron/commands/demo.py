@@ -19,8 +19,16 @@ The whole product in one command, on this machine (CPU only, a few minutes):
   3. run Megatron-LM's own training loop (megatron.training.pretrain) with --hetauto on a two-cluster CPU
      plan and compare its losses with Megatron's homogeneous layout.
 
-Everything it writes goes to --out (default ./hetauto-demo). Exit code 0 when every step succeeded and
-the losses matched."""
+Everything it writes goes to --out (default ./hetauto-demo). Each step is printed as the 'hetauto' command
+it runs, so it can be re-run alone."""
+
+EPILOG = """\
+examples:
+  hetauto demo                                   # all three steps, a few minutes on CPU
+  hetauto demo --skip-training --out /tmp/demo   # only the planning step, seconds
+
+exit codes: 0 every step succeeded and the losses matched, 2 invalid options (--out a file), otherwise the
+failing step's exit code (1: a run failed or its losses did not match)."""
 
 
 def add_arguments(parser) -> None:

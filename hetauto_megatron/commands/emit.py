@@ -30,7 +30,9 @@ examples:
   hetauto emit megatron --plan examples/llama/plans/llama2-70b-736.yaml --cluster ascend
   hetauto emit megatron --plan plan.yaml -o launch/      # then on each node of cluster X:
       NODE_RANK=0 CLUSTER_MASTER_ADDR=x-node0 HETAUTO_MASTER_ADDR=first-node0 launch/X.sh --data-path ...
-  hetauto emit deepspeed --plan plan.yaml -o ds/ --json"""
+  hetauto emit deepspeed --plan plan.yaml -o ds/ --json
+
+exit codes: 0 ok, 2 invalid plan or options (the message names file, field and fix)."""
 
 TARGETS = ("megatron", "deepspeed", "summary")
 

@@ -39,7 +39,9 @@ EPILOG = """\
 examples:
   hetauto fit profiles/profile-cpu.jsonl -o cost-model/
   hetauto fit profiles/*.jsonl --sailor -o cost-model/ --json      # + the packaged GPU data
-  hetauto fit profiles/profile-h200.jsonl profiles/layers-h200.jsonl -o h200-model/   # + whole layers"""
+  hetauto fit profiles/profile-h200.jsonl profiles/layers-h200.jsonl -o h200-model/   # + whole layers
+
+exit codes: 0 ok, 2 invalid input (a missing or malformed profile, an output path that is a file, ...)."""
 
 
 def add_arguments(p):
@@ -51,7 +53,9 @@ def add_arguments(p):
                         "directory holding profiles_tmp.json")
     p.add_argument("--holdout", type=float, default=0.2, help="share of shapes held out to report the error "
                                                               "(default 0.2; 0 = none)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the hold-out draw, the cross-validation folds and LightGBM (default 0); the same "
+                        "profiles and seed give the same model")
     p.add_argument("--json", action="store_true", help="print the fit report as JSON")
 
 

@@ -33,7 +33,10 @@ EPILOG = """\
 examples:
   hetauto patch-megatron ~/Megatron-LM
   hetauto patch-megatron ~/Megatron-LM --check        # only report whether it is patched / patchable
-  then: torchrun ... pretrain_gpt.py <Megatron arguments> --hetauto --hetauto-plan plan.yaml"""
+  then: torchrun ... pretrain_gpt.py <Megatron arguments> --hetauto --hetauto-plan plan.yaml
+
+exit codes: 0 patched (or already patched; with --check: patched or patchable), 2 not a Megatron-LM
+checkout, or a pretrain_gpt.py the patch does not fit (the file is left untouched)."""
 
 TARGET = "pretrain_gpt.py"
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")

@@ -21,7 +21,9 @@ examples:
   cluster A host (10.0.0.5):  hetauto probe-link --rank 0 --master 10.0.0.5:29600 --between h800 ascend
   cluster B host:             hetauto probe-link --rank 1 --master 10.0.0.5:29600
   with 8 connections at once: add --connections 8 on both sides
-  self-test:                  hetauto probe-link --local --json"""
+  self-test:                  hetauto probe-link --local --json
+
+exit codes: 0 ok, 2 invalid options or the other side not reached within --timeout."""
 
 
 def add_arguments(p):
@@ -29,7 +31,8 @@ def add_arguments(p):
     p.add_argument("--master", metavar="HOST:PORT", help="rank 0's address, reachable from rank 1")
     p.add_argument("--local", action="store_true", help="run both sides here (self-test)")
     p.add_argument("--between", nargs=2, metavar="CLUSTER", default=["cluster_a", "cluster_b"],
-                   help="cluster names for the printed inventory entry")
+                   help="the two clusters' names in the printed inventory 'links:' entry (default: cluster_a "
+                        "cluster_b; rank 0 prints it)")
     p.add_argument("--max-size-mib", type=float, default=64.0, help="largest message (default 64 MiB)")
     p.add_argument("--iters", type=int, default=5, help="repetitions per message size (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other side (default 60)")

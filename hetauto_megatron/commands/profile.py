@@ -29,7 +29,9 @@ examples:
   hetauto fit profiles/profile-h800.jsonl -o cost-model/
   hetauto profile --device-type h800 --layers --out profiles/    # whole layers (half a minute on an H200)
   hetauto fit profiles/profile-h800.jsonl profiles/layers-h800.jsonl -o cost-model/
-  hetauto validate-cost-model --cost-model cost-model/ --profile profiles/layers-h800.jsonl"""
+  hetauto validate-cost-model --cost-model cost-model/ --profile profiles/layers-h800.jsonl
+
+exit codes: 0 ok, 2 invalid options (an unknown device type, a grid of the wrong kind, --out a file, ...)."""
 
 
 def add_arguments(p):
@@ -49,7 +51,8 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on "
                                                  "accelerators, float32 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default 1 on cpu)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the grid's random shapes and of the input tensors (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--overheads", action="store_true",
                    help="measure the runtime memory overheads instead (context, collective buffers, workspace, "

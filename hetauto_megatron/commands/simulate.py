@@ -59,13 +59,18 @@ def add_arguments(parser) -> None:
                              "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
                              "waiting for a link, idle, DP sync and optimizer, per link its transfers "
                              "(repeatable)")
-    g = parser.add_argument_group("homogeneous layout (instead of --plan)")
-    g.add_argument("--tp", type=int)
-    g.add_argument("--pp", type=int)
-    g.add_argument("--dp", type=int)
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g = parser.add_argument_group("homogeneous layout (instead of --plan; all five numbers needed)")
+    g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (inside a node, dividing the heads)")
+    g.add_argument("--pp", type=int, metavar="N", help="pipeline stages (the layers split evenly, or by the exact "
+                                                       "split when they do not divide)")
+    g.add_argument("--dp", type=int, metavar="N", help="data-parallel replicas; tp x pp x dp devices of the cluster")
+    g.add_argument("--micro-batch-size", type=int, metavar="N", help="samples per micro-batch and replica")
+    g.add_argument("--global-batch-size", type=int, metavar="N",
+                   help="samples per iteration, a multiple of dp x micro-batch size; with --plan: what-if, "
+                        "overrides the plan's (default: the plan's)")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation: none (the default), selective (the attention core's "
+                        "activations recomputed in the backward) or full (every layer's forward re-run)")
     g.add_argument("--cluster", metavar="NAME", help="cluster to place it on (default: the inventory's first)")
 
 

@@ -46,7 +46,9 @@ examples:
   hetauto validate-cost-model --published --cost-model gpu-model/ --json
   hetauto dryrun --plan plan-a.yaml --steps 6 --json > a.json
   hetauto validate-cost-model --cost-model cost-model/ --inventory inv.yaml --dryrun a.json plan-a.yaml \\
-      --dryrun b.json plan-b.yaml"""
+      --dryrun b.json plan-b.yaml
+
+exit codes: 0 ok (whatever the errors measured), 2 invalid input (the message names file, field and fix)."""
 
 
 def add_arguments(p):
