@@ -89,8 +89,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--tp", action="append", default=[], metavar="CLUSTER=N",
                    help="pin a cluster's tensor-parallel degree (repeatable), e.g. --tp h800=8")
     g.add_argument("--recompute", action="append", default=[], metavar="CLUSTER=MODE",
-                   help="pin a cluster's recomputation: none, selective or full (repeatable), e.g. "
-                        "--recompute a100=full")
+                   help="pin a cluster's recomputation (repeatable): none, selective (each layer's MLP re-run in "
+                        "the backward) or full (each layer's whole forward re-run), e.g. --recompute a100=full "
+                        "(default: the lightest that fits)")
     g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
     g.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="every mesh runs micro-batches of N samples (a power of two)")

@@ -69,8 +69,8 @@ def add_arguments(parser) -> None:
                    help="samples per iteration, a multiple of dp x micro-batch size; with --plan: what-if, "
                         "overrides the plan's (default: the plan's)")
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
-                   help="activation recomputation: none (the default), selective (the attention core's "
-                        "activations recomputed in the backward) or full (every layer's forward re-run)")
+                   help="activation recomputation: none (the default), selective (each layer's MLP re-run in the "
+                        "backward) or full (each layer's whole forward re-run); docs/cost-model.md")
     g.add_argument("--cluster", metavar="NAME", help="cluster to place it on (default: the inventory's first)")
 
 

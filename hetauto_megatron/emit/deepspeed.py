@@ -59,7 +59,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     mesh = plan.meshes[mesh_index]
     settings = as_run_by(mesh.settings, ENGINE)     # what DeepSpeed's engine runs of the mesh's settings
     pipelined = plan.pipeline_parallel_size > 1
-    # 'selective' recompute (attention only) has no DeepSpeed equivalent; checkpoint every layer instead so
+    # 'selective' recompute (the MLP re-run) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
     checkpoint = mesh.recompute in ("full", "selective")
     # The precision this mesh trains in, as the cost model prices it: the plan's (fp8 is bf16 here: DeepSpeed
@@ -147,7 +147,7 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append(f"cross-vendor communication ({', '.join(sorted(set(vendors)))}): DeepSpeed runs one backend for the whole job "
                    "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
     if "selective" in gaps:
-        out.append("selective recomputation (attention only): DeepSpeed checkpoints whole layers; the configs use "
+        out.append("selective recomputation (the MLP re-run): DeepSpeed checkpoints whole layers; the configs use "
                    "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
                    "assumed")
     for key, why in _SETTING_GAPS.items():     # settings the plan asks for that the engine's row turns off

@@ -93,7 +93,7 @@ class Mesh:
                                  fix=f"set {key} to the mesh's size (docs/plan-format.md)")
         if self.recompute not in RECOMPUTE_MODES:
             raise InputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}", field="recompute",
-                             fix="write recompute: none, selective (attention only) or full (whole layers)")
+                             fix="write recompute: none, selective (the MLP re-run) or full (whole layers)")
         if self.boundary_schedule not in BOUNDARY_SCHEDULES:
             raise InputError(f"must be one of {', '.join(BOUNDARY_SCHEDULES)}, got {self.boundary_schedule!r}",
                              field="boundary.schedule", fix="write schedule: blocking or schedule: overlapped")
