@@ -97,7 +97,7 @@ INVENTORY_CASES = {
     "clusters-not-a-list": ("clusters: {a: 1}\n", "clusters", ["must be a list"]),
     "bad-cluster-name": ("clusters:\n  - {name: 'site a/b', device: h800, nodes: 1, devices_per_node: 8}\n",
                          "clusters[0].name", ["not a usable cluster name"]),
-    "empty-file": ("", None, ["is empty"]),
+    "empty-file": ("", None, ["is empty", "docs/inputs.md"]),
     "not-a-mapping": ("- just\n- a list\n", None, ["expected a mapping"]),
 }
 
@@ -203,6 +203,7 @@ PLAN_CASES = {
     "tp-not-dividing-heads": (plan_text(mesh_a=MESH_A.replace("tp: 2", "tp: 3")), "meshes[0].tp",
                               ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
     "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
+    "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
     "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 3"], True),
     "middle-stage-empty": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[5, 0]")), "meshes[0].stage_layers[1]",
                            ["stage 1 holds no layers"], True),
@@ -288,6 +289,23 @@ def test_infeasible_when_not_one_layer_fits(tmp_path, capsys):
     rc, _, err = plan_inventory(inv, capsys, model="llama2-7b")
     assert rc == 3 and "not one transformer layer" in err, err
 
+
+
+def test_infeasible_when_required_clusters_are_not_linked(tmp_path, capsys):
+    """--use-clusters a,b on an inventory with no link between them: no pipeline can hold both. Exit 3 naming the
+    inventory's 'links' and both ways out, not 'no legal layout exists'."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: a, device: h800, nodes: 4, devices_per_node: 8}\n"
+                                      "  - {name: b, device: h800, nodes: 4, devices_per_node: 8}\n")
+    rc, out, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--use-clusters", "a,b", "--quiet"],
+                           capsys)
+    check_error(rc, err, code=3, file=inv, field="links", words=["no feasible plan", "from a to b", "--use-clusters"])
+    assert out == ""
+    # the fix works: with the link (or without the constraint) a plan fits
+    with open(inv, "a") as fh:
+        fh.write("links:\n  - {between: [a, b], bandwidth_gbps: 100, latency_ms: 1}\n")
+    rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--use-clusters", "a,b", "--quiet"],
+                         capsys)
+    assert rc == 0, err
 
 # ---- output directories: refused before any work ------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["demo", "--skip-training", "--out"], ["fit", "--sailor", "-o"]])

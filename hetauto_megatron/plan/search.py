@@ -350,8 +350,31 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
             f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB). Fix: devices with more memory ({where}"
             f"'clusters[{index}].memory_gib'), more devices per node for a larger TP, or a shorter --seq-length")
+    apart = _unlinked(inventory, sp.con.use_clusters)
+    if apart:
+        where = f"{inventory.source}, field " if inventory.source else "field "
+        raise InfeasibleError(
+            f"{model.name}: --use-clusters requires {', '.join(sp.con.use_clusters)} in one pipeline, but the "
+            f"inventory links no chain of clusters from {apart[0]} to {apart[1]} (clusters next to each other in "
+            f"the pipeline must be linked). Fix: add a link between them ({where}'links'), or drop --use-clusters")
     raise InfeasibleError(f"{model.name}: no legal layout exists for this inventory (TP must divide the heads, "
                           "clusters next to each other in the pipeline must be linked)")
+
+
+def _unlinked(inventory: Inventory, required) -> tuple[str, str] | None:
+    """Two of the `required` clusters that no chain of links joins (a pipeline cannot hold both), or None."""
+    if len(required) < 2:
+        return None
+    names = [c.name for c in inventory.clusters]
+    reached, todo = {required[0]}, [required[0]]
+    while todo:
+        a = todo.pop()
+        for b in names:
+            if b not in reached and inventory.link(a, b) is not None:
+                reached.add(b)
+                todo.append(b)
+    other = next((c for c in required if c not in reached), None)
+    return (required[0], other) if other else None
 
 
 def _one_layer_miss(model: ModelSpec, inventory: Inventory, sp: SearchSpace):

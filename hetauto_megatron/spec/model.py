@@ -164,6 +164,10 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 
+# The page that describes each kind of file load_yaml_file reads (for the fix of an empty one).
+FORMAT_DOCS = {"plan": "docs/plan-format.md", "published-runs table": "docs/cost-model.md"}
+
+
 def load_yaml_file(path: str, what: str) -> dict:
     """Read a YAML (or JSON) file into a mapping, turning every I/O or syntax failure into an InputError."""
     if not os.path.exists(path):
@@ -184,7 +188,8 @@ def load_yaml_file(path: str, what: str) -> dict:
     except OSError as exc:
         raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
     if data is None:
-        raise InputError("is empty", file=path, fix=f"write the {what} as YAML keys (docs/inputs.md)")
+        page = FORMAT_DOCS.get(what, "docs/inputs.md")
+        raise InputError("is empty", file=path, fix=f"write the {what} as YAML keys ({page})")
     return require_mapping(data, what, path)
 
 
