@@ -307,6 +307,24 @@ def test_infeasible_when_required_clusters_are_not_linked(tmp_path, capsys):
                          capsys)
     assert rc == 0, err
 
+
+def test_precision_a_listed_cluster_lacks(tmp_path, capsys):
+    """fp8 on an inventory with an Ascend 910B (no fp8): exit 2 naming the cluster, also under --exclude-clusters
+    (every listed cluster is priced at the job's precision), and the fix the message gives works."""
+    both = "clusters:\n  - {name: h800, device: h800, nodes: 2, devices_per_node: 8}\n" \
+           "  - {name: ascend, device: ascend-910b, nodes: 2, devices_per_node: 8}\n" \
+           "links:\n  - {between: [h800, ascend], bandwidth_gbps: 25, latency_ms: 2}\n"
+    inv = write(tmp_path, "inv.yaml", both)
+    argv = ["plan", "--model", "llama2-7b", "--global-batch-size", "64", "--precision", "fp8", "--quiet"]
+    for extra in ([], ["--exclude-clusters", "ascend"]):
+        rc, out, err = run_cli(argv + ["--inventory", inv] + extra, capsys)
+        check_error(rc, err, file=inv, field="--precision",
+                    words=["cluster ascend", "cannot train in fp8", "remove that cluster from the inventory"])
+        assert out == ""
+    alone = write(tmp_path, "h800.yaml", both.split("  - {name: ascend")[0])
+    rc, _, err = run_cli(argv + ["--inventory", alone], capsys)
+    assert rc == 0, err
+
 # ---- output directories: refused before any work ------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["demo", "--skip-training", "--out"], ["fit", "--sailor", "-o"]])
 def test_output_directory_that_is_a_file(argv, tmp_path, capsys):
