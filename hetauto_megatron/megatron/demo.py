@@ -178,9 +178,10 @@ def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hetauto_megatron.megatron.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--plan", default=DEFAULT_PLAN, help="a plan whose meshes are all device_type cpu")
-    parser.add_argument("--iters", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--plan", default=DEFAULT_PLAN, help="a plan whose meshes are all device_type cpu (default: "
+                                                             "examples/llama/plans/tiny-2clusters-cpu.yaml)")
+    parser.add_argument("--iters", type=int, default=3, help="training iterations of each run (default 3)")
+    parser.add_argument("--seed", type=int, default=1234, help="Megatron's --seed for both runs (default 1234)")
     parser.add_argument("--no-reference", action="store_true", help="skip Megatron's homogeneous run")
     parser.add_argument("--verbose", action="store_true", help="show Megatron's own log instead of a log file")
     args = parser.parse_args(argv)
