@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan file (YAML or JSON) from 'hetauto plan'")
     parser.add_argument("--tiny", action="store_true",
                         help="shrink the model (hidden, heads, vocab, sequence) but keep layers and layout")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of weights and data (default 1234)")
     parser.add_argument("--reference", action="store_true",
                         help="also run the model in one process and compare (exit 1 if they differ > 1e-5)")
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cross-cluster transfers at the inventory's link bandwidth and latency, times SCALE "
                              "(default: the scale that keeps the plan's link-to-compute ratio on this CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--timeout", type=float, default=120.0,
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds any rank may wait for a peer before failing (default 120)")
     add_timeline_args(parser)
 

@@ -40,7 +40,8 @@ TARGETS = ("megatron", "deepspeed", "summary")
 def add_arguments(parser) -> None:
     parser.add_argument("target", choices=TARGETS, help="what to emit (see above)")
     parser.add_argument("--plan", required=True, metavar="PLAN", help="plan file (YAML or JSON)")
-    parser.add_argument("--cluster", metavar="NAME", help="only this cluster's launch / configs")
+    parser.add_argument("--cluster", metavar="NAME",
+                        help="only this cluster's launch / configs (default: every cluster)")
     parser.add_argument("-o", "--output", metavar="DIR", help="write files into DIR instead of printing them")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
     parser.add_argument("--script", default=None, metavar="PATH",

@@ -51,8 +51,8 @@ def add_arguments(p):
     p.add_argument("--sailor", metavar="DIR", nargs="?", const=SAILOR_DEFAULT,
                    help="also fit Sailor's per-layer GPU times: alone, the packaged copy; --sailor=DIR another "
                         "directory holding profiles_tmp.json")
-    p.add_argument("--holdout", type=float, default=0.2, help="share of shapes held out to report the error "
-                                                              "(default 0.2; 0 = none)")
+    p.add_argument("--holdout", type=float, default=0.2, metavar="SHARE",
+                   help="share of shapes held out to report the error (default 0.2; 0 = none)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the hold-out draw, the cross-validation folds and LightGBM (default 0); the same "
                         "profiles and seed give the same model")

@@ -27,16 +27,17 @@ exit codes: 0 ok, 2 invalid options or the other side not reached within --timeo
 
 
 def add_arguments(p):
-    p.add_argument("--rank", type=int, help="0 on the side whose address is --master, 1 on the other")
+    p.add_argument("--rank", type=int, metavar="0|1", help="0 on the side whose address is --master, 1 on the other")
     p.add_argument("--master", metavar="HOST:PORT", help="rank 0's address, reachable from rank 1")
     p.add_argument("--local", action="store_true", help="run both sides here (self-test)")
     p.add_argument("--between", nargs=2, metavar="CLUSTER", default=["cluster_a", "cluster_b"],
                    help="the two clusters' names in the printed inventory 'links:' entry (default: cluster_a "
                         "cluster_b; rank 0 prints it)")
-    p.add_argument("--max-size-mib", type=float, default=64.0, help="largest message (default 64 MiB)")
-    p.add_argument("--iters", type=int, default=5, help="repetitions per message size (default 5)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other side (default 60)")
-    p.add_argument("--connections", type=int, default=1,
+    p.add_argument("--max-size-mib", type=float, default=64.0, metavar="MIB", help="largest message (default 64 MiB)")
+    p.add_argument("--iters", type=int, default=5, metavar="N", help="repetitions per message size (default 5)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for the other side (default 60)")
+    p.add_argument("--connections", type=int, default=1, metavar="N",
                    help="also measure this many connections at once (same on both sides; default 1)")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
 

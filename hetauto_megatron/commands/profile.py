@@ -35,7 +35,7 @@ exit codes: 0 ok, 2 invalid options (an unknown device type, a grid of the wrong
 
 
 def add_arguments(p):
-    p.add_argument("--device-type", required=True, help="catalog device type of this machine's device "
+    p.add_argument("--device-type", required=True, metavar="TYPE", help="catalog device type of this machine's device "
                                                         "(h800, ascend-910b, mi300x, cpu, ...)")
     p.add_argument("--out", default="profiles", metavar="DIR", help="output directory (default: profiles)")
     p.add_argument("--quick", action="store_true", help="a smaller grid: minutes instead of tens of minutes")
@@ -50,7 +50,7 @@ def add_arguments(p):
                                                 "picked from the device type, --quick and --layers")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on "
                                                  "accelerators, float32 on cpu)")
-    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default 1 on cpu)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU intra-op threads (default 1 on cpu)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the grid's random shapes and of the input tensors (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")

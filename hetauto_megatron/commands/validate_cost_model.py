@@ -68,7 +68,8 @@ def add_arguments(p):
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                    help="only for reports that do not name their model: the dry runs ran with --tiny "
                         "(--no-tiny: they ran the plan's model)")
-    p.add_argument("--rows", type=int, default=15, help="table rows to print, worst first (default 15; 0 = all)")
+    p.add_argument("--rows", type=int, default=15, metavar="N",
+                   help="table rows to print, worst first (default 15; 0 = all)")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
 
