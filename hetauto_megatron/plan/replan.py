@@ -9,10 +9,9 @@ measured time and quality against a cold search).
 """
 from __future__ import annotations
 
-import heapq
 import math
-import time
 
+from .branch_and_bound import branch_and_bound
 from .evaluator import AUTO
 from .plan import Plan
 from .simulate import MeshChoice, num_micro_batches
@@ -77,65 +76,30 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
     sizes}, `micro_batches()`), if given, keeps only the DP decisions that give those micro-batch sizes.
 
     A node whose bound (`SearchSpace.bound`; a leaf's own `leaf_bound`) is above the best value held is never
-    visited, as in `search.bounded_enumeration`, but the order differs: a node waits by its bound times
-    (1 + DIVE_WEIGHT x its decisions left), so the search dives to the leaves under a promising node before it
-    widens. Near the top of the tree the bounds are loose (0.8-0.9 of the leaves' values on the 736-device
-    example), and in pure best-first order the enumeration spent thousands of nodes there before it priced a
-    leaf that beats the old plan (736 devices without H800: node 3,099; with the dive weight, node 27). Where the
-    old plan is still the best, the bounds cannot prove it in thousands of nodes, so the search stops `patience`
-    visits after its last better leaf (or its start), or at `deadline` (time.perf_counter())."""
-    found = {} if found is None else found
-    patience = PATIENCE if patience is None else patience
-    best = incumbent
-    slack = 1 + 1e-9                    # a bound within rounding of a value does not prune it
+    visited, as in `search.bounded_enumeration` (both are plan/branch_and_bound.py), but the order differs: a
+    node waits by its bound times (1 + DIVE_WEIGHT x its decisions left), so the search dives to the leaves under
+    a promising node before it widens. Near the top of the tree the bounds are loose (0.8-0.9 of the leaves'
+    values on the 736-device example), and in pure best-first order the enumeration spent thousands of nodes
+    there before it priced a leaf that beats the old plan (736 devices without H800: node 3,099; with the dive
+    weight, node 27). Where the old plan is still the best, the bounds cannot prove it in thousands of nodes, so
+    the search stops `patience` visits after its last better leaf (or its first leaf priced), after MAX_VISITS,
+    or at `deadline` (time.perf_counter())."""
+    def dive(path, bound):
+        return bound * (1 + DIVE_WEIGHT * decisions_left(space, path))
 
-    def priority(path, b):
-        return b * (1 + DIVE_WEIGHT * decisions_left(space, path))
+    def keep_micro_batches(path, acts):
+        order, _, S, meshes, pending = space.decode(path)
+        if pending is None:
+            return acts
+        ok = micro_batches.get(order[len(meshes)], micro_batches[None])   # a DP decision: S // DP is its micro-batch
+        return [a for a in acts if S // a in ok]
 
-    queue = [(priority((), space.bound(())), 0, (), None)]
-    reached = visits = 0
-    last = None                         # the visit that priced the last better leaf (or the first leaf)
-    while queue:
-        if (last is not None and visits - last >= patience) or visits >= MAX_VISITS or (
-                deadline is not None and visits % 64 == 0 and time.perf_counter() > deadline):
-            return found, visits, False
-        _, _, path, lb = heapq.heappop(queue)
-        if (lb if lb is not None else space.bound(path)) > best * slack:
-            continue                    # the best held improved since this node was queued
-        visits += 1
-        acts = space.actions(path)
-        if acts:
-            if micro_batches is not None:
-                order, _, S, meshes, pending = space.decode(path)
-                if pending is not None:     # a DP decision: the micro-batch it gives must be one allowed
-                    ok = micro_batches.get(order[len(meshes)], micro_batches[None])
-                    acts = [a for a in acts if S // a in ok]
-            for a in acts:
-                child = path + (a,)
-                b = space.bound(child)
-                if b <= best * slack:
-                    reached += 1
-                    heapq.heappush(queue, (priority(child, b), reached, child, None))
-            continue
-        meshes = space.leaf_meshes(path)
-        if meshes is None:
-            continue                    # a dead end
-        if lb is None:                  # the leaf's own bound, cheaper than pricing it, decides its turn
-            lb = leaf_bound(meshes)
-            if lb > best * slack:
-                continue
-            if lb > space.bound(path):
-                reached += 1
-                heapq.heappush(queue, (lb, reached, path, lb))
-                continue
-        t, layout = value(path)
-        if last is None:
-            last = visits
-        if math.isfinite(t):
-            found[layout] = t
-            if t < best * (1 - 1e-9):
-                best, last = t, visits
-    return found, visits, True
+    # a leaf counts as better than the best held only by more than rounding (1e-9), so near-ties do not renew
+    # the patience
+    return branch_and_bound(space, value, leaf_bound, 1, incumbent, better=1e-9, priority=dive,
+                            allowed=None if micro_batches is None else keep_micro_batches,
+                            patience=PATIENCE if patience is None else patience, max_visits=MAX_VISITS,
+                            deadline=deadline, found=found)
 
 
 def micro_batch_variants(space: SearchSpace, layout: tuple) -> list[tuple]:

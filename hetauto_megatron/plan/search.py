@@ -28,7 +28,6 @@ search).
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 import random
 import time
@@ -39,6 +38,7 @@ from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
+from .branch_and_bound import branch_and_bound
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
@@ -119,46 +119,11 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
     the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
     `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
-    left is above the `keep`-th best value found: no leaf left can enter the best `keep`. Ties are broken by the
-    order nodes were reached (deterministic)."""
-    value = layout_value(space, ev)
-    found = {} if found is None else found
-    top: list = []                      # max-heap (negated) of the best `keep` values found
-    slack = 1 + 1e-9                    # a bound within rounding of a leaf's value does not prune it
-    queue = [(space.bound(()), 0, (), False)]
-    reached = visits = 0
-    while queue:
-        key, _, path, checked = heapq.heappop(queue)
-        if len(top) >= keep and key > -top[0] * slack:
-            break
-        visits += 1
-        if (max_visits is not None and visits > max_visits) or (deadline is not None and visits % 64 == 0
-                                                              and time.perf_counter() > deadline):
-            return None, visits
-        acts = space.actions(path)
-        if acts:
-            for a in acts:
-                child = path + (a,)
-                reached += 1
-                heapq.heappush(queue, (space.bound(child), reached, child, False))
-            continue
-        meshes = space.leaf_meshes(path)
-        if meshes is None:
-            continue                    # a dead end
-        if not checked:                 # the leaf's own bound, cheaper than pricing it, decides its turn
-            lb = space.leaf_bound(meshes, ev)
-            if lb > key:
-                reached += 1
-                heapq.heappush(queue, (lb, reached, path, True))
-                continue
-        t, layout = value(path)
-        if math.isfinite(t):
-            found[layout] = t
-            if len(top) < keep:
-                heapq.heappush(top, -t)
-            elif t < -top[0]:
-                heapq.heapreplace(top, -t)
-    return found, visits
+    left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py)."""
+    found, visits, settled = branch_and_bound(space, layout_value(space, ev), lambda c: space.leaf_bound(c, ev),
+                                              keep, max_visits=max_visits, deadline=deadline, found=found)
+    # unsettled, the node over the limit counts as a visit (the playouts a plan records have always counted it)
+    return (found, visits) if settled else (None, visits + 1)
 
 
 # ---- the search -------------------------------------------------------------------------------------------

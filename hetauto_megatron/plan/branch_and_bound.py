@@ -1,0 +1,96 @@
+"""Branch and bound over the decision tree (plan/space.py), shared by the cold search's bounded enumeration
+(`search.bounded_enumeration`: the best `keep` leaves, best first by bound) and re-planning's warm enumeration
+(`replan.warm_enumeration`: leaves better than the old plan, diving, stopping when it stops finding better ones).
+
+A node whose bound (`SearchSpace.bound`) is above the `keep`-th best value held (or the incumbent) is never
+visited; a leaf whose own cheaper-than-pricing bound (`leaf_bound`) is above it is not priced, and one whose leaf
+bound is above its node bound waits its turn again by that bound. Ties are broken by the order nodes were reached,
+so the visits and the leaves priced depend on the tree alone (deterministic).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+from .space import SearchSpace
+
+SLACK = 1 + 1e-9                # a bound within rounding of a value does not prune it
+DEADLINE_EVERY = 64             # visits between two looks at the clock
+
+
+def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incumbent: float = math.inf,
+                     better: float = 0.0, priority=None, allowed=None, patience: int | None = None,
+                     max_visits: int | None = None, deadline: float | None = None,
+                     found: dict | None = None) -> tuple[dict, int, bool]:
+    """-> ({layout: value} of every leaf priced, nodes visited, settled: no leaf left can enter the best `keep`).
+
+    `value(path)` prices a leaf (-> (value, layout)); `leaf_bound(layout)` bounds a finished layout from below.
+    The best `keep` values held start from `incumbent` (a plan to beat; inf: none), and a value enters them when
+    it is below the `keep`-th best by more than the fraction `better` (re-planning counts only a real improvement
+    as one, for `patience`).
+    `priority(path, bound)` orders the queue (None: the bound itself, best first, so the first node popped above
+    the cutoff ends the search; with another order pruned nodes are dropped one by one). `allowed(path, actions)`
+    keeps only some of a node's decisions (None: all). It stops, unsettled, before a visit when `patience` visits
+    have passed since the last better leaf (or the first leaf priced), when it has made `max_visits` visits, or
+    past `deadline` (time.perf_counter()); `found`, if given, then holds the leaves priced so far."""
+    found = {} if found is None else found
+    top = [-incumbent] if math.isfinite(incumbent) else []   # max-heap (negated) of the best `keep` values held
+
+    def cutoff() -> float:
+        return -top[0] * SLACK if len(top) >= keep else math.inf
+
+    cut = cutoff()
+    root = space.bound(())
+    # (priority, order reached, path, bound, whether the bound is the leaf's own)
+    queue = [(root if priority is None else priority((), root), 0, (), root, False)]
+    reached = visits = 0
+    last = None                         # the visit that priced the last better leaf (or the first leaf)
+    while queue:
+        if queue[0][3] > cut:           # the best held improved since this node was queued
+            if priority is None:
+                break                   # best first by bound: every node left is above the cutoff too
+            heapq.heappop(queue)
+            continue
+        if ((patience is not None and last is not None and visits - last >= patience)
+                or (max_visits is not None and visits >= max_visits)
+                or (deadline is not None and visits % DEADLINE_EVERY == 0 and time.perf_counter() > deadline)):
+            return found, visits, False
+        _, _, path, b, own = heapq.heappop(queue)
+        visits += 1
+        acts = space.actions(path)
+        if acts:
+            if allowed is not None:
+                acts = allowed(path, acts)
+            for a in acts:
+                child = path + (a,)
+                cb = space.bound(child)
+                if cb <= cut:
+                    reached += 1
+                    heapq.heappush(queue, (cb if priority is None else priority(child, cb), reached, child, cb,
+                                           False))
+            continue
+        meshes = space.leaf_meshes(path)
+        if meshes is None:
+            continue                    # a dead end
+        if not own:                     # the leaf's own bound, cheaper than pricing it, decides its turn
+            lb = leaf_bound(meshes)
+            if lb > cut:
+                continue
+            if lb > b:
+                reached += 1
+                heapq.heappush(queue, (lb, reached, path, lb, True))
+                continue
+        t, layout = value(path)
+        if last is None:
+            last = visits
+        if math.isfinite(t):
+            found[layout] = t
+            if len(top) < keep:
+                heapq.heappush(top, -t)
+            elif t < -top[0] * (1 - better):
+                heapq.heapreplace(top, -t)
+            else:
+                continue
+            last, cut = visits, cutoff()
+    return found, visits, True
