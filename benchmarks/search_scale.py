@@ -72,6 +72,48 @@ def without(inv, name: str):
     return inventory_from_dict(d)
 
 
+def pin(cores) -> None:
+    """Run this process (and the workers it starts) on `cores` only, where the platform allows."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+
+
+def all_cores() -> list:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def fastest_alone(model, inv, gbs: int, seed: int):
+    """(the cluster with the most peak FLOP/s, the search's result on it alone): what a homogeneous job would do."""
+    fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
+    alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
+    return fastest, search(model, alone_inv, gbs, config=SearchConfig(seed=seed, workers=1))
+
+
+def as_plan(model, inv, gbs: int, r):
+    """A search result as the plan file `hetauto plan --from` reads."""
+    return layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
+
+
+def cold_and_warm(model, inv, gbs: int, old, seed: int, need_warm: bool = False):
+    """The search on `inv` (one worker) cold and with --from `old`, each as `timed` gives it: ((cold, wall s,
+    CPU s), (from old, wall s, CPU s)); None when `need_warm` and the old plan leaves no legal warm start on
+    `inv` (then nothing is searched: random instances skip those removals)."""
+    warm = warm_layouts(old, SearchSpace(model, inv, gbs, AnalyticCostModel()))
+    if need_warm and not warm:
+        return None
+    cold = timed(model, inv, gbs, SearchConfig(seed=seed, workers=1))
+    return cold, timed(model, inv, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+
+
+def gap(r, ref) -> float:
+    """How much slower (%) result `r`'s plan is than result `ref`'s (--from against cold, search against exhaustive)."""
+    return (r.iteration_time_s / ref.iteration_time_s - 1) * 100
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
@@ -94,9 +136,8 @@ def main() -> None:
     if args.shapes_only:
         shapes_report(args.seed, args.skip_8)
         return
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
-          f"all cores = {len(cores)}")
+    cores = all_cores()
+    print(f"load average {load_average()} on {os.cpu_count()} cores; all cores = {len(cores)}")
     llama = PRESETS["llama2-70b"]
     instances = [
         ("2 clusters / 64 devices", llama, inventory_from_dict(two_clusters(4, "ascend-910b", 4, 25)), 256, True),
@@ -110,30 +151,25 @@ def main() -> None:
           f"{'tokens/s':>10} {'MFU':>6} {'fastest-alone s':>15} {'speed-up':>8} {'exhaustive s':>12} {'gap':>6}")
     plans = {}
     for name, model, inv, gbs, exhaustive in instances:
-        fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
-        alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
-        alone = search(model, alone_inv, gbs, config=SearchConfig(seed=args.seed))
-        ex_s, gap = "-", "-"
+        _, alone = fastest_alone(model, inv, gbs, args.seed)
+        ex_s, ex_gap = "-", "-"
         for n in sorted({1, len(cores)}):
-            if hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, set(cores[:n]))
+            pin(cores[:n])
             r, wall, cpu = timed(model, inv, gbs, SearchConfig(seed=args.seed, workers=n))
-            est = simulate(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), inv)
+            est = simulate(as_plan(model, inv, gbs, r), inv)
             if exhaustive and ex_s == "-":
                 ex = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
-                ex_s, gap = f"{ex.iteration_time_s:.3f}", f"{(r.iteration_time_s / ex.iteration_time_s - 1) * 100:+.2f}%"
+                ex_s, ex_gap = f"{ex.iteration_time_s:.3f}", f"{gap(r, ex):+.2f}%"
             print(f"{name:28} {n:5d} {wall:7.2f} {cpu:6.2f} {r.candidates_evaluated:7d} "
                   f"{r.candidates_evaluated / wall:9.0f} {r.iteration_time_s:8.3f} {est.tokens_per_s:10.0f} "
                   f"{est.mfu:6.1%} {alone.iteration_time_s:15.3f} {alone.iteration_time_s / r.iteration_time_s:7.2f}x "
-                  f"{ex_s:>12} {gap:>6}", flush=True)
+                  f"{ex_s:>12} {ex_gap:>6}", flush=True)
         plans[name] = (model, inv, gbs, r)
         print("    " + "  ->  ".join(f"{c.cluster}: tp{c.tp} dp{c.dp} mb{c.micro_batch_size} x{c.num_stages} "
                                      f"{c.recompute}" for c in r.choices))
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {cores[0]})
+    pin(cores[:1])
     replan(*plans["4 clusters / 736 devices"], args.seed)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(cores))
+    pin(cores)
     schedules(llama, args.seed)
     shapes_report(args.seed, args.skip_8)
 
@@ -145,37 +181,29 @@ def replan(model, inv, gbs, r, seed: int) -> None:
         used = r.choices[-1].cluster
     else:
         used = max((c for c in inv.clusters if c.name != r.choices[0].cluster), key=lambda c: c.num_devices).name
-    smaller = without(inv, used)
-    old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
-    cold, cold_wall, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
-    warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
-    hot, hot_wall, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+    (cold, cold_wall, cold_cpu), (hot, hot_wall, hot_cpu) = cold_and_warm(model, without(inv, used), gbs,
+                                                                          as_plan(model, inv, gbs, r), seed)
     print(f"\nre-plan, 736 devices without {used} (one core, old plan {'+'.join(c.cluster for c in r.choices)}): cold {cold_wall:.2f} s wall / {cold_cpu:.2f} s CPU, "
           f"{cold.candidates_evaluated} layouts, {cold.iteration_time_s:.3f} s/iteration; --from {hot_wall:.2f} s / "
           f"{hot_cpu:.2f} s CPU ({hot_cpu / cold_cpu:.0%} of cold), {hot.candidates_evaluated} layouts, "
-          f"{hot.iteration_time_s:.3f} s/iteration ({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)")
+          f"{hot.iteration_time_s:.3f} s/iteration ({gap(hot, cold):+.2f}%)")
 
 
 def replan_all(seed: int) -> None:
     """Each cluster of the 736-device example (global batch 1024) and of the 3-cluster one (512) removed in
     turn: cold search vs --from the full inventory's plan, CPU seconds on one core, and the plans' values."""
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; one core, CPU seconds")
+    pin(all_cores()[:1])
+    print(f"load average {load_average()}; one core, CPU seconds")
     model = PRESETS["llama2-70b"]
     for path, gbs in (("inventory-4clusters-736.yaml", 1024), ("inventory-3clusters.yaml", 512)):
         inv = load_inventory(os.path.join(EX, path))
         r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=1))
-        old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
         print(f"{path}: old plan {'+'.join(c.cluster for c in r.choices)}")
         for gone in [c.name for c in inv.clusters]:
-            smaller = without(inv, gone)
-            cold, _, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
-            warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
-            hot, _, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
+            (cold, _, cold_cpu), (hot, _, hot_cpu) = cold_and_warm(model, without(inv, gone), gbs,
+                                                                   as_plan(model, inv, gbs, r), seed)
             print(f"  without {gone:8} cold {cold_cpu:5.2f} s {cold.iteration_time_s:8.3f} s/it   --from {hot_cpu:5.2f} s "
-                  f"({hot_cpu / cold_cpu:4.0%}) {hot.iteration_time_s:8.3f} s/it "
-                  f"({(hot.iteration_time_s / cold.iteration_time_s - 1) * 100:+.2f}%)", flush=True)
+                  f"({hot_cpu / cold_cpu:4.0%}) {hot.iteration_time_s:8.3f} s/it ({gap(hot, cold):+.2f}%)", flush=True)
 
 
 def replan_random(count: int, seed: int) -> None:
@@ -185,9 +213,8 @@ def replan_random(count: int, seed: int) -> None:
     from search_quality import random_instance
     from hetauto_megatron.errors import InfeasibleError
 
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; one core, CPU seconds")
+    pin(all_cores()[:1])
+    print(f"load average {load_average()}; one core, CPU seconds")
     rng, done, gaps, cold_s, hot_s = random.Random(7), 0, [], 0.0, 0.0
     while done < count:
         inv, model, gbs = random_instance(rng)
@@ -196,22 +223,19 @@ def replan_random(count: int, seed: int) -> None:
         except InfeasibleError:
             continue
         done += 1
-        old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
         for gone in [c.name for c in inv.clusters]:
-            smaller = without(inv, gone)
-            warm = warm_layouts(old, SearchSpace(model, smaller, gbs, AnalyticCostModel()))
-            if not warm:
-                continue
             try:
-                cold, _, cold_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1))
-            except InfeasibleError:
+                runs = cold_and_warm(model, without(inv, gone), gbs, as_plan(model, inv, gbs, r), seed,
+                                     need_warm=True)
+            except InfeasibleError:     # the cold search finds nothing feasible without that cluster
                 continue
-            hot, _, hot_cpu = timed(model, smaller, gbs, SearchConfig(seed=seed, workers=1, warm_start=tuple(warm)))
-            gap = (hot.iteration_time_s / cold.iteration_time_s - 1) * 100
-            gaps.append(gap)
+            if runs is None:
+                continue
+            (cold, _, cold_cpu), (hot, _, hot_cpu) = runs
+            gaps.append(gap(hot, cold))
             cold_s, hot_s = cold_s + cold_cpu, hot_s + hot_cpu
             print(f"  {done:2} {model.name:10} gbs {gbs:3} {'+'.join(c.device.name for c in inv.clusters):38} "
-                  f"without {gone}: cold {cold_cpu:5.2f} s --from {hot_cpu:5.2f} s {gap:+.2f}%", flush=True)
+                  f"without {gone}: cold {cold_cpu:5.2f} s --from {hot_cpu:5.2f} s {gaps[-1]:+.2f}%", flush=True)
     print(f"{len(gaps)} removals: {sum(g <= 0.005 for g in gaps)} at the cold plan's value or better, "
           f"{sum(g <= 1 for g in gaps)} within 1 %, worst {max(gaps):+.2f}%; CPU cold {cold_s:.2f} s, "
           f"--from {hot_s:.2f} s ({hot_s / cold_s:.0%})")
@@ -225,14 +249,12 @@ def schedules(model, seed: int) -> None:
           "(boundary schedules)")
     for name, path, gbs in cases:
         inv = load_inventory(os.path.join(EX, path))
-        fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
-        alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
-        alone = search(model, alone_inv, gbs, config=SearchConfig(seed=seed))
+        fastest, alone = fastest_alone(model, inv, gbs, seed)
         for schedule in ("blocking", "overlapped"):
             t0 = time.perf_counter()
             r = search(model, inv, gbs, config=SearchConfig(seed=seed, schedule=schedule))
             secs = time.perf_counter() - t0
-            est = simulate(layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries), inv)
+            est = simulate(as_plan(model, inv, gbs, r), inv)
             used = " -> ".join(c.cluster + ("" if i == len(r.choices) - 1 else
                                             " [blocking]" if r.boundaries[i] is None else f" [overlapped d={r.boundaries[i]}]")
                                for i, c in enumerate(r.choices))
@@ -256,15 +278,12 @@ def shapes_report(seed: int, skip_8: bool) -> None:
               load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024)]
     if not skip_8:
         cases.append(("8 clusters / 16,384 devices", PRESETS["gpt3-175b"], load_inventory(EX8), 4096))
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {cores[0]})
+    cores = all_cores()
+    pin(cores[:1])
     print("\nnew shapes (several pipelines, mixed replica groups), one core:")
     cost = AnalyticCostModel()
     for name, model, inv, gbs in cases:
-        fastest = max(inv.clusters, key=lambda c: c.num_devices * c.device.peak_tflops)
-        alone_inv = inventory_from_dict({"clusters": [c for c in inv.to_dict()["clusters"] if c["name"] == fastest.name]})
-        alone = search(model, alone_inv, gbs, config=SearchConfig(seed=seed, workers=1))
+        fastest, alone = fastest_alone(model, inv, gbs, seed)
         c0, w0 = os.times(), time.perf_counter()
         r = search_shapes(model, inv, gbs, cost, SearchConfig(seed=seed, workers=1))
         c1 = os.times()
@@ -301,8 +320,7 @@ def shapes_report(seed: int, skip_8: bool) -> None:
             print(f"    {label} {' | '.join('+'.join(b) for b in blocks)}: {t:.3f} s/iteration "
                   f"(gradient sync {e.replica_sync_s:.3f} s, samples {list(plan.samples_per_pipeline)}; "
                   f"{time.perf_counter() - t0:.1f} s to search)")
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(cores))
+    pin(cores)
 
 
 if __name__ == "__main__":
