@@ -61,6 +61,29 @@ def small_inventory(clusters, links):
         "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
+# The device types random test instances draw from: three vendors, 32 to 192 GiB per device.
+RANDOM_DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20"]
+
+
+def random_instance(rng, clusters=(2, 3), nodes=(1, 2), devices_per_node=8, bandwidths=(10, 25, 100),
+                    models=("llama2-7b", "llama2-13b"), batches=(64, 128)):
+    """(inventory, model, global batch) drawn from `rng`: clusters named a, b, c, each of one RANDOM_DEVICES type,
+    every two linked at one of `bandwidths` Gbit/s and 1 or 3 ms, a preset of `models`, a batch of `batches`.
+    Each argument is the sequence a value is drawn from; a plain number is used as it is and draws nothing, so a
+    test's instances stay those its figures were measured on."""
+    from hetauto_megatron.spec.model import PRESETS
+
+    def draw(values):
+        return rng.choice(values) if isinstance(values, (list, tuple)) else values
+
+    names = "abc"[:draw(clusters)]
+    inv = small_inventory([(n, rng.choice(RANDOM_DEVICES), draw(nodes), draw(devices_per_node)) for n in names],
+                          [(a, b, rng.choice(bandwidths), rng.choice([1, 3])) for i, a in enumerate(names)
+                           for b in names[i + 1:]])
+    model = PRESETS[draw(models)]
+    return inv, model, draw(batches)
+
+
 def record_calls(module, names, entry) -> None:
     """Wrap the functions `names` of `module` (torch.distributed, before DeepSpeed's backend binds them) so that each
     call first gives `entry(name, args, kwargs)` to the test's log, then runs unchanged."""

@@ -6,25 +6,20 @@ import math
 import random
 
 import pytest
-from helpers import small_inventory as _inv
+from helpers import random_instance
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import local
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.space import SearchSpace
-from hetauto_megatron.spec.model import PRESETS
 
 COST = AnalyticCostModel()
-DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20"]
 
 
 def _instance(rng):
     """2-3 clusters of 8-64 devices (deep pipelines of slow stages are where the split's rules bind)."""
-    names = "abc"[:rng.choice([2, 3])]
-    inv = _inv([(n, rng.choice(DEVICES), rng.choice([1, 2, 4, 8]), 8) for n in names],
-               [(a, b, rng.choice([10, 25, 100, 400]), rng.choice([1, 3])) for i, a in enumerate(names)
-                for b in names[i + 1:]])
-    return inv, PRESETS[rng.choice(["llama2-7b", "llama2-13b", "llama2-70b"])], rng.choice([64, 128, 256])
+    return random_instance(rng, nodes=(1, 2, 4, 8), bandwidths=(10, 25, 100, 400),
+                           models=("llama2-7b", "llama2-13b", "llama2-70b"), batches=(64, 128, 256))
 
 
 def _random_leaf(sp, rng):

@@ -3,7 +3,7 @@ import math
 import random
 
 import pytest
-from helpers import leaves_within_bounds, small_inventory as _inv
+from helpers import RANDOM_DEVICES, leaves_within_bounds, random_instance, small_inventory as _inv
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.memory import stage_memory_bytes
@@ -16,7 +16,7 @@ from hetauto_megatron.plan.simulate import evaluate_layout
 from hetauto_megatron.spec.model import PRESETS
 
 COST = AnalyticCostModel()
-DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20", "cpu"]
+DEVICES = RANDOM_DEVICES + ["cpu"]    # the memory caps are checked on CPU "devices" too
 
 
 def test_memory_cap_is_the_largest_layer_count_that_fits():
@@ -53,12 +53,7 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
 
 
 def _random_instance(rng):
-    k = rng.choice([2, 3])
-    names = "abc"[:k]
-    inv = _inv([(n, rng.choice(DEVICES[:-1]), rng.choice([1, 2]), rng.choice([4, 8])) for n in names],
-               [(a, b, rng.choice([10, 25, 100]), rng.choice([1, 3])) for i, a in enumerate(names)
-                for b in names[i + 1:]])
-    return inv, PRESETS[rng.choice(["llama2-7b", "llama2-13b"])], rng.choice([64, 128])
+    return random_instance(rng, devices_per_node=(4, 8))
 
 
 @pytest.mark.parametrize("schedule", ["blocking", "overlapped"])

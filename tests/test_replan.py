@@ -2,7 +2,7 @@
 import math
 import random
 
-from helpers import small_inventory as _inv
+from helpers import random_instance
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
@@ -10,20 +10,14 @@ from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.replan import micro_batches, shortlist, warm_enumeration
 from hetauto_megatron.plan.search import layout_value
 from hetauto_megatron.plan.space import SearchSpace
-from hetauto_megatron.spec.model import PRESETS
 
 COST = AnalyticCostModel()
-DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20"]
 
 
 def _instances(count: int):
     rng = random.Random(11)
     while count:
-        names = "abc"[:rng.choice([2, 3, 3])]
-        inv = _inv([(n, rng.choice(DEVICES), rng.choice([1, 2]), 8) for n in names],
-                   [(a, b, rng.choice([10, 25, 100]), rng.choice([1, 3])) for i, a in enumerate(names)
-                    for b in names[i + 1:]])
-        model, gbs = PRESETS[rng.choice(["llama2-7b", "llama2-13b"])], rng.choice([64, 128])
+        inv, model, gbs = random_instance(rng, clusters=(2, 3, 3))
         sp = SearchSpace(model, inv, gbs, COST)
         if not 1000 <= len(space_mod.leaves(sp, limit=6000)) <= 6000:
             continue                    # brute force stays cheap
