@@ -16,7 +16,7 @@ from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.inventory import inventory_from_dict
 from ..spec.model import load_yaml_file, model_from_dict
 from .mesh import Mesh
-from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, check_engine, check_precision
+from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -94,9 +94,9 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
-    precision = check_precision(get(data, "precision", str, default=DEFAULT_PRECISION, file=file), file=file)
+    # their values are checked once, by Plan (every plan is built through it); its errors are named with the file
+    precision = get(data, "precision", str, default=DEFAULT_PRECISION, file=file)
     engine = get(data, "engine", str, default=DEFAULT_ENGINE, file=file)
-    check_engine(engine, field="engine", file=file)
     pipeline_samples = []
     for p, raw in enumerate(get(data, "pipelines", list, default=[], file=file)):
         raw = require_mapping(raw, f"pipelines[{p}]", file)
