@@ -85,22 +85,28 @@ def test_old_files_read_as_megatron_and_deepspeed_needs_one_pipeline():
         plan_from_dict(two)
 
 
-def test_search_evaluator_agrees_with_evaluate_layout_for_deepspeed():
-    """The search's cached closed form (plan/evaluator.py) for DeepSpeed's engine is evaluate_layout's."""
+def test_search_closed_form_screens_deepspeeds_schedule_within_its_published_margin():
+    """The search's cached closed form for DeepSpeed's engine (plan/evaluator.py: Megatron's blocking 1F1B with
+    each link doubled) against the event simulation of DeepSpeed's TrainSchedule, every instruction played
+    (deepspeed_schedule.simulate_deepspeed, which tests/test_deepspeed_schedule.py checks against hand
+    computations from DeepSpeed's rules), on the same layouts: never below it and at most 10 % above, the margin docs/search.md
+    publishes for this screen (worst +9.7 % on 400 random pipelines of 32-128 micro-batches; here 32 and 64)."""
     import itertools
 
     from hetauto_megatron.cost.analytic import AnalyticCostModel
     from hetauto_megatron.plan.evaluator import LayoutEvaluator
-    from hetauto_megatron.plan.simulate import MeshChoice, evaluate_layout
+    from hetauto_megatron.plan.simulate import MeshChoice
     inv, model, gbs = INSTANCES["h100+l40s-10g/llama3-8b"]
     model, cm = PRESETS[model], AnalyticCostModel()
     ev = LayoutEvaluator(model, inv, gbs, cm, "overlapped", "deepspeed")
     priced = 0
     for tp, dp, s1, s2, rc in itertools.product([1, 2], [2, 4], [1, 2], [1, 2], ["none", "full"]):
         t, cur = ev.resolve((MeshChoice("h", tp, dp, 1, rc, s1), MeshChoice("l", tp, dp, 1, rc, s2)))
-        ref = evaluate_layout(model, inv, list(cur), gbs, cm, exact=False, engine="deepspeed").iteration_time_s
-        assert t == pytest.approx(ref, rel=1e-12) or t == ref == float("inf")
-        priced += t < float("inf")
+        if t == float("inf"):
+            continue                    # does not fit
+        played = ev.exact(cur).iteration_time_s
+        assert played * (1 - 1e-9) <= t <= played * 1.10, (cur, t, played)
+        priced += 1
     assert priced >= 20
     # a layout DeepSpeed's uniform topology cannot run is never priced
     assert ev.resolve((MeshChoice("h", 1, 4, 1, "none", 1), MeshChoice("l", 2, 4, 1, "none", 1)))[0] == float("inf")
