@@ -22,7 +22,9 @@ nothing more in Megatron-Core 0.19: the buckets (max(40M, 1M x d) parameters whe
 one bucket otherwise) are views into the same two buffers, and the all-gather writes into `param_data` in
 place. Bucket padding (to 64 elements per parameter and to a DP-divisible bucket end) is below 0.1 % of a
 real stage and is not modelled. tests/test_memory_megatron.py pins these figures against the tensors of a
-real Megatron-Core stage built with DDP and the distributed optimizer.
+real Megatron-Core stage built with DDP and the distributed optimizer. Under DeepSpeed's pipeline engine (the
+settings' engine, plan/settings.py ENGINES) its optimizer wrappers hold other state: cost/deepspeed_state.py,
+measured by tests/test_memory_deepspeed_state.py.
 
 Activations: what each layer keeps for its backward pass per micro-batch (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", generalised to GQA and gated MLPs), for the layers that
@@ -48,6 +50,7 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
+from .deepspeed_state import deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
@@ -69,13 +72,24 @@ def grad_buffer_bytes(dtype_bytes: int, settings) -> int:
 
 
 def state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float]:
-    """Bytes per parameter held for weights, the gradient buffer and the optimizer (see the module docstring)."""
+    """Bytes per parameter held for weights, the gradient buffer and the optimizer (see the module docstring), as
+    the settings' engine holds them: DeepSpeed's optimizer wrappers hold other state (cost/deepspeed_state.py)."""
+    if settings.optimizer_state == "deepspeed":
+        return deepspeed_state_bytes_per_param(dtype_bytes, dp, settings)
     shard = dp if settings.distributed_optimizer else 1
     grad = grad_buffer_bytes(dtype_bytes, settings)
     master = FP32 if dtype_bytes < FP32 else 0
     fp32_grad_copy = FP32 if grad < FP32 else 0
     return {"weights": float(dtype_bytes), "gradients": float(grad),
             "optimizer": (master + ADAM_MOMENT_BYTES + fp32_grad_copy) / shard}
+
+
+def state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:
+    """Bytes of weights, gradients or optimizer state that do not grow with the stage: DeepSpeed's ZeRO reduce
+    bucket (cost/deepspeed_state.py); none for Megatron-Core, which reduces in its gradient buffer."""
+    if settings.optimizer_state == "deepspeed":
+        return deepspeed_state_fixed_bytes(dtype_bytes, settings)
+    return {}
 
 
 @dataclass(frozen=True)
@@ -206,11 +220,13 @@ def _params(terms: tuple, layers: int) -> float:
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                  seq_length: int | None, E: int, impl: LayerImpl) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
-    (bytes per parameter as (key, value) pairs, one layer's kept activations per micro-batch, the recompute
+    (bytes per parameter as (key, value) pairs, the fixed state bytes as (key, value) pairs (state_fixed_bytes),
+    one layer's kept activations per micro-batch, the recompute
     buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
     pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_param(E, dp, settings).items())
+    fixed = tuple(state_fixed_bytes(E, settings).items())
     s = seq_length or model.seq_length
     kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
               attention_dropout=settings.attention_dropout)
@@ -236,7 +252,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
-    return per, act, buffer, first_saved, head, logits_grad, pipe
+    return per, fixed, act, buffer, first_saved, head, logits_grad, pipe
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -254,9 +270,11 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     reserved, pipe buffers) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
     `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_total, stage_memory_reader)."""
-    params_terms, first, last, per, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
+    params_terms, first, last, per, fixed, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
     params = _params(params_terms, layers)
     state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
+    if fixed:
+        state += sum(v for _, v in fixed)
     saved = in_flight * layers * act
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -275,7 +293,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     workspace += pipe.workspace
     acts = saved + workspace
     reserved = overhead.bytes(state + acts)
-    return params, per, state, saved, acts, reserved, pipe_kept + pipe.workspace
+    return params, (per, fixed), state, saved, acts, reserved, pipe_kept + pipe.workspace
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
@@ -309,8 +327,10 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
                          dtype_bytes, impl, overhead)
-    params, per, state, saved, acts, reserved, pipe = _reading(cfg, layers, in_flight, boundary_buffers)
+    params, (per, fixed), state, saved, acts, reserved, pipe = _reading(cfg, layers, in_flight, boundary_buffers)
     parts = {k: params * v for k, v in per}
+    for k, v in fixed:
+        parts[k] += v
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "pipe_buffers": pipe, "reserved": reserved, "total": state + acts + reserved}
 

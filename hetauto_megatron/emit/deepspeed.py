@@ -74,6 +74,8 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     zero = {"stage": 1 if settings.distributed_optimizer else 0}
     if settings.distributed_optimizer:
         zero["overlap_comm"] = settings.overlap_grad_reduce
+        # the reduce bucket ZeRO-1 allocates (DeepSpeed's default, from the table), which the memory model prices
+        zero["reduce_bucket_size"] = settings.reduce_bucket_elements
     cfg = {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": mesh.micro_batch_size,
@@ -84,8 +86,9 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
         "fp16": {"enabled": low == "fp16"},
         "communication_data_type": reduce_dtype,
         # bf16 with fp32 accumulation needs ZeRO in DeepSpeed (its BF16 optimizer); without the distributed
-        # optimizer gradients accumulate in the training precision (listed by unsupported_features).
-        "data_types": {"grad_accum_dtype": reduce_dtype if settings.distributed_optimizer else (low or "fp32")},
+        # optimizer gradients accumulate in the training precision (listed by unsupported_features). The table's
+        # rule (settings.grad_accum_fp32), which the memory model prices too.
+        "data_types": {"grad_accum_dtype": "fp32" if settings.grad_accum_fp32 or not low else low},
         "zero_optimization": zero,
         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
                                      "cpu_checkpointing": False},

@@ -100,6 +100,28 @@ class RuntimeSettings:
         """The engine keeps DeepSpeed's pipe buffers, which the memory model adds (cost/pipe_buffers.py)."""
         return ENGINES[self.engine].pipe_buffers
 
+    @property
+    def grad_accum_fp32(self) -> bool:
+        """16-bit training accumulates its gradients in fp32 (the engine's gradient buffer is fp32):
+        grad_reduce_dtype fp32, and under an engine that accumulates in fp32 only through ZeRO (DeepSpeed: its
+        BF16 optimizer without ZeRO accumulates in bf16), the distributed optimizer too. What the DeepSpeed emitter
+        writes as data_types.grad_accum_dtype and the memory model prices (cost/deepspeed_state.py)."""
+        return self.grad_reduce_dtype == "fp32" and (self.distributed_optimizer
+                                                     or not ENGINES[self.engine].fp32_accumulation_needs_zero)
+
+    @property
+    def optimizer_state(self) -> str:
+        """Whose weights, gradients and optimizer state the memory model prices: "megatron" (Megatron-Core's
+        DDP buffers and optimizer, cost/memory.py) or "deepspeed" (DeepSpeed's optimizer wrappers,
+        cost/deepspeed_state.py)."""
+        return ENGINES[self.engine].optimizer_state
+
+    @property
+    def reduce_bucket_elements(self) -> int:
+        """Elements of the engine's gradient reduce bucket (DeepSpeed's zero_optimization.reduce_bucket_size, which
+        the emitter writes; 0: the engine reduces in its gradient buffer, Megatron)."""
+        return ENGINES[self.engine].reduce_bucket_elements
+
 
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "engine")
 
@@ -121,6 +143,11 @@ class Engine:
     pipe_buffers: bool              # keeps DeepSpeed's pipe buffers: each stage's output (or its 1/TP slice) and
                                     # received input per micro-batch in flight, the last stage's logits of two
                                     # micro-batches (cost/pipe_buffers.py; else Megatron's schedule: none)
+    fp32_accumulation_needs_zero: bool = False   # 16-bit gradients accumulate in fp32 only with the distributed
+                                    # optimizer (RuntimeSettings.grad_accum_fp32)
+    optimizer_state: str = "megatron"   # the weights, gradients and optimizer state it holds: Megatron-Core's
+                                    # buffers (cost/memory.py) or DeepSpeed's optimizer wrappers (cost/deepspeed_state.py)
+    reduce_bucket_elements: int = 0     # the gradient reduce bucket a ZeRO optimizer allocates (0: none)
 
 
 ENGINES = {
@@ -137,8 +164,14 @@ ENGINES = {
     # and, with TP > 1, a 1/TP slice the receiver all-gathers (pipe_partitioned, grad_partitioned: pipe/engine.py:
     # 137-138; plan/deepspeed_schedule.py); one uniform topology (emit/deepspeed.py unsupported_features). Its
     # PipelineEngine keeps pipe buffers the memory model counts (cost/pipe_buffers.py, measured by
-    # tests/test_memory_deepspeed.py).
-    "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True),
+    # tests/test_memory_deepspeed.py). Its optimizer wrappers hold other state than Megatron's buffers
+    # (cost/deepspeed_state.py, measured by tests/test_memory_deepspeed_state.py): 16-bit gradients accumulate in fp32
+    # only with ZeRO (engine.py:2294-2324 picks the BF16 optimizer with the data_types.grad_accum_dtype the emitter
+    # writes), and its ZeRO-1 optimizer holds a reduce bucket of reduce_bucket_size elements (DeepSpeed's default,
+    # zero/config.py:113, written by the emitter).
+    "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
+                        fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
+                        reduce_bucket_elements=500_000_000),
 }
 DEFAULT_ENGINE = "megatron"
 

@@ -55,6 +55,55 @@ def state_storages(model, ddp, optimizer) -> dict:
     return {"weights": weights, "gradients": grads, "optimizer": state, "_storages": owned | seen}
 
 
+def deepspeed_state_storages(engine) -> dict:
+    """{storage address: (bytes, where)} of every tensor a DeepSpeed engine's weights, gradients and optimizer
+    state keep, by unique storage: the module's parameters and their `.grad`, then everything the optimizer
+    reaches: its attributes, through lists, tuples, dicts and DeepSpeed's or torch.optim's own objects (not modules
+    or the engine), the wrapped torch optimizer's parameters (DeepSpeed's fp32 partitions), their `.grad` and
+    Adam's state. `where` is the first attribute path that reached the storage (e.g. "optimizer.ipg_buckets..."),
+    so a caller can tell the reduce bucket from the rest. Nothing is assumed about which wrapper runs."""
+    import torch
+
+    out: dict = {}
+    seen: set = set()
+
+    def add(t, where):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in out:
+            out[ptr] = (storage.nbytes(), where)
+
+    def walk(obj, where, depth):
+        if depth > 8 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            add(obj, where)
+            if obj.grad is not None:
+                add(obj.grad, where + ".grad")
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for item in obj:
+                walk(item, where, depth + 1)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(key, where, depth + 1)
+                walk(value, f"{where}[{key!r}]" if isinstance(key, (str, int)) else where, depth + 1)
+        elif not isinstance(obj, torch.nn.Module) and hasattr(obj, "__dict__") and \
+                type(obj).__module__.startswith(("deepspeed", "torch.optim")) and "Engine" not in type(obj).__name__:
+            for key, value in vars(obj).items():
+                walk(value, f"{where}.{key}", depth + 1)
+
+    for name, p in engine.module.named_parameters():
+        add(p, f"module.{name}")
+    for name, p in engine.module.named_parameters():
+        for attr in ("grad", "grad_accum"):
+            g = getattr(p, attr, None)
+            if isinstance(g, torch.Tensor):
+                add(g, f"module.{name}.{attr}")
+    walk(engine.optimizer, "optimizer", 0)
+    return out
+
+
 class _Held:
     """What autograd keeps instead of a saved tensor while the meter runs; releasing it releases the tensor."""
     __slots__ = ("tensor", "meter", "ptr")
