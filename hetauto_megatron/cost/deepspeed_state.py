@@ -23,7 +23,9 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               micro-batches accumulate; the fp32 master partition is a clone even in fp32 training (:560-577: 4/d
               where Megatron's fp32 parameter is its own master); Adam's moments 8/d. At the step the `.grad`s are
               freed (`free_grad_in_param_list`, :2898-2901) and the step runs on a flat fp32 gradient partition
-              (4/d, :3118-3126): the gradients held are the larger of the two. Its gradient hooks (registered
+              (4/d, :3118-3126), with the reduce bucket below released: the state priced is the larger of the
+              two sets (measured at DP 1 in bf16, where the step's 2 + 4 + 12 outweighs the 2 + 2 + 12 held
+              through the micro-batches when the bucket is left out). Its gradient hooks (registered
               with contiguous_gradients, on by default: :713-715, zero/config.py:102) allocate a reduce bucket of
               `reduce_bucket_size` elements in the gradient's element type at a step's first backward
               (`setup_buckets`, :3256-3269, from the hooks :1354-1372) and hold it, beside the activations of the
@@ -50,8 +52,10 @@ def deepspeed_optimizer(dtype_bytes: int, settings) -> str:
 
 
 def deepspeed_state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float]:
-    """Bytes per parameter DeepSpeed's engine holds at most during a step, as {"weights", "gradients",
-    "optimizer"} (the module docstring gives each term's source)."""
+    """Bytes per parameter DeepSpeed's engine holds through a step's micro-batches (for the torch and BF16
+    optimizers, the most it holds, their step included), as {"weights", "gradients", "optimizer"} (the module
+    docstring gives each term's source); the ZeRO optimizer's step holds another set
+    (deepspeed_step_bytes_per_param)."""
     E = float(dtype_bytes)
     kind = deepspeed_optimizer(dtype_bytes, settings)
     if kind == "torch":
@@ -61,7 +65,16 @@ def deepspeed_state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict
         fp32_grad_copy = FP32 if accumulation < FP32 else 0
         return {"weights": E, "gradients": E + accumulation,
                 "optimizer": (FP32 + ADAM_MOMENT_BYTES + fp32_grad_copy) / dp}
-    return {"weights": E, "gradients": max(E, FP32 / dp), "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+    return {"weights": E, "gradients": E, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+
+
+def deepspeed_step_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float] | None:
+    """Bytes per parameter the ZeRO optimizer holds while it steps, with the `.grad`s and the reduce bucket freed
+    and the fp32 gradient partition formed; None for the other optimizers, whose step adds to what they hold
+    (deepspeed_state_bytes_per_param counts it)."""
+    if deepspeed_optimizer(dtype_bytes, settings) != "zero":
+        return None
+    return {"weights": float(dtype_bytes), "gradients": FP32 / dp, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
 
 
 def deepspeed_state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:

@@ -50,7 +50,8 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
-from .deepspeed_state import deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes
+from .deepspeed_state import (deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes,
+                              deepspeed_step_bytes_per_param)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
@@ -90,6 +91,16 @@ def state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:
     if settings.optimizer_state == "deepspeed":
         return deepspeed_state_fixed_bytes(dtype_bytes, settings)
     return {}
+
+
+def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float] | None:
+    """Bytes per parameter held while the optimizer steps, when that is a different set than the one held through
+    the micro-batches (state_bytes_per_param + state_fixed_bytes): DeepSpeed's ZeRO optimizer frees the gradients
+    and the reduce bucket and steps on an fp32 gradient partition (cost/deepspeed_state.py). The state priced is
+    the larger of the two; None: one set (Megatron-Core, whose figures already include the step's copies)."""
+    if settings.optimizer_state == "deepspeed":
+        return deepspeed_step_bytes_per_param(dtype_bytes, dp, settings)
+    return None
 
 
 @dataclass(frozen=True)
@@ -221,12 +232,14 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
                  seq_length: int | None, E: int, impl: LayerImpl) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
     (bytes per parameter as (key, value) pairs, the fixed state bytes as (key, value) pairs (state_fixed_bytes),
+    the bytes per parameter at the optimizer's step as pairs (state_bytes_at_step_per_param; empty: the same set),
     one layer's kept activations per micro-batch, the recompute
     buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
     pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_param(E, dp, settings).items())
     fixed = tuple(state_fixed_bytes(E, settings).items())
+    at_step = tuple((state_bytes_at_step_per_param(E, dp, settings) or {}).items())
     s = seq_length or model.seq_length
     kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
               attention_dropout=settings.attention_dropout)
@@ -252,7 +265,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
-    return per, fixed, act, buffer, first_saved, head, logits_grad, pipe
+    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -270,11 +283,17 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     reserved, pipe buffers) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
     `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_total, stage_memory_reader)."""
-    params_terms, first, last, per, fixed, act, buffer, first_saved, head, logits_grad, pipe, tensor, overhead = cfg
+    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, tensor,
+     overhead) = cfg
     params = _params(params_terms, layers)
     state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
+    held = (per, fixed)
     if fixed:
         state += sum(v for _, v in fixed)
+    if at_step:                                      # a different set while the optimizer steps: the larger
+        stepping = sum([params * v for _, v in at_step])
+        if stepping > state:
+            state, held = stepping, (at_step, ())
     saved = in_flight * layers * act
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -293,7 +312,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     workspace += pipe.workspace
     acts = saved + workspace
     reserved = overhead.bytes(state + acts)
-    return params, (per, fixed), state, saved, acts, reserved, pipe_kept + pipe.workspace
+    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
