@@ -3,7 +3,8 @@
 - State: the bytes of the weights, the gradient buffer and the optimizer state, from the objects Megatron built:
   the DP buffers' `param_data` (the distributed optimizer keeps the parameters there) or the parameters
   themselves, the buffers' `grad_data` (every parameter's `main_grad`), and every tensor the optimizer holds
-  that is not a view of those: fp32 master shards, Adam's moments, fp32 copies of 16-bit gradients.
+  that is not a view of those: fp32 master shards, Adam's moments, fp32 copies of 16-bit gradients. Under
+  DeepSpeed's engine, `deepspeed_state_storages` walks whatever optimizer DeepSpeed built instead.
 - Activations: `SavedTensorMeter` wraps the training step in `torch.autograd.graph.saved_tensors_hooks`, so
   every tensor autograd keeps for a backward pass is seen when it is saved and when autograd lets it go (its
   packed holder is released after the backward that used it). Bytes are counted per unique storage (a view
