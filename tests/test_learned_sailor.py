@@ -100,12 +100,30 @@ def test_unfused_softmax_of_long_sequences_carries_over_to_a_model_left_out(laye
 
 @pytest.mark.xfail(strict=True, reason="priced in the job's fp32 elements, LLAMA-3-8's GH-96 forward passes come "
                                        "out 10-21 % short with LLAMA-3-8 left out (MAPE 15.9 %); "
-                                       "docs/cost-model-learned.md, 'The arithmetic each run used'")
+                                       "docs/cost-model-learned.md, 'The folds over 10 %'")
 def test_llama_forward_alone_within_ten_percent(llama_left_out):
     """The forward rows alone, the stricter measure (within 10 % while the runs were read as 2-byte fp16)."""
     _, test, pred = llama_left_out
     fwd = [(p, s.measured_s) for p, s in zip(pred, test) if s.phase == "fwd"]
     assert L.mape(*zip(*fwd)) <= 10.0
+
+
+def test_fork_kernels_put_llama_forward_with_the_other_models_and_not_its_backward(layers):
+    """Measured GH200 passes (TF32 runs, not host-bound, less their TP all-reduces) over the rooflines of the kernels
+    Sailor's fork runs for each layer (benchmarks/learned_folds.py, read from its code: the PyTorch scale, mask and
+    softmax passes, the fork's RMSNorm, rotary and SwiGLU as PyTorch ops, the attention bmm's, each kernel at its own
+    roofline). LLAMA-3-8's forward then sits with the other two models (median 1.60 against 1.49 and 1.58; over the
+    learned prior 1.88 against 1.46 and 1.55, the fold's forward error), and its backward below both (2.16 against
+    2.54 and 2.84): no count of what the fork runs makes both passes agree (docs/cost-model-learned.md, "The folds
+    over 10 %")."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import learned_folds
+    ratios = learned_folds.roofline_ratios(layers, "GH-96")
+    med = {k: statistics.median(x[1] for x in v) for k, v in ratios.items()}
+    others = ("GPT-Neo-2.7", "OPT-350")
+    assert all(abs(med[("LLAMA-3-8", "fwd")] / med[(m, "fwd")] - 1) < 0.10 for m in others), med
+    assert all(med[("LLAMA-3-8", "bwd")] < 0.90 * med[(m, "bwd")] for m in others), med
 
 
 def test_backward_score_weight_is_chosen_on_training_models_and_carries_over(layers):
