@@ -6,7 +6,8 @@ without the new shapes when the planner has them (`--shapes simple|all`), planne
 plans, each priced
   - by our simulator (plan/simulate.py, plan/multi_simulate.py): iteration time, it/s, memory per stage vs capacity;
   - by Sailor's simulator terms (benchmarks/sailor_terms.py, docs/peers.md): it/s and whether every stage fits.
-Sailor's simulator scored Metis's OPT-350 plan at 0.0829 it/s and Sailor's at 0.0769 (same zone).
+The peers' plans are the ones their own planners chose, run from Sailor's artifact (benchmarks/peer_plans.json: the
+plans as data, with repository, commit, command and the it/s Sailor's simulator gave each; docs/peers.md).
 
     python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best [--terms]]
 
@@ -41,7 +42,6 @@ from hetauto_megatron.cost.sailor_job import SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 
 # The scenarios train as Sailor's jobs did (cost/sailor_job.py): fp32, on TF32 where the inventory says `tf32: true`.
-PEER_BEST = 0.0829        # Metis's OPT-350 plan under Sailor's simulator (issue 12)
 MODELS = {"OPT-350": "examples/peers/models/opt-350m.yaml", "GPT-Neo-2.7": "examples/peers/models/gpt-neo-2.7b.yaml"}
 NETWORKS = {"same-zone": ("us-central1-a", "us-central1-a"), "cross-region": ("us-central1-a", "us-west1-b")}
 GPU = {"a100-40gb": "A100-40", "v100-16gb": "V100-16"}
@@ -161,18 +161,20 @@ def sailor_score(plan: dict, model: str, zones: dict) -> tuple[float, bool, list
     return 1 / t, all(S.fits(model, st) for st in pipes), mem
 
 
-def sailor_plan_opt350(precision: str = SAILOR_JOB_PRECISION) -> dict:
-    """Sailor's OPT-350 plan on this scenario as plan format version 3. Its layout is as issue 14 describes it (6
-    A100 TP 1 and 4 V100 TP 4 as replicas of stage 0; the 10 other A100 at TP 1 are stage 1, since every stage
-    of Sailor's pipeline has the same number of replicas); its split and micro-batch are not published: the ones
-    its simulator scores best within memory are used (embedding + 12 layers | 12 layers + head, micro-batch 4:
-    0.0769 it/s under the re-derived terms, the figure Sailor's simulator gave it)."""
-    return {"meshes": [
-        {"cluster": "a100", "device_type": "a100-40gb", "tp": 1, "dp": 6, "micro_batch_size": 4, "stage_layers": [12]},
-        {"cluster": "v100", "device_type": "v100-16gb", "tp": 4, "dp": 4, "micro_batch_size": 4, "stage_layers": [12],
-         "alongside": True},
-        {"cluster": "a100", "device_type": "a100-40gb", "tp": 1, "dp": 10, "micro_batch_size": 4,
-         "stage_layers": [12]}]}
+def load_peer_plans() -> list[dict]:
+    """The plans the peers' own planners chose for these scenarios (benchmarks/peer_plans.json: data, with the
+    repository, commit and command they came from, and the it/s Sailor's simulator gave each), each with its source."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_plans.json")) as f:
+        doc = json.load(f)
+    return [{**p, "source": doc["source"]} for p in doc["plans"]]
+
+
+def peer_samples(meshes: list[dict], gbs: int = 1024) -> int:
+    """The samples a peer plan trains per iteration: Sailor rounds the micro-batch count up (ceil(1024 / 40) = 26
+    steps of 40 samples for its OPT-350M same-zone plan), a step being the first stage's replicas x micro-batch."""
+    step = sum(m["dp"] * m["micro_batch_size"] for m in meshes if m is meshes[0] or m.get("alongside")
+               and m["stage_layers"] == meshes[0]["stage_layers"])
+    return -(-gbs // step) * step
 
 
 def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None) -> dict:
@@ -202,10 +204,7 @@ def our_price(plan_json: dict, inventory_path: str, cost_model_dir: str) -> dict
     meshes = tuple(Mesh(m["cluster"], m["device_type"], m["tp"], m["dp"], m["micro_batch_size"],
                         m.get("recompute", "none"), tuple(m["stage_layers"]), alongside=m.get("alongside", False))
                    for m in plan_json["meshes"])
-    # Sailor rounds the micro-batch count up (ceil(1024 / 40) = 26 steps of 40 samples): the plan trains those
-    step = sum(m.dp * m.micro_batch_size for m in meshes if m is meshes[0] or m.alongside and m.stage_layers
-               == meshes[0].stage_layers)
-    gbs = -(-1024 // step) * step
+    gbs = peer_samples(plan_json["meshes"])        # Sailor rounds the micro-batch count up: the plan trains those
     plan = Plan(model=model, global_batch_size=gbs, meshes=meshes, inventory=inv.to_dict(),
                 precision=SAILOR_JOB_PRECISION)
     cm = load_cost_model(cost_model_dir)
@@ -337,13 +336,15 @@ def main() -> int:
                              *sailor_score(res["plan"], model, zones)))
                 print(f"{label}: {describe(meshes)}")
                 print(f"  cost model: {res['cost_model']}")
-            if model == "OPT-350":
-                p = sailor_plan_opt350()
-                p["model_yaml"] = yaml_path
+            peers = [pp for pp in load_peer_plans() if pp["model"] == model and pp["network"] == net]
+            for pp in peers:
+                p = {"meshes": pp["meshes"], "model_yaml": yaml_path}
                 ours = our_price(p, inv, cost_model)
                 mem = [f"{g:.1f}" for g in ours["memory_gib"]]
-                rows.append(("Sailor's plan (v3, alongside)", p["meshes"], 1 / ours["iteration_time_s"],
-                             ours["fits"], mem, *sailor_score({**p, "global_batch_size": 1040}, model, zones)))
+                rows.append((f"{pp['peer']}'s plan", pp["meshes"], 1 / ours["iteration_time_s"], ours["fits"], mem,
+                             *sailor_score({**p, "global_batch_size": peer_samples(pp["meshes"])}, model, zones)))
+                print(f"{pp['peer']}'s plan (its planner, {pp['source']['repository']} {pp['source']['commit'][:7]}): "
+                      f"{describe(pp['meshes'])}; Sailor's simulator gave it {pp['sailor_simulator_it_s']:.5f} it/s")
             print(f"{'plan':<32} {'ours it/s':>9} {'fits':>5}  {'Sailor-terms it/s':>17} {'fits':>5}  "
                   f"memory per stage, ours as the sailor-deepspeed job (GiB used/cap) | Sailor's terms (GiB)")
             for label, meshes, ips, fit, mem, sips, sfit, smem in rows:
@@ -363,9 +364,17 @@ def main() -> int:
                             print_terms("ours, --engine deepspeed", row[1], model, zones, yaml_path, inv, cost_model)
                     print_terms("best under Sailor's terms", sailor_best_meshes(model, st), model, zones, yaml_path,
                                 inv, cost_model)
-            if model == "OPT-350" and net == "same-zone":
-                print(f"best peer under Sailor's simulator: Metis 0.0829 it/s, Sailor 0.0769 it/s; "
-                      f"target >= {PEER_BEST}")
+                    for pp in peers:
+                        if not any(m.get("alongside") for m in pp["meshes"]):
+                            print_terms(f"{pp['peer']}'s plan", pp["meshes"], model, zones, yaml_path, inv, cost_model)
+            if peers:       # the same yardstick for all: Sailor's terms (Sailor's simulator's own figure beside)
+                peer_rows = [(pp, r) for pp in peers for r in rows
+                             if r[0] == f"{pp['peer']}'s plan" and r[1] is pp["meshes"]]
+                best, best_row = max(peer_rows, key=lambda x: x[1][5])
+                ours_row = next((r for r in rows if r[0] == "hetauto (simple shapes)"), rows[0])
+                print(f"best peer plan under Sailor's terms: {best['peer']}'s, {best_row[5]:.5f} it/s (Sailor's "
+                      f"simulator {best['sailor_simulator_it_s']:.5f}); ours {ours_row[5]:.5f} = "
+                      f"{100 * ours_row[5] / best_row[5]:.1f} %")
     return 0
 
 
