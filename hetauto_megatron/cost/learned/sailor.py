@@ -91,6 +91,19 @@ def sailor_device(gpu: str) -> tuple[str, float, float]:
     return "", 0.0, 0.0
 
 
+def _profiled_runs(data: dict):
+    """(model name, its ModelSpec, GPU name, sailor_device(GPU), {micro-batch: {TP: entries}}) of every run in
+    profiles_tmp.json whose model and GPU we know."""
+    for mname, per_gpu in data.items():
+        spec = SAILOR_MODELS.get(mname)
+        if spec is None:
+            continue
+        for gpu, per_mb in per_gpu.items():
+            device = sailor_device(gpu)
+            if device[0]:
+                yield mname, spec, gpu, device, per_mb
+
+
 def load_sailor(directory: str) -> list[SailorLayer]:
     """Every transformer-layer and head measurement of profiles_tmp.json as a SailorLayer.
 
@@ -107,38 +120,30 @@ def load_sailor(directory: str) -> list[SailorLayer]:
         raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
                          field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
                                                "or '--sailor' alone for the packaged copy")
-    data = read_json_file(path, field="--sailor")
     out = []
-    for mname, per_gpu in data.items():
-        spec = SAILOR_MODELS.get(mname)
-        if spec is None:
-            continue
-        for gpu, per_mb in per_gpu.items():
-            dev, peak, bw = sailor_device(gpu)
-            if not dev:
-                continue
-            for mb, per_tp in per_mb.items():
-                for tp, layers in per_tp.items():
-                    mb_i, tp_i = int(mb), int(tp)
-                    if spec.num_attention_heads % tp_i or spec.ffn_hidden_size % tp_i:
-                        continue
-                    common = dict(hidden=spec.hidden_size, heads=spec.num_attention_heads,
-                                  kv_heads=spec.num_query_groups, ffn=spec.ffn_hidden_size, vocab=spec.vocab_size,
-                                  seq=spec.seq_length, micro_batch=mb_i, tp=tp_i, gated=int(spec.gated_mlp),
-                                  rope=int(spec.position_embedding == "rope"))
-                    idx = sorted(int(i) for i in layers)
-                    L = spec.num_layers
-                    for i in idx:
-                        if 1 <= i <= L:
-                            f, b = layers[str(i)][:2]
-                            out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("transformer", **common),
-                                                   i, float(f), float(b)))
-                    tail = [i for i in idx if i > L]
-                    if tail:
-                        f = sum(layers[str(i)][0] for i in tail)
-                        b = sum(layers[str(i)][1] for i in tail)
-                        out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("head", **common),
-                                               tail[-1], float(f), float(b)))
+    for mname, spec, gpu, (dev, peak, bw), per_mb in _profiled_runs(read_json_file(path, field="--sailor")):
+        for mb, per_tp in per_mb.items():
+            for tp, layers in per_tp.items():
+                mb_i, tp_i = int(mb), int(tp)
+                if spec.num_attention_heads % tp_i or spec.ffn_hidden_size % tp_i:
+                    continue
+                common = dict(hidden=spec.hidden_size, heads=spec.num_attention_heads,
+                              kv_heads=spec.num_query_groups, ffn=spec.ffn_hidden_size, vocab=spec.vocab_size,
+                              seq=spec.seq_length, micro_batch=mb_i, tp=tp_i, gated=int(spec.gated_mlp),
+                              rope=int(spec.position_embedding == "rope"))
+                idx = sorted(int(i) for i in layers)
+                L = spec.num_layers
+                for i in idx:
+                    if 1 <= i <= L:
+                        f, b = layers[str(i)][:2]
+                        out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("transformer", **common),
+                                               i, float(f), float(b)))
+                tail = [i for i in idx if i > L]
+                if tail:
+                    f = sum(layers[str(i)][0] for i in tail)
+                    b = sum(layers[str(i)][1] for i in tail)
+                    out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("head", **common),
+                                           tail[-1], float(f), float(b)))
     if not out:
         raise InputError("holds no usable measurements", file=path, field="--sailor",
                          fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
@@ -399,26 +404,21 @@ def load_sailor_updates(directory: str) -> list[SailorUpdate]:
     info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
     runs = {(r.model, r.gpu) for r in load_sailor(directory)}     # the (model, GPU) runs with measured layers
     out = []
-    for mname, per_gpu in data.items():
-        spec = SAILOR_MODELS.get(mname)
-        if spec is None:
+    for mname, spec, gpu, (dev, _, bw), per_mb in _profiled_runs(data):
+        if (mname, gpu) not in runs:
             continue
-        for gpu, per_mb in per_gpu.items():
-            dev, _, bw = sailor_device(gpu)
-            if not dev or (mname, gpu) not in runs:
-                continue
-            by_tp: dict[int, list[float]] = {}
-            for per_tp in per_mb.values():
-                for tp, entries in per_tp.items():
-                    for e in entries.values():
-                        if len(e) > 2 and e[2] > 0:
-                            by_tp.setdefault(int(tp), []).append(float(e[2]))
-            for tp, ups in sorted(by_tp.items()):
-                counts = info.get(mname, {}).get(str(tp))
-                if not counts:
-                    continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
-                last = max(counts, key=int)
-                params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
-                out.append(SailorUpdate(mname, gpu, dev, tp, float(params), adam_traffic_bytes_per_param(SAILOR_ELEMENT_BYTES),
-                                        bw, statistics.median(ups)))
+        by_tp: dict[int, list[float]] = {}
+        for per_tp in per_mb.values():
+            for tp, entries in per_tp.items():
+                for e in entries.values():
+                    if len(e) > 2 and e[2] > 0:
+                        by_tp.setdefault(int(tp), []).append(float(e[2]))
+        for tp, ups in sorted(by_tp.items()):
+            counts = info.get(mname, {}).get(str(tp))
+            if not counts:
+                continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
+            last = max(counts, key=int)
+            params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
+            out.append(SailorUpdate(mname, gpu, dev, tp, float(params), adam_traffic_bytes_per_param(SAILOR_ELEMENT_BYTES),
+                                    bw, statistics.median(ups)))
     return out
