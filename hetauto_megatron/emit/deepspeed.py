@@ -74,7 +74,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     zero = {"stage": 1 if settings.distributed_optimizer else 0}
     if settings.distributed_optimizer:
         zero["overlap_comm"] = settings.overlap_grad_reduce
-        # the reduce bucket ZeRO-1 allocates (DeepSpeed's default, from the table), which the memory model prices
+        # the reduce bucket ZeRO-1 allocates (the table's, Megatron-Core's bucket size), which the memory model prices
         zero["reduce_bucket_size"] = settings.reduce_bucket_elements
     cfg = {
         "train_batch_size": plan.global_batch_size,

@@ -167,11 +167,15 @@ ENGINES = {
     # tests/test_memory_deepspeed.py). Its optimizer wrappers hold other state than Megatron's buffers
     # (cost/deepspeed_state.py, measured by tests/test_memory_deepspeed_state.py): 16-bit gradients accumulate in fp32
     # only with ZeRO (engine.py:2294-2324 picks the BF16 optimizer with the data_types.grad_accum_dtype the emitter
-    # writes), and its ZeRO-1 optimizer holds a reduce bucket of reduce_bucket_size elements (DeepSpeed's default,
-    # zero/config.py:113, written by the emitter).
+    # writes), and its ZeRO-1 optimizer holds a reduce bucket of reduce_bucket_size elements, which the emitter
+    # writes: 40M, Megatron-Core's DDP bucket (its default at DP <= 40), instead of DeepSpeed's default of 5e8
+    # (zero/config.py:113), which holds 2 GB (fp32) or 1 GB (bf16) per GPU whatever the stage's size, through the
+    # micro-batches: 160 / 80 MB instead. Under the pipeline engine ZeRO-1 reduces after the last backward
+    # (above), so the bucket sets only how many all-reduces that reduction issues (a 40M-element all-reduce is
+    # bandwidth-bound on every link in the catalog).
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
-                        reduce_bucket_elements=500_000_000),
+                        reduce_bucket_elements=40_000_000),
 }
 DEFAULT_ENGINE = "megatron"
 
