@@ -33,13 +33,40 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               :1061); the reduction allocates a second one (`reduce_gradients`, :963-968).
 
 d is the mesh's DP degree. fp16 (`FP16_UnfusedOptimizer` without ZeRO: fp32 master weights on every rank,
-fp16/unfused_optimizer.py:78) does not run on CPU and is priced as bf16. Not held, and not priced: the transient of
-the gradient reduction after the last backward, when the activations are gone (measured, docs/deepspeed.md).
+fp16/unfused_optimizer.py:78) does not run on CPU and is priced as bf16.
+
+The gradient reduction after a stage's last backward (the ReduceGrads instruction, pipe/engine.py:287-298) allocates
+while it runs, when the activations are gone, above the state held through the micro-batches
+(deepspeed_reduction_terms; measured by the same test at each collective the reduction issues):
+
+  torch       `allreduce_gradients` (pipe/engine.py:294, engine.py:3073-3095) -> `buffered_allreduce_fallback` with
+              elements_per_buffer = MEMORY_OPT_ALLREDUCE_SIZE, 5e8 (engine.py:151) -> `allreduce_no_retain`
+              (:3828-3839): the `.grad`s are gathered into buckets, each flushed once it holds more than 5e8
+              elements (so at most 5e8 + one tensor), and `allreduce_bucket` flattens each into a new tensor (:3796,
+              a copy in the gradient's type, 4 bytes per element) that lives until its all-reduce and the copy back
+              (`allreduce_and_copy`, :3823-3826) are done: one bucket at a time.
+  bf16        `_bf16_reduce_grads` (pipe/engine.py:297-298) -> `buffered_allreduce_fallback` over the optimizer's
+              `get_grads_for_reduction` (bf16_optimizer.py:541-544): one flat accumulation buffer per parameter
+              group (:196), which flattening returns as it is (torch's flatten_dense_tensors of one tensor is a
+              view), so nothing is copied unless the buffer's type is not communication_data_type: then
+              `tensor.to(...)` (engine.py:3800-3801) copies the whole buffer (no 5e8 cap applies to one tensor):
+              4 bytes per parameter for bf16 accumulation reduced in fp32 (ZeRO-0), nothing at ZeRO-1 with fp32
+              accumulation. The step's fp32 gradient copy is not formed yet.
+  zero        `reduce_gradients(pipeline_parallel=True)` (engine.py:3089-3091, zero/stage_1_and_2.py:958-978)
+              appends a second reduce bucket of reduce_bucket_size elements (:963-968) to the one the hooks
+              allocated; both are released by the epilogue (:1016-1061, `_release_ipg_buffers` :924-927). The
+              `.grad`s copied into the first bucket drop their own storage (:1455-1461), so this is an upper bound
+              by at most their bytes (measured: exact at DP 2, 0.2 % over at DP 1).
 """
 from __future__ import annotations
 
+from ..spec.model import ModelSpec
+
 FP32 = 4
 ADAM_MOMENT_BYTES = 8
+# MEMORY_OPT_ALLREDUCE_SIZE (engine.py:151): the elements_per_buffer the pipeline engine's ZeRO-0 reduction passes
+# (pipe/engine.py:294, :298)
+ALLREDUCE_BUFFER_ELEMENTS = 500_000_000
 
 
 def deepspeed_optimizer(dtype_bytes: int, settings) -> str:
@@ -82,3 +109,39 @@ def deepspeed_state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:
     if deepspeed_optimizer(dtype_bytes, settings) == "zero":
         return {"gradients": float(settings.reduce_bucket_elements * dtype_bytes)}
     return {}
+
+
+def deepspeed_reduction_terms(dtype_bytes: int, dp: int, settings) -> tuple[float, float, float, bool]:
+    """What the engine holds while its gradient reduction after the last backward runs (module docstring), as
+    (bytes per parameter, fixed bytes, bytes per element of the reduction's flat copy, whether that copy is cut at
+    ALLREDUCE_BUFFER_ELEMENTS): held = per * params + fixed + copy * elements, elements = the stage's parameters,
+    at most ALLREDUCE_BUFFER_ELEMENTS and one more tensor when cut."""
+    kind = deepspeed_optimizer(dtype_bytes, settings)
+    per = deepspeed_state_bytes_per_param(dtype_bytes, dp, settings)
+    fixed = sum(deepspeed_state_fixed_bytes(dtype_bytes, settings).values())
+    if kind == "torch":     # fp32: the flattened copy of the .grads, in buckets of 5e8 elements
+        return sum(per.values()), fixed, float(dtype_bytes), True
+    if kind == "bf16":
+        accumulation = FP32 if settings.grad_accum_fp32 else dtype_bytes
+        communication = dtype_bytes if settings.grad_reduce_dtype == "param" else FP32   # emit/deepspeed.py
+        step_copy = (FP32 if accumulation < FP32 else 0) / dp        # formed in the step, not yet
+        copy = float(communication) if communication != accumulation else 0.0
+        return sum(per.values()) - step_copy, fixed, copy, False
+    return sum(per.values()), 2 * fixed, 0.0, False     # the second reduce bucket
+
+
+def deepspeed_held_at_reduction(terms: tuple, largest_tensor: float, params: float) -> float:
+    """Bytes held while the reduction runs for a stage of `params` parameters: deepspeed_reduction_terms' terms,
+    the stage's largest parameter tensor (largest_param_tensor)."""
+    per, fixed, copy, cut = terms
+    elements = min(params, ALLREDUCE_BUFFER_ELEMENTS + largest_tensor) if cut else params
+    return per * params + fixed + copy * elements
+
+
+def largest_param_tensor(model: ModelSpec, tp: int, first: bool, last: bool) -> float:
+    """Elements of a stage's largest parameter tensor (an upper bound of what one reduction bucket holds beyond its
+    cap): the vocabulary table where the stage holds it, else the larger of a layer's QKV and first MLP matrix."""
+    h = model.hidden_size
+    layer = max(h * (h + 2 * model.kv_hidden), h * model.ffn_hidden_size * (2 if model.gated_mlp else 1)) / tp
+    table = model.vocab_size * h / tp if first or (last and model.output_layer) else 0.0
+    return max(layer, table)

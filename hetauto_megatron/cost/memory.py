@@ -50,8 +50,8 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
-from .deepspeed_state import (deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes,
-                              deepspeed_step_bytes_per_param)
+from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_reduction_terms, deepspeed_state_bytes_per_param,
+                              deepspeed_state_fixed_bytes, deepspeed_step_bytes_per_param, largest_param_tensor)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
@@ -101,6 +101,19 @@ def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings) -> dict[s
     if settings.optimizer_state == "deepspeed":
         return deepspeed_step_bytes_per_param(dtype_bytes, dp, settings)
     return None
+
+
+def state_bytes_at_reduction(dtype_bytes: int, dp: int, settings, params: float,
+                             largest_tensor: float = 0.0) -> float | None:
+    """Bytes of weights, gradients and optimizer state held while the gradient reduction after a stage's last
+    backward runs, the reduction's own buffers included, for a stage of `params` parameters whose largest
+    parameter tensor has `largest_tensor` elements: a third candidate for the stage's peak (the activations are
+    gone by then), against the state held through the micro-batches with the activations and the state at the
+    optimizer's step. DeepSpeed's engine allocates a flat copy of the gradients or a second reduce bucket there
+    (cost/deepspeed_state.py); None: Megatron-Core, which reduces in its gradient buffer in place."""
+    if settings.optimizer_state != "deepspeed":
+        return None
+    return deepspeed_held_at_reduction(deepspeed_reduction_terms(dtype_bytes, dp, settings), largest_tensor, params)
 
 
 @dataclass(frozen=True)
@@ -235,11 +248,15 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     the bytes per parameter at the optimizer's step as pairs (state_bytes_at_step_per_param; empty: the same set),
     one layer's kept activations per micro-batch, the recompute
     buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
-    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py)."""
+    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; the state held at the
+    gradient reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_param(E, dp, settings).items())
     fixed = tuple(state_fixed_bytes(E, settings).items())
     at_step = tuple((state_bytes_at_step_per_param(E, dp, settings) or {}).items())
+    reduction = None
+    if settings.optimizer_state == "deepspeed":
+        reduction = (deepspeed_reduction_terms(E, dp, settings), largest_param_tensor(model, tp, first, last))
     s = seq_length or model.seq_length
     kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
               attention_dropout=settings.attention_dropout)
@@ -265,7 +282,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
-    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe
+    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, reduction
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -280,11 +297,11 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
 
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
     """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
-    reserved, pipe buffers) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
-    `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
+    reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`, `in_flight`
+    micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_total, stage_memory_reader)."""
-    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, tensor,
-     overhead) = cfg
+    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, reduction,
+     tensor, overhead) = cfg
     params = _params(params_terms, layers)
     state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
     held = (per, fixed)
@@ -311,8 +328,14 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     saved += pipe_kept
     workspace += pipe.workspace
     acts = saved + workspace
-    reserved = overhead.bytes(state + acts)
-    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace
+    # The third candidate for the peak: the state held while the gradient reduction after the last backward
+    # runs, with its buffers, when the activations are gone (state_bytes_at_reduction): what it holds above the
+    # state and activations of the other two, 0 when they hold more
+    above = 0.0
+    if reduction is not None:
+        above = max(0.0, deepspeed_held_at_reduction(*reduction, params) - (state + acts))
+    reserved = overhead.bytes(state + acts + above)
+    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
@@ -326,8 +349,8 @@ def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size:
                          dtype_bytes, impl, overhead)
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        _, _, state, _, acts, reserved, _ = _reading(cfg, layers, in_flight, boundary_buffers)
-        return state + acts + reserved
+        _, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, boundary_buffers)
+        return state + acts + above + reserved
     return total
 
 
@@ -343,15 +366,19 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
     (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
-    DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine)."""
+    DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
+    `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds
+    the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
                          dtype_bytes, impl, overhead)
-    params, (per, fixed), state, saved, acts, reserved, pipe = _reading(cfg, layers, in_flight, boundary_buffers)
+    params, (per, fixed), state, saved, acts, reserved, pipe, above = _reading(cfg, layers, in_flight,
+                                                                               boundary_buffers)
     parts = {k: params * v for k, v in per}
     for k, v in fixed:
         parts[k] += v
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
-            "activations_saved": saved, "pipe_buffers": pipe, "reserved": reserved, "total": state + acts + reserved}
+            "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above, "reserved": reserved,
+            "total": state + acts + above + reserved}
 
 
 # ---- a job another framework runs ------------------------------------------------------------------------
@@ -394,6 +421,6 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _ = _reading(cfg, layers, in_flight, 0)
-        return state + acts + reserved + extra * params
+        params, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, 0)
+        return state + acts + above + reserved + extra * params
     return total
