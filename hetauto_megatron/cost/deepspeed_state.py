@@ -52,7 +52,7 @@ while it runs, when the activations are gone, above the state held through the m
               `tensor.to(...)` (engine.py:3800-3801) copies the whole buffer (no 5e8 cap applies to one tensor):
               4 bytes per parameter for bf16 accumulation reduced in fp32 (ZeRO-0), nothing at ZeRO-1 with fp32
               accumulation. The step's fp32 gradient copy is not formed yet.
-  zero        `reduce_gradients(pipeline_parallel=True)` (engine.py:3089-3091, zero/stage_1_and_2.py:958-978)
+  zero        `reduce_gradients(pipeline_parallel=True)` (engine.py:3089-3092, zero/stage_1_and_2.py:958-978)
               appends a second reduce bucket of reduce_bucket_size elements (:963-968) to the one the hooks
               allocated; both are released by the epilogue (:1016-1061, `_release_ipg_buffers` :924-927). The
               `.grad`s copied into the first bucket drop their own storage (:1455-1461), so this is an upper bound
