@@ -407,8 +407,11 @@ def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp:
                            recompute=recompute, in_flight=in_flight, first=first, last=last, settings=job.settings,
                            vendor=vendor, seq_length=seq_length, dtype_bytes=job.dtype_bytes, impl=job.impl,
                            overhead=overhead)
+    # The framework's bytes per parameter replace our engine's gradient-reduction transient: Sailor's job counts its
+    # gradient communication buffer among them, held throughout, which is what that transient is (docs/peers.md).
     extra = job.extra_bytes_per_param * b["params"]
-    return {**b, "framework": extra, "total": b["total"] + extra}
+    return {**b, "framework": extra, "gradient_reduction": 0.0,
+            "total": b["total"] - b["gradient_reduction"] + extra}
 
 
 def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int,
@@ -421,6 +424,6 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, 0)
-        return state + acts + above + reserved + extra * params
+        params, _, state, _, acts, reserved, _, _ = _reading(cfg, layers, in_flight, 0)
+        return state + acts + reserved + extra * params       # (no reduction transient: job_stage_memory_bytes)
     return total
