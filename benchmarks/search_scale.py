@@ -199,9 +199,9 @@ def replan_all(seed: int) -> None:
         inv = load_inventory(os.path.join(EX, path))
         r = search(model, inv, gbs, config=SearchConfig(seed=seed, workers=1))
         print(f"{path}: old plan {'+'.join(c.cluster for c in r.choices)}")
+        old = as_plan(model, inv, gbs, r)
         for gone in [c.name for c in inv.clusters]:
-            (cold, _, cold_cpu), (hot, _, hot_cpu) = cold_and_warm(model, without(inv, gone), gbs,
-                                                                   as_plan(model, inv, gbs, r), seed)
+            (cold, _, cold_cpu), (hot, _, hot_cpu) = cold_and_warm(model, without(inv, gone), gbs, old, seed)
             print(f"  without {gone:8} cold {cold_cpu:5.2f} s {cold.iteration_time_s:8.3f} s/it   --from {hot_cpu:5.2f} s "
                   f"({hot_cpu / cold_cpu:4.0%}) {hot.iteration_time_s:8.3f} s/it ({gap(hot, cold):+.2f}%)", flush=True)
 
@@ -223,10 +223,10 @@ def replan_random(count: int, seed: int) -> None:
         except InfeasibleError:
             continue
         done += 1
+        old = as_plan(model, inv, gbs, r)
         for gone in [c.name for c in inv.clusters]:
             try:
-                runs = cold_and_warm(model, without(inv, gone), gbs, as_plan(model, inv, gbs, r), seed,
-                                     need_warm=True)
+                runs = cold_and_warm(model, without(inv, gone), gbs, old, seed, need_warm=True)
             except InfeasibleError:     # the cold search finds nothing feasible without that cluster
                 continue
             if runs is None:

@@ -299,7 +299,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
     reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`, `in_flight`
     micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
-    (stage_memory_total, stage_memory_reader)."""
+    (stage_memory_reader, job_stage_memory_reader)."""
     (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, reduction,
      tensor, overhead) = cfg
     params = _params(params_terms, layers)

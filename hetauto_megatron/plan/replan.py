@@ -10,6 +10,7 @@ measured time and quality against a cold search).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .branch_and_bound import branch_and_bound
 from .evaluator import AUTO
@@ -110,8 +111,7 @@ def micro_batch_variants(space: SearchSpace, layout: tuple) -> list[tuple]:
     out = []
     for num, den in ((2, 1), (1, 2)):
         if all(m.micro_batch_size * num % den == 0 for m in layout):
-            v = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size * num // den, m.recompute, m.num_stages)
-                      for m in layout)
+            v = tuple(replace(m, micro_batch_size=m.micro_batch_size * num // den) for m in layout)
             if space.legal(v):
                 out.append(v)
     return out

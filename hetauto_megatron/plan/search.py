@@ -246,13 +246,15 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         for part, n in run_all(climb_job, jobs, workers, t0):
             found += part
             priced += n
-        shortlists.append(sorted(found, key=lambda x: x[0]))
-        if warm:    # re-planning: one list (the climbs are few), the best few of everything (replan.shortlist)
-            top = min(found, key=lambda x: x[0], default=None)     # its micro-batch variants, where few
+        found.sort(key=lambda x: x[0])
+        if not warm:
+            shortlists.append(found)
+        else:       # re-planning: one list (the climbs are few), the best few of everything (replan.shortlist)
+            top = found[0] if found else None        # its micro-batch variants, where few
             if top is not None and num_micro_batches(top[1], gbs) < RERANK_MARGIN_M:
-                found += [(sp.score(ev.resolve(v)[0], v), v) for v in micro_batch_variants(sp, top[1])]
-                shortlists[1] = sorted(found, key=lambda x: x[0])
-            shortlists = [shortlist(shortlists[1], gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
+                found = sorted(found + [(sp.score(ev.resolve(v)[0], v), v) for v in micro_batch_variants(sp, top[1])],
+                               key=lambda x: x[0])
+            shortlists = [shortlist(found, gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
                                     lambda c: ev.resolve(c)[1])]
     best, exact = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score)
     if best is None:
@@ -267,9 +269,9 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
     """The event simulation decides: -> ((result, layout) of the best by `score` (the objective), every
     re-checked layout best first)."""
     best, seen, exact = None, set(), []
-    for shortlist in shortlists:
+    for listed in shortlists:
         checked = 0
-        for t, choices in shortlist:
+        for t, choices in listed:
             if not math.isfinite(t):
                 continue
             if (best is not None and t > score(best[0].iteration_time_s, best[1]) * (1 + RERANK_MARGIN)

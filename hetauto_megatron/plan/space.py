@@ -28,7 +28,7 @@ from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .evaluator import AUTO
 from .simulate import MeshChoice
-from .space_bounds import COMPUTE_SLACK, SpaceBounds, peak_rate  # noqa: F401 (COMPUTE_SLACK, peak_rate: re-exported)
+from .space_bounds import SpaceBounds
 
 END = "<end>"
 

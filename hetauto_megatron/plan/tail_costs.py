@@ -186,6 +186,8 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     mesh's DP link), then for what TP duplicates (the norms, a learned position table) a broadcast to the other
     TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
     step: exposed in full."""
+    if not blocks:
+        return 0.0
     phases = [{}, {}]          # per phase: resource (one direction) -> bytes
     copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
 
@@ -260,5 +262,5 @@ def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles
     (holders_sync_time, as for any plan shape; exactly 0.0 without one) + global-norm all-reduce (`profiles`: per
     stage; `grad_norm`: grad_norm_time(inventory, meshes) when the caller has it)."""
     blocks = tied_table_blocks(model, meshes, profiles[0], profiles[-1])
-    return ((holders_sync_time(inventory, blocks) if blocks else 0.0) +
+    return (holders_sync_time(inventory, blocks) +
             (grad_norm_time(inventory, meshes) if grad_norm is None else grad_norm))
