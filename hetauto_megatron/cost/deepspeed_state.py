@@ -88,11 +88,20 @@ def deepspeed_state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict
     if kind == "torch":
         return {"weights": E, "gradients": E, "optimizer": float(ADAM_MOMENT_BYTES)}
     if kind == "bf16":
-        accumulation = FP32 if settings.grad_accum_fp32 else E
-        fp32_grad_copy = FP32 if accumulation < FP32 else 0
-        return {"weights": E, "gradients": E + accumulation,
-                "optimizer": (FP32 + ADAM_MOMENT_BYTES + fp32_grad_copy) / dp}
+        return {"weights": E, "gradients": E + _accumulation_bytes(dtype_bytes, settings),
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(dtype_bytes, settings)) / dp}
     return {"weights": E, "gradients": E, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+
+
+def _accumulation_bytes(dtype_bytes: int, settings) -> int:
+    """Element size of BF16_Optimizer's gradient accumulation buffer (data_types.grad_accum_dtype)."""
+    return FP32 if settings.grad_accum_fp32 else dtype_bytes
+
+
+def _step_gradient_copy_bytes(dtype_bytes: int, settings) -> int:
+    """BF16_Optimizer's fp32 copy of the gradient partition its step forms from a 16-bit accumulation buffer
+    (bytes per parameter of the partition)."""
+    return FP32 if _accumulation_bytes(dtype_bytes, settings) < FP32 else 0
 
 
 def deepspeed_step_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float] | None:
@@ -122,9 +131,9 @@ def deepspeed_reduction_terms(dtype_bytes: int, dp: int, settings) -> tuple[floa
     if kind == "torch":     # fp32: the flattened copy of the .grads, in buckets of 5e8 elements
         return sum(per.values()), fixed, float(dtype_bytes), True
     if kind == "bf16":
-        accumulation = FP32 if settings.grad_accum_fp32 else dtype_bytes
+        accumulation = _accumulation_bytes(dtype_bytes, settings)
         communication = dtype_bytes if settings.grad_reduce_dtype == "param" else FP32   # emit/deepspeed.py
-        step_copy = (FP32 if accumulation < FP32 else 0) / dp        # formed in the step, not yet
+        step_copy = _step_gradient_copy_bytes(dtype_bytes, settings) / dp        # formed in the step, not yet
         copy = float(communication) if communication != accumulation else 0.0
         return sum(per.values()) - step_copy, fixed, copy, False
     return sum(per.values()), 2 * fixed, 0.0, False     # the second reduce bucket

@@ -54,6 +54,12 @@ def backward_gemm_weighted(device: str, arithmetic: str) -> bool:
     return arithmetic == "tf32" and device in TF32_K_MAJOR_ONLY
 
 
+def backward_gemm_weight(device: str, arithmetic: str, fitted: float) -> float:
+    """The backward-GEMM weight a layer prior on `device` in `arithmetic` takes: the fitted one where
+    backward_gemm_weighted, else 1."""
+    return fitted if backward_gemm_weighted(device, arithmetic) else 1.0
+
+
 def device_arithmetic(device) -> str:
     """The arithmetic a plan's device (spec/devices.py DeviceType, placed at the job's precision) trains in:
     an fp32 job on a cluster whose PyTorch runs fp32 GEMMs on TF32 (`tf32: true`) is a TF32 job."""

@@ -287,11 +287,14 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                    vendor: str, seq_length: int | None, E: int, impl: LayerImpl,
-                   overhead: RuntimeOverhead | None) -> tuple:
+                   overhead: RuntimeOverhead | None, gradient_reduction: bool = True) -> tuple:
     """What every reading of one stage configuration shares (`_reading`'s first argument): the parameters' terms
-    (stage_params), first, last, _stage_terms' terms, the bytes of one boundary tensor, the runtime overhead."""
-    return (_param_terms(model, tp, first, last), first, last,
-            *_stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl),
+    (stage_params), first, last, _stage_terms' terms (without the gradient reduction's unless
+    `gradient_reduction`), the bytes of one boundary tensor, the runtime overhead."""
+    terms = _stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl)
+    if not gradient_reduction:
+        terms = terms[:-1] + (None,)
+    return (_param_terms(model, tp, first, last), first, last, *terms,
             E * (seq_length or model.seq_length) * b * model.hidden_size, overhead or vendor_overhead(vendor))
 
 
@@ -371,6 +374,11 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
                          dtype_bytes, impl, overhead)
+    return _stage_dict(cfg, layers, in_flight, boundary_buffers)
+
+
+def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
+    """stage_memory_bytes' dict of a configuration (`_configuration`)."""
     params, (per, fixed), state, saved, acts, reserved, pipe, above = _reading(cfg, layers, in_flight,
                                                                                boundary_buffers)
     parts = {k: params * v for k, v in per}
@@ -402,16 +410,14 @@ class JobMemory:
 def job_stage_memory_bytes(job: JobMemory, model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
                            recompute: str, in_flight: int, first: bool, last: bool, vendor: str = "nvidia",
                            seq_length: int | None = None, overhead: RuntimeOverhead | None = None) -> dict[str, float]:
-    """stage_memory_bytes of the same stage as `job` runs it, plus the framework's bytes per parameter."""
-    b = stage_memory_bytes(model, layers=layers, tp=tp, dp=dp, micro_batch_size=micro_batch_size,
-                           recompute=recompute, in_flight=in_flight, first=first, last=last, settings=job.settings,
-                           vendor=vendor, seq_length=seq_length, dtype_bytes=job.dtype_bytes, impl=job.impl,
-                           overhead=overhead)
-    # The framework's bytes per parameter replace our engine's gradient-reduction transient: Sailor's job counts its
-    # gradient communication buffer among them, held throughout, which is what that transient is (docs/peers.md).
+    """stage_memory_bytes of the same stage as `job` runs it, plus the framework's bytes per parameter. These
+    replace our engine's gradient-reduction transient: Sailor's job counts its gradient communication buffer among
+    them, held throughout, which is what that transient is (docs/peers.md)."""
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, job.settings, vendor, seq_length,
+                         job.dtype_bytes, job.impl, overhead, gradient_reduction=False)
+    b = _stage_dict(cfg, layers, in_flight, 0)
     extra = job.extra_bytes_per_param * b["params"]
-    return {**b, "framework": extra, "gradient_reduction": 0.0,
-            "total": b["total"] - b["gradient_reduction"] + extra}
+    return {**b, "framework": extra, "total": b["total"] + extra}
 
 
 def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int,
@@ -420,10 +426,10 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     """job_stage_memory_bytes(...)["total"] of one stage configuration as a function of (layers, in_flight,
     boundary_buffers: ignored, as there), the same floats (stage_memory_reader's reason)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, job.settings, vendor, seq_length,
-                         job.dtype_bytes, job.impl, overhead)
+                         job.dtype_bytes, job.impl, overhead, gradient_reduction=False)
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _, _ = _reading(cfg, layers, in_flight, 0)
-        return state + acts + reserved + extra * params       # (no reduction transient: job_stage_memory_bytes)
+        params, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, 0)
+        return state + acts + above + reserved + extra * params
     return total

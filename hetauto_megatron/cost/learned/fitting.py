@@ -151,7 +151,7 @@ def train_sailor_model(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     """`train_model` on the Sailor layers (host-bound configurations left out of the calibration), with the host
     floor those configurations measured."""
     model = train_model(sailor_samples(layers, score_bwd_weight, gemm_bwd_weight), seed, rounds)
-    model.host_floor = sailor_host_floors(layers, score_bwd_weight, gemm_bwd_weight)
+    model.host_floor = sailor_host_floors(layers)
     model.score_bwd_weight, model.gemm_bwd_weight = score_bwd_weight, gemm_bwd_weight
     return model
 
@@ -366,7 +366,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
             heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
     model.score_bwd_weight, model.gemm_bwd_weight = score_weight, gemm_weight
-    model.host_floor = sailor_host_floors(sailor, score_weight, gemm_weight) if sailor_dir else {}
+    model.host_floor = sailor_host_floors(sailor) if sailor_dir else {}
     model.composition, report = fit_composition(model, devices, layers)
     model.optimizer = optimizer
     heldout.update(report)

@@ -43,7 +43,7 @@ class FittedModel:
     composition: dict = dataclasses.field(default_factory=dict)   # "device|phase" -> (rate, overhead_s)
     score_bwd_weight: float = 1.0   # weight of the backward's score traffic in whole-layer priors
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
-    host_floor: dict = dataclasses.field(default_factory=dict)    # "device|phase" -> seconds (sailor_host_floors)
+    host_floor: dict = dataclasses.field(default_factory=dict)    # host_floor_key -> seconds (sailor_host_floors)
     gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
 
     def floor_s(self, device: str, phase: str, tp: int) -> float:
@@ -294,8 +294,7 @@ class LearnedCostModel:
         together, so the planner applies it where it adds them (`host_floors`)."""
         a = dict(dtype_bytes=info.dtype_bytes, peak_tflops=info.peak_tflops, hbm_gbps=info.hbm_gbps,
                  score_bwd_weight=self.fitted.score_bwd_weight,
-                 gemm_bwd_weight=self.fitted.gemm_bwd_weight if F.backward_gemm_weighted(info.name, info.arithmetic)
-                 else 1.0)
+                 gemm_bwd_weight=F.backward_gemm_weight(info.name, info.arithmetic, self.fitted.gemm_bwd_weight))
         return tuple(self._predict(info, phase, [F.layer_row(shape, phase, **a)])
                      + F.unfused_softmax_s(shape, phase, info.dtype_bytes, info.hbm_gbps) for phase in ("fwd", "bwd"))
 

@@ -7,6 +7,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ...errors import InputError
 from ...spec.devices import CATALOG
@@ -206,8 +207,7 @@ def _config_times(layers: list[SailorLayer]) -> dict[tuple, tuple[SailorLayer, d
 HOST_BOUND_RATIO = 1.5
 
 
-def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
-                     gemm_bwd_weight: float = 1.0) -> dict[tuple, float]:
+def host_bound_times(layers: list[SailorLayer]) -> dict[tuple, float]:
     """(configuration key, phase) -> its measured time, the whole pass (compute, softmax passes and TP all-reduces:
     the host issues them all, and the GPU waits for it either way; F.host_floored), for every host-bound
     configuration of the transformer layers (see HOST_BOUND_RATIO)."""
@@ -227,8 +227,7 @@ def host_bound_times(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     return out
 
 
-def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
-                       gemm_bwd_weight: float = 1.0) -> dict[str, float]:
+def sailor_host_floors(layers: list[SailorLayer]) -> dict[str, float]:
     """host_floor_key -> the host floor of a transformer layer's pass, compute and TP all-reduces together
     (F.host_floored): the smallest host-bound time measured on that GPU, over models, at TP 1 and over the TP
     degrees above 1 apart (at TP > 1 the host issues the same kernels at any degree, plus the all-reduces' NCCL
@@ -242,7 +241,7 @@ def sailor_host_floors(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     models at hand) the forward's floor stands for it."""
     floors: dict[str, float] = {}
     conf = {_sailor_config_key(r): r for r in layers}
-    for (key, ph), t in host_bound_times(layers, score_bwd_weight, gemm_bwd_weight).items():
+    for (key, ph), t in host_bound_times(layers).items():
         k = host_floor_key(conf[key].device, ph, conf[key].shape.tp)
         floors[k] = min(floors.get(k, math.inf), t)
     for dev in sorted({r.device for r in layers}):
@@ -268,7 +267,7 @@ def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     entry is the final norm alone (0.3 ms on a GH200, 3-30 % of a logits GEMM's roofline), OPT-350's includes
     the logits and the loss, LLAMA-3-8's is split over two entries. A learned head would be whichever model it
     was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
-    host = host_bound_times(layers, score_bwd_weight, gemm_bwd_weight)
+    host = host_bound_times(layers)
     out = []
     for key, (r0, times) in _config_times(layers).items():
         for phase, t in times.items():
@@ -334,15 +333,24 @@ def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
     return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
 
 
+@lru_cache(maxsize=8192)
+def _layer_row(shape: F.LayerShape, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float,
+               score_bwd_weight: float, gemm_bwd_weight: float) -> tuple[tuple, float]:
+    """F.layer_row of one configuration: the identical layers of a measured configuration share it, and the
+    weight choice (fitting.choose_weights) builds every sample many times over."""
+    feats, prior = F.layer_row(shape, phase, dtype_bytes=dtype_bytes, peak_tflops=peak_tflops, hbm_gbps=hbm_gbps,
+                               score_bwd_weight=score_bwd_weight, gemm_bwd_weight=gemm_bwd_weight)
+    return tuple(feats), prior
+
+
 def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0,
                    gemm_bwd_weight: float = 1.0) -> Sample:
-    g = gemm_bwd_weight if F.backward_gemm_weighted(r.device, r.precision) else 1.0
-    feats, prior = F.layer_row(r.shape, phase, dtype_bytes=r.dtype_bytes, peak_tflops=r.compute_tflops,
-                               hbm_gbps=r.hbm_gbps, score_bwd_weight=score_bwd_weight, gemm_bwd_weight=g)
+    g = F.backward_gemm_weight(r.device, r.precision, gemm_bwd_weight)
+    feats, prior = _layer_row(r.shape, phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps, score_bwd_weight, g)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
     known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
-    return Sample("layer", phase, r.device, tuple(feats), prior, t, r.model, label, known, r.precision, r.shape.tp)
+    return Sample("layer", phase, r.device, feats, prior, t, r.model, label, known, r.precision, r.shape.tp)
 
 
 def sailor_device_infos(layers: list[SailorLayer]) -> dict[str, DeviceInfo]:
