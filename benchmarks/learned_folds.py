@@ -59,7 +59,7 @@ def fold(layers, held: str, gpu: str) -> None:
             s = L.Sample(**{**s.__dict__, "measured_s": times[ph]})
             p = L.predict_samples(model, [s])[0]
             rate, ovh = model.calibration.get(s.calibration_key(), (1.0, 0.0))
-            gw = g if F.backward_gemm_weighted(r0.device, r0.precision) else 1.0
+            gw = F.backward_gemm_weight(r0.device, r0.precision, g)
             parts = F.layer_prior_parts(r0.shape.ops(), ph, r0.dtype_bytes, r0.compute_tflops, r0.hbm_gbps, w,
                                         F.extra_score_pass(r0.shape), gw)
             floor = model.floor_s(s.device, ph, s.tp)
@@ -180,14 +180,14 @@ def consistency(layers, gpu: str) -> None:
           f"prior (weights 2.5 / 2.0), and less its TP all-reduces over the fork's kernel rooflines; min, median, max")
     print(f"{'model':<12} {'pass':>4} {'configs':>7} {'/ learned prior':>18} {'/ kernel rooflines':>20}  "
           f"kernel rooflines by class (largest configuration)")
-    for (m, ph), v in sorted(roofline_ratios(layers, gpu).items()):
+    ratios = roofline_ratios(layers, gpu)
+    for (m, ph), v in sorted(ratios.items()):
         a, b = sorted(x[0] for x in v), sorted(x[1] for x in v)
         big = max(v, key=lambda x: x[2])[3]
         tot = sum(big.values())
         print(f"{m:<12} {ph:>4} {len(v):>7} {a[0]:5.2f} {statistics.median(a):5.2f} {a[-1]:5.2f}  "
               f"{b[0]:5.2f} {statistics.median(b):5.2f} {b[-1]:5.2f}   "
               + ", ".join(f"{k} {100 * x / tot:.0f} %" for k, x in big.items()))
-    ratios = roofline_ratios(layers, gpu)
     models = sorted({m for m, _ in ratios})
     for ph in ("fwd", "bwd"):
         coef = two_class_fit(ratios, ph, models)

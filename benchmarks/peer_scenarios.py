@@ -337,12 +337,14 @@ def main() -> int:
                 print(f"{label}: {describe(meshes)}")
                 print(f"  cost model: {res['cost_model']}")
             peers = [pp for pp in load_peer_plans() if pp["model"] == model and pp["network"] == net]
+            peer_rows = []
             for pp in peers:
                 p = {"meshes": pp["meshes"], "model_yaml": yaml_path}
                 ours = our_price(p, inv, cost_model)
                 mem = [f"{g:.1f}" for g in ours["memory_gib"]]
                 rows.append((f"{pp['peer']}'s plan", pp["meshes"], 1 / ours["iteration_time_s"], ours["fits"], mem,
                              *sailor_score({**p, "global_batch_size": peer_samples(pp["meshes"])}, model, zones)))
+                peer_rows.append((pp, rows[-1]))
                 print(f"{pp['peer']}'s plan (its planner, {pp['source']['repository']} {pp['source']['commit'][:7]}): "
                       f"{describe(pp['meshes'])}; Sailor's simulator gave it {pp['sailor_simulator_it_s']:.5f} it/s")
             print(f"{'plan':<32} {'ours it/s':>9} {'fits':>5}  {'Sailor-terms it/s':>17} {'fits':>5}  "
@@ -368,8 +370,6 @@ def main() -> int:
                         if not any(m.get("alongside") for m in pp["meshes"]):
                             print_terms(f"{pp['peer']}'s plan", pp["meshes"], model, zones, yaml_path, inv, cost_model)
             if peers:       # the same yardstick for all: Sailor's terms (Sailor's simulator's own figure beside)
-                peer_rows = [(pp, r) for pp in peers for r in rows
-                             if r[0] == f"{pp['peer']}'s plan" and r[1] is pp["meshes"]]
                 best, best_row = max(peer_rows, key=lambda x: x[1][5])
                 ours_row = next((r for r in rows if r[0] == "hetauto (simple shapes)"), rows[0])
                 print(f"best peer plan under Sailor's terms: {best['peer']}'s, {best_row[5]:.5f} it/s (Sailor's "

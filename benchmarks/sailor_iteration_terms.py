@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import sailor_iterations as S  # noqa: E402
-from hetauto_megatron.plan.deepspeed_schedule import (partition_gather_time, partitioned_passes,  # noqa: E402
-                                                      simulate_deepspeed)
-from hetauto_megatron.plan.simulate import _pipeline, padded_model, plan_choices, simulate  # noqa: E402
+from hetauto_megatron.plan.deepspeed_schedule import simulate_deepspeed  # noqa: E402
+from hetauto_megatron.plan.simulate import (_pipeline, deepspeed_passes, padded_model, plan_choices,  # noqa: E402
+                                            simulate)
 
 PIECES = ("forward", "backward", "head", "embedding")
 
@@ -63,13 +63,13 @@ def composition_terms(plan, inv, cost_model) -> dict:
     p, links = len(pipe.profs), pipe.links
     passes = [prof.times(n, i == 0, i == p - 1) for i, (prof, n) in enumerate(zip(pipe.profs, plan.stage_layers))]
     fwd, bwd = [f for f, _ in passes], [b for _, b in passes]
-    gathers = [partition_gather_time(model, prof) for prof in pipe.profs]
+    with_gathers = deepspeed_passes(model, pipe.profs, fwd, bwd)
     none = [0.0] * len(links)
-    full = simulate_deepspeed(*partitioned_passes(fwd, bwd, gathers), links, m)[0]
+    full = simulate_deepspeed(*with_gathers, links, m)[0]
     assert abs(full - e.pipeline_s) <= 1e-9 * max(1.0, full)        # the same makespan as the estimate's
     bare = simulate_deepspeed(fwd, bwd, none, m)[0]
     return {"iteration": e.iteration_time_s,
-            "p2p": full - simulate_deepspeed(*partitioned_passes(fwd, bwd, gathers), none, m)[0],
+            "p2p": full - simulate_deepspeed(*with_gathers, none, m)[0],
             "gathers": full - simulate_deepspeed(fwd, bwd, links, m)[0],
             "bubble": bare - m * max(f + b for f, b in zip(fwd, bwd)),
             "dp": e.dp_exposed_s, "optimizer": e.optimizer_s, "sync": e.sync_s,
@@ -90,7 +90,7 @@ def decompose(workdir: str) -> list[dict]:
             base = terms["iteration"]
             with_piece = {p: simulate(plan, inv, Pieces(cm, meas, [p]), engine="deepspeed").iteration_time_s
                           for p in PIECES}
-            with_all = simulate(plan, inv, Pieces(cm, meas, PIECES), engine="deepspeed").iteration_time_s
+            with_all = simulate(plan, inv, meas, engine="deepspeed").iteration_time_s      # every piece measured
             out.append({"run": r, "m": plan.num_micro_batches, "measured": r["measured_iteration_s"], "learned": base,
                         "with_piece": with_piece, "with_all": with_all, "terms": terms})
     return out

@@ -162,7 +162,9 @@ def test_hopper_tf32_backward_gemm_weight_is_chosen_on_training_models_and_carri
         model = L.train_sailor_model(train_layers, weight, rounds=0, gemm_bwd_weight=g)
         errs[g] = L.mape(L.predict_samples(model, test), [s.measured_s for s in test])
     assert errs[gemm_weight] < min(10.0, errs[1.0]), errs
-    a100 = [r for r in layers if r.gpu == "A100-40" and r.shape.kind == "transformer"][:4]
+    # the A100's TF32 rows (its fp32 rows could never take the weight) do not depend on it
+    a100 = [r for r in layers if r.gpu == "A100-40" and r.shape.kind == "transformer" and r.precision == "tf32"][:4]
+    assert len(a100) == 4
     assert [s.prior_s for s in L.sailor_layer_samples(a100, weight, 1.0)] == [
         s.prior_s for s in L.sailor_layer_samples(a100, weight, gemm_weight)]
 

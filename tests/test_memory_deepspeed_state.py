@@ -30,7 +30,7 @@ two reduce buckets against one.
 import json
 
 import pytest
-from helpers import mesh
+from helpers import mesh, record_calls
 
 from hetauto_megatron.cost.deepspeed_state import deepspeed_optimizer
 from hetauto_megatron.cost.memory import (largest_param_tensor, stage_memory_bytes, state_bytes_at_reduction,
@@ -122,16 +122,8 @@ def _measure(engine, model):
         return run
 
     engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
-    collectives = {name: getattr(torch.distributed, name) for name in COLLECTIVES}
-
-    def collective(fn):
-        def run(*args, **kwargs):
-            read_reduction()
-            return fn(*args, **kwargs)
-        return run
-
-    for name, fn in collectives.items():
-        setattr(torch.distributed, name, collective(fn))
+    collectives = {name: getattr(torch.distributed, name) for name in COLLECTIVES}     # restored below
+    record_calls(torch.distributed, COLLECTIVES, lambda name, args, kwargs: read_reduction())
 
     def batches():
         for i in range(MICRO):
