@@ -16,7 +16,9 @@ plans as data, with repository, commit, command and the it/s Sailor's simulator 
 measurements (the median transformer layer of each configuration; in-sample: the model is fitted on these runs,
 benchmarks/learned_cost.py gives the leave-one-model-out figures). --quick plans OPT-350M same zone only.
 --sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per scenario), to see
-how far our planner's choice is from the best that simulator would score; --terms then prices both plans term by
+how far our planner's choice is from the best that simulator would score, and our plan for blocking boundaries
+(`--boundary-schedule blocking`, as that simulator runs every transfer; where it is several pipelines in two zones,
+also priced with their gradient exchange on the curve between the zones, which Sailor's simulator does not do); --terms then prices both plans term by
 term under Sailor's terms and under our simulator (as our runtime runs it, every boundary blocking, and as
 DeepSpeed's pipeline engine runs it).
 """
@@ -153,10 +155,10 @@ def sailor_pipelines(plan: dict, model: str, zones: dict) -> tuple[list, list[in
     return pipelines, samples
 
 
-def sailor_score(plan: dict, model: str, zones: dict) -> tuple[float, bool, list[str]]:
-    """(it/s, fits, largest memory per stage in GiB) under Sailor's terms."""
+def sailor_score(plan: dict, model: str, zones: dict, between_zones: bool = False) -> tuple[float, bool, list[str]]:
+    """(it/s, fits, largest memory per stage in GiB) under Sailor's terms (`between_zones`: S.iteration_multi_s)."""
     pipes, samples = sailor_pipelines(plan, model, zones)
-    t = S.iteration_multi_s(model, pipes, samples)
+    t = S.iteration_multi_s(model, pipes, samples, between_zones)
     mem = [f"{max(r) / GIB:.1f}" for st in pipes for r in S.memory_bytes(model, st)]
     return 1 / t, all(S.fits(model, st) for st in pipes), mem
 
@@ -177,7 +179,8 @@ def peer_samples(meshes: list[dict], gbs: int = 1024) -> int:
     return -(-gbs // step) * step
 
 
-def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None) -> dict:
+def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None,
+             boundary: str | None = None) -> dict:
     cmd = HETAUTO + ["plan", "--model", model_yaml, "--inventory", inventory, "--precision", SAILOR_JOB_PRECISION,
                      "--global-batch-size", "1024", "--cost-model", cost_model, "--memory-job", "sailor-deepspeed",
                      "--json", "--quiet"]
@@ -185,6 +188,8 @@ def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | Non
         cmd += ["--shapes", shapes]
     if engine:      # the pipeline engine planned for (Sailor's measured jobs ran DeepSpeed's)
         cmd += ["--engine", engine]
+    if boundary:    # the cross-cluster boundaries planned for (Sailor's simulator makes every transfer block)
+        cmd += ["--boundary-schedule", boundary]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
@@ -322,11 +327,14 @@ def main() -> int:
             zones = {"a100": za, "v100": zv}
             inv = f"examples/peers/inventory-{net}.yaml"
             print(f"\n== {model}, {net} ({inv}) ==")
-            rows = []
-            runs = [(shapes, None) for shapes in shape_runs] + [("simple", "deepspeed")]
-            for shapes, engine in runs:
-                res = run_plan(yaml_path, inv, cost_model, shapes, engine)
-                label = "hetauto (--engine deepspeed)" if engine else f"hetauto ({shapes or 'simple'} shapes)"
+            rows, between = [], {}
+            runs = [(shapes, None, None) for shapes in shape_runs] + [("simple", "deepspeed", None)]
+            if args.sailor_best:        # planned for blocking boundaries, as Sailor's simulator runs every transfer
+                runs.append((shape_runs[-1], None, "blocking"))
+            for shapes, engine, boundary in runs:
+                res = run_plan(yaml_path, inv, cost_model, shapes, engine, boundary)
+                label = ("hetauto (--engine deepspeed)" if engine else "hetauto (--boundary-schedule blocking)"
+                         if boundary else f"hetauto ({shapes or 'simple'} shapes)")
                 if "error" in res:
                     print(f"{label}: no plan: {res['error']}")
                     continue
@@ -336,6 +344,9 @@ def main() -> int:
                              *sailor_score(res["plan"], model, zones)))
                 print(f"{label}: {describe(meshes)}")
                 print(f"  cost model: {res['cost_model']}")
+                if len({m.get("pipeline", 0) for m in meshes}) > 1 and len({zones[m["cluster"]] for m in meshes}) > 1:
+                    # several pipelines in two zones: their gradient exchange crosses the link between the zones
+                    between[label] = sailor_score(res["plan"], model, zones, between_zones=True)[0]
             peers = [pp for pp in load_peer_plans() if pp["model"] == model and pp["network"] == net]
             peer_rows = []
             for pp in peers:
@@ -352,6 +363,10 @@ def main() -> int:
             for label, meshes, ips, fit, mem, sips, sfit, smem in rows:
                 print(f"{label:<32} {ips:>9.5f} {str(fit):>5}  {sips:>17.5f} {str(sfit):>5}  "
                       f"{' '.join(mem)} | {' '.join(smem)}")
+            for label, ips in between.items():
+                print(f"  {label}: Sailor's terms price the gradient exchange between its pipelines on each "
+                      f"pipeline's own zone's curve, as Sailor's simulator does; on the curve between the zones "
+                      f"{ips:.5f} it/s")
             if args.sailor_best:
                 ips, st = S.best_simple(model, {"A100-40": za, "V100-16": zv})
                 print(f"best simple plan under Sailor's terms: {ips:.5f} it/s: " + " | ".join(

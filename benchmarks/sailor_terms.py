@@ -176,11 +176,14 @@ def iteration_s(model: str, stages: list[tuple[list[int], list[Group]]], gbs: in
     return iteration_multi_s(model, [stages], [gbs])
 
 
-def iteration_multi_s(model: str, pipelines: list, samples: list[int]) -> float:
+def iteration_multi_s(model: str, pipelines: list, samples: list[int], between_zones: bool = False) -> float:
     """Several pipelines: the slowest pipeline, the slowest pipeline's DP sync, and the sync across pipelines: for
     each stage of the pipeline with most stages, its parameters x 4 bytes all-reduced over the pipelines, bucket by
-    bucket, on its own zone's curve (one GPU per VM). Pipeline p runs samples_p / its step micro-batches (Sailor
-    gives every pipeline ceil(gbs / (mbs x dp x pipelines)): the same where the batch splits evenly)."""
+    bucket, on its own zone's curve (one GPU per VM), as Sailor's simulator prices it even where the pipelines are in
+    different zones (runtime_simulator.py estimate_sync_time, marked TODO there). `between_zones`: on the curve
+    between the slowest pair of the pipelines' zones instead, what that exchange crosses. Pipeline p runs samples_p /
+    its step micro-batches (Sailor gives every pipeline ceil(gbs / (mbs x dp x pipelines)): the same where the batch
+    splits evenly)."""
     t_pp = 0.0
     for stages, n in zip(pipelines, samples):
         step = sum(g.replicas * g.mbs for g in stages[0][1])
@@ -190,10 +193,12 @@ def iteration_multi_s(model: str, pipelines: list, samples: list[int]) -> float:
     if len(pipelines) > 1:
         info1 = LLM_INFO[model]["1"]
         longest = max(pipelines, key=len)
+        others = [g for p in pipelines for _, gs in p for g in gs]
         for layers, groups in longest:
             size = sum(info1[str(l)]["params_floats"] * FLOAT for l in layers)
             for g in groups:
-                inter = max(inter, allreduce_buckets(size, len(pipelines), _coeffs(g, g, 1, 1)))
+                pairs = [(g, o) for o in others] + [(o, g) for o in others] if between_zones else [(g, g)]
+                inter = max(inter, max(allreduce_buckets(size, len(pipelines), _coeffs(a, b, 1, 1)) for a, b in pairs))
     return t_pp + intra + inter
 
 
