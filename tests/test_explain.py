@@ -102,6 +102,9 @@ def test_explain_full_report_on_the_readme_plan(readme_plan, capsys):
     link = next(r for r in rep["sensitivity"] if r["what"].startswith("link"))
     slow, fast = link["cases"]
     assert slow["tokens_per_s"] <= base <= fast["tokens_per_s"]     # a slower link never helps this layout
+    # its overlapped boundary (ascend -> h800) blocking instead: the search chose overlap there, so it cannot be faster
+    blocking = rep["blocking_boundaries"]
+    assert blocking["boundaries"] == ["ascend -> h800"] and blocking["tokens_per_s"] < base
 
 
 def test_simulate_what_if_flags(readme_plan, capsys):

@@ -18,7 +18,8 @@ Explain a plan before booking the devices:
   sensitivity  throughput at half and twice each inter-cluster link's bandwidth and the global batch (the
                plan's layout re-simulated), and each cluster's node count (re-planned: a bigger cluster
                allows other layouts); links the plan does not cross at twice their bandwidth (re-planned:
-               would a faster link bring another cluster in?).
+               would a faster link bring another cluster in?); where the plan overlaps its cross-cluster
+               transfers with compute, its throughput with those boundaries blocking instead.
 
 The model and inventory default to those stored in the plan (a 'hetauto plan -o' file has both);
 --set overrides the inventory first (what-if). Text by default, --json for scripts. --no-search skips the
@@ -131,7 +132,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
            "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
-           "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None}
+           "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None,
+           "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model)}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k)
     rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
@@ -183,6 +185,12 @@ def format_report(rep: dict) -> str:
         out.append(f"  {row['what']:<36} base {row['base']:g}: " + ";  ".join(cells) + f"  [{row['method']}]")
     if rep["runners_up"] is None:
         out.append("  (cluster sizes need a search: run without --no-search)")
+    blocking = rep.get("blocking_boundaries")
+    if blocking:
+        out += ["", f"overlapped cross-cluster boundaries ({', '.join(blocking['boundaries'])}): blocking instead "
+                    f"(same layout) {blocking['tokens_per_s']:,.0f} tokens/s ({_pct(blocking['change'])})"
+                    + ("" if blocking["fits"] else ", does not fit") + ": what the plan owes to hiding those "
+                    "transfers behind compute"]
     return "\n".join(out)
 
 
