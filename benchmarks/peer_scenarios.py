@@ -9,16 +9,19 @@ plans, each priced
 The peers' plans are the ones their own planners chose, run from Sailor's artifact (benchmarks/peer_plans.json: the
 plans as data, with repository, commit, command and the it/s Sailor's simulator gave each; docs/peers.md).
 
-    python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best [--terms]]
+    python benchmarks/peer_scenarios.py [--links] [--layers] [--quick] [--sailor-best [--terms]] [--analytic]
 
 --links prints the inventory figures derived from Sailor's network curves. --layers prints the planner's layer time
 (forward + backward, TP all-reduces on the inventory's links included) of both GPUs in fp32 against Sailor's
 measurements (the median transformer layer of each configuration; in-sample: the model is fitted on these runs,
 benchmarks/learned_cost.py gives the leave-one-model-out figures). --quick plans OPT-350M same zone only.
---sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per scenario), to see
-how far our planner's choice is from the best that simulator would score, and our plan for blocking boundaries
-(`--boundary-schedule blocking`, as that simulator runs every transfer; where it is several pipelines in two zones,
-also priced with their gradient exchange on the curve between the zones, which Sailor's simulator does not do); --terms then prices both plans term by
+--analytic plans and prices with the analytic model (no --cost-model: what a user gets without the fit on Sailor's
+data), and with --layers prints its layer times against Sailor's measurements (out of sample: nothing of Sailor's
+is fitted into it). --sailor-best also prints the best simple plan under Sailor's terms (brute force, 15-30 s per
+scenario), to see how far our planner's choice is from the best that simulator would score, and our plan for
+blocking boundaries (`--boundary-schedule blocking`, as that simulator runs every transfer; where it is several
+pipelines in two zones, also priced with their gradient exchange on the curve between the zones, which Sailor's
+simulator does not do); --terms then prices both plans term by
 term under Sailor's terms and under our simulator (as our runtime runs it, every boundary blocking, and as
 DeepSpeed's pipeline engine runs it).
 """
@@ -96,15 +99,23 @@ def print_links() -> None:
         print(f"{gpu} intra_node (4-GPU all-reduce)            {bw * 8 / 1e9:7.0f} Gbit/s  latency {lat:6.1f} us")
 
 
-def print_layers(cost_model_dir: str) -> None:
+def print_layers(cost_model_dir: str | None) -> None:
+    """Layer forward + backward as the planner charges it against Sailor's measured median layer. With the analytic
+    model (cost_model_dir None) also the layer priced with fused attention, which Megatron's engine does not run in
+    fp32 (plan/settings.py ENGINES; DeepSpeed's engine does), as the planner priced it before."""
+    import dataclasses
     import statistics
     from hetauto_megatron.cost.learned import SAILOR_MODELS, load_cost_model
     from hetauto_megatron.plan import costing
+    from hetauto_megatron.plan.settings import default_settings
     from hetauto_megatron.spec.inventory import load_inventory
     cm = load_cost_model(cost_model_dir)
     inv = load_inventory(os.path.join(ROOT, "examples/peers/inventory-same-zone.yaml"))
     inv = inv.with_precision(SAILOR_JOB_PRECISION)
-    print(f"{'GPU':<8} {'model':<12} {'mbs':>3} {'tp':>2} {'measured ms':>11} {'planner ms':>10} {'error':>6}  model")
+    fused = cost_model_dir is None
+    print(f"{'GPU':<8} {'model':<12} {'mbs':>3} {'tp':>2} {'measured ms':>11} {'planner ms':>10} {'error':>6}  model"
+          + ("   fused attention ms, error" if fused else ""))
+    errors: dict[str, list] = {}
     for cluster, gpu in (("a100", "A100-40"), ("v100", "V100-16")):
         c = inv.cluster(cluster)
         for name in ("OPT-350", "GPT-Neo-2.7"):
@@ -118,8 +129,19 @@ def print_layers(cost_model_dir: str) -> None:
                                              for i in range(1, spec.num_layers + 1))
                     prof = costing.stage_profile(spec, c, tp, 1, mbs, "none", cm)
                     pred = prof.layer_fwd + prof.layer_bwd
-                    print(f"{gpu:<8} {name:<12} {mbs:>3} {tp:>2} {meas * 1e3:>11.2f} {pred * 1e3:>10.2f} "
-                          f"{100 * (pred / meas - 1):>+5.0f}%  {cm.source(c.device)}")
+                    errors.setdefault(gpu, []).append(pred / meas - 1)
+                    line = (f"{gpu:<8} {name:<12} {mbs:>3} {tp:>2} {meas * 1e3:>11.2f} {pred * 1e3:>10.2f} "
+                            f"{100 * (pred / meas - 1):>+5.0f}%  {cm.source(c.device)}")
+                    if fused:
+                        other = costing.stage_profile(spec, c, tp, 1, mbs, "none", cm, dataclasses.replace(
+                            default_settings(tp), engine="deepspeed"))
+                        f = other.layer_fwd + other.layer_bwd
+                        errors.setdefault("fused", []).append(f / meas - 1)
+                        line += f"   {f * 1e3:>8.2f} {100 * (f / meas - 1):>+5.0f}%"
+                    print(line)
+    for key, errs in list(errors.items()) + [("all", [e for k, v in errors.items() if k != "fused" for e in v])]:
+        print(f"{key:<8} MAPE {100 * statistics.mean(abs(e) for e in errs):.1f} %, worst "
+              f"{100 * max(errs, key=abs):+.0f} % ({len(errs)} configurations)")
 
 
 # ---- plans ------------------------------------------------------------------------------------------------------
@@ -182,8 +204,9 @@ def peer_samples(meshes: list[dict], gbs: int = 1024) -> int:
 def run_plan(model_yaml: str, inventory: str, cost_model: str, shapes: str | None, engine: str | None = None,
              boundary: str | None = None) -> dict:
     cmd = HETAUTO + ["plan", "--model", model_yaml, "--inventory", inventory, "--precision", SAILOR_JOB_PRECISION,
-                     "--global-batch-size", "1024", "--cost-model", cost_model, "--memory-job", "sailor-deepspeed",
-                     "--json", "--quiet"]
+                     "--global-batch-size", "1024", "--memory-job", "sailor-deepspeed", "--json", "--quiet"]
+    if cost_model:      # else the analytic model (--analytic)
+        cmd += ["--cost-model", cost_model]
     if shapes:
         cmd += ["--shapes", shapes]
     if engine:      # the pipeline engine planned for (Sailor's measured jobs ran DeepSpeed's)
@@ -305,13 +328,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sailor-best", action="store_true")
     ap.add_argument("--terms", action="store_true", help="with --sailor-best: both plans term by term")
+    ap.add_argument("--analytic", action="store_true", help="plan and price with the analytic model")
     args = ap.parse_args()
     if args.links:
         print_links()
         return 0
     work = tempfile.mkdtemp(prefix="peers-")
-    cost_model = os.path.join(work, "gpu-model")
-    subprocess.run(HETAUTO + ["fit", "--sailor", "-o", cost_model], cwd=ROOT, check=True, capture_output=True)
+    cost_model = None
+    if not args.analytic:
+        cost_model = os.path.join(work, "gpu-model")
+        subprocess.run(HETAUTO + ["fit", "--sailor", "-o", cost_model], cwd=ROOT, check=True, capture_output=True)
     if args.layers:
         print_layers(cost_model)
         return 0

@@ -153,9 +153,10 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor
 def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_model):
     """The memory job is the plan's, decided at its precision by every command (plan/memory_fit.py
     resolve_memory_job): the same-zone inventory with a plain-fp32 A100 (priced analytically) beside the V100
-    (priced from Sailor's fp32 measurements), and an fp32 plan on the A100 alone at micro-batch 4. Under our
-    runtime its stage fits the 40 GiB; as Sailor's job (the s x s softmax kept per layer) it does not. `simulate`
-    (with or without --precision) and `compare` must all say so."""
+    (priced from Sailor's fp32 measurements), and an fp32 plan of GPT-Neo-2.7B on the A100s alone at TP 2 x DP 8.
+    Under our runtime its stage fits the 40 GiB (24.5 GiB: the distributed optimizer shards Adam's state); as
+    Sailor's job (its 24 bytes per parameter on every rank) it does not (45.1 GiB). `simulate` (with or without
+    --precision) and `compare` must all say so."""
     import yaml
     from hetauto_megatron.cli import main
     from hetauto_megatron.plan.plan import Mesh, Plan
@@ -166,8 +167,8 @@ def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_mod
     inv = inventory_from_dict(inv)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(yaml.safe_dump(inv.to_dict()))
-    model_path = os.path.join(ROOT, "examples", "peers", "models", "opt-350m.yaml")
-    plan = Plan(load_model(model_path), 1024, (Mesh("a100", "a100-40gb", 1, 16, 4, "none", (24,)),), inv.to_dict(),
+    model_path = os.path.join(ROOT, "examples", "peers", "models", "gpt-neo-2.7b.yaml")
+    plan = Plan(load_model(model_path), 1024, (Mesh("a100", "a100-40gb", 2, 8, 1, "none", (32,)),), inv.to_dict(),
                 precision="fp32")
     plan_path = str(tmp_path / "plan.yaml")
     plan.save(plan_path)

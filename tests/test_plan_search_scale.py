@@ -38,7 +38,8 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
             need = [stage_memory_bytes(model, layers=n, tp=tp, dp=dp, micro_batch_size=mb, recompute=rc,
                                        in_flight=f, first=first, last=last, settings=prof.settings,
                                        vendor=cl.device.vendor, dtype_bytes=cl.device.dtype_bytes,
-                                       boundary_buffers=buffers)["total"] for n in range(0, 400)]
+                                       boundary_buffers=buffers, impl=memory_fit.layer_impl(prof))["total"]
+                    for n in range(0, 400)]
             exact = max((n for n, x in enumerate(need) if x <= prof.memory_cap), default=-1)
             if exact >= 399:
                 continue                    # more layers than any model has: the cap does not bind

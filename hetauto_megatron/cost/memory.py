@@ -136,6 +136,9 @@ class LayerImpl:
 
 
 TRANSFORMER_ENGINE = LayerImpl()
+# Transformer Engine in fp32: its fused attention backends take 16-bit inputs only, so it runs its unfused
+# attention, which keeps the s x s softmax output (plan/settings.py ENGINES, RuntimeSettings.fused_attention).
+TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,

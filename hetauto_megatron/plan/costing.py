@@ -60,9 +60,9 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
                   cost_model, settings: RuntimeSettings | None = None) -> StageProfile:
     """`settings`: the mesh's runtime settings; None = the defaults for its TP (what `hetauto plan` emits)."""
     settings = settings or default_settings(tp)
-    if tp > 1:     # (at TP 1 there is nothing to split)
-        cost_model = _with_sequence_parallel(cost_model, settings.sequence_parallel)
     dev = cluster.device
+    cost_model = _as_mesh_runs(cost_model, settings.sequence_parallel or tp == 1,    # (at TP 1 nothing to split)
+                               settings.fused_attention(dev.dtype_bytes))
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
     rec = cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
@@ -81,12 +81,29 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
                         dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev))
 
 
-def _with_sequence_parallel(cost_model, sequence_parallel: bool):
-    """The cost model pricing element-wise work as the mesh runs it: a model that has the switch (the analytic
-    one: without sequence parallelism every TP rank repeats the norms, dropout and residuals of the whole
-    sequence) gets the mesh's setting."""
-    if getattr(cost_model, "sequence_parallel", sequence_parallel) == sequence_parallel:
+def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool):
+    """The cost model pricing the layers as the mesh runs them. A model with the switches (the analytic one, and
+    a learned model's analytic fallback for the device types it has no measurements of) gets the mesh's sequence
+    parallelism (without it every TP rank repeats the norms, dropout and residuals of the whole sequence) and
+    whether its attention is fused at the device's precision (RuntimeSettings.fused_attention: unfused attention
+    moves the s x s scores through memory; a model without flash attention stays without). A learned model's own
+    layers are what its measurements ran."""
+    for inner in ("fallback", "base"):      # a learned model's analytic fallback; a wrapper's model (shared_cores.py)
+        wrapped = getattr(cost_model, inner, None)
+        if wrapped is not None:
+            priced = _as_mesh_runs(wrapped, sequence_parallel, fused_attention)
+            if priced is wrapped:
+                return cost_model
+            other = copy.copy(cost_model)
+            setattr(other, inner, priced)
+            return other
+    # A model told its software has no flash attention (plan/calibration.py: the 2021 runs) keeps it off.
+    want = {"sequence_parallel": sequence_parallel,
+            "flash_attention": fused_attention and getattr(cost_model, "flash_attention", True)}
+    change = {k: v for k, v in want.items() if hasattr(cost_model, k) and getattr(cost_model, k) != v}
+    if not change:
         return cost_model
     other = copy.copy(cost_model)
-    other.sequence_parallel = sequence_parallel
+    for k, v in change.items():
+        setattr(other, k, v)
     return other

@@ -11,7 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import (JobMemory, LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+from ..cost.memory import (TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory, LayerImpl,
+                           job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
                            stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
@@ -49,6 +50,13 @@ def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
     return names
 
 
+def layer_impl(prof: StageProfile) -> LayerImpl:
+    """How the mesh's layers keep their activations: Transformer Engine's, with its attention fused unless the
+    engine runs it unfused at this precision (RuntimeSettings.fused_attention: Transformer Engine in fp32)."""
+    fused = prof.settings.fused_attention(prof.cluster.device.dtype_bytes)
+    return TRANSFORMER_ENGINE if fused else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
+
+
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
                  last: bool, boundary_buffers: int = 0) -> dict[str, float]:
     """Bytes on the busiest device of the stage (cost/memory.py). With a memory job (`--memory-job`), `total` is
@@ -57,7 +65,7 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
     mem = stage_memory_bytes(model, layers=layers, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                              recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
                              settings=prof.settings, vendor=prof.cluster.device.vendor,
-                             dtype_bytes=prof.cluster.device.dtype_bytes,
+                             dtype_bytes=prof.cluster.device.dtype_bytes, impl=layer_impl(prof),
                              boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
     if prof.memory_job is not None:
         job = job_stage_memory_bytes(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
@@ -75,7 +83,7 @@ def stage_memory_reader(model: ModelSpec, prof: StageProfile, first: bool, last:
     dev = prof.cluster.device
     total = _stage_reader(model, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                           recompute=prof.recompute, first=first, last=last, settings=prof.settings, vendor=dev.vendor,
-                          dtype_bytes=dev.dtype_bytes, overhead=prof.cluster.overhead)
+                          dtype_bytes=dev.dtype_bytes, impl=layer_impl(prof), overhead=prof.cluster.overhead)
     if prof.memory_job is None:
         return total
     job = job_stage_memory_reader(prof.memory_job, model, tp=prof.tp, dp=prof.dp,
