@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import (TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory, LayerImpl,
-                           job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+from ..cost.memory import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory,
+                           LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
                            stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
@@ -51,8 +51,12 @@ def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
 
 
 def layer_impl(prof: StageProfile) -> LayerImpl:
-    """How the mesh's layers keep their activations: Transformer Engine's, with its attention fused unless the
-    engine runs it unfused at this precision (RuntimeSettings.fused_attention: Transformer Engine in fp32)."""
+    """How the mesh's layers keep their activations: on CPU processes Megatron's local spec, which the dry runs
+    build (DRY_RUN_IMPL, what they predict and measure); on accelerators Transformer Engine's, with its attention
+    fused unless the engine runs it unfused at this precision (RuntimeSettings.fused_attention: Transformer Engine
+    in fp32)."""
+    if prof.cluster.device.vendor == "cpu":
+        return DRY_RUN_IMPL
     fused = prof.settings.fused_attention(prof.cluster.device.dtype_bytes)
     return TRANSFORMER_ENGINE if fused else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
 
