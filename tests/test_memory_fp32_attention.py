@@ -61,3 +61,16 @@ def test_16_bit_and_deepspeeds_layers_keep_no_scores():
     for precision, engine in (("fp16", "megatron"), ("fp32", "deepspeed")):
         _, impl = priced_layer_bytes("OPT-350", 1, precision, engine)
         assert impl.flash_attention, (precision, engine)
+
+
+def test_plan_summary_says_which_meshes_run_unfused_attention():
+    from hetauto_megatron.emit.summary import _settings_text
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    model = SAILOR_MODELS["OPT-350"]
+    texts = {}
+    for precision in ("fp32", "fp16"):
+        plan = Plan(model, 1024, (Mesh("v100", "v100-16gb", 1, 16, 1, "none", (6,)),
+                                  Mesh("a100", "a100-40gb", 1, 16, 1, "none", (18,))),
+                    INVENTORY.to_dict(), precision=precision)
+        texts[precision] = _settings_text(plan)
+    assert "unfused attention (fp32)" in texts["fp32"] and "unfused" not in texts["fp16"], texts

@@ -52,11 +52,20 @@ def _settings_text(plan: Plan) -> str:
                           (f"overlap {overlap}" if overlap else "no DP overlap"),
                           f"gradients in {_grad_dtype(plan, i)}"]
                          + ([f"dropout hidden {st.hidden_dropout:g}, attention {st.attention_dropout:g}"]
-                            if st.hidden_dropout or st.attention_dropout else []))
+                            if st.hidden_dropout or st.attention_dropout else [])
+                         + (["unfused attention (fp32)"] if _unfused_attention(plan, i, st) else []))
         groups.setdefault(text, []).append(str(i))
     if len(groups) == 1:
         return next(iter(groups))
     return "; ".join(f"mesh {','.join(idx)}: {text}" for text, idx in groups.items())
+
+
+def _unfused_attention(plan: Plan, i: int, st) -> bool:
+    """An accelerator mesh whose engine runs its attention unfused at the plan's precision (Transformer Engine in
+    fp32: RuntimeSettings.fused_attention), which the cost and memory models price (the s x s scores). CPU
+    processes run Megatron's local spec, unfused at any precision, and are not flagged."""
+    dev = get_device(plan.meshes[i].device_type)
+    return dev.vendor != "cpu" and not st.fused_attention(dev.at_precision(plan.precision).dtype_bytes)
 
 
 def _num(value, fmt: str) -> str:
