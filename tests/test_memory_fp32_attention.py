@@ -31,10 +31,11 @@ def measured_layer_bytes(model: str, tp: int) -> float:
     return statistics.median(rows[str(i)]["act_mem_floats"] * 4 for i in range(1, SAILOR_MODELS[model].num_layers + 1))
 
 
-def priced_layer_bytes(model: str, tp: int, precision: str, engine: str = "megatron") -> tuple[float, object]:
-    """One layer's kept activations as the planner prices a mesh of the A100s at this precision and engine, with the
-    measured job's settings (no sequence parallelism, no dropout)."""
-    cluster = INVENTORY.with_precision(precision).cluster("a100")
+def priced_layer_bytes(model: str, tp: int, precision: str, engine: str = "megatron",
+                       name: str = "a100") -> tuple[float, object]:
+    """One layer's kept activations as the planner prices a mesh of the cluster (the A100s) at this precision and
+    engine, with the measured job's settings (no sequence parallelism, no dropout)."""
+    cluster = INVENTORY.with_precision(precision).cluster(name)
     settings = dataclasses.replace(default_settings(tp), sequence_parallel=False, engine=engine)
     prof = stage_profile(SAILOR_MODELS[model], cluster, tp, 1, 1, "none", AnalyticCostModel(), settings)
     impl = layer_impl(prof)
@@ -56,11 +57,14 @@ def test_fp32_layer_keeps_the_softmax_output_within_20_percent_of_measured(model
 
 
 def test_16_bit_and_deepspeeds_layers_keep_no_scores():
-    """16-bit training runs Transformer Engine's fused attention; DeepSpeed's layers call torch's
-    scaled_dot_product_attention, whose memory-efficient kernel takes fp32 too."""
-    for precision, engine in (("fp16", "megatron"), ("fp32", "deepspeed")):
-        _, impl = priced_layer_bytes("OPT-350", 1, precision, engine)
-        assert impl.flash_attention, (precision, engine)
+    """16-bit training runs Transformer Engine's fused attention on an A100 (sm80), not on a V100 (sm70: Transformer
+    Engine's get_attention_backend disables its flash and cuDNN attention below sm80); DeepSpeed's layers call
+    torch's scaled_dot_product_attention, whose memory-efficient kernel takes fp32 and runs on a V100."""
+    for cluster, precision, engine, fused in (("a100", "fp16", "megatron", True), ("v100", "fp16", "megatron", False),
+                                              ("a100", "fp32", "deepspeed", True), ("v100", "fp16", "deepspeed", True),
+                                              ("v100", "fp32", "deepspeed", True)):
+        _, impl = priced_layer_bytes("OPT-350", 1, precision, engine, cluster)
+        assert impl.flash_attention == fused, (cluster, precision, engine)
 
 
 def test_plan_summary_says_which_meshes_run_unfused_attention():
@@ -73,4 +77,7 @@ def test_plan_summary_says_which_meshes_run_unfused_attention():
                                   Mesh("a100", "a100-40gb", 1, 16, 1, "none", (18,))),
                     INVENTORY.to_dict(), precision=precision)
         texts[precision] = _settings_text(plan)
-    assert "unfused attention (fp32)" in texts["fp32"] and "unfused" not in texts["fp16"], texts
+    # in fp32 both meshes run Transformer Engine's unfused attention; in fp16 the V100 alone (sm70)
+    assert "mesh" not in texts["fp32"] and "unfused attention" in texts["fp32"], texts
+    assert texts["fp16"].startswith("mesh 0: ") and texts["fp16"].count("unfused attention") == 1, texts
+    assert texts["fp16"].index("unfused attention") < texts["fp16"].index("mesh 1: "), texts

@@ -53,7 +53,7 @@ def _settings_text(plan: Plan) -> str:
                           f"gradients in {_grad_dtype(plan, i)}"]
                          + ([f"dropout hidden {st.hidden_dropout:g}, attention {st.attention_dropout:g}"]
                             if st.hidden_dropout or st.attention_dropout else [])
-                         + (["unfused attention (fp32)"] if _unfused_attention(plan, i, st) else []))
+                         + (["unfused attention"] if _unfused_attention(plan, i, st) else []))
         groups.setdefault(text, []).append(str(i))
     if len(groups) == 1:
         return next(iter(groups))
@@ -61,11 +61,11 @@ def _settings_text(plan: Plan) -> str:
 
 
 def _unfused_attention(plan: Plan, i: int, st) -> bool:
-    """An accelerator mesh whose engine runs its attention unfused at the plan's precision (Transformer Engine in
-    fp32: RuntimeSettings.fused_attention), which the cost and memory models price (the s x s scores). CPU
-    processes run Megatron's local spec, unfused at any precision, and are not flagged."""
+    """An accelerator mesh whose engine runs its attention unfused on its device at the plan's precision
+    (Transformer Engine in fp32 or on a V100: RuntimeSettings.fused_attention), which the cost and memory models
+    price (the s x s scores). CPU processes run Megatron's local spec, unfused at any precision, not flagged."""
     dev = get_device(plan.meshes[i].device_type)
-    return dev.vendor != "cpu" and not st.fused_attention(dev.at_precision(plan.precision).dtype_bytes)
+    return dev.vendor != "cpu" and not st.fused_attention(dev.at_precision(plan.precision))
 
 
 def _num(value, fmt: str) -> str:

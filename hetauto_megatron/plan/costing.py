@@ -62,7 +62,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     settings = settings or default_settings(tp)
     dev = cluster.device
     cost_model = _as_mesh_runs(cost_model, settings.sequence_parallel or tp == 1,    # (at TP 1 nothing to split)
-                               settings.fused_attention(dev.dtype_bytes))
+                               settings.fused_attention(dev))
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
     rec = cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
@@ -85,7 +85,7 @@ def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool):
     """The cost model pricing the layers as the mesh runs them. A model with the switches (the analytic one, and
     a learned model's analytic fallback for the device types it has no measurements of) gets the mesh's sequence
     parallelism (without it every TP rank repeats the norms, dropout and residuals of the whole sequence) and
-    whether its attention is fused at the device's precision (RuntimeSettings.fused_attention: unfused attention
+    whether its attention is fused on the device at its precision (RuntimeSettings.fused_attention: unfused attention
     moves the s x s scores through memory; a model without flash attention stays without). A learned model's own
     layers are what its measurements ran."""
     for inner in ("fallback", "base"):      # a learned model's analytic fallback; a wrapper's model (shared_cores.py)

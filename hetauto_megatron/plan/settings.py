@@ -116,12 +116,15 @@ class RuntimeSettings:
         cost/deepspeed_state.py)."""
         return ENGINES[self.engine].optimizer_state
 
-    def fused_attention(self, dtype_bytes: int) -> bool:
-        """The engine's attention kernel keeps no s x s score matrix (flash or memory-efficient attention) at this
-        element size: always in 16 bits; in fp32 only where the engine's kernels take fp32
-        (Engine.fused_attention_fp32). The analytic time model and the memory model both price the layer this way
-        (plan/costing.py, plan/memory_fit.py)."""
-        return dtype_bytes <= 2 or ENGINES[self.engine].fused_attention_fp32
+    def fused_attention(self, device) -> bool:
+        """The engine's attention keeps no s x s score matrix (flash or memory-efficient attention) on `device` (a
+        spec.devices.DeviceType at the job's precision): Transformer Engine's in 16 bits on a device that has it
+        (DeviceType.fused_attention: not a V100), torch's scaled_dot_product_attention always (Engine.attention).
+        The analytic time model and the memory model both price the layer this way (plan/costing.py,
+        plan/memory_fit.py)."""
+        if ENGINES[self.engine].attention == "sdpa":
+            return True
+        return device.dtype_bytes <= 2 and device.fused_attention
 
     @property
     def reduce_bucket_elements(self) -> int:
@@ -155,17 +158,19 @@ class Engine:
     optimizer_state: str = "megatron"   # the weights, gradients and optimizer state it holds: Megatron-Core's
                                     # buffers (cost/memory.py) or DeepSpeed's optimizer wrappers (cost/deepspeed_state.py)
     reduce_bucket_elements: int = 0     # the gradient reduce bucket a ZeRO optimizer allocates (0: none)
-    fused_attention_fp32: bool = False  # its attention keeps no s x s scores in fp32 either
-                                    # (RuntimeSettings.fused_attention)
+    attention: str = "transformer_engine"   # its layers' attention: Transformer Engine's (fused in 16 bits on
+                                    # sm80+) or torch's scaled_dot_product_attention ("sdpa", memory-efficient at
+                                    # any precision); RuntimeSettings.fused_attention
 
 
 ENGINES = {
     # hetauto's runtime and Megatron-LM: every setting as set (Megatron-Core's DDP buckets, distributed optimizer).
     # Its layers are Transformer Engine's (Megatron-LM's default --transformer-impl), whose FlashAttention and
-    # FusedAttention (cuDNN) backends take fp16/bf16 (and fp8) Q, K and V only: at fp32 it runs
-    # UnfusedDotProductAttention (TransformerEngine pytorch/attention/dot_product_attention/utils.py,
-    # get_attention_backend, "Filter: Data type"), which computes and keeps the s x s softmax output, as Megatron's
-    # local spec does (the CPU dry runs' layers, cost/memory.py DRY_RUN_IMPL).
+    # FusedAttention (cuDNN) backends take fp16/bf16 (and fp8) Q, K and V only and need NVIDIA sm80+: in fp32, or
+    # on a V100, it runs UnfusedDotProductAttention (TransformerEngine pytorch/attention/dot_product_attention/
+    # utils.py, get_attention_backend, "Filter: Compute capability" and "Filter: Data type"), which computes and
+    # keeps the s x s softmax output, as Megatron's local spec does (the CPU dry runs' layers, cost/memory.py
+    # DRY_RUN_IMPL).
     "megatron": Engine("megatron", True, True, True, True, False, False, False),
     # DeepSpeed 0.19.8's PipelineEngine with the configs emit/deepspeed.py writes (docs/deepspeed.md, measured by
     # tests/test_deepspeed_pipeline.py): it sets enable_backward_allreduce = False (runtime/pipe/engine.py:80) and
@@ -188,10 +193,10 @@ ENGINES = {
     # (above), so the bucket sets only how many all-reduces that reduction issues (a 40M-element all-reduce is
     # bandwidth-bound on every link in the catalog).
     # Its layers (runtime/deepspeed_pipeline.py) call torch's scaled_dot_product_attention, whose memory-efficient
-    # kernel takes fp32 on CUDA (and its flash kernel on CPU): no s x s matrix at any precision.
+    # kernel takes fp32 and runs on a V100 (and its flash kernel on CPU): no s x s matrix at any precision.
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
-                        reduce_bucket_elements=40_000_000, fused_attention_fp32=True),
+                        reduce_bucket_elements=40_000_000, attention="sdpa"),
 }
 DEFAULT_ENGINE = "megatron"
 

@@ -47,6 +47,9 @@ class DeviceType:
     peaks: tuple = ()          # datasheet (precision, dense TFLOP/s) pairs; a precision absent is unsupported
     reference_tflops: float = 0.0   # the 16-bit peak the inventory may override; 0 = peak_tflops
     tf32: bool = False         # fp32 GEMMs run on the TF32 tensor cores (the cluster's PyTorch allows it)
+    fused_attention: bool = True   # Transformer Engine's fused attention (flash, cuDNN) runs on it in 16 bits: not
+                               # below NVIDIA sm80 (TransformerEngine get_attention_backend, "Filter: Compute
+                               # capability"), so a V100 runs its unfused attention (plan/settings.py ENGINES)
 
     def __post_init__(self):
         if self.reference_tflops == 0:
@@ -106,7 +109,8 @@ class DeviceType:
         return dataclasses.replace(self, precision=precision, peak_tflops=peak, dtype_bytes=PRECISION_BYTES[precision])
 
 
-def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None, bf16=True, tf32=None):
+def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None, bf16=True, tf32=None,
+       fused_attention=True):
     """tflops: the 16-bit dense tensor peak (bf16 and fp16 alike unless bf16=False); fp32: without tensor cores;
     fp8: dense fp8 peak where the device has fp8 (None: it has not); tf32: the dense TF32 tensor peak an fp32 job
     reaches with TF32 enabled (not a training precision of its own)."""
@@ -120,7 +124,7 @@ def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None
     if tf32:
         peaks["tf32"] = tf32
     return DeviceType(name, vendor, float(mem), float(tflops), float(hbm), float(link_gbytes) * 8, desc,
-                      peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())))
+                      peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())), fused_attention=fused_attention)
 
 
 # fp32 peaks are the datasheets' non-tensor FP32 (PyTorch leaves TF32 off unless told); the Ascend 910B publishes none.
@@ -135,9 +139,9 @@ CATALOG: dict[str, DeviceType] = {d.name: d for d in [
     _d("h200", "nvidia", 141, 989, 4800, 450, "NVIDIA H200 SXM 141GB", fp32=67, fp8=1979, tf32=494.7),
     _d("gh200", "nvidia", 96, 989, 4000, 450, "NVIDIA GH200 Grace Hopper, 96GB HBM3", fp32=67, fp8=1979, tf32=494.7),
     _d("v100", "nvidia", 32, 125, 900, 150, "NVIDIA V100 SXM2 32GB (FP16 tensor peak; no BF16)", fp32=15.7,
-       bf16=False),
+       bf16=False, fused_attention=False),        # sm70
     _d("v100-16gb", "nvidia", 16, 125, 900, 150, "NVIDIA V100 SXM2 16GB (FP16 tensor peak; no BF16)", fp32=15.7,
-       bf16=False),
+       bf16=False, fused_attention=False),
     _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733, tf32=183),
     _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2, tf32=62.5),
     _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)", fp32=47.9),
