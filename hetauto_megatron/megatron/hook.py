@@ -26,15 +26,18 @@ With --hetauto, per rank:
 5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
    pipeline's Megatron (every layer then has several holders, step 4); plan_data.py gives each replica its
    samples of the global batch and logs the whole batch's loss.
+6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
 import math
 import os
 import sys
+import threading
 from typing import Callable, Optional
 
 from ..errors import InputError
@@ -270,6 +273,7 @@ def pretrain_kwargs(args) -> dict:
         from ..runtime.communicator import HeteroP2PCommunicator
 
         _join_world(state)
+        atexit.register(_destroy_groups_at_exit, _timeout_s())
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                                   dry_run=state.device_type == "cpu")
         populate_parallel_state(ctx.pg)
@@ -280,6 +284,26 @@ def pretrain_kwargs(args) -> dict:
         _install_gradient_rules(state)
     return {"p2p_communicator": state.communicator, "pg_collection": state.context.pg,
             "skip_model_parallel_init": True}
+
+
+def _destroy_groups_at_exit(timeout_s: float) -> None:
+    """At a clean exit, destroy the process groups while the interpreter is still alive. Left to interpreter
+    finalisation, a gloo worker thread still releasing a finished operation's tensor can abort the process
+    ("terminate called without an active exception", pytorch/pytorch#190489) after training succeeded. Skipped
+    after an uncaught exception (other ranks may still wait in a collective); bounded by the plan's timeout, after
+    which the exit goes on as before."""
+    import torch.distributed as dist
+
+    if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_type", None) is not None:
+        return
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    worker = threading.Thread(target=dist.destroy_process_group, name="hetauto-destroy-groups", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",
+              file=sys.stderr, flush=True)
 
 
 def _install_gradient_rules(state: _State) -> None:
