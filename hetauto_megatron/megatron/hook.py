@@ -6,7 +6,8 @@ An entry script changes in exactly two places (patches/pretrain_gpt.patch does t
     pretrain(..., **hook.pretrain_kwargs(args))                                         # was pretrain(...)
 
 Without --hetauto both are transparent (Megatron's own parsing; no extra pretrain arguments), except that a
-process with no accelerator at all gets the CPU redirections so the loop can be dry-run on CPU.
+process with no accelerator at all gets the CPU redirections so the loop can be dry-run on CPU (gloo, whose
+process groups are destroyed at a clean exit as in step 6).
 
 With --hetauto, per rank:
 1. the megatron-core version is checked (the seams used here exist in 0.19.x only);
@@ -191,6 +192,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             enable_cpu_mode()
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
+            atexit.register(_destroy_groups_at_exit, _timeout_s())     # gloo's groups, as under --hetauto
         result = original_validate(args, defaults)
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
