@@ -133,7 +133,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
            "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None,
-           "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model)}
+           "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k)
     rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)

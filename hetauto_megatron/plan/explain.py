@@ -260,14 +260,13 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     return rows
 
 
-def blocking_boundaries(plan: Plan, inventory, cost_model) -> dict | None:
-    """What the plan's throughput owes to its overlapped cross-cluster boundaries: the same layout with every
-    boundary blocking (the sender waits for each transfer, as Megatron's own P2P does and as simulators of such
-    runtimes price it). None when no boundary of the plan is overlapped."""
+def blocking_boundaries(plan: Plan, inventory, cost_model, base: float) -> dict | None:
+    """What the plan's throughput (`base` tokens/s, its simulation's) owes to its overlapped cross-cluster
+    boundaries: the same layout with every boundary blocking (the sender waits for each transfer, as Megatron's own
+    P2P does and as simulators of such runtimes price it). None when no boundary of the plan is overlapped."""
     if not any(m.boundary_schedule == "overlapped" for m in plan.meshes):
         return None
     meshes = tuple(dataclasses.replace(m, boundary_schedule="blocking", boundary_depth=0) for m in plan.meshes)
-    base = _tokens(plan, inventory, cost_model)
     est = simulate(dataclasses.replace(plan, meshes=meshes, estimate=None), inventory, cost_model)
     return {"boundaries": [f"{a.cluster} -> {b.cluster}" for a, b in zip(plan.meshes, plan.meshes[1:])
                            if a.boundary_schedule == "overlapped"],

@@ -51,14 +51,14 @@ def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
 
 
 def layer_impl(prof: StageProfile) -> LayerImpl:
-    """How the mesh's layers keep their activations: on CPU processes Megatron's local spec, which the dry runs
-    build (DRY_RUN_IMPL, what they predict and measure); on accelerators Transformer Engine's, with its attention
-    fused unless the engine runs it unfused on this device at this precision (RuntimeSettings.fused_attention:
-    Transformer Engine in fp32, or on a V100)."""
-    if prof.cluster.device.vendor == "cpu":
-        return DRY_RUN_IMPL
-    fused = prof.settings.fused_attention(prof.cluster.device)
-    return TRANSFORMER_ENGINE if fused else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
+    """How the mesh's layers keep their activations: with fused attention (RuntimeSettings.fused_attention)
+    Transformer Engine's count; with unfused attention (Transformer Engine in fp32 or on a V100) its unfused count,
+    and on CPU processes Megatron's local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and
+    measure)."""
+    dev = prof.cluster.device
+    if prof.settings.fused_attention(dev):
+        return TRANSFORMER_ENGINE
+    return DRY_RUN_IMPL if dev.vendor == "cpu" else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
