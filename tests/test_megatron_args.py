@@ -425,3 +425,31 @@ def test_a_typed_dropout_the_plan_does_not_run_is_refused_also_megatrons_default
     margs.validate_args(args, {})
     assert (args.hidden_dropout, args.attention_dropout) == (0.0, 0.0)
     assert type(args.hidden_dropout) is float and type(args.attention_dropout) is float
+
+
+def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch):
+    """An fp32 plan's process started by any launcher runs its GEMMs as the plan priced them: PyTorch's matmuls on
+    TF32 where the cluster's device has it (the default), off with NVIDIA_TF32_OVERRIDE=0 where the inventory says
+    `tf32: false` (Transformer Engine's cuBLASLt GEMMs obey only that); a 16-bit plan is left alone."""
+    import torch
+
+    from hetauto_megatron.megatron.hook import _set_fp32_arithmetic
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    inv = {"clusters": [{"name": "a", "device": "a100-80gb", "nodes": 1, "devices_per_node": 8},
+                        {"name": "b", "device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "tf32": False}],
+           "links": [{"between": ["a", "b"], "bandwidth_gbps": 100, "latency_ms": 1}]}
+    meshes = (Mesh("a", "a100-80gb", 1, 8, 1, "none", (16,)), Mesh("b", "a100-80gb", 1, 8, 1, "none", (16,)))
+    model = PRESETS["llama2-7b"]
+    before = torch.backends.cuda.matmul.allow_tf32
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+    try:
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a")
+        assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "b")
+        assert not torch.backends.cuda.matmul.allow_tf32 and os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
+        monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="bf16"), "b")
+        assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

@@ -78,6 +78,8 @@ def test_plan_summary_says_which_meshes_run_unfused_attention():
                     INVENTORY.to_dict(), precision=precision)
         texts[precision] = _settings_text(plan)
     # in fp32 both meshes run Transformer Engine's unfused attention; in fp16 the V100 alone (sm70)
-    assert "mesh" not in texts["fp32"] and "unfused attention" in texts["fp32"], texts
+    assert texts["fp32"].count("unfused attention") == 2, texts
+    # and in fp32 the A100 runs its GEMMs on TF32 (Transformer Engine's fp32 GEMMs), the V100 has none
+    assert texts["fp32"].index("no TF32") < texts["fp32"].index("mesh 1: ") < texts["fp32"].index("TF32 GEMMs"), texts
     assert texts["fp16"].startswith("mesh 0: ") and texts["fp16"].count("unfused attention") == 1, texts
     assert texts["fp16"].index("unfused attention") < texts["fp16"].index("mesh 1: "), texts

@@ -109,6 +109,20 @@ def test_tf32_cluster_key(tmp_path):
     assert exc.value.field == "clusters[0].tf32" and "TF32" in str(exc.value)
 
 
+def test_analytic_fp32_plans_name_the_packaged_measurements(capsys):
+    """Without --cost-model an fp32 plan says which of its device types have measured layer times in its arithmetic
+    shipped with hetauto (Sailor's runs: the A100-40's are TF32 runs, the V100-16's CUDA-core ones)."""
+    from hetauto_megatron.commands._common import measured_layers_hint
+    from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
+    inv = load_inventory(os.path.join(ROOT, "examples", "peers", "inventory-same-zone.yaml"))
+    measured_layers_hint(inv.with_precision("fp32"))
+    assert "a100-40gb, v100-16gb ship with hetauto" in capsys.readouterr().err
+    d = inv.to_dict()
+    d["clusters"][0]["tf32"] = False        # the A100s' CUDA cores: not what Sailor's A100 runs measured
+    measured_layers_hint(inventory_from_dict(d).with_precision("fp32"))
+    assert "of v100-16gb ship with hetauto" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def sailor_model(tmp_path_factory) -> str:
     """A learned cost model fitted to Sailor's measurements (hetauto fit --sailor; ~10 s), shared by this file."""
@@ -130,7 +144,7 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor
     # priced from Sailor's fp32 measurements, the plan also fits as Sailor's job without being asked
     _assert_fits_as_sailors_job(_plan(tmp_path, "--cost-model", sailor_model))
     tf32 = dataclasses.replace(get_device("a100-40gb"), tf32=True).at_precision("fp32")
-    plain = get_device("a100-40gb").at_precision("fp32")
+    plain = dataclasses.replace(get_device("a100-40gb"), tf32=False).at_precision("fp32")
     info, why = m.coverage(tf32)
     assert info is not None and "TF32" in why
     assert m.coverage(plain)[0] is None
@@ -163,7 +177,7 @@ def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_mod
     from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
     inv = load_inventory(os.path.join(ROOT, "examples", "peers", "inventory-same-zone.yaml")).to_dict()
     for c in inv["clusters"]:
-        c.pop("tf32", None)
+        c["tf32"] = False
     inv = inventory_from_dict(inv)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(yaml.safe_dump(inv.to_dict()))

@@ -83,15 +83,16 @@ def test_gradient_reduction_is_exposed_without_overlap():
 def test_precision_is_an_input_stored_and_emitted(tmp_path):
     out = tmp_path / "fp32.yaml"
     inv_path = tmp_path / "inv.yaml"
+    # tf32: false, the CUDA cores' FP32 (test_fp32_runs_on_tf32_unless_the_inventory_says_not: the default)
     inv_path.write_text(yaml.safe_dump({"clusters": [
-        {"name": "h", "device": "h800", "nodes": 2, "devices_per_node": 8},
-        {"name": "a", "device": "a100-80gb", "nodes": 2, "devices_per_node": 8}],
+        {"name": "h", "device": "h800", "nodes": 2, "devices_per_node": 8, "tf32": False},
+        {"name": "a", "device": "a100-80gb", "nodes": 2, "devices_per_node": 8, "tf32": False}],
         "links": [{"between": ["h", "a"], "bandwidth_gbps": 100, "latency_ms": 1}]}))
     r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv_path), "--global-batch-size", "64",
                     "--precision", "fp32", "-o", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     data = yaml.safe_load(out.read_text())
-    assert data["precision"] == "fp32" and data["version"] == 3
+    assert data["precision"] == "fp32" and data["version"] == 4
     r = run_hetauto("emit", "megatron", "--plan", str(out), "--json")
     args = [a for la in json.loads(r.stdout)["launches"] for v in la["megatron_args"].values() for a in v]
     assert "--bf16" not in args and "--fp16" not in args
@@ -113,6 +114,48 @@ def test_precision_is_an_input_stored_and_emitted(tmp_path):
     fp32, bf16 = simulate(plan, inv), simulate(Plan(plan.model, plan.global_batch_size, plan.meshes), inv)
     assert fp32.iteration_time_s > 3 * bf16.iteration_time_s
     assert max(fp32.memory_gib) > max(bf16.memory_gib)
+
+
+def test_fp32_runs_on_tf32_unless_the_inventory_says_not(tmp_path):
+    """Transformer Engine computes Megatron's fp32 GEMMs with CUBLAS_COMPUTE_32F_FAST_TF32 whatever PyTorch's switch
+    (transformer_engine/common/gemm/cublaslt_gemm.cu): an fp32 plan on a device with TF32 tensor cores is priced at
+    their peak by default, and its launch turns PyTorch's switch on for the matmuls outside Transformer Engine.
+    `tf32: false` prices the CUDA cores' FP32 and launches with NVIDIA_TF32_OVERRIDE=0, which turns TF32 off in
+    every NVIDIA library. Version-3 plan files keep what they meant: no `tf32` was no TF32."""
+    from hetauto_megatron.emit.deepspeed import deepspeed_config
+    from hetauto_megatron.plan.plan_file import plan_to_dict
+    inv = {"clusters": [{"name": "a", "device": "a100-80gb", "nodes": 1, "devices_per_node": 8},
+                        {"name": "v", "device": "v100", "nodes": 1, "devices_per_node": 8}],
+           "links": [{"between": ["a", "v"], "bandwidth_gbps": 100, "latency_ms": 1}]}
+    default = inventory_from_dict(inv)
+    off = inventory_from_dict({**inv, "clusters": [{**inv["clusters"][0], "tf32": False}, inv["clusters"][1]]})
+    assert default.cluster("a").device.tf32 and not off.cluster("a").device.tf32
+    assert not default.cluster("v").device.tf32          # a V100 has no TF32: its FP32 CUDA cores either way
+    assert default.with_precision("fp32").cluster("a").device.peak_tflops == 156.0
+    assert off.with_precision("fp32").cluster("a").device.peak_tflops == 19.5
+    assert default.to_dict()["clusters"][0]["tf32"] is True and "tf32" not in default.to_dict()["clusters"][1]
+    model = PRESETS["llama2-7b"]
+    meshes = (Mesh("a", "a100-80gb", 4, 2, 1, "full", (32,)),)
+    times = {}
+    for name, i in (("tf32", default), ("cuda cores", off)):
+        plan = Plan(model, 64, meshes, i.to_dict(), precision="fp32")
+        times[name] = simulate(plan, i).iteration_time_s
+        path = tmp_path / f"{name}.yaml"
+        plan.save(str(path))
+        r = run_hetauto("emit", "megatron", "--plan", str(path), "--json")
+        env = json.loads(r.stdout)["launches"][0]["env"]
+        assert env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == ("1" if name == "tf32" else "0")
+        assert env.get("NVIDIA_TF32_OVERRIDE") == (None if name == "tf32" else "0")
+        # DeepSpeed's layers are torch's: the config says which, the runtime sets PyTorch's switch from it
+        assert deepspeed_config(plan, 0)["hetauto"]["tf32"] is (name == "tf32")
+    bf16 = simulate(Plan(model, 64, meshes, default.to_dict(), precision="fp16"), default).iteration_time_s
+    assert bf16 < times["tf32"] < times["cuda cores"] / 3       # (fp16 here: the V100 has no bf16)
+    # a version-3 file without `tf32` was priced without TF32, and reads so
+    old = plan_to_dict(Plan(model, 64, meshes, inv, precision="fp32"))
+    old["version"] = 3
+    assert not inventory_from_dict(plan_from_dict(old).inventory).cluster("a").device.tf32
+    old["version"] = 4
+    assert inventory_from_dict(plan_from_dict(old).inventory).cluster("a").device.tf32
 
 
 def test_version_1_plans_read_as_bf16():

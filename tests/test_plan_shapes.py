@@ -18,12 +18,12 @@ def two_pipelines() -> dict:
     along = dict(mesh("b", 2, 1, 2, [4]), alongside=True)
     meshes = [mesh("a", 1, 2, 2, [4]), along, mesh("c", 1, 3, 2, [4]),
               dict(mesh("d", 1, 2, 1, [3, 5]), pipeline=1)]
-    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 16,
+    return {"version": PLAN_VERSION, "model": {"preset": "tiny"}, "global_batch_size": 16,
             "pipelines": [{"samples": 12}, {"samples": 4}], "meshes": meshes}
 
 
 def simple() -> dict:
-    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 8,
+    return {"version": PLAN_VERSION, "model": {"preset": "tiny"}, "global_batch_size": 8,
             "meshes": [mesh("a", 1, 2, 2, [0, 4]), mesh("b", 2, 1, 4, [4])]}
 
 
@@ -79,7 +79,7 @@ def test_simple_plan_unchanged():
     assert plan.layer_holders(4) == [(1, 0)] and plan.embedding_holders() == [(0, 0)]
     assert plan.head_holders() == [(1, 0)] and plan.sample_range(0, 1) == (2, 4)
     d = plan.to_dict()
-    assert d["version"] == PLAN_VERSION == 3
+    assert d["version"] == PLAN_VERSION == 4
     assert "pipelines" not in d and all("pipeline" not in m and "alongside" not in m for m in d["meshes"])
     # a version-2 file reads to the same plan
     v2 = simple()
@@ -275,7 +275,7 @@ INV = "examples/llama/inventory-cpu-dryrun.yaml"
 
 def two_plain_pipelines() -> dict:
     """Two pipelines without alongside meshes (emit summary takes this shape)."""
-    return {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 12,
+    return {"version": PLAN_VERSION, "model": {"preset": "tiny"}, "global_batch_size": 12,
             "pipelines": [{"samples": 8}, {"samples": 4}],
             "meshes": [mesh("a", 1, 2, 2, [4]), mesh("b", 1, 1, 4, [4]), dict(mesh("c", 1, 2, 1, [8]), pipeline=1)]}
 

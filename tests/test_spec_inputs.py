@@ -204,7 +204,7 @@ PLAN_CASES = {
                               ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
     "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
     "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
-    "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 3"], True),
+    "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 4"], True),
     "middle-stage-empty": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[5, 0]")), "meshes[0].stage_layers[1]",
                            ["stage 1 holds no layers"], True),
     "fractional-layers": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[2.5, 2.5]")), "meshes[0].stage_layers[0]",

@@ -61,7 +61,23 @@ def load_inputs(args):
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
         apply_memory_job(cost_model, priced)
+    elif getattr(args, "precision", None) == "fp32":
+        measured_layers_hint(inventory.with_precision("fp32"))
     return model, inventory, cost_model
+
+
+def measured_layers_hint(priced) -> None:
+    """Priced by the analytic model (no --cost-model): say so where measured layer times of an inventory's device
+    type, in the plan's arithmetic, ship with hetauto (Sailor's fp32 runs: hetauto_megatron/data/sailor)."""
+    from ..cost import features as F
+    from ..cost.learned.sailor import SAILOR_DATA, load_sailor, sailor_device_infos
+    infos = sailor_device_infos(load_sailor(SAILOR_DATA))
+    names = sorted({c.device.name for c in priced.clusters if c.device.name in infos
+                    and infos[c.device.name].arithmetic == F.device_arithmetic(c.device)})
+    if names:
+        print(f"cost model: analytic (datasheets) for every device type; measured fp32 layer times of "
+              f"{', '.join(names)} ship with hetauto: 'hetauto fit --sailor -o MODEL', then '--cost-model MODEL', "
+              "prices them from those (docs/cost-model-learned.md)", file=sys.stderr)
 
 
 def apply_memory_job(cost_model, inventory) -> None:

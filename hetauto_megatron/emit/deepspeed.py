@@ -31,6 +31,7 @@ from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..plan.shapes import require_simple, uniform_topology_gaps
 from ..spec.devices import get_device
+from .megatron import fp32_tf32
 
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
 _DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -107,6 +108,10 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
             "stage_layers": plan.stage_layers, "partition": stage_partition(plan.stage_layers),
         },
     }
+    if plan.precision == "fp32":
+        # whether this mesh's fp32 GEMMs run on the TF32 tensor cores, as priced: DeepSpeed's layers are torch's,
+        # so the runtime sets PyTorch's switch from it (runtime/deepspeed_pipeline.py initialize)
+        cfg[OUR_KEY]["tf32"] = bool(fp32_tf32(plan, mesh.cluster))
     if not pipelined:
         del cfg["pipeline"]
     return cfg

@@ -20,6 +20,7 @@ from ..plan.layout import PipelineLayout, megatron_layout
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
+from ..spec.inventory import inventory_from_dict
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
 DEFAULT_CLUSTER_PORT = 29500    # torchrun rendezvous inside one cluster
@@ -187,12 +188,17 @@ def _check_inventory(plan: Plan, file: str | None) -> None:
 def vendor_env(vendor: str, max_tp: int, fp32_tf32: bool | None = None) -> tuple[dict[str, str], list[str]]:
     """(variables the launch sets, commented suggestions) for one device vendor's software stack. `fp32_tf32`:
     for an fp32 plan on NVIDIA devices, whether its GEMMs run on the TF32 tensor cores as priced (the cluster's
-    `tf32` in the inventory); PyTorch's switch is set either way, since NVIDIA's containers turn TF32 on and
-    upstream PyTorch leaves it off."""
+    device type and the inventory's `tf32`). Transformer Engine runs Megatron's fp32 GEMMs on TF32 whatever
+    PyTorch says; PyTorch's own matmuls (the attention scores, the output layer) follow its switch, which NVIDIA's
+    containers turn on and upstream PyTorch leaves off: so the switch is set either way, and where the plan was
+    priced without TF32, NVIDIA_TF32_OVERRIDE=0 turns it off in every NVIDIA library, Transformer Engine's
+    cuBLASLt GEMMs included."""
     env: dict[str, str] = {}
     notes: list[str] = []
     if vendor == "nvidia" and fp32_tf32 is not None:
         env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1" if fp32_tf32 else "0"
+        if not fp32_tf32:
+            env["NVIDIA_TF32_OVERRIDE"] = "0"
     if vendor in ("nvidia", "amd", "ascend") and max_tp > 1:
         # Megatron orders TP communication behind compute on one hardware queue; it asserts this is 1.
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
@@ -215,17 +221,17 @@ def vendor_env(vendor: str, max_tp: int, fp32_tf32: bool | None = None) -> tuple
 def launch_env(plan: Plan, la: "Launch") -> tuple[dict[str, str], list[str]]:
     """vendor_env for one launch: its vendor, the largest TP among its meshes, the cluster's TF32 switch."""
     max_tp = max(plan.meshes[k].tp for k in la.mesh_indices)
-    return vendor_env(la.vendor, max_tp, _fp32_tf32(plan, la.cluster))
+    return vendor_env(la.vendor, max_tp, fp32_tf32(plan, la.cluster))
 
 
-def _fp32_tf32(plan: Plan, cluster: str) -> bool | None:
-    """For an fp32 plan: whether the cluster runs its GEMMs on TF32 (the inventory's `tf32`); None otherwise."""
+def fp32_tf32(plan: Plan, cluster: str) -> bool | None:
+    """For an fp32 plan: whether the cluster runs its GEMMs on TF32, as the plan was priced (its inventory's
+    device, `tf32: false` turning it off; without an inventory, the device type's default); None otherwise."""
     if plan.precision != "fp32":
         return None
-    for c in (plan.inventory or {}).get("clusters", []):
-        if c.get("name") == cluster:
-            return bool(c.get("tf32", False))
-    return False
+    if plan.inventory is not None:
+        return inventory_from_dict(plan.inventory).cluster(cluster).device.tf32
+    return get_device(next(m.device_type for m in plan.meshes if m.cluster == cluster)).tf32
 
 
 # ---- scripts -----------------------------------------------------------------------------------------------

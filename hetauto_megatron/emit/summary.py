@@ -15,6 +15,7 @@ from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..spec.devices import get_device
+from .megatron import fp32_tf32
 
 
 def _capacity_gib(plan: Plan, mesh_index: int) -> float:
@@ -53,7 +54,8 @@ def _settings_text(plan: Plan) -> str:
                           f"gradients in {_grad_dtype(plan, i)}"]
                          + ([f"dropout hidden {st.hidden_dropout:g}, attention {st.attention_dropout:g}"]
                             if st.hidden_dropout or st.attention_dropout else [])
-                         + (["unfused attention"] if _unfused_attention(plan, i, st) else []))
+                         + (["unfused attention"] if _unfused_attention(plan, i, st) else [])
+                         + _tf32_words(plan, i))
         groups.setdefault(text, []).append(str(i))
     if len(groups) == 1:
         return next(iter(groups))
@@ -66,6 +68,14 @@ def _unfused_attention(plan: Plan, i: int, st) -> bool:
     price (the s x s scores). CPU processes run Megatron's local spec, unfused at any precision, not flagged."""
     dev = get_device(plan.meshes[i].device_type)
     return dev.vendor != "cpu" and not st.fused_attention(dev.at_precision(plan.precision))
+
+
+def _tf32_words(plan: Plan, i: int) -> list[str]:
+    """An fp32 plan's NVIDIA mesh: whether its GEMMs run on the TF32 tensor cores, as priced and launched."""
+    mesh = plan.meshes[i]
+    if plan.precision != "fp32" or get_device(mesh.device_type).vendor != "nvidia":
+        return []
+    return ["TF32 GEMMs" if fp32_tf32(plan, mesh.cluster) else "no TF32"]
 
 
 def _num(value, fmt: str) -> str:

@@ -1,6 +1,6 @@
 """Plan: the meshes of one or more pipelines in order, the job-wide settings, and the rules across meshes.
 
-A plan is one or more pipelines joined by data parallelism (format version 3; plan/shapes.py has the shapes).
+A plan is one or more pipelines joined by data parallelism (since format version 3; plan/shapes.py has the shapes).
 What follows describes one pipeline. The pipeline, in order, is cut into meshes (plan/mesh.py: one cluster's share
 of the pipeline, a Megatron grid with a rank offset).
 

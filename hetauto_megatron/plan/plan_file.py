@@ -21,10 +21,13 @@ from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION
 if TYPE_CHECKING:
     from .plan import Plan
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 # Version 1 has no per-mesh `settings` (the defaults apply) and no `precision` (bf16, what it was made for).
 # Version 3 adds several pipelines (`pipelines`, `meshes[*].pipeline`) and mixed replicas (`meshes[*].alongside`).
-READABLE_VERSIONS = (1, 2, 3)
+# Version 4: an inventory cluster of a device with TF32 tensor cores runs fp32 GEMMs on them unless it says
+# `tf32: false` (before: only where it said `tf32: true`); older files are read with their clusters' missing
+# `tf32` as false, what they were priced with (_inventory_as_written).
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 # ---- writing ----------------------------------------------------------------------------------------------
@@ -132,6 +135,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                              fix="compare it with docs/plan-format.md") from None
     if data.get("estimate") is not None:     # informational, but every reader takes it for a mapping
         require_mapping(data["estimate"], "the plan's estimate", file)
+    if data.get("inventory") is not None and version < 4:
+        data = {**data, "inventory": _inventory_as_written(data["inventory"])}
     if data.get("inventory") is not None:
         # the stored inventory is what emit reads node sizes and memory from: a broken one is named here, not as a
         # plan that "does not list" its own clusters
@@ -145,6 +150,21 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                     precision=precision, pipeline_samples=tuple(pipeline_samples), engine=engine)
     except InputError as exc:
         raise exc.within(file=file) from None
+
+
+def _inventory_as_written(inventory):
+    """A version 1-3 plan's stored inventory with the meaning it had then: a cluster without `tf32` ran its fp32
+    GEMMs without TF32 (version 4 makes TF32 the default of devices that have it)."""
+    from ..spec.devices import canonical_device_name, CATALOG
+    if not isinstance(inventory, dict) or not isinstance(inventory.get("clusters"), list):
+        return inventory        # malformed: inventory_from_dict names it
+    clusters = []
+    for c in inventory["clusters"]:
+        name = canonical_device_name(c.get("device", "")) if isinstance(c, dict) else None
+        if name is not None and "tf32" not in c and CATALOG[name].peak_tflops_at("tf32") is not None:
+            c = {**c, "tf32": False}
+        clusters.append(c)
+    return {**inventory, "clusters": clusters}
 
 
 def load_plan(path: str) -> Plan:

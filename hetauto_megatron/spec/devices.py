@@ -7,9 +7,13 @@ the default intra-node link (NVLink, Infinity Fabric, HCCS or PCIe) as per-devic
 Training precision is a property of the job (`hetauto plan --precision`, `Plan.precision`), not of the
 inventory: `DeviceType.at_precision(p)` gives the device as that job sees it, with
     peak_tflops   the dense peak at p: bf16/fp16 on the tensor cores, fp8 (Transformer Engine) only on devices
-                  that have it (Hopper, Ada, MI300X), fp32 without tensor cores (PyTorch leaves TF32 off),
-                  or on the TF32 tensor cores where the cluster's PyTorch enables TF32 (`tf32: true` in the
-                  inventory: NVIDIA's PyTorch containers do by default, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)
+                  that have it (Hopper, Ada, MI300X), fp32 on the TF32 tensor cores where the device has them
+                  (NVIDIA Ampere and newer), else without tensor cores. TF32 is what an fp32 job runs there:
+                  Transformer Engine computes every fp32 GEMM of Megatron's layers with
+                  CUBLAS_COMPUTE_32F_FAST_TF32 whatever PyTorch's switch says (transformer_engine/common/gemm/
+                  cublaslt_gemm.cu, "Use TF32 only for pure FP32 GEMM"), and the launch turns PyTorch's switch on
+                  for the rest (emit/megatron.py vendor_env). An inventory's `tf32: false` turns it off: priced
+                  at the CUDA cores' FP32, launched with NVIDIA_TF32_OVERRIDE=0, which every NVIDIA library obeys
     dtype_bytes   the element size of parameters, activations and pipeline sends: 2 for bf16, fp16 and fp8
                   (fp8 trains on bf16 parameters), 4 for fp32
     precision     p
@@ -46,7 +50,8 @@ class DeviceType:
     precision: str = ""        # the job's training precision once placed (at_precision); "" = catalog entry
     peaks: tuple = ()          # datasheet (precision, dense TFLOP/s) pairs; a precision absent is unsupported
     reference_tflops: float = 0.0   # the 16-bit peak the inventory may override; 0 = peak_tflops
-    tf32: bool = False         # fp32 GEMMs run on the TF32 tensor cores (the cluster's PyTorch allows it)
+    tf32: bool = False         # fp32 GEMMs run on the TF32 tensor cores: the catalog sets it where the device
+                               # has them (Transformer Engine's fp32 GEMMs use them), an inventory's `tf32: false` not
     fused_attention: bool = True   # Transformer Engine's fused attention (flash, cuDNN) runs on it in 16 bits: not
                                # below NVIDIA sm80 (TransformerEngine get_attention_backend, "Filter: Compute
                                # capability"), so a V100 runs its unfused attention (plan/settings.py ENGINES)
@@ -113,7 +118,8 @@ def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None
        fused_attention=True):
     """tflops: the 16-bit dense tensor peak (bf16 and fp16 alike unless bf16=False); fp32: without tensor cores;
     fp8: dense fp8 peak where the device has fp8 (None: it has not); tf32: the dense TF32 tensor peak an fp32 job
-    reaches with TF32 enabled (not a training precision of its own)."""
+    reaches on its tensor cores (not a training precision of its own; such a device runs fp32 on TF32 unless the
+    inventory says `tf32: false`)."""
     peaks = {"fp16": tflops}
     if bf16:
         peaks["bf16"] = tflops
@@ -124,10 +130,11 @@ def _d(name, vendor, mem, tflops, hbm, link_gbytes, desc, *, fp32=None, fp8=None
     if tf32:
         peaks["tf32"] = tf32
     return DeviceType(name, vendor, float(mem), float(tflops), float(hbm), float(link_gbytes) * 8, desc,
-                      peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())), fused_attention=fused_attention)
+                      peaks=tuple(sorted((k, float(v)) for k, v in peaks.items())), tf32=bool(tf32),
+                      fused_attention=fused_attention)
 
 
-# fp32 peaks are the datasheets' non-tensor FP32 (PyTorch leaves TF32 off unless told); the Ascend 910B publishes none.
+# fp32 peaks are the datasheets' non-tensor FP32 (an fp32 job's rate without TF32); the Ascend 910B publishes none.
 # tf32: the datasheets' dense TF32 tensor peak (half the sparse figure), NVIDIA Ampere and newer.
 CATALOG: dict[str, DeviceType] = {d.name: d for d in [
     _d("a100-40gb", "nvidia", 40, 312, 1555, 300, "NVIDIA A100 SXM4 40GB, NVLink3", fp32=19.5, tf32=156),

@@ -124,7 +124,8 @@ class Inventory:
                 "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6,
                                **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
-                **({"tf32": True} if c.device.tf32 else {}),
+                # written wherever the device has TF32, so a plan file says which arithmetic its fp32 GEMMs ran in
+                **({"tf32": c.device.tf32} if c.device.peak_tflops_at("tf32") is not None else {}),
                 **({"overheads": c.overhead.to_dict()} if c.overhead is not None else {}),
             } for c in self.clusters],
             "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3,
@@ -175,12 +176,13 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
             v = get(raw, key, float, default=None, file=file, prefix=p)
             overrides[key] = positive(v, p + key, file) if v is not None else None
         dev = dev.with_overrides(**overrides)
-        tf32 = get(raw, "tf32", bool, default=False, file=file, prefix=p)
+        # fp32 GEMMs on the TF32 tensor cores: the device's default (spec/devices.py), `false` to turn them off
+        tf32 = get(raw, "tf32", bool, default=None, file=file, prefix=p)
         if tf32 and dev.peak_tflops_at("tf32") is None:
             raise InputError(f"device type {dev.name} has no TF32 tensor cores", file=file, field=p + "tf32",
                              fix="leave tf32 out (its fp32 GEMMs run without tensor cores)")
-        if tf32:
-            dev = dataclasses.replace(dev, tf32=True)
+        if tf32 is not None:
+            dev = dataclasses.replace(dev, tf32=tf32 and dev.peak_tflops_at("tf32") is not None)
         nodes = get(raw, "nodes", int, file=file, prefix=p)
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:

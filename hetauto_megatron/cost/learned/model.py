@@ -255,7 +255,7 @@ class LearnedCostModel:
         if info.arithmetic != want:
             return None, (f"the learned model measured {name} in {_ARITHMETIC_WORDS[info.arithmetic]}, the plan trains "
                           f"in {_ARITHMETIC_WORDS[want]}: no rate is borrowed from another precision"
-                          + ("; an fp32 plan runs on TF32 where the inventory says 'tf32: true' for the cluster"
+                          + ("; an fp32 plan runs on TF32 unless the inventory says 'tf32: false' for the cluster"
                              if info.arithmetic == "tf32" and device.precision == "fp32"
                              and device.peak_tflops_at("tf32") is not None else ""))
         if device.precision == "fp8":   # same element size as bf16, another GEMM rate: measured never in fp8
