@@ -46,7 +46,7 @@ from hetauto_megatron.cost.memory import GIB  # noqa: E402
 from hetauto_megatron.cost.sailor_job import SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 
-# The scenarios train as Sailor's jobs did (cost/sailor_job.py): fp32, on TF32 where the inventory says `tf32: true`.
+# The scenarios train as Sailor's jobs did (cost/sailor_job.py): fp32, the A100s' GEMMs on TF32 (their default).
 MODELS = {"OPT-350": "examples/peers/models/opt-350m.yaml", "GPT-Neo-2.7": "examples/peers/models/gpt-neo-2.7b.yaml"}
 NETWORKS = {"same-zone": ("us-central1-a", "us-central1-a"), "cross-region": ("us-central1-a", "us-west1-b")}
 GPU = {"a100-40gb": "A100-40", "v100-16gb": "V100-16"}

@@ -427,7 +427,7 @@ def test_a_typed_dropout_the_plan_does_not_run_is_refused_also_megatrons_default
     assert type(args.hidden_dropout) is float and type(args.attention_dropout) is float
 
 
-def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch):
+def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch, capsys):
     """An fp32 plan's process started by any launcher runs its GEMMs as the plan priced them: PyTorch's matmuls on
     TF32 where the cluster's device has it (the default), off with NVIDIA_TF32_OVERRIDE=0 where the inventory says
     `tf32: false` (Transformer Engine's cuBLASLt GEMMs obey only that); a 16-bit plan is left alone."""
@@ -447,9 +447,17 @@ def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch):
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
         _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "b")
         assert not torch.backends.cuda.matmul.allow_tf32 and os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
+        # an inherited override that turns off what the plan priced is named, not silently run 8x slower
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a")
+        assert "NVIDIA_TF32_OVERRIDE=0" in capsys.readouterr().err
         monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
         torch.backends.cuda.matmul.allow_tf32 = True
         _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="bf16"), "b")
+        assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
+        # AMD devices: not NVIDIA's switches
+        amd = {"clusters": [{"name": "m", "device": "mi300x", "nodes": 1, "devices_per_node": 8}], "links": []}
+        _set_fp32_arithmetic(Plan(model, 64, (Mesh("m", "mi300x", 1, 8, 1, "none", (32,)),), amd,
+                                  precision="fp32"), "m")
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before

@@ -102,11 +102,19 @@ def test_tf32_cluster_key(tmp_path):
     # the datasheets' dense TF32 tensor peak for the A100, the CUDA cores' FP32 for the V100 (no TF32)
     assert fp32.cluster("a100").device.peak_tflops == 156.0 and fp32.cluster("v100").device.peak_tflops == 15.7
     assert inv.with_precision("fp16").cluster("a100").device.peak_tflops == 312.0
-    assert inventory_from_dict(inv.to_dict()).cluster("a100").device.tf32      # plan files keep it
-    bad = {"clusters": [{"name": "v", "device": "v100-16gb", "nodes": 1, "devices_per_node": 4, "tf32": True}]}
-    with pytest.raises(InputError) as exc:
-        inventory_from_dict(bad, file="inv.yaml")
-    assert exc.value.field == "clusters[0].tf32" and "TF32" in str(exc.value)
+    # plan files keep it, `false` included (the default is true), and write it only for devices that have TF32
+    off = inv.to_dict()
+    off["clusters"][0]["tf32"] = False
+    again = inventory_from_dict(inventory_from_dict(off).to_dict())
+    assert not again.cluster("a100").device.tf32 and again.to_dict()["clusters"][0]["tf32"] is False
+    assert "tf32" not in again.to_dict()["clusters"][1]
+    for device in ("v100-16gb", "cpu"):      # no TF32 tensor cores (a CPU process has none either)
+        bad = {"clusters": [{"name": "v", "device": device, "nodes": 1, "devices_per_node": 4, "tf32": True}]}
+        with pytest.raises(InputError) as exc:
+            inventory_from_dict(bad, file="inv.yaml")
+        assert exc.value.field == "clusters[0].tf32" and "TF32" in str(exc.value)
+        assert "tf32" not in inventory_from_dict({**bad, "clusters": [{**bad["clusters"][0], "tf32": False}]}
+                                                 ).to_dict()["clusters"][0]
 
 
 def test_analytic_fp32_plans_name_the_packaged_measurements(capsys):

@@ -10,7 +10,7 @@ import yaml
 from helpers import ROOT, run_hetauto
 
 from hetauto_megatron.cost.memory import layer_activation_bytes
-from hetauto_megatron.plan.plan import Mesh, Plan, plan_from_dict
+from hetauto_megatron.plan.plan import Mesh, Plan, load_plan, plan_from_dict
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import ModelSpec, PRESETS
@@ -154,8 +154,15 @@ def test_fp32_runs_on_tf32_unless_the_inventory_says_not(tmp_path):
     old = plan_to_dict(Plan(model, 64, meshes, inv, precision="fp32"))
     old["version"] = 3
     assert not inventory_from_dict(plan_from_dict(old).inventory).cluster("a").device.tf32
+    saved = tmp_path / "resaved.yaml"
+    plan_from_dict(old).save(str(saved))          # written as version 4, `tf32: false` spelled out
+    assert not inventory_from_dict(load_plan(str(saved)).inventory).cluster("a").device.tf32
     old["version"] = 4
     assert inventory_from_dict(plan_from_dict(old).inventory).cluster("a").device.tf32
+    # without a stored inventory: a version-3 plan launched without TF32, a version-4 one with its devices' default
+    from hetauto_megatron.emit.megatron import fp32_tf32
+    bare = {k: v for k, v in old.items() if k != "inventory"}
+    assert fp32_tf32(plan_from_dict(bare), "a") and not fp32_tf32(plan_from_dict({**bare, "version": 3}), "a")
 
 
 def test_version_1_plans_read_as_bf16():

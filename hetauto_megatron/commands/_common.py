@@ -26,8 +26,10 @@ def add_precision_arg(parser, default: str | None) -> None:
     from ..spec.devices import PRECISIONS
     parser.add_argument("--precision", choices=PRECISIONS, default=default,
                         help="training precision of the job: bf16 (default), fp16, fp8 (Transformer Engine, on "
-                             "devices that have it) or fp32; sets each device's peak and every tensor's element "
-                             "size, is stored in the plan and emitted as Megatron's flags (cpu dry runs: fp32)"
+                             "devices that have it) or fp32 (its GEMMs on the TF32 tensor cores where the device "
+                             "has them, as Transformer Engine runs them, unless the inventory's cluster says tf32: "
+                             "false); sets each device's peak and every tensor's element size, is stored in the plan "
+                             "and emitted as Megatron's flags (cpu dry runs: fp32)"
                              + ("" if default else "; default: the plan's, else bf16"))
 
 

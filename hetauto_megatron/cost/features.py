@@ -62,9 +62,10 @@ def backward_gemm_weight(device: str, arithmetic: str, fitted: float) -> float:
 
 def device_arithmetic(device) -> str:
     """The arithmetic a plan's device (spec/devices.py DeviceType, placed at the job's precision) trains in:
-    an fp32 job on a cluster whose PyTorch runs fp32 GEMMs on TF32 (`tf32: true`) is a TF32 job."""
+    an fp32 job on a device with TF32 tensor cores is a TF32 job (its GEMMs run on them, as Transformer Engine runs
+    fp32 GEMMs) unless its cluster says `tf32: false`."""
     tf32 = (device.dtype_bytes == 4 and device.precision == "fp32" and getattr(device, "tf32", False)
-            and device.peak_tflops_at("tf32") is not None)
+            and device.has_tf32)
     return arithmetic_of(device.dtype_bytes, tf32)
 
 # Backward costs relative to forward, for the prior only (the trees learn the real ratio):

@@ -226,12 +226,13 @@ def launch_env(plan: Plan, la: "Launch") -> tuple[dict[str, str], list[str]]:
 
 def fp32_tf32(plan: Plan, cluster: str) -> bool | None:
     """For an fp32 plan: whether the cluster runs its GEMMs on TF32, as the plan was priced (its inventory's
-    device, `tf32: false` turning it off; without an inventory, the device type's default); None otherwise."""
+    device, `tf32: false` turning it off; without an inventory, the device type's default, which a version 1-3
+    plan did not have: no TF32 there); None otherwise."""
     if plan.precision != "fp32":
         return None
-    if plan.inventory is not None:
+    if plan.inventory:
         return inventory_from_dict(plan.inventory).cluster(cluster).device.tf32
-    return get_device(next(m.device_type for m in plan.meshes if m.cluster == cluster)).tf32
+    return plan.version >= 4 and get_device(next(m.device_type for m in plan.meshes if m.cluster == cluster)).tf32
 
 
 # ---- scripts -----------------------------------------------------------------------------------------------

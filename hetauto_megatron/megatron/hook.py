@@ -177,15 +177,21 @@ def _set_fp32_arithmetic(plan: Plan, cluster: str) -> None:
     """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/megatron.py
     vendor_env), also for a process started without that script: PyTorch's own matmuls on TF32 or not, and where
     the plan was priced without TF32, NVIDIA_TF32_OVERRIDE=0 for the cuBLAS handles not yet created (Transformer
-    Engine's GEMMs use TF32 otherwise). Before any layer is built, so before any GEMM."""
+    Engine's GEMMs use TF32 otherwise). Before any layer is built, so before any GEMM. NVIDIA devices only."""
     from ..emit.megatron import fp32_tf32
+    from ..spec.devices import get_device
     tf32 = fp32_tf32(plan, cluster)
-    if tf32 is None:
+    if tf32 is None or get_device(next(m.device_type for m in plan.meshes if m.cluster == cluster)).vendor != "nvidia":
         return
     import torch
     torch.backends.cuda.matmul.allow_tf32 = tf32
     if not tf32:
         os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+    elif os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        # the user's environment turns off what the plan priced: say so rather than run several times slower
+        print(f"[hetauto] warning: NVIDIA_TF32_OVERRIDE=0 in the environment turns off the TF32 GEMMs the plan "
+              f"priced for cluster {cluster} (fp32 on TF32); unset it, or give the cluster tf32: false in the "
+              "inventory and plan again", file=sys.stderr)
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,

@@ -161,7 +161,7 @@ def _inventory_as_written(inventory):
     clusters = []
     for c in inventory["clusters"]:
         name = canonical_device_name(c.get("device", "")) if isinstance(c, dict) else None
-        if name is not None and "tf32" not in c and CATALOG[name].peak_tflops_at("tf32") is not None:
+        if name is not None and "tf32" not in c and CATALOG[name].has_tf32:
             c = {**c, "tf32": False}
         clusters.append(c)
     return {**inventory, "clusters": clusters}

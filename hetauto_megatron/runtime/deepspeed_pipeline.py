@@ -270,6 +270,8 @@ def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed
     module = pipeline_module(model, ds_config, base_seed=base_seed)
     if "tf32" in ds_config["hetauto"]:     # an fp32 plan: its GEMMs on TF32 or not, as the plan priced them
         torch.backends.cuda.matmul.allow_tf32 = bool(ds_config["hetauto"]["tf32"])
+        if not ds_config["hetauto"]["tf32"]:    # also where a container forces PyTorch's TF32 on (cuBLAS obeys this)
+            os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
     params = [p for p in module.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=torch.optim.Adam(params, lr=lr),
                                            model_parameters=params, config=ds_config)

@@ -34,7 +34,7 @@ def emulation_scale(plan, run_plan) -> float:
 
     real_inv = inventory_from_dict(plan.inventory)
     cpu = dict(plan.inventory)
-    cpu["clusters"] = [{k: v for k, v in c.items() if k not in ("memory_gib", "peak_tflops", "hbm_gbps")}
+    cpu["clusters"] = [{k: v for k, v in c.items() if k not in ("memory_gib", "peak_tflops", "hbm_gbps", "tf32")}
                        | {"device": "cpu"} for c in plan.inventory["clusters"]]
     cpu_plan = dataclasses.replace(run_plan, meshes=tuple(dataclasses.replace(m, device_type="cpu")
                                                           for m in run_plan.meshes), inventory=cpu)

@@ -85,6 +85,11 @@ class DeviceType:
                 dev = dataclasses.replace(dev, precision="").at_precision(self.precision)
         return dev
 
+    @property
+    def has_tf32(self) -> bool:
+        """Whether the device has TF32 tensor cores (a datasheet TF32 peak; never a CPU process)."""
+        return self.vendor != "cpu" and "tf32" in dict(self.peaks)
+
     def peak_tflops_at(self, precision: str) -> float | None:
         """Dense peak at a training precision, scaled like an inventory override; None if the device lacks it."""
         if self.vendor == "cpu":
@@ -101,7 +106,7 @@ class DeviceType:
             raise InputError(f"unknown training precision {precision!r}", file=file, field=field or "--precision",
                              fix=f"use one of: {', '.join(PRECISIONS)}")
         peak = self.peak_tflops_at(precision)
-        if precision == "fp32" and self.tf32 and self.peak_tflops_at("tf32") is not None:
+        if precision == "fp32" and self.tf32 and self.has_tf32:
             peak = self.peak_tflops_at("tf32")   # fp32 storage, GEMMs on the TF32 tensor cores
         if peak is None:
             have = [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]

@@ -125,7 +125,7 @@ class Inventory:
                                **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
                 # written wherever the device has TF32, so a plan file says which arithmetic its fp32 GEMMs ran in
-                **({"tf32": c.device.tf32} if c.device.peak_tflops_at("tf32") is not None else {}),
+                **({"tf32": c.device.tf32} if c.device.has_tf32 else {}),
                 **({"overheads": c.overhead.to_dict()} if c.overhead is not None else {}),
             } for c in self.clusters],
             "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3,
@@ -178,11 +178,11 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         dev = dev.with_overrides(**overrides)
         # fp32 GEMMs on the TF32 tensor cores: the device's default (spec/devices.py), `false` to turn them off
         tf32 = get(raw, "tf32", bool, default=None, file=file, prefix=p)
-        if tf32 and dev.peak_tflops_at("tf32") is None:
+        if tf32 and not dev.has_tf32:
             raise InputError(f"device type {dev.name} has no TF32 tensor cores", file=file, field=p + "tf32",
                              fix="leave tf32 out (its fp32 GEMMs run without tensor cores)")
         if tf32 is not None:
-            dev = dataclasses.replace(dev, tf32=tf32 and dev.peak_tflops_at("tf32") is not None)
+            dev = dataclasses.replace(dev, tf32=tf32 and dev.has_tf32)
         nodes = get(raw, "nodes", int, file=file, prefix=p)
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:
