@@ -163,3 +163,25 @@ def test_layer_impl_misuse_exits_2(tmp_path, capsys, argv, needle):
     assert main(["profile", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_an_fp32_profile_says_whether_its_gemms_ran_on_tf32(tiny_cpu_model, tmp_path, tf32):
+    """`hetauto profile --dtype float32` on a device with TF32 tensor cores times its GEMMs on them, as an fp32 job
+    runs them, and its header says `tf32`: the fitted model then prices fp32 plans of that arithmetic only (the
+    default, or a `tf32: false` cluster). The rows here are this CPU's, relabelled: the test checks the labels."""
+    import dataclasses
+
+    from hetauto_megatron.spec.devices import get_device
+    src, _ = tiny_cpu_model
+    lines = open(src).read().splitlines()
+    header = {**json.loads(lines[0]), "device_type": "a100-80gb", "vendor": "nvidia", "dtype": "float32",
+              "dtype_bytes": 4, "peak_tflops": 156.0 if tf32 else 19.5, "hbm_gbps": 2039.0, "tf32": tf32}
+    prof = tmp_path / "profile-a100-80gb.jsonl"
+    prof.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    assert main(["fit", str(prof), "-o", str(tmp_path / "m"), "--holdout", "0"]) == 0
+    model = L.LearnedCostModel(str(tmp_path / "m"))
+    a100 = get_device("a100-80gb")
+    default, off = a100.at_precision("fp32"), dataclasses.replace(a100, tf32=False).at_precision("fp32")
+    assert (model.coverage(default)[0] is not None) == tf32
+    assert (model.coverage(off)[0] is not None) == (not tf32)

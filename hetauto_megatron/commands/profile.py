@@ -49,7 +49,9 @@ def add_arguments(p):
                                                 "full-gpu; layers: layers-tiny, layers-cpu, layers-gpu); default: "
                                                 "picked from the device type, --quick and --layers")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on "
-                                                 "accelerators, float32 on cpu)")
+                                                 "accelerators, float32 on cpu). float32 on a device with TF32 "
+                                                 "tensor cores times the GEMMs on them, as an fp32 job runs them, "
+                                                 "and the file's header says tf32: true")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU intra-op threads (default 1 on cpu)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the grid's random shapes and of the input tensors (default 0)")

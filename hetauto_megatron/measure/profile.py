@@ -261,6 +261,11 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     torch_device = torch_device or device.torch_device
     import torch
     _check_device(torch, torch_device, device)
+    # float32 on a device with TF32 tensor cores: its GEMMs on them, as an fp32 job runs them (Transformer Engine's
+    # fp32 GEMMs; spec/devices.py), and the header says so (the learned model keys its rows by that arithmetic)
+    tf32 = dtype == "float32" and device.vendor == "nvidia" and device.has_tf32 and device.tf32
+    if dtype == "float32" and torch_device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     if threads is None and torch_device == "cpu":
         # One intra-op thread: each CPU rank of a dry run computes alone, and with several threads a single
         # descheduled thread (a shared machine) stalls the whole GEMM for a scheduler slice (~16 ms).
@@ -269,14 +274,16 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
         torch.set_num_threads(threads)
     done: set[str] = set()
     runner = Runner(torch, torch_device, getattr(torch, dtype))
-    header = {**_header(device, torch_device, dtype, grid, torch), "timing": runner.timing}
+    header = {**_header(device, torch_device, dtype, grid, torch), "timing": runner.timing, "tf32": tf32}
+    if dtype == "float32" and device.vendor != "cpu" and device.peak_tflops_at("fp32") is not None:
+        header["peak_tflops"] = device.at_precision("fp32").peak_tflops     # not the 16-bit peak: what fp32 runs at
     if grid in LAYER_GRIDS:
         header["layer_impl"] = layer_impl
     if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
         old, rows = read_profile(out_path)
         # files written before a field existed hold its first meaning
-        defaults = {"granularity": "op", "layer_impl": "torch"}
-        for key in ("granularity", "device_type", "dtype", "torch_device") + (
+        defaults = {"granularity": "op", "layer_impl": "torch", "tf32": False}
+        for key in ("granularity", "device_type", "dtype", "torch_device", "tf32") + (
                 ("layer_impl",) if grid in LAYER_GRIDS else ()):
             if old.get(key, defaults.get(key)) != header[key]:
                 raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",

@@ -393,9 +393,9 @@ def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
         if dev in layers:
             raise InputError(f"device type {dev} has two layer files", file=p, field="device_type",
                              fix="merge them into one file (profiling resumes into an existing file) or pass one")
-        if int(header.get("dtype_bytes", 0)) != devices[dev].dtype_bytes:
-            raise InputError(f"layers were timed with {header.get('dtype')}, the operators with "
-                             f"{devices[dev].dtype_bytes}-byte elements", file=p, field="dtype",
+        if F.arithmetic_of(int(header.get("dtype_bytes", 0)), bool(header.get("tf32", False))) != devices[dev].arithmetic:
+            raise InputError(f"layers were timed with {header.get('dtype')}{' on TF32' if header.get('tf32') else ''}, "
+                             f"the operators in {devices[dev].arithmetic}", file=p, field="dtype",
                              fix="profile layers and operators with the same --dtype")
         layers[dev] = rows
     return layers

@@ -101,6 +101,7 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
                                                   "profile, or to 'hetauto validate-cost-model --profile'")
     try:
         dev, db = str(header["device_type"]), int(header["dtype_bytes"])
+        arithmetic = F.arithmetic_of(db, bool(header.get("tf32", False)))     # fp32 rows on TF32 (measure/profile.py)
         peak, bw = float(header["peak_tflops"]), float(header["hbm_gbps"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"header lacks or garbles {exc}", file=path, field="header",
@@ -119,8 +120,9 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
             if t <= 0:
                 continue
             feats, prior = F.op_row(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
-            samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}"))
-    info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path), F.arithmetic_of(db))
+            samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}",
+                                  arithmetic=arithmetic))
+    info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path), arithmetic)
     return info, samples
 
 
