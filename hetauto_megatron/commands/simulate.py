@@ -6,7 +6,7 @@ import json
 import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
-                      check_timeline_paths, load_inputs, write_timelines)
+                      check_timeline_paths, load_inputs, measured_layers_hint, write_timelines)
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator (--engine deepspeed:
@@ -150,6 +150,8 @@ def run(args) -> int:
     try:
         # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
         apply_memory_job(cost_model, inventory.with_precision(plan.precision))
+        if plan.precision == "fp32" and not args.precision and not hasattr(cost_model, "describe"):
+            measured_layers_hint(inventory.with_precision("fp32"))     # an fp32 plan file, the analytic model
         if args.engine != "megatron" and not plan.is_simple:
             raise InputError("DeepSpeed's pipeline engine runs one pipeline of single meshes; this plan has several "
                              "pipelines or meshes side by side", field="--engine",
