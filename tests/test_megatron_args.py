@@ -443,21 +443,21 @@ def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch, capsys):
     before = torch.backends.cuda.matmul.allow_tf32
     monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
     try:
-        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a")
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a", "a100-80gb")
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
-        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "b")
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "b", "a100-80gb")
         assert not torch.backends.cuda.matmul.allow_tf32 and os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
         # an inherited override that turns off what the plan priced is named, not silently run 8x slower
-        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a")
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="fp32"), "a", "a100-80gb")
         assert "NVIDIA_TF32_OVERRIDE=0" in capsys.readouterr().err
         monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
         torch.backends.cuda.matmul.allow_tf32 = True
-        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="bf16"), "b")
+        _set_fp32_arithmetic(Plan(model, 64, meshes, inv, precision="bf16"), "b", "a100-80gb")
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
         # AMD devices: not NVIDIA's switches
         amd = {"clusters": [{"name": "m", "device": "mi300x", "nodes": 1, "devices_per_node": 8}], "links": []}
         _set_fp32_arithmetic(Plan(model, 64, (Mesh("m", "mi300x", 1, 8, 1, "none", (32,)),), amd,
-                                  precision="fp32"), "m")
+                                  precision="fp32"), "m", "mi300x")
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before

@@ -265,7 +265,8 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     # fp32 GEMMs; spec/devices.py), and the header says so (the learned model keys its rows by that arithmetic)
     tf32 = dtype == "float32" and device.vendor == "nvidia" and device.has_tf32 and device.tf32
     if dtype == "float32" and torch_device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        from ..runtime.device import set_fp32_gemms
+        set_fp32_gemms(tf32)
     if threads is None and torch_device == "cpu":
         # One intra-op thread: each CPU rank of a dry run computes alone, and with several threads a single
         # descheduled thread (a shared machine) stalls the whole GEMM for a scheduler slice (~16 ms).

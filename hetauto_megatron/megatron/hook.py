@@ -167,31 +167,29 @@ def _prepare_hetauto(args) -> _State:
     else:
         from ..runtime.device import check_local_device
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
-        _set_fp32_arithmetic(plan, placement.cluster)
+        _set_fp32_arithmetic(plan, placement.cluster, device_type)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
 
 
-def _set_fp32_arithmetic(plan: Plan, cluster: str) -> None:
+def _set_fp32_arithmetic(plan: Plan, cluster: str, device_type: str) -> None:
     """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/megatron.py
     vendor_env), also for a process started without that script: PyTorch's own matmuls on TF32 or not, and where
     the plan was priced without TF32, NVIDIA_TF32_OVERRIDE=0 for the cuBLAS handles not yet created (Transformer
     Engine's GEMMs use TF32 otherwise). Before any layer is built, so before any GEMM. NVIDIA devices only."""
     from ..emit.megatron import fp32_tf32
+    from ..runtime.device import set_fp32_gemms
     from ..spec.devices import get_device
     tf32 = fp32_tf32(plan, cluster)
-    if tf32 is None or get_device(next(m.device_type for m in plan.meshes if m.cluster == cluster)).vendor != "nvidia":
+    if tf32 is None or get_device(device_type).vendor != "nvidia":
         return
-    import torch
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    if not tf32:
-        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
-    elif os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+    if tf32 and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
         # the user's environment turns off what the plan priced: say so rather than run several times slower
         print(f"[hetauto] warning: NVIDIA_TF32_OVERRIDE=0 in the environment turns off the TF32 GEMMs the plan "
               f"priced for cluster {cluster} (fp32 on TF32); unset it, or give the cluster tf32: false in the "
               "inventory and plan again", file=sys.stderr)
+    set_fp32_gemms(tf32)
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,

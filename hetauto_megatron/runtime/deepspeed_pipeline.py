@@ -30,6 +30,7 @@ from torch import nn
 from ..cost.memory import LayerImpl
 from ..errors import InputError
 from ..spec.model import ModelSpec
+from .device import set_fp32_gemms
 
 BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
 # How these layers keep activations, for the memory model (tests/test_memory_deepspeed.py): torch's
@@ -269,9 +270,7 @@ def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed
     deepspeed = import_deepspeed()
     module = pipeline_module(model, ds_config, base_seed=base_seed)
     if "tf32" in ds_config["hetauto"]:     # an fp32 plan: its GEMMs on TF32 or not, as the plan priced them
-        torch.backends.cuda.matmul.allow_tf32 = bool(ds_config["hetauto"]["tf32"])
-        if not ds_config["hetauto"]["tf32"]:    # also where a container forces PyTorch's TF32 on (cuBLAS obeys this)
-            os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+        set_fp32_gemms(bool(ds_config["hetauto"]["tf32"]))
     params = [p for p in module.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=torch.optim.Adam(params, lr=lr),
                                            model_parameters=params, config=ds_config)

@@ -50,6 +50,18 @@ def init_backend(device_types) -> str:
     return ",".join(f"{k}:{v}" for k, v in pairs.items())
 
 
+def set_fp32_gemms(tf32: bool) -> None:
+    """An fp32 job's GEMMs on the TF32 tensor cores or not, in this process, before any GEMM: PyTorch's switch, and
+    without TF32 also NVIDIA_TF32_OVERRIDE=0, which every NVIDIA library obeys (Transformer Engine's cuBLASLt GEMMs,
+    which take TF32 for fp32 whatever PyTorch says, and a container that forces PyTorch's switch on)."""
+    import os
+
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    if not tf32:
+        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+
+
 def check_local_device(device_type: str, *, rank: int, file: str | None = None) -> None:
     """Raise InputError when this process cannot run the plan's device type for `rank`."""
     import torch

@@ -182,7 +182,7 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
             raise InputError(f"device type {dev.name} has no TF32 tensor cores", file=file, field=p + "tf32",
                              fix="leave tf32 out (its fp32 GEMMs run without tensor cores)")
         if tf32 is not None:
-            dev = dataclasses.replace(dev, tf32=tf32 and dev.has_tf32)
+            dev = dataclasses.replace(dev, tf32=tf32)
         nodes = get(raw, "nodes", int, file=file, prefix=p)
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:
