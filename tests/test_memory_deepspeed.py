@@ -99,9 +99,11 @@ def _tp1_rank(rank, world_size, model, configs):
     import torch.distributed as dist
 
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+    from hetauto_megatron.runtime.memory_meter import scan_only_what_comes_next
 
     deepspeed = dsp.import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")
+    scan_only_what_comes_next()      # the scans skip the imports' objects
     engine = dsp.initialize(model, dsp.config_for_rank(configs, rank))
     out = _measure(engine, engine.module, model)
     dist.barrier()
@@ -115,9 +117,11 @@ def _tp2_rank(rank, world_size, model, parts):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+    from hetauto_megatron.runtime.memory_meter import scan_only_what_comes_next
 
     deepspeed = dsp.import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")
+    scan_only_what_comes_next()      # the scans skip the imports' objects
     topology = PipeModelDataParallelTopology(num_pp=TP2_STAGES, num_mp=2, num_dp=1)
     module = dsp._pipeline_module_class()(dsp.layer_specs(model), parts, topology=topology, loss_fn=dsp.lm_loss,
                                           seed_layers=True, base_seed=dsp.BASE_SEED)

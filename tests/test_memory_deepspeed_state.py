@@ -148,9 +148,11 @@ def _rank(rank, world_size, model, configs):
     import torch.distributed as dist
 
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+    from hetauto_megatron.runtime.memory_meter import scan_only_what_comes_next
 
     deepspeed = dsp.import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo")
+    scan_only_what_comes_next()      # the scans skip the imports' objects
     out = []
     for per_mesh in configs:
         engine = dsp.initialize(model, dsp.config_for_rank(per_mesh, rank))

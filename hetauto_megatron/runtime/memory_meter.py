@@ -158,10 +158,22 @@ class SavedTensorMeter:
             yield self
 
 
+def scan_only_what_comes_next() -> None:
+    """Leave every object alive now out of later `held_storages` scans (gc.freeze: they move to the collector's
+    permanent generation, which neither gc.collect nor gc.get_objects walks). Call it once in a measuring
+    process after its imports and before it builds anything a scan must see: a process with DeepSpeed imported
+    holds some 200,000 objects of its imports, and a scan over them took 0.17 s against 0.01 s without them."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def held_storages(exclude: set) -> dict:
     """{storage address: bytes} of every tensor a Python object holds now (found through the garbage collector's
     objects), less the storages in `exclude`: a framework's own buffers (DeepSpeed's pipe buffers), which the
-    saved-tensor hooks do not see. (What autograd saves is held in C++: SavedTensorMeter counts it.)"""
+    saved-tensor hooks do not see. (What autograd saves is held in C++: SavedTensorMeter counts it.) Objects left
+    out by `scan_only_what_comes_next` are not seen."""
     import gc
     import time
     import warnings
