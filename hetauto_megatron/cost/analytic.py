@@ -19,15 +19,16 @@ iteration pays `iteration_overhead` (zeroing gradient buffers, the gradient-norm
 schedule, logging). These fixed costs are why a small model, or a large one sharded thinly, runs far below a
 large GEMM's efficiency: its kernels are short and the fixed costs are not.
 
-The constants are ONE set for every device and model. Two are fitted on published Megatron runs (E_max and
-layer_overhead, benchmarks/calibration.py, leave one run out); the others are physical figures with their
-source in docs/cost-model.md. `vendor` is a fixed per-vendor kernel maturity factor, an assumption until
+The constants are ONE set for every device and model. One is fitted on published Megatron runs (E_max,
+benchmarks/calibration.py, leave one run out); the others are physical figures with their source in
+docs/cost-model.md. `vendor` is a fixed per-vendor kernel maturity factor, an assumption until
 `hetauto profile` measures the device.
 
 Tensors are `device.dtype_bytes` wide: bf16 (2 bytes) on accelerators, fp32 (4) on `cpu`, where dry runs
 train in fp32. The software stack is a setting of the model: flash attention (no s^2 scores through memory,
 attention backward ~2.5x its forward) and sequence parallelism (element-wise work divided by TP) are on by
-default, as Megatron-Core runs today.
+default, as Megatron-Core runs today; TP collectives overlapped with the GEMMs (--tp-comm-overlap) are off, as
+hetauto's runtime runs them, and on only to price a published job that ran so (plan/calibration.py).
 """
 from __future__ import annotations
 
@@ -60,12 +61,12 @@ def wave_efficiency(m: float, n: float, units: int, tile: int = GEMM_TILE) -> fl
 @dataclass(frozen=True)
 class Calibration:
     """The model's constants: one set for every device and model (docs/cost-model.md gives each one's source)."""
-    gemm_max_efficiency: float = 0.740       # fitted: fraction of peak a large, wave-aligned GEMM reaches
+    gemm_max_efficiency: float = 0.704       # fitted: fraction of peak a large, wave-aligned GEMM reaches
     attention_efficiency: float = 0.60       # flash-attention core relative to a GEMM (FlashAttention-2 paper)
     elementwise_passes: float = 16.0         # reads+writes of the [tokens, hidden] tensor per layer forward
     kernel_latency_s: float = 5e-6           # per kernel: launch, prologue/epilogue, last-wave tail
-    layer_overhead_s: float = 0.0            # fitted: framework time per layer, micro-batch and pass not hidden
-                                             # behind the GPU (0 on Megatron-Core at the published sizes)
+    layer_overhead_s: float = 0.0            # framework time per layer, micro-batch and pass not hidden behind
+                                             # the GPU (0 on Megatron-Core at the published sizes: calibration.py)
     micro_batch_overhead_s: float = 0.2e-3   # per micro-batch on the first stage (get_batch) and the last (loss)
     iteration_overhead_s: float = 10e-3      # per iteration: zero grads, grad-norm, LR schedule, logging
     vendor_factor: tuple = (("nvidia", 1.0), ("amd", 0.80), ("ascend", 0.85), ("cpu", 1.0))
@@ -79,18 +80,20 @@ DEFAULT_CALIBRATION = Calibration()
 
 class AnalyticCostModel:
     """Compute time of model pieces on one device of a TP group. No TP collectives here: the simulator adds
-    those (cost/comm.py); recomputation is priced by `recompute_time`."""
+    those (cost/comm.py, plan/costing.py), exposed, or with `tp_comm_overlap` what `exposed_tp_comm` leaves of
+    them; recomputation is priced by `recompute_time`."""
 
     name = "analytic"
 
     def __init__(self, calibration: Calibration = DEFAULT_CALIBRATION, *, flash_attention: bool = True,
-                 sequence_parallel: bool = True):
+                 sequence_parallel: bool = True, tp_comm_overlap: bool = False):
         # The software stack matters as much as the chip: without flash attention the s x s score matrix goes
         # through memory (scale/mask/softmax, dropout, and the AV GEMM read it); without sequence parallelism
         # every TP rank repeats the element-wise work of the whole sequence.
         self.cal = calibration
         self.flash_attention = flash_attention
         self.sequence_parallel = sequence_parallel
+        self.tp_comm_overlap = tp_comm_overlap
 
     def source(self, device: DeviceType) -> str:
         return "analytic"
@@ -170,6 +173,31 @@ class AnalyticCostModel:
             "elementwise": (ew, 2 * ew),
             "overhead": (o, 2 * o),                  # the backward runs about twice the forward's kernels
         }
+
+    def exposed_tp_comm(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
+                        op_s: float) -> tuple[float, float]:
+        """(forward, backward) seconds of a layer's TP collectives left exposed when each runs under the GEMM it
+        feeds or drains (Megatron-Core's --tp-comm-overlap with Transformer Engine's userbuffers, sequence
+        parallel): `op_s` is one all-gather's or reduce-scatter's time. Forward: the all-gathers before the QKV and
+        MLP-up GEMMs and the reduce-scatters after the projection and MLP-down GEMMs run chunk by chunk under them,
+        a ring of tp steps whose first (or last) chunk cannot overlap. Backward: per column-parallel linear the
+        input's all-gather under the input-gradient GEMM and that gradient's reduce-scatter under the weight-gradient
+        GEMM (bulk); per row-parallel linear the output gradient's all-gather under its input-gradient GEMM (ring)."""
+        m = micro_batch_size * model.seq_length
+        h, f = model.hidden_size, model.ffn_hidden_size
+        col = [(m, h, (h + 2 * model.kv_hidden) // tp), (m, h, (2 if model.gated_mlp else 1) * f // tp)]
+        row = [(m, h // tp, h), (m, f // tp, h)]
+
+        def ring(gemm: float) -> float:
+            return max(0.0, op_s - gemm) + min(op_s, gemm) / tp
+
+        def bulk(gemm: float) -> float:
+            return max(0.0, op_s - gemm)
+
+        fwd = sum(ring(self._mm(device, *d)) for d in col + row)
+        bwd = sum(bulk(self._mm(device, a, n, k)) + bulk(self._mm(device, k, a, n)) for a, k, n in col)
+        bwd += sum(ring(self._mm(device, a, n, k)) for a, k, n in row)
+        return fwd, bwd
 
     def layer_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None = None) -> tuple[float, float]:

@@ -70,9 +70,12 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     # The host floor bounds each pass's compute and all-reduces together (one host thread issues both).
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
     ar = comm.allreduce_time(act, tp, cluster.intra_node)
+    tp_f = tp_b = 2 * ar
+    if tp > 1 and getattr(cost_model, "tp_comm_overlap", False):    # a published job's --tp-comm-overlap
+        tp_f, tp_b = cost_model.exposed_tp_comm(model, dev, tp, micro_batch_size, ar / 2)   # (ar = RS + AG)
     floor_f, floor_b = cost_model.host_floors(dev, tp)
-    lf = host_floored(lf + 2 * ar, floor_f)
-    lb = host_floored(lb + 2 * ar, floor_b) + (host_floored(rec + 2 * ar, floor_f) if recompute == "full" else rec)
+    lf = host_floored(lf + tp_f, floor_f)
+    lb = host_floored(lb + tp_b, floor_b) + (host_floored(rec + tp_f, floor_f) if recompute == "full" else rec)
     ef, eb = cost_model.embedding_times(model, dev, tp, micro_batch_size)
     hf, hb = cost_model.head_times(model, dev, tp, micro_batch_size)
     dp_link = dp_ring_link(cluster, tp, dp)
