@@ -79,6 +79,47 @@ def test_the_tables_other_published_rows_predicted_with_the_packaged_fit():
     assert max(abs(e) for e in errs.values()) <= 0.20, errs
 
 
+def test_tp_comm_overlap_is_a_published_sources_switch_never_a_plans(tmp_path):
+    """Only a published source that ran --tp-comm-overlap prices its TP collectives under the GEMMs: a table
+    without the key (whatever its source's name) gets false, the packaged 2024 source true unless it says false, a
+    value that is not true/false or an overlap without sequence parallelism is refused naming the field. The
+    models plans use never overlap, and overlapping never prices a layer slower than the exposed collectives."""
+    import yaml
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.plan.costing import stage_profile
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+
+    raw = yaml.safe_load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           "hetauto_megatron", "data", "published-megatron-throughput.yaml")))
+    b = dict(raw["source_b_h100"])
+    b.pop("tp_comm_overlap")
+
+    def load(tables):
+        path = tmp_path / "table.yaml"
+        path.write_text(yaml.safe_dump(tables))
+        return published_runs(str(path))
+
+    assert {r.tp_comm_overlap for r in load({"eos_2024": dict(b, device="h100-sxm")})} == {False}
+    assert {r.tp_comm_overlap for r in load({"source_b_h100": b})} == {True}
+    assert {r.tp_comm_overlap for r in load({"source_b_h100": dict(b, tp_comm_overlap=False)})} == {False}
+    for bad, field in ((dict(b, tp_comm_overlap="false"), "source_b_h100.tp_comm_overlap"),
+                       (dict(b, sequence_parallel=False), "source_b_h100.tp_comm_overlap")):
+        with pytest.raises(InputError) as e:
+            load({"source_b_h100": bad})
+        assert e.value.field == field, str(e.value)
+    assert not AnalyticCostModel().tp_comm_overlap
+    inv = inventory_from_dict({"clusters": [{"name": "c", "device": "h100-sxm", "nodes": 1, "devices_per_node": 8,
+                                             "intra_node": {"bandwidth_gbps": 400, "latency_us": 5}}]})
+    small = PRESETS["llama2-7b"].replace(hidden_size=2048, num_attention_heads=16, num_query_groups=16,
+                                         ffn_hidden_size=5632)
+    for model in (PRESETS["llama2-7b"], small):       # the small one's collectives outweigh its GEMMs at TP 8
+        exposed = stage_profile(model, inv.clusters[0], 8, 1, 1, "none", AnalyticCostModel())
+        hidden = stage_profile(model, inv.clusters[0], 8, 1, 1, "none", AnalyticCostModel(tp_comm_overlap=True))
+        assert hidden.layer_fwd <= exposed.layer_fwd and hidden.layer_bwd <= exposed.layer_bwd
+    assert hidden.layer_fwd < exposed.layer_fwd
+
+
 def test_gqa_and_swiglu_counted():
     m = PRESETS["llama2-70b"]
     assert m.kv_hidden == 1024

@@ -175,15 +175,17 @@ class AnalyticCostModel:
         }
 
     def exposed_tp_comm(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
-                        op_s: float) -> tuple[float, float]:
+                        op_s: float, seq_length: int | None = None) -> tuple[float, float]:
         """(forward, backward) seconds of a layer's TP collectives left exposed when each runs under the GEMM it
-        feeds or drains (Megatron-Core's --tp-comm-overlap with Transformer Engine's userbuffers, sequence
-        parallel): `op_s` is one all-gather's or reduce-scatter's time. Forward: the all-gathers before the QKV and
-        MLP-up GEMMs and the reduce-scatters after the projection and MLP-down GEMMs run chunk by chunk under them,
-        a ring of tp steps whose first (or last) chunk cannot overlap. Backward: per column-parallel linear the
-        input's all-gather under the input-gradient GEMM and that gradient's reduce-scatter under the weight-gradient
-        GEMM (bulk); per row-parallel linear the output gradient's all-gather under its input-gradient GEMM (ring)."""
-        m = micro_batch_size * model.seq_length
+        feeds or drains (Megatron-Core's --tp-comm-overlap with Transformer Engine's userbuffers, which needs
+        sequence parallelism): `op_s` is one all-gather's or reduce-scatter's time. Forward: the all-gathers before
+        the QKV and MLP-up GEMMs and the reduce-scatters after the projection and MLP-down GEMMs run chunk by chunk
+        under them, a pipeline of tp chunks whose one end cannot overlap (the GEMM of the chunk already local, or the
+        reduce-scatter of the last chunk computed). Backward: per column-parallel linear the input's all-gather under
+        the input-gradient GEMM and that gradient's reduce-scatter under the weight-gradient GEMM (bulk); per
+        row-parallel linear the output gradient's all-gather under its input-gradient GEMM (chunked). Not priced:
+        the SMs the overlap's kernels take from the GEMMs (the fitted E_max absorbs it for the published runs)."""
+        m = micro_batch_size * (seq_length or model.seq_length)
         h, f = model.hidden_size, model.ffn_hidden_size
         col = [(m, h, (h + 2 * model.kv_hidden) // tp), (m, h, (2 if model.gated_mlp else 1) * f // tp)]
         row = [(m, h // tp, h), (m, f // tp, h)]

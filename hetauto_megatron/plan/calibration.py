@@ -39,6 +39,7 @@ _SOURCE_DEFAULTS = {
 # Keys a source may leave out (their value when it does): whether the runs hid the TP collectives under the GEMMs
 # (Megatron-Core's --tp-comm-overlap, which the 2024 runs name and hetauto's runtime does not run).
 _SOURCE_OPTIONAL = {"tp_comm_overlap": False}
+_SWITCHES = ("flash_attention", "sequence_parallel", "tie_embeddings", "tp_comm_overlap")     # true or false
 
 # The runtime settings (plan/settings.py) each era's Megatron-LM ran with, as plan overrides; a source may state
 # its own (`runtime_settings:`). 2021 had neither sequence parallelism nor the distributed optimizer and
@@ -53,8 +54,8 @@ _SOURCE_SETTINGS = {
 # the 2024 runs were priced exposed; pricing them as those runs ran, the one fold that then fitted it (the 18.4B
 # run left out: 0.22 ms, for the 7.1B run's short kernels) predicted the 18.4B run 21 % slow; it stays at 0.
 FITTED = ("gemm_max_efficiency",)
-_BOUNDS = {"gemm_max_efficiency": (0.3, 1.0), "layer_overhead_s": (0.0, 2e-3)}
-_SCALE = {"gemm_max_efficiency": 1.0, "layer_overhead_s": 1e-4}     # the search moves in these units
+_BOUNDS = {"gemm_max_efficiency": (0.3, 1.0)}
+_SCALE = {"gemm_max_efficiency": 1.0}     # the search moves in these units
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,15 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if missing:
             raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
                              fix="add these keys to the source (see the packaged table)")
+        for key in _SWITCHES:
+            if not isinstance(cfg[key], bool):
+                raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,
+                                 field=f"{source}.{key}", fix="write true or false (unquoted)")
+        if cfg["tp_comm_overlap"] and not cfg["sequence_parallel"]:
+            raise InputError(f"source {source} overlaps its TP collectives with the GEMMs without sequence "
+                             "parallelism, which Megatron-LM's --tp-comm-overlap requires", file=path,
+                             field=f"{source}.tp_comm_overlap", fix="set sequence_parallel: true, or "
+                             "tp_comm_overlap: false")
         for i, row in enumerate(table["rows"]):
             try:
                 h = row["hidden"]
@@ -130,7 +140,7 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                     bool(cfg["sequence_parallel"]), float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
                     tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items())),
-                    bool(cfg["tp_comm_overlap"])))
+                    cfg["tp_comm_overlap"]))
             except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
                 raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
                                  fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")

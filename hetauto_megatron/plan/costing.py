@@ -71,8 +71,10 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
     ar = comm.allreduce_time(act, tp, cluster.intra_node)
     tp_f = tp_b = 2 * ar
-    if tp > 1 and getattr(cost_model, "tp_comm_overlap", False):    # a published job's --tp-comm-overlap
-        tp_f, tp_b = cost_model.exposed_tp_comm(model, dev, tp, micro_batch_size, ar / 2)   # (ar = RS + AG)
+    overlapping = _tp_overlap_pricer(cost_model)
+    if tp > 1 and settings.sequence_parallel and overlapping is not None:   # a published job's --tp-comm-overlap
+        f, b = overlapping.exposed_tp_comm(model, dev, tp, micro_batch_size, ar / 2)   # one RS or AG: ar / 2
+        tp_f, tp_b = min(f, tp_f), min(b, tp_b)      # hiding them never costs more than leaving them exposed
     floor_f, floor_b = cost_model.host_floors(dev, tp)
     lf = host_floored(lf + tp_f, floor_f)
     lb = host_floored(lb + tp_b, floor_b) + (host_floored(rec + tp_f, floor_f) if recompute == "full" else rec)
@@ -82,6 +84,16 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     opt_rate, opt_step = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
                         dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev))
+
+
+def _tp_overlap_pricer(cost_model):
+    """The analytic model that prices TP collectives run under the GEMMs (`tp_comm_overlap`: only a published job
+    that ran --tp-comm-overlap, plan/calibration.py; hetauto's runtime does not, so no plan's model has it), the
+    cost model itself or the analytic fallback a learned model is given; None when the collectives are exposed."""
+    for m in (cost_model, getattr(cost_model, "fallback", None), getattr(cost_model, "base", None)):
+        if m is not None and getattr(m, "tp_comm_overlap", False):
+            return m
+    return None
 
 
 def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool):
