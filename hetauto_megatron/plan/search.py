@@ -11,8 +11,11 @@ How much to search is decided by the problem, not by the number of clusters:
   `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
   shortlist is the one full enumeration would re-rank (exact);
 - otherwise (on a larger tree after `SEED_VISITS` nodes) it stops, and the leaves it priced seed the rest: the
-  best-first order reaches good leaves early (the 736-device example's best closed form after 22 priced), and
-  the best of them is the plan the trees must beat, so their bounds close more of the tree;
+  best-first order often reaches good leaves early, and the best of them is the plan the trees must beat, so
+  their bounds close more of the tree. Where it priced none (every node it reached bounded below every leaf
+  under it: the 736-device example needs some 10,000 visits for its first), dives seed instead: from each of
+  the `DIVES` first decisions of lowest bound, the child of lowest bound down to a leaf, and a climb from the
+  best of those leaves (a few dozen layouts);
 - independent trees (seeds derived from --seed) are grown `TREE_ROUND` at a time, while a round finds a better
   plan than the best held before it (at most `TREES`). Each stops at a playout cap that grows with the tree's
   estimated size (Knuth's estimator), or earlier when it stalls;
@@ -53,6 +56,7 @@ TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
 SEED_VISITS = 2000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
                                 # seed the trees; the 736-device example's best closed form within 1,000)
+DIVES = 16                      # dives that seed the trees where the bounded enumeration priced no leaf
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
 REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found (and
@@ -126,6 +130,30 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     return (found, visits) if settled else (None, visits + 1)
 
 
+def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None = None) -> dict:
+    """{layout: value} of leaves found by diving, for when best first priced none: from each of the `DIVES`
+    first decisions of lowest bound, the child of lowest bound down to a leaf (depth-first search's usual way to
+    an incumbent), then a climb (plan/local.py) from the best of them."""
+    value = layout_value(space, ev)
+    found: dict = {}
+    for first in sorted(space.actions(()), key=lambda a: space.bound((a,)))[:DIVES]:
+        path = (first,)
+        while True:
+            acts = space.actions(path)
+            if not acts:
+                break
+            path += (min(acts, key=lambda a: space.bound(path + (a,))),)
+        t, meshes = value(path)
+        if meshes is not None and math.isfinite(t):
+            found[meshes] = t
+    if found:
+        start = min(found, key=found.get)
+        for t, layout in local.climb(space, lambda c: space.score(ev.resolve(c)[0], c), start, deadline,
+                                     lambda c: space.leaf_bound(c, ev)):
+            found[layout] = min(t, found.get(layout, math.inf))
+    return found
+
+
 # ---- the search -------------------------------------------------------------------------------------------
 def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
            config: SearchConfig | None = None) -> SearchResult:
@@ -170,6 +198,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     leaves: dict[tuple, float] = {}
+    dived: dict[tuple, float] = {}      # leaves found by diving (dive_seeds), where best first priced none
     playouts, cut, trees = 0, False, 0
     priced = 0                          # layouts priced (in whichever process priced them)
     method = cfg.method
@@ -196,11 +225,14 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         visits = max(4000, int(ENUMERATION_VISITS * est)) if est <= ENUMERATION_TREE else SEED_VISITS
         seeds: dict = {}
         found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), visits, deadline, seeds)
+        if found is None and not seeds:     # best first priced no leaf: dive for a plan the trees must beat
+            dived = dive_seeds(sp, ev, deadline)
         priced = len(ev.cache)
         if found is not None:          # the bounds settled the tree: its best leaves are known exactly
             method, leaves = "exhaustive", found
         else:                          # its best leaf is the plan the trees must beat
             leaves.update(seeds)
+            leaves.update(dived)
             best_known = min([best_known, *seeds.values()])
     if method == "exhaustive" and cfg.method == "exhaustive":
         value = layout_value(sp, ev)
@@ -216,7 +248,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         count = 0 if warm and not cfg.iterations else TREES
         while trees < count:           # rounds of TREE_ROUND trees, while a round finds a better plan
             n = min(TREE_ROUND, count - trees)
-            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, best_known) for j in range(n)]
+            bar = min([best_known, *dived.values()])     # what the trees prune with (a dive's leaf too)
+            jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, bar) for j in range(n)]
             trees += n
             best_round = math.inf
             for run in run_all(tree_job, jobs, workers, t0):
