@@ -19,6 +19,9 @@ How much to search is decided by the problem, not by the number of clusters:
 - independent trees (seeds derived from --seed) are grown `TREE_ROUND` at a time, while a round finds a better
   plan than the best held before it (at most `TREES`). Each stops at a playout cap that grows with the tree's
   estimated size (Knuth's estimator), or earlier when it stalls;
+- on a tree estimated at up to `PROVE_TREE` leaves, best first runs again, pruned by the trees' best leaf: it
+  finds a better one or proves there is none (one estimate is heavy-tailed, so a tree of 30,000 leaves can be
+  estimated above `ENUMERATION_TREE` and left to the trees);
 - a local search climbs from the best leaf of each of the best cluster orders found; a neighbour whose lower
   bound is no better than the climb's current layout is not priced (the climb takes the same steps);
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
@@ -54,6 +57,7 @@ ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of u
 ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
+PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first
 SEED_VISITS = 2000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
                                 # seed the trees; the 736-device example's best closed form within 1,000)
 DIVES = 16                      # dives that seed the trees where the bounded enumeration priced no leaf
@@ -261,6 +265,15 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             if cut or (not cfg.iterations and not best_round < best_known * (1 - 1e-4)):
                 break                  # out of time, or the round found nothing better than the plan held
             best_known = min(best_known, best_round)
+        finite = [t for t in leaves.values() if math.isfinite(t)]
+        if not cut and not warm and not cfg.iterations and finite and est <= PROVE_TREE:
+            # a tree the estimate put just above ENUMERATION_TREE (one estimate is heavy-tailed): best first again,
+            # pruned by the best leaf found, looks for a better one and usually proves there is none
+            better: dict = {}
+            branch_and_bound(sp, layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), 1, incumbent=min(finite),
+                             max_visits=int(ENUMERATION_VISITS * est), deadline=deadline, found=better)
+            leaves.update(better)
+            priced += len(better)
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)
