@@ -48,7 +48,7 @@ from .branch_and_bound import branch_and_bound
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
-from .search_jobs import climb_job, default_workers, layout_value, release, run_all, share, tree_job
+from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
 from .simulate import SCHEDULES, MeshChoice, num_micro_batches
 from .space import SearchSpace
 
@@ -120,16 +120,18 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
-                        deadline: float | None = None, found: dict | None = None):
+                        deadline: float | None = None, found: dict | None = None, incumbent: float = math.inf):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
     leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
     the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
     `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
-    left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py)."""
+    left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py).
+    `incumbent`: a plan's value to beat (only better leaves are priced then)."""
     found, visits, settled = branch_and_bound(space, layout_value(space, ev), lambda c: space.leaf_bound(c, ev),
-                                              keep, max_visits=max_visits, deadline=deadline, found=found)
+                                              keep, incumbent=incumbent, max_visits=max_visits, deadline=deadline,
+                                              found=found)
     # unsettled, the node over the limit counts as a visit (the playouts a plan records have always counted it)
     return (found, visits) if settled else (None, visits + 1)
 
@@ -151,9 +153,7 @@ def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None =
         if meshes is not None and math.isfinite(t):
             found[meshes] = t
     if found:
-        start = min(found, key=found.get)
-        for t, layout in local.climb(space, lambda c: space.score(ev.resolve(c)[0], c), start, deadline,
-                                     lambda c: space.leaf_bound(c, ev)):
+        for t, layout in climb(space, ev, min(found, key=found.get), deadline):
             found[layout] = min(t, found.get(layout, math.inf))
     return found
 
@@ -270,10 +270,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             # a tree the estimate put just above ENUMERATION_TREE (one estimate is heavy-tailed): best first again,
             # pruned by the best leaf found, looks for a better one and usually proves there is none
             better: dict = {}
-            branch_and_bound(sp, layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), 1, incumbent=min(finite),
-                             max_visits=int(ENUMERATION_VISITS * est), deadline=deadline, found=better)
+            before = len(ev.cache)
+            bounded_enumeration(sp, ev, 1, int(ENUMERATION_VISITS * est), deadline, better, incumbent=min(finite))
             leaves.update(better)
-            priced += len(better)
+            priced += len(ev.cache) - before
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)

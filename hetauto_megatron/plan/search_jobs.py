@@ -54,11 +54,17 @@ def tree_job(job) -> TreeRun:
     return run
 
 
+def climb(space: SearchSpace, ev: LayoutEvaluator, start: tuple, deadline: float | None) -> list:
+    """plan/local.py's climb from `start`, pricing with `ev` and skipping neighbours by their leaf bound."""
+    return local.climb(space, lambda c: space.score(ev.resolve(c)[0], c), start, deadline,
+                       lambda c: space.leaf_bound(c, ev))
+
+
 def climb_job(job) -> tuple[list, int]:
     start, deadline = job
-    sp, ev = _CTX["space"], _CTX["ev"]
+    ev = _CTX["ev"]
     before = len(ev.cache)
-    found = local.climb(sp, lambda c: sp.score(ev.resolve(c)[0], c), start, deadline, lambda c: sp.leaf_bound(c, ev))
+    found = climb(_CTX["space"], ev, start, deadline)
     return found, len(ev.cache) - before
 
 
