@@ -22,7 +22,7 @@ DEADLINE_EVERY = 64             # visits between two looks at the clock
 def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incumbent: float = math.inf,
                      better: float = 0.0, priority=None, allowed=None, patience: int | None = None,
                      max_visits: int | None = None, deadline: float | None = None,
-                     found: dict | None = None) -> tuple[dict, int, bool]:
+                     found: dict | None = None, max_priced: int | None = None) -> tuple[dict, int, bool]:
     """-> ({layout: value} of every leaf priced, nodes visited, settled: no leaf left can enter the best `keep`).
 
     `value(path)` prices a leaf (-> (value, layout)); `leaf_bound(layout)` bounds a finished layout from below.
@@ -32,8 +32,9 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
     `priority(path, bound)` orders the queue (None: the bound itself, best first, so the first node popped above
     the cutoff ends the search; with another order pruned nodes are dropped one by one). `allowed(path, actions)`
     keeps only some of a node's decisions (None: all). It stops, unsettled, before a visit when `patience` visits
-    have passed since the last better leaf (or the first leaf priced), when it has made `max_visits` visits, or
-    past `deadline` (time.perf_counter()); `found`, if given, then holds the leaves priced so far."""
+    have passed since the last better leaf (or the first leaf priced), when it has made `max_visits` visits or
+    priced `max_priced` leaves, or past `deadline` (time.perf_counter()); `found`, if given, then holds the leaves
+    priced so far."""
     found = {} if found is None else found
     top = [-incumbent] if math.isfinite(incumbent) else []   # max-heap (negated) of the best `keep` values held
 
@@ -44,7 +45,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
     root = space.bound(())
     # (priority, order reached, path, bound, whether the bound is the leaf's own)
     queue = [(root if priority is None else priority((), root), 0, (), root, False)]
-    reached = visits = 0
+    reached = visits = priced = 0
     last = None                         # the visit that priced the last better leaf (or the first leaf)
     while queue:
         if queue[0][3] > cut:           # the best held improved since this node was queued
@@ -54,6 +55,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
             continue
         if ((patience is not None and last is not None and visits - last >= patience)
                 or (max_visits is not None and visits >= max_visits)
+                or (max_priced is not None and priced >= max_priced)
                 or (deadline is not None and visits % DEADLINE_EVERY == 0 and time.perf_counter() > deadline)):
             return found, visits, False
         _, _, path, b, own = heapq.heappop(queue)
@@ -82,6 +84,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
                 heapq.heappush(queue, (lb, reached, path, lb, True))
                 continue
         t, layout = value(path)
+        priced += 1
         if last is None:
             last = visits
         if math.isfinite(t):

@@ -20,12 +20,16 @@ from .plan import RECOMPUTE_MODES
 from .space import SearchSpace, divisors
 
 
-def starts(ranked: list, count: int) -> list[tuple]:
-    """The best leaf of each of the best `count` cluster orders, so the climbs explore different pipelines
-    rather than polishing one."""
+def cluster_order(layout: tuple) -> tuple:
+    return tuple(m.cluster for m in layout)
+
+
+def starts(ranked: list, count: int, kind=cluster_order) -> list[tuple]:
+    """The best leaf of each of the best `count` kinds of layout (by default cluster orders), so the climbs
+    explore different pipelines rather than polishing one."""
     out, orders = [], set()
     for _, k in ranked:
-        order = tuple(m.cluster for m in k)
+        order = kind(k)
         if order not in orders:
             orders.add(order)
             out.append(k)

@@ -4,8 +4,8 @@ The old plan seeds the search: its meshes on the clusters that are still there (
 have) become a local-search start, and the climbed old plan is the plan to beat. An enumeration pruned by its
 value, over the old plan's micro-batch sizes, looks for what the old plan cannot reach by small steps
 (another S, order, TP or DP), diving to leaves before it widens and stopping once it stops finding better
-ones (`warm_enumeration`), and a climb starts from the best it finds; no trees (docs/search.md has the
-measured time and quality against a cold search).
+ones (`warm_enumeration`), and climbs start from the best it finds at each of its two best S; no trees
+(docs/search.md has the measured time and quality against a cold search).
 """
 from __future__ import annotations
 
@@ -41,8 +41,10 @@ def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
     return out
 
 
-DIVE_WEIGHT = 0.005     # the warm enumeration's priority: a node's bound x (1 + DIVE_WEIGHT x decisions left)
-PATIENCE = 300          # it stops this many visits after its last better leaf (or its first leaf priced),
+DIVE_WEIGHT = 0.005     # the diving order's priority: a node's bound x (1 + DIVE_WEIGHT x decisions left)
+PATIENCE = 1000         # it stops this many visits after its last better leaf (or its first leaf priced;
+                        # with 300 a 4-cluster tree's better S was never reached: benchmarks/search_scale.py
+                        # --replan-random, +6.85 %),
 MAX_VISITS = 4000       # or after this many visits
 
 
@@ -68,6 +70,14 @@ def decisions_left(space: SearchSpace, path: tuple) -> int:
     return (S is None) + 2 * (len(order) - len(meshes)) - (pending is not None)
 
 
+def dive_order(space: SearchSpace):
+    """A branch and bound's queue order that dives (plan/branch_and_bound.py's `priority`): a node waits by its
+    bound times (1 + DIVE_WEIGHT x its decisions left), so the leaves under a promising node are reached before
+    the search widens. Near the top of the tree the bounds are loose (0.8-0.9 of the leaves' values on the
+    736-device example): in pure best-first order thousands of nodes are visited before the first leaf."""
+    return lambda path, bound: bound * (1 + DIVE_WEIGHT * decisions_left(space, path))
+
+
 def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, patience: int | None = None,
                      found: dict | None = None, micro_batches: dict | None = None,
                      deadline: float | None = None) -> tuple[dict, int, bool]:
@@ -77,17 +87,11 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
     sizes}, `micro_batches()`), if given, keeps only the DP decisions that give those micro-batch sizes.
 
     A node whose bound (`SearchSpace.bound`; a leaf's own `leaf_bound`) is above the best value held is never
-    visited, as in `search.bounded_enumeration` (both are plan/branch_and_bound.py), but the order differs: a
-    node waits by its bound times (1 + DIVE_WEIGHT x its decisions left), so the search dives to the leaves under
-    a promising node before it widens. Near the top of the tree the bounds are loose (0.8-0.9 of the leaves'
-    values on the 736-device example), and in pure best-first order the enumeration spent thousands of nodes
-    there before it priced a leaf that beats the old plan (736 devices without H800: node 3,099; with the dive
-    weight, node 27). Where the old plan is still the best, the bounds cannot prove it in thousands of nodes, so
+    visited, as in `search.bounded_enumeration` (both are plan/branch_and_bound.py), but in the diving order
+    (`dive_order`): in pure best-first order the enumeration spent thousands of nodes near the top of the tree
+    before it priced a leaf that beats the old plan (736 devices without H800: node 3,099; diving, node 27). Where the old plan is still the best, the bounds cannot prove it in thousands of nodes, so
     the search stops `patience` visits after its last better leaf (or its first leaf priced), after MAX_VISITS,
     or at `deadline` (time.perf_counter())."""
-    def dive(path, bound):
-        return bound * (1 + DIVE_WEIGHT * decisions_left(space, path))
-
     def keep_micro_batches(path, acts):
         order, _, S, meshes, pending = space.decode(path)
         if pending is None:
@@ -97,7 +101,7 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
 
     # a leaf counts as better than the best held only by more than rounding (1e-9), so near-ties do not renew
     # the patience
-    return branch_and_bound(space, value, leaf_bound, 1, incumbent, better=1e-9, priority=dive,
+    return branch_and_bound(space, value, leaf_bound, 1, incumbent, better=1e-9, priority=dive_order(space),
                             allowed=None if micro_batches is None else keep_micro_batches,
                             patience=PATIENCE if patience is None else patience, max_visits=MAX_VISITS,
                             deadline=deadline, found=found)

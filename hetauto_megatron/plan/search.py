@@ -10,18 +10,19 @@ How much to search is decided by the problem, not by the number of clusters:
   bound (`SearchSpace.leaf_bound`) is above it is not priced. When it finishes within
   `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
   shortlist is the one full enumeration would re-rank (exact);
-- otherwise (on a larger tree after `SEED_VISITS` nodes) it stops, and the leaves it priced seed the rest: the
-  best-first order often reaches good leaves early, and the best of them is the plan the trees must beat, so
-  their bounds close more of the tree. Where it priced none (every node it reached bounded below every leaf
-  under it: the 736-device example needs some 10,000 visits for its first), dives seed instead: from each of
-  the `DIVES` first decisions of lowest bound, the child of lowest bound down to a leaf, and a climb from the
-  best of those leaves (a few dozen layouts);
+- on a larger tree it runs in diving order instead (`replan.dive_order`: a node's bound weighed by the
+  decisions left under it; best first, the 736-device example needs some 10,000 visits for its first leaf, its
+  bounds being loose near the top of the tree), stops after `SEED_VISITS` nodes, and the leaves it priced seed
+  the rest: the best of them is the plan the trees must beat, so their bounds close more of the tree. Where it
+  priced none, dives seed instead: from each of the `DIVES` first decisions of lowest bound, the child of lowest
+  bound down to a leaf, and a climb from the best of those leaves (a few dozen layouts);
 - independent trees (seeds derived from --seed) are grown `TREE_ROUND` at a time, while a round finds a better
   plan than the best held before it (at most `TREES`). Each stops at a playout cap that grows with the tree's
   estimated size (Knuth's estimator), or earlier when it stalls;
 - on a tree estimated at up to `PROVE_TREE` leaves, best first runs again, pruned by the trees' best leaf: it
   finds a better one or proves there is none (one estimate is heavy-tailed, so a tree of 30,000 leaves can be
-  estimated above `ENUMERATION_TREE` and left to the trees);
+  estimated above `ENUMERATION_TREE` and left to the trees), or gives up after pricing `PROVE_PRICED` leaves
+  (where the bounds are loose many leaves' bounds are below the best);
 - a local search climbs from the best leaf of each of the best cluster orders found; a neighbour whose lower
   bound is no better than the climb's current layout is not priced (the climb takes the same steps);
 - the best distinct layouts are re-ranked with the event simulation (the closed form screens, the
@@ -47,7 +48,7 @@ from . import local, space as space_mod
 from .branch_and_bound import branch_and_bound
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
-from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
+from .replan import dive_order, micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
 from .simulate import SCHEDULES, MeshChoice, num_micro_batches
 from .space import SearchSpace
@@ -57,13 +58,17 @@ ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of u
 ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
-PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first
-SEED_VISITS = 2000              # on a tree too large to settle, the bounded enumeration's visits (its leaves
-                                # seed the trees; the 736-device example's best closed form within 1,000)
+PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first,
+PROVE_PRICED = 1000             # which gives up after pricing this many leaves (search_quality's proofs price at
+                                # most 131; the 736-device example without its H800s, seed 1: 17,796 leaves, 7 s)
+SEED_VISITS = 2000              # on a tree too large to settle, the diving enumeration's visits (its leaves
+                                # seed the trees; the 736-device example's best closed form among them)
 DIVES = 16                      # dives that seed the trees where the bounded enumeration priced no leaf
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
-REPLAN_CLIMBS = 1               # re-planning (a warm start, plan/replan.py): no trees, one climb besides the old
-REPLAN_RERANK = 4               # plan's, and the event simulation re-checks the best four layouts found (and
+REPLAN_CLIMBS = 2               # re-planning (a warm start, plan/replan.py): no trees; besides the old plan's, a
+                                # climb from the best leaf of each of the two best S (samples per micro-batch
+                                # step: a climb changes S only by steps that keep the meshes' shapes)
+REPLAN_RERANK = 4               # and the event simulation re-checks the best four layouts found (and
                                 # those of the best `rerank` with fewer than RERANK_MARGIN_M micro-batches)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
@@ -120,7 +125,8 @@ def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
-                        deadline: float | None = None, found: dict | None = None, incumbent: float = math.inf):
+                        deadline: float | None = None, found: dict | None = None, incumbent: float = math.inf,
+                        dive: bool = False, max_priced: int | None = None):
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
@@ -128,10 +134,13 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
     `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
     left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py).
-    `incumbent`: a plan's value to beat (only better leaves are priced then)."""
+    `incumbent`: a plan's value to beat (only better leaves are priced then). `dive`: the nodes in diving order
+    (`replan.dive_order`) instead of best first, for seeding: it reaches leaves sooner and settles later.
+    `max_priced`: it stops, unsettled, after pricing this many leaves."""
     found, visits, settled = branch_and_bound(space, layout_value(space, ev), lambda c: space.leaf_bound(c, ev),
                                               keep, incumbent=incumbent, max_visits=max_visits, deadline=deadline,
-                                              found=found)
+                                              found=found, priority=dive_order(space) if dive else None,
+                                              max_priced=max_priced)
     # unsettled, the node over the limit counts as a visit (the playouts a plan records have always counted it)
     return (found, visits) if settled else (None, visits + 1)
 
@@ -226,9 +235,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         priced += len(ev.cache)
     elif method == "mcts" and not cfg.iterations:
         # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
-        visits = max(4000, int(ENUMERATION_VISITS * est)) if est <= ENUMERATION_TREE else SEED_VISITS
+        settle = est <= ENUMERATION_TREE
+        visits = max(4000, int(ENUMERATION_VISITS * est)) if settle else SEED_VISITS
         seeds: dict = {}
-        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), visits, deadline, seeds)
+        found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), visits, deadline, seeds, dive=not settle)
         if found is None and not seeds:     # best first priced no leaf: dive for a plan the trees must beat
             dived = dive_seeds(sp, ev, deadline)
         priced = len(ev.cache)
@@ -271,7 +281,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             # pruned by the best leaf found, looks for a better one and usually proves there is none
             better: dict = {}
             before = len(ev.cache)
-            bounded_enumeration(sp, ev, 1, int(ENUMERATION_VISITS * est), deadline, better, incumbent=min(finite))
+            bounded_enumeration(sp, ev, 1, int(ENUMERATION_VISITS * est), deadline, better, incumbent=min(finite),
+                                max_priced=PROVE_PRICED)
             leaves.update(better)
             priced += len(ev.cache) - before
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
@@ -284,7 +295,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if (method == "mcts" and cfg.local_search) or warm:
         climbed = set(warm) if cfg.local_search else set()
         if warm:    # re-planning: the old plan was climbed; climb from the best of what beat it
-            starts = local.starts([x for x in ranked if x[0] < old_best * (1 - 1e-9)], REPLAN_CLIMBS)
+            starts = local.starts([x for x in ranked if x[0] < old_best * (1 - 1e-9)], REPLAN_CLIMBS,
+                                  kind=lambda layout: layout[0].samples_per_step)
         else:
             starts = local.starts(ranked, CLIMBS)
         jobs = [(s, deadline) for s in dict.fromkeys(warm + starts) if s not in climbed]

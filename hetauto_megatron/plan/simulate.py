@@ -43,6 +43,11 @@ class MeshChoice:
     def settings(self):
         return resolve_settings(self.tp, dict(self.setting_overrides))
 
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one micro-batch step moves through this mesh (S: the same for every mesh of a pipeline)."""
+        return self.dp * self.micro_batch_size
+
 
 def num_micro_batches(layout, gbs: int) -> int:
     """Micro-batches per iteration of a layout (meshes of one pipeline, which all step dp x micro-batch samples)."""
