@@ -170,8 +170,9 @@ def test_parallel_search_gives_the_same_plan(monkeypatch):
     assert one.method == "mcts" and one.trees >= 2
 
 
-@pytest.mark.parametrize("example, gbs", [("inventory-3clusters.yaml", 512), ("inventory-4clusters-736.yaml", 1024)])
-def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs):
+@pytest.mark.parametrize("example, gbs, removed", [("inventory-3clusters.yaml", 512, "every cluster"),
+                                                   ("inventory-4clusters-736.yaml", 1024, "the plan's clusters")])
+def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs, removed):
     """--from on the 3-cluster example, each cluster removed in turn, and on the 736-device one, each cluster of
     its plan removed: the warm start (the old plan's surviving meshes) reaches the plan quality of a cold search
     of the smaller inventory (target: within 1 %; 736 devices without the A100s was 3.5 % off with one climb,
@@ -185,8 +186,7 @@ def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs):
     inv = load_inventory(f"examples/llama/{example}")
     r = search(model, inv, gbs, config=SearchConfig(seed=0, workers=1))
     old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
-    removed = [c.name for c in inv.clusters] if len(inv.clusters) <= 3 else [m.cluster for m in r.choices]
-    for gone in removed:
+    for gone in ([c.name for c in inv.clusters] if removed == "every cluster" else [m.cluster for m in r.choices]):
         d = inv.to_dict()
         d["clusters"] = [c for c in d["clusters"] if c["name"] != gone]
         d["links"] = [link for link in d.get("links", []) if gone not in link["between"]]

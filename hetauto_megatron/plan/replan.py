@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .branch_and_bound import branch_and_bound
+from .branch_and_bound import branch_and_bound, dive_order
 from .evaluator import AUTO
 from .plan import Plan
 from .simulate import MeshChoice, num_micro_batches
@@ -26,8 +26,8 @@ def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
     kept = [m for m in old.meshes if m.cluster in have]
     if not kept:
         return []
-    S = kept[0].dp * kept[0].micro_batch_size
-    if S not in space.samples or any(m.dp * m.micro_batch_size != S for m in kept):
+    S = kept[0].samples_per_step
+    if S not in space.samples or any(m.samples_per_step != S for m in kept):
         return []
     as_was = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size, AUTO, len(m.stage_layers)) for m in kept)
     out, before = [], 0
@@ -41,7 +41,6 @@ def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
     return out
 
 
-DIVE_WEIGHT = 0.005     # the diving order's priority: a node's bound x (1 + DIVE_WEIGHT x decisions left)
 PATIENCE = 1000         # it stops this many visits after its last better leaf (or its first leaf priced;
                         # with 300 a 4-cluster tree's better S was never reached: benchmarks/search_scale.py
                         # --replan-random, +6.85 %),
@@ -61,23 +60,6 @@ def micro_batches(warm: list[tuple]) -> dict:
     return out
 
 
-def decisions_left(space: SearchSpace, path: tuple) -> int:
-    """How many decisions a path still needs to reach a leaf (an unfinished cluster order counts as the
-    longest: the order's end, S, and a TP and a DP for every cluster)."""
-    order, complete, S, meshes, pending = space.decode(path)
-    if not complete:
-        return 2 + 2 * len(space.names)
-    return (S is None) + 2 * (len(order) - len(meshes)) - (pending is not None)
-
-
-def dive_order(space: SearchSpace):
-    """A branch and bound's queue order that dives (plan/branch_and_bound.py's `priority`): a node waits by its
-    bound times (1 + DIVE_WEIGHT x its decisions left), so the leaves under a promising node are reached before
-    the search widens. Near the top of the tree the bounds are loose (0.8-0.9 of the leaves' values on the
-    736-device example): in pure best-first order thousands of nodes are visited before the first leaf."""
-    return lambda path, bound: bound * (1 + DIVE_WEIGHT * decisions_left(space, path))
-
-
 def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, patience: int | None = None,
                      found: dict | None = None, micro_batches: dict | None = None,
                      deadline: float | None = None) -> tuple[dict, int, bool]:
@@ -87,9 +69,10 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
     sizes}, `micro_batches()`), if given, keeps only the DP decisions that give those micro-batch sizes.
 
     A node whose bound (`SearchSpace.bound`; a leaf's own `leaf_bound`) is above the best value held is never
-    visited, as in `search.bounded_enumeration` (both are plan/branch_and_bound.py), but in the diving order
-    (`dive_order`): in pure best-first order the enumeration spent thousands of nodes near the top of the tree
-    before it priced a leaf that beats the old plan (736 devices without H800: node 3,099; diving, node 27). Where the old plan is still the best, the bounds cannot prove it in thousands of nodes, so
+    visited, as in `search.bounded_enumeration` (both are plan/branch_and_bound.py), in diving order
+    (`branch_and_bound.dive_order`): in pure best-first order the enumeration spent thousands of nodes near the
+    top of the tree before it priced a leaf that beats the old plan (736 devices without H800: node 3,099;
+    diving, node 27). Where the old plan is still the best, the bounds cannot prove it in thousands of nodes, so
     the search stops `patience` visits after its last better leaf (or its first leaf priced), after MAX_VISITS,
     or at `deadline` (time.perf_counter())."""
     def keep_micro_batches(path, acts):

@@ -10,16 +10,16 @@ How much to search is decided by the problem, not by the number of clusters:
   bound (`SearchSpace.leaf_bound`) is above it is not priced. When it finishes within
   `ENUMERATION_VISITS` nodes per estimated leaf (tried on trees of up to `ENUMERATION_TREE` leaves), its
   shortlist is the one full enumeration would re-rank (exact);
-- on a larger tree it runs in diving order instead (`replan.dive_order`: a node's bound weighed by the
-  decisions left under it; best first, the 736-device example needs some 10,000 visits for its first leaf, its
-  bounds being loose near the top of the tree), stops after `SEED_VISITS` nodes, and the leaves it priced seed
-  the rest: the best of them is the plan the trees must beat, so their bounds close more of the tree. Where it
-  priced none, dives seed instead: from each of the `DIVES` first decisions of lowest bound, the child of lowest
-  bound down to a leaf, and a climb from the best of those leaves (a few dozen layouts);
+- otherwise the leaves it priced seed the trees: the best of them is the plan the trees must beat, so their
+  bounds close more of the tree. On a tree estimated above `ENUMERATION_TREE` it runs only `SEED_VISITS` nodes,
+  in diving order (`branch_and_bound.dive_order`: a node's bound weighed by the decisions left under it; best
+  first, the 736-device example needs some 10,000 visits for its first leaf, its bounds being loose near the
+  root). Where it priced none, dives seed instead: from each of the `DIVES` first decisions of lowest bound,
+  the child of lowest bound down to a leaf, and a climb from the best of those leaves (a few dozen layouts);
 - independent trees (seeds derived from --seed) are grown `TREE_ROUND` at a time, while a round finds a better
   plan than the best held before it (at most `TREES`). Each stops at a playout cap that grows with the tree's
   estimated size (Knuth's estimator), or earlier when it stalls;
-- on a tree estimated at up to `PROVE_TREE` leaves, best first runs again, pruned by the trees' best leaf: it
+- on a tree estimated at up to `PROVE_TREE` leaves, best first runs again, pruned by the best leaf found: it
   finds a better one or proves there is none (one estimate is heavy-tailed, so a tree of 30,000 leaves can be
   estimated above `ENUMERATION_TREE` and left to the trees), or gives up after pricing `PROVE_PRICED` leaves
   (where the bounds are loose many leaves' bounds are below the best);
@@ -45,10 +45,10 @@ from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
-from .branch_and_bound import branch_and_bound
+from .branch_and_bound import branch_and_bound, dive_order
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
-from .replan import dive_order, micro_batch_variants, micro_batches, shortlist, warm_enumeration
+from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
 from .simulate import SCHEDULES, MeshChoice, num_micro_batches
 from .space import SearchSpace
@@ -59,15 +59,17 @@ ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per e
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
 PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first,
-PROVE_PRICED = 1000             # which gives up after pricing this many leaves (search_quality's proofs price at
-                                # most 131; the 736-device example without its H800s, seed 1: 17,796 leaves, 7 s)
+PROVE_PRICED = 1000             # which gives up after pricing this many leaves, priced before or not
+                                # (search_quality's proofs: at most 172, 131 of them new; the 736-device example
+                                # without its H800s, seed 1: 17,796 new leaves, 7 s)
 SEED_VISITS = 2000              # on a tree too large to settle, the diving enumeration's visits (its leaves
                                 # seed the trees; the 736-device example's best closed form among them)
 DIVES = 16                      # dives that seed the trees where the bounded enumeration priced no leaf
 MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 2               # re-planning (a warm start, plan/replan.py): no trees; besides the old plan's, a
                                 # climb from the best leaf of each of the two best S (samples per micro-batch
-                                # step: a climb changes S only by steps that keep the meshes' shapes)
+                                # step: a climb moves S only by halving or doubling it, and only through better
+                                # layouts, so it rarely leaves the S it starts at)
 REPLAN_RERANK = 4               # and the event simulation re-checks the best four layouts found (and
                                 # those of the best `rerank` with fewer than RERANK_MARGIN_M micro-batches)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
@@ -130,13 +132,12 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     """Best-first branch and bound over the whole tree, keeping the best `keep` leaves: -> ({layout: closed-form
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
-    leaves it priced: on a tree too large to settle, the best-first order finds good leaves early, which seed
-    the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`; for a leaf also its own,
-    `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
+    leaves it priced, which seed the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`;
+    for a leaf also its own, `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
     left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py).
     `incumbent`: a plan's value to beat (only better leaves are priced then). `dive`: the nodes in diving order
-    (`replan.dive_order`) instead of best first, for seeding: it reaches leaves sooner and settles later.
-    `max_priced`: it stops, unsettled, after pricing this many leaves."""
+    (`branch_and_bound.dive_order`) instead of best first, for seeding: it reaches leaves sooner and settles later.
+    `max_priced`: it stops, unsettled, after pricing this many leaves (priced before or not)."""
     found, visits, settled = branch_and_bound(space, layout_value(space, ev), lambda c: space.leaf_bound(c, ev),
                                               keep, incumbent=incumbent, max_visits=max_visits, deadline=deadline,
                                               found=found, priority=dive_order(space) if dive else None,
@@ -146,9 +147,9 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
 
 
 def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None = None) -> dict:
-    """{layout: value} of leaves found by diving, for when best first priced none: from each of the `DIVES`
-    first decisions of lowest bound, the child of lowest bound down to a leaf (depth-first search's usual way to
-    an incumbent), then a climb (plan/local.py) from the best of them."""
+    """{layout: value} of leaves found by diving, for when the seeding enumeration priced none: from each of
+    the `DIVES` first decisions of lowest bound, the child of lowest bound down to a leaf (depth-first search's
+    usual way to an incumbent), then a climb (plan/local.py) from the best of them."""
     value = layout_value(space, ev)
     found: dict = {}
     for first in sorted(space.actions(()), key=lambda a: space.bound((a,)))[:DIVES]:
@@ -211,7 +212,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     t0 = time.perf_counter()
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
     leaves: dict[tuple, float] = {}
-    dived: dict[tuple, float] = {}      # leaves found by diving (dive_seeds), where best first priced none
+    dived: dict[tuple, float] = {}      # leaves found by diving (dive_seeds), where the enumeration priced none
     playouts, cut, trees = 0, False, 0
     priced = 0                          # layouts priced (in whichever process priced them)
     method = cfg.method
@@ -239,7 +240,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         visits = max(4000, int(ENUMERATION_VISITS * est)) if settle else SEED_VISITS
         seeds: dict = {}
         found, playouts = bounded_enumeration(sp, ev, max(cfg.rerank, 1), visits, deadline, seeds, dive=not settle)
-        if found is None and not seeds:     # best first priced no leaf: dive for a plan the trees must beat
+        if found is None and not seeds:     # it priced no leaf: dive for a plan the trees must beat
             dived = dive_seeds(sp, ev, deadline)
         priced = len(ev.cache)
         if found is not None:          # the bounds settled the tree: its best leaves are known exactly
@@ -278,7 +279,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
         finite = [t for t in leaves.values() if math.isfinite(t)]
         if not cut and not warm and not cfg.iterations and finite and est <= PROVE_TREE:
             # a tree the estimate put just above ENUMERATION_TREE (one estimate is heavy-tailed): best first again,
-            # pruned by the best leaf found, looks for a better one and usually proves there is none
+            # pruned by the best leaf found, looks for a better one and usually proves there is none (or gives up
+            # after PROVE_PRICED leaves)
             better: dict = {}
             before = len(ev.cache)
             bounded_enumeration(sp, ev, 1, int(ENUMERATION_VISITS * est), deadline, better, incumbent=min(finite),

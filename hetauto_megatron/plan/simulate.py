@@ -51,7 +51,7 @@ class MeshChoice:
 
 def num_micro_batches(layout, gbs: int) -> int:
     """Micro-batches per iteration of a layout (meshes of one pipeline, which all step dp x micro-batch samples)."""
-    return gbs // (layout[0].dp * layout[0].micro_batch_size)
+    return gbs // layout[0].samples_per_step
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
-    samples = choices[0].dp * choices[0].micro_batch_size
+    samples = choices[0].samples_per_step
     links, latency, cross = [], [], []
     for i in range(p - 1):
         if links and owners[i - 1] == owners[i] == owners[i + 1]:
