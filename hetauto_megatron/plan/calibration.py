@@ -132,12 +132,12 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                 model = ModelSpec(name=f"gpt-{row['params_b']}b", num_layers=row["layers"], hidden_size=h,
                                   num_attention_heads=row["heads"], ffn_hidden_size=4 * h, vocab_size=table["vocab"],
                                   seq_length=table["seq_len"], gated_mlp=False, position_embedding="learned",
-                                  tie_embeddings=bool(cfg["tie_embeddings"]))
+                                  tie_embeddings=cfg["tie_embeddings"])
                 tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
                 out.append(PublishedRun(
                     source, float(row["params_b"]), model, canonical_device_name(cfg["device"]) or cfg["device"], tp, pp, gpus // (tp * pp), row["batch"],
-                    int(cfg["micro_batch_size"]), table["recompute"], bool(cfg["flash_attention"]),
-                    bool(cfg["sequence_parallel"]), float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
+                    int(cfg["micro_batch_size"]), table["recompute"], cfg["flash_attention"],
+                    cfg["sequence_parallel"], float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
                     tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items())),
                     cfg["tp_comm_overlap"]))

@@ -133,8 +133,8 @@ def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_
     value} holding every leaf that can be among the best `keep` of the tree, nodes visited), or (None, visits)
     when it would need more than `max_visits` nodes (or run past `deadline`; `found`, if given, then holds the
     leaves it priced, which seed the tree search). Nodes are visited in order of their bound (`SearchSpace.bound`;
-    for a leaf also its own, `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends when the smallest bound
-    left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py).
+    for a leaf also its own, `SearchSpace.leaf_bound`), a leaf is priced when its turn comes, and the search ends
+    when the smallest bound left is above the `keep`-th best value found: no leaf left can enter the best `keep` (plan/branch_and_bound.py).
     `incumbent`: a plan's value to beat (only better leaves are priced then). `dive`: the nodes in diving order
     (`branch_and_bound.dive_order`) instead of best first, for seeding: it reaches leaves sooner and settles later.
     `max_priced`: it stops, unsettled, after pricing this many leaves (priced before or not)."""
@@ -154,11 +154,8 @@ def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None =
     found: dict = {}
     for first in sorted(space.actions(()), key=lambda a: space.bound((a,)))[:DIVES]:
         path = (first,)
-        while True:
-            acts = space.actions(path)
-            if not acts:
-                break
-            path += (min(acts, key=lambda a: space.bound(path + (a,))),)
+        while children := space.child_bounds(path):
+            path += (min(children, key=lambda ab: ab[1])[0],)
         t, meshes = value(path)
         if meshes is not None and math.isfinite(t):
             found[meshes] = t
