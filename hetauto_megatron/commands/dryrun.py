@@ -45,7 +45,8 @@ examples:
   hetauto dryrun --plan plan.yaml --tiny --timeline vs.png --compare     # predicted above measured
   hetauto dryrun --plan plan.yaml --tiny --emulate-links                 # links at the inventory's speed
 
-exit codes: 0 ok, 1 the run failed or did not match the reference, 2 invalid plan or options."""
+exit codes: 0 ok, 1 the run failed or did not match the reference, 2 invalid plan or options, or a run whose
+predicted memory (every rank is a process here) exceeds this machine's available memory: try --tiny."""
 
 TOLERANCE = 1e-5
 MAX_LOCAL_RANKS = 16

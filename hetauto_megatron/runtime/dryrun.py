@@ -63,12 +63,13 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     Raises InputError for a plan the launch rejects.
     """
     t0 = time.perf_counter()
+    run_plan = prepare_plan(plan, tiny=tiny, distributed_optimizer=distributed_optimizer)
+    check_host_memory(run_plan, tiny=tiny)
     preload_megatron()
     from ..cost.shared_cores import usable_cores
     from .launcher import LaunchError, launch
     from .train import reference_plan, train_rank
 
-    run_plan = prepare_plan(plan, tiny=tiny, distributed_optimizer=distributed_optimizer)
     launch_timeout = timeout_s * 4 + 60 * steps
     try:
         results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s, True, None,
@@ -103,6 +104,44 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
                                      for a, b in zip(report["steps"], report["reference"]))
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def available_host_bytes() -> int | None:
+    """Memory this machine can still give its processes (Linux's MemAvailable), or None where it is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host_memory(run_plan, *, tiny: bool) -> None:
+    """Refuse, before any process starts, a dry run the memory model says this machine cannot hold: every rank
+    is a process here, so the run needs the sum of the ranks' predicted memory (weights, gradients, optimizer
+    state, activations and the logits' workspace, in fp32). Without it the kernel kills the ranks one by one
+    and the run fails minutes later with nothing to say why."""
+    have = available_host_bytes()
+    if have is None:
+        return
+    predicted = predicted_stage_memory(run_plan)
+    need = 0
+    for i, mesh in enumerate(run_plan.meshes):
+        for local in range(mesh.num_devices):
+            want = predicted[(i, local // (mesh.tp * mesh.dp))]
+            need += sum(want[k] for k in MEMORY_PARTS) + want["activation_workspace"]
+    if need <= have:
+        return
+    from ..errors import InputError
+    fix = ("dry-run a plan with fewer devices or a shorter sequence, or on a machine with more memory" if tiny else
+           "add --tiny (it keeps the layer counts and the whole parallel layout and shrinks hidden size, heads, "
+           "vocabulary and sequence), or dry-run on a machine with more memory")
+    raise InputError(f"this dry run needs about {need / 2**30:.1f} GiB of host memory ({run_plan.world_size} "
+                     f"processes, one per device, each holding its stage's weights, gradients, optimizer state and "
+                     f"activations in fp32, as the memory model predicts) and this machine has "
+                     f"{have / 2**30:.1f} GiB available", field="--plan", fix=fix)
 
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")

@@ -103,7 +103,9 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
                         failures[rank] = got.get("error", "rejected its input")
                 elif not p.is_alive():
                     p.join()
-                    failures[rank] = f"process died (exit code {p.exitcode}) without reporting a result"
+                    failures[rank] = f"process died (exit code {p.exitcode}) without reporting a result" + (
+                        " (killed by SIGKILL: most often the machine ran out of memory)"
+                        if p.exitcode == -signal.SIGKILL else "")
                 if rank in failures and first_failure_at is None:
                     first_failure_at = time.monotonic()
             if len(set(payloads) | set(failures)) == world_size:
