@@ -111,33 +111,37 @@ def run_plan(run: dict) -> tuple[Plan, object] | None:
 
 class MeasuredLayers:
     """Diagnostic (in sample): the learned model with the transformer layers, the embedding and the head replaced
-    by Sailor's measured times of `sailor_model` on the GH200 at the asked TP and micro-batch (the median layer; its
-    TP all-reduces, which the planner adds back with the node's link, taken out in the job's element,
-    SAILOR_ELEMENT_BYTES, as the fit takes them out)."""
+    by Sailor's measured times of `sailor_model` at the asked TP and micro-batch (the median layer), on the Sailor
+    GPU each catalog device stands for (`gpus`: {device name: Sailor GPU}); its TP all-reduces, which the planner adds
+    back with the cluster's link inside a node, taken out at that link (`intra_node(gpu, tp)`, a LinkSpec) in the
+    job's element, SAILOR_ELEMENT_BYTES, as the fit takes them out."""
 
-    def __init__(self, cost_model, sailor_model: str, intra_node):
-        self.cost_model, self.intra_node = cost_model, intra_node
+    def __init__(self, cost_model, sailor_model: str, gpus: dict, intra_node):
+        self.cost_model, self.gpus, self.intra_node = cost_model, gpus, intra_node
         with open(os.path.join(L.SAILOR_DATA, "profiles_tmp.json")) as f:
-            self.entries = json.load(f)[sailor_model]["GH-96"]
+            self.entries = json.load(f)[sailor_model]
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "cost_model":     # copy.copy looks these up before __init__ has run
+            raise AttributeError(name)
         return getattr(self.cost_model, name)
 
-    def _entries(self, tp: int, mb: int) -> list:
-        e = self.entries[str(mb)][str(tp)]
+    def _entries(self, device, tp: int, mb: int) -> list:
+        e = self.entries[self.gpus[device.name]][str(mb)][str(tp)]
         return [e[str(i)] for i in range(len(e))]
 
     def layer_times(self, model, device, tp, mb, seq=None):
-        layers = self._entries(tp, mb)[1:-1]
-        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp, self.intra_node)
+        layers = self._entries(device, tp, mb)[1:-1]
+        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp,
+                                 self.intra_node(self.gpus[device.name], tp))
         med = lambda xs: sorted(xs)[len(xs) // 2]
         return med([x[0] for x in layers]) - 2 * ar, med([x[1] for x in layers]) - 2 * ar
 
     def embedding_times(self, model, device, tp, mb, seq=None):
-        return tuple(self._entries(tp, mb)[0][:2])
+        return tuple(self._entries(device, tp, mb)[0][:2])
 
     def head_times(self, model, device, tp, mb, seq=None):
-        return tuple(self._entries(tp, mb)[-1][:2])
+        return tuple(self._entries(device, tp, mb)[-1][:2])
 
 
 def whole_iterations(workdir: str, engine: str = "deepspeed", measured_layers: bool = False
@@ -156,7 +160,8 @@ def whole_iterations(workdir: str, engine: str = "deepspeed", measured_layers: b
                 skipped.append(r)
                 continue
             plan, inv = built
-            model = MeasuredLayers(cm, held, inv.clusters[0].intra_node) if measured_layers else cm
+            intra = inv.clusters[0].intra_node
+            model = MeasuredLayers(cm, held, {"gh200": "GH-96"}, lambda gpu, tp: intra) if measured_layers else cm
             e = simulate(plan, inv, model, engine=engine)
             rows.append({"run": r, "micro_batches": plan.num_micro_batches, "measured_s": r["measured_iteration_s"],
                          "predicted_s": e.iteration_time_s, "pipeline_s": e.pipeline_s, "dp_s": e.dp_exposed_s,

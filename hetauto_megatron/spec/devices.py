@@ -156,6 +156,16 @@ CATALOG: dict[str, DeviceType] = {d.name: d for d in [
        bf16=False, fused_attention=False),
     _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733, tf32=183),
     _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2, tf32=62.5),
+    # GeForce / TITAN cards (the 16-bit peak with FP32 accumulation, which training uses: half the FP16-accumulate
+    # figure on GeForce, the full rate on the TITAN RTX); Turing (sm75) has no BF16, no TF32 and no fused attention
+    _d("rtx-3090", "nvidia", 24, 71, 936, 32, "NVIDIA GeForce RTX 3090 24GB, PCIe Gen4", fp32=35.6, tf32=35.6),
+    _d("rtx-2080", "nvidia", 8, 40.3, 448, 16, "NVIDIA GeForce RTX 2080 8GB, PCIe Gen3 (FP16 tensor peak; no BF16)",
+       fp32=10.1, bf16=False, fused_attention=False),
+    _d("rtx-2080-ti", "nvidia", 11, 53.8, 616, 16,
+       "NVIDIA GeForce RTX 2080 Ti 11GB, PCIe Gen3 (FP16 tensor peak; no BF16)", fp32=13.4, bf16=False,
+       fused_attention=False),
+    _d("titan-rtx", "nvidia", 24, 130, 672, 16, "NVIDIA TITAN RTX 24GB, PCIe Gen3 (FP16 tensor peak; no BF16)",
+       fp32=16.3, bf16=False, fused_attention=False),
     _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)", fp32=47.9),
     _d("mi300x", "amd", 192, 1307, 5300, 448, "AMD Instinct MI300X 192GB, Infinity Fabric", fp32=163.4, fp8=2615),
     _d("ascend-910b", "ascend", 64, 320, 1600, 196, "Huawei Ascend 910B 64GB, HCCS"),
@@ -165,7 +175,9 @@ CATALOG: dict[str, DeviceType] = {d.name: d for d in [
 _ALIASES = {
     "a100": "a100-80gb", "a100-80": "a100-80gb", "a100-40": "a100-40gb", "h100": "h100-sxm", "h100-80gb": "h100-sxm",
     "gh-96": "gh200", "gh200-96gb": "gh200", "v100-32gb": "v100", "v100-16": "v100-16gb", "910b": "ascend-910b",
-    "ascend910b": "ascend-910b", "ascend-910b2": "ascend-910b", "mi300": "mi300x",
+    "ascend910b": "ascend-910b", "ascend-910b2": "ascend-910b", "mi300": "mi300x", "3090": "rtx-3090",
+    "geforce-rtx-3090": "rtx-3090", "2080": "rtx-2080", "geforce-rtx-2080": "rtx-2080", "2080-ti": "rtx-2080-ti", "rtx-2080ti": "rtx-2080-ti",
+    "geforce-rtx-2080-ti": "rtx-2080-ti", "titanrtx": "titan-rtx",
 }
 
 

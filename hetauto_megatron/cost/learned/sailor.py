@@ -34,25 +34,23 @@ SAILOR_MODELS = {
     "OPT-30": ModelSpec("OPT-30", 48, 7168, 56, 28672, 50272, 2048, gated_mlp=False, position_embedding="learned"),
     "LLAMA-3-8": ModelSpec("LLAMA-3-8", 32, 4096, 32, 16384, 128256, 8192, gated_mlp=True, position_embedding="rope"),
 }
-# Sailor GPU names -> our catalog; GPUs outside the catalog still train the model with their datasheet figures
-# (dense FP16 tensor throughput with FP32 accumulation, memory bandwidth).
-SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200"}
-SAILOR_EXTRA_GPUS = {"Titan-RTX": (130.0, 672.0), "RTX-2080": (40.3, 448.0), "RTX-3090": (71.0, 936.0)}
+# Sailor GPU names -> our catalog (datasheet figures: the 16-bit tensor peak with FP32 accumulation, the FP32 peak
+# without tensor cores, the TF32 peak where the GPU has TF32, memory bandwidth). Sailor's "RTX-2080" is the 2080 Ti:
+# its cluster configuration gives those GPUs 11 GiB (sailor/Planner/simulations/configs/basic_cluster_config.json;
+# a 2080 has 8), and its measured fp32 OPT-350 layers run at 8.2-8.5 TFLOP/s forward, 84 % of a 2080's FP32 peak
+# (10.1) where the TITAN RTX's and the V100's run at 55-60 % of theirs; 63 % of the 2080 Ti's 13.4.
+SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-16gb", "GH-96": "gh200",
+               "Titan-RTX": "titan-rtx", "RTX-2080": "rtx-2080-ti", "RTX-3090": "rtx-3090"}
 # Every run was an fp32 job (cost/sailor_job.py gives the evidence): 4-byte activations, TP all-reduces and softmax
 # passes, whether its GEMMs ran on the TF32 tensor cores or on the CUDA cores (sailor_precisions).
 # Datasheet FP32 throughput without tensor cores (TF32 off), TFLOP/s: the ceiling of a run in plain FP32.
-SAILOR_FP32_TFLOPS = {"A100-40": 19.5, "A100-80": 19.5, "V100-16": 15.7, "GH-96": 67.0, "Titan-RTX": 16.3,
-                      "RTX-2080": 10.1, "RTX-3090": 35.6}
-# Dense TF32 tensor peak of the GPUs outside the catalog that have TF32 (Turing has none); catalog GPUs: theirs.
-SAILOR_EXTRA_TF32_TFLOPS = {"RTX-3090": 35.6}
+SAILOR_FP32_TFLOPS = {gpu: CATALOG[name].peak_tflops_at("fp32") for gpu, name in SAILOR_GPUS.items()}
 
 
 def sailor_tf32_tflops(gpu: str) -> float | None:
     """The dense TF32 tensor peak of a Sailor GPU, the ceiling of an fp32 run whose GEMMs ran on TF32; None
     where the GPU has no TF32 (V100, Turing)."""
-    if gpu in SAILOR_GPUS:
-        return CATALOG[SAILOR_GPUS[gpu]].peak_tflops_at("tf32")
-    return SAILOR_EXTRA_TF32_TFLOPS.get(gpu)
+    return CATALOG[SAILOR_GPUS[gpu]].peak_tflops_at("tf32") if gpu in SAILOR_GPUS else None
 # The measurements ship inside the package (with their MIT attribution), so `hetauto fit --sailor` works from an
 # installed copy without a path.
 SAILOR_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "sailor")
@@ -87,8 +85,6 @@ def sailor_device(gpu: str) -> tuple[str, float, float]:
     if gpu in SAILOR_GPUS:
         d = CATALOG[SAILOR_GPUS[gpu]]
         return d.name, d.peak_tflops, d.hbm_gbps
-    if gpu in SAILOR_EXTRA_GPUS:
-        return gpu.lower(), *SAILOR_EXTRA_GPUS[gpu]
     return "", 0.0, 0.0
 
 
