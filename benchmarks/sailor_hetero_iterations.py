@@ -5,8 +5,8 @@ TITAN RTX, three of 8 RTX 2080 Ti; OPT-350, fp32, micro-batch 2): nine runs mixi
 pipeline, inside a stage as data-parallel replicas of different types, or both. Each run is written as a hetauto
 plan: every node a cluster of its own, every replica group of a stage a mesh (`alongside` where a stage has
 several), the job's settings as benchmarks/sailor_iterations.py takes them (no sequence parallelism, no optimizer
-sharding, no overlapped gradient reduction, fp32, the RTX 3090's GEMMs on TF32 as NVIDIA's container runs them,
-every pipeline boundary blocking as DeepSpeed's engine runs it). The network is Sailor's measurement of that cluster:
+sharding, no overlapped gradient reduction, fp32 (none of these GPUs gains from TF32: Turing has none, the RTX
+3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as DeepSpeed's engine runs it). The network is Sailor's measurement of that cluster:
 the all-reduce curves inside a node and between nodes of one type (network_coeffs_all_homo.json) and the send
 curves between the nodes (multizone_bandwidths_het.json), fitted as alpha-beta links over 1 MB - 1 GB messages.
 `plan/simulate.py` (plan/multi_simulate.py for the mixed stages) composes the iteration: the layers, embedding and
@@ -31,6 +31,7 @@ them): the composition's error alone.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -54,7 +55,6 @@ from hetauto_megatron.spec.inventory import LinkSpec, inventory_from_dict  # noq
 
 ZONE = "us-central1-a"          # Sailor's name for the MIT cluster's one site
 GPUS_PER_NODE = 8               # sailor/Planner/simulations/configs/basic_cluster_config.json
-TF32 = {"RTX-3090"}             # Ampere: NVIDIA's container runs its fp32 GEMMs on TF32; Turing has none
 SIZES = [2 ** (k / 2) * 1e6 for k in range(21)]      # 1 MB .. 1 GB
 # Sailor's simulator on each run (iteration seconds), as its validate.py prices them (see the docstring).
 SAILOR_SIMULATOR = {"mit/N2/plan_config_N2_D1.json": 120.952, "mit/N2/plan_config_N2_D2.json": 81.315,
@@ -69,6 +69,7 @@ def load_runs() -> list[dict]:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=None)
 def send_link(a: str, b: str, per_node: int) -> dict:
     """The link between a node of GPU type a and one of type b as Sailor measured it: `per_node` GPU pairs sending at
     once (the curve of that many GPUs per node: the bandwidth of all of them together) for the link, one pair alone
@@ -93,7 +94,7 @@ def run_plan(run: dict) -> tuple[dict, dict]:
             used[gpu] = used.get(gpu, 0) + 1
             name = f"{SAILOR_GPUS[gpu]}-{used[gpu]}"
             clusters.append({"name": name, "device": SAILOR_GPUS[gpu], "nodes": 1, "devices_per_node": GPUS_PER_NODE,
-                             "tf32": gpu in TF32, "intra_node": measured_link("intra", tp, tp, gpu),
+                             "intra_node": measured_link("intra", tp, tp, gpu),
                              "inter_node": measured_link("inter", tp, 2, gpu), "_gpu": gpu, "_tp": tp})
             meshes.append({"cluster": name, "device_type": SAILOR_GPUS[gpu], "tp": tp, "dp": 1,
                            "micro_batch_size": run["micro_batch_size"], "recompute": "none",
@@ -104,7 +105,7 @@ def run_plan(run: dict) -> tuple[dict, dict]:
         for y in range(x + 1, len(clusters)):
             a, b = clusters[x], clusters[y]
             links.append({"between": [a["name"], b["name"]],
-                          **send_link(a["_gpu"], b["_gpu"], min(a["_tp"], b["_tp"]))})
+                          **send_link(*sorted((a["_gpu"], b["_gpu"])), min(a["_tp"], b["_tp"]))})
     inv = {"clusters": [{k: v for k, v in c.items() if not k.startswith("_")} for c in clusters], "links": links}
     plan = {"version": 4, "model": model.to_dict(), "global_batch_size": run["global_batch_size"],
             "precision": PRECISION, "meshes": meshes, "inventory": inv}

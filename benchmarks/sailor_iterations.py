@@ -44,6 +44,7 @@ from hetauto_megatron.cost import comm  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, fit_ring_allreduce  # noqa: E402
 from hetauto_megatron.cost.sailor_job import SAILOR_ELEMENT_BYTES, SAILOR_JOB_PRECISION  # noqa: E402
+from hetauto_megatron.plan.costing import tp_collective_link  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
 from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
@@ -113,8 +114,9 @@ class MeasuredLayers:
     """Diagnostic (in sample): the learned model with the transformer layers, the embedding and the head replaced
     by Sailor's measured times of `sailor_model` at the asked TP and micro-batch (the median layer), on the Sailor
     GPU each catalog device stands for (`gpus`: {device name: Sailor GPU}); its TP all-reduces, which the planner adds
-    back with the cluster's link inside a node, taken out at that link (`intra_node(gpu, tp)`, a LinkSpec) in the
-    job's element, SAILOR_ELEMENT_BYTES, as the fit takes them out."""
+    back on the link its TP collectives run on (costing.tp_collective_link of the cluster's link inside a node,
+    `intra_node(gpu, tp)`, a LinkSpec), taken out on that link in the job's element, SAILOR_ELEMENT_BYTES, as the fit
+    takes them out."""
 
     def __init__(self, cost_model, sailor_model: str, gpus: dict, intra_node):
         self.cost_model, self.gpus, self.intra_node = cost_model, gpus, intra_node
@@ -132,8 +134,8 @@ class MeasuredLayers:
 
     def layer_times(self, model, device, tp, mb, seq=None):
         layers = self._entries(device, tp, mb)[1:-1]
-        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp,
-                                 self.intra_node(self.gpus[device.name], tp))
+        link = tp_collective_link(self.cost_model, device, tp, self.intra_node(self.gpus[device.name], tp))
+        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp, link)
         med = lambda xs: sorted(xs)[len(xs) // 2]
         return med([x[0] for x in layers]) - 2 * ar, med([x[1] for x in layers]) - 2 * ar
 

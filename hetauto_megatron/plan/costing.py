@@ -48,6 +48,7 @@ class StageProfile:
     optimizer_rate: float = 1.0     # the optimizer step: rate x its memory traffic + optimizer_step_s
     optimizer_step_s: float = 0.0   # (the cost model's optimizer_calibration; analytic: 1, 0)
     memory_job: JobMemory | None = None   # every stage must also fit as this job holds memory (--memory-job)
+    tp_link: LinkSpec | None = None       # the link its TP collectives run on (tp_collective_link); None: intra_node
 
     def times(self, layers: int, first: bool, last: bool) -> tuple[float, float]:
         f = layers * self.layer_fwd + (self.emb_fwd if first else 0.0) + (self.head_fwd if last else 0.0)
@@ -69,7 +70,8 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     # two more when a full recompute re-runs the forward. TP stays inside a node (enforced by the search).
     # The host floor bounds each pass's compute and all-reduces together (one host thread issues both).
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
-    ar = comm.allreduce_time(act, tp, cluster.intra_node)
+    tp_link = tp_collective_link(cost_model, dev, tp, cluster.intra_node)
+    ar = comm.allreduce_time(act, tp, tp_link)
     tp_f = tp_b = 2 * ar
     overlapping = _tp_overlap_pricer(cost_model)
     if tp > 1 and settings.sequence_parallel and overlapping is not None:   # a published job's --tp-comm-overlap
@@ -83,7 +85,15 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     dp_link = dp_ring_link(cluster, tp, dp)
     opt_rate, opt_step = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
-                        dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev))
+                        dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev), tp_link)
+
+
+def tp_collective_link(cost_model, device, tp: int, intra_node: LinkSpec) -> LinkSpec:
+    """The link a mesh's TP collectives run on: the node's, unless the cost model measured that device's layers
+    running them slower at this TP degree (a learned model's `tp_link`: PCIe GPUs without peer access, whose
+    all-reduces go through host memory), in which case at that measured rate. The analytic model has none."""
+    pick = getattr(cost_model, "tp_link", None)
+    return pick(device, tp, intra_node) if pick is not None and tp > 1 else intra_node
 
 
 def _tp_overlap_pricer(cost_model):

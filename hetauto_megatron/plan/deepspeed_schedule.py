@@ -146,11 +146,12 @@ def deepspeed_transfer_time(model: ModelSpec, a, b, link, same_cluster: bool, sa
 
 def partition_gather_time(model: ModelSpec, prof) -> float:
     """PartitionedTensor.full of one micro-batch's activation (or gradient) on a stage of TP > 1: an all-gather
-    of the whole tensor, in the stage's element, over its TP ranks on the node's link; 0 with TP 1."""
+    of the whole tensor, in the stage's element, over its TP ranks on the link its TP collectives run on
+    (costing.tp_collective_link); 0 with TP 1."""
     if prof.tp == 1:
         return 0.0
     nbytes = prof.cluster.device.dtype_bytes * prof.micro_batch_size * model.seq_length * model.hidden_size
-    return comm.all_gather_time(nbytes, prof.tp, prof.cluster.intra_node)
+    return comm.all_gather_time(nbytes, prof.tp, prof.tp_link or prof.cluster.intra_node)
 
 
 def partitioned_passes(fwd: list[float], bwd: list[float], gather: list[float]) -> tuple[list[float], list[float]]:

@@ -157,8 +157,11 @@ CATALOG: dict[str, DeviceType] = {d.name: d for d in [
     _d("l40s", "nvidia", 48, 362, 864, 32, "NVIDIA L40S 48GB, PCIe Gen4", fp32=91.6, fp8=733, tf32=183),
     _d("a10", "nvidia", 24, 125, 600, 32, "NVIDIA A10 24GB, PCIe Gen4", fp32=31.2, tf32=62.5),
     # GeForce / TITAN cards (the 16-bit peak with FP32 accumulation, which training uses: half the FP16-accumulate
-    # figure on GeForce, the full rate on the TITAN RTX); Turing (sm75) has no BF16, no TF32 and no fused attention
-    _d("rtx-3090", "nvidia", 24, 71, 936, 32, "NVIDIA GeForce RTX 3090 24GB, PCIe Gen4", fp32=35.6, tf32=35.6),
+    # figure on GeForce, the full rate on the TITAN RTX); Turing (sm75) has no BF16, no TF32 and no fused attention.
+    # The RTX 3090's dense TF32 tensor peak equals its FP32 peak (35.6): an fp32 job gains nothing from TF32 there,
+    # and its measured runs cannot tell the two apart (cost/learned/sailor.py sailor_precisions), so it is listed
+    # without TF32.
+    _d("rtx-3090", "nvidia", 24, 71, 936, 32, "NVIDIA GeForce RTX 3090 24GB, PCIe Gen4", fp32=35.6),
     _d("rtx-2080", "nvidia", 8, 40.3, 448, 16, "NVIDIA GeForce RTX 2080 8GB, PCIe Gen3 (FP16 tensor peak; no BF16)",
        fp32=10.1, bf16=False, fused_attention=False),
     _d("rtx-2080-ti", "nvidia", 11, 53.8, 616, 16,

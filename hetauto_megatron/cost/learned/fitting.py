@@ -13,6 +13,7 @@ from ...errors import InputError
 from .. import features as F
 from .model import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples, save_model
 from .sailor import (SailorLayer, load_sailor, load_sailor_updates, sailor_device_infos, sailor_host_floors,
+                     sailor_tp_allreduce_rates,
                      sailor_layer_samples, sailor_samples)
 from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
 
@@ -152,6 +153,7 @@ def train_sailor_model(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     floor those configurations measured."""
     model = train_model(sailor_samples(layers, score_bwd_weight, gemm_bwd_weight), seed, rounds)
     model.host_floor = sailor_host_floors(layers)
+    model.tp_allreduce = sailor_tp_allreduce_rates(layers)
     model.score_bwd_weight, model.gemm_bwd_weight = score_bwd_weight, gemm_bwd_weight
     return model
 
@@ -367,6 +369,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     model = train_model(samples, seed, rounds)
     model.score_bwd_weight, model.gemm_bwd_weight = score_weight, gemm_weight
     model.host_floor = sailor_host_floors(sailor) if sailor_dir else {}
+    model.tp_allreduce = sailor_tp_allreduce_rates(sailor) if sailor_dir else {}
     model.composition, report = fit_composition(model, devices, layers)
     model.optimizer = optimizer
     heldout.update(report)

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 from ...errors import InputError
 from ...spec.devices import DeviceType, canonical_device_name
+from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
-from .samples import BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key, host_floor_key
+from .samples import (BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key, host_floor_key,
+                      tp_allreduce_key)
 
 
 # ---- fitting -----------------------------------------------------------------------------------------------
@@ -45,6 +47,8 @@ class FittedModel:
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
     host_floor: dict = dataclasses.field(default_factory=dict)    # host_floor_key -> seconds (sailor_host_floors)
     gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
+    tp_allreduce: dict = dataclasses.field(default_factory=dict)  # "device|tpN" -> bytes/s its layers' TP all-reduces
+                                                                  # ran at (sailor_tp_allreduce_rates)
 
     def floor_s(self, device: str, phase: str, tp: int) -> float:
         """The device's host floor for a layer's pass at TP degree `tp`, compute and TP all-reduces together
@@ -118,6 +122,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
                 "optimizer_step": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
                 "score_bwd_weight": model.score_bwd_weight, "gemm_bwd_weight": model.gemm_bwd_weight,
                 "host_floor": dict(sorted(model.host_floor.items())),
+                "tp_allreduce_bytes_per_s": dict(sorted(model.tp_allreduce.items())),
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     with open(os.path.join(out_dir, MANIFEST), "w") as fh:
@@ -229,6 +234,12 @@ class LearnedCostModel:
             raise InputError("has a garbled host_floor table", file=path, field="host_floor",
                              fix="re-fit it with 'hetauto fit'")
         self.fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
+        rates = man.get("tp_allreduce_bytes_per_s", {})   # models fitted before it existed: the node's link
+        if not isinstance(rates, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in rates.values()):
+            raise InputError("has a garbled tp_allreduce_bytes_per_s table", file=path, field="tp_allreduce_bytes_per_s",
+                             fix="re-fit it with 'hetauto fit'")
+        self.fitted.tp_allreduce = {str(k): float(v) for k, v in rates.items()}
         # Covered: measured in both phases at its granularity, in the arithmetic its DeviceInfo states (the
         # calibration has groups for both phases in it).
         groups = {(d, g, ph, a) for d, g, ph, _, a in (k.split("|") for k in self.fitted.calibration)}
@@ -348,6 +359,16 @@ class LearnedCostModel:
         if info.granularity != "layer":
             return 0.0, 0.0
         return self.fitted.floor_s(info.name, "fwd", tp), self.fitted.floor_s(info.name, "bwd", tp)
+
+    def tp_link(self, device: DeviceType, tp: int, link: LinkSpec) -> LinkSpec:
+        """The link `device`'s TP collectives run on at degree `tp`: `link` (the node's), or where this device's
+        measured layers ran their all-reduces slower at that degree, that rate (sailor_tp_allreduce_rates; the
+        fit set the all-reduces apart at it, so the planner adds them back at it)."""
+        info = self._info(device)
+        rate = self.fitted.tp_allreduce.get(tp_allreduce_key(info.name, tp)) if info is not None else None
+        if rate is None or rate >= link.bytes_per_s:
+            return link
+        return dataclasses.replace(link, bandwidth_gbps=rate * 8 / 1e9)
 
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Per-iteration fixed time: no measurement covers it, the analytic model's constant."""

@@ -15,7 +15,7 @@ from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
 from ..memory import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
-from .samples import DeviceInfo, Sample, host_floor_key
+from .samples import DeviceInfo, Sample, host_floor_key, tp_allreduce_key
 
 
 # ---- Sailor per-layer GPU measurements ---------------------------------------------------------------------
@@ -147,7 +147,8 @@ def load_sailor(directory: str) -> list[SailorLayer]:
     prec = sailor_precisions(out)
     out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
     fits = read_allreduce_fits(directory)
-    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits)) for r in out]
+    rates = sailor_tp_allreduce_rates(out)
+    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits, rates)) for r in out]
 
 
 def forward_tflops(r: SailorLayer) -> float:
@@ -320,13 +321,60 @@ def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> t
     return best[1], best[2]
 
 
-def tp_allreduces_s(r: SailorLayer, fits: dict) -> float:
+def tp_allreduces_s(r: SailorLayer, fits: dict, rates: dict | None = None) -> float:
     """The tensor-parallel all-reduces a measured layer contains, per pass (Megatron: two in the forward, two
-    in the backward, each of the layer's activations), which the compute roofline does not price."""
+    in the backward, each of the layer's activations), which the compute roofline does not price: on Sailor's
+    all-reduce curve of the GPU, or at the bus bandwidth its layers ran them at (`rates`,
+    sailor_tp_allreduce_rates) where that is slower."""
     if r.shape.kind != "transformer" or r.shape.tp <= 1:
         return 0.0
+    n = r.shape.tp
     nbytes = r.shape.micro_batch * r.shape.seq * r.shape.hidden * r.dtype_bytes
-    return 2 * sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, r.shape.tp)
+    t = sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, n)
+    rate = (rates or {}).get(tp_allreduce_key(r.device, n))
+    if rate:
+        t = max(t, 2 * (n - 1) / n * nbytes / rate)
+    return 2 * t
+
+
+def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, float]:
+    """tp_allreduce_key -> the bus bandwidth (bytes/s) a GPU's TP all-reduces ran at inside its measured layers.
+
+    With the same model and micro-batch measured at TP 1 and TP n, the TP n pass is its compute, read as the TP 1
+    pass's time per unit of roofline prior applied to the TP n shape's prior (how Megatron's split shrinks each
+    GEMM), plus two all-reduces of the layer's activation, each taking half the rest: a bus bandwidth of
+    2(n-1)/n x its bytes over that (the reading test_tp_all_reduces_set_apart_match_what_the_tp4_layers_measure
+    checks on the A100). Read at each model's largest micro-batch measured at both (the largest message: the least
+    latency and host time in it), the median over the models and the two passes.
+    The fit sets a layer's all-reduces apart at this rate where it is slower than Sailor's all-reduce curve of the
+    GPU (tp_allreduces_s), and the planner adds them back at it (LearnedCostModel.tp_link). It is on the PCIe GPUs
+    of Sailor's MIT cluster that this matters: their layers ran the all-reduces 1.5-6x slower than Sailor's curves
+    of the same nodes give (TITAN RTX at TP 8: 5.2 GB/s against 24.3; RTX 3090 at TP 8: 1.5 against 5.3), so a
+    fit that set the curve's time apart left the rest to a compute roofline that cannot hold it: 31 % MAPE, worst
+    122 %, over these GPUs' OPT-350 layers at TP 1-8 (in sample); 5 %, worst 45 % (micro-batch 1), at the layers'
+    rate. On the A100, V100 and GH200 the readings sit around the curve (0.9-2x; A100-80 at TP 2: 0.4)."""
+    groups: dict[tuple, list[SailorLayer]] = {}
+    for r in layers:
+        if r.shape.kind == "transformer":
+            groups.setdefault((r.model, r.gpu, r.device, r.shape.tp, r.shape.micro_batch), []).append(r)
+    largest: dict[tuple, int] = {}
+    for (m, g, dev, tp, mb) in groups:
+        if tp > 1 and (m, g, dev, 1, mb) in groups:
+            largest[(m, g, dev, tp)] = max(largest.get((m, g, dev, tp), 0), mb)
+    readings: dict[str, list[float]] = {}
+    for (m, g, dev, tp), mb in largest.items():
+        many, one = groups[(m, g, dev, tp, mb)], groups[(m, g, dev, 1, mb)]
+        nbytes = mb * many[0].shape.seq * many[0].shape.hidden * many[0].dtype_bytes
+        key = tp_allreduce_key(dev, tp)
+        for phase in ("fwd", "bwd"):
+            t_n = statistics.median(getattr(r, f"{phase}_s") for r in many)
+            t_1 = statistics.median(getattr(r, f"{phase}_s") for r in one)
+            prior = {k: _layer_row(grp[0].shape, phase, grp[0].dtype_bytes, grp[0].compute_tflops, grp[0].hbm_gbps,
+                                   1.0, 1.0)[1] for k, grp in ((1, one), (tp, many))}
+            each = (t_n - t_1 / prior[1] * prior[tp]) / 2
+            if each > 0:
+                readings.setdefault(key, []).append(2 * (tp - 1) / tp * nbytes / each)
+    return {k: statistics.median(v) for k, v in sorted(readings.items())}
 
 
 @lru_cache(maxsize=8192)

@@ -136,6 +136,11 @@ def host_floor_key(device: str, phase: str, tp: int) -> str:
     return f"{device}|{phase}|{'tp1' if tp <= 1 else 'tp>1'}"
 
 
+def tp_allreduce_key(device: str, tp: int) -> str:
+    """The key of a device's measured TP all-reduce rate at degree `tp` (sailor_tp_allreduce_rates)."""
+    return f"{device}|tp{tp}"
+
+
 def calibration_key(device: str, granularity: str, phase: str, features, arithmetic: str = "") -> str:
     """device|granularity|phase|operator or layer kind|arithmetic (F.ARITHMETIC_BYTES; "" = the features' element
     size's). TF32 and CUDA-core fp32 runs move the same 4-byte elements at different rates: separate groups."""

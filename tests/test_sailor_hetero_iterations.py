@@ -1,0 +1,85 @@
+"""Sailor's measured runs on three GPU types (its MIT cluster: RTX 3090, TITAN RTX, RTX 2080 Ti; OPT-350, fp32):
+the learned model's layers against the GPUs' measured layers at TP 1-8, and whole heterogeneous iterations composed
+by the simulator against the measured ones (benchmarks/sailor_hetero_iterations.py prints both tables)."""
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import sailor_hetero_iterations as H  # noqa: E402
+
+from hetauto_megatron.cost import learned as L  # noqa: E402
+from hetauto_megatron.plan import costing  # noqa: E402
+from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
+
+PCIE_GPUS = ("Titan-RTX", "RTX-2080", "RTX-3090")
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sailor-hetero"))
+    L.fit([], out, sailor_dir=L.SAILOR_DATA, holdout=0.0)
+    return L.LearnedCostModel(out)
+
+
+def test_tp_all_reduces_are_read_at_the_rate_the_layers_ran_them(fitted):
+    """On the PCIe GPUs the layers' TP all-reduces ran far below Sailor's all-reduce curves of the same nodes: the
+    fit reads their rate from the layers (sailor_tp_allreduce_rates) and the planner prices the GPUs' TP
+    collectives at it (`tp_link`), while a GPU whose layers ran them near the curve (the A100-40) keeps the node's
+    link."""
+    rates = L.sailor_tp_allreduce_rates(L.load_sailor(L.SAILOR_DATA))
+    for dev in ("titan-rtx", "rtx-2080-ti", "rtx-3090"):
+        assert rates[f"{dev}|tp8"] < 6e9, (dev, rates[f"{dev}|tp8"])        # Sailor's curves: 5.3-24.6 GB/s
+    link = H.intra_link("Titan-RTX", 8)
+    titan = inventory_from_dict({"clusters": [{"name": "t", "device": "titan-rtx", "nodes": 1,
+                                               "devices_per_node": 8}]}).with_precision("fp32").clusters[0].device
+    assert fitted.tp_link(titan, 8, link).bytes_per_s == pytest.approx(rates["titan-rtx|tp8"])
+    a100 = inventory_from_dict({"clusters": [{"name": "a", "device": "a100-40gb", "nodes": 1, "devices_per_node": 4,
+                                              "tf32": True}]}).with_precision("fp32").clusters[0].device
+    slow = dataclasses.replace(link, bandwidth_gbps=100.0)       # below every A100 reading: the link stands
+    assert fitted.tp_link(a100, 2, slow) == slow
+
+
+def test_pcie_gpu_layers_at_every_tp_degree_match_their_measurements(fitted):
+    """In sample (these GPUs were profiled on OPT-350 only): a layer priced as the planner prices it (learned
+    compute, the TP all-reduces on the link the TP collectives run on, the host floor) against Sailor's measured
+    median layer, TP 1-8, micro-batch 2-8, on each node's link as Sailor measured it. Target 10 % MAPE, the issue's
+    per-pass target; setting the curve's all-reduce time apart instead of the layers' left 31 %, worst 122 %, with
+    micro-batch 1 (TP 8 on the RTX 3090: +40 %, the host's share) 5 %."""
+    with open(os.path.join(L.SAILOR_DATA, "profiles_tmp.json")) as f:
+        prof = json.load(f)["OPT-350"]
+    model = L.SAILOR_MODELS["OPT-350"]
+    errs = []
+    for gpu in PCIE_GPUS:
+        for tp in (1, 2, 4, 8):
+            inv = inventory_from_dict({"clusters": [{"name": "c", "device": L.SAILOR_GPUS[gpu], "nodes": 1,
+                                                     "devices_per_node": 8,
+                                                     "intra_node": H.measured_link("intra", max(tp, 2), max(tp, 2),
+                                                                                   gpu)}]}).with_precision("fp32")
+            for mb in (2, 4, 8):
+                e = prof[gpu].get(str(mb), {}).get(str(tp))
+                if not e:
+                    continue
+                p = costing.stage_profile(model, inv.clusters[0], tp, 1, mb, "none", fitted)
+                for got, i in ((p.layer_fwd, 0), (p.layer_bwd, 1)):
+                    want = statistics.median(e[str(k)][i] for k in range(1, model.num_layers + 1))
+                    errs.append(abs(got / want - 1))
+    assert len(errs) >= 60
+    assert 100 * sum(errs) / len(errs) <= 10.0, 100 * sum(errs) / len(errs)
+
+
+@pytest.mark.xfail(strict=True, reason="13.6 % on main: the exchange of a stage's gradients among 3-6 replica groups "
+                                       "is priced as hetauto's runtime runs it (gather to the first group, scatter "
+                                       "back), Sailor's runs reduced them in one ring (docs/cost-model-learned.md)")
+def test_whole_heterogeneous_iterations_reach_sailors_simulator(fitted):
+    """The nine measured runs composed with the learned model (out of sample: nothing of the runs is fitted); the
+    target is Sailor's own simulator on the same runs, 10.3 % MAPE."""
+    rows = H.compose(fitted)
+    assert len(rows) == 9 and all(r["predicted_s"] > 0 for r in rows)
+    errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in rows]
+    assert sum(errs) / len(errs) <= 10.3
