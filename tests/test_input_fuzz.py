@@ -189,6 +189,39 @@ def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
         check_error(rc, err, field="-o")
 
 
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
+def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
+    """/proc passes every check made before the work (it exists, root may write to it) but takes no new files,
+    and /proc/version refuses writes (EIO): each write's OSError was a traceback."""
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet", "-o"]
+    for target in ("/proc/hetauto-p.yaml", "/proc/version"):
+        rc, _, err = run_cli(base + [target], capsys)
+        check_error(rc, err, field="-o", words=[target, "cannot write"])
+    rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", "/proc/hetauto-zz"], capsys)
+    check_error(rc, err, field="--out", words=["/proc/hetauto-zz"])
+    profile, _ = tiny_cpu_model
+    rc, _, err = run_cli(["fit", str(profile), "-o", "/proc/hetauto-zz", "--holdout", "0"], capsys)
+    check_error(rc, err, field="-o", words=["/proc/hetauto-zz"])
+
+
+def test_output_file_name_taken_by_a_directory(tiny_cpu_model, tmp_path, capsys):
+    """A directory where emit, plan --emit or fit writes a file (site-a.sh, summary.txt, manifest.json, ...)."""
+    plan = str(tmp_path / "p.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    for target, name in (("megatron", "site-a.sh"), ("summary", "summary.txt"),
+                         ("deepspeed", "ds_config.site-a.json")):
+        out = tmp_path / f"out-{target}"
+        (out / name).mkdir(parents=True)
+        rc, _, err = run_cli(["emit", target, "--plan", plan, "-o", str(out)], capsys)
+        check_error(rc, err, field="-o", words=[name, "directory"])
+    rc, _, err = run_cli(base + ["-o", str(tmp_path / "p2.yaml"), "--emit", str(tmp_path / "out-megatron")], capsys)
+    check_error(rc, err, field="--emit", words=["site-a.sh"])
+    (tmp_path / "fx" / "manifest.json").mkdir(parents=True)
+    rc, _, err = run_cli(["fit", str(tiny_cpu_model[0]), "-o", str(tmp_path / "fx"), "--holdout", "0"], capsys)
+    check_error(rc, err, field="-o", words=["manifest.json", "directory"])
+
+
 def test_dryrun_timeout_must_be_a_number_of_seconds(capsys):
     plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
     for value in ("nan", "inf", "-1"):

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from ..outputs import output_errors
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_file,
                       check_timeline_paths, load_inputs, write_timelines)
 
@@ -171,7 +172,8 @@ def run(args) -> int:
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
     if args.output:
-        plan.save(args.output)
+        with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
+            plan.save(args.output)
         written.append(args.output)
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
@@ -286,21 +288,22 @@ def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
     from ..emit.deepspeed import emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
-    from .emit import make_out_dir, write_deepspeed, write_megatron, write_summary
-    make_out_dir(out_dir, field="--emit")
+    from ..outputs import make_output_dir
+    from .emit import write_deepspeed, write_megatron, write_summary
+    make_output_dir(out_dir, "--emit")
     if plan.engine == "deepspeed":      # made for DeepSpeed's pipeline engine: its configs are what runs it
         print("hetauto plan: the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs "
               "written, no Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the "
               "plan's estimate does not price)", file=sys.stderr)
-        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
-                + write_summary(format_summary(plan, plan.estimate), out_dir))
-    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
+        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
+                + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit"))
+    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir, "--emit")
     if plan.is_simple:
-        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
+        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
     else:
         # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
         from ..plan.shapes import describe_shape
         print(f"hetauto plan: no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
               "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes too)",
               file=sys.stderr)
-    return written + write_summary(format_summary(plan, plan.estimate), out_dir)
+    return written + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit")
