@@ -63,10 +63,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--global-batch-size", type=int, default=512, metavar="N",
                         help="sequences per iteration (default 512)")
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
-                        help="mcts (default) or exhaustive (every leaf of the same tree; small instances)")
+                        help="mcts (default) or exhaustive (every leaf of the same tree; small instances: it says "
+                             "its progress on stderr and stops at --budget-s with the best leaf so far)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
                         help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
-    parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
+    parser.add_argument("--budget-s", type=float, metavar="S",
+                        help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
+                             "best plan found so far; the output then says '(cut by --budget-s)'")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
     parser.add_argument("--engine", choices=("megatron", "deepspeed"), default="megatron",
                         help="the pipeline engine the plan is for: megatron (hetauto's runtime and Megatron-LM; the "
