@@ -114,6 +114,15 @@ def test_huge_model_and_batch_are_refused(tmp_path, capsys):
     check_error(rc, err, field="--global-batch-size")
 
 
+@pytest.mark.parametrize("flag", [["--tp", "2"], ["--recompute", "full"], ["--cluster", "site-b"]])
+def test_layout_flags_beside_a_plan_are_refused(flag, capsys):
+    """--recompute and --cluster beside --plan were silently ignored (--tp was refused): each is refused,
+    the message naming it and what may change with --plan."""
+    plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--plan", plan] + flag, capsys)
+    check_error(rc, err, field="--plan", words=[flag[0], "--global-batch-size, --seq-length"])
+
+
 def test_figure_beyond_any_hardware_is_refused(tmp_path, capsys):
     """memory_gib: 1e30 made the search run for ever (its memory arithmetic loses precision)."""
     inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
