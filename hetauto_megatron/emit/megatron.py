@@ -319,12 +319,17 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
         lines += ["# Meshes share a node here: the --hetauto hook sets each rank's own TP/micro-batch/recompute.",
                   "MESH_ARGS=(", _fmt_args(plan_mesh_args(plan, la.mesh_indices[0])), ")"]
+    # The paths are the user's words: quoted into variables of their own, since inside "${HETAUTO_PLAN:-...}" a
+    # default is expanded ($(...) would run) and single quotes are not quotes; the environment still overrides.
     lines += ["MEGATRON_ARGS=(", _fmt_args(common), ")",
-              "HETAUTO_ARGS=(", f'  --hetauto --hetauto-plan "${{HETAUTO_PLAN:-{plan_path}}}"', ")", ""]
+              f"hetauto_plan_default={shlex.quote(plan_path)}",
+              f"megatron_script_default={shlex.quote(script)}",
+              "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
     lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
-              f'  "${{MEGATRON_SCRIPT:-{script}}}" "${{MESH_ARGS[@]}}" "${{MEGATRON_ARGS[@]}}" "${{HETAUTO_ARGS[@]}}" "$@"',
+              '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
+              '"${HETAUTO_ARGS[@]}" "$@"',
               ""]
     return "\n".join(lines)
 
