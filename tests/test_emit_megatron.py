@@ -228,3 +228,16 @@ def test_user_paths_are_quoted_in_the_scripts(tmp_path):
         assert rest[-2] == "/elsewhere/p.yaml" and tr.script == "mine.py"
     assert not any(m.exists() for m in marks) and not os.path.exists("m0")     # (the scripts ran in this cwd)
 
+
+def test_devices_per_node_applies_only_without_an_inventory(tmp_path, capsys):
+    """--help says --devices-per-node is for plans without an inventory; it overrode the inventory's node size
+    (4 -> 2: twice the nodes, scripts for a machine the plan was not made for). A different N is refused."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(tiny_plan([mesh("a", 1, 4, 1, [8])], inventory=INVENTORY)))
+    assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "field '--devices-per-node'" in err and "4 devices per node, not 2" in err and "Fix:" in err
+    assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", "4", "--json"]) == 0
+    la, = json.loads(capsys.readouterr().out)["launches"]
+    assert (la["nnodes"], la["nproc_per_node"]) == (1, 4)
+

@@ -52,7 +52,8 @@ def add_arguments(parser) -> None:
                         help="megatron: plan path as the nodes see it, for --hetauto-plan (default: --plan made "
                              "absolute; the launch also honours $HETAUTO_PLAN)")
     parser.add_argument("--devices-per-node", type=int, default=None, metavar="N",
-                        help="megatron: processes per node when the plan carries no inventory (default 8)")
+                        help="megatron: processes per node when the plan carries no inventory (default 8); a "
+                             "plan's inventory gives each cluster's, and a different N is refused")
 
 
 def _write(out_dir: str, name: str, text: str, mode: int, field: str) -> str:

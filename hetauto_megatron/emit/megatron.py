@@ -120,13 +120,18 @@ def _inventory_cluster(plan: Plan, name: str) -> dict | None:
     return None
 
 
-def _devices_per_node(plan: Plan, cluster: str, override: int | None) -> int:
-    if override:
-        return override
+def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str | None = None) -> int:
+    """The node size of a cluster: the plan's inventory's, else `override` (--devices-per-node), else 8. An
+    override that contradicts the inventory is refused: the inventory is what the plan was made (and priced) for."""
     inv = _inventory_cluster(plan, cluster)
     if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
+        if override and override != inv["devices_per_node"]:
+            raise InputError(f"the plan's inventory gives cluster {cluster} {inv['devices_per_node']} devices per "
+                             f"node, not {override}", file=file, field="--devices-per-node",
+                             fix="drop --devices-per-node (it is for plans without an inventory), or edit the "
+                                 "inventory's devices_per_node and re-plan")
         return inv["devices_per_node"]
-    return 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
+    return override or 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
 
 
 def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
@@ -142,7 +147,7 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         idx = tuple(range(i, j + 1))
         mesh = plan.meshes[i]
         n = sum(plan.meshes[k].num_devices for k in idx)
-        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node)
+        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
         if n % dpn:
             raise InputError(f"cluster {mesh.cluster} runs {n} processes, not a whole number of {dpn}-device nodes, "
                              "so torchrun cannot start them with one --nproc-per-node", file=file,
