@@ -23,7 +23,8 @@ targets:
   summary    the per-stage table (cluster, device, devices, TP/DP, layers, and the plan's estimate of time,
              memory and utilisation when the plan carries one). Printed, or summary.txt with -o DIR.
 
-An invalid plan exits 2 with a message naming the file, the field and the fix."""
+An invalid plan exits 2 with a message naming the file, the field and the fix, for every target: among others a
+plan that uses more devices of a cluster than the inventory it carries has (a hand-edited one)."""
 
 EPILOG = """\
 examples:
@@ -79,7 +80,9 @@ def write_summary(text: str, out_dir: str, field: str = "-o") -> list[str]:
 
 def run(args) -> int:
     from ..plan.plan import load_plan
+    from ..emit.megatron import check_plan_inventory
     plan = load_plan(args.plan)
+    check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
     if args.devices_per_node is not None and args.devices_per_node < 1:
         raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
     out_dir = make_output_dir(args.output, "-o") if args.output else None

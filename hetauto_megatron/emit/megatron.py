@@ -136,7 +136,7 @@ def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str 
 
 def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
     """Group the plan's meshes into launches and check them against the plan's inventory (when it has one)."""
-    _check_inventory(plan, file)
+    check_plan_inventory(plan, file)
     groups = []
     i = 0
     while i < len(plan.meshes):
@@ -165,8 +165,9 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     return launches
 
 
-def _check_inventory(plan: Plan, file: str | None) -> None:
-    """The plan may carry the inventory it was made for: its clusters must exist and be big enough."""
+def check_plan_inventory(plan: Plan, file: str | None) -> None:
+    """The plan may carry the inventory it was made for: its clusters must exist and be big enough (every
+    'hetauto emit' target checks it: a summary of a plan that cannot run would print stale estimates)."""
     if not plan.inventory:
         return
     used: dict[str, int] = {}
