@@ -171,11 +171,17 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
     reject_unknown(data, {"clusters", "links", "name", "description"}, file=file)
     raw_clusters = get(data, "clusters", list, file=file, fix="list the clusters under 'clusters:'")
     clusters = []
+    first_of: dict[str, int] = {}
     for i, raw in enumerate(raw_clusters):
         p = f"clusters[{i}]."
         raw = require_mapping(raw, f"clusters[{i}]", file)
         reject_unknown(raw, _CLUSTER_KEYS, file=file, prefix=p)
         name = check_cluster_name(str(get(raw, "name", (str, int), file=file, prefix=p)), file=file, field=p + "name")
+        # here, before the links: a link naming the other cluster would otherwise be reported as the fault
+        if name in first_of:
+            raise InputError(f"the cluster name {name!r} appears more than once (clusters[{first_of[name]}] has it "
+                             "too)", file=file, field=p + "name", fix="give every cluster a unique name")
+        first_of[name] = i
         dev = get_device(get(raw, "device", str, file=file, prefix=p), file=file, field=p + "device")
         overrides = {}
         for key in ("memory_gib", "peak_tflops", "hbm_gbps"):
