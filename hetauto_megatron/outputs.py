@@ -42,6 +42,9 @@ def make_output_dir(path: str, field: str | None) -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{path!r} exists and is not a directory", field=field,
                          fix="name a directory (it is created if needed)")
-    with output_errors(path, field):
+    try:
         os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{path!r} cannot be created: {exc.strerror or exc}", field=field,
+                         fix="choose a directory you can create (its parents must be directories)") from None
     return path
