@@ -198,6 +198,20 @@ def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
         check_error(rc, err, field="-o")
 
 
+def test_messages_say_what_the_path_is(tmp_path, capsys):
+    """-o afile/p.yaml said "the folder 'afile' does not exist" though it exists as a file; a malformed .json plan
+    was "not valid YAML"."""
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                          "-o", str(tmp_path / "afile" / "p.yaml")], capsys)
+    check_error(rc, err, field="-o", words=["is a file, not a folder"])
+    assert "does not exist" not in err
+    plan = write(tmp_path, "p.json", '{"version": 4, "meshes": [1,\n')
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    assert rc == 2 and "Traceback" not in err and f"{plan}: is not valid JSON at line 2" in err, err
+    assert "YAML" not in err and "Fix: " in err
+
+
 @pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
 def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
     """/proc passes every check made before the work (it exists, root may write to it) but takes no new files,
