@@ -189,6 +189,8 @@ INVENTORY = {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_pe
     (tiny_plan([mesh("a", 1, 4, 1, [8], device="h800")]), ["meshes[0].device_type", "cpu"]),
     (tiny_plan([mesh("a", 3, 4, 1, [8])]), ["meshes[0].tp", "divide"]),
     (tiny_plan([mesh("a", 1, 4, 1, [4, 0, 4])]), ["stage 1 holds no layers"]),
+    # a mesh's cluster names the emitted NAME.sh and is a word of its script: an inventory's names only
+    (tiny_plan([mesh("a$(id)", 1, 4, 1, [8])]), ["meshes[0].cluster", "not a usable cluster name"]),
 ])
 def test_bad_plan_exits_2(tmp_path, capsys, plan_dict, words):
     if "inventory" not in plan_dict:
@@ -200,3 +202,42 @@ def test_bad_plan_exits_2(tmp_path, capsys, plan_dict, words):
     assert str(path) in err and "Traceback" not in err
     for w in words:
         assert w in err, err
+
+
+def test_user_paths_are_quoted_in_the_scripts(tmp_path):
+    """--plan, --plan-path and --script went into the script unquoted (inside "${HETAUTO_PLAN:-...}"): a quote broke
+    the script and $(...) ran. Each reaches torchrun as the literal string, nothing runs, the environment still
+    overrides the defaults."""
+    folder = tmp_path / 'we"ird $(touch m0)'
+    folder.mkdir()
+    plan = folder / "p.yaml"
+    plan.write_text(json.dumps(tiny_plan([mesh("a", 1, 4, 1, [8])], inventory=INVENTORY)))
+    marks = [tmp_path / f"m{i}" for i in range(3)]
+    plan_path, script = f"$(touch {marks[1]})/x", f"run it'\"$(touch {marks[2]}).py"
+    for argv in ([], ["--plan-path", plan_path, "--script", script]):
+        out = tmp_path / f"launch{len(argv)}"
+        assert main(["emit", "megatron", "--plan", str(plan), "-o", str(out)] + argv) == 0
+        path = out / "a.sh"
+        check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stderr
+        tr, rest = split_torchrun(run_script(path, tmp_path, node_rank=0)["argv"])
+        assert rest[-3:] == ["--hetauto-plan", plan_path if argv else os.path.abspath(plan), "--mock-data"]
+        assert tr.script == (script if argv else "pretrain_gpt.py")
+        tr, rest = split_torchrun(run_script(path, tmp_path, node_rank=0, extra_env={
+            "HETAUTO_PLAN": "/elsewhere/p.yaml", "MEGATRON_SCRIPT": "mine.py"})["argv"])
+        assert rest[-2] == "/elsewhere/p.yaml" and tr.script == "mine.py"
+    assert not any(m.exists() for m in marks) and not os.path.exists("m0")     # (the scripts ran in this cwd)
+
+
+def test_devices_per_node_applies_only_without_an_inventory(tmp_path, capsys):
+    """--help says --devices-per-node is for plans without an inventory; it overrode the inventory's node size
+    (4 -> 2: twice the nodes, scripts for a machine the plan was not made for). A different N is refused."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(tiny_plan([mesh("a", 1, 4, 1, [8])], inventory=INVENTORY)))
+    assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "field '--devices-per-node'" in err and "4 devices per node, not 2" in err and "Fix:" in err
+    assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", "4", "--json"]) == 0
+    la, = json.loads(capsys.readouterr().out)["launches"]
+    assert (la["nnodes"], la["nproc_per_node"]) == (1, 4)
+

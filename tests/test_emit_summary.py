@@ -39,3 +39,22 @@ def test_with_estimate():
 def test_cli_summary(capsys):
     assert main(["emit", "summary", "--plan", PLAN_736]) == 0
     assert capsys.readouterr().out.strip() == format_summary(load_plan(PLAN_736))
+
+
+def test_plan_that_outgrew_its_inventory_is_refused_by_every_target(tmp_path, capsys):
+    """A hand-edited plan using 8 devices of a 4-device cluster: 'emit megatron' refused it, 'emit summary' (and
+    'emit deepspeed') printed its stale estimate with exit 0. Every target runs the same check."""
+    import yaml
+    inv = os.path.join(os.path.dirname(PLAN_736), "..", "inventory-cpu-dryrun.yaml")
+    plan = tmp_path / "p.yaml"
+    assert main(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--shapes",
+                 "simple", "-o", str(plan)]) == 0
+    data = yaml.safe_load(plan.read_text())
+    for m in data["meshes"]:
+        m["dp"], m["micro_batch_size"] = 8, 1
+    plan.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    for target in ("summary", "deepspeed", "megatron"):
+        assert main(["emit", target, "--plan", str(plan)]) == 2, target
+        err = capsys.readouterr().err
+        assert f"{plan}: field 'meshes': uses 8 devices of cluster site-a, which has only 4" in err, err

@@ -114,6 +114,15 @@ def test_huge_model_and_batch_are_refused(tmp_path, capsys):
     check_error(rc, err, field="--global-batch-size")
 
 
+@pytest.mark.parametrize("flag", [["--tp", "2"], ["--recompute", "full"], ["--cluster", "site-b"]])
+def test_layout_flags_beside_a_plan_are_refused(flag, capsys):
+    """--recompute and --cluster beside --plan were silently ignored (--tp was refused): each is refused,
+    the message naming it and what may change with --plan."""
+    plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--plan", plan] + flag, capsys)
+    check_error(rc, err, field="--plan", words=[flag[0], "--global-batch-size, --seq-length"])
+
+
 def test_figure_beyond_any_hardware_is_refused(tmp_path, capsys):
     """memory_gib: 1e30 made the search run for ever (its memory arithmetic loses precision)."""
     inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
@@ -187,6 +196,53 @@ def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
         rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
                               "--quiet", "-o", target], capsys)
         check_error(rc, err, field="-o")
+
+
+def test_messages_say_what_the_path_is(tmp_path, capsys):
+    """-o afile/p.yaml said "the folder 'afile' does not exist" though it exists as a file; a malformed .json plan
+    was "not valid YAML"."""
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                          "-o", str(tmp_path / "afile" / "p.yaml")], capsys)
+    check_error(rc, err, field="-o", words=["is a file, not a folder"])
+    assert "does not exist" not in err
+    plan = write(tmp_path, "p.json", '{"version": 4, "meshes": [1,\n')
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    assert rc == 2 and "Traceback" not in err and f"{plan}: is not valid JSON at line 2" in err, err
+    assert "YAML" not in err and "Fix: " in err
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux's /proc")
+def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
+    """/proc passes every check made before the work (it exists, root may write to it) but takes no new files,
+    and /proc/version refuses writes (EIO): each write's OSError was a traceback."""
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet", "-o"]
+    for target in ("/proc/hetauto-p.yaml", "/proc/version"):
+        rc, _, err = run_cli(base + [target], capsys)
+        check_error(rc, err, field="-o", words=[target, "cannot write"])
+    rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", "/proc/hetauto-zz"], capsys)
+    check_error(rc, err, field="--out", words=["/proc/hetauto-zz"])
+    profile, _ = tiny_cpu_model
+    rc, _, err = run_cli(["fit", str(profile), "-o", "/proc/hetauto-zz", "--holdout", "0"], capsys)
+    check_error(rc, err, field="-o", words=["/proc/hetauto-zz"])
+
+
+def test_output_file_name_taken_by_a_directory(tiny_cpu_model, tmp_path, capsys):
+    """A directory where emit, plan --emit or fit writes a file (site-a.sh, summary.txt, manifest.json, ...)."""
+    plan = str(tmp_path / "p.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    for target, name in (("megatron", "site-a.sh"), ("summary", "summary.txt"),
+                         ("deepspeed", "ds_config.site-a.json")):
+        out = tmp_path / f"out-{target}"
+        (out / name).mkdir(parents=True)
+        rc, _, err = run_cli(["emit", target, "--plan", plan, "-o", str(out)], capsys)
+        check_error(rc, err, field="-o", words=[name, "directory"])
+    rc, _, err = run_cli(base + ["-o", str(tmp_path / "p2.yaml"), "--emit", str(tmp_path / "out-megatron")], capsys)
+    check_error(rc, err, field="--emit", words=["site-a.sh"])
+    (tmp_path / "fx" / "manifest.json").mkdir(parents=True)
+    rc, _, err = run_cli(["fit", str(tiny_cpu_model[0]), "-o", str(tmp_path / "fx"), "--holdout", "0"], capsys)
+    check_error(rc, err, field="-o", words=["manifest.json", "directory"])
 
 
 def test_dryrun_timeout_must_be_a_number_of_seconds(capsys):

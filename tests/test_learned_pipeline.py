@@ -132,3 +132,43 @@ def test_plan_and_simulate_use_the_learned_model(fitted, capsys):
                  "--tp", "2", "--pp", "2", "--dp", "4", "--micro-batch-size", "1", "--global-batch-size", "64",
                  "--json", "--cost-model", str(model)]) == 0
     assert json.loads(capsys.readouterr().out)["cost_model"] == {"h800": "analytic"}
+
+
+def _edited_profile(prof, line: int, key: str, value: str) -> str:
+    """The profile with the number after `key` on line `line` (0: the header) replaced by `value`."""
+    lines = prof.read_text().splitlines(keepends=True)
+    start = lines[line].index(key) + len(key)
+    lines[line] = lines[line][:start] + value + lines[line][lines[line].index(",", start):]
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("case, field, words", [
+    ("binary", None, ["not a UTF-8 text file"]),
+    ("list-row", None, ["line 3", "JSON list"]),
+    ("nan-fwd", "fwd_p10_s", ["nan", "finite"]),
+    ("inf-bwd", "bwd_p10_s", ["inf", "finite"]),
+    ("nan-peak", "peak_tflops", ["nan", "finite"]),
+])
+def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
+    """A binary file, a row that is not an object, a NaN or infinite time or peak: each was a traceback (a
+    UnicodeDecodeError, an AttributeError in the row's own error message, an empty min() in the fit)."""
+    prof, model = fitted
+    bad = tmp_path / "bad.jsonl"
+    if case == "binary":
+        bad.write_bytes(bytes(range(128, 256)) * 3)
+    elif case == "list-row":
+        lines = prof.read_text().splitlines(keepends=True)
+        bad.write_text("".join(lines[:2]) + "[1, 2]\n" + "".join(lines[2:]))
+    else:
+        line, key, value = {"nan-fwd": (1, '"fwd_p10_s": ', "NaN"), "inf-bwd": (2, '"bwd_p10_s": ', "Infinity"),
+                            "nan-peak": (0, '"peak_tflops": ', "NaN")}[case]
+        bad.write_text(_edited_profile(prof, line, key, value))
+    runs = [["fit", str(bad), "-o", str(tmp_path / "m"), "--holdout", "0"]]
+    if case == "binary":
+        runs.append(["validate-cost-model", "--cost-model", str(model), "--profile", str(bad)])
+    for argv in runs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and str(bad) in err and "Fix: " in err, err
+        assert field is None or f"field '{field}'" in err, err
+        assert all(w in err for w in words), err

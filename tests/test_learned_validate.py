@@ -138,6 +138,8 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
     ("no-model", "does not say which model shape"),
     ("contradicts", "contradicts the report"),
     ("other-plan", "report is of another plan"),
+    ("other-ranks", "the dry run ran 6 ranks, but"),
+    ("other-layout", "rank 0 of the dry run ran mesh 0 at TP 2, DP 1"),
     ("gpu-plan", "a dry run measures CPU processes"),
     ("no-inventory", "needs the inventory"),
     ("inventory-alone", "only applies to --dryrun"),
@@ -158,6 +160,17 @@ def test_bad_dryrun_inputs_exit_2(dryrun, tmp_path, capsys, case, needle):
         rep, extra = named, ["--no-tiny"]
     elif case == "other-plan":
         rep = with_model(tmp_path, rep, tiny_plan().model.replace(name="six", num_layers=6))
+    elif case in ("other-ranks", "other-layout"):
+        # a 2-rank plan of the same model (each mesh TP 1, DP 1), or the same 6 ranks laid out TP 1 x DP 2 first:
+        # the report (of the 6-rank TP 2 plan) names the model it ran, which these plans share
+        text = open(PLAN).read()
+        text = (text.replace("tp: 2, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [3, 2]",
+                             "tp: 1, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [5]")
+                .replace("tp: 1, dp: 2, micro_batch_size: 1", "tp: 1, dp: 1, micro_batch_size: 2")
+                if case == "other-ranks" else
+                text.replace("tp: 2, dp: 1, micro_batch_size: 2", "tp: 1, dp: 2, micro_batch_size: 1"))
+        (tmp_path / "p2.yaml").write_text(text)
+        rep, plan = str(d / "report.json"), str(tmp_path / "p2.yaml")
     elif case == "gpu-plan":
         text = open(PLAN).read().replace("device_type: cpu", "device_type: h800")
         (tmp_path / "p.yaml").write_text(text)
@@ -170,6 +183,8 @@ def test_bad_dryrun_inputs_exit_2(dryrun, tmp_path, capsys, case, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+    if case in ("other-ranks", "other-layout"):
+        assert rep in err and plan in err, err       # both files named
 
 
 def test_published_runs_in_sample_and_held_out(tmp_path, capsys):

@@ -90,6 +90,20 @@ def test_missing_file_or_directory_exits_2(tmp_path, capsys):
     assert cli(["patch-megatron", str(tmp_path / "nope")]) == 2
 
 
+def test_binary_script_or_patch_exits_2(tree, tmp_path, capsys):
+    """A binary pretrain_gpt.py or --patch file was a UnicodeDecodeError traceback."""
+    garbage = bytes(range(128, 256)) * 3
+    (tmp_path / "bin.patch").write_bytes(garbage)
+    assert cli(["patch-megatron", str(tree), "--patch", str(tmp_path / "bin.patch")]) == 2
+    err = capsys.readouterr().err
+    assert "bin.patch: is not a UTF-8 text file" in err and "Traceback" not in err and "Fix:" in err
+    (tree / "pretrain_gpt.py").write_bytes(garbage)
+    assert cli(["patch-megatron", str(tree)]) == 2
+    err = capsys.readouterr().err
+    assert "pretrain_gpt.py: is not a UTF-8 text file" in err and "Traceback" not in err and "Fix:" in err
+    assert (tree / "pretrain_gpt.py").read_bytes() == garbage
+
+
 def test_windows_line_endings_are_kept(tree):
     (tree / "pretrain_gpt.py").write_bytes(skeleton().replace("\n", "\r\n").encode())
     pm.patch_megatron(str(tree), out=lambda *_: None)

@@ -132,3 +132,35 @@ def test_replan_from_an_old_plan_says_what_moved(tmp_path):
         assert any(line.startswith(f"{gone}: left the plan") for line in warm["moved"])
     r = hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv2), "--from", str(old), "--quiet")
     assert r.returncode == 2 and "old.yaml" in r.stderr and "llama2-13b" in r.stderr
+
+
+def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
+    """--from silently re-planned an fp32, global batch 16, sequence 16 DeepSpeed job as bf16, 512, 32, Megatron
+    (the flags' defaults): the job is the old plan's, each flag given wins, and stderr says what was kept."""
+    inv = "examples/llama/inventory-cpu-dryrun.yaml"
+    old = tmp_path / "old.yaml"
+    base = ("plan", "--model", "tiny", "--inventory", inv, "--quiet", "--workers", "1")
+    r = hetauto(*base, "--global-batch-size", "16", "--precision", "fp32", "--seq-length", "16",
+                "--engine", "deepspeed", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    r = hetauto(*base, "--from", str(old), "--json")
+    assert r.returncode == 0, r.stderr
+    new = json.loads(r.stdout)["plan"]
+    assert (new["global_batch_size"], new["precision"], new["model"]["seq_length"], new.get("engine")) == \
+        (16, "fp32", 16, "deepspeed")
+    assert "kept: --global-batch-size 16, --precision fp32, --seq-length 16, --engine deepspeed" in r.stderr
+    r = hetauto(*base, "--from", str(old), "--json", "--global-batch-size", "32", "--engine", "megatron")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["plan"]["global_batch_size"], out["plan"]["precision"], out["plan"].get("engine", "megatron")) == \
+        (32, "fp32", "megatron")
+    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16}
+    # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
+    r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    assert any(m.boundary_schedule == "blocking" for m in load_plan(str(old)).meshes[:-1])
+    r = hetauto(*base, "--from", str(old), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kept_from_plan"]["boundary_schedule"] == "blocking"
+    assert all(m.get("boundary", {}).get("schedule", "blocking") == "blocking"
+               for m in json.loads(r.stdout)["plan"]["meshes"])

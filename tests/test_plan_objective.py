@@ -121,10 +121,21 @@ def test_bad_constraints_exit_2_naming_the_flag(priced, args, flag, fix):
     assert f"'{flag}'" in r.stderr and "Fix:" in r.stderr and fix in r.stderr
 
 
-def test_cost_objective_needs_prices():
+def test_cost_objective_needs_prices(tmp_path):
+    """No cluster priced: the fix is prices (it suggested '--exclude-clusters h800,ascend', which then failed as
+    excluding every cluster); some priced: leaving the others out is a fix too, and it works."""
     r = run_hetauto(*PLAN, "--inventory", "examples/llama/inventory-2clusters.yaml", "--objective", "cost")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "price_per_device_hour" in r.stderr and "--exclude-clusters h800,ascend" in r.stderr
+    assert "price_per_device_hour" in r.stderr and "--exclude-clusters" not in r.stderr, r.stderr
+    text = open("examples/llama/inventory-2clusters.yaml").read()
+    assert text.count("devices_per_node: 8") == 2
+    inv = tmp_path / "half-priced.yaml"
+    inv.write_text(text.replace("devices_per_node: 8", "devices_per_node: 8\n    price_per_device_hour: 2.0", 1))
+    r = run_hetauto(*PLAN, "--inventory", str(inv), "--objective", "cost")
+    assert r.returncode == 2 and "price_per_device_hour" in r.stderr, r.stderr
+    fix = r.stderr.split("--exclude-clusters ")[1].split()[0].rstrip(".")
+    r = run_hetauto(*PLAN, "--inventory", str(inv), "--objective", "cost", "--exclude-clusters", fix)
+    assert r.returncode == 0, r.stderr
 
 
 def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):

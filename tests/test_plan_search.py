@@ -84,6 +84,20 @@ def test_budget_cuts_the_search_and_says_so():
     assert r.stage_layers and sum(r.stage_layers) == 80
 
 
+def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys):
+    """--search exhaustive on the 736-device example (some 16 million leaves) ran for minutes past --budget-s,
+    silent: it stops at the budget with the best leaf priced so far, says so, and reports progress every second."""
+    from hetauto_megatron.spec.inventory import load_inventory
+    inv = load_inventory("examples/llama/inventory-4clusters-736.yaml")
+    r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5, progress=True,
+                                                                    workers=1))
+    err = capsys.readouterr().err
+    assert r.cut_by_budget and r.to_dict()["cut_by_budget"] and r.method == "exhaustive"
+    assert r.stage_layers and sum(r.stage_layers) == 80
+    assert r.seconds < 1.5 + 5, r.seconds       # the budget, and the final event simulations of the best
+    assert "exhaustive:" in err and "leaves priced" in err, err
+
+
 def test_small_trees_are_enumerated_exactly():
     inv = _inv([("a", "a100-80gb", 1, 4), ("v", "v100", 1, 4)], [("a", "v", 25, 2)])
     r = search(PRESETS["llama2-7b"], inv, 32)

@@ -92,7 +92,14 @@ INVENTORY_CASES = {
     "zero-nodes": ("clusters:\n  - {name: a, device: h800, nodes: 0, devices_per_node: 8}\n", "clusters[0].nodes",
                    ["at least 1"]),
     "duplicate-cluster": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8}\n"
-                          "  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n", "clusters", ["more than once"]),
+                          "  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n", "clusters[1].name",
+                          ["more than once"]),
+    # with links, the links were checked first: "links[0].between names cluster 'b', which the inventory does not
+    # define", though the fault is the second cluster's name
+    "duplicate-cluster-with-links": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8}\n"
+                                     "  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n"
+                                     "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 1}\n",
+                                     "clusters[1].name", ["'a' appears more than once", "clusters[0]"]),
     "no-clusters": ("clusters: []\n", "clusters", ["no clusters"]),
     "clusters-not-a-list": ("clusters: {a: 1}\n", "clusters", ["must be a list"]),
     "bad-cluster-name": ("clusters:\n  - {name: 'site a/b', device: h800, nodes: 1, devices_per_node: 8}\n",

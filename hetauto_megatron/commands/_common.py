@@ -101,6 +101,9 @@ def check_output_file(path: str | None, flag: str) -> None:
     if os.path.isdir(path):
         raise InputError(f"{path!r} is a directory", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
     folder = os.path.dirname(path) or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise InputError(f"{folder!r} in {path!r} is a file, not a folder", field=flag,
+                         fix=f"name a file in an existing folder, e.g. {flag} plan.yaml")
     if not os.path.isdir(folder):
         raise InputError(f"the folder {folder!r} of {path!r} does not exist", field=flag,
                          fix="create the folder first, or write the file elsewhere")

@@ -53,11 +53,11 @@ def _step(title: str, argv: list[str]) -> int:
 
 
 def run(args) -> int:
-    from .emit import make_out_dir
+    from ..outputs import make_output_dir
     root = _root()
     ex = os.path.join(root, "examples", "llama")
     out = args.out
-    make_out_dir(out, field="--out")
+    make_output_dir(out, "--out")
     big_plan = os.path.join(out, "llama2-70b-plan.yaml")
     tiny_plan = os.path.join(out, "tiny-cpu-plan.yaml")
     steps = [

@@ -6,6 +6,7 @@ import os
 import sys
 
 from ..errors import InputError
+from ..outputs import make_output_dir, write_text_file
 
 DESCRIPTION = """\
 Turn a plan (from 'hetauto plan', or written by hand: docs/plan-format.md) into launch material.
@@ -22,7 +23,8 @@ targets:
   summary    the per-stage table (cluster, device, devices, TP/DP, layers, and the plan's estimate of time,
              memory and utilisation when the plan carries one). Printed, or summary.txt with -o DIR.
 
-An invalid plan exits 2 with a message naming the file, the field and the fix."""
+An invalid plan exits 2 with a message naming the file, the field and the fix, for every target: among others a
+plan that uses more devices of a cluster than the inventory it carries has (a hand-edited one)."""
 
 EPILOG = """\
 examples:
@@ -51,53 +53,39 @@ def add_arguments(parser) -> None:
                         help="megatron: plan path as the nodes see it, for --hetauto-plan (default: --plan made "
                              "absolute; the launch also honours $HETAUTO_PLAN)")
     parser.add_argument("--devices-per-node", type=int, default=None, metavar="N",
-                        help="megatron: processes per node when the plan carries no inventory (default 8)")
+                        help="megatron: processes per node when the plan carries no inventory (default 8); a "
+                             "plan's inventory gives each cluster's, and a different N is refused")
 
 
-def make_out_dir(path: str, field: str = "-o") -> str:
-    """Create the output directory `path` (given by the option `field`), or say why it cannot be used."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"{path!r} exists and is not a directory", field=field,
-                         fix="name a directory (it is created if needed)")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{path!r} cannot be created: {exc.strerror}", field=field,
-                         fix="choose a writable directory") from None
-    return path
-
-
-def _write(out_dir: str, name: str, text: str, mode: int = 0o644) -> str:
-    path = os.path.join(out_dir, name)
-    with open(path, "w") as fh:
-        fh.write(text)
-    os.chmod(path, mode)
-    return path
+def _write(out_dir: str, name: str, text: str, mode: int, field: str) -> str:
+    return write_text_file(os.path.join(out_dir, name), text, field=field, mode=mode)
 
 
 # One writer per target, shared with 'hetauto plan --emit'; each returns the paths it wrote.
-def write_megatron(launches: list[dict], out_dir: str) -> list[str]:
-    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755) for la in launches]
+def write_megatron(launches: list[dict], out_dir: str, field: str = "-o") -> list[str]:
+    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755, field) for la in launches]
 
 
-def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str) -> list[str]:
-    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n")
+def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str, field: str = "-o") -> list[str]:
+    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644, field)
                for c in configs]
     text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
             if unsupported else "none\n")
-    return written + [_write(out_dir, "deepspeed-unsupported.txt", text)]
+    return written + [_write(out_dir, "deepspeed-unsupported.txt", text, 0o644, field)]
 
 
-def write_summary(text: str, out_dir: str) -> list[str]:
-    return [_write(out_dir, "summary.txt", text + "\n")]
+def write_summary(text: str, out_dir: str, field: str = "-o") -> list[str]:
+    return [_write(out_dir, "summary.txt", text + "\n", 0o644, field)]
 
 
 def run(args) -> int:
     from ..plan.plan import load_plan
+    from ..emit.megatron import check_plan_inventory
     plan = load_plan(args.plan)
+    check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
     if args.devices_per_node is not None and args.devices_per_node < 1:
         raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
-    out_dir = make_out_dir(args.output) if args.output else None
+    out_dir = make_output_dir(args.output, "-o") if args.output else None
     written: list[str] = []
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..outputs import output_errors
 
 DESCRIPTION = """\
 Add the --hetauto flag to Megatron-LM's pretrain_gpt.py (branch core_r0.19.0, matching megatron-core 0.19.x).
@@ -180,6 +181,17 @@ def add_arguments(parser) -> None:
                              "hetauto_megatron/data/patches/pretrain_gpt.patch)")
 
 
+def _read_text(path: str, what: str) -> str:
+    """The file as UTF-8 text, line endings kept; a binary or unreadable file is named, not a traceback."""
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            return fh.read()
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, fix=f"pass {what}") from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
+
+
 def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bool = False,
                    out=print) -> str:
     """Apply (or with check=True, inspect) the patch. Returns the final status: 'applied' (already),
@@ -189,8 +201,7 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         raise InputError("patch file not found", file=patch_file,
                          fix="pass --patch with an existing file, or reinstall hetauto (the default patch is "
                              "package data: hetauto_megatron/data/patches/pretrain_gpt.patch)")
-    with open(patch_file) as fh:
-        hunks = parse_patch(fh.read(), file=patch_file)
+    hunks = parse_patch(_read_text(patch_file, "the patch (a unified diff)"), file=patch_file)
     if not os.path.isdir(megatron_lm):
         raise InputError("is not a directory", file=megatron_lm, fix="pass the root of a Megatron-LM checkout")
     target = os.path.join(megatron_lm, TARGET)
@@ -198,8 +209,7 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         raise InputError(f"has no {TARGET}", file=megatron_lm,
                          fix="pass the root of a Megatron-LM checkout (git clone -b core_r0.19.0 "
                              "https://github.com/NVIDIA/Megatron-LM)")
-    with open(target, newline="") as fh:
-        text = fh.read()
+    text = _read_text(target, f"Megatron-LM's {TARGET}")
     crlf = "\r\n" in text
     lines = text.replace("\r\n", "\n").split("\n")
     state = inspect_file(lines, hunks)
@@ -217,7 +227,7 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         return "patchable"
     new_text = "\n".join(apply_hunks(lines, hunks, state.positions))
     verify(new_text, hunks, file=target)
-    with open(target, "w", newline="") as fh:
+    with output_errors(target, None), open(target, "w", newline="") as fh:     # e.g. a read-only checkout
         fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
     out(f"patched {target}:")
     for line in explain(hunks):

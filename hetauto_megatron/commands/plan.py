@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from ..outputs import output_errors
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_file,
                       check_timeline_paths, load_inputs, write_timelines)
 
@@ -57,27 +58,30 @@ examples:
 
 def add_arguments(parser) -> None:
     add_model_inventory_args(parser)
-    add_precision_arg(parser, "bf16")
+    add_precision_arg(parser, None)        # None: --from's plan's, else bf16 (resolved in run)
     add_memory_job_arg(parser)
-    parser.add_argument("--global-batch-size", type=int, default=512, metavar="N",
-                        help="sequences per iteration (default 512)")
+    parser.add_argument("--global-batch-size", type=int, default=None, metavar="N",
+                        help="sequences per iteration (default 512; with --from, the old plan's)")
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
-                        help="mcts (default) or exhaustive (every leaf of the same tree; small instances)")
+                        help="mcts (default) or exhaustive (every leaf of the same tree; small instances: it says "
+                             "its progress on stderr and stops at --budget-s with the best leaf so far)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
                         help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
-    parser.add_argument("--budget-s", type=float, metavar="S", help="stop the tree search after S seconds")
+    parser.add_argument("--budget-s", type=float, metavar="S",
+                        help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
+                             "best plan found so far; the output then says '(cut by --budget-s)'")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
-    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default="megatron",
+    parser.add_argument("--engine", choices=("megatron", "deepspeed"), default=None,
                         help="the pipeline engine the plan is for: megatron (hetauto's runtime and Megatron-LM; the "
                              "default) or deepspeed (DeepSpeed's pipeline engine, run with the configs 'hetauto emit "
                              "deepspeed' writes: one pipeline of single meshes with equal TP, DP and micro-batch, one "
                              "vendor, no selective recomputation, every boundary blocking, its TrainSchedule and pipe "
                              "buffers, the DP reduction after the last backward); the plan file records it "
-                             "(docs/deepspeed.md)")
-    parser.add_argument("--boundary-schedule", choices=("overlapped", "blocking"), default="overlapped",
+                             "(docs/deepspeed.md); with --from, the old plan's")
+    parser.add_argument("--boundary-schedule", choices=("overlapped", "blocking"), default=None,
                         help="cross-cluster pipeline boundaries: overlapped (the default: asynchronous transfers, "
                              "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "
-                             "as Megatron's own P2P does); docs/search.md")
+                             "as Megatron's own P2P does); with --from, the old plan's; docs/search.md")
     g = parser.add_argument_group("objective and constraints (docs/search.md)")
     g.add_argument("--objective", choices=("throughput", "cost"), default="throughput",
                    help="throughput (default: the shortest iteration) or cost (the least cost per token, from each "
@@ -105,7 +109,9 @@ def add_arguments(parser) -> None:
                              "on --seed only, not on N")
     parser.add_argument("--from", dest="from_plan", metavar="PLAN",
                         help="re-plan after an inventory change: start from this plan (warm start: about a tenth of a "
-                             "cold search's time on the 736-device example, docs/search.md) and print what moved")
+                             "cold search's time on the 736-device example, docs/search.md) and print what moved; "
+                             "the job stays the old plan's (global batch, precision, sequence length, engine, "
+                             "boundary schedule; stderr says which) unless its flag is given")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
@@ -124,6 +130,21 @@ def run(args) -> int:
     from ..plan.simulate import simulate
     from ..plan.plan import check_global_batch_size
     from ..plan.settings import ENGINES
+    old = warm = None
+    kept = {}
+    if args.from_plan:
+        from ..plan.plan import load_plan
+        from ..plan.shapes import require_simple
+        old = load_plan(args.from_plan)
+        require_simple(old, "hetauto plan --from", args.from_plan)
+        kept = keep_job_of(old, args)
+        if kept:
+            print(f"hetauto plan: the job of {args.from_plan} kept: " + ", ".join(
+                f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()) + " (a flag given on the command line wins)",
+                file=sys.stderr)
+    for name, default in JOB_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     check_output_file(args.output, "-o")
     model, inventory, cost_model = load_inputs(args)
@@ -146,14 +167,9 @@ def run(args) -> int:
             raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
                              fix="drop --timeline, or plan with --engine megatron")
     check_timeline_paths(args.timeline)
-    old = warm = None
-    if args.from_plan:
-        from ..plan.plan import load_plan
+    if old is not None:
         from ..plan.replan import warm_layouts
-        from ..plan.shapes import require_simple
         from ..plan.space import SearchSpace
-        old = load_plan(args.from_plan)
-        require_simple(old, "hetauto plan --from", args.from_plan)
         if old.model.num_layers != model.num_layers or old.model.hidden_size != model.hidden_size:
             raise InputError(f"was made for {old.model.name}, not {model.name}", file=args.from_plan, field="model",
                              fix="pass the plan made for this --model, or drop --from for a cold search")
@@ -171,7 +187,8 @@ def run(args) -> int:
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
     written = []
     if args.output:
-        plan.save(args.output)
+        with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
+            plan.save(args.output)
         written.append(args.output)
     if args.emit:
         written += emit_all(plan, args.output, args.emit)
@@ -194,7 +211,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written,
                           **({"explain": explained} if explained else {}),
-                          **({"moved": moved} if moved is not None else {})}, indent=2))
+                          **({"moved": moved, "kept_from_plan": kept} if moved is not None else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))
@@ -218,6 +235,30 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+# The job a plan trains (argparse name -> flag; the flags' defaults), which --from keeps unless a flag is given.
+JOB_FLAGS = {"global_batch_size": "--global-batch-size", "precision": "--precision", "seq_length": "--seq-length",
+             "engine": "--engine", "boundary_schedule": "--boundary-schedule"}
+JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped"}
+
+
+def keep_job_of(old, args) -> dict:
+    """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
+    job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
+    job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
+           "seq_length": old.model.seq_length, "engine": old.engine}
+    crossing = [m for a, m in zip(old.meshes, old.meshes[1:]) if a.cluster != m.cluster]
+    if crossing and old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
+        # the plan stores each boundary's schedule; a search with overlapped boundaries makes every one overlapped
+        job["boundary_schedule"] = ("overlapped" if any(m.boundary_schedule == "overlapped" for m in old.meshes)
+                                    else "blocking")
+    kept = {}
+    for name, value in job.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+            kept[name] = value
+    return kept
 
 
 def constraints_from_args(args):
@@ -286,21 +327,22 @@ def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
     from ..emit.deepspeed import emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
-    from .emit import make_out_dir, write_deepspeed, write_megatron, write_summary
-    make_out_dir(out_dir, field="--emit")
+    from ..outputs import make_output_dir
+    from .emit import write_deepspeed, write_megatron, write_summary
+    make_output_dir(out_dir, "--emit")
     if plan.engine == "deepspeed":      # made for DeepSpeed's pipeline engine: its configs are what runs it
         print("hetauto plan: the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs "
               "written, no Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the "
               "plan's estimate does not price)", file=sys.stderr)
-        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
-                + write_summary(format_summary(plan, plan.estimate), out_dir))
-    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir)
+        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
+                + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit"))
+    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir, "--emit")
     if plan.is_simple:
-        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir)
+        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
     else:
         # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
         from ..plan.shapes import describe_shape
         print(f"hetauto plan: no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
               "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes too)",
               file=sys.stderr)
-    return written + write_summary(format_summary(plan, plan.estimate), out_dir)
+    return written + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit")

@@ -5,6 +5,7 @@ import json
 import os
 
 from ..errors import InputError
+from ..outputs import make_output_dir, write_text_file
 
 DESCRIPTION = """\
 Time the operators a transformer layer is made of (QKV and output projections, attention core, MLP GEMMs,
@@ -103,10 +104,9 @@ def _overheads(args, device) -> int:
                          "machine has none that torch can use", field="--overheads",
                          fix="run it on a machine with the device (one process per device, alone on it)")
     result = {"device_type": device.name, **measure_overheads(device.vendor)}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"overheads-{device.name}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    make_output_dir(args.out, "--out")
+    path = write_text_file(os.path.join(args.out, f"overheads-{device.name}.json"), json.dumps(result, indent=1),
+                           field="--out")
     comm = "not measured (one rank)" if result["comm_gib"] is None else f"{result['comm_gib']:.2f} GiB"
     print(json.dumps(result, indent=1) if args.json else
           f"{path}: context {result['context_gib']:.2f} GiB, workspace {result['workspace_gib']:.2f} GiB, "

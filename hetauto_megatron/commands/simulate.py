@@ -68,7 +68,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--global-batch-size", type=int, metavar="N",
                    help="samples per iteration, a multiple of dp x micro-batch size; with --plan: what-if, "
                         "overrides the plan's (default: the plan's)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default=None,
                    help="activation recomputation: none (the default), selective (each layer's MLP re-run in the "
                         "backward) or full (each layer's whole forward re-run); docs/cost-model.md")
     g.add_argument("--cluster", metavar="NAME", help="cluster to place it on (default: the inventory's first)")
@@ -87,9 +87,14 @@ def run(args) -> int:
     model, inventory, cost_model = load_inputs(args)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
-        if any(x is not None for x in layout[:4]):
-            raise InputError("give either --plan or a layout (--tp/--pp/--dp/--micro-batch-size), not both",
-                             field="--plan", fix="with --plan only --global-batch-size and --seq-length may change")
+        # a layout flag beside --plan would be silently ignored: the plan's meshes say what runs
+        given = [flag for flag, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp),
+                                      ("--micro-batch-size", args.micro_batch_size), ("--recompute", args.recompute),
+                                      ("--cluster", args.cluster)) if v is not None]
+        if given:
+            raise InputError(f"give either --plan or a layout ({', '.join(given)}), not both", field="--plan",
+                             fix="with --plan only --global-batch-size, --seq-length, --precision and --engine may "
+                                 "change (edit the plan file's meshes to change their recomputation or cluster)")
         plan = load_plan(args.plan)
         if args.engine is None:         # the engine the plan was made for
             args.engine = plan.engine
@@ -135,7 +140,7 @@ def run(args) -> int:
         lo = [0 if i in (0, pp - 1) else 1 for i in range(pp)]
         layers = split_layers([1.0] * pp, [0.0] * pp, lo, [model.num_layers] * pp, model.num_layers)
         try:
-            plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute,
+            plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute or "none",
                                           tuple(layers)),), precision=args.precision or "bf16")
         except InputError as exc:   # name the command-line flag, not the plan field it became
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",

@@ -92,6 +92,30 @@ def load_dryrun_report(path: str) -> dict:
     return rep
 
 
+def check_report_of_plan(report: dict, plan, *, report_file: str, plan_file: str) -> None:
+    """The report's per-rank memory entries (every 'hetauto dryrun --json' report has them) must be of the plan's
+    layout: as many ranks, each on a mesh of the plan with that mesh's TP and DP and one of its stages. A report
+    of another plan would otherwise be compared with this plan's prediction as if it had run it."""
+    entries = report.get("memory")
+    if not isinstance(entries, list) or not entries:
+        return          # a report written by hand or by another tool: the model check (measured_plan) remains
+    fix = "pair each report with the plan it ran: --dryrun REPORT PLAN"
+    if len(entries) != plan.world_size:
+        raise InputError(f"the dry run ran {len(entries)} ranks, but {plan_file} has {plan.world_size}: the report "
+                         "is of another plan", file=report_file, field="memory", fix=fix)
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise InputError("has a memory entry that is not a mapping", file=report_file, field="memory",
+                             fix="pass the output of 'hetauto dryrun --json' unchanged")
+        i = entry.get("mesh")
+        mesh = plan.meshes[i] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(plan.meshes) else None
+        if mesh is None or (entry.get("tp"), entry.get("dp")) != (mesh.tp, mesh.dp):
+            ran = f"mesh {i} at TP {entry.get('tp')}, DP {entry.get('dp')}"
+            has = f"TP {mesh.tp}, DP {mesh.dp}" if mesh is not None else f"{len(plan.meshes)} meshes"
+            raise InputError(f"rank {entry.get('rank')} of the dry run ran {ran}, but {plan_file} has {has}: the "
+                             "report is of another plan", file=report_file, field="memory", fix=fix)
+
+
 def measured_plan(report: dict, plan, *, report_file: str, tiny: bool | None):
     """`plan` with the model shape the dry run measured: the report's "model", or (for reports without it)
     the plan's model, shrunk the way --tiny shrinks it when `tiny`."""
@@ -180,6 +204,7 @@ def _dryrun_results(args) -> dict:
         report = load_dryrun_report(report_file)
         plan = load_plan(plan_file)
         require_simple(plan, "hetauto validate-cost-model --dryrun", plan_file)
+        check_report_of_plan(report, plan, report_file=report_file, plan_file=plan_file)
         plan = measured_plan(report, plan, report_file=report_file, tiny=args.tiny)
         cores = args.cores or report.get("cores") or usable_cores()
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:

@@ -120,18 +120,23 @@ def _inventory_cluster(plan: Plan, name: str) -> dict | None:
     return None
 
 
-def _devices_per_node(plan: Plan, cluster: str, override: int | None) -> int:
-    if override:
-        return override
+def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str | None = None) -> int:
+    """The node size of a cluster: the plan's inventory's, else `override` (--devices-per-node), else 8. An
+    override that contradicts the inventory is refused: the inventory is what the plan was made (and priced) for."""
     inv = _inventory_cluster(plan, cluster)
     if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
+        if override and override != inv["devices_per_node"]:
+            raise InputError(f"the plan's inventory gives cluster {cluster} {inv['devices_per_node']} devices per "
+                             f"node, not {override}", file=file, field="--devices-per-node",
+                             fix="drop --devices-per-node (it is for plans without an inventory), or edit the "
+                                 "inventory's devices_per_node and re-plan")
         return inv["devices_per_node"]
-    return 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
+    return override or 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
 
 
 def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
     """Group the plan's meshes into launches and check them against the plan's inventory (when it has one)."""
-    _check_inventory(plan, file)
+    check_plan_inventory(plan, file)
     groups = []
     i = 0
     while i < len(plan.meshes):
@@ -142,7 +147,7 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         idx = tuple(range(i, j + 1))
         mesh = plan.meshes[i]
         n = sum(plan.meshes[k].num_devices for k in idx)
-        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node)
+        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
         if n % dpn:
             raise InputError(f"cluster {mesh.cluster} runs {n} processes, not a whole number of {dpn}-device nodes, "
                              "so torchrun cannot start them with one --nproc-per-node", file=file,
@@ -160,8 +165,9 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     return launches
 
 
-def _check_inventory(plan: Plan, file: str | None) -> None:
-    """The plan may carry the inventory it was made for: its clusters must exist and be big enough."""
+def check_plan_inventory(plan: Plan, file: str | None) -> None:
+    """The plan may carry the inventory it was made for: its clusters must exist and be big enough (every
+    'hetauto emit' target checks it: a summary of a plan that cannot run would print stale estimates)."""
     if not plan.inventory:
         return
     used: dict[str, int] = {}
@@ -319,12 +325,17 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
         lines += ["# Meshes share a node here: the --hetauto hook sets each rank's own TP/micro-batch/recompute.",
                   "MESH_ARGS=(", _fmt_args(plan_mesh_args(plan, la.mesh_indices[0])), ")"]
+    # The paths are the user's words: quoted into variables of their own, since inside "${HETAUTO_PLAN:-...}" a
+    # default is expanded ($(...) would run) and single quotes are not quotes; the environment still overrides.
     lines += ["MEGATRON_ARGS=(", _fmt_args(common), ")",
-              "HETAUTO_ARGS=(", f'  --hetauto --hetauto-plan "${{HETAUTO_PLAN:-{plan_path}}}"', ")", ""]
+              f"hetauto_plan_default={shlex.quote(plan_path)}",
+              f"megatron_script_default={shlex.quote(script)}",
+              "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
     lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
-              f'  "${{MEGATRON_SCRIPT:-{script}}}" "${{MESH_ARGS[@]}}" "${{MEGATRON_ARGS[@]}}" "${{HETAUTO_ARGS[@]}}" "$@"',
+              '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
+              '"${HETAUTO_ARGS[@]}" "$@"',
               ""]
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ import sys
 import time
 
 from ..errors import InputError
+from ..outputs import make_output_dir, write_text_file
 from ..spec.devices import DeviceType
 from ..cost import features as F
 from ..cost.learned import PROFILE_FORMAT, read_profile
@@ -291,9 +292,9 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
                                  file=out_path, field=key, fix="write to another --out directory or delete the file")
         done = {r.get("key") for r in rows}
     else:
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        with open(out_path, "w") as fh:
-            fh.write(json.dumps(header, sort_keys=True) + "\n")
+        # before any timing: an --out the system refuses (e.g. under /proc) is named at once
+        make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")
+        write_text_file(out_path, json.dumps(header, sort_keys=True) + "\n", field="--out")
     timing = dict(warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
     # (key, label, row fields, measure) of everything the grid measures
     if grid in LAYER_GRIDS and layer_impl == "megatron":

@@ -1,7 +1,8 @@
 """Branch and bound over the decision tree (plan/space.py), shared by the cold search's bounded enumeration
 (`search.bounded_enumeration`: the best `keep` leaves, best first by bound, or in diving order (`dive_order`) when
 it only seeds the trees of a large tree) and re-planning's warm enumeration (`replan.warm_enumeration`: leaves
-better than the old plan, diving, stopping when it stops finding better ones).
+better than the old plan, diving, stopping when it stops finding better ones). `every_leaf` is --search
+exhaustive's plain enumeration of every leaf.
 
 A node whose bound (`SearchSpace.bound`) is above the `keep`-th best value held (or the incumbent) is never
 visited; a leaf whose own cheaper-than-pricing bound (`leaf_bound`) is above it is not priced, and one whose leaf
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 import time
 
-from .space import SearchSpace
+from .space import SearchSpace, iter_leaves
 
 SLACK = 1 + 1e-9                # a bound within rounding of a value does not prune it
 DEADLINE_EVERY = 64             # visits between two looks at the clock
@@ -116,3 +118,27 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
                 continue
             last, cut = visits, cutoff()
     return found, visits, True
+
+
+def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, progress: bool, est: float,
+               t0: float) -> tuple[int, bool]:
+    """--search exhaustive: price every leaf (`value(path)` -> (value, layout)) into `found` {layout: value} ->
+    (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
+    holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
+    the tree's estimated leaves; t0: when the search started)."""
+    count, best, last_report = 0, math.inf, time.perf_counter()
+    of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
+    for path in iter_leaves(space):
+        now = time.perf_counter()
+        if deadline is not None and now > deadline:
+            return count, True
+        t, layout = value(path)
+        count += 1
+        if layout is not None and math.isfinite(t):
+            found[layout] = t
+            best = min(best, t)
+        if progress and now - last_report > 1.0:
+            last_report = now
+            print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
+                  f"({now - t0:.1f} s)", file=sys.stderr, flush=True)
+    return count, False

@@ -173,11 +173,14 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
             i = names.index(missing[0])
             which = ("clusters " if len(missing) > 1 else "cluster ") + ", ".join(repr(m) for m in missing) + \
                 (" have" if len(missing) > 1 else " has")
-            raise InputError(f"--objective cost needs a price for every cluster the search may use; {which} none", file=inventory.source,
-                             field=f"clusters[{i}].price_per_device_hour",
-                             fix=f"add price_per_device_hour to {'these clusters' if len(missing) > 1 else 'it'} "
-                                 f"in the inventory, or leave {'them' if len(missing) > 1 else 'it'} out with "
-                                 f"--exclude-clusters {','.join(missing)}")
+            add = f"add price_per_device_hour to {'these clusters' if len(missing) > 1 else 'it'} in the inventory"
+            priced = [x.name for x in inventory.clusters if x.name not in c.exclude_clusters
+                      and x.price_per_device_hour is not None]
+            # excluding the unpriced clusters is a fix only where a priced one is left to plan on
+            leave = (f", or leave {'them' if len(missing) > 1 else 'it'} out with --exclude-clusters "
+                     f"{','.join(sorted(set(missing) | set(c.exclude_clusters)))}" if priced else "")
+            raise InputError(f"--objective cost needs a price for every cluster the search may use; {which} none",
+                             file=inventory.source, field=f"clusters[{i}].price_per_device_hour", fix=add + leave)
 
 
 def restrict(inventory: Inventory, c: Constraints) -> Inventory:

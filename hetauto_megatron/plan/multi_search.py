@@ -103,7 +103,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
         if len(usable) > 1:
             best = _partitions(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
-        best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch)
+        best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
         best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
@@ -259,7 +259,7 @@ def _speed(model, inventory, cost, cluster, tp, dp, mbs, recompute) -> float:
     return mbs / (prof.layer_fwd + prof.layer_bwd)
 
 
-def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int = 16):
+def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int = 16, deadline=None):
     """Greedy, mesh by mesh: the best extra replica group from free devices, kept if the plan gains. The group
     takes part of the mesh's micro-batch step (the step stays), or the pipeline's step grows 2, 4 or 8 times (the
     other meshes of the pipeline scale their micro-batch alike) and the two groups share it by speed: a slow
@@ -270,6 +270,8 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int
         plan = best[2]
         improved = False
         for idx, mesh in enumerate(plan.meshes):
+            if _out_of_time(deadline):      # --budget-s: the best plan so far (hundreds of meshes take seconds)
+                return best
             if mesh.alongside or (idx + 1 < len(plan.meshes) and plan.meshes[idx + 1].alongside):
                 continue
             p = mesh.pipeline
@@ -354,7 +356,7 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
         out.pipelines_searched += 1
         start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
         held = (math.inf, math.inf, start)
-        found = _alongside(model, inventory, cost, con, held, out, cfg.max_micro_batch)
+        found = _alongside(model, inventory, cost, con, held, out, cfg.max_micro_batch, deadline)
         if found is not held and not all(u in {m.cluster for m in found[2].meshes} for u in con.use_clusters):
             found = held                 # --use-clusters: a cluster pinned in is missing
         if found is not held and found[0] < best[0] - 1e-12:

@@ -13,7 +13,7 @@ import yaml
 
 from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
-from ..spec.inventory import inventory_from_dict
+from ..spec.inventory import check_cluster_name, inventory_from_dict
 from ..spec.model import load_yaml_file, model_from_dict
 from .mesh import Mesh
 from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION
@@ -115,7 +115,9 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         reject_unknown(boundary, {"schedule", "depth"}, file=file, prefix=f"{p}boundary.")
         try:
             meshes.append(Mesh(
-                cluster=str(get(raw, "cluster", (str, int), file=file, prefix=p)),
+                # checked as an inventory's: it names the emitted NAME.sh and is a word in its shell script
+                cluster=check_cluster_name(str(get(raw, "cluster", (str, int), file=file, prefix=p)), file=file,
+                                           field=p + "cluster"),
                 device_type=get(raw, "device_type", str, file=file, prefix=p),
                 tp=get(raw, "tp", int, default=1, file=file, prefix=p),
                 dp=get(raw, "dp", int, default=1, file=file, prefix=p),

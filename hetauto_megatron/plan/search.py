@@ -45,7 +45,7 @@ from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
-from .branch_and_bound import branch_and_bound, dive_order
+from .branch_and_bound import branch_and_bound, dive_order, every_leaf
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
@@ -247,13 +247,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             leaves.update(dived)
             best_known = min([best_known, *seeds.values()])
     if method == "exhaustive" and cfg.method == "exhaustive":
-        value = layout_value(sp, ev)
-        for path in space_mod.leaves(sp):
-            t, layout = value(path)
-            playouts += 1
-            priced = len(ev.cache)
-            if math.isfinite(t):
-                leaves[layout] = t
+        playouts, cut = every_leaf(sp, layout_value(sp, ev), leaves, deadline, cfg.progress, est, t0)
+        priced = len(ev.cache)
     elif method == "mcts":
         if cfg.iterations:
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
@@ -285,6 +280,9 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             leaves.update(better)
             priced += len(ev.cache) - before
     ranked = sorted(((t, k) for k, t in leaves.items() if math.isfinite(t)), key=lambda x: x[0])
+    if not ranked and not warm and cut:
+        raise InfeasibleError(f"{model.name}: --budget-s {cfg.budget_s:g} ran out before the search found a layout "
+                              "that fits. Fix: give the search more time (a larger --budget-s, or none)")
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)
     # The closed form screens; the event simulation decides among the best of the tree's own leaves and, after

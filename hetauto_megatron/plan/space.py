@@ -251,14 +251,22 @@ class SearchSpace(SpaceBounds):
 
 def leaves(space: SearchSpace, limit: int | None = None) -> list[tuple]:
     """Every leaf of the decision tree in depth-first order (stops after limit + 1 leaves when a limit is given)."""
-    out, stack = [], [()]
+    out = []
+    for path in iter_leaves(space):
+        out.append(path)
+        if limit is not None and len(out) > limit:
+            break
+    return out
+
+
+def iter_leaves(space: SearchSpace):
+    """The leaves of `leaves`, one at a time: the exhaustive search prices each as it comes, so that it can stop
+    at its time budget (listing a large tree's leaves first took minutes on its own)."""
+    stack = [()]
     while stack:
         path = stack.pop()
         acts = space.actions(path)
         if not acts:
-            out.append(path)
-            if limit is not None and len(out) > limit:
-                break
+            yield path
         else:
             stack.extend(path + (a,) for a in reversed(acts))
-    return out

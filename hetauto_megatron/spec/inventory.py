@@ -142,6 +142,15 @@ _DEFAULT_INTRA_NODE_LATENCY_US = 5.0
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+def check_cluster_name(name: str, *, file: str | None, field: str) -> str:
+    """`name` if it is a usable cluster name (an inventory's, or a plan mesh's: `hetauto emit` writes NAME.sh and
+    puts the name into shell scripts), else an InputError."""
+    if not _NAME_RE.fullmatch(name):
+        raise InputError(f"{name!r} is not a usable cluster name", file=file, field=field,
+                         fix="use letters, digits, '.', '_' and '-' only (it names emitted files)")
+    return name
+
+
 def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1e-6) -> LinkSpec:
     if data is None and default is not None:
         data = default
@@ -162,14 +171,17 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
     reject_unknown(data, {"clusters", "links", "name", "description"}, file=file)
     raw_clusters = get(data, "clusters", list, file=file, fix="list the clusters under 'clusters:'")
     clusters = []
+    first_of: dict[str, int] = {}
     for i, raw in enumerate(raw_clusters):
         p = f"clusters[{i}]."
         raw = require_mapping(raw, f"clusters[{i}]", file)
         reject_unknown(raw, _CLUSTER_KEYS, file=file, prefix=p)
-        name = str(get(raw, "name", (str, int), file=file, prefix=p))
-        if not _NAME_RE.fullmatch(name):
-            raise InputError(f"{name!r} is not a usable cluster name", file=file, field=p + "name",
-                             fix="use letters, digits, '.', '_' and '-' only (it names emitted files)")
+        name = check_cluster_name(str(get(raw, "name", (str, int), file=file, prefix=p)), file=file, field=p + "name")
+        # here, before the links: a link naming the other cluster would otherwise be reported as the fault
+        if name in first_of:
+            raise InputError(f"the cluster name {name!r} appears more than once (clusters[{first_of[name]}] has it "
+                             "too)", file=file, field=p + "name", fix="give every cluster a unique name")
+        first_of[name] = i
         dev = get_device(get(raw, "device", str, file=file, prefix=p), file=file, field=p + "device")
         overrides = {}
         for key in ("memory_gib", "peak_tflops", "hbm_gbps"):

@@ -181,6 +181,9 @@ def load_yaml_file(path: str, what: str) -> dict:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if path.lower().endswith(".json"):      # read by the YAML parser (JSON is YAML), but written as JSON
+            raise InputError(f"is not valid JSON{at}: {problem}", file=path,
+                             fix="correct the syntax (quotes, commas, braces)") from None
         raise InputError(f"is not valid YAML{at}: {problem}", file=path,
                          fix="correct the syntax (indentation, colons, quotes)") from None
     except UnicodeDecodeError:

@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from ...errors import InputError
+from ...outputs import make_output_dir, write_text_file
 from ...spec.devices import DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec, read_json_file
@@ -104,8 +105,18 @@ def predict_samples(model: FittedModel, samples: list[Sample]) -> list[float]:
     return out
 
 
-def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -> None:
-    os.makedirs(out_dir, exist_ok=True)
+def check_model_files(out_dir: str, field: str = "-o") -> None:
+    """Refuse a model directory where a file the model writes is a directory (LightGBM would fail on it with
+    its own error, after the fit): `hetauto fit` checks before fitting, save_model again."""
+    for name in [MANIFEST] + [f"{b}.txt" for b in BOOSTERS]:
+        if os.path.isdir(os.path.join(out_dir, name)):
+            raise InputError(f"{os.path.join(out_dir, name)!r} is a directory, where the model writes a file",
+                             field=field, fix="remove or rename that directory, or write the model elsewhere")
+
+
+def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict, field: str = "-o") -> None:
+    make_output_dir(out_dir, field)
+    check_model_files(out_dir, field)
     for name in BOOSTERS:   # a booster left from an earlier fit must not be read as part of this one
         stale = os.path.join(out_dir, f"{name}.txt")
         if name not in model.boosters and os.path.exists(stale):
@@ -125,9 +136,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict) -
                 "tp_allreduce_bytes_per_s": dict(sorted(model.tp_allreduce.items())),
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
-    with open(os.path.join(out_dir, MANIFEST), "w") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-        fh.write("\n")
+    write_text_file(os.path.join(out_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n", field=field)
 
 
 def _device_infos(raw, path: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -69,25 +70,33 @@ def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[di
     if not os.path.isfile(path):
         raise InputError("profile file not found", file=path, fix="pass a file written by 'hetauto profile'")
     header, rows = None, []
-    with open(path) as fh:
-        for no, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"line {no} is not JSON ({exc.msg})", file=path,
-                                 fix="pass a file written by 'hetauto profile' (a cut-off last line can be deleted)")
-            if header is None:
-                if not isinstance(rec, dict) or rec.get("format") != PROFILE_FORMAT:
-                    raise InputError(f"does not start with a '{PROFILE_FORMAT}' header line", file=path,
-                                     field="format", fix="pass a file written by 'hetauto profile'")
-                header = rec
-                if header_only:
-                    break
-            else:
-                rows.append(rec)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for no, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"line {no} is not JSON ({exc.msg})", file=path, fix="pass a file written by "
+                                     "'hetauto profile' (a cut-off last line can be deleted)") from None
+                if header is None:
+                    if not isinstance(rec, dict) or rec.get("format") != PROFILE_FORMAT:
+                        raise InputError(f"does not start with a '{PROFILE_FORMAT}' header line", file=path,
+                                         field="format", fix="pass a file written by 'hetauto profile'")
+                    header = rec
+                    if header_only:
+                        break
+                elif not isinstance(rec, dict):     # every reader takes a row for a mapping
+                    raise InputError(f"line {no} is a JSON {type(rec).__name__}, not an object", file=path,
+                                     fix="delete the line (profiling resumes and re-measures the row)")
+                else:
+                    rows.append(rec)
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, fix="pass a file written by 'hetauto profile'") from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
     if header is None:
         raise InputError("is empty", file=path, fix="run 'hetauto profile' to fill it")
     return header, rows
@@ -106,13 +115,17 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"header lacks or garbles {exc}", file=path, field="header",
                          fix="re-run 'hetauto profile' to write a fresh file")
+    for name, value in (("peak_tflops", peak), ("hbm_gbps", bw)):
+        if not (math.isfinite(value) and value > 0):    # every feature divides by them
+            raise InputError(f"the header's {name} is {value}, not a positive finite number", file=path, field=name,
+                             fix="re-run 'hetauto profile' to write a fresh file")
     samples = []
     for r in rows:
         try:
             op = F.Op.from_dict(r["op"])
             # The 10th percentile, not the median: on a shared host the median also measures the neighbours
             # (a preempted repetition takes a scheduler slice longer); on a dedicated accelerator both agree.
-            phases = {ph: float(r.get(f"{ph}_p10_s", r[f"{ph}_s"])) for ph in ("fwd", "bwd")}
+            phases = {ph: _timing(r, ph, path) for ph in ("fwd", "bwd")}
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
@@ -124,6 +137,17 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
                                   arithmetic=arithmetic))
     info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path), arithmetic)
     return info, samples
+
+
+def _timing(row: dict, phase: str, path: str) -> float:
+    """A row's time of one pass: the 10th percentile where the row has it, else the median. A NaN or infinite
+    time (a hand-edited or corrupted row) is refused by name: the fit would otherwise fail far from the cause."""
+    name = f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
+    value = float(row[name])
+    if not math.isfinite(value):
+        raise InputError(f"row {row.get('key', '?')} has {name} {value}, not a finite number of seconds", file=path,
+                         field=name, fix="delete the row (profiling resumes and re-measures it)")
+    return value
 
 
 # NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
@@ -169,7 +193,7 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
     for r in rows:
         try:
             out.append(MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
-                                     float(r.get("fwd_p10_s", r["fwd_s"])), float(r.get("bwd_p10_s", r["bwd_s"]))))
+                                     _timing(r, "fwd", path), _timing(r, "bwd", path)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
