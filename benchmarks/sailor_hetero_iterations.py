@@ -5,13 +5,15 @@ TITAN RTX, three of 8 RTX 2080 Ti; OPT-350, fp32, micro-batch 2): nine runs mixi
 pipeline, inside a stage as data-parallel replicas of different types, or both. Each run is written as a hetauto
 plan: every node a cluster of its own, every replica group of a stage a mesh (`alongside` where a stage has
 several), the job's settings as benchmarks/sailor_iterations.py takes them (no sequence parallelism, no optimizer
-sharding, no overlapped gradient reduction, fp32 (none of these GPUs gains from TF32: Turing has none, the RTX
-3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as DeepSpeed's engine runs it). The network is Sailor's measurement of that cluster:
-the all-reduce curves inside a node and between nodes of one type (network_coeffs_all_homo.json) and the send
-curves between the nodes (multizone_bandwidths_het.json), fitted as alpha-beta links over 1 MB - 1 GB messages.
-`plan/simulate.py` (plan/multi_simulate.py for the mixed stages) composes the iteration: the layers, embedding and
-head from the learned model of `hetauto fit --sailor`, the 1F1B pipeline and its boundaries over those links, each
-mesh's DP reduction and the gradient exchange between the replica groups of a stage, the optimizer step.
+sharding, no overlapped gradient reduction; fp32, which none of these GPUs runs faster on TF32: Turing has none,
+the RTX 3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as DeepSpeed's engine runs it. The
+network is Sailor's measurement of that cluster: the all-reduce curves inside a node and between nodes of one
+type (network_coeffs_all_homo.json) and the send curves between the nodes (multizone_bandwidths_het.json), fitted
+as alpha-beta links over 1 MB - 1 GB messages. `plan/simulate.py` (plan/multi_simulate.py for the mixed stages)
+composes the iteration: the layers, embedding and head from the learned model of `hetauto fit --sailor` (the TP
+all-reduces at the rate the GPUs' layers ran them: LearnedCostModel.tp_link), the 1F1B pipeline and its
+boundaries over those links, each mesh's DP reduction and the gradient exchange between the replica groups of a
+stage, the optimizer step.
 
 What is in and out of sample: these GPUs were profiled on OPT-350 only, so the learned model's per-layer times of
 this model on them are in sample (the fit has them); nothing of the runs themselves (their iteration times, their
@@ -71,9 +73,9 @@ def load_runs() -> list[dict]:
 
 @functools.lru_cache(maxsize=None)
 def send_link(a: str, b: str, per_node: int) -> dict:
-    """The link between a node of GPU type a and one of type b as Sailor measured it: `per_node` GPU pairs sending at
-    once (the curve of that many GPUs per node: the bandwidth of all of them together) for the link, one pair alone
-    for its per-connection rate (`flow_gbps`)."""
+    """The link between a node of GPU type a and one of type b as Sailor measured it (a -> b; the types in name order,
+    so one pair of nodes has one link): `per_node` GPU pairs sending at once (the curve of that many GPUs per node:
+    the bandwidth of all of them together) for the link, one pair alone for its per-connection rate (`flow_gbps`)."""
     def fit(n: int) -> tuple[float, float]:
         co = S.CURVES[ZONE][a][str(n)][ZONE][b][str(n)][0]
         return fit_alpha_beta([n * S.curve_time(s, co) for s in SIZES], [n * s for s in SIZES])
