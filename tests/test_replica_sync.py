@@ -7,7 +7,8 @@ import os
 import pytest
 
 from hetauto_megatron.runtime.gradients import owned_interval
-from hetauto_megatron.runtime.shard_regions import Owner, meet, region, sync_moves, table_shape, to_local, tp_layout
+from hetauto_megatron.runtime.shard_regions import (Owner, meet, region, root_chunks, sync_moves, table_shape, to_local,
+                                                   tp_layout)
 
 
 def test_tp_cut_along_columns_maps_a_dp_shard_to_row_pieces():
@@ -42,7 +43,7 @@ def _owners(holder, weight, whole, tp, dp, partition_dim, *, first_rank, sharded
     return out
 
 
-def _run(moves, owners, grads, weights):
+def _run(moves, owners, grads, weights, rotate=True):
     """Execute the moves on dicts {(row, col): value} per rank, as replica_sync.ReplicaSync.reduce does, then
     give every copy its holder's source's values (the broadcast inside the mesh)."""
     held = {}
@@ -52,7 +53,11 @@ def _run(moves, owners, grads, weights):
             for r in range(rect[0], rect[1]):
                 for c in range(rect[2], rect[3]):
                     held[o.rank][(r, c)] = grads[o.holder][(r, c)]
-    root = min(o.holder for o in owners)
+    keys = sorted({o.holder for o in owners})
+    whole = owners[0].layout.whole
+    runs = root_chunks(whole, len(keys)) if rotate else [((0, whole[0], 0, whole[1]),)]
+    root_of = {(r, c): keys[j] for j, run in enumerate(runs) for rect in run for r in range(rect[0], rect[1])
+               for c in range(rect[2], rect[3])}
     paired = [m for m in moves if m.phase == "pair"]     # two holders: both ends sum the same two operands
     sent = {id(m): {(r, c): held[m.src][(r, c)] for rect in m.rects for r in range(rect[0], rect[1])
                     for c in range(rect[2], rect[3])} for m in paired}
@@ -60,9 +65,10 @@ def _run(moves, owners, grads, weights):
         for k, v in sent[id(m)].items():
             g = {m.holder: v, 1 - m.holder: held[m.dst][k]}
             held[m.dst][k] = weights[0] * g[0] + weights[1] * g[1]
-    for o in owners if not paired else ():
-        if o.holder == root and o.source:
-            held[o.rank] = {k: v * weights[0] for k, v in held[o.rank].items()}
+    for o in owners if not paired else ():       # each root's own term of the elements it is root of
+        if o.source:
+            held[o.rank] = {k: v * weights[keys.index(o.holder)] if root_of[k] == o.holder else v
+                            for k, v in held[o.rank].items()}
     gathered = [m for m in moves if m.phase == "gather"]
     sent = {id(m): {(r, c): held[m.src][(r, c)] for rect in m.rects for r in range(rect[0], rect[1])
                     for c in range(rect[2], rect[3])} for m in gathered}
@@ -105,14 +111,37 @@ def test_every_holder_ends_with_the_weighted_sum(partition_dim, sharded, gated):
         for (r, c), v in held[o.rank].items():
             want = sum(weights[h] * grads[(h, 0)][(r, c)] for h in range(len(layouts)))
             assert v == pytest.approx(want, rel=1e-12), (o.rank, r, c)
-    # two holders: every element once each way, in one phase; more: each non-root holder's elements once to the
-    # root (gather), the sum once back to each of them (scatter)
+    # two holders: every element once each way, in one phase; more: each element once from every holder but its
+    # root to the root (gather), the sum once back (scatter), the roots taking turns: every holder sends and
+    # receives (H - 1) / H of the table in each phase
     total = whole[0] * whole[1]
     if len(layouts) == 2:
         assert {m.phase for m in moves} == {"pair"} and sum(m.numel for m in moves) == 2 * total
     else:
+        H = len(layouts)
         for phase in ("gather", "scatter"):
-            assert sum(m.numel for m in moves if m.phase == phase) == (len(layouts) - 1) * total
+            assert sum(m.numel for m in moves if m.phase == phase) == (H - 1) * total
+        holder = {o.rank: o.holder for o in owners}
+        for h in range(H):
+            out = sum(m.numel for m in moves if m.phase == "gather" and holder[m.src] == (h, 0))
+            inn = sum(m.numel for m in moves if m.phase == "gather" and holder[m.dst] == (h, 0))
+            assert out == total - _run_len(whole, H, h), (h, out)
+            assert inn == (H - 1) * _run_len(whole, H, h), (h, inn)
+    # the start-up copy of the weights: the first holder is the root of every element
+    holder = {o.rank: o.holder for o in owners}
+    fixed = sync_moves("w", owners, pairwise=False, rotate=False)
+    assert {holder[m.dst] for m in fixed if m.phase == "gather"} == {(0, 0)}
+    held = _run(fixed, owners, grads, weights, rotate=False)
+    for o in owners:
+        for (r, c), v in held[o.rank].items():
+            want = sum(weights[h] * grads[(h, 0)][(r, c)] for h in range(len(layouts)))
+            assert v == pytest.approx(want, rel=1e-12), (o.rank, r, c)
+
+
+def _run_len(whole, holders, j) -> int:
+    """Elements in run j of the table (shard_regions.root_chunks)."""
+    n = whole[0] * whole[1]
+    return (j + 1) * n // holders - j * n // holders
 
 
 def test_two_holders_sharded_once_move_each_element_once_each_way():
@@ -124,7 +153,7 @@ def test_two_holders_sharded_once_move_each_element_once_each_way():
     assert {(m.src, m.dst) for m in moves} == {(2, 0), (0, 2), (3, 1), (1, 3)}
     assert [m.numel for m in moves if m.holder == 1] == [m.numel for m in moves if m.holder == 0] == [16, 16]
     # the start-up copy of the first holder's weights: the scatter phase of the gather/scatter moves
-    moves = sync_moves("w", owners, pairwise=False)
+    moves = sync_moves("w", owners, pairwise=False, rotate=False)
     assert sum(m.numel for m in moves if m.phase == "gather") == 32
     assert sum(m.numel for m in moves if m.phase == "scatter") == 32
     assert {(m.src, m.dst) for m in moves if m.phase == "gather"} == {(2, 0), (3, 1)}

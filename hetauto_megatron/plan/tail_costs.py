@@ -169,12 +169,14 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     """Seconds of the exchange that sums every shared parameter's gradient across the mesh stages holding it, as
     runtime/replica_sync.py runs it, for every plan shape (one pipeline's tied embedding table included).
     `blocks`: [((parameters, of which every TP rank keeps a copy), [(cluster, StageProfile, key), ...])], each
-    block's holders sorted by key (mesh index, stage): the first is the root.
+    block's holders sorted by key (mesh index, stage).
 
     Two holders: one phase, each holder's source ranks send their reduced gradient of the elements they own to
-    the other holder's and receive its, both directions at once. Three or more: the root's source ranks
-    receive, in a gather phase, every other holder's reduced gradient for the elements they own; after the
-    sums, a scatter phase sends the result back to the same source ranks. The pair moves run in the gather's
+    the other holder's and receive its, both directions at once. Three or more (H holders): the roots take
+    turns, holder j the root of the j-th H-th of the elements (shard_regions.root_chunks); in a gather phase each
+    root's source ranks receive every other holder's reduced gradient of those elements, after the sums a scatter
+    phase sends the result back to the same source ranks: between any two holders 1/H of the parameter each way
+    in each phase. The pair moves run in the gather's
     phase; the scatter starts when that phase is done. Each phase is one message per pair of ranks for all
     parameters at once. Bytes are the gradient buffer's (gradient-reduce dtype). Every link is full duplex (as
     for pipeline boundaries: each direction its own resource). Between clusters a phase's bytes in one
@@ -197,7 +199,6 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     for (n, dup), hs in blocks:
         if len(hs) < 2 or n == 0:
             continue
-        rc, rp, rk = hs[0]
         for c, prof, key in hs:
             gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
             sharded = prof.settings.distributed_optimizer
@@ -206,16 +207,20 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
                 acc[0] += gb * ((n - dup) / prof.tp + dup)            # every rank's whole local tensor
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
-            if key == rk:
-                continue
-            sent = gb * n                                             # every element once each way
-            if c != rc:
-                to_root, from_root = ("link", c, rc), ("link", rc, c)
-            else:
-                sent /= min(_owners(prof), _owners(rp))
-                to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
-            add(0, to_root, sent)
-            add(0 if len(hs) == 2 else 1, from_root, sent)
+        roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
+        for rc, rp, rk in roots:
+            for c, prof, key in hs:
+                if key == rk:
+                    continue
+                gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
+                sent = gb * n / len(roots)                            # its run of the elements, once each way
+                if c != rc:
+                    to_root, from_root = ("link", c, rc), ("link", rc, c)
+                else:
+                    sent /= min(_owners(prof), _owners(rp))
+                    to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
+                add(0, to_root, sent)
+                add(0 if len(hs) == 2 else 1, from_root, sent)
     total = 0.0
     for phase in phases:
         times = []

@@ -12,8 +12,9 @@ The exchange (shard_regions.py): a parameter with two holders (the tied table of
 of two pipelines) is one phase, "pair": each source sends its reduced elements to the other holder's source of
 each element and receives that rank's, both directions at once, and both ends compute w0 x g0 + w1 x g1 in
 holder order on the host (`_pair_sums`). A parameter with three or more holders is a gather and a scatter:
-every holder's sources send their reduced elements to the first holder's source of each element, that rank sums
-in holder order and sends the sum back to the other holders' sources. The pair phase runs together with the
+every holder's sources send their reduced elements to the source of each element in that element's root (holder
+j of the table's j-th run of elements: the roots take turns, shard_regions.root_chunks), that rank sums its own
+term and then the others in holder order and sends the sum back to the other holders' sources. The pair phase runs together with the
 gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
 then get the sum from their source by a broadcast on the mesh's own DP group (plain optimizer replicas) or TP
 group (TP-duplicated parameters).
@@ -36,7 +37,8 @@ from dataclasses import dataclass
 
 from .gradients import _sharded_ownership
 from .peers import wait_all
-from .shard_regions import Move, Owner, holders_of, sync_moves, table_shape, to_local, tp_layout, weights_of
+from .shard_regions import (Move, Owner, holders_of, meet, region, root_chunks, sync_moves, table_shape, to_local,
+                            tp_layout, weights_of)
 
 GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
 
@@ -149,6 +151,7 @@ class ReplicaSync:
     (the broadcasts inside a mesh stage are not counted)."""
 
     PAIRWISE = True     # two holders exchange both directions at once (shard_regions.sync_moves)
+    ROTATE = True       # three or more: each holder is the root of a run of the elements (shard_regions.root_chunks)
 
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist
@@ -165,7 +168,7 @@ class ReplicaSync:
         self.locals = {r["name"]: r for r in mine}
         norm_roles = set()
         for name in sorted(owners):
-            self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE)
+            self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE, rotate=self.ROTATE)
             if name not in self.locals:
                 continue
             keys, rec = holders_of(owners[name]), self.locals[name]
@@ -175,8 +178,11 @@ class ReplicaSync:
             if len(keys) < 2:         # held by one mesh stage only: nothing to sum
                 continue
             self.weights[name] = weights = weights_of(owners[name])
-            if is_root and rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # the gather's root
-                self.root_scale.append((name, weights[0]))
+            if rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # the gather's root of its own run
+                j = keys.index(tuple(rec["holder"]))
+                layout = next(o.layout for o in owners[name] if o.rank == me)
+                for rect in meet(region(layout, rec["lo"], rec["hi"]), root_chunks(layout.whole, len(keys))[j]):
+                    self.root_scale.append((name, to_local(layout, rect), weights[j]))
         if len(norm_roles) > 1:
             raise ValueError(f"rank {me} holds parameters whose first holder is its mesh and others whose first "
                              "holder is another mesh: the gradient norm cannot count them once per rank")
@@ -296,17 +302,16 @@ class ReplicaSync:
         tables = self._tables(model_chunks)
         sent, received = self._exchange(self.first_phase, GATHER_TAG, tables,
                                         "exchange gradients of shared parameters (with the other holder, or to "
-                                        "the first)")
+                                        "their roots)")
         self._pair_sums(tables, sent, received)
         with torch.no_grad():
-            for name, w in self.root_scale:     # the first holder's own term, then the others in holder order
-                rec = self.locals[name]
-                tables[name].view(-1)[rec["lo"]:rec["hi"]].mul_(w)
+            for name, (r0, r1, c0, c1), w in self.root_scale:   # a root's own term, then the others in holder order
+                tables[name][r0:r1, c0:c1].mul_(w)
             for k, p, w in self.gather_adds:
                 view = tables[p.name][p.rows, p.cols]
                 view.add_(received[k][p.at:p.at + p.numel].to(view.device).view(p.shape), alpha=w)
         self.scatter_back(tables,
-                          "exchange gradients of shared parameters (the sums back from their first holder)")
+                          "exchange gradients of shared parameters (the sums back from their roots)")
         self.fill_copies(tables)
 
     def _pair_sums(self, tables, sent, received) -> None:
@@ -333,8 +338,8 @@ class ReplicaSync:
                 view.copy_(total.to(view.device).view(p.shape))
 
     def scatter_back(self, tables, what: str) -> None:
-        """The scatter phase: the first holder's sources send their values of `tables` (name -> 2-D table of
-        this rank's tensor) to the other holders' sources, which take them."""
+        """The scatter phase: the roots' sources send their values of `tables` (name -> 2-D table of this rank's
+        tensor) to the other holders' sources, which take them."""
         import torch
 
         _, received = self._exchange(self.scatter_phase, SCATTER_TAG, tables, what)
@@ -381,6 +386,7 @@ class ReplicaWeights(ReplicaSync):
     Collective over `ctx.replica_group` (construction and `copy`); `counter` receives the bytes sent."""
 
     PAIRWISE = False    # the scatter phase alone, for two holders as for more
+    ROTATE = False      # of the first holder's weights
 
     def __init__(self, ctx, model_chunks, *, counter: dict | None = None):
         # the modules inside DDP: every rank's interval is its whole local tensor (no distributed-optimizer shard)

@@ -22,20 +22,24 @@ holder's source of that element (the rectangles where the two regions meet), bot
 ends compute the same sum w0 x g0 + w1 x g1 from the same two operands (replica_sync.py says how they get the
 same bits). Every element crosses once each way: 2 x its elements, in one phase.
 
-With three or more holders the exchange is a gather to one root holder (the first in plan order) and a
-scatter back:
+With three or more holders the exchange is a gather to a root holder and a scatter back, the root taking turns:
+the table, flattened row-major, is cut into H equal runs (`root_chunks`) and holder j (in plan order) is the root
+of run j, so every holder sends and receives about the same bytes (a reduce-scatter and an all-gather among the
+holders) instead of one root's links carrying everything:
 
-- gather: every source of every other holder sends each element of its region to the root's source of that
-  element, once;
-- the root source sums, in holder order, weight x gradient of every holder (the result is the same bits for
-  every holder, because only the root computes it);
-- scatter: every root source sends the sum of each element of its region to the other holders' sources of it.
+- gather: every source of every other holder sends each element of its region to the source of that element in
+  the element's root, once;
+- the root source sums weight x gradient of every holder, its own term first, then the others in holder order
+  (the result is the same bits for every holder, because only the root computes it);
+- scatter: every root source sends the sum of each element it is root of to the other holders' sources of it.
 
 So a parameter with H >= 3 holders moves 2 (H - 1) times its elements per iteration between holders, once to
-and once from the root holder, in two phases one after the other.
+and once from their roots, in two phases one after the other; each holder's links carry 2 (H - 1) / H of the
+table each way, where a single root's carried H - 1 times it.
 
-`sync_moves(..., pairwise=False)` gives the gather and scatter moves for two holders as well: the start-up copy
-of the first holder's weights (replica_sync.ReplicaWeights) is the scatter phase alone.
+`sync_moves(..., pairwise=False, rotate=False)` gives the gather and scatter moves with the first holder the root
+of every element, for two holders as well: the start-up copy of the first holder's weights
+(replica_sync.ReplicaWeights) is the scatter phase alone.
 """
 from __future__ import annotations
 
@@ -208,10 +212,20 @@ def _check_partition(name: str, holder, sources) -> None:
                          f"({size} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
 
 
-def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = True) -> list[Move]:
+def root_chunks(whole: tuple, holders: int) -> list[tuple[Rect, ...]]:
+    """The runs of the whole table (rows, cols), flattened row-major, that each of `holders` holders is the root
+    of: run j is elements [j N / H, (j + 1) N / H) of the N, as rectangles."""
+    rows, cols = whole
+    n = rows * cols
+    return [tuple(_flat_rects(j * n // holders, (j + 1) * n // holders, cols)) for j in range(holders)]
+
+
+def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = True,
+               rotate: bool = True) -> list[Move]:
     """Every move of one parameter's gradient exchange among its holders (module doc), deterministic; with
     `rank`, only the moves that rank sends or receives (the same moves, found in time linear in the owners);
-    `pairwise=False`: gather and scatter even for two holders. Checks that every holder sees the same whole shape
+    `pairwise=False`: gather and scatter even for two holders; `rotate=False`: the first holder is the root of
+    every element (else holder j of run j, `root_chunks`). Checks that every holder sees the same whole shape
     and that each holder's sources partition it."""
     keys = holders_of(owners)
     if len(keys) < 2:
@@ -239,15 +253,23 @@ def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = T
             if rects:
                 moves += [Move("pair", s.rank, r.rank, name, 1, rects), Move("pair", r.rank, s.rank, name, 0, rects)]
         return moves
-    for index, h in enumerate(keys[1:], start=1):
-        for s, r in sorted(pairs(sources[h], root), key=lambda p: (p[0].rank, p[1].rank)):
-            rects = meet(s.region, r.region)
+    whole = shapes.pop()
+    runs = root_chunks(whole, len(keys)) if rotate else [tuple(_flat_rects(0, whole[0] * whole[1], whole[1]))]
+    for j, run in enumerate(runs):          # the gathers into every root, then the scatters out of every root
+        root = sources[keys[j]]
+        for index, h in enumerate(keys):
+            if index == j:
+                continue
+            for s, r in sorted(pairs(sources[h], root), key=lambda p: (p[0].rank, p[1].rank)):
+                rects = meet(meet(s.region, r.region), run)
+                if rects:
+                    moves.append(Move("gather", s.rank, r.rank, name, index, rects))
+    for j, run in enumerate(runs):
+        root = sources[keys[j]]
+        sinks = sorted((o for h in keys if h != keys[j] for o in sources[h]), key=lambda o: (o.holder, o.rank))
+        order = {(o.holder, o.rank): n for n, o in enumerate(sinks)}
+        for r, k in sorted(pairs(root, sinks), key=lambda p: (p[0].rank, order[(p[1].holder, p[1].rank)])):
+            rects = meet(meet(r.region, k.region), run)
             if rects:
-                moves.append(Move("gather", s.rank, r.rank, name, index, rects))
-    sinks = sorted((o for h in keys[1:] for o in sources[h]), key=lambda o: (o.holder, o.rank))
-    order = {(o.holder, o.rank): n for n, o in enumerate(sinks)}
-    for r, k in sorted(pairs(root, sinks), key=lambda p: (p[0].rank, order[(p[1].holder, p[1].rank)])):
-        rects = meet(r.region, k.region)
-        if rects:
-            moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
+                moves.append(Move("scatter", r.rank, k.rank, name, keys.index(k.holder), rects))
     return moves
