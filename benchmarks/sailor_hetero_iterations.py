@@ -75,7 +75,11 @@ def load_runs() -> list[dict]:
 def send_link(a: str, b: str, per_node: int) -> dict:
     """The link between a node of GPU type a and one of type b as Sailor measured it (a -> b; the types in name order,
     so one pair of nodes has one link): `per_node` GPU pairs sending at once (the curve of that many GPUs per node:
-    the bandwidth of all of them together) for the link, one pair alone for its per-connection rate (`flow_gbps`)."""
+    the bandwidth of all of them together) for the link, one pair alone for its per-connection rate (`flow_gbps`).
+    run_plan reads the curve of the groups' TP up to 4 GPUs, as Sailor's simulator does (`min(tp, 4)`,
+    benchmarks/sailor_terms.py): between a TITAN RTX and a 2080 Ti node the 8-GPU curve reads 0.9 Gbit/s where
+    the 2- and 4-GPU ones (and the 8-GPU curves inside each type) read 23; every curve of the RTX 3090 node reads
+    0.9."""
     def fit(n: int) -> tuple[float, float]:
         co = S.CURVES[ZONE][a][str(n)][ZONE][b][str(n)][0]
         return fit_alpha_beta([n * S.curve_time(s, co) for s in SIZES], [n * s for s in SIZES])
@@ -107,7 +111,7 @@ def run_plan(run: dict) -> tuple[dict, dict]:
         for y in range(x + 1, len(clusters)):
             a, b = clusters[x], clusters[y]
             links.append({"between": [a["name"], b["name"]],
-                          **send_link(*sorted((a["_gpu"], b["_gpu"])), min(a["_tp"], b["_tp"]))})
+                          **send_link(*sorted((a["_gpu"], b["_gpu"])), min(a["_tp"], b["_tp"], 4))})
     inv = {"clusters": [{k: v for k, v in c.items() if not k.startswith("_")} for c in clusters], "links": links}
     plan = {"version": 4, "model": model.to_dict(), "global_batch_size": run["global_batch_size"],
             "precision": PRECISION, "meshes": meshes, "inventory": inv}

@@ -71,12 +71,21 @@ def _fit(times, nbytes):
     return 1 / inv_bw, lat
 
 
+# The cloud VMs' curves (GCP, A100-40 and V100-16): N GPUs per VM sending at once over one path. The MIT cluster's
+# (TITAN RTX, RTX 2080 Ti, RTX 3090) are not of that kind: between a TITAN RTX and a 2080 Ti node its 1- and 8-GPU
+# curves read 0.9 Gbit/s where its 2- and 4-GPU ones read 23 (benchmarks/sailor_hetero_iterations.py reads them as
+# Sailor's simulator does).
+CLOUD_GPUS = ("A100-40", "V100-16")
+
+
 def _pair_curves():
     with open(os.path.join(SAILOR_DATA, "multizone_bandwidths_het.json")) as f:
         curves = json.load(f)
     seen = {}
     for sz, by_gpu in curves.items():
         for sg, by_n in by_gpu.items():
+            if sg not in CLOUD_GPUS:
+                continue
             for rz, by_rgpu in by_n["1"].items():
                 for rg in by_rgpu:
                     co = tuple(tuple(curves[sz][sg][n][rz][rg][n][0]) for n in ("1", "2", "4"))
