@@ -122,9 +122,10 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     """Two pipelines of two stages each, tied embeddings, the plain optimizer at DP 2 (every DP replica holds the
     whole gradient; DP rank 0's count). The layers and the final norm have two holders (one per pipeline): their
     gradients cross the 10 Gbit/s link once each way, at once, in the first phase. The tied table has four (both
-    ends of both pipelines), root pipeline 0's first stage: in the same first phase pipeline 1's two copies go
-    to it, and in a second phase the sums come back. The first phase's busier direction (b -> a) carries
-    layers, norm and two tables; the second, two tables. Then inside every
+    ends of both pipelines), each the root of a quarter of it: in the same first phase every copy sends the
+    other three their quarters, in a second phase the sums come back. Each direction of the link carries, in the
+    first phase, layers, norm and a table (the two far copies' quarters of the two near roots); in the second, a
+    table. Then inside every
     holder DP rank 0 broadcasts its local tensors to its replica (the mesh's DP link) and TP rank 0 the norms to
     the other TP ranks (the node's link); the last stages, which hold the most, set that time."""
     model = MODEL.replace(tie_embeddings=True, vocab_size=32256)        # 32256: padded alike at every TP
@@ -134,8 +135,8 @@ def test_tied_copies_and_plain_optimizer_replicas_in_the_holders_exchange():
     p1 = [_mesh("b", "h100", 4, 2, 1, [16, 16], setting_overrides=plain)]
     got = _price(model, inv, [(32, [p0]), (32, [p1])])
     h = model.hidden_size
-    gather = 4 * (model.num_layers * model.layer_params + 2 * model.embedding_params + h)
-    scatter = 4 * 2 * model.embedding_params
+    gather = 4 * (model.num_layers * model.layer_params + model.embedding_params + h)
+    scatter = 4 * model.embedding_params
     bw = 10e9 / 8
     # a last stage: 16 layers, its copy of the table, the final norm; TP 4 duplicates the norms (2h a layer, h)
     n, dup = 16 * model.layer_params + model.embedding_params + h, 16 * 2 * h + h
@@ -190,9 +191,10 @@ def test_the_exchange_moves_what_the_runtime_counted():
     (cluster-b, TP 2 x DP 1), stage 1 = mesh C (cluster-b), tied embeddings. The runtime counts the bytes its
     exchange sends between the clusters (tests/test_runtime_alongside.py, the same formula from the model's
     shapes): B and A send each other every element of stage 0's layers once, at once (two holders; B's TP rank
-    0 for the norms TP duplicates, which broadcasts them inside the mesh); B and C send A their tied tables (three
-    holders) with them and get the sums back in a second phase. On a full-duplex link of 1 byte/s without
-    latency the priced exchange is the busier direction's bytes of each phase, in seconds."""
+    0 for the norms TP duplicates, which broadcasts them inside the mesh); the tied table has three holders, A, B
+    and C, each the root of a third of it (shard_regions.root_chunks): with the layers, B and C send A their first
+    thirds and A sends B its second and C its last; in a second phase the sums come back. On a full-duplex link of
+    1 byte/s without latency the priced exchange is the busier direction's bytes of each phase, in seconds."""
     from hetauto_megatron.plan.multi_simulate import shapes_of
     from hetauto_megatron.plan.plan import load_plan
     from hetauto_megatron.spec.inventory import inventory_from_dict
@@ -212,16 +214,20 @@ def test_the_exchange_moves_what_the_runtime_counted():
     # (test_runtime_alongside.py measures it); the tiny model by hand: qkv 64 x 8 x 16, proj 64 x 64, fc1 64 x 512,
     # fc2 256 x 64, two norms of 64, four layers; the table 256 padded rows (128 x TP 2) x 64
     assert (split, stage0, table) == (61440, 4 * 61568 + 256 * 64, 256 * 64)
-    # first phase b -> a: stage 0's layers and two tables (a -> b: the layers); second phase a -> b: two tables.
-    # The exchange inside cluster-b (none here), the broadcast inside mesh B and the ranks' own network are far
-    # faster than 1 byte/s
-    priced = ((stage0 - table) + 2 * table + 2 * table) * 4
+    # first phase: stage 0's layers each way, with two first thirds b -> a and the second and last thirds a -> b
+    # (one element more); second phase the sums back: the second and last thirds b -> a, the busier. The exchange
+    # inside cluster-b, the broadcast inside mesh B and the ranks' own network are far faster than 1 byte/s
+    run = [(j + 1) * table // 3 - j * table // 3 for j in range(3)]
+    assert 2 * run[0] < run[1] + run[2]
+    priced = ((stage0 - table) + 2 * (run[1] + run[2])) * 4
     assert got.replica_sync_s == pytest.approx(priced, rel=1e-6)
     # and so for the two-pipeline example (tests/test_runtime_pipelines.py): every parameter once each way, the
-    # tied table of pipeline 1's two ends once each way with pipeline 0's first stage; priced: the layers and the
-    # final norm one way (the other way at the same time) with pipeline 1's tables, then the tables back
+    # tied table's four copies (both ends of both pipelines) each the root of a quarter; priced: the layers and the
+    # final norm each way with the far copies' quarters of the near roots (a table each way), then the sums back
+    # (a table each way)
     two = load_plan("examples/llama/plans/tiny-2pipelines-cpu.yaml")
     got = shapes_estimate(two.model, inv.with_precision(two.precision), shapes_of(two), COST)
     m, table = two.model, two.padded_vocab_size * two.model.hidden_size
-    priced = 4 * ((m.num_layers * m.layer_params + m.hidden_size) + 2 * 2 * table)
+    assert table % 4 == 0
+    priced = 4 * ((m.num_layers * m.layer_params + m.hidden_size) + table + table)
     assert got.replica_sync_s == pytest.approx(priced, rel=1e-6)

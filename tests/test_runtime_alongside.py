@@ -53,11 +53,13 @@ def test_bytes_are_the_resliced_activations_and_the_gradient_sum(report):
 
     Per micro-batch each sample's activation crosses the boundary once forward and its gradient once back, from
     the mesh holding it at stage 0 to the replica holding it at stage 1: A's 2 samples between cluster-a and
-    cluster-b, B's 2 inside cluster-b. Per iteration the gradient sum across the holders (replica_sync.py, root =
-    mesh A): B sends A every element of stage 0 once and receives the sum back once (where TP duplicates a
-    parameter, the two norms of each layer, B's TP rank 0 receives it and broadcasts it to TP rank 1 inside
-    the mesh); C sends A its tied output layer and receives the sum back (its two DP ranks own halves). Nothing
-    else leaves a mesh."""
+    cluster-b, B's 2 inside cluster-b. Per iteration the gradient sum across the holders (replica_sync.py): the
+    layers of stage 0 (two holders, A and B) once each way between A and B (where TP duplicates a parameter, the
+    two norms of each layer, B's TP rank 0 receives it and broadcasts it to TP rank 1 inside the mesh); the
+    embedding table, held by A, B and C (the tied output layer, its two DP ranks owning halves), in three runs
+    whose roots take turns: the first third's to A and back from B and C (four crossings of cluster-a's link),
+    the second's to B and the last's to C and back from A (two crossings each) and from the other holder inside
+    cluster-b. Nothing else leaves a mesh."""
     m, vocab = report["model"], report["padded_vocab_size"]
     seq, hidden, ffn, heads, kv = (m[k] for k in ("seq_length", "hidden_size", "ffn_hidden_size",
                                                   "num_attention_heads", "num_query_groups"))
@@ -69,10 +71,11 @@ def test_bytes_are_the_resliced_activations_and_the_gradient_sum(report):
     split = hidden * (heads + 2 * kv) * head + hidden * hidden + hidden * 2 * ffn + ffn * hidden  # qkv, proj, fc1, fc2
     norms = 2 * hidden                                    # RMSNorm weights, the same on every TP rank
     layers, table = 4, vocab * hidden
-    stage0 = layers * (split + norms) + table
-    sync = (2 * stage0                                    # B -> A, A -> B
-            + 2 * table) * fp32                           # C -> A, A -> C: the tied output layer
-    assert report["bytes"]["intra_cluster"] == activations_b * STEPS
+    run = [(j + 1) * table // 3 - j * table // 3 for j in range(3)]     # shard_regions.root_chunks
+    sync = (2 * layers * (split + norms)                  # stage 0's layers: B -> A, A -> B
+            + 4 * run[0] + 2 * run[1] + 2 * run[2]) * fp32     # the table's runs rooted at A, B, C
+    inside_b = (2 * run[1] + 2 * run[2]) * fp32           # C <-> B for the runs rooted at B and at C
+    assert report["bytes"]["intra_cluster"] == (activations_b + inside_b) * STEPS
     assert report["bytes"]["inter_cluster"] == (activations_a + sync) * STEPS
 
 

@@ -208,12 +208,13 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
         roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
-        for rc, rp, rk in roots:
+        for j, (rc, rp, rk) in enumerate(roots):
+            run = (j + 1) * int(n) // len(roots) - j * int(n) // len(roots)     # shard_regions.root_chunks
             for c, prof, key in hs:
                 if key == rk:
                     continue
                 gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
-                sent = gb * n / len(roots)                            # its run of the elements, once each way
+                sent = gb * run                                       # its run of the elements, once each way
                 if c != rc:
                     to_root, from_root = ("link", c, rc), ("link", rc, c)
                 else:
