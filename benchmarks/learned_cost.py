@@ -118,7 +118,7 @@ def sailor_optimizer_part() -> None:
     layers and the head), fitted per GPU on the other models, each model left out in turn, against the bare
     memory traffic the analytic model prices."""
     from hetauto_megatron.cost.learned.fitting import fit_optimizer
-    from hetauto_megatron.cost.learned.sailor import load_sailor_updates
+    from hetauto_megatron.cost.learned.sailor_updates import load_sailor_updates
     table, report = fit_optimizer(load_sailor_updates(SAILOR))
     print("\nOptimizer step (one call over the profiled model), leave one model out (kept where at least two models "
           "were measured and it beats the traffic alone):")

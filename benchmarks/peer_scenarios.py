@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sailor_terms as S  # noqa: E402
 
-from hetauto_megatron.cost.learned.sailor import fit_ring_allreduce, read_allreduce_fits  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import read_allreduce_fits  # noqa: E402
+from hetauto_megatron.cost.learned.sailor_links import fit_ring_allreduce  # noqa: E402
 from hetauto_megatron.cost.memory import GIB  # noqa: E402
 from hetauto_megatron.cost.sailor_job import SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402

@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost import comm  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
-from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS, fit_ring_allreduce  # noqa: E402
+from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS  # noqa: E402
+from hetauto_megatron.cost.learned.sailor_links import fit_ring_allreduce  # noqa: E402
 from hetauto_megatron.cost.sailor_job import SAILOR_ELEMENT_BYTES, SAILOR_JOB_PRECISION  # noqa: E402
 from hetauto_megatron.plan.costing import tp_collective_link  # noqa: E402
 from hetauto_megatron.plan.plan import Mesh, Plan  # noqa: E402
@@ -80,7 +81,7 @@ def measured_link(kind: str, per_node: int, n: int, gpu: str = "GH-96") -> dict:
     ranks, as the inventory's alpha-beta entry:
     bandwidth and latency of least absolute log error against Sailor's curve for messages of 1 MB to 1 GB (a grid,
     0.5 us and 0.5 GB/s steps).
-    The curve is read at the whole message, as Sailor measured it (cost/learned/sailor.py sailor_allreduce_s).
+    The curve is read at the whole message, as Sailor measured it (cost/learned/sailor_links.py sailor_allreduce_s).
     - intra (GH200, 4 GPUs): 228 GB/s, 2.5 us (206 GB/s, 8 us read at the ring's chunk, as Sailor's simulator reads
       it). The learned layer times were fitted with this curve's all-reduces set apart, so the planner must add them
       back at the same speed; the catalog's NVLink figure (450 GB/s) is about twice as fast at these sizes.

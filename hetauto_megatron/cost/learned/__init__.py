@@ -9,7 +9,9 @@ Three kinds of measurement train it (cost/features.py defines the feature vector
 
 One module per concept:
 - samples.py: a measured row (`Sample`), what is known of a device (`DeviceInfo`), the profile files;
-- sailor.py: the Sailor data and the training rows made of it;
+- sailor.py: the Sailor data and the training rows made of it (with its TP all-reduces set apart);
+- sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link;
+- sailor_updates.py: the optimizer step Sailor measured per profiled model;
 - fitting.py: stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits
   LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated rounds, stage 3 composes
   operators into layers; `fit` runs them and saves the model;

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from ...errors import InputError
 from .. import features as F
 from .model import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples, save_model
-from .sailor import (SailorLayer, load_sailor, load_sailor_updates, sailor_device_infos, sailor_host_floors,
+from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_host_floors,
                      sailor_tp_allreduce_rates,
                      sailor_layer_samples, sailor_samples)
+from .sailor_updates import load_sailor_updates
 from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
 
 

@@ -15,6 +15,7 @@ from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
 from ..memory import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
+from .sailor_links import sailor_allreduce_s
 from .samples import DeviceInfo, Sample, host_floor_key, tp_allreduce_key
 
 
@@ -283,44 +284,6 @@ def read_allreduce_fits(directory: str) -> dict:
     return read_json_file(path, field="--sailor")
 
 
-def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
-    """Ring all-reduce time of an `nbytes` message over `n` GPUs inside one node, from Sailor's measured curve:
-    2(n-1)/n x nbytes at the bus bandwidth the curve gives for that message, GB/s = a x^2 + b x + c with
-    x = log2(megabytes), capped at the measured maximum. `fits`: one GPU's entry, {group size: [[a, b, c], max
-    bytes/s]}; the largest group stands in for bigger.
-
-    The curve is read as it was measured: Sailor's profiler (sailor/profiling/networking/test_collectives.py, fitted by
-    fit_func.py) times one all-reduce of the whole message per size, so x is the whole message. Its figures are bus
-    bandwidths: the A100-40's 4-GPU maximum, 243 GB/s, would need 365 GB/s per GPU as an algorithm bandwidth
-    (2(n-1)/n of it crosses each GPU's links), over NVLink3's 300. Sailor's own simulator evaluates the curve at the
-    chunk, nbytes/n (profile_utils.estimate_ar_time), which prices a 4-GPU all-reduce 1.2-2.2x slower at these
-    sizes; the layers measured at TP 4 against TP 1 show the whole message's reading (docs/cost-model-learned.md,
-    step 9)."""
-    if n <= 1 or nbytes <= 0 or not fits:
-        return 0.0
-    key = str(n) if str(n) in fits else max(fits, key=int)
-    (a, b, c), max_bps = fits[key]
-    x = math.log2(max(nbytes / 1e6, 1e-3))
-    bw = min(max_bps, max(1e9 * (a * x * x + b * x + c), 1e9))
-    return 2 * (n - 1) / n * nbytes / bw
-
-
-def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> tuple[float, float]:
-    """(bandwidth bytes/s, latency us) of the alpha-beta ring all-reduce of `n` ranks, 2(n-1)/n x size / bandwidth +
-    2(n-1) x latency, closest to Sailor's curve (`sailor_allreduce_s`) over the message `sizes` in least absolute
-    log error: a grid of 0.5 us below `max_latency_us` and 0.5 GB/s from 2 to 499.5 GB/s (how an inventory entry
-    is derived from Sailor's measurements)."""
-    measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
-    best = None
-    for lat_us in (0.5 * i for i in range(int(2 * max_latency_us))):
-        for bw in (0.5e9 * i for i in range(4, 1000)):
-            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
-                      for s, t in zip(sizes, measured))
-            if best is None or err < best[0]:
-                best = (err, bw, lat_us)
-    return best[1], best[2]
-
-
 def tp_allreduces_s(r: SailorLayer, fits: dict, rates: dict | None = None) -> float:
     """The tensor-parallel all-reduces a measured layer contains, per pass (Megatron: two in the forward, two
     in the backward, each of the layer's activations), which the compute roofline does not price: on Sailor's
@@ -420,57 +383,3 @@ def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
     return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight, gemm_bwd_weight) for r in layers
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
-
-
-# ---- the optimizer step, measured per profiled model ---------------------------------------------------------
-@dataclass(frozen=True)
-class SailorUpdate:
-    """The optimizer step Sailor measured for one (model, GPU, TP): the third figure of its entries. It is the mean
-    step of the whole model the profiler trained (the fork's megatron/training.py writes
-    `model[0].timers(STEP_MICRO_TIMER).mean()` into every entry): the embedding, two transformer layers and the
-    output-layer entry, one optimizer call over their parameters on one TP rank (`llm_info.json`'s count of those
-    entries at that TP). The median over the entries and micro-batch sizes (the step does not depend on the
-    micro-batch)."""
-    model: str
-    gpu: str
-    device: str
-    tp: int
-    params: float          # the profiled model's parameters on one TP rank
-    bytes_per_param: int   # Adam's memory traffic per parameter: 28 in an fp32 job (no master copy), as all these ran
-    hbm_gbps: float
-    update_s: float
-
-    @property
-    def prior_s(self) -> float:
-        """The optimizer's memory traffic at full bandwidth (plan/tail_costs.py `optimizer_time`)."""
-        return self.params * self.bytes_per_param / (self.hbm_gbps * 1e9)
-
-
-PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler trains (with the embedding and the head)
-
-
-def load_sailor_updates(directory: str) -> list[SailorUpdate]:
-    """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step and llm_info.json's parameter
-    count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry)."""
-    data = read_json_file(os.path.join(directory, "profiles_tmp.json"), field="--sailor")
-    info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
-    runs = {(r.model, r.gpu) for r in load_sailor(directory)}     # the (model, GPU) runs with measured layers
-    out = []
-    for mname, spec, gpu, (dev, _, bw), per_mb in _profiled_runs(data):
-        if (mname, gpu) not in runs:
-            continue
-        by_tp: dict[int, list[float]] = {}
-        for per_tp in per_mb.values():
-            for tp, entries in per_tp.items():
-                for e in entries.values():
-                    if len(e) > 2 and e[2] > 0:
-                        by_tp.setdefault(int(tp), []).append(float(e[2]))
-        for tp, ups in sorted(by_tp.items()):
-            counts = info.get(mname, {}).get(str(tp))
-            if not counts:
-                continue         # no parameter count at this TP (V100-16's LLAMA-3-8 at TP 8)
-            last = max(counts, key=int)
-            params = sum(counts[k]["params_floats"] for k in ("0", *map(str, range(1, PROFILED_LAYERS + 1)), last))
-            out.append(SailorUpdate(mname, gpu, dev, tp, float(params), adam_traffic_bytes_per_param(SAILOR_ELEMENT_BYTES),
-                                    bw, statistics.median(ups)))
-    return out

@@ -1,0 +1,44 @@
+"""Sailor's measured all-reduce curves inside a node (intra_node_bandwidths.json, read by sailor.read_allreduce_fits):
+how long a ring all-reduce of a message takes on them, and the alpha-beta link that matches them (the inventory
+entry of such a node)."""
+from __future__ import annotations
+
+import math
+
+
+def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
+    """Ring all-reduce time of an `nbytes` message over `n` GPUs inside one node, from Sailor's measured curve:
+    2(n-1)/n x nbytes at the bus bandwidth the curve gives for that message, GB/s = a x^2 + b x + c with
+    x = log2(megabytes), capped at the measured maximum. `fits`: one GPU's entry, {group size: [[a, b, c], max
+    bytes/s]}; the largest group stands in for bigger.
+
+    The curve is read as it was measured: Sailor's profiler (sailor/profiling/networking/test_collectives.py, fitted by
+    fit_func.py) times one all-reduce of the whole message per size, so x is the whole message. Its figures are bus
+    bandwidths: the A100-40's 4-GPU maximum, 243 GB/s, would need 365 GB/s per GPU as an algorithm bandwidth
+    (2(n-1)/n of it crosses each GPU's links), over NVLink3's 300. Sailor's own simulator evaluates the curve at the
+    chunk, nbytes/n (profile_utils.estimate_ar_time), which prices a 4-GPU all-reduce 1.2-2.2x slower at these
+    sizes; the layers measured at TP 4 against TP 1 show the whole message's reading (docs/cost-model-learned.md,
+    step 9)."""
+    if n <= 1 or nbytes <= 0 or not fits:
+        return 0.0
+    key = str(n) if str(n) in fits else max(fits, key=int)
+    (a, b, c), max_bps = fits[key]
+    x = math.log2(max(nbytes / 1e6, 1e-3))
+    bw = min(max_bps, max(1e9 * (a * x * x + b * x + c), 1e9))
+    return 2 * (n - 1) / n * nbytes / bw
+
+
+def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency us) of the alpha-beta ring all-reduce of `n` ranks, 2(n-1)/n x size / bandwidth +
+    2(n-1) x latency, closest to Sailor's curve (`sailor_allreduce_s`) over the message `sizes` in least absolute
+    log error: a grid of 0.5 us below `max_latency_us` and 0.5 GB/s from 2 to 499.5 GB/s (how an inventory entry
+    is derived from Sailor's measurements)."""
+    measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
+    best = None
+    for lat_us in (0.5 * i for i in range(int(2 * max_latency_us))):
+        for bw in (0.5e9 * i for i in range(4, 1000)):
+            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
+                      for s, t in zip(sizes, measured))
+            if best is None or err < best[0]:
+                best = (err, bw, lat_us)
+    return best[1], best[2]
