@@ -6,7 +6,8 @@ pipeline, inside a stage as data-parallel replicas of different types, or both. 
 plan: every node a cluster of its own, every replica group of a stage a mesh (`alongside` where a stage has
 several), the job's settings as benchmarks/sailor_iterations.py takes them (no sequence parallelism, no optimizer
 sharding, no overlapped gradient reduction; fp32, which none of these GPUs runs faster on TF32: Turing has none,
-the RTX 3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as DeepSpeed's engine runs it. The
+the RTX 3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as DeepSpeed's engine runs it (its schedule itself where our simulation of it
+plans the layout: `compose`). The
 network is Sailor's measurement of that cluster: the all-reduce curves inside a node and between nodes of one
 type (network_coeffs_all_homo.json) and the send curves between the nodes (multizone_bandwidths_het.json), fitted
 as alpha-beta links over 1 MB - 1 GB messages. `plan/simulate.py` (plan/multi_simulate.py for the mixed stages)
@@ -26,10 +27,11 @@ Sailor's runtime sums a stage's gradients over its mixed replicas with one all-r
 runtime exchanges them between the replica groups (runtime/replica_sync.py), which is what the composition prices:
 the same bytes on each link for two groups, more on the root's links for three or more (noted per run).
 
-    python benchmarks/sailor_hetero_iterations.py [--measured-layers] [--json]
+    python benchmarks/sailor_hetero_iterations.py [--measured-layers] [--1f1b] [--json]
 
 --measured-layers composes the runs with the GPUs' own measured layers (in sample, as Sailor's simulator reads
-them): the composition's error alone.
+them): the composition's error alone. --1f1b composes every run with Megatron's 1F1B and blocking boundaries
+(by default the runs of one mesh per stage run DeepSpeed's engine, as the fork does: `compose`).
 """
 from __future__ import annotations
 
@@ -124,17 +126,21 @@ def intra_link(gpu: str, tp: int) -> LinkSpec:
     return LinkSpec(x["bandwidth_gbps"], x["latency_us"] * 1e-6)
 
 
-def compose(cost_model, measured_layers: bool = False) -> list[dict]:
-    """Per run: measured and predicted iteration and the predicted parts. `measured_layers`: the diagnostic of the
-    composition alone, each GPU's own measured OPT-350 layers, embedding and head (Sailor's profile at the run's
-    TP and micro-batch) in place of the learned ones, the layer times Sailor's simulator reads."""
+def compose(cost_model, measured_layers: bool = False, megatron: bool = False) -> list[dict]:
+    """Per run: measured and predicted iteration and the predicted parts. The pipeline is DeepSpeed's, the engine
+    the fork trains with (plan/deepspeed_schedule.py: every transfer blocking both ends in turn, TP-partitioned
+    sends and their all-gathers, the DP reduction after the last backward), where our simulation of that engine
+    plans the layout (one mesh per stage: the runs without replica groups side by side); the others, and all with
+    `megatron`, as Megatron's 1F1B with blocking boundaries. `measured_layers`: the diagnostic of the composition
+    alone, each GPU's own measured OPT-350 layers, embedding and head (Sailor's profile at the run's TP and
+    micro-batch) in place of the learned ones, the layer times Sailor's simulator reads."""
     if measured_layers:
         cost_model = MeasuredLayers(cost_model, "OPT-350", {v: k for k, v in SAILOR_GPUS.items()}, intra_link)
     rows = []
     for run in load_runs():
         plan_d, inv_d = run_plan(run)
         plan, inv = plan_from_dict(plan_d), inventory_from_dict(inv_d)
-        e = simulate(plan, inv, cost_model)
+        e = simulate(plan, inv, cost_model, engine="deepspeed" if plan.is_simple and not megatron else "megatron")
         rows.append({"file": run["file"], "nodes": run["nodes"], "layout": describe(run),
                      "micro_batches": plan.num_micro_batches if plan.is_simple else None,
                      "measured_s": run["measured_iteration_s"], "predicted_s": e.iteration_time_s,
@@ -158,7 +164,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model")
         subprocess.run(HETAUTO + ["fit", "--sailor", "-o", out], cwd=ROOT, check=True, capture_output=True)
-        rows = compose(L.LearnedCostModel(out), "--measured-layers" in sys.argv)
+        rows = compose(L.LearnedCostModel(out), "--measured-layers" in sys.argv, "--1f1b" in sys.argv)
     ours = [abs(pct(r["predicted_s"], r["measured_s"])) for r in rows]
     theirs = [abs(pct(r["sailor_s"], r["measured_s"])) for r in rows]
     if "--json" in sys.argv:

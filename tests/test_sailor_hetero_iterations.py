@@ -73,8 +73,17 @@ def test_pcie_gpu_layers_at_every_tp_degree_match_their_measurements(fitted):
     assert 100 * sum(errs) / len(errs) <= 10.0, 100 * sum(errs) / len(errs)
 
 
-@pytest.mark.xfail(strict=True, reason="11.3 % on main: pipelines of single groups under-predicted by 6-21 %, two-group "
-                                       "stages over-predicted by 3-20 %, six groups -22 % (docs/cost-model-learned.md)")
+def test_whole_heterogeneous_iterations_composed_from_the_measured_layers_reach_sailors_simulator(fitted):
+    """The composition alone (the same measured layer times Sailor's simulator reads; nothing of the runs fitted):
+    the nine runs' pipelines, boundaries over the measured links, replica groups' gradient exchange and optimizer
+    step against the measured iterations. Target: Sailor's simulator on the same runs, 10.3 % MAPE."""
+    rows = H.compose(fitted, measured_layers=True)
+    errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in rows]
+    assert len(errs) == 9 and sum(errs) / len(errs) <= 10.3, errs
+
+
+@pytest.mark.xfail(strict=True, reason="10.6 % on main (9.3 % with the GPUs' measured layers): the runs through the "
+                                       "RTX 3090 over-predicted by 7-20 %, six groups -22 % (docs/cost-model-learned.md)")
 def test_whole_heterogeneous_iterations_reach_sailors_simulator(fitted):
     """The nine measured runs composed with the learned model (out of sample: nothing of the runs is fitted); the
     target is Sailor's own simulator on the same runs, 10.3 % MAPE."""
