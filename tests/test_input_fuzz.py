@@ -198,6 +198,30 @@ def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
         check_error(rc, err, field="-o")
 
 
+def test_output_over_an_input_is_refused_before_the_search(tmp_path, capsys):
+    """-o inv.yaml (or a --timeline, through a link too) silently overwrote the inventory the plan was made from."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    os.symlink(inv, tmp_path / "link.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"]
+    for extra, flag in ((["-o", inv], "-o"), (["-o", str(tmp_path / "link.yaml")], "-o"),
+                        (["--timeline", str(tmp_path / "p.json"), "-o", str(tmp_path / "p.json")], "--timeline")):
+        rc, _, err = run_cli(base + extra, capsys)
+        check_error(rc, err, field=flag, words=["overwrite"])
+    assert (tmp_path / "inv.yaml").read_text() == CPU_INVENTORY
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    before = open(plan).read()
+    rc, _, err = run_cli(base + ["--from", plan, "-o", plan], capsys)
+    check_error(rc, err, field="-o", words=["--from", plan])
+    trace = str(tmp_path / "t.json")
+    model = write(tmp_path, "t.json", json.dumps({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                                  "vocab_size": 128, "seq_length": 32}))
+    rc, _, err = run_cli(["simulate", "--model", model, "--inventory", inv, "--plan", plan, "--timeline", trace],
+                         capsys)
+    check_error(rc, err, field="--timeline", words=["--model"])
+    assert open(plan).read() == before and "num_layers" in open(model).read()
+
+
 def test_messages_say_what_the_path_is(tmp_path, capsys):
     """-o afile/p.yaml said "the folder 'afile' does not exist" though it exists as a file; a malformed .json plan
     was "not valid YAML"."""

@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
-from ..outputs import output_errors
-from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_file,
-                      check_timeline_paths, load_inputs, write_timelines)
+from ..outputs import output_errors, refuse_overwriting_inputs
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_dir,
+                      check_output_file, check_timeline_paths, load_inputs, write_timelines)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -37,8 +37,9 @@ plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --em
 Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
 
 exit codes: 0 ok; 2 invalid input (the message names file, field and fix; e.g. an unknown cluster in a
-constraint, or --objective cost without a cluster's price); 3 no feasible plan (the message says by how much
-memory the closest layout misses, and which constraint binds when lifting one would make a plan feasible)."""
+constraint, --objective cost without a cluster's price, or -o or --timeline naming an input file); 3 no feasible
+plan (the message says by how much memory the closest layout misses, and which constraint binds when lifting one
+would make a plan feasible)."""
 
 EPILOG = """\
 examples:
@@ -112,7 +113,8 @@ def add_arguments(parser) -> None:
                              "cold search's time on the 736-device example, docs/search.md) and print what moved; "
                              "the job stays the old plan's (global batch, precision, sequence length, engine, "
                              "boundary schedule; stderr says which) unless its flag is given")
-    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
+                        "naming an input file (--inventory, --model, --from) or a --timeline is refused")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -132,6 +134,8 @@ def run(args) -> int:
     from ..plan.settings import ENGINES
     old = warm = None
     kept = {}
+    refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
+                              [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
     if args.from_plan:
         from ..plan.plan import load_plan
         from ..plan.shapes import require_simple
@@ -147,6 +151,8 @@ def run(args) -> int:
             setattr(args, name, default)
     check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     check_output_file(args.output, "-o")
+    if args.emit:
+        check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
     model, inventory, cost_model = load_inputs(args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
