@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
+import subprocess
 import sys
 
 import pytest
@@ -188,6 +190,49 @@ def test_broken_stored_estimate_still_summarises(key, value, tmp_path, capsys):
     rc, out, err = run_cli(["emit", "summary", "--plan", plan], capsys)
     assert rc == 0, err
     assert "plan: tiny" in out
+
+
+# ---- YAML alias bombs: a few hundred bytes of nested anchors load as 10^10 shared elements ---------------------
+def _alias_bomb(levels: int) -> str:
+    names = [chr(ord("a") + i) for i in range(levels)]
+    rows = ['&a ["x","x","x","x","x","x","x","x","x","x"]'] + [
+        f"&{n} [{','.join([f'*{p}'] * 10)}]" for p, n in zip(names, names[1:])]
+    return "[" + ", ".join(rows) + "]"
+
+
+def _bounded_run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """Python `code` in a child limited to 4 GiB and 120 s: an unbounded walk of a bomb hits either and fails."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=str(tmp_path), preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail("did not end within 120 s")
+
+
+def test_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """A 10-level bomb in a model's name took minutes and tens of GB: its error message was built from the whole
+    repr before being shortened. The loader refuses the expansion; a self-referring alias is refused too."""
+    bomb = write(tmp_path, "bomb.yaml", f"name: {_alias_bomb(10)}\nnum_layers: 8\nhidden_size: 64\n"
+                                         "num_attention_heads: 4\nvocab_size: 128\nseq_length: 32\n")
+    loop = write(tmp_path, "loop.yaml", "name: &a [x, *a]\nnum_layers: 8\n")
+    for model, words in ((bomb, ["aliases", "expand"]), (loop, ["alias", "contains it"])):
+        res = _bounded_run("import sys; from hetauto_megatron import cli; sys.exit(cli.main(['plan', '--model', "
+                           f"{model!r}, '--inventory', {CPU_INV!r}, '--global-batch-size', '8', '--quiet']))", tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert model in res.stderr and "Fix: " in res.stderr and all(w in res.stderr for w in words), res.stderr
+
+
+def test_messages_show_a_bounded_part_of_a_huge_value(tmp_path):
+    """A value shared 10^10 times (what an alias bomb loads as) is shown in a message without walking all of it."""
+    res = _bounded_run("from hetauto_megatron.spec._fields import get\n"
+                       "v = ['x'] * 10\n"
+                       "for _ in range(10): v = [v] * 10\n"
+                       "try: get({'name': v}, 'name', str, file='m.yaml')\n"
+                       "except Exception as e: print(e)\n", tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "field 'name': must be a string, got a list [[[" in res.stdout and len(res.stdout) < 400, res.stdout
 
 
 # ---- files the commands write or read beside the inputs -----------------------------------------------------
