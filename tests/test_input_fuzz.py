@@ -101,6 +101,23 @@ def test_bad_set_values(item, words, capsys):
     check_error(rc, err, field="--set", words=words)
 
 
+def test_set_link_key_read_two_ways_is_refused(tmp_path, capsys):
+    """Clusters a-b, c, a and b-c: link.a-b-c is a-b to c or a to b-c; one of them was set silently."""
+    clusters = "".join(f"  - {{name: {n}, device: cpu, nodes: 1, devices_per_node: 2}}\n"
+                       for n in ("a-b", "c", "a", "b-c"))
+    links = "".join(f"  - {{between: [{x}, {y}], bandwidth_gbps: 10, latency_ms: 0.1}}\n"
+                    for x, y in (("a-b", "c"), ("a", "b-c"), ("a", "c")))
+    inv = write(tmp_path, "inv.yaml", "clusters:\n" + clusters + "links:\n" + links)
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--tp", "1", "--pp", "1", "--dp", "2",
+                          "--micro-batch-size", "1", "--global-batch-size", "8", "--set",
+                          "link.a-b-c.bandwidth_gbps=1"], capsys)
+    check_error(rc, err, field="--set", words=["'a-b' and 'c'", "'a' and 'b-c'"])
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--tp", "1", "--pp", "1", "--dp", "2",
+                          "--micro-batch-size", "1", "--global-batch-size", "8", "--set",
+                          "link.a-c.bandwidth_gbps=1"], capsys)
+    assert rc == 0, err
+
+
 # ---- numbers that hang the planner: a huge model or batch ran for ever --------------------------------------
 def test_huge_model_and_batch_are_refused(tmp_path, capsys):
     model = write(tmp_path, "m.yaml", "preset: tiny\nnum_layers: 1000000000000000000000000000000\n")
