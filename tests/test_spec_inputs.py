@@ -145,6 +145,16 @@ MODEL_CASES = {
     "unknown-preset": ("m.yaml", "preset: llama2-8b\n", "preset", ["unknown preset", "llama2-70b"]),
     "heads-not-dividing": ("m.yaml", "preset: tiny\nhidden_size: 66\n", "hidden_size", ["not divisible"]),
     "kv-not-dividing": ("m.yaml", "preset: tiny\nnum_query_groups: 3\n", "num_query_groups", ["must divide"]),
+    # 0 silently became the head count (the position table: the sequence length), as if the key were left out
+    "kv-zero": ("m.yaml", "preset: tiny\nnum_query_groups: 0\n", "num_query_groups", ["positive", "got 0"]),
+    "kv-zero-no-preset": ("m.yaml", "num_layers: 8\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 128\n"
+                          "ffn_hidden_size: 256\nseq_length: 32\nnum_query_groups: 0\n", "num_query_groups",
+                          ["positive"]),
+    "positions-zero": ("m.yaml", "preset: tiny\nmax_position_embeddings: 0\n", "max_position_embeddings",
+                       ["positive"]),
+    "hf-kv-zero": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                   '"num_attention_heads": 4, "num_key_value_heads": 0, "intermediate_size": 128, "vocab_size": 128, '
+                   '"max_position_embeddings": 32}', "num_key_value_heads", ["positive"]),
     "bad-position": ("m.yaml", "preset: tiny\nposition_embedding: alibi\n", "position_embedding", ["'alibi'"]),
     "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
     "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),

@@ -268,6 +268,13 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
         if base.max_position_embeddings == base.seq_length:
             defaults["max_position_embeddings"] = 0
         data = {**defaults, **overrides}
+    else:
+        overrides = data
+    for key, follows in (("num_query_groups", "num_attention_heads"), ("max_position_embeddings", "seq_length")):
+        # 0 is the ModelSpec's "follow the other key"; written in a file it is a mistake, not "leave it out"
+        if isinstance(overrides.get(key), int) and not isinstance(overrides[key], bool) and overrides[key] <= 0:
+            raise InputError(f"must be a positive integer, got {overrides[key]}", file=file, field=f"{prefix}{key}",
+                             fix=f"set it to the architecture's value, or leave it out to use {follows}'s")
     reject_unknown(data, MODEL_KEYS, file=file, prefix=prefix)
     kw = {}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
@@ -332,6 +339,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
     h = first("hidden_size", "n_embd", "d_model")
     heads = first("num_attention_heads", "n_head", "num_heads")
     kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
+    if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
+        key = next(k for k in ("num_key_value_heads", "multi_query_group_num") if k in cfg)
+        raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
+                         fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
     head_dim = cfg.get("head_dim")
     if isinstance(head_dim, int) and head_dim * heads != h:
         raise InputError(f"head_dim {head_dim} x {heads} heads is not hidden_size {h}; hetauto assumes "
