@@ -377,6 +377,9 @@ def _edit(doc, path, value):
     (("devices", "a100-40gb"), [1, 2], "devices.a100-40gb"),
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), float("inf"), "calibration.a100-40gb|layer|fwd|0|16-bit"),
     (("calibration", "not-a-key"), {"rate": 1.0, "overhead_s": 0.0}, "calibration.not-a-key"),
+    # a rate of 0 or below priced the work as free or negative: accepted
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), -2.0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), 0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
     (("score_bwd_weight",), float("inf"), "score_bwd_weight"),
     (("boosters",), 3, "boosters"),
     (("boosters",), {"layer_fwd": 4}, "boosters"),
