@@ -68,6 +68,11 @@ INVENTORY_CASES = {
     "unknown-key": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gb: 80}\n",
                     "clusters[0]", ["unknown key(s) memory_gb", "'memory_gib'"]),
     "unknown-top-key": (TWO_CLUSTERS + "link: []\n", None, ["unknown key(s) link", "'links'"]),
+    # a list or mapping there (a mis-indented block) was accepted
+    "description-list": (TWO_CLUSTERS + "description: [a, b]\n", "description", ["must be a string"]),
+    "name-mapping": (TWO_CLUSTERS + "name: {x: 1}\n", "name", ["must be a string", "a mapping"]),
+    "cluster-name-list": ("clusters:\n  - {name: [a], device: h800, nodes: 1, devices_per_node: 8}\n",
+                          "clusters[0].name", ["must be a string", "a list"]),
     "unknown-device": ("clusters:\n  - {name: a, device: b300, nodes: 1, devices_per_node: 8}\n", "clusters[0].device",
                        ["unknown device type 'b300'", "h800", "ascend-910b", "mi300x", "cpu"]),
     "link-unknown-cluster": (TWO_CLUSTERS + "links:\n  - {between: [a, c], bandwidth_gbps: 10, latency_ms: 1}\n",
