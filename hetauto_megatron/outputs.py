@@ -48,3 +48,31 @@ def make_output_dir(path: str, field: str | None) -> str:
         raise InputError(f"{path!r} cannot be created: {exc.strerror or exc}", field=field,
                          fix="choose a directory you can create (its parents must be directories)") from None
     return path
+
+
+def refuse_overwriting_inputs(outputs, inputs) -> None:
+    """Refuse, before any work, an output that names the same file as an input or as another output.
+
+    `outputs` and `inputs` are (option, path) pairs (a path may be None: the option was not given; an input that
+    is not a file, e.g. a model preset's name, is skipped). Writing the plan over the inventory it was made from
+    (-o inv.yaml) would lose the input silently; the same file is found through symbolic and hard links too.
+    """
+    def same(a: str, b: str) -> bool:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        try:
+            return os.path.samefile(a, b)
+        except OSError:       # one of them does not exist (yet): only the same name is the same file
+            return False
+
+    outs = [(flag, path) for flag, path in outputs if path]
+    ins = [(flag, path) for flag, path in inputs if path and os.path.isfile(path)]
+    for i, (flag, path) in enumerate(outs):
+        for in_flag, in_path in ins:
+            if same(path, in_path):
+                raise InputError(f"{path!r} is also the input {in_flag} {in_path!r}; writing it would overwrite that "
+                                 "input", field=flag, fix=f"give {flag} another file name")
+        for other_flag, other in outs[:i]:
+            if same(path, other):
+                raise InputError(f"{path!r} is also the output {other_flag} {other!r}; one would overwrite the "
+                                 "other", field=flag, fix=f"give {flag} and {other_flag} different file names")

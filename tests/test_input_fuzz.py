@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
+import subprocess
 import sys
 
 import pytest
@@ -97,6 +99,23 @@ def test_bad_set_values(item, words, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
                           "--set", item], capsys)
     check_error(rc, err, field="--set", words=words)
+
+
+def test_set_link_key_read_two_ways_is_refused(tmp_path, capsys):
+    """Clusters a-b, c, a and b-c: link.a-b-c is a-b to c or a to b-c; one of them was set silently."""
+    clusters = "".join(f"  - {{name: {n}, device: cpu, nodes: 1, devices_per_node: 2}}\n"
+                       for n in ("a-b", "c", "a", "b-c"))
+    links = "".join(f"  - {{between: [{x}, {y}], bandwidth_gbps: 10, latency_ms: 0.1}}\n"
+                    for x, y in (("a-b", "c"), ("a", "b-c"), ("a", "c")))
+    inv = write(tmp_path, "inv.yaml", "clusters:\n" + clusters + "links:\n" + links)
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--tp", "1", "--pp", "1", "--dp", "2",
+                          "--micro-batch-size", "1", "--global-batch-size", "8", "--set",
+                          "link.a-b-c.bandwidth_gbps=1"], capsys)
+    check_error(rc, err, field="--set", words=["'a-b' and 'c'", "'a' and 'b-c'"])
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--tp", "1", "--pp", "1", "--dp", "2",
+                          "--micro-batch-size", "1", "--global-batch-size", "8", "--set",
+                          "link.a-c.bandwidth_gbps=1"], capsys)
+    assert rc == 0, err
 
 
 # ---- numbers that hang the planner: a huge model or batch ran for ever --------------------------------------
@@ -190,12 +209,79 @@ def test_broken_stored_estimate_still_summarises(key, value, tmp_path, capsys):
     assert "plan: tiny" in out
 
 
+# ---- YAML alias bombs: a few hundred bytes of nested anchors load as 10^10 shared elements ---------------------
+def _alias_bomb(levels: int) -> str:
+    names = [chr(ord("a") + i) for i in range(levels)]
+    rows = ['&a ["x","x","x","x","x","x","x","x","x","x"]'] + [
+        f"&{n} [{','.join([f'*{p}'] * 10)}]" for p, n in zip(names, names[1:])]
+    return "[" + ", ".join(rows) + "]"
+
+
+def _bounded_run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """Python `code` in a child limited to 4 GiB and 120 s: an unbounded walk of a bomb hits either and fails."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=str(tmp_path), preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail("did not end within 120 s")
+
+
+def test_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """A 10-level bomb in a model's name took minutes and tens of GB: its error message was built from the whole
+    repr before being shortened. The loader refuses the expansion; a self-referring alias is refused too."""
+    bomb = write(tmp_path, "bomb.yaml", f"name: {_alias_bomb(10)}\nnum_layers: 8\nhidden_size: 64\n"
+                                         "num_attention_heads: 4\nvocab_size: 128\nseq_length: 32\n")
+    loop = write(tmp_path, "loop.yaml", "name: &a [x, *a]\nnum_layers: 8\n")
+    for model, words in ((bomb, ["aliases", "expand"]), (loop, ["alias", "contains it"])):
+        res = _bounded_run("import sys; from hetauto_megatron import cli; sys.exit(cli.main(['plan', '--model', "
+                           f"{model!r}, '--inventory', {CPU_INV!r}, '--global-batch-size', '8', '--quiet']))", tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert model in res.stderr and "Fix: " in res.stderr and all(w in res.stderr for w in words), res.stderr
+
+
+def test_messages_show_a_bounded_part_of_a_huge_value(tmp_path):
+    """A value shared 10^10 times (what an alias bomb loads as) is shown in a message without walking all of it."""
+    res = _bounded_run("from hetauto_megatron.spec._fields import get\n"
+                       "v = ['x'] * 10\n"
+                       "for _ in range(10): v = [v] * 10\n"
+                       "try: get({'name': v}, 'name', str, file='m.yaml')\n"
+                       "except Exception as e: print(e)\n", tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "field 'name': must be a string, got a list [[[" in res.stdout and len(res.stdout) < 400, res.stdout
+
+
 # ---- files the commands write or read beside the inputs -----------------------------------------------------
 def test_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
     for target in (str(tmp_path / "no-such-dir" / "plan.yaml"), str(tmp_path)):
         rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
                               "--quiet", "-o", target], capsys)
         check_error(rc, err, field="-o")
+
+
+def test_output_over_an_input_is_refused_before_the_search(tmp_path, capsys):
+    """-o inv.yaml (or a --timeline, through a link too) silently overwrote the inventory the plan was made from."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    os.symlink(inv, tmp_path / "link.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"]
+    for extra, flag in ((["-o", inv], "-o"), (["-o", str(tmp_path / "link.yaml")], "-o"),
+                        (["--timeline", str(tmp_path / "p.json"), "-o", str(tmp_path / "p.json")], "--timeline")):
+        rc, _, err = run_cli(base + extra, capsys)
+        check_error(rc, err, field=flag, words=["overwrite"])
+    assert (tmp_path / "inv.yaml").read_text() == CPU_INVENTORY
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    before = open(plan).read()
+    rc, _, err = run_cli(base + ["--from", plan, "-o", plan], capsys)
+    check_error(rc, err, field="-o", words=["--from", plan])
+    trace = str(tmp_path / "t.json")
+    model = write(tmp_path, "t.json", json.dumps({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                                  "vocab_size": 128, "seq_length": 32}))
+    rc, _, err = run_cli(["simulate", "--model", model, "--inventory", inv, "--plan", plan, "--timeline", trace],
+                         capsys)
+    check_error(rc, err, field="--timeline", words=["--model"])
+    assert open(plan).read() == before and "num_layers" in open(model).read()
 
 
 def test_messages_say_what_the_path_is(tmp_path, capsys):
@@ -291,6 +377,9 @@ def _edit(doc, path, value):
     (("devices", "a100-40gb"), [1, 2], "devices.a100-40gb"),
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), float("inf"), "calibration.a100-40gb|layer|fwd|0|16-bit"),
     (("calibration", "not-a-key"), {"rate": 1.0, "overhead_s": 0.0}, "calibration.not-a-key"),
+    # a rate of 0 or below priced the work as free or negative: accepted
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), -2.0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), 0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
     (("score_bwd_weight",), float("inf"), "score_bwd_weight"),
     (("boosters",), 3, "boosters"),
     (("boosters",), {"layer_fwd": 4}, "boosters"),

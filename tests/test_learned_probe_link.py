@@ -49,3 +49,14 @@ def test_probe_link_bad_inputs_exit_2(capsys):
     assert main(["probe-link", "--rank", "1", "--master", "127.0.0.1:9", "--timeout", "2"]) == 2
     err = capsys.readouterr().err
     assert "HOST:PORT" in err and "could not reach" in err and "Traceback" not in err
+
+
+def test_probe_link_max_size_is_honoured_up_to_its_cap(capsys):
+    """--max-size-mib 256 silently stopped at 64 MiB: the sizes now go up by 4x to it, and above the cap
+    (1024 MiB: a buffer of the largest message per connection on both hosts) it is refused, saying the cap."""
+    from hetauto_megatron.measure.probe_link import DEFAULT_SIZES, message_sizes
+    assert message_sizes(256 << 20)[-1] == 256 << 20 and message_sizes(64 << 20) == DEFAULT_SIZES
+    assert message_sizes(1 << 30)[-1] == 1 << 30 and message_sizes(100) == (1024,)
+    assert main(["probe-link", "--local", "--max-size-mib", "4096", "--iters", "1", "--timeout", "60"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-size-mib" in err and "at most 1024 MiB" in err and "Traceback" not in err

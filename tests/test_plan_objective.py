@@ -106,6 +106,40 @@ def test_constraints_are_obeyed_and_recorded(priced, tmp_path):
         == {"cheap"}
 
 
+def test_replan_keeps_the_old_plans_objective_and_constraints(priced, tmp_path):
+    """--from kept the old plan's job but searched for throughput without its constraints: a plan made for the
+    least cost under --max-devices 8 --tp fast=2 --micro-batch-size 2 was re-planned as the fastest on all 16."""
+    old = tmp_path / "old.yaml"
+    plan_json("--inventory", priced, "--objective", "cost", "--max-devices", "8", "--tp", "fast=2",
+              "--micro-batch-size", "2", "-o", str(old))
+    r = run_hetauto(*PLAN, "--inventory", priced, "--from", str(old), "--json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    want = {"max_devices": 8, "tp": {"fast": 2}, "micro_batch_size": 2}
+    assert out["search"]["objective"] == "cost" and out["search"]["constraints"] == want
+    assert {k: out["kept_from_plan"][k] for k in ("objective", *want)} == {"objective": "cost", **want}
+    assert "--objective cost" in r.stderr and "--max-devices 8" in r.stderr and "--tp fast=2" in r.stderr
+    assert sum(devices(out).values()) <= 8
+    # a flag typed wins; a kept pin of a cluster the typed flags leave out is not kept, and stderr says so
+    r = run_hetauto(*PLAN, "--inventory", priced, "--from", str(old), "--json", "--workers", "1",
+                    "--objective", "throughput", "--exclude-clusters", "fast", "--max-devices", "4")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["search"]["objective"] == "throughput"
+    assert out["search"]["constraints"] == {"max_devices": 4, "exclude_clusters": ["fast"], "micro_batch_size": 2}
+    assert "objective" not in out["kept_from_plan"] and "tp" not in out["kept_from_plan"]
+    assert "not kept: --tp fast=2 (--exclude-clusters names fast)" in r.stderr
+    assert set(devices(out)) == {"cheap"} and sum(devices(out).values()) <= 4
+    # the pinned cluster left the inventory: its pin is not kept (it would name a cluster that is not there)
+    cheap_only = tmp_path / "cheap.yaml"
+    cheap_only.write_text("clusters:\n  - {name: cheap, device: A100, nodes: 1, devices_per_node: 8, "
+                          "price_per_device_hour: 1.0}\n")
+    r = run_hetauto(*PLAN, "--inventory", str(cheap_only), "--from", str(old), "--json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["search"]["constraints"] == {"max_devices": 8, "micro_batch_size": 2}
+    assert "not kept: --tp fast=2 (no cluster fast in the inventory)" in r.stderr
+
+
 @pytest.mark.parametrize("args,flag,fix", [
     (("--tp", "nosuch=8"), "--tp", "fast, cheap"),
     (("--use-clusters", "fast,nosuch"), "--use-clusters", "fast, cheap"),

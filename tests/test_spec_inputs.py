@@ -68,6 +68,11 @@ INVENTORY_CASES = {
     "unknown-key": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gb: 80}\n",
                     "clusters[0]", ["unknown key(s) memory_gb", "'memory_gib'"]),
     "unknown-top-key": (TWO_CLUSTERS + "link: []\n", None, ["unknown key(s) link", "'links'"]),
+    # a list or mapping there (a mis-indented block) was accepted
+    "description-list": (TWO_CLUSTERS + "description: [a, b]\n", "description", ["must be a string"]),
+    "name-mapping": (TWO_CLUSTERS + "name: {x: 1}\n", "name", ["must be a string", "a mapping"]),
+    "cluster-name-list": ("clusters:\n  - {name: [a], device: h800, nodes: 1, devices_per_node: 8}\n",
+                          "clusters[0].name", ["must be a string", "a list"]),
     "unknown-device": ("clusters:\n  - {name: a, device: b300, nodes: 1, devices_per_node: 8}\n", "clusters[0].device",
                        ["unknown device type 'b300'", "h800", "ascend-910b", "mi300x", "cpu"]),
     "link-unknown-cluster": (TWO_CLUSTERS + "links:\n  - {between: [a, c], bandwidth_gbps: 10, latency_ms: 1}\n",
@@ -145,6 +150,16 @@ MODEL_CASES = {
     "unknown-preset": ("m.yaml", "preset: llama2-8b\n", "preset", ["unknown preset", "llama2-70b"]),
     "heads-not-dividing": ("m.yaml", "preset: tiny\nhidden_size: 66\n", "hidden_size", ["not divisible"]),
     "kv-not-dividing": ("m.yaml", "preset: tiny\nnum_query_groups: 3\n", "num_query_groups", ["must divide"]),
+    # 0 silently became the head count (the position table: the sequence length), as if the key were left out
+    "kv-zero": ("m.yaml", "preset: tiny\nnum_query_groups: 0\n", "num_query_groups", ["positive", "got 0"]),
+    "kv-zero-no-preset": ("m.yaml", "num_layers: 8\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 128\n"
+                          "ffn_hidden_size: 256\nseq_length: 32\nnum_query_groups: 0\n", "num_query_groups",
+                          ["positive"]),
+    "positions-zero": ("m.yaml", "preset: tiny\nmax_position_embeddings: 0\n", "max_position_embeddings",
+                       ["positive"]),
+    "hf-kv-zero": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                   '"num_attention_heads": 4, "num_key_value_heads": 0, "intermediate_size": 128, "vocab_size": 128, '
+                   '"max_position_embeddings": 32}', "num_key_value_heads", ["positive"]),
     "bad-position": ("m.yaml", "preset: tiny\nposition_embedding: alibi\n", "position_embedding", ["'alibi'"]),
     "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
     "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),

@@ -23,6 +23,9 @@ def check_timeline_args(args, plan):
     from ..errors import InputError
     from ._common import check_timeline_paths
     check_timeline_paths(args.timeline)
+    from ..outputs import refuse_overwriting_inputs
+    refuse_overwriting_inputs([("--timeline", t) for t in args.timeline or []],
+                              [("--plan", args.plan), ("--inventory", args.inventory)])
     if args.compare and not args.timeline:
         raise InputError("--compare draws the prediction next to a measured timeline", field="--compare",
                          fix="add --timeline FILE.png (or .json)")

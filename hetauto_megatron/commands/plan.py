@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
-from ..outputs import output_errors
-from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_file,
-                      check_timeline_paths, load_inputs, write_timelines)
+from ..outputs import output_errors, refuse_overwriting_inputs
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_dir,
+                      check_output_file, check_timeline_paths, load_inputs, write_timelines)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -22,7 +22,8 @@ The objective is the highest throughput (--objective throughput, the default) or
 reported as cost per 1M tokens whenever the clusters of the plan have prices). Constraints narrow the search:
 --max-devices, --use-clusters / --exclude-clusters (pin clusters in or out), --tp CLUSTER=N and
 --recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all) and
---micro-batch-size. The plan records them (estimate.search; docs/search.md).
+--micro-batch-size. The plan records them (estimate.search; docs/search.md), and re-planning with --from keeps
+them unless their flag is given.
 
 By default (--shapes all) the search also considers several pipelines joined by data parallelism (the clusters
 partitioned into pipelines, the batch split by their speed, their gradients summed after each iteration) and
@@ -37,8 +38,9 @@ plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --em
 Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
 
 exit codes: 0 ok; 2 invalid input (the message names file, field and fix; e.g. an unknown cluster in a
-constraint, or --objective cost without a cluster's price); 3 no feasible plan (the message says by how much
-memory the closest layout misses, and which constraint binds when lifting one would make a plan feasible)."""
+constraint, --objective cost without a cluster's price, or -o or --timeline naming an input file); 3 no feasible
+plan (the message says by how much memory the closest layout misses, and which constraint binds when lifting one
+would make a plan feasible)."""
 
 EPILOG = """\
 examples:
@@ -83,7 +85,7 @@ def add_arguments(parser) -> None:
                              "warm-up depth chosen per boundary) or blocking (the sender waits for each transfer, "
                              "as Megatron's own P2P does); with --from, the old plan's; docs/search.md")
     g = parser.add_argument_group("objective and constraints (docs/search.md)")
-    g.add_argument("--objective", choices=("throughput", "cost"), default="throughput",
+    g.add_argument("--objective", choices=("throughput", "cost"), default=None,
                    help="throughput (default: the shortest iteration) or cost (the least cost per token, from each "
                         "cluster's price_per_device_hour for the devices the plan uses; every cluster the search may "
                         "use needs a price)")
@@ -111,8 +113,12 @@ def add_arguments(parser) -> None:
                         help="re-plan after an inventory change: start from this plan (warm start: about a tenth of a "
                              "cold search's time on the 736-device example, docs/search.md) and print what moved; "
                              "the job stays the old plan's (global batch, precision, sequence length, engine, "
-                             "boundary schedule; stderr says which) unless its flag is given")
-    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json)")
+                             "boundary schedule) and so do its objective and constraints (--objective, --max-devices, "
+                             "--use-clusters, --exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size; "
+                             "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
+                             "dropped) unless its flag is given; stderr says what was kept")
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
+                        "naming an input file (--inventory, --model, --from) or a --timeline is refused")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -132,21 +138,21 @@ def run(args) -> int:
     from ..plan.settings import ENGINES
     old = warm = None
     kept = {}
+    refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
+                              [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
     if args.from_plan:
         from ..plan.plan import load_plan
         from ..plan.shapes import require_simple
         old = load_plan(args.from_plan)
         require_simple(old, "hetauto plan --from", args.from_plan)
         kept = keep_job_of(old, args)
-        if kept:
-            print(f"hetauto plan: the job of {args.from_plan} kept: " + ", ".join(
-                f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()) + " (a flag given on the command line wins)",
-                file=sys.stderr)
     for name, default in JOB_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
     check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     check_output_file(args.output, "-o")
+    if args.emit:
+        check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
     model, inventory, cost_model = load_inputs(args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
@@ -175,6 +181,8 @@ def run(args) -> int:
                              fix="pass the plan made for this --model, or drop --from for a cold search")
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model))
     con = constraints_from_args(args)
+    if old is not None:
+        con = keep_search_of(old, args, con, inventory, kept)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
@@ -261,6 +269,31 @@ def keep_job_of(old, args) -> dict:
     return kept
 
 
+def keep_search_of(old, args, con, inventory, kept: dict):
+    """--from: the old plan's objective and constraints (its estimate.search) where no flag sets them; says on
+    stderr what was kept of the job and of these (adding the latter to `kept`) -> the constraints to search under."""
+    from ..errors import InputError
+    from ..plan.constraints import Constraints, describe, keep_constraints
+    try:
+        recorded = Constraints.from_record((old.estimate or {}).get("search"))
+    except InputError as exc:
+        raise exc.within(file=args.from_plan) from None
+    given = {name for name, flag in (("objective", args.objective), ("max_devices", args.max_devices),
+                                     ("use_clusters", args.use_clusters), ("exclude_clusters", args.exclude_clusters),
+                                     ("tp", args.tp), ("recompute", args.recompute), ("max_pp", args.max_pp),
+                                     ("micro_batch_size", args.micro_batch_size)) if flag not in (None, [])}
+    con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
+    shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
+    for name in names:
+        kept[name] = con.objective if name == "objective" else con.active[name]
+        shown.append(f"--objective {con.objective}" if name == "objective" else describe(con, name))
+    if shown:
+        print(f"hetauto plan: the job and search of {args.from_plan} kept: " + ", ".join(shown)
+              + " (a flag given on the command line wins)"
+              + (f"; not kept: {', '.join(dropped)}" if dropped else ""), file=sys.stderr)
+    return con
+
+
 def constraints_from_args(args):
     """The objective and constraints the command line asks for (plan/constraints.py checks them on the inputs)."""
     from ..errors import InputError
@@ -271,7 +304,7 @@ def constraints_from_args(args):
             raise InputError(f"{name}={value}: the TP degree must be a whole number", field="--tp",
                              fix=f"write e.g. --tp {name}=8")
         tp.append((name, int(value)))
-    return Constraints(objective=args.objective, max_devices=args.max_devices,
+    return Constraints(objective=args.objective or "throughput", max_devices=args.max_devices,
                        use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
                        tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
                        max_pp=args.max_pp, micro_batch_size=args.micro_batch_size)

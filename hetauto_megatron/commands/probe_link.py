@@ -33,7 +33,8 @@ def add_arguments(p):
     p.add_argument("--between", nargs=2, metavar="CLUSTER", default=["cluster_a", "cluster_b"],
                    help="the two clusters' names in the printed inventory 'links:' entry (default: cluster_a "
                         "cluster_b; rank 0 prints it)")
-    p.add_argument("--max-size-mib", type=float, default=64.0, metavar="MIB", help="largest message (default 64 MiB)")
+    p.add_argument("--max-size-mib", type=float, default=64.0, metavar="MIB",
+                   help="largest message (default 64 MiB, at most 1024): sizes go up by 4x from 1 KiB to it")
     p.add_argument("--iters", type=int, default=5, metavar="N", help="repetitions per message size (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the other side (default 60)")
@@ -49,11 +50,16 @@ def run(args) -> int:
                                   ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64")):
         if not ok:
             raise InputError(f"must be {want}, got {value:g}", field=flag)
+    from ..measure.probe_link import MAX_SIZE_MIB
+    if args.max_size_mib > MAX_SIZE_MIB:
+        raise InputError(f"at most {MAX_SIZE_MIB} MiB, got {args.max_size_mib:g} (each connection holds a buffer of "
+                         "the largest message on both hosts)", field="--max-size-mib",
+                         fix=f"give --max-size-mib {MAX_SIZE_MIB} or less")
     # torch's C++ layer logs every failed rendezvous attempt with a native stack trace; the failure itself
     # reaches the user as one InputError paragraph.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from ..measure import probe_link as P
-    sizes = [n for n in P.DEFAULT_SIZES if n <= args.max_size_mib * (1 << 20)] or [P.DEFAULT_SIZES[0]]
+    sizes = P.message_sizes(args.max_size_mib * (1 << 20))
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")
     if args.local:

@@ -81,6 +81,9 @@ def run(args) -> int:
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
+    from ..outputs import refuse_overwriting_inputs
+    refuse_overwriting_inputs([("--timeline", t) for t in args.timeline or []],
+                              [("--model", args.model), ("--inventory", args.inventory), ("--plan", args.plan)])
     if args.global_batch_size is not None:
         from ..plan.plan import check_global_batch_size
         check_global_batch_size(args.global_batch_size, field="--global-batch-size")

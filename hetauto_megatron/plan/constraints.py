@@ -98,6 +98,50 @@ FLAGS = {"max_devices": "--max-devices", "use_clusters": "--use-clusters", "excl
          "tp": "--tp", "recompute": "--recompute", "max_pp": "--max-pp", "micro_batch_size": "--micro-batch-size"}
 
 
+def keep_constraints(old: Constraints, given: Constraints, given_names: set, inventory: Inventory,
+                     gbs: int) -> tuple[Constraints, list[str], list[str]]:
+    """A re-plan (`plan --from`): the old plan's objective and constraints (`old`, from its estimate.search) where
+    the command line set none (`given`; `given_names`: the fields whose flag was typed, which win) ->
+    (the constraints to search under, the names of the fields kept, those not kept as "FLAG VALUE (why)").
+
+    A kept pin of a cluster that left the inventory, or that a typed flag contradicts (--exclude-clusters X
+    against a kept --tp X=2), is not kept: the re-plan follows the inventory and the flags typed, not the old pins.
+    """
+    names = {x.name for x in inventory.clusters}
+    out, kept, dropped = given, [], []
+    if "objective" not in given_names and old.objective != given.objective:
+        out = dataclasses.replace(out, objective=old.objective)
+        kept.append("objective")
+    for name in FLAGS:
+        value = getattr(old, name)
+        if name in given_names or value in (None, ()):
+            continue
+        if name in ("use_clusters", "exclude_clusters", "tp", "recompute"):
+            against = out.use_clusters if name == "exclude_clusters" else out.exclude_clusters
+            why = {}
+            for item in value:
+                cluster = item[0] if isinstance(item, tuple) else item
+                if cluster not in names:
+                    why[cluster] = f"no cluster {cluster} in the inventory"
+                elif cluster in against:
+                    why[cluster] = f"{'--use-clusters' if name == 'exclude_clusters' else '--exclude-clusters'} " \
+                                   f"names {cluster}"
+            for item in value:
+                cluster = item[0] if isinstance(item, tuple) else item
+                if cluster in why:
+                    shown = f"{FLAGS[name]} {cluster}" + (f"={item[1]}" if isinstance(item, tuple) else "")
+                    dropped.append(f"{shown} ({why[cluster]})")
+            value = tuple(item for item in value if (item[0] if isinstance(item, tuple) else item) not in why)
+            if not value:
+                continue
+        if name == "micro_batch_size" and gbs % value:
+            dropped.append(f"--micro-batch-size {value} (does not divide the global batch {gbs})")
+            continue
+        out = dataclasses.replace(out, **{name: value})
+        kept.append(name)
+    return out, kept, dropped
+
+
 def describe(c: Constraints, name: str) -> str:
     v = getattr(c, name)
     if name in ("tp", "recompute"):

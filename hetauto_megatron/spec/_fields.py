@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import reprlib
 from typing import Any
 
 from ..errors import InputError
@@ -13,9 +14,16 @@ _KIND_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "tru
                dict: "a mapping (key: value pairs)"}
 
 
+# Shortens while it writes: a value's full repr can be enormous (a YAML alias bomb is a few hundred bytes that
+# reference one list 10^8 times), so the message is never built from it whole.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 6, 6, 4, 6
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 80
+
+
 def _show(value: Any, limit: int = 60) -> str:
     """A value as the user wrote it, shortened so that a whole mis-indented block does not flood the message."""
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -169,6 +169,10 @@ def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1
 def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
     data = require_mapping(data, "the inventory", file)
     reject_unknown(data, {"clusters", "links", "name", "description"}, file=file)
+    # read by people only, but a list or mapping there is a mis-indented block, not a description
+    get(data, "name", (str, int), default=None, file=file, fix="write 'name:' as one line of text")
+    get(data, "description", str, default=None, file=file, fix="write 'description:' as text (quote it if it "
+        "starts with a YAML sign such as '[', '{' or '-')")
     raw_clusters = get(data, "clusters", list, file=file, fix="list the clusters under 'clusters:'")
     clusters = []
     first_of: dict[str, int] = {}

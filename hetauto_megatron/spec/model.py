@@ -168,6 +168,60 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
 FORMAT_DOCS = {"plan": "docs/plan-format.md", "published-runs table": "docs/cost-model.md"}
 
 
+# Aliases (*name) may add at most this many nodes beyond those written out. PyYAML shares an aliased value, so a
+# few hundred bytes of nested aliases load at once as a structure of 10^8 elements, and whatever walks it later
+# (an error message's repr, a copy, a JSON dump) takes minutes and gigabytes; no hetauto file needs such sharing.
+MAX_ALIAS_EXPANSION = 100_000
+
+
+def _safe_load_bounded(stream, path: str):
+    """yaml.safe_load, refusing a document whose aliases expand to more than MAX_ALIAS_EXPANSION extra nodes."""
+    loader = yaml.SafeLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded, written = _expanded_size(node)
+        if expanded is None:
+            raise InputError("an alias (*name) refers to a value that contains it, which never ends", file=path,
+                             fix="write the values out instead of referring to an enclosing anchor (&name)")
+        if expanded - written > MAX_ALIAS_EXPANSION:
+            raise InputError(f"its aliases (*name) expand to {expanded:,} values from {written:,} written (at most "
+                             f"{MAX_ALIAS_EXPANSION:,} more are allowed)", file=path,
+                             fix="write the values out instead of nesting references to anchors (&name)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root) -> tuple[int | None, int]:
+    """(nodes counting every alias expanded, distinct nodes) of a composed YAML node graph, None for the first when
+    a value contains itself; linear in the distinct nodes (each one's expanded size is computed once), iterative
+    so a deeply nested file cannot exhaust the stack."""
+    size: dict[int, int] = {}
+    entered: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        if not done:
+            if id(node) in entered:      # met again before it was finished: it is inside itself
+                return None, len(entered)
+            entered.add(id(node))
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)], len(size)
+
+
 def load_yaml_file(path: str, what: str) -> dict:
     """Read a YAML (or JSON) file into a mapping, turning every I/O or syntax failure into an InputError."""
     if not os.path.exists(path):
@@ -176,7 +230,7 @@ def load_yaml_file(path: str, what: str) -> dict:
         raise InputError(f"is a directory, not a {what} file", file=path, fix=f"pass the {what} YAML file itself")
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = _safe_load_bounded(fh, path)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -214,6 +268,13 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
         if base.max_position_embeddings == base.seq_length:
             defaults["max_position_embeddings"] = 0
         data = {**defaults, **overrides}
+    else:
+        overrides = data
+    for key, follows in (("num_query_groups", "num_attention_heads"), ("max_position_embeddings", "seq_length")):
+        # 0 is the ModelSpec's "follow the other key"; written in a file it is a mistake, not "leave it out"
+        if isinstance(overrides.get(key), int) and not isinstance(overrides[key], bool) and overrides[key] <= 0:
+            raise InputError(f"must be a positive integer, got {overrides[key]}", file=file, field=f"{prefix}{key}",
+                             fix=f"set it to the architecture's value, or leave it out to use {follows}'s")
     reject_unknown(data, MODEL_KEYS, file=file, prefix=prefix)
     kw = {}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length"):
@@ -278,6 +339,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
     h = first("hidden_size", "n_embd", "d_model")
     heads = first("num_attention_heads", "n_head", "num_heads")
     kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
+    if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
+        key = next(k for k in ("num_key_value_heads", "multi_query_group_num") if k in cfg)
+        raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
+                         fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
     head_dim = cfg.get("head_dim")
     if isinstance(head_dim, int) and head_dim * heads != h:
         raise InputError(f"head_dim {head_dim} x {heads} heads is not hidden_size {h}; hetauto assumes "

@@ -61,6 +61,12 @@ def _link_pair(inv: Inventory, text: str, key: str) -> frozenset:
     if not pairs:
         raise InputError(f"{key}: {text!r} is not two of the inventory's clusters joined by '-'", field="--set",
                          fix=_examples(inv))
+    if len({frozenset(p) for p in pairs}) > 1:
+        # cluster names with '-' in them can split the key two ways: taking either would set a link silently
+        readings = " or ".join(f"{a!r} and {b!r}" for a, b in pairs)
+        raise InputError(f"{key}: {text!r} reads as the link between {readings}", field="--set",
+                         fix="rename a cluster in the inventory so that no two names joined by '-' spell another "
+                             "pair, or edit the link's figures in the inventory file")
     pair = frozenset(pairs[0])
     if pair not in inv.links:
         a, b = pairs[0]

@@ -210,6 +210,12 @@ class LearnedCostModel:
             if bad:
                 raise InputError(f"has a garbled '{table}' table (entry {bad[0]!r}: not finite figures or not a "
                                  "calibration key)", file=path, field=f"{table}.{bad[0]}", fix="re-fit it with 'hetauto fit'")
+            # a fit makes every rate positive (fitting.py _fit_rate_overhead: the exp of a median): a rate of 0 or
+            # below would price that work as free or negative and steer the search to it
+            for k, (r, _) in tables[table].items():
+                if r <= 0:
+                    raise InputError(f"must be positive, got {r:g} (no fit writes that)", file=path,
+                                     field=f"{table}.{k}.rate", fix="re-fit it with 'hetauto fit'")
         lgb = _lgb()
         boosters = {}
         named = man.get("boosters", {})
