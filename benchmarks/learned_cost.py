@@ -79,12 +79,16 @@ def sailor_part() -> None:
     for held in models:
         # what `hetauto fit --sailor` does on the three training models: the backward score-traffic weight chosen
         # by leave-one-model-out among them, then the calibration and the trees
-        train_layers = [r for r in layers if r.model != held]
+        # the TP all-reduces' rates read from the training models only, for the held-out rows too
+        train = [r for r in layers if r.model != held]
+        fits = L.read_allreduce_fits(SAILOR)
+        train_layers = L.with_tp_comm(train, train, fits)
         weight, gemm_weight, _ = L.choose_weights(train_layers)
         model = L.train_sailor_model(train_layers, weight, 0, gemm_bwd_weight=gemm_weight)
         calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0, gemm_bwd_weight=gemm_weight)
         trained_gpus = {r.gpu for r in layers if r.model != held}
-        test_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
+        test_layers = L.with_tp_comm([r for r in layers if r.model == held and r.shape.kind == "transformer"],
+                                     train, fits)
         print(f"  (fit without {held}: backward score-traffic weight {weight}, TF32 GEMM weight {gemm_weight}; boosting rounds kept by "
               "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + "; host floor: "
               + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(model.host_floor.items()))

@@ -25,7 +25,8 @@ validate.py's `simulate_sailor`, github.com/eth-easl/sailor cf2c8e3, run outside
 
 Sailor's runtime sums a stage's gradients over its mixed replicas with one all-reduce (NCCL's ring); hetauto's
 runtime exchanges them between the replica groups (runtime/replica_sync.py), which is what the composition prices:
-the same bytes on each link for two groups, more on the root's links for three or more (noted per run).
+the same bytes on each link for two groups and, with the roots taking turns, 1/H of a parameter each way between
+any two of H >= 3 groups per phase.
 
     python benchmarks/sailor_hetero_iterations.py [--measured-layers] [--1f1b] [--json]
 

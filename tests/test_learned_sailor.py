@@ -18,6 +18,14 @@ def layers():
     return L.load_sailor(SAILOR)
 
 
+def left_out(layers, model: str) -> tuple[list, list]:
+    """(training layers, held-out layers) of a fit without `model`: the TP all-reduces' rates read from the
+    training models only, for the held-out rows too (L.with_tp_comm)."""
+    train = [r for r in layers if r.model != model]
+    fits = L.read_allreduce_fits(SAILOR)
+    return L.with_tp_comm(train, train, fits), L.with_tp_comm([r for r in layers if r.model == model], train, fits)
+
+
 def test_model_shapes_match_sailor_parameter_counts():
     info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
     for name, spec in L.SAILOR_MODELS.items():
@@ -55,9 +63,9 @@ def test_leave_one_model_out_error_is_bounded(layers):
     """Train on three models, predict OPT-350's layers on the A100-40 and GH-96 (the benchmark prints all folds):
     within 20 %, and at most half the error of the roofline prior with the known parts (the prior alone is a
     physical estimate, 41 % off since the runs' fp32 elements and TF32 ceiling are priced, 64 % before)."""
-    train = L.sailor_samples([r for r in layers if r.model != "OPT-350"])
-    model = L.train_model(train, seed=0)
-    held = [r for r in layers if r.model == "OPT-350" and r.shape.kind == "transformer"]
+    train_layers, held = left_out(layers, "OPT-350")
+    model = L.train_model(L.sailor_samples(train_layers), seed=0)
+    held = [r for r in held if r.shape.kind == "transformer"]
     test = [s for s in L.sailor_layer_samples(held) if s.device in ("a100-40gb", "gh200")]
     pred = L.predict_samples(model, test)
     err = L.mape(pred, [s.measured_s for s in test])
@@ -68,10 +76,10 @@ def test_leave_one_model_out_error_is_bounded(layers):
 @pytest.fixture(scope="module")
 def llama_left_out(layers):
     """LLAMA-3-8's GH-96 layers predicted by a fit without LLAMA-3-8: (held layers, rows, predictions)."""
-    train_layers = [r for r in layers if r.model != "LLAMA-3-8"]
+    train_layers, held = left_out(layers, "LLAMA-3-8")
     weight, gemm_weight, _ = L.choose_weights(train_layers)
     model = L.train_model(L.sailor_samples(train_layers, weight, gemm_weight), rounds=0)
-    held = [r for r in layers if r.model == "LLAMA-3-8" and r.gpu == "GH-96" and r.shape.kind == "transformer"]
+    held = [r for r in held if r.gpu == "GH-96" and r.shape.kind == "transformer"]
     test = L.sailor_layer_samples(held, weight, gemm_weight)
     return held, test, L.predict_samples(model, test)
 
@@ -129,12 +137,11 @@ def test_fork_kernels_put_llama_forward_with_the_other_models_and_not_its_backwa
 def test_backward_score_weight_is_chosen_on_training_models_and_carries_over(layers):
     """The weight on the backward's score traffic is chosen by leave-one-model-out among the training models
     only; fitted without GPT-Neo-2.7 it predicts GPT-Neo's A100 layers better than the counted traffic does."""
-    train_layers = [r for r in layers if r.model != "GPT-Neo-2.7"]
+    train_layers, held = left_out(layers, "GPT-Neo-2.7")
     weight, gemm_weight, scores = L.choose_weights(train_layers)
     assert set(scores["score"]) == set(L.SCORE_WEIGHTS) and weight > 1.0
     assert scores["score"][weight] < scores["score"][1.0]
-    held = [r for r in layers if r.model == "GPT-Neo-2.7" and r.shape.kind == "transformer"
-            and r.device in ("a100-40gb", "a100-80gb")]
+    held = [r for r in held if r.shape.kind == "transformer" and r.device in ("a100-40gb", "a100-80gb")]
     errs = {}
     for w in (1.0, weight):
         test = L.sailor_layer_samples(held, w, gemm_weight)
@@ -150,12 +157,12 @@ def test_hopper_tf32_backward_gemm_weight_is_chosen_on_training_models_and_carri
     GPT-Neo's GH200 backward passes better than the forward's efficiency (weight 1) does, within the 10 % target;
     the other GPUs' rows do not depend on it."""
     from hetauto_megatron.cost import features as F
-    train_layers = [r for r in layers if r.model != "GPT-Neo-2.7"]
+    train_layers, held = left_out(layers, "GPT-Neo-2.7")
     weight, gemm_weight, scores = L.choose_weights(train_layers)
     assert gemm_weight > 1.0 and set(scores["gemm"]) == set(L.GEMM_BWD_WEIGHTS)
     assert F.backward_gemm_weighted("gh200", "tf32") and not F.backward_gemm_weighted("a100-40gb", "tf32")
     assert not F.backward_gemm_weighted("gh200", "16-bit")
-    held = [r for r in layers if r.model == "GPT-Neo-2.7" and r.gpu == "GH-96" and r.shape.kind == "transformer"]
+    held = [r for r in held if r.gpu == "GH-96" and r.shape.kind == "transformer"]
     errs = {}
     for g in (1.0, gemm_weight):
         test = [s for s in L.sailor_layer_samples(held, weight, g) if s.phase == "bwd"]

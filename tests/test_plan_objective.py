@@ -138,6 +138,13 @@ def test_replan_keeps_the_old_plans_objective_and_constraints(priced, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["search"]["constraints"] == {"max_devices": 8, "micro_batch_size": 2}
     assert "not kept: --tp fast=2 (no cluster fast in the inventory)" in r.stderr
+    # the other way round: a kept exclusion of a cluster that a typed pin names is not kept either
+    excl = tmp_path / "excl.yaml"
+    plan_json("--inventory", priced, "--exclude-clusters", "cheap", "-o", str(excl))
+    r = run_hetauto(*PLAN, "--inventory", priced, "--from", str(excl), "--json", "--workers", "1",
+                    "--tp", "cheap=2")
+    assert r.returncode == 0, r.stderr
+    assert "not kept: --exclude-clusters cheap (a flag typed names cheap)" in r.stderr
 
 
 @pytest.mark.parametrize("args,flag,fix", [

@@ -112,7 +112,7 @@ def test_dryrun_layer_count_mismatch_exits_2(tmp_path, capsys):
     assert "stage_layers add up to 9 layers but the model has 8" in err and "Traceback" not in err
 
 
-def test_dryrun_the_machine_cannot_hold_is_refused_before_any_process_starts(tmp_path, capsys):
+def test_dryrun_the_machine_cannot_hold_is_refused_before_any_process_starts(tmp_path, capsys, monkeypatch):
     """A full-size model dry-run without --tiny: every rank is a process on this machine, so the memory model's
     prediction for all of them is checked against the host's memory first. Without the check the kernel kills the
     ranks (exit -9) and the run fails minutes later."""
@@ -121,6 +121,8 @@ def test_dryrun_the_machine_cannot_hold_is_refused_before_any_process_starts(tmp
         "hidden_size: 64, num_attention_heads: 4, ffn_hidden_size: 256, vocab_size: 128,\n  seq_length: 32",
         "hidden_size: 16384, num_attention_heads: 128, ffn_hidden_size: 53248, vocab_size: 128000,\n"
         "  seq_length: 32").replace("max_position_embeddings: 32", "max_position_embeddings: 4096"))
+    import hetauto_megatron.runtime.dryrun as dryrun
+    monkeypatch.setattr(dryrun, "available_host_bytes", lambda: 64 << 30)   # any machine's figure: 64 GiB free
     assert main(["dryrun", "--plan", str(big)]) == 2
     err = capsys.readouterr().err
     assert "GiB of host memory" in err and "add --tiny" in err and "Traceback" not in err, err

@@ -160,6 +160,9 @@ MODEL_CASES = {
     "hf-kv-zero": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
                    '"num_attention_heads": 4, "num_key_value_heads": 0, "intermediate_size": 128, "vocab_size": 128, '
                    '"max_position_embeddings": 32}', "num_key_value_heads", ["positive"]),
+    "hf-heads-zero": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                      '"num_attention_heads": 0, "intermediate_size": 128, "vocab_size": 128, '
+                      '"max_position_embeddings": 32}', "num_attention_heads", ["positive"]),
     "bad-position": ("m.yaml", "preset: tiny\nposition_embedding: alibi\n", "position_embedding", ["'alibi'"]),
     "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
     "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),

@@ -94,7 +94,7 @@ def load_dryrun_report(path: str) -> dict:
 
 def check_report_of_plan(report: dict, plan, *, report_file: str, plan_file: str) -> None:
     """The report's per-rank memory entries (every 'hetauto dryrun --json' report has them) must be of the plan's
-    layout: as many ranks, each on a mesh of the plan with that mesh's TP and DP and one of its stages. A report
+    layout: as many ranks, each on the mesh of the plan its rank falls in, with that mesh's TP and DP. A report
     of another plan would otherwise be compared with this plan's prediction as if it had run it."""
     entries = report.get("memory")
     if not isinstance(entries, list) or not entries:

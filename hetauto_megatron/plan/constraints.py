@@ -117,14 +117,17 @@ def keep_constraints(old: Constraints, given: Constraints, given_names: set, inv
         if name in given_names or value in (None, ()):
             continue
         if name in ("use_clusters", "exclude_clusters", "tp", "recompute"):
-            against = out.use_clusters if name == "exclude_clusters" else out.exclude_clusters
+            # a kept exclusion meets the clusters typed in --use-clusters and the typed pins; a kept pin meets the
+            # exclusion in force
+            against = (set(out.use_clusters) | {k for k, _ in out.tp} | {k for k, _ in out.recompute}
+                       if name == "exclude_clusters" else out.exclude_clusters)
             why = {}
             for item in value:
                 cluster = item[0] if isinstance(item, tuple) else item
                 if cluster not in names:
                     why[cluster] = f"no cluster {cluster} in the inventory"
                 elif cluster in against:
-                    why[cluster] = f"{'--use-clusters' if name == 'exclude_clusters' else '--exclude-clusters'} " \
+                    why[cluster] = f"{'a flag typed' if name == 'exclude_clusters' else '--exclude-clusters'} " \
                                    f"names {cluster}"
             for item in value:
                 cluster = item[0] if isinstance(item, tuple) else item

@@ -121,8 +121,9 @@ def available_host_bytes() -> int | None:
 def check_host_memory(run_plan, *, tiny: bool) -> None:
     """Refuse, before any process starts, a dry run the memory model says this machine cannot hold: every rank
     is a process here, so the run needs the sum of the ranks' predicted memory (weights, gradients, optimizer
-    state, activations and the logits' workspace, in fp32). Without it the kernel kills the ranks one by one
-    and the run fails minutes later with nothing to say why."""
+    state, activations and the logits' workspace, in fp32): a lower bound, without each process's own torch and
+    Megatron or a container's limit below the host's MemAvailable. Without it the kernel kills the ranks one by
+    one and the run fails minutes later with nothing to say why."""
     have = available_host_bytes()
     if have is None:
         return

@@ -14,8 +14,8 @@ each element and receives that rank's, both directions at once, and both ends co
 holder order on the host (`_pair_sums`). A parameter with three or more holders is a gather and a scatter:
 every holder's sources send their reduced elements to the source of each element in that element's root (holder
 j of the table's j-th run of elements: the roots take turns, shard_regions.root_chunks), that rank sums its own
-term and then the others in holder order and sends the sum back to the other holders' sources. The pair phase runs together with the
-gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
+term and then the others in holder order and sends the sum back to the other holders' sources. The pair phase
+runs together with the gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
 then get the sum from their source by a broadcast on the mesh's own DP group (plain optimizer replicas) or TP
 group (TP-duplicated parameters).
 Elements are paired exactly: TP slices of any degree, SwiGLU's fused fc1, and the shards the distributed
@@ -178,11 +178,13 @@ class ReplicaSync:
             if len(keys) < 2:         # held by one mesh stage only: nothing to sum
                 continue
             self.weights[name] = weights = weights_of(owners[name])
-            if rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # the gather's root of its own run
+            if rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # a root's own term, of its run
                 j = keys.index(tuple(rec["holder"]))
                 layout = next(o.layout for o in owners[name] if o.rank == me)
-                for rect in meet(region(layout, rec["lo"], rec["hi"]), root_chunks(layout.whole, len(keys))[j]):
-                    self.root_scale.append((name, to_local(layout, rect), weights[j]))
+                runs = root_chunks(layout.whole, len(keys) if self.ROTATE else 1)
+                if j < len(runs):
+                    for rect in meet(region(layout, rec["lo"], rec["hi"]), runs[j]):
+                        self.root_scale.append((name, to_local(layout, rect), weights[j]))
         if len(norm_roles) > 1:
             raise ValueError(f"rank {me} holds parameters whose first holder is its mesh and others whose first "
                              "holder is another mesh: the gradient norm cannot count them once per rank")

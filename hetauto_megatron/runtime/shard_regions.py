@@ -254,7 +254,7 @@ def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = T
                 moves += [Move("pair", s.rank, r.rank, name, 1, rects), Move("pair", r.rank, s.rank, name, 0, rects)]
         return moves
     whole = shapes.pop()
-    runs = root_chunks(whole, len(keys)) if rotate else [tuple(_flat_rects(0, whole[0] * whole[1], whole[1]))]
+    runs = root_chunks(whole, len(keys) if rotate else 1)
     for j, run in enumerate(runs):          # the gathers into every root, then the scatters out of every root
         root = sources[keys[j]]
         for index, h in enumerate(keys):

@@ -340,7 +340,8 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
     heads = first("num_attention_heads", "n_head", "num_heads")
     kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
     if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
-        key = next(k for k in ("num_key_value_heads", "multi_query_group_num") if k in cfg)
+        key = next((k for k in ("num_key_value_heads", "multi_query_group_num") if cfg.get(k) is not None),
+                   "num_attention_heads")      # no key/value key: the heads stand in for them
         raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
                          fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
     head_dim = cfg.get("head_dim")

@@ -27,7 +27,7 @@ from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult,
 from .model import FittedModel, LearnedCostModel, calibrated_s, load_cost_model, predict_samples, save_model  # noqa: F401
 from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS,  # noqa: F401
                      SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
-                     sailor_samples, sailor_tp_allreduce_rates)
+                     sailor_samples, sailor_tp_allreduce_rates, with_tp_comm, read_allreduce_fits)
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
                       calibration_key, host_floor_key, mape, tp_allreduce_key, profile_granularity, profile_samples, read_layers,
                       read_profile)

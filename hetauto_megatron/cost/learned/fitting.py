@@ -265,7 +265,7 @@ def split_holdout(samples: list[Sample], fraction: float, seed: int) -> tuple[li
 
 
 # ---- the optimizer step ---------------------------------------------------------------------------------------
-# The measured step of Sailor's profiled model (sailor.SailorUpdate: one Adam call over the embedding, two layers and
+# The measured step of Sailor's profiled model (sailor_updates.SailorUpdate: one Adam call over the embedding, two layers and
 # the head) is 0.9-1.8x its memory traffic at full bandwidth. Per device,
 #     step = rate x traffic + overhead      (overhead: once per optimizer call, i.e. per stage and iteration)
 # with the stage-1 fit, kept only for a device measured with at least two models and only where it predicts a

@@ -13,7 +13,6 @@ from ...errors import InputError
 from ...spec.devices import CATALOG
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
-from ..memory import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor_links import sailor_allreduce_s
 from .samples import DeviceInfo, Sample, host_floor_key, tp_allreduce_key
@@ -147,9 +146,15 @@ def load_sailor(directory: str) -> list[SailorLayer]:
                          fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
     prec = sailor_precisions(out)
     out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
-    fits = read_allreduce_fits(directory)
-    rates = sailor_tp_allreduce_rates(out)
-    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits, rates)) for r in out]
+    return with_tp_comm(out, out, read_allreduce_fits(directory))
+
+
+def with_tp_comm(layers: list[SailorLayer], rates_from: list[SailorLayer], fits: dict) -> list[SailorLayer]:
+    """`layers` with their TP all-reduces set apart (`tp_comm_s`) at the rates `rates_from`'s layers ran them
+    (sailor_tp_allreduce_rates, where slower than the curves `fits`). A fit leaving a model out reads the rates
+    from the models it trains on only, for its held-out rows too (benchmarks/learned_cost.py)."""
+    rates = sailor_tp_allreduce_rates(rates_from)
+    return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits, rates)) for r in layers]
 
 
 def forward_tflops(r: SailorLayer) -> float:
