@@ -10,7 +10,8 @@ the RTX 3090's TF32 peak is its FP32 peak), every pipeline boundary blocking as 
 plans the layout: `compose`). The
 network is Sailor's measurement of that cluster: the all-reduce curves inside a node and between nodes of one
 type (network_coeffs_all_homo.json) and the send curves between the nodes (multizone_bandwidths_het.json), fitted
-as alpha-beta links over 1 MB - 1 GB messages. `plan/simulate.py` (plan/multi_simulate.py for the mixed stages)
+as alpha-beta links over 1 MB - 1 GB messages, and each node's NIC, shared by all its links, as its cluster's
+`uplink_gbps` (node_uplink). `plan/simulate.py` (plan/multi_simulate.py for the mixed stages)
 composes the iteration: the layers, embedding and head from the learned model of `hetauto fit --sailor` (the TP
 all-reduces at the rate the GPUs' layers ran them: LearnedCostModel.tp_link), the 1F1B pipeline and its
 boundaries over those links, each mesh's DP reduction and the gradient exchange between the replica groups of a
@@ -91,6 +92,22 @@ def send_link(a: str, b: str, per_node: int) -> dict:
     return {"bandwidth_gbps": round(gb * 8, 3), "latency_ms": lat_us / 1e3, "flow_gbps": round(min(flow, gb) * 8, 3)}
 
 
+@functools.lru_cache(maxsize=None)
+def node_uplink(gpu: str) -> float:
+    """Gbit/s a node of type `gpu` sends at, over all its links together (its NIC): the fastest any of Sailor's
+    send curves from such a node reads, to a node of any type, with any number of GPUs sending (each curve is
+    that node's NIC's bandwidth or less, so the fastest is the closest to it). The RTX 3090 node's curves all
+    read 0.8 Gbit/s; the TITAN RTX and 2080 Ti nodes' reach 24."""
+    best = 0.0
+    for other in SAILOR_GPUS:
+        for n in (1, 2, 4, 8):
+            try:
+                best = max(best, send_link(*sorted((gpu, other)), n)["bandwidth_gbps"])
+            except KeyError:        # a curve Sailor did not measure
+                continue
+    return float(best)
+
+
 def run_plan(run: dict) -> tuple[dict, dict]:
     """(plan dict, inventory dict) of one run: a cluster per node, a mesh per replica group."""
     model = SAILOR_MODELS[run["model"]].replace(tie_embeddings=False)     # the fork's OPT: its head is its own layer
@@ -104,7 +121,8 @@ def run_plan(run: dict) -> tuple[dict, dict]:
             name = f"{SAILOR_GPUS[gpu]}-{used[gpu]}"
             clusters.append({"name": name, "device": SAILOR_GPUS[gpu], "nodes": 1, "devices_per_node": GPUS_PER_NODE,
                              "intra_node": measured_link("intra", tp, tp, gpu),
-                             "inter_node": measured_link("inter", tp, 2, gpu), "_gpu": gpu, "_tp": tp})
+                             "inter_node": measured_link("inter", tp, 2, gpu), "uplink_gbps": node_uplink(gpu),
+                             "_gpu": gpu, "_tp": tp})
             meshes.append({"cluster": name, "device_type": SAILOR_GPUS[gpu], "tp": tp, "dp": 1,
                            "micro_batch_size": run["micro_batch_size"], "recompute": "none",
                            "stage_layers": [layers], "settings": dict(SAILOR_JOB),

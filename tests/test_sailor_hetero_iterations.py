@@ -27,6 +27,12 @@ def fitted(tmp_path_factory):
     return L.LearnedCostModel(out)
 
 
+@pytest.fixture(scope="module")
+def measured_rows(fitted):
+    """The nine runs composed with the GPUs' own measured layers (the composition alone)."""
+    return H.compose(fitted, measured_layers=True)
+
+
 def test_tp_all_reduces_are_read_at_the_rate_the_layers_ran_them(fitted):
     """On the PCIe GPUs the layers' TP all-reduces ran far below Sailor's all-reduce curves of the same nodes: the
     fit reads their rate from the layers (sailor_tp_allreduce_rates) and the planner prices the GPUs' TP
@@ -74,21 +80,30 @@ def test_pcie_gpu_layers_at_every_tp_degree_match_their_measurements(fitted):
     assert 100 * sum(errs) / len(errs) <= 10.0, 100 * sum(errs) / len(errs)
 
 
-def test_whole_heterogeneous_iterations_composed_from_the_measured_layers_reach_sailors_simulator(fitted):
+def test_whole_heterogeneous_iterations_composed_from_the_measured_layers_reach_sailors_simulator(measured_rows):
     """The composition alone (the same measured layer times Sailor's simulator reads; nothing of the runs fitted):
     the nine runs' pipelines, boundaries over the measured links, replica groups' gradient exchange and optimizer
-    step against the measured iterations. Target: Sailor's simulator on the same runs, 10.3 % MAPE."""
-    rows = H.compose(fitted, measured_layers=True)
-    errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in rows]
-    assert len(errs) == 9 and sum(errs) / len(errs) <= 10.3, errs
+    step against the measured iterations. Target: Sailor's simulator on the same runs, 10.3 % MAPE, worst 27.3 %."""
+    errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in measured_rows]
+    assert len(errs) == 9 and sum(errs) / len(errs) <= 10.3 and max(errs) <= 27.3, errs
 
 
-@pytest.mark.xfail(strict=True, reason="10.6 % on main (9.3 % with the GPUs' measured layers): the runs through the "
-                                       "RTX 3090 over-predicted by 7-20 %, six groups -22 % (docs/cost-model-learned.md)")
 def test_whole_heterogeneous_iterations_reach_sailors_simulator(fitted):
     """The nine measured runs composed with the learned model (out of sample: nothing of the runs is fitted); the
-    target is Sailor's own simulator on the same runs, 10.3 % MAPE."""
+    target is Sailor's own simulator on the same runs, 10.3 % MAPE, worst run 27.3 %. Before the node's NIC was
+    priced as shared by its links (`uplink_gbps`): 10.6 %."""
     rows = H.compose(fitted)
     assert len(rows) == 9 and all(r["predicted_s"] > 0 for r in rows)
     errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in rows]
-    assert sum(errs) / len(errs) <= 10.3
+    assert sum(errs) / len(errs) <= 10.3 and max(errs) <= 27.3, errs
+
+
+def test_a_node_exchanging_with_several_nodes_at_once_shares_its_nic(measured_rows):
+    """The runs whose stages hold three to six replica groups, a node each: the RTX 3090 node, whose every send
+    curve reads 0.8 Gbit/s, exchanges gradients with two to five nodes at once through its one NIC (the cluster's
+    `uplink_gbps`). Priced as separate links, these runs came out 17.5 % and 28 % short (six groups: 50.98 s
+    against 70.79 measured). Target: the nine runs' target, 10.3 % MAPE, on these three with the measured layers
+    (the composition alone)."""
+    rows = [r for r in measured_rows if r["max_groups"] >= 3]
+    errs = [abs(H.pct(r["predicted_s"], r["measured_s"])) for r in rows]
+    assert len(errs) == 3 and sum(errs) / len(errs) <= 10.3, errs

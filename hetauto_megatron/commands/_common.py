@@ -17,7 +17,7 @@ def add_model_inventory_args(parser) -> None:
                         help="what-if: override the inventory without editing it (repeatable): "
                              "link.A-B.bandwidth_gbps, link.A-B.latency_ms, cluster.NAME.nodes, "
                              "cluster.NAME.devices_per_node, cluster.NAME.memory_gib, cluster.NAME.peak_tflops, "
-                             "cluster.NAME.inter_node.bandwidth_gbps, ... (docs/explain.md); e.g. "
+                             "cluster.NAME.inter_node.bandwidth_gbps, cluster.NAME.uplink_gbps, ... (docs/explain.md); e.g. "
                              "--set link.h800-ascend.bandwidth_gbps=100 --set cluster.ascend.nodes=8")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -199,7 +199,8 @@ def _tokens(plan: Plan, inventory, cost_model) -> float:
 def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
     """Throughput when one input changes by each factor.
 
-    Links (the inter-cluster links the plan crosses) and the global batch: the plan's own layout re-simulated.
+    Links (the inter-cluster links the plan crosses), the uplinks of the clusters it joins (where the inventory
+    gives them) and the global batch: the plan's own layout re-simulated.
     Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
     (None skips them), and so are links the plan does not cross (at the larger factor only: a slower unused link
     changes nothing); their change is against `replan` of the unchanged inventory."""
@@ -219,6 +220,19 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
             inv = dataclasses.replace(inventory, links={**inventory.links,
                                                         key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
             row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, inv, cost_model), base))
+        rows.append(row)
+    # an uplink caps every link of its cluster and is shared by them (docs/inputs.md): where one is given for a
+    # cluster the plan uses, it may be what binds rather than the links
+    crossing = {m.cluster for m in plan.meshes} if len({m.cluster for m in plan.meshes}) > 1 else set()
+    for cl in inventory.clusters:
+        if cl.name not in crossing or cl.uplink_gbps is None:
+            continue
+        row = {"what": f"cluster {cl.name} uplink", "key": f"cluster.{cl.name}.uplink_gbps", "base": cl.uplink_gbps,
+               "method": "same layout", "base_tokens_per_s": base, "cases": []}
+        for f in factors:
+            inv = dataclasses.replace(inventory, clusters=tuple(
+                dataclasses.replace(c, uplink_gbps=cl.uplink_gbps * f) if c is cl else c for c in inventory.clusters))
+            row["cases"].append(_case(f, cl.uplink_gbps * f, _tokens(plan, inv, cost_model), base))
         rows.append(row)
     row = {"what": "global batch", "key": "--global-batch-size", "base": plan.global_batch_size,
            "method": "same layout", "base_tokens_per_s": base, "cases": []}

@@ -33,10 +33,11 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
 
 def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:
     """The link traffic between clusters a and b crosses: the inventory's, or where they are not adjacent in it
-    the slowest link it lists (conservative)."""
+    the slowest link it lists (conservative); each no faster than its clusters' uplinks (Inventory.link)."""
     link = inventory.link(a, b)
     if link is None:
-        link = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=inventory.cluster(a).inter_node)
+        link = min((inventory.link(*sorted(k)) for k in inventory.links), key=lambda x: x.bytes_per_s,
+                   default=inventory.cluster(a).inter_node)
     return link
 
 

@@ -132,6 +132,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
             best = max(best, (t, min(link.latency_s, t)))
         return best[0], best[1], None
     per_link: dict = {}                 # cross-cluster link -> [bytes of this step, rank pairs]; same-cluster apart
+    uplink: dict = {}                   # (cluster, "out" / "in") -> bytes of this step over all its links
     inside = []
     for s0, e0, ma, pa in _ranges(a.groups):
         for s1, e1, mb, pb in _ranges(b.groups):
@@ -149,11 +150,18 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
                 acc = per_link.setdefault(key, [0.0, 0])
                 acc[0] += nbytes
                 acc[1] += pairs
+                for end in ((ma.cluster, "out"), (mb.cluster, "in")):
+                    uplink[end] = uplink.get(end, 0.0) + nbytes
     times = list(inside)
     for key, (nbytes, pairs) in per_link.items():
         link = link_costs.link_between(inventory, *sorted(key))
         t = link.transfer_time(nbytes, pairs)
         times.append((t, min(link.latency_s, t)))
+    # a cluster sending to (receiving from) several clusters at once: all of it crosses its uplink, where given
+    for (name, _), nbytes in uplink.items():
+        up = inventory.cluster(name).uplink_gbps
+        if up:
+            times.append((nbytes * 8 / (up * 1e9), 0.0))
     t, lat = max(times)
     return t, lat, boundary_depth([m for _, m, _ in a.groups], [m for _, m, _ in b.groups])
 

@@ -50,7 +50,8 @@ class PartitionBound:
             grad_buffer_bytes(c.device.dtype_bytes, default_settings(1)) for c in inventory.clusters)
         self.act_bytes = {c.name: c.device.dtype_bytes * gbs * model.seq_length * model.hidden_size
                           for c in inventory.clusters}
-        slowest = min(inventory.links.values(), key=lambda x: x.bytes_per_s, default=None)
+        slowest = min((inventory.link(*sorted(k)) for k in inventory.links), key=lambda x: x.bytes_per_s,
+                      default=None)
         self.fallback = slowest.bytes_per_s if slowest is not None else 0.0
         self._cost: dict = {}
 

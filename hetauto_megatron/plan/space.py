@@ -20,6 +20,7 @@ are in plan/space_bounds.py; `SearchSpace` inherits them.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from ..spec.inventory import Inventory
@@ -77,9 +78,8 @@ class SearchSpace(SpaceBounds):
             for b in inv.clusters[:i]:
                 if first[b.name] != b.name:
                     continue
-                same = (a.device, a.nodes, a.devices_per_node, a.intra_node, a.inter_node, a.price_per_device_hour,
-                        self.con.pinned(a.name)) == (b.device, b.nodes, b.devices_per_node, b.intra_node,
-                                                     b.inter_node, b.price_per_device_hour, self.con.pinned(b.name))
+                # every figure of the cluster but its name (device, networks, uplink, price, overheads)
+                same = dataclasses.replace(a, name=b.name) == b and self.con.pinned(a.name) == self.con.pinned(b.name)
                 if same and all(inv.link(a.name, x) == inv.link(b.name, x) for x in self.names
                                 if x not in (a.name, b.name)):
                     first[a.name] = b.name

@@ -180,7 +180,9 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     phase; the scatter starts when that phase is done. Each phase is one message per pair of ranks for all
     parameters at once. Bytes are the gradient buffer's (gradient-reduce dtype). Every link is full duplex (as
     for pipeline boundaries: each direction its own resource). Between clusters a phase's bytes in one
-    direction of an inventory link add up (one transfer at the link's bandwidth); inside a cluster the rank
+    direction of an inventory link add up (one transfer at the link's bandwidth), and so do all of a cluster's
+    bytes out (in) over all its links where it has an uplink (`uplink_gbps`: one more resource per direction,
+    without latency, which its links already pay); inside a cluster the rank
     pairs run in parallel on the inter-node network, each root rank sending or receiving its share (the side
     with fewer owner ranks sets it). A phase lasts as long as its busiest link direction or root rank
     direction. Then, inside every holder at once, the ranks that are not sources take the sum from theirs:
@@ -215,19 +217,28 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
                     continue
                 gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
                 sent = gb * run                                       # its run of the elements, once each way
+                back = 0 if len(hs) == 2 else 1
                 if c != rc:
                     to_root, from_root = ("link", c, rc), ("link", rc, c)
+                    # every link out of (into) a cluster also crosses its uplink, where the inventory gives one
+                    add(0, ("uplink", c, "out"), sent)
+                    add(0, ("uplink", rc, "in"), sent)
+                    add(back, ("uplink", rc, "out"), sent)
+                    add(back, ("uplink", c, "in"), sent)
                 else:
                     sent /= min(_owners(prof), _owners(rp))
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
                 add(0, to_root, sent)
-                add(0 if len(hs) == 2 else 1, from_root, sent)
+                add(back, from_root, sent)
     total = 0.0
     for phase in phases:
         times = []
         for res, nbytes in phase.items():
             if res[0] == "link":
                 times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
+            elif res[0] == "uplink":
+                up = inventory.cluster(res[1]).uplink_gbps
+                times.append(nbytes * 8 / (up * 1e9) if up else 0.0)
             else:
                 times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
         total += max(times, default=0.0)

@@ -53,6 +53,9 @@ class Cluster:
     inter_node: LinkSpec
     price_per_device_hour: float | None = None   # optional, any currency: 'hetauto compare' reports cost per token
     overhead: RuntimeOverhead | None = None      # measured runtime overheads (`overheads:`); None: the vendor's
+    # Gbit/s all of this cluster's links to other clusters carry together, each direction (its site's uplink or
+    # gateway; for a cluster of one node, the node's NIC); None: every link has its own path
+    uplink_gbps: float | None = None
 
     def __post_init__(self):
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -110,10 +113,18 @@ class Inventory:
         return dataclasses.replace(self, clusters=tuple(clusters), precision=precision)
 
     def link(self, a: str, b: str) -> LinkSpec | None:
-        """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b)."""
+        """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b): the
+        inventory's entry, no faster than either cluster's uplink (`uplink_gbps`) where one is given."""
         if a == b:
             return self.cluster(a).inter_node
-        return self.links.get(frozenset((a, b)))
+        link = self.links.get(frozenset((a, b)))
+        if link is None:
+            return None
+        cap = min((c.uplink_gbps for c in (self.cluster(a), self.cluster(b)) if c.uplink_gbps), default=None)
+        if cap is None or cap >= link.bandwidth_gbps:
+            return link
+        return dataclasses.replace(link, bandwidth_gbps=cap,
+                                   flow_gbps=min(link.flow_gbps, cap) if link.flow_gbps is not None else None)
 
     def to_dict(self) -> dict:
         return {
@@ -124,6 +135,7 @@ class Inventory:
                 "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6,
                                **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
+                **({"uplink_gbps": c.uplink_gbps} if c.uplink_gbps is not None else {}),
                 # written wherever the device has TF32, so a plan file says which arithmetic its fp32 GEMMs ran in
                 **({"tf32": c.device.tf32} if c.device.has_tf32 else {}),
                 **({"overheads": c.overhead.to_dict()} if c.overhead is not None else {}),
@@ -135,7 +147,7 @@ class Inventory:
 
 
 _CLUSTER_KEYS = {"name", "device", "nodes", "devices_per_node", "intra_node", "inter_node", "memory_gib",
-                 "peak_tflops", "hbm_gbps", "price_per_device_hour", "tf32", "overheads"}
+                 "peak_tflops", "hbm_gbps", "price_per_device_hour", "tf32", "overheads", "uplink_gbps"}
 _DEFAULT_INTER_NODE = {"bandwidth_gbps": 200.0, "latency_us": 10.0}   # one 200 Gbit/s NIC per device pair
 _DEFAULT_INTRA_NODE_LATENCY_US = 5.0
 # Cluster names become file names of the emitted launch scripts and configs, and words in shell commands.
@@ -224,7 +236,10 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         overhead = None
         if raw.get("overheads") is not None:
             overhead = overhead_from_value(raw["overheads"], device=dev, file=file, field=p + "overheads")
-        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter, price, overhead))
+        uplink = get(raw, "uplink_gbps", float, default=None, file=file, prefix=p)
+        if uplink is not None:
+            uplink = positive(uplink, p + "uplink_gbps", file)
+        clusters.append(Cluster(name, dev, nodes, dpn, intra, inter, price, overhead, uplink))
     names = {c.name for c in clusters}
     links = {}
     for i, raw in enumerate(get(data, "links", list, default=[], file=file)):
