@@ -44,8 +44,8 @@ def test_uplink_is_read_written_and_checked():
     assert what_if.cluster("b").uplink_gbps == 2 and what_if.link("a", "b").bandwidth_gbps == 2
 
 
-def _three_groups_sync_s(uplink):
-    """The gradient exchange of one stage held by three replica groups (a cluster each, TP 1, DP 1, fp32)."""
+def _three_groups(uplink):
+    """(plan, inventory) of one stage held by three replica groups (a cluster each, TP 1, DP 1, fp32)."""
     names = ["g0", "g1", "g2"]
     inv = _inventory(names, uplink)
     meshes = [{"cluster": n, "device_type": "a100-40gb", "tp": 1, "dp": 1, "micro_batch_size": 1,
@@ -53,7 +53,11 @@ def _three_groups_sync_s(uplink):
               for i, n in enumerate(names)]
     plan = plan_from_dict({"version": 4, "model": MODEL.to_dict(), "global_batch_size": 3, "precision": "fp32",
                            "meshes": meshes, "inventory": inv})
-    return simulate(plan, inventory_from_dict(inv), AnalyticCostModel(), engine="megatron").sync_s
+    return plan, inventory_from_dict(inv)
+
+
+def _three_groups_sync_s(uplink):
+    return simulate(*_three_groups(uplink), AnalyticCostModel(), engine="megatron").sync_s
 
 
 def test_an_exchange_with_several_clusters_at_once_shares_the_uplink():
@@ -81,3 +85,13 @@ def test_explain_names_the_uplink_where_it_binds():
     assert link["cases"][1]["tokens_per_s"] == pytest.approx(link["base_tokens_per_s"])
     assert uplink["cases"][1]["tokens_per_s"] > 1.1 * uplink["base_tokens_per_s"]
     assert uplink["cases"][0]["tokens_per_s"] < uplink["base_tokens_per_s"]
+
+
+def test_explain_of_replica_groups_names_the_uplink():
+    """The three groups behind 15 Gbit/s uplinks on 20 Gbit/s links: the exchange is bound by the uplinks, so a
+    faster link changes nothing and faster uplinks do (explain's report for plans of several meshes per stage)."""
+    from hetauto_megatron.plan.multi_explain import shapes_report
+    rows = {r["what"]: r for r in shapes_report(*_three_groups(15.0), AnalyticCostModel())["sensitivity"]}
+    assert rows["link g0-g1 bandwidth"]["cases"][1]["change"] == pytest.approx(0.0, abs=1e-4)   # (rounded base)
+    up = rows["cluster g0 uplink"]["cases"]
+    assert up[0]["change"] < -0.1 and up[1]["change"] == pytest.approx(0.0, abs=1e-4)   # x2 of one: the others bind

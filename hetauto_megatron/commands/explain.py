@@ -118,7 +118,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, do_search
     schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
 
     def run_search(inv):
-        key = (tuple((c.name, c.nodes) for c in inv.clusters), tuple(sorted(
+        key = (tuple((c.name, c.nodes, c.uplink_gbps) for c in inv.clusters), tuple(sorted(
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
         if key not in searches:
             searches[key] = search(plan.model, inv.with_precision(plan.precision), plan.global_batch_size,

@@ -22,6 +22,7 @@ What-if without editing files: --set KEY=VALUE overrides the inventory (repeatab
   cluster.NAME.nodes, cluster.NAME.devices_per_node       a cluster's size
   cluster.NAME.memory_gib, .peak_tflops, .hbm_gbps        its devices
   cluster.NAME.inter_node.bandwidth_gbps, .latency_us     its network (intra_node.* for inside a node)
+  cluster.NAME.uplink_gbps                                all its links to other clusters together
 and --global-batch-size / --seq-length override the plan's. A plan keeps its layout: to see what a bigger
 cluster buys, re-plan with the same --set ('hetauto plan --set ...'), or 'hetauto explain' for x0.5 / x2 of
 every link, cluster and the batch at once.

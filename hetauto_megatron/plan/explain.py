@@ -196,6 +196,25 @@ def _tokens(plan: Plan, inventory, cost_model) -> float:
     return simulate(plan, inventory, cost_model).tokens_per_s
 
 
+def uplink_rows(plan: Plan, inventory, tokens, base: float, factors) -> list[dict]:
+    """Sensitivity rows of the uplinks (`uplink_gbps`) of the clusters a plan of several clusters uses, its own
+    layout re-simulated (`tokens(inventory) -> tokens/s`). An uplink caps each of its cluster's links and is
+    shared by them (docs/inputs.md), so it may be what binds where a link's own row shows no change."""
+    used = {m.cluster for m in plan.meshes}
+    rows = []
+    for cl in inventory.clusters:
+        if len(used) < 2 or cl.name not in used or cl.uplink_gbps is None:
+            continue
+        row = {"what": f"cluster {cl.name} uplink", "key": f"cluster.{cl.name}.uplink_gbps", "base": cl.uplink_gbps,
+               "method": "same layout", "base_tokens_per_s": base, "cases": []}
+        for f in factors:
+            inv = dataclasses.replace(inventory, clusters=tuple(
+                dataclasses.replace(c, uplink_gbps=cl.uplink_gbps * f) if c is cl else c for c in inventory.clusters))
+            row["cases"].append(_case(f, cl.uplink_gbps * f, tokens(inv), base))
+        rows.append(row)
+    return rows
+
+
 def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
     """Throughput when one input changes by each factor.
 
@@ -221,19 +240,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
                                                         key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
             row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, inv, cost_model), base))
         rows.append(row)
-    # an uplink caps every link of its cluster and is shared by them (docs/inputs.md): where one is given for a
-    # cluster the plan uses, it may be what binds rather than the links
-    crossing = {m.cluster for m in plan.meshes} if len({m.cluster for m in plan.meshes}) > 1 else set()
-    for cl in inventory.clusters:
-        if cl.name not in crossing or cl.uplink_gbps is None:
-            continue
-        row = {"what": f"cluster {cl.name} uplink", "key": f"cluster.{cl.name}.uplink_gbps", "base": cl.uplink_gbps,
-               "method": "same layout", "base_tokens_per_s": base, "cases": []}
-        for f in factors:
-            inv = dataclasses.replace(inventory, clusters=tuple(
-                dataclasses.replace(c, uplink_gbps=cl.uplink_gbps * f) if c is cl else c for c in inventory.clusters))
-            row["cases"].append(_case(f, cl.uplink_gbps * f, _tokens(plan, inv, cost_model), base))
-        rows.append(row)
+    rows += uplink_rows(plan, inventory, lambda inv: _tokens(plan, inv, cost_model), base, factors)
     row = {"what": "global batch", "key": "--global-batch-size", "base": plan.global_batch_size,
            "method": "same layout", "base_tokens_per_s": base, "cases": []}
     for f in factors:

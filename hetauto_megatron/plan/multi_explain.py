@@ -60,6 +60,8 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
             t = tokens / simulate(plan, inv, cost_model).iteration_time_s
             row["cases"].append({"factor": f, "tokens_per_s": t, "change": t / est["tokens_per_s"] - 1})
         sens.append(row)
+    sens += X.uplink_rows(plan, inventory, lambda inv: tokens / simulate(plan, inv, cost_model).iteration_time_s,
+                          est["tokens_per_s"], factors)
     row = {"what": "global batch", "base": plan.global_batch_size, "method": "same layout", "cases": []}
     for f in factors:
         gbs = int(plan.global_batch_size * f)

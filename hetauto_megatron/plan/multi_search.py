@@ -157,7 +157,7 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
                     out.partitions += 1
                     b = _objective_bound(con, inventory, bound(blocks), subset)
                     if b < best[0]:
-                        r = bound.root(blocks)        # pipeline 0: the root of the gradient exchange
+                        r = bound.root(blocks)        # pipeline 0: the block of the fastest cuts
                         ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
                         cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
@@ -279,9 +279,12 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int
             used = devices_by_cluster(plan.meshes)
             k, S = mesh.num_stages, mesh.samples_per_step
             v0 = _speed(model, inv, cost, mesh.cluster, mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute)
-            # a group on another cluster exchanges at least the mesh's layers' gradients twice (gather, scatter;
-            # at least 2 bytes per parameter) over the link: no faster than that alone
-            grads = 2 * 2 * model.layer_params * sum(mesh.stage_layers)
+            # a group on another cluster exchanges the mesh's layers' gradients (at least 2 bytes per parameter)
+            # with the mesh over the link between them: two holders in one phase, both directions at once; with
+            # other pipelines holding them too (H >= 3 holders, at most one per mesh plus the group) 1/H each way
+            # in each of two phases (plan/tail_costs.py holders_sync_time): no faster than that alone
+            holders = 2 if plan.num_pipelines == 1 else len(plan.meshes) + 1
+            grads = 2 * model.layer_params * sum(mesh.stage_layers) * (1 if holders == 2 else 2 / holders)
             for cl in inv.clusters:
                 free = cl.num_devices - used.get(cl.name, 0)
                 if cl.name in con.exclude_clusters or free < k or (
@@ -334,10 +337,10 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int
 
 def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult, deadline=None):
     """Sailor's shape: one cluster's pipeline with another cluster's devices as replica groups of its stages.
-    Start from the best plan on each cluster alone, when a linked cluster could stand alongside it: the groups
-    would at least exchange the model's gradients twice (gather, scatter) over the link between the two, on top
-    of the model's FLOPs at both clusters' peak; clusters where that bound cannot beat the best plan are
-    skipped."""
+    Start from the best plan on each cluster alone, when a linked cluster could stand alongside it: the two
+    groups would at least swap the model's gradients over the link between the two (one phase, both directions
+    at once: plan/tail_costs.py holders_sync_time), on top of the model's FLOPs at both clusters' peak; clusters
+    where that bound cannot beat the best plan are skipped."""
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
     for c in usable:
@@ -345,7 +348,7 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
             break
         partners = [d for d in usable if d != c and inventory.link(c, d) is not None
                     and _objective_bound(con, inventory, COMPUTE_SLACK * bound.flops / (bound.rate[c] + bound.rate[d])
-                                         + 2 * bound.grad_bytes / inventory.link(c, d).bytes_per_s, (c, d)) < best[0]]
+                                         + bound.grad_bytes / inventory.link(c, d).bytes_per_s, (c, d)) < best[0]]
         if not partners:
             continue
         try:

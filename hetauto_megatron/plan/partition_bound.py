@@ -108,22 +108,28 @@ class PartitionBound:
                     cap += link.bytes_per_s
         return cap + (self.fallback if missing else 0.0)
 
-    def root(self, blocks: list) -> int:
-        """The block to make pipeline 0, the root of every parameter's exchange: the one whose slowest cut to
-        another block is the fastest (the exchange's bound below)."""
-        return min(range(len(blocks)), key=lambda r: (self._sync(blocks, r), r))
+    def _pair_time(self, a, b) -> float:
+        """Seconds for the whole gradient buffer between two blocks at best (every link joining them at once)."""
+        cap = self._cap(a, b)
+        return self.grad_bytes / cap if cap > 0 else math.inf
 
-    def _sync(self, blocks: list, r: int) -> float:
-        phases = 1 if len(blocks) == 2 else 2       # two holders: both directions at once
-        worst = 0.0
-        for i, b in enumerate(blocks):
-            if i != r:
-                cap = self._cap(blocks[r], b)
-                worst = max(worst, phases * self.grad_bytes / cap if cap > 0 else math.inf)
-        return worst
+    def root(self, blocks: list) -> int:
+        """The block to make pipeline 0: the one whose slowest cut to another block is the fastest (an order only:
+        the exchange's roots take turns, so its price does not depend on it)."""
+        return min(range(len(blocks)), key=lambda r: (max((self._pair_time(blocks[r], b) for i, b in
+                                                           enumerate(blocks) if i != r), default=0.0), r))
+
+    def _sync(self, blocks: list) -> float:
+        """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
+        holders swap the whole buffer in one phase, both directions at once; H >= 3 take turns as roots, so any
+        two of them move 1/H of it each way in each of two phases. The slowest pair's cut bounds it."""
+        if len(blocks) < 2:
+            return 0.0
+        phases, share = (1, 1.0) if len(blocks) == 2 else (2, 1.0 / len(blocks))
+        return phases * share * max(self._pair_time(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:])
 
     def __call__(self, blocks: list) -> float:
         inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)
         if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
             return math.inf
-        return 1 / inv_sum + self._sync(blocks, self.root(blocks))
+        return 1 / inv_sum + self._sync(blocks)

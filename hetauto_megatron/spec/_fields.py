@@ -81,12 +81,17 @@ def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None,
 # A device or network figure beyond any hardware (a petabit link, a billion GiB of memory) is a typo; far past it
 # the search's memory and time arithmetic loses its precision (memory_gib: 1e30 made `hetauto plan` run for ever).
 MAX_FIGURE = 1e9
+# Below any real figure (1 bit/s, 1 byte, 1 kFLOP/s): a typo, and near-zero rates make the prices overflow
+MIN_FIGURE = 1e-9
 
 
 def positive(value: float, field: str, file: str | None) -> float:
     if value <= 0:
         raise InputError(f"must be positive, got {value}", file=file, field=field,
                          fix="give a value above zero (bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s)")
+    if value < MIN_FIGURE:
+        raise InputError(f"is {value:g}, below any device or network (at least {MIN_FIGURE:g})", file=file,
+                         field=field, fix="check the unit: bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s")
     if value > MAX_FIGURE:
         raise InputError(f"is {value:g}, beyond any device or network (at most {MAX_FIGURE:g})", file=file,
                          field=field, fix="check the unit: bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s")

@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from ..errors import InputError
-from ._fields import MAX_FIGURE
+from ._fields import MAX_FIGURE, MIN_FIGURE
 from .inventory import Cluster, Inventory, LinkSpec
 
 LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
@@ -52,6 +52,9 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     if value < 0 or (value == 0 and not latency):
         raise InputError(f"{key}={text}: must be {'0 or more' if latency else 'positive'}", field="--set",
                          fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
+    if 0 < value < MIN_FIGURE and not latency:
+        raise InputError(f"{key}={text}: below any device or network (at least {MIN_FIGURE:g})", field="--set",
+                         fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB")
     return value
 
 
