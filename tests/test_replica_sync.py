@@ -43,7 +43,7 @@ def _owners(holder, weight, whole, tp, dp, partition_dim, *, first_rank, sharded
     return out
 
 
-def _run(moves, owners, grads, weights, rotate=True):
+def _run(moves, owners, grads, weights, rotate=True, roots=None):
     """Execute the moves on dicts {(row, col): value} per rank, as replica_sync.ReplicaSync.reduce does, then
     give every copy its holder's source's values (the broadcast inside the mesh)."""
     held = {}
@@ -55,7 +55,7 @@ def _run(moves, owners, grads, weights, rotate=True):
                     held[o.rank][(r, c)] = grads[o.holder][(r, c)]
     keys = sorted({o.holder for o in owners})
     whole = owners[0].layout.whole
-    runs = root_chunks(whole, len(keys)) if rotate else [((0, whole[0], 0, whole[1]),)]
+    runs = root_chunks(whole, roots or (1,) * len(keys)) if rotate else [((0, whole[0], 0, whole[1]),)]
     root_of = {(r, c): keys[j] for j, run in enumerate(runs) for rect in run for r in range(rect[0], rect[1])
                for c in range(rect[2], rect[3])}
     paired = [m for m in moves if m.phase == "pair"]     # two holders: both ends sum the same two operands
@@ -127,8 +127,22 @@ def test_every_holder_ends_with_the_weighted_sum(partition_dim, sharded, gated):
             inn = sum(m.numel for m in moves if m.phase == "gather" and holder[m.dst] == (h, 0))
             assert out == total - _run_len(whole, H, h), (h, out)
             assert inn == (H - 1) * _run_len(whole, H, h), (h, inn)
-    # the start-up copy of the weights: the first holder is the root of every element
+    # one root takes all (plan/exchange_roots.py, where the others' link is slow), or uneven runs: the same sums;
+    # with holder 1 the one root, holders 0 and 2 exchange nothing with each other
     holder = {o.rank: o.holder for o in owners}
+    if len(layouts) == 3:
+        for roots in ((0, 1, 0), (2, 0, 1)):
+            moved = sync_moves("w", owners, weights=roots)
+            held = _run(moved, owners, grads, weights, roots=roots)
+            for o in owners:
+                for (r, c), v in held[o.rank].items():
+                    want = sum(weights[h] * grads[(h, 0)][(r, c)] for h in range(len(layouts)))
+                    assert v == pytest.approx(want, rel=1e-12), (roots, o.rank, r, c)
+            if roots == (0, 1, 0):
+                assert {frozenset((holder[m.src][0], holder[m.dst][0])) for m in moved} == {frozenset((0, 1)),
+                                                                                            frozenset((1, 2))}
+                assert sum(m.numel for m in moved if m.phase == "gather") == 2 * total
+    # the start-up copy of the weights: the first holder is the root of every element
     fixed = sync_moves("w", owners, pairwise=False, rotate=False)
     assert {holder[m.dst] for m in fixed if m.phase == "gather"} == {(0, 0)}
     held = _run(fixed, owners, grads, weights, rotate=False)

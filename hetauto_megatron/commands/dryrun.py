@@ -217,7 +217,8 @@ def _print_table(report: dict, plan) -> None:
             line += f"  {ref[i]['loss']:>14.8f}  {ref[i]['grad_norm']:>14.8f}"
         print(line)
     b = report["bytes"]
-    print(f"bytes sent: intra-cluster {b['intra_cluster']:,}, inter-cluster {b['inter_cluster']:,}")
+    print(f"bytes sent: intra-cluster {b['intra_cluster']:,}, inter-cluster {b['inter_cluster']:,}"
+          + ("" if not b.get("between") else " (" + ", ".join(f"{k} {v:,}" for k, v in b["between"].items()) + ")"))
     for i, s in enumerate(report["settings"]):
         on = [k for k in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
               if s[k]]

@@ -280,11 +280,10 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int
             k, S = mesh.num_stages, mesh.samples_per_step
             v0 = _speed(model, inv, cost, mesh.cluster, mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute)
             # a group on another cluster exchanges the mesh's layers' gradients (at least 2 bytes per parameter)
-            # with the mesh over the link between them: two holders in one phase, both directions at once; with
-            # other pipelines holding them too (H >= 3 holders, at most one per mesh plus the group) 1/H each way
-            # in each of two phases (plan/tail_costs.py holders_sync_time): no faster than that alone
-            holders = 2 if plan.num_pipelines == 1 else len(plan.meshes) + 1
-            grads = 2 * model.layer_params * sum(mesh.stage_layers) * (1 if holders == 2 else 2 / holders)
+            # with the mesh over the link between them, two holders in one phase, both directions at once: no
+            # faster than that alone. With other pipelines holding them too (three or more holders) the exchange
+            # may route around that link (plan/exchange_roots.py): no bound then
+            grads = 2 * model.layer_params * sum(mesh.stage_layers) if plan.num_pipelines == 1 else 0.0
             for cl in inv.clusters:
                 free = cl.num_devices - used.get(cl.name, 0)
                 if cl.name in con.exclude_clusters or free < k or (

@@ -121,12 +121,18 @@ class PartitionBound:
 
     def _sync(self, blocks: list) -> float:
         """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
-        holders swap the whole buffer in one phase, both directions at once; H >= 3 take turns as roots, so any
-        two of them move 1/H of it each way in each of two phases. The slowest pair's cut bounds it."""
-        if len(blocks) < 2:
+        holders swap the whole buffer in one phase, both directions at once; H >= 3 in two phases either take
+        turns as roots, any two of them moving 1/H of it each way per phase (the slowest pair's cut bounds it), or
+        one root r takes all (each other block's cut to r carries the whole buffer), whichever is less
+        (plan/exchange_roots.py chooses between them)."""
+        h = len(blocks)
+        if h < 2:
             return 0.0
-        phases, share = (1, 1.0) if len(blocks) == 2 else (2, 1.0 / len(blocks))
-        return phases * share * max(self._pair_time(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:])
+        pairs = max(self._pair_time(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:])
+        if h == 2:
+            return pairs
+        one_root = min(max(self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r) for r in range(h))
+        return 2 * min(pairs / h, one_root)
 
     def __call__(self, blocks: list) -> float:
         inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)

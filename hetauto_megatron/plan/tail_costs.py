@@ -17,6 +17,7 @@ from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
+from .exchange_roots import exchange_weights
 from .link_costs import link_between
 from .settings import RuntimeSettings, padded_vocab_size
 
@@ -173,7 +174,8 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
 
     Two holders: one phase, each holder's source ranks send their reduced gradient of the elements they own to
     the other holder's and receive its, both directions at once. Three or more (H holders): the roots take
-    turns, holder j the root of the j-th H-th of the elements (shard_regions.root_chunks); in a gather phase each
+    turns, holder j the root of the j-th H-th of the elements (shard_regions.root_chunks), or one root takes all
+    where the links make that faster (plan/exchange_roots.py, the runtime's rule); in a gather phase each
     root's source ranks receive every other holder's reduced gradient of those elements, after the sums a scatter
     phase sends the result back to the same source ranks: between any two holders 1/H of the parameter each way
     in each phase. The pair moves run in the gather's
@@ -210,8 +212,15 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
         roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
+        weights = (1,) if len(hs) == 2 else exchange_weights(inventory, [c for c, _, _ in hs])
+        cuts = [0]
+        for w in weights:
+            cuts.append(cuts[-1] + w)
         for j, (rc, rp, rk) in enumerate(roots):
-            run = (j + 1) * int(n) // len(roots) - j * int(n) // len(roots)     # shard_regions.root_chunks
+            # shard_regions.root_chunks: the run of the elements this holder is the root of
+            run = int(n) * cuts[j + 1] // cuts[-1] - int(n) * cuts[j] // cuts[-1]
+            if not run:
+                continue
             for c, prof, key in hs:
                 if key == rk:
                     continue

@@ -18,7 +18,8 @@ This class replaces `_communicate`:
   (`total_stages`, which Megatron's 1F1B reads for nothing else).
 
 Every wait has a timeout; a peer that is gone or silent raises `PeerError` naming it instead of hanging.
-`bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster"); `exposed_s()` the time
+`bytes_sent` counts this rank's bytes per link class ("intra_cluster", "inter_cluster") and per direction of a
+link between clusters ("between A->B"); `exposed_s()` the time
 this rank waited on cross-cluster transfers (not on its peers' compute). Call `begin_step(num_micro_batches)`
 before and `end_step()` after each schedule run so receives are posted ahead and sends completed.
 """
@@ -200,6 +201,9 @@ class HeteroP2PCommunicator(P2PCommunicator):
             pieces.append((k, piece, peer))
             nbytes = piece.numel() * piece.element_size()
             self.bytes_sent["inter_cluster" if boundary.inter else "intra_cluster"] += nbytes
+            if boundary.inter:      # per direction of each link between clusters, too
+                key = f"between {c.cluster}->{plan.meshes[other].cluster}"
+                self.bytes_sent[key] = self.bytes_sent.get(key, 0) + nbytes
         if not pieces:
             return
         if not boundary.inter:

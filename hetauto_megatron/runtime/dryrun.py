@@ -46,7 +46,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
 
     Returns {"model", "padded_vocab_size", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
-    "bytes": {"intra_cluster", "inter_cluster"}, "settings", "cores", "seconds", "shared_digests"} plus "reference" and
+    "bytes": {"intra_cluster", "inter_cluster", "between": {"A->B": bytes}}, "settings", "cores", "seconds", "shared_digests"} plus "reference" and
     "max_abs_diff" when
     `reference`, or {"error": text} when a rank failed. "step_times_s" is each step's wall time on the slowest
     rank; "iteration_s" their median over the steps after the first (the first pays for allocation and
@@ -87,7 +87,10 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         "model": run_plan.model.to_dict(),
         "padded_vocab_size": run_plan.padded_vocab_size,
         "steps": [{"loss": l, "grad_norm": g} for l, g in zip(first["losses"], first["grad_norms"])],
-        "bytes": {k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
+        "bytes": {**{k: sum(r["bytes"].get(k, 0) for r in results) for k in ("intra_cluster", "inter_cluster")},
+                  # per direction of each link between clusters: "A->B"
+                  "between": {k[len("between "):]: sum(r["bytes"].get(k, 0) for r in results)
+                              for k in sorted({k for r in results for k in r["bytes"] if k.startswith("between ")})}},
         "settings": mesh_settings(run_plan, results),
         "cores": usable_cores(),
     }

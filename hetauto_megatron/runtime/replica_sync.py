@@ -13,7 +13,8 @@ of two pipelines) is one phase, "pair": each source sends its reduced elements t
 each element and receives that rank's, both directions at once, and both ends compute w0 x g0 + w1 x g1 in
 holder order on the host (`_pair_sums`). A parameter with three or more holders is a gather and a scatter:
 every holder's sources send their reduced elements to the source of each element in that element's root (holder
-j of the table's j-th run of elements: the roots take turns, shard_regions.root_chunks), that rank sums its own
+j of the table's j-th run of elements: the roots take turns, shard_regions.root_chunks; or one root takes all
+where the plan's inventory makes that faster, plan/exchange_roots.py), that rank sums its own
 term and then the others in holder order and sends the sum back to the other holders' sources. The pair phase
 runs together with the gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
 then get the sum from their source by a broadcast on the mesh's own DP group (plain optimizer replicas) or TP
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 
 from .gradients import _sharded_ownership
 from .peers import wait_all
-from .shard_regions import (Move, Owner, holders_of, meet, region, root_chunks, sync_moves, table_shape, to_local,
+from .shard_regions import (Move, Owner, holders_of, meet, region, root_chunks, root_weights, sync_moves, table_shape,
+                            to_local,
                             tp_layout, weights_of)
 
 GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
@@ -151,7 +153,20 @@ class ReplicaSync:
     (the broadcasts inside a mesh stage are not counted)."""
 
     PAIRWISE = True     # two holders exchange both directions at once (shard_regions.sync_moves)
-    ROTATE = True       # three or more: each holder is the root of a run of the elements (shard_regions.root_chunks)
+    ROTATE = True       # three or more: each holder is the root of a run of the elements (shard_regions.root_chunks),
+                        # by the weights the plan's inventory gives (plan/exchange_roots.py); False: the first all
+
+    def _root_weights(self, keys) -> tuple[int, ...] | None:
+        """The roots' weights of a parameter held by `keys` (mesh index, stage), or None (sync_moves' default):
+        chosen from the plan's inventory and the holders' clusters, as the planner prices the exchange."""
+        if not self.ROTATE or len(keys) < 3:
+            return None
+        from ..plan.exchange_roots import exchange_weights
+        from ..spec.inventory import inventory_from_dict
+        plan = self.ctx.plan
+        if not hasattr(self, "_inventory"):
+            self._inventory = inventory_from_dict(plan.inventory) if plan.inventory else None
+        return exchange_weights(self._inventory, [plan.meshes[k[0]].cluster for k in keys])
 
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist
@@ -167,8 +182,11 @@ class ReplicaSync:
         self.moves, self.weights, self.root_scale = [], {}, []
         self.locals = {r["name"]: r for r in mine}
         norm_roles = set()
+        roots = {}          # parameter -> its roots' weights (plan/exchange_roots.py), the same on every rank
         for name in sorted(owners):
-            self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE, rotate=self.ROTATE)
+            roots[name] = self._root_weights(holders_of(owners[name]))
+            self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE, rotate=self.ROTATE,
+                                     weights=roots[name])
             if name not in self.locals:
                 continue
             keys, rec = holders_of(owners[name]), self.locals[name]
@@ -181,7 +199,7 @@ class ReplicaSync:
             if rec["source"] and rec["lo"] < rec["hi"] and len(keys) > 2:   # a root's own term, of its run
                 j = keys.index(tuple(rec["holder"]))
                 layout = next(o.layout for o in owners[name] if o.rank == me)
-                runs = root_chunks(layout.whole, len(keys) if self.ROTATE else 1)
+                runs = root_chunks(layout.whole, root_weights(len(keys), self.ROTATE, roots[name]))
                 if j < len(runs):
                     for rect in meet(region(layout, rec["lo"], rec["hi"]), runs[j]):
                         self.root_scale.append((name, to_local(layout, rect), weights[j]))
@@ -268,8 +286,10 @@ class ReplicaSync:
 
     def _count(self, peer: int, nbytes: int) -> None:
         if self.counter is not None:
-            key = "inter_cluster" if self.cluster[peer] != self.ctx.coords.cluster else "intra_cluster"
-            self.counter[key] = self.counter.get(key, 0) + nbytes
+            mine, theirs = self.ctx.coords.cluster, self.cluster[peer]
+            keys = ["intra_cluster"] if theirs == mine else ["inter_cluster", f"between {mine}->{theirs}"]
+            for key in keys:
+                self.counter[key] = self.counter.get(key, 0) + nbytes
 
     def _exchange(self, messages: Messages, tag: int, tables, what: str) -> tuple[list, list]:
         """Post the sends and receives of one exchange (its messages, grouped at construction) and wait; returns

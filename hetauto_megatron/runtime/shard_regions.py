@@ -35,7 +35,10 @@ holders) instead of one root's links carrying everything:
 
 So a parameter with H >= 3 holders moves 2 (H - 1) times its elements per iteration between holders, once to
 and once from their roots, in two phases one after the other; each holder's links carry 2 (H - 1) / H of the
-table each way, where a single root's carried H - 1 times it.
+table each way, where a single root's carried H - 1 times it. Where one pair of holders is joined by a far
+slower link than the rest, one root may take all instead (the runs in proportion to integer weights, one of
+them 1 and the others 0): the slow link then carries nothing. plan/exchange_roots.py chooses the weights from
+the plan's inventory, the same rule for the runtime and the price.
 
 `sync_moves(..., pairwise=False, rotate=False)` gives the gather and scatter moves with the first holder the root
 of every element, for two holders as well: the start-up copy of the first holder's weights
@@ -212,21 +215,37 @@ def _check_partition(name: str, holder, sources) -> None:
                          f"({size} of {whole[0] * whole[1]} elements{', overlapping' if overlap else ''})")
 
 
-def root_chunks(whole: tuple, holders: int) -> list[tuple[Rect, ...]]:
-    """The runs of the whole table (rows, cols), flattened row-major, that each of `holders` holders is the root
-    of: run j is elements [j N / H, (j + 1) N / H) of the N, as rectangles."""
+def root_chunks(whole: tuple, weights) -> list[tuple[Rect, ...]]:
+    """The runs of the whole table (rows, cols), flattened row-major, that each holder is the root of, in
+    proportion to its integer weight (plan/exchange_roots.py): run j is elements [N W_j / W, N W_(j+1) / W) of the
+    N, W_j the weights before j and W all of them, as rectangles (equal weights: [j N / H, (j + 1) N / H); a
+    weight of 0 roots nothing)."""
     rows, cols = whole
-    n = rows * cols
-    return [tuple(_flat_rects(j * n // holders, (j + 1) * n // holders, cols)) for j in range(holders)]
+    n, total = rows * cols, sum(weights)
+    cuts = [0]
+    for w in weights:
+        cuts.append(cuts[-1] + w)
+    return [tuple(_flat_rects(n * cuts[j] // total, n * cuts[j + 1] // total, cols)) for j in range(len(weights))]
+
+
+def root_weights(holders: int, rotate: bool = True, weights=None) -> tuple[int, ...]:
+    """The weights sync_moves roots the runs by (its `rotate` and `weights`), checked against the holders."""
+    if weights is None:
+        return (1,) * holders if rotate else (1,)
+    if len(weights) != holders or min(weights) < 0 or not sum(weights):
+        raise ValueError(f"root weights {tuple(weights)} for {holders} holders: one non-negative weight each, "
+                         "not all zero")
+    return tuple(weights)
 
 
 def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = True,
-               rotate: bool = True) -> list[Move]:
+               rotate: bool = True, weights=None) -> list[Move]:
     """Every move of one parameter's gradient exchange among its holders (module doc), deterministic; with
     `rank`, only the moves that rank sends or receives (the same moves, found in time linear in the owners);
-    `pairwise=False`: gather and scatter even for two holders; `rotate=False`: the first holder is the root of
-    every element (else holder j of run j, `root_chunks`). Checks that every holder sees the same whole shape
-    and that each holder's sources partition it."""
+    `pairwise=False`: gather and scatter even for two holders; `weights`: each holder's share of the elements it
+    is the root of (`root_chunks`; plan/exchange_roots.py chooses them), by default equal (holder j the root of
+    run j), or with `rotate=False` the first holder the root of every element. Checks that every holder sees the
+    same whole shape and that each holder's sources partition it."""
     keys = holders_of(owners)
     if len(keys) < 2:
         return []
@@ -254,7 +273,7 @@ def sync_moves(name: str, owners, rank: int | None = None, *, pairwise: bool = T
                 moves += [Move("pair", s.rank, r.rank, name, 1, rects), Move("pair", r.rank, s.rank, name, 0, rects)]
         return moves
     whole = shapes.pop()
-    runs = root_chunks(whole, len(keys) if rotate else 1)
+    runs = root_chunks(whole, root_weights(len(keys), rotate, weights))
     for j, run in enumerate(runs):          # the gathers into every root, then the scatters out of every root
         root = sources[keys[j]]
         for index, h in enumerate(keys):
