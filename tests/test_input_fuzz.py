@@ -293,6 +293,21 @@ def test_output_over_an_input_is_refused_before_the_search(tmp_path, capsys):
     assert open(plan).read() == before and "num_layers" in open(model).read()
 
 
+def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
+    """`plan -o out/summary.txt --emit out` wrote the plan and then the summary over it; `emit summary -o DIR`
+    with the plan in DIR named summary.txt did the same: refused, the plan kept."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    plan = str(tmp_path / "summary.txt")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet",
+                          "-o", plan, "--emit", str(tmp_path)], capsys)
+    check_error(rc, err, field="--emit", words=["-o", "overwrite"])
+    before = open(plan).read()
+    assert before.lstrip().startswith(("#", "version")) or "meshes" in before
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan, "-o", str(tmp_path)], capsys)
+    check_error(rc, err, field="-o", words=["--plan", "overwrite"])
+    assert open(plan).read() == before
+
+
 def test_messages_say_what_the_path_is(tmp_path, capsys):
     """-o afile/p.yaml said "the folder 'afile' does not exist" though it exists as a file; a malformed .json plan
     was "not valid YAML"."""

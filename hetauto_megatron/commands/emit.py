@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..errors import InputError
-from ..outputs import make_output_dir, write_text_file
+from ..outputs import make_output_dir, refuse_overwriting_inputs, write_text_file
 
 DESCRIPTION = """\
 Turn a plan (from 'hetauto plan', or written by hand: docs/plan-format.md) into launch material.
@@ -57,25 +57,30 @@ def add_arguments(parser) -> None:
                              "plan's inventory gives each cluster's, and a different N is refused")
 
 
-def _write(out_dir: str, name: str, text: str, mode: int, field: str) -> str:
-    return write_text_file(os.path.join(out_dir, name), text, field=field, mode=mode)
+def _write(out_dir: str, name: str, text: str, mode: int, field: str, keep=()) -> str:
+    """Write one emitted file, refusing to write it over a file of `keep` ((option, path) pairs: the command's
+    inputs and the plan it just wrote), e.g. `plan -o out/summary.txt --emit out`."""
+    path = os.path.join(out_dir, name)
+    refuse_overwriting_inputs([(field, path)], keep)
+    return write_text_file(path, text, field=field, mode=mode)
 
 
 # One writer per target, shared with 'hetauto plan --emit'; each returns the paths it wrote.
-def write_megatron(launches: list[dict], out_dir: str, field: str = "-o") -> list[str]:
-    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755, field) for la in launches]
+def write_megatron(launches: list[dict], out_dir: str, field: str = "-o", keep=()) -> list[str]:
+    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755, field, keep) for la in launches]
 
 
-def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str, field: str = "-o") -> list[str]:
-    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644, field)
-               for c in configs]
+def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str, field: str = "-o",
+                    keep=()) -> list[str]:
+    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644, field,
+                      keep) for c in configs]
     text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
             if unsupported else "none\n")
-    return written + [_write(out_dir, "deepspeed-unsupported.txt", text, 0o644, field)]
+    return written + [_write(out_dir, "deepspeed-unsupported.txt", text, 0o644, field, keep)]
 
 
-def write_summary(text: str, out_dir: str, field: str = "-o") -> list[str]:
-    return [_write(out_dir, "summary.txt", text + "\n", 0o644, field)]
+def write_summary(text: str, out_dir: str, field: str = "-o", keep=()) -> list[str]:
+    return [_write(out_dir, "summary.txt", text + "\n", 0o644, field, keep)]
 
 
 def run(args) -> int:
@@ -97,7 +102,7 @@ def run(args) -> int:
                                  script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
                                  file=args.plan)
         if out_dir:
-            written += write_megatron(launches, out_dir)
+            written += write_megatron(launches, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             from ..plan.layout import PipelineLayout
             pipes = [{"samples": plan.samples_per_pipeline[p],
@@ -117,7 +122,7 @@ def run(args) -> int:
         configs = emit_deepspeed(plan, cluster=args.cluster, file=args.plan)
         unsupported = unsupported_features(plan)
         if out_dir:
-            written += write_deepspeed(configs, unsupported, out_dir)
+            written += write_deepspeed(configs, unsupported, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
         elif not out_dir:
@@ -136,7 +141,7 @@ def run(args) -> int:
                              fix=f"use one of: {', '.join(sorted({m.cluster for m in plan.meshes}))}")
         text = format_summary(plan, plan.estimate, file=args.plan)
         if out_dir:
-            written += write_summary(text, out_dir)
+            written += write_summary(text, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             shape = ({"pipeline_parallel_size": plan.pipeline_parallel_size} if plan.is_simple else
                      {"pipelines": [{"samples": plan.samples_per_pipeline[p],

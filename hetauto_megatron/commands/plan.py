@@ -199,7 +199,8 @@ def run(args) -> int:
             plan.save(args.output)
         written.append(args.output)
     if args.emit:
-        written += emit_all(plan, args.output, args.emit)
+        written += emit_all(plan, args.output, args.emit, keep=[
+            ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
     if args.timeline and not plan.is_simple:
         from ..plan.shapes import describe_shape
         print("hetauto plan: --timeline draws plans of one pipeline of single meshes; this plan has "
@@ -355,8 +356,9 @@ def plan_estimate(plan, inventory, estimate, result, con) -> dict:
             "search": {**result.to_dict(), "objective": con.objective, "constraints": con.active}}
 
 
-def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
-    """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan."""
+def emit_all(plan, plan_path: str, out_dir: str, keep=()) -> list[str]:
+    """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan, never over
+    a file of `keep` ((option, path): the inputs and the plan file)."""
     from ..emit.deepspeed import emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
@@ -367,15 +369,15 @@ def emit_all(plan, plan_path: str, out_dir: str) -> list[str]:
         print("hetauto plan: the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs "
               "written, no Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the "
               "plan's estimate does not price)", file=sys.stderr)
-        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
-                + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit"))
-    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir, "--emit")
+        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)
+                + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit", keep))
+    written = write_megatron(emit_megatron(plan, plan_path=os.path.abspath(plan_path)), out_dir, "--emit", keep)
     if plan.is_simple:
-        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit")
+        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)
     else:
         # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
         from ..plan.shapes import describe_shape
         print(f"hetauto plan: no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
               "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes too)",
               file=sys.stderr)
-    return written + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit")
+    return written + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit", keep)
