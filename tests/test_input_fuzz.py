@@ -143,24 +143,19 @@ def test_layout_flags_beside_a_plan_are_refused(flag, capsys):
 
 
 def test_figure_beyond_any_hardware_is_refused(tmp_path, capsys):
-    """memory_gib: 1e30 made the search run for ever (its memory arithmetic loses precision)."""
-    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
-                                                            "    memory_gib: 1.0e+30", 1))
-    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
-                         capsys)
-    check_error(rc, err, field="clusters[0].memory_gib", words=["beyond any device"])
-    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
-                          "--set", "link.site-a-site-b.bandwidth_gbps=1e12"], capsys)
-    check_error(rc, err, field="--set", words=["beyond any device"])
-    # a denormal bandwidth (1e-320 Gbit/s) passed as positive and crashed the pricing with a traceback
-    inv = write(tmp_path, "tiny-up.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
-                                                                "    uplink_gbps: 1.0e-320", 1))
-    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
-                         capsys)
-    check_error(rc, err, field="clusters[0].uplink_gbps", words=["below any device"])
-    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
-                          "--set", "link.site-a-site-b.bandwidth_gbps=1e-320"], capsys)
-    check_error(rc, err, field="--set", words=["below any device"])
+    """memory_gib: 1e30 made the search run for ever (its memory arithmetic loses precision); a denormal
+    bandwidth (1e-320 Gbit/s) passed as positive and crashed the pricing with a traceback."""
+    for line, field, words in (("memory_gib: 1.0e+30", "clusters[0].memory_gib", "beyond any device"),
+                               ("uplink_gbps: 1.0e-320", "clusters[0].uplink_gbps", "below any device")):
+        inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n"
+                                                                f"    {line}", 1))
+        rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
+                             capsys)
+        check_error(rc, err, field=field, words=[words])
+    for value, words in (("1e12", "beyond any device"), ("1e-320", "below any device")):
+        rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                              "--set", f"link.site-a-site-b.bandwidth_gbps={value}"], capsys)
+        check_error(rc, err, field="--set", words=[words])
     rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--tp", "1", "--pp", "1", "--dp", "1",
                           "--micro-batch-size", "1", "--global-batch-size", "8", "--cluster", "nowhere"], capsys)
     check_error(rc, err, field="--cluster", words=["site-a"])

@@ -44,10 +44,9 @@ def _phase_time(inventory: Inventory, clusters: list[str], weights: tuple[int, .
         elif res[0] == "link":
             rate = link_between(inventory, res[1], res[2]).bytes_per_s
         else:
-            up = inventory.cluster(res[1]).uplink_gbps
-            if up is None:
+            rate = inventory.cluster(res[1]).uplink_bytes_per_s
+            if rate is None:
                 continue
-            rate = up * 1e9 / 8
         worst = max(worst, share / rate)
     return worst
 

@@ -159,9 +159,9 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
         times.append((t, min(link.latency_s, t)))
     # a cluster sending to (receiving from) several clusters at once: all of it crosses its uplink, where given
     for (name, _), nbytes in uplink.items():
-        up = inventory.cluster(name).uplink_gbps
+        up = inventory.cluster(name).uplink_bytes_per_s
         if up:
-            times.append((nbytes * 8 / (up * 1e9), 0.0))
+            times.append((nbytes / up, 0.0))
     t, lat = max(times)
     return t, lat, boundary_depth([m for _, m, _ in a.groups], [m for _, m, _ in b.groups])
 

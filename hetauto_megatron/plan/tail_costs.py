@@ -246,8 +246,8 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
             if res[0] == "link":
                 times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
             elif res[0] == "uplink":
-                up = inventory.cluster(res[1]).uplink_gbps
-                times.append(nbytes * 8 / (up * 1e9) if up else 0.0)
+                up = inventory.cluster(res[1]).uplink_bytes_per_s
+                times.append(nbytes / up if up else 0.0)
             else:
                 times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
         total += max(times, default=0.0)

@@ -162,16 +162,15 @@ class ReplicaSync:
         if not self.ROTATE or len(keys) < 3:
             return None
         from ..plan.exchange_roots import exchange_weights
-        from ..spec.inventory import inventory_from_dict
-        plan = self.ctx.plan
-        if not hasattr(self, "_inventory"):
-            self._inventory = inventory_from_dict(plan.inventory) if plan.inventory else None
-        return exchange_weights(self._inventory, [plan.meshes[k[0]].cluster for k in keys])
+        return exchange_weights(self.inventory, [self.ctx.plan.meshes[k[0]].cluster for k in keys])
 
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist
 
+        from ..spec.inventory import inventory_from_dict
         self.ctx, self.counter = ctx, counter
+        # the links the exchange's roots are chosen on (_root_weights): the plan's stored inventory, if any
+        self.inventory = inventory_from_dict(ctx.plan.inventory) if ctx.plan.inventory else None
         mine = owner_records(ctx, model_chunks, weight=ctx.batch_share if weight is None else weight)
         table = [None] * dist.get_world_size(ctx.replica_group)
         dist.all_gather_object(table, mine, group=ctx.replica_group)

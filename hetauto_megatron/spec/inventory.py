@@ -66,6 +66,11 @@ class Cluster:
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    @property
+    def uplink_bytes_per_s(self) -> float | None:
+        """Bytes/s of the uplink all its links to other clusters share, each direction (None: no shared uplink)."""
+        return None if self.uplink_gbps is None else self.uplink_gbps * 1e9 / 8
+
 
 @dataclass(frozen=True)
 class Inventory:
