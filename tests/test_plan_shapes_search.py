@@ -132,13 +132,14 @@ def test_partition_bound_counts_the_slowest_link_of_the_best_order():
     assert grads / 4 == pytest.approx(6.74e9, rel=1e-3)
     assert bound([["a"], ["d"]]) == pytest.approx(one / 2 + grads / (50e9 / 8))
     # three pipelines on a - b and b - c at 100 Gbit/s, a - c at 10: pipeline 0 is b, whose slowest cut is
-    # 100 Gbit/s (a would wait on its 10 Gbit/s link to c). Roots taking turns, a and c would swap a third of the
-    # gradients each way per phase over their 10 Gbit/s link (2 G / 30 in all); b the one root, a and c send it
-    # everything and get the sums back over 100 Gbit/s (2 G / 100): the exchange takes that (exchange_roots.py)
+    # 100 Gbit/s (a would wait on its 10 Gbit/s link to c). Each pipeline R roots a share s_R of the gradients,
+    # which the other two send it over their cuts to R: a phase lasts at least s_R G over R's slowest cut (a and c:
+    # 10 Gbit/s, b: 100), so at least G / (10 + 100 + 10 Gbit/s) whatever the shares (exchange_roots.py takes
+    # 1:10:1, which reaches it; the turns would take 2 G / 30 in all, b the one root 2 G / 100)
     tri = PartitionBound(MODEL, small_inventory([("a", "h100", 1, 8), ("b", "h100", 1, 8), ("c", "h100", 1, 8)],
                                                 [("a", "b", 100, 1), ("b", "c", 100, 1), ("a", "c", 10, 1)]), 64)
     assert tri.root([["a"], ["b"], ["c"]]) == 1
-    assert tri([["a"], ["b"], ["c"]]) == pytest.approx(one / 3 + 2 * grads / (100e9 / 8))
+    assert tri([["a"], ["b"], ["c"]]) == pytest.approx(one / 3 + 2 * grads / (120e9 / 8))
 
 
 def test_cost_objective_keeps_the_cheapest_of_the_shapes():

@@ -11,6 +11,7 @@ Missing keys print as "-"; without an estimate only the layout is shown.
 """
 from __future__ import annotations
 
+from ..plan.exchange_roots import describe_roots
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
@@ -216,4 +217,8 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
             lines.append("predicted per pipeline: " + "; ".join(
                 f"{p}: 1F1B {_num(x.get('pipeline_s'), '.3f')} s + DP {_num(x.get('dp_exposed_s'), '.3f')} s"
                 for p, x in enumerate(per)))
+        roots = est.get("exchange_roots")
+        if isinstance(roots, list) and roots:
+            lines.append(describe_roots(roots))
     return "\n".join(lines)
+

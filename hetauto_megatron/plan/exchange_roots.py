@@ -2,43 +2,53 @@
 runtime (runtime/replica_sync.py, through shard_regions.root_chunks) and the price (plan/tail_costs.py).
 
 Three or more mesh stages holding the same parameters sum their gradients in two phases: every holder sends each
-root its run of the elements, the roots sum them and send the sums back (shard_regions.sync_moves). Which runs go
-to which root is a choice:
-- the roots take turns (equal runs, the default): any two holders swap 1/H of the elements each way per phase,
-  so the exchange spreads over every pair's link and no link carries more than 1/H;
-- one root takes all: every other holder sends it everything, over its links to that root only.
-Taking turns moves H times fewer bytes over each link, but over every pair's link; where one pair is joined by a
-far slower link than the others (sites a - b and b - c close, a - c far apart) a root at b keeps the slow link
-idle. `exchange_weights` prices one phase of each choice on the inventory's links (by bandwidth: the bytes scale
-every choice alike) and returns the cheapest: equal weights unless one root is strictly faster. Fractional mixes
-can be better still; they are not tried.
+root its run of the elements, the roots sum them and send the sums back (shard_regions.sync_moves). How many of
+the elements each holder is the root of is a choice (its share s_j, the shares summing to 1):
+- the roots take turns (equal shares, the default): any two holders swap 1/H of the elements each way per phase,
+  so the exchange spreads over every pair's link;
+- one root takes all: every other holder sends it everything, over its links to that root only;
+- anything between: where one pair is joined by a far slower link than the others (sites a - b and b - c close,
+  a - c far apart), b roots most of the elements and a and c a small share each, so that the slow link carries
+  as long as the fast ones do.
+In one phase every link direction (and every uplink direction, and every pair of holders inside one cluster)
+carries the sum of the shares of the roots it leads to: the phase lasts as long as the busiest of them, a
+maximum of linear functions of the shares. `exchange_weights` finds the shares that make it least, exactly (a
+linear programme, `_least_max_shares`), as integer weights (shard_regions.root_chunks cuts the elements by
+them), and keeps the roots taking turns, or one root taking all, wherever the rounded shares are not strictly
+faster. Priced by bandwidth (the bytes scale every choice alike); the price (tail_costs.holders_sync_time) then
+adds each link's latency.
 """
 from __future__ import annotations
+
+import functools
+import math
 
 from ..spec.inventory import Inventory
 from .link_costs import link_between
 
+WEIGHT_TOTAL = 1200         # the most integer weights the shares are rounded to (then 1/1200 of the elements)
+PRICE_TOLERANCE = 1e-3      # smaller weights where their phase is within this of the exact shares'
 
-def _phase_time(inventory: Inventory, clusters: list[str], weights: tuple[int, ...]) -> float:
-    """Seconds per byte of the parameter for one phase (every holder to each root its run; the scatter is the
-    mirror image on full-duplex links): the busiest link direction or uplink direction. Holders in one cluster
-    move over its inter-node network, each pair in parallel."""
-    total = sum(weights)
-    load: dict = {}
+
+def _loads(inventory: Inventory, clusters: list[str]) -> list[tuple[float, list[int]]]:
+    """Every resource one gather phase uses, as (bytes per second, how many holders send each root over it):
+    a link direction between two clusters, each end's uplink direction where the inventory gives one, and a pair
+    of holders inside one cluster (on its inter-node network, each pair in parallel). The scatter phase is the
+    mirror image on full-duplex links, so it lasts as long."""
+    h = len(clusters)
+    counts: dict = {}
     for i, a in enumerate(clusters):
         for j, b in enumerate(clusters):
-            if i == j or not weights[j]:
+            if i == j:
                 continue
-            share = weights[j] / total
             if a == b:
-                res = ("pair", i, j)
+                res = [("pair", i, j)]
             else:
-                res = ("link", a, b)
-                for end in ((a, "out"), (b, "in")):
-                    load[("uplink",) + end] = load.get(("uplink",) + end, 0.0) + share
-            load[res] = load.get(res, 0.0) + share
-    worst = 0.0
-    for res, share in load.items():
+                res = [("link", a, b), ("uplink", a, "out"), ("uplink", b, "in")]
+            for r in res:
+                counts.setdefault(r, [0] * h)[j] += 1
+    out = []
+    for res, c in counts.items():
         if res[0] == "pair":
             rate = inventory.cluster(clusters[res[1]]).inter_node.bytes_per_s
         elif res[0] == "link":
@@ -47,22 +57,100 @@ def _phase_time(inventory: Inventory, clusters: list[str], weights: tuple[int, .
             rate = inventory.cluster(res[1]).uplink_bytes_per_s
             if rate is None:
                 continue
-        worst = max(worst, share / rate)
-    return worst
+        out.append((rate, c))
+    return out
+
+
+def _phase_time(loads, weights) -> float:
+    """Seconds per byte of the parameter for one phase with these weights: the busiest resource."""
+    total = sum(weights)
+    return max(sum(n * w for n, w in zip(c, weights)) / total / rate for rate, c in loads)
+
+
+def _least_max_shares(rows: list[list[float]]) -> list[float]:
+    """The shares s (s >= 0, summing to 1) that make max_r sum_j rows[r][j] s_j least, for rows >= 0 with every
+    column somewhere positive. With y = s / t that is: maximise sum_j y_j subject to rows y <= 1, y >= 0, whose
+    origin is feasible; solved by the simplex method with Bland's rule (no cycling, deterministic)."""
+    m, n = len(rows), len(rows[0])
+    scale = max(max(r) for r in rows)
+    # tableau: m constraint rows [A | I | 1], objective row [-1 ... | 0 | 0]
+    tab = [[x / scale for x in r] + [float(k == i) for k in range(m)] + [1.0] for i, r in enumerate(rows)]
+    obj = [-1.0] * n + [0.0] * (m + 1)
+    basis = [n + i for i in range(m)]
+    eps = 1e-12
+    while True:
+        enter = next((k for k in range(n + m) if obj[k] < -eps), None)
+        if enter is None:
+            break
+        ratios = [(tab[i][-1] / tab[i][enter], basis[i], i) for i in range(m) if tab[i][enter] > eps]
+        if not ratios:          # cannot happen: every column is positive in some row
+            raise ValueError("unbounded exchange shares")
+        _, _, leave = min(ratios)
+        piv = tab[leave][enter]
+        tab[leave] = [x / piv for x in tab[leave]]
+        for i in range(m):
+            if i != leave and tab[i][enter]:
+                f = tab[i][enter]
+                tab[i] = [x - f * y for x, y in zip(tab[i], tab[leave])]
+        f = obj[enter]
+        obj = [x - f * y for x, y in zip(obj, tab[leave])]
+        basis[leave] = enter
+    y = [0.0] * n
+    for i, b in enumerate(basis):
+        if b < n:
+            y[b] = max(tab[i][-1], 0.0)
+    total = sum(y)
+    return [v / total for v in y]
+
+
+def _as_weights(loads, shares: list[float]) -> tuple[int, ...]:
+    """The smallest integer weights (total D = 1, 2, ... WEIGHT_TOTAL, each share rounded to D ths, the largest
+    remainders first) whose phase is within PRICE_TOLERANCE of the exact shares': (1, 10, 1), not (100, 1000,
+    100), and as few uneven cuts of small parameters as the price allows."""
+    best_t = _phase_time(loads, shares)
+    for d in range(1, WEIGHT_TOTAL + 1):
+        raw = [s * d for s in shares]
+        w = [math.floor(x) for x in raw]
+        for j in sorted(range(len(raw)), key=lambda j: (-(raw[j] - w[j]), j))[:d - sum(w)]:
+            w[j] += 1
+        if d == WEIGHT_TOTAL or _phase_time(loads, w) <= best_t * (1 + PRICE_TOLERANCE):
+            g = math.gcd(*w)
+            return tuple(x // g for x in w)
+
+
+@functools.lru_cache(maxsize=4096)
+def _weights(loads: tuple) -> tuple[int, ...]:
+    """exchange_weights for the resources `_loads` found (hashable: the search prices the same holders often)."""
+    h = len(loads[0][1])
+    mix = _as_weights(loads, _least_max_shares([[n / rate for n in c] for rate, c in loads]))
+    equal = (1,) * h
+    best, best_t = equal, _phase_time(loads, equal)
+    for w in [tuple(int(i == r) for i in range(h)) for r in range(h)] + [mix]:
+        t = _phase_time(loads, w)
+        if t < best_t * (1 - 1e-9):
+            best, best_t = w, t
+    return best
 
 
 def exchange_weights(inventory: Inventory | None, clusters: list[str]) -> tuple[int, ...]:
     """Each holder's share of the elements it is the root of (integer weights, shard_regions.root_chunks), for
-    holders on `clusters` in holder order: (1, ..., 1) the roots take turns, a single 1 one root takes all.
-    Without an inventory (a plan file that stores none) the roots take turns."""
-    h = len(clusters)
-    equal = (1,) * h
-    if inventory is None or h < 3:
-        return equal
-    best, best_t = equal, _phase_time(inventory, clusters, equal)
-    for r in range(h):
-        one = tuple(int(i == r) for i in range(h))
-        t = _phase_time(inventory, clusters, one)
-        if t < best_t * (1 - 1e-9):
-            best, best_t = one, t
-    return best
+    holders on `clusters` in holder order: (1, ..., 1) the roots take turns, a single 1 one root takes all, other
+    weights a mix (module doc). Without an inventory (a plan file that stores none) the roots take turns."""
+    if inventory is None or len(clusters) < 3:
+        return (1,) * len(clusters)
+    return _weights(tuple((rate, tuple(c)) for rate, c in _loads(inventory, clusters)))
+
+
+def describe_roots(roots: list) -> str:
+    """Estimate.exchange_roots in words (the plan summary, explain): each holder's share of the elements it
+    roots, per set of three or more holders. Tolerates a hand-edited plan file's malformed entries."""
+    parts = []
+    for r in roots:
+        w = r.get("weights") if isinstance(r, dict) else None
+        if not isinstance(w, list) or not w or not all(isinstance(x, int) and x >= 0 for x in w) or not sum(w):
+            continue
+        names = [str(c) for c in r.get("holders", [])]
+        how = ("equal, the roots take turns" if len(set(w)) == 1 else
+               ", ".join(f"{c} {x}/{sum(w)}" for c, x in zip(names, w)))
+        parts.append(f"{' + '.join(names)}: {how}")
+    return "gradient exchange, each holder's share of the elements it roots: " + ("; ".join(parts) or "-")

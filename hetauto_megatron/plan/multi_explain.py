@@ -14,6 +14,7 @@ import dataclasses
 from ..errors import InputError
 from . import explain as X
 from .batch_split import split_batch
+from .exchange_roots import describe_roots
 from .simulate import simulate
 
 PARTS = {"pipeline": "slowest pipeline (1F1B)", "dp_sync": "its exposed DP reduction",
@@ -79,6 +80,7 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
                           "bottleneck": worst, "slowest_pipeline": slow},
             "bottleneck": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
                           + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else ""),
+            "exchange_roots": est.get("exchange_roots", []),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
 
 
@@ -90,6 +92,8 @@ def format_shapes_report(rep: dict) -> str:
     for k, v in bd["parts"].items():
         out.append(f"  {PARTS[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else ""))
+    if rep.get("exchange_roots"):
+        out.append(describe_roots(rep["exchange_roots"]))
     out += ["", "pipelines:"]
     for p, r in enumerate(rep["pipelines"]):
         out.append(f"  {p}: {', '.join(r['clusters'])}; {r['samples']} samples in {r['micro_batches']} micro-batch "

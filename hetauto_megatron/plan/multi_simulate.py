@@ -15,13 +15,14 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
   (exposed as its settings say, tail_costs.dp_exposed_times).
-- **Gradients across holders** (`replica_sync_time`, whose core tail_costs.holders_sync_time also prices the
+- **Gradients across holders** (`_holders`, priced by tail_costs.holders_sync_time, which also prices the
   tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
   across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
   output head's copies too), as runtime/replica_sync.py runs it: two holders send each other their reduced
-  gradient (gradient-reduce dtype) at once, in one phase; with three or more the first holder in plan order is
-  the root, a gather phase brings every other holder's reduced gradient to the root's ranks, a scatter phase
-  sends the sum back to the same ranks; then each holder's other ranks take it from theirs by broadcasts
+  gradient (gradient-reduce dtype) at once, in one phase; with three or more each holder is the root of a run
+  of the elements (in proportion to plan/exchange_roots.py's weights), a gather phase brings every other
+  holder's reduced gradient of each run to its root's ranks, a scatter phase sends the sums back to the same
+  ranks; then each holder's other ranks take it from theirs by broadcasts
   inside the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters a phase's
   bytes in one direction of an inventory link add up (links are full duplex; different links run at once);
   inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
@@ -41,6 +42,7 @@ from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, tail_costs
+from .exchange_roots import exchange_weights
 from .pipeline import memory_terms, simulate_1f1b
 from .settings import padded_vocab_size
 from .shapes import boundary_depth
@@ -254,12 +256,6 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
     return [(n, sorted(hs, key=lambda x: x[2])) for n, hs in blocks]
 
 
-def replica_sync_time(model: ModelSpec, inventory: Inventory, stage_lists, tie: bool) -> float:
-    """Seconds of the exchange that sums every parameter's gradient across the mesh stages holding it
-    (tail_costs.holders_sync_time, the one pricing of runtime/replica_sync.py, over this plan's holders)."""
-    return tail_costs.holders_sync_time(inventory, _holders(model, stage_lists, tie))
-
-
 # ---- the whole plan --------------------------------------------------------------------------------------------
 @dataclass
 class ShapesResult:
@@ -281,11 +277,24 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
         timings.append(price_pipeline(pm, inventory, s, cost_model, stage_lists[-1]))
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
-    sync = replica_sync_time(pm, inventory, stage_lists, tie=model.tie_embeddings)
+    holders = _holders(pm, stage_lists, model.tie_embeddings)
+    sync = tail_costs.holders_sync_time(inventory, holders)
     norm = tail_costs.grad_norm_time(inventory, meshes)
     T = (max(t.before_sync for t in timings) + sync + norm
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
-    return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings))
+    return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings),
+                        extra={"holders": holders})
+
+
+def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
+    """Each distinct set of three or more holders of the plan's exchange (holders_sync_time's `blocks`) and the
+    weights by which its holders root the elements (plan/exchange_roots.py), in plan order."""
+    seen: dict = {}
+    for _, hs in blocks:
+        clusters = tuple(c for c, _, _ in hs)
+        if len(hs) >= 3 and clusters not in seen:
+            seen[clusters] = list(exchange_weights(inventory, list(clusters)))
+    return [{"holders": list(c), "weights": w} for c, w in seen.items()]
 
 
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
@@ -320,4 +329,5 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                       "dp_exposed_s": round(t.reduce_s, 6), "before_sync_s": round(t.before_sync, 6)}
                      for t in res.pipelines]
     est.replica_sync_s = res.replica_sync_s
+    est.exchange_roots = exchange_roots(inventory, res.extra["holders"])
     return est

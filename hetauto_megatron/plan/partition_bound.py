@@ -115,24 +115,27 @@ class PartitionBound:
 
     def root(self, blocks: list) -> int:
         """The block to make pipeline 0: the one whose slowest cut to another block is the fastest (an order only:
-        the exchange's roots take turns, so its price does not depend on it)."""
+        the exchange's price does not depend on it)."""
         return min(range(len(blocks)), key=lambda r: (max((self._pair_time(blocks[r], b) for i, b in
                                                            enumerate(blocks) if i != r), default=0.0), r))
 
     def _sync(self, blocks: list) -> float:
         """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
-        holders swap the whole buffer in one phase, both directions at once; H >= 3 in two phases either take
-        turns as roots, any two of them moving 1/H of it each way per phase (the slowest pair's cut bounds it), or
-        one root r takes all (each other block's cut to r carries the whole buffer), whichever is less
-        (plan/exchange_roots.py chooses between them)."""
+        holders swap the whole buffer in one phase, both directions at once; H >= 3 in two phases, each block r
+        the root of a share s_r of it (plan/exchange_roots.py chooses the shares), which every other block sends
+        it over their cut in each phase: a phase lasts at least s_r times the slowest other block's cut to r, for
+        every r, and with the shares summing to 1 at least 1 / sum_r (1 / that slowest cut) (below the roots
+        taking turns and one root taking all, the shares' extremes)."""
         h = len(blocks)
         if h < 2:
             return 0.0
-        pairs = max(self._pair_time(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:])
         if h == 2:
-            return pairs
-        one_root = min(max(self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r) for r in range(h))
-        return 2 * min(pairs / h, one_root)
+            return self._pair_time(*blocks)
+        rates = 0.0
+        for r in range(h):
+            slowest = max(self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r)
+            rates += 1 / slowest if slowest > 0 else math.inf
+        return 2 / rates if rates > 0 else math.inf
 
     def __call__(self, blocks: list) -> float:
         inv_sum = sum(1 / c for c in (self.block_cost(b) for b in blocks) if c < math.inf)

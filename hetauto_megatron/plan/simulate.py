@@ -73,6 +73,8 @@ class Estimate:
     # the exchange that sums gradients across the mesh stages holding the same parameters
     pipelines: list = field(default_factory=list)
     replica_sync_s: float = 0.0
+    # each set of three or more holders and the weights by which they root the elements (plan/exchange_roots.py)
+    exchange_roots: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         r = lambda x: round(x, 6)
@@ -82,7 +84,8 @@ class Estimate:
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
                 "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages,
                 "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {}),
-                **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {})}
+                **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {}),
+                **({"exchange_roots": self.exchange_roots} if self.exchange_roots else {})}
 
 
 @dataclass(frozen=True)

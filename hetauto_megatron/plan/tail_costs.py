@@ -173,12 +173,12 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     block's holders sorted by key (mesh index, stage).
 
     Two holders: one phase, each holder's source ranks send their reduced gradient of the elements they own to
-    the other holder's and receive its, both directions at once. Three or more (H holders): the roots take
-    turns, holder j the root of the j-th H-th of the elements (shard_regions.root_chunks), or one root takes all
-    where the links make that faster (plan/exchange_roots.py, the runtime's rule); in a gather phase each
-    root's source ranks receive every other holder's reduced gradient of those elements, after the sums a scatter
-    phase sends the result back to the same source ranks: between any two holders 1/H of the parameter each way
-    in each phase. The pair moves run in the gather's
+    the other holder's and receive its, both directions at once. Three or more (H holders): holder j is the
+    root of a run of the elements in proportion to its weight (shard_regions.root_chunks; plan/exchange_roots.py,
+    the runtime's rule, weighs them by the links: equal, the roots taking turns, unless other shares make the
+    busiest link less busy); in a gather phase each root's source ranks receive every other holder's reduced
+    gradient of those elements, after the sums a scatter phase sends the result back to the same source ranks:
+    between any two holders the root's run each way in each phase (1/H of the parameter with equal weights). The pair moves run in the gather's
     phase; the scatter starts when that phase is done. Each phase is one message per pair of ranks for all
     parameters at once. Bytes are the gradient buffer's (gradient-reduce dtype). Every link is full duplex (as
     for pipeline boundaries: each direction its own resource). Between clusters a phase's bytes in one
