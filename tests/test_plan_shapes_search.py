@@ -99,6 +99,21 @@ def test_partition_bound_of_three_pipelines_stays_below_their_exchange():
     assert PartitionBound(model, inv, 96)([["a"], ["b"], ["c"]]) <= found[0]
 
 
+def test_partition_bound_gives_each_pair_without_a_link_its_own():
+    """Three two-cluster blocks joined only by a 1 Gbit/s a1 - b1 link (the inventory's slowest, which every
+    pair without a link falls back to, each pair on its own, as the exchange's price has it): the bound counted
+    that fallback once per pair of blocks, 143.9 s against the plan's 72.4 s."""
+    names = ["a1", "a2", "b1", "b2", "c1", "c2"]
+    inv = small_inventory([(n, "h100", 1, 8) for n in names],
+                          [("a1", "a2", 400, 1), ("b1", "b2", 400, 1), ("c1", "c2", 400, 1), ("a1", "b1", 1, 1)])
+    blocks = [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]
+    out = multi_search.ShapesResult(None, math.inf, None, 0.0)
+    found = multi_search._search_partition(MODEL, inv, 24, AnalyticCostModel(), SearchConfig(workers=1),
+                                           Constraints(), names, blocks, {}, out)
+    assert found is not None
+    assert PartitionBound(MODEL, inv, 24)(blocks) <= found[0]
+
+
 def test_new_shapes_never_make_the_plan_worse():
     inv = small_inventory([("a", "a100-80gb", 2, 8), ("h", "h100", 1, 8)], [("a", "h", 25, 4)])
     cfg = SearchConfig(workers=1)

@@ -291,10 +291,14 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     weights by which its holders root the elements (plan/exchange_roots.py), in plan order."""
     seen: dict = {}
     for _, hs in blocks:
-        clusters = tuple(c for c, _, _ in hs)
-        if len(hs) >= 3 and clusters not in seen:
-            seen[clusters] = list(exchange_weights(inventory, list(clusters)))
-    return [{"holders": list(c), "weights": w} for c, w in seen.items()]
+        key = (tuple(c for c, _, _ in hs), tuple(tail_costs._owners(p) for _, p, _ in hs))
+        if len(hs) >= 3 and key not in seen:
+            seen[key] = list(exchange_weights(inventory, *map(list, key)))
+    out = []
+    for (c, _), w in seen.items():
+        if {"holders": list(c), "weights": w} not in out:
+            out.append({"holders": list(c), "weights": w})
+    return out
 
 
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:

@@ -34,11 +34,10 @@ class PartitionBound:
     min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient exchange, after the pipelines (as
     runtime/replica_sync.py runs it, plan/multi_simulate.py prices it): with two pipelines every parameter has
     two holders, whose gradients (gradient-reduce dtype) cross once each way at once (full-duplex links): at
-    least G / (the links joining the two blocks, all at once at best); with three or more every parameter's
-    gradient goes from every other pipeline to pipeline 0's ranks, then the sum comes back, one phase after the
-    other: at least 2 G / (the links joining pipeline 0's clusters to those of each other pipeline). The slowest
-    link of the inventory stands in where a pair of clusters has none, as the pricing does. The plan makes
-    pipeline 0 the block for which that is least (`root`)."""
+    least G / (the links joining the two blocks, all at once at best); with three or more each pipeline roots a share
+    of every parameter, which every other pipeline sends it and gets back summed, one phase after the other: at
+    least 2 G / sum over pipelines R of (the links joining R's slowest cut, all at once at best) (`_sync`). The slowest link of the inventory stands in where a pair of clusters has none,
+    as the pricing does. The plan makes pipeline 0 the block whose slowest cut is fastest (`root`)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
         self.inventory = inventory
@@ -96,17 +95,15 @@ class PartitionBound:
         return 0.0
 
     def _cap(self, a, b) -> float:
-        """Bytes per second between two blocks at best: every link joining them at once (pairs of clusters without
-        a link use the inventory's slowest one, as the pricing does: counted once)."""
-        cap, missing = 0.0, False
+        """Bytes per second between two blocks at best: every link joining them at once (each pair of clusters
+        without a link uses the inventory's slowest one, as the pricing does, link_costs.link_between: one more
+        link per such pair)."""
+        cap = 0.0
         for x in a:
             for y in b:
                 link = self.inventory.link(x, y)
-                if link is None:
-                    missing = True
-                else:
-                    cap += link.bytes_per_s
-        return cap + (self.fallback if missing else 0.0)
+                cap += self.fallback if link is None else link.bytes_per_s
+        return cap
 
     def _pair_time(self, a, b) -> float:
         """Seconds for the whole gradient buffer between two blocks at best (every link joining them at once)."""

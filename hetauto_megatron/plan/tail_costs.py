@@ -17,7 +17,7 @@ from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
-from .exchange_roots import exchange_weights
+from .exchange_roots import exchange_weights, source_ranks
 from .link_costs import link_between
 from .settings import RuntimeSettings, padded_vocab_size
 
@@ -161,9 +161,8 @@ def _hop_latency(inventory: Inventory, a: str, b: str) -> float:
 
 # ---- parameters several mesh stages hold, summed across their holders (runtime/replica_sync.py) ------------------
 def _owners(prof: StageProfile) -> int:
-    """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
-    optimizer, the TP slices of DP rank 0 without it."""
-    return prof.tp * (prof.dp if prof.settings.distributed_optimizer else 1)
+    """Ranks of a holder that own (source) a distinct part of its gradient (exchange_roots.source_ranks)."""
+    return source_ranks(prof.tp, prof.dp, prof.settings.distributed_optimizer)
 
 
 def holders_sync_time(inventory: Inventory, blocks) -> float:
@@ -212,7 +211,8 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
         roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
-        weights = (1,) if len(hs) == 2 else exchange_weights(inventory, [c for c, _, _ in hs])
+        weights = (1,) if len(hs) == 2 else exchange_weights(inventory, [c for c, _, _ in hs],
+                                                                      [_owners(p) for _, p, _ in hs])
         cuts = [0]
         for w in weights:
             cuts.append(cuts[-1] + w)

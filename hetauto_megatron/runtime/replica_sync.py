@@ -13,8 +13,9 @@ of two pipelines) is one phase, "pair": each source sends its reduced elements t
 each element and receives that rank's, both directions at once, and both ends compute w0 x g0 + w1 x g1 in
 holder order on the host (`_pair_sums`). A parameter with three or more holders is a gather and a scatter:
 every holder's sources send their reduced elements to the source of each element in that element's root (holder
-j of the table's j-th run of elements: the roots take turns, shard_regions.root_chunks; or one root takes all
-where the plan's inventory makes that faster, plan/exchange_roots.py), that rank sums its own
+j of the table's j-th run of elements, shard_regions.root_chunks, the runs in proportion to the weights
+plan/exchange_roots.py takes from the plan's inventory: equal, the roots taking turns, unless other shares
+make the busiest link less busy), that rank sums its own
 term and then the others in holder order and sends the sum back to the other holders' sources. The pair phase
 runs together with the gather (one message per pair of ranks for both), the scatter after it. Inside each mesh stage the other ranks
 then get the sum from their source by a broadcast on the mesh's own DP group (plain optimizer replicas) or TP
@@ -161,8 +162,10 @@ class ReplicaSync:
         chosen from the plan's inventory and the holders' clusters, as the planner prices the exchange."""
         if not self.ROTATE or len(keys) < 3:
             return None
-        from ..plan.exchange_roots import exchange_weights
-        return exchange_weights(self.inventory, [self.ctx.plan.meshes[k[0]].cluster for k in keys])
+        from ..plan.exchange_roots import exchange_weights, source_ranks
+        meshes = [self.ctx.plan.meshes[k[0]] for k in keys]
+        return exchange_weights(self.inventory, [m.cluster for m in meshes],
+                                [source_ranks(m.tp, m.dp, m.settings.distributed_optimizer) for m in meshes])
 
     def __init__(self, ctx, model_chunks, *, weight: float | None = None, counter: dict | None = None):
         import torch.distributed as dist

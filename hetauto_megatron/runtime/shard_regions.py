@@ -36,9 +36,10 @@ holders) instead of one root's links carrying everything:
 So a parameter with H >= 3 holders moves 2 (H - 1) times its elements per iteration between holders, once to
 and once from their roots, in two phases one after the other; each holder's links carry 2 (H - 1) / H of the
 table each way, where a single root's carried H - 1 times it. Where one pair of holders is joined by a far
-slower link than the rest, one root may take all instead (the runs in proportion to integer weights, one of
-them 1 and the others 0): the slow link then carries nothing. plan/exchange_roots.py chooses the weights from
-the plan's inventory, the same rule for the runtime and the price.
+slower link than the rest, the runs follow uneven integer weights instead (run j in proportion to weight j,
+e.g. 1 : 10 : 1, so the slow link carries as long as the fast ones; a weight of 0 roots nothing, a single 1
+one root takes all). plan/exchange_roots.py chooses the weights from the plan's inventory, the same rule for
+the runtime and the price.
 
 `sync_moves(..., pairwise=False, rotate=False)` gives the gather and scatter moves with the first holder the root
 of every element, for two holders as well: the start-up copy of the first holder's weights
