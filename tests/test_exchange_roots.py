@@ -83,14 +83,18 @@ def test_the_shares_in_words_tolerate_a_hand_edited_plan():
 MODEL = PRESETS["llama2-7b"].replace(num_layers=4, tie_embeddings=False)
 
 
-def _three_groups(a_c_gbps):
+def _three_groups_plan(a_c_gbps):
     inv = _inventory(a_c_gbps)
     meshes = [{"cluster": n, "device_type": "a100-40gb", "tp": 1, "dp": 1, "micro_batch_size": 1,
                "recompute": "full", "stage_layers": [MODEL.num_layers], **({"alongside": True} if i else {})}
               for i, n in enumerate(NAMES)]
     plan = plan_from_dict({"version": 4, "model": MODEL.to_dict(), "global_batch_size": 3, "meshes": meshes,
                            "inventory": inv})
-    return simulate(plan, inventory_from_dict(inv), AnalyticCostModel())
+    return plan, inventory_from_dict(inv)
+
+
+def _three_groups(a_c_gbps):
+    return simulate(*_three_groups_plan(a_c_gbps), AnalyticCostModel())
 
 
 def test_the_price_is_the_chosen_exchange():
@@ -105,6 +109,14 @@ def test_the_price_is_the_chosen_exchange():
     assert far.exchange_roots == [{"holders": NAMES, "weights": [1, 10, 1]}]
     assert describe_roots(far.exchange_roots).endswith("a + b + c: a 1/12, b 10/12, c 1/12")
     assert describe_roots(_three_groups(20.0).exchange_roots).endswith("equal, the roots take turns")
+    # explain prices the other choices by hand too: the turns 2 (G / 3) / 2 Gbit/s, b the one root 2 G / 20
+    from hetauto_megatron.plan.multi_explain import format_shapes_report, shapes_report
+    rep = shapes_report(*_three_groups_plan(2.0), AnalyticCostModel())
+    ch = rep["exchange_choices"]
+    assert ch["chosen_s"] == pytest.approx(far.sync_s, rel=0.02)
+    assert ch["turns_s"] == pytest.approx(2 * (grads / 3) / (2e9 / 8), rel=0.02)
+    assert ch["one_root"] == "b" and ch["one_root_s"] == pytest.approx(2 * grads / (20e9 / 8), rel=0.02)
+    assert "with b the one root" in format_shapes_report(rep)
 
 
 TINY = {"name": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,

@@ -29,6 +29,12 @@ def _with_batch(plan, gbs: int):
     return dataclasses.replace(plan, global_batch_size=gbs, pipeline_samples=samples, estimate=None)
 
 
+def _choices(plan, inventory, cost_model) -> dict | None:
+    """multi_simulate.exchange_choices for this plan's holders."""
+    from .multi_simulate import exchange_choices, price_shapes, shapes_of
+    return exchange_choices(inventory, price_shapes(plan.model, inventory, shapes_of(plan), cost_model).extra["holders"])
+
+
 def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
     inventory = inventory.with_precision(plan.precision)
     est = simulate(plan, inventory, cost_model).to_dict()
@@ -80,7 +86,7 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
                           "bottleneck": worst, "slowest_pipeline": slow},
             "bottleneck": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
                           + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else ""),
-            "exchange_roots": est.get("exchange_roots", []),
+            "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
 
 
@@ -94,6 +100,10 @@ def format_shapes_report(rep: dict) -> str:
                    + ("  <- bottleneck" if k == bd["bottleneck"] else ""))
     if rep.get("exchange_roots"):
         out.append(describe_roots(rep["exchange_roots"]))
+    ch = rep.get("exchange_choices")
+    if ch:
+        out.append(f"  the exchange takes {ch['chosen_s']:.3f} s with these shares; with the roots taking turns "
+                   f"{ch['turns_s']:.3f} s, with {ch['one_root']} the one root {ch['one_root_s']:.3f} s")
     out += ["", "pipelines:"]
     for p, r in enumerate(rep["pipelines"]):
         out.append(f"  {p}: {', '.join(r['clusters'])}; {r['samples']} samples in {r['micro_batches']} micro-batch "

@@ -286,6 +286,20 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
                         extra={"holders": holders})
 
 
+def exchange_choices(inventory: Inventory, blocks) -> dict | None:
+    """What the exchange of three or more holders would take with other roots' weights (explain): the chosen
+    weights' seconds, the roots taking turns', and the fastest single root's (its cluster); None where no
+    parameter has three or more holders."""
+    holders = sorted({c for _, hs in blocks if len(hs) >= 3 for c, _, _ in hs})
+    if not holders:
+        return None
+    price = lambda rule: tail_costs.holders_sync_time(inventory, blocks, rule)     # noqa: E731
+    one = {c: price(lambda inv, cl, own, c=c: tuple(int(x == c) if c in cl else 1 for x in cl)) for c in holders}
+    root = min(one, key=lambda c: (one[c], c))
+    return {"chosen_s": price(exchange_weights), "turns_s": price(lambda inv, cl, own: (1,) * len(cl)),
+            "one_root": root, "one_root_s": one[root]}
+
+
 def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     """Each distinct set of three or more holders of the plan's exchange (holders_sync_time's `blocks`) and the
     weights by which its holders root the elements (plan/exchange_roots.py), in plan order."""

@@ -165,7 +165,7 @@ def _owners(prof: StageProfile) -> int:
     return source_ranks(prof.tp, prof.dp, prof.settings.distributed_optimizer)
 
 
-def holders_sync_time(inventory: Inventory, blocks) -> float:
+def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> float:
     """Seconds of the exchange that sums every shared parameter's gradient across the mesh stages holding it, as
     runtime/replica_sync.py runs it, for every plan shape (one pipeline's tied embedding table included).
     `blocks`: [((parameters, of which every TP rank keeps a copy), [(cluster, StageProfile, key), ...])], each
@@ -190,7 +190,8 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
     without the distributed optimizer a broadcast to the DP replicas of every synced local tensor (on the
     mesh's DP link), then for what TP duplicates (the norms, a learned position table) a broadcast to the other
     TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
-    step: exposed in full."""
+    step: exposed in full. `rule(inventory, clusters, owners)`: the roots' weights of three or more holders
+    (the runtime's, exchange_weights, unless explain prices another choice)."""
     if not blocks:
         return 0.0
     phases = [{}, {}]          # per phase: resource (one direction) -> bytes
@@ -211,7 +212,7 @@ def holders_sync_time(inventory: Inventory, blocks) -> float:
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
         roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
-        weights = (1,) if len(hs) == 2 else exchange_weights(inventory, [c for c, _, _ in hs],
+        weights = (1,) if len(hs) == 2 else rule(inventory, [c for c, _, _ in hs],
                                                                       [_owners(p) for _, p, _ in hs])
         cuts = [0]
         for w in weights:
