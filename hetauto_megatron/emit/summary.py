@@ -221,4 +221,3 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
         if isinstance(roots, list) and roots:
             lines.append(describe_roots(roots))
     return "\n".join(lines)
-

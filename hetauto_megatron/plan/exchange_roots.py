@@ -10,8 +10,8 @@ the elements each holder is the root of is a choice (its share s_j, the shares s
 - anything between: where one pair is joined by a far slower link than the others (sites a - b and b - c close,
   a - c far apart), b roots most of the elements and a and c a small share each, so that the slow link carries
   as long as the fast ones do.
-In one phase every link direction (and every uplink direction, and every pair of holders inside one cluster)
-carries the sum of the shares of the roots it leads to: the phase lasts as long as the busiest of them, a
+In one phase every link direction (and every uplink direction, and the ranks of each root receiving from the
+holders in its own cluster) carries the sum of the shares of the roots it leads to: the phase lasts as long as the busiest of them, a
 maximum of linear functions of the shares. `exchange_weights` finds the shares that make it least, exactly (a
 linear programme, `_least_max_shares`), as integer weights (shard_regions.root_chunks cuts the elements by
 them), and keeps the roots taking turns, or one root taking all, wherever the rounded shares are not strictly
@@ -167,6 +167,17 @@ def source_ranks(tp: int, dp: int, distributed_optimizer: bool) -> int:
     """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
     optimizer, the TP slices of DP rank 0 without it (runtime/replica_sync.py's `source` records)."""
     return tp * (dp if distributed_optimizer else 1)
+
+
+def run_edges(n: int, weights) -> list[tuple[int, int]]:
+    """The run [lo, hi) of n elements each holder is the root of, in proportion to its integer weight: run j is
+    [n W_j / W, n W_(j+1) / W), W_j the weights before j and W all of them (equal weights: [j n / H, (j + 1) n / H);
+    a weight of 0 roots nothing). The one cut for the runtime (shard_regions.root_chunks) and the price."""
+    total, before, edges = sum(weights), 0, []
+    for w in weights:
+        edges.append((n * before // total, n * (before + w) // total))
+        before += w
+    return edges
 
 
 def describe_roots(roots: list) -> str:

@@ -294,7 +294,9 @@ def exchange_choices(inventory: Inventory, blocks) -> dict | None:
     if not holders:
         return None
     price = lambda rule: tail_costs.holders_sync_time(inventory, blocks, rule)     # noqa: E731
-    one = {c: price(lambda inv, cl, own, c=c: tuple(int(x == c) if c in cl else 1 for x in cl)) for c in holders}
+    def one_root(c):        # c's holders root everything (blocks not held on c keep the turns)
+        return lambda inv, cl, own: tuple(int(x == c) for x in cl) if c in cl else (1,) * len(cl)
+    one = {c: price(one_root(c)) for c in holders}
     root = min(one, key=lambda c: (one[c], c))
     return {"chosen_s": price(exchange_weights), "turns_s": price(lambda inv, cl, own: (1,) * len(cl)),
             "one_root": root, "one_root_s": one[root]}
@@ -305,7 +307,7 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     weights by which its holders root the elements (plan/exchange_roots.py), in plan order."""
     seen: dict = {}
     for _, hs in blocks:
-        key = (tuple(c for c, _, _ in hs), tuple(tail_costs._owners(p) for _, p, _ in hs))
+        key = (tuple(c for c, _, _ in hs), tuple(tail_costs.owner_ranks(p) for _, p, _ in hs))
         if len(hs) >= 3 and key not in seen:
             seen[key] = list(exchange_weights(inventory, *map(list, key)))
     out = []

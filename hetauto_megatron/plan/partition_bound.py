@@ -34,10 +34,11 @@ class PartitionBound:
     min over shares of max_X c_X s_X = 1 / sum_X (1 / c_X). Gradient exchange, after the pipelines (as
     runtime/replica_sync.py runs it, plan/multi_simulate.py prices it): with two pipelines every parameter has
     two holders, whose gradients (gradient-reduce dtype) cross once each way at once (full-duplex links): at
-    least G / (the links joining the two blocks, all at once at best); with three or more each pipeline roots a share
-    of every parameter, which every other pipeline sends it and gets back summed, one phase after the other: at
-    least 2 G / sum over pipelines R of (the links joining R's slowest cut, all at once at best) (`_sync`). The slowest link of the inventory stands in where a pair of clusters has none,
-    as the pricing does. The plan makes pipeline 0 the block whose slowest cut is fastest (`root`)."""
+    least G / (the links joining the two blocks, all at once at best); with three or more each pipeline roots a
+    share of every parameter, which every other pipeline sends it and gets back summed, one phase after the
+    other: at least 2 G / sum over pipelines R of (the bandwidth of R's slowest cut to another) (`_sync`). The
+    slowest link of the inventory stands in where a pair of clusters has none, as the pricing does. The plan
+    makes pipeline 0 the block whose slowest cut is fastest (`root`)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
         self.inventory = inventory
@@ -113,8 +114,11 @@ class PartitionBound:
     def root(self, blocks: list) -> int:
         """The block to make pipeline 0: the one whose slowest cut to another block is the fastest (an order only:
         the exchange's price does not depend on it)."""
-        return min(range(len(blocks)), key=lambda r: (max((self._pair_time(blocks[r], b) for i, b in
-                                                           enumerate(blocks) if i != r), default=0.0), r))
+        return min(range(len(blocks)), key=lambda r: (self._slowest_cut(blocks, r), r))
+
+    def _slowest_cut(self, blocks: list, r: int) -> float:
+        """Seconds for the whole gradient buffer over block r's slowest cut to another block."""
+        return max((self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r), default=0.0)
 
     def _sync(self, blocks: list) -> float:
         """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
@@ -130,7 +134,7 @@ class PartitionBound:
             return self._pair_time(*blocks)
         rates = 0.0
         for r in range(h):
-            slowest = max(self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r)
+            slowest = self._slowest_cut(blocks, r)
             rates += 1 / slowest if slowest > 0 else math.inf
         return 2 / rates if rates > 0 else math.inf
 

@@ -17,7 +17,7 @@ from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
-from .exchange_roots import exchange_weights, source_ranks
+from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between
 from .settings import RuntimeSettings, padded_vocab_size
 
@@ -160,7 +160,7 @@ def _hop_latency(inventory: Inventory, a: str, b: str) -> float:
 
 
 # ---- parameters several mesh stages hold, summed across their holders (runtime/replica_sync.py) ------------------
-def _owners(prof: StageProfile) -> int:
+def owner_ranks(prof: StageProfile) -> int:
     """Ranks of a holder that own (source) a distinct part of its gradient (exchange_roots.source_ranks)."""
     return source_ranks(prof.tp, prof.dp, prof.settings.distributed_optimizer)
 
@@ -212,14 +212,11 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
             if prof.tp > 1:
                 acc[1] += gb * dup / (prof.dp if sharded else 1)      # the part of the duplicates it holds
         roots = hs[:1] if len(hs) == 2 else hs          # two holders: the pair phase, priced as a gather both ways
-        weights = (1,) if len(hs) == 2 else rule(inventory, [c for c, _, _ in hs],
-                                                                      [_owners(p) for _, p, _ in hs])
-        cuts = [0]
-        for w in weights:
-            cuts.append(cuts[-1] + w)
+        weights = ((1,) if len(hs) == 2 else
+                   rule(inventory, [c for c, _, _ in hs], [owner_ranks(p) for _, p, _ in hs]))
+        edges = run_edges(int(n), weights)
         for j, (rc, rp, rk) in enumerate(roots):
-            # shard_regions.root_chunks: the run of the elements this holder is the root of
-            run = int(n) * cuts[j + 1] // cuts[-1] - int(n) * cuts[j] // cuts[-1]
+            run = edges[j][1] - edges[j][0]          # the elements this holder is the root of
             if not run:
                 continue
             for c, prof, key in hs:
@@ -236,7 +233,7 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
                     add(back, ("uplink", rc, "out"), sent)
                     add(back, ("uplink", c, "in"), sent)
                 else:
-                    sent /= min(_owners(prof), _owners(rp))
+                    sent /= min(owner_ranks(prof), owner_ranks(rp))
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
                 add(0, to_root, sent)
                 add(back, from_root, sent)

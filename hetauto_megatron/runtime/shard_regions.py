@@ -50,6 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..plan.exchange_roots import run_edges
+
 Rect = tuple  # (row_start, row_stop, col_start, col_stop) in the whole table, stops exclusive
 
 
@@ -218,15 +220,9 @@ def _check_partition(name: str, holder, sources) -> None:
 
 def root_chunks(whole: tuple, weights) -> list[tuple[Rect, ...]]:
     """The runs of the whole table (rows, cols), flattened row-major, that each holder is the root of, in
-    proportion to its integer weight (plan/exchange_roots.py): run j is elements [N W_j / W, N W_(j+1) / W) of the
-    N, W_j the weights before j and W all of them, as rectangles (equal weights: [j N / H, (j + 1) N / H); a
-    weight of 0 roots nothing)."""
+    proportion to its integer weight (plan/exchange_roots.py run_edges), as rectangles."""
     rows, cols = whole
-    n, total = rows * cols, sum(weights)
-    cuts = [0]
-    for w in weights:
-        cuts.append(cuts[-1] + w)
-    return [tuple(_flat_rects(n * cuts[j] // total, n * cuts[j + 1] // total, cols)) for j in range(len(weights))]
+    return [tuple(_flat_rects(lo, hi, cols)) for lo, hi in run_edges(rows * cols, weights)]
 
 
 def root_weights(holders: int, rotate: bool = True, weights=None) -> tuple[int, ...]:
