@@ -7,11 +7,16 @@ the answer is exact. The rules are the ones documented in plan/pipeline.py: a st
 time in its 1F1B order (w_i warm-ups); a transfer occupies its link direction for `occ` ticks and arrives
 `lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived. A stage's forward
 or backward cost is one number, or a list with each micro-batch's own.
+
+Shared uplinks (plan/shared_uplinks.py), as documented there: a transfer that crosses an uplink direction for
+`seconds` holds the share seconds / occ of it while it occupies its link (all of it for `seconds` if longer); it
+starts only when every uplink direction it crosses has that share free at this tick and no transfer that was due
+before it (data ready and link free; ties by boundary, direction, micro-batch) is still waiting for one of them.
 """
 from __future__ import annotations
 
 
-def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
+def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> float:
     p = len(fwd)
     warm = [min(m, p - i - 1 + sum(depth[i:])) for i in range(p)]
     orders = []
@@ -30,6 +35,7 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
     queue = {}                                # (l, dir) -> list of transfers waiting for the link
     link_busy = {}                            # (l, dir) -> tick the current transfer stops occupying it
     flying = []                               # [arrival tick, stage, data, transfer id]
+    holding = []                              # (uplink direction, start, end, share) of every transfer on one
     arrived_ids = set()
     tid = 0
     done = 0
@@ -45,12 +51,24 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
                     have[fl[1]].add(fl[2])
                     arrived_ids.add(fl[3])
                     changed = True
+            heads = []
             for (l, d), q in queue.items():
                 if q and link_busy.get((l, d), 0) <= t:
-                    stage, data, ident = q.pop(0)
-                    link_busy[(l, d)] = t + occ[l]
-                    flying.append([t + occ[l] + lat[l], stage, data, ident])
-                    changed = True
+                    due = max(q[0][3], link_busy.get((l, d), 0))
+                    heads.append((due, l, 0 if d == "f" else 1, q[0][1][1], d))
+            blocked = set()
+            for due, l, way, _, d in sorted(heads):
+                needs = [(key, sec) for key, sec in (uplinks[l][way] if uplinks and uplinks[l] else ()) if sec > 0]
+                shares = [(key, min(1.0, sec / occ[l]) if occ[l] > 0 else 1.0, max(occ[l], sec)) for key, sec in needs]
+                if any(key in blocked or sum(f for k, s0, e0, f in holding if k == key and s0 <= t < e0) + f > 1 + 1e-9
+                       for key, f, _ in shares):
+                    blocked.update(key for key, _ in needs)
+                    continue
+                holding.extend((key, t, t + span, f) for key, f, span in shares)
+                stage, data, ident, _ = queue[(l, d)].pop(0)
+                link_busy[(l, d)] = t + occ[l]
+                flying.append([t + occ[l] + lat[l], stage, data, ident])
+                changed = True
             for i in range(p):
                 if running[i] is not None and running[i][1] == t:
                     (kind, j), _ = running[i]
@@ -63,7 +81,7 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth) -> int:
                     elif kind == "F" or i > 0:
                         l, d, dst = (i, "f", i + 1) if kind == "F" else (i - 1, "b", i - 1)
                         tid += 1
-                        queue.setdefault((l, d), []).append((dst, (kind, j), tid))
+                        queue.setdefault((l, d), []).append((dst, (kind, j), tid, t))
                         if blocking[l]:
                             held[i] = tid
                 if held[i] is not None and held[i] in arrived_ids:

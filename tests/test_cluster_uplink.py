@@ -95,3 +95,66 @@ def test_explain_of_replica_groups_names_the_uplink():
     assert rows["link g0-g1 bandwidth"]["cases"][1]["change"] == pytest.approx(0.0, abs=1e-4)   # (rounded base)
     up = rows["cluster g0 uplink"]["cases"]
     assert up[0]["change"] < -0.1 and up[1]["change"] == pytest.approx(0.0, abs=1e-4)   # x2 of one: the others bind
+
+
+def _chain_pipeline_s(uplink, gbs, engine="megatron", middle_stages=1):
+    """Pipeline seconds of one pipeline a -> b -> c (a 0.5 Gbit/s link each side of b, none between a and c),
+    one A100 per stage, b's boundaries overlapped (depth 3) under Megatron's 1F1B, b's uplink `uplink`."""
+    inv = _inventory(["a", "b", "c"])
+    inv["links"] = [dict(link, bandwidth_gbps=0.5) for link in inv["links"] if set(link["between"]) != {"a", "c"}]
+    inv["clusters"][1]["devices_per_node"] = 2
+    if uplink:
+        inv["clusters"][1]["uplink_gbps"] = uplink
+    layers = [[8], [4, 4] if middle_stages == 2 else [8], [8]]
+    meshes = [{"cluster": n, "device_type": "a100-40gb", "tp": 1, "dp": 1, "micro_batch_size": 1,
+               "recompute": "full", "stage_layers": layers[i],
+               **({"boundary": {"schedule": "overlapped", "depth": 3}} if i < 2 and engine == "megatron" else {})}
+              for i, n in enumerate("abc")]
+    plan = plan_from_dict({"version": 4, "model": MODEL.to_dict(), "global_batch_size": gbs, "precision": "fp32",
+                           "meshes": meshes, "inventory": inv})
+    return simulate(plan, inventory_from_dict(inv), AnalyticCostModel(), engine=engine)
+
+
+@pytest.mark.parametrize("middle_stages", [1, 2])
+def test_a_middle_clusters_uplink_carries_both_of_its_boundaries(middle_stages):
+    """A pipeline through b sends, per micro-batch, the activation on to c and the gradient back to a through
+    b's uplink: with the uplink as fast as each link (0.5 Gbit/s) the steady state takes two transfers' time per
+    micro-batch, t = 4 B x 2048 x 1024 / 0.5 Gbit/s each, where the links alone (and an uplink as fast as both
+    links together, 1 Gbit/s) take one. Measured as the growth of the pipeline from 32 to 64 micro-batches."""
+    t = 4 * MODEL.seq_length * MODEL.hidden_size / (0.5e9 / 8)
+
+    def period(uplink):
+        return (_chain_pipeline_s(uplink, 64, middle_stages=middle_stages).pipeline_s
+                - _chain_pipeline_s(uplink, 32, middle_stages=middle_stages).pipeline_s) / 32
+
+    assert period(None) == pytest.approx(t, rel=1e-3)
+    assert period(0.5) == pytest.approx(2 * t, rel=1e-3)
+    assert period(1.0) == pytest.approx(t, rel=1e-3)
+    assert _chain_pipeline_s(1.0, 32, middle_stages=middle_stages).pipeline_s == \
+        pytest.approx(_chain_pipeline_s(None, 32, middle_stages=middle_stages).pipeline_s, rel=1e-9)
+
+
+def test_a_stored_estimate_replays_the_shared_uplink():
+    """The estimate's stages name the uplink directions each boundary crosses (`send_next_uplinks`), so explain
+    and the timeline, which re-simulate from them, give the pipeline the estimate gave; a hand-edited entry that
+    is not of that form is read as no shared uplink, never a crash."""
+    from hetauto_megatron.plan.simulate import stage_makespan
+    est = _chain_pipeline_s(0.5, 32)
+    stages = [dict(s) for s in est.to_dict()["stages"]]
+    assert stages[0]["send_next_uplinks"] == {"forward": [["b", "in", pytest.approx(0.134217728)]],
+                                              "backward": [["b", "out", pytest.approx(0.134217728)]]}
+    assert stage_makespan(stages, 32) == pytest.approx(est.pipeline_s, rel=1e-5)   # (figures stored rounded)
+    assert stage_makespan(stages, 32, [0.0] * 2) < est.pipeline_s / 3     # links priced away carry nothing
+    for junk in ({"forward": [["b", "in"]]}, "x", {"forward": [["b", "in", "nan"]]}):
+        stages[0]["send_next_uplinks"] = junk
+        assert stage_makespan(stages, 32) > 0
+
+
+def test_deepspeed_middle_stage_never_shares_its_uplink_with_itself():
+    """DeepSpeed's engine runs a middle stage's four transfers one after another (plan/deepspeed_schedule.py): a
+    cluster of one middle stage never has two on its uplink at once, so b's uplink at the links' rate changes
+    nothing; with two stages in b, its first and last stage may send at once."""
+    base = _chain_pipeline_s(None, 32, engine="deepspeed").pipeline_s
+    assert _chain_pipeline_s(0.5, 32, engine="deepspeed").pipeline_s == pytest.approx(base, rel=1e-12)
+    two = _chain_pipeline_s(None, 32, engine="deepspeed", middle_stages=2).pipeline_s
+    assert _chain_pipeline_s(0.5, 32, engine="deepspeed", middle_stages=2).pipeline_s > two * 1.001

@@ -35,9 +35,12 @@ GH200 runs ran this engine (benchmarks/sailor_iterations.py, docs/cost-model-lea
 """
 from __future__ import annotations
 
+import heapq
+
 from ..cost import comm
 from ..spec.model import ModelSpec
 from . import link_costs
+from .shared_uplinks import Uplinks
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
 
@@ -78,40 +81,49 @@ def _meeting(kind: int, s: int, mb: int) -> tuple[str, int, int]:
     return "grad", s - 1 if kind == SEND_GRAD else s, mb
 
 
-def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m: int) -> tuple[float, list[float]]:
+def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m: int,
+                       uplinks=None) -> tuple[float, list[float]]:
     """(makespan, busy seconds per stage) of DeepSpeed's TrainSchedule. fwd[i], bwd[i]: one micro-batch's compute
     on stage i; link[l]: one micro-batch's transfer between stage l and l + 1 (latency included; the same time
-    each way)."""
+    each way); uplinks[l]: the shared uplink directions its transfers also occupy (plan/shared_uplinks.py; a
+    transfer starts when both stages have reached it and those directions have room for it)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
+    ups = Uplinks() if uplinks else None
     prog = [train_schedule(m, p, s) for s in range(p)]
     pc = [0] * p
     clock = [0.0] * p
     waiting: dict[tuple, tuple[int, float]] = {}    # meeting -> (stage that reached it first, when)
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            while pc[s] < len(prog[s]):
-                kind, mb = prog[s][pc[s]]
-                if kind in (FORWARD, BACKWARD):
-                    clock[s] += fwd[s] if kind == FORWARD else bwd[s]
-                    pc[s] += 1
-                    moved = True
-                    continue
-                key = _meeting(kind, s, mb)
-                other = waiting.get(key)
-                if other is None:
-                    waiting[key] = (s, clock[s])
-                    break                    # this stage waits for its neighbour to reach the same transfer
-                if other[0] == s:
-                    break
-                del waiting[key]
-                o = other[0]
-                clock[s] = clock[o] = max(clock[s], other[1]) + link[key[1]]
+    met: list = []          # heap of transfers both stages have reached: (start, boundary, direction, mb, stages)
+
+    def run(s: int) -> None:
+        """Stage s's instructions until it reaches a transfer."""
+        while pc[s] < len(prog[s]):
+            kind, mb = prog[s][pc[s]]
+            if kind in (FORWARD, BACKWARD):
+                clock[s] += fwd[s] if kind == FORWARD else bwd[s]
                 pc[s] += 1
-                pc[o] += 1
-                moved = True
+                continue
+            key = _meeting(kind, s, mb)
+            other = waiting.pop(key, None)
+            if other is None:
+                waiting[key] = (s, clock[s])     # this stage waits for its neighbour to reach the same transfer
+            else:
+                heapq.heappush(met, (max(clock[s], other[1]), key[1], key[0], mb, s, other[0]))
+            return
+
+    for s in range(p):
+        run(s)
+    # The transfers in the order they start (the uplinks, where shared, are taken first come, first served).
+    while met:
+        start, l, way, _, s, o = heapq.heappop(met)
+        if ups is not None and uplinks[l]:
+            start = ups.book(uplinks[l][0 if way == "act" else 1], start, link[l])
+        clock[s] = clock[o] = start + link[l]
+        pc[s] += 1
+        pc[o] += 1
+        run(s)
+        run(o)
     if any(pc[s] < len(prog[s]) for s in range(p)):
         raise AssertionError("DeepSpeed schedule deadlocked: the instruction lists do not pair")
     busy = [m * (f + b) for f, b in zip(fwd, bwd)]

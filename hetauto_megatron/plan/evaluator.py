@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing, tail_costs
+from . import costing, link_costs, tail_costs
 from .deepspeed_schedule import deepspeed_links
 from .evaluator_overlap import OverlapPricing
 from .leaf_bound import LeafBound
@@ -65,6 +65,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         self._caps: dict = {}
         self._levels: dict = {}
         self._joins: dict = {}
+        self._uplinks: dict = {}
         self._mesh_bounds: dict = {}    # a mesh's share of lower_bound's sums (leaf_bound.py)
         self._tails: dict = {}
         self._stage_terms: dict = {}    # (profile, layers, first, last) -> DP collectives, optimizer step
@@ -201,6 +202,13 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
             out = self._joins[cur] = (tuple(links), tuple(latency), tuple(cross), tuple(owners), overhead)
         return out
 
+    def uplinks(self, cur: tuple, pm: ModelSpec):
+        """The shared uplinks of a layout's boundaries (link_costs.pipeline_uplinks), once per layout."""
+        if cur not in self._uplinks:
+            profs = [self.profile(c, pm) for c in cur for _ in range(c.num_stages)]
+            self._uplinks[cur] = link_costs.pipeline_uplinks(pm, self.inventory, profs, cur[0].samples_per_step)
+        return self._uplinks[cur]
+
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
         """The tail's job-wide terms (tail_costs.iteration_sync_time): they depend on the layout only, so once per
         layout rather than once per layer split or bound; its global-norm ring once per (cluster, ranks) of each
@@ -238,8 +246,8 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
-            return estimate_1f1b(fwd, bwd, deepspeed_links(links), m) + tail + overhead
-        return estimate_1f1b(fwd, bwd, links, m, latency=latency) + tail + overhead
+            return estimate_1f1b(fwd, bwd, deepspeed_links(links), m, uplinks=self.uplinks(cur, pm)) + tail + overhead
+        return estimate_1f1b(fwd, bwd, links, m, latency=latency, uplinks=self.uplinks(cur, pm)) + tail + overhead
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:
         out = self.cache.get(choices)

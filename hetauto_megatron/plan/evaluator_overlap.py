@@ -64,6 +64,7 @@ class OverlapPricing:
         (`caps`: its blocking caps): the same policy (plan/overlap.py) priced from the cached terms ->
         (seconds, per-mesh boundary depths or None)."""
         links, latency, cross, owners, overhead = self.joins(cur, pm)
+        uplinks = self.uplinks(cur, pm)
         p, L = len(profs), self.model.num_layers
         lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
         blocking = [not c for c in cross]
@@ -80,8 +81,9 @@ class OverlapPricing:
                 if layers is None:
                     return Priced(math.inf, False, None, None, None, None, None)
                 fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
-            closed = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
+            closed = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth,
+                                   uplinks=uplinks)
             t = closed + tail + overhead
             return Priced(t, True, fwd, bwd, closed, (layers, fwd, bwd, tail), (t, tuple(depths)))
 
-        return choose_depths(cross, owners, links, latency, m, len(cur), price).result
+        return choose_depths(cross, owners, links, latency, m, len(cur), price, uplinks).result

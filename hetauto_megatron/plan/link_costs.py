@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
+from .shared_uplinks import boundary_uplinks
 
 if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
     from .costing import StageProfile
@@ -78,9 +79,27 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
             senders = min(a.tp * a.dp, a.cluster.devices_per_node)
             return link.latency_s + nbytes / (min(link.bandwidth_gbps, link.node_gbps / senders) * 1e9 / 8)
     else:
-        nbytes = B * samples_per_step * model.seq_length * model.hidden_size
+        nbytes = cross_boundary_bytes(model, a, samples_per_step)
         if link.flow_gbps is not None:
             S = samples_per_step
             return link.transfer_time(nbytes, boundary_pairs([(0, S, a.tp, a.dp)], [(0, S, b.tp, b.dp)],
                                                              model.seq_length))
     return link.transfer_time(nbytes)
+
+
+def cross_boundary_bytes(model: ModelSpec, a: StageProfile, samples_per_step: int) -> float:
+    """Bytes of one micro-batch step's activation (or its gradient) crossing from a stage on cluster a to another
+    cluster: the whole step's, each byte once, in the element the sender computes in."""
+    return a.cluster.device.dtype_bytes * samples_per_step * model.seq_length * model.hidden_size
+
+
+def pipeline_uplinks(model: ModelSpec, inventory: Inventory, profs: list, samples_per_step: int):
+    """The shared uplinks of a pipeline's boundaries (plan/shared_uplinks.py `boundary_uplinks`), from its stage
+    profiles in pipeline order: None unless a cluster with `uplink_gbps` is at the end of two cross-cluster
+    boundaries."""
+    flows = []
+    for a, b in zip(profs, profs[1:]):
+        nbytes = cross_boundary_bytes(model, a, samples_per_step)
+        crosses = a.cluster.name != b.cluster.name
+        flows.append({(a.cluster.name, "out"): nbytes, (b.cluster.name, "in"): nbytes} if crosses else None)
+    return boundary_uplinks(flows, lambda name: inventory.cluster(name).uplink_bytes_per_s)

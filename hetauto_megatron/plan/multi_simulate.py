@@ -46,6 +46,7 @@ from .exchange_roots import exchange_weights
 from .pipeline import memory_terms, simulate_1f1b
 from .settings import padded_vocab_size
 from .shapes import boundary_depth
+from .shared_uplinks import boundary_uplinks, to_row
 from .simulate import Estimate
 
 
@@ -123,8 +124,9 @@ def _ranges(pos) -> list:
 
 
 def _boundary(model, inventory, a: _Stage, b: _Stage):
-    """(transfer time, latency part, overlapped depth or None: shapes.boundary_depth) of one micro-batch step's
-    activations from stage a to stage b (the gradients go back the same way)."""
+    """(transfer time, latency part, overlapped depth or None: shapes.boundary_depth, flows) of one micro-batch
+    step's activations from stage a to stage b (the gradients go back the same way); flows: the bytes leaving and
+    entering each cluster, {(cluster, "out" | "in"): bytes} (shared_uplinks.boundary_uplinks)."""
     if a.position == b.position:        # inside a position: each group to its own next stage
         best = (0.0, 0.0)
         for idx, mesh, prof in a.groups:
@@ -132,7 +134,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
             link = cl.intra_node if mesh.num_devices <= cl.devices_per_node else cl.inter_node
             t = link_costs.boundary_transfer_time(model, prof, prof, link, True, mesh.dp * mesh.micro_batch_size)
             best = max(best, (t, min(link.latency_s, t)))
-        return best[0], best[1], None
+        return best[0], best[1], None, None
     per_link: dict = {}                 # cross-cluster link -> [bytes of this step, rank pairs]; same-cluster apart
     uplink: dict = {}                   # (cluster, "out" / "in") -> bytes of this step over all its links
     inside = []
@@ -165,7 +167,7 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
         if up:
             times.append((nbytes / up, 0.0))
     t, lat = max(times)
-    return t, lat, boundary_depth([m for _, m, _ in a.groups], [m for _, m, _ in b.groups])
+    return t, lat, boundary_depth([m for _, m, _ in a.groups], [m for _, m, _ in b.groups]), uplink
 
 
 def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape, cost_model,
@@ -182,14 +184,17 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         per_group.append(times)
         fwd.append(max(f for f, _ in times))
         bwd.append(max(b for _, b in times))
-    links, latency, blocking, depth = [], [], [], []
+    links, latency, blocking, depth, flows = [], [], [], [], []
     for a, b in zip(stages, stages[1:]):
-        t, lat, d = _boundary(model, inventory, a, b)
+        t, lat, d, flow = _boundary(model, inventory, a, b)
         links.append(t)
         latency.append(lat)
         blocking.append(d is None)
         depth.append(d or 0)
-    sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
+        flows.append(flow)
+    # a cluster at two of this pipeline's boundaries: its uplink carries both (plan/shared_uplinks.py)
+    uplinks = boundary_uplinks(flows, lambda name: inventory.cluster(name).uplink_bytes_per_s)
+    sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks)
     in_flight, buffers = memory_terms(p, m, blocking, depth)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = 0.0
@@ -215,7 +220,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
             if i < p - 1:
                 row.update({"send_next_latency_s": round(latency[i], 9),
                             "send_next_schedule": "blocking" if blocking[i] else "overlapped",
-                            "send_next_depth": depth[i]})
+                            "send_next_depth": depth[i], **to_row(uplinks[i] if uplinks else None)})
             rows.append(row)
     return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s, overhead, rows, fits)
 

@@ -26,10 +26,10 @@ class Priced(NamedTuple):
 
 
 def choose_depths(cross: list, owners: list, links: list, latency: list, m: int, meshes: int,
-                  price: Callable[[list, object], Priced]) -> Priced:
+                  price: Callable[[list, object], Priced], uplinks=None) -> Priced:
     """The best of the depths the policy tries. cross: per boundary, whether it joins two clusters; owners:
-    per stage, its mesh; links / latency: per boundary (simulate.Pipeline); price(depths, reuse): the layout
-    with per-mesh depths (None: blocking), `reuse` the shallower pricing's `reuse` (or None)."""
+    per stage, its mesh; links / latency / uplinks: per boundary (simulate.Pipeline); price(depths, reuse): the
+    layout with per-mesh depths (None: blocking), `reuse` the shallower pricing's `reuse` (or None)."""
     crossing = {owners[l] for l, c in enumerate(cross) if c}
     blocking_all = [None] * meshes
     if not crossing:
@@ -41,7 +41,7 @@ def choose_depths(cross: list, owners: list, links: list, latency: list, m: int,
     fwd, bwd = best.fwd, best.bwd
     blocking, depth = [not c for c in cross], [0] * len(cross)
     shallow = best.closed if best.closed is not None else \
-        estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth)
+        estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks)
     # The links already cost nothing at depth 0 (within 0.1 % of the links priced away): a deeper warm-up
     # cannot help. Pricing them away saves at least their fill and drain, 2 x each, so when that alone is over
     # 0.1 % of the time they do cost something, without the second closed form.

@@ -11,6 +11,9 @@ then alternates one forward and one backward, then drains its backwards). It pri
   the stages around it is a pipeline stage of its own (docs/inputs.md: a link's bandwidth is shared by
   every flow crossing it; one transfer at a time at the full bandwidth finishes the queue at the same time
   as sharing it would, and each transfer no later).
+- A middle cluster's uplink (`uplink_gbps`), which the two boundaries through it share, is a resource too: a
+  transfer starts only when its link direction and every uplink direction it crosses have room for it
+  (plan/shared_uplinks.py).
 - Boundary schedules, per boundary l (between stages l and l + 1):
   blocking   (Megatron's native P2P, and every boundary inside a cluster): the sending stage is held until its
              transfer has arrived (the runtime waits for every send, including a synchronous device-to-host
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numbers
+
+from .shared_uplinks import uplink_period, with_waits
 
 
 @dataclass(frozen=True)
@@ -180,21 +185,26 @@ def _boundaries(p, link, latency, blocking, depth):
     return x, lat, blk, d
 
 
-def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None,
+def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None,
                   record: bool = False) -> PipelineTimes:
     """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i (or a sequence of m: micro-batch j's own time,
     to replay measured operations); link[l]: one micro-batch's transfer time
     between stage l and l + 1 (latency included); latency[l]: the part of it that does not occupy the link
     (default 0); blocking[l]: the boundary's schedule (default True: blocking); depth[l]: extra warm-up
-    micro-batches of an overlapped boundary (default 0). record=True also returns every operation's start and
-    end (`PipelineTimes.events`, see `Event`)."""
+    micro-batches of an overlapped boundary (default 0); uplinks[l]: the shared uplink directions its transfers
+    also occupy (plan/shared_uplinks.py `boundary_uplinks`; default none). record=True also returns every
+    operation's start and end (`PipelineTimes.events`, see `Event`)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
     x, lat, blk, d = _boundaries(p, link, latency, blocking, depth)
     occ = [a - b for a, b in zip(x, lat)]
-    order = _dependency_order(p, m, warmup_counts(p, m, d))
     f = [_per_micro_batch(v, m) for v in fwd]
     b = [_per_micro_batch(v, m) for v in bwd]
+    if uplinks:     # transfers sharing an uplink must be started in the order they are ready: its own loop
+        from .pipeline_shared import simulate_shared
+        assert len(uplinks) == p - 1
+        return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, uplinks, record)
+    order = _dependency_order(p, m, warmup_counts(p, m, d))
     free = [0.0] * p                    # when stage i may start its next operation
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
     b_arr = [0.0] * (p * m)             # ... its gradient
@@ -265,11 +275,14 @@ def _per_micro_batch(v, m: int) -> list[float]:
     return out
 
 
-def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None) -> float:
-    """The closed form (module docstring): sum of the stages + the links both ways + (m - 1) x the period.
+def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None) -> float:
+    """The closed form (module docstring): sum of the stages + the links both ways + (m - 1) x the period, which
+    is also at least the busiest shared uplink direction's time per micro-batch (`uplinks`, as simulate_1f1b).
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
     evaluating every run of stages with numpy."""
     p = len(fwd)
+    if uplinks:         # each transfer's possible wait for the others on an oversubscribed shared uplink
+        link = with_waits(link, latency, uplinks)
     stage = [f + b for f, b in zip(fwd, bwd)]
     gain = [0.0] * p                        # per boundary: 2 x_l if overlapped
     extra = [0] * p if depth is None else list(depth) + [0]    # per boundary: its depth d_l
@@ -286,6 +299,8 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
             if occ > period_link:
                 period_link = occ
     period = _run_period(stage, gain, extra, m, overlapped)
+    if uplinks:
+        period_link = max(period_link, uplink_period(uplinks))
     return sum(fwd) + sum(bwd) + 2 * sum(link) + (m - 1) * (period if period > period_link else period_link)
 
 

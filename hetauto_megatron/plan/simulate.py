@@ -15,7 +15,7 @@ from ..cost.memory import GIB
 from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing, link_costs, memory_fit, tail_costs
+from . import costing, link_costs, memory_fit, shared_uplinks, tail_costs
 from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes,
                                  simulate_deepspeed)
 from .overlap import Priced, choose_depths
@@ -96,6 +96,7 @@ class Pipeline:
     links: list                 # per boundary: one micro-batch's transfer time, latency included
     latency: list               # per boundary: the part of it that does not occupy the link
     cross: list                 # per boundary: True where it joins two clusters (the only ones that may overlap)
+    uplinks: tuple | None = None    # per boundary the shared uplinks its transfers cross (plan/shared_uplinks.py)
 
     def boundary_schedule(self, depths) -> tuple[list, list]:
         """(blocking, depth) per boundary from the per-mesh boundary depths (None: blocking)."""
@@ -140,7 +141,8 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
         links.append(boundary_transfer(engine)(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
-    return Pipeline(profs, owners, links, latency, cross)
+    return Pipeline(profs, owners, links, latency, cross,
+                    link_costs.pipeline_uplinks(model, inventory, profs, samples))
 
 
 def _iteration_overhead(cost_model, profs) -> float:
@@ -174,9 +176,10 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         bwd.append(b)
         mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
-        makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m)
+        makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m, pipe.uplinks)
     else:
-        sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+        sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth,
+                            uplinks=pipe.uplinks)
         makespan, busy = sim.makespan, sim.busy
     # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
     tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
@@ -204,6 +207,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
             stages[-1].update({"send_next_latency_s": round(pipe.latency[i], 9),
                                "send_next_schedule": "blocking" if blocking[i] else "overlapped",
                                "send_next_depth": depth[i]})
+            stages[-1].update(shared_uplinks.to_row(pipe.uplinks[i] if pipe.uplinks else None))
     sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
     why = {prof.cluster.device.name: cost_model.coverage(prof.cluster.device)[1] for prof in profs} \
         if hasattr(cost_model, "coverage") else {}
@@ -214,13 +218,15 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
 
 
 def stage_schedule(stages: list[dict], links: list | None = None) -> dict:
-    """simulate_1f1b's boundary keywords (latency, blocking, depth) from an estimate's `stages` (Estimate.stages
-    / a plan file's estimate): the boundaries as simulated, blocking when an older estimate does not say."""
+    """simulate_1f1b's boundary keywords (latency, blocking, depth, uplinks) from an estimate's `stages`
+    (Estimate.stages / a plan file's estimate): the boundaries as simulated, blocking when an older estimate does
+    not say; a link given as 0 (priced away) crosses no uplink."""
     links = [s["send_next_s"] for s in stages[:-1]] if links is None else links
     blocking = [s.get("send_next_schedule", "blocking") == "blocking" for s in stages[:-1]]
     return {"latency": [min(s.get("send_next_latency_s", 0.0), x) for s, x in zip(stages, links)],
             "blocking": blocking,
-            "depth": [0 if b else int(s.get("send_next_depth", 0)) for s, b in zip(stages, blocking)]}
+            "depth": [0 if b else int(s.get("send_next_depth", 0)) for s, b in zip(stages, blocking)],
+            "uplinks": shared_uplinks.without_links(shared_uplinks.from_rows(stages), links)}
 
 
 def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> float:
@@ -342,7 +348,7 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         return Priced(res.iteration_time_s, True, [f for f, _ in fb], [b for _, b in fb], None,
                       (res.stage_layers, tail), res)
 
-    return choose_depths(pipe.cross, pipe.owners, pipe.links, pipe.latency, m, n, price).result
+    return choose_depths(pipe.cross, pipe.owners, pipe.links, pipe.latency, m, n, price, pipe.uplinks).result
 
 
 def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None,
@@ -393,9 +399,10 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         if engine == "deepspeed":
             t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
-                              blocking=blocking, depth=depth)
+                              blocking=blocking, depth=depth, uplinks=pipe.uplinks)
         else:
-            t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth)
+            t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
+                              uplinks=pipe.uplinks)
         return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
                 tail)
     est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory, engine)
