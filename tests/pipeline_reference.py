@@ -8,10 +8,12 @@ time in its 1F1B order (w_i warm-ups); a transfer occupies its link direction fo
 `lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived. A stage's forward
 or backward cost is one number, or a list with each micro-batch's own.
 
-Shared uplinks (plan/shared_uplinks.py), as documented there: a transfer that crosses an uplink direction for
-`seconds` holds the share seconds / occ of it while it occupies its link (all of it for `seconds` if longer); it
-starts only when every uplink direction it crosses has that share free at this tick and no transfer that was due
-before it (data ready and link free; ties by boundary, direction, micro-batch) is still waiting for one of them.
+Shared uplinks (plan/shared_uplinks.py), as documented there: an uplink direction is contended when the
+transfers crossing it, each at its link's speed (its seconds on the uplink over its link occupancy, at most 1),
+need more than all of it together. A transfer crossing contended directions starts only when each is free and
+no transfer that was due before it (data ready and link free; ties by boundary, direction, micro-batch) still
+waits for one of them; it holds each for its seconds on it. Transfers start after the stages that finish at a
+tick have handed theirs over, so those are among the candidates of the tick.
 """
 from __future__ import annotations
 
@@ -35,7 +37,14 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
     queue = {}                                # (l, dir) -> list of transfers waiting for the link
     link_busy = {}                            # (l, dir) -> tick the current transfer stops occupying it
     flying = []                               # [arrival tick, stage, data, transfer id]
-    holding = []                              # (uplink direction, start, end, share) of every transfer on one
+    up_free = {}                              # contended uplink direction -> tick it is free again
+    share = {}
+    for l, entry in enumerate(uplinks or ()):
+        for needs in entry or ():
+            for key, sec in needs:
+                if sec > 0:
+                    share[key] = share.get(key, 0) + (min(1, sec / occ[l]) if occ[l] else 1)
+    busy_keys = {key for key, v in share.items() if v > 1 + 1e-9}
     arrived_ids = set()
     tid = 0
     done = 0
@@ -51,24 +60,6 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                     have[fl[1]].add(fl[2])
                     arrived_ids.add(fl[3])
                     changed = True
-            heads = []
-            for (l, d), q in queue.items():
-                if q and link_busy.get((l, d), 0) <= t:
-                    due = max(q[0][3], link_busy.get((l, d), 0))
-                    heads.append((due, l, 0 if d == "f" else 1, q[0][1][1], d))
-            blocked = set()
-            for due, l, way, _, d in sorted(heads):
-                needs = [(key, sec) for key, sec in (uplinks[l][way] if uplinks and uplinks[l] else ()) if sec > 0]
-                shares = [(key, min(1.0, sec / occ[l]) if occ[l] > 0 else 1.0, max(occ[l], sec)) for key, sec in needs]
-                if any(key in blocked or sum(f for k, s0, e0, f in holding if k == key and s0 <= t < e0) + f > 1 + 1e-9
-                       for key, f, _ in shares):
-                    blocked.update(key for key, _ in needs)
-                    continue
-                holding.extend((key, t, t + span, f) for key, f, span in shares)
-                stage, data, ident, _ = queue[(l, d)].pop(0)
-                link_busy[(l, d)] = t + occ[l]
-                flying.append([t + occ[l] + lat[l], stage, data, ident])
-                changed = True
             for i in range(p):
                 if running[i] is not None and running[i][1] == t:
                     (kind, j), _ = running[i]
@@ -94,6 +85,24 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                         cost = fwd[i] if op[0] == "F" else bwd[i]
                         running[i] = (op, t + (cost[op[1]] if isinstance(cost, list) else cost))
                         changed = True
+            heads = []
+            for (l, d), q in queue.items():
+                if q and link_busy.get((l, d), 0) <= t:
+                    due = max(q[0][3], link_busy.get((l, d), 0))
+                    heads.append((due, l, 0 if d == "f" else 1, q[0][1][1], d))
+            blocked = set()
+            for due, l, way, _, d in sorted(heads):
+                needs = [(key, sec) for key, sec in (uplinks[l][way] if uplinks and uplinks[l] else ())
+                         if key in busy_keys and sec > 0]
+                if any(key in blocked or up_free.get(key, 0) > t for key, _ in needs):
+                    blocked.update(key for key, _ in needs)
+                    continue
+                for key, sec in needs:
+                    up_free[key] = t + sec
+                stage, data, ident, _ = queue[(l, d)].pop(0)
+                link_busy[(l, d)] = t + occ[l]
+                flying.append([t + occ[l] + lat[l], stage, data, ident])
+                changed = True
         t += 1
         if t > 10 ** 7:
             raise RuntimeError("reference simulation does not end")

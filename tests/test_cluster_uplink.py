@@ -120,7 +120,8 @@ def test_a_middle_clusters_uplink_carries_both_of_its_boundaries(middle_stages):
     """A pipeline through b sends, per micro-batch, the activation on to c and the gradient back to a through
     b's uplink: with the uplink as fast as each link (0.5 Gbit/s) the steady state takes two transfers' time per
     micro-batch, t = 4 B x 2048 x 1024 / 0.5 Gbit/s each, where the links alone (and an uplink as fast as both
-    links together, 1 Gbit/s) take one. Measured as the growth of the pipeline from 32 to 64 micro-batches."""
+    links together, 1 Gbit/s) take one; at 0.75 Gbit/s the uplink carries the two at its rate, 2 x 0.5 / 0.75 t,
+    as the two flows sharing it would. Measured as the growth of the pipeline from 32 to 64 micro-batches."""
     t = 4 * MODEL.seq_length * MODEL.hidden_size / (0.5e9 / 8)
 
     def period(uplink):
@@ -130,6 +131,7 @@ def test_a_middle_clusters_uplink_carries_both_of_its_boundaries(middle_stages):
     assert period(None) == pytest.approx(t, rel=1e-3)
     assert period(0.5) == pytest.approx(2 * t, rel=1e-3)
     assert period(1.0) == pytest.approx(t, rel=1e-3)
+    assert period(0.75) == pytest.approx(4 / 3 * t, rel=1e-3)
     assert _chain_pipeline_s(1.0, 32, middle_stages=middle_stages).pipeline_s == \
         pytest.approx(_chain_pipeline_s(None, 32, middle_stages=middle_stages).pipeline_s, rel=1e-9)
 

@@ -40,7 +40,7 @@ import heapq
 from ..cost import comm
 from ..spec.model import ModelSpec
 from . import link_costs
-from .shared_uplinks import Uplinks
+from .shared_uplinks import Uplinks, contended, with_waits
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
 
@@ -85,10 +85,12 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
                        uplinks=None) -> tuple[float, list[float]]:
     """(makespan, busy seconds per stage) of DeepSpeed's TrainSchedule. fwd[i], bwd[i]: one micro-batch's compute
     on stage i; link[l]: one micro-batch's transfer between stage l and l + 1 (latency included; the same time
-    each way); uplinks[l]: the shared uplink directions its transfers also occupy (plan/shared_uplinks.py; a
-    transfer starts when both stages have reached it and those directions have room for it)."""
+    each way); uplinks[l]: the shared uplink directions its transfers cross (plan/shared_uplinks.py; on a
+    contended one a transfer starts when both stages have reached it and the direction is free, and holds it for
+    its seconds on it)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
+    uplinks = contended(uplinks, link) if uplinks else None     # (its link times: latency included)
     ups = Uplinks() if uplinks else None
     prog = [train_schedule(m, p, s) for s in range(p)]
     pc = [0] * p
@@ -117,8 +119,8 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
     # The transfers in the order they start (the uplinks, where shared, are taken first come, first served).
     while met:
         start, l, way, _, s, o = heapq.heappop(met)
-        if ups is not None and uplinks[l]:
-            start = ups.book(uplinks[l][0 if way == "act" else 1], start, link[l])
+        if ups is not None and uplinks[l] and uplinks[l][0 if way == "act" else 1]:
+            start = ups.book(uplinks[l][0 if way == "act" else 1], start)
         clock[s] = clock[o] = start + link[l]
         pc[s] += 1
         pc[o] += 1
@@ -130,13 +132,17 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
     return max(clock), busy
 
 
-def deepspeed_links(link: list[float]) -> list[float]:
+def deepspeed_links(link: list[float], uplinks=None) -> list[float]:
     """Boundary times for which Megatron's blocking 1F1B closed form (pipeline.estimate_1f1b with every boundary
     blocking) screens DeepSpeed's TrainSchedule: each link time twice. A DeepSpeed transfer holds both of its
     stages, so each boundary costs each neighbour a send and a receive per micro-batch and direction where 1F1B's
     blocking sender pays only its sends: in a pipeline of equal stages 1F1B's period is f + b + 2x per stage and
     DeepSpeed's f + b + 4x for a middle stage (f + b + 2x for two stages, whose shared cycle of two micro-batches
-    1F1B prices at f + b + x). The search screens with it and re-ranks its best layouts with `simulate_deepspeed`."""
+    1F1B prices at f + b + x). The search screens with it and re-ranks its best layouts with `simulate_deepspeed`.
+    With `uplinks` (simulate_deepspeed's) each link time first takes its wait on the contended uplink directions
+    (shared_uplinks.with_waits), as the simulation books them: on the link times themselves, not the doubled ones."""
+    if uplinks:
+        link = with_waits(link, contended(uplinks, link))
     return [2 * x for x in link]
 
 

@@ -11,9 +11,9 @@ then alternates one forward and one backward, then drains its backwards). It pri
   the stages around it is a pipeline stage of its own (docs/inputs.md: a link's bandwidth is shared by
   every flow crossing it; one transfer at a time at the full bandwidth finishes the queue at the same time
   as sharing it would, and each transfer no later).
-- A middle cluster's uplink (`uplink_gbps`), which the two boundaries through it share, is a resource too: a
-  transfer starts only when its link direction and every uplink direction it crosses have room for it
-  (plan/shared_uplinks.py).
+- A middle cluster's uplink (`uplink_gbps`), which the two boundaries through it share, is a resource too where
+  their transfers can need more than all of it: there a transfer starts only when its link direction and that
+  uplink direction are free, and holds the uplink for its bytes at the uplink's rate (plan/shared_uplinks.py).
 - Boundary schedules, per boundary l (between stages l and l + 1):
   blocking   (Megatron's native P2P, and every boundary inside a cluster): the sending stage is held until its
              transfer has arrived (the runtime waits for every send, including a synchronous device-to-host
@@ -49,7 +49,7 @@ from functools import lru_cache
 
 import numbers
 
-from .shared_uplinks import uplink_period, with_waits
+from .shared_uplinks import contended, uplink_period, with_waits
 
 
 @dataclass(frozen=True)
@@ -200,10 +200,11 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     occ = [a - b for a, b in zip(x, lat)]
     f = [_per_micro_batch(v, m) for v in fwd]
     b = [_per_micro_batch(v, m) for v in bwd]
-    if uplinks:     # transfers sharing an uplink must be started in the order they are ready: its own loop
+    busy = contended(uplinks, occ) if uplinks else None
+    if busy:        # transfers sharing an uplink must be started in the order they are due: its own loop
         from .pipeline_shared import simulate_shared
         assert len(uplinks) == p - 1
-        return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, uplinks, record)
+        return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, busy, record)
     order = _dependency_order(p, m, warmup_counts(p, m, d))
     free = [0.0] * p                    # when stage i may start its next operation
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
@@ -281,8 +282,11 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
     evaluating every run of stages with numpy."""
     p = len(fwd)
-    if uplinks:         # each transfer's possible wait for the others on an oversubscribed shared uplink
-        link = with_waits(link, latency, uplinks)
+    busy = None
+    if uplinks:         # each transfer's possible wait for the others on a contended uplink direction
+        busy = contended(uplinks, [x - (0.0 if latency is None else a) for x, a in
+                                   zip(link, latency or [0.0] * len(link))])
+        link = with_waits(link, busy)
     stage = [f + b for f, b in zip(fwd, bwd)]
     gain = [0.0] * p                        # per boundary: 2 x_l if overlapped
     extra = [0] * p if depth is None else list(depth) + [0]    # per boundary: its depth d_l
@@ -299,8 +303,8 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
             if occ > period_link:
                 period_link = occ
     period = _run_period(stage, gain, extra, m, overlapped)
-    if uplinks:
-        period_link = max(period_link, uplink_period(uplinks))
+    if busy:
+        period_link = max(period_link, uplink_period(busy))
     return sum(fwd) + sum(bwd) + 2 * sum(link) + (m - 1) * (period if period > period_link else period_link)
 
 

@@ -1,12 +1,13 @@
 """The 1F1B event simulation of plan/pipeline.py for pipelines whose boundaries share an uplink (pure functions).
 
 The same rules as `pipeline.simulate_1f1b` (its docstring): every forward and backward in 1F1B order, each link
-direction a resource of its own, blocking and overlapped boundaries. In addition, a transfer that crosses a shared
-uplink direction (plan/shared_uplinks.py) takes its share of it, and the transfers take each uplink direction
-first come, first served. That needs the transfers in the order they become ready, which the dependency order
-of the plain simulation does not give (it runs a stage ahead of its neighbours), so here every stage runs as far
-as its inputs allow and the waiting transfers are started one at a time, earliest ready first: a transfer not
-yet created comes from an operation that waits for one of those, so it is ready later than all of them.
+direction a resource of its own, blocking and overlapped boundaries. In addition, a transfer that crosses a
+contended uplink direction (plan/shared_uplinks.py `contended`) holds it for its bytes at the uplink's rate, and
+the transfers take each such direction one at a time, first come, first served. That needs the transfers in the
+order they are due (data ready, link free), which the dependency order of the plain simulation does not give (it
+runs a stage ahead of its neighbours). So here every stage runs as far as its inputs allow, and the waiting
+transfers are started one at a time, the earliest due first: a transfer not yet created comes from an operation
+that waits for one of those, so it is due later than all of them.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from .shared_uplinks import Uplinks
 def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, warm: tuple, m: int,
                     uplinks, record: bool) -> PipelineTimes:
     """The simulation of `pipeline.simulate_1f1b` (its arguments, checked there: per-micro-batch compute lists
-    f, b; per boundary the transfer x, latency, occupancy, schedule; the warm-up counts) with `uplinks`."""
+    f, b; per boundary the transfer x, latency, occupancy, schedule; the warm-up counts) with `uplinks`, the
+    contended directions (shared_uplinks.contended)."""
     p = len(f)
     last = p - 1
     orders = [schedule_order(i, p, m, warm[i]) for i in range(p)]
@@ -81,8 +83,8 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
             continue
         s = due
         ready = (f_end if d == 0 else b_end)[sender][j]
-        if uplinks[l]:
-            s = ups.book(uplinks[l][d], s, occ[l])
+        if uplinks[l] and uplinks[l][d]:
+            s = ups.book(uplinks[l][d], s)
         link_free[(l, direction)] = s + occ[l]
         a = s + x[l]
         to = l + 1 if d == 0 else l

@@ -398,8 +398,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
         if tail is None:
             tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
         if engine == "deepspeed":
-            t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links), m,
-                              blocking=blocking, depth=depth, uplinks=pipe.uplinks)
+            t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
+                              blocking=blocking, depth=depth)
         else:
             t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
                               uplinks=pipe.uplinks)
