@@ -7,8 +7,9 @@ mixed device types, 10-100 Gbit/s links, and gives b an uplink (`uplink_gbps`) o
 of its faster link's rate: the two boundaries of a pipeline through b then share it (plan/shared_uplinks.py).
 The closed form the search screens with charges each transfer its longest wait on a contended uplink
 (pipeline.estimate_1f1b), so it may rank such layouts too low for the event simulation to ever see them. For each instance the script runs the
-exhaustive search twice: as the planner does (the 16 best layouts by the closed form re-ranked with the event
-simulation) and with every leaf re-ranked by it (the exact optimum of the tree for the simulator), and prints
+exhaustive search twice: as the planner does (the 16 best layouts by the closed form, and those through a
+contended uplink ranked without its terms, search.uplink_shortlist, re-ranked with the event simulation) and with
+every leaf re-ranked by it (the exact optimum of the tree for the simulator), and prints
 the gap, whether the best plan runs through b, and the uplink's cost to it (the same plan without the uplink);
 then the same gap on the same instance without the uplink, which tells the screening's own gap (the closed form
 against the simulation, with few micro-batches or slow links) from what the uplink adds to it.
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import random
 import sys
-import os
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
+from hetauto_megatron.plan import search as search_mod  # noqa: E402
 from hetauto_megatron.plan.search import SearchConfig, search  # noqa: E402
 from hetauto_megatron.plan.simulate import layout_to_plan, simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
@@ -79,9 +82,14 @@ def main() -> None:
 
 
 def _gap(model, inv, gbs, cost):
-    """(the planner's plan over the tree's exact optimum - 1, the planner's result, the optimum's)."""
+    """(the planner's plan over the tree's exact optimum - 1, the planner's result, the optimum's). The optimum
+    re-ranks every leaf, none skipped for its closed form (search.RERANK_MARGIN off)."""
     planned = search(model, inv, gbs, cost, config=SearchConfig(method="exhaustive"))
-    full = search(model, inv, gbs, cost, config=SearchConfig(method="exhaustive", rerank=100000))
+    margin, search_mod.RERANK_MARGIN = search_mod.RERANK_MARGIN, math.inf
+    try:
+        full = search(model, inv, gbs, cost, config=SearchConfig(method="exhaustive", rerank=100000))
+    finally:
+        search_mod.RERANK_MARGIN = margin
     return planned.iteration_time_s / full.iteration_time_s - 1, planned, full
 
 

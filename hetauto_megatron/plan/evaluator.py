@@ -37,6 +37,7 @@ from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
 from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
 from .shapes import uniform_topology_gaps
+from .shared_uplinks import contended
 from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, evaluate_layout, num_micro_batches, padded_model
 from .split import split_layers
 
@@ -48,8 +49,11 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
     (seconds or inf, layout with the recomputation chosen)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, schedule: str = "blocking",
-                 engine: str = DEFAULT_ENGINE):
+                 engine: str = DEFAULT_ENGINE, share_uplinks: bool = True):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
+        # whether a pipeline's boundaries through one cluster share its uplink (plan/shared_uplinks.py); without,
+        # the optimistic screen search.uplink_shortlist ranks the layouts through a contended uplink by
+        self.share_uplinks = share_uplinks
         # The pipeline engine planned for (settings.py ENGINES): DeepSpeed's runs every boundary blocking, its
         # TrainSchedule (screened by `deepspeed_links`), the settings as it runs them, and uniform layouts only.
         self.engine = engine
@@ -204,10 +208,22 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
 
     def uplinks(self, cur: tuple, pm: ModelSpec):
         """The shared uplinks of a layout's boundaries (link_costs.pipeline_uplinks), once per layout."""
+        if not self.share_uplinks:
+            return None
         if cur not in self._uplinks:
             profs = [self.profile(c, pm) for c in cur for _ in range(c.num_stages)]
             self._uplinks[cur] = link_costs.pipeline_uplinks(pm, self.inventory, profs, cur[0].samples_per_step)
         return self._uplinks[cur]
+
+    def crosses_contended_uplink(self, cur: tuple) -> bool:
+        """Whether a resolved layout's pipeline runs through an uplink its two boundaries can need more than all
+        of (shared_uplinks.contended)."""
+        pm = self.padded(cur)
+        ups = self.uplinks(cur, pm)
+        if not ups:
+            return False
+        links, latency = self.joins(cur, pm)[:2]
+        return contended(ups, [x - a for x, a in zip(links, latency)]) is not None
 
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
         """The tail's job-wide terms (tail_costs.iteration_sync_time): they depend on the layout only, so once per
