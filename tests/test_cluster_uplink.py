@@ -97,8 +97,8 @@ def test_explain_of_replica_groups_names_the_uplink():
     assert up[0]["change"] < -0.1 and up[1]["change"] == pytest.approx(0.0, abs=1e-4)   # x2 of one: the others bind
 
 
-def _chain_pipeline_s(uplink, gbs, engine="megatron", middle_stages=1):
-    """Pipeline seconds of one pipeline a -> b -> c (a 0.5 Gbit/s link each side of b, none between a and c),
+def _chain_estimate(uplink, gbs, engine="megatron", middle_stages=1):
+    """The estimate of one pipeline a -> b -> c (a 0.5 Gbit/s link each side of b, none between a and c),
     one A100 per stage, b's boundaries overlapped (depth 3) under Megatron's 1F1B, b's uplink `uplink`."""
     inv = _inventory(["a", "b", "c"])
     inv["links"] = [dict(link, bandwidth_gbps=0.5) for link in inv["links"] if set(link["between"]) != {"a", "c"}]
@@ -125,15 +125,15 @@ def test_a_middle_clusters_uplink_carries_both_of_its_boundaries(middle_stages):
     t = 4 * MODEL.seq_length * MODEL.hidden_size / (0.5e9 / 8)
 
     def period(uplink):
-        return (_chain_pipeline_s(uplink, 64, middle_stages=middle_stages).pipeline_s
-                - _chain_pipeline_s(uplink, 32, middle_stages=middle_stages).pipeline_s) / 32
+        return (_chain_estimate(uplink, 64, middle_stages=middle_stages).pipeline_s
+                - _chain_estimate(uplink, 32, middle_stages=middle_stages).pipeline_s) / 32
 
     assert period(None) == pytest.approx(t, rel=1e-3)
     assert period(0.5) == pytest.approx(2 * t, rel=1e-3)
     assert period(1.0) == pytest.approx(t, rel=1e-3)
     assert period(0.75) == pytest.approx(4 / 3 * t, rel=1e-3)
-    assert _chain_pipeline_s(1.0, 32, middle_stages=middle_stages).pipeline_s == \
-        pytest.approx(_chain_pipeline_s(None, 32, middle_stages=middle_stages).pipeline_s, rel=1e-9)
+    assert _chain_estimate(1.0, 32, middle_stages=middle_stages).pipeline_s == \
+        pytest.approx(_chain_estimate(None, 32, middle_stages=middle_stages).pipeline_s, rel=1e-9)
 
 
 def test_a_stored_estimate_replays_the_shared_uplink():
@@ -141,7 +141,7 @@ def test_a_stored_estimate_replays_the_shared_uplink():
     and the timeline, which re-simulate from them, give the pipeline the estimate gave; a hand-edited entry that
     is not of that form is read as no shared uplink, never a crash."""
     from hetauto_megatron.plan.simulate import stage_makespan
-    est = _chain_pipeline_s(0.5, 32)
+    est = _chain_estimate(0.5, 32)
     stages = [dict(s) for s in est.to_dict()["stages"]]
     assert stages[0]["send_next_uplinks"] == {"forward": [["b", "in", pytest.approx(0.134217728)]],
                                               "backward": [["b", "out", pytest.approx(0.134217728)]]}
@@ -156,10 +156,10 @@ def test_deepspeed_middle_stage_never_shares_its_uplink_with_itself():
     """DeepSpeed's engine runs a middle stage's four transfers one after another (plan/deepspeed_schedule.py): a
     cluster of one middle stage never has two on its uplink at once, so b's uplink at the links' rate changes
     nothing; with two stages in b, its first and last stage may send at once."""
-    base = _chain_pipeline_s(None, 32, engine="deepspeed").pipeline_s
-    assert _chain_pipeline_s(0.5, 32, engine="deepspeed").pipeline_s == pytest.approx(base, rel=1e-12)
-    two = _chain_pipeline_s(None, 32, engine="deepspeed", middle_stages=2).pipeline_s
-    assert _chain_pipeline_s(0.5, 32, engine="deepspeed", middle_stages=2).pipeline_s > two * 1.001
+    base = _chain_estimate(None, 32, engine="deepspeed").pipeline_s
+    assert _chain_estimate(0.5, 32, engine="deepspeed").pipeline_s == pytest.approx(base, rel=1e-12)
+    two = _chain_estimate(None, 32, engine="deepspeed", middle_stages=2).pipeline_s
+    assert _chain_estimate(0.5, 32, engine="deepspeed", middle_stages=2).pipeline_s > two * 1.001
 
 
 def test_the_search_finds_the_best_layout_through_a_contended_uplink(monkeypatch):

@@ -90,7 +90,7 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
     its seconds on it)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
-    uplinks = contended(uplinks, link) if uplinks else None     # (its link times: latency included)
+    uplinks = contended(uplinks, link)      # (its link times: latency included)
     ups = Uplinks() if uplinks else None
     prog = [train_schedule(m, p, s) for s in range(p)]
     pc = [0] * p
@@ -119,8 +119,9 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
     # The transfers in the order they start (the uplinks, where shared, are taken first come, first served).
     while met:
         start, l, way, _, s, o = heapq.heappop(met)
-        if ups is not None and uplinks[l] and uplinks[l][0 if way == "act" else 1]:
-            start = ups.book(uplinks[l][0 if way == "act" else 1], start)
+        needs = uplinks[l][0 if way == "act" else 1] if uplinks and uplinks[l] else ()
+        if needs:
+            start = ups.book(needs, start)
         clock[s] = clock[o] = start + link[l]
         pc[s] += 1
         pc[o] += 1

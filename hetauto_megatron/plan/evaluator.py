@@ -223,7 +223,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         if not ups:
             return False
         links, latency = self.joins(cur, pm)[:2]
-        return contended(ups, [x - a for x, a in zip(links, latency)]) is not None
+        return contended(ups, links, latency) is not None
 
     def sync(self, cur: tuple, pm: ModelSpec) -> float:
         """The tail's job-wide terms (tail_costs.iteration_sync_time): they depend on the layout only, so once per

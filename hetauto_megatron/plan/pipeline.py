@@ -200,10 +200,10 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     occ = [a - b for a, b in zip(x, lat)]
     f = [_per_micro_batch(v, m) for v in fwd]
     b = [_per_micro_batch(v, m) for v in bwd]
-    busy = contended(uplinks, occ) if uplinks else None
+    assert uplinks is None or len(uplinks) == p - 1
+    busy = contended(uplinks, occ)
     if busy:        # transfers sharing an uplink must be started in the order they are due: its own loop
         from .pipeline_shared import simulate_shared
-        assert len(uplinks) == p - 1
         return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, busy, record)
     order = _dependency_order(p, m, warmup_counts(p, m, d))
     free = [0.0] * p                    # when stage i may start its next operation
@@ -282,10 +282,8 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
     evaluating every run of stages with numpy."""
     p = len(fwd)
-    busy = None
-    if uplinks:         # each transfer's possible wait for the others on a contended uplink direction
-        busy = contended(uplinks, [x - (0.0 if latency is None else a) for x, a in
-                                   zip(link, latency or [0.0] * len(link))])
+    busy = contended(uplinks, link, latency)
+    if busy:            # each transfer's possible wait for the others on a contended uplink direction
         link = with_waits(link, busy)
     stage = [f + b for f, b in zip(fwd, bwd)]
     gain = [0.0] * p                        # per boundary: 2 x_l if overlapped

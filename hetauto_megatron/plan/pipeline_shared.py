@@ -82,7 +82,6 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
             heapq.heappush(waiting, (s, l, d, j, sender))
             continue
         s = due
-        ready = (f_end if d == 0 else b_end)[sender][j]
         if uplinks[l] and uplinks[l][d]:
             s = ups.book(uplinks[l][d], s)
         link_free[(l, direction)] = s + occ[l]
@@ -90,6 +89,7 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
         to = l + 1 if d == 0 else l
         (f_arr if d == 0 else b_arr)[to][j] = a
         if record:
+            ready = (f_end if d == 0 else b_end)[sender][j]
             sent[(to, "F" if d == 0 else "B", j)] = ready
             ev.append(Event(("link", l, direction), "F" if d == 0 else "B", j, s, s + occ[l], a))
             if blk[l] and a > ready:

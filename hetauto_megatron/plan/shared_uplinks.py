@@ -52,12 +52,13 @@ def boundary_uplinks(flows: list, uplink_rate) -> tuple | None:
     return tuple(out) if any_need else None
 
 
-def contended(uplinks, occupancy: list) -> tuple | None:
+def contended(uplinks, link: list, latency: list | None = None) -> tuple | None:
     """`uplinks` with only the directions whose transfers can need more than the whole uplink together: their
-    seconds over their link occupancies (`occupancy`, per boundary: its transfer time without the latency; a
-    transfer of no occupancy counts as needing all of it) add up to more than 1. None if there are none."""
+    seconds over their link occupancies (per boundary its transfer time `link` less its `latency`; a transfer of
+    no occupancy counts as needing all of it) add up to more than 1. None if there are none."""
     if not uplinks:
         return None
+    occupancy = [x - a for x, a in zip(link, latency)] if latency is not None else link
     share: dict = {}
     for l, entry in enumerate(uplinks):
         for needs in entry or ():
