@@ -7,8 +7,9 @@ mixed device types, 10-100 Gbit/s links, and gives b an uplink (`uplink_gbps`) o
 of its faster link's rate: the two boundaries of a pipeline through b then share it (plan/shared_uplinks.py).
 The closed form the search screens with charges each transfer its longest wait on a contended uplink
 (pipeline.estimate_1f1b), so it may rank such layouts too low for the event simulation to ever see them. For each instance the script runs the
-exhaustive search twice: as the planner does (the 16 best layouts by the closed form, and those through a
-contended uplink ranked without its terms, search.uplink_shortlist, re-ranked with the event simulation) and with
+exhaustive search twice: as the planner does (the 16 best layouts by the closed form, those by the closed form
+of fill and drain, rescreen.fill_shortlist, and those through a contended uplink ranked without its terms,
+rescreen.uplink_shortlist, re-ranked with the event simulation) and with
 every leaf re-ranked by it (the exact optimum of the tree for the simulator), and prints
 the gap, whether the best plan runs through b, and the uplink's cost to it (the same plan without the uplink);
 then the same gap on the same instance without the uplink, which tells the screening's own gap (the closed form

@@ -165,7 +165,7 @@ def test_deepspeed_middle_stage_never_shares_its_uplink_with_itself():
 def test_the_search_finds_the_best_layout_through_a_contended_uplink(monkeypatch):
     """The closed form charges every transfer through a contended uplink its longest wait, so it can rank the
     best layout through b far down (here 69th, 6 % above its simulation). The search therefore also re-ranks the
-    layouts through such an uplink by their closed form without the uplink's terms (search.uplink_shortlist).
+    layouts through such an uplink by their closed form without the uplink's terms (rescreen.uplink_shortlist).
     Against the exact optimum of the tree for the event simulation (every leaf simulated, none skipped): within
     1 %; without that list the plan was 4.9 % slower."""
     from hetauto_megatron.plan import search as search_mod

@@ -23,6 +23,7 @@ either boundary schedule), organised for a search that prices many layouts diffe
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -49,10 +50,13 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
     (seconds or inf, layout with the recomputation chosen)."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, schedule: str = "blocking",
-                 engine: str = DEFAULT_ENGINE, share_uplinks: bool = True):
+                 engine: str = DEFAULT_ENGINE, share_uplinks: bool = True, estimate=estimate_1f1b):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
+        # Megatron's 1F1B closed form (pipeline.estimate_1f1b; rescreen.fill_shortlist ranks by
+        # pipeline_fill.estimate_fill_drain); DeepSpeed's schedule is screened by estimate_1f1b on its link times
+        self.estimate = estimate
         # whether a pipeline's boundaries through one cluster share its uplink (plan/shared_uplinks.py); without,
-        # the optimistic screen search.uplink_shortlist ranks the layouts through a contended uplink by
+        # the optimistic screen rescreen.uplink_shortlist ranks the layouts through a contended uplink by
         self.share_uplinks = share_uplinks
         # The pipeline engine planned for (settings.py ENGINES): DeepSpeed's runs every boundary blocking, its
         # TrainSchedule (screened by `deepspeed_links`), the settings as it runs them, and uniform layouts only.
@@ -77,6 +81,17 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         self._rings: dict = {}          # (cluster, ranks) per mesh -> the global-norm all-reduce
         self._settings: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
+
+    def variant(self, **changes) -> "LayoutEvaluator":
+        """The same evaluator but for `changes` (`share_uplinks`, `estimate`): it shares every cached term (none
+        depends on them) and prices layouts anew (`cache`, `rejected` its own)."""
+        other = copy.copy(self)
+        for name, value in changes.items():
+            if name not in ("share_uplinks", "estimate"):
+                raise TypeError(f"LayoutEvaluator.variant: unknown change {name!r}")
+            setattr(other, name, value)
+        other.cache, other.rejected = {}, []
+        return other
 
     # ---- cached terms -------------------------------------------------------------------------------------
     def padded(self, cur: tuple) -> ModelSpec:
@@ -263,7 +278,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
             return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m) + tail + overhead
-        return estimate_1f1b(fwd, bwd, links, m, latency=latency, uplinks=self.uplinks(cur, pm)) + tail + overhead
+        return self.estimate(fwd, bwd, links, m, latency=latency, uplinks=self.uplinks(cur, pm)) + tail + overhead
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:
         out = self.cache.get(choices)

@@ -14,7 +14,6 @@ from operator import le
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
-from .pipeline import estimate_1f1b
 from .split import split_layers
 
 
@@ -81,7 +80,7 @@ class OverlapPricing:
                 if layers is None:
                     return Priced(math.inf, False, None, None, None, None, None)
                 fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
-            closed = estimate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth,
+            closed = self.estimate(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth,
                                    uplinks=uplinks)
             t = closed + tail + overhead
             return Priced(t, True, fwd, bwd, closed, (layers, fwd, bwd, tail), (t, tuple(depths)))

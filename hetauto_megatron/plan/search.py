@@ -48,6 +48,7 @@ from . import local, space as space_mod
 from .branch_and_bound import branch_and_bound, dive_order, every_leaf
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
+from .rescreen import fill_shortlist, uplink_shortlist
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
 from .simulate import SCHEDULES, MeshChoice, num_micro_batches
@@ -73,7 +74,6 @@ REPLAN_CLIMBS = 2               # re-planning (a warm start, plan/replan.py): no
 REPLAN_RERANK = 4               # and the event simulation re-checks the best four layouts found (and
                                 # those of the best `rerank` with fewer than RERANK_MARGIN_M micro-batches)
 CLIMBS = 8                      # local-search starts (best leaf of each of the best cluster orders)
-UPLINK_SHORTLIST = 256          # layouts through a contended uplink looked at again without its terms (uplink_shortlist)
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
 RERANK_MARGIN_M = 64            # whose closed form is over 5 % above the best simulated so far (they differ by
                                 # up to 2 % there; with few micro-batches by up to 13 %: fill and drain)
@@ -286,10 +286,13 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                               "that fits. Fix: give the search more time (a larger --budget-s, or none)")
     if not ranked and not warm:
         _raise_infeasible(model, inventory, ev, sp)
-    # The closed form screens; the event simulation decides among the best of the tree's own leaves and, after
-    # the local search, the best of everything found (two lists, so the climb's many near-identical layouts
-    # cannot crowd the tree's best leaves out of the final check).
+    # The closed form screens; the event simulation decides among the best of the tree's own leaves, the same
+    # leaves ranked by a second closed form (plan/rescreen.py) and, after the local search, the best of everything
+    # found (lists of their own, so the climb's many near-identical layouts cannot crowd the tree's best leaves
+    # out of the final check).
     shortlists = [ranked]
+    if ev.engine == "megatron":         # layouts its fill and drain overcount (DeepSpeed's schedule is its own)
+        shortlists.append(fill_shortlist(ev, ranked))
     if any(c.uplink_gbps for c in inventory.clusters):     # layouts the uplink's pessimistic screen may hide
         shortlists.append(uplink_shortlist(ev, ranked))
     if (method == "mcts" and cfg.local_search) or warm:
@@ -321,20 +324,6 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
                         priced, method, cut, playouts, trees, exact, res.boundaries)
-
-
-def uplink_shortlist(ev: LayoutEvaluator, ranked: list, among: int = UPLINK_SHORTLIST) -> list:
-    """The layouts among the best `among` of `ranked` whose pipeline runs through a contended uplink
-    (plan/shared_uplinks.py), ranked by their closed form without the uplink's terms: the closed form charges each
-    of their transfers its longest wait for the uplink (never below the simulation, but 6 % above it at the
-    median), so on its own it can rank them out of the event simulation's reach (benchmarks/uplink_screening.py);
-    the simulation decides among the best of this list too."""
-    plain = LayoutEvaluator(ev.model, ev.inventory, ev.gbs, ev.cost, ev.schedule, ev.engine, share_uplinks=False)
-    out = []
-    for _, layout in ranked[:among]:
-        if ev.crosses_contended_uplink(ev.resolve(layout)[1]):
-            out.append((plain.resolve(layout)[0], layout))
-    return sorted(out, key=lambda x: x[0])
 
 
 def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda t, layout: t):
