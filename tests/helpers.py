@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: run the real `hetauto` process, and build small plan dictionaries."""
+"""Helpers shared by the tests: run the real `hetauto` process, build small plan dictionaries, draw random
+pipelines."""
 from __future__ import annotations
 
 import os
@@ -139,3 +140,17 @@ def wait_all(procs, timeout: float) -> list[int]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def random_pipeline(rng, min_stages: int = 1, micro_batches=(32, 64, 128)):
+    """A random pipeline for the closed forms of 1F1B (plan/pipeline.py, plan/pipeline_fill.py) against the event
+    simulation: (stages, micro-batches, forward and backward per stage, link and latency per boundary, blocking,
+    depth); 1-10 stages, backward about twice the forward, links of any speed up to a slow stage's time."""
+    p, m = rng.randint(min_stages, 10), rng.choice(micro_batches)
+    f = [rng.uniform(0.5, 2) for _ in range(p)]
+    b = [x * rng.uniform(1.9, 2.1) for x in f]
+    link = [rng.uniform(0, 1.0) for _ in range(p - 1)]
+    lat = [x * rng.uniform(0, 1) for x in link]
+    blk = [rng.random() < 0.5 for _ in range(p - 1)]
+    depth = [0 if x else rng.randint(0, 3) for x in blk]
+    return p, m, f, b, link, lat, blk, depth

@@ -12,6 +12,7 @@ from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b
 from hetauto_megatron.plan.pipeline_fill import estimate_fill_drain
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
+from helpers import random_pipeline
 
 
 @pytest.mark.parametrize("f, b, x, want, search_form", [
@@ -38,13 +39,7 @@ def test_closer_to_the_event_simulation_than_the_search_closed_form():
     rng = random.Random(4)
     ours, theirs = [], []
     for _ in range(400):
-        p, m = rng.randint(2, 10), rng.choice([8, 16, 32, 64])
-        f = [rng.uniform(0.5, 2) for _ in range(p)]
-        b = [v * rng.uniform(1.9, 2.1) for v in f]
-        x = [rng.uniform(0, 1.0) for _ in range(p - 1)]
-        lat = [v * rng.uniform(0, 1) for v in x]
-        blk = [rng.random() < 0.5 for _ in range(p - 1)]
-        depth = [0 if v else rng.randint(0, 3) for v in blk]
+        p, m, f, b, x, lat, blk, depth = random_pipeline(rng, min_stages=2, micro_batches=(8, 16, 32, 64))
         kw = dict(latency=lat, blocking=blk, depth=depth)
         sim = simulate_1f1b(f, b, x, m, **kw).makespan
         new, old = estimate_fill_drain(f, b, x, m, **kw), estimate_1f1b(f, b, x, m, **kw)

@@ -5,6 +5,7 @@ import pytest
 
 from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed
 from hetauto_megatron.plan.pipeline import estimate_1f1b, memory_terms, simulate_1f1b, warmup_counts, warmup_forwards
+from helpers import random_pipeline
 from pipeline_reference import reference_makespan
 
 
@@ -101,24 +102,11 @@ def test_a_plans_overlapped_boundaries_set_warm_up_and_memory():
     assert layout.memory_terms == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == ([6, 5, 2, 1], [0, 4, 4, 0])
 
 
-def _long_case(rng, min_stages=1):
-    """A random pipeline of many micro-batches (the closed form's domain): stages, micro-batches, passes, links,
-    latencies, schedules and depths."""
-    p, m = rng.randint(min_stages, 10), rng.choice([32, 64, 128])
-    f = [rng.uniform(0.5, 2) for _ in range(p)]
-    b = [x * rng.uniform(1.9, 2.1) for x in f]
-    link = [rng.uniform(0, 1.0) for _ in range(p - 1)]
-    lat = [x * rng.uniform(0, 1) for x in link]
-    blk = [rng.random() < 0.5 for _ in range(p - 1)]
-    depth = [0 if x else rng.randint(0, 3) for x in blk]
-    return p, m, f, b, link, lat, blk, depth
-
-
 def test_closed_form_never_undercuts_the_event_simulation():
     rng = random.Random(0)
     errs = []
     for _ in range(400):
-        p, m, f, b, link, lat, blk, depth = _long_case(rng)
+        p, m, f, b, link, lat, blk, depth = random_pipeline(rng)
         kw = dict(latency=lat, blocking=blk, depth=depth)
         sim, est = simulate_1f1b(f, b, link, m, **kw).makespan, estimate_1f1b(f, b, link, m, **kw)
         assert sim <= est * (1 + 1e-9)
@@ -260,7 +248,7 @@ def test_closed_form_with_shared_uplinks_does_not_undercut_the_event_simulation(
     random pipelines (9,002 with a contended uplink) it fell short once, by 0.3 %."""
     rng = random.Random(0)
     for k in range(400):
-        p, m, f, b, link, lat, blk, depth = _long_case(rng, min_stages=2)
+        p, m, f, b, link, lat, blk, depth = random_pipeline(rng, min_stages=2)
         m = m if k % 2 else rng.choice([1, 2, 3, 5, 8])
         ups = _shared_uplinks(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
         kw = dict(latency=lat, blocking=blk, depth=depth, uplinks=ups)

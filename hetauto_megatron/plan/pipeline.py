@@ -281,6 +281,13 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     is also at least the busiest shared uplink direction's time per micro-batch (`uplinks`, as simulate_1f1b).
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
     evaluating every run of stages with numpy."""
+    first, period, _, _ = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)
+    return first + (m - 1) * period
+
+
+def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth=None, uplinks=None) -> tuple:
+    """estimate_1f1b's terms (its arguments): (the first micro-batch's round trip, the period, per boundary the
+    link time with its wait for contended uplinks, per stage its compute plus the blocking sends that hold it)."""
     p = len(fwd)
     busy = contended(uplinks, link, latency)
     if busy:            # each transfer's possible wait for the others on a contended uplink direction
@@ -303,7 +310,8 @@ def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     period = _run_period(stage, gain, extra, m, overlapped)
     if busy:
         period_link = max(period_link, uplink_period(busy))
-    return sum(fwd) + sum(bwd) + 2 * sum(link) + (m - 1) * (period if period > period_link else period_link)
+    first = sum(fwd) + sum(bwd) + 2 * sum(link)
+    return first, (period if period > period_link else period_link), link, stage
 
 
 def _run_period(stage: list, gain: list, extra: list, m: int, overlapped: list) -> float:

@@ -21,30 +21,23 @@ where a run of stages or a link sets the period (their cycles leave stage k idle
 there it is estimate_1f1b. estimate_1f1b counts the two waits as R_k - h_k - h'_k whatever n_k is, so it is
 pessimistic by up to n_k (a_k + c_k) (tens of % with few micro-batches, a deep warm-up and a heavy first stage);
 this form can fall below the simulation where the stages around k lag in the fill or drain (a few %, on
-random pipelines; tests/test_plan_pipeline.py). Hence a ranking of its own, not a replacement.
+random pipelines; tests/test_plan_fill.py). Hence a ranking of its own, not a replacement.
 """
 from __future__ import annotations
 
-from .pipeline import estimate_1f1b, warmup_forwards
-from .shared_uplinks import contended, with_waits
+from .pipeline import closed_form_terms, warmup_forwards
 
 
 def estimate_fill_drain(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None) -> float:
     """The closed form above; arguments as pipeline.estimate_1f1b's."""
-    closed = estimate_1f1b(fwd, bwd, link, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks)
+    first, period, link, stage = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)
+    closed = first + (m - 1) * period       # estimate_1f1b
     p = len(fwd)
-    if m <= 1 or p <= 1:
-        return closed
-    busy = contended(uplinks, link, latency)
-    if busy:            # the transfers' waits for a contended uplink, as estimate_1f1b counts them
-        link = with_waits(link, busy)
+    if m <= 1 or p <= 1 or period > max(stage) * (1 + 1e-9):
+        return closed       # (a run of stages, a link or an uplink sets the period: estimate_1f1b's domain)
     blk = [blocking is None or blocking[l] for l in range(p - 1)]
     hold_f = [link[k] if k < p - 1 and blk[k] else 0.0 for k in range(p)]      # the forward send holding k
     hold_b = [link[k - 1] if k > 0 and blk[k - 1] else 0.0 for k in range(p)]  # the gradient send holding k
-    stage = [f + b + hf + hb for f, b, hf, hb in zip(fwd, bwd, hold_f, hold_b)]
-    first = sum(fwd) + sum(bwd) + 2 * sum(link)
-    if (closed - first) / (m - 1) > max(stage) * (1 + 1e-9):
-        return closed       # a run of stages, a link or an uplink sets the period: estimate_1f1b's domain
     d = [0] * (p - 1) if depth is None else list(depth)
     warm = warmup_forwards(p, [0 if blk[l] else d[l] for l in range(p - 1)])
     rest = [0.0] * p        # R_k

@@ -6,8 +6,6 @@ simulation's best layout out of the simulation's reach; the second forms are not
 """
 from __future__ import annotations
 
-import math
-
 from .evaluator import LayoutEvaluator
 from .pipeline_fill import estimate_fill_drain
 
@@ -38,6 +36,5 @@ def rescreened(ev: LayoutEvaluator, ranked: list, among: int, only=None, **chang
     """The best `among` of `ranked` (those for which `only(layout)`, where given) priced again by `ev` but for
     `changes` (LayoutEvaluator.variant), best first."""
     other = ev.variant(**changes)
-    out = [(other.resolve(layout)[0], layout) for t, layout in ranked[:among]
-           if math.isfinite(t) and (only is None or only(layout))]
+    out = [(other.resolve(layout)[0], layout) for _, layout in ranked[:among] if only is None or only(layout)]
     return sorted(out, key=lambda x: x[0])
