@@ -135,8 +135,9 @@ class MeasuredLayers:
 
     def layer_times(self, model, device, tp, mb, seq=None):
         layers = self._entries(device, tp, mb)[1:-1]
-        link = tp_collective_link(self.cost_model, device, tp, self.intra_node(self.gpus[device.name], tp))
-        ar = comm.allreduce_time(SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size, tp, link)
+        nbytes = SAILOR_ELEMENT_BYTES * mb * model.seq_length * model.hidden_size
+        link = tp_collective_link(self.cost_model, device, tp, self.intra_node(self.gpus[device.name], tp), nbytes)
+        ar = comm.allreduce_time(nbytes, tp, link)
         med = lambda xs: sorted(xs)[len(xs) // 2]
         return med([x[0] for x in layers]) - 2 * ar, med([x[1] for x in layers]) - 2 * ar
 

@@ -49,10 +49,10 @@ class SharedCoresCostModel:
     def embedding_times(self, *a):
         return self._scaled(self.base.embedding_times, *a)
 
-    def tp_link(self, device, tp, link):
+    def tp_link(self, device, tp, link, nbytes=None):
         """The link TP collectives run on is the base model's (a link is not stretched either)."""
         pick = getattr(self.base, "tp_link", None)
-        return pick(device, tp, link) if pick is not None else link
+        return pick(device, tp, link, nbytes) if pick is not None else link
 
     def host_floors(self, *a):
         return self._scaled(self.base.host_floors, *a)

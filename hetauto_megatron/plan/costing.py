@@ -70,7 +70,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     # two more when a full recompute re-runs the forward. TP stays inside a node (enforced by the search).
     # The host floor bounds each pass's compute and all-reduces together (one host thread issues both).
     act = dev.dtype_bytes * micro_batch_size * model.seq_length * model.hidden_size
-    tp_link = tp_collective_link(cost_model, dev, tp, cluster.intra_node)
+    tp_link = tp_collective_link(cost_model, dev, tp, cluster.intra_node, act)
     ar = comm.allreduce_time(act, tp, tp_link)
     tp_f = tp_b = 2 * ar
     overlapping = _tp_overlap_pricer(cost_model)
@@ -88,12 +88,13 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
                         dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev), tp_link)
 
 
-def tp_collective_link(cost_model, device, tp: int, intra_node: LinkSpec) -> LinkSpec:
-    """The link a mesh's TP collectives run on: the node's, unless the cost model measured that device's layers
-    running them slower at this TP degree (a learned model's `tp_link`: PCIe GPUs without peer access, whose
-    all-reduces go through host memory), in which case at that measured rate. The analytic model has none."""
+def tp_collective_link(cost_model, device, tp: int, intra_node: LinkSpec, nbytes: float | None = None) -> LinkSpec:
+    """The link a mesh's TP collectives of `nbytes` (a layer's activation) run on: the node's, unless the cost
+    model measured that device's layers running them slower at this TP degree (a learned model's `tp_link`: PCIe
+    GPUs without peer access, whose all-reduces go through host memory), in which case at that measured rate, read
+    at that message size. The analytic model has none."""
     pick = getattr(cost_model, "tp_link", None)
-    return pick(device, tp, intra_node) if pick is not None and tp > 1 else intra_node
+    return pick(device, tp, intra_node, nbytes) if pick is not None and tp > 1 else intra_node
 
 
 def _tp_overlap_pricer(cost_model):

@@ -29,6 +29,6 @@ from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_G
                      SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
                      sailor_samples, sailor_tp_allreduce_rates, with_tp_comm, read_allreduce_fits)
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
-                      calibration_key, host_floor_key, mape, tp_allreduce_key, profile_granularity, profile_samples, read_layers,
+                      calibration_key, host_floor_key, mape, tp_allreduce_key, allreduce_rate_at, profile_granularity, profile_samples, read_layers,
                       read_profile)
 from .validation import layer_time_pairs, summarise, validate, validate_layers  # noqa: F401

@@ -16,8 +16,8 @@ from ...spec.devices import DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
-from .samples import (BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, calibration_key, host_floor_key,
-                      tp_allreduce_key)
+from .samples import (BOOSTERS, MANIFEST, MODEL_FORMAT, DeviceInfo, Sample, allreduce_rate_at, calibration_key,
+                      host_floor_key, tp_allreduce_key)
 
 
 # ---- fitting -----------------------------------------------------------------------------------------------
@@ -48,8 +48,8 @@ class FittedModel:
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
     host_floor: dict = dataclasses.field(default_factory=dict)    # host_floor_key -> seconds (sailor_host_floors)
     gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
-    tp_allreduce: dict = dataclasses.field(default_factory=dict)  # "device|tpN" -> bytes/s its layers' TP all-reduces
-                                                                  # ran at (sailor_tp_allreduce_rates)
+    tp_allreduce: dict = dataclasses.field(default_factory=dict)  # "device|tpN" -> ((bytes, bytes/s), ...) its layers'
+                                                                  # TP all-reduces ran at (sailor_tp_allreduce_rates)
 
     def floor_s(self, device: str, phase: str, tp: int) -> float:
         """The device's host floor for a layer's pass at TP degree `tp`, compute and TP all-reduces together
@@ -133,7 +133,7 @@ def save_model(out_dir: str, model: FittedModel, devices: dict, metrics: dict, f
                 "optimizer_step": {k: {"rate": r, "overhead_s": o} for k, (r, o) in model.optimizer.items()},
                 "score_bwd_weight": model.score_bwd_weight, "gemm_bwd_weight": model.gemm_bwd_weight,
                 "host_floor": dict(sorted(model.host_floor.items())),
-                "tp_allreduce_bytes_per_s": dict(sorted(model.tp_allreduce.items())),
+                "tp_allreduce_bytes_per_s": {k: [list(p) for p in v] for k, v in sorted(model.tp_allreduce.items())},
                 "op_features": list(F.OP_FEATURES), "layer_features": list(F.LAYER_FEATURES),
                 "devices": {k: v.to_dict() for k, v in sorted(devices.items())}, "fit": metrics}
     write_text_file(os.path.join(out_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n", field=field)
@@ -250,11 +250,7 @@ class LearnedCostModel:
                              fix="re-fit it with 'hetauto fit'")
         self.fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
         rates = man.get("tp_allreduce_bytes_per_s", {})   # models fitted before it existed: the node's link
-        if not isinstance(rates, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in rates.values()):
-            raise InputError("has a garbled tp_allreduce_bytes_per_s table", file=path, field="tp_allreduce_bytes_per_s",
-                             fix="re-fit it with 'hetauto fit'")
-        self.fitted.tp_allreduce = {str(k): float(v) for k, v in rates.items()}
+        self.fitted.tp_allreduce = _read_rates(rates, path)
         # Covered: measured in both phases at its granularity, in the arithmetic its DeviceInfo states (the
         # calibration has groups for both phases in it).
         groups = {(d, g, ph, a) for d, g, ph, _, a in (k.split("|") for k in self.fitted.calibration)}
@@ -375,12 +371,14 @@ class LearnedCostModel:
             return 0.0, 0.0
         return self.fitted.floor_s(info.name, "fwd", tp), self.fitted.floor_s(info.name, "bwd", tp)
 
-    def tp_link(self, device: DeviceType, tp: int, link: LinkSpec) -> LinkSpec:
-        """The link `device`'s TP collectives run on at degree `tp`: `link` (the node's), or where this device's
-        measured layers ran their all-reduces slower at that degree, that rate (sailor_tp_allreduce_rates; the
-        fit set the all-reduces apart at it, so the planner adds them back at it)."""
+    def tp_link(self, device: DeviceType, tp: int, link: LinkSpec, nbytes: float | None = None) -> LinkSpec:
+        """The link `device`'s TP collectives of `nbytes` run on at degree `tp`: `link` (the node's), or where this
+        device's measured layers ran their all-reduces of that size slower at that degree, that rate
+        (sailor_tp_allreduce_rates; the fit set the all-reduces apart at it, so the planner adds them back at it).
+        nbytes None: the rate of the largest message measured."""
         info = self._info(device)
-        rate = self.fitted.tp_allreduce.get(tp_allreduce_key(info.name, tp)) if info is not None else None
+        points = self.fitted.tp_allreduce.get(tp_allreduce_key(info.name, tp)) if info is not None else None
+        rate = allreduce_rate_at(points, nbytes) if points is not None else None
         if rate is None or rate >= link.bytes_per_s:
             return link
         return dataclasses.replace(link, bandwidth_gbps=rate * 8 / 1e9)
@@ -403,6 +401,29 @@ class LearnedCostModel:
         parts = self.fallback.layer_parts(model, device, tp, micro_batch_size, seq_length)
         total = sum(p[0] for p in parts.values())
         return fwd * parts["mlp"][0] / total if total > 0 else 0.0
+
+
+def _read_rates(rates, path: str) -> dict:
+    """The manifest's tp_allreduce_bytes_per_s: per key a list of [message bytes, bytes/s] in increasing bytes, or
+    (models fitted before the sizes were kept) one rate for every size."""
+    def number(x, low: float) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < math.inf
+
+    def points(v):
+        if number(v, 0):
+            return float(v)
+        if not isinstance(v, list) or not v or not all(isinstance(p, list) and len(p) == 2 and number(p[0], 0)
+                                                       and number(p[1], 0) for p in v):
+            return None
+        out = tuple((float(b), float(r)) for b, r in v)
+        return out if all(a[0] < b[0] for a, b in zip(out, out[1:])) else None
+
+    read = {str(k): points(v) for k, v in rates.items()} if isinstance(rates, dict) else None
+    if read is None or any(v is None for v in read.values()):
+        raise InputError("has a garbled tp_allreduce_bytes_per_s table (each entry a rate in bytes/s, or a list of "
+                         "[message bytes, bytes/s] in increasing bytes)", file=path, field="tp_allreduce_bytes_per_s",
+                         fix="re-fit it with 'hetauto fit'")
+    return read
 
 
 def load_cost_model(path: str | None):

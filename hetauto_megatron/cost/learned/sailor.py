@@ -15,7 +15,7 @@ from ...spec.model import ModelSpec, read_json_file
 from .. import features as F
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor_links import sailor_allreduce_s
-from .samples import DeviceInfo, Sample, host_floor_key, tp_allreduce_key
+from .samples import DeviceInfo, Sample, allreduce_rate_at, host_floor_key, tp_allreduce_key
 
 
 # ---- Sailor per-layer GPU measurements ---------------------------------------------------------------------
@@ -301,19 +301,24 @@ def tp_allreduces_s(r: SailorLayer, fits: dict, rates: dict | None = None) -> fl
     t = sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, n)
     rate = (rates or {}).get(tp_allreduce_key(r.device, n))
     if rate:
-        t = max(t, 2 * (n - 1) / n * nbytes / rate)
+        t = max(t, 2 * (n - 1) / n * nbytes / allreduce_rate_at(rate, nbytes))
     return 2 * t
 
 
-def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, float]:
-    """tp_allreduce_key -> the bus bandwidth (bytes/s) a GPU's TP all-reduces ran at inside its measured layers.
+def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
+    """tp_allreduce_key -> ((message bytes, bus bandwidth in bytes/s), ...): the rates a GPU's TP all-reduces ran
+    at inside its measured layers, by message size (samples.allreduce_rate_at reads them at any size).
 
     With the same model and micro-batch measured at TP 1 and TP n, the TP n pass is its compute, read as the TP 1
     pass's time per unit of roofline prior applied to the TP n shape's prior (how Megatron's split shrinks each
     GEMM), plus two all-reduces of the layer's activation, each taking half the rest: a bus bandwidth of
     2(n-1)/n x its bytes over that (the reading test_tp_all_reduces_set_apart_match_what_the_tp4_layers_measure
-    checks on the A100). Read at each model's largest micro-batch measured at both (the largest message: the least
-    latency and host time in it), the median over the models and the two passes.
+    checks on the A100). Read at every micro-batch measured at both; at each message size the median over the
+    models and the two passes. By size because on a PCIe GPU whose all-reduces go through host memory they do not
+    run at one rate: the RTX 3090's at TP 8 ran 8 MB messages (micro-batch 1) at 2.0 GB/s and 34 MB ones
+    (micro-batch 4) at 1.5; one rate, read at the largest message as before, priced that GPU's micro-batch 1 and 2
+    layers 39 % and 12 % slower than they ran (in sample: the fit could not take it back, a layer's compute is never
+    negative).
     The fit sets a layer's all-reduces apart at this rate where it is slower than Sailor's all-reduce curve of the
     GPU (tp_allreduces_s), and the planner adds them back at it (LearnedCostModel.tp_link). It is on the PCIe GPUs
     of Sailor's MIT cluster that this matters: their layers ran the all-reduces 1.5-6x slower than Sailor's curves
@@ -325,13 +330,16 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, float]:
     for r in layers:
         if r.shape.kind == "transformer":
             groups.setdefault((r.model, r.gpu, r.device, r.shape.tp, r.shape.micro_batch), []).append(r)
-    largest: dict[tuple, int] = {}
+    largest: dict[tuple, int] = {}      # (model, GPU, device, TP) -> its largest micro-batch measured at TP 1 too
     for (m, g, dev, tp, mb) in groups:
         if tp > 1 and (m, g, dev, 1, mb) in groups:
             largest[(m, g, dev, tp)] = max(largest.get((m, g, dev, tp), 0), mb)
-    readings: dict[str, list[float]] = {}
-    for (m, g, dev, tp), mb in largest.items():
-        many, one = groups[(m, g, dev, tp, mb)], groups[(m, g, dev, 1, mb)]
+    by_size: dict[str, dict[int, list[float]]] = {}
+    at_largest: dict[str, list[tuple[int, float]]] = {}
+    for (m, g, dev, tp, mb), many in sorted(groups.items()):
+        if (m, g, dev, tp) not in largest or (m, g, dev, 1, mb) not in groups:
+            continue
+        one = groups[(m, g, dev, 1, mb)]
         nbytes = mb * many[0].shape.seq * many[0].shape.hidden * many[0].dtype_bytes
         key = tp_allreduce_key(dev, tp)
         for phase in ("fwd", "bwd"):
@@ -341,8 +349,24 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, float]:
                                    1.0, 1.0)[1] for k, grp in ((1, one), (tp, many))}
             each = (t_n - t_1 / prior[1] * prior[tp]) / 2
             if each > 0:
-                readings.setdefault(key, []).append(2 * (tp - 1) / tp * nbytes / each)
-    return {k: statistics.median(v) for k, v in sorted(readings.items())}
+                rate = 2 * (tp - 1) / tp * nbytes / each
+                by_size.setdefault(key, {}).setdefault(nbytes, []).append(rate)
+                if mb == largest[(m, g, dev, tp)]:
+                    at_largest.setdefault(key, []).append((nbytes, rate))
+    out = {}
+    for key, sizes in sorted(by_size.items()):
+        points = tuple((float(b), statistics.median(v)) for b, v in sorted(sizes.items()))
+        # Where the rate rises with the message, the small messages' time is mostly a fixed cost per call (launch,
+        # latency, the host), not bandwidth: no rate to read by size (the host floor prices that cost), and such
+        # readings did not carry over between models (leaving one out, A100-40 9.3 % per pass against 5.2). There
+        # one rate holds for every size: each model's largest message's reading (the least latency and host time
+        # in it), the median over the models and the two passes.
+        if points[0][1] < points[-1][1]:
+            if key not in at_largest:
+                continue
+            points = ((float(max(b for b, _ in at_largest[key])), statistics.median(r for _, r in at_largest[key])),)
+        out[key] = points
+    return out
 
 
 @lru_cache(maxsize=8192)

@@ -161,8 +161,27 @@ def host_floor_key(device: str, phase: str, tp: int) -> str:
 
 
 def tp_allreduce_key(device: str, tp: int) -> str:
-    """The key of a device's measured TP all-reduce rate at degree `tp` (sailor_tp_allreduce_rates)."""
+    """The key of a device's measured TP all-reduce rates at degree `tp` (sailor_tp_allreduce_rates)."""
     return f"{device}|tp{tp}"
+
+
+def allreduce_rate_at(points, nbytes: float | None) -> float:
+    """The bus bandwidth (bytes/s) at a message of `nbytes` from the rates measured at several sizes: `points`,
+    ((bytes, rate), ...) in increasing bytes (a bare number: one rate for every size, as models fitted before the
+    sizes were kept store it). NCCL's bandwidth depends on the message (its protocol and chunking change with the
+    size), so between two measured sizes the time per byte is interpolated on the logarithm of the size; outside
+    them the nearest size's rate holds. None: the largest size measured (the least latency in it)."""
+    if isinstance(points, (int, float)):
+        return float(points)
+    if nbytes is None or nbytes >= points[-1][0]:
+        return points[-1][1]
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (b0, r0), (b1, r1) in zip(points, points[1:]):
+        if nbytes <= b1:
+            w = math.log(nbytes / b0) / math.log(b1 / b0)
+            return 1.0 / ((1 - w) / r0 + w / r1)
+    return points[-1][1]
 
 
 def calibration_key(device: str, granularity: str, phase: str, features, arithmetic: str = "") -> str:
