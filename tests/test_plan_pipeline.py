@@ -128,14 +128,39 @@ def _period_by_every_run(f, b, link, m, blk, depth):
     best = max([0.0] + [x for x, bl in zip(link, blk) if not bl])      # latency 0: the whole transfer occupies
     for i in range(p):
         for k in range(i, p):
+            if k > i and w[i] == m:         # its warm-up takes every micro-batch: no forward after a backward
+                continue
             run = sum(stage[i:k + 1]) + sum(2 * link[l] for l in range(i, k) if not blk[l])
             best = max(best, run / min(w[i] - w[k] + 1, m))
     return best
 
 
+def test_closed_form_with_fewer_micro_batches_than_the_warm_up():
+    """Where the first stage's warm-up takes every micro-batch, it and the stages like it run no forward after a
+    backward. Hand figures: 4 equal stages (f 1 s, b 2 s), 2 micro-batches: (m + p - 1)(f + b) = 15 s, with or
+    without an overlapped boundary's depth (the closed form gave 18 and 21: the whole pipeline's round trip shared
+    by 2 micro-batches, or by 4/3 with the depth, as the period). Random pipelines with m at most the first stage's
+    warm-up, against the event simulation: never below it, within 10 % at the median (was 53 %)."""
+    f, b, x = [1.0] * 4, [2.0] * 4, [0.0] * 3
+    assert estimate_1f1b(f, b, x, 2) == pytest.approx(15.0) == simulate_1f1b(f, b, x, 2).makespan
+    kw = dict(blocking=[False] * 3, depth=[1] * 3)
+    assert estimate_1f1b(f, b, x, 2, **kw) == pytest.approx(15.0) == simulate_1f1b(f, b, x, 2, **kw).makespan
+    rng = random.Random(4)
+    errs = []
+    while len(errs) < 300:
+        p, m, f, b, link, lat, blk, depth = random_pipeline(rng, 2, micro_batches=tuple(range(2, 40)))
+        if m > warmup_forwards(p, depth)[0]:
+            continue
+        kw = dict(latency=lat, blocking=blk, depth=depth)
+        sim, est = simulate_1f1b(f, b, link, m, **kw).makespan, estimate_1f1b(f, b, link, m, **kw)
+        assert sim <= est * (1 + 1e-9)
+        errs.append(est / sim - 1)
+    assert sorted(errs)[len(errs) // 2] < 0.10, sorted(errs)[len(errs) // 2]
+
+
 def test_closed_form_equals_its_definition_run_by_run():
-    """estimate_1f1b finds the period in a few linear passes (the longest runs from a saturated front, single
-    stages, Dinkelbach's iteration where an overlapped link beats its depth): the same as trying every run of
+    """estimate_1f1b finds the period in a few linear passes (single stages, Dinkelbach's iteration where an
+    overlapped link beats its depth; no run from a saturated front): the same as trying every run of
     stages, on pipelines of up to 60 stages, few micro-batches (a saturated front) or many, equal stages (ties)
     or not, every boundary schedule."""
     rng = random.Random(21)
