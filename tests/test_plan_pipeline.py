@@ -140,7 +140,8 @@ def test_closed_form_with_fewer_micro_batches_than_the_warm_up():
     backward. Hand figures: 4 equal stages (f 1 s, b 2 s), 2 micro-batches: (m + p - 1)(f + b) = 15 s, with or
     without an overlapped boundary's depth (the closed form gave 18 and 21: the whole pipeline's round trip shared
     by 2 micro-batches, or by 4/3 with the depth, as the period). Random pipelines with m at most the first stage's
-    warm-up, against the event simulation: never below it, within 10 % at the median (was 53 %)."""
+    warm-up, against the event simulation: never below it, within 10 % at the median (was 22-67 %,
+    benchmarks/closed_forms.py)."""
     f, b, x = [1.0] * 4, [2.0] * 4, [0.0] * 3
     assert estimate_1f1b(f, b, x, 2) == pytest.approx(15.0) == simulate_1f1b(f, b, x, 2).makespan
     kw = dict(blocking=[False] * 3, depth=[1] * 3)

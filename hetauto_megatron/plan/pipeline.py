@@ -40,10 +40,10 @@ through stages k..i: with k = i it is the stage itself, with k = p - 1 the in-fl
 slow link inside a run is why it costs time even when its bandwidth is not the bottleneck. A stage whose
 warm-up takes every micro-batch (w_i = m) runs no forward after a backward, so a run from it closes no cycle:
 only its own work counts. (Counting those runs too, as the closed form did before, charged a pipeline with
-fewer micro-batches than its first stage's warm-up a whole run of stages per micro-batch: on random pipelines
-53 % above the simulation at the median, 240 % at worst; now 4.7 % and 22 %.) The closed form never undercuts
-the event simulation on the tests' random cases and is within a few % of it once m >= 32; the search re-ranks
-its best candidates with the event simulation.
+fewer micro-batches than its first stage's warm-up a whole run of stages per micro-batch: with fewer than the
+stages 67 % above the simulation at the median, 220 % at worst; now 3.7 % and 20 %; benchmarks/closed_forms.py
+prints the figures by regime.) The closed form never undercuts the event simulation on the tests' random cases
+and is within a few % of it once m >= 32; the search re-ranks its best candidates with the event simulation.
 """
 from __future__ import annotations
 
