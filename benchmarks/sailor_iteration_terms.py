@@ -40,6 +40,8 @@ class Pieces:
         self.learned, self.measured, self.pieces = learned, measured, set(pieces)
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "learned":    # copy.copy looks these up before __init__ has run
+            raise AttributeError(name)
         return getattr(self.learned, name)
 
     def layer_times(self, *a, **k):
@@ -85,7 +87,8 @@ def decompose(workdir: str) -> list[dict]:
             if r["model"] != held or (built := S.run_plan(r)) is None:
                 continue
             plan, inv = built
-            meas = S.MeasuredLayers(cm, held, inv.clusters[0].intra_node)
+            intra = inv.clusters[0].intra_node
+            meas = S.MeasuredLayers(cm, held, {"gh200": "GH-96"}, lambda gpu, tp: intra)
             terms = composition_terms(plan, inv, cm)
             base = terms["iteration"]
             with_piece = {p: simulate(plan, inv, Pieces(cm, meas, [p]), engine="deepspeed").iteration_time_s
