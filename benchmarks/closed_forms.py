@@ -26,8 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from helpers import random_pipeline  # noqa: E402
-from test_plan_pipeline import _shared_uplinks  # noqa: E402
+from helpers import random_pipeline, shared_uplinks_draw  # noqa: E402
 
 from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed  # noqa: E402
 from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b, warmup_forwards  # noqa: E402
@@ -53,7 +52,7 @@ def measure(n: int, seed: int) -> dict:
         if k >= n:
             if p < 2:
                 continue
-            ups = _shared_uplinks(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
+            ups = shared_uplinks_draw(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
             if not contended(ups, link, lat):
                 continue
         kw = dict(latency=lat, blocking=blk, depth=depth, uplinks=ups)

@@ -154,3 +154,22 @@ def random_pipeline(rng, min_stages: int = 1, micro_batches=(32, 64, 128)):
     blk = [rng.random() < 0.5 for _ in range(p - 1)]
     depth = [0 if x else rng.randint(0, 3) for x in blk]
     return p, m, f, b, link, lat, blk, depth
+
+
+def shared_uplinks_draw(rng, p, occ, whole=True):
+    """Stages in random clusters along the pipeline (a new one at a boundary with probability 0.7); every
+    cluster's uplink taking each transfer across it for a random whole number of seconds, from one to the link
+    occupancy `occ` (a whole number > 0; whole=False: any fraction of it), never more: a link is capped by the
+    uplinks of its clusters (Inventory.link). The clusters in the middle carry two boundaries on theirs."""
+    c = [0]
+    for _ in range(1, p):
+        c.append(c[-1] + (rng.random() < 0.7))
+    out = []
+    for l in range(p - 1):
+        if c[l] == c[l + 1] or occ[l] == 0:
+            out.append(None)
+            continue
+        sec = rng.choice([occ[l], max(occ[l] // 2, 1), rng.randint(1, occ[l])]) if whole else \
+            occ[l] * rng.choice([1.0, 0.5, 0.8, rng.random()])
+        out.append(((((c[l], "out"), sec), ((c[l + 1], "in"), sec)), (((c[l + 1], "out"), sec), ((c[l], "in"), sec))))
+    return tuple(out) if any(out) else None

@@ -5,7 +5,7 @@ import pytest
 
 from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed
 from hetauto_megatron.plan.pipeline import estimate_1f1b, memory_terms, simulate_1f1b, warmup_counts, warmup_forwards
-from helpers import random_pipeline
+from helpers import random_pipeline, shared_uplinks_draw
 from pipeline_reference import reference_makespan
 
 
@@ -228,25 +228,6 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     assert got == pytest.approx(want, rel=1e-9, abs=1.0)
 
 
-def _shared_uplinks(rng, p, occ, whole=True):
-    """Stages in random clusters along the pipeline (a new one at a boundary with probability 0.7); every
-    cluster's uplink taking each transfer across it for a random whole number of seconds, from one to the link
-    occupancy `occ` (a whole number > 0; whole=False: any fraction of it), never more: a link is capped by the
-    uplinks of its clusters (Inventory.link). The clusters in the middle carry two boundaries on theirs."""
-    c = [0]
-    for _ in range(1, p):
-        c.append(c[-1] + (rng.random() < 0.7))
-    out = []
-    for l in range(p - 1):
-        if c[l] == c[l + 1] or occ[l] == 0:
-            out.append(None)
-            continue
-        sec = rng.choice([occ[l], max(occ[l] // 2, 1), rng.randint(1, occ[l])]) if whole else \
-            occ[l] * rng.choice([1.0, 0.5, 0.8, rng.random()])
-        out.append(((((c[l], "out"), sec), ((c[l + 1], "in"), sec)), (((c[l + 1], "out"), sec), ((c[l], "in"), sec))))
-    return tuple(out) if any(out) else None
-
-
 def test_shared_uplinks_event_simulation_equals_brute_force_reference():
     """200 random pipelines through several clusters whose uplinks the two boundaries of a middle cluster share
     (plan/shared_uplinks.py), shares of the uplink from a half to all of it: the event simulation and the
@@ -257,7 +238,7 @@ def test_shared_uplinks_event_simulation_equals_brute_force_reference():
     for _ in range(200):
         p, m, f, b, occ, lat, blk, depth = _case(rng)
         occ = [max(o, 1) for o in occ]
-        ups = _shared_uplinks(rng, p, occ)
+        ups = shared_uplinks_draw(rng, p, occ)
         x = [o + a for o, a in zip(occ, lat)]
         ref = reference_makespan(f, b, occ, lat, m, blk, depth, ups)
         got = simulate_1f1b(f, b, x, m, latency=lat, blocking=blk, depth=depth, uplinks=ups).makespan
@@ -276,7 +257,7 @@ def test_closed_form_with_shared_uplinks_does_not_undercut_the_event_simulation(
     for k in range(400):
         p, m, f, b, link, lat, blk, depth = random_pipeline(rng, min_stages=2)
         m = m if k % 2 else rng.choice([1, 2, 3, 5, 8])
-        ups = _shared_uplinks(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
+        ups = shared_uplinks_draw(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
         kw = dict(latency=lat, blocking=blk, depth=depth, uplinks=ups)
         assert simulate_1f1b(f, b, link, m, **kw).makespan <= estimate_1f1b(f, b, link, m, **kw) * 1.005
         assert simulate_deepspeed(f, b, link, m, ups)[0] <= estimate_1f1b(f, b, deepspeed_links(link, ups), m) * 1.005

@@ -327,9 +327,9 @@ def _run_period(stage: list, gain: list, extra: list, m: int, overlapped: list) 
     run from one of them closes no cycle and only their single-stage runs count. Runs starting after F have
     D = u_i - u_k + 1 (<= m), the weight of their stages (1 each) and boundaries (extra_l each): N / D is then a
     mediant, at most the largest of the stages' and boundaries' own ratios, so the single stages (D = 1) decide
-    unless a boundary's gain beats its weight at that ratio; then Dinkelbach's iteration finds the best run exactly: for a ratio r,
-    max_{i <= k} N - r D = max_k (G_k + r u_k) - min_{i <= k} (H_i + r u_i) - r (N = G_k - H_i) is one pass,
-    and the run attaining it has a larger ratio unless r is already the maximum. `overlapped`: the boundaries
+    unless a boundary's gain beats its weight at that ratio; then Dinkelbach's iteration finds the best run
+    exactly: for a ratio r, max_{i <= k} N - r D = max_k (G_k + r u_k) - min_{i <= k} (H_i + r u_i) - r
+    (N = G_k - H_i) is one pass, and the run attaining it has a larger ratio unless r is already the maximum. `overlapped`: the boundaries
     that may have a gain (the blocking ones have none), all a boundary check need look at."""
     p = len(stage)
     best = max(stage)                       # the runs of one stage

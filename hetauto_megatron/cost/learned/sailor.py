@@ -299,9 +299,9 @@ def tp_allreduces_s(r: SailorLayer, fits: dict, rates: dict | None = None) -> fl
     n = r.shape.tp
     nbytes = r.shape.micro_batch * r.shape.seq * r.shape.hidden * r.dtype_bytes
     t = sailor_allreduce_s(fits.get(r.gpu, {}), nbytes, n)
-    rate = (rates or {}).get(tp_allreduce_key(r.device, n))
-    if rate:
-        t = max(t, 2 * (n - 1) / n * nbytes / allreduce_rate_at(rate, nbytes))
+    points = (rates or {}).get(tp_allreduce_key(r.device, n))
+    if points:
+        t = max(t, 2 * (n - 1) / n * nbytes / allreduce_rate_at(points, nbytes))
     return 2 * t
 
 
@@ -335,7 +335,7 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
         if tp > 1 and (m, g, dev, 1, mb) in groups:
             largest[(m, g, dev, tp)] = max(largest.get((m, g, dev, tp), 0), mb)
     by_size: dict[str, dict[int, list[float]]] = {}
-    at_largest: dict[str, list[tuple[int, float]]] = {}
+    at_largest: dict[str, list[float]] = {}     # the readings at each model's largest micro-batch
     for (m, g, dev, tp, mb), many in sorted(groups.items()):
         if (m, g, dev, tp) not in largest or (m, g, dev, 1, mb) not in groups:
             continue
@@ -352,7 +352,7 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
                 rate = 2 * (tp - 1) / tp * nbytes / each
                 by_size.setdefault(key, {}).setdefault(nbytes, []).append(rate)
                 if mb == largest[(m, g, dev, tp)]:
-                    at_largest.setdefault(key, []).append((nbytes, rate))
+                    at_largest.setdefault(key, []).append(rate)
     out = {}
     for key, sizes in sorted(by_size.items()):
         points = tuple((float(b), statistics.median(v)) for b, v in sorted(sizes.items()))
@@ -364,7 +364,7 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
         if points[0][1] < points[-1][1]:
             if key not in at_largest:
                 continue
-            points = ((float(max(b for b, _ in at_largest[key])), statistics.median(r for _, r in at_largest[key])),)
+            points = ((points[-1][0], statistics.median(at_largest[key])),)
         out[key] = points
     return out
 

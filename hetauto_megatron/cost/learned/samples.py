@@ -2,6 +2,7 @@
 `DeviceInfo`, and the files `hetauto profile` writes (operators, and whole layers with `--layers`)."""
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -177,11 +178,10 @@ def allreduce_rate_at(points, nbytes: float | None) -> float:
         return points[-1][1]
     if nbytes <= points[0][0]:
         return points[0][1]
-    for (b0, r0), (b1, r1) in zip(points, points[1:]):
-        if nbytes <= b1:
-            w = math.log(nbytes / b0) / math.log(b1 / b0)
-            return 1.0 / ((1 - w) / r0 + w / r1)
-    return points[-1][1]
+    i = bisect.bisect_left([b for b, _ in points], nbytes)       # points[i - 1][0] < nbytes <= points[i][0]
+    (b0, r0), (b1, r1) = points[i - 1], points[i]
+    w = math.log(nbytes / b0) / math.log(b1 / b0)
+    return 1.0 / ((1 - w) / r0 + w / r1)
 
 
 def calibration_key(device: str, granularity: str, phase: str, features, arithmetic: str = "") -> str:
