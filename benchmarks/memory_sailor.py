@@ -29,6 +29,7 @@ model's layers is left out, as in benchmarks/sailor_iterations.py (GPT-Neo N4 D4
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -104,6 +105,8 @@ def summary(rs: list[float]) -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args()
     runs = load_runs()
     print(f"{'run':<42} {'mbs':>3} {'measured':>9}  " + "  ".join(f"{k:>13}" for k in VARIANTS) + "   (GiB)")
     for r in runs:

@@ -37,6 +37,7 @@ them): the composition's error alone. --1f1b composes every run with Megatron's 
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -180,13 +181,20 @@ def pct(a: float, b: float) -> float:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--measured-layers", action="store_true",
+                    help="the GPUs' own measured layers in place of the learned ones (in sample: the composition alone)")
+    ap.add_argument("--1f1b", dest="one_f_one_b", action="store_true",
+                    help="compose with Megatron's 1F1B instead of DeepSpeed's pipeline schedule")
+    ap.add_argument("--json", action="store_true", help="the runs and figures as JSON")
+    args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model")
         subprocess.run(HETAUTO + ["fit", "--sailor", "-o", out], cwd=ROOT, check=True, capture_output=True)
-        rows = compose(L.LearnedCostModel(out), "--measured-layers" in sys.argv, "--1f1b" in sys.argv)
+        rows = compose(L.LearnedCostModel(out), args.measured_layers, args.one_f_one_b)
     ours = [abs(pct(r["predicted_s"], r["measured_s"])) for r in rows]
     theirs = [abs(pct(r["sailor_s"], r["measured_s"])) for r in rows]
-    if "--json" in sys.argv:
+    if args.json:
         print(json.dumps({"runs": rows, "mape_pct": sum(ours) / len(ours), "worst_pct": max(ours),
                           "sailor_mape_pct": sum(theirs) / len(theirs), "sailor_worst_pct": max(theirs)}))
         return 0

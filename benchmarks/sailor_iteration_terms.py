@@ -18,6 +18,7 @@ The MAPE lines give each group's error with each piece replaced (what a perfect 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -100,6 +101,8 @@ def decompose(workdir: str) -> list[dict]:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = decompose(tmp)
     pct = lambda x, row: 100.0 * x / row["measured"]

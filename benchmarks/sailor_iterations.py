@@ -31,6 +31,7 @@ OPT-350's 26 entries for GPT-Neo's 34).
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -178,9 +179,15 @@ def error_pct(row: dict) -> float:
 
 
 def main() -> int:
-    engine = "megatron" if "--1f1b" in sys.argv else "deepspeed"
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--1f1b", dest="one_f_one_b", action="store_true",
+                    help="compose with Megatron's 1F1B instead of DeepSpeed's pipeline schedule")
+    ap.add_argument("--measured-layers", action="store_true",
+                    help="the run's model's own measured layers, embedding and head (in sample: the composition alone)")
+    args = ap.parse_args()
+    engine = "megatron" if args.one_f_one_b else "deepspeed"
     with tempfile.TemporaryDirectory() as tmp:
-        rows, skipped = whole_iterations(tmp, engine, "--measured-layers" in sys.argv)
+        rows, skipped = whole_iterations(tmp, engine, args.measured_layers)
     print(f"{'model':<12} {'nodes':>5} {'entries per stage':<26} {'tp':>2} {'dp':>3} {'mbs':>3} {'m':>4} "
           f"{'measured s':>10} {'predicted s':>11} {'error %':>8}  pipeline / dp / optimizer / sync s")
     for x in rows:
@@ -197,7 +204,7 @@ def main() -> int:
               "1-2 micro-batches or 1 node": [x for x in rows if x["micro_batches"] <= 2 or x["run"]["nodes"] == 1],
               "micro-batch size 1-2": [x for x in rows if x["run"]["micro_batch_size"] <= 2],
               "micro-batch size 4-8": [x for x in rows if x["run"]["micro_batch_size"] >= 4]}
-    what = ("the run's model's own measured layers (in sample)" if "--measured-layers" in sys.argv
+    what = ("the run's model's own measured layers (in sample)" if args.measured_layers
             else "learned model fitted without the run's model")
     print(f"\nwhole-iteration error, pipeline of {engine}, {what}:")
     for name, sel in groups.items():

@@ -227,3 +227,8 @@ def best_simple(model: str, zones: dict, gbs: int = 1024, devices: int = 16) -> 
                     if 0 < t < math.inf and 1 / t > best[0]:
                         best = (1 / t, stages)
     return best
+
+
+if __name__ == "__main__":
+    print(__doc__.strip() + "\n\nThese are the terms, not a benchmark: `python benchmarks/peer_scenarios.py --sailor-best "
+          "--terms` prices plans with them, and tests/test_sailor_terms.py checks them against Sailor's simulator.")
