@@ -111,6 +111,16 @@ INVENTORY_CASES = {
                          "clusters[0].name", ["not a usable cluster name"]),
     "empty-file": ("", None, ["is empty", "docs/inputs.md"]),
     "not-a-mapping": ("- just\n- a list\n", None, ["expected a mapping"]),
+    # YAML keeps the last of two equal keys: the first block of clusters vanished without a word
+    "key-twice": (TWO_CLUSTERS + "clusters:\n  - {name: c, device: h100, nodes: 1, devices_per_node: 8}\n",
+                  "clusters", ["written twice", "line 4"]),
+    "key-twice-in-cluster": ("clusters:\n  - name: a\n    device: h800\n    nodes: 1\n    nodes: 64\n"
+                             "    devices_per_node: 8\n", "nodes", ["written twice", "line 5"]),
+    # the parser recursed until Python gave up (RecursionError traceback, exit 1)
+    "nested-500-deep": ("clusters: " + "[" * 500 + "]" * 500 + "\n", None, ["too deeply"]),
+    # the integer conversion refused it (ValueError traceback, exit 1)
+    "integer-5000-digits": (TWO_CLUSTERS.replace("nodes: 1,", "nodes: " + "9" * 5000 + ",", 1), None,
+                            ["more than 4,300 digits"]),
 }
 
 
@@ -167,6 +177,9 @@ MODEL_CASES = {
     "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
     "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),
     "json-not-object": ("config.json", "[1, 2]", None, ["expected a mapping"]),
+    "json-key-twice": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "num_hidden_layers": 3}',
+                       None, ["'num_hidden_layers' is written twice"]),
+    "json-nested-deep": ("config.json", '{"a": ' * 100000 + "1" + "}" * 100000, None, ["too deeply"]),
     "hf-missing-key": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
                        '"num_attention_heads": 4, "vocab_size": 128, "max_position_embeddings": 32}',
                        "intermediate_size", ["none of intermediate_size"]),
@@ -229,6 +242,8 @@ PLAN_CASES = {
                               ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
     "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
     "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
+    "key-twice": (plan_text().replace("global_batch_size: 8\n", "global_batch_size: 8\nglobal_batch_size: 16\n"),
+                  "global_batch_size", ["written twice"], True),
     "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 4"], True),
     "middle-stage-empty": (plan_text(mesh_a=MESH_A.replace("[3, 2]", "[5, 0]")), "meshes[0].stage_layers[1]",
                            ["stage 1 holds no layers"], True),

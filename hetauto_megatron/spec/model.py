@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import yaml
@@ -174,9 +175,46 @@ FORMAT_DOCS = {"plan": "docs/plan-format.md", "published-runs table": "docs/cost
 MAX_ALIAS_EXPANSION = 100_000
 
 
+_TOO_DEEP = "nests its lists and mappings too deeply to be read (hundreds of levels)"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader refusing a key written twice in one mapping: YAML keeps the last silently, so a pasted block
+    or a typo would drop a cluster or a setting without a word. Keys merged in with `<<: *anchor` may be
+    overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if (key.tag, key.value) in seen:
+                    raise InputError(f"the key {_shown(key.value)!r} is written twice in one mapping (line "
+                                     f"{key.start_mark.line + 1}); YAML would keep the last and drop the first",
+                                     file=self.name, field=key.value,
+                                     fix="delete or rename one of the two (two list entries each need their own '-')")
+                seen.add((key.tag, key.value))
+        return super().construct_mapping(node, deep)
+
+
+def _value_problem(exc: ValueError) -> str:
+    """What is wrong with a value the parser could not convert, in the user's terms."""
+    if "integer string conversion" in str(exc):
+        return f"a number of more than {sys.get_int_max_str_digits():,} digits"
+    return _shown(str(exc), 120)
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """A user's value in a message, shortened: a 5,000-digit number must not fill the screen."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-10:]} ({len(text):,} characters)"
+
+
 def _safe_load_bounded(stream, path: str):
-    """yaml.safe_load, refusing a document whose aliases expand to more than MAX_ALIAS_EXPANSION extra nodes."""
-    loader = yaml.SafeLoader(stream)
+    """yaml.safe_load, refusing a document whose aliases expand to more than MAX_ALIAS_EXPANSION extra nodes, and a
+    key written twice in one mapping."""
+    loader = _UniqueKeyLoader(stream)
+    loader.name = path
     try:
         node = loader.get_single_node()
         if node is None:
@@ -244,6 +282,12 @@ def load_yaml_file(path: str, what: str) -> dict:
         raise InputError("is not a UTF-8 text file", file=path, fix=f"pass the {what} YAML file") from None
     except OSError as exc:
         raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
+    except RecursionError:
+        raise InputError(_TOO_DEEP, file=path, fix=f"write the {what} with its usual few levels of keys and lists "
+                                                    f"({FORMAT_DOCS.get(what, 'docs/inputs.md')})") from None
+    except ValueError as exc:     # e.g. an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise InputError(f"holds a value that cannot be read: {_value_problem(exc)}", file=path,
+                         fix="write each number with at most a few dozen digits") from None
     if data is None:
         page = FORMAT_DOCS.get(what, "docs/inputs.md")
         raise InputError("is empty", file=path, fix=f"write the {what} as YAML keys ({page})")
@@ -385,14 +429,28 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
         raise exc.within(file=file) from None
 
 
+def json_object_pairs(pairs):
+    """json's object_pairs_hook: a dict, refusing a key written twice (json would keep the last silently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {_shown(k)!r} is written twice in one object")
+        out[k] = v
+    return out
+
+
 def read_json_file(path: str, *, field: str | None = None, fix: str | None = None):
     """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            return json.load(fh, object_pairs_hook=json_object_pairs)
     except json.JSONDecodeError as exc:
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
                          field=field, fix=fix or "correct the syntax (quotes, commas, braces)") from None
+    except RecursionError:
+        raise InputError(_TOO_DEEP, file=path, field=field, fix=fix) from None
+    except ValueError as exc:     # a key twice, or an integer of more digits than Python converts
+        raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field, fix=fix) from None
     except UnicodeDecodeError:
         raise InputError("is not a UTF-8 text file", file=path, field=field, fix=fix) from None
     except OSError as exc:

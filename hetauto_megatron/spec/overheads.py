@@ -73,8 +73,8 @@ def overhead_from_value(value, *, device, file: str | None, field: str) -> Runti
             raise InputError(f"cannot read the overheads file {path}: {exc.strerror}", file=file, field=field,
                              fix="give the path of the file 'hetauto profile --overheads' wrote (relative to the "
                                  "inventory), or the figures inline") from None
-        except ValueError as exc:
-            raise InputError(f"is not JSON ({exc})", file=path, field=field,
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"is not JSON ({str(exc)[:120] or 'nested too deeply'})", file=path, field=field,
                              fix="pass the file 'hetauto profile --overheads' wrote, unchanged") from None
         source, where = path, None
         measured_on = value.get("device_type") if isinstance(value, dict) else None

@@ -37,23 +37,24 @@ def _examples(inv: Inventory) -> str:
 
 
 def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
+    shown = text if len(text) <= 40 else f"{text[:20]}...({len(text):,} characters)"     # a message, not a dump
     try:
         value = int(text) if integer else float(text)
     except ValueError:
-        raise InputError(f"{key}={text!r}: the value must be {'a whole number' if integer else 'a number'}",
+        raise InputError(f"{key}={shown!r}: the value must be {'a whole number' if integer else 'a number'}",
                          field="--set", fix=f"write e.g. {key}={'8' if integer else '100'}") from None
     latency = key.endswith("latency_ms") or key.endswith("latency_us")
     if not math.isfinite(value):
-        raise InputError(f"{key}={text}: must be a finite number", field="--set",
+        raise InputError(f"{key}={shown}: must be a finite number", field="--set",
                          fix=f"write e.g. {key}={'8' if integer else '100'} (NaN and infinity are not figures)")
     if value > MAX_FIGURE:
-        raise InputError(f"{key}={text}: beyond any device or network (at most {MAX_FIGURE:g})", field="--set",
+        raise InputError(f"{key}={shown}: beyond any device or network (at most {MAX_FIGURE:g})", field="--set",
                          fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB, latency in ms/µs")
     if value < 0 or (value == 0 and not latency):
-        raise InputError(f"{key}={text}: must be {'0 or more' if latency else 'positive'}", field="--set",
+        raise InputError(f"{key}={shown}: must be {'0 or more' if latency else 'positive'}", field="--set",
                          fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
     if 0 < value < MIN_FIGURE and not latency:
-        raise InputError(f"{key}={text}: below any device or network (at least {MIN_FIGURE:g})", field="--set",
+        raise InputError(f"{key}={shown}: below any device or network (at least {MIN_FIGURE:g})", field="--set",
                          fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB")
     return value
 

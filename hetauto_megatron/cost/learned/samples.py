@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ...errors import InputError
 from .. import features as F
+from ...spec.model import json_object_pairs
 
 
 MODEL_FORMAT = "hetauto-learned-cost/3"   # 3: calibration groups and devices keyed by arithmetic
@@ -78,10 +79,14 @@ def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[di
                 if not line:
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(line, object_pairs_hook=json_object_pairs)
                 except json.JSONDecodeError as exc:
                     raise InputError(f"line {no} is not JSON ({exc.msg})", file=path, fix="pass a file written by "
                                      "'hetauto profile' (a cut-off last line can be deleted)") from None
+                except (RecursionError, ValueError) as exc:    # nested hundreds deep, a key twice, a huge integer
+                    raise InputError(f"line {no} cannot be read ({type(exc).__name__}: {str(exc)[:80]})", file=path,
+                                     fix="pass a file written by 'hetauto profile' (the line can be deleted: "
+                                         "profiling resumes and re-measures it)") from None
                 if header is None:
                     if not isinstance(rec, dict) or rec.get("format") != PROFILE_FORMAT:
                         raise InputError(f"does not start with a '{PROFILE_FORMAT}' header line", file=path,
