@@ -190,3 +190,19 @@ def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, 
     rep = _json(capsys, "explain", "--plan", out, "--json")
     assert rep["runners_up"], "the search found no runner-up"
     assert all(r["clusters"] and set(r["clusters"]) == {"h800"} for r in rep["runners_up"]), rep["runners_up"]
+
+
+def test_runners_up_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
+    """A device of 1e-9 TFLOP/s (the smallest figure the inventory takes): the plan's tokens/s is stored rounded, as
+    0, and the runners-up's 'vs plan' divided by it (ZeroDivisionError). Their ratio is the inverse of their
+    iteration times, which never round to 0."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: cpu, nodes: 1, devices_per_node: 4, peak_tflops: 1.0e-9}\n")
+    plan = str(tmp_path / "p.yaml")
+    assert main(["plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "8", "-o", plan,
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["explain", "--plan", plan, "--runners-up", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = out.split("runners-up")[1].splitlines()[2:4]
+    assert len(rows) == 2 and all("%" in r for r in rows)

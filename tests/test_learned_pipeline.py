@@ -187,3 +187,29 @@ def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
         assert "Traceback" not in err and str(bad) in err and "Fix: " in err, err
         assert field is None or f"field '{field}'" in err, err
         assert all(w in err for w in words), err
+
+
+def test_cut_off_booster_is_refused_not_a_crash(fitted, tmp_path):
+    """LightGBM's parser aborts the process (SIGABRT) or crashes it (SIGSEGV, the last lines cut) on a cut-off
+    booster file instead of raising; each cut is refused in one paragraph, exit 2, in a fresh interpreter as a
+    user runs it (a crash there cannot take this test process down)."""
+    import shutil
+
+    from helpers import ROOT, run_hetauto
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
+    prof, _ = fitted
+    from hetauto_megatron.cost.learned import fit
+    whole = tmp_path / "whole"
+    fit([str(prof)], str(whole), holdout=0.0, rounds=20)
+    text = (whole / "op_fwd.txt").read_bytes()
+    plan = tmp_path / "p.yaml"
+    assert main(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "-o", str(plan), "--quiet"]) == 0
+    for cut in (100, 600, len(text) // 2, len(text) - 1000):
+        broken = tmp_path / f"cut{cut}"
+        shutil.copytree(whole, broken)
+        (broken / "op_fwd.txt").write_bytes(text[:len(text) - cut])
+        r = run_hetauto("simulate", "--model", "tiny", "--inventory", inv, "--plan", str(plan), "--cost-model", str(broken))
+        assert r.returncode == 2, (cut, r.returncode, r.stderr[-500:])
+        assert "op_fwd.txt is not a whole LightGBM model" in r.stderr and "Traceback" not in r.stderr
+    r = run_hetauto("simulate", "--model", "tiny", "--inventory", inv, "--plan", str(plan), "--cost-model", str(whole))
+    assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import multi_search
 from hetauto_megatron.plan.constraints import Constraints
 from hetauto_megatron.plan.multi_search import search_shapes
-from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
+from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions, set_partitions_into
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.model import PRESETS
@@ -25,6 +25,41 @@ def test_set_partitions_are_the_bell_numbers():
         parts = list(set_partitions(list(range(n))))
         assert len(parts) == bell
         assert len({tuple(sorted(tuple(sorted(b)) for b in p)) for p in parts}) == bell
+
+
+def test_partitions_into_k_blocks_are_the_stirling_numbers():
+    # S(5, k) = 1, 15, 25, 10, 1 (OEIS A008277): together every partition of set_partitions, in the same order of
+    # blocks (the bound's choice of pipeline 0 breaks ties by it)
+    items = list(range(5))
+    by_k = [list(set_partitions_into(items, k)) for k in range(1, 6)]
+    assert [len(p) for p in by_k] == [1, 15, 25, 10, 1]
+    assert sorted(map(str, (p for ps in by_k for p in ps))) == sorted(map(str, set_partitions(items)))
+
+
+def test_partition_level_bounds_every_partition_of_eight_clusters_and_caps_more():
+    """The partitions of every subset of the usable clusters into 2 or more pipelines number sum_r C(n, r)(B(r) - 1)
+    (B: the Bell numbers): 20,891 for 8 clusters, all bounded, but 27.6 million for 12 (the search ran for hours,
+    past --budget-s): there it bounds the first MAX_PARTITIONS_BOUNDED, fewer pipelines and larger subsets first,
+    and says so."""
+    import itertools
+    con = Constraints()
+    eight = [f"c{i}" for i in range(8)]
+    brute = sum(1 for r in range(2, 9) for sub in itertools.combinations(eight, r)
+                for p in set_partitions(list(sub)) if len(p) >= 2)
+    assert brute == 20891 <= multi_search.MAX_PARTITIONS_BOUNDED
+    assert sum(1 for _ in multi_search._partition_candidates(eight, con, 1024)) == brute
+    # a global batch of 3 samples cannot feed 4 pipelines
+    assert max(len(b) for _, b in multi_search._partition_candidates(eight, con, 3)) == 3
+    twelve = [f"c{i}" for i in range(12)]
+    first = list(itertools.islice(multi_search._partition_candidates(twelve, con, 1024),
+                                  multi_search.MAX_PARTITIONS_BOUNDED))
+    ks = [len(b) for _, b in first]
+    assert ks == sorted(ks) and ks[0] == 2 and len(first[0][0]) == 12
+    inv = small_inventory([(f"c{i}", "cpu", 1, 1) for i in range(12)],
+                          [(f"c{i}", f"c{j}", 10, 1) for i in range(12) for j in range(i + 1, 12)])
+    res = search_shapes(PRESETS["tiny"], inv, 8, config=SearchConfig(workers=1))
+    assert res.partitions_cut and res.partitions == multi_search.MAX_PARTITIONS_BOUNDED
+    assert res.to_dict()["shapes"]["partitions_cut"] is True
 
 
 def test_micro_batch_split_follows_speed():
@@ -197,3 +232,25 @@ def test_plan_command_writes_two_pipelines_and_emits_their_launch_scripts(tmp_pa
     written = sorted(p.name for p in (tmp_path / "launch").iterdir())
     assert any(n.endswith(".sh") for n in written) and not any("deepspeed" in n for n in written), written
     assert "no DeepSpeed configs written" in r.stderr
+
+
+def test_tp_groups_stay_inside_a_node():
+    """TP 4 on 6-device nodes put devices 4-7 in one group across two nodes (the search offered it: TP only had to
+    be at most the node's size). Rank arithmetic by hand: ranks go mesh after mesh, TP fastest, from a launch's
+    first node."""
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    model = MODEL.replace(num_layers=5)
+    inv = small_inventory([("a", "cpu", 2, 6)], [])
+    assert multi_search.tp_degrees(model, inv.cluster("a")) == [1, 2]
+    a = Mesh("a", "cpu", 2, 1, 1, "none", (2,))                  # devices 0-1
+    b = Mesh("a", "cpu", 4, 1, 1, "none", (3,))                  # devices 2-5: one group, inside node 0
+    plan = Plan(model=model, global_batch_size=1, meshes=(a, b))
+    assert plan.launch_groups() == [(0, 1)]
+    assert plan.tp_group_across_nodes(lambda c: 8) is None
+    assert plan.tp_group_across_nodes(lambda c: 4) == (1, 2)     # devices 2-5 straddle nodes 0-3 and 4-7
+    a2 = Mesh("a", "cpu", 2, 1, 2, "none", (2,))                 # devices 0-1, two samples per micro-batch
+    b2 = Mesh("a", "cpu", 4, 2, 1, "none", (3,))                 # devices 2-5 and 6-9
+    two = Plan(model=model, global_batch_size=2, meshes=(a2, b2))
+    assert two.tp_group_across_nodes(lambda c: 8) == (1, 6)      # devices 6-9 straddle nodes 0-7 and 8-15
+    assert Plan(model=MODEL.replace(num_layers=3), global_batch_size=2,
+                meshes=(b2,)).tp_group_across_nodes(lambda c: 4) is None

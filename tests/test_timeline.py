@@ -7,7 +7,7 @@ import os
 from collections import Counter, defaultdict
 
 import pytest
-from helpers import ROOT
+from helpers import CPU_INVENTORY, ROOT
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.plan.plan import load_plan
@@ -113,6 +113,20 @@ def test_timeline_errors(tmp_path, capsys):
     assert main(["dryrun", "--plan", tiny, "--tiny", "--timeline", "x.png", "--compare"]) == 2   # no inventory
     err = capsys.readouterr().err
     assert "--compare" in err and "--inventory" in err and "Traceback" not in err
+    # What the run reads after training is read before it: a missing inventory ran the whole dry run and exited 0
+    # (nothing came to read it), a bad cost model or a missing folder failed only after the run.
+    inv = str(tmp_path / "inv.yaml")
+    with open(inv, "w") as f:
+        f.write(CPU_INVENTORY)
+    for argv, needle in ((["--inventory", str(tmp_path / "none.yaml")], "--emulate-links"),
+                         (["--timeline", "x.png", "--compare", "--inventory", str(tmp_path / "none.yaml")], "not found"),
+                         (["--timeline", "x.png", "--compare", "--inventory", inv, "--cost-model", str(tmp_path)],
+                          "not a fitted cost model"),
+                         (["--cost-model", str(tmp_path)], "only --compare"),
+                         (["--timeline", str(tmp_path / "no" / "x.png")], "does not exist")):
+        assert main(["dryrun", "--plan", tiny, "--tiny", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_planner_never_imports_matplotlib_or_torch():

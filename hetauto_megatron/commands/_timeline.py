@@ -32,6 +32,26 @@ def check_timeline_args(args, plan):
     if args.compare and not (args.inventory or plan.inventory):
         raise InputError("the plan carries no inventory to predict the run on", file=args.plan, field="inventory",
                          fix="pass --inventory INV (the one the plan was made for)")
+    # Everything the run reads afterwards is read now: a wrong path must not cost the whole run first (or be
+    # ignored because nothing came to read it).
+    import os
+    for path in args.timeline or []:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            raise InputError(f"{path!r}: the folder {folder!r} does not exist", field="--timeline",
+                             fix="create it first, or write the timeline elsewhere")
+    if args.inventory and not (args.compare or getattr(args, "emulate_links", None)):
+        raise InputError("only --compare (the prediction of the run) and --emulate-links read an inventory",
+                         field="--inventory", fix="add --timeline FILE --compare or --emulate-links, or drop --inventory")
+    if args.cost_model and not args.compare:
+        raise InputError("only --compare (the prediction of the run) reads a cost model", field="--cost-model",
+                         fix="add --timeline FILE --compare, or drop --cost-model")
+    if args.inventory:
+        from ..spec.inventory import load_inventory
+        load_inventory(args.inventory)
+    if args.cost_model:
+        from ..cost.learned import load_cost_model
+        load_cost_model(args.cost_model)
 
 
 def write_dryrun_timelines(args, plan, report) -> list[str]:

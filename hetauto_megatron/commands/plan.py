@@ -232,7 +232,10 @@ def run(args) -> int:
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
         from ..plan.shapes import describe_shape
-        print(f"new shapes: {result.partitions} partitions of the clusters into pipelines bounded, "
+        cut = getattr(result, "partitions_cut", False)
+        print(f"new shapes: {result.partitions:,} partitions of the clusters into pipelines bounded"
+              + (" (the first, fewer pipelines and more clusters first: there are too many to bound them all)"
+                 if cut else "") + ", "
               f"{result.partitions_searched} searched; {result.alongside_tried} replica groups side by side priced; "
               + (f"the plan has {describe_shape(plan.meshes)[0]} (one pipeline of single meshes: "
                  f"{result.simple.iteration_time_s:.3f} s)" if not plan.is_simple else "one pipeline of single meshes kept"))

@@ -138,13 +138,8 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     """Group the plan's meshes into launches and check them against the plan's inventory (when it has one)."""
     check_plan_inventory(plan, file)
     groups = []
-    i = 0
-    while i < len(plan.meshes):
-        j = i
-        while (j + 1 < len(plan.meshes) and plan.meshes[j + 1].cluster == plan.meshes[i].cluster
-               and plan.meshes[j + 1].pipeline == plan.meshes[i].pipeline):
-            j += 1
-        idx = tuple(range(i, j + 1))
+    for idx in plan.launch_groups():
+        i = idx[0]
         mesh = plan.meshes[i]
         n = sum(plan.meshes[k].num_devices for k in idx)
         dpn = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
@@ -154,7 +149,15 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
                              field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass --devices-per-node "
                              "with a node size that divides the mesh")
         groups.append((idx, n, dpn))
-        i = j + 1
+    node_size = {plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}
+    across = plan.tp_group_across_nodes(node_size.__getitem__)
+    if across is not None:
+        k, first = across
+        raise InputError(f"tp={plan.meshes[k].tp} puts ranks {first}-{first + plan.meshes[k].tp - 1} of its launch "
+                         f"in one TP group, across two {node_size[plan.meshes[k].cluster]}-device nodes of cluster "
+                         f"{plan.meshes[k].cluster}; tensor parallelism must stay inside a node", file=file,
+                         field=f"meshes[{k}].tp", fix="use a tp that divides the devices per node (and the devices "
+                         "of the meshes before it on that cluster), and re-plan")
     clusters = [plan.meshes[idx[0]].cluster for idx, _, _ in groups]
     launches = []
     for (idx, n, dpn), name in zip(groups, clusters):

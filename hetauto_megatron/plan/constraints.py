@@ -196,8 +196,9 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
                              fix=f"drop --tp {name}=... or keep {name} in")
         options = tp_degrees(model, inventory.cluster(name))
         if tp not in options:
-            raise InputError(f"TP {tp} is not possible on cluster {name!r} (TP stays inside a node of "
-                             f"{inventory.cluster(name).devices_per_node} devices and divides the model's "
+            raise InputError(f"TP {tp} is not possible on cluster {name!r} (TP divides the "
+                             f"{inventory.cluster(name).devices_per_node} devices of a node, so that each TP group "
+                             "stays inside one, and the model's "
                              f"{model.num_attention_heads} attention and {model.num_query_groups} key/value heads)",
                              field="--tp", fix=f"use one of: {', '.join(map(str, options)) or 'none'}")
     for name, mode in c.recompute:

@@ -38,12 +38,15 @@ from .plan import Plan
 from .search import SearchConfig, SearchResult, search
 from .settings import ENGINES
 from .simulate import evaluate_layout, layout_to_plan, simulate
-from .partition_bound import PartitionBound, set_partitions
+from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK, peak_rate
 
 SHAPES = ("all", "simple")
 MAX_PARTITIONS = 6          # partitions searched (best bound first) after the bound has pruned the rest
+# Partitions bounded at most: every one of up to 8 usable clusters (20,891), the first of 9 or more in the order of
+# _partition_candidates (their number grows with the Bell numbers: 27.6 million for 12 clusters, hours to bound).
+MAX_PARTITIONS_BOUNDED = 25_000
 REBALANCE_ROUNDS = 3        # batch re-splits from the pipelines' times
 
 
@@ -55,6 +58,7 @@ class ShapesResult:
     seconds: float
     partitions: int = 0             # partitions of the clusters into pipelines considered
     partitions_searched: int = 0    # ... whose bound beat the best plan, searched
+    partitions_cut: bool = False    # the enumeration stopped at MAX_PARTITIONS_BOUNDED (or at --budget-s)
     pipelines_searched: int = 0     # single-pipeline searches for those
     alongside_tried: int = 0        # mixed replica groups priced
     tried: list = field(default_factory=list)   # (what, seconds per iteration or None, why) for the report
@@ -74,6 +78,7 @@ class ShapesResult:
     def to_dict(self) -> dict:
         return {**self.simple.to_dict(), "seconds": round(self.seconds, 3),
                 "shapes": {"partitions": self.partitions, "partitions_searched": self.partitions_searched,
+                           "partitions_cut": self.partitions_cut,
                            "pipelines_searched": self.pipelines_searched, "alongside_tried": self.alongside_tried}}
 
 
@@ -144,22 +149,34 @@ def _objective_bound(con: Constraints, inventory: Inventory, seconds: float, clu
     return objective_value(con, inventory, seconds, {c: 1 for c in clusters})
 
 
+def _partition_candidates(usable: list, con: Constraints, gbs: int):
+    """(subset, blocks) for every partition into at least two pipelines of every subset of the usable clusters
+    that holds --use-clusters: fewer pipelines first (each adds a gradient exchange across slow links), and for
+    each count the larger subsets first, so that where MAX_PARTITIONS_BOUNDED cuts the enumeration short it keeps
+    the likelier shapes. The blocks come in set_partitions' order (the bound's choice of pipeline 0 breaks ties
+    by it), each listing its clusters in inventory order."""
+    for k in range(2, min(len(usable), gbs) + 1):
+        for r in range(len(usable), k - 1, -1):
+            for subset in itertools.combinations(usable, r):
+                if all(c in subset for c in con.use_clusters):
+                    for blocks in set_partitions_into(list(subset), k):
+                        yield subset, blocks
+
+
 def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: ShapesResult, deadline=None):
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
     cands = []
-    for r in range(2, len(usable) + 1):
-        for subset in itertools.combinations(usable, r):
-            if not all(c in subset for c in con.use_clusters):
-                continue
-            for blocks in set_partitions(list(subset)):
-                if len(blocks) >= 2 and gbs >= len(blocks):
-                    out.partitions += 1
-                    b = _objective_bound(con, inventory, bound(blocks), subset)
-                    if b < best[0]:
-                        r = bound.root(blocks)        # pipeline 0: the block of the fastest cuts
-                        ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
-                        cands.append((b, [sorted(x, key=names.index) for x in ordered]))
+    for subset, blocks in _partition_candidates(usable, con, gbs):
+        if out.partitions >= MAX_PARTITIONS_BOUNDED or (out.partitions % 512 == 0 and _out_of_time(deadline)):
+            out.partitions_cut = True
+            break
+        out.partitions += 1
+        b = _objective_bound(con, inventory, bound(blocks), subset)
+        if b < best[0]:
+            r = bound.root(blocks)        # pipeline 0: the block of the fastest cuts
+            ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
+            cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
     cache: dict = {}
     for b, blocks in cands[:MAX_PARTITIONS]:

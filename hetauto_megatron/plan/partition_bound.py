@@ -25,6 +25,20 @@ def set_partitions(items: list):
             yield part[:i] + [[head] + part[i]] + part[i + 1:]
 
 
+def set_partitions_into(items: list, k: int):
+    """Every partition of `items` into exactly k blocks (lists), each once."""
+    if k <= 0 or k > len(items):
+        if k == 0 and not items:
+            yield []
+        return
+    head, rest = items[0], items[1:]
+    for part in set_partitions_into(rest, k - 1):      # head alone
+        yield [[head]] + part
+    for part in set_partitions_into(rest, k):          # head joins one of the k blocks of the rest
+        for i in range(k):
+            yield part[:i] + [[head] + part[i]] + part[i + 1:]
+
+
 class PartitionBound:
     """A lower bound on the iteration of any plan whose pipelines use exactly these blocks of clusters.
 

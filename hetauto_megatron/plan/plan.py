@@ -215,6 +215,35 @@ class Plan:
     def rank_offset(self, mesh_index: int) -> int:
         return sum(mesh.num_devices for mesh in self.meshes[:mesh_index])
 
+    def launch_groups(self) -> list[tuple[int, ...]]:
+        """The meshes each torchrun starts together: runs of consecutive meshes on one cluster in one pipeline
+        (a launch covers whole nodes, so its first rank is the first device of a node)."""
+        groups, i = [], 0
+        while i < len(self.meshes):
+            j = i
+            while (j + 1 < len(self.meshes) and self.meshes[j + 1].cluster == self.meshes[i].cluster
+                   and self.meshes[j + 1].pipeline == self.meshes[i].pipeline):
+                j += 1
+            groups.append(tuple(range(i, j + 1)))
+            i = j + 1
+        return groups
+
+    def tp_group_across_nodes(self, devices_per_node) -> tuple[int, int] | None:
+        """(mesh index, its first device in the node order of its launch) of the first TP group that would span
+        two nodes, None if every one stays inside a node. `devices_per_node(cluster)` gives a cluster's node size.
+        Ranks go mesh after mesh, TP fastest (docs/plan-format.md), from the first device of a launch's first
+        node: a TP group of ranks [s, s + tp) stays in a node when s and s + tp - 1 fall in the same one."""
+        for group in self.launch_groups():
+            start = 0
+            for k in group:
+                mesh = self.meshes[k]
+                dpn = devices_per_node(mesh.cluster)
+                for s in range(start, start + mesh.num_devices, mesh.tp):
+                    if s // dpn != (s + mesh.tp - 1) // dpn:
+                        return k, s
+                start += mesh.num_devices
+        return None
+
     def first_stage(self, mesh_index: int) -> int:
         """Global pipeline stage index of a mesh's first stage."""
         self._simple_only("first_stage")

@@ -266,6 +266,14 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
                              "node); tensor parallelism must stay inside a node", field=f"meshes[{i}].tp",
                              fix=f"use tp <= {cl.devices_per_node}")
         used[mesh.cluster] = used.get(mesh.cluster, 0) + mesh.num_devices
+    across = plan.tp_group_across_nodes(lambda c: inventory.cluster(c).devices_per_node)
+    if across is not None:
+        k, first = across
+        mesh, dpn = plan.meshes[k], inventory.cluster(plan.meshes[k].cluster).devices_per_node
+        raise InputError(f"tp={mesh.tp} puts devices {first}-{first + mesh.tp - 1} of cluster {mesh.cluster} in one "
+                         f"TP group, across two of its {dpn}-device nodes; tensor parallelism must stay inside a node",
+                         field=f"meshes[{k}].tp", fix=f"use a tp that divides {dpn} (and the devices of the meshes "
+                         "before it on that cluster)")
     for name, n in used.items():
         have = inventory.cluster(name).num_devices
         if n > have:

@@ -39,8 +39,10 @@ def divisors(n: int) -> list[int]:
 
 
 def tp_degrees(model: ModelSpec, cluster) -> list[int]:
-    """The TP degrees a cluster may run: inside one node, dividing the attention and key/value heads."""
-    return [t for t in (1, 2, 4, 8, 16) if t <= min(cluster.devices_per_node, cluster.num_devices)
+    """The TP degrees a cluster may run: dividing the devices of a node (so that every TP group, counted from a
+    node's first device, stays inside it: TP 4 on 6-device nodes would put devices 4-7 in one group), and the
+    attention and key/value heads."""
+    return [t for t in (1, 2, 4, 8, 16) if cluster.devices_per_node % t == 0
             and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
 
 

@@ -227,6 +227,10 @@ class LearnedCostModel:
             if not os.path.isfile(fpath):
                 raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
                                  fix="re-fit the model or copy the whole directory")
+            problem = booster_text_problem(fpath)
+            if problem:
+                raise InputError(f"booster file {fname} is not a whole LightGBM model: {problem}", file=model_dir,
+                                 field="boosters", fix="re-fit the model or copy the whole directory")
             try:
                 boosters[name] = lgb.Booster(model_file=fpath)
             except Exception as exc:     # LightGBM's own error type for a file it cannot parse
@@ -401,6 +405,29 @@ class LearnedCostModel:
         parts = self.fallback.layer_parts(model, device, tp, micro_batch_size, seq_length)
         total = sum(p[0] for p in parts.values())
         return fwd * parts["mlp"][0] / total if total > 0 else 0.0
+
+
+def booster_text_problem(path: str) -> str | None:
+    """What makes a booster file not a whole LightGBM text model (None if nothing). LightGBM's parser aborts or
+    crashes the process on some cut-off files (a SIGABRT, or a segmentation fault with the last lines gone) instead
+    of raising, so a file must show what LightGBM writes before it is handed over: UTF-8 text, a header whose
+    `tree_sizes` lists one size per `Tree=` section, the trees' end, and the trailing `pandas_categorical` line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError:
+        return "not UTF-8 text (cut off inside a character?)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not text.startswith("tree\n"):
+        return "it does not start with LightGBM's 'tree' header"
+    sizes = next((line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("tree_sizes=")), None)
+    trees = sum(1 for line in text.splitlines() if line.startswith("Tree="))
+    if sizes is None or len(sizes) != trees:
+        return f"its header lists {len(sizes or [])} trees and {trees} follow"
+    if "\nend of trees\n" not in text or not text.rstrip("\n").splitlines()[-1].startswith("pandas_categorical:"):
+        return "it ends early (no 'end of trees' or no last 'pandas_categorical' line)"
+    return None
 
 
 def _read_rates(rates, path: str) -> dict:
