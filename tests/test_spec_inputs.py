@@ -116,6 +116,9 @@ INVENTORY_CASES = {
                   "clusters", ["written twice", "line 4"]),
     "key-twice-in-cluster": ("clusters:\n  - name: a\n    device: h800\n    nodes: 1\n    nodes: 64\n"
                              "    devices_per_node: 8\n", "nodes", ["written twice", "line 5"]),
+    # a cost of inf per token, printed as Infinity in --json (not JSON)
+    "price-huge": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, price_per_device_hour: 1.0e+308}",
+                                        1), "clusters[0].price_per_device_hour", ["between 0 and"]),
     # the parser recursed until Python gave up (RecursionError traceback, exit 1)
     "nested-500-deep": ("clusters: " + "[" * 500 + "]" * 500 + "\n", None, ["too deeply"]),
     # the integer conversion refused it (ValueError traceback, exit 1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ..spec._fields import MAX_FIGURE
 from .explain import add_plan_input_args
 
 DESCRIPTION = """\
@@ -47,11 +48,11 @@ def _priced(args, inventory):
     prices = {}
     for name, value in parse_pins(args.price, "--price", "h800=2.5"):
         try:
-            ok = 0 <= float(value) < float("inf")     # NaN fails too
+            ok = 0 <= float(value) <= MAX_FIGURE      # NaN fails too; a huge one made the cost inf (bad JSON)
         except ValueError:
             ok = False
         if not ok:
-            raise InputError(f"{name}={value}: the price must be a finite number of 0 or more", field="--price",
+            raise InputError(f"{name}={value}: the price must be a number from 0 to {MAX_FIGURE:g}", field="--price",
                              fix=f"write e.g. --price {name}=2.5")
         if name not in names:
             raise InputError(f"the inventory has no cluster {name!r}", field="--price",

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ._fields import get, positive, reject_unknown, require_mapping
+from ._fields import MAX_FIGURE, get, positive, reject_unknown, require_mapping
 from .devices import DeviceType, get_device
 from .model import load_yaml_file
 from .overheads import RuntimeOverhead, overhead_from_value
@@ -235,8 +235,9 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         if node_gbps is not None:
             inter = dataclasses.replace(inter, node_gbps=node_gbps)
         price = get(raw, "price_per_device_hour", float, default=None, file=file, prefix=p)
-        if price is not None and price < 0:
-            raise InputError(f"must not be negative, got {price}", file=file, field=p + "price_per_device_hour",
+        if price is not None and not 0 <= price <= MAX_FIGURE:     # NaN too; huge ones made costs inf (bad JSON)
+            raise InputError(f"must be between 0 and {MAX_FIGURE:g}, got {price}", file=file,
+                             field=p + "price_per_device_hour",
                              fix="give what one device-hour costs (any currency), or leave it out")
         overhead = None
         if raw.get("overheads") is not None:
