@@ -110,3 +110,22 @@ def test_search_closed_form_screens_deepspeeds_schedule_within_its_published_mar
     assert priced >= 20
     # a layout DeepSpeed's uniform topology cannot run is never priced
     assert ev.resolve((MeshChoice("h", 1, 4, 1, "none", 1), MeshChoice("l", 2, 4, 1, "none", 1)))[0] == float("inf")
+
+
+@pytest.mark.parametrize("flags, field, words", [
+    # the search left the pinned cluster out in silence (6.5x slower than without the pin)
+    (["--recompute", "h800=selective"], "--recompute", ["whole layers only"]),
+    # the search found nothing and blamed TP and the links
+    (["--use-clusters", "h800,ascend"], "--use-clusters", ["one vendor", "h800 is nvidia", "ascend is ascend"]),
+    # ignored in silence: the plan blocked at every boundary
+    (["--boundary-schedule", "overlapped"], "--boundary-schedule", ["blocks on every pipeline transfer"]),
+])
+def test_what_deepspeeds_engine_cannot_run_is_refused_by_name(flags, field, words, capsys):
+    import os
+
+    from helpers import ROOT, run_cli
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    rc, out, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--engine", "deepspeed", "--quiet",
+                            *flags], capsys)
+    assert rc == 2 and out == "" and f"field '{field}'" in err and "Fix: " in err, err
+    assert all(w in err for w in words), err

@@ -130,6 +130,24 @@ def add_arguments(parser) -> None:
                              "('hetauto explain --help')")
 
 
+def check_deepspeed_constraints(con, inventory, schedule_given) -> None:
+    """What DeepSpeed's pipeline engine cannot run, refused by name rather than planned around in silence (the
+    search would leave a cluster pinned to selective recomputation out, or find nothing and blame the links)."""
+    from ..errors import InputError
+    fix = "drop it, or plan with --engine megatron"
+    for name, mode in con.recompute:
+        if mode == "selective":
+            raise InputError(f"{name}=selective: DeepSpeed's engine checkpoints whole layers only", field="--recompute",
+                             fix=f"use --recompute {name}=full or none, or plan with --engine megatron")
+    if schedule_given == "overlapped":
+        raise InputError("DeepSpeed's engine blocks on every pipeline transfer", field="--boundary-schedule", fix=fix)
+    vendors = {inventory.cluster(c).device.vendor: c for c in con.use_clusters}
+    if len(vendors) > 1:
+        raise InputError("DeepSpeed's engine runs one collective library, so one vendor's devices; "
+                         + ", ".join(f"{c} is {v}" for v, c in vendors.items()), field="--use-clusters",
+                         fix="use clusters of one vendor, or plan with --engine megatron")
+
+
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
@@ -138,6 +156,7 @@ def run(args) -> int:
     from ..plan.settings import ENGINES
     old = warm = None
     kept = {}
+    schedule_given = args.boundary_schedule      # (before a --from plan or the default fills it in)
     refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
                               [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
     if args.from_plan:
@@ -183,6 +202,8 @@ def run(args) -> int:
     con = constraints_from_args(args)
     if old is not None:
         con = keep_search_of(old, args, con, inventory, kept)
+    if args.engine == "deepspeed":
+        check_deepspeed_constraints(con, inventory, schedule_given)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
