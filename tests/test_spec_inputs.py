@@ -176,10 +176,16 @@ MODEL_CASES = {
     "hf-heads-zero": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
                       '"num_attention_heads": 0, "intermediate_size": 128, "vocab_size": 128, '
                       '"max_position_embeddings": 32}', "num_attention_heads", ["positive"]),
+    "positions-short": ("m.yaml", "preset: tiny\nposition_embedding: learned\nmax_position_embeddings: 8\n",
+                        "max_position_embeddings", ["fewer learned positions", "32 tokens"]),
     "bad-position": ("m.yaml", "preset: tiny\nposition_embedding: alibi\n", "position_embedding", ["'alibi'"]),
     "zero-layers": ("m.yaml", "preset: tiny\nnum_layers: 0\n", "num_layers", ["positive"]),
     "invalid-json": ("config.json", '{"model_type": "llama", "num_hidden_layers": 32,', None, ["not valid JSON", "line 1"]),
     "json-not-object": ("config.json", "[1, 2]", None, ["expected a mapping"]),
+    "hf-model-type-list": ("config.json", '{"model_type": ["llama"], "num_hidden_layers": 2}', "model_type",
+                           ["must be a string"]),
+    "hf-head-dim-string": ("config.json", '{"model_type": "llama", "head_dim": "x", "num_hidden_layers": 2}',
+                           "head_dim", ["must be an integer", "'x'"]),
     "json-key-twice": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "num_hidden_layers": 3}',
                        None, ["'num_hidden_layers' is written twice"]),
     "json-nested-deep": ("config.json", '{"a": ' * 100000 + "1" + "}" * 100000, None, ["too deeply"]),

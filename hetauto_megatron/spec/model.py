@@ -60,6 +60,10 @@ class ModelSpec:
                 # a typo, not a model: the planner's work grows with these, so it would run for ever
                 raise InputError(f"is {getattr(self, key)}, more than any transformer has (at most {limit:,} here)",
                                  field=key, fix=f"set {key} to the architecture's value (see the model's config.json)")
+        if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
+            raise InputError(f"is {self.max_position_embeddings}, fewer learned positions than the sequence's "
+                             f"{self.seq_length} tokens", field="max_position_embeddings",
+                             fix=f"set it to at least {self.seq_length}, or a shorter seq_length (--seq-length)")
         if self.hidden_size % self.num_attention_heads:
             raise InputError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}", field="hidden_size",
@@ -355,6 +359,11 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 
 def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
     """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec."""
+    for key, kind in (("model_type", str), ("head_dim", int)):     # read below only when they have this type
+        value = cfg.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InputError(f"must be {'a string' if kind is str else 'an integer'}, got {value!r}"[:200], file=file,
+                             field=key, fix="pass the model's config.json as its library wrote it")
     mt = str(cfg.get("model_type", "")).lower()
     unsupported_fix = "write a model YAML with the architecture's keys instead (docs/inputs.md)"
 
