@@ -2,6 +2,7 @@
 import json
 import os
 
+import pytest
 from helpers import run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
@@ -164,3 +165,13 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     assert json.loads(r.stdout)["kept_from_plan"]["boundary_schedule"] == "blocking"
     assert all(m.get("boundary", {}).get("schedule", "blocking") == "blocking"
                for m in json.loads(r.stdout)["plan"]["meshes"])
+
+
+def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
+    """`hetauto explain --plan p --bogus` printed the top level's usage ('hetauto: error'), not explain's."""
+    from hetauto_megatron.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["explain", "--plan", "p.yaml", "--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "hetauto explain: error: unrecognized arguments: --bogus" in err
+    assert "usage: hetauto explain" in err
