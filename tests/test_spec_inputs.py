@@ -405,3 +405,11 @@ def test_subprocess_errors_have_no_traceback(tmp_path):
         assert res.returncode == code, (argv, res.stderr)
         assert "Traceback" not in res.stderr and text in res.stderr, res.stderr
         assert res.stdout == ""
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "summary"])
+def test_emit_names_the_plan_whose_precision_a_device_lacks(target, tmp_path, capsys):
+    """An fp8 plan of CPU meshes: emit megatron and deepspeed named no file; emit summary took the plan."""
+    plan = write(tmp_path, "plan.yaml", plan_text(version=4) + "precision: fp8\n")
+    rc, out, err = run_cli(["emit", target, "--plan", plan], capsys)
+    check_error(rc, err, file=plan, field="precision", words=["cannot train in fp8"])
