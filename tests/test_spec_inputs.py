@@ -251,6 +251,8 @@ PLAN_CASES = {
                               ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
     "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
     "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
+    "depth-huge": (plan_text(version=2, mesh_a=MESH_A.replace("}", ", boundary: {schedule: overlapped, depth: 1000000000}}")),
+                   "meshes[0].boundary.depth", ["more extra micro-batches in flight than the global batch has"], True),
     "key-twice": (plan_text().replace("global_batch_size: 8\n", "global_batch_size: 8\nglobal_batch_size: 16\n"),
                   "global_batch_size", ["written twice"], True),
     "version-missing": (plan_text().replace("version: 1\n", ""), "version", ["is missing", "version: 4"], True),

@@ -66,6 +66,12 @@ class Plan:
                              f"{shapes.describe_shape(self.meshes)[0]}", field="engine",
                              fix="drop 'engine' (hetauto's runtime runs every plan shape) or make the plan one pipeline")
         check_global_batch_size(self.global_batch_size)
+        for i, mesh in enumerate(self.meshes):   # more micro-batches in flight than the batch has samples: a typo
+            if mesh.boundary_depth > self.global_batch_size:
+                raise InputError(f"is {mesh.boundary_depth}, more extra micro-batches in flight than the global batch "
+                                 f"has samples ({self.global_batch_size})", field=f"meshes[{i}].boundary.depth",
+                                 fix="write a depth of 0, 1, 2, ... (the planner chooses at most the micro-batch "
+                                     "count; docs/plan-format.md)")
         m = self.model
         if self.version not in READABLE_VERSIONS:
             raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
