@@ -415,3 +415,20 @@ def test_emit_names_the_plan_whose_precision_a_device_lacks(target, tmp_path, ca
     plan = write(tmp_path, "plan.yaml", plan_text(version=4) + "precision: fp8\n")
     rc, out, err = run_cli(["emit", target, "--plan", plan], capsys)
     check_error(rc, err, file=plan, field="precision", words=["cannot train in fp8"])
+
+
+def test_messages_that_named_the_wrong_thing(tmp_path, capsys):
+    """Each gave a misleading paragraph, or none: a directory of profiles ('profile file not found'), the
+    manifest for its model directory ('no manifest.json'), --seq-length 0 (no fix), -o '' and --script '' (taken in
+    silence), --rows -1."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text("{}")
+    cases = [(["fit", str(tmp_path), "-o", str(tmp_path / "out")], None, ["is a directory", "*.jsonl"]),
+             (["simulate", "--model", "tiny", "--inventory", INV_2, "--cost-model", str(tmp_path / "m" / "manifest.json"),
+               "--tp", "1", "--pp", "1", "--dp", "1"], "--cost-model", ["the directory that holds it"]),
+             (["plan", "--model", "tiny", "--inventory", INV_2, "--seq-length", "0"], "--seq-length", ["at least 1"]),
+             (["plan", "--model", "tiny", "--inventory", INV_2, "-o", ""], "-o", ["empty file name"]),
+             (["validate-cost-model", "--published", "--rows", "-1"], "--rows", ["not be negative"])]
+    for argv, field, words in cases:
+        rc, out, err = run_cli(argv, capsys)
+        check_error(rc, err, field=field, words=words)

@@ -48,7 +48,8 @@ def load_inputs(args):
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
-        raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length")
+        raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length",
+                         fix="give the training sequence length in tokens, e.g. --seq-length 4096")
     model = load_model(args.model, seq_length=args.seq_length)
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
@@ -96,8 +97,10 @@ def check_output_file(path: str | None, flag: str) -> None:
     import os
 
     from ..errors import InputError
-    if not path:
+    if path is None:
         return
+    if not path.strip():     # an empty -o '' wrote nothing without a word
+        raise InputError("is an empty file name", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
     if os.path.isdir(path):
         raise InputError(f"{path!r} is a directory", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
     folder = os.path.dirname(path) or "."

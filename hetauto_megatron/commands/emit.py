@@ -88,6 +88,9 @@ def run(args) -> int:
     from ..emit.megatron import check_plan_inventory
     plan = load_plan(args.plan)
     check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
+    for flag, value in (("--script", getattr(args, "script", None)), ("--plan-path", getattr(args, "plan_path", None))):
+        if value is not None and not value.strip():    # '' fell back to the default without a word
+            raise InputError("is empty", field=flag, fix=f"give a path, or drop {flag} for the default")
     if args.devices_per_node is not None and args.devices_per_node < 1:
         raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
     out_dir = make_output_dir(args.output, "-o") if args.output else None

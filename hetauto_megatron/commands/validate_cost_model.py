@@ -354,6 +354,9 @@ def print_operator_table(res: dict, max_rows: int) -> None:
 
 
 def run(args) -> int:
+    if args.rows < 0:
+        raise InputError(f"must not be negative, got {args.rows}", field="--rows",
+                         fix="give the number of table rows to print, or 0 for all")
     if not args.profile and not args.sailor and not args.dryrun and args.published is None:
         raise InputError("no measurements given", field="--profile",
                          fix="pass --profile FILE, --sailor [DIR], --published [FILE] and/or --dryrun REPORT PLAN")

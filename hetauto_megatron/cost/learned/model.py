@@ -180,6 +180,9 @@ class LearnedCostModel:
             fallback = AnalyticCostModel()
         self.fallback = fallback
         self.model_dir = model_dir
+        if os.path.isfile(model_dir) and os.path.basename(model_dir) == MANIFEST:
+            raise InputError("is the model's manifest; --cost-model takes the directory that holds it",
+                             file=model_dir, field="--cost-model", fix=f"pass {os.path.dirname(model_dir) or '.'}")
         path = os.path.join(model_dir, MANIFEST)
         if not os.path.isfile(path):
             raise InputError("is not a fitted cost model (no manifest.json)", file=model_dir, field="--cost-model",

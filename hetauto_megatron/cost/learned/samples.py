@@ -70,6 +70,9 @@ def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[di
     """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line.
     `header_only`: stop after the header (rows come back empty)."""
     if not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise InputError("is a directory, not a profile file", file=path,
+                             fix=f"pass the .jsonl files in it, e.g. {os.path.join(path, '*.jsonl')}")
         raise InputError("profile file not found", file=path, fix="pass a file written by 'hetauto profile'")
     header, rows = None, []
     try:
