@@ -119,6 +119,9 @@ INVENTORY_CASES = {
     # a cost of inf per token, printed as Infinity in --json (not JSON)
     "price-huge": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, price_per_device_hour: 1.0e+308}",
                                         1), "clusters[0].price_per_device_hour", ["between 0 and"]),
+    # YAML 1.1 reads an exponent without its sign as text: the message said "got a string" and no more
+    "exponent-without-sign": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: 1.0e9}",
+                                                   1), "clusters[0].memory_gib", ["an exponent needs its sign"]),
     # the parser recursed until Python gave up (RecursionError traceback, exit 1)
     "nested-500-deep": ("clusters: " + "[" * 500 + "]" * 500 + "\n", None, ["too deeply"]),
     # the integer conversion refused it (ValueError traceback, exit 1)

@@ -60,7 +60,15 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
         return value
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         names = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
-        raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}", file=file, field=field,
+        hint = ""
+        if isinstance(value, str) and (float in kinds or int in kinds):
+            try:            # YAML 1.1 reads 1.0e9 as a string: its exponent needs a sign
+                float(value)
+                hint = f" (YAML reads {value} as text: an exponent needs its sign, e.g. 1.0e+9)" if "e" in \
+                    value.lower() else ""
+            except ValueError:
+                pass
+        raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}{hint}", file=file, field=field,
                          fix=fix or f"write '{key}:' as {names}")
     return value
 
