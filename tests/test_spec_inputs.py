@@ -422,8 +422,8 @@ def test_emit_names_the_plan_whose_precision_a_device_lacks(target, tmp_path, ca
 
 def test_messages_that_named_the_wrong_thing(tmp_path, capsys):
     """Each gave a misleading paragraph, or none: a directory of profiles ('profile file not found'), the
-    manifest for its model directory ('no manifest.json'), --seq-length 0 (no fix), -o '' and --script '' (taken in
-    silence), --rows -1."""
+    manifest for its model directory ('no manifest.json'), --seq-length 0 (no fix), -o '' (taken in silence),
+    --rows -1, profile --overheads on the CPU, probe-link --between with a name no inventory takes."""
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "manifest.json").write_text("{}")
     cases = [(["fit", str(tmp_path), "-o", str(tmp_path / "out")], None, ["is a directory", "*.jsonl"]),
@@ -431,7 +431,11 @@ def test_messages_that_named_the_wrong_thing(tmp_path, capsys):
                "--tp", "1", "--pp", "1", "--dp", "1"], "--cost-model", ["the directory that holds it"]),
              (["plan", "--model", "tiny", "--inventory", INV_2, "--seq-length", "0"], "--seq-length", ["at least 1"]),
              (["plan", "--model", "tiny", "--inventory", INV_2, "-o", ""], "-o", ["empty file name"]),
-             (["validate-cost-model", "--published", "--rows", "-1"], "--rows", ["not be negative"])]
+             (["validate-cost-model", "--published", "--rows", "-1"], "--rows", ["not be negative"]),
+             # said the machine had no CPU "that torch can use"
+             (["profile", "--device-type", "cpu", "--overheads"], "--overheads", ["CPU processes have no"]),
+             # printed a links entry the inventory loader then refused
+             (["probe-link", "--local", "--between", "a b", "c"], "--between", ["not a usable cluster name"])]
     for argv, field, words in cases:
         rc, out, err = run_cli(argv, capsys)
         check_error(rc, err, field=field, words=words)

@@ -60,6 +60,9 @@ def run(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from ..measure import probe_link as P
     sizes = P.message_sizes(args.max_size_mib * (1 << 20))
+    from ..spec.inventory import check_cluster_name     # the entry it prints must load as an inventory's link
+    for name in args.between:
+        check_cluster_name(name, file=None, field="--between")
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")
     if args.local:

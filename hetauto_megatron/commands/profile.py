@@ -99,7 +99,11 @@ def run(args) -> int:
 def _overheads(args, device) -> int:
     """`--overheads`: measure them on this machine's accelerator and write overheads-<type>.json."""
     from ..measure.overheads import accelerator_at_hand, measure_overheads
-    if device.vendor == "cpu" or not accelerator_at_hand(device.vendor):
+    if device.vendor == "cpu":      # CPU processes hold no accelerator context, collective buffers or allocator pool
+        raise InputError("CPU processes have no accelerator overheads to measure (their memory is the dry run's, "
+                         "measured by 'hetauto dryrun')", field="--overheads",
+                         fix="profile --overheads with an accelerator's --device-type, on a machine that has it")
+    if not accelerator_at_hand(device.vendor):
         raise InputError(f"measuring runtime overheads needs a {device.name} ({device.vendor}) device, and this "
                          "machine has none that torch can use", field="--overheads",
                          fix="run it on a machine with the device (one process per device, alone on it)")
