@@ -184,7 +184,8 @@ def alongside_plan():
 
 def test_emit_gives_each_pipeline_its_launches_depth_and_layout():
     plan = alongside_plan()
-    launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=1)
+    # (2-device nodes: mesh 1 runs TP 2, whose group must sit inside a node; emit refuses 1-device nodes for it)
+    launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=2)
     # cluster c runs meshes of both pipelines: one launch each, never one torchrun across two pipelines
     assert [(la["name"], la["pipeline"], la["meshes"], la["rank_offset"]) for la in launches] == \
         [("a", 0, [0], 0), ("b", 0, [1], 2), ("c.mesh2", 0, [2], 4), ("c.mesh3", 1, [3], 6)]
