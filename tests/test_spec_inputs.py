@@ -122,6 +122,9 @@ INVENTORY_CASES = {
     # YAML 1.1 reads an exponent without its sign as text: the message said "got a string" and no more
     "exponent-without-sign": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: 1.0e9}",
                                                    1), "clusters[0].memory_gib", ["an exponent needs its sign"]),
+    # YAML 1.1 read 1:30 as the base-60 number 90: a 90-device node, planned
+    "base-60-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 1:30}", 1),
+                       "clusters[0].devices_per_node", ["'1:30'"]),
     # the parser recursed until Python gave up (RecursionError traceback, exit 1)
     "nested-500-deep": ("clusters: " + "[" * 500 + "]" * 500 + "\n", None, ["too deeply"]),
     # the integer conversion refused it (ValueError traceback, exit 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -182,10 +183,20 @@ MAX_ALIAS_EXPANSION = 100_000
 _TOO_DEEP = "nests its lists and mappings too deeply to be read (hundreds of levels)"
 
 
+_SEXAGESIMAL = re.compile(r"\n\s*\|[^\n|]*\(\?::\[0-5\]\?\[0-9\]\)\+[^\n|]*?(?=\)\$\Z|\n)")
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader refusing a key written twice in one mapping: YAML keeps the last silently, so a pasted block
     or a typo would drop a cluster or a setting without a word. Keys merged in with `<<: *anchor` may be
     overridden, as YAML intends."""
+
+    # YAML 1.1 reads 1:30 as the base-60 number 90 (and 1:30.5 as 90.5): a typo would pass as a figure. Numbers
+    # here are written in base 10; the resolvers of ints and floats lose that alternative, so 1:30 stays text.
+    yaml_implicit_resolvers = {
+        first: [(tag, re.compile(_SEXAGESIMAL.sub("", rx.pattern), rx.flags)
+                 if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") else rx) for tag, rx in entries]
+        for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
