@@ -8,6 +8,7 @@ import pytest
 
 from helpers import small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan import multi_search
 from hetauto_megatron.plan.constraints import Constraints
 from hetauto_megatron.plan.multi_search import search_shapes
@@ -246,11 +247,12 @@ def test_tp_groups_stay_inside_a_node():
     b = Mesh("a", "cpu", 4, 1, 1, "none", (3,))                  # devices 2-5: one group, inside node 0
     plan = Plan(model=model, global_batch_size=1, meshes=(a, b))
     assert plan.launch_groups() == [(0, 1)]
-    assert plan.tp_group_across_nodes(lambda c: 8) is None
-    assert plan.tp_group_across_nodes(lambda c: 4) == (1, 2)     # devices 2-5 straddle nodes 0-3 and 4-7
+    plan.check_tp_inside_nodes(lambda c: 8)
+    with pytest.raises(InputError, match=r"meshes\[1\]\.tp.*devices 2-5"):   # straddle nodes 0-3 and 4-7
+        plan.check_tp_inside_nodes(lambda c: 4)
     a2 = Mesh("a", "cpu", 2, 1, 2, "none", (2,))                 # devices 0-1, two samples per micro-batch
     b2 = Mesh("a", "cpu", 4, 2, 1, "none", (3,))                 # devices 2-5 and 6-9
     two = Plan(model=model, global_batch_size=2, meshes=(a2, b2))
-    assert two.tp_group_across_nodes(lambda c: 8) == (1, 6)      # devices 6-9 straddle nodes 0-7 and 8-15
-    assert Plan(model=MODEL.replace(num_layers=3), global_batch_size=2,
-                meshes=(b2,)).tp_group_across_nodes(lambda c: 4) is None
+    with pytest.raises(InputError, match=r"meshes\[1\]\.tp.*devices 6-9"):   # straddle nodes 0-7 and 8-15
+        two.check_tp_inside_nodes(lambda c: 8)
+    Plan(model=MODEL.replace(num_layers=3), global_batch_size=2, meshes=(b2,)).check_tp_inside_nodes(lambda c: 4)

@@ -1,6 +1,7 @@
 """`hetauto dryrun --timeline [--compare]`: the measured timeline of a dry run, and the predicted one above it."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -34,7 +35,6 @@ def check_timeline_args(args, plan):
                          fix="pass --inventory INV (the one the plan was made for)")
     # Everything the run reads afterwards is read now: a wrong path must not cost the whole run first (or be
     # ignored because nothing came to read it).
-    import os
     for path in args.timeline or []:
         folder = os.path.dirname(path) or "."
         if not os.path.isdir(folder):

@@ -149,15 +149,7 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
                              field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass --devices-per-node "
                              "with a node size that divides the mesh")
         groups.append((idx, n, dpn))
-    node_size = {plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}
-    across = plan.tp_group_across_nodes(node_size.__getitem__)
-    if across is not None:
-        k, first = across
-        raise InputError(f"tp={plan.meshes[k].tp} puts ranks {first}-{first + plan.meshes[k].tp - 1} of its launch "
-                         f"in one TP group, across two {node_size[plan.meshes[k].cluster]}-device nodes of cluster "
-                         f"{plan.meshes[k].cluster}; tensor parallelism must stay inside a node", file=file,
-                         field=f"meshes[{k}].tp", fix="use a tp that divides the devices per node (and the devices "
-                         "of the meshes before it on that cluster), and re-plan")
+    plan.check_tp_inside_nodes({plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}.__getitem__, file)
     clusters = [plan.meshes[idx[0]].cluster for idx, _, _ in groups]
     launches = []
     for (idx, n, dpn), name in zip(groups, clusters):

@@ -234,11 +234,11 @@ class Plan:
             i = j + 1
         return groups
 
-    def tp_group_across_nodes(self, devices_per_node) -> tuple[int, int] | None:
-        """(mesh index, its first device in the node order of its launch) of the first TP group that would span
-        two nodes, None if every one stays inside a node. `devices_per_node(cluster)` gives a cluster's node size.
-        Ranks go mesh after mesh, TP fastest (docs/plan-format.md), from the first device of a launch's first
-        node: a TP group of ranks [s, s + tp) stays in a node when s and s + tp - 1 fall in the same one."""
+    def check_tp_inside_nodes(self, devices_per_node, file: str | None = None) -> None:
+        """InputError naming the first TP group that would span two nodes. `devices_per_node(cluster)` gives a
+        cluster's node size. Ranks go mesh after mesh, TP fastest (docs/plan-format.md), from the first device of a
+        launch's first node: a TP group of ranks [s, s + tp) stays in a node when s and s + tp - 1 fall in the same
+        one."""
         for group in self.launch_groups():
             start = 0
             for k in group:
@@ -246,9 +246,13 @@ class Plan:
                 dpn = devices_per_node(mesh.cluster)
                 for s in range(start, start + mesh.num_devices, mesh.tp):
                     if s // dpn != (s + mesh.tp - 1) // dpn:
-                        return k, s
+                        raise InputError(
+                            f"tp={mesh.tp} puts devices {s}-{s + mesh.tp - 1} of cluster {mesh.cluster} (counted from "
+                            f"its launch's first node) in one TP group, across two of its {dpn}-device nodes; tensor "
+                            "parallelism must stay inside a node", file=file, field=f"meshes[{k}].tp",
+                            fix=f"use a tp that divides {dpn} (and the devices of the meshes before it on that "
+                                "cluster), and re-plan")
                 start += mesh.num_devices
-        return None
 
     def first_stage(self, mesh_index: int) -> int:
         """Global pipeline stage index of a mesh's first stage."""

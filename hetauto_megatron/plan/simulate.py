@@ -261,19 +261,8 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
             raise InputError(f"mesh on cluster {mesh.cluster} says device_type {mesh.device_type} but the inventory "
                              f"has {cl.device.name} there", field=f"meshes[{i}].device_type",
                              fix=f"set device_type: {cl.device.name}")
-        if mesh.tp > cl.devices_per_node:
-            raise InputError(f"tp={mesh.tp} spans nodes of cluster {mesh.cluster} ({cl.devices_per_node} devices per "
-                             "node); tensor parallelism must stay inside a node", field=f"meshes[{i}].tp",
-                             fix=f"use tp <= {cl.devices_per_node}")
         used[mesh.cluster] = used.get(mesh.cluster, 0) + mesh.num_devices
-    across = plan.tp_group_across_nodes(lambda c: inventory.cluster(c).devices_per_node)
-    if across is not None:
-        k, first = across
-        mesh, dpn = plan.meshes[k], inventory.cluster(plan.meshes[k].cluster).devices_per_node
-        raise InputError(f"tp={mesh.tp} puts devices {first}-{first + mesh.tp - 1} of cluster {mesh.cluster} in one "
-                         f"TP group, across two of its {dpn}-device nodes; tensor parallelism must stay inside a node",
-                         field=f"meshes[{k}].tp", fix=f"use a tp that divides {dpn} (and the devices of the meshes "
-                         "before it on that cluster)")
+    plan.check_tp_inside_nodes(lambda c: inventory.cluster(c).devices_per_node)
     for name, n in used.items():
         have = inventory.cluster(name).num_devices
         if n > have:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import reprlib
 from typing import Any
 
@@ -25,6 +26,11 @@ def _show(value: Any, limit: int = 60) -> str:
     """A value as the user wrote it, shortened so that a whole mis-indented block does not flood the message."""
     text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """Text the user wrote, for a message: a 5,000-digit number must not fill the screen (head, tail, length)."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-10:]} ({len(text):,} characters)"
 
 
 def _kind_name(value: Any) -> str:
@@ -60,14 +66,9 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
         return value
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         names = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
-        hint = ""
-        if isinstance(value, str) and (float in kinds or int in kinds):
-            try:            # YAML 1.1 reads 1.0e9 as a string: its exponent needs a sign
-                float(value)
-                hint = f" (YAML reads {value} as text: an exponent needs its sign, e.g. 1.0e+9)" if "e" in \
-                    value.lower() else ""
-            except ValueError:
-                pass
+        # YAML 1.1 reads 1.0e9 as text: its exponent needs a sign
+        hint = (f" (YAML reads {value} as text: an exponent needs its sign, e.g. 1.0e+9)"
+                if (float in kinds or int in kinds) and isinstance(value, str) and _unsigned_exponent(value) else "")
         raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}{hint}", file=file, field=field,
                          fix=fix or f"write '{key}:' as {names}")
     return value
@@ -104,3 +105,8 @@ def positive(value: float, field: str, file: str | None) -> float:
         raise InputError(f"is {value:g}, beyond any device or network (at most {MAX_FIGURE:g})", file=file,
                          field=field, fix="check the unit: bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s")
     return value
+
+
+def _unsigned_exponent(text: str) -> bool:
+    """Whether `text` is a number in exponent notation that YAML 1.1 leaves as text (1.0e9, 2E10)."""
+    return re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE]\d+", text.strip()) is not None

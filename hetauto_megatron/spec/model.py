@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import yaml
 
 from ..errors import InputError
-from ._fields import get, reject_unknown, require_mapping
+from ._fields import get, reject_unknown, require_mapping, shorten
 from ..cache_keys import cached_hash
 
 
@@ -205,7 +205,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
                     continue
                 if (key.tag, key.value) in seen:
-                    raise InputError(f"the key {_shown(key.value)!r} is written twice in one mapping (line "
+                    raise InputError(f"the key {shorten(key.value)!r} is written twice in one mapping (line "
                                      f"{key.start_mark.line + 1}); YAML would keep the last and drop the first",
                                      file=self.name, field=key.value,
                                      fix="delete or rename one of the two (two list entries each need their own '-')")
@@ -217,12 +217,7 @@ def _value_problem(exc: ValueError) -> str:
     """What is wrong with a value the parser could not convert, in the user's terms."""
     if "integer string conversion" in str(exc):
         return f"a number of more than {sys.get_int_max_str_digits():,} digits"
-    return _shown(str(exc), 120)
-
-
-def _shown(text: str, limit: int = 60) -> str:
-    """A user's value in a message, shortened: a 5,000-digit number must not fill the screen."""
-    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-10:]} ({len(text):,} characters)"
+    return shorten(str(exc), 120)
 
 
 def _safe_load_bounded(stream, path: str):
@@ -454,7 +449,7 @@ def json_object_pairs(pairs):
     out = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"the key {_shown(k)!r} is written twice in one object")
+            raise ValueError(f"the key {shorten(k)!r} is written twice in one object")
         out[k] = v
     return out
 

@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from ..errors import InputError
-from ._fields import MAX_FIGURE, MIN_FIGURE
+from ._fields import MAX_FIGURE, MIN_FIGURE, shorten
 from .inventory import Cluster, Inventory, LinkSpec
 
 LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
@@ -37,7 +37,7 @@ def _examples(inv: Inventory) -> str:
 
 
 def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
-    shown = text if len(text) <= 40 else f"{text[:20]}...({len(text):,} characters)"     # a message, not a dump
+    shown = shorten(text, 40)
     try:
         value = int(text) if integer else float(text)
     except ValueError:
