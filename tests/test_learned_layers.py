@@ -62,6 +62,9 @@ def test_layer_files_are_refused_where_operators_are_expected(cpu_files, tmp_pat
     assert "no operator profile" in err and str(layers) in err and "Traceback" not in err
     assert main(["profile", "--device-type", "cpu", "--layers", "--grid", "tiny", "--out", str(tmp_path)]) == 2
     assert "operator grid" in capsys.readouterr().err
+    assert main(["profile", "--device-type", "cpu", "--grid", "layers-tiny", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "layer grid" in err and "--layers" in err and not list(tmp_path.glob("layers-*.jsonl"))
     with pytest.raises(Exception, match="whole-layer timings"):
         L.profile_samples(str(layers))
     with pytest.raises(Exception, match="not whole layers"):

@@ -84,6 +84,43 @@ def test_a_partly_patched_file_is_a_conflict(tree, capsys):
     assert "some hunks are applied" in capsys.readouterr().err
 
 
+def test_moved_context_is_patched_with_fuzz_and_stays_idempotent(tree, capsys):
+    """Later Megatron-LM commits change lines next to the patch's changes: the import above the added one
+    becomes a multi-line import, and pretrain(...) gains an argument above the last two. As GNU patch (fuzz
+    2) the patch still goes in at the same places, says so, and a second run sees it applied; a changed line
+    (the one the patch replaces) is never fuzzed: test_a_file_the_patch_does_not_fit_exits_2..."""
+    imports, call = HUNKS[0].old, HUNKS[2].old
+    text = read(tree)
+    text = text.replace(imports[0] + "\n", "from megatron.training.training import (\n    something_else,\n)\n", 1)
+    text = text.replace(call[0] + "\n", call[0] + "\n        model_provider=partial(model_provider, builder),\n", 1)
+    (tree / "pretrain_gpt.py").write_text(text)
+    assert cli(["patch-megatron", str(tree), "--check"]) == 0
+    assert "the patch fits" in capsys.readouterr().out and read(tree) == text
+    assert cli(["patch-megatron", str(tree)]) == 0
+    out = capsys.readouterr().out
+    assert "hunk 1" in out and "hunk 3" in out and "hunk 2" not in out and "context" in out
+    patched = read(tree)
+    compile(patched, "patched", "exec")
+    lines = patched.split("\n")
+    added = [line for h in HUNKS for line in h.added]
+    assert all(lines.count(line) == 1 for line in added)
+    # each added line lands where core_r0.19.0's file has it: after the same neighbour line
+    assert lines[lines.index(HUNKS[0].added[0]) - 1] == "from model_provider import model_provider"
+    assert lines[lines.index(HUNKS[2].added[0]) - 1].strip() == "get_embedding_ranks=get_embedding_ranks,"
+    assert lines[lines.index(HUNKS[2].added[0]) + 1].strip() == ")"
+    assert cli(["patch-megatron", str(tree)]) == 0 and read(tree) == patched
+    assert "already patched" in capsys.readouterr().out
+
+
+def test_fuzz_never_anchors_on_too_little(tree, capsys):
+    """With the context beside an addition gone, or ambiguous, nothing is changed."""
+    neighbour = "from model_provider import model_provider"
+    text = read(tree).replace(neighbour + "\n", "")
+    (tree / "pretrain_gpt.py").write_text(text)
+    assert cli(["patch-megatron", str(tree)]) == 2
+    assert "hunk 1" in capsys.readouterr().err and read(tree) == text
+
+
 def test_missing_file_or_directory_exits_2(tmp_path, capsys):
     assert cli(["patch-megatron", str(tmp_path)]) == 2
     assert "has no pretrain_gpt.py" in capsys.readouterr().err

@@ -4,8 +4,10 @@ The patch ships inside the package (hetauto_megatron/data/patches/pretrain_gpt.p
 needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes four
 lines; this command applies it without needing `patch`
 or git, idempotently (a patched file is recognised and left alone), checks the result, and says what changed.
-A file the patch does not fit (another Megatron-LM version, local edits) is left untouched: exit 2 with the
-lines that were not found.
+Where the lines around a change differ from core_r0.19.0's (later commits move imports and add arguments),
+up to two context lines at each end of a hunk may be left out, as GNU patch's fuzz does, and the output says
+so; the changed lines themselves must be found, once. A file the patch does not fit (another Megatron-LM
+version, local edits) is left untouched: exit 2 with the lines that were not found.
 """
 from __future__ import annotations
 
@@ -105,33 +107,67 @@ class PatchState:
     status: str                  # "applied" | "patchable" | "conflict"
     reasons: tuple[str, ...] = ()
     positions: tuple[int, ...] = ()   # 0-based start of each hunk's old block (when patchable)
+    hunks: tuple[Hunk, ...] = ()      # the hunks as found: context lines left out where the file differs there
+    fuzz: tuple[int, ...] = ()        # per hunk, the context lines left out at each end (0: the whole context)
+
+
+MAX_FUZZ = 2     # as GNU patch: up to two context lines at each end of a hunk may differ, never a changed line
+
+
+def trim_context(hunk: Hunk, fuzz: int) -> Hunk:
+    """The hunk without up to `fuzz` unchanged lines at its start and at its end. Megatron-LM's file moves
+    around the four changed lines from one commit to the next (an import added above, an argument added to
+    pretrain(...)); the lines the patch changes, and the context next to them, are what must be found."""
+    lead = next((i for i, (a, b) in enumerate(zip(hunk.old, hunk.new)) if a != b), min(len(hunk.old), len(hunk.new)))
+    trail = next((i for i, (a, b) in enumerate(zip(reversed(hunk.old), reversed(hunk.new))) if a != b),
+                 min(len(hunk.old), len(hunk.new)))
+    a, b = min(fuzz, lead), min(fuzz, trail)
+    return Hunk(hunk.old_start + a, hunk.old[a:len(hunk.old) - b], hunk.new[a:len(hunk.new) - b])
+
+
+def _locate(lines: list[str], hunk: Hunk) -> tuple[bool | None, int, Hunk, int, list[int]]:
+    """(applied?, position, the hunk as found, fuzz, where its whole old block occurs): the least fuzz at
+    which the file holds exactly one copy of the unpatched text, or the patched text and not the unpatched;
+    (None, ...) when no fuzz does."""
+    whole = _find(lines, hunk.old)
+    for fuzz in range(MAX_FUZZ + 1):
+        h = trim_context(hunk, fuzz)
+        if not h.removed and not any(line.strip() for line in h.old):
+            break       # no line left to anchor the added ones: the place is unknown
+        new_at = _find(lines, h.new)
+        # the unpatched text found inside the patched text (its context and nothing removed) is the patch
+        old_at = [i for i in _find(lines, h.old)
+                  if not any(j <= i and i + len(h.old) <= j + len(h.new) for j in new_at)]
+        if new_at and not old_at:
+            return True, new_at[0], h, fuzz, whole
+        if len(old_at) == 1:
+            return False, old_at[0], h, fuzz, whole
+        if len(old_at) > 1:
+            break       # leaving out more context cannot make it unique
+    return None, 0, hunk, 0, whole
 
 
 def inspect_file(lines: list[str], hunks: list[Hunk]) -> PatchState:
     """Decide, per hunk, whether the file holds the patched text (applied), exactly one copy of the
     unpatched text (patchable), or neither (conflict, with the reason)."""
-    applied, positions, reasons = [], [], []
+    applied, positions, found, fuzzes, reasons = [], [], [], [], []
     for k, hunk in enumerate(hunks, 1):
-        new_at = _find(lines, hunk.new)
-        old_at = _find(lines, hunk.old)
-        if new_at and not old_at:
-            applied.append(True)
-            positions.append(new_at[0])
-        elif len(old_at) == 1:
-            applied.append(False)
-            positions.append(old_at[0])
-        else:
-            applied.append(None)
+        state, pos, h, fuzz, whole = _locate(lines, hunk)
+        applied.append(state)
+        positions.append(pos)
+        found.append(h)
+        fuzzes.append(fuzz)
+        if state is None:
             first = next((line for line in hunk.removed or hunk.old if line.strip()), hunk.old[0])
-            if not old_at:
+            if len(whole) > 1:
+                reasons.append(f"hunk {k}: its lines occur {len(whole)} times, so the place to change is ambiguous")
+            else:
                 reasons.append(f"hunk {k} (near line {hunk.old_start}): the lines it changes were not found, e.g. "
                                f"{first.strip()!r}")
-            else:
-                reasons.append(f"hunk {k}: its lines occur {len(old_at)} times, so the place to change is ambiguous")
     if all(a is True for a in applied):
-        return PatchState("applied", positions=tuple(positions))
+        return PatchState("applied", positions=tuple(positions), hunks=tuple(found), fuzz=tuple(fuzzes))
     if all(a is False for a in applied):
-        return PatchState("patchable", positions=tuple(positions))
+        return PatchState("patchable", positions=tuple(positions), hunks=tuple(found), fuzz=tuple(fuzzes))
     if not reasons:
         reasons.append("some hunks are applied and others are not (a partly patched or hand-edited file)")
     return PatchState("conflict", tuple(reasons))
@@ -170,6 +206,13 @@ def explain(hunks: list[Hunk]) -> list[str]:
         for line in hunk.added:
             out.append(f"  + {line.strip()}")
     return out
+
+
+def fuzz_notes(state: PatchState) -> list[str]:
+    """As GNU patch says "with fuzz": where the lines around a change differ from core_r0.19.0's file."""
+    return [f"  (hunk {k}, at line {pos + 1}: found with {fuzz} line(s) of its context at each end left out, "
+            "since they differ from core_r0.19.0's file; look it over)"
+            for k, (pos, fuzz) in enumerate(zip(state.positions, state.fuzz), 1) if fuzz]
 
 
 def add_arguments(parser) -> None:
@@ -224,13 +267,17 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         return "applied"
     if check:
         out(f"{target}: not patched yet; the patch fits ({len(hunks)} places).")
+        for line in fuzz_notes(state):
+            out(line)
         return "patchable"
-    new_text = "\n".join(apply_hunks(lines, hunks, state.positions))
+    new_text = "\n".join(apply_hunks(lines, list(state.hunks), state.positions))
     verify(new_text, hunks, file=target)
     with output_errors(target, None), open(target, "w", newline="") as fh:     # e.g. a read-only checkout
         fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
     out(f"patched {target}:")
     for line in explain(hunks):
+        out(line)
+    for line in fuzz_notes(state):
         out(line)
     out("Now run it with: --hetauto --hetauto-plan plan.yaml (without --hetauto it trains exactly as before).")
     return "patched"

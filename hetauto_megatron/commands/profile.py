@@ -66,7 +66,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec.devices import get_device
-    from ..measure.grids import LAYER_GRIDS, granularity, grid_name
+    from ..measure.grids import GRIDS, LAYER_GRIDS, granularity, grid_name
     from ..measure.profile import profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
     if args.overheads:
@@ -76,6 +76,9 @@ def run(args) -> int:
     if args.layers and gran != "layer":
         raise InputError(f"{grid} is an operator grid, --layers times layers", field="--grid",
                          fix=f"drop --layers, or pick a layer grid: {', '.join(LAYER_GRIDS)}")
+    if gran == "layer" and not args.layers:     # a grid never changes what is timed behind the user's back
+        raise InputError(f"{grid} is a layer grid, and without --layers profile times operators", field="--grid",
+                         fix=f"add --layers to time whole layers, or pick an operator grid: {', '.join(GRIDS)}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"must be at least 1, got {args.threads}", field="--threads")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
