@@ -256,3 +256,31 @@ def test_tp_groups_stay_inside_a_node():
     with pytest.raises(InputError, match=r"meshes\[1\]\.tp.*devices 6-9"):   # straddle nodes 0-7 and 8-15
         two.check_tp_inside_nodes(lambda c: 8)
     Plan(model=MODEL.replace(num_layers=3), global_batch_size=2, meshes=(b2,)).check_tp_inside_nodes(lambda c: 4)
+
+
+def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
+    """`plan --objective cost` on the 736-device example put one TP 1 device of the 910Bs before four TP 2 groups
+    on the same cluster: devices 7-8 in one TP group across two 8-device nodes, and the search stopped with exit 2.
+    The group alongside now goes first when its TP is the larger, and a pair that no order fits is not offered.
+    Rank arithmetic by hand: ranks go mesh after mesh, TP fastest."""
+    import dataclasses
+
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    model = MODEL.replace(num_layers=2)
+    eight = small_inventory([("a", "cpu", 2, 8)], [])
+    main = Mesh("a", "cpu", 1, 1, 4, "none", (2,))                             # device 0
+    extra = Mesh("a", "cpu", 2, 4, 1, "none", (2,), alongside=True)            # devices 1-8 as given: 7-8 straddle
+    plan = Plan(model=model, global_batch_size=8, meshes=(main,))
+    with pytest.raises(InputError, match=r"devices 7-8"):
+        dataclasses.replace(plan, meshes=(main, extra)).check_tp_inside_nodes(lambda c: 8)
+    cand = multi_search._with_group(plan, 0, main, extra, [], 1, eight)
+    assert [(m.tp, m.dp, m.alongside) for m in cand.meshes] == [(2, 4, False), (1, 1, True)]   # devices 0-7, 8
+    cand.check_tp_inside_nodes(lambda c: 8)
+    # 6-device nodes: TP 3 then two TP 2 groups puts devices 5-6 together, two TP 2 groups then TP 3 devices 4-6
+    six = small_inventory([("a", "cpu", 2, 6)], [])
+    m3 = MODEL.replace(num_layers=2, num_attention_heads=12, num_query_groups=12, hidden_size=768,
+                       ffn_hidden_size=3072)
+    main3 = Mesh("a", "cpu", 3, 1, 2, "none", (2,))
+    extra2 = Mesh("a", "cpu", 2, 2, 1, "none", (2,), alongside=True)
+    plan3 = Plan(model=m3, global_batch_size=4, meshes=(main3,))
+    assert multi_search._with_group(plan3, 0, main3, extra2, [], 1, six) is None

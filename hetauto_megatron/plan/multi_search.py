@@ -334,7 +334,7 @@ def _alongside(model, inventory, cost, con, best, out: ShapesResult, max_mb: int
                                                             setting_overrides=(), alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=mbs[0])
-                                cand = _with_group(plan, idx, main, extra, mates, scale)
+                                cand = _with_group(plan, idx, main, extra, mates, scale, inv)
                                 if cand is None:
                                     break
                                 out.alongside_tried += 1
@@ -385,9 +385,12 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
     return best
 
 
-def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int) -> Plan | None:
+def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) -> Plan | None:
     """The plan with `extra` alongside mesh `idx` (now `main`); the pipeline's other meshes (`mates`) scale their
-    micro-batch by `scale`."""
+    micro-batch by `scale`. None when no order of the two groups keeps every TP group inside a node: on one
+    cluster the two share a launch, ranks in mesh order, so e.g. one TP 1 device before four TP 2 groups would put
+    a TP group across two 8-device nodes, the other order not. Both orders are tried (the two hold the same
+    stages, so their order changes nothing else)."""
     meshes = list(plan.meshes)
     for i in mates:
         if scale != 1:
@@ -396,8 +399,14 @@ def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int) -> Plan | 
     if idx > 0 and meshes[idx - 1].pipeline == main.pipeline:
         meshes[idx - 1] = dataclasses.replace(meshes[idx - 1], boundary_schedule="blocking", boundary_depth=0)
     main = dataclasses.replace(main, boundary_schedule="blocking", boundary_depth=0)
-    meshes[idx:idx + 1] = [main, extra]
-    try:
-        return dataclasses.replace(plan, meshes=tuple(meshes), estimate=None)
-    except InputError:
-        return None
+    orders = [(main, extra)]
+    if extra.cluster == main.cluster:
+        orders.append((dataclasses.replace(extra, alongside=False), dataclasses.replace(main, alongside=True)))
+    for first, second in orders:
+        try:
+            cand = dataclasses.replace(plan, meshes=(*meshes[:idx], first, second, *meshes[idx + 1:]), estimate=None)
+            cand.check_tp_inside_nodes(lambda c: inventory.cluster(c).devices_per_node)
+            return cand
+        except InputError:
+            continue
+    return None
