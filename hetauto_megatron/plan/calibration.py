@@ -22,6 +22,7 @@ from ..errors import InputError
 from ..spec.devices import canonical_device_name
 from ..spec.inventory import inventory_from_dict
 from ..spec.model import ModelSpec, load_yaml_file
+from .settings import ENGINES
 from .simulate import MeshChoice, evaluate_layout
 
 TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
@@ -31,14 +32,16 @@ TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "
 _SOURCE_DEFAULTS = {
     "source_a_a100": dict(device="a100-80gb", intra_node_gbps=2400, inter_node_gbps=200, flash_attention=False,
                           sequence_parallel=False, micro_batch_size=1, flops_count="hardware",
-                          tie_embeddings=True),
+                          tie_embeddings=True, engine="megatron-core-0.8"),
     "source_b_h100": dict(device="h100-sxm", intra_node_gbps=3600, inter_node_gbps=400, flash_attention=True,
                           sequence_parallel=True, micro_batch_size=1, flops_count="model", tie_embeddings=False,
-                          tp_comm_overlap=True),
+                          tp_comm_overlap=True, engine="megatron-core-0.8"),
 }
 # Keys a source may leave out (their value when it does): whether the runs hid the TP collectives under the GEMMs
 # (Megatron-Core's --tp-comm-overlap, which the 2024 runs name and hetauto's runtime does not run).
-_SOURCE_OPTIONAL = {"tp_comm_overlap": False}
+# `engine`: the row of the settings table (plan/settings.py ENGINES) whose Megatron-Core ran them: the published
+# tables predate Megatron-Core 0.19 ("megatron-core-0.8": the parameter gather started at the step's start).
+_SOURCE_OPTIONAL = {"tp_comm_overlap": False, "engine": "megatron"}
 _SWITCHES = ("flash_attention", "sequence_parallel", "tie_embeddings", "tp_comm_overlap")     # true or false
 
 # The runtime settings (plan/settings.py) each era's Megatron-LM ran with, as plan overrides; a source may state
@@ -77,6 +80,7 @@ class PublishedRun:
     published_s: float
     settings: tuple = ()     # the run's runtime-settings overrides, sorted (key, value) pairs
     tp_comm_overlap: bool = False   # TP collectives run under the GEMMs (--tp-comm-overlap)
+    engine: str = "megatron"        # the Megatron-Core that ran it (plan/settings.py ENGINES)
 
 
 @dataclass
@@ -109,7 +113,8 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
     out = []
     for source, table in data.items():
         if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
-            raise InputError(f"source {source} is not a mapping with a list of rows", file=path, field=str(source),
+            raise InputError(f"is not a published-runs table (validate-cost-model --published, calibration.py): "
+                             f"source {source} is not a mapping with a list of rows", file=path, field=str(source),
                              fix="write each source as vocab, seq_len, recompute and rows: (see the packaged table)")
         cfg = dict(_SOURCE_OPTIONAL, **_SOURCE_DEFAULTS.get(source, {}))
         cfg.update({k: v for k, v in table.items() if k in cfg or k in _SOURCE_DEFAULTS["source_a_a100"]})
@@ -121,6 +126,10 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
             if not isinstance(cfg[key], bool):
                 raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,
                                  field=f"{source}.{key}", fix="write true or false (unquoted)")
+        if cfg["engine"] not in ENGINES or ENGINES[cfg["engine"]].blocking_boundaries:
+            raise InputError(f"engine {cfg['engine']!r} of source {source} is not a Megatron-Core", file=path,
+                             field=f"{source}.engine", fix="write megatron (Megatron-Core 0.19) or "
+                             "megatron-core-0.8 (the parameter gather started at the step's start)")
         if cfg["tp_comm_overlap"] and not cfg["sequence_parallel"]:
             raise InputError(f"source {source} overlaps its TP collectives with the GEMMs without sequence "
                              "parallelism, which Megatron-LM's --tp-comm-overlap requires", file=path,
@@ -140,7 +149,7 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                     cfg["sequence_parallel"], float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
                     tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items())),
-                    cfg["tp_comm_overlap"]))
+                    cfg["tp_comm_overlap"], cfg["engine"]))
             except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
                 raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
                                  fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")
@@ -164,7 +173,8 @@ def predict(run: PublishedRun, calibration: Calibration = DEFAULT_CALIBRATION, c
         "intra_node": {"bandwidth_gbps": run.intra_node_gbps, "latency_us": 5},
         "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
     res = evaluate_layout(run.model, inv, [MeshChoice("c", run.tp, run.dp, run.micro_batch_size, run.recompute,
-                                                      run.pp, run.settings)], run.global_batch, cost)
+                                                      run.pp, run.settings)], run.global_batch, cost,
+                          engine=run.engine)
     return res.iteration_time_s
 
 

@@ -14,7 +14,7 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   (overlapped or blocking, plan field `boundary`; shapes.boundary_depth); one with several groups on either side
   is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
-  (exposed as its settings say, tail_costs.dp_exposed_times).
+  (exposed as its settings say and Megatron-Core runs it, tail_costs.dp_exposed_times).
 - **Gradients across holders** (`_holders`, priced by tail_costs.holders_sync_time, which also prices the
   tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
   across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
@@ -89,10 +89,11 @@ class PipelineTiming:
     micro_batches: int
     makespan: float            # its 1F1B
     reduce_s: float            # the slowest stage's exposed DP reduction after it
-    after_s: float             # the slowest stage's optimizer step + exposed parameter gather
+    after_s: float             # the slowest stage's optimizer step (+ gather), + the gathers delaying the fill
     overhead_s: float
     stages: list               # per stage and group: the Estimate-style dict
     fits: bool
+    fill_s: float = 0.0        # of after_s: the parameter gathers delaying the next fill (tail_costs)
 
     @property
     def before_sync(self) -> float:
@@ -197,14 +198,17 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
     sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks)
     in_flight, buffers = memory_terms(p, m, blocking, depth)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
-    reduce_s = after_s = 0.0
+    reduce_s = after_s = fill_s = 0.0
     rows, fits = [], True
     overhead = 0.0
-    for i, (st, (fw, bw)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
+    for i, (st, (_, _, drain, before)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
+        stage_fill = 0.0        # a position's groups wait for their gathers side by side
         for (idx, mesh, prof), (f, b) in zip(st.groups, per_group[i]):
-            r, g = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, fw, bw)
+            r, g_fill, g_step = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, i, f, b,
+                                                            drain, before)
+            g = g_fill + g_step
             o = tail_costs.optimizer_time(model, prof, st.layers, st.first, st.last)
-            reduce_s, after_s = max(reduce_s, r), max(after_s, g + o)
+            reduce_s, after_s, stage_fill = max(reduce_s, r), max(after_s, g_step + o), max(stage_fill, g_fill)
             overhead = max(overhead, cost_model.iteration_overhead_s(prof.cluster.device))
             mem = memory_fit.stage_memory(model, prof, st.layers, in_flight[i], st.first, st.last, buffers[i])["total"]
             fits &= mem <= prof.memory_cap
@@ -222,7 +226,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
                             "send_next_schedule": "blocking" if blocking[i] else "overlapped",
                             "send_next_depth": depth[i], **to_row(uplinks[i] if uplinks else None)})
             rows.append(row)
-    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s, overhead, rows, fits)
+        fill_s += stage_fill
+    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s + fill_s, overhead, rows, fits, fill_s)
 
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
@@ -346,7 +351,8 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
     est = Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                    mfu=flops / T / peak, memory_gib=[mem / GIB for _, mem in rows], fits=res.fits,
                    pipeline_s=max(t.makespan for t in res.pipelines),
-                   dp_exposed_s=max(max(r["dp_exposed_s"] for r in t.stages) for t in res.pipelines),
+                   dp_exposed_s=max(max(max(r["dp_exposed_s"] for r in t.stages), t.reduce_s + t.fill_s)
+                                    for t in res.pipelines),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
                    sync_s=res.replica_sync_s + res.grad_norm_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)

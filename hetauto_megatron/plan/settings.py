@@ -161,6 +161,10 @@ class Engine:
     attention: str = "transformer_engine"   # its layers' attention: Transformer Engine's (fused in 16 bits on
                                     # sm80+) or torch's scaled_dot_product_attention ("sdpa", memory-efficient at
                                     # any precision); RuntimeSettings.fused_attention
+    param_gather_dispatch: str = "first_forward"    # when overlap_param_gather starts a stage's first bucket's
+                                    # all-gather: in the next iteration's first forward pre-hook (Megatron-Core
+                                    # 0.19), or at the step's start ("step_start": 0.6-0.8; plan/tail_costs.py)
+    runs_here: bool = True          # hetauto plans, emits and runs it (else a published run's engine, priced only)
 
 
 ENGINES = {
@@ -197,13 +201,21 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa"),
+    # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
+    # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
+    # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later
+    # stage's gather ran while it waited for its first input; Megatron-Core 0.19 starts it in the first forward's
+    # pre-hook (param_and_grad_buffer.py `finish_param_sync`). Not an engine hetauto runs: only to price those runs.
+    "megatron-core-0.8": Engine("megatron-core-0.8", True, True, True, True, False, False, False,
+                                param_gather_dispatch="step_start", runs_here=False),
 }
 DEFAULT_ENGINE = "megatron"
 
 
 def check_engine(engine: str, *, field: str = "--engine", file: str | None = None) -> Engine:
-    if engine not in ENGINES:
-        raise InputError(f"must be one of {', '.join(ENGINES)}, got {engine!r}", file=file, field=field,
+    if engine not in ENGINES or not ENGINES[engine].runs_here:
+        raise InputError(f"must be one of {', '.join(e for e in ENGINES if ENGINES[e].runs_here)}, got {engine!r}",
+                         file=file, field=field,
                          fix="write megatron (hetauto's runtime and Megatron-LM, the default) or deepspeed "
                              "(DeepSpeed's pipeline engine)")
     return ENGINES[engine]
@@ -214,7 +226,7 @@ def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettin
     the cost model prices and the engine's emitter writes). The Megatron engine runs them all, unchanged."""
     e = ENGINES[engine]
     if e.overlaps_grad_reduce and e.overlaps_param_gather and e.sequence_parallel:
-        return s
+        return s if s.engine == engine else dataclasses.replace(s, engine=engine)
     return dataclasses.replace(s, overlap_grad_reduce=s.overlap_grad_reduce and e.overlaps_grad_reduce,
                                overlap_param_gather=s.overlap_param_gather and e.overlaps_param_gather,
                                sequence_parallel=s.sequence_parallel and e.sequence_parallel,

@@ -19,7 +19,7 @@ from ..spec.model import ModelSpec
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between
-from .settings import RuntimeSettings, padded_vocab_size
+from .settings import ENGINES, padded_vocab_size
 
 
 @lru_cache(maxsize=262144)     # pure; the search asks for the same stage under many layouts
@@ -42,95 +42,129 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
     return reduce, 0.0
 
 
-def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, fwd_window: float,
-                     bwd_window: float) -> tuple[float, float]:
-    """(gradient reduction, parameter gather) seconds DP synchronisation adds to the iteration for one stage.
+# Megatron-Core's DDP: a gradient bucket of max(40M, 1M x DP) parameters (training.py resolve_ddp_bucket_size), and
+# one bucket for the whole stage on every pipeline rank but the first (distributed_data_parallel.py: "Turn off
+# bucketing if we are on a pipeline stage that is not the first").
+DDP_BUCKET_PARAMS = 40_000_000
+DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
-    With overlap_grad_reduce Megatron reduces bucket by bucket as the last micro-batch's backward produces the
-    gradients, so the reduction hides behind `bwd_window`: that backward plus the pipeline's drain after it (the
-    stages before this one still running theirs). With overlap_param_gather the gather of the updated parameters
-    runs during the next iteration's first forward (`fwd_window`: this stage's, after the earlier stages').
-    Only what sticks out costs time; without the overlap the collective is exposed in full."""
+
+def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int) -> int:
+    """How many buckets Megatron-Core's DDP cuts a stage's gradients (and, with the distributed optimizer, its
+    parameters) into at pipeline rank `rank`."""
+    if rank > 0:
+        return 1
+    size = max(DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * prof.dp)
+    return max(1, math.ceil(stage_params(model, prof.tp, layers, first, last) / size))
+
+
+def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int,
+                     own_fwd: float, own_bwd: float, drain: float, fill: float = 0.0) -> tuple[float, float, float]:
+    """(gradient reduction, parameter gather delaying the next fill, parameter gather after the step) seconds DP
+    synchronisation adds to the iteration for the stage at pipeline rank `rank`, as Megatron-Core 0.19 runs them.
+
+    With overlap_grad_reduce a bucket's reduction starts once the last micro-batch's backward has produced its
+    gradients: on the first rank (several buckets) during that backward (`own_bwd`), the last bucket after it;
+    on later ranks (one bucket) only after the stage's own backward. What is left then hides behind `drain`, the
+    last backwards of the stages before it (and the links between), still running. With overlap_param_gather
+    (the non-interleaved schedule leaves align_param_gather off) a bucket's all-gather is started in the forward
+    pre-hook of the next iteration's first forward and waited for there: on the first rank the first bucket is
+    exposed and the others hide behind the forward of the buckets before them (`own_fwd`); on later ranks the
+    whole gather waits, after the stage received its input, so it delays every later stage too: the caller adds
+    these delays up along the pipeline. Without the overlaps the collectives are exposed in full, the gather
+    right after the optimizer step. The published runs' Megatron-Core (0.6-0.8, settings.py ENGINES
+    "megatron-core-0.8") started the gather at the step's start instead: it hides behind `fill`, the forwards of
+    the stages before this one and the links between, and its own."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
-    return _exposed(prof.settings, reduce, gather, fwd_window, bwd_window)
-
-
-def _exposed(s: RuntimeSettings, reduce: float, gather: float, fwd_window: float,
-             bwd_window: float) -> tuple[float, float]:
-    return (max(0.0, reduce - bwd_window) if s.overlap_grad_reduce else reduce,
-            max(0.0, gather - fwd_window) if s.overlap_param_gather else gather)
+    n = ddp_buckets(model, prof, layers, first, last, rank)
+    s = prof.settings
+    if s.overlap_grad_reduce:
+        reduce = max(0.0, reduce / n + max(0.0, reduce * (n - 1) / n - own_bwd) - drain)
+    if s.overlap_param_gather:
+        if ENGINES[s.engine].param_gather_dispatch == "step_start":
+            return reduce, 0.0, max(0.0, gather - fill - own_fwd)
+        return reduce, gather / n + max(0.0, gather * (n - 1) / n - own_fwd), 0.0
+    return reduce, 0.0, gather
 
 
 def tail_windows(fwd, bwd, links):
-    """(forward window, backward window) of each stage of a pipeline (pipeline order): its own pass plus those
-    of the stages before it, links included. The backward window is what its gradient reduction can hide behind
-    (its last backward and the drain of the stages before it), the forward one its parameter gather
-    (dp_exposed_times)."""
-    fwd_before = bwd_before = 0.0
+    """(own forward, own backward, drain, fill) of each stage of a pipeline (pipeline order, its rank): the drain is
+    what runs after the stage's last backward, the last backwards of the stages before it and the links between;
+    the fill what runs before its first forward, their forwards and the links (dp_exposed_times)."""
+    drain = fill = 0.0
     last = len(fwd) - 1
     for i, (f, b) in enumerate(zip(fwd, bwd)):
-        yield fwd_before + f, bwd_before + b
+        yield f, b, drain, fill
         link = links[i] if i < last else 0.0
-        fwd_before += f + link
-        bwd_before += b + link
+        drain += b + link
+        fill += f + link
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
                    links, sync: float | None = None) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
-    tied table's holders' exchange and the global-norm all-reduce), then the optimizer step and the exposed parameter
-    gather of the slowest stage. Keys: tail_s, dp_exposed_s, optimizer_s, sync_s (seconds), and per stage
-    stage_dp_exposed_s, stage_optimizer_s (lists). `sync`: iteration_sync_time(model, inventory, meshes,
-    profiles) when the caller has it (it depends on the layout only, not on the layer split). The search's
-    leaves need tail_s alone: `tail_seconds`."""
+    tied table's holders' exchange and the global-norm all-reduce), then the optimizer step (with a gather not
+    overlapped: the slowest stage's step and gather), then what the parameter gathers in the forward pre-hooks
+    add to the next iteration's fill (each stage's, one after the other along the pipeline). Keys: tail_s,
+    dp_exposed_s, optimizer_s, sync_s (seconds), and per stage stage_dp_exposed_s, stage_optimizer_s (lists).
+    `sync`: iteration_sync_time(model, inventory, meshes, profiles) when the caller has it (it depends on the
+    layout only, not on the layer split). The search's leaves need tail_s alone: `tail_seconds`."""
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
     p = len(profiles)
-    reduce_exp, after = [], []
-    for i, (fw, bw) in enumerate(tail_windows(fwd, bwd, links)):
+    reduce_exp, after, fill, exposed = [], [], 0.0, []
+    for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
         prof, n = profiles[i], layers[i]
-        reduce, gather = dp_sync_times(model, prof, n, i == 0, i == p - 1)
-        r, g = _exposed(prof.settings, reduce, gather, fw, bw)
+        r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, i, f, b, drain, before)
         reduce_exp.append(r)
-        after.append((g, optimizer_time(model, prof, n, i == 0, i == p - 1)))
-    tail = max(reduce_exp) + sync + max(g + o for g, o in after)
-    exposed = [r + g for r, (g, _) in zip(reduce_exp, after)]
-    opt = [o for _, o in after]
-    return {"tail_s": tail, "dp_exposed_s": max(exposed), "optimizer_s": max(opt), "sync_s": sync,
+        after.append(g_step + optimizer_time(model, prof, n, i == 0, i == p - 1))
+        fill += g_fill
+        exposed.append(r + g_fill + g_step)
+    tail = max(reduce_exp) + sync + max(after) + fill
+    opt = [optimizer_time(model, profiles[i], layers[i], i == 0, i == p - 1) for i in range(p)]
+    # the whole iteration's DP exposure: the slowest reduction, the fill's gathers, a gather after the step
+    dp = max(max(exposed), max(reduce_exp) + fill + max(a - o for a, o in zip(after, opt)))
+    return {"tail_s": tail, "dp_exposed_s": dp, "optimizer_s": max(opt), "sync_s": sync,
             "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
 
 
 def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: float, memo: dict | None = None) -> float:
-    """iteration_tail(...)["tail_s"], the same float, for the search's leaves: from the first stage of each run of
-    identical stages (same profile, layers, ends) only, since later ones of a run see a longer window before them
-    and so expose no more (the windows summed as tail_windows sums them, in one plain loop). memo: a dict the
-    caller keeps for one model, remembering each stage kind's collectives and optimizer step across calls (keyed
-    by the profile, without hashing the model)."""
+    """iteration_tail(...)["tail_s"], the same float, for the search's leaves: the stage terms remembered across
+    calls in `memo`, a dict the caller keeps for one model (each stage kind's collectives, buckets and optimizer
+    step, keyed by the profile, without hashing the model)."""
     memo = {} if memo is None else memo
     last = len(profiles) - 1
-    fwd_before = bwd_before = 0.0
-    run = run_n = None
+    drain = before = 0.0
     reduce_max = after_max = -math.inf
+    fill = 0.0
     for i in range(last + 1):
         prof, n, f, b = profiles[i], layers[i], fwd[i], bwd[i]
-        if prof is not run or n != run_n or i == 1 or i == last:   # the end stages differ from their runs
-            run, run_n = prof, n
-            key = (prof, n, i == 0, i == last)
-            terms = memo.get(key)
-            if terms is None:
-                terms = memo[key] = (*dp_sync_times(model, prof, n, i == 0, i == last),
-                                     optimizer_time(model, prof, n, i == 0, i == last))
-            r, g = _exposed(prof.settings, terms[0], terms[1], fwd_before + f, bwd_before + b)
-            if r > reduce_max:
-                reduce_max = r
-            if g + terms[2] > after_max:
-                after_max = g + terms[2]
+        key = (prof, n, i == 0, i == last)
+        terms = memo.get(key)
+        if terms is None:
+            reduce, gather = dp_sync_times(model, prof, n, i == 0, i == last)
+            terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
+                                 ddp_buckets(model, prof, n, i == 0, i == last, 0))
+        reduce, gather, opt, first_rank_buckets = terms
+        k = first_rank_buckets if i == 0 else 1
+        s = prof.settings
+        if s.overlap_grad_reduce:
+            reduce = max(0.0, reduce / k + max(0.0, reduce * (k - 1) / k - b) - drain)
+        if reduce > reduce_max:
+            reduce_max = reduce
+        if s.overlap_param_gather:
+            if ENGINES[s.engine].param_gather_dispatch == "step_start":
+                gather = max(0.0, gather - before - f)
+            else:
+                fill += gather / k + max(0.0, gather * (k - 1) / k - f)
+                gather = 0.0
+        if gather + opt > after_max:
+            after_max = gather + opt
         if i < last:
-            x = links[i]
-            fwd_before += f + x
-            bwd_before += b + x
-    return reduce_max + sync + after_max
+            drain += b + links[i]
+            before += f + links[i]
+    return reduce_max + sync + after_max + fill
 
 
 @lru_cache(maxsize=262144)
