@@ -76,8 +76,13 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     "megatron-core-0.8") started the gather at the step's start instead: it hides behind `fill`, the forwards of
     the stages before this one and the links between, and its own."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
-    n = ddp_buckets(model, prof, layers, first, last, rank)
-    s = prof.settings
+    return _exposure(prof.settings, reduce, gather, ddp_buckets(model, prof, layers, first, last, rank), own_fwd,
+                     own_bwd, drain, fill)
+
+
+def _exposure(s, reduce: float, gather: float, n: int, own_fwd: float, own_bwd: float, drain: float,
+              fill: float) -> tuple[float, float, float]:
+    """dp_exposed_times from the stage's collectives and its `n` buckets (tail_seconds calls it with its memo)."""
     if s.overlap_grad_reduce:
         reduce = max(0.0, reduce / n + max(0.0, reduce * (n - 1) / n - own_bwd) - drain)
     if s.overlap_param_gather:
@@ -113,16 +118,16 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
     p = len(profiles)
-    reduce_exp, after, fill, exposed = [], [], 0.0, []
+    reduce_exp, after, opt, fill, exposed = [], [], [], 0.0, []
     for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
         prof, n = profiles[i], layers[i]
         r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, i, f, b, drain, before)
+        opt.append(optimizer_time(model, prof, n, i == 0, i == p - 1))
         reduce_exp.append(r)
-        after.append(g_step + optimizer_time(model, prof, n, i == 0, i == p - 1))
+        after.append(g_step + opt[-1])
         fill += g_fill
         exposed.append(r + g_fill + g_step)
     tail = max(reduce_exp) + sync + max(after) + fill
-    opt = [optimizer_time(model, profiles[i], layers[i], i == 0, i == p - 1) for i in range(p)]
     # the whole iteration's DP exposure: the slowest reduction, the fill's gathers, a gather after the step
     dp = max(max(exposed), max(reduce_exp) + fill + max(a - o for a, o in zip(after, opt)))
     return {"tail_s": tail, "dp_exposed_s": dp, "optimizer_s": max(opt), "sync_s": sync,
@@ -147,20 +152,13 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: floa
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
                                  ddp_buckets(model, prof, n, i == 0, i == last, 0))
         reduce, gather, opt, first_rank_buckets = terms
-        k = first_rank_buckets if i == 0 else 1
-        s = prof.settings
-        if s.overlap_grad_reduce:
-            reduce = max(0.0, reduce / k + max(0.0, reduce * (k - 1) / k - b) - drain)
-        if reduce > reduce_max:
-            reduce_max = reduce
-        if s.overlap_param_gather:
-            if ENGINES[s.engine].param_gather_dispatch == "step_start":
-                gather = max(0.0, gather - before - f)
-            else:
-                fill += gather / k + max(0.0, gather * (k - 1) / k - f)
-                gather = 0.0
-        if gather + opt > after_max:
-            after_max = gather + opt
+        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, first_rank_buckets if i == 0 else 1, f, b,
+                                      drain, before)
+        if r > reduce_max:
+            reduce_max = r
+        fill += g_fill
+        if g_step + opt > after_max:
+            after_max = g_step + opt
         if i < last:
             drain += b + links[i]
             before += f + links[i]
