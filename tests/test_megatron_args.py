@@ -285,6 +285,29 @@ def test_rewrite_sets_the_plans_settings_and_one_padded_vocabulary(monkeypatch):
     assert plan.meshes[0].settings.sequence_parallel is False and plan.meshes[1].settings.sequence_parallel
 
 
+def test_a_vocabulary_divisor_that_builds_another_table_is_refused(monkeypatch):
+    """The plan priced one padded table (50257 -> 50432 at TP 1 and 2); Megatron's divisor 64 would build 50304
+    rows at TP 1 (its own vocab_size_with_padding, asked below): refused in one paragraph naming the flag. The
+    default 128, and the divisor the hook itself writes (which reproduces the table on the rank's TP), run."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    d = {"version": 2, "model": PRESETS["tiny"].replace(vocab_size=50257, tie_embeddings=True).to_dict(),
+         "global_batch_size": 8, "meshes": TIED_50257}
+    plan = plan_from_dict(d)
+    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, plan.world_size, None), None)
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by", "64"])
+    alone = vocab_size_with_padding(50257, args, logging_enabled=False)
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, c)
+    assert exc.value.field == "--make-vocab-size-divisible-by" and f"{alone} rows" in str(exc.value)
+    assert str(plan.padded_vocab_size) in str(exc.value)
+    for divisor in ("128", str(plan.padded_vocab_size // plan.meshes[c.mesh_index].tp)):
+        margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by",
+                                                   divisor])
+        rewrite.rewrite_args(args, plan, c)
+        assert args.padded_vocab_size == plan.padded_vocab_size
+
+
 def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
     plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [8],

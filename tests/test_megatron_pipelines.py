@@ -51,7 +51,7 @@ def two_pipeline_plan(tmp_path) -> str:
 
 def job_flags(plan, iters):
     """The job's own arguments after the emitted ones: mock data, the vocabulary, CPU flags."""
-    return (["--vocab-size", str(plan.model.vocab_size), "--make-vocab-size-divisible-by", "64"] +
+    return (["--vocab-size", str(plan.model.vocab_size)] +
             demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
 
 

@@ -13,20 +13,23 @@ At every instruction boundary each rank reads what it holds: the tensors autogra
 runtime/memory_meter.py) and every other tensor a Python object holds (the engine's buffers), by unique storage,
 less the weights, gradients and optimizer state and whatever was alive before the step; and what the engine holds
 as each backward pass starts (where a TP > 1 stage has rebuilt its whole output and the received gradient, the
-model's workspace). Predicted: the memory model's activations kept (`activations_saved`: the layers, LAYER_IMPL, and
-the pipe buffers) and its pipe buffers, kept and with the workspace, for the same stage. Target: every stage within
-10 %, each of the three.
+model's workspace). Predicted: the memory model's activations kept (`activations_saved`: the layers the planner
+prices a DeepSpeed stage with, plan/memory_fit.py layers_of, and the pipe buffers) and its pipe buffers, kept and
+with the workspace, for the same stage. Target: every stage within 10 %, each of the three.
 """
 import json
 
 import pytest
-from helpers import mesh
+from helpers import mesh, small_inventory
 
 from hetauto_megatron.cost.memory import stage_memory_bytes
 from hetauto_megatron.cost.pipe_buffers import deepspeed_pipe_buffers
 from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
-from hetauto_megatron.plan.settings import as_run_by, resolve_settings
+from hetauto_megatron.plan.memory_fit import layers_of
+from hetauto_megatron.plan.settings import as_run_by, recompute_as_run_by, resolve_settings
+from hetauto_megatron.plan.simulate import simulate
+from hetauto_megatron.spec.devices import get_device
 
 TOLERANCE = 0.10
 MBS, MICRO = 2, 4
@@ -35,6 +38,7 @@ ZERO0 = {"distributed_optimizer": False}
 PLAN = {"version": 2, "model": MODEL, "global_batch_size": MBS * MICRO,
         "meshes": [dict(mesh(c, 1, 1, MBS, [2]), settings=ZERO0) for c in "abc"]}
 TP2_STAGES = 2
+CPU = get_device("cpu").at_precision("fp32")     # the planner's layers for these stages: layers_of
 
 
 def _measure(engine, module, model):
@@ -80,6 +84,13 @@ def _measure(engine, module, model):
         return backward(self, *args, **kwargs)
 
     torch.Tensor.backward = entering_backward
+    forward, forwards = dsp.TransformerLayer.forward, [0]
+
+    def counted_forward(self, *args, **kwargs):     # a layer's forward, recomputed ones included
+        forwards[0] += 1
+        return forward(self, *args, **kwargs)
+
+    dsp.TransformerLayer.forward = counted_forward
 
     def batches():
         for i in range(MICRO):
@@ -90,9 +101,10 @@ def _measure(engine, module, model):
             engine.train_batch(data_iter=batches())
     finally:
         torch.Tensor.backward = backward
+        dsp.TransformerLayer.forward = forward
     name, saved, held = max(rows, key=lambda r: r[1] + r[2])
     return {"stage": engine.stage_id, "at": name, "saved": saved, "engine": held,
-            "engine_in_backward": max(backward_entries)}
+            "engine_in_backward": max(backward_entries), "layer_forwards": forwards[0]}
 
 
 def _tp1_rank(rank, world_size, model, configs):
@@ -137,13 +149,10 @@ def _tp2_rank(rank, world_size, model, parts):
     return out
 
 
-@pytest.fixture(scope="module")
-def tp1_run(tmp_path_factory):
+def _run_plan(plan, out):
     from hetauto_megatron.runtime.deepspeed_pipeline import import_deepspeed
     from hetauto_megatron.runtime.launcher import free_port, launch
 
-    plan = plan_from_dict(PLAN)
-    out = tmp_path_factory.mktemp("dsmem")
     configs = []
     for r in emit_deepspeed(plan):
         path = out / f"ds_config.{r['name']}.json"
@@ -153,6 +162,11 @@ def tp1_run(tmp_path_factory):
     results = launch(_tp1_rank, plan.world_size, args=(plan.model, configs), timeout_s=300,
                      env={"MASTER_PORT": str(free_port())})
     return plan, results
+
+
+@pytest.fixture(scope="module")
+def tp1_run(tmp_path_factory):
+    return _run_plan(plan_from_dict(PLAN), tmp_path_factory.mktemp("dsmem"))
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +183,12 @@ def tp2_run():
     return model, results
 
 
-def _predicted(model, *, tp_engine, layers, first, last, in_flight, settings):
+def _predicted(model, *, tp_engine, layers, first, last, in_flight, settings, recompute="none"):
     """The memory model's kept activations, kept pipe buffers and pipe buffers with the backward's workspace, of a
     stage whose layers run at TP 1."""
-    b = stage_memory_bytes(model, layers=layers, tp=1, dp=1, micro_batch_size=MBS, recompute="none",
+    b = stage_memory_bytes(model, layers=layers, tp=1, dp=1, micro_batch_size=MBS, recompute=recompute,
                            in_flight=in_flight, first=first, last=last, settings=settings, dtype_bytes=4,
-                           impl=_impl())
+                           impl=layers_of(settings, CPU))
     if tp_engine == 1:      # (no workspace at TP 1)
         return b["activations_saved"], b["pipe_buffers"], b["pipe_buffers"]
     # the engine partitions over its model axis of 2; the replicated layers' logits are the whole vocabulary
@@ -183,11 +197,6 @@ def _predicted(model, *, tp_engine, layers, first, last, in_flight, settings):
                                   first, last)
     kept = in_flight * pipe.per_in_flight + pipe.fixed
     return b["activations_saved"] - b["pipe_buffers"] + kept, kept, kept + pipe.workspace
-
-
-def _impl():
-    from hetauto_megatron.runtime.deepspeed_pipeline import LAYER_IMPL
-    return LAYER_IMPL
 
 
 def _check(rows):
@@ -229,3 +238,26 @@ def test_every_stage_at_tp2_within_10_percent(tp2_run):
                                               last=i == TP2_STAGES - 1, in_flight=min(TP2_STAGES - i, MICRO),
                                               settings=settings), r))
     _check(rows)
+
+
+def test_selective_recompute_runs_and_is_priced_as_full_under_deepspeed(tmp_path, tp1_run):
+    """DeepSpeed checkpoints whole layers only: a plan asking for selective recomputation is emitted with
+    activation_checkpoint_interval 1, and `simulate --engine deepspeed` prices it as full recomputation
+    (settings.recompute_as_run_by): every layer's forward once more in the backward (plan/costing.py). Measured:
+    the transformer layers' forward calls of a step on every stage, against the same plan without
+    recomputation (once per layer and micro-batch); selective recomputation would re-run no whole layer. (Before,
+    the first stage's checkpointed embedding made its backward fail: runtime/deepspeed_pipeline.py.)"""
+    raw = dict(PLAN, meshes=[dict(m, recompute="selective") for m in PLAN["meshes"]])
+    plan, results = _run_plan(plan_from_dict(raw), tmp_path)
+    assert all(r["config"]["pipeline"]["activation_checkpoint_interval"] == 1 for r in emit_deepspeed(plan))
+    _, plain = tp1_run
+    runs = {"full": 2, "none": 1}         # forwards per layer and micro-batch
+    assert recompute_as_run_by("selective", "deepspeed") == "full"
+    inventory = small_inventory([(m["cluster"], "cpu", 1, 1) for m in raw["meshes"]],
+                                [(a["cluster"], b["cluster"], 10, 1) for a, b in zip(raw["meshes"], raw["meshes"][1:])])
+    assert [st["recompute"] for st in simulate(plan, inventory, engine="deepspeed").stages] == ["full"] * 3
+    for r, p in zip(sorted(results, key=lambda r: r["stage"]), sorted(plain, key=lambda r: r["stage"])):
+        layers = plan.stage_layers[r["stage"]]
+        print(f"stage {r['stage']}: {r['layer_forwards']} layer forwards with recompute, {p['layer_forwards']} without")
+        assert p["layer_forwards"] == runs["none"] * layers * MICRO
+        assert r["layer_forwards"] == runs[recompute_as_run_by("selective", "deepspeed")] * layers * MICRO

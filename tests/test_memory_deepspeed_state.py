@@ -48,7 +48,7 @@ CASES = [("bf16", False, "fp32", 2), ("bf16", True, "fp32", 2), ("bf16", True, "
          ("fp32", True, "fp32", 2), ("bf16", True, "param", 1)]
 WORLD = 4
 # what DeepSpeed's reduction calls (deepspeed/comm/torch.py calls torch.distributed's functions at call time)
-COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_gather")
 BUILT = {"Adam": "torch", "BF16_Optimizer": "bf16", "DeepSpeedZeroOptimizer": "zero"}
 
 
@@ -108,9 +108,13 @@ def _measure(engine, model):
         reduction["total"] = max(reduction["total"], sum({**new, **state}.values()))
         reduction["reads"] += 1
 
+    gathers_in_step = [0]       # all-gathers the optimizer step instruction issues (of the updated weights)
+    now = [None]
+
     def wrap(fn, name):
         def run(self, *args, **kwargs):
             read(name)
+            now[0] = name
             if name == "ReduceGrads" and best["step"] == 2:
                 reduction["before"] = set(held_storages(set()))
                 read_reduction()
@@ -118,12 +122,25 @@ def _measure(engine, model):
                     return fn(self, *args, **kwargs)
                 finally:
                     reduction["before"] = None
-            return fn(self, *args, **kwargs)
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                now[0] = None
         return run
+
+    def collective(name, args, kwargs):
+        read_reduction()
+        if name.startswith("all_gather") and now[0] == "OptimizerStep" and best["step"] == 2:
+            gathers_in_step[0] += 1
 
     engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
     collectives = {name: getattr(torch.distributed, name) for name in COLLECTIVES}     # restored below
-    record_calls(torch.distributed, COLLECTIVES, lambda name, args, kwargs: read_reduction())
+    record_calls(torch.distributed, COLLECTIVES, collective)
+    # DeepSpeed's comm backend binds torch.distributed.all_gather_into_tensor when it starts (comm/torch.py
+    # get_all_gather_function): the weight gather of the optimizers' step goes through that binding
+    from deepspeed.comm import comm as ds_comm
+    bound_gather = ds_comm.cdb.all_gather_function          # restored below
+    record_calls(ds_comm.cdb, ("all_gather_function",), collective)
 
     def batches():
         for i in range(MICRO):
@@ -136,10 +153,12 @@ def _measure(engine, model):
     finally:
         for name, fn in collectives.items():
             setattr(torch.distributed, name, fn)
+        ds_comm.cdb.all_gather_function = bound_gather
     return {"stage": engine.stage_id, "params": sum(p.numel() for p in engine.module.parameters()),
             "built": type(engine.optimizer).__name__, "total": best["total"], "at": best["at"],
             "bucket": best["bucket"], "rest": best["rest"], "rest_at": best["rest_at"],
-            "reduction": reduction["total"], "reduction_reads": reduction["reads"]}
+            "reduction": reduction["total"], "reduction_reads": reduction["reads"],
+            "gathers_in_step": gathers_in_step[0]}
 
 
 def _rank(rank, world_size, model, configs):
@@ -207,7 +226,7 @@ def test_weights_gradients_optimizer_within_10_percent(state_run):
             # held while the gradient reduction after the last backward runs, its buffers included
             at_reduction = state_bytes_at_reduction(E, plan.meshes[i].dp, settings, b["params"],
                                                     largest_param_tensor(plan.model, 1, i == 0, i == p - 1))
-            rows.append((case, rank, i, deepspeed_optimizer(E, settings), b["weights_grads_optimizer"], rest,
+            rows.append((case, rank, i, deepspeed_optimizer(case[0], settings), b["weights_grads_optimizer"], rest,
                          sum(state_fixed_bytes(E, settings).values()), at_reduction, got))
     for case, rank, i, kind, state, rest, fixed, at_reduction, got in rows:
         print(f"{case} rank {rank} stage {i}: {got['built']}, {state:,.0f} / {got['total']:,} bytes "
@@ -223,3 +242,83 @@ def test_weights_gradients_optimizer_within_10_percent(state_run):
         assert got["bucket"] == pytest.approx(fixed, rel=TOLERANCE, abs=1024), (case, rank, fixed, got)
         assert got["reduction_reads"] >= 2, (case, rank, got)       # the instruction's start and a collective
         assert got["reduction"] == pytest.approx(at_reduction, rel=TOLERANCE), (case, rank, at_reduction, got)
+
+
+def test_the_time_model_prices_the_weight_gather_where_the_optimizer_step_issues_one(state_run):
+    """Where DeepSpeed's optimizer steps on a 1/DP partition it all-gathers the updated weights inside the step (the
+    BF16 optimizer with ZeRO-0 too; not the torch optimizer): the time model prices that gather and the partition's
+    step (plan/tail_costs.py optimizer_sharded) where the OptimizerStep instruction issues an all-gather, measured."""
+    from helpers import small_inventory
+
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan import tail_costs
+    from hetauto_megatron.plan.costing import stage_profile
+
+    plans, results = state_run
+    checked = set()
+    for k, (case, plan) in enumerate(zip(CASES, plans)):
+        if plan.meshes[0].dp < 2:
+            continue
+        inventory = small_inventory([(m.cluster, "a100", 1, 2) for m in plan.meshes], []).with_precision(case[0])
+        for per_rank in results:
+            got, i = per_rank[k], per_rank[k]["stage"]
+            m = plan.meshes[i]
+            prof = stage_profile(plan.model, inventory.cluster(m.cluster), m.tp, m.dp, m.micro_batch_size, "none",
+                                 AnalyticCostModel(), as_run_by(m.settings, "deepspeed"))
+            gather = tail_costs.dp_sync_times(plan.model, prof, plan.stage_layers[i], i == 0,
+                                              i == len(plan.meshes) - 1)[1]
+            print(f"{case} stage {i}: {got['built']}, all-gathers in the step {got['gathers_in_step']}, "
+                  f"gather priced {gather * 1e3:.3f} ms, partitioned step {tail_costs.optimizer_sharded(prof)}")
+            assert (gather > 0) == (got["gathers_in_step"] > 0), (case, got)
+            assert tail_costs.optimizer_sharded(prof) == (got["gathers_in_step"] > 0), (case, got)
+            checked.add(got["gathers_in_step"] > 0)
+    assert checked == {True, False}      # both kinds ran
+
+
+def _optimizer_choices(rank, world_size, parsed_configs):
+    """DeepSpeed's own choice of optimizer (`DeepSpeedEngine._do_optimizer_sanity_check`) for each parsed config,
+    with the torch Adam the runtime passes, in a process whose DeepSpeed comm is initialised (the check asks for
+    the rank): the engine's choice without building the engine, which fp16 could not on CPU."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime import engine as ds_engine
+
+    from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+
+    dsp.import_deepspeed().init_distributed(dist_backend="gloo")
+    kinds = {None: "torch", ds_engine.BFLOAT16: "bf16", ds_engine.FP16: "fp16", ds_engine.ZERO_OPTIMIZATION: "zero"}
+    out = []
+    for parsed in parsed_configs:
+        engine = object.__new__(ds_engine.DeepSpeedEngine)
+        engine._config = parsed
+        engine.pipeline_parallelism, engine.global_rank = True, 0
+        out.append(kinds[engine._do_optimizer_sanity_check(torch.optim.Adam([torch.nn.Parameter(torch.ones(2))]))])
+    dist.destroy_process_group()
+    return out
+
+
+def test_the_optimizer_priced_is_the_one_deepspeed_builds_for_every_emitted_config():
+    """For every precision (fp16 too, which DeepSpeed refuses to initialise on CPU), ZeRO stage and gradient type a
+    plan can ask for, the emitted config parsed by DeepSpeed's own DeepSpeedConfig and given to the engine's own
+    choice (`DeepSpeedEngine._do_optimizer_sanity_check`, engine.py:2294-2324, with the torch Adam the runtime
+    passes; an fp16 result builds FP16_UnfusedOptimizer for it, engine.py:2555-2606) is the optimizer whose state
+    the memory model prices and whose step and weight gather the time model prices (cost/deepspeed_state.py)."""
+    from hetauto_megatron.cost.deepspeed_state import deepspeed_shards_optimizer
+    from hetauto_megatron.emit.deepspeed import deepspeed_config, validate
+    from hetauto_megatron.runtime.launcher import free_port, launch
+
+    cases, parsed = [], []
+    for precision in ("bf16", "fp16", "fp32"):
+        for distributed_optimizer in (False, True):
+            for grad_reduce_dtype in ("fp32", "param"):
+                plan = _plan(precision, distributed_optimizer, grad_reduce_dtype, 2)
+                parsed.append(validate(deepspeed_config(plan, 0), plan.meshes[0].dp,
+                                       pipeline_stages=plan.pipeline_parallel_size))
+                cases.append((precision, as_run_by(plan.meshes[0].settings, "deepspeed")))
+    built = launch(_optimizer_choices, 1, args=(parsed,), timeout_s=120, env={"MASTER_PORT": str(free_port())})[0]
+    for (precision, settings), kind in zip(cases, built):
+        where = (precision, settings.distributed_optimizer, settings.grad_reduce_dtype, kind)
+        print(where, "priced:", deepspeed_optimizer(precision, settings))
+        assert deepspeed_optimizer(precision, settings) == kind, where
+        assert deepspeed_shards_optimizer(precision, settings) == (kind in ("bf16", "zero")), where
+    assert set(built) == {"torch", "bf16", "fp16", "zero"}

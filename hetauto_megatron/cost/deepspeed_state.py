@@ -18,9 +18,15 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               built over the data-parallel group whatever the ZeRO stage (engine.py:2611-2626, `partition_count`
               :153). With a 16-bit accumulation buffer the step runs on an fp32 copy of the partition's gradient
               (`grad_partition.to(...)`, :417): 4/d more while Adam steps.
-  zero        fp32 with ZeRO-1, or 16-bit with ZeRO-1 and 16-bit accumulation: `DeepSpeedZeroOptimizer`
+  fp16        fp16 without ZeRO: `FP16_UnfusedOptimizer` (engine.py:2555-2606, for a torch optimizer: not one of
+              DeepSpeed's fused ones), fp16/unfused_optimizer.py. Weights 2 and `.grad` 2 per parameter; fp32 master
+              weights (:78) and so Adam's moments on every DP rank, unpartitioned; its step first copies every
+              `.grad` to an fp32 `.grad` of its master (:216-222): 2 + 2 + 4 + 8 + 4 at the step.
+  zero        fp32 or fp16 with ZeRO-1, or bf16 with ZeRO-1 and bf16 accumulation: `DeepSpeedZeroOptimizer`
               (zero/stage_1_and_2.py). Weights in a flat buffer (:509); each parameter's `.grad` while the
-              micro-batches accumulate; the fp32 master partition is a clone even in fp32 training (:560-577: 4/d
+              micro-batches accumulate (fp16 with fp32 accumulation: each `.grad` is added into an fp32
+              `grad_accum` attribute and freed, :396-404 and :2172-2177, so 4 per parameter, and the reduce bucket
+              below is fp32 too, :1253-1254); the fp32 master partition is a clone even in fp32 training (:560-577: 4/d
               where Megatron's fp32 parameter is its own master); Adam's moments 8/d. At the step the `.grad`s are
               freed (`free_grad_in_param_list`, :2898-2901) and the step runs on a flat fp32 gradient partition
               (4/d, :3118-3126), with the reduce bucket below released: the state priced is the larger of the
@@ -32,8 +38,11 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               micro-batches still in flight, until the reduction after the last backward releases it (:924-927,
               :1061); the reduction allocates a second one (`reduce_gradients`, :963-968).
 
-d is the mesh's DP degree. fp16 (`FP16_UnfusedOptimizer` without ZeRO: fp32 master weights on every rank,
-fp16/unfused_optimizer.py:78) does not run on CPU and is priced as bf16.
+d is the mesh's DP degree. DeepSpeed refuses fp16 on CPU, so the fp16 rows are read in the source, not measured
+here. The torch optimizer and FP16_UnfusedOptimizer step on every parameter and gather nothing; the BF16 and ZeRO
+optimizers step on their partition and all-gather the updated 16-bit weights in the step (`update_lp_params`,
+bf16_optimizer.py:593-601; stage_1_and_2.py's step): `deepspeed_shards_optimizer`, which the time model reads too
+(plan/tail_costs.py).
 
 The gradient reduction after a stage's last backward (the ReduceGrads instruction, pipe/engine.py:287-298) allocates
 while it runs, when the activations are gone, above the state held through the micro-batches
@@ -45,6 +54,8 @@ while it runs, when the activations are gone, above the state held through the m
               elements (so at most 5e8 + one tensor), and `allreduce_bucket` flattens each into a new tensor (:3796,
               a copy in the gradient's type, 4 bytes per element) that lives until its all-reduce and the copy back
               (`allreduce_and_copy`, :3823-3826) are done: one bucket at a time.
+  fp16        the same over the fp16 `.grad`s: each bucket's flat copy (2 bytes per element) and, with fp32
+              communication, its fp32 conversion (`tensor.to(...)`, engine.py:3800-3801: 4 more).
   bf16        `_bf16_reduce_grads` (pipe/engine.py:297-298) -> `buffered_allreduce_fallback` over the optimizer's
               `get_grads_for_reduction` (bf16_optimizer.py:541-544): one flat accumulation buffer per parameter
               group (:196), which flattening returns as it is (torch's flatten_dense_tensors of one tensor is a
@@ -67,73 +78,101 @@ ADAM_MOMENT_BYTES = 8
 # MEMORY_OPT_ALLREDUCE_SIZE (engine.py:151): the elements_per_buffer the pipeline engine's ZeRO-0 reduction passes
 # (pipe/engine.py:294, :298)
 ALLREDUCE_BUFFER_ELEMENTS = 500_000_000
+OPTIMIZERS = ("torch", "bf16", "fp16", "zero")
 
 
-def deepspeed_optimizer(dtype_bytes: int, settings) -> str:
-    """Which of DeepSpeed's optimizers the engine builds for a mesh: "torch", "bf16" or "zero" (module docstring)."""
-    if dtype_bytes >= FP32:
-        return "zero" if settings.distributed_optimizer else "torch"
-    if settings.distributed_optimizer and not settings.grad_accum_fp32:
-        return "zero"
-    return "bf16"
+def element_bytes(precision: str) -> int:
+    """The element size of a mesh's weights: 4 in fp32, 2 in bf16 and fp16 (fp8 trains as bf16 here: DeepSpeed has
+    no fp8 setting, emit/deepspeed.py)."""
+    return FP32 if precision == "fp32" else 2
 
 
-def deepspeed_state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float]:
-    """Bytes per parameter DeepSpeed's engine holds through a step's micro-batches (for the torch and BF16
+def deepspeed_optimizer(precision: str, settings) -> str:
+    """Which of DeepSpeed's optimizers the engine builds for a mesh training in `precision`: "torch", "bf16",
+    "fp16" or "zero" (module docstring; engine.py:2294-2324 on the config emit/deepspeed.py writes)."""
+    if settings.distributed_optimizer:                  # ZeRO-1
+        bf16 = precision not in ("fp32", "fp16")
+        return "bf16" if bf16 and settings.grad_accum_fp32 else "zero"
+    return {"fp32": "torch", "fp16": "fp16"}.get(precision, "bf16")
+
+
+def deepspeed_shards_optimizer(precision: str, settings) -> bool:
+    """The optimizer keeps its fp32 master weights and Adam's moments as one partition per DP rank, steps on it and
+    all-gathers the updated weights: the BF16 optimizer (with ZeRO-0 too) and ZeRO-1; the torch optimizer and
+    FP16_UnfusedOptimizer hold and step on every parameter on every DP rank."""
+    return deepspeed_optimizer(precision, settings) in ("bf16", "zero")
+
+
+def deepspeed_state_bytes_per_param(precision: str, dp: int, settings) -> dict[str, float]:
+    """Bytes per parameter DeepSpeed's engine holds through a step's micro-batches (for the torch, BF16 and FP16
     optimizers, the most it holds, their step included), as {"weights", "gradients", "optimizer"} (the module
     docstring gives each term's source); the ZeRO optimizer's step holds another set
     (deepspeed_step_bytes_per_param)."""
-    E = float(dtype_bytes)
-    kind = deepspeed_optimizer(dtype_bytes, settings)
+    E = float(element_bytes(precision))
+    kind = deepspeed_optimizer(precision, settings)
     if kind == "torch":
         return {"weights": E, "gradients": E, "optimizer": float(ADAM_MOMENT_BYTES)}
+    if kind == "fp16":      # fp32 master weights and moments on every rank; the step's fp32 copy of every .grad
+        return {"weights": E, "gradients": E, "optimizer": float(FP32 + ADAM_MOMENT_BYTES + FP32)}
     if kind == "bf16":
-        return {"weights": E, "gradients": E + _accumulation_bytes(dtype_bytes, settings),
-                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(dtype_bytes, settings)) / dp}
-    return {"weights": E, "gradients": E, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+        return {"weights": E, "gradients": E + _accumulation_bytes(precision, settings),
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(precision, settings)) / dp}
+    return {"weights": E, "gradients": float(_accumulation_bytes(precision, settings)),
+            "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
 
 
-def _accumulation_bytes(dtype_bytes: int, settings) -> int:
-    """Element size of BF16_Optimizer's gradient accumulation buffer (data_types.grad_accum_dtype)."""
-    return FP32 if settings.grad_accum_fp32 else dtype_bytes
+def _accumulation_bytes(precision: str, settings) -> int:
+    """Element size of the gradients accumulated over the micro-batches (data_types.grad_accum_dtype): the BF16
+    optimizer's accumulation buffer; under ZeRO each parameter's `.grad`, or in fp32 its `grad_accum` attribute
+    when that type differs from the weights' (stage_1_and_2.py:396-404, `_fill_param_grad_accum_attribute`
+    :2172-2177, which frees the 16-bit `.grad` after adding it), which also types the reduce bucket
+    (`_gradient_reduction_buffer_dtype`, :1253-1254)."""
+    return FP32 if settings.grad_accum_fp32 else element_bytes(precision)
 
 
-def _step_gradient_copy_bytes(dtype_bytes: int, settings) -> int:
+def _step_gradient_copy_bytes(precision: str, settings) -> int:
     """BF16_Optimizer's fp32 copy of the gradient partition its step forms from a 16-bit accumulation buffer
     (bytes per parameter of the partition)."""
-    return FP32 if _accumulation_bytes(dtype_bytes, settings) < FP32 else 0
+    return FP32 if _accumulation_bytes(precision, settings) < FP32 else 0
 
 
-def deepspeed_step_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float] | None:
-    """Bytes per parameter the ZeRO optimizer holds while it steps, with the `.grad`s and the reduce bucket freed
-    and the fp32 gradient partition formed; None for the other optimizers, whose step adds to what they hold
-    (deepspeed_state_bytes_per_param counts it)."""
-    if deepspeed_optimizer(dtype_bytes, settings) != "zero":
+def deepspeed_step_bytes_per_param(precision: str, dp: int, settings) -> dict[str, float] | None:
+    """Bytes per parameter the ZeRO optimizer holds while it steps, with the accumulated gradients and the reduce
+    bucket freed and the fp32 gradient partition formed; None for the other optimizers, whose step adds to what
+    they hold (deepspeed_state_bytes_per_param counts it)."""
+    if deepspeed_optimizer(precision, settings) != "zero":
         return None
-    return {"weights": float(dtype_bytes), "gradients": FP32 / dp, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+    return {"weights": float(element_bytes(precision)), "gradients": FP32 / dp,
+            "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
 
 
-def deepspeed_state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:
-    """Bytes DeepSpeed's engine holds whatever the stage's size: the ZeRO optimizer's reduce bucket (gradients)."""
-    if deepspeed_optimizer(dtype_bytes, settings) == "zero":
-        return {"gradients": float(settings.reduce_bucket_elements * dtype_bytes)}
+def deepspeed_state_fixed_bytes(precision: str, settings) -> dict[str, float]:
+    """Bytes DeepSpeed's engine holds whatever the stage's size: the ZeRO optimizer's reduce bucket (gradients), in
+    the accumulated gradients' type."""
+    if deepspeed_optimizer(precision, settings) == "zero":
+        return {"gradients": float(settings.reduce_bucket_elements * _accumulation_bytes(precision, settings))}
     return {}
 
 
-def deepspeed_reduction_terms(dtype_bytes: int, dp: int, settings) -> tuple[float, float, float, bool]:
+def deepspeed_reduction_terms(precision: str, dp: int, settings) -> tuple[float, float, float, bool]:
     """What the engine holds while its gradient reduction after the last backward runs (module docstring), as
     (bytes per parameter, fixed bytes, bytes per element of the reduction's flat copy, whether that copy is cut at
     ALLREDUCE_BUFFER_ELEMENTS): held = per * params + fixed + copy * elements, elements = the stage's parameters,
     at most ALLREDUCE_BUFFER_ELEMENTS and one more tensor when cut."""
-    kind = deepspeed_optimizer(dtype_bytes, settings)
-    per = deepspeed_state_bytes_per_param(dtype_bytes, dp, settings)
-    fixed = sum(deepspeed_state_fixed_bytes(dtype_bytes, settings).values())
+    kind = deepspeed_optimizer(precision, settings)
+    E = element_bytes(precision)
+    per = deepspeed_state_bytes_per_param(precision, dp, settings)
+    fixed = sum(deepspeed_state_fixed_bytes(precision, settings).values())
+    communication = E if settings.grad_reduce_dtype == "param" else FP32     # emit/deepspeed.py
     if kind == "torch":     # fp32: the flattened copy of the .grads, in buckets of 5e8 elements
-        return sum(per.values()), fixed, float(dtype_bytes), True
+        return sum(per.values()), fixed, float(E), True
+    if kind == "fp16":      # the same fallback over the fp16 .grads (the step's fp32 copies are not formed yet),
+        # flattened, and converted to the communication type when that is fp32 (engine.py:3796-3801)
+        step_copy = FP32
+        return sum(per.values()) - step_copy, fixed, float(E + (communication if communication != E else 0)), True
     if kind == "bf16":
-        accumulation = _accumulation_bytes(dtype_bytes, settings)
-        communication = dtype_bytes if settings.grad_reduce_dtype == "param" else FP32   # emit/deepspeed.py
-        step_copy = _step_gradient_copy_bytes(dtype_bytes, settings) / dp        # formed in the step, not yet
+        accumulation = _accumulation_bytes(precision, settings)
+        step_copy = _step_gradient_copy_bytes(precision, settings) / dp        # formed in the step, not yet
         copy = float(communication) if communication != accumulation else 0.0
         return sum(per.values()) - step_copy, fixed, copy, False
     return sum(per.values()), 2 * fixed, 0.0, False     # the second reduce bucket

@@ -72,11 +72,17 @@ def grad_buffer_bytes(dtype_bytes: int, settings) -> int:
     return FP32 if settings.grad_reduce_dtype == "fp32" else dtype_bytes
 
 
-def state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float]:
+def precision_of(dtype_bytes: int, precision: str | None = None) -> str:
+    """The training precision a memory figure is for: the one given, else the one the element size implies (bf16
+    for 2 bytes). Only DeepSpeed's optimizers tell fp16 from bf16 (cost/deepspeed_state.py)."""
+    return precision or ("fp32" if dtype_bytes >= FP32 else "bf16")
+
+
+def state_bytes_per_param(dtype_bytes: int, dp: int, settings, precision: str | None = None) -> dict[str, float]:
     """Bytes per parameter held for weights, the gradient buffer and the optimizer (see the module docstring), as
     the settings' engine holds them: DeepSpeed's optimizer wrappers hold other state (cost/deepspeed_state.py)."""
     if settings.optimizer_state == "deepspeed":
-        return deepspeed_state_bytes_per_param(dtype_bytes, dp, settings)
+        return deepspeed_state_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
     shard = dp if settings.distributed_optimizer else 1
     grad = grad_buffer_bytes(dtype_bytes, settings)
     master = FP32 if dtype_bytes < FP32 else 0
@@ -85,26 +91,27 @@ def state_bytes_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, floa
             "optimizer": (master + ADAM_MOMENT_BYTES + fp32_grad_copy) / shard}
 
 
-def state_fixed_bytes(dtype_bytes: int, settings) -> dict[str, float]:
+def state_fixed_bytes(dtype_bytes: int, settings, precision: str | None = None) -> dict[str, float]:
     """Bytes of weights, gradients or optimizer state that do not grow with the stage: DeepSpeed's ZeRO reduce
     bucket (cost/deepspeed_state.py); none for Megatron-Core, which reduces in its gradient buffer."""
     if settings.optimizer_state == "deepspeed":
-        return deepspeed_state_fixed_bytes(dtype_bytes, settings)
+        return deepspeed_state_fixed_bytes(precision_of(dtype_bytes, precision), settings)
     return {}
 
 
-def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings) -> dict[str, float] | None:
+def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings,
+                                  precision: str | None = None) -> dict[str, float] | None:
     """Bytes per parameter held while the optimizer steps, when that is a different set than the one held through
     the micro-batches (state_bytes_per_param + state_fixed_bytes): DeepSpeed's ZeRO optimizer frees the gradients
     and the reduce bucket and steps on an fp32 gradient partition (cost/deepspeed_state.py). The state priced is
     the larger of the two; None: one set (Megatron-Core, whose figures already include the step's copies)."""
     if settings.optimizer_state == "deepspeed":
-        return deepspeed_step_bytes_per_param(dtype_bytes, dp, settings)
+        return deepspeed_step_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
     return None
 
 
 def state_bytes_at_reduction(dtype_bytes: int, dp: int, settings, params: float,
-                             largest_tensor: float = 0.0) -> float | None:
+                             largest_tensor: float = 0.0, precision: str | None = None) -> float | None:
     """Bytes of weights, gradients and optimizer state held while the gradient reduction after a stage's last
     backward runs, the reduction's own buffers included, for a stage of `params` parameters whose largest
     parameter tensor has `largest_tensor` elements: a third candidate for the stage's peak (the activations are
@@ -113,7 +120,8 @@ def state_bytes_at_reduction(dtype_bytes: int, dp: int, settings, params: float,
     (cost/deepspeed_state.py); None: Megatron-Core, which reduces in its gradient buffer in place."""
     if settings.optimizer_state != "deepspeed":
         return None
-    return deepspeed_held_at_reduction(deepspeed_reduction_terms(dtype_bytes, dp, settings), largest_tensor, params)
+    terms = deepspeed_reduction_terms(precision_of(dtype_bytes, precision), dp, settings)
+    return deepspeed_held_at_reduction(terms, largest_tensor, params)
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,14 @@ TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
                          dropout_mask_bytes=None)
+# The layers of the DeepSpeed pipeline module hetauto ships (runtime/deepspeed_pipeline.py), on every device:
+# torch's scaled_dot_product_attention (flash or memory-efficient kernel: no s x s matrix, at any precision), torch's
+# norms (RMSNorm keeps the normalised input), unfused rotary embedding, SiLU x up without Megatron's GLU offset, no
+# dropout (that module refuses a config with one). K and V are repeated to every head before the attention, which
+# the flash-attention count keeps at their GQA width: 2 s b (h - kv_hidden) elements per layer it leaves out (4 % of
+# the tiny model's layer). Measured by tests/test_memory_deepspeed.py.
+DEEPSPEED_PIPELINE_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, fused_glu=True,
+                                    dropout_mask_bytes=None)
 
 
 def _mask_bytes(impl: LayerImpl, E: int) -> int:
@@ -245,7 +261,7 @@ def _params(terms: tuple, layers: int) -> float:
 
 @lru_cache(maxsize=65536)     # pure; a stage configuration's every memory reading asks for the same terms
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
-                 seq_length: int | None, E: int, impl: LayerImpl) -> tuple:
+                 seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
     (bytes per parameter as (key, value) pairs, the fixed state bytes as (key, value) pairs (state_fixed_bytes),
     the bytes per parameter at the optimizer's step as pairs (state_bytes_at_step_per_param; empty: the same set),
@@ -254,12 +270,13 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; the state held at the
     gradient reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
-    per = tuple(state_bytes_per_param(E, dp, settings).items())
-    fixed = tuple(state_fixed_bytes(E, settings).items())
-    at_step = tuple((state_bytes_at_step_per_param(E, dp, settings) or {}).items())
+    per = tuple(state_bytes_per_param(E, dp, settings, precision).items())
+    fixed = tuple(state_fixed_bytes(E, settings, precision).items())
+    at_step = tuple((state_bytes_at_step_per_param(E, dp, settings, precision) or {}).items())
     reduction = None
     if settings.optimizer_state == "deepspeed":
-        reduction = (deepspeed_reduction_terms(E, dp, settings), largest_param_tensor(model, tp, first, last))
+        reduction = (deepspeed_reduction_terms(precision_of(E, precision), dp, settings),
+                     largest_param_tensor(model, tp, first, last))
     s = seq_length or model.seq_length
     kw = dict(sequence_parallel=sp, seq_length=s, dtype_bytes=E, impl=impl, hidden_dropout=settings.hidden_dropout,
               attention_dropout=settings.attention_dropout)
@@ -290,11 +307,12 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                    vendor: str, seq_length: int | None, E: int, impl: LayerImpl,
-                   overhead: RuntimeOverhead | None, gradient_reduction: bool = True) -> tuple:
+                   overhead: RuntimeOverhead | None, gradient_reduction: bool = True,
+                   precision: str | None = None) -> tuple:
     """What every reading of one stage configuration shares (`_reading`'s first argument): the parameters' terms
     (stage_params), first, last, _stage_terms' terms (without the gradient reduction's unless
     `gradient_reduction`), the bytes of one boundary tensor, the runtime overhead."""
-    terms = _stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl)
+    terms = _stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl, precision)
     if not gradient_reduction:
         terms = terms[:-1] + (None,)
     return (_param_terms(model, tp, first, last), first, last, *terms,
@@ -347,12 +365,12 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
                         last: bool, settings, vendor: str = "nvidia", seq_length: int | None = None,
                         dtype_bytes: int = 2, impl: LayerImpl = TRANSFORMER_ENGINE,
-                        overhead: RuntimeOverhead | None = None):
+                        overhead: RuntimeOverhead | None = None, precision: str | None = None):
     """stage_memory_bytes(...)["total"] of one stage configuration as a function of (layers, in_flight,
     boundary_buffers), the same floats, with the configuration's terms looked up once: the search's memory caps
     (plan/memory_caps.py) read each configuration several times."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
-                         dtype_bytes, impl, overhead)
+                         dtype_bytes, impl, overhead, precision=precision)
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
         _, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, boundary_buffers)
@@ -364,7 +382,7 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
                        recompute: str, in_flight: int, first: bool, last: bool, settings, vendor: str = "nvidia",
                        seq_length: int | None = None, dtype_bytes: int = 2,
                        boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE,
-                       overhead: RuntimeOverhead | None = None) -> dict[str, float]:
+                       overhead: RuntimeOverhead | None = None, precision: str | None = None) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
     runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
@@ -374,9 +392,11 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
     `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds
-    the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine)."""
+    the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine).
+    `precision`: the training precision (precision_of: None = what dtype_bytes implies), which only DeepSpeed's
+    optimizers read (fp16 and bf16 build different ones)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
-                         dtype_bytes, impl, overhead)
+                         dtype_bytes, impl, overhead, precision=precision)
     return _stage_dict(cfg, layers, in_flight, boundary_buffers)
 
 

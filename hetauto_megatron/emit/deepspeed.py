@@ -156,8 +156,8 @@ def unsupported_features(plan: Plan) -> list[str]:
                    "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
     if "selective" in gaps:
         out.append("selective recomputation (the MLP re-run): DeepSpeed checkpoints whole layers; the configs use "
-                   "activation_checkpoint_interval 1 for those meshes, which costs more compute than the plan "
-                   "assumed")
+                   "activation_checkpoint_interval 1 for those meshes, full recomputation, which 'hetauto simulate "
+                   "--engine deepspeed' prices (more compute, less memory than the plan's 1F1B estimate)")
     for key, why in _SETTING_GAPS.items():     # settings the plan asks for that the engine's row turns off
         if any(getattr(m.settings, key) != getattr(as_run_by(m.settings, ENGINE), key) for m in meshes):
             out.append(why)

@@ -11,6 +11,7 @@ Missing keys print as "-"; without an estimate only the layout is shown.
 """
 from __future__ import annotations
 
+from ..cost.deepspeed_state import deepspeed_optimizer
 from ..plan.exchange_roots import describe_roots
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.plan import Plan
@@ -50,7 +51,7 @@ def _settings_text(plan: Plan) -> str:
         st = as_run_by(mesh.settings, plan.engine)
         overlap = "+".join(w for w, on in (("grad", st.overlap_grad_reduce), ("param", st.overlap_param_gather)) if on)
         text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
-                          ("distributed optimizer" if st.distributed_optimizer else "plain optimizer"),
+                          _optimizer_words(plan, i, st),
                           (f"overlap {overlap}" if overlap else "no DP overlap"),
                           f"gradients in {_grad_dtype(plan, i)}"]
                          + ([f"dropout hidden {st.hidden_dropout:g}, attention {st.attention_dropout:g}"]
@@ -61,6 +62,20 @@ def _settings_text(plan: Plan) -> str:
     if len(groups) == 1:
         return next(iter(groups))
     return "; ".join(f"mesh {','.join(idx)}: {text}" for text, idx in groups.items())
+
+
+# DeepSpeed's optimizers (cost/deepspeed_state.py), in words: whether each shards its state over DP
+_DEEPSPEED_OPTIMIZER_WORDS = {"torch": "torch Adam, unsharded", "fp16": "FP16 optimizer, unsharded",
+                              "bf16": "BF16 optimizer, sharded", "zero": "ZeRO optimizer, sharded"}
+
+
+def _optimizer_words(plan: Plan, i: int, st) -> str:
+    """The optimizer a mesh runs: Megatron's distributed or plain one; under DeepSpeed's engine its ZeRO stage and
+    the optimizer it builds for the mesh's precision (the BF16 optimizer shards at ZeRO-0 too)."""
+    if st.optimizer_state == "deepspeed":
+        kind = deepspeed_optimizer(plan.mesh_precision(i), st)
+        return f"ZeRO-{1 if st.distributed_optimizer else 0} ({_DEEPSPEED_OPTIMIZER_WORDS[kind]})"
+    return "distributed optimizer" if st.distributed_optimizer else "plain optimizer"
 
 
 def _unfused_attention(plan: Plan, i: int, st) -> bool:

@@ -43,10 +43,14 @@ CPU_FLAGS = [
 
 def model_flags(plan: Plan) -> list[str]:
     """Megatron's model arguments for the plan's model: the launch scripts' own, plus the vocabulary that the
-    mock data and NullTokenizer need."""
-    m = plan.model
-    return model_args(plan) + ["--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by",
-                               str(64 if m.vocab_size % 64 == 0 else 1)]
+    mock data and NullTokenizer need (the --hetauto run pads it as the plan did: Plan.padded_vocab_size)."""
+    return model_args(plan) + ["--vocab-size", str(plan.model.vocab_size)]
+
+
+def reference_vocab_flags(plan: Plan) -> list[str]:
+    """The padding that makes Megatron's TP 1 reference build the plan's padded vocabulary, the table every mesh
+    of the --hetauto run builds (Megatron pads to a multiple of the divisor x TP)."""
+    return ["--make-vocab-size-divisible-by", str(plan.padded_vocab_size)]
 
 
 def training_flags(iters: int, seed: int) -> list[str]:
@@ -67,7 +71,8 @@ def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int
     several pipelines (or meshes side by side): pipeline 0's stages, whose weights every pipeline starts from
     (the first holder's, replica_sync.ReplicaWeights), training the whole global batch as one micro-batch."""
     step = plan.samples_per_step if plan.is_simple else plan.global_batch_size
-    argv = (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS + pipeline_args(plan, 0) +
+    argv = (model_flags(plan) + reference_vocab_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
+            pipeline_args(plan, 0) +
             ["--micro-batch-size", str(step), "--global-batch-size", str(plan.global_batch_size)])
     return argv, PipelineLayout(plan, 0).num_stages
 

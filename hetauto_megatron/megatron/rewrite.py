@@ -43,7 +43,7 @@ from typing import Mapping
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
-from ..plan.settings import MEGATRON_ARGS, megatron_values, padded_vocab_size
+from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords, check_world_size, rank_coords
 from .args import ParserDefault
 
@@ -291,10 +291,20 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
                          fix="drop these flags (--hetauto sets every runtime setting from the plan), or change the "
                              "plan's settings / precision and re-check it with 'hetauto simulate'")
     # One vocabulary for every mesh: Megatron pads to make_vocab_size_divisible_by x TP, and TP differs per
-    # mesh; the plan pads once for all of them (with the user's divisor, Megatron's default 128) and each mesh
-    # is given that size, with a divisor that reproduces it should Megatron recompute the padding.
-    divisor = int(getattr(args, "make_vocab_size_divisible_by", None) or 128)
-    padded = padded_vocab_size(plan.model.vocab_size, plan.vocab_tps, divisor)
+    # mesh; the plan pads once for all of them (Plan.padded_vocab_size, Megatron's default divisor 128), the
+    # cost model priced that table, and each mesh is given that size, with a divisor that reproduces it should
+    # Megatron recompute the padding. A divisor the user gave that builds another table is refused.
+    padded = plan.padded_vocab_size
+    given = getattr(args, "make_vocab_size_divisible_by", None)
+    if given not in (None, MAKE_VOCAB_SIZE_DIVISIBLE_BY, padded // mesh.tp):
+        theirs = padded_vocab_size(plan.model.vocab_size, plan.vocab_tps, int(given))
+        if theirs != padded:
+            raise InputError(f"--make-vocab-size-divisible-by {given} pads the vocabulary to {theirs} rows; the "
+                             f"plan priced {padded}, the smallest multiple of {MAKE_VOCAB_SIZE_DIVISIBLE_BY} x every "
+                             f"mesh's TP ({', '.join(map(str, sorted(set(plan.vocab_tps))))}) above "
+                             f"{plan.model.vocab_size}, and every mesh builds it", file=file,
+                             field="--make-vocab-size-divisible-by",
+                             fix="drop the flag (--hetauto gives every mesh the plan's padded vocabulary)")
     out["padded_vocab_size"] = padded
     out["make_vocab_size_divisible_by"] = padded // mesh.tp
     return out

@@ -11,13 +11,13 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory,
-                           LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
-                           stage_memory_reader as _stage_reader)
+from ..cost.memory import (DEEPSPEED_PIPELINE_IMPL, DRY_RUN_IMPL, TRANSFORMER_ENGINE,
+                           TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory, LayerImpl, job_stage_memory_bytes,
+                           job_stage_memory_reader, stage_memory_bytes, stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
+from .settings import ENGINES, MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
 
 if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
     from .costing import StageProfile
@@ -51,14 +51,21 @@ def resolve_memory_job(cost_model, inventory: Inventory) -> list[str]:
 
 
 def layer_impl(prof: StageProfile) -> LayerImpl:
-    """How the mesh's layers keep their activations: with fused attention (RuntimeSettings.fused_attention)
-    Transformer Engine's count; with unfused attention (Transformer Engine in fp32 or on a V100) its unfused count,
-    and on CPU processes Megatron's local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and
-    measure)."""
-    dev = prof.cluster.device
-    if prof.settings.fused_attention(dev):
+    """How the mesh's layers keep their activations (layers_of)."""
+    return layers_of(prof.settings, prof.cluster.device)
+
+
+def layers_of(settings: RuntimeSettings, device) -> LayerImpl:
+    """How the layers the settings' engine runs keep their activations on `device` (a DeviceType at the job's
+    precision): DeepSpeed's engine runs hetauto's pipeline module of torch layers (DEEPSPEED_PIPELINE_IMPL, on every
+    device); Megatron with fused attention (RuntimeSettings.fused_attention) Transformer Engine's count, with
+    unfused attention (Transformer Engine in fp32 or on a V100) its unfused count, and on CPU processes Megatron's
+    local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and measure)."""
+    if ENGINES[settings.engine].layers == "torch":
+        return DEEPSPEED_PIPELINE_IMPL
+    if settings.fused_attention(device):
         return TRANSFORMER_ENGINE
-    return DRY_RUN_IMPL if dev.vendor == "cpu" else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
+    return DRY_RUN_IMPL if device.vendor == "cpu" else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
@@ -70,7 +77,8 @@ def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: i
                              recompute=prof.recompute, in_flight=in_flight, first=first, last=last,
                              settings=prof.settings, vendor=prof.cluster.device.vendor,
                              dtype_bytes=prof.cluster.device.dtype_bytes, impl=layer_impl(prof),
-                             boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead)
+                             boundary_buffers=boundary_buffers, overhead=prof.cluster.overhead,
+                             precision=prof.cluster.device.precision)
     if prof.memory_job is not None:
         job = job_stage_memory_bytes(prof.memory_job, model, layers=layers, tp=prof.tp, dp=prof.dp,
                                      micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
@@ -87,7 +95,8 @@ def stage_memory_reader(model: ModelSpec, prof: StageProfile, first: bool, last:
     dev = prof.cluster.device
     total = _stage_reader(model, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
                           recompute=prof.recompute, first=first, last=last, settings=prof.settings, vendor=dev.vendor,
-                          dtype_bytes=dev.dtype_bytes, impl=layer_impl(prof), overhead=prof.cluster.overhead)
+                          dtype_bytes=dev.dtype_bytes, impl=layer_impl(prof), overhead=prof.cluster.overhead,
+                          precision=dev.precision)
     if prof.memory_job is None:
         return total
     job = job_stage_memory_reader(prof.memory_job, model, tp=prof.tp, dp=prof.dp,

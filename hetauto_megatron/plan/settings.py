@@ -161,6 +161,11 @@ class Engine:
     attention: str = "transformer_engine"   # its layers' attention: Transformer Engine's (fused in 16 bits on
                                     # sm80+) or torch's scaled_dot_product_attention ("sdpa", memory-efficient at
                                     # any precision); RuntimeSettings.fused_attention
+    selective_recompute: bool = True    # runs recompute "selective" (else it checkpoints whole layers: "full";
+                                    # recompute_as_run_by)
+    layers: str = "megatron"        # whose layers run: Megatron's (Transformer Engine on accelerators, the local
+                                    # spec on CPU processes) or hetauto's DeepSpeed pipeline module ("torch"), which
+                                    # the memory model counts as it keeps activations (plan/memory_fit.py layer_impl)
     param_gather_dispatch: str = "first_forward"    # when overlap_param_gather starts a stage's first bucket's
                                     # all-gather: in the next iteration's first forward pre-hook (Megatron-Core
                                     # 0.19), or at the step's start ("step_start": 0.6-0.8; plan/tail_costs.py)
@@ -200,7 +205,8 @@ ENGINES = {
     # kernel takes fp32 and runs on a V100 (and its flash kernel on CPU): no s x s matrix at any precision.
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
-                        reduce_bucket_elements=40_000_000, attention="sdpa"),
+                        reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
+                        selective_recompute=False),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
     # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later
@@ -231,6 +237,15 @@ def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettin
                                overlap_param_gather=s.overlap_param_gather and e.overlaps_param_gather,
                                sequence_parallel=s.sequence_parallel and e.sequence_parallel,
                                engine=engine)
+
+def recompute_as_run_by(recompute: str, engine: str = DEFAULT_ENGINE) -> str:
+    """A mesh's recomputation as `engine` runs it: DeepSpeed's pipeline engine checkpoints whole layers only
+    (activation_checkpoint_interval 1, which emit/deepspeed.py writes for "selective" too), so "selective" runs, and
+    is priced, as "full"."""
+    if recompute == "selective" and not ENGINES[engine].selective_recompute:
+        return "full"
+    return recompute
+
 
 def default_settings(tp: int) -> RuntimeSettings:
     """What production Megatron jobs run: SP whenever TP shards the layers, the distributed optimizer with both

@@ -21,7 +21,8 @@ from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, parti
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
-from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, resolve_settings
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, recompute_as_run_by,
+                       resolve_settings)
 from .shapes import boundary_depth
 from .split import split_layers
 
@@ -110,12 +111,12 @@ class Pipeline:
 
 def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGINE) -> Pipeline:
     """Profiles and boundary links for the stage list of `choices` (pipeline order); each mesh's settings as
-    `engine` runs them (settings.py `as_run_by`)."""
+    `engine` runs them (settings.py `as_run_by`), and so its recomputation (`recompute_as_run_by`)."""
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, c.recompute, cost_model,
-                                     as_run_by(c.settings, engine))
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size,
+                                     recompute_as_run_by(c.recompute, engine), cost_model, as_run_by(c.settings, engine))
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)

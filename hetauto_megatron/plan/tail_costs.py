@@ -13,6 +13,7 @@ import math
 from functools import lru_cache
 
 from ..cost import comm
+from ..cost.deepspeed_state import deepspeed_shards_optimizer
 from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage_params
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -28,8 +29,9 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
 
     With the distributed optimizer the gradients are reduce-scattered (all-reduced where the mesh's engine does
     so: settings.py ENGINES) and the updated parameters all-gathered; without it the gradients are all-reduced and
-    nothing is gathered. Gradients travel in the gradient
-    buffer's dtype (fp32 by default, settings.grad_reduce_dtype), parameters in the training precision."""
+    nothing is gathered (optimizer_sharded: under DeepSpeed, whichever optimizer its engine builds). Gradients travel
+    in the gradient buffer's dtype (fp32 by default, settings.grad_reduce_dtype), parameters in the training
+    precision."""
     params = stage_params(model, prof.tp, layers, first, last)
     dtype = prof.cluster.device.dtype_bytes
     grads = grad_buffer_bytes(dtype, prof.settings) * params
@@ -37,9 +39,19 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
     # all-reduces whole buckets before each rank keeps its shard).
     reduce = (comm.reduce_scatter_time if prof.settings.sharded_grad_reduce else comm.allreduce_time)(
         grads, prof.dp, prof.dp_link)
-    if prof.settings.distributed_optimizer:
+    if optimizer_sharded(prof):
         return reduce, comm.all_gather_time(dtype * params, prof.dp, prof.dp_link)
     return reduce, 0.0
+
+
+def optimizer_sharded(prof: StageProfile) -> bool:
+    """The mesh's optimizer steps on a 1/DP partition of the stage and all-gathers the updated weights: Megatron's
+    distributed optimizer; under DeepSpeed's engine, the optimizer it builds for the mesh's precision and ZeRO
+    stage (cost/deepspeed_state.py deepspeed_shards_optimizer: its BF16 optimizer partitions with ZeRO-0 too, fp16
+    without ZeRO does not), as the memory model holds it."""
+    if prof.settings.optimizer_state == "deepspeed":
+        return deepspeed_shards_optimizer(prof.cluster.device.precision, prof.settings)
+    return prof.settings.distributed_optimizer
 
 
 # Megatron-Core's DDP: a gradient bucket of max(40M, 1M x DP) parameters (training.py resolve_ddp_bucket_size), and
@@ -173,7 +185,7 @@ def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: boo
     step on the device: then `optimizer_rate` x that traffic + `optimizer_step_s`, a fixed cost per optimizer call
     (one per stage and iteration; cost/learned/fitting.py `fit_optimizer`)."""
     per_param = adam_traffic_bytes_per_param(prof.cluster.device.dtype_bytes)
-    shard = prof.dp if prof.settings.distributed_optimizer else 1
+    shard = prof.dp if optimizer_sharded(prof) else 1
     traffic = stage_params(model, prof.tp, layers, first, last) / shard * per_param / (prof.cluster.device.hbm_gbps * 1e9)
     return prof.optimizer_rate * traffic + prof.optimizer_step_s
 

@@ -27,19 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cost.memory import LayerImpl
+from ..cost.memory import DEEPSPEED_PIPELINE_IMPL
 from ..errors import InputError
 from ..spec.model import ModelSpec
 from .device import set_fp32_gemms
 
 BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
-# How these layers keep activations, for the memory model (tests/test_memory_deepspeed.py): torch's
-# scaled_dot_product_attention (on CPU its flash kernel: no s x s matrix), torch's norms (RMSNorm keeps the
-# normalised input), unfused rotary embedding, SiLU x up without Megatron's GLU offset. K and V are repeated to every
-# head before the attention, which the flash-attention count keeps at their GQA width: 2 s b (h - kv_hidden)
-# elements per layer it leaves out (4 % of the tiny model's layer).
-LAYER_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, fused_glu=True,
-                       dropout_mask_bytes=None)
+# How these layers keep activations, for the memory model: cost/memory.py DEEPSPEED_PIPELINE_IMPL, which the
+# planner prices every --engine deepspeed stage with (plan/memory_fit.py layer_impl).
+LAYER_IMPL = DEEPSPEED_PIPELINE_IMPL
 
 
 def import_deepspeed():
@@ -250,7 +246,11 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
     module = _pipeline_module_class()(
         layer_specs(model), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
         base_seed=base_seed,
-        activation_checkpoint_interval=ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
+        activation_checkpoint_interval=ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0),
+        # only the transformer layers, as Megatron's full recomputation: DeepSpeed would checkpoint any layer with
+        # parameters (module.py _is_checkpointable), the embedding too, whose integer input makes its reentrant
+        # checkpoint's output need no gradient, and the first stage's backward fails
+        checkpointable_layers=[TransformerLayer.__name__])
     rank = dist.get_rank()
     coord = module.topology().get_coord(rank)
     local = rank - block["rank_offset"]
