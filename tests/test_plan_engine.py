@@ -70,6 +70,25 @@ def test_plan_file_records_the_engine_and_simulate_uses_it(tmp_path):
     t = [json.loads(x.stdout)["iteration_time_s"] for x in (recorded, told, megatron)]
     assert t[0] == t[1] == pytest.approx(planned["iteration_time_s"], rel=1e-6)
     assert t[2] != t[0]
+    assert [json.loads(x.stdout)["engine"] for x in (recorded, told, megatron)] == ["deepspeed"] * 2 + ["megatron"]
+
+
+def test_simulate_with_another_engine_shows_what_that_engine_runs(tmp_path):
+    """A Megatron plan with selective recomputation, simulated as DeepSpeed's engine runs it: the table and the
+    settings line show that engine's full recomputation (what tests/test_memory_deepspeed.py measures it running)
+    and its settings, not the file's."""
+    out = tmp_path / "plan.yaml"
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: a100-80gb, nodes: 2, devices_per_node: 8}\n")
+    r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "64", "--quiet",
+                    "--recompute", "a=selective", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert [m.recompute for m in load_plan(str(out)).meshes] == ["selective"]
+    args = ("simulate", "--model", "llama2-7b", "--inventory", str(inv), "--plan", str(out))
+    as_planned, deepspeed = run_hetauto(*args), run_hetauto(*args, "--engine", "deepspeed")
+    assert as_planned.returncode == 0 and deepspeed.returncode == 0, deepspeed.stderr
+    assert " selective " in as_planned.stdout and " selective " not in deepspeed.stdout
+    assert " full " in deepspeed.stdout and "as deepspeed's pipeline engine runs them" in deepspeed.stdout
 
 
 def test_old_files_read_as_megatron_and_deepspeed_needs_one_pipeline():

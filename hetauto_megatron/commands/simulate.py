@@ -181,11 +181,13 @@ def run(args) -> int:
     cost = cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,
                                    plan.global_batch_size * plan.model.seq_length)   # None without prices
     if args.json:
-        print(json.dumps({**est.to_dict(), **({"cost_per_million_tokens": cost} if cost is not None else {}),
+        print(json.dumps({"engine": args.engine, **est.to_dict(),
+                          **({"cost_per_million_tokens": cost} if cost is not None else {}),
                           **({"written": written} if written else {})}, indent=2))
         return 0
     from ..emit.summary import format_summary
-    print(format_summary(plan, est.to_dict()))
+    # the plan as the engine priced runs it (its settings and recomputation), which may not be the file's engine
+    print(format_summary(plan if args.engine == plan.engine else plan.for_engine(args.engine), est.to_dict()))
     if cost is not None:
         print(f"\ncost: {cost:.4f} per 1M tokens (price per device-hour x devices used)")
     for path in written:

@@ -29,7 +29,8 @@ from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, R
                    Mesh, check_global_batch_size, recompute_settings)
 from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, load_plan, plan_from_dict, plan_to_dict,  # noqa: F401
                         plan_to_yaml, save_plan)
-from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision, padded_vocab_size
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision, padded_vocab_size,
+                       recompute_as_run_by)
 
 
 @dataclass(frozen=True)
@@ -191,11 +192,13 @@ class Plan:
         return self.global_batch_size // self.samples_per_step
 
     def for_engine(self, engine: str) -> "Plan":
-        """This plan made for `engine` (settings.py ENGINES): the engine recorded, and each mesh's settings written
-        as that engine runs them (`as_run_by`: for DeepSpeed's, no overlaps and no sequence parallelism), so that
-        the file says what runs rather than what was asked for. The Megatron engine runs every setting as set."""
+        """This plan made for `engine` (settings.py ENGINES): the engine recorded, and each mesh's settings and
+        recomputation written as that engine runs them (`as_run_by`: for DeepSpeed's, no overlaps and no sequence
+        parallelism; `recompute_as_run_by`: its selective is full), so that the file says what runs rather than
+        what was asked for. The Megatron engine runs every setting as set."""
         meshes = self.meshes if engine == "megatron" else tuple(
-            dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict()) for m in self.meshes)
+            dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict(),
+                                recompute=recompute_as_run_by(m.recompute, engine)) for m in self.meshes)
         return dataclasses.replace(self, meshes=meshes, engine=engine)
 
     def mesh_precision(self, mesh_index: int) -> str:
