@@ -308,6 +308,37 @@ def test_a_vocabulary_divisor_that_builds_another_table_is_refused(monkeypatch):
         assert args.padded_vocab_size == plan.padded_vocab_size
 
 
+def test_a_model_padded_by_another_divisor_is_priced_and_built_with_it(monkeypatch):
+    """A model file with make_vocab_size_divisible_by: 1 (a checkpoint converted from Hugging Face): the plan pads
+    50257 to a multiple of 1 x TP for TP 1 and 2, 50258 rows; the emitted arguments pass the divisor; every rank of
+    the --hetauto run builds what Megatron's own padding (vocab_size_with_padding) computes from the hook's
+    arguments, the plan's size; the cost model prices that table (simulate's padded model); the divisor survives
+    the plan file. The divisor 1 on the command line is the plan's and runs; 128, Megatron's default, runs too."""
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    from hetauto_megatron.emit.megatron import model_args
+    from hetauto_megatron.plan.simulate import padded_model, plan_choices
+
+    model = PRESETS["tiny"].replace(vocab_size=50257, tie_embeddings=True, make_vocab_size_divisible_by=1)
+    plan = plan_from_dict({"version": 2, "model": model.to_dict(), "global_batch_size": 8, "meshes": TIED_50257})
+    assert plan.model.make_vocab_size_divisible_by == 1 == plan_from_dict(plan.to_dict()).model.make_vocab_size_divisible_by
+    assert padded_model(plan.model, plan_choices(plan)).vocab_size == plan.padded_vocab_size
+    flags = model_args(plan)
+    assert flags[flags.index("--make-vocab-size-divisible-by") + 1] == "1"
+    sizes = set()
+    for rank in range(plan.world_size):
+        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        for given in ([], ["--make-vocab-size-divisible-by", "1"]):
+            margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", *given])
+            rewrite.rewrite_args(args, plan, c)
+            args.padded_vocab_size = None      # what Megatron's tokenizer set-up would compute on this rank
+            sizes.add(vocab_size_with_padding(50257, args, logging_enabled=False))
+    assert sizes == {plan.padded_vocab_size} == {50258}
+    assert PRESETS["tiny"].to_dict() == plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(),
+                                                        "global_batch_size": 8, "meshes": TIED_50257}).model.to_dict()
+    assert "make_vocab_size_divisible_by" not in PRESETS["tiny"].to_dict()     # files written before stay the same
+
+
 def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
     plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [8],

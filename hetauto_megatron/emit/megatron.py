@@ -54,6 +54,8 @@ def model_args(plan: Plan) -> list[str]:
              "--position-embedding-type", "rope" if m.position_embedding == "rope" else "learned_absolute"]
     if not m.tie_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
+    if m.make_vocab_size_divisible_by != 128:      # (the --hetauto hook gives every mesh the plan's padded size)
+        args += ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)]
     return args
 
 

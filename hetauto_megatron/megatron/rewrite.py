@@ -291,20 +291,22 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
                          fix="drop these flags (--hetauto sets every runtime setting from the plan), or change the "
                              "plan's settings / precision and re-check it with 'hetauto simulate'")
     # One vocabulary for every mesh: Megatron pads to make_vocab_size_divisible_by x TP, and TP differs per
-    # mesh; the plan pads once for all of them (Plan.padded_vocab_size, Megatron's default divisor 128), the
-    # cost model priced that table, and each mesh is given that size, with a divisor that reproduces it should
-    # Megatron recompute the padding. A divisor the user gave that builds another table is refused.
+    # mesh; the plan pads once for all of them (Plan.padded_vocab_size, with its model's divisor, Megatron's 128
+    # unless the model file says otherwise), the cost model priced that table, and each mesh is given that size,
+    # with a divisor that reproduces it should Megatron recompute the padding. A divisor the user gave that builds
+    # another table is refused (Megatron's default, 128, counts as not given).
     padded = plan.padded_vocab_size
+    divisor = plan.model.make_vocab_size_divisible_by
     given = getattr(args, "make_vocab_size_divisible_by", None)
-    if given not in (None, MAKE_VOCAB_SIZE_DIVISIBLE_BY, padded // mesh.tp):
+    if given not in (None, MAKE_VOCAB_SIZE_DIVISIBLE_BY, divisor, padded // mesh.tp):
         theirs = padded_vocab_size(plan.model.vocab_size, plan.vocab_tps, int(given))
         if theirs != padded:
             raise InputError(f"--make-vocab-size-divisible-by {given} pads the vocabulary to {theirs} rows; the "
-                             f"plan priced {padded}, the smallest multiple of {MAKE_VOCAB_SIZE_DIVISIBLE_BY} x every "
-                             f"mesh's TP ({', '.join(map(str, sorted(set(plan.vocab_tps))))}) above "
-                             f"{plan.model.vocab_size}, and every mesh builds it", file=file,
-                             field="--make-vocab-size-divisible-by",
-                             fix="drop the flag (--hetauto gives every mesh the plan's padded vocabulary)")
+                             f"plan priced {padded}, the smallest multiple of {divisor} x every mesh's TP "
+                             f"({', '.join(map(str, sorted(set(plan.vocab_tps))))}) above {plan.model.vocab_size}, "
+                             "and every mesh builds it", file=file, field="--make-vocab-size-divisible-by",
+                             fix="drop the flag (--hetauto gives every mesh the plan's padded vocabulary), or plan "
+                                 f"for a model file with make_vocab_size_divisible_by: {given} (docs/inputs.md)")
     out["padded_vocab_size"] = padded
     out["make_vocab_size_divisible_by"] = padded // mesh.tp
     return out

@@ -280,7 +280,8 @@ class ShapesResult:
 def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> ShapesResult:
     """The iteration of a plan's pipelines (`inventory` at the plan's precision; `model` unpadded)."""
     meshes = [m for s in shapes for m in s.meshes]
-    pm = model.replace(vocab_size=padded_vocab_size(model.vocab_size, [m.tp for m in meshes]))
+    pm = model.replace(vocab_size=padded_vocab_size(model.vocab_size, [m.tp for m in meshes],
+                                                     model.make_vocab_size_divisible_by))
     timings, stage_lists = [], []
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))

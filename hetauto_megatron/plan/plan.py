@@ -215,7 +215,8 @@ class Plan:
     @property
     def padded_vocab_size(self) -> int:
         """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""
-        return padded_vocab_size(self.model.vocab_size, self.vocab_tps)
+        return padded_vocab_size(self.model.vocab_size, self.vocab_tps,
+                                 self.model.make_vocab_size_divisible_by)
 
     @property
     def world_size(self) -> int:

@@ -246,7 +246,8 @@ def plan_choices(plan: Plan) -> list[MeshChoice]:
 
 def padded_model(model: ModelSpec, choices) -> ModelSpec:
     """The model as it runs: its vocabulary padded once for every mesh's TP (plan.settings.padded_vocab_size)."""
-    return model.replace(vocab_size=padded_vocab_size(model.vocab_size, [c.tp for c in choices]))
+    return model.replace(vocab_size=padded_vocab_size(model.vocab_size, [c.tp for c in choices],
+                                                        model.make_vocab_size_divisible_by))
 
 
 def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:

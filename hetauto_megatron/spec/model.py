@@ -45,6 +45,10 @@ class ModelSpec:
     # Megatron-DeepSpeed fork builds GPT-Neo, whose measured runs are priced with it: cost/learned/sailor.py).
     # Not a model hetauto's runtimes build: model files cannot set it, and it is written only when False.
     output_layer: bool = True
+    # Megatron's --make-vocab-size-divisible-by: the embedding table and the output layer are padded to a multiple
+    # of this x TP (plan/settings.py padded_vocab_size). Megatron's default 128; 1 (no padding beyond TP) is what
+    # a checkpoint converted from Hugging Face often needs. Written only when not 128.
+    make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self):
         if self.num_query_groups == 0:
@@ -52,15 +56,17 @@ class ModelSpec:
         if self.max_position_embeddings == 0:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                    "seq_length", "num_query_groups", "max_position_embeddings"):
+                    "seq_length", "num_query_groups", "max_position_embeddings", "make_vocab_size_divisible_by"):
+            fix = (f"set {key} to the architecture's value (see the model's config.json)"
+                   if key != "make_vocab_size_divisible_by" else
+                   "write Megatron's --make-vocab-size-divisible-by: 128 (its default), or 1 to pad only for TP")
             if getattr(self, key) <= 0:
-                raise InputError(f"must be a positive integer, got {getattr(self, key)}", field=key,
-                                 fix=f"set {key} to the architecture's value (see the model's config.json)")
+                raise InputError(f"must be a positive integer, got {getattr(self, key)}", field=key, fix=fix)
             limit = MAX_LAYERS if key == "num_layers" else MAX_SIZE
             if getattr(self, key) > limit:
                 # a typo, not a model: the planner's work grows with these, so it would run for ever
                 raise InputError(f"is {getattr(self, key)}, more than any transformer has (at most {limit:,} here)",
-                                 field=key, fix=f"set {key} to the architecture's value (see the model's config.json)")
+                                 field=key, fix=fix)
         if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
             raise InputError(f"is {self.max_position_embeddings}, fewer learned positions than the sequence's "
                              f"{self.seq_length} tokens", field="max_position_embeddings",
@@ -142,6 +148,8 @@ class ModelSpec:
         d = dataclasses.asdict(self)
         if self.output_layer:          # every model a plan runs: its files stay as they were
             del d["output_layer"]
+        if self.make_vocab_size_divisible_by == 128:      # Megatron's default: files written before stay the same
+            del d["make_vocab_size_divisible_by"]
         return d
 
     def replace(self, **changes) -> "ModelSpec":
@@ -340,6 +348,8 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
     kw["tie_embeddings"] = get(data, "tie_embeddings", bool, default=False, file=file, prefix=prefix)
     kw["position_embedding"] = get(data, "position_embedding", str, default="rope", file=file, prefix=prefix)
     kw["max_position_embeddings"] = get(data, "max_position_embeddings", int, default=0, file=file, prefix=prefix)
+    kw["make_vocab_size_divisible_by"] = get(data, "make_vocab_size_divisible_by", int, default=128, file=file,
+                                             prefix=prefix)
     try:
         return ModelSpec(**kw)
     except InputError as exc:
