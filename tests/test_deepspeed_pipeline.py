@@ -19,15 +19,18 @@ from helpers import mesh, record_calls, record_instructions
 from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.settings import as_run_by
+from hetauto_megatron.plan.simulate import padded_model, plan_choices
 
 STEPS, LR, DATA_SEED = 3, 1e-2, 7
 # One vendor (cpu), TP 1 and DP 2 and micro-batch 1 everywhere, 5 + 3 layers, full recomputation in the
 # second cluster: DeepSpeed can express it (its gap: the uneven split, which is what hetauto.partition carries).
 PLAN = {"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
         "meshes": [mesh("a", 1, 2, 1, [5]), mesh("b", 1, 2, 1, [3], "full")]}
+# The GPT-2-style model's vocabulary (250) is not a multiple of 128: its configs carry the plan's padded table (256
+# rows), which the pipeline builds and the reference too.
 MODELS = {"llama-style": {"preset": "tiny"},
           "gpt2-style-tied": {"preset": "tiny", "tie_embeddings": True, "position_embedding": "learned",
-                              "gated_mlp": False}}
+                              "gated_mlp": False, "vocab_size": 250}}
 # The runs: (model, the plan's settings, overlap_comm written into the configs or None to keep the emitted one).
 # ZeRO-0 (no distributed optimizer) and ZeRO-1 as emitted (overlap_comm false, the table's deepspeed row), and ZeRO-1
 # with overlap_comm true, as a hand-edited config (or the configs before the table's engine row) would have it: the
@@ -86,18 +89,20 @@ def _rank(rank, world_size, model, configs):
            "zero_stage": engine.zero_optimization_stage(), "overlap_comm": bool(engine.zero_overlap_comm()),
            "checkpoint_interval": engine.module.activation_checkpoint_interval,
            "engine": type(engine).__name__, "dp_collectives": log,
-           "stage_parameters": sum(p.numel() for p in engine.module.parameters() if p.requires_grad)}
+           "stage_parameters": sum(p.numel() for p in engine.module.parameters() if p.requires_grad),
+           "table_rows": sorted({m.word.num_embeddings for m in engine.module.modules() if isinstance(m, dsp.Embedding)}
+                                | {m.out.out_features for m in engine.module.modules() if isinstance(m, dsp.Head)})}
     dist.barrier()
     dist.destroy_process_group()
     return out
 
 
-def _single_process_losses(model, gbs):
+def _single_process_losses(model, gbs, padded_vocab_size):
     import torch
 
     from hetauto_megatron.runtime.deepspeed_pipeline import lm_loss, reference_layers, synthetic_batch
 
-    layers = reference_layers(model)
+    layers = reference_layers(model.replace(vocab_size=padded_vocab_size))
     params = list({id(p): p for layer in layers if isinstance(layer, torch.nn.Module)
                    for p in layer.parameters()}.values())
     opt = torch.optim.Adam(params, lr=LR)
@@ -159,7 +164,10 @@ def test_deepspeed_pipeline_engine_matches_single_process(pipeline_run):
         assert r["checkpoint_interval"] == (1 if m.recompute == "full" else 0)
         assert r["zero_stage"] == (1 if settings.distributed_optimizer else 0)
         assert r["overlap_comm"] == (settings.overlap_grad_reduce if overlap_comm is None else overlap_comm)
-    reference = _single_process_losses(plan.model, plan.global_batch_size)
+        # the vocabulary tables every stage builds (the embedding, the tied copy or the output layer) have the
+        # rows the cost model prices: the plan's padded vocabulary
+        assert r["table_rows"] == [padded_model(plan.model, plan_choices(plan)).vocab_size], r
+    reference = _single_process_losses(plan.model, plan.global_batch_size, plan.padded_vocab_size)
     for r in results:
         assert len(r["losses"]) == STEPS
         diff = max(abs(a - b) for a, b in zip(r["losses"], reference))

@@ -106,6 +106,9 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
             "recompute": mesh.recompute, "rank_offset": plan.rank_offset(mesh_index),
             "settings": settings.to_dict(),
             "stage_layers": plan.stage_layers, "partition": stage_partition(plan.stage_layers),
+            # the embedding and output tables the cost model priced (Plan.padded_vocab_size), which the model's
+            # layers build; DeepSpeed pads nothing itself
+            "padded_vocab_size": plan.padded_vocab_size,
         },
     }
     if plan.precision == "fp32":

@@ -228,6 +228,11 @@ def _check_config(model: ModelSpec, ds_config: dict) -> dict:
             raise InputError(f"{key} {block['settings'][key]}: these layers apply no dropout",
                              field=f"hetauto.settings.{key}", fix="plan with dropout 0 (the default), or build the "
                              "model from layers that apply the config's dropouts")
+    padded = block.get("padded_vocab_size", model.vocab_size)      # (configs written before it: the vocabulary)
+    if not isinstance(padded, int) or isinstance(padded, bool) or padded < model.vocab_size:
+        raise InputError(f"padded_vocab_size {padded!r} is not a table of at least the model's {model.vocab_size} "
+                         "tokens", field="hetauto.padded_vocab_size",
+                         fix="use the config 'hetauto emit deepspeed' wrote for this plan and model")
     layers = sum(block["stage_layers"])
     if layers != model.num_layers:
         raise InputError(f"the config splits {layers} transformer layers, the model has {model.num_layers}",
@@ -243,8 +248,10 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
 
     block = _check_config(model, ds_config)
     stages = block["pipeline_parallel_size"]
+    # the tables padded as the plan priced them (the tokens, synthetic_batch's, stay in the model's vocabulary)
+    built = model.replace(vocab_size=block.get("padded_vocab_size", model.vocab_size))
     module = _pipeline_module_class()(
-        layer_specs(model), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
+        layer_specs(built), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
         base_seed=base_seed,
         activation_checkpoint_interval=ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0),
         # only the transformer layers, as Megatron's full recomputation: DeepSpeed would checkpoint any layer with
