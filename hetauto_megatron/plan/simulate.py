@@ -115,8 +115,9 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
-        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size,
-                                     recompute_as_run_by(c.recompute, engine), cost_model, as_run_by(c.settings, engine))
+        recompute = recompute_as_run_by(c.recompute, engine)
+        prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, recompute, cost_model,
+                                     as_run_by(c.settings, engine))
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)
