@@ -78,7 +78,6 @@ ADAM_MOMENT_BYTES = 8
 # MEMORY_OPT_ALLREDUCE_SIZE (engine.py:151): the elements_per_buffer the pipeline engine's ZeRO-0 reduction passes
 # (pipe/engine.py:294, :298)
 ALLREDUCE_BUFFER_ELEMENTS = 500_000_000
-OPTIMIZERS = ("torch", "bf16", "fp16", "zero")
 
 
 def element_bytes(precision: str) -> int:

@@ -20,6 +20,7 @@ from ..plan.layout import PipelineLayout, megatron_layout
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
+from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 from ..spec.inventory import inventory_from_dict
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
@@ -54,7 +55,7 @@ def model_args(plan: Plan) -> list[str]:
              "--position-embedding-type", "rope" if m.position_embedding == "rope" else "learned_absolute"]
     if not m.tie_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
-    if m.make_vocab_size_divisible_by != 128:      # (the --hetauto hook gives every mesh the plan's padded size)
+    if m.make_vocab_size_divisible_by != MAKE_VOCAB_SIZE_DIVISIBLE_BY:      # (the --hetauto hook gives every mesh the plan's padded size)
         args += ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)]
     return args
 

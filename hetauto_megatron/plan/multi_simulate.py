@@ -44,7 +44,7 @@ from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, tail_costs
 from .exchange_roots import exchange_weights
 from .pipeline import memory_terms, simulate_1f1b
-from .settings import padded_vocab_size
+from .settings import model_padded_vocab_size
 from .shapes import boundary_depth
 from .shared_uplinks import boundary_uplinks, to_row
 from .simulate import Estimate
@@ -280,8 +280,7 @@ class ShapesResult:
 def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> ShapesResult:
     """The iteration of a plan's pipelines (`inventory` at the plan's precision; `model` unpadded)."""
     meshes = [m for s in shapes for m in s.meshes]
-    pm = model.replace(vocab_size=padded_vocab_size(model.vocab_size, [m.tp for m in meshes],
-                                                     model.make_vocab_size_divisible_by))
+    pm = model.replace(vocab_size=model_padded_vocab_size(model, [m.tp for m in meshes]))
     timings, stage_lists = [], []
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))

@@ -29,8 +29,8 @@ from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, R
                    Mesh, check_global_batch_size, recompute_settings)
 from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, load_plan, plan_from_dict, plan_to_dict,  # noqa: F401
                         plan_to_yaml, save_plan)
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision, padded_vocab_size,
-                       recompute_as_run_by)
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision,
+                       model_padded_vocab_size, recompute_as_run_by)
 
 
 @dataclass(frozen=True)
@@ -215,8 +215,7 @@ class Plan:
     @property
     def padded_vocab_size(self) -> int:
         """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""
-        return padded_vocab_size(self.model.vocab_size, self.vocab_tps,
-                                 self.model.make_vocab_size_divisible_by)
+        return model_padded_vocab_size(self.model, self.vocab_tps)
 
     @property
     def world_size(self) -> int:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..spec.devices import PRECISIONS
+from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 from ..cache_keys import cached_hash
 
 GRAD_REDUCE_DTYPES = ("fp32", "param")
@@ -238,6 +239,7 @@ def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettin
                                sequence_parallel=s.sequence_parallel and e.sequence_parallel,
                                engine=engine)
 
+
 def recompute_as_run_by(recompute: str, engine: str = DEFAULT_ENGINE) -> str:
     """A mesh's recomputation as `engine` runs it: DeepSpeed's pipeline engine checkpoints whole layers only
     (activation_checkpoint_interval 1, which emit/deepspeed.py writes for "selective" too), so "selective" runs, and
@@ -371,12 +373,15 @@ def precision_args(precision: str) -> list[str]:
 
 
 # ---- vocabulary padding -----------------------------------------------------------------------------------
-MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128     # Megatron's default --make-vocab-size-divisible-by
-
-
 def padded_vocab_size(vocab_size: int, tps, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> int:
     """One padded vocabulary for the whole plan: the smallest size >= vocab_size that divisible_by x tp divides
     for every mesh's tp (Megatron pads to one such multiple per job; here each mesh gets the common size).
     E.g. 50257 with TP 1 and TP 2 -> 50432; Megatron alone would pad to 50304 at TP 1 and 50432 at TP 2."""
     step = math.lcm(*(int(divisible_by) * int(tp) for tp in tps))
     return -(-int(vocab_size) // step) * step
+
+
+def model_padded_vocab_size(model, tps) -> int:
+    """padded_vocab_size of a model (spec.model.ModelSpec) with its own divisor (make_vocab_size_divisible_by):
+    the table the cost model prices and every mesh builds."""
+    return padded_vocab_size(model.vocab_size, tps, model.make_vocab_size_divisible_by)

@@ -21,8 +21,8 @@ from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, parti
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
 from .plan import Mesh, Plan
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, padded_vocab_size, recompute_as_run_by,
-                       resolve_settings)
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, model_padded_vocab_size,
+                       recompute_as_run_by, resolve_settings)
 from .shapes import boundary_depth
 from .split import split_layers
 
@@ -247,8 +247,7 @@ def plan_choices(plan: Plan) -> list[MeshChoice]:
 
 def padded_model(model: ModelSpec, choices) -> ModelSpec:
     """The model as it runs: its vocabulary padded once for every mesh's TP (plan.settings.padded_vocab_size)."""
-    return model.replace(vocab_size=padded_vocab_size(model.vocab_size, [c.tp for c in choices],
-                                                        model.make_vocab_size_divisible_by))
+    return model.replace(vocab_size=model_padded_vocab_size(model, [c.tp for c in choices]))
 
 
 def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:

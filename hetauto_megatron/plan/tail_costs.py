@@ -20,7 +20,7 @@ from ..spec.model import ModelSpec
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between
-from .settings import ENGINES, padded_vocab_size
+from .settings import ENGINES, model_padded_vocab_size
 
 
 @lru_cache(maxsize=262144)     # pure; the search asks for the same stage under many layouts
@@ -306,8 +306,7 @@ def tied_table_blocks(model: ModelSpec, meshes, first: StageProfile, last: Stage
     num_stages), pipeline order; the table has the plan's padded vocabulary, as every mesh builds it."""
     if not model.tie_embeddings or sum(m.num_stages for m in meshes) == 1:
         return []
-    table = padded_vocab_size(model.vocab_size, [m.tp for m in meshes],
-                              model.make_vocab_size_divisible_by) * model.hidden_size
+    table = model_padded_vocab_size(model, [m.tp for m in meshes]) * model.hidden_size
     return [((table, 0), [(meshes[0].cluster, first, (0, 0)),
                           (meshes[-1].cluster, last, (len(meshes) - 1, meshes[-1].num_stages - 1))])]
 

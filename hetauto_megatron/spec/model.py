@@ -24,6 +24,7 @@ from ..cache_keys import cached_hash
 # millions at most): a figure beyond them is a typo, and the search and simulator would run for ever on it.
 MAX_LAYERS = 10_000
 MAX_SIZE = 10_000_000
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128     # Megatron's default --make-vocab-size-divisible-by
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ModelSpec:
     # Megatron's --make-vocab-size-divisible-by: the embedding table and the output layer are padded to a multiple
     # of this x TP (plan/settings.py padded_vocab_size). Megatron's default 128; 1 (no padding beyond TP) is what
     # a checkpoint converted from Hugging Face often needs. Written only when not 128.
-    make_vocab_size_divisible_by: int = 128
+    make_vocab_size_divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY
 
     def __post_init__(self):
         if self.num_query_groups == 0:
@@ -148,7 +149,7 @@ class ModelSpec:
         d = dataclasses.asdict(self)
         if self.output_layer:          # every model a plan runs: its files stay as they were
             del d["output_layer"]
-        if self.make_vocab_size_divisible_by == 128:      # Megatron's default: files written before stay the same
+        if self.make_vocab_size_divisible_by == MAKE_VOCAB_SIZE_DIVISIBLE_BY:   # files written before stay the same
             del d["make_vocab_size_divisible_by"]
         return d
 
@@ -348,7 +349,7 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
     kw["tie_embeddings"] = get(data, "tie_embeddings", bool, default=False, file=file, prefix=prefix)
     kw["position_embedding"] = get(data, "position_embedding", str, default="rope", file=file, prefix=prefix)
     kw["max_position_embeddings"] = get(data, "max_position_embeddings", int, default=0, file=file, prefix=prefix)
-    kw["make_vocab_size_divisible_by"] = get(data, "make_vocab_size_divisible_by", int, default=128, file=file,
+    kw["make_vocab_size_divisible_by"] = get(data, "make_vocab_size_divisible_by", int, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY, file=file,
                                              prefix=prefix)
     try:
         return ModelSpec(**kw)
