@@ -43,7 +43,7 @@ from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
 from hetauto_megatron.cost.shared_cores import usable_cores  # noqa: E402
 from hetauto_megatron.plan.plan import load_plan  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
-from hetauto_megatron.spec.model import load_yaml_file  # noqa: E402
+from hetauto_megatron.spec.files import load_yaml_file  # noqa: E402
 
 PLANS = [os.path.join(ROOT, "examples", "llama", "plans", f"cpu-small-{n}.yaml") for n in ("pp2", "pp2-uneven", "tp2")]
 INVENTORY = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")

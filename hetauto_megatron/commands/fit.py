@@ -62,7 +62,7 @@ def add_arguments(p):
 def run(args) -> int:
     from ..cost.learned import fit
     from ._common import check_output_dir
-    from ..cost.learned.model import check_model_files
+    from ..cost.learned.manifest import check_model_files
     check_output_dir(args.out, "-o")      # before the fit, which takes minutes
     check_model_files(args.out, "-o")
     res = fit(list(args.profiles), args.out, sailor_dir=sailor_path(args.sailor), holdout=args.holdout,

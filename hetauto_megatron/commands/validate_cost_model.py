@@ -7,7 +7,7 @@ import math
 import os
 
 from ..errors import InputError
-from ..spec.model import read_json_file
+from ..spec.files import read_json_file
 from .fit import SAILOR_DEFAULT, sailor_path
 
 DESCRIPTION = """\

@@ -21,7 +21,8 @@ from ..cost.analytic import DEFAULT_CALIBRATION, AnalyticCostModel, Calibration
 from ..errors import InputError
 from ..spec.devices import canonical_device_name
 from ..spec.inventory import inventory_from_dict
-from ..spec.model import ModelSpec, load_yaml_file
+from ..spec.files import load_yaml_file
+from ..spec.model import ModelSpec
 from .settings import ENGINES
 from .simulate import MeshChoice, evaluate_layout
 

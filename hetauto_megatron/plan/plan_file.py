@@ -14,7 +14,8 @@ import yaml
 from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.inventory import check_cluster_name, inventory_from_dict
-from ..spec.model import load_yaml_file, model_from_dict
+from ..spec.files import load_yaml_file
+from ..spec.model import model_from_dict
 from .mesh import Mesh
 from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION
 

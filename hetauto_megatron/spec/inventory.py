@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import InputError
 from ._fields import MAX_FIGURE, get, positive, reject_unknown, require_mapping
 from .devices import DeviceType, get_device
-from .model import load_yaml_file
+from .files import load_yaml_file
 from .overheads import RuntimeOverhead, overhead_from_value
 
 

@@ -15,16 +15,21 @@ One module per concept:
 - fitting.py: stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits
   LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated rounds, stage 3 composes
   operators into layers; `fit` runs them and saves the model;
-- model.py: the fitted model on disk (`manifest.json`: format, feature version, calibration and composition
-  tables, device types covered, fit metrics; boosters in LightGBM's text format) and `LearnedCostModel`, which
-  answers for the device types it has measurements of and hands every other device type to the analytic model;
-  `source(device)` says which one answered, so a plan can state where each number came from;
+- fitted.py: the fitted model in memory (`FittedModel`: calibration and composition tables, boosters) and
+  `predict_samples`;
+- manifest.py: the fitted model on disk (`manifest.json`: format, feature version, calibration and composition
+  tables, device types covered, fit metrics; boosters in LightGBM's text format), written and read back checked;
+- model.py: `LearnedCostModel`, which answers for the device types it has measurements of and hands every other
+  device type to the analytic model; `source(device)` says which one answered, so a plan can state where each
+  number came from;
 - validation.py: predicted against measured.
 """
 from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead,  # noqa: F401
                       choose_rounds, choose_weights, fit, fit_calibration, fit_composition, split_holdout, train_model,
                       train_sailor_model)
-from .model import FittedModel, LearnedCostModel, calibrated_s, load_cost_model, predict_samples, save_model  # noqa: F401
+from .fitted import FittedModel, calibrated_s, predict_samples  # noqa: F401
+from .manifest import save_model  # noqa: F401
+from .model import LearnedCostModel, load_cost_model  # noqa: F401
 from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS,  # noqa: F401
                      SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
                      sailor_samples, sailor_tp_allreduce_rates, with_tp_comm, read_allreduce_fits)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ...errors import InputError
 from .. import features as F
-from .model import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples, save_model
+from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
+from .manifest import save_model
 from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_host_floors,
                      sailor_tp_allreduce_rates,
                      sailor_layer_samples, sailor_samples)

@@ -11,7 +11,8 @@ from functools import lru_cache
 
 from ...errors import InputError
 from ...spec.devices import CATALOG
-from ...spec.model import ModelSpec, read_json_file
+from ...spec.files import read_json_file
+from ...spec.model import ModelSpec
 from .. import features as F
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor_links import sailor_allreduce_s

@@ -5,7 +5,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from ...spec.model import read_json_file
+from ...spec.files import read_json_file
 from ..memory import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor import _profiled_runs, load_sailor

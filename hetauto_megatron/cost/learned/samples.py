@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ...errors import InputError
 from .. import features as F
-from ...spec.model import json_object_pairs
+from ...spec.files import json_object_pairs
 
 
 MODEL_FORMAT = "hetauto-learned-cost/3"   # 3: calibration groups and devices keyed by arithmetic

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ...errors import InputError
-from .model import LearnedCostModel, predict_samples
+from .fitted import predict_samples
+from .model import LearnedCostModel
 from .samples import Sample, mape, read_layers
 
 

@@ -1,0 +1,176 @@
+"""Reading the project's YAML and JSON files: every syntax, encoding or I/O failure becomes one InputError that
+names the file and the fix, and no file can make the reader run for ever or exhaust memory (nested aliases,
+self-references, hundreds of nesting levels, a key written twice)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import yaml
+
+from ..errors import InputError
+from ._fields import require_mapping, shorten
+
+# The page that describes each kind of file load_yaml_file reads (for the fix of an empty one).
+FORMAT_DOCS = {"plan": "docs/plan-format.md", "published-runs table": "docs/cost-model.md"}
+
+
+# Aliases (*name) may add at most this many nodes beyond those written out. PyYAML shares an aliased value, so a
+# few hundred bytes of nested aliases load at once as a structure of 10^8 elements, and whatever walks it later
+# (an error message's repr, a copy, a JSON dump) takes minutes and gigabytes; no hetauto file needs such sharing.
+MAX_ALIAS_EXPANSION = 100_000
+
+
+_TOO_DEEP = "nests its lists and mappings too deeply to be read (hundreds of levels)"
+
+
+_SEXAGESIMAL = re.compile(r"\n\s*\|[^\n|]*\(\?::\[0-5\]\?\[0-9\]\)\+[^\n|]*?(?=\)\$\Z|\n)")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader refusing a key written twice in one mapping: YAML keeps the last silently, so a pasted block
+    or a typo would drop a cluster or a setting without a word. Keys merged in with `<<: *anchor` may be
+    overridden, as YAML intends."""
+
+    # YAML 1.1 reads 1:30 as the base-60 number 90 (and 1:30.5 as 90.5): a typo would pass as a figure. Numbers
+    # here are written in base 10; the resolvers of ints and floats lose that alternative, so 1:30 stays text.
+    yaml_implicit_resolvers = {
+        first: [(tag, re.compile(_SEXAGESIMAL.sub("", rx.pattern), rx.flags)
+                 if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") else rx) for tag, rx in entries]
+        for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if (key.tag, key.value) in seen:
+                    raise InputError(f"the key {shorten(key.value)!r} is written twice in one mapping (line "
+                                     f"{key.start_mark.line + 1}); YAML would keep the last and drop the first",
+                                     file=self.name, field=key.value,
+                                     fix="delete or rename one of the two (two list entries each need their own '-')")
+                seen.add((key.tag, key.value))
+        return super().construct_mapping(node, deep)
+
+
+def _value_problem(exc: ValueError) -> str:
+    """What is wrong with a value the parser could not convert, in the user's terms."""
+    if "integer string conversion" in str(exc):
+        return f"a number of more than {sys.get_int_max_str_digits():,} digits"
+    return shorten(str(exc), 120)
+
+
+def _safe_load_bounded(stream, path: str):
+    """yaml.safe_load, refusing a document whose aliases expand to more than MAX_ALIAS_EXPANSION extra nodes, and a
+    key written twice in one mapping."""
+    loader = _UniqueKeyLoader(stream)
+    loader.name = path
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded, written = _expanded_size(node)
+        if expanded is None:
+            raise InputError("an alias (*name) refers to a value that contains it, which never ends", file=path,
+                             fix="write the values out instead of referring to an enclosing anchor (&name)")
+        if expanded - written > MAX_ALIAS_EXPANSION:
+            raise InputError(f"its aliases (*name) expand to {expanded:,} values from {written:,} written (at most "
+                             f"{MAX_ALIAS_EXPANSION:,} more are allowed)", file=path,
+                             fix="write the values out instead of nesting references to anchors (&name)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root) -> tuple[int | None, int]:
+    """(nodes counting every alias expanded, distinct nodes) of a composed YAML node graph, None for the first when
+    a value contains itself; linear in the distinct nodes (each one's expanded size is computed once), iterative
+    so a deeply nested file cannot exhaust the stack."""
+    size: dict[int, int] = {}
+    entered: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        if not done:
+            if id(node) in entered:      # met again before it was finished: it is inside itself
+                return None, len(entered)
+            entered.add(id(node))
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)], len(size)
+
+
+def load_yaml_file(path: str, what: str) -> dict:
+    """Read a YAML (or JSON) file into a mapping, turning every I/O or syntax failure into an InputError."""
+    if not os.path.exists(path):
+        raise InputError(f"{what} file not found", file=path, fix="check the path")
+    if os.path.isdir(path):
+        raise InputError(f"is a directory, not a {what} file", file=path, fix=f"pass the {what} YAML file itself")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = _safe_load_bounded(fh, path)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if path.lower().endswith(".json"):      # read by the YAML parser (JSON is YAML), but written as JSON
+            raise InputError(f"is not valid JSON{at}: {problem}", file=path,
+                             fix="correct the syntax (quotes, commas, braces)") from None
+        raise InputError(f"is not valid YAML{at}: {problem}", file=path,
+                         fix="correct the syntax (indentation, colons, quotes)") from None
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, fix=f"pass the {what} YAML file") from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, fix="check the file's permissions") from None
+    except RecursionError:
+        raise InputError(_TOO_DEEP, file=path, fix=f"write the {what} with its usual few levels of keys and lists "
+                                                    f"({FORMAT_DOCS.get(what, 'docs/inputs.md')})") from None
+    except ValueError as exc:     # e.g. an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise InputError(f"holds a value that cannot be read: {_value_problem(exc)}", file=path,
+                         fix="write each number with at most a few dozen digits") from None
+    if data is None:
+        page = FORMAT_DOCS.get(what, "docs/inputs.md")
+        raise InputError("is empty", file=path, fix=f"write the {what} as YAML keys ({page})")
+    return require_mapping(data, what, path)
+
+
+def json_object_pairs(pairs):
+    """json's object_pairs_hook: a dict, refusing a key written twice (json would keep the last silently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {shorten(k)!r} is written twice in one object")
+        out[k] = v
+    return out
+
+
+def read_json_file(path: str, *, field: str | None = None, fix: str | None = None):
+    """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh, object_pairs_hook=json_object_pairs)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
+                         field=field, fix=fix or "correct the syntax (quotes, commas, braces)") from None
+    except RecursionError:
+        raise InputError(_TOO_DEEP, file=path, field=field, fix=fix) from None
+    except ValueError as exc:     # a key twice, or an integer of more digits than Python converts
+        raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field, fix=fix) from None
+    except UnicodeDecodeError:
+        raise InputError("is not a UTF-8 text file", file=path, field=field, fix=fix) from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror}", file=path, field=field,
+                         fix="check the path and the file's permissions") from None
