@@ -8,13 +8,18 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The two CPU clusters the tiny example plan (examples/llama/plans/tiny-2clusters-cpu.yaml) is written for.
-CPU_INVENTORY = """\
+def cpu_inventory(a: int = 4, b: int = 2) -> str:
+    """The example plans' two CPU "clusters" (cluster-a of `a` processes, cluster-b of `b`), as inventory YAML."""
+    return f"""\
 clusters:
-  - {name: cluster-a, device: cpu, nodes: 1, devices_per_node: 4}
-  - {name: cluster-b, device: cpu, nodes: 1, devices_per_node: 2}
+  - {{name: cluster-a, device: cpu, nodes: 1, devices_per_node: {a}}}
+  - {{name: cluster-b, device: cpu, nodes: 1, devices_per_node: {b}}}
 links:
-  - {between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}
+  - {{between: [cluster-a, cluster-b], bandwidth_gbps: 10, latency_ms: 0.1}}
 """
+
+
+CPU_INVENTORY = cpu_inventory()
 
 
 def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

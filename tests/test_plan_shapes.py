@@ -281,10 +281,8 @@ def two_plain_pipelines() -> dict:
 
 
 @pytest.mark.parametrize("argv,what", [
-    (["simulate", "--model", "tiny", "--inventory", INV, "--plan", "{plan}", "--timeline", "{tmp}/t.png"],
-     "hetauto simulate --timeline"),
     (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
-    (["dryrun", "--plan", "{plan}", "--tiny", "--timeline", "t.json"], "hetauto dryrun --timeline / --emulate-links"),
+    (["dryrun", "--plan", "{plan}", "--tiny", "--emulate-links"], "hetauto dryrun --emulate-links"),
     (["compare", "{plan}", "{plan}"], "hetauto compare"),
     (["plan", "--model", "tiny", "--inventory", INV, "--global-batch-size", "12", "--from", "{plan}"],
      "hetauto plan --from"),

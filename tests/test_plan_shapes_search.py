@@ -2,6 +2,7 @@
 replica groups, and that the new shapes never make a plan worse."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -221,10 +222,28 @@ def test_plan_command_writes_two_pipelines_and_emits_their_launch_scripts(tmp_pa
     inv.write_text(yaml.safe_dump(small_inventory([("a", "a100-80gb", 2, 8), ("b", "a100-80gb", 2, 8)],
                                                   [("a", "b", 400, 1)]).to_dict()))
     base = ["plan", "--model", str(model), "--inventory", str(inv), "--global-batch-size", "512", "--workers", "1"]
-    r = run_hetauto(*base, "-o", str(tmp_path / "p.yaml"), "--timeline", str(tmp_path / "t.png"))
+    r = run_hetauto(*base, "-o", str(tmp_path / "p.yaml"), "--timeline", str(tmp_path / "t.png"),
+                    "--timeline", str(tmp_path / "t.json"))
     assert r.returncode == 0, r.stderr
     plan = load_plan(str(tmp_path / "p.yaml"))
-    assert not plan.is_simple and "no timeline written" in r.stderr and not (tmp_path / "t.png").exists()
+    assert not plan.is_simple and (tmp_path / "t.png").stat().st_size > 10_000
+    # the timeline draws every stage and replica group (a lane each, named "P1 stage 0 ..." where there are several
+    # pipelines): each does its pipeline's micro-batches and covers the iteration
+    with open(tmp_path / "t.json") as fh:
+        trace = json.load(fh)
+    T = trace["otherData"]["timelines"][0]["iteration_s"]
+    assert T == pytest.approx(plan.estimate["iteration_time_s"], abs=1e-6)     # the plan's figure, to the microsecond
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    lanes: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and " stage " in " " + names[(e["pid"], e["tid"])]:
+            lanes.setdefault(names[(e["pid"], e["tid"])], []).append(e)
+    steps = [p["micro_batches"] for p in plan.estimate["pipelines"]]
+    assert len(lanes) == len(plan.estimate["stages"]) == sum(len(m.stage_layers) for m in plan.meshes)
+    for name, spans in lanes.items():
+        m = steps[int(name.split()[0][1:]) if name.startswith("P") else 0]
+        assert sum(e["cat"] == "forward" for e in spans) == sum(e["cat"] == "backward" for e in spans) == m
+        assert sum(e["dur"] for e in spans) / 1e6 == pytest.approx(T, rel=1e-6)
     assert plan.estimate["search"]["shapes"]["partitions"] == 1
     r = run_hetauto(*base, "-o", str(tmp_path / "q.yaml"), "--emit", str(tmp_path / "launch"))
     assert r.returncode == 0, r.stderr

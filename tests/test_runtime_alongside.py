@@ -8,9 +8,10 @@ distributed optimizer, both overlaps, fp32 gradient reduction). One `hetauto dry
 shared by the tests: the command a user runs must take this shape.
 """
 import json
+from collections import Counter
 
 import pytest
-from helpers import run_hetauto
+from helpers import cpu_inventory, run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.layout import PipelineLayout
@@ -22,10 +23,21 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def report():
-    out = run_hetauto("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json", "--steps", str(STEPS))
+def run(tmp_path_factory):
+    """The dry run, with its timelines (measured, and predicted above it): (report, timeline files, stderr)."""
+    d = tmp_path_factory.mktemp("alongside")
+    (d / "inv.yaml").write_text(cpu_inventory(a=2, b=4))
+    files = {"trace": d / "timeline.json", "picture": d / "timeline.png"}
+    out = run_hetauto("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json", "--steps", str(STEPS),
+                      "--timeline", str(files["trace"]), "--timeline", str(files["picture"]), "--compare",
+                      "--inventory", str(d / "inv.yaml"))
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout), files, out.stderr
+
+
+@pytest.fixture(scope="module")
+def report(run):
+    return run[0]
 
 
 def test_layout_of_the_plan():
@@ -110,3 +122,31 @@ def test_meshes_side_by_side_in_one_of_two_pipelines(tmp_path):
     r = json.loads(out.stdout)
     assert r["max_abs_diff"] <= 1e-5, r
     assert all(s["grad_norm"] > CLIP_GRAD for s in r["reference"])
+
+
+def test_timelines_show_each_replica_group(run):
+    """`dryrun --timeline --compare` on a stage held by two meshes: the measured timeline has a lane per rank and
+    (picture) per stage and mesh; the prediction has a lane per stage and replica group, the same groups as ran,
+    each doing the same micro-batches; the comparison line pairs each measured group with its predicted one."""
+    _, files, err = run
+    assert files["picture"].stat().st_size > 10_000
+    with open(files["trace"]) as fh:
+        trace = json.load(fh)
+    assert [t["source"] for t in trace["otherData"]["timelines"]] == ["predicted", "measured"]
+    procs = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    lanes: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            key = (procs[e["pid"]].split(":")[0], names[(e["pid"], e["tid"])])
+            lanes.setdefault(key, Counter())[e["cat"]] += 1
+    m = PipelineLayout(load_plan(PLAN)).num_micro_batches
+    measured = {n: c for (src, n), c in lanes.items() if src == "measured"}
+    predicted = {n: c for (src, n), c in lanes.items() if src == "predicted" and " stage " in f" {n}"}
+    assert len(measured) == 6 and all(c["forward"] == c["backward"] == m and c["optimizer"] == 1
+                                      for c in measured.values()), measured
+    assert sorted(predicted) == ["stage 0 mesh 0: cpu TP1 x2", "stage 0 mesh 1: cpu TP2 x1", "stage 1"]
+    assert all(c["forward"] == c["backward"] == m for c in predicted.values())
+    line = next(x for x in err.splitlines() if x.startswith("timeline: "))
+    pairs = line.split("measured / predicted: ")[1].split(", ")
+    assert [p.split(":")[0] for p in pairs] == ["0 (mesh 0)", "0 (mesh 1)", "1 (mesh 2)"], line

@@ -81,8 +81,20 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
         print(f"timeline: last step measured {meas.iteration_s:.3f} s, predicted {pred.iteration_s:.3f} s "
               f"({100 * (pred.iteration_s / meas.iteration_s - 1):+.0f} %); forward + backward per stage, "
               "measured / predicted: " + ", ".join(
-                  f"{lane.stage}: {meas.busy(i):.3f} / {pred.busy(k):.3f} s"
+                  f"{_stage_label(ran, lane)}: {meas.busy(i):.3f} / {pred.busy(k):.3f} s"
                   for i, lane in enumerate(meas.lanes)
-                  for k, pl in enumerate(pred.lanes) if pl.kind == "stage" and pl.stage == lane.stage),
+                  for k, pl in enumerate(pred.lanes) if pl.kind == "stage" and _same_stage(pl, lane)),
               file=sys.stderr)
     return written
+
+
+def _same_stage(predicted, measured) -> bool:
+    """A predicted stage lane and a measured one of the same stage (and replica group, where a stage has several:
+    the predicted lanes of a plan of single meshes name no mesh)."""
+    return (predicted.pipeline, predicted.stage) == (measured.pipeline, measured.stage) and \
+        predicted.mesh in (None, measured.mesh)
+
+
+def _stage_label(plan, lane) -> str:
+    pipeline = f"P{lane.pipeline} " if plan.num_pipelines > 1 else ""
+    return f"{pipeline}{lane.stage}" + ("" if plan.is_simple else f" (mesh {lane.mesh})")

@@ -82,8 +82,8 @@ def run(args) -> int:
         raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
                          fix="e.g. --timeout 120")
     plan = load_plan(args.plan)
-    if args.timeline or args.emulate_links:     # both read the simulator's prediction of the run
-        require_simple(plan, "hetauto dryrun --timeline / --emulate-links", args.plan)
+    if args.emulate_links:     # the emulated links are scaled from the simulator's prediction of a simple plan
+        require_simple(plan, "hetauto dryrun --emulate-links", args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",

@@ -222,12 +222,7 @@ def run(args) -> int:
     if args.emit:
         written += emit_all(plan, args.output, args.emit, keep=[
             ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
-    if args.timeline and not plan.is_simple:
-        from ..plan.shapes import describe_shape
-        print("hetauto plan: --timeline draws plans of one pipeline of single meshes; this plan has "
-              f"{describe_shape(plan.meshes)[0]}: no timeline written (--shapes simple plans that shape)",
-              file=sys.stderr)
-    elif args.timeline:
+    if args.timeline:
         from ..plan.timeline import predicted_timeline
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     explained = None

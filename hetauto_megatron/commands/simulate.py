@@ -78,7 +78,6 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.plan import Mesh, Plan, load_plan
-    from ..plan.shapes import require_simple
     from ..plan.simulate import simulate
     from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
@@ -102,8 +101,6 @@ def run(args) -> int:
         plan = load_plan(args.plan)
         if args.engine is None:         # the engine the plan was made for
             args.engine = plan.engine
-        if args.timeline:      # the timeline draws one pipeline of single meshes; the figures take every shape
-            require_simple(plan, "hetauto simulate --timeline", args.plan)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "

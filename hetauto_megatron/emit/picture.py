@@ -65,7 +65,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
         handles += [Patch(color=colour[c], label=f"{c} forward"), Patch(color=_darker(colour[c]), label=f"{c} backward")]
     handles += [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
                 Patch(color=KIND_COLOURS["receive"], label="receive: waiting for a link / peer"),
-                Patch(color=KIND_COLOURS["dp-sync"], label="DP sync"),
+                Patch(color=KIND_COLOURS["dp-sync"], label="gradient sync: DP, across holders"),
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)

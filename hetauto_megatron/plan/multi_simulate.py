@@ -94,6 +94,7 @@ class PipelineTiming:
     stages: list               # per stage and group: the Estimate-style dict
     fits: bool
     fill_s: float = 0.0        # of after_s: the parameter gathers delaying the next fill (tail_costs)
+    events: tuple | None = None   # its 1F1B's every operation (record=True; plan/timeline.py draws them)
 
     @property
     def before_sync(self) -> float:
@@ -172,9 +173,10 @@ def _boundary(model, inventory, a: _Stage, b: _Stage):
 
 
 def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape, cost_model,
-                   stages: list[_Stage] | None = None) -> PipelineTiming:
+                   stages: list[_Stage] | None = None, record: bool = False) -> PipelineTiming:
     """One pipeline's 1F1B, memory and its own tail terms (`model`: the padded model of the whole plan; `stages`:
-    _stages(model, inventory, shape, cost_model) when the caller already built them)."""
+    _stages(model, inventory, shape, cost_model) when the caller already built them; record: keep the 1F1B's
+    operations)."""
     if stages is None:
         stages = _stages(model, inventory, shape, cost_model)
     p = len(stages)
@@ -195,7 +197,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         flows.append(flow)
     # a cluster at two of this pipeline's boundaries: its uplink carries both (plan/shared_uplinks.py)
     uplinks = boundary_uplinks(flows, lambda name: inventory.cluster(name).uplink_bytes_per_s)
-    sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks)
+    sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks,
+                        record=record)
     in_flight, buffers = memory_terms(p, m, blocking, depth)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = fill_s = 0.0
@@ -227,7 +230,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
                             "send_next_depth": depth[i], **to_row(uplinks[i] if uplinks else None)})
             rows.append(row)
         fill_s += stage_fill
-    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s + fill_s, overhead, rows, fits, fill_s)
+    return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s + fill_s, overhead, rows, fits, fill_s,
+                          sim.events)
 
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
@@ -277,14 +281,16 @@ class ShapesResult:
     extra: dict = field(default_factory=dict)
 
 
-def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> ShapesResult:
-    """The iteration of a plan's pipelines (`inventory` at the plan's precision; `model` unpadded)."""
+def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model,
+                 record: bool = False) -> ShapesResult:
+    """The iteration of a plan's pipelines (`inventory` at the plan's precision; `model` unpadded; record: keep
+    each pipeline's operations, PipelineTiming.events)."""
     meshes = [m for s in shapes for m in s.meshes]
     pm = model.replace(vocab_size=model_padded_vocab_size(model, [m.tp for m in meshes]))
     timings, stage_lists = [], []
     for s in shapes:
         stage_lists.append(_stages(pm, inventory, s, cost_model))
-        timings.append(price_pipeline(pm, inventory, s, cost_model, stage_lists[-1]))
+        timings.append(price_pipeline(pm, inventory, s, cost_model, stage_lists[-1], record))
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
     holders = _holders(pm, stage_lists, model.tie_embeddings)

@@ -7,10 +7,12 @@ Lanes are pipeline stages, link directions, or (measured) ranks; spans are what 
                          on a stage or rank lane: the time it is held by a send it does not overlap;
     receive              waiting for data that is on its link (exposed communication);
     idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
-    dp-sync, optimizer   the DP synchronisation not hidden by compute, and the optimizer step;
+    dp-sync, optimizer   the gradient synchronisation not hidden by compute (the DP reduction; where several
+                         stages hold a parameter, their exchange and the global norm), and the optimizer step;
     overhead             the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging).
 `predicted_timeline` builds one from the simulator (plan/simulate.py and the event simulation of
-plan/pipeline.py); runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
+plan/pipeline.py; plan/multi_simulate.py for several pipelines or replica groups side by side);
+runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
 Chrome/Perfetto trace, emit/picture.py draws them.
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Lane:
     kind: str                    # "stage" | "link" | "rank"
     stage: int | None = None     # pipeline stage (stage and rank lanes), first stage of the boundary (links)
     inter_cluster: bool = False  # a link lane between two clusters
+    pipeline: int = 0            # the plan's pipeline (several: plan format version 3)
+    mesh: int | None = None      # the plan's mesh of a stage or rank lane, where a stage has several (or measured)
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,10 @@ def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: li
 
 def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None) -> Timeline:
     """The simulator's schedule of one iteration of `plan` (its 1F1B pipeline, then the DP sync and optimizer
-    tail each stage has after the pipeline drained, as the iteration time counts it)."""
+    tail each stage has after the pipeline drained, as the iteration time counts it). Every plan shape: several
+    pipelines or replica groups side by side are drawn by _shapes_timeline."""
+    if not plan.is_simple:
+        return _shapes_timeline(plan, inventory, cost_model, title)
     from .explain import breakdown
     from .pipeline import simulate_1f1b
     from .simulate import simulate, stage_schedule
@@ -118,4 +125,90 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration")
+    return Timeline(name, lanes, spans, T, clusters, "predicted")
+
+
+def _link_lanes(tag: str, pipeline: int, ends: list[tuple[list[str], int]], lanes: list[Lane]) -> dict:
+    """A lane per direction of each boundary between consecutive stages, appended to `lanes`; `ends[i]`: stage i's
+    clusters (one per replica group) and its position. {(boundary, "fwd" | "bwd"): lane index}."""
+    out = {}
+    for i, ((a, pa), (b, pb)) in enumerate(zip(ends, ends[1:])):
+        A, B = "+".join(a), "+".join(b)
+        # inside a position each group sends to its own next stage on its own cluster; between positions the
+        # samples cross to whichever clusters hold them
+        inter = pa != pb and len(set(a) | set(b)) > 1
+        cl = f"{A} -> {B}" if inter else A
+        cross, back = (f" {A}->{B}", f" {B}->{A}") if inter else ("", "")
+        for d, what in (("fwd", f"activations{cross} ({i}->{i + 1})"), ("bwd", f"gradients{back} ({i + 1}->{i})")):
+            out[(i, d)] = len(lanes)
+            lanes.append(Lane(f"{tag}{what}", cl, "link", i, inter, pipeline))
+    return out
+
+
+def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline:
+    """Several pipelines and/or replica groups side by side in a stage (plan/multi_simulate.py), as priced there.
+    A lane per stage and replica group of each pipeline: a stage runs a micro-batch step when its slowest group
+    has, so a faster group computes for its own time and then waits (idle). After its pipeline drained, each lane
+    shows its own DP reduction, waits for the slowest pipeline, then the gradient exchange across the holders of
+    each parameter and the global gradient norm (dp-sync), its optimizer step and the fixed overhead."""
+    from .multi_simulate import price_shapes, shapes_of
+    from .simulate import _DEFAULT_COST, check_plan_against_inventory
+    check_plan_against_inventory(plan, inventory)
+    res = price_shapes(plan.model, inventory.with_precision(plan.precision), shapes_of(plan),
+                       cost_model or _DEFAULT_COST, record=True)
+    T = res.iteration_time_s
+    exchange = max(t.before_sync for t in res.pipelines)
+    exchanged = exchange + res.replica_sync_s + res.grad_norm_s
+    tail_end = T - max(t.overhead_s for t in res.pipelines)
+    lanes: list[Lane] = []
+    spans: list[Span] = []
+    several = len(res.pipelines) > 1
+    for p, t in enumerate(res.pipelines):
+        tag = f"P{p} " if several else ""
+        by_stage: dict[int, list] = {}
+        for row in t.stages:
+            by_stage.setdefault(row["stage"], []).append(row)
+        stage_lanes: dict[int, list] = {}
+        for i, rows in sorted(by_stage.items()):
+            for row in rows:
+                group = f" mesh {row['mesh']}: {row['device_type']} TP{row['tp']} x{row['dp']}" if len(rows) > 1 else ""
+                stage_lanes.setdefault(i, []).append((len(lanes), row))
+                lanes.append(Lane(f"{tag}stage {i}{group}", row["cluster"], "stage", i, pipeline=p, mesh=row["mesh"]))
+        link_lane = _link_lanes(tag, p, [([r["cluster"] for r in rows], rows[0]["position"])
+                                      for _, rows in sorted(by_stage.items())], lanes)
+        per_stage: dict[int, list] = {}
+        for e in t.events:
+            if e.resource[0] == "link":
+                _, i, d = e.resource
+                spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
+            else:
+                per_stage.setdefault(e.resource[1], []).append(e)
+        for i, group_lanes in stage_lanes.items():
+            events = sorted(per_stage.get(i, []), key=lambda e: e.start)
+            for lane, row in group_lanes:
+                own = {"F": row["forward_s"], "B": row["backward_s"]}
+                now = 0.0
+                for e in events:
+                    _fill(spans, lane, now, e.start, "idle", spans)
+                    # the group's own compute (the rows' seconds are rounded to the microsecond: the slowest
+                    # group's fill the step)
+                    end = e.end if e.kind not in own or own[e.kind] >= e.end - e.start - 1e-6 else e.start + own[e.kind]
+                    spans.append(Span(lane, _EVENT_KIND.get(e.kind, e.kind), e.start, end, e.micro_batch))
+                    now = max(now, end)
+                _fill(spans, lane, now, t.makespan, "idle", spans)
+                reduced = min(t.makespan + row["dp_exposed_s"], exchange)
+                stepped = min(exchanged + row["optimizer_s"], tail_end)
+                _fill(spans, lane, t.makespan, reduced, "dp-sync", spans)
+                _fill(spans, lane, reduced, exchange, "idle", spans)
+                _fill(spans, lane, exchange, exchanged, "dp-sync", spans)
+                _fill(spans, lane, exchanged, stepped, "optimizer", spans)
+                _fill(spans, lane, stepped, tail_end, "idle", spans)
+                _fill(spans, lane, tail_end, T, "overhead", spans)
+    spans.sort(key=lambda s: (s.lane, s.start))
+    clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
+    stages = sum(len({r["stage"] for r in t.stages}) for t in res.pipelines)
+    groups = sum(len(t.stages) for t in res.pipelines)
+    name = title or (f"predicted: {plan.model.name}, {len(res.pipelines)} pipeline{'s' if several else ''} of "
+                     f"{stages} stages" + (f" ({groups} with the replica groups side by side)" if groups > stages else "")
+                     + f", {'/'.join(str(t.micro_batches) for t in res.pipelines)} micro-batches, {T:.3g} s per iteration")
     return Timeline(name, lanes, spans, T, clusters, "predicted")

@@ -74,8 +74,9 @@ def measured_timeline(plan, rank_steps: list[list[dict]], *, step: int = -1, per
                       title: str | None = None):
     """The Timeline of one step of a dry run from every rank's `OpClock.steps` (rank order).
 
-    per_stage: one lane per pipeline stage, the rank with TP and DP rank 0 (what a predicted timeline shows);
-    otherwise one lane per rank. Times count from the earliest start of that step on any rank."""
+    per_stage: one lane per pipeline stage and mesh, the rank with TP and DP rank 0 (what a predicted timeline
+    shows: a stage of several replica groups has one per group); otherwise one lane per rank. Times count from the
+    earliest start of that step on any rank."""
     from ..plan.timeline import Lane, Span, Timeline
     from .groups import rank_coords
     steps = [r[step] for r in rank_steps]
@@ -86,8 +87,13 @@ def measured_timeline(plan, rank_steps: list[list[dict]], *, step: int = -1, per
         if per_stage and (c.tp_rank or c.dp_rank):
             continue
         lane = len(lanes)
-        name = f"stage {c.stage} (rank {rank})" if per_stage else f"rank {rank} (stage {c.stage}, tp {c.tp_rank}, dp {c.dp_rank})"
-        lanes.append(Lane(name, c.cluster, "stage" if per_stage else "rank", c.stage))
+        where = f"pipeline {c.pipeline}, " if plan.num_pipelines > 1 else ""
+        tag = f"P{c.pipeline} " if plan.num_pipelines > 1 else ""
+        group = "" if plan.is_simple else f" mesh {c.mesh_index}"
+        name = (f"{tag}stage {c.stage}{group} (rank {rank})" if per_stage
+                else f"rank {rank} ({where}stage {c.stage}, tp {c.tp_rank}, dp {c.dp_rank})")
+        lanes.append(Lane(name, c.cluster, "stage" if per_stage else "rank", c.stage, pipeline=c.pipeline,
+                          mesh=c.mesh_index))
         t = s["start"]
         for kind, mb, a, b in sorted(s["ops"], key=lambda o: o[2]):
             if a > t:
@@ -98,6 +104,7 @@ def measured_timeline(plan, rank_steps: list[list[dict]], *, step: int = -1, per
             spans.append(Span(lane, "idle", t - t0, s["end"] - t0))
     T = max(s["end"] for s in steps) - t0
     clusters = list(dict.fromkeys(m.cluster for m in plan.meshes))
-    name = title or (f"measured: dry run of {plan.model.name}, {plan.pipeline_parallel_size} stages, "
-                     f"{plan.num_micro_batches} micro-batches, {T:.3g} s (step {step % len(rank_steps[0])})")
+    shape = (f"{plan.pipeline_parallel_size} stages, {plan.num_micro_batches} micro-batches" if plan.is_simple
+             else f"{plan.num_pipelines} pipeline{'s' if plan.num_pipelines > 1 else ''}, {len(plan.meshes)} meshes")
+    name = title or f"measured: dry run of {plan.model.name}, {shape}, {T:.3g} s (step {step % len(rank_steps[0])})"
     return Timeline(name, lanes, spans, T, clusters, "measured")
