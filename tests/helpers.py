@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The two CPU clusters the tiny example plan (examples/llama/plans/tiny-2clusters-cpu.yaml) is written for.
+
+
 def cpu_inventory(a: int = 4, b: int = 2) -> str:
     """The example plans' two CPU "clusters" (cluster-a of `a` processes, cluster-b of `b`), as inventory YAML."""
     return f"""\
@@ -19,7 +20,22 @@ links:
 """
 
 
+# The two CPU clusters the tiny example plan (examples/llama/plans/tiny-2clusters-cpu.yaml) is written for.
 CPU_INVENTORY = cpu_inventory()
+
+
+def planned_cross_cluster_bytes(report: dict, plan_file: str, inventory_yaml: str) -> float:
+    """The planner's bytes between clusters per iteration (plan/explain.py cross_cluster_bytes, what `hetauto
+    compare` shows) for the model a `dryrun --json` report ran."""
+    import yaml
+
+    from hetauto_megatron.commands.validate_cost_model import measured_plan
+    from hetauto_megatron.plan.explain import cross_cluster_bytes
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    ran = measured_plan(report, load_plan(os.path.join(ROOT, plan_file)), report_file=plan_file, tiny=None)
+    inventory = inventory_from_dict(yaml.safe_load(inventory_yaml))
+    return cross_cluster_bytes(ran, inventory.with_precision(ran.precision))
 
 
 def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -283,7 +283,6 @@ def two_plain_pipelines() -> dict:
 @pytest.mark.parametrize("argv,what", [
     (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
     (["dryrun", "--plan", "{plan}", "--tiny", "--emulate-links"], "hetauto dryrun --emulate-links"),
-    (["compare", "{plan}", "{plan}"], "hetauto compare"),
     (["plan", "--model", "tiny", "--inventory", INV, "--global-batch-size", "12", "--from", "{plan}"],
      "hetauto plan --from"),
 ])

@@ -231,3 +231,30 @@ def test_the_exchange_moves_what_the_runtime_counted():
     assert table % 4 == 0
     priced = 4 * ((m.num_layers * m.layer_params + m.hidden_size) + table + table)
     assert got.replica_sync_s == pytest.approx(priced, rel=1e-6)
+
+
+def test_compare_takes_two_pipelines_and_counts_the_exchange_between_clusters(tmp_path):
+    """hetauto compare puts a plan of two pipelines beside one of a single pipeline: each pipeline's stages and
+    micro-batches, its meshes by pipeline, and the bytes between clusters. Each pipeline runs inside its own
+    cluster, so those bytes are the gradient exchange alone: two holders of every parameter, each sending the
+    other its whole fp32 gradient once (the hand figure from the parameter count, vocabulary padded to 512 for
+    TP 4); the single pipeline moves no byte between clusters."""
+    import json
+
+    from helpers import run_hetauto
+    inv = small_inventory([("a1", "h100", 4, 8), ("a2", "h100", 4, 8)], [("a1", "a2", 100, 2)])
+    two = Plan(model=MODEL, global_batch_size=128, inventory=inv.to_dict(), pipeline_samples=(64, 64),
+               meshes=(_mesh("a1", "h100", 4, 4, 1, [16, 16]), _mesh("a2", "h100", 4, 4, 1, [16, 16], pipeline=1)))
+    one = Plan(model=MODEL, global_batch_size=128, inventory=inv.to_dict(),
+               meshes=(_mesh("a1", "h100", 4, 4, 1, [16, 16]),))
+    two.save(str(tmp_path / "two.yaml"))
+    one.save(str(tmp_path / "one.yaml"))
+    r = run_hetauto("compare", str(tmp_path / "two.yaml"), str(tmp_path / "one.yaml"), "--json")
+    assert r.returncode == 0, r.stderr
+    a, b = json.loads(r.stdout)["plans"]
+    params = MODEL.replace(vocab_size=-(-MODEL.vocab_size // 512) * 512).total_params
+    assert a["cross_cluster_bytes"] == pytest.approx(2 * 4 * params, rel=1e-12) and b["cross_cluster_bytes"] == 0
+    assert a["pipeline"] == "P0: 2 stages x 16 micro-batches; P1: 2 stages x 16 micro-batches"
+    assert a["meshes"].startswith("P0 a1 TP4 DP4") and ", P1 a2 TP4 DP4" in a["meshes"]
+    assert a["bottleneck"] and b["pipeline"] == "2 stages x 32 micro-batches"
+    assert run_hetauto("compare", str(tmp_path / "two.yaml"), str(tmp_path / "one.yaml")).returncode == 0

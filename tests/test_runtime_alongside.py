@@ -11,7 +11,7 @@ import json
 from collections import Counter
 
 import pytest
-from helpers import cpu_inventory, run_hetauto
+from helpers import cpu_inventory, planned_cross_cluster_bytes, run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.layout import PipelineLayout
@@ -89,6 +89,9 @@ def test_bytes_are_the_resliced_activations_and_the_gradient_sum(report):
     inside_b = (2 * run[1] + 2 * run[2]) * fp32           # C <-> B for the runs rooted at B and at C
     assert report["bytes"]["intra_cluster"] == (activations_b + inside_b) * STEPS
     assert report["bytes"]["inter_cluster"] == (activations_a + sync) * STEPS
+    # the planner's figure (hetauto compare's cross-cluster bytes) is what the runtime moved
+    assert planned_cross_cluster_bytes(report, PLAN, cpu_inventory(a=2, b=4)) * STEPS == \
+        report["bytes"]["inter_cluster"]
 
 
 def test_memory_predicted_per_mesh(report):

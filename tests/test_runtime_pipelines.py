@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from helpers import run_hetauto
+from helpers import cpu_inventory, planned_cross_cluster_bytes, run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.train import CLIP_GRAD
@@ -56,6 +56,8 @@ def test_two_pipelines_match_one_process_and_move_the_priced_bytes(distributed_o
     table = r["padded_vocab_size"] * h
     per_step = 4 * (2 * (model.num_layers * model.layer_params + h) + 2 * 2 * table)
     assert r["bytes"]["inter_cluster"] == per_step * STEPS
+    # the planner's figure (hetauto compare's cross-cluster bytes) is what the runtime moved
+    assert planned_cross_cluster_bytes(r, PLAN, cpu_inventory(a=4, b=4)) * STEPS == r["bytes"]["inter_cluster"]
 
     # every holder's copy of every shared parameter is the same bits after the steps: the layers' and the final
     # norm's two holders (one per pipeline) each sum the pair on the host, the tied table's four get their

@@ -10,7 +10,9 @@ DESCRIPTION = """\
 Put plans side by side: predicted iteration time, tokens/s, tokens/s per device, model TFLOP/s per
 device, the peak memory of the busiest device against its capacity, the clusters and devices used, the
 pipeline shape, the bytes that cross between clusters per iteration (activations forward and their
-gradients back, every micro-batch), the bottleneck, and the cost per million tokens when prices are known.
+gradients back, every micro-batch, and the gradients of parameters held on several clusters: a tied embedding
+table, the layers of other pipelines or of replica groups side by side), the bottleneck, and the cost per
+million tokens when prices are known. Every plan shape: several pipelines, replica groups side by side.
 
 Every plan is simulated afresh with the current cost model, on the inventory stored in it (or --inventory
 for all of them, with --set what-ifs applied). Rows where the plans differ are marked with '*', the best
@@ -63,11 +65,32 @@ def _priced(args, inventory):
     return dataclasses.replace(inventory, clusters=clusters)
 
 
+def _pipelines(plan) -> str:
+    """'4 stages x 32 micro-batches', one such part per pipeline of a plan of several."""
+    several = plan.num_pipelines > 1
+    parts = [f"{'P%d: ' % p if several else ''}{sum(len(plan.meshes[pos[0]].stage_layers) for pos in plan.positions(p))}"
+             f" stages x {plan.pipeline_micro_batches(p)} micro-batches" for p in range(plan.num_pipelines)]
+    side = any(m.alongside for m in plan.meshes)
+    return "; ".join(parts) + (" (replica groups side by side)" if side else "")
+
+
+def _bottleneck(plan, est: dict) -> str:
+    from ..plan.explain import breakdown, describe_bottleneck
+    from ..plan.multi_explain import PARTS, shapes_breakdown
+    if plan.is_simple:
+        return describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True)
+    bd = shapes_breakdown(est)
+    k = bd["bottleneck"]
+    where = f" (pipeline {bd['slowest_pipeline']})" if k in ("pipeline", "dp_sync") and plan.num_pipelines > 1 else ""
+    return f"{PARTS[k]} {bd['parts'][k]['share']:.0%}{where}"
+
+
 def plan_row(path: str, plan, inventory, cost_model) -> dict:
     from ..plan.constraints import cost_per_million_tokens
-    from ..plan.explain import breakdown, cross_cluster_bytes, describe_bottleneck
+    from ..plan.explain import cross_cluster_bytes
     from ..plan.simulate import simulate
     est = simulate(plan, inventory, cost_model).to_dict()
+    several = plan.num_pipelines > 1
     used: dict[str, int] = {}
     for m in plan.meshes:
         used[m.cluster] = used.get(m.cluster, 0) + m.num_devices
@@ -79,11 +102,12 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
            "tflops_per_device": est["tflops_per_device"], "peak_memory_share": peak[0],
            "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "fits": "yes" if est["fits"] else "NO",
            "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
-           "pipeline": f"{plan.pipeline_parallel_size} stages x {plan.num_micro_batches} micro-batches",
-           "meshes": ", ".join(f"{m.cluster} TP{m.tp} DP{m.dp} mbs{m.micro_batch_size} {m.recompute}"
-                               for m in plan.meshes),
-           "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision)),
-           "bottleneck": describe_bottleneck(plan, breakdown(est, plan.num_micro_batches), short=True),
+           "pipeline": _pipelines(plan),
+           # '+': a replica group alongside the mesh before it (as the simulate table marks it)
+           "meshes": ", ".join(f"{'P%d ' % m.pipeline if several else ''}{'+' if m.alongside else ''}{m.cluster} "
+                               f"TP{m.tp} DP{m.dp} mbs{m.micro_batch_size} {m.recompute}" for m in plan.meshes),
+           "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision), cost_model),
+           "bottleneck": _bottleneck(plan, est),
            "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens)}
     return row
 
@@ -124,7 +148,7 @@ def run(args) -> int:
     from .explain import plan_inputs
     rows = []
     for path in args.plans:
-        plan, inventory, cost_model = plan_inputs(args, path, what="hetauto compare")
+        plan, inventory, cost_model = plan_inputs(args, path)
         try:
             rows.append(plan_row(path, plan, _priced(args, inventory), cost_model))
         except InputError as exc:

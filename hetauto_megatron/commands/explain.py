@@ -57,21 +57,18 @@ def add_plan_input_args(parser) -> None:
                              "cluster.NAME.nodes=8 (repeatable; see 'hetauto simulate --help')")
 
 
-def plan_inputs(args, plan_path: str, plan=None, what: str = "hetauto explain"):
-    """(plan, inventory, cost model) for a plan file: the model and inventory it carries unless given. `what` is
-    the command, named when the plan has a shape it does not take."""
+def plan_inputs(args, plan_path: str, plan=None):
+    """(plan, inventory, cost model) for a plan file (every shape): the model and inventory it carries unless
+    given."""
     import dataclasses
 
     from ..cost.learned import load_cost_model
     from ..errors import InputError
     from ..plan.plan import load_plan
-    from ..plan.shapes import require_simple
     from ..spec.inventory import inventory_from_dict, load_inventory
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     plan = plan or load_plan(plan_path)
-    if what != "hetauto explain":     # explain takes every shape (plan/multi_explain.py)
-        require_simple(plan, what, plan_path)
     if getattr(args, "model", None):
         model = load_model(args.model)
         if (model.num_layers, model.hidden_size) != (plan.model.num_layers, plan.model.hidden_size):

@@ -20,7 +20,7 @@ import math
 
 from ..errors import InfeasibleError, InputError
 from .plan import Plan
-from .simulate import plan_choices, simulate, stage_makespan
+from .simulate import _DEFAULT_COST, plan_choices, simulate, stage_makespan
 
 PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
@@ -132,18 +132,38 @@ def memory_headroom(estimate: dict) -> list[dict]:
     return out
 
 
-def cross_cluster_bytes(plan: Plan, inventory) -> float:
-    """Bytes that cross between clusters per iteration: at every boundary between meshes on different
-    clusters, each micro-batch step's whole activation forward and its gradient back, each in its sender's
-    training precision (what link_costs.boundary_transfer_time prices; hetauto sends each byte across once)."""
-    m = plan.model
-    per_sample = m.seq_length * m.hidden_size
+def cross_cluster_bytes(plan: Plan, inventory, cost_model=None) -> float:
+    """Bytes that cross between clusters per iteration (`inventory` at the plan's precision), every plan shape:
+    - at every boundary between two positions (plan/multi_simulate.py: each mesh and the meshes alongside it),
+      each micro-batch step's activations of the samples whose next stage is on another cluster, and their
+      gradients back, each in its sender's training precision (what link_costs prices; hetauto sends each byte
+      across once);
+    - the exchange that sums the gradients of parameters held on several clusters (the tied embedding table at
+      both ends, the layers of other pipelines or of replica groups side by side), as runtime/replica_sync.py
+      moves them (tail_costs.holders_cross_cluster_bytes). The bytes do not depend on `cost_model`."""
+    from .multi_simulate import price_shapes, shapes_of
+    from .tail_costs import holders_cross_cluster_bytes
+    per_sample = plan.model.seq_length * plan.model.hidden_size
+    meshes = plan.meshes
+    element = lambda i: inventory.cluster(meshes[i].cluster).device.dtype_bytes     # noqa: E731
+
+    def ranges(position):       # each mesh's samples of a micro-batch step, replica after replica
+        out, start = [], 0
+        for i in position:
+            out.append((i, start, start + meshes[i].dp * meshes[i].micro_batch_size))
+            start = out[-1][2]
+        return out
     total = 0.0
-    for a, b in zip(plan.meshes, plan.meshes[1:]):
-        if a.cluster != b.cluster:
-            sender_bytes = inventory.cluster(a.cluster).device.dtype_bytes + inventory.cluster(b.cluster).device.dtype_bytes
-            total += plan.num_micro_batches * plan.samples_per_step * per_sample * sender_bytes
-    return total
+    for p in range(plan.num_pipelines):
+        steps, positions = plan.pipeline_micro_batches(p), plan.positions(p)
+        for a, b in zip(positions, positions[1:]):
+            for i, s0, e0 in ranges(a):
+                for j, s1, e1 in ranges(b):
+                    both = min(e0, e1) - max(s0, s1)
+                    if both > 0 and meshes[i].cluster != meshes[j].cluster:
+                        total += steps * both * per_sample * (element(i) + element(j))
+    holders = price_shapes(plan.model, inventory, shapes_of(plan), cost_model or _DEFAULT_COST).extra["holders"]
+    return total + holders_cross_cluster_bytes(inventory, holders)
 
 
 # ---- runners-up ---------------------------------------------------------------------------------------------

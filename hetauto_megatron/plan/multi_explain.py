@@ -35,9 +35,9 @@ def _choices(plan, inventory, cost_model) -> dict | None:
     return exchange_choices(inventory, price_shapes(plan.model, inventory, shapes_of(plan), cost_model).extra["holders"])
 
 
-def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
-    inventory = inventory.with_precision(plan.precision)
-    est = simulate(plan, inventory, cost_model).to_dict()
+def shapes_breakdown(est: dict) -> dict:
+    """The iteration of a plan of any shape (simulate's estimate, with `pipelines`) in the parts PARTS names:
+    {"parts": {part: {"seconds", "share"}}, "bottleneck": the largest, "slowest_pipeline", "text": in words}."""
     T = est["iteration_time_s"]
     pipes = est["pipelines"]
     slow = max(range(len(pipes)), key=lambda p: pipes[p]["before_sync_s"])
@@ -45,6 +45,18 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
              "holders_sync": est["replica_sync_s"]}
     parts["rest"] = max(0.0, T - sum(parts.values()))
     worst = max(parts, key=parts.get)
+    return {"parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
+            "bottleneck": worst, "slowest_pipeline": slow,
+            "text": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
+                    + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else "")}
+
+
+def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
+    inventory = inventory.with_precision(plan.precision)
+    est = simulate(plan, inventory, cost_model).to_dict()
+    T = est["iteration_time_s"]
+    pipes = est["pipelines"]
+    bd = shapes_breakdown(est)
     rows = []
     for p, info in enumerate(pipes):
         sub = plan.pipeline(p)
@@ -82,10 +94,7 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
     return {"shape": "pipelines", "model": plan.model.name, "devices": plan.world_size,
             "pipelines": rows, "global_batch_size": plan.global_batch_size, "iteration_time_s": T,
             "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
-            "breakdown": {"parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
-                          "bottleneck": worst, "slowest_pipeline": slow},
-            "bottleneck": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
-                          + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else ""),
+            "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline")}, "bottleneck": bd["text"],
             "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
 

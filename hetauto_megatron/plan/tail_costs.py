@@ -238,6 +238,36 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
     (the runtime's, exchange_weights, unless explain prices another choice)."""
     if not blocks:
         return 0.0
+    phases, copies = _exchange_traffic(inventory, blocks, rule)
+    total = 0.0
+    for phase in phases:
+        times = []
+        for res, nbytes in phase.items():
+            if res[0] == "link":
+                times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
+            elif res[0] == "uplink":
+                up = inventory.cluster(res[1]).uplink_bytes_per_s
+                times.append(nbytes / up if up else 0.0)
+            else:
+                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
+        total += max(times, default=0.0)
+    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
+                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
+                 default=0.0)
+    return total
+
+
+def holders_cross_cluster_bytes(inventory: Inventory, blocks, rule=exchange_weights) -> float:
+    """Bytes the exchange of holders_sync_time moves between clusters per iteration (both phases, both
+    directions of every inventory link)."""
+    phases, _ = _exchange_traffic(inventory, blocks, rule) if blocks else ([], {})
+    return sum(nbytes for phase in phases for res, nbytes in phase.items() if res[0] == "link")
+
+
+def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], dict]:
+    """(per phase: resource -> bytes, per holder: [DP broadcast bytes, TP broadcast bytes, its profile]) of the
+    exchange holders_sync_time prices. Resources: ("link", from cluster, to cluster), ("uplink", cluster,
+    "out" | "in"), ("ranks", holder, cluster, "in" | "out")."""
     phases = [{}, {}]          # per phase: resource (one direction) -> bytes
     copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
 
@@ -281,22 +311,7 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
                 add(0, to_root, sent)
                 add(back, from_root, sent)
-    total = 0.0
-    for phase in phases:
-        times = []
-        for res, nbytes in phase.items():
-            if res[0] == "link":
-                times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
-            elif res[0] == "uplink":
-                up = inventory.cluster(res[1]).uplink_bytes_per_s
-                times.append(nbytes / up if up else 0.0)
-            else:
-                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
-        total += max(times, default=0.0)
-    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
-                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
-                 default=0.0)
-    return total
+    return phases, copies
 
 
 def tied_table_blocks(model: ModelSpec, meshes, first: StageProfile, last: StageProfile) -> list:
