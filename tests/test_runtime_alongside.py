@@ -153,3 +153,18 @@ def test_timelines_show_each_replica_group(run):
     line = next(x for x in err.splitlines() if x.startswith("timeline: "))
     pairs = line.split("measured / predicted: ")[1].split(", ")
     assert [p.split(":")[0] for p in pairs] == ["0 (mesh 0)", "0 (mesh 1)", "1 (mesh 2)"], line
+
+
+def test_validate_cost_model_takes_the_report_of_this_shape(run, tmp_path):
+    """`validate-cost-model --dryrun REPORT PLAN` on the side-by-side run: the measured iteration against the
+    simulator's prediction of the shape that ran (the shrunk model, its six ranks on the report's cores)."""
+    report, _, _ = run
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "inv.yaml").write_text(cpu_inventory(a=2, b=4))
+    out = run_hetauto("validate-cost-model", "--dryrun", str(tmp_path / "report.json"), PLAN,
+                      "--inventory", str(tmp_path / "inv.yaml"), "--json")
+    assert out.returncode == 0, out.stderr
+    row, = json.loads(out.stdout)["dryruns"]["rows"]
+    assert (row["hidden_size"], row["seq_length"]) == (report["model"]["hidden_size"], report["model"]["seq_length"])
+    assert row["ranks"] == 6 and row["measured_s"] == report["iteration_s"]
+    assert row["error_pct"] == pytest.approx(100 * (row["predicted_s"] - row["measured_s"]) / row["measured_s"])
