@@ -7,6 +7,9 @@
    with `hetauto dryrun --tiny --timeline ... --compare`: measured (one rank per stage) under the simulator's
    prediction of the same run.
 3. `hetauto compare` of the README plan at 25 and at 100 Gbit/s between the sites (example prices).
+4. A CPU dry run of examples/llama/plans/tiny-2pipelines-cpu.yaml (two pipelines joined by data parallelism, one
+   per CPU "cluster", 8 ranks) with `--timeline ... --compare`: a lane per pipeline stage, the gradient
+   exchange between the pipelines after both drained.
 Prints the figures the pictures and docs/explain.md show (predicted and measured iteration time, the
 bottleneck, the comparison).
 
@@ -83,7 +86,15 @@ def main() -> int:
     print(f"2. {png}: CPU dry run, {rep['cores']} cores; last step measured {meas['iteration_s']:.3f} s, "
           f"predicted {pred['iteration_s']:.3f} s ({100 * (pred['iteration_s'] / meas['iteration_s'] - 1):+.0f} %); "
           f"median step {rep['iteration_s']:.3f} s")
-    for name in ("timeline-llama2-70b-2clusters.png", "dryrun-measured-vs-predicted.png"):
+
+    two = os.path.join(EX, "plans", "tiny-2pipelines-cpu.yaml")
+    png = os.path.join(args.out, "dryrun-two-pipelines.png")
+    rep = json.loads(run("dryrun", "--plan", two, "--tiny", "--steps", str(args.steps), "--json", "--timeline", png,
+                         "--compare", "--inventory", inv,
+                         *(["--cost-model", args.cost_model] if args.cost_model else [])))
+    print(f"4. {png}: CPU dry run of two pipelines, {rep['cores']} cores; median step {rep['iteration_s']:.3f} s, "
+          f"{rep['bytes']['inter_cluster'] / args.steps / 1e3:.0f} kB between the clusters per step")
+    for name in ("timeline-llama2-70b-2clusters.png", "dryrun-measured-vs-predicted.png", "dryrun-two-pipelines.png"):
         print(f"   {name}: {os.path.getsize(os.path.join(args.out, name)) / 1024:.0f} KiB")
     return 0
 
