@@ -141,3 +141,33 @@ def test_planner_never_imports_matplotlib_or_torch():
             "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_predicted_timeline_as_deepspeeds_engine_runs_it(tmp_path, capsys):
+    """`simulate --engine deepspeed --timeline`: DeepSpeed's TrainSchedule, every transfer holding both its stages
+    (its source, deepspeed/runtime/pipe/schedule.py: a middle stage receives the activation, sends the gradient,
+    sends the activation and receives the gradient of every micro-batch, the end stages two of those); per stage
+    the compute adds up to the simulated busy time and the spans to the iteration."""
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    trace = str(tmp_path / "ds.json")
+    assert main(["simulate", "--model", "llama2-7b", "--inventory", inv, "--tp", "8", "--pp", "4", "--dp", "1",
+                 "--micro-batch-size", "1", "--global-batch-size", "6", "--engine", "deepspeed", "--json",
+                 "--timeline", trace]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["engine"] == "deepspeed"
+    with open(trace) as fh:
+        trace = json.load(fh)
+    assert "DeepSpeed's pipeline engine" in trace["otherData"]["timelines"][0]["title"]
+    lanes = _check_format(trace)
+    stages = {int(n.split()[1]): spans for n, _, spans in lanes.values() if n.startswith("stage ")}
+    m, p, T = 6, 4, est["iteration_time_s"] * 1e6
+    for i, spans in stages.items():
+        kinds = Counter(e["cat"] for e in spans)
+        held = 2 if i in (0, p - 1) else 4
+        assert kinds["forward"] == kinds["backward"] == m and kinds["send"] + kinds["receive"] == held * m, kinds
+        busy = sum(e["dur"] for e in spans if e["cat"] in ("forward", "backward")) / 1e6
+        assert busy == pytest.approx(est["stages"][i]["busy_s"], abs=m * 1e-6)
+        assert sum(e["dur"] for e in spans) == pytest.approx(T, rel=1e-6)
+    # a transfer holds its link and both its stages for the same span
+    links = [s for n, _, s in lanes.values() if n.startswith(("activations", "gradients"))]
+    assert len(links) == 2 * (p - 1) and all(len(s) == m for s in links)

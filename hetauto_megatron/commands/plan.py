@@ -188,9 +188,6 @@ def run(args) -> int:
         if args.precision == "fp8":
             raise InputError("DeepSpeed has no fp8 setting", field="--precision",
                              fix="plan --engine deepspeed with bf16, fp16 or fp32, or fp8 with --engine megatron")
-        if args.timeline:
-            raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
-                             fix="drop --timeline, or plan with --engine megatron")
     check_timeline_paths(args.timeline)
     if old is not None:
         from ..plan.replan import warm_layouts

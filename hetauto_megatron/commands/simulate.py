@@ -58,8 +58,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
                              "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
-                             "waiting for a link, idle, DP sync and optimizer, per link its transfers "
-                             "(repeatable)")
+                             "waiting for a link, idle, DP sync and optimizer, per link its transfers; as "
+                             "--engine runs it; every plan shape (repeatable)")
     g = parser.add_argument_group("homogeneous layout (instead of --plan; all five numbers needed)")
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (inside a node, dividing the heads)")
     g.add_argument("--pp", type=int, metavar="N", help="pipeline stages (the layers split evenly, or by the exact "
@@ -148,9 +148,6 @@ def run(args) -> int:
                     "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
-    if args.engine != "megatron" and args.timeline:
-        raise InputError("the timeline draws Megatron's 1F1B schedule", field="--timeline",
-                         fix="drop --timeline, or simulate with --engine megatron")
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
     try:
@@ -173,7 +170,7 @@ def run(args) -> int:
     written = []
     if args.timeline:
         from ..plan.timeline import predicted_timeline
-        written = write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
+        written = write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model, engine=args.engine)])
     from ..plan.constraints import cost_per_million_tokens
     cost = cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,
                                    plan.global_batch_size * plan.model.seq_length)   # None without prices

@@ -40,6 +40,7 @@ import heapq
 from ..cost import comm
 from ..spec.model import ModelSpec
 from . import link_costs
+from .pipeline import Event
 from .shared_uplinks import Uplinks, contended, with_waits
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
@@ -82,12 +83,14 @@ def _meeting(kind: int, s: int, mb: int) -> tuple[str, int, int]:
 
 
 def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m: int,
-                       uplinks=None) -> tuple[float, list[float]]:
+                       uplinks=None, events: list | None = None) -> tuple[float, list[float]]:
     """(makespan, busy seconds per stage) of DeepSpeed's TrainSchedule. fwd[i], bwd[i]: one micro-batch's compute
     on stage i; link[l]: one micro-batch's transfer between stage l and l + 1 (latency included; the same time
     each way); uplinks[l]: the shared uplink directions its transfers cross (plan/shared_uplinks.py; on a
     contended one a transfer starts when both stages have reached it and the direction is free, and holds it for
-    its seconds on it)."""
+    its seconds on it). `events`: a list that gets every operation as a pipeline.Event (for timelines): F and B
+    on the stages, each transfer on its link and on both its stages, which it holds ("send" on the sender,
+    "recv" on the receiver)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
     uplinks = contended(uplinks, link)      # (its link times: latency included)
@@ -103,7 +106,10 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
         while pc[s] < len(prog[s]):
             kind, mb = prog[s][pc[s]]
             if kind in (FORWARD, BACKWARD):
-                clock[s] += fwd[s] if kind == FORWARD else bwd[s]
+                t = fwd[s] if kind == FORWARD else bwd[s]
+                if events is not None:
+                    events.append(Event(("stage", s), "F" if kind == FORWARD else "B", mb, clock[s], clock[s] + t))
+                clock[s] += t
                 pc[s] += 1
                 continue
             key = _meeting(kind, s, mb)
@@ -118,10 +124,16 @@ def simulate_deepspeed(fwd: list[float], bwd: list[float], link: list[float], m:
         run(s)
     # The transfers in the order they start (the uplinks, where shared, are taken first come, first served).
     while met:
-        start, l, way, _, s, o = heapq.heappop(met)
+        start, l, way, mb, s, o = heapq.heappop(met)
         needs = uplinks[l][0 if way == "act" else 1] if uplinks and uplinks[l] else ()
         if needs:
             start = ups.book(needs, start)
+        if events is not None:
+            end = start + link[l]
+            sender, receiver = (l, l + 1) if way == "act" else (l + 1, l)
+            events += [Event(("link", l, "fwd" if way == "act" else "bwd"), "F" if way == "act" else "B", mb,
+                             start, end, end),
+                       Event(("stage", sender), "send", mb, start, end), Event(("stage", receiver), "recv", mb, start, end)]
         clock[s] = clock[o] = start + link[l]
         pc[s] += 1
         pc[o] += 1

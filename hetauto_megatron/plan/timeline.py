@@ -66,42 +66,32 @@ def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: li
         out.append(Span(lane, kind, t0, t1))
 
 
-def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None) -> Timeline:
-    """The simulator's schedule of one iteration of `plan` (its 1F1B pipeline, then the DP sync and optimizer
-    tail each stage has after the pipeline drained, as the iteration time counts it). Every plan shape: several
-    pipelines or replica groups side by side are drawn by _shapes_timeline."""
+def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None,
+                       engine: str | None = None) -> Timeline:
+    """The simulator's schedule of one iteration of `plan` as `engine` runs it (None: the plan's; Megatron's 1F1B
+    or DeepSpeed's lock-step TrainSchedule), then the DP sync and optimizer tail each stage has after the pipeline
+    drained, as the iteration time counts it. Every plan shape: several pipelines or replica groups side by side
+    are drawn by _shapes_timeline (Megatron's engine runs those)."""
     if not plan.is_simple:
         return _shapes_timeline(plan, inventory, cost_model, title)
     from .explain import breakdown
-    from .pipeline import simulate_1f1b
-    from .simulate import simulate, stage_schedule
-    est = simulate(plan, inventory, cost_model).to_dict()
+    from .simulate import simulate
+    engine = engine or plan.engine
+    est = simulate(plan, inventory, cost_model, engine=engine).to_dict()
     st = est["stages"]
     p, m = len(st), plan.num_micro_batches
-    fwd = [s["forward_s"] for s in st]
-    bwd = [s["backward_s"] for s in st]
-    links = [s["send_next_s"] for s in st[:-1]]
-    # the simulation the estimate made (each boundary as simulated), every operation recorded
-    run = simulate_1f1b(fwd, bwd, links, m, record=True, **stage_schedule(st))
-    makespan, T = run.makespan, est["iteration_time_s"]
+    events, makespan = _pipeline_events(plan, inventory, cost_model, st, engine)
+    T = est["iteration_time_s"]
     parts = breakdown(est, m)["parts"]
     tail_end = T - parts["overhead"]["seconds"]
     clusters = list(dict.fromkeys(s["cluster"] for s in st))
     lanes = [Lane(f"stage {i}", st[i]["cluster"], "stage", i) for i in range(p)]
-    link_lane = {}
-    for i in range(p - 1):
-        a, b = st[i]["cluster"], st[i + 1]["cluster"]
-        cl = a if a == b else f"{a} -> {b}"
-        cross = f" {a}->{b}" if a != b else ""
-        back = f" {b}->{a}" if a != b else ""
-        for d, what in (("fwd", f"activations{cross} ({i}->{i + 1})"), ("bwd", f"gradients{back} ({i + 1}->{i})")):
-            link_lane[(i, d)] = len(lanes)
-            lanes.append(Lane(what, cl, "link", i, a != b))
+    link_lane = _link_lanes("", 0, [([s["cluster"]], i) for i, s in enumerate(st)], lanes)
     spans: list[Span] = []
     per_stage: list[list] = [[] for _ in range(p)]
     # A link lane shows the link busy with each transfer; the latency after it is in flight, not on the link
     # (the next transfer may start): the data arrives at the event's `arrival`, after the span's end.
-    for e in run.events:
+    for e in events:
         if e.resource[0] == "link":
             _, i, d = e.resource
             spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
@@ -124,8 +114,38 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
         _fill(spans, i, tail_end, T, "overhead", spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
-                     f"{T:.3g} s per iteration")
+                     f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
     return Timeline(name, lanes, spans, T, clusters, "predicted")
+
+
+ENGINE_NAMES = {"megatron": "Megatron's 1F1B", "deepspeed": "DeepSpeed's pipeline engine"}
+
+
+def _pipeline_events(plan, inventory, cost_model, stages: list[dict], engine: str) -> tuple[list, float]:
+    """(every operation, makespan) of a simple plan's pipeline as the estimate of `engine` simulated it: Megatron's
+    1F1B from the estimate's stages (each boundary as simulated), DeepSpeed's TrainSchedule from its passes with
+    the all-gathers of its partitioned transfers (simulate._finish)."""
+    m = plan.num_micro_batches
+    if engine == "deepspeed":
+        from .deepspeed_schedule import simulate_deepspeed
+        from .simulate import _DEFAULT_COST, _pipeline, deepspeed_passes, padded_model, plan_choices
+        choices = plan_choices(plan)
+        model = padded_model(plan.model, choices)
+        pipe = _pipeline(model, inventory.with_precision(plan.precision), choices, cost_model or _DEFAULT_COST,
+                         engine)
+        p, layers = len(pipe.profs), plan.stage_layers
+        passes = [prof.times(layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
+        events: list = []
+        makespan, _ = simulate_deepspeed(*deepspeed_passes(model, pipe.profs, [f for f, _ in passes],
+                                                           [b for _, b in passes]), pipe.links, m, pipe.uplinks,
+                                         events=events)
+        return events, makespan
+    from .pipeline import simulate_1f1b
+    from .simulate import stage_schedule
+    fwd = [s["forward_s"] for s in stages]
+    bwd = [s["backward_s"] for s in stages]
+    run = simulate_1f1b(fwd, bwd, [s["send_next_s"] for s in stages[:-1]], m, record=True, **stage_schedule(stages))
+    return list(run.events), run.makespan
 
 
 def _link_lanes(tag: str, pipeline: int, ends: list[tuple[list[str], int]], lanes: list[Lane]) -> dict:
