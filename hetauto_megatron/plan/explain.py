@@ -141,7 +141,7 @@ def cross_cluster_bytes(plan: Plan, inventory, cost_model=None) -> float:
     - the exchange that sums the gradients of parameters held on several clusters (the tied embedding table at
       both ends, the layers of other pipelines or of replica groups side by side), as runtime/replica_sync.py
       moves them (tail_costs.holders_cross_cluster_bytes). The bytes do not depend on `cost_model`."""
-    from .multi_simulate import price_shapes, shapes_of
+    from .multi_simulate import holder_blocks, shapes_of
     from .tail_costs import holders_cross_cluster_bytes
     per_sample = plan.model.seq_length * plan.model.hidden_size
     meshes = plan.meshes
@@ -162,7 +162,7 @@ def cross_cluster_bytes(plan: Plan, inventory, cost_model=None) -> float:
                     both = min(e0, e1) - max(s0, s1)
                     if both > 0 and meshes[i].cluster != meshes[j].cluster:
                         total += steps * both * per_sample * (element(i) + element(j))
-    holders = price_shapes(plan.model, inventory, shapes_of(plan), cost_model or _DEFAULT_COST).extra["holders"]
+    holders = holder_blocks(plan.model, inventory, shapes_of(plan), cost_model or _DEFAULT_COST)
     return total + holders_cross_cluster_bytes(inventory, holders)
 
 

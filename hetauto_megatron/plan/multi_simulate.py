@@ -286,11 +286,9 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     """The iteration of a plan's pipelines (`inventory` at the plan's precision; `model` unpadded; record: keep
     each pipeline's operations, PipelineTiming.events)."""
     meshes = [m for s in shapes for m in s.meshes]
-    pm = model.replace(vocab_size=model_padded_vocab_size(model, [m.tp for m in meshes]))
-    timings, stage_lists = [], []
-    for s in shapes:
-        stage_lists.append(_stages(pm, inventory, s, cost_model))
-        timings.append(price_pipeline(pm, inventory, s, cost_model, stage_lists[-1], record))
+    pm = _padded(model, shapes)
+    stage_lists = [_stages(pm, inventory, s, cost_model) for s in shapes]
+    timings = [price_pipeline(pm, inventory, s, cost_model, stages, record) for s, stages in zip(shapes, stage_lists)]
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
     holders = _holders(pm, stage_lists, model.tie_embeddings)
@@ -300,6 +298,18 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
     return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings),
                         extra={"holders": holders})
+
+
+def _padded(model: ModelSpec, shapes: list[PipelineShape]) -> ModelSpec:
+    """The model with the vocabulary every rank of the plan builds (padded for every TP degree in it)."""
+    return model.replace(vocab_size=model_padded_vocab_size(model, [m.tp for s in shapes for m in s.meshes]))
+
+
+def holder_blocks(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> list:
+    """The holders' exchange blocks of price_shapes (`extra["holders"]`) without pricing the pipelines (`model`
+    unpadded; the blocks depend on the shapes and the stage profiles' settings, not on the cost model's times)."""
+    pm = _padded(model, shapes)
+    return _holders(pm, [_stages(pm, inventory, s, cost_model) for s in shapes], model.tie_embeddings)
 
 
 def exchange_choices(inventory: Inventory, blocks) -> dict | None:

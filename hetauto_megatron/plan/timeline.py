@@ -88,20 +88,11 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     lanes = [Lane(f"stage {i}", st[i]["cluster"], "stage", i) for i in range(p)]
     link_lane = _link_lanes("", 0, [([s["cluster"]], i) for i, s in enumerate(st)], lanes)
     spans: list[Span] = []
-    per_stage: list[list] = [[] for _ in range(p)]
-    # A link lane shows the link busy with each transfer; the latency after it is in flight, not on the link
-    # (the next transfer may start): the data arrives at the event's `arrival`, after the span's end.
-    for e in events:
-        if e.resource[0] == "link":
-            _, i, d = e.resource
-            spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
-        else:
-            per_stage[e.resource[1]].append(e)
+    per_stage = _link_spans(events, link_lane, spans)
     sync = est.get("sync_s", 0.0)      # the job-wide tied-table holders' / grad-norm exchange, on every stage
-    for i, events in enumerate(per_stage):
-        events.sort(key=lambda e: e.start)
+    for i in range(p):
         t = 0.0
-        for e in events:         # F, B, send (held by a blocking send), recv (its input is on the link)
+        for e in per_stage.get(i, []):         # F, B, send (held by a blocking send), recv (its input is on the link)
             _fill(spans, i, t, e.start, "idle", spans)      # waiting for another stage's compute
             spans.append(Span(i, _EVENT_KIND.get(e.kind, e.kind), e.start, e.end, e.micro_batch))
             t = max(t, e.end)
@@ -116,6 +107,23 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
     return Timeline(name, lanes, spans, T, clusters, "predicted")
+
+
+def _link_spans(events, link_lane: dict, spans: list[Span]) -> dict[int, list]:
+    """Appends each link transfer of a simulation's `events` to its link lane's spans; returns the other events
+    per stage, in start order. A link lane shows the link busy with each transfer; the latency after it is in
+    flight, not on the link (the next transfer may start): the data arrives at the event's `arrival`, after the
+    span's end."""
+    per_stage: dict[int, list] = {}
+    for e in events:
+        if e.resource[0] == "link":
+            _, i, d = e.resource
+            spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
+        else:
+            per_stage.setdefault(e.resource[1], []).append(e)
+    for stage_events in per_stage.values():
+        stage_events.sort(key=lambda e: e.start)
+    return per_stage
 
 
 ENGINE_NAMES = {"megatron": "Megatron's 1F1B", "deepspeed": "DeepSpeed's pipeline engine"}
@@ -196,15 +204,9 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                 lanes.append(Lane(f"{tag}stage {i}{group}", row["cluster"], "stage", i, pipeline=p, mesh=row["mesh"]))
         link_lane = _link_lanes(tag, p, [([r["cluster"] for r in rows], rows[0]["position"])
                                       for _, rows in sorted(by_stage.items())], lanes)
-        per_stage: dict[int, list] = {}
-        for e in t.events:
-            if e.resource[0] == "link":
-                _, i, d = e.resource
-                spans.append(Span(link_lane[(i, d)], "send", e.start, e.end, e.micro_batch))
-            else:
-                per_stage.setdefault(e.resource[1], []).append(e)
+        per_stage = _link_spans(t.events, link_lane, spans)
         for i, group_lanes in stage_lanes.items():
-            events = sorted(per_stage.get(i, []), key=lambda e: e.start)
+            events = per_stage.get(i, [])
             for lane, row in group_lanes:
                 own = {"F": row["forward_s"], "B": row["backward_s"]}
                 now = 0.0
