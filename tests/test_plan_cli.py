@@ -132,6 +132,54 @@ def test_replan_from_an_old_plan_says_what_moved(tmp_path):
     assert r.returncode == 2 and "old.yaml" in r.stderr and "llama2-13b" in r.stderr
 
 
+def test_replan_from_a_plan_of_two_pipelines_reaches_the_cold_plan_and_says_what_moved(tmp_path):
+    """--from took one pipeline of single meshes only (exit 2), though the planner writes the other shapes whenever
+    they win. Two A100 clusters on a 400 Gbit/s link and an L40S cluster, an 8-layer model: the plan is two
+    pipelines. Re-planned without each cluster in turn, the re-plan reaches a cold search of the new inventory
+    (the new shapes searched again, the single pipeline warm-started from each old pipeline) and names the
+    cluster that left and the new order of the pipelines."""
+    import yaml
+    from hetauto_megatron.plan.replan import warm_layouts
+    from hetauto_megatron.plan.space import SearchSpace
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.model import load_model
+    node = {"nodes": 2, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}
+    inv = {"clusters": [{"name": "a", "device": "a100-80gb", **node}, {"name": "b", "device": "a100-80gb", **node},
+                        {"name": "c", "device": "l40s", **node, "nodes": 1}],
+           "links": [{"between": ["a", "b"], "bandwidth_gbps": 400, "latency_ms": 1},
+                     {"between": ["a", "c"], "bandwidth_gbps": 100, "latency_ms": 1},
+                     {"between": ["b", "c"], "bandwidth_gbps": 100, "latency_ms": 1}]}
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
+    base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--json", "--quiet", "--workers", "1")
+    old = tmp_path / "old.yaml"
+    r = hetauto(*base, "--inventory", str(tmp_path / "inv.yaml"), "--global-batch-size", "512", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(old))
+    assert plan.num_pipelines == 2, "the case needs a plan of two pipelines"
+    chains = [[plan.meshes[i].cluster for i in plan.pipeline_mesh_indices(p)] for p in range(2)]
+    for gone in ("a", "b", "c"):
+        d = dict(inv, clusters=[c for c in inv["clusters"] if c["name"] != gone],
+                 links=[link for link in inv["links"] if gone not in link["between"]])
+        path = tmp_path / f"without-{gone}.yaml"
+        path.write_text(yaml.safe_dump(d))
+        # each old pipeline on what is left seeds the single-pipeline search
+        space = SearchSpace(load_model(str(tmp_path / "m8.yaml")), load_inventory(str(path)), 512,
+                            AnalyticCostModel())
+        seeded = {tuple(m.cluster for m in layout) for layout in warm_layouts(plan, space)}
+        assert seeded == {tuple(c for c in chain if c != gone) for chain in chains} - {()}
+        cold = json.loads(hetauto(*base, "--inventory", str(path), "--global-batch-size", "512").stdout)
+        r = hetauto(*base, "--inventory", str(path), "--from", str(old))
+        assert r.returncode == 0, r.stderr
+        warm = json.loads(r.stdout)
+        assert warm["kept_from_plan"]["shapes"] == "all"
+        assert gone not in {m["cluster"] for m in warm["plan"]["meshes"]}
+        assert warm["iteration_time_s"] <= cold["iteration_time_s"] * 1.01
+        assert any(line.startswith(f"{gone}: left the plan") for line in warm["moved"]), warm["moved"]
+        assert any(line.startswith("pipeline order: ") and "  |  " in line for line in warm["moved"]), warm["moved"]
+
+
 def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     """--from silently re-planned an fp32, global batch 16, sequence 16 DeepSpeed job as bf16, 512, 32, Megatron
     (the flags' defaults): the job is the old plan's, each flag given wins, and stderr says what was kept."""
@@ -152,7 +200,8 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     out = json.loads(r.stdout)
     assert (out["plan"]["global_batch_size"], out["plan"]["precision"], out["plan"].get("engine", "megatron")) == \
         (32, "fp32", "megatron")
-    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16}
+    # (a DeepSpeed plan is one pipeline of single meshes: re-planned as one)
+    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "simple"}
     # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
     r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "-o", str(old))
     assert r.returncode == 0, r.stderr

@@ -282,9 +282,6 @@ def two_plain_pipelines() -> dict:
 
 @pytest.mark.parametrize("argv,what", [
     (["emit", "deepspeed", "--plan", "{plan}"], "hetauto emit deepspeed"),
-    (["dryrun", "--plan", "{plan}", "--tiny", "--emulate-links"], "hetauto dryrun --emulate-links"),
-    (["plan", "--model", "tiny", "--inventory", INV, "--global-batch-size", "12", "--from", "{plan}"],
-     "hetauto plan --from"),
 ])
 def test_commands_refuse_shapes_they_do_not_take_with_exit_2(tmp_path, argv, what):
     plan, along = tmp_path / "two.yaml", tmp_path / "along.yaml"

@@ -55,6 +55,41 @@ def test_emulated_link_holds_a_blocking_sender():
         assert all(e >= m * 0.040 for e in r["exposed_s"][rank]), r["exposed_s"]
 
 
+def test_emulated_links_carry_two_pipelines_and_their_gradient_exchange(tmp_path):
+    """`dryrun --emulate-links` refused plans of several pipelines (exit 2). Two pipelines: a -> b (blocking, a
+    10 ms link) and c alone, c linked to both at 0.2 Gbit/s and 10 ms. The boundary holds each of the m
+    micro-batches' sends for the latency on a and b; the exchange of the pipelines' gradients holds c for as
+    long as the planner prices that exchange on the links (replica_sync_s), computed from the plan, not from the
+    messages the runtime sent."""
+    import json
+
+    import yaml
+    from helpers import run_hetauto
+
+    from hetauto_megatron.commands.validate_cost_model import measured_plan
+    from hetauto_megatron.plan.simulate import simulate
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    inv = {"clusters": [{"name": n, "device": "cpu", "nodes": 1, "devices_per_node": 1} for n in "abc"],
+           "links": [{"between": ["a", "b"], "bandwidth_gbps": 10, "latency_ms": 10},
+                     {"between": ["a", "c"], "bandwidth_gbps": 0.2, "latency_ms": 10},
+                     {"between": ["b", "c"], "bandwidth_gbps": 0.2, "latency_ms": 10}]}
+    two = {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 12, "inventory": inv,
+           "pipelines": [{"samples": 8}, {"samples": 4}],
+           "meshes": [{**mesh("a", 1, 1, 2, [4]), "boundary": {"schedule": "blocking"}}, mesh("b", 1, 1, 2, [4]),
+                      dict(mesh("c", 1, 1, 2, [8]), pipeline=1)]}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(two))
+    r = run_hetauto("dryrun", "--plan", str(path), "--tiny", "--emulate-links", "1", "--steps", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    plan = measured_plan(report, plan_from_dict(two), report_file=str(path), tiny=None)
+    exchange = simulate(plan, inventory_from_dict(inv).with_precision(plan.precision)).to_dict()["replica_sync_s"]
+    assert exchange > 0.015          # latency and bytes both count: 10 ms + about 6.6 ms at 0.2 Gbit/s
+    for rank in (0, 1):              # 4 micro-batches through the blocking boundary, then the exchange's latency
+        assert all(e >= 4 * 0.010 + 0.010 for e in report["exposed_s"][rank]), report["exposed_s"]
+    assert all(e == pytest.approx(exchange, rel=0.05) for e in report["exposed_s"][2]), report["exposed_s"]
+
+
 def test_emulate_links_needs_an_inventory(tmp_path):
     from helpers import run_hetauto
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links")

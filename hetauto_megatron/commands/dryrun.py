@@ -30,8 +30,10 @@ schedule), printed per stage beside the memory model's prediction (--json: "memo
 --emulate-links makes every cross-cluster transfer take the inventory's link time (the boundary's bytes at the
 link's bandwidth, queued per direction, plus its latency; blocking or overlapped as the plan's boundary says),
 multiplied by a scale that keeps the plan's ratio of link time to compute on this machine's CPU processes
-(printed; give SCALE to choose it). It reports, per rank, the time its compute waited on a cross-cluster
-transfer: what the links will cost, measured, before booking the clusters.
+(printed; give SCALE to choose it). The gradient exchange across meshes holding the same layers (several
+pipelines, replica groups side by side) crosses the emulated links too, as the planner prices it. It reports,
+per rank, the time its compute waited on a cross-cluster transfer: what the links will cost, measured, before
+booking the clusters.
 
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:
@@ -74,7 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..plan.plan import load_plan
-    from ..plan.shapes import require_simple
 
     if args.steps < 1:
         raise InputError(f"must be at least 1, got {args.steps}", field="--steps")
@@ -82,8 +83,6 @@ def run(args) -> int:
         raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
                          fix="e.g. --timeout 120")
     plan = load_plan(args.plan)
-    if args.emulate_links:     # the emulated links are scaled from the simulator's prediction of a simple plan
-        require_simple(plan, "hetauto dryrun --emulate-links", args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
@@ -153,11 +152,14 @@ def _emulation(args, plan):
         check_plan_against_inventory(plan, inv)
     except InputError as exc:
         raise (exc.within(file=args.plan) if exc.file is None else exc) from None
-    for a, b in zip(plan.meshes, plan.meshes[1:]):
-        if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
-            raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}", field="links",
-                             file=args.inventory or args.plan,
-                             fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
+    for p in range(plan.num_pipelines):     # the meshes of consecutive positions of a pipeline send to each other
+        positions = plan.positions(p)
+        for here, there in zip(positions, positions[1:]):
+            for a, b in ((plan.meshes[i], plan.meshes[j]) for i in here for j in there):
+                if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
+                    raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}",
+                                     field="links", file=args.inventory or args.plan,
+                                     fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
     if args.emulate_links == "auto":
         scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
     return plan, scale

@@ -101,19 +101,21 @@ def add_arguments(parser) -> None:
     g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
     g.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="every mesh runs micro-batches of N samples (a power of two)")
-    parser.add_argument("--shapes", choices=("all", "simple"), default="all",
+    parser.add_argument("--shapes", choices=("all", "simple"), default=None,
                         help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
                              "groups in a stage, keeping the best of those and the single pipeline; simple: one "
                              "pipeline, one mesh per cluster (docs/search.md); --emit writes Megatron-LM launch scripts "
-                             "for every shape, DeepSpeed configs for the simple one")
+                             "for every shape, DeepSpeed configs for the simple one. With --from, the old plan's kind: "
+                             "simple for a plan of one pipeline of single meshes, all for the other shapes")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
     parser.add_argument("--from", dest="from_plan", metavar="PLAN",
                         help="re-plan after an inventory change: start from this plan (warm start: about a tenth of a "
-                             "cold search's time on the 736-device example, docs/search.md) and print what moved; "
-                             "the job stays the old plan's (global batch, precision, sequence length, engine, "
-                             "boundary schedule) and so do its objective and constraints (--objective, --max-devices, "
+                             "cold search's time on the 736-device example, docs/search.md; a plan of several "
+                             "pipelines or replica groups side by side seeds it with each pipeline, and the new "
+                             "shapes are searched again) and print what moved; the job stays the old plan's (global "
+                             "batch, precision, sequence length, engine, boundary schedule, --shapes) and so do its objective and constraints (--objective, --max-devices, "
                              "--use-clusters, --exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
                              "dropped) unless its flag is given; stderr says what was kept")
@@ -161,9 +163,7 @@ def run(args) -> int:
                               [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
     if args.from_plan:
         from ..plan.plan import load_plan
-        from ..plan.shapes import require_simple
         old = load_plan(args.from_plan)
-        require_simple(old, "hetauto plan --from", args.from_plan)
         kept = keep_job_of(old, args)
     for name, default in JOB_DEFAULTS.items():
         if getattr(args, name) is None:
@@ -264,16 +264,21 @@ def run(args) -> int:
 
 # The job a plan trains (argparse name -> flag; the flags' defaults), which --from keeps unless a flag is given.
 JOB_FLAGS = {"global_batch_size": "--global-batch-size", "precision": "--precision", "seq_length": "--seq-length",
-             "engine": "--engine", "boundary_schedule": "--boundary-schedule"}
-JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped"}
+             "engine": "--engine", "boundary_schedule": "--boundary-schedule", "shapes": "--shapes"}
+JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped",
+                "shapes": "all"}
 
 
 def keep_job_of(old, args) -> dict:
     """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
     job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
-           "seq_length": old.model.seq_length, "engine": old.engine}
-    crossing = [m for a, m in zip(old.meshes, old.meshes[1:]) if a.cluster != m.cluster]
+           "seq_length": old.model.seq_length, "engine": old.engine,
+           # a plan of one pipeline of single meshes re-plans as one (the warm search alone, docs/search.md); a plan
+           # of the other shapes searches them again
+           "shapes": "simple" if old.is_simple else "all"}
+    crossing = [b for p in range(old.num_pipelines) for a, b in zip(old.positions(p), old.positions(p)[1:])
+                if {old.meshes[i].cluster for i in a + b} != {old.meshes[a[0]].cluster}]
     if crossing and old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
         # the plan stores each boundary's schedule; a search with overlapped boundaries makes every one overlapped
         job["boundary_schedule"] = ("overlapped" if any(m.boundary_schedule == "overlapped" for m in old.meshes)

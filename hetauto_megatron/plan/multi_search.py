@@ -99,7 +99,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
     best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
     out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
-    if shapes == "simple" or cfg.warm_start or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
+    if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
         out.seconds = time.perf_counter() - t0
         return out
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
@@ -116,9 +116,10 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
 
 
 def _sub(cfg: SearchConfig, deadline) -> SearchConfig:
-    """The configuration of the single-pipeline searches below: quiet, within what is left of --budget-s."""
+    """The configuration of the single-pipeline searches below: quiet, within what is left of --budget-s, cold (a
+    re-plan's warm start seeds the single-pipeline search above: its layouts span other clusters and batches)."""
     left = None if deadline is None else max(0.1, deadline - time.perf_counter())
-    return dataclasses.replace(cfg, progress=False, budget_s=left)
+    return dataclasses.replace(cfg, progress=False, budget_s=left, warm_start=())
 
 
 def _out_of_time(deadline) -> bool:

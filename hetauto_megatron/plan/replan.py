@@ -5,7 +5,9 @@ have) become a local-search start, and the climbed old plan is the plan to beat.
 value, over the old plan's micro-batch sizes, looks for what the old plan cannot reach by small steps
 (another S, order, TP or DP), diving to leaves before it widens and stopping once it stops finding better
 ones (`warm_enumeration`), and climbs start from the best it finds at each of its two best S; no trees
-(docs/search.md has the measured time and quality against a cold search).
+(docs/search.md has the measured time and quality against a cold search). A plan of several pipelines or
+replica groups side by side seeds it with each of its pipelines; the new shapes are then searched as a cold plan
+searches them (plan/multi_search.py).
 """
 from __future__ import annotations
 
@@ -21,9 +23,26 @@ from .space import SearchSpace
 
 def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
     """The old plan's layout on what is left of the inventory: meshes on clusters that are gone are dropped,
-    and meshes keep their TP, DP and micro-batch with as many stages as their cluster still allows."""
+    and meshes keep their TP, DP and micro-batch with as many stages as their cluster still allows. A plan of
+    several pipelines or replica groups side by side gives each of its pipelines' chains of meshes (the meshes
+    alongside another left out) as a start of its own: the single-pipeline search climbs from each."""
+    out = []
+    for chain in _chains(old):
+        for layout in _warm_chain(chain, space):
+            if layout not in out:
+                out.append(layout)
+    return out
+
+
+def _chains(plan: Plan) -> list[list]:
+    """The meshes of each pipeline in stage order, without those alongside another (one chain: a simple plan)."""
+    return [[m for i in plan.pipeline_mesh_indices(p) if not (m := plan.meshes[i]).alongside]
+            for p in range(plan.num_pipelines)]
+
+
+def _warm_chain(meshes: list, space: SearchSpace) -> list[tuple]:
     have = {c.name for c in space.inventory.clusters}
-    kept = [m for m in old.meshes if m.cluster in have]
+    kept = [m for m in meshes if m.cluster in have]
     if not kept:
         return []
     S = kept[0].samples_per_step
@@ -123,24 +142,35 @@ def shortlist(ranked: list, gbs: int, few: int, most: int, many_micro_batches: i
 
 
 def describe_moves(old: Plan, new: Plan) -> list[str]:
-    """One line per cluster whose part in the plan changed (joined, left, or a different shape)."""
+    """One line per cluster whose part in the plan changed (joined, left, or a different shape), then the
+    pipelines' order of clusters when it changed. A cluster of several meshes (replica groups side by side, or
+    pipelines) lists them all; with several pipelines each mesh names its pipeline."""
     def shape(m):
         return (f"tp{m.tp} dp{m.dp} mb{m.micro_batch_size} {m.recompute}, {len(m.stage_layers)} stages, "
-                f"layers {'/'.join(map(str, m.stage_layers))}")
+                f"layers {'/'.join(map(str, m.stage_layers))}"
+                + (f", pipeline {m.pipeline}" if old.num_pipelines > 1 or new.num_pipelines > 1 else "")
+                + (", alongside" if m.alongside else ""))
 
-    before = {m.cluster: m for m in old.meshes}
-    after = {m.cluster: m for m in new.meshes}
+    def by_cluster(plan):
+        out: dict = {}
+        for m in plan.meshes:
+            out.setdefault(m.cluster, []).append(shape(m))
+        return {name: "; ".join(shapes) for name, shapes in out.items()}
+
+    def order(plan):
+        return "  |  ".join(" -> ".join("+".join(plan.meshes[i].cluster for i in pos) for pos in plan.positions(p))
+                            for p in range(plan.num_pipelines))
+
+    before, after = by_cluster(old), by_cluster(new)
     lines = []
-    for name, m in before.items():
+    for name, was in before.items():
         if name not in after:
-            lines.append(f"{name}: left the plan (was {shape(m)})")
-        elif shape(m) != shape(after[name]):
-            lines.append(f"{name}: {shape(m)} -> {shape(after[name])}")
-    for name, m in after.items():
+            lines.append(f"{name}: left the plan (was {was})")
+        elif was != after[name]:
+            lines.append(f"{name}: {was} -> {after[name]}")
+    for name, now in after.items():
         if name not in before:
-            lines.append(f"{name}: joined the plan ({shape(m)})")
-    old_order = [m.cluster for m in old.meshes]
-    new_order = [m.cluster for m in new.meshes]
-    if old_order != new_order:
-        lines.append(f"pipeline order: {' -> '.join(old_order)}  =>  {' -> '.join(new_order)}")
+            lines.append(f"{name}: joined the plan ({now})")
+    if order(old) != order(new):
+        lines.append(f"pipeline order: {order(old)}  =>  {order(new)}")
     return lines or ["nothing moved: the old plan is still the best found"]

@@ -80,18 +80,14 @@ def describe_shape(meshes) -> tuple[str, str]:
     return " and ".join(parts) or "one pipeline without alongside meshes", field
 
 
-def require_simple(plan, what: str, file: str | None = None, *, several_pipelines: bool = False) -> None:
+def require_simple(plan, what: str, file: str | None = None) -> None:
     """Exit 2 (InputError) when a command that handles only one pipeline of single-mesh positions gets a plan of
-    the version-3 shapes; `several_pipelines=True` for one that also takes several pipelines (each of single-mesh
-    positions). One helper for every such guard, so each is removed in one place once the command supports them."""
-    if plan.is_simple or (several_pipelines and not any(m.alongside for m in plan.meshes)):
+    the version-3 shapes (today `emit deepspeed`: DeepSpeed's engine runs one uniform pipeline). One helper for
+    every such guard, so each is removed in one place once the command supports them."""
+    if plan.is_simple:
         return
     shape, field = describe_shape(plan.meshes)
-    if several_pipelines:
-        field = f"meshes[{next(i for i, m in enumerate(plan.meshes) if m.alongside)}].alongside"
-        supports = "one or more pipelines whose stages each run on one mesh (no `alongside: true`)"
-    else:
-        supports = "one pipeline whose stages each run on one mesh (no `pipelines` list, no `alongside: true`)"
+    supports = "one pipeline whose stages each run on one mesh (no `pipelines` list, no `alongside: true`)"
     raise InputError(f"{what} supports plans of {supports}, but this plan has {shape}", file=file, field=field,
                      fix="use a plan of that shape for this command (the version-3 section of docs/plan-format.md "
                          "lists which commands take which shapes)")

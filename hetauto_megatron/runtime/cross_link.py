@@ -159,3 +159,38 @@ class CrossLink:
                 self.ahead.append(post_message(j))
                 self.posted += 1
         return payload, (sent_at, t1)
+
+
+class ExchangeEmulation:
+    """The holders' gradient exchange (replica_sync.py) over emulated links, as plan/tail_costs.py's
+    holders_sync_time prices it: in each phase (0: pair and gather, 1: scatter) every rank's messages between
+    two clusters add up on that link direction, one transfer at the inventory's bandwidth plus its latency,
+    and a cluster's bytes out (in) over all its links also cross its uplink where the inventory gives one; all
+    of it times `scale`. A rank with such messages holds, once its own messages have completed (every partner
+    has then started the phase), for the longest of the resources they cross: the phase's emulated length.
+    The real transfer's time comes on top (small next to a scaled link)."""
+
+    def __init__(self, scale: float, inventory, moves, cluster_of: dict):
+        self.scale, self.inventory, self.cluster_of = scale, inventory, cluster_of
+        self.elements: list[dict] = [{}, {}]      # per phase: resource -> elements of every rank's messages
+        for m in moves:
+            a, b = cluster_of[m.src], cluster_of[m.dst]
+            if a != b:
+                phase = self.elements[1 if m.phase == "scatter" else 0]
+                for res in (("link", a, b), ("uplink", a, "out"), ("uplink", b, "in")):
+                    phase[res] = phase.get(res, 0) + m.numel
+
+    def seconds(self, phase: int, me: int, peers_out, peers_in, itemsize: int) -> float:
+        """The emulated length of this rank's part of `phase` (0 when none of its messages leaves its cluster)."""
+        mine = self.cluster_of[me]
+        pairs = {(mine, self.cluster_of[p]) for p in peers_out} | {(self.cluster_of[p], mine) for p in peers_in}
+        elements, longest = self.elements[phase], 0.0
+        for a, b in pairs:
+            if a == b:
+                continue
+            longest = max(longest, self.inventory.link(a, b).transfer_time(elements[("link", a, b)] * itemsize))
+            for cluster, way in ((a, "out"), (b, "in")):
+                up = self.inventory.cluster(cluster).uplink_bytes_per_s
+                if up:
+                    longest = max(longest, elements[("uplink", cluster, way)] * itemsize / up)
+        return longest * self.scale

@@ -55,7 +55,8 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     (`hetauto validate-cost-model --dryrun`). "settings" lists per mesh {"cluster", "tp", "dp", and the runtime
     settings (plan/settings.py keys) as Megatron built them on that mesh's ranks}. "ops" has every rank's
     per-operation stamps of every step (runtime/op_timing.py), for measured timelines. "exposed_s" has, per
-    rank, the seconds of each step it waited on cross-cluster transfers (not on its peers' compute).
+    rank, the seconds of each step it waited on cross-cluster transfers (not on its peers' compute; with
+    `emulate_links`, the holds of the holders' exchange included).
     "shared_digests": per parameter that several mesh stages hold, per holder, the digest of its copy after the
     last step (`shared_digests`).
     `emulate_links`: cross-cluster transfers run at the plan inventory's link bandwidth and latency with their

@@ -185,6 +185,8 @@ class ReplicaSync:
         self.locals = {r["name"]: r for r in mine}
         norm_roles = set()
         roots = {}          # parameter -> its roots' weights (plan/exchange_roots.py), the same on every rank
+        self._owners, self._roots, self._emulation = owners, roots, None    # (emulate_links)
+        self.emulated_s = 0.0       # seconds held for the emulated links (exposed: the exchange waits for them)
         for name in sorted(owners):
             roots[name] = self._root_weights(holders_of(owners[name]))
             self.moves += sync_moves(name, owners[name], rank=me, pairwise=self.PAIRWISE, rotate=self.ROTATE,
@@ -286,6 +288,16 @@ class ReplicaSync:
             out[gname] = grad.view(table_shape(grad.shape))
         return out
 
+    def emulate_links(self, scale: float, inventory) -> None:
+        """The exchange's messages between clusters take the inventory link's time x `scale`, as the planner
+        prices them (cross_link.ExchangeEmulation; every rank's moves of every phase, derived as each rank
+        derives its own)."""
+        from .cross_link import ExchangeEmulation
+        moves = [m for name in sorted(self._owners)
+                 for m in sync_moves(name, self._owners[name], pairwise=self.PAIRWISE, rotate=self.ROTATE,
+                                     weights=self._roots[name])]
+        self._emulation = ExchangeEmulation(scale, inventory, moves, self.cluster)
+
     def _count(self, peer: int, nbytes: int) -> None:
         if self.counter is not None:
             mine, theirs = self.ctx.coords.cluster, self.cluster[peer]
@@ -317,6 +329,13 @@ class ReplicaSync:
             works.append((dist.irecv(inbox, peer, group=group, tag=tag), peer, what))
             received.append(inbox)
         wait_all(works, self.ctx, datetime.timedelta(seconds=self.ctx.timeout_s))
+        if self._emulation is not None and (sent or received):
+            from .cross_link import now, sleep_until
+            itemsize = (sent or received)[0].element_size()
+            hold = self._emulation.seconds(tag, self.ctx.coords.rank, [p for p, _, _ in messages.sends],
+                                           [p for p, _, _ in messages.receives], itemsize)
+            sleep_until(now() + hold)
+            self.emulated_s += hold
         return sent, received
 
     def reduce(self, model_chunks) -> None:

@@ -71,10 +71,10 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     `--tiny`). `vocab_size`: the padded table size (default the plan's; a reference run passes the size of the
     plan it checks). `emulate_links`: cross-cluster transfers take the plan inventory's link time x this scale
     (runtime/cross_link.py). Returns {"losses", "grad_norms", "bytes", "step_times", "exposed_s", "ops",
-    "settings", "shared"}; "exposed_s" is per step the time this rank waited on cross-cluster transfers; losses
-    and norms are global, "settings" are this rank's runtime settings as Megatron built them
-    (`settings_that_ran`), "shared" its values of the parameters other mesh stages also hold, after the last
-    step (replica_sync.ReplicaSync.held_values)."""
+    "settings", "shared"}; "exposed_s" is per step the time this rank waited on cross-cluster transfers
+    (pipeline boundaries, and the emulated holders' exchange); losses and norms are global, "settings" are this
+    rank's runtime settings as Megatron built them (`settings_that_ran`), "shared" its values of the parameters
+    other mesh stages also hold, after the last step (replica_sync.ReplicaSync.held_values)."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -99,8 +99,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
+    from ..spec.inventory import inventory_from_dict
     if emulate_links is not None:
-        from ..spec.inventory import inventory_from_dict
         comm.emulate_links(emulate_links, inventory_from_dict(plan.inventory))
     config.no_sync_func = ddp.no_sync
     if settings.overlap_grad_reduce:
@@ -114,6 +114,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         # share of the batch (replica_sync.py)
         from .replica_sync import ReplicaSync
         replicas = ReplicaSync(ctx, [ddp], counter=comm.bytes_sent)
+        if emulate_links is not None:       # the exchange's messages between clusters over the emulated links too
+            replicas.emulate_links(emulate_links, inventory_from_dict(plan.inventory))
     config.finalize_model_grads_func = make_finalize_model_grads(ctx, replicas)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
                                                  params_dtype=torch.float32,
@@ -139,6 +141,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         return out, loss_func
 
     losses, norms, times, exposed = [], [], [], []
+
+    def waited() -> float:
+        """Seconds this rank has waited on cross-cluster transfers: the pipeline's, the holders' exchange's."""
+        return comm.exposed_s() + (replicas.emulated_s if replicas is not None else 0.0)
+
     meter, alloc = None, {}
     for step in range(steps):
         t0 = time.perf_counter()
@@ -157,14 +164,15 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                       forward_only=False, pg_collection=ctx.pg)
         with _metered(step == 0, model, ddp, opt, alloc) as meter_now:   # memory: the first step only (untimed)
             meter = meter_now or meter
+            before = waited()
             if layout.num_stages > 1:
-                before = comm.exposed_s()
                 comm.begin_step(layout.num_micro_batches)
                 results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
                 comm.end_step()
-                exposed.append(comm.exposed_s() - before)
             else:
                 results = forward_backward_no_pipelining(**common)
+            if layout.num_stages > 1 or replicas is not None:
+                exposed.append(waited() - before)
         with clock.span("optimizer"):
             _, grad_norm, _ = opt.step()
         times.append(time.perf_counter() - t0)
