@@ -283,6 +283,9 @@ def keep_job_of(old, args) -> dict:
         # the plan stores each boundary's schedule; a search with overlapped boundaries makes every one overlapped
         job["boundary_schedule"] = ("overlapped" if any(m.boundary_schedule == "overlapped" for m in old.meshes)
                                     else "blocking")
+    from ..plan.settings import ENGINES
+    if ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine: one pipeline, whatever was kept)
+        del job["shapes"]
     kept = {}
     for name, value in job.items():
         if getattr(args, name) is None:
