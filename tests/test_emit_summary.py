@@ -52,10 +52,13 @@ def test_plan_that_outgrew_its_inventory_is_refused_by_every_target(tmp_path, ca
     data = yaml.safe_load(plan.read_text())
     for m in data["meshes"]:
         m["dp"], m["micro_batch_size"] = 8, 1
-    used = sum(m["tp"] * m["dp"] * len(m["stage_layers"]) for m in data["meshes"] if m["cluster"] == "site-a")
+    first = data["meshes"][0]["cluster"]           # the check names the first cluster it finds overused
+    used = sum(m["tp"] * m["dp"] * len(m["stage_layers"]) for m in data["meshes"] if m["cluster"] == first)
+    have = next(c["nodes"] * c["devices_per_node"] for c in yaml.safe_load(open(inv))["clusters"] if c["name"] == first)
+    assert used > have
     plan.write_text(yaml.safe_dump(data))
     capsys.readouterr()
     for target in ("summary", "deepspeed", "megatron"):
         assert main(["emit", target, "--plan", str(plan)]) == 2, target
         err = capsys.readouterr().err
-        assert f"{plan}: field 'meshes': uses {used} devices of cluster site-a, which has only 4" in err, err
+        assert f"{plan}: field 'meshes': uses {used} devices of cluster {first}, which has only {have}" in err, err

@@ -180,7 +180,7 @@ def test_negative_position_table_is_refused(tmp_path, capsys):
 def _written_plan(tmp_path, capsys) -> dict:
     path = str(tmp_path / "plan.yaml")
     assert cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
-                     "-o", path]) == 0
+                     "--shapes", "simple", "-o", path]) == 0      # (a plan every command takes)
     capsys.readouterr()
     import yaml
     with open(path) as fh:
@@ -294,7 +294,7 @@ def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
     inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
     plan = str(tmp_path / "summary.txt")
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet",
-                          "-o", plan, "--emit", str(tmp_path)], capsys)
+                          "--shapes", "simple", "-o", plan, "--emit", str(tmp_path)], capsys)
     check_error(rc, err, field="--emit", words=["-o", "overwrite"])
     before = open(plan).read()
     assert before.lstrip().startswith(("#", "version")) or "meshes" in before
@@ -335,7 +335,8 @@ def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
 def test_output_file_name_taken_by_a_directory(tiny_cpu_model, tmp_path, capsys):
     """A directory where emit, plan --emit or fit writes a file (site-a.sh, summary.txt, manifest.json, ...)."""
     plan = str(tmp_path / "p.yaml")
-    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet", "--shapes",
+            "simple"]      # (a plan DeepSpeed's emitter takes)
     assert run_cli(base + ["-o", plan], capsys)[0] == 0
     for target, name in (("megatron", "site-a.sh"), ("summary", "summary.txt"),
                          ("deepspeed", "ds_config.site-a.json")):

@@ -203,7 +203,8 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     # (a DeepSpeed plan is one pipeline of single meshes: re-planned as one)
     assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "simple"}
     # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
-    r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "-o", str(old))
+    r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "--shapes", "simple",
+                "-o", str(old))      # (one pipeline across both clusters: a boundary between them)
     assert r.returncode == 0, r.stderr
     assert any(m.boundary_schedule == "blocking" for m in load_plan(str(old)).meshes[:-1])
     r = hetauto(*base, "--from", str(old), "--json")

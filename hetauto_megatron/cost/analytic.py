@@ -67,6 +67,10 @@ class Calibration:
     kernel_latency_s: float = 5e-6           # per kernel: launch, prologue/epilogue, last-wave tail
     layer_overhead_s: float = 0.0            # framework time per layer, micro-batch and pass not hidden behind
                                              # the GPU (0 on Megatron-Core at the published sizes: calibration.py)
+    # per vendor, (forward, backward) host time per layer and micro-batch on a device whose host runs the kernels
+    # itself (a CPU process: Python, the dispatcher and autograd are on the critical path); an accelerator's host
+    # runs ahead of it (layer_overhead_s). Measured: Megatron-Core 0.19 layers on one x86 core (docs/cost-model.md)
+    host_layer_s: tuple = (("cpu", (1.15e-3, 0.47e-3)),)
     micro_batch_overhead_s: float = 0.2e-3   # per micro-batch on the first stage (get_batch) and the last (loss)
     iteration_overhead_s: float = 10e-3      # per iteration: zero grads, grad-norm, LR schedule, logging
     vendor_factor: tuple = (("nvidia", 1.0), ("amd", 0.80), ("ascend", 0.85), ("cpu", 1.0))
@@ -167,11 +171,14 @@ class AnalyticCostModel:
         sp = tp if self.sequence_parallel else 1
         ew = self._elementwise(device, B * m * h * self.cal.elementwise_passes / sp + act_bytes)
         o = self.cal.layer_overhead_s
+        host_f, host_b = dict(self.cal.host_layer_s).get(device.vendor, (0.0, 0.0))
         return {
             "attention": (qkv[0] + a_f + proj[0], qkv[1] + a_b + proj[1]),
             "mlp": (up[0] + down[0], up[1] + down[1]),
             "elementwise": (ew, 2 * ew),
-            "overhead": (o, 2 * o),                  # the backward runs about twice the forward's kernels
+            # the backward runs about twice the forward's kernels; a CPU's autograd engine runs its backward in
+            # C++, with less host time than the forward's Python modules
+            "overhead": (o + host_f, 2 * o + host_b),
         }
 
     def exposed_tp_comm(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,

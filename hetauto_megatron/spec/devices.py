@@ -172,7 +172,10 @@ CATALOG: dict[str, DeviceType] = {d.name: d for d in [
     _d("mi250x", "amd", 64, 191.5, 1638, 100, "AMD Instinct MI250X, one GCD (half a card)", fp32=47.9),
     _d("mi300x", "amd", 192, 1307, 5300, 448, "AMD Instinct MI300X 192GB, Infinity Fabric", fp32=163.4, fp8=2615),
     _d("ascend-910b", "ascend", 64, 320, 1600, 196, "Huawei Ascend 910B 64GB, HCCS"),
-    _d("cpu", "cpu", 16, 0.5, 20, 10, "a CPU process (gloo): for dry runs of a plan's layout and numerics"),
+    # one single-threaded process per rank (the dry run's OMP_NUM_THREADS=1): one x86 core's fp32 GEMM rate,
+    # 84-96 GFLOP/s measured with torch.matmul at 128-2048 x 256-1024 x 256-1024, over E_max (docs/cost-model.md)
+    _d("cpu", "cpu", 16, 0.128, 20, 10, "a CPU process (gloo): for dry runs of a plan's layout and numerics",
+       fp32=0.128),
 ]}
 
 _ALIASES = {
