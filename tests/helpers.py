@@ -83,6 +83,17 @@ def small_inventory(clusters, links):
         "links": [{"between": [a, b], "bandwidth_gbps": bw, "latency_ms": lat} for a, b, bw, lat in links]})
 
 
+def twins_and_l40s() -> dict:
+    """Inventory data: two A100 clusters of 16 on a 400 Gbit/s link and 8 L40S linked to both at 100 Gbit/s. With
+    an 8-layer model of LLaMA-2-7B's width and a global batch of 512 the planner makes two pipelines of it."""
+    node = {"nodes": 2, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}
+    return {"clusters": [{"name": "a", "device": "a100-80gb", **node}, {"name": "b", "device": "a100-80gb", **node},
+                         {"name": "c", "device": "l40s", **node, "nodes": 1}],
+            "links": [{"between": ["a", "b"], "bandwidth_gbps": 400, "latency_ms": 1},
+                      {"between": ["a", "c"], "bandwidth_gbps": 100, "latency_ms": 1},
+                      {"between": ["b", "c"], "bandwidth_gbps": 100, "latency_ms": 1}]}
+
+
 # The device types random test instances draw from: three vendors, 32 to 192 GiB per device.
 RANDOM_DEVICES = ["a100-40gb", "a100-80gb", "h100-sxm", "l40s", "mi300x", "ascend-910b", "v100", "h20"]
 

@@ -206,3 +206,31 @@ def test_runners_up_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
     out = capsys.readouterr().out
     rows = out.split("runners-up")[1].splitlines()[2:4]
     assert len(rows) == 2 and all("%" in r for r in rows)
+
+
+def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_path):
+    """explain of a plan of several pipelines showed no runners-up (and never read its search record). Now it
+    lists what the search weighed: the best single pipeline of single meshes is what a separate `plan --shapes
+    simple` finds, no alternative is faster than the plan, and `plan --explain` reuses its own search for the
+    same list."""
+    from helpers import run_hetauto, twins_and_l40s
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(twins_and_l40s()))
+    (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
+    base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--inventory", str(tmp_path / "inv.yaml"),
+            "--global-batch-size", "512", "--json", "--quiet", "--workers", "1")
+    r = run_hetauto(*base, "-o", str(tmp_path / "p.yaml"), "--explain")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    assert planned["plan"].get("pipelines"), "the case needs a plan of several pipelines"
+    simple = json.loads(run_hetauto(*base, "--shapes", "simple").stdout)
+    r = run_hetauto("explain", "--plan", str(tmp_path / "p.yaml"), "--json")
+    assert r.returncode == 0, r.stderr
+    alts = json.loads(r.stdout)["runners_up"]
+    assert alts == planned["explain"]["runners_up"]
+    one = next(a for a in alts if a["what"] == "one pipeline of single meshes")
+    assert one["iteration_time_s"] == pytest.approx(simple["iteration_time_s"], abs=1e-6)   # (6 decimals)
+    assert any(a["what"].startswith("pipelines ") for a in alts)
+    assert all(a["vs_plan"] >= -1e-9 for a in alts if a["iteration_time_s"] is not None)
+    text = run_hetauto("explain", "--plan", str(tmp_path / "p.yaml"))
+    assert "alternatives the search weighed" in text.stdout and "one pipeline of single meshes" in text.stdout
+

@@ -144,12 +144,8 @@ def test_replan_from_a_plan_of_two_pipelines_reaches_the_cold_plan_and_says_what
     from hetauto_megatron.cost.analytic import AnalyticCostModel
     from hetauto_megatron.spec.inventory import load_inventory
     from hetauto_megatron.spec.model import load_model
-    node = {"nodes": 2, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}
-    inv = {"clusters": [{"name": "a", "device": "a100-80gb", **node}, {"name": "b", "device": "a100-80gb", **node},
-                        {"name": "c", "device": "l40s", **node, "nodes": 1}],
-           "links": [{"between": ["a", "b"], "bandwidth_gbps": 400, "latency_ms": 1},
-                     {"between": ["a", "c"], "bandwidth_gbps": 100, "latency_ms": 1},
-                     {"between": ["b", "c"], "bandwidth_gbps": 100, "latency_ms": 1}]}
+    from helpers import twins_and_l40s
+    inv = twins_and_l40s()
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
     (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
     base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--json", "--quiet", "--workers", "1")

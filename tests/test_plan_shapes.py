@@ -293,6 +293,17 @@ def test_commands_refuse_shapes_they_do_not_take_with_exit_2(tmp_path, argv, wha
     assert len(r.stderr.strip().splitlines()) == 1   # one paragraph
 
 
+def test_explain_of_several_pipelines_names_a_garbled_search_record(tmp_path):
+    """explain of a plan of several pipelines never read estimate.search (it showed no runners-up): a garbled
+    record passed with exit 0. It re-plans under that record now, so the record is checked as for one pipeline."""
+    inv = {"clusters": [{"name": n, "device": "cpu", "nodes": 1, "devices_per_node": 4} for n in "abc"],
+           "links": [{"between": [x, y], "bandwidth_gbps": 10, "latency_ms": 1} for x, y in ("ab", "bc", "ac")]}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({**two_plain_pipelines(), "inventory": inv, "estimate": {"search": 7}}))
+    r = run_hetauto("explain", "--plan", str(path))
+    assert r.returncode == 2 and "field 'estimate.search'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_emit_summary_takes_several_pipelines(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(two_plain_pipelines()))

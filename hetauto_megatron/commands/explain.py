@@ -15,6 +15,9 @@ Explain a plan before booking the devices:
   memory       headroom per stage: capacity minus the busiest device's predicted memory;
   runners-up   the 5 best other layouts of the search, their predicted throughput and the decision in
                which each differs from the plan (cluster order, TP, DP, micro-batch, stages, recompute);
+               for a plan of several pipelines or replica groups side by side, the alternatives the whole
+               search weighed (the best single pipeline, each partition into pipelines, each cluster with
+               groups alongside) and this plan's throughput against each;
   sensitivity  throughput at half and twice each inter-cluster link's bandwidth and the global batch (the
                plan's layout re-simulated), and each cluster's node count (re-planned: a bigger cluster
                allows other layouts); links the plan does not cross at twice their bandwidth (re-planned:
@@ -94,25 +97,37 @@ def plan_inputs(args, plan_path: str, plan=None):
     return plan, inventory, cost_model
 
 
-def explain_report(plan, inventory, cost_model, *, search_result=None, do_search: bool = True, k: int = 5,
-                   seed: int = 0) -> dict:
-    """Everything `hetauto explain` prints, as one JSON-able dict. `search_result`: a search already run on
-    the same inputs (plan --explain), reused for the runners-up."""
+def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_result=None, do_search: bool = True,
+                   k: int = 5, seed: int = 0) -> dict:
+    """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
+    `shapes_result` (the whole search, multi_search.ShapesResult): a search already run on the same inputs (plan
+    --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
+    weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside)."""
     from ..plan import explain as X
     from ..plan.constraints import Constraints
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
+    # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
+    constraints = Constraints.from_record((plan.estimate or {}).get("search"))
+    schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
     if not plan.is_simple:     # several pipelines, replica groups side by side
-        from ..plan.multi_explain import shapes_report
-        return shapes_report(plan, inventory, cost_model)
+        from ..plan.multi_explain import alternatives, shapes_report
+        rep = shapes_report(plan, inventory, cost_model)
+        if do_search:
+            if shapes_result is None:
+                from ..plan.multi_search import search_shapes
+                shapes_result = search_shapes(plan.model, inventory.with_precision(plan.precision),
+                                              plan.global_batch_size, cost_model,
+                                              SearchConfig(seed=seed, schedule=schedule, constraints=constraints))
+            rep["runners_up"] = alternatives(shapes_result, plan, rep["iteration_time_s"], k)
+        return rep
+    if shapes_result is not None and search_result is None:
+        search_result = shapes_result.simple
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     est = simulate(plan, inventory, cost_model).to_dict()
     bd = X.breakdown(est, plan.num_micro_batches)
     tokens = plan.global_batch_size * plan.model.seq_length
     searches = {}
-    # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
-    constraints = Constraints.from_record((plan.estimate or {}).get("search"))
-    schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
 
     def run_search(inv):
         key = (tuple((c.name, c.nodes, c.uplink_gbps) for c in inv.clusters), tuple(sorted(

@@ -225,7 +225,7 @@ def run(args) -> int:
     explained = None
     if args.explain:
         from .explain import explain_report
-        explained = explain_report(plan, inventory, cost_model, search_result=result.simple, seed=args.seed)
+        explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed)
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves

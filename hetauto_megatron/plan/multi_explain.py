@@ -99,6 +99,22 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
 
 
+def alternatives(result, plan, seconds: float, k: int) -> list[dict]:
+    """The plans the whole search weighed against this one (multi_search.ShapesResult): the best single pipeline
+    of single meshes, each partition of the clusters into pipelines it searched and each cluster's pipeline with
+    groups alongside, the fastest first (the infeasible last), at most `k`: {"what", "iteration_time_s" (None:
+    none fits), "note", "vs_plan"}."""
+    rows = [{"what": "one pipeline of single meshes", "iteration_time_s": result.simple.iteration_time_s,
+             "note": f"{len(result.simple.choices)} mesh(es)"}]
+    rows += [{"what": f"pipelines {what}" if "|" in what else what, "iteration_time_s": t, "note": why}
+             for what, t, why in result.tried]
+    for r in rows:
+        # this plan's throughput against the alternative's (the same tokens per iteration)
+        r["vs_plan"] = None if r["iteration_time_s"] is None else r["iteration_time_s"] / seconds - 1
+    rows.sort(key=lambda r: (r["iteration_time_s"] is None, r["iteration_time_s"] or 0.0))
+    return rows[:k]
+
+
 def format_shapes_report(rep: dict) -> str:
     out = [f"plan: {rep['model']} on {rep['devices']} devices, {len(rep['pipelines'])} pipeline(s); predicted "
            f"{rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
@@ -122,6 +138,13 @@ def format_shapes_report(rep: dict) -> str:
     for m in rep["memory"]:
         out.append(f"  stage {m['stage']:>3}  {str(m['cluster']):<14} {m['memory_gib']:>8.1f} of "
                    f"{m['capacity_gib']:.1f} GiB ({100 * m['headroom_share']:.0f}% free)")
+    if rep.get("runners_up") is not None:
+        out += ["", "alternatives the search weighed (predicted; throughput of this plan against each):"]
+        for r in rep["runners_up"]:
+            t = r["iteration_time_s"]
+            out.append(f"  {r['what']:<44} " + (f"{t:.3f} s/iteration, this plan {100 * r['vs_plan']:+.1f}%"
+                                                 if t is not None else "none feasible")
+                       + (f"  (search bound {r['note'][6:]})" if r["note"].startswith("bound ") else f"  ({r['note']})"))
     out += ["", "sensitivity of throughput (the same layout re-simulated):"]
     for row in rep["sensitivity"]:
         cells = [f"x{c['factor']:g}: " + (f"{c['tokens_per_s']:,.0f} ({100 * c['change']:+.1f}%)"
