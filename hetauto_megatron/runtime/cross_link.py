@@ -182,13 +182,16 @@ class ExchangeEmulation:
 
     def seconds(self, phase: int, me: int, peers_out, peers_in, itemsize: int) -> float:
         """The emulated length of this rank's part of `phase` (0 when none of its messages leaves its cluster)."""
+        from ..plan.link_costs import link_between
         mine = self.cluster_of[me]
         pairs = {(mine, self.cluster_of[p]) for p in peers_out} | {(self.cluster_of[p], mine) for p in peers_in}
         elements, longest = self.elements[phase], 0.0
         for a, b in pairs:
             if a == b:
                 continue
-            longest = max(longest, self.inventory.link(a, b).transfer_time(elements[("link", a, b)] * itemsize))
+            # (clusters the inventory does not link: the route the planner prices, its slowest link)
+            link = link_between(self.inventory, a, b)
+            longest = max(longest, link.transfer_time(elements[("link", a, b)] * itemsize))
             for cluster, way in ((a, "out"), (b, "in")):
                 up = self.inventory.cluster(cluster).uplink_bytes_per_s
                 if up:
