@@ -119,7 +119,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
                 shapes_result = search_shapes(plan.model, inventory.with_precision(plan.precision),
                                               plan.global_batch_size, cost_model,
                                               SearchConfig(seed=seed, schedule=schedule, constraints=constraints))
-            rep["runners_up"] = alternatives(shapes_result, plan, rep["iteration_time_s"], k)
+            rep["runners_up"] = alternatives(shapes_result, rep["iteration_time_s"], k)
         return rep
     if shapes_result is not None and search_result is None:
         search_result = shapes_result.simple

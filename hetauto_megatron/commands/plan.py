@@ -115,8 +115,9 @@ def add_arguments(parser) -> None:
                              "cold search's time on the 736-device example, docs/search.md; a plan of several "
                              "pipelines or replica groups side by side seeds it with each pipeline, and the new "
                              "shapes are searched again) and print what moved; the job stays the old plan's (global "
-                             "batch, precision, sequence length, engine, boundary schedule, --shapes) and so do its objective and constraints (--objective, --max-devices, "
-                             "--use-clusters, --exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size; "
+                             "batch, precision, sequence length, engine, boundary schedule, --shapes) and so do its "
+                             "objective and constraints (--objective, --max-devices, --use-clusters, "
+                             "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
                              "dropped) unless its flag is given; stderr says what was kept")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
@@ -272,20 +273,19 @@ JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatr
 def keep_job_of(old, args) -> dict:
     """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
     job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
+    from ..plan.settings import ENGINES
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
-           "seq_length": old.model.seq_length, "engine": old.engine,
-           # a plan of one pipeline of single meshes re-plans as one (the warm search alone, docs/search.md); a plan
-           # of the other shapes searches them again
-           "shapes": "simple" if old.is_simple else "all"}
+           "seq_length": old.model.seq_length, "engine": old.engine}
+    if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
+        # a plan of one pipeline of single meshes re-plans as one (the warm search alone, docs/search.md); a plan
+        # of the other shapes searches them again
+        job["shapes"] = "simple" if old.is_simple else "all"
     crossing = [b for p in range(old.num_pipelines) for a, b in zip(old.positions(p), old.positions(p)[1:])
                 if {old.meshes[i].cluster for i in a + b} != {old.meshes[a[0]].cluster}]
     if crossing and old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
         # the plan stores each boundary's schedule; a search with overlapped boundaries makes every one overlapped
         job["boundary_schedule"] = ("overlapped" if any(m.boundary_schedule == "overlapped" for m in old.meshes)
                                     else "blocking")
-    from ..plan.settings import ENGINES
-    if ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine: one pipeline, whatever was kept)
-        del job["shapes"]
     kept = {}
     for name, value in job.items():
         if getattr(args, name) is None:

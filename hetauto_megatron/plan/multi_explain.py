@@ -99,7 +99,7 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
 
 
-def alternatives(result, plan, seconds: float, k: int) -> list[dict]:
+def alternatives(result, seconds: float, k: int) -> list[dict]:
     """The plans the whole search weighed against this one (multi_search.ShapesResult): the best single pipeline
     of single meshes, each partition of the clusters into pipelines it searched and each cluster's pipeline with
     groups alongside, the fastest first (the infeasible last), at most `k`: {"what", "iteration_time_s" (None:
@@ -143,8 +143,7 @@ def format_shapes_report(rep: dict) -> str:
         for r in rep["runners_up"]:
             t = r["iteration_time_s"]
             out.append(f"  {r['what']:<44} " + (f"{t:.3f} s/iteration, this plan {100 * r['vs_plan']:+.1f}%"
-                                                 if t is not None else "none feasible")
-                       + (f"  (search bound {r['note'][6:]})" if r["note"].startswith("bound ") else f"  ({r['note']})"))
+                                                 if t is not None else "none feasible") + f"  ({r['note']})")
     out += ["", "sensitivity of throughput (the same layout re-simulated):"]
     for row in rep["sensitivity"]:
         cells = [f"x{c['factor']:g}: " + (f"{c['tokens_per_s']:,.0f} ({100 * c['change']:+.1f}%)"

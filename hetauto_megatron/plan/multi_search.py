@@ -190,7 +190,7 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
             out.tried.append((what, None, "no feasible split"))
             continue
         t, plan = found
-        out.tried.append((what, t, f"bound {b:.3f} s"))
+        out.tried.append((what, t, f"search bound {b:.3f} s"))
         s = _score(con, inventory, plan, t)
         if s < best[0] - 1e-12:
             best = (s, t, plan)

@@ -99,9 +99,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
-    from ..spec.inventory import inventory_from_dict
-    if emulate_links is not None:
-        comm.emulate_links(emulate_links, inventory_from_dict(plan.inventory))
+    links = None
+    if emulate_links is not None:      # the inventory's links, for the pipeline's and the exchange's emulation
+        from ..spec.inventory import inventory_from_dict
+        links = inventory_from_dict(plan.inventory)
+        comm.emulate_links(emulate_links, links)
     config.no_sync_func = ddp.no_sync
     if settings.overlap_grad_reduce:
         # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
@@ -115,7 +117,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         from .replica_sync import ReplicaSync
         replicas = ReplicaSync(ctx, [ddp], counter=comm.bytes_sent)
         if emulate_links is not None:       # the exchange's messages between clusters over the emulated links too
-            replicas.emulate_links(emulate_links, inventory_from_dict(plan.inventory))
+            replicas.emulate_links(emulate_links, links)
     config.finalize_model_grads_func = make_finalize_model_grads(ctx, replicas)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
                                                  params_dtype=torch.float32,
