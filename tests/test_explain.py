@@ -233,4 +233,23 @@ def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_p
     assert all(a["vs_plan"] >= -1e-9 for a in alts if a["iteration_time_s"] is not None)
     text = run_hetauto("explain", "--plan", str(tmp_path / "p.yaml"))
     assert "alternatives the search weighed" in text.stdout and "one pipeline of single meshes" in text.stdout
+    # The cluster sizes are re-planned, every shape searched: c at twice its nodes is what a cold plan on an
+    # inventory with c doubled finds (the runtime's what-if, priced by an independent run of the planner).
+    rep = json.loads(r.stdout)
+    rows = {row["what"]: row for row in rep["sensitivity"]}
+    assert {"cluster a size (nodes)", "cluster b size (nodes)", "cluster c size (nodes)"} <= set(rows)
+    bigger = twins_and_l40s()
+    bigger["clusters"][2]["nodes"] = 2
+    (tmp_path / "inv2.yaml").write_text(yaml.safe_dump(bigger))
+    cold = json.loads(run_hetauto(*base[:4], str(tmp_path / "inv2.yaml"), *base[5:]).stdout)
+    doubled = rows["cluster c size (nodes)"]["cases"][1]
+    assert doubled["value"] == 2 and rows["cluster c size (nodes)"]["method"] == "re-planned"
+    tokens = rep["tokens_per_s"] * rep["iteration_time_s"]
+    assert doubled["tokens_per_s"] == pytest.approx(tokens / cold["iteration_time_s"], rel=1e-5)
+    assert rows["cluster c size (nodes)"]["cases"][0]["note"] == "fewer than one node"
+    assert "[re-planned]" in text.stdout and "re-planned 1 of" in text.stderr
+    # what the plan owes to its overlapped boundaries: the search chose overlap, so blocking cannot be faster
+    blocking = rep["blocking_boundaries"]
+    assert blocking and blocking["boundaries"] and blocking["tokens_per_s"] <= rep["tokens_per_s"] * (1 + 1e-9)
+    assert all(" -> " in b for b in blocking["boundaries"])
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 DESCRIPTION = """\
 Explain a plan before booking the devices:
@@ -47,6 +49,7 @@ def add_arguments(parser) -> None:
                         help="skip the runners-up and the re-planned cluster-size sensitivities")
     parser.add_argument("--seed", type=int, default=0, help="seed of the searches (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def add_plan_input_args(parser) -> None:
@@ -98,48 +101,61 @@ def plan_inputs(args, plan_path: str, plan=None):
 
 
 def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_result=None, do_search: bool = True,
-                   k: int = 5, seed: int = 0) -> dict:
+                   k: int = 5, seed: int = 0, progress: bool = False) -> dict:
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
     `shapes_result` (the whole search, multi_search.ShapesResult): a search already run on the same inputs (plan
     --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
-    weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside)."""
+    weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside).
+    `progress`: a line on stderr per re-planned what-if (each is a whole search)."""
     from ..plan import explain as X
     from ..plan.constraints import Constraints
+    from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
     from ..plan.simulate import simulate
     # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
     constraints = Constraints.from_record((plan.estimate or {}).get("search"))
     schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
-    if not plan.is_simple:     # several pipelines, replica groups side by side
-        from ..plan.multi_explain import alternatives, shapes_report
-        rep = shapes_report(plan, inventory, cost_model)
-        if do_search:
-            if shapes_result is None:
-                from ..plan.multi_search import search_shapes
-                shapes_result = search_shapes(plan.model, inventory.with_precision(plan.precision),
-                                              plan.global_batch_size, cost_model,
-                                              SearchConfig(seed=seed, schedule=schedule, constraints=constraints))
-            rep["runners_up"] = alternatives(shapes_result, rep["iteration_time_s"], k)
-        return rep
-    if shapes_result is not None and search_result is None:
-        search_result = shapes_result.simple
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
-    est = simulate(plan, inventory, cost_model).to_dict()
-    bd = X.breakdown(est, plan.num_micro_batches)
     tokens = plan.global_batch_size * plan.model.seq_length
+    config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints)
     searches = {}
 
-    def run_search(inv):
-        key = (tuple((c.name, c.nodes, c.uplink_gbps) for c in inv.clusters), tuple(sorted(
+    def key(inv):
+        return (tuple((c.name, c.nodes, c.uplink_gbps) for c in inv.clusters), tuple(sorted(
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
-        if key not in searches:
-            searches[key] = search(plan.model, inv.with_precision(plan.precision), plan.global_batch_size,
-                                   cost_model, SearchConfig(seed=seed, schedule=schedule, constraints=constraints))
-        return searches[key]
+
+    # the re-planned what-ifs: the unchanged inventory, each link the plan does not cross, each cluster at x0.5, x2
+    whatifs = 1 + len(inventory.links) - len(X.links_crossed(plan, inventory)) + sum(
+        (c.nodes // 2 >= 1) + 1 for c in inventory.clusters)
+    t0 = time.perf_counter()
+
+    def run_search(inv):
+        # a plan of one pipeline of single meshes re-plans that shape (as `plan --shapes simple` would); the other
+        # shapes search every shape, as the plan's own search did
+        if key(inv) not in searches:
+            searches[key(inv)] = (search(plan.model, inv, plan.global_batch_size, cost_model, config)
+                                  if plan.is_simple else
+                                  search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config))
+            if progress:
+                print(f"explain: re-planned {len(searches)} of {whatifs} what-ifs, {time.perf_counter() - t0:.1f} s "
+                      "(--no-search skips them)", file=sys.stderr, flush=True)
+        return searches[key(inv)]
 
     def replan(inv):
         return tokens / run_search(inv).iteration_time_s
 
+    # The runners-up come from the search that made the plan where it is given; the re-planned sensitivities compare
+    # with explain's own search of the unchanged inventory (the same settings as each changed one).
+    if not plan.is_simple:     # several pipelines, replica groups side by side
+        from ..plan.multi_explain import alternatives, shapes_report
+        rep = shapes_report(plan, inventory, cost_model, replan=replan if do_search else None)
+        if do_search:
+            rep["runners_up"] = alternatives(shapes_result or run_search(inventory), rep["iteration_time_s"], k)
+        return rep
+    if shapes_result is not None and search_result is None:
+        search_result = shapes_result.simple
+    est = simulate(plan, inventory, cost_model).to_dict()
+    bd = X.breakdown(est, plan.num_micro_batches)
     rep = {"model": plan.model.name, "devices": plan.world_size, "stages": plan.pipeline_parallel_size,
            "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
@@ -160,7 +176,7 @@ def format_report(rep: dict) -> str:
     from ..plan.explain import PART_NAMES
     if rep.get("shape") == "pipelines":
         from ..plan.multi_explain import format_shapes_report
-        return format_shapes_report(rep)
+        return "\n".join([format_shapes_report(rep)] + _format_what_if(rep))
     bd = rep["breakdown"]
     out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stages, {rep['micro_batches']} "
            f"micro-batches; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
@@ -188,7 +204,12 @@ def format_report(rep: dict) -> str:
             out.append(f"  {i}  {r['tokens_per_s']:>10,.0f}  {vs:>8}  " + "; ".join(r["differs"]))
         if not rep["runners_up"]:
             out.append("  (the search found no other layout that fits)")
-    out += ["", "sensitivity of throughput (tokens/s at x0.5 and x2 of one input):"]
+    return "\n".join(out + _format_what_if(rep))
+
+
+def _format_what_if(rep: dict) -> list[str]:
+    """The sensitivity rows and what the overlapped boundaries are worth, for a plan of any shape."""
+    out = ["", "sensitivity of throughput (tokens/s at x0.5 and x2 of one input):"]
     for row in rep["sensitivity"]:
         cells = []
         for c in row["cases"]:
@@ -203,7 +224,7 @@ def format_report(rep: dict) -> str:
                     f"(same layout) {blocking['tokens_per_s']:,.0f} tokens/s ({_pct(blocking['change'])})"
                     + ("" if blocking["fits"] else ", does not fit") + ": what the plan owes to hiding those "
                     "transfers behind compute"]
-    return "\n".join(out)
+    return out
 
 
 def run(args) -> int:
@@ -213,7 +234,7 @@ def run(args) -> int:
     plan, inventory, cost_model = plan_inputs(args, args.plan)
     try:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,
-                             seed=args.seed)
+                             seed=args.seed, progress=not args.quiet)
     except InputError as exc:
         raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None

@@ -226,7 +226,8 @@ def run(args) -> int:
     explained = None
     if args.explain:
         from .explain import explain_report
-        explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed)
+        explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed,
+                                   progress=not args.quiet and not args.json)
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves

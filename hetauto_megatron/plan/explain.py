@@ -19,6 +19,7 @@ import dataclasses
 import math
 
 from ..errors import InfeasibleError, InputError
+from .batch_split import split_batch
 from .plan import Plan
 from .simulate import _DEFAULT_COST, plan_choices, simulate, stage_makespan
 
@@ -235,24 +236,45 @@ def uplink_rows(plan: Plan, inventory, tokens, base: float, factors) -> list[dic
     return rows
 
 
-def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
-    """Throughput when one input changes by each factor.
+def links_crossed(plan: Plan, inventory) -> list[tuple[frozenset, str]]:
+    """(link key, name) of the inter-cluster links a plan's traffic crosses. One pipeline: each boundary between
+    clusters, named in stage order (`a-b` for a -> b). Other shapes: every link between the plan's clusters, named
+    in sorted order: the pipelines' boundaries and the gradient exchange across holders on different clusters
+    cross them (a link only the exchange could take shows no change where it does not bind)."""
+    if not plan.is_simple:
+        clusters = {m.cluster for m in plan.meshes}
+        return [(k, "-".join(sorted(k))) for k in sorted((k for k in inventory.links if k <= clusters), key=sorted)]
+    used = []
+    for a, b in zip(plan.meshes, plan.meshes[1:]):
+        key = frozenset((a.cluster, b.cluster))
+        if a.cluster != b.cluster and key in inventory.links and key not in [k for k, _ in used]:
+            used.append((key, "-".join(m.cluster for m in plan.meshes if m.cluster in key)))
+    return used
 
-    Links (the inter-cluster links the plan crosses), the uplinks of the clusters it joins (where the inventory
-    gives them) and the global batch: the plan's own layout re-simulated.
+
+def with_batch(plan: Plan, gbs: int) -> Plan:
+    """The plan's layout at another global batch (InputError where its micro-batch steps cannot make it up); the
+    pipelines of a plan of several keep their shares (in proportion, whole micro-batch steps each)."""
+    samples = plan.pipeline_samples
+    if samples:
+        samples = tuple(split_batch(gbs, [plan.pipeline_step(p) for p in range(plan.num_pipelines)],
+                                    [1 / n for n in samples]))
+    return dataclasses.replace(plan, global_batch_size=gbs, pipeline_samples=samples, estimate=None)
+
+
+def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
+    """Throughput when one input changes by each factor, for a plan of any shape.
+
+    Links (the inter-cluster links the plan crosses: `links_crossed`), the uplinks of the clusters it joins (where
+    the inventory gives them) and the global batch: the plan's own layout re-simulated.
     Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
     (None skips them), and so are links the plan does not cross (at the larger factor only: a slower unused link
     changes nothing); their change is against `replan` of the unchanged inventory."""
     base = _tokens(plan, inventory, cost_model)
     rows = []
-    used = []
-    for a, b in zip(plan.meshes, plan.meshes[1:]):
-        key = frozenset((a.cluster, b.cluster))
-        if a.cluster != b.cluster and key in inventory.links and key not in used:
-            used.append(key)
-    for key in used:
+    used = links_crossed(plan, inventory)
+    for key, name in used:
         link = inventory.links[key]
-        name = "-".join(m.cluster for m in plan.meshes if m.cluster in key)
         row = {"what": f"link {name} bandwidth", "key": f"link.{name}.bandwidth_gbps", "base": link.bandwidth_gbps,
                "method": "same layout", "base_tokens_per_s": base, "cases": []}
         for f in factors:
@@ -266,7 +288,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     for f in factors:
         gbs = int(plan.global_batch_size * f)
         try:
-            other = dataclasses.replace(plan, global_batch_size=gbs, estimate=None)
+            other = with_batch(plan, gbs)
         except InputError as exc:
             row["cases"].append({"factor": f, "value": gbs, "tokens_per_s": None, "change": None,
                                  "note": exc.reason})
@@ -276,7 +298,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     if replan is not None:
         ref = replan(inventory)
         # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
-        for key in sorted(set(inventory.links) - set(used), key=sorted):
+        for key in sorted(set(inventory.links) - {k for k, _ in used}, key=sorted):
             link = inventory.links[key]
             name = "-".join(sorted(key))
             f = max(factors)
@@ -309,8 +331,13 @@ def blocking_boundaries(plan: Plan, inventory, cost_model, base: float) -> dict 
         return None
     meshes = tuple(dataclasses.replace(m, boundary_schedule="blocking", boundary_depth=0) for m in plan.meshes)
     est = simulate(dataclasses.replace(plan, meshes=meshes, estimate=None), inventory, cost_model)
-    return {"boundaries": [f"{a.cluster} -> {b.cluster}" for a, b in zip(plan.meshes, plan.meshes[1:])
-                           if a.boundary_schedule == "overlapped"],
+    names = []     # each overlapped boundary, from a mesh of one position to those of the next, in every pipeline
+    for p in range(plan.num_pipelines):
+        positions = plan.positions(p)
+        for here, there in zip(positions, positions[1:]):
+            names += [f"{plan.meshes[i].cluster} -> {plan.meshes[j].cluster}" for i in here for j in there
+                      if plan.meshes[i].boundary_schedule == "overlapped"]
+    return {"boundaries": list(dict.fromkeys(names)),
             "tokens_per_s": est.tokens_per_s, "change": est.tokens_per_s / base - 1.0, "fits": est.fits}
 
 

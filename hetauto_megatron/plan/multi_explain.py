@@ -4,29 +4,18 @@ The iteration of such a plan is the slowest pipeline (its 1F1B and exposed DP re
 sums the gradients across the mesh stages holding the same parameters, then the rest of the tail (global norm,
 optimizer step, parameter gather, fixed overhead). The report splits it that way, names the largest part, gives
 each pipeline's own bottleneck (a pipeline of single meshes is explained as a plan of its own), the memory
-headroom of every stage and group, and the throughput at half and twice each link between the plan's clusters
-and the global batch (the same layout re-simulated; the shares of the pipelines kept in proportion).
+headroom of every stage and group, and (plan/explain.py's `sensitivity`, as for one pipeline) the throughput at
+half and twice each link between the plan's clusters, uplink and the global batch (the same layout re-simulated;
+the shares of the pipelines kept in proportion) and each cluster's size (re-planned, every shape searched).
 """
 from __future__ import annotations
 
-import dataclasses
-
-from ..errors import InputError
 from . import explain as X
-from .batch_split import split_batch
 from .exchange_roots import describe_roots
 from .simulate import simulate
 
 PARTS = {"pipeline": "slowest pipeline (1F1B)", "dp_sync": "its exposed DP reduction",
          "holders_sync": "gradients summed across holders", "rest": "norm, optimizer, overhead"}
-
-
-def _with_batch(plan, gbs: int):
-    samples = plan.pipeline_samples
-    if samples:
-        samples = tuple(split_batch(gbs, [plan.pipeline_step(p) for p in range(plan.num_pipelines)],
-                                    [1 / n for n in samples]))
-    return dataclasses.replace(plan, global_batch_size=gbs, pipeline_samples=samples, estimate=None)
 
 
 def _choices(plan, inventory, cost_model) -> dict | None:
@@ -51,7 +40,9 @@ def shapes_breakdown(est: dict) -> dict:
                     + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else "")}
 
 
-def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
+def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) -> dict:
+    """explain's report of a plan of any shape but one pipeline of single meshes; `replan(inventory) -> tokens/s`
+    (a search of every shape) re-plans the cluster sizes and the unused links (None: they are left out)."""
     inventory = inventory.with_precision(plan.precision)
     est = simulate(plan, inventory, cost_model).to_dict()
     T = est["iteration_time_s"]
@@ -66,37 +57,14 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0)) -> dict:
             why = X.describe_bottleneck(sub, X.breakdown(sub_est, sub.num_micro_batches))
         rows.append({**info, "clusters": sorted({plan.meshes[i].cluster for i in plan.pipeline_mesh_indices(p)}),
                      "meshes": plan.pipeline_mesh_indices(p), "bottleneck": why})
-    tokens = plan.global_batch_size * plan.model.seq_length
-    sens = []
-    clusters = sorted({m.cluster for m in plan.meshes})
-    for key in sorted((k for k in inventory.links if k <= set(clusters)), key=sorted):
-        link = inventory.links[key]
-        name = "-".join(sorted(key))
-        row = {"what": f"link {name} bandwidth", "base": link.bandwidth_gbps, "method": "same layout", "cases": []}
-        for f in factors:
-            inv = dataclasses.replace(inventory, links={**inventory.links,
-                                                        key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
-            t = tokens / simulate(plan, inv, cost_model).iteration_time_s
-            row["cases"].append({"factor": f, "tokens_per_s": t, "change": t / est["tokens_per_s"] - 1})
-        sens.append(row)
-    sens += X.uplink_rows(plan, inventory, lambda inv: tokens / simulate(plan, inv, cost_model).iteration_time_s,
-                          est["tokens_per_s"], factors)
-    row = {"what": "global batch", "base": plan.global_batch_size, "method": "same layout", "cases": []}
-    for f in factors:
-        gbs = int(plan.global_batch_size * f)
-        try:
-            other = _with_batch(plan, gbs)
-            t = gbs * plan.model.seq_length / simulate(other, inventory, cost_model).iteration_time_s
-            row["cases"].append({"factor": f, "tokens_per_s": t, "change": t / est["tokens_per_s"] - 1})
-        except InputError as exc:
-            row["cases"].append({"factor": f, "tokens_per_s": None, "change": None, "note": exc.reason})
-    sens.append(row)
+    sens = X.sensitivity(plan, inventory, cost_model, replan=replan, factors=factors)
     return {"shape": "pipelines", "model": plan.model.name, "devices": plan.world_size,
             "pipelines": rows, "global_batch_size": plan.global_batch_size, "iteration_time_s": T,
             "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
             "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline")}, "bottleneck": bd["text"],
             "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
-            "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens}
+            "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens,
+            "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
 
 
 def alternatives(result, seconds: float, k: int) -> list[dict]:
@@ -144,9 +112,4 @@ def format_shapes_report(rep: dict) -> str:
             t = r["iteration_time_s"]
             out.append(f"  {r['what']:<44} " + (f"{t:.3f} s/iteration, this plan {100 * r['vs_plan']:+.1f}%"
                                                  if t is not None else "none feasible") + f"  ({r['note']})")
-    out += ["", "sensitivity of throughput (the same layout re-simulated):"]
-    for row in rep["sensitivity"]:
-        cells = [f"x{c['factor']:g}: " + (f"{c['tokens_per_s']:,.0f} ({100 * c['change']:+.1f}%)"
-                                          if c["tokens_per_s"] else c.get("note", "-")) for c in row["cases"]]
-        out.append(f"  {row['what']:<36} base {row['base']:g}: " + ";  ".join(cells))
     return "\n".join(out)
