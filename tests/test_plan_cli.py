@@ -176,6 +176,41 @@ def test_replan_from_a_plan_of_two_pipelines_reaches_the_cold_plan_and_says_what
         assert any(line.startswith("pipeline order: ") and "  |  " in line for line in warm["moved"]), warm["moved"]
 
 
+def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_shape(tmp_path):
+    """--from re-planned every plan of one pipeline of single meshes with --shapes simple, even one searched with
+    every shape: after a cluster joined, the re-plan kept one pipeline where a cold plan makes two (11 % fewer
+    tokens/s on an H800-only plan joined by the 910B cluster). The plan records the --shapes it was searched with
+    and --from keeps that: one A100 cluster alone (one pipeline), then the twin A100 cluster and the L40S join; the
+    re-plan reaches the cold plan of the new inventory. With --shapes simple recorded, simple is kept. The same
+    inputs and seed write the same bytes (the search's wall time is not in the file)."""
+    import yaml
+    from helpers import twins_and_l40s
+    inv = twins_and_l40s()
+    alone = dict(inv, clusters=inv["clusters"][:1], links=[])
+    (tmp_path / "alone.yaml").write_text(yaml.safe_dump(alone))
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
+    base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--json", "--quiet", "--workers", "1",
+            "--global-batch-size", "512")
+    old = tmp_path / "old.yaml"
+    assert hetauto(*base, "--inventory", str(tmp_path / "alone.yaml"), "-o", str(old)).returncode == 0
+    assert load_plan(str(old)).is_simple
+    again = tmp_path / "again.yaml"
+    assert hetauto(*base, "--inventory", str(tmp_path / "alone.yaml"), "-o", str(again)).returncode == 0
+    assert old.read_bytes() == again.read_bytes()
+    cold = json.loads(hetauto(*base, "--inventory", str(tmp_path / "inv.yaml")).stdout)
+    assert cold["plan"].get("pipelines") or any(m.get("alongside") for m in cold["plan"]["meshes"]), \
+        "the case needs a cold plan of another shape"
+    warm = json.loads(hetauto(*base[:-2], "--inventory", str(tmp_path / "inv.yaml"), "--from", str(old)).stdout)
+    assert warm["kept_from_plan"]["shapes"] == "all"
+    assert warm["iteration_time_s"] <= cold["iteration_time_s"] * 1.01
+    simple = tmp_path / "simple.yaml"
+    assert hetauto(*base, "--inventory", str(tmp_path / "alone.yaml"), "--shapes", "simple",
+                   "-o", str(simple)).returncode == 0
+    warm = json.loads(hetauto(*base[:-2], "--inventory", str(tmp_path / "inv.yaml"), "--from", str(simple)).stdout)
+    assert warm["kept_from_plan"]["shapes"] == "simple" and not warm["plan"].get("pipelines")
+
+
 def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     """--from silently re-planned an fp32, global batch 16, sequence 16 DeepSpeed job as bf16, 512, 32, Megatron
     (the flags' defaults): the job is the old plan's, each flag given wins, and stderr says what was kept."""
@@ -196,8 +231,9 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     out = json.loads(r.stdout)
     assert (out["plan"]["global_batch_size"], out["plan"]["precision"], out["plan"].get("engine", "megatron")) == \
         (32, "fp32", "megatron")
-    # (a DeepSpeed plan is one pipeline of single meshes: re-planned as one)
-    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "simple"}
+    # (the DeepSpeed plan was searched with the default --shapes all, one pipeline only because of its engine:
+    # under Megatron's every shape is searched)
+    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "all"}
     # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
     r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "--shapes", "simple",
                 "-o", str(old))      # (one pipeline across both clusters: a boundary between them)

@@ -105,8 +105,8 @@ def add_arguments(parser) -> None:
                         help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
                              "groups in a stage, keeping the best of those and the single pipeline; simple: one "
                              "pipeline, one mesh per cluster (docs/search.md); --emit writes Megatron-LM launch scripts "
-                             "for every shape, DeepSpeed configs for the simple one. With --from, the old plan's kind: "
-                             "simple for a plan of one pipeline of single meshes, all for the other shapes")
+                             "for every shape, DeepSpeed configs for the simple one. With --from, the setting the old "
+                             "plan was searched with (all where its file does not say)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the search runs on (default 0: one per available core); the plan depends "
                              "on --seed only, not on N")
@@ -211,7 +211,7 @@ def run(args) -> int:
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
-    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con))
+    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes))
     written = []
     if args.output:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
@@ -233,7 +233,8 @@ def run(args) -> int:
         from ..plan.replan import describe_moves
         moved = describe_moves(old, plan)
     if args.json:
-        print(json.dumps({**plan.estimate, "plan": plan.to_dict(), "written": written,
+        search_record = {**plan.estimate["search"], "seconds": round(result.seconds, 3)}
+        print(json.dumps({**plan.estimate, "search": search_record, "plan": plan.to_dict(), "written": written,
                           **({"explain": explained} if explained else {}),
                           **({"moved": moved, "kept_from_plan": kept} if moved is not None else {})}, indent=2))
         return 0
@@ -278,9 +279,11 @@ def keep_job_of(old, args) -> dict:
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
            "seq_length": old.model.seq_length, "engine": old.engine}
     if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
-        # a plan of one pipeline of single meshes re-plans as one (the warm search alone, docs/search.md); a plan
-        # of the other shapes searches them again
-        job["shapes"] = "simple" if old.is_simple else "all"
+        # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
+        # single meshes searched with every shape re-plans with every shape, since the new inventory may make
+        # another shape win; a plan without the record: the default, unless it has the other shapes anyway
+        recorded = (((old.estimate or {}).get("search") or {}).get("shapes") or {}).get("setting")
+        job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
     crossing = [b for p in range(old.num_pipelines) for a, b in zip(old.positions(p), old.positions(p)[1:])
                 if {old.meshes[i].cluster for i in a + b} != {old.meshes[a[0]].cluster}]
     if crossing and old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
@@ -371,14 +374,20 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
 
 
-def plan_estimate(plan, inventory, estimate, result, con) -> dict:
+def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -> dict:
     """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
-    plan was made (search method, objective, constraints)."""
+    plan was made (search method, objective, constraints, the --shapes setting: `shapes.setting`, which --from
+    keeps)."""
     from ..plan.constraints import cost_per_million_tokens
     tokens = plan.global_batch_size * plan.model.seq_length
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
+    record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
+    record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
+    # the file holds what the inputs and the seed decide, so that the same ones write the same bytes: the search's
+    # wall time goes to stderr and --json only
+    record.pop("seconds", None)
     return {**estimate.to_dict(), **({"cost_per_million_tokens": cost} if cost is not None else {}),
-            "search": {**result.to_dict(), "objective": con.objective, "constraints": con.active}}
+            "search": record}
 
 
 def emit_all(plan, plan_path: str, out_dir: str, keep=()) -> list[str]:
