@@ -192,6 +192,17 @@ def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, 
     assert all(r["clusters"] and set(r["clusters"]) == {"h800"} for r in rep["runners_up"]), rep["runners_up"]
 
 
+def test_explain_runners_up_zero_shows_none(readme_plan, capsys):
+    """--runners-up 0 listed every runner-up the search kept (31), and the table's columns slid from row 10 on."""
+    plan, _ = readme_plan
+    assert main(["explain", "--plan", plan, "--runners-up", "0", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["runners_up"] == []
+    assert main(["explain", "--plan", plan, "--runners-up", "12", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = out.split("decision that differs")[1].split("\n\n")[0].strip("\n").splitlines()
+    assert len(rows) == 12 and len({r.index(",") for r in rows}) == 1, rows    # (tokens/s right-aligned)
+
+
 def test_runners_up_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
     """A device of 1e-9 TFLOP/s (the smallest figure the inventory takes): the plan's tokens/s is stored rounded, as
     0, and the runners-up's 'vs plan' divided by it (ZeroDivisionError). Their ratio is the inverse of their

@@ -7,6 +7,7 @@ a real subprocess to prove the same holds for the process a user starts.
 """
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 
@@ -322,6 +323,22 @@ def test_infeasible_exit_3(tmp_path, capsys):
     assert out == ""
 
 
+def test_infeasible_names_what_binds_the_batch_or_the_device_budget(tmp_path, capsys):
+    """A global batch of 1 allows one pipeline stage (no more stages than micro-batches): exit 3 said 'add devices',
+    and under --max-devices it counted the whole inventory. Now the batch is named with its fix, and the devices
+    counted are those the search may use. 70B on 32 H800: it fits in 4 stages (simulate prices that layout)."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: h800, device: h800, nodes: 4, devices_per_node: 8}\n")
+    argv = ["plan", "--model", "llama2-70b", "--inventory", inv, "--quiet"]
+    rc, _, err = run_cli(argv + ["--global-batch-size", "1"], capsys)
+    check_error(rc, err, code=3, words=["at most 1 stage deep", "global batch is 1", "--global-batch-size"])
+    rc, out, err = run_cli(["simulate", "--model", "llama2-70b", "--inventory", inv, "--cluster", "h800", "--tp", "8",
+                            "--pp", "4", "--dp", "1", "--micro-batch-size", "1", "--global-batch-size", "4",
+                            "--json"], capsys)
+    assert rc == 0 and json.loads(out)["fits"] is True, err
+    rc, _, err = run_cli(argv + ["--global-batch-size", "64", "--max-devices", "2"], capsys)
+    check_error(rc, err, code=3, words=["the 2 devices --max-devices allows"], fix=False)
+
+
 
 def test_infeasible_when_not_one_layer_fits(tmp_path, capsys):
     """Devices too small for a single transformer layer: the search's tree has no leaf at all. The message still
@@ -366,18 +383,23 @@ def test_infeasible_when_required_clusters_are_not_linked(tmp_path, capsys):
 
 
 def test_precision_a_listed_cluster_lacks(tmp_path, capsys):
-    """fp8 on an inventory with an Ascend 910B (no fp8): exit 2 naming the cluster, also under --exclude-clusters
-    (every listed cluster is priced at the job's precision), and the fix the message gives works."""
+    """fp8 on an inventory with an Ascend 910B (no fp8): exit 2 naming the cluster, and both fixes the message gives
+    work: --exclude-clusters leaves it out of the inventory the search sees (said on stderr; the plan file's
+    inventory is priced at fp8 throughout, so explain reads it), as removing it from the inventory does."""
     both = "clusters:\n  - {name: h800, device: h800, nodes: 2, devices_per_node: 8}\n" \
            "  - {name: ascend, device: ascend-910b, nodes: 2, devices_per_node: 8}\n" \
            "links:\n  - {between: [h800, ascend], bandwidth_gbps: 25, latency_ms: 2}\n"
     inv = write(tmp_path, "inv.yaml", both)
     argv = ["plan", "--model", "llama2-7b", "--global-batch-size", "64", "--precision", "fp8", "--quiet"]
-    for extra in ([], ["--exclude-clusters", "ascend"]):
-        rc, out, err = run_cli(argv + ["--inventory", inv] + extra, capsys)
-        check_error(rc, err, file=inv, field="--precision",
-                    words=["cluster ascend", "cannot train in fp8", "remove that cluster from the inventory"])
-        assert out == ""
+    rc, out, err = run_cli(argv + ["--inventory", inv], capsys)
+    check_error(rc, err, file=inv, field="--precision",
+                words=["cluster ascend", "cannot train in fp8", "--exclude-clusters", "remove it from the inventory"])
+    assert out == ""
+    plan = str(tmp_path / "p.yaml")
+    rc, _, err = run_cli(argv + ["--inventory", inv, "--exclude-clusters", "ascend", "-o", plan], capsys)
+    assert rc == 0 and "left out of the inventory: ascend" in err, err
+    rc, out, err = run_cli(["explain", "--plan", plan, "--no-search"], capsys)
+    assert rc == 0 and "h800" in out, err
     alone = write(tmp_path, "h800.yaml", both.split("  - {name: ascend")[0])
     rc, _, err = run_cli(argv + ["--inventory", alone], capsys)
     assert rc == 0, err

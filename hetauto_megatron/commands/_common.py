@@ -83,6 +83,18 @@ def measured_layers_hint(priced) -> None:
               "prices them from those (docs/cost-model-learned.md)", file=sys.stderr)
 
 
+def at_plan_precision(inventory, plan, plan_file: str | None):
+    """The inventory priced at the plan's precision; where a device of it cannot train in that precision, the
+    error names the plan file's `precision` (where the value came from), not a flag the user did not give."""
+    from ..errors import InputError
+    try:
+        return inventory.with_precision(plan.precision)
+    except InputError as exc:
+        raise InputError(f"the plan trains in {plan.precision}, but {exc.reason}", file=plan_file, field="precision",
+                         fix=f"re-plan for this inventory (hetauto plan --precision with one every cluster has), or "
+                             f"simulate it on an inventory whose clusters train in {plan.precision}") from None
+
+
 def apply_memory_job(cost_model, inventory) -> None:
     """plan/memory_fit.py resolve_memory_job on the inventory at the plan's precision, saying so on stderr."""
     from ..plan.memory_fit import resolve_memory_job

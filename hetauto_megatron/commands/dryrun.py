@@ -78,7 +78,7 @@ def run(args) -> int:
     from ..plan.plan import load_plan
 
     if args.steps < 1:
-        raise InputError(f"must be at least 1, got {args.steps}", field="--steps")
+        raise InputError(f"must be at least 1, got {args.steps}", field="--steps", fix="give --steps 1 or more")
     if not 0 < args.timeout < math.inf:     # NaN too: every rank's wait would fail to convert it
         raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
                          fix="e.g. --timeout 120")

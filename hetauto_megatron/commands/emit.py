@@ -92,7 +92,7 @@ def run(args) -> int:
         if value is not None and not value.strip():    # '' fell back to the default without a word
             raise InputError("is empty", field=flag, fix=f"give a path, or drop {flag} for the default")
     if args.devices_per_node is not None and args.devices_per_node < 1:
-        raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node")
+        raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node", fix="give --devices-per-node 1 or more")
     out_dir = make_output_dir(args.output, "-o") if args.output else None
     written: list[str] = []
     if args.target == "megatron":

@@ -95,8 +95,8 @@ def plan_inputs(args, plan_path: str, plan=None):
     inventory = apply_overrides(inventory, getattr(args, "set", None))
     cost_model = load_cost_model(getattr(args, "cost_model", None))
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
-    from ._common import apply_memory_job
-    apply_memory_job(cost_model, inventory.with_precision(plan.precision))
+    from ._common import apply_memory_job, at_plan_precision
+    apply_memory_job(cost_model, at_plan_precision(inventory, plan, plan_path))
     return plan, inventory, cost_model
 
 
@@ -151,6 +151,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         rep = shapes_report(plan, inventory, cost_model, replan=replan if do_search else None)
         if do_search:
             rep["runners_up"] = alternatives(shapes_result or run_search(inventory), rep["iteration_time_s"], k)
+        rep["runners_up_requested"] = k
         return rep
     if shapes_result is not None and search_result is None:
         search_result = shapes_result.simple
@@ -160,7 +161,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
-           "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": None,
+           "memory": X.memory_headroom(est), "runners_up": None, "runners_up_requested": k, "sensitivity": None,
            "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k)
@@ -196,12 +197,12 @@ def format_report(rep: dict) -> str:
         out.append(f"  {m['stage']:>5}  {str(m['cluster']):<14} {m['memory_gib']:>9.1f}  {m['capacity_gib']:>12.1f}  "
                    f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)"
                    + ("  <- least headroom" if m is tight else ""))
-    if rep["runners_up"] is not None:
+    if rep["runners_up"] is not None and rep.get("runners_up_requested", 1) > 0:     # (--runners-up 0: none asked)
         out += ["", "runners-up (the search's next best layouts, predicted):",
-                f"  #  {'tokens/s':>10}  {'vs plan':>8}  decision that differs"]
+                f"  {'#':>2}  {'tokens/s':>10}  {'vs plan':>8}  decision that differs"]
         for i, r in enumerate(rep["runners_up"], 1):     # the same tokens per iteration: throughput goes as 1 / time
             vs = _pct(rep["iteration_time_s"] / r["iteration_time_s"] - 1)     # (a rounded tokens/s can be 0)
-            out.append(f"  {i}  {r['tokens_per_s']:>10,.0f}  {vs:>8}  " + "; ".join(r["differs"]))
+            out.append(f"  {i:>2}  {r['tokens_per_s']:>10,.0f}  {vs:>8}  " + "; ".join(r["differs"]))
         if not rep["runners_up"]:
             out.append("  (the search found no other layout that fits)")
     return "\n".join(out + _format_what_if(rep))
@@ -230,7 +231,8 @@ def _format_what_if(rep: dict) -> list[str]:
 def run(args) -> int:
     from ..errors import InputError
     if args.runners_up < 0:
-        raise InputError(f"must not be negative, got {args.runners_up}", field="--runners-up")
+        raise InputError(f"must not be negative, got {args.runners_up}", field="--runners-up",
+                         fix="give the number of runners-up to show, 0 for none")
     plan, inventory, cost_model = plan_inputs(args, args.plan)
     try:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,

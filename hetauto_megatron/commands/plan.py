@@ -174,9 +174,11 @@ def run(args) -> int:
     if args.emit:
         check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
     model, inventory, cost_model = load_inputs(args)
+    inventory = without_excluded_unable(inventory, args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
-        raise InputError(f"must not be negative, got {args.iterations}", field="--iterations")
+        raise InputError(f"must not be negative, got {args.iterations}", field="--iterations",
+                         fix="give the MCTS playouts in all, or 0 for the default from the tree's size")
     if args.budget_s is not None and not args.budget_s > 0:     # NaN too: it would never stop the search
         raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s",
                          fix="give the search's time limit in seconds, e.g. --budget-s 30")
@@ -321,6 +323,31 @@ def keep_search_of(old, args, con, inventory, kept: dict):
               + " (a flag given on the command line wins)"
               + (f"; not kept: {', '.join(dropped)}" if dropped else ""), file=sys.stderr)
     return con
+
+
+def without_excluded_unable(inventory, args):
+    """The inventory without the clusters --exclude-clusters names whose device cannot train at --precision (their
+    links too; taken off --exclude-clusters, said on stderr): the search never sees them, and every cluster the plan
+    file's inventory keeps is priced at the job's precision."""
+    import dataclasses as dc
+
+    from ..errors import InputError
+    from ..plan.constraints import parse_names
+    excluded = parse_names(args.exclude_clusters)
+    unable = []
+    for c in inventory.clusters:
+        if c.name in excluded:
+            try:
+                c.device.at_precision(args.precision)
+            except InputError:
+                unable.append(c.name)
+    if not unable or len(unable) == len(inventory.clusters):
+        return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
+    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, and cannot train in "
+          f"{args.precision})", file=sys.stderr)
+    args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
+    return dc.replace(inventory, clusters=tuple(c for c in inventory.clusters if c.name not in unable),
+                      links={k: v for k, v in inventory.links.items() if not k & set(unable)})
 
 
 def constraints_from_args(args):

@@ -80,7 +80,7 @@ def run(args) -> int:
         raise InputError(f"{grid} is a layer grid, and without --layers profile times operators", field="--grid",
                          fix=f"add --layers to time whole layers, or pick an operator grid: {', '.join(GRIDS)}")
     if args.threads is not None and args.threads < 1:
-        raise InputError(f"must be at least 1, got {args.threads}", field="--threads")
+        raise InputError(f"must be at least 1, got {args.threads}", field="--threads", fix="give --threads 1 or more")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError("exists and is not a directory", file=args.out, field="--out",
                          fix="pass a directory (it is created when missing)")

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
-                      check_timeline_paths, load_inputs, measured_layers_hint, write_timelines)
+                      at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint, write_timelines)
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator (--engine deepspeed:
@@ -128,7 +128,7 @@ def run(args) -> int:
                              fix="give --plan PLAN, or all of --tp --pp --dp --micro-batch-size --global-batch-size")
         for n, v in zip(names, layout):
             if v < 1:
-                raise InputError(f"must be at least 1, got {v}", field=n)
+                raise InputError(f"must be at least 1, got {v}", field=n, fix=f"give {n} 1 or more")
         tp, pp, dp, mbs, gbs = layout
         try:
             cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
@@ -152,7 +152,8 @@ def run(args) -> int:
         plan = dataclasses.replace(plan, precision=args.precision)
     try:
         # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
-        apply_memory_job(cost_model, inventory.with_precision(plan.precision))
+        apply_memory_job(cost_model, inventory.with_precision(plan.precision) if args.precision or not args.plan
+                         else at_plan_precision(inventory, plan, args.plan))
         if plan.precision == "fp32" and not args.precision and not hasattr(cost_model, "describe"):
             measured_layers_hint(inventory.with_precision("fp32"))     # an fp32 plan file, the analytic model
         if args.engine != "megatron" and not plan.is_simple:

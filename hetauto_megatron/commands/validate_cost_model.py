@@ -194,7 +194,7 @@ def _dryrun_results(args) -> dict:
         raise InputError("--dryrun needs the inventory the plans are simulated on", field="--inventory",
                          fix="pass --inventory INV (clusters of device type cpu, as the dry runs)")
     if args.cores is not None and args.cores < 1:
-        raise InputError(f"must be at least 1, got {args.cores}", field="--cores")
+        raise InputError(f"must be at least 1, got {args.cores}", field="--cores", fix="give --cores 1 or more")
     inventory = load_inventory(args.inventory)
     model = load_cost_model(args.cost_model)
     analytic = AnalyticCostModel() if args.cost_model else None

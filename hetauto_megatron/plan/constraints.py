@@ -208,12 +208,13 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
     for flag, v in (("--max-devices", c.max_devices), ("--max-pp", c.max_pp),
                     ("--micro-batch-size", c.micro_batch_size)):
         if v is not None and v < 1:
-            raise InputError(f"must be at least 1, got {v}", field=flag)
+            raise InputError(f"must be at least 1, got {v}", field=flag, fix=f"give {flag} 1 or more, or leave it out")
     mb = c.micro_batch_size
     if mb is not None and (mb & (mb - 1) or gbs % mb):
-        raise InputError(f"{mb} is not a power of two dividing the global batch {gbs} (a micro-batch step moves "
-                         "a power of two of samples)", field="--micro-batch-size",
-                         fix="use 1, 2, 4, ... dividing --global-batch-size")
+        what = (f"{mb} is more than the global batch {gbs}" if mb > gbs else
+                f"{mb} is not a power of two" if mb & (mb - 1) else f"{mb} does not divide the global batch {gbs}")
+        raise InputError(f"{what} (a micro-batch step moves a power of two of samples, dividing the global batch)",
+                         field="--micro-batch-size", fix="use 1, 2, 4, ... dividing --global-batch-size")
     if c.objective == "cost":
         missing = [x.name for x in inventory.clusters if x.name not in c.exclude_clusters
                    and x.price_per_device_hour is None]

@@ -202,13 +202,13 @@ def runners_up(plan: Plan, result, k: int = 5) -> list[dict]:
     tokens = plan.global_batch_size * plan.model.seq_length
     out = []
     for t, choices, layers in result.ranked:
+        if len(out) >= k:
+            break
         if list(choices) == mine and list(layers) == plan.stage_layers:
             continue
         out.append({"iteration_time_s": t, "tokens_per_s": tokens / t,
                     "clusters": [m.cluster for m in choices], "stage_layers": list(layers),
                     "differs": differences(mine, plan.stage_layers, choices, layers) or ["(same decisions)"]})
-        if len(out) == k:
-            break
     return out
 
 

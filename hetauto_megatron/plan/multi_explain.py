@@ -106,7 +106,7 @@ def format_shapes_report(rep: dict) -> str:
     for m in rep["memory"]:
         out.append(f"  stage {m['stage']:>3}  {str(m['cluster']):<14} {m['memory_gib']:>8.1f} of "
                    f"{m['capacity_gib']:.1f} GiB ({100 * m['headroom_share']:.0f}% free)")
-    if rep.get("runners_up") is not None:
+    if rep.get("runners_up") is not None and rep.get("runners_up_requested", 1) > 0:
         out += ["", "alternatives the search weighed (predicted; throughput of this plan against each):"]
         for r in rep["runners_up"]:
             t = r["iteration_time_s"]

@@ -360,20 +360,32 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         for path in space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES):
             value(path)
     largest = max(c.device.memory_gib for c in inventory.clusters)
+    # the devices the search may use: the clusters not excluded, at most --max-devices
+    usable = sum(c.num_devices for c in inventory.clusters if c.name not in sp.con.exclude_clusters)
+    devices = (f"the {sp.con.max_devices} devices --max-devices allows" if sp.con.max_devices is not None
+               and sp.con.max_devices < usable else f"the inventory's {usable} devices"
+               + (" not excluded" if sp.con.exclude_clusters else ""))
     miss = ev.closest_miss()
     if miss:
         short, where = miss
+        depth = sp.max_stages(1)
+        fix = "Add devices or clusters, or shorten --seq-length"
+        if depth < model.num_layers + 2:     # the batch (or --max-pp) caps the pipeline's depth, not the devices
+            fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages than micro-batches: the global "
+                   f"batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
+                   "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
+                   "pipelines; or add devices with more memory, or shorten --seq-length")
         raise InfeasibleError(
-            f"{model.name} does not fit on the inventory's {inventory.num_devices} devices even with full "
+            f"{model.name} does not fit on {devices} even with full "
             f"recomputation: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
-            f"largest device has {largest:.0f} GiB). Add devices or clusters, or shorten --seq-length")
+            f"largest device has {largest:.0f} GiB). {fix}")
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer
         c = inventory.clusters[index]
         where = f"{inventory.source}, field " if inventory.source else "field "
         raise InfeasibleError(
-            f"{model.name} does not fit on the inventory's {inventory.num_devices} devices even with full "
+            f"{model.name} does not fit on {devices} even with full "
             f"recomputation: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
             f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB). Fix: devices with more memory ({where}"

@@ -112,8 +112,8 @@ class DeviceType:
             have = [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]
             raise InputError(f"device type {self.name} ({self.description or self.vendor}) cannot train in "
                              f"{precision}", file=file, field=field or "--precision",
-                             fix=f"choose a precision it has: {', '.join(have)}, or remove that cluster from the "
-                                 "inventory (every cluster listed is priced at the job's precision, excluded or not)")
+                             fix=f"choose a precision it has: {', '.join(have)}, or leave that cluster out (hetauto "
+                                 "plan --exclude-clusters, or remove it from the inventory)")
         if self.vendor == "cpu":      # dry runs train in fp32 whatever the job's precision
             return dataclasses.replace(self, precision="fp32", peak_tflops=peak, dtype_bytes=4)
         return dataclasses.replace(self, precision=precision, peak_tflops=peak, dtype_bytes=PRECISION_BYTES[precision])
