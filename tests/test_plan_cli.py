@@ -254,3 +254,33 @@ def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "hetauto explain: error: unrecognized arguments: --bogus" in err
     assert "usage: hetauto explain" in err
+
+
+def test_emit_names_launch_scripts_left_from_an_earlier_plan(tmp_path):
+    """Emitting a plan of fewer clusters into a folder that held another plan's launch scripts left the old
+    ones beside the new without a word (launching one starts ranks the new plan does not have): stderr names them.
+    simulate --engine deepspeed of a plan whose meshes differ in TP says one DeepSpeed job cannot run it."""
+    import yaml
+    from helpers import twins_and_l40s
+    inv = twins_and_l40s()
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(dict(inv, clusters=inv["clusters"][:1], links=[])))
+    (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
+    base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--quiet", "--workers", "1", "--global-batch-size", "512")
+    out = str(tmp_path / "launch")
+    hetauto(*base, "--inventory", str(tmp_path / "inv.yaml"), "-o", str(tmp_path / "all.yaml"), "--emit", out)
+    before = {n for n in os.listdir(out) if n.endswith(".sh")}
+    r = hetauto(*base, "--inventory", str(tmp_path / "one.yaml"), "-o", str(tmp_path / "a.yaml"), "--emit", out)
+    assert before - {"a.sh"} and all(n in r.stderr for n in before - {"a.sh"}), (before, r.stderr)
+    assert "still holds" in r.stderr and "a.sh," not in r.stderr.split("still holds")[1].split("from")[0]
+    r = hetauto("emit", "megatron", "--plan", str(tmp_path / "a.yaml"), "-o", str(tmp_path / "fresh"))
+    assert "still holds" not in r.stderr
+    inv736 = "examples/llama/inventory-4clusters-736.yaml"
+    p736 = str(tmp_path / "p736.yaml")
+    hetauto("plan", "--model", "llama2-70b", "--inventory", inv736, "--global-batch-size", "1024", "--quiet",
+            "--shapes", "simple", "-o", p736)
+    assert len({m.tp for m in load_plan(p736).meshes}) > 1, "the case needs meshes of different TP"
+    r = hetauto("simulate", "--model", "llama2-70b", "--inventory", inv736, "--plan", p736, "--engine", "deepspeed")
+    assert "one DeepSpeed job cannot run" in r.stderr and "differ in TP" in r.stderr
+    r = hetauto("simulate", "--model", "llama2-70b", "--inventory", inv736, "--plan", p736)
+    assert "DeepSpeed" not in r.stderr

@@ -83,6 +83,33 @@ def write_summary(text: str, out_dir: str, field: str = "-o", keep=()) -> list[s
     return [_write(out_dir, "summary.txt", text + "\n", 0o644, field, keep)]
 
 
+def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit") -> list[str]:
+    """Launch scripts and DeepSpeed configs in `out_dir` that an earlier emit wrote and this one did not (a plan
+    with other clusters or meshes): named on stderr, since launching one starts ranks the plan does not have.
+    Only files of the kinds this emit wrote, and scripts only where their header says hetauto wrote them."""
+    mine = {os.path.basename(p) for p in written}
+    kinds = {name.endswith(".sh") for name in mine if name.endswith(".sh") or name.startswith("ds_config.")}
+    stale = []
+    for name in sorted(os.listdir(out_dir)):
+        path = os.path.join(out_dir, name)
+        if name in mine or not os.path.isfile(path):
+            continue
+        if True in kinds and name.endswith(".sh"):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    head = f.read(200)
+            except OSError:
+                continue
+            if "\n# hetauto launch for " in head:
+                stale.append(name)
+        elif False in kinds and name.startswith("ds_config.") and name.endswith(".json"):
+            stale.append(name)
+    if stale:
+        print(f"{command}: {out_dir} still holds {', '.join(stale)} from an earlier emit, not part of this plan: "
+              "remove them (launching them would start ranks this plan does not have)", file=sys.stderr)
+    return stale
+
+
 def run(args) -> int:
     from ..plan.plan import load_plan
     from ..emit.megatron import check_plan_inventory
@@ -154,6 +181,8 @@ def run(args) -> int:
                               "estimate": plan.estimate, "written": written}, indent=2))
         elif not out_dir:
             print(text)
+    if out_dir:
+        warn_stale(out_dir, written)
     if not args.json:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)

@@ -220,8 +220,11 @@ def run(args) -> int:
             plan.save(args.output)
         written.append(args.output)
     if args.emit:
-        written += emit_all(plan, args.output, args.emit, keep=[
+        from .emit import warn_stale
+        emitted = emit_all(plan, args.output, args.emit, keep=[
             ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
+        warn_stale(args.emit, emitted, "hetauto plan")
+        written += emitted
     if args.timeline:
         from ..plan.timeline import predicted_timeline
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])

@@ -160,6 +160,17 @@ def run(args) -> int:
             raise InputError("DeepSpeed's pipeline engine runs one pipeline of single meshes; this plan has several "
                              "pipelines or meshes side by side", field="--engine",
                              fix="simulate it with --engine megatron (hetauto's runtime runs every plan shape)")
+        if args.engine == "deepspeed" and args.plan:
+            from ..plan.shapes import uniform_topology_gaps
+            from ..spec.devices import get_device
+            gaps = [g for g in uniform_topology_gaps(plan.meshes, [get_device(m.device_type).vendor
+                                                                   for m in plan.meshes]) if g != "selective"]
+            if gaps:      # priced as that engine's schedule would run this layout, which one DeepSpeed job cannot
+                words = {"tp": "TP", "dp": "DP", "micro_batch_size": "micro-batch size", "vendor": "vendor"}
+                print(f"hetauto simulate: one DeepSpeed job cannot run {args.plan} (its meshes differ in "
+                      f"{', '.join(words[g] for g in gaps)}; 'hetauto emit deepspeed' says more): the figure is "
+                      "DeepSpeed's schedule on this layout, 'hetauto plan --engine deepspeed' plans one it runs",
+                      file=sys.stderr)
         est = simulate(plan, inventory, cost_model, engine=args.engine)
     except InputError as exc:
         if args.plan and exc.file is None:

@@ -73,7 +73,7 @@ def alternatives(result, seconds: float, k: int) -> list[dict]:
     groups alongside, the fastest first (the infeasible last), at most `k`: {"what", "iteration_time_s" (None:
     none fits), "note", "vs_plan"}."""
     rows = [{"what": "one pipeline of single meshes", "iteration_time_s": result.simple.iteration_time_s,
-             "note": f"{len(result.simple.choices)} mesh(es)"}]
+             "note": f"{len(result.simple.choices)} mesh{'' if len(result.simple.choices) == 1 else 'es'}"}]
     rows += [{"what": f"pipelines {what}" if "|" in what else what, "iteration_time_s": t, "note": why}
              for what, t, why in result.tried]
     for r in rows:

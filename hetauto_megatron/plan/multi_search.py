@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -62,6 +63,8 @@ class ShapesResult:
     pipelines_searched: int = 0     # single-pipeline searches for those
     alongside_tried: int = 0        # mixed replica groups priced
     tried: list = field(default_factory=list)   # (what, seconds per iteration or None, why) for the report
+    levels_cut: bool = False        # --budget-s ran out in the new shapes' levels (or one of their searches)
+    say: object = field(default=None, repr=False)    # progress(text) on stderr, or None
 
     @property
     def candidates_evaluated(self) -> int:
@@ -73,10 +76,10 @@ class ShapesResult:
 
     @property
     def cut_by_budget(self) -> bool:
-        return self.simple.cut_by_budget
+        return self.simple.cut_by_budget or self.levels_cut
 
     def to_dict(self) -> dict:
-        return {**self.simple.to_dict(), "seconds": round(self.seconds, 3),
+        return {**self.simple.to_dict(), "seconds": round(self.seconds, 3), "cut_by_budget": self.cut_by_budget,
                 "shapes": {"partitions": self.partitions, "partitions_searched": self.partitions_searched,
                            "partitions_cut": self.partitions_cut,
                            "pipelines_searched": self.pipelines_searched, "alongside_tried": self.alongside_tried}}
@@ -105,14 +108,25 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
     # --budget-s covers the whole search: the levels below stop where it runs out
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
+    if cfg.progress:
+        out.say = lambda text: print(f"hetauto plan: new shapes: {text} ({time.perf_counter() - t0:.1f} s)",
+                                     file=sys.stderr, flush=True)
     if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
         if len(usable) > 1:
             best = _partitions(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
+        _progress(out, "replica groups side by side")
         best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
         best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
+    out.levels_cut = out.levels_cut or _out_of_time(deadline)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
+    out.say = None
     return out
+
+
+def _progress(out: ShapesResult, text: str) -> None:
+    if out.say is not None:
+        out.say(text)
 
 
 def _sub(cfg: SearchConfig, deadline) -> SearchConfig:
@@ -120,6 +134,11 @@ def _sub(cfg: SearchConfig, deadline) -> SearchConfig:
     re-plan's warm start seeds the single-pipeline search above: its layouts span other clusters and batches)."""
     left = None if deadline is None else max(0.1, deadline - time.perf_counter())
     return dataclasses.replace(cfg, progress=False, budget_s=left, warm_start=())
+
+
+def _in_time(cfg: SearchConfig, deadline) -> SearchConfig:
+    """`cfg` with what is left of --budget-s now (each search below starts its own clock)."""
+    return cfg if deadline is None else dataclasses.replace(cfg, budget_s=max(0.1, deadline - time.perf_counter()))
 
 
 def _out_of_time(deadline) -> bool:
@@ -179,12 +198,15 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
             ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
             cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
+    _progress(out, f"{out.partitions:,} partitions of the clusters into pipelines bounded, {len(cands):,} may beat "
+                   "one pipeline")
     cache: dict = {}
     for b, blocks in cands[:MAX_PARTITIONS]:
         if b >= best[0] or _out_of_time(deadline):
             break
+        _progress(out, "searching pipelines " + " | ".join("+".join(x) for x in blocks))
         out.partitions_searched += 1
-        found = _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out)
+        found = _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out, deadline)
         what = " | ".join("+".join(x) for x in blocks)
         if found is None:
             out.tried.append((what, None, "no feasible split"))
@@ -197,7 +219,7 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
     return best
 
 
-def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out):
+def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out, deadline=None):
     k = len(blocks)
     rates = [sum(peak_rate(inventory.cluster(c)) for c in blk) for blk in blocks]
     try:
@@ -210,8 +232,9 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
         if key not in cache:
             out.pipelines_searched += 1
             try:
-                cache[key] = search(model, inventory, share, cost,
-                                    dataclasses.replace(cfg, constraints=_block_constraints(con, blk, names)))
+                cache[key] = search(model, inventory, share, cost, dataclasses.replace(
+                    _in_time(cfg, deadline), constraints=_block_constraints(con, blk, names)))
+                out.levels_cut |= cache[key].cut_by_budget
             except (InfeasibleError, InputError):
                 cache[key] = None
         if cache[key] is None:
@@ -225,6 +248,9 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
         t = est.iteration_time_s
         if est.fits and (best is None or t < best[0]):
             best = (t, plan)
+        if _out_of_time(deadline):      # (each round re-prices every pipeline: seconds at a large batch)
+            out.levels_cut = True
+            break
         steps = [c[0].dp * c[0].micro_batch_size for c, *_ in layouts]
         try:
             new = split_batch(gbs, steps, [lay[3] / s for lay, s in zip(layouts, shares)])
@@ -368,11 +394,13 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
                                          + bound.grad_bytes / inventory.link(c, d).bytes_per_s, (c, d)) < best[0]]
         if not partners:
             continue
+        _progress(out, f"{c}'s pipeline with groups of {'+'.join(partners)} alongside")
         try:
             r = search(model, inventory, gbs, cost, dataclasses.replace(
-                cfg, constraints=_block_constraints(con, [c], names)))
+                _in_time(cfg, deadline), constraints=_block_constraints(con, [c], names)))
         except (InfeasibleError, InputError):
             continue
+        out.levels_cut |= r.cut_by_budget
         out.pipelines_searched += 1
         start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
         held = (math.inf, math.inf, start)

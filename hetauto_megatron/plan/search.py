@@ -37,6 +37,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -255,6 +256,9 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
         count = 0 if warm and not cfg.iterations else TREES
         while trees < count:           # rounds of TREE_ROUND trees, while a round finds a better plan
+            if deadline is not None and time.perf_counter() > deadline and leaves:
+                cut = True             # --budget-s: no new round once it ran out (a round's trees stop inside it)
+                break
             n = min(TREE_ROUND, count - trees)
             bar = min([best_known, *dived.values()])     # what the trees prune with (a dive's leaf too)
             jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, bar) for j in range(n)]
@@ -317,24 +321,35 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                                key=lambda x: x[0])
             shortlists = [shortlist(found, gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
                                     lambda c: ev.resolve(c)[1])]
-    best, exact = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score)
+    best, exact, late = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score,
+                                    deadline, cfg.progress)
     if best is None:
         _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
     release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
-                        priced, method, cut, playouts, trees, exact, res.boundaries)
+                        priced, method, cut or late, playouts, trees, exact, res.boundaries)
 
 
-def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda t, layout: t):
+def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda t, layout: t,
+                deadline: float | None = None, progress: bool = False):
     """The event simulation decides: -> ((result, layout) of the best by `score` (the objective), every
-    re-checked layout best first)."""
+    re-checked layout best first, whether --budget-s stopped it). Its cost grows with the micro-batches (seconds
+    a layout at tens of thousands of them), so past the deadline it stops once one layout fits."""
     best, seen, exact = None, set(), []
+    t0 = last = time.perf_counter()
     for listed in shortlists:
         checked = 0
         for t, choices in listed:
             if not math.isfinite(t):
                 continue
+            now = time.perf_counter()
+            if best is not None and deadline is not None and now > deadline:
+                return best, sorted(exact, key=lambda x: x[0]), True
+            if progress and now - last > 1.0:
+                last = now
+                print(f"hetauto plan: event simulation of the best layouts: {len(seen)} checked ({now - t0:.1f} s)",
+                      file=sys.stderr, flush=True)
             if (best is not None and t > score(best[0].iteration_time_s, best[1]) * (1 + RERANK_MARGIN)
                     and num_micro_batches(choices, ev.gbs) >= RERANK_MARGIN_M):
                 continue    # many micro-batches: the closed form is close to the simulation, and this is not
@@ -351,7 +366,7 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
                 best = (res, resolved)
             if checked >= rerank:
                 break
-    return best, sorted(exact, key=lambda x: x[0])
+    return best, sorted(exact, key=lambda x: x[0]), False
 
 
 def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace):
