@@ -464,3 +464,16 @@ def test_messages_that_named_the_wrong_thing(tmp_path, capsys):
     for argv, field, words in cases:
         rc, out, err = run_cli(argv, capsys)
         check_error(rc, err, field=field, words=words)
+
+
+def test_a_file_passed_to_the_wrong_option_is_named_as_what_it_is(tmp_path, capsys):
+    """An inventory given as --model (or a plan as --inventory) said 'unknown key(s) clusters, links. Fix: remove
+    them'; it now says which kind of file it is and which option takes it."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    rc, _, err = run_cli(["plan", "--model", inv, "--inventory", inv, "--quiet"], capsys)
+    check_error(rc, err, file=inv, words=["looks like an inventory file", "--inventory"])
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(["plan", "--model", "tiny", "--inventory", inv, "--quiet", "--global-batch-size", "8",
+                    "-o", plan], capsys)[0] == 0
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", plan, "--quiet"], capsys)
+    check_error(rc, err, file="p.yaml", words=["looks like a plan file", "--plan"])

@@ -74,8 +74,19 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     return value
 
 
+# A key that says which of hetauto's files a mapping is, for the message when one is passed for another.
+_FILE_KEYS = {"clusters": "an inventory file (what --inventory reads)",
+              "meshes": "a plan file (what --plan and --from read)",
+              "num_layers": "a model file (what --model reads)", "hidden_size": "a model file (what --model reads)"}
+
+
 def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None, prefix: str = "") -> None:
     unknown = sorted((str(k) for k in set(data) - set(known)))
+    kind = next((what for key, what in _FILE_KEYS.items() if key in unknown), None)
+    if kind and not prefix:     # a whole file of another kind: say so, not "remove them"
+        raise InputError(f"has key(s) {', '.join(unknown[:4])}{', ...' if len(unknown) > 4 else ''}: it looks like "
+                         f"{kind}, not the file this option reads", file=file,
+                         fix="pass each file to its own option (--model, --inventory, --plan)")
     if unknown:
         renames = []
         for k in unknown:

@@ -7,6 +7,7 @@ Keys (units as in the inventory file, docs/inputs.md):
     cluster.X.memory_gib      cluster.X.peak_tflops        cluster.X.hbm_gbps
     cluster.X.intra_node.bandwidth_gbps   cluster.X.intra_node.latency_us   (and inter_node.*, inter_node.node_gbps)
     cluster.X.uplink_gbps     what all of X's links to other clusters carry together
+    cluster.X.price_per_device_hour   what one device costs per hour (any currency; --objective cost)
 Cluster names may themselves contain '-' or '.': a key is matched against the inventory's own names.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .inventory import Cluster, Inventory, LinkSpec
 
 LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
 CLUSTER_FIELDS = ("nodes", "devices_per_node", "memory_gib", "peak_tflops", "hbm_gbps", "uplink_gbps",
+                  "price_per_device_hour",
                   "intra_node.bandwidth_gbps", "intra_node.latency_us",
                   "inter_node.bandwidth_gbps", "inter_node.latency_us", "inter_node.node_gbps")
 _INT_FIELDS = ("nodes", "devices_per_node")
@@ -123,8 +125,8 @@ def _set_cluster(c: Cluster, field: str, value: float) -> Cluster:
         return dataclasses.replace(c, **{field: int(value)})
     if field in ("memory_gib", "peak_tflops", "hbm_gbps"):
         return dataclasses.replace(c, device=c.device.with_overrides(**{field: value}))
-    if field == "uplink_gbps":
-        return dataclasses.replace(c, uplink_gbps=value)
+    if field in ("uplink_gbps", "price_per_device_hour"):
+        return dataclasses.replace(c, **{field: value})
     which, what = field.split(".")
     old: LinkSpec = getattr(c, which)
     new = dataclasses.replace(old, **({"latency_s": value * 1e-6} if what == "latency_us" else {what: value}))
