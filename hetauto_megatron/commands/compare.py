@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ..spec._fields import MAX_FIGURE
 from .explain import add_plan_input_args
@@ -146,13 +147,19 @@ def format_table(rows: list[dict]) -> str:
 def run(args) -> int:
     from ..errors import InputError
     from .explain import plan_inputs
-    rows = []
+    rows, jobs = [], {}
     for path in args.plans:
         plan, inventory, cost_model = plan_inputs(args, path)
+        jobs[path] = (plan.model.name, plan.model.num_layers, plan.model.hidden_size, plan.model.seq_length,
+                      plan.global_batch_size)
         try:
             rows.append(plan_row(path, plan, _priced(args, inventory), cost_model))
         except InputError as exc:
             raise (exc.within(file=path) if exc.file is None else exc) from None
+    if len(set(jobs.values())) > 1:     # (the '<' marks then compare different work)
+        print("hetauto compare: the plans train different jobs (" + "; ".join(
+            f"{p}: {n}, {layers} layers, hidden {h}, sequence {s}, batch {b}" for p, (n, layers, h, s, b) in jobs.items())
+              + "): time per iteration and tokens/s compare different work", file=sys.stderr)
     if args.json:
         differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
         print(json.dumps({"plans": rows, "differ": differ}, indent=2))

@@ -110,11 +110,20 @@ def _engine_note(plan: Plan) -> str:
     return "" if plan.engine == "megatron" else f" as {plan.engine}'s pipeline engine runs them"
 
 
+TIGHT_MEMORY = 0.95     # a stage using more of its device's memory is called out: the model's error is up to 10 %
+
+
 def _estimate_line(est: dict) -> str:
     fits = est.get("fits")
+    shares = [(st["memory_gib"] / st["memory_cap_gib"], st.get("stage", i)) for i, st in enumerate(est.get("stages") or [])
+              if isinstance(st.get("memory_gib"), (int, float)) and isinstance(st.get("memory_cap_gib"), (int, float))
+              and st["memory_cap_gib"] > 0]
+    share, stage = max(shares, default=(0.0, None))
+    tight = (f" (stage {stage} uses {share:.0%} of its device memory: little headroom, the memory model is within "
+             "10 % of measured runs, docs/cost-model.md)" if fits is True and share >= TIGHT_MEMORY else "")
     return (f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, {_num(est.get('tokens_per_s'), ',.0f')} "
             f"tokens/s, {_num(est.get('tflops_per_device'), '.1f')} TFLOP/s per device (model FLOPs), "
-            f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}")
+            f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}{tight}")
 
 
 def _count(n: int, noun: str) -> str:
