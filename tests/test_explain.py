@@ -219,46 +219,49 @@ def test_runners_up_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
     assert len(rows) == 2 and all("%" in r for r in rows)
 
 
-def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_path):
+def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_path, capsys):
     """explain of a plan of several pipelines showed no runners-up (and never read its search record). Now it
     lists what the search weighed: the best single pipeline of single meshes is what a separate `plan --shapes
     simple` finds, no alternative is faster than the plan, and `plan --explain` reuses its own search for the
     same list."""
-    from helpers import run_hetauto, twins_and_l40s
+    from helpers import run_cli, twins_and_l40s
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(twins_and_l40s()))
     (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
-    base = ("plan", "--model", str(tmp_path / "m8.yaml"), "--inventory", str(tmp_path / "inv.yaml"),
-            "--global-batch-size", "512", "--json", "--quiet", "--workers", "1")
-    r = run_hetauto(*base, "-o", str(tmp_path / "p.yaml"), "--explain")
-    assert r.returncode == 0, r.stderr
-    planned = json.loads(r.stdout)
+    base = ["plan", "--model", str(tmp_path / "m8.yaml"), "--inventory", str(tmp_path / "inv.yaml"),
+            "--global-batch-size", "512", "--json", "--quiet", "--workers", "1"]
+
+    def run(argv):
+        rc, out, err = run_cli(argv, capsys)
+        assert rc == 0, err
+        return json.loads(out), err
+
+    planned, _ = run(base + ["-o", str(tmp_path / "p.yaml"), "--explain"])
     assert planned["plan"].get("pipelines"), "the case needs a plan of several pipelines"
-    simple = json.loads(run_hetauto(*base, "--shapes", "simple").stdout)
-    r = run_hetauto("explain", "--plan", str(tmp_path / "p.yaml"), "--json")
-    assert r.returncode == 0, r.stderr
-    alts = json.loads(r.stdout)["runners_up"]
+    simple, _ = run(base + ["--shapes", "simple"])
+    rep, err = run(["explain", "--plan", str(tmp_path / "p.yaml"), "--json"])
+    alts = rep["runners_up"]
     assert alts == planned["explain"]["runners_up"]
     one = next(a for a in alts if a["what"] == "one pipeline of single meshes")
     assert one["iteration_time_s"] == pytest.approx(simple["iteration_time_s"], abs=1e-6)   # (6 decimals)
     assert any(a["what"].startswith("pipelines ") for a in alts)
     assert all(a["vs_plan"] >= -1e-9 for a in alts if a["iteration_time_s"] is not None)
-    text = run_hetauto("explain", "--plan", str(tmp_path / "p.yaml"))
-    assert "alternatives the search weighed" in text.stdout and "one pipeline of single meshes" in text.stdout
+    from hetauto_megatron.commands.explain import format_report     # (the text the command prints for it)
+    text = format_report(rep)
+    assert "alternatives the search weighed" in text and "one pipeline of single meshes" in text
     # The cluster sizes are re-planned, every shape searched: c at twice its nodes is what a cold plan on an
     # inventory with c doubled finds (the runtime's what-if, priced by an independent run of the planner).
-    rep = json.loads(r.stdout)
     rows = {row["what"]: row for row in rep["sensitivity"]}
     assert {"cluster a size (nodes)", "cluster b size (nodes)", "cluster c size (nodes)"} <= set(rows)
     bigger = twins_and_l40s()
     bigger["clusters"][2]["nodes"] = 2
     (tmp_path / "inv2.yaml").write_text(yaml.safe_dump(bigger))
-    cold = json.loads(run_hetauto(*base[:4], str(tmp_path / "inv2.yaml"), *base[5:]).stdout)
+    cold, _ = run(base[:4] + [str(tmp_path / "inv2.yaml")] + base[5:])
     doubled = rows["cluster c size (nodes)"]["cases"][1]
     assert doubled["value"] == 2 and rows["cluster c size (nodes)"]["method"] == "re-planned"
     tokens = rep["tokens_per_s"] * rep["iteration_time_s"]
     assert doubled["tokens_per_s"] == pytest.approx(tokens / cold["iteration_time_s"], rel=1e-5)
     assert rows["cluster c size (nodes)"]["cases"][0]["note"] == "fewer than one node"
-    assert "[re-planned]" in text.stdout and "re-planned 1 of" in text.stderr
+    assert "[re-planned]" in text and "re-planned 1 of" in err
     # what the plan owes to its overlapped boundaries: the search chose overlap, so blocking cannot be faster
     blocking = rep["blocking_boundaries"]
     assert blocking and blocking["boundaries"] and blocking["tokens_per_s"] <= rep["tokens_per_s"] * (1 + 1e-9)
