@@ -215,6 +215,51 @@ def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_
     assert warm["kept_from_plan"]["shapes"] == "simple" and not warm["plan"].get("pipelines")
 
 
+def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
+    """--from silently re-planned an fp32, global batch 16, sequence 16 DeepSpeed job as bf16, 512, 32, Megatron
+    (the flags' defaults): the job is the old plan's, each flag given wins, and stderr says what was kept."""
+    inv = "examples/llama/inventory-cpu-dryrun.yaml"
+    old = tmp_path / "old.yaml"
+    base = ("plan", "--model", "tiny", "--inventory", inv, "--quiet", "--workers", "1")
+    r = hetauto(*base, "--global-batch-size", "16", "--precision", "fp32", "--seq-length", "16",
+                "--engine", "deepspeed", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    r = hetauto(*base, "--from", str(old), "--json")
+    assert r.returncode == 0, r.stderr
+    new = json.loads(r.stdout)["plan"]
+    assert (new["global_batch_size"], new["precision"], new["model"]["seq_length"], new.get("engine")) == \
+        (16, "fp32", 16, "deepspeed")
+    assert "kept: --global-batch-size 16, --precision fp32, --seq-length 16, --engine deepspeed" in r.stderr
+    r = hetauto(*base, "--from", str(old), "--json", "--global-batch-size", "32", "--engine", "megatron")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["plan"]["global_batch_size"], out["plan"]["precision"], out["plan"].get("engine", "megatron")) == \
+        (32, "fp32", "megatron")
+    # (the DeepSpeed plan was searched with the default --shapes all, one pipeline only because of its engine:
+    # under Megatron's every shape is searched)
+    assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "all"}
+    # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
+    r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "--shapes", "simple",
+                "-o", str(old))      # (one pipeline across both clusters: a boundary between them)
+    assert r.returncode == 0, r.stderr
+    assert any(m.boundary_schedule == "blocking" for m in load_plan(str(old)).meshes[:-1])
+    r = hetauto(*base, "--from", str(old), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kept_from_plan"]["boundary_schedule"] == "blocking"
+    assert all(m.get("boundary", {}).get("schedule", "blocking") == "blocking"
+               for m in json.loads(r.stdout)["plan"]["meshes"])
+
+
+def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
+    """`hetauto explain --plan p --bogus` printed the top level's usage ('hetauto: error'), not explain's."""
+    from hetauto_megatron.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["explain", "--plan", "p.yaml", "--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "hetauto explain: error: unrecognized arguments: --bogus" in err
+    assert "usage: hetauto explain" in err
+
+
 def test_emit_names_launch_scripts_left_from_an_earlier_plan(tmp_path, capsys):
     """Emitting a plan of fewer clusters into a folder that held another plan's launch scripts left the old
     ones beside the new without a word (launching one starts ranks the new plan does not have): stderr names them.
