@@ -386,8 +386,8 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         depth = sp.max_stages(1)
         fix = "Add devices or clusters, or shorten --seq-length"
         if depth < model.num_layers + 2:     # the batch (or --max-pp) caps the pipeline's depth, not the devices
-            fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages than micro-batches: the global "
-                   f"batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
+            fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
+                   f"than micro-batches: the global batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
                    "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
                    "pipelines; or add devices with more memory, or shorten --seq-length")
         raise InfeasibleError(
