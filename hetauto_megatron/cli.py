@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from . import tool_version
 from .errors import InfeasibleError, InputError
 
 # (command name, module under hetauto_megatron.commands, one-line help). Order = order in --help.
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetauto", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Plan and run one Megatron training job across clusters of different accelerators.")
-    parser.add_argument("--version", action="version", version=f"hetauto {_version()}")
+    parser.add_argument("--version", action="version", version=f"hetauto {tool_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(f".commands.{module}", __package__)
@@ -57,15 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
     return parser
-
-
-def _version() -> str:
-    """The installed package's version (setup.py); 'unknown' when this code runs uninstalled."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("hetauto-megatron")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,7 +182,8 @@ def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_
     tokens/s on an H800-only plan joined by the 910B cluster). The plan records the --shapes it was searched with
     and --from keeps that: one A100 cluster alone (one pipeline), then the twin A100 cluster and the L40S join; the
     re-plan reaches the cold plan of the new inventory. With --shapes simple recorded, simple is kept. The same
-    inputs and seed write the same bytes (the search's wall time is not in the file)."""
+    inputs and seed write the same bytes (the search's wall time is not in the file) and the file names the hetauto
+    that wrote it."""
     import yaml
     from helpers import run_cli, twins_and_l40s
     inv = twins_and_l40s()
@@ -203,6 +204,9 @@ def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_
     assert load_plan(str(old)).is_simple
     plan(*gbs, "--inventory", str(tmp_path / "alone.yaml"), "-o", str(again))
     assert old.read_bytes() == again.read_bytes()
+    # the file says which hetauto made it: the installed package's version, as pip records it
+    from importlib.metadata import version
+    assert load_plan(str(old)).estimate["search"]["hetauto_version"] == version("hetauto-megatron")
     cold = plan(*gbs, "--inventory", str(tmp_path / "inv.yaml"))
     assert cold["plan"].get("pipelines") or any(m.get("alongside") for m in cold["plan"]["meshes"]), \
         "the case needs a cold plan of another shape"

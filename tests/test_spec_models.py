@@ -37,6 +37,22 @@ def test_hf_exact_counts_where_the_architecture_is_bias_free():
     assert load_model(os.path.join(HF, "mistral-7b.json")).total_params == 7_241_732_096
 
 
+def test_a_config_json_without_a_sequence_length_says_which_one_is_planned():
+    """A config.json holds the longest sequence its positions allow (Qwen2-7B: 131,072 tokens), not the one
+    trained: planning at it silently would price sequences 32x those of a 4,096-token job. Without
+    --seq-length the length planned is said (the file's own value); with it, nothing is said."""
+    import json
+    path = os.path.join(HF, "qwen2-7b.json")
+    with open(path) as f:
+        published = json.load(f)["max_position_embeddings"]
+    said = []
+    assert load_model(path, note=said.append).seq_length == published
+    assert len(said) == 1 and path in said[0] and f"{published:,} tokens" in said[0] and "--seq-length" in said[0]
+    said.clear()
+    assert load_model(path, seq_length=4096, note=said.append).seq_length == 4096 and not said
+    assert load_model("llama2-7b", note=said.append) and not said      # a preset carries its trained length
+
+
 def test_hf_gqa_shapes():
     q = load_model(os.path.join(HF, "qwen2-7b.json"))
     assert q.head_dim == 128 and q.kv_hidden == 512 and q.ffn_hidden_size == 18944

@@ -198,6 +198,7 @@ def _print_memory(report: dict) -> None:
 
 
 def _print_table(report: dict, plan) -> None:
+    from ..emit.summary import count_noun
     from ..plan.layout import PipelineLayout
 
     m = report["model"]
@@ -206,7 +207,7 @@ def _print_table(report: dict, plan) -> None:
                       + (f" ({q.samples} samples)" if len(pipes) > 1 else "") for q in pipes)
     if len(pipes) > 1:
         shape = f"{len(pipes)} pipelines joined by data parallelism: {shape}"
-    print(f"dry run of {plan.world_size} ranks, {len(plan.meshes)} mesh(es), model {m['name']} ({m['num_layers']} "
+    print(f"dry run of {plan.world_size} ranks, {count_noun(len(plan.meshes), 'mesh')}, model {m['name']} ({m['num_layers']} "
           f"layers, hidden {m['hidden_size']}), {shape}")
     ref = report.get("reference")
     head = f"{'step':>4}  {'loss':>14}  {'grad norm':>14}"

@@ -252,12 +252,14 @@ def run(args) -> int:
           + (" (cut by --budget-s)" if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
+        from ..emit.summary import count_noun
         from ..plan.shapes import describe_shape
         cut = getattr(result, "partitions_cut", False)
-        print(f"new shapes: {result.partitions:,} partitions of the clusters into pipelines bounded"
+        print(f"new shapes: {count_noun(result.partitions, 'partition')} of the clusters into pipelines bounded"
               + (" (the first, fewer pipelines and more clusters first: there are too many to bound them all)"
                  if cut else "") + ", "
-              f"{result.partitions_searched} searched; {result.alongside_tried} replica groups side by side priced; "
+              f"{result.partitions_searched} searched; {count_noun(result.alongside_tried, 'replica group')} side by "
+              "side priced; "
               + (f"the plan has {describe_shape(plan.meshes)[0]} (one pipeline of single meshes: "
                  f"{result.simple.iteration_time_s:.3f} s)" if not plan.is_simple else "one pipeline of single meshes kept"))
     if moved is not None:
@@ -408,11 +410,13 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -
     """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
     plan was made (search method, objective, constraints, the --shapes setting: `shapes.setting`, which --from
     keeps)."""
+    from .. import tool_version
     from ..plan.constraints import cost_per_million_tokens
     tokens = plan.global_batch_size * plan.model.seq_length
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
     record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
     record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
+    record["hetauto_version"] = tool_version()     # which planner wrote it, for a plan read months later
     # the file holds what the inputs and the seed decide, so that the same ones write the same bytes: the search's
     # wall time goes to stderr and --json only
     record.pop("seconds", None)

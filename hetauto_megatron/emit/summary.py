@@ -126,9 +126,9 @@ def _estimate_line(est: dict) -> str:
             f"fits in memory: {'yes' if fits is True else 'no' if fits is False else '-'}{tight}")
 
 
-def _count(n: int, noun: str) -> str:
+def count_noun(n: int, noun: str) -> str:
     """'1 mesh', '2 meshes', '1 pipeline stage', '16 pipeline stages'."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith(('sh', 's', 'x')) else 's'}"
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}{'es' if noun.endswith(("sh", "s", "x")) else 's'}"
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -183,8 +183,8 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
         rows.append(row)
     right = {0, 3, 4, 5, 7} | ({9, 10, 11, 12, 13, 14} if est else set())
     m = plan.model
-    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {_count(len(plan.meshes), 'mesh')}"
-             f", {_count(plan.pipeline_parallel_size, 'pipeline stage')}",
+    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {count_noun(len(plan.meshes), 'mesh')}"
+             f", {count_noun(plan.pipeline_parallel_size, 'pipeline stage')}",
              *_table(header, rows, right),
              _precision_line(plan),
              f"global batch {plan.global_batch_size} = {plan.num_micro_batches} micro-batch steps x "

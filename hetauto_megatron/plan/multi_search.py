@@ -198,8 +198,8 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
             ordered = [blocks[r]] + blocks[:r] + blocks[r + 1:]
             cands.append((b, [sorted(x, key=names.index) for x in ordered]))
     cands.sort(key=lambda x: (x[0], str(x[1])))
-    _progress(out, f"{out.partitions:,} partitions of the clusters into pipelines bounded, {len(cands):,} may beat "
-                   "one pipeline")
+    _progress(out, f"{out.partitions:,} partition{'s' if out.partitions != 1 else ''} of the clusters into pipelines "
+                   f"bounded, {len(cands):,} may beat one pipeline")
     cache: dict = {}
     for b, blocks in cands[:MAX_PARTITIONS]:
         if b >= best[0] or _out_of_time(deadline):

@@ -317,15 +317,24 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
         raise exc.within(file=file) from None
 
 
+def _hf_note(spec: ModelSpec, file: str, seq_length: int | None, note) -> ModelSpec:
+    if note is not None and not seq_length:
+        note(f"{file} gives no training sequence length; planning at the longest its positions allow, "
+             f"{spec.seq_length:,} tokens. Pass --seq-length N to train shorter sequences")
+    return spec
+
+
 def _read_json(path: str) -> dict:
     return require_mapping(read_json_file(path, fix="pass the model's config.json"), "a Hugging Face config", path)
 
 
-def load_model(source: str, *, seq_length: int | None = None) -> ModelSpec:
+def load_model(source: str, *, seq_length: int | None = None, note=None) -> ModelSpec:
     """A preset name, a config.json (Hugging Face) or a model YAML. `seq_length` overrides the file's.
 
     A Hugging Face checkpoint directory stands for its config.json; a .json file written with this project's
-    own model keys (no model_type) is read like a model YAML.
+    own model keys (no model_type) is read like a model YAML. A config.json holds no training sequence length,
+    only the longest one the positions allow: without `seq_length` that is the one planned, and `note` (a
+    callable taking one line) is told so, since 131,072 tokens of a long-context model is rarely what is meant.
     """
     if source in PRESETS:
         spec = PRESETS[source]
@@ -337,7 +346,7 @@ def load_model(source: str, *, seq_length: int | None = None) -> ModelSpec:
         if not os.path.isfile(config):
             raise InputError("is a directory without a config.json", file=source, field="--model",
                              fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
-        spec = model_from_hf_config(_read_json(config), file=config)
+        spec = _hf_note(model_from_hf_config(_read_json(config), file=config), config, seq_length, note)
     elif source.endswith(".json"):
         if not os.path.exists(source):
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
@@ -345,7 +354,7 @@ def load_model(source: str, *, seq_length: int | None = None) -> ModelSpec:
         if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
             spec = model_from_dict(cfg, file=source)
         else:
-            spec = model_from_hf_config(cfg, file=source)
+            spec = _hf_note(model_from_hf_config(cfg, file=source), source, seq_length, note)
     else:
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict) and len(data) == 1:
