@@ -90,15 +90,19 @@ class Inventory:
         if dup:
             raise InputError(f"cluster name(s) {', '.join(dup)} appear more than once", file=self.source,
                              field="clusters", fix="give every cluster a unique name")
+        # Lookups the search makes hundreds of thousands of times (a frozen inventory's answers never change):
+        # not fields, so equality, repr and the file format ignore them.
+        object.__setattr__(self, "_by_name", {c.name: c for c in self.clusters})
+        object.__setattr__(self, "_links_seen", {})
 
     @property
     def num_devices(self) -> int:
         return sum(c.num_devices for c in self.clusters)
 
     def cluster(self, name: str) -> Cluster:
-        for c in self.clusters:
-            if c.name == name:
-                return c
+        c = self._by_name.get(name)
+        if c is not None:
+            return c
         raise InputError(f"has no cluster named {name!r}", file=self.source, field="clusters",
                          fix=f"use one of the inventory's clusters: {', '.join(c.name for c in self.clusters)}")
 
@@ -122,6 +126,12 @@ class Inventory:
         inventory's entry, no faster than either cluster's uplink (`uplink_gbps`) where one is given."""
         if a == b:
             return self.cluster(a).inter_node
+        seen = self._links_seen
+        if (a, b) not in seen:
+            seen[(a, b)] = self._capped_link(a, b)
+        return seen[(a, b)]
+
+    def _capped_link(self, a: str, b: str) -> LinkSpec | None:
         link = self.links.get(frozenset((a, b)))
         if link is None:
             return None
