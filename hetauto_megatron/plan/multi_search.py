@@ -113,10 +113,10 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
                                      file=sys.stderr, flush=True)
     if con.max_devices is None:      # (a device budget would have to be shared out across pipelines and groups)
         if len(usable) > 1:
-            best = _partitions(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
+            best = _partitions(model, inventory, gbs, cost, _sub(cfg), con, usable, best, out, deadline)
         _progress(out, "replica groups side by side")
         best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
-        best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg, deadline), con, usable, best, out, deadline)
+        best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg), con, usable, best, out, deadline)
     out.levels_cut = out.levels_cut or _out_of_time(deadline)
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
@@ -129,11 +129,11 @@ def _progress(out: ShapesResult, text: str) -> None:
         out.say(text)
 
 
-def _sub(cfg: SearchConfig, deadline) -> SearchConfig:
-    """The configuration of the single-pipeline searches below: quiet, within what is left of --budget-s, cold (a
-    re-plan's warm start seeds the single-pipeline search above: its layouts span other clusters and batches)."""
-    left = None if deadline is None else max(0.1, deadline - time.perf_counter())
-    return dataclasses.replace(cfg, progress=False, budget_s=left, warm_start=())
+def _sub(cfg: SearchConfig) -> SearchConfig:
+    """The configuration of the single-pipeline searches below: quiet and cold (a re-plan's warm start seeds the
+    single-pipeline search above: its layouts span other clusters and batches). Each of them gets what is left of
+    --budget-s when it starts (`_in_time`)."""
+    return dataclasses.replace(cfg, progress=False, warm_start=())
 
 
 def _in_time(cfg: SearchConfig, deadline) -> SearchConfig:
