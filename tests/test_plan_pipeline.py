@@ -49,6 +49,31 @@ def test_each_micro_batch_its_own_compute_time_matches_the_reference():
         assert got.makespan == ref and got.busy == tuple(sum(x) + sum(y) for x, y in zip(fs, bs))
 
 
+def test_many_micro_batches_jumping_the_steady_state_equal_the_reference(monkeypatch):
+    """The search's case (one compute time per stage, many micro-batches) runs in rounds and jumps over the steady
+    state once a round repeats an earlier one (plan/pipeline_rounds.py). On random pipelines with slow links, mixed
+    schedules and depths, and 40-160 micro-batches, it equals the tick-by-tick reference exactly; among the cases
+    are schedules whose period spans one round and ones whose period spans several."""
+    from hetauto_megatron.plan import pipeline_rounds
+    periods = []
+    repeats = pipeline_rounds._repeats
+
+    def counted(now, seen, longest):
+        c = repeats(now, seen, longest)
+        periods.append(c)
+        return c
+    monkeypatch.setattr(pipeline_rounds, "_repeats", counted)
+    rng = random.Random(29)
+    for _ in range(40):
+        p, _, f, b, occ, lat, blk, depth = _case(rng)
+        m = rng.randint(40, 160)
+        ref = reference_makespan(f, b, occ, lat, m, blk, depth)
+        got = simulate_1f1b(f, b, [o + a for o, a in zip(occ, lat)], m, latency=lat, blocking=blk, depth=depth)
+        assert got.makespan == ref, (p, m, f, b, occ, lat, blk, depth)
+        assert got.busy == tuple(m * (x + y) for x, y in zip(f, b))
+    assert 1 in periods and any(c > 1 for c in periods), sorted(set(periods))
+
+
 def test_blocking_send_holds_the_sender():
     """Two stages, a link as slow as the forward: blocking holds the first stage for every send, overlapped does not."""
     f, b, x, m = [1.0, 1.0], [2.0, 2.0], [1.0], 8

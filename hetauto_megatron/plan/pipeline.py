@@ -26,8 +26,11 @@ then alternates one forward and one backward, then drains its backwards). It pri
   Megatron pairs each send with the matching receive of the neighbour (send_forward_recv_backward with
   send_backward_recv_forward), so a blocking transfer starts when the sender is done, as simulated here.
 
-Every micro-batch is simulated (no extrapolation): the operations are visited in a dependency order computed
-once per pipeline shape (cached), then each costs a few additions in a tight loop (~1 µs per operation).
+The operations are visited in a dependency order computed once per pipeline shape (cached), then each costs a few
+additions in a tight loop (~1 µs per operation). Where every micro-batch of a stage takes the same time and no
+events are recorded (the search), plan/pipeline_rounds.py visits them in rounds and jumps over the steady state
+once a round repeats the one before, exactly (max-plus linear): O(stages x (stages + transient)), not O(stages x
+micro-batches).
 
 `estimate_1f1b` is the closed form the search screens candidates with (no events):
     T = sum_i (f_i + b_i) + sum_l 2 x_l + (m - 1) * P
@@ -53,6 +56,7 @@ from functools import lru_cache
 
 import numbers
 
+from . import pipeline_rounds as rounds
 from .shared_uplinks import contended, uplink_period, with_waits
 
 
@@ -209,7 +213,13 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     if busy:        # transfers sharing an uplink must be started in the order they are due: its own loop
         from .pipeline_shared import simulate_shared
         return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, busy, record)
-    order = _dependency_order(p, m, warmup_counts(p, m, d))
+    warm = warmup_counts(p, m, d)
+    if not record and rounds.usable(warm, m) \
+            and all(isinstance(v, numbers.Real) for v in (*fwd, *bwd)):
+        # the search's case: the same operations, jumping over the steady state (plan/pipeline_rounds.py)
+        makespan, finish = rounds.simulate_rounds([v[0] for v in f], [v[0] for v in b], x, occ, blk, warm, m)
+        return PipelineTimes(makespan, tuple(sum(f[i]) + sum(b[i]) for i in range(p)), finish)
+    order = _dependency_order(p, m, warm)
     free = [0.0] * p                    # when stage i may start its next operation
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
     b_arr = [0.0] * (p * m)             # ... its gradient

@@ -1,0 +1,189 @@
+"""The 1F1B event simulation of plan/pipeline.py in rounds, jumping over its steady state (pure functions).
+
+The same operations, rules and arithmetic as `pipeline.simulate_1f1b` (its docstring), for the search's case: one
+compute time per stage (not per micro-batch), no shared uplink, no recorded events. They are visited in rounds
+instead of a precomputed dependency order:
+
+- warm-up: stage 0's w_0 forwards, then stage 1's w_1, ... (stage i's forward of j needs stage i - 1's);
+- round r = 0 .. m - w_0 - 1: from the last stage to the first, each runs the forward of micro-batch w_i + r and
+  the backward of r. The forward needs stage i - 1's forward of w_i + r, done in an earlier round since the
+  warm-ups fall by at least one per stage; the backward needs stage i + 1's backward of r, done just before;
+- the drain: what is left (stage i's last w_0 - w_i pairs and its w_i backwards), in the dependency order of
+  `pipeline._dependency_order`, started where the rounds stopped.
+
+Why rounds: every operation is a max of its inputs plus a constant (max-plus linear), so one round maps the state
+the next rounds read (when each stage is free, when each link direction is free, the activations already sent
+ahead) to the next state by a fixed map that commutes with adding a constant to every time. Once one round adds
+the same amount to every part of the state, every later round adds it again: the schedule is periodic, and the
+rounds up to the drain are a jump, not a loop. Exact up to rounding (a round-off of about 1e-12 of the iteration
+time where the loop would add up the same period again and again). When no round repeats the one before (a
+schedule whose period spans several rounds), every round is simulated. A pipeline with many micro-batches thus
+costs O(stages x (stages + transient rounds)) instead of O(stages x micro-batches): a global batch of 16,384
+on the GPT-3 example has thousands of micro-batches per pipeline and this is most of a search's time.
+"""
+from __future__ import annotations
+
+# A round that adds the same amount to every part of the state within this share of the amount repeats (float
+# round-off in times of ~1e3 s is ~1e-13 s; a period is >= ~1e-6 s).
+SAME_STEP = 1e-9
+MIN_ROUNDS = 8          # fewer rounds than this: nothing to jump over
+
+
+def usable(warm: tuple, m: int) -> bool:
+    """Whether `simulate_rounds` applies (given one compute time per stage): warm-ups not capped by m (so they fall
+    by at least one per stage) and enough rounds to be worth it."""
+    return m - warm[0] >= MIN_ROUNDS and all(warm[i - 1] > warm[i] for i in range(1, len(warm)))
+
+
+def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple, m: int) -> tuple:
+    """(makespan, finish per stage) of `pipeline.simulate_1f1b` with f[i], b[i] one compute time per stage; x,
+    occ, blk per boundary (the transfer with its latency, the link occupancy, blocking); warm: the warm-up
+    forwards per stage (`usable` holds)."""
+    p = len(f)
+    last = p - 1
+    free = [0.0] * p
+    f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
+    b_arr = [0.0] * (p * m)
+    link_f = [0.0] * p
+    link_b = [0.0] * p
+    finish = [0.0] * p
+
+    def forward(i, j):
+        k = i * m + j
+        fr, ready = free[i], f_arr[k]
+        end = (fr if fr > ready else ready) + f[i]
+        if i == last:
+            b_arr[k] = end
+            free[i] = end
+        else:
+            s = end if end > link_f[i] else link_f[i]
+            link_f[i] = s + occ[i]
+            a = s + x[i]
+            f_arr[k + m] = a
+            free[i] = a if blk[i] else end
+
+    def backward(i, j):
+        k = i * m + j
+        fr, ready = free[i], b_arr[k]
+        end = (fr if fr > ready else ready) + b[i]
+        finish[i] = end
+        if i:
+            s = end if end > link_b[i - 1] else link_b[i - 1]
+            link_b[i - 1] = s + occ[i - 1]
+            a = s + x[i - 1]
+            b_arr[k - m] = a
+            free[i] = a if blk[i - 1] else end
+        else:
+            free[i] = end
+
+    for i in range(p):
+        for j in range(warm[i]):
+            forward(i, j)
+
+    def state(r):
+        """What round r + 1 onwards reads, after round r: free stages and link directions, and the activations
+        stage i - 1 has sent ahead of stage i (micro-batches w_i + r + 1 .. w_{i-1} + r)."""
+        s = free + link_f[:last] + link_b[:last]
+        for i in range(1, p):
+            s.extend(f_arr[i * m + warm[i] + r + 1:i * m + warm[i - 1] + r + 1])
+        return s
+
+    rounds = m - warm[0]
+    # the states after the last rounds, for a schedule whose period spans c rounds: its slowest cycle (a run of
+    # stages, pipeline.py) spans up to w_0 + 1 of them
+    longest = warm[0] + 1
+    seen: list = []
+    r = 0
+    while r < rounds:
+        for i in range(last, -1, -1):
+            forward(i, warm[i] + r)
+            backward(i, r)
+        if r + 2 < rounds:
+            now = state(r)
+            c = _repeats(now, seen, longest)
+            if c:
+                # after round r the state is the one c rounds earlier plus `step`: so every c rounds from here on
+                n = (rounds - 2 - r) // c * c
+                step = [a - e for a, e in zip(now, seen[-c])]
+                _jump(r, n, n // c, step, free, link_f, link_b, f_arr, warm, m)
+                r += n + 1
+                seen.clear()
+                continue
+            seen.append(now)
+            if len(seen) > longest:
+                del seen[0]
+        r += 1
+    _drain(p, m, warm, rounds, forward, backward)
+    return max(finish), tuple(finish)
+
+
+def _repeats(now: list, seen: list, longest: int) -> int:
+    """The smallest c <= `longest` such that `now` is the state c rounds earlier (seen[-c]) with the same positive
+    amount added to every part (0: none). The first and last parts are compared first: most c fail there."""
+    for c in range(1, min(len(seen), longest) + 1):
+        old = seen[-c]
+        lam = now[0] - old[0]
+        tol = SAME_STEP * lam
+        if lam <= 0 or abs(now[-1] - old[-1] - lam) > tol:
+            continue
+        if all(abs(a - e - lam) <= tol for a, e in zip(now, old)):
+            return c
+    return 0
+
+
+def _jump(r: int, n: int, times: int, step: list, free, link_f, link_b, f_arr, warm: tuple, m: int) -> None:
+    """Move the state after round r to the state after round r + n, in place: each part plus `times` x its step
+    (the change over one period of the schedule, n = `times` periods)."""
+    if n <= 0:
+        return
+    p = len(free)
+    last = p - 1
+    it = iter(step)
+    for arr, count in ((free, p), (link_f, last), (link_b, last)):
+        for i in range(count):
+            arr[i] += times * next(it)
+    for i in range(1, p):
+        lo, hi = i * m + warm[i] + r + 1, i * m + warm[i - 1] + r + 1
+        f_arr[lo + n:hi + n] = [f_arr[k] + times * next(it) for k in range(lo, hi)]
+
+
+def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
+    """The operations after the rounds, in a dependency order (the work list of `pipeline._dependency_order`,
+    started with stage i at its operation w_i + 2 x rounds: w_i + rounds forwards and `rounds` backwards done)."""
+    last = p - 1
+    ptr = [warm[i] + 2 * rounds for i in range(p)]
+    f_done = [warm[i] + rounds for i in range(p)]
+    b_done = [rounds] * p
+    todo = list(range(p - 1, -1, -1))
+    n = 2 * m
+    while todo:
+        i = todo.pop()
+        k, w = ptr[i], warm[i]
+        fd, bd = f_done[i], b_done[i]
+        while k < n:
+            # stage i's k-th operation: w warm-up forwards, m - w (forward, backward) pairs, w backwards
+            if k < w:
+                fw, j = True, k
+            elif k < 2 * m - w:
+                q, odd = divmod(k - w, 2)
+                fw, j = (False, q) if odd else (True, w + q)
+            else:
+                fw, j = False, k - m
+            if fw:
+                if i and f_done[i - 1] <= j:
+                    break
+                forward(i, j)
+                fd += 1
+            else:
+                if i < last and b_done[i + 1] <= j:
+                    break
+                backward(i, j)
+                bd += 1
+            k += 1
+        if k == ptr[i]:
+            continue
+        if fd > f_done[i] and i < last:
+            todo.append(i + 1)
+        if bd > b_done[i] and i:
+            todo.append(i - 1)
+        ptr[i], f_done[i], b_done[i] = k, fd, bd
