@@ -159,6 +159,17 @@ def test_compare(readme_plan, tmp_path, capsys):
     assert "* " in out and " <" in out
     assert main(["compare", a, "--price", "h800"]) == 2
     assert main(["compare", a, "--price", "mars=1"]) == 2
+    # plans of different inventories: a price of a cluster only one of them has is that one's (it prices only the
+    # devices it uses), not an error of the other
+    c = yaml.safe_load(open(a))
+    extra = dict(next(x for x in c["inventory"]["clusters"] if x["name"] == "ascend"), name="mars")
+    c["inventory"]["clusters"].append(extra)
+    c["inventory"]["links"].append({"between": ["h800", "mars"], "bandwidth_gbps": 100, "latency_ms": 1})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+    capsys.readouterr()
+    rep = _json(capsys, "compare", a, str(tmp_path / "c.yaml"), "--price", "h800=2", "--price", "ascend=1",
+                "--price", "mars=3", "--json")
+    assert [r["cost_per_million_tokens"] for r in rep["plans"]] == pytest.approx([ra["cost_per_million_tokens"]] * 2)
     # prices in the inventory file give the same figure
     data = yaml.safe_load(open(inv))
     for c in data["clusters"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -149,6 +150,33 @@ def test_partition_bound_gives_each_pair_without_a_link_its_own():
                                            Constraints(), names, blocks, {}, out)
     assert found is not None
     assert PartitionBound(MODEL, inv, 24)(blocks) <= found[0]
+
+
+def test_pipelines_on_clusters_no_link_joins_are_refused_not_priced_free(tmp_path, capsys):
+    """Two pipelines exchange their gradients, so their clusters need a link. With every link of the inventory
+    removed, the exchange of the two-pipeline tiny plan was priced at 0.000 s (the fallback of a pair without a
+    link, the inventory's slowest link, had none to fall back to) and simulate showed 9,943 tokens/s against
+    9,492 with the link. Now simulate refuses it naming the inventory's links (exit 2), and the search keeps
+    every plan within clusters links join: three clusters without links plan on one of them."""
+    import yaml
+    from helpers import ROOT, cpu_inventory, run_cli, twins_and_l40s
+    from hetauto_megatron.plan.link_costs import connected
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    inv = yaml.safe_load(cpu_inventory(4, 4))
+    assert inv["links"], "the case needs the CPU inventory's link"
+    (tmp_path / "nolink.yaml").write_text(yaml.safe_dump(dict(inv, links=[])))
+    plan = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--plan", plan, "--inventory", str(tmp_path / "nolink.yaml")],
+                         capsys)
+    assert rc == 2 and "field 'links'" in err and "nolink.yaml" in err and "Traceback" not in err, err
+    data = dict(twins_and_l40s(), links=[])
+    m8 = MODEL.replace(num_layers=8)
+    res = search_shapes(m8, inventory_from_dict(data), 512, AnalyticCostModel(), SearchConfig(workers=1))
+    assert len({m.cluster for m in res.plan.meshes}) == 1
+    data["links"] = [{"between": ["a", "b"], "bandwidth_gbps": 400, "latency_ms": 1}]   # c alone: a and b only
+    res = search_shapes(m8, inventory_from_dict(data), 512, AnalyticCostModel(), SearchConfig(workers=1))
+    used = {m.cluster for m in res.plan.meshes}
+    assert connected(inventory_from_dict(data), used), used
 
 
 def test_new_shapes_never_make_the_plan_worse():

@@ -42,12 +42,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def _priced(args, inventory):
-    """The inventory with every --price NAME=PRICE applied (wins over its price_per_device_hour)."""
-    import dataclasses
+def _prices(args, inventories) -> dict:
+    """--price NAME=PRICE as {cluster: price}: each a number, each naming a cluster of at least one plan's inventory
+    (plans of different inventories are compared; each counts only the clusters it uses). An error here is the
+    option's, not a plan file's."""
     from ..errors import InputError
     from ..plan.constraints import parse_pins
-    names = [c.name for c in inventory.clusters]
+    names = sorted({c.name for inv in inventories for c in inv.clusters})
     prices = {}
     for name, value in parse_pins(args.price, "--price", "h800=2.5"):
         try:
@@ -58,9 +59,15 @@ def _priced(args, inventory):
             raise InputError(f"{name}={value}: the price must be a number from 0 to {MAX_FIGURE:g}", field="--price",
                              fix=f"write e.g. --price {name}=2.5")
         if name not in names:
-            raise InputError(f"the inventory has no cluster {name!r}", field="--price",
+            raise InputError(f"no plan's inventory has a cluster {name!r}", field="--price",
                              fix=f"price one of: {', '.join(names)}")
         prices[name] = float(value)
+    return prices
+
+
+def _priced(inventory, prices: dict):
+    """The inventory with the --price prices of its clusters applied (they win over its price_per_device_hour)."""
+    import dataclasses
     clusters = [dataclasses.replace(c, price_per_device_hour=prices.get(c.name, c.price_per_device_hour))
                 for c in inventory.clusters]
     return dataclasses.replace(inventory, clusters=clusters)
@@ -147,13 +154,16 @@ def format_table(rows: list[dict]) -> str:
 def run(args) -> int:
     from ..errors import InputError
     from .explain import plan_inputs
-    rows, jobs = [], {}
+    rows, jobs, inputs = [], {}, []
     for path in args.plans:
         plan, inventory, cost_model = plan_inputs(args, path)
         jobs[path] = (plan.model.name, plan.model.num_layers, plan.model.hidden_size, plan.model.seq_length,
                       plan.global_batch_size)
+        inputs.append((path, plan, inventory, cost_model))
+    prices = _prices(args, [inv for _, _, inv, _ in inputs])
+    for path, plan, inventory, cost_model in inputs:
         try:
-            rows.append(plan_row(path, plan, _priced(args, inventory), cost_model))
+            rows.append(plan_row(path, plan, _priced(inventory, prices), cost_model))
         except InputError as exc:
             raise (exc.within(file=path) if exc.file is None else exc) from None
     if len(set(jobs.values())) > 1:     # (the '<' marks then compare different work)

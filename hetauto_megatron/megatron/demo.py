@@ -23,6 +23,7 @@ from ..emit.megatron import model_args, pipeline_args
 from ..errors import InputError
 from ..plan.layout import PipelineLayout
 from ..plan.plan import Plan, load_plan
+from ..runtime.launcher import LaunchError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENTRY_SCRIPT = os.path.join(_ROOT, "examples", "llama", "pretrain_llama_hetauto.py")
@@ -144,6 +145,9 @@ def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234,
     """The demo: the --hetauto run of `plan_path` (CPU meshes only) and, with reference=True, Megatron's
     homogeneous run with the same stages. Returns {"hetauto": [...], "reference": [...], "max_abs_diff": x,
     "bytes": {...}, "log_dir": path}."""
+    if iters < 1:   # checked before any process starts (Megatron would refuse it in every rank)
+        raise InputError(f"must be at least 1, got {iters}", field="--iters",
+                         fix="give the training iterations of each run, e.g. --iters 3")
     plan = load_plan(plan_path)
     non_cpu = sorted({m.device_type for m in plan.meshes if m.device_type != "cpu"})
     if non_cpu:
@@ -196,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
+    except LaunchError as exc:      # a rank failed: its log says why, no traceback of this process adds to it
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if "max_abs_diff" in result and not result["max_abs_diff"] <= 1e-5:
         print("the --hetauto losses differ from the reference by more than 1e-5", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..errors import InputError
 from ..spec.inventory import Cluster, Inventory, LinkSpec
 from ..spec.model import ModelSpec
 from .shared_uplinks import boundary_uplinks
@@ -34,12 +35,37 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
 
 def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:
     """The link traffic between clusters a and b crosses: the inventory's, or where they are not adjacent in it
-    the slowest link it lists (conservative); each no faster than its clusters' uplinks (Inventory.link)."""
+    the slowest link it lists (conservative); each no faster than its clusters' uplinks (Inventory.link). Clusters
+    that no chain of links joins cannot exchange anything: an InputError naming the inventory's `links`."""
+    if a == b:
+        return inventory.link(a, b)
     link = inventory.link(a, b)
     if link is None:
-        link = min((inventory.link(*sorted(k)) for k in inventory.links), key=lambda x: x.bytes_per_s,
-                   default=inventory.cluster(a).inter_node)
+        if not connected(inventory, (a, b)):
+            raise InputError(f"clusters {a} and {b} exchange data in this plan (gradients between pipelines or "
+                             "replica groups) but no link, direct or through other clusters, joins them",
+                             file=inventory.source, field="links",
+                             fix=f"add a links entry between: [{a}, {b}] (bandwidth_gbps, latency_ms), or plan "
+                                 "without one of them (--exclude-clusters)")
+        link = min((inventory.link(*sorted(k)) for k in inventory.links), key=lambda x: x.bytes_per_s)
     return link
+
+
+def connected(inventory: Inventory, names) -> bool:
+    """Whether the inventory's links join every cluster of `names` (directly or through other clusters)."""
+    names = list(names)
+    if len(names) < 2:
+        return True
+    reach, todo = {names[0]}, [names[0]]
+    while todo:
+        here = todo.pop()
+        for pair in inventory.links:
+            if here in pair:
+                for other in pair:
+                    if other not in reach:
+                        reach.add(other)
+                        todo.append(other)
+    return all(n in reach for n in names)
 
 
 def boundary_pairs(senders, receivers, seq: int) -> int:

@@ -35,6 +35,7 @@ from ..spec.model import ModelSpec
 from . import costing
 from .batch_split import split_batch
 from .constraints import Constraints, devices_by_cluster, objective_value
+from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
 from .settings import ENGINES
@@ -169,16 +170,17 @@ def _objective_bound(con: Constraints, inventory: Inventory, seconds: float, clu
     return objective_value(con, inventory, seconds, {c: 1 for c in clusters})
 
 
-def _partition_candidates(usable: list, con: Constraints, gbs: int):
+def _partition_candidates(usable: list, con: Constraints, gbs: int, joined=lambda subset: True):
     """(subset, blocks) for every partition into at least two pipelines of every subset of the usable clusters
     that holds --use-clusters: fewer pipelines first (each adds a gradient exchange across slow links), and for
     each count the larger subsets first, so that where MAX_PARTITIONS_BOUNDED cuts the enumeration short it keeps
     the likelier shapes. The blocks come in set_partitions' order (the bound's choice of pipeline 0 breaks ties
-    by it), each listing its clusters in inventory order."""
+    by it), each listing its clusters in inventory order. `joined(subset)`: whether links join the subset's clusters
+    (its pipelines exchange gradients; clusters no link reaches cannot take part together)."""
     for k in range(2, min(len(usable), gbs) + 1):
         for r in range(len(usable), k - 1, -1):
             for subset in itertools.combinations(usable, r):
-                if all(c in subset for c in con.use_clusters):
+                if all(c in subset for c in con.use_clusters) and joined(subset):
                     for blocks in set_partitions_into(list(subset), k):
                         yield subset, blocks
 
@@ -187,7 +189,7 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]
     cands = []
-    for subset, blocks in _partition_candidates(usable, con, gbs):
+    for subset, blocks in _partition_candidates(usable, con, gbs, lambda subset: connected(inventory, subset)):
         if out.partitions >= MAX_PARTITIONS_BOUNDED or (out.partitions % 512 == 0 and _out_of_time(deadline)):
             out.partitions_cut = True
             break
