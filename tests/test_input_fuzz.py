@@ -358,6 +358,29 @@ def test_dryrun_timeout_must_be_a_number_of_seconds(capsys):
         check_error(rc, err, field="--timeout")
 
 
+def test_dryrun_refuses_a_plan_its_inventory_cannot_hold_before_any_rank_starts(tmp_path, capsys):
+    """A plan using more devices of a cluster than the inventory has was refused only after the whole run (--compare:
+    12 s of 6 ranks, the measurements lost) or not at all (the plan's own stored inventory): now before any
+    process starts, naming the inventory's file, and no timeline is written."""
+    import time
+
+    import yaml
+    from helpers import cpu_inventory
+    plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    small = write(tmp_path, "small.yaml", cpu_inventory(2, 2))
+    picture = tmp_path / "t.png"
+    t0 = time.perf_counter()
+    rc, _, err = run_cli(["dryrun", "--plan", plan, "--tiny", "--timeline", str(picture), "--compare",
+                          "--inventory", small], capsys)
+    check_error(rc, err, field="meshes", words=["small.yaml", "cluster-a"])
+    assert time.perf_counter() - t0 < 5 and not picture.exists()
+    stored = yaml.safe_load(open(plan))
+    stored["inventory"] = yaml.safe_load(cpu_inventory(2, 2))
+    own = write(tmp_path, "own.yaml", yaml.safe_dump(stored, sort_keys=False))
+    rc, _, err = run_cli(["dryrun", "--plan", own, "--tiny"], capsys)
+    check_error(rc, err, field="meshes", words=["own.yaml", "cluster-a"])
+
+
 def test_published_table_of_the_wrong_shape(tmp_path, capsys):
     table = write(tmp_path, "table.yaml", "source_x: 3\n")
     rc, _, err = run_cli(["validate-cost-model", "--published", table], capsys)

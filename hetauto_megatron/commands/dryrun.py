@@ -88,6 +88,7 @@ def run(args) -> int:
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
                          fix="dry-run a smaller plan with the same shape (fewer DP replicas or stages)")
     check_timeline_args(args, plan)
+    _check_inventory(args, plan)
     dropping = [i for i, m in enumerate(plan.meshes) if m.settings.hidden_dropout or m.settings.attention_dropout]
     if args.reference and dropping:
         raise InputError("--reference compares losses with a single-process run, and with dropout every layout "
@@ -122,6 +123,27 @@ def run(args) -> int:
               f"{report['max_abs_diff']:.3g} (> {TOLERANCE:g})", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_inventory(args, plan) -> None:
+    """Before any process starts: the plan fits the inventory it names (--inventory, else the one stored in the
+    plan file), as emit and explain check it; with --compare, the prediction can be made (every link it prices
+    exists). A mismatch found after the run would cost the run and lose its measurements."""
+    from ..cost.analytic import AnalyticCostModel
+    from ..plan.simulate import check_plan_against_inventory, simulate
+    from ..spec.inventory import inventory_from_dict, load_inventory
+    if args.inventory:
+        inv, where = load_inventory(args.inventory), args.inventory
+    elif plan.inventory is not None:
+        inv, where = inventory_from_dict(plan.inventory, file=args.plan), args.plan
+    else:
+        return
+    try:
+        check_plan_against_inventory(plan, inv)
+        if args.compare:
+            simulate(plan, inv, AnalyticCostModel())
+    except InputError as exc:
+        raise (exc.within(file=where) if exc.file is None else exc) from None
 
 
 def _emulation(args, plan):
