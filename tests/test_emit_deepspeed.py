@@ -121,6 +121,10 @@ def test_unsupported_features_only_those_that_apply():
               "uneven layer split"):
         assert w in text
     assert len(unsupported_features(PLANS["736"]())) == 9
+    # an overlapped cross-cluster boundary: the engine blocks on every transfer (its price: simulate --engine)
+    a, b = (with_settings(mesh(c, 1, 2, 2, [4]), **no_param_gather_overlap) for c in "ab")
+    lines = unsupported_features(plan([dict(a, boundary={"schedule": "overlapped", "depth": 1}), b]))
+    assert len(lines) == 1 and "overlapped cross-cluster boundary after a" in lines[0] and "blocks" in lines[0]
 
 
 def test_cli_writes_files_and_json(tmp_path, capsys):

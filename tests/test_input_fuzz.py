@@ -381,6 +381,31 @@ def test_dryrun_refuses_a_plan_its_inventory_cannot_hold_before_any_rank_starts(
     check_error(rc, err, field="meshes", words=["own.yaml", "cluster-a"])
 
 
+def test_a_mesh_key_left_empty_is_refused_not_read_as_its_default(tmp_path, capsys):
+    """`tp:` with no value (YAML's null) was read as TP 1, silently or with a sequence-parallel message."""
+    import yaml
+    plan = yaml.safe_load(open(os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")))
+    for key in ("tp", "dp", "recompute"):
+        data = yaml.safe_load(yaml.safe_dump(plan))
+        data["meshes"][0][key] = None
+        bad = write(tmp_path, f"null-{key}.yaml", yaml.safe_dump(data, sort_keys=False))
+        rc, _, err = run_cli(["emit", "summary", "--plan", bad], capsys)
+        check_error(rc, err, field=f"meshes[0].{key}", words=["no value", f"null-{key}.yaml"])
+
+
+def test_set_takes_a_price_of_zero_as_the_inventory_and_price_do():
+    """docs/inputs.md: a price is a number >= 0 (devices one owns); the inventory and --price took 0, --set refused."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.whatif import apply_overrides
+    inv = load_inventory(os.path.join(REPO, "examples", "llama", "inventory-2clusters.yaml"))
+    assert apply_overrides(inv, ["cluster.h800.price_per_device_hour=0"]).cluster("h800").price_per_device_hour == 0
+    with pytest.raises(InputError):
+        apply_overrides(inv, ["cluster.h800.price_per_device_hour=-1"])
+    with pytest.raises(InputError):
+        apply_overrides(inv, ["cluster.h800.nodes=0"])
+
+
 def test_published_table_of_the_wrong_shape(tmp_path, capsys):
     table = write(tmp_path, "table.yaml", "source_x: 3\n")
     rc, _, err = run_cli(["validate-cost-model", "--published", table], capsys)

@@ -174,6 +174,12 @@ def run(args) -> int:
         est = simulate(plan, inventory, cost_model, engine=args.engine)
     except InputError as exc:
         if args.plan and exc.file is None:
+            if getattr(args, "set", None) and exc.field and exc.field.startswith("meshes"):
+                # the plan fitted its inventory; what changed is the --set override
+                raise InputError(f"{exc.reason} (in the inventory as --set {' '.join(args.set)} changed it)",
+                                 file=args.plan, field=exc.field,
+                                 fix=f"{exc.fix.rstrip('.')}; or change --set" if exc.fix else "change --set") \
+                    from None
             raise exc.within(file=args.plan) from None
         if not args.plan and exc.field and exc.field.startswith("meshes[0]."):
             flag = {"tp": "--tp", "device_type": "--cluster"}.get(exc.field.split(".")[-1], exc.field)

@@ -175,6 +175,12 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("the uneven layer split: ds_config cannot carry it (pipeline.partition is never read); it is in "
                    "the 'hetauto.partition' key and needs a PipelineModule subclass overriding _partition_layers "
                    "(a private API of the pinned DeepSpeed version)")
+    overlapped = [m.cluster for m in meshes if m.boundary_schedule == "overlapped"]
+    if overlapped:
+        out.append(f"the overlapped cross-cluster boundar{'ies' if len(overlapped) > 1 else 'y'} after "
+                   f"{', '.join(overlapped)}: DeepSpeed's pipeline engine blocks both stages on every transfer; "
+                   "'hetauto simulate --engine deepspeed' prices the plan as it runs there, 'hetauto explain' what "
+                   "the overlap is worth")
     return out
 
 

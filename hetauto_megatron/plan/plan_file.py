@@ -112,6 +112,13 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         p = f"meshes[{i}]."
         raw = require_mapping(raw, f"meshes[{i}]", file)
         reject_unknown(raw, _MESH_KEYS, file=file, prefix=p)
+        # An empty `tp:` is YAML's null: read as the default it would give TP 1 silently (and a confusing
+        # sequence-parallel message); a mesh's value is written or left out
+        blank = next((k for k in ("tp", "dp", "recompute", "pipeline", "alongside") if k in raw and raw[k] is None),
+                     None)
+        if blank:
+            raise InputError("has no value (an empty YAML value is null)", file=file, field=p + blank,
+                             fix=f"write the mesh's {blank}, or leave the key out for its default (docs/plan-format.md)")
         boundary = require_mapping(raw.get("boundary") or {}, f"meshes[{i}].boundary", file)
         reject_unknown(boundary, {"schedule", "depth"}, file=file, prefix=f"{p}boundary.")
         try:

@@ -201,6 +201,9 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
     get(data, "description", str, default=None, file=file, fix="write 'description:' as text (quote it if it "
         "starts with a YAML sign such as '[', '{' or '-')")
     raw_clusters = get(data, "clusters", list, file=file, fix="list the clusters under 'clusters:'")
+    if not raw_clusters:        # before the links, which would otherwise be told they name no cluster
+        raise InputError("lists no clusters", file=file, field="clusters",
+                         fix="add at least one cluster entry (name, device, nodes, devices_per_node)")
     clusters = []
     first_of: dict[str, int] = {}
     for i, raw in enumerate(raw_clusters):

@@ -45,7 +45,8 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     except ValueError:
         raise InputError(f"{key}={shown!r}: the value must be {'a whole number' if integer else 'a number'}",
                          field="--set", fix=f"write e.g. {key}={'8' if integer else '100'}") from None
-    latency = key.endswith("latency_ms") or key.endswith("latency_us")
+    # 0 is a latency, and a price (devices one already owns: docs/inputs.md, as --price and the inventory take it)
+    latency = key.endswith(("latency_ms", "latency_us", "price_per_device_hour"))
     if not math.isfinite(value):
         raise InputError(f"{key}={shown}: must be a finite number", field="--set",
                          fix=f"write e.g. {key}={'8' if integer else '100'} (NaN and infinity are not figures)")
@@ -54,7 +55,7 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
                          fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB, latency in ms/µs")
     if value < 0 or (value == 0 and not latency):
         raise InputError(f"{key}={shown}: must be {'0 or more' if latency else 'positive'}", field="--set",
-                         fix="give a value above zero" + (" (or 0 for a latency)" if latency else ""))
+                         fix="give a value above zero" + (" (or 0)" if latency else ""))
     if 0 < value < MIN_FIGURE and not latency:
         raise InputError(f"{key}={shown}: below any device or network (at least {MIN_FIGURE:g})", field="--set",
                          fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB")
