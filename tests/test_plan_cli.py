@@ -176,6 +176,26 @@ def test_replan_from_a_plan_of_two_pipelines_reaches_the_cold_plan_and_says_what
         assert any(line.startswith("pipeline order: ") and "  |  " in line for line in warm["moved"]), warm["moved"]
 
 
+def test_summary_of_a_plan_edited_after_planning_does_not_show_the_old_figures(tmp_path, capsys):
+    """`emit summary` shows the estimate a plan file carries; a file edited afterwards (here half the replicas)
+    showed the old layout's time, memory and "fits" as the new one's. The planner records a fingerprint of the
+    layout the estimate is for; a summary of another layout shows the layout only and says why."""
+    import yaml
+    from helpers import ROOT, run_cli
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = tmp_path / "p.yaml"
+    assert run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--global-batch-size", "64", "--quiet",
+                    "-o", str(plan)], capsys)[0] == 0
+    rc, out, err = run_cli(["emit", "summary", "--plan", str(plan)], capsys)
+    assert rc == 0 and "memory GiB" in out and "changed after" not in err
+    data = yaml.safe_load(plan.read_text())
+    data["meshes"][0]["dp"] //= 2
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    rc, out, err = run_cli(["emit", "summary", "--plan", str(edited)], capsys)
+    assert rc == 0 and "memory GiB" not in out and "changed after 'hetauto plan'" in err and "compare" in err
+
+
 def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_shape(tmp_path, capsys):
     """--from re-planned every plan of one pipeline of single meshes with --shapes simple, even one searched with
     every shape: after a cluster joined, the re-plan kept one pipeline where a cold plan makes two (11 % fewer

@@ -169,7 +169,14 @@ def run(args) -> int:
         if args.cluster is not None and args.cluster not in {m.cluster for m in plan.meshes}:
             raise InputError(f"the plan has no cluster named {args.cluster!r}", field="--cluster",
                              fix=f"use one of: {', '.join(sorted({m.cluster for m in plan.meshes}))}")
-        text = format_summary(plan, plan.estimate, file=args.plan)
+        from ..plan.plan_file import estimate_is_stale
+        estimate = plan.estimate
+        if estimate_is_stale(plan):      # figures of another layout would be shown as this one's
+            print(f"hetauto emit: {args.plan} was changed after 'hetauto plan' wrote its estimate: the summary shows "
+                  f"the layout only; 'hetauto compare {args.plan}' prices the layout as it is now (or re-plan)",
+                  file=sys.stderr)
+            estimate = None
+        text = format_summary(plan, estimate, file=args.plan)
         if out_dir:
             written += write_summary(text, out_dir, keep=[("--plan", args.plan)])
         if args.json:
@@ -178,7 +185,7 @@ def run(args) -> int:
                                      "pipeline_parallel_size": plan.pipeline(p).pipeline_parallel_size}
                                     for p in range(plan.num_pipelines)]})
             print(json.dumps({"summary": text, "world_size": plan.world_size, **shape,
-                              "estimate": plan.estimate, "written": written}, indent=2))
+                              "estimate": estimate, "written": written}, indent=2))
         elif not out_dir:
             print(text)
     if out_dir:

@@ -412,6 +412,7 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -
     keeps)."""
     from .. import tool_version
     from ..plan.constraints import cost_per_million_tokens
+    from ..plan.plan_file import layout_digest
     tokens = plan.global_batch_size * plan.model.seq_length
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
     record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
@@ -421,7 +422,7 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -
     # wall time goes to stderr and --json only
     record.pop("seconds", None)
     return {**estimate.to_dict(), **({"cost_per_million_tokens": cost} if cost is not None else {}),
-            "search": record}
+            "search": record, "layout_digest": layout_digest(plan)}
 
 
 def emit_all(plan, plan_path: str, out_dir: str, keep=()) -> list[str]:

@@ -44,12 +44,16 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    for flag, value, ok, want in (("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive"),
-                                  ("--iters", args.iters, args.iters >= 1, "at least 1"),
-                                  ("--timeout", args.timeout, 0 < args.timeout < float("inf"), "positive"),
-                                  ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64")):
+    for flag, value, ok, want, fix in (
+            ("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive",
+             "give a positive size, e.g. --max-size-mib 64 (the default)"),
+            ("--iters", args.iters, args.iters >= 1, "at least 1", "give at least 1, e.g. --iters 5 (the default)"),
+            ("--timeout", args.timeout, 0 < args.timeout < float("inf"), "positive",
+             "give a positive number of seconds, e.g. --timeout 60 (the default)"),
+            ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64",
+             "give 1 to 64, e.g. --connections 8")):
         if not ok:
-            raise InputError(f"must be {want}, got {value:g}", field=flag)
+            raise InputError(f"must be {want}, got {value:g}", field=flag, fix=fix)
     from ..measure.probe_link import MAX_SIZE_MIB
     if args.max_size_mib > MAX_SIZE_MIB:
         raise InputError(f"at most {MAX_SIZE_MIB} MiB, got {args.max_size_mib:g} (each connection holds a buffer of "

@@ -15,8 +15,8 @@ backward, over a grid of shapes and TP degrees, on this machine's device (cuda, 
 Each operator is warmed up, then repeated; the file keeps the median and the spread. On a GPU each pass is
 timed with CUDA events while a spin kernel keeps the GPU busy, so a row is the kernels' device time, not the
 host's launch path; on CPU, wall clock. The output is a JSON-lines file DIR/profile-<device type>.jsonl with
-the device and library versions in its header. Re-running resumes: rows already in the file are skipped. Feed
-the file to 'hetauto fit'.
+the device and library versions in its header. Re-running resumes: rows already in the file are skipped (a file
+timed with another dtype or, on cpu, another --threads is refused). Feed the file to 'hetauto fit'.
 
 --layers times whole transformer layers instead (the same operators chained, for model-like shapes at each TP
 degree) into DIR/layers-<device type>.jsonl. Given to 'hetauto fit' with the operator profile, they teach it

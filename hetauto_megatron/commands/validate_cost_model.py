@@ -31,7 +31,8 @@ fitted on all runs) beside its error out of sample (the constants fitted without
 priced by the analytic model, and the table says which model priced each run).
 
 Iteration times: --dryrun REPORT PLAN (repeatable) takes the output of 'hetauto dryrun --plan PLAN --json' and
-the plan it ran, simulates the plan on --inventory with the cost model (--cost-model, or the analytic model),
+the plan it ran, simulates the plan on its inventory (the one stored in the plan, as 'hetauto plan -o' writes
+it, or --inventory) with the cost model (--cost-model, or the analytic model),
 and compares the predicted iteration time with the measured one. The prediction uses the model shape the dry
 run ran (a --tiny dry run shrinks it; the report says which) and its ranks' share of the CPU cores: with more
 ranks than cores, compute is stretched by ranks / cores. With --cost-model the analytic prediction is shown
@@ -62,7 +63,8 @@ def add_arguments(p):
                    help="published Megatron-LM runs: alone, the packaged table; --published=FILE another table")
     p.add_argument("--dryrun", action="append", default=[], nargs=2, metavar=("REPORT", "PLAN"),
                    help="a 'hetauto dryrun --json' report and the plan it ran (repeatable)")
-    p.add_argument("--inventory", metavar="INV", help="inventory the dry-run plans are simulated on (with --dryrun)")
+    p.add_argument("--inventory", metavar="INV", help="inventory the dry-run plans are simulated on (with --dryrun; "
+                                                      "optional, default: the one stored in each plan)")
     p.add_argument("--cores", type=int, metavar="N",
                    help="CPU cores the dry runs' ranks shared (default: the report's 'cores', else this machine's)")
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
@@ -74,6 +76,11 @@ def add_arguments(p):
 
 
 # ---- dry-run reports -------------------------------------------------------------------------------------
+# Keys a 'hetauto dryrun --json' report (or the runtime's {"error": ...} of a failed one) has, and no other JSON
+# file hetauto writes: a file with none of them is another kind of file.
+REPORT_KEYS = {"iteration_s", "step_times_s", "steps", "memory", "error"}
+
+
 def load_dryrun_report(path: str) -> dict:
     """A 'hetauto dryrun --json' report, checked for what the comparison reads."""
     if not os.path.isfile(path):
@@ -84,6 +91,16 @@ def load_dryrun_report(path: str) -> dict:
     if not isinstance(rep, dict):
         raise InputError("is not a JSON object", file=path, field="--dryrun",
                          fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
+    if not REPORT_KEYS & set(rep):
+        # another JSON file (a profile summary, a plan written as JSON): say so, not that a time is missing
+        from ..spec._fields import file_kind, shorten
+        kind = file_kind(rep)
+        has = f"its keys: {shorten(', '.join(sorted(map(str, rep))), 80)}" if rep else "it is empty"
+        raise InputError(f"is not a dry-run report ('hetauto dryrun --json' output): it has none of "
+                         f"{', '.join(sorted(REPORT_KEYS))} ({has})"
+                         + (f"; it looks like {kind[1]}" if kind else ""), file=path, field="--dryrun",
+                         fix="pass each dry run as --dryrun REPORT PLAN, REPORT the output of "
+                             "'hetauto dryrun --plan PLAN --json'")
     t = rep.get("iteration_s")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         raise InputError(f"has no positive measured iteration time (iteration_s: {t!r})", file=path,
@@ -161,6 +178,15 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
             raise InputError(f"mesh {i} is on {mesh.device_type}, but a dry run measures CPU processes: its time "
                              "can only be compared with a prediction for device type cpu", field=f"meshes[{i}]",
                              fix="validate with plans (and an inventory) whose clusters are of device type cpu")
+    from ..plan.simulate import check_plan_against_inventory
+    try:
+        check_plan_against_inventory(plan, inventory)
+    except InputError as exc:
+        # the plan and the inventory disagree: name the inventory (the caller names the plan file)
+        src = inventory.source
+        raise InputError(exc.reason if not src or src in exc.reason else f"{exc.reason} (inventory {src})",
+                         file=exc.file, field=exc.field,
+                         fix=f"{exc.fix}; or pass the inventory the plan was made for (--inventory)") from None
     factor = core_sharing_factor(plan.world_size, cores)
     est = simulate(plan, inventory, SharedCoresCostModel(cost_model, factor))
     meas = float(report["iteration_s"])
@@ -189,27 +215,40 @@ def _dryrun_results(args) -> dict:
     from ..cost.learned import load_cost_model
     from ..cost.shared_cores import usable_cores
     from ..plan.plan import load_plan
-    from ..spec.inventory import load_inventory
-    if not args.inventory:
-        raise InputError("--dryrun needs the inventory the plans are simulated on", field="--inventory",
-                         fix="pass --inventory INV (clusters of device type cpu, as the dry runs)")
+    from ..spec.inventory import inventory_from_dict, load_inventory
     if args.cores is not None and args.cores < 1:
         raise InputError(f"must be at least 1, got {args.cores}", field="--cores", fix="give --cores 1 or more")
-    inventory = load_inventory(args.inventory)
+    # without --inventory each plan is simulated on the inventory it carries, as every command reading a plan
+    given = load_inventory(args.inventory) if args.inventory else None
     model = load_cost_model(args.cost_model)
     analytic = AnalyticCostModel() if args.cost_model else None
     rows = []
     for report_file, plan_file in args.dryrun:
         report = load_dryrun_report(report_file)
         plan = load_plan(plan_file)
+        inventory = given
+        if inventory is None and plan.inventory:
+            try:
+                inventory = inventory_from_dict(plan.inventory, file=plan_file)
+            except InputError as exc:
+                raise exc.within(prefix="inventory") from None
+        elif inventory is None:
+            raise InputError("--dryrun needs the inventory the plan is simulated on, and the plan carries none",
+                             file=plan_file, field="inventory",
+                             fix="pass --inventory INV (clusters of device type cpu, as the dry runs), or a plan "
+                                 "written by 'hetauto plan -o', which carries its inventory")
         check_report_of_plan(report, plan, report_file=report_file, plan_file=plan_file)
         plan = measured_plan(report, plan, report_file=report_file, tiny=args.tiny)
         cores = args.cores or report.get("cores") or usable_cores()
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise InputError(f"'cores' must be a positive whole number, got {cores!r}", file=report_file,
                              field="cores", fix="pass --cores N")
-        rows.append(dryrun_row(os.path.basename(plan_file), report, plan, inventory, model, cores=cores,
-                               analytic=analytic))
+        try:
+            rows.append(dryrun_row(os.path.basename(plan_file), report, plan, inventory, model, cores=cores,
+                                   analytic=analytic))
+        except InputError as exc:      # the plan's meshes (device type, clusters): name the plan file
+            raise (exc.within(file=plan_file) if exc.file is None and (exc.field or "").startswith("meshes")
+                   else exc) from None
     return {"cost_model": model.name, "rows": rows, "summary": dryrun_summary(rows)}
 
 

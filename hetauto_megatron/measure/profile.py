@@ -290,6 +290,13 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
             if old.get(key, defaults.get(key)) != header[key]:
                 raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",
                                  file=out_path, field=key, fix="write to another --out directory or delete the file")
+        # a CPU row's time depends on the intra-op thread count, so rows timed with another count would mix
+        # into the fit unnoticed (accelerator kernels do not depend on it); a header without the field passes
+        if torch_device == "cpu" and old.get("threads") not in (None, header["threads"]):
+            raise InputError(f"holds a profile timed with threads {old['threads']!r}, this run has "
+                             f"{header['threads']!r}", file=out_path, field="threads",
+                             fix=f"pass the file's thread count (--threads {old['threads']}) to resume it, or write "
+                                 "to another --out directory")
         done = {r.get("key") for r in rows}
     else:
         # before any timing: an --out the system refuses (e.g. under /proc) is named at once

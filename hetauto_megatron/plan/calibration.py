@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..cost.analytic import DEFAULT_CALIBRATION, AnalyticCostModel, Calibration
 from ..errors import InputError
 from ..spec.devices import canonical_device_name
+from ..spec._fields import file_kind
 from ..spec.inventory import inventory_from_dict
 from ..spec.files import load_yaml_file
 from ..spec.model import ModelSpec
@@ -114,6 +115,12 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
     out = []
     for source, table in data.items():
         if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+            kind = file_kind(data)
+            if kind:    # a whole file of another kind (a plan, an inventory, a model): say so, not "source version"
+                raise InputError(f"has '{kind[0]}:': it looks like {kind[1]}, not a published-runs table (what "
+                                 "validate-cost-model --published reads)", file=path,
+                                 fix="pass each file to its own option; --published alone compares the packaged "
+                                     "table (docs/cost-model.md describes its format)")
             raise InputError(f"is not a published-runs table (validate-cost-model --published, calibration.py): "
                              f"source {source} is not a mapping with a list of rows", file=path, field=str(source),
                              fix="write each source as vocab, seq_len, recompute and rows: (see the packaged table)")

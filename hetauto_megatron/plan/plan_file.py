@@ -61,6 +61,21 @@ def plan_to_dict(plan: Plan) -> dict:
     return d
 
 
+def layout_digest(plan: Plan) -> str:
+    """A fingerprint of everything a plan's estimate depends on (the file's mapping without its estimate): the
+    planner records it in the estimate, so a file edited afterwards (other layers, TP, inventory) is known not to
+    be the layout its figures describe."""
+    import hashlib
+    body = {k: v for k, v in plan_to_dict(plan).items() if k != "estimate"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def estimate_is_stale(plan: Plan) -> bool:
+    """Whether the plan's estimate was recorded for another layout (a file without the fingerprint: unknown, no)."""
+    est = plan.estimate if isinstance(plan.estimate, dict) else {}
+    return isinstance(est.get("layout_digest"), str) and est["layout_digest"] != layout_digest(plan)
+
+
 def plan_to_yaml(plan: Plan) -> str:
     return "# hetauto plan: pipeline order, one mesh per cluster share (docs/plan-format.md)\n" + \
         yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=None, width=120)

@@ -80,9 +80,15 @@ _FILE_KEYS = {"clusters": "an inventory file (what --inventory reads)",
               "num_layers": "a model file (what --model reads)", "hidden_size": "a model file (what --model reads)"}
 
 
+def file_kind(keys) -> tuple[str, str] | None:
+    """(the telling key, which of hetauto's files it is) for a mapping with these top-level keys (None: none of
+    them), for the message when a file is passed to an option that reads another kind."""
+    return next(((key, what) for key, what in _FILE_KEYS.items() if key in keys), None)
+
+
 def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None, prefix: str = "") -> None:
     unknown = sorted((str(k) for k in set(data) - set(known)))
-    kind = next((what for key, what in _FILE_KEYS.items() if key in unknown), None)
+    kind = (file_kind(unknown) or (None, None))[1]
     if kind and not prefix:     # a whole file of another kind: say so, not "remove them"
         raise InputError(f"has key(s) {', '.join(unknown[:4])}{', ...' if len(unknown) > 4 else ''}: it looks like "
                          f"{kind}, not the file this option reads", file=file,

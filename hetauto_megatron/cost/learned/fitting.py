@@ -326,7 +326,8 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         raise InputError("nothing to fit", field="PROFILES",
                          fix="pass profile files from 'hetauto profile' and/or --sailor DIR")
     if not 0.0 <= holdout < 1.0:
-        raise InputError(f"must be in [0, 1), got {holdout}", field="--holdout")
+        raise InputError(f"must be in [0, 1), got {holdout:g}", field="--holdout",
+                         fix="give a share below 1, e.g. --holdout 0.2 (0: no held-out report)")
     devices: dict[str, DeviceInfo] = {}
     samples: list[Sample] = []
     layer_files = [p for p in profiles if profile_granularity(p) == "layer"]
@@ -359,15 +360,27 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     heldout = {}
     if holdout > 0:
         train, test = split_holdout(samples, holdout, seed)
-        if train and test:
-            pred = predict_samples(train_model(train, seed, rounds), test)
-            keys: dict[str, list[int]] = {}
-            for i, s in enumerate(test):
-                keys.setdefault(f"{s.device} {s.granularity} {s.phase}", []).append(i)
-            for k, idx in sorted(keys.items()):
-                heldout[k] = {"rows": len(idx), "mape_pct": round(mape([pred[i] for i in idx],
-                                                                        [test[i].measured_s for i in idx]), 2)}
-            heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
+        # refused before any fitting: a share that holds out every shape (or none) would leave the held-out
+        # report out without a word
+        shapes = len({(s.device, s.group) for s in samples})
+        held = len({(s.device, s.group) for s in test})
+        if not test:
+            raise InputError(f"{holdout:g} holds out none of the {shapes} shapes", field="--holdout",
+                             fix="give a larger share (e.g. --holdout 0.2), or --holdout 0 to fit without a "
+                                 "held-out report")
+        if len(train) < 8:
+            raise InputError(f"{holdout:g} holds out {held} of the {shapes} shapes, which leaves {len(train)} "
+                             "measurements to train on (at least 8 needed)", field="--holdout",
+                             fix="give a smaller share (e.g. --holdout 0.2), or --holdout 0 to fit without a "
+                                 "held-out report")
+        pred = predict_samples(train_model(train, seed, rounds), test)
+        keys: dict[str, list[int]] = {}
+        for i, s in enumerate(test):
+            keys.setdefault(f"{s.device} {s.granularity} {s.phase}", []).append(i)
+        for k, idx in sorted(keys.items()):
+            heldout[k] = {"rows": len(idx), "mape_pct": round(mape([pred[i] for i in idx],
+                                                                    [test[i].measured_s for i in idx]), 2)}
+        heldout["all"] = {"rows": len(test), "mape_pct": round(mape(pred, [s.measured_s for s in test]), 2)}
     model = train_model(samples, seed, rounds)
     model.score_bwd_weight, model.gemm_bwd_weight = score_weight, gemm_weight
     model.host_floor = sailor_host_floors(sailor) if sailor_dir else {}

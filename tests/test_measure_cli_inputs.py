@@ -1,0 +1,173 @@
+"""User errors of the measuring commands (profile, fit, probe-link, validate-cost-model): each is refused with
+exit 2 and one paragraph naming the file, the field and the fix, before anything is measured or fitted; and
+validate-cost-model --dryrun simulates a plan on the inventory it carries, as every command reading a plan."""
+import json
+
+import pytest
+import yaml
+from conftest import TINY_PLAN
+from helpers import cpu_inventory, run_cli
+
+from hetauto_megatron.cost import features as F
+from hetauto_megatron.cost.learned import PROFILE_FORMAT
+from hetauto_megatron.measure.grids import GRIDS, grid_ops
+
+
+def write_tiny_profile(path, *, threads: int = 1, rows: int | None = None) -> None:
+    """A CPU operator profile of the tiny grid as 'hetauto profile --grid tiny' writes it (header, then a row per
+    operator), with made-up times: `rows` operators of it (default all), timed with `threads` threads."""
+    header = {"format": PROFILE_FORMAT, "granularity": "op", "feature_version": F.FEATURE_VERSION,
+              "device_type": "cpu", "vendor": "cpu", "peak_tflops": 0.128, "hbm_gbps": 20.0, "torch_device": "cpu",
+              "dtype": "float32", "dtype_bytes": 4, "grid": "tiny", "threads": threads, "tf32": False,
+              "timing": "wall clock"}
+    ops = grid_ops(GRIDS["tiny"], 0)[:rows]
+    lines = [header] + [{"key": op.key(), "op": op.to_dict(), "fwd_s": 1e-5 * (1 + i % 7),
+                         "bwd_s": 2e-5 * (1 + i % 5), "reps": 7} for i, op in enumerate(ops)]
+    path.write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+
+
+@pytest.fixture
+def no_timing(monkeypatch):
+    """Any operator timed fails the test at once (a refusal must come before measuring; a regression must not
+    spend minutes profiling); torch's thread count is restored afterwards (profile sets it in this process)."""
+    import torch
+
+    from hetauto_megatron.measure import profile as P
+    threads = torch.get_num_threads()
+
+    def timed(*_a, **_k):
+        raise AssertionError("an operator was timed")
+    monkeypatch.setattr(P.Runner, "time_fn", timed)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_profile_refuses_to_resume_a_file_of_another_thread_count(tmp_path, capsys, no_timing):
+    prof = tmp_path / "profile-cpu.jsonl"
+    write_tiny_profile(prof, threads=1, rows=3)
+    before = prof.read_text()
+    rc, out, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--threads", "2",
+                            "--out", str(tmp_path)], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"{prof}: field 'threads'" in err and "threads 1" in err and "has 2" in err
+    assert "Fix:" in err and "--threads 1" in err and "--out" in err
+    assert prof.read_text() == before          # nothing appended: refused before any row
+
+
+def test_profile_resumes_a_file_of_the_same_thread_count(tmp_path, capsys, no_timing):
+    """The control: the same file, profiled with its thread count (1, the CPU default), resumes as before."""
+    prof = tmp_path / "profile-cpu.jsonl"
+    write_tiny_profile(prof, threads=1)
+    rc, out, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path), "--json"],
+                           capsys)
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["measured_now"] == 0 and res["resumed"] == res["operators"] > 0
+
+
+def test_fit_holdout_of_one_or_more_says_how_to_fix_it(tmp_path, capsys):
+    prof = tmp_path / "profile-cpu.jsonl"
+    write_tiny_profile(prof)
+    rc, _, err = run_cli(["fit", str(prof), "-o", str(tmp_path / "m"), "--holdout", "1.5"], capsys)
+    assert rc == 2 and "field '--holdout': must be in [0, 1), got 1.5" in err
+    assert "Fix:" in err and "--holdout 0.2" in err
+
+
+@pytest.mark.parametrize("share, needle", [
+    ("0.99", "holds out 46 of the 46 shapes, which leaves 0 measurements to train on"),
+    ("0.005", "holds out none of the 46 shapes"),
+])
+def test_fit_refuses_a_holdout_that_leaves_no_held_out_report(tmp_path, capsys, share, needle):
+    """A share that holds out every shape (nothing to train on) or none (nothing to report) used to fit with
+    exit 0 and leave the held-out report out without a word."""
+    prof = tmp_path / "profile-cpu.jsonl"
+    write_tiny_profile(prof)
+    assert len(grid_ops(GRIDS["tiny"], 0)) == 46
+    rc, out, err = run_cli(["fit", str(prof), "-o", str(tmp_path / "m"), "--holdout", share], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert needle in err and "field '--holdout'" in err and "Fix:" in err and "--holdout 0" in err
+    assert not (tmp_path / "m" / "manifest.json").exists()      # refused before fitting
+
+
+@pytest.mark.parametrize("flag, value, fix", [
+    ("--iters", "0", "--iters 5"), ("--max-size-mib", "0", "--max-size-mib 64"),
+    ("--connections", "0", "--connections 8"), ("--timeout", "0", "--timeout 60"),
+])
+def test_probe_link_bad_numbers_say_how_to_fix_them(capsys, flag, value, fix):
+    rc, _, err = run_cli(["probe-link", "--local", flag, value], capsys)
+    assert rc == 2 and f"field '{flag}': must be" in err
+    assert "Fix:" in err and fix in err
+
+
+# ---- validate-cost-model --dryrun ------------------------------------------------------------------------
+@pytest.fixture
+def dryrun_inputs(tmp_path):
+    """(report, plan carrying its inventory, plan without one, inventory file): a report as 'hetauto dryrun
+    --json' writes it (the shape it ran, its cores, its iteration time) of the tiny 2-cluster plan."""
+    from hetauto_megatron.plan.plan import load_plan
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"iteration_s": 0.25, "step_times_s": [0.3, 0.25, 0.25], "cores": 6,
+                                  "model": load_plan(TINY_PLAN).model.to_dict()}))
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(cpu_inventory())
+    plan = yaml.safe_load(open(TINY_PLAN))
+    plan["inventory"] = yaml.safe_load(cpu_inventory())
+    with_inv = tmp_path / "plan-with-inventory.yaml"
+    with_inv.write_text(yaml.safe_dump(plan))
+    return str(report), str(with_inv), TINY_PLAN, str(inv)
+
+
+def test_dryrun_validation_defaults_to_the_plans_inventory(dryrun_inputs, capsys):
+    report, with_inv, _, inv = dryrun_inputs
+    rc, out, err = run_cli(["validate-cost-model", "--dryrun", report, with_inv, "--json"], capsys)
+    assert rc == 0, err
+    stored = json.loads(out)["dryruns"]["rows"][0]
+    rc, out, err = run_cli(["validate-cost-model", "--dryrun", report, with_inv, "--inventory", inv, "--json"],
+                           capsys)
+    assert rc == 0, err
+    assert stored["predicted_s"] == json.loads(out)["dryruns"]["rows"][0]["predicted_s"] > 0   # the same inventory
+
+
+def test_dryrun_validation_help_says_inventory_is_optional(capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_cli(["validate-cost-model", "--help"], capsys)
+    assert exc.value.code == 0
+    assert "the one stored in each plan" in " ".join(capsys.readouterr().out.split())
+
+
+def test_dryrun_plan_without_inventory_needs_one(dryrun_inputs, capsys):
+    report, _, bare, _ = dryrun_inputs
+    rc, _, err = run_cli(["validate-cost-model", "--dryrun", report, bare], capsys)
+    assert rc == 2 and f"{bare}: field 'inventory'" in err and "needs the inventory" in err
+    assert "Fix:" in err and "--inventory" in err
+
+
+def test_dryrun_report_that_is_another_json_file_is_named_so(dryrun_inputs, tmp_path, capsys):
+    """A profile summary ('hetauto profile --json') passed as the report: not 'iteration_s: None'."""
+    _, with_inv, _, _ = dryrun_inputs
+    summary = tmp_path / "prof.json"
+    summary.write_text(json.dumps({"file": "p/profile-cpu.jsonl", "device_type": "cpu", "grid": "tiny",
+                                   "granularity": "op", "operators": 46, "measured_now": 46, "resumed": 0,
+                                   "seconds": 1.74}))
+    rc, _, err = run_cli(["validate-cost-model", "--dryrun", str(summary), with_inv], capsys)
+    assert rc == 2 and f"{summary}: field '--dryrun': is not a dry-run report" in err, err
+    assert "iteration_s: None" not in err and "hetauto dryrun" in err and "Fix:" in err
+
+
+def test_dryrun_mismatched_inventory_names_the_inventory_file(dryrun_inputs, tmp_path, capsys):
+    report, with_inv, _, _ = dryrun_inputs
+    small = tmp_path / "small-inventory.yaml"
+    small.write_text(cpu_inventory(a=2, b=2))     # cluster-a has 2 devices, the plan's mesh there uses 4
+    rc, _, err = run_cli(["validate-cost-model", "--dryrun", report, with_inv, "--inventory", str(small)], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert str(small) in err and with_inv in err and "which has 2" in err and "Fix:" in err
+
+
+@pytest.mark.parametrize("kind", ["plan", "inventory"])
+def test_published_table_that_is_another_file_is_named_so(dryrun_inputs, capsys, kind):
+    _, with_inv, _, inv = dryrun_inputs
+    path = with_inv if kind == "plan" else inv
+    rc, _, err = run_cli(["validate-cost-model", f"--published={path}"], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"it looks like a{'n' if kind == 'inventory' else ''} {kind} file" in err and path in err
+    assert "source version" not in err and "not a published-runs table" in err and "Fix:" in err
