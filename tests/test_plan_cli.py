@@ -196,6 +196,30 @@ def test_summary_of_a_plan_edited_after_planning_does_not_show_the_old_figures(t
     assert rc == 0 and "memory GiB" not in out and "changed after 'hetauto plan'" in err and "compare" in err
 
 
+def test_replan_of_a_plan_of_two_pipelines_never_returns_a_slower_one(tmp_path, capsys):
+    """A re-plan (--from) whose search is cut short by --budget-s returned 4.296 s per iteration for a two-pipeline
+    plan of 3.884 s on the same inventory: worse than the plan it started from. That plan, where it still runs,
+    is now the new shapes' first incumbent: a re-plan is never slower than it, by the simulator's own price of
+    the old plan (a separate `simulate` of the file)."""
+    import yaml
+    from helpers import run_cli, twins_and_l40s
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(twins_and_l40s()))
+    (tmp_path / "m8.yaml").write_text("preset: llama2-7b\nnum_layers: 8\n")
+    base = ["plan", "--model", str(tmp_path / "m8.yaml"), "--inventory", str(tmp_path / "inv.yaml"), "--json",
+            "--quiet", "--workers", "1"]
+    old = tmp_path / "old.yaml"
+    rc, out, err = run_cli(base + ["--global-batch-size", "512", "-o", str(old)], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["plan"].get("pipelines"), "the case needs a plan of several pipelines"
+    rc, out, err = run_cli(["simulate", "--plan", str(old), "--model", str(tmp_path / "m8.yaml"), "--inventory",
+                            str(tmp_path / "inv.yaml"), "--json"], capsys)
+    assert rc == 0, err
+    priced = json.loads(out)["iteration_time_s"]
+    rc, out, err = run_cli(base + ["--from", str(old), "--budget-s", "0.05"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["iteration_time_s"] <= priced * (1 + 1e-9)
+
+
 def test_replan_of_a_one_pipeline_plan_searched_with_every_shape_searches_every_shape(tmp_path, capsys):
     """--from re-planned every plan of one pipeline of single meshes with --shapes simple, even one searched with
     every shape: after a cluster joined, the re-plan kept one pipeline where a cold plan makes two (11 % fewer

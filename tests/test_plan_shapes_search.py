@@ -138,12 +138,14 @@ def test_partition_bound_of_three_pipelines_stays_below_their_exchange():
 
 
 def test_partition_bound_gives_each_pair_without_a_link_its_own():
-    """Three two-cluster blocks joined only by a 1 Gbit/s a1 - b1 link (the inventory's slowest, which every
-    pair without a link falls back to, each pair on its own, as the exchange's price has it): the bound counted
-    that fallback once per pair of blocks, 143.9 s against the plan's 72.4 s."""
+    """Three two-cluster blocks joined only by 1 Gbit/s a1 - b1 and b1 - c1 links (the inventory's slowest, which
+    every pair without a link falls back to, each pair on its own, as the exchange's price has it): the bound
+    counted that fallback once per pair of blocks, 143.9 s against the plan's 72.4 s (when the c block had no
+    link at all, which is now refused: clusters no link joins cannot exchange gradients)."""
     names = ["a1", "a2", "b1", "b2", "c1", "c2"]
     inv = small_inventory([(n, "h100", 1, 8) for n in names],
-                          [("a1", "a2", 400, 1), ("b1", "b2", 400, 1), ("c1", "c2", 400, 1), ("a1", "b1", 1, 1)])
+                          [("a1", "a2", 400, 1), ("b1", "b2", 400, 1), ("c1", "c2", 400, 1), ("a1", "b1", 1, 1),
+                           ("b1", "c1", 1, 1)])
     blocks = [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]
     out = multi_search.ShapesResult(None, math.inf, None, 0.0)
     found = multi_search._search_partition(MODEL, inv, 24, AnalyticCostModel(), SearchConfig(workers=1),

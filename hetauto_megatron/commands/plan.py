@@ -206,6 +206,7 @@ def run(args) -> int:
         check_deepspeed_constraints(con, inventory, schedule_given)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
+                       warm_plan=old,
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
     # DeepSpeed's engine runs one pipeline of single meshes (settings.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)

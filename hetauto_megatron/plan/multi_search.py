@@ -39,7 +39,7 @@ from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
 from .settings import ENGINES
-from .simulate import evaluate_layout, layout_to_plan, simulate
+from .simulate import check_plan_against_inventory, evaluate_layout, layout_to_plan, simulate
 from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK, peak_rate
@@ -106,6 +106,8 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
         out.seconds = time.perf_counter() - t0
         return out
+    if cfg.warm_plan is not None and con.max_devices is None:
+        best = _seeded(model, inventory, gbs, cost, cfg, con, best, out)
     usable = [c.name for c in inventory.clusters if c.name not in con.exclude_clusters and tp_degrees(model, c)]
     # --budget-s covers the whole search: the levels below stop where it runs out
     deadline = None if cfg.budget_s is None else t0 + cfg.budget_s
@@ -123,6 +125,39 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     out.seconds = time.perf_counter() - t0
     out.say = None
     return out
+
+
+def _seeded(model, inventory, gbs, cost, cfg, con, best, out: ShapesResult):
+    """A re-plan (--from) of a plan of several pipelines or replica groups: that plan, where it still runs on the
+    inventory under the constraints, is the incumbent the new shapes must beat (their bounds prune against it, and
+    the groups alongside grow from it), instead of the single pipeline alone; the search goes on as a cold one."""
+    old = cfg.warm_plan
+    if old.is_simple or old.global_batch_size != gbs or not _meets(con, old, cfg.schedule):
+        return best
+    seed = dataclasses.replace(old, model=model, inventory=inventory.to_dict(), estimate=None,
+                               precision=inventory.precision or old.precision)
+    try:
+        check_plan_against_inventory(seed, inventory)
+        est = simulate(seed, inventory, cost)
+    except InputError:          # a cluster gone or smaller, a link missing: it does not run here
+        return best
+    out.tried.append(("the plan re-planned (--from)", est.iteration_time_s if est.fits else None, "kept as is"))
+    score = _score(con, inventory, seed, est.iteration_time_s)
+    return (score, est.iteration_time_s, seed) if est.fits and score < best[0] - 1e-12 else best
+
+
+def _meets(con: Constraints, plan: Plan, schedule: str) -> bool:
+    """Whether a plan obeys the constraints (and the boundary schedule) as the new shapes' search keeps them:
+    --max-pp per pipeline, the pins per mesh, the clusters pinned in and out."""
+    used = {m.cluster for m in plan.meshes}
+    if used & set(con.exclude_clusters) or not set(con.use_clusters) <= used:
+        return False
+    if any(con.tp_of(m.cluster) not in (None, m.tp) or con.recompute_of(m.cluster) not in (None, m.recompute)
+           or con.micro_batch_size not in (None, m.micro_batch_size)
+           or (schedule == "blocking" and m.boundary_schedule != "blocking") for m in plan.meshes):
+        return False
+    return con.max_pp is None or all(plan.pipeline(p).pipeline_parallel_size <= con.max_pp
+                                     for p in range(plan.num_pipelines))
 
 
 def _progress(out: ShapesResult, text: str) -> None:

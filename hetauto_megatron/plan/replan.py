@@ -7,7 +7,8 @@ value, over the old plan's micro-batch sizes, looks for what the old plan cannot
 ones (`warm_enumeration`), and climbs start from the best it finds at each of its two best S; no trees
 (docs/search.md has the measured time and quality against a cold search). A plan of several pipelines or
 replica groups side by side seeds it with each of its pipelines; the new shapes are then searched as a cold plan
-searches them (plan/multi_search.py).
+searches them, with the old plan itself as their first incumbent where it still runs (plan/multi_search.py
+`_seeded`).
 """
 from __future__ import annotations
 

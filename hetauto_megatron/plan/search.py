@@ -96,6 +96,7 @@ class SearchConfig:
     progress: bool = False             # progress lines on stderr
     workers: int = 1                   # processes (0: one per core)
     warm_start: tuple = ()             # layouts to start the local search from (a previous plan, re-planning)
+    warm_plan: object = None           # the previous plan itself (re-planning): the new shapes' first incumbent
     constraints: Constraints | None = None   # objective and hard constraints (plan/constraints.py)
 
 
