@@ -133,52 +133,13 @@ def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[
 @lru_cache(maxsize=512)
 def _dependency_order(p: int, m: int, warm: tuple) -> tuple:
     """All operations as (stage, is_forward, micro-batch), ordered so every input is produced before it is used
-    and each stage's operations keep their 1F1B order (which also keeps every link direction's FIFO order).
-    Any such order gives the simulation the same times. A stage runs until it waits for a neighbour; it is
-    visited again only when that neighbour has produced something (a work list: each operation is looked at
-    about once, where sweeping every stage in turn looked at each stage once per sweep)."""
-    orders = []
-    for i in range(p):
-        w = min(p - i - 1, m) if warm[i] is None else warm[i]
-        o = [(i, True, j) for j in range(w)]
-        for j in range(m - w):
-            o.append((i, True, w + j))
-            o.append((i, False, j))
-        o.extend((i, False, j) for j in range(m - w, m))
-        orders.append(o)
-    ptr = [0] * p
-    f_done = [0] * p     # forwards done per stage (in micro-batch order)
-    b_done = [0] * p
-    out = []
-    todo = list(range(p - 1, -1, -1))
-    last = p - 1
-    while todo:
-        i = todo.pop()
-        o, k, n = orders[i], ptr[i], 2 * m
-        fd, bd = f_done[i], b_done[i]
-        while k < n:
-            op = o[k]
-            j = op[2]
-            if op[1]:
-                if i and f_done[i - 1] <= j:
-                    break
-                fd += 1
-            else:
-                if i < last and b_done[i + 1] <= j:
-                    break
-                bd += 1
-            out.append(op)
-            k += 1
-        if k == ptr[i]:
-            continue
-        if fd > f_done[i] and i < last:
-            todo.append(i + 1)
-        if bd > b_done[i] and i:
-            todo.append(i - 1)
-        ptr[i], f_done[i], b_done[i] = k, fd, bd
+    and each stage's operations keep their 1F1B order (pipeline_rounds.dependency_walk). Any such order gives the
+    simulation the same times."""
+    warm = tuple(min(p - i - 1, m) if w is None else w for i, w in enumerate(warm))
+    out = tuple(rounds.dependency_walk(p, m, warm))
     if len(out) < 2 * p * m:  # cannot happen for warm-ups that do not grow down the pipeline
         raise RuntimeError(f"1F1B schedule with warm-ups {warm} deadlocks")
-    return tuple(out)
+    return out
 
 
 def _boundaries(p, link, latency, blocking, depth):

@@ -148,12 +148,21 @@ def _jump(r: int, n: int, times: int, step: list, free, link_f, link_b, f_arr, w
 
 
 def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
-    """The operations after the rounds, in a dependency order (the work list of `pipeline._dependency_order`,
-    started with stage i at its operation w_i + 2 x rounds: w_i + rounds forwards and `rounds` backwards done)."""
+    """The operations after the rounds, in a dependency order: stage i starts at its operation w_i + 2 x rounds
+    (w_i + rounds forwards and `rounds` backwards done)."""
+    done = ([warm[i] + 2 * rounds for i in range(p)], [warm[i] + rounds for i in range(p)], [rounds] * p)
+    for i, fw, j in dependency_walk(p, m, warm, done):
+        (forward if fw else backward)(i, j)
+
+
+def dependency_walk(p: int, m: int, warm: tuple, done=None):
+    """Every operation (stage, is_forward, micro-batch) not yet done, in an order in which every input is produced
+    before it is used and each stage keeps its 1F1B order (w_i warm-up forwards, m - w_i (forward, backward) pairs,
+    w_i backwards; which also keeps every link direction's FIFO order). A stage runs until it waits for a
+    neighbour and is visited again only when that neighbour has produced something: a work list, each operation
+    looked at about once. `done`: per stage (operations, forwards, backwards) already run; default none."""
     last = p - 1
-    ptr = [warm[i] + 2 * rounds for i in range(p)]
-    f_done = [warm[i] + rounds for i in range(p)]
-    b_done = [rounds] * p
+    ptr, f_done, b_done = (list(x) for x in done) if done else ([0] * p, [0] * p, [0] * p)
     todo = list(range(p - 1, -1, -1))
     n = 2 * m
     while todo:
@@ -161,7 +170,6 @@ def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
         k, w = ptr[i], warm[i]
         fd, bd = f_done[i], b_done[i]
         while k < n:
-            # stage i's k-th operation: w warm-up forwards, m - w (forward, backward) pairs, w backwards
             if k < w:
                 fw, j = True, k
             elif k < 2 * m - w:
@@ -172,13 +180,13 @@ def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
             if fw:
                 if i and f_done[i - 1] <= j:
                     break
-                forward(i, j)
                 fd += 1
             else:
                 if i < last and b_done[i + 1] <= j:
                     break
-                backward(i, j)
                 bd += 1
+            # (the counters of stage i are published below, when it stops: its neighbours read them then)
+            yield i, fw, j
             k += 1
         if k == ptr[i]:
             continue
