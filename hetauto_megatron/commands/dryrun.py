@@ -88,7 +88,6 @@ def run(args) -> int:
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
                          fix="dry-run a smaller plan with the same shape (fewer DP replicas or stages)")
     check_timeline_args(args, plan)
-    _check_inventory(args, plan)
     dropping = [i for i, m in enumerate(plan.meshes) if m.settings.hidden_dropout or m.settings.attention_dropout]
     if args.reference and dropping:
         raise InputError("--reference compares losses with a single-process run, and with dropout every layout "
@@ -98,7 +97,8 @@ def run(args) -> int:
 
     scale = None
     if args.emulate_links:
-        plan, scale = _emulation(args, plan)
+        plan, scale = _emulation(args, plan)     # (its scale is checked before any file is read)
+    _check_inventory(args, plan)
     report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
                         timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
                         emulate_links=scale)
