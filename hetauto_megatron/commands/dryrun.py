@@ -139,9 +139,10 @@ def _check_inventory(args, plan) -> None:
     else:
         return
     try:
-        check_plan_against_inventory(plan, inv)
-        if args.compare:
+        if args.compare:        # the prediction (its first check is the plan against the inventory)
             simulate(plan, inv, AnalyticCostModel())
+        else:
+            check_plan_against_inventory(plan, inv)
     except InputError as exc:
         raise (exc.within(file=where) if exc.file is None else exc) from None
 

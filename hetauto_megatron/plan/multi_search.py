@@ -39,7 +39,7 @@ from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
 from .settings import ENGINES
-from .simulate import check_plan_against_inventory, evaluate_layout, layout_to_plan, simulate
+from .simulate import evaluate_layout, layout_to_plan, simulate
 from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK, peak_rate
@@ -137,8 +137,7 @@ def _seeded(model, inventory, gbs, cost, cfg, con, best, out: ShapesResult):
     seed = dataclasses.replace(old, model=model, inventory=inventory.to_dict(), estimate=None,
                                precision=inventory.precision or old.precision)
     try:
-        check_plan_against_inventory(seed, inventory)
-        est = simulate(seed, inventory, cost)
+        est = simulate(seed, inventory, cost)      # (which checks the plan against the inventory first)
     except InputError:          # a cluster gone or smaller, a link missing: it does not run here
         return best
     out.tried.append(("the plan re-planned (--from)", est.iteration_time_s if est.fits else None, "kept as is"))
