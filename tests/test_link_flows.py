@@ -139,4 +139,10 @@ def test_node_network_caps_the_dp_ring_and_the_sends_inside_a_cluster():
     assert inventory_from_dict(inventory_from_dict(raw).to_dict()).cluster("a").inter_node.node_gbps == 48.0
     assert dp_ring_link(per_device, 1, 16).bandwidth_gbps == pytest.approx(62.4)
     assert dp_ring_link(shared, 1, 16).bandwidth_gbps == pytest.approx(48.0)
-    assert dp_ring_link(shared, 4, 4).bandwidth_gbps == pytest.approx(15.6)     # one device per node in the ring
+    # TP 4 x DP 4: four rings (one per TP rank) of one member per node reduce at once, so the node's four devices
+    # send together as in the measured 4-pair case: 48 / 4 each, not one pair alone's 15.6 (that only with a NIC
+    # per device); TP 2 x DP 8: two rings of two members, 48 / 2 each.
+    assert dp_ring_link(per_device, 4, 4).bandwidth_gbps == pytest.approx(15.6)
+    assert dp_ring_link(shared, 4, 4).bandwidth_gbps == pytest.approx(12.0)
+    assert dp_ring_link(per_device, 2, 8).bandwidth_gbps == pytest.approx(31.2)
+    assert dp_ring_link(shared, 2, 8).bandwidth_gbps == pytest.approx(24.0)

@@ -24,13 +24,17 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
     """The link a DP group's ring runs at. Inside one node: the intra-node link. Across nodes, the group has
     k = min(dp, devices_per_node / tp) members per node, each with its own NIC (the inventory's inter_node
     bandwidth is per device); NCCL runs one ring channel per NIC, so each node crossing carries k NICs'
-    bandwidth, up to the intra-node link's, and up to the node's own (`node_gbps`: one NIC for the node)."""
+    bandwidth, up to the intra-node link's, and up to its share of the node's own (`node_gbps`: one NIC for the
+    node). Every TP rank has its own DP group and they all reduce at once, so a node's NIC carries the rings of
+    every mesh device on the node: devices_per_node / k of them (TP 4 x DP 4 on nodes of 4: four rings of one
+    member each, a quarter of the NIC each; TP 1 x DP 16: one ring of four members, the whole NIC)."""
     if tp * dp <= cluster.devices_per_node:
         return cluster.intra_node
     k = max(1, min(dp, cluster.devices_per_node // tp))
     inter = cluster.inter_node
-    return LinkSpec(min(k * inter.bandwidth_gbps, inter.node_gbps or math.inf, cluster.intra_node.bandwidth_gbps),
-                    inter.latency_s)
+    rings_per_node = max(1, cluster.devices_per_node // k)
+    node_share = inter.node_gbps / rings_per_node if inter.node_gbps else math.inf
+    return LinkSpec(min(k * inter.bandwidth_gbps, node_share, cluster.intra_node.bandwidth_gbps), inter.latency_s)
 
 
 def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:
