@@ -112,6 +112,17 @@ def test_dryrun_layer_count_mismatch_exits_2(tmp_path, capsys):
     assert "stage_layers add up to 9 layers but the model has 8" in err and "Traceback" not in err
 
 
+def test_dryrun_sequence_tp_does_not_divide_names_the_plan_file(tmp_path, capsys):
+    """The sequence-parallel split is checked before any process starts (runtime/dryrun.py prepare_plan); its
+    exit-2 message names the plan file like every other plan error (it named only the field)."""
+    bad = tmp_path / "odd-seq.yaml"
+    bad.write_text(open("examples/llama/plans/tiny-2clusters-cpu.yaml").read().replace(
+        "seq_length: 32", "seq_length: 31"))
+    assert main(["dryrun", "--plan", str(bad), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: field 'meshes[0].settings.sequence_parallel'" in err and "Traceback" not in err, err
+
+
 def test_dryrun_the_machine_cannot_hold_is_refused_before_any_process_starts(tmp_path, capsys, monkeypatch):
     """A full-size model dry-run without --tiny: every rank is a process on this machine, so the memory model's
     prediction for all of them is checked against the host's memory first. Without the check the kernel kills the

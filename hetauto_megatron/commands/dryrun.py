@@ -99,9 +99,12 @@ def run(args) -> int:
     if args.emulate_links:
         plan, scale = _emulation(args, plan)     # (its scale is checked before any file is read)
     _check_inventory(args, plan)
-    report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
-                        timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
-                        emulate_links=scale)
+    try:
+        report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
+                            timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
+                            emulate_links=scale)
+    except InputError as exc:     # the plan's checks before any process starts: name the plan file
+        raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         return 1
@@ -184,7 +187,10 @@ def _emulation(args, plan):
                                      field="links", file=args.inventory or args.plan,
                                      fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
     if args.emulate_links == "auto":
-        scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
+        try:
+            scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
+        except InputError as exc:
+            raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     return plan, scale
 
 

@@ -54,6 +54,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         self._emulation = None           # (scale, inventory) once emulate_links() was called
         self._micro_batches = None
         self._held, self._on_way, self._exposed = [], [], 0.0
+        self.meter = None                # a memory_meter.SavedTensorMeter while a measured step runs
         self.staging = HostStaging(ctx.device)
         self._total_stages = ctx.coords.stage + 1 + ctx.layout.warmup_forwards[ctx.coords.stage]
         mesh = ctx.mesh
@@ -304,8 +305,12 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 # an overlapped link posts messages ahead, each into its own buffer; a blocking one posts this
                 # call's message only, into the shared buffer
                 buf, staged, stamps = post_message(j, out, None if link.overlapped else into)
-                return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None]
-            (buf, copies, started), on_way = link.receive(post, self._wait)
+                # a message posted ahead is held outside autograd until the stage takes it (measured memory)
+                holds = [self.meter.hold(t) for t in [buf] + [piece for _, piece in staged]] \
+                    if link.overlapped and self.meter is not None else None
+                return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None,
+                                     holds]
+            (buf, copies, started, _), on_way = link.receive(post, self._wait)   # taken: its holds dropped
             self._on_way.append(on_way)
             staged = []
         else:

@@ -138,6 +138,12 @@ class SavedTensorMeter:
         ref[0] += 1
         return _Held(t.detach(), self, ptr)     # detached: the holder must not keep the graph alive
 
+    def hold(self, t):
+        """Count a tensor held outside autograd (an overlapped cross-cluster boundary's message posted ahead: the
+        memory model's boundary buffers) until the returned handle is dropped; a storage autograd also saves is
+        counted once."""
+        return self._pack(t)
+
     @staticmethod
     def _unpack(packed):
         return packed.tensor if isinstance(packed, _Held) else packed

@@ -166,6 +166,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                       forward_only=False, pg_collection=ctx.pg)
         with _metered(step == 0, model, ddp, opt, alloc) as meter_now:   # memory: the first step only (untimed)
             meter = meter_now or meter
+            comm.meter = meter_now      # the boundary buffers an overlapped link holds count too (measured step)
             before = waited()
             if layout.num_stages > 1:
                 comm.begin_step(layout.num_micro_batches)
