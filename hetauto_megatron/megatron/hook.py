@@ -321,7 +321,13 @@ def _destroy_groups_at_exit(timeout_s: float) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     worker = threading.Thread(target=dist.destroy_process_group, name="hetauto-destroy-groups", daemon=True)
-    worker.start()
+    try:
+        worker.start()
+    except RuntimeError:
+        # Python 3.12.0-3.12.1 refuse new threads in atexit handlers ("can't create new thread at interpreter
+        # shutdown", python/cpython#113964): destroy them here, unbounded.
+        dist.destroy_process_group()
+        return
     worker.join(timeout_s)
     if worker.is_alive():
         print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",

@@ -1,0 +1,35 @@
+"""The --hetauto hook's clean exit (hook._destroy_groups_at_exit): the process groups are destroyed in an atexit
+handler, also where Python refuses new threads there (3.12.0-3.12.1: every rank of a torchrun launch printed
+"Exception ignored in atexit callback ... can't create new thread at interpreter shutdown")."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import atexit, sys, threading
+import torch.distributed as dist
+from hetauto_megatron.megatron.hook import _destroy_groups_at_exit
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
+atexit.register(_destroy_groups_at_exit, 30.0)
+if sys.argv[2] == "refuse-threads":
+    def refuse_threads():  # runs first (atexit is last in, first out), as Python 3.12.0-3.12.1 do at shutdown
+        def start(self):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        threading.Thread.start = start
+    atexit.register(refuse_threads)
+"""
+
+
+@pytest.mark.parametrize("mode", ["threads", "refuse-threads"])
+def test_groups_destroyed_at_exit_without_a_traceback(tmp_path, mode):
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store"), mode], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "initialized after the handler: False" in r.stdout
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
