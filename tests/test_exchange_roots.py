@@ -183,7 +183,8 @@ def test_no_other_shares_make_the_priced_exchange_shorter(monkeypatch):
         holders = rng.choice([sites, sites, ["a", "a", "b"], ["a", "b", "b", "c"]])
         inv = {"clusters": [{"name": n, "device": "a100-80gb", "nodes": 4, "devices_per_node": 8,
                              "intra_node": {"bandwidth_gbps": 2400.0, "latency_us": 0},
-                             "inter_node": {"bandwidth_gbps": rng.choice([10.0, 25.0, 100.0, 400.0]), "latency_us": 0},
+                             "inter_node": {"bandwidth_gbps": rng.choice([10.0, 25.0, 100.0, 400.0]), "latency_us": 0,
+                                            **({"node_gbps": 40.0} if trial % 3 == 1 else {})},
                              **({"uplink_gbps": rng.choice([5.0, 20.0, 60.0])} if rng.random() < 0.3 else {})}
                             for n in sites],
                "links": [{"between": [x, y], "bandwidth_gbps": rng.choice([1.0, 2.5, 10.0, 40.0, 100.0, 400.0]),
@@ -217,3 +218,26 @@ def test_no_other_shares_make_the_priced_exchange_shorter(monkeypatch):
                 best = t if best is None else min(best, t)
         monkeypatch.undo()
         assert chosen <= best * (1 + 1e-3) + 1e-12, (trial, holders, meshes, inv, chosen, best)
+
+
+def test_groups_in_one_site_share_a_nodes_nic():
+    """Two replica groups of one stage side by side in one site (TP 8 x DP 1 each, nodes of 8): their 8 TP rank
+    pairs exchange at once, each at its own NIC's 25 Gbit/s; where the node has one NIC of 50 Gbit/s for its 8
+    devices (`node_gbps`, a cloud VM) each pair gets 50 / 8 = 6.25, so the exchange takes 4x as long (as a DP ring
+    and a pipeline send inside the site already share it)."""
+    from hetauto_megatron.plan import tail_costs
+    from hetauto_megatron.plan.multi_simulate import price_shapes, shapes_of
+    model = MODEL.replace(num_layers=2)
+    times = []
+    for node in ({}, {"node_gbps": 50.0}):
+        inv = {"clusters": [{"name": "a", "device": "a100-80gb", "nodes": 2, "devices_per_node": 8,
+                             "intra_node": {"bandwidth_gbps": 2400.0, "latency_us": 0},
+                             "inter_node": {"bandwidth_gbps": 25.0, "latency_us": 0, **node}}]}
+        meshes = [{"cluster": "a", "device_type": "a100-80gb", "tp": 8, "dp": 1, "micro_batch_size": 1,
+                   "recompute": "full", "stage_layers": [2], **({"alongside": True} if i else {})} for i in range(2)]
+        plan = plan_from_dict({"version": 4, "model": model.to_dict(), "global_batch_size": 4, "meshes": meshes,
+                               "inventory": inv})
+        inventory = inventory_from_dict(inv)
+        blocks = price_shapes(plan.model, inventory, shapes_of(plan), AnalyticCostModel()).extra["holders"]
+        times.append(tail_costs.holders_sync_time(inventory, blocks))
+    assert times[1] == pytest.approx(4 * times[0], rel=0.02), times

@@ -37,6 +37,15 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
     return LinkSpec(min(k * inter.bandwidth_gbps, node_share, cluster.intra_node.bandwidth_gbps), inter.latency_s)
 
 
+def rank_rate_gbps(cluster: Cluster, senders_per_node: int) -> float:
+    """Gbit/s of each of a node's `senders_per_node` devices sending at once over the inter-node network: the
+    per-device bandwidth, up to its share of the node's one NIC where the inventory gives `node_gbps`."""
+    inter = cluster.inter_node
+    if inter.node_gbps is None:
+        return inter.bandwidth_gbps
+    return min(inter.bandwidth_gbps, inter.node_gbps / max(1, min(senders_per_node, cluster.devices_per_node)))
+
+
 def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:
     """The link traffic between clusters a and b crosses: the inventory's, or where they are not adjacent in it
     the slowest link it lists (conservative); each no faster than its clusters' uplinks (Inventory.link). Clusters
@@ -106,8 +115,7 @@ def boundary_transfer_time(model: ModelSpec, a: StageProfile, b: StageProfile, l
         shards = max(a.tp, b.tp) if a.settings.sequence_parallel else partitions
         nbytes = B * a.micro_batch_size * model.seq_length * model.hidden_size / shards
         if link.node_gbps is not None:   # the node's devices send at once through its one NIC
-            senders = min(a.tp * a.dp, a.cluster.devices_per_node)
-            return link.latency_s + nbytes / (min(link.bandwidth_gbps, link.node_gbps / senders) * 1e9 / 8)
+            return link.latency_s + nbytes / (rank_rate_gbps(a.cluster, a.tp * a.dp) * 1e9 / 8)
     else:
         nbytes = cross_boundary_bytes(model, a, samples_per_step)
         if link.flow_gbps is not None:

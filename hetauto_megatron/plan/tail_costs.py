@@ -19,7 +19,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
-from .link_costs import link_between
+from .link_costs import link_between, rank_rate_gbps
 from .settings import ENGINES, model_padded_vocab_size
 
 
@@ -229,7 +229,7 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
     bytes out (in) over all its links where it has an uplink (`uplink_gbps`: one more resource per direction,
     without latency, which its links already pay); inside a cluster the rank
     pairs run in parallel on the inter-node network, each root rank sending or receiving its share (the side
-    with fewer owner ranks sets it). A phase lasts as long as its busiest link direction or root rank
+    with fewer owner ranks sets it) at its device's rate, or its share of the node's NIC (`node_gbps`). A phase lasts as long as its busiest link direction or root rank
     direction. Then, inside every holder at once, the ranks that are not sources take the sum from theirs:
     without the distributed optimizer a broadcast to the DP replicas of every synced local tensor (on the
     mesh's DP link), then for what TP duplicates (the norms, a learned position table) a broadcast to the other
@@ -307,7 +307,11 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                     add(back, ("uplink", rc, "out"), sent)
                     add(back, ("uplink", c, "in"), sent)
                 else:
-                    sent /= min(owner_ranks(prof), owner_ranks(rp))
+                    pairs = min(owner_ranks(prof), owner_ranks(rp))
+                    # each root rank's share, counted at the per-device rate: where a node's pairs share one NIC
+                    # (`node_gbps`) the share takes that much longer
+                    cl = inventory.cluster(c)
+                    sent *= cl.inter_node.bandwidth_gbps / rank_rate_gbps(cl, pairs) / pairs
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
                 add(0, to_root, sent)
                 add(back, from_root, sent)
