@@ -168,6 +168,9 @@ def test_parallel_search_gives_the_same_plan(monkeypatch):
     assert (one.choices, one.stage_layers, one.iteration_time_s) == (two.choices, two.stage_layers,
                                                                      two.iteration_time_s)
     assert one.method == "mcts" and one.trees >= 2
+    # the plan file records the count: a search that ran past PARALLEL_AFTER_S on a slow machine writes the same
+    # bytes (the workers price some layouts twice; distinct ones are counted)
+    assert one.candidates_evaluated == two.candidates_evaluated
 
 
 @pytest.mark.parametrize("example, gbs, removed", [("inventory-3clusters.yaml", 512, "every cluster"),

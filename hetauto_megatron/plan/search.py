@@ -214,18 +214,15 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     leaves: dict[tuple, float] = {}
     dived: dict[tuple, float] = {}      # leaves found by diving (dive_seeds), where the enumeration priced none
     playouts, cut, trees = 0, False, 0
-    priced = 0                          # layouts priced (in whichever process priced them)
+    priced = 0                          # distinct layouts priced (in whichever process priced them)
     method = cfg.method
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
     # the tree's size sets the trees' budget and the enumeration's visits; a re-plan grows no trees
     cap, patience, est = tree_budget(sp, cfg.seed) if not warm or cfg.iterations else (0, 0, math.inf)
     warm_found = [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
     if warm and cfg.local_search:       # re-planning: first climb from the old plan (a few hundred layouts)
-        before = len(ev.cache)
-        for part, n in run_all(climb_job, [(w, deadline) for w in warm], workers, t0):
-            warm_found += part
-            priced += n
-        priced -= len(ev.cache) - before     # counted again below when they ran in this process
+        for part, _ in run_all(climb_job, [(w, deadline) for w in warm], workers, t0):
+            warm_found += part      # (their layouts are counted below, with the cache)
     best_known = old_best = min((t for t, _ in warm_found), default=math.inf)
     if warm and method == "mcts" and not cfg.iterations:
         # the climbed old plan is the plan to beat: an enumeration pruned by it, over the old plan's micro-batch
@@ -265,12 +262,15 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             jobs = [(cfg.seed * 1000 + trees + j, cap, patience, deadline, bar) for j in range(n)]
             trees += n
             best_round = math.inf
+            before = len(ev.cache)
             for run in run_all(tree_job, jobs, workers, t0):
                 leaves.update(run.leaves)
-                priced += run.priced
                 playouts += run.playouts
                 cut |= run.cut
                 best_round = min([best_round, *run.leaves.values()])
+            # the distinct layouts priced (worker processes price some twice): the same count in one process or
+            # several, so the plan file's candidates_evaluated does not depend on the machine's speed
+            priced += len(ev.cache) - before
             if cut or (not cfg.iterations and not best_round < best_known * (1 - 1e-4)):
                 break                  # out of time, or the round found nothing better than the plan held
             best_known = min(best_known, best_round)
@@ -309,9 +309,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             starts = local.starts(ranked, CLIMBS)
         jobs = [(s, deadline) for s in dict.fromkeys(warm + starts) if s not in climbed]
         found = list(ranked) + warm_found
-        for part, n in run_all(climb_job, jobs, workers, t0):
+        before = len(ev.cache)
+        for part, _ in run_all(climb_job, jobs, workers, t0):
             found += part
-            priced += n
+        priced += len(ev.cache) - before    # distinct layouts, as for the trees
         found.sort(key=lambda x: x[0])
         if not warm:
             shortlists.append(found)
