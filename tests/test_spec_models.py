@@ -68,6 +68,20 @@ def test_hf_learned_positions_grow_with_longer_sequences():
     assert g.total_params - load_model(os.path.join(HF, "gpt2.json")).total_params == 1024 * 768
 
 
+def test_hf_config_without_positions_plans_at_seq_length(tmp_path):
+    # Baichuan-13B's config.json gives only a tokenizer-style model_max_length, no position key: rotary
+    # embeddings have no table, so --seq-length is all the planner needs (and the error without it says so).
+    from hetauto_megatron.errors import InputError
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "baichuan", "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40, '
+        '"intermediate_size": 13696, "vocab_size": 125696, "model_max_length": 4096}')
+    m = load_model(str(tmp_path / "config.json"), seq_length=4096)
+    assert (m.seq_length, m.max_position_embeddings, m.position_embedding) == (4096, 4096, "rope")
+    assert load_model(str(tmp_path), seq_length=2048).seq_length == 2048     # the checkpoint directory too
+    with pytest.raises(InputError, match="--seq-length"):
+        load_model(str(tmp_path / "config.json"))
+
+
 def test_hf_family_decides_the_mlp_not_the_activation(tmp_path):
     # Gemma is gated although its activation is a GELU, and ties its head when the key is absent.
     (tmp_path / "config.json").write_text(

@@ -236,8 +236,10 @@ _GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type th
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
-    """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec."""
+def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int | None = None) -> ModelSpec:
+    """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec.
+    `seq_length` (--seq-length) stands in for the positions when the config gives none (Baichuan-13B has
+    only a tokenizer-style model_max_length): rotary embeddings have no table to size."""
     for key, kind in (("model_type", str), ("head_dim", int)):     # read below only when they have this type
         value = cfg.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
@@ -294,7 +296,15 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None) -> ModelSpec:
         if ffn is None and family is not None and not family[0]:
             ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
         ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
-        max_pos = first("max_position_embeddings", "n_positions", "seq_length")
+        keys = ("max_position_embeddings", "n_positions", "seq_length")
+        if seq_length and all(cfg.get(k) is None for k in keys):
+            max_pos = seq_length
+        elif all(cfg.get(k) is None for k in keys):
+            raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
+                             field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
+                             + unsupported_fix)
+        else:
+            max_pos = first(*keys)
     if isinstance(ffn, bool) or not isinstance(ffn, int):
         raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
                          fix="correct the value")
@@ -346,7 +356,8 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         if not os.path.isfile(config):
             raise InputError("is a directory without a config.json", file=source, field="--model",
                              fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
-        spec = _hf_note(model_from_hf_config(_read_json(config), file=config), config, seq_length, note)
+        spec = _hf_note(model_from_hf_config(_read_json(config), file=config, seq_length=seq_length), config,
+                        seq_length, note)
     elif source.endswith(".json"):
         if not os.path.exists(source):
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
@@ -354,7 +365,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
             spec = model_from_dict(cfg, file=source)
         else:
-            spec = _hf_note(model_from_hf_config(cfg, file=source), source, seq_length, note)
+            spec = _hf_note(model_from_hf_config(cfg, file=source, seq_length=seq_length), source, seq_length, note)
     else:
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict) and len(data) == 1:
