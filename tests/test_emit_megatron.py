@@ -241,3 +241,30 @@ def test_devices_per_node_applies_only_without_an_inventory(tmp_path, capsys):
     la, = json.loads(capsys.readouterr().out)["launches"]
     assert (la["nnodes"], la["nproc_per_node"]) == (1, 4)
 
+
+def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
+    """Without an inventory --devices-per-node sets the node size: a TP group across its nodes blamed
+    meshes[0].tp and said re-plan, one process read '1 processes', and a value that is no number got argparse's
+    message (no field, no fix, no full stop)."""
+    def err_of(meshes, n):
+        path = tmp_path / "plan.yaml"
+        path.write_text(json.dumps(tiny_plan(meshes)))
+        assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", n]) == 2
+        return capsys.readouterr().err
+    err = err_of([mesh("a", 2, 1, 1, [8])], "1")
+    assert "field '--devices-per-node'" in err and "--devices-per-node 1 sets the node size" in err, err
+    assert "meshes[0].tp" not in err and "re-plan" not in err and "a multiple of tp=2" in err, err
+    err = err_of([mesh("a", 1, 1, 1, [8])], "2")
+    assert "field '--devices-per-node'" in err and "runs 1 process, not" in err and "divides 1" in err, err
+    err = err_of([mesh("a", 1, 1, 1, [8])], "two")
+    assert err.strip() == ("hetauto emit: error: field '--devices-per-node': must be a whole number, got 'two'. "
+                           "Fix: give the processes per node, e.g. --devices-per-node 8.")
+    # the default node size (8) is an assumption too: --devices-per-node is named as the way out
+    path = tmp_path / "plan.yaml"
+    wide = tiny_plan([mesh("a", 16, 1, 1, [32])])
+    wide["model"] = {"preset": "llama2-7b"}     # 32 heads: tp 16 divides them
+    path.write_text(json.dumps(wide))
+    assert main(["emit", "megatron", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "meshes[0].tp" in err and "8 devices per node are assumed" in err and "--devices-per-node" in err, err
+

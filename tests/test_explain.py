@@ -190,6 +190,19 @@ def test_demo_explains_its_plan_and_draws_the_timeline(tmp_path, capfd):
     assert json.loads((tmp_path / "llama2-70b-timeline.json").read_text())["traceEvents"]
 
 
+def test_demo_help_promises_no_layout_of_the_searched_plan():
+    """Step 2 dry-runs whatever the planner picks for the tiny model (now two even stages, groups side by
+    side): its text names no layout; step 3's hand-written plan is named, and its stages are uneven."""
+    import os
+
+    from hetauto_megatron.commands import demo
+    from hetauto_megatron.megatron.demo import _ROOT, DEFAULT_PLAN
+    step2, step3 = demo.DESCRIPTION.split("\n  2. ")[1].split("\n  3. ")
+    assert "uneven" not in step2 and "whatever plan it picks" in " ".join(step2.split())
+    assert os.path.relpath(DEFAULT_PLAN, _ROOT) in step3 and "uneven" in step3
+    assert len({n for m in load_plan(DEFAULT_PLAN).meshes for n in m.stage_layers}) > 1
+
+
 def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, capsys):
     # The unconstrained best plan uses both clusters; a plan made without 'ascend' must be explained against
     # runners-up that also leave it out, or the comparison is with plans the user ruled out.

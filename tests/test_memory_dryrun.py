@@ -100,6 +100,30 @@ def test_every_stage_of_the_two_cluster_run_within_10_percent(tiny_dryrun_json):
     rows = json.loads(tiny_dryrun_json)["memory"]
     assert {(r["tp"], r["dp"]) for r in rows} == {(2, 1), (1, 2)}
     _check(rows)
+    # the gradients the memory rows count are fp32 in a dry run: the buffers Megatron built say so
+    assert [s["grad_buffer_dtype"] for s in json.loads(tiny_dryrun_json)["settings"]] == ["fp32", "fp32"]
+
+
+def test_the_settings_line_names_the_gradients_dtype():
+    """A mesh with grad_reduce_dtype param printed 'gradients reduced in param': the line names the dtype of the
+    DDP gradient buffers (read back by settings_that_ran), the parameters' own."""
+    import types
+
+    import torch
+
+    from hetauto_megatron.commands.dryrun import settings_line
+    from hetauto_megatron.runtime.train import settings_that_ran
+    config = types.SimpleNamespace(sequence_parallel=False, hidden_dropout=0.0, attention_dropout=0.0)
+    opt = types.SimpleNamespace(config=types.SimpleNamespace(use_distributed_optimizer=True))
+    for in_fp32, dtype, words in ((False, torch.bfloat16, "bf16 (the parameters' dtype)"),
+                                  (True, torch.float32, "fp32")):
+        ddp_config = types.SimpleNamespace(overlap_grad_reduce=True, overlap_param_gather=True,
+                                           grad_reduce_in_fp32=in_fp32)
+        ran = settings_that_ran(config, ddp_config, opt, [types.SimpleNamespace(grad_dtype=dtype)])
+        line = settings_line(0, {"cluster": "a", "tp": 1, "dp": 2, **ran})
+        assert line.endswith(f"; gradients reduced in {words}"), line
+    assert settings_line(0, {"cluster": "a", "tp": 1, "dp": 2, **ran, "grad_reduce_dtype": "param",
+                             "grad_buffer_dtype": None}).endswith("gradients reduced in the parameters' dtype")
 
 
 def test_profile_overheads_needs_the_device():

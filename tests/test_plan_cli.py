@@ -83,6 +83,24 @@ def test_help_teaches():
     assert r.returncode == 0 and "plan" in r.stdout and "dryrun" in r.stdout
 
 
+def test_set_help_lists_every_whatif_key():
+    """simulate's what-if paragraph and the --set help of every command that takes --set name each key
+    spec/whatif.py accepts (flow_gbps, node_gbps and price_per_device_hour were missing)."""
+    import argparse
+
+    from hetauto_megatron.cli import build_parser
+    from hetauto_megatron.commands import simulate
+    from hetauto_megatron.spec.whatif import CLUSTER_FIELDS, LINK_FIELDS
+    what_if = simulate.DESCRIPTION.split("--set KEY=VALUE overrides")[1].split("and --global-batch-size")[0]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    texts = {"simulate description": what_if}
+    for name in ("plan", "simulate", "explain", "compare"):
+        texts[f"{name} --set"] = next(a.help for a in sub[name]._actions if "--set" in a.option_strings)
+    for where, text in texts.items():
+        missing = [f for f in LINK_FIELDS + CLUSTER_FIELDS if f not in text]
+        assert not missing, f"{where} does not list {missing}"
+
+
 def test_overlapped_boundaries_are_planned_written_and_simulated(tmp_path):
     """--boundary-schedule overlapped: the cross-cluster boundary is written with its depth, `simulate` of the file
     reproduces the estimate, and a boundary that cannot overlap is refused naming the field."""
@@ -340,3 +358,16 @@ def test_emit_names_launch_scripts_left_from_an_earlier_plan(tmp_path, capsys):
     assert rc == 0 and "one DeepSpeed job cannot run" in err and "differ in TP" in err
     rc, _, err = run_cli(sim, capsys)
     assert rc == 0 and "DeepSpeed" not in err
+
+
+def test_plan_emit_of_a_plan_on_part_of_a_node_names_the_plan_and_a_fix_plan_can_take(tmp_path, capsys):
+    """--max-devices 12 on 8-device nodes: the search's plan (valid, written) holds 12 devices of one cluster,
+    which launch scripts cannot start. --emit said so without the plan's file and told to pass
+    --devices-per-node, a flag 'hetauto plan' does not have; it names the written plan and --emit now."""
+    from helpers import run_cli
+    plan = str(tmp_path / "p.yaml")
+    rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", INV2, "--max-devices", "12", "--quiet",
+                          "--workers", "1", "-o", plan, "--emit", str(tmp_path / "launch")], capsys)
+    assert rc == 2 and os.path.exists(plan), err
+    assert f"{plan}: field '--emit'" in err and "whole number of 8-device nodes" in err, err
+    assert "--devices-per-node" not in err and "hetauto emit megatron --plan" in err, err

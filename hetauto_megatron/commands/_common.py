@@ -5,6 +5,7 @@ import sys
 
 
 def add_model_inventory_args(parser) -> None:
+    from ..spec.whatif import keys_line
     parser.add_argument("--model", required=True, metavar="M",
                         help="a preset (llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, mistral-7b, "
                              "gpt3-175b, tiny), a model YAML (docs/inputs.md) or a Hugging Face config.json")
@@ -14,10 +15,8 @@ def add_model_inventory_args(parser) -> None:
                         help="a learned cost model from 'hetauto fit' (default: the analytic model); device types "
                              "it has no data for fall back to the analytic model")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="what-if: override the inventory without editing it (repeatable): "
-                             "link.A-B.bandwidth_gbps, link.A-B.latency_ms, cluster.NAME.nodes, "
-                             "cluster.NAME.devices_per_node, cluster.NAME.memory_gib, cluster.NAME.peak_tflops, "
-                             "cluster.NAME.inter_node.bandwidth_gbps, cluster.NAME.uplink_gbps, ... (docs/explain.md); e.g. "
+                        help="what-if: override the inventory without editing it (repeatable): " + keys_line()
+                             + "; units in docs/explain.md; e.g. "
                              "--set link.h800-ascend.bandwidth_gbps=100 --set cluster.ascend.nodes=8")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -12,12 +12,14 @@ The whole product in one command, on this machine (CPU only, a few minutes):
      25 Gbit/s link): the searched plan, its summary, why it is what it is (bottleneck, memory headroom,
      runners-up, sensitivity to links, cluster sizes and batch), its predicted timeline as a picture,
      Megatron launch scripts and DeepSpeed configs;
-  2. plan the tiny model on two CPU "clusters" (4 + 2 processes) and dry-run that plan on real
-     Megatron-Core: one process per device, per-cluster TP/DP, uneven stages, host-staged inter-cluster
-     transfers, 3 Adam steps, compared with a single-process run of the same model; its measured timeline
-     is drawn under the predicted one;
-  3. run Megatron-LM's own training loop (megatron.training.pretrain) with --hetauto on a two-cluster CPU
-     plan and compare its losses with Megatron's homogeneous layout.
+  2. plan the tiny model on two CPU "clusters" (4 + 2 processes) with the same search, then dry-run
+     whatever plan it picks on real Megatron-Core: one process per device of the plan, each mesh with its
+     own TP/DP and layers, host-staged inter-cluster transfers, 3 Adam steps; the losses and grad norms must
+     match a single-process run of the same model (within 1e-5), the measured memory is printed beside the
+     predicted, and the measured timeline is drawn under the predicted one;
+  3. run Megatron-LM's own training loop (megatron.training.pretrain) with --hetauto on a hand-written
+     two-cluster CPU plan (examples/llama/plans/tiny-2clusters-cpu.yaml, uneven stages) and check that its
+     losses match Megatron's homogeneous layout of the same stages.
 
 Everything it writes goes to --out (default ./hetauto-demo). Each step is printed as the 'hetauto' command
 it runs, so it can be re-run alone."""

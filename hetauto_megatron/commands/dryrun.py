@@ -226,13 +226,27 @@ def _print_memory(report: dict) -> None:
               f"allocator peak in the step {g['allocator_peak'] / 1024:,.0f}")
 
 
+def settings_line(i: int, s: dict) -> str:
+    """One mesh's settings as its ranks ran them (a report's "settings" entry), the gradients' dtype named:
+    grad_reduce_dtype "param" is the parameters' dtype, which the DDP gradient buffers report."""
+    on = [k for k in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+          if s[k]]
+    dtype = s.get("grad_buffer_dtype")
+    if s["grad_reduce_dtype"] == "param":
+        grads = f"{dtype} (the parameters' dtype)" if dtype else "the parameters' dtype"
+    else:
+        grads = dtype or s["grad_reduce_dtype"]
+    return (f"mesh {i} ({s['cluster']}, tp {s['tp']} x dp {s['dp']}): {', '.join(on) or 'no sharding or overlap'}; "
+            f"gradients reduced in {grads}")
+
+
 def _print_table(report: dict, plan) -> None:
     from ..emit.summary import count_noun
     from ..plan.layout import PipelineLayout
 
     m = report["model"]
     pipes = [PipelineLayout(plan, p) for p in range(plan.num_pipelines)]
-    shape = "; ".join(f"{q.num_stages} stages, {q.num_micro_batches} micro-batches per step"
+    shape = "; ".join(f"{count_noun(q.num_stages, 'stage')}, {count_noun(q.num_micro_batches, 'micro-batch')} per step"
                       + (f" ({q.samples} samples)" if len(pipes) > 1 else "") for q in pipes)
     if len(pipes) > 1:
         shape = f"{len(pipes)} pipelines joined by data parallelism: {shape}"
@@ -252,10 +266,7 @@ def _print_table(report: dict, plan) -> None:
     print(f"bytes sent: intra-cluster {b['intra_cluster']:,}, inter-cluster {b['inter_cluster']:,}"
           + ("" if not b.get("between") else " (" + ", ".join(f"{k} {v:,}" for k, v in b["between"].items()) + ")"))
     for i, s in enumerate(report["settings"]):
-        on = [k for k in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
-              if s[k]]
-        print(f"mesh {i} ({s['cluster']}, tp {s['tp']} x dp {s['dp']}): {', '.join(on) or 'no sharding or overlap'}; "
-              f"gradients reduced in {s['grad_reduce_dtype']}")
+        print(settings_line(i, s))
     if ref:
         ok = report["max_abs_diff"] <= TOLERANCE
         print(f"max |difference| vs single process: {report['max_abs_diff']:.3g} "

@@ -7,6 +7,7 @@ import sys
 
 from ..errors import InputError
 from ..outputs import make_output_dir, refuse_overwriting_inputs, write_text_file
+from ..spec._fields import shorten
 
 DESCRIPTION = """\
 Turn a plan (from 'hetauto plan', or written by hand: docs/plan-format.md) into launch material.
@@ -52,7 +53,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan-path", default=None, metavar="PATH",
                         help="megatron: plan path as the nodes see it, for --hetauto-plan (default: --plan made "
                              "absolute; the launch also honours $HETAUTO_PLAN)")
-    parser.add_argument("--devices-per-node", type=int, default=None, metavar="N",
+    parser.add_argument("--devices-per-node", default=None, metavar="N",
                         help="megatron: processes per node when the plan carries no inventory (default 8); a "
                              "plan's inventory gives each cluster's, and a different N is refused")
 
@@ -118,8 +119,16 @@ def run(args) -> int:
     for flag, value in (("--script", getattr(args, "script", None)), ("--plan-path", getattr(args, "plan_path", None))):
         if value is not None and not value.strip():    # '' fell back to the default without a word
             raise InputError("is empty", field=flag, fix=f"give a path, or drop {flag} for the default")
-    if args.devices_per_node is not None and args.devices_per_node < 1:
-        raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node", fix="give --devices-per-node 1 or more")
+    if args.devices_per_node is not None:      # parsed here: argparse's own message has no field, fix or full stop
+        try:
+            args.devices_per_node = int(args.devices_per_node)
+        except ValueError:
+            raise InputError(f"must be a whole number, got {shorten(args.devices_per_node, 40)!r}",
+                             field="--devices-per-node", fix="give the processes per node, e.g. --devices-per-node 8") \
+                from None
+        if args.devices_per_node < 1:
+            raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node",
+                             fix="give --devices-per-node 1 or more")
     out_dir = make_output_dir(args.output, "-o") if args.output else None
     written: list[str] = []
     if args.target == "megatron":

@@ -59,9 +59,10 @@ def add_plan_input_args(parser) -> None:
                                                      "model stored in the plan)")
     parser.add_argument("--inventory", metavar="I", help="inventory YAML (default: the one stored in the plan)")
     parser.add_argument("--cost-model", metavar="DIR", help="a learned cost model from 'hetauto fit' (default: analytic)")
+    from ..spec.whatif import keys_line
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="what-if override of the inventory, e.g. link.A-B.bandwidth_gbps=100 or "
-                             "cluster.NAME.nodes=8 (repeatable; see 'hetauto simulate --help')")
+                        help="what-if override of the inventory (repeatable): " + keys_line() + "; units in "
+                             "docs/explain.md; e.g. link.A-B.bandwidth_gbps=100 or cluster.NAME.nodes=8")
 
 
 def plan_inputs(args, plan_path: str, plan=None):

@@ -7,6 +7,7 @@ import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
                       at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint, write_timelines)
+from ..spec.whatif import keys_help
 
 DESCRIPTION = """\
 Predict one training iteration with the cost model and the event-level 1F1B simulator (--engine deepspeed:
@@ -17,12 +18,9 @@ clusters (price_per_device_hour, for the devices the plan uses). Give either a p
 (--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the exact
 split when they do not divide).
 
-What-if without editing files: --set KEY=VALUE overrides the inventory (repeatable):
-  link.A-B.bandwidth_gbps, link.A-B.latency_ms            the link between clusters A and B
-  cluster.NAME.nodes, cluster.NAME.devices_per_node       a cluster's size
-  cluster.NAME.memory_gib, .peak_tflops, .hbm_gbps        its devices
-  cluster.NAME.inter_node.bandwidth_gbps, .latency_us     its network (intra_node.* for inside a node)
-  cluster.NAME.uplink_gbps                                all its links to other clusters together
+What-if without editing files: --set KEY=VALUE overrides the inventory (repeatable; units as in the
+inventory, docs/explain.md):
+""" + keys_help() + """
 and --global-batch-size / --seq-length override the plan's. A plan keeps its layout: to see what a bigger
 cluster buys, re-plan with the same --set ('hetauto plan --set ...'), or 'hetauto explain' for x0.5 / x2 of
 every link, cluster and the batch at once.

@@ -137,8 +137,18 @@ def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str 
     return override or 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
 
 
+def _node_size_source(plan: Plan, cluster: str, override: int | None) -> str:
+    """Where _devices_per_node took a cluster's node size from: 'inventory', 'flag' (--devices-per-node) or
+    'default' (8)."""
+    inv = _inventory_cluster(plan, cluster)
+    if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
+        return "inventory"
+    return "flag" if override else "default"
+
+
 def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
     """Group the plan's meshes into launches and check them against the plan's inventory (when it has one)."""
+    from .summary import count_noun
     check_plan_inventory(plan, file)
     groups = []
     for idx in plan.launch_groups():
@@ -147,12 +157,36 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         n = sum(plan.meshes[k].num_devices for k in idx)
         dpn = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
         if n % dpn:
-            raise InputError(f"cluster {mesh.cluster} runs {n} processes, not a whole number of {dpn}-device nodes, "
-                             "so torchrun cannot start them with one --nproc-per-node", file=file,
-                             field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass --devices-per-node "
-                             "with a node size that divides the mesh")
+            reason = (f"cluster {mesh.cluster} runs {count_noun(n, 'process')}, not a whole number of {dpn}-device "
+                      f"nodes, so torchrun cannot start {'it' if n == 1 else 'them'} with one --nproc-per-node")
+            if _node_size_source(plan, mesh.cluster, devices_per_node) == "flag":
+                raise InputError(f"{reason} (--devices-per-node {dpn} sets the node size: the plan has no inventory "
+                                 f"for cluster {mesh.cluster})", file=file, field="--devices-per-node",
+                                 fix=f"give --devices-per-node the real node size of cluster {mesh.cluster}, one that "
+                                     f"divides {n}, or use whole nodes in the plan")
+            raise InputError(reason, file=file, field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass "
+                             "--devices-per-node with a node size that divides the mesh")
         groups.append((idx, n, dpn))
-    plan.check_tp_inside_nodes({plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}.__getitem__, file)
+    sizes = {plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}
+    try:
+        plan.check_tp_inside_nodes(sizes.__getitem__, file)
+    except InputError as exc:
+        # The plan's TP is at fault only against a node size the plan's inventory gives: one that
+        # --devices-per-node gave (or the default 8 assumed) is the thing to change.
+        k = next((k for k, m in enumerate(plan.meshes) if exc.field == f"meshes[{k}].tp"), None)
+        if k is None or _node_size_source(plan, plan.meshes[k].cluster, devices_per_node) == "inventory":
+            raise
+        mesh = plan.meshes[k]
+        if devices_per_node:
+            raise InputError(f"{exc.reason}, and --devices-per-node {devices_per_node} sets the node size (the plan "
+                             f"has no inventory for cluster {mesh.cluster})", file=file,
+                             field="--devices-per-node",
+                             fix=f"give --devices-per-node the real node size of cluster {mesh.cluster}, a multiple "
+                                 f"of tp={mesh.tp} (or drop it for 8)") from None
+        raise InputError(f"{exc.reason}, and 8 devices per node are assumed (the plan has no inventory for cluster "
+                         f"{mesh.cluster})", file=file, field=exc.field,
+                         fix=f"pass --devices-per-node with the real node size of cluster {mesh.cluster}, a multiple "
+                             f"of tp={mesh.tp}, or use a smaller tp and re-plan") from None
     clusters = [plan.meshes[idx[0]].cluster for idx, _, _ in groups]
     launches = []
     for (idx, n, dpn), name in zip(groups, clusters):

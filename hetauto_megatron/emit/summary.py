@@ -127,8 +127,8 @@ def _estimate_line(est: dict) -> str:
 
 
 def count_noun(n: int, noun: str) -> str:
-    """'1 mesh', '2 meshes', '1 pipeline stage', '16 pipeline stages'."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}{'es' if noun.endswith(("sh", "s", "x")) else 's'}"
+    """'1 mesh', '2 meshes', '1 pipeline stage', '16 pipeline stages', '4 micro-batches'."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}{'es' if noun.endswith(("sh", "ch", "s", "x")) else 's'}"
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:

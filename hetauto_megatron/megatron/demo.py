@@ -4,7 +4,7 @@
 
 Runs examples/llama/pretrain_llama_hetauto.py through `megatron.training.pretrain` twice:
 1. with `--hetauto --hetauto-plan PLAN`: one process per device of the plan (its meshes, TP/DP degrees,
-   uneven stages and inter-cluster transfers), and
+   layer split and inter-cluster transfers; the default plan's stages are uneven, 3 | 2 | 3 layers), and
 2. without --hetauto, as Megatron's own homogeneous layout with the same pipeline stages (TP 1, DP 1,
    PP = the plan's stages, the same --pipeline-model-parallel-layout): Megatron seeds each stage by its
    pipeline rank and --use-cpu-initialization draws full weights before TP slicing, so both start from the

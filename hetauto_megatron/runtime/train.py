@@ -201,7 +201,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
             "exposed_s": exposed,
             "ops": clock.steps, "memory": memory,
-            "settings": settings_that_ran(config, ddp.ddp_config, opt), "shared": shared}
+            "settings": settings_that_ran(config, ddp.ddp_config, opt, ddp.buffers), "shared": shared}
 
 
 @contextmanager
@@ -217,13 +217,20 @@ def _metered(on: bool, model, ddp, opt, alloc: dict):
         yield meter
 
 
-def settings_that_ran(config, ddp_config, optimizer) -> dict:
+_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def settings_that_ran(config, ddp_config, optimizer, grad_buffers=()) -> dict:
     """The runtime settings (plan/settings.py keys) read back from the objects Megatron built, so a report
-    says what ran rather than what was asked for."""
+    says what ran rather than what was asked for; plus "grad_buffer_dtype", the element type of the DDP gradient
+    buffers the reduction runs in (`grad_buffers`: DistributedDataParallel.buffers), which names the dtype that
+    grad_reduce_dtype "param" stands for."""
     subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    dtypes = sorted({_DTYPE_NAMES.get(str(b.grad_dtype), str(b.grad_dtype)) for b in grad_buffers})
     return {"sequence_parallel": bool(config.sequence_parallel),
             "distributed_optimizer": all(s.config.use_distributed_optimizer for s in subs),
             "overlap_grad_reduce": bool(ddp_config.overlap_grad_reduce),
             "overlap_param_gather": bool(ddp_config.overlap_param_gather),
             "grad_reduce_dtype": "fp32" if ddp_config.grad_reduce_in_fp32 else "param",
+            "grad_buffer_dtype": "/".join(dtypes) or None,
             "hidden_dropout": float(config.hidden_dropout), "attention_dropout": float(config.attention_dropout)}

@@ -25,6 +25,29 @@ CLUSTER_FIELDS = ("nodes", "devices_per_node", "memory_gib", "peak_tflops", "hbm
                   "intra_node.bandwidth_gbps", "intra_node.latency_us",
                   "inter_node.bandwidth_gbps", "inter_node.latency_us", "inter_node.node_gbps")
 _INT_FIELDS = ("nodes", "devices_per_node")
+# what --help adds to a field's name where the name alone does not say it
+_FIELD_NOTES = {"flow_gbps": "one connection alone", "uplink_gbps": "all its links to other clusters together",
+                "inter_node.node_gbps": "all devices of one node together",
+                "price_per_device_hour": "any currency; --objective cost"}
+
+
+def _fields_text(fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{f} ({_FIELD_NOTES[f]})" if f in _FIELD_NOTES else f for f in fields)
+
+
+def keys_help(width: int = 108) -> str:
+    """Every --set key (LINK_FIELDS, CLUSTER_FIELDS) as indented lines for a command's --help description."""
+    import textwrap
+    rows = [("link.A-B.FIELD", "the link between clusters A and B (either order); FIELD: " + _fields_text(LINK_FIELDS)),
+            ("cluster.NAME.FIELD", "a cluster; FIELD: " + _fields_text(CLUSTER_FIELDS))]
+    return "\n".join(textwrap.fill(text, width, initial_indent=f"  {key:<20}", subsequent_indent=" " * 22)
+                     for key, text in rows)
+
+
+def keys_line() -> str:
+    """Every --set key on one line, for an option's help (argparse wraps it)."""
+    return (f"link.A-B.FIELD (FIELD: {', '.join(LINK_FIELDS)}) or cluster.NAME.FIELD (FIELD: "
+            f"{', '.join(CLUSTER_FIELDS)})")
 
 
 def _examples(inv: Inventory) -> str:
