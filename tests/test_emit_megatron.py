@@ -183,7 +183,7 @@ INVENTORY = {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_pe
 
 
 @pytest.mark.parametrize("plan_dict, words", [
-    (tiny_plan([mesh("a", 1, 3, 1, [8])], gbs=3), ["not a whole number of 4-device nodes", "--devices-per-node"]),
+    (tiny_plan([mesh("a", 1, 3, 1, [8])], gbs=3), ["not a whole number of 4-device nodes", "whole 4-device nodes of cluster a"]),
     (tiny_plan([mesh("z", 1, 4, 1, [8])]), ["meshes[0].cluster", "'z'", "use one of: a"]),
     (tiny_plan([mesh("a", 2, 4, 1, [8])]), ["uses 8 devices of cluster a", "only 4"]),
     (tiny_plan([mesh("a", 1, 4, 1, [8], device="h800")]), ["meshes[0].device_type", "cpu"]),

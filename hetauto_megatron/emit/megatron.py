@@ -164,8 +164,14 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
                                  f"for cluster {mesh.cluster})", file=file, field="--devices-per-node",
                                  fix=f"give --devices-per-node the real node size of cluster {mesh.cluster}, one that "
                                      f"divides {n}, or use whole nodes in the plan")
-            raise InputError(reason, file=file, field=f"meshes[{i}]", fix="use whole nodes in the plan, or pass "
-                             "--devices-per-node with a node size that divides the mesh")
+            if _node_size_source(plan, mesh.cluster, devices_per_node) == "inventory":
+                # the inventory's node size is the cluster's: --devices-per-node may not differ from it
+                fix = (f"use whole {dpn}-device nodes of cluster {mesh.cluster} in the plan (re-plan with "
+                       "--max-devices a multiple of the node size, or change the meshes' dp or stages)")
+            else:
+                fix = ("use whole nodes in the plan, or pass --devices-per-node with the cluster's real node size "
+                       f"if it divides {n}")
+            raise InputError(reason, file=file, field=f"meshes[{i}]", fix=fix)
         groups.append((idx, n, dpn))
     sizes = {plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}
     try:
