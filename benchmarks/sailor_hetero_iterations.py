@@ -85,12 +85,17 @@ def send_link(a: str, b: str, per_node: int) -> dict:
     benchmarks/sailor_terms.py): between a TITAN RTX and a 2080 Ti node the 8-GPU curve reads 0.9 Gbit/s where
     the 2- and 4-GPU ones (and the 8-GPU curves inside each type) read 23; every curve of the RTX 3090 node reads
     0.9."""
-    def fit(n: int) -> tuple[float, float]:
-        co = S.CURVES[ZONE][a][str(n)][ZONE][b][str(n)][0]
-        return fit_alpha_beta([n * S.curve_time(s, co) for s in SIZES], [n * s for s in SIZES])
-    gb, lat_us = fit(per_node)
-    flow, _ = fit(1)        # where one pair fills the NIC alone (the same curve for 1 and 8 GPUs), the link's rate
+    gb, lat_us = _fitted_curve(a, b, per_node)
+    flow, _ = _fitted_curve(a, b, 1)   # where one pair fills the NIC alone (the same curve for 1 and 8 GPUs), the link's rate
     return {"bandwidth_gbps": round(gb * 8, 3), "latency_ms": lat_us / 1e3, "flow_gbps": round(min(flow, gb) * 8, 3)}
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted_curve(a: str, b: str, n: int) -> tuple[float, float]:
+    """(GB/s, latency us) of Sailor's send curve of `n` GPU pairs from a node of type a to one of type b (each curve
+    is fitted once: every link of a pair of types reads the one-pair curve for its flow_gbps)."""
+    co = S.CURVES[ZONE][a][str(n)][ZONE][b][str(n)][0]
+    return fit_alpha_beta([n * S.curve_time(s, co) for s in SIZES], [n * s for s in SIZES])
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,12 +33,12 @@ def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> t
     2(n-1) x latency, closest to Sailor's curve (`sailor_allreduce_s`) over the message `sizes` in least absolute
     log error: a grid of 0.5 us below `max_latency_us` and 0.5 GB/s from 2 to 499.5 GB/s (how an inventory entry
     is derived from Sailor's measurements)."""
+    import numpy as np
     measured = [sailor_allreduce_s(fits, s, n) for s in sizes]
-    best = None
-    for lat_us in (0.5 * i for i in range(int(2 * max_latency_us))):
-        for bw in (0.5e9 * i for i in range(4, 1000)):
-            err = sum(abs(math.log((2 * (n - 1) / n * s / bw + 2 * (n - 1) * lat_us * 1e-6) / t))
-                      for s, t in zip(sizes, measured))
-            if best is None or err < best[0]:
-                best = (err, bw, lat_us)
-    return best[1], best[2]
+    lats_us = 0.5 * np.arange(int(2 * max_latency_us))
+    bws = 0.5e9 * np.arange(4, 1000)
+    err = np.zeros((len(lats_us), len(bws)))        # [latency, bandwidth], summed size by size in order
+    for s, t in zip(sizes, measured):
+        err += np.abs(np.log((2 * (n - 1) / n * s / bws[None, :] + 2 * (n - 1) * lats_us[:, None] * 1e-6) / t))
+    i = int(err.argmin())       # the first least error, latency-major: the grid's order
+    return float(bws[i % len(bws)]), float(lats_us[i // len(bws)])
