@@ -123,9 +123,10 @@ def _inventory_cluster(plan: Plan, name: str) -> dict | None:
     return None
 
 
-def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str | None = None) -> int:
-    """The node size of a cluster: the plan's inventory's, else `override` (--devices-per-node), else 8. An
-    override that contradicts the inventory is refused: the inventory is what the plan was made (and priced) for."""
+def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str | None = None) -> tuple[int, str]:
+    """(the node size of a cluster, where it came from): the plan's inventory's ("inventory"), else `override`
+    (--devices-per-node, "flag"), else 8 ("default"). An override that contradicts the inventory is refused: the
+    inventory is what the plan was made (and priced) for."""
     inv = _inventory_cluster(plan, cluster)
     if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
         if override and override != inv["devices_per_node"]:
@@ -133,17 +134,9 @@ def _devices_per_node(plan: Plan, cluster: str, override: int | None, file: str 
                              f"node, not {override}", file=file, field="--devices-per-node",
                              fix="drop --devices-per-node (it is for plans without an inventory), or edit the "
                                  "inventory's devices_per_node and re-plan")
-        return inv["devices_per_node"]
-    return override or 8  # the common node size; documented in docs/launch.md, override with --devices-per-node
-
-
-def _node_size_source(plan: Plan, cluster: str, override: int | None) -> str:
-    """Where _devices_per_node took a cluster's node size from: 'inventory', 'flag' (--devices-per-node) or
-    'default' (8)."""
-    inv = _inventory_cluster(plan, cluster)
-    if inv and isinstance(inv.get("devices_per_node"), int) and inv["devices_per_node"] > 0:
-        return "inventory"
-    return "flag" if override else "default"
+        return inv["devices_per_node"], "inventory"
+    # the common node size; documented in docs/launch.md, override with --devices-per-node
+    return (override, "flag") if override else (8, "default")
 
 
 def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str | None = None) -> list[Launch]:
@@ -155,32 +148,31 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         i = idx[0]
         mesh = plan.meshes[i]
         n = sum(plan.meshes[k].num_devices for k in idx)
-        dpn = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
+        dpn, source = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
         if n % dpn:
             reason = (f"cluster {mesh.cluster} runs {count_noun(n, 'process')}, not a whole number of {dpn}-device "
                       f"nodes, so torchrun cannot start {'it' if n == 1 else 'them'} with one --nproc-per-node")
-            if _node_size_source(plan, mesh.cluster, devices_per_node) == "flag":
+            if source == "flag":
                 raise InputError(f"{reason} (--devices-per-node {dpn} sets the node size: the plan has no inventory "
                                  f"for cluster {mesh.cluster})", file=file, field="--devices-per-node",
                                  fix=f"give --devices-per-node the real node size of cluster {mesh.cluster}, one that "
                                      f"divides {n}, or use whole nodes in the plan")
-            if _node_size_source(plan, mesh.cluster, devices_per_node) == "inventory":
-                # the inventory's node size is the cluster's: --devices-per-node may not differ from it
+            if source == "inventory":   # the cluster's own node size: --devices-per-node may not differ from it
                 fix = (f"use whole {dpn}-device nodes of cluster {mesh.cluster} in the plan (re-plan with "
                        "--max-devices a multiple of the node size, or change the meshes' dp or stages)")
             else:
                 fix = ("use whole nodes in the plan, or pass --devices-per-node with the cluster's real node size "
                        f"if it divides {n}")
             raise InputError(reason, file=file, field=f"meshes[{i}]", fix=fix)
-        groups.append((idx, n, dpn))
-    sizes = {plan.meshes[idx[0]].cluster: dpn for idx, _, dpn in groups}
+        groups.append((idx, n, dpn, source))
+    sizes = {plan.meshes[idx[0]].cluster: (dpn, source) for idx, _, dpn, source in groups}
     try:
-        plan.check_tp_inside_nodes(sizes.__getitem__, file)
+        plan.check_tp_inside_nodes(lambda cluster: sizes[cluster][0], file)
     except InputError as exc:
         # The plan's TP is at fault only against a node size the plan's inventory gives: one that
         # --devices-per-node gave (or the default 8 assumed) is the thing to change.
         k = next((k for k, m in enumerate(plan.meshes) if exc.field == f"meshes[{k}].tp"), None)
-        if k is None or _node_size_source(plan, plan.meshes[k].cluster, devices_per_node) == "inventory":
+        if k is None or sizes[plan.meshes[k].cluster][1] == "inventory":
             raise
         mesh = plan.meshes[k]
         if devices_per_node:
@@ -193,9 +185,9 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
                          f"{mesh.cluster})", file=file, field=exc.field,
                          fix=f"pass --devices-per-node with the real node size of cluster {mesh.cluster}, a multiple "
                              f"of tp={mesh.tp}, or use a smaller tp and re-plan") from None
-    clusters = [plan.meshes[idx[0]].cluster for idx, _, _ in groups]
+    clusters = [plan.meshes[idx[0]].cluster for idx, *_ in groups]
     launches = []
-    for (idx, n, dpn), name in zip(groups, clusters):
+    for (idx, n, dpn, _), name in zip(groups, clusters):
         # A cluster with several (non-consecutive) launches: name them by their first mesh to keep files apart.
         stem = name if clusters.count(name) == 1 else f"{name}.mesh{idx[0]}"
         launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, dpn,

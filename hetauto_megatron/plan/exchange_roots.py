@@ -24,7 +24,7 @@ import functools
 import math
 
 from ..spec.inventory import Inventory
-from .link_costs import link_between, rank_rate_gbps
+from .link_costs import link_between, rank_pairs_share
 
 WEIGHT_TOTAL = 1200         # the most integer weights the shares are rounded to (then 1/1200 of the elements)
 PRICE_TOLERANCE = 1e-3      # smaller weights where their phase is within this of the exact shares'
@@ -44,9 +44,8 @@ def _loads(inventory: Inventory, clusters: list[str], owners) -> list[tuple[floa
             if i == j:
                 continue
             if a == b:
-                pairs = min(owners[i], owners[j])
-                cl = inventory.cluster(a)     # at the per-device rate below: a shared NIC makes it longer
-                res, amount = [("ranks", j)], cl.inter_node.bandwidth_gbps / rank_rate_gbps(cl, pairs) / pairs
+                # at the per-device rate below (a shared NIC makes it longer)
+                res, amount = [("ranks", j)], rank_pairs_share(inventory.cluster(a), min(owners[i], owners[j]))
             else:
                 res, amount = [("link", a, b), ("uplink", a, "out"), ("uplink", b, "in")], 1.0
             for r in res:

@@ -8,7 +8,6 @@ the multi-pipeline simulator and DeepSpeed's schedule (plan/deepspeed_schedule.p
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
@@ -31,10 +30,9 @@ def dp_ring_link(cluster: Cluster, tp: int, dp: int) -> LinkSpec:
     if tp * dp <= cluster.devices_per_node:
         return cluster.intra_node
     k = max(1, min(dp, cluster.devices_per_node // tp))
-    inter = cluster.inter_node
-    rings_per_node = max(1, cluster.devices_per_node // k)
-    node_share = inter.node_gbps / rings_per_node if inter.node_gbps else math.inf
-    return LinkSpec(min(k * inter.bandwidth_gbps, node_share, cluster.intra_node.bandwidth_gbps), inter.latency_s)
+    # every device of the node sends at once (the mesh fills its nodes: tp x dp > devices_per_node), k per ring
+    member = rank_rate_gbps(cluster, cluster.devices_per_node)
+    return LinkSpec(min(k * member, cluster.intra_node.bandwidth_gbps), cluster.inter_node.latency_s)
 
 
 def rank_rate_gbps(cluster: Cluster, senders_per_node: int) -> float:
@@ -44,6 +42,12 @@ def rank_rate_gbps(cluster: Cluster, senders_per_node: int) -> float:
     if inter.node_gbps is None:
         return inter.bandwidth_gbps
     return min(inter.bandwidth_gbps, inter.node_gbps / max(1, min(senders_per_node, cluster.devices_per_node)))
+
+
+def rank_pairs_share(cluster: Cluster, pairs: int) -> float:
+    """What one of `pairs` rank pairs exchanging at once inside a cluster carries of a transfer, counted at the
+    per-device inter-node rate: 1 / pairs, or more where the node's NIC is shared (`node_gbps`)."""
+    return cluster.inter_node.bandwidth_gbps / rank_rate_gbps(cluster, pairs) / pairs
 
 
 def link_between(inventory: Inventory, a: str, b: str) -> LinkSpec:

@@ -19,7 +19,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
-from .link_costs import link_between, rank_rate_gbps
+from .link_costs import link_between, rank_pairs_share
 from .settings import ENGINES, model_padded_vocab_size
 
 
@@ -307,11 +307,8 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                     add(back, ("uplink", rc, "out"), sent)
                     add(back, ("uplink", c, "in"), sent)
                 else:
-                    pairs = min(owner_ranks(prof), owner_ranks(rp))
-                    # each root rank's share, counted at the per-device rate: where a node's pairs share one NIC
-                    # (`node_gbps`) the share takes that much longer
-                    cl = inventory.cluster(c)
-                    sent *= cl.inter_node.bandwidth_gbps / rank_rate_gbps(cl, pairs) / pairs
+                    # each root rank's share, counted at the per-device rate (longer where a node's NIC is shared)
+                    sent *= rank_pairs_share(inventory.cluster(c), min(owner_ranks(prof), owner_ranks(rp)))
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
                 add(0, to_root, sent)
                 add(back, from_root, sent)

@@ -297,14 +297,14 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
             ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
         ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
         keys = ("max_position_embeddings", "n_positions", "seq_length")
-        if seq_length and all(cfg.get(k) is None for k in keys):
+        if any(cfg.get(k) is not None for k in keys):
+            max_pos = first(*keys)
+        elif seq_length:
             max_pos = seq_length
-        elif all(cfg.get(k) is None for k in keys):
+        else:
             raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
                              field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
                              + unsupported_fix)
-        else:
-            max_pos = first(*keys)
     if isinstance(ffn, bool) or not isinstance(ffn, int):
         raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
                          fix="correct the value")
