@@ -17,7 +17,7 @@ runs in each; an exception escaping it prints its traceback and exits 1, as the 
 case costs milliseconds, not an interpreter start; `--exec` runs the installed `hetauto` script instead.
 
     python scripts/fuzz_inputs.py                     # every mutation (minutes)
-    python scripts/fuzz_inputs.py --sample 150        # a deterministic sample (tests/test_input_fuzz.py)
+    python scripts/fuzz_inputs.py --sample 150 --no-deepspeed   # a deterministic sample (tests/test_input_fuzz.py)
     python scripts/fuzz_inputs.py --only plan --show 5
 """
 from __future__ import annotations
@@ -617,9 +617,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cost-model", help="a fitted model directory whose manifest to mutate ('hetauto fit')")
     ap.add_argument("--exec", action="store_true", help="run the installed hetauto script (slower, exact)")
     ap.add_argument("--show", type=int, default=2, help="examples shown per class of finding")
+    ap.add_argument("--no-deepspeed", action="store_true",
+                    help="skip 'emit deepspeed' (its config check imports DeepSpeed and torch in every child)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hetauto-fuzz-") as tmp:
-        ws = Workspace(tmp)
+        ws = Workspace(tmp, deepspeed=not args.no_deepspeed)
         cases = all_cases(ws, args.cost_model, args.only, n=args.sample, seed=args.seed)
         t0 = time.monotonic()
         findings = run_cases(cases, args.timeout, run_exec if args.exec else run_forked, tmp, progress=True)

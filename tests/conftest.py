@@ -56,3 +56,13 @@ def tiny_cpu_model(tmp_path_factory):
     assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(d)]) == 0
     assert main(["fit", str(d / "profile-cpu.jsonl"), "-o", str(d / "model"), "--holdout", "0"]) == 0
     return d / "profile-cpu.jsonl", d / "model"
+
+
+@pytest.fixture(scope="session")
+def sailor_model_dir(tmp_path_factory) -> str:
+    """A learned cost model fitted to Sailor's packaged measurements as `hetauto fit --sailor --holdout 0` fits it
+    (~10 s). Tests only read it."""
+    out = str(tmp_path_factory.mktemp("sailor-fit") / "model")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["fit", "-o", out, "--holdout", "0", "--sailor"]) == 0
+    return out

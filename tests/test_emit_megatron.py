@@ -170,6 +170,29 @@ def test_cluster_split_by_another_gets_one_launch_per_run():
     assert [la["env"]["HETAUTO_RANK_OFFSET"] for la in launches] == ["0", "1", "2"]
 
 
+def test_launch_smaller_than_a_node_starts_on_one_node(tmp_path):
+    # 3 of a 4-device node: torchrun starts 3 processes on that one node (what the planner may choose)
+    plan = plan_from_dict(tiny_plan([mesh("a", 1, 3, 1, [8])], gbs=3, inventory=INVENTORY))
+    [la] = emit_megatron(plan, plan_path="p.yaml")
+    assert (la["nnodes"], la["nproc_per_node"]) == (1, 3)
+    path = tmp_path / "a.sh"
+    path.write_text(la["script"])
+    tr, _ = split_torchrun(run_script(path, tmp_path, 0)["argv"])
+    assert (tr.nnodes, tr.nproc_per_node) == (1, 3)
+
+
+def test_launches_of_one_cluster_need_nodes_of_their_own(tmp_path, capsys):
+    # a is split by b: its two launches start on two nodes, and the inventory gives it one
+    inventory = {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_per_node": 4},
+                              {"name": "b", "device": "cpu", "nodes": 1, "devices_per_node": 4}]}
+    d = tiny_plan([mesh("a", 1, 1, 1, [2]), mesh("b", 1, 1, 1, [4]), mesh("a", 1, 1, 1, [2])], inventory=inventory)
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(d))
+    assert main(["emit", "megatron", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "need 2 nodes" in err and "it has 1" in err and str(path) in err
+
+
 def test_megatron_args_for_plain_gpt_model():
     d = tiny_plan([mesh("a", 1, 1, 1, [8])])
     d["model"] = {"preset": "tiny", "gated_mlp": False, "tie_embeddings": True, "position_embedding": "learned",
@@ -183,7 +206,10 @@ INVENTORY = {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_pe
 
 
 @pytest.mark.parametrize("plan_dict, words", [
-    (tiny_plan([mesh("a", 1, 3, 1, [8])], gbs=3), ["not a whole number of 4-device nodes", "whole 4-device nodes of cluster a"]),
+    # 6 processes on 4-device nodes: torchrun starts the same number on every node of a launch
+    ({**tiny_plan([mesh("a", 1, 6, 1, [8])], gbs=6), "inventory": {"clusters": [
+        {"name": "a", "device": "cpu", "nodes": 2, "devices_per_node": 4}]}},
+     ["not a whole number of 4-device nodes", "whole 4-device nodes of cluster a"]),
     (tiny_plan([mesh("z", 1, 4, 1, [8])]), ["meshes[0].cluster", "'z'", "use one of: a"]),
     (tiny_plan([mesh("a", 2, 4, 1, [8])]), ["uses 8 devices of cluster a", "only 4"]),
     (tiny_plan([mesh("a", 1, 4, 1, [8], device="h800")]), ["meshes[0].device_type", "cpu"]),
@@ -246,19 +272,26 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     """Without an inventory --devices-per-node sets the node size: a TP group across its nodes blamed
     meshes[0].tp and said re-plan, one process read '1 processes', and a value that is no number got argparse's
     message (no field, no fix, no full stop)."""
-    def err_of(meshes, n):
+    def err_of(meshes, n, gbs=8):
         path = tmp_path / "plan.yaml"
-        path.write_text(json.dumps(tiny_plan(meshes)))
+        path.write_text(json.dumps(tiny_plan(meshes, gbs=gbs)))
         assert main(["emit", "megatron", "--plan", str(path), "--devices-per-node", n]) == 2
         return capsys.readouterr().err
     err = err_of([mesh("a", 2, 1, 1, [8])], "1")
     assert "field '--devices-per-node'" in err and "--devices-per-node 1 sets the node size" in err, err
     assert "meshes[0].tp" not in err and "re-plan" not in err and "a multiple of tp=2" in err, err
-    err = err_of([mesh("a", 1, 1, 1, [8])], "2")
-    assert "field '--devices-per-node'" in err and "runs 1 process, not" in err and "divides 1" in err, err
+    err = err_of([mesh("a", 1, 3, 1, [8])], "2", gbs=3)
+    assert "field '--devices-per-node'" in err and "runs 3 processes, not" in err and "divides 3" in err, err
     err = err_of([mesh("a", 1, 1, 1, [8])], "two")
     assert err.strip() == ("hetauto emit: error: field '--devices-per-node': must be a whole number, got 'two'. "
                            "Fix: give the processes per node, e.g. --devices-per-node 8.")
+    # the launch-script flags on another target were taken and did nothing
+    for target in ("deepspeed", "summary"):
+        path = tmp_path / "plan.yaml"
+        path.write_text(json.dumps(tiny_plan([mesh("a", 1, 1, 1, [8])])))
+        assert main(["emit", target, "--plan", str(path), "--devices-per-node", "4"]) == 2
+        err = capsys.readouterr().err
+        assert "field '--devices-per-node'" in err and "is for 'hetauto emit megatron'" in err, err
     # the default node size (8) is an assumption too: --devices-per-node is named as the way out
     path = tmp_path / "plan.yaml"
     wide = tiny_plan([mesh("a", 16, 1, 1, [32])])

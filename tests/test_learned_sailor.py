@@ -229,12 +229,10 @@ def test_rounds_are_chosen_among_the_offered_choices(layers):
         assert scores[name][k][0] <= best + max(se for _, se in scores[name].values()) + 1e-9
 
 
-def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(tmp_path, capsys):
-    from hetauto_megatron.cli import main
+def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(sailor_model_dir):
     from hetauto_megatron.spec.model import PRESETS
-    # '--sailor' alone: the packaged measurements, no path needed from an installed package
-    assert main(["fit", "-o", str(tmp_path), "--holdout", "0", "--sailor"]) == 0
-    m = L.LearnedCostModel(str(tmp_path))
+    # '--sailor' alone: the packaged measurements, no path needed from an installed package (tests/conftest.py)
+    m = L.LearnedCostModel(sailor_model_dir)
     assert m.fitted.score_bwd_weight in L.SCORE_WEIGHTS and m.fitted.score_bwd_weight > 1.0
     # Sailor's A100-40 runs were fp32 jobs with TF32 GEMMs: they price such a job, not a 16-bit one
     tf32 = dataclasses.replace(get_device("a100-40gb"), tf32=True)

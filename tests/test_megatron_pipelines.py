@@ -151,28 +151,41 @@ def test_meshes_side_by_side_match_megatrons_single_mesh_run(nvidia_script, tmp_
     assert diff <= 1e-5, (het, ref)
 
 
-@pytest.mark.parametrize("flag, value, words", [
+# flag, value, words of the one-paragraph error
+MISMATCHES = [
     ("--global-batch-size", "16", ["--global-batch-size 16", "global_batch_size", "8 + 6"]),
     # the plan's table is 128 x lcm(TP 1, 2) rows; divisor 1 would build the unpadded vocabulary
     ("--make-vocab-size-divisible-by", "1", ["--make-vocab-size-divisible-by 1", "rows", "drop the flag"]),
-])
-def test_a_launch_that_does_not_match_the_plan_exits_2(nvidia_script, tmp_path, flag, value, words):
+]
+
+
+def test_a_launch_that_does_not_match_the_plan_exits_2(nvidia_script, tmp_path):
+    """Each mismatch in a process of its own, two at a time (each is one process: a core each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     plan_file = two_pipeline_plan(tmp_path)
     plan = load_plan(plan_file)
-    argv = (emit_megatron(plan, plan_path=plan_file, devices_per_node=2)[0]["megatron_args"]["0"] +
+    base = (emit_megatron(plan, plan_path=plan_file, devices_per_node=2)[0]["megatron_args"]["0"] +
             job_flags(plan, 1))
-    if flag in argv:
-        argv[argv.index(flag) + 1] = value
-    else:
-        argv += [flag, value]
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", HETAUTO_WORLD_SIZE="6",
                HETAUTO_RANK_OFFSET="0", HETAUTO_CLUSTER="cluster-b", CUDA_DEVICE_MAX_CONNECTIONS="1")
-    proc = subprocess.run([sys.executable, nvidia_script] + argv, env=env, cwd=os.path.dirname(nvidia_script),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto: error:")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert all(w in errors[0] for w in words), errors[0]
+
+    def run(case):
+        flag, value, _ = case
+        argv = list(base)
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+        return subprocess.run([sys.executable, nvidia_script] + argv, env=env, cwd=os.path.dirname(nvidia_script),
+                              capture_output=True, text=True, timeout=300)
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(run, MISMATCHES))
+    for (flag, _, words), proc in zip(MISMATCHES, procs):
+        assert proc.returncode == 2, (flag, proc.stderr[-3000:])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto: error:")]
+        assert len(errors) == 1 and "Traceback" not in proc.stderr, (flag, proc.stderr[-3000:])
+        assert all(w in errors[0] for w in words), errors[0]
 
 
 # ---- the pure parts: launches, per-rank arguments, samples (no processes) ------------------------------------

@@ -132,12 +132,9 @@ def test_analytic_fp32_plans_name_the_packaged_measurements(capsys):
 
 
 @pytest.fixture(scope="module")
-def sailor_model(tmp_path_factory) -> str:
-    """A learned cost model fitted to Sailor's measurements (hetauto fit --sailor; ~10 s), shared by this file."""
-    from hetauto_megatron.cli import main
-    out = str(tmp_path_factory.mktemp("sailor") / "m")
-    assert main(["fit", "-o", out, "--holdout", "0", "--sailor"]) == 0
-    return out
+def sailor_model(sailor_model_dir) -> str:
+    """A learned cost model fitted to Sailor's measurements (hetauto fit --sailor; the session's, tests/conftest.py)."""
+    return sailor_model_dir
 
 
 def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor_model):

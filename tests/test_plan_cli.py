@@ -1,6 +1,7 @@
 """`hetauto plan` / `hetauto simulate` command contract (JSON keys, files written, determinism)."""
 import json
 import os
+import re
 
 import pytest
 from helpers import run_hetauto
@@ -360,14 +361,24 @@ def test_emit_names_launch_scripts_left_from_an_earlier_plan(tmp_path, capsys):
     assert rc == 0 and "DeepSpeed" not in err
 
 
-def test_plan_emit_of_a_plan_on_part_of_a_node_names_the_plan_and_a_fix_plan_can_take(tmp_path, capsys):
-    """--max-devices 12 on 8-device nodes: the search's plan (valid, written) holds 12 devices of one cluster,
-    which launch scripts cannot start. --emit said so without the plan's file and told to pass
-    --devices-per-node, a flag 'hetauto plan' does not have; it names the written plan and --emit now."""
+def test_plan_uses_whole_nodes_that_launch_scripts_can_start(tmp_path, capsys):
+    """--max-devices 12 on 8-device nodes: the search's plan held 12 devices of one cluster, which torchrun cannot
+    start (the same number of processes on every node of a launch), and --emit refused it after writing the plan.
+    The search now uses whole nodes, or part of one node: every launch script starts what the plan holds."""
     from helpers import run_cli
-    plan = str(tmp_path / "p.yaml")
+
+    from hetauto_megatron.spec.inventory import load_inventory
+    plan_path, out = str(tmp_path / "p.yaml"), tmp_path / "launch"
     rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", INV2, "--max-devices", "12", "--quiet",
-                          "--workers", "1", "-o", plan, "--emit", str(tmp_path / "launch")], capsys)
-    assert rc == 2 and os.path.exists(plan), err
-    assert f"{plan}: field '--emit'" in err and "whole number of 8-device nodes" in err, err
-    assert "--devices-per-node" not in err and "hetauto emit megatron --plan" in err, err
+                          "--workers", "1", "-o", plan_path, "--emit", str(out)], capsys)
+    assert rc == 0, err
+    plan = load_plan(plan_path)
+    held = {}
+    for m in plan.meshes:
+        held[m.cluster] = held.get(m.cluster, 0) + m.num_devices
+    assert sum(held.values()) <= 12
+    for name, n in held.items():
+        node = load_inventory(INV2).cluster(name).devices_per_node
+        nnodes, nproc = (int(re.search(rf"--{k}=(\d+)", (out / f"{name}.sh").read_text()).group(1))
+                         for k in ("nnodes", "nproc-per-node"))
+        assert nnodes * nproc == n and (nproc == node or (nnodes == 1 and nproc < node)), (name, n, nnodes, nproc)

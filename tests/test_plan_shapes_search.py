@@ -310,8 +310,9 @@ def test_tp_groups_stay_inside_a_node():
 def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     """`plan --objective cost` on the 736-device example put one TP 1 device of the 910Bs before four TP 2 groups
     on the same cluster: devices 7-8 in one TP group across two 8-device nodes, and the search stopped with exit 2.
-    The group alongside now goes first when its TP is the larger, and a pair that no order fits is not offered.
-    Rank arithmetic by hand: ranks go mesh after mesh, TP fastest."""
+    The group alongside now goes first when its TP is the larger, and a pair that no order fits is not offered;
+    nor is a pair whose launch would not start on whole nodes (9 devices of 8-device nodes: torchrun starts the
+    same number of processes on every node). Rank arithmetic by hand: ranks go mesh after mesh, TP fastest."""
     import dataclasses
 
     from hetauto_megatron.plan.plan import Mesh, Plan
@@ -322,9 +323,14 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     plan = Plan(model=model, global_batch_size=8, meshes=(main,))
     with pytest.raises(InputError, match=r"devices 7-8"):
         dataclasses.replace(plan, meshes=(main, extra)).check_tp_inside_nodes(lambda c: 8)
-    cand = multi_search._with_group(plan, 0, main, extra, [], 1, eight)
-    assert [(m.tp, m.dp, m.alongside) for m in cand.meshes] == [(2, 4, False), (1, 1, True)]   # devices 0-7, 8
+    assert multi_search._with_group(plan, 0, main, extra, [], 1, eight) is None          # 9 of 16 devices
+    # on whole nodes: a TP 1 mesh of 8 devices (0-7) and four TP 2 groups alongside (8-15)
+    main8 = Mesh("a", "cpu", 1, 8, 1, "none", (2,))
+    cand = multi_search._with_group(Plan(model=model, global_batch_size=16, meshes=(main8,)), 0, main8,
+                                    dataclasses.replace(extra, micro_batch_size=2), [], 1, eight)
+    assert [(m.tp, m.dp, m.alongside) for m in cand.meshes] == [(1, 8, False), (2, 4, True)]
     cand.check_tp_inside_nodes(lambda c: 8)
+    cand.check_whole_nodes(lambda c: (8, 2))
     # 6-device nodes: TP 3 then two TP 2 groups puts devices 5-6 together, two TP 2 groups then TP 3 devices 4-6
     six = small_inventory([("a", "cpu", 2, 6)], [])
     m3 = MODEL.replace(num_layers=2, num_attention_heads=12, num_query_groups=12, hidden_size=768,

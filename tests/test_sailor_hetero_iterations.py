@@ -23,10 +23,8 @@ PCIE_GPUS = ("Titan-RTX", "RTX-2080", "RTX-3090")
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("sailor-hetero"))
-    L.fit([], out, sailor_dir=L.SAILOR_DATA, holdout=0.0)
-    return L.LearnedCostModel(out)
+def fitted(sailor_model_dir):
+    return L.LearnedCostModel(sailor_model_dir)     # hetauto fit --sailor --holdout 0 (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

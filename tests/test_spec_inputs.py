@@ -244,6 +244,9 @@ def test_model_directory(tmp_path, capsys):
 def test_bad_seq_length(capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", INV_2, "--seq-length", "0"], capsys)
     check_error(rc, err, field="--seq-length", words=["at least 1"], fix=False)
+    # the model's own check of a length no transformer has names the flag that gave it, not the model's key
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", INV_2, "--seq-length", "100000000"], capsys)
+    check_error(rc, err, field="--seq-length", words=["100000000", "more than any transformer"], fix=False)
 
 
 # ---- plan files ---------------------------------------------------------------------------------------------

@@ -49,8 +49,15 @@ def load_inputs(args):
     if args.seq_length is not None and args.seq_length < 1:
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length",
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096")
-    model = load_model(args.model, seq_length=args.seq_length,
-                       note=lambda line: print(f"note: {line}", file=sys.stderr))
+    try:
+        model = load_model(args.model, seq_length=args.seq_length,
+                           note=lambda line: print(f"note: {line}", file=sys.stderr))
+    except InputError as exc:
+        if args.seq_length is None or exc.field != "seq_length":
+            raise
+        # the flag's value is at fault, not the model file's
+        raise InputError(exc.reason, field="--seq-length",
+                         fix="give the training sequence length in tokens, e.g. --seq-length 4096") from None
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
     if getattr(args, "memory_job", None):

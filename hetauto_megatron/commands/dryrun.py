@@ -107,6 +107,10 @@ def run(args) -> int:
         raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
+        if "timeout" in report["error"].lower():      # e.g. --timeout 0.05: the ranks could not even connect
+            print(f"hetauto dryrun: a wait ran past --timeout {args.timeout:g} s (every wait counts, the ranks' "
+                  "connecting included): on a slow or busy machine give a larger --timeout (default 120)",
+                  file=sys.stderr)
         return 1
     if args.timeline:
         for path in write_dryrun_timelines(args, plan, report):

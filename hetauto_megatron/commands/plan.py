@@ -68,7 +68,7 @@ def add_arguments(parser) -> None:
                         help="mcts (default) or exhaustive (every leaf of the same tree; small instances: it says "
                              "its progress on stderr and stops at --budget-s with the best leaf so far)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
-                        help="MCTS playouts in all (default: from the tree's estimated size; docs/search.md)")
+                        help="MCTS playouts in all (default, or 0: from the tree's estimated size; docs/search.md)")
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
                              "best plan found so far; the output then says '(cut by --budget-s)'")
@@ -442,18 +442,7 @@ def emit_all(plan, plan_path: str, out_dir: str, keep=()) -> list[str]:
               "plan's estimate does not price)", file=sys.stderr)
         return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)
                 + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit", keep))
-    from ..errors import InputError
-    try:
-        scripts = emit_megatron(plan, plan_path=os.path.abspath(plan_path), file=plan_path)
-    except InputError as exc:
-        # the search may leave part of a node idle (--max-devices, a small batch or model), which launch scripts
-        # cannot start; the plan itself is valid and written: say so, with a fix this command can take
-        if not ((exc.field or "").startswith("meshes") and "whole number of" in exc.reason):
-            raise
-        raise InputError(f"{exc.reason}; the plan was written, but no launch scripts", file=plan_path,
-                         field="--emit", fix="give every cluster whole nodes (re-plan with --max-devices a multiple of "
-                         "the node sizes, or edit the meshes' dp or stages and check with 'hetauto simulate --plan'), "
-                         f"then run 'hetauto emit megatron --plan {plan_path} -o {out_dir}'") from None
+    scripts = emit_megatron(plan, plan_path=os.path.abspath(plan_path), file=plan_path)
     written = write_megatron(scripts, out_dir, "--emit", keep)
     if plan.is_simple:
         written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..plan.layout import PipelineLayout, megatron_layout
-from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
+from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan, launch_nodes
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
 from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
@@ -106,14 +106,14 @@ class Launch:
     mesh_indices: tuple[int, ...]
     rank_offset: int
     num_devices: int
-    devices_per_node: int
+    nproc_per_node: int   # the node size, or all of a launch smaller than one node
     vendor: str
     name: str    # file stem: the cluster, plus ".mesh<i>" when the cluster has several launches
     pipeline: int = 0
 
     @property
     def nnodes(self) -> int:
-        return self.num_devices // self.devices_per_node
+        return self.num_devices // self.nproc_per_node
 
 
 def _inventory_cluster(plan: Plan, name: str) -> dict | None:
@@ -149,23 +149,25 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
         mesh = plan.meshes[i]
         n = sum(plan.meshes[k].num_devices for k in idx)
         dpn, source = _devices_per_node(plan, mesh.cluster, devices_per_node, file)
-        if n % dpn:
+        if launch_nodes(n, dpn) is None:
             reason = (f"cluster {mesh.cluster} runs {count_noun(n, 'process')}, not a whole number of {dpn}-device "
-                      f"nodes, so torchrun cannot start {'it' if n == 1 else 'them'} with one --nproc-per-node")
+                      f"nodes, so torchrun cannot start them with one --nproc-per-node")
             if source == "flag":
                 raise InputError(f"{reason} (--devices-per-node {dpn} sets the node size: the plan has no inventory "
                                  f"for cluster {mesh.cluster})", file=file, field="--devices-per-node",
                                  fix=f"give --devices-per-node the real node size of cluster {mesh.cluster}, one that "
                                      f"divides {n}, or use whole nodes in the plan")
             if source == "inventory":   # the cluster's own node size: --devices-per-node may not differ from it
-                fix = (f"use whole {dpn}-device nodes of cluster {mesh.cluster} in the plan (re-plan with "
-                       "--max-devices a multiple of the node size, or change the meshes' dp or stages)")
+                fix = (f"use whole {dpn}-device nodes of cluster {mesh.cluster} in the plan (re-plan: the "
+                       "planner uses whole nodes; or change the meshes' dp or stages)")
             else:
                 fix = ("use whole nodes in the plan, or pass --devices-per-node with the cluster's real node size "
                        f"if it divides {n}")
             raise InputError(reason, file=file, field=f"meshes[{i}]", fix=fix)
         groups.append((idx, n, dpn, source))
     sizes = {plan.meshes[idx[0]].cluster: (dpn, source) for idx, _, dpn, source in groups}
+    # launches of one cluster start on nodes of their own: together no more nodes than the inventory's
+    plan.check_whole_nodes(lambda c: (sizes[c][0], (_inventory_cluster(plan, c) or {}).get("nodes")), file)
     try:
         plan.check_tp_inside_nodes(lambda cluster: sizes[cluster][0], file)
     except InputError as exc:
@@ -190,7 +192,7 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     for (idx, n, dpn, _), name in zip(groups, clusters):
         # A cluster with several (non-consecutive) launches: name them by their first mesh to keep files apart.
         stem = name if clusters.count(name) == 1 else f"{name}.mesh{idx[0]}"
-        launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, dpn,
+        launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, min(n, dpn),
                                get_device(plan.meshes[idx[0]].device_type).vendor, stem, plan.meshes[idx[0]].pipeline))
     return launches
 
@@ -295,21 +297,22 @@ def _node_ranges(plan: Plan, la: Launch) -> list[tuple[int, int, int]] | None:
     out, start = [], 0
     for k in la.mesh_indices:
         n = plan.meshes[k].num_devices
-        if n % la.devices_per_node:
+        if n % la.nproc_per_node:
             return None
-        out.append((start, start + n // la.devices_per_node - 1, k))
-        start += n // la.devices_per_node
+        out.append((start, start + n // la.nproc_per_node - 1, k))
+        start += n // la.nproc_per_node
     return out
 
 
 def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT) -> str:
+    from .summary import count_noun
     first = plan.meshes[0].cluster
     env, notes = launch_env(plan, la)
     last_rank = la.rank_offset + la.num_devices - 1
     lines = [
         "#!/usr/bin/env bash",
         f"# hetauto launch for cluster {la.cluster}: global ranks {la.rank_offset}-{last_rank} of {plan.world_size}, "
-        f"{la.nnodes} node(s) x {la.devices_per_node} {plan.meshes[la.mesh_indices[0]].device_type} ({la.vendor}).",
+        f"{count_noun(la.nnodes, 'node')} x {la.nproc_per_node} {plan.meshes[la.mesh_indices[0]].device_type} ({la.vendor}).",
         f"# Run it once on every node of this cluster with NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR set to",
         "# this cluster's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: node 0 of cluster "
         f"{first}.",
@@ -366,7 +369,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               f"hetauto_plan_default={shlex.quote(plan_path)}",
               f"megatron_script_default={shlex.quote(script)}",
               "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
-    lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.devices_per_node} '
+    lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
               '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
@@ -393,7 +396,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
             "name": la.name, "cluster": la.cluster, "vendor": la.vendor, "pipeline": la.pipeline,
             "meshes": list(la.mesh_indices),
             "rank_offset": la.rank_offset, "num_devices": la.num_devices, "nnodes": la.nnodes,
-            "nproc_per_node": la.devices_per_node,
+            "nproc_per_node": la.nproc_per_node,
             "env": {"HETAUTO_CLUSTER": la.cluster, "HETAUTO_RANK_OFFSET": str(la.rank_offset),
                     "HETAUTO_WORLD_SIZE": str(plan.world_size), **env},
             "megatron_args": {str(k): megatron_args(plan, k, plan_path) for k in la.mesh_indices},

@@ -452,7 +452,8 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
 
 def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) -> Plan | None:
     """The plan with `extra` alongside mesh `idx` (now `main`); the pipeline's other meshes (`mates`) scale their
-    micro-batch by `scale`. None when no order of the two groups keeps every TP group inside a node: on one
+    micro-batch by `scale`. None when the launches would not start on whole nodes (Plan.check_whole_nodes), or
+    when no order of the two groups keeps every TP group inside a node: on one
     cluster the two share a launch, ranks in mesh order, so e.g. one TP 1 device before four TP 2 groups would put
     a TP group across two 8-device nodes, the other order not. Both orders are tried (the two hold the same
     stages, so their order changes nothing else)."""
@@ -471,6 +472,7 @@ def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory)
         try:
             cand = dataclasses.replace(plan, meshes=(*meshes[:idx], first, second, *meshes[idx + 1:]), estimate=None)
             cand.check_tp_inside_nodes(lambda c: inventory.cluster(c).devices_per_node)
+            cand.check_whole_nodes(lambda c: (inventory.cluster(c).devices_per_node, inventory.cluster(c).nodes))
             return cand
         except InputError:
             continue

@@ -33,6 +33,15 @@ from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engin
                        model_padded_vocab_size, recompute_as_run_by)
 
 
+def launch_nodes(num_devices: int, devices_per_node: int) -> int | None:
+    """The nodes one torchrun launch of `num_devices` processes takes, or None where it cannot start: torchrun
+    starts the same number of processes on each node of a launch, so a launch takes whole nodes, or part of one
+    node when it is smaller than a node (12 processes on 8-device nodes cannot start; 4 can, on one node)."""
+    if num_devices < devices_per_node:
+        return 1
+    return num_devices // devices_per_node if num_devices % devices_per_node == 0 else None
+
+
 @dataclass(frozen=True)
 class Plan:
     model: ModelSpec
@@ -236,6 +245,31 @@ class Plan:
             groups.append(tuple(range(i, j + 1)))
             i = j + 1
         return groups
+
+    def check_whole_nodes(self, node_shape, file: str | None = None) -> None:
+        """InputError naming the first launch torchrun cannot start, or the first cluster whose launches need
+        more nodes than it has. `node_shape(cluster)` gives (devices per node, nodes or None where unknown).
+        torchrun starts the same number of processes on every node of a launch, and a launch starts on a node of
+        its own (launch_nodes)."""
+        nodes_taken: dict[str, int] = {}
+        for group in self.launch_groups():
+            cluster = self.meshes[group[0]].cluster
+            dpn, nodes = node_shape(cluster)
+            n = sum(self.meshes[k].num_devices for k in group)
+            taken = launch_nodes(n, dpn)
+            if taken is None:
+                raise InputError(
+                    f"cluster {cluster} runs {n} processes in one launch, not a whole number of {dpn}-device nodes "
+                    "(nor fewer than one node), so torchrun cannot start them with one --nproc-per-node",
+                    file=file, field=f"meshes[{group[0]}]",
+                    fix=f"use whole {dpn}-device nodes of cluster {cluster} (change the meshes' dp or stages, or "
+                        "re-plan: the planner uses whole nodes)")
+            nodes_taken[cluster] = nodes_taken.get(cluster, 0) + taken
+            if nodes is not None and nodes_taken[cluster] > nodes:
+                raise InputError(
+                    f"the launches on cluster {cluster} need {nodes_taken[cluster]} nodes (each launch starts on "
+                    f"nodes of its own), and it has {nodes}", file=file, field=f"meshes[{group[0]}]",
+                    fix=f"put cluster {cluster}'s meshes on fewer nodes, or re-plan")
 
     def check_tp_inside_nodes(self, devices_per_node, file: str | None = None) -> None:
         """InputError naming the first TP group that would span two nodes. `devices_per_node(cluster)` gives a

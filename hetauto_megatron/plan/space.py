@@ -28,6 +28,7 @@ from ..spec.model import ModelSpec
 from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .evaluator import AUTO
+from .plan import launch_nodes
 from .simulate import MeshChoice
 from .space_bounds import SpaceBounds
 
@@ -95,7 +96,14 @@ class SearchSpace(SpaceBounds):
         mesh after it. Its recomputation is the evaluator's choice unless --recompute pins it."""
         n = min(self._cl[cluster].num_devices, self.max_devices - devices_before)
         k = min(n // (tp * dp), self.max_stages(samples) - stages_before - meshes_after)
+        while k > 0 and not self.whole_nodes(cluster, tp * dp * k):   # launch scripts start whole nodes
+            k -= 1
         return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+
+    def whole_nodes(self, cluster: str, devices: int) -> bool:
+        """Whether torchrun can start `devices` processes of a cluster in one launch: whole nodes, or part of one
+        node (plan.launch_nodes; a single-pipeline layout is one launch per cluster)."""
+        return launch_nodes(devices, self._cl[cluster].devices_per_node) is not None
 
     def max_stages(self, samples: int) -> int:
         """Pipeline depth limit: at most one stage per layer (plus embedding and head stages), and no more
@@ -206,6 +214,7 @@ class SearchSpace(SpaceBounds):
             n = self._cl[m.cluster].num_devices
             if (m.tp not in self.tp[m.cluster] or m.dp * m.micro_batch_size != S or m.micro_batch_size > self.max_mb
                     or m.num_stages < 1 or m.tp * m.dp * m.num_stages > n or not self._mb_ok(m.micro_batch_size)
+                    or not self.whole_nodes(m.cluster, m.tp * m.dp * m.num_stages)
                     or self.con.recompute_of(m.cluster) not in (None, m.recompute)
                     or not self.fits_one_layer(m.cluster, m.tp, m.dp, m.micro_batch_size,
                                                "full" if m.recompute == AUTO else m.recompute)):
