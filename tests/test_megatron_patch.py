@@ -213,9 +213,11 @@ def _hetauto_argv():
     return demo.hetauto_argv(PLAN, load_plan(PLAN), iters=1, seed=1)
 
 
-# name: (world size, arguments added after the plan's own (the last occurrence wins), words of the paragraph)
+# name: (world size, arguments added after the plan's own (the last occurrence wins), words of the paragraph);
+# NVIDIA's script, and the example entry script (examples/llama/pretrain_llama_hetauto.py) once
 MISTAKES = {
     "wrong world size": (2, [], ["launched with 2 processes but the plan needs 6", PLAN, "Fix:"]),
+    "wrong world size, the example entry script": (2, [], ["launched with 2 processes but the plan needs 6"]),
     "missing plan": (6, ["--hetauto-plan", "no-such-plan.yaml"], ["no-such-plan.yaml: plan file not found"]),
     "model mismatch": (6, ["--num-layers", "12"], ["another model than the plan's", "--num-layers 12 (plan: 8)"]),
     "flag the plan does not run": (6, ["--fp16"], ["--fp16 (plan: precision is fp32", "field 'precision'",
@@ -226,10 +228,15 @@ MISTAKES = {
 
 
 def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidia_script, tmp_path):
+    from hetauto_megatron.megatron import demo
     argv = _hetauto_argv()
-    with ThreadPoolExecutor(2) as pool:
-        runs = dict(zip(MISTAKES, pool.map(lambda case: _run_script(nvidia_script, argv + case[1], case[0], tmp_path),
-                                           MISTAKES.values())))
+
+    def run(name):
+        world, extra, _ = MISTAKES[name]
+        script = demo.ENTRY_SCRIPT if "entry script" in name else nvidia_script
+        return _run_script(script, argv + extra, world, tmp_path)
+    with ThreadPoolExecutor(2) as pool:       # a process each, two at a time
+        runs = dict(zip(MISTAKES, pool.map(run, MISTAKES)))
     for name, proc in runs.items():
         err = proc.stderr
         assert proc.returncode == 2, (name, err[-3000:])
