@@ -58,18 +58,31 @@ HETAUTO = [os.path.join(ROOT, ".venv", "bin", "hetauto")] if os.path.exists(
 # ---- the inventory figures, from Sailor's measured curves ------------------------------------------------------
 def fit_alpha_beta(times, sizes):
     """(GB/s, latency us) of least absolute log error against measured transfer times: bandwidth on a 0.05 GB/s
-    grid, latency on a 50 us grid up to 50 ms, then to the microsecond around the best."""
+    grid, latency on a 50 us grid up to 50 ms, then to the microsecond around the best (the first least error in
+    latency-major order). Latencies go in blocks; a block whose lower bound (each size's error is at least its
+    distance to the log-times the block's first and last latency give, the time growing with the latency) is above
+    the best error found is not evaluated: the same result, a fraction of the logarithms."""
     import numpy as np
     times, sizes = np.asarray(times, dtype=float), np.asarray(sizes, dtype=float)
     bws = 0.05e9 * np.arange(2, 4000)
+    log_t = np.log(times)
 
     def best(lats):
+        lats = np.asarray(list(lats))
         out = None
-        for lat in lats:
-            e = np.abs(np.log((sizes[None, :] / bws[:, None] + lat * 1e-6) / times[None, :])).sum(axis=1)
+        for k in range(0, len(lats), 32):
+            block = lats[k:k + 32]
+            if out is not None:
+                lo = np.log(sizes[None, :] / bws[:, None] + block[0] * 1e-6)
+                hi = np.log(sizes[None, :] / bws[:, None] + block[-1] * 1e-6)
+                bound = (np.maximum(0.0, lo - log_t) + np.maximum(0.0, log_t - hi)).sum(axis=1).min()
+                if bound > out[0] * (1 + 1e-9):       # (the margin covers the two forms' rounding)
+                    continue
+            e = np.abs(np.log((sizes[None, None, :] / bws[None, :, None] + block[:, None, None] * 1e-6)
+                              / times[None, None, :])).sum(axis=2)
             i = int(e.argmin())
-            if out is None or e[i] < out[0]:
-                out = (e[i], bws[i], lat)
+            if out is None or e.flat[i] < out[0]:
+                out = (e.flat[i], bws[i % len(bws)], int(block[i // len(bws)]))
         return out
     coarse = best(range(0, 50_000, 50))
     fine = best(range(max(0, coarse[2] - 50), coarse[2] + 51))

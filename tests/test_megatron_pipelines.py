@@ -23,9 +23,8 @@ import sys
 
 import pytest
 import yaml
-from helpers import wait_all
 from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
-from test_megatron_pretrain import NVIDIA_ITERS, TORCHRUN, _logged_losses, _torchrun
+from test_megatron_pretrain import NVIDIA_ITERS, job_flags, run_against_megatron
 
 from hetauto_megatron.emit.megatron import emit_megatron
 from hetauto_megatron.megatron import demo
@@ -50,62 +49,12 @@ def two_pipeline_plan(tmp_path) -> str:
     return str(path)
 
 
-def job_flags(plan, iters):
-    """The job's own arguments after the emitted ones: mock data, the vocabulary, CPU flags."""
-    return (["--vocab-size", str(plan.model.vocab_size)] +
-            demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
-
-
 VALIDATION = re.compile(r"validation loss at (.*?) \| lm loss value: ([0-9.E+-]+) \|")
 
 
 def validation_losses(text):
     """Megatron's logged validation (and test-set) losses: [(where, value)]."""
     return [(where, float(v)) for where, v in VALIDATION.findall(text)]
-
-
-def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):
-    """Run the launch scripts `hetauto emit megatron` writes for the plan (2 devices per node) as they are, one
-    bash per node (torchrun inside, its rendezvous per launch, NVIDIA's script as MEGATRON_SCRIPT), then
-    Megatron's own single-pipeline run (demo.reference_argv). Returns (launches, logs by "<launch>.node<n>", by
-    launch name (its last node) and "reference", the --hetauto losses, Megatron's)."""
-    from hetauto_megatron.runtime.launcher import free_port
-
-    plan = load_plan(plan_file)
-    launches = emit_megatron(plan, plan_path=plan_file, devices_per_node=2)
-    assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == launch_facts
-    base = dict(os.environ, TORCHRUN=TORCHRUN, MEGATRON_SCRIPT=script, HETAUTO_MASTER_ADDR="127.0.0.1",
-                HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="120", CLUSTER_MASTER_ADDR="127.0.0.1",
-                PYTHONWARNINGS="ignore")
-    procs, logs = [], {}
-    for la in launches:
-        path = tmp_path / f"{la['name']}.sh"
-        path.write_text(la["script"])
-        port = free_port()
-        for node in range(la["nnodes"]):
-            log = tmp_path / f"{la['name']}.node{node}.log"
-            env = dict(base, NODE_RANK=str(node), CLUSTER_MASTER_PORT=str(port))
-            with open(log, "w") as fh:
-                procs.append(subprocess.Popen(["bash", str(path), *job_flags(plan, NVIDIA_ITERS), *extra], env=env,
-                                              stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                              cwd=os.path.dirname(script)))
-            logs[f"{la['name']}.node{node}"] = logs[la["name"]] = log
-    codes = wait_all(procs, timeout=400)
-    logs = {name: log.read_text() for name, log in logs.items()}
-    assert codes == [0] * len(procs), {k: v[-3000:] for k, v in logs.items()}
-    het = _logged_losses(logs[last_log])     # Megatron logs on the last rank
-
-    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
-    ref_log = tmp_path / "megatron.log"
-    settings = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                "--overlap-param-gather"]
-    codes = wait_all([_torchrun(script, ref_argv + settings + list(extra), stages, free_port(), ref_log)],
-                     timeout=300)
-    assert codes == [0], ref_log.read_text()[-3000:]
-    logs["reference"] = ref_log.read_text()
-    ref = _logged_losses(logs["reference"])
-    assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
-    return launches, logs, het, ref
 
 
 def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):

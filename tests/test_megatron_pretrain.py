@@ -14,7 +14,9 @@ import pytest
 from helpers import wait_all
 from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
 
+from hetauto_megatron.emit.megatron import emit_megatron
 from hetauto_megatron.megatron import demo
+from hetauto_megatron.plan.plan import load_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
@@ -50,8 +52,6 @@ def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tm
     and Adam's per-parameter `step` is not in the file (docs/megatron-integration.md, Checkpoints)."""
     import dataclasses
 
-    from hetauto_megatron.plan.plan import load_plan
-
     plan = load_plan(PLAN)
     plan = dataclasses.replace(plan, meshes=tuple(dataclasses.replace(
         m, setting_overrides={"distributed_optimizer": False, "overlap_param_gather": False}) for m in plan.meshes))
@@ -76,7 +76,8 @@ def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tm
 
 # ---- NVIDIA's pretrain_gpt.py under torchrun, at the production settings -----------------------------------------
 
-# the plan's default settings (plan/settings.py) in Megatron's spelling
+# the plan's default settings (plan/settings.py) in Megatron's spelling, as the launch scripts emit them; given to
+# Megatron's own reference run
 PRODUCTION_FLAGS = ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                     "--overlap-param-gather"]
 NVIDIA_ITERS = 4
@@ -98,20 +99,68 @@ def _logged_losses(text):
     return [v for _, v in found]
 
 
-def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout(nvidia_script, tmp_path):
-    """NVIDIA's own pretrain_gpt.py (core_v0.19.0, patched) with --hetauto under torchrun, one launch per cluster
-    of the 2-cluster plan (cluster-a: TP 2 x 2 stages, cluster-b: TP 1 x DP 2) with the model's embeddings tied
-    (NVIDIA's GPT default), with sequence parallelism, the distributed optimizer, the overlapped gradient
-    reduce-scatter and parameter all-gather, and the cross-cluster boundary overlapped (depth 1: asynchronous
-    transfers, receives posted ahead, one more warm-up micro-batch on cluster-a); then Megatron's own homogeneous layout with the same stages and
-    flags (TP 1, PP 3, no --hetauto). Megatron's logged losses must agree to 1e-5 over 4 iterations (measured:
-    equal to all 7 printed digits). Measured without the runtime's rules: the untied plan with the plain
-    optimizer's gradient rules drifted by 0, 0, 3e-6, 3.0e-5; the tied plan without the initial copy of the
-    embeddings to the last stage started from a zero output layer (first loss ln 128 = 4.852 against 4.902)."""
-    import yaml
+def job_flags(plan, iters):
+    """The job's own arguments after the emitted ones: mock data, the vocabulary, CPU flags."""
+    return (["--vocab-size", str(plan.model.vocab_size)] +
+            demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
 
-    from hetauto_megatron.plan.plan import load_plan
+
+def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):
+    """Run the launch scripts `hetauto emit megatron` writes for the plan (2 devices per node) as they are, one
+    bash per node (torchrun inside, its rendezvous per launch, NVIDIA's script as MEGATRON_SCRIPT), then
+    Megatron's own single-pipeline run (demo.reference_argv). Returns (launches, logs by "<launch>.node<n>", by
+    launch name (its last node) and "reference", the --hetauto losses, Megatron's)."""
     from hetauto_megatron.runtime.launcher import free_port
+
+    plan = load_plan(plan_file)
+    launches = emit_megatron(plan, plan_path=plan_file, devices_per_node=2)
+    assert [(la["cluster"], la["pipeline"], la["rank_offset"], la["num_devices"]) for la in launches] == launch_facts
+    base = dict(os.environ, TORCHRUN=TORCHRUN, MEGATRON_SCRIPT=script, HETAUTO_MASTER_ADDR="127.0.0.1",
+                HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="120", CLUSTER_MASTER_ADDR="127.0.0.1",
+                PYTHONWARNINGS="ignore")
+    procs, logs = [], {}
+    for la in launches:
+        path = tmp_path / f"{la['name']}.sh"
+        path.write_text(la["script"])
+        port = free_port()
+        for node in range(la["nnodes"]):
+            log = tmp_path / f"{la['name']}.node{node}.log"
+            env = dict(base, NODE_RANK=str(node), CLUSTER_MASTER_PORT=str(port))
+            with open(log, "w") as fh:
+                procs.append(subprocess.Popen(["bash", str(path), *job_flags(plan, NVIDIA_ITERS), *extra], env=env,
+                                              stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                              cwd=os.path.dirname(script)))
+            logs[f"{la['name']}.node{node}"] = logs[la["name"]] = log
+    codes = wait_all(procs, timeout=400)
+    logs = {name: log.read_text() for name, log in logs.items()}
+    assert codes == [0] * len(procs), {k: v[-3000:] for k, v in logs.items()}
+    het = _logged_losses(logs[last_log])     # Megatron logs on the last rank
+
+    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
+    ref_log = tmp_path / "megatron.log"
+    codes = wait_all([_torchrun(script, ref_argv + PRODUCTION_FLAGS + list(extra), stages, free_port(), ref_log)],
+                     timeout=300)
+    assert codes == [0], ref_log.read_text()[-3000:]
+    logs["reference"] = ref_log.read_text()
+    ref = _logged_losses(logs["reference"])
+    assert len(set(ref)) == NVIDIA_ITERS, f"the model did not train: {ref}"
+    return launches, logs, het, ref
+
+
+def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout(nvidia_script, tmp_path):
+    """NVIDIA's own pretrain_gpt.py (core_v0.19.0, patched) with --hetauto, started by the scripts `hetauto emit
+    megatron` writes for 2-device nodes, run as they are (one torchrun per node: cluster-a's two nodes share a
+    rendezvous, cluster-b's node has its own; the scripts' HETAUTO_* variables join them into one world of 6), on
+    the 2-cluster plan (cluster-a: TP 2 x 2 stages, cluster-b: TP 1 x DP 2) with the model's embeddings tied
+    (NVIDIA's GPT default), at the production settings the scripts emit (sequence parallelism, the distributed
+    optimizer, the overlapped gradient reduce-scatter and parameter all-gather) and the cross-cluster boundary
+    overlapped (depth 1: asynchronous transfers, receives posted ahead, one more warm-up micro-batch on
+    cluster-a); then Megatron's own homogeneous layout with the same stages and flags (TP 1, PP 3, no
+    --hetauto). Megatron's logged losses must agree to 1e-5 over 4 iterations (measured: equal to all 7 printed
+    digits). Measured without the runtime's rules: the untied plan with the plain optimizer's gradient rules
+    drifted by 0, 0, 3e-6, 3.0e-5; the tied plan without the initial copy of the embeddings to the last stage
+    started from a zero output layer (first loss ln 128 = 4.852 against 4.902)."""
+    import yaml
 
     raw = yaml.safe_load(open(PLAN))
     raw["model"]["tie_embeddings"] = True
@@ -119,30 +168,14 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
     raw["meshes"][0]["boundary"] = {"schedule": "overlapped", "depth": 1}
     plan_file = tmp_path / "tied-plan.yaml"
     plan_file.write_text(yaml.safe_dump(raw))
-    plan = load_plan(str(plan_file))
-    het_argv = demo.hetauto_argv(str(plan_file), plan, iters=NVIDIA_ITERS, seed=1234) + PRODUCTION_FLAGS
-    assert "--untie-embeddings-and-output-weights" not in het_argv
-    common = {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(free_port()),
-              "HETAUTO_WORLD_SIZE": str(plan.world_size), "HETAUTO_TIMEOUT_S": "120"}
-    het = []
-    for i, m in enumerate(plan.meshes):
-        env = dict(common, HETAUTO_CLUSTER=m.cluster, HETAUTO_RANK_OFFSET=str(plan.rank_offset(i)))
-        het.append(_torchrun(nvidia_script, het_argv, m.num_devices, free_port(), tmp_path / f"{m.cluster}.log", env))
-    codes = wait_all(het, timeout=300)
-    logs = {m.cluster: (tmp_path / f"{m.cluster}.log").read_text() for m in plan.meshes}
-    assert codes == [0] * len(plan.meshes), {k: v[-3000:] for k, v in logs.items()}
-    assert plan.world_size == 6 and "[hetauto] rank 4: cluster cluster-b (cpu), mesh 1, stage 2" in logs["cluster-b"]
-    assert "stage 1, tp rank 0, dp rank 0; boundary to mesh 1: overlapped, depth 1;" in logs["cluster-a"]
+    launches, logs, het_losses, ref_losses = run_against_megatron(
+        nvidia_script, tmp_path, str(plan_file), [("cluster-a", 0, 0, 4), ("cluster-b", 0, 4, 2)], "cluster-b")
+    assert [la["nnodes"] for la in launches] == [2, 1]
+    # each torchrun worker found its global place from the cluster-relative RANK and the script's offset
+    assert "[hetauto] rank 2: cluster cluster-a (cpu), mesh 0, stage 1" in logs["cluster-a.node1"]
+    assert "stage 1, tp rank 0, dp rank 0; boundary to mesh 1: overlapped, depth 1;" in logs["cluster-a.node1"]
+    assert "[hetauto] rank 5: cluster cluster-b (cpu), mesh 1, stage 2, tp rank 0, dp rank 1" in logs["cluster-b"]
     # Megatron's own argument printout (global rank 0, a TP 2 rank): what it really ran with
     for arg in ("sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
-        assert re.search(rf"^\s*{arg} \.+ True$", logs["cluster-a"], re.M), (arg, logs["cluster-a"][-3000:])
-    het_losses = _logged_losses(logs["cluster-b"])     # Megatron logs on the last rank
-
-    ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
-    ref_log = tmp_path / "megatron.log"
-    codes = wait_all([_torchrun(nvidia_script, ref_argv + PRODUCTION_FLAGS, stages, free_port(), ref_log)],
-                     timeout=300)
-    assert codes == [0], ref_log.read_text()[-3000:]
-    ref_losses = _logged_losses(ref_log.read_text())
-    assert len(set(ref_losses)) == NVIDIA_ITERS, f"the model did not train: {ref_losses}"
+        assert re.search(rf"^\s*{arg} \.+ True$", logs["cluster-a.node0"], re.M), (arg, logs["cluster-a.node0"][-3000:])
     assert max(abs(a - b) for a, b in zip(het_losses, ref_losses)) <= 1e-5, (het_losses, ref_losses)
