@@ -120,3 +120,21 @@ def test_search_plan_is_predicted_no_slower_than_the_published_megatron_run(para
         "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
     r = search(run.model, inv, run.global_batch, era_cost_model(run), SearchConfig(seed=0))
     assert r.iteration_time_s <= 1.2 * run.published_s, (r.choices, r.iteration_time_s, run.published_s)
+
+
+def test_every_mesh_of_the_tree_starts_on_whole_nodes():
+    """torchrun starts the same number of processes on every node of a launch: a mesh of TP 1 x DP 4 on a cluster of
+    three 8-device nodes takes 6 stages (24 devices), 4 (16) where only 5 fit the pipeline (not 20: two and a half
+    nodes), and 1 stage of 4 devices (part of one node) where only 1 fits. Arithmetic by hand, against the tree's
+    meshes and its rule for finished layouts."""
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan.simulate import MeshChoice
+    from hetauto_megatron.plan.space import SearchSpace
+    from hetauto_megatron.spec.model import PRESETS
+    inv = _inv([("a", "h800", 3, 8)], [])
+    sp = SearchSpace(PRESETS["llama2-7b"], inv, 512, AnalyticCostModel())
+    assert sp.mesh("a", 1, 4, 4, 0).num_stages == 6
+    assert sp.mesh("a", 1, 4, 4, sp.max_stages(4) - 5).num_stages == 4
+    assert sp.mesh("a", 1, 4, 4, sp.max_stages(4) - 1).num_stages == 1
+    legal = MeshChoice("a", 1, 4, 1, "none", 4)
+    assert sp.legal((legal,)) and not sp.legal((MeshChoice("a", 1, 4, 1, "none", 5),))
