@@ -235,7 +235,8 @@ class Plan:
 
     def launch_groups(self) -> list[tuple[int, ...]]:
         """The meshes each torchrun starts together: runs of consecutive meshes on one cluster in one pipeline
-        (a launch covers whole nodes, so its first rank is the first device of a node)."""
+        (a launch starts on nodes of its own, whole nodes or part of one: its first rank is the first device of
+        a node; launch_nodes)."""
         groups, i = [], 0
         while i < len(self.meshes):
             j = i
