@@ -116,14 +116,15 @@ def run(args) -> int:
     from ..emit.megatron import check_plan_inventory
     plan = load_plan(args.plan)
     check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
-    for flag, value in (("--script", getattr(args, "script", None)), ("--plan-path", getattr(args, "plan_path", None))):
-        if value is not None and not value.strip():    # '' fell back to the default without a word
-            raise InputError("is empty", field=flag, fix=f"give a path, or drop {flag} for the default")
     for flag, value in (("--script", args.script), ("--plan-path", args.plan_path),
                         ("--devices-per-node", args.devices_per_node)):
-        if value is not None and args.target != "megatron":      # it would be taken and do nothing
+        if value is None:
+            continue
+        if args.target != "megatron":      # it would be taken and do nothing
             raise InputError(f"is for 'hetauto emit megatron' (launch scripts); {args.target} does not read it",
                              field=flag, fix=f"drop {flag}, or emit megatron")
+        if flag != "--devices-per-node" and not value.strip():    # '' fell back to the default without a word
+            raise InputError("is empty", field=flag, fix=f"give a path, or drop {flag} for the default")
     if args.devices_per_node is not None:      # parsed here: argparse's own message has no field, fix or full stop
         try:
             args.devices_per_node = int(args.devices_per_node)
