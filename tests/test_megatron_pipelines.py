@@ -1,20 +1,21 @@
-"""NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on plans of format version 3 (two pipelines
-joined by data parallelism; meshes side by side at a stage), launched by the scripts `hetauto emit megatron` writes, run as
-they are (one torchrun per node, the launch's rank offset and the job's world size), against Megatron's own homogeneous
-single-pipeline run of the same global batch.
+"""NVIDIA's pretrain_gpt.py (core_v0.19.0, patched) with --hetauto on plans of format version 3 (pipelines joined
+by data parallelism, meshes side by side at a stage), launched by the scripts `hetauto emit megatron` writes, run as
+they are (one torchrun per node, the launch's rank offset and the job's world size), against Megatron's own
+homogeneous single-pipeline run of the same global batch.
 
 The plan (tiny model, tied embeddings, the plan's production settings: sequence parallelism, distributed
-optimizer, both overlaps): pipeline 0 on cluster-b, TP 1 over two stages of 2 | 6 layers, 4 micro-batches of 2
-samples; pipeline 1 on cluster-a, TP 2 over two stages of 4 | 4 layers, 3 micro-batches of 2 samples. 6 ranks,
-14 samples per iteration. Megatron's homogeneous reference: pipeline 0's stages (2 | 6) at TP 1, the whole batch
-as one micro-batch (2 ranks), the same samples of the same mock dataset.
+optimizer, both overlaps; 8 ranks, 14 samples per iteration): pipeline 0 on cluster-c, TP 1 over two stages of
+2 | 6 layers, 3 micro-batches of 2 samples; pipeline 1, 8 samples in 2 steps of 4: stage 0 held by mesh A
+(cluster-a, TP 1 x DP 2, 1 sample each) and, alongside, mesh B (cluster-b, TP 2 with sequence parallelism, 2
+samples), stage 1 by mesh C (cluster-b, TP 1 x DP 2, 2 samples each). Megatron's homogeneous reference: pipeline
+0's stages (2 | 6) at TP 1, the whole batch as one micro-batch (2 ranks), the same samples of the same mock dataset.
 
-Measured without each piece (the first plan order, pipeline 0 = TP 2 over 4 | 4; max |loss difference| over 4
-iterations, against 0 with all of them): every pipeline from its own seeds instead of pipeline 0's weights
-3.6e-1; Megatron's own sampler (each pipeline from sample 0) 6.5e-2; the last pipeline's loss logged instead of
-the whole batch's 1.5e-2; (this plan order) the last pipeline's validation loss 2.7e-2. The two-pipeline run also
-evaluates (every 2 iterations, and the validation and test sets at the end): measured within 1e-6 (one unit of
-the last printed digit) of Megatron's.
+Measured without each piece, on the former plan of two single-mesh pipelines (pipeline 0 = TP 2 over 4 | 4; max
+|loss difference| over 4 iterations, against 0 with all of them): every pipeline from its own seeds instead of
+pipeline 0's weights 3.6e-1; Megatron's own sampler (each pipeline from sample 0) 6.5e-2; the last pipeline's loss
+logged instead of the whole batch's 1.5e-2; (pipeline 0 = TP 1 over 2 | 6) the last pipeline's validation loss
+2.7e-2. The run also evaluates (every 2 iterations, and the validation and test sets at the end): measured within
+1e-6 (one unit of the last printed digit) of Megatron's.
 """
 import os
 import re
@@ -57,47 +58,54 @@ def validation_losses(text):
     return [(where, float(v)) for where, v in VALIDATION.findall(text)]
 
 
-def test_two_pipelines_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):
-    plan_file = two_pipeline_plan(tmp_path)
+def pipelines_and_alongside_plan(tmp_path) -> str:
+    """The module docstring's plan: pipeline 0 (whose weights every pipeline starts from) a single mesh; pipeline 1
+    with meshes side by side at its first stage, one of them at TP 2, so the start-up copy of the weights reaches
+    TP shards and TP-duplicated norms, and the activations are re-sliced from two meshes onto a third."""
+    raw = yaml.safe_load(open(PLAN))
+    cpu = {"device_type": "cpu"}
+    raw["global_batch_size"] = 14
+    raw["pipelines"] = [{"samples": 6}, {"samples": 8}]
+    raw["meshes"] = [
+        dict(cpu, cluster="cluster-c", tp=1, dp=1, micro_batch_size=2, stage_layers=[2, 6]),
+        dict(cpu, cluster="cluster-a", tp=1, dp=2, micro_batch_size=1, stage_layers=[4], pipeline=1),
+        dict(cpu, cluster="cluster-b", tp=2, dp=1, micro_batch_size=2, stage_layers=[4], pipeline=1, alongside=True),
+        dict(cpu, cluster="cluster-b", tp=1, dp=2, micro_batch_size=2, stage_layers=[4], pipeline=1)]
+    path = tmp_path / "pipelines-and-alongside.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_pipelines_and_meshes_side_by_side_match_megatrons_single_pipeline_run(nvidia_script, tmp_path):
+    plan_file = pipelines_and_alongside_plan(tmp_path)
     plan = load_plan(plan_file)
-    assert plan.num_pipelines == 2 and plan.world_size == 6 and plan.model.tie_embeddings
+    assert plan.num_pipelines == 2 and plan.world_size == 8 and plan.model.tie_embeddings
     launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
-                                                    [("cluster-b", 0, 0, 2), ("cluster-a", 1, 2, 4)], "cluster-a",
+                                                    [("cluster-c", 0, 0, 2), ("cluster-a", 1, 2, 2),
+                                                     ("cluster-b", 1, 4, 4)], "cluster-b",
                                                     extra=["--eval-iters", "1", "--eval-interval", "2"])
-    assert "[hetauto] rank 4: pipeline 1, cluster cluster-a (cpu), mesh 1, stage 1" in logs["cluster-a"]
-    # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch
-    for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L"), (8, 6)):
+    # cluster-b's launch gives node 0 mesh B's arguments and node 1 mesh C's
+    assert "[hetauto] rank 4: pipeline 1, cluster cluster-b (cpu), mesh 2, stage 0" in logs["cluster-b.node0"]
+    assert "[hetauto] rank 7: pipeline 1, cluster cluster-b (cpu), mesh 3, stage 1" in logs["cluster-b.node1"]
+    # each rank's Megatron ran its own pipeline: depth, layout and its mesh's share of the batch; Megatron derives
+    # the micro-batches as batch / (dp x mbs): 3 on pipeline 0, 2 on every mesh of pipeline 1 (A 4 / (2 x 1),
+    # B 4 / (1 x 2), C 8 / (2 x 2))
+    for la, layout, batch in zip(launches, ("Et*2|t*6L", "Et*4|t*4L", "Et*4|t*4L"), (6, 4, 4)):
         args = la["megatron_args"][str(la["meshes"][0])]
         assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout
-        assert f"global_batch_size={batch}" in logs[la["name"]], logs[la["name"]][-3000:]
+        assert f"global_batch_size={batch}" in logs[f"{la['name']}.node0"], logs[f"{la['name']}.node0"][-3000:]
+    assert "global_batch_size=8" in logs["cluster-b.node1"]
     # evaluation reads a global batch of the validation / test set as training does, and logs the whole batch's
-    het_val, ref_val = validation_losses(logs["cluster-a"]), validation_losses(logs["reference"])
+    het_val, ref_val = validation_losses(logs["cluster-b"]), validation_losses(logs["reference"])
     assert [w for w, _ in het_val] == [w for w, _ in ref_val] and len(ref_val) >= 3, (het_val, ref_val)
     diff = max(abs(a - b) for a, b in zip(het + [v for _, v in het_val], ref + [v for _, v in ref_val]))
     print(f"two pipelines: {het} {het_val}\nMegatron, one pipeline: {ref} {ref_val}\nmax |difference| {diff:.1e}")
     assert diff <= 1e-5, (het, ref, het_val, ref_val)
     # the global gradient norm counts every parameter once over both pipelines (Megatron prints 3 decimals); it is
     # above Megatron's default clip of 1.0, so clipping binds and the equal losses depend on it
-    het_norms, ref_norms = (re.findall(r"grad norm: ([0-9.]+) \|", logs[k]) for k in ("cluster-a", "reference"))
+    het_norms, ref_norms = (re.findall(r"grad norm: ([0-9.]+) \|", logs[k]) for k in ("cluster-b", "reference"))
     assert het_norms == ref_norms and len(ref_norms) == NVIDIA_ITERS and float(ref_norms[0]) > 1.0, \
         (het_norms, ref_norms)
-
-
-def test_meshes_side_by_side_match_megatrons_single_mesh_run(nvidia_script, tmp_path):
-    """examples/llama/plans/tiny-alongside-cpu.yaml: stage 0 held by mesh A (TP 1 x DP 2, 1 sample each) and,
-    alongside, mesh B (TP 2 with sequence parallelism, 2 samples); stage 1 by mesh C (TP 1 x DP 2, 2 samples
-    each); tied embeddings; 6 ranks, 12 samples (3 steps of 4). Megatron's reference: 4 | 4 at TP 1."""
-    plan_file = os.path.join(ROOT, "examples", "llama", "plans", "tiny-alongside-cpu.yaml")
-    launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
-                                                    [("cluster-a", 0, 0, 2), ("cluster-b", 0, 2, 4)], "cluster-b")
-    # Megatron derives 3 micro-batches on every rank: A 6 / (2 x 1), B 6 / (1 x 2), C 12 / (2 x 2); cluster-b's
-    # launch gives node 0 mesh B's arguments and node 1 mesh C's
-    assert "global_batch_size=6" in logs["cluster-a"] and "global_batch_size=6" in logs["cluster-b.node0"]
-    assert "[hetauto] rank 2: cluster cluster-b (cpu), mesh 1, stage 0" in logs["cluster-b.node0"]
-    assert "[hetauto] rank 4: cluster cluster-b (cpu), mesh 2, stage 1" in logs["cluster-b.node1"]
-    diff = max(abs(a - b) for a, b in zip(het, ref))
-    print(f"meshes side by side: {het}\nMegatron, one mesh per stage: {ref}\nmax |difference| {diff:.1e}")
-    assert diff <= 1e-5, (het, ref)
 
 
 # flag, value, words of the one-paragraph error
