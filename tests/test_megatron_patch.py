@@ -245,18 +245,3 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
         assert len(paragraph) == 1, (name, err[-3000:])
         for words in MISTAKES[name][2]:
             assert words in paragraph[0], (name, words, paragraph[0])
-
-
-def test_nvidia_script_trains_on_cpu_with_the_documented_flags(nvidia_script, tmp_path):
-    """Without --hetauto the patched script is Megatron's own: 2 iterations on one CPU process with the CPU flags
-    of docs/megatron-integration.md (demo.CPU_FLAGS), the loss printed and falling."""
-    from hetauto_megatron.megatron import demo
-    from hetauto_megatron.plan.plan import load_plan
-
-    plan = load_plan(PLAN)
-    argv = (demo.model_flags(plan) + demo.training_flags(2, 1) + demo.CPU_FLAGS +
-            ["--micro-batch-size", "2", "--global-batch-size", "2"])
-    proc = _run_script(nvidia_script, argv, 1, tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    losses = [float(line.split("lm loss:")[1].split("|")[0]) for line in proc.stdout.splitlines() if "lm loss:" in line]
-    assert len(losses) == 2 and losses[1] < losses[0], losses
