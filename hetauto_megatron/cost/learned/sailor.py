@@ -48,6 +48,7 @@ SAILOR_GPUS = {"A100-40": "a100-40gb", "A100-80": "a100-80gb", "V100-16": "v100-
 SAILOR_FP32_TFLOPS = {gpu: CATALOG[name].peak_tflops_at("fp32") for gpu, name in SAILOR_GPUS.items()}
 
 
+@lru_cache(maxsize=None)
 def sailor_tf32_tflops(gpu: str) -> float | None:
     """The dense TF32 tensor peak of a Sailor GPU, the ceiling of an fp32 run whose GEMMs ran on TF32; None
     where the GPU has no TF32 (V100, Turing)."""
@@ -372,21 +373,22 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
 
 @lru_cache(maxsize=8192)
 def _layer_row(shape: F.LayerShape, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float,
-               score_bwd_weight: float, gemm_bwd_weight: float) -> tuple[tuple, float]:
-    """F.layer_row of one configuration: the identical layers of a measured configuration share it, and the
-    weight choice (fitting.choose_weights) builds every sample many times over."""
+               score_bwd_weight: float, gemm_bwd_weight: float) -> tuple[tuple, float, float]:
+    """F.layer_row of one configuration and its unfused softmax passes: the identical layers of a measured
+    configuration share them, and the weight choice (fitting.choose_weights) builds every sample many times over."""
     feats, prior = F.layer_row(shape, phase, dtype_bytes=dtype_bytes, peak_tflops=peak_tflops, hbm_gbps=hbm_gbps,
                                score_bwd_weight=score_bwd_weight, gemm_bwd_weight=gemm_bwd_weight)
-    return tuple(feats), prior
+    return tuple(feats), prior, F.unfused_softmax_s(shape, phase, dtype_bytes, hbm_gbps)
 
 
 def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0,
                    gemm_bwd_weight: float = 1.0) -> Sample:
     g = F.backward_gemm_weight(r.device, r.precision, gemm_bwd_weight)
-    feats, prior = _layer_row(r.shape, phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps, score_bwd_weight, g)
+    feats, prior, softmax_s = _layer_row(r.shape, phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps,
+                                         score_bwd_weight, g)
     label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
-    known = r.tp_comm_s + F.unfused_softmax_s(r.shape, phase, r.dtype_bytes, r.hbm_gbps)
+    known = r.tp_comm_s + softmax_s
     return Sample("layer", phase, r.device, feats, prior, t, r.model, label, known, r.precision, r.shape.tp)
 
 
