@@ -17,7 +17,7 @@ runs in each; an exception escaping it prints its traceback and exits 1, as the 
 case costs milliseconds, not an interpreter start; `--exec` runs the installed `hetauto` script instead.
 
     python scripts/fuzz_inputs.py                     # every mutation (minutes)
-    python scripts/fuzz_inputs.py --sample 150 --no-deepspeed   # a deterministic sample (tests/test_input_fuzz.py)
+    python scripts/fuzz_inputs.py --sample 150 --no-deepspeed --jobs 2   # a deterministic sample (the test's)
     python scripts/fuzz_inputs.py --only plan --show 5
 """
 from __future__ import annotations
@@ -608,6 +608,20 @@ def report(findings: list[Finding], show: int) -> str:
     return "\n".join(lines)
 
 
+def run_in_parallel(cases: list[Case], timeout: float, runner, cwd: str, jobs: int) -> list[Finding]:
+    """`run_cases` over `jobs` processes forked before any case runs (each takes every jobs-th case and forks
+    its cases' children itself); the findings in the order of `cases`."""
+    if jobs <= 1 or len(cases) < 2:
+        return run_cases(cases, timeout, runner, cwd, progress=True)
+    import multiprocessing
+
+    shards = [cases[k::jobs] for k in range(jobs)]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        parts = pool.starmap(run_cases, [(shard, timeout, runner, cwd) for shard in shards])
+    position = {(c.label, tuple(c.argv)): i for i, c in enumerate(cases)}
+    return sorted((f for part in parts for f in part), key=lambda f: position[(f.case.label, tuple(f.case.argv))])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sample", type=int, help="run a deterministic sample of this many cases")
@@ -617,6 +631,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cost-model", help="a fitted model directory whose manifest to mutate ('hetauto fit')")
     ap.add_argument("--exec", action="store_true", help="run the installed hetauto script (slower, exact)")
     ap.add_argument("--show", type=int, default=2, help="examples shown per class of finding")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run this many at a time (default 1)")
     ap.add_argument("--no-deepspeed", action="store_true",
                     help="skip 'emit deepspeed' (its config check imports DeepSpeed and torch in every child)")
     args = ap.parse_args(argv)
@@ -624,7 +639,7 @@ def main(argv=None) -> int:
         ws = Workspace(tmp, deepspeed=not args.no_deepspeed)
         cases = all_cases(ws, args.cost_model, args.only, n=args.sample, seed=args.seed)
         t0 = time.monotonic()
-        findings = run_cases(cases, args.timeout, run_exec if args.exec else run_forked, tmp, progress=True)
+        findings = run_in_parallel(cases, args.timeout, run_exec if args.exec else run_forked, tmp, args.jobs)
         print(f"{len(cases)} cases in {time.monotonic() - t0:.1f} s: {len(findings)} findings")
         if findings:
             print(report(findings, args.show))

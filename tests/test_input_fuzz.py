@@ -25,11 +25,11 @@ with open(CPU_INV) as _fh:
 
 def test_fuzzed_inputs_exit_cleanly(tmp_path):
     """The script in a process of its own: its children fork from a process that has not imported torch (forked
-    from this one, which has, the same cases took twice as long). DeepSpeed's parser imports torch: the script's
-    full run covers 'emit deepspeed'."""
+    from this one, which has, the same cases took twice as long), two cases at a time. DeepSpeed's parser imports
+    torch: the script's full run covers 'emit deepspeed'."""
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "fuzz_inputs.py"), "--sample", "150",
-                           "--no-deepspeed", "--show", "3"], cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=600)
+                           "--no-deepspeed", "--jobs", "2", "--show", "3"], cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     assert " cases in " in proc.stdout and ": 0 findings" in proc.stdout, proc.stdout[-3000:]
 
