@@ -44,6 +44,71 @@ def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess
                           cwd=cwd, timeout=timeout)
 
 
+def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGV...` with environment `env` in `cwd`, run in a child forked from this process (the
+    script's own code runs as its __main__, with sys.argv and sys.path[0] as the interpreter sets them; what it
+    imports and this process has already imported is not imported again: Megatron-LM's training loop costs
+    about 10 s of CPU per interpreter). For a script that answers its arguments and exits; exit code and
+    output as a subprocess gives them, a traceback for an exception that escapes it (the interpreter's)."""
+    import runpy
+    import signal
+    import tempfile
+    import time
+
+    import megatron.training.training  # noqa: F401  (imported once, before the fork)
+
+    out, err = tempfile.TemporaryFile(mode="w+b"), tempfile.TemporaryFile(mode="w+b")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:    # the child
+        code = 1
+        try:
+            os.setsid()
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = os.fdopen(1, "w", buffering=1)
+            sys.stderr = os.fdopen(2, "w", buffering=1)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = [script, *map(str, argv)]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            try:
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            except SystemExit:
+                raise
+            except BaseException:
+                sys.excepthook(*sys.exc_info())     # as the interpreter ends on an uncaught exception: exit 1
+        except SystemExit as exc:   # sys.exit(), also raised inside an excepthook: the exit code
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    deadline, code = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.01)
+    if code is None:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise subprocess.TimeoutExpired([script, *argv], timeout)
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess([script, *argv], code, out.read().decode(errors="replace"),
+                                       err.read().decode(errors="replace"))
+
+
 def run_cli(argv, capsys) -> tuple[int, str, str]:
     """`hetauto ARGV` in this process: (exit code, stdout, stderr) as pytest's `capsys` captured them."""
     from hetauto_megatron import cli

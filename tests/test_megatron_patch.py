@@ -11,12 +11,9 @@ import ast
 import inspect
 import os
 import shutil
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import NVIDIA_ENTRY_FILES, ROOT, nvidia_megatron_lm
+from helpers import NVIDIA_ENTRY_FILES, ROOT, nvidia_megatron_lm, run_script_forked
 
 from hetauto_megatron.cli import main as cli
 from hetauto_megatron.commands import patch_megatron as pm
@@ -198,12 +195,13 @@ def nvidia_script(tmp_path_factory):
 
 
 def _run_script(script, argv, world_size, cwd):
+    """Rank 0 of a torchrun launch of `world_size` processes: the environment torchrun gives a worker (the
+    script's own code in a child forked from this process: helpers.run_script_forked)."""
     from hetauto_megatron.runtime.launcher import free_port
 
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), CUDA_DEVICE_MAX_CONNECTIONS="1")
-    return subprocess.run([sys.executable, script] + argv, env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return run_script_forked(script, argv, env, str(cwd))
 
 
 def _hetauto_argv():
@@ -235,8 +233,7 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
         world, extra, _ = MISTAKES[name]
         script = demo.ENTRY_SCRIPT if "entry script" in name else nvidia_script
         return _run_script(script, argv + extra, world, tmp_path)
-    with ThreadPoolExecutor(2) as pool:       # a process each, two at a time
-        runs = dict(zip(MISTAKES, pool.map(run, MISTAKES)))
+    runs = {name: run(name) for name in MISTAKES}
     for name, proc in runs.items():
         err = proc.stderr
         assert proc.returncode == 2, (name, err[-3000:])

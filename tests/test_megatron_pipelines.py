@@ -19,8 +19,6 @@ logged instead of the whole batch's 1.5e-2; (pipeline 0 = TP 1 over 2 | 6) the l
 """
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -117,8 +115,9 @@ MISMATCHES = [
 
 
 def test_a_launch_that_does_not_match_the_plan_exits_2(nvidia_script, tmp_path):
-    """Each mismatch in a process of its own, two at a time (each is one process: a core each)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Each mismatch on rank 0 of cluster-b's launch, as the launch script's torchrun starts it (the script's own
+    code in a child forked from this process: helpers.run_script_forked)."""
+    from helpers import run_script_forked
 
     plan_file = two_pipeline_plan(tmp_path)
     plan = load_plan(plan_file)
@@ -134,10 +133,8 @@ def test_a_launch_that_does_not_match_the_plan_exits_2(nvidia_script, tmp_path):
             argv[argv.index(flag) + 1] = value
         else:
             argv += [flag, value]
-        return subprocess.run([sys.executable, nvidia_script] + argv, env=env, cwd=os.path.dirname(nvidia_script),
-                              capture_output=True, text=True, timeout=300)
-    with ThreadPoolExecutor(2) as pool:
-        procs = list(pool.map(run, MISMATCHES))
+        return run_script_forked(nvidia_script, argv, env, os.path.dirname(nvidia_script))
+    procs = [run(case) for case in MISMATCHES]
     for (flag, _, words), proc in zip(MISMATCHES, procs):
         assert proc.returncode == 2, (flag, proc.stderr[-3000:])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto: error:")]
