@@ -216,6 +216,26 @@ def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, 
     assert all(r["clusters"] and set(r["clusters"]) == {"h800"} for r in rep["runners_up"]), rep["runners_up"]
 
 
+def test_the_what_ifs_searched_ahead_are_those_the_sensitivity_replans(tmp_path):
+    """explain searches the re-planned what-ifs ahead, in worker processes, and answers the sensitivity's re-plans
+    from those searches (plan/explain.py replanned_inventories): the list must be what the sensitivity asks for.
+    A plan on cluster a (1 node) of a and b (2 nodes): the unchanged inventory; the a-b link it does not cross at
+    x2; a at 2 nodes (half a node is none); b at 1 and 4 nodes."""
+    from types import SimpleNamespace
+
+    from hetauto_megatron.commands.explain import plan_inputs
+    from hetauto_megatron.plan import explain as X
+
+    inv = _inventory(tmp_path / "inv.yaml", [("a", 1), ("b", 2)], link_gbps=100)
+    plan_file = _plan(tmp_path / "plan.yaml", [("a", [32])], 64)
+    plan, inventory, cost_model = plan_inputs(SimpleNamespace(inventory=inv), plan_file)
+    asked = []
+    X.sensitivity(plan, inventory, cost_model, replan=lambda i: asked.append(i) or 1.0)
+    assert asked == X.replanned_inventories(plan, inventory)
+    assert [([c.nodes for c in i.clusters], [k.bandwidth_gbps for k in i.links.values()]) for i in asked] == \
+        [([1, 2], [100]), ([1, 2], [200]), ([2, 2], [100]), ([1, 1], [100]), ([1, 4], [100])]
+
+
 def test_explain_runners_up_zero_shows_none(readme_plan, capsys):
     """--runners-up 0 listed every runner-up the search kept (31), and the table's columns slid from row 10 on."""
     plan, _ = readme_plan
@@ -262,9 +282,11 @@ def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_p
     planned, _ = run(base + ["-o", str(tmp_path / "p.yaml"), "--explain"])
     assert planned["plan"].get("pipelines"), "the case needs a plan of several pipelines"
     simple, _ = run(base + ["--shapes", "simple"])
-    rep, err = run(["explain", "--plan", str(tmp_path / "p.yaml"), "--json"])
+    rep, err = run(["explain", "--plan", str(tmp_path / "p.yaml"), "--json", "--workers", "2"])
     alts = rep["runners_up"]
     assert alts == planned["explain"]["runners_up"]
+    # plan --explain re-planned the what-ifs one after another (--workers 1), explain in two worker processes
+    assert rep["sensitivity"] == planned["explain"]["sensitivity"]
     one = next(a for a in alts if a["what"] == "one pipeline of single meshes")
     assert one["iteration_time_s"] == pytest.approx(simple["iteration_time_s"], abs=1e-6)   # (6 decimals)
     assert any(a["what"].startswith("pipelines ") for a in alts)

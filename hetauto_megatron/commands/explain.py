@@ -29,7 +29,8 @@ Explain a plan before booking the devices:
 The model and inventory default to those stored in the plan (a 'hetauto plan -o' file has both);
 --set overrides the inventory first (what-if). Text by default, --json for scripts. --no-search skips the
 runners-up and the re-planned sensitivities (one search each: about a second for two clusters, a few seconds
-for 736 devices; a line on stderr after each, --quiet drops them).
+for 736 devices; run --workers at a time, one per core by default; a line on stderr after each, --quiet drops
+them).
 
 exit codes: 0 ok, 2 invalid input."""
 
@@ -49,6 +50,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-search", action="store_true",
                         help="skip the runners-up and the re-planned cluster-size sensitivities")
     parser.add_argument("--seed", type=int, default=0, help="seed of the searches (default 0)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="processes the re-planned what-ifs are searched in (default 0: one per available "
+                             "core); the report depends on --seed only, not on N")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -102,17 +106,45 @@ def plan_inputs(args, plan_path: str, plan=None):
     return plan, inventory, cost_model
 
 
+# The re-planned what-ifs searched ahead in worker processes (forked, they inherit it; set and cleared by
+# _search_ahead): the search function and the inventories.
+_AHEAD: dict = {}
+
+
+def _ahead_job(i: int) -> tuple[int, float]:
+    return i, _AHEAD["search"](_AHEAD["inventories"][i]).iteration_time_s
+
+
+def _search_ahead(inventories: list, search_one, workers: int, on_done) -> dict:
+    """{index: iteration time} of `search_one` on each inventory, in `workers` processes forked now, each
+    search on one core (as one search alone runs it: the same plan, which depends on its seed only);
+    `on_done()` after each."""
+    import multiprocessing
+    _AHEAD.update(search=search_one, inventories=inventories)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(inventories))) as pool:
+            out = {}
+            for i, seconds in pool.imap_unordered(_ahead_job, range(len(inventories))):
+                out[i] = seconds
+                on_done()
+            return out
+    finally:
+        _AHEAD.clear()
+
+
 def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_result=None, do_search: bool = True,
-                   k: int = 5, seed: int = 0, progress: bool = False) -> dict:
+                   k: int = 5, seed: int = 0, progress: bool = False, workers: int = 1) -> dict:
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
     `shapes_result` (the whole search, multi_search.ShapesResult): a search already run on the same inputs (plan
     --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
     weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside).
-    `progress`: a line on stderr per re-planned what-if (each is a whole search)."""
+    `progress`: a line on stderr per re-planned what-if (each is a whole search). `workers`: processes the
+    re-planned what-ifs are searched in (0: one per available core); the report does not depend on it."""
     from ..plan import explain as X
     from ..plan.constraints import Constraints
     from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
+    from ..plan.search_jobs import default_workers
     from ..plan.simulate import simulate
     # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
     constraints = Constraints.from_record((plan.estimate or {}).get("search"))
@@ -127,24 +159,38 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
 
     # the re-planned what-ifs: the unchanged inventory, each link the plan does not cross, each cluster at x0.5, x2
-    whatifs = 1 + len(inventory.links) - len(X.links_crossed(plan, inventory)) + sum(
-        (c.nodes // 2 >= 1) + 1 for c in inventory.clusters)
-    t0 = time.perf_counter()
+    whatifs = X.replanned_inventories(plan, inventory)
+    ahead = {}      # key(inventory) -> the iteration time of its search, for the what-ifs searched ahead
+    t0, done = time.perf_counter(), [0]
 
-    def run_search(inv):
+    def searched():
+        done[0] += 1
+        if progress:
+            print(f"explain: re-planned {done[0]} of {len(whatifs)} what-ifs, {time.perf_counter() - t0:.1f} s "
+                  "(--no-search skips them)", file=sys.stderr, flush=True)
+
+    def search_one(inv):
         # a plan of one pipeline of single meshes re-plans that shape (as `plan --shapes simple` would); the other
         # shapes search every shape, as the plan's own search did
+        return (search(plan.model, inv, plan.global_batch_size, cost_model, config) if plan.is_simple else
+                search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config))
+
+    def run_search(inv):
         if key(inv) not in searches:
-            searches[key(inv)] = (search(plan.model, inv, plan.global_batch_size, cost_model, config)
-                                  if plan.is_simple else
-                                  search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config))
-            if progress:
-                print(f"explain: re-planned {len(searches)} of {whatifs} what-ifs, {time.perf_counter() - t0:.1f} s "
-                      "(--no-search skips them)", file=sys.stderr, flush=True)
+            searches[key(inv)] = search_one(inv)
+            searched()
         return searches[key(inv)]
 
     def replan(inv):
-        return tokens / run_search(inv).iteration_time_s
+        return tokens / (ahead[key(inv)] if key(inv) in ahead else run_search(inv).iteration_time_s)
+
+    workers = default_workers() if workers == 0 else workers
+    if do_search and workers > 1:
+        # the changed inventories in worker processes (the unchanged one's whole search is needed here)
+        todo = list({key(inv): inv for inv in whatifs[1:] if key(inv) != key(inventory)}.values())
+        if todo:
+            times = _search_ahead(todo, search_one, workers, searched)
+            ahead.update({key(todo[i]): seconds for i, seconds in times.items()})
 
     # The runners-up come from the search that made the plan where it is given; the re-planned sensitivities compare
     # with explain's own search of the unchanged inventory (the same settings as each changed one).
@@ -235,10 +281,13 @@ def run(args) -> int:
     if args.runners_up < 0:
         raise InputError(f"must not be negative, got {args.runners_up}", field="--runners-up",
                          fix="give the number of runners-up to show, 0 for none")
+    if args.workers < 0:
+        raise InputError(f"must not be negative, got {args.workers}", field="--workers",
+                         fix="give the processes to search the what-ifs in, or 0 for one per available core")
     plan, inventory, cost_model = plan_inputs(args, args.plan)
     try:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,
-                             seed=args.seed, progress=not args.quiet)
+                             seed=args.seed, progress=not args.quiet, workers=args.workers)
     except InputError as exc:
         raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None

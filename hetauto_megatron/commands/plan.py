@@ -234,7 +234,7 @@ def run(args) -> int:
     if args.explain:
         from .explain import explain_report
         explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed,
-                                   progress=not args.quiet and not args.json)
+                                   progress=not args.quiet and not args.json, workers=args.workers)
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves

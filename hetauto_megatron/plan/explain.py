@@ -262,6 +262,32 @@ def with_batch(plan: Plan, gbs: int) -> Plan:
     return dataclasses.replace(plan, global_batch_size=gbs, pipeline_samples=samples, estimate=None)
 
 
+def _link_at(inventory, key, factor: float):
+    """The inventory with link `key` at `factor` times its bandwidth."""
+    link = inventory.links[key]
+    return dataclasses.replace(inventory, links={**inventory.links,
+                                                 key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * factor)})
+
+
+def _cluster_at(inventory, cluster, nodes: int):
+    """The inventory with `cluster` (one of its clusters) at `nodes` nodes."""
+    return dataclasses.replace(inventory, clusters=tuple(
+        dataclasses.replace(c, nodes=nodes) if c is cluster else c for c in inventory.clusters))
+
+
+def _unused_links(plan: Plan, inventory) -> list:
+    used = {k for k, _ in links_crossed(plan, inventory)}
+    return sorted(set(inventory.links) - used, key=sorted)
+
+
+def replanned_inventories(plan: Plan, inventory, factors=(0.5, 2.0)) -> list:
+    """Every inventory `sensitivity` calls `replan` with, the unchanged one first: a caller can search them ahead
+    (in parallel: each search is independent) and answer `replan` from the results."""
+    out = [inventory] + [_link_at(inventory, key, max(factors)) for key in _unused_links(plan, inventory)]
+    return out + [_cluster_at(inventory, cl, int(cl.nodes * f)) for cl in inventory.clusters for f in factors
+                  if int(cl.nodes * f) >= 1]
+
+
 def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
     """Throughput when one input changes by each factor, for a plan of any shape.
 
@@ -269,18 +295,17 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     the inventory gives them) and the global batch: the plan's own layout re-simulated.
     Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
     (None skips them), and so are links the plan does not cross (at the larger factor only: a slower unused link
-    changes nothing); their change is against `replan` of the unchanged inventory."""
+    changes nothing); their change is against `replan` of the unchanged inventory (`replanned_inventories` lists
+    the inventories `replan` gets)."""
     base = _tokens(plan, inventory, cost_model)
     rows = []
-    used = links_crossed(plan, inventory)
-    for key, name in used:
+    for key, name in links_crossed(plan, inventory):
         link = inventory.links[key]
         row = {"what": f"link {name} bandwidth", "key": f"link.{name}.bandwidth_gbps", "base": link.bandwidth_gbps,
                "method": "same layout", "base_tokens_per_s": base, "cases": []}
         for f in factors:
-            inv = dataclasses.replace(inventory, links={**inventory.links,
-                                                        key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
-            row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, inv, cost_model), base))
+            row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, _link_at(inventory, key, f),
+                                                                          cost_model), base))
         rows.append(row)
     rows += uplink_rows(plan, inventory, lambda inv: _tokens(plan, inv, cost_model), base, factors)
     row = {"what": "global batch", "key": "--global-batch-size", "base": plan.global_batch_size,
@@ -298,15 +323,13 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     if replan is not None:
         ref = replan(inventory)
         # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
-        for key in sorted(set(inventory.links) - {k for k, _ in used}, key=sorted):
+        for key in _unused_links(plan, inventory):
             link = inventory.links[key]
             name = "-".join(sorted(key))
             f = max(factors)
-            inv = dataclasses.replace(inventory, links={**inventory.links,
-                                                        key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * f)})
             rows.append({"what": f"link {name} bandwidth (unused)", "key": f"link.{name}.bandwidth_gbps",
                          "base": link.bandwidth_gbps, "method": "re-planned", "base_tokens_per_s": ref,
-                         "cases": [_replanned(replan, inv, f, link.bandwidth_gbps * f, ref)]})
+                         "cases": [_replanned(replan, _link_at(inventory, key, f), f, link.bandwidth_gbps * f, ref)]})
         for cl in inventory.clusters:
             row = {"what": f"cluster {cl.name} size (nodes)", "key": f"cluster.{cl.name}.nodes", "base": cl.nodes,
                    "method": "re-planned", "base_tokens_per_s": ref, "cases": []}
@@ -316,9 +339,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
                     row["cases"].append({"factor": f, "value": nodes, "tokens_per_s": None, "change": None,
                                          "note": "fewer than one node"})
                     continue
-                inv = dataclasses.replace(inventory, clusters=tuple(
-                    dataclasses.replace(c, nodes=nodes) if c is cl else c for c in inventory.clusters))
-                row["cases"].append(_replanned(replan, inv, f, nodes, ref))
+                row["cases"].append(_replanned(replan, _cluster_at(inventory, cl, nodes), f, nodes, ref))
             rows.append(row)
     return rows
 
