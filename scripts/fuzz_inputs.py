@@ -608,18 +608,27 @@ def report(findings: list[Finding], show: int) -> str:
     return "\n".join(lines)
 
 
-def run_in_parallel(cases: list[Case], timeout: float, runner, cwd: str, jobs: int) -> list[Finding]:
-    """`run_cases` over `jobs` processes forked before any case runs (each takes every jobs-th case and forks
-    its cases' children itself); the findings in the order of `cases`."""
-    if jobs <= 1 or len(cases) < 2:
+def _run_chunk(job) -> list[Finding]:
+    cases, timeout, runner, cwd = job
+    return run_cases(cases, timeout, runner, cwd)
+
+
+def run_in_parallel(cases: list[Case], timeout: float, runner, cwd: str, jobs: int, chunk: int = 25) -> list[Finding]:
+    """`run_cases` in `jobs` processes forked before any case runs, `chunk` cases at a time (each process forks
+    its cases' children itself); the findings in the order of `cases`, progress on stderr as chunks finish."""
+    if jobs <= 1 or len(cases) <= chunk:
         return run_cases(cases, timeout, runner, cwd, progress=True)
     import multiprocessing
 
-    shards = [cases[k::jobs] for k in range(jobs)]
+    chunks = [cases[i:i + chunk] for i in range(0, len(cases), chunk)]
+    findings, done = [], 0
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        parts = pool.starmap(run_cases, [(shard, timeout, runner, cwd) for shard in shards])
-    position = {(c.label, tuple(c.argv)): i for i, c in enumerate(cases)}
-    return sorted((f for part in parts for f in part), key=lambda f: position[(f.case.label, tuple(f.case.argv))])
+        for part, cs in zip(pool.imap(_run_chunk, [(cs, timeout, runner, cwd) for cs in chunks]), chunks):
+            findings += part
+            if (done + len(cs)) // 200 > done // 200:
+                print(f"  {done + len(cs)}/{len(cases)} cases, {len(findings)} findings", file=sys.stderr)
+            done += len(cs)
+    return findings
 
 
 def main(argv=None) -> int:
