@@ -207,6 +207,18 @@ def test_broken_stored_estimate_still_summarises(key, value, tmp_path, capsys):
     assert "plan: tiny" in out
 
 
+@pytest.mark.parametrize("stages", [7, "x", {"a": 1}, [5], [[1, 2]]])
+def test_stored_estimate_whose_stages_are_not_stage_rows_still_summarises(stages, tmp_path, capsys):
+    """Found by the fuzzing: 'emit summary' read every stage row of the estimate as a mapping (AttributeError)."""
+    import yaml
+    data = _written_plan(tmp_path, capsys)
+    data["estimate"]["stages"] = stages
+    plan = write(tmp_path, "edited.yaml", yaml.safe_dump(data))
+    rc, out, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    assert "plan: tiny" in out
+
+
 # ---- YAML alias bombs: a few hundred bytes of nested anchors load as 10^10 shared elements ---------------------
 def _alias_bomb(levels: int) -> str:
     names = [chr(ord("a") + i) for i in range(levels)]

@@ -115,10 +115,12 @@ TIGHT_MEMORY = 0.95     # a stage using more of its device's memory is called ou
 
 def _estimate_line(est: dict) -> str:
     fits = est.get("fits")
-    shares = [(st["memory_gib"] / st["memory_cap_gib"], st.get("stage", i)) for i, st in enumerate(est.get("stages") or [])
-              if isinstance(st.get("memory_gib"), (int, float)) and isinstance(st.get("memory_cap_gib"), (int, float))
-              and st["memory_cap_gib"] > 0]
-    share, stage = max(shares, default=(0.0, None))
+    # the estimate is informational (a file's may be hand-edited): rows that are not stage mappings are skipped
+    stages = est.get("stages") if isinstance(est.get("stages"), list) else []
+    shares = [(st["memory_gib"] / st["memory_cap_gib"], st.get("stage", i)) for i, st in enumerate(stages)
+              if isinstance(st, dict) and isinstance(st.get("memory_gib"), (int, float))
+              and isinstance(st.get("memory_cap_gib"), (int, float)) and st["memory_cap_gib"] > 0]
+    share, stage = max(shares, default=(0.0, None), key=lambda x: x[0])
     tight = (f" (stage {stage} uses {share:.0%} of its device memory: little headroom, the memory model is within "
              "10 % of measured runs, docs/cost-model.md)" if fits is True and share >= TIGHT_MEMORY else "")
     return (f"iteration {_num(est.get('iteration_time_s'), '.3f')} s, {_num(est.get('tokens_per_s'), ',.0f')} "
