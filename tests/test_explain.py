@@ -236,6 +236,25 @@ def test_the_what_ifs_searched_ahead_are_those_the_sensitivity_replans(tmp_path)
         [([1, 2], [100]), ([1, 2], [200]), ([2, 2], [100]), ([1, 1], [100]), ([1, 4], [100])]
 
 
+def test_a_what_if_without_a_feasible_plan_is_noted_also_when_searched_ahead(tmp_path, capsys):
+    """LLaMA-2-70B on 2 H800 nodes and an A100-40 node: with one H800 node no layout fits. Searched in a worker
+    process that what-if ended explain with exit 3 (the search's error escaped the pool); now each way it is
+    the same row: 'no feasible plan'."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"clusters": [{"name": "big", "device": "H800", "nodes": 2, "devices_per_node": 8},
+                                                {"name": "small", "device": "A100-40GB", "nodes": 1,
+                                                 "devices_per_node": 8}],
+                                   "links": [{"between": ["big", "small"], "bandwidth_gbps": 25, "latency_ms": 2}]}))
+    plan = str(tmp_path / "plan.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", str(inv), "--global-batch-size", "64", "-o", plan,
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    reps = [_json(capsys, "explain", "--plan", plan, "--json", "--quiet", "--workers", w) for w in ("1", "2")]
+    assert reps[0] == reps[1]
+    big = next(r for r in reps[1]["sensitivity"] if r["what"] == "cluster big size (nodes)")
+    assert big["cases"][0]["value"] == 1 and big["cases"][0]["note"] == "no feasible plan"
+
+
 def test_explain_runners_up_zero_shows_none(readme_plan, capsys):
     """--runners-up 0 listed every runner-up the search kept (31), and the table's columns slid from row 10 on."""
     plan, _ = readme_plan

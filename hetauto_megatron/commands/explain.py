@@ -111,22 +111,27 @@ def plan_inputs(args, plan_path: str, plan=None):
 _AHEAD: dict = {}
 
 
-def _ahead_job(i: int) -> tuple[int, float]:
-    return i, _AHEAD["search"](_AHEAD["inventories"][i]).iteration_time_s
+def _ahead_job(i: int) -> tuple[int, float | None]:
+    from ..errors import InfeasibleError
+    try:
+        return i, _AHEAD["search"](_AHEAD["inventories"][i]).iteration_time_s
+    except InfeasibleError:     # re-run where the sensitivity asks for it, which notes it (explain._replanned)
+        return i, None
 
 
 def _search_ahead(inventories: list, search_one, workers: int, on_done) -> dict:
-    """{index: iteration time} of `search_one` on each inventory, in `workers` processes forked now, each
-    search on one core (as one search alone runs it: the same plan, which depends on its seed only);
-    `on_done()` after each."""
+    """{index: iteration time} of `search_one` on each inventory that has a feasible plan, in `workers`
+    processes forked now, each search on one core (as one search alone runs it: the same plan, which depends on
+    its seed only); `on_done()` after each found."""
     import multiprocessing
     _AHEAD.update(search=search_one, inventories=inventories)
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(inventories))) as pool:
             out = {}
             for i, seconds in pool.imap_unordered(_ahead_job, range(len(inventories))):
-                out[i] = seconds
-                on_done()
+                if seconds is not None:
+                    out[i] = seconds
+                    on_done()
             return out
     finally:
         _AHEAD.clear()
