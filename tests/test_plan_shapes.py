@@ -153,6 +153,16 @@ def test_errors_name_the_field_and_fix():
         d["pipelines"] = [{"samples": 9}, {"samples": 7}]
     e = bad(not_multiple)
     assert e.field == "pipelines[0].samples" and "multiple of 6" in e.fix
+    # where the 6 comes from, so that a wrong dp or micro-batch size (not the samples) can be seen to be the fault
+    assert "meshes[0] dp 2 x micro_batch_size 2 + meshes[1] dp 1 x micro_batch_size 2" in e.reason
+    assert "dp or micro_batch_size" in e.fix
+
+    def one_pipeline(d):     # one pipeline (a group alongside, no `pipelines:`) trains the global batch
+        d["meshes"] = d["meshes"][:3]
+        d["global_batch_size"] = 8
+        del d["pipelines"]
+    e = bad(one_pipeline)
+    assert e.field == "global_batch_size" and "multiple of 6" in e.fix and "meshes[1] dp 1" in e.reason
 
     def wrong_sum(d):
         d["pipelines"] = [{"samples": 12}, {"samples": 6}]

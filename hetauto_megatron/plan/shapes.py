@@ -175,9 +175,16 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
         if simple and len(plan.pipeline_samples) <= 1:
             raise InputError(f"global_batch_size {plan.global_batch_size} is not a positive multiple of dp * "
                              f"micro_batch_size = {step}", field="global_batch_size", fix=f"use a multiple of {step}")
+        # say where the step comes from: a mesh's dp or micro_batch_size may be what is wrong, not the samples
+        source = " + ".join(f"meshes[{i}] dp {meshes[i].dp} x micro_batch_size {meshes[i].micro_batch_size}"
+                            for i in positions[0])
+        listed = bool(plan.pipeline_samples)    # else one pipeline trains the global batch (no `pipelines:`)
         raise InputError(f"is {samples}, not a positive multiple of the pipeline's {step} samples per micro-batch "
-                         "step", field=f"pipelines[{p}].samples",
-                         fix=f"use a multiple of {step} (and keep the pipelines' sum at global_batch_size)")
+                         f"step ({source} in its first stage)",
+                         field=f"pipelines[{p}].samples" if listed else "global_batch_size",
+                         fix=f"use a multiple of {step}" + (" (and keep the pipelines' sum at global_batch_size)"
+                                                            if listed else "")
+                             + ", or correct those meshes' dp or micro_batch_size")
     layers = [n for pos in positions for n in meshes[pos[0]].stage_layers]
     if sum(layers) != m.num_layers:
         raise InputError(f"stage_layers{where} add up to {sum(layers)} layers but the model has {m.num_layers}",
