@@ -128,9 +128,10 @@ def ns(**kw):
 def test_model_args_are_filled_from_the_plan():
     fill = rewrite.check_model_args(ns(), PLAN)
     assert fill == {"num_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,
-                    "seq_length": 32, "group_query_attention": True, "num_query_groups": 2}
+                    "seq_length": 32, "group_query_attention": True, "num_query_groups": 2,
+                    "max_position_embeddings": 32}
     assert rewrite.check_model_args(ns(num_layers=8, hidden_size=64, group_query_attention=True,
-                                       num_query_groups=2), PLAN) == {
+                                       num_query_groups=2, max_position_embeddings=32), PLAN) == {
         "num_attention_heads": 4, "ffn_hidden_size": 256, "seq_length": 32}
 
 
@@ -141,6 +142,65 @@ def test_model_args_that_contradict_the_plan_are_listed():
     msg = exc.value.message
     assert "--num-layers 12 (plan: 8)" in msg and "--num-query-groups 4 (plan: 2)" in msg
     assert msg.startswith("plan.yaml: field 'model'")
+
+
+def test_a_rotary_model_trained_past_its_config_length_passes_megatrons_validation(monkeypatch, tmp_path):
+    """LLaMA's config gives 4,096 positions; trained at --seq-length 8192 (here: the tiny model's 32 at 64) the
+    launch must carry --max-position-embeddings >= the sequence, or Megatron's validate_args stops every rank with
+    an AssertionError. The emitted arguments, rewritten per rank, pass Megatron's own validation."""
+    from hetauto_megatron.emit.megatron import model_args
+    from hetauto_megatron.spec.model import load_model
+
+    model_file = tmp_path / "model.yaml"
+    model_file.write_text("preset: tiny\nmax_position_embeddings: 32\n")   # as examples/llama/models/*.yaml
+    spec = load_model(str(model_file), seq_length=64)
+    plan = plan_from_dict({"version": 1, "model": spec.to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [8]}]})
+    for rank in range(plan.world_size):
+        margs, args = _megatron_args(monkeypatch, [*model_args(plan), "--vocab-size", "128"], model=None)
+        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        rewrite.rewrite_args(args, plan, c)
+        margs.validate_args(args, {})
+        assert args.seq_length == 64 <= args.max_position_embeddings
+    # a hand-written launch that keeps the config's 32 is refused before Megatron's assertion, naming the flag
+    margs, args = _megatron_args(monkeypatch, ["--seq-length", "64", "--max-position-embeddings", "32"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None),
+                             file="plan.yaml")
+    assert "--max-position-embeddings 32, shorter than the plan's sequence of 64 tokens" in exc.value.message
+
+
+def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(monkeypatch):
+    """Megatron's defaults are GPT-2's: a LLaMA plan (gated MLP, rotary, untied head) launched with only the
+    shapes would train another model, with more parameters than were priced. Each missing flag is named; the
+    emitted arguments pass. A GPT-3-style plan (plain MLP, learned positions, tied head) needs none of them."""
+    from hetauto_megatron.emit.megatron import model_args
+
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=None)
+    c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, PLAN.world_size, None), None)
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+    msg = exc.value.message
+    for flag in ("add --swiglu", "add --normalization RMSNorm", "add --disable-bias-linear",
+                 "add --position-embedding-type rope", "add --untie-embeddings-and-output-weights"):
+        assert flag in msg, flag
+    assert msg.startswith("plan.yaml: field 'model'") and "hetauto emit megatron" in msg
+    margs, args = _megatron_args(monkeypatch, [*model_args(PLAN), "--vocab-size", "128"], model=None)
+    rewrite.rewrite_args(args, PLAN, c)
+    margs.validate_args(args, {})
+    assert args.swiglu and args.normalization == "RMSNorm" and not args.add_bias_linear
+
+    gpt = make_plan([{"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 1,
+                      "stage_layers": [8]}], model="tiny")
+    gpt = plan_from_dict({**gpt.to_dict(), "model": PRESETS["tiny"].replace(
+        gated_mlp=False, position_embedding="learned", tie_embeddings=True).to_dict()})
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128", "--swiglu"], model=None)
+    with pytest.raises(InputError, match="Megatron's default: leave the flag out"):
+        rewrite.rewrite_args(args, gpt, rewrite.check_launch(gpt, rewrite.LaunchIdentity(0, 1, None), None))
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=None)
+    rewrite.rewrite_args(args, gpt, rewrite.check_launch(gpt, rewrite.LaunchIdentity(0, 1, None), None))
+    margs.validate_args(args, {})
+    assert model_args(gpt)[-2:] == ["--position-embedding-type", "learned_absolute"]
 
 
 def test_rewrite_rejects_context_parallel_and_experts():
@@ -169,7 +229,9 @@ def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
                                           "--vocab-size", "128", "--max-position-embeddings", "32",
                                           "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
                                           "--no-persist-layer-norm", "--mock-data", "--train-iters", "1",
-                                          "--lr", "1e-3"])
+                                          "--lr", "1e-3", "--swiglu", "--normalization", "RMSNorm",
+                                          "--disable-bias-linear", "--position-embedding-type", "rope",
+                                          "--untie-embeddings-and-output-weights"])
         args = margs.parse_args(hetauto_args_provider())
         c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
         rewrite.rewrite_args(args, plan, c)
@@ -233,10 +295,12 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
 
 
 # ---- runtime settings, precision and vocabulary from the plan (plan/settings.py) ---------------------------
-def _megatron_args(monkeypatch, extra=(), impl="local"):
-    """Megatron-LM's own parser on a CPU-friendly command line plus `extra`."""
+def _megatron_args(monkeypatch, extra=(), impl="local", model=PRESETS["tiny"]):
+    """Megatron-LM's own parser on a CPU-friendly command line with `model`'s architecture flags (None: none),
+    plus `extra`."""
     import megatron.training.arguments as margs
 
+    from hetauto_megatron.emit.megatron import architecture_args
     from hetauto_megatron.megatron import cpu
 
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -244,7 +308,9 @@ def _megatron_args(monkeypatch, extra=(), impl="local"):
     monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--max-position-embeddings", "32",
                                       *(["--transformer-impl", impl] if impl else []),
                                       "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--mock-data",
-                                      "--train-iters", "1", "--lr", "1e-3", *extra])
+                                      "--train-iters", "1", "--lr", "1e-3",
+                                      *[f for a in (architecture_args(model) if model else []) for f in a.flags],
+                                      *extra])
     return margs, margs.parse_args(hetauto_args_provider())
 
 
@@ -267,7 +333,7 @@ def test_rewrite_sets_the_plans_settings_and_one_padded_vocabulary(monkeypatch):
     assert plan.padded_vocab_size == 50432
     sizes = set()
     for rank in range(plan.world_size):
-        margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257"])
+        margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257"], model=plan.model)
         c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
         rewrite.rewrite_args(args, plan, c)
         margs.validate_args(args, {})
@@ -295,7 +361,8 @@ def test_a_vocabulary_divisor_that_builds_another_table_is_refused(monkeypatch):
          "global_batch_size": 8, "meshes": TIED_50257}
     plan = plan_from_dict(d)
     c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, plan.world_size, None), None)
-    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by", "64"])
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by", "64"],
+                                 model=plan.model)
     alone = vocab_size_with_padding(50257, args, logging_enabled=False)
     with pytest.raises(InputError) as exc:
         rewrite.rewrite_args(args, plan, c)
@@ -303,7 +370,7 @@ def test_a_vocabulary_divisor_that_builds_another_table_is_refused(monkeypatch):
     assert str(plan.padded_vocab_size) in str(exc.value)
     for divisor in ("128", str(plan.padded_vocab_size // plan.meshes[c.mesh_index].tp)):
         margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by",
-                                                   divisor])
+                                                   divisor], model=plan.model)
         rewrite.rewrite_args(args, plan, c)
         assert args.padded_vocab_size == plan.padded_vocab_size
 
@@ -329,7 +396,7 @@ def test_a_model_padded_by_another_divisor_is_priced_and_built_with_it(monkeypat
     for rank in range(plan.world_size):
         c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
         for given in ([], ["--make-vocab-size-divisible-by", "1"]):
-            margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", *given])
+            margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", *given], model=plan.model)
             rewrite.rewrite_args(args, plan, c)
             args.padded_vocab_size = None      # what Megatron's tokenizer set-up would compute on this rank
             sizes.add(vocab_size_with_padding(50257, args, logging_enabled=False))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import InputError
 from ..plan.layout import PipelineLayout, megatron_layout
@@ -41,6 +42,32 @@ def recompute_args(mode: str) -> list[str]:
     return out
 
 
+class ArchitectureArg(NamedTuple):
+    dest: str            # Megatron's argument (args.<dest>)
+    value: object        # what the plan's model needs
+    flags: list[str]     # what gives it on the command line ([]: Megatron's default is the value)
+    why: str             # the plan model's property, for messages
+
+
+def architecture_args(m) -> list[ArchitectureArg]:
+    """Megatron's architecture switches for a plan's model, the one table the launch scripts emit and the --hetauto
+    rewrite checks (megatron/rewrite.py). Gated MLPs are the LLaMA family: SwiGLU, RMSNorm and no bias in linear
+    layers (as the dry run builds them, runtime/model.py). Megatron's defaults are GPT-2's."""
+    gated, rope, untied = m.gated_mlp, m.position_embedding == "rope", not m.tie_embeddings
+    position = "rope" if rope else "learned_absolute"
+    return [ArchitectureArg("swiglu", gated, ["--swiglu"] if gated else [],
+                            "a gated (SwiGLU) MLP" if gated else "a plain GeLU MLP"),
+            ArchitectureArg("normalization", "RMSNorm" if gated else "LayerNorm",
+                            ["--normalization", "RMSNorm"] if gated else [], "RMSNorm" if gated else "LayerNorm"),
+            ArchitectureArg("add_bias_linear", not gated, ["--disable-bias-linear"] if gated else [],
+                            "no linear biases" if gated else "linear biases"),
+            ArchitectureArg("position_embedding_type", position, ["--position-embedding-type", position],
+                            "rotary positions" if rope else "a learned position table"),
+            ArchitectureArg("untie_embeddings_and_output_weights", untied,
+                            ["--untie-embeddings-and-output-weights"] if untied else [],
+                            "an output layer of its own" if untied else "an output layer tied to the embedding")]
+
+
 def model_args(plan: Plan) -> list[str]:
     """The network-shape arguments: identical on every rank of the job."""
     m = plan.model
@@ -48,13 +75,9 @@ def model_args(plan: Plan) -> list[str]:
             "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads)]
     if m.num_query_groups != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
-    if m.gated_mlp:
-        # Gated MLPs are the LLaMA family: SwiGLU, RMSNorm and no bias in linear layers.
-        args += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear"]
-    args += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings),
-             "--position-embedding-type", "rope" if m.position_embedding == "rope" else "learned_absolute"]
-    if not m.tie_embeddings:
-        args += ["--untie-embeddings-and-output-weights"]
+    args += ["--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.max_position_embeddings)]
+    for arch in architecture_args(m):
+        args += arch.flags
     if m.make_vocab_size_divisible_by != MAKE_VOCAB_SIZE_DIVISIBLE_BY:      # (the --hetauto hook gives every mesh the plan's padded size)
         args += ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)]
     return args

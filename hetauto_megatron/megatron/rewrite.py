@@ -33,6 +33,9 @@ filled in from the plan (per mesh, like TP), and one the user gave that no mesh 
 the flag and the plan field: the plan's time and memory were priced for what the plan says. The dropouts are
 probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's value, and a value the user gave
 (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh runs is refused in the same way.
+The architecture switches (SwiGLU, the normalization, linear biases, the position embedding, an untied output
+layer: emit/megatron.py architecture_args, the table the launch scripts emit) are checked and never filled in:
+Megatron's defaults are GPT-2's, and an absent store_true flag cannot be told from a deliberate choice.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..emit.megatron import architecture_args
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
@@ -148,6 +152,26 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
     elif want["group_query_attention"]:
         fill["group_query_attention"] = True
         fill["num_query_groups"] = want["num_query_groups"]
+    # The position table: a learned one was priced at the plan's rows; with rotary embeddings the value only has
+    # to reach the sequence (Megatron's validate_args asserts it), so a larger one is left alone.
+    m = plan.model
+    have_pos = getattr(args, "max_position_embeddings", None)
+    if have_pos is None:
+        fill["max_position_embeddings"] = m.max_position_embeddings
+    elif m.position_embedding == "learned" and int(have_pos) != m.max_position_embeddings:
+        clashes.append(f"--max-position-embeddings {have_pos} (plan: {m.max_position_embeddings} learned positions)")
+    elif int(have_pos) < m.seq_length:
+        clashes.append(f"--max-position-embeddings {have_pos}, shorter than the plan's sequence of {m.seq_length} "
+                       f"tokens (plan: {m.max_position_embeddings})")
+    # The architecture switches: Megatron's defaults are GPT-2's (LayerNorm, biases, GeLU, learned positions, tied
+    # head), so a LLaMA plan launched without its flags would build, and train, a model the plan never priced.
+    # They are store_true flags or choices whose absence cannot be told from a typed default: a contradiction is
+    # refused, never filled in behind the user's back.
+    for arch in architecture_args(m):
+        have = getattr(args, arch.dest, None)
+        if have is not None and have != arch.value:
+            clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ("
+                           + ("add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out") + ")")
     # The tokenizer's vocabulary (given explicitly for NullTokenizer) must be the plan's: its table was priced.
     have_vocab = getattr(args, "vocab_size", None)
     if have_vocab is not None and int(have_vocab) != plan.model.vocab_size:
@@ -155,8 +179,9 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
     if clashes:
         raise InputError(f"the Megatron arguments describe another model than the plan's '{plan.model.name}': "
                          + "; ".join(clashes), file=file, field="model",
-                         fix="pass the plan's model arguments (or drop them: --hetauto fills them in), or make a "
-                             "plan for this model with 'hetauto plan'")
+                         fix="pass the plan's model arguments ('hetauto emit megatron --plan PLAN' prints them; the "
+                             "shape arguments may be left out: --hetauto fills them in), or make a plan for this "
+                             "model with 'hetauto plan'")
     return fill
 
 

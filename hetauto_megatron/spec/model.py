@@ -52,6 +52,11 @@ class ModelSpec:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         if self.max_position_embeddings == 0:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
+        if self.position_embedding != "learned" and 0 < self.max_position_embeddings < self.seq_length:
+            # Megatron's validate_args refuses --max-position-embeddings below --seq-length for every position
+            # type. Rotary embeddings have no table, so reaching the sequence changes no weight and no cost: a
+            # LLaMA config.json (4,096) trained at --seq-length 8192 gets 8192, the value its launch must carry.
+            object.__setattr__(self, "max_position_embeddings", self.seq_length)
         for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
                     "seq_length", "num_query_groups", "max_position_embeddings", "make_vocab_size_divisible_by"):
             fix = (f"set {key} to the architecture's value (see the model's config.json)"
@@ -372,6 +377,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
             data = data["model"]
         spec = model_from_dict(data, file=source)
     if seq_length:
+        # a longer learned table is what training at that length builds (rotary: ModelSpec raises its reach)
         spec = spec.replace(seq_length=seq_length, max_position_embeddings=max(seq_length, spec.max_position_embeddings)
                             if spec.position_embedding == "learned" else spec.max_position_embeddings)
     return spec
