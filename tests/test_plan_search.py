@@ -138,3 +138,36 @@ def test_every_mesh_of_the_tree_starts_on_whole_nodes():
     assert sp.mesh("a", 1, 4, 4, sp.max_stages(4) - 1).num_stages == 1
     legal = MeshChoice("a", 1, 4, 1, "none", 4)
     assert sp.legal((legal,)) and not sp.legal((MeshChoice("a", 1, 4, 1, "none", 5),))
+
+
+def test_the_search_offers_only_tp_degrees_megatron_can_shard():
+    """Megatron's own `divide` (what its column- and row-parallel MLP weights call) refuses an MLP width TP does not
+    divide, and its sequence-parallel scatter a sequence TP does not divide: the search never offers such a TP
+    (the plan would stop inside every rank), and a pinned one is refused naming both sizes."""
+    from megatron.core.utils import divide
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.plan.constraints import Constraints, check
+    from hetauto_megatron.plan.space import tp_degrees
+
+    inv = _inv([("a", "h800", 1, 8)], [])
+    cluster = inv.cluster("a")
+    base = PRESETS["llama2-7b"]
+    for model in (base, base.replace(ffn_hidden_size=11003), base.replace(ffn_hidden_size=11004),
+                  base.replace(seq_length=4097), base.replace(seq_length=4098)):
+        offered = tp_degrees(model, cluster)
+        for t in (1, 2, 4, 8):
+            if cluster.devices_per_node % t:
+                continue
+            try:
+                divide(model.ffn_hidden_size, t)
+                divide(model.ffn_hidden_size * 2, t)             # the gated MLP's first weight: both halves
+                assert t == 1 or model.seq_length % t == 0       # (the sequence-parallel scatter's assertion)
+                megatron_builds = True
+            except AssertionError:
+                megatron_builds = False
+            assert (t in offered) == megatron_builds, (model.ffn_hidden_size, model.seq_length, t, offered)
+    odd = base.replace(ffn_hidden_size=11003)
+    with pytest.raises(InputError, match="MLP width of 11003") as exc:
+        check(Constraints(tp=((cluster.name, 2),)), odd, inv, 64)
+    assert exc.value.field == "--tp"

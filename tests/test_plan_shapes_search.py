@@ -334,7 +334,7 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     # 6-device nodes: TP 3 then two TP 2 groups puts devices 5-6 together, two TP 2 groups then TP 3 devices 4-6
     six = small_inventory([("a", "cpu", 2, 6)], [])
     m3 = MODEL.replace(num_layers=2, num_attention_heads=12, num_query_groups=12, hidden_size=768,
-                       ffn_hidden_size=3072)
+                       ffn_hidden_size=3072, seq_length=3072)      # TP 3 and 2 split the sequence (SP)
     main3 = Mesh("a", "cpu", 3, 1, 2, "none", (2,))
     extra2 = Mesh("a", "cpu", 2, 2, 1, "none", (2,), alongside=True)
     plan3 = Plan(model=m3, global_batch_size=4, meshes=(main3,))

@@ -119,18 +119,20 @@ def _with_gloo(rank, world_size, fn):
 
 
 def test_a_sequence_tp_does_not_divide_is_refused_before_any_process_starts():
+    """Megatron's scatter into the sequence-parallel region splits the sequence evenly or stops inside every rank:
+    such a plan is refused where it is read (exit 2), before a dry run or a launch."""
     from hetauto_megatron.errors import InputError
     from hetauto_megatron.runtime.dryrun import prepare_plan
 
     model = {**TINY, "num_attention_heads": 8, "num_query_groups": 4, "seq_length": 30, "max_position_embeddings": 30}
-    p = plan([mesh("a", 4, 1, 2, [4]), mesh("b", 1, 1, 2, [4])], model=model)
     with pytest.raises(InputError, match="multiple of tp") as err:
-        prepare_plan(p, tiny=False)
+        plan([mesh("a", 4, 1, 2, [4]), mesh("b", 1, 1, 2, [4])], model=model)
     assert err.value.field == "meshes[0].settings.sequence_parallel"
     # the mesh's override turns sequence parallelism off; --tiny rounds its sequence to a multiple of every TP
     off = plan([{**mesh("a", 4, 1, 2, [4]), "settings": {"sequence_parallel": False}}, mesh("b", 1, 1, 2, [4])],
                model=model)
     assert prepare_plan(off, tiny=False).model.seq_length == 30
     three = plan([mesh("a", 3, 1, 2, [4]), mesh("b", 1, 1, 2, [4])],
-                 model={**TINY, "hidden_size": 96, "num_attention_heads": 6, "num_query_groups": 3})
+                 model={**TINY, "hidden_size": 96, "num_attention_heads": 6, "num_query_groups": 3,
+                        "ffn_hidden_size": 192, "seq_length": 30, "max_position_embeddings": 30})
     assert prepare_plan(three, tiny=True).model.seq_length == 18

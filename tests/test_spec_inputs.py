@@ -259,6 +259,12 @@ PLAN_CASES = {
                         True),
     "tp-not-dividing-heads": (plan_text(mesh_a=MESH_A.replace("tp: 2", "tp: 3")), "meshes[0].tp",
                               ["tp=3", "4 attention heads", "2 key/value heads", "1, 2"], True),
+    # Megatron shards the MLP width evenly over TP ranks, and sequence parallelism (on with TP > 1) the sequence
+    "tp-not-dividing-ffn": (plan_text(model="{preset: tiny, ffn_hidden_size: 255}"), "meshes[0].tp",
+                            ["tp=2", "ffn_hidden_size 255", "divides it: 1"], True),
+    "sp-not-dividing-sequence": (plan_text(model="{preset: tiny, seq_length: 31}"),
+                                 "meshes[0].settings.sequence_parallel", ["31-token sequence", "tp=2",
+                                                                          "sequence_parallel: false"], True),
     "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
     "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
     "depth-huge": (plan_text(version=2, mesh_a=MESH_A.replace("}", ", boundary: {schedule: overlapped, depth: 1000000000}}")),

@@ -198,8 +198,10 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
         if tp not in options:
             raise InputError(f"TP {tp} is not possible on cluster {name!r} (TP divides the "
                              f"{inventory.cluster(name).devices_per_node} devices of a node, so that each TP group "
-                             "stays inside one, and the model's "
-                             f"{model.num_attention_heads} attention and {model.num_query_groups} key/value heads)",
+                             "stays inside one, the model's "
+                             f"{model.num_attention_heads} attention and {model.num_query_groups} key/value heads, "
+                             f"its MLP width of {model.ffn_hidden_size} and, with TP > 1, its sequence of "
+                             f"{model.seq_length} tokens, which sequence parallelism splits)",
                              field="--tp", fix=f"use one of: {', '.join(map(str, options)) or 'none'}")
     for name, mode in c.recompute:
         if mode not in RECOMPUTE_MODES:

@@ -99,6 +99,19 @@ class Plan:
                 raise InputError(f"tp={mesh.tp} must divide the model's {m.num_attention_heads} attention heads "
                                  f"and {m.num_query_groups} key/value heads", field=f"{p}.tp",
                                  fix=f"choose a tp that divides both: {', '.join(map(str, ok))}")
+            if m.ffn_hidden_size % mesh.tp:
+                # Megatron's column- and row-parallel MLP weights split the MLP width evenly (core's divide())
+                raise InputError(f"tp={mesh.tp} must divide the model's MLP width ffn_hidden_size "
+                                 f"{m.ffn_hidden_size}: Megatron shards it evenly over the TP ranks", field=f"{p}.tp",
+                                 fix="choose a tp that divides it: " + ", ".join(
+                                     str(t) for t in (1, 2, 4, 8, 16) if m.ffn_hidden_size % t == 0))
+            if as_run_by(mesh.settings, self.engine).sequence_parallel and m.seq_length % mesh.tp:
+                # Megatron's scatter to the sequence-parallel region splits the sequence evenly, or stops
+                raise InputError(f"sequence parallelism splits the {m.seq_length}-token sequence over tp={mesh.tp} "
+                                 "ranks, which needs the sequence length to be a multiple of tp",
+                                 field=f"{p}.settings.sequence_parallel",
+                                 fix="set sequence_parallel: false in this mesh's settings, or choose a tp that "
+                                     "divides the sequence length")
         if any(isinstance(n, bool) or not isinstance(n, int) for n in samples):
             raise InputError(f"samples must be whole numbers, got {list(samples)}", field="pipelines",
                              fix="write each pipeline as {samples: N} with N a whole number")

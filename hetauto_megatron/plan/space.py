@@ -41,10 +41,13 @@ def divisors(n: int) -> list[int]:
 
 def tp_degrees(model: ModelSpec, cluster) -> list[int]:
     """The TP degrees a cluster may run: dividing the devices of a node (so that every TP group, counted from a
-    node's first device, stays inside it: TP 4 on 6-device nodes would put devices 4-7 in one group), and the
-    attention and key/value heads."""
+    node's first device, stays inside it: TP 4 on 6-device nodes would put devices 4-7 in one group), the
+    attention and key/value heads and the MLP width (Megatron shards each evenly), and, since a mesh with TP > 1
+    runs sequence parallelism (settings.default_settings), the sequence (Plan validates the same; DeepSpeed's
+    engine, which has no sequence parallelism, could take such a TP, but sequences TP does not divide are rare)."""
     return [t for t in (1, 2, 4, 8, 16) if cluster.devices_per_node % t == 0
-            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
+            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0
+            and model.ffn_hidden_size % t == 0 and (t == 1 or model.seq_length % t == 0)]
 
 
 class SearchSpace(SpaceBounds):

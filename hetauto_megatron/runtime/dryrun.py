@@ -10,7 +10,7 @@ def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
     """The plan the dry run executes: the same layout, the model shrunk when `tiny`; with
     `distributed_optimizer=False` every mesh runs the plain optimizer (and so no parameter all-gather to
     overlap), to compare with the production settings."""
-    from .model import check_sequence_split, shrink_model
+    from .model import shrink_model
 
     if not distributed_optimizer:
         off = {"distributed_optimizer": False, "overlap_param_gather": False}
@@ -18,7 +18,6 @@ def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
             dataclasses.replace(m, setting_overrides={**dict(m.setting_overrides), **off}) for m in plan.meshes))
     if tiny:
         plan = dataclasses.replace(plan, model=shrink_model(plan.model, plan))
-    check_sequence_split(plan)   # before any process starts: exit 2 rather than a failure inside Megatron
     return plan
 
 

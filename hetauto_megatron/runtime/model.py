@@ -14,21 +14,9 @@ from __future__ import annotations
 import math
 import zlib
 
-from ..errors import InputError
 from ..plan.layout import megatron_layout
 from ..plan.plan import recompute_settings
 from ..spec.model import ModelSpec
-
-
-def check_sequence_split(plan) -> None:
-    """Sequence parallelism gives each TP rank seq/tp positions: Megatron needs the sequence to divide evenly."""
-    for i, mesh in enumerate(plan.meshes):
-        if mesh.settings.sequence_parallel and plan.model.seq_length % mesh.tp:
-            raise InputError(f"sequence parallelism splits the {plan.model.seq_length}-token sequence over tp={mesh.tp} "
-                             "ranks, which needs the sequence length to be a multiple of tp",
-                             field=f"meshes[{i}].settings.sequence_parallel",
-                             fix="set sequence_parallel: false in this mesh's settings, or choose a tp that divides "
-                                 "the sequence length")
 
 
 def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
@@ -59,7 +47,6 @@ def transformer_config(plan, ctx, spec: ModelSpec):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     mesh = ctx.mesh
-    check_sequence_split(plan)
     kw = dict(
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
