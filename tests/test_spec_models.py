@@ -47,10 +47,43 @@ def test_a_config_json_without_a_sequence_length_says_which_one_is_planned():
         published = json.load(f)["max_position_embeddings"]
     said = []
     assert load_model(path, note=said.append).seq_length == published
-    assert len(said) == 1 and path in said[0] and f"{published:,} tokens" in said[0] and "--seq-length" in said[0]
+    length = [line for line in said if "sequence length" in line]
+    assert len(length) == 1 and path in length[0] and f"{published:,} tokens" in length[0] and "--seq-length" in length[0]
     said.clear()
-    assert load_model(path, seq_length=4096, note=said.append).seq_length == 4096 and not said
+    assert load_model(path, seq_length=4096, note=said.append).seq_length == 4096
+    assert not [line for line in said if "sequence length" in line]
+    said.clear()
     assert load_model("llama2-7b", note=said.append) and not said      # a preset carries its trained length
+
+
+def test_what_a_config_describes_beyond_the_planned_shapes_is_said_with_megatrons_flag():
+    """Qwen2 has QKV biases and an epsilon of 1e-6, Pythia rotates a quarter of each head: the launch scripts
+    build the planned shapes without them, so the commands say so, naming the flag that adds each (checked
+    against Megatron-LM's own parser: every flag named is one it has). LLaMA-2's config has nothing more."""
+    import argparse
+    import json
+    import re
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    dest = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    expected = {"qwen2-7b": ["--add-qkv-bias", "--norm-epsilon 1e-06"], "pythia-160m": ["--rotary-percent 0.25"],
+                "llama-2-7b": [], "mistral-7b": [], "gpt2": [], "opt-125m": []}
+    for name, flags in expected.items():
+        path = os.path.join(HF, f"{name}.json")
+        said = []
+        load_model(path, seq_length=1024, note=said.append)
+        named = re.findall(r"Megatron: (--[a-z-]+(?: [0-9.e+-]+)?)", " ".join(said))
+        assert named == flags, (name, said)
+        for flag in named:
+            option, *value = flag.split()
+            assert option in dest, option
+            if value:    # the value Megatron would parse is the config's own
+                args, _ = parser.parse_known_args([option, value[0]])
+                cfg = json.load(open(path))
+                mine = cfg.get("rms_norm_eps", cfg.get("rotary_pct"))
+                assert getattr(args, dest[option]) == pytest.approx(mine)
 
 
 def test_hf_gqa_shapes():

@@ -21,7 +21,7 @@ from ..plan.layout import PipelineLayout, megatron_layout
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan, launch_nodes
 from ..plan.settings import megatron_setting_args, precision_args
 from ..spec.devices import get_device
-from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
+from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY, ROTARY_BASE
 from ..spec.inventory import inventory_from_dict
 
 DEFAULT_SCRIPT = "pretrain_gpt.py"
@@ -52,20 +52,26 @@ class ArchitectureArg(NamedTuple):
 def architecture_args(m) -> list[ArchitectureArg]:
     """Megatron's architecture switches for a plan's model, the one table the launch scripts emit and the --hetauto
     rewrite checks (megatron/rewrite.py). Gated MLPs are the LLaMA family: SwiGLU, RMSNorm and no bias in linear
-    layers (as the dry run builds them, runtime/model.py). Megatron's defaults are GPT-2's."""
+    layers (as the dry run builds them, runtime/model.py); rotary embeddings with the model's base (RoPE theta).
+    Megatron's defaults are GPT-2's."""
     gated, rope, untied = m.gated_mlp, m.position_embedding == "rope", not m.tie_embeddings
     position = "rope" if rope else "learned_absolute"
-    return [ArchitectureArg("swiglu", gated, ["--swiglu"] if gated else [],
-                            "a gated (SwiGLU) MLP" if gated else "a plain GeLU MLP"),
-            ArchitectureArg("normalization", "RMSNorm" if gated else "LayerNorm",
-                            ["--normalization", "RMSNorm"] if gated else [], "RMSNorm" if gated else "LayerNorm"),
-            ArchitectureArg("add_bias_linear", not gated, ["--disable-bias-linear"] if gated else [],
-                            "no linear biases" if gated else "linear biases"),
-            ArchitectureArg("position_embedding_type", position, ["--position-embedding-type", position],
-                            "rotary positions" if rope else "a learned position table"),
-            ArchitectureArg("untie_embeddings_and_output_weights", untied,
-                            ["--untie-embeddings-and-output-weights"] if untied else [],
-                            "an output layer of its own" if untied else "an output layer tied to the embedding")]
+    table = [ArchitectureArg("swiglu", gated, ["--swiglu"] if gated else [],
+                             "a gated (SwiGLU) MLP" if gated else "a plain GeLU MLP"),
+             ArchitectureArg("normalization", "RMSNorm" if gated else "LayerNorm",
+                             ["--normalization", "RMSNorm"] if gated else [], "RMSNorm" if gated else "LayerNorm"),
+             ArchitectureArg("add_bias_linear", not gated, ["--disable-bias-linear"] if gated else [],
+                             "no linear biases" if gated else "linear biases"),
+             ArchitectureArg("position_embedding_type", position, ["--position-embedding-type", position],
+                             "rotary positions" if rope else "a learned position table")]
+    if rope:     # (Megatron ignores the base with learned positions)
+        base = m.rotary_base
+        table.append(ArchitectureArg("rotary_base", base, ["--rotary-base", str(base)] if base != ROTARY_BASE else [],
+                                     f"a rotary base (RoPE theta) of {base:,}"))
+    table.append(ArchitectureArg("untie_embeddings_and_output_weights", untied,
+                                 ["--untie-embeddings-and-output-weights"] if untied else [],
+                                 "an output layer of its own" if untied else "an output layer tied to the embedding"))
+    return table
 
 
 def model_args(plan: Plan) -> list[str]:

@@ -55,10 +55,10 @@ def _norm(model: ModelSpec) -> nn.Module:
     return nn.RMSNorm(model.hidden_size, eps=1e-5) if model.gated_mlp else nn.LayerNorm(model.hidden_size)
 
 
-def _rotate(x: torch.Tensor) -> torch.Tensor:
-    """RoPE on [batch, heads, seq, head_dim] (rotate-half form, base 10000)."""
+def _rotate(x: torch.Tensor, base: int) -> torch.Tensor:
+    """RoPE on [batch, heads, seq, head_dim] (rotate-half form, the model's base: ModelSpec.rotary_base)."""
     seq, dim = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(x.dtype), torch.cat([angles.sin()] * 2, -1).to(x.dtype)
     half = dim // 2
@@ -98,6 +98,7 @@ class TransformerLayer(nn.Module):
         h, d = model.hidden_size, model.head_dim
         self.heads, self.groups, self.rope = model.num_attention_heads, model.num_query_groups, \
             model.position_embedding == "rope"
+        self.rotary_base = model.rotary_base
         self.norm1, self.norm2 = _norm(model), _norm(model)
         self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * d, bias=False)
         self.proj = nn.Linear(self.heads * d, h, bias=False)
@@ -113,7 +114,7 @@ class TransformerLayer(nn.Module):
         k = k.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
         v = v.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
         if self.rope:
-            q, k = _rotate(q), _rotate(k)
+            q, k = _rotate(q, self.rotary_base), _rotate(k, self.rotary_base)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
         up = self.up(self.norm2(x))

@@ -102,7 +102,7 @@ def build_model(ctx, spec: ModelSpec, config, *, seed: int, vocab_size: int | No
         pre_process=ctx.is_first_stage, post_process=ctx.is_last_stage,
         share_embeddings_and_output_weights=spec.tie_embeddings,
         position_embedding_type="rope" if spec.position_embedding == "rope" else "learned_absolute",
-        pg_collection=ctx.pg)
+        rotary_base=spec.rotary_base, pg_collection=ctx.pg)
     init_weights(model, ctx, spec, seed=seed)
     if ctx.device != "cpu":
         model.to(ctx.device)  # built and initialised on the host (layout-independent), then moved

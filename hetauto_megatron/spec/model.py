@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ._fields import get, reject_unknown, require_mapping
-from .files import load_yaml_file, read_json_file
+from ._fields import get, reject_unknown
+from .files import load_yaml_file
 from ..cache_keys import cached_hash
 
 
@@ -21,6 +21,7 @@ from ..cache_keys import cached_hash
 MAX_LAYERS = 10_000
 MAX_SIZE = 10_000_000
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128     # Megatron's default --make-vocab-size-divisible-by
+ROTARY_BASE = 10000                    # Megatron's default --rotary-base (LLaMA-2's RoPE theta)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class ModelSpec:
     # of this x TP (plan/settings.py padded_vocab_size). Megatron's default 128; 1 (no padding beyond TP) is what
     # a checkpoint converted from Hugging Face often needs. Written only when not 128.
     make_vocab_size_divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY
+    # The base (theta) of rotary embeddings, Megatron's --rotary-base: 10,000 for LLaMA-2, 500,000 for LLaMA-3,
+    # a config.json's rope_theta. No weight and no cost; carried so that the launch trains the model described.
+    # Written only when not 10,000.
+    rotary_base: int = ROTARY_BASE
 
     def __post_init__(self):
         if self.num_query_groups == 0:
@@ -69,6 +74,12 @@ class ModelSpec:
                 # a typo, not a model: the planner's work grows with these, so it would run for ever
                 raise InputError(f"is {getattr(self, key)}, more than any transformer has (at most {limit:,} here)",
                                  field=key, fix=fix)
+        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, int) or self.rotary_base <= 1:
+            raise InputError(f"must be an integer above 1, got {self.rotary_base!r}", field="rotary_base",
+                             fix="write the model's RoPE theta (config.json: rope_theta), e.g. 10000 or 500000")
+        if self.position_embedding == "learned" and self.rotary_base != ROTARY_BASE:
+            raise InputError(f"is {self.rotary_base}, but the model has learned positions, not rotary ones",
+                             field="rotary_base", fix="leave rotary_base out, or write position_embedding: rope")
         if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
             raise InputError(f"is {self.max_position_embeddings}, fewer learned positions than the sequence's "
                              f"{self.seq_length} tokens", field="max_position_embeddings",
@@ -152,6 +163,8 @@ class ModelSpec:
             del d["output_layer"]
         if self.make_vocab_size_divisible_by == MAKE_VOCAB_SIZE_DIVISIBLE_BY:   # files written before stay the same
             del d["make_vocab_size_divisible_by"]
+        if self.rotary_base == ROTARY_BASE:
+            del d["rotary_base"]
         return d
 
     def replace(self, **changes) -> "ModelSpec":
@@ -161,18 +174,18 @@ class ModelSpec:
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelSpec) if f.name != "output_layer"]   # (see the field)
 
 
-def _p(name, L, h, heads, ffn, vocab, seq, kv=0, gated=True, tie=False, pos="rope"):
+def _p(name, L, h, heads, ffn, vocab, seq, kv=0, gated=True, tie=False, pos="rope", theta=ROTARY_BASE):
     return ModelSpec(name=name, num_layers=L, hidden_size=h, num_attention_heads=heads, ffn_hidden_size=ffn,
                      vocab_size=vocab, seq_length=seq, num_query_groups=kv, gated_mlp=gated, tie_embeddings=tie,
-                     position_embedding=pos)
+                     position_embedding=pos, rotary_base=theta)
 
 
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     _p("llama2-7b", 32, 4096, 32, 11008, 32000, 4096),
     _p("llama2-13b", 40, 5120, 40, 13824, 32000, 4096),
     _p("llama2-70b", 80, 8192, 64, 28672, 32000, 4096, kv=8),
-    _p("llama3-8b", 32, 4096, 32, 14336, 128256, 8192, kv=8),
-    _p("llama3-70b", 80, 8192, 64, 28672, 128256, 8192, kv=8),
+    _p("llama3-8b", 32, 4096, 32, 14336, 128256, 8192, kv=8, theta=500000),
+    _p("llama3-70b", 80, 8192, 64, 28672, 128256, 8192, kv=8, theta=500000),
     _p("mistral-7b", 32, 4096, 32, 14336, 32000, 4096, kv=8),
     _p("gpt3-175b", 96, 12288, 96, 49152, 51200, 2048, gated=False, tie=True, pos="learned"),
     # A toy model whose whole parallel layout still means something: used by dry runs and tests.
@@ -218,129 +231,11 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
     kw["max_position_embeddings"] = get(data, "max_position_embeddings", int, default=0, file=file, prefix=prefix)
     kw["make_vocab_size_divisible_by"] = get(data, "make_vocab_size_divisible_by", int, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY, file=file,
                                              prefix=prefix)
+    kw["rotary_base"] = get(data, "rotary_base", int, default=ROTARY_BASE, file=file, prefix=prefix)
     try:
         return ModelSpec(**kw)
     except InputError as exc:
         raise exc.within(file=file, prefix=prefix.rstrip(".") or None) from None
-
-
-# Hugging Face config.json. The MLP kind, the default of tie_word_embeddings (a config.json omits keys equal to
-# the transformers class default) and the position embedding are properties of the architecture
-# (model_type), not of the activation name: Gemma is gated with a GELU, GPT-NeoX is not gated and uses rotary
-# positions, GPT-2 and OPT tie their head by default. model_type -> (gated_mlp, tie default, position_embedding).
-_HF_FAMILIES = {
-    "llama": (True, False, "rope"), "mistral": (True, False, "rope"), "qwen2": (True, False, "rope"),
-    "qwen3": (True, False, "rope"), "gemma": (True, True, "rope"), "gemma2": (True, True, "rope"),
-    "internlm2": (True, False, "rope"), "baichuan": (True, False, "rope"), "yi": (True, False, "rope"),
-    "gpt2": (False, True, "learned"), "opt": (False, True, "learned"), "gpt_neo": (False, True, "learned"),
-    "gpt_neox": (False, False, "rope"), "gptj": (False, False, "rope"), "phi": (False, False, "rope"),
-    "starcoder2": (False, True, "rope"),
-}
-_GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
-# Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
-
-def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int | None = None) -> ModelSpec:
-    """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec.
-    `seq_length` (--seq-length) stands in for the positions when the config gives none (Baichuan-13B has
-    only a tokenizer-style model_max_length): rotary embeddings have no table to size."""
-    for key, kind in (("model_type", str), ("head_dim", int)):     # read below only when they have this type
-        value = cfg.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise InputError(f"must be {'a string' if kind is str else 'an integer'}, got {value!r}"[:200], file=file,
-                             field=key, fix="pass the model's config.json as its library wrote it")
-    mt = str(cfg.get("model_type", "")).lower()
-    unsupported_fix = "write a model YAML with the architecture's keys instead (docs/inputs.md)"
-
-    def first(*keys, default=None, integer=True):
-        for k in keys:
-            if cfg.get(k) is not None:
-                value = cfg[k]
-                if integer and (isinstance(value, bool) or not isinstance(value, int)):
-                    raise InputError(f"must be an integer, got {value!r}", file=file, field=k,
-                                     fix="correct the value (config.json files from the Hugging Face Hub have it)")
-                return value
-        if default is None:
-            raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
-                             field=keys[0], fix="pass a decoder-only transformer config.json or " + unsupported_fix)
-        return default
-
-    if cfg.get("is_encoder_decoder"):
-        raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
-                         "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
-    for key in _MOE_KEYS:
-        if isinstance(cfg.get(key), int) and cfg[key] > 1:
-            raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
-                             "model: planning it as a dense model would under-count its weights", file=file,
-                             field=key, fix="plan a dense model, or " + unsupported_fix)
-    L = first("num_hidden_layers", "n_layer", "num_layers")
-    h = first("hidden_size", "n_embd", "d_model")
-    heads = first("num_attention_heads", "n_head", "num_heads")
-    kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
-    if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
-        key = next((k for k in ("num_key_value_heads", "multi_query_group_num") if cfg.get(k) is not None),
-                   "num_attention_heads")      # no key/value key: the heads stand in for them
-        raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
-                         fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
-    head_dim = cfg.get("head_dim")
-    if isinstance(head_dim, int) and head_dim * heads != h:
-        raise InputError(f"head_dim {head_dim} x {heads} heads is not hidden_size {h}; hetauto assumes "
-                         "head_dim = hidden_size / num_attention_heads", file=file, field="head_dim",
-                         fix=unsupported_fix)
-    family = _HF_FAMILIES.get(mt)
-    if mt == "gpt2":
-        ffn = cfg.get("n_inner") or 4 * h
-        max_pos = first("n_positions", "n_ctx")
-    elif mt == "opt":
-        ffn = first("ffn_dim")
-        # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.
-        max_pos = first("max_position_embeddings")
-    else:
-        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner")
-        if ffn is None and family is not None and not family[0]:
-            ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
-        ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
-        keys = ("max_position_embeddings", "n_positions", "seq_length")
-        if any(cfg.get(k) is not None for k in keys):
-            max_pos = first(*keys)
-        elif seq_length:
-            max_pos = seq_length
-        else:
-            raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
-                             field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
-                             + unsupported_fix)
-    if isinstance(ffn, bool) or not isinstance(ffn, int):
-        raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
-                         fix="correct the value")
-    if family is not None:
-        gated, tie_default, pos = family
-    else:
-        act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") or "silu"
-        gated, tie_default, pos = str(act).lower() in _GATED_ACTS, False, "rope"
-    tie = cfg.get("tie_word_embeddings", tie_default)
-    if not isinstance(tie, bool):
-        raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
-                         fix="write true or false")
-    name = cfg.get("_name_or_path") or mt or os.path.splitext(os.path.basename(file or "hf"))[0]
-    try:
-        return ModelSpec(name=os.path.basename(str(name).rstrip("/")) or "hf-model", num_layers=L, hidden_size=h,
-                         num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
-                         vocab_size=first("vocab_size"), seq_length=max_pos, gated_mlp=gated,
-                         tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos)
-    except InputError as exc:
-        raise exc.within(file=file) from None
-
-
-def _hf_note(spec: ModelSpec, file: str, seq_length: int | None, note) -> ModelSpec:
-    if note is not None and not seq_length:
-        note(f"{file} gives no training sequence length; planning at the longest its positions allow, "
-             f"{spec.seq_length:,} tokens. Pass --seq-length N to train shorter sequences")
-    return spec
-
-
-def _read_json(path: str) -> dict:
-    return require_mapping(read_json_file(path, fix="pass the model's config.json"), "a Hugging Face config", path)
 
 
 def load_model(source: str, *, seq_length: int | None = None, note=None) -> ModelSpec:
@@ -351,6 +246,8 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
     only the longest one the positions allow: without `seq_length` that is the one planned, and `note` (a
     callable taking one line) is told so, since 131,072 tokens of a long-context model is rarely what is meant.
     """
+    from .hf_config import hf_model, read_hf_config     # (it builds ModelSpecs: imported here, not at the top)
+
     if source in PRESETS:
         spec = PRESETS[source]
     elif not os.path.exists(source) and not source.endswith((".json", ".yaml", ".yml")):
@@ -361,16 +258,15 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         if not os.path.isfile(config):
             raise InputError("is a directory without a config.json", file=source, field="--model",
                              fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
-        spec = _hf_note(model_from_hf_config(_read_json(config), file=config, seq_length=seq_length), config,
-                        seq_length, note)
+        spec = hf_model(read_hf_config(config), file=config, seq_length=seq_length, note=note)
     elif source.endswith(".json"):
         if not os.path.exists(source):
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
-        cfg = _read_json(source)
+        cfg = read_hf_config(source)
         if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
             spec = model_from_dict(cfg, file=source)
         else:
-            spec = _hf_note(model_from_hf_config(cfg, file=source, seq_length=seq_length), source, seq_length, note)
+            spec = hf_model(cfg, file=source, seq_length=seq_length, note=note)
     else:
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict) and len(data) == 1:

@@ -1,0 +1,181 @@
+"""A Hugging Face config.json as a ModelSpec (the shapes hetauto plans), and what of it a launch does not carry.
+
+The planner needs the shapes (layers, widths, heads, vocabulary, positions) and the few switches that change
+weights or Megatron's arguments (gated MLP, tied head, position embedding and its base). Some architectures
+have more than the launch scripts build (emit/megatron.py architecture_args): those are named on stderr
+(`not_carried`) rather than silently dropped, with the Megatron flag that adds them where one exists.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from ..errors import InputError
+from ._fields import require_mapping
+from .files import read_json_file
+from .model import ROTARY_BASE, ModelSpec
+
+# Hugging Face config.json. The MLP kind, the default of tie_word_embeddings (a config.json omits keys equal to
+# the transformers class default) and the position embedding are properties of the architecture
+# (model_type), not of the activation name: Gemma is gated with a GELU, GPT-NeoX is not gated and uses rotary
+# positions, GPT-2 and OPT tie their head by default. model_type -> (gated_mlp, tie default, position_embedding).
+_HF_FAMILIES = {
+    "llama": (True, False, "rope"), "mistral": (True, False, "rope"), "qwen2": (True, False, "rope"),
+    "qwen3": (True, False, "rope"), "gemma": (True, True, "rope"), "gemma2": (True, True, "rope"),
+    "internlm2": (True, False, "rope"), "baichuan": (True, False, "rope"), "yi": (True, False, "rope"),
+    "gpt2": (False, True, "learned"), "opt": (False, True, "learned"), "gpt_neo": (False, True, "learned"),
+    "gpt_neox": (False, False, "rope"), "gptj": (False, False, "rope"), "phi": (False, False, "rope"),
+    "starcoder2": (False, True, "rope"),
+}
+_GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
+# Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int | None = None) -> ModelSpec:
+    """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec.
+    `seq_length` (--seq-length) stands in for the positions when the config gives none (Baichuan-13B has
+    only a tokenizer-style model_max_length): rotary embeddings have no table to size."""
+    for key, kind in (("model_type", str), ("head_dim", int)):     # read below only when they have this type
+        value = cfg.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InputError(f"must be {'a string' if kind is str else 'an integer'}, got {value!r}"[:200], file=file,
+                             field=key, fix="pass the model's config.json as its library wrote it")
+    mt = str(cfg.get("model_type", "")).lower()
+    unsupported_fix = "write a model YAML with the architecture's keys instead (docs/inputs.md)"
+
+    def first(*keys, default=None, integer=True):
+        for k in keys:
+            if cfg.get(k) is not None:
+                value = cfg[k]
+                if integer and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise InputError(f"must be an integer, got {value!r}", file=file, field=k,
+                                     fix="correct the value (config.json files from the Hugging Face Hub have it)")
+                return value
+        if default is None:
+            raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
+                             field=keys[0], fix="pass a decoder-only transformer config.json or " + unsupported_fix)
+        return default
+
+    if cfg.get("is_encoder_decoder"):
+        raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
+                         "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
+    for key in _MOE_KEYS:
+        if isinstance(cfg.get(key), int) and cfg[key] > 1:
+            raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
+                             "model: planning it as a dense model would under-count its weights", file=file,
+                             field=key, fix="plan a dense model, or " + unsupported_fix)
+    L = first("num_hidden_layers", "n_layer", "num_layers")
+    h = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head", "num_heads")
+    kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
+    if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
+        key = next((k for k in ("num_key_value_heads", "multi_query_group_num") if cfg.get(k) is not None),
+                   "num_attention_heads")      # no key/value key: the heads stand in for them
+        raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
+                         fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
+    head_dim = cfg.get("head_dim")
+    if isinstance(head_dim, int) and head_dim * heads != h:
+        raise InputError(f"head_dim {head_dim} x {heads} heads is not hidden_size {h}; hetauto assumes "
+                         "head_dim = hidden_size / num_attention_heads", file=file, field="head_dim",
+                         fix=unsupported_fix)
+    family = _HF_FAMILIES.get(mt)
+    if mt == "gpt2":
+        ffn = cfg.get("n_inner") or 4 * h
+        max_pos = first("n_positions", "n_ctx")
+    elif mt == "opt":
+        ffn = first("ffn_dim")
+        # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.
+        max_pos = first("max_position_embeddings")
+    else:
+        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner")
+        if ffn is None and family is not None and not family[0]:
+            ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
+        ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
+        keys = ("max_position_embeddings", "n_positions", "seq_length")
+        if any(cfg.get(k) is not None for k in keys):
+            max_pos = first(*keys)
+        elif seq_length:
+            max_pos = seq_length
+        else:
+            raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
+                             field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
+                             + unsupported_fix)
+    if isinstance(ffn, bool) or not isinstance(ffn, int):
+        raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
+                         fix="correct the value")
+    if family is not None:
+        gated, tie_default, pos = family
+    else:
+        act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") or "silu"
+        gated, tie_default, pos = str(act).lower() in _GATED_ACTS, False, "rope"
+    tie = cfg.get("tie_word_embeddings", tie_default)
+    if not isinstance(tie, bool):
+        raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
+                         fix="write true or false")
+    name = cfg.get("_name_or_path") or mt or os.path.splitext(os.path.basename(file or "hf"))[0]
+    theta = ROTARY_BASE
+    if pos == "rope":
+        key = next((k for k in ("rope_theta", "rotary_emb_base") if cfg.get(k) is not None), None)
+        if key is not None:
+            theta = cfg[key]
+            # Megatron's --rotary-base takes an integer; every published theta is one (10000.0, 500000.0, 1e6)
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) \
+                    or theta != int(theta) or theta <= 1:
+                raise InputError(f"must be a whole number above 1 (Megatron's --rotary-base), got {theta!r}"[:200],
+                                 file=file, field=key, fix="correct the value, or " + unsupported_fix)
+            theta = int(theta)
+    try:
+        return ModelSpec(name=os.path.basename(str(name).rstrip("/")) or "hf-model", num_layers=L, hidden_size=h,
+                         num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
+                         vocab_size=first("vocab_size"), seq_length=max_pos, gated_mlp=gated,
+                         tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos,
+                         rotary_base=theta)
+    except InputError as exc:
+        raise exc.within(file=file) from None
+
+
+def not_carried(cfg: dict) -> list[str]:
+    """What the config describes that the plan's launch does not build (each with the Megatron flag that would)."""
+    mt = str(cfg.get("model_type", "")).lower()
+    out = []
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling:
+        kind = scaling.get("rope_type") or scaling.get("type") or "?"
+        out.append(f"rope_scaling ({kind}, factor {scaling.get('factor')}; Megatron: --use-rope-scaling for "
+                   "LLaMA-3.1's kind)")
+    if cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
+        out.append("biases on the query, key and value projections (Megatron: --add-qkv-bias)")
+    partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
+    if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
+        out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
+    if cfg.get("use_sliding_window") is True:
+        out.append(f"sliding-window attention (window {cfg.get('sliding_window')}): planned and launched as full "
+                   "causal attention")
+    if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True:
+        out.append("attention and MLP side by side on each layer's input (GPT-NeoX's parallel residual): built "
+                   "one after the other, as Megatron's GPT layers are")
+    eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
+    if isinstance(eps, float) and eps != 1e-5:
+        out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
+    return out
+
+
+def hf_model(cfg: dict, *, file: str, seq_length: int | None, note) -> ModelSpec:
+    """model_from_hf_config, telling `note` (a callable taking one line, or None) what the commands should say:
+    the sequence length planned when --seq-length is not given, and what the launch will not build."""
+    spec = model_from_hf_config(cfg, file=file, seq_length=seq_length)
+    if note is not None:
+        if not seq_length:
+            note(f"{file} gives no training sequence length; planning at the longest its positions allow, "
+                 f"{spec.seq_length:,} tokens. Pass --seq-length N to train shorter sequences")
+        missing = not_carried(cfg)
+        if missing:
+            note(f"{file}: the launch scripts build the planned shapes without: {'; '.join(missing)}. The plan's "
+                 "time and memory hardly depend on them; add those flags to Megatron's arguments to train the "
+                 "architecture exactly")
+    return spec
+
+
+def read_hf_config(path: str) -> dict:
+    return require_mapping(read_json_file(path, fix="pass the model's config.json"), "a Hugging Face config", path)
