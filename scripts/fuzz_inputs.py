@@ -1,4 +1,5 @@
 """Fuzz the command line with broken inputs: every field of the packaged example inventories, models and plans
+and of the Hugging Face config.json files the tests read
 (plus a plan `hetauto plan` writes, with settings, boundaries, estimate and inventory, and an inventory with every
 optional key) is mutated - wrong type, negative, zero, NaN/inf, huge, missing, null, an unknown key, wrong nesting -
 and so is each whole file (empty, binary garbage, a list, broken YAML, a path that does not exist, a directory);
@@ -49,7 +50,7 @@ NONFINITE = ("nan", "inf", "-inf")
 
 @dataclass
 class Case:
-    kind: str                 # inventory | model | plan | overheads | costmodel | set | args
+    kind: str                 # inventory | model | hf | plan | overheads | costmodel | set | args
 
     label: str                # what was mutated, e.g. "clusters[0].nodes=nan"
     argv: list[str]
@@ -201,6 +202,11 @@ class Workspace:
         return sorted(os.path.join(d, f) for d, _, fs in os.walk(EX) for f in fs
                       if os.path.basename(d) == "models" and f.endswith(".yaml"))
 
+    def hf_configs(self) -> list[str]:
+        """The Hugging Face config.json files the tests read (LLaMA-2, Mistral, Qwen2, GPT-2, Pythia, OPT)."""
+        hf = os.path.join(ROOT, "tests", "data", "hf")
+        return sorted(os.path.join(hf, f) for f in os.listdir(hf) if f.endswith(".json"))
+
     def plans(self) -> list[str]:
         return sorted(os.path.join(d, f) for d, _, fs in os.walk(EX) for f in fs
                       if os.path.basename(d) == "plans" and f.endswith(".yaml")
@@ -278,9 +284,11 @@ class Mutant:
     path: tuple
     doc: object
     commands: object
+    suffix: str = ".yaml"        # ".json": a Hugging Face config.json, written as JSON (NaN and infinity too)
 
     def cases(self) -> list[Case]:
-        dest = self.ws.write(_dump(self.doc))   # beside the overheads file a relative `overheads:` names
+        text = json.dumps(self.doc, allow_nan=True) if self.suffix == ".json" else _dump(self.doc)
+        dest = self.ws.write(text, self.suffix)   # beside the overheads file a relative `overheads:` names
         out = []
         for argv in self.commands(dest):
             # the unmutated input's message; not for the dry run, which would start processes on a valid plan
@@ -292,8 +300,9 @@ class Mutant:
 
 def field_cases(ws: Workspace, kind: str, source: str, commands, *, keep=None) -> list[Mutant]:
     with open(source) as fh:
-        doc = yaml.safe_load(fh)
-    return [Mutant(ws, kind, source, label, mutation, path, mutated, commands)
+        doc = yaml.safe_load(fh)    # (JSON is YAML)
+    suffix = ".json" if source.endswith(".json") else ".yaml"
+    return [Mutant(ws, kind, source, label, mutation, path, mutated, commands, suffix)
             for label, mutation, path, mutated in mutate(doc) if not keep or keep(path)]
 
 
@@ -451,6 +460,18 @@ def _all_items(ws: Workspace, model_dir: str | None = None, only: str | None = N
         cases += file_level_cases(ws, "model", model_commands)
         for m in ws.models():
             cases += field_cases(ws, "model", m, model_commands)
+    if want("hf"):
+        # only the keys the reader takes a number or a switch from: the others (dropouts, token ids, the notes'
+        # keys) change no plan, so a NaN there is no accepted nonsense
+        # (of aliases, the one present first: GPT-2's n_ctx stands beside the n_positions that is read)
+        from hetauto_megatron.spec.hf_config import SOURCE_KEYS
+        for m in ws.hf_configs():
+            with open(m) as fh:
+                cfg = json.load(fh)
+            read = {next((k for k in keys if k in cfg), keys[0]) for keys in SOURCE_KEYS.values()} | {
+                "model_type", "head_dim", "is_encoder_decoder", "tie_word_embeddings", "num_local_experts",
+                "num_experts", "n_routed_experts", "moe_num_experts"}
+            cases += field_cases(ws, "hf", m, model_commands, keep=lambda path, read=read: bool(path) and path[0] in read)
     if want("plan"):
         cases += file_level_cases(ws, "plan", lambda p: plan_commands(p, ws.plan_written))
         for p in ws.plans():
@@ -636,7 +657,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, help="run a deterministic sample of this many cases")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds a case may take (default 30)")
-    ap.add_argument("--only", choices=("inventory", "overheads", "model", "plan", "set", "args", "costmodel"))
+    ap.add_argument("--only", choices=("inventory", "overheads", "model", "hf", "plan", "set", "args", "costmodel"))
     ap.add_argument("--cost-model", help="a fitted model directory whose manifest to mutate ('hetauto fit')")
     ap.add_argument("--exec", action="store_true", help="run the installed hetauto script (slower, exact)")
     ap.add_argument("--show", type=int, default=2, help="examples shown per class of finding")

@@ -206,6 +206,15 @@ MODEL_CASES = {
                '"max_position_embeddings": 32}', "num_local_experts", ["mixture-of-experts"]),
     "hf-encoder-decoder": ("config.json", '{"model_type": "t5", "is_encoder_decoder": true, "d_model": 512}',
                            "is_encoder_decoder", ["encoder-decoder"]),
+    # the config's own key is named, not ModelSpec's (GPT-2 calls the width n_embd), also in the fix
+    "hf-gpt2-width-zero": ("config.json", '{"model_type": "gpt2", "n_layer": 2, "n_embd": 0, "n_head": 4, '
+                           '"vocab_size": 128, "n_positions": 32}', "n_embd", ["positive", "set n_embd"]),
+    "hf-gpt2-layers-huge": ("config.json", '{"model_type": "gpt2", "n_layer": 10000000, "n_embd": 64, "n_head": 4, '
+                            '"vocab_size": 128, "n_positions": 32}', "n_layer", ["more than any transformer"]),
+    "hf-rope-theta-fraction": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                               '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128, '
+                               '"max_position_embeddings": 32, "rope_theta": 10000.5}', "rope_theta",
+                               ["whole number", "--rotary-base", "10000.5"]),
     "hf-head-dim": ("config.json", '{"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 3072, '
                     '"num_attention_heads": 16, "head_dim": 256, "intermediate_size": 128, "vocab_size": 128, '
                     '"max_position_embeddings": 32}', "head_dim", ["head_dim 256"]),

@@ -132,7 +132,26 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                          tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos,
                          rotary_base=theta)
     except InputError as exc:
-        raise exc.within(file=file) from None
+        # ModelSpec names its own field (hidden_size); the user's file has the config's key (GPT-2's n_embd)
+        key = next((k for k in SOURCE_KEYS.get(exc.field, ()) if cfg.get(k) is not None), None)
+        if key is None or key == exc.field:
+            raise exc.within(file=file) from None
+        fix = exc.fix.replace(f"set {exc.field} ", f"set {key} ") if exc.fix else exc.fix
+        raise InputError(exc.reason, file=file, field=key, fix=fix) from None
+
+
+# ModelSpec field -> the config.json keys it is read from, in the order they are tried (the reader above)
+SOURCE_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
+    "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner"),
+    "vocab_size": ("vocab_size",),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "rotary_base": ("rope_theta", "rotary_emb_base"),
+}
 
 
 def not_carried(cfg: dict) -> list[str]:
@@ -156,7 +175,7 @@ def not_carried(cfg: dict) -> list[str]:
         out.append("attention and MLP side by side on each layer's input (GPT-NeoX's parallel residual): built "
                    "one after the other, as Megatron's GPT layers are")
     eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
-    if isinstance(eps, float) and eps != 1e-5:
+    if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
         out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
     return out
 
