@@ -132,6 +132,44 @@ def test_736_launch_parses_back(tmp_path):
     assert micro_steps == {plan.num_micro_batches}
 
 
+def test_every_emitted_launch_passes_megatrons_own_validation(monkeypatch, tmp_path):
+    """What the launch scripts pass (megatron_args), rewritten per rank by --hetauto, is accepted by Megatron-LM's
+    own validate_args for every mesh: the 736-device example (3 device types, TP 2-8), LLaMA-3 with its rotary
+    base, and LLaMA-2 trained at twice its config's context (before, Megatron's assertion on
+    --max-position-embeddings stopped every rank of that launch)."""
+    import megatron.training.arguments as margs
+
+    from hetauto_megatron.megatron import cpu, rewrite
+    from hetauto_megatron.megatron.args import hetauto_args_provider
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    cpu.apply()       # validate_args asks the GPU architecture when TP > 1
+    inv2 = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plans = [PLAN_736]
+    for name, model, extra in (("llama3", "llama3-8b", []), ("long", "llama2-7b", ["--seq-length", "8192"])):
+        out = str(tmp_path / f"{name}.yaml")
+        assert main(["plan", "--model", model, "--inventory", inv2, "--global-batch-size", "256", "-o", out,
+                     "--quiet", *extra]) == 0
+        plans.append(out)
+    for path in plans:
+        plan = load_plan(path)
+        for i, mesh in enumerate(plan.meshes):
+            rank = plan.rank_offset(i)
+            monkeypatch.setattr(sys, "argv", ["x", *megatron_args(plan, i, path), "--tokenizer-type", "NullTokenizer",
+                                              "--vocab-size", str(plan.model.vocab_size), "--mock-data",
+                                              "--train-iters", "1", "--lr", "1e-4", "--transformer-impl", "local",
+                                              "--no-gradient-accumulation-fusion", "--no-persist-layer-norm"])
+            args = margs.parse_args(hetauto_args_provider())
+            placement = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+            assert placement.mesh_index == i
+            rewrite.rewrite_args(args, plan, placement)
+            margs.validate_args(args, {})
+            assert (args.tensor_model_parallel_size, args.data_parallel_size) == (mesh.tp, mesh.dp)
+            assert args.seq_length == plan.model.seq_length <= args.max_position_embeddings
+            assert args.rotary_base == plan.model.rotary_base
+    assert load_plan(plans[1]).model.rotary_base == 500000
+
+
 def test_printed_output_is_the_scripts(tmp_path, capsys):
     out = tmp_path / "launch"
     assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out)]) == 0
