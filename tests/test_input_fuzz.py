@@ -155,6 +155,19 @@ def test_figure_beyond_any_hardware_is_refused(tmp_path, capsys):
     check_error(rc, err, field="--cluster", words=["site-a"])
 
 
+def test_a_layout_megatron_cannot_shard_names_the_flag(capsys):
+    """simulate's layout flags become a plan; its refusal names the flag the user typed, not the plan's field, with
+    a fix in flags (there is no settings block to edit)."""
+    inv = os.path.join(REPO, "examples", "llama", "inventory-2clusters.yaml")
+    base = ["simulate", "--inventory", inv, "--pp", "1", "--dp", "4", "--micro-batch-size", "1",
+            "--global-batch-size", "64", "--tp", "2"]
+    rc, _, err = run_cli([*base, "--model", "llama2-7b", "--seq-length", "4097"], capsys)
+    check_error(rc, err, field="--tp", words=["4097-token sequence", "a --seq-length that 2 divides"])
+    assert "settings" not in err
+    rc, _, err = run_cli([*base, "--model", "llama2-7b"], capsys)      # its 4,096 tokens split over TP 2
+    assert rc == 0, err
+
+
 def test_huge_mesh_is_refused(tmp_path, capsys):
     plan = write(tmp_path, "p.yaml", "version: 1\nmodel: {preset: tiny}\nglobal_batch_size: 8\nmeshes:\n"
                  "- {cluster: site-a, device_type: cpu, dp: 100000000000000000000, micro_batch_size: 1, "

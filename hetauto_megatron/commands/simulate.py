@@ -145,6 +145,9 @@ def run(args) -> int:
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
                     "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
+            if key == "sequence_parallel":      # a mesh of --tp > 1 runs it: there is no settings block to edit
+                raise InputError(exc.reason, field="--tp", fix=f"choose a --tp that divides the {model.seq_length}"
+                                 f"-token sequence, or a --seq-length that {tp} divides") from None
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
