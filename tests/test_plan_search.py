@@ -1,4 +1,6 @@
 """Search: MCTS lands within 1% of the exhaustive optimum of the same decision tree; determinism; errors."""
+import os
+
 import pytest
 from helpers import small_inventory as _inv
 
@@ -171,3 +173,18 @@ def test_the_search_offers_only_tp_degrees_megatron_can_shard():
     with pytest.raises(InputError, match="MLP width of 11003") as exc:
         check(Constraints(tp=((cluster.name, 2),)), odd, inv, 64)
     assert exc.value.field == "--tp"
+
+
+def test_no_feasible_plan_says_which_tp_the_sequence_left_out(capsys):
+    """LLaMA-2-70B at --seq-length 4097 may run TP 1 only (no TP > 1 splits the sequence): when nothing then fits,
+    the message says so and how to get TP back, rather than blaming memory alone. At 4,096 the same batch fits."""
+    from helpers import run_cli
+    inv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "llama",
+                       "inventory-2clusters.yaml")
+    argv = ["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "16", "--quiet"]
+    rc, _, err = run_cli([*argv, "--seq-length", "4097"], capsys)
+    assert rc == 3, err
+    assert "TP 2, 4, 8 were left out: they do not divide the 4,097-token sequence" in err, err
+    assert "a --seq-length that 8 divides gives them back" in err, err
+    rc, _, err = run_cli([*argv, "--seq-length", "4096"], capsys)
+    assert rc == 0, err

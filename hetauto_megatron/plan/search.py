@@ -395,7 +395,7 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} even with full "
             f"recomputation: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
-            f"largest device has {largest:.0f} GiB). {fix}")
+            f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)} {fix}")
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer
@@ -405,7 +405,8 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
             f"{model.name} does not fit on {devices} even with full "
             f"recomputation: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
-            f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB). Fix: devices with more memory ({where}"
+            f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)} "
+            f"Fix: devices with more memory ({where}"
             f"'clusters[{index}].memory_gib'), more devices per node for a larger TP, or a shorter --seq-length")
     apart = _unlinked(inventory, sp.con.use_clusters)
     if apart:

@@ -50,6 +50,27 @@ def tp_degrees(model: ModelSpec, cluster) -> list[int]:
             and model.ffn_hidden_size % t == 0 and (t == 1 or model.seq_length % t == 0)]
 
 
+def tp_shape_note(model: ModelSpec, inventory) -> str:
+    """A sentence for an infeasible search: the TP degrees the nodes and heads would allow but the model's MLP width
+    or sequence rules out (an odd --seq-length leaves a large model TP 1 only), else ''."""
+    allowed = {t for c in inventory.clusters for t in (1, 2, 4, 8, 16) if c.devices_per_node % t == 0
+               and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0}
+    out = sorted(allowed - {t for c in inventory.clusters for t in tp_degrees(model, c)})
+    if not out:
+        return ""
+    why = []
+    if any(model.ffn_hidden_size % t for t in out):
+        why.append(f"the MLP width of {model.ffn_hidden_size:,} (Megatron shards it evenly)")
+    if any(model.seq_length % t for t in out):
+        why.append(f"the {model.seq_length:,}-token sequence (sequence parallelism splits it evenly)")
+    one = len(out) == 1
+    note = (f" TP {', '.join(map(str, out))} {'was' if one else 'were'} left out: {'it does' if one else 'they do'} "
+            f"not divide {' or '.join(why)}")
+    if not any(model.ffn_hidden_size % t for t in out):
+        note += f"; a --seq-length that {max(out)} divides gives {'it' if one else 'them'} back"
+    return note + "."
+
+
 class SearchSpace(SpaceBounds):
     """The decision tree: `actions(path)` lists the legal next decisions after a path of decisions; its
     bounds (`bound`, `leaf_bound`, ...) come from SpaceBounds."""
