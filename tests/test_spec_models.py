@@ -59,7 +59,8 @@ def test_a_config_json_without_a_sequence_length_says_which_one_is_planned():
 def test_what_a_config_describes_beyond_the_planned_shapes_is_said_with_megatrons_flag():
     """Qwen2 has QKV biases and an epsilon of 1e-6, Pythia rotates a quarter of each head: the launch scripts
     build the planned shapes without them, so the commands say so, naming the flag that adds each (checked
-    against Megatron-LM's own parser: every flag named is one it has). LLaMA-2's config has nothing more."""
+    against Megatron-LM's own parser: every flag named is one it has); OPT's ReLU MLP is built with GeLU, which
+    Megatron's GPT has no flag for. LLaMA-2's config has nothing more."""
     import argparse
     import json
     import re
@@ -74,6 +75,7 @@ def test_what_a_config_describes_beyond_the_planned_shapes_is_said_with_megatron
         path = os.path.join(HF, f"{name}.json")
         said = []
         load_model(path, seq_length=1024, note=said.append)
+        assert ("relu MLP (OPT): built with GeLU" in " ".join(said)) == (name == "opt-125m"), (name, said)
         named = re.findall(r"Megatron: (--[a-z-]+(?: [0-9.e+-]+)?)", " ".join(said))
         assert named == flags, (name, said)
         for flag in named:

@@ -174,6 +174,12 @@ def not_carried(cfg: dict) -> list[str]:
     if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True:
         out.append("attention and MLP side by side on each layer's input (GPT-NeoX's parallel residual): built "
                    "one after the other, as Megatron's GPT layers are")
+    act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function")
+    gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
+    if isinstance(act, str) and gated and act.lower() not in _GATED_ACTS:
+        out.append(f"a {act}-gated MLP (Gemma's GeGLU): built as SwiGLU, the gate through SiLU")
+    elif isinstance(act, str) and not gated and "relu" in act.lower():
+        out.append(f"a {act} MLP (OPT): built with GeLU, Megatron's GPT activation (it has no plain-ReLU flag)")
     eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
     if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
         out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
@@ -190,9 +196,10 @@ def hf_model(cfg: dict, *, file: str, seq_length: int | None, note) -> ModelSpec
                  f"{spec.seq_length:,} tokens. Pass --seq-length N to train shorter sequences")
         missing = not_carried(cfg)
         if missing:
+            flags = any("Megatron: --" in item for item in missing)
             note(f"{file}: the launch scripts build the planned shapes without: {'; '.join(missing)}. The plan's "
-                 "time and memory hardly depend on them; add those flags to Megatron's arguments to train the "
-                 "architecture exactly")
+                 "time and memory hardly depend on them" + ("; add the flags named to Megatron's arguments to build "
+                                                            "them" if flags else ""))
     return spec
 
 
