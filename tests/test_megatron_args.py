@@ -142,6 +142,9 @@ def test_model_args_that_contradict_the_plan_are_listed():
     msg = exc.value.message
     assert "--num-layers 12 (plan: 8)" in msg and "--num-query-groups 4 (plan: 2)" in msg
     assert msg.startswith("plan.yaml: field 'model'")
+    with pytest.raises(InputError, match=r"--kv-channels 32 \(plan: heads of 16"):     # 64 hidden / 4 heads
+        rewrite.check_model_args(ns(kv_channels=32), PLAN)
+    assert "kv_channels" not in rewrite.check_model_args(ns(kv_channels=16), PLAN)
 
 
 def test_a_rotary_model_trained_past_its_config_length_passes_megatrons_validation(monkeypatch, tmp_path):

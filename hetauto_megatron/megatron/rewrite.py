@@ -172,6 +172,11 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
         if have is not None and have != arch.value:
             clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ("
                            + ("add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out") + ")")
+    # The head width: Megatron derives it (hidden / heads) unless --kv-channels says otherwise, which would resize
+    # every attention projection the plan priced.
+    have_kv_ch = getattr(args, "kv_channels", None)
+    if have_kv_ch is not None and int(have_kv_ch) != m.head_dim:
+        clashes.append(f"--kv-channels {have_kv_ch} (plan: heads of {m.head_dim}, hidden_size / num_attention_heads)")
     # The tokenizer's vocabulary (given explicitly for NullTokenizer) must be the plan's: its table was priced.
     have_vocab = getattr(args, "vocab_size", None)
     if have_vocab is not None and int(have_vocab) != plan.model.vocab_size:
