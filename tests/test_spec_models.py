@@ -48,7 +48,8 @@ def test_a_config_json_without_a_sequence_length_says_which_one_is_planned():
     said = []
     assert load_model(path, note=said.append).seq_length == published
     length = [line for line in said if "sequence length" in line]
-    assert len(length) == 1 and path in length[0] and f"{published:,} tokens" in length[0] and "--seq-length" in length[0]
+    assert len(length) == 1 and path in length[0]
+    assert f"{published:,} tokens" in length[0] and "--seq-length" in length[0]
     said.clear()
     assert load_model(path, seq_length=4096, note=said.append).seq_length == 4096
     assert not [line for line in said if "sequence length" in line]

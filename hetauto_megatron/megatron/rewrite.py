@@ -33,9 +33,9 @@ filled in from the plan (per mesh, like TP), and one the user gave that no mesh 
 the flag and the plan field: the plan's time and memory were priced for what the plan says. The dropouts are
 probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's value, and a value the user gave
 (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh runs is refused in the same way.
-The architecture switches (SwiGLU, the normalization, linear biases, the position embedding, an untied output
-layer: emit/megatron.py architecture_args, the table the launch scripts emit) are checked and never filled in:
-Megatron's defaults are GPT-2's, and an absent store_true flag cannot be told from a deliberate choice.
+The architecture switches (SwiGLU, the normalization, linear biases, the position embedding and its rotary base, an
+untied output layer: emit/megatron.py architecture_args, the table the launch scripts emit) are checked and never
+filled in: Megatron's defaults are GPT-2's, and an absent store_true flag cannot be told from a deliberate choice.
 """
 from __future__ import annotations
 
@@ -170,8 +170,8 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
     for arch in architecture_args(m):
         have = getattr(args, arch.dest, None)
         if have is not None and have != arch.value:
-            clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ("
-                           + ("add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out") + ")")
+            how = "add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out"
+            clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ({how})")
     # The head width: Megatron derives it (hidden / heads) unless --kv-channels says otherwise, which would resize
     # every attention projection the plan priced.
     have_kv_ch = getattr(args, "kv_channels", None)
