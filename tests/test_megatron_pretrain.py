@@ -150,10 +150,10 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
     megatron` writes for 2-device nodes, run as they are (one torchrun per node: cluster-a's two nodes share a
     rendezvous, cluster-b's node has its own; the scripts' HETAUTO_* variables join them into one world of 6), on
     the 2-cluster plan (cluster-a: TP 2 x 2 stages, cluster-b: TP 1 x DP 2) with the model's embeddings tied
-    (NVIDIA's GPT default), at the production settings the scripts emit (sequence parallelism, the distributed
-    optimizer, the overlapped gradient reduce-scatter and parameter all-gather) and the cross-cluster boundary
-    overlapped (depth 1: asynchronous transfers, receives posted ahead, one more warm-up micro-batch on
-    cluster-a); then Megatron's own homogeneous layout with the same stages and flags (TP 1, PP 3, no
+    (NVIDIA's GPT default) and LLaMA-3's rotary base, at the production settings the scripts emit (sequence
+    parallelism, the distributed optimizer, the overlapped gradient reduce-scatter and parameter all-gather) and
+    the cross-cluster boundary overlapped (depth 1: asynchronous transfers, receives posted ahead, one more warm-up
+    micro-batch on cluster-a); then Megatron's own homogeneous layout with the same stages and flags (TP 1, PP 3, no
     --hetauto). Megatron's logged losses must agree to 1e-5 over 4 iterations (measured: equal to all 7 printed
     digits). Measured without the runtime's rules: the untied plan with the plain optimizer's gradient rules
     drifted by 0, 0, 3e-6, 3.0e-5; the tied plan without the initial copy of the embeddings to the last stage
@@ -162,6 +162,7 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
 
     raw = yaml.safe_load(open(PLAN))
     raw["model"]["tie_embeddings"] = True
+    raw["model"]["rotary_base"] = 500000       # LLaMA-3's: emitted, checked by --hetauto, given to the reference
     raw["version"] = 2
     raw["meshes"][0]["boundary"] = {"schedule": "overlapped", "depth": 1}
     plan_file = tmp_path / "tied-plan.yaml"
@@ -176,4 +177,6 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
     # Megatron's own argument printout (global rank 0, a TP 2 rank): what it really ran with
     for arg in ("sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
         assert re.search(rf"^\s*{arg} \.+ True$", logs["cluster-a.node0"], re.M), (arg, logs["cluster-a.node0"][-3000:])
+    assert re.search(r"^\s*rotary_base \.+ 500000$", logs["cluster-a.node0"], re.M)
+    assert re.search(r"^\s*rotary_base \.+ 500000$", logs["reference"], re.M)
     assert max(abs(a - b) for a, b in zip(het_losses, ref_losses)) <= 1e-5, (het_losses, ref_losses)
