@@ -76,7 +76,7 @@ def test_what_a_config_describes_beyond_the_planned_shapes_is_said_with_megatron
         path = os.path.join(HF, f"{name}.json")
         said = []
         load_model(path, seq_length=1024, note=said.append)
-        assert ("relu MLP (OPT): built with GeLU" in " ".join(said)) == (name == "opt-125m"), (name, said)
+        assert ("relu MLP (as OPT's): built with GeLU" in " ".join(said)) == (name == "opt-125m"), (name, said)
         named = re.findall(r"Megatron: (--[a-z-]+(?: [0-9.e+-]+)?)", " ".join(said))
         assert named == flags, (name, said)
         for flag in named:

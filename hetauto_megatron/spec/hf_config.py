@@ -160,26 +160,27 @@ def not_carried(cfg: dict) -> list[str]:
     out = []
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling:
-        kind = scaling.get("rope_type") or scaling.get("type") or "?"
-        out.append(f"rope_scaling ({kind}, factor {scaling.get('factor')}; Megatron: --use-rope-scaling for "
-                   "LLaMA-3.1's kind)")
+        kind = str(scaling.get("rope_type") or scaling.get("type") or "?")[:40]
+        out.append(f"rope_scaling ({kind}, factor {str(scaling.get('factor'))[:40]}; Megatron: --use-rope-scaling "
+                   "for LLaMA-3.1's kind)")
     if cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
         out.append("biases on the query, key and value projections (Megatron: --add-qkv-bias)")
     partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
     if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
         out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
     if cfg.get("use_sliding_window") is True:
-        out.append(f"sliding-window attention (window {cfg.get('sliding_window')}): planned and launched as full "
-                   "causal attention")
+        out.append(f"sliding-window attention (window {str(cfg.get('sliding_window'))[:40]}): planned and launched "
+                   "as full causal attention")
     if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True:
         out.append("attention and MLP side by side on each layer's input (GPT-NeoX's parallel residual): built "
                    "one after the other, as Megatron's GPT layers are")
     act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function")
     gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
     if isinstance(act, str) and gated and act.lower() not in _GATED_ACTS:
-        out.append(f"a {act}-gated MLP (Gemma's GeGLU): built as SwiGLU, the gate through SiLU")
+        out.append(f"an MLP gated through {act[:40]} (GeGLU, as Gemma's): built as SwiGLU, the gate through SiLU")
     elif isinstance(act, str) and not gated and "relu" in act.lower():
-        out.append(f"a {act} MLP (OPT): built with GeLU, Megatron's GPT activation (it has no plain-ReLU flag)")
+        out.append(f"a {act[:40]} MLP (as OPT's): built with GeLU, Megatron's GPT activation (it has no plain-ReLU "
+                   "flag)")
     eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
     if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
         out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
