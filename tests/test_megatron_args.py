@@ -206,6 +206,30 @@ def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(mo
     assert model_args(gpt)[-2:] == ["--position-embedding-type", "learned_absolute"]
 
 
+def test_a_tokenizer_larger_than_the_plans_vocabulary_is_refused_when_megatron_builds_it(monkeypatch):
+    """Megatron-Core's own tokenizer, built by Megatron's own global_vars as initialize_megatron does: more tokens
+    than the plan's 128 (a LLaMA-3 tokenizer on a LLaMA-2 plan) would index past the embedding table; fewer runs."""
+    import megatron.training.global_vars as global_vars
+
+    from hetauto_megatron.megatron import hook
+
+    monkeypatch.setattr(global_vars, "build_tokenizer", global_vars.build_tokenizer)     # restored afterwards
+    monkeypatch.setattr(global_vars, "_GLOBAL_TOKENIZER", None)
+    hook._check_tokenizer_when_built(PLAN, "plan.yaml")
+    hook._check_tokenizer_when_built(PLAN, "plan.yaml")        # a second --hetauto parse wraps Megatron's once
+    for tokens in (128, 100, 200):
+        _, args = _megatron_args(monkeypatch, ["--vocab-size", str(tokens)])
+        args.rank, args.padded_vocab_size = 0, PLAN.padded_vocab_size      # as the rewrite sets them
+        if tokens <= 128:
+            assert global_vars.rebuild_tokenizer(args).vocab_size == tokens
+            continue
+        with pytest.raises(InputError) as exc:
+            global_vars.rebuild_tokenizer(args)
+        assert exc.value.field == "model.vocab_size"
+        assert "the tokenizer has 200 tokens, more than the 128" in str(exc.value)
+    monkeypatch.setattr(global_vars, "_GLOBAL_TOKENIZER", None)
+
+
 def test_rewrite_rejects_context_parallel_and_experts():
     c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, 6, None), None)
     with pytest.raises(InputError, match="context-parallel"):

@@ -169,8 +169,25 @@ def _prepare_hetauto(args) -> _State:
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
         _set_fp32_arithmetic(plan, placement.cluster, device_type)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
+    _check_tokenizer_when_built(plan, args.hetauto_plan)
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
+
+
+def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
+    """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
+    against the plan's there (rewrite.check_tokenizer_vocab), before any layer indexes the table."""
+    import megatron.training.global_vars as global_vars
+
+    build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
+
+    def checked(args, **kwargs):
+        tokenizer = build(args, **kwargs)
+        rewrite.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
+        return tokenizer
+
+    checked._hetauto_original = build
+    global_vars.build_tokenizer = checked
 
 
 def _set_fp32_arithmetic(plan: Plan, cluster: str, device_type: str) -> None:

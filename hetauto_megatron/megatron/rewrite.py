@@ -190,6 +190,18 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
     return fill
 
 
+def check_tokenizer_vocab(vocab_size, plan: Plan, *, file: str | None = None) -> None:
+    """The tokenizer Megatron built against the plan's vocabulary: more tokens than the plan's rows would index past
+    the embedding table at the first forward pass (a LLaMA-3 tokenizer on a LLaMA-2 plan). Fewer is how configs are
+    written (Qwen2's 151,646 tokens in 152,064 rows), and runs."""
+    if isinstance(vocab_size, int) and vocab_size > plan.model.vocab_size:
+        raise InputError(f"the tokenizer has {vocab_size:,} tokens, more than the {plan.model.vocab_size:,} of the "
+                         f"plan's vocabulary (the embedding table the plan priced, {plan.padded_vocab_size:,} rows "
+                         "with padding): its ids would index past the table", file=file, field="model.vocab_size",
+                         fix=f"make a plan for a vocabulary of {vocab_size:,} (vocab_size in the model file, or the "
+                             "tokenizer's model config.json), or give Megatron the tokenizer the plan was made for")
+
+
 def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
     """The per-rank parallel-layout arguments (see the module docstring)."""
     mesh = plan.meshes[placement.mesh_index]
