@@ -180,3 +180,26 @@ def test_nvidia_pretrain_gpt_at_production_settings_matches_megatrons_own_layout
     assert re.search(r"^\s*rotary_base \.+ 500000$", logs["cluster-a.node0"], re.M)
     assert re.search(r"^\s*rotary_base \.+ 500000$", logs["reference"], re.M)
     assert max(abs(a - b) for a, b in zip(het_losses, ref_losses)) <= 1e-5, (het_losses, ref_losses)
+
+
+def test_the_examples_hand_launch_trains(tmp_path):
+    """The torchrun command examples/llama/README.md gives for launching our entry script by hand, run as written
+    (its flags read from the README): it trains. It lacked --position-embedding-type rope, so Megatron built learned
+    positions the plan never priced; the --hetauto rewrite now refuses that, so a stale example fails here."""
+    from hetauto_megatron.runtime.launcher import free_port
+
+    text = open(os.path.join(ROOT, "examples", "llama", "README.md")).read()
+    block = re.search(r"^ *torchrun (--nproc-per-node \d+ pretrain_llama_hetauto\.py.*?--hetauto-plan \S+)$", text,
+                      re.M | re.S)
+    assert block, "the README's hand launch is gone"
+    argv = block.group(1).replace("\\\n", " ").split()
+    log = tmp_path / "hand.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([TORCHRUN, "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *argv],
+                                cwd=os.path.join(ROOT, "examples", "llama"), stdout=fh, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONWARNINGS="ignore", CUDA_DEVICE_MAX_CONNECTIONS="1"),
+                                start_new_session=True)
+    codes = wait_all([proc], timeout=300)
+    out = log.read_text()
+    assert codes == [0], out[-3000:]
+    assert len(re.findall(r"\| lm loss: [0-9.E+-]+ \|", out)) == 3, out[-3000:]
