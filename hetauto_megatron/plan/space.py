@@ -39,23 +39,28 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tp_degrees(model: ModelSpec, cluster) -> list[int]:
-    """The TP degrees a cluster may run: dividing the devices of a node (so that every TP group, counted from a
-    node's first device, stays inside it: TP 4 on 6-device nodes would put devices 4-7 in one group), the
-    attention and key/value heads and the MLP width (Megatron shards each evenly), and, since a mesh with TP > 1
-    runs sequence parallelism (settings.default_settings), the sequence (Plan validates the same; DeepSpeed's
-    engine, which has no sequence parallelism, could take such a TP, but sequences TP does not divide are rare)."""
+def _node_and_head_tps(model: ModelSpec, cluster) -> list[int]:
+    """The TP degrees that divide the devices of a node (so that every TP group, counted from a node's first device,
+    stays inside it: TP 4 on 6-device nodes would put devices 4-7 in one group) and the attention and key/value
+    heads."""
     return [t for t in (1, 2, 4, 8, 16) if cluster.devices_per_node % t == 0
-            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0
-            and model.ffn_hidden_size % t == 0 and (t == 1 or model.seq_length % t == 0)]
+            and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0]
+
+
+def tp_degrees(model: ModelSpec, cluster) -> list[int]:
+    """The TP degrees a cluster may run: those of `_node_and_head_tps` that also divide the MLP width (Megatron
+    shards it evenly) and, since a mesh with TP > 1 runs sequence parallelism (settings.default_settings), the
+    sequence (Plan validates the same; DeepSpeed's engine, which has no sequence parallelism, could take such a TP,
+    but sequences TP does not divide are rare)."""
+    return [t for t in _node_and_head_tps(model, cluster)
+            if model.ffn_hidden_size % t == 0 and (t == 1 or model.seq_length % t == 0)]
 
 
 def tp_shape_note(model: ModelSpec, inventory) -> str:
     """A sentence for an infeasible search: the TP degrees the nodes and heads would allow but the model's MLP width
     or sequence rules out (an odd --seq-length leaves a large model TP 1 only), else ''."""
-    allowed = {t for c in inventory.clusters for t in (1, 2, 4, 8, 16) if c.devices_per_node % t == 0
-               and model.num_attention_heads % t == 0 and model.num_query_groups % t == 0}
-    out = sorted(allowed - {t for c in inventory.clusters for t in tp_degrees(model, c)})
+    out = sorted({t for c in inventory.clusters for t in _node_and_head_tps(model, c)}
+                 - {t for c in inventory.clusters for t in tp_degrees(model, c)})
     if not out:
         return ""
     why = []

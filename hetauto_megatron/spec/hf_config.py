@@ -32,6 +32,21 @@ _GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type th
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
+# ModelSpec field -> the config.json keys it is read from, in the order they are tried: the reader below, and its
+# errors, which name the key the file has (GPT-2's n_embd) rather than ModelSpec's field (hidden_size)
+SOURCE_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
+    "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner"),
+    "vocab_size": ("vocab_size",),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "rotary_base": ("rope_theta", "rotary_emb_base"),
+}
+
+
 def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int | None = None) -> ModelSpec:
     """Map a Hugging Face config.json (LLaMA/Mistral/Qwen2, GPT-2, GPT-NeoX, OPT, ...) onto a ModelSpec.
     `seq_length` (--seq-length) stands in for the positions when the config gives none (Baichuan-13B has
@@ -65,10 +80,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
             raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
                              "model: planning it as a dense model would under-count its weights", file=file,
                              field=key, fix="plan a dense model, or " + unsupported_fix)
-    L = first("num_hidden_layers", "n_layer", "num_layers")
-    h = first("hidden_size", "n_embd", "d_model")
-    heads = first("num_attention_heads", "n_head", "num_heads")
-    kv = first("num_key_value_heads", "multi_query_group_num", default=heads)
+    L = first(*SOURCE_KEYS["num_layers"])
+    h = first(*SOURCE_KEYS["hidden_size"])
+    heads = first(*SOURCE_KEYS["num_attention_heads"])
+    kv = first(*SOURCE_KEYS["num_query_groups"], default=heads)
     if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
         key = next((k for k in ("num_key_value_heads", "multi_query_group_num") if cfg.get(k) is not None),
                    "num_attention_heads")      # no key/value key: the heads stand in for them
@@ -91,7 +106,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner")
         if ffn is None and family is not None and not family[0]:
             ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
-        ffn = ffn if ffn is not None else first("intermediate_size", "ffn_dim", "n_inner")
+        ffn = ffn if ffn is not None else first(*SOURCE_KEYS["ffn_hidden_size"])
         keys = ("max_position_embeddings", "n_positions", "seq_length")
         if any(cfg.get(k) is not None for k in keys):
             max_pos = first(*keys)
@@ -116,7 +131,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     name = cfg.get("_name_or_path") or mt or os.path.splitext(os.path.basename(file or "hf"))[0]
     theta = ROTARY_BASE
     if pos == "rope":
-        key = next((k for k in ("rope_theta", "rotary_emb_base") if cfg.get(k) is not None), None)
+        key = next((k for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
         if key is not None:
             theta = cfg[key]
             # Megatron's --rotary-base takes an integer; every published theta is one (10000.0, 500000.0, 1e6)
@@ -128,7 +143,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     try:
         return ModelSpec(name=os.path.basename(str(name).rstrip("/")) or "hf-model", num_layers=L, hidden_size=h,
                          num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
-                         vocab_size=first("vocab_size"), seq_length=max_pos, gated_mlp=gated,
+                         vocab_size=first(*SOURCE_KEYS["vocab_size"]), seq_length=max_pos, gated_mlp=gated,
                          tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos,
                          rotary_base=theta)
     except InputError as exc:
@@ -138,20 +153,6 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
             raise exc.within(file=file) from None
         fix = exc.fix.replace(f"set {exc.field} ", f"set {key} ") if exc.fix else exc.fix
         raise InputError(exc.reason, file=file, field=key, fix=fix) from None
-
-
-# ModelSpec field -> the config.json keys it is read from, in the order they are tried (the reader above)
-SOURCE_KEYS = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
-    "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner"),
-    "vocab_size": ("vocab_size",),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-    "rotary_base": ("rope_theta", "rotary_emb_base"),
-}
 
 
 def not_carried(cfg: dict) -> list[str]:
