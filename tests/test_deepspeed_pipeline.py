@@ -193,3 +193,22 @@ def test_dp_reduction_runs_after_the_last_backward(pipeline_run):
         # positions on the last, is left out; ZeRO pads its flat buffer)
         assert 0.95 * r["stage_parameters"] <= per_step <= 1.01 * r["stage_parameters"], (per_step,
                                                                                           r["stage_parameters"])
+
+
+def test_one_stage_plan_runs_the_recomputation_it_was_priced_with(tmp_path):
+    """A plan of one stage with full recomputation (what `hetauto plan --engine deepspeed --max-pp 1` picks when the
+    activations do not fit otherwise) runs DeepSpeed's engine with whole-layer checkpointing, as the memory model
+    priced it; before, its config had no `pipeline` block and the engine ran without it. Losses as the reference."""
+    from hetauto_megatron.runtime.deepspeed_pipeline import import_deepspeed
+    from hetauto_megatron.runtime.launcher import free_port, launch
+
+    plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 4,
+                           "meshes": [mesh("a", 1, 2, 1, [8], "full")]})
+    configs = [json.loads(json.dumps(r["config"])) for r in emit_deepspeed(plan)]
+    import_deepspeed()
+    results = launch(_rank, plan.world_size, args=(plan.model, configs), timeout_s=300,
+                     env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    assert [r["checkpoint_interval"] for r in results] == [1, 1], results
+    reference = _single_process_losses(plan.model, plan.global_batch_size, plan.padded_vocab_size)
+    for r in results:
+        assert max(abs(a - b) for a, b in zip(r["losses"], reference)) <= 1e-5, (r["losses"], reference)

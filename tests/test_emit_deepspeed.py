@@ -30,6 +30,7 @@ PLANS = {
     "dp_mismatch": lambda: plan([mesh("h", 2, 2, 2, [0, 4], "selective", "h800"),
                                  mesh("n", 1, 4, 1, [3, 1], "full", "ascend-910b")]),
     "recompute_none_one_stage": lambda: plan([mesh("a", 2, 4, 1, [8])], gbs=8),
+    "recompute_full_one_stage": lambda: plan([mesh("a", 1, 2, 1, [8], "full")], gbs=8),
     "dp1_uneven": lambda: plan([mesh("a", 1, 1, 4, [5, 1]), mesh("b", 1, 1, 4, [2], "full")], gbs=12),
     # per-mesh overrides of the settings table: no distributed optimizer; reduction in the training precision
     "overrides": lambda: plan([with_settings(mesh("h", 2, 2, 2, [4], device="h800"), distributed_optimizer=False,
@@ -65,12 +66,10 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert r["parsed"]["communication_data_type"] == reduce
         assert r["parsed"]["bf16"] == (precision == "bf16") and cfg["fp16"]["enabled"] == (precision == "fp16")
         assert cfg["hetauto"]["settings"] == s.to_dict()
-        if p.pipeline_parallel_size > 1:
-            assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)
-            # the partitioned transfers simulate(engine="deepspeed") prices (tests/test_deepspeed_transfers.py)
-            assert cfg["pipeline"]["pipe_partitioned"] is cfg["pipeline"]["grad_partitioned"] is True
-        else:
-            assert "pipeline" not in cfg
+        # one stage too: DeepSpeed's engine reads the interval whatever the stage count (tests/test_deepspeed_pipeline.py)
+        assert cfg["pipeline"]["activation_checkpoint_interval"] == (0 if m.recompute == "none" else 1)
+        # the partitioned transfers simulate(engine="deepspeed") prices (tests/test_deepspeed_transfers.py)
+        assert cfg["pipeline"]["pipe_partitioned"] is cfg["pipeline"]["grad_partitioned"] is True
         assert cfg["hetauto"]["partition"] == stage_partition(p.stage_layers)
         # the same config is rejected by DeepSpeed for any other DP size: the DP size really reached the parser
         with pytest.raises(InputError, match="rejected by DeepSpeed's parser"):
@@ -121,6 +120,15 @@ def test_unsupported_features_only_those_that_apply():
               "uneven layer split"):
         assert w in text
     assert len(unsupported_features(PLANS["736"]())) == 9
+    # DP 1 everywhere: no DP collective to overlap, so no overlap lost
+    assert not any("overlap" in line for line in unsupported_features(PLANS["dp1_uneven"]()))
+    # a tied embedding across stages: ZeRO-0's clipping counts the table's gradient on both ends (DeepSpeed's
+    # clip_grad_norm_; measured 1e-4 off the reference, tests/test_deepspeed_pipeline.py), ZeRO-1's once
+    tied = {"version": 2, "model": {"preset": "tiny", "tie_embeddings": True}, "global_batch_size": 8,
+            "meshes": [mesh("a", 1, 2, 1, [4]), mesh("b", 1, 2, 1, [4])]}
+    assert not any("tied" in line for line in unsupported_features(plan_from_dict(tied)))
+    tied["meshes"] = [with_settings(m, distributed_optimizer=False) for m in tied["meshes"]]
+    assert sum("tied" in line for line in unsupported_features(plan_from_dict(tied))) == 1
     # an overlapped cross-cluster boundary: the engine blocks on every transfer (its price: simulate --engine)
     a, b = (with_settings(mesh(c, 1, 2, 2, [4]), **no_param_gather_overlap) for c in "ab")
     lines = unsupported_features(plan([dict(a, boundary={"schedule": "overlapped", "depth": 1}), b]))
@@ -149,3 +157,37 @@ def test_cli_bad_plan_exits_2(tmp_path, capsys):
     assert main(["emit", "deepspeed", "--plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "dp * micro_batch_size must be equal" in err and "Fix:" in err
+
+
+def test_cluster_named_like_a_generated_file_is_refused(tmp_path, capsys):
+    """Cluster `a` runs two meshes, so its configs are ds_config.a.mesh0/.mesh1.json; a cluster named `a.mesh1`
+    would write over one of them (before: exit 0, one mesh left without a config)."""
+    path = tmp_path / "collide.yaml"
+    path.write_text(json.dumps({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8, "meshes": [
+        mesh("a", 1, 1, 2, [2]), mesh("a", 1, 1, 2, [2], "full"), mesh("a.mesh1", 1, 1, 2, [4])]}))
+    assert main(["emit", "deepspeed", "--plan", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "'meshes[2].cluster'" in err and "rename cluster 'a.mesh1'" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("out/*"))
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda ms: ms[1].update(tp=2), "meshes[1].tp"),
+    (lambda ms: ms[1].update(dp=1, micro_batch_size=2), "meshes[1].dp"),
+    (lambda ms: ms[0].update(recompute="selective"), "meshes[0].recompute"),
+    (lambda ms: ms[1].update(device_type="h800"), "meshes[1].device_type"),
+    (lambda ms: ms[0].update(boundary={"schedule": "overlapped", "depth": 1}), "meshes[0].boundary.schedule"),
+])
+def test_plan_recorded_for_deepspeed_is_one_it_runs(change, field):
+    """`engine: deepspeed` in a file is a job DeepSpeed's engine runs (one TP, DP and micro-batch size, one vendor,
+    whole-layer checkpointing, blocking transfers: what `hetauto plan --engine deepspeed` plans); a hand-edited file
+    that asks for more is refused naming the field, not priced and emitted as if it ran."""
+    meshes = [mesh("a", 1, 2, 1, [4]), mesh("b", 1, 2, 1, [4], "full")]
+    data = {"version": 4, "model": {"preset": "tiny"}, "global_batch_size": 8, "engine": "deepspeed", "meshes": meshes}
+    assert plan_from_dict(data).engine == "deepspeed"          # the uniform plan reads
+    change(meshes)
+    with pytest.raises(InputError) as exc:
+        plan_from_dict(data, file="p.yaml")
+    assert exc.value.field == field and exc.value.file == "p.yaml" and exc.value.fix
+    del data["engine"]                                         # the same meshes are a Megatron plan
+    assert plan_from_dict(data).engine == "megatron"

@@ -31,7 +31,7 @@ from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..plan.shapes import require_simple, uniform_topology_gaps
 from ..spec.devices import get_device
-from .megatron import fp32_tf32
+from .megatron import file_stems, fp32_tf32
 
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
 _DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -59,7 +59,6 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     """The ds_config for the ranks of one mesh (a plain dict, not yet validated)."""
     mesh = plan.meshes[mesh_index]
     settings = as_run_by(mesh.settings, ENGINE)     # what DeepSpeed's engine runs of the mesh's settings
-    pipelined = plan.pipeline_parallel_size > 1
     # 'selective' recompute (the MLP re-run) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
     checkpoint = mesh.recompute in ("full", "selective")
@@ -95,6 +94,8 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
                                      "cpu_checkpointing": False},
         # With TP > 1 each rank sends its 1/TP slice of an activation or gradient and the receiver all-gathers it,
         # as the cost model prices it (plan/deepspeed_schedule.py); DeepSpeed's defaults, written so the file says so.
+        # Written for one stage too: the pipeline engine (and runtime/deepspeed_pipeline.py) reads the checkpoint
+        # interval from here whatever the stage count, and a one-stage plan priced with recomputation must run it.
         "pipeline": {"activation_checkpoint_interval": 1 if checkpoint else 0, "pipe_partitioned": True,
                      "grad_partitioned": True},
         "wall_clock_breakdown": False,
@@ -115,8 +116,6 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
         # whether this mesh's fp32 GEMMs run on the TF32 tensor cores, as priced: DeepSpeed's layers are torch's,
         # so the runtime sets PyTorch's switch from it (runtime/deepspeed_pipeline.py initialize)
         cfg[OUR_KEY]["tf32"] = bool(fp32_tf32(plan, mesh.cluster))
-    if not pipelined:
-        del cfg["pipeline"]
     return cfg
 
 
@@ -162,12 +161,21 @@ def unsupported_features(plan: Plan) -> list[str]:
                    "activation_checkpoint_interval 1 for those meshes, full recomputation, which 'hetauto simulate "
                    "--engine deepspeed' prices (more compute, less memory than the plan's 1F1B estimate)")
     for key, why in _SETTING_GAPS.items():     # settings the plan asks for that the engine's row turns off
-        if any(getattr(m.settings, key) != getattr(as_run_by(m.settings, ENGINE), key) for m in meshes):
+        # (an overlap of the DP collectives where a mesh has DP 1 overlaps nothing, so loses nothing)
+        if any(getattr(m.settings, key) != getattr(as_run_by(m.settings, ENGINE), key)
+               and (m.dp > 1 or not key.startswith("overlap_")) for m in meshes):
             out.append(why)
     if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
            and plan.mesh_precision(i) != "fp32" for i, m in enumerate(meshes)):
         out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "
                    "gradients in that precision unless ZeRO is on")
+    if plan.model.tie_embeddings and plan.pipeline_parallel_size > 1 and any(
+            not as_run_by(m.settings, ENGINE).distributed_optimizer for m in meshes):
+        # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ (ZeRO-0's clipping) sums every parameter of the stage,
+        # the tied table's copy on the first and on the last stage alike; ZeRO-1's norm counts it once
+        out.append("gradient clipping of the tied embedding without the distributed optimizer: ZeRO-0 clips by a "
+                   "norm that counts the tied table's gradient on the first and the last stage, so the updates differ "
+                   "slightly from one model's when the clip binds (ZeRO-1, the distributed optimizer, counts it once)")
     if plan.precision == "fp8" and any(plan.mesh_precision(i) == "fp8" for i in range(len(meshes))):
         out.append("fp8 training: DeepSpeed has no fp8 setting (the configs say bf16); the model's layers must "
                    "run their GEMMs in fp8 themselves (Transformer Engine)")
@@ -259,13 +267,11 @@ def emit_deepspeed(plan: Plan, *, cluster: str | None = None, file: str | None =
         names = sorted({m.cluster for m in plan.meshes})
         raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
                          fix=f"use one of: {', '.join(names)}")
-    counts = {}
-    for m in plan.meshes:
-        counts[m.cluster] = counts.get(m.cluster, 0) + 1
+    names = file_stems([m.cluster for m in plan.meshes], list(range(len(plan.meshes))), file)
     out = []
     for i in picked:
         mesh = plan.meshes[i]
-        name = mesh.cluster if counts[mesh.cluster] == 1 else f"{mesh.cluster}.mesh{i}"
+        name = names[i]
         cfg = deepspeed_config(plan, i)
         parsed = validate(cfg, mesh.dp, pipeline_stages=plan.pipeline_parallel_size, where=f"meshes[{i}] ({name})")
         out.append({"name": name, "mesh": i, "cluster": mesh.cluster, "data_parallel_size": mesh.dp,

@@ -218,12 +218,29 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
                              f"of tp={mesh.tp}, or use a smaller tp and re-plan") from None
     clusters = [plan.meshes[idx[0]].cluster for idx, *_ in groups]
     launches = []
-    for (idx, n, dpn, _), name in zip(groups, clusters):
-        # A cluster with several (non-consecutive) launches: name them by their first mesh to keep files apart.
-        stem = name if clusters.count(name) == 1 else f"{name}.mesh{idx[0]}"
+    stems = file_stems(clusters, [idx[0] for idx, *_ in groups], file)
+    for (idx, n, dpn, _), name, stem in zip(groups, clusters, stems):
         launches.append(Launch(name, idx, plan.rank_offset(idx[0]), n, min(n, dpn),
                                get_device(plan.meshes[idx[0]].device_type).vendor, stem, plan.meshes[idx[0]].pipeline))
     return launches
+
+
+def file_stems(clusters: list[str], first_meshes: list[int], file: str | None = None) -> list[str]:
+    """The name of each emitted file (launch script, DeepSpeed config) of a list of launches or meshes: its cluster,
+    or `<cluster>.mesh<i>` (i: its first mesh) for a cluster with several, to keep their files apart. A cluster
+    named like another's such name (`a.mesh1`) would have its file written over: refused, naming it."""
+    stems = [c if clusters.count(c) == 1 else f"{c}.mesh{i}" for c, i in zip(clusters, first_meshes)]
+    for k, stem in enumerate(stems):
+        if stems.index(stem) != k:
+            j = stems.index(stem)
+            mine, other = (j, k) if clusters[j] == stem else (k, j)
+            raise InputError(f"names cluster {stem!r}, the name hetauto gives the files of mesh {first_meshes[other]} "
+                             f"of cluster {clusters[other]!r} (a cluster of several launches gets one file per "
+                             "launch, named <cluster>.mesh<i>): one would write over the other",
+                             file=file, field=f"meshes[{first_meshes[mine]}].cluster",
+                             fix=f"rename cluster {stem!r} (in the inventory, and re-plan) to a name not of the "
+                                 "form <cluster>.mesh<i>")
+    return stems
 
 
 def check_plan_inventory(plan: Plan, file: str | None) -> None:

@@ -170,11 +170,48 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         except InputError as exc:
             raise exc.within(file=file, prefix="inventory") from None
     try:
-        return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
+        plan = Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes),
                     inventory=data.get("inventory"), estimate=data.get("estimate"), version=version,
                     precision=precision, pipeline_samples=tuple(pipeline_samples), engine=engine)
     except InputError as exc:
         raise exc.within(file=file) from None
+    _check_engine_runs_it(plan, file)
+    return plan
+
+
+def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
+    """A file that records an engine of one uniform pipeline (DeepSpeed's) describes a job that engine runs:
+    `hetauto plan --engine deepspeed` plans nothing else, and a hand-written or edited file that asks for more would
+    be priced and emitted as if it ran. (`hetauto simulate --engine deepspeed` of another engine's plan still prices
+    how that engine would run it, and says it cannot; emit/deepspeed.py lists the gaps.)"""
+    from ..spec.devices import get_device
+    from .settings import ENGINES
+    from .shapes import uniform_topology_gaps
+    engine = ENGINES[plan.engine]
+    if not engine.simple_only:
+        return
+    meshes = plan.meshes
+    why = f"engine {plan.engine} (the file's 'engine') runs one uniform pipeline"
+    other = "drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine deepspeed"
+    for gap in uniform_topology_gaps(meshes, [get_device(m.device_type).vendor for m in meshes]):
+        if gap in ("tp", "dp", "micro_batch_size"):
+            k = next(k for k, m in enumerate(meshes) if getattr(m, gap) != getattr(meshes[0], gap))
+            raise InputError(f"is {getattr(meshes[k], gap)} where meshes[0] has {getattr(meshes[0], gap)}: {why}, "
+                             "one " + {"tp": "TP", "dp": "DP", "micro_batch_size": "micro-batch"}[gap] + " size for every mesh", file=file, field=f"meshes[{k}].{gap}",
+                             fix=f"give every mesh the same {gap}, or {other}")
+        if gap == "vendor":
+            vendors = {get_device(m.device_type).vendor: k for k, m in enumerate(meshes)}
+            raise InputError(f"mixes vendors ({', '.join(sorted(vendors))}): {why} on one collective library",
+                             file=file, field=f"meshes[{max(vendors.values())}].device_type", fix=other)
+        if gap == "selective" and not engine.selective_recompute:
+            k = next(k for k, m in enumerate(meshes) if m.recompute == "selective")
+            raise InputError(f"is selective: {why} and checkpoints whole layers only", file=file,
+                             field=f"meshes[{k}].recompute", fix=f"write full (what it would run) or none, or {other}")
+    if engine.blocking_boundaries:
+        k = next((k for k, m in enumerate(meshes) if m.boundary_schedule != "blocking"), None)
+        if k is not None:
+            raise InputError(f"is {meshes[k].boundary_schedule}: {why} and blocks on every transfer", file=file,
+                             field=f"meshes[{k}].boundary.schedule", fix=f"drop the boundary block, or {other}")
 
 
 def _inventory_as_written(inventory):

@@ -382,6 +382,10 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
     devices = (f"the {sp.con.max_devices} devices --max-devices allows" if sp.con.max_devices is not None
                and sp.con.max_devices < usable else f"the inventory's {usable} devices"
                + (" not excluded" if sp.con.exclude_clusters else ""))
+    # what "full recomputation" means here: everywhere, or where --recompute leaves the choice to the search
+    pins = [f"{c}={m}" for c, m in sp.con.recompute if m != "full"]
+    even = "even with full recomputation" + (f" where --recompute leaves it free ({', '.join(pins)} pinned)"
+                                             if pins else "")
     miss = ev.closest_miss()
     if miss:
         short, where = miss
@@ -393,8 +397,7 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
                    "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
                    "pipelines; or add devices with more memory, or shorten --seq-length")
         raise InfeasibleError(
-            f"{model.name} does not fit on {devices} even with full "
-            f"recomputation: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
+            f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)} {fix}")
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
@@ -402,8 +405,7 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         c = inventory.clusters[index]
         where = f"{inventory.source}, field " if inventory.source else "field "
         raise InfeasibleError(
-            f"{model.name} does not fit on {devices} even with full "
-            f"recomputation: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
+            f"{model.name} does not fit on {devices} {even}: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
             f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)} "
             f"Fix: devices with more memory ({where}"
