@@ -216,6 +216,28 @@ def test_explain_replans_under_the_plans_own_constraints(readme_plan, tmp_path, 
     assert all(r["clusters"] and set(r["clusters"]) == {"h800"} for r in rep["runners_up"]), rep["runners_up"]
 
 
+def test_explain_replans_a_deepspeed_plan_for_deepspeeds_engine(readme_plan, tmp_path, capsys):
+    """A plan made with --engine deepspeed is explained against layouts DeepSpeed's engine runs, priced as it runs
+    them: re-planning the unchanged inventory finds the plan itself (an unused cluster's what-if changes nothing;
+    before, explain re-planned for Megatron's engine and reported +17.5 % runners-up DeepSpeed cannot run), no
+    runner-up is the plan again, and `plan --explain` and `explain --plan` agree."""
+    _, inv = readme_plan
+    out = str(tmp_path / "ds.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", out,
+                 "--quiet", "--engine", "deepspeed", "--use-clusters", "h800", "--explain", "--json"]) == 0
+    at_plan = json.loads(capsys.readouterr().out)
+    rep = _json(capsys, "explain", "--plan", out, "--json")
+    plan = load_plan(out)
+    assert {m.cluster for m in plan.meshes} == {"h800"}
+    assert rep["runners_up"] and all(r["iteration_time_s"] > rep["iteration_time_s"] for r in rep["runners_up"])
+    for r in rep["runners_up"]:
+        assert "runtime settings" not in "; ".join(r["differs"]) and "selective" not in "; ".join(r["differs"]), r
+    unused = next(row for row in rep["sensitivity"] if row["what"].startswith("cluster ascend size"))
+    assert unused["base_tokens_per_s"] == pytest.approx(rep["tokens_per_s"], rel=1e-5)    # (the report rounds)
+    assert all(c["tokens_per_s"] == pytest.approx(unused["base_tokens_per_s"], rel=1e-9) for c in unused["cases"])
+    assert [r["differs"] for r in at_plan["explain"]["runners_up"]] == [r["differs"] for r in rep["runners_up"]]
+
+
 def test_the_what_ifs_searched_ahead_are_those_the_sensitivity_replans(tmp_path):
     """explain searches the re-planned what-ifs ahead, in worker processes, and answers the sensitivity's re-plans
     from those searches (plan/explain.py replanned_inventories): the list must be what the sensitivity asks for.

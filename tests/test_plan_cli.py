@@ -382,3 +382,18 @@ def test_plan_uses_whole_nodes_that_launch_scripts_can_start(tmp_path, capsys):
         nnodes, nproc = (int(re.search(rf"--{k}=(\d+)", (out / f"{name}.sh").read_text()).group(1))
                          for k in ("nnodes", "nproc-per-node"))
         assert nnodes * nproc == n and (nproc == node or (nnodes == 1 and nproc < node)), (name, n, nnodes, nproc)
+
+
+def test_a_vocabulary_smaller_than_tp_plans(tmp_path):
+    """Byte- or nucleotide-level models have vocabularies of a few tokens, fewer than the TP sizes the search tries;
+    the search's one-layer memory check priced the logits GEMM at vocab // TP = 0 columns and stopped with
+    ZeroDivisionError. Megatron pads the table to a multiple of 128 x TP, which is what the plan must say."""
+    model = tmp_path / "tiny-vocab.yaml"
+    model.write_text("preset: llama2-7b\nvocab_size: 4\n")
+    out = tmp_path / "plan.yaml"
+    r = hetauto("plan", "--model", str(model), "--inventory", INV2, "--global-batch-size", "16", "--quiet",
+                "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(out))
+    assert plan.model.vocab_size == 4
+    assert all(plan.padded_vocab_size % (128 * m.tp) == 0 for m in plan.meshes) and plan.padded_vocab_size >= 128

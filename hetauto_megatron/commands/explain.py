@@ -156,7 +156,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     tokens = plan.global_batch_size * plan.model.seq_length
-    config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints)
+    # ... and for the plan's pipeline engine (DeepSpeed's: its uniform layouts, priced as it runs them)
+    config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints, engine=plan.engine)
     searches = {}
 
     def key(inv):

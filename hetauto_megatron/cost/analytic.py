@@ -242,7 +242,9 @@ class AnalyticCostModel:
     def _head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                     seq_length: int | None) -> tuple[float, float]:
         m = micro_batch_size * (seq_length or model.seq_length)
-        g = self._gemm(device, m, model.hidden_size, model.vocab_size // tp) if model.output_layer else (0.0, 0.0)
+        # (the vocabulary that runs is padded to a multiple of TP: the shard is whole; rounded up for an unpadded
+        # one, e.g. the search's one-layer check, so a vocabulary smaller than TP is not an empty GEMM)
+        g = self._gemm(device, m, model.hidden_size, -(-model.vocab_size // tp)) if model.output_layer else (0.0, 0.0)
         ce = self._elementwise(device, 4 * 3 * m * model.logits_width(tp))
         o = self.cal.micro_batch_overhead_s
         return g[0] + ce + o, g[1] + ce

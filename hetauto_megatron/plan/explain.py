@@ -195,16 +195,31 @@ def differences(a, a_layers, b, b_layers) -> list[str]:
     return out
 
 
+def _as_run_by(choices, engine: str) -> list:
+    """Layout choices to compare as `engine` runs them (settings.as_run_by, recompute_as_run_by): the search ranks
+    layouts with the settings asked for, a plan made for DeepSpeed's engine records those it runs (Plan.for_engine),
+    and the two must compare equal where they run the same. `setting_overrides` here holds what differs from the
+    engine's run of the defaults at the choice's TP (for comparing only: not a choice to price)."""
+    from .settings import as_run_by, default_settings, recompute_as_run_by
+
+    def deviations(c):
+        run, base = as_run_by(c.settings, engine).to_dict(), as_run_by(default_settings(c.tp), engine).to_dict()
+        return tuple(sorted((k, v) for k, v in run.items() if base[k] != v))
+    return [dataclasses.replace(c, recompute=recompute_as_run_by(c.recompute, engine), setting_overrides=deviations(c))
+            for c in choices]
+
+
 def runners_up(plan: Plan, result, k: int = 5) -> list[dict]:
     """The k best layouts of a search (`SearchResult.ranked`) other than the plan's own, each with its
-    predicted throughput and what it decides differently."""
-    mine = plan_choices(plan)
+    predicted throughput and what it decides differently (both as the plan's engine runs them)."""
+    mine = _as_run_by(plan_choices(plan), plan.engine)
     tokens = plan.global_batch_size * plan.model.seq_length
     out = []
     for t, choices, layers in result.ranked:
         if len(out) >= k:
             break
-        if list(choices) == mine and list(layers) == plan.stage_layers:
+        choices = _as_run_by(choices, plan.engine)
+        if choices == mine and list(layers) == plan.stage_layers:
             continue
         out.append({"iteration_time_s": t, "tokens_per_s": tokens / t,
                     "clusters": [m.cluster for m in choices], "stage_layers": list(layers),
