@@ -397,3 +397,26 @@ def test_a_vocabulary_smaller_than_tp_plans(tmp_path):
     plan = load_plan(str(out))
     assert plan.model.vocab_size == 4
     assert all(plan.padded_vocab_size % (128 * m.tp) == 0 for m in plan.meshes) and plan.padded_vocab_size >= 128
+
+
+def test_simulate_on_another_inventory_says_the_tf32_it_priced(tmp_path):
+    """An fp32 plan made where the A100s run without TF32 (`tf32: false`), simulated on an inventory where they run
+    with it: the figures are TF32's (3-4x faster GEMMs), so the summary must say TF32, and a note must say the plan's
+    launch scripts (its own inventory: NVIDIA_TF32_OVERRIDE=0) run without; before, it printed 'no TF32' beside
+    TF32 figures."""
+    inv = {"clusters": [{"name": "a100", "device": "a100-40gb", "nodes": 1, "devices_per_node": 8}]}
+    on, off = tmp_path / "tf32.yaml", tmp_path / "no-tf32.yaml"
+    on.write_text(json.dumps(inv))
+    inv["clusters"][0]["tf32"] = False
+    off.write_text(json.dumps(inv))
+    out = tmp_path / "plan.yaml"
+    job = ["--model", "llama2-7b", "--global-batch-size", "64"]
+    assert hetauto("plan", *job, "--inventory", str(off), "--precision", "fp32", "--quiet", "-o", str(out)).returncode == 0
+    same = hetauto("simulate", "--plan", str(out), "--model", "llama2-7b", "--inventory", str(off))
+    other = hetauto("simulate", "--plan", str(out), "--model", "llama2-7b", "--inventory", str(on))
+    assert same.returncode == other.returncode == 0, other.stderr
+    seconds = [float(re.search(r"iteration ([\d.]+) s", r.stdout).group(1)) for r in (same, other)]
+    assert seconds[1] < 0.6 * seconds[0], seconds
+    assert "no TF32" in same.stdout and "priced" not in same.stderr
+    assert "TF32 GEMMs" in other.stdout and "no TF32" not in other.stdout
+    assert "priced with TF32" in other.stderr and "launch scripts run it without" in other.stderr

@@ -200,9 +200,29 @@ def run(args) -> int:
         return 0
     from ..emit.summary import format_summary
     # the plan as the engine priced runs it (its settings and recomputation), which may not be the file's engine
-    print(format_summary(plan if args.engine == plan.engine else plan.for_engine(args.engine), est.to_dict()))
+    shown = plan if args.engine == plan.engine else plan.for_engine(args.engine)
+    if args.plan:
+        shown = _as_priced_on(shown, inventory)
+    print(format_summary(shown, est.to_dict()))
     if cost is not None:
         print(f"\ncost: {cost:.4f} per 1M tokens (price per device-hour x devices used)")
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _as_priced_on(plan, inventory):
+    """The plan with the inventory it was priced on, so that the summary's TF32 words (an fp32 plan's NVIDIA
+    clusters, emit/summary.py) say what the figures assume; where the plan's own inventory, which its launch
+    scripts follow (NVIDIA_TF32_OVERRIDE), says otherwise, a note on stderr says so."""
+    if plan.precision != "fp32":
+        return plan
+    from ..emit.megatron import fp32_tf32
+    priced = dataclasses.replace(plan, inventory=inventory.to_dict())
+    differ = sorted({m.cluster for m in plan.meshes if fp32_tf32(plan, m.cluster) != fp32_tf32(priced, m.cluster)})
+    for c in differ:
+        print(f"hetauto simulate: cluster {c} is priced {'with' if fp32_tf32(priced, c) else 'without'} TF32 GEMMs, as "
+              f"--inventory says, but the plan's launch scripts run it {'with' if fp32_tf32(plan, c) else 'without'} "
+              "(the plan's own inventory, its 'tf32'); re-plan with this inventory to launch what is priced",
+              file=sys.stderr)
+    return priced
