@@ -91,6 +91,42 @@ def test_peer_plan_fits_as_sailors_job(tmp_path):
     _assert_fits_as_sailors_job(_plan(tmp_path, "--memory-job", "sailor-deepspeed"))
 
 
+def test_commands_reading_the_plan_price_it_with_its_memory_job(tmp_path, capsys):
+    """The --memory-job a plan was made with is recorded in it (estimate.search.memory_job), and simulate, explain
+    and compare apply it: they report the per-stage memory the plan was fitted to, Sailor's job's (which the stages
+    must fit by Sailor's own measured terms, checked above); before, compare and explain priced the plan without
+    it and showed a third less memory than the plan and its summary did."""
+    from hetauto_megatron.cli import main
+    path = _plan(tmp_path, "--memory-job", "sailor-deepspeed")
+    plan = load_plan(path)
+    assert plan.estimate["search"]["memory_job"] == "sailor-deepspeed"
+    planned = [s["memory_gib"] for s in plan.estimate["stages"]]
+    model = "examples/peers/models/opt-350m.yaml"
+    inventory = "examples/peers/inventory-same-zone.yaml"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        capsys.readouterr()
+        assert main(["simulate", "--plan", path, "--model", model, "--inventory", inventory, "--json"]) == 0
+        simulated = [s["memory_gib"] for s in json.loads(capsys.readouterr().out)["stages"]]
+        assert main(["explain", "--plan", path, "--no-search", "--json"]) == 0
+        explained = [m["memory_gib"] for m in json.loads(capsys.readouterr().out)["memory"]]
+        assert main(["compare", path, "--json"]) == 0
+        compared = json.loads(capsys.readouterr().out)["plans"][0]
+    finally:
+        os.chdir(cwd)
+    assert simulated == pytest.approx(planned, abs=0.06) and explained == pytest.approx(planned, abs=0.06)
+    # (compare's peak: the stage that fills the largest share of its device)
+    assert min(abs(compared["peak_memory_gib"] - m) for m in planned) < 0.06 and compared["fits"] is True
+    # the job is what binds: priced as our runtime alone holds memory, the stages need less
+    assert main(["compare", path, "--json", "--inventory", os.path.join(ROOT, inventory)]) == 0
+    assert compared["peak_memory_gib"] == json.loads(capsys.readouterr().out)["plans"][0]["peak_memory_gib"]
+    plan.estimate["search"].pop("memory_job")
+    plan.save(str(tmp_path / "without.yaml"))
+    assert main(["compare", str(tmp_path / "without.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["peak_memory_gib"] < 0.9 * compared["peak_memory_gib"]
+
+
 # ---- fp32 GEMMs on TF32: the inventory's `tf32`, the peak, the learned model's coverage, the emitted switch --------
 def test_tf32_cluster_key(tmp_path):
     from hetauto_megatron.errors import InputError
@@ -198,8 +234,8 @@ def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_mod
         capsys.readouterr()
         assert main([*cmd, "--cost-model", sailor_model, "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
-        verdicts[name] = out["fits"] if cmd[0] == "simulate" else out["plans"][0]["fits"] == "yes"
+        verdicts[name] = out["fits"] if cmd[0] == "simulate" else out["plans"][0]["fits"]
     # analytic model (no Sailor data): our runtime alone, which fits
     assert main(["compare", plan_path, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["plans"][0]["fits"] == "yes"
+    assert json.loads(capsys.readouterr().out)["plans"][0]["fits"] is True
     assert verdicts == {"simulate": False, "simulate --precision fp32": False, "compare": False}

@@ -102,6 +102,28 @@ def at_plan_precision(inventory, plan, plan_file: str | None):
                              f"simulate it on an inventory whose clusters train in {plan.precision}") from None
 
 
+def recorded_memory_job(plan, plan_file: str | None) -> str | None:
+    """The --memory-job a plan was made with (its estimate.search records it), which every command that prices the
+    plan applies too, so that they all report the memory the plan was fitted to."""
+    from ..errors import InputError
+    from ..plan.memory_fit import MEMORY_JOBS
+    search = (plan.estimate or {}).get("search")
+    name = search.get("memory_job") if isinstance(search, dict) else None
+    if name is not None and name not in MEMORY_JOBS:
+        raise InputError(f"is {name!r}, not a memory job this hetauto knows", file=plan_file,
+                         field="estimate.search.memory_job",
+                         fix=f"write one of: {', '.join(MEMORY_JOBS)}, or delete the key (docs/plan-format.md)")
+    return name
+
+
+def use_recorded_memory_job(cost_model, plan, plan_file: str | None, given: str | None = None) -> None:
+    """Set the plan's recorded memory job on `cost_model` (unless --memory-job `given` already set one)."""
+    from ..plan.memory_fit import MEMORY_JOBS
+    name = recorded_memory_job(plan, plan_file)
+    if name and not given:
+        cost_model.memory_job = MEMORY_JOBS[name]()
+
+
 def apply_memory_job(cost_model, inventory) -> None:
     """plan/memory_fit.py resolve_memory_job on the inventory at the plan's precision, saying so on stderr."""
     from ..plan.memory_fit import resolve_memory_job

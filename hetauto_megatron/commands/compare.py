@@ -108,7 +108,8 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
     row = {"plan": path, "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"],
            "tokens_per_s_per_device": est["tokens_per_s"] / plan.world_size,
            "tflops_per_device": est["tflops_per_device"], "peak_memory_share": peak[0],
-           "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "fits": "yes" if est["fits"] else "NO",
+           "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "peak_memory_gib": peak[1],
+           "peak_memory_capacity_gib": peak[2], "fits": bool(est["fits"]),
            "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
            "pipeline": _pipelines(plan),
            # '+': a replica group alongside the mesh before it (as the simulate table marks it)
@@ -139,7 +140,8 @@ def format_table(rows: list[dict]) -> str:
         vals = [r[key] for r in rows]
         if key == "cost_per_million_tokens" and all(v is None for v in vals):
             continue
-        shown = ["-" if v is None else fmt.format(v / 1e9 if key == "cross_cluster_bytes" else v) for v in vals]
+        shown = ["-" if v is None else ("yes" if v else "NO") if key == "fits" else
+                 fmt.format(v / 1e9 if key == "cross_cluster_bytes" else v) for v in vals]
         if better and len(rows) > 1 and all(v is not None for v in vals):
             best = (max if better == "max" else min)(vals)
             shown = [s + (" <" if v == best and len(set(vals)) > 1 else "") for s, v in zip(shown, vals)]
@@ -172,6 +174,7 @@ def run(args) -> int:
               + "): time per iteration and tokens/s compare different work", file=sys.stderr)
     if args.json:
         differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
+        # (JSON for scripts: `fits` a boolean, the peak memory also as numbers; the table shows them in words)
         print(json.dumps({"plans": rows, "differ": differ}, indent=2))
     else:
         print(format_table(rows))

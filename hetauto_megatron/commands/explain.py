@@ -101,7 +101,8 @@ def plan_inputs(args, plan_path: str, plan=None):
     inventory = apply_overrides(inventory, getattr(args, "set", None))
     cost_model = load_cost_model(getattr(args, "cost_model", None))
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
-    from ._common import apply_memory_job, at_plan_precision
+    from ._common import apply_memory_job, at_plan_precision, use_recorded_memory_job
+    use_recorded_memory_job(cost_model, plan, plan_path)       # the --memory-job the plan was fitted to
     apply_memory_job(cost_model, at_plan_precision(inventory, plan, plan_path))
     return plan, inventory, cost_model
 

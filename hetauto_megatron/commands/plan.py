@@ -215,7 +215,8 @@ def run(args) -> int:
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
-    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes))
+    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes,
+                                                            args.memory_job))
     written = []
     if args.output:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
@@ -276,7 +277,8 @@ def run(args) -> int:
 
 # The job a plan trains (argparse name -> flag; the flags' defaults), which --from keeps unless a flag is given.
 JOB_FLAGS = {"global_batch_size": "--global-batch-size", "precision": "--precision", "seq_length": "--seq-length",
-             "engine": "--engine", "boundary_schedule": "--boundary-schedule", "shapes": "--shapes"}
+             "engine": "--engine", "boundary_schedule": "--boundary-schedule", "shapes": "--shapes",
+             "memory_job": "--memory-job"}
 JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped",
                 "shapes": "all"}
 
@@ -285,8 +287,11 @@ def keep_job_of(old, args) -> dict:
     """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
     job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
     from ..plan.settings import ENGINES
+    from ._common import recorded_memory_job
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
            "seq_length": old.model.seq_length, "engine": old.engine}
+    if recorded_memory_job(old, args.from_plan):
+        job["memory_job"] = recorded_memory_job(old, args.from_plan)
     if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
         # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
         # single meshes searched with every shape re-plans with every shape, since the new inventory may make
@@ -408,10 +413,10 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
 
 
-def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -> dict:
+def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None) -> dict:
     """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
     plan was made (search method, objective, constraints, the --shapes setting: `shapes.setting`, which --from
-    keeps)."""
+    keeps; the --memory-job every stage was also fitted to, which simulate, explain, compare and --from apply)."""
     from .. import tool_version
     from ..plan.constraints import cost_per_million_tokens
     from ..plan.plan_file import layout_digest
@@ -419,6 +424,8 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all") -
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
     record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
     record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
+    if memory_job:
+        record["memory_job"] = memory_job
     record["hetauto_version"] = tool_version()     # which planner wrote it, for a plan read months later
     # the file holds what the inputs and the seed decide, so that the same ones write the same bytes: the search's
     # wall time goes to stderr and --json only

@@ -6,7 +6,8 @@ import json
 import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
-                      at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint, write_timelines)
+                      at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
+                      use_recorded_memory_job, write_timelines)
 from ..spec.whatif import keys_help
 
 DESCRIPTION = """\
@@ -99,6 +100,8 @@ def run(args) -> int:
         plan = load_plan(args.plan)
         if args.engine is None:         # the engine the plan was made for
             args.engine = plan.engine
+        # the --memory-job the plan was fitted to, unless the flag names one
+        use_recorded_memory_job(cost_model, plan, args.plan, args.memory_job)
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
