@@ -173,3 +173,19 @@ def test_a_model_without_output_layer_is_not_a_model_file_key():
     assert headless.output_params == base.hidden_size and headless.logits_flops_per_token() == 0
     with pytest.raises(InputError, match="output_layer"):
         model_from_dict({**base.to_dict(), "output_layer": False})
+
+
+def test_a_learned_table_grown_by_seq_length_is_said(tmp_path):
+    """GPT-2's config has 1,024 learned positions; --seq-length 2048 plans a 2,048-row table (what training from
+    scratch at that length builds), which a pretrained checkpoint cannot fill: the user is told so."""
+    from hetauto_megatron.spec.model import load_model
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, '
+                    '"vocab_size": 50257}')
+    notes = []
+    spec = load_model(str(path), seq_length=2048, note=notes.append)
+    assert spec.max_position_embeddings == 2048
+    assert any("1,024 learned positions" in n and "will not load" in n for n in notes), notes
+    notes.clear()
+    assert load_model(str(path), seq_length=1024, note=notes.append).max_position_embeddings == 1024
+    assert not any("learned positions" in n for n in notes), notes

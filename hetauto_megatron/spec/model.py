@@ -274,6 +274,10 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         spec = model_from_dict(data, file=source)
     if seq_length:
         # a longer learned table is what training at that length builds (rotary: ModelSpec raises its reach)
+        if spec.position_embedding == "learned" and seq_length > spec.max_position_embeddings and note is not None:
+            note(f"--seq-length {seq_length:,} is longer than the {spec.max_position_embeddings:,} learned positions "
+                 f"of {source}: the plan builds a {seq_length:,}-row position table (a model trained from scratch; a "
+                 f"checkpoint with {spec.max_position_embeddings:,} positions will not load into it)")
         spec = spec.replace(seq_length=seq_length, max_position_embeddings=max(seq_length, spec.max_position_embeddings)
                             if spec.position_embedding == "learned" else spec.max_position_embeddings)
     return spec
