@@ -238,6 +238,48 @@ def test_rewrite_rejects_context_parallel_and_experts():
         rewrite.rewrite_args(ns(num_experts=8), PLAN, c)
 
 
+def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons_parser(monkeypatch):
+    """Each feature of the table, typed as a user would and parsed by Megatron's own parser, is refused by name
+    before Megatron validates anything (before: it trained a job the plan never priced, e.g. Megatron FSDP, or
+    stopped every rank with one of Megatron's assertions); the table's defaults are Megatron's own (an argument
+    left out is not refused). The legacy spellings that Megatron's validate_args turns into checked settings after
+    the rewrite: --recompute-activations gives way to the plan's recomputation, --use-rotary-position-embeddings on
+    a plan of learned positions is refused."""
+    import megatron.training.arguments as margs
+
+    from hetauto_megatron.megatron.unpriced import UNPRICED
+    typed = {"context_parallel_size": ["2"], "num_experts": ["8"], "mtp_num_layers": ["1"],
+             "expert_model_parallel_size": ["2"], "num_distributed_optimizer_instances": ["2"],
+             "hybrid_override_pattern": ["M*"], "heterogeneous_layers_config_path": ["x.json"],
+             "experimental_attention_variant": ["gated_delta_net"], "window_size": ["128,0"]}
+    base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32"]
+
+    def parse(*extra):     # as the patched pretrain_gpt.py parses (hetauto's provider marks Megatron's defaults)
+        monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *base, *extra])
+        return margs.parse_args(hetauto_args_provider())
+
+    plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
+                           "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2,
+                                       "recompute": "full", "stage_layers": [8]}]})
+    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None)
+    plain = parse()
+    for u in UNPRICED:
+        assert getattr(plain, u.dest) == u.default, u
+        flag = [u.flag, *typed.get(u.dest, [])]
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(parse(*flag), plan, c)
+        assert exc.value.field == u.flag and u.flag in str(exc.value), u
+    from hetauto_megatron.emit.megatron import architecture_args
+    args = parse("--recompute-activations", *[f for a in architecture_args(plan.model) for f in a.flags])
+    rewrite.rewrite_args(args, plan, c)
+    assert (args.recompute_activations, args.recompute_granularity) == (False, "full")
+    learned = plan_from_dict({"version": 2, "global_batch_size": 8, "model": {
+        "preset": "tiny", "position_embedding": "learned", "gated_mlp": False},
+        "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2, "stage_layers": [8]}]})
+    with pytest.raises(InputError, match="--use-rotary-position-embeddings"):
+        rewrite.check_model_args(parse("--use-rotary-position-embeddings"), learned)
+
+
 def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
     """Every rank's rewritten arguments pass Megatron's real validate_args and give its mesh's DP degree and
     the same number of micro-batches everywhere."""

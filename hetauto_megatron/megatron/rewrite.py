@@ -50,6 +50,7 @@ from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords, check_world_size, rank_coords
 from .args import ParserDefault
+from .unpriced import check_unpriced
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -172,6 +173,11 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
         if have is not None and have != arch.value:
             how = "add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out"
             clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ({how})")
+    # Megatron's legacy spelling of rotary embeddings, which its validate_args turns into position_embedding_type
+    # after this check: rotary is the plan's model's, or the launch builds another model
+    if getattr(args, "use_rotary_position_embeddings", False) and m.position_embedding != "rope":
+        clashes.append(f"--use-rotary-position-embeddings where the plan's model has {m.position_embedding} "
+                       "positions (drop the flag)")
     # The head width: Megatron derives it (hidden / heads) unless --kv-channels says otherwise, which would resize
     # every attention projection the plan priced.
     have_kv_ch = getattr(args, "kv_channels", None)
@@ -214,6 +220,9 @@ def layout_overrides(plan: Plan, placement: RankCoords) -> dict:
         "global_batch_size": mesh_batch_size(plan, placement.mesh_index),
         "pipeline_model_parallel_layout": megatron_layout(layout.stage_layers),
         **recompute_settings(mesh.recompute),
+        # Megatron's legacy spelling of selective recomputation, which its validate_args would turn into
+        # recompute_granularity after this rewrite: the plan's recomputation is what runs
+        "recompute_activations": False,
         # what the mesh's activations look like at its boundaries: the communicator cuts them by this setting
         "sequence_parallel": mesh.settings.sequence_parallel,
         "account_for_embedding_in_pipeline_split": False,
@@ -399,12 +408,7 @@ def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> Non
 def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
     """Rewrite a parsed (not yet validated) Megatron argument namespace in place for this rank.
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
-    if getattr(args, "context_parallel_size", 1) not in (None, 1):
-        raise InputError(f"--context-parallel-size {args.context_parallel_size} is not supported with --hetauto",
-                         file=file, field="--context-parallel-size", fix="drop the flag (plans use no context parallelism)")
-    if getattr(args, "num_experts", None):
-        raise InputError("mixture-of-experts models are not supported with --hetauto", field="--num-experts",
-                         fix="plan and run a dense model")
+    check_unpriced(args, file=file)
     check_job_args(args, plan, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}

@@ -1,0 +1,66 @@
+"""Megatron-LM features a plan does not price, refused under --hetauto (pure, no torch).
+
+A plan's time and memory are those of a dense GPT model of the plan's layers, trained with Megatron's
+distributed optimizer over each mesh's DP group, activations kept on the device. A Megatron argument that builds
+something else (more layers or heads, other attention projections, another sharding of weights or optimizer
+state, activations moved off the device) would train a job the plan never priced, or stop every rank with one of
+Megatron's own assertions deep in validate_args: each is refused by name before Megatron validates anything.
+
+What the launch scripts may add to the planned shapes because the plan's time and memory hardly depend on it
+(the Hugging Face reader names them: --add-qkv-bias, --rotary-percent, --norm-epsilon, --use-rope-scaling,
+spec/hf_config.py not_carried) is not in the table.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import InputError
+
+
+class Unpriced(NamedTuple):
+    dest: str            # Megatron's argument (argparse dest)
+    flag: str
+    default: object      # Megatron's default: any other value builds the feature
+    what: str            # what it builds that the plan did not price
+
+
+UNPRICED = (
+    Unpriced("context_parallel_size", "--context-parallel-size", 1,
+             "context parallelism: the plans use none (each mesh's TP, DP and pipeline stages are the plan's)"),
+    Unpriced("num_experts", "--num-experts", None, "a mixture-of-experts model: the plan's model is dense"),
+    Unpriced("mtp_num_layers", "--mtp-num-layers", None,
+             "multi-token prediction: more layers and output heads than the plan's"),
+    Unpriced("multi_latent_attention", "--multi-latent-attention", False,
+             "multi-latent attention: other attention projections than the plan's"),
+    Unpriced("expert_model_parallel_size", "--expert-model-parallel-size", 1,
+             "expert parallelism: the plan's model is dense"),
+    Unpriced("use_torch_fsdp2", "--use-torch-fsdp2", False,
+             "PyTorch FSDP2, which shards the weights: the plan prices Megatron's distributed optimizer over each "
+             "mesh's DP group"),
+    Unpriced("use_megatron_fsdp", "--use-megatron-fsdp", False,
+             "Megatron FSDP, which shards the weights: the plan prices Megatron's distributed optimizer over each "
+             "mesh's DP group"),
+    Unpriced("num_distributed_optimizer_instances", "--num-distributed-optimizer-instances", 1,
+             "several distributed-optimizer instances: the plan shards the optimizer state over each mesh's whole "
+             "DP group"),
+    Unpriced("hybrid_override_pattern", "--hybrid-override-pattern", None,
+             "a hybrid (Mamba) layer pattern: the plan's layers are transformer layers"),
+    Unpriced("heterogeneous_layers_config_path", "--heterogeneous-layers-config-path", None,
+             "layers of different shapes: the plan's layers are all alike"),
+    Unpriced("experimental_attention_variant", "--experimental-attention-variant", None,
+             "another attention than the plan's causal self-attention"),
+    Unpriced("window_size", "--window-size", None,
+             "sliding-window attention: the plan prices full causal attention"),
+    Unpriced("fine_grained_activation_offloading", "--fine-grained-activation-offloading", False,
+             "activation offloading: the plan's memory keeps the activations on the device"),
+)
+
+
+def check_unpriced(args, *, file: str | None = None) -> None:
+    """InputError naming every argument of UNPRICED given a value other than Megatron's default."""
+    given = [u for u in UNPRICED if getattr(args, u.dest, u.default) not in (u.default,)]
+    if given:
+        raise InputError("the Megatron arguments ask for what the plan does not price: " + "; ".join(
+            f"{u.flag} {getattr(args, u.dest)!r} ({u.what})" for u in given), file=file, field=given[0].flag,
+            fix="drop " + ", ".join(u.flag for u in given) + " (--hetauto runs the plan's dense GPT layers with "
+                "Megatron's distributed optimizer; docs/megatron-integration.md)")
