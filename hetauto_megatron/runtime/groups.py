@@ -154,8 +154,41 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
     else:
         devlayer.check_local_device(coords.device_type, rank=rank, file=file)
         backend = devlayer.init_backend([m.device_type for m in plan.meshes])
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except dist.DistError as exc:       # the rendezvous timed out or its store could not be reached
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
+                         f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
+                         "refused argument), or it starts other ranks than the plan's", file=file,
+                         field="HETAUTO_WORLD_SIZE",
+                         fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK "
+                             "in 0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), "
+                             "with one HETAUTO_MASTER_ADDR/PORT for all") from None
+    check_same_plan(plan, rank, world_size, file=file)
+
+
+def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:
+    """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
+    cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
+    train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest); where
+    any differs from rank 0's, every rank stops with the same paragraph."""
+    import torch
+    import torch.distributed as dist
+
+    from ..plan.plan_file import layout_digest
+    mine = torch.tensor([int(layout_digest(plan)[:15], 16)], dtype=torch.int64)
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(every, mine)
+    other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
+    if other:
+        ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
+        raise InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
+                         f"rank 0 (this process is rank {rank})", file=file,
+                         field="--hetauto-plan",
+                         fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
+                             "'hetauto emit megatron' writes its path into the scripts)")
 
 
 @dataclass
