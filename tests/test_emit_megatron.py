@@ -139,7 +139,7 @@ def test_every_emitted_launch_passes_megatrons_own_validation(monkeypatch, tmp_p
     --max-position-embeddings stopped every rank of that launch)."""
     import megatron.training.arguments as margs
 
-    from hetauto_megatron.megatron import cpu, rewrite
+    from hetauto_megatron.megatron import cpu, launch_identity, rewrite
     from hetauto_megatron.megatron.args import hetauto_args_provider
 
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -160,7 +160,7 @@ def test_every_emitted_launch_passes_megatrons_own_validation(monkeypatch, tmp_p
                                               "--train-iters", "1", "--lr", "1e-4", "--transformer-impl", "local",
                                               "--no-gradient-accumulation-fusion", "--no-persist-layer-norm"])
             args = margs.parse_args(hetauto_args_provider())
-            placement = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+            placement = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
             assert placement.mesh_index == i
             rewrite.rewrite_args(args, plan, placement)
             margs.validate_args(args, {})
@@ -339,3 +339,22 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "meshes[0].tp" in err and "8 devices per node are assumed" in err and "--devices-per-node" in err, err
 
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"NODE_RANK": "32"}, "NODE_RANK=32, but the plan runs this cluster on 32 nodes: 0..31"),
+    ({"NODE_RANK": "-1"}, "NODE_RANK=-1 is not a node index"),
+    ({"NODE_RANK": None}, "set NODE_RANK"),
+    ({"CLUSTER_MASTER_ADDR": None}, "set CLUSTER_MASTER_ADDR"),
+])
+def test_a_launch_script_refuses_a_node_it_does_not_have(tmp_path, env, words):
+    """A node rank outside the cluster's nodes (or a missing address) stops the script with exit 2 before torchrun
+    starts; before, torchrun waited for nodes that never come and every other cluster hung at the rendezvous."""
+    out = tmp_path / "launch"
+    assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out), "--cluster", "h800"]) == 0
+    base = {"PATH": os.environ["PATH"], "NODE_RANK": "1", "CLUSTER_MASTER_ADDR": "10.0.0.1",
+            "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": "false"}
+    base.update(env)
+    proc = subprocess.run(["bash", str(out / "h800.sh")], env={k: v for k, v in base.items() if v is not None},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and words in proc.stderr and "hetauto launch (cluster h800)" in proc.stderr, proc

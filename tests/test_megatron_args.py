@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.megatron import rewrite
+from hetauto_megatron.megatron import launch_identity, rewrite
 from hetauto_megatron.megatron.args import add_hetauto_args, hetauto_args_provider
 from hetauto_megatron.megatron.hook import check_megatron_version, megatron_core_version
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
@@ -56,12 +56,24 @@ def test_cluster_flag_defaults_to_environment(monkeypatch):
 
 # ---- launch identity ---------------------------------------------------------------------------------------
 def test_identity_uses_rank_offset_and_plan_world():
-    ident = rewrite.identity_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                                       "HETAUTO_RANK_OFFSET": "4", "HETAUTO_WORLD_SIZE": "6",
-                                       "HETAUTO_CLUSTER": "b"})
+    ident = launch_identity.identity_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                                               "HETAUTO_RANK_OFFSET": "4", "HETAUTO_WORLD_SIZE": "6",
+                                               "HETAUTO_CLUSTER": "b"})
     assert (ident.rank, ident.world_size, ident.local_rank, ident.cluster) == (5, 6, 1, "b")
-    single = rewrite.identity_from_env({"RANK": "3", "WORLD_SIZE": "6"})
+    single = launch_identity.identity_from_env({"RANK": "3", "WORLD_SIZE": "6"})
     assert (single.rank, single.world_size, single.cluster) == (3, 6, None)
+
+
+def test_a_cluster_launched_with_other_processes_than_the_plans_is_refused():
+    """Cluster b's launch runs global ranks 4-5 (2 processes); started with --nproc-per-node 1 it would leave every
+    cluster waiting at the rendezvous until the timeout: refused at once, naming the flag."""
+    def env(world):
+        return {"RANK": "0", "WORLD_SIZE": str(world), "HETAUTO_RANK_OFFSET": "4", "HETAUTO_WORLD_SIZE": "6"}
+    assert launch_identity.check_launch(PLAN, launch_identity.identity_from_env(env(2)), "b").mesh_index == 1
+    with pytest.raises(InputError) as exc:
+        launch_identity.check_launch(PLAN, launch_identity.identity_from_env(env(1)), "b", file="p.yaml")
+    assert exc.value.field == "--nproc-per-node" and "started 1 processes" in exc.value.reason
+    assert "the plan runs 2 there (global ranks 4-5)" in exc.value.reason
 
 
 @pytest.mark.parametrize("env,field", [
@@ -70,27 +82,28 @@ def test_identity_uses_rank_offset_and_plan_world():
 ])
 def test_identity_errors(env, field):
     with pytest.raises(InputError) as exc:
-        rewrite.identity_from_env(env)
+        launch_identity.identity_from_env(env)
     assert exc.value.field == field
 
 
 def test_check_launch_places_ranks_and_rejects_mismatches():
-    ident = rewrite.LaunchIdentity(rank=5, world_size=6, cluster=None)
-    c = rewrite.check_launch(PLAN, ident, "b")
+    ident = launch_identity.LaunchIdentity(rank=5, world_size=6, cluster=None)
+    c = launch_identity.check_launch(PLAN, ident, "b")
     assert (c.mesh_index, c.stage, c.tp_rank, c.dp_rank) == (1, 2, 0, 1)
     with pytest.raises(InputError, match="launched with 4 processes but the plan needs 6"):
-        rewrite.check_launch(PLAN, rewrite.LaunchIdentity(rank=0, world_size=4, cluster=None), None, file="p.yaml")
+        launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(rank=0, world_size=4, cluster=None), None,
+                                     file="p.yaml")
     with pytest.raises(InputError) as exc:
-        rewrite.check_launch(PLAN, ident, "a", file="p.yaml")
+        launch_identity.check_launch(PLAN, ident, "a", file="p.yaml")
     assert exc.value.field == "meshes[1].cluster" and "cluster 'a'" in exc.value.reason
     with pytest.raises(InputError, match="outside the plan's 6 ranks"):
-        rewrite.check_launch(PLAN, rewrite.LaunchIdentity(rank=7, world_size=6, cluster=None, rank_offset=6), None)
+        launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(rank=7, world_size=6, cluster=None, rank_offset=6), None)
 
 
 # ---- per-rank layout ---------------------------------------------------------------------------------------
 def test_layout_overrides_per_mesh():
-    a = rewrite.layout_overrides(PLAN, rewrite.check_launch(PLAN, rewrite.LaunchIdentity(1, 6, None), None))
-    b = rewrite.layout_overrides(PLAN, rewrite.check_launch(PLAN, rewrite.LaunchIdentity(4, 6, None), None))
+    a = rewrite.layout_overrides(PLAN, launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(1, 6, None), None))
+    b = rewrite.layout_overrides(PLAN, launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(4, 6, None), None))
     assert a["tensor_model_parallel_size"] == 2 and b["tensor_model_parallel_size"] == 1
     assert a["micro_batch_size"] == 2 and b["micro_batch_size"] == 1
     assert a["pipeline_model_parallel_size"] == b["pipeline_model_parallel_size"] == 3
@@ -105,14 +118,14 @@ def test_layout_overrides_per_mesh():
 def test_single_stage_plan_has_no_layout():
     plan = make_plan([{"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 2, "micro_batch_size": 2,
                        "recompute": "selective", "stage_layers": [8]}])
-    o = rewrite.layout_overrides(plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(1, 2, None), None))
+    o = rewrite.layout_overrides(plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(1, 2, None), None))
     assert o["pipeline_model_parallel_layout"] is None and o["pipeline_model_parallel_size"] == 1
     assert (o["recompute_granularity"], o["recompute_method"], o["recompute_modules"]) == ("selective", None, ["mlp"])
 
 
 def test_validation_world_size_yields_mesh_dp():
     for rank, dp in [(0, 1), (3, 1), (4, 2), (5, 2)]:
-        c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(rank, 6, None), None)
+        c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(rank, 6, None), None)
         mesh = PLAN.meshes[c.mesh_index]
         assert rewrite.validation_world_size(PLAN, c) // (mesh.tp * PLAN.pipeline_parallel_size) == dp
 
@@ -161,14 +174,14 @@ def test_a_rotary_model_trained_past_its_config_length_passes_megatrons_validati
         {"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [8]}]})
     for rank in range(plan.world_size):
         margs, args = _megatron_args(monkeypatch, [*model_args(plan), "--vocab-size", "128"], model=None)
-        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
         rewrite.rewrite_args(args, plan, c)
         margs.validate_args(args, {})
         assert args.seq_length == 64 <= args.max_position_embeddings
     # a hand-written launch that keeps the config's 32 is refused before Megatron's assertion, naming the flag
     margs, args = _megatron_args(monkeypatch, ["--seq-length", "64", "--max-position-embeddings", "32"])
     with pytest.raises(InputError) as exc:
-        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None),
+        rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 2, None), None),
                              file="plan.yaml")
     assert "--max-position-embeddings 32, shorter than the plan's sequence of 64 tokens" in exc.value.message
 
@@ -180,7 +193,7 @@ def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(mo
     from hetauto_megatron.emit.megatron import model_args
 
     margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=None)
-    c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, PLAN.world_size, None), None)
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
     with pytest.raises(InputError) as exc:
         rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
     msg = exc.value.message
@@ -199,9 +212,9 @@ def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(mo
         gated_mlp=False, position_embedding="learned", tie_embeddings=True).to_dict()})
     margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128", "--swiglu"], model=None)
     with pytest.raises(InputError, match="Megatron's default: leave the flag out"):
-        rewrite.rewrite_args(args, gpt, rewrite.check_launch(gpt, rewrite.LaunchIdentity(0, 1, None), None))
+        rewrite.rewrite_args(args, gpt, launch_identity.check_launch(gpt, launch_identity.LaunchIdentity(0, 1, None), None))
     margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=None)
-    rewrite.rewrite_args(args, gpt, rewrite.check_launch(gpt, rewrite.LaunchIdentity(0, 1, None), None))
+    rewrite.rewrite_args(args, gpt, launch_identity.check_launch(gpt, launch_identity.LaunchIdentity(0, 1, None), None))
     margs.validate_args(args, {})
     assert model_args(gpt)[-2:] == ["--position-embedding-type", "learned_absolute"]
 
@@ -231,7 +244,7 @@ def test_a_tokenizer_larger_than_the_plans_vocabulary_is_refused_when_megatron_b
 
 
 def test_rewrite_rejects_context_parallel_and_experts():
-    c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, 6, None), None)
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, 6, None), None)
     with pytest.raises(InputError, match="context-parallel"):
         rewrite.rewrite_args(ns(context_parallel_size=2), PLAN, c)
     with pytest.raises(InputError, match="mixture-of-experts"):
@@ -261,7 +274,7 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
                            "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2,
                                        "recompute": "full", "stage_layers": [8]}]})
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 2, None), None)
     plain = parse()
     for u in UNPRICED:
         assert getattr(plain, u.dest) == u.default, u
@@ -302,7 +315,7 @@ def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
                                           "--disable-bias-linear", "--position-embedding-type", "rope",
                                           "--untie-embeddings-and-output-weights"])
         args = margs.parse_args(hetauto_args_provider())
-        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
         rewrite.rewrite_args(args, plan, c)
         margs.validate_args(args, {})
         mesh = plan.meshes[c.mesh_index]
@@ -345,7 +358,7 @@ def test_recompute_settings_are_the_emitted_ones():
 
 
 def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
-    c = rewrite.check_launch(PLAN, rewrite.LaunchIdentity(0, 6, None), None)
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, 6, None), None)
     for fmt in ("torch_dist", "fsdp_dtensor"):
         with pytest.raises(InputError) as exc:
             rewrite.rewrite_args(ns(save="ck", load=None, ckpt_format=fmt), PLAN, c, file="plan.yaml")
@@ -360,7 +373,7 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
                          {"cluster": "b", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
                           "stage_layers": [4]}])
     rewrite.rewrite_args(ns(save="ck", load=None, ckpt_format="torch_dist"), same_tp,
-                         rewrite.check_launch(same_tp, rewrite.LaunchIdentity(0, 4, None), None))
+                         launch_identity.check_launch(same_tp, launch_identity.LaunchIdentity(0, 4, None), None))
 
 
 # ---- runtime settings, precision and vocabulary from the plan (plan/settings.py) ---------------------------
@@ -403,7 +416,7 @@ def test_rewrite_sets_the_plans_settings_and_one_padded_vocabulary(monkeypatch):
     sizes = set()
     for rank in range(plan.world_size):
         margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257"], model=plan.model)
-        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
         rewrite.rewrite_args(args, plan, c)
         margs.validate_args(args, {})
         s = plan.meshes[c.mesh_index].settings
@@ -429,7 +442,7 @@ def test_a_vocabulary_divisor_that_builds_another_table_is_refused(monkeypatch):
     d = {"version": 2, "model": PRESETS["tiny"].replace(vocab_size=50257, tie_embeddings=True).to_dict(),
          "global_batch_size": 8, "meshes": TIED_50257}
     plan = plan_from_dict(d)
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, plan.world_size, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
     margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", "--make-vocab-size-divisible-by", "64"],
                                  model=plan.model)
     alone = vocab_size_with_padding(50257, args, logging_enabled=False)
@@ -463,7 +476,7 @@ def test_a_model_padded_by_another_divisor_is_priced_and_built_with_it(monkeypat
     assert flags[flags.index("--make-vocab-size-divisible-by") + 1] == "1"
     sizes = set()
     for rank in range(plan.world_size):
-        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
         for given in ([], ["--make-vocab-size-divisible-by", "1"]):
             margs, args = _megatron_args(monkeypatch, ["--vocab-size", "50257", *given], model=plan.model)
             rewrite.rewrite_args(args, plan, c)
@@ -479,7 +492,7 @@ def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
     plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [8],
          "settings": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_param_gather": False}}]})
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 2, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 2, None), None)
     # flags the plan runs anyway, or leaves off without being told: filled in, no error
     _, args = _megatron_args(monkeypatch, ["--bf16", "--overlap-grad-reduce"])
     rewrite.rewrite_args(args, plan, c)
@@ -506,7 +519,7 @@ def test_precision_flags_follow_the_plan(monkeypatch):
     for precision, want in [("fp32", (False, False)), ("fp16", (False, True)), ("bf16", (True, False))]:
         plan = plan_from_dict({**base, "precision": precision})
         margs, args = _megatron_args(monkeypatch)
-        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+        rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
         margs.validate_args(args, {})
         assert (args.bf16, args.fp16) == want, precision
         if precision == "fp16":       # fp16 reduces in fp16 unless told; the plan's default is fp32
@@ -514,22 +527,22 @@ def test_precision_flags_follow_the_plan(monkeypatch):
     # fp8: Transformer Engine's hybrid format on bf16 parameters
     plan = plan_from_dict({**base, "precision": "fp8"})
     _, args = _megatron_args(monkeypatch, impl=None)
-    rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+    rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     assert (args.bf16, args.fp8, args.transformer_impl) == (True, "hybrid", "transformer_engine")
     # CPU processes (dry runs) train in fp32 whatever the plan's precision: a --bf16 for them is refused
     cpu = {**base, "meshes": mesh("cpu")}
     plan = plan_from_dict(cpu)
     margs, args = _megatron_args(monkeypatch)
-    rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+    rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     assert not args.bf16 and not args.fp16
     _, args = _megatron_args(monkeypatch, ["--bf16"])
     with pytest.raises(InputError, match="--bf16 .plan: precision is fp32 .a CPU process; the plan says bf16"):
-        rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+        rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     for device in ("cpu", "a100-80gb"):        # neither has fp8
         plan = plan_from_dict({**base, "meshes": mesh(device), "precision": "fp8"})
         _, args = _megatron_args(monkeypatch)
         with pytest.raises(InputError, match=f"device type {device} .* cannot train in fp8"):
-            rewrite.rewrite_args(args, plan, rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None))
+            rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
 
 
 DROPOUT_MESHES = [
@@ -569,7 +582,7 @@ def test_dropout_is_emitted_and_rewritten_as_the_memory_model_priced_it(monkeypa
     assert {i: (mesh.settings.hidden_dropout, mesh.settings.attention_dropout)
             for i, mesh in enumerate(plan.meshes)} == want
     for rank in range(plan.world_size):
-        c = rewrite.check_launch(plan, rewrite.LaunchIdentity(rank, plan.world_size, None), None)
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
         emitted = [a for a in megatron_args(plan, c.mesh_index, "plan.yaml") if a != "--hetauto-plan"
                    and a != "plan.yaml"]
         _, args = _megatron_args(monkeypatch, emitted)
@@ -578,7 +591,7 @@ def test_dropout_is_emitted_and_rewritten_as_the_memory_model_priced_it(monkeypa
         assert (args.hidden_dropout, args.attention_dropout) == (0.1, 0.1)
         rewrite.rewrite_args(args, plan, c)
         assert (args.hidden_dropout, args.attention_dropout) == want[c.mesh_index]
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, plan.world_size, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
     _, args = _megatron_args(monkeypatch, ["--hidden-dropout", "0.3"])
     with pytest.raises(InputError) as exc:
         rewrite.rewrite_args(args, plan, c, file="plan.yaml")
@@ -594,7 +607,7 @@ def test_a_typed_dropout_the_plan_does_not_run_is_refused_also_megatrons_default
     plan = plan_from_dict({"version": 3, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
                            "meshes": [{"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1,
                                        "micro_batch_size": 8, "stage_layers": [8]}]})
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None)
     for flag, field in (("--hidden-dropout", "hidden_dropout"), ("--attention-dropout", "attention_dropout")):
         for typed in ("0.1", "0.2"):
             _, args = _megatron_args(monkeypatch, [flag, typed])

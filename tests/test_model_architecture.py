@@ -47,10 +47,10 @@ def test_a_launch_without_the_base_is_refused(monkeypatch):
     from test_megatron_args import _megatron_args
 
     from hetauto_megatron.errors import InputError
-    from hetauto_megatron.megatron import rewrite
+    from hetauto_megatron.megatron import launch_identity, rewrite
 
     plan = _plan(MODEL)
-    c = rewrite.check_launch(plan, rewrite.LaunchIdentity(0, 1, None), None)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None)
     margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=MODEL.replace(rotary_base=10000))
     with pytest.raises(InputError, match="add --rotary-base 500000"):
         rewrite.rewrite_args(args, plan, c)

@@ -377,12 +377,20 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
                      f"ranks {plan.rank_offset(k)}-{plan.rank_offset(k) + m.num_devices - 1}")
     lines += [
         "set -euo pipefail",
-        f': "${{NODE_RANK:?set NODE_RANK to the index of this node in cluster {la.cluster} (0..{la.nnodes - 1})}}"',
-        f': "${{CLUSTER_MASTER_ADDR:?set CLUSTER_MASTER_ADDR to the address of node 0 of cluster {la.cluster}}}"',
-        f': "${{HETAUTO_MASTER_ADDR:?set HETAUTO_MASTER_ADDR to node 0 of cluster {first}, reachable from every '
-        'cluster}"',
+        # a launch that does not match the plan stops here with exit 2 (invalid input), before torchrun starts: a
+        # node rank outside the cluster's nodes would leave every cluster waiting at the rendezvous
+        "refuse() { echo \"hetauto launch (cluster $HETAUTO_CLUSTER): $1\" >&2; exit 2; }",
+        f"HETAUTO_CLUSTER={shlex.quote(la.cluster)}",
+        f'[ -n "${{NODE_RANK:-}}" ] || refuse "set NODE_RANK to the index of this node in the cluster '
+        f'(0..{la.nnodes - 1})"',
+        f'case "$NODE_RANK" in *[!0-9]*) refuse "NODE_RANK=$NODE_RANK is not a node index (0..{la.nnodes - 1})" ;; esac',
+        f'[ "$NODE_RANK" -lt {la.nnodes} ] || refuse "NODE_RANK=$NODE_RANK, but the plan runs this cluster on '
+        f'{count_noun(la.nnodes, "node")}: 0..{la.nnodes - 1}"',
+        '[ -n "${CLUSTER_MASTER_ADDR:-}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this cluster"',
+        f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to node 0 of cluster {first}, '
+        'reachable from every cluster"',
         "",
-        f"export HETAUTO_CLUSTER={shlex.quote(la.cluster)}",
+        "export HETAUTO_CLUSTER",
         f"export HETAUTO_RANK_OFFSET={la.rank_offset}",
         f"export HETAUTO_WORLD_SIZE={plan.world_size}",
         "export HETAUTO_MASTER_ADDR",

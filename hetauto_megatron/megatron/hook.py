@@ -43,7 +43,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from . import rewrite
+from . import launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 
@@ -93,7 +93,7 @@ class _State:
     """What the two hook calls share inside one process."""
     plan: Plan
     plan_file: str
-    ident: rewrite.LaunchIdentity
+    ident: launch_identity.LaunchIdentity
     placement: object             # runtime.groups.RankCoords
     device_type: str
     changed: dict
@@ -158,8 +158,8 @@ def _prepare_hetauto(args) -> _State:
         raise InputError("--yaml-cfg cannot be combined with --hetauto", field="--yaml-cfg",
                          fix="pass Megatron's arguments on the command line")
     plan = load_plan(args.hetauto_plan)
-    ident = rewrite.identity_from_env()
-    placement = rewrite.check_launch(plan, ident, args.hetauto_cluster, file=args.hetauto_plan)
+    ident = launch_identity.identity_from_env()
+    placement = launch_identity.check_launch(plan, ident, args.hetauto_cluster, file=args.hetauto_plan)
     device_type = placement.device_type
     from ..spec.devices import get_device
     if get_device(device_type).vendor == "cpu":

@@ -39,16 +39,12 @@ filled in: Megatron's defaults are GPT-2's, and an absent store_true flag cannot
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Mapping
-
 from ..emit.megatron import architecture_args
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
-from ..runtime.groups import RankCoords, check_world_size, rank_coords
+from ..runtime.groups import RankCoords
 from .args import ParserDefault
 from .unpriced import check_unpriced
 
@@ -64,62 +60,6 @@ MODEL_ARGS = {
 # Arguments that choose a pipeline split some other way; the plan's layout replaces them.
 _OTHER_SPLIT_ARGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                      "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank")
-
-
-@dataclass(frozen=True)
-class LaunchIdentity:
-    """This process's global rank and the world size, from the launch environment (docs: launch contract)."""
-    rank: int
-    world_size: int
-    cluster: str | None
-    local_rank: int = 0
-    rank_offset: int = 0
-    notes: tuple[str, ...] = field(default=())
-
-
-def identity_from_env(env: Mapping[str, str] | None = None) -> LaunchIdentity:
-    """Global rank = HETAUTO_RANK_OFFSET + RANK (torchrun's RANK is relative to its cluster's launch);
-    world size = HETAUTO_WORLD_SIZE, else WORLD_SIZE when one launch covers every rank."""
-    env = os.environ if env is None else env
-
-    def as_int(name: str, default: int | None) -> int | None:
-        raw = env.get(name)
-        if raw in (None, ""):
-            return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise InputError(f"environment variable {name}={raw!r} is not an integer", field=name,
-                             fix="set it as the launch command from 'hetauto emit megatron' does") from None
-
-    offset = as_int("HETAUTO_RANK_OFFSET", 0)
-    local = as_int("RANK", 0)
-    world = as_int("HETAUTO_WORLD_SIZE", None)
-    if world is None:
-        if offset:
-            raise InputError("HETAUTO_RANK_OFFSET is set but HETAUTO_WORLD_SIZE is not", field="HETAUTO_WORLD_SIZE",
-                             fix="set HETAUTO_WORLD_SIZE to the plan's total number of ranks")
-        world = as_int("WORLD_SIZE", 1)
-    return LaunchIdentity(rank=offset + local, world_size=world, cluster=env.get("HETAUTO_CLUSTER") or None,
-                          local_rank=as_int("LOCAL_RANK", 0), rank_offset=offset)
-
-
-def check_launch(plan: Plan, ident: LaunchIdentity, cluster: str | None, *, file: str | None = None) -> RankCoords:
-    """The launched world must be the plan's, and this process must run on the cluster the plan puts it on."""
-    check_world_size(plan, ident.world_size, file=file)
-    placement = rank_coords(plan, ident.rank, file=file)  # the range check (InputError) lives there
-    names = sorted({m.cluster for m in plan.meshes})
-    if cluster and cluster not in names:
-        raise InputError(f"the plan has no cluster '{cluster}' (its clusters: {', '.join(names)})", file=file,
-                         field="--hetauto-cluster",
-                         fix="pass --hetauto-cluster (or HETAUTO_CLUSTER) with the name the plan gives this cluster")
-    if cluster and cluster != placement.cluster:
-        raise InputError(f"global rank {ident.rank} runs on cluster '{cluster}', but the plan puts it on mesh "
-                         f"{placement.mesh_index} of cluster '{placement.cluster}'", file=file,
-                         field=f"meshes[{placement.mesh_index}].cluster",
-                         fix="check HETAUTO_RANK_OFFSET and the launch order of the clusters "
-                             "('hetauto emit megatron' prints both)")
-    return placement
 
 
 def model_arg_values(plan: Plan) -> dict:
