@@ -238,6 +238,30 @@ def test_explain_replans_a_deepspeed_plan_for_deepspeeds_engine(readme_plan, tmp
     assert [r["differs"] for r in at_plan["explain"]["runners_up"]] == [r["differs"] for r in rep["runners_up"]]
 
 
+def test_explain_of_a_cost_plan_ranks_runners_up_by_cost(readme_plan, tmp_path, capsys):
+    """A plan made with --objective cost is the cheapest per token the search found: its runners-up are listed by
+    cost per 1M tokens, none cheaper than the plan, each cost the devices' prices x time over the tokens (computed
+    here from the inventory's prices); before, they were listed by speed (+92 % tokens/s at a higher cost) with no
+    cost shown."""
+    _, inv = readme_plan
+    out = str(tmp_path / "cost.yaml")
+    prices = {"h800": 2.5, "ascend": 0.9}
+    sets = [a for c, p in prices.items() for a in ("--set", f"cluster.{c}.price_per_device_hour={p}")]
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", out,
+                 "--quiet", "--objective", "cost", *sets]) == 0
+    capsys.readouterr()
+    rep = _json(capsys, "explain", "--plan", out, "--json")
+    tokens = 512 * 4096
+    plan = load_plan(out)
+    per_s = sum(m.num_devices * prices[m.cluster] / 3600 for m in plan.meshes)
+    assert rep["objective"] == "cost"
+    assert rep["cost_per_million_tokens"] == pytest.approx(per_s * rep["iteration_time_s"] / tokens * 1e6, rel=1e-4)
+    costs = [r["cost_per_million_tokens"] for r in rep["runners_up"]]
+    assert costs and costs == sorted(costs) and min(costs) >= rep["cost_per_million_tokens"] * (1 - 1e-9)
+    assert main(["explain", "--plan", out]) == 0
+    assert "ranked by cost per token" in capsys.readouterr().out
+
+
 def test_the_what_ifs_searched_ahead_are_those_the_sensitivity_replans(tmp_path):
     """explain searches the re-planned what-ifs ahead, in worker processes, and answers the sensitivity's re-plans
     from those searches (plan/explain.py replanned_inventories): the list must be what the sensitivity asks for.

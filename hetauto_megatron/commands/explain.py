@@ -147,7 +147,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     `progress`: a line on stderr per re-planned what-if (each is a whole search). `workers`: processes the
     re-planned what-ifs are searched in (0: one per available core); the report does not depend on it."""
     from ..plan import explain as X
-    from ..plan.constraints import Constraints
+    from ..plan.constraints import Constraints, cost_per_million_tokens
     from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
     from ..plan.search_jobs import default_workers
@@ -216,10 +216,13 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
+           "objective": constraints.objective,
+           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens),
            "memory": X.memory_headroom(est), "runners_up": None, "runners_up_requested": k, "sensitivity": None,
            "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
     if do_search:
-        rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k)
+        rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k, inventory,
+                                         constraints.objective)
     rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
     return rep
 
@@ -236,7 +239,10 @@ def format_report(rep: dict) -> str:
     bd = rep["breakdown"]
     out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stages, {rep['micro_batches']} "
            f"micro-batches; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
-           + ("" if rep["fits"] else "  (DOES NOT FIT in memory)"), "",
+           + (f", {rep['cost_per_million_tokens']:.4f} per 1M tokens" if rep.get("cost_per_million_tokens") is not None
+              else "") + ("" if rep["fits"] else "  (DOES NOT FIT in memory)")
+           + ("\nobjective: the least cost per token (--objective cost); the re-planned what-ifs below minimise it "
+              "too (their tokens/s is shown)" if rep.get("objective") == "cost" else ""), "",
            f"bottleneck: {rep['bottleneck']}"]
     for k, v in bd["parts"].items():
         note = ""
@@ -253,11 +259,21 @@ def format_report(rep: dict) -> str:
                    f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)"
                    + ("  <- least headroom" if m is tight else ""))
     if rep["runners_up"] is not None and rep.get("runners_up_requested", 1) > 0:     # (--runners-up 0: none asked)
-        out += ["", "runners-up (the search's next best layouts, predicted):",
-                f"  {'#':>2}  {'tokens/s':>10}  {'vs plan':>8}  decision that differs"]
+        # with prices, each layout's cost per 1M tokens too; under --objective cost that is what ranks them
+        priced = rep.get("cost_per_million_tokens") is not None
+        by_cost = priced and rep.get("objective") == "cost"
+        out += ["", "runners-up (the search's next best layouts, predicted"
+                + (", ranked by cost per token: the plan's objective):" if by_cost else "):"),
+                f"  {'#':>2}  {'tokens/s':>10}  {'vs plan':>8}" + (f"  {'per 1M tok':>10}  {'vs plan':>8}" if priced
+                                                                   else "") + "  decision that differs"]
         for i, r in enumerate(rep["runners_up"], 1):     # the same tokens per iteration: throughput goes as 1 / time
             vs = _pct(rep["iteration_time_s"] / r["iteration_time_s"] - 1)     # (a rounded tokens/s can be 0)
-            out.append(f"  {i:>2}  {r['tokens_per_s']:>10,.0f}  {vs:>8}  " + "; ".join(r["differs"]))
+            cost = ""
+            if priced:
+                c = r.get("cost_per_million_tokens")
+                cost = (f"  {c:>10.4f}  {_pct(c / rep['cost_per_million_tokens'] - 1) if rep['cost_per_million_tokens'] else '-':>8}"
+                        if c is not None else f"  {'-':>10}  {'-':>8}")
+            out.append(f"  {i:>2}  {r['tokens_per_s']:>10,.0f}  {vs:>8}{cost}  " + "; ".join(r["differs"]))
         if not rep["runners_up"]:
             out.append("  (the search found no other layout that fits)")
     return "\n".join(out + _format_what_if(rep))

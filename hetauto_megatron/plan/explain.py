@@ -209,19 +209,28 @@ def _as_run_by(choices, engine: str) -> list:
             for c in choices]
 
 
-def runners_up(plan: Plan, result, k: int = 5) -> list[dict]:
-    """The k best layouts of a search (`SearchResult.ranked`) other than the plan's own, each with its
-    predicted throughput and what it decides differently (both as the plan's engine runs them)."""
+def runners_up(plan: Plan, result, k: int = 5, inventory=None, objective: str = "throughput") -> list[dict]:
+    """The k best layouts of a search (`SearchResult.ranked`, by time; by cost per token under the cost objective)
+    other than the plan's own, each with its predicted throughput, its cost per 1M tokens where `inventory` prices
+    every cluster it uses (else None), and what it decides differently (both as the plan's engine runs them)."""
+    from .constraints import cost_per_million_tokens
     mine = _as_run_by(plan_choices(plan), plan.engine)
     tokens = plan.global_batch_size * plan.model.seq_length
+
+    def cost(t, choices):
+        return cost_per_million_tokens(inventory, choices, t, tokens) if inventory is not None else None
+    ranked = list(result.ranked)
+    if objective == "cost" and inventory is not None:
+        ranked.sort(key=lambda x: (cost(x[0], x[1]) if cost(x[0], x[1]) is not None else math.inf, x[0]))
     out = []
-    for t, choices, layers in result.ranked:
+    for t, choices, layers in ranked:
         if len(out) >= k:
             break
         choices = _as_run_by(choices, plan.engine)
         if choices == mine and list(layers) == plan.stage_layers:
             continue
         out.append({"iteration_time_s": t, "tokens_per_s": tokens / t,
+                    "cost_per_million_tokens": cost(t, choices),
                     "clusters": [m.cluster for m in choices], "stage_layers": list(layers),
                     "differs": differences(mine, plan.stage_layers, choices, layers) or ["(same decisions)"]})
     return out
