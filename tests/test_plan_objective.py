@@ -80,6 +80,22 @@ def test_cheapest_plan_is_not_the_fastest(priced):
     assert hand_dearer / 1.5 <= dearer <= hand_dearer * 1.5
 
 
+def test_plans_of_equal_cost_are_told_apart_by_speed(tmp_path):
+    """Owned hardware is free (price 0): every plan on the free cluster costs nothing, and among those the
+    cost objective must pick the fastest, which is what the throughput objective picks when that cluster is the only
+    one allowed; with every device free, the cost objective's plan is the throughput objective's. (Before, the
+    search kept the first free layout it met: 32 one-device stages at 0.62x the speed of one stage of 32 replicas.)"""
+    path = tmp_path / "inv.yaml"
+    path.write_text(PRICED.replace("price_per_device_hour: 1.0", "price_per_device_hour: 0.0"))
+    cheapest = plan_json("--inventory", str(path), "--objective", "cost")
+    assert devices(cheapest) == {"cheap": 8} and cheapest["cost_per_million_tokens"] == 0
+    alone = plan_json("--inventory", str(path), "--exclude-clusters", "fast")
+    assert cheapest["tokens_per_s"] == pytest.approx(alone["tokens_per_s"], rel=1e-9)
+    path.write_text(PRICED.replace("10.0", "0.0").replace("1.0", "0.0"))
+    assert plan_json("--inventory", str(path), "--objective", "cost")["tokens_per_s"] == pytest.approx(
+        plan_json("--inventory", str(path))["tokens_per_s"], rel=1e-9)
+
+
 def test_constraints_are_obeyed_and_recorded(priced, tmp_path):
     plan_file = tmp_path / "plan.yaml"
     out = plan_json("--inventory", priced, "--max-devices", "8", "--use-clusters", "fast", "--tp", "fast=2",
