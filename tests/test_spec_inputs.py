@@ -69,6 +69,10 @@ INVENTORY_CASES = {
     "unknown-key": ("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gb: 80}\n",
                     "clusters[0]", ["unknown key(s) memory_gb", "'memory_gib'"]),
     "unknown-top-key": (TWO_CLUSTERS + "link: []\n", None, ["unknown key(s) link", "'links'"]),
+    # overheads above the device's memory (MiB typed as GiB): no plan could fit; was exit 3 blaming the memory
+    "overheads-fill-the-device": ("clusters:\n  - {name: a, device: h100, nodes: 1, devices_per_node: 8, "
+                                  "overheads: {context_gib: 100}}\n", "clusters[0].overheads",
+                                  ["leave no memory for the model", "on a 80 GiB device", "in GiB per device"]),
     # a list or mapping there (a mis-indented block) was accepted
     "description-list": (TWO_CLUSTERS + "description: [a, b]\n", "description", ["must be a string"]),
     "name-mapping": (TWO_CLUSTERS + "name: {x: 1}\n", "name", ["must be a string", "a mapping"]),

@@ -255,6 +255,13 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         overhead = None
         if raw.get("overheads") is not None:
             overhead = overhead_from_value(raw["overheads"], device=dev, file=file, field=p + "overheads")
+            if overhead.fixed_gib >= dev.memory_gib:      # no plan could fit: a unit slip, not a search result
+                raise InputError(f"leave no memory for the model: {overhead.fixed_gib:g} GiB of fixed overheads "
+                                 f"(context {overhead.context_gib:g} + communication {overhead.comm_gib:g} + "
+                                 f"workspace {overhead.workspace_gib:g}) on a {dev.memory_gib:g} GiB device",
+                                 file=file, field=p + "overheads",
+                                 fix="give the figures in GiB per device, as 'hetauto profile --overheads' measures "
+                                     "them (a few GiB), or check the cluster's memory_gib")
         uplink = get(raw, "uplink_gbps", float, default=None, file=file, prefix=p)
         if uplink is not None:
             uplink = positive(uplink, p + "uplink_gbps", file)
