@@ -103,7 +103,7 @@ class Mesh:
                              field="boundary.depth", fix="write depth: 0, 1, 2, ... (extra warm-up micro-batches)")
         if isinstance(self.pipeline, bool) or not isinstance(self.pipeline, int) or self.pipeline < 0:
             raise InputError(f"must be a whole number >= 0, got {self.pipeline!r}", field="pipeline",
-                             fix="write pipeline: 0 for the first pipeline, 1 for the second, ...")
+                             fix="write pipeline: 0 for the first pipeline, 1 for the second, and so on")
         if not isinstance(self.alongside, bool):
             raise InputError(f"must be true or false, got {self.alongside!r}", field="alongside",
                              fix="write alongside: true, or leave the key out")

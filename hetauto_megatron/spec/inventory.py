@@ -142,12 +142,15 @@ class Inventory:
                                    flow_gbps=min(link.flow_gbps, cap) if link.flow_gbps is not None else None)
 
     def to_dict(self) -> dict:
+        def _as_written(x: float) -> float:
+            # a latency read in us or ms is held in seconds; back in its unit, 15 us must not read 14.999999999999998
+            return float(f"{x:.12g}")
         return {
             "clusters": [{
                 "name": c.name, "device": c.device.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node,
                 "memory_gib": c.device.memory_gib, "peak_tflops": c.device.reference_tflops, "hbm_gbps": c.device.hbm_gbps,
-                "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": c.intra_node.latency_s * 1e6},
-                "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": c.inter_node.latency_s * 1e6,
+                "intra_node": {"bandwidth_gbps": c.intra_node.bandwidth_gbps, "latency_us": _as_written(c.intra_node.latency_s * 1e6)},
+                "inter_node": {"bandwidth_gbps": c.inter_node.bandwidth_gbps, "latency_us": _as_written(c.inter_node.latency_s * 1e6),
                                **({"node_gbps": c.inter_node.node_gbps} if c.inter_node.node_gbps else {})},
                 **({"price_per_device_hour": c.price_per_device_hour} if c.price_per_device_hour is not None else {}),
                 **({"uplink_gbps": c.uplink_gbps} if c.uplink_gbps is not None else {}),
@@ -155,7 +158,7 @@ class Inventory:
                 **({"tf32": c.device.tf32} if c.device.has_tf32 else {}),
                 **({"overheads": c.overhead.to_dict()} if c.overhead is not None else {}),
             } for c in self.clusters],
-            "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": l.latency_s * 1e3,
+            "links": [{"between": sorted(pair), "bandwidth_gbps": l.bandwidth_gbps, "latency_ms": _as_written(l.latency_s * 1e3),
                        **({"flow_gbps": l.flow_gbps} if l.flow_gbps is not None else {})}
                       for pair, l in sorted(self.links.items(), key=lambda kv: sorted(kv[0]))],
         }
