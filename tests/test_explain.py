@@ -159,6 +159,11 @@ def test_compare(readme_plan, tmp_path, capsys):
     assert "* " in out and " <" in out
     assert main(["compare", a, "--price", "h800"]) == 2
     assert main(["compare", a, "--price", "mars=1"]) == 2
+    # a cluster the plan uses left unpriced: no cost row, and stderr says which price is missing
+    capsys.readouterr()
+    assert _json(capsys, "compare", a, "--price", "h800=2", "--json")["plans"][0]["cost_per_million_tokens"] is None
+    assert main(["compare", a, "--price", "h800=2"]) == 0
+    assert "cluster(s) ascend it uses have no price (--price ascend=PRICE" in capsys.readouterr().err
     # plans of different inventories: a price of a cluster only one of them has is that one's (it prices only the
     # devices it uses), not an error of the other
     c = yaml.safe_load(open(a))

@@ -168,6 +168,15 @@ def run(args) -> int:
             rows.append(plan_row(path, plan, _priced(inventory, prices), cost_model))
         except InputError as exc:
             raise (exc.within(file=path) if exc.file is None else exc) from None
+    if args.price or any(r["cost_per_million_tokens"] is not None for r in rows):
+        # a plan left without a cost row: say which of its clusters has no price, rather than drop it in silence
+        for path, plan, inventory, _ in inputs:
+            unpriced = sorted({m.cluster for m in plan.meshes} - {c.name for c in _priced(inventory, prices).clusters
+                                                                 if c.price_per_device_hour is not None})
+            if unpriced:
+                print(f"hetauto compare: {path} has no cost per 1M tokens: cluster(s) {', '.join(unpriced)} it uses "
+                      f"have no price (--price {unpriced[0]}=PRICE, or price_per_device_hour in the inventory)",
+                      file=sys.stderr)
     if len(set(jobs.values())) > 1:     # (the '<' marks then compare different work)
         print("hetauto compare: the plans train different jobs (" + "; ".join(
             f"{p}: {n}, {layers} layers, hidden {h}, sequence {s}, batch {b}" for p, (n, layers, h, s, b) in jobs.items())
