@@ -263,7 +263,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     from hetauto_megatron.megatron.unpriced import UNPRICED
     typed = {"context_parallel_size": ["2"], "num_experts": ["8"], "mtp_num_layers": ["1"],
              "expert_model_parallel_size": ["2"], "num_distributed_optimizer_instances": ["2"],
-             "hybrid_override_pattern": ["M*"], "heterogeneous_layers_config_path": ["x.json"],
+             "hybrid_override_pattern": ["M*"], "hybrid_layer_pattern": ["M*"],
+             "heterogeneous_layers_config_path": ["x.json"], "heterogeneous_layers_config_encoded_json": ["{}"],
              "experimental_attention_variant": ["gated_delta_net"], "window_size": ["128,0"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32"]
 

@@ -420,3 +420,17 @@ def test_simulate_on_another_inventory_says_the_tf32_it_priced(tmp_path):
     assert "no TF32" in same.stdout and "priced" not in same.stderr
     assert "TF32 GEMMs" in other.stdout and "no TF32" not in other.stdout
     assert "priced with TF32" in other.stderr and "launch scripts run it without" in other.stderr
+
+
+def test_a_recorded_memory_job_of_the_wrong_type_is_named(tmp_path):
+    """estimate.search.memory_job is read by simulate, explain, compare and plan --from: a list or mapping there is
+    a malformed file (exit 2 naming the field), not a TypeError."""
+    out = tmp_path / "plan.yaml"
+    assert hetauto("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
+                   "--global-batch-size", "8", "--quiet", "-o", str(out)).returncode == 0
+    import yaml
+    data = yaml.safe_load(out.read_text())
+    data["estimate"]["search"]["memory_job"] = ["sailor-deepspeed"]
+    out.write_text(yaml.safe_dump(data))
+    r = hetauto("explain", "--plan", str(out), "--no-search")
+    assert r.returncode == 2 and "estimate.search.memory_job" in r.stderr, r.stderr

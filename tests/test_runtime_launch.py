@@ -225,11 +225,14 @@ def test_clusters_started_with_different_plans_stop_on_every_rank():
     """Two clusters launched with two versions of a plan (here: one copy edited to another micro-batch) would build
     other batches on each and train silently wrong (measured: 7 of 8 samples, a loss 12 % off); every rank stops
     with one paragraph naming the ranks whose plan is not rank 0's. The same plan everywhere joins."""
-    def plan(mbs):
-        return plan_from_dict({"version": 2, "model": TINY, "global_batch_size": 4, "meshes": [
+    def plan(mbs, gbps=80):
+        inventory = {"clusters": [{"name": c, "device": "cpu", "nodes": 1, "devices_per_node": 1} for c in "ab"],
+                     "links": [{"between": ["a", "b"], "bandwidth_gbps": gbps, "latency_ms": 1}]}
+        return plan_from_dict({"version": 2, "model": TINY, "global_batch_size": 4, "inventory": inventory, "meshes": [
             {"cluster": "a", "device_type": "cpu", "dp": 1, "micro_batch_size": mbs, "stage_layers": [4]},
             {"cluster": "b", "device_type": "cpu", "dp": 1, "micro_batch_size": mbs, "stage_layers": [4]}]})
-    assert [r["error"] for r in launch(_join, 2, args=([plan(1), plan(1)], 60, ()), timeout_s=120)] == [None, None]
+    # the same plan, its inventory written another way by another tool (80 and 80.0): one plan
+    assert [r["error"] for r in launch(_join, 2, args=([plan(1), plan(1, 80.0)], 60, ()), timeout_s=120)] == [None] * 2
     results = launch(_join, 2, args=([plan(1), plan(2)], 60, ()), timeout_s=120)
     for rank, r in enumerate(results):
         assert r["field"] == "--hetauto-plan", r

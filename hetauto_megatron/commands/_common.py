@@ -33,11 +33,12 @@ def add_precision_arg(parser, default: str | None) -> None:
 
 
 def add_memory_job_arg(parser) -> None:
-    parser.add_argument("--memory-job", choices=("sailor-deepspeed",), default=None,
+    parser.add_argument("--memory-job", choices=("sailor-deepspeed", "none"), default=None,
                         help="also require every stage to fit as another framework's job holds memory: "
                              "sailor-deepspeed = Sailor's Megatron-DeepSpeed fork as its simulator counts it (fp32, "
                              "Adam state unsharded, no sequence parallelism, unfused attention, DeepSpeed's 8 bytes "
-                             "per parameter more and its pipeline engine's buffers); docs/peers.md")
+                             "per parameter more and its pipeline engine's buffers); docs/peers.md. A plan records "
+                             "it, and simulate and plan --from apply it; none: not the plan's")
 
 
 def load_inputs(args):
@@ -60,7 +61,7 @@ def load_inputs(args):
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096") from None
     inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
-    if getattr(args, "memory_job", None):
+    if getattr(args, "memory_job", None) not in (None, "none"):
         from ..plan.memory_fit import MEMORY_JOBS
         cost_model.memory_job = MEMORY_JOBS[args.memory_job]()     # read by every stage profile (plan/costing.py)
     if hasattr(cost_model, "describe"):
@@ -109,7 +110,7 @@ def recorded_memory_job(plan, plan_file: str | None) -> str | None:
     from ..plan.memory_fit import MEMORY_JOBS
     search = (plan.estimate or {}).get("search")
     name = search.get("memory_job") if isinstance(search, dict) else None
-    if name is not None and name not in MEMORY_JOBS:
+    if name is not None and (not isinstance(name, str) or name not in MEMORY_JOBS):
         raise InputError(f"is {name!r}, not a memory job this hetauto knows", file=plan_file,
                          field="estimate.search.memory_job",
                          fix=f"write one of: {', '.join(MEMORY_JOBS)}, or delete the key (docs/plan-format.md)")

@@ -424,7 +424,7 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", m
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
     record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
     record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
-    if memory_job:
+    if memory_job not in (None, "none"):
         record["memory_job"] = memory_job
     record["hetauto_version"] = tool_version()     # which planner wrote it, for a plan read months later
     # the file holds what the inputs and the seed decide, so that the same ones write the same bytes: the search's

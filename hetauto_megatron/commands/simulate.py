@@ -226,6 +226,9 @@ def _as_priced_on(plan, inventory):
     for c in differ:
         print(f"hetauto simulate: cluster {c} is priced {'with' if fp32_tf32(priced, c) else 'without'} TF32 GEMMs, as "
               f"--inventory says, but the plan's launch scripts run it {'with' if fp32_tf32(plan, c) else 'without'} "
-              "(the plan's own inventory, its 'tf32'); re-plan with this inventory to launch what is priced",
+              + ("(the plan's own inventory, its 'tf32')" if plan.inventory else
+                 f"(a version {plan.version} plan without an inventory: fp32 without TF32 then)" if plan.version < 4
+                 else "(the device type's default: the plan carries no inventory)")
+              + "; re-plan with this inventory to launch what is priced",
               file=sys.stderr)
     return priced

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -108,7 +109,7 @@ def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
 
 def check_world_size(plan, world_size: int, *, file: str | None = None) -> None:
     """The launched world must be the plan's (InputError, exit 2, before any group exists). Pure: both launch
-    paths call it, hetauto's runtime (`validate_launch`) and Megatron-LM's --hetauto (megatron/rewrite.py)."""
+    paths call it, hetauto's runtime (`validate_launch`) and Megatron-LM's --hetauto (megatron/launch_identity.py)."""
     if world_size != plan.world_size:
         detail = ", ".join(f"{m.cluster}: tp{m.tp} x dp{m.dp} x {m.num_stages} stage(s) = {m.num_devices}"
                            for m in plan.meshes)
@@ -157,8 +158,15 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
     try:
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    except dist.DistError as exc:       # the rendezvous timed out or its store could not be reached
+    except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+            raise InputError(f"rank {rank} could not set up the rendezvous at {os.environ.get('MASTER_ADDR')}:"
+                             f"{os.environ.get('MASTER_PORT')} ({reason[:200]})", file=file,
+                             field="HETAUTO_MASTER_PORT",
+                             fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, reachable "
+                                 "from all) and a HETAUTO_MASTER_PORT free there, other than the clusters' "
+                                 "CLUSTER_MASTER_PORT") from None
         raise InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
                          f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
                          "refused argument), or it starts other ranks than the plan's", file=file,
@@ -177,8 +185,7 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
     import torch
     import torch.distributed as dist
 
-    from ..plan.plan_file import layout_digest
-    mine = torch.tensor([int(layout_digest(plan)[:15], 16)], dtype=torch.int64)
+    mine = torch.tensor([_plan_fingerprint(plan)], dtype=torch.int64)
     every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(every, mine)
     other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
@@ -189,6 +196,20 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
                          field="--hetauto-plan",
                          fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
                              "'hetauto emit megatron' writes its path into the scripts)")
+
+
+def _plan_fingerprint(plan) -> int:
+    """What every rank must agree on: the plan file's mapping without its estimate, the stored inventory as read
+    (80 and 80.0 GB/s are one inventory), as a 60-bit integer."""
+    import hashlib
+    import json
+
+    from ..plan.plan_file import plan_to_dict
+    from ..spec.inventory import inventory_from_dict
+    body = {k: v for k, v in plan_to_dict(plan).items() if k != "estimate"}
+    if body.get("inventory"):
+        body["inventory"] = inventory_from_dict(body["inventory"]).to_dict()
+    return int(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:15], 16)
 
 
 @dataclass
