@@ -171,3 +171,40 @@ def test_published_table_that_is_another_file_is_named_so(dryrun_inputs, capsys,
     assert rc == 2 and "Traceback" not in err, err
     assert f"it looks like a{'n' if kind == 'inventory' else ''} {kind} file" in err and path in err
     assert "source version" not in err and "not a published-runs table" in err and "Fix:" in err
+
+
+def test_a_dryrun_report_of_one_step_is_not_an_iteration_time(dryrun_inputs, capsys):
+    """A dry run of one step timed only that step, the first, which the memory measurement slows (4x on the tiny
+    plan): its iteration_s is refused as the measured iteration, naming the report's 'steps'."""
+    report, with_inv, _, _ = dryrun_inputs
+    data = json.loads(open(report).read())
+    data.update(steps=[{"loss": 5.5, "grad_norm": 1.0}], step_times_s=[0.4], iteration_s=0.4)
+    with open(report, "w") as f:
+        json.dump(data, f)
+    rc, _, err = run_cli(["validate-cost-model", "--dryrun", report, with_inv], capsys)
+    assert rc == 2 and f"{report}: field 'steps'" in err and "--steps" in err
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--steps", "1", "--timeline", "t.png", "--compare"], "--steps"),
+    (["--seed", "99999999999999999999"], "--seed"),
+    (["--seed", "-1"], "--seed"),
+])
+def test_dryrun_refuses_before_starting_a_rank(argv, field, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run_cli(["dryrun", "--plan", TINY_PLAN, "--tiny", *argv], capsys)
+    assert rc == 2 and f"field '{field}'" in err and "Traceback" not in err, err
+
+
+def test_an_output_may_not_overwrite_a_file_of_an_input_folder(tmp_path):
+    """A learned cost model is a folder (--cost-model DIR): `dryrun --timeline DIR/manifest.json` wrote a trace over
+    the model's manifest; every file of an input folder is an input."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.outputs import refuse_overwriting_inputs
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.json").write_text("{}")
+    with pytest.raises(InputError) as exc:
+        refuse_overwriting_inputs([("--timeline", str(model / "manifest.json"))], [("--cost-model", str(model))])
+    assert exc.value.field == "--timeline" and "--cost-model" in str(exc.value)
+    refuse_overwriting_inputs([("--timeline", str(model / "trace.json"))], [("--cost-model", str(model))])

@@ -171,3 +171,13 @@ def test_predicted_timeline_as_deepspeeds_engine_runs_it(tmp_path, capsys):
     # a transfer holds its link and both its stages for the same span
     links = [s for n, _, s in lanes.values() if n.startswith(("activations", "gradients"))]
     assert len(links) == 2 * (p - 1) and all(len(s) == m for s in links)
+
+
+def test_a_timeline_suffix_in_capitals_is_the_same_format(readme_plan, tmp_path, capsys):
+    """FILE.JSON is a trace as FILE.json is (the path check took it so; the writer sent it to the picture writer,
+    which failed after the whole run)."""
+    plan, inv = readme_plan
+    trace = str(tmp_path / "T.JSON")
+    assert main(["simulate", "--model", "llama2-70b", "--inventory", inv, "--plan", plan, "--timeline", trace]) == 0
+    with open(trace) as fh:
+        _check_format(json.load(fh))

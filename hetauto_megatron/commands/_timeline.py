@@ -26,7 +26,8 @@ def check_timeline_args(args, plan):
     check_timeline_paths(args.timeline)
     from ..outputs import refuse_overwriting_inputs
     refuse_overwriting_inputs([("--timeline", t) for t in args.timeline or []],
-                              [("--plan", args.plan), ("--inventory", args.inventory)])
+                              [("--plan", args.plan), ("--inventory", args.inventory),
+                               ("--cost-model", args.cost_model)])
     if args.compare and not args.timeline:
         raise InputError("--compare draws the prediction next to a measured timeline", field="--compare",
                          fix="add --timeline FILE.png (or .json)")

@@ -79,6 +79,12 @@ def run(args) -> int:
 
     if args.steps < 1:
         raise InputError(f"must be at least 1, got {args.steps}", field="--steps", fix="give --steps 1 or more")
+    if args.steps < 2 and getattr(args, "compare", False):
+        raise InputError("--compare sets the prediction against the measured iteration time, the median of the "
+                         "steps after the first (which the memory measurement slows): one step has none",
+                         field="--steps", fix="give --steps 2 or more (default 3)")
+    if not 0 <= args.seed < 2 ** 63:    # every rank seeds torch with it (a C long)
+        raise InputError(f"must be from 0 to 2**63 - 1, got {args.seed}", field="--seed", fix="e.g. --seed 1234")
     if not 0 < args.timeout < math.inf:     # NaN too: every rank's wait would fail to convert it
         raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
                          fix="e.g. --timeout 120")
@@ -275,5 +281,6 @@ def _print_table(report: dict, plan) -> None:
         ok = report["max_abs_diff"] <= TOLERANCE
         print(f"max |difference| vs single process: {report['max_abs_diff']:.3g} "
               f"({'match' if ok else 'MISMATCH'}, tolerance {TOLERANCE:g})")
-    print(f"iteration time {report['iteration_s']:.3f}s (median of steps after the first, slowest rank); "
-          f"wall time {report['seconds']:.1f}s")
+    how = ("median of steps after the first, slowest rank" if len(report["steps"]) > 1 else
+           "the only step, slowed by the memory measurement: run --steps 2 or more for the iteration time")
+    print(f"iteration time {report['iteration_s']:.3f}s ({how}); wall time {report['seconds']:.1f}s")

@@ -162,7 +162,8 @@ def run(args) -> int:
     kept = {}
     schedule_given = args.boundary_schedule      # (before a --from plan or the default fills it in)
     refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
-                              [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
+                              [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
+                               ("--cost-model", args.cost_model)])
     if args.from_plan:
         from ..plan.plan import load_plan
         old = load_plan(args.from_plan)

@@ -82,7 +82,8 @@ def run(args) -> int:
     check_timeline_paths(args.timeline)
     from ..outputs import refuse_overwriting_inputs
     refuse_overwriting_inputs([("--timeline", t) for t in args.timeline or []],
-                              [("--model", args.model), ("--inventory", args.inventory), ("--plan", args.plan)])
+                              [("--model", args.model), ("--inventory", args.inventory), ("--plan", args.plan),
+                               ("--cost-model", args.cost_model)])
     if args.global_batch_size is not None:
         from ..plan.plan import check_global_batch_size
         check_global_batch_size(args.global_batch_size, field="--global-batch-size")

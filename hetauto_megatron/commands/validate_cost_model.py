@@ -106,6 +106,12 @@ def load_dryrun_report(path: str) -> dict:
         raise InputError(f"has no positive measured iteration time (iteration_s: {t!r})", file=path,
                          field="iteration_s", fix="pass the output of a dry run that finished: "
                                                   "'hetauto dryrun --plan PLAN --json'")
+    steps = rep.get("steps")
+    if isinstance(steps, list) and len(steps) == 1:
+        # the time of a run of one step is that step's: the first, slowed by the memory hooks and the profiler
+        raise InputError("timed one step only, the first, which the memory measurement slows: its iteration_s is "
+                         "not the iteration time the model predicts", file=path, field="steps",
+                         fix="dry-run 2 steps or more (--steps 3, the default)")
     return rep
 
 

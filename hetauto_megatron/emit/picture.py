@@ -76,7 +76,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
 
 def write_timeline(timelines: list[Timeline], path: str) -> None:
     """Chrome trace for a .json path, a picture for .png (or .svg/.pdf)."""
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):
         from .trace import write_trace
         write_trace(timelines, path)
     else:
