@@ -60,3 +60,24 @@ def test_probe_link_max_size_is_honoured_up_to_its_cap(capsys):
     assert main(["probe-link", "--local", "--max-size-mib", "4096", "--iters", "1", "--timeout", "60"]) == 2
     err = capsys.readouterr().err
     assert "--max-size-mib" in err and "at most 1024 MiB" in err and "Traceback" not in err
+
+
+def test_probe_link_sides_started_with_different_options_stop_with_one_paragraph():
+    """The two sides of a probe each wait for the messages their own options give: started with different --iters,
+    one side aborted in gloo (a size mismatch, exit 134) and the other printed a traceback. Both now stop at once,
+    exit 2, naming the flag and both values."""
+    import subprocess
+    import sys
+
+    from hetauto_megatron.runtime.launcher import free_port
+    master = f"127.0.0.1:{free_port()}"
+
+    def side(rank, iters):
+        return subprocess.Popen([sys.executable, "-m", "hetauto_megatron.cli", "probe-link", "--rank", str(rank),
+                                 "--master", master, "--timeout", "60", "--max-size-mib", "1", "--iters", str(iters)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [side(0, 1), side(1, 3)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2 and "Traceback" not in err, err
+        assert "field '--iters'" in err and "--iters: rank 0 1, rank 1 3" in err

@@ -3,8 +3,9 @@ clusters (host tensors sent point to point on a gloo group).
 
 One process per side joins a two-rank gloo group over TCP (rank 0 listens at --master). Latency: half the
 median round trip of a 4-byte ping-pong. Bandwidth: rank 0 sends a message of each size, rank 1 answers with
-a 4-byte acknowledgement; the time minus one latency gives the one-way rate, and the link's bandwidth is the
-best rate over the largest messages (small ones are latency-bound). Every wait has a timeout.
+a 4-byte acknowledgement; the time minus the fastest ping's half gives the one-way rate, and the link's bandwidth
+is the best rate over the largest messages (small ones are latency-bound; a size that took no longer than a ping
+gives none). The two sides check first that they were started with the same options. Every wait has a timeout.
 
 That is one connection, as one rank pair of a pipeline boundary uses (one gloo connection per pair). With
 `connections` > 1 the largest messages are also sent on that many connections at once (one gloo group each: its
@@ -97,9 +98,35 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
                          field="--master", fix="start both sides with the same --master (rank 0's address), "
                                                "check the port is open, or raise --timeout") from None
     try:
-        return _measure(torch, dist, rank, sizes, iters, ping_iters, connections, timeout)
+        _check_same_options(torch, dist, rank, (len(sizes), max(sizes), iters, ping_iters, connections))
+        try:
+            return _measure(torch, dist, rank, sizes, iters, ping_iters, connections, timeout)
+        except RuntimeError as exc:     # gloo: the other side stopped or timed out mid-probe
+            raise InputError(f"the other side stopped answering during the probe ({str(exc).splitlines()[0][:160]})",
+                             field="--master", fix="run both sides to the end with the same options, or raise "
+                                                   "--timeout on a slow link") from None
     finally:
         dist.destroy_process_group()
+
+
+# The options both sides must share (each side sends what the other expects): message count and largest size,
+# iterations, pings, connections.
+_OPTION_NAMES = ("message sizes", "largest message (bytes)", "--iters", "ping-pongs", "--connections")
+_OPTION_FLAGS = ("--max-size-mib", "--max-size-mib", "--iters", "--iters", "--connections")
+
+
+def _check_same_options(torch, dist, rank: int, options: tuple) -> None:
+    """Both sides exchange their options before any message: with different ones each would wait for messages of
+    other sizes or counts (a gloo size-mismatch abort, or a hang until --timeout) instead of one paragraph."""
+    mine = torch.tensor(options, dtype=torch.int64)
+    both = [torch.zeros_like(mine) for _ in range(2)]
+    dist.all_gather(both, mine)
+    differ = [k for k in range(len(options)) if both[0][k] != both[1][k]]
+    if differ:
+        raise InputError("the two sides were started with different options (" + "; ".join(
+            f"{_OPTION_NAMES[k]}: rank 0 {int(both[0][k])}, rank 1 {int(both[1][k])}" for k in differ) + ")",
+                         field=_OPTION_FLAGS[differ[0]], fix="start both sides with the same --max-size-mib, --iters and "
+                                                     "--connections")
 
 
 def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout=None):
@@ -119,13 +146,24 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
 
     rtts = [round_trip(small, small) for _ in range(ping_iters + 3)][3:]   # first exchanges set up the connection
     latency = statistics.median(rtts) / 2
+    # What a message's time loses to latency: the fastest ping's half, not the median's. On a busy host the median
+    # ping can take as long as a large message (2 ms against 45 us measured), and subtracting it left no time and
+    # an absurd rate (33,554,432 Gbit/s in the link entry).
+    floor = min(rtts) / 2
     per_size = []
     for n in sizes:
         buf = torch.empty(max(1, n // 4), dtype=torch.float32)
         times = [round_trip(buf, small) for _ in range(iters + 1)]
-        one_way = max(statistics.median(times[1:]) - latency, 1e-9)
+        one_way = max(statistics.median(times[1:]) - floor, 1e-9)
         per_size.append((buf.numel() * 4, one_way, buf.numel() * 4 / one_way))
-    big = per_size[-max(1, len(per_size) // 3):]   # largest third: bandwidth-bound
+    # The largest third is bandwidth-bound, where the latency is a small share of a message's time. Where it is
+    # not (a message that took no longer than twice the latency: a small --max-size-mib, or a ping slowed by a busy
+    # host) the difference is noise, and its rate absurd: such sizes give no bandwidth.
+    big = [x for x in per_size[-max(1, len(per_size) // 3):] if x[1] > floor]
+    if not big:
+        raise InputError(f"the largest messages ({per_size[-1][0]:,} bytes) took no longer than a ping "
+                         f"({2 * floor * 1e3:.3f} ms): their time is the latency, not the bandwidth", field="--max-size-mib",
+                         fix="probe larger messages (a larger --max-size-mib) or more --iters, on a quiet host")
     together = None
     if connections > 1:
         # every rank creates the same groups in the same order; each is a gloo context of its own connection
@@ -144,7 +182,7 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
                 else:
                     dist.send(small, peer)
                 times.append(time.perf_counter() - a)
-            one_way = max(statistics.median(times[1:]) - latency, 1e-9)
+            one_way = max(statistics.median(times[1:]) - floor, 1e-9)
             rates.append(len(groups) * bufs[0].numel() * 4 / one_way)
         together = max(rates)
     if rank != 0:
