@@ -3,6 +3,8 @@
 the single-process reference's losses and grad norms (1e-5), as the blocking schedule does, across TP and DP
 changes at the boundary; link emulation holds a blocking sender for the emulated transfer, and the measured
 exposed time says so."""
+import json
+
 import pytest
 from helpers import mesh
 
@@ -102,3 +104,21 @@ def test_emulate_links_needs_an_inventory(tmp_path):
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
                     "-3", "--inventory", "examples/llama/inventory-2clusters.yaml")
     assert r.returncode == 2 and "positive number" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_prediction_of_an_emulated_run_prices_the_emulated_links(tmp_path):
+    """A dry run with --emulate-links 300 runs the inventory's links 300x as slow (links then take most of the
+    step); `validate-cost-model --dryrun` of its report must predict those links (from the report's link_scale),
+    not the inventory's: within 25 % of the measured iteration (before: -69 %, the links priced at full speed)."""
+    from helpers import run_hetauto
+    plan, inv = "examples/llama/plans/tiny-2clusters-cpu.yaml", "examples/llama/inventory-cpu-tiny-2clusters.yaml"
+    report = tmp_path / "report.json"
+    r = run_hetauto("dryrun", "--plan", plan, "--tiny", "--emulate-links", "300", "--inventory", inv, "--json")
+    assert r.returncode == 0, r.stderr
+    report.write_text(r.stdout)
+    assert json.loads(r.stdout)["link_scale"] == 300
+    r = run_hetauto("validate-cost-model", "--dryrun", str(report), plan, "--inventory", inv, "--json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)["dryruns"]["rows"][0]
+    print(row)
+    assert abs(row["error_pct"]) <= 25, row

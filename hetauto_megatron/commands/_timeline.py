@@ -71,6 +71,8 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
         if args.compare:
             inv = load_inventory(args.inventory) if args.inventory else inventory_from_dict(plan.inventory,
                                                                                              file=args.plan)
+            if report.get("link_scale"):        # the links as --emulate-links ran them
+                inv = inv.with_link_time_scale(report["link_scale"])
             factor = core_sharing_factor(ran.world_size, report["cores"])
             cost = SharedCoresCostModel(load_cost_model(args.cost_model), factor)
             timelines.insert(0, predicted_timeline(ran, inv, cost, title=(

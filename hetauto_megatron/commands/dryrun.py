@@ -118,6 +118,7 @@ def run(args) -> int:
                   "connecting included): on a slow or busy machine give a larger --timeout (default 120)",
                   file=sys.stderr)
         return 1
+    report["link_scale"] = scale        # the links as the run emulated them: its prediction prices them so
     if args.timeline:
         for path in write_dryrun_timelines(args, plan, report):
             print(f"wrote {path}", file=sys.stderr)
@@ -125,8 +126,8 @@ def run(args) -> int:
         print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "bytes", "settings",
                                                     "padded_vocab_size",
                                                     "step_times_s", "iteration_s", "seconds", "model", "cores",
-                                                    "exposed_s", "memory", "shared_digests") if k in report},
-                          "link_scale": scale}))
+                                                    "exposed_s", "memory", "shared_digests", "link_scale")
+                             if k in report}}))
     else:
         _print_table(report, plan)
         _print_memory(report)

@@ -194,6 +194,10 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
                          file=exc.file, field=exc.field,
                          fix=f"{exc.fix}; or pass the inventory the plan was made for (--inventory)") from None
     factor = core_sharing_factor(plan.world_size, cores)
+    # a run with --emulate-links SCALE ran the inventory's links SCALE times as slow (its report says how much)
+    scale = report.get("link_scale")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf:
+        inventory = inventory.with_link_time_scale(float(scale))
     est = simulate(plan, inventory, SharedCoresCostModel(cost_model, factor))
     meas = float(report["iteration_s"])
     row = {"label": label, "model": plan.model.name, "hidden_size": plan.model.hidden_size,

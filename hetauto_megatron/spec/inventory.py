@@ -106,6 +106,19 @@ class Inventory:
         raise InputError(f"has no cluster named {name!r}", file=self.source, field="clusters",
                          fix=f"use one of the inventory's clusters: {', '.join(c.name for c in self.clusters)}")
 
+    def with_link_time_scale(self, scale: float) -> "Inventory":
+        """The inventory whose links between clusters take `scale` times as long (bandwidths, flows and uplinks
+        over `scale`, latencies times it): what a dry run's link emulation (--emulate-links SCALE) runs, which its
+        prediction must price. The networks inside a cluster are unchanged (the emulation leaves them be)."""
+        if scale == 1:
+            return self
+        links = {k: dataclasses.replace(l, bandwidth_gbps=l.bandwidth_gbps / scale, latency_s=l.latency_s * scale,
+                                        flow_gbps=None if l.flow_gbps is None else l.flow_gbps / scale)
+                 for k, l in self.links.items()}
+        clusters = tuple(dataclasses.replace(c, uplink_gbps=None if c.uplink_gbps is None else c.uplink_gbps / scale)
+                         for c in self.clusters)
+        return dataclasses.replace(self, clusters=clusters, links=links)
+
     def with_precision(self, precision: str) -> "Inventory":
         """The inventory as a job training in `precision` sees it: every device's peak and element size at that
         precision (spec/devices.py); InputError naming the cluster if a device lacks it."""
