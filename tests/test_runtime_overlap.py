@@ -104,6 +104,10 @@ def test_emulate_links_needs_an_inventory(tmp_path):
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
                     "-3", "--inventory", "examples/llama/inventory-2clusters.yaml")
     assert r.returncode == 2 and "positive number" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # an emulated latency past --timeout would fail every rank as if a peer had died: refused before the run
+    r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
+                    "100000", "--timeout", "5", "--inventory", "examples/llama/inventory-cpu-tiny-2clusters.yaml")
+    assert r.returncode == 2 and "past --timeout 5 s" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_prediction_of_an_emulated_run_prices_the_emulated_links(tmp_path):

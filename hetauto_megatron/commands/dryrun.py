@@ -202,6 +202,14 @@ def _emulation(args, plan):
             scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
         except InputError as exc:
             raise (exc.within(file=args.plan) if exc.file is None else exc) from None
+    # every wait has --timeout: an emulated latency past it would fail every rank as if a peer had died
+    slowest = max((inv.link(a, b).latency_s for a in {m.cluster for m in plan.meshes}
+                   for b in {m.cluster for m in plan.meshes} if a < b and inv.link(a, b) is not None), default=0.0)
+    if slowest * scale >= args.timeout:
+        raise InputError(f"{scale:g} makes a transfer take at least {slowest * scale:.3g} s (the inventory's "
+                         f"{slowest * 1e3:g} ms latency x {scale:g}), past --timeout {args.timeout:g} s, which every "
+                         "wait has", field="--emulate-links",
+                         fix="give a smaller scale, or a --timeout well above the emulated link times")
     return plan, scale
 
 
@@ -214,8 +222,12 @@ def _print_exposed(report: dict, plan, scale) -> None:
     rows = [(r, statistics.median(e[1:] or e)) for r, e in enumerate(exposed) if e and max(e) > 0]
     if rows:
         it = report["iteration_s"]
-        print("waited on cross-cluster transfers per step (median): " + ", ".join(
-            f"rank {r} {t * 1e3:.1f} ms ({t / it:.0%})" for r, t in rows))
+        # without emulation the "links" are this machine's loopback: the wait is the other ranks' turn on the
+        # shared cores, not a link's cost
+        print("waited on cross-cluster transfers per step (median"
+              + (")" if scale is not None else "; loopback without --emulate-links: the ranks' turns on this "
+                 "machine's cores, not a link's cost)") + ": "
+              + ", ".join(f"rank {r} {t * 1e3:.1f} ms ({t / it:.0%})" for r, t in rows))
 
 
 def _print_memory(report: dict) -> None:

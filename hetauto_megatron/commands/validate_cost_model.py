@@ -340,8 +340,11 @@ def print_published_table(res: dict) -> None:
     print(f"analytic, leave one out (fitted without the run):     MAPE {s['analytic_leave_one_out']['mape_pct']:.1f} %, "
           f"worst {s['analytic_leave_one_out']['worst_pct']:.1f} %")
     if "learned" in s:
-        print(f"learned (never fitted on these runs):                 MAPE {s['learned']['mape_pct']:.1f} %, "
-              f"worst {s['learned']['worst_pct']:.1f} %")
+        # the device types the learned model does not cover are priced by the analytic model (the 'by' column)
+        by = {r.get("learned_source") for r in res["rows"]} - {None}
+        what = ("learned (never fitted on these runs)" if by != {"analytic"} else
+                "--cost-model (covers none of these devices: analytic)")
+        print(f"{what + ':':<53} MAPE {s['learned']['mape_pct']:.1f} %, worst {s['learned']['worst_pct']:.1f} %")
     print(f"fitted constants: {', '.join(res['fitted_constants'])}; the others are physical (docs/cost-model.md)")
 
 
