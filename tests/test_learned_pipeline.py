@@ -162,6 +162,7 @@ def _edited_profile(prof, line: int, key: str, value: str) -> str:
     ("list-row", None, ["line 3", "JSON list"]),
     ("nan-fwd", "fwd_p10_s", ["nan", "finite"]),
     ("inf-bwd", "bwd_p10_s", ["inf", "finite"]),
+    ("negative-fwd", "fwd_p10_s", ["-0.001", "non-negative"]),
     ("nan-peak", "peak_tflops", ["nan", "finite"]),
 ])
 def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
@@ -176,6 +177,7 @@ def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
         bad.write_text("".join(lines[:2]) + "[1, 2]\n" + "".join(lines[2:]))
     else:
         line, key, value = {"nan-fwd": (1, '"fwd_p10_s": ', "NaN"), "inf-bwd": (2, '"bwd_p10_s": ', "Infinity"),
+                            "negative-fwd": (1, '"fwd_p10_s": ', "-0.001"),
                             "nan-peak": (0, '"peak_tflops": ', "NaN")}[case]
         bad.write_text(_edited_profile(prof, line, key, value))
     runs = [["fit", str(bad), "-o", str(tmp_path / "m"), "--holdout", "0"]]

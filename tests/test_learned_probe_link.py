@@ -49,6 +49,9 @@ def test_probe_link_bad_inputs_exit_2(capsys):
     assert main(["probe-link", "--rank", "1", "--master", "127.0.0.1:9", "--timeout", "2"]) == 2
     err = capsys.readouterr().err
     assert "HOST:PORT" in err and "could not reach" in err and "Traceback" not in err
+    # --local runs both sides here: a --rank or --master beside it would be ignored in silence
+    assert main(["probe-link", "--local", "--master", "10.0.0.1:29500"]) == 2
+    assert "field '--master'" in capsys.readouterr().err
 
 
 def test_probe_link_max_size_is_honoured_up_to_its_cap(capsys):

@@ -69,6 +69,10 @@ def run(args) -> int:
         check_cluster_name(name, file=None, field="--between")
     if args.between[0] == args.between[1]:
         raise InputError("must name two different clusters", field="--between", fix="e.g. --between h800 ascend")
+    if args.local and (args.rank is not None or args.master is not None):
+        flag = "--rank" if args.rank is not None else "--master"
+        raise InputError(f"--local runs both sides on this machine, so {flag} would be ignored", field=flag,
+                         fix="drop --local to probe a link between two hosts, or drop --rank and --master")
     if args.local:
         m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections)
     else:

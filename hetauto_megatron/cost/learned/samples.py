@@ -150,11 +150,11 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
 
 def _timing(row: dict, phase: str, path: str) -> float:
     """A row's time of one pass: the 10th percentile where the row has it, else the median. A NaN or infinite
-    time (a hand-edited or corrupted row) is refused by name: the fit would otherwise fail far from the cause."""
+    or negative time (a hand-edited or corrupted row) is refused by name: the fit would otherwise fail far from the cause."""
     name = f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
     value = float(row[name])
-    if not math.isfinite(value):
-        raise InputError(f"row {row.get('key', '?')} has {name} {value}, not a finite number of seconds", file=path,
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"row {row.get('key', '?')} has {name} {value}, not a finite, non-negative number of seconds", file=path,
                          field=name, fix="delete the row (profiling resumes and re-measures it)")
     return value
 
