@@ -249,7 +249,7 @@ def _dryrun_results(args) -> dict:
                                  "written by 'hetauto plan -o', which carries its inventory")
         check_report_of_plan(report, plan, report_file=report_file, plan_file=plan_file)
         plan = measured_plan(report, plan, report_file=report_file, tiny=args.tiny)
-        cores = args.cores or report.get("cores") or usable_cores()
+        cores = args.cores or (report["cores"] if report.get("cores") is not None else usable_cores())
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise InputError(f"'cores' must be a positive whole number, got {cores!r}", file=report_file,
                              field="cores", fix="pass --cores N")
