@@ -299,3 +299,13 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
     assert len(steps["whole"]) == 3 and abs(steps["whole"][-1] - float(whole["3"])) <= 1e-6
     assert abs(steps["whole"][0] - float(whole["1"])) <= 1e-6 and steps["resumed"] == steps["whole"][2:]
     assert abs(float(whole["3"]) - float(resumed["3"])) <= 1e-6
+    # the save recorded the plan layout beside the checkpoint; resuming under a re-planned one (here: the pipelines'
+    # shares of the batch split otherwise, which Megatron resumes silently at another data position) is refused
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.megatron.checkpoint_plan import check_resume
+    check_resume(plan, str(ckpt), file=plan_file)
+    samples = plan.samples_per_pipeline
+    resplit = dataclasses.replace(plan, pipeline_samples=(samples[0] // 2, samples[1] + samples[0] // 2))
+    with pytest.raises(InputError) as exc:
+        check_resume(resplit, str(ckpt), file="replanned.yaml")
+    assert exc.value.field == "--load" and "pipeline_samples" in str(exc.value) and plan_file in str(exc.value)

@@ -43,7 +43,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from . import launch_identity, rewrite
+from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 
@@ -169,6 +169,7 @@ def _prepare_hetauto(args) -> _State:
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
         _set_fp32_arithmetic(plan, placement.cluster, device_type)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
+    checkpoint_plan.check_resume(plan, getattr(args, "load", None), file=args.hetauto_plan)
     _check_tokenizer_when_built(plan, args.hetauto_plan)
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
@@ -401,9 +402,33 @@ def _install_gradient_rules(state: _State) -> None:
     setup_model_and_optimizer._hetauto = True
     training.setup_model_and_optimizer = setup_model_and_optimizer
     _install_step_bounds(state)
+    _install_checkpoint_record(state)
     if not state.plan.is_simple:
         from .plan_data import install_plan_batches
         install_plan_batches(state)
+
+
+def _install_checkpoint_record(state: _State) -> None:
+    """After each checkpoint Megatron-LM's loop saves, global rank 0 writes the plan layout it was saved under
+    beside it (megatron/checkpoint_plan.py), which a later --load checks."""
+    import megatron.training.training as training
+    import torch.distributed as dist
+    from megatron.training import get_args
+
+    original = training.save_checkpoint
+    if getattr(original, "_hetauto", False):
+        return
+
+    @functools.wraps(original)
+    def save_checkpoint(iteration, *a, **kw):
+        out = original(iteration, *a, **kw)
+        save = getattr(get_args(), "save", None)
+        if save and dist.get_rank() == 0:
+            checkpoint_plan.write_record(state.plan, save, state.plan_file, iteration)
+        return out
+
+    save_checkpoint._hetauto = True
+    training.save_checkpoint = save_checkpoint
 
 
 def _install_step_bounds(state: _State) -> None:
