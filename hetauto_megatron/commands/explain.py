@@ -270,9 +270,9 @@ def format_report(rep: dict) -> str:
             vs = _pct(rep["iteration_time_s"] / r["iteration_time_s"] - 1)     # (a rounded tokens/s can be 0)
             cost = ""
             if priced:
-                c = r.get("cost_per_million_tokens")
-                cost = (f"  {c:>10.4f}  {_pct(c / rep['cost_per_million_tokens'] - 1) if rep['cost_per_million_tokens'] else '-':>8}"
-                        if c is not None else f"  {'-':>10}  {'-':>8}")
+                c, mine = r.get("cost_per_million_tokens"), rep["cost_per_million_tokens"]
+                vs_cost = _pct(c / mine - 1) if c is not None and mine else "-"
+                cost = f"  {c:>10.4f}  {vs_cost:>8}" if c is not None else f"  {'-':>10}  {'-':>8}"
             out.append(f"  {i:>2}  {r['tokens_per_s']:>10,.0f}  {vs:>8}{cost}  " + "; ".join(r["differs"]))
         if not rep["runners_up"]:
             out.append("  (the search found no other layout that fits)")
