@@ -54,7 +54,8 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
     """Refuse, before any work, an output that names the same file as an input or as another output.
 
     `outputs` and `inputs` are (option, path) pairs (a path may be None: the option was not given; an input that
-    is not a file, e.g. a model preset's name, is skipped; an input folder stands for its files). Writing the plan over the inventory it was made from
+    is not a file, e.g. a model preset's name, is skipped; a folder with a manifest.json, a learned cost model, stands
+    for that manifest). Writing the plan over the inventory it was made from
     (-o inv.yaml) would lose the input silently; the same file is found through symbolic and hard links too.
     """
     def same(a: str, b: str) -> bool:
@@ -67,9 +68,9 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
 
     outs = [(flag, path) for flag, path in outputs if path]
     ins = [(flag, path) for flag, path in inputs if path and os.path.isfile(path)]
-    # an input folder (a learned cost model's --cost-model DIR): each of its files is an input
-    ins += [(flag, os.path.join(path, name)) for flag, path in inputs if path and os.path.isdir(path)
-            for name in sorted(os.listdir(path)) if os.path.isfile(os.path.join(path, name))]
+    # a learned cost model (--cost-model DIR): its manifest is what names the rest
+    ins += [(flag, os.path.join(path, "manifest.json")) for flag, path in inputs
+            if path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "manifest.json"))]
     for i, (flag, path) in enumerate(outs):
         for in_flag, in_path in ins:
             if same(path, in_path):

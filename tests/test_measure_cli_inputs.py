@@ -198,7 +198,7 @@ def test_dryrun_refuses_before_starting_a_rank(argv, field, capsys, tmp_path, mo
 
 def test_an_output_may_not_overwrite_a_file_of_an_input_folder(tmp_path):
     """A learned cost model is a folder (--cost-model DIR): `dryrun --timeline DIR/manifest.json` wrote a trace over
-    the model's manifest; every file of an input folder is an input."""
+    the model's manifest. Another file there (a timeline written there before) is not the model's."""
     from hetauto_megatron.errors import InputError
     from hetauto_megatron.outputs import refuse_overwriting_inputs
     model = tmp_path / "model"
@@ -207,4 +207,5 @@ def test_an_output_may_not_overwrite_a_file_of_an_input_folder(tmp_path):
     with pytest.raises(InputError) as exc:
         refuse_overwriting_inputs([("--timeline", str(model / "manifest.json"))], [("--cost-model", str(model))])
     assert exc.value.field == "--timeline" and "--cost-model" in str(exc.value)
+    (model / "trace.json").write_text("{}")
     refuse_overwriting_inputs([("--timeline", str(model / "trace.json"))], [("--cost-model", str(model))])

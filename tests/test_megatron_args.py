@@ -665,3 +665,14 @@ def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch, capsys):
         assert torch.backends.cuda.matmul.allow_tf32 and "NVIDIA_TF32_OVERRIDE" not in os.environ
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("text", ['{"layout": {"weights": {"meshes": [1, 2]}, "data": {}}}',
+                                  '{"layout": {"weights": {"meshes": 3}}}', '{"layout": 5}', "not json"])
+def test_a_damaged_checkpoint_record_is_named_not_a_traceback(tmp_path, text):
+    from hetauto_megatron.megatron.checkpoint_plan import check_resume
+    path = tmp_path / "hetauto-plan.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as exc:     # (was AttributeError / TypeError)
+        check_resume(PLAN, str(path))
+    assert exc.value.field == "--load" and exc.value.fix

@@ -287,7 +287,7 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
         steps[name] = demo.last_rank_losses(demo.run_entry(argv + extra, plan.world_size, log_dir=str(tmp_path / name)))
         logs[name] = (tmp_path / name / f"rank{plan.world_size - 1}.log").read_text()
     # pipeline 0 (TP 1): mesh stages 0, 1; pipeline 1 (TP 2): 2, 3 - no file shared between the pipelines
-    shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir())
+    shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir() if p.name != "hetauto-plan.json")
     assert shards == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002", "mp_rank_00_003", "mp_rank_01_002",
                       "mp_rank_01_003"]
     whole = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["whole"]))
@@ -302,10 +302,22 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
     # the save recorded the plan layout beside the checkpoint; resuming under a re-planned one (here: the pipelines'
     # shares of the batch split otherwise, which Megatron resumes silently at another data position) is refused
     from hetauto_megatron.errors import InputError
-    from hetauto_megatron.megatron.checkpoint_plan import check_resume
-    check_resume(plan, str(ckpt), file=plan_file)
+    from hetauto_megatron.megatron.checkpoint_plan import check_resume, loaded_iteration, record_path
+    # each saved iteration holds its record: the resumed one (--ckpt-step 2) and the last (the tracker's, 3)
+    assert record_path(str(ckpt), loaded_iteration(str(ckpt), None)).endswith("iter_0000003/hetauto-plan.json")
+    record = record_path(str(ckpt), loaded_iteration(str(ckpt), 2))
+    assert os.path.isfile(record)
+    check_resume(plan, record, file=plan_file)
+    # the same layout with another micro-batch (no file nor counter depends on it) resumes
+    check_resume(dataclasses.replace(plan, meshes=(dataclasses.replace(plan.meshes[0], micro_batch_size=1),
+                                                   *plan.meshes[1:])), record)
     samples = plan.samples_per_pipeline
     resplit = dataclasses.replace(plan, pipeline_samples=(samples[0] // 2, samples[1] + samples[0] // 2))
     with pytest.raises(InputError) as exc:
-        check_resume(resplit, str(ckpt), file="replanned.yaml")
+        check_resume(resplit, record, file="replanned.yaml")
     assert exc.value.field == "--load" and "pipeline_samples" in str(exc.value) and plan_file in str(exc.value)
+    check_resume(resplit, record, finetune=True)      # --finetune takes the weights only: their layout is the same
+    moved = dataclasses.replace(plan, meshes=(dataclasses.replace(plan.meshes[0], stage_layers=(5, 3)),
+                                              *plan.meshes[1:]))
+    with pytest.raises(InputError, match="stage_layers"):
+        check_resume(moved, record, finetune=True)

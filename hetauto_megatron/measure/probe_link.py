@@ -159,8 +159,9 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
     # The largest third is bandwidth-bound, where the latency is a small share of a message's time. Where it is
     # not (a message that took no longer than twice the latency: a small --max-size-mib, or a ping slowed by a busy
     # host) the difference is noise, and its rate absurd: such sizes give no bandwidth.
-    big = [x for x in per_size[-max(1, len(per_size) // 3):] if x[1] > floor]
-    if not big:
+    largest = per_size[-max(1, len(per_size) // 3):]     # the sizes both sides send (the same on both)
+    big = [x for x in largest if x[1] > floor]              # rank 0's timings decide (rank 1's are not reported)
+    if not big and rank == 0:
         raise InputError(f"the largest messages ({per_size[-1][0]:,} bytes) took no longer than a ping "
                          f"({2 * floor * 1e3:.3f} ms): their time is the latency, not the bandwidth", field="--max-size-mib",
                          fix="probe larger messages (a larger --max-size-mib) or more --iters, on a quiet host")
@@ -169,7 +170,7 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
         # every rank creates the same groups in the same order; each is a gloo context of its own connection
         groups = [None] + [dist.new_group([0, 1], backend="gloo", timeout=timeout) for _ in range(connections - 1)]
         rates = []
-        for n, _, _ in big:
+        for n, _, _ in largest:
             bufs = [torch.empty(max(1, n // 4), dtype=torch.float32) for _ in groups]
             times = []
             for _ in range(iters + 1):
@@ -182,9 +183,10 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
                 else:
                     dist.send(small, peer)
                 times.append(time.perf_counter() - a)
-            one_way = max(statistics.median(times[1:]) - floor, 1e-9)
-            rates.append(len(groups) * bufs[0].numel() * 4 / one_way)
-        together = max(rates)
+            one_way = statistics.median(times[1:]) - floor
+            if one_way > floor:         # as for one connection: no faster than a ping gives no rate
+                rates.append(len(groups) * bufs[0].numel() * 4 / one_way)
+        together = max(rates, default=None)
     if rank != 0:
         return None
     return LinkMeasurement(latency, max(r for _, _, r in big), tuple(per_size), connections, together)

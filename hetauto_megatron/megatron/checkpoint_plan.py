@@ -4,10 +4,10 @@ Under --hetauto a checkpoint is written per (TP rank, mesh stage): its file name
 plan (rewrite.checkpoint_stage), its keys are each stage's local layers, and each rank's consumed-samples counter is
 its mesh's share of the batch. A re-planned layout (another split, another stage for a replica group, another
 share of the batch) therefore loads other layers into a stage, or resumes the data elsewhere, with no error from
-Megatron, whose own check compares only TP and pipeline sizes. So every save also writes, beside the checkpoint,
-the plan's layout (`resume_layout`: what the files depend on; not the clusters, the devices or the links, so the
-same layout resumes on other hardware), and a --load of a checkpoint saved under another layout is refused, on
-every rank, naming what differs.
+Megatron, whose own check compares only TP and pipeline sizes. So every save also writes, into the checkpoint,
+the plan's layout (`resume_layout`: what the files and the resumed counters depend on; not the clusters, the
+devices or the links, so the same layout resumes on other hardware), and a --load of a checkpoint saved under
+another layout is refused, on every rank, naming what differs (--finetune: only what the weights depend on).
 """
 from __future__ import annotations
 
@@ -20,64 +20,101 @@ from ..plan.plan import Plan
 SIDECAR = "hetauto-plan.json"
 
 
+# The model's fields that shape its weights (not its name, nor the sequence, which no weight depends on unless the
+# positions are a learned table: then max_position_embeddings says its rows).
+_WEIGHT_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                  "gated_mlp", "tie_embeddings", "position_embedding", "output_layer")
+
+
 def resume_layout(plan: Plan) -> dict:
-    """What a checkpoint's files and counters depend on: the model (its padded table), the batch and each
-    pipeline's share, and per mesh its TP, DP, micro-batch, stage layers, pipeline, whether it sits alongside and
-    whether its optimizer state is sharded."""
-    return {"model": plan.model.to_dict(), "padded_vocab_size": plan.padded_vocab_size,
-            "global_batch_size": plan.global_batch_size, "pipeline_samples": list(plan.samples_per_pipeline),
-            "meshes": [{"tp": m.tp, "dp": m.dp, "micro_batch_size": m.micro_batch_size,
-                        "stage_layers": list(m.stage_layers), "pipeline": m.pipeline, "alongside": m.alongside,
-                        "distributed_optimizer": m.settings.distributed_optimizer} for m in plan.meshes]}
+    """What a checkpoint depends on. "weights": what each file holds (the model's weight shapes and padded table,
+    per mesh its TP, stage layers, pipeline and whether it sits alongside). "data": what a resume continues (the
+    batch and each pipeline's share, each mesh's optimizer sharding); --finetune starts those afresh. Not DP nor the
+    micro-batch: DP rank 0 writes a file whatever DP is, and each rank counts its mesh's share of the samples."""
+    m = plan.model.to_dict()
+    model = {k: m.get(k) for k in _WEIGHT_FIELDS}
+    if plan.model.position_embedding == "learned":
+        model["max_position_embeddings"] = plan.model.max_position_embeddings
+    return {"weights": {"model": model, "padded_vocab_size": plan.padded_vocab_size,
+                        "meshes": [{"tp": x.tp, "stage_layers": list(x.stage_layers), "pipeline": x.pipeline,
+                                    "alongside": x.alongside} for x in plan.meshes]},
+            "data": {"global_batch_size": plan.global_batch_size, "pipeline_samples": list(plan.samples_per_pipeline),
+                     "distributed_optimizer": [x.settings.distributed_optimizer for x in plan.meshes]}}
 
 
-def _differences(saved: dict, now: dict) -> list[str]:
+def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for each leaf that differs (lists of meshes item by item)."""
     out = []
-    for key in ("model", "padded_vocab_size", "global_batch_size", "pipeline_samples"):
-        if saved.get(key) != now[key]:
-            out.append(f"{key} {saved.get(key)!r} -> {now[key]!r}" if key != "model" else "the model")
-    meshes = saved.get("meshes") or []
-    if len(meshes) != len(now["meshes"]):
-        out.append(f"{len(meshes)} meshes -> {len(now['meshes'])}")
-    else:
-        for i, (a, b) in enumerate(zip(meshes, now["meshes"])):
-            changed = [f"{k} {a.get(k)!r} -> {b[k]!r}" for k in b if a.get(k) != b[k]]
-            if changed:
-                out.append(f"meshes[{i}]: " + ", ".join(changed))
+    for key, value in now.items():
+        old = saved.get(key) if isinstance(saved, dict) else None
+        where = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += _differences(old if isinstance(old, dict) else {}, value, where + ".")
+        elif key == "meshes" and isinstance(old, list) and len(old) == len(value):
+            for i, (a, b) in enumerate(zip(old, value)):
+                out += _differences(a if isinstance(a, dict) else {}, b, f"{where}[{i}].")
+        elif old != value:
+            out.append(f"{where} {old!r} -> {value!r}")
     return out
 
 
-def check_resume(plan: Plan, load_dir: str | None, *, file: str | None = None) -> None:
-    """Refuse to load a checkpoint that was saved under another plan layout (InputError naming --load and what
-    differs). A checkpoint without the record (saved without --hetauto, or by an older hetauto) is Megatron's to
-    check."""
-    path = os.path.join(load_dir, SIDECAR) if load_dir else None
+def record_path(load_dir: str | None, iteration: int | None) -> str | None:
+    """Where the record of the checkpoint of `iteration` under `load_dir` lies (Megatron's iter_NNNNNNN folder)."""
+    if not load_dir or iteration is None:
+        return None
+    return os.path.join(load_dir, f"iter_{iteration:07d}", SIDECAR)
+
+
+def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
+    """The iteration a --load reads: --ckpt-step, else the one Megatron's tracker file names (None: no tracker, or a
+    'release' checkpoint, which hetauto never writes)."""
+    if ckpt_step is not None:
+        return int(ckpt_step)
+    try:
+        with open(os.path.join(load_dir, "latest_checkpointed_iteration.txt")) as f:
+            return int(f.read().strip())
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_dir: str | None = None,
+                 file: str | None = None) -> None:
+    """Refuse to load a checkpoint (its record at `path`) saved under another plan layout: InputError naming --load
+    and what differs (with `finetune`, only what the weights depend on). A checkpoint without a record (saved
+    without --hetauto, or by an older hetauto) is Megatron's to check."""
     if not path or not os.path.isfile(path):
         return
     try:
         with open(path) as f:
             record = json.load(f)
         saved = record["layout"]
-        if not isinstance(saved, dict):
-            raise TypeError("its 'layout' is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"cannot read which plan the checkpoint was saved under ({exc})", file=path, field="--load",
+        differ = _differences(saved["weights"], resume_layout(plan)["weights"], "")
+        if not finetune:
+            differ += _differences(saved["data"], resume_layout(plan)["data"], "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"cannot read which plan the checkpoint was saved under ({type(exc).__name__}: {exc})",
+                         file=path, field="--load",
                          fix="restore the file from the save, or delete it to leave the check to Megatron") from None
-    differ = _differences(saved, resume_layout(plan))
     if differ:
-        raise InputError(f"the checkpoint in {load_dir} was saved under another plan layout ("
+        raise InputError(f"the checkpoint in {load_dir or os.path.dirname(path)} was saved under another plan layout ("
                          + "; ".join(differ[:6]) + (f"; {len(differ) - 6} more" if len(differ) > 6 else "")
-                         + "): its files hold each mesh stage's layers and each mesh's share of the batch, so "
-                           "loading it under this plan would put other layers into stages, or resume the data "
-                           "elsewhere", file=file, field="--load",
+                         + "): its files hold each mesh stage's layers"
+                         + ("" if finetune else ", and each mesh counts its share of the batch")
+                         + ", so loading it under this plan would put other weights into stages"
+                         + ("" if finetune else " or resume the data elsewhere"), file=file, field="--load",
                          fix=f"resume with the plan it was saved under ({record.get('plan_file') or 'its plan file'} "
-                             f"at iteration {record.get('iteration', '?')}), or start this plan without --load")
+                             f"at iteration {record.get('iteration', '?')})"
+                             + ("" if finetune else ", or --finetune if only the batch changed")
+                             + ", or start this plan without --load")
 
 
 def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: int) -> None:
-    """Write, beside the checkpoint just saved, the layout it was saved under (rank 0 calls it after each save)."""
-    record = {"layout": resume_layout(plan), "plan_file": plan_file, "iteration": iteration}
-    tmp = os.path.join(save_dir, SIDECAR + ".tmp")
-    with open(tmp, "w") as f:
+    """Write into the checkpoint just saved (its iter_NNNNNNN folder) the layout it was saved under (rank 0 calls it
+    after each save): each iteration's checkpoint says its own plan, also when a folder holds several plans' saves."""
+    path = record_path(save_dir, iteration)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    record = {"layout": resume_layout(plan), "plan_file": os.path.abspath(plan_file) if plan_file else None,
+              "iteration": iteration}
+    with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
-    os.replace(tmp, os.path.join(save_dir, SIDECAR))
+    os.replace(path + ".tmp", path)

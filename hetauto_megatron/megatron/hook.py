@@ -169,7 +169,10 @@ def _prepare_hetauto(args) -> _State:
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
         _set_fp32_arithmetic(plan, placement.cluster, device_type)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
-    checkpoint_plan.check_resume(plan, getattr(args, "load", None), file=args.hetauto_plan)
+    load = getattr(args, "load", None)
+    checkpoint_plan.check_resume(
+        plan, checkpoint_plan.record_path(load, checkpoint_plan.loaded_iteration(load, getattr(args, "ckpt_step", None))),
+        finetune=bool(getattr(args, "finetune", False)), load_dir=load, file=args.hetauto_plan)
     _check_tokenizer_when_built(plan, args.hetauto_plan)
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
