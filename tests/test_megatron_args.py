@@ -74,6 +74,9 @@ def test_a_cluster_launched_with_other_processes_than_the_plans_is_refused():
         launch_identity.check_launch(PLAN, launch_identity.identity_from_env(env(1)), "b", file="p.yaml")
     assert exc.value.field == "--nproc-per-node" and "started 1 processes" in exc.value.reason
     assert "the plan runs 2 there (global ranks 4-5)" in exc.value.reason
+    # one torchrun over the whole job (or over consecutive clusters' launches) with HETAUTO_WORLD_SIZE set runs too
+    whole = {"RANK": "5", "WORLD_SIZE": "6", "HETAUTO_WORLD_SIZE": "6"}
+    assert launch_identity.check_launch(PLAN, launch_identity.identity_from_env(whole), "b").mesh_index == 1
 
 
 @pytest.mark.parametrize("env,field", [

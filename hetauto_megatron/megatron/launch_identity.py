@@ -77,19 +77,25 @@ def check_launch(plan: Plan, ident: LaunchIdentity, cluster: str | None, *, file
 
 def check_launch_size(plan: Plan, ident: LaunchIdentity, *, file: str | None = None) -> None:
     """A cluster's launch (torchrun's world: --nnodes x --nproc-per-node) starts the ranks of the plan's launch that
-    begins at HETAUTO_RANK_OFFSET (Plan.launch_groups, what 'hetauto emit megatron' writes one script for): more or
-    fewer processes would leave every cluster waiting at the rendezvous, or take other clusters' ranks."""
+    begins at HETAUTO_RANK_OFFSET (Plan.launch_groups, what 'hetauto emit megatron' writes one script for), or of
+    that one and the next ones together (one torchrun over several clusters' launches, up to the whole job): any
+    other count would leave every cluster waiting at the rendezvous, or take other clusters' ranks."""
     if ident.launch_world is None:
         return
-    for idx in plan.launch_groups():
-        if plan.rank_offset(idx[0]) == ident.rank_offset:
-            n = sum(plan.meshes[k].num_devices for k in idx)
-            if n != ident.launch_world:
-                cluster = plan.meshes[idx[0]].cluster
-                raise InputError(f"this launch of cluster {cluster} started {ident.launch_world} processes "
-                                 f"(torchrun's WORLD_SIZE: --nnodes x --nproc-per-node), but the plan runs {n} there "
-                                 f"(global ranks {ident.rank_offset}-{ident.rank_offset + n - 1})", file=file,
-                                 field="--nproc-per-node",
-                                 fix="start the cluster with the launch script 'hetauto emit megatron' wrote for it "
-                                     "(its --nnodes and --nproc-per-node)")
+    groups = plan.launch_groups()
+    starts = [plan.rank_offset(idx[0]) for idx in groups]
+    if ident.rank_offset not in starts:
+        return          # an offset inside a launch: rank_coords places the rank (or refuses it)
+    first = starts.index(ident.rank_offset)
+    covered, sizes = 0, []
+    for idx in groups[first:]:
+        covered += sum(plan.meshes[k].num_devices for k in idx)
+        sizes.append(covered)
+        if covered == ident.launch_world:
             return
+    cluster, n = plan.meshes[groups[first][0]].cluster, sizes[0]
+    raise InputError(f"this launch of cluster {cluster} started {ident.launch_world} processes (torchrun's "
+                     f"WORLD_SIZE: --nnodes x --nproc-per-node), but the plan runs {n} there (global ranks "
+                     f"{ident.rank_offset}-{ident.rank_offset + n - 1})", file=file, field="--nproc-per-node",
+                     fix="start the cluster with the launch script 'hetauto emit megatron' wrote for it (its --nnodes "
+                         "and --nproc-per-node)")
