@@ -87,13 +87,10 @@ def check_launch_size(plan: Plan, ident: LaunchIdentity, *, file: str | None = N
     if ident.rank_offset not in starts:
         return          # an offset inside a launch: rank_coords places the rank (or refuses it)
     first = starts.index(ident.rank_offset)
-    covered, sizes = 0, []
-    for idx in groups[first:]:
-        covered += sum(plan.meshes[k].num_devices for k in idx)
-        sizes.append(covered)
-        if covered == ident.launch_world:
-            return
-    cluster, n = plan.meshes[groups[first][0]].cluster, sizes[0]
+    ends = [s - ident.rank_offset for s in starts[first + 1:]] + [plan.world_size - ident.rank_offset]
+    if ident.launch_world in ends:      # this launch's ranks, or those of it and the next ones together
+        return
+    cluster, n = plan.meshes[groups[first][0]].cluster, ends[0]
     raise InputError(f"this launch of cluster {cluster} started {ident.launch_world} processes (torchrun's "
                      f"WORLD_SIZE: --nnodes x --nproc-per-node), but the plan runs {n} there (global ranks "
                      f"{ident.rank_offset}-{ident.rank_offset + n - 1})", file=file, field="--nproc-per-node",

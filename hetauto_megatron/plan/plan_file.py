@@ -61,12 +61,15 @@ def plan_to_dict(plan: Plan) -> dict:
     return d
 
 
-def layout_digest(plan: Plan) -> str:
+def layout_digest(plan: Plan, *, inventory_as_parsed: bool = False) -> str:
     """A fingerprint of everything a plan's estimate depends on (the file's mapping without its estimate): the
     planner records it in the estimate, so a file edited afterwards (other layers, TP, inventory) is known not to
-    be the layout its figures describe."""
+    be the layout its figures describe. `inventory_as_parsed`: the stored inventory as read, so that one written
+    another way (80 and 80.0) is the same (what the ranks of one job compare; the recorded digests keep the file's)."""
     import hashlib
     body = {k: v for k, v in plan_to_dict(plan).items() if k != "estimate"}
+    if inventory_as_parsed and body.get("inventory"):
+        body["inventory"] = inventory_from_dict(body["inventory"]).to_dict()
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -180,12 +180,14 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
 def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:
     """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
     cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
-    train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest); where
-    any differs from rank 0's, every rank stops with the same paragraph."""
+    train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest, the
+    stored inventory as parsed); where any differs from rank 0's, every rank stops with the same paragraph."""
     import torch
     import torch.distributed as dist
 
-    mine = torch.tensor([_plan_fingerprint(plan)], dtype=torch.int64)
+    from ..plan.plan_file import layout_digest
+    # (15 hex digits: a 60-bit integer, which an int64 tensor holds)
+    mine = torch.tensor([int(layout_digest(plan, inventory_as_parsed=True)[:15], 16)], dtype=torch.int64)
     every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(every, mine)
     other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
@@ -196,20 +198,6 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
                          field="--hetauto-plan",
                          fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
                              "'hetauto emit megatron' writes its path into the scripts)")
-
-
-def _plan_fingerprint(plan) -> int:
-    """What every rank must agree on: the plan file's mapping without its estimate, the stored inventory as read
-    (80 and 80.0 GB/s are one inventory), as a 60-bit integer."""
-    import hashlib
-    import json
-
-    from ..plan.plan_file import plan_to_dict
-    from ..spec.inventory import inventory_from_dict
-    body = {k: v for k, v in plan_to_dict(plan).items() if k != "estimate"}
-    if body.get("inventory"):
-        body["inventory"] = inventory_from_dict(body["inventory"]).to_dict()
-    return int(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:15], 16)
 
 
 @dataclass
