@@ -319,7 +319,7 @@ def pretrain_kwargs(args) -> dict:
         atexit.register(_destroy_groups_at_exit, _timeout_s())
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                                   dry_run=state.device_type == "cpu")
-        populate_parallel_state(ctx.pg)
+        populate_parallel_state(ctx.pg, ctx.dp_gloo)
         groups.set_megatron_globals(ctx)
         state.context = ctx
         state.communicator = HeteroP2PCommunicator(ctx, core_transformer_config_from_args(args),

@@ -84,6 +84,19 @@ def check_local_device(device_type: str, *, rank: int, file: str | None = None) 
                              "with 'hetauto dryrun'")
 
 
+def select_local_device(device_type: str, *, rank: int) -> None:
+    """Bind this process to its own accelerator before the collectives start: LOCAL_RANK's (torchrun, the launch
+    scripts), else the rank modulo the devices this machine has (one process per device)."""
+    import os
+
+    import torch
+
+    if get_device(device_type).torch_device != "cuda":
+        return
+    count = torch.cuda.device_count()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % count)
+
+
 class NullStream:
     """Stands in for a torch.cuda.Stream on CPU: DDP (and the training loop) wait on / record events in streams,
     and on CPU there is nothing to order, so every method is a no-op."""

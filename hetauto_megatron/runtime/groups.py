@@ -154,6 +154,7 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         backend = "gloo"
     else:
         devlayer.check_local_device(coords.device_type, rank=rank, file=file)
+        devlayer.select_local_device(coords.device_type, rank=rank)
         backend = devlayer.init_backend([m.device_type for m in plan.meshes])
     try:
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
@@ -221,6 +222,8 @@ class RankContext:
     timeout_s: float = 60.0
     dry_run: bool = False
     replica_group: object = None
+    dp_gloo: dict = field(default_factory=dict)    # {"dp", "dp_cp"}: host (gloo) copies of this rank's DP groups
+                                                   # where those run on an accelerator's backend (else empty)
 
     @property
     def mesh_index(self) -> int:
@@ -237,6 +240,21 @@ class RankContext:
     @property
     def mesh(self):
         return self.plan.meshes[self.coords.mesh_index]
+
+    @property
+    def precision(self) -> str:
+        """The precision this rank trains in: fp32 in a dry run and on CPU processes (exact parity with the
+        single-process reference), else the plan's for its mesh (Plan.mesh_precision). fp8 is refused: the
+        runtime's layers are Megatron's local spec, and fp8 runs on Transformer Engine's (Megatron-LM's launch)."""
+        if self.dry_run or self.device == "cpu":
+            return "fp32"
+        precision = self.plan.mesh_precision(self.coords.mesh_index)
+        if precision == "fp8":
+            raise InputError("hetauto's own runtime trains Megatron's local layer spec, which has no fp8; fp8 runs "
+                             "on Transformer Engine's layers", field="precision",
+                             fix="run the plan through Megatron-LM ('hetauto emit megatron', --hetauto), or plan "
+                                 "with --precision bf16")
+        return precision
 
     @functools.cached_property
     def layout(self) -> PipelineLayout:
@@ -279,6 +297,7 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     me = rank_coords(plan, rank)
     timeout = datetime.timedelta(seconds=timeout_s)
     pg = ProcessGroupCollection()
+    dp_gloo = {}
 
     # 1. per mesh, Megatron's own grid with the mesh's rank offset, on the cluster's backend
     for i, mesh in enumerate(plan.meshes):
@@ -291,6 +310,16 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
         if i == me.mesh_index:
             for name, group in made.items():
                 setattr(pg, name, group)
+        if backend != "gloo":
+            # Host copies of the DP groups, as Megatron's initialize_model_parallel makes them beside the device's
+            # (Megatron-LM's default --enable-gloo-process-groups): its distributed optimizer looks them up when
+            # it is built and gathers its state over them for checkpoints (megatron/mpu_globals.py)
+            host = HyperCommGrid([mesh.tp, 1, 1, mesh.dp, mesh.num_stages], ["tp", "cp", "ep", "dp", "pp"],
+                                 rank_offset=plan.rank_offset(i), backend="gloo")
+            host_made = {name: host.create_pg(dims, timeout=timeout) for name, dims in
+                         [("dp", ["dp"]), ("dp_cp", ["dp", "cp"])]}
+            if i == me.mesh_index:
+                dp_gloo = host_made
 
     # 2. and 3., pipeline after pipeline (every rank creates every pipeline's groups, in the same order)
     my_chain, boundary_groups = None, {}
@@ -322,7 +351,7 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     pg.intra_dist_opt = pg.dp_cp
     return RankContext(plan=plan, coords=me, world_size=world_size, pg=pg, world_gloo=world_gloo,
                        boundary_groups=boundary_groups, timeout_s=timeout_s, dry_run=dry_run,
-                       replica_group=replica_group)
+                       replica_group=replica_group, dp_gloo=dp_gloo)
 
 
 def _pipeline_groups(plan, layout, rank: int, stage, timeout):

@@ -210,11 +210,24 @@ def held_storages(exclude: set) -> dict:
 
 
 @contextmanager
-def allocator_peak(result: dict):
+def allocator_peak(result: dict, device: str = "cpu"):
     """Profile the block's CPU allocations; on exit result["peak"] = the highest net bytes allocated inside it
-    (allocations minus frees, in time order), result["end"] = the net at its end."""
+    (allocations minus frees, in time order), result["end"] = the net at its end. On an accelerator ("cuda"):
+    the caching allocator's own peak of allocated bytes inside the block, above what was allocated at its start."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        try:
+            yield result
+        finally:
+            torch.cuda.synchronize()
+            result["peak"] = torch.cuda.max_memory_allocated() - start
+            result["end"] = torch.cuda.memory_allocated() - start
+        return
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
     older = torch.empty(64)

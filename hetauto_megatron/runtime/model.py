@@ -39,14 +39,26 @@ def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
                         max_position_embeddings=seq)
 
 
+# the torch element type of each training precision the runtime's layers run (fp8 needs Transformer Engine)
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(precision: str):
+    import torch
+    return getattr(torch, TORCH_DTYPES[precision])
+
+
 def transformer_config(plan, ctx, spec: ModelSpec):
     """TransformerConfig for this rank: its mesh's TP size and sequence parallelism, the plan's stages and layers,
-    fp32, the mesh's dropouts (settings: 0 by default, so that every layout computes the same numbers)."""
-    import torch
+    the rank's precision (`RankContext.precision`: fp32 in a dry run; on an accelerator the plan's, 16-bit
+    parameters and pipeline tensors as Megatron-LM's --bf16 / --fp16 build them), the mesh's dropouts (settings:
+    0 by default, so that every layout computes the same numbers)."""
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     mesh = ctx.mesh
+    precision = ctx.precision
+    dtype = torch_dtype(precision)
     kw = dict(
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
@@ -54,9 +66,12 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         add_bias_linear=not spec.gated_mlp, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
         tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=ctx.layout.num_stages,
         sequence_parallel=mesh.settings.sequence_parallel,
-        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,
         hidden_dropout=mesh.settings.hidden_dropout,
-        attention_dropout=mesh.settings.attention_dropout, bf16=False, fp16=False,
+        attention_dropout=mesh.settings.attention_dropout, bf16=precision == "bf16", fp16=precision == "fp16",
+        # Megatron-LM's default (its --attention-softmax-in-fp32 is off; the dataclass's default is on): the
+        # unfused softmax of 16-bit scores runs, and is kept, in 16 bits (no effect in fp32)
+        attention_softmax_in_fp32=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
     )
@@ -104,6 +119,10 @@ def build_model(ctx, spec: ModelSpec, config, *, seed: int, vocab_size: int | No
         position_embedding_type="rope" if spec.position_embedding == "rope" else "learned_absolute",
         rotary_base=spec.rotary_base, pg_collection=ctx.pg)
     init_weights(model, ctx, spec, seed=seed)
+    if config.bf16 or config.fp16:
+        # every parameter and buffer in 16 bits, as Megatron-LM's Float16Module casts the model it wraps (the
+        # linear layers are built in params_dtype already; torch's norms are not)
+        model.bfloat16() if config.bf16 else model.half()
     if ctx.device != "cpu":
         model.to(ctx.device)  # built and initialised on the host (layout-independent), then moved
     return model

@@ -93,6 +93,18 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
     set_megatron_globals(ctx)
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
+    on_device = ctx.device == "cuda"
+    if on_device and ctx.precision == "fp32":
+        # an fp32 plan's GEMMs on TF32 or not, as it was priced and as its launch scripts set it (before any GEMM)
+        from ..emit.megatron import fp32_tf32
+        from .device import set_fp32_gemms
+        tf32 = fp32_tf32(plan, mesh.cluster)
+        if tf32 is not None:
+            set_fp32_gemms(tf32)
+    if on_device:       # what the device holds before any tensor of ours: the runtime's context, a first kernel's
+        (torch.ones(1, device="cuda") + 1).item()
+        free, total = torch.cuda.mem_get_info()
+        context = total - free - torch.cuda.memory_reserved()
     config = transformer_config(plan, ctx, spec)
     model = build_model(ctx, spec, config, seed=seed, vocab_size=vocab_size)
     settings = mesh.settings
@@ -119,8 +131,10 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         if emulate_links is not None:       # the exchange's messages between clusters over the emulated links too
             replicas.emulate_links(emulate_links, links)
     config.finalize_model_grads_func = make_finalize_model_grads(ctx, replicas)
+    # 16-bit parameters train with fp32 main parameters in the optimizer, as Megatron-LM's --bf16 / --fp16 do
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=LEARNING_RATE, clip_grad=CLIP_GRAD,
-                                                 params_dtype=torch.float32,
+                                                 params_dtype=config.params_dtype, bf16=config.bf16,
+                                                 fp16=config.fp16,
                                                  use_distributed_optimizer=settings.distributed_optimizer),
                                  [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
     count_grad_norm_once(opt, ctx, replicas)
@@ -164,7 +178,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
         common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
                       num_microbatches=layout.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
                       forward_only=False, pg_collection=ctx.pg)
-        with _metered(step == 0, model, ddp, opt, alloc) as meter_now:   # memory: the first step only (untimed)
+        with _metered(step == 0, model, ddp, opt, alloc, ctx.device) as meter_now:   # memory: the first step only (untimed)
             meter = meter_now or meter
             comm.meter = meter_now      # the boundary buffers an overlapped link holds count too (measured step)
             before = waited()
@@ -178,6 +192,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                 exposed.append(waited() - before)
         with clock.span("optimizer"):
             _, grad_norm, _ = opt.step()
+        if on_device:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         clock.end_step()
         # The loss lives on the last stage; weight each replica by its share of the step's samples (1 / dp for a
@@ -196,6 +212,10 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
     memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
     memory.update(activations=meter.peak, allocator_peak=alloc.get("peak", 0))
+    if on_device:       # the device's own readings over the whole run (this process alone on its device)
+        free, total = torch.cuda.mem_get_info()
+        memory["device"] = {"context": context, "allocated_peak": torch.cuda.max_memory_allocated(),
+                            "reserved_peak": torch.cuda.max_memory_reserved(), "in_use": total - free}
     dist.barrier(group=ctx.world_gloo)
     dist.destroy_process_group()
     return {"losses": losses, "grad_norms": norms, "bytes": dict(comm.bytes_sent), "step_times": times,
@@ -205,7 +225,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
 
 
 @contextmanager
-def _metered(on: bool, model, ddp, opt, alloc: dict):
+def _metered(on: bool, model, ddp, opt, alloc: dict, device: str = "cpu"):
     """Measure the memory of the step it wraps (runtime/memory_meter.py) when `on`: the saved-tensor peak
     (yields the meter) and the allocator's peak (into `alloc`); yields None and measures nothing otherwise."""
     if not on:
@@ -213,7 +233,7 @@ def _metered(on: bool, model, ddp, opt, alloc: dict):
         return
     from .memory_meter import SavedTensorMeter, allocator_peak, state_storages
     meter = SavedTensorMeter(exclude=state_storages(model, ddp, opt)["_storages"])
-    with allocator_peak(alloc), meter.metering():
+    with allocator_peak(alloc, device), meter.metering():
         yield meter
 
 
