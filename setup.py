@@ -8,5 +8,6 @@ setup(
     packages=find_packages(include=["hetauto_megatron", "hetauto_megatron.*"]),
     package_data={"hetauto_megatron": ["data/*.yaml", "data/*/*"]},
     install_requires=["pyyaml", "numpy"],
-    entry_points={"console_scripts": ["hetauto=hetauto_megatron.cli:main"]},
+    entry_points={"console_scripts": ["hetauto=hetauto_megatron.cli:main",
+                                      "hetauto-torchrun=hetauto_megatron.megatron.torchrun:main"]},
 )

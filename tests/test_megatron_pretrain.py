@@ -203,3 +203,29 @@ def test_the_examples_hand_launch_trains(tmp_path):
     out = log.read_text()
     assert codes == [0], out[-3000:]
     assert len(re.findall(r"\| lm loss: [0-9.E+-]+ \|", out)) == 3, out[-3000:]
+
+
+def test_a_refused_launch_ends_with_exit_2_and_no_traceback(tmp_path):
+    """The launch script as emitted, with its default launcher (hetauto-torchrun, found on PATH where hetauto is
+    installed), over a launch the hook refuses (a --global-batch-size other than the plan's): the worker prints its
+    paragraph and exits 2, and so does the script, without torchrun's ChildFailedError traceback (before: exit 1 and
+    that traceback after the paragraph)."""
+    from hetauto_megatron.runtime.launcher import free_port
+
+    plan = load_plan(os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml"))
+    launch = emit_megatron(plan, plan_path=os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml"))[0]
+    script = tmp_path / "launch.sh"
+    script.write_text(launch["script"])
+    env = {k: v for k, v in os.environ.items() if k != "TORCHRUN"}
+    env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""), NODE_RANK="0",
+               CLUSTER_MASTER_ADDR="127.0.0.1", CLUSTER_MASTER_PORT=str(free_port()),
+               HETAUTO_MASTER_ADDR="127.0.0.1", HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="60",
+               MEGATRON_SCRIPT=os.path.join(ROOT, "examples", "llama", "pretrain_llama_hetauto.py"),
+               PYTHONWARNINGS="ignore")
+    argv = job_flags(plan, 2) + ["--global-batch-size", str(plan.global_batch_size * 2)]
+    proc = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "--global-batch-size" in out and "hetauto-torchrun: worker rank(s)" in out, out[-3000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]

@@ -423,7 +423,8 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               f"hetauto_plan_default={shlex.quote(plan_path)}",
               f"megatron_script_default={shlex.quote(script)}",
               "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
-    lines += [f'exec ${{TORCHRUN:-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
+    # hetauto-torchrun: torchrun, ending a worker's user error (exit 2) with exit 2 and no traceback of its own
+    lines += [f'exec ${{TORCHRUN:-hetauto-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
               '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
