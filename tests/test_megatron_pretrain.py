@@ -229,3 +229,47 @@ def test_a_refused_launch_ends_with_exit_2_and_no_traceback(tmp_path):
     assert proc.returncode == 2, out[-3000:]
     assert "--global-batch-size" in out and "hetauto-torchrun: worker rank(s)" in out, out[-3000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("refused", ["cluster-b", "cluster-a"])
+def test_a_cluster_whose_launch_is_refused_stops_the_others_at_once(tmp_path, refused):
+    """The 2-cluster plan's emitted scripts, one per node, the refused cluster's launch given a global batch other
+    than the plan's: its workers stop with exit 2 (hook's check), and the other cluster's, waiting at the world's
+    rendezvous, stop at once too (exit 2, naming the refused rank's cluster and paragraph), well before
+    HETAUTO_TIMEOUT_S (before: they waited all of it, then stopped with a timeout that did not say why). Refusing
+    cluster-a refuses global rank 0, which hosts the store the others learn it from."""
+    import subprocess
+    import time
+
+    from hetauto_megatron.runtime.launcher import free_port
+
+    plan = load_plan(PLAN)
+    launches = emit_megatron(plan, plan_path=PLAN, devices_per_node=2)
+    env = dict(os.environ, TORCHRUN=os.path.join(os.path.dirname(sys.executable), "hetauto-torchrun"),
+               HETAUTO_MASTER_ADDR="127.0.0.1", HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="400", CLUSTER_MASTER_ADDR="127.0.0.1", PYTHONWARNINGS="ignore",
+               MEGATRON_SCRIPT=os.path.join(ROOT, "examples", "llama", "pretrain_llama_hetauto.py"))
+    procs, logs = [], {}
+    start = time.monotonic()
+    for la in launches:
+        script = tmp_path / f"{la['name']}.sh"
+        script.write_text(la["script"])
+        port, argv = free_port(), job_flags(plan, 2)
+        if la["cluster"] == refused:
+            argv += ["--global-batch-size", str(plan.global_batch_size * 2)]
+        for node in range(la["nnodes"]):
+            log = logs[f"{la['cluster']}.node{node}"] = tmp_path / f"{la['name']}.node{node}.log"
+            with open(log, "w") as fh:
+                procs.append(subprocess.Popen(["bash", str(script), *argv], stdout=fh, stderr=subprocess.STDOUT,
+                                              env=dict(env, NODE_RANK=str(node), CLUSTER_MASTER_PORT=str(port)),
+                                              start_new_session=True, cwd=str(tmp_path)))
+    codes = wait_all(procs, timeout=200)
+    took = time.monotonic() - start
+    text = {name: path.read_text() for name, path in logs.items()}
+    assert codes == [2] * len(procs), {k: v[-1500:] for k, v in text.items()}
+    assert took < 150, took
+    for name, out in text.items():
+        if name.startswith(refused):
+            assert "--global-batch-size" in out, out[-2000:]
+        else:
+            assert "another cluster's launch was refused" in out and f"(cluster {refused})" in out, out[-2000:]
+            assert "Traceback" not in out, out[-2000:]

@@ -289,15 +289,20 @@ def _join_world(state: _State) -> None:
                              f"{state.ident.rank} of {state.plan.world_size}", file=state.plan_file, field="meshes",
                              fix="let --hetauto initialise torch.distributed (do not call init_process_group first)")
         return
+    store = None
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         os.environ["MASTER_ADDR"] = os.environ["HETAUTO_MASTER_ADDR"]
         os.environ["MASTER_PORT"] = _master_port()
         # torchrun tells its workers that its agent hosts the rendezvous store, so every worker would only
-        # connect as a client. The global store is not any torchrun's: global rank 0 must host it.
+        # connect as a client. The global store is not any torchrun's: global rank 0 hosts it, and a cluster
+        # whose launch is refused tells the others through it (world_store.py)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+        from . import world_store
+        store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
+                                 int(os.environ["MASTER_PORT"]), _timeout_s(), file=state.plan_file)
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
     groups.init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
-                            dry_run=state.device_type == "cpu", file=state.plan_file)
+                            dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
 
 
 def pretrain_kwargs(args) -> dict:
@@ -463,6 +468,10 @@ def _install_step_bounds(state: _State) -> None:
 
 def _exit_for_user(exc: InputError):
     print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
+    if not getattr(exc, "from_world_store", False):
+        # clusters launched separately: the others learn of it now, not when their rendezvous times out
+        from .world_store import post_refusal
+        post_refusal(exc.message)
     sys.exit(exc.exit_code)
 
 

@@ -139,11 +139,12 @@ def validate_launch(plan, world_size: int, *, device_types: list[str] | None = N
 
 
 def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
-                     file: str | None = None) -> None:
+                     file: str | None = None, store=None) -> None:
     """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
 
     `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
-    type is checked against this process.
+    type is checked against this process. `store`: a rendezvous store every rank has already joined
+    (megatron/world_store.py) instead of env://.
     """
     import torch.distributed as dist
 
@@ -157,7 +158,7 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         devlayer.select_local_device(coords.device_type, rank=rank)
         backend = devlayer.init_backend([m.device_type for m in plan.meshes])
     try:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

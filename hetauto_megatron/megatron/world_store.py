@@ -1,0 +1,147 @@
+"""The world's rendezvous when the clusters launch separately (HETAUTO_MASTER_ADDR set): a TCP store that global
+rank 0 hosts at HETAUTO_MASTER_ADDR:HETAUTO_MASTER_PORT, through which every rank joins, and through which a
+launch that refuses its input tells the other clusters at once.
+
+Without it a cluster whose launch was refused (a bad argument, another plan: exit 2 with one paragraph) left every
+other cluster waiting in torch's rendezvous until HETAUTO_TIMEOUT_S (600 s by default), then stopping with a
+timeout that did not say why. Now:
+
+- `join`: each rank connects to the store (rank 0 hosts it), counts itself in, and waits until the plan's world
+  has checked in, reading the store's refusals twice a second: one stops it at once (InputError, exit 2) naming the
+  refused rank, its cluster and its paragraph. torch's process group is then made on that store.
+- `post_refusal`: a rank that refuses its input before joining leaves its paragraph in the store (as a client that
+  gives up after a few seconds when no store answers; rank 0 hosts the store for it).
+- Whoever hosts the store (rank 0) and stops on a refusal stays until every other rank has read it, at most
+  LINGER_S, so that clusters still starting learn of it too.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+from ..errors import InputError
+
+JOINED = "hetauto/joined"           # counter: ranks that checked in
+REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch
+READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the host waits for them)
+POLL_S = 0.5
+CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried until the rendezvous timeout
+POST_S = 10.0                       # how long a refused rank tries to reach the store
+LINGER_S = 60.0                     # the most the host stays to pass a refusal on
+
+
+def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: float):
+    from torch.distributed import TCPStore
+    return TCPStore(addr, port, world_size if host else None, host, timeout=datetime.timedelta(seconds=timeout_s),
+                    wait_for_workers=False)
+
+
+def _connect(addr: str, port: int, deadline: float):
+    """A client of the store, retried until `deadline` (the host may start later); None when it never answered."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            return _store(addr, port, host=False, world_size=0, timeout_s=max(1.0, min(CONNECT_TRY_S, left)))
+        except Exception:         # noqa: BLE001  (torch's connection errors differ by version: refused, timed out)
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def _refusal(store) -> str | None:
+    """The first refusal in the store as 'rank R (cluster C): paragraph', or None."""
+    if not store.check([REFUSED]):
+        return None
+    rank = store.get(REFUSED).decode().split()[0]
+    return store.get(f"{REFUSED}/{rank}").decode()
+
+
+def _linger(store, world_size: int) -> None:
+    """The host, stopping on a refusal: keep the store up until every rank has read a refusal or posted one
+    (bounded: a rank its launcher stopped first does neither)."""
+    deadline = time.monotonic() + LINGER_S
+    while time.monotonic() < deadline:
+        refused = len(store.get(REFUSED).decode().split()) if store.check([REFUSED]) else 0
+        if store.add(READ, 0) + refused >= world_size:
+            return
+        time.sleep(POLL_S)
+
+
+def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None):
+    """Check this rank in and wait for the whole world (module docstring); returns the store for
+    init_process_group. InputError (exit 2) on a refusal, a port the host cannot take, or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        try:
+            store = _store(addr, port, host=True, world_size=world_size, timeout_s=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise _ours(InputError(f"rank 0 could not host the rendezvous at {addr}:{port} ({reason[:200]})",
+                                   file=file, field="HETAUTO_MASTER_PORT",
+                                   fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, "
+                                       "reachable from all) and a HETAUTO_MASTER_PORT free there, other than the "
+                                       "clusters' CLUSTER_MASTER_PORT")) from None
+    else:
+        store = _connect(addr, port, deadline)
+        if store is None:
+            raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    store.add(JOINED, 1)
+    while True:
+        refused = _refusal(store)
+        if refused is not None:
+            store.add(READ, 1)
+            if rank == 0:
+                _linger(store, world_size)
+            raise _ours(InputError(f"another cluster's launch was refused, so this rank ({rank}) stops too: "
+                                   f"{refused}", file=file, field="HETAUTO_MASTER_ADDR",
+                                   fix="fix that launch as its paragraph says, then start every cluster's launch "
+                                       "again"))
+        joined = store.add(JOINED, 0)
+        if joined >= world_size:
+            return store
+        if time.monotonic() > deadline:
+            raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
+        time.sleep(POLL_S)
+
+
+def _ours(exc: InputError) -> InputError:
+    """Mark an error of the rendezvous itself: the rank stopping on it has no refusal of its own to post."""
+    exc.from_world_store = True
+    return exc
+
+
+def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: str | None) -> InputError:
+    return _ours(InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
+                      f"({reason}): a cluster's launch did not start or stopped (its log says why), or it starts "
+                      "other ranks than the plan's", file=file, field="HETAUTO_WORLD_SIZE",
+                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
+                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
+                          "HETAUTO_MASTER_ADDR/PORT for all"))
+
+
+def post_refusal(message: str, env=None) -> None:
+    """Leave this rank's refusal in the world's store, when this process is one rank of separately launched
+    clusters (HETAUTO_MASTER_ADDR and HETAUTO_WORLD_SIZE set); never raises (the rank is stopping anyway)."""
+    env = os.environ if env is None else env
+    if not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE"):
+        return
+    try:
+        from .launch_identity import identity_from_env
+        ident = identity_from_env(env)
+        raw = env.get("HETAUTO_MASTER_PORT") or "29600"
+        addr, port = env["HETAUTO_MASTER_ADDR"], int(raw)
+        cluster = env.get("HETAUTO_CLUSTER") or "?"
+        if ident.rank == 0:
+            store = _store(addr, port, host=True, world_size=ident.world_size, timeout_s=POST_S)
+        else:
+            store = _connect(addr, port, time.monotonic() + POST_S)
+            if store is None:
+                return
+        store.set(f"{REFUSED}/{ident.rank}", f"rank {ident.rank} (cluster {cluster}): {message}"[:2000])
+        store.append(REFUSED, f"{ident.rank} ")
+        if ident.rank == 0:
+            _linger(store, ident.world_size)
+    except Exception:             # noqa: BLE001  (best effort: the refusal is printed anyway)
+        return
