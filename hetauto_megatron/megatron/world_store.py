@@ -21,6 +21,7 @@ import os
 import time
 
 from ..errors import InputError
+from ..runtime.groups import rendezvous_setup_error, rendezvous_timeout_error
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
 REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch
@@ -77,11 +78,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             store = _store(addr, port, host=True, world_size=world_size, timeout_s=timeout_s)
         except Exception as exc:  # noqa: BLE001
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise _ours(InputError(f"rank 0 could not host the rendezvous at {addr}:{port} ({reason[:200]})",
-                                   file=file, field="HETAUTO_MASTER_PORT",
-                                   fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, "
-                                       "reachable from all) and a HETAUTO_MASTER_PORT free there, other than the "
-                                       "clusters' CLUSTER_MASTER_PORT")) from None
+            raise _ours(rendezvous_setup_error(rank, f"{addr}:{port}", reason, file)) from None
     else:
         store = _connect(addr, port, deadline)
         if store is None:
@@ -113,12 +110,7 @@ def _ours(exc: InputError) -> InputError:
 
 
 def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: str | None) -> InputError:
-    return _ours(InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
-                      f"({reason}): a cluster's launch did not start or stopped (its log says why), or it starts "
-                      "other ranks than the plan's", file=file, field="HETAUTO_WORLD_SIZE",
-                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
-                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
-                          "HETAUTO_MASTER_ADDR/PORT for all"))
+    return _ours(rendezvous_timeout_error(rank, world_size, timeout_s, reason, file))
 
 
 def post_refusal(message: str, env=None) -> None:

@@ -163,20 +163,30 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
     except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-            raise InputError(f"rank {rank} could not set up the rendezvous at {os.environ.get('MASTER_ADDR')}:"
-                             f"{os.environ.get('MASTER_PORT')} ({reason[:200]})", file=file,
-                             field="HETAUTO_MASTER_PORT",
-                             fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, reachable "
-                                 "from all) and a HETAUTO_MASTER_PORT free there, other than the clusters' "
-                                 "CLUSTER_MASTER_PORT") from None
-        raise InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
-                         f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
-                         "refused argument), or it starts other ranks than the plan's", file=file,
-                         field="HETAUTO_WORLD_SIZE",
-                         fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK "
-                             "in 0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), "
-                             "with one HETAUTO_MASTER_ADDR/PORT for all") from None
+            raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                                         reason, file) from None
+        raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
     check_same_plan(plan, rank, world_size, file=file)
+
+
+def rendezvous_setup_error(rank: int, where: str, reason: str, file: str | None) -> InputError:
+    """The world's rendezvous store could not be set up (a port in use, an address not of this host)."""
+    return InputError(f"rank {rank} could not set up the rendezvous at {where} ({reason[:200]})", file=file,
+                      field="HETAUTO_MASTER_PORT",
+                      fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, reachable from "
+                          "all) and a HETAUTO_MASTER_PORT free there, other than the clusters' CLUSTER_MASTER_PORT")
+
+
+def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reason: str,
+                             file: str | None) -> InputError:
+    """Not every rank of the plan joined within the timeout."""
+    return InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
+                      f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
+                      "refused argument), or it starts other ranks than the plan's", file=file,
+                      field="HETAUTO_WORLD_SIZE",
+                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
+                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
+                          "HETAUTO_MASTER_ADDR/PORT for all")
 
 
 def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:

@@ -1,0 +1,67 @@
+"""The world's rendezvous of separately launched clusters (megatron/world_store.py) on torch's real TCP store, in
+one process: a refusal reaches the ranks waiting at once; a missing host, a missing rank and a taken port are one
+paragraph each (exit 2), never a hang or torch's traceback."""
+import socket
+import threading
+import time
+
+import pytest
+
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.megatron import world_store
+from hetauto_megatron.runtime.launcher import free_port
+
+
+def test_a_refusal_posted_by_another_rank_stops_the_host_at_once():
+    port, caught = free_port(), {}
+
+    def host():
+        try:
+            world_store.join(0, 2, "127.0.0.1", port, 60.0)
+        except InputError as exc:
+            caught["exc"] = exc
+
+    t = threading.Thread(target=host)
+    start = time.monotonic()
+    t.start()
+    time.sleep(0.5)
+    world_store.post_refusal("--global-batch-size 16 is not the plan's 8", env={
+        "HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(port), "HETAUTO_WORLD_SIZE": "2",
+        "HETAUTO_RANK_OFFSET": "1", "RANK": "0", "HETAUTO_CLUSTER": "cluster-b"})
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - start < 20
+    exc = caught["exc"]
+    assert exc.exit_code == 2 and "rank 1 (cluster cluster-b): --global-batch-size 16" in exc.message
+    assert getattr(exc, "from_world_store", False)       # the host stopping on it posts nothing of its own
+
+
+def test_nobody_hosting_is_a_timeout_paragraph():
+    start = time.monotonic()
+    with pytest.raises(InputError) as info:
+        world_store.join(1, 2, "127.0.0.1", free_port(), 2.0)
+    assert time.monotonic() - start < 15
+    assert "waited 2 s for the plan's 2 ranks to join" in info.value.message
+    assert "no rendezvous answered" in info.value.message and info.value.exit_code == 2
+
+
+def test_a_rank_missing_is_a_timeout_paragraph_that_counts_who_came():
+    with pytest.raises(InputError) as info:
+        world_store.join(0, 3, "127.0.0.1", free_port(), 1.5)
+    assert "1 of 3 ranks checked in" in info.value.message
+
+
+def test_a_taken_port_is_named():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(InputError) as info:
+            world_store.join(0, 2, "127.0.0.1", port, 5.0)
+    assert "could not set up the rendezvous" in info.value.message and "HETAUTO_MASTER_PORT" in str(info.value)
+
+
+def test_post_refusal_outside_a_multi_cluster_launch_does_nothing():
+    start = time.monotonic()
+    world_store.post_refusal("x", env={})
+    world_store.post_refusal("x", env={"HETAUTO_MASTER_ADDR": "127.0.0.1"})     # one launch: no world size
+    assert time.monotonic() - start < 1
