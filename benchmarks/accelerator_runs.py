@@ -53,8 +53,9 @@ MODELS = {
                      gated_mlp=False, tie_embeddings=True, position_embedding="learned"),
 }
 # (model, micro-batch size, recomputation, global batch, precision)
-RUNS = [("llama-1b", 1, "none", 8, "bf16"), ("llama-1b", 2, "none", 8, "bf16"), ("llama-1b", 4, "selective", 8, "bf16"),
-        ("llama-1b", 4, "full", 8, "bf16"), ("gpt-760m", 4, "none", 16, "bf16"), ("gpt-760m", 8, "selective", 16, "bf16"),
+RUNS = [("llama-1b", 1, "none", 8, "bf16"), ("llama-1b", 2, "none", 8, "bf16"),
+        ("llama-1b", 4, "selective", 8, "bf16"), ("llama-1b", 4, "full", 8, "bf16"),
+        ("gpt-760m", 4, "none", 16, "bf16"), ("gpt-760m", 8, "selective", 16, "bf16"),
         ("llama-1b", 1, "none", 4, "fp32")]
 
 

@@ -346,6 +346,8 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     ({"NODE_RANK": "-1"}, "NODE_RANK=-1 is not a node index"),
     ({"NODE_RANK": None}, "set NODE_RANK"),
     ({"CLUSTER_MASTER_ADDR": None}, "set CLUSTER_MASTER_ADDR"),
+    # the default launcher, hetauto-torchrun, missing where the script runs (an environment without hetauto)
+    ({"TORCHRUN": None, "PATH": "/usr/bin:/bin"}, "the launcher hetauto-torchrun is not on PATH"),
 ])
 def test_a_launch_script_refuses_a_node_it_does_not_have(tmp_path, env, words):
     """A node rank outside the cluster's nodes (or a missing address) stops the script with exit 2 before torchrun

@@ -65,3 +65,55 @@ def test_post_refusal_outside_a_multi_cluster_launch_does_nothing():
     world_store.post_refusal("x", env={})
     world_store.post_refusal("x", env={"HETAUTO_MASTER_ADDR": "127.0.0.1"})     # one launch: no world size
     assert time.monotonic() - start < 1
+
+
+def test_a_refused_host_and_its_sibling_wait_until_a_late_rank_has_read_the_refusal():
+    """Ranks 0 and 1 (one launch: torchrun stops the other as soon as one exits) both refused; rank 2 (another
+    cluster) starts 2 s later. Neither refused rank may return before rank 2 has read the refusal, and rank 2 stops
+    on it at once (before: rank 1 returned at once, its torchrun took rank 0 and the store down, rank 2 waited its
+    whole timeout)."""
+    port, done = free_port(), {}
+
+    def env(rank):
+        return {"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(port), "HETAUTO_WORLD_SIZE": "3",
+                "HETAUTO_RANK_OFFSET": "0", "RANK": str(rank), "HETAUTO_CLUSTER": "cluster-a"}
+
+    def refuse(rank):
+        world_store.post_refusal(f"rank {rank}'s --global-batch-size is not the plan's", env=env(rank))
+        done[rank] = time.monotonic()
+
+    threads = [threading.Thread(target=refuse, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    start = time.monotonic()
+    with pytest.raises(InputError) as info:
+        world_store.join(2, 3, "127.0.0.1", port, 60.0)
+    read = time.monotonic()
+    for t in threads:
+        t.join(30)
+    assert read - start < 10 and "(cluster cluster-a)" in info.value.message
+    assert min(done.values()) >= read - 0.1, (done, read)     # both stayed until rank 2 had read it
+
+
+def test_the_host_going_away_is_a_paragraph():
+    """Rank 0's process stops (a crash, or its launcher stopped it) while a rank waits: one paragraph naming where
+    to look, exit 2, not torch's network traceback. Rank 0 is a child process here, killed while rank 1 waits."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", (
+        "from hetauto_megatron.megatron import world_store as w; "
+        f"w.join(0, 3, '127.0.0.1', {port}, 60.0)")])
+    try:
+        time.sleep(1.5)
+        threading.Timer(2.0, host.kill).start()
+        start = time.monotonic()
+        with pytest.raises(InputError) as info:
+            world_store.join(1, 3, "127.0.0.1", port, 60.0)
+        assert time.monotonic() - start < 20
+    finally:
+        host.kill()
+        host.wait()
+    assert "lost the rendezvous" in info.value.message and "global rank 0" in info.value.message

@@ -424,7 +424,10 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               f"megatron_script_default={shlex.quote(script)}",
               "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
     # hetauto-torchrun: torchrun, ending a worker's user error (exit 2) with exit 2 and no traceback of its own
-    lines += [f'exec ${{TORCHRUN:-hetauto-torchrun}} --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
+    lines += ['launcher="${TORCHRUN:-hetauto-torchrun}"',
+              'command -v "${launcher%% *}" >/dev/null 2>&1 || refuse "the launcher ${launcher%% *} is not on PATH: '
+              'install hetauto (pip install) in the environment that runs torchrun, or set TORCHRUN"',
+              f'exec $launcher --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
               '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '

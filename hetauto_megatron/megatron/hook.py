@@ -140,8 +140,9 @@ def _timeout_s() -> float:
 def _master_port() -> str:
     """HETAUTO_MASTER_PORT (else MASTER_PORT, else 29500), checked: torch's rendezvous fails with a bare
     ValueError on every rank for a port that is not a number."""
+    from .world_store import master_port
     name = "HETAUTO_MASTER_PORT" if os.environ.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
-    raw = os.environ.get(name) or "29500"
+    raw = master_port()
     if not (raw.strip().isdigit() and 0 < int(raw) < 65536):
         raise InputError(f"{name}={raw!r} is not a TCP port", field=name,
                          fix="set it as the launch command from 'hetauto emit megatron' does (a port from 1 to "

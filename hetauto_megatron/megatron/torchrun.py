@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         run.main(argv)
     except ChildFailedError as exc:
         refused = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == USER_ERROR)
-        if not refused:
+        # only a launch whose every worker that exited on its own (not killed by torchrun: a negative code) stopped
+        # on a user error; a crash beside it keeps torchrun's own report
+        if not refused or any(f.exitcode >= 0 and f.exitcode != USER_ERROR for f in exc.failures.values()):
             raise
         ranks = ", ".join(map(str, refused))
         print(f"hetauto-torchrun: worker rank(s) {ranks} of this launch stopped on invalid input (exit 2): the "

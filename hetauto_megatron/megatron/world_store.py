@@ -9,10 +9,15 @@ timeout that did not say why. Now:
 - `join`: each rank connects to the store (rank 0 hosts it), counts itself in, and waits until the plan's world
   has checked in, reading the store's refusals twice a second: one stops it at once (InputError, exit 2) naming the
   refused rank, its cluster and its paragraph. torch's process group is then made on that store.
-- `post_refusal`: a rank that refuses its input before joining leaves its paragraph in the store (as a client that
-  gives up after a few seconds when no store answers; rank 0 hosts the store for it).
-- Whoever hosts the store (rank 0) and stops on a refusal stays until every other rank has read it, at most
-  LINGER_S, so that clusters still starting learn of it too.
+- `post_refusal`: a rank that refuses its input before joining leaves its paragraph in the store (rank 0 hosts the
+  store for it; another rank waits up to POST_S for the host to answer).
+- Nobody who knows of a refusal leaves before the host says so: the host keeps the store up until every rank has
+  read a refusal or posted one (at most LINGER_S), then sets RELEASED; the others wait for that (or for the host to
+  go). torchrun stops a launch's other workers as soon as one of them exits, so a refused rank that left first
+  would take rank 0's store down with it while other clusters are still connecting.
+
+Only refusals before the join travel this way: after it the ranks are in torch's collectives, which the runtime's
+timeouts bound (HETAUTO_TIMEOUT_S).
 """
 from __future__ import annotations
 
@@ -26,10 +31,19 @@ from ..runtime.groups import rendezvous_setup_error, rendezvous_timeout_error
 JOINED = "hetauto/joined"           # counter: ranks that checked in
 REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch
 READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the host waits for them)
+RELEASED = "hetauto/released"       # set by the host when it stops waiting for readers
 POLL_S = 0.5
 CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried until the rendezvous timeout
-POST_S = 10.0                       # how long a refused rank tries to reach the store
+POST_S = 60.0                       # how long a refused rank waits for the host to answer
 LINGER_S = 60.0                     # the most the host stays to pass a refusal on
+DEFAULT_PORT = "29500"
+
+
+def master_port(env=None) -> str:
+    """The world store's port as written: HETAUTO_MASTER_PORT, else MASTER_PORT, else 29500 (checked by the hook)."""
+    env = os.environ if env is None else env
+    name = "HETAUTO_MASTER_PORT" if env.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
+    return env.get(name) or DEFAULT_PORT
 
 
 def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: float):
@@ -58,20 +72,31 @@ def _refusal(store) -> str | None:
     return store.get(f"{REFUSED}/{rank}").decode()
 
 
-def _linger(store, world_size: int) -> None:
-    """The host, stopping on a refusal: keep the store up until every rank has read a refusal or posted one
-    (bounded: a rank its launcher stopped first does neither)."""
-    deadline = time.monotonic() + LINGER_S
-    while time.monotonic() < deadline:
-        refused = len(store.get(REFUSED).decode().split()) if store.check([REFUSED]) else 0
-        if store.add(READ, 0) + refused >= world_size:
-            return
-        time.sleep(POLL_S)
+def _pass_on(store, rank: int, world_size: int) -> None:
+    """After this rank has read or posted a refusal: the host keeps the store up until every rank has read a
+    refusal or posted one (bounded: a rank its launcher stopped first does neither), then releases the others;
+    they wait for that release (or for the host to go), so that no launch stops its rank 0 early."""
+    deadline = time.monotonic() + LINGER_S + (0 if rank == 0 else 2 * POLL_S)
+    try:
+        while time.monotonic() < deadline:
+            if rank == 0:
+                refused = len(store.get(REFUSED).decode().split()) if store.check([REFUSED]) else 0
+                if store.add(READ, 0) + refused >= world_size:
+                    break
+            elif store.check([RELEASED]):
+                return
+            time.sleep(POLL_S)
+        if rank == 0:
+            store.set(RELEASED, "1")
+            time.sleep(2 * POLL_S)      # the others' next poll sees it before the store goes
+    except Exception:                   # noqa: BLE001  (the host went: nothing left to wait for)
+        return
 
 
 def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None):
     """Check this rank in and wait for the whole world (module docstring); returns the store for
-    init_process_group. InputError (exit 2) on a refusal, a port the host cannot take, or the timeout."""
+    init_process_group. InputError (exit 2) on a refusal, a port the host cannot take, the host going away, or
+    the timeout."""
     deadline = time.monotonic() + timeout_s
     if rank == 0:
         try:
@@ -83,24 +108,33 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
         store = _connect(addr, port, deadline)
         if store is None:
             raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
-    store.set_timeout(datetime.timedelta(seconds=timeout_s))
-    store.add(JOINED, 1)
-    while True:
-        refused = _refusal(store)
-        if refused is not None:
-            store.add(READ, 1)
-            if rank == 0:
-                _linger(store, world_size)
-            raise _ours(InputError(f"another cluster's launch was refused, so this rank ({rank}) stops too: "
-                                   f"{refused}", file=file, field="HETAUTO_MASTER_ADDR",
-                                   fix="fix that launch as its paragraph says, then start every cluster's launch "
-                                       "again"))
-        joined = store.add(JOINED, 0)
-        if joined >= world_size:
-            return store
-        if time.monotonic() > deadline:
-            raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
-        time.sleep(POLL_S)
+    try:
+        store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        store.add(JOINED, 1)
+        while True:
+            refused = _refusal(store)
+            if refused is not None:
+                store.add(READ, 1)
+                _pass_on(store, rank, world_size)
+                raise _ours(InputError(f"another cluster's launch was refused, so this rank ({rank}) stops too: "
+                                       f"{refused}", file=file, field="HETAUTO_MASTER_ADDR",
+                                       fix="fix that launch as its paragraph says, then start every cluster's "
+                                           "launch again"))
+            joined = store.add(JOINED, 0)
+            if joined >= world_size:
+                return store
+            if time.monotonic() > deadline:
+                raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
+            time.sleep(POLL_S)
+    except InputError:
+        raise
+    except Exception as exc:             # noqa: BLE001  (the host stopped: torch's network errors)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise _ours(InputError(f"rank {rank} lost the rendezvous at {addr}:{port} while waiting for the plan's "
+                               f"{world_size} ranks ({reason[:200]}): global rank 0, which hosts it, stopped",
+                               file=file, field="HETAUTO_MASTER_ADDR",
+                               fix="see the log of global rank 0 (node 0 of the first cluster) for why it stopped, "
+                                   "then start every cluster's launch again")) from None
 
 
 def _ours(exc: InputError) -> InputError:
@@ -115,16 +149,23 @@ def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: st
 
 def post_refusal(message: str, env=None) -> None:
     """Leave this rank's refusal in the world's store, when this process is one rank of separately launched
-    clusters (HETAUTO_MASTER_ADDR and HETAUTO_WORLD_SIZE set); never raises (the rank is stopping anyway)."""
+    clusters (HETAUTO_MASTER_ADDR and HETAUTO_WORLD_SIZE set) that has not joined yet; never raises (the rank is
+    stopping anyway). It may take up to POST_S + LINGER_S: it says so first."""
+    import sys
+
     env = os.environ if env is None else env
     if not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE"):
         return
     try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return                      # past the join: the others are in collectives, not reading the store
         from .launch_identity import identity_from_env
         ident = identity_from_env(env)
-        raw = env.get("HETAUTO_MASTER_PORT") or "29600"
-        addr, port = env["HETAUTO_MASTER_ADDR"], int(raw)
+        addr, port = env["HETAUTO_MASTER_ADDR"], int(master_port(env))
         cluster = env.get("HETAUTO_CLUSTER") or "?"
+        print(f"hetauto: passing this refusal on to the other clusters' ranks through the rendezvous at {addr}:"
+              f"{port} (up to {POST_S + LINGER_S:.0f} s)", file=sys.stderr, flush=True)
         if ident.rank == 0:
             store = _store(addr, port, host=True, world_size=ident.world_size, timeout_s=POST_S)
         else:
@@ -133,7 +174,6 @@ def post_refusal(message: str, env=None) -> None:
                 return
         store.set(f"{REFUSED}/{ident.rank}", f"rank {ident.rank} (cluster {cluster}): {message}"[:2000])
         store.append(REFUSED, f"{ident.rank} ")
-        if ident.rank == 0:
-            _linger(store, ident.world_size)
+        _pass_on(store, ident.rank, ident.world_size)
     except Exception:             # noqa: BLE001  (best effort: the refusal is printed anyway)
         return

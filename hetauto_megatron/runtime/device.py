@@ -85,16 +85,29 @@ def check_local_device(device_type: str, *, rank: int, file: str | None = None) 
 
 
 def select_local_device(device_type: str, *, rank: int) -> None:
-    """Bind this process to its own accelerator before the collectives start: LOCAL_RANK's (torchrun, the launch
-    scripts), else the rank modulo the devices this machine has (one process per device)."""
+    """Bind this process to its own CUDA/ROCm device before the collectives start: LOCAL_RANK's (torchrun, the
+    launch scripts; else the rank), or the one device visible when each process sees only its own. Ascend's NPUs
+    are bound by torch_npu's launcher."""
     import os
 
     import torch
 
     if get_device(device_type).torch_device != "cuda":
         return
+    from ..errors import InputError
+
     count = torch.cuda.device_count()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % count)
+    raw = os.environ.get("LOCAL_RANK", str(rank))
+    if not raw.strip().isdigit():
+        raise InputError(f"LOCAL_RANK={raw!r} is not a device index", field="LOCAL_RANK",
+                         fix="start the ranks with torchrun (or the launch scripts), which set it")
+    local = int(raw)
+    if count > 1 and local >= count:
+        raise InputError(f"rank {rank} is local process {local} on a machine with {count} visible devices: two "
+                         "processes would share one", field="--nproc-per-node",
+                         fix="start at most one process per device (the launch script's --nproc-per-node), or make "
+                             "more devices visible (CUDA_VISIBLE_DEVICES)")
+    torch.cuda.set_device(local % count)      # one visible device per process: index 0
 
 
 class NullStream:

@@ -260,6 +260,12 @@ class RankContext:
         if self.dry_run or self.device == "cpu":
             return "fp32"
         precision = self.plan.mesh_precision(self.coords.mesh_index)
+        every = {self.plan.mesh_precision(i) for i in range(len(self.plan.meshes))}
+        if len(every) > 1:
+            raise InputError(f"the plan's meshes would train in {' and '.join(sorted(every))} (CPU processes train "
+                             "in fp32): the runtime passes one element type between stages",
+                             field="meshes[*].device_type",
+                             fix="run such a plan as a dry run ('hetauto dryrun'), or give every mesh an accelerator")
         if precision == "fp8":
             raise InputError("hetauto's own runtime trains Megatron's local layer spec, which has no fp8; fp8 runs "
                              "on Transformer Engine's layers", field="precision",

@@ -137,6 +137,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                                                  fp16=config.fp16,
                                                  use_distributed_optimizer=settings.distributed_optimizer),
                                  [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
+    if config.fp16:     # Megatron-LM's: the loss is scaled by the optimizer's loss scaler, which unscales it
+        config.grad_scale_func = opt.scale_loss
     count_grad_norm_once(opt, ctx, replicas)
     clock = OpClock().install(comm, config)   # per-operation stamps for measured timelines (op_timing.py)
 
@@ -212,7 +214,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
     memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
     memory.update(activations=meter.peak, allocator_peak=alloc.get("peak", 0))
-    if on_device:       # the device's own readings over the whole run (this process alone on its device)
+    if on_device:       # the device's own readings (this process alone on it): the allocator's peaks from the
+                        # first step on (allocator_peak resets them there), the bytes in use at the end
         free, total = torch.cuda.mem_get_info()
         memory["device"] = {"context": context, "allocated_peak": torch.cuda.max_memory_allocated(),
                             "reserved_peak": torch.cuda.max_memory_reserved(), "in_use": total - free}
