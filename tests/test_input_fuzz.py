@@ -527,3 +527,19 @@ def test_nonfinite_command_line_figures(argv, field, tmp_path, capsys):
     argv = [str(tmp_path / "plan.yaml") if a == "PLAN" else a for a in argv]
     rc, _, err = run_cli(argv, capsys)
     check_error(rc, err, field=field, fix=argv[0] != "probe-link")
+
+
+def test_a_json_plan_is_read_as_json(tmp_path, capsys):
+    """A .json plan indented with tabs (jq --tab) was refused as invalid (the YAML parser reads JSON but not its
+    tabs); a missing value was "field 'model' is missing" and a trailing comma passed: a JSON file is read as JSON."""
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.plan.plan_file import plan_to_dict
+
+    tabbed = write(tmp_path, "tabs.json", json.dumps(plan_to_dict(load_plan(os.path.join(
+        REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"))), indent="\t"))
+    rc, out, err = run_cli(["emit", "summary", "--plan", tabbed], capsys)
+    assert rc == 0, err
+    for name, text, where in [("missing.json", '{"version": 4,\n "model": }', "line 2"),
+                              ("comma.json", '{"version": 4,\n "meshes": [],\n}', "line 3")]:
+        rc, _, err = run_cli(["emit", "summary", "--plan", write(tmp_path, name, text)], capsys)
+        assert rc == 2 and "is not valid JSON at " + where in err and "Traceback" not in err, err

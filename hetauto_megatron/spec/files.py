@@ -119,6 +119,14 @@ def load_yaml_file(path: str, what: str) -> dict:
         raise InputError(f"{what} file not found", file=path, fix="check the path")
     if os.path.isdir(path):
         raise InputError(f"is a directory, not a {what} file", file=path, fix=f"pass the {what} YAML file itself")
+    if path.lower().endswith(".json"):
+        # read as JSON, by a JSON parser: the YAML parser refused JSON's tab indentation and took a missing value
+        # or a trailing comma for valid
+        data = read_json_file(path)
+        if data is None:
+            raise InputError("is empty (null)", file=path, fix=f"write the {what} as a JSON object "
+                                                           f"({FORMAT_DOCS.get(what, 'docs/inputs.md')})")
+        return require_mapping(data, what, path)
     try:
         with open(path, encoding="utf-8") as fh:
             data = _safe_load_bounded(fh, path)
@@ -126,9 +134,6 @@ def load_yaml_file(path: str, what: str) -> dict:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if path.lower().endswith(".json"):      # read by the YAML parser (JSON is YAML), but written as JSON
-            raise InputError(f"is not valid JSON{at}: {problem}", file=path,
-                             fix="correct the syntax (quotes, commas, braces)") from None
         raise InputError(f"is not valid YAML{at}: {problem}", file=path,
                          fix="correct the syntax (indentation, colons, quotes)") from None
     except UnicodeDecodeError:
