@@ -434,3 +434,16 @@ def test_a_recorded_memory_job_of_the_wrong_type_is_named(tmp_path):
     out.write_text(yaml.safe_dump(data))
     r = hetauto("explain", "--plan", str(out), "--no-search")
     assert r.returncode == 2 and "estimate.search.memory_job" in r.stderr, r.stderr
+
+
+def test_simulate_a_plan_file_alone_uses_the_model_and_inventory_it_stores(tmp_path):
+    """'simulate --plan F' needed --model and --inventory although the file carries both (explain and compare did
+    not): it prices the plan as the same command with the plan's own model and inventory given does."""
+    plan = "examples/llama/plans/llama2-70b-736.yaml"
+    alone = hetauto("simulate", "--plan", plan, "--json")
+    given = hetauto("simulate", "--plan", plan, "--model", "llama2-70b", "--inventory",
+                    "examples/llama/inventory-4clusters-736.yaml", "--json")
+    assert alone.returncode == 0 and given.returncode == 0, alone.stderr + given.stderr
+    assert json.loads(alone.stdout)["iteration_time_s"] == json.loads(given.stdout)["iteration_time_s"]
+    bare = hetauto("simulate", "--tp", "1")
+    assert bare.returncode == 2 and "missing --model and --inventory" in bare.stderr and "Traceback" not in bare.stderr

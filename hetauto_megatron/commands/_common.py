@@ -4,12 +4,16 @@ from __future__ import annotations
 import sys
 
 
-def add_model_inventory_args(parser) -> None:
+def add_model_inventory_args(parser, *, stored_in_plan: bool = False) -> None:
+    """--model, --inventory and the options every planner command shares. `stored_in_plan`: both may be left
+    out beside --plan, whose file carries them (load_inputs)."""
     from ..spec.whatif import keys_line
-    parser.add_argument("--model", required=True, metavar="M",
+    stored = "; default with --plan: the one stored in the plan" if stored_in_plan else ""
+    parser.add_argument("--model", required=not stored_in_plan, metavar="M",
                         help="a preset (llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, mistral-7b, "
-                             "gpt3-175b, tiny), a model YAML (docs/inputs.md) or a Hugging Face config.json")
-    parser.add_argument("--inventory", required=True, metavar="I", help="device inventory YAML (docs/inputs.md)")
+                             "gpt3-175b, tiny), a model YAML (docs/inputs.md) or a Hugging Face config.json" + stored)
+    parser.add_argument("--inventory", required=not stored_in_plan, metavar="I",
+                        help="device inventory YAML (docs/inputs.md)" + stored)
     parser.add_argument("--seq-length", type=int, metavar="N", help="override the model's sequence length")
     parser.add_argument("--cost-model", metavar="DIR",
                         help="a learned cost model from 'hetauto fit' (default: the analytic model); device types "
@@ -41,25 +45,40 @@ def add_memory_job_arg(parser) -> None:
                              "it, and simulate and plan --from apply it; none: not the plan's")
 
 
-def load_inputs(args):
+def load_inputs(args, plan=None, plan_path: str | None = None):
+    """(model, inventory, cost model) from the command's options; `plan` (read from `plan_path`): the model and
+    inventory stored in it stand in for a --model or --inventory left out."""
     from ..cost.learned import load_cost_model
     from ..errors import InputError
-    from ..spec.inventory import load_inventory
+    from ..spec.inventory import inventory_from_dict, load_inventory
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length",
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096")
     try:
-        model = load_model(args.model, seq_length=args.seq_length,
-                           note=lambda line: print(f"note: {line}", file=sys.stderr))
+        if args.model is None:
+            model = plan.model if args.seq_length is None else plan.model.replace(seq_length=args.seq_length)
+        else:
+            model = load_model(args.model, seq_length=args.seq_length,
+                               note=lambda line: print(f"note: {line}", file=sys.stderr))
     except InputError as exc:
         if args.seq_length is None or exc.field != "seq_length":
             raise
         # the flag's value is at fault, not the model file's
         raise InputError(exc.reason, field="--seq-length",
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096") from None
-    inventory = apply_overrides(load_inventory(args.inventory), getattr(args, "set", None))
+    if args.inventory is not None:
+        inventory = load_inventory(args.inventory)
+    elif plan is not None and plan.inventory:
+        try:
+            inventory = inventory_from_dict(plan.inventory, file=plan_path)
+        except InputError as exc:
+            raise exc.within(prefix="inventory") from None
+    else:
+        raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
+                         fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
+    inventory = apply_overrides(inventory, getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
     if getattr(args, "memory_job", None) not in (None, "none"):
         from ..plan.memory_fit import MEMORY_JOBS

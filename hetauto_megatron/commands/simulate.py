@@ -33,6 +33,7 @@ exit codes: 0 ok (also when the layout does not fit: see "fits"), 2 invalid inpu
 EPILOG = """\
 examples:
   hetauto simulate --model llama2-70b --inventory examples/llama/inventory-2clusters.yaml --plan plan.yaml
+  hetauto simulate --plan plan.yaml                    # the model and inventory the plan file stores
   # the predicted schedule as a picture and as a trace for ui.perfetto.dev
   hetauto simulate --model llama2-70b --inventory inv.yaml --plan plan.yaml --timeline plan.png --timeline plan.json
   # what-if, without editing files: a 4x faster link, twice the batch, twice the sequence
@@ -44,10 +45,11 @@ examples:
 
 
 def add_arguments(parser) -> None:
-    add_model_inventory_args(parser)
+    add_model_inventory_args(parser, stored_in_plan=True)
     add_precision_arg(parser, None)
     add_memory_job_arg(parser)
-    parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model)")
+    parser.add_argument("--plan", metavar="PLAN", help="plan file to evaluate (its model must match --model; "
+                                                       "without --model and --inventory, the ones it stores)")
     parser.add_argument("--engine", choices=("megatron", "deepspeed"), default=None,
                         help="the pipeline engine that runs the plan (default: the one the plan file records, else "
                              "megatron): megatron (hetauto's runtime and Megatron-LM, "
@@ -87,7 +89,15 @@ def run(args) -> int:
     if args.global_batch_size is not None:
         from ..plan.plan import check_global_batch_size
         check_global_batch_size(args.global_batch_size, field="--global-batch-size")
-    model, inventory, cost_model = load_inputs(args)
+    stored = None
+    if args.plan and (args.model is None or args.inventory is None):
+        stored = load_plan(args.plan)
+    elif args.model is None or args.inventory is None:
+        missing = [f for f, v in (("--model", args.model), ("--inventory", args.inventory)) if v is None]
+        raise InputError(f"missing {' and '.join(missing)}", field=missing[0],
+                         fix="give --model and --inventory with a layout, or --plan PLAN (a file from 'hetauto plan "
+                             "-o' stores both)")
+    model, inventory, cost_model = load_inputs(args, stored, args.plan)
     layout = [args.tp, args.pp, args.dp, args.micro_batch_size, args.global_batch_size]
     if args.plan:
         # a layout flag beside --plan would be silently ignored: the plan's meshes say what runs
