@@ -543,3 +543,20 @@ def test_a_json_plan_is_read_as_json(tmp_path, capsys):
                               ("comma.json", '{"version": 4,\n "meshes": [],\n}', "line 3")]:
         rc, _, err = run_cli(["emit", "summary", "--plan", write(tmp_path, name, text)], capsys)
         assert rc == 2 and "is not valid JSON at " + where in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("edit, named", [({"precision": "fp32"}, "precision"),
+                                         ({"settings": {"distributed_optimizer": False}}, "meshes[*].settings")])
+def test_a_version_1_plan_with_version_2_keys_is_refused(tmp_path, capsys, edit, named):
+    """docs/plan-format.md: version 1 has no `precision` and no per-mesh `settings`; such a file was read with them
+    (fp32, or another optimizer: other prices than the file's version means) where version-3 keys are refused."""
+    import yaml
+
+    data = yaml.safe_load(open(os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")))
+    data["version"] = 1
+    if "precision" in edit:
+        data.update(edit)
+    else:
+        data["meshes"][0].update(edit)
+    rc, _, err = run_cli(["emit", "summary", "--plan", write(tmp_path, "v1.yaml", yaml.safe_dump(data))], capsys)
+    assert rc == 2 and "field 'version'" in err and named in err and "Traceback" not in err, err

@@ -113,6 +113,13 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     reject_unknown(data, {"version", "model", "global_batch_size", "precision", "engine", "pipelines", "meshes",
                           "inventory", "estimate"}, file=file)
     version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
+    raw_meshes = data.get("meshes") if isinstance(data.get("meshes"), list) else []
+    v2_keys = (["precision"] if "precision" in data else []) + sorted(
+        {"meshes[*].settings" for m in raw_meshes if isinstance(m, dict) and "settings" in m})
+    if version == 1 and v2_keys:
+        # version 1 had neither: read as version 1 they would change what was priced (bf16, the default settings)
+        raise InputError(f"is 1, but the plan uses version-2 keys ({', '.join(v2_keys)})", file=file,
+                         field="version", fix="write version: 2 (or drop those keys)")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
