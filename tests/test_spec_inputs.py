@@ -428,6 +428,13 @@ def test_precision_a_listed_cluster_lacks(tmp_path, capsys):
     alone = write(tmp_path, "h800.yaml", both.split("  - {name: ascend")[0])
     rc, _, err = run_cli(argv + ["--inventory", alone], capsys)
     assert rc == 0, err
+    # fp32 (which the 910B lacks too) went through a note that priced every cluster first, and --use-clusters
+    # leaving the cluster out was not taken as leaving it out
+    fp32 = ["plan", "--model", "llama2-7b", "--global-batch-size", "64", "--precision", "fp32", "--quiet",
+            "--inventory", inv]
+    for leave_out in (["--exclude-clusters", "ascend"], ["--use-clusters", "h800"]):
+        rc, _, err = run_cli(fp32 + leave_out, capsys)
+        assert rc == 0 and "left out of the inventory: ascend" in err, (leave_out, err)
 
 # ---- output directories: refused before any work ------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["demo", "--skip-training", "--out"], ["fit", "--sailor", "-o"]])

@@ -87,13 +87,31 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
         # Which model prices each device type, and why: a learned model never answers silently for a type
         # (or a precision) it has no measurements of. --json carries the same under "cost_model_why".
         # at the job's precision: the learned model covers a device type per element size
-        priced = inventory.with_precision(args.precision) if getattr(args, "precision", None) else inventory
+        priced = _able(inventory, args.precision) if getattr(args, "precision", None) else inventory
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
         apply_memory_job(cost_model, priced)
     elif getattr(args, "precision", None) == "fp32":
-        measured_layers_hint(inventory.with_precision("fp32"))
+        measured_layers_hint(_able(inventory, "fp32"))
     return model, inventory, cost_model
+
+
+def _able(inventory, precision: str):
+    """The inventory at `precision`, for the notes above only: without the clusters whose device lacks it (which
+    `--exclude-clusters` may still take out, or the command refuses later, naming them)."""
+    import dataclasses
+
+    from ..errors import InputError
+    keep = []
+    for c in inventory.clusters:
+        try:
+            c.device.at_precision(precision)
+            keep.append(c)
+        except InputError:
+            pass
+    names = {c.name for c in keep}
+    return dataclasses.replace(inventory, clusters=tuple(keep),
+                               links={k: v for k, v in inventory.links.items() if k <= names}).with_precision(precision)
 
 
 def measured_layers_hint(priced) -> None:

@@ -339,24 +339,25 @@ def keep_search_of(old, args, con, inventory, kept: dict):
 
 
 def without_excluded_unable(inventory, args):
-    """The inventory without the clusters --exclude-clusters names whose device cannot train at --precision (their
-    links too; taken off --exclude-clusters, said on stderr): the search never sees them, and every cluster the plan
-    file's inventory keeps is priced at the job's precision."""
+    """The inventory without the clusters --exclude-clusters names (or --use-clusters leaves out) whose device
+    cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the search never
+    sees them, and every cluster the plan file's inventory keeps is priced at the job's precision."""
     import dataclasses as dc
 
     from ..errors import InputError
     from ..plan.constraints import parse_names
     excluded = parse_names(args.exclude_clusters)
+    used = parse_names(args.use_clusters)
     unable = []
     for c in inventory.clusters:
-        if c.name in excluded:
+        if c.name in excluded or (used and c.name not in used):
             try:
                 c.device.at_precision(args.precision)
             except InputError:
                 unable.append(c.name)
     if not unable or len(unable) == len(inventory.clusters):
         return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
-    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, and cannot train in "
+    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (not used, and cannot train in "
           f"{args.precision})", file=sys.stderr)
     args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
     return dc.replace(inventory, clusters=tuple(c for c in inventory.clusters if c.name not in unable),
