@@ -420,6 +420,11 @@ def test_simulate_on_another_inventory_says_the_tf32_it_priced(tmp_path):
     assert "no TF32" in same.stdout and "priced" not in same.stderr
     assert "TF32 GEMMs" in other.stdout and "no TF32" not in other.stdout
     assert "priced with TF32" in other.stderr and "launch scripts run it without" in other.stderr
+    # explain and compare, priced on that inventory, say it too (they said nothing)
+    for cmd in (["explain", "--plan", str(out), "--no-search"], ["compare", str(out), str(out)]):
+        r = hetauto(*cmd, "--inventory", str(on))
+        assert r.returncode == 0 and "priced with TF32" in r.stderr and "launch scripts run it without" in r.stderr, \
+            (cmd, r.stderr)
 
 
 def test_a_recorded_memory_job_of_the_wrong_type_is_named(tmp_path):

@@ -242,3 +242,25 @@ def write_timelines(paths: list[str] | None, timelines: list) -> list[str]:
             raise InputError(f"cannot write {path}: {exc.strerror}", field="--timeline",
                              fix="check that the directory exists and is writable") from None
     return list(paths or [])
+
+
+def as_priced_on(plan, inventory, who: str):
+    """The plan with the inventory it is priced on, so that the summary's TF32 words (an fp32 plan's NVIDIA
+    clusters, emit/summary.py) say what the figures assume; where the plan's own inventory, which its launch
+    scripts follow (NVIDIA_TF32_OVERRIDE), says otherwise, a note on stderr says so (`who`: the command)."""
+    import dataclasses
+
+    if plan.precision != "fp32":
+        return plan
+    from ..emit.megatron import fp32_tf32
+    priced = dataclasses.replace(plan, inventory=inventory.to_dict())
+    differ = sorted({m.cluster for m in plan.meshes if fp32_tf32(plan, m.cluster) != fp32_tf32(priced, m.cluster)})
+    for c in differ:
+        print(f"{who}: cluster {c} is priced {'with' if fp32_tf32(priced, c) else 'without'} TF32 GEMMs, as "
+              f"--inventory says, but the plan's launch scripts run it {'with' if fp32_tf32(plan, c) else 'without'} "
+              + ("(the plan's own inventory, its 'tf32')" if plan.inventory else
+                 f"(a version {plan.version} plan without an inventory: fp32 without TF32 then)" if plan.version < 4
+                 else "(the device type's default: the plan carries no inventory)")
+              + "; re-plan with this inventory to launch what is priced",
+              file=sys.stderr)
+    return priced

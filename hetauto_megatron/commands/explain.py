@@ -90,6 +90,9 @@ def plan_inputs(args, plan_path: str, plan=None):
         plan = dataclasses.replace(plan, model=model)
     if getattr(args, "inventory", None):
         inventory = load_inventory(args.inventory)
+        # a TF32 choice the plan's launch does not make is said (the figures follow --inventory)
+        from ._common import as_priced_on
+        as_priced_on(plan, inventory, f"hetauto {getattr(args, 'command', None) or 'explain'}")
     elif plan.inventory:
         try:
             inventory = inventory_from_dict(plan.inventory, file=plan_path)

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
-                      at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
+                      as_priced_on, at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
                       use_recorded_memory_job, write_timelines)
 from ..spec.whatif import keys_help
 
@@ -216,30 +216,10 @@ def run(args) -> int:
     # the plan as the engine priced runs it (its settings and recomputation), which may not be the file's engine
     shown = plan if args.engine == plan.engine else plan.for_engine(args.engine)
     if args.plan:
-        shown = _as_priced_on(shown, inventory)
+        shown = as_priced_on(shown, inventory, "hetauto simulate")
     print(format_summary(shown, est.to_dict()))
     if cost is not None:
         print(f"\ncost: {cost:.4f} per 1M tokens (price per device-hour x devices used)")
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def _as_priced_on(plan, inventory):
-    """The plan with the inventory it was priced on, so that the summary's TF32 words (an fp32 plan's NVIDIA
-    clusters, emit/summary.py) say what the figures assume; where the plan's own inventory, which its launch
-    scripts follow (NVIDIA_TF32_OVERRIDE), says otherwise, a note on stderr says so."""
-    if plan.precision != "fp32":
-        return plan
-    from ..emit.megatron import fp32_tf32
-    priced = dataclasses.replace(plan, inventory=inventory.to_dict())
-    differ = sorted({m.cluster for m in plan.meshes if fp32_tf32(plan, m.cluster) != fp32_tf32(priced, m.cluster)})
-    for c in differ:
-        print(f"hetauto simulate: cluster {c} is priced {'with' if fp32_tf32(priced, c) else 'without'} TF32 GEMMs, as "
-              f"--inventory says, but the plan's launch scripts run it {'with' if fp32_tf32(plan, c) else 'without'} "
-              + ("(the plan's own inventory, its 'tf32')" if plan.inventory else
-                 f"(a version {plan.version} plan without an inventory: fp32 without TF32 then)" if plan.version < 4
-                 else "(the device type's default: the plan carries no inventory)")
-              + "; re-plan with this inventory to launch what is priced",
-              file=sys.stderr)
-    return priced
