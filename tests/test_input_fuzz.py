@@ -560,3 +560,17 @@ def test_a_version_1_plan_with_version_2_keys_is_refused(tmp_path, capsys, edit,
         data["meshes"][0].update(edit)
     rc, _, err = run_cli(["emit", "summary", "--plan", write(tmp_path, "v1.yaml", yaml.safe_dump(data))], capsys)
     assert rc == 2 and "field 'version'" in err and named in err and "Traceback" not in err, err
+
+
+def test_a_batch_whose_schedule_no_simulation_holds_is_refused(tmp_path, capsys):
+    """200 one-layer stages and a million micro-batches (a typo in the batch): simulate took gigabytes and ended in
+    a MemoryError traceback; now exit 2 naming global_batch_size, before any simulation."""
+    import yaml
+
+    data = {"version": 4, "model": {"name": "deep", "num_layers": 200, "hidden_size": 64, "num_attention_heads": 4,
+                                    "ffn_hidden_size": 256, "vocab_size": 128, "seq_length": 32},
+            "global_batch_size": 1_000_000,
+            "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "stage_layers": [1] * 200}]}
+    plan = write(tmp_path, "huge.yaml", yaml.safe_dump(data))
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
+    assert rc == 2 and "field 'global_batch_size'" in err and "200,000,000 operations" in err, err

@@ -42,6 +42,10 @@ def launch_nodes(num_devices: int, devices_per_node: int) -> int | None:
     return num_devices // devices_per_node if num_devices % devices_per_node == 0 else None
 
 
+# stages x micro-batches of one pipeline's iteration at most (a few hundred MB of simulation state): 128 stages x
+# 65,536 micro-batches (8.4M) fit; published runs have thousands of micro-batches at most
+MAX_SCHEDULE_CELLS = 20_000_000
+
 @dataclass(frozen=True)
 class Plan:
     model: ModelSpec
@@ -119,6 +123,17 @@ class Plan:
             raise InputError(f"is {self.version}, but the plan uses version-3 keys (`pipelines`, `pipeline`, "
                              "`alongside`)", field="version", fix="write version: 3")
         shapes.check_shapes(self)
+        for p in range(self.num_pipelines):
+            # the event simulation keeps a time per stage and micro-batch (plan/pipeline.py): bounded, so that a
+            # typo in the batch is a message, not gigabytes of memory and a MemoryError
+            stages = sum(len(self.meshes[pos[0]].stage_layers) for pos in self.positions(p))
+            cells = stages * self.pipeline_micro_batches(p)
+            if cells > MAX_SCHEDULE_CELLS:
+                raise InputError(f"pipeline {p} runs {self.pipeline_micro_batches(p):,} micro-batches through "
+                                 f"{stages} stages per iteration: {cells:,} operations, more than the "
+                                 f"{MAX_SCHEDULE_CELLS:,} its schedule is simulated with", field="global_batch_size",
+                                 fix="check the global batch (published runs train thousands of samples), or give "
+                                     "the meshes larger micro-batches or more DP replicas")
 
     # ---- the shapes (version 3; plan/shapes.py) --------------------------------------------------------
     @property
