@@ -124,9 +124,9 @@ INVENTORY_CASES = {
     # a cost of inf per token, printed as Infinity in --json (not JSON)
     "price-huge": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, price_per_device_hour: 1.0e+308}",
                                         1), "clusters[0].price_per_device_hour", ["between 0 and"]),
-    # YAML 1.1 reads an exponent without its sign as text: the message said "got a string" and no more
-    "exponent-without-sign": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: 1.0e9}",
-                                                   1), "clusters[0].memory_gib", ["an exponent needs its sign"]),
+    # a number written as text (quoted) is named as such (an exponent without its sign is a number: below)
+    "quoted-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: '1.0e9'}",
+                                           1), "clusters[0].memory_gib", ["a string '1.0e9'"]),
     # YAML 1.1 read 1:30 as the base-60 number 90: a 90-device node, planned
     "base-60-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 1:30}", 1),
                        "clusters[0].devices_per_node", ["'1:30'"]),
@@ -509,3 +509,18 @@ def test_a_file_passed_to_the_wrong_option_is_named_as_what_it_is(tmp_path, caps
                     "-o", plan], capsys)[0] == 0
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", plan, "--quiet"], capsys)
     check_error(rc, err, file="p.yaml", words=["looks like a plan file", "--plan"])
+
+
+def test_numbers_with_an_exponent_are_numbers(tmp_path):
+    """YAML 1.1 reads 8e1 and 2.5e1 (an exponent without a decimal point or without its sign) as text: an
+    inventory with `memory_gib: 8e1` was refused as 'a string'. They are the numbers they are written as."""
+    from hetauto_megatron.spec.inventory import load_inventory
+
+    inv = write(tmp_path, "inv.yaml", "clusters:\n"
+                "  - {name: a, device: h800, nodes: 1, devices_per_node: 8, memory_gib: 8e1}\n"
+                "  - {name: b, device: a100, nodes: 1, devices_per_node: 8}\n"
+                "links:\n  - {between: [a, b], bandwidth_gbps: 2.5e1, latency_ms: 5E-1}\n")
+    loaded = load_inventory(inv)
+    link = loaded.link("a", "b")
+    assert loaded.cluster("a").device.memory_gib == 80.0
+    assert link.bandwidth_gbps == 25.0 and abs(link.latency_s - 0.0005) < 1e-12

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import reprlib
 from typing import Any
 
@@ -66,10 +65,7 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
         return value
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         names = " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
-        # YAML 1.1 reads 1.0e9 as text: its exponent needs a sign
-        hint = (f" (YAML reads {value} as text: an exponent needs its sign, e.g. 1.0e+9)"
-                if (float in kinds or int in kinds) and isinstance(value, str) and _unsigned_exponent(value) else "")
-        raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}{hint}", file=file, field=field,
+        raise InputError(f"must be {names}, got {_kind_name(value)} {_show(value)}", file=file, field=field,
                          fix=fix or f"write '{key}:' as {names}")
     return value
 
@@ -123,7 +119,3 @@ def positive(value: float, field: str, file: str | None) -> float:
                          field=field, fix="check the unit: bandwidths in Gbit/s, memory in GiB, peak in TFLOP/s")
     return value
 
-
-def _unsigned_exponent(text: str) -> bool:
-    """Whether `text` is a number in exponent notation that YAML 1.1 leaves as text (1.0e9, 2E10)."""
-    return re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE]\d+", text.strip()) is not None
