@@ -452,3 +452,13 @@ def test_simulate_a_plan_file_alone_uses_the_model_and_inventory_it_stores(tmp_p
     assert json.loads(alone.stdout)["iteration_time_s"] == json.loads(given.stdout)["iteration_time_s"]
     bare = hetauto("simulate", "--tp", "1")
     assert bare.returncode == 2 and "missing --model and --inventory" in bare.stderr and "Traceback" not in bare.stderr
+
+
+def test_a_timeline_that_cannot_be_written_stops_before_the_search(tmp_path):
+    """--timeline into a folder that does not exist was said after the whole search, with exit 2 and the plan file
+    written anyway: now before the search, and nothing is written."""
+    out = tmp_path / "p.yaml"
+    r = hetauto("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
+                "--global-batch-size", "8", "--quiet", "-o", str(out), "--timeline", str(tmp_path / "nodir" / "a.png"))
+    assert r.returncode == 2 and "field '--timeline'" in r.stderr and "does not exist" in r.stderr, r.stderr
+    assert not out.exists()

@@ -222,6 +222,8 @@ def check_timeline_paths(paths: list[str] | None, flag: str = "--timeline") -> N
             raise InputError(f"{path!r}: the file name must end in .json (a Chrome/Perfetto trace) or .png (a "
                              "picture; .svg and .pdf work too)", field=flag, fix="e.g. --timeline plan.json or "
                              "--timeline plan.png")
+        # where it cannot be written, said now: not after a search (and its plan file) has run
+        check_output_file(path, flag)
 
 
 def write_timelines(paths: list[str] | None, timelines: list) -> list[str]:
