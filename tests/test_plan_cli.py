@@ -462,3 +462,16 @@ def test_a_timeline_that_cannot_be_written_stops_before_the_search(tmp_path):
                 "--global-batch-size", "8", "--quiet", "-o", str(out), "--timeline", str(tmp_path / "nodir" / "a.png"))
     assert r.returncode == 2 and "field '--timeline'" in r.stderr and "does not exist" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_json_failures_are_an_object_on_stdout():
+    """A script reading --json's stdout got nothing on a failure (the paragraph is on stderr): now one object too."""
+    bad = hetauto("simulate", "--plan", "no-such-plan.yaml", "--json")
+    none = hetauto("plan", "--model", "llama2-70b", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
+                   "--quiet", "--json")
+    assert (bad.returncode, none.returncode) == (2, 3), bad.stderr + none.stderr
+    err = json.loads(bad.stdout)["error"]
+    assert err["kind"] == "invalid input" and err["exit_code"] == 2 and err["file"] == "no-such-plan.yaml"
+    assert err["fix"] and err["message"] in bad.stderr
+    err = json.loads(none.stdout)["error"]
+    assert err["kind"] == "no feasible plan" and err["exit_code"] == 3 and "does not fit" in err["message"]
