@@ -383,3 +383,21 @@ def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_p
     assert blocking and blocking["boundaries"] and blocking["tokens_per_s"] <= rep["tokens_per_s"] * (1 + 1e-9)
     assert all(" -> " in b for b in blocking["boundaries"])
 
+
+
+def test_the_end_of_iteration_sync_is_not_called_dp(capsys):
+    """Two clusters 20 s apart (latency): the global norm's all-reduce at the iteration's end crosses that link 4
+    times (80 s), which explain named "DP synchronisation" although no mesh's DP reduction waits on it; a user would
+    shrink DP for nothing. It is its own part now, and the DP part is what DP costs (almost nothing here)."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rc = main(["explain", "--plan", os.path.join(root, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"),
+               "--inventory", os.path.join(root, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml"),
+               "--set", "link.cluster-a-cluster-b.latency_ms=20000", "--no-search", "--json"])
+    breakdown = json.loads(capsys.readouterr().out)["breakdown"]
+    parts = breakdown["parts"]
+    assert rc == 0
+    assert abs(parts["tail_sync"]["seconds"] - 4 * 20.0) < 0.5, parts
+    assert parts["dp_sync"]["seconds"] < 0.01, parts
+    assert abs(sum(p["seconds"] for p in parts.values()) - breakdown["iteration_s"]) < 1e-6, parts

@@ -1,15 +1,17 @@
 """Why a plan is what it is: what limits its iteration, how much memory is left, what came second, and what a
 faster link, a bigger cluster or another batch would buy (`hetauto explain`). Pure functions over the simulator.
 
-The iteration is cut into six parts that add up to the predicted iteration time T:
+The iteration is cut into seven parts that add up to the predicted iteration time T:
     compute    the slowest stage's forward + backward over all micro-batches (its busy time);
     bubble     what 1F1B's fill and drain add with instant links: makespan(links = 0) - compute;
     link       what the links add on top: makespan - makespan(links = 0);
-    dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute), with
-               the job-wide holders' exchange (a tied table) and grad-norm reduction;
+    dp_sync    the DP gradient/parameter synchronisation left after the pipeline (not hidden by compute);
+    tail_sync  the job-wide synchronisation at the iteration's end: the global gradient norm's all-reduce and the
+               holders' exchange of shared weights (a tied table) across meshes, whose cost is mostly the links'
+               latency (not DP: a job of DP 1 has it too);
     optimizer  the optimizer step after it;
     overhead   the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging, ...).
-The first three are the pipeline's makespan; the last three its tail.
+The first three are the pipeline's makespan; the last four its tail.
 The bottleneck is the largest part. Each is priced by re-running the same event simulation with one thing
 removed, so a part is exactly what the iteration would save without it.
 """
@@ -23,9 +25,11 @@ from .batch_split import split_batch
 from .plan import Plan
 from .simulate import _DEFAULT_COST, plan_choices, simulate, stage_makespan
 
-PARTS = ("compute", "bubble", "link", "dp_sync", "optimizer", "overhead")
+PARTS = ("compute", "bubble", "link", "dp_sync", "tail_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
-              "link": "exposed link time", "dp_sync": "DP synchronisation", "optimizer": "optimizer step",
+              "link": "exposed link time", "dp_sync": "DP synchronisation",
+              "tail_sync": "iteration-end sync across meshes",   # global norm, tied weights
+              "optimizer": "optimizer step",
               "overhead": "fixed per-iteration overhead"}
 
 
@@ -72,13 +76,14 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     # optimizer step, and the cost model's fixed overhead, which is what remains of T.
     tail = max(0.0, T - makespan)
     opt = min(_figure(estimate.get("optimizer_s")), tail)
-    dp = min(_figure(estimate.get("dp_exposed_s")) + _figure(estimate.get("sync_s")), tail - opt)
+    dp = min(_figure(estimate.get("dp_exposed_s")), tail - opt)
+    sync = min(_figure(estimate.get("sync_s")), tail - opt - dp)
     per = lambda key: [_figure(s.get(key)) for s in stages]
     t_dp = max(range(len(stages)), key=lambda i: per("dp_exposed_s")[i])
     t_opt = max(range(len(stages)), key=lambda i: per("optimizer_s")[i])
     parts = {"compute": busy[slow], "bubble": max(0.0, free_links - busy[slow]),
-             "link": max(0.0, makespan - free_links), "dp_sync": dp, "optimizer": opt,
-             "overhead": tail - opt - dp}
+             "link": max(0.0, makespan - free_links), "dp_sync": dp, "tail_sync": sync, "optimizer": opt,
+             "overhead": tail - opt - dp - sync}
     # Which boundary the exposed link time comes from: the one whose removal alone saves the most. Only the
     # boundaries between meshes are tried (one simulation each; inside a mesh the links are the fast ones).
     link_at, saved = None, 0.0
@@ -90,8 +95,8 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             if makespan - alone > saved:
                 link_at, saved = i, makespan - alone
     worst = max(PARTS, key=lambda k: parts[k])
-    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t_dp, "optimizer": t_opt,
-             "overhead": None}[worst]
+    where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t_dp, "tail_sync": None,
+             "optimizer": t_opt, "overhead": None}[worst]
     return {"iteration_s": T, "parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "stage": where if worst != "link" else None,
             "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,
