@@ -169,6 +169,13 @@ def test_cluster_named_like_a_generated_file_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "'meshes[2].cluster'" in err and "rename cluster 'a.mesh1'" in err and "Traceback" not in err
     assert not list(tmp_path.glob("out/*"))
+    # clusters `a` and `A`: a.sh and A.sh are one file where scripts are often written (macOS, Windows)
+    path.write_text(json.dumps({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8, "meshes": [
+        mesh("a", 1, 1, 2, [4]), mesh("A", 1, 1, 2, [4])]}))
+    for target in ("megatron", "deepspeed"):
+        assert main(["emit", target, "--plan", str(path), "-o", str(tmp_path / target)]) == 2
+        err = capsys.readouterr().err
+        assert "'meshes[1].cluster'" in err and "differ only in case" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("change, field", [

@@ -525,3 +525,18 @@ def test_numbers_with_an_exponent_are_numbers(tmp_path):
     link = loaded.link("a", "b")
     assert loaded.cluster("a").device.memory_gib == 80.0
     assert link.bandwidth_gbps == 25.0 and abs(link.latency_s - 0.0005) < 1e-12
+
+
+def test_every_cluster_that_lacks_the_precision_is_named_at_once(tmp_path, capsys):
+    """fp8 on an inventory with two clusters that lack it: both named in one message (only the first was, and
+    the second came after the first was excluded)."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n"
+                "  - {name: h, device: h800, nodes: 1, devices_per_node: 8}\n"
+                "  - {name: hw, device: ascend-910b, nodes: 1, devices_per_node: 8}\n"
+                "  - {name: old, device: a100, nodes: 1, devices_per_node: 8}\n"
+                "links:\n  - {between: [h, hw], bandwidth_gbps: 25, latency_ms: 2}\n"
+                "  - {between: [hw, old], bandwidth_gbps: 25, latency_ms: 2}\n")
+    rc, out, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--precision", "fp8", "--quiet"],
+                           capsys)
+    check_error(rc, err, file=inv, field="--precision", words=["cluster hw:", "cluster old:", "cannot train in fp8",
+                                                                 "leave those clusters out"])

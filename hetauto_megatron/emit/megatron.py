@@ -240,6 +240,16 @@ def file_stems(clusters: list[str], first_meshes: list[int], file: str | None = 
                              file=file, field=f"meshes[{first_meshes[mine]}].cluster",
                              fix=f"rename cluster {stem!r} (in the inventory, and re-plan) to a name not of the "
                                  "form <cluster>.mesh<i>")
+    lowered = [stem.lower() for stem in stems]
+    for k, low in enumerate(lowered):
+        j = lowered.index(low)
+        if j != k and stems[j] != stems[k]:
+            # one file on the case-insensitive file systems of macOS and Windows (where scripts are often written
+            # before they are copied to the clusters): the second would replace the first there
+            raise InputError(f"clusters {stems[j]!r} and {stems[k]!r} differ only in case, so their files "
+                             f"({stems[j]}.sh and {stems[k]}.sh) are one file on macOS's and Windows' file systems",
+                             file=file, field=f"meshes[{first_meshes[k]}].cluster",
+                             fix=f"rename one of them (in the inventory, and re-plan)")
     return stems
 
 

@@ -124,14 +124,19 @@ class Inventory:
         precision (spec/devices.py); InputError naming the cluster if a device lacks it."""
         if precision == self.precision:
             return self
-        clusters = []
+        clusters, refused = [], []
         for c in self.clusters:
             try:
                 dev = c.device.at_precision(precision, field="--precision")
             except InputError as exc:
-                raise InputError(f"cluster {c.name}: {exc.reason}", file=self.source, field=exc.field,
-                                 fix=exc.fix) from None
+                refused.append((c.name, exc))      # every such cluster named at once, not one per attempt
+                continue
             clusters.append(dataclasses.replace(c, device=dev))
+        if refused:
+            exc = refused[0][1]
+            raise InputError("; ".join(f"cluster {name}: {e.reason}" for name, e in refused), file=self.source,
+                             field=exc.field, fix=exc.fix if len(refused) == 1 else exc.fix.replace(
+                                 "leave that cluster out", "leave those clusters out"))
         return dataclasses.replace(self, clusters=tuple(clusters), precision=precision)
 
     def link(self, a: str, b: str) -> LinkSpec | None:
