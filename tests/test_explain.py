@@ -401,3 +401,21 @@ def test_the_end_of_iteration_sync_is_not_called_dp(capsys):
     assert abs(parts["tail_sync"]["seconds"] - 4 * 20.0) < 0.5, parts
     assert parts["dp_sync"]["seconds"] < 0.01, parts
     assert abs(sum(p["seconds"] for p in parts.values()) - breakdown["iteration_s"]) < 1e-6, parts
+
+
+def test_what_ifs_leave_out_the_clusters_the_plan_excluded(tmp_path, capsys):
+    """A plan made with --exclude-clusters old: explain re-planned old's size and its link under the same
+    constraints (+0.0 %, read as 'old does not matter', and whole searches spent); those rows are left out now."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: h, device: h800, nodes: 1, devices_per_node: 8}\n"
+                   "  - {name: hw, device: ascend-910b, nodes: 1, devices_per_node: 8}\n"
+                   "  - {name: old, device: a100, nodes: 1, devices_per_node: 8}\n"
+                   "links:\n  - {between: [h, hw], bandwidth_gbps: 25, latency_ms: 2}\n"
+                   "  - {between: [hw, old], bandwidth_gbps: 25, latency_ms: 2}\n")
+    plan = tmp_path / "p.yaml"
+    assert main(["plan", "--model", "llama2-7b", "--inventory", str(inv), "--exclude-clusters", "old", "--quiet",
+                 "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["explain", "--plan", str(plan), "--json"]) == 0
+    rows = [r["what"] for r in json.loads(capsys.readouterr().out)["sensitivity"]]
+    assert "cluster h size (nodes)" in rows and not any("old" in r for r in rows), rows

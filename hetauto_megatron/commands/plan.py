@@ -339,9 +339,10 @@ def keep_search_of(old, args, con, inventory, kept: dict):
 
 
 def without_excluded_unable(inventory, args):
-    """The inventory without the clusters --exclude-clusters names (or --use-clusters leaves out) whose device
-    cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the search never
-    sees them, and every cluster the plan file's inventory keeps is priced at the job's precision."""
+    """The inventory without the clusters --exclude-clusters names, or that --use-clusters leaves free to join,
+    whose device cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the
+    search never sees them (they could not join), and every cluster the plan file's inventory keeps is priced at
+    the job's precision. Without either flag such a cluster is refused, naming both fixes."""
     import dataclasses as dc
 
     from ..errors import InputError
@@ -357,7 +358,8 @@ def without_excluded_unable(inventory, args):
                 unable.append(c.name)
     if not unable or len(unable) == len(inventory.clusters):
         return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
-    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (not used, and cannot train in "
+    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, or not among --use-clusters "
+          f"and so only allowed to join, and cannot train in "
           f"{args.precision})", file=sys.stderr)
     args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
     return dc.replace(inventory, clusters=tuple(c for c in inventory.clusters if c.name not in unable),

@@ -304,17 +304,32 @@ def _cluster_at(inventory, cluster, nodes: int):
         dataclasses.replace(c, nodes=nodes) if c is cluster else c for c in inventory.clusters))
 
 
+def _excluded(plan: Plan) -> set:
+    """The clusters the plan's search was told not to use (--exclude-clusters, as its estimate records it): what
+    they are, or are linked by, cannot change a re-plan under the same constraints."""
+    from .constraints import Constraints
+    search = (plan.estimate or {}).get("search") if isinstance(plan.estimate, dict) else None
+    try:
+        return set(Constraints.from_record(search).exclude_clusters)
+    except InputError:
+        return set()
+
+
 def _unused_links(plan: Plan, inventory) -> list:
     used = {k for k, _ in links_crossed(plan, inventory)}
-    return sorted(set(inventory.links) - used, key=sorted)
+    return sorted((k for k in set(inventory.links) - used if not k & _excluded(plan)), key=sorted)
+
+
+def _replanned_clusters(plan: Plan, inventory) -> list:
+    return [cl for cl in inventory.clusters if cl.name not in _excluded(plan)]
 
 
 def replanned_inventories(plan: Plan, inventory, factors=(0.5, 2.0)) -> list:
     """Every inventory `sensitivity` calls `replan` with, the unchanged one first: a caller can search them ahead
     (in parallel: each search is independent) and answer `replan` from the results."""
     out = [inventory] + [_link_at(inventory, key, max(factors)) for key in _unused_links(plan, inventory)]
-    return out + [_cluster_at(inventory, cl, int(cl.nodes * f)) for cl in inventory.clusters for f in factors
-                  if int(cl.nodes * f) >= 1]
+    return out + [_cluster_at(inventory, cl, int(cl.nodes * f)) for cl in _replanned_clusters(plan, inventory)
+                  for f in factors if int(cl.nodes * f) >= 1]
 
 
 def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
@@ -359,7 +374,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
             rows.append({"what": f"link {name} bandwidth (unused)", "key": f"link.{name}.bandwidth_gbps",
                          "base": link.bandwidth_gbps, "method": "re-planned", "base_tokens_per_s": ref,
                          "cases": [_replanned(replan, _link_at(inventory, key, f), f, link.bandwidth_gbps * f, ref)]})
-        for cl in inventory.clusters:
+        for cl in _replanned_clusters(plan, inventory):       # (not the clusters the plan was told not to use)
             row = {"what": f"cluster {cl.name} size (nodes)", "key": f"cluster.{cl.name}.nodes", "base": cl.nodes,
                    "method": "re-planned", "base_tokens_per_s": ref, "cases": []}
             for f in factors:
