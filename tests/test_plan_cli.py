@@ -475,3 +475,16 @@ def test_json_failures_are_an_object_on_stdout():
     assert err["fix"] and err["message"] in bad.stderr
     err = json.loads(none.stdout)["error"]
     assert err["kind"] == "no feasible plan" and err["exit_code"] == 3 and "does not fit" in err["message"]
+
+
+@pytest.mark.parametrize("nodes, gbs, hint", [(2, 64, False), (8, 4, True)])
+def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, hint):
+    """LLaMA-2-70B on A100-40s that cannot hold it: 16 devices and a batch of 64 were told "the pipeline is at most 64
+    stages deep ... a larger --global-batch-size allows deeper pipelines", which cannot help (16 devices, 16 stages at
+    most); 64 devices and a batch of 4 are capped by the batch, and told so."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"clusters:\n  - {{name: a, device: a100-40gb, nodes: {nodes}, devices_per_node: 8}}\n")
+    r = hetauto("plan", "--model", "llama2-70b", "--inventory", str(inv), "--global-batch-size", str(gbs), "--quiet",
+                "--budget-s", "20")
+    assert r.returncode == 3 and "does not fit" in r.stderr, r.stderr
+    assert ("a larger --global-batch-size allows deeper pipelines" in r.stderr) == hint, r.stderr

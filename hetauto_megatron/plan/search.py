@@ -391,7 +391,10 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         short, where = miss
         depth = sp.max_stages(1)
         fix = "Add devices or clusters, or shorten --seq-length"
-        if depth < model.num_layers + 2:     # the batch (or --max-pp) caps the pipeline's depth, not the devices
+        devices_cap = sp.con.max_devices if sp.con.max_devices is not None and sp.con.max_devices < usable \
+            else usable
+        # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
+        if depth < min(model.num_layers + 2, devices_cap):
             fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
                    f"than micro-batches: the global batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
                    "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
@@ -417,8 +420,12 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
             f"{model.name}: --use-clusters requires {', '.join(sp.con.use_clusters)} in one pipeline, but the "
             f"inventory links no chain of clusters from {apart[0]} to {apart[1]} (clusters next to each other in "
             f"the pipeline must be linked). Fix: add a link between them ({where}'links'), or drop --use-clusters")
-    raise InfeasibleError(f"{model.name}: no legal layout exists for this inventory (TP must divide the heads, "
-                          "clusters next to each other in the pipeline must be linked)")
+    rules = ("TP divides the heads and the MLP width (and the sequence, with sequence parallelism), the global "
+             "batch is a whole number of micro-batch steps of every mesh's DP x micro-batch size, clusters next to "
+             "each other in a pipeline are linked")
+    if ev.engine == "deepspeed":
+        rules += ", and DeepSpeed's engine runs one TP, DP and micro-batch size in every mesh"
+    raise InfeasibleError(f"{model.name}: no layout of this inventory follows the rules ({rules})")
 
 
 def _unlinked(inventory: Inventory, required) -> tuple[str, str] | None:
