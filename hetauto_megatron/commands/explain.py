@@ -195,6 +195,11 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         return tokens / (ahead[key(inv)] if key(inv) in ahead else run_search(inv).iteration_time_s)
 
     workers = default_workers() if workers == 0 else workers
+    if do_search and progress:
+        # said first: each re-plan is a whole search, and a large inventory's first may take a minute
+        print(f"explain: re-planning {len(whatifs)} what-ifs (the inventory as it is, each unused link at x2, each "
+              f"cluster at x0.5 and x2), each a whole search, in {workers} process{'es' if workers > 1 else ''} "
+              "(--no-search skips them)", file=sys.stderr, flush=True)
     if do_search and workers > 1:
         # the changed inventories in worker processes (the unchanged one's whole search is needed here)
         todo = list({key(inv): inv for inv in whatifs[1:] if key(inv) != key(inventory)}.values())

@@ -271,6 +271,11 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             # the distinct layouts priced (worker processes price some twice): the same count in one process or
             # several, so the plan file's candidates_evaluated does not depend on the machine's speed
             priced += len(ev.cache) - before
+            if cfg.progress:        # a line per round of trees: a search of many clusters is minutes, not silence
+                best = min(best_known, best_round)
+                print(f"search: {trees} trees, {priced:,} layouts priced, best "
+                      + (f"{best:.3f} s per iteration" if math.isfinite(best) else "none fits yet")
+                      + f", {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             if cut or (not cfg.iterations and not best_round < best_known * (1 - 1e-4)):
                 break                  # out of time, or the round found nothing better than the plan held
             best_known = min(best_known, best_round)
