@@ -488,3 +488,27 @@ def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, h
                 "--budget-s", "20")
     assert r.returncode == 3 and "does not fit" in r.stderr, r.stderr
     assert ("a larger --global-batch-size allows deeper pipelines" in r.stderr) == hint, r.stderr
+
+
+def test_ctrl_c_during_an_exhaustive_search_keeps_the_best_so_far(tmp_path):
+    """--search exhaustive on the 736-device example faces ~16M layouts (~2 h): its progress says how long, and
+    Ctrl-C keeps the best layout priced so far, as --budget-s does (before: exit 130, no plan)."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.yaml"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "hetauto"), "plan", "--model",
+                             "llama2-70b", "--inventory", "examples/llama/inventory-4clusters-736.yaml", "--search",
+                             "exhaustive", "-o", str(out)], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()          # the first progress line: the leaves are being priced
+        assert "exhaustive:" in line and " left at " in line, line
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "interrupted after" in stderr and "(cut short by Ctrl-C)" in stdout and out.exists(), stdout + stderr

@@ -253,7 +253,8 @@ def run(args) -> int:
         print(f"\ncost: {plan.estimate['cost_per_million_tokens']:.4f} per 1M tokens (price per device-hour x "
               f"devices used; objective: {con.objective})")
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
-          + (" (cut by --budget-s)" if result.cut_by_budget else "")
+          + ((" (cut by --budget-s)" if args.budget_s is not None else " (cut short by Ctrl-C)")
+             if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
         from ..emit.summary import count_noun

@@ -126,19 +126,37 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
     (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
     holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
     the tree's estimated leaves; t0: when the search started)."""
-    count, best, last_report = 0, math.inf, time.perf_counter()
+    count, best, start = 0, math.inf, time.perf_counter()
+    last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
-    for path in iter_leaves(space):
-        now = time.perf_counter()
-        if deadline is not None and now > deadline:
-            return count, True
-        t, layout = value(path)
-        count += 1
-        if layout is not None and math.isfinite(t):
-            found[layout] = t
-            best = min(best, t)
-        if progress and now - last_report > 1.0:
-            last_report = now
-            print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
-                  f"({now - t0:.1f} s)", file=sys.stderr, flush=True)
+    try:
+        for path in iter_leaves(space):
+            now = time.perf_counter()
+            if deadline is not None and now > deadline:
+                return count, True
+            t, layout = value(path)
+            count += 1
+            if layout is not None and math.isfinite(t):
+                found[layout] = t
+                best = min(best, t)
+            if progress and now - last_report > 1.0:
+                last_report = now
+                rate = count / max(now - start, 1e-9)
+                left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second (--budget-s caps "
+                        "it, Ctrl-C stops it: the best so far is kept either way)"
+                        if math.isfinite(est) and est > count else "")
+                print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
+                      f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        if not found:
+            raise
+        # as at a --budget-s deadline: the leaves priced so far decide (a second Ctrl-C stops the command)
+        print(f"hetauto plan: exhaustive search interrupted after {count:,} leaves: keeping the best of them",
+              file=sys.stderr, flush=True)
+        return count, True
     return count, False
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 \
+        else f"{seconds:.0f} s"
