@@ -419,3 +419,17 @@ def test_what_ifs_leave_out_the_clusters_the_plan_excluded(tmp_path, capsys):
     assert main(["explain", "--plan", str(plan), "--json"]) == 0
     rows = [r["what"] for r in json.loads(capsys.readouterr().out)["sensitivity"]]
     assert "cluster h size (nodes)" in rows and not any("old" in r for r in rows), rows
+
+
+def test_explain_takes_a_budget_for_its_re_plans(tmp_path, capsys):
+    """A large inventory's re-plans took minutes with no way to cap them short of --no-search: --budget-s caps
+    each, as plan's caps its search; a budget that is not positive is refused."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plan = os.path.join(root, "examples", "llama", "plans", "llama2-70b-736.yaml")
+    assert main(["explain", "--plan", plan, "--budget-s", "0", "--quiet"]) == 2
+    assert "field '--budget-s'" in capsys.readouterr().err
+    assert main(["explain", "--plan", plan, "--budget-s", "0.5", "--quiet", "--json", "--runners-up", "1"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert any(r["method"] == "re-planned" for r in rep["sensitivity"])

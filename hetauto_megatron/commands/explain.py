@@ -53,6 +53,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the re-planned what-ifs are searched in (default 0: one per available "
                              "core); the report depends on --seed only, not on N")
+    parser.add_argument("--budget-s", type=float, metavar="S",
+                        help="cap each re-planned what-if's search at S seconds, as 'hetauto plan --budget-s' caps "
+                             "its search (default: none; a large inventory's re-plans take minutes in all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -142,7 +145,8 @@ def _search_ahead(inventories: list, search_one, workers: int, on_done) -> dict:
 
 
 def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_result=None, do_search: bool = True,
-                   k: int = 5, seed: int = 0, progress: bool = False, workers: int = 1) -> dict:
+                   k: int = 5, seed: int = 0, progress: bool = False, workers: int = 1,
+                   budget_s: float | None = None) -> dict:
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
     `shapes_result` (the whole search, multi_search.ShapesResult): a search already run on the same inputs (plan
     --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
@@ -161,7 +165,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     tokens = plan.global_batch_size * plan.model.seq_length
     # ... and for the plan's pipeline engine (DeepSpeed's: its uniform layouts, priced as it runs them)
-    config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints, engine=plan.engine)
+    config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints, engine=plan.engine,
+                          budget_s=budget_s)
     searches = {}
 
     def key(inv):
@@ -315,10 +320,14 @@ def run(args) -> int:
     if args.workers < 0:
         raise InputError(f"must not be negative, got {args.workers}", field="--workers",
                          fix="give the processes to search the what-ifs in, or 0 for one per available core")
+    if args.budget_s is not None and not args.budget_s > 0:     # NaN too: it would never stop a search
+        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s",
+                         fix="give each re-plan's time limit in seconds, e.g. --budget-s 10")
     plan, inventory, cost_model = plan_inputs(args, args.plan)
     try:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,
-                             seed=args.seed, progress=not args.quiet, workers=args.workers)
+                             seed=args.seed, progress=not args.quiet, workers=args.workers,
+                             budget_s=args.budget_s)
     except InputError as exc:
         raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None
