@@ -124,9 +124,9 @@ INVENTORY_CASES = {
     # a cost of inf per token, printed as Infinity in --json (not JSON)
     "price-huge": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, price_per_device_hour: 1.0e+308}",
                                         1), "clusters[0].price_per_device_hour", ["between 0 and"]),
-    # a number written as text (quoted) is named as such (an exponent without its sign is a number: below)
-    "quoted-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: '1.0e9'}",
-                                           1), "clusters[0].memory_gib", ["a string '1.0e9'"]),
+    # text where a number is due is named as such (an exponent without its sign is a number: below)
+    "text-for-a-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 8, memory_gib: eighty}",
+                                               1), "clusters[0].memory_gib", ["a string 'eighty'"]),
     # YAML 1.1 read 1:30 as the base-60 number 90: a 90-device node, planned
     "base-60-number": (TWO_CLUSTERS.replace("devices_per_node: 8}", "devices_per_node: 1:30}", 1),
                        "clusters[0].devices_per_node", ["'1:30'"]),
@@ -527,6 +527,18 @@ def test_numbers_with_an_exponent_are_numbers(tmp_path):
     assert link.bandwidth_gbps == 25.0 and abs(link.latency_s - 0.0005) < 1e-12
 
 
+def test_text_that_looks_like_an_exponent_stays_text(tmp_path, capsys):
+    """Only number fields read 1e3 as a number: a cluster named 1e3 round-trips through a plan file (the plan
+    writer leaves such text unquoted; a loader reading every 1e3 as a number refused the file it had written)."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: 1e3, device: cpu, nodes: 1, devices_per_node: 4}\n")
+    plan = str(tmp_path / "p.yaml")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet",
+                          "-o", plan], capsys)
+    assert rc == 0, err
+    rc, _, err = run_cli(["simulate", "--plan", plan], capsys)
+    assert rc == 0, err
+
+
 def test_every_cluster_that_lacks_the_precision_is_named_at_once(tmp_path, capsys):
     """fp8 on an inventory with two clusters that lack it: both named in one message (only the first was, and
     the second came after the first was excluded)."""
@@ -540,3 +552,13 @@ def test_every_cluster_that_lacks_the_precision_is_named_at_once(tmp_path, capsy
                            capsys)
     check_error(rc, err, file=inv, field="--precision", words=["cluster hw:", "cluster old:", "cannot train in fp8",
                                                                  "leave those clusters out"])
+
+
+def test_no_cluster_able_to_train_at_the_precision_is_named(tmp_path, capsys):
+    """An Ascend-only inventory planned in fp32: the refusal names the cluster and the precision (a note's view of
+    the able clusters left none, and said 'lists no clusters')."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: ascend, device: ascend-910b, nodes: 1, "
+                                      "devices_per_node: 8}\n")
+    rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--precision", "fp32", "--quiet"],
+                         capsys)
+    check_error(rc, err, file=inv, field="--precision", words=["cluster ascend", "cannot train in fp32"])

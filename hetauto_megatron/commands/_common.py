@@ -109,6 +109,8 @@ def _able(inventory, precision: str):
             keep.append(c)
         except InputError:
             pass
+    if not keep:            # none can: the inventory's own refusal names them all
+        return inventory.with_precision(precision)
     names = {c.name for c in keep}
     return dataclasses.replace(inventory, clusters=tuple(keep),
                                links={k: v for k, v in inventory.links.items() if k <= names}).with_precision(precision)
@@ -171,21 +173,22 @@ def apply_memory_job(cost_model, inventory) -> None:
               "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
 
 
-def check_output_file(path: str | None, flag: str) -> None:
-    """Refuse an output file that cannot be written before any work is done (a directory, a missing folder)."""
+def check_output_file(path: str | None, flag: str, example: str = "plan.yaml") -> None:
+    """Refuse an output file that cannot be written before any work is done (a directory, a missing folder);
+    `example`: the file name the fix suggests."""
     import os
 
     from ..errors import InputError
     if path is None:
         return
     if not path.strip():     # an empty -o '' wrote nothing without a word
-        raise InputError("is an empty file name", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
+        raise InputError("is an empty file name", field=flag, fix=f"give a file name, e.g. {flag} {example}")
     if os.path.isdir(path):
-        raise InputError(f"{path!r} is a directory", field=flag, fix=f"give a file name, e.g. {flag} plan.yaml")
+        raise InputError(f"{path!r} is a directory", field=flag, fix=f"give a file name, e.g. {flag} {example}")
     folder = os.path.dirname(path) or "."
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise InputError(f"{folder!r} in {path!r} is a file, not a folder", field=flag,
-                         fix=f"name a file in an existing folder, e.g. {flag} plan.yaml")
+                         fix=f"name a file in an existing folder, e.g. {flag} {example}")
     if not os.path.isdir(folder):
         raise InputError(f"the folder {folder!r} of {path!r} does not exist", field=flag,
                          fix="create the folder first, or write the file elsewhere")
@@ -223,7 +226,7 @@ def check_timeline_paths(paths: list[str] | None, flag: str = "--timeline") -> N
                              "picture; .svg and .pdf work too)", field=flag, fix="e.g. --timeline plan.json or "
                              "--timeline plan.png")
         # where it cannot be written, said now: not after a search (and its plan file) has run
-        check_output_file(path, flag)
+        check_output_file(path, flag, example="plan.png")
 
 
 def write_timelines(paths: list[str] | None, timelines: list) -> list[str]:
@@ -256,7 +259,9 @@ def as_priced_on(plan, inventory, who: str):
         return plan
     from ..emit.megatron import fp32_tf32
     priced = dataclasses.replace(plan, inventory=inventory.to_dict())
-    differ = sorted({m.cluster for m in plan.meshes if fp32_tf32(plan, m.cluster) != fp32_tf32(priced, m.cluster)})
+    have = {c.name for c in inventory.clusters}     # a cluster the inventory lacks is refused later, named there
+    differ = sorted({m.cluster for m in plan.meshes
+                     if m.cluster in have and fp32_tf32(plan, m.cluster) != fp32_tf32(priced, m.cluster)})
     for c in differ:
         print(f"{who}: cluster {c} is priced {'with' if fp32_tf32(priced, c) else 'without'} TF32 GEMMs, as "
               f"--inventory says, but the plan's launch scripts run it {'with' if fp32_tf32(plan, c) else 'without'} "

@@ -52,7 +52,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the searches (default 0)")
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="processes the re-planned what-ifs are searched in (default 0: one per available "
-                             "core); the report depends on --seed only, not on N")
+                             "core); the report depends on --seed only (and, where it cuts a search, --budget-s), "
+                             "not on N")
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="cap each re-planned what-if's search at S seconds, as 'hetauto plan --budget-s' caps "
                              "its search (default: none; a large inventory's re-plans take minutes in all)")

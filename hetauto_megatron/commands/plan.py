@@ -236,7 +236,8 @@ def run(args) -> int:
     if args.explain:
         from .explain import explain_report
         explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed,
-                                   progress=not args.quiet and not args.json, workers=args.workers)
+                                   progress=not args.quiet and not args.json, workers=args.workers,
+                                   budget_s=args.budget_s)      # its re-plans capped as the search was
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves
@@ -253,8 +254,7 @@ def run(args) -> int:
         print(f"\ncost: {plan.estimate['cost_per_million_tokens']:.4f} per 1M tokens (price per device-hour x "
               f"devices used; objective: {con.objective})")
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
-          + ((" (cut by --budget-s)" if args.budget_s is not None else " (cut short by Ctrl-C)")
-             if result.cut_by_budget else "")
+          + ((" (cut short by Ctrl-C)" if interrupted() else " (cut by --budget-s)") if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
         from ..emit.summary import count_noun
@@ -381,6 +381,12 @@ def constraints_from_args(args):
                        use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
                        tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
                        max_pp=args.max_pp, micro_batch_size=args.micro_batch_size)
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C cut this command's exhaustive search short (plan/branch_and_bound.py)."""
+    from ..plan import branch_and_bound
+    return branch_and_bound.INTERRUPTED
 
 
 def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):

@@ -126,9 +126,12 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
     (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
     holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
     the tree's estimated leaves; t0: when the search started)."""
+    global INTERRUPTED
     count, best, start = 0, math.inf, time.perf_counter()
     last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
+    if INTERRUPTED:             # an earlier Ctrl-C of this command: as an expired --budget-s for every later search
+        return count, True
     try:
         for path in iter_leaves(space):
             now = time.perf_counter()
@@ -148,13 +151,18 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
                 print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
                       f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        if not found:
-            raise
-        # as at a --budget-s deadline: the leaves priced so far decide (a second Ctrl-C stops the command)
+        if not found or INTERRUPTED:
+            raise                       # nothing to keep, or the second Ctrl-C: the command stops
+        INTERRUPTED = True
+        # as at a --budget-s deadline: the leaves priced so far decide, and every later search of the command stops
+        # at once (a second Ctrl-C stops the command)
         print(f"hetauto plan: exhaustive search interrupted after {count:,} leaves: keeping the best of them",
               file=sys.stderr, flush=True)
         return count, True
     return count, False
+
+
+INTERRUPTED = False         # set by the first Ctrl-C of an exhaustive search in this process (every_leaf)
 
 
 def _duration(seconds: float) -> str:

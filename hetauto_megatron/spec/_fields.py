@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import reprlib
 from typing import Any
 
@@ -20,6 +21,8 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 6, 6, 4, 6
 _REPR.maxstring = _REPR.maxother = _REPR.maxlong = 80
 
+
+_EXPONENT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+")
 
 def _show(value: Any, limit: int = 60) -> str:
     """A value as the user wrote it, shortened so that a whole mis-indented block does not flood the message."""
@@ -61,6 +64,14 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     if float in kinds and isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"must be a finite number, got {value}", file=file, field=field,
                          fix=fix or f"write '{key}:' as a plain number (NaN and infinity are not figures)")
+    if float in kinds and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        # YAML 1.1 reads 8e1 and 1.5e3 (an exponent without a decimal point, or without its sign) as text, though
+        # they are numbers as written in any language and in YAML 1.2: read as the number where a number is due
+        # (only there: a cluster named 1e3, or a digest, stays the text it is)
+        value = float(value)
+        if not math.isfinite(value):
+            raise InputError(f"must be a finite number, got {value}", file=file, field=field,
+                             fix=fix or f"write '{key}:' as a plain number")
     if float in kinds and isinstance(value, float):
         return value
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):

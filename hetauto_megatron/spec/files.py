@@ -41,15 +41,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                  if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") else rx) for tag, rx in entries]
         for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
-    # YAML 1.1 reads 1e-9 and 1.5e3 (an exponent without a decimal point, or without its sign) as text, so
-    # "memory_gib: 1e-9" was refused as "a string" though it is a number as written in any language (and YAML 1.2):
-    # such a scalar is a float here too
-    for _first in "-+.0123456789":
-        yaml_implicit_resolvers[_first] = yaml_implicit_resolvers.get(_first, []) + [
-            ("tag:yaml.org,2002:float",
-             re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"))]
-    del _first
-
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen = set()
@@ -174,7 +165,7 @@ def json_object_pairs(pairs):
 def read_json_file(path: str, *, field: str | None = None, fix: str | None = None):
     """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:      # a byte-order mark (PowerShell writes one) is no error
             return json.load(fh, object_pairs_hook=json_object_pairs)
     except json.JSONDecodeError as exc:
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
