@@ -45,12 +45,26 @@ def add_memory_job_arg(parser) -> None:
                              "it, and simulate and plan --from apply it; none: not the plan's")
 
 
+def inventory_of(path: str | None, plan, plan_path: str | None):
+    """The inventory of --inventory `path`, else the one the plan stores (InputError naming the plan without one)."""
+    from ..errors import InputError
+    from ..spec.inventory import inventory_from_dict, load_inventory
+    if path is not None:
+        return load_inventory(path)
+    if plan is not None and plan.inventory:
+        try:
+            return inventory_from_dict(plan.inventory, file=plan_path)
+        except InputError as exc:
+            raise exc.within(prefix="inventory") from None
+    raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
+                     fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
+
+
 def load_inputs(args, plan=None, plan_path: str | None = None):
     """(model, inventory, cost model) from the command's options; `plan` (read from `plan_path`): the model and
     inventory stored in it stand in for a --model or --inventory left out."""
     from ..cost.learned import load_cost_model
     from ..errors import InputError
-    from ..spec.inventory import inventory_from_dict, load_inventory
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
@@ -68,17 +82,7 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
         # the flag's value is at fault, not the model file's
         raise InputError(exc.reason, field="--seq-length",
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096") from None
-    if args.inventory is not None:
-        inventory = load_inventory(args.inventory)
-    elif plan is not None and plan.inventory:
-        try:
-            inventory = inventory_from_dict(plan.inventory, file=plan_path)
-        except InputError as exc:
-            raise exc.within(prefix="inventory") from None
-    else:
-        raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
-                         fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
-    inventory = apply_overrides(inventory, getattr(args, "set", None))
+    inventory = apply_overrides(inventory_of(args.inventory, plan, plan_path), getattr(args, "set", None))
     cost_model = load_cost_model(args.cost_model)
     if getattr(args, "memory_job", None) not in (None, "none"):
         from ..plan.memory_fit import MEMORY_JOBS

@@ -81,7 +81,6 @@ def plan_inputs(args, plan_path: str, plan=None):
     from ..cost.learned import load_cost_model
     from ..errors import InputError
     from ..plan.plan import load_plan
-    from ..spec.inventory import inventory_from_dict, load_inventory
     from ..spec.model import load_model
     from ..spec.whatif import apply_overrides
     plan = plan or load_plan(plan_path)
@@ -92,19 +91,11 @@ def plan_inputs(args, plan_path: str, plan=None):
                              f"{plan.model.hidden_size}), --model is {model.name}", file=plan_path, field="model",
                              fix="pass the plan's model, or leave --model out to use the one in the plan")
         plan = dataclasses.replace(plan, model=model)
+    from ._common import as_priced_on, inventory_of
+    inventory = inventory_of(getattr(args, "inventory", None) or None, plan, plan_path)
     if getattr(args, "inventory", None):
-        inventory = load_inventory(args.inventory)
         # a TF32 choice the plan's launch does not make is said (the figures follow --inventory)
-        from ._common import as_priced_on
         as_priced_on(plan, inventory, f"hetauto {getattr(args, 'command', None) or 'explain'}")
-    elif plan.inventory:
-        try:
-            inventory = inventory_from_dict(plan.inventory, file=plan_path)
-        except InputError as exc:
-            raise exc.within(prefix="inventory") from None
-    else:
-        raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
-                         fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
     inventory = apply_overrides(inventory, getattr(args, "set", None))
     cost_model = load_cost_model(getattr(args, "cost_model", None))
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
