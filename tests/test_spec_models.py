@@ -189,3 +189,39 @@ def test_a_learned_table_grown_by_seq_length_is_said(tmp_path):
     notes.clear()
     assert load_model(str(path), seq_length=1024, note=notes.append).max_position_embeddings == 1024
     assert not any("learned positions" in n for n in notes), notes
+
+
+def test_gpt_bigcode_is_read_as_published(tmp_path):
+    """StarCoder-1B's config (GPT-BigCode: multi_query, learned positions, a tied head, a GELU MLP of n_inner) was
+    planned as an untied, multi-head, rotary, gated model some 24 % larger, without a word."""
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "gpt_bigcode", "activation_function": "gelu_pytorch_tanh", "multi_query": true, '
+        '"n_embd": 2048, "n_head": 16, "n_inner": 8192, "n_layer": 24, "n_positions": 8192, "vocab_size": 49152}')
+    m = load_model(str(tmp_path / "config.json"))
+    assert (m.num_query_groups, m.position_embedding, m.tie_embeddings, m.gated_mlp) == (1, "learned", True, False)
+    assert m.total_params == pytest.approx(1.14e9, rel=0.03)    # StarCoderBase-1B
+
+
+@pytest.mark.parametrize("model_type, words", [("falcon", "parallel attention"), ("bloom", "ALiBi")])
+def test_families_megatrons_gpt_does_not_build_are_refused(tmp_path, model_type, words):
+    """Falcon (parallel attention) and BLOOM (ALiBi) were refused for a missing MLP key, or, given one, planned as
+    another model: they are refused for what they are, naming model_type."""
+    from hetauto_megatron.errors import InputError
+
+    (tmp_path / "config.json").write_text(
+        f'{{"model_type": "{model_type}", "hidden_size": 4544, "n_head": 71, "n_layer": 32, "multi_query": true, '
+        '"parallel_attn": true, "intermediate_size": 18176, "vocab_size": 65024, "max_position_embeddings": 2048}')
+    with pytest.raises(InputError) as info:
+        load_model(str(tmp_path / "config.json"))
+    assert info.value.field == "model_type" and words in info.value.reason
+
+
+def test_a_sliding_window_without_its_switch_is_said(tmp_path):
+    """Mistral-7B-v0.1 and Phi-3 give sliding_window with no use_sliding_window: Hugging Face applies it, and the
+    plan's full causal attention is said (only use_sliding_window: true was); Qwen2's false switch stays silent."""
+    from hetauto_megatron.spec.hf_config import not_carried
+
+    mistral = {"model_type": "mistral", "sliding_window": 4096}
+    qwen2 = {"model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False}
+    assert any("sliding-window attention (window 4096)" in line for line in not_carried(mistral))
+    assert not any("sliding-window" in line for line in not_carried(qwen2))

@@ -25,7 +25,13 @@ _HF_FAMILIES = {
     "internlm2": (True, False, "rope"), "baichuan": (True, False, "rope"), "yi": (True, False, "rope"),
     "gpt2": (False, True, "learned"), "opt": (False, True, "learned"), "gpt_neo": (False, True, "learned"),
     "gpt_neox": (False, False, "rope"), "gptj": (False, False, "rope"), "phi": (False, False, "rope"),
-    "starcoder2": (False, True, "rope"),
+    "starcoder2": (False, True, "rope"), "gpt_bigcode": (False, True, "learned"),
+}
+# Families whose layers Megatron's GPT does not build: planned as a GPT they would be another model.
+_REFUSED_FAMILIES = {
+    "falcon": "parallel attention (attention and MLP side by side on one norm, Falcon's decoder)",
+    "bloom": "ALiBi position biases",
+    "mpt": "ALiBi position biases",
 }
 _GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
 # Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
@@ -38,7 +44,7 @@ SOURCE_KEYS = {
     "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
+    "num_query_groups": ("num_key_value_heads", "multi_query_group_num", "num_kv_heads", "n_head_kv"),
     "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner"),
     "vocab_size": ("vocab_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
@@ -72,6 +78,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                              field=keys[0], fix="pass a decoder-only transformer config.json or " + unsupported_fix)
         return default
 
+    if mt in _REFUSED_FAMILIES:
+        raise InputError(f"describes a {mt} model, whose {_REFUSED_FAMILIES[mt]} Megatron's GPT layers do not "
+                         "build: planned and launched as a GPT it would be another model", file=file,
+                         field="model_type", fix=unsupported_fix)
     if cfg.get("is_encoder_decoder"):
         raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
                          "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
@@ -83,9 +93,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     L = first(*SOURCE_KEYS["num_layers"])
     h = first(*SOURCE_KEYS["hidden_size"])
     heads = first(*SOURCE_KEYS["num_attention_heads"])
-    kv = first(*SOURCE_KEYS["num_query_groups"], default=heads)
+    # multi-query attention (GPT-BigCode, StarCoder): one key/value head, said by a flag rather than a count
+    kv = first(*SOURCE_KEYS["num_query_groups"], default=1 if cfg.get("multi_query") is True else heads)
     if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
-        key = next((k for k in ("num_key_value_heads", "multi_query_group_num") if cfg.get(k) is not None),
+        key = next((k for k in SOURCE_KEYS["num_query_groups"] if cfg.get(k) is not None),
                    "num_attention_heads")      # no key/value key: the heads stand in for them
         raise InputError(f"must be a positive integer, got {kv}", file=file, field=key,
                          fix="set it to the model's key/value heads, or leave it out for plain multi-head attention")
@@ -169,7 +180,11 @@ def not_carried(cfg: dict) -> list[str]:
     partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
     if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
         out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
-    if cfg.get("use_sliding_window") is True:
+    # Hugging Face applies a window wherever `sliding_window` is a number, unless use_sliding_window says it is
+    # off (Qwen2 ships the key with use_sliding_window: false); Mistral and Phi-3 have no such switch
+    window = cfg.get("sliding_window")
+    if (isinstance(window, int) and not isinstance(window, bool) and cfg.get("use_sliding_window") is not False) \
+            or cfg.get("use_sliding_window") is True:
         out.append(f"sliding-window attention (window {str(cfg.get('sliding_window'))[:40]}): planned and launched "
                    "as full causal attention")
     if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True:
