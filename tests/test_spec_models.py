@@ -225,3 +225,26 @@ def test_a_sliding_window_without_its_switch_is_said(tmp_path):
     qwen2 = {"model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False}
     assert any("sliding-window attention (window 4096)" in line for line in not_carried(mistral))
     assert not any("sliding-window" in line for line in not_carried(qwen2))
+
+
+def test_bias_and_rope_scaling_notes_name_flags_megatron_has():
+    """LLaMA's attention_bias covers the output projection too and mlp_bias the MLP (only --add-qkv-bias was
+    named, mlp_bias not at all); a linear rope_scaling was pointed at LLaMA-3.1's --use-rope-scaling. Every flag a
+    note names is one Megatron-LM's own parser has."""
+    import argparse
+    import re
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    from hetauto_megatron.spec.hf_config import not_carried
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    options = {flag for action in parser._actions for flag in action.option_strings}
+    said = " ".join(not_carried({"model_type": "llama", "attention_bias": True, "mlp_bias": True,
+                                 "rope_scaling": {"type": "linear", "factor": 4}}))
+    assert "output projection" in said and "MLP's projections" in said, said
+    assert "--rotary-seq-len-interpolation-factor 4" in said and "--use-rope-scaling" not in said, said
+    llama31 = " ".join(not_carried({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    assert "--use-rope-scaling --rope-scaling-factor 8.0" in llama31, llama31
+    named = set(re.findall(r"--[a-z][a-z-]+", said + " " + llama31))
+    assert named and named <= options, named - options

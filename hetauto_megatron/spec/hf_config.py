@@ -173,10 +173,23 @@ def not_carried(cfg: dict) -> list[str]:
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling:
         kind = str(scaling.get("rope_type") or scaling.get("type") or "?")[:40]
-        out.append(f"rope_scaling ({kind}, factor {str(scaling.get('factor'))[:40]}; Megatron: --use-rope-scaling "
-                   "for LLaMA-3.1's kind)")
-    if cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
+        factor = str(scaling.get("factor"))[:40]
+        # each kind has its own flag in Megatron-LM, or none (its arguments.py: --use-rope-scaling is LLaMA-3.x's,
+        # --rotary-seq-len-interpolation-factor the linear kind's, an integer)
+        flag = {"llama3": f"--use-rope-scaling --rope-scaling-factor {factor}",
+                "linear": f"--rotary-seq-len-interpolation-factor {factor}"}.get(kind.lower(),
+                                                                                "none for this kind")
+        out.append(f"rope_scaling ({kind}, factor {factor}; Megatron: {flag})")
+    if cfg.get("attention_bias") and mt not in ("qwen2",):
+        # LLaMA-style attention_bias: the output projection has one too, which only --add-bias-linear builds
+        out.append("biases on the query, key, value and output projections (Megatron: --add-qkv-bias for Q, K, V; "
+                   "the output projection's needs the launch's --disable-bias-linear dropped, which adds the "
+                   "MLP's too)")
+    elif cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
         out.append("biases on the query, key and value projections (Megatron: --add-qkv-bias)")
+    if cfg.get("mlp_bias") is True:
+        out.append("biases on the MLP's projections (Megatron: the launch's --disable-bias-linear dropped, which "
+                   "adds the attention output projection's too)")
     partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
     if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
         out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
