@@ -38,6 +38,11 @@ class InputError(Exception):
         return InputError(self.reason, file=file or self.file, field=field, fix=self.fix)
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (its class name when it has none): the reason a paragraph quotes."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 class InfeasibleError(Exception):
     """No plan fits the devices; the message says what is short (e.g. memory per device). Exit code 3."""
 

@@ -26,7 +26,7 @@ import io
 import logging
 import os
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..plan.shapes import require_simple, uniform_topology_gaps
@@ -252,7 +252,7 @@ def validate(cfg: dict, dp: int, *, pipeline_stages: int = 1, where: str = "the 
         with _quiet(), _data_parallel_world(ds_comm, dp):
             parsed = DeepSpeedConfig(copy.deepcopy(cfg))
     except Exception as exc:   # DeepSpeed raises AssertionError/ValueError/pydantic errors: all mean "invalid"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise InputError(f"rejected by DeepSpeed's parser with data-parallel size {dp}: {first}", field=where) from None
     if parsed.world_size != dp:
         raise InputError(f"DeepSpeed parsed it for data-parallel size {parsed.world_size}, expected {dp}", field=where)

@@ -87,10 +87,10 @@ def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_d
     try:
         with open(path) as f:
             record = json.load(f)
-        saved = record["layout"]
-        differ = _differences(saved["weights"], resume_layout(plan)["weights"], "")
+        saved, now = record["layout"], resume_layout(plan)
+        differ = _differences(saved["weights"], now["weights"], "")
         if not finetune:
-            differ += _differences(saved["data"], resume_layout(plan)["data"], "")
+            differ += _differences(saved["data"], now["data"], "")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"cannot read which plan the checkpoint was saved under ({type(exc).__name__}: {exc})",
                          file=path, field="--load",

@@ -45,6 +45,7 @@ from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
+from ..runtime.device import set_fp32_arithmetic
 from .mpu_globals import populate_parallel_state
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -195,23 +196,8 @@ def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
     global_vars.build_tokenizer = checked
 
 
-def _set_fp32_arithmetic(plan: Plan, cluster: str, device_type: str) -> None:
-    """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/megatron.py
-    vendor_env), also for a process started without that script: PyTorch's own matmuls on TF32 or not, and where
-    the plan was priced without TF32, NVIDIA_TF32_OVERRIDE=0 for the cuBLAS handles not yet created (Transformer
-    Engine's GEMMs use TF32 otherwise). Before any layer is built, so before any GEMM. NVIDIA devices only."""
-    from ..emit.megatron import fp32_tf32
-    from ..runtime.device import set_fp32_gemms
-    from ..spec.devices import get_device
-    tf32 = fp32_tf32(plan, cluster)
-    if tf32 is None or get_device(device_type).vendor != "nvidia":
-        return
-    if tf32 and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
-        # the user's environment turns off what the plan priced: say so rather than run several times slower
-        print(f"[hetauto] warning: NVIDIA_TF32_OVERRIDE=0 in the environment turns off the TF32 GEMMs the plan "
-              f"priced for cluster {cluster} (fp32 on TF32); unset it, or give the cluster tf32: false in the "
-              "inventory and plan again", file=sys.stderr)
-    set_fp32_gemms(tf32)
+# (runtime/device.py: the runtime on accelerators sets them the same way)
+_set_fp32_arithmetic = set_fp32_arithmetic
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,

@@ -25,7 +25,7 @@ import datetime
 import os
 import time
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..runtime.groups import rendezvous_setup_error, rendezvous_timeout_error
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
@@ -102,7 +102,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
         try:
             store = _store(addr, port, host=True, world_size=world_size, timeout_s=timeout_s)
         except Exception as exc:  # noqa: BLE001
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = first_line(exc)
             raise _ours(rendezvous_setup_error(rank, f"{addr}:{port}", reason, file)) from None
     else:
         store = _connect(addr, port, deadline)
@@ -129,7 +129,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
     except InputError:
         raise
     except Exception as exc:             # noqa: BLE001  (the host stopped: torch's network errors)
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = first_line(exc)
         raise _ours(InputError(f"rank {rank} lost the rendezvous at {addr}:{port} while waiting for the plan's "
                                f"{world_size} ranks ({reason[:200]}): global rank 0, which hosts it, stopped",
                                file=file, field="HETAUTO_MASTER_ADDR",

@@ -316,12 +316,13 @@ def _excluded(plan: Plan) -> set:
 
 
 def _unused_links(plan: Plan, inventory) -> list:
-    used = {k for k, _ in links_crossed(plan, inventory)}
-    return sorted((k for k in set(inventory.links) - used if not k & _excluded(plan)), key=sorted)
+    used, excluded = {k for k, _ in links_crossed(plan, inventory)}, _excluded(plan)
+    return sorted((k for k in set(inventory.links) - used if not k & excluded), key=sorted)
 
 
 def _replanned_clusters(plan: Plan, inventory) -> list:
-    return [cl for cl in inventory.clusters if cl.name not in _excluded(plan)]
+    excluded = _excluded(plan)
+    return [cl for cl in inventory.clusters if cl.name not in excluded]
 
 
 def replanned_inventories(plan: Plan, inventory, factors=(0.5, 2.0)) -> list:

@@ -127,9 +127,10 @@ class Plan:
             # the event simulation keeps a time per stage and micro-batch (plan/pipeline.py): bounded, so that a
             # typo in the batch is a message, not gigabytes of memory and a MemoryError
             stages = sum(len(self.meshes[pos[0]].stage_layers) for pos in self.positions(p))
-            cells = stages * self.pipeline_micro_batches(p)
+            m = self.pipeline_micro_batches(p)
+            cells = stages * m
             if cells > MAX_SCHEDULE_CELLS:
-                raise InputError(f"pipeline {p} runs {self.pipeline_micro_batches(p):,} micro-batches through "
+                raise InputError(f"pipeline {p} runs {m:,} micro-batches through "
                                  f"{stages} stages per iteration: {cells:,} operations, more than the "
                                  f"{MAX_SCHEDULE_CELLS:,} its schedule is simulated with", field="global_batch_size",
                                  fix="check the global batch (published runs train thousands of samples), or give "

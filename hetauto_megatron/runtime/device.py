@@ -62,6 +62,27 @@ def set_fp32_gemms(tf32: bool) -> None:
         os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
 
 
+def set_fp32_arithmetic(plan, cluster: str, device_type: str) -> None:
+    """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/megatron.py
+    vendor_env), also for a process started without that script (Megatron-LM under --hetauto, hetauto's runtime on
+    an accelerator): PyTorch's own matmuls on TF32 or not, and where the plan was priced without TF32,
+    NVIDIA_TF32_OVERRIDE=0 for the cuBLAS handles not yet created (Transformer Engine's GEMMs use TF32 otherwise).
+    Before any layer is built, so before any GEMM. NVIDIA devices only."""
+    import os
+    import sys
+
+    from ..emit.megatron import fp32_tf32
+    tf32 = fp32_tf32(plan, cluster)
+    if tf32 is None or get_device(device_type).vendor != "nvidia":
+        return
+    if tf32 and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        # the user's environment turns off what the plan priced: say so rather than run several times slower
+        print(f"[hetauto] warning: NVIDIA_TF32_OVERRIDE=0 in the environment turns off the TF32 GEMMs the plan "
+              f"priced for cluster {cluster} (fp32 on TF32); unset it, or give the cluster tf32: false in the "
+              "inventory and plan again", file=sys.stderr)
+    set_fp32_gemms(tf32)
+
+
 def check_local_device(device_type: str, *, rank: int, file: str | None = None) -> None:
     """Raise InputError when this process cannot run the plan's device type for `rank`."""
     import torch

@@ -26,7 +26,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from . import device as devlayer
 from .layout import PipelineLayout
 
@@ -161,7 +161,7 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = first_line(exc)
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
             raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
                                          reason, file) from None
@@ -252,7 +252,7 @@ class RankContext:
     def mesh(self):
         return self.plan.meshes[self.coords.mesh_index]
 
-    @property
+    @functools.cached_property
     def precision(self) -> str:
         """The precision this rank trains in: fp32 in a dry run and on CPU processes (exact parity with the
         single-process reference), else the plan's for its mesh (Plan.mesh_precision). fp8 is refused: the

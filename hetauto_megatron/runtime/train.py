@@ -96,11 +96,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     on_device = ctx.device == "cuda"
     if on_device and ctx.precision == "fp32":
         # an fp32 plan's GEMMs on TF32 or not, as it was priced and as its launch scripts set it (before any GEMM)
-        from ..emit.megatron import fp32_tf32
-        from .device import set_fp32_gemms
-        tf32 = fp32_tf32(plan, mesh.cluster)
-        if tf32 is not None:
-            set_fp32_gemms(tf32)
+        from .device import set_fp32_arithmetic
+        set_fp32_arithmetic(plan, mesh.cluster, mesh.device_type)
     if on_device:       # what the device holds before any tensor of ours: the runtime's context, a first kernel's
         (torch.ones(1, device="cuda") + 1).item()
         free, total = torch.cuda.mem_get_info()
