@@ -103,21 +103,10 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
 def _able(inventory, precision: str):
     """The inventory at `precision`, for the notes above only: without the clusters whose device lacks it (which
     `--exclude-clusters` may still take out, or the command refuses later, naming them)."""
-    import dataclasses
-
-    from ..errors import InputError
-    keep = []
-    for c in inventory.clusters:
-        try:
-            c.device.at_precision(precision)
-            keep.append(c)
-        except InputError:
-            pass
-    if not keep:            # none can: the inventory's own refusal names them all
+    unable = inventory.unable_at(precision)
+    if len(unable) == len(inventory.clusters):      # none can: the inventory's own refusal names them all
         return inventory.with_precision(precision)
-    names = {c.name for c in keep}
-    return dataclasses.replace(inventory, clusters=tuple(keep),
-                               links={k: v for k, v in inventory.links.items() if k <= names}).with_precision(precision)
+    return inventory.without(unable).with_precision(precision)
 
 
 def measured_layers_hint(priced) -> None:

@@ -344,27 +344,17 @@ def without_excluded_unable(inventory, args):
     whose device cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the
     search never sees them (they could not join), and every cluster the plan file's inventory keeps is priced at
     the job's precision. Without either flag such a cluster is refused, naming both fixes."""
-    import dataclasses as dc
-
-    from ..errors import InputError
     from ..plan.constraints import parse_names
     excluded = parse_names(args.exclude_clusters)
     used = parse_names(args.use_clusters)
-    unable = []
-    for c in inventory.clusters:
-        if c.name in excluded or (used and c.name not in used):
-            try:
-                c.device.at_precision(args.precision)
-            except InputError:
-                unable.append(c.name)
+    unable = [n for n in inventory.unable_at(args.precision) if n in excluded or (used and n not in used)]
     if not unable or len(unable) == len(inventory.clusters):
         return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
     print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, or not among --use-clusters "
           f"and so only allowed to join, and cannot train in "
           f"{args.precision})", file=sys.stderr)
     args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
-    return dc.replace(inventory, clusters=tuple(c for c in inventory.clusters if c.name not in unable),
-                      links={k: v for k, v in inventory.links.items() if not k & set(unable)})
+    return inventory.without(unable)
 
 
 def constraints_from_args(args):

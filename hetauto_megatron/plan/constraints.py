@@ -236,11 +236,7 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
 
 def restrict(inventory: Inventory, c: Constraints) -> Inventory:
     """The inventory without the excluded clusters (and their links): what the search may use."""
-    if not c.exclude_clusters:
-        return inventory
-    keep = tuple(x for x in inventory.clusters if x.name not in c.exclude_clusters)
-    links = {k: v for k, v in inventory.links.items() if not (k & set(c.exclude_clusters))}
-    return dataclasses.replace(inventory, clusters=keep, links=links)
+    return inventory.without(c.exclude_clusters)
 
 
 def devices_by_cluster(meshes) -> dict[str, int]:

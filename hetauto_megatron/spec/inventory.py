@@ -139,6 +139,24 @@ class Inventory:
                                  "leave that cluster out", "leave those clusters out"))
         return dataclasses.replace(self, clusters=tuple(clusters), precision=precision)
 
+    def unable_at(self, precision: str) -> tuple[str, ...]:
+        """The clusters whose device cannot train at `precision` (spec/devices.py at_precision)."""
+        unable = []
+        for c in self.clusters:
+            try:
+                c.device.at_precision(precision)
+            except InputError:
+                unable.append(c.name)
+        return tuple(unable)
+
+    def without(self, names) -> "Inventory":
+        """The inventory without the clusters `names` and their links (the one way to take clusters out)."""
+        names = set(names)
+        if not names:
+            return self
+        return dataclasses.replace(self, clusters=tuple(c for c in self.clusters if c.name not in names),
+                                   links={k: v for k, v in self.links.items() if not k & names})
+
     def link(self, a: str, b: str) -> LinkSpec | None:
         """The link pipeline traffic between clusters a and b travels on (inter-node network when a == b): the
         inventory's entry, no faster than either cluster's uplink (`uplink_gbps`) where one is given."""
