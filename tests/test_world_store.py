@@ -119,3 +119,40 @@ def test_the_host_going_away_is_a_paragraph():
         host.kill()
         host.wait()
     assert "lost the rendezvous" in info.value.message and "global rank 0" in info.value.message
+
+
+def test_a_refusal_after_the_join_stops_a_rank_waiting_in_a_collective():
+    """Each cluster reads its own files after the join (its checkpoint under --load, its tokenizer), so one cluster
+    may refuse while the others already wait in a collective. Rank 1 waits in a real gloo barrier that rank 0 never
+    enters; rank 0 refuses its input through the hook's exit path. Rank 1 must stop at once with rank 0's paragraph
+    (exit 2), not after the collective's timeout (120 s here; 600 s by default)."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    common = ("import datetime, time; import torch.distributed as dist; "
+              "from hetauto_megatron.megatron import world_store as w; "
+              f"store = w.join({{rank}}, 2, '127.0.0.1', {port}, 60.0); "
+              "dist.init_process_group('gloo', rank={rank}, world_size=2, store=store, "
+              "timeout=datetime.timedelta(seconds=120)); ")
+    start = time.monotonic()
+    waiting = subprocess.Popen([sys.executable, "-c", common.format(rank=1) + "dist.barrier()"],
+                               stderr=subprocess.PIPE, text=True)
+    refusing = subprocess.Popen([sys.executable, "-c", common.format(rank=0) + (
+        "time.sleep(1); from hetauto_megatron.errors import InputError; "
+        "from hetauto_megatron.megatron.hook import _exit_for_user; "
+        "_exit_for_user(InputError('the checkpoint was saved under another plan layout', field='--load', "
+        "fix='resume with the plan it was saved under'))")],
+        stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "HETAUTO_CLUSTER": "cluster-a"})
+    try:
+        _, waited_err = waiting.communicate(timeout=60)
+        waited_s = time.monotonic() - start
+        _, refused_err = refusing.communicate(timeout=60)
+    finally:
+        for p in (waiting, refusing):
+            p.kill()
+    assert waiting.returncode == 2 and waited_s < 60, waited_err
+    assert "refused after the clusters had joined, so this rank (1) stops too" in waited_err
+    assert "rank 0 (cluster cluster-a): field '--load': the checkpoint was saved under another plan" in waited_err
+    assert "Traceback" not in waited_err
+    assert refusing.returncode == 2 and "hetauto: error: field '--load': the checkpoint was saved" in refused_err, refused_err

@@ -16,13 +16,20 @@ timeout that did not say why. Now:
   go). torchrun stops a launch's other workers as soon as one of them exits, so a refused rank that left first
   would take rank 0's store down with it while other clusters are still connecting.
 
-Only refusals before the join travel this way: after it the ranks are in torch's collectives, which the runtime's
-timeouts bound (HETAUTO_TIMEOUT_S).
+After the join the ranks are in torch's collectives, where a rank cannot poll. Refusals still come then: each
+cluster reads its own files (a checkpoint under --load, its tokenizer), so one cluster may refuse while the others
+already wait in a collective, which would end in the transport's traceback when the refused rank's connections
+close, or at HETAUTO_TIMEOUT_S (600 s by default) where they stay open. So `join` leaves a watcher
+thread on every rank, with a connection of its own to the store, that reads the refusals every WATCH_S (less often in worlds of over 500 ranks): one stops
+the rank (exit 2, the refused rank's paragraph) once the host has passed it on. The watcher says nothing when the
+host goes away: that is also how a finished job ends; the collectives' timeouts bound a crash.
 """
 from __future__ import annotations
 
 import datetime
 import os
+import sys
+import threading
 import time
 
 from ..errors import InputError, first_line
@@ -36,6 +43,9 @@ POLL_S = 0.5
 CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried until the rendezvous timeout
 POST_S = 60.0                       # how long a refused rank waits for the host to answer
 LINGER_S = 60.0                     # the most the host stays to pass a refusal on
+WATCH_S = 2.0                       # how often a joined rank's watcher reads the refusals: at least, and more
+WATCH_READS_PER_S = 250.0           # seldom in large worlds, so that rank 0's store answers this many a second
+_JOINED: dict = {}                  # this process's world after join: addr, port, rank, world_size; "posting"
 DEFAULT_PORT = "29500"
 
 
@@ -122,6 +132,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                            "launch again"))
             joined = store.add(JOINED, 0)
             if joined >= world_size:
+                _watch(addr, port, rank, world_size, file)
                 return store
             if time.monotonic() > deadline:
                 raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
@@ -137,6 +148,34 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                    "then start every cluster's launch again")) from None
 
 
+def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -> None:
+    """After the join: a daemon thread with its own connection to the store (torch's process group uses the
+    join's), reading the refusals every WATCH_S (module docstring)."""
+    _JOINED.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False)
+
+    def watch():
+        client = _connect(addr, port, time.monotonic() + 60.0)
+        every_s = max(WATCH_S, world_size / WATCH_READS_PER_S)
+        try:
+            while client is not None:
+                time.sleep(every_s)
+                refused = _refusal(client)
+                if refused is None or _JOINED.get("posting"):
+                    continue        # (a rank refusing its own input says its own paragraph, and posts it)
+                exc = InputError(f"another cluster's launch was refused after the clusters had joined, so this "
+                                 f"rank ({rank}) stops too: {refused}", file=file, field="HETAUTO_MASTER_ADDR",
+                                 fix="fix that launch as its paragraph says, then start every cluster's launch again")
+                print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
+                client.add(READ, 1)
+                _pass_on(client, rank, world_size)
+                sys.stdout.flush()
+                os._exit(exc.exit_code)     # the main thread waits in a collective: only the process can stop
+        except Exception:                   # noqa: BLE001  (the host went: a finished job, or a crash the
+            return                          # collectives' timeouts bound)
+
+    threading.Thread(target=watch, name="hetauto-world-watch", daemon=True).start()
+
+
 def _ours(exc: InputError) -> InputError:
     """Mark an error of the rendezvous itself: the rank stopping on it has no refusal of its own to post."""
     exc.from_world_store = True
@@ -150,30 +189,31 @@ def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: st
 def post_refusal(message: str, env=None) -> None:
     """Leave this rank's refusal in the world's store, when this process is one rank of separately launched
     clusters (HETAUTO_MASTER_ADDR and HETAUTO_WORLD_SIZE set) that has not joined yet; never raises (the rank is
-    stopping anyway). It may take up to POST_S + LINGER_S: it says so first."""
-    import sys
-
+    stopping anyway). It may take up to POST_S + LINGER_S: it says so first. After the join it posts to the store
+    this process joined (the others' watchers read it)."""
     env = os.environ if env is None else env
-    if not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE"):
+    if not _JOINED and (not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE")):
         return
     try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return                      # past the join: the others are in collectives, not reading the store
-        from .launch_identity import identity_from_env
-        ident = identity_from_env(env)
-        addr, port = env["HETAUTO_MASTER_ADDR"], int(master_port(env))
         cluster = env.get("HETAUTO_CLUSTER") or "?"
+        if _JOINED:
+            _JOINED["posting"] = True
+            addr, port, rank, world_size = (_JOINED[k] for k in ("addr", "port", "rank", "world_size"))
+        else:
+            from .launch_identity import identity_from_env
+            ident = identity_from_env(env)
+            addr, port, rank, world_size = env["HETAUTO_MASTER_ADDR"], int(master_port(env)), ident.rank, \
+                ident.world_size
         print(f"hetauto: passing this refusal on to the other clusters' ranks through the rendezvous at {addr}:"
               f"{port} (up to {POST_S + LINGER_S:.0f} s)", file=sys.stderr, flush=True)
-        if ident.rank == 0:
-            store = _store(addr, port, host=True, world_size=ident.world_size, timeout_s=POST_S)
-        else:
+        if rank == 0 and not _JOINED:
+            store = _store(addr, port, host=True, world_size=world_size, timeout_s=POST_S)
+        else:                       # (after the join rank 0's own store, which torch's group holds, still serves)
             store = _connect(addr, port, time.monotonic() + POST_S)
             if store is None:
                 return
-        store.set(f"{REFUSED}/{ident.rank}", f"rank {ident.rank} (cluster {cluster}): {message}"[:2000])
-        store.append(REFUSED, f"{ident.rank} ")
-        _pass_on(store, ident.rank, ident.world_size)
+        store.set(f"{REFUSED}/{rank}", f"rank {rank} (cluster {cluster}): {message}"[:2000])
+        store.append(REFUSED, f"{rank} ")
+        _pass_on(store, rank, world_size)
     except Exception:             # noqa: BLE001  (best effort: the refusal is printed anyway)
         return

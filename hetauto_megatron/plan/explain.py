@@ -113,7 +113,7 @@ def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str
     if k == "compute":
         s = bd["stage"]
         mi, _ = plan.stage_owner(s)
-        where = f" (stage {s} on {plan.meshes[mi].cluster}, {plan.stage_layers[s]} layers)"
+        where = f" (stage {s} on {plan.meshes[mi].cluster}, {plan.stage_layers[s]} layer{'s' if plan.stage_layers[s] != 1 else ''})"
     elif k == "link" and bd["boundary"] is not None:
         b = bd["boundary"]
         a, c = plan.meshes[plan.stage_owner(b)[0]].cluster, plan.meshes[plan.stage_owner(b + 1)[0]].cluster
