@@ -30,7 +30,7 @@ def shapes_breakdown(est: dict) -> dict:
     T = est["iteration_time_s"]
     pipes = est["pipelines"]
     slow = max(range(len(pipes)), key=lambda p: pipes[p]["before_sync_s"])
-    parts = {"pipeline": pipes[slow]["pipeline_s"], "dp_sync": pipes[slow]["dp_exposed_s"],
+    parts = {"pipeline": pipes[slow]["pipeline_s"], "dp_sync": est["dp_exposed_s"],
              "holders_sync": est["replica_sync_s"]}
     parts["rest"] = max(0.0, T - sum(parts.values()))
     worst = max(parts, key=parts.get)

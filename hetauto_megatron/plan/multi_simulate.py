@@ -223,7 +223,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
                    "bubble_s": round(max(sim.makespan - m * (f + b), 0), 6), "memory_gib": round(mem / GIB, 2),
                    "memory_cap_gib": round(prof.memory_cap / GIB, 2),
                    "send_next_s": round(links[i], 6) if i < p - 1 else 0.0,
-                   "dp_exposed_s": round(r + g, 6), "optimizer_s": round(o, 6), "_memory": mem}
+                   "dp_exposed_s": round(r + g, 6), "optimizer_s": round(o, 6), "dp_reduce_s": round(r, 6),
+                   "gather_fill_s": round(g_fill, 6), "gather_step_s": round(g_step, 6), "_memory": mem}
             if i < p - 1:
                 row.update({"send_next_latency_s": round(latency[i], 9),
                             "send_next_schedule": "blocking" if blocking[i] else "overlapped",
@@ -343,6 +344,11 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     return out
 
 
+def _gathers(t: PipelineTiming) -> float:
+    """The parameter gathers a pipeline's tail exposes: after_s less its optimizer step."""
+    return t.after_s - max(r["optimizer_s"] for r in t.stages)
+
+
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
     """price_shapes as simulate() reports it: an Estimate whose `stages` has one row per stage and replica group
     (keys `pipeline`, `position`), and `pipelines` / `replica_sync_s` besides."""
@@ -367,13 +373,17 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
     est = Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                    mfu=flops / T / peak, memory_gib=[mem / GIB for _, mem in rows], fits=res.fits,
                    pipeline_s=max(t.makespan for t in res.pipelines),
-                   dp_exposed_s=max(max(max(r["dp_exposed_s"] for r in t.stages), t.reduce_s + t.fill_s)
-                                    for t in res.pipelines),
+                   # the DP time on the iteration's critical path: the reduction of the pipeline the exchange
+                   # waits for, and the gathers of the pipeline whose tail ends last (after its step; its fill)
+                   dp_exposed_s=max(res.pipelines, key=lambda t: t.before_sync).reduce_s + _gathers(
+                       max(res.pipelines, key=lambda t: t.after_s)),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
                    sync_s=res.replica_sync_s + res.grad_norm_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
-                      "dp_exposed_s": round(t.reduce_s, 6), "before_sync_s": round(t.before_sync, 6)}
+                      "reduce_s": round(t.reduce_s, 6),
+                      "dp_exposed_s": round(t.reduce_s + _gathers(t), 6),
+                      "before_sync_s": round(t.before_sync, 6)}
                      for t in res.pipelines]
     est.replica_sync_s = res.replica_sync_s
     est.exchange_roots = exchange_roots(inventory, res.extra["holders"])

@@ -204,6 +204,9 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
             "send_next_s": round(links[i], 6) if i < p - 1 else 0.0,
             "dp_exposed_s": round(tail["stage_dp_exposed_s"][i], 6),
             "optimizer_s": round(tail["stage_optimizer_s"][i], 6),
+            "dp_reduce_s": round(tail["stage_dp_reduce_s"][i], 6),
+            "gather_fill_s": round(tail["stage_gather_fill_s"][i], 6),
+            "gather_step_s": round(tail["stage_gather_step_s"][i], 6),
         })
         if i < p - 1:   # the boundary to the next stage, as simulated (stage_makespan re-runs it)
             stages[-1].update({"send_next_latency_s": round(pipe.latency[i], 9),

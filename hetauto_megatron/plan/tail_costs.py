@@ -130,7 +130,7 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles)
     p = len(profiles)
-    reduce_exp, after, opt, fill, exposed = [], [], [], 0.0, []
+    reduce_exp, after, opt, fill, exposed, g_fills, g_steps = [], [], [], 0.0, [], [], []
     for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
         prof, n = profiles[i], layers[i]
         r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, i, f, b, drain, before)
@@ -138,12 +138,15 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
         reduce_exp.append(r)
         after.append(g_step + opt[-1])
         fill += g_fill
+        g_fills.append(g_fill)
+        g_steps.append(g_step)
         exposed.append(r + g_fill + g_step)
     tail = max(reduce_exp) + sync + max(after) + fill
     # the whole iteration's DP exposure: the slowest reduction, the fill's gathers, a gather after the step
     dp = max(max(exposed), max(reduce_exp) + fill + max(a - o for a, o in zip(after, opt)))
     return {"tail_s": tail, "dp_exposed_s": dp, "optimizer_s": max(opt), "sync_s": sync,
-            "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt}
+            "stage_dp_exposed_s": exposed, "stage_optimizer_s": opt, "stage_dp_reduce_s": reduce_exp,
+            "stage_gather_fill_s": g_fills, "stage_gather_step_s": g_steps}
 
 
 def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: float, memo: dict | None = None) -> float:

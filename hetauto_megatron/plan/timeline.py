@@ -97,16 +97,38 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             spans.append(Span(i, _EVENT_KIND.get(e.kind, e.kind), e.start, e.end, e.micro_batch))
             t = max(t, e.end)
         _fill(spans, i, t, makespan, "idle", spans)
-        a = min(makespan + st[i].get("dp_exposed_s", 0.0) + sync, tail_end)
-        b = min(a + st[i].get("optimizer_s", 0.0), tail_end)
-        _fill(spans, i, makespan, a, "dp-sync", spans)
-        _fill(spans, i, a, b, "optimizer", spans)
-        _fill(spans, i, b, tail_end, "idle", spans)
-        _fill(spans, i, tail_end, T, "overhead", spans)
+    _tail_spans(spans, [(i, st[i], i) for i in range(p)], makespan, makespan, sync, tail_end, T)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
     return Timeline(name, lanes, spans, T, clusters, "predicted")
+
+
+def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> None:
+    """The tail of one pipeline's lanes [(lane, estimate row, stage)] as the runtime runs it and the iteration time
+    counts it (tail_costs.iteration_tail): each lane's exposed DP reduction after `makespan`, the wait for the
+    slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (holders' exchange, global norm),
+    the optimizer step (and a gather not overlapped), then the parameter gathers of the next iteration's first
+    forwards, one stage after the other along the pipeline (each waits for its input, so they add up), then the
+    fixed overhead."""
+    exchange = max([exchange] + [makespan + row.get("dp_reduce_s", 0.0) for _, row, _ in lanes])
+    synced = exchange + sync
+    stepped = synced + max(row.get("optimizer_s", 0.0) + row.get("gather_step_s", 0.0) for _, row, _ in lanes)
+    chain, at = {}, stepped          # per stage: when its gather starts (after the stages before it gathered)
+    for stage in sorted({s for _, _, s in lanes}):
+        chain[stage] = at
+        at += max(row.get("gather_fill_s", 0.0) for _, row, s in lanes if s == stage)
+    for lane, row, stage in lanes:
+        c = lambda x: min(x, tail_end)      # noqa: E731
+        r = c(makespan + row.get("dp_reduce_s", 0.0))
+        o = c(synced + row.get("optimizer_s", 0.0))
+        g = c(o + row.get("gather_step_s", 0.0))
+        f0 = c(chain[stage])
+        f1 = c(f0 + row.get("gather_fill_s", 0.0))
+        for kind, t0, t1 in (("dp-sync", makespan, r), ("idle", r, c(exchange)), ("dp-sync", c(exchange), c(synced)),
+                             ("optimizer", c(synced), o), ("dp-sync", o, g), ("idle", g, f0), ("dp-sync", f0, f1),
+                             ("idle", f1, tail_end), ("overhead", tail_end, T)):
+            _fill(spans, lane, t0, t1, kind, spans)
 
 
 def _link_spans(events, link_lane: dict, spans: list[Span]) -> dict[int, list]:
@@ -218,14 +240,8 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                     spans.append(Span(lane, _EVENT_KIND.get(e.kind, e.kind), e.start, end, e.micro_batch))
                     now = max(now, end)
                 _fill(spans, lane, now, t.makespan, "idle", spans)
-                reduced = min(t.makespan + row["dp_exposed_s"], exchange)
-                stepped = min(exchanged + row["optimizer_s"], tail_end)
-                _fill(spans, lane, t.makespan, reduced, "dp-sync", spans)
-                _fill(spans, lane, reduced, exchange, "idle", spans)
-                _fill(spans, lane, exchange, exchanged, "dp-sync", spans)
-                _fill(spans, lane, exchanged, stepped, "optimizer", spans)
-                _fill(spans, lane, stepped, tail_end, "idle", spans)
-                _fill(spans, lane, tail_end, T, "overhead", spans)
+        _tail_spans(spans, [(lane, row, i) for i, group_lanes in stage_lanes.items() for lane, row in group_lanes],
+                    t.makespan, exchange, exchanged - exchange, tail_end, T)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
     stages = sum(len({r["stage"] for r in t.stages}) for t in res.pipelines)
