@@ -117,6 +117,17 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             out += list(itertools.product(*per_mesh))
         else:
             out += [tuple(o[0] for o in per_mesh), tuple(o[-1] for o in per_mesh)]
+        # or every mesh keeps its TP and micro-batch, scales its DP with S and takes the stages its devices allow
+        # (the tree's rule): DP 128 x 4 stages -> DP 64 x 8 in one step, which the moves above (stages +-1 or
+        # halved, DP absorbed with the devices of half the stages idle) would need several climbs for
+        if all(m.dp * S2 % S == 0 for m in choices):
+            refit, before, taken = [], 0, 0
+            for i, m in enumerate(choices):
+                r = replace(space.mesh(m.cluster, m.tp, m.dp * S2 // S, S2, before, len(choices) - i - 1, taken),
+                            recompute=m.recompute)
+                before, taken = before + r.num_stages, taken + r.tp * r.dp * r.num_stages
+                refit.append(r)
+            out.append(tuple(refit))
         # or one mesh takes another shape at the new S (stages as its devices allow, as the tree gives them)
         # while the others absorb the change in their micro-batch: the TP/DP move across an S step
         if all(S2 > S or m.micro_batch_size % 2 == 0 for m in choices):
