@@ -574,3 +574,15 @@ def test_a_batch_whose_schedule_no_simulation_holds_is_refused(tmp_path, capsys)
     plan = write(tmp_path, "huge.yaml", yaml.safe_dump(data))
     rc, _, err = run_cli(["emit", "summary", "--plan", plan], capsys)
     assert rc == 2 and "field 'global_batch_size'" in err and "200,000,000 operations" in err, err
+
+
+def test_a_setting_given_twice_is_refused(capsys):
+    """link.a-b and link.b-a are the same link: with both given, the last one counted silently (7,161 or 83,502
+    tokens/s on the README's plan, by the order of the flags)."""
+    for items in (["link.site-a-site-b.bandwidth_gbps=1", "link.site-b-site-a.bandwidth_gbps=100"],
+                  ["cluster.site-a.memory_gib=10", "cluster.site-a.memory_gib=12"]):
+        argv = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+        for item in items:
+            argv += ["--set", item]
+        rc, _, err = run_cli(argv, capsys)
+        check_error(rc, err, field="--set", words=[items[0], items[1], "set the same thing"])

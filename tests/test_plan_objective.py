@@ -246,3 +246,11 @@ def test_pinned_optimum_is_the_best_leaf_that_obeys_the_pin():
     got = search(model, inv, 64, COST, SearchConfig(method="exhaustive", constraints=con))
     assert all(m.micro_batch_size == 2 and (m.cluster != "a" or m.tp == 2) for m in got.choices)
     assert "b" in {m.cluster for m in got.choices}
+
+
+def test_repeated_cluster_lists_add_up(priced):
+    """--exclude-clusters fast --exclude-clusters cheap kept the last list alone, and planned on `fast`."""
+    r = run_hetauto(*PLAN, "--inventory", priced, "--exclude-clusters", "fast", "--exclude-clusters", "cheap")
+    assert r.returncode == 2 and "excludes every cluster" in r.stderr, r.stderr
+    assert set(devices(plan_json("--inventory", priced, "--use-clusters", "cheap", "--use-clusters", "fast"))) \
+        == {"fast", "cheap"}

@@ -1,6 +1,7 @@
 """`hetauto plan`: search the best heterogeneous plan and write it with its launch material."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -90,8 +91,10 @@ def add_arguments(parser) -> None:
                         "cluster's price_per_device_hour for the devices the plan uses; every cluster the search may "
                         "use needs a price)")
     g.add_argument("--max-devices", type=int, metavar="N", help="use at most N devices in all")
-    g.add_argument("--use-clusters", metavar="A,B", help="clusters that must take part (others may join too)")
-    g.add_argument("--exclude-clusters", metavar="C,D", help="clusters the plan must not use")
+    g.add_argument("--use-clusters", metavar="A,B", action=_NameList,
+                   help="clusters that must take part (others may join too; repeatable)")
+    g.add_argument("--exclude-clusters", metavar="C,D", action=_NameList,
+                   help="clusters the plan must not use (repeatable)")
     g.add_argument("--tp", action="append", default=[], metavar="CLUSTER=N",
                    help="pin a cluster's tensor-parallel degree (repeatable), e.g. --tp h800=8")
     g.add_argument("--recompute", action="append", default=[], metavar="CLUSTER=MODE",
@@ -337,6 +340,15 @@ def keep_search_of(old, args, con, inventory, kept: dict):
               + " (a flag given on the command line wins)"
               + (f"; not kept: {', '.join(dropped)}" if dropped else ""), file=sys.stderr)
     return con
+
+
+class _NameList(argparse.Action):
+    """A comma-separated list of clusters whose repeats add up (--exclude-clusters a --exclude-clusters b is a,b;
+    with argparse's default the last one alone was kept, silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{before},{values}" if before else values)
 
 
 def without_excluded_unable(inventory, args):

@@ -108,7 +108,16 @@ def _link_pair(inv: Inventory, text: str, key: str) -> frozenset:
 
 
 def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
-    """`inv` with each 'KEY=VALUE' of `settings` applied in order (InputError naming --set for a bad one)."""
+    """`inv` with each 'KEY=VALUE' of `settings` applied in order (InputError naming --set for a bad one, or for
+    a setting given twice: link.a-b and link.b-a are one link, and a silent last-wins would hide which counts)."""
+    seen: dict = {}
+
+    def once(what, item):
+        if what in seen:
+            raise InputError(f"{seen[what]!r} and {item!r} set the same thing", field="--set",
+                             fix="give each setting once")
+        seen[what] = item
+
     for item in settings or []:
         key, sep, text = item.partition("=")
         key, text = key.strip(), text.strip()
@@ -120,6 +129,7 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             if field not in LINK_FIELDS:
                 raise InputError(f"unknown key {key!r}", field="--set", fix=_examples(inv))
             pair = _link_pair(inv, target, key)
+            once(("link", pair, field), item)
             value = _number(key, text, False, inv)
             old = inv.links[pair]
             new = dataclasses.replace(old, **({"latency_s": value * 1e-3} if field == "latency_ms" else
@@ -135,6 +145,7 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             field = rest[len(match.name) + 1:] if match else ""
             if match is None or field not in CLUSTER_FIELDS:
                 raise InputError(f"unknown key {key!r}", field="--set", fix=_examples(inv))
+            once(("cluster", match.name, field), item)
             value = _number(key, text, field in _INT_FIELDS, inv)
             inv = dataclasses.replace(inv, clusters=tuple(_set_cluster(c, field, value) if c is match else c
                                                           for c in inv.clusters))
