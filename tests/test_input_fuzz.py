@@ -562,6 +562,30 @@ def test_a_version_1_plan_with_version_2_keys_is_refused(tmp_path, capsys, edit,
     assert rc == 2 and "field 'version'" in err and named in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("edit, named", [({"pipelines": [{"samples": 8}]}, "pipelines"),
+                                         ({"pipeline": 0}, "meshes[*].pipeline"),
+                                         ({"alongside": False}, "meshes[*].alongside")])
+def test_a_version_1_or_2_plan_with_version_3_keys_is_refused_also_at_their_defaults(tmp_path, capsys, version,
+                                                                                      edit, named):
+    """docs/plan-format.md refuses version 1 or 2 with any version-3 key; a key at its default value (one pipeline
+    of the whole batch, pipeline 0, not alongside) was read without a word."""
+    import yaml
+
+    data = yaml.safe_load(open(os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")))
+    data["version"] = version
+    data.pop("precision", None)
+    for m in data["meshes"]:
+        m.pop("settings", None)
+    assert data["global_batch_size"] == 8
+    if "pipelines" in edit:
+        data.update(edit)
+    else:
+        data["meshes"][0].update(edit)
+    rc, _, err = run_cli(["emit", "summary", "--plan", write(tmp_path, "old.yaml", yaml.safe_dump(data))], capsys)
+    assert rc == 2 and "field 'version'" in err and named in err and "write version: 3" in err, err
+
+
 def test_a_batch_whose_schedule_no_simulation_holds_is_refused(tmp_path, capsys):
     """200 one-layer stages and a million micro-batches (a typo in the batch): simulate took gigabytes and ended in
     a MemoryError traceback; now exit 2 naming global_batch_size, before any simulation."""

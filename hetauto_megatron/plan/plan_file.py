@@ -120,6 +120,12 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         # version 1 had neither: read as version 1 they would change what was priced (bf16, the default settings)
         raise InputError(f"is 1, but the plan uses version-2 keys ({', '.join(v2_keys)})", file=file,
                          field="version", fix="write version: 2 (or drop those keys)")
+    v3_keys = (["pipelines"] if "pipelines" in data else []) + sorted(
+        {f"meshes[*].{k}" for m in raw_meshes if isinstance(m, dict) for k in ("pipeline", "alongside") if k in m})
+    if version in (1, 2) and v3_keys:
+        # (also at their defaults: a file that says version 1 or 2 and writes them was not written by that hetauto)
+        raise InputError(f"is {version}, but the plan uses version-3 keys ({', '.join(v3_keys)})", file=file,
+                         field="version", fix="write version: 3 (or drop those keys)")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)
