@@ -510,6 +510,12 @@ def test_a_file_passed_to_the_wrong_option_is_named_as_what_it_is(tmp_path, caps
                     "-o", plan], capsys)[0] == 0
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", plan, "--quiet"], capsys)
     check_error(rc, err, file="p.yaml", words=["looks like a plan file", "--plan"])
+    # GPT-2's config.json (n_layer, n_embd: none of hetauto's own model keys) said "rename 'model_type' to 'model'"
+    gpt2 = write(tmp_path, "config.json", '{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", '
+                                          '"n_embd": 768, "n_head": 12, "n_layer": 12, "vocab_size": 50257}')
+    for argv in (["explain", "--plan", gpt2], ["plan", "--model", "tiny", "--inventory", gpt2, "--quiet"]):
+        rc, _, err = run_cli(argv, capsys)
+        check_error(rc, err, file=gpt2, words=["looks like a model file", "--model"])
 
 
 def test_numbers_with_an_exponent_are_numbers(tmp_path):

@@ -84,7 +84,10 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
 # A key that says which of hetauto's files a mapping is, for the message when one is passed for another.
 _FILE_KEYS = {"clusters": "an inventory file (what --inventory reads)",
               "meshes": "a plan file (what --plan and --from read)",
-              "num_layers": "a model file (what --model reads)", "hidden_size": "a model file (what --model reads)"}
+              **dict.fromkeys(("num_layers", "hidden_size",
+                               # a Hugging Face config.json (GPT-2's n_layer and n_embd too), also read by --model
+                               "model_type", "architectures", "num_hidden_layers", "n_layer", "n_embd"),
+                              "a model file (what --model reads)")}
 
 
 def file_kind(keys) -> tuple[str, str] | None:
