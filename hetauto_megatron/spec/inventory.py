@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ._fields import MAX_FIGURE, get, positive, reject_unknown, require_mapping
-from .devices import DeviceType, get_device
+from .devices import PRECISIONS, DeviceType, get_device
 from .files import load_yaml_file
 from .overheads import RuntimeOverhead, overhead_from_value
 
@@ -134,9 +134,16 @@ class Inventory:
             clusters.append(dataclasses.replace(c, device=dev))
         if refused:
             exc = refused[0][1]
+            # a precision to suggest is one every cluster has (not one the first refused device has: an A100 and a
+            # V100 refused fp8 with "choose bf16, fp16, fp32", and the V100 refuses bf16 too)
+            common = [p for p in PRECISIONS if p != precision
+                      and all(c.device.peak_tflops_at(p) is not None for c in self.clusters)]
+            them, it = ("that cluster", "it") if len(refused) == 1 else ("those clusters", "them")
+            fix = ((f"choose a precision every cluster has: {', '.join(common)}, or " if common else
+                    "no precision suits every cluster: ") + f"leave {them} out (hetauto plan --exclude-clusters, or "
+                   f"remove {it} from the inventory)")
             raise InputError("; ".join(f"cluster {name}: {e.reason}" for name, e in refused), file=self.source,
-                             field=exc.field, fix=exc.fix if len(refused) == 1 else exc.fix.replace(
-                                 "leave that cluster out", "leave those clusters out"))
+                             field=exc.field, fix=fix)
         return dataclasses.replace(self, clusters=tuple(clusters), precision=precision)
 
     def unable_at(self, precision: str) -> tuple[str, ...]:
