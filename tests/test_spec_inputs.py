@@ -584,3 +584,11 @@ def test_the_precision_suggested_is_one_every_cluster_has(tmp_path, capsys):
                            capsys)
     check_error(rc, err, file=inv, field="--precision",
                 words=[f"choose a precision every cluster has: {', '.join(both)},", "leave those clusters out"])
+
+
+def test_a_model_name_written_as_a_number_is_kept_as_written(tmp_path):
+    """name: 5 was planned as "5.0" (and name: 1e3 as "1000.0"): a name is text, whatever it looks like."""
+    from hetauto_megatron.spec.model import load_model
+    for written, name in (("5", "5"), ("1e3", "1e3"), ("0.5", "0.5"), ("'007'", "007")):
+        path = write(tmp_path, "m.yaml", f"preset: llama2-7b\nname: {written}\n")
+        assert load_model(path).name == name

@@ -59,12 +59,13 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
         return default
     value = data[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+    # (a field that also takes text or whole numbers, such as a name, keeps what was written: name: 5 is "5")
+    if float in kinds and int not in kinds and isinstance(value, int) and not isinstance(value, bool):
         value = float(value) if abs(value) < 1e300 else math.inf
     if float in kinds and isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"must be a finite number, got {value}", file=file, field=field,
                          fix=fix or f"write '{key}:' as a plain number (NaN and infinity are not figures)")
-    if float in kinds and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+    if float in kinds and str not in kinds and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
         # YAML 1.1 reads 8e1 and 1.5e3 (an exponent without a decimal point, or without its sign) as text, though
         # they are numbers as written in any language and in YAML 1.2: read as the number where a number is due
         # (only there: a cluster named 1e3, or a digest, stays the text it is)
