@@ -610,3 +610,15 @@ def test_a_setting_given_twice_is_refused(capsys):
             argv += ["--set", item]
         rc, _, err = run_cli(argv, capsys)
         check_error(rc, err, field="--set", words=[items[0], items[1], "set the same thing"])
+
+
+def test_a_what_if_sequence_the_tp_degrees_do_not_divide_names_the_flag(readme_plan, capsys):
+    """simulate --plan P --seq-length 4098 named the plan's meshes[0].settings.sequence_parallel and told the user
+    to edit the plan; the flag is what changed, and a multiple of every mesh's tp is what suits the plan."""
+    import math
+
+    from hetauto_megatron.plan.plan import load_plan
+    step = math.lcm(*(m.tp for m in load_plan(readme_plan[0]).meshes))
+    assert step > 1
+    rc, _, err = run_cli(["simulate", "--plan", readme_plan[0], "--seq-length", str(4096 + step // 2)], capsys)
+    check_error(rc, err, field="--seq-length", words=[f"give a multiple of {step}"])

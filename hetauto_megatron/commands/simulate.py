@@ -128,7 +128,15 @@ def run(args) -> int:
                                                 [1 / n for n in samples]))
                 plan = Plan(model, gbs, plan.meshes, plan.inventory, precision=plan.precision,
                             pipeline_samples=samples, engine=plan.engine)
-            except InputError as exc:   # what-if batch that the plan's micro-batch step does not divide
+            except InputError as exc:
+                if args.seq_length and "sequence" in (exc.field or ""):
+                    # the what-if sequence, not the plan's settings, is what changed: a length the TP degrees divide
+                    import math
+                    step = math.lcm(*(m.tp for m in plan.meshes))
+                    raise InputError(f"--seq-length {args.seq_length} does not suit the plan's layout: {exc.reason}",
+                                     field="--seq-length", fix=f"give a multiple of {step} (what every mesh's tp "
+                                     "divides)") from None
+                # what-if batch that the plan's micro-batch step does not divide
                 raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
                                  fix=exc.fix) from None
     else:
