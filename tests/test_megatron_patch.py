@@ -242,3 +242,22 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
         assert len(paragraph) == 1, (name, err[-3000:])
         for words in MISTAKES[name][2]:
             assert words in paragraph[0], (name, words, paragraph[0])
+
+
+def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():
+    """NVIDIA's script, once torch.distributed is initialised: torch's excepthook (installed by init_process_group)
+    points sys.stderr at a buffer, calls the previous hook, and prints the buffer only when it returns; hetauto's
+    hook exits there. Every rank of a launch whose plans differed stopped with exit 2 and no paragraph."""
+    import subprocess
+    import sys
+
+    from hetauto_megatron.runtime.launcher import free_port
+    code = ("import torch.distributed as dist; from hetauto_megatron.megatron import hook; "
+            "from hetauto_megatron.errors import InputError; hook.guard_script_errors(); "
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1); "
+            "raise InputError('the ranks were started with different plans', field='--hetauto-plan', "
+            "fix='start every rank with the same plan file')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "hetauto: error: field '--hetauto-plan': the ranks were started with different plans" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -480,6 +480,10 @@ def guard_script_errors() -> None:
 
     def excepthook(kind, exc, tb):
         if isinstance(exc, InputError):
+            # After init_process_group, torch's own excepthook calls this one with sys.stderr pointed at a buffer
+            # it prints once this hook returns; this one exits instead, so the paragraph went nowhere (every rank
+            # stopped with exit 2 and no word). The process's own stderr takes it.
+            sys.stderr = sys.__stderr__ or sys.stderr
             _exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
         previous(kind, exc, tb)
 
