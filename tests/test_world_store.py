@@ -156,3 +156,21 @@ def test_a_refusal_after_the_join_stops_a_rank_waiting_in_a_collective():
     assert "rank 0 (cluster cluster-a): field '--load': the checkpoint was saved under another plan" in waited_err
     assert "Traceback" not in waited_err
     assert refusing.returncode == 2 and "hetauto: error: field '--load': the checkpoint was saved" in refused_err, refused_err
+
+
+def test_an_address_that_does_not_resolve_is_named_at_once(capfd):
+    """HETAUTO_MASTER_ADDR=no-such-host.invalid waited the whole rendezvous timeout, printing torch's C++ stack for
+    every try, then named HETAUTO_WORLD_SIZE; the name lookup fails at once, and the paragraph names the address."""
+    start = time.monotonic()
+    with pytest.raises(InputError) as info:
+        world_store.join(1, 2, "no-such-host.invalid", free_port(), 30.0)
+    assert time.monotonic() - start < 10
+    assert info.value.field == "HETAUTO_MASTER_ADDR" and "does not resolve" in info.value.message
+
+
+def test_waiting_for_a_host_not_up_yet_prints_nothing(capfd):
+    """A rank whose host is not up yet retries quietly (torch's client logged some 60 lines of C++ stack per try)."""
+    with pytest.raises(InputError):
+        world_store.join(1, 2, "127.0.0.1", free_port(), 3.0)
+    err = capfd.readouterr().err
+    assert "frame #" not in err and "TCPStore" not in err, err[:2000]

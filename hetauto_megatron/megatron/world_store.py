@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 import threading
 import time
@@ -63,14 +64,19 @@ def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: floa
 
 
 def _connect(addr: str, port: int, deadline: float):
-    """A client of the store, retried until `deadline` (the host may start later); None when it never answered."""
+    """A client of the store, retried until `deadline` (the host may start later); None when it never answered.
+    Each try first opens a plain socket: while the host is not up, torch's client would log each failed try with
+    its C++ stack (some 60 lines every 5 s). socket.gaierror, at once, for an address that does not resolve."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
         try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(CONNECT_TRY_S, left))).close()
             return _store(addr, port, host=False, world_size=0, timeout_s=max(1.0, min(CONNECT_TRY_S, left)))
-        except Exception:         # noqa: BLE001  (torch's connection errors differ by version: refused, timed out)
+        except socket.gaierror:
+            raise
+        except Exception:         # noqa: BLE001  (refused, timed out: torch's errors differ by version)
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
 
@@ -115,7 +121,13 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             reason = first_line(exc)
             raise _ours(rendezvous_setup_error(rank, f"{addr}:{port}", reason, file)) from None
     else:
-        store = _connect(addr, port, deadline)
+        try:
+            store = _connect(addr, port, deadline)
+        except socket.gaierror as exc:
+            raise _ours(InputError(f"the rendezvous address {addr!r} does not resolve ({exc.strerror})", file=file,
+                                   field="HETAUTO_MASTER_ADDR",
+                                   fix="give the address (or a name every node resolves) of node 0 of the first "
+                                       "cluster, where global rank 0 runs")) from None
         if store is None:
             raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
     try:
@@ -154,9 +166,9 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -
     _JOINED.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False)
 
     def watch():
-        client = _connect(addr, port, time.monotonic() + 60.0)
         every_s = max(WATCH_S, world_size / WATCH_READS_PER_S)
         try:
+            client = _connect(addr, port, time.monotonic() + 60.0)
             while client is not None:
                 time.sleep(every_s)
                 refused = _refusal(client)
