@@ -189,6 +189,29 @@ def test_a_rotary_model_trained_past_its_config_length_passes_megatrons_validati
     assert "--max-position-embeddings 32, shorter than the plan's sequence of 64 tokens" in exc.value.message
 
 
+def test_the_sequence_as_encoder_seq_length_passes_megatrons_validation_or_is_refused(monkeypatch):
+    """--encoder-seq-length is Megatron's other spelling of --seq-length (validate_args copies it, and asserts that
+    not both are given): the hook filled in --seq-length beside it, and every rank stopped with an AssertionError
+    traceback. The plan's value passes Megatron's own validation; another, or both flags, are one paragraph."""
+    from hetauto_megatron.emit.megatron import model_args
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    argv = model_args(PLAN)
+    i = argv.index("--seq-length")
+    without_seq = argv[:i] + argv[i + 2:]
+    margs, args = _megatron_args(monkeypatch, [*without_seq, "--vocab-size", "128", "--encoder-seq-length",
+                                               str(PLAN.model.seq_length)], model=None)
+    rewrite.rewrite_args(args, PLAN, c)
+    margs.validate_args(args, {})
+    assert args.seq_length == PLAN.model.seq_length
+    for extra, words in (([*without_seq, "--encoder-seq-length", str(2 * PLAN.model.seq_length)],
+                          f"--encoder-seq-length {2 * PLAN.model.seq_length} (plan: {PLAN.model.seq_length})"),
+                         ([*argv, "--encoder-seq-length", str(PLAN.model.seq_length)], "drop --encoder-seq-length")):
+        _, args = _megatron_args(monkeypatch, [*extra, "--vocab-size", "128"], model=None)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+        assert words in exc.value.message
+
+
 def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(monkeypatch):
     """Megatron's defaults are GPT-2's: a LLaMA plan (gated MLP, rotary, untied head) launched with only the
     shapes would train another model, with more parameters than were priced. Each missing flag is named; the

@@ -82,6 +82,17 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
             fill[arg] = want[arg]
         elif int(have) != want[arg]:
             clashes.append(f"--{arg.replace('_', '-')} {have} (plan: {want[arg]})")
+    # Megatron's other spelling of the sequence: its validate_args copies --encoder-seq-length into seq_length
+    # when that is unset, and asserts that not both are given (the hook's filled-in seq_length tripped it: a
+    # traceback on every rank). It must be the plan's; then Megatron copies it.
+    enc = getattr(args, "encoder_seq_length", None)
+    if enc is not None:
+        if int(enc) != plan.model.seq_length:
+            clashes.append(f"--encoder-seq-length {enc} (plan: {plan.model.seq_length})")
+        elif getattr(args, "seq_length", None) is not None:
+            clashes.append("--encoder-seq-length next to --seq-length (Megatron takes one of them: drop "
+                           "--encoder-seq-length)")
+        fill.pop("seq_length", None)
     # Key/value heads: Megatron spells "no GQA" by leaving --group-query-attention off, so an absent flag
     # counts as unset and takes the plan's value; an explicit --num-query-groups must agree.
     if getattr(args, "group_query_attention", False):
