@@ -333,8 +333,13 @@ def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
     cpu.apply()
     plan = load_plan(PLAN_FILE)
     for rank in range(plan.world_size):
-        monkeypatch.setattr(sys, "argv", ["x", "--hetauto", "--hetauto-plan", PLAN_FILE, "--micro-batch-size", "7",
-                                          "--tensor-model-parallel-size", "4", "--tokenizer-type", "NullTokenizer",
+        # the rank's own mesh's TP and micro-batch as its cluster's launch script gives them (another layout typed
+        # is refused: test_a_launch_that_asks_for_another_layout_is_refused)
+        here = plan.meshes[launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size,
+                                                                                           None), None).mesh_index]
+        monkeypatch.setattr(sys, "argv", ["x", "--hetauto", "--hetauto-plan", PLAN_FILE, "--micro-batch-size",
+                                          str(here.micro_batch_size), "--tensor-model-parallel-size", str(here.tp),
+                                          "--tokenizer-type", "NullTokenizer",
                                           "--vocab-size", "128", "--max-position-embeddings", "32",
                                           "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
                                           "--no-persist-layer-norm", "--mock-data", "--train-iters", "1",
@@ -352,6 +357,26 @@ def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):
         assert args.global_batch_size // (args.micro_batch_size * args.data_parallel_size) == plan.num_micro_batches
         assert args.pipeline_model_parallel_layout == "Et*3|t*2|t*3L"
         assert args.num_layers == 8 and args.num_query_groups == 2
+
+
+def test_a_launch_that_asks_for_another_layout_is_refused(monkeypatch):
+    """--tensor-model-parallel-size 4, --micro-batch-size 7, --pipeline-model-parallel-size 5 or an interleaved
+    schedule typed on a launch were replaced by the plan's without a word: a launch that does not match the plan is
+    one paragraph naming each (exit 2). Each mesh's own values, as its launch script gives them, pass."""
+    from hetauto_megatron.emit.megatron import model_args, pipeline_args, plan_mesh_args
+    plan = load_plan(PLAN_FILE)
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
+    emitted = [*pipeline_args(plan), *model_args(plan), *plan_mesh_args(plan, c.mesh_index), "--vocab-size", "128"]
+    _, args = _megatron_args(monkeypatch, emitted, model=None)
+    rewrite.rewrite_args(args, plan, c)
+    for typed, words in ((["--tensor-model-parallel-size", "4"], "--tensor-model-parallel-size 4 (plan: "),
+                         (["--micro-batch-size", "7"], "--micro-batch-size 7 (plan: "),
+                         (["--pipeline-model-parallel-size", "5"], "--pipeline-model-parallel-size 5 (plan: "),
+                         (["--num-layers-per-virtual-pipeline-stage", "1"], "interleaved schedule")):
+        _, args = _megatron_args(monkeypatch, [*emitted, *typed], model=None)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, plan, c, file="plan.yaml")
+        assert words in exc.value.message and exc.value.exit_code == 2, exc.value.message
 
 
 # ---- version ---------------------------------------------------------------------------------------------

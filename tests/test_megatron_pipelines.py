@@ -111,6 +111,8 @@ MISMATCHES = [
     ("--global-batch-size", "16", ["--global-batch-size 16", "global_batch_size", "8 + 6"]),
     # the plan's table is 128 x lcm(TP 1, 2) rows; divisor 1 would build the unpadded vocabulary
     ("--make-vocab-size-divisible-by", "1", ["--make-vocab-size-divisible-by 1", "rows", "drop the flag"]),
+    # another layout than the plan's (it was replaced by the plan's without a word)
+    ("--tensor-model-parallel-size", "8", ["--tensor-model-parallel-size 8 (plan: ", "another parallel layout"]),
 ]
 
 
@@ -136,7 +138,7 @@ def test_a_launch_that_does_not_match_the_plan_exits_2(nvidia_script, tmp_path):
         return run_script_forked(nvidia_script, argv, env, os.path.dirname(nvidia_script))
     procs = [run(case) for case in MISMATCHES]
     for (flag, _, words), proc in zip(MISMATCHES, procs):
-        assert proc.returncode == 2, (flag, proc.stderr[-3000:])
+        assert proc.returncode == 2, (flag, proc.stderr[-3000:], proc.stdout[-3000:])
         errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto: error:")]
         assert len(errors) == 1 and "Traceback" not in proc.stderr, (flag, proc.stderr[-3000:])
         assert all(w in errors[0] for w in words), errors[0]

@@ -35,6 +35,7 @@ import atexit
 import dataclasses
 import functools
 import inspect
+import io
 import math
 import os
 import sys
@@ -477,13 +478,15 @@ def guard_script_errors() -> None:
     previous = sys.excepthook
     if getattr(previous, "_hetauto", False):
         return
+    stream = sys.stderr
 
     def excepthook(kind, exc, tb):
         if isinstance(exc, InputError):
             # After init_process_group, torch's own excepthook calls this one with sys.stderr pointed at a buffer
-            # it prints once this hook returns; this one exits instead, so the paragraph went nowhere (every rank
-            # stopped with exit 2 and no word). The process's own stderr takes it.
-            sys.stderr = sys.__stderr__ or sys.stderr
+            # (an io.StringIO) it prints once this hook returns; this one exits instead, so the paragraph went
+            # nowhere (every rank stopped with exit 2 and no word). The script's stderr takes it.
+            if isinstance(sys.stderr, io.StringIO):
+                sys.stderr = stream
             _exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
         previous(kind, exc, tb)
 

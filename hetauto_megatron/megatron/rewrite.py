@@ -356,11 +356,42 @@ def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> Non
                          "docs/megatron-integration.md, Checkpoints)")
 
 
+# The interleaved (virtual-stage) schedule: another schedule than the plan's 1F1B, which it never priced.
+_VIRTUAL_STAGE_ARGS = (("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage"),
+                       ("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank"))
+
+
+def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
+    """A parallel layout the launch gave must be one the plan runs there, or the user meant another job: TP and
+    the micro-batch of some mesh of the rank's cluster in its pipeline (a launch script lists one of them where
+    meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline, no interleaved
+    schedule. Megatron's default (1, or unset) is not told from a typed one, and passes."""
+    mesh = plan.meshes[placement.mesh_index]
+    here = [m for m in plan.meshes if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
+    clashes = []
+    for dest, values in (("tensor_model_parallel_size", sorted({m.tp for m in here})),
+                         ("micro_batch_size", sorted({m.micro_batch_size for m in here})),
+                         ("pipeline_model_parallel_size", [mesh_layout(plan, placement.mesh_index).num_stages])):
+        have = getattr(args, dest, None)
+        if have is not None and int(have) != 1 and int(have) not in values:
+            clashes.append(f"--{dest.replace('_', '-')} {have} (plan: {' or '.join(map(str, values))} on cluster "
+                           f"{mesh.cluster})")
+    for dest, flag in _VIRTUAL_STAGE_ARGS:
+        if getattr(args, dest, None) is not None:
+            clashes.append(f"{flag} {getattr(args, dest)} (the interleaved schedule; the plan runs 1F1B)")
+    if clashes:
+        raise InputError("the launch asks for another parallel layout than the plan's: " + "; ".join(clashes),
+                         file=file, field="meshes",
+                         fix="drop those flags (the --hetauto hook sets each rank's layout from the plan), or make "
+                             "a plan of that layout")
+
+
 def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
     """Rewrite a parsed (not yet validated) Megatron argument namespace in place for this rank.
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
     check_unpriced(args, file=file)
     check_job_args(args, plan, file=file)
+    check_layout_args(args, plan, placement, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}
     new["rank"] = placement.rank
