@@ -62,8 +62,9 @@ def test_cheapest_plan_is_not_the_fastest(priced):
     assert fastest["tokens_per_s"] > cheapest["tokens_per_s"]
     assert cheapest["cost_per_million_tokens"] < fastest["cost_per_million_tokens"]
     # From first principles (datasheet peaks, equal efficiency): an H100 does 989 / 312 = 3.2x an A100's work at
-    # 10x its price, so the A100s alone are the cheapest way to train, and adding the H100s is the fastest.
-    assert devices(cheapest) == {"cheap": 8} and devices(fastest).get("fast") == 8
+    # 10x its price, so the A100s alone are the cheapest way to train (as few of them as hold the model: a plan pays
+    # for the devices it uses, and fewer replicas exchange less), and adding the H100s is the fastest.
+    assert set(devices(cheapest)) == {"cheap"} and devices(fastest).get("fast") == 8
     peak = {"fast": CATALOG["h100-sxm"].peak_tflops, "cheap": CATALOG["a100-80gb"].peak_tflops}
     rate = {name: sum(n * peak[c] for c, n in devices(out).items()) for name, out in
             (("fastest", fastest), ("cheapest", cheapest))}

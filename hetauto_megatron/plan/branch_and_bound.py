@@ -25,11 +25,12 @@ DIVE_WEIGHT = 0.005             # the diving order's priority: a node's bound x 
 
 def decisions_left(space: SearchSpace, path: tuple) -> int:
     """How many decisions a path still needs to reach a leaf (an unfinished cluster order counts as the
-    longest: the order's end, S, and a TP and a DP for every cluster)."""
+    longest: the order's end, S, and a TP and a DP for every cluster, and under the cost objective its stages)."""
+    per_mesh = 3 if space.stage_decision else 2
     order, complete, S, meshes, pending = space.decode(path)
     if not complete:
-        return 2 + 2 * len(space.names)
-    return (S is None) + 2 * (len(order) - len(meshes)) - (pending is not None)
+        return 2 + per_mesh * len(space.names)
+    return (S is None) + per_mesh * (len(order) - len(meshes)) - (pending is not None) - isinstance(pending, tuple)
 
 
 def dive_order(space: SearchSpace):

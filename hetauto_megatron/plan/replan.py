@@ -97,7 +97,7 @@ def warm_enumeration(space: SearchSpace, value, leaf_bound, incumbent: float, pa
     or at `deadline` (time.perf_counter())."""
     def keep_micro_batches(path, acts):
         order, _, S, meshes, pending = space.decode(path)
-        if pending is None:
+        if pending is None or isinstance(pending, tuple):    # a TP or (cost objective) a stage decision
             return acts
         ok = micro_batches.get(order[len(meshes)], micro_batches[None])   # a DP decision: S // DP is its micro-batch
         return [a for a in acts if S // a in ok]

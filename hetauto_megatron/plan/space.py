@@ -3,9 +3,12 @@
 A plan is built by a sequence of decisions, each a level of the tree:
     the clusters taking part, in pipeline order (one decision per position, then stop);
     S, the samples per micro-batch step (= dp * micro_batch_size, equal in every mesh);
-    for each mesh in pipeline order: its TP, then its DP (micro-batch = S / DP).
+    for each mesh in pipeline order: its TP, then its DP (micro-batch = S / DP), and under the cost objective
+    its number of stages.
 A mesh takes as many pipeline stages as its cluster's devices allow (devices // (TP * DP)), leaving one for
-each mesh after it.
+each mesh after it. Under the cost objective the tree also offers every smaller count (`stage_options`): a plan
+pays for the devices it uses, so part of a cluster (fewer stages: fewer devices, a shorter fill and drain) can
+cost less per token than all of it.
 
 Principles prune the tree (what we know about heterogeneous training):
 - TP stays inside a node and divides the attention and key/value heads.
@@ -97,6 +100,9 @@ class SearchSpace(SpaceBounds):
         self._actions: dict = {}
         self._decoded: dict = {}
         self._pinned_rc = {c.name: con.recompute_of(c.name) for c in inventory.clusters}   # --recompute
+        # the cost objective's tree decides each mesh's stages too (after its DP: the pending decision is then the
+        # pair (TP, DP)); the throughput objective's mesh takes the most stages its devices allow
+        self.stage_decision = con.objective == "cost"
         self.twin_of = self._symmetry_classes()
         self._twins = {k: [x for x in self.names if self.twin_of[x] == k] for k in set(self.twin_of.values())}
         self._init_bounds()
@@ -120,14 +126,64 @@ class SearchSpace(SpaceBounds):
 
     # ---- the tree -----------------------------------------------------------------------------------------
     def mesh(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0,
-             devices_before: int = 0) -> MeshChoice:
+             devices_before: int = 0, stages: int | None = None) -> MeshChoice:
         """A mesh takes as many stages as its devices allow (within --max-devices), leaving one stage for each
-        mesh after it. Its recomputation is the evaluator's choice unless --recompute pins it."""
+        mesh after it, unless `stages` (one of `stage_options`) says how many. Its recomputation is the
+        evaluator's choice unless --recompute pins it."""
+        k = self.most_stages(cluster, tp, dp, samples, stages_before, meshes_after, devices_before) \
+            if stages is None else stages
+        return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+
+    def most_stages(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0,
+                    devices_before: int = 0) -> int:
+        """The stages a mesh's devices allow (within --max-devices), leaving one stage for each mesh after it."""
         n = min(self._cl[cluster].num_devices, self.max_devices - devices_before)
         k = min(n // (tp * dp), self.max_stages(samples) - stages_before - meshes_after)
         while k > 0 and not self.whole_nodes(cluster, tp * dp * k):   # launch scripts start whole nodes
             k -= 1
-        return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+        return k
+
+    def stage_options(self, cluster: str, tp: int, dp: int, samples: int, meshes: tuple, order: tuple) -> list[int]:
+        """The cost objective's stage decision for the mesh after `meshes` (of the pipeline `order`): the most
+        stages the devices allow (the throughput objective's tree, so the cost objective's holds every leaf of it),
+        then every smaller count that whole nodes can start, down to the fewest whose stages, with those of the
+        other meshes, can hold the layers (`stage_cap`: fewer would not fit in memory). Where not even one stage
+        is left, the one count (a dead end)."""
+        before = sum(m.num_stages for m in meshes)
+        used = sum(m.tp * m.dp * m.num_stages for m in meshes)
+        k = self.most_stages(cluster, tp, dp, samples, before, len(order) - len(meshes) - 1, used)
+        if k < 1:
+            return [k]
+        # the layers the other meshes can hold at most: the meshes decided, and each cluster after this mesh at
+        # its most stages of its roomiest shape
+        others = sum(m.num_stages * self.stage_cap(m.cluster, m.tp, m.dp, m.micro_batch_size) for m in meshes) + sum(
+            self._cluster_cap(c, samples) for c in order[len(meshes) + 1:])
+        least = max(1, -(-(self.model.num_layers - others) // self.stage_cap(cluster, tp, dp, samples // dp)))
+        return [k] + [j for j in range(k - 1, least - 1, -1) if self.whole_nodes(cluster, tp * dp * j)]
+
+    def stage_cap(self, cluster: str, tp: int, dp: int, mb: int) -> int:
+        """The most layers a stage of this shape can hold: one micro-batch in flight, neither the embedding nor the
+        head, the most generous recomputation (every stage of a pipeline holds at least that much memory;
+        `fits_one_layer` asks the same of one layer, so a shape the tree offers holds at least one)."""
+        key = ("cap", cluster, tp, dp, mb)
+        cap = self._fits.get(key)
+        if cap is None:
+            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, self._rc(cluster), self.cost)
+            cap = self._fits[key] = max(0, memory_fit.max_layers_in_memory(self.model, prof, 1, False, False))
+        return cap
+
+    def _cluster_cap(self, cluster: str, samples: int) -> int:
+        """The most layers a mesh of `cluster` can hold at S = `samples`: its most stages (devices and depth
+        allowing) of its roomiest shape."""
+        key = ("cluster cap", cluster, samples)
+        cap = self._fits.get(key)
+        if cap is None:
+            n = self._cl[cluster].num_devices
+            shapes = self._list_shapes(cluster, samples, self.tp[cluster])
+            cap = self._fits[key] = max((min(n // (tp * dp), self.max_stages(samples))
+                                         * self.stage_cap(cluster, tp, dp, samples // dp) for tp, dp in shapes),
+                                        default=0)
+        return cap
 
     def whole_nodes(self, cluster: str, devices: int) -> bool:
         """Whether torchrun can start `devices` processes of a cluster in one launch: whole nodes, or part of one
@@ -145,7 +201,8 @@ class SearchSpace(SpaceBounds):
         return objective_value(self.con, self.inventory, seconds, devices_by_cluster(choices))
 
     def decode(self, path: tuple):
-        """-> (cluster order, order complete?, S or None, finished meshes, pending TP of the next mesh or None)
+        """-> (cluster order, order complete?, S or None, finished meshes, what is decided of the next mesh: None,
+        its TP, or under the cost objective (TP, DP) before its stage decision)
         (cached: every playout decodes its leaf)"""
         out = self._decoded.get(path)
         if out is None:
@@ -172,9 +229,15 @@ class SearchSpace(SpaceBounds):
             return order, True, a, (), None
         if pending is None:
             return order, True, S, meshes, a
+        if isinstance(pending, tuple):                  # the stage decision (cost objective)
+            (tp, dp), stages = pending, a
+        elif self.stage_decision:                       # the DP decision; the stages come next
+            return order, True, S, meshes, (pending, a)
+        else:
+            tp, dp, stages = pending, a, None
         before = sum(m.num_stages for m in meshes)
         devices = sum(m.num_stages * m.tp * m.dp for m in meshes)
-        mesh = self.mesh(order[len(meshes)], pending, a, S, before, len(order) - len(meshes) - 1, devices)
+        mesh = self.mesh(order[len(meshes)], tp, dp, S, before, len(order) - len(meshes) - 1, devices, stages)
         return order, True, S, meshes + (mesh,), None
 
     def actions(self, path: tuple) -> list:
@@ -200,8 +263,11 @@ class SearchSpace(SpaceBounds):
         if pending is None:
             return list(self.tp[cl.name])
         before = sum(m.num_stages for m in meshes)
+        used = sum(m.tp * m.dp * m.num_stages for m in meshes)
+        if isinstance(pending, tuple):                  # the stage decision (cost objective)
+            return self.stage_options(cl.name, *pending, S, meshes, order)
         room = self.max_stages(S) - before - (len(order) - len(meshes) - 1)
-        free = min(cl.num_devices, self.max_devices - sum(m.tp * m.dp * m.num_stages for m in meshes))
+        free = min(cl.num_devices, self.max_devices - used)
         return [d for d in divisors(S) if pending * d <= free and S // d <= self.max_mb and room >= 1
                 and self._mb_ok(S // d) and self.fits_one_layer(cl.name, pending, d, S // d, self._rc(cl.name))]
 

@@ -104,6 +104,9 @@ class SpaceBounds:
         """A lower bound on the closed-form time (cost objective: money per iteration) of every leaf below
         `path` (cached per path)."""
         b = self._bounds.get(path)
+        if b is None and path and self.stage_decision and isinstance(self.decode(path[:-1])[4], tuple):
+            self._stage_bounds(path[:-1])       # a stage decision's children, all at once (cost objective)
+            b = self._bounds.get(path)
         if b is None:
             order, complete, S, meshes, pending = self.decode(path)
             b = self.order_bound(order, complete)
@@ -115,12 +118,141 @@ class SpaceBounds:
             if self.con.objective == "cost":
                 # money: the time bound times the least the leaves below pay per second (the meshes decided so
                 # far, and one device of every other cluster of the order), and the cheapest price per FLOP
+                # (a mesh whose TP, or TP and DP, are decided uses TP x DP devices at least)
                 names = order if complete else [c for c in self.names if c in order or self.tp[c]]
                 rate = price_per_second(self.inventory, devices_by_cluster(meshes)) + sum(
                     self._cl[c].price_per_device_hour / 3600 for c in order[len(meshes):])
+                if pending is not None:
+                    least = pending[0] * pending[1] if isinstance(pending, tuple) else pending
+                    rate += (least - 1) * self._cl[order[len(meshes)]].price_per_device_hour / 3600
                 b = max(self._cost_bound(names, COMPUTE_SLACK), b * rate if math.isfinite(b) else b)
+                if S is not None and math.isfinite(b):
+                    b = max(b, self._money_bound(*self._money_terms(order, complete, S, meshes, pending), S))
             self._bounds[path] = b
         return b
+
+    def _stage_bounds(self, path: tuple) -> None:
+        """`bound` of every child of a stage decision (`path` has decided the next mesh's TP and DP; cost objective),
+        in one pass: the children differ only in that mesh's stage count k, so `_pipeline_bound`'s sums over the
+        other meshes and the clusters after them, and the money the other meshes pay per second, are taken once;
+        a child's figures are `bound`'s (the same terms, summed in another order)."""
+        order, _, S, meshes, (tp, dp) = self.decode(path)
+        i = len(meshes)
+        cluster = order[i]
+        done = i == len(order) - 1                      # this mesh is the last: its last stage holds the head
+        rest = order[i + 1:]
+        L, m = self.model.num_layers, self.gbs // S
+        rate0, fastest0, middle = 0.0, math.inf, []
+        for j, c in enumerate(meshes):
+            per = self.layer_time(c.cluster, c.tp, c.dp, c.micro_batch_size)
+            rate0 += c.num_stages / per
+            fastest0 = min(fastest0, per)
+            middle += [per] * max(0, c.num_stages - (j == 0))
+        for j, cl in enumerate(rest):
+            best = self._best_shape(cl, S, self.tp[cl])
+            if best is None:                            # (bound's own pass says inf too)
+                return
+            rate0 += best[0]
+            fastest0 = min(fastest0, best[1])
+            if j < len(rest) - 1:
+                middle.append(best[1])
+        price = self._cl[cluster].price_per_device_hour / 3600
+        money0 = price_per_second(self.inventory, devices_by_cluster(meshes)) + sum(
+            self._cl[c].price_per_device_hour / 3600 for c in rest)
+        floor = max(self.order_bound(order, True), 0.0)
+        spent, speed, quickest, options = self._money_terms(order, True, S, meshes, None, i + 1)
+        cost_floor = self._cost_bound(order, COMPUTE_SLACK)
+        per = self.layer_time(cluster, tp, dp, S // dp)
+        fastest = min(fastest0, per)
+        mid_sum, mid_n, mid_max = sum(middle), len(middle), max(middle, default=0.0)
+        for k in self.actions(path):
+            if k < 1:
+                continue                                # a dead end: bound's own pass
+            extra = max(0, k - (i == 0) - done)         # this mesh's middle stages
+            n = mid_n + extra
+            if n > L:
+                t = math.inf
+            else:
+                period = max(L / (rate0 + k / per), mid_max, per if extra else 0.0)
+                t = (m - 1) * period + L * fastest + (mid_sum + extra * per) - n * fastest
+            t = max(floor, t)
+            money = money0 + k * tp * dp * price
+            b = max(cost_floor, t * money if math.isfinite(t) else t)
+            if math.isfinite(b):
+                b = max(b, self._money_bound(spent + k * tp * dp * price, speed + k / per, min(quickest, per),
+                                             options, S))
+            self._bounds[path + (k,)] = b
+
+    def _money_terms(self, order, complete, S, meshes, pending, placed: int | None = None):
+        """The figures `_money_bound` reads at a node whose S is decided: (money per second and stages per second
+        of layer work, the least the leaves below can have: the decided meshes, and the fewest devices of every
+        cluster of the order still to be placed at their fastest shape's rate per device; the least per-layer
+        time of any stage; for every cluster still to be placed, (its price per unit of that rate, the money and
+        the rate its other devices could add)). `placed`: the clusters of the order counted elsewhere (the meshes
+        decided, unless the caller places the next one itself)."""
+        spent = speed = 0.0
+        quickest = math.inf
+        for c in meshes:
+            per = self.layer_time(c.cluster, c.tp, c.dp, c.micro_batch_size)
+            spent += c.tp * c.dp * c.num_stages * self._cl[c.cluster].price_per_device_hour / 3600
+            speed += c.num_stages / per
+            quickest = min(quickest, per)
+        rest = list(order[len(meshes) if placed is None else placed:])
+        free = [] if complete else [c for c in self.names if c not in order and self.tp[c]]
+        options = []
+        for i, cl in enumerate(rest + free):
+            if i == 0 and isinstance(pending, tuple):
+                rate = self._device_rate(cl, S, None, pending)
+            else:
+                rate = self._device_rate(cl, S, (pending,) if i == 0 and pending is not None else tuple(self.tp[cl]))
+            if rate is None:
+                if i < len(rest):
+                    return math.inf, 1.0, 0.0, ()
+                continue
+            per_device, least, per = rate
+            price = self._cl[cl].price_per_device_hour / 3600
+            low = least if i < len(rest) else 0            # a cluster of the order takes part; another may not
+            spent += low * price
+            speed += low * per_device
+            quickest = min(quickest, per)
+            more = self._cl[cl].num_devices - low
+            if more > 0:
+                options.append((price / per_device, more * price, more * per_device))
+        return spent, speed, quickest, tuple(sorted(options))
+
+    def _device_rate(self, cluster: str, S: int, tps: tuple | None, shape: tuple | None = None):
+        """(the most stages per second of layer work one device of `cluster` gives in the (TP, DP) shapes the tree
+        offers it at S with these TPs (or in the one `shape`), the fewest devices a mesh of them has, their least
+        per-layer time), or None for no shape (cached)."""
+        key = ("device rate", cluster, S, tps, shape)
+        if key not in self._fits:
+            shapes = (shape,) if shape is not None else self._list_shapes(cluster, S, tps)
+            self._fits[key] = None if not shapes else (
+                max(1 / (tp * dp * self.layer_time(cluster, tp, dp, S // dp)) for tp, dp in shapes),
+                min(tp * dp for tp, dp in shapes),
+                min(self.layer_time(cluster, tp, dp, S // dp) for tp, dp in shapes))
+        return self._fits[key]
+
+    def _money_bound(self, spent: float, speed: float, quickest: float, options: tuple, S: int) -> float:
+        """Money per iteration, at least (cost objective): 1F1B's closed form is at least (m - 1) x the period
+        plus the stage times, and the period at least L / (the pipeline's stages per second of layer work), each
+        stage's layers taking their time without recomputation (`_pipeline_bound`). So money per iteration =
+        T x money per second >= (m - 1) L x (money per second / stages per second) + L x the least per-layer time
+        x money per second. The first ratio is at least its least over the devices the leaves below may use:
+        starting from the fewest (`_money_terms`), adding the devices of each other cluster in order of their price
+        per unit of rate while that lowers it (a linear-fractional minimum over boxes; each device counted at its
+        cluster's best rate, which only lowers it)."""
+        if not math.isfinite(spent):
+            return math.inf
+        L, m = self.model.num_layers, self.gbs // S
+        money, rate = spent, speed
+        for unit, more_money, more_rate in options:
+            if rate > 0 and unit >= money / rate:
+                break
+            money, rate = money + more_money, rate + more_rate
+        if rate <= 0:
+            return 0.0
+        return (m - 1) * L * money / rate + L * quickest * spent
 
     def _pipeline_bound(self, order, complete, S, meshes, pending) -> float:
         """1F1B's closed form is T = sum of stage times + links + (m - 1) x period. The period is at least the
@@ -140,8 +272,12 @@ class SpaceBounds:
             middle += [per] * max(0, c.num_stages - (i == 0) - (done and i == len(meshes) - 1))
         rest = order[len(meshes):] if complete else [c for c in self.names if c not in order and self.tp[c]]
         for i, cl in enumerate(rest):
-            tps = [pending] if i == 0 and pending is not None else self.tp[cl]
-            best = self._best_shape(cl, S, tps)
+            if i == 0 and isinstance(pending, tuple):     # TP and DP decided, the stages not yet (cost objective)
+                tp, dp = pending
+                best = (self.mesh_rate(cl, tp, dp, S), self.layer_time(cl, tp, dp, S // dp))
+            else:
+                tps = [pending] if i == 0 and pending is not None else self.tp[cl]
+                best = self._best_shape(cl, S, tps)
             if best is None:
                 if complete:
                     return math.inf

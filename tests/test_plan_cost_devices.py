@@ -1,0 +1,56 @@
+"""--objective cost pays for the devices a plan uses, so part of a cluster can be the cheapest plan: the search's tree
+offers it (a mesh's stage count is a decision under the cost objective), and a device cap can only make it dearer."""
+import math
+
+import pytest
+
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.plan import space as space_mod
+from hetauto_megatron.plan.constraints import Constraints, devices_by_cluster, objective_value
+from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.search import SearchConfig, layout_value, search
+from hetauto_megatron.spec.inventory import inventory_from_dict
+from hetauto_megatron.spec.model import PRESETS
+
+COST = AnalyticCostModel()
+# 64 H800 at 2 per device-hour (the README's two-cluster example without its Ascends): the fewest devices that hold
+# llama2-7b are cheaper per token than all 64 (less DP traffic per sample)
+ONE = {"clusters": [{"name": "h800", "device": "H800", "nodes": 8, "devices_per_node": 8,
+                     "price_per_device_hour": 2.0}]}
+TWO = {"clusters": [{"name": "a", "device": "H100-SXM", "nodes": 2, "devices_per_node": 8,
+                     "price_per_device_hour": 4.0},
+                    {"name": "b", "device": "A100-80GB", "nodes": 2, "devices_per_node": 8,
+                     "price_per_device_hour": 1.0}],
+       "links": [{"between": ["a", "b"], "bandwidth_gbps": 100}]}
+
+
+def _cost(model, inv, gbs, method, **constraints):
+    con = Constraints(objective="cost", **constraints)
+    r = search(model, inv, gbs, COST, SearchConfig(method=method, constraints=con))
+    return objective_value(con, inv, r.iteration_time_s, devices_by_cluster(r.choices))
+
+
+@pytest.mark.parametrize("method", ["mcts", "exhaustive"])
+def test_cost_search_is_no_dearer_without_a_device_cap(method):
+    """The unconstrained search holds every plan --max-devices N allows, so it is never dearer (it kept all 64
+    devices, 0.04625 per 1M tokens, where --max-devices 8 found 8 at 0.04605: its tree gave each mesh every stage
+    its devices allow, and a settled enumeration climbs from nothing)."""
+    inv, model = inventory_from_dict(ONE), PRESETS["llama2-7b"]
+    free = _cost(model, inv, 512, method)
+    for n in (4, 8, 16, 32, 48):
+        assert free <= _cost(model, inv, 512, method, max_devices=n) * (1 + 1e-9), n
+
+
+def test_cost_tree_holds_every_leaf_of_a_capped_tree():
+    """Under the cost objective every leaf of the tree with --max-devices N is a leaf of the tree without it (the
+    throughput objective's tree gives each mesh the most stages its devices allow, and need not)."""
+    inv, model = inventory_from_dict(TWO), PRESETS["llama2-7b"]
+    free = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost"))
+    held = {free.leaf_meshes(p) for p in space_mod.iter_leaves(free)} - {None}
+    for n in (8, 12, 24):
+        capped = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost", max_devices=n))
+        value = layout_value(capped, LayoutEvaluator(model, inv, 64, COST))
+        for p in space_mod.iter_leaves(capped):
+            t, layout = value(p)
+            if layout is not None and math.isfinite(t):     # (the tree leaves out stage counts that cannot fit)
+                assert layout in held, (n, layout)
