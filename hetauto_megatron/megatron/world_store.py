@@ -19,10 +19,13 @@ timeout that did not say why. Now:
 After the join the ranks are in torch's collectives, where a rank cannot poll. Refusals still come then: each
 cluster reads its own files (a checkpoint under --load, its tokenizer), so one cluster may refuse while the others
 already wait in a collective, which would end in the transport's traceback when the refused rank's connections
-close, or at HETAUTO_TIMEOUT_S (600 s by default) where they stay open. So `join` leaves a watcher
-thread on every rank, with a connection of its own to the store, that reads the refusals every WATCH_S (less often in worlds of over 500 ranks): one stops
-the rank (exit 2, the refused rank's paragraph) once the host has passed it on. The watcher says nothing when the
-host goes away: that is also how a finished job ends; the collectives' timeouts bound a crash.
+close, or at HETAUTO_TIMEOUT_S (600 s by default) where they stay open. So `join` leaves a watcher thread on every
+rank, with a connection of its own to the store, that reads the refusals every WATCH_S (less often in worlds of
+over 500 ranks, at most every WATCH_MAX_S so that every rank reads within the host's linger): one stops the rank
+(exit 2, the refused rank's paragraph) once the host has passed it on, and the error its collective meets as the
+others stop is not reported. The watcher says nothing when the host goes away: that is also how a finished job
+ends; the collectives' timeouts bound a crash. It doubles each rank's connections to rank 0's store (two per
+rank: mind `ulimit -n` on rank 0's node in worlds of thousands).
 """
 from __future__ import annotations
 
@@ -45,8 +48,10 @@ CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried unt
 POST_S = 60.0                       # how long a refused rank waits for the host to answer
 LINGER_S = 60.0                     # the most the host stays to pass a refusal on
 WATCH_S = 2.0                       # how often a joined rank's watcher reads the refusals: at least, and more
-WATCH_READS_PER_S = 250.0           # seldom in large worlds, so that rank 0's store answers this many a second
-_JOINED: dict = {}                  # this process's world after join: addr, port, rank, world_size; "posting"
+WATCH_READS_PER_S = 250.0           # seldom in large worlds, so that rank 0's store answers this many a second,
+WATCH_MAX_S = LINGER_S / 3          # but often enough that every watcher reads a refusal while the host lingers
+_WORLD: dict = {}                   # this process after its join: addr, port, rank, world_size; "posting" (its
+                                    # own refusal), "stopping" (another's, read by its watcher)
 DEFAULT_PORT = "29500"
 
 
@@ -63,21 +68,37 @@ def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: floa
                     wait_for_workers=False)
 
 
-def _connect(addr: str, port: int, deadline: float):
+def _host_up(addr: str, port: int, timeout_s: float) -> bool:
+    """Whether the store's port answers a plain socket (which logs nothing where torch's client would log a failed
+    try with its C++ stack, some 60 lines). socket.gaierror for an address that does not resolve."""
+    try:
+        socket.create_connection((addr, port), timeout=max(0.1, timeout_s)).close()
+        return True
+    except socket.gaierror:
+        raise
+    except OSError:
+        return False
+
+
+def _connect(addr: str, port: int, deadline: float, unresolved=None):
     """A client of the store, retried until `deadline` (the host may start later); None when it never answered.
-    Each try first opens a plain socket: while the host is not up, torch's client would log each failed try with
-    its C++ stack (some 60 lines every 5 s). socket.gaierror, at once, for an address that does not resolve."""
+    An address that does not resolve is retried too (a name may appear only once rank 0's node is up), and
+    `unresolved(exc)` is called the first time it does not."""
+    told = False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
         try:
-            socket.create_connection((addr, port), timeout=max(0.1, min(CONNECT_TRY_S, left))).close()
-            return _store(addr, port, host=False, world_size=0, timeout_s=max(1.0, min(CONNECT_TRY_S, left)))
-        except socket.gaierror:
-            raise
+            if _host_up(addr, port, min(CONNECT_TRY_S, left)):
+                return _store(addr, port, host=False, world_size=0, timeout_s=max(1.0, min(CONNECT_TRY_S, left)))
+        except socket.gaierror as exc:
+            if unresolved is not None and not told:
+                unresolved(exc)
+                told = True
         except Exception:         # noqa: BLE001  (refused, timed out: torch's errors differ by version)
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            pass
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def _refusal(store) -> str | None:
@@ -121,11 +142,17 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             reason = first_line(exc)
             raise _ours(rendezvous_setup_error(rank, f"{addr}:{port}", reason, file)) from None
     else:
-        try:
-            store = _connect(addr, port, deadline)
-        except socket.gaierror as exc:
-            raise _ours(InputError(f"the rendezvous address {addr!r} does not resolve ({exc.strerror})", file=file,
-                                   field="HETAUTO_MASTER_ADDR",
+        lookup: list = []
+
+        def unresolved(exc):        # said at once: a typo would otherwise wait the whole timeout without a word
+            lookup.append(exc)
+            print(f"hetauto: rank {rank}: the rendezvous address {addr!r} does not resolve ({exc.strerror}); "
+                  f"retrying until the rendezvous timeout ({timeout_s:g} s)", file=sys.stderr, flush=True)
+
+        store = _connect(addr, port, deadline, unresolved)
+        if store is None and lookup:
+            raise _ours(InputError(f"the rendezvous address {addr!r} does not resolve ({lookup[0].strerror}), "
+                                   f"waited {timeout_s:g} s", file=file, field="HETAUTO_MASTER_ADDR",
                                    fix="give the address (or a name every node resolves) of node 0 of the first "
                                        "cluster, where global rank 0 runs")) from None
         if store is None:
@@ -162,29 +189,42 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
 
 def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -> None:
     """After the join: a daemon thread with its own connection to the store (torch's process group uses the
-    join's), reading the refusals every WATCH_S (module docstring)."""
-    _JOINED.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False)
+    join's), reading the refusals every WATCH_S to WATCH_MAX_S (module docstring). Once it has read one, an
+    exception that ends the main thread (the collective it waits in fails as the others stop) is not reported:
+    the watcher ends the process with the refusal's paragraph and exit 2 once the host has passed it on."""
+    _WORLD.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False, stopping=False)
+    every_s = min(max(WATCH_S, world_size / WATCH_READS_PER_S), WATCH_MAX_S)
 
     def watch():
-        every_s = max(WATCH_S, world_size / WATCH_READS_PER_S)
         try:
             client = _connect(addr, port, time.monotonic() + 60.0)
             while client is not None:
                 time.sleep(every_s)
+                if not _host_up(addr, port, CONNECT_TRY_S):
+                    return          # the host went: a finished job (quietly), or a crash the timeouts bound
                 refused = _refusal(client)
-                if refused is None or _JOINED.get("posting"):
+                if refused is None or _WORLD.get("posting"):
                     continue        # (a rank refusing its own input says its own paragraph, and posts it)
+                _WORLD["stopping"] = True
                 exc = InputError(f"another cluster's launch was refused after the clusters had joined, so this "
                                  f"rank ({rank}) stops too: {refused}", file=file, field="HETAUTO_MASTER_ADDR",
                                  fix="fix that launch as its paragraph says, then start every cluster's launch again")
-                print(f"hetauto: error: {exc.message}", file=sys.stderr, flush=True)
+                print(f"hetauto: error: {exc.message}", file=sys.__stderr__ or sys.stderr, flush=True)
                 client.add(READ, 1)
                 _pass_on(client, rank, world_size)
                 sys.stdout.flush()
                 os._exit(exc.exit_code)     # the main thread waits in a collective: only the process can stop
-        except Exception:                   # noqa: BLE001  (the host went: a finished job, or a crash the
-            return                          # collectives' timeouts bound)
+        except Exception:                   # noqa: BLE001  (the host went between two reads)
+            return
 
+    previous = sys.excepthook
+
+    def excepthook(kind, exc, tb):
+        if _WORLD.get("stopping"):          # the watcher's exit comes within the host's linger
+            time.sleep(LINGER_S + 2 * WATCH_MAX_S)
+        previous(kind, exc, tb)
+
+    sys.excepthook = excepthook
     threading.Thread(target=watch, name="hetauto-world-watch", daemon=True).start()
 
 
@@ -204,13 +244,13 @@ def post_refusal(message: str, env=None) -> None:
     stopping anyway). It may take up to POST_S + LINGER_S: it says so first. After the join it posts to the store
     this process joined (the others' watchers read it)."""
     env = os.environ if env is None else env
-    if not _JOINED and (not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE")):
+    if not _WORLD and (not env.get("HETAUTO_MASTER_ADDR") or not env.get("HETAUTO_WORLD_SIZE")):
         return
     try:
         cluster = env.get("HETAUTO_CLUSTER") or "?"
-        if _JOINED:
-            _JOINED["posting"] = True
-            addr, port, rank, world_size = (_JOINED[k] for k in ("addr", "port", "rank", "world_size"))
+        if _WORLD:
+            _WORLD["posting"] = True
+            addr, port, rank, world_size = (_WORLD[k] for k in ("addr", "port", "rank", "world_size"))
         else:
             from .launch_identity import identity_from_env
             ident = identity_from_env(env)
@@ -218,7 +258,7 @@ def post_refusal(message: str, env=None) -> None:
                 ident.world_size
         print(f"hetauto: passing this refusal on to the other clusters' ranks through the rendezvous at {addr}:"
               f"{port} (up to {POST_S + LINGER_S:.0f} s)", file=sys.stderr, flush=True)
-        if rank == 0 and not _JOINED:
+        if rank == 0 and not _WORLD:
             store = _store(addr, port, host=True, world_size=world_size, timeout_s=POST_S)
         else:                       # (after the join rank 0's own store, which torch's group holds, still serves)
             store = _connect(addr, port, time.monotonic() + POST_S)
