@@ -201,7 +201,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     con = cfg.constraints or Constraints()
     check_constraints(con, model, inventory, gbs)
     inventory = restrict(inventory, con)    # the excluded clusters are not there
-    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, con)
+    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, con, cfg.engine)
     if not any(sp.tp.values()):
         raise InputError(f"no TP degree up to the node size divides the model's {model.num_attention_heads} "
                          f"attention heads and {model.num_query_groups} key/value heads", field="model",

@@ -32,6 +32,7 @@ from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .evaluator import AUTO
 from .plan import launch_nodes
+from .settings import DEFAULT_ENGINE
 from .simulate import MeshChoice
 from .space_bounds import SpaceBounds
 
@@ -84,8 +85,12 @@ class SearchSpace(SpaceBounds):
     bounds (`bound`, `leaf_bound`, ...) come from SpaceBounds."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16,
-                 constraints: Constraints | None = None):
+                 constraints: Constraints | None = None, engine: str = DEFAULT_ENGINE):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
+        # the engine planned for: the tree's memory checks and the bounds' layer times are its settings' (DeepSpeed's
+        # engine runs without sequence parallelism or the overlaps; priced with Megatron's, a bound exceeded the
+        # layouts below it by up to 9 % and the bounded search could cut its optimum)
+        self.engine = engine
         self.con = con = constraints or Constraints()
         self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
         self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
@@ -168,7 +173,8 @@ class SearchSpace(SpaceBounds):
         key = ("cap", cluster, tp, dp, mb)
         cap = self._fits.get(key)
         if cap is None:
-            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, self._rc(cluster), self.cost)
+            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, self._rc(cluster), self.cost,
+                                         self.settings_of(tp))
             cap = self._fits[key] = max(0, memory_fit.max_layers_in_memory(self.model, prof, 1, False, False))
         return cap
 
@@ -286,7 +292,8 @@ class SearchSpace(SpaceBounds):
     def fits_one_layer(self, cluster, tp, dp, mb, rc) -> bool:
         key = (cluster, tp, dp, mb, rc)
         if key not in self._fits:
-            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost)
+            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost,
+                                         self.settings_of(tp))
             self._fits[key] = memory_fit.max_layers_in_memory(self.model, prof, 1, False, False) >= 1
         return self._fits[key]
 

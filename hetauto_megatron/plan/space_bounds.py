@@ -23,6 +23,7 @@ from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
 from .constraints import devices_by_cluster, price_per_second
 from .leaf_bound import split_lower_bound
+from .settings import as_run_by, default_settings
 
 # The compute bound assumes no layer beats the analytic model's peak GEMM efficiency; a learned model may
 # predict a little faster, so the bound used for pruning keeps a margin.
@@ -323,6 +324,15 @@ class SpaceBounds:
         key = ("layer", cluster, tp, dp, mb)
         t = self._fits.get(key)
         if t is None:
-            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, "none", self.cost)
+            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, "none", self.cost,
+                                         self.settings_of(tp))
             t = self._fits[key] = prof.layer_fwd + prof.layer_bwd
+        return t
+
+    def settings_of(self, tp: int):
+        """A mesh's default settings as the engine planned for runs them (what the evaluator prices)."""
+        key = ("settings", tp)
+        t = self._fits.get(key)
+        if t is None:
+            t = self._fits[key] = as_run_by(default_settings(tp), self.engine)
         return t
