@@ -209,15 +209,24 @@ def record_instructions(engine, where: list) -> None:
     engine._INSTRUCTION_MAP = {k: wrap(v, k.__name__) for k, v in type(engine)._INSTRUCTION_MAP.items()}
 
 
-def leaves_within_bounds(sp, value, limit: int) -> int:
+def leaves_within_bounds(sp, value, limit: int, rng=None) -> int:
     """Branch and bound is exact only if every node's bound is at most the value of every leaf under it: asserts
-    that for the first `limit` leaves of the search space `sp` (`value(leaf) -> (objective, _)`), and returns how
+    that for the first `limit` leaves of the search space `sp` (`value(leaf) -> (objective, _)`), or with `rng` for
+    `limit` random root-to-leaf paths (the first leaves differ mostly in the last mesh's decisions), and returns how
     many of them were feasible."""
     import math
 
     from hetauto_megatron.plan import space as space_mod
+
+    def random_leaves():
+        for _ in range(limit):
+            path = ()
+            while sp.actions(path):
+                path += (rng.choice(sp.actions(path)),)
+            if sp.decode(path)[1]:
+                yield path
     feasible = 0
-    for leaf in space_mod.leaves(sp, limit=limit):
+    for leaf in (space_mod.leaves(sp, limit=limit) if rng is None else random_leaves()):
         v, _ = value(leaf)
         if math.isfinite(v):
             feasible += 1
