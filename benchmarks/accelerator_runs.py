@@ -152,12 +152,12 @@ def layer_impl(facts: dict):
     return dataclasses.replace(DRY_RUN_IMPL, fused_norm=fused, dropout_mask_bytes=1)
 
 
-def predict(device_type: str, row: dict, facts: dict, overheads: dict | None, cost_model=None) -> dict:
+def predict(device_type: str, row: dict, facts: dict, overheads=None, cost_model=None) -> dict:
     from hetauto_megatron.cost.analytic import AnalyticCostModel
     from hetauto_megatron.cost.memory import stage_memory_bytes
     from hetauto_megatron.plan.simulate import simulate
     from hetauto_megatron.spec.inventory import inventory_from_dict
-    from hetauto_megatron.spec.overheads import RuntimeOverhead, vendor_overhead
+    from hetauto_megatron.spec.overheads import vendor_overhead
 
     plan = one_device_plan(device_type, MODELS[row["model"]], row["micro_batch_size"], row["recompute"],
                            row["global_batch_size"], row["precision"])
@@ -166,9 +166,7 @@ def predict(device_type: str, row: dict, facts: dict, overheads: dict | None, co
     mesh = plan.meshes[0]
     vendor = vendor_overhead(dev.vendor)
     out = {}
-    for label, overhead in [("vendor", vendor)] + ([("measured", RuntimeOverhead(**{
-            **vendor.to_dict(), **{k: v for k, v in overheads.items() if k in vendor.to_dict() and v is not None}}))]
-            if overheads else []):
+    for label, overhead in [("vendor", vendor)] + ([("measured", overheads)] if overheads else []):
         b = stage_memory_bytes(plan.model.replace(vocab_size=plan.padded_vocab_size), layers=mesh.stage_layers[0],
                                tp=1, dp=1, micro_batch_size=mesh.micro_batch_size, recompute=mesh.recompute,
                                in_flight=1, first=True, last=True, settings=mesh.settings, vendor=dev.vendor,
@@ -180,7 +178,13 @@ def predict(device_type: str, row: dict, facts: dict, overheads: dict | None, co
     return {"memory": out, "iteration_s": est.iteration_time_s, "learned_iteration_s": learned}
 
 
-def compare(measured: dict, overheads: dict | None, cost_model=None) -> list[dict]:
+def compare(measured: dict, overheads: str | None, cost_model=None) -> list[dict]:
+    """`overheads`: the file 'hetauto profile --overheads' wrote (its missing figures the vendor's), or None."""
+    from hetauto_megatron.spec.devices import get_device
+    from hetauto_megatron.spec.overheads import overhead_from_value
+    if overheads:
+        overheads = overhead_from_value(overheads, device=get_device(measured["device_type"]), file=None,
+                                        field="--overheads")
     rows = []
     for row in measured["runs"]:
         p = predict(measured["device_type"], row, measured["facts"], overheads, cost_model)
@@ -230,15 +234,11 @@ def main(argv=None) -> int:
             data = json.load(fh)
     else:
         ap.error("give --measure (on the device) or --measured FILE")
-    overheads = None
-    if a.overheads:
-        with open(a.overheads) as fh:
-            overheads = json.load(fh)
     cost_model = None
     if a.cost_model:
         from hetauto_megatron.cost.learned.model import load_cost_model
         cost_model = load_cost_model(a.cost_model)
-    rows = compare(data, overheads, cost_model)
+    rows = compare(data, a.overheads, cost_model)
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0

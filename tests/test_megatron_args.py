@@ -291,7 +291,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "expert_model_parallel_size": ["2"], "num_distributed_optimizer_instances": ["2"],
              "hybrid_override_pattern": ["M*"], "hybrid_layer_pattern": ["M*"],
              "heterogeneous_layers_config_path": ["x.json"], "heterogeneous_layers_config_encoded_json": ["{}"],
-             "experimental_attention_variant": ["gated_delta_net"], "window_size": ["128,0"]}
+             "experimental_attention_variant": ["gated_delta_net"], "window_size": ["128,0"],
+             "num_layers_per_virtual_pipeline_stage": ["1"], "num_virtual_stages_per_pipeline_rank": ["2"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32"]
 
     def parse(*extra):     # as the patched pretrain_gpt.py parses (hetauto's provider marks Megatron's defaults)
@@ -688,7 +689,7 @@ def test_hook_sets_the_fp32_plans_tf32_switches_as_priced(monkeypatch, capsys):
     `tf32: false` (Transformer Engine's cuBLASLt GEMMs obey only that); a 16-bit plan is left alone."""
     import torch
 
-    from hetauto_megatron.megatron.hook import _set_fp32_arithmetic
+    from hetauto_megatron.runtime.device import set_fp32_arithmetic as _set_fp32_arithmetic
     from hetauto_megatron.plan.plan import Mesh, Plan
     inv = {"clusters": [{"name": "a", "device": "a100-80gb", "nodes": 1, "devices_per_node": 8},
                         {"name": "b", "device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "tf32": False}],

@@ -46,7 +46,6 @@ from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
-from ..runtime.device import set_fp32_arithmetic
 from .mpu_globals import populate_parallel_state
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -140,16 +139,9 @@ def _timeout_s() -> float:
 
 
 def _master_port() -> str:
-    """HETAUTO_MASTER_PORT (else MASTER_PORT, else 29500), checked: torch's rendezvous fails with a bare
-    ValueError on every rank for a port that is not a number."""
+    """The world store's port, checked (world_store.master_port)."""
     from .world_store import master_port
-    name = "HETAUTO_MASTER_PORT" if os.environ.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
-    raw = master_port()
-    if not (raw.strip().isdigit() and 0 < int(raw) < 65536):
-        raise InputError(f"{name}={raw!r} is not a TCP port", field=name,
-                         fix="set it as the launch command from 'hetauto emit megatron' does (a port from 1 to "
-                             "65535 that global rank 0's host has free)")
-    return raw.strip()
+    return master_port()
 
 
 def _prepare_hetauto(args) -> _State:
@@ -168,9 +160,9 @@ def _prepare_hetauto(args) -> _State:
     if get_device(device_type).vendor == "cpu":
         enable_cpu_mode()
     else:
-        from ..runtime.device import check_local_device
+        from ..runtime.device import check_local_device, set_fp32_arithmetic
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
-        _set_fp32_arithmetic(plan, placement.cluster, device_type)
+        set_fp32_arithmetic(plan, placement.cluster, device_type)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
     load = getattr(args, "load", None)
     checkpoint_plan.check_resume(
@@ -195,10 +187,6 @@ def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
 
     checked._hetauto_original = build
     global_vars.build_tokenizer = checked
-
-
-# (runtime/device.py: the runtime on accelerators sets them the same way)
-_set_fp32_arithmetic = set_fp32_arithmetic
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
@@ -311,7 +299,7 @@ def pretrain_kwargs(args) -> dict:
         _join_world(state)
         atexit.register(_destroy_groups_at_exit, _timeout_s())
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
-                                  dry_run=state.device_type == "cpu")
+                                  dry_run=state.device_type == "cpu", host_dp_copies=True)
         populate_parallel_state(ctx.pg, ctx.dp_gloo)
         groups.set_megatron_globals(ctx)
         state.context = ctx

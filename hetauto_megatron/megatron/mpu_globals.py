@@ -47,7 +47,7 @@ _MPU_RANKS = {
     "_DATA_PARALLEL_GLOBAL_RANKS": "dp",
     "_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP": "dp_cp",
 }
-# Same group on a gloo backend, read by the distributed optimizer: only when the group itself is gloo.
+# Same group on a gloo backend, read by the distributed optimizer (RankContext.dp_gloo).
 _MPU_GLOO_GROUPS = {
     "_DATA_PARALLEL_GROUP_GLOO": "dp",
     "_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
@@ -57,17 +57,14 @@ _MPU_GLOO_GROUPS = {
 }
 
 
-# the host copy that stands for a group (the expert DP group of a dense model is the DP group: groups.py)
-_GLOO_COPY_OF = {"expt_dp": "dp"}
-
 
 def populate_parallel_state(pg, dp_gloo: dict | None = None) -> list[str]:
     """Fill megatron.core.parallel_state with this rank's groups from a ProcessGroupCollection.
 
     Megatron-LM 0.19 passes `pg_collection` to the model and the schedule, but DDP (model_provider path),
     `get_megatron_optimizer`, the data loader and the loss reduction still read the globals. The gloo DP
-    globals get the collection's group where it is gloo (CPU ranks), else its host copy from `dp_gloo`
-    (RankContext.dp_gloo: a mesh on an accelerator). Returns the names set (for tests)."""
+    globals get the gloo copies `dp_gloo` (RankContext.dp_gloo: build_groups(host_dp_copies=True); a CPU mesh's
+    own groups). Returns the names set (for tests)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -86,10 +83,8 @@ def populate_parallel_state(pg, dp_gloo: dict | None = None) -> list[str]:
             setattr(ps, glob, dist.get_process_group_ranks(group))
             done.append(glob)
     for glob, name in _MPU_GLOO_GROUPS.items():
-        group = field(name)
-        if group is not None and dist.get_backend(group) != "gloo":
-            group = (dp_gloo or {}).get(_GLOO_COPY_OF.get(name, name))
-        if group is not None and hasattr(ps, glob) and dist.get_backend(group) == "gloo":
+        group = (dp_gloo or {}).get(name)
+        if group is not None and hasattr(ps, glob):
             setattr(ps, glob, group)
             done.append(glob)
     return done

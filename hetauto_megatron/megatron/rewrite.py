@@ -58,8 +58,8 @@ MODEL_ARGS = {
 }
 
 # Arguments that choose a pipeline split some other way; the plan's layout replaces them.
-_OTHER_SPLIT_ARGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                     "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank")
+# (the interleaved schedule's virtual stages are refused: megatron/unpriced.py)
+_OTHER_SPLIT_ARGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 
 
 def model_arg_values(plan: Plan) -> dict:
@@ -356,16 +356,12 @@ def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> Non
                          "docs/megatron-integration.md, Checkpoints)")
 
 
-# The interleaved (virtual-stage) schedule: another schedule than the plan's 1F1B, which it never priced.
-_VIRTUAL_STAGE_ARGS = (("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage"),
-                       ("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank"))
-
-
 def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
     """A parallel layout the launch gave must be one the plan runs there, or the user meant another job: TP and
     the micro-batch of some mesh of the rank's cluster in its pipeline (a launch script lists one of them where
-    meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline, no interleaved
-    schedule. Megatron's default (1, or unset) is not told from a typed one, and passes."""
+    meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline (the interleaved
+    schedule is refused first: megatron/unpriced.py). Megatron's default (1, or unset) is not told from a typed
+    one, and passes."""
     mesh = plan.meshes[placement.mesh_index]
     here = [m for m in plan.meshes if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
     clashes = []
@@ -376,9 +372,6 @@ def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | No
         if have is not None and int(have) != 1 and int(have) not in values:
             clashes.append(f"--{dest.replace('_', '-')} {have} (plan: {' or '.join(map(str, values))} on cluster "
                            f"{mesh.cluster})")
-    for dest, flag in _VIRTUAL_STAGE_ARGS:
-        if getattr(args, dest, None) is not None:
-            clashes.append(f"{flag} {getattr(args, dest)} (the interleaved schedule; the plan runs 1F1B)")
     if clashes:
         raise InputError("the launch asks for another parallel layout than the plan's: " + "; ".join(clashes),
                          file=file, field="meshes",

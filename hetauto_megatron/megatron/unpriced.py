@@ -57,6 +57,10 @@ UNPRICED = (
              "sliding-window attention: the plan prices full causal attention"),
     Unpriced("fine_grained_activation_offloading", "--fine-grained-activation-offloading", False,
              "activation offloading: the plan's memory keeps the activations on the device"),
+    Unpriced("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage", None,
+             "the interleaved schedule: the plan runs and prices 1F1B"),
+    Unpriced("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank", None,
+             "the interleaved schedule: the plan runs and prices 1F1B"),
 )
 
 

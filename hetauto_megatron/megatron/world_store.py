@@ -56,10 +56,16 @@ DEFAULT_PORT = "29500"
 
 
 def master_port(env=None) -> str:
-    """The world store's port as written: HETAUTO_MASTER_PORT, else MASTER_PORT, else 29500 (checked by the hook)."""
+    """The world store's port: HETAUTO_MASTER_PORT, else MASTER_PORT, else 29500; InputError naming the variable
+    for one that is not a TCP port (torch's rendezvous fails with a bare ValueError on every rank)."""
     env = os.environ if env is None else env
     name = "HETAUTO_MASTER_PORT" if env.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
-    return env.get(name) or DEFAULT_PORT
+    raw = env.get(name) or DEFAULT_PORT
+    if not (raw.strip().isdigit() and 0 < int(raw) < 65536):
+        raise InputError(f"{name}={raw!r} is not a TCP port", field=name,
+                         fix="set it as the launch command from 'hetauto emit megatron' does (a port from 1 to "
+                             "65535 that global rank 0's host has free)")
+    return raw.strip()
 
 
 def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: float):

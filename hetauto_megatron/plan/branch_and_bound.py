@@ -152,8 +152,8 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
                 print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
                       f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        if not found or INTERRUPTED:
-            raise                       # nothing to keep, or the second Ctrl-C: the command stops
+        if not found:
+            raise                       # nothing to keep: the command stops
         INTERRUPTED = True
         # as at a --budget-s deadline: the leaves priced so far decide, and every later search of the command stops
         # at once (a second Ctrl-C stops the command)

@@ -116,16 +116,15 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     raw_meshes = data.get("meshes") if isinstance(data.get("meshes"), list) else []
     v2_keys = (["precision"] if "precision" in data else []) + sorted(
         {"meshes[*].settings" for m in raw_meshes if isinstance(m, dict) and "settings" in m})
-    if version == 1 and v2_keys:
-        # version 1 had neither: read as version 1 they would change what was priced (bf16, the default settings)
-        raise InputError(f"is 1, but the plan uses version-2 keys ({', '.join(v2_keys)})", file=file,
-                         field="version", fix="write version: 2 (or drop those keys)")
     v3_keys = (["pipelines"] if "pipelines" in data else []) + sorted(
         {f"meshes[*].{k}" for m in raw_meshes if isinstance(m, dict) for k in ("pipeline", "alongside") if k in m})
-    if version in (1, 2) and v3_keys:
-        # (also at their defaults: a file that says version 1 or 2 and writes them was not written by that hetauto)
-        raise InputError(f"is {version}, but the plan uses version-3 keys ({', '.join(v3_keys)})", file=file,
-                         field="version", fix="write version: 3 (or drop those keys)")
+    # A key newer than the file's version, also at its default: read by the older version's rules it would change
+    # what was priced (version 1 had neither precision nor settings: bf16, the default settings), and a file that
+    # says that version and writes it was not written by that hetauto
+    for since, keys in ((2, v2_keys), (3, v3_keys)):
+        if 1 <= version < since and keys:
+            raise InputError(f"is {version}, but the plan uses version-{since} keys ({', '.join(keys)})", file=file,
+                             field="version", fix=f"write version: {since} (or drop those keys)")
     model = model_from_dict(require_mapping(get(data, "model", dict, file=file), "model", file), file=file,
                             prefix="model.")
     gbs = get(data, "global_batch_size", int, file=file)

@@ -396,10 +396,8 @@ def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluato
         short, where = miss
         depth = sp.max_stages(1)
         fix = "Add devices or clusters, or shorten --seq-length"
-        devices_cap = sp.con.max_devices if sp.con.max_devices is not None and sp.con.max_devices < usable \
-            else usable
         # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
-        if depth < min(model.num_layers + 2, devices_cap):
+        if depth < min(model.num_layers + 2, sp.max_devices):
             fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
                    f"than micro-batches: the global batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
                    "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "

@@ -268,10 +268,10 @@ class SearchSpace(SpaceBounds):
         cl = self._cl[order[len(meshes)]]
         if pending is None:
             return list(self.tp[cl.name])
-        before = sum(m.num_stages for m in meshes)
-        used = sum(m.tp * m.dp * m.num_stages for m in meshes)
         if isinstance(pending, tuple):                  # the stage decision (cost objective)
             return self.stage_options(cl.name, *pending, S, meshes, order)
+        before = sum(m.num_stages for m in meshes)
+        used = sum(m.tp * m.dp * m.num_stages for m in meshes)
         room = self.max_stages(S) - before - (len(order) - len(meshes) - 1)
         free = min(cl.num_devices, self.max_devices - used)
         return [d for d in divisors(S) if pending * d <= free and S // d <= self.max_mb and room >= 1

@@ -208,7 +208,6 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                        cost_model or _DEFAULT_COST, record=True)
     T = res.iteration_time_s
     exchange = max(t.before_sync for t in res.pipelines)
-    exchanged = exchange + res.replica_sync_s + res.grad_norm_s
     tail_end = T - max(t.overhead_s for t in res.pipelines)
     lanes: list[Lane] = []
     spans: list[Span] = []
@@ -241,7 +240,7 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                     now = max(now, end)
                 _fill(spans, lane, now, t.makespan, "idle", spans)
         _tail_spans(spans, [(lane, row, i) for i, group_lanes in stage_lanes.items() for lane, row in group_lanes],
-                    t.makespan, exchange, exchanged - exchange, tail_end, T)
+                    t.makespan, exchange, res.replica_sync_s + res.grad_norm_s, tail_end, T)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
     stages = sum(len({r["stage"] for r in t.stages}) for t in res.pipelines)

@@ -233,7 +233,7 @@ class RankContext:
     timeout_s: float = 60.0
     dry_run: bool = False
     replica_group: object = None
-    dp_gloo: dict = field(default_factory=dict)    # {"dp", "dp_cp"}: host (gloo) copies of this rank's DP groups
+    dp_gloo: dict = field(default_factory=dict)    # {"dp", "dp_cp", "expt_dp"}: gloo copies of the DP groups
                                                    # where those run on an accelerator's backend (else empty)
 
     @property
@@ -301,8 +301,11 @@ class RankContext:
         return sum(self.layout.stage_layers[: self.coords.stage])
 
 
-def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False) -> RankContext:
+def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
+                 host_dp_copies: bool = False) -> RankContext:
     """Create all of the plan's process groups (collective: every rank calls it) and return this rank's context.
+    `host_dp_copies`: also gloo copies of the DP groups of meshes on accelerators (RankContext.dp_gloo), which
+    Megatron-LM's distributed optimizer looks up (the --hetauto hook; hetauto's own runtime does not use them).
 
     torch.distributed must be initialised (see `init_distributed`).
     """
@@ -319,24 +322,26 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     # 1. per mesh, Megatron's own grid with the mesh's rank offset, on the cluster's backend
     for i, mesh in enumerate(plan.meshes):
         backend = "gloo" if dry_run else devlayer.backend_for(mesh.device_type)
-        grid = HyperCommGrid([mesh.tp, 1, 1, mesh.dp, mesh.num_stages], ["tp", "cp", "ep", "dp", "pp"],
-                             rank_offset=plan.rank_offset(i), backend=backend)
-        made = {name: grid.create_pg(dims, timeout=timeout) for name, dims in
-                [("tp", ["tp"]), ("cp", ["cp"]), ("ep", ["ep"]), ("dp", ["dp"]), ("dp_cp", ["dp", "cp"]),
-                 ("tp_cp", ["tp", "cp"])]}
+
+        def groups_on(backend, names):
+            grid = HyperCommGrid([mesh.tp, 1, 1, mesh.dp, mesh.num_stages], ["tp", "cp", "ep", "dp", "pp"],
+                                 rank_offset=plan.rank_offset(i), backend=backend)
+            dims = {"tp": ["tp"], "cp": ["cp"], "ep": ["ep"], "dp": ["dp"], "dp_cp": ["dp", "cp"],
+                    "tp_cp": ["tp", "cp"]}
+            return {name: grid.create_pg(dims[name], timeout=timeout) for name in names}
+
+        made = groups_on(backend, ("tp", "cp", "ep", "dp", "dp_cp", "tp_cp"))
         if i == me.mesh_index:
             for name, group in made.items():
                 setattr(pg, name, group)
-        if backend != "gloo":
+        if host_dp_copies:
             # Host copies of the DP groups, as Megatron's initialize_model_parallel makes them beside the device's
             # (Megatron-LM's default --enable-gloo-process-groups): its distributed optimizer looks them up when
-            # it is built and gathers its state over them for checkpoints (megatron/mpu_globals.py)
-            host = HyperCommGrid([mesh.tp, 1, 1, mesh.dp, mesh.num_stages], ["tp", "cp", "ep", "dp", "pp"],
-                                 rank_offset=plan.rank_offset(i), backend="gloo")
-            host_made = {name: host.create_pg(dims, timeout=timeout) for name, dims in
-                         [("dp", ["dp"]), ("dp_cp", ["dp", "cp"])]}
+            # it is built and gathers its state over them for checkpoints (megatron/mpu_globals.py). A gloo
+            # mesh's own groups are their copies; the expert DP group of a dense model is the DP group.
+            host = made if backend == "gloo" else groups_on("gloo", ("dp", "dp_cp"))
             if i == me.mesh_index:
-                dp_gloo = host_made
+                dp_gloo = {"dp": host["dp"], "dp_cp": host["dp_cp"], "expt_dp": host["dp"]}
 
     # 2. and 3., pipeline after pipeline (every rank creates every pipeline's groups, in the same order)
     my_chain, boundary_groups = None, {}

@@ -122,7 +122,7 @@ def build_model(ctx, spec: ModelSpec, config, *, seed: int, vocab_size: int | No
     if config.bf16 or config.fp16:
         # every parameter and buffer in 16 bits, as Megatron-LM's Float16Module casts the model it wraps (the
         # linear layers are built in params_dtype already; torch's norms are not)
-        model.bfloat16() if config.bf16 else model.half()
+        model.to(config.params_dtype)
     if ctx.device != "cpu":
         model.to(ctx.device)  # built and initialised on the host (layout-independent), then moved
     return model

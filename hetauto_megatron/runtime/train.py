@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 from ..plan.plan import Mesh, Plan
+from .model import TORCH_DTYPES
 
 # Small enough that Adam's sign-like first steps do not amplify fp32 summation-order noise between layouts.
 LEARNING_RATE = 1e-3
@@ -237,7 +238,7 @@ def _metered(on: bool, model, ddp, opt, alloc: dict, device: str = "cpu"):
         yield meter
 
 
-_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+_DTYPE_NAMES = {f"torch.{name}": precision for precision, name in TORCH_DTYPES.items()}
 
 
 def settings_that_ran(config, ddp_config, optimizer, grad_buffers=()) -> dict:
