@@ -1,6 +1,7 @@
 """The objective (throughput or cost per token) and the search's constraints, through the command a user runs."""
 import json
 import math
+import pathlib
 import random
 
 import pytest
@@ -95,6 +96,28 @@ def test_plans_of_equal_cost_are_told_apart_by_speed(tmp_path):
     path.write_text(PRICED.replace("10.0", "0.0").replace("1.0", "0.0"))
     assert plan_json("--inventory", str(path), "--objective", "cost")["tokens_per_s"] == pytest.approx(
         plan_json("--inventory", str(path))["tokens_per_s"], rel=1e-9)
+
+
+def test_cost_objective_does_not_trade_much_time_for_a_tiny_saving(tmp_path):
+    """The README's two clusters priced 2 (H800) and 1 (910B): the cost objective's plan set against the cheapest
+    and the fastest plans with the device count capped (--max-devices). It must cost within 3 % of the cheapest of
+    them, and no fastest capped plan may run twice as fast for under 0.5 % more per token, a difference far below
+    what the cost model can tell apart. (Before, money alone decided: 4 H800 at 43.4 s per iteration, where 8 run
+    21.7 s for 0.02 % more.)"""
+    inventory = (pathlib.Path(__file__).parent.parent / "examples/llama/inventory-2clusters.yaml").read_text()
+    inventory = inventory.replace("device: H800", "device: H800\n    price_per_device_hour: 2").replace(
+        "device: Ascend-910B", "device: Ascend-910B\n    price_per_device_hour: 1")
+    path = tmp_path / "priced.yaml"
+    path.write_text(inventory)
+    args = ("--inventory", str(path), "--model", "llama2-7b", "--global-batch-size", "512")
+    chosen = plan_json(*args, "--objective", "cost")
+    caps = [str(n) for n in (4, 8, 16, 32)]
+    least = min(plan_json(*args, "--objective", "cost", "--max-devices", n)["cost_per_million_tokens"] for n in caps)
+    assert chosen["cost_per_million_tokens"] <= 1.03 * least
+    for other in (plan_json(*args, "--max-devices", n) for n in caps):
+        assert not (other["tokens_per_s"] >= 2 * chosen["tokens_per_s"]
+                    and other["cost_per_million_tokens"] <= 1.005 * chosen["cost_per_million_tokens"]), (
+            devices(chosen), chosen["tokens_per_s"], devices(other), other["tokens_per_s"])
 
 
 def test_constraints_are_obeyed_and_recorded(priced, tmp_path):

@@ -237,6 +237,7 @@ def _pct(x) -> str:
 
 
 def format_report(rep: dict) -> str:
+    from ..plan.constraints import TIME_WEIGHT
     from ..plan.explain import PART_NAMES
     if rep.get("shape") == "pipelines":
         from ..plan.multi_explain import format_shapes_report
@@ -268,7 +269,8 @@ def format_report(rep: dict) -> str:
         priced = rep.get("cost_per_million_tokens") is not None
         by_cost = priced and rep.get("objective") == "cost"
         out += ["", "runners-up (the search's next best layouts, predicted"
-                + (", ranked by cost per token: the plan's objective):" if by_cost else "):"),
+                + (", ranked by the plan's objective: cost per token weighed by time, k times as fast wins"
+                   f" below k^{TIME_WEIGHT:g} times the cost):" if by_cost else "):"),
                 f"  {'#':>2}  {'tokens/s':>10}  {'vs plan':>8}" + (f"  {'per 1M tok':>10}  {'vs plan':>8}" if priced
                                                                    else "") + "  decision that differs"]
         for i, r in enumerate(rep["runners_up"], 1):     # the same tokens per iteration: throughput goes as 1 / time

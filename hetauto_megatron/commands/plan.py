@@ -88,8 +88,9 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("objective and constraints (docs/search.md)")
     g.add_argument("--objective", choices=("throughput", "cost"), default=None,
                    help="throughput (default: the shortest iteration) or cost (the least cost per token, from each "
-                        "cluster's price_per_device_hour for the devices the plan uses; every cluster the search may "
-                        "use needs a price)")
+                        "cluster's price_per_device_hour for the devices the plan uses, weighed by time: a plan k "
+                        "times as fast wins when it costs under k^0.01 times as much, e.g. twice as fast for 0.7 %% "
+                        "more; every cluster the search may use needs a price)")
     g.add_argument("--max-devices", type=int, metavar="N", help="use at most N devices in all")
     g.add_argument("--use-clusters", metavar="A,B", action=_NameList,
                    help="clusters that must take part (others may join too; repeatable)")

@@ -215,18 +215,21 @@ def _as_run_by(choices, engine: str) -> list:
 
 
 def runners_up(plan: Plan, result, k: int = 5, inventory=None, objective: str = "throughput") -> list[dict]:
-    """The k best layouts of a search (`SearchResult.ranked`, by time; by cost per token under the cost objective)
+    """The k best layouts of a search (`SearchResult.ranked`, by time; under the cost objective by its value, the
+    cost per token weighed by time, constraints.TIME_WEIGHT)
     other than the plan's own, each with its predicted throughput, its cost per 1M tokens where `inventory` prices
     every cluster it uses (else None), and what it decides differently (both as the plan's engine runs them)."""
-    from .constraints import cost_per_million_tokens
+    from .constraints import Constraints, cost_per_million_tokens, devices_by_cluster, objective_value
     mine = _as_run_by(plan_choices(plan), plan.engine)
     tokens = plan.global_batch_size * plan.model.seq_length
 
     def cost(t, choices):
         return cost_per_million_tokens(inventory, choices, t, tokens) if inventory is not None else None
     ranked = list(result.ranked)
-    if objective == "cost" and inventory is not None:
-        ranked.sort(key=lambda x: (cost(x[0], x[1]) if cost(x[0], x[1]) is not None else math.inf, x[0]))
+    if objective == "cost" and inventory is not None:       # as the search ranked them: money weighed by time
+        con = Constraints(objective="cost")
+        ranked.sort(key=lambda x: (objective_value(con, inventory, x[0], devices_by_cluster(x[1]))
+                                   if cost(x[0], x[1]) is not None else math.inf, x[0]))
     out = []
     for t, choices, layers in ranked:
         if len(out) >= k:

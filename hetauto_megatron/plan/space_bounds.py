@@ -21,7 +21,7 @@ import math
 
 from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
-from .constraints import devices_by_cluster, price_per_second
+from .constraints import devices_by_cluster, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
 from .settings import as_run_by, default_settings
 
@@ -57,8 +57,18 @@ class SpaceBounds:
         """Model FLOPs of an iteration at the calibrated peak efficiency of every device at once (cost objective:
         at the price per FLOP of the cheapest device, the least an iteration can cost)."""
         if self.con.objective == "cost":
-            return self._cost_bound(self.names, 1.0)
+            return self._cost_bound(self.names, 1.0) * time_factor(self._least_time())
         return self._flops / sum(self._rate.values())
+
+    def _least_time(self) -> float:
+        """A time no plan beats (the FLOPs at every device's peak, with the pruning margin): what the cost
+        objective's time weight (constraints.TIME_WEIGHT) is at least where a node has no better time bound."""
+        return COMPUTE_SLACK * self._flops / sum(self._rate.values())
+
+    def _weighed(self, money: float, seconds: float) -> float:
+        """A money bound as a bound on the cost objective (money x seconds^TIME_WEIGHT), given a time bound of
+        the same leaves."""
+        return money * time_factor(max(seconds, self._least_time())) if math.isfinite(money) else money
 
     def _cost_bound(self, names, slack: float) -> float:
         """Each cluster's share w of the FLOPs takes at least w / (its devices' peak rate) seconds, so it costs
@@ -102,7 +112,7 @@ class SpaceBounds:
         return out
 
     def bound(self, path: tuple) -> float:
-        """A lower bound on the closed-form time (cost objective: money per iteration) of every leaf below
+        """A lower bound on the closed-form time (cost objective: money per iteration, weighed by time) of every leaf below
         `path` (cached per path)."""
         b = self._bounds.get(path)
         if b is None and path and self.stage_decision and isinstance(self.decode(path[:-1])[4], tuple):
@@ -126,9 +136,11 @@ class SpaceBounds:
                 if pending is not None:
                     least = pending[0] * pending[1] if isinstance(pending, tuple) else pending
                     rate += (least - 1) * self._cl[order[len(meshes)]].price_per_device_hour / 3600
+                seconds = b
                 b = max(self._cost_bound(names, COMPUTE_SLACK), b * rate if math.isfinite(b) else b)
                 if S is not None and math.isfinite(b):
                     b = max(b, self._money_bound(*self._money_terms(order, complete, S, meshes, pending), S))
+                b = self._weighed(b, seconds)
             self._bounds[path] = b
         return b
 
@@ -182,7 +194,7 @@ class SpaceBounds:
             if math.isfinite(b):
                 b = max(b, self._money_bound(spent + k * tp * dp * price, speed + k / per, min(quickest, per),
                                              options, S))
-            self._bounds[path + (k,)] = b
+            self._bounds[path + (k,)] = self._weighed(b, t)
 
     def _money_terms(self, order, complete, S, meshes, pending, placed: int | None = None):
         """The figures `_money_bound` reads at a node whose S is decided: (money per second and stages per second
