@@ -195,6 +195,8 @@ def test_replan_keeps_the_old_plans_objective_and_constraints(priced, tmp_path):
     (("--tp", "fast=3"), "--tp", "1, 2, 4, 8"),
     (("--use-clusters", "fast", "--exclude-clusters", "fast"), "--exclude-clusters", "drop fast"),
     (("--micro-batch-size", "3"), "--micro-batch-size", "power of two"),
+    (("--max-iteration-s", "0"), "--max-iteration-s", "--max-iteration-s 30"),
+    (("--max-iteration-s", "nan"), "--max-iteration-s", "--max-iteration-s 30"),
 ])
 def test_bad_constraints_exit_2_naming_the_flag(priced, args, flag, fix):
     r = run_hetauto(*PLAN, "--inventory", priced, *args)
@@ -224,6 +226,31 @@ def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):
     r = run_hetauto(*PLAN, "--inventory", priced, "--max-devices", "1", "--tp", "fast=1")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     assert "the constraint that binds: --max-devices 1" in r.stderr
+
+
+def test_throughput_floor_bounds_the_cost_objectives_time(priced, tmp_path):
+    """--max-iteration-s: the cost objective's plan at most that slow (its time from the simulate command that
+    re-prices the written plan), recorded and kept by a re-plan; below the fastest plan of the inventory, exit 3
+    naming the floor and how fast the search got. (Before, nothing bounded the time the cost objective traded
+    for money: docs/search.md said a floor was not a constraint yet.)"""
+    cheap = plan_json("--inventory", priced, "--objective", "cost")
+    fastest = plan_json("--inventory", priced)
+    time = {name: 64 * 4096 / out["tokens_per_s"] for name, out in (("cheap", cheap), ("fastest", fastest))}
+    assert time["cheap"] > 2 * time["fastest"]
+    floor = (time["cheap"] * time["fastest"]) ** 0.5          # between the two
+    plan_file = tmp_path / "floor.yaml"
+    out = plan_json("--inventory", priced, "--objective", "cost", "--max-iteration-s", f"{floor:.3f}",
+                    "-o", str(plan_file))
+    sim = run_hetauto("simulate", "--inventory", priced, "--model", "llama2-7b", "--plan", str(plan_file), "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["iteration_time_s"] <= float(f"{floor:.3f}")
+    assert out["cost_per_million_tokens"] >= cheap["cost_per_million_tokens"] * (1 - 1e-9)
+    assert out["search"]["constraints"] == {"max_iteration_s": float(f"{floor:.3f}")}
+    again = plan_json("--inventory", priced, "--from", str(plan_file), "--workers", "1")
+    assert again["kept_from_plan"]["max_iteration_s"] == float(f"{floor:.3f}")
+    r = run_hetauto(*PLAN, "--inventory", priced, "--max-iteration-s", f"{time['fastest'] / 2:.4f}")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "the constraint that binds: --max-iteration-s" in r.stderr and "no layout that fits runs within" in r.stderr
 
 
 def _priced_instance(rng):

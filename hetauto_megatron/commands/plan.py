@@ -22,8 +22,8 @@ The objective is the highest throughput (--objective throughput, the default) or
 (--objective cost: each cluster's price_per_device_hour in the inventory, for the devices the plan uses;
 reported as cost per 1M tokens whenever the clusters of the plan have prices). Constraints narrow the search:
 --max-devices, --use-clusters / --exclude-clusters (pin clusters in or out), --tp CLUSTER=N and
---recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all) and
---micro-batch-size. The plan records them (estimate.search; docs/search.md), and re-planning with --from keeps
+--recompute CLUSTER=MODE (pin a cluster's TP or recomputation), --max-pp (pipeline stages in all),
+--micro-batch-size and --max-iteration-s (a throughput floor, e.g. for the cost objective). The plan records them (estimate.search; docs/search.md), and re-planning with --from keeps
 them unless their flag is given.
 
 By default (--shapes all) the search also considers several pipelines joined by data parallelism (the clusters
@@ -105,6 +105,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
     g.add_argument("--micro-batch-size", type=int, metavar="N",
                    help="every mesh runs micro-batches of N samples (a power of two)")
+    g.add_argument("--max-iteration-s", type=float, metavar="SECONDS",
+                   help="a throughput floor: no plan slower than SECONDS per iteration (with --objective cost: the "
+                        "cheapest plan that runs at least this fast)")
     parser.add_argument("--shapes", choices=("all", "simple"), default=None,
                         help="all (default): also plan several pipelines joined by data parallelism and mixed replica "
                              "groups in a stage, keeping the best of those and the single pipeline; simple: one "
@@ -122,7 +125,7 @@ def add_arguments(parser) -> None:
                              "what moved; the job stays the old plan's (global "
                              "batch, precision, sequence length, engine, boundary schedule, --shapes) and so do its "
                              "objective and constraints (--objective, --max-devices, --use-clusters, "
-                             "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size; "
+                             "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size, --max-iteration-s; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
                              "dropped) unless its flag is given; stderr says what was kept")
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
@@ -330,7 +333,8 @@ def keep_search_of(old, args, con, inventory, kept: dict):
     given = {name for name, flag in (("objective", args.objective), ("max_devices", args.max_devices),
                                      ("use_clusters", args.use_clusters), ("exclude_clusters", args.exclude_clusters),
                                      ("tp", args.tp), ("recompute", args.recompute), ("max_pp", args.max_pp),
-                                     ("micro_batch_size", args.micro_batch_size)) if flag not in (None, [])}
+                                     ("micro_batch_size", args.micro_batch_size),
+                                     ("max_iteration_s", args.max_iteration_s)) if flag not in (None, [])}
     con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
     shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
     for name in names:
@@ -383,7 +387,8 @@ def constraints_from_args(args):
     return Constraints(objective=args.objective or "throughput", max_devices=args.max_devices,
                        use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
                        tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
-                       max_pp=args.max_pp, micro_batch_size=args.micro_batch_size)
+                       max_pp=args.max_pp, micro_batch_size=args.micro_batch_size,
+                       max_iteration_s=args.max_iteration_s)
 
 
 def interrupted() -> bool:

@@ -29,6 +29,7 @@ class Constraints:
     recompute: tuple = ()                  # ((cluster, mode), ...): every mesh of the cluster recomputes so
     max_pp: int | None = None              # pipeline stages in all
     micro_batch_size: int | None = None    # every mesh's micro-batch
+    max_iteration_s: float | None = None   # a throughput floor: no plan slower than this per iteration
 
     def tp_of(self, cluster: str) -> int | None:
         return dict(self.tp).get(cluster)
@@ -82,6 +83,9 @@ class Constraints:
             v = active.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise garbled(f"constraints.{name}", "a whole number, at least 1")
+        v = active.get("max_iteration_s")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+            raise garbled("constraints.max_iteration_s", "a number of seconds above 0")
         objective = record.get("objective", "throughput")
         if objective not in OBJECTIVES:
             raise garbled("objective", f"one of {', '.join(OBJECTIVES)}")
@@ -95,7 +99,8 @@ class Constraints:
 
 # The command-line flag of each constraint (messages name the flag the user typed).
 FLAGS = {"max_devices": "--max-devices", "use_clusters": "--use-clusters", "exclude_clusters": "--exclude-clusters",
-         "tp": "--tp", "recompute": "--recompute", "max_pp": "--max-pp", "micro_batch_size": "--micro-batch-size"}
+         "tp": "--tp", "recompute": "--recompute", "max_pp": "--max-pp", "micro_batch_size": "--micro-batch-size",
+         "max_iteration_s": "--max-iteration-s"}
 
 
 def keep_constraints(old: Constraints, given: Constraints, given_names: set, inventory: Inventory,
@@ -211,6 +216,9 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
                     ("--micro-batch-size", c.micro_batch_size)):
         if v is not None and v < 1:
             raise InputError(f"must be at least 1, got {v}", field=flag, fix=f"give {flag} 1 or more, or leave it out")
+    if c.max_iteration_s is not None and not 0 < c.max_iteration_s < math.inf:
+        raise InputError(f"must be a number of seconds above 0, got {c.max_iteration_s}", field="--max-iteration-s",
+                         fix="give the longest iteration you accept, e.g. --max-iteration-s 30, or leave it out")
     mb = c.micro_batch_size
     if mb is not None and (mb & (mb - 1) or gbs % mb):
         what = (f"{mb} is more than the global batch {gbs}" if mb > gbs else
@@ -282,7 +290,9 @@ def time_factor(seconds: float) -> float:
 def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int]) -> float:
     """What the search minimises for an iteration of `seconds` on the devices `used` (per cluster): the seconds,
     or with --objective cost the money (seconds times the devices' price per second) weighed by time
-    (TIME_WEIGHT; ties broken by time, TIE_BREAK)."""
+    (TIME_WEIGHT; ties broken by time, TIE_BREAK); infinite above --max-iteration-s."""
+    if c.max_iteration_s is not None and seconds > c.max_iteration_s:
+        return math.inf
     if c.objective != "cost" or not math.isfinite(seconds):
         return seconds
     dearest = max((cl.price_per_device_hour or 0.0 for cl in inventory.clusters), default=0.0)

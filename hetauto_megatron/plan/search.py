@@ -331,7 +331,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     best, exact, late = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score,
                                     deadline, cfg.progress)
     if best is None:
-        _raise_infeasible(model, inventory, ev, sp)
+        _raise_infeasible(model, inventory, ev, sp, exact)
     res, choices = best
     release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
@@ -368,19 +368,32 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
             res = ev.exact(resolved)
             if res.stage_layers is not None:
                 exact.append((res.iteration_time_s, resolved, res.stage_layers))
-            if res.stage_layers is not None and (best is None or score(res.iteration_time_s, resolved) <
-                                                 score(best[0].iteration_time_s, best[1]) - 1e-12):
+            # (a layout the objective refuses, e.g. slower than --max-iteration-s, is never the best)
+            if res.stage_layers is not None and math.isfinite(score(res.iteration_time_s, resolved)) and (
+                    best is None or score(res.iteration_time_s, resolved) <
+                    score(best[0].iteration_time_s, best[1]) - 1e-12):
                 best = (res, resolved)
             if checked >= rerank:
                 break
     return best, sorted(exact, key=lambda x: x[0]), False
 
 
-def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace):
+def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace,
+                      exact: list = ()):
+    """InfeasibleError saying why nothing was found: the throughput floor, memory, or the rules (`exact`: the
+    layouts the event simulation checked, as (seconds, layout, layers))."""
     if not ev.rejected:                 # the trees ran in other processes: price some layouts here
         value = layout_value(sp, ev)
         for path in space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES):
             value(path)
+    # layouts fit, but none runs fast enough: the event simulation's figures where it checked some
+    fastest = min([t for t, _, _ in exact] or [t for t, _ in ev.cache.values() if math.isfinite(t)], default=None)
+    limit = sp.con.max_iteration_s
+    if limit is not None and fastest is not None:
+        raise InfeasibleError(
+            f"{model.name}: no layout that fits runs within --max-iteration-s {limit:g} s per iteration (the "
+            f"fastest the search checked: {fastest:.3f} s). Fix: a larger --max-iteration-s, or more or faster "
+            "devices")
     largest = max(c.device.memory_gib for c in inventory.clusters)
     # the devices the search may use: the clusters not excluded, at most --max-devices
     usable = sum(c.num_devices for c in inventory.clusters if c.name not in sp.con.exclude_clusters)

@@ -65,6 +65,11 @@ class SpaceBounds:
         objective's time weight (constraints.TIME_WEIGHT) is at least where a node has no better time bound."""
         return COMPUTE_SLACK * self._flops / sum(self._rate.values())
 
+    def _within_floor(self, seconds: float) -> float:
+        """A time bound, or inf where it is above --max-iteration-s (no leaf below is a plan)."""
+        limit = self.con.max_iteration_s
+        return math.inf if limit is not None and seconds > limit else seconds
+
     def _weighed(self, money: float, seconds: float) -> float:
         """A money bound as a bound on the cost objective (money x seconds^TIME_WEIGHT), given a time bound of
         the same leaves."""
@@ -126,6 +131,7 @@ class SpaceBounds:
             elif complete:
                 b = max(b, min((self._pipeline_bound(order, True, s, (), None) for s in self.actions(path)),
                                default=math.inf))
+            b = self._within_floor(b)
             if self.con.objective == "cost":
                 # money: the time bound times the least the leaves below pay per second (the meshes decided so
                 # far, and one device of every other cluster of the order), and the cheapest price per FLOP
@@ -188,7 +194,7 @@ class SpaceBounds:
             else:
                 period = max(L / (rate0 + k / per), mid_max, per if extra else 0.0)
                 t = (m - 1) * period + L * fastest + (mid_sum + extra * per) - n * fastest
-            t = max(floor, t)
+            t = self._within_floor(max(floor, t))
             money = money0 + k * tp * dp * price
             b = max(cost_floor, t * money if math.isfinite(t) else t)
             if math.isfinite(b):
