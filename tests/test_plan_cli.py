@@ -454,6 +454,32 @@ def test_simulate_a_plan_file_alone_uses_the_model_and_inventory_it_stores(tmp_p
     assert bare.returncode == 2 and "missing --model and --inventory" in bare.stderr and "Traceback" not in bare.stderr
 
 
+def test_simulate_prices_the_plan_with_the_model_given(tmp_path):
+    """'simulate --plan F --model M' with M of the plan's depth and width but another vocabulary and sequence
+    (LLaMA-3-70B on a LLaMA-2-70B plan) printed the plan's own model's figures, unless --global-batch-size was
+    given too: it prices what the same plan file naming M prices. A model whose heads the plan's TP does not
+    divide is refused naming --model (it blamed --global-batch-size)."""
+    import dataclasses
+
+    from hetauto_megatron.plan.plan_file import save_plan
+    from hetauto_megatron.spec.model import PRESETS
+    plan = "examples/llama/plans/llama2-70b-736.yaml"
+    given = hetauto("simulate", "--plan", plan, "--model", "llama3-70b", "--json")
+    assert given.returncode == 0, given.stderr
+    named = tmp_path / "llama3.yaml"
+    save_plan(dataclasses.replace(load_plan(plan), model=PRESETS["llama3-70b"]), str(named))
+    alone = hetauto("simulate", "--plan", str(named), "--json")
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(given.stdout)["iteration_time_s"] == json.loads(alone.stdout)["iteration_time_s"]
+    assert json.loads(given.stdout)["iteration_time_s"] != json.loads(
+        hetauto("simulate", "--plan", plan, "--json").stdout)["iteration_time_s"]
+    heads = tmp_path / "two-heads.yaml"
+    heads.write_text("preset: llama2-70b\nnum_attention_heads: 2\nnum_query_groups: 2\n")
+    for command in (("simulate", "--plan", plan), ("explain", "--plan", plan), ("compare", plan)):
+        r = hetauto(*command, "--model", str(heads))
+        assert r.returncode == 2 and "'--model'" in r.stderr and "two-heads.yaml" in r.stderr, r.stderr
+
+
 def test_a_timeline_that_cannot_be_written_stops_before_the_search(tmp_path):
     """--timeline into a folder that does not exist was said after the whole search, with exit 2 and the plan file
     written anyway: now before the search, and nothing is written."""

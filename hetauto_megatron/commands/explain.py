@@ -90,7 +90,12 @@ def plan_inputs(args, plan_path: str, plan=None):
             raise InputError(f"the plan is for {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}), --model is {model.name}", file=plan_path, field="model",
                              fix="pass the plan's model, or leave --model out to use the one in the plan")
-        plan = dataclasses.replace(plan, model=model)
+        try:
+            plan = dataclasses.replace(plan, model=model)
+        except InputError as exc:   # the --model's shape does not suit the plan's meshes (TP vs heads, SP vs sequence)
+            raise InputError(f"does not suit the layout of {plan_path}: {exc.reason}", file=args.model,
+                             field="--model", fix="give a model the plan's layout runs, or make a plan for this one: "
+                             f"hetauto plan --model {args.model}") from None
     from ._common import as_priced_on, inventory_of
     inventory = inventory_of(getattr(args, "inventory", None) or None, plan, plan_path)
     if getattr(args, "inventory", None):

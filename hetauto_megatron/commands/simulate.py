@@ -118,7 +118,10 @@ def run(args) -> int:
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
                              f"hidden {model.hidden_size})", file=args.plan, field="model",
                              fix="pass the plan's model to --model")
-        if args.seq_length or args.global_batch_size:
+        # a --model that differs from the plan's (same depth and width, e.g. another vocabulary or sequence) is
+        # what runs: price the plan with it, as compare and explain do, instead of ignoring the flag
+        model_changed = args.model is not None and model != plan.model
+        if args.seq_length or args.global_batch_size or model_changed:
             gbs = args.global_batch_size or plan.global_batch_size
             try:
                 samples = plan.pipeline_samples
@@ -136,6 +139,11 @@ def run(args) -> int:
                     raise InputError(f"--seq-length {args.seq_length} does not suit the plan's layout: {exc.reason}",
                                      field="--seq-length", fix=f"give a multiple of {step} (what every mesh's tp "
                                      "divides)") from None
+                if model_changed and "global_batch_size" not in (exc.field or ""):
+                    # the --model's shape does not suit the plan's meshes (tp vs heads, SP vs sequence)
+                    raise InputError(f"does not suit the layout of {args.plan}: {exc.reason}", file=args.model,
+                                     field="--model", fix="give a model the plan's layout runs, or make a plan "
+                                     f"for this one: hetauto plan --model {args.model}") from None
                 # what-if batch that the plan's micro-batch step does not divide
                 raise InputError(exc.reason, field="--global-batch-size" if args.global_batch_size else exc.field,
                                  fix=exc.fix) from None
