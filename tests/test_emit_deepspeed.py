@@ -184,6 +184,8 @@ def test_cluster_named_like_a_generated_file_is_refused(tmp_path, capsys):
     (lambda ms: ms[0].update(recompute="selective"), "meshes[0].recompute"),
     (lambda ms: ms[1].update(device_type="h800"), "meshes[1].device_type"),
     (lambda ms: ms[0].update(boundary={"schedule": "overlapped", "depth": 1}), "meshes[0].boundary.schedule"),
+    (lambda ms: ms[0].update(settings={"overlap_grad_reduce": True}), "meshes[0].settings.overlap_grad_reduce"),
+    (lambda ms: ms[1].update(settings={"overlap_param_gather": True}), "meshes[1].settings.overlap_param_gather"),
 ])
 def test_plan_recorded_for_deepspeed_is_one_it_runs(change, field):
     """`engine: deepspeed` in a file is a job DeepSpeed's engine runs (one TP, DP and micro-batch size, one vendor,
@@ -198,3 +200,23 @@ def test_plan_recorded_for_deepspeed_is_one_it_runs(change, field):
     assert exc.value.field == field and exc.value.file == "p.yaml" and exc.value.fix
     del data["engine"]                                         # the same meshes are a Megatron plan
     assert plan_from_dict(data).engine == "megatron"
+
+
+def test_plan_recorded_for_deepspeed_reads_left_out_settings_as_it_runs_them_and_refuses_fp8():
+    """A file with `engine: deepspeed` whose meshes leave their settings out (a hand-written one) reads them as
+    that engine runs them (no overlaps, no sequence parallelism), not as Megatron's defaults, which were then
+    emitted as --overlap-grad-reduce and --sequence-parallel while the engine's pricing assumed neither; fp8,
+    which DeepSpeed's config has no setting for (`hetauto plan --engine deepspeed` refuses it), is refused."""
+    meshes = [mesh("a", 2, 1, 1, [4]), mesh("b", 2, 1, 1, [4])]
+    data = {"version": 4, "model": {"preset": "tiny"}, "global_batch_size": 8, "engine": "deepspeed", "meshes": meshes}
+    for m in plan_from_dict(data).meshes:
+        assert not (m.settings.sequence_parallel or m.settings.overlap_grad_reduce or m.settings.overlap_param_gather)
+        assert m.settings.distributed_optimizer                # what the engine runs too (ZeRO-1)
+    meshes[1]["settings"] = {"sequence_parallel": True}
+    with pytest.raises(InputError) as exc:
+        plan_from_dict(data, file="p.yaml")
+    assert exc.value.field == "meshes[1].settings.sequence_parallel" and "write false" in exc.value.fix
+    del meshes[1]["settings"]
+    with pytest.raises(InputError) as exc:
+        plan_from_dict({**data, "precision": "fp8"}, file="p.yaml")
+    assert exc.value.field == "precision" and exc.value.file == "p.yaml"

@@ -196,10 +196,9 @@ def run(args) -> int:
                          fix="give a number of processes, or 0 for one per core")
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
-    if args.engine == "deepspeed":
-        if args.precision == "fp8":
-            raise InputError("DeepSpeed has no fp8 setting", field="--precision",
-                             fix="plan --engine deepspeed with bf16, fp16 or fp32, or fp8 with --engine megatron")
+    if args.precision == "fp8" and args.engine and not ENGINES[args.engine].fp8:
+        raise InputError(f"engine {args.engine} has no fp8 setting", field="--precision",
+                         fix=f"plan --engine {args.engine} with bf16, fp16 or fp32, or fp8 with --engine megatron")
     check_timeline_paths(args.timeline)
     if old is not None:
         from ..plan.replan import warm_layouts

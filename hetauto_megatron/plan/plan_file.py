@@ -6,6 +6,7 @@ READABLE_VERSIONS, an older file meaning what it meant when it was written.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING
 
@@ -162,7 +163,7 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
                 recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
                 stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
-                setting_overrides=require_mapping(raw.get("settings") or {}, f"meshes[{i}].settings", file),
+                setting_overrides=_settings_as_written(raw, engine, f"meshes[{i}].settings", file),
                 boundary_schedule=get(boundary, "schedule", str, default="blocking", file=file, prefix=f"{p}boundary."),
                 boundary_depth=get(boundary, "depth", int, default=0, file=file, prefix=f"{p}boundary."),
                 pipeline=get(raw, "pipeline", int, default=0, file=file, prefix=p),
@@ -194,20 +195,46 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     return plan
 
 
+def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -> dict:
+    """A mesh's settings overrides; under an engine that does not run every setting (DeepSpeed's), a setting the
+    file leaves out is what that engine runs, not Megatron's default (which it would refuse as asking for more)."""
+    from .settings import ENGINES, as_run_by, default_settings
+    written = dict(require_mapping(raw.get("settings") or {}, field, file))
+    tp = raw.get("tp", 1)
+    if engine not in ENGINES or not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        return written          # (Plan and Mesh name these)
+    runs = as_run_by(default_settings(tp), engine)
+    return {**{f.name: getattr(runs, f.name) for f in dataclasses.fields(runs)
+               if f.name != "engine" and getattr(runs, f.name) != getattr(default_settings(tp), f.name)}, **written}
+
+
 def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     """A file that records an engine of one uniform pipeline (DeepSpeed's) describes a job that engine runs:
     `hetauto plan --engine deepspeed` plans nothing else, and a hand-written or edited file that asks for more would
     be priced and emitted as if it ran. (`hetauto simulate --engine deepspeed` of another engine's plan still prices
     how that engine would run it, and says it cannot; emit/deepspeed.py lists the gaps.)"""
     from ..spec.devices import get_device
-    from .settings import ENGINES
+    from .settings import ENGINES, as_run_by
     from .shapes import uniform_topology_gaps
     engine = ENGINES[plan.engine]
+    other = (f"drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine "
+             f"{plan.engine}")
+    if plan.precision == "fp8" and not engine.fp8:
+        raise InputError(f"is fp8: engine {plan.engine} (the file's 'engine') has no fp8 setting", file=file,
+                         field="precision", fix=f"write bf16, fp16 or fp32, or {other}")
+    for k, m in enumerate(plan.meshes):
+        # a setting the engine does not run (a hand edit, or a settings block left out: Megatron's defaults) would
+        # be priced and emitted as if it ran
+        runs = as_run_by(m.settings, plan.engine)
+        for f in dataclasses.fields(runs):
+            asked, run = (yaml.safe_dump(getattr(s, f.name)).split("\n")[0] for s in (m.settings, runs))
+            if f.name != "engine" and asked != run:
+                raise InputError(f"is {asked}: engine {plan.engine} (the file's 'engine') runs {run}", file=file,
+                                 field=f"meshes[{k}].settings.{f.name}", fix=f"write {run} (what it runs), or {other}")
     if not engine.simple_only:
         return
     meshes = plan.meshes
     why = f"engine {plan.engine} (the file's 'engine') runs one uniform pipeline"
-    other = "drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine deepspeed"
     for gap in uniform_topology_gaps(meshes, [get_device(m.device_type).vendor for m in meshes]):
         if gap in ("tp", "dp", "micro_batch_size"):
             k = next(k for k, m in enumerate(meshes) if getattr(m, gap) != getattr(meshes[0], gap))

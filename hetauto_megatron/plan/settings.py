@@ -171,6 +171,7 @@ class Engine:
                                     # all-gather: in the next iteration's first forward pre-hook (Megatron-Core
                                     # 0.19), or at the step's start ("step_start": 0.6-0.8; plan/tail_costs.py)
     runs_here: bool = True          # hetauto plans, emits and runs it (else a published run's engine, priced only)
+    fp8: bool = True                # trains in fp8 (Transformer Engine's layers); DeepSpeed's config has no setting
 
 
 ENGINES = {
@@ -207,7 +208,7 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
-                        selective_recompute=False),
+                        selective_recompute=False, fp8=False),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
     # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later
