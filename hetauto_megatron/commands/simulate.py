@@ -16,8 +16,8 @@ DeepSpeed's pipeline schedule, for plans run by DeepSpeed's engine): per stage c
 busy and bubble time, memory of the busiest device and whether it fits, and overall iteration time,
 tokens/s and model TFLOP/s per device, and the cost per 1M tokens when the inventory prices the plan's
 clusters (price_per_device_hour, for the devices the plan uses). Give either a plan file, or a homogeneous layout on one cluster
-(--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the exact
-split when they do not divide).
+(--tp/--pp/--dp/--micro-batch-size/--global-batch-size; the layers are split evenly, or by the planner's
+exact split when they do not divide).
 
 What-if without editing files: --set KEY=VALUE overrides the inventory (repeatable; units as in the
 inventory, docs/explain.md):
@@ -63,8 +63,8 @@ def add_arguments(parser) -> None:
                              "--engine runs it; every plan shape (repeatable)")
     g = parser.add_argument_group("homogeneous layout (instead of --plan; all five numbers needed)")
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (inside a node, dividing the heads)")
-    g.add_argument("--pp", type=int, metavar="N", help="pipeline stages (the layers split evenly, or by the exact "
-                                                       "split when they do not divide)")
+    g.add_argument("--pp", type=int, metavar="N", help="pipeline stages (the layers split evenly, or by the planner's "
+                                                       "exact split when they do not divide)")
     g.add_argument("--dp", type=int, metavar="N", help="data-parallel replicas; tp x pp x dp devices of the cluster")
     g.add_argument("--micro-batch-size", type=int, metavar="N", help="samples per micro-batch and replica")
     g.add_argument("--global-batch-size", type=int, metavar="N",
@@ -76,11 +76,35 @@ def add_arguments(parser) -> None:
     g.add_argument("--cluster", metavar="NAME", help="cluster to place it on (default: the inventory's first)")
 
 
+def homogeneous_split(model, inventory, cluster, layout: tuple, args, cost_model) -> list[int]:
+    """A homogeneous layout's layers per stage: even where the stages divide them (Megatron's own split), else
+    the planner's exact split of that layout (balancing the stage times with the embedding and the output layer,
+    within each stage's memory); where that finds none (the layout does not fit, or is not valid: the plan's
+    checks say why), as even as possible, the extra layers on the last stages."""
+    from ..errors import InputError
+    from ..plan.simulate import MeshChoice, evaluate_layout
+    tp, pp, dp, mbs, gbs = layout
+    layers = model.num_layers
+    if layers % pp == 0:
+        return [layers // pp] * pp
+    try:
+        res = evaluate_layout(model, inventory.with_precision(args.precision or "bf16"),
+                              [MeshChoice(cluster.name, tp, dp, mbs, args.recompute or "none", pp, ())], gbs,
+                              cost_model, exact=False, engine=args.engine)
+        if res.stage_layers is not None:
+            return list(res.stage_layers)
+    except (InputError, ValueError, ZeroDivisionError):
+        pass
+    if pp > layers:     # beyond one layer per stage: the first and the last hold the embedding or the head only
+        return [0] + [1] * layers + [0] * (pp - layers - 1)
+    base, extra = divmod(layers, pp)
+    return [base] * (pp - extra) + [base + 1] * extra
+
+
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.plan import Mesh, Plan, load_plan
     from ..plan.simulate import simulate
-    from ..plan.split import split_layers
     check_timeline_paths(args.timeline)
     from ..outputs import refuse_overwriting_inputs
     refuse_overwriting_inputs([("--timeline", t) for t in args.timeline or []],
@@ -165,9 +189,9 @@ def run(args) -> int:
                              fix=exc.fix) from None
         if pp > model.num_layers + 2:
             raise InputError(f"{pp} stages for {model.num_layers} layers", field="--pp",
-                             fix=f"use at most {model.num_layers} stages")
-        lo = [0 if i in (0, pp - 1) else 1 for i in range(pp)]
-        layers = split_layers([1.0] * pp, [0.0] * pp, lo, [model.num_layers] * pp, model.num_layers)
+                             fix=f"use at most {model.num_layers + 2} stages (the first and the last may hold "
+                                 "only the embedding and the output layer)")
+        layers = homogeneous_split(model, inventory, cluster, (tp, pp, dp, mbs, gbs), args, cost_model)
         try:
             plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute or "none",
                                           tuple(layers)),), precision=args.precision or "bf16")
