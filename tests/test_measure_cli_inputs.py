@@ -2,6 +2,7 @@
 exit 2 and one paragraph naming the file, the field and the fix, before anything is measured or fitted; and
 validate-cost-model --dryrun simulates a plan on the inventory it carries, as every command reading a plan."""
 import json
+import pathlib
 
 import pytest
 import yaml
@@ -209,3 +210,72 @@ def test_an_output_may_not_overwrite_a_file_of_an_input_folder(tmp_path):
     assert exc.value.field == "--timeline" and "--cost-model" in str(exc.value)
     (model / "trace.json").write_text("{}")
     refuse_overwriting_inputs([("--timeline", str(model / "trace.json"))], [("--cost-model", str(model))])
+
+
+def _published_table(tmp_path, edit) -> str:
+    """The packaged published-runs table with `edit(data)` applied, written to a file of its own."""
+    from hetauto_megatron.plan.calibration import TABLE
+    data = yaml.safe_load(open(TABLE))
+    edit(data)
+    path = tmp_path / "published.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _sources(data):
+    return [k for k, v in data.items() if isinstance(v, dict) and "rows" in v]
+
+
+def _keep_one_row(data):
+    first, *rest = _sources(data)
+    data[first]["rows"] = data[first]["rows"][:1]
+    for k in rest:
+        del data[k]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_keep_one_row, "rows"),                                                      # leave-one-out divided by 0
+    (lambda d: d[_sources(d)[0]]["rows"][0].update(batch=10 ** 12), ".rows[0].batch"),     # MemoryError
+    (lambda d: d[_sources(d)[0]]["rows"][0].update(tflops_per_gpu=float("nan")), ".rows[0].tflops_per_gpu"),
+    (lambda d: d[_sources(d)[0]]["rows"][0].update(tp=3), ".rows[0].gpus"),       # 2 GPUs silently dropped
+    (lambda d: d[_sources(d)[0]]["rows"][0].update(speed=1), ".rows[0].speed"),   # silently ignored
+])
+def test_a_published_table_that_cannot_be_validated_is_named(tmp_path, capsys, edit, field):
+    """validate-cost-model --published=FILE on a table of one run crashed (ZeroDivisionError), on a batch of 1e12
+    ran out of memory, and took a NaN throughput, a TP that does not divide the GPUs and an unknown key without a
+    word: each is refused naming the row's field."""
+    path = _published_table(tmp_path, edit)
+    rc, out, err = run_cli(["validate-cost-model", f"--published={path}"], capsys)
+    assert rc == 2 and "Traceback" not in err and "nan" not in out.lower(), err
+    assert path in err and "Fix:" in err and f"{field}'" in err, err
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update({m: {g: {"x": v for v in per_mb.values()} for g, per_mb in d[m].items()} for m in list(d)[:1]}),
+    lambda d: d.update({m: [] for m in list(d)[:1]}),
+])
+def test_sailor_profiles_not_laid_out_as_sailors_are_named(tmp_path, capsys, edit):
+    """`fit --sailor DIR` with a profiles_tmp.json whose micro-batch key is not a number, or whose model entry is a
+    list, crashed (ValueError, AttributeError): refused naming the file and the layout it expects."""
+    import shutil
+
+    from hetauto_megatron import data as packaged
+    src = pathlib.Path(packaged.__path__[0]) / "sailor"
+    shutil.copytree(src, tmp_path / "sailor")
+    profiles = tmp_path / "sailor" / "profiles_tmp.json"
+    d = json.loads(profiles.read_text())
+    edit(d)
+    profiles.write_text(json.dumps(d))
+    rc, _, err = run_cli(["fit", f"--sailor={tmp_path / 'sailor'}", "-o", str(tmp_path / "model")], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert str(profiles) in err and "profiles_tmp.json" in err and "Fix:" in err
+
+
+def test_a_profile_of_a_header_alone_is_refused_not_fitted_to_nan(tmp_path, capsys):
+    """A profile whose run was stopped before its first operator (the header alone) was fitted to NaN errors,
+    written into --json and the model's manifest as bare NaN (not JSON)."""
+    path = tmp_path / "profile.jsonl"
+    write_tiny_profile(path, rows=0)
+    rc, out, err = run_cli(["fit", str(path), "-o", str(tmp_path / "model"), "--json"], capsys)
+    assert rc == 2 and "NaN" not in out and "Traceback" not in err, err
+    assert str(path) in err and "no measured operators" in err

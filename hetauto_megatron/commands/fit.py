@@ -94,7 +94,7 @@ def run(args) -> int:
                          "whole layers, leave one model out (composition kept only where it beats the plain sum):",
                          ("device phase", "layers", "sum MAPE %", "composed MAPE %"))
     _leave_one_model_out(res.heldout, "traffic_mape_pct", " optimizer-step",
-                         "optimizer step per layer, leave one model out (kept only where it beats the bare memory "
+                         "optimizer step (one per stage and iteration), leave one model out (kept only where it beats the bare memory "
                          "traffic):", ("device", "rows", "traffic MAPE %", "fitted MAPE %"))
     return 0
 

@@ -322,6 +322,7 @@ def published_results(path: str | None, cost_model_dir: str | None) -> dict:
 
 
 def print_published_table(res: dict) -> None:
+    from ..plan import calibration as C
     rows = res["rows"]
     learned = "learned_s" in rows[0] if rows else False
     head = f"{'source':<15} {'model':<12} {'TP':>3} {'PP':>3} {'DP':>4} {'published s':>11} {'in-sample s':>11} " \
@@ -335,9 +336,12 @@ def print_published_table(res: dict) -> None:
             line += f" {r['learned_s']:>10.3f} {r['learned_error_pct']:>8.1f} {r['learned_source']:>9}"
         print(line)
     s = res["summary"]
-    print(f"\nanalytic, in sample (constants fitted on every run):  MAPE {s['analytic_in_sample']['mape_pct']:.1f} %, "
+    packaged = os.path.abspath(res["table"]) == os.path.abspath(C.TABLE)
+    label = ("analytic, in sample (constants fitted on every run):" if packaged else
+             "analytic, packaged constants (not fitted on this table):")
+    print(f"\n{label:<56} MAPE {s['analytic_in_sample']['mape_pct']:.1f} %, "
           f"worst {s['analytic_in_sample']['worst_pct']:.1f} %")
-    print(f"analytic, leave one out (fitted without the run):     MAPE {s['analytic_leave_one_out']['mape_pct']:.1f} %, "
+    print(f"{'analytic, leave one out (fitted without the run):':<56} MAPE {s['analytic_leave_one_out']['mape_pct']:.1f} %, "
           f"worst {s['analytic_leave_one_out']['worst_pct']:.1f} %")
     if "learned" in s:
         # the device types the learned model does not cover are priced by the analytic model (the 'by' column)

@@ -110,6 +110,38 @@ def published_iteration_time(flops_count: str, vocab: int, seq: int, row: dict) 
     return flops / (row["tflops_per_gpu"] * 1e12 * row["gpus"])
 
 
+_SOURCE_KEYS = {"rows", "vocab", "seq_len", "recompute", "runtime_settings"}
+_ROW_KEYS = ("params_b", "heads", "hidden", "layers", "tp", "pp", "gpus", "batch", "tflops_per_gpu")
+
+
+def _check_row(row, i: int, source: str, path: str) -> None:
+    """One row of a published-runs table: known keys, positive whole numbers, a whole data-parallel degree."""
+    from .mesh import MAX_GLOBAL_BATCH_SIZE
+    where = f"{source}.rows[{i}]"
+    if not isinstance(row, dict):
+        raise InputError(f"row {i} of {source} is not a mapping", file=path, field=where,
+                         fix=f"write each row as {{{', '.join(_ROW_KEYS)}}}")
+    unknown = sorted(set(row) - set(_ROW_KEYS) - {"dp"}, key=str)
+    if unknown:
+        raise InputError(f"row {i} of {source} has unknown key {unknown[0]!r}", file=path, field=f"{where}.{unknown[0]}",
+                         fix=f"use only {', '.join(_ROW_KEYS)} (and dp)")
+    for key in _ROW_KEYS:
+        v = row.get(key)
+        whole = key not in ("params_b", "tflops_per_gpu")
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+              and (not whole or isinstance(v, int)))
+        if not ok:
+            raise InputError(f"row {i} of {source}: {key} is {v!r}, not a positive {'whole ' if whole else ''}number",
+                             file=path, field=f"{where}.{key}", fix=f"give {key} as the published table states it")
+    if row["batch"] > MAX_GLOBAL_BATCH_SIZE:
+        raise InputError(f"row {i} of {source}: batch {row['batch']} is above {MAX_GLOBAL_BATCH_SIZE:,}", file=path,
+                         field=f"{where}.batch", fix="give the global batch in samples")
+    tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
+    if gpus % (tp * pp) or ("dp" in row and row["dp"] != gpus // (tp * pp)):
+        raise InputError(f"row {i} of {source}: gpus {gpus} is not tp x pp x dp ({tp} x {pp} x {row.get('dp', '?')})",
+                         file=path, field=f"{where}.gpus", fix="give gpus = tp x pp x dp")
+
+
 def published_runs(path: str = TABLE) -> list[PublishedRun]:
     data = load_yaml_file(path, "published-runs table")   # syntax, encoding, a directory: one paragraph each
     out = []
@@ -143,7 +175,12 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                              "parallelism, which Megatron-LM's --tp-comm-overlap requires", file=path,
                              field=f"{source}.tp_comm_overlap", fix="set sequence_parallel: true, or "
                              "tp_comm_overlap: false")
+        unknown = sorted(set(table) - set(cfg) - _SOURCE_KEYS, key=str)
+        if unknown:
+            raise InputError(f"source {source} has unknown key {unknown[0]!r}", file=path, field=f"{source}.{unknown[0]}",
+                             fix=f"use only {', '.join(sorted(set(cfg) | _SOURCE_KEYS))}")
         for i, row in enumerate(table["rows"]):
+            _check_row(row, i, source, path)
             try:
                 h = row["hidden"]
                 model = ModelSpec(name=f"gpt-{row['params_b']}b", num_layers=row["layers"], hidden_size=h,
@@ -219,6 +256,9 @@ def leave_one_out(path: str = TABLE, base: Calibration = DEFAULT_CALIBRATION) ->
     """Each run predicted with the FITTED constants fitted on all the other runs (each run is its own model).
     Returns the rows and, per run, the constants its fold used."""
     runs = published_runs(path)
+    if len(runs) < 2:
+        raise InputError(f"holds {len(runs)} run(s); leaving one out needs at least 2", file=path, field="rows",
+                         fix="add rows (the constants of each fold are fitted on the other runs)")
     rows, fits = [], []
     for i, held in enumerate(runs):
         cal = fit_constants(runs[:i] + runs[i + 1:], base)

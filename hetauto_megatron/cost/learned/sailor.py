@@ -119,6 +119,24 @@ def load_sailor(directory: str) -> list[SailorLayer]:
         raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
                          field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
                                                "or '--sailor' alone for the packaged copy")
+    try:
+        out = _load_sailor(path)
+    except (AttributeError, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as exc:
+        # the layout below, [model][gpu][micro_batch][tp][layer] = [fwd_s, bwd_s, update_s], broken somewhere
+        raise InputError(f"is not laid out as Sailor's profiles_tmp.json ({type(exc).__name__}: {str(exc)[:120]})",
+                         file=path, field="--sailor",
+                         fix="pass Sailor's file unchanged: {model: {gpu: {micro_batch: {tp: {layer: [fwd_s, bwd_s, "
+                             "update_s]}}}}}, micro-batch, TP and layer keys whole numbers (TP at least 1)") from None
+    if not out:
+        raise InputError("holds no usable measurements", file=path, field="--sailor",
+                         fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
+    prec = sailor_precisions(out)
+    out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
+    return with_tp_comm(out, out, read_allreduce_fits(directory))
+
+
+def _load_sailor(path: str) -> list[SailorLayer]:
+    """The layers of profiles_tmp.json at `path` (load_sailor checks the layout and finishes them)."""
     out = []
     for mname, spec, gpu, (dev, peak, bw), per_mb in _profiled_runs(read_json_file(path, field="--sailor")):
         for mb, per_tp in per_mb.items():
@@ -143,12 +161,7 @@ def load_sailor(directory: str) -> list[SailorLayer]:
                     b = sum(layers[str(i)][1] for i in tail)
                     out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("head", **common),
                                            tail[-1], float(f), float(b)))
-    if not out:
-        raise InputError("holds no usable measurements", file=path, field="--sailor",
-                         fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
-    prec = sailor_precisions(out)
-    out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
-    return with_tp_comm(out, out, read_allreduce_fits(directory))
+    return out
 
 
 def with_tp_comm(layers: list[SailorLayer], rates_from: list[SailorLayer], fits: dict) -> list[SailorLayer]:

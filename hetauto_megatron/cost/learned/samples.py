@@ -117,6 +117,9 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
         raise InputError("holds whole-layer timings ('hetauto profile --layers'), not operators", file=path,
                          field="granularity", fix="pass it to 'hetauto fit' together with the same device's operator "
                                                   "profile, or to 'hetauto validate-cost-model --profile'")
+    if not rows:
+        raise InputError("holds a header but no measured operators", file=path, field="rows",
+                         fix="run 'hetauto profile' again to fill it (it resumes into the file)")
     try:
         dev, db = str(header["device_type"]), int(header["dtype_bytes"])
         arithmetic = F.arithmetic_of(db, bool(header.get("tf32", False)))     # fp32 rows on TF32 (measure/profile.py)
@@ -216,6 +219,9 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
     if header.get("granularity") != "layer":
         raise InputError("holds operator timings, not whole layers", file=path, field="granularity",
                          fix="pass a file written by 'hetauto profile --layers'")
+    if not rows:
+        raise InputError("holds a header but no measured layers", file=path, field="rows",
+                         fix="run 'hetauto profile --layers' again to fill it (it resumes into the file)")
     out = []
     for r in rows:
         try:
