@@ -76,8 +76,12 @@ def _priced(inventory, prices: dict):
 def _pipelines(plan) -> str:
     """'4 stages x 32 micro-batches', one such part per pipeline of a plan of several."""
     several = plan.num_pipelines > 1
-    parts = [f"{'P%d: ' % p if several else ''}{sum(len(plan.meshes[pos[0]].stage_layers) for pos in plan.positions(p))}"
-             f" stages x {plan.pipeline_micro_batches(p)} micro-batches" for p in range(plan.num_pipelines)]
+    parts = []
+    for p in range(plan.num_pipelines):
+        stages = sum(len(plan.meshes[pos[0]].stage_layers) for pos in plan.positions(p))
+        m = plan.pipeline_micro_batches(p)
+        parts.append(f"{'P%d: ' % p if several else ''}{stages} stage{'s' if stages != 1 else ''} x {m} "
+                     f"micro-batch{'es' if m != 1 else ''}")
     side = any(m.alongside for m in plan.meshes)
     return "; ".join(parts) + (" (replica groups side by side)" if side else "")
 
@@ -110,7 +114,7 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
            "tflops_per_device": est["tflops_per_device"], "peak_memory_share": peak[0],
            "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "peak_memory_gib": peak[1],
            "peak_memory_capacity_gib": peak[2], "fits": bool(est["fits"]),
-           "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
+           "engine": plan.engine, "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
            "pipeline": _pipelines(plan),
            # '+': a replica group alongside the mesh before it (as the simulate table marks it)
            "meshes": ", ".join(f"{'P%d ' % m.pipeline if several else ''}{'+' if m.alongside else ''}{m.cluster} "
@@ -127,6 +131,7 @@ ROWS = [("iteration_time_s", "iteration s", "{:.3f}", "min"), ("tokens_per_s", "
         ("tflops_per_device", "TFLOP/s per device", "{:.1f}", "max"),
         ("cost_per_million_tokens", "cost per 1M tokens", "{:.3f}", "min"),
         ("peak_memory", "peak memory", "{}", None), ("fits", "fits in memory", "{}", None),
+        ("engine", "engine", "{}", None),
         ("devices", "devices", "{}", None), ("clusters", "clusters (devices)", "{}", None),
         ("meshes", "meshes", "{}", None), ("pipeline", "pipeline", "{}", None),
         ("cross_cluster_bytes", "cross-cluster GB/iteration", "{:.2f}", "min"), ("bottleneck", "bottleneck", "{}", None)]

@@ -98,9 +98,13 @@ class Mesh:
             raise InputError(f"must be one of {', '.join(BOUNDARY_SCHEDULES)}, got {self.boundary_schedule!r}",
                              field="boundary.schedule", fix="write schedule: blocking or schedule: overlapped")
         if isinstance(self.boundary_depth, bool) or not isinstance(self.boundary_depth, int) or \
-                self.boundary_depth < 0 or (self.boundary_schedule == "blocking" and self.boundary_depth):
-            raise InputError(f"must be a whole number >= 0 (0 for a blocking boundary), got {self.boundary_depth!r}",
+                self.boundary_depth < 0:
+            raise InputError(f"must be a whole number >= 0, got {self.boundary_depth!r}",
                              field="boundary.depth", fix="write depth: 0, 1, 2, ... (extra warm-up micro-batches)")
+        if self.boundary_schedule == "blocking" and self.boundary_depth:
+            raise InputError(f"is {self.boundary_depth} on a blocking boundary, which has no extra warm-up",
+                             field="boundary.depth", fix="write depth: 0, or schedule: overlapped for a boundary "
+                                                         "that sends while the stages compute")
         if isinstance(self.pipeline, bool) or not isinstance(self.pipeline, int) or self.pipeline < 0:
             raise InputError(f"must be a whole number >= 0, got {self.pipeline!r}", field="pipeline",
                              fix="write pipeline: 0 for the first pipeline, 1 for the second, and so on")
