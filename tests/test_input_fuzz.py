@@ -471,6 +471,10 @@ def _edit(doc, path, value):
     (("boosters",), 3, "boosters"),
     (("boosters",), {"layer_fwd": 4}, "boosters"),
     (("boosters",), {"layer_fwd": "layer_fwd.txt"}, "boosters"),
+    # an entry of another device's name, a booster file outside the model's directory: they were read
+    (("devices", "a100-40gb", "name"), "h100-sxm", "devices.a100-40gb"),
+    (("boosters",), {"layer_fwd": "/etc/passwd"}, "boosters.layer_fwd"),
+    (("boosters",), {"layer_fwd": "../other/layer_fwd.txt"}, "boosters.layer_fwd"),
 ])
 def test_garbled_cost_model_manifest(path, value, field, tmp_path, capsys):
     d = tmp_path / "model"
@@ -486,6 +490,19 @@ def test_garbled_cost_model_manifest(path, value, field, tmp_path, capsys):
     rc, _, err = run_cli(argv, capsys)
     check_error(rc, err, field=field, words=["manifest.json" if field != "boosters" or "txt" not in str(value)
                                              else "LightGBM"])
+
+
+def test_cost_model_manifest_without_its_devices_table_is_refused(tmp_path, capsys):
+    """A manifest without `devices` (which every fit writes) was read as covering no device: every device then
+    fell back to the analytic model without a word."""
+    d = tmp_path / "model"
+    d.mkdir()
+    doc = _manifest()
+    del doc["devices"]
+    (d / "manifest.json").write_text(json.dumps(doc))
+    rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", CPU_INV, "--tp", "1", "--pp", "2", "--dp",
+                          "1", "--micro-batch-size", "1", "--global-batch-size", "8", "--cost-model", str(d)], capsys)
+    check_error(rc, err, field="devices", words=["manifest.json"])
 
 
 @pytest.mark.parametrize("search, field", [(7, "estimate.search"),

@@ -69,6 +69,7 @@ def _device_infos(raw, path: str) -> dict:
             else:
                 ok = ok and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
         ok = ok and v["arithmetic"] in F.ARITHMETIC_BYTES and F.ARITHMETIC_BYTES[v["arithmetic"]] == v["dtype_bytes"]
+        ok = ok and v.get("name", name) == name     # (the entry of a device is that device's)
         if not ok:
             raise InputError(f"has a garbled entry for {name!r} (expected {', '.join(kinds)}, each a figure of "
                              "the right kind)", file=path, field=f"devices.{name}", fix="re-fit it with 'hetauto fit'")
@@ -143,7 +144,9 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
         raise InputError(f"was fitted with feature version {man.get('feature_version')}, this version uses "
                          f"{F.FEATURE_VERSION}", file=path, field="feature_version",
                          fix="re-fit it: 'hetauto fit PROFILES -o DIR'")
-    devices = _device_infos(man.get("devices", {}), path)
+    if "devices" not in man:        # (a fit always writes it: without it every device fell back to analytic)
+        raise InputError("has no 'devices' table", file=path, field="devices", fix="re-fit it with 'hetauto fit'")
+    devices = _device_infos(man["devices"], path)
     tables = {}
     for table in ("calibration", "composition", "optimizer_step"):
         try:
@@ -170,6 +173,10 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
         raise InputError("must map each booster's name to its file name", file=path, field="boosters",
                          fix="re-fit it with 'hetauto fit'")
     for name, fname in named.items():
+        # a booster is a file of the model's own directory (a name that leads out of it is never what fit writes)
+        if os.path.isabs(fname) or os.path.basename(fname) != fname or fname in ("", ".", ".."):
+            raise InputError(f"booster {name!r} names {fname!r}, not a file of the model's directory", file=path,
+                             field=f"boosters.{name}", fix="re-fit it with 'hetauto fit'")
         fpath = os.path.join(model_dir, fname)
         if not os.path.isfile(fpath):
             raise InputError(f"booster file {fname} is missing", file=model_dir, field="boosters",
