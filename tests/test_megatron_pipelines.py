@@ -113,6 +113,8 @@ MISMATCHES = [
     ("--make-vocab-size-divisible-by", "1", ["--make-vocab-size-divisible-by 1", "rows", "drop the flag"]),
     # another layout than the plan's (it was replaced by the plan's without a word)
     ("--tensor-model-parallel-size", "8", ["--tensor-model-parallel-size 8 (plan: ", "another parallel layout"]),
+    # a typed 1 where the plan has 2 stages (it was taken for Megatron's default of 1, and passed)
+    ("--pipeline-model-parallel-size", "1", ["--pipeline-model-parallel-size 1 (plan: 2", "another parallel layout"]),
 ]
 
 

@@ -3,8 +3,8 @@
 Megatron-LM builds its parser and then lets the entry script add its own arguments through one callable
 (`parse_and_validate_args(extra_args_provider=...)`). An entry script may already use that slot (Megatron-LM's
 pretrain_gpt.py passes ModelOpt's provider when it is installed), so ours composes with an existing provider
-instead of replacing it. It also marks the defaults of Megatron's dropout flags (`ParserDefault`), so the
-`--hetauto` rewrite can tell a dropout the user typed from one the parser filled in. Importing this module costs
+instead of replacing it. It also marks the defaults of Megatron's dropout and layout flags (`ParserDefault`,
+`ParserDefaultInt`), so the `--hetauto` rewrite can tell a value the user typed from one the parser filled in. Importing this module costs
 nothing: no torch, no megatron.
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ ArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 GROUP_TITLE = "hetauto (heterogeneous multi-cluster training)"
 # Megatron's attributes of --hidden-dropout and --attention-dropout (plan/settings.py MEGATRON_ARGS)
 DROPOUT_ARGS = tuple(arg for arg, (_, setting) in MEGATRON_ARGS.items() if setting in DROPOUT_KEYS)
+# the parallel layout a launch may give, which must then be the plan's (rewrite.check_layout_args)
+LAYOUT_ARGS = ("tensor_model_parallel_size", "micro_batch_size", "pipeline_model_parallel_size")
 
 
 class ParserDefault(float):
@@ -33,19 +35,31 @@ class ParserDefault(float):
         return float, (float(self),)
 
 
-def mark_dropout_defaults(parser: argparse.ArgumentParser) -> None:
-    """Make the defaults of Megatron's dropout flags ParserDefault values (idempotent; a parser without the
-    flags is left as it is)."""
+class ParserDefaultInt(int):
+    """A layout degree as Megatron's parser gives it when the flag is absent (TP and PP 1): only this mark tells
+    an absent --tensor-model-parallel-size from a typed 1, which must then be the plan's (argparse converts typed
+    values with int(): never a ParserDefaultInt). Pickled as a plain int."""
+
+    def __reduce__(self):
+        return int, (int(self),)
+
+
+def mark_parser_defaults(parser: argparse.ArgumentParser) -> None:
+    """Make the defaults of Megatron's dropout flags ParserDefault values and those of its layout flags
+    ParserDefaultInt values (idempotent; a parser without the flags is left as it is)."""
     for action in parser._actions:
         if action.dest in DROPOUT_ARGS and isinstance(action.default, float) \
                 and not isinstance(action.default, ParserDefault):
             action.default = ParserDefault(action.default)
+        if action.dest in LAYOUT_ARGS and isinstance(action.default, int) \
+                and not isinstance(action.default, (bool, ParserDefaultInt)):
+            action.default = ParserDefaultInt(action.default)
 
 
 def add_hetauto_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add --hetauto, --hetauto-plan and --hetauto-cluster to a Megatron parser, and mark its dropout defaults
-    (idempotent)."""
-    mark_dropout_defaults(parser)
+    """Add --hetauto, --hetauto-plan and --hetauto-cluster to a Megatron parser, and mark its dropout and layout
+    defaults (idempotent)."""
+    mark_parser_defaults(parser)
     if any(a.dest == "hetauto" for a in parser._actions):
         return parser  # a provider chain may call us twice; argparse would reject the duplicate flags
     g = parser.add_argument_group(GROUP_TITLE)

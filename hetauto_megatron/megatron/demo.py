@@ -61,10 +61,10 @@ def training_flags(iters: int, seed: int) -> list[str]:
 
 
 def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[str]:
-    """The command line of the --hetauto run (TP, DP, micro-batch, layout come from the plan)."""
+    """The command line of the --hetauto run (TP, DP, micro-batch, layout come from the plan: a layout flag
+    typed must be the plan's, rewrite.check_layout_args, so none is)."""
     return (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
-            ["--micro-batch-size", "1", "--global-batch-size", str(plan.global_batch_size),
-             "--hetauto", "--hetauto-plan", plan_path])
+            ["--global-batch-size", str(plan.global_batch_size), "--hetauto", "--hetauto-plan", plan_path])
 
 
 def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int]:

@@ -45,7 +45,7 @@ from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords
-from .args import ParserDefault
+from .args import ParserDefault, ParserDefaultInt
 from .unpriced import check_unpriced
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
@@ -360,8 +360,8 @@ def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | No
     """A parallel layout the launch gave must be one the plan runs there, or the user meant another job: TP and
     the micro-batch of some mesh of the rank's cluster in its pipeline (a launch script lists one of them where
     meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline (the interleaved
-    schedule is refused first: megatron/unpriced.py). Megatron's default (1, or unset) is not told from a typed
-    one, and passes."""
+    schedule is refused first: megatron/unpriced.py). Megatron's default (1, marked: args.py ParserDefaultInt, or
+    unset) passes; a typed 1 is checked."""
     mesh = plan.meshes[placement.mesh_index]
     here = [m for m in plan.meshes if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
     clashes = []
@@ -369,7 +369,7 @@ def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | No
                          ("micro_batch_size", sorted({m.micro_batch_size for m in here})),
                          ("pipeline_model_parallel_size", [mesh_layout(plan, placement.mesh_index).num_stages])):
         have = getattr(args, dest, None)
-        if have is not None and int(have) != 1 and int(have) not in values:
+        if have is not None and not isinstance(have, ParserDefaultInt) and int(have) not in values:
             clashes.append(f"--{dest.replace('_', '-')} {have} (plan: {' or '.join(map(str, values))} on cluster "
                            f"{mesh.cluster})")
     if clashes:
