@@ -19,7 +19,7 @@ With --hetauto, per rank:
    with this rank's own mesh groups (DDP, the optimizer and the data loader still read those globals; one
    process belongs to exactly one mesh, so the globals are unambiguous), and returns the plan's
    `p2p_communicator` and `pg_collection` with `skip_model_parallel_init=True`;
-4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (every parameter
+4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (training_seams.py: every parameter
    several mesh stages hold, the tied embedding table's two ends included, starts from its first holder's
    values (replica_sync.ReplicaWeights) and has its gradient summed across holders in finalize_model_grads
    (replica_sync.ReplicaSync, as in the dry run); a global gradient norm that counts each parameter once), and
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import inspect
 import io
 import math
@@ -47,6 +46,7 @@ from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
+from .training_seams import install_gradient_rules
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
 # pg_collection, skip_model_parallel_init; the parallel_state globals filled below).
@@ -305,7 +305,7 @@ def pretrain_kwargs(args) -> dict:
         state.context = ctx
         state.communicator = HeteroP2PCommunicator(ctx, core_transformer_config_from_args(args),
                                                    timeout_s=_timeout_s())
-        _install_gradient_rules(state)
+        install_gradient_rules(state)
     return {"p2p_communicator": state.communicator, "pg_collection": state.context.pg,
             "skip_model_parallel_init": True}
 
@@ -334,112 +334,6 @@ def _destroy_groups_at_exit(timeout_s: float) -> None:
     if worker.is_alive():
         print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",
               file=sys.stderr, flush=True)
-
-
-def _install_gradient_rules(state: _State) -> None:
-    """Once Megatron has built the model, before the optimizer copies its parameters: every holder of a shared
-    parameter gets its first holder's values, so the tied output layer gets the first stage's embeddings
-    (Megatron's own copy needs an embedding group, which a plan spanning TP sizes has not). After model and
-    optimizer: the runtime's finalize-grads function on the model config (training.train keeps a finalize
-    function that is already set) and the once-per-parameter global norm."""
-    import megatron.training.training as training
-    from megatron.core.utils import get_model_config
-
-    from ..runtime import gradients
-
-    original = training.setup_model_and_optimizer
-    if getattr(original, "_hetauto", False):
-        return
-    original_get_optimizer = training.get_megatron_optimizer
-
-    # Both of Megatron-LM's model paths (model_provider and the config builder NVIDIA's pretrain_gpt.py takes)
-    # hand the built model to get_megatron_optimizer, which copies the parameters into the optimizer.
-    ctx, counter = state.context, state.communicator.bytes_sent
-
-    @functools.wraps(original_get_optimizer)
-    def get_megatron_optimizer(config, model_chunks, *a, **kw):
-        if ctx.replica_group is not None:
-            # several mesh stages hold a parameter (the tied output layer, other pipelines, meshes side by side):
-            # every holder starts from its first holder's weights (replica_sync.ReplicaWeights)
-            from ..runtime.replica_sync import ReplicaWeights
-            ReplicaWeights(ctx, model_chunks, counter=counter).copy(model_chunks)
-        return original_get_optimizer(config, model_chunks, *a, **kw)
-
-    training.get_megatron_optimizer = get_megatron_optimizer
-
-    @functools.wraps(original)
-    def setup_model_and_optimizer(*a, **kw):
-        model, optimizer, scheduler = original(*a, **kw)
-        replicas = None
-        if ctx.replica_group is not None:
-            # as the dry run (runtime/train.py): after each mesh's DP reduction, in finalize_model_grads, every
-            # shared parameter's gradient (the tied table's too) is summed across its holders weighted by their
-            # share of the batch
-            from ..runtime.replica_sync import ReplicaSync
-            replicas = ReplicaSync(ctx, model, counter=counter)
-        get_model_config(model[0]).finalize_model_grads_func = gradients.make_finalize_model_grads(
-            ctx, replicas)
-        if optimizer is not None:
-            gradients.count_grad_norm_once(optimizer, ctx, replicas)
-        return model, optimizer, scheduler
-
-    setup_model_and_optimizer._hetauto = True
-    training.setup_model_and_optimizer = setup_model_and_optimizer
-    _install_step_bounds(state)
-    _install_checkpoint_record(state)
-    if not state.plan.is_simple:
-        from .plan_data import install_plan_batches
-        install_plan_batches(state)
-
-
-def _install_checkpoint_record(state: _State) -> None:
-    """After each checkpoint Megatron-LM's loop saves, global rank 0 writes the plan layout it was saved under
-    beside it (megatron/checkpoint_plan.py), which a later --load checks."""
-    import megatron.training.training as training
-    import torch.distributed as dist
-    from megatron.training import get_args
-
-    original = training.save_checkpoint
-    if getattr(original, "_hetauto", False):
-        return
-
-    @functools.wraps(original)
-    def save_checkpoint(iteration, *a, **kw):
-        out = original(iteration, *a, **kw)
-        save = getattr(get_args(), "save", None)
-        if save and dist.get_rank() == 0:
-            checkpoint_plan.write_record(state.plan, save, state.plan_file, iteration)
-        return out
-
-    save_checkpoint._hetauto = True
-    training.save_checkpoint = save_checkpoint
-
-
-def _install_step_bounds(state: _State) -> None:
-    """Every schedule run of Megatron-LM's loop (training and evaluation) is bracketed by the communicator's
-    begin_step / end_step, so overlapped cross-cluster boundaries post their receives ahead and complete their
-    sends within the step (runtime/cross_link.py)."""
-    import megatron.training.training as training
-
-    original = training.get_forward_backward_func
-    if getattr(original, "_hetauto", False):
-        return
-    comm = state.communicator
-
-    @functools.wraps(original)
-    def get_forward_backward_func(*a, **kw):
-        run = original(*a, **kw)
-
-        @functools.wraps(run)
-        def bounded(*args, **kwargs):
-            comm.begin_step(kwargs["num_microbatches"])
-            out = run(*args, **kwargs)
-            comm.end_step()
-            return out
-        return bounded
-
-    get_forward_backward_func._hetauto = True
-    training.get_forward_backward_func = get_forward_backward_func
 
 
 def _exit_for_user(exc: InputError):
