@@ -9,7 +9,7 @@ from helpers import leaves_within_bounds, run_hetauto
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
-from hetauto_megatron.plan.constraints import Constraints
+from hetauto_megatron.plan.constraints import TIME_WEIGHT, Constraints
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.plan.search import SearchConfig, layout_value, search
@@ -250,7 +250,31 @@ def test_throughput_floor_bounds_the_cost_objectives_time(priced, tmp_path):
     assert again["kept_from_plan"]["max_iteration_s"] == float(f"{floor:.3f}")
     r = run_hetauto(*PLAN, "--inventory", priced, "--max-iteration-s", f"{time['fastest'] / 2:.4f}")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
-    assert "the constraint that binds: --max-iteration-s" in r.stderr and "no layout that fits runs within" in r.stderr
+    assert "the constraint that binds: --max-iteration-s" in r.stderr and "no plan that fits runs within" in r.stderr
+
+
+def test_a_floor_the_fastest_plan_meets_keeps_it_and_a_looser_floor_is_never_worse():
+    """The README's three clusters priced 2.5 (H800), 1.2 (910B) and 2.0 (MI300X), LLaMA-2-70B. A floor 0.5 %
+    above the fastest plan's time: the throughput objective keeps that plan on every seed (it exited 3 on seeds 0
+    and 2: every layout above the floor was worth nothing, so the tree had nothing to steer by, and the single
+    pipeline's search ended the command before the other shapes were tried). The cost objective under a looser
+    floor is never worse by its own measure (cost per token x seconds^TIME_WEIGHT): the tighter floor's plan meets
+    the looser one too (a floor of 24 s gave a dearer and slower plan than 23 s)."""
+    args = ("--model", "llama2-70b", "--inventory", "examples/llama/inventory-3clusters.yaml", "--global-batch-size",
+            "512", "--workers", "1", "--set", "cluster.h800.price_per_device_hour=2.5",
+            "--set", "cluster.ascend.price_per_device_hour=1.2", "--set", "cluster.mi300x.price_per_device_hour=2.0")
+    tokens = 512 * PRESETS["llama2-70b"].seq_length
+    fastest = tokens / plan_json(*args)["tokens_per_s"]
+    for seed in ("0", "2"):
+        out = plan_json(*args, "--seed", seed, "--max-iteration-s", f"{fastest * 1.005:.4f}")
+        assert tokens / out["tokens_per_s"] == pytest.approx(fastest, rel=1e-3)
+    values = []
+    for floor in (1.05, 1.10, 1.15):
+        out = plan_json(*args, "--objective", "cost", "--max-iteration-s", f"{fastest * floor:.4f}")
+        seconds = tokens / out["tokens_per_s"]
+        assert seconds <= fastest * floor * (1 + 1e-6)
+        values.append(out["cost_per_million_tokens"] * seconds ** TIME_WEIGHT)
+    assert all(looser <= tighter * (1 + 1e-9) for tighter, looser in zip(values, values[1:])), values
 
 
 def _priced_instance(rng):
@@ -271,6 +295,27 @@ def test_cost_bounds_never_exceed_the_cost_of_the_leaves_below():
         inv = _priced_instance(rng)
         sp = space_mod.SearchSpace(model, inv, 64, COST, constraints=Constraints(objective="cost"))
         value = layout_value(sp, LayoutEvaluator(model, inv, 64, COST))
+        leaves += leaves_within_bounds(sp, value, 400) + leaves_within_bounds(sp, value, 400, rng)
+    assert leaves > 400
+
+
+def test_bounds_under_a_throughput_floor_never_exceed_the_leaves_below():
+    """Under --max-iteration-s a leaf above the floor is worth more than any below it (constraints.objective_value):
+    the bounds (constraints.bound_under_floor) stay below every leaf, for both objectives, with the floor at the
+    median time of the tree's first leaves, so that leaves lie on both sides of it."""
+    rng = random.Random(5)
+    model, leaves = PRESETS["llama2-7b"], 0
+    for objective in ("cost", "throughput"):
+        inv = _priced_instance(rng)
+        ev = LayoutEvaluator(model, inv, 64, COST)
+        plain = space_mod.SearchSpace(model, inv, 64, COST)
+        seconds = layout_value(plain, ev)
+        times = sorted(t for t in (seconds(leaf)[0] for leaf in space_mod.leaves(plain, limit=300))
+                       if math.isfinite(t))
+        floor = times[len(times) // 2]
+        sp = space_mod.SearchSpace(model, inv, 64, COST,
+                                   constraints=Constraints(objective=objective, max_iteration_s=floor))
+        value = layout_value(sp, ev)
         leaves += leaves_within_bounds(sp, value, 400) + leaves_within_bounds(sp, value, 400, rng)
     assert leaves > 400
 

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InfeasibleError, InputError
 from ..spec.inventory import Inventory
 from .plan import RECOMPUTE_MODES
 
@@ -290,15 +290,47 @@ def time_factor(seconds: float) -> float:
 def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int]) -> float:
     """What the search minimises for an iteration of `seconds` on the devices `used` (per cluster): the seconds,
     or with --objective cost the money (seconds times the devices' price per second) weighed by time
-    (TIME_WEIGHT; ties broken by time, TIE_BREAK); infinite above --max-iteration-s."""
-    if c.max_iteration_s is not None and seconds > c.max_iteration_s:
-        return math.inf
+    (TIME_WEIGHT; ties broken by time, TIE_BREAK). Above --max-iteration-s, worse than every plan within it and
+    ordered by time alone (`floor_ceiling`), so the search is still steered towards the floor."""
+    limit = c.max_iteration_s
+    if limit is not None and math.isfinite(seconds) and seconds > limit:
+        return floor_ceiling(c, inventory) * seconds / limit
     if c.objective != "cost" or not math.isfinite(seconds):
         return seconds
     dearest = max((cl.price_per_device_hour or 0.0 for cl in inventory.clusters), default=0.0)
     if dearest == 0:
         return seconds      # every device free: the fastest plan costs nothing too
     return seconds * (price_per_second(inventory, used) * time_factor(seconds) + TIE_BREAK * dearest / 3600)
+
+
+def floor_ceiling(c: Constraints, inventory: Inventory) -> float:
+    """Under --max-iteration-s L: an objective no plan within L exceeds (all of the inventory's devices for L
+    seconds; L itself under the throughput objective). A plan above L is worth this x its seconds / L: more than
+    any plan within L, the faster the better (a lower bound of it from a time bound: `bound_under_floor`)."""
+    every = {cl.name: cl.num_devices for cl in inventory.clusters if cl.price_per_device_hour is not None}
+    return objective_value(dataclasses.replace(c, max_iteration_s=None), inventory, c.max_iteration_s, every)
+
+
+def bound_under_floor(c: Constraints, inventory: Inventory, value_bound: float, seconds_bound: float) -> float:
+    """A lower bound on the objective of leaves whose objective without --max-iteration-s is at least
+    `value_bound` and whose time is at least `seconds_bound`: above the floor, the floor's value of that time;
+    else the smaller of `value_bound` (a leaf within it) and the ceiling (one above it)."""
+    if c.max_iteration_s is None or not math.isfinite(value_bound) or not math.isfinite(seconds_bound):
+        return value_bound
+    ceiling = floor_ceiling(c, inventory)
+    if seconds_bound > c.max_iteration_s:
+        return ceiling * seconds_bound / c.max_iteration_s
+    return min(value_bound, ceiling)
+
+
+def check_floor(model, c: Constraints, seconds: float) -> None:
+    """InfeasibleError where the best plan found runs slower than --max-iteration-s: every plan within it is worth
+    more than any above it, and the fastest above it the most (objective_value), so the search found none."""
+    limit = c.max_iteration_s
+    if limit is not None and seconds > limit:
+        raise InfeasibleError(
+            f"{model.name}: no plan that fits runs within --max-iteration-s {limit:g} s per iteration (the fastest "
+            f"the search found: {seconds:.3f} s). Fix: a larger --max-iteration-s, or more or faster devices")
 
 
 def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:

@@ -34,7 +34,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing
 from .batch_split import split_batch
-from .constraints import Constraints, devices_by_cluster, objective_value
+from .constraints import Constraints, check_floor, devices_by_cluster, objective_value
 from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, SearchResult, search
@@ -98,12 +98,14 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     if shapes not in SHAPES:
         raise InputError(f"unknown value {shapes!r}", field="--shapes", fix="use all or simple")
     t0 = time.perf_counter()
-    base = search(model, inventory, gbs, cost, cfg)
     con = cfg.constraints or Constraints()
+    # under --max-iteration-s a single pipeline slower than it is the start that the other shapes must beat
+    base = search(model, inventory, gbs, cost, cfg, over_floor_ok=shapes != "simple")
     plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
     best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
     out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
     if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
+        check_floor(model, con, base.iteration_time_s)
         out.seconds = time.perf_counter() - t0
         return out
     if cfg.warm_plan is not None and con.max_devices is None:
@@ -121,6 +123,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
         best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg), con, usable, best, out, deadline)
     out.levels_cut = out.levels_cut or _out_of_time(deadline)
+    check_floor(model, con, best[1])
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
     out.say = None
@@ -432,8 +435,10 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
             continue
         _progress(out, f"{c}'s pipeline with groups of {'+'.join(partners)} alongside")
         try:
+            # (under --max-iteration-s the cluster alone may be slower than it: the groups alongside may bring
+            # the plan under it)
             r = search(model, inventory, gbs, cost, dataclasses.replace(
-                _in_time(cfg, deadline), constraints=_block_constraints(con, [c], names)))
+                _in_time(cfg, deadline), constraints=_block_constraints(con, [c], names)), over_floor_ok=True)
         except (InfeasibleError, InputError):
             continue
         out.levels_cut |= r.cut_by_budget

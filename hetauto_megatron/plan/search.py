@@ -47,7 +47,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local, space as space_mod
 from .branch_and_bound import branch_and_bound, dive_order, every_leaf
-from .constraints import Constraints, check as check_constraints, restrict
+from .constraints import Constraints, check as check_constraints, check_floor, restrict
 from .evaluator import LayoutEvaluator
 from .rescreen import fill_shortlist, uplink_shortlist
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
@@ -170,8 +170,10 @@ def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None =
 
 # ---- the search -------------------------------------------------------------------------------------------
 def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
-           config: SearchConfig | None = None) -> SearchResult:
+           config: SearchConfig | None = None, over_floor_ok: bool = False) -> SearchResult:
     """The plan with the best objective for `model` on `inventory` at global batch `gbs` (module docstring).
+    Under --max-iteration-s, InfeasibleError where the best is slower than it, unless `over_floor_ok` (then the
+    fastest found: a start that other shapes may bring under it, plan/multi_search.py).
 
     The search makes many small tuples that live until it ends (the evaluator's caches, the trees' nodes):
     the garbage collector would scan them, and everything the process held before, again and again without
@@ -181,14 +183,14 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     gc.freeze()
     gc.set_threshold(max(threshold[0], GC_THRESHOLD), *threshold[1:])
     try:
-        return _search(model, inventory, gbs, cost_model, config)
+        return _search(model, inventory, gbs, cost_model, config, over_floor_ok)
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
 
 
 def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
-            config: SearchConfig | None = None) -> SearchResult:
+            config: SearchConfig | None = None, over_floor_ok: bool = False) -> SearchResult:
     cfg = config or SearchConfig()
     cost = cost_model or AnalyticCostModel()
     if gbs < 1:
@@ -331,8 +333,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     best, exact, late = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score,
                                     deadline, cfg.progress)
     if best is None:
-        _raise_infeasible(model, inventory, ev, sp, exact)
+        _raise_infeasible(model, inventory, ev, sp)
     res, choices = best
+    if not over_floor_ok:
+        check_floor(model, sp.con, res.iteration_time_s)
     release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
                         priced, method, cut or late, playouts, trees, exact, res.boundaries)
@@ -368,32 +372,19 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
             res = ev.exact(resolved)
             if res.stage_layers is not None:
                 exact.append((res.iteration_time_s, resolved, res.stage_layers))
-            # (a layout the objective refuses, e.g. slower than --max-iteration-s, is never the best)
-            if res.stage_layers is not None and math.isfinite(score(res.iteration_time_s, resolved)) and (
-                    best is None or score(res.iteration_time_s, resolved) <
-                    score(best[0].iteration_time_s, best[1]) - 1e-12):
+            if res.stage_layers is not None and (best is None or score(res.iteration_time_s, resolved) <
+                                                 score(best[0].iteration_time_s, best[1]) - 1e-12):
                 best = (res, resolved)
             if checked >= rerank:
                 break
     return best, sorted(exact, key=lambda x: x[0]), False
 
 
-def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace,
-                      exact: list = ()):
-    """InfeasibleError saying why nothing was found: the throughput floor, memory, or the rules (`exact`: the
-    layouts the event simulation checked, as (seconds, layout, layers))."""
+def _raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator, sp: SearchSpace):
     if not ev.rejected:                 # the trees ran in other processes: price some layouts here
         value = layout_value(sp, ev)
         for path in space_mod.leaves(sp, limit=EXHAUSTIVE_LEAVES):
             value(path)
-    # layouts fit, but none runs fast enough: the event simulation's figures where it checked some
-    fastest = min([t for t, _, _ in exact] or [t for t, _ in ev.cache.values() if math.isfinite(t)], default=None)
-    limit = sp.con.max_iteration_s
-    if limit is not None and fastest is not None:
-        raise InfeasibleError(
-            f"{model.name}: no layout that fits runs within --max-iteration-s {limit:g} s per iteration (the "
-            f"fastest the search checked: {fastest:.3f} s). Fix: a larger --max-iteration-s, or more or faster "
-            "devices")
     largest = max(c.device.memory_gib for c in inventory.clusters)
     # the devices the search may use: the clusters not excluded, at most --max-devices
     usable = sum(c.num_devices for c in inventory.clusters if c.name not in sp.con.exclude_clusters)

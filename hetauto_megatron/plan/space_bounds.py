@@ -21,7 +21,7 @@ import math
 
 from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
-from .constraints import devices_by_cluster, price_per_second, time_factor
+from .constraints import bound_under_floor, devices_by_cluster, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
 from .settings import as_run_by, default_settings
 
@@ -56,19 +56,16 @@ class SpaceBounds:
     def time_lower_bound(self) -> float:
         """Model FLOPs of an iteration at the calibrated peak efficiency of every device at once (cost objective:
         at the price per FLOP of the cheapest device, the least an iteration can cost)."""
+        least = self._least_time()
         if self.con.objective == "cost":
-            return self._cost_bound(self.names, 1.0) * time_factor(self._least_time())
+            return bound_under_floor(self.con, self.inventory, self._cost_bound(self.names, 1.0) * time_factor(least),
+                                     least)
         return self._flops / sum(self._rate.values())
 
     def _least_time(self) -> float:
         """A time no plan beats (the FLOPs at every device's peak, with the pruning margin): what the cost
         objective's time weight (constraints.TIME_WEIGHT) is at least where a node has no better time bound."""
         return COMPUTE_SLACK * self._flops / sum(self._rate.values())
-
-    def _within_floor(self, seconds: float) -> float:
-        """A time bound, or inf where it is above --max-iteration-s (no leaf below is a plan)."""
-        limit = self.con.max_iteration_s
-        return math.inf if limit is not None and seconds > limit else seconds
 
     def _weighed(self, money: float, seconds: float) -> float:
         """A money bound as a bound on the cost objective (money x seconds^TIME_WEIGHT), given a time bound of
@@ -131,7 +128,6 @@ class SpaceBounds:
             elif complete:
                 b = max(b, min((self._pipeline_bound(order, True, s, (), None) for s in self.actions(path)),
                                default=math.inf))
-            b = self._within_floor(b)
             if self.con.objective == "cost":
                 # money: the time bound times the least the leaves below pay per second (the meshes decided so
                 # far, and one device of every other cluster of the order), and the cheapest price per FLOP
@@ -146,7 +142,7 @@ class SpaceBounds:
                 b = max(self._cost_bound(names, COMPUTE_SLACK), b * rate if math.isfinite(b) else b)
                 if S is not None and math.isfinite(b):
                     b = max(b, self._money_bound(*self._money_terms(order, complete, S, meshes, pending), S))
-                b = self._weighed(b, seconds)
+                b = bound_under_floor(self.con, self.inventory, self._weighed(b, seconds), seconds)
             self._bounds[path] = b
         return b
 
@@ -194,13 +190,13 @@ class SpaceBounds:
             else:
                 period = max(L / (rate0 + k / per), mid_max, per if extra else 0.0)
                 t = (m - 1) * period + L * fastest + (mid_sum + extra * per) - n * fastest
-            t = self._within_floor(max(floor, t))
+            t = max(floor, t)
             money = money0 + k * tp * dp * price
             b = max(cost_floor, t * money if math.isfinite(t) else t)
             if math.isfinite(b):
                 b = max(b, self._money_bound(spent + k * tp * dp * price, speed + k / per, min(quickest, per),
                                              options, S))
-            self._bounds[path + (k,)] = self._weighed(b, t)
+            self._bounds[path + (k,)] = bound_under_floor(self.con, self.inventory, self._weighed(b, t), t)
 
     def _money_terms(self, order, complete, S, meshes, pending, placed: int | None = None):
         """The figures `_money_bound` reads at a node whose S is decided: (money per second and stages per second
