@@ -435,3 +435,17 @@ def test_explain_takes_a_budget_for_its_re_plans(tmp_path, capsys):
     assert main(["explain", "--plan", plan, "--budget-s", "0.5", "--quiet", "--json", "--runners-up", "1"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert any(r["method"] == "re-planned" for r in rep["sensitivity"])
+
+
+def test_runners_up_that_add_a_cluster_say_what_it_runs():
+    """Two runners-up that differ only in how a cluster the plan leaves out joins (another TP) were listed with
+    the same words: the decisions of a joining cluster were skipped."""
+    from hetauto_megatron.plan.explain import differences
+    from hetauto_megatron.plan.simulate import MeshChoice
+    plan = [MeshChoice("h800", 2, 4, 1, "none", 8)]
+    one = plan + [MeshChoice("ascend", 4, 1, 4, "none", 1)]
+    other = plan + [MeshChoice("ascend", 2, 2, 2, "full", 2)]
+    a, b = differences(plan, [10] * 8, one, [9] * 8 + [8]), differences(plan, [10] * 8, other, [8] * 8 + [8, 8])
+    assert a != b
+    assert any("ascend: TP 4, DP 1, micro-batch 4, 1 stage, recompute none" in d for d in a), a
+    assert any("ascend: TP 2, DP 2, micro-batch 2, 2 stages, recompute full" in d for d in b), b

@@ -185,7 +185,9 @@ def differences(a, a_layers, b, b_layers) -> list[str]:
     mine = {m.cluster: m for m in a}
     for m in b:
         o = mine.get(m.cluster)
-        if o is None:
+        if o is None:       # a cluster the plan leaves out: what it would run (else rows differing there look alike)
+            out.append(f"{m.cluster}: TP {m.tp}, DP {m.dp}, micro-batch {m.micro_batch_size}, {m.num_stages} "
+                       f"stage{'s' if m.num_stages != 1 else ''}, recompute {m.recompute}")
             continue
         changes = [f"{name} {getattr(o, key)} -> {getattr(m, key)}"
                    for key, name in (("tp", "TP"), ("dp", "DP"), ("micro_batch_size", "micro-batch"),

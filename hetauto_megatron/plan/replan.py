@@ -147,7 +147,8 @@ def describe_moves(old: Plan, new: Plan) -> list[str]:
     pipelines' order of clusters when it changed. A cluster of several meshes (replica groups side by side, or
     pipelines) lists them all; with several pipelines each mesh names its pipeline."""
     def shape(m):
-        return (f"tp{m.tp} dp{m.dp} mb{m.micro_batch_size} {m.recompute}, {len(m.stage_layers)} stages, "
+        n = len(m.stage_layers)
+        return (f"tp{m.tp} dp{m.dp} mb{m.micro_batch_size} {m.recompute}, {n} stage{'s' if n != 1 else ''}, "
                 f"layers {'/'.join(map(str, m.stage_layers))}"
                 + (f", pipeline {m.pipeline}" if old.num_pipelines > 1 or new.num_pipelines > 1 else "")
                 + (", alongside" if m.alongside else ""))
