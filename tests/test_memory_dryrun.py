@@ -79,6 +79,24 @@ def test_every_stage_of_the_recompute_grid_within_10_percent(grid_memory):
     _check(grid_memory)
 
 
+def test_a_model_without_grouped_query_attention_within_10_percent(tmp_path, capsys):
+    """The grid's model with as many key/value heads as query heads (LLaMA-2-7B's and 13B's shape) and rotary
+    positions: Megatron's local attention then repeats no head, so V stays a view of the fused QKV output and the
+    whole of it is kept beside the rotated Q and K. Predicted without it: +13.8 % activations measured on the
+    selective stage (2 ranks of TP 2 and one of TP 1)."""
+    plan = {**GRID_PLAN, "model": {**GRID_PLAN["model"], "num_layers": 4, "num_query_groups": 4},
+            "meshes": [{"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2,
+                        "recompute": "selective", "stage_layers": [2]},
+                       {"cluster": "b", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
+                        "recompute": "none", "stage_layers": [2]}]}
+    path = tmp_path / "mha.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["memory"]
+    assert [r["recompute"] for r in rows] == ["selective", "none", "none"]
+    _check(rows)
+
+
 def test_the_grids_dropout_is_more_than_the_tolerance():
     """The grid's dropouts change the prediction by more than the tolerance on some stage, so a memory model (or a
     dry run) that left them out would fail the grid's check above."""

@@ -190,6 +190,10 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
     else:
         scores = a * s * s * b
         attn += 2 * sbh * E + scores * E + (scores * (E + mask) if attention_dropout else 0)
+        if model.num_query_groups == a and model.position_embedding == "rope" and not impl.fused_rope:
+            # without GQA Megatron's local attention repeats nothing: V stays a view of the fused QKV output,
+            # so that whole tensor (h + 2 kv wide) is kept beside the rotated Q and K: s b (3 kv - h) more
+            attn += s * b * (3 * model.kv_hidden - h) * E
     mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
