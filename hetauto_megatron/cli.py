@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except InputError as exc:
         print(f"hetauto {args.command}: error: {exc.message}", file=sys.stderr)
-        _json_error(args, exc.exit_code, "invalid input", exc.message, file=exc.file, field=exc.field,
+        json_error(args, exc.exit_code, "invalid input", exc.message, file=exc.file, field=exc.field,
                     reason=exc.reason, fix=exc.fix)
         return exc.exit_code
     except InfeasibleError as exc:
         print(f"hetauto {args.command}: no feasible plan: {exc}", file=sys.stderr)
-        _json_error(args, exc.exit_code, "no feasible plan", str(exc))
+        json_error(args, exc.exit_code, "no feasible plan", str(exc))
         return exc.exit_code
     except BrokenPipeError:          # output piped into `head` and friends: not an error
         sys.stderr.close()
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _json_error(args, exit_code: int, kind: str, message: str, **parts) -> None:
+def json_error(args, exit_code: int, kind: str, message: str, **parts) -> None:
     """Under --json, the failure as one JSON object on stdout too (the paragraph stays on stderr), so that a
     script reading stdout gets an object, not nothing: {"error": {"kind", "exit_code", "message", and for invalid
     input "file", "field", "reason", "fix"}}."""

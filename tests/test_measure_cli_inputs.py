@@ -279,3 +279,12 @@ def test_a_profile_of_a_header_alone_is_refused_not_fitted_to_nan(tmp_path, caps
     rc, out, err = run_cli(["fit", str(path), "-o", str(tmp_path / "model"), "--json"], capsys)
     assert rc == 2 and "NaN" not in out and "Traceback" not in err, err
     assert str(path) in err and "no measured operators" in err
+
+
+def test_a_dry_run_timeout_too_short_to_connect_names_the_flag(capsys):
+    """--timeout 0.001: the local ranks cannot connect in time. The paragraph named HETAUTO_WORLD_SIZE and told to
+    start the launch scripts with NODE_RANK and HETAUTO_MASTER_ADDR, none of which a local dry run has."""
+    rc, out, err = run_cli(["dryrun", "--plan", TINY_PLAN, "--tiny", "--timeout", "0.001", "--json"], capsys)
+    assert rc == 2 and "Traceback" not in err, err[-2000:]
+    assert "'--timeout'" in err and "HETAUTO_MASTER_ADDR" not in err and "NODE_RANK" not in err, err[-2000:]
+    assert json.loads(out)["error"]["field"] == "--timeout"

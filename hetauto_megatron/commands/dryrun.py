@@ -117,6 +117,8 @@ def run(args) -> int:
             print(f"hetauto dryrun: a wait ran past --timeout {args.timeout:g} s (every wait counts, the ranks' "
                   "connecting included): on a slow or busy machine give a larger --timeout (default 120)",
                   file=sys.stderr)
+        from ..cli import json_error        # (the README: under --json every failure is one object on stdout too)
+        json_error(args, 1, "run failed", report["error"])
         return 1
     report["link_scale"] = scale        # the links as the run emulated them: its prediction prices them so
     if args.timeline:

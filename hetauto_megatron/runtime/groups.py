@@ -165,6 +165,10 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
             raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
                                          reason, file) from None
+        if dry_run:     # one machine, forked ranks: no launch scripts, the timeout itself was too short
+            raise InputError(f"rank {rank} waited {timeout_s:g} s for the dry run's {world_size} local ranks to "
+                             f"connect, in vain ({reason[:200]})", file=file, field="--timeout",
+                             fix="give a larger --timeout (default 120)") from None
         raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
     check_same_plan(plan, rank, world_size, file=file)
 
