@@ -139,12 +139,13 @@ def validate_launch(plan, world_size: int, *, device_types: list[str] | None = N
 
 
 def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
-                     file: str | None = None, store=None) -> None:
+                     file: str | None = None, store=None, timeout_flag: str | None = None) -> None:
     """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
 
     `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
     type is checked against this process. `store`: a rendezvous store every rank has already joined
-    (megatron/world_store.py) instead of env://.
+    (megatron/world_store.py) instead of env://. `timeout_flag`: the ranks are one command's local processes
+    (hetauto dryrun): a rendezvous that times out names that flag, not the launch scripts.
     """
     import torch.distributed as dist
 
@@ -165,10 +166,10 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
             raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
                                          reason, file) from None
-        if dry_run:     # one machine, forked ranks: no launch scripts, the timeout itself was too short
-            raise InputError(f"rank {rank} waited {timeout_s:g} s for the dry run's {world_size} local ranks to "
-                             f"connect, in vain ({reason[:200]})", file=file, field="--timeout",
-                             fix="give a larger --timeout (default 120)") from None
+        if timeout_flag:    # one command's local ranks: no launch scripts, the timeout itself was too short
+            raise InputError(f"rank {rank} waited {timeout_s:g} s for the {world_size} local ranks to connect, in "
+                             f"vain ({reason[:200]})", file=file, field=timeout_flag,
+                             fix=f"give a larger {timeout_flag}") from None
         raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
     check_same_plan(plan, rank, world_size, file=file)
 

@@ -90,7 +90,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     from .model import build_model, transformer_config
     from .op_timing import OpClock
 
-    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
+    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag="--timeout")
     ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
     set_megatron_globals(ctx)
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
