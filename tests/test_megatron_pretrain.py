@@ -24,11 +24,22 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
 @pytest.fixture(scope="module")
-def tiny_run():
+def tiny_run(tmp_path_factory):
     """The 2-cluster tiny plan as written (blocking cross-cluster boundary; the overlapped one runs in the test of
-    NVIDIA's pretrain_gpt.py)."""
+    NVIDIA's pretrain_gpt.py), its logs in a folder given (`hetauto demo` gives its --out)."""
     lines = []
-    return demo.run_tiny(PLAN, iters=3, out=lines.append), lines
+    logs = str(tmp_path_factory.mktemp("megatron-logs"))
+    return demo.run_tiny(PLAN, iters=3, out=lines.append, log_dir=logs), lines
+
+
+def test_the_demos_megatron_logs_go_where_asked(tiny_run):
+    """`hetauto demo` says everything it writes goes to --out; its Megatron logs went to a new folder under /tmp."""
+    result, lines = tiny_run
+    plan = load_plan(PLAN)
+    for run, ranks in (("hetauto", plan.world_size), ("reference", 1)):
+        written = os.listdir(os.path.join(result["log_dir"], run))
+        assert len(written) >= ranks and all(f.endswith(".log") for f in written), written
+    assert f"Megatron logs: {result['log_dir']}" in lines
 
 
 def test_hetauto_pretrain_matches_megatron_homogeneous_layout(tiny_run):

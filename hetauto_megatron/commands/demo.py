@@ -78,7 +78,8 @@ def run(args) -> int:
              ["dryrun", "--plan", tiny_plan, "--tiny", "--reference",
               "--timeline", os.path.join(out, "tiny-dryrun-timeline.png"), "--compare"]),
             ("3/3  Megatron-LM's training loop with --hetauto on a two-cluster CPU plan",
-             ["-m", "hetauto_megatron.megatron.demo", "--plan", os.path.join(ex, "plans", "tiny-2clusters-cpu.yaml")]),
+             ["-m", "hetauto_megatron.megatron.demo", "--plan", os.path.join(ex, "plans", "tiny-2clusters-cpu.yaml"),
+              "--log-dir", os.path.join(out, "megatron-logs")]),
         ]
     for title, argv in steps:
         rc = _step(title, argv)

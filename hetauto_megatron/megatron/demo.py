@@ -141,10 +141,11 @@ def last_rank_losses(results: list[dict]) -> list[float]:
 
 
 def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234, reference: bool = True,
-             verbose: bool = False, timeout_s: float = 300.0, out=print) -> dict:
+             verbose: bool = False, timeout_s: float = 300.0, out=print, log_dir: str | None = None) -> dict:
     """The demo: the --hetauto run of `plan_path` (CPU meshes only) and, with reference=True, Megatron's
-    homogeneous run with the same stages. Returns {"hetauto": [...], "reference": [...], "max_abs_diff": x,
-    "bytes": {...}, "log_dir": path}."""
+    homogeneous run with the same stages; Megatron's logs in `log_dir` (a new temporary folder where None; none
+    with `verbose`). Returns {"hetauto": [...], "reference": [...], "max_abs_diff": x, "bytes": {...},
+    "log_dir": path}."""
     if iters < 1:   # checked before any process starts (Megatron would refuse it in every rank)
         raise InputError(f"must be at least 1, got {iters}", field="--iters",
                          fix="give the training iterations of each run, e.g. --iters 3")
@@ -155,10 +156,13 @@ def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234,
                          field="meshes[*].device_type",
                          fix="use a CPU plan such as examples/llama/plans/tiny-2clusters-cpu.yaml, or 'hetauto "
                              "dryrun --plan PLAN --tiny' to dry-run any plan's layout on CPU")
-    log_dir = None if verbose else tempfile.mkdtemp(prefix="hetauto-megatron-")
+    if verbose:
+        log_dir = None
+    elif log_dir is None:
+        log_dir = tempfile.mkdtemp(prefix="hetauto-megatron-")
     het_logs = os.path.join(log_dir, "hetauto") if log_dir else None
     if het_logs:
-        os.makedirs(het_logs)
+        os.makedirs(het_logs, exist_ok=True)
     het = run_entry(hetauto_argv(plan_path, plan, iters=iters, seed=seed), plan.world_size, timeout_s=timeout_s,
                     log_dir=het_logs)
     result = {"hetauto": last_rank_losses(het), "bytes": {}, "log_dir": log_dir}
@@ -170,7 +174,7 @@ def run_tiny(plan_path: str = DEFAULT_PLAN, *, iters: int = 3, seed: int = 1234,
     if reference:
         ref_logs = os.path.join(log_dir, "reference") if log_dir else None
         if ref_logs:
-            os.makedirs(ref_logs)
+            os.makedirs(ref_logs, exist_ok=True)
         argv, world = reference_argv(plan, iters=iters, seed=seed)
         ref = run_entry(argv, world, timeout_s=timeout_s, log_dir=ref_logs)
         result["reference"] = last_rank_losses(ref)
@@ -193,10 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234, help="Megatron's --seed for both runs (default 1234)")
     parser.add_argument("--no-reference", action="store_true", help="skip Megatron's homogeneous run")
     parser.add_argument("--verbose", action="store_true", help="show Megatron's own log instead of a log file")
+    parser.add_argument("--log-dir", metavar="DIR", help="where Megatron's logs go (default: a new temporary folder)")
     args = parser.parse_args(argv)
     try:
         result = run_tiny(args.plan, iters=args.iters, seed=args.seed, reference=not args.no_reference,
-                          verbose=args.verbose)
+                          verbose=args.verbose, log_dir=args.log_dir)
     except InputError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
