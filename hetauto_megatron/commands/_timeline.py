@@ -9,7 +9,7 @@ def add_timeline_args(parser) -> None:
     g = parser.add_argument_group("timelines (docs/explain.md)")
     g.add_argument("--timeline", action="append", metavar="FILE",
                    help="write the measured schedule of the last step: FILE.json a Chrome/Perfetto trace (every "
-                        "rank), FILE.png a picture (one rank per stage); forward, backward, send, receive (waiting "
+                        "rank), FILE.png a picture (.svg and .pdf too; one rank per stage); forward, backward, send, receive (waiting "
                         "for a peer), idle, DP sync, optimizer (repeatable)")
     g.add_argument("--compare", action="store_true",
                    help="with --timeline: also the simulator's prediction of the same run (the shape it ran, its "

@@ -135,7 +135,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the plan's predicted iteration: FILE.json a Chrome/Perfetto trace, FILE.png a "
-                             "picture (repeatable; 'hetauto simulate --help')")
+                             "picture (.svg and .pdf too; repeatable; 'hetauto simulate --help')")
     parser.add_argument("--explain", action="store_true",
                         help="also explain the plan: bottleneck, memory headroom, runners-up, sensitivity "
                              "('hetauto explain --help')")

@@ -58,7 +58,7 @@ def add_arguments(parser) -> None:
                              "both stages)")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the predicted schedule of one iteration: FILE.json is a Chrome/Perfetto trace "
-                             "(open it in ui.perfetto.dev), FILE.png a picture; per stage forward, backward, "
+                             "(open it in ui.perfetto.dev), FILE.png a picture (.svg and .pdf too); per stage forward, backward, "
                              "waiting for a link, idle, DP sync and optimizer, per link its transfers; as "
                              "--engine runs it; every plan shape (repeatable)")
     g = parser.add_argument_group("homogeneous layout (instead of --plan; all five numbers needed)")
