@@ -239,6 +239,7 @@ def _keep_one_row(data):
     (lambda d: d[_sources(d)[0]]["rows"][0].update(tflops_per_gpu=float("nan")), ".rows[0].tflops_per_gpu"),
     (lambda d: d[_sources(d)[0]]["rows"][0].update(tp=3), ".rows[0].gpus"),       # 2 GPUs silently dropped
     (lambda d: d[_sources(d)[0]]["rows"][0].update(speed=1), ".rows[0].speed"),   # silently ignored
+    (lambda d: d[_sources(d)[0]].update(device="nosuch"), ".device"),           # named no file
 ])
 def test_a_published_table_that_cannot_be_validated_is_named(tmp_path, capsys, edit, field):
     """validate-cost-model --published=FILE on a table of one run crashed (ZeroDivisionError), on a batch of 1e12

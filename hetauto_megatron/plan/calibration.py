@@ -162,6 +162,10 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if missing:
             raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
                              fix="add these keys to the source (see the packaged table)")
+        if not isinstance(cfg["device"], str) or canonical_device_name(cfg["device"]) is None:
+            from ..spec.devices import CATALOG      # (checked here: inventory_from_dict would name no file)
+            raise InputError(f"device {cfg['device']!r} of source {source} is not a catalog type", file=path,
+                             field=f"{source}.device", fix=f"use one of: {', '.join(CATALOG)}")
         for key in _SWITCHES:
             if not isinstance(cfg[key], bool):
                 raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,
