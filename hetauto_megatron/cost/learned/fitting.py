@@ -337,7 +337,8 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         info, rows = profile_samples(p)
         if info.name in devices:
             raise InputError(f"device type {info.name} comes from two profiles", file=p, field="device_type",
-                             fix="merge them into one file (profiling resumes into an existing file) or pass one")
+                             fix="pass one of them (a further 'hetauto profile --layers' run of the same "
+                                 "--layer-impl resumes into that file; files of two implementations do not merge)")
         devices[info.name] = info
         samples += rows
     if sailor_dir:
@@ -410,7 +411,8 @@ def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
                              fix=f"pass the operator profile of {dev} ('hetauto profile --device-type {dev}') too")
         if dev in layers:
             raise InputError(f"device type {dev} has two layer files", file=p, field="device_type",
-                             fix="merge them into one file (profiling resumes into an existing file) or pass one")
+                             fix="pass one of them (a further 'hetauto profile --layers' run of the same "
+                                 "--layer-impl resumes into that file; files of two implementations do not merge)")
         if F.arithmetic_of(int(header.get("dtype_bytes", 0)), bool(header.get("tf32", False))) != devices[dev].arithmetic:
             raise InputError(f"layers were timed with {header.get('dtype')}{' on TF32' if header.get('tf32') else ''}, "
                              f"the operators in {devices[dev].arithmetic}", file=p, field="dtype",
