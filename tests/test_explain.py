@@ -449,3 +449,15 @@ def test_runners_up_that_add_a_cluster_say_what_it_runs():
     assert a != b
     assert any("ascend: TP 4, DP 1, micro-batch 4, 1 stage, recompute none" in d for d in a), a
     assert any("ascend: TP 2, DP 2, micro-batch 2, 2 stages, recompute full" in d for d in b), b
+
+
+def test_explain_of_a_plan_made_under_a_floor_that_a_what_if_breaks(tmp_path, capsys):
+    """A plan made with --max-iteration-s, explained on an inventory where nothing meets that floor any more
+    (--set slows the H800s): explain exited 3 ("no plan that fits runs within ..."); it explains the plan, with the
+    best layouts the search found as runners-up."""
+    out = str(tmp_path / "floor.yaml")
+    assert main(["plan", "--model", "llama2-7b", "--inventory", "examples/llama/inventory-2clusters.yaml",
+                 "--global-batch-size", "64", "--max-iteration-s", "0.36", "-o", out, "--quiet"]) == 0
+    capsys.readouterr()
+    rep = _json(capsys, "explain", "--plan", out, "--set", "cluster.h800.peak_tflops=300", "--json")
+    assert rep["iteration_time_s"] > 0.36 and rep["runners_up"]

@@ -63,6 +63,11 @@ def test_simulate_homogeneous_layout_and_errors():
     assert json.loads(ds.stdout)["iteration_time_s"] > out["iteration_time_s"]
     r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "2")
     assert r.returncode == 2 and "--pp" in r.stderr and "Fix:" in r.stderr
+    # fp8 under DeepSpeed's engine, which has no fp8 setting (plan refuses it): it was priced as fp8 GEMMs
+    r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "2", "--pp", "2", "--dp", "4",
+                "--micro-batch-size", "1", "--global-batch-size", "64", "--engine", "deepspeed", "--precision", "fp8",
+                "--cluster", "h800")
+    assert r.returncode == 2 and "'--precision'" in r.stderr and "no fp8 setting" in r.stderr, r.stderr
     r = hetauto("simulate", "--model", "llama2-7b", "--inventory", INV2, "--tp", "16", "--pp", "1", "--dp", "1",
                 "--micro-batch-size", "1", "--global-batch-size", "8")
     assert r.returncode == 2 and "inside a node" in r.stderr

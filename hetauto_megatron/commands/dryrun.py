@@ -108,7 +108,7 @@ def run(args) -> int:
     try:
         report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
                             timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
-                            emulate_links=scale)
+                            emulate_links=scale, timeout_flag="--timeout")
     except InputError as exc:     # the plan's checks before any process starts: name the plan file
         raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     if "error" in report:

@@ -184,8 +184,11 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     def search_one(inv):
         # a plan of one pipeline of single meshes re-plans that shape (as `plan --shapes simple` would); the other
         # shapes search every shape, as the plan's own search did
-        return (search(plan.model, inv, plan.global_batch_size, cost_model, config) if plan.is_simple else
-                search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config))
+        # (under the plan's --max-iteration-s, the best found even where it is above the floor: its runners-up
+        # are what the report lists, and a what-if that no plan within the floor survives is still priced)
+        return (search(plan.model, inv, plan.global_batch_size, cost_model, config, over_floor_ok=True)
+                if plan.is_simple else
+                search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config, over_floor_ok=True))
 
     def run_search(inv):
         if key(inv) not in searches:
@@ -232,7 +235,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k, inventory,
-                                         constraints.objective)
+                                         constraints)
     rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
     return rep
 
@@ -248,8 +251,8 @@ def format_report(rep: dict) -> str:
         from ..plan.multi_explain import format_shapes_report
         return "\n".join([format_shapes_report(rep)] + _format_what_if(rep))
     bd = rep["breakdown"]
-    out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stages, {rep['micro_batches']} "
-           f"micro-batches; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
+    out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stage{'s' if rep['stages'] != 1 else ''}, "
+           f"{rep['micro_batches']} micro-batch{'es' if rep['micro_batches'] != 1 else ''}; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
            + (f", {rep['cost_per_million_tokens']:.4f} per 1M tokens" if rep.get("cost_per_million_tokens") is not None
               else "") + ("" if rep["fits"] else "  (DOES NOT FIT in memory)")
            + ("\nobjective: the least cost per token (--objective cost); the re-planned what-ifs below minimise it "

@@ -293,7 +293,7 @@ def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: 
     (TIME_WEIGHT; ties broken by time, TIE_BREAK). Above --max-iteration-s, worse than every plan within it and
     ordered by time alone (`floor_ceiling`), so the search is still steered towards the floor."""
     limit = c.max_iteration_s
-    if limit is not None and math.isfinite(seconds) and seconds > limit:
+    if c.objective == "cost" and limit is not None and math.isfinite(seconds) and seconds > limit:
         return floor_ceiling(c, inventory) * seconds / limit
     if c.objective != "cost" or not math.isfinite(seconds):
         return seconds
@@ -315,8 +315,9 @@ def bound_under_floor(c: Constraints, inventory: Inventory, value_bound: float, 
     """A lower bound on the objective of leaves whose objective without --max-iteration-s is at least
     `value_bound` and whose time is at least `seconds_bound`: above the floor, the floor's value of that time;
     else the smaller of `value_bound` (a leaf within it) and the ceiling (one above it)."""
-    if c.max_iteration_s is None or not math.isfinite(value_bound) or not math.isfinite(seconds_bound):
-        return value_bound
+    if c.objective != "cost" or c.max_iteration_s is None or not math.isfinite(value_bound) \
+            or not math.isfinite(seconds_bound):
+        return value_bound      # (the throughput objective is the seconds, above the floor too)
     ceiling = floor_ceiling(c, inventory)
     if seconds_bound > c.max_iteration_s:
         return ceiling * seconds_bound / c.max_iteration_s

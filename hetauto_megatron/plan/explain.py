@@ -216,7 +216,7 @@ def _as_run_by(choices, engine: str) -> list:
             for c in choices]
 
 
-def runners_up(plan: Plan, result, k: int = 5, inventory=None, objective: str = "throughput") -> list[dict]:
+def runners_up(plan: Plan, result, k: int = 5, inventory=None, constraints=None) -> list[dict]:
     """The k best layouts of a search (`SearchResult.ranked`, by time; under the cost objective by its value, the
     cost per token weighed by time, constraints.TIME_WEIGHT)
     other than the plan's own, each with its predicted throughput, its cost per 1M tokens where `inventory` prices
@@ -228,10 +228,11 @@ def runners_up(plan: Plan, result, k: int = 5, inventory=None, objective: str = 
     def cost(t, choices):
         return cost_per_million_tokens(inventory, choices, t, tokens) if inventory is not None else None
     ranked = list(result.ranked)
-    if objective == "cost" and inventory is not None:       # as the search ranked them: money weighed by time
-        con = Constraints(objective="cost")
+    con = constraints or Constraints()
+    if inventory is not None and (con.objective == "cost" or con.max_iteration_s is not None):
+        # as the search ranked them: money weighed by time, any layout above --max-iteration-s after those within
         ranked.sort(key=lambda x: (objective_value(con, inventory, x[0], devices_by_cluster(x[1]))
-                                   if cost(x[0], x[1]) is not None else math.inf, x[0]))
+                                   if con.objective != "cost" or cost(x[0], x[1]) is not None else math.inf, x[0]))
     out = []
     for t, choices, layers in ranked:
         if len(out) >= k:

@@ -91,8 +91,9 @@ def _score(con: Constraints, inventory: Inventory, plan: Plan, seconds: float) -
 
 
 def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
-                  config: SearchConfig | None = None, shapes: str = "all") -> ShapesResult:
-    """The best plan of the single-pipeline search and, unless shapes == "simple", of the new shapes."""
+                  config: SearchConfig | None = None, shapes: str = "all", over_floor_ok: bool = False) -> ShapesResult:
+    """The best plan of the single-pipeline search and, unless shapes == "simple", of the new shapes (under
+    --max-iteration-s, InfeasibleError where it is slower than that, unless `over_floor_ok`)."""
     cfg = config or SearchConfig()
     cost = cost_model or AnalyticCostModel()
     if shapes not in SHAPES:
@@ -100,12 +101,13 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     t0 = time.perf_counter()
     con = cfg.constraints or Constraints()
     # under --max-iteration-s a single pipeline slower than it is the start that the other shapes must beat
-    base = search(model, inventory, gbs, cost, cfg, over_floor_ok=shapes != "simple")
+    base = search(model, inventory, gbs, cost, cfg, over_floor_ok=over_floor_ok or shapes != "simple")
     plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
     best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
     out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
     if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
-        check_floor(model, con, base.iteration_time_s)
+        if not over_floor_ok:
+            check_floor(model, con, base.iteration_time_s)
         out.seconds = time.perf_counter() - t0
         return out
     if cfg.warm_plan is not None and con.max_devices is None:
@@ -123,7 +125,8 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         best = _alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
         best = _mixed_starts(model, inventory, gbs, cost, _sub(cfg), con, usable, best, out, deadline)
     out.levels_cut = out.levels_cut or _out_of_time(deadline)
-    check_floor(model, con, best[1])
+    if not over_floor_ok:
+        check_floor(model, con, best[1])
     out.plan, out.iteration_time_s = best[2], best[1]
     out.seconds = time.perf_counter() - t0
     out.say = None
@@ -271,8 +274,9 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
         if key not in cache:
             out.pipelines_searched += 1
             try:
+                # (a block above --max-iteration-s at its first share may come under it as the shares move)
                 cache[key] = search(model, inventory, share, cost, dataclasses.replace(
-                    _in_time(cfg, deadline), constraints=_block_constraints(con, blk, names)))
+                    _in_time(cfg, deadline), constraints=_block_constraints(con, blk, names)), over_floor_ok=True)
                 out.levels_cut |= cache[key].cut_by_budget
             except (InfeasibleError, InputError):
                 cache[key] = None

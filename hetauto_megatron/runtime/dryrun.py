@@ -41,8 +41,10 @@ def emulation_scale(plan, run_plan) -> float:
 
 
 def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0,
-               distributed_optimizer: bool = True, emulate_links: float | None = None) -> dict:
-    """Train `steps` steps of `plan` on CPU (one forked process per device) and report.
+               distributed_optimizer: bool = True, emulate_links: float | None = None,
+               timeout_flag: str | None = None) -> dict:
+    """Train `steps` steps of `plan` on CPU (one forked process per device) and report. `timeout_flag`: the
+    option that set `timeout_s` (a rendezvous that times out names it).
 
     Returns {"model", "padded_vocab_size", "steps": [{"loss", "grad_norm"}], "step_times_s", "iteration_s",
     "bytes": {"intra_cluster", "inter_cluster", "between": {"A->B": bytes}}, "settings", "cores", "seconds", "shared_digests"} plus "reference" and
@@ -73,13 +75,14 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     launch_timeout = timeout_s * 4 + 60 * steps
     try:
         results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s, True, None,
-                                                                emulate_links),
+                                                                emulate_links, timeout_flag),
                          timeout_s=launch_timeout, grace_s=timeout_s + 10)
         ref = None
         if reference:
             # the reference builds the plan's padded vocabulary, not the one its single TP-1 mesh would pad to
             ref = launch(train_rank, 1, args=(reference_plan(run_plan), steps, seed, timeout_s, True,
-                                              run_plan.padded_vocab_size), timeout_s=launch_timeout)[0]
+                                              run_plan.padded_vocab_size, None, timeout_flag),
+                         timeout_s=launch_timeout)[0]
     except LaunchError as exc:
         return {"error": str(exc)}
     first = results[0]

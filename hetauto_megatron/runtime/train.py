@@ -67,7 +67,8 @@ def ddp_settings(settings) -> dict:
 
 
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
-               dry_run: bool = True, vocab_size: int | None = None, emulate_links: float | None = None) -> dict:
+               dry_run: bool = True, vocab_size: int | None = None, emulate_links: float | None = None,
+               timeout_flag: str | None = None) -> dict:
     """Train `steps` optimizer steps as `rank` of `plan` (whose model is used as is: shrink it first for
     `--tiny`). `vocab_size`: the padded table size (default the plan's; a reference run passes the size of the
     plan it checks). `emulate_links`: cross-cluster transfers take the plan inventory's link time x this scale
@@ -90,7 +91,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     from .model import build_model, transformer_config
     from .op_timing import OpClock
 
-    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag="--timeout")
+    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag=timeout_flag)
     ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
     set_megatron_globals(ctx)
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
