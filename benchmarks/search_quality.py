@@ -18,7 +18,8 @@ import random
 import time
 
 from hetauto_megatron.plan import space as space_mod
-from hetauto_megatron.plan.search import EXHAUSTIVE_LEAVES, SearchConfig, search
+from hetauto_megatron.plan.infeasible import EXHAUSTIVE_LEAVES
+from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.space import SearchSpace
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
