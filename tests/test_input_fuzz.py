@@ -639,3 +639,40 @@ def test_a_what_if_sequence_the_tp_degrees_do_not_divide_names_the_flag(readme_p
     assert step > 1
     rc, _, err = run_cli(["simulate", "--plan", readme_plan[0], "--seq-length", str(4096 + step // 2)], capsys)
     check_error(rc, err, field="--seq-length", words=[f"give a multiple of {step}"])
+
+
+# ---- figures far beyond any machine, unquoted numeric aliases, a documented vocabulary at the limit ----------
+def test_a_node_count_beyond_any_machine_is_named(tmp_path, capsys):
+    """`nodes: <400 digits>` in the file (--set already refused 1e11) raised OverflowError in the search's bounds."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("nodes: 1", "nodes: " + "9" * 400, 1))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="clusters[0].nodes", words=[inv])
+    assert "9" * 40 not in err
+
+
+def test_an_overhead_beyond_any_measurement_is_named(tmp_path, capsys):
+    """`overheads: {fragmentation: 1e300}` ended in exit 3 with a 300-digit GiB figure."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("devices_per_node: 4", "devices_per_node: 4\n    "
+                                                            "overheads: {fragmentation: 1.0e+300}", 1))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="clusters[0].overheads.fragmentation", words=[inv])
+
+
+def test_an_unquoted_numeric_device_alias_is_read(tmp_path, capsys):
+    """`device: 3090` is a documented alias; YAML reads it as an integer, which was refused ("must be a string")."""
+    text = CPU_INVENTORY.replace("device: cpu", "device: 3090", 1)
+    rc, out, err = run_cli(["simulate", "--model", "tiny", "--inventory", write(tmp_path, "inv.yaml", text), "--tp",
+                            "1", "--pp", "1", "--dp", "1", "--micro-batch-size", "1", "--global-batch-size", "8",
+                            "--json"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["stages"][0]["device_type"] == "rtx-3090"
+
+
+def test_a_vocabulary_at_the_documented_limit_plans(tmp_path, capsys):
+    """vocab_size 10,000,000 (the most a model file may say) pads to 10,000,128 for Megatron's table: the search
+    rebuilt the model with the padded size, which the same limit refused mid-search, naming no file."""
+    model = write(tmp_path, "model.yaml", "preset: tiny\nvocab_size: 10000000\n")
+    rc, out, err = run_cli(["plan", "--model", model, "--inventory", CPU_INV, "--global-batch-size", "8", "--json",
+                            "--quiet"], capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    assert json.loads(out)["tokens_per_s"] > 0

@@ -12,6 +12,7 @@ version, local edits) is left untouched: exit 2 with the lines that were not fou
 from __future__ import annotations
 
 import os
+import shutil
 import re
 from dataclasses import dataclass
 
@@ -272,8 +273,17 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         return "patchable"
     new_text = "\n".join(apply_hunks(lines, list(state.hunks), state.positions))
     verify(new_text, hunks, file=target)
-    with output_errors(target, None), open(target, "w", newline="") as fh:     # e.g. a read-only checkout
-        fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
+    real = os.path.realpath(target)        # a symlinked file is patched where it lives, as before
+    tmp = f"{real}.hetauto-tmp"
+    with output_errors(target, None):      # e.g. a read-only checkout, a full disk: the original stays whole
+        try:
+            with open(tmp, "w", newline="") as fh:
+                fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
+            shutil.copymode(real, tmp)
+            os.replace(tmp, real)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     out(f"patched {target}:")
     for line in explain(hunks):
         out(line)

@@ -303,7 +303,7 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
 
 def _padded(model: ModelSpec, shapes: list[PipelineShape]) -> ModelSpec:
     """The model with the vocabulary every rank of the plan builds (padded for every TP degree in it)."""
-    return model.replace(vocab_size=model_padded_vocab_size(model, [m.tp for s in shapes for m in s.meshes]))
+    return model.with_padded_vocab(model_padded_vocab_size(model, [m.tp for s in shapes for m in s.meshes]))
 
 
 def holder_blocks(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> list:

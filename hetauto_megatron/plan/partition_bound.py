@@ -39,6 +39,34 @@ def set_partitions_into(items: list, k: int):
             yield part[:i] + [[head] + part[i]] + part[i + 1:]
 
 
+# The exact subset programme of _bottleneck_path holds 2^n bitsets per threshold: 20 clusters ran for minutes,
+# 200 raised OverflowError. Beyond this many clusters in one block a cheaper, still valid, bound is used.
+EXACT_PATH_MAX = 8
+
+
+def _bottleneck_spanning_tree(n: int, bw: dict) -> float:
+    """The narrowest link of the widest spanning tree (Kruskal, widest links first); 0 when the block is not
+    connected (then no order through it exists either)."""
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    joined, narrowest = 1, math.inf
+    for (i, j), b in sorted(bw.items(), key=lambda kv: -kv[1]):
+        ri, rj = find(i), find(j)
+        if ri != rj:
+            parent[ri] = rj
+            joined += 1
+            narrowest = min(narrowest, b)
+            if joined == n:
+                return narrowest
+    return 0.0 if n > 1 else math.inf
+
+
 class PartitionBound:
     """A lower bound on the iteration of any plan whose pipelines use exactly these blocks of clusters.
 
@@ -91,6 +119,10 @@ class PartitionBound:
             link = self.inventory.link(block[i], block[j])
             if link is not None:
                 bw[i, j] = bw[j, i] = link.bytes_per_s
+        if n > EXACT_PATH_MAX:
+            # 2^n states: for many clusters take the widest spanning tree's narrowest link instead. Every
+            # Hamiltonian path is a spanning tree, so this is >= the exact value and the bound stays a lower bound
+            return _bottleneck_spanning_tree(n, bw)
         for t in sorted(set(bw.values()), reverse=True):
             adj = [[j for j in range(n) if bw.get((i, j), 0.0) >= t] for i in range(n)]
             reach = [0] * (1 << n)          # reach[mask]: bitset of end clusters of a path covering mask

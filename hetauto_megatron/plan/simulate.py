@@ -78,7 +78,7 @@ class Estimate:
     exchange_roots: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        r = lambda x: round(x, 6)
+        r = lambda x: round(x, 6) + 0.0      # + 0.0: no -0.0 from a -5e-9 cancellation in the JSON
         return {"iteration_time_s": r(self.iteration_time_s), "tokens_per_s": round(self.tokens_per_s, 1),
                 "tflops_per_device": round(self.tflops_per_device, 2), "mfu": round(self.mfu, 4),
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
@@ -250,7 +250,7 @@ def plan_choices(plan: Plan) -> list[MeshChoice]:
 
 def padded_model(model: ModelSpec, choices) -> ModelSpec:
     """The model as it runs: its vocabulary padded once for every mesh's TP (plan.settings.padded_vocab_size)."""
-    return model.replace(vocab_size=model_padded_vocab_size(model, [c.tp for c in choices]))
+    return model.with_padded_vocab(model_padded_vocab_size(model, [c.tp for c in choices]))
 
 
 def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:

@@ -250,7 +250,7 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
     block = _check_config(model, ds_config)
     stages = block["pipeline_parallel_size"]
     # the tables padded as the plan priced them (the tokens, synthetic_batch's, stay in the model's vocabulary)
-    built = model.replace(vocab_size=block.get("padded_vocab_size", model.vocab_size))
+    built = model.with_padded_vocab(block.get("padded_vocab_size", model.vocab_size))
     module = _pipeline_module_class()(
         layer_specs(built), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
         base_seed=base_seed,

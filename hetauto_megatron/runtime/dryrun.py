@@ -165,7 +165,7 @@ def predicted_stage_memory(plan) -> dict:
     from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
     from .layout import PipelineLayout
 
-    model = plan.model.replace(vocab_size=plan.padded_vocab_size)
+    model = plan.model.with_padded_vocab(plan.padded_vocab_size)
     out = {}
     for pipe in range(plan.num_pipelines):
         layout = PipelineLayout(plan, pipe)

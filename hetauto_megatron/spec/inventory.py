@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ._fields import MAX_FIGURE, get, positive, reject_unknown, require_mapping
+from ._fields import MAX_FIGURE, get, positive, reject_unknown, require_mapping, shorten
 from .devices import PRECISIONS, DeviceType, get_device
 from .files import load_yaml_file
 from .overheads import RuntimeOverhead, overhead_from_value
@@ -262,7 +262,7 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
             raise InputError(f"the cluster name {name!r} appears more than once (clusters[{first_of[name]}] has it "
                              "too)", file=file, field=p + "name", fix="give every cluster a unique name")
         first_of[name] = i
-        dev = get_device(get(raw, "device", str, file=file, prefix=p), file=file, field=p + "device")
+        dev = get_device(str(get(raw, "device", (str, int), file=file, prefix=p)), file=file, field=p + "device")
         overrides = {}
         for key in ("memory_gib", "peak_tflops", "hbm_gbps"):
             v = get(raw, key, float, default=None, file=file, prefix=p)
@@ -280,6 +280,10 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         if nodes < 1 or dpn < 1:
             raise InputError(f"nodes ({nodes}) and devices_per_node ({dpn}) must be at least 1", file=file,
                              field=p + ("nodes" if nodes < 1 else "devices_per_node"),
+                             fix="count the machines and the accelerators in each machine")
+        if nodes > MAX_FIGURE or dpn > MAX_FIGURE:      # as --set refuses them; 10^400 nodes overflowed a float
+            raise InputError(f"nodes ({shorten(str(nodes), 20)}) and devices_per_node ({shorten(str(dpn), 20)}) must be at most {MAX_FIGURE:g}",
+                             file=file, field=p + ("nodes" if nodes > MAX_FIGURE else "devices_per_node"),
                              fix="count the machines and the accelerators in each machine")
         intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
                       default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": _DEFAULT_INTRA_NODE_LATENCY_US})

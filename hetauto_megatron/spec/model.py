@@ -6,6 +6,7 @@ correctly once, for every caller.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -169,6 +170,14 @@ class ModelSpec:
 
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
+
+    def with_padded_vocab(self, vocab_size: int) -> "ModelSpec":
+        """The spec with Megatron's padded table. Not re-validated: MAX_SIZE bounds the vocabulary the user wrote,
+        and padding (make_vocab_size_divisible_by x TP) may pass it (a vocab_size of 9,999,872 at TP 8 pads to
+        10,000,384, which replace() refused mid-search with a message naming no file)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "vocab_size", vocab_size)
+        return new
 
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelSpec) if f.name != "output_layer"]   # (see the field)

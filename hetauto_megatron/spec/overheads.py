@@ -94,5 +94,8 @@ def overhead_from_value(value, *, device, file: str | None, field: str) -> Runti
         if v < 0:
             raise InputError(f"must not be negative, got {v}", file=source, field=prefix + key,
                              fix="give GiB (fragmentation: a fraction, reserved / allocated - 1), 0 or more")
+        if v > 100:     # GiB per device or a reserved/allocated ratio minus 1: far beyond any measurement
+            raise InputError(f"is {v:g}, beyond any measured overhead (at most 100)", file=source,
+                             field=prefix + key, fix="give GiB per device (fragmentation: a fraction such as 0.1)")
         figures[key] = v
     return RuntimeOverhead(**figures)
