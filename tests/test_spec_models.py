@@ -152,6 +152,11 @@ def test_preset_overrides_follow_derived_keys(tmp_path):
     (tmp_path / "g.yaml").write_text("preset: llama2-70b\nnum_layers: 40\n")
     g = load_model(str(tmp_path / "g.yaml"))
     assert g.num_query_groups == 8 and g.num_layers == 40 and g.hidden_size == 8192
+    # another model than the preset is named by its file, as docs/inputs.md says (it was reported as llama2-70b);
+    # a name written wins
+    assert g.name == "g" and m.name == "m"
+    (tmp_path / "n.yaml").write_text("preset: llama2-70b\nnum_layers: 40\nname: half-70b\n")
+    assert load_model(str(tmp_path / "n.yaml")).name == "half-70b"
 
 
 def test_gqa_and_swiglu_in_layer_params():

@@ -280,6 +280,9 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict) and len(data) == 1:
             data = data["model"]
+        if isinstance(data, dict) and "preset" in data and "name" not in data and set(data) - {"preset"}:
+            # a preset with overrides is another model: named by its file (docs/inputs.md), not as the preset
+            data = {**data, "name": os.path.splitext(os.path.basename(source))[0]}
         spec = model_from_dict(data, file=source)
     if seq_length:
         # a longer learned table is what training at that length builds (rotary: ModelSpec raises its reach)
