@@ -75,13 +75,13 @@ def _priced(inventory, prices: dict):
 
 def _pipelines(plan) -> str:
     """'4 stages x 32 micro-batches', one such part per pipeline of a plan of several."""
+    from ..emit.summary import count_noun
     several = plan.num_pipelines > 1
     parts = []
     for p in range(plan.num_pipelines):
         stages = sum(len(plan.meshes[pos[0]].stage_layers) for pos in plan.positions(p))
         m = plan.pipeline_micro_batches(p)
-        parts.append(f"{'P%d: ' % p if several else ''}{stages} stage{'s' if stages != 1 else ''} x {m} "
-                     f"micro-batch{'es' if m != 1 else ''}")
+        parts.append(f"{'P%d: ' % p if several else ''}{count_noun(stages, 'stage')} x {count_noun(m, 'micro-batch')}")
     side = any(m.alongside for m in plan.meshes)
     return "; ".join(parts) + (" (replica groups side by side)" if side else "")
 

@@ -251,8 +251,9 @@ def format_report(rep: dict) -> str:
         from ..plan.multi_explain import format_shapes_report
         return "\n".join([format_shapes_report(rep)] + _format_what_if(rep))
     bd = rep["breakdown"]
-    out = [f"plan: {rep['model']} on {rep['devices']} devices, {rep['stages']} stage{'s' if rep['stages'] != 1 else ''}, "
-           f"{rep['micro_batches']} micro-batch{'es' if rep['micro_batches'] != 1 else ''}; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
+    from ..emit.summary import count_noun
+    out = [f"plan: {rep['model']} on {count_noun(rep['devices'], 'device')}, {count_noun(rep['stages'], 'stage')}, "
+           f"{count_noun(rep['micro_batches'], 'micro-batch')}; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
            + (f", {rep['cost_per_million_tokens']:.4f} per 1M tokens" if rep.get("cost_per_million_tokens") is not None
               else "") + ("" if rep["fits"] else "  (DOES NOT FIT in memory)")
            + ("\nobjective: the least cost per token (--objective cost); the re-planned what-ifs below minimise it "

@@ -185,7 +185,7 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
         rows.append(row)
     right = {0, 3, 4, 5, 7} | ({9, 10, 11, 12, 13, 14} if est else set())
     m = plan.model
-    lines = [f"plan: {m.name} ({m.num_layers} layers) on {plan.world_size} devices in {count_noun(len(plan.meshes), 'mesh')}"
+    lines = [f"plan: {m.name} ({m.num_layers} layers) on {count_noun(plan.world_size, 'device')} in {count_noun(len(plan.meshes), 'mesh')}"
              f", {count_noun(plan.pipeline_parallel_size, 'pipeline stage')}",
              *_table(header, rows, right),
              _precision_line(plan),

@@ -118,7 +118,8 @@ def load_yaml_file(path: str, what: str) -> dict:
     if not os.path.exists(path):
         raise InputError(f"{what} file not found", file=path, fix="check the path")
     if os.path.isdir(path):
-        raise InputError(f"is a directory, not a {what} file", file=path, fix=f"pass the {what} YAML file itself")
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise InputError(f"is a directory, not {article} {what} file", file=path, fix=f"pass the {what} YAML file itself")
     if path.lower().endswith(".json"):
         # read as JSON, by a JSON parser: the YAML parser refused JSON's tab indentation and took a missing value
         # or a trailing comma for valid
