@@ -244,7 +244,9 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
                     inv)
     h, s = model.hidden_size, model.seq_length
     act = layer_activation_bytes(model, 2, 1, "none", sequence_parallel=a.settings.sequence_parallel)
-    boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h, (d + 2) * 2 * s * 2 * h
+    # each rank's piece of a boundary tensor: split over TP by sequence under sequence parallelism
+    sp_a, sp_b = (m.tp if m.settings.sequence_parallel else 1 for m in (a, b))
+    boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h / sp_a, (d + 2) * 2 * s * 2 * h / sp_b
     # int64 ids, and a 1-byte embedding dropout mask when the mesh's settings have hidden dropout (default: none)
     mask = s * h / (2 if a.settings.sequence_parallel else 1) if a.settings.hidden_dropout else 0.0
     first_extra = d * (8 * s + mask)

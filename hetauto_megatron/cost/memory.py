@@ -222,14 +222,17 @@ def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
                            impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
                            attention_dropout: float = 0.0) -> float:
     """What recomputation materialises again during the backward pass, one layer at a time: the whole layer
-    ('full') or its MLP ('selective'); 0 without recomputation."""
+    ('full') or its MLP ('selective'); 0 without recomputation. 'full' less the layer's input: the first norm
+    keeps the very storage the checkpoint keeps (Megatron's CheckpointFunction re-runs the layer on a detached
+    view of its saved input), which layer_activation_bytes('full') counts already."""
     if recompute == "none":
         return 0.0
     kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl,
               hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
     full = layer_activation_bytes(model, tp, micro_batch_size, "none", **kw)
-    return full if recompute == "full" else full - layer_activation_bytes(model, tp, micro_batch_size,
-                                                                          "selective", **kw)
+    if recompute == "full":
+        return full - layer_activation_bytes(model, tp, micro_batch_size, "full", **kw)
+    return full - layer_activation_bytes(model, tp, micro_batch_size, "selective", **kw)
 
 
 def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
@@ -319,8 +322,10 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
     terms = _stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl, precision)
     if not gradient_reduction:
         terms = terms[:-1] + (None,)
-    return (_param_terms(model, tp, first, last), first, last, *terms,
-            E * (seq_length or model.seq_length) * b * model.hidden_size, overhead or vendor_overhead(vendor))
+    # a boundary tensor is this rank's piece: split over TP by sequence under sequence parallelism (Megatron's
+    # p2p tensor shape is (s / t, b, h) then)
+    tensor = E * (seq_length or model.seq_length) * b * model.hidden_size / (tp if settings.sequence_parallel else 1)
+    return (_param_terms(model, tp, first, last), first, last, *terms, tensor, overhead or vendor_overhead(vendor))
 
 
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
