@@ -158,7 +158,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     from ..plan.simulate import simulate
     # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
     constraints = Constraints.from_record((plan.estimate or {}).get("search"))
-    schedule = "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
+    from ..plan.replan import searched_schedule
+    schedule = searched_schedule(plan)  # (a plan that crosses no cluster boundary: the search's default)
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
     tokens = plan.global_batch_size * plan.model.seq_length
     # ... and for the plan's pipeline engine (DeepSpeed's: its uniform layouts, priced as it runs them)

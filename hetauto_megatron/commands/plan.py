@@ -306,12 +306,11 @@ def keep_job_of(old, args) -> dict:
         # another shape win; a plan without the record: the default, unless it has the other shapes anyway
         recorded = (((old.estimate or {}).get("search") or {}).get("shapes") or {}).get("setting")
         job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
-    crossing = [b for p in range(old.num_pipelines) for a, b in zip(old.positions(p), old.positions(p)[1:])
-                if {old.meshes[i].cluster for i in a + b} != {old.meshes[a[0]].cluster}]
-    if crossing and old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
-        # the plan stores each boundary's schedule; a search with overlapped boundaries makes every one overlapped
-        job["boundary_schedule"] = ("overlapped" if any(m.boundary_schedule == "overlapped" for m in old.meshes)
-                                    else "blocking")
+    if old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
+        from ..plan.replan import searched_schedule
+        schedule = searched_schedule(old, default=None)      # (None: the plan does not tell; the default runs)
+        if schedule is not None:
+            job["boundary_schedule"] = schedule
     kept = {}
     for name, value in job.items():
         if getattr(args, name) is None:

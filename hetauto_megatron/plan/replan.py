@@ -22,6 +22,17 @@ from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
 
 
+def searched_schedule(plan: Plan, default: str | None = "overlapped") -> str | None:
+    """The boundary schedule a plan was searched with, as its meshes tell it: where a boundary crosses clusters,
+    overlapped if any mesh's boundary is (a search with overlapped boundaries makes every one overlapped), else
+    blocking; a plan with no boundary between clusters does not tell, and gets `default` (the search's)."""
+    crossing = [b for p in range(plan.num_pipelines) for a, b in zip(plan.positions(p), plan.positions(p)[1:])
+                if {plan.meshes[i].cluster for i in a + b} != {plan.meshes[a[0]].cluster}]
+    if not crossing:
+        return default
+    return "overlapped" if any(m.boundary_schedule == "overlapped" for m in plan.meshes) else "blocking"
+
+
 def warm_layouts(old: Plan, space: SearchSpace) -> list[tuple]:
     """The old plan's layout on what is left of the inventory: meshes on clusters that are gone are dropped,
     and meshes keep their TP, DP and micro-batch with as many stages as their cluster still allows. A plan of
