@@ -676,3 +676,13 @@ def test_a_vocabulary_at_the_documented_limit_plans(tmp_path, capsys):
                             "--quiet"], capsys)
     assert rc == 0 and "Traceback" not in err, err
     assert json.loads(out)["tokens_per_s"] > 0
+
+
+def test_a_link_latency_beyond_any_network_is_named(tmp_path, capsys):
+    """`latency_ms: 1e300` was taken: simulate printed a table hundreds of characters wide and --json 4e304 s."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("latency_ms: 0.1", "latency_ms: 1.0e+300"))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="links[0].latency_ms", words=[inv, "ms"])
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--set",
+                          "link.site-a-site-b.latency_ms=1e7"], capsys)
+    assert rc == 2 and "latency_ms" in err and "Traceback" not in err, err

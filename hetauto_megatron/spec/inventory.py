@@ -224,6 +224,9 @@ def check_cluster_name(name: str, *, file: str | None, field: str) -> str:
     return name
 
 
+MAX_LATENCY_S = 10.0     # one way; a satellite hop is a quarter of a second
+
+
 def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1e-6) -> LinkSpec:
     if data is None and default is not None:
         data = default
@@ -233,9 +236,13 @@ def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1
     reject_unknown(data, {"bandwidth_gbps", latency_key}, file=file, prefix=prefix)
     bw = positive(get(data, "bandwidth_gbps", float, file=file, prefix=prefix), prefix + "bandwidth_gbps", file)
     lat = get(data, latency_key, float, default=0.0, file=file, prefix=prefix)
+    unit = "ms" if latency_key == "latency_ms" else "µs"
     if lat < 0:
         raise InputError(f"must not be negative, got {lat}", file=file, field=prefix + latency_key,
-                         fix=f"give the one-way latency ({'ms' if latency_key == 'latency_ms' else 'µs'}), 0 or more")
+                         fix=f"give the one-way latency ({unit}), 0 or more")
+    if lat * scale > MAX_LATENCY_S:     # (1e300 was taken, and printed tables hundreds of characters wide)
+        raise InputError(f"is {lat:g} {unit}, more than {MAX_LATENCY_S:g} s one way: no network", file=file,
+                         field=prefix + latency_key, fix=f"check the unit: the one-way latency in {unit}")
     return LinkSpec(bw, lat * scale)
 
 

@@ -17,7 +17,7 @@ import math
 
 from ..errors import InputError
 from ._fields import MAX_FIGURE, MIN_FIGURE, shorten
-from .inventory import Cluster, Inventory, LinkSpec
+from .inventory import MAX_LATENCY_S, Cluster, Inventory, LinkSpec
 
 LINK_FIELDS = ("bandwidth_gbps", "latency_ms", "flow_gbps")
 CLUSTER_FIELDS = ("nodes", "devices_per_node", "memory_gib", "peak_tflops", "hbm_gbps", "uplink_gbps",
@@ -76,6 +76,10 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     if value > MAX_FIGURE:
         raise InputError(f"{key}={shown}: beyond any device or network (at most {MAX_FIGURE:g})", field="--set",
                          fix="check the unit (docs/inputs.md): bandwidths in Gbit/s, memory in GiB, latency in ms/µs")
+    seconds = value * (1e-3 if key.endswith("latency_ms") else 1e-6)
+    if key.endswith(("latency_ms", "latency_us")) and seconds > MAX_LATENCY_S:
+        raise InputError(f"{key}={shown}: more than {MAX_LATENCY_S:g} s one way: no network", field="--set",
+                         fix=f"check the unit: the one-way latency in {key.rsplit('_', 1)[1].replace('us', 'µs')}")
     if value < 0 or (value == 0 and not latency):
         raise InputError(f"{key}={shown}: must be {'0 or more' if latency else 'positive'}", field="--set",
                          fix="give a value above zero" + (" (or 0)" if latency else ""))
