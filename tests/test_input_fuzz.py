@@ -686,3 +686,14 @@ def test_a_link_latency_beyond_any_network_is_named(tmp_path, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--set",
                           "link.site-a-site-b.latency_ms=1e7"], capsys)
     assert rc == 2 and "latency_ms" in err and "Traceback" not in err, err
+
+
+def test_a_wrapped_model_file_with_another_top_level_key_names_that_key(tmp_path, capsys):
+    """A model under 'model:' with a stray key beside it was told "unknown key(s) extra, model": the wrapper
+    itself named unknown. A plan file given as --model is still named as a plan file."""
+    model = write(tmp_path, "model.yaml", "model:\n  preset: tiny\nextra: 1\n")
+    rc, _, err = run_cli(["plan", "--model", model, "--inventory", CPU_INV, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="extra", words=[model, "'model:'"])
+    plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    rc, _, err = run_cli(["plan", "--model", plan, "--inventory", CPU_INV, "--global-batch-size", "8"], capsys)
+    assert rc == 2 and "it looks like a plan file" in err, err

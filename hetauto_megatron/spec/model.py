@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ._fields import get, reject_unknown
+from ._fields import file_kind, get, reject_unknown
 from .files import load_yaml_file
 from ..cache_keys import cached_hash
 
@@ -278,8 +278,14 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
             spec = hf_model(cfg, file=source, seq_length=seq_length, note=note)
     else:
         data = load_yaml_file(source, "model")
-        if "model" in data and isinstance(data["model"], dict) and len(data) == 1:
-            data = data["model"]
+        if "model" in data and isinstance(data["model"], dict):
+            other = sorted(str(k) for k in data if k != "model")
+            if not other:
+                data = data["model"]
+            elif file_kind(other) is None:      # (a whole plan file is named as one by model_from_dict)
+                raise InputError(f"wraps the model under 'model:' beside other top-level keys: {', '.join(other)}",
+                                 file=source, field=other[0],
+                                 fix="move those keys inside the 'model:' block, or drop them")
         if isinstance(data, dict) and "preset" in data and "name" not in data and set(data) - {"preset"}:
             # a preset with overrides is another model: named by its file (docs/inputs.md), not as the preset
             data = {**data, "name": os.path.splitext(os.path.basename(source))[0]}
