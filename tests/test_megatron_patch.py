@@ -261,3 +261,34 @@ def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():
     assert r.returncode == 2, r.stderr
     assert "hetauto: error: field '--hetauto-plan': the ranks were started with different plans" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_path_that_is_not_a_checkout_says_what_it_is(tmp_path, capsys):
+    """An empty path, a missing one and a file were all "is not a directory" (the empty one naming no path)."""
+    (tmp_path / "notes.txt").write_text("x")
+    for path, words in (("", "the Megatron-LM path is empty"), (str(tmp_path / "nope"), "does not exist"),
+                        (str(tmp_path / "notes.txt"), "is a file, not a directory")):
+        assert cli(["patch-megatron", path]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Fix:" in err and "Traceback" not in err, err
+
+
+def test_a_failed_write_leaves_the_file_whole(tree, monkeypatch, capsys):
+    """The patched text is written to a temporary file and renamed over the original: a write that fails (a full
+    disk here) left pretrain_gpt.py empty, as 'open(target, "w")' truncates it first."""
+    import builtins
+    before = read(tree)
+    real_open = builtins.open
+
+    def full_disk(path, mode="r", *a, **kw):
+        fh = real_open(path, mode, *a, **kw)
+        if "w" in mode and str(path).endswith((".py", ".hetauto-tmp")):
+            def write(_):
+                raise OSError(28, "No space left on device")
+            fh.write = write
+        return fh
+    monkeypatch.setattr(builtins, "open", full_disk)
+    assert cli(["patch-megatron", str(tree)]) == 2
+    monkeypatch.undo()
+    assert read(tree) == before and not list(tree.glob("*.hetauto-tmp"))
+    assert "No space left" in capsys.readouterr().err

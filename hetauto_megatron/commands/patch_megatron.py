@@ -247,7 +247,10 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
                              "package data: hetauto_megatron/data/patches/pretrain_gpt.patch)")
     hunks = parse_patch(_read_text(patch_file, "the patch (a unified diff)"), file=patch_file)
     if not os.path.isdir(megatron_lm):
-        raise InputError("is not a directory", file=megatron_lm, fix="pass the root of a Megatron-LM checkout")
+        what = ("the Megatron-LM path is empty" if not megatron_lm else "does not exist"
+                if not os.path.exists(megatron_lm) else "is a file, not a directory")
+        raise InputError(what, file=megatron_lm or None,
+                         fix="pass the root of a Megatron-LM checkout (the folder holding pretrain_gpt.py)")
     target = os.path.join(megatron_lm, TARGET)
     if not os.path.isfile(target):
         raise InputError(f"has no {TARGET}", file=megatron_lm,
