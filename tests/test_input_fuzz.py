@@ -684,7 +684,7 @@ def test_a_link_latency_beyond_any_network_is_named(tmp_path, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
     check_error(rc, err, field="links[0].latency_ms", words=[inv, "ms"])
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--set",
-                          "link.site-a-site-b.latency_ms=1e7"], capsys)
+                          "link.site-a-site-b.latency_ms=1e8"], capsys)
     assert rc == 2 and "latency_ms" in err and "Traceback" not in err, err
 
 

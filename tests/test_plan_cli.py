@@ -27,6 +27,9 @@ def test_plan_json_contract_and_files(tmp_path):
         assert key in out
     assert out["fits"] is True
     assert out["search"]["candidates_evaluated"] > 0 and out["search"]["seconds"] >= 0
+    # the schedule searched with is recorded: --from and explain re-plan with it (the meshes' boundaries cannot
+    # tell it where an overlapped search left every boundary blocking)
+    assert out["search"]["boundary_schedule"] == "overlapped"
     plan = load_plan(str(plan_file))
     assert plan.to_dict()["meshes"] == out["plan"]["meshes"]
     assert len(out["memory_gib"]) == plan.pipeline_parallel_size

@@ -113,11 +113,27 @@ def test_a_blocks_link_bound_stays_above_every_order_and_takes_no_time_on_many_c
                 bw[i, j] = bw[j, i] = rng.choice([1.0, 2.0, 5.0, 10.0, 40.0])
         best = max((min(bw.get((p[k], p[k + 1]), 0.0) for k in range(n - 1))
                     for p in itertools.permutations(range(n))), default=0.0)
+        # and no looser than it must be: the largest t whose links of at least t join every cluster
+        joined = max([t for t in set(bw.values()) if _connected(n, {k for k, v in bw.items() if v >= t})],
+                     default=0.0)
         assert pb._bottleneck_spanning_tree(n, bw) >= best
+        assert pb._bottleneck_spanning_tree(n, bw) == joined
     chain = small_inventory([(f"c{i}", "a100-80gb", 1, 8) for i in range(40)],
                             [(f"c{i}", f"c{i + 1}", 100, 1) for i in range(39)])
     bound = PartitionBound(MODEL, chain, 128)
-    assert math.isfinite(bound.block_cost([c.name for c in chain.clusters]))
+    assert bound._bottleneck_path([c.name for c in chain.clusters]) == chain.link("c0", "c1").bytes_per_s
+
+
+def _connected(n: int, edges: set) -> bool:
+    """Whether the (i, j) pairs join all of 0..n-1 (a walk from 0)."""
+    seen, todo = {0}, [0]
+    while todo:
+        a = todo.pop()
+        for i, j in edges:
+            if i == a and j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return len(seen) == n
 
 
 def test_partition_bound_never_exceeds_the_priced_plan_and_prunes_no_better_partition():

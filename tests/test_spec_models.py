@@ -157,6 +157,17 @@ def test_preset_overrides_follow_derived_keys(tmp_path):
     assert g.name == "g" and m.name == "m"
     (tmp_path / "n.yaml").write_text("preset: llama2-70b\nnum_layers: 40\nname: half-70b\n")
     assert load_model(str(tmp_path / "n.yaml")).name == "half-70b"
+    (tmp_path / "j.json").write_text('{"preset": "llama2-70b", "num_layers": 40}')     # a JSON model file too
+    assert load_model(str(tmp_path / "j.json")).name == "j"
+
+
+def test_a_padded_copy_hashes_as_the_equal_model():
+    """ModelSpec caches its hash in the instance: a padded copy of a model already hashed kept the unpadded
+    model's hash while comparing equal to the same model built anew, so dict, set and lru_cache lookups missed."""
+    m = PRESETS["llama2-7b"]
+    {m: 1}                                              # (hashes it, as every search does)
+    padded, built = m.with_padded_vocab(m.vocab_size + 128), m.replace(vocab_size=m.vocab_size + 128)
+    assert padded == built and hash(padded) == hash(built) and built in {padded}
 
 
 def test_gqa_and_swiglu_in_layer_params():

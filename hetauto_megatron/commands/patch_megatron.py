@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..outputs import output_errors
 
 DESCRIPTION = """\
 Add the --hetauto flag to Megatron-LM's pretrain_gpt.py (branch core_r0.19.0, matching megatron-core 0.19.x).
@@ -278,15 +277,22 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
     verify(new_text, hunks, file=target)
     real = os.path.realpath(target)        # a symlinked file is patched where it lives, as before
     tmp = f"{real}.hetauto-tmp"
-    with output_errors(target, None):      # e.g. a read-only checkout, a full disk: the original stays whole
-        try:
-            with open(tmp, "w", newline="") as fh:
-                fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
-            shutil.copymode(real, tmp)
-            os.replace(tmp, real)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    if not os.access(real, os.W_OK):       # (a rename would replace a read-only file: refused, as writing it was)
+        raise InputError("is read-only", file=target, fix=f"make it writable (chmod u+w {target}), or patch a copy")
+    try:   # written beside it and renamed over it: a failed write (a full disk) leaves the original whole
+        with open(tmp, "w", newline="") as fh:
+            fh.write(new_text.replace("\n", "\r\n") if crlf else new_text)
+        st = os.stat(real)
+        shutil.copymode(real, tmp)
+        if hasattr(os, "chown") and os.geteuid() == 0:     # (as root the new file would be root's)
+            os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, real)
+    except OSError as exc:
+        raise InputError(f"cannot write it: {exc.strerror or exc}", file=target,
+                         fix="free space or permissions in its folder, or patch a copy") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     out(f"patched {target}:")
     for line in explain(hunks):
         out(line)

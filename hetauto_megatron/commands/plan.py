@@ -223,7 +223,7 @@ def run(args) -> int:
     plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes,
-                                                            args.memory_job))
+                                                            args.memory_job, cfg.schedule))
     written = []
     if args.output:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
@@ -430,10 +430,12 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
 
 
-def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None) -> dict:
+def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None,
+                  schedule: str | None = None) -> dict:
     """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
     plan was made (search method, objective, constraints, the --shapes setting: `shapes.setting`, which --from
-    keeps; the --memory-job every stage was also fitted to, which simulate, explain, compare and --from apply)."""
+    keeps; the --memory-job every stage was also fitted to, which simulate, explain, compare and --from apply; the
+    --boundary-schedule searched with, which --from and explain's re-plans keep: replan.searched_schedule)."""
     from .. import tool_version
     from ..plan.constraints import cost_per_million_tokens
     from ..plan.plan_file import layout_digest
@@ -443,6 +445,8 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", m
     record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
     if memory_job not in (None, "none"):
         record["memory_job"] = memory_job
+    if schedule is not None:
+        record["boundary_schedule"] = schedule
     record["hetauto_version"] = tool_version()     # which planner wrote it, for a plan read months later
     # the file holds what the inputs and the seed decide, so that the same ones write the same bytes: the search's
     # wall time goes to stderr and --json only

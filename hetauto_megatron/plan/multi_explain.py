@@ -84,7 +84,8 @@ def alternatives(result, seconds: float, k: int) -> list[dict]:
 
 
 def format_shapes_report(rep: dict) -> str:
-    out = [f"plan: {rep['model']} on {rep['devices']} devices, {len(rep['pipelines'])} pipeline(s); predicted "
+    n = len(rep["pipelines"])
+    out = [f"plan: {rep['model']} on {rep['devices']} devices, {n} pipeline{'s' if n != 1 else ''}; predicted "
            f"{rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
            + ("" if rep["fits"] else "  (DOES NOT FIT in memory)"), "", f"bottleneck: {rep['bottleneck']}"]
     bd = rep["breakdown"]

@@ -23,9 +23,14 @@ from .space import SearchSpace
 
 
 def searched_schedule(plan: Plan, default: str | None = "overlapped") -> str | None:
-    """The boundary schedule a plan was searched with, as its meshes tell it: where a boundary crosses clusters,
-    overlapped if any mesh's boundary is (a search with overlapped boundaries makes every one overlapped), else
-    blocking; a plan with no boundary between clusters does not tell, and gets `default` (the search's)."""
+    """The boundary schedule a plan was searched with: as its estimate recorded it (estimate.search.
+    boundary_schedule); for a plan without the record, as its meshes tell it: where a boundary crosses clusters,
+    overlapped if any mesh's boundary is, else blocking (a search with overlapped boundaries may still leave every
+    one blocking where the buffers do not fit: the record says so); a plan with no boundary between clusters does
+    not tell, and gets `default` (the search's)."""
+    recorded = ((plan.estimate or {}).get("search") or {}).get("boundary_schedule")
+    if recorded in ("overlapped", "blocking"):
+        return recorded
     crossing = [b for p in range(plan.num_pipelines) for a, b in zip(plan.positions(p), plan.positions(p)[1:])
                 if {plan.meshes[i].cluster for i in a + b} != {plan.meshes[a[0]].cluster}]
     if not crossing:

@@ -224,7 +224,7 @@ def check_cluster_name(name: str, *, file: str | None, field: str) -> str:
     return name
 
 
-MAX_LATENCY_S = 10.0     # one way; a satellite hop is a quarter of a second
+MAX_LATENCY_S = 60.0     # one way: a minute is no network (a satellite hop is a quarter of a second)
 
 
 def _link(data, *, file, prefix, default=None, latency_key="latency_us", scale=1e-6) -> LinkSpec:
@@ -285,7 +285,7 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         nodes = get(raw, "nodes", int, file=file, prefix=p)
         dpn = get(raw, "devices_per_node", int, file=file, prefix=p)
         if nodes < 1 or dpn < 1:
-            raise InputError(f"nodes ({nodes}) and devices_per_node ({dpn}) must be at least 1", file=file,
+            raise InputError(f"nodes ({shorten(str(nodes), 20)}) and devices_per_node ({shorten(str(dpn), 20)}) must be at least 1", file=file,
                              field=p + ("nodes" if nodes < 1 else "devices_per_node"),
                              fix="count the machines and the accelerators in each machine")
         if nodes > MAX_FIGURE or dpn > MAX_FIGURE:      # as --set refuses them; 10^400 nodes overflowed a float

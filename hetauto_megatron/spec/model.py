@@ -176,6 +176,7 @@ class ModelSpec:
         and padding (make_vocab_size_divisible_by x TP) may pass it (a vocab_size of 9,999,872 at TP 8 pads to
         10,000,384, which replace() refused mid-search with a message naming no file)."""
         new = copy.copy(self)
+        new.__dict__.pop("_cached_hash", None)      # (cache_keys.cached_hash: the copy hashes anew)
         object.__setattr__(new, "vocab_size", vocab_size)
         return new
 
@@ -247,6 +248,14 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
         raise exc.within(file=file, prefix=prefix.rstrip(".") or None) from None
 
 
+def _named_by_file(data, source: str):
+    """A model file's keys; a preset with overrides and no name is another model, named by its file (docs/inputs.md),
+    not as the preset."""
+    if isinstance(data, dict) and "preset" in data and "name" not in data and set(data) - {"preset"}:
+        return {**data, "name": os.path.splitext(os.path.basename(source))[0]}
+    return data
+
+
 def load_model(source: str, *, seq_length: int | None = None, note=None) -> ModelSpec:
     """A preset name, a config.json (Hugging Face) or a model YAML. `seq_length` overrides the file's.
 
@@ -273,7 +282,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
         cfg = read_hf_config(source)
         if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
-            spec = model_from_dict(cfg, file=source)
+            spec = model_from_dict(_named_by_file(cfg, source), file=source)
         else:
             spec = hf_model(cfg, file=source, seq_length=seq_length, note=note)
     else:
@@ -286,10 +295,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
                 raise InputError(f"wraps the model under 'model:' beside other top-level keys: {', '.join(other)}",
                                  file=source, field=other[0],
                                  fix="move those keys inside the 'model:' block, or drop them")
-        if isinstance(data, dict) and "preset" in data and "name" not in data and set(data) - {"preset"}:
-            # a preset with overrides is another model: named by its file (docs/inputs.md), not as the preset
-            data = {**data, "name": os.path.splitext(os.path.basename(source))[0]}
-        spec = model_from_dict(data, file=source)
+        spec = model_from_dict(_named_by_file(data, source), file=source)
     if seq_length:
         # a longer learned table is what training at that length builds (rotary: ModelSpec raises its reach)
         if spec.position_embedding == "learned" and seq_length > spec.max_position_embeddings and note is not None:
