@@ -32,6 +32,12 @@ def test_probe_link_connections_give_the_total_and_one_connections_rate(capsys):
         {"name": "west", "device": "cpu", "nodes": 1, "devices_per_node": 1}], "links": link})
     assert inv.link("east", "west").flow_gbps == link[0]["flow_gbps"]
     assert main(["probe-link", "--local", "--connections", "0"]) == 2
+    capsys.readouterr()
+    # --json gives the N connections' own rate too, as the text does (it was left out)
+    assert main(["probe-link", "--local", "--max-size-mib", "1", "--iters", "2", "--timeout", "60",
+                 "--connections", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["connections"] == 2 and 0 < res["together_gbps"] <= res["link"]["bandwidth_gbps"]
 
 
 def test_probe_link_json_has_per_size_rates(capsys):

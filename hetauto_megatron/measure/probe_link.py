@@ -59,8 +59,11 @@ class LinkMeasurement:
                 "flow_gbps": round(min(self.bandwidth_gbps, total), 3)}
 
     def to_dict(self, a: str, b: str) -> dict:
+        # (the N connections' own rate too, as the text prints it; the link entry takes the larger of it and one's)
+        together = ({"together_gbps": round(self.together_bytes_per_s * 8 / 1e9, 3)}
+                    if self.together_bytes_per_s is not None else {})
         return {"link": self.link_entry(a, b), "latency_us": round(self.latency_s * 1e6, 2),
-                "connections": self.connections,
+                "connections": self.connections, **together,
                 "per_size": [{"bytes": n, "seconds": round(t, 9), "gbps": round(r * 8 / 1e9, 3)}
                              for n, t, r in self.per_size]}
 
