@@ -187,7 +187,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         # shapes search every shape, as the plan's own search did
         # (under the plan's --max-iteration-s, the best found even where it is above the floor: its runners-up
         # are what the report lists, and a what-if that no plan within the floor survives is still priced)
-        return (search(plan.model, inv, plan.global_batch_size, cost_model, config, over_floor_ok=True)
+        return (search(plan.model, inv, plan.global_batch_size, cost_model, config)
                 if plan.is_simple else
                 search_shapes(plan.model, inv, plan.global_batch_size, cost_model, config, over_floor_ok=True))
 

@@ -164,7 +164,7 @@ def run(args) -> int:
     from ..plan.search import SearchConfig
     from ..plan.simulate import simulate
     from ..plan.plan import check_global_batch_size
-    from ..plan.settings import ENGINES
+    from ..plan.settings import ENGINES, check_engine_precision
     old = warm = None
     kept = {}
     schedule_given = args.boundary_schedule      # (before a --from plan or the default fills it in)
@@ -196,9 +196,8 @@ def run(args) -> int:
                          fix="give a number of processes, or 0 for one per core")
     if args.emit and not args.output:
         raise InputError("--emit needs the plan written too", field="--emit", fix="add -o plan.yaml")
-    if args.precision == "fp8" and args.engine and not ENGINES[args.engine].fp8:
-        raise InputError(f"engine {args.engine} has no fp8 setting", field="--precision",
-                         fix=f"plan --engine {args.engine} with bf16, fp16 or fp32, or fp8 with --engine megatron")
+    if args.engine:
+        check_engine_precision(args.engine, args.precision, field="--precision", command="plan")
     check_timeline_paths(args.timeline)
     if old is not None:
         from ..plan.replan import warm_layouts
@@ -402,7 +401,7 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
     import dataclasses as dc
 
     from ..errors import InfeasibleError
-    from ..plan.constraints import describe
+    from ..plan.constraints import check_floor, describe
     from ..plan.multi_search import search_shapes
     from ..plan.search import search
     try:
@@ -416,7 +415,7 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
             trial = dc.replace(cfg, constraints=con.without(name), iterations=min(cfg.iterations or 400, 400),
                                progress=False, local_search=False)
             try:
-                search(model, inventory, gbs, cost_model, trial)
+                check_floor(model, trial.constraints, search(model, inventory, gbs, cost_model, trial).iteration_time_s)
                 binding.append(describe(con, name))
             except InfeasibleError:
                 pass

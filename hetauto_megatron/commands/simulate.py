@@ -205,11 +205,9 @@ def run(args) -> int:
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
-    from ..plan.settings import ENGINES
-    if plan.precision == "fp8" and not ENGINES[args.engine].fp8:    # (plan and the plan file refuse it too)
-        raise InputError(f"engine {args.engine} has no fp8 setting", field="--precision" if args.precision else
-                         "--engine", fix=f"simulate --engine {args.engine} with bf16, fp16 or fp32, or fp8 with "
-                                         "--engine megatron")
+    from ..plan.settings import check_engine_precision      # (plan and the plan file refuse it too)
+    check_engine_precision(args.engine, plan.precision, field="--precision" if args.precision else "--engine",
+                           command="simulate")
     try:
         # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
         apply_memory_job(cost_model, inventory.with_precision(plan.precision) if args.precision or not args.plan

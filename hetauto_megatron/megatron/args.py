@@ -48,12 +48,10 @@ def mark_parser_defaults(parser: argparse.ArgumentParser) -> None:
     """Make the defaults of Megatron's dropout flags ParserDefault values and those of its layout flags
     ParserDefaultInt values (idempotent; a parser without the flags is left as it is)."""
     for action in parser._actions:
-        if action.dest in DROPOUT_ARGS and isinstance(action.default, float) \
-                and not isinstance(action.default, ParserDefault):
-            action.default = ParserDefault(action.default)
-        if action.dest in LAYOUT_ARGS and isinstance(action.default, int) \
-                and not isinstance(action.default, (bool, ParserDefaultInt)):
-            action.default = ParserDefaultInt(action.default)
+        for dests, kind, mark in ((DROPOUT_ARGS, float, ParserDefault), (LAYOUT_ARGS, int, ParserDefaultInt)):
+            # (exactly the plain type: not a bool, not a value marked already)
+            if action.dest in dests and type(action.default) is kind:
+                action.default = mark(action.default)
 
 
 def add_hetauto_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -138,12 +138,6 @@ def _timeout_s() -> float:
     return value
 
 
-def _master_port() -> str:
-    """The world store's port, checked (world_store.master_port)."""
-    from .world_store import master_port
-    return master_port()
-
-
 def _prepare_hetauto(args) -> _State:
     """Between Megatron's parsing and its validation: load the plan, place this rank, rewrite its arguments."""
     if not args.hetauto_plan:
@@ -267,13 +261,13 @@ def _join_world(state: _State) -> None:
         return
     store = None
     if os.environ.get("HETAUTO_MASTER_ADDR"):
+        from . import world_store
         os.environ["MASTER_ADDR"] = os.environ["HETAUTO_MASTER_ADDR"]
-        os.environ["MASTER_PORT"] = _master_port()
+        os.environ["MASTER_PORT"] = world_store.master_port()
         # torchrun tells its workers that its agent hosts the rendezvous store, so every worker would only
         # connect as a client. The global store is not any torchrun's: global rank 0 hosts it, and a cluster
         # whose launch is refused tells the others through it (world_store.py)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-        from . import world_store
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
                                  int(os.environ["MASTER_PORT"]), _timeout_s(), file=state.plan_file)
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)

@@ -206,7 +206,8 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -
             client = _connect(addr, port, time.monotonic() + 60.0)
             while client is not None:
                 time.sleep(every_s)
-                if not _host_up(addr, port, CONNECT_TRY_S):
+                # (rank 0 hosts the store in this very process: it is up while this thread runs)
+                if rank != 0 and not _host_up(addr, port, CONNECT_TRY_S):
                     return          # the host went: a finished job (quietly), or a crash the timeouts bound
                 refused = _refusal(client)
                 if refused is None or _WORLD.get("posting"):

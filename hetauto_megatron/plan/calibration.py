@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..cost.analytic import DEFAULT_CALIBRATION, AnalyticCostModel, Calibration
 from ..errors import InputError
-from ..spec.devices import canonical_device_name
+from ..spec.devices import canonical_device_name, get_device
 from ..spec._fields import file_kind
 from ..spec.inventory import inventory_from_dict
 from ..spec.files import load_yaml_file
@@ -162,10 +162,7 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if missing:
             raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
                              fix="add these keys to the source (see the packaged table)")
-        if not isinstance(cfg["device"], str) or canonical_device_name(cfg["device"]) is None:
-            from ..spec.devices import CATALOG      # (checked here: inventory_from_dict would name no file)
-            raise InputError(f"device {cfg['device']!r} of source {source} is not a catalog type", file=path,
-                             field=f"{source}.device", fix=f"use one of: {', '.join(CATALOG)}")
+        get_device(str(cfg["device"]), file=path, field=f"{source}.device")     # (inventory_from_dict names no file)
         for key in _SWITCHES:
             if not isinstance(cfg[key], bool):
                 raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,
@@ -193,7 +190,7 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                                   tie_embeddings=cfg["tie_embeddings"])
                 tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
                 out.append(PublishedRun(
-                    source, float(row["params_b"]), model, canonical_device_name(cfg["device"]) or cfg["device"], tp, pp, gpus // (tp * pp), row["batch"],
+                    source, float(row["params_b"]), model, canonical_device_name(str(cfg["device"])), tp, pp, gpus // (tp * pp), row["batch"],
                     int(cfg["micro_batch_size"]), table["recompute"], cfg["flash_attention"],
                     cfg["sequence_parallel"], float(cfg["intra_node_gbps"]), float(cfg["inter_node_gbps"]),
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),

@@ -287,14 +287,16 @@ def time_factor(seconds: float) -> float:
     return seconds ** TIME_WEIGHT if seconds > 0 else 0.0
 
 
-def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int]) -> float:
+def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int],
+                    ceiling: float | None = None) -> float:
     """What the search minimises for an iteration of `seconds` on the devices `used` (per cluster): the seconds,
     or with --objective cost the money (seconds times the devices' price per second) weighed by time
     (TIME_WEIGHT; ties broken by time, TIE_BREAK). Above --max-iteration-s, worse than every plan within it and
-    ordered by time alone (`floor_ceiling`), so the search is still steered towards the floor."""
+    ordered by time alone (`floor_ceiling`, or `ceiling` where the caller holds it), so the search is still steered
+    towards the floor."""
     limit = c.max_iteration_s
     if c.objective == "cost" and limit is not None and math.isfinite(seconds) and seconds > limit:
-        return floor_ceiling(c, inventory) * seconds / limit
+        return (floor_ceiling(c, inventory) if ceiling is None else ceiling) * seconds / limit
     if c.objective != "cost" or not math.isfinite(seconds):
         return seconds
     dearest = max((cl.price_per_device_hour or 0.0 for cl in inventory.clusters), default=0.0)
@@ -311,14 +313,15 @@ def floor_ceiling(c: Constraints, inventory: Inventory) -> float:
     return objective_value(dataclasses.replace(c, max_iteration_s=None), inventory, c.max_iteration_s, every)
 
 
-def bound_under_floor(c: Constraints, inventory: Inventory, value_bound: float, seconds_bound: float) -> float:
+def bound_under_floor(c: Constraints, inventory: Inventory, value_bound: float, seconds_bound: float,
+                      ceiling: float | None = None) -> float:
     """A lower bound on the objective of leaves whose objective without --max-iteration-s is at least
     `value_bound` and whose time is at least `seconds_bound`: above the floor, the floor's value of that time;
     else the smaller of `value_bound` (a leaf within it) and the ceiling (one above it)."""
     if c.objective != "cost" or c.max_iteration_s is None or not math.isfinite(value_bound) \
             or not math.isfinite(seconds_bound):
         return value_bound      # (the throughput objective is the seconds, above the floor too)
-    ceiling = floor_ceiling(c, inventory)
+    ceiling = floor_ceiling(c, inventory) if ceiling is None else ceiling
     if seconds_bound > c.max_iteration_s:
         return ceiling * seconds_bound / c.max_iteration_s
     return min(value_bound, ceiling)

@@ -101,7 +101,7 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     t0 = time.perf_counter()
     con = cfg.constraints or Constraints()
     # under --max-iteration-s a single pipeline slower than it is the start that the other shapes must beat
-    base = search(model, inventory, gbs, cost, cfg, over_floor_ok=over_floor_ok or shapes != "simple")
+    base = search(model, inventory, gbs, cost, cfg)
     plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
     best = (_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
     out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
@@ -276,7 +276,7 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
             try:
                 # (a block above --max-iteration-s at its first share may come under it as the shares move)
                 cache[key] = search(model, inventory, share, cost, dataclasses.replace(
-                    _in_time(cfg, deadline), constraints=_block_constraints(con, blk, names)), over_floor_ok=True)
+                    _in_time(cfg, deadline), constraints=_block_constraints(con, blk, names)))
                 out.levels_cut |= cache[key].cut_by_budget
             except (InfeasibleError, InputError):
                 cache[key] = None
@@ -442,7 +442,7 @@ def _mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shap
             # (under --max-iteration-s the cluster alone may be slower than it: the groups alongside may bring
             # the plan under it)
             r = search(model, inventory, gbs, cost, dataclasses.replace(
-                _in_time(cfg, deadline), constraints=_block_constraints(con, [c], names)), over_floor_ok=True)
+                _in_time(cfg, deadline), constraints=_block_constraints(con, [c], names)))
         except (InfeasibleError, InputError):
             continue
         out.levels_cut |= r.cut_by_budget

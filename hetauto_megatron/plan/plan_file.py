@@ -6,7 +6,6 @@ READABLE_VERSIONS, an older file meaning what it meant when it was written.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import TYPE_CHECKING
 
@@ -203,9 +202,9 @@ def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -
     tp = raw.get("tp", 1)
     if engine not in ENGINES or not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         return written          # (Plan and Mesh name these)
-    runs = as_run_by(default_settings(tp), engine)
-    return {**{f.name: getattr(runs, f.name) for f in dataclasses.fields(runs)
-               if f.name != "engine" and getattr(runs, f.name) != getattr(default_settings(tp), f.name)}, **written}
+    base = default_settings(tp).to_dict()
+    runs = as_run_by(default_settings(tp), engine).to_dict()
+    return {**{k: v for k, v in runs.items() if base[k] != v}, **written}
 
 
 def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
@@ -225,12 +224,12 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     for k, m in enumerate(plan.meshes):
         # a setting the engine does not run (a hand edit, or a settings block left out: Megatron's defaults) would
         # be priced and emitted as if it ran
-        runs = as_run_by(m.settings, plan.engine)
-        for f in dataclasses.fields(runs):
-            asked, run = (yaml.safe_dump(getattr(s, f.name)).split("\n")[0] for s in (m.settings, runs))
-            if f.name != "engine" and asked != run:
-                raise InputError(f"is {asked}: engine {plan.engine} (the file's 'engine') runs {run}", file=file,
-                                 field=f"meshes[{k}].settings.{f.name}", fix=f"write {run} (what it runs), or {other}")
+        asked, runs = m.settings.to_dict(), as_run_by(m.settings, plan.engine).to_dict()
+        key = next((key for key in runs if asked[key] != runs[key]), None)
+        if key is not None:
+            have, run = (yaml.safe_dump(v).split("\n")[0] for v in (asked[key], runs[key]))   # (as YAML writes it)
+            raise InputError(f"is {have}: engine {plan.engine} (the file's 'engine') runs {run}", file=file,
+                             field=f"meshes[{k}].settings.{key}", fix=f"write {run} (what it runs), or {other}")
     if not engine.simple_only:
         return
     meshes = plan.meshes

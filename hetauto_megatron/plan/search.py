@@ -47,7 +47,7 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import local
 from .branch_and_bound import branch_and_bound, dive_order, every_leaf
-from .constraints import Constraints, check as check_constraints, check_floor, restrict
+from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .infeasible import raise_infeasible
 from .rescreen import fill_shortlist, uplink_shortlist
@@ -170,10 +170,10 @@ def dive_seeds(space: SearchSpace, ev: LayoutEvaluator, deadline: float | None =
 
 # ---- the search -------------------------------------------------------------------------------------------
 def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
-           config: SearchConfig | None = None, over_floor_ok: bool = False) -> SearchResult:
+           config: SearchConfig | None = None) -> SearchResult:
     """The plan with the best objective for `model` on `inventory` at global batch `gbs` (module docstring).
-    Under --max-iteration-s, InfeasibleError where the best is slower than it, unless `over_floor_ok` (then the
-    fastest found: a start that other shapes may bring under it, plan/multi_search.py).
+    Under --max-iteration-s the best may be slower than it (then the fastest found: a start that other shapes may
+    bring under it); the caller checks the plan it keeps (constraints.check_floor, multi_search.search_shapes).
 
     The search makes many small tuples that live until it ends (the evaluator's caches, the trees' nodes):
     the garbage collector would scan them, and everything the process held before, again and again without
@@ -183,14 +183,14 @@ def search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     gc.freeze()
     gc.set_threshold(max(threshold[0], GC_THRESHOLD), *threshold[1:])
     try:
-        return _search(model, inventory, gbs, cost_model, config, over_floor_ok)
+        return _search(model, inventory, gbs, cost_model, config)
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
 
 
 def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
-            config: SearchConfig | None = None, over_floor_ok: bool = False) -> SearchResult:
+            config: SearchConfig | None = None) -> SearchResult:
     cfg = config or SearchConfig()
     cost = cost_model or AnalyticCostModel()
     if gbs < 1:
@@ -335,8 +335,6 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if best is None:
         raise_infeasible(model, inventory, ev, sp)
     res, choices = best
-    if not over_floor_ok:
-        check_floor(model, sp.con, res.iteration_time_s)
     release()
     return SearchResult(list(choices), res.stage_layers, res.iteration_time_s, time.perf_counter() - t0,
                         priced, method, cut or late, playouts, trees, exact, res.boundaries)

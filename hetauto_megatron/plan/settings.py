@@ -229,6 +229,14 @@ def check_engine(engine: str, *, field: str = "--engine", file: str | None = Non
     return ENGINES[engine]
 
 
+def check_engine_precision(engine: str, precision: str, *, field: str, command: str) -> None:
+    """InputError naming `field` where `engine` cannot train in `precision` (Engine.fp8: DeepSpeed's config has no
+    fp8 setting); `command`: the hetauto command whose flags the fix names."""
+    if precision == "fp8" and not ENGINES[engine].fp8:
+        raise InputError(f"engine {engine} has no fp8 setting", field=field,
+                         fix=f"{command} --engine {engine} with bf16, fp16 or fp32, or fp8 with --engine megatron")
+
+
 def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettings:
     """A mesh's settings as `engine` runs them: a setting the engine does not run is off (what it then does is what
     the cost model prices and the engine's emitter writes). The Megatron engine runs them all, unchanged."""

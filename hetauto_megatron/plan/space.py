@@ -166,14 +166,15 @@ class SearchSpace(SpaceBounds):
         least = max(1, -(-(self.model.num_layers - others) // self.stage_cap(cluster, tp, dp, samples // dp)))
         return [k] + [j for j in range(k - 1, least - 1, -1) if self.whole_nodes(cluster, tp * dp * j)]
 
-    def stage_cap(self, cluster: str, tp: int, dp: int, mb: int) -> int:
+    def stage_cap(self, cluster: str, tp: int, dp: int, mb: int, rc: str | None = None) -> int:
         """The most layers a stage of this shape can hold: one micro-batch in flight, neither the embedding nor the
-        head, the most generous recomputation (every stage of a pipeline holds at least that much memory;
-        `fits_one_layer` asks the same of one layer, so a shape the tree offers holds at least one)."""
-        key = ("cap", cluster, tp, dp, mb)
+        head, recomputation `rc` (default the most generous the tree allows the cluster: every stage of a pipeline
+        holds at least that much memory; `fits_one_layer` is this >= 1, so a shape the tree offers holds one)."""
+        rc = rc or self._rc(cluster)
+        key = ("cap", cluster, tp, dp, mb, rc)
         cap = self._fits.get(key)
         if cap is None:
-            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, self._rc(cluster), self.cost,
+            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost,
                                          self.settings_of(tp))
             cap = self._fits[key] = max(0, memory_fit.max_layers_in_memory(self.model, prof, 1, False, False))
         return cap
@@ -204,7 +205,7 @@ class SearchSpace(SpaceBounds):
     def score(self, seconds: float, choices) -> float:
         """What the search minimises: seconds per iteration, or for the cost objective the money per iteration
         (the devices in use times their price per second times the iteration)."""
-        return objective_value(self.con, self.inventory, seconds, devices_by_cluster(choices))
+        return objective_value(self.con, self.inventory, seconds, devices_by_cluster(choices), self._ceiling)
 
     def decode(self, path: tuple):
         """-> (cluster order, order complete?, S or None, finished meshes, what is decided of the next mesh: None,
@@ -290,12 +291,7 @@ class SearchSpace(SpaceBounds):
         return all(x in order for x in twins[:twins.index(c)])
 
     def fits_one_layer(self, cluster, tp, dp, mb, rc) -> bool:
-        key = (cluster, tp, dp, mb, rc)
-        if key not in self._fits:
-            prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost,
-                                         self.settings_of(tp))
-            self._fits[key] = memory_fit.max_layers_in_memory(self.model, prof, 1, False, False) >= 1
-        return self._fits[key]
+        return self.stage_cap(cluster, tp, dp, mb, rc) >= 1
 
     def legal(self, choices: tuple) -> bool:
         """The tree's rules, checked on a finished layout (local-search moves may set stages and recompute)."""

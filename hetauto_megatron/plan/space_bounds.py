@@ -21,7 +21,7 @@ import math
 
 from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
-from .constraints import bound_under_floor, devices_by_cluster, price_per_second, time_factor
+from .constraints import bound_under_floor, devices_by_cluster, floor_ceiling, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
 from .settings import as_run_by, default_settings
 
@@ -52,25 +52,27 @@ class SpaceBounds:
         # the whole iteration's activations, in the sender's precision, crossing a link once each way
         self._act_bytes = {c.name: c.device.dtype_bytes * gbs * model.seq_length * model.hidden_size
                            for c in self.inventory.clusters}
+        # a time no plan beats (the FLOPs at every device's peak, with the pruning margin): what the cost
+        # objective's time weight (constraints.TIME_WEIGHT) is at least where a node has no better time bound
+        self._least_time = COMPUTE_SLACK * self._flops / sum(self._rate.values())
+        # under --max-iteration-s, the objective no plan within it exceeds (taken once: every bound and score reads it)
+        self._ceiling = floor_ceiling(self.con, self.inventory) if self.con.max_iteration_s is not None else None
 
     def time_lower_bound(self) -> float:
         """Model FLOPs of an iteration at the calibrated peak efficiency of every device at once (cost objective:
         at the price per FLOP of the cheapest device, the least an iteration can cost)."""
-        least = self._least_time()
+        least = self._least_time
         if self.con.objective == "cost":
-            return bound_under_floor(self.con, self.inventory, self._cost_bound(self.names, 1.0) * time_factor(least),
-                                     least)
+            return self._under_floor(self._cost_bound(self.names, 1.0) * time_factor(least), least)
         return self._flops / sum(self._rate.values())
 
-    def _least_time(self) -> float:
-        """A time no plan beats (the FLOPs at every device's peak, with the pruning margin): what the cost
-        objective's time weight (constraints.TIME_WEIGHT) is at least where a node has no better time bound."""
-        return COMPUTE_SLACK * self._flops / sum(self._rate.values())
+    def _under_floor(self, value_bound: float, seconds_bound: float) -> float:
+        return bound_under_floor(self.con, self.inventory, value_bound, seconds_bound, self._ceiling)
 
     def _weighed(self, money: float, seconds: float) -> float:
         """A money bound as a bound on the cost objective (money x seconds^TIME_WEIGHT), given a time bound of
         the same leaves."""
-        return money * time_factor(max(seconds, self._least_time())) if math.isfinite(money) else money
+        return money * time_factor(max(seconds, self._least_time)) if math.isfinite(money) else money
 
     def _cost_bound(self, names, slack: float) -> float:
         """Each cluster's share w of the FLOPs takes at least w / (its devices' peak rate) seconds, so it costs
@@ -142,7 +144,7 @@ class SpaceBounds:
                 b = max(self._cost_bound(names, COMPUTE_SLACK), b * rate if math.isfinite(b) else b)
                 if S is not None and math.isfinite(b):
                     b = max(b, self._money_bound(*self._money_terms(order, complete, S, meshes, pending), S))
-                b = bound_under_floor(self.con, self.inventory, self._weighed(b, seconds), seconds)
+                b = self._under_floor(self._weighed(b, seconds), seconds)
             self._bounds[path] = b
         return b
 
@@ -196,7 +198,7 @@ class SpaceBounds:
             if math.isfinite(b):
                 b = max(b, self._money_bound(spent + k * tp * dp * price, speed + k / per, min(quickest, per),
                                              options, S))
-            self._bounds[path + (k,)] = bound_under_floor(self.con, self.inventory, self._weighed(b, t), t)
+            self._bounds[path + (k,)] = self._under_floor(self._weighed(b, t), t)
 
     def _money_terms(self, order, complete, S, meshes, pending, placed: int | None = None):
         """The figures `_money_bound` reads at a node whose S is decided: (money per second and stages per second

@@ -136,8 +136,7 @@ class Inventory:
             exc = refused[0][1]
             # a precision to suggest is one every cluster has (not one the first refused device has: an A100 and a
             # V100 refused fp8 with "choose bf16, fp16, fp32", and the V100 refuses bf16 too)
-            common = [p for p in PRECISIONS if p != precision
-                      and all(c.device.peak_tflops_at(p) is not None for c in self.clusters)]
+            common = [p for p in PRECISIONS if p != precision and not self.unable_at(p)]
             them, it = ("that cluster", "it") if len(refused) == 1 else ("those clusters", "them")
             fix = ((f"choose a precision every cluster has: {', '.join(common)}, or " if common else
                     "no precision suits every cluster: ") + f"leave {them} out (hetauto plan --exclude-clusters, or "
