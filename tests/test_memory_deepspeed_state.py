@@ -33,8 +33,10 @@ import pytest
 from helpers import mesh, record_calls
 
 from hetauto_megatron.cost.deepspeed_state import deepspeed_optimizer
-from hetauto_megatron.cost.memory import (largest_param_tensor, stage_memory_bytes, state_bytes_at_reduction,
-                                          state_bytes_at_step_per_param, state_bytes_per_param, state_fixed_bytes)
+from hetauto_megatron.cost.deepspeed_state import largest_param_tensor
+from hetauto_megatron.cost.memory import stage_memory_bytes
+from hetauto_megatron.cost.model_state import (state_bytes_at_reduction, state_bytes_at_step_per_param,
+                                               state_bytes_per_param, state_fixed_bytes)
 from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.settings import as_run_by

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..cost.memory import grad_buffer_bytes
+from ..cost.model_state import grad_buffer_bytes
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .settings import default_settings

@@ -14,7 +14,8 @@ from functools import lru_cache
 
 from ..cost import comm
 from ..cost.deepspeed_state import deepspeed_shards_optimizer
-from ..cost.memory import adam_traffic_bytes_per_param, grad_buffer_bytes, stage_params
+from ..cost.memory import stage_params
+from ..cost.model_state import adam_traffic_bytes_per_param, grad_buffer_bytes
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from .costing import StageProfile

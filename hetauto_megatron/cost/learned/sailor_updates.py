@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 
 from ...spec.files import read_json_file
-from ..memory import adam_traffic_bytes_per_param
+from ..model_state import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor import _profiled_runs, load_sailor
 
