@@ -166,6 +166,15 @@ def apply_memory_job(cost_model, inventory) -> None:
               "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
 
 
+def check_budget_s(budget_s: float | None, what: str, example: int) -> None:
+    """--budget-s (plan's search, explain's re-plans): positive seconds; NaN too is refused, as it would never stop
+    a search."""
+    from ..errors import InputError
+    if budget_s is not None and not budget_s > 0:
+        raise InputError(f"must be positive, got {budget_s}", field="--budget-s",
+                         fix=f"give {what} in seconds, e.g. --budget-s {example}")
+
+
 def check_output_file(path: str | None, flag: str, example: str = "plan.yaml") -> None:
     """Refuse an output file that cannot be written before any work is done (a directory, a missing folder);
     `example`: the file name the fix suggests."""

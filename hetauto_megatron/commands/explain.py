@@ -324,9 +324,8 @@ def run(args) -> int:
     if args.workers < 0:
         raise InputError(f"must not be negative, got {args.workers}", field="--workers",
                          fix="give the processes to search the what-ifs in, or 0 for one per available core")
-    if args.budget_s is not None and not args.budget_s > 0:     # NaN too: it would never stop a search
-        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s",
-                         fix="give each re-plan's time limit in seconds, e.g. --budget-s 10")
+    from ._common import check_budget_s
+    check_budget_s(args.budget_s, "each re-plan's time limit", 10)
     plan, inventory, cost_model = plan_inputs(args, args.plan)
     try:
         rep = explain_report(plan, inventory, cost_model, do_search=not args.no_search, k=args.runners_up,

@@ -1,15 +1,16 @@
 """`hetauto plan`: search the best heterogeneous plan and write it with its launch material."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import sys
 
 from ..outputs import output_errors, refuse_overwriting_inputs
-from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_output_dir,
-                      check_output_file, check_timeline_paths, load_inputs, write_timelines)
+from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
+                      check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
+from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
+from ._plan_from import JOB_DEFAULTS, keep_job_of, keep_search_of
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -92,9 +93,9 @@ def add_arguments(parser) -> None:
                         "times as fast wins when it costs under k^0.01 times as much, e.g. twice as fast for 0.7 %% "
                         "more; every cluster the search may use needs a price)")
     g.add_argument("--max-devices", type=int, metavar="N", help="use at most N devices in all")
-    g.add_argument("--use-clusters", metavar="A,B", action=_NameList,
+    g.add_argument("--use-clusters", metavar="A,B", action=NameList,
                    help="clusters that must take part (others may join too; repeatable)")
-    g.add_argument("--exclude-clusters", metavar="C,D", action=_NameList,
+    g.add_argument("--exclude-clusters", metavar="C,D", action=NameList,
                    help="clusters the plan must not use (repeatable)")
     g.add_argument("--tp", action="append", default=[], metavar="CLUSTER=N",
                    help="pin a cluster's tensor-parallel degree (repeatable), e.g. --tp h800=8")
@@ -188,9 +189,7 @@ def run(args) -> int:
     if args.iterations < 0:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations",
                          fix="give the MCTS playouts in all, or 0 for the default from the tree's size")
-    if args.budget_s is not None and not args.budget_s > 0:     # NaN too: it would never stop the search
-        raise InputError(f"must be positive, got {args.budget_s}", field="--budget-s",
-                         fix="give the search's time limit in seconds, e.g. --budget-s 30")
+    check_budget_s(args.budget_s, "the search's time limit", 30)
     if args.workers < 0:
         raise InputError(f"must not be negative, got {args.workers}", field="--workers",
                          fix="give a number of processes, or 0 for one per core")
@@ -282,151 +281,10 @@ def run(args) -> int:
     return 0
 
 
-# The job a plan trains (argparse name -> flag; the flags' defaults), which --from keeps unless a flag is given.
-JOB_FLAGS = {"global_batch_size": "--global-batch-size", "precision": "--precision", "seq_length": "--seq-length",
-             "engine": "--engine", "boundary_schedule": "--boundary-schedule", "shapes": "--shapes",
-             "memory_job": "--memory-job"}
-JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped",
-                "shapes": "all"}
-
-
-def keep_job_of(old, args) -> dict:
-    """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
-    job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
-    from ..plan.settings import ENGINES
-    from ._common import recorded_memory_job
-    job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
-           "seq_length": old.model.seq_length, "engine": old.engine}
-    if recorded_memory_job(old, args.from_plan):
-        job["memory_job"] = recorded_memory_job(old, args.from_plan)
-    if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
-        # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
-        # single meshes searched with every shape re-plans with every shape, since the new inventory may make
-        # another shape win; a plan without the record: the default, unless it has the other shapes anyway
-        recorded = (((old.estimate or {}).get("search") or {}).get("shapes") or {}).get("setting")
-        job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
-    if old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
-        from ..plan.replan import searched_schedule
-        schedule = searched_schedule(old, default=None)      # (None: the plan does not tell; the default runs)
-        if schedule is not None:
-            job["boundary_schedule"] = schedule
-    kept = {}
-    for name, value in job.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-            kept[name] = value
-    return kept
-
-
-def keep_search_of(old, args, con, inventory, kept: dict):
-    """--from: the old plan's objective and constraints (its estimate.search) where no flag sets them; says on
-    stderr what was kept of the job and of these (adding the latter to `kept`) -> the constraints to search under."""
-    from ..errors import InputError
-    from ..plan.constraints import Constraints, describe, keep_constraints
-    try:
-        recorded = Constraints.from_record((old.estimate or {}).get("search"))
-    except InputError as exc:
-        raise exc.within(file=args.from_plan) from None
-    given = {name for name, flag in (("objective", args.objective), ("max_devices", args.max_devices),
-                                     ("use_clusters", args.use_clusters), ("exclude_clusters", args.exclude_clusters),
-                                     ("tp", args.tp), ("recompute", args.recompute), ("max_pp", args.max_pp),
-                                     ("micro_batch_size", args.micro_batch_size),
-                                     ("max_iteration_s", args.max_iteration_s)) if flag not in (None, [])}
-    con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
-    shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
-    for name in names:
-        kept[name] = con.objective if name == "objective" else con.active[name]
-        shown.append(f"--objective {con.objective}" if name == "objective" else describe(con, name))
-    if shown:
-        print(f"hetauto plan: the job and search of {args.from_plan} kept: " + ", ".join(shown)
-              + " (a flag given on the command line wins)"
-              + (f"; not kept: {', '.join(dropped)}" if dropped else ""), file=sys.stderr)
-    return con
-
-
-class _NameList(argparse.Action):
-    """A comma-separated list of clusters whose repeats add up (--exclude-clusters a --exclude-clusters b is a,b;
-    with argparse's default the last one alone was kept, silently)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        before = getattr(namespace, self.dest, None)
-        setattr(namespace, self.dest, f"{before},{values}" if before else values)
-
-
-def without_excluded_unable(inventory, args):
-    """The inventory without the clusters --exclude-clusters names, or that --use-clusters leaves free to join,
-    whose device cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the
-    search never sees them (they could not join), and every cluster the plan file's inventory keeps is priced at
-    the job's precision. Without either flag such a cluster is refused, naming both fixes."""
-    from ..plan.constraints import parse_names
-    excluded = parse_names(args.exclude_clusters)
-    used = parse_names(args.use_clusters)
-    unable = [n for n in inventory.unable_at(args.precision) if n in excluded or (used and n not in used)]
-    if not unable or len(unable) == len(inventory.clusters):
-        return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
-    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, or not among --use-clusters "
-          f"and so only allowed to join, and cannot train in "
-          f"{args.precision})", file=sys.stderr)
-    args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
-    return inventory.without(unable)
-
-
-def constraints_from_args(args):
-    """The objective and constraints the command line asks for (plan/constraints.py checks them on the inputs)."""
-    from ..errors import InputError
-    from ..plan.constraints import Constraints, parse_names, parse_pins
-    tp = []
-    for name, value in parse_pins(args.tp, "--tp", "h800=8"):
-        if not value.isdigit():
-            raise InputError(f"{name}={value}: the TP degree must be a whole number", field="--tp",
-                             fix=f"write e.g. --tp {name}=8")
-        tp.append((name, int(value)))
-    return Constraints(objective=args.objective or "throughput", max_devices=args.max_devices,
-                       use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
-                       tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
-                       max_pp=args.max_pp, micro_batch_size=args.micro_batch_size,
-                       max_iteration_s=args.max_iteration_s)
-
-
 def interrupted() -> bool:
     """Whether a Ctrl-C cut this command's exhaustive search short (plan/branch_and_bound.py)."""
     from ..plan import branch_and_bound
     return branch_and_bound.INTERRUPTED
-
-
-def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
-    """The search (plan/multi_search.py: the single pipeline and, unless shapes is "simple", the new shapes);
-    when nothing is feasible under constraints, says which one binds: each constraint is lifted in turn, and
-    those whose lifting lets a plan fit are named (a short search each: only on failure)."""
-    import dataclasses as dc
-
-    from ..errors import InfeasibleError
-    from ..plan.constraints import check_floor, describe
-    from ..plan.multi_search import search_shapes
-    from ..plan.search import search
-    try:
-        return search_shapes(model, inventory, gbs, cost_model, cfg, shapes)
-    except InfeasibleError as exc:
-        con = cfg.constraints
-        if not con.active:
-            raise
-        binding = []
-        for name in con.active:
-            trial = dc.replace(cfg, constraints=con.without(name), iterations=min(cfg.iterations or 400, 400),
-                               progress=False, local_search=False)
-            try:
-                check_floor(model, trial.constraints, search(model, inventory, gbs, cost_model, trial).iteration_time_s)
-                binding.append(describe(con, name))
-            except InfeasibleError:
-                pass
-        where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
-                 else f"each of these alone binds: {'; '.join(binding)}" if binding
-                 else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
-        # The binding constraint is the news; the closest miss under the constraints follows as detail.
-        under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
-        if binding:
-            raise InfeasibleError(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
-        raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
 
 
 def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None,

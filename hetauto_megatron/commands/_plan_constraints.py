@@ -1,0 +1,85 @@
+"""`hetauto plan`'s objective and constraints from the command line, the clusters they leave out, and the search
+that names the binding constraint when nothing is feasible."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class NameList(argparse.Action):
+    """A comma-separated list of clusters whose repeats add up (--exclude-clusters a --exclude-clusters b is a,b;
+    with argparse's default the last one alone was kept, silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{before},{values}" if before else values)
+
+
+def without_excluded_unable(inventory, args):
+    """The inventory without the clusters --exclude-clusters names, or that --use-clusters leaves free to join,
+    whose device cannot train at --precision (their links too; taken off --exclude-clusters, said on stderr): the
+    search never sees them (they could not join), and every cluster the plan file's inventory keeps is priced at
+    the job's precision. Without either flag such a cluster is refused, naming both fixes."""
+    from ..plan.constraints import parse_names
+    excluded = parse_names(args.exclude_clusters)
+    used = parse_names(args.use_clusters)
+    unable = [n for n in inventory.unable_at(args.precision) if n in excluded or (used and n not in used)]
+    if not unable or len(unable) == len(inventory.clusters):
+        return inventory      # (nothing to leave out, or nothing would be left: the usual errors say why)
+    print(f"hetauto plan: left out of the inventory: {', '.join(unable)} (excluded, or not among --use-clusters "
+          f"and so only allowed to join, and cannot train in "
+          f"{args.precision})", file=sys.stderr)
+    args.exclude_clusters = ",".join(n for n in excluded if n not in unable) or None
+    return inventory.without(unable)
+
+
+def constraints_from_args(args):
+    """The objective and constraints the command line asks for (plan/constraints.py checks them on the inputs)."""
+    from ..errors import InputError
+    from ..plan.constraints import Constraints, parse_names, parse_pins
+    tp = []
+    for name, value in parse_pins(args.tp, "--tp", "h800=8"):
+        if not value.isdigit():
+            raise InputError(f"{name}={value}: the TP degree must be a whole number", field="--tp",
+                             fix=f"write e.g. --tp {name}=8")
+        tp.append((name, int(value)))
+    return Constraints(objective=args.objective or "throughput", max_devices=args.max_devices,
+                       use_clusters=parse_names(args.use_clusters), exclude_clusters=parse_names(args.exclude_clusters),
+                       tp=tuple(tp), recompute=parse_pins(args.recompute, "--recompute", "a100=full"),
+                       max_pp=args.max_pp, micro_batch_size=args.micro_batch_size,
+                       max_iteration_s=args.max_iteration_s)
+
+
+def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
+    """The search (plan/multi_search.py: the single pipeline and, unless shapes is "simple", the new shapes);
+    when nothing is feasible under constraints, says which one binds: each constraint is lifted in turn, and
+    those whose lifting lets a plan fit are named (a short search each: only on failure)."""
+    import dataclasses as dc
+
+    from ..errors import InfeasibleError
+    from ..plan.constraints import check_floor, describe
+    from ..plan.multi_search import search_shapes
+    from ..plan.search import search
+    try:
+        return search_shapes(model, inventory, gbs, cost_model, cfg, shapes)
+    except InfeasibleError as exc:
+        con = cfg.constraints
+        if not con.active:
+            raise
+        binding = []
+        for name in con.active:
+            trial = dc.replace(cfg, constraints=con.without(name), iterations=min(cfg.iterations or 400, 400),
+                               progress=False, local_search=False)
+            try:
+                check_floor(model, trial.constraints, search(model, inventory, gbs, cost_model, trial).iteration_time_s)
+                binding.append(describe(con, name))
+            except InfeasibleError:
+                pass
+        where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
+                 else f"each of these alone binds: {'; '.join(binding)}" if binding
+                 else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
+        # The binding constraint is the news; the closest miss under the constraints follows as detail.
+        under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
+        if binding:
+            raise InfeasibleError(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
+        raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None

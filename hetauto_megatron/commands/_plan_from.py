@@ -1,0 +1,66 @@
+"""`hetauto plan --from OLD`: what a re-plan keeps of the old plan's job and search where no flag is given."""
+from __future__ import annotations
+
+import sys
+
+
+# The job a plan trains (argparse name -> flag; the flags' defaults), which --from keeps unless a flag is given.
+JOB_FLAGS = {"global_batch_size": "--global-batch-size", "precision": "--precision", "seq_length": "--seq-length",
+             "engine": "--engine", "boundary_schedule": "--boundary-schedule", "shapes": "--shapes",
+             "memory_job": "--memory-job"}
+JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatron", "boundary_schedule": "overlapped",
+                "shapes": "all"}
+
+
+def keep_job_of(old, args) -> dict:
+    """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
+    job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
+    from ..plan.settings import ENGINES
+    from ._common import recorded_memory_job
+    job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
+           "seq_length": old.model.seq_length, "engine": old.engine}
+    if recorded_memory_job(old, args.from_plan):
+        job["memory_job"] = recorded_memory_job(old, args.from_plan)
+    if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
+        # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
+        # single meshes searched with every shape re-plans with every shape, since the new inventory may make
+        # another shape win; a plan without the record: the default, unless it has the other shapes anyway
+        recorded = (((old.estimate or {}).get("search") or {}).get("shapes") or {}).get("setting")
+        job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
+    if old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
+        from ..plan.replan import searched_schedule
+        schedule = searched_schedule(old, default=None)      # (None: the plan does not tell; the default runs)
+        if schedule is not None:
+            job["boundary_schedule"] = schedule
+    kept = {}
+    for name, value in job.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+            kept[name] = value
+    return kept
+
+
+def keep_search_of(old, args, con, inventory, kept: dict):
+    """--from: the old plan's objective and constraints (its estimate.search) where no flag sets them; says on
+    stderr what was kept of the job and of these (adding the latter to `kept`) -> the constraints to search under."""
+    from ..errors import InputError
+    from ..plan.constraints import Constraints, describe, keep_constraints
+    try:
+        recorded = Constraints.from_record((old.estimate or {}).get("search"))
+    except InputError as exc:
+        raise exc.within(file=args.from_plan) from None
+    given = {name for name, flag in (("objective", args.objective), ("max_devices", args.max_devices),
+                                     ("use_clusters", args.use_clusters), ("exclude_clusters", args.exclude_clusters),
+                                     ("tp", args.tp), ("recompute", args.recompute), ("max_pp", args.max_pp),
+                                     ("micro_batch_size", args.micro_batch_size),
+                                     ("max_iteration_s", args.max_iteration_s)) if flag not in (None, [])}
+    con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
+    shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
+    for name in names:
+        kept[name] = con.objective if name == "objective" else con.active[name]
+        shown.append(f"--objective {con.objective}" if name == "objective" else describe(con, name))
+    if shown:
+        print(f"hetauto plan: the job and search of {args.from_plan} kept: " + ", ".join(shown)
+              + " (a flag given on the command line wins)"
+              + (f"; not kept: {', '.join(dropped)}" if dropped else ""), file=sys.stderr)
+    return con
