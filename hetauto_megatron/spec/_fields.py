@@ -55,7 +55,9 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     field = f"{prefix}{key}"
     if key not in data or data[key] is None:
         if default is _MISSING:
-            raise InputError("is missing", file=file, field=field, fix=fix or f"add '{key}:'")
+            # written but empty, null or ~: YAML's nothing (a name spelled null is text only when quoted)
+            why = " (YAML reads an empty value, null and ~ as nothing; quote text such as 'null')" if key in data else ""
+            raise InputError("is missing" + why, file=file, field=field, fix=fix or f"add '{key}:'")
         return default
     value = data[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)

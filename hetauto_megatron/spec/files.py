@@ -56,6 +56,47 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# Keys whose values are names (a cluster, a device type, a link's two ends, a model or inventory label): read as
+# the text written. YAML 1.1 reads a bare 0x10 as 16, 007 as 7, 1_000 as 1000, on and yes as true, 1.50 as 1.5 and
+# 2024-01-01 as a date, so a cluster named 0x10 became "16" without a word, and no longer matched --tp 0x10=8,
+# --exclude-clusters 0x10 or --set cluster.0x10.nodes=8 (which are text). An empty value, null and ~ stay nothing.
+NAME_KEYS = frozenset({"name", "cluster", "device", "device_type", "between"})
+_STR_TAG, _NULL_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
+
+
+def _as_text(node):
+    """A plain scalar YAML resolved to something other than text, as a text node of what was written (a copy: an
+    alias may share the node with a field where it is a number); a sequence (between: [a, b]) item by item."""
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag in (_STR_TAG, _NULL_TAG) or node.style is not None:
+            return node
+        return yaml.ScalarNode(_STR_TAG, node.value, node.start_mark, node.end_mark, node.style)
+    if isinstance(node, yaml.SequenceNode):
+        items = [_as_text(n) if isinstance(n, yaml.ScalarNode) else n for n in node.value]
+        if any(a is not b for a, b in zip(items, node.value)):
+            return yaml.SequenceNode(node.tag, items, node.start_mark, node.end_mark, node.flow_style)
+    return node
+
+
+def _names_as_written(root) -> None:
+    """Re-tag the values of NAME_KEYS in a composed node graph (acyclic: checked before) as the text written."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for j, (key, value) in enumerate(node.value):
+                if isinstance(key, yaml.ScalarNode) and key.tag == _STR_TAG and key.value in NAME_KEYS:
+                    value = _as_text(value)
+                    node.value[j] = (key, value)
+                stack += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+
+
 def _value_problem(exc: ValueError) -> str:
     """What is wrong with a value the parser could not convert, in the user's terms."""
     if "integer string conversion" in str(exc):
@@ -80,6 +121,7 @@ def _safe_load_bounded(stream, path: str):
             raise InputError(f"its aliases (*name) expand to {expanded:,} values from {written:,} written (at most "
                              f"{MAX_ALIAS_EXPANSION:,} more are allowed)", file=path,
                              fix="write the values out instead of nesting references to anchors (&name)")
+        _names_as_written(node)
         return loader.construct_document(node)
     finally:
         loader.dispose()
