@@ -110,3 +110,22 @@ def test_a_silent_pipeline_fails_the_exchange_with_both_ranks_named():
     failure = err.value.failures[0]
     assert "PeerError" in failure and "rank 0 (pipeline 0, cluster a, stage 0) could not exchange gradients" in failure
     assert "with rank 1 (pipeline 1, cluster b, stage 0)" in failure and "timed out" in failure.lower(), failure
+
+
+def test_dryrun_refuses_the_node_count_emit_refuses(tmp_path, capsys):
+    """Two pipelines on one cluster of one 4-device node: each pipeline's launch starts on a node of its own, so
+    they need 2 nodes. `hetauto emit megatron` refused the plan and `hetauto dryrun` (and simulate) ran it; the
+    dry run now refuses it with emit's own message (Plan.check_whole_nodes), before any process starts."""
+    from helpers import mesh, run_cli
+    one = {**mesh("a", 1, 2, 1, [8]), "micro_batch_size": 2}
+    plan = {"version": 3, "model": {"preset": "tiny"}, "global_batch_size": 8,
+            "pipelines": [{"samples": 4}, {"samples": 4}], "meshes": [one, {**one, "pipeline": 1}],
+            "inventory": {"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_per_node": 4}]}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    rc, _, emitted = run_cli(["emit", "megatron", "--plan", str(path), "-o", str(tmp_path / "launch")], capsys)
+    assert rc == 2 and "need 2 nodes" in emitted and "it has 1" in emitted, emitted
+    reason = emitted.split("error: ", 1)[1]
+    for argv in (["dryrun", "--plan", str(path), "--tiny", "--steps", "2"], ["simulate", "--plan", str(path)]):
+        rc, _, err = run_cli(argv, capsys)
+        assert rc == 2 and err.split("error: ", 1)[1] == reason, err

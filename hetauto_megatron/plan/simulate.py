@@ -254,7 +254,9 @@ def padded_model(model: ModelSpec, choices) -> ModelSpec:
 
 
 def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
-    """A plan may only use clusters the inventory has, with the device type, node size and count it has."""
+    """A plan may only use clusters the inventory has, with the device type, node size and count it has: its
+    launches start on whole nodes, no more than the cluster has, as `hetauto emit` checks them (Plan.check_whole_nodes;
+    `hetauto dryrun` accepted a plan of two pipelines on one single-node cluster that emit refused)."""
     used: dict[str, int] = {}
     names = [c.name for c in inventory.clusters]
     for i, mesh in enumerate(plan.meshes):
@@ -273,6 +275,7 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
         if n > have:
             raise InputError(f"the plan uses {n} devices of cluster {name}, which has {have}", field="meshes",
                              fix="reduce tp, dp or the number of stages on that cluster")
+    plan.check_whole_nodes(lambda c: (inventory.cluster(c).devices_per_node, inventory.cluster(c).nodes))
 
 
 def plan_boundaries(plan: Plan) -> list:
