@@ -1,5 +1,5 @@
 """The host floor of the per-layer GPU data (Sailor's measurements): where doubling a layer's micro-batch adds
-under half to its time, the host issuing its kernels sets the time, not the GPU (cost/learned/sailor.py,
+under half to its time, the host issuing its kernels sets the time, not the GPU (cost/learned/sailor_host_floor.py,
 HOST_BOUND_RATIO). Those configurations are left out of the calibration and their time becomes a floor under the
 device's layer passes. Checked against the measurements, every model left out in turn as the fit would see it."""
 import pytest

@@ -317,3 +317,33 @@ def test_tp_all_reduces_set_apart_match_what_the_tp4_layers_measure(layers):
         assert abs(rs[0].tp_comm_s / implied - 1) < 0.15, (model, mb, rs[0].tp_comm_s, implied)
         checked += 1
     assert checked == 4
+
+
+def test_validation_rows_are_distinct_readings_naming_their_layers(sailor_model_dir, capsys):
+    """profiles_tmp.json repeats one reading for most layers of a model (OPT-350's layers 2-24 on the RTX 3090 at
+    micro-batch 16, TP 4: 63.397 ms each), and `validate-cost-model --sailor` listed each copy as its own row: 23
+    identical lines. Each row is now one distinct reading and names its layers (#2-24); read back from the data
+    file itself, every transformer layer of every configuration is named by exactly one row of its phase, with
+    the row's time."""
+    from hetauto_megatron.cli import main
+    assert main(["validate-cost-model", "--cost-model", sailor_model_dir, "--sailor", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    with open(os.path.join(SAILOR, "profiles_tmp.json")) as fh:
+        raw = json.load(fh)
+    named: dict[tuple, list[int]] = {}
+    for row in rows:
+        model, gpu, kind, mb, tp, index, _ = row["label"].split()
+        assert kind == "transformer"
+        key = (model, gpu, mb[3:], tp[3:], row["phase"])
+        layers = []
+        for part in index[1:].split(","):
+            first, _, last = part.partition("-")
+            layers += range(int(first), int(last or first) + 1)
+        per_layer = raw[model][gpu][mb[3:]][tp[3:]]
+        assert {per_layer[str(i)][row["phase"] == "bwd"] for i in layers} == {row["measured_s"]}, row
+        named.setdefault(key, []).extend(layers)
+    lines = [(r["device"], r["phase"], r["measured_s"], r["label"].split("#")[0]) for r in rows]
+    assert len(set(lines)) == len(lines)          # no two rows of one configuration alike
+    for (model, gpu, mb, tp, _), layers in named.items():
+        assert sorted(layers) == list(range(1, L.SAILOR_MODELS[model].num_layers + 1)), (model, gpu, mb, tp)
+    assert ("OPT-350", "RTX-3090", "16", "4", "fwd") in named

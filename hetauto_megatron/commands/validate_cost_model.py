@@ -15,8 +15,9 @@ Compare a cost model's predictions with measurements and print a table with each
 absolute percentage error (MAPE).
 
 Operator / layer times (needs --cost-model): a profile file from 'hetauto profile', or --sailor (the packaged
-per-layer GPU times of transformer layers; --sailor=DIR another copy). MAPE per device type and phase, next to
-the roofline prior's.
+per-layer GPU times of transformer layers; --sailor=DIR another copy: one row per distinct reading, naming the
+layers it stands for, '#2-24', as the file repeats one reading for most layers of a model). MAPE per device type
+and phase, next to the roofline prior's.
 
 Whole layers: a file from 'hetauto profile --layers' (passed with --profile too) compares each measured layer
 with the layer time the planner would use - from the model (for a profiled device: the sum of the layer's
@@ -365,9 +366,10 @@ def _operator_results(args) -> dict:
         if path not in layer_files:
             samples += L.profile_samples(path)[1]
     if args.sailor:
-        # transformer layers: what a model fitted on this data predicts (heads and embeddings stay analytic)
+        # transformer layers: what a model fitted on this data predicts (heads and embeddings stay analytic), one
+        # row per distinct reading (the file repeats one for most layers of a model)
         sailor = L.load_sailor(sailor_path(args.sailor))
-        samples += L.sailor_layer_samples([r for r in sailor if r.shape.kind == "transformer"],
+        samples += L.sailor_reading_samples([r for r in sailor if r.shape.kind == "transformer"],
                                           model.fitted.score_bwd_weight, model.fitted.gemm_bwd_weight)
     res = L.validate(model, samples) if samples else {}
     if layer_files:

@@ -10,6 +10,7 @@ Three kinds of measurement train it (cost/features.py defines the feature vector
 One module per concept:
 - samples.py: a measured row (`Sample`), what is known of a device (`DeviceInfo`), the profile files;
 - sailor.py: the Sailor data and the training rows made of it (with its TP all-reduces set apart);
+- sailor_host_floor.py: where Sailor's timings measure the host, not the GPU (a floor under a layer's time);
 - sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link;
 - sailor_updates.py: the optimizer step Sailor measured per profiled model;
 - fitting.py: stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits
@@ -30,9 +31,11 @@ from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult,
 from .fitted import FittedModel, calibrated_s, predict_samples  # noqa: F401
 from .manifest import save_model  # noqa: F401
 from .model import LearnedCostModel, load_cost_model  # noqa: F401
-from .sailor import (HOST_BOUND_RATIO, SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS,  # noqa: F401
-                     SailorLayer, forward_tflops, host_bound_times, sailor_host_floors, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_precisions,
-                     sailor_samples, sailor_tp_allreduce_rates, with_tp_comm, read_allreduce_fits)
+from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS, SailorLayer,  # noqa: F401
+                     forward_tflops, load_sailor, read_allreduce_fits, sailor_device_infos, sailor_layer_samples,
+                     sailor_precisions, sailor_reading_samples, sailor_samples, sailor_tp_allreduce_rates,
+                     with_tp_comm)
+from .sailor_host_floor import HOST_BOUND_RATIO, host_bound_times, sailor_host_floors  # noqa: F401
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
                       calibration_key, host_floor_key, mape, tp_allreduce_key, allreduce_rate_at, profile_granularity, profile_samples, read_layers,
                       read_profile)

@@ -13,9 +13,9 @@ from ...errors import InputError
 from .. import features as F
 from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
 from .manifest import save_model
-from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_host_floors,
-                     sailor_tp_allreduce_rates,
-                     sailor_layer_samples, sailor_samples)
+from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_samples,
+                     sailor_tp_allreduce_rates)
+from .sailor_host_floor import sailor_host_floors
 from .sailor_updates import load_sailor_updates
 from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
 

@@ -15,8 +15,9 @@ from ...spec.files import read_json_file
 from ...spec.model import ModelSpec
 from .. import features as F
 from ..sailor_job import SAILOR_ELEMENT_BYTES
+from .sailor_host_floor import config_key, config_times, host_bound_times
 from .sailor_links import sailor_allreduce_s
-from .samples import DeviceInfo, Sample, allreduce_rate_at, host_floor_key, tp_allreduce_key
+from .samples import DeviceInfo, Sample, allreduce_rate_at, measured_time, tp_allreduce_key, warn_zero_times
 
 
 # ---- Sailor per-layer GPU measurements ---------------------------------------------------------------------
@@ -103,8 +104,9 @@ def _profiled_runs(data: dict):
                 yield mname, spec, gpu, device, per_mb
 
 
-def load_sailor(directory: str) -> list[SailorLayer]:
-    """Every transformer-layer and head measurement of profiles_tmp.json as a SailorLayer.
+def load_sailor(directory: str, *, quiet: bool = False) -> list[SailorLayer]:
+    """Every transformer-layer and head measurement of profiles_tmp.json as a SailorLayer (`quiet`: without the
+    warning of the readings of time 0 left out, for a second read of the file by one command).
 
     Layout: [model][gpu][micro_batch][tp][layer_index] = [forward_s, backward_s, update_s]; index 0 is the
     embedding (not used: its sub-millisecond times are launch noise), 1..L the transformer layers, the
@@ -119,8 +121,9 @@ def load_sailor(directory: str) -> list[SailorLayer]:
         raise InputError("profiles_tmp.json not found in the Sailor data directory", file=directory,
                          field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
                                                "or '--sailor' alone for the packaged copy")
+    zeros: list[str] = []
     try:
-        out = _load_sailor(path)
+        out = _load_sailor(path, zeros)
     except (AttributeError, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as exc:
         # the layout below, [model][gpu][micro_batch][tp][layer] = [fwd_s, bwd_s, update_s], broken somewhere
         raise InputError(f"is not laid out as Sailor's profiles_tmp.json ({type(exc).__name__}: {str(exc)[:120]})",
@@ -130,14 +133,25 @@ def load_sailor(directory: str) -> list[SailorLayer]:
     if not out:
         raise InputError("holds no usable measurements", file=path, field="--sailor",
                          fix="pass Sailor's profiles_tmp.json (models OPT-350, GPT-Neo-2.7, OPT-30, LLAMA-3-8)")
+    # (every reader of the layers leaves a pass of time 0 out: sailor_samples, sailor_layer_samples, ...)
+    if not quiet:
+        warn_zero_times(path, zeros, "the fit and the validation use the other readings")
     prec = sailor_precisions(out)
     out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
     return with_tp_comm(out, out, read_allreduce_fits(directory))
 
 
-def _load_sailor(path: str) -> list[SailorLayer]:
-    """The layers of profiles_tmp.json at `path` (load_sailor checks the layout and finishes them)."""
+def _load_sailor(path: str, zeros: list[str]) -> list[SailorLayer]:
+    """The layers of profiles_tmp.json at `path` (load_sailor checks the layout and finishes them); each forward or
+    backward time of 0 is named in `zeros` (samples.measured_time refuses a negative or non-finite one)."""
     out = []
+
+    def reading(entry: list, where: str) -> tuple[float, float]:
+        times = [measured_time(entry[k], file=path, field=name, row=where, fix="pass Sailor's measurements "
+                               "unchanged, or delete the entry") for k, name in enumerate(("forward_s", "backward_s"))]
+        zeros.extend(f"{where} {name}" for t, name in zip(times, ("forward_s", "backward_s")) if t == 0)
+        return times[0], times[1]
+
     for mname, spec, gpu, (dev, peak, bw), per_mb in _profiled_runs(read_json_file(path, field="--sailor")):
         for mb, per_tp in per_mb.items():
             for tp, layers in per_tp.items():
@@ -150,17 +164,17 @@ def _load_sailor(path: str) -> list[SailorLayer]:
                               rope=int(spec.position_embedding == "rope"))
                 idx = sorted(int(i) for i in layers)
                 L = spec.num_layers
+                where = f"{mname} {gpu} micro-batch {mb} TP {tp} entry"
                 for i in idx:
                     if 1 <= i <= L:
-                        f, b = layers[str(i)][:2]
+                        f, b = reading(layers[str(i)], f"{where} {i}")
                         out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("transformer", **common),
-                                               i, float(f), float(b)))
-                tail = [i for i in idx if i > L]
-                if tail:
-                    f = sum(layers[str(i)][0] for i in tail)
-                    b = sum(layers[str(i)][1] for i in tail)
+                                               i, f, b))
+                tail = [reading(layers[str(i)], f"{where} {i}") for i in idx if i > L]
+                if tail:     # a pass of 0 in one of its entries is a part missing: that pass is left out (0)
+                    f, b = (0.0 if 0 in ts else sum(ts) for ts in zip(*tail))
                     out.append(SailorLayer(mname, gpu, dev, peak, bw, F.LayerShape("head", **common),
-                                           tail[-1], float(f), float(b)))
+                                           max(i for i in idx if i > L), f, b))
     return out
 
 
@@ -199,81 +213,6 @@ def sailor_precisions(layers: list[SailorLayer]) -> dict[tuple, str]:
             for r in layers}
 
 
-def _sailor_config_key(r: SailorLayer) -> tuple:
-    return (r.model, r.gpu, r.shape.kind, r.shape.micro_batch, r.shape.tp)
-
-
-def _config_times(layers: list[SailorLayer]) -> dict[tuple, tuple[SailorLayer, dict[str, float]]]:
-    """Configuration key -> (a layer of it, {phase: the median time over its identical transformer layers})."""
-    groups: dict[tuple, list[SailorLayer]] = {}
-    for r in layers:
-        if r.shape.kind == "transformer":
-            groups.setdefault(_sailor_config_key(r), []).append(r)
-    return {k: (rs[0], {ph: statistics.median(getattr(r, f"{ph}_s") for r in rs) for ph in ("fwd", "bwd")})
-            for k, rs in groups.items()}
-
-
-# ---- the host floor -------------------------------------------------------------------------------------------
-# Sailor timed each layer with CUDA events recorded in the layer's forward and backward hooks, without synchronising
-# between layers (sailor/profiling/profile_utils.py). Where the host issues a layer's kernels (Python, PyTorch's
-# dispatcher, the launches and the TP all-reduces' NCCL calls) more slowly than the GPU runs them, the GPU waits
-# for each kernel and the events measure the host: the time no longer follows the work. A training step issues its
-# layers the same way, so a layer there cannot take less either. A measured configuration is host-bound when
-# doubling its micro-batch (twice the GPU work) adds less than half to its time, from a series' smallest
-# micro-batch up to the first that does not: under `max(GPU, host)` with the GPU's time proportional to the work,
-# a time that less than doubles is set by the host (1.5 is the midpoint between flat, 1, and proportional, 2).
-HOST_BOUND_RATIO = 1.5
-
-
-def host_bound_times(layers: list[SailorLayer]) -> dict[tuple, float]:
-    """(configuration key, phase) -> its measured time, the whole pass (compute, softmax passes and TP all-reduces:
-    the host issues them all, and the GPU waits for it either way; F.host_floored), for every host-bound
-    configuration of the transformer layers (see HOST_BOUND_RATIO)."""
-    conf = _config_times(layers)
-    series: dict[tuple, dict[int, tuple]] = {}
-    for key, (r0, times) in conf.items():
-        for ph, t in times.items():
-            if t > 0:
-                series.setdefault((r0.model, r0.gpu, r0.shape.tp, ph), {})[r0.shape.micro_batch] = (key, r0, t)
-    out = {}
-    for (_, _, _, ph), per in series.items():
-        for b in sorted(per):
-            if 2 * b not in per or per[2 * b][2] >= HOST_BOUND_RATIO * per[b][2]:
-                break
-            key, r0, t = per[b]
-            out[(key, ph)] = t
-    return out
-
-
-def sailor_host_floors(layers: list[SailorLayer]) -> dict[str, float]:
-    """host_floor_key -> the host floor of a transformer layer's pass, compute and TP all-reduces together
-    (F.host_floored): the smallest host-bound time measured on that GPU, over models, at TP 1 and over the TP
-    degrees above 1 apart (at TP > 1 the host issues the same kernels at any degree, plus the all-reduces' NCCL
-    calls: on the GH200 at TP 4 OPT-350's and GPT-Neo's host-bound forwards take 1.500 and 1.505 ms with 0.16 and
-    0.34 ms of all-reduces; OPT-350's at TP 1 1.225 ms). A GPU none of whose configurations is host-bound has none.
-    A TP > 1 pass issues all a TP 1 pass does, so its floor is no lower than TP 1's (and TP 1's stands for it
-    where no TP > 1 configuration was host-bound); a TP > 1 floor says nothing of TP 1, which then has none.
-    The backward's floor is no lower than the forward's: the backward issues at least one kernel for each of the
-    forward's (every operator's gradient, plus the weight gradients), through autograd's engine on top of the same
-    dispatcher. Where no backward was measured host-bound (it grows with the work in every configuration of the
-    models at hand) the forward's floor stands for it."""
-    floors: dict[str, float] = {}
-    conf = {_sailor_config_key(r): r for r in layers}
-    for (key, ph), t in host_bound_times(layers).items():
-        k = host_floor_key(conf[key].device, ph, conf[key].shape.tp)
-        floors[k] = min(floors.get(k, math.inf), t)
-    for dev in sorted({r.device for r in layers}):
-        for ph in ("fwd", "bwd"):
-            one, many = host_floor_key(dev, ph, 1), host_floor_key(dev, ph, 2)
-            if one in floors:
-                floors[many] = max(floors.get(many, 0.0), floors[one])
-    for k, t in list(floors.items()):
-        if "|fwd|" in k:
-            b = k.replace("|fwd|", "|bwd|")
-            floors[b] = max(floors.get(b, 0.0), t)
-    return floors
-
-
 def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
                    gemm_bwd_weight: float = 1.0) -> list[Sample]:
     """One row per (model, GPU, micro-batch, TP, phase) of the transformer layers: the median over the identical
@@ -287,7 +226,7 @@ def sailor_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     was fitted on; the planner prices the head (and the embedding) with the analytic model instead."""
     host = host_bound_times(layers)
     out = []
-    for key, (r0, times) in _config_times(layers).items():
+    for key, (r0, times) in config_times(layers).items():
         for phase, t in times.items():
             if t <= 0 or (key, phase) in host:
                 continue
@@ -395,11 +334,12 @@ def _layer_row(shape: F.LayerShape, phase: str, dtype_bytes: int, peak_tflops: f
 
 
 def _sailor_sample(r: SailorLayer, phase: str, t: float, score_bwd_weight: float = 1.0,
-                   gemm_bwd_weight: float = 1.0) -> Sample:
+                   gemm_bwd_weight: float = 1.0, index: str | None = None) -> Sample:
     g = F.backward_gemm_weight(r.device, r.precision, gemm_bwd_weight)
     feats, prior, softmax_s = _layer_row(r.shape, phase, r.dtype_bytes, r.compute_tflops, r.hbm_gbps,
                                          score_bwd_weight, g)
-    label = f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{r.index} {r.precision}"
+    label = (f"{r.model} {r.gpu} {r.shape.kind} mb={r.shape.micro_batch} tp={r.shape.tp} #{index or r.index} "
+             f"{r.precision}")
     # known, not learned: the TP all-reduces and, past the fused softmax kernel's reach, PyTorch's softmax passes
     known = r.tp_comm_s + softmax_s
     return Sample("layer", phase, r.device, feats, prior, t, r.model, label, known, r.precision, r.shape.tp)
@@ -428,3 +368,29 @@ def sailor_layer_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.
     """Every measured layer as its own row (validation compares per layer, not per configuration median)."""
     return [_sailor_sample(r, ph, getattr(r, f"{ph}_s"), score_bwd_weight, gemm_bwd_weight) for r in layers
             for ph in ("fwd", "bwd") if getattr(r, f"{ph}_s") > 0]
+
+
+def _index_ranges(indices: list[int]) -> str:
+    """2, 3, 4, 6 -> '2-4,6'."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def sailor_reading_samples(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
+                           gemm_bwd_weight: float = 1.0) -> list[Sample]:
+    """One row per distinct reading: the layers of one configuration and phase whose times are equal to the last
+    digit are one reading that profiles_tmp.json repeats for the model's identical layers (5,665 of the packaged
+    6,067 transformer layers repeat another of their configuration's: copies, not measurements), and would be
+    as many identical rows of a validation; its row names the layers it stands for ('#2-24')."""
+    groups: dict[tuple, list[SailorLayer]] = {}
+    for r in layers:
+        for ph in ("fwd", "bwd"):
+            if getattr(r, f"{ph}_s") > 0:
+                groups.setdefault((config_key(r), ph, getattr(r, f"{ph}_s")), []).append(r)
+    return [_sailor_sample(rs[0], ph, t, score_bwd_weight, gemm_bwd_weight, _index_ranges([r.index for r in rs]))
+            for (_, ph, t), rs in groups.items()]

@@ -9,6 +9,7 @@ from ...spec.files import read_json_file
 from ..model_state import adam_traffic_bytes_per_param
 from ..sailor_job import SAILOR_ELEMENT_BYTES
 from .sailor import _profiled_runs, load_sailor
+from .samples import measured_time
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,25 @@ PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler train
 def load_sailor_updates(directory: str) -> list[SailorUpdate]:
     """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step and llm_info.json's parameter
     count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry)."""
-    data = read_json_file(os.path.join(directory, "profiles_tmp.json"), field="--sailor")
+    path = os.path.join(directory, "profiles_tmp.json")
+    data = read_json_file(path, field="--sailor")
     info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
-    runs = {(r.model, r.gpu) for r in load_sailor(directory)}     # the (model, GPU) runs with measured layers
+    # the (model, GPU) runs with measured layers (the fit read them first, and said what it left out)
+    runs = {(r.model, r.gpu) for r in load_sailor(directory, quiet=True)}
     out = []
     for mname, spec, gpu, (dev, _, bw), per_mb in _profiled_runs(data):
         if (mname, gpu) not in runs:
             continue
         by_tp: dict[int, list[float]] = {}
-        for per_tp in per_mb.values():
+        for mb, per_tp in per_mb.items():
             for tp, entries in per_tp.items():
-                for e in entries.values():
-                    if len(e) > 2 and e[2] > 0:
-                        by_tp.setdefault(int(tp), []).append(float(e[2]))
+                for i, e in entries.items():
+                    # 0: an entry whose step Sailor did not time (it times a few of each run); below 0, not a time
+                    update = 0.0 if len(e) < 3 else measured_time(
+                        e[2], file=path, field="update_s", row=f"{mname} {gpu} micro-batch {mb} TP {tp} entry {i}",
+                        fix="pass Sailor's measurements unchanged, or delete the entry")
+                    if update > 0:
+                        by_tp.setdefault(int(tp), []).append(update)
         for tp, ups in sorted(by_tp.items()):
             counts = info.get(mname, {}).get(str(tp))
             if not counts:

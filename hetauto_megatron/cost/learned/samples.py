@@ -6,6 +6,7 @@ import bisect
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from ...errors import InputError
@@ -131,7 +132,7 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
         if not (math.isfinite(value) and value > 0):    # every feature divides by them
             raise InputError(f"the header's {name} is {value}, not a positive finite number", file=path, field=name,
                              fix="re-run 'hetauto profile' to write a fresh file")
-    samples = []
+    samples, zeros = [], []
     for r in rows:
         try:
             op = F.Op.from_dict(r["op"])
@@ -142,24 +143,53 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
         for phase, t in phases.items():
-            if t <= 0:
+            if t == 0:
+                zeros.append(f"row {r.get('key', '?')} {_time_field(r, phase)}")
                 continue
             feats, prior = F.op_row(op, phase, dtype_bytes=db, peak_tflops=peak, hbm_gbps=bw)
             samples.append(Sample("op", phase, dev, tuple(feats), prior, t, op.key(), f"{op.name} {op.key()}",
                                   arithmetic=arithmetic))
+    warn_zero_times(path, zeros, _LEFT_OUT)
     info = DeviceInfo(dev, "op", db, peak, bw, len(rows), os.path.basename(path), arithmetic)
     return info, samples
 
 
+_REMEASURE = "delete the row (profiling resumes and re-measures it)"
+_LEFT_OUT = "to measure again: delete those rows, and 'hetauto profile' resumes into the file"
+
+
+def _time_field(row: dict, phase: str) -> str:
+    """The field a row's time of one pass is read from: the 10th percentile where the row has it, else the median."""
+    return f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
+
+
 def _timing(row: dict, phase: str, path: str) -> float:
-    """A row's time of one pass: the 10th percentile where the row has it, else the median. A NaN or infinite
-    or negative time (a hand-edited or corrupted row) is refused by name: the fit would otherwise fail far from the cause."""
-    name = f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
-    value = float(row[name])
+    """A row's time of one pass (_time_field), checked by measured_time."""
+    name = _time_field(row, phase)
+    return measured_time(row[name], file=path, field=name, row=f"row {row.get('key', '?')}", fix=_REMEASURE)
+
+
+def measured_time(value, *, file: str, field: str, row: str, fix: str) -> float:
+    """A measured time in seconds from a file of measurements (a profile, Sailor's profiles_tmp.json). A NaN,
+    infinite or negative one is no time at all (a hand-edited or corrupted entry): refused, naming the file, the row
+    and the field (the fit would otherwise fail far from the cause). 0 is a timer that read nothing, a broken
+    measurement among many good ones: returned, for the reader to leave out and count (warn_zero_times)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = math.nan      # (text, a list: no number of seconds either)
     if not math.isfinite(value) or value < 0:
-        raise InputError(f"row {row.get('key', '?')} has {name} {value}, not a finite, non-negative number of seconds", file=path,
-                         field=name, fix="delete the row (profiling resumes and re-measures it)")
+        raise InputError(f"{row} has {field} {value}, not a finite, non-negative number of seconds", file=file,
+                         field=field, fix=fix)
     return value
+
+
+def warn_zero_times(path: str, zeros: list[str], fix: str) -> None:
+    """One line on stderr for the readings of a measured file left out for a time of 0 (`zeros`: each one's row and
+    field), counting them and naming the first."""
+    if zeros:
+        print(f"hetauto: warning: {path}: left out {len(zeros)} reading{'s' if len(zeros) > 1 else ''} whose time "
+              f"is 0, a broken measurement (first: {zeros[0]}); {fix}", file=sys.stderr)
 
 
 # NVIDIA H200 operator and whole-layer timings measured by `hetauto profile` (data/h200/README.md).
@@ -222,14 +252,22 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
     if not rows:
         raise InputError("holds a header but no measured layers", file=path, field="rows",
                          fix="run 'hetauto profile --layers' again to fill it (it resumes into the file)")
-    out = []
+    out, zeros = [], []
     for r in rows:
         try:
-            out.append(MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
-                                     _timing(r, "fwd", path), _timing(r, "bwd", path)))
+            layer = MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
+                                  _timing(r, "fwd", path), _timing(r, "bwd", path))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
+        if layer.fwd_s == 0 or layer.bwd_s == 0:      # the layer's time is both passes': no half of it is kept
+            zeros.append(f"row {r.get('key', '?')} {_time_field(r, 'fwd' if layer.fwd_s == 0 else 'bwd')}")
+        else:
+            out.append(layer)
+    if not out:
+        raise InputError(f"every measured layer has a time of 0 ({len(zeros)} rows): no measurements", file=path,
+                         field=zeros[0].split()[-1], fix="run 'hetauto profile --layers' again to measure them")
+    warn_zero_times(path, zeros, _LEFT_OUT)
     return header, out
 
 
