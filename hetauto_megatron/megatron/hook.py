@@ -291,6 +291,10 @@ def pretrain_kwargs(args) -> dict:
         from ..runtime.communicator import HeteroP2PCommunicator
 
         _join_world(state)
+        # every cluster's launch runs the same job (iterations, intervals, optimizer): a difference would leave one
+        # side waiting for the other until the timeout, or train another model (job_agreement.py)
+        from .job_agreement import check_same_job
+        check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file)
         atexit.register(_destroy_groups_at_exit, _timeout_s())
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)

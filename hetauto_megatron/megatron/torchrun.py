@@ -7,17 +7,32 @@ torchrun's own report.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 USER_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed import run
+    from torch.distributed import DistNetworkError, run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         run.main(argv)
+    except DistNetworkError as exc:
+        # the agent's own rendezvous store (node 0 of the launch, --master-addr/--master-port) could not listen:
+        # a user's environment (a port taken), said in one paragraph, not torchrun's 40-line traceback
+        text = str(exc)
+        if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+            raise
+        port = re.search(r"port: (\d+)", text)
+        where = f"port {port.group(1)}" if port else "its port"
+        print(f"hetauto-torchrun: error: field '--master-port' (CLUSTER_MASTER_PORT in the launch script): this "
+              f"launch's rendezvous could not listen on {where} of this node, which another process already uses "
+              f"({text.splitlines()[0][:200]}). Fix: set CLUSTER_MASTER_PORT to a port free on this cluster's node "
+              "0, other than HETAUTO_MASTER_PORT and other launches' ports, or stop what holds it "
+              f"(e.g. 'ss -ltnp | grep {port.group(1) if port else 'PORT'}').", file=sys.stderr)
+        return USER_ERROR
     except ChildFailedError as exc:
         refused = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == USER_ERROR)
         # only a launch whose every worker that exited on its own (not killed by torchrun: a negative code) stopped

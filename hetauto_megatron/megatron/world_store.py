@@ -43,6 +43,7 @@ JOINED = "hetauto/joined"           # counter: ranks that checked in
 REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch
 READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the host waits for them)
 RELEASED = "hetauto/released"       # set by the host when it stops waiting for readers
+RANK_KEY = "hetauto/rank"           # counter per global rank: processes of that rank that checked in
 POLL_S = 0.5
 CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried until the rendezvous timeout
 POST_S = 60.0                       # how long a refused rank waits for the host to answer
@@ -74,6 +75,30 @@ def _store(addr: str, port: int, *, host: bool, world_size: int, timeout_s: floa
                     wait_for_workers=False)
 
 
+def _client(addr: str, port: int, timeout_s: float):
+    """A client of the store, made within `timeout_s`. torch's TCPStore client pings the server when it is made and
+    waits for the answer with no timeout of its own: a port held by something other than the store (another
+    program, a frozen process whose kernel still accepts connections) kept this rank in that wait for ever, whatever
+    HETAUTO_TIMEOUT_S said. The client is made on a daemon thread (torch releases the GIL there); one that does not
+    answer in time is left behind and TimeoutError raised."""
+    made: list = []
+
+    def make():
+        try:
+            made.append(_store(addr, port, host=False, world_size=0, timeout_s=timeout_s))
+        except Exception as exc:      # noqa: BLE001  (refused, reset: the caller retries)
+            made.append(exc)
+
+    worker = threading.Thread(target=make, name="hetauto-store-connect", daemon=True)
+    worker.start()
+    worker.join(timeout_s + 1.0)
+    if not made:
+        raise TimeoutError(f"{addr}:{port} accepted the connection but did not answer as a rendezvous store")
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]
+
+
 def _host_up(addr: str, port: int, timeout_s: float) -> bool:
     """Whether the store's port answers a plain socket (which logs nothing where torch's client would log a failed
     try with its C++ stack, some 60 lines). socket.gaierror for an address that does not resolve."""
@@ -86,10 +111,11 @@ def _host_up(addr: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def _connect(addr: str, port: int, deadline: float, unresolved=None):
+def _connect(addr: str, port: int, deadline: float, unresolved=None, silent: list | None = None):
     """A client of the store, retried until `deadline` (the host may start later); None when it never answered.
     An address that does not resolve is retried too (a name may appear only once rank 0's node is up), and
-    `unresolved(exc)` is called the first time it does not."""
+    `unresolved(exc)` is called the first time it does not; `silent` collects the tries where something at the port
+    accepted the connection but never answered as the store."""
     told = False
     while True:
         left = deadline - time.monotonic()
@@ -97,11 +123,14 @@ def _connect(addr: str, port: int, deadline: float, unresolved=None):
             return None
         try:
             if _host_up(addr, port, min(CONNECT_TRY_S, left)):
-                return _store(addr, port, host=False, world_size=0, timeout_s=max(1.0, min(CONNECT_TRY_S, left)))
+                return _client(addr, port, max(1.0, min(CONNECT_TRY_S, left)))
         except socket.gaierror as exc:
             if unresolved is not None and not told:
                 unresolved(exc)
                 told = True
+        except TimeoutError as exc:
+            if silent is not None:
+                silent.append(str(exc))
         except Exception:         # noqa: BLE001  (refused, timed out: torch's errors differ by version)
             pass
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
@@ -155,16 +184,34 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             print(f"hetauto: rank {rank}: the rendezvous address {addr!r} does not resolve ({exc.strerror}); "
                   f"retrying until the rendezvous timeout ({timeout_s:g} s)", file=sys.stderr, flush=True)
 
-        store = _connect(addr, port, deadline, unresolved)
+        silent: list = []
+        store = _connect(addr, port, deadline, unresolved, silent)
         if store is None and lookup:
             raise _ours(InputError(f"the rendezvous address {addr!r} does not resolve ({lookup[0].strerror}), "
                                    f"waited {timeout_s:g} s", file=file, field="HETAUTO_MASTER_ADDR",
                                    fix="give the address (or a name every node resolves) of node 0 of the first "
                                        "cluster, where global rank 0 runs")) from None
+        if store is None and silent:
+            raise _ours(InputError(f"rank {rank} found something at {addr}:{port} that accepts connections but does "
+                                   f"not answer as the world's rendezvous store (waited {timeout_s:g} s): another "
+                                   "program, or a stuck earlier run, holds that port on global rank 0's node",
+                                   file=file, field="HETAUTO_MASTER_PORT",
+                                   fix="give every cluster a HETAUTO_MASTER_PORT that is free on node 0 of the first "
+                                       "cluster (or stop what holds it there), then start every cluster's launch "
+                                       "again")) from None
         if store is None:
             raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
     try:
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        # each global rank checks in once: a second process of the same rank (a launch started twice, two nodes of a
+        # cluster given one NODE_RANK) counted as another rank, so the world "joined" without its real last rank and
+        # the extra process waited in gloo's connection mesh until it failed with a traceback, minutes later
+        if store.add(f"{RANK_KEY}/{rank}", 1) > 1:
+            raise _ours(InputError(f"global rank {rank} was started twice: another process of this rank already "
+                                   f"checked in at the rendezvous {addr}:{port}, so this one stops", file=file,
+                                   field="NODE_RANK",
+                                   fix="start each cluster's launch once per node, each node of a cluster with its own "
+                                       "NODE_RANK (0..nodes-1), and stop any earlier run of the launch still going"))
         store.add(JOINED, 1)
         while True:
             refused = _refusal(store)

@@ -1,0 +1,59 @@
+"""Every cluster's launch runs the same job: the Megatron arguments that are not in the plan but that every rank must
+share, checked once after the world is joined (collective over the default group, gloo, the world's timeout).
+
+The plan fixes the layout (runtime/groups.py check_same_plan), but each cluster types its own job arguments after
+the launch script's name. Two kinds must agree on every rank:
+- the schedule of collectives: iterations, evaluation and checkpoint intervals, exits. A cluster launched with
+  `--train-iters 6` beside one with 4 trained 4 iterations together, then each side waited the whole
+  HETAUTO_TIMEOUT_S (600 s by default) for the other, in a pipeline receive on one side and Megatron's closing
+  barrier on the other, and both stopped with exit 1 and a transport traceback ("that process is gone or stuck");
+  an evaluation every 2 iterations on one cluster only did the same at iteration 2;
+- the optimizer's numbers: each stage would step its layers with another learning rate, clipping or decay, a model
+  the job never meant to train, without any error.
+A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
+"""
+from __future__ import annotations
+
+from ..errors import InputError
+from ..runtime.groups import describe_rank
+
+# Megatron argument names (args.<name>), spelled as flags in the message
+SCHEDULE_ARGS = ("train_iters", "train_samples", "skip_train", "eval_interval", "eval_iters", "save_interval",
+                 "exit_interval", "exit_duration_in_mins", "ckpt_step")
+OPTIMIZER_ARGS = ("optimizer", "lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
+                  "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction", "weight_decay", "clip_grad",
+                  "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum")
+JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS
+
+
+def job_values(args) -> dict:
+    """This rank's job arguments, as comparable text (absent ones left out)."""
+    return {name: repr(getattr(args, name)) for name in JOB_ARGS if hasattr(args, name)}
+
+
+def differences(plan, every: list) -> list[str]:
+    """'--train-iters: 4 on rank 0 (cluster a, stage 0), 6 on rank 1 (cluster b, stage 1)' for each argument
+    where some rank differs from rank 0 (the first such rank is named)."""
+    out = []
+    for name in JOB_ARGS:
+        first = every[0].get(name)
+        other = next((r for r, values in enumerate(every) if values.get(name) != first), None)
+        if other is not None:
+            out.append(f"--{name.replace('_', '-')}: {first} on {describe_rank(plan, 0)}, "
+                       f"{every[other].get(name)} on {describe_rank(plan, other)}")
+    return out
+
+
+def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None = None) -> None:
+    """InputError (exit 2, the same paragraph on every rank) when the ranks' job arguments differ."""
+    import torch.distributed as dist
+
+    every = [None] * world_size
+    dist.all_gather_object(every, job_values(args))
+    found = differences(plan, every)
+    if found:
+        shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+        raise InputError(f"the clusters' launches were given different job arguments, which every rank must share "
+                         f"(this process is rank {rank}): {shown}", file=file, field=found[0].split(":")[0],
+                         fix="give every cluster's launch the same job arguments after the script's name (the "
+                             "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings)")
