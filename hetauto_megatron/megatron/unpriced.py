@@ -12,9 +12,13 @@ spec/hf_config.py not_carried) is not in the table.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..plan.plan import Plan
+    from ..runtime.groups import RankCoords
 
 
 class Unpriced(NamedTuple):
@@ -57,6 +61,23 @@ UNPRICED = (
              "sliding-window attention: the plan prices full causal attention"),
     Unpriced("fine_grained_activation_offloading", "--fine-grained-activation-offloading", False,
              "activation offloading: the plan's memory keeps the activations on the device"),
+    # Transformer Engine's precision-aware optimizer and its dtypes (Megatron's defaults: off and fp32). The plan
+    # prices fp32 master weights and Adam moments (12 bytes per parameter / DP with the distributed optimizer) on
+    # the device, and the gradient buffer and DP reduction in the mesh's grad_reduce_dtype; --main-grads-dtype bf16
+    # makes Megatron's validate_args leave accumulate_allreduce_grads_in_fp32 off for bf16, so DDP reduces in bf16
+    # where the plan (and the --hetauto rewrite's grad_reduce_in_bf16) says fp32.
+    Unpriced("use_precision_aware_optimizer", "--use-precision-aware-optimizer", False,
+             "Transformer Engine's precision-aware optimizer: the plan prices fp32 master weights and Adam moments "
+             "and main gradients in the mesh's grad_reduce_dtype"),
+    Unpriced("main_grads_dtype", "--main-grads-dtype", "fp32",
+             "main gradients in another dtype: Megatron then reduces and accumulates bf16 gradients in bf16, where "
+             "the plan's grad_reduce_dtype decides (settings.grad_reduce_dtype; fp32 by default)"),
+    Unpriced("main_params_dtype", "--main-params-dtype", "fp32",
+             "master weights in another dtype: the plan prices fp32 master weights"),
+    Unpriced("exp_avg_dtype", "--exp-avg-dtype", "fp32", "Adam moments in another dtype: the plan prices fp32"),
+    Unpriced("exp_avg_sq_dtype", "--exp-avg-sq-dtype", "fp32", "Adam moments in another dtype: the plan prices fp32"),
+    Unpriced("optimizer_cpu_offload", "--optimizer-cpu-offload", False,
+             "optimizer state offloaded to the host: the plan prices it on the device and its step there"),
     Unpriced("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage", None,
              "the interleaved schedule: the plan runs and prices 1F1B"),
     Unpriced("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank", None,
@@ -72,3 +93,28 @@ def check_unpriced(args, *, file: str | None = None) -> None:
             f"{u.flag} {getattr(args, u.dest)!r} ({u.what})" for u in given), file=file, field=given[0].flag,
             fix="drop " + ", ".join(u.flag for u in given) + " (--hetauto runs the plan's dense GPT layers with "
                 "Megatron's distributed optimizer; docs/megatron-integration.md)")
+
+
+def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
+    """The attention the rank's mesh was priced with (plan/memory_fit.py layers_of, RuntimeSettings.fused_attention):
+    on a device whose Transformer Engine runs fused attention at the plan's precision, no s x s score matrix is
+    kept. Megatron's --attention-backend unfused (or local) makes Transformer Engine run its unfused attention,
+    which keeps the softmax of every layer's s x s scores per micro-batch in flight: refused there, naming the
+    flag. On meshes priced with unfused attention (fp32, a V100, CPU processes) the backend changes nothing priced."""
+    from ..plan.settings import as_run_by
+    from ..spec.devices import get_device
+
+    k = placement.mesh_index
+    mesh = plan.meshes[k]
+    device = get_device(mesh.device_type).at_precision(plan.mesh_precision(k), field="precision")
+    if not as_run_by(mesh.settings, plan.engine).fused_attention(device):
+        return
+    backend = getattr(args, "attention_backend", None)
+    name = getattr(backend, "name", backend)
+    if name in ("unfused", "local"):
+        raise InputError(f"--attention-backend {name} runs unfused attention, which keeps each layer's s x s "
+                         f"attention scores; the plan priced meshes[{k}] ({mesh.device_type}, "
+                         f"{plan.mesh_precision(k)}) with Transformer Engine's fused attention, which keeps none",
+                         file=file, field="--attention-backend",
+                         fix="drop --attention-backend (auto: Transformer Engine picks flash or cuDNN attention, as "
+                             "priced), or give flash or fused")

@@ -74,6 +74,10 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         attention_softmax_in_fp32=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+        # Megatron-LM's (training/argument_utils.py core_transformer_config_from_args sets it for every launch): a
+        # stage frees its output's storage once sent; kept, every non-last stage held one s x b x h output per
+        # micro-batch in flight that the launch it stands in for, and the memory model, do not
+        deallocate_pipeline_outputs=True,
     )
     layout = megatron_layout(ctx.layout.stage_layers)
     if layout is not None:
