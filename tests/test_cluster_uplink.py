@@ -73,7 +73,7 @@ def test_an_exchange_with_several_clusters_at_once_shares_the_uplink():
 def test_explain_names_the_uplink_where_it_binds():
     """Two clusters on a 20 Gbit/s link, one of them behind a 0.5 Gbit/s uplink, one stage each: the pipeline is
     bound by the activations crossing at 0.5 Gbit/s. A faster link changes nothing; a faster uplink does."""
-    from hetauto_megatron.plan.explain import sensitivity
+    from hetauto_megatron.plan.sensitivity import sensitivity
     inv = _inventory(["a", "b"])
     inv["clusters"][1]["uplink_gbps"] = 0.5
     meshes = [{"cluster": n, "device_type": "a100-40gb", "tp": 1, "dp": 1, "micro_batch_size": 1,

@@ -277,14 +277,14 @@ def test_the_what_ifs_searched_ahead_are_those_the_sensitivity_replans(tmp_path)
     from types import SimpleNamespace
 
     from hetauto_megatron.commands.explain import plan_inputs
-    from hetauto_megatron.plan import explain as X
+    from hetauto_megatron.plan import sensitivity as S
 
     inv = _inventory(tmp_path / "inv.yaml", [("a", 1), ("b", 2)], link_gbps=100)
     plan_file = _plan(tmp_path / "plan.yaml", [("a", [32])], 64)
     plan, inventory, cost_model = plan_inputs(SimpleNamespace(inventory=inv), plan_file)
     asked = []
-    X.sensitivity(plan, inventory, cost_model, replan=lambda i: asked.append(i) or 1.0)
-    assert asked == X.replanned_inventories(plan, inventory)
+    S.sensitivity(plan, inventory, cost_model, replan=lambda i: asked.append(i) or 1.0)
+    assert asked == S.replanned_inventories(plan, inventory)
     assert [([c.nodes for c in i.clusters], [k.bandwidth_gbps for k in i.links.values()]) for i in asked] == \
         [([1, 2], [100]), ([1, 2], [200]), ([2, 2], [100]), ([1, 1], [100]), ([1, 4], [100])]
 

@@ -273,3 +273,16 @@ def as_priced_on(plan, inventory, who: str):
               + "; re-plan with this inventory to launch what is priced",
               file=sys.stderr)
     return priced
+
+
+# The --json outputs of the commands a script reads: each object says what it is and which version of its keys it
+# follows, so a consumer can refuse (or adapt to) another. Bump a kind's version when a key is renamed or removed.
+JSON_SCHEMAS = {"plan": 1, "simulate": 1, "explain": 1, "compare": 1, "emit-summary": 1}
+
+
+def json_document(kind: str, body: dict) -> dict:
+    """`body` with `schema` ('hetauto.KIND/N') and `hetauto_version` first (a key of `body` of the same name wins
+    nothing: these two are the document's)."""
+    from .. import tool_version
+    return {"schema": f"hetauto.{kind}/{JSON_SCHEMAS[kind]}", "hetauto_version": tool_version(),
+            **{k: v for k, v in body.items() if k not in ("schema", "hetauto_version")}}

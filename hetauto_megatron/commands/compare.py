@@ -189,7 +189,8 @@ def run(args) -> int:
     if args.json:
         differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
         # (JSON for scripts: `fits` a boolean, the peak memory also as numbers; the table shows them in words)
-        print(json.dumps({"plans": rows, "differ": differ}, indent=2))
+        from ._common import json_document
+        print(json.dumps(json_document("compare", {"plans": rows, "differ": differ}), indent=2))
     else:
         print(format_table(rows))
     return 0

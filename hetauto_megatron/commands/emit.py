@@ -197,10 +197,13 @@ def run(args) -> int:
         if args.json:
             shape = ({"pipeline_parallel_size": plan.pipeline_parallel_size} if plan.is_simple else
                      {"pipelines": [{"samples": plan.samples_per_pipeline[p],
-                                     "pipeline_parallel_size": plan.pipeline(p).pipeline_parallel_size}
+                                     # its stages: each position's (a mesh and the groups alongside it) once
+                                     "pipeline_parallel_size": sum(len(plan.meshes[pos[0]].stage_layers)
+                                                                   for pos in plan.positions(p))}
                                     for p in range(plan.num_pipelines)]})
-            print(json.dumps({"summary": text, "world_size": plan.world_size, **shape,
-                              "estimate": estimate, "written": written}, indent=2))
+            from ._common import json_document
+            print(json.dumps(json_document("emit-summary", {"summary": text, "world_size": plan.world_size, **shape,
+                                                            "estimate": estimate, "written": written}), indent=2))
         elif not out_dir:
             print(text)
     if out_dir:

@@ -115,20 +115,22 @@ def plan_inputs(args, plan_path: str, plan=None):
 _AHEAD: dict = {}
 
 
-def _ahead_job(i: int) -> tuple[int, float | None]:
+def _ahead_job(i: int) -> tuple[int, tuple | None]:
     from ..errors import InfeasibleError
     try:
-        return i, _AHEAD["search"](_AHEAD["inventories"][i]).iteration_time_s
-    except InfeasibleError:     # re-run where the sensitivity asks for it, which notes it (explain._replanned)
+        inv = _AHEAD["inventories"][i]
+        return i, _AHEAD["outcome"](_AHEAD["search"](inv), inv)
+    except InfeasibleError:     # re-run where the sensitivity asks for it, which notes it (sensitivity._replanned)
         return i, None
 
 
-def _search_ahead(inventories: list, search_one, workers: int, on_done) -> dict:
-    """{index: iteration time} of `search_one` on each inventory that has a feasible plan, in `workers`
-    processes forked now, each search on one core (as one search alone runs it: the same plan, which depends on
-    its seed only); `on_done()` after each found."""
+def _search_ahead(inventories: list, search_one, workers: int, on_done, outcome=None) -> dict:
+    """{index: outcome(result, inventory)} (by default the iteration time) of `search_one` on each inventory that
+    has a feasible plan, in `workers` processes forked now, each search on one core (as one search alone runs it:
+    the same plan, which depends on its seed only); `on_done()` after each found."""
     import multiprocessing
-    _AHEAD.update(search=search_one, inventories=inventories)
+    _AHEAD.update(search=search_one, inventories=inventories,
+                  outcome=outcome or (lambda result, inv: result.iteration_time_s))
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(inventories))) as pool:
             out = {}
@@ -151,6 +153,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     `progress`: a line on stderr per re-planned what-if (each is a whole search). `workers`: processes the
     re-planned what-ifs are searched in (0: one per available core); the report does not depend on it."""
     from ..plan import explain as X
+    from ..plan import sensitivity as S
     from ..plan.constraints import Constraints, cost_per_million_tokens
     from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
@@ -172,7 +175,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
             (tuple(sorted(k)), v.bandwidth_gbps) for k, v in inv.links.items())))
 
     # the re-planned what-ifs: the unchanged inventory, each link the plan does not cross, each cluster at x0.5, x2
-    whatifs = X.replanned_inventories(plan, inventory)
+    whatifs = S.replanned_inventories(plan, inventory)
     ahead = {}      # key(inventory) -> the iteration time of its search, for the what-ifs searched ahead
     t0, done = time.perf_counter(), [0]
 
@@ -197,8 +200,14 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
             searched()
         return searches[key(inv)]
 
+    def outcome(result, inv):
+        # (tokens/s, cost per 1M tokens of the layout the search found, None where a cluster it uses has no price)
+        t = result.iteration_time_s
+        meshes = result.plan.meshes if hasattr(result, "plan") else result.choices
+        return tokens / t, cost_per_million_tokens(inv, meshes, t, tokens)
+
     def replan(inv):
-        return tokens / (ahead[key(inv)] if key(inv) in ahead else run_search(inv).iteration_time_s)
+        return ahead[key(inv)] if key(inv) in ahead else outcome(run_search(inv), inv)
 
     workers = default_workers() if workers == 0 else workers
     if do_search and progress:
@@ -210,7 +219,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         # the changed inventories in worker processes (the unchanged one's whole search is needed here)
         todo = list({key(inv): inv for inv in whatifs[1:] if key(inv) != key(inventory)}.values())
         if todo:
-            times = _search_ahead(todo, search_one, workers, searched)
+            times = _search_ahead(todo, search_one, workers, searched, outcome)
             ahead.update({key(todo[i]): seconds for i, seconds in times.items()})
 
     # The runners-up come from the search that made the plan where it is given; the re-planned sensitivities compare
@@ -233,11 +242,11 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "objective": constraints.objective,
            "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens),
            "memory": X.memory_headroom(est), "runners_up": None, "runners_up_requested": k, "sensitivity": None,
-           "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
+           "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k, inventory,
                                          constraints)
-    rep["sensitivity"] = X.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
+    rep["sensitivity"] = S.sensitivity(plan, inventory, cost_model, replan=replan if do_search else None)
     return rep
 
 
@@ -264,7 +273,11 @@ def format_report(rep: dict) -> str:
         note = ""
         if k == "link" and bd.get("link_boundary") is not None and v["seconds"] > 0:
             b = bd["link_boundary"]
-            note = f"  (boundary {b} -> {b + 1} alone: {bd['link_boundary_saves_s']:.3f} s)"
+            note = f"  (boundary {b} -> {b + 1} alone: {bd['link_boundary_saves_s']:.3f} s"
+            if bd.get("link_boundaries"):
+                note += (f"; boundaries {', '.join(f'{x} -> {x + 1}' for x in bd['link_boundaries'])} together: "
+                         f"{bd['link_boundaries_save_s']:.3f} s")
+            note += ")"
         out.append(f"  {PART_NAMES[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "") + note)
     out += ["", "memory headroom per stage (busiest device):",
@@ -298,11 +311,18 @@ def format_report(rep: dict) -> str:
 
 def _format_what_if(rep: dict) -> list[str]:
     """The sensitivity rows and what the overlapped boundaries are worth, for a plan of any shape."""
-    out = ["", "sensitivity of throughput (tokens/s at x0.5 and x2 of one input):"]
+    by_cost = rep.get("objective") == "cost"
+    out = ["", "sensitivity of throughput (tokens/s at x0.5 and x2 of one input"
+           + ("; re-planned rows also their cost per 1M tokens, the objective they minimise" if by_cost else "")
+           + "; '=': the plan itself, the re-plan found nothing better):"]
     for row in rep["sensitivity"]:
         cells = []
         for c in row["cases"]:
-            cells.append(f"x{c['factor']:g} ({c['value']:g}): " + (f"{c['tokens_per_s']:,.0f} ({_pct(c['change'])})"
+            cost = (f", {c['cost_per_million_tokens']:.4f}/1M ({_pct(c.get('cost_change'))})"
+                    if by_cost and c.get("cost_per_million_tokens") is not None else "")
+            mark = "=" if c.get("note", "").startswith("the plan itself") else ""
+            cells.append(f"x{c['factor']:g} ({c['value']:g}): " + (f"{mark}{c['tokens_per_s']:,.0f} "
+                                                                  f"({_pct(c['change'])}){cost}"
                                                                   if c["tokens_per_s"] else c.get("note", "-")))
         out.append(f"  {row['what']:<36} base {row['base']:g}: " + ";  ".join(cells) + f"  [{row['method']}]")
     if rep["runners_up"] is None:
@@ -335,7 +355,8 @@ def run(args) -> int:
         raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None
     if args.json:
-        print(json.dumps(rep, indent=2))
+        from ._common import json_document
+        print(json.dumps(json_document("explain", rep), indent=2))
     else:
         print(format_report(rep))
     return 0

@@ -248,9 +248,11 @@ def run(args) -> int:
         moved = describe_moves(old, plan)
     if args.json:
         search_record = {**plan.estimate["search"], "seconds": round(result.seconds, 3)}
-        print(json.dumps({**plan.estimate, "search": search_record, "plan": plan.to_dict(), "written": written,
-                          **({"explain": explained} if explained else {}),
-                          **({"moved": moved, "kept_from_plan": kept} if moved is not None else {})}, indent=2))
+        from ._common import json_document
+        print(json.dumps(json_document("plan", {
+            **plan.estimate, "search": search_record, "plan": plan.to_dict(), "written": written,
+            **({"explain": explained} if explained else {}),
+            **({"moved": moved, "kept_from_plan": kept} if moved is not None else {})}), indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))

@@ -251,9 +251,11 @@ def run(args) -> int:
     cost = cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,
                                    plan.global_batch_size * plan.model.seq_length)   # None without prices
     if args.json:
-        print(json.dumps({"engine": args.engine, **est.to_dict(),
-                          **({"cost_per_million_tokens": cost} if cost is not None else {}),
-                          **({"written": written} if written else {})}, indent=2))
+        from ._common import json_document
+        # every key always present (null where it does not apply), as explain and compare write them
+        print(json.dumps(json_document("simulate", {"engine": args.engine, **est.to_dict(),
+                                                    "cost_per_million_tokens": cost, "written": written or []}),
+                         indent=2))
         return 0
     from ..emit.summary import format_summary
     # the plan as the engine priced runs it (its settings and recomputation), which may not be the file's engine

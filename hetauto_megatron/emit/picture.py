@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from ..plan.timeline import Timeline
 
-CLUSTER_COLOURS = ["#4c72b0", "#55a868", "#dd8452", "#8172b3", "#937860", "#64b5cd", "#da8bc3", "#8c8c8c"]
+# Cluster colours keep clear of the kinds' (grey link/send, pink receive, red sync, black, olive): the 8-cluster
+# inventories of examples/gpt3 draw a grey or pink cluster otherwise. Beyond the list, hues spread evenly.
+CLUSTER_COLOURS = ["#4c72b0", "#55a868", "#dd8452", "#8172b3", "#937860", "#64b5cd", "#1b9e77", "#e7298a",
+                   "#a6761d", "#66a61e", "#7570b3", "#d95f02"]
+
+
+def cluster_colour(i: int) -> str:
+    """The i-th cluster's forward colour: the list, then evenly spread hues at the list's saturation."""
+    if i < len(CLUSTER_COLOURS):
+        return CLUSTER_COLOURS[i]
+    import colorsys
+    h = ((i - len(CLUSTER_COLOURS)) * 0.618033988749895 + 0.05) % 1.0
+    r, g, b = colorsys.hsv_to_rgb(h, 0.65, 0.75)
+    return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
 KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222",
                 "overhead": "#c8b560"}
 
@@ -32,7 +45,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     from matplotlib.patches import Patch
 
     clusters = list(dict.fromkeys(c for tl in timelines for c in tl.clusters))
-    colour = {c: CLUSTER_COLOURS[i % len(CLUSTER_COLOURS)] for i, c in enumerate(clusters)}
+    colour = {c: cluster_colour(i) for i, c in enumerate(clusters)}
     rows = [_rows(tl, all_links) for tl in timelines]
     heights = [max(2, len(r)) * 0.32 + 0.9 for r in rows]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights) + 0.8), sharex=True, squeeze=False,

@@ -159,7 +159,8 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
     if bd and bd["bottleneck"] in ("compute", "dp_sync", "optimizer") and bd["stage"] is not None:
         mark[bd["stage"]] = "<- bottleneck"
     elif bd and bd["bottleneck"] == "link" and bd["boundary"] is not None:
-        mark[bd["boundary"]] = "<- bottleneck (link)"
+        for b in bd.get("link_boundaries") or [bd["boundary"]]:
+            mark[b] = "<- bottleneck (link)"
     if est:
         header += ["compute s", "busy s", "bubble s", "link s", "memory GiB", "util"] + ([""] if mark else [])
     rows = []

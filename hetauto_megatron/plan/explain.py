@@ -1,5 +1,6 @@
-"""Why a plan is what it is: what limits its iteration, how much memory is left, what came second, and what a
-faster link, a bigger cluster or another batch would buy (`hetauto explain`). Pure functions over the simulator.
+"""Why a plan is what it is: what limits its iteration, how much memory is left, what came second (`hetauto
+explain`; what a faster link, a bigger cluster or another batch would buy is plan/sensitivity.py). Pure functions
+over the simulator.
 
 The iteration is cut into seven parts that add up to the predicted iteration time T:
     compute    the slowest stage's forward + backward over all micro-batches (its busy time);
@@ -20,8 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..errors import InfeasibleError, InputError
-from .batch_split import split_batch
 from .plan import Plan
 from .simulate import _DEFAULT_COST, plan_choices, simulate, stage_makespan
 
@@ -87,20 +86,38 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     # Which boundary the exposed link time comes from: the one whose removal alone saves the most. Only the
     # boundaries between meshes are tried (one simulation each; inside a mesh the links are the fast ones).
     link_at, saved = None, 0.0
+    link_set, set_saves = None, 0.0
     if parts["link"] > 1e-9 * T:
         between = [i for i in range(len(links)) if stages[i].get("mesh") != stages[i + 1].get("mesh")
                    or "mesh" not in stages[i]] or range(len(links))
+        alone_saves = {}
         for i in between:
             alone = stage_makespan(stages, m, [0.0 if k == i else x for k, x in enumerate(links)])
+            alone_saves[i] = makespan - alone
             if makespan - alone > saved:
                 link_at, saved = i, makespan - alone
+        # Where several slow boundaries bind together (each alone hides behind the others: two 25 Gbit/s links
+        # in one pipeline), one boundary is not the bottleneck: the fewest boundaries, best alone first, whose
+        # links made instant together save at least half of what all boundaries between meshes save.
+        every = makespan - stage_makespan(stages, m, [0.0 if k in between else x for k, x in enumerate(links)])
+        if link_at is not None and saved < 0.5 * every:
+            chosen = []
+            for i in sorted(alone_saves, key=lambda i: -alone_saves[i]):
+                chosen.append(i)
+                together = makespan - stage_makespan(stages, m, [0.0 if k in chosen else x
+                                                                 for k, x in enumerate(links)])
+                if together >= 0.5 * every:
+                    break
+            link_set, set_saves = sorted(chosen), together
     worst = max(PARTS, key=lambda k: parts[k])
     where = {"compute": slow, "bubble": None, "link": link_at, "dp_sync": t_dp, "tail_sync": None,
              "optimizer": t_opt, "overhead": None}[worst]
     return {"iteration_s": T, "parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "stage": where if worst != "link" else None,
             "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,
-            "link_boundary_saves_s": saved}
+            "link_boundary_saves_s": saved,
+            # several boundaries that bind together (None where the one above saves at least half alone)
+            "link_boundaries": link_set, "link_boundaries_save_s": set_saves if link_set else None}
 
 
 def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str:
@@ -115,9 +132,13 @@ def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str
         mi, _ = plan.stage_owner(s)
         where = f" (stage {s} on {plan.meshes[mi].cluster}, {plan.stage_layers[s]} layer{'s' if plan.stage_layers[s] != 1 else ''})"
     elif k == "link" and bd["boundary"] is not None:
-        b = bd["boundary"]
-        a, c = plan.meshes[plan.stage_owner(b)[0]].cluster, plan.meshes[plan.stage_owner(b + 1)[0]].cluster
-        where = f" (boundary stage {b} -> {b + 1}, {a} -> {c})"
+        def named(b):
+            a, c = plan.meshes[plan.stage_owner(b)[0]].cluster, plan.meshes[plan.stage_owner(b + 1)[0]].cluster
+            return f"{b} -> {b + 1}, {a} -> {c}"
+        if bd.get("link_boundaries"):    # several bind together: faster links on all of them, not one
+            where = f" (boundaries stage {'; '.join(named(b) for b in bd['link_boundaries'])}: together)"
+        else:
+            where = f" (boundary stage {named(bd['boundary'])})"
     elif k in ("dp_sync", "optimizer") and bd["stage"] is not None:
         where = f" (stage {bd['stage']})"
     elif k == "bubble":
@@ -248,178 +269,3 @@ def runners_up(plan: Plan, result, k: int = 5, inventory=None, constraints=None)
 
 
 # ---- sensitivity --------------------------------------------------------------------------------------------
-def _tokens(plan: Plan, inventory, cost_model) -> float:
-    return simulate(plan, inventory, cost_model).tokens_per_s
-
-
-def uplink_rows(plan: Plan, inventory, tokens, base: float, factors) -> list[dict]:
-    """Sensitivity rows of the uplinks (`uplink_gbps`) of the clusters a plan of several clusters uses, its own
-    layout re-simulated (`tokens(inventory) -> tokens/s`). An uplink caps each of its cluster's links and is
-    shared by them (docs/inputs.md), so it may be what binds where a link's own row shows no change."""
-    used = {m.cluster for m in plan.meshes}
-    rows = []
-    for cl in inventory.clusters:
-        if len(used) < 2 or cl.name not in used or cl.uplink_gbps is None:
-            continue
-        row = {"what": f"cluster {cl.name} uplink", "key": f"cluster.{cl.name}.uplink_gbps", "base": cl.uplink_gbps,
-               "method": "same layout", "base_tokens_per_s": base, "cases": []}
-        for f in factors:
-            inv = dataclasses.replace(inventory, clusters=tuple(
-                dataclasses.replace(c, uplink_gbps=cl.uplink_gbps * f) if c is cl else c for c in inventory.clusters))
-            row["cases"].append(_case(f, cl.uplink_gbps * f, tokens(inv), base))
-        rows.append(row)
-    return rows
-
-
-def links_crossed(plan: Plan, inventory) -> list[tuple[frozenset, str]]:
-    """(link key, name) of the inter-cluster links a plan's traffic crosses. One pipeline: each boundary between
-    clusters, named in stage order (`a-b` for a -> b). Other shapes: every link between the plan's clusters, named
-    in sorted order: the pipelines' boundaries and the gradient exchange across holders on different clusters
-    cross them (a link only the exchange could take shows no change where it does not bind)."""
-    if not plan.is_simple:
-        clusters = {m.cluster for m in plan.meshes}
-        return [(k, "-".join(sorted(k))) for k in sorted((k for k in inventory.links if k <= clusters), key=sorted)]
-    used = []
-    for a, b in zip(plan.meshes, plan.meshes[1:]):
-        key = frozenset((a.cluster, b.cluster))
-        if a.cluster != b.cluster and key in inventory.links and key not in [k for k, _ in used]:
-            used.append((key, "-".join(m.cluster for m in plan.meshes if m.cluster in key)))
-    return used
-
-
-def with_batch(plan: Plan, gbs: int) -> Plan:
-    """The plan's layout at another global batch (InputError where its micro-batch steps cannot make it up); the
-    pipelines of a plan of several keep their shares (in proportion, whole micro-batch steps each)."""
-    samples = plan.pipeline_samples
-    if samples:
-        samples = tuple(split_batch(gbs, [plan.pipeline_step(p) for p in range(plan.num_pipelines)],
-                                    [1 / n for n in samples]))
-    return dataclasses.replace(plan, global_batch_size=gbs, pipeline_samples=samples, estimate=None)
-
-
-def _link_at(inventory, key, factor: float):
-    """The inventory with link `key` at `factor` times its bandwidth."""
-    link = inventory.links[key]
-    return dataclasses.replace(inventory, links={**inventory.links,
-                                                 key: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * factor)})
-
-
-def _cluster_at(inventory, cluster, nodes: int):
-    """The inventory with `cluster` (one of its clusters) at `nodes` nodes."""
-    return dataclasses.replace(inventory, clusters=tuple(
-        dataclasses.replace(c, nodes=nodes) if c is cluster else c for c in inventory.clusters))
-
-
-def _excluded(plan: Plan) -> set:
-    """The clusters the plan's search was told not to use (--exclude-clusters, as its estimate records it): what
-    they are, or are linked by, cannot change a re-plan under the same constraints."""
-    from .constraints import Constraints
-    search = (plan.estimate or {}).get("search") if isinstance(plan.estimate, dict) else None
-    try:
-        return set(Constraints.from_record(search).exclude_clusters)
-    except InputError:
-        return set()
-
-
-def _unused_links(plan: Plan, inventory) -> list:
-    used, excluded = {k for k, _ in links_crossed(plan, inventory)}, _excluded(plan)
-    return sorted((k for k in set(inventory.links) - used if not k & excluded), key=sorted)
-
-
-def _replanned_clusters(plan: Plan, inventory) -> list:
-    excluded = _excluded(plan)
-    return [cl for cl in inventory.clusters if cl.name not in excluded]
-
-
-def replanned_inventories(plan: Plan, inventory, factors=(0.5, 2.0)) -> list:
-    """Every inventory `sensitivity` calls `replan` with, the unchanged one first: a caller can search them ahead
-    (in parallel: each search is independent) and answer `replan` from the results."""
-    out = [inventory] + [_link_at(inventory, key, max(factors)) for key in _unused_links(plan, inventory)]
-    return out + [_cluster_at(inventory, cl, int(cl.nodes * f)) for cl in _replanned_clusters(plan, inventory)
-                  for f in factors if int(cl.nodes * f) >= 1]
-
-
-def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5, 2.0)) -> list[dict]:
-    """Throughput when one input changes by each factor, for a plan of any shape.
-
-    Links (the inter-cluster links the plan crosses: `links_crossed`), the uplinks of the clusters it joins (where
-    the inventory gives them) and the global batch: the plan's own layout re-simulated.
-    Cluster sizes change which layouts exist, so they are re-planned with `replan(inventory) -> tokens/s`
-    (None skips them), and so are links the plan does not cross (at the larger factor only: a slower unused link
-    changes nothing); their change is against `replan` of the unchanged inventory (`replanned_inventories` lists
-    the inventories `replan` gets)."""
-    base = _tokens(plan, inventory, cost_model)
-    rows = []
-    for key, name in links_crossed(plan, inventory):
-        link = inventory.links[key]
-        row = {"what": f"link {name} bandwidth", "key": f"link.{name}.bandwidth_gbps", "base": link.bandwidth_gbps,
-               "method": "same layout", "base_tokens_per_s": base, "cases": []}
-        for f in factors:
-            row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, _link_at(inventory, key, f),
-                                                                          cost_model), base))
-        rows.append(row)
-    rows += uplink_rows(plan, inventory, lambda inv: _tokens(plan, inv, cost_model), base, factors)
-    row = {"what": "global batch", "key": "--global-batch-size", "base": plan.global_batch_size,
-           "method": "same layout", "base_tokens_per_s": base, "cases": []}
-    for f in factors:
-        gbs = int(plan.global_batch_size * f)
-        try:
-            other = with_batch(plan, gbs)
-        except InputError as exc:
-            row["cases"].append({"factor": f, "value": gbs, "tokens_per_s": None, "change": None,
-                                 "note": exc.reason})
-            continue
-        row["cases"].append(_case(f, gbs, _tokens(other, inventory, cost_model), base))
-    rows.append(row)
-    if replan is not None:
-        ref = replan(inventory)
-        # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
-        for key in _unused_links(plan, inventory):
-            link = inventory.links[key]
-            name = "-".join(sorted(key))
-            f = max(factors)
-            rows.append({"what": f"link {name} bandwidth (unused)", "key": f"link.{name}.bandwidth_gbps",
-                         "base": link.bandwidth_gbps, "method": "re-planned", "base_tokens_per_s": ref,
-                         "cases": [_replanned(replan, _link_at(inventory, key, f), f, link.bandwidth_gbps * f, ref)]})
-        for cl in _replanned_clusters(plan, inventory):       # (not the clusters the plan was told not to use)
-            row = {"what": f"cluster {cl.name} size (nodes)", "key": f"cluster.{cl.name}.nodes", "base": cl.nodes,
-                   "method": "re-planned", "base_tokens_per_s": ref, "cases": []}
-            for f in factors:
-                nodes = int(cl.nodes * f)
-                if nodes < 1:
-                    row["cases"].append({"factor": f, "value": nodes, "tokens_per_s": None, "change": None,
-                                         "note": "fewer than one node"})
-                    continue
-                row["cases"].append(_replanned(replan, _cluster_at(inventory, cl, nodes), f, nodes, ref))
-            rows.append(row)
-    return rows
-
-
-def blocking_boundaries(plan: Plan, inventory, cost_model, base: float) -> dict | None:
-    """What the plan's throughput (`base` tokens/s, its simulation's) owes to its overlapped cross-cluster
-    boundaries: the same layout with every boundary blocking (the sender waits for each transfer, as Megatron's own
-    P2P does and as simulators of such runtimes price it). None when no boundary of the plan is overlapped."""
-    if not any(m.boundary_schedule == "overlapped" for m in plan.meshes):
-        return None
-    meshes = tuple(dataclasses.replace(m, boundary_schedule="blocking", boundary_depth=0) for m in plan.meshes)
-    est = simulate(dataclasses.replace(plan, meshes=meshes, estimate=None), inventory, cost_model)
-    names = []     # each overlapped boundary, from a mesh of one position to those of the next, in every pipeline
-    for p in range(plan.num_pipelines):
-        positions = plan.positions(p)
-        for here, there in zip(positions, positions[1:]):
-            names += [f"{plan.meshes[i].cluster} -> {plan.meshes[j].cluster}" for i in here for j in there
-                      if plan.meshes[i].boundary_schedule == "overlapped"]
-    return {"boundaries": list(dict.fromkeys(names)),
-            "tokens_per_s": est.tokens_per_s, "change": est.tokens_per_s / base - 1.0, "fits": est.fits}
-
-
-def _replanned(replan, inv, factor, value, ref) -> dict:
-    try:
-        return _case(factor, value, replan(inv), ref)
-    except InfeasibleError:
-        return {"factor": factor, "value": value, "tokens_per_s": None, "change": None, "note": "no feasible plan"}
-
-
-def _case(factor, value, tokens, base) -> dict:
-    return {"factor": factor, "value": value, "tokens_per_s": tokens,
-            "change": tokens / base - 1.0 if base and math.isfinite(tokens) else None}

@@ -11,6 +11,7 @@ the shares of the pipelines kept in proportion) and each cluster's size (re-plan
 from __future__ import annotations
 
 from . import explain as X
+from . import sensitivity as S
 from .exchange_roots import describe_roots
 from .simulate import simulate
 
@@ -57,14 +58,14 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) 
             why = X.describe_bottleneck(sub, X.breakdown(sub_est, sub.num_micro_batches))
         rows.append({**info, "clusters": sorted({plan.meshes[i].cluster for i in plan.pipeline_mesh_indices(p)}),
                      "meshes": plan.pipeline_mesh_indices(p), "bottleneck": why})
-    sens = X.sensitivity(plan, inventory, cost_model, replan=replan, factors=factors)
+    sens = S.sensitivity(plan, inventory, cost_model, replan=replan, factors=factors)
     return {"shape": "pipelines", "model": plan.model.name, "devices": plan.world_size,
             "pipelines": rows, "global_batch_size": plan.global_batch_size, "iteration_time_s": T,
             "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
             "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline")}, "bottleneck": bd["text"],
             "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens,
-            "blocking_boundaries": X.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
+            "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
 
 
 def alternatives(result, seconds: float, k: int) -> list[dict]:

@@ -243,9 +243,16 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                     t.makespan, exchange, res.replica_sync_s + res.grad_norm_s, tail_end, T)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
-    stages = sum(len({r["stage"] for r in t.stages}) for t in res.pipelines)
+    per = [len({r["stage"] for r in t.stages}) for t in res.pipelines]     # each pipeline's own stages
+    stages = sum(per)
     groups = sum(len(t.stages) for t in res.pipelines)
-    name = title or (f"predicted: {plan.model.name}, {len(res.pipelines)} pipeline{'s' if several else ''} of "
-                     f"{stages} stages" + (f" ({groups} with the replica groups side by side)" if groups > stages else "")
-                     + f", {'/'.join(str(t.micro_batches) for t in res.pipelines)} micro-batches, {T:.3g} s per iteration")
+    plural = lambda n, word: f"{n} {word}{'' if n == 1 else 'es' if word.endswith('batch') else 's'}"
+    shape = (f"1 pipeline of {plural(per[0], 'stage')}" if len(per) == 1 else
+             f"{len(per)} pipelines of {' + '.join(str(n) for n in per)} stages")
+    batches = [t.micro_batches for t in res.pipelines]
+    name = title or (f"predicted: {plan.model.name}, {shape}"
+                     + (f" ({groups} groups with the replica groups side by side)" if groups > stages else "")
+                     + (f", {plural(batches[0], 'micro-batch')}" if len(batches) == 1 else
+                        f", {' + '.join(str(b) for b in batches)} micro-batches (by pipeline)")
+                     + f", {T:.3g} s per iteration")
     return Timeline(name, lanes, spans, T, clusters, "predicted")
