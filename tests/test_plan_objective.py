@@ -351,3 +351,37 @@ def test_repeated_cluster_lists_add_up(priced):
     assert r.returncode == 2 and "excludes every cluster" in r.stderr, r.stderr
     assert set(devices(plan_json("--inventory", priced, "--use-clusters", "cheap", "--use-clusters", "fast"))) \
         == {"fast", "cheap"}
+
+
+def test_cost_search_climb_adds_one_cheap_device_for_the_head():
+    """The 736-device example's cheapest plan (32 MI300X, TP 1 x DP 4 x 8 stages of 10 layers, and one 910B holding
+    only the output layer) on a small cut of it: 4 nodes of MI300X and one of 910B, TP pinned to 1 (1,839 leaves).
+    Every leaf of the cost objective's tree is priced (exhaustive: the independent optimum); its best is that plan,
+    and its runner-up the MI300X alone. A tree too large to settle reaches the MI300X alone and climbs from it
+    (plan/local.py): the climb must add the one-device stage of the cheap cluster. Its add move gave a cluster only
+    its largest TP at the most stages its devices allow, the throughput objective's rule, and under the cost objective
+    never reached the plan (seeds 0, 1 and 3 of the 736-device example stopped 0.4-0.6 % above it)."""
+    from hetauto_megatron.plan.search_jobs import climb
+
+    inv = inventory_from_dict({
+        "clusters": [
+            {"name": "mi300x", "device": "MI300X", "nodes": 4, "devices_per_node": 8, "price_per_device_hour": 2.0,
+             "intra_node": {"bandwidth_gbps": 3584, "latency_us": 5},
+             "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}},
+            {"name": "ascend", "device": "Ascend-910B", "nodes": 1, "devices_per_node": 8,
+             "price_per_device_hour": 0.9, "intra_node": {"bandwidth_gbps": 1568, "latency_us": 8},
+             "inter_node": {"bandwidth_gbps": 200, "latency_us": 15}}],
+        "links": [{"between": ["mi300x", "ascend"], "bandwidth_gbps": 25, "latency_ms": 4}]})
+    model = PRESETS["llama2-70b"]
+    con = Constraints(objective="cost", tp=(("mi300x", 1), ("ascend", 1)))
+    sp = space_mod.SearchSpace(model, inv, 1024, COST, constraints=con)
+    ev = LayoutEvaluator(model, inv, 1024, COST, "overlapped")
+    value = layout_value(sp, ev)
+    ranked = sorted((x for x in map(value, space_mod.iter_leaves(sp)) if math.isfinite(x[0])), key=lambda x: x[0])
+    best_t, best = ranked[0]
+    # the failure's shape: the optimum is the best MI300X-alone leaf plus one 910B stage of one device
+    alone_t, alone = next(x for x in ranked if {m.cluster for m in x[1]} == {"mi300x"})
+    assert len(best) == 2 and best[0] == alone[0] and best[1].cluster == "ascend"
+    assert best[1].tp * best[1].dp * best[1].num_stages == 1 and best_t < alone_t * (1 - 1e-3)
+    climbed = min(t for t, _ in climb(sp, ev, alone, None))
+    assert climbed == pytest.approx(best_t, rel=1e-12)

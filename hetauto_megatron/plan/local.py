@@ -2,7 +2,9 @@
 
 Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes), its stage count,
 its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a mesh,
-adding an unused cluster anywhere, and S halved or doubled: each mesh absorbs the change in its DP (giving up
+adding an unused cluster anywhere (at its largest TP and the most stages its devices allow; under the cost
+objective also at every TP with one stage, the cheapest mesh the cost objective's tree gives it), and S halved or
+doubled: each mesh absorbs the change in its DP (giving up
 stages where its devices run out) or its micro-batch, or one mesh takes any TP/DP at the new S while the others
 absorb it in their micro-batch (the TP/DP move across an S step: without it a climb stalls at a small S whose
 best reshaping needs the larger S first). Each climb is independent of the others (its own
@@ -96,9 +98,16 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
         if cl.name in used or not space.tp[cl.name]:
             continue
         for dp in divisors(S):
-            for i in range(len(choices) + 1):
-                out.append(choices[:i] + (space.mesh(cl.name, max(space.tp[cl.name]), dp, S, 0, 0, devices_used),)
-                           + choices[i:])
+            added = [space.mesh(cl.name, max(space.tp[cl.name]), dp, S, 0, 0, devices_used)]
+            if space.stage_decision:
+                # the cost objective's tree also gives a mesh fewer stages than its devices allow (a plan pays for
+                # the devices it uses): the cheapest mesh of the cluster, one stage at every TP, is a move too (one
+                # device of a cheap cluster holding the head: the 736-device example's cheapest plan, which adding
+                # the cluster at its largest TP and most stages never reaches)
+                added += [space.mesh(cl.name, tp, dp, S, 0, 0, devices_used, stages=1) for tp in space.tp[cl.name]]
+            for mesh in dict.fromkeys(added):
+                for i in range(len(choices) + 1):
+                    out.append(choices[:i] + (mesh,) + choices[i:])
     for S2 in (S // 2, S * 2):
         if S2 not in space.samples:
             continue
