@@ -21,7 +21,7 @@ simulator (plan/simulate.py, plan/multi_simulate.py), of this decision space:
   * a replica group: every leaf of every cluster alone (at the global batch) x one group alongside its mesh
     from any linked cluster's devices (or the same cluster's left-over ones): every TP, every DP up to the free
     devices, the step kept or grown 2/4/8 times, every split of the step into whole micro-batches, the least
-    recomputation that fits (none, selective, full in turn), as multi_search._alongside builds it.
+    recomputation that fits (none, selective, full in turn), as alongside_search.groups_alongside builds it.
 
 The search (`search_shapes`, default settings) is run with seeds 0..seeds-1; the script reports per instance the
 exhaustive best, the search's best, the gap per seed, which shape won, and the search time (target: every
@@ -39,10 +39,11 @@ import time
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.errors import InfeasibleError, InputError
-from hetauto_megatron.plan import multi_search, space as space_mod
+from hetauto_megatron.plan import alongside_search, space as space_mod
 from hetauto_megatron.plan.constraints import Constraints, restrict
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
 from hetauto_megatron.plan.multi_search import search_shapes
+from hetauto_megatron.plan.shapes_result import block_constraints
 from hetauto_megatron.plan.multi_simulate import price_pipeline, shapes_of
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
 from hetauto_megatron.plan.plan import Plan
@@ -127,7 +128,7 @@ class Exhaustive:
         key = (tuple(block), share)
         if key in self._layouts:
             return self._layouts[key]
-        con = multi_search._block_constraints(Constraints(), list(block), self.names)
+        con = block_constraints(Constraints(), list(block), self.names)
         inv = restrict(self.inv, con)
         out = []
         try:
@@ -233,7 +234,7 @@ class Exhaustive:
                                                             setting_overrides=(), alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=m0)
-                                cand = multi_search._with_group(plan, 0, main, extra, [], scale, self.inv)
+                                cand = alongside_search._with_group(plan, 0, main, extra, [], scale, self.inv)
                                 if cand is None:
                                     break
                                 est = simulate(cand, self.inv, self.cost)

@@ -21,7 +21,8 @@ overlapped ones (asynchronous, depth chosen per boundary): predicted tokens/s, s
 cluster, the clusters that take part and each cross-cluster boundary's schedule.
 
 Last, the new shapes (`--shapes-only` runs just this; issue 14's targets: <= 10 s on one core at 736 devices,
-<= 60 s at 16,384, with them): the search with several pipelines and mixed replica groups (the default of
+<= 60 s at 16,384, with them; and a chain of 20 clusters, 600 devices, where the partitions' bound matters): the
+search with several pipelines and mixed replica groups (the default of
 `hetauto plan`), its plan, speed-up over the fastest cluster alone, the clusters taking part, the partitions of the
 clusters into pipelines bounded and searched, the best partition bound, and two partitions searched regardless
 of their bound (the best-bound one, one pipeline per cluster of the plan) with their gradient exchange.
@@ -54,6 +55,22 @@ def two_clusters(h800_nodes: int, other: str, other_nodes: int, bw: float) -> di
         {"name": other, "device": other, "nodes": other_nodes, "devices_per_node": 8,
          "inter_node": {"bandwidth_gbps": 200, "latency_us": 15}}],
         "links": [{"between": ["h800", other], "bandwidth_gbps": bw, "latency_ms": 2}]}
+
+
+def chain(n: int = 20, seed: int = 1) -> dict:
+    """n clusters in a chain (cluster i linked to i + 1 only): 2-4 device types, 8-64 devices each, 10-100 Gbit/s
+    links, drawn from random.Random(seed). With seed 1 the partition bound let one partition of 3 | 17 clusters
+    through, whose search took most of the plan's time and lost (docs/search.md, "Measured")."""
+    rng = random.Random(seed)
+    types = rng.sample(["h800", "a100-80gb", "ascend-910b", "mi300x", "h100-sxm", "a100-40gb"], rng.choice([2, 3, 4]))
+    clusters = []
+    for i in range(n):
+        device, per_node = rng.choice(types), rng.choice([4, 8])
+        nodes = rng.choice([k for k in (1, 2, 4, 8, 16) if 8 <= k * per_node <= 64])
+        clusters.append({"name": f"c{i:02d}", "device": device, "nodes": nodes, "devices_per_node": per_node})
+    links = [{"between": [f"c{i:02d}", f"c{i + 1:02d}"], "bandwidth_gbps": rng.choice([10, 25, 40, 50, 100]),
+              "latency_ms": rng.choice([1, 2, 5])} for i in range(n - 1)]
+    return {"clusters": clusters, "links": links}
 
 
 def timed(model, inv, gbs, cfg):
@@ -278,6 +295,7 @@ def shapes_report(seed: int, skip_8: bool) -> None:
               load_inventory(os.path.join(EX, "inventory-4clusters-736.yaml")), 1024)]
     if not skip_8:
         cases.append(("8 clusters / 16,384 devices", PRESETS["gpt3-175b"], load_inventory(EX8), 4096))
+    cases.append(("20-cluster chain / 600 devices", PRESETS["llama2-70b"], inventory_from_dict(chain(20, 1)), 512))
     cores = all_cores()
     pin(cores[:1])
     print("\nnew shapes (several pipelines, mixed replica groups), one core:")
@@ -297,6 +315,8 @@ def shapes_report(seed: int, skip_8: bool) -> None:
               f"({len(used)} of {len(inv.clusters)}), {sum(m.alongside for m in r.plan.meshes)} replica group(s) "
               f"alongside; partitions bounded {r.partitions}, searched {r.partitions_searched}, replica groups "
               f"priced {r.alongside_tried}")
+        if len(inv.clusters) > 8:      # (every partition of every subset: Bell numbers, hours for 20 clusters)
+            continue
         # what several pipelines give: the best bound, and two partitions searched regardless of it
         bound = PartitionBound(model, inv, gbs)
         names = [c.name for c in inv.clusters]

@@ -11,7 +11,7 @@ import pytest
 from helpers import small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.plan import multi_search
+from hetauto_megatron.plan import alongside_search, multi_search
 from hetauto_megatron.plan.constraints import Constraints
 from hetauto_megatron.plan.multi_search import search_shapes
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions, set_partitions_into
@@ -68,10 +68,10 @@ def test_partition_level_bounds_every_partition_of_eight_clusters_and_caps_more(
 def test_micro_batch_split_follows_speed():
     # 4 replicas at speed v and 2 at 2v share a step of 16 samples: 8 each, so 2 and 4 per replica: each group
     # then takes mbs / speed = 2 / v per step
-    assert multi_search._split(16, [(4, 1.0), (2, 2.0)]) == [2, 4]
+    assert alongside_search._split(16, [(4, 1.0), (2, 2.0)]) == [2, 4]
     # the first group keeps at least one sample per replica, and no split of whole micro-batches -> None
-    assert multi_search._split(6, [(4, 1.0), (1, 100.0)]) == [1, 2]
-    assert multi_search._split(5, [(2, 1.0), (2, 1.0)]) is None
+    assert alongside_search._split(6, [(4, 1.0), (1, 100.0)]) == [1, 2]
+    assert alongside_search._split(5, [(2, 1.0), (2, 1.0)]) is None
 
 
 def test_data_parallel_across_twin_clusters_beats_one_pipeline_and_prices_as_simulated():
@@ -364,10 +364,10 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     plan = Plan(model=model, global_batch_size=8, meshes=(main,))
     with pytest.raises(InputError, match=r"devices 7-8"):
         dataclasses.replace(plan, meshes=(main, extra)).check_tp_inside_nodes(lambda c: 8)
-    assert multi_search._with_group(plan, 0, main, extra, [], 1, eight) is None          # 9 of 16 devices
+    assert alongside_search._with_group(plan, 0, main, extra, [], 1, eight) is None          # 9 of 16 devices
     # on whole nodes: a TP 1 mesh of 8 devices (0-7) and four TP 2 groups alongside (8-15)
     main8 = Mesh("a", "cpu", 1, 8, 1, "none", (2,))
-    cand = multi_search._with_group(Plan(model=model, global_batch_size=16, meshes=(main8,)), 0, main8,
+    cand = alongside_search._with_group(Plan(model=model, global_batch_size=16, meshes=(main8,)), 0, main8,
                                     dataclasses.replace(extra, micro_batch_size=2), [], 1, eight)
     assert [(m.tp, m.dp, m.alongside) for m in cand.meshes] == [(1, 8, False), (2, 4, True)]
     cand.check_tp_inside_nodes(lambda c: 8)
@@ -379,4 +379,50 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     main3 = Mesh("a", "cpu", 3, 1, 2, "none", (2,))
     extra2 = Mesh("a", "cpu", 2, 2, 1, "none", (2,), alongside=True)
     plan3 = Plan(model=m3, global_batch_size=4, meshes=(main3,))
-    assert multi_search._with_group(plan3, 0, main3, extra2, [], 1, six) is None
+    assert alongside_search._with_group(plan3, 0, main3, extra2, [], 1, six) is None
+
+
+def _chain_of_five(tie: bool = False):
+    """Five clusters in a chain (each linked to the next only), two device types, a small model: most pairs of
+    clusters of two blocks have no link, which the exchange's bound counts at the inventory's slowest one."""
+    inv = small_inventory([("c0", "h100", 1, 8), ("c1", "a100-80gb", 1, 8), ("c2", "h100", 1, 4),
+                           ("c3", "a100-80gb", 1, 8), ("c4", "h100", 1, 8)],
+                          [("c0", "c1", 100, 1), ("c1", "c2", 25, 1), ("c2", "c3", 50, 1), ("c3", "c4", 10, 2)])
+    return MODEL.replace(num_layers=8, tie_embeddings=tie), inv
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_tight_partition_bound_stays_below_every_searched_plan(tie):
+    """PartitionBound.tight (the exchange over at most len(a) + len(b) - 1 pairs of clusters, + 2 for a tied table;
+    each pipeline's layer work at the cost model's per-layer times) is at least the first bound and never above
+    the priced plan of a partition, on partitions of a chain whose blocks hold several clusters."""
+    model, inv = _chain_of_five(tie)
+    cost, cfg = AnalyticCostModel(), SearchConfig(workers=1)
+    bound = PartitionBound(model, inv, 128, cost)
+    names = [c.name for c in inv.clusters]
+    checked = 0
+    for blocks in (
+            [["c0", "c1"], ["c2", "c3", "c4"]], [["c0", "c1", "c2"], ["c3", "c4"]], [["c0"], ["c1", "c2", "c3", "c4"]],
+            [["c0", "c1"], ["c2"], ["c3", "c4"]], [["c1", "c2"], ["c3", "c4"]]):
+        out = multi_search.ShapesResult(None, math.inf, None, 0.0)
+        found = multi_search._search_partition(model, inv, 128, cost, cfg, Constraints(), names, blocks, {}, out)
+        assert bound.tight(blocks) >= bound(blocks)
+        if found is not None:
+            assert bound.tight(blocks) <= found[0], blocks
+            checked += 1
+    assert checked >= 3
+    # the staircase counts 4 of the 6 pairs of 2 and 3 clusters (all 6 with a tied table): tighter untied
+    blocks = [["c0", "c1"], ["c2", "c3", "c4"]]
+    assert (bound._sync(blocks, staircase=True) > bound._sync(blocks)) is not tie
+
+
+def test_tight_partition_bound_leaves_the_plan_as_it_was(monkeypatch):
+    """The tight bound only skips partitions that cannot beat the plan held, and they keep their place among the
+    MAX_PARTITIONS: the plan is the one the first bound alone gives, with no more partitions searched."""
+    model, inv = _chain_of_five()
+    cfg = SearchConfig(workers=1)
+    res = search_shapes(model, inv, 128, AnalyticCostModel(), cfg)
+    monkeypatch.setattr(PartitionBound, "tight", PartitionBound.__call__)
+    before = search_shapes(model, inv, 128, AnalyticCostModel(), cfg)
+    assert res.plan == before.plan and res.iteration_time_s == before.iteration_time_s
+    assert res.partitions == before.partitions and res.partitions_searched <= before.partitions_searched

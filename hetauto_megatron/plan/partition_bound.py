@@ -9,7 +9,9 @@ import math
 from ..cost.model_state import grad_buffer_bytes
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
+from . import costing
 from .settings import default_settings
+from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK, peak_rate
 
 
@@ -80,10 +82,17 @@ class PartitionBound:
     share of every parameter, which every other pipeline sends it and gets back summed, one phase after the
     other: at least 2 G / sum over pipelines R of (the bandwidth of R's slowest cut to another) (`_sync`). The
     slowest link of the inventory stands in where a pair of clusters has none, as the pricing does. The plan
-    makes pipeline 0 the block whose slowest cut is fastest (`root`)."""
+    makes pipeline 0 the block whose slowest cut is fastest (`root`).
 
-    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int):
+    `tight(blocks)` is a second, tighter bound for the few partitions the search is about to search (`__call__`
+    stays the cheap one that bounds and orders all of them); see its docstring. It needs `cost_model` (the one the
+    plans are priced with) and the largest micro-batch the search may choose."""
+
+    def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
+                 max_micro_batch: int = 16):
         self.inventory = inventory
+        self.model, self.gbs, self.cost, self.max_mb = model, gbs, cost_model, max_micro_batch
+        self._layer_rates: dict = {}
         self.flops = model.model_flops_per_token() * gbs * model.seq_length
         self.rate = {c.name: peak_rate(c) for c in inventory.clusters}
         # every pipeline holds every parameter; gradients travel in the gradient buffer's dtype as the search's
@@ -141,10 +150,15 @@ class PartitionBound:
                 return t
         return 0.0
 
-    def _cap(self, a, b) -> float:
+    def _cap(self, a, b, staircase: bool = False) -> float:
         """Bytes per second between two blocks at best: every link joining them at once (each pair of clusters
         without a link uses the inventory's slowest one, as the pricing does, link_costs.link_between: one more
-        link per such pair)."""
+        link per such pair). `staircase`: only the len(a) + len(b) - 1 fastest pairs (`tight`), two more with
+        tied embeddings (the table's holders are both ends of each pipeline: first with last are pairs too)."""
+        if staircase:
+            caps = sorted((self.fallback if link is None else link.bytes_per_s
+                           for link in (self.inventory.link(x, y) for x in a for y in b)), reverse=True)
+            return sum(caps[:len(a) + len(b) - 1 + 2 * bool(self.model.tie_embeddings)])
         cap = 0.0
         for x in a:
             for y in b:
@@ -152,9 +166,9 @@ class PartitionBound:
                 cap += self.fallback if link is None else link.bytes_per_s
         return cap
 
-    def _pair_time(self, a, b) -> float:
+    def _pair_time(self, a, b, staircase: bool = False) -> float:
         """Seconds for the whole gradient buffer between two blocks at best (every link joining them at once)."""
-        cap = self._cap(a, b)
+        cap = self._cap(a, b, staircase)
         return self.grad_bytes / cap if cap > 0 else math.inf
 
     def root(self, blocks: list) -> int:
@@ -162,11 +176,11 @@ class PartitionBound:
         the exchange's price does not depend on it)."""
         return min(range(len(blocks)), key=lambda r: (self._slowest_cut(blocks, r), r))
 
-    def _slowest_cut(self, blocks: list, r: int) -> float:
+    def _slowest_cut(self, blocks: list, r: int, staircase: bool = False) -> float:
         """Seconds for the whole gradient buffer over block r's slowest cut to another block."""
-        return max((self._pair_time(blocks[r], b) for i, b in enumerate(blocks) if i != r), default=0.0)
+        return max((self._pair_time(blocks[r], b, staircase) for i, b in enumerate(blocks) if i != r), default=0.0)
 
-    def _sync(self, blocks: list) -> float:
+    def _sync(self, blocks: list, staircase: bool = False) -> float:
         """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
         holders swap the whole buffer in one phase, both directions at once; H >= 3 in two phases, each block r
         the root of a share s_r of it (plan/exchange_roots.py chooses the shares), which every other block sends
@@ -177,10 +191,10 @@ class PartitionBound:
         if h < 2:
             return 0.0
         if h == 2:
-            return self._pair_time(*blocks)
+            return self._pair_time(*blocks, staircase)
         rates = 0.0
         for r in range(h):
-            slowest = self._slowest_cut(blocks, r)
+            slowest = self._slowest_cut(blocks, r, staircase)
             rates += 1 / slowest if slowest > 0 else math.inf
         return 2 / rates if rates > 0 else math.inf
 
@@ -189,3 +203,53 @@ class PartitionBound:
         if any(self.block_cost(b) == math.inf for b in blocks) or inv_sum <= 0:
             return math.inf
         return 1 / inv_sum + self._sync(blocks)
+
+    def tight(self, blocks: list) -> float:
+        """A tighter lower bound than `__call__` on the plans the search builds for these blocks (one mesh per
+        cluster in each pipeline, `_search_partition`), at least `__call__`; worth its cost only on the few
+        partitions about to be searched. Two terms are raised:
+
+        - the exchange: a parameter block's gradient crosses one pair of clusters (its holder in one pipeline,
+          its holder in the other). Along the layers both holders only move forward through their pipelines'
+          cluster orders, so the pairs used form a staircase of at most len(a) + len(b) - 1 distinct pairs,
+          whatever the orders. A phase lasts as long as its busiest pair, at least the bytes over the capacity of
+          the pairs used: at most the len(a) + len(b) - 1 fastest pairs (+ 2 for a tied table, held at both
+          ends of each pipeline), not all len(a) x len(b) of them. On a
+          chain of clusters almost every pair has no link and stood in at the slowest link: two blocks of 3 and
+          17 clusters counted 51 such paths where a plan uses 19 at most (the bound's exchange 4.3 s, the plan's
+          85.7 s; the partition took most of a 20-cluster plan's search to find that out);
+        - the pipelines: a stage runs its m micro-batch steps one after another, so a pipeline takes at least m x
+          its slowest stage >= m L / (sum over stages of 1 / per-layer time), whatever the layer split. A stage of
+          a mesh (TP t, DP d, micro-batch b) runs d b samples per step through a layer in its per-layer time
+          `lt` (no recomputation: the fastest), and a cluster's N devices hold at most N / (t d) such stages: a
+          pipeline training s samples takes at least s L / sum over its clusters of N x (the best b / (t lt) over
+          the TP degrees and micro-batches the search offers), linear in s like the FLOPs bound it raises (the
+          cost model's own layer times instead of the peak rate with COMPUTE_SLACK)."""
+        costs = [max(self.block_cost(b), self.work_cost(b)) for b in blocks]
+        if any(c == math.inf for c in costs):
+            return math.inf
+        return 1 / sum(1 / c for c in costs) + self._sync(blocks, staircase=True)
+
+    def work_cost(self, block) -> float:
+        """The least time one pipeline through `block` takes for the whole global batch by its stages' layer work
+        (`tight`); 0 without a cost model."""
+        if self.cost is None:
+            return 0.0
+        rate = sum(self.inventory.cluster(x).num_devices * self._layer_rate(x) for x in block)
+        return self.gbs * self.model.num_layers / rate if rate > 0 else math.inf
+
+    def _layer_rate(self, name: str) -> float:
+        """Sample-layers (forward and backward) one device of the cluster runs per second at best: the largest
+        b / (TP x per-layer time) over the TP degrees and the power-of-two micro-batches b the search may give it
+        (a superset of the shapes it offers; per-layer time does not depend on DP)."""
+        r = self._layer_rates.get(name)
+        if r is None:
+            c, r = self.inventory.cluster(name), 0.0
+            for tp in tp_degrees(self.model, c):
+                mb = 1
+                while mb <= self.max_mb:
+                    prof = costing.stage_profile(self.model, c, tp, 1, mb, "none", self.cost, default_settings(tp))
+                    r = max(r, mb / (tp * (prof.layer_fwd + prof.layer_bwd)))
+                    mb *= 2
+            self._layer_rates[name] = r
+        return r
