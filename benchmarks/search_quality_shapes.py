@@ -234,7 +234,7 @@ class Exhaustive:
                                                             setting_overrides=(), alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=m0)
-                                cand = alongside_search._with_group(plan, 0, main, extra, [], scale, self.inv)
+                                cand = alongside_search.with_group(plan, 0, main, extra, [], scale, self.inv)
                                 if cand is None:
                                     break
                                 est = simulate(cand, self.inv, self.cost)

@@ -173,3 +173,28 @@ def test_timeline_cluster_colours_stay_apart_from_each_other_and_from_the_kinds(
     dist = lambda a, b: sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5
     assert min(dist(a, b) for a in bars for b in kinds) > 50
     assert min(dist(a, b) for i, a in enumerate(bars) for b in bars[i + 1:]) > 40
+
+
+def test_a_what_if_that_leaves_the_plans_devices_but_not_a_node_per_launch_is_re_planned(tmp_path, capsys):
+    """Two pipelines of 4 devices on a cluster of two 8-device nodes: each launch takes a node of its own
+    (Plan.check_whole_nodes, as emit refuses otherwise). Halved to one node the cluster still has the 8 devices, but
+    the plan no longer runs there; the what-if is the re-plan's, and explain must not stop with the plan's own
+    error (it did: exit 2 blaming meshes[1] of a plan that runs as it is). Checked independently by simulate
+    --set, which refuses the plan on the halved cluster."""
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(
+        {"clusters": [{"name": "a", "device": "H800", "nodes": 2, "devices_per_node": 8}], "links": []}))
+    model = {"name": "tiny", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8, "ffn_hidden_size": 2048,
+             "vocab_size": 1024, "seq_length": 256, "num_query_groups": 8, "gated_mlp": True,
+             "tie_embeddings": False, "position_embedding": "rope", "max_position_embeddings": 256}
+    mesh = {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 4, "micro_batch_size": 1, "recompute": "none",
+            "stage_layers": [8]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(
+        {"version": 3, "model": model, "global_batch_size": 16, "pipelines": [{"samples": 8}, {"samples": 8}],
+         "meshes": [mesh, {**mesh, "pipeline": 1}]}))
+    inv, plan = str(tmp_path / "inv.yaml"), str(tmp_path / "p.yaml")
+    assert main(["simulate", "--plan", plan, "--inventory", inv, "--set", "cluster.a.nodes=1"]) == 2
+    capsys.readouterr()
+    rep = _json(capsys, "explain", "--plan", plan, "--inventory", inv, "--workers", "1", "--json")
+    row = next(r for r in rep["sensitivity"] if r["key"] == "cluster.a.nodes")
+    half = next(c for c in row["cases"] if c["factor"] == 0.5)
+    assert half.get("note") != "the plan itself: the re-plan found nothing better", half

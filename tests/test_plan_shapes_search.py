@@ -364,10 +364,10 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     plan = Plan(model=model, global_batch_size=8, meshes=(main,))
     with pytest.raises(InputError, match=r"devices 7-8"):
         dataclasses.replace(plan, meshes=(main, extra)).check_tp_inside_nodes(lambda c: 8)
-    assert alongside_search._with_group(plan, 0, main, extra, [], 1, eight) is None          # 9 of 16 devices
+    assert alongside_search.with_group(plan, 0, main, extra, [], 1, eight) is None          # 9 of 16 devices
     # on whole nodes: a TP 1 mesh of 8 devices (0-7) and four TP 2 groups alongside (8-15)
     main8 = Mesh("a", "cpu", 1, 8, 1, "none", (2,))
-    cand = alongside_search._with_group(Plan(model=model, global_batch_size=16, meshes=(main8,)), 0, main8,
+    cand = alongside_search.with_group(Plan(model=model, global_batch_size=16, meshes=(main8,)), 0, main8,
                                     dataclasses.replace(extra, micro_batch_size=2), [], 1, eight)
     assert [(m.tp, m.dp, m.alongside) for m in cand.meshes] == [(1, 8, False), (2, 4, True)]
     cand.check_tp_inside_nodes(lambda c: 8)
@@ -379,7 +379,7 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     main3 = Mesh("a", "cpu", 3, 1, 2, "none", (2,))
     extra2 = Mesh("a", "cpu", 2, 2, 1, "none", (2,), alongside=True)
     plan3 = Plan(model=m3, global_batch_size=4, meshes=(main3,))
-    assert alongside_search._with_group(plan3, 0, main3, extra2, [], 1, six) is None
+    assert alongside_search.with_group(plan3, 0, main3, extra2, [], 1, six) is None
 
 
 def _chain_of_five(tie: bool = False):

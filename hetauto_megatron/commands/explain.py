@@ -147,7 +147,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
                    k: int = 5, seed: int = 0, progress: bool = False, workers: int = 1,
                    budget_s: float | None = None) -> dict:
     """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
-    `shapes_result` (the whole search, multi_search.ShapesResult): a search already run on the same inputs (plan
+    `shapes_result` (the whole search, shapes_result.ShapesResult): a search already run on the same inputs (plan
     --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
     weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside).
     `progress`: a line on stderr per re-planned what-if (each is a whole search). `workers`: processes the

@@ -211,7 +211,9 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                    f"checked in at the rendezvous {addr}:{port}, so this one stops", file=file,
                                    field="NODE_RANK",
                                    fix="start each cluster's launch once per node, each node of a cluster with its own "
-                                       "NODE_RANK (0..nodes-1), and stop any earlier run of the launch still going"))
+                                       "NODE_RANK (0..nodes-1), and stop any earlier run of the launch still going; "
+                                       "if that run already stopped, start every cluster's launch again (global rank "
+                                       "0's rendezvous remembers the ranks that checked in)"))
         store.add(JOINED, 1)
         while True:
             refused = _refusal(store)

@@ -102,7 +102,7 @@ def groups_alongside(model, inventory, cost, con, best, out: ShapesResult, max_m
                                                             setting_overrides=(), alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=mbs[0])
-                                cand = _with_group(plan, idx, main, extra, mates, scale, inv)
+                                cand = with_group(plan, idx, main, extra, mates, scale, inv)
                                 if cand is None:
                                     break
                                 out.alongside_tried += 1
@@ -157,7 +157,7 @@ def mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shape
     return best
 
 
-def _with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) -> Plan | None:
+def with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) -> Plan | None:
     """The plan with `extra` alongside mesh `idx` (now `main`); the pipeline's other meshes (`mates`) scale their
     micro-batch by `scale`. None when the launches would not start on whole nodes (Plan.check_whole_nodes), or
     when no order of the two groups keeps every TP group inside a node: on one

@@ -4,7 +4,7 @@ The iteration of such a plan is the slowest pipeline (its 1F1B and exposed DP re
 sums the gradients across the mesh stages holding the same parameters, then the rest of the tail (global norm,
 optimizer step, parameter gather, fixed overhead). The report splits it that way, names the largest part, gives
 each pipeline's own bottleneck (a pipeline of single meshes is explained as a plan of its own), the memory
-headroom of every stage and group, and (plan/explain.py's `sensitivity`, as for one pipeline) the throughput at
+headroom of every stage and group, and (plan/sensitivity.py `sensitivity`, as for one pipeline) the throughput at
 half and twice each link between the plan's clusters, uplink and the global batch (the same layout re-simulated;
 the shares of the pipelines kept in proportion) and each cluster's size (re-planned, every shape searched).
 """
@@ -69,7 +69,7 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) 
 
 
 def alternatives(result, seconds: float, k: int) -> list[dict]:
-    """The plans the whole search weighed against this one (multi_search.ShapesResult): the best single pipeline
+    """The plans the whole search weighed against this one (shapes_result.ShapesResult): the best single pipeline
     of single meshes, each partition of the clusters into pipelines it searched and each cluster's pipeline with
     groups alongside, the fastest first (the infeasible last), at most `k`: {"what", "iteration_time_s" (None:
     none fits), "note", "vs_plan"}."""

@@ -10,7 +10,7 @@ import math
 from ..errors import InfeasibleError, InputError
 from .batch_split import split_batch
 from .plan import Plan
-from .simulate import simulate
+from .simulate import check_plan_against_inventory, simulate
 
 
 def _tokens(plan: Plan, inventory, cost_model) -> float:
@@ -193,12 +193,13 @@ def _outcome(found):
 
 
 def _plan_runs_on(plan: Plan, inventory) -> bool:
-    """Whether the plan's own layout still runs on a what-if inventory (every cluster it uses has its devices)."""
-    have = {c.name: c.nodes * c.devices_per_node for c in inventory.clusters}
-    need: dict = {}
-    for m in plan.meshes:
-        need[m.cluster] = need.get(m.cluster, 0) + m.tp * m.dp * len(m.stage_layers)
-    return all(c in have and n <= have[c] for c, n in need.items())
+    """Whether the plan's own layout still runs on a what-if inventory, as simulate and emit check it (its clusters'
+    devices, and its launches on whole nodes: a halved cluster may keep the devices but not a node per launch)."""
+    try:
+        check_plan_against_inventory(plan, inventory)
+    except InputError:
+        return False
+    return True
 
 
 def at_least_the_plan(plan: Plan, inventory, cost_model, found):

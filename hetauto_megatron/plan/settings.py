@@ -113,7 +113,7 @@ class RuntimeSettings:
     @property
     def optimizer_state(self) -> str:
         """Whose weights, gradients and optimizer state the memory model prices: "megatron" (Megatron-Core's
-        DDP buffers and optimizer, cost/memory.py) or "deepspeed" (DeepSpeed's optimizer wrappers,
+        DDP buffers and optimizer, cost/model_state.py) or "deepspeed" (DeepSpeed's optimizer wrappers,
         cost/deepspeed_state.py)."""
         return ENGINES[self.engine].optimizer_state
 
@@ -157,7 +157,7 @@ class Engine:
     fp32_accumulation_needs_zero: bool = False   # 16-bit gradients accumulate in fp32 only with the distributed
                                     # optimizer (RuntimeSettings.grad_accum_fp32)
     optimizer_state: str = "megatron"   # the weights, gradients and optimizer state it holds: Megatron-Core's
-                                    # buffers (cost/memory.py) or DeepSpeed's optimizer wrappers (cost/deepspeed_state.py)
+                                    # buffers (cost/model_state.py) or DeepSpeed's optimizer wrappers (cost/deepspeed_state.py)
     reduce_bucket_elements: int = 0     # the gradient reduce bucket a ZeRO optimizer allocates (0: none)
     attention: str = "transformer_engine"   # its layers' attention: Transformer Engine's (fused in 16 bits on
                                     # sm80+) or torch's scaled_dot_product_attention ("sdpa", memory-efficient at
