@@ -99,6 +99,7 @@ def run(args, schedule: str) -> None:
         except Exception:               # infeasible instance: draw another
             continue
         ex_s = time.perf_counter() - t0
+        ex_value = value(inv, ex)
         done += 1
         gaps, secs, hows = [], [], []
         for seed in range(args.seeds):
@@ -106,7 +107,7 @@ def run(args, schedule: str) -> None:
                                                             constraints=con))
             hows.append("bounds" if r.method == "exhaustive" else "trees")
             exact_runs += r.method == "exhaustive"
-            gap = value(inv, r) / value(inv, ex) - 1
+            gap = value(inv, r) / ex_value - 1
             gaps.append(gap)
             secs.append(r.seconds)
             runs += 1

@@ -117,6 +117,34 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
+# a job's flags for Megatron-LM's parser on CPU (what a user appends to an emitted launch script)
+JOB_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data", "--train-iters", "1",
+             "--lr", "1e-3", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-rope-fusion"]
+
+
+def parse_emitted(monkeypatch, plan, extra):
+    """(Megatron-LM's arguments module, its parse) of what `hetauto emit megatron` writes for the plan's mesh 0,
+    JOB_FLAGS and `extra`."""
+    import sys
+
+    import megatron.training.arguments as margs
+
+    from hetauto_megatron.emit.megatron import megatron_args
+    from hetauto_megatron.megatron import cpu
+    from hetauto_megatron.megatron.args import hetauto_args_provider
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    cpu.apply()
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *megatron_args(plan, 0, "plan.yaml"), *JOB_FLAGS, *extra])
+    return margs, margs.parse_args(hetauto_args_provider())
+
+
+def rank0_placement(plan):
+    """Global rank 0's placement in `plan` (launch_identity.check_launch)."""
+    from hetauto_megatron.megatron import launch_identity
+    return launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
+
+
 def mesh(cluster, tp, dp, mbs, layers, recompute="none", device="cpu") -> dict:
     """One mesh of a plan file."""
     return {"cluster": cluster, "device_type": device, "tp": tp, "dp": dp, "micro_batch_size": mbs,

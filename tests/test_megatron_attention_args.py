@@ -3,18 +3,13 @@
 the plan priced Transformer Engine's fused attention (no s x s scores kept) on devices and precisions that have it
 (bf16 on an H800), its unfused attention in fp32 or on a V100. A flag that makes a fused-priced mesh run unfused
 attention must be refused by the --hetauto rewrite, naming it."""
-import sys
-
 import pytest
+from helpers import parse_emitted as _parse, rank0_placement as _placement
 
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.megatron import launch_identity, rewrite
-from hetauto_megatron.megatron.args import hetauto_args_provider
+from hetauto_megatron.megatron import rewrite
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.spec.model import PRESETS
-
-JOB = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data", "--train-iters", "1", "--lr", "1e-3",
-       "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-rope-fusion"]
 
 
 def _plan(device, precision):
@@ -22,23 +17,6 @@ def _plan(device, precision):
                            "precision": precision, "meshes": [
                                {"cluster": "a", "device_type": device, "tp": 1, "dp": 2, "micro_batch_size": 1,
                                 "stage_layers": [8]}]})
-
-
-def _parse(monkeypatch, plan, extra):
-    """Megatron-LM's parser on what `hetauto emit megatron` writes for the mesh, the job's flags and `extra`."""
-    import megatron.training.arguments as margs
-
-    from hetauto_megatron.emit.megatron import megatron_args
-    from hetauto_megatron.megatron import cpu
-
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    cpu.apply()
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *megatron_args(plan, 0, "plan.yaml"), *JOB, *extra])
-    return margs, margs.parse_args(hetauto_args_provider())
-
-
-def _placement(plan):
-    return launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
 
 
 @pytest.mark.parametrize("extra, flag, runs", [

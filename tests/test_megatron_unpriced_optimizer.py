@@ -2,38 +2,19 @@
 DDP / optimizer config builders (megatron/training/training.py) are the reference for what each flag makes Megatron
 run; the --hetauto rewrite must refuse, by name and before Megatron validates anything, every flag that makes it run
 another gradient reduction or optimizer state than the plan priced."""
-import sys
-
 import pytest
+from helpers import parse_emitted, rank0_placement
 
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.megatron import launch_identity, rewrite
-from hetauto_megatron.megatron.args import hetauto_args_provider
+from hetauto_megatron.megatron import rewrite
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.spec.model import PRESETS
-
-CPU_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data", "--train-iters", "1",
-             "--lr", "1e-3", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-rope-fusion"]
 
 
 def _plan():
     # bf16 on H800s, the plan's default gradient reduction: fp32 (grad_reduce_dtype fp32)
     return plan_from_dict({"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [8]}]})
-
-
-def _parse(monkeypatch, extra):
-    """Megatron-LM's own parser on the arguments `hetauto emit megatron` writes for the plan's mesh, the job's CPU
-    flags and `extra` (what a user appends to the launch script)."""
-    import megatron.training.arguments as margs
-
-    from hetauto_megatron.emit.megatron import megatron_args
-    from hetauto_megatron.megatron import cpu
-
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    cpu.apply()
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *megatron_args(_plan(), 0, "plan.yaml"), *CPU_FLAGS, *extra])
-    return margs, margs.parse_args(hetauto_args_provider())
 
 
 @pytest.mark.parametrize("extra", [
@@ -50,15 +31,15 @@ def test_precision_aware_optimizer_flags_are_refused_before_megatron_validates(m
     from megatron.training.training import get_megatron_ddp_config
 
     plan = _plan()
-    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
+    c = rank0_placement(plan)
     # Megatron's own reading of the flags (no hetauto rewrite): what the job would run
-    margs, args = _parse(monkeypatch, extra)
+    margs, args = parse_emitted(monkeypatch, plan, extra)
     margs.validate_args(args, {})
     ddp = get_megatron_ddp_config(args)
     runs_plan = (ddp.grad_reduce_in_fp32 == (plan.meshes[0].settings.grad_reduce_dtype == "fp32")
                  and not args.use_precision_aware_optimizer)
     assert not runs_plan, "the flags must make Megatron run something the plan did not price"
-    _, args = _parse(monkeypatch, extra)
+    _, args = parse_emitted(monkeypatch, plan, extra)
     with pytest.raises(InputError) as exc:
         rewrite.rewrite_args(args, plan, c, file="plan.yaml")
     assert exc.value.exit_code == 2 and exc.value.field in extra
@@ -68,8 +49,8 @@ def test_without_those_flags_megatron_reduces_as_the_plan_priced(monkeypatch):
     from megatron.training.training import get_megatron_ddp_config
 
     plan = _plan()
-    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
-    margs, args = _parse(monkeypatch, [])
+    c = rank0_placement(plan)
+    margs, args = parse_emitted(monkeypatch, plan, [])
     rewrite.rewrite_args(args, plan, c)
     margs.validate_args(args, {})
     assert get_megatron_ddp_config(args).grad_reduce_in_fp32 is True

@@ -19,8 +19,8 @@ def keep_job_of(old, args) -> dict:
     from ._common import recorded_memory_job
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
            "seq_length": old.model.seq_length, "engine": old.engine}
-    if recorded_memory_job(old, args.from_plan):
-        job["memory_job"] = recorded_memory_job(old, args.from_plan)
+    if memory_job := recorded_memory_job(old, args.from_plan):
+        job["memory_job"] = memory_job
     if not ENGINES[args.engine or old.engine].simple_only:     # (DeepSpeed's engine runs one pipeline anyway)
         # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
         # single meshes searched with every shape re-plans with every shape, since the new inventory may make

@@ -25,13 +25,14 @@ def main(argv: list[str] | None = None) -> int:
         text = str(exc)
         if "EADDRINUSE" not in text and "address already in use" not in text.lower():
             raise
-        port = re.search(r"port: (\d+)", text)
-        where = f"port {port.group(1)}" if port else "its port"
+        found = re.search(r"port: (\d+)", text)
+        port = found.group(1) if found else None
+        where = f"port {port}" if port else "its port"
         print(f"hetauto-torchrun: error: field '--master-port' (CLUSTER_MASTER_PORT in the launch script): this "
               f"launch's rendezvous could not listen on {where} of this node, which another process already uses "
               f"({text.splitlines()[0][:200]}). Fix: set CLUSTER_MASTER_PORT to a port free on this cluster's node "
               "0, other than HETAUTO_MASTER_PORT and other launches' ports, or stop what holds it "
-              f"(e.g. 'ss -ltnp | grep {port.group(1) if port else 'PORT'}').", file=sys.stderr)
+              f"(e.g. 'ss -ltnp | grep {port or 'PORT'}').", file=sys.stderr)
         return USER_ERROR
     except ChildFailedError as exc:
         refused = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == USER_ERROR)

@@ -207,7 +207,7 @@ def at_least_the_plan(plan: Plan, inventory, cost_model, found):
     a faster link, a smaller cluster the plan does not use): a search that misses it would report its own noise as
     the what-if's effect. `found` is the re-plan's (tokens/s, cost per 1M tokens) or None (no feasible plan);
     returns the better of the two under the plan's objective, and whether it is the plan's own layout."""
-    from .constraints import TIME_WEIGHT, Constraints, cost_per_million_tokens
+    from .constraints import Constraints, cost_per_million_tokens, time_factor
     if not _plan_runs_on(plan, inventory):
         return found, False
     con = Constraints.from_record((plan.estimate or {}).get("search") if isinstance(plan.estimate, dict) else None)
@@ -220,7 +220,7 @@ def at_least_the_plan(plan: Plan, inventory, cost_model, found):
         return mine, True
     (t, c), (t0, c0) = found, mine
     if con.objective == "cost" and c is not None and c0 is not None:
-        better = c0 * (1 / t0) ** TIME_WEIGHT < c * (1 / t) ** TIME_WEIGHT * (1 - 1e-9)
+        better = c0 * time_factor(1 / t0) < c * time_factor(1 / t) * (1 - 1e-9)
     else:
         better = t0 > t * (1 + 1e-9)
     return (mine, True) if better else (found, False)
