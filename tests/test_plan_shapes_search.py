@@ -239,11 +239,11 @@ def test_partition_bound_counts_the_slowest_link_of_the_best_order():
     act = 2 * 64 * MODEL.seq_length * MODEL.hidden_size            # bf16 activations of the whole batch
     # one cluster's compute by hand (docs/search.md): LLaMA-2-7B's training FLOPs of the batch (3 x forward: per
     # token and layer 8 h^2 for the projections, 4 s h for the attention scores, 6 h ffn for the gated MLP; the
-    # logits 2 h V) over 8 H100s at the datasheet's 989 TFLOP/s x the fitted peak GEMM efficiency 0.704
+    # logits 2 h V) over 8 H100s at the datasheet's 989 TFLOP/s x the fitted peak GEMM efficiency 0.706
     # (docs/cost-model.md), x the search's slack 0.8 (a learned model may predict a little faster)
     h, s, ffn, vocab, layers = 4096, 4096, 11008, 32000, 32
     flops = 3 * (layers * (8 * h * h + 4 * s * h + 6 * h * ffn) + 2 * h * vocab) * 64 * s
-    one = 0.8 * flops / (8 * 989e12 * 0.704)
+    one = 0.8 * flops / (8 * 989e12 * 0.706)
     assert bound.block_cost(["a"]) == pytest.approx(one, rel=1e-12)
     assert bound.block_cost(["a", "b", "c"]) == pytest.approx(max(act / (50e9 / 8), one / 3))
     assert bound.block_cost(["a", "c"]) == math.inf                # no link: no pipeline through both

@@ -61,7 +61,7 @@ def wave_efficiency(m: float, n: float, units: int, tile: int = GEMM_TILE) -> fl
 @dataclass(frozen=True)
 class Calibration:
     """The model's constants: one set for every device and model (docs/cost-model.md gives each one's source)."""
-    gemm_max_efficiency: float = 0.704       # fitted: fraction of peak a large, wave-aligned GEMM reaches
+    gemm_max_efficiency: float = 0.706       # fitted: fraction of peak a large, wave-aligned GEMM reaches
     attention_efficiency: float = 0.60       # flash-attention core relative to a GEMM (FlashAttention-2 paper)
     elementwise_passes: float = 16.0         # reads+writes of the [tokens, hidden] tensor per layer forward
     kernel_latency_s: float = 5e-6           # per kernel: launch, prologue/epilogue, last-wave tail

@@ -82,10 +82,44 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     lb = host_floored(lb + tp_b, floor_b) + (host_floored(rec + tp_f, floor_f) if recompute == "full" else rec)
     ef, eb = cost_model.embedding_times(model, dev, tp, micro_batch_size)
     hf, hb = cost_model.head_times(model, dev, tp, micro_batch_size)
+    ef_tp, eb_tp, hf_tp, hb_tp = edge_tp_collectives(model, settings.sequence_parallel, tp, act, tp_link,
+                                                      micro_batch_size)
+    ef, eb, hf, hb = ef + ef_tp, eb + eb_tp, hf + hf_tp, hb + hb_tp
     dp_link = dp_ring_link(cluster, tp, dp)
     opt_rate, opt_step = cost_model.optimizer_calibration(dev)
     return StageProfile(cluster, tp, dp, micro_batch_size, recompute, lf, lb, ef, eb, hf, hb, dp_link,
                         dev.memory_gib * GIB, settings, opt_rate, opt_step, memory_job_of(cost_model, dev), tp_link)
+
+
+def edge_tp_collectives(model: ModelSpec, sequence_parallel: bool, tp: int, act: float, link: LinkSpec,
+                        micro_batch_size: int, seq_length: int | None = None) -> tuple[float, float, float, float]:
+    """(embedding forward, embedding backward, head forward, head backward) seconds of the TP collectives the
+    first and last stage run outside their transformer layers, per micro-batch, as Megatron-Core 0.19 issues them
+    (`act`: bytes of one [seq, micro-batch, hidden] activation; `link`: the mesh's TP collective link):
+    - VocabParallelEmbedding sums its vocabulary shards' lookups over the TP group: an all-reduce of the output in
+      the forward (tensor_parallel/layers.py), or with sequence parallelism and no learned position table
+      (LanguageModelEmbedding.reduce_scatter_embeddings) a reduce-scatter; with sequence parallelism the
+      backward of that scatter (or of the split that follows the all-reduce) is an all-gather;
+    - the output layer (a ColumnParallelLinear) all-gathers the sequence shards of its input in the forward and
+      reduce-scatters their gradient in the backward with sequence parallelism; without it the forward is a copy
+      and the backward all-reduces the input's gradient;
+    - the vocabulary-parallel cross-entropy all-reduces three fp32 values per token (max, sum, target logit).
+    None at TP 1. The embedding and head times of the cost models are compute only (cost/features.py: TP
+    collectives are not operators), as the layers' are (their all-reduces are added in stage_profile)."""
+    if tp <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    tokens = micro_batch_size * (seq_length or model.seq_length)
+    if sequence_parallel and model.position_embedding != "learned":
+        ef = comm.reduce_scatter_time(act, tp, link)
+    else:
+        ef = comm.allreduce_time(act, tp, link)
+    eb = comm.all_gather_time(act, tp, link) if sequence_parallel else 0.0
+    if not model.output_layer:
+        return ef, eb, 0.0, 0.0
+    loss = 3 * comm.allreduce_time(4 * tokens, tp, link)
+    if sequence_parallel:
+        return ef, eb, comm.all_gather_time(act, tp, link) + loss, comm.reduce_scatter_time(act, tp, link)
+    return ef, eb, loss, comm.allreduce_time(act, tp, link)
 
 
 def tp_collective_link(cost_model, device, tp: int, intra_node: LinkSpec, nbytes: float | None = None) -> LinkSpec:
