@@ -220,3 +220,24 @@ def test_plan_recorded_for_deepspeed_reads_left_out_settings_as_it_runs_them_and
     with pytest.raises(InputError) as exc:
         plan_from_dict({**data, "precision": "fp8"}, file="p.yaml")
     assert exc.value.field == "precision" and exc.value.file == "p.yaml"
+
+
+def test_fp16_starts_from_megatrons_loss_scale(monkeypatch):
+    """An fp16 plan's DeepSpeed config, as DeepSpeed's parser reads it, runs the dynamic loss scaler Megatron-LM's
+    parser sets up for the same plan's launch (no loss-scale flag): the same initial scale (2**32), window,
+    hysteresis and floor, so the two engines skip the same first overflowing steps. Before: DeepSpeed's own
+    default, 2**16."""
+    from helpers import parse_emitted
+
+    p = PLANS["fp16_param_reduce"]()
+    _, args = parse_emitted(monkeypatch, p, [])
+    assert args.fp16 and args.loss_scale is None          # Megatron: dynamic loss scaling from its defaults
+    for r in emit_deepspeed(p):
+        parsed = validate(r["config"], r["data_parallel_size"], pipeline_stages=p.pipeline_parallel_size)
+        fp16 = parsed.float16_config
+        assert fp16.enabled and fp16.loss_scale == 0                            # dynamic
+        assert fp16.initial_dynamic_scale() == args.initial_loss_scale == 2 ** 32
+        assert (fp16.loss_scale_window, fp16.hysteresis, fp16.min_loss_scale) == \
+            (args.loss_scale_window, args.hysteresis, args.min_loss_scale)
+    bf16 = deepspeed_config(PLANS["recompute_full_one_stage"](), 0)
+    assert bf16["fp16"] == {"enabled": False}

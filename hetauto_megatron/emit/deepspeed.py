@@ -44,6 +44,15 @@ OUR_KEY = "hetauto"
 _PIPELINE_KEYS_READ = {"activation_checkpoint_interval", "pipe_partitioned", "grad_partitioned", "use_reentrant"}
 
 
+# fp16's dynamic loss scaler as Megatron-LM's parser sets it for a launch that gives no loss-scale flag
+# (megatron/training/arguments.py: --initial-loss-scale 2**32, --loss-scale-window 1000, --hysteresis 2,
+# --min-loss-scale 1; --loss-scale unset, dynamic): a plan trained in fp16 starts from the same scale, and skips
+# the same first overflowing steps, under either engine. DeepSpeed's own default starts at 2**16
+# (runtime/precision_config.py initial_scale_power 16); its other defaults are already Megatron's.
+MEGATRON_FP16_LOSS_SCALER = {"loss_scale": 0, "initial_scale_power": 32, "loss_scale_window": 1000,
+                             "hysteresis": 2, "min_loss_scale": 1}
+
+
 def stage_partition(stage_layers: list[int]) -> list[int]:
     """PipelineModule `parts` boundaries for a layer list [embedding, L transformer layers, output head]:
     stage s owns layers parts[s]..parts[s+1]-1; the embedding sits on stage 0 and the head on the last."""
@@ -83,7 +92,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
         "gradient_clipping": 1.0,
         "steps_per_print": 10,
         "bf16": {"enabled": low == "bf16"},
-        "fp16": {"enabled": low == "fp16"},
+        "fp16": {"enabled": True, **MEGATRON_FP16_LOSS_SCALER} if low == "fp16" else {"enabled": False},
         "communication_data_type": reduce_dtype,
         # bf16 with fp32 accumulation needs ZeRO in DeepSpeed (its BF16 optimizer); without the distributed
         # optimizer gradients accumulate in the training precision (listed by unsupported_features). The table's

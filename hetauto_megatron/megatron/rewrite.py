@@ -46,7 +46,7 @@ from ..plan.plan import Plan, recompute_settings
 from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
 from ..runtime.groups import RankCoords
 from .args import ParserDefault, ParserDefaultInt
-from .unpriced import check_attention_args, check_unpriced
+from .unpriced import check_attention_args, check_ddp_bucket_args, check_unpriced
 
 # Megatron argument -> ModelSpec attribute; checked (or filled in) on every rank.
 MODEL_ARGS = {
@@ -386,6 +386,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     check_job_args(args, plan, file=file)
     check_layout_args(args, plan, placement, file=file)
     check_attention_args(args, plan, placement, file=file)
+    check_ddp_bucket_args(args, plan, placement, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}
     new["rank"] = placement.rank

@@ -8,7 +8,13 @@ Megatron's own assertions deep in validate_args: each is refused by name before 
 
 What the launch scripts may add to the planned shapes because the plan's time and memory hardly depend on it
 (the Hugging Face reader names them: --add-qkv-bias, --rotary-percent, --norm-epsilon, --use-rope-scaling,
-spec/hf_config.py not_carried) is not in the table.
+spec/hf_config.py not_carried) is not in the table. Neither is --no-align-grad-reduce: under the 1F1B schedule
+the plan runs (the interleaved one is refused) it only decides whether a pipeline rank after the first starts its
+gradient reduction from its bucket's hook during its last backward or right after it (Megatron-Core 0.19
+schedules.py forward_backward_pipelining_without_interleaving, `config.grad_sync_func is None or
+is_pp_first_stage`), and such a rank holds one bucket (distributed_data_parallel.py, `disable_bucketing or pp_rank >
+0`), complete only when that backward ends: the moment the plan prices either way (plan/tail_costs.py
+dp_exposed_times). The DP gradient buckets themselves are priced (`check_ddp_bucket_args`).
 """
 from __future__ import annotations
 
@@ -78,6 +84,20 @@ UNPRICED = (
     Unpriced("exp_avg_sq_dtype", "--exp-avg-sq-dtype", "fp32", "Adam moments in another dtype: the plan prices fp32"),
     Unpriced("optimizer_cpu_offload", "--optimizer-cpu-offload", False,
              "optimizer state offloaded to the host: the plan prices it on the device and its step there"),
+    # Layers as the plan prices them: a 16-bit residual stream, and a full recomputation that keeps each layer's
+    # whole input (split over TP only by sequence parallelism, which the plan's settings decide).
+    Unpriced("fp32_residual_connection", "--fp32-residual-connection", False,
+             "an fp32 residual stream: the embedding output and every layer's residual sums kept in fp32 "
+             "(transformer_layer.py), and the pipeline transfers in fp32 (transformer_config.py pipeline_dtype): "
+             "the plan prices activations and boundary bytes in the training precision"),
+    Unpriced("distribute_saved_activations", "--distribute-saved-activations", False,
+             "the full recomputation's saved layer inputs split over the TP ranks and all-gathered again before "
+             "each recompute (tensor_parallel/random.py CheckpointFunction): the plan prices whole inputs kept and "
+             "no gather (a mesh with sequence_parallel: true splits them, as priced)"),
+    # Adam: the plan prices two fp32 moments per parameter (cost/model_state.py) and Adam's step traffic
+    # (plan/tail_costs.py optimizer_time); SGD keeps one momentum buffer, Muon, Lion and SOAP other state.
+    Unpriced("optimizer", "--optimizer", "adam",
+             "another optimizer than Adam: the plan prices Adam's two fp32 moments per parameter and its step"),
     Unpriced("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage", None,
              "the interleaved schedule: the plan runs and prices 1F1B"),
     Unpriced("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank", None,
@@ -118,3 +138,31 @@ def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str |
                          file=file, field="--attention-backend",
                          fix="drop --attention-backend (auto: Transformer Engine picks flash or cuDNN attention, as "
                              "priced), or give flash or fused")
+
+
+def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
+    """The DP gradient buckets the rank's mesh was priced with (plan/tail_costs.py ddp_buckets): with
+    overlap_grad_reduce the first pipeline rank reduces its stage bucket by bucket during its last backward and the
+    last bucket's reduction is exposed after it. Megatron-Core cuts buckets of max(40M, 1M x DP) parameters unless
+    --ddp-bucket-size or --ddp-num-buckets says otherwise (training.py resolve_ddp_bucket_size): another size, or
+    a number of buckets, is refused, naming the flag; the priced size typed out passes. Without
+    overlap_grad_reduce (or at DP 1, nothing to reduce) Megatron's buckets change nothing priced."""
+    from ..plan.tail_costs import ddp_bucket_params
+
+    k = placement.mesh_index
+    mesh = plan.meshes[k]
+    if not mesh.settings.overlap_grad_reduce or mesh.dp == 1:
+        return
+    priced = ddp_bucket_params(mesh.dp)
+    where = f"the plan priced meshes[{k}] ({mesh.cluster}, DP {mesh.dp}) with Megatron-Core's default bucket of " \
+            f"{priced} parameters (max(40M, 1M x DP)), whose last bucket's reduction is exposed after the backward"
+    size = getattr(args, "ddp_bucket_size", None)
+    if size is not None and int(size) != priced:
+        raise InputError(f"--ddp-bucket-size {size} cuts the DP gradient reduction into buckets of {size} "
+                         f"parameters; {where}", file=file, field="--ddp-bucket-size",
+                         fix=f"drop --ddp-bucket-size (Megatron's default, as priced), or give {priced}")
+    num = getattr(args, "ddp_num_buckets", None)
+    if num is not None:
+        raise InputError(f"--ddp-num-buckets {num} cuts the DP gradient reduction into {num} buckets; {where}",
+                         file=file, field="--ddp-num-buckets",
+                         fix="drop --ddp-num-buckets (Megatron's default buckets, as priced)")

@@ -62,13 +62,18 @@ DDP_BUCKET_PARAMS = 40_000_000
 DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
+def ddp_bucket_params(dp: int) -> int:
+    """Parameters per gradient bucket of Megatron-Core's DDP at DP `dp`, the size priced (a launch's
+    --ddp-bucket-size or --ddp-num-buckets that cuts others is refused: megatron/unpriced.py check_ddp_bucket_args)."""
+    return max(DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * dp)
+
+
 def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int) -> int:
     """How many buckets Megatron-Core's DDP cuts a stage's gradients (and, with the distributed optimizer, its
     parameters) into at pipeline rank `rank`."""
     if rank > 0:
         return 1
-    size = max(DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * prof.dp)
-    return max(1, math.ceil(stage_params(model, prof.tp, layers, first, last) / size))
+    return max(1, math.ceil(stage_params(model, prof.tp, layers, first, last) / ddp_bucket_params(prof.dp)))
 
 
 def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int,

@@ -1,0 +1,128 @@
+"""Megatron-LM flags that change a layer's activations, the optimizer state or the DP gradient buckets, against a
+plan: Megatron's own parser, validate_args and config builders (core_transformer_config_from_args,
+megatron/training/training.py get_megatron_optimizer_config, get_megatron_ddp_config, resolve_ddp_bucket_size) say
+what each flag makes Megatron run; the --hetauto rewrite must refuse, by name and before Megatron validates
+anything, every one that runs something the plan did not price, and let through what it priced."""
+import pytest
+from helpers import parse_emitted, rank0_placement
+
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.megatron import rewrite
+from hetauto_megatron.plan.plan import plan_from_dict
+from hetauto_megatron.spec.model import PRESETS
+
+
+def _plan(tp=1, dp=2, recompute="none", **settings):
+    # bf16 on H800s, the plan's default settings unless given
+    mesh = {"cluster": "a", "device_type": "h800", "tp": tp, "dp": dp, "micro_batch_size": 1,
+            "recompute": recompute, "stage_layers": [8]}
+    if settings:
+        mesh["settings"] = settings
+    return plan_from_dict({"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
+                           "meshes": [mesh]})
+
+
+def _refused(monkeypatch, plan, extra, flag):
+    _, args = parse_emitted(monkeypatch, plan, extra)
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, rank0_placement(plan), file="plan.yaml")
+    assert exc.value.exit_code == 2 and exc.value.field == flag and flag in str(exc.value)
+    assert "the plan" in str(exc.value) and exc.value.fix
+    return exc.value
+
+
+def _accepted(monkeypatch, plan, extra):
+    margs, args = parse_emitted(monkeypatch, plan, extra)
+    rewrite.rewrite_args(args, plan, rank0_placement(plan))
+    margs.validate_args(args, {})
+    return args
+
+
+def test_fp32_residual_connection_is_refused(monkeypatch):
+    """Megatron keeps the residual stream in fp32 and sends the pipeline's activations in fp32
+    (transformer_config.py: pipeline_dtype overridden to torch.float), where the plan priced bf16 activations and
+    boundary bytes. Before: the rewrite let it through."""
+    import torch
+
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--fp32-residual-connection"])
+    margs.validate_args(args, {})
+    config = margs.core_transformer_config_from_args(args)
+    assert config.fp32_residual_connection and config.pipeline_dtype == torch.float and args.bf16
+    _refused(monkeypatch, plan, ["--fp32-residual-connection"], "--fp32-residual-connection")
+
+
+def test_distribute_saved_activations_is_refused(monkeypatch):
+    """On a mesh where Megatron accepts it (TP 2, full recomputation, sequence_parallel: false), its full
+    recomputation keeps 1/TP of each checkpointed layer input and all-gathers it before the recompute, where the
+    plan priced whole inputs and no gather. Before: the rewrite let it through."""
+    plan = _plan(tp=2, dp=1, recompute="full", sequence_parallel=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")          # the mesh's two ranks, as torchrun tells Megatron's parser
+    margs, args = parse_emitted(monkeypatch, plan, ["--distribute-saved-activations"])
+    margs.validate_args(args, {})
+    config = margs.core_transformer_config_from_args(args)
+    assert config.distribute_saved_activations and config.recompute_granularity == "full"
+    assert config.tensor_model_parallel_size == 2 and not config.sequence_parallel
+    _refused(monkeypatch, plan, ["--distribute-saved-activations"], "--distribute-saved-activations")
+
+
+@pytest.mark.parametrize("name", ["sgd", "lion"])
+def test_another_optimizer_than_adam_is_refused(monkeypatch, name):
+    """Megatron's optimizer config says which optimizer it builds: SGD keeps one momentum buffer, Lion one, where
+    the plan priced Adam's two fp32 moments per parameter and Adam's step. Before: the rewrite let it through."""
+    from megatron.training.training import get_megatron_optimizer_config
+
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--optimizer", name])
+    margs.validate_args(args, {})
+    assert get_megatron_optimizer_config(args)[0].optimizer == name
+    _refused(monkeypatch, plan, ["--optimizer", name], "--optimizer")
+    args = _accepted(monkeypatch, plan, ["--optimizer", "adam"])        # Megatron's default typed out
+    assert get_megatron_optimizer_config(args)[0].optimizer == "adam"
+
+
+def test_ddp_buckets_other_than_priced_are_refused(monkeypatch):
+    """Megatron-Core's DDP cuts the first pipeline rank's gradients into buckets of resolve_ddp_bucket_size's
+    size; the plan priced max(40M, 1M x DP) parameters, the exposed last bucket's reduction. Another
+    --ddp-bucket-size or any --ddp-num-buckets is refused (before: let through); the priced size typed out runs."""
+    from megatron.training.training import get_megatron_ddp_config, resolve_ddp_bucket_size
+
+    from hetauto_megatron.plan.tail_costs import ddp_bucket_params
+
+    plan = _plan()
+    priced = ddp_bucket_params(plan.meshes[0].dp)
+    params = 10 ** 9
+
+    def megatron_bucket(extra):       # what Megatron's DDP would use (the group is read only when no flag is given)
+        margs, args = parse_emitted(monkeypatch, plan, extra)
+        margs.validate_args(args, {})
+        return resolve_ddp_bucket_size(get_megatron_ddp_config(args), None, args.overlap_grad_reduce, params)
+
+    assert megatron_bucket(["--ddp-bucket-size", "10000000"]) == 10_000_000 != priced
+    error = _refused(monkeypatch, plan, ["--ddp-bucket-size", "10000000"], "--ddp-bucket-size")
+    assert str(priced) in error.fix
+    assert megatron_bucket(["--ddp-num-buckets", "4"]) == params // 4
+    _refused(monkeypatch, plan, ["--ddp-num-buckets", "4"], "--ddp-num-buckets")
+    assert megatron_bucket(["--ddp-bucket-size", str(priced)]) == priced
+    _accepted(monkeypatch, plan, ["--ddp-bucket-size", str(priced)])
+
+
+def test_ddp_bucket_size_without_overlapped_reduction_changes_nothing_priced(monkeypatch):
+    """Without overlap_grad_reduce Megatron makes one bucket whatever --ddp-bucket-size says
+    (resolve_ddp_bucket_size returns None): the flag runs what the plan priced."""
+    from megatron.training.training import get_megatron_ddp_config, resolve_ddp_bucket_size
+
+    plan = _plan(overlap_grad_reduce=False)
+    args = _accepted(monkeypatch, plan, ["--ddp-bucket-size", "10000000"])
+    assert not args.overlap_grad_reduce
+    assert resolve_ddp_bucket_size(get_megatron_ddp_config(args), None, args.overlap_grad_reduce, 10 ** 9) is None
+
+
+def test_no_align_grad_reduce_runs_what_the_plan_priced(monkeypatch):
+    """Under the 1F1B schedule a pipeline rank after the first holds one gradient bucket, complete at the end of
+    its last backward, whether its reduction is started from the bucket's hook (--no-align-grad-reduce) or right
+    after that backward (Megatron's default): the moment the plan prices, so the flag is accepted."""
+    plan = plan_from_dict({"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4, 4]}]})
+    args = _accepted(monkeypatch, plan, ["--no-align-grad-reduce"])
+    assert args.align_grad_reduce is False and args.overlap_grad_reduce
