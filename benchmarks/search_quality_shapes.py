@@ -42,13 +42,14 @@ from hetauto_megatron.errors import InfeasibleError, InputError
 from hetauto_megatron.plan import alongside_search, space as space_mod
 from hetauto_megatron.plan.constraints import Constraints, restrict
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.layout_pricing import layout_to_plan
 from hetauto_megatron.plan.multi_search import search_shapes
 from hetauto_megatron.plan.shapes_result import block_constraints
 from hetauto_megatron.plan.multi_simulate import price_pipeline, shapes_of
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
 from hetauto_megatron.plan.plan import Plan
 from hetauto_megatron.plan.search import SearchConfig, search
-from hetauto_megatron.plan.simulate import layout_to_plan, padded_model, simulate
+from hetauto_megatron.plan.simulate import padded_model, simulate
 from hetauto_megatron.plan.space import SearchSpace, tp_degrees
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS, load_model

@@ -35,9 +35,10 @@ import os
 import random
 import time
 
+from hetauto_megatron.plan.layout_pricing import layout_to_plan
 from hetauto_megatron.plan.replan import warm_layouts
 from hetauto_megatron.plan.search import SearchConfig, search
-from hetauto_megatron.plan.simulate import layout_to_plan, simulate
+from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.plan.space import SearchSpace
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory

@@ -10,7 +10,7 @@
    FULL model shape (no --tiny); measured iteration time = median over the steps after the first, on the
    slowest rank (what the dry run reports).
 4. `simulate(plan, inventory, cost_model)` with the learned model, and with the analytic model for reference:
-   the comparison `hetauto validate-cost-model --dryrun REPORT PLAN` makes (commands/validate_cost_model.py).
+   the comparison `hetauto validate-cost-model --dryrun REPORT PLAN` makes (commands/_dryrun_comparison.py).
    Prints predicted vs measured and the error (target: learned within 25 %).
 
 Honest measurement on a shared host: a dry run's wall time counts whatever else the machine runs. Before each
@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hetauto_megatron.commands.validate_cost_model import dryrun_row, dryrun_summary, measured_plan  # noqa: E402
+from hetauto_megatron.commands._dryrun_comparison import dryrun_row, dryrun_summary, measured_plan  # noqa: E402
 from hetauto_megatron.cost import learned as L  # noqa: E402
 from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
 from hetauto_megatron.cost.shared_cores import usable_cores  # noqa: E402

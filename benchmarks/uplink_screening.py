@@ -29,8 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel  # noqa: E402
 from hetauto_megatron.plan import search as search_mod  # noqa: E402
+from hetauto_megatron.plan.layout_pricing import layout_to_plan  # noqa: E402
 from hetauto_megatron.plan.search import SearchConfig, search  # noqa: E402
-from hetauto_megatron.plan.simulate import layout_to_plan, simulate  # noqa: E402
+from hetauto_megatron.plan.simulate import simulate  # noqa: E402
 from hetauto_megatron.spec.inventory import inventory_from_dict  # noqa: E402
 from hetauto_megatron.spec.model import PRESETS  # noqa: E402
 

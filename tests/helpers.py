@@ -29,7 +29,7 @@ def planned_cross_cluster_bytes(report: dict, plan_file: str, inventory_yaml: st
     compare` shows) for the model a `dryrun --json` report ran."""
     import yaml
 
-    from hetauto_megatron.commands.validate_cost_model import measured_plan
+    from hetauto_megatron.commands._dryrun_comparison import measured_plan
     from hetauto_megatron.plan.explain import cross_cluster_bytes
     from hetauto_megatron.plan.plan import load_plan
     from hetauto_megatron.spec.inventory import inventory_from_dict

@@ -5,8 +5,9 @@ import pytest
 from helpers import small_inventory as _inv
 
 from hetauto_megatron.errors import InfeasibleError
+from hetauto_megatron.plan.layout_pricing import layout_to_plan
 from hetauto_megatron.plan.search import SearchConfig, search
-from hetauto_megatron.plan.simulate import layout_to_plan, simulate
+from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
 

@@ -10,9 +10,9 @@ from hetauto_megatron.cost.memory import stage_memory_bytes
 from hetauto_megatron.plan import costing, memory_fit
 from hetauto_megatron.plan import space as space_mod
 from hetauto_megatron.plan.evaluator import LayoutEvaluator
+from hetauto_megatron.plan.layout_pricing import evaluate_layout
 from hetauto_megatron.plan.memory_caps import CapTable
 from hetauto_megatron.plan.search import SearchConfig, bounded_enumeration, layout_value, search
-from hetauto_megatron.plan.simulate import evaluate_layout
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
 
@@ -182,7 +182,7 @@ def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs, rem
     of the smaller inventory (target: within 1 %; 736 devices without the A100s was 3.5 % off with one climb,
     from the enumeration's best S only)."""
     from hetauto_megatron.plan.replan import warm_layouts
-    from hetauto_megatron.plan.simulate import layout_to_plan
+    from hetauto_megatron.plan.layout_pricing import layout_to_plan
     from hetauto_megatron.plan.space import SearchSpace
     from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
 

@@ -68,7 +68,7 @@ def test_emulated_links_carry_two_pipelines_and_their_gradient_exchange(tmp_path
     import yaml
     from helpers import run_hetauto
 
-    from hetauto_megatron.commands.validate_cost_model import measured_plan
+    from hetauto_megatron.commands._dryrun_comparison import measured_plan
     from hetauto_megatron.plan.simulate import simulate
     from hetauto_megatron.spec.inventory import inventory_from_dict
     inv = {"clusters": [{"name": n, "device": "cpu", "nodes": 1, "devices_per_node": 1} for n in "abc"],

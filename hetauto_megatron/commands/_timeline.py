@@ -62,7 +62,7 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
     from ..runtime.op_timing import measured_timeline
     from ..spec.inventory import inventory_from_dict, load_inventory
     from ._common import write_timelines
-    from .validate_cost_model import measured_plan
+    from ._dryrun_comparison import measured_plan
     ran = measured_plan(report, plan, report_file=args.plan, tiny=None)
     written = []
     for path in args.timeline:

@@ -82,7 +82,8 @@ def homogeneous_split(model, inventory, cluster, layout: tuple, args, cost_model
     within each stage's memory); where that finds none (the layout does not fit, or is not valid: the plan's
     checks say why), as even as possible, the extra layers on the last stages."""
     from ..errors import InputError
-    from ..plan.simulate import MeshChoice, evaluate_layout
+    from ..plan.layout_pricing import evaluate_layout
+    from ..plan.simulate import MeshChoice
     tp, pp, dp, mbs, gbs = layout
     layers = model.num_layers
     if layers % pp == 0:

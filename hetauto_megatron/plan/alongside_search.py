@@ -11,12 +11,13 @@ import math
 from ..errors import InfeasibleError, InputError
 from . import costing
 from .constraints import devices_by_cluster
+from .layout_pricing import layout_to_plan
 from .partition_bound import PartitionBound
 from .plan import Plan
 from .search import search
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,
                             within_budget)
-from .simulate import layout_to_plan, simulate
+from .simulate import simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK
 

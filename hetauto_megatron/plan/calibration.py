@@ -24,8 +24,9 @@ from ..spec._fields import file_kind
 from ..spec.inventory import inventory_from_dict
 from ..spec.files import load_yaml_file
 from ..spec.model import ModelSpec
+from .layout_pricing import evaluate_layout
 from .settings import ENGINES
-from .simulate import MeshChoice, evaluate_layout
+from .simulate import MeshChoice
 
 TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
 

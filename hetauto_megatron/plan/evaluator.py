@@ -1,6 +1,6 @@
 """The search's leaf evaluator: the closed-form value of a layout, fast enough to price hundreds of thousands.
 
-It computes what `simulate.evaluate_layout(..., exact=False)` computes (a test checks they agree to 1e-12 with
+It computes what `layout_pricing.evaluate_layout(..., exact=False)` computes (a test checks they agree to 1e-12 with
 either boundary schedule), organised for a search that prices many layouts differing in one decision:
 
 - every term is cached under the key it depends on, never under the layout: a mesh segment's per-layer times,
@@ -32,6 +32,7 @@ from ..spec.model import ModelSpec
 from . import costing, link_costs, tail_costs
 from .deepspeed_schedule import deepspeed_links
 from .evaluator_overlap import OverlapPricing
+from .layout_pricing import evaluate_layout
 from .leaf_bound import LeafBound
 from .memory_caps import CapTable
 from .pipeline import estimate_1f1b
@@ -39,7 +40,7 @@ from .plan import RECOMPUTE_MODES
 from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
 from .shapes import uniform_topology_gaps
 from .shared_uplinks import contended
-from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, evaluate_layout, num_micro_batches, padded_model
+from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, num_micro_batches, padded_model
 from .split import split_layers
 
 AUTO = "auto"          # recomputation still to be chosen by the evaluator

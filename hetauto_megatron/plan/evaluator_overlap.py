@@ -1,5 +1,5 @@
 """The leaf evaluator's pricing of overlapped boundaries: the depth of each cross-cluster boundary, chosen as
-`simulate.evaluate_layout(..., exact=False, schedule="overlapped")` chooses it (plan/overlap.py), priced from the
+`layout_pricing.evaluate_layout(..., exact=False, schedule="overlapped")` chooses it (plan/overlap.py), priced from the
 evaluator's cached terms.
 
 Kept apart from plan/evaluator.py as its own concept: the memory caps a deeper warm-up leaves and the policy that

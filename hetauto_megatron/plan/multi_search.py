@@ -33,11 +33,12 @@ from ..spec.model import ModelSpec
 from .alongside_search import groups_alongside, mixed_starts
 from .batch_split import split_batch
 from .constraints import Constraints, check_floor
+from .layout_pricing import evaluate_layout, layout_to_plan
 from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, search
 from .settings import ENGINES
-from .simulate import evaluate_layout, layout_to_plan, simulate
+from .simulate import simulate
 from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,

@@ -1,6 +1,6 @@
 """How the search chooses the depth of each overlapped cross-cluster boundary (docs/search.md, "Boundary
 schedules"): one policy, priced either by the closed form (the search's leaf evaluator, plan/evaluator.py) or by
-the event simulation (`simulate.evaluate_layout(exact=True)`, the final ranking).
+the event simulation (`layout_pricing.evaluate_layout(exact=True)`, the final ranking).
 
 Depth 0 on every mesh with a cross-cluster boundary after it; blocking when not even those boundaries' buffers
 fit; then, unless the links already cost nothing at depth 0, the link's round trip in micro-batches

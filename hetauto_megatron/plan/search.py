@@ -50,10 +50,11 @@ from .branch_and_bound import branch_and_bound, dive_order, every_leaf
 from .constraints import Constraints, check as check_constraints, restrict
 from .evaluator import LayoutEvaluator
 from .infeasible import raise_infeasible
+from .layout_pricing import SCHEDULES
 from .rescreen import fill_shortlist, uplink_shortlist
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
 from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
-from .simulate import SCHEDULES, MeshChoice, num_micro_batches
+from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
 
 ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of up to this many leaves (Knuth's

@@ -1,10 +1,10 @@
 """Predict a plan's iteration: stage times, 1F1B pipeline, DP synchronisation, optimizer step, memory.
 
-`simulate(plan, inventory)` evaluates a finished plan (its layer split given). `evaluate_layout` is the
-search's evaluator: the same model, but it solves the layer split itself (plan/split.py) for a list of mesh
-choices and, for the overlapped schedule, chooses each cross-cluster boundary's warm-up depth. Both simulate
-every micro-batch (plan/pipeline.py); memory counts the extra in-flight micro-batches and boundary buffers
-of overlapped boundaries.
+`simulate(plan, inventory)` evaluates a finished plan (its layer split given). `evaluate_layout`
+(plan/layout_pricing.py) is the search's evaluator: the same model, but it solves the layer split itself
+(plan/split.py) for a list of mesh choices and, for the overlapped schedule, chooses each cross-cluster boundary's
+warm-up depth. Both simulate every micro-batch (plan/pipeline.py); memory counts the extra in-flight micro-batches
+and boundary buffers of overlapped boundaries.
 """
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, shared_uplinks, tail_costs
-from .deepspeed_schedule import (deepspeed_links, deepspeed_transfer_time, partition_gather_time, partitioned_passes,
-                                 simulate_deepspeed)
-from .overlap import Priced, choose_depths
-from .pipeline import estimate_1f1b, memory_terms, simulate_1f1b
-from .plan import Mesh, Plan
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES, as_run_by, model_padded_vocab_size,
-                       recompute_as_run_by, resolve_settings)
+from .deepspeed_schedule import deepspeed_transfer_time, partition_gather_time, partitioned_passes, simulate_deepspeed
+from .pipeline import memory_terms, simulate_1f1b
+from .plan import Plan
+from .settings import (DEFAULT_ENGINE, ENGINES, as_run_by, model_padded_vocab_size, recompute_as_run_by,
+                       resolve_settings)
 from .shapes import boundary_depth
-from .split import split_layers
 
 _DEFAULT_COST = AnalyticCostModel()
 
@@ -307,122 +304,3 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | No
     pipe = _pipeline(model, inventory, choices, cost_model, engine)
     return _finish(model, plan.global_batch_size, pipe, plan.stage_layers, plan.num_micro_batches,
                    plan_boundaries(plan) if engine == "megatron" else None, choices, cost_model, inventory, engine)
-
-
-@dataclass
-class LayoutResult:
-    stage_layers: list[int] | None          # None: does not fit in memory
-    iteration_time_s: float                 # inf when infeasible
-    shortfall_gib: float = 0.0              # when infeasible: how much the worst stage misses (layers spread evenly)
-    short_device: str = ""
-    short_mesh: int = -1                    # when infeasible: the mesh of that stage
-    boundaries: tuple | None = None         # per mesh, the boundary after it: None (blocking) or overlapped depth
-
-
-SCHEDULES = ("blocking", "overlapped")
-
-
-def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshChoice], gbs: int, cost_model,
-                    *, exact: bool = True, schedule: str = "overlapped", depths=None,
-                    engine: str = DEFAULT_ENGINE) -> LayoutResult:
-    """Solve the layer split for `choices` and predict the iteration time (the search's objective).
-
-    exact=False replaces the event simulation by the closed form (pipeline.estimate_1f1b): microseconds instead
-    of milliseconds, used to screen candidates; the search re-ranks its best ones with exact=True.
-    schedule="overlapped" overlaps every cross-cluster boundary and chooses its depth: no extra warm-up, or the
-    link's round trip in micro-batches (2 x transfer / slowest stage, rounded up; halved until memory allows),
-    whichever is faster; blocking when not even the overlapped boundary buffers fit. `depths` (per mesh: None
-    or a depth) fixes the boundaries instead. engine="deepspeed": DeepSpeed's pipeline engine (every boundary
-    blocking; exact: its TrainSchedule; closed form: `deepspeed_links`)."""
-    m = num_micro_batches(choices, gbs)
-    model = padded_model(model, choices)
-    pipe = _pipeline(model, inventory, choices, cost_model, engine)
-    n = len(choices)
-    if ENGINES[engine].blocking_boundaries:
-        return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory, engine=engine)[0]
-    if depths is not None or schedule == "blocking":
-        return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
-                         cost_model, exact, inventory)[0]
-
-    def price(depths, reuse) -> Priced:
-        res, tail = _evaluate(model, gbs, pipe, m, depths, choices, cost_model, exact, inventory, reuse=reuse)
-        if res.stage_layers is None:
-            return Priced(res.iteration_time_s, False, None, None, None, None, res)
-        p = len(pipe.profs)
-        fb = [prof.times(res.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
-        return Priced(res.iteration_time_s, True, [f for f, _ in fb], [b for _, b in fb], None,
-                      (res.stage_layers, tail), res)
-
-    return choose_depths(pipe.cross, pipe.owners, pipe.links, pipe.latency, m, n, price, pipe.uplinks).result
-
-
-def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None,
-              engine: str = DEFAULT_ENGINE):
-    """(LayoutResult, its closed-form tail or None). reuse: (layers, tail) of the same layout under looser memory
-    caps (a shallower overlapped depth): when those layers fit these caps they are this split too (the greedy
-    split is optimal for the looser caps and feasible for these), and the tail, which depends on the layers
-    only, is the same."""
-    profs, owners = pipe.profs, pipe.owners
-    p = len(profs)
-    blocking, depth = pipe.boundary_schedule(depths)
-    in_flight, buffers = memory_terms(len(pipe.profs), m, blocking, depth)
-    L = model.num_layers
-    lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
-    caps, per, fixed = [], [], []
-    for i, prof in enumerate(profs):
-        first, last = i == 0, i == p - 1
-        caps.append(memory_fit.max_layers_in_memory(model, prof, in_flight[i], first, last, buffers[i]))
-        f0, b0 = prof.times(0, first, last)
-        per.append(prof.layer_fwd + prof.layer_bwd)
-        fixed.append(f0 + b0)
-    tail = None
-    if reuse is not None and reuse[0] is not None and all(x <= c for x, c in zip(reuse[0], caps)):
-        layers, tail = reuse
-    else:
-        layers = split_layers(per, fixed, lo, caps, L) if min(caps) >= 0 else None
-    if layers is None:
-        # Report how far from fitting: spread layers by speed ignoring memory, find the worst overshoot.
-        rough = split_layers(per, fixed, lo, [L] * p, L) or [L // p] * p
-        worst, dev, mesh = 0.0, "", -1
-        for i, prof in enumerate(profs):
-            if rough[i] <= caps[i] and mesh >= 0:
-                continue            # this stage fits its share: no need to price it
-            need = memory_fit.stage_memory(model, prof, rough[i], in_flight[i], i == 0, i == p - 1,
-                                        buffers[i])["total"]
-            if need - prof.memory_cap > worst or mesh < 0:
-                worst, mesh = need - prof.memory_cap, owners[i]
-                dev = f"{prof.cluster.name} ({prof.cluster.device.name}, {prof.memory_cap / GIB:.0f} GiB): needs " \
-                      f"{need / GIB:.1f} GiB"
-        return LayoutResult(None, float("inf"), max(worst, 0.0) / GIB, dev, mesh), None
-    if not exact:
-        fwd, bwd = [], []
-        for i, prof in enumerate(profs):
-            f, b = prof.times(layers[i], i == 0, i == p - 1)
-            fwd.append(f)
-            bwd.append(b)
-        if tail is None:
-            tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
-        if engine == "deepspeed":
-            t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
-                              blocking=blocking, depth=depth)
-        else:
-            t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
-                              uplinks=pipe.uplinks)
-        return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
-                tail)
-    est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory, engine)
-    return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths)), None
-
-
-def layout_to_plan(model: ModelSpec, gbs: int, choices: list[MeshChoice], stage_layers: list[int],
-                   inventory: Inventory, estimate: dict | None = None, boundaries=None) -> Plan:
-    """boundaries: per mesh, the boundary after it: None (blocking) or an overlapped depth (LayoutResult's)."""
-    meshes, k = [], 0
-    for i, c in enumerate(choices):
-        d = None if boundaries is None else boundaries[i]
-        meshes.append(Mesh(c.cluster, inventory.cluster(c.cluster).device.name, c.tp, c.dp, c.micro_batch_size,
-                           c.recompute, tuple(stage_layers[k:k + c.num_stages]), c.setting_overrides,
-                           boundary_schedule="blocking" if d is None else "overlapped", boundary_depth=d or 0))
-        k += c.num_stages
-    return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes), inventory=inventory.to_dict(),
-                estimate=estimate, precision=inventory.precision or DEFAULT_PRECISION)

@@ -13,9 +13,10 @@ One module per concept:
 - sailor_host_floor.py: where Sailor's timings measure the host, not the GPU (a floor under a layer's time);
 - sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link;
 - sailor_updates.py: the optimizer step Sailor measured per profiled model;
-- fitting.py: stage 1 calibrates the roofline prior per group of rows (rate x prior + overhead), stage 2 fits
-  LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated rounds, stage 3 composes
-  operators into layers; `fit` runs them and saves the model;
+- roofline_calibration.py: stage 1, the roofline prior calibrated per group of rows (rate x prior + overhead),
+  and the robust fit of a rate and an overhead the later stages reuse;
+- fitting.py: stage 2 fits LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated
+  rounds, stage 3 composes operators into layers; `fit` runs the three stages and saves the model;
 - fitted.py: the fitted model in memory (`FittedModel`: calibration and composition tables, boosters) and
   `predict_samples`;
 - manifest.py: the fitted model on disk (`manifest.json`: format, feature version, calibration and composition
@@ -25,12 +26,12 @@ One module per concept:
   number came from;
 - validation.py: predicted against measured.
 """
-from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult, _fit_rate_overhead,  # noqa: F401
-                      choose_rounds, choose_weights, fit, fit_calibration, fit_composition, split_holdout, train_model,
-                      train_sailor_model)
+from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult, choose_rounds,  # noqa: F401
+                      choose_weights, fit, fit_composition, split_holdout, train_model, train_sailor_model)
 from .fitted import FittedModel, calibrated_s, predict_samples  # noqa: F401
 from .manifest import save_model  # noqa: F401
 from .model import LearnedCostModel, load_cost_model  # noqa: F401
+from .roofline_calibration import _fit_rate_overhead, fit_calibration  # noqa: F401
 from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS, SailorLayer,  # noqa: F401
                      forward_tflops, load_sailor, read_allreduce_fits, sailor_device_infos, sailor_layer_samples,
                      sailor_precisions, sailor_reading_samples, sailor_samples, sailor_tp_allreduce_rates,

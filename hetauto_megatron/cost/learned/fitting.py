@@ -1,5 +1,5 @@
 """Fitting the learned model: stage 1 calibrates the roofline prior per group of rows (rate x prior +
-overhead), stage 2 fits LightGBM on what is left with cross-validated rounds, stage 3 composes operators
+overhead; roofline_calibration.py), stage 2 fits LightGBM on what is left with cross-validated rounds, stage 3 composes operators
 into layers; `fit` runs all three, measures a held-out share and saves the model."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ...errors import InputError
 from .. import features as F
 from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
 from .manifest import save_model
+from .roofline_calibration import _fit_rate_overhead, fit_calibration
 from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_samples,
                      sailor_tp_allreduce_rates)
 from .sailor_host_floor import sailor_host_floors
@@ -27,40 +28,7 @@ LGB_PARAMS = {"objective": "regression_l2", "learning_rate": 0.05, "num_leaves":
 NUM_ROUNDS = 600
 
 
-# ---- stage 1: the roofline, calibrated per device ----------------------------------------------------------
-# Every (device, granularity, phase, operator or layer kind, element size) group gets
-#     learned part = rate * prior + overhead
-# `rate`: how many times slower than its roofline the device runs that kind of work at scale; `overhead`: the
-# fixed time per call (kernel launches, the framework's Python) that dominates small shapes. Two physical numbers
-# per group carry over to shapes and models the measurements never covered. Trees fitted directly on
-# log(measured / prior) instead learn a per-model offset from whatever feature happens to separate the training
-# models, and extrapolate it to a new model wherever it falls (benchmarks/learned_cost.py shows the difference).
-OVERHEAD_STEPS = 20
-
-
-def _fit_rate_overhead(prior: list[float], y: list[float]) -> tuple[float, float]:
-    """Least absolute log error over overheads from 0 to 95% of the fastest measurement (the rate is the median
-    ratio for each); deterministic and robust to a few noisy rows."""
-    if len(y) < 3:
-        return math.exp(statistics.median(math.log(v / p) for p, v in zip(prior, y))), 0.0
-    best = None
-    for i in range(OVERHEAD_STEPS):
-        t0 = min(y) * i / OVERHEAD_STEPS
-        rate = math.exp(statistics.median(math.log((v - t0) / p) for p, v in zip(prior, y)))
-        err = sum(abs(math.log(rate * p + t0) - math.log(v)) for p, v in zip(prior, y))
-        if best is None or err < best[0] - 1e-12:
-            best = (err, rate, t0)
-    return best[1], best[2]
-
-
-def fit_calibration(samples: list[Sample]) -> dict[str, tuple[float, float]]:
-    """Calibration key -> (rate, overhead seconds), from each group's rows."""
-    groups: dict[str, tuple[list, list]] = {}
-    for s in samples:
-        p, y = groups.setdefault(s.calibration_key(), ([], []))
-        p.append(s.prior_s)
-        y.append(s.learned_part_s())
-    return {k: _fit_rate_overhead(p, y) for k, (p, y) in sorted(groups.items())}
+# Stage 1, the roofline calibrated per group of rows (rate x prior + overhead), is in roofline_calibration.py.
 
 
 # ---- stage 2: LightGBM on what the calibration leaves ------------------------------------------------------

@@ -160,8 +160,8 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
         if bad:
             raise InputError(f"has a garbled '{table}' table (entry {bad[0]!r}: not finite figures or not a "
                              "calibration key)", file=path, field=f"{table}.{bad[0]}", fix="re-fit it with 'hetauto fit'")
-        # a fit makes every rate positive (fitting.py _fit_rate_overhead: the exp of a median): a rate of 0 or
-        # below would price that work as free or negative and steer the search to it
+        # a fit makes every rate positive (roofline_calibration.py _fit_rate_overhead: the exp of a median): a rate
+        # of 0 or below would price that work as free or negative and steer the search to it
         for k, (r, _) in tables[table].items():
             if r <= 0:
                 raise InputError(f"must be positive, got {r:g} (no fit writes that)", file=path,
