@@ -59,3 +59,49 @@ def test_a_name_written_as_null_says_what_yaml_read(tmp_path, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--quiet"], capsys)
     assert rc == 2 and "Traceback" not in err
     assert "field 'clusters[0].name'" in err and "null" in err and "quote" in err, err
+
+
+def test_plan_file_keys_naming_clusters_are_read_as_written(tmp_path, capsys):
+    """A hand-written plan's recorded constraints map cluster names to a setting (tp: {007: 1}): the keys are the
+    names as written, so the plan simulates and 'plan --from' keeps the pins on those clusters (read as 7 and True,
+    they named no cluster of the inventory and were dropped)."""
+    from hetauto_megatron.plan.constraints import Constraints
+    from hetauto_megatron.plan.plan import load_plan
+    path = tmp_path / "hand.yaml"
+    path.write_text(
+        "version: 4\n"
+        "model: {preset: tiny}\n"
+        "global_batch_size: 8\n"
+        "meshes:\n"
+        "- {cluster: 007, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 1, stage_layers: [4]}\n"
+        "- {cluster: yes, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 1, recompute: full, stage_layers: [4]}\n"
+        "inventory:\n"
+        "  clusters:\n"
+        "  - {name: 007, device: cpu, nodes: 1, devices_per_node: 2}\n"
+        "  - {name: yes, device: cpu, nodes: 1, devices_per_node: 2}\n"
+        "  links:\n"
+        "  - {between: [007, yes], bandwidth_gbps: 10, latency_ms: 0.1}\n"
+        "estimate:\n"
+        "  search: {method: exhaustive, objective: throughput,\n"
+        "           constraints: {tp: {007: 1}, recompute: {yes: full, 0x10: none}}}\n")
+    plan = load_plan(str(path))
+    record = plan.estimate["search"]
+    assert record["constraints"] == {"tp": {"007": 1}, "recompute": {"yes": "full", "0x10": "none"}}
+    c = Constraints.from_record(record)
+    assert c.tp == (("007", 1),) and c.recompute == (("yes", "full"), ("0x10", "none"))
+    rc, out, err = run_cli(["simulate", "--plan", str(path), "--json"], capsys)
+    assert rc == 0, err
+    again = str(tmp_path / "again.yaml")
+    inv = _write(tmp_path, "clusters:\n"
+                           "  - {name: 007, device: cpu, nodes: 1, devices_per_node: 2}\n"
+                           "  - {name: yes, device: cpu, nodes: 1, devices_per_node: 2}\n"
+                           "links:\n  - {between: [007, yes], bandwidth_gbps: 10, latency_ms: 0.1}\n")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--from",
+                          str(path), "--quiet", "-o", again], capsys)
+    assert rc == 0, err
+    assert "--tp 007=1" in err and "--recompute yes=full" in err and "no cluster 7" not in err, err
+    with open(again) as fh:
+        kept = yaml.safe_load(fh)["estimate"]["search"]["constraints"]
+    assert kept["tp"] == {"007": 1} and kept["recompute"] == {"yes": "full"}, kept
+    for mesh in load_plan(again).meshes:
+        assert (mesh.tp if mesh.cluster == "007" else mesh.recompute) == (1 if mesh.cluster == "007" else "full")

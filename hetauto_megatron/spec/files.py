@@ -61,7 +61,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 # 2024-01-01 as a date, so a cluster named 0x10 became "16" without a word, and no longer matched --tp 0x10=8,
 # --exclude-clusters 0x10 or --set cluster.0x10.nodes=8 (which are text). An empty value, null and ~ stay nothing.
 NAME_KEYS = frozenset({"name", "cluster", "device", "device_type", "between"})
+# Keys whose values map cluster names to a setting: a plan's recorded constraints (estimate.search.constraints,
+# `tp: {h800: 8}`, `recompute: {a100: full}`), which 'plan --from' and explain's re-plans keep. Their keys are
+# names, read as the text written the same way: `tp: {007: 8}` pins cluster 007, not a cluster "7".
+CLUSTER_KEYED = frozenset({"tp", "recompute"})
 _STR_TAG, _NULL_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:null"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _as_text(node):
@@ -78,8 +83,21 @@ def _as_text(node):
     return node
 
 
+def _keys_as_text(node):
+    """A mapping whose plain keys YAML resolved to something other than text, as a copy keyed by what was written
+    (a merge key, <<, stays one); any other node as it is."""
+    if not isinstance(node, yaml.MappingNode):
+        return node
+    pairs = [(k if k.tag == _MERGE_TAG else _as_text(k), v) if isinstance(k, yaml.ScalarNode) else (k, v)
+             for k, v in node.value]
+    if all(a is b for (a, _), (b, _) in zip(pairs, node.value)):
+        return node
+    return yaml.MappingNode(node.tag, pairs, node.start_mark, node.end_mark, node.flow_style)
+
+
 def _names_as_written(root) -> None:
-    """Re-tag the values of NAME_KEYS in a composed node graph (acyclic: checked before) as the text written."""
+    """Re-tag the values of NAME_KEYS, and the keys of CLUSTER_KEYED mappings, in a composed node graph (acyclic:
+    checked before) as the text written."""
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -91,6 +109,9 @@ def _names_as_written(root) -> None:
             for j, (key, value) in enumerate(node.value):
                 if isinstance(key, yaml.ScalarNode) and key.tag == _STR_TAG and key.value in NAME_KEYS:
                     value = _as_text(value)
+                    node.value[j] = (key, value)
+                elif isinstance(key, yaml.ScalarNode) and key.tag == _STR_TAG and key.value in CLUSTER_KEYED:
+                    value = _keys_as_text(value)
                     node.value[j] = (key, value)
                 stack += [key, value]
         elif isinstance(node, yaml.SequenceNode):
