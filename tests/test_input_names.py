@@ -83,12 +83,14 @@ def test_plan_file_keys_naming_clusters_are_read_as_written(tmp_path, capsys):
         "  - {between: [007, yes], bandwidth_gbps: 10, latency_ms: 0.1}\n"
         "estimate:\n"
         "  search: {method: exhaustive, objective: throughput,\n"
-        "           constraints: {tp: {007: 1}, recompute: {yes: full, 0x10: none}}}\n")
+        "           constraints: {tp: {007: 1}, recompute: {yes: full, 0x10: none}, use_clusters: [007, yes]}}\n")
     plan = load_plan(str(path))
     record = plan.estimate["search"]
-    assert record["constraints"] == {"tp": {"007": 1}, "recompute": {"yes": "full", "0x10": "none"}}
+    assert record["constraints"] == {"tp": {"007": 1}, "recompute": {"yes": "full", "0x10": "none"},
+                                    "use_clusters": ["007", "yes"]}
     c = Constraints.from_record(record)
     assert c.tp == (("007", 1),) and c.recompute == (("yes", "full"), ("0x10", "none"))
+    assert c.use_clusters == ("007", "yes")
     rc, out, err = run_cli(["simulate", "--plan", str(path), "--json"], capsys)
     assert rc == 0, err
     again = str(tmp_path / "again.yaml")

@@ -60,7 +60,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 # the text written. YAML 1.1 reads a bare 0x10 as 16, 007 as 7, 1_000 as 1000, on and yes as true, 1.50 as 1.5 and
 # 2024-01-01 as a date, so a cluster named 0x10 became "16" without a word, and no longer matched --tp 0x10=8,
 # --exclude-clusters 0x10 or --set cluster.0x10.nodes=8 (which are text). An empty value, null and ~ stay nothing.
-NAME_KEYS = frozenset({"name", "cluster", "device", "device_type", "between"})
+NAME_KEYS = frozenset({"name", "cluster", "device", "device_type", "between",
+                       "use_clusters", "exclude_clusters"})   # (a plan's recorded constraints: lists of names)
 # Keys whose values map cluster names to a setting: a plan's recorded constraints (estimate.search.constraints,
 # `tp: {h800: 8}`, `recompute: {a100: full}`), which 'plan --from' and explain's re-plans keep. Their keys are
 # names, read as the text written the same way: `tp: {007: 8}` pins cluster 007, not a cluster "7".
