@@ -3,8 +3,8 @@ pretrain_gpt.py, patched, running on CPU and answering user mistakes with exit 2
 
 No upstream code is shipped: most tests write a pretrain_gpt.py skeleton from the unpatched side of the
 patch's own hunks (its context and removed lines), joined by the minimal glue that makes it valid Python
-(the hunks sit in the import section, at the argument parsing of the main block, and inside the final
-pretrain(...) call, as in Megatron-LM's file). The tests at the end run NVIDIA's real file (core_v0.19.0),
+(the hunks sit where the script first reads RANK, at the argument parsing of the main block, and inside the
+final pretrain(...) call, as in Megatron-LM's file). The tests at the end run NVIDIA's real file (core_v0.19.0),
 which scripts/setup.sh downloads into the cache or $HETAUTO_MEGATRON_LM points at; without it they skip.
 """
 import ast
@@ -21,8 +21,7 @@ from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import hook
 
 HUNKS = pm.parse_patch(open(pm.default_patch_path()).read())
-GLUE = ["except ImportError:", "    pass", "", "# (upstream code)", "", 'if __name__ == "__main__":',
-        "    full_config = None"]
+GLUE = ["", "# (upstream code)", "", 'if __name__ == "__main__":', "    full_config = None"]
 CALL = ["    pretrain(", "        full_config,", "        train_valid_test_datasets_provider,",
         "        ModelType.encoder_or_decoder,"]
 
@@ -82,7 +81,7 @@ def test_a_partly_patched_file_is_a_conflict(tree, capsys):
 
 
 def test_moved_context_is_patched_with_fuzz_and_stays_idempotent(tree, capsys):
-    """Later Megatron-LM commits change lines next to the patch's changes: the import above the added one
+    """Later Megatron-LM commits change lines next to the patch's changes: an import above the added ones
     becomes a multi-line import, and pretrain(...) gains an argument above the last two. As GNU patch (fuzz
     2) the patch still goes in at the same places, says so, and a second run sees it applied; a changed line
     (the one the patch replaces) is never fuzzed: test_a_file_the_patch_does_not_fit_exits_2..."""
@@ -102,7 +101,7 @@ def test_moved_context_is_patched_with_fuzz_and_stays_idempotent(tree, capsys):
     added = [line for h in HUNKS for line in h.added]
     assert all(lines.count(line) == 1 for line in added)
     # each added line lands where core_r0.19.0's file has it: after the same neighbour line
-    assert lines[lines.index(HUNKS[0].added[0]) - 1] == "from model_provider import model_provider"
+    assert lines[lines.index(HUNKS[0].added[-1]) + 1] == "rank = int(os.environ.get('RANK', 0))"
     assert lines[lines.index(HUNKS[2].added[0]) - 1].strip() == "get_embedding_ranks=get_embedding_ranks,"
     assert lines[lines.index(HUNKS[2].added[0]) + 1].strip() == ")"
     assert cli(["patch-megatron", str(tree)]) == 0 and read(tree) == patched
@@ -111,7 +110,7 @@ def test_moved_context_is_patched_with_fuzz_and_stays_idempotent(tree, capsys):
 
 def test_fuzz_never_anchors_on_too_little(tree, capsys):
     """With the context beside an addition gone, or ambiguous, nothing is changed."""
-    neighbour = "from model_provider import model_provider"
+    neighbour = "rank = int(os.environ.get('RANK', 0))"
     text = read(tree).replace(neighbour + "\n", "")
     (tree / "pretrain_gpt.py").write_text(text)
     assert cli(["patch-megatron", str(tree)]) == 2
@@ -242,6 +241,26 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
         assert len(paragraph) == 1, (name, err[-3000:])
         for words in MISTAKES[name][2]:
             assert words in paragraph[0], (name, words, paragraph[0])
+
+
+@pytest.mark.parametrize("variables", [{"RANK": "abc", "WORLD_SIZE": "6"}, {"RANK": "0", "WORLD_SIZE": "six"},
+                                       {"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "first"}])
+def test_nvidia_script_answers_launch_variables_that_are_not_numbers(nvidia_script, tmp_path, variables):
+    """NVIDIA's script started by hand (no torchrun) with a RANK or WORLD_SIZE that is not a number: its own 16th
+    line (int(RANK)) and Megatron's parser (int(WORLD_SIZE), from pretrain_gpt.py:511) stopped it with a ValueError
+    traceback before the hook ran. The patch's guard, right after its import and before that line, says it in one
+    paragraph naming the variable, exit 2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", CUDA_DEVICE_MAX_CONNECTIONS="1", **variables)
+    proc = run_script_forked(nvidia_script, _hetauto_argv(), env, str(tmp_path))
+    name = next(k for k, v in variables.items() if not v.isdigit())
+    err = proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    paragraph = [line for line in err.splitlines() if line.startswith("hetauto: error:")]
+    assert paragraph == [f"hetauto: error: field '{name}': environment variable {name}={variables[name]!r} is not an "
+                         f"integer. Fix: let torchrun set {name} (the launch scripts of 'hetauto emit megatron' start "
+                         f"it), or, starting one process by hand, give {name} a whole number (e.g. RANK=0 LOCAL_RANK=0 "
+                         f"WORLD_SIZE=1) or unset it."], err[-3000:]
 
 
 def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():

@@ -35,6 +35,36 @@ def test_a_refusal_posted_by_another_rank_stops_the_host_at_once():
     assert getattr(exc, "from_world_store", False)       # the host stopping on it posts nothing of its own
 
 
+def test_a_rank_stopped_by_another_clusters_refusal_names_that_cluster_not_the_address(monkeypatch):
+    """The ranks that stop because another cluster refused the job: their paragraph named HETAUTO_MASTER_ADDR as its
+    field, as if the rendezvous address (which had just worked) were wrong. It names the refusing cluster and where
+    its reason is (that cluster's log), and no field of this rank's own."""
+    monkeypatch.setenv("HETAUTO_CLUSTER", "cluster-a")
+    port, caught = free_port(), {}
+
+    def host():
+        try:
+            world_store.join(0, 2, "127.0.0.1", port, 60.0, file="plan.yaml")
+        except InputError as exc:
+            caught["exc"] = exc
+
+    t = threading.Thread(target=host)
+    t.start()
+    time.sleep(0.5)
+    world_store.post_refusal("plan.yaml: field 'meshes': the job was launched with 2 processes but the plan needs 4",
+                             env={"HETAUTO_MASTER_ADDR": "127.0.0.1", "HETAUTO_MASTER_PORT": str(port),
+                                  "HETAUTO_WORLD_SIZE": "2", "HETAUTO_RANK_OFFSET": "1", "RANK": "0",
+                                  "HETAUTO_CLUSTER": "cluster-b"})
+    t.join(30)
+    exc = caught["exc"]
+    assert exc.field is None and "HETAUTO_MASTER_ADDR" not in exc.message, exc.message
+    assert "so this rank (0) stops too: cluster cluster-b refused the job" in exc.message, exc.message
+    assert "the launch of this cluster (cluster-a) and the rendezvous address are not at fault" in exc.message
+    assert "rank 1 (cluster cluster-b): plan.yaml: field 'meshes'" in exc.message
+    assert "Fix: fix the launch of cluster cluster-b as the refusal says (the log of global rank 1 on cluster " \
+           "cluster-b has it in full)" in exc.message, exc.message
+
+
 def test_nobody_hosting_is_a_timeout_paragraph():
     start = time.monotonic()
     with pytest.raises(InputError) as info:
@@ -175,6 +205,7 @@ def test_a_refusal_after_the_join_stops_the_ranks_waiting_in_a_collective(refusi
             assert f"refused after the clusters had joined, so this rank ({rank}) stops too" in err, err
             assert (f"rank {refusing} (cluster cluster-{refusing}): field '--load': the checkpoint was saved under "
                     "another plan") in err, err
+            assert f"cluster cluster-{refusing} refused the job" in err and "HETAUTO_MASTER_ADDR" not in err, err
 
 
 def test_a_job_that_ends_normally_ends_quietly_on_every_rank():

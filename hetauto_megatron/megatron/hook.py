@@ -28,6 +28,8 @@ With --hetauto, per rank:
    pipeline's Megatron (every layer then has several holders, step 4); plan_data.py gives each replica its
    samples of the global batch and logs the whole batch's loss.
 6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`).
+7. a rank that went away under this one (a pipeline transfer's PeerError, gloo's error in one of Megatron's
+   collectives) is one paragraph naming it, exit 1 (`main_guard`, `guard_script_errors`; runtime/liveness.py).
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ class _State:
     changed: dict
     context: object = None        # runtime RankContext, once built
     communicator: object = None
+    liveness: object = None       # runtime.liveness.Liveness: who went away when a collective fails
 
 
 _STATE: Optional[_State] = None
@@ -298,6 +301,9 @@ def pretrain_kwargs(args) -> dict:
         atexit.register(_destroy_groups_at_exit, _timeout_s())
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)
+        from ..runtime.liveness import Liveness
+        # every rank's listener address, learnt now while every rank is there (runtime/liveness.py)
+        state.liveness = Liveness.start(ctx)
         populate_parallel_state(ctx.pg, ctx.dp_gloo)
         groups.set_megatron_globals(ctx)
         state.context = ctx
@@ -343,32 +349,62 @@ def _exit_for_user(exc: InputError):
     sys.exit(exc.exit_code)
 
 
+def _lost_peer(exc: BaseException) -> Optional[str]:
+    """The paragraph for a rank that went away under this one (runtime/liveness.py), or None."""
+    from ..runtime.liveness import lost_peer
+    return lost_peer(_STATE.liveness if _STATE is not None else None, exc)
+
+
+def _exit_for_lost_peer(text: str):
+    """Exit 1 (not a user error) after the paragraph; at once, without the clean exit's destruction of the groups,
+    which would wait on the broken connections."""
+    print(f"hetauto: error: {text.rstrip('.')}.", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
 def main_guard(fn: Callable[[], None]) -> None:
-    """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback."""
+    """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback, and a
+    rank that went away under this one is one paragraph naming it (exit 1)."""
     try:
         fn()
     except InputError as exc:
         _exit_for_user(exc)
+    except RuntimeError as exc:
+        lost = _lost_peer(exc)
+        if lost is None:
+            raise
+        _exit_for_lost_peer(lost)
 
 
 def guard_script_errors() -> None:
     """The same for a script whose `__main__` block is not a function (NVIDIA's pretrain_gpt.py; the patch
-    calls this first thing there): from now on an InputError that ends the script prints one paragraph and
-    exits 2. Any other exception keeps its traceback (the previous sys.excepthook handles it)."""
+    calls this right after importing the hook, before the script's first line): from now on an InputError that
+    ends the script prints one paragraph and exits 2. Any other exception keeps its traceback (the previous
+    sys.excepthook handles it).
+
+    Under --hetauto it also checks the launch environment's numbers first (launch_identity.identity_from_env):
+    NVIDIA's script converts RANK with int() on its 16th line and Megatron's parser WORLD_SIZE before the hook
+    parses anything, so 'RANK=abc' was a ValueError traceback from either."""
     previous = sys.excepthook
     if getattr(previous, "_hetauto", False):
         return
     stream = sys.stderr
 
     def excepthook(kind, exc, tb):
-        if isinstance(exc, InputError):
+        lost = _lost_peer(exc) if isinstance(exc, RuntimeError) else None
+        if isinstance(exc, InputError) or lost is not None:
             # After init_process_group, torch's own excepthook calls this one with sys.stderr pointed at a buffer
             # (an io.StringIO) it prints once this hook returns; this one exits instead, so the paragraph went
             # nowhere (every rank stopped with exit 2 and no word). The script's stderr takes it.
             if isinstance(sys.stderr, io.StringIO):
                 sys.stderr = stream
+            if lost is not None:
+                _exit_for_lost_peer(lost)
             _exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
         previous(kind, exc, tb)
 
     excepthook._hetauto = True
     sys.excepthook = excepthook
+    if "--hetauto" in sys.argv[1:]:
+        launch_identity.identity_from_env()      # InputError (the hook above prints it) for a variable not a number

@@ -13,6 +13,10 @@ from ..plan.plan import Plan
 from ..runtime.groups import RankCoords, check_world_size, rank_coords
 
 
+# what torchrun sets for each worker (the others are the launch scripts' HETAUTO_* variables)
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
 @dataclass(frozen=True)
 class LaunchIdentity:
     """This process's global rank and the world size, from the launch environment (docs: launch contract)."""
@@ -38,8 +42,13 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> LaunchIdentity:
         try:
             return int(raw)
         except ValueError:
-            raise InputError(f"environment variable {name}={raw!r} is not an integer", field=name,
-                             fix="set it as the launch command from 'hetauto emit megatron' does") from None
+            if name in TORCHRUN_VARIABLES:
+                fix = (f"let torchrun set {name} (the launch scripts of 'hetauto emit megatron' start it), or, starting "
+                       f"one process by hand, give {name} a whole number (e.g. RANK=0 LOCAL_RANK=0 WORLD_SIZE=1) or "
+                       "unset it")
+            else:
+                fix = "set it as the launch command from 'hetauto emit megatron' does"
+            raise InputError(f"environment variable {name}={raw!r} is not an integer", field=name, fix=fix) from None
 
     offset = as_int("HETAUTO_RANK_OFFSET", 0)
     local = as_int("RANK", 0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 import sys
 import threading
@@ -220,13 +221,10 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             if refused is not None:
                 store.add(READ, 1)
                 _pass_on(store, rank, world_size)
-                raise _ours(InputError(f"another cluster's launch was refused, so this rank ({rank}) stops too: "
-                                       f"{refused}", file=file, field="HETAUTO_MASTER_ADDR",
-                                       fix="fix that launch as its paragraph says, then start every cluster's "
-                                           "launch again"))
+                raise _ours(refused_elsewhere(refused, rank))
             joined = store.add(JOINED, 0)
             if joined >= world_size:
-                _watch(addr, port, rank, world_size, file)
+                _watch(addr, port, rank, world_size)
                 return store
             if time.monotonic() > deadline:
                 raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
@@ -242,7 +240,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                    "then start every cluster's launch again")) from None
 
 
-def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -> None:
+def _watch(addr: str, port: int, rank: int, world_size: int) -> None:
     """After the join: a daemon thread with its own connection to the store (torch's process group uses the
     join's), reading the refusals every WATCH_S to WATCH_MAX_S (module docstring). Once it has read one, an
     exception that ends the main thread (the collective it waits in fails as the others stop) is not reported:
@@ -262,9 +260,7 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -
                 if refused is None or _WORLD.get("posting"):
                     continue        # (a rank refusing its own input says its own paragraph, and posts it)
                 _WORLD["stopping"] = True
-                exc = InputError(f"another cluster's launch was refused after the clusters had joined, so this "
-                                 f"rank ({rank}) stops too: {refused}", file=file, field="HETAUTO_MASTER_ADDR",
-                                 fix="fix that launch as its paragraph says, then start every cluster's launch again")
+                exc = refused_elsewhere(refused, rank, after_join=True)
                 print(f"hetauto: error: {exc.message}", file=sys.__stderr__ or sys.stderr, flush=True)
                 client.add(READ, 1)
                 _pass_on(client, rank, world_size)
@@ -282,6 +278,26 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None) -
 
     sys.excepthook = excepthook
     threading.Thread(target=watch, name="hetauto-world-watch", daemon=True).start()
+
+
+def refused_elsewhere(refused: str, rank: int, *, after_join: bool = False) -> InputError:
+    """The paragraph of a rank that stops because another rank refused its launch (`refused`, as _refusal reads it:
+    'rank R (cluster C): paragraph'). It names the refusing cluster and where its reason is, and no field of this
+    rank's own: this rank's launch and the rendezvous address are fine (naming HETAUTO_MASTER_ADDR sent users to
+    check an address that had just worked)."""
+    found = re.match(r"rank (\d+) \(cluster ([^)]*)\): ", refused)
+    who, log = "another cluster", "the refusing rank's log"
+    if found:
+        other, cluster = found.groups()
+        who = f"cluster {cluster}" if cluster != "?" else f"the cluster of global rank {other}"
+        log = f"the log of global rank {other}" + (f" on cluster {cluster}" if cluster != "?" else "")
+    mine = os.environ.get("HETAUTO_CLUSTER")
+    when = " after the clusters had joined" if after_join else ""
+    return InputError(f"another cluster's launch was refused{when}, so this rank ({rank}) stops too: {who} refused "
+                      f"the job; the launch of this cluster{f' ({mine})' if mine else ''} and the rendezvous address are "
+                      f"not at fault. The refusal: {refused}",
+                      fix=f"fix the launch of {who} as the refusal says ({log} has it in full), then start every "
+                          "cluster's launch again")
 
 
 def _ours(exc: InputError) -> InputError:
