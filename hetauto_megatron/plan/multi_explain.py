@@ -78,8 +78,11 @@ def alternatives(result, seconds: float, k: int) -> list[dict]:
     rows += [{"what": f"pipelines {what}" if "|" in what else what, "iteration_time_s": t, "note": why}
              for what, t, why in result.tried]
     for r in rows:
-        # this plan's throughput against the alternative's (the same tokens per iteration)
-        r["vs_plan"] = None if r["iteration_time_s"] is None else r["iteration_time_s"] / seconds - 1
+        # this plan's throughput against the alternative's (the same tokens per iteration), both to the 6 decimals
+        # of every time in the report (`seconds` is the report's own: the plan itself among them compares as 0)
+        t = r["iteration_time_s"]
+        r["iteration_time_s"] = None if t is None else round(t, 6)
+        r["vs_plan"] = None if t is None else r["iteration_time_s"] / seconds - 1
     rows.sort(key=lambda r: (r["iteration_time_s"] is None, r["iteration_time_s"] or 0.0))
     return rows[:k]
 
