@@ -28,9 +28,9 @@ Explain a plan before booking the devices:
 
 The model and inventory default to those stored in the plan (a 'hetauto plan -o' file has both);
 --set overrides the inventory first (what-if). Text by default, --json for scripts. --no-search skips the
-runners-up and the re-planned sensitivities (one search each: about a second for two clusters, a few seconds
-for 736 devices; run --workers at a time, one per core by default; a line on stderr after each, --quiet drops
-them).
+runners-up and the re-planned sensitivities (one search each, some 10-20 in all: about a second each for two
+clusters, a few seconds each for 736 devices, so half a minute in all there on two cores; run --workers at a
+time, one per core by default; a line on stderr after each, --quiet drops them).
 
 exit codes: 0 ok, 2 invalid input."""
 
