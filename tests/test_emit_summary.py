@@ -1,5 +1,9 @@
 """The plan summary table, with and without an estimate."""
+import json
 import os
+
+import pytest
+import yaml
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.emit.summary import format_summary
@@ -62,3 +66,46 @@ def test_plan_that_outgrew_its_inventory_is_refused_by_every_target(tmp_path, ca
         assert main(["emit", target, "--plan", str(plan)]) == 2, target
         err = capsys.readouterr().err
         assert f"{plan}: field 'meshes': uses {used} devices of cluster {first}, which has only {have}" in err, err
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "llama")
+
+
+def _run(capsys, *argv) -> str:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["tiny-alongside-cpu", "tiny-2pipelines-cpu"])
+def test_plans_of_replica_groups_or_several_pipelines_name_their_bottleneck(name, tmp_path, capsys):
+    """A plan with a replica group side by side, and one of two pipelines: simulate's table named no bottleneck,
+    where explain and compare do. The line names the largest part of the iteration, computed here from simulate's
+    own figures (the slowest pipeline's 1F1B, the DP reduction exposed, the exchange across holders, the rest), as
+    explain names it; the table of the plan file's stored estimate (emit summary) says the same."""
+    plan = os.path.join(EXAMPLES, "plans", f"{name}.yaml")
+    inv = os.path.join(EXAMPLES, "inventory-cpu-tiny-2clusters.yaml")
+    est = json.loads(_run(capsys, "simulate", "--plan", plan, "--inventory", inv, "--json"))
+    T = est["iteration_time_s"]
+    slow = max(range(len(est["pipelines"])), key=lambda p: est["pipelines"][p]["before_sync_s"])
+    parts = {"slowest pipeline (1F1B)": est["pipelines"][slow]["pipeline_s"],
+             "its exposed DP reduction": est["dp_exposed_s"], "gradients summed across holders": est["replica_sync_s"]}
+    parts["norm, optimizer, overhead"] = T - sum(parts.values())
+    worst = max(parts, key=parts.get)
+    text = _run(capsys, "simulate", "--plan", plan, "--inventory", inv)
+    line = [x for x in text.splitlines() if x.startswith("bottleneck: ")]
+    assert len(line) == 1, text
+    assert line[0].startswith(f"bottleneck: {worst} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)")
+    rep = json.loads(_run(capsys, "explain", "--plan", plan, "--inventory", inv, "--no-search", "--json", "--quiet"))
+    assert line[0].startswith(f"bottleneck: {rep['bottleneck']} (")
+    # the plan file with the estimate simulate stored in it: emit summary prints the same line
+    stored = tmp_path / "with-estimate.yaml"
+    doc = yaml.safe_load(open(plan))
+    doc["estimate"] = est
+    stored.write_text(yaml.safe_dump(doc))
+    summary = _run(capsys, "emit", "summary", "--plan", str(stored)).splitlines()
+    assert [x for x in summary if x.startswith("bottleneck: ")] == line
+    # a hand-edited estimate without the per-pipeline figures: the table, no bottleneck line, no error
+    doc["estimate"] = {k: v for k, v in est.items() if k != "pipelines"}
+    stored.write_text(yaml.safe_dump(doc))
+    assert not [x for x in _run(capsys, "emit", "summary", "--plan", str(stored)).splitlines()
+                if x.startswith("bottleneck")]

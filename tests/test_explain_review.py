@@ -198,3 +198,74 @@ def test_a_what_if_that_leaves_the_plans_devices_but_not_a_node_per_launch_is_re
     row = next(r for r in rep["sensitivity"] if r["key"] == "cluster.a.nodes")
     half = next(c for c in row["cases"] if c["factor"] == 0.5)
     assert half.get("note") != "the plan itself: the re-plan found nothing better", half
+
+
+# A fast dear cluster and a slow cheap one (tests/test_plan_objective.py's PRICED)
+TWO_PRICED = """\
+clusters:
+  - {name: fast, device: H100, nodes: 1, devices_per_node: 8, price_per_device_hour: 10.0}
+  - {name: cheap, device: A100, nodes: 1, devices_per_node: 8, price_per_device_hour: 1.0}
+links:
+  - {between: [fast, cheap], bandwidth_gbps: 100, latency_ms: 1}
+"""
+
+
+@pytest.mark.parametrize("case", ["free devices", "floor"])
+@pytest.mark.parametrize("form", ["with its devices", "tokens/s and cost"])
+def test_a_replan_is_judged_against_the_plan_by_the_searchs_objective(tmp_path, capsys, case, form):
+    """explain keeps the plan itself for a re-planned what-if where the plan beats the re-plan, judged by the rule the
+    search minimises (constraints.objective_value), not by a cost per token of its own. Two cases where they differ,
+    the re-plan being another real plan of the same inventory, priced by `hetauto simulate`:
+    - every device free (owned hardware), --objective cost: both cost nothing, and the search's objective is then the
+      time (docs/search.md); the cost-per-token rule called them equal and kept a re-plan on the A100s alone, slower;
+    - --objective cost under --max-iteration-s: the cheapest plan, above the floor, against the plan within it; the
+      search ranks any plan above the floor below every plan within it, the cost-per-token rule kept the cheaper.
+    Every re-planned case where the plan still runs must be the plan itself, at its own simulated throughput there
+    (`hetauto simulate --set`), whether the re-plan comes with its devices (as explain's searches give it) or not."""
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan import sensitivity as S
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.spec.inventory import load_inventory
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(TWO_PRICED.replace("10.0", "0.0").replace("1.0}", "0.0}") if case == "free devices" else TWO_PRICED)
+    plan = ["plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "64", "--workers", "1",
+            "--quiet"]
+    base = plan + ["--objective", "cost"]
+    tokens = 64 * 4096
+    if case == "floor":
+        cheapest = _json(capsys, *base, "-o", str(tmp_path / "other.yaml"), "--json")
+        fastest = _json(capsys, *plan, "--json")
+        floor = (tokens / cheapest["tokens_per_s"] * tokens / fastest["tokens_per_s"]) ** 0.5   # between the two
+        assert main(base + ["--max-iteration-s", f"{floor:.3f}", "-o", str(tmp_path / "p.yaml")]) == 0
+    else:
+        assert main(base + ["-o", str(tmp_path / "p.yaml")]) == 0
+        assert main(base + ["--exclude-clusters", "fast", "-o", str(tmp_path / "other.yaml")]) == 0
+    capsys.readouterr()
+    mine = _json(capsys, "simulate", "--plan", str(tmp_path / "p.yaml"), "--inventory", str(inv), "--json")
+    other = _json(capsys, "simulate", "--plan", str(tmp_path / "other.yaml"), "--inventory", str(inv), "--json")
+    # the case as built: the two rules disagree
+    if case == "floor":
+        assert tokens / other["tokens_per_s"] > float(f"{floor:.3f}") >= tokens / mine["tokens_per_s"]
+        assert other["cost_per_million_tokens"] < mine["cost_per_million_tokens"]
+    else:
+        assert other["cost_per_million_tokens"] == mine["cost_per_million_tokens"] == 0
+        assert other["tokens_per_s"] < mine["tokens_per_s"] * 0.99
+    used: dict = {}
+    for m in yaml.safe_load((tmp_path / "other.yaml").read_text())["meshes"]:
+        used[m["cluster"]] = used.get(m["cluster"], 0) + m["tp"] * m["dp"] * len(m["stage_layers"])
+    found = (other["tokens_per_s"], other["cost_per_million_tokens"])
+    found += (used,) if form == "with its devices" else ()
+    rows = S.sensitivity(load_plan(str(tmp_path / "p.yaml")), load_inventory(str(inv)), AnalyticCostModel(),
+                         replan=lambda i: found)
+    checked = 0
+    for row in (r for r in rows if r["method"] == "re-planned"):
+        assert row["base_tokens_per_s"] == pytest.approx(mine["tokens_per_s"], rel=1e-6), row
+        for c in row["cases"]:
+            if c["tokens_per_s"] is None:
+                continue
+            own = _json(capsys, "simulate", "--plan", str(tmp_path / "p.yaml"), "--inventory", str(inv), "--json",
+                        "--set", f"{row['key']}={c['value']}")
+            assert c["tokens_per_s"] == pytest.approx(own["tokens_per_s"], rel=1e-6), (row["what"], c)
+            assert c.get("note") == "the plan itself: the re-plan found nothing better", (row["what"], c)
+            checked += 1
+    assert checked

@@ -154,7 +154,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     re-planned what-ifs are searched in (0: one per available core); the report does not depend on it."""
     from ..plan import explain as X
     from ..plan import sensitivity as S
-    from ..plan.constraints import Constraints, cost_per_million_tokens
+    from ..plan.constraints import Constraints, cost_per_million_tokens, devices_by_cluster
     from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
     from ..plan.search_jobs import default_workers
@@ -201,10 +201,11 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         return searches[key(inv)]
 
     def outcome(result, inv):
-        # (tokens/s, cost per 1M tokens of the layout the search found, None where a cluster it uses has no price)
+        # (tokens/s, cost per 1M tokens of the layout the search found, None where a cluster it uses has no price,
+        # its devices per cluster: sensitivity.at_least_the_plan judges it against the plan by the objective)
         t = result.iteration_time_s
         meshes = result.plan.meshes if hasattr(result, "plan") else result.choices
-        return tokens / t, cost_per_million_tokens(inv, meshes, t, tokens)
+        return tokens / t, cost_per_million_tokens(inv, meshes, t, tokens), devices_by_cluster(meshes)
 
     def replan(inv):
         return ahead[key(inv)] if key(inv) in ahead else outcome(run_search(inv), inv)

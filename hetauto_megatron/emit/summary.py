@@ -6,7 +6,9 @@ Layout columns come from the plan alone. Time, memory and utilisation columns co
      stage], "iteration_time_s", "tokens_per_s", "tflops_per_device", "fits"}
 "link s" is one micro-batch's activation crossing from the stage to the next (the same again for its gradient
 coming back). The bottleneck (plan/explain.py: the largest of the slowest stage's compute, the bubble, the
-exposed link time, DP sync and the optimizer) is marked on its stage or boundary and named under the table.
+exposed link time, DP sync and the optimizer) is marked on its stage or boundary and named under the table; for
+several pipelines or replica groups side by side it is named under the table as explain and compare name it
+(plan/multi_explain.py: the slowest pipeline, its DP reduction, the exchange across holders or the rest).
 Missing keys print as "-"; without an estimate only the layout is shown.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from ..cost.deepspeed_state import deepspeed_optimizer
 from ..plan.exchange_roots import describe_roots
 from ..plan.explain import breakdown, describe_bottleneck
+from ..plan.multi_explain import PARTS, shapes_breakdown
 from ..plan.plan import Plan
 from ..plan.settings import as_run_by, sixteen_bit_dtype
 from ..spec.devices import get_device
@@ -253,4 +256,24 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
         roots = est.get("exchange_roots")
         if isinstance(roots, list) and roots:
             lines.append(describe_roots(roots))
+        bd = _shapes_bottleneck(est)
+        if bd:
+            # (';' between the parts: one of their names holds commas)
+            others = "; ".join(f"{PARTS[k]} {v['share']:.0%}" for k, v in bd["parts"].items() if k != bd["bottleneck"])
+            lines.append(f"bottleneck: {bd['text']} ({others}; 'hetauto explain' says more)")
     return "\n".join(lines)
+
+
+def _shapes_bottleneck(est: dict) -> dict | None:
+    """The largest part of the iteration as explain and compare split it (multi_explain.shapes_breakdown), where the
+    estimate carries the figures that split needs: a plan file's estimate is informational (it may be hand-edited),
+    and one without them gets no bottleneck line rather than an error."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    pipes = est.get("pipelines")
+    if not (isinstance(pipes, list) and pipes and all(isinstance(x, dict) and number(x.get("pipeline_s"))
+                                                      and number(x.get("before_sync_s")) for x in pipes)
+            and all(number(est.get(k)) for k in ("iteration_time_s", "dp_exposed_s", "replica_sync_s"))
+            and est["iteration_time_s"] > 0):
+        return None
+    return shapes_breakdown(est)

@@ -122,13 +122,15 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
 
 
 def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, progress: bool, est: float,
-               t0: float) -> tuple[int, bool]:
+               t0: float, describe=None) -> tuple[int, bool]:
     """--search exhaustive: price every leaf (`value(path)` -> (value, layout)) into `found` {layout: value} ->
     (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
     holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
-    the tree's estimated leaves; t0: when the search started)."""
+    the tree's estimated leaves; t0: when the search started; `describe(value, layout)`: the best in words,
+    search_jobs.objective_text, default seconds)."""
     global INTERRUPTED
-    count, best, start = 0, math.inf, time.perf_counter()
+    describe = describe or (lambda t, layout: f"{t:.3f} s per iteration")
+    count, best, best_layout, start = 0, math.inf, None, time.perf_counter()
     last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
     if INTERRUPTED:             # an earlier Ctrl-C of this command: as an expired --budget-s for every later search
@@ -142,14 +144,15 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
             count += 1
             if layout is not None and math.isfinite(t):
                 found[layout] = t
-                best = min(best, t)
+                if t < best:
+                    best, best_layout = t, layout
             if progress and now - last_report > 1.0:
                 last_report = now
                 rate = count / max(now - start, 1e-9)
                 left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second (--budget-s caps "
                         "it, Ctrl-C stops it: the best so far is kept either way)"
                         if math.isfinite(est) and est > count else "")
-                print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {best:.3f} s/iteration "
+                print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {describe(best, best_layout)} "
                       f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         if not found:

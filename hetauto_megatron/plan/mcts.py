@@ -63,9 +63,13 @@ def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Ran
 
 
 def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: int, exploration: float = 0.7,
-             deadline: float | None = None, progress: bool = False, best_known: float = math.inf) -> TreeRun:
-    """`value(leaf path)` -> (closed-form seconds, layout); inf when infeasible or a dead end. `best_known`: a
-    plan found elsewhere (re-planning: the old plan), which bounds the tree from the first playout."""
+             deadline: float | None = None, progress: bool = False, best_known: float = math.inf,
+             describe=None) -> TreeRun:
+    """`value(leaf path)` -> (closed-form objective, layout); inf when infeasible or a dead end. `best_known`: a
+    plan found elsewhere (re-planning: the old plan), which bounds the tree from the first playout. `describe(value,
+    layout or None)`: the best value in words for the progress lines (search_jobs.objective_text; default seconds)."""
+    describe = describe or (lambda t, layout: f"{t:.3f} s per iteration")
+    best_layout = None
     rng = random.Random(seed)
     run = TreeRun()
     t_lb = space.time_lower_bound()
@@ -136,7 +140,8 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
             run.leaves[layout] = t
         if t < best_t * (1 - 1e-4):
             best_at = run.best_at = run.playouts
-        best_t = min(best_t, t)
+        if t < best_t:
+            best_t, best_layout = t, layout
         reward = 0.0 if not math.isfinite(t) else min(1.0, t_lb / t)
         if reward > 0:
             r_lo, r_hi = min(r_lo, reward), max(r_hi, reward)
@@ -148,7 +153,7 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
         _close(trail)
         if progress and time.perf_counter() - last_report > 1.0:
             last_report = time.perf_counter()
-            print(f"hetauto plan: tree {seed}: {run.playouts} playouts, best {best_t:.3f} s/iteration "
+            print(f"hetauto plan: tree {seed}: {run.playouts} playouts, best {describe(best_t, best_layout)} "
                   f"({last_report - t0:.1f} s)", file=sys.stderr, flush=True)
     return run
 

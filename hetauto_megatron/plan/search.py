@@ -53,7 +53,8 @@ from .infeasible import raise_infeasible
 from .layout_pricing import SCHEDULES
 from .rescreen import fill_shortlist, uplink_shortlist
 from .replan import micro_batch_variants, micro_batches, shortlist, warm_enumeration
-from .search_jobs import climb, climb_job, default_workers, layout_value, release, run_all, share, tree_job
+from .search_jobs import (climb, climb_job, default_workers, layout_value, objective_text, release, run_all, share,
+                          tree_job)
 from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
 
@@ -250,7 +251,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             leaves.update(dived)
             best_known = min([best_known, *seeds.values()])
     if method == "exhaustive" and cfg.method == "exhaustive":
-        playouts, cut = every_leaf(sp, layout_value(sp, ev), leaves, deadline, cfg.progress, est, t0)
+        playouts, cut = every_leaf(sp, layout_value(sp, ev), leaves, deadline, cfg.progress, est, t0,
+                                   objective_text(sp, ev))
         priced = len(ev.cache)
     elif method == "mcts":
         if cfg.iterations:
@@ -275,9 +277,10 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             # several, so the plan file's candidates_evaluated does not depend on the machine's speed
             priced += len(ev.cache) - before
             if cfg.progress:        # a line per round of trees: a search of many clusters is minutes, not silence
-                best = min(best_known, best_round)
+                # (the best leaf held: the seeds' and the trees'; its value in the objective's own unit)
+                top = min(leaves, key=leaves.get, default=None)
                 print(f"search: {trees} trees, {priced:,} layouts priced, best "
-                      + (f"{best:.3f} s per iteration" if math.isfinite(best) else "none fits yet")
+                      + objective_text(sp, ev)(leaves[top] if top is not None else math.inf, top)
                       + f", {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             if cut or (not cfg.iterations and not best_round < best_known * (1 - 1e-4)):
                 break                  # out of time, or the round found nothing better than the plan held
@@ -305,9 +308,9 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     # out of the final check).
     shortlists = [ranked]
     if ev.engine == "megatron":         # layouts its fill and drain overcount (DeepSpeed's schedule is its own)
-        shortlists.append(fill_shortlist(ev, ranked))
+        shortlists.append(fill_shortlist(ev, ranked, sp.score))
     if any(c.uplink_gbps for c in inventory.clusters):     # layouts the uplink's pessimistic screen may hide
-        shortlists.append(uplink_shortlist(ev, ranked))
+        shortlists.append(uplink_shortlist(ev, ranked, sp.score))
     if (method == "mcts" and cfg.local_search) or warm:
         climbed = set(warm) if cfg.local_search else set()
         if warm:    # re-planning: the old plan was climbed; climb from the best of what beat it

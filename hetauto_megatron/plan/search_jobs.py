@@ -14,6 +14,7 @@ import os
 import time
 
 from . import local
+from .constraints import cost_per_million_tokens
 from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
 from .space import SearchSpace
@@ -44,12 +45,32 @@ def layout_value(space: SearchSpace, ev: LayoutEvaluator):
     return value
 
 
+def objective_text(space: SearchSpace, ev: LayoutEvaluator):
+    """(objective value, its layout or None) -> the value for a progress line, in the unit `hetauto plan`'s summary
+    prints: seconds per iteration, or under --objective cost the layout's cost per 1M tokens (and its seconds). The
+    cost objective's value is money per iteration weighed by time (constraints.objective_value), a figure in no unit
+    a reader knows; without the layout (a bar set before this job) it is only said that nothing beat it yet."""
+    tokens = space.gbs * space.model.seq_length
+
+    def text(value: float, layout) -> str:
+        if not math.isfinite(value):
+            return "none fits yet"
+        if space.con.objective != "cost":
+            return f"{value:.3f} s per iteration"
+        if layout is None:
+            return "none better than the plan held yet"
+        seconds = ev.resolve(layout)[0]
+        cost = cost_per_million_tokens(space.inventory, layout, seconds, tokens)
+        return (f"{cost:.4f} per 1M tokens" if cost is not None else "no price") + f" at {seconds:.3f} s per iteration"
+    return text
+
+
 def tree_job(job) -> TreeRun:
     seed, cap, patience, deadline, best_known = job
     sp, ev, cfg = _CTX["space"], _CTX["ev"], _CTX["cfg"]
     before = len(ev.cache)
     run = run_tree(sp, layout_value(sp, ev), seed, cap, patience, cfg.exploration, deadline, cfg.progress,
-                   best_known)
+                   best_known, objective_text(sp, ev))
     run.priced = len(ev.cache) - before
     return run
 

@@ -142,7 +142,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
             found = _outcome(replan(inventory))
         except InfeasibleError:
             found = None
-        (ref, ref_cost), _ = at_least_the_plan(plan, inventory, cost_model, found)
+        ref, ref_cost = at_least_the_plan(plan, inventory, cost_model, found)[0][:2]
         # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
         for key in _unused_links(plan, inventory):
             link = inventory.links[key]
@@ -188,8 +188,10 @@ def blocking_boundaries(plan: Plan, inventory, cost_model, base: float) -> dict 
 
 
 def _outcome(found):
-    """A re-plan's (tokens/s, cost per 1M tokens or None); `replan` may give tokens/s alone."""
-    return tuple(found) if isinstance(found, tuple) else (found, None)
+    """A re-plan's (tokens/s, cost per 1M tokens or None, devices used per cluster or None); `replan` may give
+    tokens/s alone, or with its cost."""
+    found = tuple(found) if isinstance(found, tuple) else (found,)
+    return found + (None,) * (3 - len(found))
 
 
 def _plan_runs_on(plan: Plan, inventory) -> bool:
@@ -205,24 +207,38 @@ def _plan_runs_on(plan: Plan, inventory) -> bool:
 def at_least_the_plan(plan: Plan, inventory, cost_model, found):
     """A re-planned what-if is never worse than the plan itself where the plan still runs there (a bigger cluster,
     a faster link, a smaller cluster the plan does not use): a search that misses it would report its own noise as
-    the what-if's effect. `found` is the re-plan's (tokens/s, cost per 1M tokens) or None (no feasible plan);
-    returns the better of the two under the plan's objective, and whether it is the plan's own layout."""
-    from .constraints import Constraints, cost_per_million_tokens, time_factor
+    the what-if's effect. `found` is the re-plan's (tokens/s, cost per 1M tokens, devices used per cluster) or None
+    (no feasible plan); returns the better of the two under the plan's objective, and whether it is the plan's own
+    layout.
+
+    Both are judged by the search's own objective (constraints.objective_value: under --objective cost the money
+    weighed by time, a plan above --max-iteration-s worse than any within it, equal money told apart by time), so
+    the report keeps what the search would have kept. Arithmetic of its own on the cost per token judged devices
+    priced 0 equal whatever their speed (a re-plan twice as slow was kept) and a cheaper re-plan above the floor
+    better than the plan within it. Where a cost the objective needs is unknown (a re-plan without its devices, a
+    cluster without a price) both are judged by time."""
+    from .constraints import Constraints, cost_per_million_tokens, devices_by_cluster, objective_value, \
+        price_per_second
     if not _plan_runs_on(plan, inventory):
         return found, False
     con = Constraints.from_record((plan.estimate or {}).get("search") if isinstance(plan.estimate, dict) else None)
     est = simulate(dataclasses.replace(plan, estimate=None), inventory, cost_model)
     if not est.fits or (con.max_iteration_s is not None and est.iteration_time_s > con.max_iteration_s):
         return found, False
-    mine = (est.tokens_per_s, cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,
-                                                      plan.global_batch_size * plan.model.seq_length))
+    tokens = plan.global_batch_size * plan.model.seq_length
+    used = devices_by_cluster(plan.meshes)
+    mine = (est.tokens_per_s, cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s, tokens), used)
     if found is None:
         return mine, True
-    (t, c), (t0, c0) = found, mine
-    if con.objective == "cost" and c is not None and c0 is not None:
-        better = c0 * time_factor(1 / t0) < c * time_factor(1 / t) * (1 - 1e-9)
-    else:
-        better = t0 > t * (1 + 1e-9)
+    found = _outcome(found)
+    if con.objective == "cost" and any(x[2] is None or price_per_second(inventory, x[2]) is None
+                                       for x in (mine, found)):
+        con = dataclasses.replace(con, objective="throughput")
+
+    def value(outcome):
+        seconds = tokens / outcome[0] if outcome[0] and outcome[0] > 0 else math.inf
+        return objective_value(con, inventory, seconds, outcome[2] or {})
+    better = value(mine) < value(found) * (1 - 1e-9)
     return (mine, True) if better else (found, False)
 
 
