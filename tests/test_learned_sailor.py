@@ -347,3 +347,17 @@ def test_validation_rows_are_distinct_readings_naming_their_layers(sailor_model_
     for (model, gpu, mb, tp, _), layers in named.items():
         assert sorted(layers) == list(range(1, L.SAILOR_MODELS[model].num_layers + 1)), (model, gpu, mb, tp)
     assert ("OPT-350", "RTX-3090", "16", "4", "fwd") in named
+
+
+def test_weight_choice_counts_each_reading_once(layers):
+    """profiles_tmp.json repeats one reading for most layers of a model (copies, not measurements): the weights'
+    leave-one-model-out errors count each distinct reading once, so more copies of the same readings (here every
+    layer of GPT-Neo-2.7 written twice more, as further layers) change neither the weights nor their scores."""
+    tr = [r for r in layers if r.shape.kind == "transformer"]
+    copies = sum(1 for r in tr) - len({(r.model, r.gpu, r.shape.micro_batch, r.shape.tp, r.fwd_s, r.bwd_s) for r in tr})
+    assert copies > len(tr) // 2          # most per-layer rows repeat another of their configuration
+    train = [r for r in layers if r.model != "OPT-350"]
+    top = max(r.index for r in train)
+    more = [dataclasses.replace(r, index=r.index + k * top) for k in (1, 2) for r in train
+            if r.model == "GPT-Neo-2.7" and r.shape.kind == "transformer"]
+    assert L.choose_weights(train + more) == L.choose_weights(train)

@@ -14,7 +14,7 @@ from .. import features as F
 from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
 from .manifest import save_model
 from .roofline_calibration import _fit_rate_overhead, fit_calibration
-from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_layer_samples, sailor_samples,
+from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_reading_samples, sailor_samples,
                      sailor_tp_allreduce_rates)
 from .sailor_host_floor import sailor_host_floors
 from .sailor_updates import load_sailor_updates
@@ -141,16 +141,17 @@ GEMM_BWD_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0)
 
 
 def _lomo_errors(layers: list[SailorLayer], w: float, g: float) -> dict[str, list[float]]:
-    """Device -> relative errors of every transformer layer of each model, predicted by the calibration fitted on
-    the other models, judged where that calibration exists (as choose_rounds judges the trees): a row of a device
-    and arithmetic no other model was measured in would measure the median borrowed from other devices, not the
-    weights."""
+    """Device -> relative errors of every distinct reading of each model's transformer layers, predicted by the
+    calibration fitted on the other models, judged where that calibration exists (as choose_rounds judges the
+    trees): a row of a device and arithmetic no other model was measured in would measure the median borrowed from
+    other devices, not the weights. A reading counts once (sailor_reading_samples): profiles_tmp.json repeats one
+    reading for most layers of a model, and its copies would weigh a configuration by its model's depth."""
     errs: dict[str, list[float]] = {}
     for held in sorted({r.model for r in layers}):
         train = [r for r in layers if r.model != held]
         model = train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
-        test = [s for s in sailor_layer_samples([r for r in layers if r.model == held and r.shape.kind == "transformer"],
-                                                w, g) if s.calibration_key() in model.calibration]
+        held_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
+        test = [s for s in sailor_reading_samples(held_layers, w, g) if s.calibration_key() in model.calibration]
         if not test:
             continue
         pred = predict_samples(model, test)
