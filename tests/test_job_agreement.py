@@ -37,7 +37,7 @@ def _ranks(tmp_path, values: list, timeout: float = 60) -> list:
             "import torch.distributed as dist",
             "from hetauto_megatron.errors import InputError",
             "from hetauto_megatron.megatron import world_store as w",
-            "from hetauto_megatron.megatron.hook import _exit_for_user",
+            "from hetauto_megatron.megatron.script_guard import exit_for_user as _exit_for_user",
             "from hetauto_megatron.megatron.job_agreement import check_same_job",
             "from hetauto_megatron.plan.plan import load_plan",
             f"plan = load_plan({plan_file!r})",

@@ -164,7 +164,7 @@ def _joined_ranks(tails: list, env: dict | None = None, timeout: float = 90) -> 
     common = ("import datetime, time; import torch.distributed as dist; "
               "from hetauto_megatron.megatron import world_store as w; "
               "from hetauto_megatron.errors import InputError; "
-              "from hetauto_megatron.megatron.hook import _exit_for_user; "
+              "from hetauto_megatron.megatron.script_guard import exit_for_user as _exit_for_user; "
               f"store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0); "
               f"dist.init_process_group('gloo', rank={{rank}}, world_size={world}, store=store, "
               "timeout=datetime.timedelta(seconds=120)); ")

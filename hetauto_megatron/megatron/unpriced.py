@@ -146,7 +146,9 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
     last bucket's reduction is exposed after it. Megatron-Core cuts buckets of max(40M, 1M x DP) parameters unless
     --ddp-bucket-size or --ddp-num-buckets says otherwise (training.py resolve_ddp_bucket_size): another size, or
     a number of buckets, is refused, naming the flag; the priced size typed out passes. Without
-    overlap_grad_reduce (or at DP 1, nothing to reduce) Megatron's buckets change nothing priced."""
+    overlap_grad_reduce (or at DP 1, nothing to reduce) Megatron's buckets change nothing priced. A rank past
+    the first pipeline rank holds one bucket whatever the flags say; its mesh's first-stage ranks do not, and a
+    launch gives every rank of a mesh the same arguments, so the flags are refused on each rank of the mesh."""
     from ..plan.tail_costs import ddp_bucket_params
 
     k = placement.mesh_index

@@ -92,7 +92,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
 
 
 def edge_tp_collectives(model: ModelSpec, sequence_parallel: bool, tp: int, act: float, link: LinkSpec,
-                        micro_batch_size: int, seq_length: int | None = None) -> tuple[float, float, float, float]:
+                        micro_batch_size: int) -> tuple[float, float, float, float]:
     """(embedding forward, embedding backward, head forward, head backward) seconds of the TP collectives the
     first and last stage run outside their transformer layers, per micro-batch, as Megatron-Core 0.19 issues them
     (`act`: bytes of one [seq, micro-batch, hidden] activation; `link`: the mesh's TP collective link):
@@ -104,11 +104,14 @@ def edge_tp_collectives(model: ModelSpec, sequence_parallel: bool, tp: int, act:
       reduce-scatters their gradient in the backward with sequence parallelism; without it the forward is a copy
       and the backward all-reduces the input's gradient;
     - the vocabulary-parallel cross-entropy all-reduces three fp32 values per token (max, sum, target logit).
-    None at TP 1. The embedding and head times of the cost models are compute only (cost/features.py: TP
+    None at TP 1. Priced exposed, as the layers' collectives are. Not priced, as in the layers: with sequence
+    parallelism the output layer's backward also gathers its input's shards again for the weight gradient
+    (tensor_parallel/layers.py), started under the input-gradient GEMM (Transformer Engine's column-parallel
+    layers do the same). The embedding and head times of the cost models are compute only (cost/features.py: TP
     collectives are not operators), as the layers' are (their all-reduces are added in stage_profile)."""
     if tp <= 1:
         return 0.0, 0.0, 0.0, 0.0
-    tokens = micro_batch_size * (seq_length or model.seq_length)
+    tokens = micro_batch_size * model.seq_length
     if sequence_parallel and model.position_embedding != "learned":
         ef = comm.reduce_scatter_time(act, tp, link)
     else:

@@ -26,6 +26,10 @@ from .peers import PeerError
 
 PROBE_S = 2.0                    # a listener answers at once: longer is a node down or unreachable
 PROBE_THREADS = 64
+# A rank stopping on the loss keeps answering "S" and what it found this long before it exits: the ranks that
+# waited on it fail only once it has exited (gloo's connections close with the process), and they probe then;
+# without the wait they would find it gone and name it beside the rank that went away first.
+LINGER_S = 3 * PROBE_S
 # gloo's words for a peer that went away or stopped answering (its transport's own errors, any torch version)
 PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out waiting",
              "connection refused", "read error", "write error")
@@ -38,6 +42,9 @@ class Liveness:
         self.ctx = ctx
         self.answer = b"A"
         self._server = socket.create_server(("", 0), backlog=128)
+        # A forked child (Megatron's data-loader workers) would keep the listening socket open after this process
+        # died: the kernel would still accept probes that nobody answers, and a crashed rank would read as silent.
+        os.register_at_fork(after_in_child=self._server.close)
         threading.Thread(target=self._serve, name="hetauto-liveness", daemon=True).start()
         self.addresses = [None] * ctx.world_size
         import torch.distributed as dist
@@ -78,7 +85,9 @@ def _reachable_address(master_addr: str) -> str:
         return socket.gethostname()
 
 
-def _ask(host: str, port: int):
+def _ask(host: str, port: int, tries: int = 2):
+    """A rank's answer: "gone" (refused: no process), "silent" (no connection or no answer within PROBE_S,
+    twice: a burst of probes from every failing rank may drop one), or what its listener said."""
     try:
         with socket.create_connection((host, port), timeout=PROBE_S) as conn:
             data = b""
@@ -87,7 +96,7 @@ def _ask(host: str, port: int):
     except ConnectionRefusedError:
         return "gone"
     except OSError:
-        return "silent"
+        return _ask(host, port, tries - 1) if tries > 1 else "silent"
     if data.startswith(b"S"):
         return "stopping", [int(r) for r in data[1:].split()]
     return "alive" if data == b"A" else "silent"
@@ -110,15 +119,21 @@ def is_peer_loss(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "gloo" in text and any(p in text for p in PEER_LOSS)
 
 
-def _where(exc: BaseException) -> str:
-    """The innermost Megatron function the failed collective ran in ('get_grad_norm_fp32 in
-    megatron/core/optimizer/clip_grads.py:132'), or '' outside Megatron."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/megatron/" in f.filename.replace(os.sep, "/")]
-    if not frames:
-        return ""
-    f = frames[-1]
-    path = f.filename.replace(os.sep, "/")
-    return f" ({f.name} in megatron/{path.rsplit('/megatron/', 1)[1]}:{f.lineno})"
+_REDIRECTIONS = ("/hetauto_megatron/runtime/device.py",)
+
+
+def _where(exc: BaseException) -> tuple[str, str]:
+    """(whose, where) of the innermost frame of Megatron's or this package's code the failed collective ran in:
+    ("Megatron's", ' (get_grad_norm_fp32 in megatron/core/optimizer/clip_grads.py:132)'), ("hetauto's",
+    ' (whole_batch_losses in hetauto_megatron/megatron/plan_data.py:148)'), or ("the job's", '')."""
+    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = f.filename.replace(os.sep, "/")
+        if path.endswith(_REDIRECTIONS):
+            continue            # the CPU redirections (device.py) call the collective for the code above them
+        for package, whose in (("/hetauto_megatron/", "hetauto's"), ("/megatron/", "Megatron's")):
+            if package in path:
+                return whose, f" ({f.name} in {package.strip('/')}/{path.rsplit(package, 1)[1]}:{f.lineno})"
+    return "the job's", ""
 
 
 def collective_failure(liveness: Liveness, exc: BaseException) -> PeerError:
@@ -134,7 +149,8 @@ def collective_failure(liveness: Liveness, exc: BaseException) -> PeerError:
     # gloo's first line, without its source position ("[.../pair.cc:537] ") and its boilerplate advice
     reason = re.sub(r"^\[[^\]]*\] ", "", str(exc).splitlines()[0]).split(". This is typically")[0][:300]
     me = describe_rank(ctx.plan, ctx.coords.rank)
-    head = f"{me} stopped: one of Megatron's collectives across the clusters{_where(exc)} failed (gloo: {reason})"
+    whose, where = _where(exc)
+    head = f"{me} stopped: one of {whose} collectives across the clusters{where} failed (gloo: {reason})"
     if not first:
         return PeerError(f"{head}; every other rank still answers, so one of them is stuck or a connection between "
                          "the clusters broke; that process is gone or stuck. See the other ranks' logs (the first "
@@ -148,3 +164,16 @@ def collective_failure(liveness: Liveness, exc: BaseException) -> PeerError:
     return PeerError(f"{head}: {names} went away{after}; {which} gone or stuck. See the log of {names} for why "
                      "(a crash, the kernel's out-of-memory killer, its node going down), then start every cluster's "
                      "launch again (with --load from the last checkpoint)")
+
+
+def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
+    """Print the paragraph and exit 1 (not a user error): at once, without the clean exit's destruction of the
+    groups, which would wait on the broken connections; after LINGER_S where this rank's listener tells the ranks
+    that fail after it what it found."""
+    import sys
+    import time
+    print(f"hetauto: error: {text.rstrip('.')}.", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if liveness is not None and liveness.answer.startswith(b"S"):
+        time.sleep(LINGER_S)
+    os._exit(1)
