@@ -15,20 +15,20 @@ The collectives themselves are untouched: this only runs after one has failed.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
-import re
 import socket
 import threading
 import traceback
 
 from .groups import describe_rank
-from .peers import PeerError
+from .peers import PeerError, gloo_reason
 
 PROBE_S = 2.0                    # a listener answers at once: longer is a node down or unreachable
 PROBE_THREADS = 64
-# A rank stopping on the loss keeps answering "S" and what it found this long before it exits: the ranks that
-# waited on it fail only once it has exited (gloo's connections close with the process), and they probe then;
-# without the wait they would find it gone and name it beside the rank that went away first.
+# A rank stopping on the loss leaves "S" and what it found answered on its listener this long after it exits
+# (exit_for_lost_peer): the ranks that waited on it fail only once it has exited (gloo's connections close with the
+# process), and they probe then; finding it gone, they would name it beside the rank that went away first.
 LINGER_S = 3 * PROBE_S
 # gloo's words for a peer that went away or stopped answering (its transport's own errors, any torch version)
 PEER_LOSS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out waiting",
@@ -52,6 +52,9 @@ class Liveness:
 
     @classmethod
     def start(cls, ctx) -> "Liveness":
+        # Megatron's straggler timer logs the traceback of any exception leaving a forward step as a warning
+        # (megatron/core/utils.py StragglerDetector.__exit__); for a lost peer the paragraph says it all
+        logging.getLogger("megatron.core.utils").addFilter(_without_peer_loss)
         return cls(ctx, _reachable_address(os.environ.get("MASTER_ADDR", "")))
 
     def _serve(self) -> None:
@@ -86,28 +89,39 @@ def _reachable_address(master_addr: str) -> str:
 
 
 def _ask(host: str, port: int, tries: int = 2):
-    """A rank's answer: "gone" (refused: no process), "silent" (no connection or no answer within PROBE_S,
-    twice: a burst of probes from every failing rank may drop one), or what its listener said."""
+    """A rank's answer: "gone" (refused: no process), "silent" (no connection within PROBE_S, twice: its node is down
+    or cut off, or a burst of probes from every failing rank dropped one), "stuck" (connected, no answer within
+    PROBE_S: the process is there but does not run, e.g. stopped), or what its listener said."""
     try:
-        with socket.create_connection((host, port), timeout=PROBE_S) as conn:
-            data = b""
-            while chunk := conn.recv(65536):
-                data += chunk
+        conn = socket.create_connection((host, port), timeout=PROBE_S)
     except ConnectionRefusedError:
         return "gone"
     except OSError:
         return _ask(host, port, tries - 1) if tries > 1 else "silent"
+    data = b""
+    with conn:
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+        except OSError:
+            return "stuck"
     if data.startswith(b"S"):
         return "stopping", [int(r) for r in data[1:].split()]
-    return "alive" if data == b"A" else "silent"
+    return "alive" if data == b"A" else "stuck"
+
+
+_NOTE = {"silent": " (its node does not answer)", "stuck": " (its process does not run: stopped or stuck)"}
 
 
 def lost_peer(liveness: "Liveness | None", exc: BaseException) -> str | None:
     """The paragraph for a rank that went away under this one, or None for any other exception: a pipeline
-    transfer's PeerError (the communicator names the peer), or gloo's error in one of Megatron's own collectives
-    (`collective_failure` finds which rank is gone; needs this rank's `liveness`)."""
+    transfer's PeerError (the communicator names its peer; with `liveness`, the ranks are asked whether the peer
+    went first or stopped on another's loss), or gloo's error in a collective (`collective_failure` finds which
+    rank is gone; needs this rank's `liveness`)."""
     if isinstance(exc, PeerError):
-        return str(exc)
+        if liveness is None or exc.peer is None:
+            return str(exc)
+        return str(collective_failure(liveness, exc, head=exc.head))
     if liveness is not None and is_peer_loss(exc):
         return str(collective_failure(liveness, exc))
     return None
@@ -115,8 +129,17 @@ def lost_peer(liveness: "Liveness | None", exc: BaseException) -> str | None:
 
 def is_peer_loss(exc: BaseException) -> bool:
     """Whether `exc` is gloo's error about a peer's connection (not a bug, not a user error)."""
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and "gloo" in text and any(p in text for p in PEER_LOSS)
+    return isinstance(exc, RuntimeError) and _names_peer_loss(str(exc))
+
+
+def _names_peer_loss(text: str) -> bool:
+    text = text.lower()
+    return "gloo" in text and any(p in text for p in PEER_LOSS)
+
+
+def _without_peer_loss(record: logging.LogRecord) -> bool:
+    """A logging filter: False (drop) for a record that reports gloo's error about a lost peer."""
+    return not _names_peer_loss(record.getMessage())
 
 
 _REDIRECTIONS = ("/hetauto_megatron/runtime/device.py",)
@@ -136,44 +159,71 @@ def _where(exc: BaseException) -> tuple[str, str]:
     return "the job's", ""
 
 
-def collective_failure(liveness: Liveness, exc: BaseException) -> PeerError:
-    """The PeerError naming the rank(s) that went away, for gloo's error `exc` in a collective of Megatron's. Marks
-    this rank as stopping on the loss first, with what it found, for the ranks that probe it later."""
+def collective_failure(liveness: Liveness, exc: BaseException, head: str | None = None) -> PeerError:
+    """The PeerError naming the rank(s) that went away, for gloo's error `exc` in a collective (or a pipeline
+    transfer's, `head` its words). Marks this rank as stopping on the loss first, with what it found, for the
+    ranks that probe it later."""
     ctx = liveness.ctx
     liveness.answer = b"S"                      # (until the probe below is done: it found nothing yet)
     found = liveness.probe()
-    gone = sorted(r for r, state in found.items() if state in ("gone", "silent"))
-    earlier = sorted({r for state in found.values() if isinstance(state, tuple) for r in state[1]})
+    gone = sorted(r for r, state in found.items() if state in ("gone", "silent", "stuck"))
+    earlier = sorted({r for state in found.values() if isinstance(state, tuple) for r in state[1]} - {ctx.coords.rank})
     first = earlier or gone
     liveness.answer = b"S" + " ".join(map(str, first)).encode()
-    # gloo's first line, without its source position ("[.../pair.cc:537] ") and its boilerplate advice
-    reason = re.sub(r"^\[[^\]]*\] ", "", str(exc).splitlines()[0]).split(". This is typically")[0][:300]
-    me = describe_rank(ctx.plan, ctx.coords.rank)
-    whose, where = _where(exc)
-    head = f"{me} stopped: one of {whose} collectives across the clusters{where} failed (gloo: {reason})"
+    if head is None:
+        whose, where = _where(exc)
+        head = (f"{describe_rank(ctx.plan, ctx.coords.rank)} stopped: one of {whose} collectives{where} failed "
+                f"(gloo: {gloo_reason(exc)})")
     if not first:
         return PeerError(f"{head}; every other rank still answers, so one of them is stuck or a connection between "
-                         "the clusters broke; that process is gone or stuck. See the other ranks' logs (the first "
-                         "'hetauto: error:' or traceback) for which")
-    names = ", ".join(describe_rank(ctx.plan, r) + (" (its node does not answer)" if found.get(r) == "silent" else "")
-                      for r in first)
-    since = [r for r in gone if r not in first]
-    after = (f"; {', '.join(describe_rank(ctx.plan, r) for r in since)} stopped since, on the same loss"
+                         "the clusters broke. See the other ranks' logs (the first 'hetauto: error:' or traceback) "
+                         "for which")
+    named = ", ".join(describe_rank(ctx.plan, r) for r in first)
+    names = ", ".join(describe_rank(ctx.plan, r) + _NOTE.get(found.get(r), "") for r in first)
+    since = [r for r in gone + sorted(r for r, state in found.items() if isinstance(state, tuple)) if r not in first]
+    after = (f"; {', '.join(describe_rank(ctx.plan, r) for r in sorted(set(since)))} stopped since, on the same loss"
              if since else "")
     which = "that process is" if len(first) == 1 else "those processes are"
-    return PeerError(f"{head}: {names} went away{after}; {which} gone or stuck. See the log of {names} for why "
-                     "(a crash, the kernel's out-of-memory killer, its node going down), then start every cluster's "
-                     "launch again (with --load from the last checkpoint)")
+    return PeerError(f"{head}: {names} went away first{after}; {which} gone or stuck. See the log of {named} for "
+                     "why (a crash, the kernel's out-of-memory killer, its node going down), then start every "
+                     "cluster's launch again (with --load from the last checkpoint)")
+
+
+# What a stopping rank's listener answers once the rank has exited: a process of its own, given the listening
+# socket, answers LINGER_S. Sleeping in the rank itself would not do: it keeps its gloo connections open while it
+# sleeps, and the ranks waiting on it fail (and probe it) only once they close, i.e. when it exits.
+_ANSWER_ON = """
+import socket, sys, time
+server = socket.socket(fileno=int(sys.argv[1]))
+answer, until = sys.argv[2].encode(), time.monotonic() + float(sys.argv[3])
+while time.monotonic() < until:
+    server.settimeout(max(0.01, until - time.monotonic()))
+    try:
+        conn, _ = server.accept()
+    except OSError:
+        continue
+    with conn:
+        try:
+            conn.sendall(answer)
+        except OSError:
+            pass
+"""
 
 
 def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
     """Print the paragraph and exit 1 (not a user error): at once, without the clean exit's destruction of the
-    groups, which would wait on the broken connections; after LINGER_S where this rank's listener tells the ranks
-    that fail after it what it found."""
+    groups, which would wait on the broken connections. Where this rank stopped on a loss, its listener goes to a
+    small process that keeps telling the ranks that fail after it what it found, for LINGER_S."""
+    import subprocess
     import sys
-    import time
     print(f"hetauto: error: {text.rstrip('.')}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
     if liveness is not None and liveness.answer.startswith(b"S"):
-        time.sleep(LINGER_S)
+        fd = liveness._server.fileno()
+        try:
+            subprocess.Popen([sys.executable, "-c", _ANSWER_ON, str(fd), liveness.answer.decode(), str(LINGER_S)],
+                             pass_fds=(fd,), start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            pass            # then the ranks that fail after this one may name it too
     os._exit(1)

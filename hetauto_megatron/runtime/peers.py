@@ -6,26 +6,35 @@ The pipeline communicator (communicator.py) and the holders' exchange (replica_s
 from __future__ import annotations
 
 import datetime
+import re
 
 from .groups import describe_rank
 
 
 class PeerError(RuntimeError):
-    """A peer did not answer (gone, or silent past the timeout)."""
+    """A peer did not answer (gone, or silent past the timeout). `peer`: that rank, where one transfer's peer is
+    meant; `head`: the message without its closing words (runtime/liveness.py asks the ranks who went first)."""
+
+    def __init__(self, message: str, peer: int | None = None, head: str | None = None):
+        super().__init__(message)
+        self.peer, self.head = peer, head
 
 
 def peer_error(ctx, peer: int, what: str, how: str) -> PeerError:
     """'rank 0 (cluster a, stage 0) could not <what> with rank 2 (cluster b, stage 1): <how>; ...'."""
-    return PeerError(f"{describe_rank(ctx.plan, ctx.coords.rank)} could not {what} with "
-                     f"{describe_rank(ctx.plan, peer)}: {how}; that process is gone or stuck")
+    head = f"{describe_rank(ctx.plan, ctx.coords.rank)} could not {what} with {describe_rank(ctx.plan, peer)}: {how}"
+    return PeerError(f"{head}; that process is gone or stuck", peer=peer, head=head)
+
+
+def gloo_reason(exc: BaseException) -> str:
+    """gloo's first line, which says what happened ("Connection closed by peer ...", "Timed out waiting 3000ms
+    ..."), without its source position ("[.../gloo/transport/tcp/pair.cc:537] ") and its boilerplate advice."""
+    return re.sub(r"^\[[^\]]*\] ", "", str(exc).splitlines()[0]).split(". This is typically")[0][:300]
 
 
 def failure(ctx, exc: RuntimeError, peer: int, what: str) -> PeerError:
     """The PeerError for gloo's exception about a peer (posting on a closed connection, or a failed wait)."""
-    # gloo's first line says what happened ("Connection closed by peer ...", "Timed out waiting 3000ms ..."); the
-    # rest is boilerplate
-    reason = str(exc).splitlines()[0].split(". This is typically")[0]
-    return peer_error(ctx, peer, what, f"failed: {reason}")
+    return peer_error(ctx, peer, what, f"failed (gloo: {gloo_reason(exc)})")
 
 
 def wait_all(works, ctx, timeout: datetime.timedelta) -> None:
