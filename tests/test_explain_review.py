@@ -200,14 +200,7 @@ def test_a_what_if_that_leaves_the_plans_devices_but_not_a_node_per_launch_is_re
     assert half.get("note") != "the plan itself: the re-plan found nothing better", half
 
 
-# A fast dear cluster and a slow cheap one (tests/test_plan_objective.py's PRICED)
-TWO_PRICED = """\
-clusters:
-  - {name: fast, device: H100, nodes: 1, devices_per_node: 8, price_per_device_hour: 10.0}
-  - {name: cheap, device: A100, nodes: 1, devices_per_node: 8, price_per_device_hour: 1.0}
-links:
-  - {between: [fast, cheap], bandwidth_gbps: 100, latency_ms: 1}
-"""
+from test_plan_objective import PRICED as TWO_PRICED  # noqa: E402  (a fast dear cluster, a slow cheap one)
 
 
 @pytest.mark.parametrize("case", ["free devices", "floor"])

@@ -53,13 +53,7 @@ runpy.run_path(script, run_name="__main__")
 
 
 # Three clusters, five ranks: DP 2, DP 2 and DP 1 with micro-batch 2 (every rank in the gradient-norm ring).
-THREE_CLUSTERS = """\
-version: 1
-model: {name: tiny, num_layers: 4, hidden_size: 64, num_attention_heads: 4, ffn_hidden_size: 256, vocab_size: 128,
-  seq_length: 32, num_query_groups: 2, gated_mlp: true, tie_embeddings: false, position_embedding: rope,
-  max_position_embeddings: 32}
-global_batch_size: 4
-meshes:
+THREE_CLUSTERS = PLAN_YAML.split("meshes:")[0] + """meshes:
 - {cluster: cluster-a, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [2]}
 - {cluster: cluster-b, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [1]}
 - {cluster: cluster-c, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [1]}
