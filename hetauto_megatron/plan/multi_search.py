@@ -177,15 +177,14 @@ def _partitions(model, inventory, gbs, cost, cfg, con, usable, best, out: Shapes
         # that cannot beat the plan held is not searched (on a 20-cluster chain each such search took tens of
         # seconds and lost). It keeps its place among the MAX_PARTITIONS, so the partitions searched are those
         # searched before less the ones that could not win, and the plan is the same.
+        what = " | ".join("+".join(x) for x in blocks)
         tight = objective_bound(con, inventory, bound.tight(blocks), {c for x in blocks for c in x})
         if tight >= best[0]:
-            progress(out, "skipping pipelines " + " | ".join("+".join(x) for x in blocks)
-                      + f": their bound {tight:.3f} is no better than the plan held")
+            progress(out, f"skipping pipelines {what}: their bound {tight:.3f} is no better than the plan held")
             continue
-        progress(out, "searching pipelines " + " | ".join("+".join(x) for x in blocks))
+        progress(out, f"searching pipelines {what}")
         out.partitions_searched += 1
         found = _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cache, out, deadline)
-        what = " | ".join("+".join(x) for x in blocks)
         if found is None:
             out.tried.append((what, None, "no feasible split"))
             continue

@@ -59,7 +59,7 @@ def progress(out: ShapesResult, text: str) -> None:
 def quiet_config(cfg: SearchConfig) -> SearchConfig:
     """The configuration of the single-pipeline searches below: quiet and cold (a re-plan's warm start seeds the
     single-pipeline search above: its layouts span other clusters and batches). Each of them gets what is left of
-    --budget-s when it starts (`_in_time`)."""
+    --budget-s when it starts (`within_budget`)."""
     return dataclasses.replace(cfg, progress=False, warm_start=())
 
 

@@ -180,8 +180,8 @@ def collective_failure(liveness: Liveness, exc: BaseException, head: str | None 
                          "for which")
     named = ", ".join(describe_rank(ctx.plan, r) for r in first)
     names = ", ".join(describe_rank(ctx.plan, r) + _NOTE.get(found.get(r), "") for r in first)
-    since = [r for r in gone + sorted(r for r, state in found.items() if isinstance(state, tuple)) if r not in first]
-    after = (f"; {', '.join(describe_rank(ctx.plan, r) for r in sorted(set(since)))} stopped since, on the same loss"
+    since = sorted({r for r, state in found.items() if r in gone or isinstance(state, tuple)} - set(first))
+    after = (f"; {', '.join(describe_rank(ctx.plan, r) for r in since)} stopped since, on the same loss"
              if since else "")
     which = "that process is" if len(first) == 1 else "those processes are"
     return PeerError(f"{head}: {names} went away first{after}; {which} gone or stuck. See the log of {named} for "

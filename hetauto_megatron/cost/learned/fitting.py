@@ -319,7 +319,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
             devices[name] = info
         score_weight, gemm_weight, weight_scores = choose_weights(sailor)
         samples += sailor_samples(sailor, score_weight, gemm_weight)
-        optimizer, optimizer_report = fit_optimizer(load_sailor_updates(sailor_dir))
+        optimizer, optimizer_report = fit_optimizer(load_sailor_updates(sailor_dir, sailor))
     else:
         score_weight, gemm_weight, weight_scores = 1.0, 1.0, {"score": {}, "gemm": {}}
         optimizer, optimizer_report = {}, {}

@@ -38,14 +38,15 @@ class SailorUpdate:
 PROFILED_LAYERS = 2    # transformer layers in the model Sailor's profiler trains (with the embedding and the head)
 
 
-def load_sailor_updates(directory: str) -> list[SailorUpdate]:
+def load_sailor_updates(directory: str, layers=None) -> list[SailorUpdate]:
     """Every (model, GPU, TP) of profiles_tmp.json with a measured optimizer step and llm_info.json's parameter
-    count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry)."""
+    count of the profiled model at that TP (the embedding entry, the first two transformer layers, the last entry).
+    `layers`: load_sailor(directory) where the caller has read it already (else it is read here)."""
     path = os.path.join(directory, "profiles_tmp.json")
     data = read_json_file(path, field="--sailor")
     info = read_json_file(os.path.join(directory, "llm_info.json"), field="--sailor")
     # the (model, GPU) runs with measured layers (the fit read them first, and said what it left out)
-    runs = {(r.model, r.gpu) for r in load_sailor(directory, quiet=True)}
+    runs = {(r.model, r.gpu) for r in (layers if layers is not None else load_sailor(directory, quiet=True))}
     out = []
     for mname, spec, gpu, (dev, _, bw), per_mb in _profiled_runs(data):
         if (mname, gpu) not in runs:
