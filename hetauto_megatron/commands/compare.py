@@ -79,7 +79,7 @@ def _pipelines(plan) -> str:
     several = plan.num_pipelines > 1
     parts = []
     for p in range(plan.num_pipelines):
-        stages = sum(len(plan.meshes[pos[0]].stage_layers) for pos in plan.positions(p))
+        stages = plan.pipeline_stages(p)
         m = plan.pipeline_micro_batches(p)
         parts.append(f"{'P%d: ' % p if several else ''}{count_noun(stages, 'stage')} x {count_noun(m, 'micro-batch')}")
     side = any(m.alongside for m in plan.meshes)

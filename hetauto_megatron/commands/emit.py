@@ -197,9 +197,7 @@ def run(args) -> int:
         if args.json:
             shape = ({"pipeline_parallel_size": plan.pipeline_parallel_size} if plan.is_simple else
                      {"pipelines": [{"samples": plan.samples_per_pipeline[p],
-                                     # its stages: each position's (a mesh and the groups alongside it) once
-                                     "pipeline_parallel_size": sum(len(plan.meshes[pos[0]].stage_layers)
-                                                                   for pos in plan.positions(p))}
+                                     "pipeline_parallel_size": plan.pipeline_stages(p)}
                                     for p in range(plan.num_pipelines)]})
             from ._common import json_document
             print(json.dumps(json_document("emit-summary", {"summary": text, "world_size": plan.world_size, **shape,

@@ -122,14 +122,13 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
 
 
 def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, progress: bool, est: float,
-               t0: float, describe=None) -> tuple[int, bool]:
+               t0: float, describe) -> tuple[int, bool]:
     """--search exhaustive: price every leaf (`value(path)` -> (value, layout)) into `found` {layout: value} ->
     (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
     holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
     the tree's estimated leaves; t0: when the search started; `describe(value, layout)`: the best in words,
-    search_jobs.objective_text, default seconds)."""
+    search_jobs.objective_text)."""
     global INTERRUPTED
-    describe = describe or (lambda t, layout: f"{t:.3f} s per iteration")
     count, best, best_layout, start = 0, math.inf, None, time.perf_counter()
     last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""

@@ -62,13 +62,11 @@ def _rollout_action(space: SearchSpace, path: tuple, acts: list, rng: random.Ran
     return rng.choice(acts)
 
 
-def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: int, exploration: float = 0.7,
-             deadline: float | None = None, progress: bool = False, best_known: float = math.inf,
-             describe=None) -> TreeRun:
+def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: int, exploration: float,
+             deadline: float | None, progress: bool, best_known: float, describe) -> TreeRun:
     """`value(leaf path)` -> (closed-form objective, layout); inf when infeasible or a dead end. `best_known`: a
     plan found elsewhere (re-planning: the old plan), which bounds the tree from the first playout. `describe(value,
-    layout or None)`: the best value in words for the progress lines (search_jobs.objective_text; default seconds)."""
-    describe = describe or (lambda t, layout: f"{t:.3f} s per iteration")
+    layout or None)`: the best value in words for the progress lines (search_jobs.objective_text)."""
     best_layout = None
     rng = random.Random(seed)
     run = TreeRun()

@@ -126,7 +126,7 @@ class Plan:
         for p in range(self.num_pipelines):
             # the event simulation keeps a time per stage and micro-batch (plan/pipeline.py): bounded, so that a
             # typo in the batch is a message, not gigabytes of memory and a MemoryError
-            stages = sum(len(self.meshes[pos[0]].stage_layers) for pos in self.positions(p))
+            stages = self.pipeline_stages(p)
             m = self.pipeline_micro_batches(p)
             cells = stages * m
             if cells > MAX_SCHEDULE_CELLS:
@@ -162,6 +162,10 @@ class Plan:
     def positions(self, p: int) -> list[list[int]]:
         """Mesh indices of each position of pipeline p (a mesh and the meshes alongside it), in stage order."""
         return shapes.positions_of(self.meshes, self._pipeline_range(p))
+
+    def pipeline_stages(self, p: int) -> int:
+        """Pipeline p's stage count: each position's stages once (meshes alongside one another share them)."""
+        return sum(len(self.meshes[pos[0]].stage_layers) for pos in self.positions(p))
 
     def pipeline(self, p: int) -> "Plan":
         """Pipeline p as a plan of its own (its meshes with pipeline 0, global_batch_size = its samples): simple
