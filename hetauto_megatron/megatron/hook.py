@@ -29,7 +29,7 @@ With --hetauto, per rank:
    samples of the global batch and logs the whole batch's loss.
 6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`).
 7. a rank that went away under this one (a pipeline transfer's PeerError, gloo's error in one of Megatron's
-   collectives) is one paragraph naming it, exit 1 (`main_guard`, `guard_script_errors`; runtime/liveness.py).
+   collectives) is one paragraph naming it, exit 4 (`main_guard`, `guard_script_errors`; runtime/liveness.py).
 """
 from __future__ import annotations
 

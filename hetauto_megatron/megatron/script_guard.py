@@ -2,7 +2,7 @@
 names the scripts call): a user mistake (InputError) prints one paragraph and exits 2, also posting the refusal
 to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
 that went away under this one (a pipeline transfer's PeerError, gloo's error in a collective across the clusters)
-is one paragraph naming it, exit 1 (runtime/liveness.py). Anything else keeps its traceback."""
+is one paragraph naming it, exit 4 (runtime/liveness.py LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
 
 import io
@@ -42,7 +42,7 @@ def _exit_for_lost_peer(text: str):
 
 def main_guard(fn: Callable[[], None]) -> None:
     """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback, and a
-    rank that went away under this one is one paragraph naming it (exit 1)."""
+    rank that went away under this one is one paragraph naming it (exit 4)."""
     try:
         fn()
     except InputError as exc:

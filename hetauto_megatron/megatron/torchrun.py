@@ -1,16 +1,19 @@
 """`hetauto-torchrun`: torch's launcher, torchrun (torch.distributed.run, every option of it), as the launch scripts
-'hetauto emit megatron' writes start it. One difference: when a worker stops on a user error (exit 2, after
-printing its one paragraph: a refused argument, a plan that does not match the launch; megatron/hook.py), the
-launch ends with exit 2 and one line saying so, instead of torchrun's ChildFailedError traceback and exit 1, so
-that a user error reads as one paragraph from the script too. Any other failure (a crash, a signal, exit 1) is
-torchrun's own report.
+'hetauto emit megatron' writes start it. One difference: when the workers stop on a failure they reported in one
+paragraph, the launch ends with one line pointing at that paragraph instead of torchrun's ChildFailedError
+traceback: a user error (exit 2 after its paragraph: a refused argument, a plan that does not match the launch;
+megatron/hook.py) ends it with exit 2, a rank of the job that went away or stopped answering under them
+(runtime/liveness.py LOST_PEER_EXIT, after the paragraph naming it) with exit 1, torchrun's status for a failed
+launch. Any other failure (a crash: a traceback, exit 1; a signal; another exit status) is torchrun's own report.
 """
 from __future__ import annotations
 
 import re
+import signal
 import sys
 
 USER_ERROR = 2
+FAILED = 1                       # torchrun's own exit status for a launch whose workers failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,16 +38,32 @@ def main(argv: list[str] | None = None) -> int:
               f"(e.g. 'ss -ltnp | grep {port or 'PORT'}').", file=sys.stderr)
         return USER_ERROR
     except ChildFailedError as exc:
-        refused = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == USER_ERROR)
-        # only a launch whose every worker that exited on its own (not killed by torchrun: a negative code) stopped
-        # on a user error; a crash beside it keeps torchrun's own report
-        if not refused or any(f.exitcode >= 0 and f.exitcode != USER_ERROR for f in exc.failures.values()):
+        ended = reported(exc.failures)
+        if ended is None:
             raise
-        ranks = ", ".join(map(str, refused))
-        print(f"hetauto-torchrun: worker rank(s) {ranks} of this launch stopped on invalid input (exit 2): the "
-              "paragraph above names the file, the field and the fix", file=sys.stderr)
-        return USER_ERROR
+        line, status = ended
+        print(f"hetauto-torchrun: {line}", file=sys.stderr)
+        return status
     return 0
+
+
+def reported(failures: dict) -> tuple[str, int] | None:
+    """(the line ending the launch, its exit status) where every worker that failed on its own stopped on one
+    failure it reported in a paragraph; None (torchrun's report) where any crashed. Workers torchrun itself ended
+    once the first one stopped (SIGTERM: -15) are not counted; any other signal is a crash (the out-of-memory
+    killer's SIGKILL, a segmentation fault)."""
+    from ..runtime.liveness import LOST_PEER_EXIT
+
+    stopped = {rank: f.exitcode for rank, f in failures.items() if f.exitcode != -signal.SIGTERM}
+    codes = set(stopped.values())
+    if codes not in ({USER_ERROR}, {LOST_PEER_EXIT}):
+        return None
+    ranks = ", ".join(map(str, sorted(stopped)))
+    if codes == {USER_ERROR}:
+        return (f"worker rank(s) {ranks} of this launch stopped on invalid input (exit 2): the paragraph above names "
+                "the file, the field and the fix", USER_ERROR)
+    return (f"worker rank(s) {ranks} of this launch stopped because a rank of the job went away or stopped answering "
+            f"(exit {LOST_PEER_EXIT}): the paragraph above ('hetauto: error: ...') names it and what to do", FAILED)
 
 
 if __name__ == "__main__":

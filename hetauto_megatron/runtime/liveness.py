@@ -26,6 +26,10 @@ from .peers import PeerError, gloo_reason
 
 PROBE_S = 2.0                    # a listener answers at once: longer is a node down or unreachable
 PROBE_THREADS = 64
+# A rank's exit status after its lost-peer paragraph: not 1, which is also any crash's (an uncaught exception), so
+# that hetauto-torchrun (megatron/torchrun.py) can end such a launch with one line and keep torchrun's report for
+# a crash. Not 2 or 3 either (invalid input, no feasible plan).
+LOST_PEER_EXIT = 4
 # A rank stopping on the loss leaves "S" and what it found answered on its listener this long after it exits
 # (exit_for_lost_peer): the ranks that waited on it fail only once it has exited (gloo's connections close with the
 # process), and they probe then; finding it gone, they would name it beside the rank that went away first.
@@ -110,7 +114,7 @@ def _ask(host: str, port: int, tries: int = 2):
     return "alive" if data == b"A" else "stuck"
 
 
-_NOTE = {"silent": " (its node does not answer)", "stuck": " (its process does not run: stopped or stuck)"}
+_NOTE = {"silent": " (its node does not answer)"}
 
 
 def lost_peer(liveness: "Liveness | None", exc: BaseException) -> str | None:
@@ -178,15 +182,33 @@ def collective_failure(liveness: Liveness, exc: BaseException, head: str | None 
         return PeerError(f"{head}; every other rank still answers, so one of them is stuck or a connection between "
                          "the clusters broke. See the other ranks' logs (the first 'hetauto: error:' or traceback) "
                          "for which")
-    named = ", ".join(describe_rank(ctx.plan, r) for r in first)
-    names = ", ".join(describe_rank(ctx.plan, r) + _NOTE.get(found.get(r), "") for r in first)
     since = sorted({r for r, state in found.items() if r in gone or isinstance(state, tuple)} - set(first))
-    after = (f"; {', '.join(describe_rank(ctx.plan, r) for r in since)} stopped since, on the same loss"
-             if since else "")
-    which = "that process is" if len(first) == 1 else "those processes are"
-    return PeerError(f"{head}: {names} went away first{after}; {which} gone or stuck. See the log of {named} for "
-                     "why (a crash, the kernel's out-of-memory killer, its node going down), then start every "
-                     "cluster's launch again (with --load from the last checkpoint)")
+    after = f"; {_named(ctx, since)} stopped since, on the same loss" if since else ""
+    # A process that accepts the probe but does not answer is there (stopped: SIGSTOP, a debugger; or hung): it
+    # did not go away, its log does not say why, and it holds its devices until someone ends it.
+    stuck = [r for r in first if found.get(r) == "stuck"]
+    went = [r for r in first if r not in stuck]
+    one = len(stuck) == 1
+    stopped = (f"{_named(ctx, stuck)} did not go away but stopped answering{' too' if went else ' first'}: "
+               f"{'its process is' if one else 'their processes are'} there and not running (stopped, e.g. by SIGSTOP "
+               "or a debugger, or stuck)")
+    if went:
+        which = "that process is" if len(went) == 1 else "those processes are"
+        text = (f"{head}: {_named(ctx, went, found)} went away first{after}; {which} gone or cut off. See the log of "
+                f"{_named(ctx, went)} for why (a crash, the kernel's out-of-memory killer, its node going down)")
+        text += f". {stopped[0].upper()}{stopped[1:]}" if stuck else ""
+    else:
+        text = f"{head}: {stopped}{after}"
+    if stuck:
+        text += (f". On the node of {_named(ctx, stuck)}, see whether {'it is' if one else 'they are'} stopped "
+                 f"(state T in 'ps -o stat= -p PID') or where {'it hangs' if one else 'they hang'} ('py-spy dump "
+                 f"--pid PID'), and end {'it' if one else 'them'}")
+    return PeerError(text + ", then start every cluster's launch again (with --load from the last checkpoint)")
+
+
+def _named(ctx, ranks: list[int], found: dict | None = None) -> str:
+    """'rank 1 (cluster b, stage 1), rank 3 (...)', each with what the probe `found` adds to it (_NOTE)."""
+    return ", ".join(describe_rank(ctx.plan, r) + _NOTE.get((found or {}).get(r), "") for r in ranks)
 
 
 # What a stopping rank's listener answers once the rank has exited: a process of its own, given the listening
@@ -211,9 +233,9 @@ while time.monotonic() < until:
 
 
 def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
-    """Print the paragraph and exit 1 (not a user error): at once, without the clean exit's destruction of the
-    groups, which would wait on the broken connections. Where this rank stopped on a loss, its listener goes to a
-    small process that keeps telling the ranks that fail after it what it found, for LINGER_S."""
+    """Print the paragraph and exit LOST_PEER_EXIT (not a user error): at once, without the clean exit's destruction
+    of the groups, which would wait on the broken connections. Where this rank stopped on a loss, its listener goes
+    to a small process that keeps telling the ranks that fail after it what it found, for LINGER_S."""
     import subprocess
     import sys
     print(f"hetauto: error: {text.rstrip('.')}.", file=sys.stderr, flush=True)
@@ -226,4 +248,4 @@ def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             pass            # then the ranks that fail after this one may name it too
-    os._exit(1)
+    os._exit(LOST_PEER_EXIT)
