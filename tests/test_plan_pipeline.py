@@ -74,6 +74,67 @@ def test_many_micro_batches_jumping_the_steady_state_equal_the_reference(monkeyp
     assert 1 in periods and any(c > 1 for c in periods), sorted(set(periods))
 
 
+def test_a_simulation_stopped_above_a_bound_only_stops_where_the_full_simulation_is_above_it():
+    """simulate_1f1b(above=T) may stop its rounds once it proves the makespan above T (pipeline_rounds._beyond:
+    the round map is max-plus linear, so a growth seen over c rounds repeats). On random pipelines (3-10 stages,
+    300-500 micro-batches, links of any speed, mixed schedules), for bounds from 0.5x to 1.05x the makespan of the
+    operation-by-operation simulation (record=True: no rounds): it answers None only below that makespan (never at
+    1x or above), else that makespan; and it does stop on some (most schedules repeat within a few rounds, and
+    then the jump leaves nothing to stop)."""
+    rng = random.Random(31)
+    stopped = 0
+    for _ in range(40):
+        p, m, f, b, link, lat, blk, depth = random_pipeline(rng, 3, (300, 500))
+        full = simulate_1f1b(f, b, link, m, latency=lat, blocking=blk, depth=depth, record=True).makespan
+        for share in (0.5, 0.8, 0.95, 0.999, 1.0, 1.05):
+            got = simulate_1f1b(f, b, link, m, latency=lat, blocking=blk, depth=depth, above=share * full)
+            if got is None:
+                assert full > share * full, (p, m, f, b, link, lat, blk, depth, share)
+                stopped += 1
+            else:
+                assert got.makespan == pytest.approx(full, rel=1e-9)
+    assert stopped >= 4, stopped
+
+
+def test_the_event_simulation_of_a_losing_depth_stops_early_and_the_choice_is_the_same():
+    """The final ranking simulates a layout at depth 0 and at the deeper warm-up overlap.choose_depths tries, and
+    keeps the faster: depth 0 now only until it is proven slower. LLaMA-2-70B on the 736-device example without its
+    H800s, 1,024 micro-batches on 56 stages: at depth 0 the links are exposed (44 s against 23 s) and that
+    simulation's transient ran 823 rounds before its period repeated. The layout's price is the plan's own
+    (simulate() of the plan written from it, which simulates in full), and the depth-0 simulation stops within
+    CHECK_EVERY rounds of its start."""
+    import os
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan import pipeline_rounds
+    from hetauto_megatron.plan.layout_pricing import evaluate_layout, layout_to_plan
+    from hetauto_megatron.plan.simulate import MeshChoice, simulate
+    from hetauto_megatron.spec.inventory import inventory_from_dict, load_inventory
+    from hetauto_megatron.spec.model import PRESETS
+    d = load_inventory(os.path.join(os.path.dirname(__file__), "..", "examples", "llama",
+                                    "inventory-4clusters-736.yaml")).to_dict()
+    d["clusters"] = [c for c in d["clusters"] if c["name"] != "h800"]
+    d["links"] = [x for x in d.get("links", []) if "h800" not in x["between"]]
+    inv, model = inventory_from_dict(d), PRESETS["llama2-70b"]
+    choices = [MeshChoice("ascend", 8, 1, 1, "none", 13), MeshChoice("a100", 8, 1, 1, "none", 31),
+               MeshChoice("mi300x", 8, 1, 1, "none", 12)]
+    rounds = []
+    beyond = pipeline_rounds._beyond
+
+    def counted(now, seen, r, *args):
+        out = beyond(now, seen, r, *args)
+        rounds.append((r, out))
+        return out
+    pipeline_rounds._beyond = counted
+    try:
+        res = evaluate_layout(model, inv, choices, 1024, AnalyticCostModel(), exact=True)
+    finally:
+        pipeline_rounds._beyond = beyond
+    assert res.boundaries == (3, 3, None)
+    plan = layout_to_plan(model, 1024, choices, res.stage_layers, inv, boundaries=res.boundaries)
+    assert res.iteration_time_s == simulate(plan, inv).iteration_time_s
+    assert [r for r, out in rounds if out] == [pipeline_rounds.CHECK_EVERY], rounds
+
+
 def test_blocking_send_holds_the_sender():
     """Two stages, a link as slow as the forward: blocking holds the first stage for every send, overlapped does not."""
     f, b, x, m = [1.0, 1.0], [2.0, 2.0], [1.0], 8

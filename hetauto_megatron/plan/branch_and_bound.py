@@ -44,7 +44,8 @@ def dive_order(space: SearchSpace):
 def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incumbent: float = math.inf,
                      better: float = 0.0, priority=None, allowed=None, patience: int | None = None,
                      max_visits: int | None = None, deadline: float | None = None,
-                     found: dict | None = None, max_priced: int | None = None) -> tuple[dict, int, bool]:
+                     found: dict | None = None, max_priced: int | None = None,
+                     improve=None) -> tuple[dict, int, bool]:
     """-> ({layout: value} of every leaf priced, nodes visited, settled: no leaf left can enter the best `keep`).
 
     `value(path)` prices a leaf (-> (value, layout)); `leaf_bound(layout)` bounds a finished layout from below.
@@ -56,7 +57,10 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
     keeps only some of a node's decisions (None: all). It stops, unsettled, before a visit when `patience` visits
     have passed since the last better leaf (or the first leaf priced), when it has made `max_visits` visits or
     priced `max_priced` leaves (each `value` call counts, also one the caller's cache answers), or past `deadline`
-    (time.perf_counter()); `found`, if given, then holds the leaves priced so far."""
+    (time.perf_counter()); `found`, if given, then holds the leaves priced so far. `improve(layout, value)`
+    (keep 1 only), if given, is asked of each leaf that enters the best held: a value a search from it reached (a
+    climb, re-planning), which the cutoff and the patience's next better leaf then go by."""
+    assert improve is None or keep == 1, "improve replaces the one value held"
     found = {} if found is None else found
     top = [-incumbent] if math.isfinite(incumbent) else []   # max-heap (negated) of the best `keep` values held
 
@@ -117,6 +121,8 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
                 heapq.heapreplace(top, -t)
             else:
                 continue
+            if improve is not None:     # (keep 1: the one value held is this leaf's)
+                top[0] = -min(t, improve(layout, t))
             last, cut = visits, cutoff()
     return found, visits, True
 

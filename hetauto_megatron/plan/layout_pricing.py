@@ -6,6 +6,7 @@ form (`exact=False`, the search's screening); `layout_to_plan` turns a priced la
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..cost.memory import GIB
@@ -58,23 +59,35 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
                          cost_model, exact, inventory)[0]
 
     def price(depths, reuse) -> Priced:
-        res, tail = _evaluate(model, gbs, pipe, m, depths, choices, cost_model, exact, inventory, reuse=reuse)
+        # exact: the split now, the event simulation when choose_depths needs its time (pending), so that a depth
+        # that loses to a deeper one is simulated only until it is proven slower
+        res, tail = _evaluate(model, gbs, pipe, m, depths, choices, cost_model, exact, inventory, reuse=reuse,
+                              simulate=False)
         if res.stage_layers is None:
             return Priced(res.iteration_time_s, False, None, None, None, None, res)
         p = len(pipe.profs)
         fb = [prof.times(res.stage_layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
-        return Priced(res.iteration_time_s, True, [f for f, _ in fb], [b for _, b in fb], None,
-                      (res.stage_layers, tail), res)
+        fwd, bwd = [f for f, _ in fb], [b for _, b in fb]
+        if not exact:
+            return Priced(res.iteration_time_s, True, fwd, bwd, None, (res.stage_layers, tail), res)
+
+        def simulated(above: float) -> Priced | None:
+            est = _finish(model, gbs, pipe, res.stage_layers, m, depths, choices, cost_model, inventory, above=above)
+            if est is None:
+                return None
+            out = LayoutResult(res.stage_layers, est.iteration_time_s, boundaries=tuple(depths))
+            return Priced(out.iteration_time_s, True, fwd, bwd, None, (res.stage_layers, None), out)
+        return Priced(math.nan, True, fwd, bwd, None, (res.stage_layers, None), None, simulated)
 
     return choose_depths(pipe.cross, pipe.owners, pipe.links, pipe.latency, m, n, price, pipe.uplinks).result
 
 
 def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact, inventory, reuse=None,
-              engine: str = DEFAULT_ENGINE):
+              engine: str = DEFAULT_ENGINE, simulate: bool = True):
     """(LayoutResult, its closed-form tail or None). reuse: (layers, tail) of the same layout under looser memory
     caps (a shallower overlapped depth): when those layers fit these caps they are this split too (the greedy
     split is optimal for the looser caps and feasible for these), and the tail, which depends on the layers
-    only, is the same."""
+    only, is the same. simulate=False with exact: the split alone (its time NaN, for `_finish` to fill in)."""
     profs, owners = pipe.profs, pipe.owners
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
@@ -123,6 +136,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
                               uplinks=pipe.uplinks)
         return (LayoutResult(layers, t + tail + _iteration_overhead(cost_model, profs), boundaries=tuple(depths)),
                 tail)
+    if not simulate:
+        return LayoutResult(layers, math.nan, boundaries=tuple(depths)), None
     est = _finish(model, gbs, pipe, layers, m, depths, choices, cost_model, inventory, engine)
     return LayoutResult(layers, est.iteration_time_s, boundaries=tuple(depths)), None
 

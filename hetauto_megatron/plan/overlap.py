@@ -23,6 +23,15 @@ class Priced(NamedTuple):
     closed: float | None        # the closed-form 1F1B time at those depths, when the pricer has it
     reuse: object               # handed back to the pricer when it prices a deeper warm-up of the same layout
     result: object              # what the caller returns
+    # an exact pricer's simulation, left until its seconds are needed (seconds and result wait for it): pending(above)
+    # -> the Priced, or None when the simulation proves the layout slower than `above` seconds (the event
+    # simulation of a depth that loses is stopped early: layout_pricing.evaluate_layout)
+    pending: Callable | None = None
+
+
+def settled(priced: Priced, above: float = math.inf) -> Priced | None:
+    """`priced` with its seconds (its pending simulation run), or None when proven slower than `above`."""
+    return priced if priced.pending is None else priced.pending(above)
 
 
 def choose_depths(cross: list, owners: list, links: list, latency: list, m: int, meshes: int,
@@ -33,11 +42,11 @@ def choose_depths(cross: list, owners: list, links: list, latency: list, m: int,
     crossing = {owners[l] for l, c in enumerate(cross) if c}
     blocking_all = [None] * meshes
     if not crossing:
-        return price(blocking_all, None)
+        return settled(price(blocking_all, None))
     zero = [0 if i in crossing else None for i in range(meshes)]
     best = price(zero, None)
     if not best.fits:               # not even the overlapped buffers fit: blocking needs none
-        return price(blocking_all, None)
+        return settled(price(blocking_all, None))
     fwd, bwd = best.fwd, best.bwd
     blocking, depth = [not c for c in cross], [0] * len(cross)
     shallow = best.closed if best.closed is not None else \
@@ -49,7 +58,7 @@ def choose_depths(cross: list, owners: list, links: list, latency: list, m: int,
         hidden = estimate_1f1b(fwd, bwd, [0.0 if c else x for c, x in zip(cross, links)], m, blocking=blocking,
                                depth=depth)
         if shallow <= hidden * 1.001:
-            return best
+            return settled(best)
     slowest = max([f + b for f, b in zip(fwd, bwd)])
     deep = list(zero)
     for l, c in enumerate(cross):
@@ -58,6 +67,9 @@ def choose_depths(cross: list, owners: list, links: list, latency: list, m: int,
     while any(deep):
         res = price(deep, best.reuse)
         if res.fits:
-            return res if res.seconds < best.seconds else best
+            # depth 0 is simulated only as far as it takes to lose (its transient can be hundreds of rounds)
+            res = settled(res)
+            shallow_priced = settled(best, res.seconds)
+            return res if shallow_priced is None or res.seconds < shallow_priced.seconds else shallow_priced
         deep = [None if d is None else d // 2 for d in deep]
-    return best
+    return settled(best)

@@ -155,14 +155,16 @@ def _boundaries(p, link, latency, blocking, depth):
 
 
 def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None,
-                  record: bool = False) -> PipelineTimes:
+                  record: bool = False, above: float = math.inf) -> PipelineTimes | None:
     """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i (or a sequence of m: micro-batch j's own time,
     to replay measured operations); link[l]: one micro-batch's transfer time
     between stage l and l + 1 (latency included); latency[l]: the part of it that does not occupy the link
     (default 0); blocking[l]: the boundary's schedule (default True: blocking); depth[l]: extra warm-up
     micro-batches of an overlapped boundary (default 0); uplinks[l]: the shared uplink directions its transfers
     also occupy (plan/shared_uplinks.py `boundary_uplinks`; default none). record=True also returns every
-    operation's start and end (`PipelineTimes.events`, see `Event`)."""
+    operation's start and end (`PipelineTimes.events`, see `Event`). `above`: a makespan the caller only needs
+    beaten; where the simulation runs in rounds and proves the makespan above it, the answer is None (the rest of
+    the rounds not run)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
     x, lat, blk, d = _boundaries(p, link, latency, blocking, depth)
@@ -178,7 +180,10 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     if not record and rounds.usable(warm, m) \
             and all(isinstance(v, numbers.Real) for v in (*fwd, *bwd)):
         # the search's case: the same operations, jumping over the steady state (plan/pipeline_rounds.py)
-        makespan, finish = rounds.simulate_rounds([v[0] for v in f], [v[0] for v in b], x, occ, blk, warm, m)
+        out = rounds.simulate_rounds([v[0] for v in f], [v[0] for v in b], x, occ, blk, warm, m, above)
+        if out is None:
+            return None
+        makespan, finish = out
         return PipelineTimes(makespan, tuple(sum(f[i]) + sum(b[i]) for i in range(p)), finish)
     order = _dependency_order(p, m, warm)
     free = [0.0] * p                    # when stage i may start its next operation

@@ -23,10 +23,13 @@ on the GPT-3 example has thousands of micro-batches per pipeline and this is mos
 """
 from __future__ import annotations
 
+import math
+
 # A round that adds the same amount to every part of the state within this share of the amount repeats (float
 # round-off in times of ~1e3 s is ~1e-13 s; a period is >= ~1e-6 s).
 SAME_STEP = 1e-9
 MIN_ROUNDS = 8          # fewer rounds than this: nothing to jump over
+CHECK_EVERY = 16        # rounds between two looks at whether the makespan is proven above a caller's bound
 
 
 def usable(warm: tuple, m: int) -> bool:
@@ -35,10 +38,12 @@ def usable(warm: tuple, m: int) -> bool:
     return m - warm[0] >= MIN_ROUNDS and all(warm[i - 1] > warm[i] for i in range(1, len(warm)))
 
 
-def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple, m: int) -> tuple:
+def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple, m: int,
+                    above: float = math.inf) -> tuple | None:
     """(makespan, finish per stage) of `pipeline.simulate_1f1b` with f[i], b[i] one compute time per stage; x,
     occ, blk per boundary (the transfer with its latency, the link occupancy, blocking); warm: the warm-up
-    forwards per stage (`usable` holds)."""
+    forwards per stage (`usable` holds). None once the makespan is proven above `above` (`_beyond`): a caller
+    that only needs to know whether it beats `above` is spared the rest of a long transient."""
     p = len(f)
     last = p - 1
     free = [0.0] * p
@@ -109,12 +114,35 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
                 r += n + 1
                 seen.clear()
                 continue
+            if above < math.inf and len(seen) >= CHECK_EVERY and r % CHECK_EVERY == 0 \
+                    and _beyond(now, seen, r, rounds, f, b, warm, above):
+                return None
             seen.append(now)
             if len(seen) > longest:
                 del seen[0]
         r += 1
     _drain(p, m, warm, rounds, forward, backward)
     return max(finish), tuple(finish)
+
+
+def _beyond(now: list, seen: list, r: int, rounds: int, f: list, b: list, warm: tuple, above: float) -> bool:
+    """Whether the makespan is proven above `above` from the state after round r (`now`) and the one c rounds
+    earlier (seen[-c], c = len(seen)). The round map is max-plus linear: monotone, and adding a constant to every
+    time adds it to the result. So if every part grew by at least delta over those c rounds, it grows by at least
+    delta over every c rounds from there (s_{q+c} >= s_q + delta gives s_{q+2c} >= s_{q+c} + delta), and stage
+    i, free at free_i after round t = r - c + k c (the last such round), still runs its f_i + b_i in each later
+    round and (w_0 - w_i) forwards and w_0 backwards in the drain: the makespan is at least their sum."""
+    c = len(seen)
+    old = seen[-c]
+    delta = min([a - e for a, e in zip(now, old)])
+    if delta <= 0:
+        return False
+    k = (rounds - 1 - r + c) // c
+    left = rounds - 1 - (r - c + k * c)
+    w0 = warm[0]
+    lb = max([old[i] + k * delta + left * (f[i] + b[i]) + (w0 - warm[i]) * f[i] + w0 * b[i]
+              for i in range(len(f))])
+    return lb > above + 1e-9 * abs(above)
 
 
 def _repeats(now: list, seen: list, longest: int) -> int:

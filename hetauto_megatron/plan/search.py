@@ -224,6 +224,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     # the tree's size sets the trees' budget and the enumeration's visits; a re-plan grows no trees
     cap, patience, est = tree_budget(sp, cfg.seed) if not warm or cfg.iterations else (0, 0, math.inf)
     warm_found = [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
+    peaks: set = set()                  # where the warm enumeration's climbs started and ended
     if warm and cfg.local_search:       # re-planning: first climb from the old plan (a few hundred layouts)
         for part, _ in run_all(climb_job, [(w, deadline) for w in warm], workers, t0):
             warm_found += part      # (their layouts are counted below, with the cache)
@@ -231,9 +232,21 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if warm and method == "mcts" and not cfg.iterations:
         # the climbed old plan is the plan to beat: an enumeration pruned by it, over the old plan's micro-batch
         # sizes, looks where a better leaf can be (another S, order, TP or DP than the old plan's, which no
-        # climb reaches through better layouts; plan/replan.py), and a climb starts from what beat it: no trees
+        # climb reaches through better layouts; plan/replan.py), climbing from each leaf that beats the best held
+        # (the climb's best is then the value to beat): no trees
+        early: list = []
+
+        def improve(layout, t):
+            part = climb(sp, ev, layout, deadline)
+            early.extend(part)
+            top = min([(t, layout), *part], key=lambda x: x[0])
+            peaks.update((layout, top[1]))
+            return top[0]
         _, playouts, _ = warm_enumeration(sp, layout_value(sp, ev), lambda c: sp.leaf_bound(c, ev), best_known,
-                                          found=leaves, micro_batches=micro_batches(warm), deadline=deadline)
+                                          found=leaves, micro_batches=micro_batches(warm), deadline=deadline,
+                                          improve=improve if cfg.local_search else None)
+        for t, layout in early:
+            leaves[layout] = min(t, leaves.get(layout, math.inf))
         priced += len(ev.cache)
     elif method == "mcts" and not cfg.iterations:
         # a tree small enough is settled exactly; on a larger one a short run seeds the trees with its leaves
@@ -307,12 +320,13 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     # found (lists of their own, so the climb's many near-identical layouts cannot crowd the tree's best leaves
     # out of the final check).
     shortlists = [ranked]
-    if ev.engine == "megatron":         # layouts its fill and drain overcount (DeepSpeed's schedule is its own)
+    # (a re-plan re-checks one list of its own, below: these would be priced for nothing)
+    if ev.engine == "megatron" and not warm:    # layouts its fill and drain overcount (DeepSpeed's is its own)
         shortlists.append(fill_shortlist(ev, ranked, sp.score))
-    if any(c.uplink_gbps for c in inventory.clusters):     # layouts the uplink's pessimistic screen may hide
+    if any(c.uplink_gbps for c in inventory.clusters) and not warm:   # layouts the uplink's screen may hide
         shortlists.append(uplink_shortlist(ev, ranked, sp.score))
     if (method == "mcts" and cfg.local_search) or warm:
-        climbed = set(warm) if cfg.local_search else set()
+        climbed = set(warm) | peaks if cfg.local_search else set()
         if warm:    # re-planning: the old plan was climbed; climb from the best of what beat it
             starts = local.starts([x for x in ranked if x[0] < old_best * (1 - 1e-9)], REPLAN_CLIMBS,
                                   kind=lambda layout: layout[0].samples_per_step)

@@ -8,6 +8,7 @@ and boundary buffers of overlapped boundaries.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..cost.analytic import AnalyticCostModel
@@ -162,7 +163,9 @@ def deepspeed_passes(model, profs, fwd, bwd) -> tuple[list[float], list[float]]:
 
 
 def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, inventory,
-            engine: str = "megatron") -> Estimate:
+            engine: str = "megatron", above: float = math.inf) -> Estimate | None:
+    """The estimate of a layer split; None where the event simulation proves the iteration slower than `above`
+    (pipeline.simulate_1f1b: a caller choosing between two depths needs no more of the slower one)."""
     profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
@@ -174,15 +177,18 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         fwd.append(f)
         bwd.append(b)
         mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
+    # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
+    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
+    overhead = _iteration_overhead(cost_model, profs)
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
         makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m, pipe.uplinks)
     else:
         sim = simulate_1f1b(fwd, bwd, links, m, latency=pipe.latency, blocking=blocking, depth=depth,
-                            uplinks=pipe.uplinks)
+                            uplinks=pipe.uplinks, above=above - tail["tail_s"] - overhead)
+        if sim is None:
+            return None
         makespan, busy = sim.makespan, sim.busy
-    # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
-    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
-    T = makespan + tail["tail_s"] + _iteration_overhead(cost_model, profs)
+    T = makespan + tail["tail_s"] + overhead
     tokens = gbs * model.seq_length
     world = sum(c.tp * c.dp * c.num_stages for c in choices)
     flops = model.model_flops_per_token() * tokens
