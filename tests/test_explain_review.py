@@ -262,3 +262,16 @@ def test_a_replan_is_judged_against_the_plan_by_the_searchs_objective(tmp_path, 
             assert c.get("note") == "the plan itself: the re-plan found nothing better", (row["what"], c)
             checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("command", [["simulate", "--plan"], ["explain", "--no-search", "--plan"],
+                                     ["compare"]])
+def test_a_plan_that_set_shrinks_below_names_the_override(command, readme_plan, capsys):
+    """The README's plan uses the 64 H800s; with --set cluster.h800.nodes=1 only 8 are left. The plan fitted its
+    inventory, so the paragraph says that the override changed it, in every command that takes --set (explain and
+    compare told the user to change the plan's TP or DP)."""
+    plan, _ = readme_plan
+    rc = main([*command, plan, "--set", "cluster.h800.nodes=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{plan}: field 'meshes'" in err and "which has 8" in err, err
+    assert "as --set cluster.h800.nodes=1 changed it" in err and "change --set" in err, err

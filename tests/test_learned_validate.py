@@ -203,3 +203,15 @@ def test_published_runs_in_sample_and_held_out(tmp_path, capsys):
     assert main(["validate-cost-model", f"--published={tmp_path / 'none.yaml'}"]) == 2
     err = capsys.readouterr().err
     assert "published-runs table not found" in err and "Traceback" not in err
+
+
+def test_published_summary_reads_as_its_rows(capsys):
+    """The printed summary's worst error is the largest error the printed rows show (it read '16.9 %' beside a row
+    printing '17.0': the summary was rounded to 0.01 and then printed to 0.1)."""
+    assert main(["validate-cost-model", "--published"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.startswith("source_")]
+    for column, label in ((7, "in sample"), (9, "leave one out")):
+        shown = max(abs(float(r[column])) for r in rows)
+        summary = next(line for line in lines if line.startswith(f"analytic, {label}"))
+        assert summary.rstrip().endswith(f"worst {shown:.1f} %"), (summary, shown)

@@ -2,12 +2,13 @@
 exit 2 and one paragraph naming the file, the field and the fix, before anything is measured or fitted; and
 validate-cost-model --dryrun simulates a plan on the inventory it carries, as every command reading a plan."""
 import json
+import os
 import pathlib
 
 import pytest
 import yaml
 from conftest import TINY_PLAN
-from helpers import cpu_inventory, run_cli
+from helpers import ROOT, cpu_inventory, run_cli
 
 from hetauto_megatron.cost import features as F
 from hetauto_megatron.cost.learned import PROFILE_FORMAT
@@ -195,6 +196,17 @@ def test_dryrun_refuses_before_starting_a_rank(argv, field, capsys, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     rc, _, err = run_cli(["dryrun", "--plan", TINY_PLAN, "--tiny", *argv], capsys)
     assert rc == 2 and f"field '{field}'" in err and "Traceback" not in err, err
+
+
+def test_dryrun_names_the_plan_for_a_cluster_the_inventory_lacks(capsys, tmp_path, monkeypatch):
+    """The plan's mesh names a cluster another inventory lacks: the paragraph names the plan file, whose field
+    meshes[0].cluster it is (it named the --inventory file), as explain and simulate do."""
+    monkeypatch.chdir(tmp_path)
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
+    rc, _, err = run_cli(["dryrun", "--plan", TINY_PLAN, "--tiny", "--inventory", inv, "--timeline", "t.png",
+                          "--compare"], capsys)
+    assert rc == 2 and f"{TINY_PLAN}: field 'meshes[0].cluster'" in err and "Traceback" not in err, err
+    assert f"the inventory {inv} does not have" in err, err
 
 
 def test_an_output_may_not_overwrite_a_file_of_an_input_folder(tmp_path):

@@ -166,6 +166,24 @@ def apply_memory_job(cost_model, inventory) -> None:
               "Sailor's Megatron-DeepSpeed job holds memory (docs/peers.md)", file=sys.stderr)
 
 
+def plan_error(exc, plan_file: str, sets: list[str] | None):
+    """The InputError of pricing a plan file, naming that file: the plan fitted its inventory, so a mesh that no
+    longer fits one that --set changed says the override did it (simulate, explain and compare alike)."""
+    from ..errors import InputError
+    if exc.file is not None:
+        return exc
+    if sets and exc.field and exc.field.startswith("meshes"):
+        return InputError(f"{exc.reason} (in the inventory as --set {' '.join(sets)} changed it)", file=plan_file,
+                          field=exc.field, fix=f"{exc.fix.rstrip('.')}; or change --set" if exc.fix else "change --set")
+    return exc.within(file=plan_file)
+
+
+def naming_inventory(reason: str, source: str | None) -> str:
+    """A plan-against-inventory reason that names the inventory file too (the paragraph names the plan file, whose
+    field it is), unless it already does."""
+    return reason if not source or source in reason else f"{reason} (inventory {source})"
+
+
 def check_budget_s(budget_s: float | None, what: str, example: int) -> None:
     """--budget-s (plan's search, explain's re-plans): positive seconds; NaN too is refused, as it would never stop
     a search."""

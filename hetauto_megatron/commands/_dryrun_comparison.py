@@ -123,9 +123,8 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
         check_plan_against_inventory(plan, inventory)
     except InputError as exc:
         # the plan and the inventory disagree: name the inventory (the caller names the plan file)
-        src = inventory.source
-        raise InputError(exc.reason if not src or src in exc.reason else f"{exc.reason} (inventory {src})",
-                         file=exc.file, field=exc.field,
+        from ._common import naming_inventory
+        raise InputError(naming_inventory(exc.reason, inventory.source), file=exc.file, field=exc.field,
                          fix=f"{exc.fix}; or pass the inventory the plan was made for (--inventory)") from None
     factor = core_sharing_factor(plan.world_size, cores)
     # a run with --emulate-links SCALE ran the inventory's links SCALE times as slow (its report says how much)

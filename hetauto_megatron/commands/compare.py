@@ -172,7 +172,8 @@ def run(args) -> int:
         try:
             rows.append(plan_row(path, plan, _priced(inventory, prices), cost_model))
         except InputError as exc:
-            raise (exc.within(file=path) if exc.file is None else exc) from None
+            from ._common import plan_error
+            raise plan_error(exc, path, args.set) from None
     if args.price or any(r["cost_per_million_tokens"] is not None for r in rows):
         # a plan left without a cost row: say which of its clusters has no price, rather than drop it in silence
         for path, plan, inventory, _ in inputs:

@@ -160,6 +160,11 @@ def _check_inventory(args, plan) -> None:
         else:
             check_plan_against_inventory(plan, inv)
     except InputError as exc:
+        if exc.file is None and (exc.field or "").startswith("meshes"):
+            # the plan's meshes (clusters, devices, sizes) are the plan file's fields; the inventory is named too
+            from ._common import naming_inventory
+            raise InputError(naming_inventory(exc.reason, where), file=args.plan, field=exc.field,
+                             fix=exc.fix) from None
         raise (exc.within(file=where) if exc.file is None else exc) from None
 
 

@@ -228,6 +228,10 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     if not plan.is_simple:     # several pipelines, replica groups side by side
         from ..plan.multi_explain import alternatives, shapes_report
         rep = shapes_report(plan, inventory, cost_model, replan=replan if do_search else None)
+        # the objective and cost a plan of one pipeline reports too (its header gives the cost)
+        rep["objective"] = constraints.objective
+        rep["cost_per_million_tokens"] = cost_per_million_tokens(inventory, plan.meshes, rep["iteration_time_s"],
+                                                                 tokens)
         if do_search:
             rep["runners_up"] = alternatives(shapes_result or run_search(inventory), rep["iteration_time_s"], k)
         rep["runners_up_requested"] = k
@@ -353,7 +357,8 @@ def run(args) -> int:
                              seed=args.seed, progress=not args.quiet, workers=args.workers,
                              budget_s=args.budget_s)
     except InputError as exc:
-        raise (exc.within(file=args.plan) if exc.file is None and exc.field and exc.field.startswith(("meshes", "estimate"))
+        from ._common import plan_error
+        raise (plan_error(exc, args.plan, args.set) if exc.field and exc.field.startswith(("meshes", "estimate"))
                else exc) from None
     if args.json:
         from ._common import json_document

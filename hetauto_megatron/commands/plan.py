@@ -249,10 +249,14 @@ def run(args) -> int:
     if args.json:
         search_record = {**plan.estimate["search"], "seconds": round(result.seconds, 3)}
         from ._common import json_document
+        # keys that do not apply are null, never absent (docs/explain.md): the plan file's estimate leaves the
+        # cost out when a cluster has no price and the learned model's reasons out when it prices nothing, and
+        # --explain and --from add their parts only when given
         print(json.dumps(json_document("plan", {
-            **plan.estimate, "search": search_record, "plan": plan.to_dict(), "written": written,
-            **({"explain": explained} if explained else {}),
-            **({"moved": moved, "kept_from_plan": kept} if moved is not None else {})}), indent=2))
+            **plan.estimate, "cost_model_why": plan.estimate.get("cost_model_why"),
+            "cost_per_million_tokens": plan.estimate.get("cost_per_million_tokens"),
+            "search": search_record, "plan": plan.to_dict(), "written": written, "explain": explained or None,
+            "moved": moved, "kept_from_plan": kept if moved is not None else None}), indent=2))
         return 0
     from ..emit.summary import format_summary
     print(format_summary(plan, plan.estimate))

@@ -233,13 +233,8 @@ def run(args) -> int:
         est = simulate(plan, inventory, cost_model, engine=args.engine)
     except InputError as exc:
         if args.plan and exc.file is None:
-            if getattr(args, "set", None) and exc.field and exc.field.startswith("meshes"):
-                # the plan fitted its inventory; what changed is the --set override
-                raise InputError(f"{exc.reason} (in the inventory as --set {' '.join(args.set)} changed it)",
-                                 file=args.plan, field=exc.field,
-                                 fix=f"{exc.fix.rstrip('.')}; or change --set" if exc.fix else "change --set") \
-                    from None
-            raise exc.within(file=args.plan) from None
+            from ._common import plan_error
+            raise plan_error(exc, args.plan, getattr(args, "set", None)) from None
         if not args.plan and exc.field and exc.field.startswith("meshes[0]."):
             flag = {"tp": "--tp", "device_type": "--cluster"}.get(exc.field.split(".")[-1], exc.field)
             raise InputError(exc.reason, field=flag, fix=exc.fix) from None
@@ -255,6 +250,7 @@ def run(args) -> int:
         from ._common import json_document
         # every key always present (null where it does not apply), as explain and compare write them
         print(json.dumps(json_document("simulate", {"engine": args.engine, **est.to_dict(),
+                                                    "cost_model_why": est.cost_model_why or None,
                                                     "cost_per_million_tokens": cost, "written": written or []}),
                          indent=2))
         return 0

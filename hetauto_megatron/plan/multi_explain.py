@@ -91,7 +91,8 @@ def format_shapes_report(rep: dict) -> str:
     n = len(rep["pipelines"])
     out = [f"plan: {rep['model']} on {rep['devices']} devices, {n} pipeline{'s' if n != 1 else ''}; predicted "
            f"{rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
-           + ("" if rep["fits"] else "  (DOES NOT FIT in memory)"), "", f"bottleneck: {rep['bottleneck']}"]
+           + (f", {rep['cost_per_million_tokens']:.4f} per 1M tokens" if rep.get("cost_per_million_tokens") is not None
+              else "") + ("" if rep["fits"] else "  (DOES NOT FIT in memory)"), "", f"bottleneck: {rep['bottleneck']}"]
     bd = rep["breakdown"]
     for k, v in bd["parts"].items():
         out.append(f"  {PARTS[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
