@@ -52,10 +52,12 @@ MODELS = {
                      ffn_hidden_size=6144, vocab_size=50257, seq_length=1024, max_position_embeddings=1024,
                      gated_mlp=False, tie_embeddings=True, position_embedding="learned"),
 }
-# (model, micro-batch size, recomputation, global batch, precision)
+# (model, micro-batch size, recomputation, global batch, precision). The GPT-style model recomputes whole layers:
+# Megatron-Core 0.19 cannot run selective (the MLP) with linear biases (plan/settings.py selective_runs; the H200
+# record left that run, then the fifth, out)
 RUNS = [("llama-1b", 1, "none", 8, "bf16"), ("llama-1b", 2, "none", 8, "bf16"),
         ("llama-1b", 4, "selective", 8, "bf16"), ("llama-1b", 4, "full", 8, "bf16"),
-        ("gpt-760m", 4, "none", 16, "bf16"), ("gpt-760m", 8, "selective", 16, "bf16"),
+        ("gpt-760m", 4, "none", 16, "bf16"), ("gpt-760m", 8, "full", 16, "bf16"),
         ("llama-1b", 1, "none", 4, "fp32")]
 
 

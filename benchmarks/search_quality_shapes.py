@@ -47,6 +47,7 @@ from hetauto_megatron.plan.multi_search import search_shapes
 from hetauto_megatron.plan.shapes_result import block_constraints
 from hetauto_megatron.plan.multi_simulate import price_pipeline, shapes_of
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
+from hetauto_megatron.plan.settings import selective_runs
 from hetauto_megatron.plan.plan import Plan
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import padded_model, simulate
@@ -230,6 +231,8 @@ class Exhaustive:
                             if rest < dp or rest % dp or max(m0, rest // dp) > 16:
                                 continue
                             for rc in ("none", "selective", "full"):
+                                if rc == "selective" and not selective_runs(self.model):
+                                    continue
                                 extra = dataclasses.replace(mesh, cluster=cl.name, device_type=cl.device.name, tp=tp,
                                                             dp=dp, micro_batch_size=rest // dp, recompute=rc,
                                                             setting_overrides=(), alongside=True,

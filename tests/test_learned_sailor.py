@@ -30,9 +30,21 @@ def test_model_shapes_match_sailor_parameter_counts():
     info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
     for name, spec in L.SAILOR_MODELS.items():
         measured = info[name]["1"]["1"]
-        # llm_info counts biases too; our layer_params ignores them (< 0.5% of a layer).
         assert abs(measured["params_floats"] - spec.layer_params) / spec.layer_params < 0.005, name
         assert measured["act_output_floats"] == spec.seq_length * spec.hidden_size, name
+
+
+def test_layer_parameters_per_tp_rank_to_the_parameter():
+    """The fork's GPT/OPT layers (linear biases, LayerNorm) as each TP rank holds them, counted by the fork: the
+    weights and the QKV and MLP-up biases split over TP, the norms and the output projections' biases whole on every
+    rank. LLAMA-3-8's entries hold two norms and no head (see below), so it is not compared."""
+    from hetauto_megatron.cost.memory import stage_params
+    info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
+    for name in ("OPT-350", "OPT-30", "GPT-Neo-2.7"):
+        spec = L.SAILOR_MODELS[name]
+        assert spec.linear_biases
+        for tp, entries in info[name].items():
+            assert stage_params(spec, int(tp), 1, False, False) == entries["1"]["params_floats"], (name, tp)
 
 
 def test_output_layers_match_sailor_parameter_counts():
@@ -40,6 +52,7 @@ def test_output_layers_match_sailor_parameter_counts():
     final norm (weight and bias, 2 x hidden): OPT's logits GEMM over the padded vocabulary, and for GPT-Neo
     nothing but the norm (no output layer: gpt_neo_model.py). LLAMA-3-8's entries hold two norms and no head in
     llm_info.json, so it is not compared."""
+    from hetauto_megatron.cost.memory import stage_params
     from hetauto_megatron.plan.settings import padded_vocab_size
     info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
     assert not L.SAILOR_MODELS["GPT-Neo-2.7"].output_layer and L.SAILOR_MODELS["OPT-350"].output_layer
@@ -48,8 +61,9 @@ def test_output_layers_match_sailor_parameter_counts():
         for tp, entries in info[name].items():
             tail = sum(entries[str(i)]["params_floats"] for i in range(spec.num_layers + 1, len(entries)))
             run = spec.replace(vocab_size=padded_vocab_size(spec.vocab_size, [int(tp)]))
-            head = run.output_params - run.hidden_size             # the output layer, without the final norm
+            head = run.output_params - 2 * spec.hidden_size         # the output layer, without the final norm
             assert tail == head / int(tp) + 2 * spec.hidden_size, (name, tp)
+            assert stage_params(run, int(tp), 0, False, True) == tail, (name, tp)
 
 
 def test_loader_reads_layers_and_heads(layers):

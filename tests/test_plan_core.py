@@ -126,8 +126,9 @@ def test_gqa_and_swiglu_counted():
     assert 68e9 < m.total_params < 70e9
     mha = m.replace(num_query_groups=64)
     assert mha.layer_params - m.layer_params == 2 * 8192 * (8192 - 1024)
-    plain = m.replace(gated_mlp=False)
-    assert m.layer_params - plain.layer_params == 8192 * 28672
+    plain = m.replace(gated_mlp=False)      # GPT's layer: one MLP matrix less, linear biases, LayerNorm's shifts
+    biases = (8192 + 2 * 1024) + 8192 + 28672 + 8192
+    assert m.layer_params - plain.layer_params == 8192 * 28672 - biases - 2 * 8192
 
 
 def test_recompute_reduces_activation_memory():

@@ -31,10 +31,16 @@ def test_hf_config_parses_and_counts(name):
     assert spec.total_params == pytest.approx(published, rel=0.02)
 
 
-def test_hf_exact_counts_where_the_architecture_is_bias_free():
-    # LLaMA/Mistral have no biases: the count is exact (as published by the model cards' checkpoints).
+def test_hf_exact_counts():
+    # to the parameter, as published: LLaMA/Mistral (no biases, RMSNorm) by the model cards' checkpoints; GPT-2
+    # (linear biases, LayerNorm, tied) by its checkpoint; Pythia-160M (biases, LayerNorm, untied) by the Pythia
+    # paper's table (162,322,944 in all, 85,056,000 outside the embedding and the output layer)
     assert load_model(os.path.join(HF, "llama-2-7b.json")).total_params == 6_738_415_616
     assert load_model(os.path.join(HF, "mistral-7b.json")).total_params == 7_241_732_096
+    assert load_model(os.path.join(HF, "gpt2.json")).total_params == 124_439_808
+    pythia = load_model(os.path.join(HF, "pythia-160m.json"), seq_length=2048)
+    assert pythia.total_params == 162_322_944
+    assert pythia.num_layers * pythia.layer_params + pythia.norm_params == 85_056_000
 
 
 def test_a_config_json_without_a_sequence_length_says_which_one_is_planned():

@@ -142,6 +142,18 @@ def add_arguments(parser) -> None:
                              "('hetauto explain --help')")
 
 
+def check_selective_runs(con, model, engine: str | None) -> None:
+    """--recompute CLUSTER=selective where the engine cannot run it for this model (plan/settings.py
+    selective_runs): refused by name, not planned around in silence."""
+    from ..errors import InputError
+    from ..plan.settings import DEFAULT_ENGINE, selective_runs
+    for name, mode in con.recompute:
+        if mode == "selective" and not selective_runs(model, engine or DEFAULT_ENGINE):
+            raise InputError(f"{name}=selective: Megatron-Core 0.19 cannot re-run the MLP of a model with linear "
+                             f"biases ({model.name}; plan/settings.py selective_runs says why)", field="--recompute",
+                             fix=f"use --recompute {name}=full or none")
+
+
 def check_deepspeed_constraints(con, inventory, schedule_given) -> None:
     """What DeepSpeed's pipeline engine cannot run, refused by name rather than planned around in silence (the
     search would leave a cluster pinned to selective recomputation out, or find nothing and blame the links)."""
@@ -210,6 +222,7 @@ def run(args) -> int:
         con = keep_search_of(old, args, con, inventory, kept)
     if args.engine == "deepspeed":
         check_deepspeed_constraints(con, inventory, schedule_given)
+    check_selective_runs(con, model, args.engine)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        warm_plan=old,

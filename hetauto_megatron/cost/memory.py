@@ -147,8 +147,9 @@ def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
 
 
 def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
-    """Parameters one device of a stage holds. Linear weights and the vocabulary are split over TP; norms and a
-    learned position table are replicated on every TP rank (Megatron-Core's layout). With tied embeddings the
+    """Parameters one device of a stage holds. Linear weights (and the column-parallel biases) and the vocabulary
+    are split over TP; norms, the row-parallel biases and a learned position table are replicated on every TP rank
+    (Megatron-Core's layout). With tied embeddings the
     last stage keeps its own copy of the table, except when it is also the first stage."""
     return _params(_param_terms(model, tp, first, last), layers)
 
@@ -158,16 +159,16 @@ def _param_terms(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple:
     """stage_params' terms that do not depend on the layer count: (parameters per layer, what the first and the
     last stage add, in the order they are added)."""
     h = model.hidden_size
-    norms = 2 * h
+    whole = model.layer_replicated_params            # the norms and the row-parallel biases
     adds = []
     if first:
         pos = model.embedding_params - model.vocab_size * h
         adds.append(model.vocab_size * h / tp + pos)
     if last:
-        adds.append(h)                                # the final norm
+        adds.append(model.norm_params)                # the final norm
         if model.output_layer and not (first and model.tie_embeddings):
             adds.append(model.vocab_size * h / tp)     # the output head (or the tied table's copy)
-    return (model.layer_params - norms) / tp + norms, tuple(adds)
+    return (model.layer_params - whole) / tp + whole, tuple(adds)
 
 
 def _params(terms: tuple, layers: int) -> float:

@@ -60,8 +60,8 @@ def architecture_args(m) -> list[ArchitectureArg]:
                              "a gated (SwiGLU) MLP" if gated else "a plain GeLU MLP"),
              ArchitectureArg("normalization", "RMSNorm" if gated else "LayerNorm",
                              ["--normalization", "RMSNorm"] if gated else [], "RMSNorm" if gated else "LayerNorm"),
-             ArchitectureArg("add_bias_linear", not gated, ["--disable-bias-linear"] if gated else [],
-                             "no linear biases" if gated else "linear biases"),
+             ArchitectureArg("add_bias_linear", m.linear_biases, [] if m.linear_biases else ["--disable-bias-linear"],
+                             "linear biases" if m.linear_biases else "no linear biases"),
              ArchitectureArg("position_embedding_type", position, ["--position-embedding-type", position],
                              "rotary positions" if rope else "a learned position table")]
     if rope:     # (Megatron ignores the base with learned positions)

@@ -17,6 +17,7 @@ from .plan import Plan
 from .search import search
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,
                             within_budget)
+from .settings import selective_runs
 from .simulate import simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK
@@ -96,7 +97,8 @@ def groups_alongside(model, inventory, cost, con, best, out: ShapesResult, max_m
                                     con.micro_batch_size}):
                                 continue
                             for rc in ("none", "selective", "full"):
-                                if con.recompute_of(cl.name) not in (None, rc):
+                                if con.recompute_of(cl.name) not in (None, rc) or (
+                                        rc == "selective" and not selective_runs(model)):
                                     continue
                                 extra = dataclasses.replace(mesh, cluster=cl.name, device_type=cl.device.name,
                                                             tp=tp, dp=dp, micro_batch_size=mbs[1], recompute=rc,

@@ -37,7 +37,7 @@ from .leaf_bound import LeafBound
 from .memory_caps import CapTable
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
-from .settings import DEFAULT_ENGINE, ENGINES, as_run_by
+from .settings import DEFAULT_ENGINE, ENGINES, as_run_by, selective_runs
 from .shapes import uniform_topology_gaps
 from .shared_uplinks import contended
 from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, num_micro_batches, padded_model
@@ -62,6 +62,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         # The pipeline engine planned for (settings.py ENGINES): DeepSpeed's runs every boundary blocking, its
         # TrainSchedule (screened by `deepspeed_links`), the settings as it runs them, and uniform layouts only.
         self.engine = engine
+        self.selective = selective_runs(model, engine)
         self.schedule = "blocking" if ENGINES[engine].blocking_boundaries else schedule
         self._padded: dict = {}
         self.cache: dict = {}           # layout as decided -> (time, resolved layout)
@@ -317,8 +318,8 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
                 out = self.cache[choices] = (math.inf, cur)
                 return out
             nxt = RECOMPUTE_MODES[RECOMPUTE_MODES.index(cur[raise_at].recompute) + 1]
-            if nxt == "selective" and self.engine == "deepspeed":
-                nxt = "full"        # DeepSpeed checkpoints whole layers only
+            if nxt == "selective" and (self.engine == "deepspeed" or not self.selective):
+                nxt = "full"        # DeepSpeed checkpoints whole layers only; selective_runs says the rest
             cur = cur[:raise_at] + (self.level(cur[raise_at], nxt),) + cur[raise_at + 1:]
             lists = self._stage_lists(cur, m)
 

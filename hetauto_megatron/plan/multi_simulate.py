@@ -261,13 +261,14 @@ def _holders(model, stage_lists: list, tie: bool) -> list:
             layer += st.layers
     h = model.hidden_size
     pos = model.embedding_params - model.vocab_size * h        # a learned position table (0 with rope)
-    # (parameters, of which every TP rank keeps a copy: the norms, a learned position table)
-    blocks = [((model.layer_params, 2 * h), hs) for hs in by_layer]
+    norm = model.norm_params
+    # (parameters, of which every TP rank keeps a copy: the norms, the row-parallel biases, a learned position table)
+    blocks = [((model.layer_params, model.layer_replicated_params), hs) for hs in by_layer]
     if tie:     # the word table is tied; a learned position table stays on the first stages
         blocks += [((model.embedding_params - pos, 0), emb + [x for x in head if x not in emb]), ((pos, pos), emb),
-                   ((h, h), head)]
+                   ((norm, norm), head)]
     else:
-        blocks += [((model.embedding_params, pos), emb), ((model.output_params, h), head)]
+        blocks += [((model.embedding_params, pos), emb), ((model.output_params, norm), head)]
     return [(n, sorted(hs, key=lambda x: x[2])) for n, hs in blocks]
 
 

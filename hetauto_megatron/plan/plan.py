@@ -29,7 +29,7 @@ from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, R
                    Mesh, check_global_batch_size, recompute_settings)
 from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, load_plan, plan_from_dict, plan_to_dict,  # noqa: F401
                         plan_to_yaml, save_plan)
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision,
+from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision, selective_runs,
                        model_padded_vocab_size, recompute_as_run_by)
 
 
@@ -109,6 +109,11 @@ class Plan:
                                  f"{m.ffn_hidden_size}: Megatron shards it evenly over the TP ranks", field=f"{p}.tp",
                                  fix="choose a tp that divides it: " + ", ".join(
                                      str(t) for t in (1, 2, 4, 8, 16) if m.ffn_hidden_size % t == 0))
+            if mesh.recompute == "selective" and not selective_runs(m, self.engine):
+                raise InputError("is selective, which Megatron-Core 0.19 cannot run for a model with linear biases "
+                                 f"({m.name}: its MLP checkpoint returns the bias parameter itself, and the backward "
+                                 "re-enters the checkpoint without end)", field=f"{p}.recompute",
+                                 fix="write full (whole layers re-run) or none")
             if as_run_by(mesh.settings, self.engine).sequence_parallel and m.seq_length % mesh.tp:
                 # Megatron's scatter to the sequence-parallel region splits the sequence evenly, or stops
                 raise InputError(f"sequence parallelism splits the {m.seq_length}-token sequence over tp={mesh.tp} "

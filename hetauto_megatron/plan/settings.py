@@ -258,6 +258,19 @@ def recompute_as_run_by(recompute: str, engine: str = DEFAULT_ENGINE) -> str:
     return recompute
 
 
+def selective_runs(model, engine: str = DEFAULT_ENGINE) -> bool:
+    """Whether recompute "selective" (the MLP re-run, plan/mesh.py RECOMPUTE_SETTINGS) runs for `model` under
+    `engine`. Not with Megatron's layers for a model with linear biases (GPT-2, GPT-3, OPT, GPT-NeoX): Megatron-Core
+    0.19's TransformerLayer checkpoints the MLP with tensor_parallel.checkpoint, and the MLP returns its output
+    projection's bias parameter itself (skip_bias_add); autograd then takes that parameter as the checkpoint's
+    output, so the backward re-enters the checkpoint without end (measured on CPU: a RecursionError after minutes
+    of recomputation, every rank of the stage stuck until then; Transformer Engine's layers take the same path
+    outside fp8). DeepSpeed's pipeline engine runs "selective" as "full" (recompute_as_run_by); a published run's
+    engine (runs_here False) is priced as it ran."""
+    e = ENGINES[engine]
+    return not (e.runs_here and e.layers == "megatron" and model.linear_biases)
+
+
 def default_settings(tp: int) -> RuntimeSettings:
     """What production Megatron jobs run: SP whenever TP shards the layers, the distributed optimizer with both
     overlaps, gradients reduced in fp32."""

@@ -32,7 +32,7 @@ from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .evaluator import AUTO
 from .plan import launch_nodes
-from .settings import DEFAULT_ENGINE
+from .settings import DEFAULT_ENGINE, selective_runs
 from .simulate import MeshChoice
 from .space_bounds import SpaceBounds
 
@@ -91,6 +91,7 @@ class SearchSpace(SpaceBounds):
         # engine runs without sequence parallelism or the overlaps; priced with Megatron's, a bound exceeded the
         # layouts below it by up to 9 % and the bounded search could cut its optimum)
         self.engine = engine
+        self.selective = selective_runs(model, engine)        # recompute "selective" runs for this model
         self.con = con = constraints or Constraints()
         self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
         self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
@@ -314,6 +315,7 @@ class SearchSpace(SpaceBounds):
                     or m.num_stages < 1 or m.tp * m.dp * m.num_stages > n or not self._mb_ok(m.micro_batch_size)
                     or not self.whole_nodes(m.cluster, m.tp * m.dp * m.num_stages)
                     or self.con.recompute_of(m.cluster) not in (None, m.recompute)
+                    or (m.recompute == "selective" and not self.selective)
                     or not self.fits_one_layer(m.cluster, m.tp, m.dp, m.micro_batch_size,
                                                "full" if m.recompute == AUTO else m.recompute)):
                 return False

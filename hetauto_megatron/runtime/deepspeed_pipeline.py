@@ -100,11 +100,15 @@ class TransformerLayer(nn.Module):
             model.position_embedding == "rope"
         self.rotary_base = model.rotary_base
         self.norm1, self.norm2 = _norm(model), _norm(model)
-        self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * d, bias=False)
-        self.proj = nn.Linear(self.heads * d, h, bias=False)
+        bias = model.linear_biases      # as Megatron builds the model (and the memory model prices it)
+        self.qkv = nn.Linear(h, (self.heads + 2 * self.groups) * d, bias=bias)
+        self.proj = nn.Linear(self.heads * d, h, bias=bias)
         self.gated = model.gated_mlp
-        self.up = nn.Linear(h, model.ffn_hidden_size * (2 if self.gated else 1), bias=False)
-        self.down = nn.Linear(model.ffn_hidden_size, h, bias=False)
+        self.up = nn.Linear(h, model.ffn_hidden_size * (2 if self.gated else 1), bias=bias)
+        self.down = nn.Linear(model.ffn_hidden_size, h, bias=bias)
+        for linear in (self.qkv, self.proj, self.up, self.down):
+            if linear.bias is not None:     # Megatron's initialisation of biases
+                nn.init.zeros_(linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape

@@ -63,7 +63,7 @@ def transformer_config(plan, ctx, spec: ModelSpec):
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups, ffn_hidden_size=spec.ffn_hidden_size,
         gated_linear_unit=spec.gated_mlp, activation_func=F.silu if spec.gated_mlp else F.gelu,
-        add_bias_linear=not spec.gated_mlp, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
+        add_bias_linear=spec.linear_biases, normalization="RMSNorm" if spec.gated_mlp else "LayerNorm",
         tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=ctx.layout.num_stages,
         sequence_parallel=mesh.settings.sequence_parallel,
         use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype,

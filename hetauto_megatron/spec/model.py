@@ -109,19 +109,39 @@ class ModelSpec:
         return self.num_query_groups * self.head_dim
 
     @property
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer.
+    def linear_biases(self) -> bool:
+        """Whether the linear layers carry biases: Megatron's --add-bias-linear (its default) for the GPT/OPT
+        family, --disable-bias-linear for the gated (LLaMA) family. One rule, read by both runtimes and the launch
+        arguments (runtime/model.py, runtime/deepspeed_pipeline.py, emit/megatron.py) and priced here."""
+        return not self.gated_mlp
 
-        Weights only, as in LLaMA/Mistral (no linear biases, RMSNorm with a scale only). Models with biases
-        and LayerNorm shifts (GPT-2, GPT-NeoX, OPT: 9h + ffn per layer; Qwen2's QKV biases) have slightly
-        more; the difference is below 0.2% of the parameters even at 125M and does not move a plan, so it is
-        not modelled (tests/test_spec_models.py checks the counts against the published ones).
-        """
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm: RMSNorm's scale (gated family), or LayerNorm's scale and shift."""
+        return self.hidden_size * (1 if self.gated_mlp else 2)
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer: the four projections' weights, their biases where the model has
+        them (linear_biases) and the two norms (tests/test_spec_models.py checks the counts against published
+        ones, to the parameter for GPT-2 and LLaMA). Qwen2's QKV-only biases are not a model hetauto builds."""
         h = self.hidden_size
         attn = h * (h + 2 * self.kv_hidden) + h * h
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
-        norms = 2 * h
-        return attn + mlp + norms
+        return attn + mlp + self.layer_replicated_params + self._column_biases
+
+    @property
+    def layer_replicated_params(self) -> int:
+        """The part of layer_params that every TP rank holds whole (Megatron-Core's layout): the two norms and
+        the row-parallel projections' biases (attention output, MLP down), which are added after the reduction."""
+        return 2 * self.norm_params + (2 * self.hidden_size if self.linear_biases else 0)
+
+    @property
+    def _column_biases(self) -> int:
+        """Biases of the column-parallel projections (QKV, MLP up), split over TP with their weights."""
+        if not self.linear_biases:
+            return 0
+        return self.hidden_size + 2 * self.kv_hidden + self.ffn_hidden_size * (2 if self.gated_mlp else 1)
 
     @property
     def embedding_params(self) -> int:
@@ -130,8 +150,9 @@ class ModelSpec:
 
     @property
     def output_params(self) -> int:
-        """Output head + final norm; the head shares the embedding when tied (still stored on the last stage)."""
-        return (self.vocab_size * self.hidden_size if self.output_layer else 0) + self.hidden_size
+        """Output head (no bias, as Megatron's) + final norm; the head shares the embedding when tied (still stored
+        on the last stage)."""
+        return (self.vocab_size * self.hidden_size if self.output_layer else 0) + self.norm_params
 
     def logits_width(self, tp: int) -> float:
         """Elements per token of the loss's input on one TP rank: the vocabulary shard the output layer computes,
@@ -140,7 +161,7 @@ class ModelSpec:
 
     @property
     def total_params(self) -> int:
-        out = self.hidden_size if self.tie_embeddings else self.output_params
+        out = self.norm_params if self.tie_embeddings else self.output_params
         return self.num_layers * self.layer_params + self.embedding_params + out
 
     def layer_flops_per_token(self) -> float:
