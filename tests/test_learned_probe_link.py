@@ -90,3 +90,15 @@ def test_probe_link_sides_started_with_different_options_stop_with_one_paragraph
         _, err = p.communicate(timeout=120)
         assert p.returncode == 2 and "Traceback" not in err, err
         assert "field '--iters'" in err and "--iters: rank 0 1, rank 1 3" in err
+
+
+def test_a_master_name_that_does_not_resolve_is_said_at_once(capsys):
+    """Rank 0 listens at --master, so a name that does not resolve there is refused before any wait (it waited the
+    whole --timeout, then blamed the other side); rank 1 is told at once and keeps trying (rank 0's name may appear
+    later). '.invalid' never resolves (RFC 2606)."""
+    assert main(["probe-link", "--rank", "0", "--master", "nohost.invalid:29600", "--timeout", "60"]) == 2
+    err = capsys.readouterr().err
+    assert "--master" in err and "does not resolve" in err and "could not reach" not in err and "Traceback" not in err
+    assert main(["probe-link", "--rank", "1", "--master", "nohost.invalid:29600", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.index("does not resolve") < err.index("could not reach the other side")

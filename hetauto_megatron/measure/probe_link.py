@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -83,6 +84,22 @@ def parse_master(master: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _check_resolves(rank: int, host: str, port: int, timeout_s: float) -> None:
+    """A --master name that does not resolve: rank 0 listens there, so it never will (refused at once); rank 1 may
+    start before rank 0's name is known, so it is told at once and keeps trying until --timeout (it waited the whole
+    timeout without a word)."""
+    import socket
+    try:
+        socket.getaddrinfo(host, port)
+    except socket.gaierror as exc:
+        if rank == 0:
+            raise InputError(f"'{host}' does not resolve on this host ({exc.strerror}), and rank 0 listens there",
+                             field="--master", fix="give this host's address (or a name it resolves) and a free "
+                                                   "port, e.g. 10.0.0.5:29600, and the same --master to rank 1") from None
+        print(f"hetauto probe-link: '{host}' does not resolve ({exc.strerror}); retrying until --timeout "
+              f"({timeout_s:g} s)", file=sys.stderr, flush=True)
+
+
 def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, ping_iters: int = 50,
              timeout_s: float = 60.0, connections: int = 1) -> LinkMeasurement | None:
     """Run one side of the probe; rank 0 returns the measurement, rank 1 returns None."""
@@ -90,6 +107,7 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
         raise InputError(f"must be 0 or 1, got {rank}", field="--rank",
                          fix="start '--rank 0' on one host and '--rank 1' on the other")
     host, port = parse_master(master)
+    _check_resolves(rank, host, port, timeout_s)
     import torch
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=timeout_s)
