@@ -81,6 +81,14 @@ def test_a_plan_asking_for_it_is_refused_before_anything_runs(tmp_path, capsys):
     assert path in err and "meshes[0].recompute" in err and "linear biases" in err and "write full" in err
     assert "Traceback" not in err
     assert main(["dryrun", "--plan", _plan_file(tmp_path, "full"), "--tiny", "--steps", "1"]) == 0   # full runs
+    capsys.readouterr()
+    layout = ["--tp", "1", "--pp", "1", "--dp", "1", "--micro-batch-size", "2", "--global-batch-size", "8"]
+    model = tmp_path / "gpt.yaml"
+    model.write_text(yaml.safe_dump(GPT))
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_per_node": 1}]}))
+    assert main(["simulate", "--model", str(model), "--inventory", str(inv), *layout, "--recompute", "selective"]) == 2
+    assert "field '--recompute'" in capsys.readouterr().err
 
 
 def test_plan_refuses_the_pin_and_never_chooses_it(tmp_path, capsys):

@@ -198,7 +198,7 @@ def run(args) -> int:
                                           tuple(layers)),), precision=args.precision or "bf16")
         except InputError as exc:   # name the command-line flag, not the plan field it became
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
-                    "global_batch_size": "--global-batch-size"}
+                    "global_batch_size": "--global-batch-size", "recompute": "--recompute"}
             key = (exc.field or "").split(".")[-1]
             if key == "sequence_parallel":      # a mesh of --tp > 1 runs it: there is no settings block to edit
                 raise InputError(exc.reason, field="--tp", fix=f"choose a --tp that divides the {model.seq_length}"
