@@ -284,3 +284,50 @@ def test_a_cluster_whose_launch_is_refused_stops_the_others_at_once(tmp_path, re
         else:
             assert "another cluster's launch was refused" in out and f"(cluster {refused})" in out, out[-2000:]
             assert "Traceback" not in out, out[-2000:]
+
+
+# (the ranks of one torchrun share a log, and Megatron's print writes the line and its end apart: no anchors)
+BUILT = re.compile(r"number of parameters on \(tensor, gtp_remat, pipeline\) model parallel rank "
+                   r"\((\d+), \d+, (\d+)\): (\d+)")
+GPT_FAMILY = {"swiglu": "False", "normalization": "LayerNorm", "add_bias_linear": "True",
+              "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": "False"}
+
+
+def test_nvidia_pretrain_gpt_runs_a_gpt_family_plan_as_megatron_builds_it(nvidia_script, tmp_path):
+    """The examples/gpt3 and peer (OPT, GPT-Neo) family, gated_mlp: false (GeLU, LayerNorm, linear biases), with
+    learned positions and tied embeddings, on the 2-cluster plan, cluster-a recomputing full and cluster-b none,
+    through the emitted scripts and NVIDIA's pretrain_gpt.py as the test above: Megatron's losses agree with its
+    own homogeneous layout to 1e-5 (measured 5.574901, 5.505037, 5.311711, 5.170052: 1e-6 apart at the third).
+    The emitted architecture flags and the reference's come from one table (emit/megatron.py architecture_args),
+    so the losses alone would agree on a wrong flag. What can fail: the parameters Megatron reports building on
+    each (TP rank, stage), in both runs, must be what the planner prices its memory from (cost/memory.py
+    stage_params, from the model spec, which GPT-2's published count checks): --disable-bias-linear, --swiglu,
+    RMSNorm, rotary positions or an untied output layer each change them; and Megatron's argument printout must
+    show the GPT family's settings and each mesh's recomputation."""
+    import yaml
+
+    from hetauto_megatron.cost.memory import stage_params
+
+    raw = yaml.safe_load(open(PLAN))
+    raw["version"] = 2
+    raw["model"].update(name="tiny-gpt", gated_mlp=False, tie_embeddings=True, position_embedding="learned",
+                        num_query_groups=raw["model"]["num_attention_heads"])
+    raw["meshes"][0]["recompute"] = "full"
+    plan_file = tmp_path / "gpt-plan.yaml"
+    plan_file.write_text(yaml.safe_dump(raw))
+    _, logs, het_losses, ref_losses = run_against_megatron(
+        nvidia_script, tmp_path, str(plan_file), [("cluster-a", 0, 0, 4), ("cluster-b", 0, 4, 2)], "cluster-b")
+    assert max(abs(a - b) for a, b in zip(het_losses, ref_losses)) <= 1e-5, (het_losses, ref_losses)
+
+    plan = load_plan(str(plan_file))
+    model = plan.model.with_padded_vocab(plan.padded_vocab_size)
+    stages = [(m.tp, layers) for m in plan.meshes for layers in m.stage_layers]
+    for run, tps in (("hetauto", [tp for tp, _ in stages]), ("reference", [1] * len(stages))):
+        priced = {(t, s): stage_params(model, tps[s], layers, s == 0, s == len(stages) - 1)
+                  for s, (_, layers) in enumerate(stages) for t in range(tps[s])}
+        texts = [logs["reference"]] if run == "reference" else [logs[k] for k in logs if ".node" in k]
+        built = {(int(t), int(s)): int(n) for text in texts for t, s, n in BUILT.findall(text)}
+        assert built == priced, (run, built, priced)
+    for name, recompute in (("cluster-a.node0", "full"), ("cluster-b", "None"), ("reference", "None")):
+        for arg, value in {**GPT_FAMILY, "recompute_granularity": recompute}.items():
+            assert re.search(rf"^\s*{arg} \.+ {value}$", logs[name], re.M), (name, arg, logs[name][-3000:])
