@@ -81,14 +81,6 @@ def test_a_plan_asking_for_it_is_refused_before_anything_runs(tmp_path, capsys):
     assert path in err and "meshes[0].recompute" in err and "linear biases" in err and "write full" in err
     assert "Traceback" not in err
     assert main(["dryrun", "--plan", _plan_file(tmp_path, "full"), "--tiny", "--steps", "1"]) == 0   # full runs
-    capsys.readouterr()
-    layout = ["--tp", "1", "--pp", "1", "--dp", "1", "--micro-batch-size", "2", "--global-batch-size", "8"]
-    model = tmp_path / "gpt.yaml"
-    model.write_text(yaml.safe_dump(GPT))
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "cpu", "nodes": 1, "devices_per_node": 1}]}))
-    assert main(["simulate", "--model", str(model), "--inventory", str(inv), *layout, "--recompute", "selective"]) == 2
-    assert "field '--recompute'" in capsys.readouterr().err
 
 
 def test_plan_refuses_the_pin_and_never_chooses_it(tmp_path, capsys):
@@ -121,3 +113,20 @@ def test_the_search_space_holds_selective_only_where_it_runs(gated):
                                              "devices_per_node": 8}]})
     space = SearchSpace(model, inv, 8, AnalyticCostModel())
     assert space.selective == gated
+
+
+def test_simulate_names_its_recompute_flag(tmp_path, capsys):
+    """simulate --recompute selective for a model with linear biases: the refusal names the flag it came from and
+    a fix written as that flag, not the plan field (meshes[0].recompute) the layout became."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "a100-40gb", "nodes": 1,
+                                                  "devices_per_node": 8}]}))
+    model = tmp_path / "gpt.yaml"
+    model.write_text(yaml.safe_dump(GPT))
+    base = ["simulate", "--model", str(model), "--inventory", str(inv), "--tp", "1", "--pp", "1", "--dp", "8",
+            "--micro-batch-size", "1", "--global-batch-size", "8"]
+    assert main(base + ["--recompute", "selective"]) == 2
+    err = capsys.readouterr().err
+    assert "field '--recompute'" in err and "linear biases" in err and "--recompute full or none" in err, err
+    assert "meshes[0]" not in err and "Traceback" not in err
+    assert main(base + ["--recompute", "full"]) == 0

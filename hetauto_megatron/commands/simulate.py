@@ -198,8 +198,10 @@ def run(args) -> int:
                                           tuple(layers)),), precision=args.precision or "bf16")
         except InputError as exc:   # name the command-line flag, not the plan field it became
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
-                    "global_batch_size": "--global-batch-size", "recompute": "--recompute"}
+                    "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
+            if key == "recompute":      # selective for a model with linear biases (settings.selective_runs)
+                raise InputError(exc.reason, field="--recompute", fix="use --recompute full or none") from None
             if key == "sequence_parallel":      # a mesh of --tp > 1 runs it: there is no settings block to edit
                 raise InputError(exc.reason, field="--tp", fix=f"choose a --tp that divides the {model.seq_length}"
                                  f"-token sequence, or a --seq-length that {tp} divides") from None

@@ -241,8 +241,8 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
     with fewer owner ranks sets it) at its device's rate, or its share of the node's NIC (`node_gbps`). A phase lasts as long as its busiest link direction or root rank
     direction. Then, inside every holder at once, the ranks that are not sources take the sum from theirs:
     without the distributed optimizer a broadcast to the DP replicas of every synced local tensor (on the
-    mesh's DP link), then for what TP duplicates (the norms, a learned position table) a broadcast to the other
-    TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
+    mesh's DP link), then for what TP duplicates (the norms, the row-parallel biases, a learned position table) a
+    broadcast to the other TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
     step: exposed in full. `rule(inventory, clusters, owners)`: the roots' weights of three or more holders
     (the runtime's, exchange_weights, unless explain prices another choice)."""
     if not blocks:
