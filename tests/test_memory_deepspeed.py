@@ -135,8 +135,8 @@ def _tp2_rank(rank, world_size, model, parts):
     deepspeed.init_distributed(dist_backend="gloo")
     scan_only_what_comes_next()      # the scans skip the imports' objects
     topology = PipeModelDataParallelTopology(num_pp=TP2_STAGES, num_mp=2, num_dp=1)
-    module = dsp._pipeline_module_class()(dsp.layer_specs(model), parts, topology=topology, loss_fn=dsp.lm_loss,
-                                          seed_layers=True, base_seed=dsp.BASE_SEED)
+    module = dsp._pipeline_module_class()(dsp.layer_specs(model, TP2_STAGES), parts, topology=topology,
+                                          loss_fn=dsp.lm_loss, seed_layers=True, base_seed=dsp.BASE_SEED)
     params = [p for p in module.parameters() if p.requires_grad]
     config = {"train_batch_size": MBS * MICRO, "train_micro_batch_size_per_gpu": MBS,
               "gradient_accumulation_steps": MICRO, "zero_optimization": {"stage": 0}, "steps_per_print": 10 ** 9}

@@ -4,7 +4,7 @@
 `hetauto.partition` key, because DeepSpeed's `PipelineModule` accepts only named partition methods. This module
 is the other half:
 
-- `layer_specs(model)`: a small GPT-like layer list for the plan's model, `[embedding, L transformer layers,
+- `layer_specs(model, stages)`: a small GPT-like layer list for the plan's model, `[embedding, L transformer layers,
   head]` (the layout `hetauto.partition` counts in), as DeepSpeed `LayerSpec`s so each stage builds only its
   own layers. Pre-norm layers (RMSNorm and SwiGLU for gated models, LayerNorm and GELU otherwise), grouped-query
   attention, RoPE or learned positions, tied embeddings through a `TiedLayerSpec`. Not tensor-parallel: for
@@ -67,17 +67,19 @@ def _rotate(x: torch.Tensor, base: int) -> torch.Tensor:
 
 class Embedding(nn.Module):
     """Layer 0: token (and learned position) embedding. With tied embeddings it also holds the final norm and
-    computes the logits on the last stage (`tied_head`), so its weights are shared between the two stages."""
+    computes the logits on the last stage (`tied_head`), so its weights are shared between the two stages.
+    `embeds` / `head`: which ends this copy serves; each stage builds only what its end uses (the first no final
+    norm, the last no position table), as Megatron builds and the memory model prices them."""
 
-    def __init__(self, model: ModelSpec):
+    def __init__(self, model: ModelSpec, *, embeds: bool = True, head: bool = True):
         super().__init__()
         self.word = nn.Embedding(model.vocab_size, model.hidden_size)
         nn.init.normal_(self.word.weight, std=0.02)
         self.position = None
-        if model.position_embedding == "learned":
+        if model.position_embedding == "learned" and embeds:
             self.position = nn.Embedding(model.max_position_embeddings, model.hidden_size)
             nn.init.normal_(self.position.weight, std=0.02)
-        self.final_norm = _norm(model) if model.tie_embeddings else None
+        self.final_norm = _norm(model) if model.tie_embeddings and head else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.word(tokens)
@@ -152,13 +154,16 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def layer_specs(model: ModelSpec) -> list:
+def layer_specs(model: ModelSpec, stages: int) -> list:
     """[embedding, model.num_layers transformer layers, head] as DeepSpeed layer specs."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     if model.tie_embeddings:
-        first = TiedLayerSpec("embedding", Embedding, model, tied_weight_attr=["word.weight"])
-        last = TiedLayerSpec("embedding", Embedding, model, forward_fn=tied_head, tied_weight_attr=["word.weight"])
+        # a stage builds the tied module from the first of its specs; one stage alone serves both ends with it
+        one = stages == 1
+        first = TiedLayerSpec("embedding", Embedding, model, tied_weight_attr=["word.weight"], head=one)
+        last = TiedLayerSpec("embedding", Embedding, model, forward_fn=tied_head, tied_weight_attr=["word.weight"],
+                             embeds=one)
     else:
         first, last = LayerSpec(Embedding, model), LayerSpec(Head, model)
     return [first] + [LayerSpec(TransformerLayer, model) for _ in range(model.num_layers)] + [last]
@@ -256,7 +261,7 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
     # the tables padded as the plan priced them (the tokens, synthetic_batch's, stay in the model's vocabulary)
     built = model.with_padded_vocab(block.get("padded_vocab_size", model.vocab_size))
     module = _pipeline_module_class()(
-        layer_specs(built), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
+        layer_specs(built, stages), block["partition"], num_stages=stages, loss_fn=lm_loss, seed_layers=True,
         base_seed=base_seed,
         activation_checkpoint_interval=ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0),
         # only the transformer layers, as Megatron's full recomputation: DeepSpeed would checkpoint any layer with
