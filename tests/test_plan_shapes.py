@@ -357,11 +357,11 @@ def test_docs_examples_load_with_the_figures_the_docs_state():
     blocks = [plan_from_dict(yaml.safe_load(b)) for b in re.findall(r"```yaml\n(version: 3.*?)```", text, re.S)]
     two, mixed = blocks
     assert two.num_pipelines == 2 and [two.pipeline_micro_batches(p) for p in range(2)] == [80, 48]
-    assert two.rank_offset(1) == 16 and two.world_size == 28 and two.layer_holders(20) == [(0, 1), (1, 1)]
+    assert two.rank_offset(1) == 16 and two.world_size == 40 and two.layer_holders(20) == [(0, 1), (1, 1)]
     assert two.pipeline(1).is_simple and two.pipeline(1).global_batch_size == 384
     assert mixed.positions(0) == [[0, 1], [2]] and mixed.pipeline_micro_batches(0) == 64
-    assert [mixed.sample_range(0, d) for d in (0, 5)] == [(0, 2), (10, 12)] and mixed.sample_range(1, 0) == (12, 16)
-    assert [mixed.rank_offset(i) for i in range(3)] == [0, 6, 10] and mixed.world_size == 18
+    assert [mixed.sample_range(0, d) for d in (0, 3)] == [(0, 2), (6, 8)] and mixed.sample_range(1, 0) == (8, 16)
+    assert [mixed.rank_offset(i) for i in range(3)] == [0, 4, 8] and mixed.world_size == 12
 
 
 def test_pipeline_samples_in_python_are_checked():

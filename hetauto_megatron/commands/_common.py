@@ -178,10 +178,12 @@ def plan_error(exc, plan_file: str, sets: list[str] | None):
     return exc.within(file=plan_file)
 
 
-def naming_inventory(reason: str, source: str | None) -> str:
+def naming_inventory(reason: str, source: str | None, plan_file: str | None = None) -> str:
     """A plan-against-inventory reason that names the inventory file too (the paragraph names the plan file, whose
-    field it is), unless it already does."""
-    return reason if not source or source in reason else f"{reason} (inventory {source})"
+    field it is), unless it already does or the inventory is the one the plan file carries."""
+    if not source or source in reason or source == plan_file:
+        return reason
+    return f"{reason} (inventory {source})"
 
 
 def check_budget_s(budget_s: float | None, what: str, example: int) -> None:

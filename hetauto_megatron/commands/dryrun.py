@@ -163,7 +163,7 @@ def _check_inventory(args, plan) -> None:
         if exc.file is None and (exc.field or "").startswith("meshes"):
             # the plan's meshes (clusters, devices, sizes) are the plan file's fields; the inventory is named too
             from ._common import naming_inventory
-            raise InputError(naming_inventory(exc.reason, where), file=args.plan, field=exc.field,
+            raise InputError(naming_inventory(exc.reason, where, args.plan), file=args.plan, field=exc.field,
                              fix=exc.fix) from None
         raise (exc.within(file=where) if exc.file is None else exc) from None
 
