@@ -73,6 +73,15 @@ def _check(rows):
     print(f"worst activation error {max(worst):.1%} over {len(rows)} ranks")
 
 
+def _two_stage_plan(path, model, first, second):
+    """Write GRID_PLAN with `model` over two one-stage CPU meshes of two layers each, cluster a then b, with
+    the (tp, recompute) given for each; returns the path, for dryrun --plan."""
+    meshes = [{"cluster": c, "device_type": "cpu", "tp": tp, "dp": 1, "micro_batch_size": 2, "recompute": r,
+               "stage_layers": [2]} for c, (tp, r) in zip("ab", (first, second))]
+    path.write_text(yaml.safe_dump({**GRID_PLAN, "model": model, "meshes": meshes}))
+    return path
+
+
 def test_every_stage_of_the_recompute_grid_within_10_percent(grid_memory):
     assert [r["recompute"] for r in grid_memory] == ["selective"] + ["full"] * 2 + ["selective"] * 4
     assert [r["in_flight"] for r in grid_memory] == [3, 2, 2, 1, 1, 1, 1]
@@ -84,13 +93,8 @@ def test_a_model_without_grouped_query_attention_within_10_percent(tmp_path, cap
     positions: Megatron's local attention then repeats no head, so V stays a view of the fused QKV output and the
     whole of it is kept beside the rotated Q and K. Predicted without it: +13.8 % activations measured on the
     selective stage (2 ranks of TP 2 and one of TP 1)."""
-    plan = {**GRID_PLAN, "model": {**GRID_PLAN["model"], "num_layers": 4, "num_query_groups": 4},
-            "meshes": [{"cluster": "a", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2,
-                        "recompute": "selective", "stage_layers": [2]},
-                       {"cluster": "b", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
-                        "recompute": "none", "stage_layers": [2]}]}
-    path = tmp_path / "mha.yaml"
-    path.write_text(yaml.safe_dump(plan))
+    path = _two_stage_plan(tmp_path / "mha.yaml", {**GRID_PLAN["model"], "num_layers": 4, "num_query_groups": 4},
+                           (1, "selective"), (2, "none"))
     assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["memory"]
     assert [r["recompute"] for r in rows] == ["selective", "none", "none"]
@@ -218,13 +222,7 @@ def test_a_gpt_family_model_within_the_tolerances(tmp_path, capsys):
     on 64: 1.8-4.2 % more weights and gradients measured there."""
     model = {**GRID_PLAN["model"], "num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 512,
              "num_query_groups": 4, "gated_mlp": False, "tie_embeddings": True, "position_embedding": "learned"}
-    plan = {**GRID_PLAN, "model": model,
-            "meshes": [{"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2,
-                        "recompute": "full", "stage_layers": [2]},
-                       {"cluster": "b", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2,
-                        "recompute": "none", "stage_layers": [2]}]}
-    path = tmp_path / "gpt.yaml"
-    path.write_text(yaml.safe_dump(plan))
+    path = _two_stage_plan(tmp_path / "gpt.yaml", model, (2, "full"), (1, "none"))
     # at its own width (--tiny would shrink it to 32-element vectors); 219,520 parameters on each TP 2 rank
     assert main(["dryrun", "--plan", str(path), "--steps", "1", "--reference", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

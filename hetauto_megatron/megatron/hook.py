@@ -47,6 +47,8 @@ from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
+# How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
+from .script_guard import guard_script_errors, main_guard  # noqa: F401
 from .training_seams import install_gradient_rules
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -338,6 +340,3 @@ def _destroy_groups_at_exit(timeout_s: float) -> None:
         print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",
               file=sys.stderr, flush=True)
 
-
-# How an entry script ends on a user mistake or a lost rank: script_guard.py (the scripts call them as hook.*).
-from .script_guard import guard_script_errors, main_guard  # noqa: E402,F401
