@@ -130,3 +130,29 @@ def test_simulate_names_its_recompute_flag(tmp_path, capsys):
     assert "field '--recompute'" in err and "linear biases" in err and "--recompute full or none" in err, err
     assert "meshes[0]" not in err and "Traceback" not in err
     assert main(base + ["--recompute", "full"]) == 0
+
+
+def test_simulate_prices_selective_under_deepspeed_as_it_runs(tmp_path, capsys):
+    """DeepSpeed's pipeline engine runs "selective" as full, whatever the biases (selective_runs, and
+    tests/test_memory_deepspeed.py counts every layer's forward run twice): `simulate --engine deepspeed --recompute
+    selective` on this model is priced as full recomputation, the same iteration and memory; Megatron's engine
+    still refuses it (above). Before, the layout's plan was built without the engine and refused with Megatron's
+    reason."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "a100-40gb", "nodes": 1,
+                                                  "devices_per_node": 8}]}))
+    model = tmp_path / "gpt.yaml"
+    model.write_text(yaml.safe_dump(GPT))
+    base = ["simulate", "--model", str(model), "--inventory", str(inv), "--tp", "1", "--pp", "2", "--dp", "4",
+            "--micro-batch-size", "1", "--global-batch-size", "8", "--engine", "deepspeed", "--json"]
+    runs = {}
+    for recompute in ("selective", "full"):
+        assert main(base + ["--recompute", recompute]) == 0, capsys.readouterr().err
+        runs[recompute] = json.loads(capsys.readouterr().out)
+    selective, full = runs["selective"], runs["full"]
+    assert selective["engine"] == "deepspeed"
+    assert [st["recompute"] for st in selective["stages"]] == ["full", "full"]
+    for key in ("iteration_time_s", "memory_gib"):
+        assert selective[key] == full[key], key
+    assert main([a for a in base if a not in ("--engine", "deepspeed")] + ["--recompute", "selective"]) == 2
+    assert "linear biases" in capsys.readouterr().err

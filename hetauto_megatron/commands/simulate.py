@@ -194,8 +194,11 @@ def run(args) -> int:
                                  "only the embedding and the output layer)")
         layers = homogeneous_split(model, inventory, cluster, (tp, pp, dp, mbs, gbs), args, cost_model)
         try:
+            # made for the engine that runs it (selective_runs: DeepSpeed's runs a biased model's "selective", as
+            # full) and written as that engine runs it (Plan.for_engine), as simulate prices it
             plan = Plan(model, gbs, (Mesh(cluster.name, cluster.device.name, tp, dp, mbs, args.recompute or "none",
-                                          tuple(layers)),), precision=args.precision or "bf16")
+                                          tuple(layers)),), precision=args.precision or "bf16",
+                        engine=args.engine).for_engine(args.engine)
         except InputError as exc:   # name the command-line flag, not the plan field it became
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
                     "global_batch_size": "--global-batch-size"}

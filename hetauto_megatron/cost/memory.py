@@ -52,6 +52,12 @@ class LayerImpl:
                                    # (settings.hidden_dropout / attention_dropout > 0; at 0 PyTorch keeps nothing):
                                    # a 1-byte mask from the fused kernel on accelerators; None = the element size:
                                    # on CPU PyTorch draws the mask as a tensor of the input's dtype
+    kv_repeated: bool = False      # with flash attention and GQA: K and V repeated to every head before a kernel
+                                   # that takes no grouped K and V (the memory-efficient one), kept at the query's
+                                   # width
+    checkpoint_bytes: int = 0      # what a full recomputation's checkpoint keeps in the device's memory beside the
+                                   # layer's input, per layer and micro-batch; its backward holds as much again while
+                                   # it re-runs the layer (DeepSpeed's on CPU: two RNG states, below)
 
 
 TRANSFORMER_ENGINE = LayerImpl()
@@ -62,14 +68,6 @@ TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
                          dropout_mask_bytes=None)
-# The layers of the DeepSpeed pipeline module hetauto ships (runtime/deepspeed_pipeline.py), on every device:
-# torch's scaled_dot_product_attention (flash or memory-efficient kernel: no s x s matrix, at any precision), torch's
-# norms (RMSNorm keeps the normalised input), unfused rotary embedding, SiLU x up without Megatron's GLU offset, no
-# dropout (that module refuses a config with one). K and V are repeated to every head before the attention, which
-# the flash-attention count keeps at their GQA width: 2 s b (h - kv_hidden) elements per layer it leaves out (4 % of
-# the tiny model's layer). Measured by tests/test_memory_deepspeed.py.
-DEEPSPEED_PIPELINE_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, fused_glu=True,
-                                    dropout_mask_bytes=None)
 
 
 def _mask_bytes(impl: LayerImpl, E: int) -> int:
@@ -98,6 +96,10 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
     attn = 2 * sbh * E
     if impl.flash_attention:
         attn += 2 * s * b * model.kv_hidden * E
+        if impl.kv_repeated and model.num_query_groups != a:
+            # K and V repeated to every head (rope rotates them before, at their GQA width); without rope Q is a
+            # view of the fused QKV output, which keeps its K and V (GQA width) beside the repeated ones
+            attn += 2 * s * b * (h - (model.kv_hidden if model.position_embedding == "rope" else 0)) * E
     else:
         scores = a * s * s * b
         attn += 2 * sbh * E + scores * E + (scores * (E + mask) if attention_dropout else 0)
@@ -122,7 +124,7 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
                      attention_dropout)
     rep_tp = tp if sequence_parallel else 1
     if recompute == "full":
-        return p["input"] / rep_tp
+        return p["input"] / rep_tp + impl.checkpoint_bytes
     kept = p["rep"] / rep_tp + p["attn"] / tp + p["fixed"]
     return kept + (p["mlp"] / tp if recompute == "none" else 0.0)
 
@@ -141,8 +143,8 @@ def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
     kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl,
               hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
     full = layer_activation_bytes(model, tp, micro_batch_size, "none", **kw)
-    if recompute == "full":
-        return full - layer_activation_bytes(model, tp, micro_batch_size, "full", **kw)
+    if recompute == "full":     # (the backward's own checkpoint bytes while it re-runs the layer)
+        return full - layer_activation_bytes(model, tp, micro_batch_size, "full", **kw) + 2 * impl.checkpoint_bytes
     return full - layer_activation_bytes(model, tp, micro_batch_size, "selective", **kw)
 
 
@@ -186,7 +188,8 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     the bytes per parameter at the optimizer's step as pairs (state_bytes_at_step_per_param; empty: the same set),
     one layer's kept activations per micro-batch, the recompute
     buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
-    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; the state held at the
+    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's
+    previous micro-batch keeps per layer under that engine; the state held at the
     gradient reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_param(E, dp, settings, precision).items())
@@ -218,10 +221,15 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
         head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.logits_width(tp)
         logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
     pipe = NO_PIPE_BUFFERS
+    previous = 0.0
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
-    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, reduction
+        if last and recompute == "full":
+            # the previous micro-batch's graph, which the last stage's logits slot keeps (cost/pipe_buffers.py),
+            # keeps its checkpoints' own bytes (not their inputs), per layer
+            previous = impl.checkpoint_bytes
+    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, previous, reduction
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -245,8 +253,8 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`, `in_flight`
     micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_reader, job_stage_memory_reader)."""
-    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, reduction,
-     tensor, overhead) = cfg
+    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, previous,
+     reduction, tensor, overhead) = cfg
     params = _params(params_terms, layers)
     state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
     held = (per, fixed)
@@ -256,7 +264,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
         stepping = sum([params * v for _, v in at_step])
         if stepping > state:
             state, held = stepping, (at_step, ())
-    saved = in_flight * layers * act
+    saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
     buffer = buffer if layers else 0.0

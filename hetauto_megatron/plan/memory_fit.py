@@ -11,9 +11,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.memory import (DEEPSPEED_PIPELINE_IMPL, DRY_RUN_IMPL, TRANSFORMER_ENGINE,
-                           TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory, LayerImpl, job_stage_memory_bytes,
-                           job_stage_memory_reader, stage_memory_bytes, stage_memory_reader as _stage_reader)
+from ..cost.deepspeed_layers import deepspeed_pipeline_impl
+from ..cost.memory import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory,
+                           LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+                           stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -57,12 +58,13 @@ def layer_impl(prof: StageProfile) -> LayerImpl:
 
 def layers_of(settings: RuntimeSettings, device) -> LayerImpl:
     """How the layers the settings' engine runs keep their activations on `device` (a DeviceType at the job's
-    precision): DeepSpeed's engine runs hetauto's pipeline module of torch layers (DEEPSPEED_PIPELINE_IMPL, on every
-    device); Megatron with fused attention (RuntimeSettings.fused_attention) Transformer Engine's count, with
-    unfused attention (Transformer Engine in fp32 or on a V100) its unfused count, and on CPU processes Megatron's
-    local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and measure)."""
+    precision): DeepSpeed's engine runs hetauto's pipeline module of torch layers (deepspeed_pipeline_impl: K and V
+    at their GQA width or repeated to every head, by what torch's attention kernel on the device takes; on CPU its
+    checkpoints' RNG states); Megatron with fused attention (RuntimeSettings.fused_attention) Transformer Engine's
+    count, with unfused attention (Transformer Engine in fp32 or on a V100) its unfused count, and on CPU processes
+    Megatron's local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and measure)."""
     if ENGINES[settings.engine].layers == "torch":
-        return DEEPSPEED_PIPELINE_IMPL
+        return deepspeed_pipeline_impl(device)
     if settings.fused_attention(device):
         return TRANSFORMER_ENGINE
     return DRY_RUN_IMPL if device.vendor == "cpu" else TRANSFORMER_ENGINE_UNFUSED_ATTENTION

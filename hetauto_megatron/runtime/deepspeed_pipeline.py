@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cost.memory import DEEPSPEED_PIPELINE_IMPL
+from ..cost.deepspeed_layers import DEEPSPEED_PIPELINE_IMPL
 from ..errors import InputError
 from ..spec.model import ModelSpec
 from .device import set_fp32_gemms
 
 BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
-# How these layers keep activations, for the memory model: cost/memory.py DEEPSPEED_PIPELINE_IMPL, which the
-# planner prices every --engine deepspeed stage with (plan/memory_fit.py layer_impl).
+# How these layers keep activations, for the memory model: cost/deepspeed_layers.py (DEEPSPEED_PIPELINE_IMPL and its
+# variants by device), which the planner prices every --engine deepspeed stage with (plan/memory_fit.py layer_impl).
 LAYER_IMPL = DEEPSPEED_PIPELINE_IMPL
 
 
@@ -92,6 +92,19 @@ def tied_head(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(embedding.final_norm(hidden), embedding.word.weight)
 
 
+def sdpa_takes_gqa(x: torch.Tensor) -> bool:
+    """Whether torch's scaled_dot_product_attention runs grouped K and V (`enable_gqa`) in a fused kernel for
+    activations like `x`: CPU's flash kernel does; on an accelerator only the flash kernel, in 16 bits from
+    compute capability 8.0; the memory-efficient kernel (fp32, a V100) does not, and enable_gqa would take the
+    math kernel and its s x s score matrix, so K and V are repeated to every head there. The memory model prices
+    each case by the same rule (cost/deepspeed_layers.py deepspeed_pipeline_impl)."""
+    if x.device.type == "cpu":
+        return True
+    if x.device.type != "cuda":     # another accelerator's torch (an Ascend's npu): its kernels are not known here
+        return False
+    return x.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(x.device) >= (8, 0)
+
+
 class TransformerLayer(nn.Module):
     """Pre-norm decoder layer: causal grouped-query self-attention and an MLP, each with a residual."""
 
@@ -117,11 +130,22 @@ class TransformerLayer(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).split(
             [self.heads * self.head_dim, self.groups * self.head_dim, self.groups * self.head_dim], -1)
         q = q.view(b, s, self.heads, -1).transpose(1, 2)
-        k = k.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
-        v = v.view(b, s, self.groups, -1).transpose(1, 2).repeat_interleave(self.heads // self.groups, 1)
+        k = k.view(b, s, self.groups, -1).transpose(1, 2)
+        v = v.view(b, s, self.groups, -1).transpose(1, 2)
+        # What the attention keeps is what the memory model counts (cost/memory.py _layer_parts): Q, K and V at
+        # their GQA width and the context. Without rope Q, K and V are views of the fused QKV output, kept whole
+        # once (the three of them). With rope Q and K are rotated copies, and V, a view, would keep the whole
+        # fused output beside them: it is copied out (kv wide) so that output is freed.
+        grouped = self.groups != self.heads
+        native = not grouped or sdpa_takes_gqa(x)
         if self.rope:
             q, k = _rotate(q, self.rotary_base), _rotate(k, self.rotary_base)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if native:
+                v = v.contiguous()
+        if not native:      # the fused kernel that runs would not take grouped K and V: repeat them to every head
+            k = k.repeat_interleave(self.heads // self.groups, 1)
+            v = v.repeat_interleave(self.heads // self.groups, 1)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped and native)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
         up = self.up(self.norm2(x))
         if self.gated:
