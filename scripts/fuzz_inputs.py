@@ -470,7 +470,7 @@ def _all_items(ws: Workspace, model_dir: str | None = None, only: str | None = N
                 cfg = json.load(fh)
             read = {next((k for k in keys if k in cfg), keys[0]) for keys in SOURCE_KEYS.values()} | {
                 "model_type", "head_dim", "is_encoder_decoder", "tie_word_embeddings", "num_local_experts",
-                "num_experts", "n_routed_experts", "moe_num_experts"}
+                "num_experts", "n_routed_experts", "moe_num_experts", "word_embed_proj_dim"}
             cases += field_cases(ws, "hf", m, model_commands,
                                  keep=lambda path, read=read: bool(path) and path[0] in read)
     if want("plan"):

@@ -220,8 +220,8 @@ MODEL_CASES = {
                             '"vocab_size": 128, "n_positions": 32}', "n_layer", ["more than any transformer"]),
     "hf-rope-theta-fraction": ("config.json", '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
                                '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128, '
-                               '"max_position_embeddings": 32, "rope_theta": 10000.5}', "rope_theta",
-                               ["whole number", "--rotary-base", "10000.5"]),
+                               '"max_position_embeddings": 32, "rope_theta": 1.25}', "rope_theta",
+                               ["above 1", "--rotary-base", "1.25"]),
     "hf-head-dim": ("config.json", '{"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 3072, '
                     '"num_attention_heads": 16, "head_dim": 256, "intermediate_size": 128, "vocab_size": 128, '
                     '"max_position_embeddings": 32}', "head_dim", ["head_dim 256"]),

@@ -224,7 +224,8 @@ def test_gpt_bigcode_is_read_as_published(tmp_path):
     assert m.total_params == pytest.approx(1.14e9, rel=0.03)    # StarCoderBase-1B
 
 
-@pytest.mark.parametrize("model_type, words", [("falcon", "parallel attention"), ("bloom", "ALiBi")])
+@pytest.mark.parametrize("model_type, words", [("falcon", "parallel attention"), ("bloom", "ALiBi"),
+                                               ("RefinedWebModel", "parallel attention")])
 def test_families_megatrons_gpt_does_not_build_are_refused(tmp_path, model_type, words):
     """Falcon (parallel attention) and BLOOM (ALiBi) were refused for a missing MLP key, or, given one, planned as
     another model: they are refused for what they are, naming model_type."""
@@ -270,3 +271,87 @@ def test_bias_and_rope_scaling_notes_name_flags_megatron_has():
     assert "--use-rope-scaling --rope-scaling-factor 8.0" in llama31, llama31
     named = set(re.findall(r"--[a-z][a-z-]+", said + " " + llama31))
     assert named and named <= options, named - options
+
+
+def test_a_family_hetauto_does_not_know_ties_its_head_when_the_key_is_absent(tmp_path):
+    """transformers' save_pretrained writes tie_word_embeddings unless it is true (PretrainedConfig's default):
+    Command-R's config.json (model_type cohere, not in the family table) leaves it out and ties its head. It was
+    planned untied, 2.1 B parameters (6 %) above the checkpoint's 34,980,831,232."""
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "cohere", "hidden_act": "silu", "hidden_size": 8192, "intermediate_size": 22528, '
+        '"max_position_embeddings": 8192, "num_attention_heads": 64, "num_hidden_layers": 40, '
+        '"num_key_value_heads": 64, "rope_theta": 8000000.0, "use_qk_norm": false, "vocab_size": 256000}')
+    m = load_model(str(tmp_path / "config.json"))
+    assert m.tie_embeddings and m.gated_mlp
+    assert m.total_params == pytest.approx(34_980_831_232, rel=0.001)
+
+
+def test_opt_with_a_projected_embedding_is_refused(tmp_path):
+    """OPT-350m's embeddings are 512 wide, projected to and from its 1,024-wide layers: planned as a GPT it counted
+    355.9 M parameters against the checkpoint's 331.2 M (+7.5 %), without a word. It is refused, naming the key."""
+    from hetauto_megatron.errors import InputError
+
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "opt", "activation_function": "relu", "do_layer_norm_before": false, "ffn_dim": 4096, '
+        '"hidden_size": 1024, "max_position_embeddings": 2048, "num_attention_heads": 16, "num_hidden_layers": 24, '
+        '"vocab_size": 50272, "word_embed_proj_dim": 512}')
+    with pytest.raises(InputError) as info:
+        load_model(str(tmp_path / "config.json"))
+    assert info.value.field == "word_embed_proj_dim" and "projected" in info.value.reason
+    opt_125m = load_model(os.path.join(HF, "opt-125m.json"))      # an OPT whose projection is the hidden size
+    assert opt_125m.total_params == pytest.approx(125.24e6, rel=0.02)
+
+
+def test_parallel_blocks_rotary_dim_and_local_attention_are_said():
+    """GPT-J and Phi run attention and the MLP side by side on one input in every layer (no switch says so, unlike
+    GPT-NeoX's use_parallel_residual), GPT-J rotates rotary_dim (64) of each 256-wide head, and GPT-Neo's local
+    layers attend within a window: the launch builds sequential layers with full rotary embeddings and full causal
+    attention, which was not said for any of them."""
+    from hetauto_megatron.spec.hf_config import not_carried
+
+    gptj = " ".join(not_carried({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64}))
+    assert "side by side" in gptj and "--rotary-percent 0.25" in gptj, gptj
+    phi = " ".join(not_carried({"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32,
+                                "partial_rotary_factor": 0.4}))
+    assert "side by side" in phi and "--rotary-percent 0.4" in phi, phi
+    assert not any("side by side" in line for line in not_carried({"model_type": "llama"}))
+    # GPT-Neo-1.3B: every other layer attends within a window of 256 tokens
+    neo = " ".join(not_carried({"model_type": "gpt_neo", "attention_layers": ["global", "local"] * 12,
+                                "window_size": 256}))
+    assert "local attention (window 256) in 12 of 24 layers" in neo, neo
+
+
+def test_a_fractional_rotary_base_is_launched_at_the_nearest_integer_and_said():
+    """StarCoder2-3B's config.json has rope_theta 999999.4420358813; Megatron's --rotary-base takes an integer, and
+    the published model was refused (exit 2, 'correct the value'). It is planned at 999,999, which the plan records
+    and the launch passes, and the note says so. The rest is StarCoder2's: biases, LayerNorm, a tied head, GQA, to
+    the checkpoint's 3,030,371,328 parameters."""
+    from hetauto_megatron.spec.hf_config import model_from_hf_config, not_carried
+
+    cfg = {"model_type": "starcoder2", "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072,
+           "intermediate_size": 12288, "max_position_embeddings": 16384, "norm_epsilon": 1e-05,
+           "num_attention_heads": 24, "num_hidden_layers": 30, "num_key_value_heads": 2,
+           "rope_theta": 999999.4420358813, "sliding_window": 4096, "use_bias": True, "vocab_size": 49152}
+    m = model_from_hf_config(cfg)
+    assert m.rotary_base == 999_999 and m.tie_embeddings and m.linear_biases and m.num_query_groups == 2
+    assert m.total_params == 3_030_371_328
+    said = " ".join(not_carried(cfg))
+    assert "999999.4420358813" in said and "launched as 999999" in said, said
+
+
+def test_a_multimodal_config_is_refused():
+    """Qwen2-VL-7B's config.json has its language model's keys at the top level and its vision encoder under
+    vision_config: it was planned as the language model alone, 7.62 B parameters against the checkpoint's 8.29 B
+    (-8 %), without a word. It is refused, naming vision_config."""
+    import json
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.hf_config import model_from_hf_config
+    with open(os.path.join(HF, "qwen2-7b.json")) as f:
+        cfg = json.load(f)
+    cfg.update(model_type="qwen2_vl", max_position_embeddings=32768,
+               vision_config={"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "hidden_size": 3584,
+                              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2})
+    with pytest.raises(InputError) as info:
+        model_from_hf_config(cfg)
+    assert info.value.field == "vision_config" and "multimodal" in info.value.reason

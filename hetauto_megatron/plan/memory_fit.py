@@ -148,9 +148,10 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 
 def layers_that_fit(need, limit: float, num_layers: int, per: float | None = None) -> int:
     """The largest n with need(n) <= limit, -1 if even need(0) exceeds it; `need` (bytes for n layers) grows
-    affinely from one layer on: a step from the slope between one and two layers (`per`, when the caller knows
-    it), then checked against `need` at its edge so that rounding never overstates it (need(n) > limit for n
-    above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer costs nothing.)"""
+    with n, mostly affinely from one layer on: a step from the slope between one and two layers (`per`, when the
+    caller knows it), then bisected against `need` to the exact edge so that rounding or a bend never overstates it
+    (need(n) > limit for n above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer
+    costs nothing.)"""
     one = need(1)
     if one > limit:
         return -1 if need(0) > limit else 0
@@ -159,8 +160,17 @@ def layers_that_fit(need, limit: float, num_layers: int, per: float | None = Non
     if per <= 0:
         return num_layers
     n = 1 + int((limit - one) // per)
-    while n > 1 and need(n) > limit:
-        n -= 1
-    while need(n + 1) <= limit:
-        n += 1
-    return n
+    # need is not affine everywhere (DeepSpeed's state is the largest of three affine sets, one with a fixed
+    # bucket), so the step may miss by far: a small model's cap is tens of thousands of layers, which a walk
+    # one layer at a time took 250,000 readings to reach. Bisect between a count that fits and one that does not.
+    if need(n) > limit:
+        lo, hi = 1, n
+    else:
+        lo, step = n, 1
+        while need(lo + step) <= limit:
+            lo, step = lo + step, 2 * step
+        hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= limit else (lo, mid)
+    return lo

@@ -33,9 +33,16 @@ _REFUSED_FAMILIES = {
     "bloom": "ALiBi position biases",
     "mpt": "ALiBi position biases",
 }
+# Falcon's first releases name their family RefinedWeb (7B: RefinedWebModel, 40B: RefinedWeb), with GPT-2's key names
+_REFUSED_FAMILIES.update({"refinedwebmodel": _REFUSED_FAMILIES["falcon"], "refinedweb": _REFUSED_FAMILIES["falcon"]})
+# Families whose every layer runs attention and MLP side by side on one input (no switch says it, unlike GPT-NeoX's
+# use_parallel_residual): Megatron's GPT layers run them one after the other
+_PARALLEL_FAMILIES = {"gptj", "phi", "cohere"}
 _GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
 # Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# An encoder's block beside the language model's keys (Qwen2-VL's are at the top level): the encoder is no GPT layer
+_MULTIMODAL_KEYS = ("vision_config", "audio_config")
 
 
 # ModelSpec field -> the config.json keys it is read from, in the order they are tried: the reader below, and its
@@ -90,6 +97,12 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
             raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
                              "model: planning it as a dense model would under-count its weights", file=file,
                              field=key, fix="plan a dense model, or " + unsupported_fix)
+    for key in _MULTIMODAL_KEYS:
+        if isinstance(cfg.get(key), dict):
+            raise InputError(f"describes a multimodal model (model_type {mt or 'unknown'}) whose {key} is an encoder "
+                             "beside the language model: planned as the language model alone it would leave the "
+                             "encoder's weights and compute out", file=file, field=key,
+                             fix="plan the language model of a text-only config.json, or " + unsupported_fix)
     L = first(*SOURCE_KEYS["num_layers"])
     h = first(*SOURCE_KEYS["hidden_size"])
     heads = first(*SOURCE_KEYS["num_attention_heads"])
@@ -130,11 +143,24 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     if isinstance(ffn, bool) or not isinstance(ffn, int):
         raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
                          fix="correct the value")
+    proj = cfg.get("word_embed_proj_dim") if mt == "opt" else None
+    if proj is not None and (isinstance(proj, bool) or not isinstance(proj, int)):
+        raise InputError(f"must be an integer, got {proj!r}"[:200], file=file, field="word_embed_proj_dim",
+                         fix="correct the value (config.json files from the Hugging Face Hub have it)")
+    if proj is not None and proj != h:
+        # OPT-350m: a narrower embedding projected in and out of every layer's width, the layers post-norm
+        raise InputError(f"is {proj} where hidden_size is {h}: the embeddings are projected "
+                         "to and from the layers' width (OPT-350m), which Megatron's GPT does not build: planned and "
+                         "launched as a GPT it would be another model", file=file, field="word_embed_proj_dim",
+                         fix=unsupported_fix)
     if family is not None:
         gated, tie_default, pos = family
     else:
         act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") or "silu"
-        gated, tie_default, pos = str(act).lower() in _GATED_ACTS, False, "rope"
+        # transformers' save_pretrained leaves tie_word_embeddings out only when it is true (PretrainedConfig's
+        # default, and the class's): a family this table does not know, written without it, ties its head (a file
+        # without model_type was not written so, and keeps the untied default)
+        gated, tie_default, pos = str(act).lower() in _GATED_ACTS, bool(mt), "rope"
     tie = cfg.get("tie_word_embeddings", tie_default)
     if not isinstance(tie, bool):
         raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
@@ -145,12 +171,14 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         key = next((k for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
         if key is not None:
             theta = cfg[key]
-            # Megatron's --rotary-base takes an integer; every published theta is one (10000.0, 500000.0, 1e6)
+            # Megatron's --rotary-base takes an integer; nearly every published theta is one (10000.0, 500000.0,
+            # 1e6), StarCoder2-3B's is 999999.4420358813: planned and launched at the nearest, which not_carried says
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) \
-                    or theta != int(theta) or theta <= 1:
-                raise InputError(f"must be a whole number above 1 (Megatron's --rotary-base), got {theta!r}"[:200],
+                    or round(theta) <= 1:
+                raise InputError(f"must be an integer above 1, or a number that rounds to one (Megatron's "
+                                 f"--rotary-base), got {theta!r}"[:200],
                                  file=file, field=key, fix="correct the value, or " + unsupported_fix)
-            theta = int(theta)
+            theta = int(round(theta))
     try:
         return ModelSpec(name=os.path.basename(str(name).rstrip("/")) or "hf-model", num_layers=L, hidden_size=h,
                          num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
@@ -191,6 +219,12 @@ def not_carried(cfg: dict) -> list[str]:
         out.append("biases on the MLP's projections (Megatron: the launch's --disable-bias-linear dropped, which "
                    "adds the attention output projection's too)")
     partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
+    rotary_dim = cfg.get("rotary_dim")      # GPT-J, CodeGen: the rotated dimensions of each head, a count
+    hidden = next((cfg[k] for k in SOURCE_KEYS["hidden_size"] if cfg.get(k) is not None), None)
+    heads = next((cfg[k] for k in SOURCE_KEYS["num_attention_heads"] if cfg.get(k) is not None), None)
+    if partial is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                               for v in (rotary_dim, hidden, heads)):
+        partial = rotary_dim / (hidden // heads) if hidden >= heads else None
     if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
         out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
     # Hugging Face applies a window wherever `sliding_window` is a number, unless use_sliding_window says it is
@@ -200,9 +234,13 @@ def not_carried(cfg: dict) -> list[str]:
             or cfg.get("use_sliding_window") is True:
         out.append(f"sliding-window attention (window {str(cfg.get('sliding_window'))[:40]}): planned and launched "
                    "as full causal attention")
-    if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True:
-        out.append("attention and MLP side by side on each layer's input (GPT-NeoX's parallel residual): built "
-                   "one after the other, as Megatron's GPT layers are")
+    kinds = cfg.get("attention_layers")         # GPT-Neo: "global" and "local" (a window) layers, alternating
+    if isinstance(kinds, list) and "local" in kinds:
+        out.append(f"local attention (window {str(cfg.get('window_size'))[:40]}) in {kinds.count('local')} of "
+                   f"{len(kinds)} layers: planned and launched as full causal attention")
+    if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True or mt in _PARALLEL_FAMILIES:
+        out.append("attention and MLP side by side on each layer's input (a parallel residual, as GPT-NeoX's, GPT-J's "
+                   "and Phi's): built one after the other, as Megatron's GPT layers are")
     act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function")
     gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
     if isinstance(act, str) and gated and act.lower() not in _GATED_ACTS:
@@ -210,7 +248,10 @@ def not_carried(cfg: dict) -> list[str]:
     elif isinstance(act, str) and not gated and "relu" in act.lower():
         out.append(f"a {act[:40]} MLP (as OPT's): built with GeLU, Megatron's GPT activation (it has no plain-ReLU "
                    "flag)")
-    eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
+    theta = next((cfg[k] for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
+    if isinstance(theta, float) and math.isfinite(theta) and theta != round(theta):
+        out.append(f"rotary base {theta!r} (Megatron's --rotary-base takes an integer: launched as {round(theta)})")
+    eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", cfg.get("norm_epsilon"))))
     if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
         out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
     return out
