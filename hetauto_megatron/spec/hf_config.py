@@ -3,7 +3,8 @@
 The planner needs the shapes (layers, widths, heads, vocabulary, positions) and the few switches that change
 weights or Megatron's arguments (gated MLP, tied head, position embedding and its base). Some architectures
 have more than the launch scripts build (emit/megatron.py architecture_args): those are named on stderr
-(`not_carried`) rather than silently dropped, with the Megatron flag that adds them where one exists.
+(spec/hf_notes.py `not_carried`) rather than silently dropped, with the Megatron flag that adds them where one
+exists. The family tables live in spec/hf_families.py.
 """
 from __future__ import annotations
 
@@ -15,49 +16,9 @@ from ._fields import require_mapping
 from .files import read_json_file
 from .model import ROTARY_BASE, ModelSpec
 
-# Hugging Face config.json. The MLP kind, the default of tie_word_embeddings (a config.json omits keys equal to
-# the transformers class default) and the position embedding are properties of the architecture
-# (model_type), not of the activation name: Gemma is gated with a GELU, GPT-NeoX is not gated and uses rotary
-# positions, GPT-2 and OPT tie their head by default. model_type -> (gated_mlp, tie default, position_embedding).
-_HF_FAMILIES = {
-    "llama": (True, False, "rope"), "mistral": (True, False, "rope"), "qwen2": (True, False, "rope"),
-    "qwen3": (True, False, "rope"), "gemma": (True, True, "rope"), "gemma2": (True, True, "rope"),
-    "internlm2": (True, False, "rope"), "baichuan": (True, False, "rope"), "yi": (True, False, "rope"),
-    "gpt2": (False, True, "learned"), "opt": (False, True, "learned"), "gpt_neo": (False, True, "learned"),
-    "gpt_neox": (False, False, "rope"), "gptj": (False, False, "rope"), "phi": (False, False, "rope"),
-    "starcoder2": (False, True, "rope"), "gpt_bigcode": (False, True, "learned"),
-}
-# Families whose layers Megatron's GPT does not build: planned as a GPT they would be another model.
-_REFUSED_FAMILIES = {
-    "falcon": "parallel attention (attention and MLP side by side on one norm, Falcon's decoder)",
-    "bloom": "ALiBi position biases",
-    "mpt": "ALiBi position biases",
-}
-# Falcon's first releases name their family RefinedWeb (7B: RefinedWebModel, 40B: RefinedWeb), with GPT-2's key names
-_REFUSED_FAMILIES.update({"refinedwebmodel": _REFUSED_FAMILIES["falcon"], "refinedweb": _REFUSED_FAMILIES["falcon"]})
-# Families whose every layer runs attention and MLP side by side on one input (no switch says it, unlike GPT-NeoX's
-# use_parallel_residual): Megatron's GPT layers run them one after the other
-_PARALLEL_FAMILIES = {"gptj", "phi", "cohere"}
-_GATED_ACTS = {"silu", "swiglu", "swish"}   # only consulted for a model_type the table does not know
-# Mixture-of-experts keys: such a model is many times larger than its dense shape, which ModelSpec describes.
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-# An encoder's block beside the language model's keys (Qwen2-VL's are at the top level): the encoder is no GPT layer
-_MULTIMODAL_KEYS = ("vision_config", "audio_config")
-
-
-# ModelSpec field -> the config.json keys it is read from, in the order they are tried: the reader below, and its
-# errors, which name the key the file has (GPT-2's n_embd) rather than ModelSpec's field (hidden_size)
-SOURCE_KEYS = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_query_groups": ("num_key_value_heads", "multi_query_group_num", "num_kv_heads", "n_head_kv"),
-    "ffn_hidden_size": ("intermediate_size", "ffn_dim", "n_inner"),
-    "vocab_size": ("vocab_size",),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-    "rotary_base": ("rope_theta", "rotary_emb_base"),
-}
+from .hf_families import (_FALCON_FAMILIES, _GATED_ACTS, _HF_FAMILIES, _MOE_KEYS, _MULTIMODAL_KEYS,
+                          _NESTED_KEYS, _REFUSED_FAMILIES, FALCON_POSITIONS, SOURCE_KEYS)
+from .hf_notes import dropout_note, not_carried    # (not_carried: imported from here by callers too)
 
 
 def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int | None = None) -> ModelSpec:
@@ -85,10 +46,32 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                              field=keys[0], fix="pass a decoder-only transformer config.json or " + unsupported_fix)
         return default
 
+    for key in _NESTED_KEYS:
+        if isinstance(cfg.get(key), dict):
+            # LLaVA, Mllama, Gemma-3: the language model's keys are one level down, beside a vision encoder
+            raise InputError(f"holds the language model's config one level down (model_type {mt or 'unknown'}), "
+                             "beside an encoder: planned as the language model alone it would leave the encoder's "
+                             "weights and compute out", file=file, field=key,
+                             fix=f"to plan the language model alone, save the {key} block as a config.json of its "
+                             "own (with its model_type) and pass that; or " + unsupported_fix)
+    if mt == "chatglm":
+        # ChatGLM2/3 name their shapes their own way, and ChatGLM-6B's layers rotate half of each head in two
+        # dimensions: read with the other families' keys, it was refused for a key it does not have
+        raise InputError("describes a ChatGLM model, whose own key names (num_layers, ffn_hidden_size, "
+                         "padded_vocab_size, kv_channels, multi_query_group_num) and layers (rotary embeddings on "
+                         "half of each head, QKV biases) this reader does not map", file=file, field="model_type",
+                         fix="write a model YAML (docs/inputs.md) with its num_layers, hidden_size, "
+                         "num_attention_heads, num_query_groups (multi_query_group_num), ffn_hidden_size, vocab_size "
+                         "(padded_vocab_size) and gated_mlp: true, which approximates it without those layers' "
+                         "differences")
     if mt in _REFUSED_FAMILIES:
         raise InputError(f"describes a {mt} model, whose {_REFUSED_FAMILIES[mt]} Megatron's GPT layers do not "
                          "build: planned and launched as a GPT it would be another model", file=file,
                          field="model_type", fix=unsupported_fix)
+    if mt in _FALCON_FAMILIES and cfg.get("alibi") is True:       # Falcon-RW: its rotary otherwise
+        raise InputError(f"describes a {mt} model with ALiBi position biases, which Megatron's GPT layers do not "
+                         "build: planned and launched as a GPT it would be another model", file=file, field="alibi",
+                         fix=unsupported_fix)
     if cfg.get("is_encoder_decoder"):
         raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
                          "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
@@ -108,6 +91,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     heads = first(*SOURCE_KEYS["num_attention_heads"])
     # multi-query attention (GPT-BigCode, StarCoder): one key/value head, said by a flag rather than a count
     kv = first(*SOURCE_KEYS["num_query_groups"], default=1 if cfg.get("multi_query") is True else heads)
+    # Falcon-7B: multi-query (FalconConfig's default; it writes num_kv_heads = the heads, which only the new decoder
+    # of 40B and 180B reads, as RefinedWeb, 40B's first release, does)
+    new_decoder = cfg.get("new_decoder_architecture") is True or mt == "refinedweb"
+    if mt in _FALCON_FAMILIES and cfg.get("multi_query", True) is True and not new_decoder:
+        kv = 1
     if kv <= 0:       # ModelSpec reads 0 as "as many as the heads"
         key = next((k for k in SOURCE_KEYS["num_query_groups"] if cfg.get(k) is not None),
                    "num_attention_heads")      # no key/value key: the heads stand in for them
@@ -127,7 +115,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.
         max_pos = first("max_position_embeddings")
     else:
-        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner")
+        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or cfg.get("ffn_hidden_size")
         if ffn is None and family is not None and not family[0]:
             ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
         ffn = ffn if ffn is not None else first(*SOURCE_KEYS["ffn_hidden_size"])
@@ -136,6 +124,8 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
             max_pos = first(*keys)
         elif seq_length:
             max_pos = seq_length
+        elif mt in _FALCON_FAMILIES:
+            max_pos = FALCON_POSITIONS
         else:
             raise InputError(f"none of {', '.join(keys)} is present (model_type {mt or 'unknown'})", file=file,
                              field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
@@ -165,7 +155,9 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     if not isinstance(tie, bool):
         raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
                          fix="write true or false")
-    name = cfg.get("_name_or_path") or mt or os.path.splitext(os.path.basename(file or "hf"))[0]
+    _check_rope_scaling(cfg.get("rope_scaling"), file)
+    name = (cfg.get("_name_or_path") or _directory_name(file) or mt
+            or os.path.splitext(os.path.basename(file or "hf"))[0])
     theta = ROTARY_BASE
     if pos == "rope":
         key = next((k for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
@@ -194,67 +186,42 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         raise InputError(exc.reason, file=file, field=key, fix=fix) from None
 
 
-def not_carried(cfg: dict) -> list[str]:
-    """What the config describes that the plan's launch does not build (each with the Megatron flag that would)."""
-    mt = str(cfg.get("model_type", "")).lower()
-    out = []
-    scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling:
-        kind = str(scaling.get("rope_type") or scaling.get("type") or "?")[:40]
-        factor = str(scaling.get("factor"))[:40]
-        # each kind has its own flag in Megatron-LM, or none (its arguments.py: --use-rope-scaling is LLaMA-3.x's,
-        # --rotary-seq-len-interpolation-factor the linear kind's, an integer)
-        flag = {"llama3": f"--use-rope-scaling --rope-scaling-factor {factor}",
-                "linear": f"--rotary-seq-len-interpolation-factor {factor}"}.get(kind.lower(),
-                                                                                "none for this kind")
-        out.append(f"rope_scaling ({kind}, factor {factor}; Megatron: {flag})")
-    if cfg.get("attention_bias") and mt not in ("qwen2",):
-        # LLaMA-style attention_bias: the output projection has one too, which only --add-bias-linear builds
-        out.append("biases on the query, key, value and output projections (Megatron: --add-qkv-bias for Q, K, V; "
-                   "the output projection's needs the launch's --disable-bias-linear dropped, which adds the "
-                   "MLP's too)")
-    elif cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
-        out.append("biases on the query, key and value projections (Megatron: --add-qkv-bias)")
-    if cfg.get("mlp_bias") is True:
-        out.append("biases on the MLP's projections (Megatron: the launch's --disable-bias-linear dropped, which "
-                   "adds the attention output projection's too)")
-    partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
-    rotary_dim = cfg.get("rotary_dim")      # GPT-J, CodeGen: the rotated dimensions of each head, a count
-    hidden = next((cfg[k] for k in SOURCE_KEYS["hidden_size"] if cfg.get(k) is not None), None)
-    heads = next((cfg[k] for k in SOURCE_KEYS["num_attention_heads"] if cfg.get(k) is not None), None)
-    if partial is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                               for v in (rotary_dim, hidden, heads)):
-        partial = rotary_dim / (hidden // heads) if hidden >= heads else None
-    if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
-        out.append(f"rotary embeddings on {partial:g} of each head (Megatron: --rotary-percent {partial:g})")
-    # Hugging Face applies a window wherever `sliding_window` is a number, unless use_sliding_window says it is
-    # off (Qwen2 ships the key with use_sliding_window: false); Mistral and Phi-3 have no such switch
-    window = cfg.get("sliding_window")
-    if (isinstance(window, int) and not isinstance(window, bool) and cfg.get("use_sliding_window") is not False) \
-            or cfg.get("use_sliding_window") is True:
-        out.append(f"sliding-window attention (window {str(cfg.get('sliding_window'))[:40]}): planned and launched "
-                   "as full causal attention")
-    kinds = cfg.get("attention_layers")         # GPT-Neo: "global" and "local" (a window) layers, alternating
-    if isinstance(kinds, list) and "local" in kinds:
-        out.append(f"local attention (window {str(cfg.get('window_size'))[:40]}) in {kinds.count('local')} of "
-                   f"{len(kinds)} layers: planned and launched as full causal attention")
-    if cfg.get("use_parallel_residual") is True or cfg.get("parallel_attn") is True or mt in _PARALLEL_FAMILIES:
-        out.append("attention and MLP side by side on each layer's input (a parallel residual, as GPT-NeoX's, GPT-J's "
-                   "and Phi's): built one after the other, as Megatron's GPT layers are")
-    act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function")
-    gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
-    if isinstance(act, str) and gated and act.lower() not in _GATED_ACTS:
-        out.append(f"an MLP gated through {act[:40]} (GeGLU, as Gemma's): built as SwiGLU, the gate through SiLU")
-    elif isinstance(act, str) and not gated and "relu" in act.lower():
-        out.append(f"a {act[:40]} MLP (as OPT's): built with GeLU, Megatron's GPT activation (it has no plain-ReLU "
-                   "flag)")
-    theta = next((cfg[k] for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
-    if isinstance(theta, float) and math.isfinite(theta) and theta != round(theta):
-        out.append(f"rotary base {theta!r} (Megatron's --rotary-base takes an integer: launched as {round(theta)})")
-    eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", cfg.get("norm_epsilon"))))
-    if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
-        out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
-    return out
+def _check_rope_scaling(scaling, file):
+    """rope_scaling is null or a mapping whose factor, where given, is a positive number: the note quotes it as the
+    value of a Megatron flag (a dict or a string there was printed into the suggested --rope-scaling-factor)."""
+    fix = "correct the value (the model's published config.json has e.g. {\"rope_type\": \"llama3\", \"factor\": 8.0})"
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise InputError(f"must be a mapping or null, got {scaling!r}"[:200], file=file, field="rope_scaling", fix=fix)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise InputError(f"must be a string, got {kind!r}"[:200], file=file,
+                         field="rope_scaling." + ("rope_type" if "rope_type" in scaling else "type"), fix=fix)
+    factor = scaling.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not math.isfinite(factor) or factor <= 0):
+        raise InputError(f"must be a positive number, got {factor!r}"[:200], file=file, field="rope_scaling.factor",
+                         fix=fix)
+
+
+# Directory names that say nothing about the model: a checkpoint's config.json in one of them keeps the other rule
+_GENERIC_DIRS = {"", ".", "..", "tmp", "model", "models", "config", "configs", "checkpoint", "checkpoints", "hf",
+                 "huggingface", "snapshots", "latest", "main"}
+
+
+def _directory_name(file: str | None) -> str | None:
+    """The name of the directory a config.json sits in (Llama-3.1-8B/config.json: Llama-3.1-8B), which most Hub
+    configs, written without _name_or_path, name the model by; in the Hub's cache (models--ORG--NAME/snapshots/
+    COMMIT/config.json) the repository's name. None for another file name or a directory that names nothing."""
+    if not file or os.path.basename(file) != "config.json":
+        return None
+    path = os.path.dirname(os.path.abspath(file))
+    parent = os.path.basename(path)
+    if len(parent) == 40 and all(c in "0123456789abcdef" for c in parent):       # a snapshot's commit
+        repo = os.path.basename(os.path.dirname(os.path.dirname(path)))
+        return repo.split("--")[-1] if repo.startswith("models--") else None
+    return None if parent.lower() in _GENERIC_DIRS else parent
 
 
 def hf_model(cfg: dict, *, file: str, seq_length: int | None, note) -> ModelSpec:
@@ -271,6 +238,9 @@ def hf_model(cfg: dict, *, file: str, seq_length: int | None, note) -> ModelSpec
             note(f"{file}: the launch scripts build the planned shapes without: {'; '.join(missing)}. The plan's "
                  "time and memory hardly depend on them" + ("; add the flags named to Megatron's arguments to build "
                                                             "them" if flags else ""))
+        dropout = dropout_note(cfg, file)
+        if dropout:
+            note(dropout)
     return spec
 
 

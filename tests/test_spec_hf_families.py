@@ -1,0 +1,182 @@
+"""Hugging Face config.json files as the Hub ships them (key names and values as published) beyond the fixtures of
+tests/data/hf/: Falcon's parallel block planned as GPT-J's, Phi's and Cohere's are, the notes on what the launch
+builds otherwise (dropout, Cohere's and Gemma's scalings, Nemotron's squared ReLU), refusals that say why (ChatGLM,
+a nested language model, a malformed rope_scaling), and plans named after the checkpoint's directory."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+import pytest
+
+from hetauto_megatron.errors import InputError
+from hetauto_megatron.spec.hf_config import not_carried
+from hetauto_megatron.spec.model import load_model
+
+HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
+
+# tiiuae/falcon-7b and falcon-40b as the Hub ships them now (model_type falcon), and their first releases
+# (RefinedWebModel, RefinedWeb) with GPT-2's key names; neither gives max_position_embeddings (FalconConfig: 2048)
+FALCON_7B = {"alibi": False, "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0,
+             "bias": False, "hidden_dropout": 0.0, "hidden_size": 4544, "layer_norm_epsilon": 1e-05,
+             "model_type": "falcon", "multi_query": True, "new_decoder_architecture": False,
+             "num_attention_heads": 71, "num_hidden_layers": 32, "parallel_attn": True, "vocab_size": 65024}
+REFINEDWEB_7B = {"alibi": False, "bias": False, "hidden_dropout": 0.0, "hidden_size": 4544,
+                 "layer_norm_epsilon": 1e-05, "model_type": "RefinedWebModel", "multi_query": True, "n_head": 71,
+                 "n_layer": 32, "parallel_attn": True, "vocab_size": 65024}
+FALCON_40B = {"alibi": False, "bias": False, "hidden_dropout": 0.0, "hidden_size": 8192, "layer_norm_epsilon": 1e-05,
+              "model_type": "falcon", "new_decoder_architecture": True, "num_attention_heads": 128,
+              "num_hidden_layers": 60, "num_kv_heads": 8, "parallel_attn": True, "vocab_size": 65024}
+REFINEDWEB_40B = {"alibi": False, "bias": False, "hidden_size": 8192, "model_type": "RefinedWeb", "n_head": 128,
+                  "n_head_kv": 8, "n_layer": 60, "parallel_attn": True, "vocab_size": 65024}
+
+
+def write_config(tmp_path, cfg, directory="ckpt"):
+    path = tmp_path / directory / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def megatron_options():
+    from megatron.training.arguments import add_megatron_arguments
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    return parser, {flag for action in parser._actions for flag in action.option_strings}
+
+
+@pytest.mark.parametrize("cfg, kv, hub_count, rel", [
+    # the Hub's safetensors counts, which store the tied head beside the embedding: 7,217,189,760 (the model's own
+    # 6.92 B + 65,024 x 4,544) and 41.8 B (rounded to 0.1 B, hence the looser bound)
+    (FALCON_7B, 1, 7_217_189_760, 0.001), (REFINEDWEB_7B, 1, 7_217_189_760, 0.001),
+    (FALCON_40B, 8, 41.8e9, 0.002), (REFINEDWEB_40B, 8, 41.8e9, 0.002)])
+def test_falcon_is_planned_as_the_other_parallel_blocks_are(tmp_path, cfg, kv, hub_count, rel):
+    """Falcon was refused for its parallel attention block while GPT-J, Phi and Cohere (the same block) were
+    planned with a note: one rule now. Falcon is priced right (multi-query attention for 7B, 8 key/value groups for
+    40B, a GELU MLP of 4h, LayerNorm, rotary positions, a tied head): within 0.1 % of the published counts, the
+    biases and the second norm Megatron builds included, and the note says what is built otherwise."""
+    said = []
+    m = load_model(write_config(tmp_path, cfg), note=said.append)
+    assert (m.num_query_groups, m.ffn_hidden_size, m.gated_mlp, m.position_embedding, m.tie_embeddings) == \
+        (kv, 4 * m.hidden_size, False, "rope", True)
+    assert m.seq_length == 2048                 # FalconConfig's max_position_embeddings, said as planned
+    assert m.total_params + m.vocab_size * m.hidden_size == pytest.approx(hub_count, rel=rel)
+    if cfg is FALCON_7B:
+        assert m.total_params == pytest.approx(6.92e9, rel=0.001)
+    text = " ".join(said)
+    assert "side by side" in text and "Falcon's" in text and "no biases in the linear layers (bias false)" in text
+
+
+def test_falcon_with_alibi_is_refused_as_bloom_is(tmp_path):
+    """Falcon-RW-1B (alibi: true) has ALiBi position biases, which Megatron's GPT does not build."""
+    cfg = {"alibi": True, "bias": True, "hidden_size": 2048, "model_type": "falcon", "multi_query": False,
+           "num_attention_heads": 32, "num_hidden_layers": 24, "parallel_attn": False, "vocab_size": 50304}
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg))
+    assert info.value.field == "alibi" and "ALiBi" in info.value.reason
+
+
+def test_a_configs_nonzero_dropout_is_said_with_what_the_plan_runs(tmp_path):
+    """GPT-2 (resid_pdrop, embd_pdrop, attn_pdrop 0.1), Phi-2 (resid_pdrop 0.1) and OPT (dropout 0.1) were planned
+    and launched at the plan's dropout 0 without a word. The note names the config's values, the plan's and how to
+    run others; LLaMA-2 (attention_dropout 0.0 where given) and Falcon (0.0) say nothing of dropout."""
+    said = []
+    load_model(os.path.join(HF, "gpt2.json"), seq_length=1024, note=said.append)
+    text = " ".join(line for line in said if "dropout" in line)
+    assert all(f"{k} 0.1" in text for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")), said
+    assert "hidden dropout 0 and attention dropout 0" in text and "settings:" in text, text
+    phi2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "max_position_embeddings": 2048, "vocab_size": 51200, "resid_pdrop": 0.1,
+            "embd_pdrop": 0.0, "attention_dropout": 0.0, "partial_rotary_factor": 0.4}
+    said.clear()
+    load_model(write_config(tmp_path, phi2), seq_length=2048, note=said.append)
+    text = " ".join(line for line in said if "trains with dropout" in line)
+    assert "resid_pdrop 0.1" in text and "embd_pdrop" not in text, said
+    said.clear()
+    load_model(os.path.join(HF, "opt-125m.json"), seq_length=2048, note=said.append)
+    assert any("dropout 0.1" in line and "trains with dropout" in line for line in said), said
+    for path in (os.path.join(HF, "llama-2-7b.json"), write_config(tmp_path, FALCON_7B, "f")):
+        said.clear()
+        load_model(path, seq_length=2048, note=said.append)
+        assert not any("trains with dropout" in line for line in said), said
+
+
+def test_cohere_gemma_and_nemotron_differences_are_said_with_megatrons_flags():
+    """Command-R's logit_scale (0.0625) and shift-free LayerNorm, Gemma's sqrt(h) embedding scale and Nemotron's
+    squared-ReLU MLP (built with GeLU, and said as OPT's plain ReLU: Megatron has --squared-relu), its LayerNorm1P
+    and its missing biases were not said. Every flag named is one Megatron-LM's own parser has."""
+    parser, options = megatron_options()
+    cohere = " ".join(not_carried({"model_type": "cohere", "hidden_act": "silu", "logit_scale": 0.0625,
+                                   "use_qk_norm": True, "layer_norm_eps": 1e-05}))
+    assert "logit_scale 0.0625" in cohere and "built as RMSNorm" in cohere and "--qk-layernorm" in cohere, cohere
+    gemma = " ".join(not_carried({"model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"}))
+    assert "sqrt(hidden_size)" in gemma, gemma
+    minitron = {"attention_bias": False, "head_dim": 128, "hidden_act": "relu2", "hidden_size": 3072,
+                "intermediate_size": 9216, "max_position_embeddings": 4096, "mlp_bias": False,
+                "model_type": "nemotron", "norm_eps": 1e-05, "num_attention_heads": 24, "num_hidden_layers": 32,
+                "num_key_value_heads": 8, "partial_rotary_factor": 0.5, "rope_theta": 10000,
+                "tie_word_embeddings": False, "vocab_size": 256000}
+    nemotron = " ".join(not_carried(minitron))
+    assert "--squared-relu" in nemotron and "as OPT's" not in nemotron, nemotron
+    assert "--apply-layernorm-1p" in nemotron and "no biases in the linear layers" in nemotron, nemotron
+    named = set(re.findall(r"--[a-z][a-z0-9-]+", cohere + " " + gemma + " " + nemotron))
+    assert {"--squared-relu", "--apply-layernorm-1p", "--qk-layernorm"} <= named <= options, named - options
+    # what is priced: a plain two-matrix MLP, LayerNorm's scale and shift: Minitron-4B's published 4.19 B
+    from hetauto_megatron.spec.hf_config import model_from_hf_config
+    assert model_from_hf_config(minitron).total_params == pytest.approx(4.19e9, rel=0.002)
+
+
+@pytest.mark.parametrize("cfg, field, words", [
+    # THUDM/chatglm3-6b: its own key names (refused for a missing intermediate_size before)
+    ({"model_type": "chatglm", "num_layers": 28, "hidden_size": 4096, "ffn_hidden_size": 13696,
+      "num_attention_heads": 32, "multi_query_group_num": 2, "kv_channels": 128, "padded_vocab_size": 65024,
+      "seq_length": 8192, "add_qkv_bias": True}, "model_type", ["ChatGLM", "padded_vocab_size", "model YAML"]),
+    # llava-hf/llava-1.5-7b-hf: the language model under text_config, beside the vision tower
+    ({"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064},
+      "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024}}, "text_config",
+     ["one level down", "save the text_config block as a config.json"]),
+    ({"model_type": "mllama", "text_config": {"model_type": "mllama_text_model", "num_hidden_layers": 40}},
+     "text_config", ["one level down"])])
+def test_refusals_say_why(tmp_path, cfg, field, words):
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg), seq_length=2048)
+    said = f"{info.value.reason} {info.value.fix}"
+    assert info.value.field == field and all(w in said for w in words), said
+
+
+@pytest.mark.parametrize("factor", [{"a": 1}, "8", -8.0, 0, True, float("nan")])
+def test_a_malformed_rope_scaling_factor_is_refused(tmp_path, factor):
+    """A dict, a string or a negative factor was printed verbatim into the suggested --rope-scaling-factor."""
+    cfg = json.load(open(os.path.join(HF, "llama-2-7b.json")))
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": factor}
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg), seq_length=2048)
+    assert info.value.field == "rope_scaling.factor"
+
+
+def test_a_whole_linear_factor_is_suggested_as_the_integer_megatron_parses():
+    """Megatron's --rotary-seq-len-interpolation-factor is an int: factor 4.0 was suggested as "4.0", which its
+    parser refuses."""
+    parser, _ = megatron_options()
+    said = " ".join(not_carried({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 4.0}}))
+    value = re.search(r"--rotary-seq-len-interpolation-factor (\S+)\)", said).group(1)
+    assert parser.parse_known_args(["--rotary-seq-len-interpolation-factor", value])[0] \
+        .rotary_seq_len_interpolation_factor == 4
+
+
+def test_a_plan_is_named_after_the_checkpoints_directory(tmp_path):
+    """Most Hub configs have no _name_or_path: plans were named after model_type ("llama"). A config.json in a
+    named directory, or in the Hub's cache, names the model; another file name or a generic directory keeps the
+    rule, and _name_or_path still wins."""
+    cfg = json.load(open(os.path.join(HF, "llama-2-7b.json")))
+    cfg.pop("_name_or_path", None)
+    assert load_model(write_config(tmp_path, cfg, "Llama-2-7b-hf"), seq_length=2048).name == "Llama-2-7b-hf"
+    assert load_model(str(tmp_path / "Llama-2-7b-hf"), seq_length=2048).name == "Llama-2-7b-hf"   # the directory
+    cache = "hub/models--meta-llama--Llama-2-7b-hf/snapshots/" + "0123456789abcdef" * 2 + "01234567"
+    assert load_model(write_config(tmp_path, cfg, cache), seq_length=2048).name == "Llama-2-7b-hf"
+    assert load_model(write_config(tmp_path, cfg, "model"), seq_length=2048).name == "llama"
+    (tmp_path / "other.json").write_text(json.dumps(cfg))
+    assert load_model(str(tmp_path / "other.json"), seq_length=2048).name == "llama"
+    named = write_config(tmp_path, {**cfg, "_name_or_path": "meta-llama/Llama-2-7b"}, "x")
+    assert load_model(named, seq_length=2048).name == "Llama-2-7b"
