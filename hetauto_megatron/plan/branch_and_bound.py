@@ -45,7 +45,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
                      better: float = 0.0, priority=None, allowed=None, patience: int | None = None,
                      max_visits: int | None = None, deadline: float | None = None,
                      found: dict | None = None, max_priced: int | None = None,
-                     improve=None) -> tuple[dict, int, bool]:
+                     improve=None, requeue: bool = True) -> tuple[dict, int, bool]:
     """-> ({layout: value} of every leaf priced, nodes visited, settled: no leaf left can enter the best `keep`).
 
     `value(path)` prices a leaf (-> (value, layout)); `leaf_bound(layout)` bounds a finished layout from below.
@@ -59,7 +59,10 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
     priced `max_priced` leaves (each `value` call counts, also one the caller's cache answers), or past `deadline`
     (time.perf_counter()); `found`, if given, then holds the leaves priced so far. `improve(layout, value)`
     (keep 1 only), if given, is asked of each leaf that enters the best held: a value a search from it reached (a
-    climb, re-planning), which the cutoff and the patience's next better leaf then go by."""
+    climb, re-planning), which the cutoff and the patience's next better leaf then go by. `requeue` False: a
+    leaf whose own bound is above its node's is priced at once (if not above the cutoff) rather than queued again
+    by that bound: in diving order a tight leaf bound would otherwise queue it behind every inner node of a
+    looser bound, and the dive would widen before it priced a leaf (re-planning's)."""
     assert improve is None or keep == 1, "improve replaces the one value held"
     found = {} if found is None else found
     top = [-incumbent] if math.isfinite(incumbent) else []   # max-heap (negated) of the best `keep` values held
@@ -105,7 +108,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
             lb = leaf_bound(meshes)
             if lb > cut:
                 continue
-            if lb > b:
+            if lb > b and requeue:
                 reached += 1
                 heapq.heappush(queue, (lb if priority is None else priority(path, lb), reached, path, lb, True))
                 continue

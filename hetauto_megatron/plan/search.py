@@ -223,6 +223,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     warm = list(dict.fromkeys(sp.canonical(w) for w in cfg.warm_start if sp.legal(sp.canonical(w))))
     # the tree's size sets the trees' budget and the enumeration's visits; a re-plan grows no trees
     cap, patience, est = tree_budget(sp, cfg.seed) if not warm or cfg.iterations else (0, 0, math.inf)
+    # a re-plan's leaf bounds see the boundaries' share of the period (leaf_bound.py: why the cold search's do not)
+    sp.leaf_links = bool(warm)
     warm_found = [(sp.score(ev.resolve(w)[0], w), w) for w in warm]
     peaks: set = set()                  # where the warm enumeration's climbs started and ended
     if warm and cfg.local_search:       # re-planning: first climb from the old plan (a few hundred layouts)

@@ -12,7 +12,8 @@ per-layer times and the peak FLOP rates, while the tree itself is only which dec
   whatever S).
 - `bound`: once S is chosen, 1F1B's closed form bounds the rest (`_pipeline_bound`); for the cost objective,
   the time bound times the least the leaves below pay per second, and the cheapest price per FLOP.
-- `leaf_bound`: a finished layout's, raised by the layer split's rules (plan/leaf_bound.py).
+- `leaf_bound`: a finished layout's, raised by the layer split's rules (plan/leaf_bound.py); with `leaf_links`
+  (re-planning) also by what the boundaries add to the period.
 docs/search.md ("Bounds") states each with its reasoning.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class SpaceBounds:
         self._bounds: dict = {}
         self._child_bounds: dict = {}
         self._leaf_bounds: dict = {}
+        self.leaf_links = False         # leaf_bound with the boundaries' share of the period (re-planning's)
         self._flops = model.model_flops_per_token() * gbs * model.seq_length
         self._rate = {c.name: peak_rate(c) for c in self.inventory.clusters}
         # the whole iteration's activations, in the sender's precision, crossing a link once each way
@@ -99,12 +101,14 @@ class SpaceBounds:
     def leaf_bound(self, choices: tuple, ev) -> float:
         """A lower bound on the objective of a finished layout (one the tree holds or a local-search move): the
         larger of its cluster order's bound and the evaluator's own raised by the layer split's rules
-        (`leaf_bound.split_lower_bound`). Cached: every climb asks it of the neighbours of its layouts."""
+        (`leaf_bound.split_lower_bound`; with `leaf_links`, by the boundaries' share of the period too). Cached:
+        every climb asks it of the neighbours of its layouts."""
         b = self._leaf_bounds.get(choices)
         if b is None:
             order = tuple(m.cluster for m in choices)
             b = self._leaf_bounds[choices] = self.score(max(self.order_bound(order, True),
-                                                            split_lower_bound(ev, choices)), choices)
+                                                            split_lower_bound(ev, choices, self.leaf_links)),
+                                                        choices)
         return b
 
     def child_bounds(self, path: tuple) -> list:
