@@ -30,7 +30,7 @@ from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 from .deepspeed_state import deepspeed_held_at_reduction, deepspeed_reduction_terms, largest_param_tensor
 from .model_state import (FP32, precision_of, state_bytes_at_reduction, state_bytes_at_step_per_param,
-                          state_bytes_per_param, state_fixed_bytes)
+                          state_bytes_per_element, state_counts, state_fixed_bytes)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
@@ -184,15 +184,15 @@ def _params(terms: tuple, layers: int) -> float:
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
-    (bytes per parameter as (key, value) pairs, the fixed state bytes as (key, value) pairs (state_fixed_bytes),
-    the bytes per parameter at the optimizer's step as pairs (state_bytes_at_step_per_param; empty: the same set),
-    one layer's kept activations per micro-batch, the recompute
+    (bytes per element of the state as (key, value) pairs (state_bytes_per_element), the fixed state bytes as
+    (key, value) pairs (state_fixed_bytes), the bytes per parameter at the optimizer's step as pairs
+    (state_bytes_at_step_per_param; empty: the same set), one layer's kept activations per micro-batch, the recompute
     buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
     pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's
     previous micro-batch keeps per layer under that engine; the state held at the
     gradient reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
-    per = tuple(state_bytes_per_param(E, dp, settings, precision).items())
+    per = tuple(state_bytes_per_element(E, dp, settings, precision).items())
     fixed = tuple(state_fixed_bytes(E, settings, precision).items())
     at_step = tuple((state_bytes_at_step_per_param(E, dp, settings, precision) or {}).items())
     reduction = None
@@ -238,32 +238,40 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
                    precision: str | None = None) -> tuple:
     """What every reading of one stage configuration shares (`_reading`'s first argument): the parameters' terms
     (stage_params), first, last, _stage_terms' terms (without the gradient reduction's unless
-    `gradient_reduction`), the bytes of one boundary tensor, the runtime overhead."""
+    `gradient_reduction`), the bytes of one boundary tensor, the runtime overhead, the elements of its state by
+    layer count (model_state.state_counts)."""
     terms = _stage_terms(model, tp, dp, b, recompute, first, last, settings, seq_length, E, impl, precision)
     if not gradient_reduction:
         terms = terms[:-1] + (None,)
+    ddp = state_counts(settings, model, tp, dp, first, last)
     # a boundary tensor is this rank's piece: split over TP by sequence under sequence parallelism (Megatron's
     # p2p tensor shape is (s / t, b, h) then)
     tensor = E * (seq_length or model.seq_length) * b * model.hidden_size / (tp if settings.sequence_parallel else 1)
-    return (_param_terms(model, tp, first, last), first, last, *terms, tensor, overhead or vendor_overhead(vendor))
+    return (_param_terms(model, tp, first, last), first, last, *terms, tensor, overhead or vendor_overhead(vendor),
+            ddp)
 
 
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
-    """stage_memory_bytes without its dict: (params, bytes per parameter, state, activations kept, activations,
-    reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`, `in_flight`
-    micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
+    """stage_memory_bytes without its dict: (params, the state held as (bytes per element, elements per part or
+    None: per parameter, fixed bytes), state, activations kept, activations, reserved, pipe buffers, gradient
+    reduction) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
+    `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
     (stage_memory_reader, job_stage_memory_reader)."""
     (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, previous,
-     reduction, tensor, overhead) = cfg
+     reduction, tensor, overhead, ddp) = cfg
     params = _params(params_terms, layers)
-    state = sum([params * v for _, v in per])        # (the order stage_memory_bytes' dict sums in)
-    held = (per, fixed)
+    counts = None if ddp is None else ddp(layers)    # None: every part per parameter
+    if counts is None:
+        state = sum([params * v for _, v in per])    # (the order stage_memory_bytes' dict sums in)
+    else:
+        state = sum([counts[k] * v for k, v in per])
+    held = (per, counts, fixed)
     if fixed:
         state += sum(v for _, v in fixed)
     if at_step:                                      # a different set while the optimizer steps: the larger
         stepping = sum([params * v for _, v in at_step])
         if stepping > state:
-            state, held = stepping, (at_step, ())
+            state, held = stepping, (at_step, None, ())
     saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -331,9 +339,9 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, fixed), state, saved, acts, reserved, pipe, above = _reading(cfg, layers, in_flight,
-                                                                               boundary_buffers)
-    parts = {k: params * v for k, v in per}
+    params, (per, counts, fixed), state, saved, acts, reserved, pipe, above = _reading(cfg, layers, in_flight,
+                                                                                       boundary_buffers)
+    parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed:
         parts[k] += v
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,

@@ -2,33 +2,41 @@
 settings' engine holds them (plan/settings.py). cost/memory.py adds the activations and the runtime's overheads.
 
 Priced with the mesh's `RuntimeSettings` (passed in; this module does not choose them) and the element size of
-the job's precision (`dtype_bytes`: 2 for bf16/fp16/fp8 training, whose parameters are
-16-bit, 4 for fp32 and for CPU dry runs). Megatron-Core's own allocations, per parameter of the stage:
+the job's precision (`dtype_bytes`: 2 for bf16/fp16/fp8 training, whose parameters are 16-bit, 4 for fp32 and for
+CPU dry runs). Megatron-Core's own allocations, per element of its DDP buffer (cost/ddp_buffer.py counts them):
 
-    weights          dtype_bytes                 the model's parameters (with the distributed optimizer they
-                                                 live in the DP buffer's `param_data`, which replaces them)
+    weights          dtype_bytes                 per element of the buffer's `param_data` with the distributed
+                                                 optimizer (the parameters live there, padded), else per parameter
     gradient buffer  4 if grad_reduce_dtype is fp32 (Megatron's default, grad_reduce_in_fp32), else
-                     dtype_bytes                 DDP's contiguous `grad_data`, every parameter's `main_grad`;
-                                                 the DP reduce runs in it, bucket by bucket
-    master weights   4 / d (16-bit training)     the optimizer's fp32 copy; none in fp32 training, where the
+                     dtype_bytes                 per element of DDP's contiguous `grad_data` (padded with the
+                                                 distributed optimizer), every parameter's `main_grad`; the DP
+                                                 reduce runs in it, bucket by bucket
+    master weights   4 (16-bit training)         the optimizer's fp32 copy; none in fp32 training, where the
                                                  parameter is its own master
-    Adam moments     8 / d                       exp_avg and exp_avg_sq in fp32
-    fp32 gradients   4 / d, only when the gradient buffer is not fp32: the optimizer steps on `.float()`
-                     copies of the (shard of the) gradients
+    Adam moments     8                           exp_avg and exp_avg_sq in fp32
+    fp32 gradients   4, only when the gradient buffer is not fp32: the optimizer steps on `.float()` copies of
+                     the (shard of the) gradients
 
-d is the mesh's DP degree with the distributed optimizer (ZeRO-1: each DP rank owns one shard of the state),
-1 without it. This is Megatron's own `theoretical_memory_usage` (6 + 12/d bytes per parameter in bf16 with the
-distributed optimizer, 18 without). Overlapping the gradient reduce and the parameter gather allocates
-nothing more in Megatron-Core 0.19: the buckets (max(40M, 1M x d) parameters when overlap_grad_reduce is on,
-one bucket otherwise) are views into the same two buffers, and the all-gather writes into `param_data` in
-place. Bucket padding (to 64 elements per parameter and to a DP-divisible bucket end) is below 0.1 % of a
-real stage and is not modelled. tests/test_memory_megatron.py pins these figures against the tensors of a
-real Megatron-Core stage built with DDP and the distributed optimizer. Under DeepSpeed's pipeline engine (the
-settings' engine, plan/settings.py ENGINES) its optimizer wrappers hold other state: cost/deepspeed_state.py,
-measured by tests/test_memory_deepspeed_state.py.
+the last three per parameter element in the busiest DP rank's shard with the distributed optimizer (ZeRO-1: each
+DP rank owns one piece of every bucket, and its optimizer state covers the parameters' elements there, not the
+padding), per parameter without it. Up to that padding this is Megatron's own `theoretical_memory_usage` (6 +
+12/d bytes per parameter in bf16 with the distributed optimizer over d DP ranks, 18 without; `state_bytes_per_param`).
+The padding (every parameter starting on a 64-element boundary, every bucket's end on a multiple of lcm(DP, 128))
+is fewer than lcm(DP, 128) elements a bucket at real widths, but a 32-element bias of the dry run's --tiny widths
+takes 64 elements.
+Overlapping the gradient reduce and the parameter gather allocates nothing more in Megatron-Core 0.19: the buckets
+(max(40M, 1M x d) parameters when overlap_grad_reduce is on, one bucket otherwise) are views into the same two
+buffers, and the all-gather writes into `param_data` in place. tests/test_memory_megatron.py pins these figures,
+to the byte, against the tensors of real Megatron-Core stages built with DDP and the distributed optimizer. Under
+DeepSpeed's pipeline engine (the settings' engine, plan/settings.py ENGINES) its optimizer wrappers hold other state
+per parameter: cost/deepspeed_state.py, measured by tests/test_memory_deepspeed_state.py.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
+from ..spec.model import ModelSpec
+from .ddp_buffer import StageBuffer, stage_buffer
 from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reduction, deepspeed_reduction_terms,
                               deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes,
                               deepspeed_step_bytes_per_param)
@@ -52,17 +60,53 @@ def precision_of(dtype_bytes: int, precision: str | None = None) -> str:
     return precision or ("fp32" if dtype_bytes >= FP32 else "bf16")
 
 
-def state_bytes_per_param(dtype_bytes: int, dp: int, settings, precision: str | None = None) -> dict[str, float]:
-    """Bytes per parameter held for weights, the gradient buffer and the optimizer (see the module docstring), as
-    the settings' engine holds them: DeepSpeed's optimizer wrappers hold other state (cost/deepspeed_state.py)."""
+def state_bytes_per_element(dtype_bytes: int, dp: int, settings, precision: str | None = None) -> dict[str, float]:
+    """Bytes held for weights, the gradient buffer and the optimizer per element `state_elements` counts (see the
+    module docstring), as the settings' engine holds them: DeepSpeed's optimizer wrappers hold other state per
+    parameter (cost/deepspeed_state.py)."""
     if settings.optimizer_state == "deepspeed":
         return deepspeed_state_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
-    shard = dp if settings.distributed_optimizer else 1
     grad = grad_buffer_bytes(dtype_bytes, settings)
     master = FP32 if dtype_bytes < FP32 else 0
     fp32_grad_copy = FP32 if grad < FP32 else 0
     return {"weights": float(dtype_bytes), "gradients": float(grad),
-            "optimizer": (master + ADAM_MOMENT_BYTES + fp32_grad_copy) / shard}
+            "optimizer": float(master + ADAM_MOMENT_BYTES + fp32_grad_copy)}
+
+
+def state_elements(buffer: StageBuffer) -> dict[str, int]:
+    """Elements each part of `state_bytes_per_element` is held for under Megatron-Core, on a stage whose DDP buffer
+    is `buffer` (cost/ddp_buffer.py stage_buffer): its `param_data`, its `grad_data` and the busiest DP rank's
+    optimizer shard. (DeepSpeed's engine: every part per parameter of the stage.)"""
+    return {"weights": buffer.param_data, "gradients": buffer.grad_data, "optimizer": buffer.optimizer}
+
+
+@lru_cache(maxsize=65536)     # pure; every reading of a stage configuration asks for it
+def state_counts(settings, model: ModelSpec, tp: int, dp: int, first: bool, last: bool):
+    """`state_elements` of a stage under the settings' engine as a function of its layer count, remembered per
+    layer count (a search reads each configuration at many); None: every part per parameter of the stage
+    (DeepSpeed's engine, cost/deepspeed_state.py)."""
+    if settings.optimizer_state == "deepspeed":
+        return None
+    memo: dict = {}
+
+    def counts(layers: int) -> dict[str, int]:
+        got = memo.get(layers)
+        if got is None:
+            got = memo[layers] = state_elements(stage_buffer(model, tp, dp, layers, first, last,
+                                                             settings.distributed_optimizer,
+                                                             settings.overlap_grad_reduce))
+        return got
+    return counts
+
+
+def state_bytes_per_param(dtype_bytes: int, dp: int, settings, precision: str | None = None) -> dict[str, float]:
+    """Bytes per parameter held for weights, the gradient buffer and the optimizer without the buffer's padding
+    (Megatron's `theoretical_memory_usage`: the optimizer's over the DP degree with the distributed optimizer); what
+    a stage holds is `state_bytes_per_element` x `state_elements`. DeepSpeed's figures as they are."""
+    per = state_bytes_per_element(dtype_bytes, dp, settings, precision)
+    if settings.optimizer_state == "deepspeed" or not settings.distributed_optimizer:
+        return per
+    return {**per, "optimizer": per["optimizer"] / dp}
 
 
 def state_fixed_bytes(dtype_bytes: int, settings, precision: str | None = None) -> dict[str, float]:

@@ -84,6 +84,10 @@ UNPRICED = (
     Unpriced("exp_avg_sq_dtype", "--exp-avg-sq-dtype", "fp32", "Adam moments in another dtype: the plan prices fp32"),
     Unpriced("optimizer_cpu_offload", "--optimizer-cpu-offload", False,
              "optimizer state offloaded to the host: the plan prices it on the device and its step there"),
+    Unpriced("ddp_pad_buckets_for_high_nccl_busbw", "--ddp-pad-buckets-for-high-nccl-busbw", False,
+             "every DP bucket of the distributed optimizer's buffer padded to a multiple of lcm(DP, 128, 65,536) "
+             "elements (param_layout.py bucket_end_divisor): the plan prices the buffer padded to lcm(DP, 128) "
+             "(cost/ddp_buffer.py)"),
     # Layers as the plan prices them: a 16-bit residual stream, and a full recomputation that keeps each layer's
     # whole input (split over TP only by sequence parallelism, which the plan's settings decide).
     Unpriced("fp32_residual_connection", "--fp32-residual-connection", False,
@@ -146,18 +150,21 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
     last bucket's reduction is exposed after it. Megatron-Core cuts buckets of max(40M, 1M x DP) parameters unless
     --ddp-bucket-size or --ddp-num-buckets says otherwise (training.py resolve_ddp_bucket_size): another size, or
     a number of buckets, is refused, naming the flag; the priced size typed out passes. Without
-    overlap_grad_reduce (or at DP 1, nothing to reduce) Megatron's buckets change nothing priced. A rank past
+    overlap_grad_reduce Megatron makes one bucket whatever the flags say; at DP 1 there is nothing to reduce, but
+    the distributed optimizer pads every bucket's end (cost/ddp_buffer.py), so the flags are refused there too
+    unless the mesh runs without it. A rank past
     the first pipeline rank holds one bucket whatever the flags say; its mesh's first-stage ranks do not, and a
     launch gives every rank of a mesh the same arguments, so the flags are refused on each rank of the mesh."""
     from ..plan.tail_costs import ddp_bucket_params
 
     k = placement.mesh_index
     mesh = plan.meshes[k]
-    if not mesh.settings.overlap_grad_reduce or mesh.dp == 1:
+    if not mesh.settings.overlap_grad_reduce or (mesh.dp == 1 and not mesh.settings.distributed_optimizer):
         return
     priced = ddp_bucket_params(mesh.dp)
     where = f"the plan priced meshes[{k}] ({mesh.cluster}, DP {mesh.dp}) with Megatron-Core's default bucket of " \
-            f"{priced} parameters (max(40M, 1M x DP)), whose last bucket's reduction is exposed after the backward"
+            f"{priced} parameters (max(40M, 1M x DP)): the reduction of the last bucket, exposed after the " \
+            f"backward, and the padding of every bucket's end"
     size = getattr(args, "ddp_bucket_size", None)
     if size is not None and int(size) != priced:
         raise InputError(f"--ddp-bucket-size {size} cuts the DP gradient reduction into buckets of {size} "

@@ -13,6 +13,9 @@ import math
 from functools import lru_cache
 
 from ..cost import comm
+# Megatron-Core's DDP buckets: max(40M, 1M x DP) parameters, one bucket for the whole stage on every pipeline rank
+# but the first (cost/ddp_buffer.py, which also counts the buffer's padding)
+from ..cost.ddp_buffer import DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK, ddp_bucket_params  # noqa: F401
 from ..cost.deepspeed_state import deepspeed_shards_optimizer
 from ..cost.memory import stage_params
 from ..cost.model_state import adam_traffic_bytes_per_param, grad_buffer_bytes
@@ -53,19 +56,6 @@ def optimizer_sharded(prof: StageProfile) -> bool:
     if prof.settings.optimizer_state == "deepspeed":
         return deepspeed_shards_optimizer(prof.cluster.device.precision, prof.settings)
     return prof.settings.distributed_optimizer
-
-
-# Megatron-Core's DDP: a gradient bucket of max(40M, 1M x DP) parameters (training.py resolve_ddp_bucket_size), and
-# one bucket for the whole stage on every pipeline rank but the first (distributed_data_parallel.py: "Turn off
-# bucketing if we are on a pipeline stage that is not the first").
-DDP_BUCKET_PARAMS = 40_000_000
-DDP_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-
-
-def ddp_bucket_params(dp: int) -> int:
-    """Parameters per gradient bucket of Megatron-Core's DDP at DP `dp`, the size priced (a launch's
-    --ddp-bucket-size or --ddp-num-buckets that cuts others is refused: megatron/unpriced.py check_ddp_bucket_args)."""
-    return max(DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
 def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int) -> int:
