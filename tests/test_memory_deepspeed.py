@@ -311,7 +311,7 @@ def test_one_layer_keeps_what_its_count_prices(model_keys, grouped, monkeypatch)
 
     model = plan_from_dict(dict(PLAN, model=model_keys)).model
     assert model.num_query_groups < model.num_attention_heads
-    monkeypatch.setattr(dsp, "sdpa_takes_gqa", lambda x: grouped)
+    monkeypatch.setattr(dsp, "sdpa_takes_gqa", lambda x, head_dim: grouped)
     layer = dsp.TransformerLayer(model)
     weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     x = torch.randn(MBS, model.seq_length, model.hidden_size, requires_grad=True)

@@ -15,6 +15,12 @@ from .memory import LayerImpl
 # copies Q and K, so that output is not kept beside them. Measured on CPU (LLaMA-style and GPT-style models).
 DEEPSPEED_PIPELINE_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, fused_glu=True,
                                     dropout_mask_bytes=None)
+# torch's CUDA flash kernel takes head dims up to 256, and trains (192, 224] only outside sm86/sm89 (its
+# check_head_dim_size_flash and the sm86/89 filter); above, enable_gqa falls to the math kernel and its s x s scores.
+# The module and the pricing both take K and V grouped on an accelerator only up to 192, where every sm80+ card runs
+# flash, and repeat them above it (runtime/deepspeed_pipeline.py sdpa_takes_gqa).
+FLASH_GQA_MAX_HEAD_DIM = 192
+DEEPSPEED_PIPELINE_IMPL_ACCELERATOR = replace(DEEPSPEED_PIPELINE_IMPL, grouped_kv_max_head_dim=FLASH_GQA_MAX_HEAD_DIM)
 # The same layers where the kernel that runs takes no grouped K and V (fp32 on an accelerator, a V100: the
 # memory-efficient kernel; runtime/deepspeed_pipeline.py sdpa_takes_gqa): K and V repeated to every head.
 DEEPSPEED_PIPELINE_IMPL_REPEATED_KV = replace(DEEPSPEED_PIPELINE_IMPL, kv_repeated=True)
@@ -30,11 +36,12 @@ DEEPSPEED_PIPELINE_IMPL_CPU = replace(DEEPSPEED_PIPELINE_IMPL, checkpoint_bytes=
 def deepspeed_pipeline_impl(device) -> LayerImpl:
     """How hetauto's DeepSpeed pipeline module keeps activations on `device` (a spec.devices.DeviceType at the
     job's precision): K and V at their GQA width where torch's flash kernel takes them grouped (CPU; 16 bits on a
-    CUDA or ROCm device that runs flash attention, DeviceType.fused_attention), repeated to every head elsewhere
+    CUDA or ROCm device that runs flash attention, DeviceType.fused_attention, up to FLASH_GQA_MAX_HEAD_DIM),
+    repeated to every head elsewhere
     (fp32, a V100, an Ascend's torch_npu, whose kernels the module does not assume). The module
     decides by the same rule (runtime/deepspeed_pipeline.py sdpa_takes_gqa). On CPU its checkpoints' RNG states."""
     if device.vendor == "cpu":
         return DEEPSPEED_PIPELINE_IMPL_CPU
     if device.torch_device == "cuda" and device.dtype_bytes <= 2 and device.fused_attention:
-        return DEEPSPEED_PIPELINE_IMPL
+        return DEEPSPEED_PIPELINE_IMPL_ACCELERATOR
     return DEEPSPEED_PIPELINE_IMPL_REPEATED_KV

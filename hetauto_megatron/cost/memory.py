@@ -55,6 +55,8 @@ class LayerImpl:
     kv_repeated: bool = False      # with flash attention and GQA: K and V repeated to every head before a kernel
                                    # that takes no grouped K and V (the memory-efficient one), kept at the query's
                                    # width
+    grouped_kv_max_head_dim: int | None = None   # K and V taken grouped only up to this head dim (repeated
+                                   # above it, as kv_repeated); None: at any head dim
     checkpoint_bytes: int = 0      # what a full recomputation's checkpoint keeps in the device's memory beside the
                                    # layer's input, per layer and micro-batch; its backward holds as much again while
                                    # it re-runs the layer (DeepSpeed's on CPU: two RNG states, below)
@@ -96,7 +98,9 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
     attn = 2 * sbh * E
     if impl.flash_attention:
         attn += 2 * s * b * model.kv_hidden * E
-        if impl.kv_repeated and model.num_query_groups != a:
+        repeated = impl.kv_repeated or (impl.grouped_kv_max_head_dim is not None
+                                        and model.head_dim > impl.grouped_kv_max_head_dim)
+        if repeated and model.num_query_groups != a:
             # K and V repeated to every head (rope rotates them before, at their GQA width); without rope Q is a
             # view of the fused QKV output, which keeps its K and V (GQA width) beside the repeated ones
             attn += 2 * s * b * (h - (model.kv_hidden if model.position_embedding == "rope" else 0)) * E

@@ -84,8 +84,8 @@ class CapTable:
         """The cap for f in flight and buf boundary tensors (uncached: `cap` and the rows remember it)."""
         if not self.affine:
             return memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
-        # memory_fit.layers_that_fit written out on the affine need (the same arithmetic, so the same caps): the
-        # search asks it tens of thousands of times
+        # memory_fit.layers_that_fit written out on the affine need, where its step lands on the edge (so the same
+        # caps as its bisection): the search asks it tens of thousands of times
         a, b, c, d, e = self.coef
         limit = self.limit
         n = 1

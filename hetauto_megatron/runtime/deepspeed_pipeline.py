@@ -27,15 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cost.deepspeed_layers import DEEPSPEED_PIPELINE_IMPL
+from ..cost.deepspeed_layers import FLASH_GQA_MAX_HEAD_DIM
 from ..errors import InputError
 from ..spec.model import ModelSpec
 from .device import set_fp32_gemms
 
 BASE_SEED = 1234   # layer i is initialised from seed BASE_SEED + i, on whichever stage builds it
 # How these layers keep activations, for the memory model: cost/deepspeed_layers.py (DEEPSPEED_PIPELINE_IMPL and its
-# variants by device), which the planner prices every --engine deepspeed stage with (plan/memory_fit.py layer_impl).
-LAYER_IMPL = DEEPSPEED_PIPELINE_IMPL
+# variants by device), which the planner prices every --engine deepspeed stage with (plan/memory_fit.py layers_of).
 
 
 def import_deepspeed():
@@ -92,17 +91,19 @@ def tied_head(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(embedding.final_norm(hidden), embedding.word.weight)
 
 
-def sdpa_takes_gqa(x: torch.Tensor) -> bool:
+def sdpa_takes_gqa(x: torch.Tensor, head_dim: int) -> bool:
     """Whether torch's scaled_dot_product_attention runs grouped K and V (`enable_gqa`) in a fused kernel for
-    activations like `x`: CPU's flash kernel does; on an accelerator only the flash kernel, in 16 bits from
-    compute capability 8.0; the memory-efficient kernel (fp32, a V100) does not, and enable_gqa would take the
-    math kernel and its s x s score matrix, so K and V are repeated to every head there. The memory model prices
-    each case by the same rule (cost/deepspeed_layers.py deepspeed_pipeline_impl)."""
+    activations like `x` with heads of `head_dim`: CPU's flash kernel does; on an accelerator only the flash
+    kernel, in 16 bits from compute capability 8.0, up to FLASH_GQA_MAX_HEAD_DIM; the memory-efficient kernel
+    (fp32, a V100) does not, and enable_gqa would take the math kernel and its s x s score matrix, so K and V are
+    repeated to every head there. The memory model prices each case by the same rule
+    (cost/deepspeed_layers.py deepspeed_pipeline_impl)."""
     if x.device.type == "cpu":
         return True
     if x.device.type != "cuda":     # another accelerator's torch (an Ascend's npu): its kernels are not known here
         return False
-    return x.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    return (x.dtype in (torch.float16, torch.bfloat16) and head_dim <= FLASH_GQA_MAX_HEAD_DIM
+            and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
 class TransformerLayer(nn.Module):
@@ -137,7 +138,7 @@ class TransformerLayer(nn.Module):
         # once (the three of them). With rope Q and K are rotated copies, and V, a view, would keep the whole
         # fused output beside them: it is copied out (kv wide) so that output is freed.
         grouped = self.groups != self.heads
-        native = not grouped or sdpa_takes_gqa(x)
+        native = not grouped or sdpa_takes_gqa(x, self.head_dim)
         if self.rope:
             q, k = _rotate(q, self.rotary_base), _rotate(k, self.rotary_base)
             if native:
