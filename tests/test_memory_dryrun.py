@@ -219,6 +219,22 @@ def test_overlapped_boundary_buffers_are_measured(tmp_path):
     _check(rows)
 
 
+def test_overlapped_boundary_deeper_than_the_step_within_the_tolerances(tmp_path, capsys):
+    """A boundary of depth 3 in a step of 2 micro-batches (the planner chose depths up to the step's micro-batches):
+    each side holds at most 2 boundary tensors, the messages the step has. Priced d + 2 = 5, the embedding-only
+    stage measured 17,408 of the 41,984 activation bytes predicted (-58.5 %; a planned plan of depth 3 over 3
+    micro-batches measured -11.3 % on its last stage)."""
+    plan = {**OVERLAPPED_PLAN, "global_batch_size": 8,
+            "meshes": [{**OVERLAPPED_PLAN["meshes"][0], "boundary": {"schedule": "overlapped", "depth": 3}},
+                       OVERLAPPED_PLAN["meshes"][1]]}
+    path = tmp_path / "deep.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["memory"]
+    assert [r["in_flight"] for r in rows] == [2, 1]
+    _check(rows)
+
+
 def test_a_gpt_family_model_within_the_tolerances(tmp_path, capsys):
     """A GPT-2-style model (linear biases, LayerNorm with shifts, GELU, learned positions, tied table) over TP 2
     with full recomputation, then TP 1 without, at the production settings and --tiny's widths: its losses equal

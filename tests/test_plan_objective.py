@@ -228,6 +228,20 @@ def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):
     assert "the constraint that binds: --max-devices 1" in r.stderr
 
 
+def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_path):
+    """Three pinned clusters make three stages, but a global batch of 2 allows at most 2 (no more stages than
+    micro-batches, space.max_stages): the paragraph listed only the TP, batch and link rules, none of which bound."""
+    inv = tmp_path / "three.yaml"
+    inv.write_text("clusters:\n" + "".join(f"  - {{name: {c}, device: cpu, nodes: 1, devices_per_node: 1}}\n"
+                                            for c in "abc")
+                   + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 0.1}\n"
+                   + "  - {between: [b, c], bandwidth_gbps: 10, latency_ms: 0.1}\n")
+    r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "2", "--shapes",
+                    "simple", "--use-clusters", "a,b,c", "--quiet")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "no more stages than micro-batches (here at most 2: global batch 2)" in r.stderr, r.stderr
+
+
 def test_throughput_floor_bounds_the_cost_objectives_time(priced, tmp_path):
     """--max-iteration-s: the cost objective's plan at most that slow (its time from the simulate command that
     re-prices the written plan), recorded and kept by a re-plan; below the fastest plan of the inventory, exit 3

@@ -14,6 +14,7 @@ from operator import le
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
+from .pipeline import boundary_buffers
 from .split import split_layers
 
 
@@ -22,7 +23,7 @@ class OverlapPricing:
 
     def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
         """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms'
-        rule: the extra warm-up forwards in flight, d + 2 boundary tensors on each side) -> (caps, depth per
+        rule: the extra warm-up forwards in flight, d + 2 boundary tensors on each side, at most m) -> (caps, depth per
         boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its own last one on (A), so
         stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m) micro-batches:
         the blocking caps' pattern further from the end; only its end stages differ (buffers, embedding,
@@ -50,8 +51,8 @@ class OverlapPricing:
                 seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
                 for j in {0, k - 1}:
                     i = start + j
-                    buf = (d_in + 2 if j == 0 and d_in is not None else 0) + \
-                          (d_out + 2 if j == k - 1 and d_out is not None else 0)
+                    buf = (boundary_buffers(d_in, m) if j == 0 and d_in is not None else 0) + \
+                          (boundary_buffers(d_out, m) if j == k - 1 and d_out is not None else 0)
                     if buf or i == 0 or i == p - 1:
                         seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
                 seg = self._depth_segments[key] = tuple(seg)

@@ -110,14 +110,22 @@ def memory_terms(p: int, m: int, blocking, depth) -> tuple[list, list]:
     """(in-flight micro-batches, boundary buffers) per stage, what the memory model prices and the dry run
     predicts. 1F1B holds w_i + 1 micro-batches on stage i (its warm-up forwards and the one it runs); each side
     of an overlapped boundary of depth d holds d + 2 boundary tensors: up to d + 1 activations received ahead
-    (or waiting to leave) and one gradient on its way. `p`: stages; `blocking`, `depth`: per boundary."""
+    (or waiting to leave) and one gradient on its way; never more than the step's m micro-batches (`boundary_buffers`).
+    `p`: stages; `blocking`, `depth`: per boundary."""
     in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
     buffers = [0] * p
     for l, (blk, d) in enumerate(zip(blocking, depth)):
         if not blk:
-            buffers[l] += d + 2
-            buffers[l + 1] += d + 2
+            buffers[l] += boundary_buffers(d, m)
+            buffers[l + 1] += boundary_buffers(d, m)
     return in_flight, buffers
+
+
+def boundary_buffers(d: int, m: int) -> int:
+    """Boundary tensors each side of an overlapped boundary of depth d holds in a step of m micro-batches: d + 2,
+    but a step has only m messages to post ahead or keep in flight (the dry run's sender measured min(d + 2, m):
+    depth 3 over 3 micro-batches held 3, not the 5 priced)."""
+    return min(d + 2, m)
 
 
 def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[tuple[str, int]]:
