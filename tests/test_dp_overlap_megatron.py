@@ -1,12 +1,19 @@
 """What the iteration tail prices about DP overlap (plan/tail_costs.py) against Megatron-Core 0.19 itself.
 
-A two-stage pipeline with two replicas per stage (4 CPU processes), built and wrapped as the dry run does it
-(runtime/model.py, runtime/train.py ddp_settings: the production settings, distributed optimizer with both
-overlaps), then one optimizer step and a zeroing of the gradients, as an iteration ends and the next begins:
-  - the buckets each pipeline rank's DDP cut the stage into are the ones `ddp_buckets` counts (the later stage:
-    one, whatever its size), and Megatron-LM's own bucket-size rule is the one it prices;
+A two-stage pipeline with two replicas per stage (4 CPU processes) of a model with a tied embedding table, built
+and wrapped as the dry run does it (runtime/model.py, runtime/train.py ddp_settings: the production settings,
+distributed optimizer with both overlaps), then one optimizer step and a zeroing of the gradients, as an iteration
+ends and the next begins:
   - no parameter all-gather has been started by then: Megatron-Core 0.19 starts it in the next forward's
-    pre-hook (so a later stage's gather waits until its input has arrived, and the tail adds it to the fill).
+    pre-hook (so a later stage's gather waits until its input has arrived, and the tail adds it to the fill);
+  - then each stage runs a forward and a backward of its own (a second iteration: the first only learns which
+    gradients a bucket waits for), and the buckets' all-gathers and reductions are recorded as Megatron issues
+    them: their sizes, in that order, are the buckets `ddp_buckets` prices, reductions in its order and gathers
+    in the reverse one. The bucket reduced last (exposed after the stage's backward) and gathered first (exposed
+    in the next forward) is the first stage's tied table, a bucket of its own: before the exact layout was priced
+    the first stage's buckets were taken as equal (the table's bucket priced as the whole stage, 2.9x the table);
+    the last stage reduces its copy of the table first, behind its own backward;
+  - Megatron-LM's own bucket-size rule is the one it prices.
 """
 import pytest
 
@@ -15,7 +22,7 @@ from hetauto_megatron.runtime.launcher import launch
 from hetauto_megatron.spec.model import ModelSpec
 
 MODEL = ModelSpec(name="pin", num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                  ffn_hidden_size=512, vocab_size=1000, seq_length=16)
+                  ffn_hidden_size=512, vocab_size=1000, seq_length=16, tie_embeddings=True)
 PLAN = Plan(MODEL, 4, (Mesh("c", "cpu", 1, 2, 1, "none", (1, 1)),))
 
 
@@ -38,14 +45,43 @@ def _run(rank, world_size):
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, params_dtype=config.params_dtype,
                                                  use_distributed_optimizer=settings.distributed_optimizer),
                                  [ddp], pg_collection=ctx.pg, use_gloo_process_groups=False)
-    for buf in ddp.buffers:
-        buf.grad_data.fill_(1e-3)
+    import torch
+
+    pp_rank = ctx.pg.pp.rank()
+    seq = MODEL.seq_length
+    tokens = torch.randint(0, MODEL.vocab_size, (1, seq))
+    positions = torch.arange(seq).unsqueeze(0)
+    causal = torch.tril(torch.ones(1, 1, seq, seq)) < 0.5
+
+    def forward_backward():
+        """One micro-batch through this stage alone: the input a previous stage would send, the gradient a later
+        one would return (the buckets wait for this stage's own gradients only)."""
+        if pp_rank == 0:
+            out = ddp(tokens, positions, causal)
+            out.backward(torch.ones_like(out))
+        else:
+            model.set_input_tensor(torch.randn(seq, 1, MODEL.hidden_size, requires_grad=True))
+            ddp(tokens, positions, causal, labels=tokens).sum().backward()
+        ddp.finish_grad_sync()
+
+    ddp.zero_grad_buffer()
+    forward_backward()
     opt.step()
     opt.zero_grad()
     ddp.zero_grad_buffer()
-    return {"pp_rank": ctx.pg.pp.rank(), "buckets": sum(len(g.buckets) for g in ddp.bucket_groups),
-            "bucket_size": ddp.bucket_size, "overlap_param_gather": ddp.ddp_config.overlap_param_gather,
-            "dispatched": any(g.param_gather_dispatched for g in ddp.bucket_groups),
+    dispatched = any(g.param_gather_dispatched for g in ddp.bucket_groups)
+    issued = {"reduce": [], "gather": []}
+    for g in ddp.bucket_groups:       # each bucket's collectives, recorded as Megatron issues them
+        size = sum(b.grad_data.numel() for b in g.buckets)
+        for kind, name in (("reduce", "start_grad_sync"), ("gather", "start_param_sync")):
+            def issue(*a, _call=getattr(g, name), _kind=kind, _size=size, **k):
+                issued[_kind].append(_size)
+                return _call(*a, **k)
+            setattr(g, name, issue)
+    forward_backward()
+    return {"pp_rank": pp_rank, "bucket_size": ddp.bucket_size,
+            "overlap_param_gather": ddp.ddp_config.overlap_param_gather, "dispatched": dispatched,
+            "reduce_order": issued["reduce"], "gather_order": issued["gather"],
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -64,11 +100,17 @@ def test_buckets_per_pipeline_rank_are_what_the_tail_prices(ranks):
     mesh = PLAN.meshes[0]
     prof = stage_profile(MODEL, inv.cluster("c"), mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute,
                          AnalyticCostModel(), mesh.settings)
-    by_rank = {r["pp_rank"]: r for r in ranks}
-    assert set(by_rank) == {0, 1} and all(r["overlap_param_gather"] for r in ranks)
-    assert by_rank[1]["bucket_size"] is None                   # bucketing off after the first pipeline rank
-    for pp, r in by_rank.items():
-        assert r["buckets"] == tail_costs.ddp_buckets(MODEL, prof, 1, pp == 0, pp == 1, pp), r
+    model = MODEL.replace(vocab_size=PLAN.padded_vocab_size)     # what runs: 1000 -> 1024
+    table = model.vocab_size * model.hidden_size
+    assert set(r["pp_rank"] for r in ranks) == {0, 1} and all(r["overlap_param_gather"] for r in ranks)
+    for r in ranks:
+        pp = r["pp_rank"]
+        assert pp == 0 or r["bucket_size"] is None             # bucketing off after the first pipeline rank
+        priced = [e for e, _ in tail_costs.ddp_buckets(model, prof, 1, pp == 0, pp == 1, pp)]
+        assert r["reduce_order"] == priced, r
+        assert r["gather_order"] == priced[::-1], r
+        # the first stage reduces its tied table last and gathers it first; the last stage reduces its copy first
+        assert r["reduce_order"][-1 if pp == 0 else 0] == table, r
 
 
 def test_megatron_bucket_size_rule_is_the_priced_one(monkeypatch):

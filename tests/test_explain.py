@@ -457,10 +457,10 @@ def test_explain_of_a_plan_made_under_a_floor_that_a_what_if_breaks(tmp_path, ca
     best layouts the search found as runners-up."""
     out = str(tmp_path / "floor.yaml")
     assert main(["plan", "--model", "llama2-7b", "--inventory", "examples/llama/inventory-2clusters.yaml",
-                 "--global-batch-size", "64", "--max-iteration-s", "0.36", "-o", out, "--quiet"]) == 0
+                 "--global-batch-size", "64", "--max-iteration-s", "0.37", "-o", out, "--quiet"]) == 0
     capsys.readouterr()
     rep = _json(capsys, "explain", "--plan", out, "--set", "cluster.h800.peak_tflops=300", "--json")
-    assert rep["iteration_time_s"] > 0.36 and rep["runners_up"]
+    assert rep["iteration_time_s"] > 0.37 and rep["runners_up"]
 
 
 def test_explain_re_searches_a_plan_that_crosses_no_cluster_boundary_with_the_default_schedule(tmp_path, capsys):

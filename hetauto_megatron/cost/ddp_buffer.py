@@ -117,22 +117,23 @@ _EMPTY = (0, 0, 0, False)
 
 
 def _walk(state: tuple, tensors: tuple, repeat: int, div: int, bucket_size: int | None, closed: list,
-          spans: list | None) -> tuple:
+          spans: list | None, align: int = PARAM_START_ALIGN) -> tuple:
     """Megatron-Core's loop of `_compute_per_buffer_param_layout` over `repeat` x `tensors` ((elements, own bucket)
     each) from `state`, buckets' ends padded to a multiple of `div`: appends each bucket it closes to `closed` as
     (start, end of its last parameter, padded end) and, unless `spans` is None, where the parameters lie to `spans`:
     (start, end, None) for a parameter, (start, end, tensors) for repeats of `tensors` from `start`. Whole repeats
-    that close no bucket are stepped over at once (the same buckets). Returns the state after them."""
+    that close no bucket are stepped over at once (the same buckets). Parameters start on multiples of `align`.
+    Returns the state after them."""
     start, bstart, end, filled = state
     if not tensors:
         return state
-    step = sum(_ceil(n, PARAM_START_ALIGN) for n, _ in tensors)
-    last_gap = _ceil(tensors[-1][0], PARAM_START_ALIGN) - tensors[-1][0]
+    step = sum(_ceil(n, align) for n, _ in tensors)
+    last_gap = _ceil(tensors[-1][0], align) - tensors[-1][0]
     skippable = not any(shared for _, shared in tensors)
     done = 0
     while done < repeat:
         if skippable:
-            s0 = _ceil(start, PARAM_START_ALIGN)
+            s0 = _ceil(start, align)
             k = repeat - done
             if bucket_size is not None:        # every parameter of the repeats stepped over ends below the cap
                 k = min(k, (bucket_size - 1 - (s0 - bstart)) // step)
@@ -144,7 +145,7 @@ def _walk(state: tuple, tensors: tuple, repeat: int, div: int, bucket_size: int 
                 done += k
                 continue
         for n, shared in tensors:
-            start = _ceil(start, PARAM_START_ALIGN)
+            start = _ceil(start, align)
             if shared and filled:              # a tied table starts a bucket of its own
                 padded = _ceil(start, div)
                 closed.append((bstart, start, padded))
@@ -172,15 +173,19 @@ def _finish(state: tuple, div: int, closed: list) -> None:
         closed.append((bstart, end, _ceil(end, div)))
 
 
-def buffer_layout(segments, dp: int, bucket_size: int | None, every_param: bool = True):
+def buffer_layout(segments, dp: int, bucket_size: int | None, every_param: bool = True, padded: bool = True):
     """Megatron-Core's `_compute_per_buffer_param_layout` over `segments`, ((tensors, repeat), ...) in layout
     order, each tensor (elements, own bucket), at DP `dp`: (buckets as (start, end of its last parameter, padded
-    end), where the parameters lie (`_walk`'s spans), or [] when not `every_param`)."""
-    div = math.lcm(dp, BUCKET_END_ALIGN)
+    end), where the parameters lie (`_walk`'s spans), or [] when not `every_param`). Not `padded`: the layout
+    without the distributed optimizer (`_compute_default_per_buffer_param_layout`: nothing aligned or padded, no
+    bucket of its own for a tied table)."""
+    div, align = (math.lcm(dp, BUCKET_END_ALIGN), PARAM_START_ALIGN) if padded else (1, 1)
     closed, spans = [], ([] if every_param else None)
     state = _EMPTY
     for tensors, repeat in segments:
-        state = _walk(state, tensors, repeat, div, bucket_size, closed, spans)
+        if not padded:
+            tensors = tuple((n, False) for n, _ in tensors)
+        state = _walk(state, tensors, repeat, div, bucket_size, closed, spans, align)
     _finish(state, div, closed)
     return closed, spans or []
 
@@ -309,3 +314,65 @@ def padded_buffer(model: ModelSpec, tp: int, dp: int, layers: int, first: bool, 
     if closed:
         padded = closed[-1][2]
     return StageBuffer(params, padded, padded, shard + sum(_aligned_shard(b, dp) for b in closed))
+
+
+class _LayerBuckets:
+    """The buckets closed while laying out what the last stage adds and k layers, and the layout's state then, for
+    the k asked so far (buffer_layout's walk, padded or not): the layout of n layers continues that of the nearest
+    k < n asked before, so a search asking about many layer counts of a first stage walks each bucket once."""
+
+    def __init__(self, post: tuple, layer: tuple, dp: int, bucket_size: int | None, padded: bool):
+        if not padded:
+            post, layer = (tuple((n, False) for n, _ in ts) for ts in (post, layer))
+        self.layer, self.bucket_size = layer, bucket_size
+        self.div, self.align = (math.lcm(dp, BUCKET_END_ALIGN), PARAM_START_ALIGN) if padded else (1, 1)
+        closed: list = []
+        state = _walk(_EMPTY, post, 1, self.div, bucket_size, closed, None, self.align)
+        self.known = [0]
+        self.steps = {0: (state, tuple(closed))}
+
+    def after(self, layers: int) -> tuple:
+        got = self.steps.get(layers)
+        if got is None:
+            k = self.known[bisect.bisect_right(self.known, layers) - 1]
+            state, before = self.steps[k]
+            closed = list(before)
+            state = _walk(state, self.layer, layers - k, self.div, self.bucket_size, closed, None, self.align)
+            got = self.steps[layers] = (state, tuple(closed))
+            bisect.insort(self.known, layers)
+        return got
+
+
+@lru_cache(maxsize=4096)
+def _layer_buckets(model: ModelSpec, tp: int, dp: int, first: bool, last: bool, bucket_size: int | None,
+                   padded: bool) -> _LayerBuckets:
+    _, layer, post, *_ = _layout_tensors(model, tp, first, last)
+    return _LayerBuckets(post, layer, dp, bucket_size, padded)
+
+
+@lru_cache(maxsize=65536)     # pure; the search's iteration tail asks for every stage it prices
+def stage_buckets(model: ModelSpec, tp: int, dp: int, layers: int, first: bool, last: bool,
+                  distributed_optimizer: bool, overlap_grad_reduce: bool) -> tuple[tuple[int, float], ...]:
+    """The buckets of one rank's DDP buffer for a stage, in layout order, as (elements its collective moves, the
+    share of the stage's backward done once the bucket's gradients are all produced). Layout order is the order
+    Megatron-Core starts their gradient reductions (each bucket its own group, partition_buckets; a group's
+    reduction starts once the last micro-batch's backward has produced all its gradients, register_grad_ready,
+    and the layout follows the backward) and the reverse of the order the next forward all-gathers their
+    parameters (finish_param_sync dispatches `next_param_gather_bucket_group`, the bucket before it). The last
+    bucket holds the stage's first layers, or on a first stage whose tied table is a bucket of its own, the table.
+    The share counts the parameters' elements up to the bucket's end, the input tables' lookups (the first
+    stage's additions, at the layout's end) as no work: how the plan splits a stage's time among its buckets."""
+    pre, _, _, fixed, per_layer, _ = _layout_tensors(model, tp, first, last)
+    walk = _layer_buckets(model, tp, dp, first, last, stage_bucket_size(dp, first, overlap_grad_reduce),
+                          distributed_optimizer)
+    state, closed = walk.after(layers)
+    buckets = list(closed)
+    tail = pre if distributed_optimizer else tuple((n, False) for n, _ in pre)
+    _finish(_walk(state, tail, 1, walk.div, walk.bucket_size, buckets, None, walk.align), walk.div, buckets)
+    work = fixed + layers * per_layer - sum(n for n, _ in pre)
+    out, padding = [], 0
+    for start, end, padded_end in buckets:
+        done = end - padding           # the parameters' elements up to the bucket's end (64-element gaps aside)
+        out.append((padded_end - start, min(1.0, done / work) if work > 0 else 1.0))
+        padding += padded_end - end
+    return tuple(out)

@@ -14,13 +14,15 @@ from functools import lru_cache
 
 from ..cost import comm
 # Megatron-Core's DDP buckets: max(40M, 1M x DP) parameters, one bucket for the whole stage on every pipeline rank
-# but the first (cost/ddp_buffer.py, which also counts the buffer's padding)
+# but the first (a tied table aside), laid out as cost/ddp_buffer.py lays out the buffer
 from ..cost.ddp_buffer import DDP_BUCKET_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK, ddp_bucket_params  # noqa: F401
+from ..cost.ddp_buffer import stage_buckets
 from ..cost.deepspeed_state import deepspeed_shards_optimizer
 from ..cost.memory import stage_params
 from ..cost.model_state import adam_traffic_bytes_per_param, grad_buffer_bytes
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
+from .bucket_exposure import Buckets, buckets_of
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between, rank_pairs_share
@@ -58,12 +60,17 @@ def optimizer_sharded(prof: StageProfile) -> bool:
     return prof.settings.distributed_optimizer
 
 
-def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int) -> int:
-    """How many buckets Megatron-Core's DDP cuts a stage's gradients (and, with the distributed optimizer, its
-    parameters) into at pipeline rank `rank`."""
-    if rank > 0:
-        return 1
-    return max(1, math.ceil(stage_params(model, prof.tp, layers, first, last) / ddp_bucket_params(prof.dp)))
+def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool,
+                rank: int = 0) -> tuple[tuple[int, float], ...]:
+    """The buckets Megatron-Core's DDP cuts a stage's gradients (and, with the distributed optimizer, its
+    parameters) into, in the order their reductions start: cost/ddp_buffer.py stage_buckets, (elements, the
+    share of the stage's work done once the bucket's gradients are produced) each. Several on the first pipeline
+    rank (buckets of max(40M, 1M x DP) parameters), one elsewhere, but for a tied table of a pipeline of several
+    stages, a bucket of its own with the distributed optimizer (the first stage's last, the last stage's first).
+    `rank`: the pipeline rank, 0 exactly when `first`."""
+    s = prof.settings
+    return stage_buckets(model, prof.tp, prof.dp, layers, first, last, s.distributed_optimizer,
+                         s.overlap_grad_reduce)
 
 
 def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int,
@@ -71,32 +78,35 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     """(gradient reduction, parameter gather delaying the next fill, parameter gather after the step) seconds DP
     synchronisation adds to the iteration for the stage at pipeline rank `rank`, as Megatron-Core 0.19 runs them.
 
-    With overlap_grad_reduce a bucket's reduction starts once the last micro-batch's backward has produced its
-    gradients: on the first rank (several buckets) during that backward (`own_bwd`), the last bucket after it;
-    on later ranks (one bucket) only after the stage's own backward. What is left then hides behind `drain`, the
-    last backwards of the stages before it (and the links between), still running. With overlap_param_gather
-    (the non-interleaved schedule leaves align_param_gather off) a bucket's all-gather is started in the forward
-    pre-hook of the next iteration's first forward and waited for there: on the first rank the first bucket is
-    exposed and the others hide behind the forward of the buckets before them (`own_fwd`); on later ranks the
-    whole gather waits, after the stage received its input, so it delays every later stage too: the caller adds
-    these delays up along the pipeline. Without the overlaps the collectives are exposed in full, the gather
-    right after the optimizer step. The published runs' Megatron-Core (0.6-0.8, settings.py ENGINES
-    "megatron-core-0.8") started the gather at the step's start instead: it hides behind `fill`, the forwards of
-    the stages before this one and the links between, and its own."""
+    With overlap_grad_reduce each bucket's reduction starts once the last micro-batch's backward has produced its
+    gradients, in layout order, one after the other (plan/bucket_exposure.py): what is still running after the
+    stage's own backward (`own_bwd`), at least the last bucket's (the first layers', or the first stage's tied
+    table's), hides behind `drain`, the last backwards of the stages before it (and the links between), still
+    running. With overlap_param_gather (the non-interleaved schedule leaves align_param_gather off) the next
+    iteration's first forward pre-hook starts the gather of the layout's last bucket and waits for it, each later
+    pre-hook the next one's, which hides behind the forward of the bucket before it (`own_fwd` split by the
+    buckets' work): the first is exposed in full; on later ranks, after the stage received its input, so it
+    delays every later stage too: the caller adds these delays up along the pipeline. Without the overlaps the
+    collectives are exposed in full, the gather right after the optimizer step. The published runs' Megatron-Core
+    (0.6-0.8, settings.py ENGINES "megatron-core-0.8", the same buckets and chain: core_r0.8.0
+    param_and_grad_buffer.py, distrib_optimizer.py `_finish_param_sync_helper`) started the first gather at the
+    step's start instead: it hides behind `fill`, the forwards of the stages before this one and the links
+    between."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
-    return _exposure(prof.settings, reduce, gather, ddp_buckets(model, prof, layers, first, last, rank), own_fwd,
-                     own_bwd, drain, fill)
+    return _exposure(prof.settings, reduce, gather, buckets_of(ddp_buckets(model, prof, layers, first, last, rank)),
+                     own_fwd, own_bwd, drain, fill)
 
 
-def _exposure(s, reduce: float, gather: float, n: int, own_fwd: float, own_bwd: float, drain: float,
+def _exposure(s, reduce: float, gather: float, b: Buckets, own_fwd: float, own_bwd: float, drain: float,
               fill: float) -> tuple[float, float, float]:
-    """dp_exposed_times from the stage's collectives and its `n` buckets (tail_seconds calls it with its memo)."""
+    """dp_exposed_times from the stage's collectives and its buckets (tail_seconds calls it with its memo)."""
     if s.overlap_grad_reduce:
-        reduce = max(0.0, reduce / n + max(0.0, reduce * (n - 1) / n - own_bwd) - drain)
+        reduce = max(0.0, b.reduce_left(reduce, own_bwd) - drain)
     if s.overlap_param_gather:
+        chain = b.gather_chain(gather, own_fwd)
         if ENGINES[s.engine].param_gather_dispatch == "step_start":
-            return reduce, 0.0, max(0.0, gather - fill - own_fwd)
-        return reduce, gather / n + max(0.0, gather * (n - 1) / n - own_fwd), 0.0
+            return reduce, 0.0, max(0.0, gather * b.last - fill) + chain
+        return reduce, gather * b.last + chain, 0.0
     return reduce, 0.0, gather
 
 
@@ -161,10 +171,9 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: floa
         if terms is None:
             reduce, gather = dp_sync_times(model, prof, n, i == 0, i == last)
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
-                                 ddp_buckets(model, prof, n, i == 0, i == last, 0))
-        reduce, gather, opt, first_rank_buckets = terms
-        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, first_rank_buckets if i == 0 else 1, f, b,
-                                      drain, before)
+                                 buckets_of(ddp_buckets(model, prof, n, i == 0, i == last, i)))
+        reduce, gather, opt, buckets = terms
+        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain, before)
         if r > reduce_max:
             reduce_max = r
         fill += g_fill
