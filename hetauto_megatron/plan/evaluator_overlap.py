@@ -14,8 +14,9 @@ from operator import le
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
-from .pipeline import boundary_buffers
+from .pipeline import boundary_buffers, staged_buffers
 from .split import split_layers
+from .staged_pieces import boundary_staging
 
 
 class OverlapPricing:
@@ -43,21 +44,32 @@ class OverlapPricing:
             if d_out is not None:
                 depth[start + k - 1] = d_out
                 after += d_out
+            prof = self.profile(c, pm)
+            # the shares of a message its end stages receive in pieces (plan/staged_pieces.py; CPU only)
+            grad_in = 0.0 if d_out is None else self._staged(prof, self.profile(cur[mi + 1], pm), pm)[0]
+            act_in = 0.0 if d_in is None else self._staged(self.profile(cur[mi - 1], pm), prof, pm)[1]
             # a mesh's caps depend on these alone: remembered, as the search moves one decision at a time
-            key = (c, pm.vocab_size, to_end, after, m, d_in, d_out, start == 0, to_end == k)
+            key = (c, pm.vocab_size, to_end, after, m, d_in, d_out, start == 0, to_end == k, grad_in, act_in)
             seg = self._depth_segments.get(key)
             if seg is None:
-                prof = self.profile(c, pm)
                 seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
                 for j in {0, k - 1}:
                     i = start + j
-                    buf = (boundary_buffers(d_in, m) if j == 0 and d_in is not None else 0) + \
-                          (boundary_buffers(d_out, m) if j == k - 1 and d_out is not None else 0)
+                    buf = (boundary_buffers(d_in, m) + staged_buffers(d_in, m, act_in, grad=False)
+                           if j == 0 and d_in is not None else 0) + \
+                          (boundary_buffers(d_out, m) + staged_buffers(d_out, m, grad_in, grad=True)
+                           if j == k - 1 and d_out is not None else 0)
                     if buf or i == 0 or i == p - 1:
                         seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
                 seg = self._depth_segments[key] = tuple(seg)
             parts.append(seg)
         return list(chain.from_iterable(reversed(parts))), depth
+
+    @staticmethod
+    def _staged(before, after, pm: ModelSpec) -> tuple[float, float]:
+        """staged_pieces.boundary_staging of two stage profiles joined by an overlapped boundary."""
+        return boundary_staging(before, after, pm.seq_length, before.cluster.device.vendor == "cpu",
+                                after.cluster.device.vendor == "cpu")
 
     def overlapped(self, cur: tuple, pm: ModelSpec, profs: list, per: list, fixed: list, caps: list, m: int):
         """evaluate_layout(..., exact=False, schedule="overlapped") of a layout whose blocking split fits

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..spec.devices import get_device
 from .pipeline import memory_terms, warmup_forwards
 from .shapes import boundary_depth
+from .staged_pieces import boundary_staging
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,24 @@ class PipelineLayout:
     @cached_property
     def memory_terms(self) -> tuple[list, list]:
         """(in-flight micro-batches, boundary buffers) per stage, as the planner's memory model prices them
-        (plan/pipeline.py `memory_terms`)."""
+        (plan/pipeline.py `memory_terms`), received pieces priced where the receiving mesh's devices are CPUs."""
+        return self.memory_terms_on(lambda mesh: get_device(mesh.device_type).vendor == "cpu")
+
+    def memory_terms_on(self, on_cpu) -> tuple[list, list]:
+        """`memory_terms` with `on_cpu(mesh)` saying where a mesh's processes run on CPU (the dry run: all of
+        them), where the pieces an overlapped boundary receives are the same memory (plan/staged_pieces.py)."""
         depths = self.boundary_depths
+        meshes, seq = self.plan.meshes, self.plan.model.seq_length
+        staged = []
+        for s, d in enumerate(depths):
+            if d is None:
+                staged.append((0.0, 0.0))
+                continue
+            (a, _), (b, _) = self.stages[s][0], self.stages[s + 1][0]   # one mesh each side where overlapped
+            before, after = meshes[a], meshes[b]
+            staged.append(boundary_staging(before, after, seq, on_cpu(before), on_cpu(after)))
         return memory_terms(self.num_stages, self.num_micro_batches, [d is None for d in depths],
-                            [d or 0 for d in depths])
+                            [d or 0 for d in depths], staged)
 
     # ---- samples ----------------------------------------------------------------------------------------
     @cached_property

@@ -15,7 +15,7 @@ from ..spec.model import ModelSpec
 from . import memory_fit, tail_costs
 from .deepspeed_schedule import deepspeed_links
 from .overlap import Priced, choose_depths
-from .pipeline import estimate_1f1b, memory_terms
+from .pipeline import estimate_1f1b
 from .plan import Mesh, Plan
 from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES
 from .simulate import (MeshChoice, Pipeline, _finish, _iteration_overhead, _pipeline, deepspeed_passes,
@@ -91,7 +91,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
     profs, owners = pipe.profs, pipe.owners
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
-    in_flight, buffers = memory_terms(len(pipe.profs), m, blocking, depth)
+    in_flight, buffers = pipe.memory_terms(m, depths)
     L = model.num_layers
     lo = [0 if i in (0, p - 1) else 1 for i in range(p)]
     caps, per, fixed = [], [], []

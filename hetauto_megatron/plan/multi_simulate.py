@@ -47,6 +47,7 @@ from .pipeline import memory_terms, simulate_1f1b
 from .settings import model_padded_vocab_size
 from .shapes import boundary_depth
 from .shared_uplinks import boundary_uplinks, to_row
+from .staged_pieces import boundary_staging
 from .simulate import Estimate
 
 
@@ -187,7 +188,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         per_group.append(times)
         fwd.append(max(f for f, _ in times))
         bwd.append(max(b for _, b in times))
-    links, latency, blocking, depth, flows = [], [], [], [], []
+    links, latency, blocking, depth, flows, staged = [], [], [], [], [], []
     for a, b in zip(stages, stages[1:]):
         t, lat, d, flow = _boundary(model, inventory, a, b)
         links.append(t)
@@ -195,11 +196,16 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         blocking.append(d is None)
         depth.append(d or 0)
         flows.append(flow)
+        # an overlapped boundary joins one mesh each side: the pieces it receives (plan/staged_pieces.py)
+        pa, pb = a.groups[0][2], b.groups[0][2]
+        staged.append((0.0, 0.0) if d is None else
+                      boundary_staging(pa, pb, model.seq_length, pa.cluster.device.vendor == "cpu",
+                                       pb.cluster.device.vendor == "cpu"))
     # a cluster at two of this pipeline's boundaries: its uplink carries both (plan/shared_uplinks.py)
     uplinks = boundary_uplinks(flows, lambda name: inventory.cluster(name).uplink_bytes_per_s)
     sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks,
                         record=record)
-    in_flight, buffers = memory_terms(p, m, blocking, depth)
+    in_flight, buffers = memory_terms(p, m, blocking, depth, staged)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = fill_s = 0.0
     rows, fits = [], True

@@ -106,18 +106,20 @@ def warmup_counts(p: int, m: int, depth=None) -> tuple[int, ...]:
     return tuple(min(m, w) for w in warmup_forwards(p, depth))
 
 
-def memory_terms(p: int, m: int, blocking, depth) -> tuple[list, list]:
+def memory_terms(p: int, m: int, blocking, depth, staged=None) -> tuple[list, list]:
     """(in-flight micro-batches, boundary buffers) per stage, what the memory model prices and the dry run
     predicts. 1F1B holds w_i + 1 micro-batches on stage i (its warm-up forwards and the one it runs); each side
     of an overlapped boundary of depth d holds d + 2 boundary tensors: up to d + 1 activations received ahead
     (or waiting to leave) and one gradient on its way; never more than the step's m micro-batches (`boundary_buffers`).
-    `p`: stages; `blocking`, `depth`: per boundary."""
+    `p`: stages; `blocking`, `depth`: per boundary; `staged`: per boundary (or None), the shares of a message
+    each side receives in pieces of its own (plan/staged_pieces.py; 0 off CPU), priced by `staged_buffers`."""
     in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
     buffers = [0] * p
     for l, (blk, d) in enumerate(zip(blocking, depth)):
         if not blk:
-            buffers[l] += boundary_buffers(d, m)
-            buffers[l + 1] += boundary_buffers(d, m)
+            before, after = staged[l] if staged is not None else (0.0, 0.0)
+            buffers[l] += boundary_buffers(d, m) + staged_buffers(d, m, before, grad=True)
+            buffers[l + 1] += boundary_buffers(d, m) + staged_buffers(d, m, after, grad=False)
     return in_flight, buffers
 
 
@@ -126,6 +128,20 @@ def boundary_buffers(d: int, m: int) -> int:
     but a step has only m messages to post ahead or keep in flight (the dry run's sender measured min(d + 2, m):
     depth 3 over 3 micro-batches held 3, not the 5 priced)."""
     return min(d + 2, m)
+
+
+def staged_buffers(d: int, m: int, share: float, *, grad: bool) -> float:
+    """Boundary tensors' worth of received pieces (plan/staged_pieces.py) a side of an overlapped boundary of depth
+    d holds, `share` of each message it receives arriving in them: every message held until taken keeps its
+    pieces. The link keeps d + 1 messages posted ahead (at most the m - 1 after the one taken) and, while it
+    takes one, posts the next: d + 2 held at once, at most m. The side receiving gradients prices them all (the
+    one taken is no activation of its own). The side receiving activations prices the d + 1 ahead: the one taken
+    is the stage's input, which its activations price besides this side's boundary tensors, and its pieces are
+    gone once it is taken (the dry run measured d + 2 messages' pieces on an embedding-only stage receiving
+    gradients, and d + 1 on a head-only stage receiving activations, its peak in the head's backward)."""
+    if not share:
+        return 0.0
+    return share * (boundary_buffers(d, m) if grad else min(d + 1, m - 1))
 
 
 def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ from .plan import Plan
 from .settings import (DEFAULT_ENGINE, ENGINES, as_run_by, model_padded_vocab_size, recompute_as_run_by,
                        resolve_settings)
 from .shapes import boundary_depth
+from .staged_pieces import boundary_staging
 
 _DEFAULT_COST = AnalyticCostModel()
 
@@ -96,6 +97,13 @@ class Pipeline:
     latency: list               # per boundary: the part of it that does not occupy the link
     cross: list                 # per boundary: True where it joins two clusters (the only ones that may overlap)
     uplinks: tuple | None = None    # per boundary the shared uplinks its transfers cross (plan/shared_uplinks.py)
+    staged: list | None = None      # per boundary the shares of a message each side receives in pieces if it
+                                    # overlaps (plan/staged_pieces.py: CPU processes only); None: none
+
+    def memory_terms(self, m: int, depths) -> tuple[list, list]:
+        """pipeline.memory_terms of this stage list with the per-mesh boundary depths (None: blocking)."""
+        blocking, depth = self.boundary_schedule(depths)
+        return memory_terms(len(self.profs), m, blocking, depth, self.staged)
 
     def boundary_schedule(self, depths) -> tuple[list, list]:
         """(blocking, depth) per boundary from the per-mesh boundary depths (None: blocking)."""
@@ -141,8 +149,14 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
         links.append(boundary_transfer(engine)(model, profs[i], profs[i + 1], link, a.cluster == b.cluster, samples))
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
+    staged = [boundary_staging(profs[i], profs[i + 1], model.seq_length, _on_cpu(profs[i]), _on_cpu(profs[i + 1]))
+              if cross[i] else (0.0, 0.0) for i in range(p - 1)]
     return Pipeline(profs, owners, links, latency, cross,
-                    link_costs.pipeline_uplinks(model, inventory, profs, samples))
+                    link_costs.pipeline_uplinks(model, inventory, profs, samples), staged)
+
+
+def _on_cpu(prof) -> bool:
+    return prof.cluster.device.vendor == "cpu"
 
 
 def _iteration_overhead(cost_model, profs) -> float:
@@ -169,7 +183,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
     profs, owners, links = pipe.profs, pipe.owners, pipe.links
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
-    in_flight, buffers = memory_terms(len(pipe.profs), m, blocking, depth)
+    in_flight, buffers = pipe.memory_terms(m, depths)
     fwd, bwd, mem = [], [], []
     for i, prof in enumerate(profs):
         first, last = i == 0, i == p - 1

@@ -160,7 +160,8 @@ def predicted_stage_memory(plan) -> dict:
     stage inside the mesh): the model that runs (the shrunk one under --tiny) with the plan's padded vocabulary,
     fp32, the mesh's TP, DP, micro-batch size and runtime settings, and the micro-batches its pipeline stage
     holds under 1F1B (its warm-up plus the one it runs, grown by overlapped boundaries' depths; overlapped
-    boundaries add their buffers: `PipelineLayout.memory_terms`, as the planner prices them). Meshes side by
+    boundaries add their buffers: `PipelineLayout.memory_terms`, as the planner prices them, with the pieces received
+    blocks land in on CPU, plan/staged_pieces.py). Meshes side by
     side at a stage each get their own prediction."""
     from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
     from .layout import PipelineLayout
@@ -170,7 +171,7 @@ def predicted_stage_memory(plan) -> dict:
     for pipe in range(plan.num_pipelines):
         layout = PipelineLayout(plan, pipe)
         p = layout.num_stages
-        in_flight, buffers = layout.memory_terms
+        in_flight, buffers = layout.memory_terms_on(lambda mesh: True)     # every rank here runs on CPU
         for s in range(p):
             for i, sim in layout.stages[s]:
                 mesh = plan.meshes[i]
