@@ -242,6 +242,24 @@ def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_pat
     assert "no more stages than micro-batches (here at most 2: global batch 2)" in r.stderr, r.stderr
 
 
+def test_use_clusters_deeper_than_the_layers_names_the_layer_rule(tmp_path):
+    """Eleven pinned clusters in a chain make eleven stages, but the 8-layer model allows at most 10 (a stage per
+    layer plus an embedding and a head stage, space.max_stages) while the 64 micro-batches allow 64: the paragraph
+    named the micro-batches as the bound ("at most 10: global batch 64")."""
+    names = [f"c{i}" for i in range(11)]
+    inv = tmp_path / "eleven.yaml"
+    inv.write_text("clusters:\n" + "".join(f"  - {{name: {c}, device: cpu, nodes: 1, devices_per_node: 1}}\n"
+                                            for c in names)
+                   + "links:\n" + "".join(f"  - {{between: [{a}, {b}], bandwidth_gbps: 10, latency_ms: 0.1}}\n"
+                                          for a, b in zip(names, names[1:])))
+    r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "64", "--shapes",
+                    "simple", "--use-clusters", ",".join(names), "--quiet")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "no more stages than its layers and an embedding and a head stage (here at most 10: 8 layers)" \
+        in r.stderr, r.stderr
+    assert "no more stages than micro-batches" not in r.stderr, r.stderr
+
+
 def test_throughput_floor_bounds_the_cost_objectives_time(priced, tmp_path):
     """--max-iteration-s: the cost objective's plan at most that slow (its time from the simulate command that
     re-prices the written plan), recorded and kept by a re-plan; below the fastest plan of the inventory, exit 3

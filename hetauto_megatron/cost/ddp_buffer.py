@@ -361,7 +361,8 @@ def stage_buckets(model: ModelSpec, tp: int, dp: int, layers: int, first: bool, 
     parameters (finish_param_sync dispatches `next_param_gather_bucket_group`, the bucket before it). The last
     bucket holds the stage's first layers, or on a first stage whose tied table is a bucket of its own, the table.
     The share counts the parameters' elements up to the bucket's end, the input tables' lookups (the first
-    stage's additions, at the layout's end) as no work: how the plan splits a stage's time among its buckets."""
+    stage's additions, at the layout's end) as no work, a whole pipeline's tied output layer as done first: how
+    the plan splits a stage's time among its buckets."""
     pre, _, _, fixed, per_layer, _ = _layout_tensors(model, tp, first, last)
     walk = _layer_buckets(model, tp, dp, first, last, stage_bucket_size(dp, first, overlap_grad_reduce),
                           distributed_optimizer)
@@ -369,10 +370,13 @@ def stage_buckets(model: ModelSpec, tp: int, dp: int, layers: int, first: bool, 
     buckets = list(closed)
     tail = pre if distributed_optimizer else tuple((n, False) for n, _ in pre)
     _finish(_walk(state, tail, 1, walk.div, walk.bucket_size, buckets, None, walk.align), walk.div, buckets)
-    work = fixed + layers * per_layer - sum(n for n, _ in pre)
+    # a whole pipeline's tied table is its output layer too, whose backward runs first: work done before every
+    # bucket's gradients, though its elements lie at the layout's end with the lookup's
+    head = pre[-1][0] if first and last and model.tie_embeddings and model.output_layer else 0
+    work = fixed + layers * per_layer - sum(n for n, _ in pre) + head
     out, padding = [], 0
     for start, end, padded_end in buckets:
-        done = end - padding           # the parameters' elements up to the bucket's end (64-element gaps aside)
+        done = end - padding + head    # the parameters' elements up to the bucket's end (64-element gaps aside)
         out.append((padded_end - start, min(1.0, done / work) if work > 0 else 1.0))
         padding += padded_end - end
     return tuple(out)

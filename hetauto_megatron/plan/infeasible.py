@@ -65,11 +65,17 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
     rules = ("TP divides the heads and the MLP width (and the sequence, with sequence parallelism), the global "
              "batch is a whole number of micro-batch steps of every mesh's DP x micro-batch size, clusters next to "
              "each other in a pipeline are linked")
-    # the depth cap of space.max_stages: with --use-clusters naming more clusters than it allows, it is the rule
-    depth = sp.max_stages(sp.con.micro_batch_size or 1)
-    rules += (f", a pipeline has no more stages than micro-batches (here at most {depth}: global batch {sp.gbs}"
-              + (f", --micro-batch-size {sp.con.micro_batch_size}" if sp.con.micro_batch_size else "")
-              + (f", --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + ")")
+    # the depth cap of space.max_stages: with --use-clusters naming more clusters than it allows, it is the rule;
+    # the paragraph names the bound that gives it (the layers, or the micro-batches and --max-pp)
+    samples = sp.con.micro_batch_size or 1
+    depth = sp.max_stages(samples)
+    if depth < min(sp.gbs // samples, sp.con.max_pp or sp.gbs):
+        rules += (f", a pipeline has no more stages than its layers and an embedding and a head stage (here at "
+                  f"most {depth}: {model.num_layers} layers)")
+    else:
+        rules += (f", a pipeline has no more stages than micro-batches (here at most {depth}: global batch {sp.gbs}"
+                  + (f", --micro-batch-size {sp.con.micro_batch_size}" if sp.con.micro_batch_size else "")
+                  + (f", --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + ")")
     if ev.engine == "deepspeed":
         rules += ", and DeepSpeed's engine runs one TP, DP and micro-batch size in every mesh"
     raise InfeasibleError(f"{model.name}: no layout of this inventory follows the rules ({rules})")
