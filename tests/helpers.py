@@ -38,6 +38,16 @@ def planned_cross_cluster_bytes(report: dict, plan_file: str, inventory_yaml: st
     return cross_cluster_bytes(ran, inventory.with_precision(ran.precision))
 
 
+def megatron_options():
+    """Megatron-LM's own argument parser and every flag it has, for checking the flags a note or launch names."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    return parser, {flag for action in parser._actions for flag in action.option_strings}
+
+
 def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """`hetauto ARGV...` as a user starts it (a fresh interpreter), from the repository root by default."""
     return subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", *argv], capture_output=True, text=True,

@@ -106,7 +106,7 @@ def test_buckets_per_pipeline_rank_are_what_the_tail_prices(ranks):
     for r in ranks:
         pp = r["pp_rank"]
         assert pp == 0 or r["bucket_size"] is None             # bucketing off after the first pipeline rank
-        priced = [e for e, _ in tail_costs.ddp_buckets(model, prof, 1, pp == 0, pp == 1, pp)]
+        priced = [e for e, _ in tail_costs.ddp_buckets(model, prof, 1, pp == 0, pp == 1)]
         assert r["reduce_order"] == priced, r
         assert r["gather_order"] == priced[::-1], r
         # the first stage reduces its tied table last and gathers it first; the last stage reduces its copy first

@@ -118,6 +118,26 @@ def test_ddp_bucket_size_without_overlapped_reduction_changes_nothing_priced(mon
     assert resolve_ddp_bucket_size(get_megatron_ddp_config(args), None, args.overlap_grad_reduce, 10 ** 9) is None
 
 
+def test_bucket_padding_the_plan_does_not_price_is_refused_at_any_dp(monkeypatch):
+    """The distributed optimizer pads every bucket's end to Megatron-Core's bucket_end_divisor (param_layout.py):
+    --ddp-pad-buckets-for-high-nccl-busbw makes it lcm(DP, 128, 65,536) where the plan prices lcm(DP, 128)
+    (cost/ddp_buffer.py), and at DP 1, with nothing to reduce, it still pads each bucket's end, so another bucket
+    size changes the buffer priced. Both are refused by name; the emitted launch of a DP-1 plan runs as it is."""
+    from megatron.core.optimizer.param_layout import bucket_end_divisor
+
+    from hetauto_megatron.cost.ddp_buffer import BUCKET_END_ALIGN
+
+    assert bucket_end_divisor(2, False) == BUCKET_END_ALIGN < bucket_end_divisor(2, True)
+    flag = "--ddp-pad-buckets-for-high-nccl-busbw"
+    _refused(monkeypatch, _plan(), [flag], flag)
+    one = _plan(dp=1)
+    args = _accepted(monkeypatch, one, [])
+    assert args.overlap_grad_reduce and args.use_distributed_optimizer and not args.ddp_pad_buckets_for_high_nccl_busbw
+    _refused(monkeypatch, one, ["--ddp-bucket-size", "10000000"], "--ddp-bucket-size")
+    _accepted(monkeypatch, _plan(dp=1, distributed_optimizer=False, overlap_param_gather=False),
+              ["--ddp-bucket-size", "10000000"])
+
+
 def test_no_align_grad_reduce_runs_what_the_plan_priced(monkeypatch):
     """Under the 1F1B schedule a pipeline rank after the first holds one gradient bucket, complete at the end of
     its last backward, whether its reduction is started from the bucket's hook (--no-align-grad-reduce) or right

@@ -301,8 +301,8 @@ def test_one_layer_keeps_what_its_count_prices(model_keys, grouped, monkeypatch)
     first norm keeps) against the count the planner prices it with, K and V passed grouped to the attention (CPU,
     16 bits on sm80+) or repeated to every head (where the fused kernel takes no grouped K and V: fp32 on an
     accelerator, a V100; forced here). Target 2 %: what is not counted is the attention's fp32 log-sum-exp and
-    LayerNorm's second row statistic (0.4-0.6 % here). Before, the layers repeated K and V everywhere: +4.2 % (LLaMA-style), +13.9 %
-    (GPT-style), +7.0 % (GPT-style with rope) against the grouped count."""
+    LayerNorm's second row statistic (0.4-0.6 % here). Before, the layers repeated K and V everywhere: +4.2 %
+    (LLaMA-style), +13.9 % (GPT-style), +7.0 % (GPT-style with rope) against the grouped count."""
     import torch
 
     from hetauto_megatron.cost.deepspeed_layers import DEEPSPEED_PIPELINE_IMPL, DEEPSPEED_PIPELINE_IMPL_REPEATED_KV

@@ -54,7 +54,6 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
     assert checked > 500 and full_above_old > 20
 
 
-
 def test_memory_cap_where_memory_is_not_affine_takes_few_readings():
     """DeepSpeed's stage memory is the largest of affine sets (through the micro-batches, at the optimizer's step,
     at the reduction with its fixed second bucket), so the step from the slope between one and two layers may land
@@ -85,6 +84,7 @@ def test_memory_cap_where_memory_is_not_affine_takes_few_readings():
                 return 100 + min(k, bend) + late * max(k - bend, 0)
             exact = max(k for k in range(0, 10_000) if bent(k) <= 2000)
             assert memory_fit.layers_that_fit(bent, 2000, 2) == exact, (bend, late)
+
 
 def _random_instance(rng):
     return random_instance(rng, devices_per_node=(4, 8))

@@ -4,12 +4,12 @@ builds otherwise (dropout, Cohere's and Gemma's scalings, Nemotron's squared ReL
 a nested language model, a malformed rope_scaling), and plans named after the checkpoint's directory."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 
 import pytest
+from helpers import megatron_options
 
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.spec.hf_config import not_carried
@@ -38,12 +38,6 @@ def write_config(tmp_path, cfg, directory="ckpt"):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cfg))
     return str(path)
-
-
-def megatron_options():
-    from megatron.training.arguments import add_megatron_arguments
-    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    return parser, {flag for action in parser._actions for flag in action.option_strings}
 
 
 @pytest.mark.parametrize("cfg, kv, hub_count, rel", [

@@ -253,15 +253,13 @@ def test_bias_and_rope_scaling_notes_name_flags_megatron_has():
     """LLaMA's attention_bias covers the output projection too and mlp_bias the MLP (only --add-qkv-bias was
     named, mlp_bias not at all); a linear rope_scaling was pointed at LLaMA-3.1's --use-rope-scaling. Every flag a
     note names is one Megatron-LM's own parser has."""
-    import argparse
     import re
 
-    from megatron.training.arguments import add_megatron_arguments
+    from helpers import megatron_options
 
     from hetauto_megatron.spec.hf_config import not_carried
 
-    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-    options = {flag for action in parser._actions for flag in action.option_strings}
+    _, options = megatron_options()
     said = " ".join(not_carried({"model_type": "llama", "attention_bias": True, "mlp_bias": True,
                                  "rope_scaling": {"type": "linear", "factor": 4}}))
     assert "output projection" in said and "MLP's projections" in said, said

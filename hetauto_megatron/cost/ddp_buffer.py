@@ -230,39 +230,6 @@ def _busiest_shard(buckets, spans, dp: int) -> int:
     return max(owned)
 
 
-class _LayerSteps:
-    """The layout of a stage whose every parameter is a multiple of 64 elements, after what the last stage adds and
-    k layers, for the k asked so far: (state, the busiest shard of the buckets closed, the padded end of the last
-    one). A first stage's buckets are cut every few layers; the layout of n layers continues that of the nearest
-    k < n asked before (the layers come before the first stage's tables), so a search asking about many layer
-    counts walks each bucket once."""
-
-    def __init__(self, post: tuple, layer: tuple, dp: int, bucket_size: int | None):
-        self.layer, self.dp, self.bucket_size = layer, dp, bucket_size
-        self.div = math.lcm(dp, BUCKET_END_ALIGN)
-        closed: list = []
-        state = _walk(_EMPTY, post, 1, self.div, bucket_size, closed, None)
-        self.known = [0]
-        self.steps = {0: self._summary(state, closed, (0, 0))}
-
-    def _summary(self, state, closed, before):
-        shard, padded = before
-        for b in closed:
-            shard, padded = shard + _aligned_shard(b, self.dp), b[2]
-        return state, shard, padded
-
-    def after(self, layers: int) -> tuple:
-        got = self.steps.get(layers)
-        if got is None:
-            k = self.known[bisect.bisect_right(self.known, layers) - 1]
-            state, *before = self.steps[k]
-            closed: list = []
-            state = _walk(state, self.layer, layers - k, self.div, self.bucket_size, closed, None)
-            got = self.steps[layers] = self._summary(state, closed, before)
-            bisect.insort(self.known, layers)
-        return got
-
-
 @lru_cache(maxsize=4096)
 def _layout_tensors(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple:
     """stage_tensors in layout order, the reverse of named_parameters(): (what the first stage adds, one layer,
@@ -271,12 +238,6 @@ def _layout_tensors(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple
     pre, layer, post = stage_tensors(model, tp, first, last)
     return (pre[::-1], layer[::-1], post[::-1], sum(n for n, _ in pre + post), sum(n for n, _ in layer),
             all(n % PARAM_START_ALIGN == 0 for n, _ in pre + layer + post))
-
-
-@lru_cache(maxsize=4096)
-def _layer_steps(model: ModelSpec, tp: int, dp: int, first: bool, last: bool, bucket_size: int) -> _LayerSteps:
-    _, layer, post, *_ = _layout_tensors(model, tp, first, last)
-    return _LayerSteps(post, layer, dp, bucket_size)
 
 
 @lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for its layer count's buffer
@@ -307,19 +268,19 @@ def padded_buffer(model: ModelSpec, tp: int, dp: int, layers: int, first: bool, 
         buckets, _ = buffer_layout(segments, dp, None, every_param=False)
         padded = buckets[-1][2] if buckets else 0
         return StageBuffer(params, padded, padded, sum(_aligned_shard(b, dp) for b in buckets))
-    steps = _layer_steps(model, tp, dp, first, last, bucket_size)
-    state, shard, padded = steps.after(layers)
-    closed: list = []
-    _finish(_walk(state, pre, 1, steps.div, bucket_size, closed, None), steps.div, closed)
-    if closed:
-        padded = closed[-1][2]
-    return StageBuffer(params, padded, padded, shard + sum(_aligned_shard(b, dp) for b in closed))
+    walk = _layer_buckets(model, tp, dp, first, last, bucket_size, True)
+    state, before = walk.after(layers)
+    closed = list(before)
+    _finish(_walk(state, pre, 1, walk.div, bucket_size, closed, None), walk.div, closed)
+    padded = closed[-1][2] if closed else 0
+    return StageBuffer(params, padded, padded, sum(_aligned_shard(b, dp) for b in closed))
 
 
 class _LayerBuckets:
     """The buckets closed while laying out what the last stage adds and k layers, and the layout's state then, for
     the k asked so far (buffer_layout's walk, padded or not): the layout of n layers continues that of the nearest
-    k < n asked before, so a search asking about many layer counts of a first stage walks each bucket once."""
+    k < n asked before (the layers come before the first stage's tables), so a search asking about many layer
+    counts of a first stage walks each bucket once. stage_buffer and stage_buckets share it."""
 
     def __init__(self, post: tuple, layer: tuple, dp: int, bucket_size: int | None, padded: bool):
         if not padded:

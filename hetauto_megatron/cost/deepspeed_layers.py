@@ -37,9 +37,9 @@ def deepspeed_pipeline_impl(device) -> LayerImpl:
     """How hetauto's DeepSpeed pipeline module keeps activations on `device` (a spec.devices.DeviceType at the
     job's precision): K and V at their GQA width where torch's flash kernel takes them grouped (CPU; 16 bits on a
     CUDA or ROCm device that runs flash attention, DeviceType.fused_attention, up to FLASH_GQA_MAX_HEAD_DIM),
-    repeated to every head elsewhere
-    (fp32, a V100, an Ascend's torch_npu, whose kernels the module does not assume). The module
-    decides by the same rule (runtime/deepspeed_pipeline.py sdpa_takes_gqa). On CPU its checkpoints' RNG states."""
+    repeated to every head elsewhere (fp32, a V100, an Ascend's torch_npu, whose kernels the module does not
+    assume). The module decides by the same rule (runtime/deepspeed_pipeline.py sdpa_takes_gqa). On CPU its
+    checkpoints' RNG states."""
     if device.vendor == "cpu":
         return DEEPSPEED_PIPELINE_IMPL_CPU
     if device.torch_device == "cuda" and device.dtype_bytes <= 2 and device.fused_attention:

@@ -8,7 +8,7 @@ Megatron's own assertions deep in validate_args: each is refused by name before 
 
 What the launch scripts may add to the planned shapes because the plan's time and memory hardly depend on it
 (the Hugging Face reader names them: --add-qkv-bias, --rotary-percent, --norm-epsilon, --use-rope-scaling,
-spec/hf_config.py not_carried) is not in the table. Neither is --no-align-grad-reduce: under the 1F1B schedule
+spec/hf_notes.py not_carried) is not in the table. Neither is --no-align-grad-reduce: under the 1F1B schedule
 the plan runs (the interleaved one is refused) it only decides whether a pipeline rank after the first starts its
 gradient reduction from its bucket's hook during its last backward or right after it (Megatron-Core 0.19
 schedules.py forward_backward_pipelining_without_interleaving, `config.grad_sync_func is None or
@@ -155,7 +155,7 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
     unless the mesh runs without it. A rank past
     the first pipeline rank holds one bucket whatever the flags say; its mesh's first-stage ranks do not, and a
     launch gives every rank of a mesh the same arguments, so the flags are refused on each rank of the mesh."""
-    from ..plan.tail_costs import ddp_bucket_params
+    from ..cost.ddp_buffer import ddp_bucket_params
 
     k = placement.mesh_index
     mesh = plan.meshes[k]

@@ -139,22 +139,22 @@ def split_lower_bound(ev: LayoutEvaluator, choices: tuple, links: bool = False) 
             groups.append((per, f0 + b0, 0, 1))
         if k > len(ends):
             groups.append((per, 0.0, 1, k - len(ends)))             # middle stages: a layer each at least
+    if sum(g[2] * g[3] for g in groups) > L:
+        return math.inf                 # more middle stages than layers: no split exists
+
+    def level(groups) -> float:         # the period at which the groups hold L layers, fractions of one allowed
+        return (L + sum(c * f / q for q, f, _, c in groups)) / sum(c / q for q, _, _, c in groups)
+
+    fastest = min(g[0] for g in groups)
+    period0 = level(groups)
     sends = latency = ()
     if links:
         sends, latency, cross = ev.joins(cur, pm)[:3]
-        holding = _held_groups(ev, cur, pm, sends, cross)
-    if sum(g[2] * g[3] for g in groups) > L:
-        return math.inf                 # more middle stages than layers: no split exists
-    fastest = min(g[0] for g in groups)
-    period0 = (L + sum(c * f / q for q, f, _, c in groups)) / sum(c / q for q, _, _, c in groups)
-    if links:
-        groups = holding
+        groups = _held_groups(ev, cur, pm, sends, cross)
     # the least P at which whole layers fit: from the fractional level and every stage's least time, step up to
     # the next stage time at which some group takes one more layer each until they hold L (a few steps: at the
     # fractional level each stage lacks less than a layer)
-    period = max(period0 if not links else
-                 (L + sum(c * f / q for q, f, _, c in groups)) / sum(c / q for q, _, _, c in groups),
-                 max(f + lo * q for q, f, lo, _ in groups))
+    period = max(level(groups) if links else period0, max(f + lo * q for q, f, lo, _ in groups))
     while True:
         held, step = 0, math.inf
         for q, f, _, c in groups:

@@ -149,8 +149,8 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
 def layers_that_fit(need, limit: float, num_layers: int) -> int:
     """The largest n with need(n) <= limit, -1 if even need(0) exceeds it; `need` (bytes for n layers) grows
     with n, mostly affinely from one layer on: a step from the slope between one and two layers, then bisected
-    against `need` to the exact edge so that rounding or a bend never overstates it (need(n) > limit for n above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer
-    costs nothing.)"""
+    against `need` to the exact edge so that rounding or a bend never overstates it (need(n) > limit for n
+    above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer costs nothing.)"""
     one = need(1)
     if one > limit:
         return -1 if need(0) > limit else 0

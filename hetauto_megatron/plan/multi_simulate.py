@@ -213,8 +213,8 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
     for i, (st, (_, _, drain, before)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
         stage_fill = 0.0        # a position's groups wait for their gathers side by side
         for (idx, mesh, prof), (f, b) in zip(st.groups, per_group[i]):
-            r, g_fill, g_step = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, i, f, b,
-                                                            drain, before)
+            r, g_fill, g_step = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, f, b, drain,
+                                                            before)
             g = g_fill + g_step
             o = tail_costs.optimizer_time(model, prof, st.layers, st.first, st.last)
             reduce_s, after_s, stage_fill = max(reduce_s, r), max(after_s, g_step + o), max(stage_fill, g_fill)

@@ -60,23 +60,22 @@ def optimizer_sharded(prof: StageProfile) -> bool:
     return prof.settings.distributed_optimizer
 
 
-def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool,
-                rank: int = 0) -> tuple[tuple[int, float], ...]:
+def ddp_buckets(model: ModelSpec, prof: StageProfile, layers: int, first: bool,
+                last: bool) -> tuple[tuple[int, float], ...]:
     """The buckets Megatron-Core's DDP cuts a stage's gradients (and, with the distributed optimizer, its
     parameters) into, in the order their reductions start: cost/ddp_buffer.py stage_buckets, (elements, the
     share of the stage's work done once the bucket's gradients are produced) each. Several on the first pipeline
     rank (buckets of max(40M, 1M x DP) parameters), one elsewhere, but for a tied table of a pipeline of several
-    stages, a bucket of its own with the distributed optimizer (the first stage's last, the last stage's first).
-    `rank`: the pipeline rank, 0 exactly when `first`."""
+    stages, a bucket of its own with the distributed optimizer (the first stage's last, the last stage's first)."""
     s = prof.settings
     return stage_buckets(model, prof.tp, prof.dp, layers, first, last, s.distributed_optimizer,
                          s.overlap_grad_reduce)
 
 
-def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool, rank: int,
+def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool, last: bool,
                      own_fwd: float, own_bwd: float, drain: float, fill: float = 0.0) -> tuple[float, float, float]:
     """(gradient reduction, parameter gather delaying the next fill, parameter gather after the step) seconds DP
-    synchronisation adds to the iteration for the stage at pipeline rank `rank`, as Megatron-Core 0.19 runs them.
+    synchronisation adds to the iteration for the stage (`first`: pipeline rank 0), as Megatron-Core 0.19 runs them.
 
     With overlap_grad_reduce each bucket's reduction starts once the last micro-batch's backward has produced its
     gradients, in layout order, one after the other (plan/bucket_exposure.py): what is still running after the
@@ -93,7 +92,7 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     step's start instead: it hides behind `fill`, the forwards of the stages before this one and the links
     between."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
-    return _exposure(prof.settings, reduce, gather, buckets_of(ddp_buckets(model, prof, layers, first, last, rank)),
+    return _exposure(prof.settings, reduce, gather, buckets_of(ddp_buckets(model, prof, layers, first, last)),
                      own_fwd, own_bwd, drain, fill)
 
 
@@ -139,7 +138,7 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
     reduce_exp, after, opt, fill, exposed, g_fills, g_steps = [], [], [], 0.0, [], [], []
     for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
         prof, n = profiles[i], layers[i]
-        r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, i, f, b, drain, before)
+        r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, f, b, drain, before)
         opt.append(optimizer_time(model, prof, n, i == 0, i == p - 1))
         reduce_exp.append(r)
         after.append(g_step + opt[-1])
@@ -171,7 +170,7 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: floa
         if terms is None:
             reduce, gather = dp_sync_times(model, prof, n, i == 0, i == last)
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
-                                 buckets_of(ddp_buckets(model, prof, n, i == 0, i == last, i)))
+                                 buckets_of(ddp_buckets(model, prof, n, i == 0, i == last)))
         reduce, gather, opt, buckets = terms
         r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain, before)
         if r > reduce_max:

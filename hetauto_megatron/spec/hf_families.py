@@ -49,7 +49,5 @@ SOURCE_KEYS = {
     "rotary_base": ("rope_theta", "rotary_emb_base"),
 }
 
-
-
 # Falcon's config.json written before transformers 4.33 has no max_position_embeddings: FalconConfig's default
 FALCON_POSITIONS = 2048

@@ -14,6 +14,8 @@ HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "hidden_dropout", "hidden_dr
 ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_dropout")
 # Gemma's embeddings are multiplied by sqrt(hidden_size) (Megatron-Core 0.19's GPT has no such switch)
 _SCALED_EMBEDDING_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
+
+
 def not_carried(cfg: dict) -> list[str]:
     """What the config describes that the plan's launch does not build (each with the Megatron flag that would)."""
     mt = str(cfg.get("model_type", "")).lower()
