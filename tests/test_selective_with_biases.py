@@ -115,14 +115,20 @@ def test_the_search_space_holds_selective_only_where_it_runs(gated):
     assert space.selective == gated
 
 
-def test_simulate_names_its_recompute_flag(tmp_path, capsys):
-    """simulate --recompute selective for a model with linear biases: the refusal names the flag it came from and
-    a fix written as that flag, not the plan field (meshes[0].recompute) the layout became."""
+def _gpt_on_one_node(tmp_path):
+    """(model file, inventory file): the GPT-family model and one node of 8 A100-40, as simulate reads them."""
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "a100-40gb", "nodes": 1,
                                                   "devices_per_node": 8}]}))
     model = tmp_path / "gpt.yaml"
     model.write_text(yaml.safe_dump(GPT))
+    return model, inv
+
+
+def test_simulate_names_its_recompute_flag(tmp_path, capsys):
+    """simulate --recompute selective for a model with linear biases: the refusal names the flag it came from and
+    a fix written as that flag, not the plan field (meshes[0].recompute) the layout became."""
+    model, inv = _gpt_on_one_node(tmp_path)
     base = ["simulate", "--model", str(model), "--inventory", str(inv), "--tp", "1", "--pp", "1", "--dp", "8",
             "--micro-batch-size", "1", "--global-batch-size", "8"]
     assert main(base + ["--recompute", "selective"]) == 2
@@ -138,11 +144,7 @@ def test_simulate_prices_selective_under_deepspeed_as_it_runs(tmp_path, capsys):
     selective` on this model is priced as full recomputation, the same iteration and memory; Megatron's engine
     still refuses it (above). Before, the layout's plan was built without the engine and refused with Megatron's
     reason."""
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({"clusters": [{"name": "a", "device": "a100-40gb", "nodes": 1,
-                                                  "devices_per_node": 8}]}))
-    model = tmp_path / "gpt.yaml"
-    model.write_text(yaml.safe_dump(GPT))
+    model, inv = _gpt_on_one_node(tmp_path)
     base = ["simulate", "--model", str(model), "--inventory", str(inv), "--tp", "1", "--pp", "2", "--dp", "4",
             "--micro-batch-size", "1", "--global-batch-size", "8", "--engine", "deepspeed", "--json"]
     runs = {}
