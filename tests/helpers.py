@@ -60,6 +60,7 @@ def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: flo
     imports and this process has already imported is not imported again: Megatron-LM's training loop costs
     about 10 s of CPU per interpreter). For a script that answers its arguments and exits; exit code and
     output as a subprocess gives them, a traceback for an exception that escapes it (the interpreter's)."""
+    import atexit
     import runpy
     import signal
     import tempfile
@@ -74,6 +75,7 @@ def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: flo
     if pid == 0:    # the child
         code = 1
         try:
+            atexit._clear()     # the parent's exit handlers are not the script's (an interpreter starts with none)
             os.setsid()
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)

@@ -152,7 +152,8 @@ def test_patch_calls_only_the_hooks_public_api():
     calls = [node for node in ast.walk(ast.parse(patched))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and isinstance(node.func.value, ast.Name) and node.func.value.id == "hetauto"]
-    assert {c.func.attr for c in calls} == {"guard_script_errors", "parse_and_validate_args", "pretrain_kwargs"}
+    assert {c.func.attr for c in calls} == {"guard_script_errors", "parse_and_validate_args", "pretrain_kwargs",
+                                              "exit_after_training"}
     for call in calls:
         params = inspect.signature(getattr(hook, call.func.attr)).parameters
         for kw in call.keywords:

@@ -1,7 +1,7 @@
 """`hetauto patch-megatron /path/to/Megatron-LM`: add --hetauto to a Megatron-LM checkout's pretrain_gpt.py.
 
 The patch ships inside the package (hetauto_megatron/data/patches/pretrain_gpt.patch, so an installed hetauto
-needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes four
+needs no source checkout; patches/pretrain_gpt.patch in the repository is a link to it) and changes five
 lines; this command applies it without needing `patch`
 or git, idempotently (a patched file is recognised and left alone), checks the result, and says what changed.
 Where the lines around a change differ from core_r0.19.0's (later commits move imports and add arguments),
@@ -21,15 +21,17 @@ from ..errors import InputError
 DESCRIPTION = """\
 Add the --hetauto flag to Megatron-LM's pretrain_gpt.py (branch core_r0.19.0, matching megatron-core 0.19.x).
 
-The patch changes four lines of pretrain_gpt.py:
+The patch changes five lines of pretrain_gpt.py:
   1. imports hetauto_megatron.megatron.hook;
   2. routes the main block's user errors through the hook (one paragraph and exit 2, no traceback);
   3. parses the arguments with hook.parse_and_validate_args (Megatron's own, plus --hetauto, --hetauto-plan,
      --hetauto-cluster; under --hetauto each rank's TP, DP, micro-batch, pipeline layout and recompute come
      from the plan);
   4. adds **hook.pretrain_kwargs(args) to pretrain(...) (the plan's process groups and inter-cluster
-     communicator; nothing without --hetauto).
-Without --hetauto the patched script trains exactly as before. Running it twice changes nothing the second
+     communicator; nothing without --hetauto);
+  5. ends the process after pretrain(...) with hook.exit_after_training() (process groups destroyed, then
+     exit 0 without interpreter teardown; under --hetauto, or on a machine with no accelerator).
+Without --hetauto the patched script trains exactly as before on an accelerator. Running it twice changes nothing the second
 time. hetauto_megatron must be importable by the Python that runs pretrain_gpt.py (pip install it)."""
 
 EPILOG = """\
@@ -116,7 +118,7 @@ MAX_FUZZ = 2     # as GNU patch: up to two context lines at each end of a hunk m
 
 def trim_context(hunk: Hunk, fuzz: int) -> Hunk:
     """The hunk without up to `fuzz` unchanged lines at its start and at its end. Megatron-LM's file moves
-    around the four changed lines from one commit to the next (an import added above, an argument added to
+    around the five changed lines from one commit to the next (an import added above, an argument added to
     pretrain(...)); the lines the patch changes, and the context next to them, are what must be found."""
     lead = next((i for i, (a, b) in enumerate(zip(hunk.old, hunk.new)) if a != b), min(len(hunk.old), len(hunk.new)))
     trail = next((i for i, (a, b) in enumerate(zip(reversed(hunk.old), reversed(hunk.new))) if a != b),
@@ -263,7 +265,7 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
         raise InputError("the hetauto patch does not fit this pretrain_gpt.py, which was left unchanged: "
                          + "; ".join(state.reasons), file=target,
                          fix="use a Megatron-LM checkout of branch core_r0.19.0 (megatron-core 0.19.x), or make the "
-                             "four changes by hand (patches/README.md lists them)")
+                             "five changes by hand (patches/README.md lists them)")
     if state.status == "applied":
         verify("\n".join(lines), hunks, file=target)
         out(f"{target}: already patched for --hetauto; nothing to do.")

@@ -1,11 +1,12 @@
 """The `--hetauto` hook: what a Megatron-LM entry script calls to run as one share of a heterogeneous plan.
 
-An entry script changes in exactly two places (patches/pretrain_gpt.patch does this to pretrain_gpt.py):
+An entry script changes in three places (patches/pretrain_gpt.patch does this to pretrain_gpt.py):
 
     args = hook.parse_and_validate_args(extra_args_provider=..., args_defaults=...)   # was Megatron's
     pretrain(..., **hook.pretrain_kwargs(args))                                         # was pretrain(...)
+    hook.exit_after_training()                                                          # new (step 6)
 
-Without --hetauto both are transparent (Megatron's own parsing; no extra pretrain arguments), except that a
+Without --hetauto they are transparent (Megatron's own parsing; no extra pretrain arguments), except that a
 process with no accelerator at all gets the CPU redirections so the loop can be dry-run on CPU (gloo, whose
 process groups are destroyed at a clean exit as in step 6).
 
@@ -27,7 +28,9 @@ With --hetauto, per rank:
 5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
    pipeline's Megatron (every layer then has several holders, step 4); plan_data.py gives each replica its
    samples of the global batch and logs the whole batch's loss.
-6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`).
+6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`),
+   and once pretrain() returned the process ends without interpreter finalisation
+   (`script_guard.exit_after_training`, the patched script's last line).
 7. a rank that went away under this one (a pipeline transfer's PeerError, gloo's error in one of Megatron's
    collectives) is one paragraph naming it, exit 4 (`main_guard`, `guard_script_errors`; runtime/liveness.py).
 """
@@ -48,7 +51,7 @@ from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
-from .script_guard import guard_script_errors, main_guard  # noqa: F401
+from .script_guard import exit_after_training, guard_script_errors, main_guard  # noqa: F401
 from .training_seams import install_gradient_rules
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -207,7 +210,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             enable_cpu_mode()
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
-            atexit.register(_destroy_groups_at_exit, _timeout_s())     # gloo's groups, as under --hetauto
+            _take_charge_of_exit()     # gloo's groups, as under --hetauto
         result = original_validate(args, defaults)
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
@@ -299,7 +302,7 @@ def pretrain_kwargs(args) -> dict:
         # side waiting for the other until the timeout, or train another model (job_agreement.py)
         from .job_agreement import check_same_job
         check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file)
-        atexit.register(_destroy_groups_at_exit, _timeout_s())
+        _take_charge_of_exit()
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)
         from ..runtime.liveness import Liveness
@@ -313,6 +316,22 @@ def pretrain_kwargs(args) -> dict:
         install_gradient_rules(state)
     return {"p2p_communicator": state.communicator, "pg_collection": state.context.pg,
             "skip_model_parallel_init": True}
+
+
+_EXIT_IN_CHARGE = False
+
+
+def _take_charge_of_exit() -> None:
+    """This process's groups are the hook's (--hetauto) or gloo's on CPU: destroy them at a clean exit
+    (`_destroy_groups_at_exit`), and end the process right after training (`script_guard.exit_after_training`)."""
+    global _EXIT_IN_CHARGE
+    if not _EXIT_IN_CHARGE:
+        _EXIT_IN_CHARGE = True
+        atexit.register(_destroy_groups_at_exit, _timeout_s())
+
+
+def in_charge_of_exit() -> bool:
+    return _EXIT_IN_CHARGE
 
 
 def _destroy_groups_at_exit(timeout_s: float) -> None:

@@ -1,11 +1,13 @@
-"""How an entry script running under the hook ends when something goes wrong (hook.py re-exports these, the
-names the scripts call): a user mistake (InputError) prints one paragraph and exits 2, also posting the refusal
+"""How an entry script running under the hook ends (hook.py re-exports these, the names the scripts call): once
+training returned, at once and cleanly (exit_after_training); a user mistake (InputError) prints one paragraph and exits 2, also posting the refusal
 to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
 that went away under this one (a pipeline transfer's PeerError, gloo's error in a collective across the clusters)
 is one paragraph naming it, exit 4 (runtime/liveness.py LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
 
+import atexit
 import io
+import os
 import sys
 from typing import Callable, Optional
 
@@ -52,6 +54,32 @@ def main_guard(fn: Callable[[], None]) -> None:
         if lost is None:
             raise
         _exit_for_lost_peer(lost)
+    exit_after_training()
+
+
+def exit_after_training() -> None:
+    """End the process now that training returned (the patched pretrain_gpt.py's last line; main_guard after
+    main), where the hook owns the process groups (--hetauto, or gloo's on CPU; elsewhere this returns and the
+    script ends as before): TensorBoard's writer closed, the atexit handlers run while the interpreter is whole
+    (the groups destroyed, logging flushed), then exit 0 without interpreter finalisation. Left to finalisation,
+    a gloo worker thread that still drops a finished operation's tensor needs the interpreter lock once Python
+    has begun to tear down, and the process aborted ("terminate called without an active exception", SIGABRT)
+    after its last iteration had trained, so its torchrun reported a failure (pytorch/pytorch#190489; seen on
+    CPU runs of NVIDIA's script with the groups destroyed already in the atexit handler)."""
+    from .hook import in_charge_of_exit
+    if not in_charge_of_exit():
+        return
+    try:
+        from megatron.training.global_vars import get_tensorboard_writer
+        writer = get_tensorboard_writer()
+    except (ImportError, AssertionError):
+        writer = None
+    if writer is not None:
+        writer.close()
+    atexit._run_exitfuncs()     # what Python runs at exit, here while every thread can still take the lock
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def guard_script_errors() -> None:
