@@ -63,6 +63,7 @@ def pipelines_and_alongside_plan(tmp_path) -> str:
     raw = yaml.safe_load(open(PLAN))
     cpu = {"device_type": "cpu"}
     raw["global_batch_size"] = 14
+    raw["model"]["rotary_base"] = 500000       # LLaMA-3's: emitted, checked by --hetauto, given to the reference
     raw["pipelines"] = [{"samples": 6}, {"samples": 8}]
     raw["meshes"] = [
         dict(cpu, cluster="cluster-c", tp=1, dp=1, micro_batch_size=2, stage_layers=[2, 6]),
@@ -93,6 +94,8 @@ def test_pipelines_and_meshes_side_by_side_match_megatrons_single_pipeline_run(n
         assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout
         assert f"global_batch_size={batch}" in logs[f"{la['name']}.node0"], logs[f"{la['name']}.node0"][-3000:]
     assert "global_batch_size=8" in logs["cluster-b.node1"]
+    for name in ("cluster-c.node0", "reference"):     # Megatron's argument printout (global rank 0)
+        assert re.search(r"^\s*rotary_base \.+ 500000$", logs[name], re.M), logs[name][-3000:]
     # evaluation reads a global batch of the validation / test set as training does, and logs the whole batch's
     het_val, ref_val = validation_losses(logs["cluster-b"]), validation_losses(logs["reference"])
     assert [w for w, _ in het_val] == [w for w, _ in ref_val] and len(ref_val) >= 3, (het_val, ref_val)
