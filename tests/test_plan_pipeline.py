@@ -185,7 +185,7 @@ def test_a_plans_overlapped_boundaries_set_warm_up_and_memory():
     assert layout.warmup_forwards == warmup_forwards(4, [0, 2, 0]) == (5, 4, 1, 0)   # 1F1B's p - s - 1, plus 2
     assert warmup_counts(4, 3, [0, 2, 0]) == (3, 3, 1, 0)    # never more than the micro-batches
     assert layout.num_micro_batches == 8
-    assert layout.memory_terms == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == ([6, 5, 2, 1], [0, 4, 4, 0])
+    assert layout.memory_terms == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == ([6, 5, 2, 1], [0, 4, 3, 0])
 
 
 def test_closed_form_never_undercuts_the_event_simulation():
@@ -285,8 +285,9 @@ def test_recorded_events_never_overlap_on_a_resource():
 def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     """Depth d on the boundary after mesh 0: each stage of mesh 0 holds d more micro-batches of its layers'
     activations (and the first stage d more token ids, and embedding dropout masks with dropout on); the two stages at the
-    boundary hold d + 2 boundary tensors (sequence x micro-batch x hidden) each; mesh 1 beyond the boundary stage
-    is unchanged."""
+    boundary hold the messages they receive ahead, boundary tensors (sequence x micro-batch x hidden): d + 2
+    gradients before it, d + 1 activations after it (the one taken is the stage's input, priced with its layers);
+    mesh 1 beyond the boundary stage is unchanged."""
     import dataclasses
 
     from hetauto_megatron.cost.memory import GIB, layer_activation_bytes
@@ -307,7 +308,7 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     act = layer_activation_bytes(model, 2, 1, "none", sequence_parallel=a.settings.sequence_parallel)
     # each rank's piece of a boundary tensor: split over TP by sequence under sequence parallelism
     sp_a, sp_b = (m.tp if m.settings.sequence_parallel else 1 for m in (a, b))
-    boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h / sp_a, (d + 2) * 2 * s * 2 * h / sp_b
+    boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h / sp_a, (d + 1) * 2 * s * 2 * h / sp_b
     # int64 ids, and a 1-byte embedding dropout mask when the mesh's settings have hidden dropout (default: none)
     mask = s * h / (2 if a.settings.sequence_parallel else 1) if a.settings.hidden_dropout else 0.0
     first_extra = d * (8 * s + mask)

@@ -328,8 +328,9 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
     runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
-    (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary
-    (activations received ahead, a gradient in flight; plan/simulate.py counts them). `overhead`: the device's
+    (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary beyond its
+    activations: the messages it has received ahead (plan/pipeline.py `boundary_buffers` counts them; not the one
+    it runs on, its input, which the activations count). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
     `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds

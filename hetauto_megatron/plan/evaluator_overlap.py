@@ -24,11 +24,11 @@ class OverlapPricing:
 
     def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
         """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms'
-        rule: the extra warm-up forwards in flight, d + 2 boundary tensors on each side, at most m) -> (caps, depth per
-        boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its own last one on (A), so
-        stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m) micro-batches:
-        the blocking caps' pattern further from the end; only its end stages differ (buffers, embedding,
-        head)."""
+        rule: the extra warm-up forwards in flight, the messages each side holds received ahead, `boundary_buffers`)
+        -> (caps, depth per boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its
+        own last one on (A), so stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m)
+        micro-batches: the blocking caps' pattern further from the end; only its end stages differ (buffers,
+        embedding, head)."""
         p, n = len(cross) + 1, len(cur)
         depth = [0] * (p - 1)
         parts = []
@@ -55,12 +55,13 @@ class OverlapPricing:
                 seg = self.cap_table(pm, prof, False, False).in_flight_caps(to_end + after, m, k)
                 for j in {0, k - 1}:
                     i = start + j
-                    buf = (boundary_buffers(d_in, m) + staged_buffers(d_in, m, act_in, grad=False)
+                    f = min(to_end - j + after, m)      # the stage's in-flight micro-batches
+                    buf = (boundary_buffers(d_in, m, f) + staged_buffers(d_in, m, act_in, f)
                            if j == 0 and d_in is not None else 0) + \
-                          (boundary_buffers(d_out, m) + staged_buffers(d_out, m, grad_in, grad=True)
+                          (boundary_buffers(d_out, m) + staged_buffers(d_out, m, grad_in)
                            if j == k - 1 and d_out is not None else 0)
                     if buf or i == 0 or i == p - 1:
-                        seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(min(to_end - j + after, m), buf)
+                        seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(f, buf)
                 seg = self._depth_segments[key] = tuple(seg)
             parts.append(seg)
         return list(chain.from_iterable(reversed(parts))), depth
