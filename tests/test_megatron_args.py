@@ -432,7 +432,7 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
 
 
 # ---- runtime settings, precision and vocabulary from the plan (plan/settings.py) ---------------------------
-def _megatron_args(monkeypatch, extra=(), impl="local", model=PRESETS["tiny"]):
+def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"]):
     """Megatron-LM's own parser on a CPU-friendly command line with `model`'s architecture flags (None: none),
     plus `extra`."""
     import megatron.training.arguments as margs
@@ -581,7 +581,7 @@ def test_precision_flags_follow_the_plan(monkeypatch):
             assert args.accumulate_allreduce_grads_in_fp32
     # fp8: Transformer Engine's hybrid format on bf16 parameters
     plan = plan_from_dict({**base, "precision": "fp8"})
-    _, args = _megatron_args(monkeypatch, impl=None)
+    _, args = _megatron_args(monkeypatch)
     rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     assert (args.bf16, args.fp8, args.transformer_impl) == (True, "hybrid", "transformer_engine")
     # CPU processes (dry runs) train in fp32 whatever the plan's precision: a --bf16 for them is refused

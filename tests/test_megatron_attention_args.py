@@ -21,6 +21,7 @@ def _plan(device, precision):
 
 @pytest.mark.parametrize("extra, flag, runs", [
     (["--attention-backend", "unfused"], "--attention-backend", "unfused"),
+    (["--transformer-impl", "local"], "--transformer-impl", "local"),
 ])
 def test_unfused_attention_on_a_mesh_priced_fused_is_refused(monkeypatch, extra, flag, runs):
     plan = _plan("h800", "bf16")

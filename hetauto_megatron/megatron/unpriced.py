@@ -124,12 +124,23 @@ def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str |
     on a device whose Transformer Engine runs fused attention at the plan's precision, no s x s score matrix is
     kept. Megatron's --attention-backend unfused (or local) makes Transformer Engine run its unfused attention,
     which keeps the softmax of every layer's s x s scores per micro-batch in flight: refused there, naming the
-    flag. On meshes priced with unfused attention (fp32, a V100, CPU processes) the backend changes nothing priced."""
+    flag. On meshes priced with unfused attention (fp32, a V100, CPU processes) the backend changes nothing priced.
+    An accelerator mesh is priced with Transformer Engine's layers (Megatron-LM's default --transformer-impl; a CPU
+    mesh with Megatron's local spec, the dry runs' layers): --transformer-impl local there builds the local spec,
+    whose attention keeps the s x s scores at every precision and whose norms, rotary embedding and GLU keep more
+    (cost/memory.py DRY_RUN_IMPL against TRANSFORMER_ENGINE): refused, naming the flag."""
     from ..plan.settings import as_run_by
     from ..spec.devices import get_device
 
     k = placement.mesh_index
     mesh = plan.meshes[k]
+    if mesh.device_type != "cpu" and getattr(args, "transformer_impl", None) == "local":
+        raise InputError(f"--transformer-impl local builds Megatron's local layers (unfused attention keeping each "
+                         f"layer's s x s scores, unfused norms and rotary embedding); the plan priced meshes[{k}] "
+                         f"({mesh.device_type}) with Transformer Engine's layers, Megatron-LM's default",
+                         file=file, field="--transformer-impl",
+                         fix="drop --transformer-impl local (Megatron-LM's default, transformer_engine, runs what "
+                             "the plan priced); the local layers are priced only for meshes of cpu processes")
     device = get_device(mesh.device_type).at_precision(plan.mesh_precision(k), field="precision")
     if not as_run_by(mesh.settings, plan.engine).fused_attention(device):
         return
