@@ -243,6 +243,17 @@ def test_a_launch_without_the_plans_architecture_flags_is_refused_naming_each(mo
     rewrite.rewrite_args(args, gpt, launch_identity.check_launch(gpt, launch_identity.LaunchIdentity(0, 1, None), None))
     margs.validate_args(args, {})
     assert model_args(gpt)[-2:] == ["--position-embedding-type", "learned_absolute"]
+    # a plain MLP without linear biases (Falcon, Nemotron): built by Megatron without them, or refused
+    falcon = plan_from_dict({**gpt.to_dict(), "model": {**gpt.model.to_dict(), "linear_biases": False}})
+    identity = launch_identity.check_launch(falcon, launch_identity.LaunchIdentity(0, 1, None), None)
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], model=None)
+    with pytest.raises(InputError, match="add --disable-bias-linear"):
+        rewrite.rewrite_args(args, falcon, identity)
+    assert "--disable-bias-linear" in model_args(falcon) and "--swiglu" not in model_args(falcon)
+    margs, args = _megatron_args(monkeypatch, [*model_args(falcon), "--vocab-size", "128"], model=None)
+    rewrite.rewrite_args(args, falcon, identity)
+    margs.validate_args(args, {})
+    assert not args.add_bias_linear and not args.swiglu and args.normalization == "LayerNorm"
 
 
 def test_a_tokenizer_larger_than_the_plans_vocabulary_is_refused_when_megatron_builds_it(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 
 from hetauto_megatron.spec.model import PRESETS, load_model
 
@@ -260,9 +261,12 @@ def test_bias_and_rope_scaling_notes_name_flags_megatron_has():
     from hetauto_megatron.spec.hf_config import not_carried
 
     _, options = megatron_options()
-    said = " ".join(not_carried({"model_type": "llama", "attention_bias": True, "mlp_bias": True,
+    said = " ".join(not_carried({"model_type": "llama", "attention_bias": True,
                                  "rope_scaling": {"type": "linear", "factor": 4}}))
+    said += " " + " ".join(not_carried({"model_type": "llama", "mlp_bias": True}))
     assert "output projection" in said and "MLP's projections" in said, said
+    # both: every linear layer biased, which --add-bias-linear builds (the plan does): nothing left to say
+    assert "bias" not in " ".join(not_carried({"model_type": "llama", "attention_bias": True, "mlp_bias": True}))
     assert "--rotary-seq-len-interpolation-factor 4" in said and "--use-rope-scaling" not in said, said
     llama31 = " ".join(not_carried({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
     assert "--use-rope-scaling --rope-scaling-factor 8.0" in llama31, llama31
@@ -352,3 +356,43 @@ def test_a_multimodal_config_is_refused():
     with pytest.raises(InputError) as info:
         model_from_hf_config(cfg)
     assert info.value.field == "vision_config" and "multimodal" in info.value.reason
+
+
+def test_linear_biases_is_a_model_field_written_only_where_it_is_not_the_mlp_kinds_rule(tmp_path):
+    """A plain MLP without linear biases (Falcon's bias: false, Nemotron's) was built, emitted and priced with them:
+    linear_biases was derived from gated_mlp alone. It is a field now: a plan with it set reads back the same; the
+    presets' and the example plans' files, which leave it out, read and write as before (no such key); a value that
+    is not true or false is refused naming it."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.plan.plan_file import plan_from_dict, plan_to_yaml
+    from hetauto_megatron.spec.model import PRESETS, model_from_dict
+
+    example = os.path.join(os.path.dirname(os.path.dirname(HF)), "..", "examples", "llama", "plans",
+                           "tiny-2clusters-cpu.yaml")
+    with open(example) as f:
+        written = f.read()
+    plan = plan_from_dict(yaml.safe_load(written), file=example)
+    assert "linear_biases" not in plan_to_yaml(plan) and not plan.model.linear_biases
+    assert all("linear_biases" not in m.to_dict() for m in PRESETS.values())
+    assert PRESETS["gpt3-175b"].linear_biases and not PRESETS["llama2-7b"].linear_biases
+    # a GPT-3 without biases: the four projections' biases and nothing else go (12,288 x (3 + 1 + 4 + 1) per layer)
+    unbiased = model_from_dict({"preset": "gpt3-175b", "linear_biases": False})
+    assert PRESETS["gpt3-175b"].total_params - unbiased.total_params == 96 * 12288 * 9
+    assert unbiased.replace(gated_mlp=True).linear_biases is False          # set, it stays set
+    assert not PRESETS["gpt3-175b"].replace(gated_mlp=True).linear_biases   # derived, it follows the MLP kind
+    tiny = model_from_dict({"preset": "tiny", "gated_mlp": False, "linear_biases": False})
+    raw = yaml.safe_load(plan_to_yaml(plan))
+    raw["model"] = tiny.to_dict()
+    assert raw["model"]["linear_biases"] is False
+    again = plan_from_dict(yaml.safe_load(plan_to_yaml(plan_from_dict(raw))))
+    assert again.model == tiny and not again.model.linear_biases
+    # a checkpoint's record of what its weights depend on says it (a resume under the biased model is refused), and
+    # says nothing where the field is not written, as records saved before it
+    from hetauto_megatron.megatron.checkpoint_plan import resume_layout
+    assert resume_layout(again)["weights"]["model"]["linear_biases"] is False
+    assert "linear_biases" not in resume_layout(plan)["weights"]["model"]
+    raw["model"]["linear_biases"] = "no"
+    with pytest.raises(InputError) as info:
+        plan_from_dict(raw, file="plan.yaml")
+    text = str(info.value)
+    assert "plan.yaml" in text and "model.linear_biases" in text and "true or false" in text, text

@@ -33,6 +33,8 @@ def resume_layout(plan: Plan) -> dict:
     micro-batch: DP rank 0 writes a file whatever DP is, and each rank counts its mesh's share of the samples."""
     m = plan.model.to_dict()
     model = {k: m.get(k) for k in _WEIGHT_FIELDS}
+    if "linear_biases" in m:    # written only where it is not the MLP kind's rule: records from before stay equal
+        model["linear_biases"] = m["linear_biases"]
     if plan.model.position_embedding == "learned":
         model["max_position_embeddings"] = plan.model.max_position_embeddings
     return {"weights": {"model": model, "padded_vocab_size": plan.padded_vocab_size,

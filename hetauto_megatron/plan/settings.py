@@ -265,8 +265,10 @@ def selective_runs(model, engine: str = DEFAULT_ENGINE) -> bool:
     projection's bias parameter itself (skip_bias_add); autograd then takes that parameter as the checkpoint's
     output, so the backward re-enters the checkpoint without end (measured on CPU: a RecursionError after minutes
     of recomputation, every rank of the stage stuck until then; Transformer Engine's layers take the same path
-    outside fp8). DeepSpeed's pipeline engine runs "selective" as "full" (recompute_as_run_by); a published run's
-    engine (runs_here False) is priced as it ran."""
+    outside fp8). The rule is the biases, not the MLP kind: a plain MLP without them (Falcon, Nemotron:
+    linear_biases false) checkpoints and trains (tests/test_selective_with_biases.py). DeepSpeed's pipeline
+    engine runs "selective" as "full" (recompute_as_run_by); a published run's engine (runs_here False) is priced
+    as it ran."""
     e = ENGINES[engine]
     return not (e.runs_here and e.layers == "megatron" and model.linear_biases)
 

@@ -1,8 +1,8 @@
 """A Hugging Face config.json as a ModelSpec (the shapes hetauto plans), and what of it a launch does not carry.
 
 The planner needs the shapes (layers, widths, heads, vocabulary, positions) and the few switches that change
-weights or Megatron's arguments (gated MLP, tied head, position embedding and its base). Some architectures
-have more than the launch scripts build (emit/megatron.py architecture_args): those are named on stderr
+weights or Megatron's arguments (gated MLP, linear biases, tied head, position embedding and its base). Some
+architectures have more than the launch scripts build (emit/megatron.py architecture_args): those are named on stderr
 (spec/hf_notes.py `not_carried`) rather than silently dropped, with the Megatron flag that adds them where one
 exists. The family tables live in spec/hf_families.py.
 """
@@ -17,7 +17,7 @@ from .files import read_json_file
 from .model import ROTARY_BASE, ModelSpec
 
 from .hf_families import (_FALCON_FAMILIES, _GATED_ACTS, _HF_FAMILIES, _MOE_KEYS, _MULTIMODAL_KEYS,
-                          _NESTED_KEYS, _REFUSED_FAMILIES, FALCON_POSITIONS, SOURCE_KEYS)
+                          _NESTED_KEYS, _REFUSED_FAMILIES, FALCON_POSITIONS, SOURCE_KEYS, hf_linear_biases)
 from .hf_notes import dropout_note, not_carried    # (not_carried: imported from here by callers too)
 
 
@@ -156,6 +156,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
                          fix="write true or false")
     _check_rope_scaling(cfg.get("rope_scaling"), file)
+    for key in ("bias", "mlp_bias", "attention_bias"):     # whether the linear layers have biases (hf_linear_biases)
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            raise InputError(f"must be true or false, got {cfg[key]!r}"[:200], file=file, field=key,
+                             fix="write true or false (whether those linear layers have biases), as the model's "
+                                 "published config.json has it")
     name = (cfg.get("_name_or_path") or _directory_name(file) or mt
             or os.path.splitext(os.path.basename(file or "hf"))[0])
     theta = ROTARY_BASE
@@ -176,7 +181,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                          num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
                          vocab_size=first(*SOURCE_KEYS["vocab_size"]), seq_length=max_pos, gated_mlp=gated,
                          tie_embeddings=tie, position_embedding=pos, max_position_embeddings=max_pos,
-                         rotary_base=theta)
+                         rotary_base=theta, linear_biases=hf_linear_biases(cfg, mt))
     except InputError as exc:
         # ModelSpec names its own field (hidden_size); the user's file has the config's key (GPT-2's n_embd)
         key = next((k for k in SOURCE_KEYS.get(exc.field, ()) if cfg.get(k) is not None), None)

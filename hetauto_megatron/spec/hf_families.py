@@ -51,3 +51,15 @@ SOURCE_KEYS = {
 
 # Falcon's config.json written before transformers 4.33 has no max_position_embeddings: FalconConfig's default
 FALCON_POSITIONS = 2048
+
+
+def hf_linear_biases(cfg: dict, mt: str) -> bool | None:
+    """Whether the config says that every linear layer has a bias (True) or that none has (False): Falcon's `bias`
+    (FalconConfig's default false where a file leaves it out), else `mlp_bias` and `attention_bias` where both are
+    given and agree (Nemotron's false). None where it says nothing, or biases on one part only (Megatron builds
+    every linear layer's bias or none): the MLP kind's rule then (ModelSpec.linear_biases), the difference noted
+    (spec/hf_notes.py). The values are bools (spec/hf_config.py refuses others)."""
+    if mt in _FALCON_FAMILIES:
+        return cfg.get("bias") is True
+    mlp, attention = cfg.get("mlp_bias"), cfg.get("attention_bias")
+    return mlp if isinstance(mlp, bool) and mlp is attention else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .hf_families import _FALCON_FAMILIES, _GATED_ACTS, _HF_FAMILIES, _PARALLEL_FAMILIES, SOURCE_KEYS
+from .hf_families import _FALCON_FAMILIES, _GATED_ACTS, _HF_FAMILIES, _PARALLEL_FAMILIES, SOURCE_KEYS, \
+    hf_linear_biases
 
 # config.json keys of the dropouts after the embedding and each residual branch (Megatron's --hidden-dropout) and on
 # the attention probabilities (--attention-dropout), as the families spell them; a classifier head's are not here
@@ -19,6 +20,11 @@ _SCALED_EMBEDDING_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 def not_carried(cfg: dict) -> list[str]:
     """What the config describes that the plan's launch does not build (each with the Megatron flag that would)."""
     mt = str(cfg.get("model_type", "")).lower()
+    act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") \
+        or cfg.get("activation")
+    gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
+    said = hf_linear_biases(cfg, mt)
+    built = (not gated) if said is None else said       # whether the launch builds linear biases (ModelSpec's rule)
     out = []
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling:
@@ -33,14 +39,15 @@ def not_carried(cfg: dict) -> list[str]:
                 "linear": f"--rotary-seq-len-interpolation-factor {int(factor)}" if whole else
                 "none for a factor that is not a whole number"}.get(kind.lower()) or "none for this kind"
         out.append(f"rope_scaling ({kind}, factor {factor}; Megatron: {flag})")
-    if cfg.get("attention_bias") and mt not in ("qwen2",):
+    # (with linear biases built, every projection has its bias: nothing to say of these)
+    if cfg.get("attention_bias") and mt not in ("qwen2",) and not built:
         # LLaMA-style attention_bias: the output projection has one too, which only --add-bias-linear builds
         out.append("biases on the query, key, value and output projections (Megatron: --add-qkv-bias for Q, K, V; "
                    "the output projection's needs the launch's --disable-bias-linear dropped, which adds the "
                    "MLP's too)")
-    elif cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2":
+    elif (cfg.get("attention_bias") or cfg.get("qkv_bias") or mt == "qwen2") and not built:
         out.append("biases on the query, key and value projections (Megatron: --add-qkv-bias)")
-    if cfg.get("mlp_bias") is True:
+    if cfg.get("mlp_bias") is True and not built:
         out.append("biases on the MLP's projections (Megatron: the launch's --disable-bias-linear dropped, which "
                    "adds the attention output projection's too)")
     partial = cfg.get("rotary_pct", cfg.get("partial_rotary_factor"))
@@ -71,9 +78,6 @@ def not_carried(cfg: dict) -> list[str]:
         out.append("attention and MLP side by side on each layer's input (a parallel residual, as GPT-NeoX's, GPT-J's, "
                    "Phi's, Cohere's and Falcon's): built one after the other, as Megatron's GPT layers are, each "
                    "with a norm of its own")
-    act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") \
-        or cfg.get("activation")
-    gated = _HF_FAMILIES[mt][0] if mt in _HF_FAMILIES else str(act).lower() in _GATED_ACTS
     if isinstance(act, str) and gated and act.lower() not in _GATED_ACTS:
         out.append(f"an MLP gated through {act[:40]} (GeGLU, as Gemma's): built as SwiGLU, the gate through SiLU")
     elif isinstance(act, str) and not gated and act.lower() in ("relu2", "squared_relu", "relu_squared"):
@@ -81,7 +85,7 @@ def not_carried(cfg: dict) -> list[str]:
     elif isinstance(act, str) and not gated and "relu" in act.lower():
         out.append(f"a {act[:40]} MLP (as OPT's): built with GeLU, Megatron's GPT activation (it has no plain-ReLU "
                    "flag)")
-    out += _bias_and_norm_notes(cfg, mt, gated)
+    out += _bias_and_norm_notes(cfg, mt, built)
     theta = next((cfg[k] for k in SOURCE_KEYS["rotary_base"] if cfg.get(k) is not None), None)
     if isinstance(theta, float) and math.isfinite(theta) and theta != round(theta):
         out.append(f"rotary base {theta!r} (Megatron's --rotary-base takes an integer: launched as {round(theta)})")
@@ -91,17 +95,23 @@ def not_carried(cfg: dict) -> list[str]:
     return out
 
 
-def _bias_and_norm_notes(cfg: dict, mt: str, gated: bool) -> list[str]:
-    """Biases, norms and scalings the plan's Megatron GPT builds otherwise (ModelSpec: a plain MLP's layers carry
-    linear biases and LayerNorm; a gated MLP's no biases and RMSNorm)."""
+def _bias_and_norm_notes(cfg: dict, mt: str, built: bool) -> list[str]:
+    """Biases, norms and scalings the plan's Megatron GPT builds otherwise (`built`: whether the launch builds the
+    linear layers' biases, ModelSpec.linear_biases; a plain MLP's layers have LayerNorm, a gated MLP's RMSNorm)."""
     out = []
-    no_bias = [k for k in ("bias", "use_bias") if cfg.get(k) is False]
-    if cfg.get("mlp_bias") is False and cfg.get("attention_bias") is False:
-        no_bias = ["mlp_bias", "attention_bias"]
-    if no_bias and not gated:
-        # Falcon (bias: false), Nemotron: a few hidden-size vectors per layer, under 0.1 per mille of the weights
-        out.append(f"no biases in the linear layers ({' and '.join(no_bias)} false): built and priced with them, as "
-                   "the launch builds a plain MLP's layers (without --disable-bias-linear, the gated family's)")
+    if built:
+        # Megatron builds every linear layer's bias or none (--disable-bias-linear): a config without them on one
+        # part (attention_bias false beside mlp_bias true), or in words hf_linear_biases does not read (use_bias),
+        # is built with them, a few vectors per layer, under 0.1 per mille of the weights
+        no_bias = [k for k in ("bias", "use_bias") if cfg.get(k) is False]
+        part = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k) is False]
+        if no_bias:
+            out.append(f"no biases in the linear layers ({' and '.join(no_bias)} false): built and priced with "
+                       "them, as the launch builds a plain MLP's layers (without --disable-bias-linear)")
+        elif part:
+            where = "the attention's projections" if part == ["attention_bias"] else "the MLP's projections"
+            out.append(f"no biases on {where} ({part[0]} false): built and priced with them, as Megatron builds "
+                       "every linear layer's bias or none (--disable-bias-linear)")
     if mt == "cohere":
         out.append("LayerNorm without a shift (Cohere's): built as RMSNorm, the same weights, the mean not subtracted")
         if cfg.get("use_qk_norm") is True:

@@ -52,8 +52,19 @@ class ModelSpec:
     # a config.json's rope_theta. No weight and no cost; carried so that the launch trains the model described.
     # Written only when not 10,000.
     rotary_base: int = ROTARY_BASE
+    # Whether the linear layers carry biases (Megatron's --add-bias-linear, its default, or --disable-bias-linear).
+    # None follows the MLP kind: biases with a plain MLP (GPT-2, GPT-3, OPT), none with a gated one (LLaMA); a plain
+    # MLP without biases (Falcon, Nemotron) says false. Resolved here, so that every reader sees a bool; written
+    # only where it differs from the MLP kind's rule, so files written before stay the same.
+    linear_biases: bool | None = None
 
     def __post_init__(self):
+        if self.linear_biases is None:
+            object.__setattr__(self, "linear_biases", not self.gated_mlp)
+        elif not isinstance(self.linear_biases, bool):
+            raise InputError(f"must be true or false, got {self.linear_biases!r}"[:200], field="linear_biases",
+                             fix="write true if the model's linear layers have biases (GPT-2, OPT), false if not "
+                                 "(LLaMA, Falcon's bias: false), or leave it out to follow gated_mlp")
         if self.num_query_groups == 0:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         if self.max_position_embeddings == 0:
@@ -107,13 +118,6 @@ class ModelSpec:
     def kv_hidden(self) -> int:
         """Width of the K (and of the V) projection: kv heads * head dim; smaller than hidden under GQA."""
         return self.num_query_groups * self.head_dim
-
-    @property
-    def linear_biases(self) -> bool:
-        """Whether the linear layers carry biases: Megatron's --add-bias-linear (its default) for the GPT/OPT
-        family, --disable-bias-linear for the gated (LLaMA) family. One rule, read by both runtimes and the launch
-        arguments (runtime/model.py, runtime/deepspeed_pipeline.py, emit/megatron.py) and priced here."""
-        return not self.gated_mlp
 
     @property
     def norm_params(self) -> int:
@@ -187,9 +191,13 @@ class ModelSpec:
             del d["make_vocab_size_divisible_by"]
         if self.rotary_base == ROTARY_BASE:
             del d["rotary_base"]
+        if self.linear_biases == (not self.gated_mlp):
+            del d["linear_biases"]
         return d
 
     def replace(self, **changes) -> "ModelSpec":
+        if "gated_mlp" in changes and "linear_biases" not in changes and self.linear_biases == (not self.gated_mlp):
+            changes["linear_biases"] = None     # it followed the MLP kind: it follows the new one
         return dataclasses.replace(self, **changes)
 
     def with_padded_vocab(self, vocab_size: int) -> "ModelSpec":
@@ -263,6 +271,9 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
     kw["make_vocab_size_divisible_by"] = get(data, "make_vocab_size_divisible_by", int, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY, file=file,
                                              prefix=prefix)
     kw["rotary_base"] = get(data, "rotary_base", int, default=ROTARY_BASE, file=file, prefix=prefix)
+    kw["linear_biases"] = get(data, "linear_biases", bool, default=None, file=file, prefix=prefix,
+                              fix="write true or false (whether the linear layers have biases), or leave it out "
+                                  "to follow gated_mlp")
     try:
         return ModelSpec(**kw)
     except InputError as exc:
