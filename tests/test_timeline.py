@@ -252,3 +252,40 @@ def test_explain_simulate_and_the_timeline_show_the_same_dp_time(readme_plan, tm
         # the pipeline whose DP ends last shows all of it
         assert max(shown.values()) == pytest.approx(dp, abs=1e-3), (path, shown, dp)
         assert all_idle < 1e-3, (path, all_idle)
+
+
+def test_the_gradient_exchange_across_clusters_has_its_own_lanes(tmp_path, capsys):
+    """Two pipelines, one per cluster, sum every gradient across the clusters after their DP reductions: the
+    timeline shows that exchange on lanes of its own (before, only the stages' red tail held it, with the global
+    norm, and no lane said which link it keeps busy). Its steps must add up to the exchange `simulate --json`
+    reports (`replica_sync_s`: price_shapes' tail_costs.holders_sync_time, summed there; the lanes lay out
+    holders_sync_steps one after the other from the slowest pipeline's end), start where the slowest pipeline's DP
+    reduction ends (`before_sync_s`) and end inside the stages' gradient sync, before the iteration ends."""
+    plan = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml")
+    trace, png = str(tmp_path / "t.json"), str(tmp_path / "t.png")
+    assert main(["simulate", "--plan", plan, "--inventory", inv, "--json", "--timeline", trace,
+                 "--timeline", png]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert _is_png(png)
+    with open(trace) as fh:
+        lanes = _check_format(json.load(fh))
+    exchange = {n: spans for n, proc, spans in lanes.values() if proc == "gradient exchange"}
+    steps = exchange.pop("gradient exchange across holders")
+    assert est["replica_sync_s"] > 1e-3                   # the case: 2 MB each way over the 10 Gbit/s link
+    assert sum(e["dur"] for e in steps) / 1e6 == pytest.approx(est["replica_sync_s"], abs=1e-6)
+    start = max(p["before_sync_s"] for p in est["pipelines"])
+    assert steps[0]["ts"] / 1e6 == pytest.approx(start, abs=1e-6)
+    end = (steps[-1]["ts"] + steps[-1]["dur"]) / 1e6
+    assert end == pytest.approx(start + est["replica_sync_s"], abs=2e-6)
+    # the iteration after it: the global norm (sync_s less the exchange), the optimizer step, the overhead
+    assert end + est["sync_s"] - est["replica_sync_s"] + est["optimizer_s"] <= est["iteration_time_s"] + 2e-6
+    for n, _, spans in lanes.values():                  # every stage is in its gradient sync meanwhile
+        if " stage " in f" {n}":
+            assert any(e["cat"] == "dp-sync" and e["ts"] <= steps[0]["ts"] + 1 and
+                       e["ts"] + e["dur"] >= steps[-1]["ts"] + steps[-1]["dur"] - 1 for e in spans), n
+    # both directions of the link between the clusters carry it; in each step some lane is busy all of it
+    assert {"exchange link cluster-a->cluster-b", "exchange link cluster-b->cluster-a"} <= set(exchange)
+    for step in steps:
+        busy = [e["dur"] for spans in exchange.values() for e in spans if e["ts"] == step["ts"]]
+        assert max(busy) == pytest.approx(step["dur"], rel=1e-9) and all(b <= step["dur"] * (1 + 1e-9) for b in busy)

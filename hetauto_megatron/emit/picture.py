@@ -3,8 +3,8 @@
 One panel per timeline, stacked on the same time axis (predicted above measured): a row per stage or rank
 and per link direction between clusters. Forward and backward take their cluster's colour (backward
 darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black, the fixed per-iteration
-overhead olive; idle time
-is left blank.
+overhead olive, the gradient exchange across holders (its steps, the links it keeps busy: lanes of their own)
+dark red and hatched; idle time is left blank.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def cluster_colour(i: int) -> str:
     r, g, b = colorsys.hsv_to_rgb(h, 0.65, 0.75)
     return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
 KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222",
-                "overhead": "#c8b560"}
+                "overhead": "#c8b560", "exchange": "#7f1d1d"}
 
 
 def _darker(hex_colour: str, f: float = 0.6) -> tuple:
@@ -64,9 +64,12 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 c = KIND_COLOURS.get(s.kind, "#9e9e9e")
             bars.setdefault((y_of[s.lane], c), []).append((s.start, s.duration))
         for (y, c), xr in bars.items():
-            ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white", linewidth=0.2)
+            hatched = c == KIND_COLOURS["exchange"]       # its steps follow each other: edges show where
+            ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white", linewidth=0.8 if hatched else 0.2,
+                           hatch="////" if hatched else None)
         ax.set_yticks(range(len(lanes)))
-        ax.set_yticklabels([tl.lanes[i].name + (f"  [{tl.lanes[i].cluster}]" if tl.lanes[i].kind != "link" else "")
+        ax.set_yticklabels([tl.lanes[i].name + (f"  [{tl.lanes[i].cluster}]" if tl.lanes[i].kind in ("stage", "rank")
+                                                else "")
                             for i in reversed(lanes)], fontsize=7)
         ax.set_ylim(-0.6, len(lanes) - 0.4)
         ax.axvline(tl.iteration_s, color="#c44e52", linewidth=0.8, linestyle="--")
@@ -79,6 +82,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     handles += [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
                 Patch(color=KIND_COLOURS["receive"], label="receive: waiting for a link / peer"),
                 Patch(color=KIND_COLOURS["dp-sync"], label="gradient sync: DP, across holders"),
+                Patch(facecolor=KIND_COLOURS["exchange"], hatch="////", edgecolor="white",
+                      label="gradient exchange across holders"),
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)

@@ -243,25 +243,37 @@ def holders_sync_time(inventory: Inventory, blocks, rule=exchange_weights) -> fl
     broadcast to the other TP ranks of the part each holds (on the node's link). Runs after the DP reduction, before the optimizer
     step: exposed in full. `rule(inventory, clusters, owners)`: the roots' weights of three or more holders
     (the runtime's, exchange_weights, unless explain prices another choice)."""
+    steps = holders_sync_steps(inventory, blocks, rule)
+    return sum((max((sec for sec, _ in step.values()), default=0.0) for _, step in steps), 0.0)
+
+
+def holders_sync_steps(inventory: Inventory, blocks, rule=exchange_weights) -> list[tuple[str, dict]]:
+    """holders_sync_time's steps, one after the other: [(step, {resource: (seconds, bytes)})] for the gather phase
+    (where pairs swap too), the scatter phase and the broadcasts inside every holder; a step lasts as long as
+    its busiest resource, and holders_sync_time is their sum (plan/timeline.py draws them where they run).
+    Resources: ("link", from cluster, to cluster), ("uplink", cluster, "out" | "in"), ("ranks", holder, cluster,
+    "in" | "out"), ("copies", holder, cluster)."""
     if not blocks:
-        return 0.0
+        return []
     phases, copies = _exchange_traffic(inventory, blocks, rule)
-    total = 0.0
-    for phase in phases:
-        times = []
+    steps = []
+    for name, phase in zip(("gather phase", "scatter phase"), phases):
+        out = {}
         for res, nbytes in phase.items():
             if res[0] == "link":
-                times.append(link_between(inventory, res[1], res[2]).transfer_time(nbytes))
+                t = link_between(inventory, res[1], res[2]).transfer_time(nbytes)
             elif res[0] == "uplink":
                 up = inventory.cluster(res[1]).uplink_bytes_per_s
-                times.append(nbytes / up if up else 0.0)
+                t = nbytes / up if up else 0.0
             else:
-                times.append(inventory.cluster(res[2]).inter_node.transfer_time(nbytes))
-        total += max(times, default=0.0)
-    total += max(((prof.dp_link.transfer_time(dp) if dp else 0.0) +
-                  (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0) for dp, tp, prof in copies.values()),
-                 default=0.0)
-    return total
+                t = inventory.cluster(res[2]).inter_node.transfer_time(nbytes)
+            out[res] = (t, nbytes)
+        steps.append((name, out))
+    steps.append(("copies inside holders", {
+        ("copies", key, prof.cluster.name): ((prof.dp_link.transfer_time(dp) if dp else 0.0) +
+                                             (prof.cluster.intra_node.transfer_time(tp) if tp else 0.0), dp + tp)
+        for key, (dp, tp, prof) in copies.items()}))
+    return steps
 
 
 def holders_cross_cluster_bytes(inventory: Inventory, blocks, rule=exchange_weights) -> float:

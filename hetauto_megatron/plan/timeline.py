@@ -9,7 +9,9 @@ Lanes are pipeline stages, link directions, or (measured) ranks; spans are what 
     idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
     dp-sync, optimizer   the gradient synchronisation not hidden by compute (the DP reduction; where several
                          stages hold a parameter, their exchange and the global norm), and the optimizer step;
-    overhead             the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging).
+    overhead             the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging);
+    exchange             on the lanes of the gradient exchange across holders (plan/exchange_lanes.py): a step
+                         of it, or a link (uplink, cluster network) busy with it.
 `predicted_timeline` builds one from the simulator (plan/simulate.py and the event simulation of
 plan/pipeline.py; plan/multi_simulate.py for several pipelines or replica groups side by side);
 runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer", "overhead")
+KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer", "overhead", "exchange")
 _EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}
 
 
@@ -27,7 +29,7 @@ _EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive
 class Lane:
     name: str                    # "stage 3", "activations a->b (3->4)", "rank 5 (stage 2)"
     cluster: str                 # the cluster it runs on; a link between clusters: "a -> b"
-    kind: str                    # "stage" | "link" | "rank"
+    kind: str                    # "stage" | "link" | "rank" | "exchange" (cluster: "gradient exchange")
     stage: int | None = None     # pipeline stage (stage and rank lanes), first stage of the boundary (links)
     inter_cluster: bool = False  # a link lane between two clusters
     pipeline: int = 0            # the plan's pipeline (several: plan format version 3)
@@ -41,6 +43,7 @@ class Span:
     start: float                 # seconds from the iteration's start
     end: float
     micro_batch: int | None = None
+    label: str | None = None     # what the trace names it, where its kind and micro-batch do not say it
 
     @property
     def duration(self) -> float:
@@ -200,12 +203,14 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
     A lane per stage and replica group of each pipeline: a stage runs a micro-batch step when its slowest group
     has, so a faster group computes for its own time and then waits (idle). After its pipeline drained, each lane
     shows its own DP reduction, waits for the slowest pipeline, then the gradient exchange across the holders of
-    each parameter and the global gradient norm (dp-sync), its optimizer step and the fixed overhead."""
+    each parameter and the global gradient norm (dp-sync), its optimizer step and the fixed overhead. Lanes of
+    their own show that exchange's steps and the links it keeps busy (plan/exchange_lanes.py)."""
+    from .exchange_lanes import exchange_spans
     from .multi_simulate import price_shapes, shapes_of
     from .simulate import _DEFAULT_COST, check_plan_against_inventory
     check_plan_against_inventory(plan, inventory)
-    res = price_shapes(plan.model, inventory.with_precision(plan.precision), shapes_of(plan),
-                       cost_model or _DEFAULT_COST, record=True)
+    inventory = inventory.with_precision(plan.precision)
+    res = price_shapes(plan.model, inventory, shapes_of(plan), cost_model or _DEFAULT_COST, record=True)
     T = res.iteration_time_s
     exchange = max(t.before_sync for t in res.pipelines)
     tail_end = T - max(t.overhead_s for t in res.pipelines)
@@ -241,6 +246,7 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                 _fill(spans, lane, now, t.makespan, "idle", spans)
         _tail_spans(spans, [(lane, row, i) for i, group_lanes in stage_lanes.items() for lane, row in group_lanes],
                     t.makespan, exchange, res.replica_sync_s + res.grad_norm_s, tail_end, T)
+    exchange_spans(inventory, res.extra["holders"], exchange, lanes, spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
     per = [len({r["stage"] for r in t.stages}) for t in res.pipelines]     # each pipeline's own stages
