@@ -146,8 +146,9 @@ def test_a_launch_that_lost_a_rank_ends_with_one_line(nvidia_script, tmp_path): 
     exit 1 (before: torchrun's 40-line ChildFailedError traceback after the paragraph); cluster-b's, a genuine
     crash, keeps torchrun's own report naming the worker's exit code. The paragraph names the survivor, the
     Megatron function whose collective failed and the rank that went away, as in the test above."""
-    plan, started, _ = launch(tmp_path, nvidia_script, PLAN_YAML, "grad-norm", 1, torchrun=True)
+    plan, started, start = launch(tmp_path, nvidia_script, PLAN_YAML, "grad-norm", 1, torchrun=True)
     codes = wait_all([proc for proc, _, _ in started], timeout=300)
+    assert time.monotonic() - start < 240       # at once, not at the 120 s timeout of a wait
     survivor, crashed = (log.read_text() for _, log, _ in started)
     assert codes == [1, 1], (survivor[-3000:], crashed[-3000:])
     text, gone = paragraph(survivor), describe_rank(plan, 1)
@@ -157,6 +158,7 @@ def test_a_launch_that_lost_a_rank_ends_with_one_line(nvidia_script, tmp_path): 
     last = survivor.rstrip().splitlines()[-1]
     assert last.startswith("hetauto-torchrun: worker rank(s) 0 of this launch stopped") and "paragraph above" in last, \
         survivor[-3000:]
+    assert f"(exit {LOST_PEER_EXIT})" in last, last      # the survivor's worker ended as a lost peer, not a crash
     assert "ChildFailedError" in crashed and re.search(r"exitcode\s*:\s*9\b", crashed), crashed[-3000:]
     assert "hetauto-torchrun:" not in crashed, crashed[-3000:]
 

@@ -378,7 +378,9 @@ def test_linear_biases_is_a_model_field_written_only_where_it_is_not_the_mlp_kin
     # a GPT-3 without biases: the four projections' biases and nothing else go (12,288 x (3 + 1 + 4 + 1) per layer)
     unbiased = model_from_dict({"preset": "gpt3-175b", "linear_biases": False})
     assert PRESETS["gpt3-175b"].total_params - unbiased.total_params == 96 * 12288 * 9
-    assert unbiased.replace(gated_mlp=True).linear_biases is False          # set, it stays set
+    assert unbiased.replace(gated_mlp=False, name="x").linear_biases is False   # set, it stays set
+    # (set against the kind, it is the other kind's rule: a change of kind leaves every model with its new rule)
+    assert "linear_biases" not in unbiased.replace(gated_mlp=True).to_dict()
     assert not PRESETS["gpt3-175b"].replace(gated_mlp=True).linear_biases   # derived, it follows the MLP kind
     tiny = model_from_dict({"preset": "tiny", "gated_mlp": False, "linear_biases": False})
     raw = yaml.safe_load(plan_to_yaml(plan))

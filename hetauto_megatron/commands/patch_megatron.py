@@ -31,8 +31,8 @@ The patch changes five lines of pretrain_gpt.py:
      communicator; nothing without --hetauto);
   5. ends the process after pretrain(...) with hook.exit_after_training() (process groups destroyed, then
      exit 0 without interpreter teardown; under --hetauto, or on a machine with no accelerator).
-Without --hetauto the patched script trains exactly as before on an accelerator. Running it twice changes nothing the second
-time. hetauto_megatron must be importable by the Python that runs pretrain_gpt.py (pip install it)."""
+Without --hetauto the patched script trains exactly as before on an accelerator. Running it twice changes
+nothing the second time. hetauto_megatron must be importable by the Python that runs pretrain_gpt.py (pip install it)."""
 
 EPILOG = """\
 examples:

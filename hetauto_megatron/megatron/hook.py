@@ -318,20 +318,21 @@ def pretrain_kwargs(args) -> dict:
             "skip_model_parallel_init": True}
 
 
-_EXIT_IN_CHARGE = False
+_EXIT_IN_CHARGE: Optional[int] = None     # the process (pid) whose exit the hook took charge of; a forked child
+                                          # inherits the value, not the charge
 
 
 def _take_charge_of_exit() -> None:
     """This process's groups are the hook's (--hetauto) or gloo's on CPU: destroy them at a clean exit
     (`_destroy_groups_at_exit`), and end the process right after training (`script_guard.exit_after_training`)."""
     global _EXIT_IN_CHARGE
-    if not _EXIT_IN_CHARGE:
-        _EXIT_IN_CHARGE = True
+    if not in_charge_of_exit():
+        _EXIT_IN_CHARGE = os.getpid()
         atexit.register(_destroy_groups_at_exit, _timeout_s())
 
 
 def in_charge_of_exit() -> bool:
-    return _EXIT_IN_CHARGE
+    return _EXIT_IN_CHARGE == os.getpid()
 
 
 def _destroy_groups_at_exit(timeout_s: float) -> None:

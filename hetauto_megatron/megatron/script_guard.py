@@ -65,7 +65,9 @@ def exit_after_training() -> None:
     a gloo worker thread that still drops a finished operation's tensor needs the interpreter lock once Python
     has begun to tear down, and the process aborted ("terminate called without an active exception", SIGABRT)
     after its last iteration had trained, so its torchrun reported a failure (pytorch/pytorch#190489; seen on
-    CPU runs of NVIDIA's script with the groups destroyed already in the atexit handler)."""
+    CPU runs of NVIDIA's script with the groups destroyed already in the atexit handler). Megatron's own early
+    exits (--exit-interval, --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and
+    never reach this line."""
     from .hook import in_charge_of_exit
     if not in_charge_of_exit():
         return

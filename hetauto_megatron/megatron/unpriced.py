@@ -106,6 +106,11 @@ UNPRICED = (
              "the interleaved schedule: the plan runs and prices 1F1B"),
     Unpriced("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank", None,
              "the interleaved schedule: the plan runs and prices 1F1B"),
+    # NVIDIA's script wraps pretrain() for it (inprocess_restart.maybe_wrap_for_inprocess_restart): on a fault it
+    # destroys the process groups and builds Megatron's own again, where --hetauto's are the plan's, built once
+    Unpriced("inprocess_restart", "--inprocess-restart", False,
+             "in-process restart, which tears down the process groups and builds Megatron's own: --hetauto's "
+             "groups are the plan's (per-cluster meshes and the cross-cluster communicator), built once"),
 )
 
 
