@@ -1,6 +1,7 @@
 """The memory model's weights, gradients and optimizer state against what DeepSpeed's pipeline engine holds, on CPU.
 
-Plans of 2 stages x DP 2 (the tiny preset, 6 layers, 256-token vocabulary) are emitted (`hetauto emit deepspeed`)
+Plans of 2 stages x DP 2 (the tiny preset, 6 layers, 256-token vocabulary, a plain MLP of 255 units: odd parameter
+counts, so the BF16 and ZeRO optimizers pad their flat buffers) are emitted (`hetauto emit deepspeed`)
 at the settings that run in production: bf16 (an accelerator's mesh; DeepSpeed runs bf16 on CPU, not fp16) and fp32,
 ZeRO-0 (distributed_optimizer false) and ZeRO-1 (true; gradients reduced in fp32, and in bf16 with
 grad_reduce_dtype param), and one of 4 stages x DP 1 (ZeRO-1 reducing in bf16, where the optimizer's step holds more
@@ -14,9 +15,10 @@ reached through the ZeRO optimizer's `ipg_buckets` are its reduce bucket.
 Predicted, with the mesh's settings as DeepSpeed runs them (`as_run_by(..., "deepspeed")`): `stage_memory_bytes`'
 weights + gradients + optimizer against the most held at once; the larger of its per-parameter sets (through the
 micro-batches, at the optimizer's step) times the stage's parameters against the most held outside the bucket; its
-fixed bytes against the most in the bucket. Target: every stage within 10 %, each of the three. Before this check the
-model priced DeepSpeed's state with Megatron's formula: +29 % at bf16 ZeRO-0, -14 % at bf16 and fp32 ZeRO-1, no
-reduce bucket.
+fixed bytes against the most in the bucket. Target: every stage within 10 %, each of the three; the BF16 and ZeRO
+optimizers' totals to the byte but for two 4-byte scalars (SCALAR_BYTES), the flat buffers' padding priced. Before
+this check the model priced DeepSpeed's state with Megatron's formula: +29 % at bf16 ZeRO-0, -14 % at bf16 and fp32
+ZeRO-1, no reduce bucket.
 
 The gradient reduction after the last backward (the ReduceGrads instruction) allocates while it runs: from the start
 of the second step's ReduceGrads, at every collective it issues (torch.distributed's, which DeepSpeed's comm layer
@@ -36,14 +38,20 @@ from hetauto_megatron.cost.deepspeed_state import deepspeed_optimizer
 from hetauto_megatron.cost.deepspeed_state import largest_param_tensor
 from hetauto_megatron.cost.memory import stage_memory_bytes
 from hetauto_megatron.cost.model_state import (state_bytes_at_reduction, state_bytes_at_step_per_param,
-                                               state_bytes_per_param, state_fixed_bytes)
+                                               state_bytes_per_param, state_fixed_bytes, state_padding_bytes)
 from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.settings import as_run_by
 
 TOLERANCE = 0.10
 MBS, MICRO = 2, 4
-MODEL = {"preset": "tiny", "num_layers": 6, "vocab_size": 256}
+# A plain MLP of 255 hidden units (with its biases, as Megatron builds a plain MLP): an odd parameter count per
+# layer, so the BF16 and ZeRO optimizers pad every stage's flat buffer (to a multiple of 2 x DP: 3 elements at DP 2,
+# 1 on the 4-stage run's one-layer stages)
+MODEL = {"preset": "tiny", "num_layers": 6, "vocab_size": 256, "gated_mlp": False, "ffn_hidden_size": 255}
+# What the BF16 and ZeRO optimizers hold beyond the state priced: two 4-byte scalars (Adam's step count of the one
+# flat partition it steps, the gradient norm); their totals are checked to the byte within it
+SCALAR_BYTES = 8
 # (precision, distributed_optimizer, grad_reduce_dtype, DP): the optimizer DeepSpeed builds differs in each; at DP 1
 # (4 stages) the ZeRO optimizer's fp32 gradient partition at the step outweighs the bf16 .grad it replaces
 CASES = [("bf16", False, "fp32", 2), ("bf16", True, "fp32", 2), ("bf16", True, "param", 2), ("fp32", False, "fp32", 2),
@@ -222,9 +230,12 @@ def test_weights_gradients_optimizer_within_10_percent(state_run):
             assert got["params"] == b["params"]         # the stage the model prices is the stage that ran
             # the part that grows with the stage: the larger of the sets held through the micro-batches and at
             # the optimizer's step; the reduce bucket
-            sets = [state_bytes_per_param(E, plan.meshes[i].dp, settings),
-                    state_bytes_at_step_per_param(E, plan.meshes[i].dp, settings) or {}]
-            rest = max(b["params"] * sum(per.values()) for per in sets)
+            # (and the flat buffer's padding in each)
+            dp = plan.meshes[i].dp
+            sets = [(state_bytes_per_param(E, dp, settings), state_padding_bytes(E, dp, settings, b["params"])),
+                    (state_bytes_at_step_per_param(E, dp, settings) or {},
+                     state_padding_bytes(E, dp, settings, b["params"], at_step=True))]
+            rest = max(b["params"] * sum(per.values()) + sum(pad.values()) for per, pad in sets if per)
             # held while the gradient reduction after the last backward runs, its buffers included
             at_reduction = state_bytes_at_reduction(E, plan.meshes[i].dp, settings, b["params"],
                                                     largest_param_tensor(plan.model, 1, i == 0, i == p - 1))
@@ -244,6 +255,11 @@ def test_weights_gradients_optimizer_within_10_percent(state_run):
         assert got["bucket"] == pytest.approx(fixed, rel=TOLERANCE, abs=1024), (case, rank, fixed, got)
         assert got["reduction_reads"] >= 2, (case, rank, got)       # the instruction's start and a collective
         assert got["reduction"] == pytest.approx(at_reduction, rel=TOLERANCE), (case, rank, at_reduction, got)
+        if kind in ("bf16", "zero"):    # to the byte, the flat buffer's padding priced (below 2 x DP elements)
+            assert 0 <= got["total"] - state <= SCALAR_BYTES, (case, rank, state, got)
+            assert 0 <= got["rest"] - rest <= SCALAR_BYTES, (case, rank, rest, got)
+            if kind == "bf16":      # (ZeRO's: an upper bound by the .grads moved into its bucket)
+                assert 0 <= got["reduction"] - at_reduction <= SCALAR_BYTES, (case, rank, at_reduction, got)
 
 
 def test_the_time_model_prices_the_weight_gather_where_the_optimizer_step_issues_one(state_run):

@@ -38,6 +38,16 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               micro-batches still in flight, until the reduction after the last backward releases it (:924-927,
               :1061); the reduction allocates a second one (`reduce_gradients`, :963-968).
 
+The BF16 and ZeRO optimizers flatten the stage's one parameter group (the runtime's torch Adam over all its
+parameters) into a buffer padded with zeros to a multiple of 2 x DP elements (`nccl_start_alignment_factor` 2 x the
+DP degree: bf16_optimizer.py:101-102 and :166-168, zero/stage_1_and_2.py:386-387, :441-446 and :505-517,
+`align_dense_tensors` runtime/utils.py:994-1005; ZeRO's per-parameter alignment is off by default). What covers that
+buffer covers its padding: the flat 16-bit weights, the BF16 optimizer's accumulation buffer, and over DP the fp32
+master partition, Adam's moments and the step's fp32 gradient partition (`partition_size` is the padded buffer's
+over DP); the `.grad`s and `grad_accum` are per parameter (deepspeed_padding_elements,
+deepspeed_padding_bytes_per_element). Fewer than 2 x DP elements a stage, priced to the element as
+cost/ddp_buffer.py prices Megatron-Core's padding.
+
 d is the mesh's DP degree. DeepSpeed refuses fp16 on CPU, so the fp16 rows are read in the source, not measured
 here. The torch optimizer and FP16_UnfusedOptimizer step on every parameter and gather nothing; the BF16 and ZeRO
 optimizers step on their partition and all-gather the updated 16-bit weights in the step (`update_lp_params`,
@@ -67,7 +77,7 @@ while it runs, when the activations are gone, above the state held through the m
               appends a second reduce bucket of reduce_bucket_size elements (:963-968) to the one the hooks
               allocated; both are released by the epilogue (:1016-1061, `_release_ipg_buffers` :924-927). The
               `.grad`s copied into the first bucket drop their own storage (:1455-1461), so this is an upper bound
-              by at most their bytes (measured: exact at DP 2, 0.2 % over at DP 1).
+              by at most their bytes (measured: exact, or up to 0.2 % over where the reads catch the moved .grads).
 """
 from __future__ import annotations
 
@@ -75,6 +85,9 @@ from ..spec.model import ModelSpec
 
 FP32 = 4
 ADAM_MOMENT_BYTES = 8
+# nccl_start_alignment_factor (bf16_optimizer.py:101-102, zero/stage_1_and_2.py:386-387): the BF16 and ZeRO
+# optimizers pad each parameter group's flat 16-bit buffer to a multiple of this x the DP degree
+NCCL_START_ALIGNMENT = 2
 # MEMORY_OPT_ALLREDUCE_SIZE (engine.py:151): the elements_per_buffer the pipeline engine's ZeRO-0 reduction passes
 # (pipe/engine.py:294, :298)
 ALLREDUCE_BUFFER_ELEMENTS = 500_000_000
@@ -145,6 +158,36 @@ def deepspeed_step_bytes_per_param(precision: str, dp: int, settings) -> dict[st
             "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
 
 
+def deepspeed_padding_elements(params: float, dp: int) -> int:
+    """Elements the BF16 and ZeRO optimizers pad a stage's flat buffer with: its parameters rounded up to a multiple
+    of NCCL_START_ALIGNMENT x DP (`align_dense_tensors`, runtime/utils.py:994-1005, appends one zero tensor of the
+    difference; bf16_optimizer.py:166-168, zero/stage_1_and_2.py:441-446 and :505-517; zero's per-parameter
+    alignment is off, `parameter_alignment` False by default, zero/config.py:317, and the configs leave it). One
+    parameter group: the runtime passes a torch Adam over all the stage's parameters (runtime/deepspeed_pipeline.py
+    `initialize`). Fewer than 2 x DP elements: nothing to the stage's size, but every figure of it element-exact."""
+    return (-round(params)) % (NCCL_START_ALIGNMENT * dp)
+
+
+def deepspeed_padding_bytes_per_element(precision: str, dp: int, settings,
+                                        at_step: bool = False) -> dict[str, float]:
+    """Bytes per padding element (deepspeed_padding_elements) of what covers the padded flat buffer rather than
+    the parameters: the flat 16-bit weights (bf16_optimizer.py:166-171, zero/stage_1_and_2.py:505-517, which the
+    parameters are views of), the BF16 optimizer's accumulation buffer (`torch.zeros_like` of the flat weights,
+    bf16_optimizer.py:191-192), and the fp32 master partition, Adam's moments and the step's fp32 gradient
+    partition, each the flat buffer's size over DP (bf16_optimizer.py:175-182 and :417; stage_1_and_2.py:574-577
+    and :3113-3126: `partition_size` is the padded buffer's over DP). The `.grad`s and ZeRO's `grad_accum` are per
+    parameter, not padded; the torch and FP16 optimizers flatten nothing. `at_step`: the ZeRO optimizer's set at
+    its step (deepspeed_step_bytes_per_param)."""
+    kind = deepspeed_optimizer(precision, settings)
+    E = float(element_bytes(precision))
+    if kind == "bf16":
+        return {"weights": E, "gradients": float(_accumulation_bytes(precision, settings)),
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(precision, settings)) / dp}
+    if kind == "zero":
+        return {"weights": E, "gradients": FP32 / dp if at_step else 0.0, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+    return {}
+
+
 def deepspeed_state_fixed_bytes(precision: str, settings) -> dict[str, float]:
     """Bytes DeepSpeed's engine holds whatever the stage's size: the ZeRO optimizer's reduce bucket (gradients), in
     the accumulated gradients' type."""
@@ -153,36 +196,41 @@ def deepspeed_state_fixed_bytes(precision: str, settings) -> dict[str, float]:
     return {}
 
 
-def deepspeed_reduction_terms(precision: str, dp: int, settings) -> tuple[float, float, float, bool]:
+def deepspeed_reduction_terms(precision: str, dp: int, settings) -> tuple:
     """What the engine holds while its gradient reduction after the last backward runs (module docstring), as
     (bytes per parameter, fixed bytes, bytes per element of the reduction's flat copy, whether that copy is cut at
-    ALLREDUCE_BUFFER_ELEMENTS): held = per * params + fixed + copy * elements, elements = the stage's parameters,
-    at most ALLREDUCE_BUFFER_ELEMENTS and one more tensor when cut."""
+    ALLREDUCE_BUFFER_ELEMENTS, the DP degree, bytes per padding element): held = per * params + fixed + copy *
+    elements + padding bytes x deepspeed_padding_elements(params, dp), elements = the stage's parameters, at most
+    ALLREDUCE_BUFFER_ELEMENTS and one more tensor when cut."""
     kind = deepspeed_optimizer(precision, settings)
     E = element_bytes(precision)
     per = deepspeed_state_bytes_per_param(precision, dp, settings)
     fixed = sum(deepspeed_state_fixed_bytes(precision, settings).values())
+    padding = sum(deepspeed_padding_bytes_per_element(precision, dp, settings).values())
     communication = E if settings.grad_reduce_dtype == "param" else FP32     # emit/deepspeed.py
     if kind == "torch":     # fp32: the flattened copy of the .grads, in buckets of 5e8 elements
-        return sum(per.values()), fixed, float(E), True
+        return sum(per.values()), fixed, float(E), True, dp, 0.0
     if kind == "fp16":      # the same fallback over the fp16 .grads (the step's fp32 copies are not formed yet),
         # flattened, and converted to the communication type when that is fp32 (engine.py:3796-3801)
         step_copy = FP32
-        return sum(per.values()) - step_copy, fixed, float(E + (communication if communication != E else 0)), True
+        return (sum(per.values()) - step_copy, fixed, float(E + (communication if communication != E else 0)), True,
+                dp, 0.0)
     if kind == "bf16":
         accumulation = _accumulation_bytes(precision, settings)
         step_copy = _step_gradient_copy_bytes(precision, settings) / dp        # formed in the step, not yet
         copy = float(communication) if communication != accumulation else 0.0
-        return sum(per.values()) - step_copy, fixed, copy, False
-    return sum(per.values()), 2 * fixed, 0.0, False     # the second reduce bucket
+        # the copy converts the whole flat accumulation buffer, its padding included (engine.py:3800-3801)
+        return sum(per.values()) - step_copy, fixed, copy, False, dp, padding - step_copy + copy
+    return sum(per.values()), 2 * fixed, 0.0, False, dp, padding     # the second reduce bucket
 
 
 def deepspeed_held_at_reduction(terms: tuple, largest_tensor: float, params: float) -> float:
     """Bytes held while the reduction runs for a stage of `params` parameters: deepspeed_reduction_terms' terms,
     the stage's largest parameter tensor (largest_param_tensor)."""
-    per, fixed, copy, cut = terms
+    per, fixed, copy, cut, dp, padding = terms
     elements = min(params, ALLREDUCE_BUFFER_ELEMENTS + largest_tensor) if cut else params
-    return per * params + fixed + copy * elements
+    pad = deepspeed_padding_elements(params, dp) if padding else 0
+    return per * params + fixed + copy * elements + padding * pad
 
 
 def largest_param_tensor(model: ModelSpec, tp: int, first: bool, last: bool) -> float:

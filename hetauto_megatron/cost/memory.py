@@ -28,9 +28,10 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
-from .deepspeed_state import deepspeed_held_at_reduction, deepspeed_reduction_terms, largest_param_tensor
+from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
+                              largest_param_tensor)
 from .model_state import (FP32, precision_of, state_bytes_at_reduction, state_bytes_at_step_per_param,
-                          state_bytes_per_element, state_counts, state_fixed_bytes)
+                          state_bytes_per_element, state_counts, state_fixed_bytes, state_padding_per_element)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 from ..cache_keys import cached_hash
 
@@ -187,18 +188,22 @@ def _params(terms: tuple, layers: int) -> float:
 @lru_cache(maxsize=65536)     # pure; a stage configuration's every memory reading asks for the same terms
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
-    """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers:
-    (bytes per element of the state as (key, value) pairs (state_bytes_per_element), the fixed state bytes as
-    (key, value) pairs (state_fixed_bytes), the bytes per parameter at the optimizer's step as pairs
-    (state_bytes_at_step_per_param; empty: the same set), one layer's kept activations per micro-batch, the recompute
-    buffer, the first stage's bytes per micro-batch in flight, the last stage's head and logits gradient, the
-    pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's
-    previous micro-batch keeps per layer under that engine; the state held at the
-    gradient reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
+    """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers: (bytes per
+    element of the state as (key, value) pairs (state_bytes_per_element), the fixed state bytes as (key, value)
+    pairs (state_fixed_bytes), the bytes per parameter at the optimizer's step as pairs
+    (state_bytes_at_step_per_param; empty: the same set), (DP, the bytes per element of DeepSpeed's flat-buffer
+    padding held and at the step as pairs: state_padding_per_element; empty: none), one layer's kept activations per
+    micro-batch, the recompute buffer, the first stage's bytes per micro-batch in flight, the last stage's head and
+    logits gradient, the pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py;
+    what the last stage's previous micro-batch keeps per layer under that engine; the state held at the gradient
+    reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_element(E, dp, settings, precision).items())
     fixed = tuple(state_fixed_bytes(E, settings, precision).items())
     at_step = tuple((state_bytes_at_step_per_param(E, dp, settings, precision) or {}).items())
+    # DeepSpeed's flat-buffer padding, bytes per padding element: held through the micro-batches, at the step
+    padding = (dp, tuple(state_padding_per_element(E, dp, settings, precision).items()),
+               tuple(state_padding_per_element(E, dp, settings, precision, at_step=True).items()))
     reduction = None
     if settings.optimizer_state == "deepspeed":
         reduction = (deepspeed_reduction_terms(precision_of(E, precision), dp, settings),
@@ -233,7 +238,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
             # the previous micro-batch's graph, which the last stage's logits slot keeps (cost/pipe_buffers.py),
             # keeps its checkpoints' own bytes (not their inputs), per layer
             previous = impl.checkpoint_bytes
-    return per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, previous, reduction
+    return per, fixed, at_step, padding, act, buffer, first_saved, head, logits_grad, pipe, previous, reduction
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -256,26 +261,34 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
 
 
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
-    """stage_memory_bytes without its dict: (params, the state held as (bytes per element, elements per part or
-    None: per parameter, fixed bytes), state, activations kept, activations, reserved, pipe buffers, gradient
-    reduction) of a configuration (`_configuration`) holding `layers`, `in_flight` micro-batches and
-    `boundary_buffers` boundary tensors. The search reads only the total, many thousand times
-    (stage_memory_reader, job_stage_memory_reader)."""
-    (params_terms, first, last, per, fixed, at_step, act, buffer, first_saved, head, logits_grad, pipe, previous,
-     reduction, tensor, overhead, ddp) = cfg
+    """stage_memory_bytes without its dict: (params, the state held as (bytes per element, elements per part or None:
+    per parameter, fixed bytes, DeepSpeed's flat-buffer padding bytes per part), state, activations kept,
+    activations, reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`,
+    `in_flight` micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many
+    thousand times (stage_memory_reader, job_stage_memory_reader)."""
+    (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, buffer, first_saved, head,
+     logits_grad, pipe, previous, reduction, tensor, overhead, ddp) = cfg
     params = _params(params_terms, layers)
     counts = None if ddp is None else ddp(layers)    # None: every part per parameter
     if counts is None:
         state = sum([params * v for _, v in per])    # (the order stage_memory_bytes' dict sums in)
     else:
         state = sum([counts[k] * v for k, v in per])
-    held = (per, counts, fixed)
+    # DeepSpeed's flat buffer padded to a multiple of 2 x DP (cost/deepspeed_state.py deepspeed_padding_elements)
+    pad = deepspeed_padding_elements(params, dp) if pad_held else 0
+    if pad_held:
+        pad_held = tuple((k, pad * v) for k, v in pad_held)
+        state += sum(v for _, v in pad_held)
+    held = (per, counts, fixed, pad_held)
     if fixed:
         state += sum(v for _, v in fixed)
     if at_step:                                      # a different set while the optimizer steps: the larger
         stepping = sum([params * v for _, v in at_step])
+        if pad_step:
+            pad_step = tuple((k, pad * v) for k, v in pad_step)
+            stepping += sum(v for _, v in pad_step)
         if stepping > state:
-            state, held = stepping, (at_step, None, ())
+            state, held = stepping, (at_step, None, (), pad_step)
     saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -344,10 +357,10 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, counts, fixed), state, saved, acts, reserved, pipe, above = _reading(cfg, layers, in_flight,
-                                                                                       boundary_buffers)
+    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above = _reading(
+        cfg, layers, in_flight, boundary_buffers)
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
-    for k, v in fixed:
+    for k, v in fixed + padding:
         parts[k] += v
     return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
             "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above, "reserved": reserved,

@@ -37,9 +37,9 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from .ddp_buffer import StageBuffer, stage_buffer
-from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reduction, deepspeed_reduction_terms,
-                              deepspeed_state_bytes_per_param, deepspeed_state_fixed_bytes,
-                              deepspeed_step_bytes_per_param)
+from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reduction, deepspeed_padding_bytes_per_element,
+                              deepspeed_padding_elements, deepspeed_reduction_terms, deepspeed_state_bytes_per_param,
+                              deepspeed_state_fixed_bytes, deepspeed_step_bytes_per_param)
 
 
 def adam_traffic_bytes_per_param(dtype_bytes: int) -> int:
@@ -115,6 +115,23 @@ def state_fixed_bytes(dtype_bytes: int, settings, precision: str | None = None) 
     if settings.optimizer_state == "deepspeed":
         return deepspeed_state_fixed_bytes(precision_of(dtype_bytes, precision), settings)
     return {}
+
+
+def state_padding_per_element(dtype_bytes: int, dp: int, settings, precision: str | None = None,
+                              at_step: bool = False) -> dict[str, float]:
+    """Bytes per element of the padding DeepSpeed's BF16 and ZeRO optimizers give a stage's flat buffer (held
+    through the micro-batches, or by the ZeRO optimizer at its step with `at_step`): cost/deepspeed_state.py
+    deepspeed_padding_bytes_per_element; empty for Megatron-Core, whose padding state_elements counts."""
+    if settings.optimizer_state == "deepspeed":
+        return deepspeed_padding_bytes_per_element(precision_of(dtype_bytes, precision), dp, settings, at_step)
+    return {}
+
+
+def state_padding_bytes(dtype_bytes: int, dp: int, settings, params: float, precision: str | None = None,
+                        at_step: bool = False) -> dict[str, float]:
+    """Bytes of that padding on a stage of `params` parameters (deepspeed_padding_elements of them), per part."""
+    pad = deepspeed_padding_elements(params, dp)
+    return {k: pad * v for k, v in state_padding_per_element(dtype_bytes, dp, settings, precision, at_step).items()}
 
 
 def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings,
