@@ -47,19 +47,25 @@ dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, wor
 atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
 hook._take_charge_of_exit()         # as parse_and_validate_args does under --hetauto or on CPU
 print("trained", end="")            # unflushed, as Megatron's last log line may be
+if sys.argv[2] == "early-exit":     # Megatron's train() at --exit-interval: saves, then sys.exit() in pretrain()
+    def train():
+        sys.exit(3)
+    hook.ending_cleanly(train)()
 hook.exit_after_training()          # the patched script's last line
 print(" and went on to the interpreter's teardown")
 """
 
 
-def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_path):
+@pytest.mark.parametrize("end, code", [("returned", 0), ("early-exit", 3)])
+def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_path, end, code):
     """After pretrain() returned, a process whose groups the hook owns ends there: its atexit handlers run (the
     groups destroyed), its output flushed, exit 0, and no interpreter teardown, in which a gloo worker thread
     could abort a finished run (SIGABRT). Where the hook does not own them (an accelerator without --hetauto),
-    the script goes on as NVIDIA's does (the tests above)."""
-    r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store")], cwd=ROOT,
+    the script goes on as NVIDIA's does (the tests above). Megatron's early exits (--exit-interval and the like
+    sys.exit() inside pretrain()) end the same way, with their exit code."""
+    r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store"), end], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == code, r.stderr
     assert r.stdout.startswith("trained") and "initialized after the handler: False" in r.stdout
     assert "teardown" not in r.stdout
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr

@@ -51,7 +51,7 @@ from . import checkpoint_plan, launch_identity, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
-from .script_guard import exit_after_training, guard_script_errors, main_guard  # noqa: F401
+from .script_guard import ending_cleanly, exit_after_training, guard_script_errors, main_guard  # noqa: F401
 from .training_seams import install_gradient_rules
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -329,6 +329,10 @@ def _take_charge_of_exit() -> None:
     if not in_charge_of_exit():
         _EXIT_IN_CHARGE = os.getpid()
         atexit.register(_destroy_groups_at_exit, _timeout_s())
+        # pretrain() calls train() by its module's name; parsing Megatron's arguments imported that module
+        training = sys.modules.get("megatron.training.training")
+        if training is not None and not getattr(training.train, "_hetauto_ends_cleanly", False):
+            training.train = ending_cleanly(training.train)
 
 
 def in_charge_of_exit() -> bool:

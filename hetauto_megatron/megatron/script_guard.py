@@ -57,17 +57,17 @@ def main_guard(fn: Callable[[], None]) -> None:
     exit_after_training()
 
 
-def exit_after_training() -> None:
+def exit_after_training(code: int = 0) -> None:
     """End the process now that training returned (the patched pretrain_gpt.py's last line; main_guard after
     main), where the hook owns the process groups (--hetauto, or gloo's on CPU; elsewhere this returns and the
     script ends as before): TensorBoard's writer closed, the atexit handlers run while the interpreter is whole
-    (the groups destroyed, logging flushed), then exit 0 without interpreter finalisation. Left to finalisation,
+    (the groups destroyed, logging flushed), then exit `code` (0) without interpreter finalisation. Left to finalisation,
     a gloo worker thread that still drops a finished operation's tensor needs the interpreter lock once Python
     has begun to tear down, and the process aborted ("terminate called without an active exception", SIGABRT)
     after its last iteration had trained, so its torchrun reported a failure (pytorch/pytorch#190489; seen on
     CPU runs of NVIDIA's script with the groups destroyed already in the atexit handler). Megatron's own early
     exits (--exit-interval, --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and
-    never reach this line."""
+    never reach this line: `ending_cleanly` brings them here with their exit code."""
     from .hook import in_charge_of_exit
     if not in_charge_of_exit():
         return
@@ -81,7 +81,29 @@ def exit_after_training() -> None:
     atexit._run_exitfuncs()     # what Python runs at exit, here while every thread can still take the lock
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def ending_cleanly(train: Callable) -> Callable:
+    """Megatron's train() wrapped so that its early exits end the process as exit_after_training does, with their
+    exit code: at --exit-interval, --exit-duration-in-mins or the exit signal it saves, then sys.exit()s inside
+    pretrain() (training.py train, "if should_exit: ... sys.exit(exit_code)"), and the process went through the
+    interpreter teardown exit_after_training avoids. Where the hook does not own the exit, the SystemExit goes on."""
+    import functools
+
+    @functools.wraps(train)
+    def wrapper(*args, **kwargs):
+        try:
+            return train(*args, **kwargs)
+        except SystemExit as exc:
+            from .hook import in_charge_of_exit
+            code = 0 if exc.code is None else exc.code
+            if isinstance(code, int) and in_charge_of_exit():
+                exit_after_training(code)
+            raise
+
+    wrapper._hetauto_ends_cleanly = True
+    return wrapper
 
 
 def guard_script_errors() -> None:
