@@ -181,8 +181,8 @@ def test_the_examples_hand_launch_trains(tmp_path):
 
 @pytest.mark.parametrize("refused", ["cluster-b", "cluster-a"])
 def test_a_cluster_whose_launch_is_refused_stops_the_others_at_once(tmp_path, refused):
-    """The 2-cluster plan's emitted scripts, one per node, the refused cluster's launch given a global batch other
-    than the plan's: its workers stop with exit 2 (hook's check), and the other cluster's, waiting at the world's
+    """A 2-cluster plan's emitted scripts (two one-rank clusters: test_job_agreement's plan), one per node, the
+    refused cluster's launch given a global batch other than the plan's: its workers stop with exit 2 (hook's check), and the other cluster's, waiting at the world's
     rendezvous, stop at once too (exit 2, naming the refused rank's cluster and paragraph), well before
     HETAUTO_TIMEOUT_S (before: they waited all of it, then stopped with a timeout that did not say why). Refusing
     cluster-a refuses global rank 0, which hosts the store the others learn it from. The scripts run with their
@@ -194,8 +194,12 @@ def test_a_cluster_whose_launch_is_refused_stops_the_others_at_once(tmp_path, re
 
     from hetauto_megatron.runtime.launcher import free_port
 
-    plan = load_plan(PLAN)
-    launches = emit_megatron(plan, plan_path=PLAN, devices_per_node=2)
+    from test_job_agreement import PLAN_YAML
+
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN_YAML)
+    plan = load_plan(str(plan_file))
+    launches = emit_megatron(plan, plan_path=str(plan_file), devices_per_node=2)
     env = {k: v for k, v in os.environ.items() if k != "TORCHRUN"}
     env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
                HETAUTO_MASTER_ADDR="127.0.0.1", HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="400", CLUSTER_MASTER_ADDR="127.0.0.1", PYTHONWARNINGS="ignore",
