@@ -39,7 +39,7 @@ def test_groups_destroyed_at_exit_without_a_traceback(tmp_path, mode):
 
 
 AFTER_TRAINING = r"""
-import atexit, sys
+import atexit, sys, threading, time
 import torch.distributed as dist
 from hetauto_megatron.megatron import hook
 
@@ -47,6 +47,11 @@ dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, wor
 atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
 hook._take_charge_of_exit()         # as parse_and_validate_args does under --hetauto or on CPU
 print("trained", end="")            # unflushed, as Megatron's last log line may be
+def remove_old_checkpoint():        # as Megatron's non-daemon thread after a save (checkpointing.py remove_iter_ckpts),
+    threading.main_thread().join()  # still at work when the main thread ends
+    time.sleep(0.2)
+    print(" old checkpoint removed", flush=True)
+threading.Thread(target=remove_old_checkpoint).start()
 if sys.argv[2] == "early-exit":     # Megatron's train() at --exit-interval: saves, then sys.exit() in pretrain()
     def train():
         sys.exit(3)
@@ -62,10 +67,13 @@ def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_pat
     groups destroyed), its output flushed, exit 0, and no interpreter teardown, in which a gloo worker thread
     could abort a finished run (SIGABRT). Where the hook does not own them (an accelerator without --hetauto),
     the script goes on as NVIDIA's does (the tests above). Megatron's early exits (--exit-interval and the like
-    sys.exit() inside pretrain()) end the same way, with their exit code."""
+    sys.exit() inside pretrain()) end the same way, with their exit code. As Python's own exit, it first lets the
+    non-daemon threads finish (Megatron deletes old checkpoints in one), then runs the atexit handlers."""
     r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store"), end], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == code, r.stderr
     assert r.stdout.startswith("trained") and "initialized after the handler: False" in r.stdout
     assert "teardown" not in r.stdout
+    assert " old checkpoint removed" in r.stdout, r.stdout      # not killed by the exit
+    assert r.stdout.index("old checkpoint removed") < r.stdout.index("initialized after the handler"), r.stdout
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr

@@ -9,6 +9,7 @@ import atexit
 import io
 import os
 import sys
+import threading
 from typing import Callable, Optional
 
 from ..errors import InputError
@@ -60,14 +61,15 @@ def main_guard(fn: Callable[[], None]) -> None:
 def exit_after_training(code: int = 0) -> None:
     """End the process now that training returned (the patched pretrain_gpt.py's last line; main_guard after
     main), where the hook owns the process groups (--hetauto, or gloo's on CPU; elsewhere this returns and the
-    script ends as before): TensorBoard's writer closed, the atexit handlers run while the interpreter is whole
-    (the groups destroyed, logging flushed), then exit `code` (0) without interpreter finalisation. Left to finalisation,
-    a gloo worker thread that still drops a finished operation's tensor needs the interpreter lock once Python
-    has begun to tear down, and the process aborted ("terminate called without an active exception", SIGABRT)
-    after its last iteration had trained, so its torchrun reported a failure (pytorch/pytorch#190489; seen on
-    CPU runs of NVIDIA's script with the groups destroyed already in the atexit handler). Megatron's own early
-    exits (--exit-interval, --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and
-    never reach this line: `ending_cleanly` brings them here with their exit code."""
+    script ends as before): TensorBoard's writer closed, the non-daemon threads joined and the atexit handlers
+    run while the interpreter is whole (the groups destroyed, logging flushed), then exit `code` (0) without
+    interpreter finalisation. Left to finalisation, a gloo worker thread that still drops a finished
+    operation's tensor needs the interpreter lock once Python has begun to tear down, and the process aborted
+    ("terminate called without an active exception", SIGABRT) after its last iteration had trained, so its
+    torchrun reported a failure (pytorch/pytorch#190489; seen on CPU runs of NVIDIA's script with the groups
+    destroyed already in the atexit handler). Megatron's own early exits (--exit-interval,
+    --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and never reach this line:
+    `ending_cleanly` brings them here with their exit code."""
     from .hook import in_charge_of_exit
     if not in_charge_of_exit():
         return
@@ -78,7 +80,12 @@ def exit_after_training(code: int = 0) -> None:
         writer = None
     if writer is not None:
         writer.close()
-    atexit._run_exitfuncs()     # what Python runs at exit, here while every thread can still take the lock
+    # What Python's exit does, in its order, here while every thread can still take the lock: the threading
+    # module's exit callbacks (concurrent.futures' executors told to stop) and every non-daemon thread joined
+    # (Megatron deletes old checkpoints in one after a save, checkpointing.py remove_iter_ckpts and
+    # _async_delete_checkpoint_impl; os._exit would kill it mid-rmtree), then the atexit handlers
+    threading._shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -97,9 +104,12 @@ def ending_cleanly(train: Callable) -> Callable:
             return train(*args, **kwargs)
         except SystemExit as exc:
             from .hook import in_charge_of_exit
-            code = 0 if exc.code is None else exc.code
-            if isinstance(code, int) and in_charge_of_exit():
-                exit_after_training(code)
+            if in_charge_of_exit():
+                code = exc.code
+                if code is not None and not isinstance(code, int):
+                    print(code, file=sys.stderr)        # as Python does for sys.exit("a message"): exit 1
+                    code = 1
+                exit_after_training((code or 0) & 0xFF)   # the status a process can return, as Python's exit
             raise
 
     wrapper._hetauto_ends_cleanly = True
