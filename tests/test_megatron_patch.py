@@ -80,6 +80,22 @@ def test_a_partly_patched_file_is_a_conflict(tree, capsys):
     assert "some hunks are applied" in capsys.readouterr().err
 
 
+def test_a_file_patched_by_an_earlier_version_is_named_so(tree, capsys):
+    """A file patched by the four-line patch (before the line that ends the process after training) is refused
+    with what it is and how to patch it again; it said only that the patch did not fit near line 527."""
+    assert cli(["patch-megatron", str(tree)]) == 0
+    added = HUNKS[2].added[-1]
+    earlier = read(tree).replace(added + "\n", "")
+    assert added.strip() == "hetauto.exit_after_training()  # --hetauto: the process ends here, its process groups " \
+        "destroyed first" and added not in earlier
+    (tree / "pretrain_gpt.py").write_text(earlier)
+    capsys.readouterr()
+    assert cli(["patch-megatron", str(tree)]) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier version (or a part) of the hetauto patch" in err and "git checkout pretrain_gpt.py" in err, err
+    assert read(tree) == earlier
+
+
 def test_moved_context_is_patched_with_fuzz_and_stays_idempotent(tree, capsys):
     """Later Megatron-LM commits change lines next to the patch's changes: an import above the added ones
     becomes a multi-line import, and pretrain(...) gains an argument above the last two. As GNU patch (fuzz

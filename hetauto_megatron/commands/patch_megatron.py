@@ -261,6 +261,14 @@ def patch_megatron(megatron_lm: str, *, patch_file: str | None = None, check: bo
     crlf = "\r\n" in text
     lines = text.replace("\r\n", "\n").split("\n")
     state = inspect_file(lines, hunks)
+    import_line = hunks[0].added[0] if hunks[0].added else None
+    if state.status == "conflict" and import_line in lines:
+        # it imports the hook: patched by an earlier version of the patch (four lines before the line that ends
+        # the process after training, three before the one for user errors), which this one does not patch over
+        raise InputError("this pretrain_gpt.py holds an earlier version (or a part) of the hetauto patch and was left "
+                         "unchanged: " + "; ".join(state.reasons), file=target,
+                         fix=f"restore NVIDIA's file (git checkout {TARGET} in the checkout; git diff first if you "
+                             "changed it yourself) and run hetauto patch-megatron again")
     if state.status == "conflict":
         raise InputError("the hetauto patch does not fit this pretrain_gpt.py, which was left unchanged: "
                          + "; ".join(state.reasons), file=target,
