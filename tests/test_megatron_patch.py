@@ -92,7 +92,8 @@ def test_a_file_patched_by_an_earlier_version_is_named_so(tree, capsys):
     capsys.readouterr()
     assert cli(["patch-megatron", str(tree)]) == 2
     err = capsys.readouterr().err
-    assert "holds an earlier version (or a part) of the hetauto patch" in err and "git checkout pretrain_gpt.py" in err, err
+    assert "holds an earlier version (or a part) of the hetauto patch" in err, err
+    assert "git checkout pretrain_gpt.py" in err, err
     assert read(tree) == earlier
 
 

@@ -1,6 +1,6 @@
 """How an entry script running under the hook ends (hook.py re-exports these, the names the scripts call): once
-training returned, at once and cleanly (exit_after_training); a user mistake (InputError) prints one paragraph and exits 2, also posting the refusal
-to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
+training returned, at once and cleanly (exit_after_training); a user mistake (InputError) prints one paragraph
+and exits 2, also posting the refusal to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
 that went away under this one (a pipeline transfer's PeerError, gloo's error in a collective across the clusters)
 is one paragraph naming it, exit 4 (runtime/liveness.py LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
