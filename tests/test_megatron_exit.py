@@ -46,6 +46,10 @@ from hetauto_megatron.megatron import hook
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
 hook._take_charge_of_exit()         # as parse_and_validate_args does under --hetauto or on CPU
+class Teardown:                     # says so if the interpreter is torn down (os._exit skips it)
+    def __del__(self):
+        print(" and went on to the interpreter's teardown", flush=True)
+teardown = Teardown()
 print("trained", end="")            # unflushed, as Megatron's last log line may be
 def remove_old_checkpoint():        # as Megatron's non-daemon thread after a save (checkpointing.py remove_iter_ckpts),
     threading.main_thread().join()  # still at work when the main thread ends
@@ -57,7 +61,6 @@ if sys.argv[2] == "early-exit":     # Megatron's train() at --exit-interval: sav
         sys.exit(3)
     hook.ending_cleanly(train)()
 hook.exit_after_training()          # the patched script's last line
-print(" and went on to the interpreter's teardown")
 """
 
 
@@ -76,4 +79,72 @@ def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_pat
     assert "teardown" not in r.stdout
     assert " old checkpoint removed" in r.stdout, r.stdout      # not killed by the exit
     assert r.stdout.index("old checkpoint removed") < r.stdout.index("initialized after the handler"), r.stdout
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+UNDER_MAIN_GUARD = r"""
+import os, sys
+from hetauto_megatron.megatron import hook
+
+end, unwound = sys.argv[2], sys.argv[3]
+class Teardown:                     # says so if the interpreter is torn down (os._exit skips it)
+    def __del__(self):
+        print("teardown", flush=True)
+teardown = Teardown()
+if end == "train-exits":
+    import torch.distributed as dist
+    import megatron.training
+    from megatron.training import training
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    def train(*args, **kwargs):     # Megatron's train() at --exit-interval: saves, then sys.exit(exit_code)
+        sys.exit(3)
+    training.train = train
+if end != "not-in-charge":
+    hook._take_charge_of_exit()     # as parse_and_validate_args does under --hetauto or on CPU
+if end == "train-exits":
+    # the hook wrapped the module attribute that pretrain() reads by name when it calls train()
+    print("wrapped:", training.train.__wrapped__ is train and training.train._hetauto_ends_cleanly,
+          megatron.training.pretrain is training.pretrain and "train" in training.pretrain.__code__.co_names
+          and training.pretrain.__globals__ is vars(training), flush=True)
+
+def main():
+    try:
+        if end == "train-exits":
+            training.train()        # as pretrain() calls it
+        elif end == "main-exits":
+            sys.exit("the script's own stop")
+        elif end == "input-error":
+            from hetauto_megatron.errors import InputError
+            raise InputError("the launch's own mistake, one paragraph")
+        sys.exit(3)
+    finally:                        # the user's clean-up, which an exit inside train() used to skip
+        with open(unwound, "w") as f:
+            f.write("unwound")
+
+hook.main_guard(main)
+print("went on after main_guard", flush=True)
+"""
+
+
+@pytest.mark.parametrize("end, code", [("train-exits", 3), ("main-exits", 1), ("input-error", 2),
+                                       ("not-in-charge", 3)])
+def test_under_main_guard_an_exit_unwinds_main_then_ends_cleanly(tmp_path, end, code):
+    """An entry script run by hook.main_guard (its main a function): Megatron's early exit (sys.exit(3) inside
+    train(), --exit-interval and the like) or the script's own sys.exit() first unwinds main (its finally block
+    writes a file), then the process ends as after training (exit_after_training: no interpreter teardown) with
+    the status Python's own exit gives (a message: printed, 1). The hook wrapped the `train` that Megatron's
+    pretrain() looks up. Where the hook does not own the exit, the SystemExit goes on to Python's own exit."""
+    unwound = tmp_path / "unwound"
+    r = subprocess.run([sys.executable, "-c", UNDER_MAIN_GUARD, str(tmp_path / "store"), end, str(unwound)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == code, r.stdout + r.stderr
+    assert unwound.exists(), r.stdout                     # main's finally block ran
+    assert "went on after main_guard" not in r.stdout
+    assert ("teardown" in r.stdout) == (end == "not-in-charge"), r.stdout
+    if end == "train-exits":
+        assert "wrapped: True True" in r.stdout, r.stdout
+    if end == "main-exits":
+        assert r.stderr.strip().endswith("the script's own stop"), r.stderr
+    if end == "input-error":        # the paragraph, then exit 2 as cleanly as any other end
+        assert "hetauto: error: the launch's own mistake" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr

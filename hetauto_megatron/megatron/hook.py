@@ -30,7 +30,8 @@ With --hetauto, per rank:
    samples of the global batch and logs the whole batch's loss.
 6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`),
    and once pretrain() returned the process ends without interpreter finalisation
-   (`script_guard.exit_after_training`, the patched script's last line).
+   (`script_guard.exit_after_training`, the patched script's last line); so do Megatron's early exits
+   (`ending_cleanly` wraps its train(); under `main_guard` once the script's main has unwound).
 7. a rank that went away under this one (a pipeline transfer's PeerError, gloo's error in one of Megatron's
    collectives) is one paragraph naming it, exit 4 (`main_guard`, `guard_script_errors`; runtime/liveness.py).
 """
@@ -345,11 +346,10 @@ def _destroy_groups_at_exit(timeout_s: float) -> None:
     ("terminate called without an active exception", pytorch/pytorch#190489) after training succeeded. Skipped
     after an uncaught exception (other ranks may still wait in a collective); bounded by the plan's timeout, after
     which the exit goes on as before."""
-    import torch.distributed as dist
-
     if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_type", None) is not None:
         return
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = sys.modules.get("torch.distributed")    # never imported: no groups (importing torch here took seconds)
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
     worker = threading.Thread(target=dist.destroy_process_group, name="hetauto-destroy-groups", daemon=True)
     try:

@@ -1,5 +1,6 @@
 """How an entry script running under the hook ends (hook.py re-exports these, the names the scripts call): once
-training returned, at once and cleanly (exit_after_training); a user mistake (InputError) prints one paragraph
+training returned or Megatron's train() sys.exit()ed, at once and cleanly (exit_after_training; under main_guard
+after the script's main has unwound, its finally blocks run); a user mistake (InputError) prints one paragraph
 and exits 2, also posting the refusal to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
 that went away under this one (a pipeline transfer's PeerError, gloo's error in a collective across the clusters)
 is one paragraph naming it, exit 4 (runtime/liveness.py LOST_PEER_EXIT). Anything else keeps its traceback."""
@@ -43,19 +44,51 @@ def _exit_for_lost_peer(text: str):
     exit_for_lost_peer(text, _liveness())
 
 
+# The (process, thread) running main_guard's fn, or None: there `ending_cleanly` lets Megatron's early exit unwind
+# the user's main (its finally blocks, its context managers) for main_guard to end the process after it. Keyed as
+# hook._EXIT_IN_CHARGE is: a forked child inherits the value, not the guard; another thread is not the guard's.
+_GUARDED: Optional[tuple] = None
+
+
+def _guarded_here() -> bool:
+    return _GUARDED == (os.getpid(), threading.get_ident())
+
+
 def main_guard(fn: Callable[[], None]) -> None:
     """Run an entry script's main so that a user mistake prints one paragraph and exits 2, not a traceback, and a
-    rank that went away under this one is one paragraph naming it (exit 4)."""
+    rank that went away under this one is one paragraph naming it (exit 4). Where the hook owns the exit, main
+    ends the process cleanly (exit_after_training) after it returned, and after a sys.exit() inside it once the
+    stack has unwound (Megatron's early exits in train(), the script's own), with that exit's status."""
+    global _GUARDED
+    previous, _GUARDED = _GUARDED, (os.getpid(), threading.get_ident())
     try:
-        fn()
-    except InputError as exc:
-        exit_for_user(exc)
-    except RuntimeError as exc:
-        lost = _lost_peer(exc)
-        if lost is None:
-            raise
-        _exit_for_lost_peer(lost)
+        try:
+            fn()
+        except InputError as exc:
+            exit_for_user(exc)       # its exit 2 ends below like any other, not through teardown
+        except RuntimeError as exc:
+            lost = _lost_peer(exc)
+            if lost is None:
+                raise
+            _exit_for_lost_peer(lost)
+    except SystemExit as exc:
+        from .hook import in_charge_of_exit
+        if in_charge_of_exit():
+            exit_after_training(_exit_status(exc))
+        raise
+    finally:
+        _GUARDED = previous
     exit_after_training()
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status Python's own exit gives a SystemExit: None 0, an int its low byte (what a process can return),
+    anything else printed to stderr and 1 (sys.exit("a message"))."""
+    code = exc.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        return 1
+    return (code or 0) & 0xFF
 
 
 def exit_after_training(code: int = 0) -> None:
@@ -69,14 +102,15 @@ def exit_after_training(code: int = 0) -> None:
     torchrun reported a failure (pytorch/pytorch#190489; seen on CPU runs of NVIDIA's script with the groups
     destroyed already in the atexit handler). Megatron's own early exits (--exit-interval,
     --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and never reach this line:
-    `ending_cleanly` brings them here with their exit code."""
+    `ending_cleanly` brings them here with their exit code (under main_guard, once main's stack has unwound)."""
     from .hook import in_charge_of_exit
     if not in_charge_of_exit():
         return
+    # a script that never imported Megatron's globals has no writer (importing Megatron here took seconds)
+    global_vars = sys.modules.get("megatron.training.global_vars")
     try:
-        from megatron.training.global_vars import get_tensorboard_writer
-        writer = get_tensorboard_writer()
-    except (ImportError, AssertionError):
+        writer = global_vars.get_tensorboard_writer() if global_vars is not None else None
+    except AssertionError:
         writer = None
     if writer is not None:
         writer.close()
@@ -95,7 +129,10 @@ def ending_cleanly(train: Callable) -> Callable:
     """Megatron's train() wrapped so that its early exits end the process as exit_after_training does, with their
     exit code: at --exit-interval, --exit-duration-in-mins or the exit signal it saves, then sys.exit()s inside
     pretrain() (training.py train, "if should_exit: ... sys.exit(exit_code)"), and the process went through the
-    interpreter teardown exit_after_training avoids. Where the hook does not own the exit, the SystemExit goes on."""
+    interpreter teardown exit_after_training avoids. Under main_guard (an entry script whose main is a function)
+    the SystemExit goes on, so that main's finally blocks and context managers run, and main_guard ends the
+    process; elsewhere (NVIDIA's pretrain_gpt.py, whose main is not a function) it ends here. Where the hook does
+    not own the exit, the SystemExit goes on."""
     import functools
 
     @functools.wraps(train)
@@ -104,12 +141,8 @@ def ending_cleanly(train: Callable) -> Callable:
             return train(*args, **kwargs)
         except SystemExit as exc:
             from .hook import in_charge_of_exit
-            if in_charge_of_exit():
-                code = exc.code
-                if code is not None and not isinstance(code, int):
-                    print(code, file=sys.stderr)        # as Python does for sys.exit("a message"): exit 1
-                    code = 1
-                exit_after_training((code or 0) & 0xFF)   # the status a process can return, as Python's exit
+            if in_charge_of_exit() and not _guarded_here():
+                exit_after_training(_exit_status(exc))
             raise
 
     wrapper._hetauto_ends_cleanly = True
