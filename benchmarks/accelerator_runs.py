@@ -53,7 +53,7 @@ MODELS = {
                      gated_mlp=False, tie_embeddings=True, position_embedding="learned"),
 }
 # (model, micro-batch size, recomputation, global batch, precision). The GPT-style model recomputes whole layers:
-# Megatron-Core 0.19 cannot run selective (the MLP) with linear biases (plan/settings.py selective_runs; the H200
+# Megatron-Core 0.19 cannot run selective (the MLP) with linear biases (plan/engines.py selective_runs; the H200
 # record left that run, then the fifth, out)
 RUNS = [("llama-1b", 1, "none", 8, "bf16"), ("llama-1b", 2, "none", 8, "bf16"),
         ("llama-1b", 4, "selective", 8, "bf16"), ("llama-1b", 4, "full", 8, "bf16"),
@@ -147,7 +147,7 @@ def layer_impl(facts: dict):
     """How Megatron's local spec keeps activations on the device: unfused attention, rope and GLU (as on CPU),
     a 1-byte dropout mask; torch's RMSNorm is one kernel keeping its input and a statistic where the device's
     torch runs it fused (its autograd node says so), else the composite CPU one."""
-    from hetauto_megatron.cost.memory import DRY_RUN_IMPL
+    from hetauto_megatron.cost.activations import DRY_RUN_IMPL
     import dataclasses
 
     fused = "fused" in facts.get("rms_norm_grad_fn", "").lower()

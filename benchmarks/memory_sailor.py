@@ -39,10 +39,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hetauto_megatron.cost.learned.sailor import SAILOR_MODELS  # noqa: E402
-from hetauto_megatron.cost.memory import (GIB, TRANSFORMER_ENGINE, JobMemory, LayerImpl,  # noqa: E402
-                                          job_stage_memory_bytes, stage_memory_bytes)
+from hetauto_megatron.cost.activations import TRANSFORMER_ENGINE, LayerImpl  # noqa: E402
+from hetauto_megatron.cost.memory import GIB, JobMemory, job_stage_memory_bytes, stage_memory_bytes  # noqa: E402
 from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job  # noqa: E402
-from hetauto_megatron.plan.settings import default_settings, padded_vocab_size  # noqa: E402
+from hetauto_megatron.plan.settings import default_settings  # noqa: E402
+from hetauto_megatron.plan.vocab_padding import padded_vocab_size  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",
                     "sailor", "validation-runs.json")

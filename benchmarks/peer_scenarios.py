@@ -116,7 +116,7 @@ def print_links() -> None:
 def print_layers(cost_model_dir: str | None) -> None:
     """Layer forward + backward as the planner charges it against Sailor's measured median layer. With the analytic
     model (cost_model_dir None) also the layer priced with fused attention, which Megatron's engine does not run in
-    fp32 (plan/settings.py ENGINES; DeepSpeed's engine does), as the planner priced it before."""
+    fp32 (plan/engines.py ENGINES; DeepSpeed's engine does), as the planner priced it before."""
     import dataclasses
     import statistics
     from hetauto_megatron.cost.learned import SAILOR_MODELS, load_cost_model

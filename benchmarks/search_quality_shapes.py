@@ -47,7 +47,7 @@ from hetauto_megatron.plan.multi_search import search_shapes
 from hetauto_megatron.plan.shapes_result import block_constraints
 from hetauto_megatron.plan.multi_simulate import price_pipeline, shapes_of
 from hetauto_megatron.plan.partition_bound import PartitionBound, set_partitions
-from hetauto_megatron.plan.settings import selective_runs
+from hetauto_megatron.plan.engines import selective_runs
 from hetauto_megatron.plan.plan import Plan
 from hetauto_megatron.plan.search import SearchConfig, search
 from hetauto_megatron.plan.simulate import padded_model, simulate

@@ -19,7 +19,7 @@ from helpers import mesh, record_calls, record_instructions
 from hetauto_megatron.cost.memory import stage_params
 from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
 from hetauto_megatron.plan.plan import plan_from_dict
-from hetauto_megatron.plan.settings import as_run_by
+from hetauto_megatron.plan.engines import as_run_by
 from hetauto_megatron.plan.simulate import padded_model, plan_choices
 
 STEPS, LR, DATA_SEED = 3, 1e-2, 7

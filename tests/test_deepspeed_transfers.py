@@ -73,7 +73,8 @@ def _priced():
     from hetauto_megatron.cost.analytic import AnalyticCostModel
     from hetauto_megatron.plan import costing
     from hetauto_megatron.plan.deepspeed_schedule import deepspeed_transfer_time, partition_gather_time
-    from hetauto_megatron.plan.settings import as_run_by, default_settings
+    from hetauto_megatron.plan.engines import as_run_by
+    from hetauto_megatron.plan.settings import default_settings
     from hetauto_megatron.spec.inventory import inventory_from_dict
 
     byte_per_s = {"bandwidth_gbps": 8e-9, "latency_us": 0}

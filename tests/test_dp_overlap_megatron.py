@@ -136,7 +136,7 @@ def test_no_parameter_gather_starts_before_the_next_forward(ranks):
 def test_the_published_runs_engine_is_priced_only():
     """The published runs' Megatron-Core row prices those runs; a plan may not ask for it (nothing here runs it)."""
     from hetauto_megatron.errors import InputError
-    from hetauto_megatron.plan.settings import ENGINES, check_engine
+    from hetauto_megatron.plan.engines import ENGINES, check_engine
 
     assert not ENGINES["megatron-core-0.8"].runs_here
     with pytest.raises(InputError, match="megatron, deepspeed"):

@@ -10,7 +10,7 @@ from hetauto_megatron.emit.deepspeed import (deepspeed_config, emit_deepspeed, s
                                              unsupported_features, validate)
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
-from hetauto_megatron.plan.settings import as_run_by
+from hetauto_megatron.plan.engines import as_run_by
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")

@@ -53,7 +53,7 @@ def test_output_layers_match_sailor_parameter_counts():
     nothing but the norm (no output layer: gpt_neo_model.py). LLAMA-3-8's entries hold two norms and no head in
     llm_info.json, so it is not compared."""
     from hetauto_megatron.cost.memory import stage_params
-    from hetauto_megatron.plan.settings import padded_vocab_size
+    from hetauto_megatron.plan.vocab_padding import padded_vocab_size
     info = json.load(open(os.path.join(SAILOR, "llm_info.json")))
     assert not L.SAILOR_MODELS["GPT-Neo-2.7"].output_layer and L.SAILOR_MODELS["OPT-350"].output_layer
     for name in ("OPT-350", "OPT-30", "GPT-Neo-2.7"):

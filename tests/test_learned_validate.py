@@ -123,7 +123,7 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
     assert bf16["activations"] < fp32["activations"] < 2 * bf16["activations"]
     # the simulator's first stage (cluster-a: 3 layers, TP 2; 3 of 4 micro-batches in flight) is that fp32 figure
     # with the layers CPU processes run: Megatron's local spec, as the dry run predicts them (plan/memory_fit.py)
-    from hetauto_megatron.cost.memory import DRY_RUN_IMPL
+    from hetauto_megatron.cost.activations import DRY_RUN_IMPL
     run = stage_memory_bytes(m, dtype_bytes=4, impl=DRY_RUN_IMPL, **kw)
     assert run["activations"] > fp32["activations"]           # it keeps the softmax output and more
     est = simulate(tiny_plan(), load_inventory(inv))

@@ -442,7 +442,7 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
                          launch_identity.check_launch(same_tp, launch_identity.LaunchIdentity(0, 4, None), None))
 
 
-# ---- runtime settings, precision and vocabulary from the plan (plan/settings.py) ---------------------------
+# ---- runtime settings, precision and vocabulary from the plan (plan/settings.py, plan/megatron_flags.py) ----
 def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"]):
     """Megatron-LM's own parser on a CPU-friendly command line with `model`'s architecture flags (None: none),
     plus `extra`."""

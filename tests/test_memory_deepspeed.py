@@ -28,7 +28,8 @@ from hetauto_megatron.cost.pipe_buffers import deepspeed_pipe_buffers
 from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.memory_fit import layers_of
-from hetauto_megatron.plan.settings import as_run_by, recompute_as_run_by, resolve_settings
+from hetauto_megatron.plan.engines import as_run_by, recompute_as_run_by
+from hetauto_megatron.plan.settings import resolve_settings
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.devices import get_device
 
@@ -306,7 +307,7 @@ def test_one_layer_keeps_what_its_count_prices(model_keys, grouped, monkeypatch)
     import torch
 
     from hetauto_megatron.cost.deepspeed_layers import DEEPSPEED_PIPELINE_IMPL, DEEPSPEED_PIPELINE_IMPL_REPEATED_KV
-    from hetauto_megatron.cost.memory import layer_activation_bytes
+    from hetauto_megatron.cost.activations import layer_activation_bytes
     from hetauto_megatron.runtime import deepspeed_pipeline as dsp
 
     model = plan_from_dict(dict(PLAN, model=model_keys)).model

@@ -41,7 +41,7 @@ from hetauto_megatron.cost.model_state import (state_bytes_at_reduction, state_b
                                                state_bytes_per_param, state_fixed_bytes, state_padding_bytes)
 from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
-from hetauto_megatron.plan.settings import as_run_by
+from hetauto_megatron.plan.engines import as_run_by
 
 TOLERANCE = 0.10
 MBS, MICRO = 2, 4

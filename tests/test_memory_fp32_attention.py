@@ -1,5 +1,5 @@
 """In fp32, Megatron's engine runs Transformer Engine's unfused attention (its flash and cuDNN backends take 16-bit
-Q, K and V only: plan/settings.py ENGINES), so a layer keeps its s x s softmax output and the planner prices that
+Q, K and V only: plan/engines.py ENGINES), so a layer keeps its s x s softmax output and the planner prices that
 (plan/memory_fit.py layer_impl, plan/costing.py). Checked against the measured fp32 Megatron layers at hand: the
 activation memory Sailor measured per layer of OPT-350 and GPT-Neo-2.7 in its Megatron-DeepSpeed fork, whose fp32
 attention is unfused as well (data/sailor/llm_info.json: TP 1-8, micro-batch 1, no sequence parallelism, no
@@ -13,7 +13,7 @@ import pytest
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.learned import SAILOR_MODELS
-from hetauto_megatron.cost.memory import TRANSFORMER_ENGINE, layer_activation_bytes
+from hetauto_megatron.cost.activations import TRANSFORMER_ENGINE, layer_activation_bytes
 from hetauto_megatron.plan.costing import stage_profile
 from hetauto_megatron.plan.memory_fit import layer_impl
 from hetauto_megatron.plan.settings import default_settings

@@ -11,7 +11,7 @@ import pytest
 from hetauto_megatron.cost.memory import job_stage_memory_bytes
 from hetauto_megatron.plan.memory_fit import sailor_deepspeed_job
 from hetauto_megatron.plan.plan import load_plan
-from hetauto_megatron.plan.settings import padded_vocab_size
+from hetauto_megatron.plan.vocab_padding import padded_vocab_size
 from hetauto_megatron.spec.model import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import pytest
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan.calibration import fit_constants, predict, published_runs
-from hetauto_megatron.cost.memory import layer_activation_bytes
+from hetauto_megatron.cost.activations import layer_activation_bytes
 from hetauto_megatron.plan.pipeline import estimate_1f1b, schedule_order, simulate_1f1b
 from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.plan.simulate import simulate

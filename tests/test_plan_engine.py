@@ -14,7 +14,7 @@ from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.layout_pricing import layout_to_plan
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 from hetauto_megatron.plan.search import SearchConfig, search
-from hetauto_megatron.plan.settings import as_run_by
+from hetauto_megatron.plan.engines import as_run_by
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.model import PRESETS
 

@@ -290,7 +290,8 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     mesh 1 beyond the boundary stage is unchanged."""
     import dataclasses
 
-    from hetauto_megatron.cost.memory import GIB, layer_activation_bytes
+    from hetauto_megatron.cost.activations import layer_activation_bytes
+    from hetauto_megatron.cost.memory import GIB
     from hetauto_megatron.plan.plan import Mesh, Plan
     from hetauto_megatron.plan.simulate import simulate
     from hetauto_megatron.spec.inventory import load_inventory

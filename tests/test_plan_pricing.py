@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helpers import ROOT, run_hetauto
 
-from hetauto_megatron.cost.memory import layer_activation_bytes
+from hetauto_megatron.cost.activations import layer_activation_bytes
 from hetauto_megatron.plan.plan import Mesh, Plan, load_plan, plan_from_dict
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
@@ -160,7 +160,7 @@ def test_fp32_runs_on_tf32_unless_the_inventory_says_not(tmp_path):
     old["version"] = 4
     assert inventory_from_dict(plan_from_dict(old).inventory).cluster("a").device.tf32
     # without a stored inventory: a version-3 plan launched without TF32, a version-4 one with its devices' default
-    from hetauto_megatron.emit.megatron import fp32_tf32
+    from hetauto_megatron.emit.vendor_env import fp32_tf32
     bare = {k: v for k, v in old.items() if k != "inventory"}
     assert fp32_tf32(plan_from_dict(bare), "a") and not fp32_tf32(plan_from_dict({**bare, "version": 3}), "a")
 

@@ -60,7 +60,8 @@ def test_memory_cap_where_memory_is_not_affine_takes_few_readings():
     far from the cap, which was then walked one layer at a time: for hf-internal-testing's tiny-random-Llama (2
     layers, 16 wide) on a 16 GiB CPU device, 248,973 memory readings for one cap, and `hetauto plan --engine
     deepspeed` searched 14 layouts in 43 s. The cap must still be the largest count that fits (brute force below)."""
-    from hetauto_megatron.plan.settings import as_run_by, default_settings
+    from hetauto_megatron.plan.engines import as_run_by
+    from hetauto_megatron.plan.settings import default_settings
     from hetauto_megatron.spec.model import ModelSpec
 
     model = ModelSpec(name="tiny-random-llama", num_layers=2, hidden_size=16, num_attention_heads=4,

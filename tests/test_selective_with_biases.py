@@ -1,5 +1,5 @@
 """Recompute "selective" (the MLP re-run, plan/mesh.py RECOMPUTE_SETTINGS) for models with linear biases: Megatron-Core
-0.19 cannot run it (plan/settings.py selective_runs), so no plan asks for it. The defect itself is shown on Megatron's
+0.19 cannot run it (plan/engines.py selective_runs), so no plan asks for it. The defect itself is shown on Megatron's
 own MLP and checkpoint, the way TransformerLayer._forward_mlp calls them; if a Megatron release fixes it, the first
 test fails and the refusal can go."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hetauto_megatron.cli import main
-from hetauto_megatron.plan.settings import selective_runs
+from hetauto_megatron.plan.engines import selective_runs
 from hetauto_megatron.spec.model import PRESETS, ModelSpec
 
 # Megatron's MLP with and without biases, checkpointed as TransformerLayer checkpoints it under

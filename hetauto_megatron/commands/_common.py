@@ -279,7 +279,7 @@ def as_priced_on(plan, inventory, who: str):
 
     if plan.precision != "fp32":
         return plan
-    from ..emit.megatron import fp32_tf32
+    from ..emit.vendor_env import fp32_tf32
     priced = dataclasses.replace(plan, inventory=inventory.to_dict())
     have = {c.name for c in inventory.clusters}     # a cluster the inventory lacks is refused later, named there
     differ = sorted({m.cluster for m in plan.meshes

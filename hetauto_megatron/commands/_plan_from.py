@@ -15,7 +15,7 @@ JOB_DEFAULTS = {"global_batch_size": 512, "precision": "bf16", "engine": "megatr
 def keep_job_of(old, args) -> dict:
     """--from: a re-plan after an inventory change trains the same job on other devices, so each of the old plan's
     job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
-    from ..plan.settings import ENGINES
+    from ..plan.engines import ENGINES
     from ._common import recorded_memory_job
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
            "seq_length": old.model.seq_length, "engine": old.engine}

@@ -113,7 +113,7 @@ def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit") 
 
 def run(args) -> int:
     from ..plan.plan import load_plan
-    from ..emit.megatron import check_plan_inventory
+    from ..emit.launches import check_plan_inventory
     plan = load_plan(args.plan)
     check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
     for flag, value in (("--script", args.script), ("--plan-path", args.plan_path),

@@ -143,14 +143,14 @@ def add_arguments(parser) -> None:
 
 
 def check_selective_runs(con, model, engine: str | None) -> None:
-    """--recompute CLUSTER=selective where the engine cannot run it for this model (plan/settings.py
+    """--recompute CLUSTER=selective where the engine cannot run it for this model (plan/engines.py
     selective_runs): refused by name, not planned around in silence."""
     from ..errors import InputError
-    from ..plan.settings import DEFAULT_ENGINE, selective_runs
+    from ..plan.engines import DEFAULT_ENGINE, selective_runs
     for name, mode in con.recompute:
         if mode == "selective" and not selective_runs(model, engine or DEFAULT_ENGINE):
             raise InputError(f"{name}=selective: Megatron-Core 0.19 cannot re-run the MLP of a model with linear "
-                             f"biases ({model.name}; plan/settings.py selective_runs says why)", field="--recompute",
+                             f"biases ({model.name}; plan/engines.py selective_runs says why)", field="--recompute",
                              fix=f"use --recompute {name}=full or none")
 
 
@@ -177,7 +177,7 @@ def run(args) -> int:
     from ..plan.search import SearchConfig
     from ..plan.simulate import simulate
     from ..plan.plan import check_global_batch_size
-    from ..plan.settings import ENGINES, check_engine_precision
+    from ..plan.engines import ENGINES, check_engine_precision
     old = warm = None
     kept = {}
     schedule_given = args.boundary_schedule      # (before a --from plan or the default fills it in)
@@ -227,7 +227,7 @@ def run(args) -> int:
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
                        warm_plan=old,
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
-    # DeepSpeed's engine runs one pipeline of single meshes (settings.py ENGINES; the evaluator plans its uniform
+    # DeepSpeed's engine runs one pipeline of single meshes (engines.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)
     shapes = "simple" if ENGINES[args.engine].simple_only else args.shapes
     result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)

@@ -203,7 +203,7 @@ def run(args) -> int:
             flag = {"tp": "--tp", "dp": "--dp", "micro_batch_size": "--micro-batch-size",
                     "global_batch_size": "--global-batch-size"}
             key = (exc.field or "").split(".")[-1]
-            if key == "recompute":      # selective for a model with linear biases (settings.selective_runs)
+            if key == "recompute":      # selective for a model with linear biases (engines.selective_runs)
                 raise InputError(exc.reason, field="--recompute", fix="use --recompute full or none") from None
             if key == "sequence_parallel":      # a mesh of --tp > 1 runs it: there is no settings block to edit
                 raise InputError(exc.reason, field="--tp", fix=f"choose a --tp that divides the {model.seq_length}"
@@ -211,7 +211,7 @@ def run(args) -> int:
             raise InputError(exc.reason, field=flag.get(key, exc.field), fix=exc.fix) from None
     if args.precision and args.precision != plan.precision:     # what-if: the same plan at another precision
         plan = dataclasses.replace(plan, precision=args.precision)
-    from ..plan.settings import check_engine_precision      # (plan and the plan file refuse it too)
+    from ..plan.engines import check_engine_precision      # (plan and the plan file refuse it too)
     check_engine_precision(args.engine, plan.precision, field="--precision" if args.precision else "--engine",
                            command="simulate")
     try:

@@ -1,11 +1,11 @@
 """How the layers of hetauto's DeepSpeed pipeline module (runtime/deepspeed_pipeline.py) keep activations, for the
-memory model (cost/memory.py LayerImpl); the planner prices every --engine deepspeed stage with them
+memory model (cost/activations.py LayerImpl); the planner prices every --engine deepspeed stage with them
 (plan/memory_fit.py layers_of). Measured by tests/test_memory_deepspeed.py."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .memory import LayerImpl
+from .activations import LayerImpl
 
 # The layers of the DeepSpeed pipeline module hetauto ships (runtime/deepspeed_pipeline.py): torch's
 # scaled_dot_product_attention (flash or memory-efficient kernel: no s x s matrix, at any precision), torch's norms

@@ -2,19 +2,13 @@
 
 Everything here is priced with the mesh's `RuntimeSettings` (passed in; this module does not choose them) and
 the element size of the job's precision (`dtype_bytes`). What a stage holds per parameter (weights, gradient
-buffer, optimizer state) is cost/model_state.py; this module adds the activations and the runtime's overheads.
-
-Activations: what each layer keeps for its backward pass per micro-batch (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", generalised to GQA and gated MLPs), for the layers that
-run (`LayerImpl`: Transformer Engine by default, flash attention so no s^2 score matrix; the dry run's local
-spec of torch modules keeps more, `DRY_RUN_IMPL`); see `_layer_parts`. The parts outside the tensor-parallel
-regions (the norms' inputs and outputs, the dropout masks: Korthikanti's 10sbh of 34sbh) are divided by TP
-only under sequence parallelism; without it every TP rank holds them in full, Table 2's sbh(10 + 24/t).
-Recompute 'selective' re-runs the MLP and keeps its input; 'full' keeps each layer's input; either
-re-materialises one layer (or MLP) at a time in the backward pass. Under 1F1B stage i of p holds
-min(p - i, m) micro-batches in flight, more before an overlapped cross-cluster boundary (its warm-up depth,
-plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of real dry runs (TP 1/2, DP 1/2, every
-recompute mode, the production settings) against what the ranks hold, measured (runtime/memory_meter.py).
+buffer, optimizer state) is cost/model_state.py; what one layer keeps for its backward pass per micro-batch is
+cost/activations.py; this module sums a stage: its parameters, the activations of its layers and micro-batches in
+flight, the first and last stages' extras (token ids, the head's logits), DeepSpeed's pipe buffers and the
+runtime's overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an
+overlapped cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every
+stage of real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what the ranks
+hold, measured (runtime/memory_meter.py).
 
 Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
 the allocator's fragmentation (spec/overheads.py): a cluster's measured figures when its inventory entry gives
@@ -28,129 +22,12 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
+from .activations import TRANSFORMER_ENGINE, LayerImpl, layer_activation_bytes, mask_bytes, recompute_buffer_bytes
 from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
                               largest_param_tensor)
 from .model_state import (FP32, precision_of, state_bytes_at_reduction, state_bytes_at_step_per_param,
                           state_bytes_per_element, state_counts, state_fixed_bytes, state_padding_per_element)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
-from ..cache_keys import cached_hash
-
-
-@dataclass(frozen=True)
-class LayerImpl:
-    """How the layers that run keep their activations for the backward pass. Transformer Engine on accelerators
-    (the default) and Megatron's local spec of torch modules that CPU dry runs build (runtime/model.py) differ:
-    measured with saved-tensor hooks (runtime/memory_meter.py), the local spec keeps more per layer."""
-    __hash__ = cached_hash                 # a cache key of the planner: hashed once (cache_keys.py)
-    flash_attention: bool = True   # no s x s score matrix; K and V at their GQA width. Unfused attention keeps
-                                   # the softmax output (a*s*s*b) and K, V repeated to every head
-    fused_norm: bool = True        # the norm keeps its input and a per-row statistic; torch's RMSNorm is a
-                                   # composite that also keeps the normalised input before the weight
-    fused_rope: bool = True        # unfused rotary embedding keeps its cos and sin for Q and K: 4*s*head_dim
-    fused_glu: bool = True         # Megatron's unfused GLU adds its linear offset (0) to the linear half: one
-                                   # more s*b*f tensor
-    dropout_mask_bytes: int | None = 1   # what a dropout keeps per element when the settings turn it on
-                                   # (settings.hidden_dropout / attention_dropout > 0; at 0 PyTorch keeps nothing):
-                                   # a 1-byte mask from the fused kernel on accelerators; None = the element size:
-                                   # on CPU PyTorch draws the mask as a tensor of the input's dtype
-    kv_repeated: bool = False      # with flash attention and GQA: K and V repeated to every head before a kernel
-                                   # that takes no grouped K and V (the memory-efficient one), kept at the query's
-                                   # width
-    grouped_kv_max_head_dim: int | None = None   # K and V taken grouped only up to this head dim (repeated
-                                   # above it, as kv_repeated); None: at any head dim
-    checkpoint_bytes: int = 0      # what a full recomputation's checkpoint keeps in the device's memory beside the
-                                   # layer's input, per layer and micro-batch; its backward holds as much again while
-                                   # it re-runs the layer (DeepSpeed's on CPU: two RNG states, below)
-
-
-TRANSFORMER_ENGINE = LayerImpl()
-# Transformer Engine in fp32: its fused attention backends take 16-bit inputs only, so it runs its unfused
-# attention, which keeps the s x s softmax output (plan/settings.py ENGINES, RuntimeSettings.fused_attention).
-TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
-# What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
-# and GLU) on CPU processes.
-DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
-                         dropout_mask_bytes=None)
-
-
-def _mask_bytes(impl: LayerImpl, E: int) -> int:
-    return E if impl.dropout_mask_bytes is None else impl.dropout_mask_bytes
-
-
-def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidden_dropout: float,
-                 attention_dropout: float) -> dict[str, float]:
-    """Bytes one layer keeps for one micro-batch, by how TP divides them (element size E):
-    rep     outside the TP regions: divided by TP only under sequence parallelism. The two norms' inputs and
-            outputs (each output is the next linear's input: QKV, MLP), their fp32 row statistics, the
-            composite RMSNorm's normalised input, the hidden-dropout masks after attention and MLP
-    attn    inside TP: Q, K and V (GQA width with flash attention, repeated to every head without), the
-            context (projection input); unfused: the softmax output (+ the attention dropout's mask and output)
-    mlp     inside TP: fc1 output (2f gated: gate and up), activation output, product (gated); Megatron's
-            unfused GLU offset add
-    fixed   not divided by TP nor by the micro-batch: unfused rope's cos/sin for Q and K"""
-    h, f, a = model.hidden_size, model.ffn_hidden_size, model.num_attention_heads
-    sbh, sbf = s * b * h, s * b * f
-    composite_norm = not impl.fused_norm and model.gated_mlp      # gated models run RMSNorm (runtime/model.py)
-    # fused norms keep a per-row fp32 statistic too; Korthikanti's count leaves it out (h/4 times smaller
-    # than one norm's input): counted where it was measured, the torch norms of the dry run
-    stats = 0 if impl.fused_norm else 2 * FP32 * s * b
-    mask = _mask_bytes(impl, E)
-    rep = (4 + (2 if composite_norm else 0)) * sbh * E + stats + (2 * sbh * mask if hidden_dropout else 0)
-    attn = 2 * sbh * E
-    if impl.flash_attention:
-        attn += 2 * s * b * model.kv_hidden * E
-        repeated = impl.kv_repeated or (impl.grouped_kv_max_head_dim is not None
-                                        and model.head_dim > impl.grouped_kv_max_head_dim)
-        if repeated and model.num_query_groups != a:
-            # K and V repeated to every head (rope rotates them before, at their GQA width); without rope Q is a
-            # view of the fused QKV output, which keeps its K and V (GQA width) beside the repeated ones
-            attn += 2 * s * b * (h - (model.kv_hidden if model.position_embedding == "rope" else 0)) * E
-    else:
-        scores = a * s * s * b
-        attn += 2 * sbh * E + scores * E + (scores * (E + mask) if attention_dropout else 0)
-        if model.num_query_groups == a and model.position_embedding == "rope" and not impl.fused_rope:
-            # without GQA Megatron's local attention repeats nothing: V stays a view of the fused QKV output,
-            # so that whole tensor (h + 2 kv wide) is kept beside the rotated Q and K: s b (3 kv - h) more
-            attn += s * b * (3 * model.kv_hidden - h) * E
-    mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
-    fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
-    return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
-
-
-@lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
-def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
-                           sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
-                           impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
-                           attention_dropout: float = 0.0) -> float:
-    """Bytes one layer keeps for one micro-batch between its forward and its backward. 'selective' re-runs the
-    MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input.
-    The dropouts are the mesh's settings (plan/settings.py; 0 = off, the default)."""
-    p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl, hidden_dropout,
-                     attention_dropout)
-    rep_tp = tp if sequence_parallel else 1
-    if recompute == "full":
-        return p["input"] / rep_tp + impl.checkpoint_bytes
-    kept = p["rep"] / rep_tp + p["attn"] / tp + p["fixed"]
-    return kept + (p["mlp"] / tp if recompute == "none" else 0.0)
-
-
-@lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
-def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
-                           sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
-                           impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
-                           attention_dropout: float = 0.0) -> float:
-    """What recomputation materialises again during the backward pass, one layer at a time: the whole layer
-    ('full') or its MLP ('selective'); 0 without recomputation. 'full' less the layer's input: the first norm
-    keeps the very storage the checkpoint keeps (Megatron's CheckpointFunction re-runs the layer on a detached
-    view of its saved input), which layer_activation_bytes('full') counts already."""
-    if recompute == "none":
-        return 0.0
-    kw = dict(sequence_parallel=sequence_parallel, seq_length=seq_length, dtype_bytes=dtype_bytes, impl=impl,
-              hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
-    full = layer_activation_bytes(model, tp, micro_batch_size, "none", **kw)
-    if recompute == "full":     # (the backward's own checkpoint bytes while it re-runs the layer)
-        return full - layer_activation_bytes(model, tp, micro_batch_size, "full", **kw) + 2 * impl.checkpoint_bytes
-    return full - layer_activation_bytes(model, tp, micro_batch_size, "selective", **kw)
 
 
 def stage_params(model: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
@@ -216,7 +93,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     rep_tp = tp if sp else 1
     first_saved = head = logits_grad = 0.0
     if first:
-        mask = _mask_bytes(impl, E) if settings.hidden_dropout else 0
+        mask = mask_bytes(impl, E) if settings.hidden_dropout else 0
         first_saved = 8 * s * b + s * b * model.hidden_size * mask / rep_tp
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
@@ -231,7 +108,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
         logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
     pipe = NO_PIPE_BUFFERS
     previous = 0.0
-    if settings.pipe_buffers:                         # DeepSpeed's engine (plan/settings.py ENGINES)
+    if settings.pipe_buffers:                         # DeepSpeed's engine (plan/engines.py ENGINES)
         pipe = deepspeed_pipe_buffers(tp, s * b * model.hidden_size * E, s * b * model.logits_width(tp) * E,
                                       first, last)
         if last and recompute == "full":
@@ -339,7 +216,7 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
                        overhead: RuntimeOverhead | None = None, precision: str | None = None) -> dict[str, float]:
     """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
     weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
-    runs (plan.settings.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
+    runs (plan.vocab_padding.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary beyond its
     activations: the messages it has received ahead (plan/pipeline.py `boundary_buffers` counts them; not the one

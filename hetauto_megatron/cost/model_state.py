@@ -28,7 +28,7 @@ Overlapping the gradient reduce and the parameter gather allocates nothing more 
 (max(40M, 1M x d) parameters when overlap_grad_reduce is on, one bucket otherwise) are views into the same two
 buffers, and the all-gather writes into `param_data` in place. tests/test_memory_megatron.py pins these figures,
 to the byte, against the tensors of real Megatron-Core stages built with DDP and the distributed optimizer. Under
-DeepSpeed's pipeline engine (the settings' engine, plan/settings.py ENGINES) its optimizer wrappers hold other state
+DeepSpeed's pipeline engine (the settings' engine, plan/engines.py ENGINES) its optimizer wrappers hold other state
 per parameter: cost/deepspeed_state.py, measured by tests/test_memory_deepspeed_state.py.
 """
 from __future__ import annotations

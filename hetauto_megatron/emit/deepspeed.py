@@ -5,8 +5,8 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
 - batch arithmetic per mesh: train_batch_size = micro-batch x accumulation steps x the mesh's DP, which is the
   plan's global batch in every mesh (dp x micro-batch is equal everywhere, so the step counts agree);
 - the mesh's runtime settings as DeepSpeed's engine runs them (plan/settings.py, the one table Megatron's
-  arguments are read from too, its `deepspeed` row: `as_run_by`): the distributed optimizer is ZeRO stage 1
-  (stages 2/3 are refused with pipelining), grad_reduce_dtype is the communication and gradient-accumulation
+  arguments are read from too, its `deepspeed` row: plan/engines.py `as_run_by`): the distributed optimizer is
+  ZeRO stage 1 (stages 2/3 are refused with pipelining), grad_reduce_dtype is the communication and gradient-accumulation
   dtype; the pipeline engine reduces gradients after the last backward whatever overlap_comm says, so overlap_comm
   is the table's (off) and a plan asking for overlap_grad_reduce gets it listed as unsupported;
 - the precision the mesh trains in (the plan's; fp32 on CPU; fp8 as bf16); activation checkpointing from the
@@ -28,10 +28,12 @@ import os
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan
-from ..plan.settings import as_run_by, sixteen_bit_dtype
+from ..plan.engines import as_run_by
+from ..plan.precision import sixteen_bit_dtype
 from ..plan.shapes import require_simple, uniform_topology_gaps
 from ..spec.devices import get_device
-from .megatron import file_stems, fp32_tf32
+from .launches import file_stems
+from .vendor_env import fp32_tf32
 
 # Top-level keys we emit, each one DeepSpeed reads (its parser ignores unknown top-level keys, so we check).
 _DS_TOP_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -79,7 +81,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     reduce_dtype = low if low and settings.grad_reduce_dtype == "param" else "fp32"
     # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; with
     # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm: the table's row for DeepSpeed's engine (off:
-    # under the pipeline engine ZeRO reduces in ReduceGrads after the last backward either way, settings.py).
+    # under the pipeline engine ZeRO reduces in ReduceGrads after the last backward either way, engines.py).
     zero = {"stage": 1 if settings.distributed_optimizer else 0}
     if settings.distributed_optimizer:
         zero["overlap_comm"] = settings.overlap_grad_reduce
@@ -128,7 +130,7 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     return cfg
 
 
-ENGINE = "deepspeed"     # the row of the settings table (plan/settings.py ENGINES) these configs run as
+ENGINE = "deepspeed"     # the row of the settings table (plan/engines.py ENGINES) these configs run as
 # What a mesh loses of a setting DeepSpeed's engine does not run (as_run_by turns it off).
 _SETTING_GAPS = {
     "overlap_grad_reduce": "overlap of the DP gradient reduction with the backward pass (overlap_grad_reduce): "

@@ -18,17 +18,19 @@ from ..plan.exchange_roots import describe_roots
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.multi_explain import PARTS, shapes_breakdown
 from ..plan.plan import Plan
-from ..plan.settings import as_run_by, sixteen_bit_dtype
+from ..plan.engines import as_run_by
+from ..plan.precision import sixteen_bit_dtype
 from ..spec.devices import get_device
-from .megatron import fp32_tf32
+from .launches import inventory_cluster
+from .vendor_env import fp32_tf32
 
 
 def _capacity_gib(plan: Plan, mesh_index: int) -> float:
     """Device memory of a mesh: the inventory's (it may override the catalog), else the catalog's."""
     mesh = plan.meshes[mesh_index]
-    for c in (plan.inventory or {}).get("clusters", []) or []:
-        if isinstance(c, dict) and str(c.get("name")) == mesh.cluster and isinstance(c.get("memory_gib"), (int, float)):
-            return float(c["memory_gib"])
+    c = inventory_cluster(plan, mesh.cluster)
+    if c is not None and isinstance(c.get("memory_gib"), (int, float)):
+        return float(c["memory_gib"])
     return get_device(mesh.device_type).memory_gib
 
 
@@ -39,7 +41,7 @@ def _cpu_note(plan: Plan) -> str:
 
 def _grad_dtype(plan, i: int) -> str:
     """The dtype mesh i reduces gradients in, as it runs: fp32, or its training precision (a CPU mesh trains in
-    fp32; fp8 trains on bf16 parameters, so its gradients are bf16: settings.sixteen_bit_dtype)."""
+    fp32; fp8 trains on bf16 parameters, so its gradients are bf16: precision.sixteen_bit_dtype)."""
     if plan.meshes[i].settings.grad_reduce_dtype == "fp32":
         return "fp32"
     precision = plan.mesh_precision(i)

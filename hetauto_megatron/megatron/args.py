@@ -13,12 +13,13 @@ import argparse
 import os
 from typing import Callable, Optional
 
-from ..plan.settings import DROPOUT_KEYS, MEGATRON_ARGS
+from ..plan.megatron_flags import MEGATRON_ARGS
+from ..plan.settings import DROPOUT_KEYS
 
 ArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 
 GROUP_TITLE = "hetauto (heterogeneous multi-cluster training)"
-# Megatron's attributes of --hidden-dropout and --attention-dropout (plan/settings.py MEGATRON_ARGS)
+# Megatron's attributes of --hidden-dropout and --attention-dropout (plan/megatron_flags.py MEGATRON_ARGS)
 DROPOUT_ARGS = tuple(arg for arg, (_, setting) in MEGATRON_ARGS.items() if setting in DROPOUT_KEYS)
 # the parallel layout a launch may give, which must then be the plan's (rewrite.check_layout_args)
 LAYOUT_ARGS = ("tensor_model_parallel_size", "micro_batch_size", "pipeline_model_parallel_size")

@@ -43,7 +43,9 @@ from ..emit.megatron import architecture_args
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
-from ..plan.settings import MAKE_VOCAB_SIZE_DIVISIBLE_BY, MEGATRON_ARGS, megatron_values, padded_vocab_size
+from ..plan.megatron_flags import MEGATRON_ARGS, megatron_values
+from ..plan.vocab_padding import padded_vocab_size
+from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 from ..runtime.groups import RankCoords
 from .args import ParserDefault, ParserDefaultInt
 from .unpriced import check_attention_args, check_ddp_bucket_args, check_unpriced
@@ -239,7 +241,7 @@ def checkpoint_stage(plan: Plan, placement: RankCoords) -> int:
 
 def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[object, str]]:
     """Megatron argument -> (value the mesh runs, plan field) for every argument the plan decides
-    (settings.megatron_values)."""
+    (megatron_flags.megatron_values)."""
     at = f"meshes[{mesh_index}].settings"
     values = megatron_values(plan.meshes[mesh_index].settings, plan.mesh_precision(mesh_index))
     return {arg: (v, "precision" if MEGATRON_ARGS[arg][1] == "precision" else f"{at}.{MEGATRON_ARGS[arg][1]}")

@@ -133,8 +133,8 @@ def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str |
     An accelerator mesh is priced with Transformer Engine's layers (Megatron-LM's default --transformer-impl; a CPU
     mesh with Megatron's local spec, the dry runs' layers): --transformer-impl local there builds the local spec,
     whose attention keeps the s x s scores at every precision and whose norms, rotary embedding and GLU keep more
-    (cost/memory.py DRY_RUN_IMPL against TRANSFORMER_ENGINE): refused, naming the flag."""
-    from ..plan.settings import as_run_by
+    (cost/activations.py DRY_RUN_IMPL against TRANSFORMER_ENGINE): refused, naming the flag."""
+    from ..plan.engines import as_run_by
     from ..spec.devices import get_device
 
     k = placement.mesh_index

@@ -17,7 +17,7 @@ from .plan import Plan
 from .search import search
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,
                             within_budget)
-from .settings import selective_runs
+from .engines import selective_runs
 from .simulate import simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK

@@ -25,7 +25,7 @@ from ..spec.inventory import inventory_from_dict
 from ..spec.files import load_yaml_file
 from ..spec.model import ModelSpec
 from .layout_pricing import evaluate_layout
-from .settings import ENGINES
+from .engines import ENGINES
 from .simulate import MeshChoice
 
 TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
@@ -42,7 +42,7 @@ _SOURCE_DEFAULTS = {
 }
 # Keys a source may leave out (their value when it does): whether the runs hid the TP collectives under the GEMMs
 # (Megatron-Core's --tp-comm-overlap, which the 2024 runs name and hetauto's runtime does not run).
-# `engine`: the row of the settings table (plan/settings.py ENGINES) whose Megatron-Core ran them: the published
+# `engine`: the row of the settings table (plan/engines.py ENGINES) whose Megatron-Core ran them: the published
 # tables predate Megatron-Core 0.19 ("megatron-core-0.8": the parameter gather started at the step's start).
 _SOURCE_OPTIONAL = {"tp_comm_overlap": False, "engine": "megatron"}
 _SWITCHES = ("flash_attention", "sequence_parallel", "tie_embeddings", "tp_comm_overlap")     # true or false
@@ -83,7 +83,7 @@ class PublishedRun:
     published_s: float
     settings: tuple = ()     # the run's runtime-settings overrides, sorted (key, value) pairs
     tp_comm_overlap: bool = False   # TP collectives run under the GEMMs (--tp-comm-overlap)
-    engine: str = "megatron"        # the Megatron-Core that ran it (plan/settings.py ENGINES)
+    engine: str = "megatron"        # the Megatron-Core that ran it (plan/engines.py ENGINES)
 
 
 @dataclass

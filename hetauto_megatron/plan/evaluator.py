@@ -37,7 +37,7 @@ from .leaf_bound import LeafBound
 from .memory_caps import CapTable
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
-from .settings import DEFAULT_ENGINE, ENGINES, as_run_by, selective_runs
+from .engines import DEFAULT_ENGINE, ENGINES, as_run_by, selective_runs
 from .shapes import uniform_topology_gaps
 from .shared_uplinks import contended
 from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, num_micro_batches, padded_model
@@ -59,7 +59,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         # whether a pipeline's boundaries through one cluster share its uplink (plan/shared_uplinks.py); without,
         # the optimistic screen rescreen.uplink_shortlist ranks the layouts through a contended uplink by
         self.share_uplinks = share_uplinks
-        # The pipeline engine planned for (settings.py ENGINES): DeepSpeed's runs every boundary blocking, its
+        # The pipeline engine planned for (engines.py ENGINES): DeepSpeed's runs every boundary blocking, its
         # TrainSchedule (screened by `deepspeed_links`), the settings as it runs them, and uniform layouts only.
         self.engine = engine
         self.selective = selective_runs(model, engine)

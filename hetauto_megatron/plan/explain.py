@@ -224,11 +224,12 @@ def differences(a, a_layers, b, b_layers) -> list[str]:
 
 
 def _as_run_by(choices, engine: str) -> list:
-    """Layout choices to compare as `engine` runs them (settings.as_run_by, recompute_as_run_by): the search ranks
+    """Layout choices to compare as `engine` runs them (engines.as_run_by, recompute_as_run_by): the search ranks
     layouts with the settings asked for, a plan made for DeepSpeed's engine records those it runs (Plan.for_engine),
     and the two must compare equal where they run the same. `setting_overrides` here holds what differs from the
     engine's run of the defaults at the choice's TP (for comparing only: not a choice to price)."""
-    from .settings import as_run_by, default_settings, recompute_as_run_by
+    from .engines import as_run_by, recompute_as_run_by
+    from .settings import default_settings
 
     def deviations(c):
         run, base = as_run_by(c.settings, engine).to_dict(), as_run_by(default_settings(c.tp), engine).to_dict()

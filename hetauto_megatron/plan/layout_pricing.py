@@ -17,7 +17,8 @@ from .deepspeed_schedule import deepspeed_links
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import Mesh, Plan
-from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION, ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES
+from .precision import DEFAULT_PRECISION
 from .simulate import (MeshChoice, Pipeline, _finish, _iteration_overhead, _pipeline, deepspeed_passes,
                        num_micro_batches, padded_model)
 from .split import split_layers

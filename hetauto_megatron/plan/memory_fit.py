@@ -11,14 +11,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from ..cost.activations import DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, LayerImpl
 from ..cost.deepspeed_layers import deepspeed_pipeline_impl
-from ..cost.memory import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, JobMemory,
-                           LayerImpl, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+from ..cost.memory import (JobMemory, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
                            stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from .settings import ENGINES, MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
+from .engines import ENGINES
+from .settings import MEGATRON_DEFAULT_DROPOUT, RuntimeSettings
 
 if TYPE_CHECKING:     # (costing imports this module: the profile is only named here)
     from .costing import StageProfile
@@ -117,7 +118,7 @@ def sailor_deepspeed_job() -> JobMemory:
     no attention dropout (what Sailor's per-layer measurements show: 360 MB per OPT-350 layer at micro-batch 1 in
     fp32, less than the scores with a dropout mask and output would take alone), and 8 bytes per parameter beyond
     weights + gradients + Adam: DeepSpeed's gradient communication buffer (4) and its extra model copy (4). Run by
-    DeepSpeed's pipeline engine (the settings' engine, plan/settings.py ENGINES): the memory model adds the pipe
+    DeepSpeed's pipeline engine (the settings' engine, plan/engines.py ENGINES): the memory model adds the pipe
     buffers that engine keeps (cost/pipe_buffers.py), as it does for a plan made with --engine deepspeed."""
     return JobMemory("sailor-deepspeed",
                      RuntimeSettings(sequence_parallel=False, distributed_optimizer=False, overlap_grad_reduce=False,

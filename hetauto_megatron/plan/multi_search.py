@@ -37,7 +37,7 @@ from .layout_pricing import evaluate_layout, layout_to_plan
 from .link_costs import connected
 from .plan import Plan
 from .search import SearchConfig, search
-from .settings import ENGINES
+from .engines import ENGINES
 from .simulate import simulate
 from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees

@@ -44,7 +44,7 @@ from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, tail_costs
 from .exchange_roots import exchange_weights
 from .pipeline import memory_terms, simulate_1f1b
-from .settings import model_padded_vocab_size
+from .vocab_padding import model_padded_vocab_size
 from .shapes import boundary_depth
 from .shared_uplinks import boundary_uplinks, to_row
 from .staged_pieces import boundary_staging

@@ -29,8 +29,9 @@ from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, R
                    Mesh, check_global_batch_size, recompute_settings)
 from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, load_plan, plan_from_dict, plan_to_dict,  # noqa: F401
                         plan_to_yaml, save_plan)
-from .settings import (DEFAULT_ENGINE, DEFAULT_PRECISION, as_run_by, check_engine, check_precision, selective_runs,
-                       model_padded_vocab_size, recompute_as_run_by)
+from .engines import DEFAULT_ENGINE, as_run_by, check_engine, selective_runs, recompute_as_run_by
+from .precision import DEFAULT_PRECISION, check_precision
+from .vocab_padding import model_padded_vocab_size
 
 
 def launch_nodes(num_devices: int, devices_per_node: int) -> int | None:
@@ -61,7 +62,7 @@ class Plan:
     # Not in the file: the TP sizes of the other pipelines when this plan is one pipeline of a larger plan
     # (Plan.pipeline), so that its vocabulary is padded as the whole plan's: every pipeline builds one table size.
     vocab_pad_tps: tuple[int, ...] = ()
-    # The pipeline engine the plan was made for (settings.py ENGINES): megatron (hetauto's runtime and Megatron-LM)
+    # The pipeline engine the plan was made for (engines.py ENGINES): megatron (hetauto's runtime and Megatron-LM)
     # or deepspeed (DeepSpeed's pipeline engine); `simulate` and `emit` use it unless told otherwise.
     engine: str = DEFAULT_ENGINE
 
@@ -239,7 +240,7 @@ class Plan:
         return self.global_batch_size // self.samples_per_step
 
     def for_engine(self, engine: str) -> "Plan":
-        """This plan made for `engine` (settings.py ENGINES): the engine recorded, and each mesh's settings and
+        """This plan made for `engine` (engines.py ENGINES): the engine recorded, and each mesh's settings and
         recomputation written as that engine runs them (`as_run_by`: for DeepSpeed's, no overlaps and no sequence
         parallelism; `recompute_as_run_by`: its selective is full), so that the file says what runs rather than
         what was asked for. The Megatron engine runs every setting as set."""
@@ -261,7 +262,7 @@ class Plan:
 
     @property
     def padded_vocab_size(self) -> int:
-        """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.settings)."""
+        """The vocabulary every mesh builds: padded once for all meshes' TP sizes (plan.vocab_padding)."""
         return model_padded_vocab_size(self.model, self.vocab_tps)
 
     @property

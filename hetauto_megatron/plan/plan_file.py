@@ -17,7 +17,8 @@ from ..spec.inventory import check_cluster_name, inventory_from_dict
 from ..spec.files import load_yaml_file
 from ..spec.model import model_from_dict
 from .mesh import Mesh
-from .settings import DEFAULT_ENGINE, DEFAULT_PRECISION
+from .engines import DEFAULT_ENGINE
+from .precision import DEFAULT_PRECISION
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -197,7 +198,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
 def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -> dict:
     """A mesh's settings overrides; under an engine that does not run every setting (DeepSpeed's), a setting the
     file leaves out is what that engine runs, not Megatron's default (which it would refuse as asking for more)."""
-    from .settings import ENGINES, as_run_by, default_settings
+    from .engines import ENGINES, as_run_by
+    from .settings import default_settings
     written = dict(require_mapping(raw.get("settings") or {}, field, file))
     tp = raw.get("tp", 1)
     if engine not in ENGINES or not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
@@ -213,7 +215,7 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     be priced and emitted as if it ran. (`hetauto simulate --engine deepspeed` of another engine's plan still prices
     how that engine would run it, and says it cannot; emit/deepspeed.py lists the gaps.)"""
     from ..spec.devices import get_device
-    from .settings import ENGINES, as_run_by
+    from .engines import ENGINES, as_run_by
     from .shapes import uniform_topology_gaps
     engine = ENGINES[plan.engine]
     other = (f"drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine "

@@ -91,7 +91,7 @@ class SearchConfig:
     seed: int = 0
     rerank: int = 16                   # best distinct layouts of each list re-evaluated with the event simulation
     schedule: str = "overlapped"       # cross-cluster boundaries: "overlapped" (depth chosen per layout) or "blocking"
-    engine: str = "megatron"           # the pipeline engine planned for (settings.py ENGINES): "megatron" | "deepspeed"
+    engine: str = "megatron"           # the pipeline engine planned for (engines.py ENGINES): "megatron" | "deepspeed"
     max_micro_batch: int = 16
     exploration: float = 0.7
     local_search: bool = True

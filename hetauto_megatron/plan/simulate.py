@@ -20,8 +20,9 @@ from . import costing, link_costs, memory_fit, shared_uplinks, tail_costs
 from .deepspeed_schedule import deepspeed_transfer_time, partition_gather_time, partitioned_passes, simulate_deepspeed
 from .pipeline import memory_terms, simulate_1f1b
 from .plan import Plan
-from .settings import (DEFAULT_ENGINE, ENGINES, as_run_by, model_padded_vocab_size, recompute_as_run_by,
-                       resolve_settings)
+from .engines import DEFAULT_ENGINE, ENGINES, as_run_by, recompute_as_run_by
+from .settings import resolve_settings
+from .vocab_padding import model_padded_vocab_size
 from .shapes import boundary_depth
 from .staged_pieces import boundary_staging
 
@@ -117,7 +118,7 @@ class Pipeline:
 
 def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGINE) -> Pipeline:
     """Profiles and boundary links for the stage list of `choices` (pipeline order); each mesh's settings as
-    `engine` runs them (settings.py `as_run_by`), and so its recomputation (`recompute_as_run_by`)."""
+    `engine` runs them (engines.py `as_run_by`), and so its recomputation (`recompute_as_run_by`)."""
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
@@ -266,7 +267,7 @@ def plan_choices(plan: Plan) -> list[MeshChoice]:
 
 
 def padded_model(model: ModelSpec, choices) -> ModelSpec:
-    """The model as it runs: its vocabulary padded once for every mesh's TP (plan.settings.padded_vocab_size)."""
+    """The model as it runs: its vocabulary padded once for every mesh's TP (plan.vocab_padding.padded_vocab_size)."""
     return model.with_padded_vocab(model_padded_vocab_size(model, [c.tp for c in choices]))
 
 
@@ -306,7 +307,7 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | No
     """The plan's iteration as `engine` runs its pipeline: "megatron" (hetauto's runtime and Megatron-LM: 1F1B,
     plan/pipeline.py) or "deepspeed" (DeepSpeed's pipeline engine, the configs `hetauto emit deepspeed` writes:
     its lock-step TrainSchedule, plan/deepspeed_schedule.py; one pipeline of single meshes, every boundary
-    blocking; the DP reduction as that engine runs it, settings.py ENGINES). Every other term is the same. None: the
+    blocking; the DP reduction as that engine runs it, engines.py ENGINES). Every other term is the same. None: the
     engine the plan was made for (`Plan.engine`), so every command prices a plan as it runs."""
     engine = engine or plan.engine
     if engine not in ENGINES:

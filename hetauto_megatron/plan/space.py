@@ -32,7 +32,7 @@ from . import costing, memory_fit
 from .constraints import Constraints, devices_by_cluster, objective_value
 from .evaluator import AUTO
 from .plan import launch_nodes
-from .settings import DEFAULT_ENGINE, selective_runs
+from .engines import DEFAULT_ENGINE, selective_runs
 from .simulate import MeshChoice
 from .space_bounds import SpaceBounds
 

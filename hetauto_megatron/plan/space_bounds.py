@@ -24,7 +24,8 @@ from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
 from .constraints import bound_under_floor, devices_by_cluster, floor_ceiling, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
-from .settings import as_run_by, default_settings
+from .engines import as_run_by
+from .settings import default_settings
 
 # The compute bound assumes no layer beats the analytic model's peak GEMM efficiency; a learned model may
 # predict a little faster, so the bound used for pruning keeps a margin.

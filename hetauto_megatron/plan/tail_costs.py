@@ -26,7 +26,8 @@ from .bucket_exposure import Buckets, buckets_of
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between, rank_pairs_share
-from .settings import ENGINES, model_padded_vocab_size
+from .engines import ENGINES
+from .vocab_padding import model_padded_vocab_size
 
 
 @lru_cache(maxsize=262144)     # pure; the search asks for the same stage under many layouts
@@ -34,14 +35,14 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
     """(gradient reduction, parameter all-gather) seconds of one iteration on the ring of the DP group's link.
 
     With the distributed optimizer the gradients are reduce-scattered (all-reduced where the mesh's engine does
-    so: settings.py ENGINES) and the updated parameters all-gathered; without it the gradients are all-reduced and
+    so: engines.py ENGINES) and the updated parameters all-gathered; without it the gradients are all-reduced and
     nothing is gathered (optimizer_sharded: under DeepSpeed, whichever optimizer its engine builds). Gradients travel
     in the gradient buffer's dtype (fp32 by default, settings.grad_reduce_dtype), parameters in the training
     precision."""
     params = stage_params(model, prof.tp, layers, first, last)
     dtype = prof.cluster.device.dtype_bytes
     grads = grad_buffer_bytes(dtype, prof.settings) * params
-    # The engine's row of the settings table says which collective reduces (settings.py ENGINES: DeepSpeed's ZeRO-1
+    # The engine's row of the settings table says which collective reduces (engines.py ENGINES: DeepSpeed's ZeRO-1
     # all-reduces whole buckets before each rank keeps its shard).
     reduce = (comm.reduce_scatter_time if prof.settings.sharded_grad_reduce else comm.allreduce_time)(
         grads, prof.dp, prof.dp_link)
@@ -87,7 +88,7 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     buckets' work): the first is exposed in full; on later ranks, after the stage received its input, so it
     delays every later stage too: the caller adds these delays up along the pipeline. Without the overlaps the
     collectives are exposed in full, the gather right after the optimizer step. The published runs' Megatron-Core
-    (0.6-0.8, settings.py ENGINES "megatron-core-0.8", the same buckets and chain: core_r0.8.0
+    (0.6-0.8, engines.py ENGINES "megatron-core-0.8", the same buckets and chain: core_r0.8.0
     param_and_grad_buffer.py, distrib_optimizer.py `_finish_param_sync_helper`) started the first gather at the
     step's start instead: it hides behind `fill`, the forwards of the stages before this one and the links
     between."""

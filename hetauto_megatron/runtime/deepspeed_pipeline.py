@@ -133,7 +133,7 @@ class TransformerLayer(nn.Module):
         q = q.view(b, s, self.heads, -1).transpose(1, 2)
         k = k.view(b, s, self.groups, -1).transpose(1, 2)
         v = v.view(b, s, self.groups, -1).transpose(1, 2)
-        # What the attention keeps is what the memory model counts (cost/memory.py _layer_parts): Q, K and V at
+        # What the attention keeps is what the memory model counts (cost/activations.py _layer_parts): Q, K and V at
         # their GQA width and the context. Without rope Q, K and V are views of the fused QKV output, kept whole
         # once (the three of them). With rope Q and K are rotated copies, and V, a view, would keep the whole
         # fused output beside them: it is copied out (kv wide) so that output is freed.

@@ -63,7 +63,7 @@ def set_fp32_gemms(tf32: bool) -> None:
 
 
 def set_fp32_arithmetic(plan, cluster: str, device_type: str) -> None:
-    """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/megatron.py
+    """An fp32 plan's TF32 switches as it was priced and as its launch script sets them (emit/vendor_env.py
     vendor_env), also for a process started without that script (Megatron-LM under --hetauto, hetauto's runtime on
     an accelerator): PyTorch's own matmuls on TF32 or not, and where the plan was priced without TF32,
     NVIDIA_TF32_OVERRIDE=0 for the cuBLAS handles not yet created (Transformer Engine's GEMMs use TF32 otherwise).
@@ -71,7 +71,7 @@ def set_fp32_arithmetic(plan, cluster: str, device_type: str) -> None:
     import os
     import sys
 
-    from ..emit.megatron import fp32_tf32
+    from ..emit.vendor_env import fp32_tf32
     tf32 = fp32_tf32(plan, cluster)
     if tf32 is None or get_device(device_type).vendor != "nvidia":
         return

@@ -163,7 +163,8 @@ def predicted_stage_memory(plan) -> dict:
     boundaries add their buffers: `PipelineLayout.memory_terms`, as the planner prices them, with the pieces received
     blocks land in on CPU, plan/staged_pieces.py). Meshes side by
     side at a stage each get their own prediction."""
-    from ..cost.memory import DRY_RUN_IMPL, stage_memory_bytes
+    from ..cost.activations import DRY_RUN_IMPL
+    from ..cost.memory import stage_memory_bytes
     from .layout import PipelineLayout
 
     model = plan.model.with_padded_vocab(plan.padded_vocab_size)

@@ -6,8 +6,8 @@ rank's tensor-parallel shard. So a plan with any mix of TP sizes and stage split
 weights one process running the whole model starts from, which is what makes loss parity testable.
 
 Every mesh builds the embedding table and output layer with the plan's one padded vocabulary
-(`Plan.padded_vocab_size`, plan/settings.py), so tied tables and initial weights agree row for row across meshes, and
-runs sequence parallelism as its `settings.sequence_parallel` says, with a norm that supports it (norm.py).
+(`Plan.padded_vocab_size`, plan/vocab_padding.py), so tied tables and initial weights agree row for row across
+meshes, and runs sequence parallelism as its `settings.sequence_parallel` says, with a norm that supports it (norm.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ inventory: `DeviceType.at_precision(p)` gives the device as that job sees it, wi
                   Transformer Engine computes every fp32 GEMM of Megatron's layers with
                   CUBLAS_COMPUTE_32F_FAST_TF32 whatever PyTorch's switch says (transformer_engine/common/gemm/
                   cublaslt_gemm.cu, "Use TF32 only for pure FP32 GEMM"), and the launch turns PyTorch's switch on
-                  for the rest (emit/megatron.py vendor_env). An inventory's `tf32: false` turns it off: priced
+                  for the rest (emit/vendor_env.py vendor_env). An inventory's `tf32: false` turns it off: priced
                   at the CUDA cores' FP32, launched with NVIDIA_TF32_OVERRIDE=0, which every NVIDIA library obeys
     dtype_bytes   the element size of parameters, activations and pipeline sends: 2 for bf16, fp16 and fp8
                   (fp8 trains on bf16 parameters), 4 for fp32
@@ -54,7 +54,7 @@ class DeviceType:
                                # has them (Transformer Engine's fp32 GEMMs use them), an inventory's `tf32: false` not
     fused_attention: bool = True   # Transformer Engine's fused attention (flash, cuDNN) runs on it in 16 bits: not
                                # below NVIDIA sm80 (TransformerEngine get_attention_backend, "Filter: Compute
-                               # capability"), so a V100 runs its unfused attention (plan/settings.py ENGINES)
+                               # capability"), so a V100 runs its unfused attention (plan/engines.py ENGINES)
 
     def __post_init__(self):
         if self.reference_tflops == 0:

@@ -45,7 +45,7 @@ class ModelSpec:
     # Not a model hetauto's runtimes build: model files cannot set it, and it is written only when False.
     output_layer: bool = True
     # Megatron's --make-vocab-size-divisible-by: the embedding table and the output layer are padded to a multiple
-    # of this x TP (plan/settings.py padded_vocab_size). Megatron's default 128; 1 (no padding beyond TP) is what
+    # of this x TP (plan/vocab_padding.py padded_vocab_size). Megatron's default 128; 1 (no padding beyond TP) is what
     # a checkpoint converted from Hugging Face often needs. Written only when not 128.
     make_vocab_size_divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY
     # The base (theta) of rotary embeddings, Megatron's --rotary-base: 10,000 for LLaMA-2, 500,000 for LLaMA-3,
