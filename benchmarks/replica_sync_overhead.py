@@ -35,8 +35,9 @@ def bench_rank(rank, world, plan, reps):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from hetauto_megatron.runtime import replica_sync
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
     from hetauto_megatron.runtime.train import ddp_settings
 
     init_distributed(plan, rank, world, timeout_s=120, dry_run=True)

@@ -41,8 +41,9 @@ def megatron_baseline(rank, world, plan, steps, seed):
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     from hetauto_megatron.runtime.device import enable_cpu_redirects
-    from hetauto_megatron.runtime.groups import RankContext, rank_coords
+    from hetauto_megatron.runtime.groups import RankContext
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.ranks import rank_coords
     from hetauto_megatron.runtime.train import CLIP_GRAD, LEARNING_RATE, ddp_settings, step_tokens
 
     enable_cpu_redirects()
@@ -94,8 +95,9 @@ def megatron_baseline(rank, world, plan, steps, seed):
 def transfer_path(rank, world, plan, shape, reps):
     """Rank 0 (cluster a) sends `reps` activations to rank 1 (cluster b): communicator vs raw gloo."""
     from hetauto_megatron.runtime.communicator import HeteroP2PCommunicator
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
 
     init_distributed(plan, rank, world, timeout_s=120, dry_run=True)
     ctx = build_groups(plan, rank, world, timeout_s=120, dry_run=True)

@@ -30,8 +30,9 @@ def _run(rank, world_size):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
     from hetauto_megatron.runtime.train import ddp_settings
 
     init_distributed(PLAN, rank, world_size, timeout_s=60, dry_run=True)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.megatron import launch_identity, rewrite
+from hetauto_megatron.megatron import launch_identity, model_checks, rewrite
 from hetauto_megatron.megatron.args import add_hetauto_args, hetauto_args_provider
 from hetauto_megatron.megatron.hook import check_megatron_version, megatron_core_version
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
@@ -142,25 +142,25 @@ def ns(**kw):
 
 
 def test_model_args_are_filled_from_the_plan():
-    fill = rewrite.check_model_args(ns(), PLAN)
+    fill = model_checks.check_model_args(ns(), PLAN)
     assert fill == {"num_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,
                     "seq_length": 32, "group_query_attention": True, "num_query_groups": 2,
                     "max_position_embeddings": 32}
-    assert rewrite.check_model_args(ns(num_layers=8, hidden_size=64, group_query_attention=True,
+    assert model_checks.check_model_args(ns(num_layers=8, hidden_size=64, group_query_attention=True,
                                        num_query_groups=2, max_position_embeddings=32), PLAN) == {
         "num_attention_heads": 4, "ffn_hidden_size": 256, "seq_length": 32}
 
 
 def test_model_args_that_contradict_the_plan_are_listed():
     with pytest.raises(InputError) as exc:
-        rewrite.check_model_args(ns(num_layers=12, hidden_size=64, group_query_attention=True, num_query_groups=4),
+        model_checks.check_model_args(ns(num_layers=12, hidden_size=64, group_query_attention=True, num_query_groups=4),
                                  PLAN, file="plan.yaml")
     msg = exc.value.message
     assert "--num-layers 12 (plan: 8)" in msg and "--num-query-groups 4 (plan: 2)" in msg
     assert msg.startswith("plan.yaml: field 'model'")
     with pytest.raises(InputError, match=r"--kv-channels 32 \(plan: heads of 16"):     # 64 hidden / 4 heads
-        rewrite.check_model_args(ns(kv_channels=32), PLAN)
-    assert "kv_channels" not in rewrite.check_model_args(ns(kv_channels=16), PLAN)
+        model_checks.check_model_args(ns(kv_channels=32), PLAN)
+    assert "kv_channels" not in model_checks.check_model_args(ns(kv_channels=16), PLAN)
 
 
 def test_a_rotary_model_trained_past_its_config_length_passes_megatrons_validation(monkeypatch, tmp_path):
@@ -331,7 +331,7 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
         "preset": "tiny", "position_embedding": "learned", "gated_mlp": False},
         "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2, "stage_layers": [8]}]})
     with pytest.raises(InputError, match="--use-rotary-position-embeddings"):
-        rewrite.check_model_args(parse("--use-rotary-position-embeddings"), learned)
+        model_checks.check_model_args(parse("--use-rotary-position-embeddings"), learned)
 
 
 def test_rewrite_through_megatrons_own_parser_and_validation(monkeypatch):

@@ -24,9 +24,9 @@ from test_torchrun_port import HETAUTO_TORCHRUN
 
 from hetauto_megatron.megatron import demo
 from hetauto_megatron.plan.plan import load_plan
-from hetauto_megatron.runtime.groups import describe_rank
 from hetauto_megatron.runtime.launcher import free_port
 from hetauto_megatron.runtime.liveness import LOST_PEER_EXIT
+from hetauto_megatron.runtime.ranks import describe_rank
 
 # Runs the patched script as its __main__; in the dying rank, first makes the chosen Megatron function end the
 # process instead of running (the collective's other side then waits on a process that is gone).

@@ -203,7 +203,7 @@ def test_emit_cli_prints_and_writes_a_plan_of_two_pipelines(tmp_path, capsys):
 
 def test_each_rank_gets_its_pipelines_depth_layout_and_its_meshs_share_of_the_batch():
     from hetauto_megatron.megatron import rewrite
-    from hetauto_megatron.runtime.groups import rank_coords
+    from hetauto_megatron.runtime.ranks import rank_coords
 
     plan = alongside_plan()
     seen = {}
@@ -221,7 +221,7 @@ def test_each_rank_gets_its_pipelines_depth_layout_and_its_meshs_share_of_the_ba
 
 def test_every_sample_of_the_global_batch_is_trained_once_per_iteration():
     from hetauto_megatron.megatron.plan_data import PlanSampler, micro_batch_indices
-    from hetauto_megatron.runtime.groups import rank_coords
+    from hetauto_megatron.runtime.ranks import rank_coords
 
     plan = alongside_plan()
     for iteration in range(3):
@@ -263,7 +263,7 @@ def test_sample_counted_schedules_and_shared_checkpoint_formats_are_refused_nami
 
 def test_every_mesh_stage_checkpoints_under_its_own_name():
     from hetauto_megatron.megatron.rewrite import checkpoint_stage
-    from hetauto_megatron.runtime.groups import rank_coords
+    from hetauto_megatron.runtime.ranks import rank_coords
 
     plan = alongside_plan()
     # mesh a (stage 0), b alongside it (stage 0), c (stage 1), then pipeline 1's mesh d (its stages 0 and 1)

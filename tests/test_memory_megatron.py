@@ -55,9 +55,10 @@ def _measure(rank, world_size):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.memory_meter import state_storages
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
     from hetauto_megatron.runtime.train import ddp_settings
 
     plan0 = _plan(MODEL, {})

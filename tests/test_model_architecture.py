@@ -61,8 +61,9 @@ def test_a_launch_without_the_base_is_refused(monkeypatch):
 
 
 def _dry_run_frequencies(rank, world_size):
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
 
     plan = Plan(MODEL, 2, (Mesh("a", "cpu", 1, 1, 1, "none", (2,)),))
     init_distributed(plan, rank, world_size, timeout_s=60, dry_run=True)

@@ -257,7 +257,7 @@ def test_invalid_new_shape_is_exit_2_via_cli(tmp_path):
 
 
 def test_rank_arithmetic_of_the_new_shapes():
-    from hetauto_megatron.runtime.groups import global_rank, rank_coords, stage_ranks, validate_launch
+    from hetauto_megatron.runtime.ranks import global_rank, rank_coords, stage_ranks, validate_launch
     plan = plan_from_dict(two_pipelines())
     got = [(c.mesh_index, c.pipeline, c.position, c.stage, c.stage_in_mesh, c.tp_rank, c.dp_rank,
             c.sample_start, c.sample_stop) for c in (rank_coords(plan, r) for r in range(11))]

@@ -204,7 +204,7 @@ def test_ranks_are_named_with_their_pipeline():
     from helpers import ROOT, mesh
 
     from hetauto_megatron.plan.plan import load_plan, plan_from_dict
-    from hetauto_megatron.runtime.groups import describe_rank
+    from hetauto_megatron.runtime.ranks import describe_rank
     plan = load_plan(os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml"))
     assert describe_rank(plan, 5) == "rank 5 (pipeline 1, cluster cluster-b, stage 0)"
     assert describe_rank(plan, 3) == "rank 3 (pipeline 0, cluster cluster-a, stage 1)"
@@ -216,7 +216,7 @@ def test_ranks_are_named_with_their_pipeline():
 def test_each_message_is_read_as_it_was_written():
     # replica_sync groups each rank's moves into one message per peer once; the receiver must place every piece
     # of a message at the offset its sender wrote it, and a pair's two ends take the same rectangles
-    from hetauto_megatron.runtime.replica_sync import messages_of
+    from hetauto_megatron.runtime.replica_messages import messages_of
 
     owners = {"w": _owners((0, 0), 0.5, (8, 6), 2, 2, 1, first_rank=0) +
               _owners((1, 0), 0.25, (8, 6), 1, 3, None, first_rank=4) +

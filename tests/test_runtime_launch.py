@@ -9,8 +9,8 @@ from hetauto_megatron.cli import main
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.device import backend_for, check_local_device, init_backend, torch_device_for
-from hetauto_megatron.runtime.groups import global_rank, rank_coords, validate_launch
 from hetauto_megatron.runtime.launcher import LaunchError, launch
+from hetauto_megatron.runtime.ranks import global_rank, rank_coords, validate_launch
 from hetauto_megatron.spec.model import PRESETS
 
 TINY = PRESETS["tiny"].to_dict()
@@ -51,7 +51,8 @@ def test_groups_carry_megatrons_dense_expert_and_optimizer_groups():
 
 def _expert_groups(rank, world, plan):
     import torch.distributed as dist
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed
+    from hetauto_megatron.runtime.groups import build_groups
+    from hetauto_megatron.runtime.rendezvous import init_distributed
 
     init_distributed(plan, rank, world, timeout_s=20, dry_run=True)
     pg = build_groups(plan, rank, world, timeout_s=20, dry_run=True).pg
@@ -92,7 +93,7 @@ def test_device_layer_mapping_and_local_check():
 
 
 def test_launch_reports_a_world_size_mismatch_as_input_error():
-    from hetauto_megatron.runtime.groups import init_distributed
+    from hetauto_megatron.runtime.rendezvous import init_distributed
 
     p = two_cluster_plan()
 
@@ -144,8 +145,9 @@ def _failing_peer(rank, world, plan, timeout_s, mode):
     """Rank 2 (first stage of mesh b) dies (mode 'die') or goes silent ('hang') right after the groups exist."""
     import torch
     from hetauto_megatron.runtime.communicator import HeteroP2PCommunicator
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
 
     init_distributed(plan, rank, world, timeout_s=timeout_s, dry_run=True)
     ctx = build_groups(plan, rank, world, timeout_s=timeout_s, dry_run=True)
@@ -210,7 +212,7 @@ def test_silent_peer_times_out_with_a_clear_error():
 def _join(rank, world_size, plans, timeout_s, absent):
     """One rank of a launch: joins the world with its own plan file's plan, or (rank in `absent`) never starts, as
     a cluster whose launch refused its arguments; returns the error it stopped with."""
-    from hetauto_megatron.runtime.groups import init_distributed
+    from hetauto_megatron.runtime.rendezvous import init_distributed
     if rank in absent:
         time.sleep(timeout_s + 5)
         return {"error": None}

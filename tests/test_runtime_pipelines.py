@@ -75,8 +75,9 @@ def _silent_second_pipeline(rank, world, plan, timeout_s):
 
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from hetauto_megatron.runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from hetauto_megatron.runtime.groups import build_groups, set_megatron_globals
     from hetauto_megatron.runtime.model import build_model, transformer_config
+    from hetauto_megatron.runtime.rendezvous import init_distributed
     from hetauto_megatron.runtime.replica_sync import ReplicaSync
     from hetauto_megatron.runtime.train import ddp_settings
 

@@ -53,10 +53,10 @@ class ArchitectureArg(NamedTuple):
 
 def architecture_args(m) -> list[ArchitectureArg]:
     """Megatron's architecture switches for a plan's model, the one table the launch scripts emit and the --hetauto
-    rewrite checks (megatron/rewrite.py). Gated MLPs are the LLaMA family: SwiGLU and RMSNorm (as the dry run builds
-    them, runtime/model.py); linear biases as the model has them (ModelSpec.linear_biases: a plain MLP's unless the
-    model says none, a gated one's never unless it says so); rotary embeddings with the model's base (RoPE theta).
-    Megatron's defaults are GPT-2's."""
+    rewrite checks (megatron/model_checks.py). Gated MLPs are the LLaMA family: SwiGLU and RMSNorm (as the dry run
+    builds them, runtime/model.py); linear biases as the model has them (ModelSpec.linear_biases: a plain MLP's unless
+    the model says none, a gated one's never unless it says so); rotary embeddings with the model's base (RoPE
+    theta). Megatron's defaults are GPT-2's."""
     gated, rope, untied = m.gated_mlp, m.position_embedding == "rope", not m.tie_embeddings
     position = "rope" if rope else "learned_absolute"
     table = [ArchitectureArg("swiglu", gated, ["--swiglu"] if gated else [],

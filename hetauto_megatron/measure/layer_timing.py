@@ -31,8 +31,9 @@ def _time_layer_rank(rank: int, world_size: int, plan, timing: dict, threads: in
     import torch
 
     from .profile import Runner
-    from ..runtime.groups import build_groups, init_distributed, set_megatron_globals
+    from ..runtime.groups import build_groups, set_megatron_globals
     from ..runtime.model import build_model, transformer_config
+    from ..runtime.rendezvous import init_distributed
 
     torch.set_num_threads(threads)
     init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=True)

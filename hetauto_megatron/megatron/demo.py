@@ -70,7 +70,7 @@ def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[s
 def reference_argv(plan: Plan, *, iters: int, seed: int) -> tuple[list[str], int]:
     """Megatron's homogeneous layout with the plan's pipeline stages: TP 1, DP 1, one process per stage. With
     several pipelines (or meshes side by side): pipeline 0's stages, whose weights every pipeline starts from
-    (the first holder's, replica_sync.ReplicaWeights), training the whole global batch as one micro-batch."""
+    (the first holder's, replica_weights.ReplicaWeights), training the whole global batch as one micro-batch."""
     step = plan.samples_per_step if plan.is_simple else plan.global_batch_size
     argv = (model_flags(plan) + reference_vocab_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
             pipeline_args(plan, 0) +

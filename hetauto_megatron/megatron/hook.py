@@ -22,7 +22,7 @@ With --hetauto, per rank:
    `p2p_communicator` and `pg_collection` with `skip_model_parallel_init=True`;
 4. once Megatron has built model and optimizer, the runtime's gradient rules are installed (training_seams.py: every parameter
    several mesh stages hold, the tied embedding table's two ends included, starts from its first holder's
-   values (replica_sync.ReplicaWeights) and has its gradient summed across holders in finalize_model_grads
+   values (replica_weights.ReplicaWeights) and has its gradient summed across holders in finalize_model_grads
    (replica_sync.ReplicaSync, as in the dry run); a global gradient norm that counts each parameter once), and
    each run of the schedule is bracketed by the communicator's begin_step / end_step (overlapped boundaries).
 5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
@@ -48,7 +48,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from . import checkpoint_plan, launch_identity, rewrite
+from . import checkpoint_plan, launch_identity, model_checks, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
@@ -102,7 +102,7 @@ class _State:
     plan: Plan
     plan_file: str
     ident: launch_identity.LaunchIdentity
-    placement: object             # runtime.groups.RankCoords
+    placement: object             # runtime.ranks.RankCoords
     device_type: str
     changed: dict
     context: object = None        # runtime RankContext, once built
@@ -177,14 +177,14 @@ def _prepare_hetauto(args) -> _State:
 
 def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
     """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
-    against the plan's there (rewrite.check_tokenizer_vocab), before any layer indexes the table."""
+    against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table."""
     import megatron.training.global_vars as global_vars
 
     build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
 
     def checked(args, **kwargs):
         tokenizer = build(args, **kwargs)
-        rewrite.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
+        model_checks.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
         return tokenizer
 
     checked._hetauto_original = build
@@ -258,7 +258,7 @@ def _join_world(state: _State) -> None:
     HETAUTO_RANK_OFFSET + RANK, rendezvous at HETAUTO_MASTER_ADDR/PORT when the clusters launch separately."""
     import torch.distributed as dist
 
-    from ..runtime import groups
+    from ..runtime.rendezvous import init_distributed
 
     if dist.is_initialized():
         if dist.get_world_size() != state.plan.world_size or dist.get_rank() != state.ident.rank:
@@ -279,8 +279,8 @@ def _join_world(state: _State) -> None:
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
                                  int(os.environ["MASTER_PORT"]), _timeout_s(), file=state.plan_file)
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
-    groups.init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
-                            dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
+    init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
+                     dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
 
 
 def pretrain_kwargs(args) -> dict:

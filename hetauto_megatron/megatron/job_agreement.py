@@ -1,7 +1,7 @@
 """Every cluster's launch runs the same job: the Megatron arguments that are not in the plan but that every rank must
 share, checked once after the world is joined (collective over the default group, gloo, the world's timeout).
 
-The plan fixes the layout (runtime/groups.py check_same_plan), but each cluster types its own job arguments after
+The plan fixes the layout (runtime/rendezvous.py check_same_plan), but each cluster types its own job arguments after
 the launch script's name. Two kinds must agree on every rank:
 - the schedule of collectives: iterations, evaluation and checkpoint intervals, exits. A cluster launched with
   `--train-iters 6` beside one with 4 trained 4 iterations together, then each side waited the whole
@@ -15,7 +15,7 @@ A difference stops every rank with the same paragraph (exit 2) naming each flag 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..runtime.groups import describe_rank
+from ..runtime.ranks import describe_rank
 
 # Megatron argument names (args.<name>), spelled as flags in the message
 SCHEDULE_ARGS = ("train_iters", "train_samples", "skip_train", "eval_interval", "eval_iters", "save_interval",

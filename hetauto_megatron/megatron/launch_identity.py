@@ -10,7 +10,7 @@ from typing import Mapping
 
 from ..errors import InputError
 from ..plan.plan import Plan
-from ..runtime.groups import RankCoords, check_world_size, rank_coords
+from ..runtime.ranks import RankCoords, check_world_size, rank_coords
 
 
 # what torchrun sets for each worker (the others are the launch scripts' HETAUTO_* variables)

@@ -41,8 +41,8 @@ def install_gradient_rules(state) -> None:
     def get_megatron_optimizer(config, model_chunks, *a, **kw):
         if ctx.replica_group is not None:
             # several mesh stages hold a parameter (the tied output layer, other pipelines, meshes side by side):
-            # every holder starts from its first holder's weights (replica_sync.ReplicaWeights)
-            from ..runtime.replica_sync import ReplicaWeights
+            # every holder starts from its first holder's weights (replica_weights.ReplicaWeights)
+            from ..runtime.replica_weights import ReplicaWeights
             ReplicaWeights(ctx, model_chunks, counter=counter).copy(model_chunks)
         return original_get_optimizer(config, model_chunks, *a, **kw)
 

@@ -24,7 +24,7 @@ from ..errors import InputError
 
 if TYPE_CHECKING:
     from ..plan.plan import Plan
-    from ..runtime.groups import RankCoords
+    from ..runtime.ranks import RankCoords
 
 
 class Unpriced(NamedTuple):

@@ -38,7 +38,7 @@ import threading
 import time
 
 from ..errors import InputError, first_line
-from ..runtime.groups import rendezvous_setup_error, rendezvous_timeout_error
+from ..runtime.rendezvous import rendezvous_setup_error, rendezvous_timeout_error
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
 REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch

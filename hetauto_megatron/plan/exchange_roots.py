@@ -166,7 +166,7 @@ def exchange_weights(inventory: Inventory | None, clusters: list[str], owners=No
 
 def source_ranks(tp: int, dp: int, distributed_optimizer: bool) -> int:
     """Ranks of a holder that own (source) a distinct part of its gradient: TP x DP shards with the distributed
-    optimizer, the TP slices of DP rank 0 without it (runtime/replica_sync.py's `source` records)."""
+    optimizer, the TP slices of DP rank 0 without it (runtime/replica_records.py's `source` records)."""
     return tp * (dp if distributed_optimizer else 1)
 
 

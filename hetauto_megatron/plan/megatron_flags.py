@@ -3,8 +3,8 @@
 Apart from plan/settings.py (what the settings are, their defaults and overrides) because this is how Megatron-LM
 names them: one table of Megatron attributes and flags (`MEGATRON_ARGS`), filled for one mesh by
 `megatron_values`. The launch scripts' flags (emit/megatron.py), the `--hetauto` rewrite's values and checks
-(megatron/rewrite.py) and its parser marks (megatron/args.py) all read it, so what is emitted and what is checked
-cannot drift apart. It imports only the settings and the precision (no torch): megatron/args.py, which reads it,
+(megatron/settings_args.py) and its parser marks (megatron/args.py) all read it, so what is emitted and what is
+checked cannot drift apart. It imports only the settings and the precision (no torch): megatron/args.py, which reads it,
 must cost nothing to import.
 """
 from __future__ import annotations

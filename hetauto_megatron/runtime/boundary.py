@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .gradients import activation_grad_scale
-from .groups import global_rank
+from .ranks import global_rank
 from .transfers import Transfer, compute_transfers
 
 

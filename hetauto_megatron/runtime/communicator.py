@@ -35,9 +35,9 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
 from .boundary import Crossing, crossing, neighbour
 from .cross_link import CrossLink, LinkEmulator, covered, now, sleep_until, stamp_tag, tag
-from .groups import describe_rank
 from .host_staging import HostStaging
 from .peers import PeerError, failure, wait_all
+from .ranks import describe_rank
 from .transfers import owned_seq_range
 
 

@@ -1,9 +1,9 @@
-"""Process groups from a plan: every rank learns where it sits and gets Megatron's groups for its mesh.
+"""Process groups from a plan: every rank gets Megatron's groups for its mesh and the plan's cross-mesh groups.
 
-Rank layout (the plan's, docs/plan-format.md): meshes own consecutive rank ranges; inside a mesh Megatron's
-order applies (tp fastest, then dp, then pipeline stage). Each mesh is therefore an ordinary Megatron grid
-with a rank offset, and its TP / DP / CP groups come from Megatron's own `HyperCommGrid(rank_offset=...)` on
-the cluster's native backend.
+Rank layout (the plan's, docs/plan-format.md; the arithmetic is ranks.py's): meshes own consecutive rank ranges;
+inside a mesh Megatron's order applies (tp fastest, then dp, then pipeline stage). Each mesh is therefore an
+ordinary Megatron grid with a rank offset, and its TP / DP / CP groups come from Megatron's own
+`HyperCommGrid(rank_offset=...)` on the cluster's native backend.
 
 What Megatron cannot express is the pipeline across meshes whose stages have different sizes (and stages held
 by several meshes side by side, runtime/layout.py). The schedule only asks its pipeline group for rank()
@@ -16,205 +16,20 @@ stage.
 With several pipelines every pipeline gets its chains and boundary groups, pipeline after pipeline; the
 parameters they all hold are summed across them on one more gloo group over all ranks (replica_sync.py).
 
-Every rank creates every group in the same order (torch.distributed requires it). A plan that does not fit
-the launched world fails in `validate_launch` before any group exists.
+Every rank creates every group in the same order (torch.distributed requires it), after joining the world
+(rendezvous.py). A plan that does not fit the launched world fails in `ranks.validate_launch` before any group
+exists.
 """
 from __future__ import annotations
 
 import datetime
 import functools
-import os
 from dataclasses import dataclass, field
 
-from ..errors import InputError, first_line
+from ..errors import InputError
 from . import device as devlayer
 from .layout import PipelineLayout
-
-
-@dataclass(frozen=True)
-class RankCoords:
-    """Where one rank sits in a plan. `stage` is the pipeline stage inside the rank's own pipeline (the global
-    stage in a plan of one pipeline). `position` is the index, inside that pipeline, of the rank's position (its
-    mesh and the meshes alongside it: they hold the same stages); `sample_start`/`sample_stop` are this rank's
-    replica's samples inside one micro-batch step of its pipeline (docs/plan-format.md, version 3)."""
-    rank: int
-    mesh_index: int
-    cluster: str
-    device_type: str
-    stage: int
-    stage_in_mesh: int
-    tp_rank: int
-    dp_rank: int
-    pipeline: int = 0
-    position: int = 0
-    sample_start: int = 0
-    sample_stop: int = 0
-
-
-def rank_coords(plan, rank: int, *, file: str | None = None) -> RankCoords:
-    """Pure: the mesh, stage, TP rank and DP rank of a global rank. A rank outside the plan is an InputError
-    (the launch gave a process a rank the plan does not have)."""
-    if not 0 <= rank < plan.world_size:
-        sizes = ", ".join(f"{m.cluster}: ranks {plan.rank_offset(i)}-{plan.rank_offset(i) + m.num_devices - 1}"
-                          for i, m in enumerate(plan.meshes))
-        raise InputError(f"global rank {rank} is outside the plan's {plan.world_size} ranks ({sizes})", file=file,
-                         field="meshes", fix="launch each cluster with the rank offset and world size "
-                                             "'hetauto emit megatron' prints (HETAUTO_RANK_OFFSET + RANK must be "
-                                             f"below {plan.world_size})")
-    for i, mesh in enumerate(plan.meshes):
-        local = rank - plan.rank_offset(i)
-        if local < mesh.num_devices:
-            tp_rank = local % mesh.tp
-            dp_rank = (local // mesh.tp) % mesh.dp
-            sim = local // (mesh.tp * mesh.dp)
-            pipeline, position, first = plan.locate(i)
-            start, stop = plan.sample_range(i, dp_rank)
-            return RankCoords(rank, i, mesh.cluster, mesh.device_type, first + sim, sim, tp_rank, dp_rank,
-                              pipeline, position, start, stop)
-    raise AssertionError("unreachable")
-
-
-def describe_rank(plan, rank: int) -> str:
-    """'rank 5 (pipeline 1, cluster b, stage 0)' for messages; the pipeline is named only when there are several."""
-    c = rank_coords(plan, rank)
-    where = f"pipeline {c.pipeline}, " if plan.num_pipelines > 1 else ""
-    return f"rank {rank} ({where}cluster {c.cluster}, stage {c.stage})"
-
-
-def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> int:
-    """Pure inverse of rank_coords."""
-    mesh = plan.meshes[mesh_index]
-    return plan.rank_offset(mesh_index) + (stage_in_mesh * mesh.dp + dp) * mesh.tp + tp
-
-
-def mesh_stage_ranks(plan, mesh_index: int, stage_in_mesh: int) -> list[int]:
-    """Global ranks of one stage of one mesh, in Megatron's order (dp-major, tp fastest)."""
-    mesh = plan.meshes[mesh_index]
-    return [global_rank(plan, mesh_index, stage_in_mesh, d, t) for d in range(mesh.dp) for t in range(mesh.tp)]
-
-
-def stage_ranks(plan, stage: int, pipeline: int = 0) -> list[int]:
-    """Global ranks of one pipeline stage of one pipeline: in Megatron order (dp-major, tp fastest) for each mesh
-    holding it, mesh after mesh (a mesh and the meshes alongside it). IndexError for a stage the pipeline lacks."""
-    if stage < 0:
-        raise IndexError(stage)
-    first = 0
-    for pos in plan.positions(pipeline):
-        n = plan.meshes[pos[0]].num_stages
-        if stage < first + n:
-            return [r for i in pos for r in mesh_stage_ranks(plan, i, stage - first)]
-        first += n
-    raise IndexError(stage)
-
-
-def check_world_size(plan, world_size: int, *, file: str | None = None) -> None:
-    """The launched world must be the plan's (InputError, exit 2, before any group exists). Pure: both launch
-    paths call it, hetauto's runtime (`validate_launch`) and Megatron-LM's --hetauto (megatron/launch_identity.py)."""
-    if world_size != plan.world_size:
-        detail = ", ".join(f"{m.cluster}: tp{m.tp} x dp{m.dp} x {m.num_stages} stage(s) = {m.num_devices}"
-                           for m in plan.meshes)
-        raise InputError(f"the job was launched with {world_size} processes but the plan needs {plan.world_size} "
-                         f"({detail})", file=file, field="meshes",
-                         fix=f"launch {plan.world_size} processes, every cluster with the commands 'hetauto emit "
-                             "megatron --plan' prints (they set HETAUTO_WORLD_SIZE and HETAUTO_RANK_OFFSET), or "
-                             "pass the plan made for this job, or re-plan for the devices you have")
-
-
-def validate_launch(plan, world_size: int, *, device_types: list[str] | None = None, file: str | None = None) -> None:
-    """Fail (InputError, exit 2) when the launched job does not match the plan.
-
-    `device_types`, when given, is the device type each launched rank really has (index = rank).
-    """
-    check_world_size(plan, world_size, file=file)
-    if device_types is not None:
-        from ..spec.devices import canonical_device_name
-        for rank, have in enumerate(device_types):
-            c = rank_coords(plan, rank)
-            if canonical_device_name(have) != c.device_type:
-                raise InputError(f"rank {rank} runs on {have} but the plan puts it in mesh {c.mesh_index} "
-                                 f"(cluster {c.cluster}) on {c.device_type}", file=file,
-                                 field=f"meshes[{c.mesh_index}].device_type",
-                                 fix="order the launch so each cluster's ranks get the plan's rank range "
-                                     f"(mesh {c.mesh_index} starts at rank {plan.rank_offset(c.mesh_index)})")
-
-
-def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
-                     file: str | None = None, store=None, timeout_flag: str | None = None) -> None:
-    """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
-
-    `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
-    type is checked against this process. `store`: a rendezvous store every rank has already joined
-    (megatron/world_store.py) instead of env://. `timeout_flag`: the ranks are one command's local processes
-    (hetauto dryrun): a rendezvous that times out names that flag, not the launch scripts.
-    """
-    import torch.distributed as dist
-
-    validate_launch(plan, world_size, file=file)
-    coords = rank_coords(plan, rank, file=file)
-    if dry_run or devlayer.torch_device_for(coords.device_type) == "cpu":
-        devlayer.enable_cpu_redirects()
-        backend = "gloo"
-    else:
-        devlayer.check_local_device(coords.device_type, rank=rank, file=file)
-        devlayer.select_local_device(coords.device_type, rank=rank)
-        backend = devlayer.init_backend([m.device_type for m in plan.meshes])
-    try:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-    except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
-        reason = first_line(exc)
-        if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-            raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-                                         reason, file) from None
-        if timeout_flag:    # one command's local ranks: no launch scripts, the timeout itself was too short
-            raise InputError(f"rank {rank} waited {timeout_s:g} s for the {world_size} local ranks to connect, in "
-                             f"vain ({reason[:200]})", file=file, field=timeout_flag,
-                             fix=f"give a larger {timeout_flag}") from None
-        raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
-    check_same_plan(plan, rank, world_size, file=file)
-
-
-def rendezvous_setup_error(rank: int, where: str, reason: str, file: str | None) -> InputError:
-    """The world's rendezvous store could not be set up (a port in use, an address not of this host)."""
-    return InputError(f"rank {rank} could not set up the rendezvous at {where} ({reason[:200]})", file=file,
-                      field="HETAUTO_MASTER_PORT",
-                      fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, reachable from "
-                          "all) and a HETAUTO_MASTER_PORT free there, other than the clusters' CLUSTER_MASTER_PORT")
-
-
-def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reason: str,
-                             file: str | None) -> InputError:
-    """Not every rank of the plan joined within the timeout."""
-    return InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
-                      f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
-                      "refused argument), or it starts other ranks than the plan's", file=file,
-                      field="HETAUTO_WORLD_SIZE",
-                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
-                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
-                          "HETAUTO_MASTER_ADDR/PORT for all")
-
-
-def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:
-    """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
-    cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
-    train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest, the
-    stored inventory as parsed); where any differs from rank 0's, every rank stops with the same paragraph."""
-    import torch
-    import torch.distributed as dist
-
-    from ..plan.plan_file import layout_digest
-    # (15 hex digits: a 60-bit integer, which an int64 tensor holds)
-    mine = torch.tensor([int(layout_digest(plan, inventory_as_parsed=True)[:15], 16)], dtype=torch.int64)
-    every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-    dist.all_gather(every, mine)
-    other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
-    if other:
-        ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
-        raise InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
-                         f"rank 0 (this process is rank {rank})", file=file,
-                         field="--hetauto-plan",
-                         fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
-                             "'hetauto emit megatron' writes its path into the scripts)")
+from .ranks import RankCoords, mesh_stage_ranks, rank_coords, validate_launch
 
 
 @dataclass
@@ -312,7 +127,7 @@ def build_groups(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, d
     `host_dp_copies`: also gloo copies of the DP groups of meshes on accelerators (RankContext.dp_gloo), which
     Megatron-LM's distributed optimizer looks up (the --hetauto hook; hetauto's own runtime does not use them).
 
-    torch.distributed must be initialised (see `init_distributed`).
+    torch.distributed must be initialised (rendezvous.init_distributed).
     """
     import torch.distributed as dist
     from megatron.core.hyper_comm_grid import HyperCommGrid

@@ -17,7 +17,7 @@ from .transfers import Share
 class PipelineLayout(_plan_layout.PipelineLayout):
     def stage_ranks(self, stage: int) -> list[int]:
         """Global ranks of a stage: mesh after mesh, inside a mesh Megatron's order (dp-major, tp fastest)."""
-        from .groups import stage_ranks
+        from .ranks import stage_ranks
 
         return stage_ranks(self.plan, stage, self.pipeline)
 

@@ -21,8 +21,8 @@ import socket
 import threading
 import traceback
 
-from .groups import describe_rank
 from .peers import PeerError, gloo_reason
+from .ranks import describe_rank
 
 PROBE_S = 2.0                    # a listener answers at once: longer is a node down or unreachable
 PROBE_THREADS = 64

@@ -78,7 +78,7 @@ def measured_timeline(plan, rank_steps: list[list[dict]], *, step: int = -1, per
     shows: a stage of several replica groups has one per group); otherwise one lane per rank. Times count from the
     earliest start of that step on any rank."""
     from ..plan.timeline import Lane, Span, Timeline
-    from .groups import rank_coords
+    from .ranks import rank_coords
     steps = [r[step] for r in rank_steps]
     t0 = min(s["start"] for s in steps)
     lanes, spans = [], []

@@ -1,5 +1,5 @@
 """Waiting for transfers with a peer: every wait has a timeout, and a peer that is gone or silent raises
-`PeerError` naming both ranks (`groups.describe_rank`: pipeline when there are several, cluster, stage).
+`PeerError` naming both ranks (`ranks.describe_rank`: pipeline when there are several, cluster, stage).
 
 The pipeline communicator (communicator.py) and the holders' exchange (replica_sync.py) both wait here.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 import re
 
-from .groups import describe_rank
+from .ranks import describe_rank
 
 
 class PeerError(RuntimeError):

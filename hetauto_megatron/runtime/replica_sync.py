@@ -28,123 +28,22 @@ phase, every wait with a timeout that names both ranks. It runs after the backwa
 
 Where the rules of the holders come from: each rank publishes, once (`ReplicaSync(...)`, collective over all
 ranks), for each of its parameters its global name, its holder (mesh index, stage in mesh), weight, TP layout
-and the interval of the local tensor whose reduced gradient it holds; every rank derives the same moves and
-groups its own into messages once (`messages_of`): a step only copies elements into and out of them.
+and the interval of the local tensor whose reduced gradient it holds (replica_records.py); every rank derives the
+same moves and groups its own into messages once (replica_messages.py `messages_of`): a step only copies
+elements into and out of them. The same phases, run once on weights, start every holder from its first
+holder's values (replica_weights.py).
 """
 from __future__ import annotations
 
 import datetime
-from collections import defaultdict
-from dataclasses import dataclass
 
-from .gradients import _sharded_ownership
 from .peers import wait_all
-from .shard_regions import (Move, Owner, holders_of, meet, region, root_chunks, root_weights, sync_moves, table_shape,
-                            to_local,
-                            tp_layout, weights_of)
+from .replica_messages import Messages, messages_of
+from .replica_records import owner_records, owners_from, unwrap_chunk
+from .shard_regions import (holders_of, meet, region, root_chunks, root_weights, sync_moves, table_shape, to_local,
+                            weights_of)
 
 GATHER_TAG, SCATTER_TAG = 0, 1       # the pair moves travel with the gather's
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One rectangle of a message: rows x cols of the local table of parameter `name` (`rect` in local
-    coordinates: row_start, row_stop, col_start, col_stop), at [at, at + numel) of the flat message; `move` is
-    the move it belongs to."""
-    name: str
-    rect: tuple
-    at: int
-    move: Move
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.rect[0], self.rect[1])
-
-    @property
-    def cols(self) -> slice:
-        return slice(self.rect[2], self.rect[3])
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.rect[1] - self.rect[0], self.rect[3] - self.rect[2])
-
-    @property
-    def numel(self) -> int:
-        return (self.rect[1] - self.rect[0]) * (self.rect[3] - self.rect[2])
-
-
-@dataclass(frozen=True)
-class Messages:
-    """One exchange of a rank: `sends` and `receives`, each [(peer, elements, pieces)], one message per peer,
-    peers in rank order."""
-    sends: tuple
-    receives: tuple
-
-
-def messages_of(moves, phases: tuple, me: int, layouts: dict) -> Messages:
-    """Rank `me`'s messages of the moves of these phases: one per peer and direction, its pieces in move order
-    (the order the other end derives from the same moves), placed in the local tables by `layouts`."""
-    out, inn = defaultdict(list), defaultdict(list)
-    for m in moves:
-        if m.phase in phases:
-            (out[m.dst] if m.src == me else inn[m.src]).append(m)
-
-    def message(peer, ms):
-        at, pieces = 0, []
-        for m in ms:
-            for rect in m.rects:
-                p = Piece(m.name, to_local(layouts[m.name], rect), at, m)
-                pieces.append(p)
-                at += p.numel
-        return peer, at, tuple(pieces)
-
-    return Messages(tuple(message(peer, ms) for peer, ms in sorted(out.items())),
-                    tuple(message(peer, ms) for peer, ms in sorted(inn.items())))
-
-
-def _unwrap(chunk):
-    """The model inside Megatron's wrappers (DDP, and Float16Module under Megatron-LM's --bf16 / --fp16)."""
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
-
-
-def owner_records(ctx, model_chunks, *, weight: float) -> list[dict]:
-    """This rank's share of every parameter it holds (JSON-able; the input of shard_regions.sync_moves)."""
-    from .model import global_param_name
-
-    c, spec = ctx.coords, ctx.plan.model
-    out = []
-    for chunk in model_chunks:
-        for name, param in _unwrap(chunk).named_parameters():
-            if not param.requires_grad:
-                continue
-            owned = _sharded_ownership(chunk, param)
-            sharded = owned is not None
-            tp_split = bool(getattr(param, "tensor_model_parallel", False)) and ctx.mesh.tp > 1
-            out.append({
-                "name": global_param_name(name, ctx.layer_offset, spec), "local_name": name,
-                "rank": c.rank, "cluster": c.cluster, "holder": (ctx.mesh_index, c.stage_in_mesh),
-                "dp_rank": c.dp_rank, "sharded": sharded,
-                "weight": weight, "shape": list(param.shape), "tp": ctx.mesh.tp, "tp_rank": c.tp_rank,
-                "partition_dim": param.partition_dim if tp_split else None,
-                "gated": spec.gated_mlp and name.endswith("mlp.linear_fc1.weight"),
-                "lo": owned[0] if sharded else 0, "hi": owned[1] if sharded else param.numel(),
-                # one copy of each element counts: DP rank 0 without sharding, TP rank 0 for TP duplicates
-                "source": (sharded or c.dp_rank == 0) and (tp_split or c.tp_rank == 0),
-                "shared": bool(getattr(param, "shared", False)),
-            })
-    return out
-
-
-def owners_from(records) -> dict[str, list[Owner]]:
-    """Per global parameter name, its owners (pure)."""
-    by_name = defaultdict(list)
-    for r in records:
-        layout = tp_layout(r["shape"], r["tp"], r["tp_rank"], r["partition_dim"], gated=r["gated"])
-        by_name[r["name"]].append(Owner(r["rank"], tuple(r["holder"]), r["weight"], layout, r["lo"], r["hi"],
-                                        r["source"]))
-    return dict(by_name)
 
 
 class ReplicaSync:
@@ -274,7 +173,7 @@ class ReplicaSync:
         key = tuple(id(c) for c in model_chunks)
         if self._found[0] != key:
             found = [(self.by_local_name[name], param) for chunk in model_chunks
-                     for name, param in _unwrap(chunk).named_parameters() if name in self.by_local_name]
+                     for name, param in unwrap_chunk(chunk).named_parameters() if name in self.by_local_name]
             self._found = (key, found)
         return self._found[1]
 
@@ -417,29 +316,3 @@ class ReplicaSync:
             for v in views:
                 v.copy_(flat[at:at + v.numel()])
                 at += v.numel()
-
-
-class ReplicaWeights(ReplicaSync):
-    """Every holder's parameters set to their first holder's values, once, before training: the scatter phase and
-    the copies inside each mesh stage (`scatter_back`, `fill_copies`) run on parameter values instead of
-    gradients. A runtime that builds each stage with its own seeds needs it: Megatron-LM seeds each stage by its
-    pipeline rank, so two pipelines with different stage splits (or meshes of different TP side by side at a
-    stage) would start from different weights (the dry run needs none of it: it draws every copy by global name).
-    The tied output layers are holders of the embedding table, so they get the first stage's embeddings too.
-    Collective over `ctx.replica_group` (construction and `copy`); `counter` receives the bytes sent."""
-
-    PAIRWISE = False    # the scatter phase alone, for two holders as for more
-    ROTATE = False      # of the first holder's weights
-
-    def __init__(self, ctx, model_chunks, *, counter: dict | None = None):
-        # the modules inside DDP: every rank's interval is its whole local tensor (no distributed-optimizer shard)
-        super().__init__(ctx, [_unwrap(c) for c in model_chunks], weight=1.0, counter=counter)
-
-    def _tables(self, model_chunks) -> dict:
-        """name -> this rank's parameter values as its 2-D table (a view of the parameter)."""
-        return {gname: param.data.view(table_shape(param.shape)) for gname, param in self._shared(model_chunks)}
-
-    def copy(self, model_chunks) -> None:
-        tables = self._tables(model_chunks)
-        self.scatter_back(tables, "receive the first holder's weights of a parameter")
-        self.fill_copies(tables)

@@ -43,7 +43,7 @@ the runtime and the price.
 
 `sync_moves(..., pairwise=False, rotate=False)` gives the gather and scatter moves with the first holder the root
 of every element, for two holders as well: the start-up copy of the first holder's weights
-(replica_sync.ReplicaWeights) is the scatter phase alone.
+(replica_weights.ReplicaWeights) is the scatter phase alone.
 """
 from __future__ import annotations
 

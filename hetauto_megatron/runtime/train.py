@@ -86,10 +86,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
 
     from .communicator import HeteroP2PCommunicator
     from .gradients import count_grad_norm_once, make_finalize_model_grads
-    from .groups import build_groups, init_distributed, set_megatron_globals
+    from .groups import build_groups, set_megatron_globals
     from .memory_meter import state_storages
     from .model import build_model, transformer_config
     from .op_timing import OpClock
+    from .rendezvous import init_distributed
 
     init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag=timeout_flag)
     ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)

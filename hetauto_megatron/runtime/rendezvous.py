@@ -1,0 +1,94 @@
+"""Joining the plan's world: the launch checked, the device layer applied, `init_process_group`, the same plan.
+
+`init_distributed` is what every rank calls first; `check_same_plan` then makes sure every rank loaded the same
+plan before any of the plan's groups (groups.py) is built from it. Apart from groups.py because it runs before
+any group exists and its failures are the launch's (a rendezvous store that cannot be set up, ranks that never
+join), with messages Megatron-LM's --hetauto store (megatron/world_store.py) raises too.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+from ..errors import InputError, first_line
+from . import device as devlayer
+from .ranks import rank_coords, validate_launch
+
+
+def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
+                     file: str | None = None, store=None, timeout_flag: str | None = None) -> None:
+    """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
+
+    `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
+    type is checked against this process. `store`: a rendezvous store every rank has already joined
+    (megatron/world_store.py) instead of env://. `timeout_flag`: the ranks are one command's local processes
+    (hetauto dryrun): a rendezvous that times out names that flag, not the launch scripts.
+    """
+    import torch.distributed as dist
+
+    validate_launch(plan, world_size, file=file)
+    coords = rank_coords(plan, rank, file=file)
+    if dry_run or devlayer.torch_device_for(coords.device_type) == "cpu":
+        devlayer.enable_cpu_redirects()
+        backend = "gloo"
+    else:
+        devlayer.check_local_device(coords.device_type, rank=rank, file=file)
+        devlayer.select_local_device(coords.device_type, rank=rank)
+        backend = devlayer.init_backend([m.device_type for m in plan.meshes])
+    try:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=store,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except dist.DistError as exc:       # the rendezvous timed out, or its store could not be set up
+        reason = first_line(exc)
+        if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+            raise rendezvous_setup_error(rank, f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                                         reason, file) from None
+        if timeout_flag:    # one command's local ranks: no launch scripts, the timeout itself was too short
+            raise InputError(f"rank {rank} waited {timeout_s:g} s for the {world_size} local ranks to connect, in "
+                             f"vain ({reason[:200]})", file=file, field=timeout_flag,
+                             fix=f"give a larger {timeout_flag}") from None
+        raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
+    check_same_plan(plan, rank, world_size, file=file)
+
+
+def rendezvous_setup_error(rank: int, where: str, reason: str, file: str | None) -> InputError:
+    """The world's rendezvous store could not be set up (a port in use, an address not of this host)."""
+    return InputError(f"rank {rank} could not set up the rendezvous at {where} ({reason[:200]})", file=file,
+                      field="HETAUTO_MASTER_PORT",
+                      fix="give every cluster one HETAUTO_MASTER_ADDR (node 0 of the first cluster, reachable from "
+                          "all) and a HETAUTO_MASTER_PORT free there, other than the clusters' CLUSTER_MASTER_PORT")
+
+
+def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reason: str,
+                             file: str | None) -> InputError:
+    """Not every rank of the plan joined within the timeout."""
+    return InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
+                      f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
+                      "refused argument), or it starts other ranks than the plan's", file=file,
+                      field="HETAUTO_WORLD_SIZE",
+                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
+                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
+                          "HETAUTO_MASTER_ADDR/PORT for all")
+
+
+def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:
+    """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
+    cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
+    train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest, the
+    stored inventory as parsed); where any differs from rank 0's, every rank stops with the same paragraph."""
+    import torch
+    import torch.distributed as dist
+
+    from ..plan.plan_file import layout_digest
+    # (15 hex digits: a 60-bit integer, which an int64 tensor holds)
+    mine = torch.tensor([int(layout_digest(plan, inventory_as_parsed=True)[:15], 16)], dtype=torch.int64)
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(every, mine)
+    other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
+    if other:
+        ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
+        raise InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
+                         f"rank 0 (this process is rank {rank})", file=file,
+                         field="--hetauto-plan",
+                         fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
+                             "'hetauto emit megatron' writes its path into the scripts)")
