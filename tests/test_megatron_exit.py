@@ -51,6 +51,8 @@ class Teardown:                     # says so if the interpreter is torn down (o
         print(" and went on to the interpreter's teardown", flush=True)
 teardown = Teardown()
 print("trained", end="")            # unflushed, as Megatron's last log line may be
+metrics = open(sys.argv[3], "w")    # a file the script never closes, its last line still in Python's buffer
+metrics.write("iteration 4 loss 5.17")
 def remove_old_checkpoint():        # as Megatron's non-daemon thread after a save (checkpointing.py remove_iter_ckpts),
     threading.main_thread().join()  # still at work when the main thread ends
     time.sleep(0.2)
@@ -71,10 +73,13 @@ def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_pat
     could abort a finished run (SIGABRT). Where the hook does not own them (an accelerator without --hetauto),
     the script goes on as NVIDIA's does (the tests above). Megatron's early exits (--exit-interval and the like
     sys.exit() inside pretrain()) end the same way, with their exit code. As Python's own exit, it first lets the
-    non-daemon threads finish (Megatron deletes old checkpoints in one), then runs the atexit handlers."""
-    r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store"), end], cwd=ROOT,
+    non-daemon threads finish (Megatron deletes old checkpoints in one), then runs the atexit handlers, and what
+    the script wrote to a file it never closed is on disk."""
+    metrics = tmp_path / "metrics.txt"
+    r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store"), end, str(metrics)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == code, r.stderr
+    assert metrics.read_text() == "iteration 4 loss 5.17"     # flushed as finalisation would have, not lost
     assert r.stdout.startswith("trained") and "initialized after the handler: False" in r.stdout
     assert "teardown" not in r.stdout
     assert " old checkpoint removed" in r.stdout, r.stdout      # not killed by the exit

@@ -1,12 +1,14 @@
 """How an entry script running under the hook ends (hook.py re-exports these, the names the scripts call): once
 training returned or Megatron's train() sys.exit()ed, at once and cleanly (exit_after_training; under main_guard
 after the script's main has unwound, its finally blocks run); a user mistake (InputError) prints one paragraph
-and exits 2, also posting the refusal to the other clusters' ranks (world_store.post_refusal) so they stop now, not at their rendezvous timeout; a rank
-that went away under this one (a pipeline transfer's PeerError, gloo's error in a collective across the clusters)
-is one paragraph naming it, exit 4 (runtime/liveness.py LOST_PEER_EXIT). Anything else keeps its traceback."""
+and exits 2, also posting the refusal to the other clusters' ranks (world_store.post_refusal) so they stop now,
+not at their rendezvous timeout; a rank that went away under this one (a pipeline transfer's PeerError, gloo's
+error in a collective across the clusters) is one paragraph naming it, exit 4 (runtime/liveness.py
+LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import os
 import sys
@@ -95,9 +97,9 @@ def exit_after_training(code: int = 0) -> None:
     """End the process now that training returned (the patched pretrain_gpt.py's last line; main_guard after
     main), where the hook owns the process groups (--hetauto, or gloo's on CPU; elsewhere this returns and the
     script ends as before): TensorBoard's writer closed, the non-daemon threads joined and the atexit handlers
-    run while the interpreter is whole (the groups destroyed, logging flushed), then exit `code` (0) without
-    interpreter finalisation. Left to finalisation, a gloo worker thread that still drops a finished
-    operation's tensor needs the interpreter lock once Python has begun to tear down, and the process aborted
+    run while the interpreter is whole (the groups destroyed, logging flushed), files still open flushed, then
+    exit `code` (0) without interpreter finalisation. Left to finalisation, a gloo worker thread that still drops a
+    finished operation's tensor needs the interpreter lock once Python has begun to tear down, and the process aborted
     ("terminate called without an active exception", SIGABRT) after its last iteration had trained, so its
     torchrun reported a failure (pytorch/pytorch#190489; seen on CPU runs of NVIDIA's script with the groups
     destroyed already in the atexit handler). Megatron's own early exits (--exit-interval,
@@ -120,9 +122,27 @@ def exit_after_training(code: int = 0) -> None:
     # _async_delete_checkpoint_impl; os._exit would kill it mid-rmtree), then the atexit handlers
     threading._shutdown()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_open_files()
     os._exit(code)
+
+
+def _flush_open_files() -> None:
+    """Flush every Python file object still open for writing (the streams, and a log or metrics file the script
+    opened and never closed), as finalisation would have when it dropped them: os._exit then loses nothing
+    written through Python. Each is flushed, not closed (another handler may still hold it); one that cannot
+    be flushed (a closed pipe) is left as it is."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase) and obj not in (sys.stdout, sys.stderr):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def ending_cleanly(train: Callable) -> Callable:
