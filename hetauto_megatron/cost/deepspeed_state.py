@@ -27,11 +27,23 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               micro-batches accumulate (fp16 with fp32 accumulation: each `.grad` is added into an fp32
               `grad_accum` attribute and freed, :396-404 and :2172-2177, so 4 per parameter, and the reduce bucket
               below is fp32 too, :1253-1254); the fp32 master partition is a clone even in fp32 training (:560-577: 4/d
-              where Megatron's fp32 parameter is its own master); Adam's moments 8/d. At the step the `.grad`s are
-              freed (`free_grad_in_param_list`, :2898-2901) and the step runs on a flat fp32 gradient partition
-              (4/d, :3118-3126), with the reduce bucket below released: the state priced is the larger of the
-              two sets (measured at DP 1 in bf16, where the step's 2 + 4 + 12 outweighs the 2 + 2 + 12 held
-              through the micro-batches when the bucket is left out). Its gradient hooks (registered
+              where Megatron's fp32 parameter is its own master); Adam's moments 8/d. Its step (:3013-3160), with
+              the reduce bucket below released, holds another set at its largest on line :3119, between forming
+              and dropping the flat gradient partition: the `.grad`s of the parameters outside the rank's partition
+              are freed (:3103; `params_in_partition` holds every tensor with an element in the partition,
+              `get_partition_info` :2579-2611), those of the partition are still held, as the epilogue's
+              `averaged_gradients` (narrowed views of each `.grad`, or `grad_accum`, and a zero tensor for the
+              padding on the last rank: `get_flat_partition`, :1047-1053 and :2859-2891): A/d (A the accumulation
+              type's size) and, where a tensor straddles a partition's boundary, its whole `.grad` (less than
+              one tensor per boundary: deepspeed_straddling_elements); `flatten` copies them into a flat
+              partition (:3113-3117, A/d) which `.to` converts into the fp32 partition the step runs on
+              (:3118, 4/d; the same tensor when A is 4); the flat copy is dropped (:3119), then the `.grad`s
+              (:3126-3128) before the torch optimizer steps (:3139). E + (2A + C + 12)/d and the straddling
+              `.grad`s (C = 4 for a 16-bit A, else 0): E + 20/d every time, 2 + 20/d in bf16 (the `.grad`s 2/d,
+              the bf16 partition 2/d, its fp32 copy 4/d, master and moments 12/d), 4 + 20/d in fp32. The state
+              priced is the larger of the two sets (measured at DP 1 and 2 in bf16 and fp32, reading every line
+              of that step: at DP 1 in bf16 the step's 2 + 20 outweighs the 2 + 2 + 12 held through the
+              micro-batches when the bucket is left out). Its gradient hooks (registered
               with contiguous_gradients, on by default: :713-715, zero/config.py:102) allocate a reduce bucket of
               `reduce_bucket_size` elements in the gradient's element type at a step's first backward
               (`setup_buckets`, :3256-3269, from the hooks :1354-1372) and hold it, beside the activations of the
@@ -43,8 +55,9 @@ parameters) into a buffer padded with zeros to a multiple of 2 x DP elements (`n
 DP degree: bf16_optimizer.py:101-102 and :166-168, zero/stage_1_and_2.py:386-387, :441-446 and :505-517,
 `align_dense_tensors` runtime/utils.py:994-1005; ZeRO's per-parameter alignment is off by default). What covers that
 buffer covers its padding: the flat 16-bit weights, the BF16 optimizer's accumulation buffer, and over DP the fp32
-master partition, Adam's moments and the step's fp32 gradient partition (`partition_size` is the padded buffer's
-over DP); the `.grad`s and `grad_accum` are per parameter (deepspeed_padding_elements,
+master partition, Adam's moments, the step's fp32 gradient partition and the ZeRO step's flat partition and
+`averaged_gradients` (`partition_size` is the padded buffer's over DP); the `.grad`s and `grad_accum` are per
+parameter (deepspeed_padding_elements,
 deepspeed_padding_bytes_per_element). Fewer than 2 x DP elements a stage, priced to the element as
 cost/ddp_buffer.py prices Megatron-Core's padding.
 
@@ -149,13 +162,51 @@ def _step_gradient_copy_bytes(precision: str, settings) -> int:
 
 
 def deepspeed_step_bytes_per_param(precision: str, dp: int, settings) -> dict[str, float] | None:
-    """Bytes per parameter the ZeRO optimizer holds while it steps, with the accumulated gradients and the reduce
-    bucket freed and the fp32 gradient partition formed; None for the other optimizers, whose step adds to what
-    they hold (deepspeed_state_bytes_per_param counts it)."""
+    """Bytes per parameter the ZeRO optimizer holds at the largest point of its step (stage_1_and_2.py:3119; module
+    docstring): the reduce bucket and the `.grad`s outside the rank's partition freed, those inside (A/d), the flat
+    partition copied from them (A/d) and its fp32 copy (4/d, none when A is 4) held beside master and moments;
+    the straddling tensors' `.grad`s beyond the partition are deepspeed_step_fixed_bytes. None for the other
+    optimizers, whose step adds to what they hold (deepspeed_state_bytes_per_param counts it)."""
     if deepspeed_optimizer(precision, settings) != "zero":
         return None
-    return {"weights": float(element_bytes(precision)), "gradients": FP32 / dp,
+    return {"weights": float(element_bytes(precision)), "gradients": _step_gradient_bytes(precision, settings) / dp,
             "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+
+
+def _step_gradient_bytes(precision: str, settings) -> int:
+    """The ZeRO step's gradients per element of the rank's partition: the accumulated `.grad`s still held, their
+    flat copy and its fp32 conversion (stage_1_and_2.py:3113-3119)."""
+    accumulation = _accumulation_bytes(precision, settings)
+    return 2 * accumulation + _step_gradient_copy_bytes(precision, settings)
+
+
+def deepspeed_step_fixed_bytes(precision: str, dp: int, settings, params: float,
+                               tensors: tuple[float, float]) -> dict[str, float]:
+    """Bytes the ZeRO optimizer's step holds beyond its per-parameter set (deepspeed_step_bytes_per_param) on the
+    busiest DP rank of a stage of `params` parameters whose largest tensors are `tensors` (stage_param_tensors):
+    the whole `.grad` of a tensor that straddles its partition's boundary, of which the per-parameter set counts
+    only the part inside (`get_partition_info`, stage_1_and_2.py:2596-2600, keeps such a tensor in both
+    partitions, and the step frees its `.grad` only after the flat copy, :3128); deepspeed_straddling_elements
+    bounds it."""
+    if deepspeed_optimizer(precision, settings) != "zero" or dp < 2:
+        return {}
+    return {"gradients": _accumulation_bytes(precision, settings) * deepspeed_straddling_elements(tensors, params, dp)}
+
+
+def deepspeed_straddling_elements(tensors: tuple[float, float], params: float, dp: int) -> float:
+    """An upper bound of the elements of the tensors straddling the busiest rank's partition boundaries that lie
+    outside its partition: less than one tensor per boundary (one for the first and the last rank, two for a middle
+    one, none at DP 1), each at most the stage's largest layer tensor or, where it is longer than a partition less
+    the padding (so that it can cross a boundary from its place at an end of the stage's flat buffer: the
+    embedding, the runtime's first layer, on the first stage; the head, or its tied table, at an end of the last
+    stage's), the vocabulary table. `tensors`: (a layer's largest tensor, the table or 0; stage_param_tensors). Measured (2 stages x DP 2):
+    14,399 and 1,921 elements of a 16,320-element MLP matrix straddling the two ranks' boundary, priced 16,320."""
+    if dp < 2:
+        return 0.0
+    layer, table = tensors
+    pad = deepspeed_padding_elements(params, dp)
+    crosses = table > (params + pad) / dp - pad
+    return min(2, dp - 1) * (max(layer, table) if crosses else layer)
 
 
 def deepspeed_padding_elements(params: float, dp: int) -> int:
@@ -175,16 +226,18 @@ def deepspeed_padding_bytes_per_element(precision: str, dp: int, settings,
     parameters are views of), the BF16 optimizer's accumulation buffer (`torch.zeros_like` of the flat weights,
     bf16_optimizer.py:191-192), and the fp32 master partition, Adam's moments and the step's fp32 gradient
     partition, each the flat buffer's size over DP (bf16_optimizer.py:175-182 and :417; stage_1_and_2.py:574-577
-    and :3113-3126: `partition_size` is the padded buffer's over DP). The `.grad`s and ZeRO's `grad_accum` are per
-    parameter, not padded; the torch and FP16 optimizers flatten nothing. `at_step`: the ZeRO optimizer's set at
-    its step (deepspeed_step_bytes_per_param)."""
+    and :3113-3126: `partition_size` is the padded buffer's over DP), with the ZeRO step's flat partition and the
+    `averaged_gradients` it is copied from (a zero tensor of the padding on the last rank, :2890-2891). The
+    `.grad`s and ZeRO's `grad_accum` are per parameter, not padded; the torch and FP16 optimizers flatten nothing.
+    `at_step`: the ZeRO optimizer's set at its step (deepspeed_step_bytes_per_param)."""
     kind = deepspeed_optimizer(precision, settings)
     E = float(element_bytes(precision))
     if kind == "bf16":
         return {"weights": E, "gradients": float(_accumulation_bytes(precision, settings)),
                 "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(precision, settings)) / dp}
     if kind == "zero":
-        return {"weights": E, "gradients": FP32 / dp if at_step else 0.0, "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
+        return {"weights": E, "gradients": _step_gradient_bytes(precision, settings) / dp if at_step else 0.0,
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
     return {}
 
 
@@ -235,8 +288,14 @@ def deepspeed_held_at_reduction(terms: tuple, largest_tensor: float, params: flo
 
 def largest_param_tensor(model: ModelSpec, tp: int, first: bool, last: bool) -> float:
     """Elements of a stage's largest parameter tensor (an upper bound of what one reduction bucket holds beyond its
-    cap): the vocabulary table where the stage holds it, else the larger of a layer's QKV and first MLP matrix."""
+    cap): the larger of stage_param_tensors."""
+    return max(stage_param_tensors(model, tp, first, last))
+
+
+def stage_param_tensors(model: ModelSpec, tp: int, first: bool, last: bool) -> tuple[float, float]:
+    """Elements of a stage's largest tensors: (the larger of a layer's QKV and first MLP matrix, the vocabulary
+    table where the stage holds it, else 0)."""
     h = model.hidden_size
     layer = max(h * (h + 2 * model.kv_hidden), h * model.ffn_hidden_size * (2 if model.gated_mlp else 1)) / tp
     table = model.vocab_size * h / tp if first or (last and model.output_layer) else 0.0
-    return max(layer, table)
+    return layer, table

@@ -24,9 +24,10 @@ from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 from .activations import TRANSFORMER_ENGINE, LayerImpl, layer_activation_bytes, mask_bytes, recompute_buffer_bytes
 from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
-                              largest_param_tensor)
+                              largest_param_tensor, stage_param_tensors)
 from .model_state import (FP32, precision_of, state_bytes_at_reduction, state_bytes_at_step_per_param,
-                          state_bytes_per_element, state_counts, state_fixed_bytes, state_padding_per_element)
+                          state_bytes_per_element, state_counts, state_fixed_bytes, state_fixed_bytes_at_step,
+                          state_padding_per_element)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
 
 
@@ -67,17 +68,21 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers: (bytes per
     element of the state as (key, value) pairs (state_bytes_per_element), the fixed state bytes as (key, value)
-    pairs (state_fixed_bytes), the bytes per parameter at the optimizer's step as pairs
-    (state_bytes_at_step_per_param; empty: the same set), (DP, the bytes per element of DeepSpeed's flat-buffer
-    padding held and at the step as pairs: state_padding_per_element; empty: none), one layer's kept activations per
-    micro-batch, the recompute buffer, the first stage's bytes per micro-batch in flight, the last stage's head and
-    logits gradient, the pipe buffers of an engine that keeps them: settings.pipe_buffers, cost/pipe_buffers.py;
-    what the last stage's previous micro-batch keeps per layer under that engine; the state held at the gradient
-    reduction as (its terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
+    pairs (state_fixed_bytes), the state at the optimizer's step as (bytes per parameter as pairs:
+    state_bytes_at_step_per_param, (E, settings, precision, the stage's largest tensors) for the bytes of its
+    straddling tensors: state_fixed_bytes_at_step; empty: the same set), (DP, the bytes per element of
+    DeepSpeed's flat-buffer padding held and at the step as pairs: state_padding_per_element; empty: none), one
+    layer's kept activations per micro-batch, the recompute buffer, the first stage's bytes per micro-batch in
+    flight, the last stage's head and logits gradient, the pipe buffers of an engine that keeps them:
+    settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's previous micro-batch keeps per layer under
+    that engine; the state held at the gradient reduction as (its terms, the largest parameter tensor), or None:
+    state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_element(E, dp, settings, precision).items())
     fixed = tuple(state_fixed_bytes(E, settings, precision).items())
     at_step = tuple((state_bytes_at_step_per_param(E, dp, settings, precision) or {}).items())
+    if at_step:     # with the whole gradients of the tensors straddling the rank's partition boundaries
+        at_step = (at_step, (E, settings, precision, stage_param_tensors(model, tp, first, last)))
     # DeepSpeed's flat-buffer padding, bytes per padding element: held through the micro-batches, at the step
     padding = (dp, tuple(state_padding_per_element(E, dp, settings, precision).items()),
                tuple(state_padding_per_element(E, dp, settings, precision, at_step=True).items()))
@@ -160,12 +165,15 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     if fixed:
         state += sum(v for _, v in fixed)
     if at_step:                                      # a different set while the optimizer steps: the larger
-        stepping = sum([params * v for _, v in at_step])
+        step_per, (E, step_settings, precision, tensors) = at_step
+        # the straddling tensors' gradients: which can cross a boundary depends on the partition's size
+        step_fixed = tuple(state_fixed_bytes_at_step(E, dp, step_settings, params, tensors, precision).items())
+        stepping = sum([params * v for _, v in step_per]) + sum(v for _, v in step_fixed)
         if pad_step:
             pad_step = tuple((k, pad * v) for k, v in pad_step)
             stepping += sum(v for _, v in pad_step)
         if stepping > state:
-            state, held = stepping, (at_step, None, (), pad_step)
+            state, held = stepping, (step_per, None, step_fixed, pad_step)
     saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)

@@ -39,7 +39,7 @@ from ..spec.model import ModelSpec
 from .ddp_buffer import StageBuffer, stage_buffer
 from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reduction, deepspeed_padding_bytes_per_element,
                               deepspeed_padding_elements, deepspeed_reduction_terms, deepspeed_state_bytes_per_param,
-                              deepspeed_state_fixed_bytes, deepspeed_step_bytes_per_param)
+                              deepspeed_state_fixed_bytes, deepspeed_step_bytes_per_param, deepspeed_step_fixed_bytes)
 
 
 def adam_traffic_bytes_per_param(dtype_bytes: int) -> int:
@@ -137,12 +137,25 @@ def state_padding_bytes(dtype_bytes: int, dp: int, settings, params: float, prec
 def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings,
                                   precision: str | None = None) -> dict[str, float] | None:
     """Bytes per parameter held while the optimizer steps, when that is a different set than the one held through
-    the micro-batches (state_bytes_per_param + state_fixed_bytes): DeepSpeed's ZeRO optimizer frees the gradients
-    and the reduce bucket and steps on an fp32 gradient partition (cost/deepspeed_state.py). The state priced is
-    the larger of the two; None: one set (Megatron-Core, whose figures already include the step's copies)."""
+    the micro-batches (state_bytes_per_param + state_fixed_bytes): DeepSpeed's ZeRO optimizer frees the reduce
+    bucket and the gradients outside the rank's partition, copies those inside into a flat partition and that
+    into the fp32 partition it steps on (cost/deepspeed_state.py), with state_fixed_bytes_at_step. The state
+    priced is the larger of the two; None: one set (Megatron-Core, whose figures already include the step's
+    copies)."""
     if settings.optimizer_state == "deepspeed":
         return deepspeed_step_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
     return None
+
+
+def state_fixed_bytes_at_step(dtype_bytes: int, dp: int, settings, params: float, tensors: tuple[float, float],
+                              precision: str | None = None) -> dict[str, float]:
+    """Bytes of that set at the step beyond its per-parameter bytes, on a stage of `params` parameters whose
+    largest tensors are `tensors` (cost/deepspeed_state.py stage_param_tensors): the whole gradients of the
+    tensors straddling the busiest rank's partition boundaries (deepspeed_step_fixed_bytes, an upper bound);
+    empty for Megatron-Core."""
+    if settings.optimizer_state == "deepspeed":
+        return deepspeed_step_fixed_bytes(precision_of(dtype_bytes, precision), dp, settings, params, tensors)
+    return {}
 
 
 def state_bytes_at_reduction(dtype_bytes: int, dp: int, settings, params: float,

@@ -4,7 +4,9 @@
   the DP buffers' `param_data` (the distributed optimizer keeps the parameters there) or the parameters
   themselves, the buffers' `grad_data` (every parameter's `main_grad`), and every tensor the optimizer holds
   that is not a view of those: fp32 master shards, Adam's moments, fp32 copies of 16-bit gradients. Under
-  DeepSpeed's engine, `deepspeed_state_storages` walks whatever optimizer DeepSpeed built instead.
+  DeepSpeed's engine, `deepspeed_state_storages` walks whatever optimizer DeepSpeed built instead, and
+  `at_every_line_of` with `frame_storages` reads inside a function of it (the tensors its body holds as locals
+  between two lines: DeepSpeed's ZeRO step).
 - Activations: `SavedTensorMeter` wraps the training step in `torch.autograd.graph.saved_tensors_hooks`, so
   every tensor autograd keeps for a backward pass is seen when it is saved and when autograd lets it go (its
   packed holder is released after the backward that used it). Bytes are counted per unique storage (a view
@@ -102,6 +104,47 @@ def deepspeed_state_storages(engine) -> dict:
             if isinstance(g, torch.Tensor):
                 add(g, f"module.{name}.{attr}")
     walk(engine.optimizer, "optimizer", 0)
+    return out
+
+
+@contextmanager
+def at_every_line_of(function, read):
+    """While the block runs, call read(frame) before each line of `function`'s own body (not of what it calls)
+    and as it returns, in this thread (sys.settrace): a reading inside a framework's function, where a transient
+    lives only between two of its lines (DeepSpeed's ZeRO step holds its flat gradient partition and that
+    partition's fp32 copy for one line). `frame_storages` reads the function's local tensors there."""
+    import sys
+
+    code = function.__code__
+
+    def local(frame, event, arg):
+        if event in ("line", "return"):
+            read(frame)
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def frame_storages(frame) -> dict:
+    """{storage address: (bytes, name)} of the tensors a function's frame holds in its local variables (and in
+    lists or tuples of them), by unique storage."""
+    import torch
+
+    out: dict = {}
+    for name, value in frame.f_locals.items():
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage.data_ptr() and storage.data_ptr() not in out:
+                    out[storage.data_ptr()] = (storage.nbytes(), f"local {name}")
     return out
 
 
