@@ -2,6 +2,10 @@
 under half to its time, the host issuing its kernels sets the time, not the GPU (cost/learned/sailor_host_floor.py,
 HOST_BOUND_RATIO). Those configurations are left out of the calibration and their time becomes a floor under the
 device's layer passes. Checked against the measurements, every model left out in turn as the fit would see it."""
+import json
+import os
+import statistics
+
 import pytest
 
 from hetauto_megatron.cost import learned as L
@@ -86,3 +90,39 @@ def test_per_pass_error_leave_one_model_out_within_10_percent(folds):
             errs.setdefault(s.device, []).append(abs(p - s.measured_s) / s.measured_s)
     for dev in ("gh200", "a100-40gb"):
         assert 100 * sum(errs[dev]) / len(errs[dev]) <= 10.0, dev
+
+
+def test_planner_layers_of_the_peer_gpus_within_10_percent_of_sailors_measurements(sailor_model_dir):
+    """The layer as the planner charges it (plan/costing.stage_profile: the learned compute, the TP all-reduces on
+    the peer inventory's 4-GPU link, the host floor at that TP degree), forward + backward, against Sailor's measured
+    median layer, for OPT-350 and GPT-Neo-2.7 on the A100-40 and the V100-16 at micro-batch 1-4 and TP 1-4 (in
+    sample; benchmarks/peer_scenarios.py --layers prints the table): every configuration within the 10 % target.
+    With one floor for every TP > 1 degree (the A100-40's, 1.91 ms, from TP 2, under its host-bound TP 4 forwards,
+    2.13-2.45 ms) and the all-reduces added back on the inventory's alpha-beta link, 10-20 % faster than the
+    curve the fit set them apart with at 8-34 MB, the TP 4 layers at micro-batch 1-2 came out 6-10 % short
+    (A100-40 OPT-350 at micro-batch 2 -10.4 %, V100-16 OPT-350 at 1 -10.3 %)."""
+    from hetauto_megatron.cost.sailor_job import SAILOR_JOB_PRECISION
+    from hetauto_megatron.plan import costing
+    from hetauto_megatron.spec.inventory import load_inventory
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inv = load_inventory(os.path.join(root, "examples", "peers", "inventory-same-zone.yaml"))
+    inv = inv.with_precision(SAILOR_JOB_PRECISION)
+    with open(os.path.join(L.SAILOR_DATA, "profiles_tmp.json")) as f:
+        prof = json.load(f)
+    cm = L.LearnedCostModel(sailor_model_dir)
+    errs = {}
+    for cluster, gpu in (("a100", "A100-40"), ("v100", "V100-16")):
+        c = inv.cluster(cluster)
+        for name in ("OPT-350", "GPT-Neo-2.7"):
+            spec = L.SAILOR_MODELS[name]
+            for mb in (1, 2, 4):
+                for tp in (1, 2, 4):
+                    e = prof[name][gpu].get(str(mb), {}).get(str(tp))
+                    if not e:
+                        continue
+                    want = statistics.median(e[str(i)][0] + e[str(i)][1] for i in range(1, spec.num_layers + 1))
+                    p = costing.stage_profile(spec, c, tp, 1, mb, "none", cm)
+                    errs[(gpu, name, mb, tp)] = (p.layer_fwd + p.layer_bwd) / want - 1
+    assert len(errs) == 36
+    worst = max(errs, key=lambda k: abs(errs[k]))
+    assert abs(errs[worst]) <= 0.10, (worst, errs[worst])

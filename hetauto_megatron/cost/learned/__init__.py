@@ -11,7 +11,8 @@ One module per concept:
 - samples.py: a measured row (`Sample`), what is known of a device (`DeviceInfo`), the profile files;
 - sailor.py: the Sailor data and the training rows made of it (with its TP all-reduces set apart);
 - sailor_host_floor.py: where Sailor's timings measure the host, not the GPU (a floor under a layer's time);
-- sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link;
+- sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link, and the rates the
+  fit set the measured layers' TP all-reduces apart at (the planner adds them back at those);
 - sailor_updates.py: the optimizer step Sailor measured per profiled model;
 - roofline_calibration.py: stage 1, the roofline prior calibrated per group of rows (rate x prior + overhead),
   and the robust fit of a rate and an overhead the later stages reuse;
@@ -36,8 +37,9 @@ from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS
                      forward_tflops, load_sailor, read_allreduce_fits, sailor_device_infos, sailor_layer_samples,
                      sailor_precisions, sailor_reading_samples, sailor_samples, sailor_tp_allreduce_rates,
                      with_tp_comm)
+from .sailor_links import sailor_set_apart_rates  # noqa: F401
 from .sailor_host_floor import HOST_BOUND_RATIO, host_bound_times, sailor_host_floors  # noqa: F401
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401
-                      calibration_key, host_floor_key, mape, tp_allreduce_key, allreduce_rate_at, profile_granularity, profile_samples, read_layers,
+                      calibration_key, host_floor_at, host_floor_key, mape, tp_allreduce_key, allreduce_rate_at, profile_granularity, profile_samples, read_layers,
                       read_profile)
 from .validation import layer_time_pairs, summarise, validate, validate_layers  # noqa: F401

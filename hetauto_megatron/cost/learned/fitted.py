@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 from .. import features as F
-from .samples import DeviceInfo, Sample, calibration_key, host_floor_key
+from .samples import DeviceInfo, Sample, calibration_key, host_floor_at
 
 
 def _lgb():
@@ -38,14 +38,14 @@ class FittedModel:
     optimizer: dict = dataclasses.field(default_factory=dict)     # device -> (rate, overhead_s per step)
     host_floor: dict = dataclasses.field(default_factory=dict)    # host_floor_key -> seconds (sailor_host_floors)
     gemm_bwd_weight: float = 1.0    # weight of the backward GEMMs in whole-layer priors where F.backward_gemm_weighted
-    tp_allreduce: dict = dataclasses.field(default_factory=dict)  # "device|tpN" -> ((bytes, bytes/s), ...) its layers'
-                                                                  # TP all-reduces ran at (sailor_tp_allreduce_rates)
+    tp_allreduce: dict = dataclasses.field(default_factory=dict)  # "device|tpN" -> ((bytes, bytes/s), ...) the fit
+                                                                  # set its layers' TP all-reduces apart at
+                                                                  # (sailor_set_apart_rates)
 
     def floor_s(self, device: str, phase: str, tp: int) -> float:
         """The device's host floor for a layer's pass at TP degree `tp`, compute and TP all-reduces together
-        (F.host_floored); 0 where none was measured. (Models fitted before the floor bounded the all-reduces
-        too keyed it "device|phase", on compute alone; it is read as the whole pass's, a little lower.)"""
-        return self.host_floor.get(host_floor_key(device, phase, tp), self.host_floor.get(f"{device}|{phase}", 0.0))
+        (F.host_floored; samples.host_floor_at reads a degree not measured); 0 where none was measured."""
+        return host_floor_at(self.host_floor, device, phase, tp)
 
     def times(self, name: str, keys: list[str], priors: list[float], X: list) -> list[float]:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""

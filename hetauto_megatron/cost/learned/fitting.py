@@ -14,9 +14,9 @@ from .. import features as F
 from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
 from .manifest import save_model
 from .roofline_calibration import _fit_rate_overhead, fit_calibration
-from .sailor import (SailorLayer, load_sailor, sailor_device_infos, sailor_reading_samples, sailor_samples,
-                     sailor_tp_allreduce_rates)
+from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_reading_samples, sailor_samples
 from .sailor_host_floor import sailor_host_floors
+from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
 from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
 
@@ -123,7 +123,7 @@ def train_sailor_model(layers: list[SailorLayer], score_bwd_weight: float = 1.0,
     floor those configurations measured."""
     model = train_model(sailor_samples(layers, score_bwd_weight, gemm_bwd_weight), seed, rounds)
     model.host_floor = sailor_host_floors(layers)
-    model.tp_allreduce = sailor_tp_allreduce_rates(layers)
+    model.tp_allreduce = sailor_set_apart_rates(layers)
     model.score_bwd_weight, model.gemm_bwd_weight = score_bwd_weight, gemm_bwd_weight
     return model
 
@@ -354,7 +354,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     model = train_model(samples, seed, rounds)
     model.score_bwd_weight, model.gemm_bwd_weight = score_weight, gemm_weight
     model.host_floor = sailor_host_floors(sailor) if sailor_dir else {}
-    model.tp_allreduce = sailor_tp_allreduce_rates(sailor) if sailor_dir else {}
+    model.tp_allreduce = sailor_set_apart_rates(sailor) if sailor_dir else {}
     model.composition, report = fit_composition(model, devices, layers)
     model.optimizer = optimizer
     heldout.update(report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..comm import allreduce_time
 from ...spec.devices import DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
@@ -150,16 +151,24 @@ class LearnedCostModel:
         return self.fitted.floor_s(info.name, "fwd", tp), self.fitted.floor_s(info.name, "bwd", tp)
 
     def tp_link(self, device: DeviceType, tp: int, link: LinkSpec, nbytes: float | None = None) -> LinkSpec:
-        """The link `device`'s TP collectives of `nbytes` run on at degree `tp`: `link` (the node's), or where this
-        device's measured layers ran their all-reduces of that size slower at that degree, that rate
-        (sailor_tp_allreduce_rates; the fit set the all-reduces apart at it, so the planner adds them back at it).
-        nbytes None: the rate of the largest message measured."""
+        """The link `device`'s TP collectives of `nbytes` run on at degree `tp`: `link` (the node's), or where the fit
+        set this device's measured all-reduces of that size apart at that degree as taking longer than `link` does,
+        that rate, with no latency (sailor_set_apart_rates: the learned compute is the measured layer less those
+        all-reduces, so the planner adds back what the fit took out; the alpha-beta entry of an inventory fitted to
+        Sailor's curve over 1 MB - 1 GB is 10-20 % faster than the curve at the 8-34 MB of the small layers' messages).
+        nbytes None: the largest message measured."""
         info = self._info(device)
         points = self.fitted.tp_allreduce.get(tp_allreduce_key(info.name, tp)) if info is not None else None
         rate = allreduce_rate_at(points, nbytes) if points is not None else None
-        if rate is None or rate >= link.bytes_per_s:
+        if rate is None:
             return link
-        return dataclasses.replace(link, bandwidth_gbps=rate * 8 / 1e9)
+        size = nbytes if nbytes is not None else (None if isinstance(points, (int, float)) else points[-1][0])
+        if not size:        # (a model that kept one rate, asked for no size) the bandwidths alone
+            return link if rate >= link.bytes_per_s else dataclasses.replace(link, bandwidth_gbps=rate * 8 / 1e9)
+        # the all-reduce as the fit set it apart (its latency inside the rate) against the link's, latency and all
+        if 2 * (tp - 1) / tp * size / rate <= allreduce_time(size, tp, link):
+            return link
+        return dataclasses.replace(link, bandwidth_gbps=rate * 8 / 1e9, latency_s=0.0)
 
     def iteration_overhead_s(self, device: DeviceType) -> float:
         """Per-iteration fixed time: no measurement covers it, the analytic model's constant."""

@@ -274,7 +274,8 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
     layers 39 % and 12 % slower than they ran (in sample: the fit could not take it back, a layer's compute is never
     negative).
     The fit sets a layer's all-reduces apart at this rate where it is slower than Sailor's all-reduce curve of the
-    GPU (tp_allreduces_s), and the planner adds them back at it (LearnedCostModel.tp_link). It is on the PCIe GPUs
+    GPU (tp_allreduces_s), and the planner adds them back as set apart (sailor_set_apart_rates,
+    LearnedCostModel.tp_link). It is on the PCIe GPUs
     of Sailor's MIT cluster that this matters: their layers ran the all-reduces 1.5-6x slower than Sailor's curves
     of the same nodes give (TITAN RTX at TP 8: 5.2 GB/s against 24.3; RTX 3090 at TP 8: 1.5 against 5.3), so a
     fit that set the curve's time apart left the rest to a compute roofline that cannot hold it: 31 % MAPE, worst

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
-from .samples import host_floor_key
+from .samples import host_floor_at, host_floor_key
 
 if TYPE_CHECKING:
     from .sailor import SailorLayer
@@ -60,28 +60,41 @@ def host_bound_times(layers: list[SailorLayer]) -> dict[tuple, float]:
 
 def sailor_host_floors(layers: list[SailorLayer]) -> dict[str, float]:
     """host_floor_key -> the host floor of a transformer layer's pass, compute and TP all-reduces together
-    (F.host_floored): the smallest host-bound time measured on that GPU, over models, at TP 1 and over the TP
-    degrees above 1 apart (at TP > 1 the host issues the same kernels at any degree, plus the all-reduces' NCCL
-    calls: on the GH200 at TP 4 OPT-350's and GPT-Neo's host-bound forwards take 1.500 and 1.505 ms with 0.16 and
-    0.34 ms of all-reduces; OPT-350's at TP 1 1.225 ms). A GPU none of whose configurations is host-bound has none.
-    A TP > 1 pass issues all a TP 1 pass does, so its floor is no lower than TP 1's (and TP 1's stands for it
-    where no TP > 1 configuration was host-bound); a TP > 1 floor says nothing of TP 1, which then has none.
-    The backward's floor is no lower than the forward's: the backward issues at least one kernel for each of the
-    forward's (every operator's gradient, plus the weight gradients), through autograd's engine on top of the same
-    dispatcher. Where no backward was measured host-bound (it grows with the work in every configuration of the
-    models at hand) the forward's floor stands for it."""
-    floors: dict[str, float] = {}
+    (F.host_floored), per GPU, pass and TP degree: the smallest host-bound time measured on that GPU at that degree,
+    over models. A GPU none of whose configurations is host-bound has none.
+
+    The floor grows with the TP degree. At TP 1 the host issues no all-reduce (on the GH200 OPT-350's host-bound
+    forward takes 1.225 ms); at TP n each of the pass's all-reduces also waits for the last of the n ranks' hosts, so
+    a TP n pass issues all a TP m < n pass does and waits on more ranks: a host-bound reading at n bounds the floor
+    at every m < n from above, and the floor at n is no lower than at m (A100-40: OPT-350's host-bound forwards take
+    1.91 ms at TP 2 and 2.13-2.39 ms at TP 4, GPT-Neo-2.7's 2.45 ms at TP 4; GH200: 1.44 ms at TP 2, 1.50-1.70 at
+    TP 4). So each degree's floor is the smallest of its own and every higher degree's readings, and no lower than
+    any lower degree's (samples.host_floor_at reads a degree not measured).
+    The backward's floor is no lower than the forward's at the same degree: the backward issues at least one kernel
+    for each of the forward's (every operator's gradient, plus the weight gradients), through autograd's engine on
+    top of the same dispatcher. Where no backward was measured host-bound (it grows with the work in every
+    configuration of the models at hand) the forward's floor stands for it."""
+    readings: dict[tuple, float] = {}       # (device, phase, TP degree) -> the smallest host-bound time there
     conf = {config_key(r): r for r in layers}
     for (key, ph), t in host_bound_times(layers).items():
-        k = host_floor_key(conf[key].device, ph, conf[key].shape.tp)
-        floors[k] = min(floors.get(k, math.inf), t)
-    for dev in sorted({r.device for r in layers}):
-        for ph in ("fwd", "bwd"):
-            one, many = host_floor_key(dev, ph, 1), host_floor_key(dev, ph, 2)
-            if one in floors:
-                floors[many] = max(floors.get(many, 0.0), floors[one])
-    for k, t in list(floors.items()):
-        if "|fwd|" in k:
-            b = k.replace("|fwd|", "|bwd|")
-            floors[b] = max(floors.get(b, 0.0), t)
+        k = (conf[key].device, ph, max(conf[key].shape.tp, 1))
+        readings[k] = min(readings.get(k, math.inf), t)
+    floors: dict[str, float] = {}
+    for dev, ph in sorted({(d, ph) for d, ph, _ in readings}):
+        per = {n: t for (d, p, n), t in readings.items() if (d, p) == (dev, ph)}
+        lower = 0.0
+        for n in sorted(per):
+            t = max(min(v for m, v in per.items() if m >= n), lower)   # bounded above by higher degrees' readings
+            floors[host_floor_key(dev, ph, n)] = lower = t
+    for dev in sorted({d for d, _, _ in readings}):
+        degrees = sorted({n for d, _, n in readings if d == dev})
+        for n in degrees:
+            fwd = host_floor_at(floors, dev, "fwd", n)
+            if fwd > 0:
+                floors[host_floor_key(dev, "bwd", n)] = max(host_floor_at(floors, dev, "bwd", n), fwd)
+        lower = 0.0     # (raised to the forward's, the backward's floor still grows with the degree)
+        for n in degrees:
+            key = host_floor_key(dev, "bwd", n)
+            if key in floors:
+                floors[key] = lower = max(floors[key], lower)
     return floors

@@ -1,9 +1,11 @@
 """Sailor's measured all-reduce curves inside a node (intra_node_bandwidths.json, read by sailor.read_allreduce_fits):
-how long a ring all-reduce of a message takes on them, and the alpha-beta link that matches them (the inventory
-entry of such a node)."""
+how long a ring all-reduce of a message takes on them, the alpha-beta link that matches them (the inventory
+entry of such a node), and the rates at which the fit set the measured layers' all-reduces apart."""
 from __future__ import annotations
 
 import math
+
+from .samples import tp_allreduce_key
 
 
 def sailor_allreduce_s(fits: dict, nbytes: float, n: int) -> float:
@@ -42,3 +44,21 @@ def fit_ring_allreduce(fits: dict, n: int, sizes, *, max_latency_us: float) -> t
         err += np.abs(np.log((2 * (n - 1) / n * s / bws[None, :] + 2 * (n - 1) * lats_us[:, None] * 1e-6) / t))
     i = int(err.argmin())       # the first least error, latency-major: the grid's order
     return float(bws[i % len(bws)]), float(lats_us[i // len(bws)])
+
+
+def sailor_set_apart_rates(layers: list) -> dict[str, tuple]:
+    """tp_allreduce_key -> ((message bytes, bus bandwidth in bytes/s), ...): the rate at which the fit set the TP
+    all-reduces of `layers` (sailor.SailorLayer, `tp_comm_s` set by sailor.with_tp_comm: Sailor's curve of the GPU,
+    or the layers' own rate where slower) apart, at every message size measured, the slowest where several rows
+    share one. The learned compute is each measurement less those all-reduces, so the planner adds them back at
+    these rates (LearnedCostModel.tp_link) where the node's link would run them faster."""
+    by: dict[str, dict[float, float]] = {}
+    for r in layers:
+        if r.shape.kind != "transformer" or r.shape.tp <= 1 or r.tp_comm_s <= 0:
+            continue
+        n = r.shape.tp
+        nbytes = float(r.shape.micro_batch * r.shape.seq * r.shape.hidden * r.dtype_bytes)
+        rate = 2 * (n - 1) / n * nbytes / (r.tp_comm_s / 2)
+        sizes = by.setdefault(tp_allreduce_key(r.device, n), {})
+        sizes[nbytes] = min(sizes.get(nbytes, math.inf), rate)
+    return {k: tuple(sorted(v.items())) for k, v in sorted(by.items())}

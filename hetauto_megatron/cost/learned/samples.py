@@ -197,9 +197,35 @@ H200_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path
 
 
 def host_floor_key(device: str, phase: str, tp: int) -> str:
-    """The host floor's key: at TP 1 the host issues no all-reduces (no NCCL calls, none of the TP regions'
-    bookkeeping), so a TP 1 pass and a TP > 1 pass have a floor each."""
-    return f"{device}|{phase}|{'tp1' if tp <= 1 else 'tp>1'}"
+    """The host floor's key: one per TP degree measured. At TP 1 the host issues no all-reduces (no NCCL calls, none
+    of the TP regions' bookkeeping); at TP n > 1 each all-reduce waits for the last of n ranks' hosts, so the floor
+    grows with the degree (sailor_host_floor.sailor_host_floors; `host_floor_at` reads a degree not measured)."""
+    return f"{device}|{phase}|tp{max(int(tp), 1)}"
+
+
+def host_floor_at(floors: dict, device: str, phase: str, tp: int) -> float:
+    """The host floor of a pass at TP degree `tp` from the floors measured per degree (`floors`: host_floor_key ->
+    seconds): the degree's own; else the nearest measured TP > 1 degree below it (the floor grows with the degree,
+    so that one is the most a degree above it is known to take at least), else the smallest above; else TP 1's (a
+    TP > 1 pass issues all a TP 1 pass does); 0 where none. A model fitted before the floors were kept per degree
+    holds "device|phase|tp>1" (or, before that, "device|phase"): read for every TP > 1 degree."""
+    tp = max(int(tp), 1)
+    hit = floors.get(host_floor_key(device, phase, tp))
+    if hit is not None:
+        return hit
+    one = floors.get(host_floor_key(device, phase, 1))
+    if tp == 1:
+        return floors.get(f"{device}|{phase}", 0.0) if one is None else one
+    head = f"{device}|{phase}|tp"
+    degrees = sorted(int(k[len(head):]) for k in floors if k.startswith(head) and k[len(head):].isdigit()
+                     and int(k[len(head):]) > 1)
+    below = [d for d in degrees if d < tp]
+    if below or degrees:
+        return floors[f"{head}{below[-1] if below else degrees[0]}"]
+    for legacy in (f"{device}|{phase}|tp>1", f"{device}|{phase}"):
+        if legacy in floors:
+            return floors[legacy]
+    return 0.0 if one is None else one
 
 
 def tp_allreduce_key(device: str, tp: int) -> str:
