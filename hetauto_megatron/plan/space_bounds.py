@@ -104,10 +104,11 @@ class SpaceBounds:
         larger of its cluster order's bound and the evaluator's own raised by the layer split's rules
         (`leaf_bound.split_lower_bound`; with `leaf_links`, by the boundaries' share of the period too). Cached:
         every climb asks it of the neighbours of its layouts."""
-        b = self._leaf_bounds.get(choices)
+        key = (choices, self.leaf_links)      # a space searched cold, then re-planned, keeps both kinds apart
+        b = self._leaf_bounds.get(key)
         if b is None:
             order = tuple(m.cluster for m in choices)
-            b = self._leaf_bounds[choices] = self.score(max(self.order_bound(order, True),
+            b = self._leaf_bounds[key] = self.score(max(self.order_bound(order, True),
                                                             split_lower_bound(ev, choices, self.leaf_links)),
                                                         choices)
         return b
