@@ -404,6 +404,13 @@ def test_the_end_of_iteration_sync_is_not_called_dp(capsys):
     assert abs(parts["tail_sync"]["seconds"] - 4 * 20.0) < 0.5, parts
     assert parts["dp_sync"]["seconds"] < 0.01, parts
     assert abs(sum(p["seconds"] for p in parts.values()) - breakdown["iteration_s"]) < 1e-6, parts
+    # the untied plan's tail sync is the norm alone, and the breakdown says so (the text on the part's line)
+    assert abs(breakdown["grad_norm_s"] - 4 * 20.0) < 0.5, breakdown
+    main(["explain", "--plan", os.path.join(root, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"),
+          "--inventory", os.path.join(root, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml"),
+          "--set", "link.cluster-a-cluster-b.latency_ms=20000", "--no-search"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "iteration-end sync" in x)
+    assert "(of which the global gradient norm 80.0" in line, line
 
 
 def test_what_ifs_leave_out_the_clusters_the_plan_excluded(tmp_path, capsys):

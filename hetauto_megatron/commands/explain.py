@@ -261,7 +261,7 @@ def _pct(x) -> str:
 
 def format_report(rep: dict) -> str:
     from ..plan.constraints import TIME_WEIGHT
-    from ..plan.explain import PART_NAMES
+    from ..plan.explain import PART_NAMES, grad_norm_note
     if rep.get("shape") == "pipelines":
         from ..plan.multi_explain import format_shapes_report
         return "\n".join([format_shapes_report(rep)] + _format_what_if(rep))
@@ -283,6 +283,8 @@ def format_report(rep: dict) -> str:
                 note += (f"; boundaries {', '.join(f'{x} -> {x + 1}' for x in bd['link_boundaries'])} together: "
                          f"{bd['link_boundaries_save_s']:.3f} s")
             note += ")"
+        if k == "tail_sync" and bd.get("grad_norm_s"):
+            note = grad_norm_note(bd["grad_norm_s"])
         out.append(f"  {PART_NAMES[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "") + note)
     out += ["", "memory headroom per stage (busiest device):",

@@ -4,7 +4,8 @@ One panel per timeline, stacked on the same time axis (predicted above measured)
 and per link direction between clusters. Forward and backward take their cluster's colour (backward
 darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black, the fixed per-iteration
 overhead olive, the gradient exchange across holders (its steps, the links it keeps busy: lanes of their own)
-dark red and hatched; idle time is left blank.
+dark red and hatched, the global gradient norm's all-reduce (a lane of its own) dark violet; idle time is left
+blank.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def cluster_colour(i: int) -> str:
     r, g, b = colorsys.hsv_to_rgb(h, 0.65, 0.75)
     return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
 KIND_COLOURS = {"send": "#9e9e9e", "receive": "#f4b6c2", "dp-sync": "#c44e52", "optimizer": "#222222",
-                "overhead": "#c8b560", "exchange": "#7f1d1d"}
+                "overhead": "#c8b560", "exchange": "#7f1d1d",
+                "norm": "#3b0f70"}
 
 
 def _darker(hex_colour: str, f: float = 0.6) -> tuple:
@@ -84,6 +86,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 Patch(color=KIND_COLOURS["dp-sync"], label="gradient sync: DP, across holders"),
                 Patch(facecolor=KIND_COLOURS["exchange"], hatch="////", edgecolor="white",
                       label="gradient exchange across holders"),
+                Patch(color=KIND_COLOURS["norm"], label="global gradient norm"),
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)

@@ -1,9 +1,9 @@
 """Timelines as Chrome / Perfetto traces (Trace Event Format, JSON): open in https://ui.perfetto.dev or
 chrome://tracing.
 
-One process per cluster (links between two clusters get their own process, and so does the gradient exchange
-across holders: a thread for its steps, one per link it keeps busy), one thread per lane (stage, rank or link
-direction). Every span is a complete event: {"name", "ph": "X", "ts", "dur", "pid", "tid",
+One process per cluster (links between two clusters get their own process, and so do the gradient exchange
+across holders: a thread for its steps, one per link it keeps busy; and the global gradient norm), one thread per
+lane (stage, rank or link direction). Every span is a complete event: {"name", "ph": "X", "ts", "dur", "pid", "tid",
 "cat", "args"}, times in microseconds. Process and thread names are metadata events ("ph": "M"), which also
 carry ts and dur (0) so that every event has the same six fields. Several timelines (predicted and measured)
 go into one file as separate process groups, named after their source.
@@ -16,22 +16,25 @@ from ..plan.timeline import Timeline
 
 # Chrome's reserved colour names per kind (Perfetto picks its own; Chrome's viewer honours these).
 _CNAME = {"forward": "good", "backward": "bad", "send": "grey", "receive": "yellow", "idle": "white",
-          "dp-sync": "terrible", "optimizer": "black", "overhead": "olive", "exchange": "thread_state_iowait"}
+          "dp-sync": "terrible", "optimizer": "black", "overhead": "olive", "exchange": "thread_state_iowait",
+          "norm": "rail_load"}
 
 
 def _label(span, lane) -> str:
     if span.label:
         return span.label
     what = {"forward": "F", "backward": "B", "send": "send", "receive": "receive", "idle": "idle",
-            "dp-sync": "DP sync", "optimizer": "optimizer", "overhead": "overhead", "exchange": "exchange"}[span.kind]
+            "dp-sync": "DP sync", "optimizer": "optimizer", "overhead": "overhead", "exchange": "exchange",
+            "norm": "global gradient norm"}[span.kind]
     if lane.kind == "link" and span.micro_batch is not None:
         what = "activation" if lane.name.startswith("activations") else "gradient"
     return f"{what} {span.micro_batch}" if span.micro_batch is not None else what
 
 
 def _process(group: str, kind: str) -> str:
-    """A process's name: its cluster, the link between two clusters, or the gradient exchange (named already)."""
-    return group if kind == "exchange" else f"{'link ' if '->' in group else 'cluster '}{group}"
+    """A process's name: its cluster, the link between two clusters, or the gradient exchange or norm (named
+    already)."""
+    return group if kind in ("exchange", "norm") else f"{'link ' if '->' in group else 'cluster '}{group}"
 
 
 def trace_events(timelines: list[Timeline]) -> list[dict]:

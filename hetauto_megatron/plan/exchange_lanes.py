@@ -1,8 +1,11 @@
-"""The gradient exchange across holders on a timeline: where the seconds `replica_sync_s` prices sit.
+"""The gradient exchange across holders and the global gradient norm on a timeline: where the seconds of the
+iteration-end sync (`sync_s`) sit.
 
 After the slowest pipeline's exposed DP reduction (`start`), every parameter several mesh stages hold is
-summed across them (plan/multi_simulate.py, priced by tail_costs.holders_sync_time), exposed in full: nothing
-overlaps it, and the global gradient norm, the optimizer step and the rest of the tail follow it. Its steps run
+summed across them (plan/multi_simulate.py, priced by tail_costs.holders_sync_time; in one pipeline of single
+meshes a tied embedding table whose first and last stages hold it, tail_costs.tied_table_blocks: the runtime's
+"pair" phase), exposed in full: nothing overlaps it, and the global gradient norm, the optimizer step and the
+rest of the tail follow it. Its steps run
 one after the other (tail_costs.holders_sync_steps: the gather phase, where pairs swap too; the
 scatter phase; the broadcasts inside every holder), each as long as its busiest resource. The timeline gets:
 
@@ -11,12 +14,15 @@ scatter phase; the broadcasts inside every holder), each as long as its busiest 
 - a lane per resource: each direction of an inventory link between clusters (`exchange link a->b`), each
   direction of a cluster's uplink where the inventory gives one, and each cluster's own network
   (`exchange inside a`: the root ranks' sends and receives inside the cluster, then the broadcasts inside its
-  holders), busy from a step's start for that resource's own seconds (the busiest fills the step).
+  holders), busy from a step's start for that resource's own seconds (the busiest fills the step);
+- after it, a lane `global gradient norm` (a process of its own in a trace) with one span: the all-reduce of one
+  scalar over every rank, as tail_costs.grad_norm_time prices it (the hops' latencies around gloo's ring).
 """
 from __future__ import annotations
 
 EXCHANGE = "gradient exchange"      # the lanes' `cluster` (one process of their own in a trace)
 STEPS = "gradient exchange across holders"     # the lane of its steps
+NORM = "global gradient norm"       # the norm's lane, and its `cluster` (a process of its own in a trace)
 
 
 def _resource_lane(res) -> str:
@@ -64,3 +70,16 @@ def exchange_spans(inventory, blocks, start: float, lanes: list, spans: list) ->
                 spans.append(Span(index[lane], "exchange", t, t + sec, label=f"{name}: {_mb(nbytes)}"))
         t += seconds
     return t
+
+
+def sync_spans(inventory, blocks, norm_s: float, ranks: int, start: float, lanes: list, spans: list) -> float:
+    """The iteration-end sync from `start`: the exchange across the holders' `blocks` (exchange_spans), then the
+    global norm's all-reduce over `ranks` ranks (`norm_s`: tail_costs.grad_norm_time) on its own lane (kind
+    "norm"); returns where the norm ends. No norm lane where it takes no time."""
+    from .timeline import Lane, Span
+    t = exchange_spans(inventory, blocks, start, lanes, spans)
+    if norm_s > 0:
+        lanes.append(Lane(NORM, NORM, "norm"))
+        spans.append(Span(len(lanes) - 1, "norm", t, t + norm_s,
+                          label=f"global gradient norm: all-reduce of one scalar over {ranks} ranks"))
+    return t + norm_s

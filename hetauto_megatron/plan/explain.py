@@ -117,7 +117,16 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             "boundary": link_at if worst == "link" else None, "slowest_stage": slow, "link_boundary": link_at,
             "link_boundary_saves_s": saved,
             # several boundaries that bind together (None where the one above saves at least half alone)
-            "link_boundaries": link_set, "link_boundaries_save_s": set_saves if link_set else None}
+            "link_boundaries": link_set, "link_boundaries_save_s": set_saves if link_set else None,
+            # of tail_sync, the global norm's all-reduce (the rest: the tied table's exchange; 0 where an older
+            # estimate does not say)
+            "grad_norm_s": min(_figure(estimate.get("grad_norm_s")), sync)}
+
+
+def grad_norm_note(seconds: float) -> str:
+    """The note on the breakdown line that holds the global norm's all-reduce (milliseconds: it is small)."""
+    shown = f"{1e3 * seconds:.3g} ms" if seconds < 1 else f"{seconds:.3f} s"
+    return f"  (of which the global gradient norm {shown})"
 
 
 def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str:

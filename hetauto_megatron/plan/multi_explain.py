@@ -37,6 +37,7 @@ def shapes_breakdown(est: dict) -> dict:
     worst = max(parts, key=parts.get)
     return {"parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "slowest_pipeline": slow,
+            "grad_norm_s": min(X._figure(est.get("grad_norm_s")), parts["rest"]),     # of the rest, the global norm
             "text": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
                     + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else "")}
 
@@ -62,7 +63,8 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) 
     return {"shape": "pipelines", "model": plan.model.name, "devices": plan.world_size,
             "pipelines": rows, "global_batch_size": plan.global_batch_size, "iteration_time_s": T,
             "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
-            "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline")}, "bottleneck": bd["text"],
+            "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline", "grad_norm_s")},
+            "bottleneck": bd["text"],
             "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens,
             "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
@@ -96,7 +98,8 @@ def format_shapes_report(rep: dict) -> str:
     bd = rep["breakdown"]
     for k, v in bd["parts"].items():
         out.append(f"  {PARTS[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
-                   + ("  <- bottleneck" if k == bd["bottleneck"] else ""))
+                   + ("  <- bottleneck" if k == bd["bottleneck"] else "")
+                   + (X.grad_norm_note(bd["grad_norm_s"]) if k == "rest" and bd.get("grad_norm_s") else ""))
     if rep.get("exchange_roots"):
         out.append(describe_roots(rep["exchange_roots"]))
     ch = rep.get("exchange_choices")

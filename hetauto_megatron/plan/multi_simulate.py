@@ -385,7 +385,7 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                    dp_exposed_s=max(res.pipelines, key=lambda t: t.before_sync).reduce_s + _gathers(
                        max(res.pipelines, key=lambda t: t.after_s)),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
-                   sync_s=res.replica_sync_s + res.grad_norm_s,
+                   sync_s=res.replica_sync_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "reduce_s": round(t.reduce_s, 6),

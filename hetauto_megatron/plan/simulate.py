@@ -67,6 +67,7 @@ class Estimate:
     dp_exposed_s: float               # DP synchronisation not hidden behind compute
     optimizer_s: float
     sync_s: float = 0.0               # tied table's holders' exchange + global-norm all-reduce (iteration tail)
+    grad_norm_s: float = 0.0          # of which the global-norm all-reduce (tail_costs.grad_norm_time)
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
     cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
@@ -83,7 +84,8 @@ class Estimate:
                 "tflops_per_device": round(self.tflops_per_device, 2), "mfu": round(self.mfu, 4),
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
-                "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s), "stages": self.stages,
+                "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s),
+                "grad_norm_s": r(self.grad_norm_s), "stages": self.stages,
                 "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {}),
                 **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {}),
                 **({"exchange_roots": self.exchange_roots} if self.exchange_roots else {})}
@@ -193,7 +195,9 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         bwd.append(b)
         mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
     # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
-    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links)
+    norm = tail_costs.grad_norm_time(inventory, choices)
+    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links,
+                                     tail_costs.iteration_sync_time(model, inventory, choices, profs, norm))
     overhead = _iteration_overhead(cost_model, profs)
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
         makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m, pipe.uplinks)
@@ -237,7 +241,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
                     dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],
-                    stages=stages, cost_model=sources, cost_model_why=why)
+                    grad_norm_s=norm, stages=stages, cost_model=sources, cost_model_why=why)
 
 
 def stage_schedule(stages: list[dict], links: list | None = None) -> dict:
@@ -301,6 +305,19 @@ def plan_boundaries(plan: Plan) -> list:
     overlapped depth (shapes.boundary_depth)."""
     m = plan.meshes
     return [boundary_depth([a], [b]) for a, b in zip(m, m[1:])] + [None]
+
+
+def tail_sync_terms(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None):
+    """(the inventory priced on, the holders' blocks for tail_costs.holders_sync_steps, the global norm's seconds)
+    of a plan of one pipeline of single meshes: the two terms its `sync_s` sums (tail_costs.iteration_sync_time:
+    a tied table held by the first and the last stage, none otherwise), as simulate prices them."""
+    engine = engine or plan.engine
+    inventory = inventory.with_precision(plan.precision)
+    choices = plan_choices(plan)
+    model = padded_model(plan.model, choices)
+    profs = _pipeline(model, inventory, choices, cost_model or _DEFAULT_COST, engine).profs
+    return (inventory, tail_costs.tied_table_blocks(model, choices, profs[0], profs[-1]),
+            tail_costs.grad_norm_time(inventory, choices))
 
 
 def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None) -> Estimate:

@@ -8,10 +8,11 @@ Lanes are pipeline stages, link directions, or (measured) ranks; spans are what 
     receive              waiting for data that is on its link (exposed communication);
     idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
     dp-sync, optimizer   the gradient synchronisation not hidden by compute (the DP reduction; where several
-                         stages hold a parameter, their exchange and the global norm), and the optimizer step;
+                         stages hold a parameter, their exchange; the global norm), and the optimizer step;
     overhead             the cost model's fixed per-iteration time (zeroing gradients, grad norm, logging);
     exchange             on the lanes of the gradient exchange across holders (plan/exchange_lanes.py): a step
-                         of it, or a link (uplink, cluster network) busy with it.
+                         of it, or a link (uplink, cluster network) busy with it;
+    norm                 on the lane of the global gradient norm: its all-reduce across every rank.
 `predicted_timeline` builds one from the simulator (plan/simulate.py and the event simulation of
 plan/pipeline.py; plan/multi_simulate.py for several pipelines or replica groups side by side);
 runtime/op_timing.py builds the measured one of a dry run. emit/trace.py writes either as a
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer", "overhead", "exchange")
+KINDS = ("forward", "backward", "send", "receive", "idle", "dp-sync", "optimizer", "overhead", "exchange", "norm")
 _EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}
 
 
@@ -29,7 +30,7 @@ _EVENT_KIND = {"F": "forward", "B": "backward", "send": "send", "recv": "receive
 class Lane:
     name: str                    # "stage 3", "activations a->b (3->4)", "rank 5 (stage 2)"
     cluster: str                 # the cluster it runs on; a link between clusters: "a -> b"
-    kind: str                    # "stage" | "link" | "rank" | "exchange" (cluster: "gradient exchange")
+    kind: str                    # "stage" | "link" | "rank" | "exchange" (cluster: "gradient exchange") | "norm"
     stage: int | None = None     # pipeline stage (stage and rank lanes), first stage of the boundary (links)
     inter_cluster: bool = False  # a link lane between two clusters
     pipeline: int = 0            # the plan's pipeline (several: plan format version 3)
@@ -64,9 +65,9 @@ class Timeline:
         return sum(s.duration for s in self.spans if s.lane == lane and s.kind in ("forward", "backward"))
 
 
-def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: list[Span]) -> None:
+def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: list[Span], label=None) -> None:
     if t1 - t0 > 1e-12:
-        out.append(Span(lane, kind, t0, t1))
+        out.append(Span(lane, kind, t0, t1, label=label))
 
 
 def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None,
@@ -77,8 +78,10 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     are drawn by _shapes_timeline (Megatron's engine runs those)."""
     if not plan.is_simple:
         return _shapes_timeline(plan, inventory, cost_model, title)
+    from .exchange_lanes import sync_spans
     from .explain import breakdown
-    from .simulate import simulate
+    from .simulate import simulate, tail_sync_terms
+    from .tail_costs import holders_sync_time
     engine = engine or plan.engine
     est = simulate(plan, inventory, cost_model, engine=engine).to_dict()
     st = est["stages"]
@@ -92,7 +95,9 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     link_lane = _link_lanes("", 0, [([s["cluster"]], i) for i, s in enumerate(st)], lanes)
     spans: list[Span] = []
     per_stage = _link_spans(events, link_lane, spans)
-    sync = est.get("sync_s", 0.0)      # the job-wide tied-table holders' / grad-norm exchange, on every stage
+    # the job-wide sync on every stage, as sync_s prices it: the tied table's holders' exchange (where its first
+    # and last stages hold it), then the global norm; lanes of their own show both (plan/exchange_lanes.py)
+    inv, blocks, norm = tail_sync_terms(plan, inventory, cost_model, engine)
     for i in range(p):
         t = 0.0
         for e in per_stage.get(i, []):         # F, B, send (held by a blocking send), recv (its input is on the link)
@@ -100,22 +105,25 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             spans.append(Span(i, _EVENT_KIND.get(e.kind, e.kind), e.start, e.end, e.micro_batch))
             t = max(t, e.end)
         _fill(spans, i, t, makespan, "idle", spans)
-    _tail_spans(spans, [(i, st[i], i) for i in range(p)], makespan, makespan, sync, tail_end, T)
+    start = _tail_spans(spans, [(i, st[i], i) for i in range(p)], makespan, makespan,
+                        (holders_sync_time(inv, blocks), norm), tail_end, T)
+    sync_spans(inv, blocks, norm, plan.world_size, start, lanes, spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
     return Timeline(name, lanes, spans, T, clusters, "predicted")
 
 
-def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> None:
+def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> float:
     """The tail of one pipeline's lanes [(lane, estimate row, stage)] as the runtime runs it and the iteration time
     counts it (tail_costs.iteration_tail): each lane's exposed DP reduction after `makespan`, the wait for the
-    slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (holders' exchange, global norm),
-    the optimizer step (and a gather not overlapped), then the parameter gathers of the next iteration's first
-    forwards, one stage after the other along the pipeline (each waits for its input, so they add up), then the
-    fixed overhead."""
+    slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (`sync`: the holders' exchange and
+    the global norm, seconds; each a span of its own, named), the optimizer step (and a gather not overlapped),
+    then the parameter gathers of the next iteration's first forwards, one stage after the other along the
+    pipeline (each waits for its input, so they add up), then the fixed overhead. Returns where the sync starts."""
     exchange = max([exchange] + [makespan + row.get("dp_reduce_s", 0.0) for _, row, _ in lanes])
-    synced = exchange + sync
+    exchanged = exchange + sync[0]
+    synced = exchanged + sync[1]
     stepped = synced + max(row.get("optimizer_s", 0.0) + row.get("gather_step_s", 0.0) for _, row, _ in lanes)
     chain, at = {}, stepped          # per stage: when its gather starts (after the stages before it gathered)
     for stage in sorted({s for _, _, s in lanes}):
@@ -128,10 +136,14 @@ def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> None:
         g = c(o + row.get("gather_step_s", 0.0))
         f0 = c(chain[stage])
         f1 = c(f0 + row.get("gather_fill_s", 0.0))
-        for kind, t0, t1 in (("dp-sync", makespan, r), ("idle", r, c(exchange)), ("dp-sync", c(exchange), c(synced)),
-                             ("optimizer", c(synced), o), ("dp-sync", o, g), ("idle", g, f0), ("dp-sync", f0, f1),
-                             ("idle", f1, tail_end), ("overhead", tail_end, T)):
-            _fill(spans, lane, t0, t1, kind, spans)
+        for kind, t0, t1, label in (
+                ("dp-sync", makespan, r, None), ("idle", r, c(exchange), None),
+                ("dp-sync", c(exchange), c(exchanged), "gradient exchange across holders"),
+                ("dp-sync", c(exchanged), c(synced), "global gradient norm"), ("optimizer", c(synced), o, None),
+                ("dp-sync", o, g, None), ("idle", g, f0, None), ("dp-sync", f0, f1, None),
+                ("idle", f1, tail_end, None), ("overhead", tail_end, T, None)):
+            _fill(spans, lane, t0, t1, kind, spans, label)
+    return exchange
 
 
 def _link_spans(events, link_lane: dict, spans: list[Span]) -> dict[int, list]:
@@ -204,8 +216,8 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
     has, so a faster group computes for its own time and then waits (idle). After its pipeline drained, each lane
     shows its own DP reduction, waits for the slowest pipeline, then the gradient exchange across the holders of
     each parameter and the global gradient norm (dp-sync), its optimizer step and the fixed overhead. Lanes of
-    their own show that exchange's steps and the links it keeps busy (plan/exchange_lanes.py)."""
-    from .exchange_lanes import exchange_spans
+    their own show that exchange's steps, the links it keeps busy and the norm (plan/exchange_lanes.py)."""
+    from .exchange_lanes import sync_spans
     from .multi_simulate import price_shapes, shapes_of
     from .simulate import _DEFAULT_COST, check_plan_against_inventory
     check_plan_against_inventory(plan, inventory)
@@ -245,8 +257,8 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                     now = max(now, end)
                 _fill(spans, lane, now, t.makespan, "idle", spans)
         _tail_spans(spans, [(lane, row, i) for i, group_lanes in stage_lanes.items() for lane, row in group_lanes],
-                    t.makespan, exchange, res.replica_sync_s + res.grad_norm_s, tail_end, T)
-    exchange_spans(inventory, res.extra["holders"], exchange, lanes, spans)
+                    t.makespan, exchange, (res.replica_sync_s, res.grad_norm_s), tail_end, T)
+    sync_spans(inventory, res.extra["holders"], res.grad_norm_s, plan.world_size, exchange, lanes, spans)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
     per = [len({r["stage"] for r in t.stages}) for t in res.pipelines]     # each pipeline's own stages
