@@ -72,24 +72,31 @@ def one_device_plan(device_type: str, model: dict, mbs: int, recompute: str, gbs
 
 
 # ---- 1. on the device ------------------------------------------------------------------------------------------
+def saved_bytes(fn):
+    """(fn(), the storage bytes of every tensor autograd saves for the backward pass while it runs, once per save).
+    Not runtime/memory_meter.py's SavedTensorMeter, which counts each storage once: the recorded facts count per
+    save."""
+    import torch
+
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.untyped_storage().nbytes()) or t,
+                                                  lambda t: t):
+        out = fn()
+    return out, sum(saved)
+
+
 def _device_facts(rank: int, world_size: int) -> dict:
     """What the layers that run on this device keep for the backward pass where torch picks the kernel."""
     import torch
 
     x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.untyped_storage().nbytes()) or t,
-                                                  lambda t: t):
-        y = torch.nn.functional.rms_norm(x, (64,), w)
-    ln_saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: ln_saved.append(t.untyped_storage().nbytes()) or t,
-                                                  lambda t: t):
-        z = torch.nn.functional.layer_norm(x, (64,), w)
+    y, rms_saved = saved_bytes(lambda: torch.nn.functional.rms_norm(x, (64,), w))
+    z, ln_saved = saved_bytes(lambda: torch.nn.functional.layer_norm(x, (64,), w))
     return {"torch": torch.__version__, "device_name": torch.cuda.get_device_name(),
-            "layer_norm_grad_fn": type(z.grad_fn).__name__, "layer_norm_saved_bytes": sum(ln_saved),
+            "layer_norm_grad_fn": type(z.grad_fn).__name__, "layer_norm_saved_bytes": ln_saved,
             "device_memory": torch.cuda.get_device_properties(0).total_memory,
-            "rms_norm_grad_fn": type(y.grad_fn).__name__, "rms_norm_saved_bytes": sum(saved)}
+            "rms_norm_grad_fn": type(y.grad_fn).__name__, "rms_norm_saved_bytes": rms_saved}
 
 
 def _train_with_breakdown(rank: int, world_size: int, plan, steps: int) -> dict:

@@ -37,7 +37,8 @@ from .leaf_bound import LeafBound
 from .memory_caps import CapTable
 from .pipeline import estimate_1f1b
 from .plan import RECOMPUTE_MODES
-from .engines import DEFAULT_ENGINE, ENGINES, as_run_by, selective_runs
+from .engines import DEFAULT_ENGINE, ENGINES, selective_runs
+from .settings import settings_as_run
 from .shapes import uniform_topology_gaps
 from .shared_uplinks import contended
 from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, num_micro_batches, padded_model
@@ -81,7 +82,6 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         self._stage_terms: dict = {}    # (profile, layers, first, last) -> DP collectives, optimizer step
         self._syncs: dict = {}
         self._rings: dict = {}          # (cluster, ranks) per mesh -> the global-norm all-reduce
-        self._settings: dict = {}
         self._clusters = {c.name: c for c in inventory.clusters}
         # no cluster with an uplink: pipeline_uplinks would build every stage's profile list to say None, once per
         # layout (7 % of a 20-cluster chain's search)
@@ -117,13 +117,8 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         return prof
 
     def settings(self, c: MeshChoice):
-        """The mesh's settings as the engine runs them, one object per (TP, overrides): resolving them builds
-        and validates settings objects (~7 us, a fifth of a new profile), and one object hashes once."""
-        key = (c.tp, c.setting_overrides)
-        out = self._settings.get(key)
-        if out is None:
-            out = self._settings[key] = as_run_by(c.settings, self.engine)
-        return out
+        """The mesh's settings as the engine runs them (settings.py `settings_as_run`)."""
+        return settings_as_run(c.tp, c.setting_overrides, self.engine)
 
     def segment(self, c: MeshChoice, pm: ModelSpec, to_end: int, m: int, first: bool, last: bool):
         """(profile, per-layer time, fixed time, memory cap) of each stage of mesh `c`, whose first stage is

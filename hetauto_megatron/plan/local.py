@@ -130,13 +130,8 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
         # (the tree's rule): DP 128 x 4 stages -> DP 64 x 8 in one step, which the moves above (stages +-1 or
         # halved, DP absorbed with the devices of half the stages idle) would need several climbs for
         if all(m.dp * S2 % S == 0 for m in choices):
-            refit, before, taken = [], 0, 0
-            for i, m in enumerate(choices):
-                r = replace(space.mesh(m.cluster, m.tp, m.dp * S2 // S, S2, before, len(choices) - i - 1, taken),
-                            recompute=m.recompute)
-                before, taken = before + r.num_stages, taken + r.tp * r.dp * r.num_stages
-                refit.append(r)
-            out.append(tuple(refit))
+            refit = space.refit([(m.cluster, m.tp, m.dp * S2 // S) for m in choices], S2)
+            out.append(tuple(replace(r, recompute=m.recompute) for r, m in zip(refit, choices)))
         # or one mesh takes another shape at the new S (stages as its devices allow, as the tree gives them)
         # while the others absorb the change in their micro-batch: the TP/DP move across an S step
         if all(S2 > S or m.micro_batch_size % 2 == 0 for m in choices):

@@ -67,12 +67,8 @@ def _warm_chain(meshes: list, space: SearchSpace) -> list[tuple]:
     if S not in space.samples or any(m.samples_per_step != S for m in kept):
         return []
     as_was = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size, AUTO, len(m.stage_layers)) for m in kept)
-    out, before = [], 0
-    refit = []
-    for i, m in enumerate(kept):
-        refit.append(space.mesh(m.cluster, m.tp, m.dp, S, before, len(kept) - i - 1))
-        before += refit[-1].num_stages
-    for layout in (as_was, tuple(refit)):
+    out = []
+    for layout in (as_was, space.refit([(m.cluster, m.tp, m.dp) for m in kept], S)):
         if space.legal(layout) and layout not in out:
             out.append(layout)
     return out

@@ -20,8 +20,8 @@ from . import costing, link_costs, memory_fit, shared_uplinks, tail_costs
 from .deepspeed_schedule import deepspeed_transfer_time, partition_gather_time, partitioned_passes, simulate_deepspeed
 from .pipeline import memory_terms, simulate_1f1b
 from .plan import Plan
-from .engines import DEFAULT_ENGINE, ENGINES, as_run_by, recompute_as_run_by
-from .settings import resolve_settings
+from .engines import DEFAULT_ENGINE, ENGINES, recompute_as_run_by
+from .settings import resolve_settings, settings_as_run
 from .vocab_padding import model_padded_vocab_size
 from .shapes import boundary_depth
 from .staged_pieces import boundary_staging
@@ -120,13 +120,13 @@ class Pipeline:
 
 def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGINE) -> Pipeline:
     """Profiles and boundary links for the stage list of `choices` (pipeline order); each mesh's settings as
-    `engine` runs them (engines.py `as_run_by`), and so its recomputation (`recompute_as_run_by`)."""
+    `engine` runs them (settings.py `settings_as_run`), and so its recomputation (`recompute_as_run_by`)."""
     profs, owners = [], []
     for mi, c in enumerate(choices):
         cl = inventory.cluster(c.cluster)
         recompute = recompute_as_run_by(c.recompute, engine)
         prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, recompute, cost_model,
-                                     as_run_by(c.settings, engine))
+                                     settings_as_run(c.tp, c.setting_overrides, engine))
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)

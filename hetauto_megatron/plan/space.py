@@ -140,6 +140,17 @@ class SearchSpace(SpaceBounds):
             if stages is None else stages
         return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
 
+    def refit(self, shapes, samples: int) -> tuple:
+        """Meshes of the given (cluster, TP, DP), in pipeline order, at `samples` per step, each with the stages the
+        tree gives it (`mesh`: as many as its devices allow after the meshes before it): an old chain of meshes
+        fitted again (a re-plan's warm start on what is left, the local search's move across an S step)."""
+        out, before, taken = [], 0, 0
+        for i, (cluster, tp, dp) in enumerate(shapes):
+            m = self.mesh(cluster, tp, dp, samples, before, len(shapes) - i - 1, taken)
+            before, taken = before + m.num_stages, taken + m.tp * m.dp * m.num_stages
+            out.append(m)
+        return tuple(out)
+
     def most_stages(self, cluster: str, tp: int, dp: int, samples: int, stages_before: int, meshes_after: int = 0,
                     devices_before: int = 0) -> int:
         """The stages a mesh's devices allow (within --max-devices), leaving one stage for each mesh after it."""

@@ -24,8 +24,7 @@ from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
 from .constraints import bound_under_floor, devices_by_cluster, floor_ceiling, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
-from .engines import as_run_by
-from .settings import default_settings
+from .settings import settings_as_run
 
 # The compute bound assumes no layer beats the analytic model's peak GEMM efficiency; a learned model may
 # predict a little faster, so the bound used for pruning keeps a margin.
@@ -352,9 +351,6 @@ class SpaceBounds:
         return t
 
     def settings_of(self, tp: int):
-        """A mesh's default settings as the engine planned for runs them (what the evaluator prices)."""
-        key = ("settings", tp)
-        t = self._fits.get(key)
-        if t is None:
-            t = self._fits[key] = as_run_by(default_settings(tp), self.engine)
-        return t
+        """A mesh's default settings as the engine planned for runs them (what the evaluator prices a mesh
+        without overrides with: settings.py `settings_as_run`)."""
+        return settings_as_run(tp, (), self.engine)
