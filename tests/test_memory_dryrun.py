@@ -25,6 +25,10 @@ import yaml
 from hetauto_megatron.cli import main
 
 ACTIVATIONS_TOLERANCE = 0.10
+# Overlapped boundaries' tensors (messages held, pieces, sends in flight) are priced as the runtime holds them: those
+# runs' activations within 1 % (what is left: the dry run's causal mask and rope table, 1,280 bytes at most, kept
+# by unfused attention and checkpoints once per rank and not priced)
+BOUNDARY_TOLERANCE = 0.01
 TOTAL_TOLERANCE = 0.10
 DROPOUT = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 GRID_PLAN = {
@@ -57,7 +61,7 @@ def grid_memory(tmp_path_factory):
     return report["memory"]
 
 
-def _check(rows):
+def _check(rows, activations=ACTIVATIONS_TOLERANCE):
     worst = []
     # the state is exact: weights and gradient buffer on every rank, the optimizer's shard on the busiest DP rank
     # of each stage (the others' pieces of the buffer hold more of its padding)
@@ -71,7 +75,7 @@ def _check(rows):
         for part in ("weights", "gradients"):
             assert g[part] == p[part], (where, part, p[part], g[part])
         assert busiest[(r.get("pipeline"), r["mesh"], r["stage"])] == p["optimizer"], (where, p, busiest)
-        assert g["activations"] == pytest.approx(p["activations"], rel=ACTIVATIONS_TOLERANCE), \
+        assert g["activations"] == pytest.approx(p["activations"], rel=activations), \
             (where, "activations", p["activations"], g["activations"])
         assert g["total"] == pytest.approx(p["total"], rel=TOTAL_TOLERANCE), (where, "total", p["total"], g["total"])
         # cross-check: what the allocator saw the step allocate covers the saved tensors
@@ -123,7 +127,7 @@ def test_full_recomputation_behind_an_overlapped_boundary_within_10_percent(tmp_
     assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["memory"]
     assert [(r["tp"], r["recompute"]) for r in rows] == [(1, "full")] * 2 + [(2, "full")] * 2
-    _check(rows)
+    _check(rows, BOUNDARY_TOLERANCE)
 
 
 def test_the_grids_dropout_is_more_than_the_tolerance():
@@ -207,7 +211,8 @@ OVERLAPPED_PLAN = {
 
 def test_overlapped_boundary_buffers_are_measured(tmp_path):
     """Both sides of an overlapped boundary hold messages posted ahead into their own buffers (the model's boundary
-    buffers, in the predicted activations); the meter counts them while they wait to be taken. Before,
+    buffers, in the predicted activations); the meter counts them while they wait to be taken, and on CPU the
+    sends in flight, which keep the tensors they send. Before it counted messages,
     it saw only autograd's saved tensors: the embedding-only stage measured 2 of 34 KiB (-32.7 % in total)."""
     path = tmp_path / "overlapped.yaml"
     path.write_text(yaml.safe_dump(OVERLAPPED_PLAN))
@@ -216,7 +221,12 @@ def test_overlapped_boundary_buffers_are_measured(tmp_path):
         assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
     rows = json.loads(buf.getvalue())["memory"]
     assert [r["in_flight"] for r in rows] == [4, 1]
-    _check(rows)
+    # what the embedding-only stage holds, counted from the runtime's rules: its 4 gradients received (the link
+    # posts d + 1 = 3 ahead and the next while it takes one) and its last d + 2 = 4 activations sent, which gloo
+    # reports complete only once waited for, each its own (16 x 4 x 32) fp32 tensor on CPU. Before the meter
+    # followed sends in flight it measured the first 4 alone (34,816 bytes: -48.5 % against 67,584 now)
+    assert rows[0]["measured"]["activations"] >= 8 * 16 * 4 * 32 * 4
+    _check(rows, BOUNDARY_TOLERANCE)
 
 
 def test_overlapped_boundary_deeper_than_the_step_within_the_tolerances(tmp_path, capsys):
@@ -236,7 +246,27 @@ def test_overlapped_boundary_deeper_than_the_step_within_the_tolerances(tmp_path
     assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["memory"]
     assert [r["in_flight"] for r in rows] == [2, 2, 1]
-    _check(rows)
+    _check(rows, BOUNDARY_TOLERANCE)
+
+
+def test_sends_in_flight_after_an_overlapped_boundary_within_the_tolerances(tmp_path, capsys):
+    """A receiving mesh of two stages after an overlapped boundary of depth 2, 8 micro-batches: its first stage
+    (2 in flight) sends a gradient back after each backward, and gloo reports a send complete only once it is
+    waited for, so the link keeps its last d + 2 = 4 and each keeps its tensor on CPU: a send replaces a
+    message ahead until the d + 1 = 3 ahead run out, 6 boundary tensors at most, not the 3 messages ahead; the
+    stage before holds its last 4 activations sent beside its 4 gradients. With the sends measured but not
+    priced, these two stages' activations were predicted 3.2 % and 1.8 % below what they measured."""
+    m = {"device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 2, "recompute": "none"}
+    plan = {**GRID_PLAN, "model": {**GRID_PLAN["model"], "num_layers": 8}, "global_batch_size": 16,
+            "meshes": [{**m, "cluster": "a", "stage_layers": [2, 2],
+                        "boundary": {"schedule": "overlapped", "depth": 2}},
+                       {**m, "cluster": "b", "stage_layers": [2, 2]}]}
+    path = tmp_path / "sends.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["memory"]
+    assert [r["in_flight"] for r in rows] == [6, 5, 2, 1]
+    _check(rows, BOUNDARY_TOLERANCE)
 
 
 def test_received_pieces_of_overlapped_boundaries_within_the_tolerances(tmp_path, capsys):
@@ -257,7 +287,7 @@ def test_received_pieces_of_overlapped_boundaries_within_the_tolerances(tmp_path
     assert main(["dryrun", "--plan", str(path), "--tiny", "--steps", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["memory"]
     assert [(r["dp"], r["in_flight"]) for r in rows] == [(1, 3), (2, 3), (2, 3), (1, 1)]
-    _check(rows)
+    _check(rows, BOUNDARY_TOLERANCE)
 
 
 def test_a_gpt_family_model_within_the_tolerances(tmp_path, capsys):

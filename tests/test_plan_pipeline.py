@@ -4,7 +4,8 @@ import random
 import pytest
 
 from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed
-from hetauto_megatron.plan.pipeline import estimate_1f1b, memory_terms, simulate_1f1b, warmup_counts, warmup_forwards
+from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b, warmup_counts, warmup_forwards
+from hetauto_megatron.plan.pipeline_memory import memory_terms
 from helpers import random_pipeline, shared_uplinks_draw
 from pipeline_reference import reference_makespan
 
@@ -185,7 +186,12 @@ def test_a_plans_overlapped_boundaries_set_warm_up_and_memory():
     assert layout.warmup_forwards == warmup_forwards(4, [0, 2, 0]) == (5, 4, 1, 0)   # 1F1B's p - s - 1, plus 2
     assert warmup_counts(4, 3, [0, 2, 0]) == (3, 3, 1, 0)    # never more than the micro-batches
     assert layout.num_micro_batches == 8
-    assert layout.memory_terms == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == ([6, 5, 2, 1], [0, 4, 3, 0])
+    assert layout.memory_terms_on(lambda mesh: False) == memory_terms(4, 8, [True, False, True], [0, 2, 0]) == \
+        ([6, 5, 2, 1], [0, 4, 3, 0])
+    # on CPU processes each side also holds its sends in flight (plan/pipeline_memory.py side_buffers): the side before its
+    # last d + 2 = 4 activations, the side after (2 in flight, 6 messages left) min(6, 2d + 3) messages ahead and
+    # gradients sent together
+    assert layout.memory_terms == ([6, 5, 2, 1], [0, 8, 6, 0])
 
 
 def test_closed_form_never_undercuts_the_event_simulation():

@@ -227,8 +227,9 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     runs (plan.vocab_padding.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary beyond its
-    activations: the messages it has received ahead (plan/pipeline.py `boundary_buffers` counts them; not the one
-    it runs on, its input, which the activations count). `overhead`: the device's
+    activations: the messages it has received ahead, their pieces and, on CPU, its sends in flight
+    (plan/pipeline_memory.py `side_buffers` counts them; not the one it runs on, its input, which the activations
+    count). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
     `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds

@@ -14,7 +14,7 @@ from operator import le
 
 from ..spec.model import ModelSpec
 from .overlap import Priced, choose_depths
-from .pipeline import boundary_buffers, staged_buffers
+from .pipeline_memory import side_buffers
 from .split import split_layers
 from .staged_pieces import boundary_staging
 
@@ -23,7 +23,7 @@ class OverlapPricing:
     """Overlapped boundaries of `LayoutEvaluator` (plan/evaluator.py)."""
 
     def _depth_caps(self, cur: tuple, pm: ModelSpec, cross: list, depths: list, m: int):
-        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline.memory_terms'
+        """Memory caps per stage with overlapped boundaries of the given per-mesh depths (pipeline_memory.memory_terms'
         rule: the extra warm-up forwards in flight, the messages each side holds received ahead, `boundary_buffers`)
         -> (caps, depth per boundary), mesh by mesh. A mesh's stages all see the depths of the boundaries from its
         own last one on (A), so stage j of a mesh starting `to_end` stages from the end holds min(to_end - j + A, m)
@@ -46,8 +46,8 @@ class OverlapPricing:
                 after += d_out
             prof = self.profile(c, pm)
             # the shares of a message its end stages receive in pieces (plan/staged_pieces.py; CPU only)
-            grad_in = 0.0 if d_out is None else self._staged(prof, self.profile(cur[mi + 1], pm), pm)[0]
-            act_in = 0.0 if d_in is None else self._staged(self.profile(cur[mi - 1], pm), prof, pm)[1]
+            grad_in = None if d_out is None else self._staged(prof, self.profile(cur[mi + 1], pm), pm)
+            act_in = None if d_in is None else self._staged(self.profile(cur[mi - 1], pm), prof, pm)
             # a mesh's caps depend on these alone: remembered, as the search moves one decision at a time
             key = (c, pm.vocab_size, to_end, after, m, d_in, d_out, start == 0, to_end == k, grad_in, act_in)
             seg = self._depth_segments.get(key)
@@ -56,10 +56,8 @@ class OverlapPricing:
                 for j in {0, k - 1}:
                     i = start + j
                     f = min(to_end - j + after, m)      # the stage's in-flight micro-batches
-                    buf = (boundary_buffers(d_in, m, f) + staged_buffers(d_in, m, act_in, f)
-                           if j == 0 and d_in is not None else 0) + \
-                          (boundary_buffers(d_out, m) + staged_buffers(d_out, m, grad_in)
-                           if j == k - 1 and d_out is not None else 0)
+                    buf = (side_buffers(d_in, m, act_in, f) if j == 0 and d_in is not None else 0) + \
+                          (side_buffers(d_out, m, grad_in) if j == k - 1 and d_out is not None else 0)
                     if buf or i == 0 or i == p - 1:
                         seg[j] = self.cap_table(pm, prof, i == 0, i == p - 1).cap(f, buf)
                 seg = self._depth_segments[key] = tuple(seg)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..spec.devices import get_device
-from .pipeline import memory_terms, warmup_forwards
+from .pipeline import warmup_forwards
+from .pipeline_memory import memory_terms
 from .shapes import boundary_depth
-from .staged_pieces import boundary_staging
+from .staged_pieces import BoundarySides, boundary_staging
 
 
 @dataclass(frozen=True)
@@ -81,18 +82,20 @@ class PipelineLayout:
     @cached_property
     def memory_terms(self) -> tuple[list, list]:
         """(in-flight micro-batches, boundary buffers) per stage, as the planner's memory model prices them
-        (plan/pipeline.py `memory_terms`), received pieces priced where the receiving mesh's devices are CPUs."""
+        (plan/pipeline_memory.py `memory_terms`), received pieces and sends in flight priced where a side's devices are
+        CPUs."""
         return self.memory_terms_on(lambda mesh: get_device(mesh.device_type).vendor == "cpu")
 
     def memory_terms_on(self, on_cpu) -> tuple[list, list]:
         """`memory_terms` with `on_cpu(mesh)` saying where a mesh's processes run on CPU (the dry run: all of
-        them), where the pieces an overlapped boundary receives are the same memory (plan/staged_pieces.py)."""
+        them), where the pieces an overlapped boundary receives and the blocks it sends are the same memory
+        (plan/staged_pieces.py)."""
         depths = self.boundary_depths
         meshes, seq = self.plan.meshes, self.plan.model.seq_length
         staged = []
         for s, d in enumerate(depths):
             if d is None:
-                staged.append((0.0, 0.0))
+                staged.append(BoundarySides())
                 continue
             (a, _), (b, _) = self.stages[s][0], self.stages[s + 1][0]   # one mesh each side where overlapped
             before, after = meshes[a], meshes[b]

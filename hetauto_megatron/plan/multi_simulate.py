@@ -43,11 +43,12 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, tail_costs
 from .exchange_roots import exchange_weights
-from .pipeline import memory_terms, simulate_1f1b
+from .pipeline import simulate_1f1b
+from .pipeline_memory import memory_terms
 from .vocab_padding import model_padded_vocab_size
 from .shapes import boundary_depth
 from .shared_uplinks import boundary_uplinks, to_row
-from .staged_pieces import boundary_staging
+from .staged_pieces import BoundarySides, boundary_staging
 from .simulate import Estimate
 
 
@@ -198,7 +199,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
         flows.append(flow)
         # an overlapped boundary joins one mesh each side: the pieces it receives (plan/staged_pieces.py)
         pa, pb = a.groups[0][2], b.groups[0][2]
-        staged.append((0.0, 0.0) if d is None else
+        staged.append(BoundarySides() if d is None else
                       boundary_staging(pa, pb, model.seq_length, pa.cluster.device.vendor == "cpu",
                                        pb.cluster.device.vendor == "cpu"))
     # a cluster at two of this pipeline's boundaries: its uplink carries both (plan/shared_uplinks.py)

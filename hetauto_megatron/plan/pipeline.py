@@ -106,61 +106,6 @@ def warmup_counts(p: int, m: int, depth=None) -> tuple[int, ...]:
     return tuple(min(m, w) for w in warmup_forwards(p, depth))
 
 
-def memory_terms(p: int, m: int, blocking, depth, staged=None) -> tuple[list, list]:
-    """(in-flight micro-batches, boundary buffers) per stage, what the memory model prices and the dry run
-    predicts. 1F1B holds w_i + 1 micro-batches on stage i (its warm-up forwards and the one it runs); an overlapped
-    boundary of depth d adds the messages its sides hold received ahead at their peaks (`boundary_buffers`):
-    min(d + 2, m) gradients on the side before it; on the side after it the activations ahead of its input,
-    min(d + 1, m - its in-flight micro-batches).
-    `p`: stages; `blocking`, `depth`: per boundary; `staged`: per boundary (or None), the shares of a message
-    each side receives in pieces of its own (plan/staged_pieces.py; 0 off CPU), priced by `staged_buffers`."""
-    in_flight = [min(w + 1, m) for w in warmup_counts(p, m, depth)]
-    buffers = [0] * p
-    for l, (blk, d) in enumerate(zip(blocking, depth)):
-        if not blk:
-            before, after = staged[l] if staged is not None else (0.0, 0.0)
-            buffers[l] += boundary_buffers(d, m) + staged_buffers(d, m, before)
-            f = in_flight[l + 1]
-            buffers[l + 1] += boundary_buffers(d, m, f) + staged_buffers(d, m, after, f)
-    return in_flight, buffers
-
-
-def boundary_buffers(d: int, m: int, in_flight: int | None = None) -> int:
-    """Boundary tensors a side of an overlapped boundary of depth d holds at its peak beyond its activations, in a
-    step of m micro-batches: the messages it receives (runtime/cross_link.py `CrossLink.receive`), each posted
-    ahead into a buffer of its own until the stage takes it. The link keeps d + 1 messages posted ahead (no more
-    than the step has left) and, while it takes one, posts the next: d + 2 held at once.
-    The side receiving gradients (`in_flight` None: the stage before the boundary) takes its first gradient right
-    after a forward, its activations at their peak, and the one taken is no activation of its own: min(d + 2, m)
-    (a step has only m messages: the dry run's sender measured min(d + 2, m), depth 3 over 3 micro-batches held 3,
-    not the 5 priced).
-    The side receiving activations (`in_flight`: the micro-batches the stage holds at its peak, memory_terms')
-    holds fewer. The message it takes is its input, the very storage its first layer (or a head-only stage's
-    final norm) keeps, which its activations price already; and it reaches its peak right after the forward of
-    its in_flight-th message, when min(d + 1, m - in_flight) are left ahead (each take before it trades one
-    message ahead for a micro-batch's activations, which hold at least that input). Priced min(d + 2, m), the
-    dry run measured one boundary tensor less on a head-only last stage at depths 0 to 3 over 1 to 6
-    micro-batches, TP 1 and 2, with and without sequence parallelism, DP 1 and 2 (+8.9 % to +16.5 % of its
-    activations), and m - in_flight less on the first stage of a receiving mesh of several stages
-    (min(d + 1, m - 1) was one tensor over at depth 2 over 4 micro-batches with 2 in flight, two at depth 1 over
-    3 with 3 in flight)."""
-    if in_flight is None:
-        return min(d + 2, m)
-    return max(0, min(d + 1, m - in_flight))
-
-
-def staged_buffers(d: int, m: int, share: float, in_flight: int | None = None) -> float:
-    """Boundary tensors' worth of received pieces (plan/staged_pieces.py) a side of an overlapped boundary of depth
-    d holds, `share` of each message it receives arriving in them: every message held until taken keeps its
-    pieces, so as many messages' as `boundary_buffers(d, m, in_flight)` counts on that side (`in_flight`: None on
-    the side receiving gradients). The taken one's pieces are gone once it is copied into the stage's input (the
-    dry run measured d + 2 messages' pieces on an embedding-only stage receiving gradients, and d + 1 on a
-    head-only stage receiving activations, its peak in the head's backward)."""
-    if not share:
-        return 0.0
-    return share * boundary_buffers(d, m, in_flight)
-
-
 def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[tuple[str, int]]:
     warm = min(p - stage - 1, m) if warm is None else warm
     ops = [("F", j) for j in range(warm)]

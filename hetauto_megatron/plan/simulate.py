@@ -18,13 +18,14 @@ from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, link_costs, memory_fit, shared_uplinks, tail_costs
 from .deepspeed_schedule import deepspeed_transfer_time, partition_gather_time, partitioned_passes, simulate_deepspeed
-from .pipeline import memory_terms, simulate_1f1b
+from .pipeline import simulate_1f1b
+from .pipeline_memory import memory_terms
 from .plan import Plan
 from .engines import DEFAULT_ENGINE, ENGINES, recompute_as_run_by
 from .settings import resolve_settings, settings_as_run
 from .vocab_padding import model_padded_vocab_size
 from .shapes import boundary_depth
-from .staged_pieces import boundary_staging
+from .staged_pieces import BoundarySides, boundary_staging
 
 _DEFAULT_COST = AnalyticCostModel()
 
@@ -104,7 +105,7 @@ class Pipeline:
                                     # overlaps (plan/staged_pieces.py: CPU processes only); None: none
 
     def memory_terms(self, m: int, depths) -> tuple[list, list]:
-        """pipeline.memory_terms of this stage list with the per-mesh boundary depths (None: blocking)."""
+        """pipeline_memory.memory_terms of this stage list with the per-mesh boundary depths (None: blocking)."""
         blocking, depth = self.boundary_schedule(depths)
         return memory_terms(len(self.profs), m, blocking, depth, self.staged)
 
@@ -153,7 +154,7 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
         latency.append(min(link.latency_s, links[-1]))
         cross.append(a.cluster != b.cluster)
     staged = [boundary_staging(profs[i], profs[i + 1], model.seq_length, _on_cpu(profs[i]), _on_cpu(profs[i + 1]))
-              if cross[i] else (0.0, 0.0) for i in range(p - 1)]
+              if cross[i] else BoundarySides() for i in range(p - 1)]
     return Pipeline(profs, owners, links, latency, cross,
                     link_costs.pipeline_uplinks(model, inventory, profs, samples), staged)
 

@@ -11,11 +11,12 @@ until it is taken. On an accelerator the pieces are pinned host memory (not pric
 processes (the dry run, a `cpu` vendor) they are the same memory as the buffer, and priced.
 
 `staged_fraction` is the share of a receiving rank's buffer that arrives in pieces (the busiest rank of the
-receiving mesh); plan/pipeline.py `memory_terms` turns it into boundary tensors. Pure: no torch.
+receiving mesh); plan/pipeline_memory.py `memory_terms` turns it into boundary tensors. Pure: no torch.
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..runtime.transfers import Share, compute_transfers
 
@@ -45,12 +46,26 @@ def staged_fraction(sender: tuple, receiver: tuple, seq: int) -> float:
     return max(staged.values(), default=0) / (local_seq * dst.micro_batch_size)
 
 
-def boundary_staging(before, after, seq: int, before_on_cpu: bool, after_on_cpu: bool) -> tuple[float, float]:
-    """(share of a gradient message the stage before an overlapped boundary receives in pieces, share of an
-    activation message the stage after receives in pieces), `before` / `after` anything with `tp`, `dp`,
-    `micro_batch_size` and `settings.sequence_parallel` (a plan Mesh, a StageProfile); a side whose processes
-    do not run on CPU gets 0: its pieces are pinned host memory, not the device's."""
+class BoundarySides(NamedTuple):
+    """What the two sides of an overlapped boundary hold besides their activations, per side (plan/pipeline.py
+    `side_buffers` turns it into boundary tensors): the shares of a gradient (before) and an activation (after)
+    message that land in pieces, whether each side keeps its sends in flight as its own memory (CPU processes:
+    a send keeps its blocks, the stage's output or input gradient, until it completes; on an accelerator they
+    are pinned host copies), and whether the side before rebuilds activations in its backward pass (recompute
+    'selective' or 'full': the gradient it takes is then not held beside that buffer)."""
+    grad_share: float = 0.0
+    act_share: float = 0.0
+    before_sends: bool = False
+    after_sends: bool = False
+    before_recomputes: bool = False
+
+
+def boundary_staging(before, after, seq: int, before_on_cpu: bool, after_on_cpu: bool) -> BoundarySides:
+    """BoundarySides of an overlapped boundary, `before` / `after` anything with `tp`, `dp`, `micro_batch_size`,
+    `recompute` and `settings.sequence_parallel` (a plan Mesh, a StageProfile); a side whose processes do not run
+    on CPU gets no pieces and no sends: they are pinned host memory, not the device's."""
     a = (before.tp, before.dp, before.micro_batch_size, before.settings.sequence_parallel)
     b = (after.tp, after.dp, after.micro_batch_size, after.settings.sequence_parallel)
-    return (staged_fraction(b, a, seq) if before_on_cpu else 0.0,
-            staged_fraction(a, b, seq) if after_on_cpu else 0.0)
+    return BoundarySides(staged_fraction(b, a, seq) if before_on_cpu else 0.0,
+                         staged_fraction(a, b, seq) if after_on_cpu else 0.0,
+                         bool(before_on_cpu), bool(after_on_cpu), before.recompute != "none")

@@ -226,7 +226,13 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 self._post(dist.isend, piece, peer, boundary.group, tag(grad, j, k), out, f"send {what} block {k}")
             return out, sent_at, [piece for _, piece, _ in pieces]
 
-        held = link.send(post_all, self.staging.submit, self._finish_send)
+        # On CPU a send in flight keeps its blocks, the very storage of the stage's output (or input gradient),
+        # which Megatron's schedule has let go (deallocate_output_tensor), or a contiguous copy of it: the
+        # process's own memory until the send completes (measured memory). An accelerator's are pinned host copies.
+        meter = self.meter
+        kept = (lambda: [meter.hold(piece) for _, piece, _ in pieces]) \
+            if link.overlapped and meter is not None and not self.staging.accelerator else None
+        held = link.send(post_all, self.staging.submit, self._finish_send, kept)
         if held is not None:           # blocking: waited for with the call's other transfers (_communicate)
             self._held.append(held)
 

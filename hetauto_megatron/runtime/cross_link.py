@@ -83,17 +83,19 @@ class CrossLink:
         self.limit = None                          # messages to receive this step (None: not told, one at a time)
         self.received = 0                          # messages received (numbering for tags)
         self.ahead: collections.deque = collections.deque()   # posted receives: (message, posted state)
-        self.pending: list = []                    # overlapped sends in flight: (works, tensors kept alive)
+        self.pending: list = []                    # overlapped sends in flight: (future, meter handles or None)
         self.exposed_s = 0.0                       # waits for overlapped sends (back-pressure, end of step)
 
     # ---- sending ---------------------------------------------------------------------------------------
-    def send(self, post_all, submit, finish):
+    def send(self, post_all, submit, finish, held=None):
         """post_all(message number) -> (works, send time, host buffers): on the communication thread, waits until
         the message's bytes are on the host, then posts it (its send time to every receiving peer, then the
         blocks). submit(job) runs a job on that thread (host_staging.HostStaging.submit) and returns its future;
         finish(future) waits for the posted sends (raising on a dead peer) and frees the host buffers.
-        Overlapped: returns None (completed later). Blocking: returns the future; its result (works, send time,
-        emulated arrival or None, host buffers) is waited for by the caller together with the call's receives
+        Overlapped: returns None (completed later); `held()` (None: nothing to call) returns the meter's
+        handles on what the send keeps alive, dropped with it. Blocking: returns the future; its result (works,
+        send time, emulated arrival or None, host buffers) is waited for by the caller together with the call's
+        receives
         (Megatron pairs each send with the neighbour's receive in one call; waiting for the send alone first
         would deadlock)."""
         j, self.sent = self.sent, self.sent + 1
@@ -105,26 +107,31 @@ class CrossLink:
 
         fut = submit(job)
         if self.overlapped:
-            self.pending.append(fut)
-            self.complete_sends(finish, block=len(self.pending) > self.depth + 2)
+            # back-pressure: with d + 2 in flight the oldest is waited for, after the new one is posted. gloo
+            # reports a send complete only once it is waited for (is_completed() stays False until wait()), so
+            # without it a link always holds its last d + 2 sends (plan/pipeline_memory.py side_buffers prices them on
+            # CPU). The new send's tensors count as held from here: until the call returns they are the stage's
+            # output or input gradient, alive anyway
+            self.complete_sends(finish, block=len(self.pending) >= self.depth + 2)
+            self.pending.append((fut, held() if held is not None else None))
             return None
         return fut
 
     def complete_sends(self, finish, block: bool = False) -> None:
         """Drop the sends that finished; with block, wait for the oldest (back-pressure: depth + 2 in flight)."""
         keep = []
-        for i, fut in enumerate(self.pending):
+        for i, (fut, held) in enumerate(self.pending):
             if (block and i == 0) or (fut.done() and all(w[0].is_completed() for w in fut.result()[0])):
                 t0 = now()
                 finish(fut)
                 self.exposed_s += now() - t0
             else:
-                keep.append(fut)
+                keep.append((fut, held))
         self.pending = keep
 
     def flush(self, finish) -> None:
         t0 = now()
-        for fut in self.pending:
+        for fut, _ in self.pending:
             finish(fut)
         self.pending = []
         self.exposed_s += now() - t0

@@ -161,7 +161,7 @@ def predicted_stage_memory(plan) -> dict:
     fp32, the mesh's TP, DP, micro-batch size and runtime settings, and the micro-batches its pipeline stage
     holds under 1F1B (its warm-up plus the one it runs, grown by overlapped boundaries' depths; overlapped
     boundaries add their buffers: `PipelineLayout.memory_terms`, as the planner prices them, with the pieces received
-    blocks land in on CPU, plan/staged_pieces.py). Meshes side by
+    blocks land in and the sends in flight on CPU, plan/staged_pieces.py). Meshes side by
     side at a stage each get their own prediction."""
     from ..cost.activations import DRY_RUN_IMPL
     from ..cost.memory import stage_memory_bytes
