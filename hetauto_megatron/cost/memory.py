@@ -25,7 +25,7 @@ from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 from .activations import TRANSFORMER_ENGINE, LayerImpl, layer_activation_bytes, mask_bytes, recompute_buffer_bytes
 from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
                               largest_param_tensor, stage_param_tensors)
-from .model_state import (FP32, precision_of, state_bytes_at_reduction, state_bytes_at_step_per_param,
+from .model_state import (FP32, precision_of, state_bytes_at_step_per_param,
                           state_bytes_per_element, state_counts, state_fixed_bytes, state_fixed_bytes_at_step,
                           state_padding_per_element)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers

@@ -22,7 +22,7 @@ import dataclasses
 import math
 
 from .plan import Plan
-from .simulate import _DEFAULT_COST, plan_choices, simulate, stage_makespan
+from .simulate import _DEFAULT_COST, plan_choices, stage_makespan
 
 PARTS = ("compute", "bubble", "link", "dp_sync", "tail_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",

@@ -229,7 +229,8 @@ def host_floor_at(floors: dict, device: str, phase: str, tp: int) -> float:
 
 
 def tp_allreduce_key(device: str, tp: int) -> str:
-    """The key of a device's measured TP all-reduce rates at degree `tp` (sailor_tp_allreduce_rates)."""
+    """The key of a device's TP all-reduce rates at degree `tp`: those its layers ran (sailor_tp_allreduce_rates)
+    and those the fit set them apart at (sailor_set_apart_rates, what a fitted model keeps)."""
     return f"{device}|tp{tp}"
 
 
