@@ -53,6 +53,8 @@ teardown = Teardown()
 print("trained", end="")            # unflushed, as Megatron's last log line may be
 metrics = open(sys.argv[3], "w")    # a file the script never closes, its last line still in Python's buffer
 metrics.write("iteration 4 loss 5.17")
+import ctypes                       # a line native code printed with C stdio (NCCL_DEBUG's go to stdout so): in the
+ctypes.CDLL(None).printf(b" native line")   # C library's buffer, block-buffered on a pipe, until flushed
 def remove_old_checkpoint():        # as Megatron's non-daemon thread after a save (checkpointing.py remove_iter_ckpts),
     threading.main_thread().join()  # still at work when the main thread ends
     time.sleep(0.2)
@@ -74,15 +76,18 @@ def test_the_process_ends_right_after_training_with_its_groups_destroyed(tmp_pat
     the script goes on as NVIDIA's does (the tests above). Megatron's early exits (--exit-interval and the like
     sys.exit() inside pretrain()) end the same way, with their exit code. As Python's own exit, it first lets the
     non-daemon threads finish (Megatron deletes old checkpoints in one), then runs the atexit handlers, and what
-    the script wrote to a file it never closed is on disk."""
+    the script wrote to a file it never closed is on disk, and what native code printed with C stdio is out."""
     metrics = tmp_path / "metrics.txt"
+    # buffered as a launcher's pipe is (PYTHONUNBUFFERED would leave Python's and the C library's streams unbuffered)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     r = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "store"), end, str(metrics)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == code, r.stderr
     assert metrics.read_text() == "iteration 4 loss 5.17"     # flushed as finalisation would have, not lost
     assert r.stdout.startswith("trained") and "initialized after the handler: False" in r.stdout
     assert "teardown" not in r.stdout
     assert " old checkpoint removed" in r.stdout, r.stdout      # not killed by the exit
+    assert " native line" in r.stdout, r.stdout                 # the C library's buffer flushed too
     assert r.stdout.index("old checkpoint removed") < r.stdout.index("initialized after the handler"), r.stdout
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
 

@@ -8,6 +8,7 @@ LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import io
 import os
@@ -129,8 +130,8 @@ def exit_after_training(code: int = 0) -> None:
 def _flush_open_files() -> None:
     """Flush every Python file object still open for writing (the streams, and a log or metrics file the script
     opened and never closed), as finalisation would have when it dropped them: os._exit then loses nothing
-    written through Python. Each is flushed, not closed (another handler may still hold it); one that cannot
-    be flushed (a closed pipe) is left as it is."""
+    written through Python, nor what native code wrote with C stdio. Each is flushed, not closed (another handler
+    may still hold it); one that cannot be flushed (a closed pipe) is left as it is."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -143,6 +144,12 @@ def _flush_open_files() -> None:
                     obj.flush()
             except (OSError, ValueError):
                 pass
+    # and the C library's own streams, which os._exit does not flush either: what native code printed with C stdio
+    # (NCCL_DEBUG's lines go to stdout so, block-buffered when a launcher pipes it to a log) would be lost
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 def ending_cleanly(train: Callable) -> Callable:
