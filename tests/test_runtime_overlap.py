@@ -111,18 +111,28 @@ def test_emulate_links_needs_an_inventory(tmp_path):
 
 
 def test_the_prediction_of_an_emulated_run_prices_the_emulated_links(tmp_path):
-    """A dry run with --emulate-links 300 runs the inventory's links 300x as slow (links then take most of the
-    step); `validate-cost-model --dryrun` of its report must predict those links (from the report's link_scale),
-    not the inventory's: within 25 % of the measured iteration (before: -69 %, the links priced at full speed)."""
+    """`validate-cost-model --dryrun` of a run with --emulate-links 1000 (the inventory's links 1000x as slow) must
+    price those links (from the report's link_scale), not the inventory's: what the slow links add to the measured
+    iteration, against the same run at the inventory's speed, within 25 % of what they add to the prediction.
+    The difference leaves out the compute of 6 processes on the machine's cores, which its load stretches
+    (one run at 300x measured -2.8 % alone, -25.9 % beside other jobs). Before the links were priced from the
+    report the prediction added nothing (-69 % at 300x); before the emulation held the global norm's all-reduce
+    for its hops between clusters (the prediction prices them, the runs on one machine took the loopback's),
+    the prediction added 1.9x what the links did."""
     from helpers import run_hetauto
     plan, inv = "examples/llama/plans/tiny-2clusters-cpu.yaml", "examples/llama/inventory-cpu-tiny-2clusters.yaml"
-    report = tmp_path / "report.json"
-    r = run_hetauto("dryrun", "--plan", plan, "--tiny", "--emulate-links", "300", "--inventory", inv, "--json")
-    assert r.returncode == 0, r.stderr
-    report.write_text(r.stdout)
-    assert json.loads(r.stdout)["link_scale"] == 300
-    r = run_hetauto("validate-cost-model", "--dryrun", str(report), plan, "--inventory", inv, "--json")
-    assert r.returncode == 0, r.stderr
-    row = json.loads(r.stdout)["dryruns"]["rows"][0]
-    print(row)
-    assert abs(row["error_pct"]) <= 25, row
+    rows = {}
+    for scale in (1, 1000):
+        report = tmp_path / f"report{scale}.json"
+        r = run_hetauto("dryrun", "--plan", plan, "--tiny", "--emulate-links", str(scale), "--inventory", inv,
+                        "--json")
+        assert r.returncode == 0, r.stderr
+        report.write_text(r.stdout)
+        assert json.loads(r.stdout)["link_scale"] == scale
+        r = run_hetauto("validate-cost-model", "--dryrun", str(report), plan, "--inventory", inv, "--json")
+        assert r.returncode == 0, r.stderr
+        rows[scale] = json.loads(r.stdout)["dryruns"]["rows"][0]
+    print(rows)
+    measured = rows[1000]["measured_s"] - rows[1]["measured_s"]
+    predicted = rows[1000]["predicted_s"] - rows[1]["predicted_s"]
+    assert predicted > 0.5 and abs(predicted / measured - 1) <= 0.25, (predicted, measured, rows)

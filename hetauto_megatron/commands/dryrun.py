@@ -31,9 +31,10 @@ schedule), printed per stage beside the memory model's prediction (--json: "memo
 link's bandwidth, queued per direction, plus its latency; blocking or overlapped as the plan's boundary says),
 multiplied by a scale that keeps the plan's ratio of link time to compute on this machine's CPU processes
 (printed; give SCALE to choose it). The gradient exchange across meshes holding the same layers (several
-pipelines, replica groups side by side) crosses the emulated links too, as the planner prices it. It reports,
-per rank, the time its compute waited on a cross-cluster transfer: what the links will cost, measured, before
-booking the clusters.
+pipelines, replica groups side by side) crosses the emulated links too, as the planner prices it, and the global
+gradient norm's all-reduce is held for its hops between clusters (on one machine they are the loopback's). It
+reports, per rank, the time its compute waited on a cross-cluster transfer: what the links will cost, measured,
+before booking the clusters.
 
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:

@@ -360,6 +360,15 @@ def grad_norm_time(inventory: Inventory, meshes) -> float:
     return GRAD_NORM_ALLREDUCES * 2 * ring
 
 
+def grad_norm_between_clusters(inventory: Inventory, meshes) -> float:
+    """The part of grad_norm_time its hops between clusters take: what a dry run's emulated links hold the norm
+    for (runtime/train.py), its "clusters" sharing one machine, where gloo's hops between them are the
+    loopback's."""
+    between = sum(_hop_latency(inventory, m.cluster, meshes[(i + 1) % len(meshes)].cluster)
+                  for i, m in enumerate(meshes) if meshes[(i + 1) % len(meshes)].cluster != m.cluster)
+    return GRAD_NORM_ALLREDUCES * 2 * between
+
+
 def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles,
                         grad_norm: float | None = None) -> float:
     """The tail's job-wide terms of one pipeline of single meshes: the tied table summed across its two holders

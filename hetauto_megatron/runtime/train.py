@@ -111,11 +111,16 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
-    links = None
+    links, norm_hold = None, 0.0
     if emulate_links is not None:      # the inventory's links, for the pipeline's and the exchange's emulation
+        from ..plan.tail_costs import grad_norm_between_clusters
         from ..spec.inventory import inventory_from_dict
         links = inventory_from_dict(plan.inventory)
         comm.emulate_links(emulate_links, links)
+        # and the global norm's all-reduce, which crosses every link of the world's ring: on one machine its hops
+        # between "clusters" are the loopback's, so each rank holds for theirs once the norm is known (every rank
+        # is past the all-reduce then: the same as the all-reduce taking that much longer)
+        norm_hold = grad_norm_between_clusters(links, plan.meshes) * emulate_links
     config.no_sync_func = ddp.no_sync
     if settings.overlap_grad_reduce:
         # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
@@ -194,6 +199,8 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
                 exposed.append(waited() - before)
         with clock.span("optimizer"):
             _, grad_norm, _ = opt.step()
+            if norm_hold:
+                time.sleep(norm_hold)
         if on_device:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
