@@ -6,7 +6,9 @@
   runtime/replica_sync.py), and the two below; under a plan of several pipelines or meshes side by side, each
   replica's share of the batch (plan_data.py);
 - `install_step_bounds`: each schedule run bracketed by the communicator's begin_step / end_step;
-- `install_checkpoint_record`: the plan layout a checkpoint was saved under, written beside it.
+- `install_checkpoint_record`: the plan layout a checkpoint was saved under, written beside it;
+- `install_job_statistics`: the step's statistics, which every rank already holds for the whole job, not reduced
+  again over the world each iteration.
 
 `state` is the hook's per-process record (hook._State: the plan, its file, the built context and communicator).
 """
@@ -68,6 +70,7 @@ def install_gradient_rules(state) -> None:
     training.setup_model_and_optimizer = setup_model_and_optimizer
     install_step_bounds(state)
     install_checkpoint_record(state)
+    install_job_statistics(state)
     if not state.plan.is_simple:
         from .plan_data import install_plan_batches
         install_plan_batches(state)
@@ -121,3 +124,43 @@ def install_step_bounds(state) -> None:
 
     get_forward_backward_func._hetauto = True
     training.get_forward_backward_func = get_forward_backward_func
+
+
+def install_job_statistics(state) -> None:
+    """Megatron-LM's loop reduces the step's statistics over the model-parallel group every iteration (train_step:
+    whether the update succeeded, min, and the gradient norm, max, and the count of zero gradients when logged;
+    training_log: the learning rate, max), as in Megatron a rank may hold only its part of them. Under --hetauto
+    that group is the world's gloo group (runtime/groups.py `pg.mp`) and every rank holds the job's values
+    already: the norm, and any inf or NaN that fails the update, come from one reduction over the world
+    (runtime/gradients.py count_grad_norm_once, a contribution from every rank), the learning rate from the same
+    schedule on every rank. Each of those reductions walked the world's ring again for nothing, three an
+    iteration through every cluster's link (on the 16,384 devices of examples/gpt3 some 0.47 s each, where the
+    plan prices the norm's one, plan/tail_costs.py grad_norm_time). On that group they return the rank's own
+    value, as Megatron's reduction would have rounded it (an fp32 or int32 tensor); on any other group Megatron's
+    reduction runs."""
+    import megatron.training.training as training
+
+    world = state.context.pg.mp
+    for name in ("logical_and_across_model_parallel_group", "reduce_max_stat_across_model_parallel_group"):
+        original = getattr(training, name)
+        if getattr(original, "_hetauto", False):
+            continue
+        setattr(training, name, _held_by_every_rank(original, world))
+
+
+def _held_by_every_rank(reduce, world):
+    """`reduce` (one of Megatron's model-parallel statistics reductions), without its collective when the group
+    is `world`, whose ranks hold the same value (install_job_statistics)."""
+    import torch
+    from megatron.core import parallel_state
+
+    @functools.wraps(reduce)
+    def local(value, group=None):
+        if (group if group is not None else parallel_state.get_model_parallel_group()) is not world:
+            return reduce(value, group=group)
+        if reduce.__name__.startswith("logical_and"):
+            return value is True
+        return None if value is None else torch.tensor([value], dtype=torch.float32).item()
+
+    local._hetauto = True
+    return local
