@@ -194,10 +194,12 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor
     measured = statistics.median(layers[str(i)][0] + layers[str(i)][1] for i in range(1, 25))
     predicted = sum(m.layer_times(SAILOR_MODELS["OPT-350"], tf32, 1, 2))
     assert abs(predicted / measured - 1) < 0.10, (predicted, measured)
-    # the head (no per-layer data: analytic) is the fp32 job's, at the TF32 rate, even after a bf16 plan asked
+    # the head (no per-layer data: analytic) is the fp32 job's, at the TF32 rate, even after a bf16 plan asked: its
+    # logits GEMMs at half the bf16 rate (156 against 312 TFLOP/s), its loss 40 bytes per logit against bf16's 52 (the
+    # casts to and from fp32: cost/analytic.py LOSS_BYTES), about 1.35x; the bf16 answer served again would be 1x
     bf16 = get_device("a100-40gb").at_precision("bf16")
     opt = SAILOR_MODELS["OPT-350"]
-    assert sum(m.head_times(opt, tf32, 1, 2)) > 1.5 * sum(m.head_times(opt, bf16, 1, 2))
+    assert sum(m.head_times(opt, tf32, 1, 2)) > 1.25 * sum(m.head_times(opt, bf16, 1, 2))
     # the emitted launch turns TF32 on where the plan priced it, off elsewhere
     _plan(tmp_path, "--emit", str(tmp_path / "launch"))
     a100 = (tmp_path / "launch" / "a100.sh").read_text()

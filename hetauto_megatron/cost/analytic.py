@@ -81,6 +81,37 @@ class Calibration:
 
 DEFAULT_CALIBRATION = Calibration()
 
+# Bytes the loss moves per logits element, (forward, backward), in fp32 on its own 32-bit copy of the logits, by
+# implementation (plan/engines.py Engine.loss; both engines' loss casts 16-bit logits to it first: `loss_bytes`).
+LOSS_BYTES = {
+    # Megatron-Core's unfused vocabulary-parallel cross entropy, in place on the fp32 logits
+    # (megatron/core/tensor_parallel/cross_entropy.py; hetauto does not emit --cross-entropy-loss-fusion):
+    # forward: the max over the vocabulary (calculate_logits_max: read 4), its subtraction in place
+    # (calculate_predicted_logits: read 4 + write 4), exp in place (8), the sum (read 4), the division by it in place
+    # (calculate_cross_entropy_loss: 8) = 32; backward: the target's entries (per token, not priced) and
+    # grad_input.mul_(grad_output) in place (calculate_gradients: 8). Megatron-LM 2021's mpu/cross_entropy.py, which
+    # trained the published runs (plan/calibration.py), makes the same passes (its cast: gpt_model.py's .float()).
+    "vocab_parallel": (32, 8),
+    # torch's F.cross_entropy (hetauto's DeepSpeed pipeline module, runtime/deepspeed_pipeline.py lm_loss):
+    # log_softmax and nll_loss (aten/src/ATen/native/cuda/SoftMax.cu, Loss.cu). A row wider than shared memory
+    # holds (fp32: ~12K elements, every vocabulary) runs cunn_SoftMaxForward: it reads the row for the max, again
+    # for the sum of exps, and a third time to write the output = 16; nll_loss reads the target's entries.
+    # Backward: nll_loss_backward zero-fills its [tokens, vocab] gradient (write 4), cunn_SoftMaxBackward reads
+    # that gradient for its sum, then the gradient and the saved output again and writes the input's gradient (16)
+    # = 20.
+    "torch": (16, 20),
+}
+
+
+def loss_bytes(loss: str, dtype_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes per logits element of the loss `loss` (LOSS_BYTES) on a device training in
+    `dtype_bytes`-wide tensors: its passes plus the cast of 16-bit logits to fp32, `.float()` (Megatron-Core's
+    calculate_logits_max; lm_loss), which reads 2 and writes 4 bytes, and its backward, the gradient cast back
+    (read 4, write 2). In fp32 training `.float()` returns the logits themselves: no cast."""
+    fwd, bwd = LOSS_BYTES[loss]
+    cast = dtype_bytes + 4 if dtype_bytes != 4 else 0
+    return fwd + cast, bwd + cast
+
 
 class AnalyticCostModel:
     """Compute time of model pieces on one device of a TP group. No TP collectives here: the simulator adds
@@ -90,7 +121,7 @@ class AnalyticCostModel:
     name = "analytic"
 
     def __init__(self, calibration: Calibration = DEFAULT_CALIBRATION, *, flash_attention: bool = True,
-                 sequence_parallel: bool = True, tp_comm_overlap: bool = False):
+                 sequence_parallel: bool = True, tp_comm_overlap: bool = False, loss: str = "vocab_parallel"):
         # The software stack matters as much as the chip: without flash attention the s x s score matrix goes
         # through memory (scale/mask/softmax, dropout, and the AV GEMM read it); without sequence parallelism
         # every TP rank repeats the element-wise work of the whole sequence.
@@ -98,6 +129,7 @@ class AnalyticCostModel:
         self.flash_attention = flash_attention
         self.sequence_parallel = sequence_parallel
         self.tp_comm_overlap = tp_comm_overlap
+        self.loss = loss        # the cross entropy's implementation (LOSS_BYTES; the engine's: Engine.loss)
 
     def source(self, device: DeviceType) -> str:
         return "analytic"
@@ -232,11 +264,11 @@ class AnalyticCostModel:
 
     def head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                    seq_length: int | None = None) -> tuple[float, float]:
-        """Final norm, logits GEMM (vocab split by TP), the cross-entropy over [tokens, vocab/tp] fp32, and the
-        last stage's per-micro-batch bookkeeping (loss averaging and reporting). A model without an output layer
-        has no GEMM and its cross-entropy is over the norm's outputs (ModelSpec.logits_width). Memoised as
-        layer_parts."""
-        key = ("head", model, device, tp, micro_batch_size, seq_length, self.cal)
+        """Final norm, logits GEMM (vocab split by TP), the cross-entropy over [tokens, vocab/tp] in fp32 as the
+        engine's loss runs it (`self.loss`: loss_bytes), and the last stage's per-micro-batch bookkeeping (loss
+        averaging and reporting). A model without an output layer has no GEMM and its cross-entropy is over the
+        norm's outputs (ModelSpec.logits_width). Memoised as layer_parts."""
+        key = ("head", model, device, tp, micro_batch_size, seq_length, self.cal, self.loss)
         return self._memo(key, self._head_times, model, device, tp, micro_batch_size, seq_length)
 
     def _head_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
@@ -245,9 +277,11 @@ class AnalyticCostModel:
         # (the vocabulary that runs is padded to a multiple of TP: the shard is whole; rounded up for an unpadded
         # one, e.g. the search's one-layer check, so a vocabulary smaller than TP is not an empty GEMM)
         g = self._gemm(device, m, model.hidden_size, -(-model.vocab_size // tp)) if model.output_layer else (0.0, 0.0)
-        ce = self._elementwise(device, 4 * 3 * m * model.logits_width(tp))
+        ce_f, ce_b = loss_bytes(self.loss, device.dtype_bytes)
+        elements = m * model.logits_width(tp)
         o = self.cal.micro_batch_overhead_s
-        return g[0] + ce + o, g[1] + ce
+        return (g[0] + self._elementwise(device, ce_f * elements) + o,
+                g[1] + self._elementwise(device, ce_b * elements))
 
     def embedding_times(self, model: ModelSpec, device: DeviceType, tp: int, micro_batch_size: int,
                         seq_length: int | None = None) -> tuple[float, float]:

@@ -24,6 +24,7 @@ from ..cost.features import host_floored
 from ..cost.memory import GIB, JobMemory
 from ..spec.inventory import Cluster, LinkSpec
 from ..spec.model import ModelSpec
+from .engines import ENGINES
 from .link_costs import dp_ring_link
 from .settings import RuntimeSettings, default_settings
 from .memory_fit import memory_job_of
@@ -63,7 +64,7 @@ def stage_profile(model: ModelSpec, cluster: Cluster, tp: int, dp: int, micro_ba
     settings = settings or default_settings(tp)
     dev = cluster.device
     cost_model = _as_mesh_runs(cost_model, settings.sequence_parallel or tp == 1,    # (at TP 1 nothing to split)
-                               settings.fused_attention(dev))
+                               settings.fused_attention(dev), ENGINES[settings.engine].loss)
     lf, lb = cost_model.layer_times(model, dev, tp, micro_batch_size)
     rec = cost_model.recompute_time(model, dev, tp, micro_batch_size, recompute)
     # Two all-reduces (or reduce-scatter + all-gather with sequence parallel) per layer forward, two backward,
@@ -144,17 +145,18 @@ def _tp_overlap_pricer(cost_model):
     return None
 
 
-def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool):
+def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool, loss: str = "vocab_parallel"):
     """The cost model pricing the layers as the mesh runs them. A model with the switches (the analytic one, and
     a learned model's analytic fallback for the device types it has no measurements of) gets the mesh's sequence
-    parallelism (without it every TP rank repeats the norms, dropout and residuals of the whole sequence) and
+    parallelism (without it every TP rank repeats the norms, dropout and residuals of the whole sequence),
     whether its attention is fused on the device at its precision (RuntimeSettings.fused_attention: unfused attention
-    moves the s x s scores through memory; a model without flash attention stays without). A learned model's own
+    moves the s x s scores through memory; a model without flash attention stays without) and its engine's cross
+    entropy (Engine.loss: Megatron-Core's and torch's make different passes over the logits). A learned model's own
     layers are what its measurements ran."""
     for inner in ("fallback", "base"):      # a learned model's analytic fallback; a wrapper's model (shared_cores.py)
         wrapped = getattr(cost_model, inner, None)
         if wrapped is not None:
-            priced = _as_mesh_runs(wrapped, sequence_parallel, fused_attention)
+            priced = _as_mesh_runs(wrapped, sequence_parallel, fused_attention, loss)
             if priced is wrapped:
                 return cost_model
             other = copy.copy(cost_model)
@@ -162,7 +164,7 @@ def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool):
             return other
     # A model told its software has no flash attention (plan/calibration.py: the 2021 runs) keeps it off.
     want = {"sequence_parallel": sequence_parallel,
-            "flash_attention": fused_attention and getattr(cost_model, "flash_attention", True)}
+            "flash_attention": fused_attention and getattr(cost_model, "flash_attention", True), "loss": loss}
     change = {k: v for k, v in want.items() if hasattr(cost_model, k) and getattr(cost_model, k) != v}
     if not change:
         return cost_model

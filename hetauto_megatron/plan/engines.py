@@ -53,6 +53,9 @@ class Engine:
                                     # 0.19), or at the step's start ("step_start": 0.6-0.8; plan/tail_costs.py)
     runs_here: bool = True          # hetauto plans, emits and runs it (else a published run's engine, priced only)
     fp8: bool = True                # trains in fp8 (Transformer Engine's layers); DeepSpeed's config has no setting
+    loss: str = "vocab_parallel"    # its cross entropy, priced by its passes over the logits (cost/analytic.py
+                                    # LOSS_BYTES): Megatron-Core's unfused vocabulary-parallel one (hetauto emits no
+                                    # --cross-entropy-loss-fusion) or torch's F.cross_entropy ("torch")
 
 
 ENGINES = {
@@ -85,11 +88,12 @@ ENGINES = {
     # (above), so the bucket sets only how many all-reduces that reduction issues (a 40M-element all-reduce is
     # bandwidth-bound on every link in the catalog).
     # Its layers (runtime/deepspeed_pipeline.py) call torch's scaled_dot_product_attention, whose memory-efficient
-    # kernel takes fp32 and runs on a V100 (and its flash kernel on CPU): no s x s matrix at any precision.
+    # kernel takes fp32 and runs on a V100 (and its flash kernel on CPU): no s x s matrix at any precision. Its loss
+    # is torch's F.cross_entropy on the fp32 logits (lm_loss).
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
-                        selective_recompute=False, fp8=False),
+                        selective_recompute=False, fp8=False, loss="torch"),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
     # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later
