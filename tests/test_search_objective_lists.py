@@ -54,7 +54,7 @@ def test_progress_lines_give_the_objective_in_its_own_unit(objective):
 # - CHAIN2: 8.560 s at 0.01587 (29,384 leaves, 175 s); the search (trees, not settled) kept 8.295 s at 0.01758
 #   with the uplink's list ranked by the objective, 8.430 s at 0.02010 without (27 % above the optimum). It was
 #   left to the trees because tree_budget's estimate from 64 random paths read 51,065 leaves at seed 0 (26,127 at
-#   seed 1), over the 50,000 the search settles exactly; re-estimated near that limit (search.settle_estimate) it
+#   seed 1), over the 50,000 the search settles exactly; re-estimated near that limit (tree_size.settle_estimate) it
 #   is settled at every seed: the optimum (since the loss is priced as it runs, 8.547 s at 0.01585). Before, with
 #   the loss priced at 3 passes the trees kept 0.01760, with its passes counted 0.01988 (25 % above).
 CHAIN = """\

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import gc
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -57,11 +56,8 @@ from .search_jobs import (climb, climb_job, default_workers, layout_value, objec
                           tree_job)
 from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
+from .tree_size import ENUMERATION_TREE, ENUMERATION_VISITS, settle_estimate, tree_budget
 
-ENUMERATION_TREE = 50_000       # the bounded enumeration is tried on trees of up to this many leaves (Knuth's
-ENUMERATION_VISITS = 2          # estimate), and may visit this many nodes per estimated leaf (at least 4,000)
-REFINE_PROBES = 1024            # an estimate from tree_budget's 64 paths within 4x of ENUMERATION_TREE is taken again
-                                # from this many before it decides (settle_estimate)
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
 PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first,
@@ -71,7 +67,6 @@ PROVE_PRICED = 1000             # which gives up after pricing this many leaves,
 SEED_VISITS = 2000              # on a tree too large to settle, the diving enumeration's visits (its leaves
                                 # seed the trees; the 736-device example's best closed form among them)
 DIVES = 16                      # dives that seed the trees where the bounded enumeration priced no leaf
-MIN_PLAYOUTS, MAX_PLAYOUTS = 300, 6000   # per tree
 REPLAN_CLIMBS = 2               # re-planning (a warm start, plan/replan.py): no trees; besides the old plan's, a
                                 # climb from the best leaf of each of the two best S (samples per micro-batch
                                 # step: a climb moves S only by halving or doubling it, and only through better
@@ -124,24 +119,6 @@ class SearchResult:
         return {"method": self.method, "seconds": round(self.seconds, 3), "candidates_evaluated":
                 self.candidates_evaluated, "playouts": self.iterations, "trees": self.trees,
                 "cut_by_budget": self.cut_by_budget}
-
-
-def tree_budget(space: SearchSpace, seed: int) -> tuple[int, int, float]:
-    """(playout cap per tree, stall patience, estimated leaves) from the tree's size."""
-    est = space.estimate_leaves(random.Random(seed * 7919 + 1))
-    cap = int(min(MAX_PLAYOUTS, max(MIN_PLAYOUTS, est ** 0.75)))
-    return cap, max(MIN_PLAYOUTS // 2, min(cap // 6, MAX_PLAYOUTS // 12)), est
-
-
-def settle_estimate(space: SearchSpace, seed: int, est: float) -> float:
-    """The tree's leaves as the choice to settle it exactly reads them: `est` (tree_budget's, from 64 random
-    paths), taken again from REFINE_PROBES paths where it lies within 4x of ENUMERATION_TREE. From 64 paths Knuth's
-    estimator is too noisy for a choice at a limit: the 29,384 leaves of a 3-cluster chain (tests/
-    test_search_objective_lists.py) read 26,127 with one seed, settled exactly, and 51,065 with another, left to
-    the trees (25 % dearer than the optimum under --objective cost)."""
-    if not ENUMERATION_TREE < est <= 4 * ENUMERATION_TREE:
-        return est
-    return space.estimate_leaves(random.Random(seed * 7919 + 2), REFINE_PROBES)
 
 
 def bounded_enumeration(space: SearchSpace, ev: LayoutEvaluator, keep: int, max_visits: int | None = None,
