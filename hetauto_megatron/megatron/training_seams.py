@@ -134,10 +134,10 @@ def install_job_statistics(state) -> None:
     already: the norm, and any inf or NaN that fails the update, come from one reduction over the world
     (runtime/gradients.py count_grad_norm_once, a contribution from every rank), the learning rate from the same
     schedule on every rank. Each of those reductions walked the world's ring again for nothing, three an
-    iteration through every cluster's link (a world of all 16,384 devices of examples/gpt3: 0.47 s each as priced, where the
-    plan prices the norm's one, plan/tail_costs.py grad_norm_time). On that group they return the rank's own
-    value, as Megatron's reduction would have rounded it (an fp32 or int32 tensor); on any other group Megatron's
-    reduction runs."""
+    iteration through every cluster's link (0.47 s each as priced in a world of all 16,384 devices of
+    examples/gpt3), where the plan prices the norm's one (plan/tail_costs.py grad_norm_time). On that group they
+    return the rank's own value, as Megatron's reduction would have rounded it (an fp32 or int32 tensor); on any
+    other group Megatron's reduction runs."""
     import megatron.training.training as training
 
     world = state.context.pg.mp
