@@ -49,10 +49,13 @@ _SWITCHES = ("flash_attention", "sequence_parallel", "tie_embeddings", "tp_comm_
 
 # The runtime settings (plan/settings.py) each era's Megatron-LM ran with, as plan overrides; a source may state
 # its own (`runtime_settings:`). 2021 had neither sequence parallelism nor the distributed optimizer and
-# all-reduced the fp32 gradients after the backward pass; the 2024 runs use the table's defaults.
+# all-reduced the gradients after the backward pass, in fp16: its runs trained in fp16 (the README's scripts of the
+# time pass --fp16), and Megatron-LM then reduced in fp32 only with --accumulate-allreduce-grads-in-fp32, which it
+# forced for bf16 alone (arguments.py, June 2021; its DDP's buffer took the parameters' dtype otherwise,
+# model/distributed.py `_get_buffer_type`). The 2024 runs use the table's defaults (bf16: reduced in fp32).
 _SOURCE_SETTINGS = {
     "source_a_a100": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_grad_reduce": False,
-                      "overlap_param_gather": False},
+                      "overlap_param_gather": False, "grad_reduce_dtype": "param"},
 }
 
 # The constants fitted on published runs; the rest of `Calibration` is physical (docs/cost-model.md). The
