@@ -140,27 +140,29 @@ def install_job_statistics(state) -> None:
     other group Megatron's reduction runs."""
     import megatron.training.training as training
 
-    world = state.context.pg.mp
-    for name in ("logical_and_across_model_parallel_group", "reduce_max_stat_across_model_parallel_group"):
-        original = getattr(training, name)
-        if getattr(original, "_hetauto", False):
-            continue
-        setattr(training, name, _held_by_every_rank(original, world))
-
-
-def _held_by_every_rank(reduce, world):
-    """`reduce` (one of Megatron's model-parallel statistics reductions), without its collective when the group
-    is `world`, whose ranks hold the same value (install_job_statistics)."""
     import torch
+
+    world = state.context.pg.mp
+    # each reduction's result from the rank's own value: a bool as the int32 min gives it, a float as its fp32 max
+    held = {"logical_and_across_model_parallel_group": lambda value: value is True,
+            "reduce_max_stat_across_model_parallel_group":
+                lambda value: None if value is None else torch.tensor([value], dtype=torch.float32).item()}
+    for name, own in held.items():
+        original = getattr(training, name)
+        if not getattr(original, "_hetauto", False):
+            setattr(training, name, _held_by_every_rank(original, own, world))
+
+
+def _held_by_every_rank(reduce, own, world):
+    """`reduce` (one of Megatron's model-parallel statistics reductions), giving `own(value)` without a collective
+    when the group is `world`, whose ranks hold the same value (install_job_statistics)."""
     from megatron.core import parallel_state
 
     @functools.wraps(reduce)
     def local(value, group=None):
         if (group if group is not None else parallel_state.get_model_parallel_group()) is not world:
             return reduce(value, group=group)
-        if reduce.__name__.startswith("logical_and"):
-            return value is True
-        return None if value is None else torch.tensor([value], dtype=torch.float32).item()
+        return own(value)
 
     local._hetauto = True
     return local

@@ -56,12 +56,13 @@ from .search_jobs import (climb, climb_job, default_workers, layout_value, objec
                           tree_job)
 from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
-from .tree_size import ENUMERATION_TREE, ENUMERATION_VISITS, settle_estimate, tree_budget
+from .tree_size import ENUMERATION_TREE, ENUMERATION_VISITS, PROVE_TREE, settle_estimate, tree_budget
 
 TREES = 6                       # independent trees at most,
 TREE_ROUND = 3                  # grown this many at a time while a round finds a better plan than the last
-PROVE_TREE = 4 * ENUMERATION_TREE   # up to this estimate, the trees' best is proved (or bettered) by best first,
-PROVE_PRICED = 1000             # which gives up after pricing this many leaves, priced before or not
+PROVE_PRICED = 1000             # on a tree estimated at up to PROVE_TREE leaves, the trees' best is proved (or
+                                # bettered) by best first, which gives up after pricing this many leaves, priced
+                                # before or not
                                 # (search_quality's proofs: at most 172, 131 of them new; the 736-device example
                                 # without its H800s, seed 1: 17,796 new leaves, 7 s)
 SEED_VISITS = 2000              # on a tree too large to settle, the diving enumeration's visits (its leaves

@@ -354,9 +354,9 @@ def grad_norm_time(inventory: Inventory, meshes) -> float:
     hops inside a cluster cost its inter-node latency and hops between clusters their link's. Bandwidth does
     not matter for a few bytes."""
     ring = 0.0
-    for i, m in enumerate(meshes):
+    for m, nxt in _ring_neighbours(meshes):
         ring += (m.tp * m.dp * m.num_stages - 1) * inventory.cluster(m.cluster).inter_node.latency_s
-        ring += _hop_latency(inventory, m.cluster, meshes[(i + 1) % len(meshes)].cluster)
+        ring += _hop_latency(inventory, m.cluster, nxt)
     return GRAD_NORM_ALLREDUCES * 2 * ring
 
 
@@ -364,9 +364,14 @@ def grad_norm_between_clusters(inventory: Inventory, meshes) -> float:
     """The part of grad_norm_time its hops between clusters take: what a dry run's emulated links hold the norm
     for (runtime/train.py), its "clusters" sharing one machine, where gloo's hops between them are the
     loopback's."""
-    between = sum(_hop_latency(inventory, m.cluster, meshes[(i + 1) % len(meshes)].cluster)
-                  for i, m in enumerate(meshes) if meshes[(i + 1) % len(meshes)].cluster != m.cluster)
+    between = sum(_hop_latency(inventory, m.cluster, nxt) for m, nxt in _ring_neighbours(meshes) if nxt != m.cluster)
     return GRAD_NORM_ALLREDUCES * 2 * between
+
+
+def _ring_neighbours(meshes):
+    """(mesh, the cluster of the next mesh) around the world's ring, ranks mesh after mesh, the last back to the
+    first."""
+    return ((m, meshes[(i + 1) % len(meshes)].cluster) for i, m in enumerate(meshes))
 
 
 def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles,
