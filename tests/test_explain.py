@@ -391,7 +391,8 @@ def test_explain_of_a_plan_of_two_pipelines_lists_the_alternatives_weighed(tmp_p
 def test_the_end_of_iteration_sync_is_not_called_dp(capsys):
     """Two clusters 20 s apart (latency): the global norm's all-reduce at the iteration's end crosses that link 4
     times (80 s), which explain named "DP synchronisation" although no mesh's DP reduction waits on it; a user would
-    shrink DP for nothing. It is its own part now, and the DP part is what DP costs (almost nothing here)."""
+    shrink DP for nothing. It is its own part now, and the DP part is what DP costs (almost nothing here). Megatron-LM's
+    result check before the norm is one more scalar around the same ring: 80 s more."""
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -401,16 +402,18 @@ def test_the_end_of_iteration_sync_is_not_called_dp(capsys):
     breakdown = json.loads(capsys.readouterr().out)["breakdown"]
     parts = breakdown["parts"]
     assert rc == 0
-    assert abs(parts["tail_sync"]["seconds"] - 4 * 20.0) < 0.5, parts
+    assert abs(parts["tail_sync"]["seconds"] - 2 * 4 * 20.0) < 0.5, parts
     assert parts["dp_sync"]["seconds"] < 0.01, parts
     assert abs(sum(p["seconds"] for p in parts.values()) - breakdown["iteration_s"]) < 1e-6, parts
-    # the untied plan's tail sync is the norm alone, and the breakdown says so (the text on the part's line)
+    # the untied plan's tail sync is the norm and the check alone, and the breakdown says so (the text on the
+    # part's line)
     assert abs(breakdown["grad_norm_s"] - 4 * 20.0) < 0.5, breakdown
+    assert abs(breakdown["result_check_s"] - 4 * 20.0) < 0.5, breakdown
     main(["explain", "--plan", os.path.join(root, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml"),
           "--inventory", os.path.join(root, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml"),
           "--set", "link.cluster-a-cluster-b.latency_ms=20000", "--no-search"])
-    line = next(x for x in capsys.readouterr().out.splitlines() if "iteration-end sync" in x)
-    assert "(of which the global gradient norm 80.0" in line, line
+    line = next(x for x in capsys.readouterr().out.splitlines() if "iteration-end sync" in x and x.startswith("  "))
+    assert "(of which the global gradient norm 80.000 s, the result check 80.000 s)" in line, line
 
 
 def test_what_ifs_leave_out_the_clusters_the_plan_excluded(tmp_path, capsys):

@@ -72,6 +72,11 @@ def test_plan_file_records_the_engine_and_simulate_uses_it(tmp_path):
     assert t[0] == t[1] == pytest.approx(planned["iteration_time_s"], rel=1e-6)
     assert t[2] != t[0]
     assert [json.loads(x.stdout)["engine"] for x in (recorded, told, megatron)] == ["deepspeed"] * 2 + ["megatron"]
+    # Megatron-LM's loop checks each step's results: one more scalar around the world's ring, as the norm (both
+    # latency-bound, the same ring); DeepSpeed's pipeline engine has no such check
+    est = [json.loads(x.stdout) for x in (recorded, megatron)]
+    assert est[0]["result_check_s"] == 0 and est[0]["grad_norm_s"] > 1e-3
+    assert est[1]["result_check_s"] == pytest.approx(est[1]["grad_norm_s"], rel=1e-6)
 
 
 def test_simulate_with_another_engine_shows_what_that_engine_runs(tmp_path):

@@ -278,13 +278,19 @@ def test_the_gradient_exchange_across_clusters_has_its_own_lanes(tmp_path, capsy
     assert steps[0]["ts"] / 1e6 == pytest.approx(start, abs=1e-6)
     end = (steps[-1]["ts"] + steps[-1]["dur"]) / 1e6
     assert end == pytest.approx(start + est["replica_sync_s"], abs=2e-6)
-    # the iteration after it: the global norm (sync_s less the exchange), the optimizer step, the overhead
+    # the iteration after it: the result check and the global norm (sync_s less the exchange), the optimizer step,
+    # the overhead
     assert end + est["sync_s"] - est["replica_sync_s"] + est["optimizer_s"] <= est["iteration_time_s"] + 2e-6
-    # the norm on a lane of its own, right after the exchange, as long as it is priced
+    # Megatron-LM's result check, then the norm, each on a lane of its own, right after the exchange, as long as
+    # they are priced: each one scalar around the same ring of every rank
+    check = [e for n, proc, spans in lanes.values() if proc == "result check" for e in spans]
     norm = [e for n, proc, spans in lanes.values() if proc == "global gradient norm" for e in spans]
-    assert len(norm) == 1 and norm[0]["ts"] / 1e6 == pytest.approx(end, abs=1e-6)
-    assert norm[0]["dur"] / 1e6 == pytest.approx(est["sync_s"] - est["replica_sync_s"], abs=2e-6)
+    assert len(check) == 1 and check[0]["ts"] / 1e6 == pytest.approx(end, abs=1e-6)
+    assert len(norm) == 1 and norm[0]["ts"] == pytest.approx(check[0]["ts"] + check[0]["dur"], abs=1)
+    assert (check[0]["dur"] + norm[0]["dur"]) / 1e6 == pytest.approx(est["sync_s"] - est["replica_sync_s"], abs=2e-6)
     assert norm[0]["dur"] / 1e6 == pytest.approx(est["grad_norm_s"], abs=1e-6) and est["grad_norm_s"] > 1e-4
+    assert check[0]["dur"] / 1e6 == pytest.approx(est["result_check_s"], abs=1e-6)
+    assert est["result_check_s"] == pytest.approx(est["grad_norm_s"], abs=2e-6)
     for n, _, spans in lanes.values():                  # every stage is in its gradient sync meanwhile
         if " stage " in f" {n}":
             assert any(e["cat"] == "dp-sync" and e["ts"] <= steps[0]["ts"] + 1 and
@@ -297,10 +303,12 @@ def test_the_gradient_exchange_across_clusters_has_its_own_lanes(tmp_path, capsy
 
 
 def _sync_lanes(lanes):
-    """The exchange's lanes {thread: spans} (its steps popped as the second item) and the norm's spans."""
+    """The exchange's lanes {thread: spans} (its steps popped as the second item), the result check's spans and the
+    norm's spans."""
     exchange = {n: spans for n, proc, spans in lanes.values() if proc == "gradient exchange"}
+    check = [e for n, proc, spans in lanes.values() if proc == "result check" for e in spans]
     norm = [e for n, proc, spans in lanes.values() if proc == "global gradient norm" for e in spans]
-    return exchange, exchange.pop("gradient exchange across holders", []), norm
+    return exchange, exchange.pop("gradient exchange across holders", []), check, norm
 
 
 def test_a_tied_table_across_clusters_has_the_exchange_lanes_and_the_norm_its_own(tmp_path, capsys):
@@ -308,9 +316,10 @@ def test_a_tied_table_across_clusters_has_the_exchange_lanes_and_the_norm_its_ow
     runtime sums the table's gradients across the two clusters (runtime/replica_sync.py, the pair phase) after the
     DP reduction, then all-reduces the global norm over every rank. Before, both hid inside the stages' red tail;
     now the exchange gets the lanes the exchange between pipelines has (the same pricing, holders_sync_steps) and
-    the norm a lane of its own. What the lanes draw must be what `simulate --json` prices: the exchange is what
-    the tie adds to the iteration's sync (`sync_s` of the same plan untied, which has no exchange, is the norm
-    alone), the norm is `grad_norm_s`, one after the other, before the optimizer step; the stages name both."""
+    the norm a lane of its own, as Megatron-LM's result check between them. What the lanes draw must be what
+    `simulate --json` prices: the exchange is what the tie adds to the iteration's sync (`sync_s` of the same plan
+    untied, which has no exchange, is the check and the norm alone), the check is `result_check_s`, the norm
+    `grad_norm_s`, one after the other, before the optimizer step; the stages name them."""
     import yaml
 
     src = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
@@ -327,35 +336,41 @@ def test_a_tied_table_across_clusters_has_the_exchange_lanes_and_the_norm_its_ow
         ests[tie] = json.loads(capsys.readouterr().out)
         assert _is_png(png)
         with open(trace) as fh:
-            exchange, steps, norm = _sync_lanes(_check_format(json.load(fh)))
+            exchange, steps, check, norm = _sync_lanes(_check_format(json.load(fh)))
         est = ests[tie]
-        # the norm: every plan prices it (0.48 ms here: the ring's hop latencies), drawn where it is priced
-        assert est["grad_norm_s"] > 1e-4 and len(norm) == 1
+        # the norm and the check: every plan of Megatron-LM's loop prices them (0.48 ms each here: the ring's hop
+        # latencies), drawn where they are priced
+        assert est["grad_norm_s"] > 1e-4 and len(norm) == 1 and len(check) == 1
         assert norm[0]["dur"] / 1e6 == pytest.approx(est["grad_norm_s"], abs=1e-6)
+        assert check[0]["dur"] / 1e6 == pytest.approx(est["result_check_s"], abs=1e-6)
+        assert norm[0]["ts"] == pytest.approx(check[0]["ts"] + check[0]["dur"], abs=1e-3)
         if not tie:
             assert not exchange and not steps          # untied: nothing is held twice, no exchange lanes
-            assert est["sync_s"] == pytest.approx(est["grad_norm_s"], abs=2e-6)
+            assert est["sync_s"] == pytest.approx(est["grad_norm_s"] + est["result_check_s"], abs=2e-6)
     with open(str(tmp_path / "True.json")) as fh:
         lanes = _check_format(json.load(fh))
-    exchange, steps, norm = _sync_lanes(lanes)
+    exchange, steps, check, norm = _sync_lanes(lanes)
     est = ests[True]
     tied = est["sync_s"] - ests[False]["sync_s"]     # what the tie adds: the table's exchange
     assert tied > 1e-4                               # the case: 64 kB each way over the 10 Gbit/s link, latency
     assert sum(e["dur"] for e in steps) / 1e6 == pytest.approx(tied, abs=2e-6)
-    assert sum(e["dur"] for e in steps) / 1e6 + norm[0]["dur"] / 1e6 == pytest.approx(est["sync_s"], abs=2e-6)
+    assert (sum(e["dur"] for e in steps) + check[0]["dur"] + norm[0]["dur"]) / 1e6 == pytest.approx(est["sync_s"],
+                                                                                                    abs=2e-6)
     # both directions of the link between the two clusters carry the pair's swap, the busiest filling the step
     assert {"exchange link cluster-a->cluster-b", "exchange link cluster-b->cluster-a"} <= set(exchange)
     for step in steps:
         busy = [e["dur"] for spans in exchange.values() for e in spans if e["ts"] == step["ts"]]
         assert max(busy) == pytest.approx(step["dur"], rel=1e-9)
-    # the norm follows the exchange; the optimizer step follows the norm; the iteration ends after both
+    # the check follows the exchange, the norm the check; the optimizer step follows the norm; the iteration ends
+    # after them
     end = steps[-1]["ts"] + steps[-1]["dur"]
-    assert norm[0]["ts"] == pytest.approx(end, abs=1e-3)
+    assert check[0]["ts"] == pytest.approx(end, abs=1e-3)
     assert (norm[0]["ts"] + norm[0]["dur"]) / 1e6 + est["optimizer_s"] <= est["iteration_time_s"] + 2e-6
     for n, _, spans in lanes.values():      # every stage waits in the same two spans, named after them
         if n.startswith("stage "):
             named = {e["name"]: e for e in spans if e["cat"] == "dp-sync"}
             for what, drawn in (("gradient exchange across holders", (steps[0]["ts"], end)),
+                                ("result check", (check[0]["ts"], check[0]["ts"] + check[0]["dur"])),
                                 ("global gradient norm", (norm[0]["ts"], norm[0]["ts"] + norm[0]["dur"]))):
                 assert (named[what]["ts"], named[what]["ts"] + named[what]["dur"]) == pytest.approx(drawn, abs=1e-3)
             opt = next(e for e in spans if e["cat"] == "optimizer")

@@ -56,6 +56,11 @@ class Engine:
     loss: str = "vocab_parallel"    # its cross entropy, priced by its passes over the logits (cost/analytic.py
                                     # LOSS_BYTES): Megatron-Core's unfused vocabulary-parallel one (hetauto emits no
                                     # --cross-entropy-loss-fusion) or torch's F.cross_entropy ("torch")
+    result_checks: int = 0          # scalar all-reduces over the world each iteration, besides the global norm,
+                                    # that check the step's results: Megatron-LM's result validation (its default
+                                    # --rerun-mode validate_results) asks every rank whether its loss was rejected,
+                                    # after the pipeline drains (Megatron-Core's rerun_state_machine.py `_reduce_any`,
+                                    # from core 0.10 on); plan/tail_costs.py result_check_time
 
 
 ENGINES = {
@@ -66,7 +71,9 @@ ENGINES = {
     # utils.py, get_attention_backend, "Filter: Compute capability" and "Filter: Data type"), which computes and
     # keeps the s x s softmax output, as Megatron's local spec does (the CPU dry runs' layers, cost/activations.py
     # DRY_RUN_IMPL).
-    "megatron": Engine("megatron", True, True, True, True, False, False, False),
+    # Megatron-LM's training loop checks each step's results with its rerun state machine, and hetauto's dry run
+    # runs the same (runtime/train.py).
+    "megatron": Engine("megatron", True, True, True, True, False, False, False, result_checks=1),
     # DeepSpeed 0.19.8's PipelineEngine with the configs emit/deepspeed.py writes (docs/deepspeed.md, measured by
     # tests/test_deepspeed_pipeline.py): it sets enable_backward_allreduce = False (runtime/pipe/engine.py:80) and
     # reduces the DP gradients in its ReduceGrads instruction after the stage's last backward (pipe/engine.py:287,

@@ -251,7 +251,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
             if norm is None:
                 norm = self._rings[ring] = tail_costs.grad_norm_time(self.inventory, cur)
             out = self._syncs[cur] = tail_costs.iteration_sync_time(
-                pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)], norm)
+                pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)], norm, self.engine)
         return out
 
     def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list):

@@ -15,7 +15,10 @@ scatter phase; the broadcasts inside every holder), each as long as its busiest 
   direction of a cluster's uplink where the inventory gives one, and each cluster's own network
   (`exchange inside a`: the root ranks' sends and receives inside the cluster, then the broadcasts inside its
   holders), busy from a step's start for that resource's own seconds (the busiest fills the step);
-- after it, a lane `global gradient norm` (a process of its own in a trace) with one span: the all-reduce of one
+- after it, under Megatron-LM's loop, a lane `result check` with one span: whether any rank rejected its step's
+  loss (its rerun state machine, --rerun-mode validate_results), one scalar all-reduced over every rank
+  (tail_costs.result_check_time);
+- then a lane `global gradient norm` (a process of its own in a trace) with one span: the all-reduce of one
   scalar over every rank, as tail_costs.grad_norm_time prices it (the hops' latencies around gloo's ring).
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 EXCHANGE = "gradient exchange"      # the lanes' `cluster` (one process of their own in a trace)
 STEPS = "gradient exchange across holders"     # the lane of its steps
 NORM = "global gradient norm"       # the norm's lane, and its `cluster` (a process of its own in a trace)
+CHECK = "result check"              # the result check's lane and `cluster`
 
 
 def _resource_lane(res) -> str:
@@ -72,12 +76,19 @@ def exchange_spans(inventory, blocks, start: float, lanes: list, spans: list) ->
     return t
 
 
-def sync_spans(inventory, blocks, norm_s: float, ranks: int, start: float, lanes: list, spans: list) -> float:
+def sync_spans(inventory, blocks, norm_s: float, ranks: int, start: float, lanes: list, spans: list,
+               check_s: float = 0.0) -> float:
     """The iteration-end sync from `start`: the exchange across the holders' `blocks` (exchange_spans), then the
-    global norm's all-reduce over `ranks` ranks (`norm_s`: tail_costs.grad_norm_time) on its own lane (kind
-    "norm"); returns where the norm ends. No norm lane where it takes no time."""
+    engine's result check (`check_s`: tail_costs.result_check_time) and the global norm's all-reduce over `ranks`
+    ranks (`norm_s`: tail_costs.grad_norm_time), each on its own lane (kind "norm"); returns where the norm ends.
+    No lane for what takes no time."""
     from .timeline import Lane, Span
     t = exchange_spans(inventory, blocks, start, lanes, spans)
+    if check_s > 0:
+        lanes.append(Lane(CHECK, CHECK, "norm"))
+        spans.append(Span(len(lanes) - 1, "norm", t, t + check_s,
+                          label=f"result check: whether any of {ranks} ranks rejected its loss, all-reduced"))
+        t += check_s
     if norm_s > 0:
         lanes.append(Lane(NORM, NORM, "norm"))
         spans.append(Span(len(lanes) - 1, "norm", t, t + norm_s,

@@ -118,15 +118,18 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             "link_boundary_saves_s": saved,
             # several boundaries that bind together (None where the one above saves at least half alone)
             "link_boundaries": link_set, "link_boundaries_save_s": set_saves if link_set else None,
-            # of tail_sync, the global norm's all-reduce (the rest: the tied table's exchange; 0 where an older
-            # estimate does not say)
-            "grad_norm_s": min(_figure(estimate.get("grad_norm_s")), sync)}
+            # of tail_sync, the global norm's all-reduce and the result check's (the rest: the tied table's
+            # exchange; 0 where an older estimate does not say)
+            "grad_norm_s": min(_figure(estimate.get("grad_norm_s")), sync),
+            "result_check_s": min(_figure(estimate.get("result_check_s")), sync)}
 
 
-def grad_norm_note(seconds: float) -> str:
-    """The note on the breakdown line that holds the global norm's all-reduce (milliseconds: it is small)."""
-    shown = f"{1e3 * seconds:.3g} ms" if seconds < 1 else f"{seconds:.3f} s"
-    return f"  (of which the global gradient norm {shown})"
+def grad_norm_note(seconds: float, check: float = 0.0) -> str:
+    """The note on the breakdown line that holds the global norm's all-reduce and the result check's (milliseconds:
+    they are small)."""
+    shown = lambda x: f"{1e3 * x:.3g} ms" if x < 1 else f"{x:.3f} s"    # noqa: E731
+    return (f"  (of which the global gradient norm {shown(seconds)}"
+            + (f", the result check {shown(check)}" if check else "") + ")")
 
 
 def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str:

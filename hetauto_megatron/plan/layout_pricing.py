@@ -128,7 +128,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             fwd.append(f)
             bwd.append(b)
         if tail is None:
-            tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links)["tail_s"]
+            tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links,
+                                             engine=engine)["tail_s"]
         if engine == "deepspeed":
             t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
                               blocking=blocking, depth=depth)

@@ -38,6 +38,7 @@ def shapes_breakdown(est: dict) -> dict:
     return {"parts": {k: {"seconds": v, "share": v / T if T > 0 else 0.0} for k, v in parts.items()},
             "bottleneck": worst, "slowest_pipeline": slow,
             "grad_norm_s": min(X._figure(est.get("grad_norm_s")), parts["rest"]),     # of the rest, the global norm
+            "result_check_s": min(X._figure(est.get("result_check_s")), parts["rest"]),   # and the result check
             "text": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
                     + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else "")}
 
@@ -63,7 +64,8 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) 
     return {"shape": "pipelines", "model": plan.model.name, "devices": plan.world_size,
             "pipelines": rows, "global_batch_size": plan.global_batch_size, "iteration_time_s": T,
             "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
-            "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline", "grad_norm_s")},
+            "breakdown": {k: bd[k] for k in ("parts", "bottleneck", "slowest_pipeline", "grad_norm_s",
+                                             "result_check_s")},
             "bottleneck": bd["text"],
             "exchange_roots": est.get("exchange_roots", []), "exchange_choices": _choices(plan, inventory, cost_model),
             "memory": X.memory_headroom(est), "runners_up": None, "sensitivity": sens,
@@ -99,7 +101,8 @@ def format_shapes_report(rep: dict) -> str:
     for k, v in bd["parts"].items():
         out.append(f"  {PARTS[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "")
-                   + (X.grad_norm_note(bd["grad_norm_s"]) if k == "rest" and bd.get("grad_norm_s") else ""))
+                   + (X.grad_norm_note(bd["grad_norm_s"], bd.get("result_check_s") or 0.0)
+                      if k == "rest" and bd.get("grad_norm_s") else ""))
     if rep.get("exchange_roots"):
         out.append(describe_roots(rep["exchange_roots"]))
     ch = rep.get("exchange_choices")

@@ -28,7 +28,7 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
   it is exposed in full.
 - **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
-  global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
+  result check of Megatron-LM's loop and the global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
   the fixed per-iteration overhead.
 
 A plan with one pipeline and no alongside mesh is priced by plan/simulate.py as before; on such a plan this
@@ -288,6 +288,7 @@ class ShapesResult:
     grad_norm_s: float
     fits: bool
     extra: dict = field(default_factory=dict)
+    result_check_s: float = 0.0
 
 
 def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model,
@@ -303,10 +304,11 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     holders = _holders(pm, stage_lists, model.tie_embeddings)
     sync = tail_costs.holders_sync_time(inventory, holders)
     norm = tail_costs.grad_norm_time(inventory, meshes)
-    T = (max(t.before_sync for t in timings) + sync + norm
+    check = tail_costs.result_check_time(inventory, meshes, grad_norm=norm)    # Megatron-LM's loop (the default engine)
+    T = (max(t.before_sync for t in timings) + sync + check + norm
          + max(t.after_s for t in timings) + max(t.overhead_s for t in timings))
     return ShapesResult(T, timings, sync, norm, all(t.fits for t in timings),
-                        extra={"holders": holders})
+                        extra={"holders": holders}, result_check_s=check)
 
 
 def _padded(model: ModelSpec, shapes: list[PipelineShape]) -> ModelSpec:
@@ -386,7 +388,8 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                    dp_exposed_s=max(res.pipelines, key=lambda t: t.before_sync).reduce_s + _gathers(
                        max(res.pipelines, key=lambda t: t.after_s)),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
-                   sync_s=res.replica_sync_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
+                   sync_s=res.replica_sync_s + res.result_check_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
+                   result_check_s=res.result_check_s,
                    stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "reduce_s": round(t.reduce_s, 6),

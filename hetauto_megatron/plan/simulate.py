@@ -67,8 +67,9 @@ class Estimate:
     pipeline_s: float                 # 1F1B makespan
     dp_exposed_s: float               # DP synchronisation not hidden behind compute
     optimizer_s: float
-    sync_s: float = 0.0               # tied table's holders' exchange + global-norm all-reduce (iteration tail)
+    sync_s: float = 0.0               # tied table's holders' exchange + result check + global-norm all-reduce
     grad_norm_s: float = 0.0          # of which the global-norm all-reduce (tail_costs.grad_norm_time)
+    result_check_s: float = 0.0       # and the engine's result check over the world (tail_costs.result_check_time)
     stages: list[dict] = field(default_factory=list)
     cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
     cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
@@ -86,7 +87,7 @@ class Estimate:
                 "memory_gib": [round(x, 2) for x in self.memory_gib], "fits": self.fits,
                 "pipeline_s": r(self.pipeline_s), "dp_exposed_s": r(self.dp_exposed_s),
                 "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s),
-                "grad_norm_s": r(self.grad_norm_s), "stages": self.stages,
+                "grad_norm_s": r(self.grad_norm_s), "result_check_s": r(self.result_check_s), "stages": self.stages,
                 "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {}),
                 **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {}),
                 **({"exchange_roots": self.exchange_roots} if self.exchange_roots else {})}
@@ -195,10 +196,12 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
         fwd.append(f)
         bwd.append(b)
         mem.append(memory_fit.stage_memory(model, prof, layers[i], in_flight[i], first, last, buffers[i])["total"])
-    # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, global norm, optimizer.
+    # DP sync exposed as each mesh's settings say, the tied table's holders' exchange, the engine's result check,
+    # global norm, optimizer.
     norm = tail_costs.grad_norm_time(inventory, choices)
+    check = tail_costs.result_check_time(inventory, choices, engine, norm)
     tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links,
-                                     tail_costs.iteration_sync_time(model, inventory, choices, profs, norm))
+                                     tail_costs.iteration_sync_time(model, inventory, choices, profs, norm, engine))
     overhead = _iteration_overhead(cost_model, profs)
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends
         makespan, busy = simulate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), links, m, pipe.uplinks)
@@ -242,7 +245,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
                     dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],
-                    grad_norm_s=norm, stages=stages, cost_model=sources, cost_model_why=why)
+                    grad_norm_s=norm, result_check_s=check, stages=stages, cost_model=sources, cost_model_why=why)
 
 
 def stage_schedule(stages: list[dict], links: list | None = None) -> dict:
@@ -309,16 +312,18 @@ def plan_boundaries(plan: Plan) -> list:
 
 
 def tail_sync_terms(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None):
-    """(the inventory priced on, the holders' blocks for tail_costs.holders_sync_steps, the global norm's seconds)
-    of a plan of one pipeline of single meshes: the two terms its `sync_s` sums (tail_costs.iteration_sync_time:
-    a tied table held by the first and the last stage, none otherwise), as simulate prices them."""
+    """(the inventory priced on, the holders' blocks for tail_costs.holders_sync_steps, the result check's seconds,
+    the global norm's seconds) of a plan of one pipeline of single meshes: the terms its `sync_s` sums
+    (tail_costs.iteration_sync_time: a tied table held by the first and the last stage, none otherwise), as simulate
+    prices them."""
     engine = engine or plan.engine
     inventory = inventory.with_precision(plan.precision)
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
     profs = _pipeline(model, inventory, choices, cost_model or _DEFAULT_COST, engine).profs
+    norm = tail_costs.grad_norm_time(inventory, choices)
     return (inventory, tail_costs.tied_table_blocks(model, choices, profs[0], profs[-1]),
-            tail_costs.grad_norm_time(inventory, choices))
+            tail_costs.result_check_time(inventory, choices, engine, norm), norm)
 
 
 def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None) -> Estimate:

@@ -4,7 +4,8 @@ Per stage, the DP gradient reduction (in the gradient-reduce dtype, exposed unle
 the parameter all-gather of the distributed optimizer (`dp_sync_times`, `dp_exposed_times`), and the optimizer
 step (`optimizer_time`); job-wide, the gradients of parameters several mesh stages hold summed across them
 (`holders_sync_time`; in one pipeline of single meshes only a tied embedding table, between the first and the
-last stage) and the global gradient-norm all-reduce over the world's gloo group (`grad_norm_time`).
+last stage) and the scalars all-reduced over the world's gloo group: the global gradient norm (`grad_norm_time`)
+and, under an engine that checks each step's results, whether any rank's were rejected (`result_check_time`).
 `iteration_tail` puts them together as the runtime runs them.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .bucket_exposure import Buckets, buckets_of
 from .costing import StageProfile
 from .exchange_roots import exchange_weights, run_edges, source_ranks
 from .link_costs import link_between, rank_pairs_share
-from .engines import ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES
 from .vocab_padding import model_padded_vocab_size
 
 
@@ -124,17 +125,17 @@ def tail_windows(fwd, bwd, links):
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links, sync: float | None = None) -> dict[str, float]:
+                   links, sync: float | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
     the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
-    tied table's holders' exchange and the global-norm all-reduce), then the optimizer step (with a gather not
+    tied table's holders' exchange, the engine's result check and the global-norm all-reduce), then the optimizer step (with a gather not
     overlapped: the slowest stage's step and gather), then what the parameter gathers in the forward pre-hooks
     add to the next iteration's fill (each stage's, one after the other along the pipeline). Keys: tail_s,
     dp_exposed_s, optimizer_s, sync_s (seconds), and per stage stage_dp_exposed_s, stage_optimizer_s (lists).
-    `sync`: iteration_sync_time(model, inventory, meshes, profiles) when the caller has it (it depends on the
+    `sync`: iteration_sync_time(model, inventory, meshes, profiles, engine=engine) when the caller has it (it depends on the
     layout only, not on the layer split). The search's leaves need tail_s alone: `tail_seconds`."""
     if sync is None:
-        sync = iteration_sync_time(model, inventory, meshes, profiles)
+        sync = iteration_sync_time(model, inventory, meshes, profiles, engine=engine)
     p = len(profiles)
     reduce_exp, after, opt, fill, exposed, g_fills, g_steps = [], [], [], 0.0, [], [], []
     for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
@@ -347,25 +348,38 @@ def tied_table_blocks(model: ModelSpec, meshes, first: StageProfile, last: Stage
                           (meshes[-1].cluster, last, (len(meshes) - 1, meshes[-1].num_stages - 1))])]
 
 
-def grad_norm_time(inventory: Inventory, meshes) -> float:
-    """The global gradient norm: a scalar all-reduced over the gloo group of every rank (ranks mesh after
-    mesh). gloo's ring takes 2(n - 1) steps, each waiting for its left neighbour, so the message walks the ring
-    about twice: twice the sum of the hop latencies (each rank to the next, the last back to the first), where
-    hops inside a cluster cost its inter-node latency and hops between clusters their link's. Bandwidth does
-    not matter for a few bytes."""
+def world_scalar_time(inventory: Inventory, meshes) -> float:
+    """One scalar all-reduced over the gloo group of every rank (ranks mesh after mesh). gloo's ring takes
+    2(n - 1) steps, each waiting for its left neighbour, so the message walks the ring about twice: twice the sum
+    of the hop latencies (each rank to the next, the last back to the first), where hops inside a cluster cost its
+    inter-node latency and hops between clusters their link's. Bandwidth does not matter for a few bytes."""
     ring = 0.0
     for m, nxt in _ring_neighbours(meshes):
         ring += (m.tp * m.dp * m.num_stages - 1) * inventory.cluster(m.cluster).inter_node.latency_s
         ring += _hop_latency(inventory, m.cluster, nxt)
-    return GRAD_NORM_ALLREDUCES * 2 * ring
+    return 2 * ring
 
 
-def grad_norm_between_clusters(inventory: Inventory, meshes) -> float:
-    """The part of grad_norm_time its hops between clusters take: what a dry run's emulated links hold the norm
-    for (runtime/train.py), its "clusters" sharing one machine, where gloo's hops between them are the
+def world_scalar_between_clusters(inventory: Inventory, meshes) -> float:
+    """The part of world_scalar_time its hops between clusters take: what a dry run's emulated links hold each such
+    all-reduce for (runtime/train.py), its "clusters" sharing one machine, where gloo's hops between them are the
     loopback's."""
-    between = sum(_hop_latency(inventory, m.cluster, nxt) for m, nxt in _ring_neighbours(meshes) if nxt != m.cluster)
-    return GRAD_NORM_ALLREDUCES * 2 * between
+    return 2 * sum(_hop_latency(inventory, m.cluster, nxt) for m, nxt in _ring_neighbours(meshes) if nxt != m.cluster)
+
+
+def grad_norm_time(inventory: Inventory, meshes) -> float:
+    """The global gradient norm: a scalar all-reduced over every rank (world_scalar_time), once an iteration."""
+    return GRAD_NORM_ALLREDUCES * world_scalar_time(inventory, meshes)
+
+
+def result_check_time(inventory: Inventory, meshes, engine: str = DEFAULT_ENGINE,
+                      grad_norm: float | None = None) -> float:
+    """The engine's check of the step's results (Engine.result_checks): under Megatron-LM's result validation each
+    rank's "rejected" flag, an int32 all-reduced over every rank after the pipeline drains, before the optimizer
+    step and its norm (on host memory and gloo, as every collective over the world: runtime/world_collectives.py).
+    `grad_norm`: grad_norm_time(inventory, meshes) when the caller has it (the same ring, not walked again)."""
+    ring = world_scalar_time(inventory, meshes) if grad_norm is None else grad_norm / GRAD_NORM_ALLREDUCES
+    return ENGINES[engine].result_checks * ring
 
 
 def _ring_neighbours(meshes):
@@ -375,10 +389,11 @@ def _ring_neighbours(meshes):
 
 
 def iteration_sync_time(model: ModelSpec, inventory: Inventory, meshes, profiles,
-                        grad_norm: float | None = None) -> float:
+                        grad_norm: float | None = None, engine: str = DEFAULT_ENGINE) -> float:
     """The tail's job-wide terms of one pipeline of single meshes: the tied table summed across its two holders
-    (holders_sync_time, as for any plan shape; exactly 0.0 without one) + global-norm all-reduce (`profiles`: per
-    stage; `grad_norm`: grad_norm_time(inventory, meshes) when the caller has it)."""
+    (holders_sync_time, as for any plan shape; exactly 0.0 without one) + the engine's result check + global-norm
+    all-reduce (`profiles`: per stage; `grad_norm`: grad_norm_time(inventory, meshes) when the caller has it; the
+    check is a scalar over the same ring)."""
     blocks = tied_table_blocks(model, meshes, profiles[0], profiles[-1])
-    return (holders_sync_time(inventory, blocks) +
-            (grad_norm_time(inventory, meshes) if grad_norm is None else grad_norm))
+    norm = grad_norm_time(inventory, meshes) if grad_norm is None else grad_norm
+    return holders_sync_time(inventory, blocks) + result_check_time(inventory, meshes, engine, norm) + norm

@@ -96,8 +96,9 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     spans: list[Span] = []
     per_stage = _link_spans(events, link_lane, spans)
     # the job-wide sync on every stage, as sync_s prices it: the tied table's holders' exchange (where its first
-    # and last stages hold it), then the global norm; lanes of their own show both (plan/exchange_lanes.py)
-    inv, blocks, norm = tail_sync_terms(plan, inventory, cost_model, engine)
+    # and last stages hold it), then the engine's result check and the global norm; lanes of their own show them
+    # (plan/exchange_lanes.py)
+    inv, blocks, check, norm = tail_sync_terms(plan, inventory, cost_model, engine)
     for i in range(p):
         t = 0.0
         for e in per_stage.get(i, []):         # F, B, send (held by a blocking send), recv (its input is on the link)
@@ -106,8 +107,8 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
             t = max(t, e.end)
         _fill(spans, i, t, makespan, "idle", spans)
     start = _tail_spans(spans, [(i, st[i], i) for i in range(p)], makespan, makespan,
-                        (holders_sync_time(inv, blocks), norm), tail_end, T)
-    sync_spans(inv, blocks, norm, plan.world_size, start, lanes, spans)
+                        (holders_sync_time(inv, blocks), check, norm), tail_end, T)
+    sync_spans(inv, blocks, norm, plan.world_size, start, lanes, spans, check)
     spans.sort(key=lambda s: (s.lane, s.start))
     name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
                      f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
@@ -117,13 +118,14 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
 def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> float:
     """The tail of one pipeline's lanes [(lane, estimate row, stage)] as the runtime runs it and the iteration time
     counts it (tail_costs.iteration_tail): each lane's exposed DP reduction after `makespan`, the wait for the
-    slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (`sync`: the holders' exchange and
-    the global norm, seconds; each a span of its own, named), the optimizer step (and a gather not overlapped),
+    slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (`sync`: the holders' exchange, the
+    result check and the global norm, seconds; each a span of its own, named), the optimizer step (and a gather not overlapped),
     then the parameter gathers of the next iteration's first forwards, one stage after the other along the
     pipeline (each waits for its input, so they add up), then the fixed overhead. Returns where the sync starts."""
     exchange = max([exchange] + [makespan + row.get("dp_reduce_s", 0.0) for _, row, _ in lanes])
     exchanged = exchange + sync[0]
-    synced = exchanged + sync[1]
+    checked = exchanged + sync[1]
+    synced = checked + sync[2]
     stepped = synced + max(row.get("optimizer_s", 0.0) + row.get("gather_step_s", 0.0) for _, row, _ in lanes)
     chain, at = {}, stepped          # per stage: when its gather starts (after the stages before it gathered)
     for stage in sorted({s for _, _, s in lanes}):
@@ -139,7 +141,8 @@ def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> float:
         for kind, t0, t1, label in (
                 ("dp-sync", makespan, r, None), ("idle", r, c(exchange), None),
                 ("dp-sync", c(exchange), c(exchanged), "gradient exchange across holders"),
-                ("dp-sync", c(exchanged), c(synced), "global gradient norm"), ("optimizer", c(synced), o, None),
+                ("dp-sync", c(exchanged), c(checked), "result check"),
+                ("dp-sync", c(checked), c(synced), "global gradient norm"), ("optimizer", c(synced), o, None),
                 ("dp-sync", o, g, None), ("idle", g, f0, None), ("dp-sync", f0, f1, None),
                 ("idle", f1, tail_end, None), ("overhead", tail_end, T, None)):
             _fill(spans, lane, t0, t1, kind, spans, label)
@@ -257,8 +260,9 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
                     now = max(now, end)
                 _fill(spans, lane, now, t.makespan, "idle", spans)
         _tail_spans(spans, [(lane, row, i) for i, group_lanes in stage_lanes.items() for lane, row in group_lanes],
-                    t.makespan, exchange, (res.replica_sync_s, res.grad_norm_s), tail_end, T)
-    sync_spans(inventory, res.extra["holders"], res.grad_norm_s, plan.world_size, exchange, lanes, spans)
+                    t.makespan, exchange, (res.replica_sync_s, res.result_check_s, res.grad_norm_s), tail_end, T)
+    sync_spans(inventory, res.extra["holders"], res.grad_norm_s, plan.world_size, exchange, lanes, spans,
+               res.result_check_s)
     spans.sort(key=lambda s: (s.lane, s.start))
     clusters = list(dict.fromkeys(lane.cluster for lane in lanes if lane.kind == "stage"))
     per = [len({r["stage"] for r in t.stages}) for t in res.pipelines]     # each pipeline's own stages

@@ -48,6 +48,11 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
                              f"vain ({reason[:200]})", file=file, field=timeout_flag,
                              fix=f"give a larger {timeout_flag}") from None
         raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
+    if backend != "gloo":
+        # a collective over the world with an accelerator tensor would span vendors' libraries: through host
+        # memory on gloo instead (Megatron-LM's loop issues several, runtime/world_collectives.py)
+        from . import world_collectives
+        world_collectives.install()
     check_same_plan(plan, rank, world_size, file=file)
 
 

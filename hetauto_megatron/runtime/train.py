@@ -111,16 +111,17 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
                                   ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
-    links, norm_hold = None, 0.0
+    links, scalar_hold = None, 0.0
     if emulate_links is not None:      # the inventory's links, for the pipeline's and the exchange's emulation
-        from ..plan.tail_costs import grad_norm_between_clusters
+        from ..plan.tail_costs import world_scalar_between_clusters
         from ..spec.inventory import inventory_from_dict
         links = inventory_from_dict(plan.inventory)
         comm.emulate_links(emulate_links, links)
-        # and the global norm's all-reduce, which crosses every link of the world's ring: on one machine its hops
-        # between "clusters" are the loopback's, so each rank holds for theirs once the norm is known (every rank
-        # is past the all-reduce then: the same as the all-reduce taking that much longer)
-        norm_hold = grad_norm_between_clusters(links, plan.meshes) * emulate_links
+        # and the scalars all-reduced over the world (the result check, the global norm), which cross every link
+        # of the world's ring: on one machine its hops between "clusters" are the loopback's, so each rank holds
+        # for theirs once the result is known (every rank is past the all-reduce then: the same as the all-reduce
+        # taking that much longer)
+        scalar_hold = world_scalar_between_clusters(links, plan.meshes) * emulate_links
     config.no_sync_func = ddp.no_sync
     if settings.overlap_grad_reduce:
         # As Megatron-LM does (align_grad_reduce, its default): stages other than the first launch their last
@@ -154,8 +155,17 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
     causal = torch.tril(torch.ones(1, 1, seq, seq, device=dev)) < 0.5  # True = masked
 
+    # Megatron-LM's result validation (its default --rerun-mode validate_results), as its training loop runs it:
+    # the loss function rejects a NaN or infinite loss, and after each forward-backward pass every rank learns
+    # whether any rank rejected its loss, one scalar all-reduced over the world (plan/tail_costs.py
+    # result_check_time); a rejected step is run again, and a rejection it reproduces stops the run
+    rerun = result_validation()
+
     def loss_func(per_token_loss):
         loss = per_token_loss.float().mean()
+        for rejected, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            rerun.validate_result(result=loss, rejection_func=rejected, tolerance=0.0, fatal=True,
+                                  message=f"found {what} in local forward loss calculation")
         return loss, {"lm loss": loss.detach().clone()}
 
     def forward_step(data_iterator, module):
@@ -173,8 +183,6 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     for step in range(steps):
         t0 = time.perf_counter()
         clock.begin_step()
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
         if plan.num_pipelines == 1:
             step_batches = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)
                             for m in range(layout.num_micro_batches)]
@@ -182,25 +190,33 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
             mine = pipeline_samples(plan, c.pipeline, seed=seed, step=step)
             step_batches = [mine[m * batch:(m + 1) * batch] for m in range(layout.num_micro_batches)]
         data = [tokens[first:last].to(dev) for tokens in step_batches]
-        common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
-                      num_microbatches=layout.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
-                      forward_only=False, pg_collection=ctx.pg)
         with _metered(step == 0, model, ddp, opt, alloc, ctx.device) as meter_now:   # memory: the first step only (untimed)
             meter = meter_now or meter
             comm.meter = meter_now      # the boundary buffers an overlapped link holds count too (measured step)
             before = waited()
-            if layout.num_stages > 1:
-                comm.begin_step(layout.num_micro_batches)
-                results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
-                comm.end_step()
-            else:
-                results = forward_backward_no_pipelining(**common)
+            while rerun.should_run_forward_backward(None):     # the result check after the pass, as Megatron-LM's
+                ddp.zero_grad_buffer()
+                opt.zero_grad()
+                common = dict(forward_step_func=forward_step, data_iterator=iter(data), model=[ddp],
+                              num_microbatches=layout.num_micro_batches, seq_length=seq, micro_batch_size=mbs,
+                              forward_only=False, pg_collection=ctx.pg)
+                if layout.num_stages > 1:
+                    comm.begin_step(layout.num_micro_batches)
+                    results = forward_backward_pipelining_without_interleaving(p2p_communicator=comm, **common)
+                    comm.end_step()
+                else:
+                    results = forward_backward_no_pipelining(**common)
+            if scalar_hold:
+                time.sleep(scalar_hold)
             if layout.num_stages > 1 or replicas is not None:
                 exposed.append(waited() - before)
+        if rerun.should_checkpoint_and_exit()[1]:
+            raise RuntimeError(f"step {step}: a loss rejected as NaN or infinite, again when the step was run again "
+                               "(Megatron-LM's result validation stops the job here)")
         with clock.span("optimizer"):
             _, grad_norm, _ = opt.step()
-            if norm_hold:
-                time.sleep(norm_hold)
+            if scalar_hold:
+                time.sleep(scalar_hold)
         if on_device:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -232,6 +248,20 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
             "exposed_s": exposed,
             "ops": clock.steps, "memory": memory,
             "settings": settings_that_ran(config, ddp.ddp_config, opt, ddp.buffers), "shared": shared}
+
+
+def result_validation():
+    """Megatron-Core's rerun state machine in the mode Megatron-LM's training loop runs by default (validate_results),
+    set up as Megatron-LM's initialize does it: a step run again starts from the same RNG states."""
+    from megatron.core import tensor_parallel
+    from megatron.core.rerun_state_machine import (RerunMode, get_rerun_state_machine,
+                                                   initialize_rerun_state_machine)
+
+    tracker = tensor_parallel.get_cuda_rng_tracker
+    initialize_rerun_state_machine(state_save_func=lambda: {"rng_tracker_states": tracker().get_states()},
+                                   state_restore_func=lambda s: tracker().set_states(s["rng_tracker_states"]),
+                                   mode=RerunMode.VALIDATE_RESULTS)
+    return get_rerun_state_machine()
 
 
 @contextmanager
