@@ -4,8 +4,8 @@ One panel per timeline, stacked on the same time axis (predicted above measured)
 and per link direction between clusters. Forward and backward take their cluster's colour (backward
 darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black, the fixed per-iteration
 overhead olive, the gradient exchange across holders (its steps, the links it keeps busy: lanes of their own)
-dark red and hatched, the global gradient norm's all-reduce (a lane of its own) dark violet; idle time is left
-blank.
+dark red and hatched, the scalars all-reduced over the world (Megatron-LM's result check and the global gradient
+norm, a lane each) dark violet; idle time is left blank.
 """
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 c = base if s.kind == "forward" else _darker(base)
             else:
                 c = KIND_COLOURS.get(s.kind, "#9e9e9e")
-            bars.setdefault((y_of[s.lane], c), []).append((s.start, s.duration))
+            # a scalar's all-reduce over the world is a sliver (milliseconds in seconds): drawn at least a pixel wide
+            width = max(s.duration, tl.iteration_s / 600) if s.kind == "norm" else s.duration
+            bars.setdefault((y_of[s.lane], c), []).append((s.start, width))
         for (y, c), xr in bars.items():
             hatched = c == KIND_COLOURS["exchange"]       # its steps follow each other: edges show where
             ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white", linewidth=0.8 if hatched else 0.2,
@@ -86,7 +88,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 Patch(color=KIND_COLOURS["dp-sync"], label="gradient sync: DP, across holders"),
                 Patch(facecolor=KIND_COLOURS["exchange"], hatch="////", edgecolor="white",
                       label="gradient exchange across holders"),
-                Patch(color=KIND_COLOURS["norm"], label="global gradient norm"),
+                Patch(color=KIND_COLOURS["norm"], label="result check, global gradient norm"),
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
