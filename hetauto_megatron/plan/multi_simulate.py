@@ -27,9 +27,9 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   bytes in one direction of an inventory link add up (links are full duplex; different links run at once);
   inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
   it is exposed in full.
-- **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the
-  result check of Megatron-LM's loop and the global gradient norm over every rank, the slowest stage's optimizer step and exposed parameter gather, and
-  the fixed per-iteration overhead.
+- **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the result
+  check of Megatron-LM's loop and the global gradient norm over every rank, the slowest stage's optimizer step and
+  exposed parameter gather, and the fixed per-iteration overhead.
 
 A plan with one pipeline and no alongside mesh is priced by plan/simulate.py as before; on such a plan this
 module gives the same figures (a test checks it), so the two can never drift apart unnoticed.

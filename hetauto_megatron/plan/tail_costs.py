@@ -126,14 +126,14 @@ def tail_windows(fwd, bwd, links):
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
                    links, sync: float | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, float]:
-    """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order):
-    the exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the
-    tied table's holders' exchange, the engine's result check and the global-norm all-reduce), then the optimizer step (with a gather not
-    overlapped: the slowest stage's step and gather), then what the parameter gathers in the forward pre-hooks
-    add to the next iteration's fill (each stage's, one after the other along the pipeline). Keys: tail_s,
+    """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order): the
+    exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the tied table's
+    holders' exchange, the engine's result check and the global-norm all-reduce), then the optimizer step (with a
+    gather not overlapped: the slowest stage's step and gather), then what the parameter gathers in the forward
+    pre-hooks add to the next iteration's fill (each stage's, one after the other along the pipeline). Keys: tail_s,
     dp_exposed_s, optimizer_s, sync_s (seconds), and per stage stage_dp_exposed_s, stage_optimizer_s (lists).
-    `sync`: iteration_sync_time(model, inventory, meshes, profiles, engine=engine) when the caller has it (it depends on the
-    layout only, not on the layer split). The search's leaves need tail_s alone: `tail_seconds`."""
+    `sync`: iteration_sync_time(model, inventory, meshes, profiles, engine=engine) when the caller has it (it
+    depends on the layout only, not on the layer split). The search's leaves need tail_s alone: `tail_seconds`."""
     if sync is None:
         sync = iteration_sync_time(model, inventory, meshes, profiles, engine=engine)
     p = len(profiles)

@@ -119,9 +119,9 @@ def _tail_spans(spans, lanes, makespan, exchange, sync, tail_end, T) -> float:
     """The tail of one pipeline's lanes [(lane, estimate row, stage)] as the runtime runs it and the iteration time
     counts it (tail_costs.iteration_tail): each lane's exposed DP reduction after `makespan`, the wait for the
     slowest (`exchange`: its end, or the slowest pipeline's), the job-wide sync (`sync`: the holders' exchange, the
-    result check and the global norm, seconds; each a span of its own, named), the optimizer step (and a gather not overlapped),
-    then the parameter gathers of the next iteration's first forwards, one stage after the other along the
-    pipeline (each waits for its input, so they add up), then the fixed overhead. Returns where the sync starts."""
+    result check and the global norm, seconds; each a span of its own, named), the optimizer step (and a gather not
+    overlapped), then the parameter gathers of the next iteration's first forwards, one stage after the other along
+    the pipeline (each waits for its input, so they add up), then the fixed overhead. Returns where the sync starts."""
     exchange = max([exchange] + [makespan + row.get("dp_reduce_s", 0.0) for _, row, _ in lanes])
     exchanged = exchange + sync[0]
     checked = exchanged + sync[1]
