@@ -32,6 +32,7 @@ class Unpriced(NamedTuple):
     flag: str
     default: object      # Megatron's default: any other value builds the feature
     what: str            # what it builds that the plan did not price
+    allowed: tuple = ()  # other values that build nothing the plan's time and memory depend on
 
 
 UNPRICED = (
@@ -111,12 +112,19 @@ UNPRICED = (
     Unpriced("inprocess_restart", "--inprocess-restart", False,
              "in-process restart, which tears down the process groups and builds Megatron's own: --hetauto's "
              "groups are the plan's (per-cluster meshes and the cross-cluster communicator), built once"),
+    # Megatron-LM's result validation (plan/engines.py result_checks): the plan prices its default mode, whose check
+    # is one scalar all-reduced over the world each iteration. "disabled" drops that scalar (a NaN or infinite loss
+    # still stops the job): a few hop latencies the plan over-prices, as --no-align-grad-reduce changes nothing
+    # priced; "report_stats" runs every step twice (core/rerun_state_machine.py REPORT_DETERMINISM_STATS).
+    Unpriced("rerun_mode", "--rerun-mode", "validate_results",
+             "every iteration's forward and backward passes run twice, to report their non-determinism: the plan "
+             "prices one run", allowed=("disabled",)),
 )
 
 
 def check_unpriced(args, *, file: str | None = None) -> None:
     """InputError naming every argument of UNPRICED given a value other than Megatron's default."""
-    given = [u for u in UNPRICED if getattr(args, u.dest, u.default) not in (u.default,)]
+    given = [u for u in UNPRICED if getattr(args, u.dest, u.default) not in (u.default, *u.allowed)]
     if given:
         raise InputError("the Megatron arguments ask for what the plan does not price: " + "; ".join(
             f"{u.flag} {getattr(args, u.dest)!r} ({u.what})" for u in given), file=file, field=given[0].flag,
