@@ -256,7 +256,8 @@ def test_replan_climbs_from_each_better_leaf_and_stops_sooner():
     """--from on the 736-device example without its H800s (the old plan A100 -> H800): the warm enumeration climbs
     from each leaf that beats the best held and prunes by the climb's best, so a leaf that beats the first better
     leaf but not the climb from it (23.152 against 23.161 s in the closed form, the climb 23.114 s) no longer keeps
-    it going another PATIENCE visits: 1,482 visits, were 2,185; the plan is the cold search's, 23.184 s. Its
+    it going another PATIENCE visits: 1,482 visits, were 2,185; the plan is the cold search's, 23.184 s (23.213 s
+    since Megatron-LM's result check is priced: one more scalar around the ring of every rank). Its
     leaf bound with the boundaries' share of the period spares it most of its pricing (1,467 visits now)."""
     from hetauto_megatron.plan.replan import warm_layouts
     from hetauto_megatron.plan.layout_pricing import layout_to_plan
@@ -275,7 +276,7 @@ def test_replan_climbs_from_each_better_leaf_and_stops_sooner():
     warm = warm_layouts(old, SearchSpace(model, smaller, 1024, COST))
     hot = search(model, smaller, 1024, config=SearchConfig(seed=0, workers=1, warm_start=tuple(warm)))
     assert (hot.choices, hot.stage_layers) == (cold.choices, cold.stage_layers)
-    assert hot.iteration_time_s == pytest.approx(23.184, abs=5e-4)
+    assert hot.iteration_time_s == pytest.approx(23.2135, abs=5e-4)
     assert hot.iterations <= 1600, hot.iterations
     # its leaf bound sees what the boundaries add to the period (leaf_bound.py; 0.97 of the values priced at the
     # median, was 0.83): 175 layouts priced, were 747
