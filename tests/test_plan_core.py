@@ -79,6 +79,22 @@ def test_the_tables_other_published_rows_predicted_with_the_packaged_fit():
     assert max(abs(e) for e in errs.values()) <= 0.20, errs
 
 
+def test_the_published_runs_engine_checks_no_results():
+    """Megatron-LM checks each step's results (its rerun state machine, --rerun-mode validate_results) from
+    Megatron-Core 0.10 on: one scalar all-reduced over every rank, priced for hetauto's runs. The published runs
+    trained with Megatron-Core 0.8 or older, which has no such check: their prices must not hold it (one did: the
+    layer split's search priced every non-blocking engine as the default one). On the 2021 rows (no distributed
+    optimizer, so no parameter gather whose start differs between the engines) the default engine adds exactly the
+    check, counted by hand: two walks of the ring of every GPU, each hop at the 10 us of the rows' network."""
+    import dataclasses
+    runs = [r for r in published_runs() if ("distributed_optimizer", False) in r.settings]
+    assert runs
+    for run in runs:
+        gpus = run.tp * run.pp * run.dp
+        added = predict(dataclasses.replace(run, engine="megatron")) - predict(run)
+        assert added == pytest.approx(2 * gpus * 10e-6, rel=1e-6), (run.params_b, added)
+
+
 def test_tp_comm_overlap_is_a_published_sources_switch_never_a_plans(tmp_path):
     """Only a published source that ran --tp-comm-overlap prices its TP collectives under the GEMMs: a table
     without the key (whatever its source's name) gets false, the packaged 2024 source true unless it says false, a

@@ -57,13 +57,13 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
         return _evaluate(model, gbs, pipe, m, [None] * n, choices, cost_model, exact, inventory, engine=engine)[0]
     if depths is not None or schedule == "blocking":
         return _evaluate(model, gbs, pipe, m, list(depths) if depths is not None else [None] * n, choices,
-                         cost_model, exact, inventory)[0]
+                         cost_model, exact, inventory, engine=engine)[0]
 
     def price(depths, reuse) -> Priced:
         # exact: the split now, the event simulation when choose_depths needs its time (pending), so that a depth
         # that loses to a deeper one is simulated only until it is proven slower
         res, tail = _evaluate(model, gbs, pipe, m, depths, choices, cost_model, exact, inventory, reuse=reuse,
-                              simulate=False)
+                              simulate=False, engine=engine)
         if res.stage_layers is None:
             return Priced(res.iteration_time_s, False, None, None, None, None, res)
         p = len(pipe.profs)
@@ -73,7 +73,8 @@ def evaluate_layout(model: ModelSpec, inventory: Inventory, choices: list[MeshCh
             return Priced(res.iteration_time_s, True, fwd, bwd, None, (res.stage_layers, tail), res)
 
         def simulated(above: float) -> Priced | None:
-            est = _finish(model, gbs, pipe, res.stage_layers, m, depths, choices, cost_model, inventory, above=above)
+            est = _finish(model, gbs, pipe, res.stage_layers, m, depths, choices, cost_model, inventory, engine,
+                          above=above)
             if est is None:
                 return None
             out = LayoutResult(res.stage_layers, est.iteration_time_s, boundaries=tuple(depths))
