@@ -146,3 +146,28 @@ def test_no_align_grad_reduce_runs_what_the_plan_priced(monkeypatch):
         {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4, 4]}]})
     args = _accepted(monkeypatch, plan, ["--no-align-grad-reduce"])
     assert args.align_grad_reduce is False and args.overlap_grad_reduce
+
+
+def test_a_launchs_collectives_over_the_world_every_iteration_are_announced_with_their_price(monkeypatch):
+    """--exit-duration-in-mins and --exit-signal-handler make Megatron-LM's loop reduce over the whole world every
+    iteration (training.py checkpoint_and_decide_exit: a MAX all-reduce, an all-gather), which the plan's iteration
+    time does not count: production launches pass them, so they are not refused, and the launch's rank 0 says what
+    they add, priced as the plan's inventory prices the world's ring. Two clusters of 2 ranks, nodes 10 us apart
+    and the link 2 ms: an all-reduce walks the ring twice, 2 x (2 x 10 us + 2 x 2 ms) = 8.04 ms; the all-gather
+    once, 4.02 ms. Without either flag, nothing is said."""
+    from helpers import small_inventory
+
+    from hetauto_megatron.megatron.unpriced import unpriced_world_collectives
+    inv = small_inventory([("a", "h800", 1, 2), ("b", "h800", 1, 2)], [("a", "b", 100, 2)])
+    mesh = {"device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "recompute": "none", "stage_layers": [4]}
+    plan = plan_from_dict({"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
+                           "meshes": [dict(mesh, cluster="a"), dict(mesh, cluster="b")], "inventory": inv.to_dict()})
+    assert [c.inter_node.latency_s for c in inv.clusters] == pytest.approx([10e-6, 10e-6])
+    _, args = parse_emitted(monkeypatch, plan, ["--exit-duration-in-mins", "230", "--exit-signal-handler"])
+    rewrite.rewrite_args(args, plan, rank0_placement(plan))
+    note = unpriced_world_collectives(args, plan)
+    assert "--exit-duration-in-mins (all-reduces whether any rank's time is up over the 4 ranks: 8.04 ms)" in note
+    assert "--exit-signal-handler (all-gathers whether each rank received the exit signal over the 4 ranks: 4.02 " \
+           "ms)" in note and "12.1 ms an iteration that the plan's iteration time does not count" in note
+    _, plain = parse_emitted(monkeypatch, plan, [])
+    assert unpriced_world_collectives(plain, plan) is None

@@ -229,6 +229,11 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
     _STATE = state_box.get("state")
     if _STATE is not None:
         _log_rewrite(_STATE)
+        if _STATE.ident.rank == 0:
+            from .unpriced import unpriced_world_collectives
+            note = unpriced_world_collectives(args, _STATE.plan)
+            if note:
+                print(note, flush=True)
     return args
 
 

@@ -199,3 +199,33 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
         raise InputError(f"--ddp-num-buckets {num} cuts the DP gradient reduction into {num} buckets; {where}",
                          file=file, field="--ddp-num-buckets",
                          fix="drop --ddp-num-buckets (Megatron's default buckets, as priced)")
+
+
+# Megatron-LM arguments that add a collective over the world to every iteration (training.py
+# checkpoint_and_decide_exit): the exit's time limit (a MAX all-reduce of whether any rank's time is up) and the
+# exit signal (an all-gather of whether each rank received it). Legitimate in production launches, so not refused;
+# the plan's iteration time counts the world's result check and global norm only, so the launch says what each adds.
+PER_ITERATION_WORLD = (
+    ("exit_duration_in_mins", "--exit-duration-in-mins", "all-reduces whether any rank's time is up", 1.0),
+    ("exit_signal_handler", "--exit-signal-handler", "all-gathers whether each rank received the exit signal", 0.5),
+)
+
+
+def unpriced_world_collectives(args, plan: Plan) -> str | None:
+    """The note a launch prints when its Megatron-LM arguments add collectives over the world to every iteration
+    that the plan does not price (PER_ITERATION_WORLD), with their seconds as the plan's inventory prices the
+    world's ring (plan/tail_costs.py world_scalar_time: an all-reduce walks it twice, an all-gather once); None
+    when there are none, or the plan carries no inventory."""
+    from ..plan.tail_costs import world_scalar_time
+    from ..spec.inventory import inventory_from_dict
+
+    given = [(flag, what, walks) for dest, flag, what, walks in PER_ITERATION_WORLD if getattr(args, dest, None)]
+    if not given or not plan.inventory:
+        return None
+    ring = world_scalar_time(inventory_from_dict(plan.inventory), plan.meshes)
+    parts = [f"{flag} ({what} over the {plan.world_size} ranks: {1e3 * walks * ring:.3g} ms)"
+             for flag, what, walks in given]
+    total = sum(walks for _, _, walks in given) * ring
+    return ("[hetauto] note: Megatron-LM runs a collective over the world every iteration for " + "; ".join(parts)
+            + f": {1e3 * total:.3g} ms an iteration that the plan's iteration time does not count")
+
