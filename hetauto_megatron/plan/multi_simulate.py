@@ -389,8 +389,7 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                        max(res.pipelines, key=lambda t: t.after_s)),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
                    sync_s=res.replica_sync_s + res.result_check_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
-                   result_check_s=res.result_check_s,
-                   stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
+                   result_check_s=res.result_check_s, stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "reduce_s": round(t.reduce_s, 6),
                       "dp_exposed_s": round(t.reduce_s + _gathers(t), 6),
