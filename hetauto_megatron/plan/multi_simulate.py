@@ -25,8 +25,8 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   ranks; then each holder's other ranks take it from theirs by broadcasts
   inside the mesh (DP replicas without the distributed optimizer, TP duplicates). Between clusters a phase's
   bytes in one direction of an inventory link add up (links are full duplex; different links run at once);
-  inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and before the optimizer step, so
-  it is exposed in full.
+  inside a cluster the rank pairs run in parallel on the inter-node network. It runs after the DP reduction and
+  before the optimizer step, so it is exposed in full.
 - **The iteration** = the slowest pipeline's pipeline + exposed DP reduction, the holders' gradient sync, the result
   check of Megatron-LM's loop and the global gradient norm over every rank, the slowest stage's optimizer step and
   exposed parameter gather, and the fixed per-iteration overhead.
@@ -389,7 +389,8 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                        max(res.pipelines, key=lambda t: t.after_s)),
                    optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
                    sync_s=res.replica_sync_s + res.result_check_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
-                   result_check_s=res.result_check_s, stages=[r for r, _ in rows], cost_model=sources, cost_model_why=why)
+                   result_check_s=res.result_check_s, stages=[r for r, _ in rows], cost_model=sources,
+                   cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "reduce_s": round(t.reduce_s, 6),
                       "dp_exposed_s": round(t.reduce_s + _gathers(t), 6),
