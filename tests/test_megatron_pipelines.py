@@ -82,7 +82,8 @@ def test_pipelines_and_meshes_side_by_side_match_megatrons_single_pipeline_run(n
     launches, logs, het, ref = run_against_megatron(nvidia_script, tmp_path, plan_file,
                                                     [("cluster-c", 0, 0, 2), ("cluster-a", 1, 2, 2),
                                                      ("cluster-b", 1, 4, 4)], "cluster-b",
-                                                    extra=["--eval-iters", "1", "--eval-interval", "2"])
+                                                    extra=["--eval-iters", "1", "--eval-interval", "2",
+                                                           "--log-params-norm"])
     # cluster-b's launch gives node 0 mesh B's arguments and node 1 mesh C's
     assert "[hetauto] rank 4: pipeline 1, cluster cluster-b (cpu), mesh 2, stage 0" in logs["cluster-b.node0"]
     assert "[hetauto] rank 7: pipeline 1, cluster cluster-b (cpu), mesh 3, stage 1" in logs["cluster-b.node1"]
@@ -107,6 +108,13 @@ def test_pipelines_and_meshes_side_by_side_match_megatrons_single_pipeline_run(n
     het_norms, ref_norms = (re.findall(r"grad norm: ([0-9.]+) \|", logs[k]) for k in ("cluster-b", "reference"))
     assert het_norms == ref_norms and len(ref_norms) == NVIDIA_ITERS and float(ref_norms[0]) > 1.0, \
         (het_norms, ref_norms)
+    # so does the parameter norm Megatron-LM logs with --log-params-norm (its own reduction spans the model-parallel
+    # group, under --hetauto the world: it counted both pipelines and every DP replica); the two runs compute it
+    # in other orders, to the printed 3 decimals
+    het_params, ref_params = ([float(x) for x in re.findall(r"params norm: ([0-9.]+) \|", logs[k])]
+                              for k in ("cluster-b", "reference"))
+    assert len(het_params) == len(ref_params) == NVIDIA_ITERS and ref_params[0] > 1.0, (het_params, ref_params)
+    assert all(abs(a - b) <= 2e-3 for a, b in zip(het_params, ref_params)), (het_params, ref_params)
 
 
 # flag, value, words of the one-paragraph error

@@ -4,7 +4,8 @@
 - `install_gradient_rules`: every holder of a shared parameter starts from its first holder's weights, the
   runtime's finalize-grads function and the once-per-parameter gradient norm (runtime/gradients.py,
   runtime/replica_sync.py), and the two below; under a plan of several pipelines or meshes side by side, each
-  replica's share of the batch (plan_data.py);
+  replica's share of the batch (plan_data.py); the parameter norm Megatron-LM logs with --log-params-norm
+  counted as the gradient norm counts it (gradients.params_norm_once);
 - `install_step_bounds`: each schedule run bracketed by the communicator's begin_step / end_step;
 - `install_checkpoint_record`: the plan layout a checkpoint was saved under, written beside it;
 - `install_job_statistics`: the step's statistics, which every rank already holds for the whole job, not reduced
@@ -64,6 +65,8 @@ def install_gradient_rules(state) -> None:
             ctx, replicas)
         if optimizer is not None:
             gradients.count_grad_norm_once(optimizer, ctx, replicas)
+            # --log-params-norm: each parameter once over every mesh, as the gradient norm counts them
+            training.calc_params_l2_norm = lambda model, *a, **kw: gradients.params_norm_once(optimizer, ctx)
         return model, optimizer, scheduler
 
     setup_model_and_optimizer._hetauto = True

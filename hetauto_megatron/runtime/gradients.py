@@ -88,5 +88,29 @@ def count_grad_norm_once(optimizer, ctx, replicas=None) -> None:
     for sub in subs:
         sub.grad_stats_parallel_group = ctx.world_gloo
         left_out = replicas is not None and not replicas.counts_in_norm
-        if left_out or (ctx.coords.dp_rank != 0 and not isinstance(sub, DistributedOptimizer)):
+        sub.hetauto_counts_in_norm = not (left_out or (ctx.coords.dp_rank != 0 and
+                                                         not isinstance(sub, DistributedOptimizer)))
+        if not sub.hetauto_counts_in_norm:
             sub.get_grads_for_grad_norm = lambda *args, **kwargs: []
+
+
+def params_norm_once(optimizer, ctx) -> float:
+    """The L2 norm of the parameters, each counted once over every mesh by the rule the global gradient norm counts
+    them (count_grad_norm_once: the ranks that count, and on them Megatron's own filter of the optimizer's
+    parameters, which leaves out TP duplicates and shared copies), summed over the world's gloo group. What
+    Megatron-LM logs with --log-params-norm: its calc_params_l2_norm ends with a reduction over the model-parallel
+    group, one replica's TP x PP in Megatron, under --hetauto the world (runtime/groups.py `pg.mp`), where it counted
+    every DP replica and every pipeline's copy again."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    total = torch.zeros(1, dtype=torch.float64)
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        if getattr(sub, "hetauto_counts_in_norm", True):
+            for p in sub.get_parameters():
+                if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
+                    total += p.detach().double().square().sum().cpu()
+    dist.all_reduce(total, group=ctx.world_gloo)
+    return total.item() ** 0.5
