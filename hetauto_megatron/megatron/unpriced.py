@@ -228,4 +228,3 @@ def unpriced_world_collectives(args, plan: Plan) -> str | None:
     total = sum(walks for _, _, walks in given) * ring
     return ("[hetauto] note: Megatron-LM runs a collective over the world every iteration for " + "; ".join(parts)
             + f": {1e3 * total:.3g} ms an iteration that the plan's iteration time does not count")
-
