@@ -368,4 +368,3 @@ def _destroy_groups_at_exit(timeout_s: float) -> None:
     if worker.is_alive():
         print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",
               file=sys.stderr, flush=True)
-
