@@ -284,7 +284,7 @@ def format_report(rep: dict) -> str:
                          f"{bd['link_boundaries_save_s']:.3f} s")
             note += ")"
         if k == "tail_sync" and bd.get("grad_norm_s"):
-            note = grad_norm_note(bd["grad_norm_s"], bd.get("result_check_s") or 0.0)
+            note = grad_norm_note(bd)
         out.append(f"  {PART_NAMES[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "") + note)
     out += ["", "memory headroom per stage (busiest device):",

@@ -124,11 +124,12 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
             "result_check_s": min(_figure(estimate.get("result_check_s")), sync)}
 
 
-def grad_norm_note(seconds: float, check: float = 0.0) -> str:
-    """The note on the breakdown line that holds the global norm's all-reduce and the result check's (milliseconds:
-    they are small)."""
+def grad_norm_note(bd: dict) -> str:
+    """The note on the breakdown line that holds the global norm's all-reduce and the result check's (a breakdown's
+    `grad_norm_s` and `result_check_s`; milliseconds: they are small)."""
     shown = lambda x: f"{1e3 * x:.3g} ms" if x < 1 else f"{x:.3f} s"    # noqa: E731
-    return (f"  (of which the global gradient norm {shown(seconds)}"
+    check = bd.get("result_check_s") or 0.0
+    return (f"  (of which the global gradient norm {shown(bd['grad_norm_s'])}"
             + (f", the result check {shown(check)}" if check else "") + ")")
 
 

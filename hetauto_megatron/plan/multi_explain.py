@@ -101,8 +101,7 @@ def format_shapes_report(rep: dict) -> str:
     for k, v in bd["parts"].items():
         out.append(f"  {PARTS[k]:<34} {v['seconds']:>10.3f} s {100 * v['share']:>6.1f}%"
                    + ("  <- bottleneck" if k == bd["bottleneck"] else "")
-                   + (X.grad_norm_note(bd["grad_norm_s"], bd.get("result_check_s") or 0.0)
-                      if k == "rest" and bd.get("grad_norm_s") else ""))
+                   + (X.grad_norm_note(bd) if k == "rest" and bd.get("grad_norm_s") else ""))
     if rep.get("exchange_roots"):
         out.append(describe_roots(rep["exchange_roots"]))
     ch = rep.get("exchange_choices")

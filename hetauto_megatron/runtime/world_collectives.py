@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+
+import torch.distributed as dist
 
 # Each wrapped collective of torch.distributed: (its tensor arguments, those it writes into).
 STAGED = {
@@ -55,8 +58,6 @@ def spans_clusters(group) -> bool:
     """Whether `group` is the world's default group or a gloo-only group (hetauto's world groups): the groups whose
     accelerator tensors are staged. Groups of one cluster carry its native backend. Asked on every collective of
     the job (the TP all-reduces of every layer too), so each group's answer is kept."""
-    import torch.distributed as dist
-
     if group is None or group is dist.GroupMember.WORLD:
         return True
     known = _SPANS.get(group)
@@ -111,8 +112,6 @@ def staged(collective, inputs: tuple, outputs: tuple):
 def install() -> None:
     """Wrap the collectives of torch.distributed listed in STAGED (once per process), and the aliases Megatron
     bound to them at import."""
-    import torch.distributed as dist
-
     for name, (inputs, outputs) in STAGED.items():
         original = getattr(dist, name, None)
         if original is not None and not hasattr(original, "_hetauto_staged"):
@@ -123,10 +122,6 @@ def install() -> None:
 def rebind_aliases() -> None:
     """Point the module attributes of ALIASES that hold an unwrapped collective at its wrapper (modules imported
     already; a later import binds the wrapper itself)."""
-    import sys
-
-    import torch.distributed as dist
-
     wrapped = {}       # each function a wrapper stands for (what it wraps, and what that wraps in turn) -> it
     for name in STAGED:
         wrapper = getattr(dist, name, None)
