@@ -169,5 +169,8 @@ def test_a_launchs_collectives_over_the_world_every_iteration_are_announced_with
     assert "--exit-duration-in-mins (all-reduces whether any rank's time is up over the 4 ranks: 8.04 ms)" in note
     assert "--exit-signal-handler (all-gathers whether each rank received the exit signal over the 4 ranks: 4.02 " \
            "ms)" in note and "12.1 ms an iteration that the plan's iteration time does not count" in note
+    _, logged = parse_emitted(monkeypatch, plan, ["--log-params-norm"])
+    assert "--log-params-norm (all-reduces the parameters' squared norm over the 4 ranks: 8.04 ms)" in \
+        unpriced_world_collectives(logged, plan)
     _, plain = parse_emitted(monkeypatch, plan, [])
     assert unpriced_world_collectives(plain, plan) is None

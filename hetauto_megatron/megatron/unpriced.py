@@ -203,11 +203,14 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
 
 # Megatron-LM arguments that add a collective over the world to every iteration (training.py
 # checkpoint_and_decide_exit): the exit's time limit (a MAX all-reduce of whether any rank's time is up) and the
-# exit signal (an all-gather of whether each rank received it). Legitimate in production launches, so not refused;
+# exit signal (an all-gather of whether each rank received it); and the logged parameter norm (train: every
+# iteration, an all-reduce over the world under --hetauto, runtime/gradients.py params_norm_once, after a pass over
+# the rank's parameters). Legitimate in production launches, so not refused;
 # the plan's iteration time counts the world's result check and global norm only, so the launch says what each adds.
 PER_ITERATION_WORLD = (
     ("exit_duration_in_mins", "--exit-duration-in-mins", "all-reduces whether any rank's time is up", 1.0),
     ("exit_signal_handler", "--exit-signal-handler", "all-gathers whether each rank received the exit signal", 0.5),
+    ("log_params_norm", "--log-params-norm", "all-reduces the parameters' squared norm", 1.0),
 )
 
 
