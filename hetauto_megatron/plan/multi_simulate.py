@@ -108,11 +108,9 @@ def _stages(model, inventory, shape: PipelineShape, cost_model) -> list[_Stage]:
     n_pos = len(shape.positions)
     for q, pos in enumerate(shape.positions):
         layers = pos[0][1].stage_layers
-        profs = []
-        for idx, mesh in pos:
-            cl = inventory.cluster(mesh.cluster)
-            profs.append((idx, mesh, costing.stage_profile(model, cl, mesh.tp, mesh.dp, mesh.micro_batch_size,
-                                                           mesh.recompute, cost_model, mesh.settings)))
+        profs = [(idx, mesh, costing.stage_profile(model, inventory.cluster(mesh.cluster), mesh.tp, mesh.dp,
+                                                   mesh.micro_batch_size, mesh.recompute, cost_model, mesh.settings))
+                 for idx, mesh in pos]
         for j, n in enumerate(layers):
             out.append(_Stage(q, profs, n, q == 0 and j == 0, q == n_pos - 1 and j == len(layers) - 1))
     return out
