@@ -353,8 +353,8 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
 
 
 def _gathers(t: PipelineTiming) -> float:
-    """The parameter gathers a pipeline's tail exposes: after_s less its optimizer step."""
-    return t.after_s - max(r["optimizer_s"] for r in t.stages)
+    """The parameter gathers a pipeline's tail exposes: after_s less its optimizer step (rounded in rows: clamped)."""
+    return max(0.0, t.after_s - max(r["optimizer_s"] for r in t.stages))
 
 
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
