@@ -259,3 +259,18 @@ def test_compare_takes_two_pipelines_and_counts_the_exchange_between_clusters(tm
     assert a["meshes"].startswith("P0 a1 TP4 DP4") and ", P1 a2 TP4 DP4" in a["meshes"]
     assert a["bottleneck"] and b["pipeline"] == "2 stages x 32 micro-batches"
     assert run_hetauto("compare", str(tmp_path / "two.yaml"), str(tmp_path / "one.yaml")).returncode == 0
+
+
+def test_a_tail_without_parameter_gathers_exposes_none():
+    """The gathers a pipeline's tail exposes are its tail less its optimizer step, which the stage rows hold rounded
+    to the microsecond: with no gathers at all (no distributed optimizer) that difference is a rounding error, and
+    may not read below zero (sailor_hetero_iterations.py printed its DP time as -0.00 s)."""
+    from hetauto_megatron.plan.multi_simulate import PipelineTiming, _gathers
+
+    step = 0.1234566                       # rounds up to 0.123457 in the row: 0.4 us above the tail itself
+    tail = PipelineTiming(samples=8, micro_batches=4, makespan=1.0, reduce_s=0.0, after_s=step, overhead_s=0.0,
+                          stages=[{"optimizer_s": round(step, 6)}], fits=True)
+    assert _gathers(tail) == 0.0
+    with_gathers = PipelineTiming(samples=8, micro_batches=4, makespan=1.0, reduce_s=0.0, after_s=step + 0.25,
+                                  overhead_s=0.0, stages=[{"optimizer_s": round(step, 6)}], fits=True)
+    assert _gathers(with_gathers) == pytest.approx(0.25, abs=1e-6)
