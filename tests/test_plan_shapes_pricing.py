@@ -262,15 +262,16 @@ def test_compare_takes_two_pipelines_and_counts_the_exchange_between_clusters(tm
 
 
 def test_a_tail_without_parameter_gathers_exposes_none():
-    """The gathers a pipeline's tail exposes are its tail less its optimizer step, which the stage rows hold rounded
-    to the microsecond: with no gathers at all (no distributed optimizer) that difference is a rounding error, and
-    may not read below zero (sailor_hetero_iterations.py printed its DP time as -0.00 s)."""
-    from hetauto_megatron.plan.multi_simulate import PipelineTiming, _gathers
+    """The gathers a pipeline's tail exposes are its tail less its optimizer step, taken as it was priced, not as
+    the stage rows hold it (rounded to the microsecond): with no gathers at all (no distributed optimizer) the rows'
+    figure made a rounding error that could read below zero (sailor_hetero_iterations.py printed DP -0.00 s)."""
+    from hetauto_megatron.plan.multi_simulate import PipelineTiming
 
     step = 0.1234566                       # rounds up to 0.123457 in the row: 0.4 us above the tail itself
     tail = PipelineTiming(samples=8, micro_batches=4, makespan=1.0, reduce_s=0.0, after_s=step, overhead_s=0.0,
-                          stages=[{"optimizer_s": round(step, 6)}], fits=True)
-    assert _gathers(tail) == 0.0
+                          stages=[{"optimizer_s": round(step, 6)}], fits=True, optimizer_s=step)
+    assert tail.gathers_s == 0.0
     with_gathers = PipelineTiming(samples=8, micro_batches=4, makespan=1.0, reduce_s=0.0, after_s=step + 0.25,
-                                  overhead_s=0.0, stages=[{"optimizer_s": round(step, 6)}], fits=True)
-    assert _gathers(with_gathers) == pytest.approx(0.25, abs=1e-6)
+                                  overhead_s=0.0, stages=[{"optimizer_s": round(step, 6)}], fits=True,
+                                  optimizer_s=step)
+    assert with_gathers.gathers_s == pytest.approx(0.25, abs=1e-6)

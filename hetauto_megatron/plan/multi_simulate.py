@@ -97,10 +97,15 @@ class PipelineTiming:
     fits: bool
     fill_s: float = 0.0        # of after_s: the parameter gathers delaying the next fill (tail_costs)
     events: tuple | None = None   # its 1F1B's every operation (record=True; plan/timeline.py draws them)
+    optimizer_s: float = 0.0      # the slowest stage's optimizer step: of after_s, what is not a gather
 
     @property
     def before_sync(self) -> float:
         return self.makespan + self.reduce_s
+
+    @property
+    def gathers_s(self) -> float:      # the parameter gathers its tail exposes: after_s less its optimizer step
+        return self.after_s - self.optimizer_s
 
 
 def _stages(model, inventory, shape: PipelineShape, cost_model) -> list[_Stage]:
@@ -206,7 +211,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
                         record=record)
     in_flight, buffers = memory_terms(p, m, blocking, depth, staged)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
-    reduce_s = after_s = fill_s = 0.0
+    reduce_s = after_s = fill_s = opt_s = 0.0
     rows, fits = [], True
     overhead = 0.0
     for i, (st, (_, _, drain, before)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
@@ -217,6 +222,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
             g = g_fill + g_step
             o = tail_costs.optimizer_time(model, prof, st.layers, st.first, st.last)
             reduce_s, after_s, stage_fill = max(reduce_s, r), max(after_s, g_step + o), max(stage_fill, g_fill)
+            opt_s = max(opt_s, o)
             overhead = max(overhead, cost_model.iteration_overhead_s(prof.cluster.device))
             mem = memory_fit.stage_memory(model, prof, st.layers, in_flight[i], st.first, st.last, buffers[i])["total"]
             fits &= mem <= prof.memory_cap
@@ -237,7 +243,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
             rows.append(row)
         fill_s += stage_fill
     return PipelineTiming(shape.samples, m, sim.makespan, reduce_s, after_s + fill_s, overhead, rows, fits, fill_s,
-                          sim.events)
+                          sim.events, opt_s)
 
 
 # ---- gradients across holders ----------------------------------------------------------------------------------
@@ -352,11 +358,6 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     return out
 
 
-def _gathers(t: PipelineTiming) -> float:
-    """The parameter gathers a pipeline's tail exposes: after_s less its optimizer step (rounded in rows: clamped)."""
-    return max(0.0, t.after_s - max(r["optimizer_s"] for r in t.stages))
-
-
 def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[PipelineShape], cost_model) -> Estimate:
     """price_shapes as simulate() reports it: an Estimate whose `stages` has one row per stage and replica group
     (keys `pipeline`, `position`), and `pipelines` / `replica_sync_s` besides."""
@@ -383,15 +384,15 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
                    pipeline_s=max(t.makespan for t in res.pipelines),
                    # the DP time on the iteration's critical path: the reduction of the pipeline the exchange
                    # waits for, and the gathers of the pipeline whose tail ends last (after its step; its fill)
-                   dp_exposed_s=max(res.pipelines, key=lambda t: t.before_sync).reduce_s + _gathers(
-                       max(res.pipelines, key=lambda t: t.after_s)),
-                   optimizer_s=max(max(r["optimizer_s"] for r in t.stages) for t in res.pipelines),
+                   dp_exposed_s=(max(res.pipelines, key=lambda t: t.before_sync).reduce_s
+                                 + max(res.pipelines, key=lambda t: t.after_s).gathers_s),
+                   optimizer_s=max(t.optimizer_s for t in res.pipelines),
                    sync_s=res.replica_sync_s + res.result_check_s + res.grad_norm_s, grad_norm_s=res.grad_norm_s,
                    result_check_s=res.result_check_s, stages=[r for r, _ in rows], cost_model=sources,
                    cost_model_why=why)
     est.pipelines = [{"samples": t.samples, "micro_batches": t.micro_batches, "pipeline_s": round(t.makespan, 6),
                       "reduce_s": round(t.reduce_s, 6),
-                      "dp_exposed_s": round(t.reduce_s + _gathers(t), 6),
+                      "dp_exposed_s": round(t.reduce_s + t.gathers_s, 6),
                       "before_sync_s": round(t.before_sync, 6)}
                      for t in res.pipelines]
     est.replica_sync_s = res.replica_sync_s
