@@ -560,7 +560,12 @@ def test_ctrl_c_during_an_exhaustive_search_keeps_the_best_so_far(tmp_path):
 
     out = tmp_path / "p.yaml"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "hetauto"), "plan", "--model",
+    # A suite started in the background of a non-interactive shell (`pytest ... &`) ignores SIGINT, and a child
+    # inherits an ignored signal (Python then installs no KeyboardInterrupt for it): the command would rightly
+    # keep searching for 2 h. Give the command the default disposition a terminal's Ctrl-C meets.
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+                             "signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+                             os.path.join(os.path.dirname(sys.executable), "hetauto"), "plan", "--model",
                              "llama2-70b", "--inventory", "examples/llama/inventory-4clusters-736.yaml", "--search",
                              "exhaustive", "-o", str(out)], cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
