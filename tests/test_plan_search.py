@@ -87,14 +87,24 @@ def test_budget_cuts_the_search_and_says_so():
     assert r.stage_layers and sum(r.stage_layers) == 80
 
 
-def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys):
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint_ignored):
     """--search exhaustive on the 736-device example (some 16 million leaves) ran for minutes past --budget-s,
-    silent: it stops at the budget with the best leaf priced so far, says so, and reports progress every second."""
+    silent: it stops at the budget with the best leaf priced so far, says so, and reports progress every second.
+    The progress line offers Ctrl-C only where it would reach the command: not when SIGINT is ignored, as in a
+    command started in the background of a script (`hetauto plan ... &`)."""
+    import signal
+
     from hetauto_megatron.spec.inventory import load_inventory
     inv = load_inventory("examples/llama/inventory-4clusters-736.yaml")
-    r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5, progress=True,
-                                                                    workers=1))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
+    try:
+        r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5,
+                                                                        progress=True, workers=1))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
+    assert "left at" in err and ("Ctrl-C stops it" in err) is not sigint_ignored, err
     assert r.cut_by_budget and r.to_dict()["cut_by_budget"] and r.method == "exhaustive"
     assert r.stage_layers and sum(r.stage_layers) == 80
     assert r.seconds < 1.5 + 5, r.seconds       # the budget, and the final event simulations of the best

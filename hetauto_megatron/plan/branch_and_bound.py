@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import signal
 import sys
 import time
 
@@ -141,6 +142,8 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
     count, best, best_layout, start = 0, math.inf, None, time.perf_counter()
     last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
+    stops = ("--budget-s caps it, Ctrl-C stops it: the best so far is kept either way" if ctrl_c_reaches()
+             else "--budget-s caps it: the best so far is kept")
     if INTERRUPTED:             # an earlier Ctrl-C of this command: as an expired --budget-s for every later search
         return count, True
     try:
@@ -157,8 +160,7 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
             if progress and now - last_report > 1.0:
                 last_report = now
                 rate = count / max(now - start, 1e-9)
-                left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second (--budget-s caps "
-                        "it, Ctrl-C stops it: the best so far is kept either way)"
+                left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second ({stops})"
                         if math.isfinite(est) and est > count else "")
                 print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {describe(best, best_layout)} "
                       f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
@@ -175,6 +177,13 @@ def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, p
 
 
 INTERRUPTED = False         # set by the first Ctrl-C of an exhaustive search in this process (every_leaf)
+
+
+def ctrl_c_reaches() -> bool:
+    """Whether a Ctrl-C (SIGINT) would reach this process: not when it started with SIGINT ignored, as a command
+    started in the background of a script (`hetauto plan ... &`) does, which Python leaves ignored. The progress
+    line then does not offer it."""
+    return signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def _duration(seconds: float) -> str:
