@@ -14,16 +14,17 @@ TINY_PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu
 
 @pytest.fixture(scope="session")
 def tiny_dryrun_files(tmp_path_factory):
-    """One real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps): its --json output as printed, and the
-    timelines it wrote with --compare: a trace (predicted, and measured on every rank) and a picture
-    (predicted above measured)."""
+    """One real --tiny dry run of the 2-cluster plan (6 ranks, 3 steps) with its single-process --reference: its
+    --json output as printed, and the timelines it wrote with --compare: a trace (predicted, and measured on every
+    rank) and a picture (predicted above measured)."""
     from helpers import CPU_INVENTORY
     d = tmp_path_factory.mktemp("tiny-dryrun")
     (d / "inv.yaml").write_text(CPU_INVENTORY)
     files = {"trace": d / "timeline.json", "picture": d / "timeline.png"}
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "3", "--json", "--timeline", str(files["trace"]),
+        rc = main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "3", "--reference", "--json",
+                   "--timeline", str(files["trace"]),
                    "--timeline", str(files["picture"]), "--compare", "--inventory", str(d / "inv.yaml")])
     assert rc == 0
     json.loads(buf.getvalue())

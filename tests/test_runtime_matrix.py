@@ -13,7 +13,7 @@ check in tests/test_runtime_sp.py.
 import os
 
 import pytest
-from helpers import ROOT, mesh, run_hetauto
+from helpers import ROOT, mesh
 
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.dryrun import run_dryrun
@@ -141,14 +141,13 @@ def test_same_cluster_meshes_stay_off_the_inter_cluster_path():
     assert r["bytes"]["inter_cluster"] == 0 and r["bytes"]["intra_cluster"] > 0
 
 
-def test_cli_dryrun_json_on_the_example_plan():
-    """The command a user (and the README) runs: real processes, exit code 0, the documented JSON keys."""
+def test_cli_dryrun_json_on_the_example_plan(tiny_dryrun_json):
+    """The command a user (and the README) runs, `hetauto dryrun --plan examples/llama/plans/tiny-2clusters-cpu.yaml
+    --tiny --reference --json` (the session's run of it, conftest.py; run as a separate process by
+    test_runtime_overlap.py): real processes, the documented JSON keys, the single-process reference's losses."""
     import json
 
-    out = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--reference",
-                      "--json")
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    r = json.loads(tiny_dryrun_json)
     assert set(r) >= {"steps", "reference", "max_abs_diff", "bytes", "settings"}
     assert len(r["steps"]) == 3 and set(r["steps"][0]) == {"loss", "grad_norm"}
     assert r["max_abs_diff"] <= 1e-5
