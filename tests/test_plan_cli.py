@@ -551,30 +551,47 @@ def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, h
     assert ("a larger --global-batch-size allows deeper pipelines" in r.stderr) == hint, r.stderr
 
 
-def test_ctrl_c_during_an_exhaustive_search_keeps_the_best_so_far(tmp_path):
-    """--search exhaustive on the 736-device example faces ~16M layouts (~2 h): its progress says how long, and
-    Ctrl-C keeps the best layout priced so far, as --budget-s does (before: exit 130, no plan)."""
+@pytest.mark.parametrize("search, wait_for", [
+    # ~16M layouts (~2 h): the first progress line says how long
+    (["--search", "exhaustive"], "exhaustive:"),
+    # the tree search grown to 2M playouts (~10 s): its second round of trees runs in worker processes (forked once
+    # the search has run 5 s), which the terminal's Ctrl-C reaches too
+    (["--iterations", "2000000"], "search: 3 trees"),
+], ids=["exhaustive", "mcts-workers"])
+def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for):
+    """A Ctrl-C during `hetauto plan` on the 736-device example ends the search with the best plan found so far,
+    as --budget-s does, and writes it (before: exit 130 and no plan for the tree search, the default, whose workers
+    raised KeyboardInterrupt; the exhaustive search caught it in its own loop only). The signal goes to the whole
+    process group, as a terminal sends it."""
     import signal
     import subprocess
     import sys
+
+    import yaml
 
     out = tmp_path / "p.yaml"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # A suite started in the background of a non-interactive shell (`pytest ... &`) ignores SIGINT, and a child
     # inherits an ignored signal (Python then installs no KeyboardInterrupt for it): the command would rightly
-    # keep searching for 2 h. Give the command the default disposition a terminal's Ctrl-C meets.
+    # keep searching. Give the command the default disposition a terminal's Ctrl-C meets.
     proc = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
                              "signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
                              os.path.join(os.path.dirname(sys.executable), "hetauto"), "plan", "--model",
-                             "llama2-70b", "--inventory", "examples/llama/inventory-4clusters-736.yaml", "--search",
-                             "exhaustive", "-o", str(out)], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "llama2-70b", "--inventory", "examples/llama/inventory-4clusters-736.yaml", *search,
+                             "-o", str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        line = proc.stderr.readline()          # the first progress line: the leaves are being priced
-        assert "exhaustive:" in line and " left at " in line, line
-        proc.send_signal(signal.SIGINT)
+        seen = []
+        while not seen or wait_for not in seen[-1]:
+            seen.append(proc.stderr.readline())
+            assert seen[-1], "".join(seen)          # (the command ended before the line)
+        if search[-1] == "exhaustive":
+            assert " left at " in seen[-1] and "Ctrl-C stops it" in seen[-1], seen[-1]
+        os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
-    assert "interrupted after" in stderr and "(cut short by Ctrl-C)" in stdout and out.exists(), stdout + stderr
+    assert "Ctrl-C: stopping the search" in stderr and stderr.count("Ctrl-C:") == 1, stderr   # once, not per worker
+    assert "Traceback" not in stderr and "(cut short by Ctrl-C)" in stdout, stdout + stderr
+    assert yaml.safe_load(out.read_text())["estimate"]["search"]["cut_by_budget"] is True

@@ -91,16 +91,20 @@ def test_budget_cuts_the_search_and_says_so():
 def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint_ignored):
     """--search exhaustive on the 736-device example (some 16 million leaves) ran for minutes past --budget-s,
     silent: it stops at the budget with the best leaf priced so far, says so, and reports progress every second.
-    The progress line offers Ctrl-C only where it would reach the command: not when SIGINT is ignored, as in a
-    command started in the background of a script (`hetauto plan ... &`)."""
+    The progress line offers Ctrl-C only where it would reach the command (`hetauto plan` searches under
+    plan/stop.py's handler): not when SIGINT is ignored, as in a command started in the background of a script
+    (`hetauto plan ... &`), where the handler is not installed."""
     import signal
 
+    from hetauto_megatron.plan.stop import ctrl_c_keeps_best
     from hetauto_megatron.spec.inventory import load_inventory
     inv = load_inventory("examples/llama/inventory-4clusters-736.yaml")
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     try:
-        r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5,
-                                                                        progress=True, workers=1))
+        with ctrl_c_keeps_best("hetauto plan"):
+            r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5,
+                                                                            progress=True, workers=1))
+        assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     finally:
         signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
@@ -109,6 +113,39 @@ def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint_
     assert r.stage_layers and sum(r.stage_layers) == 80
     assert r.seconds < 1.5 + 5, r.seconds       # the budget, and the final event simulations of the best
     assert "exhaustive:" in err and "leaves priced" in err, err
+
+
+def test_ctrl_c_stops_the_search_once_and_the_command_at_the_second():
+    """Under `hetauto plan`'s handler (plan/stop.py) a real SIGINT makes every part of the search stop as at its
+    deadline, and no KeyboardInterrupt; a second one raises it; a search the first one left with nothing that fits
+    ends as an interrupted command (KeyboardInterrupt: exit 130), not as "no feasible plan" (exit 3). Afterwards
+    SIGINT is Python's own again and nothing is left stopped."""
+    import signal
+
+    from hetauto_megatron.errors import InfeasibleError
+    from hetauto_megatron.plan.stop import ctrl_c_keeps_best, out_of_time
+    # (a suite started in the background of a script ignores SIGINT: give the test the terminal's disposition)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ctrl_c_keeps_best("hetauto plan") as ctrl_c:
+            assert not out_of_time(None)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert out_of_time(None) and not out_of_time(None, grace_s=60)
+        assert ctrl_c.pressed and not out_of_time(None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_keeps_best("hetauto plan"):
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_keeps_best("hetauto plan"):
+                os.kill(os.getpid(), signal.SIGINT)
+                raise InfeasibleError("nothing fits yet")
+        with pytest.raises(InfeasibleError):            # without a Ctrl-C it stays what it is
+            with ctrl_c_keeps_best("hetauto plan"):
+                raise InfeasibleError("nothing fits")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_small_trees_are_enumerated_exactly():

@@ -73,7 +73,8 @@ def add_arguments(parser) -> None:
                         help="MCTS playouts in all (default, or 0: from the tree's estimated size; docs/search.md)")
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
-                             "best plan found so far; the output then says '(cut by --budget-s)'")
+                             "best plan found so far; the output then says '(cut by --budget-s)'; a first Ctrl-C "
+                             "does the same (a second stops the command)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search (default 0)")
     parser.add_argument("--engine", choices=("megatron", "deepspeed"), default=None,
                         help="the pipeline engine the plan is for: megatron (hetauto's runtime and Megatron-LM; the "
@@ -233,7 +234,9 @@ def run(args) -> int:
     # DeepSpeed's engine runs one pipeline of single meshes (engines.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)
     shapes = "simple" if ENGINES[args.engine].simple_only else args.shapes
-    result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
+    from ..plan.stop import ctrl_c_keeps_best
+    with ctrl_c_keeps_best("hetauto plan") as ctrl_c:     # the first Ctrl-C ends the search with its best so far
+        result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes,
@@ -263,7 +266,8 @@ def run(args) -> int:
         from ..plan.replan import describe_moves
         moved = describe_moves(old, plan)
     if args.json:
-        search_record = {**plan.estimate["search"], "seconds": round(result.seconds, 3)}
+        search_record = {**plan.estimate["search"], "seconds": round(result.seconds, 3),
+                         "cut_by_ctrl_c": ctrl_c.pressed}
         from ._common import json_document
         # keys that do not apply are null, never absent (docs/explain.md): the plan file's estimate leaves the
         # cost out when a cluster has no price and the learned model's reasons out when it prices nothing, and
@@ -280,7 +284,7 @@ def run(args) -> int:
         print(f"\ncost: {plan.estimate['cost_per_million_tokens']:.4f} per 1M tokens (price per device-hour x "
               f"devices used; objective: {con.objective})")
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
-          + ((" (cut short by Ctrl-C)" if interrupted() else " (cut by --budget-s)") if result.cut_by_budget else "")
+          + ((" (cut short by Ctrl-C)" if ctrl_c.pressed else " (cut by --budget-s)") if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
         from ..emit.summary import count_noun
@@ -301,12 +305,6 @@ def run(args) -> int:
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def interrupted() -> bool:
-    """Whether a Ctrl-C cut this command's exhaustive search short (plan/branch_and_bound.py)."""
-    from ..plan import branch_and_bound
-    return branch_and_bound.INTERRUPTED
 
 
 def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None,

@@ -15,12 +15,13 @@ from .layout_pricing import layout_to_plan
 from .partition_bound import PartitionBound
 from .plan import Plan
 from .search import search
-from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,
+from .shapes_result import (ShapesResult, block_constraints, objective_bound, plan_score, progress,
                             within_budget)
 from .engines import selective_runs
 from .simulate import simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK
+from .stop import out_of_time
 
 
 def _split(S: int, groups: list) -> list | None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import heapq
 import math
-import signal
 import sys
 import time
 
 from .space import SearchSpace, iter_leaves
+from .stop import ctrl_c_reaches, out_of_time
 
 SLACK = 1 + 1e-9                # a bound within rounding of a value does not prune it
 DEADLINE_EVERY = 64             # visits between two looks at the clock
@@ -86,7 +86,7 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
         if ((patience is not None and last is not None and visits - last >= patience)
                 or (max_visits is not None and visits >= max_visits)
                 or (max_priced is not None and priced >= max_priced)
-                or (deadline is not None and visits % DEADLINE_EVERY == 0 and time.perf_counter() > deadline)):
+                or (visits % DEADLINE_EVERY == 0 and out_of_time(deadline))):
             return found, visits, False
         _, _, path, b, own = heapq.heappop(queue)
         visits += 1
@@ -134,56 +134,33 @@ def branch_and_bound(space: SearchSpace, value, leaf_bound, keep: int = 1, incum
 def every_leaf(space: SearchSpace, value, found: dict, deadline: float | None, progress: bool, est: float,
                t0: float, describe) -> tuple[int, bool]:
     """--search exhaustive: price every leaf (`value(path)` -> (value, layout)) into `found` {layout: value} ->
-    (leaves priced, whether `deadline` cut it). At the deadline it stops with the leaves priced so far (--budget-s
-    holds for it as for the tree search); with `progress`, a line on stderr every second says how far it got (`est`:
-    the tree's estimated leaves; t0: when the search started; `describe(value, layout)`: the best in words,
-    search_jobs.objective_text)."""
-    global INTERRUPTED
+    (leaves priced, whether it was cut short). At `deadline` or a Ctrl-C (plan/stop.py out_of_time) it stops with
+    the leaves priced so far, as the tree search does; with `progress`, a line on stderr every second says how far
+    it got (`est`: the tree's estimated leaves; t0: when the search started; `describe(value, layout)`: the best in
+    words, search_jobs.objective_text)."""
     count, best, best_layout, start = 0, math.inf, None, time.perf_counter()
     last_report = start
     of = f" of about {est:,.0f} (estimated)" if math.isfinite(est) else ""
     stops = ("--budget-s caps it, Ctrl-C stops it: the best so far is kept either way" if ctrl_c_reaches()
              else "--budget-s caps it: the best so far is kept")
-    if INTERRUPTED:             # an earlier Ctrl-C of this command: as an expired --budget-s for every later search
-        return count, True
-    try:
-        for path in iter_leaves(space):
-            now = time.perf_counter()
-            if deadline is not None and now > deadline:
-                return count, True
-            t, layout = value(path)
-            count += 1
-            if layout is not None and math.isfinite(t):
-                found[layout] = t
-                if t < best:
-                    best, best_layout = t, layout
-            if progress and now - last_report > 1.0:
-                last_report = now
-                rate = count / max(now - start, 1e-9)
-                left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second ({stops})"
-                        if math.isfinite(est) and est > count else "")
-                print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {describe(best, best_layout)} "
-                      f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        if not found:
-            raise                       # nothing to keep: the command stops
-        INTERRUPTED = True
-        # as at a --budget-s deadline: the leaves priced so far decide, and every later search of the command stops
-        # at once (a second Ctrl-C stops the command)
-        print(f"hetauto plan: exhaustive search interrupted after {count:,} leaves: keeping the best of them",
-              file=sys.stderr, flush=True)
-        return count, True
+    for path in iter_leaves(space):
+        now = time.perf_counter()
+        if out_of_time(deadline):
+            return count, True
+        t, layout = value(path)
+        count += 1
+        if layout is not None and math.isfinite(t):
+            found[layout] = t
+            if t < best:
+                best, best_layout = t, layout
+        if progress and now - last_report > 1.0:
+            last_report = now
+            rate = count / max(now - start, 1e-9)
+            left = (f", about {_duration((est - count) / rate)} left at {rate:,.0f} a second ({stops})"
+                    if math.isfinite(est) and est > count else "")
+            print(f"hetauto plan: exhaustive: {count:,} leaves priced{of}, best {describe(best, best_layout)} "
+                  f"({now - t0:.1f} s){left}", file=sys.stderr, flush=True)
     return count, False
-
-
-INTERRUPTED = False         # set by the first Ctrl-C of an exhaustive search in this process (every_leaf)
-
-
-def ctrl_c_reaches() -> bool:
-    """Whether a Ctrl-C (SIGINT) would reach this process: not when it started with SIGINT ignored, as a command
-    started in the background of a script (`hetauto plan ... &`) does, which Python leaves ignored. The progress
-    line then does not offer it."""
-    return signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def _duration(seconds: float) -> str:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import replace
 
 from .plan import RECOMPUTE_MODES
 from .space import SearchSpace, divisors
+from .stop import out_of_time
 
 
 def cluster_order(layout: tuple) -> tuple:
@@ -50,7 +50,7 @@ def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = No
     while improved:
         improved = False
         for cand in neighbours(space, cur):
-            if deadline is not None and time.perf_counter() > deadline:
+            if out_of_time(deadline):
                 return found
             if cand in seen or not space.legal(cand):
                 continue

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .space import END, SearchSpace
+from .stop import out_of_time
 
 
 @dataclass
@@ -78,7 +79,7 @@ def run_tree(space: SearchSpace, value, seed: int, max_playouts: int, patience: 
     while run.playouts < max_playouts and not root.done:
         if run.playouts - best_at > max(patience, run.playouts // 2):
             break                       # stalled
-        if deadline is not None and run.leaves and time.perf_counter() > deadline:
+        if run.leaves and out_of_time(deadline):
             run.cut = True
             break
         path, node, trail = (), root, [root]

@@ -41,9 +41,10 @@ from .engines import ENGINES
 from .simulate import simulate
 from .partition_bound import PartitionBound, set_partitions_into
 from .space import tp_degrees
-from .shapes_result import (ShapesResult, block_constraints, objective_bound, out_of_time, plan_score, progress,
+from .shapes_result import (ShapesResult, block_constraints, objective_bound, plan_score, progress,
                             quiet_config, within_budget)
 from .space_bounds import peak_rate
+from .stop import out_of_time
 
 SHAPES = ("all", "simple")
 MAX_PARTITIONS = 6          # partitions searched (best bound first) after the bound has pruned the rest

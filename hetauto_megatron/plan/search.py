@@ -56,6 +56,7 @@ from .search_jobs import (climb, climb_job, default_workers, layout_value, objec
                           tree_job)
 from .simulate import MeshChoice, num_micro_batches
 from .space import SearchSpace
+from .stop import out_of_time
 from .tree_size import ENUMERATION_TREE, ENUMERATION_VISITS, PROVE_TREE, settle_estimate, tree_budget
 
 TREES = 6                       # independent trees at most,
@@ -78,6 +79,10 @@ CLIMBS = 8                      # local-search starts (best leaf of each of the 
 RERANK_MARGIN = 0.05            # the event simulation skips a layout of at least RERANK_MARGIN_M micro-batches
 RERANK_MARGIN_M = 64            # whose closed form is over 5 % above the best simulated so far (they differ by
                                 # up to 2 % there; with few micro-batches by up to 13 %: fill and drain)
+RECHECK_GRACE_S = 5.0           # after a Ctrl-C the event simulation still re-checks the best layouts found for up to
+                                # this long (plan/stop.py): the closed form's best is not always the simulation's
+                                # (the 736-device example interrupted 7 s in: 6.921 s from its first layout, 6.794
+                                # s from the whole re-check, 0.35 s more; uninterrupted 6.788 s)
 GC_THRESHOLD = 20_000            # the garbage collector's first-generation threshold while a search runs (default 700)
 
 
@@ -266,7 +271,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
             cap, patience = max(1, cfg.iterations // TREES), cfg.iterations
         count = 0 if warm and not cfg.iterations else TREES
         while trees < count:           # rounds of TREE_ROUND trees, while a round finds a better plan
-            if deadline is not None and time.perf_counter() > deadline and leaves:
+            if leaves and out_of_time(deadline):
                 cut = True             # --budget-s: no new round once it ran out (a round's trees stop inside it)
                 break
             n = min(TREE_ROUND, count - trees)
@@ -355,8 +360,9 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
 def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda t, layout: t,
                 deadline: float | None = None, progress: bool = False):
     """The event simulation decides: -> ((result, layout) of the best by `score` (the objective), every
-    re-checked layout best first, whether --budget-s stopped it). Its cost grows with the micro-batches (seconds
-    a layout at tens of thousands of them), so past the deadline it stops once one layout fits."""
+    re-checked layout best first, whether --budget-s or a Ctrl-C stopped it). Its cost grows with the micro-batches
+    (seconds a layout at tens of thousands of them), so past the deadline, or RECHECK_GRACE_S after a Ctrl-C, it
+    stops once one layout fits."""
     best, seen, exact = None, set(), []
     t0 = last = time.perf_counter()
     for listed in shortlists:
@@ -365,7 +371,7 @@ def _rank_exact(ev: LayoutEvaluator, shortlists: list, rerank: int, score=lambda
             if not math.isfinite(t):
                 continue
             now = time.perf_counter()
-            if best is not None and deadline is not None and now > deadline:
+            if best is not None and out_of_time(deadline, grace_s=RECHECK_GRACE_S):
                 return best, sorted(exact, key=lambda x: x[0]), True
             if progress and now - last > 1.0:
                 last = now

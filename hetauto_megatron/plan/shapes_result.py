@@ -68,10 +68,6 @@ def within_budget(cfg: SearchConfig, deadline) -> SearchConfig:
     return cfg if deadline is None else dataclasses.replace(cfg, budget_s=max(0.1, deadline - time.perf_counter()))
 
 
-def out_of_time(deadline) -> bool:
-    return deadline is not None and time.perf_counter() > deadline
-
-
 def objective_bound(con: Constraints, inventory: Inventory, seconds: float, clusters) -> float:
     """A time bound as a bound on the objective: with --objective cost, times the least the plan pays per second
     (one device of each of `clusters`, which all take part)."""
