@@ -148,6 +148,48 @@ def test_ctrl_c_stops_the_search_once_and_the_command_at_the_second():
         signal.signal(signal.SIGINT, previous)
 
 
+def _job_until_stopped(limit_s):
+    """A search job's stand-in: works until the search's stop check says so (or limit_s), -> seconds it ran."""
+    import time
+
+    from hetauto_megatron.plan.stop import out_of_time
+    start = time.perf_counter()
+    while not out_of_time(None) and time.perf_counter() - start < limit_s:
+        time.sleep(0.01)
+    return time.perf_counter() - start
+
+
+def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes():
+    """A SIGINT sent to the command's process alone (`kill -INT`, a scheduler's; a terminal's reaches every process
+    of the command) is passed on to the search's worker processes, whose jobs then end with what they found: two
+    jobs of up to 60 s in two forked workers, the signal 1 s in, end within seconds (without the forwarding they
+    ran their 60 s)."""
+    import math
+    import signal
+    import threading
+    import time
+
+    from hetauto_megatron.plan import search_jobs
+    from hetauto_megatron.plan.stop import ctrl_c_keeps_best
+
+    class Priced:                    # what a worker's results bring back: the layouts it priced (none here)
+        cache: dict = {}
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    search_jobs._CTX["ev"] = Priced()
+    press = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with ctrl_c_keeps_best("hetauto plan"):
+            press.start()
+            start = time.perf_counter()
+            ran = search_jobs.run_all(_job_until_stopped, [60.0, 60.0], 2, started=-math.inf)
+            took = time.perf_counter() - start
+    finally:
+        press.cancel()
+        search_jobs.release()
+        signal.signal(signal.SIGINT, previous)
+    assert took < 15 and all(0.5 < r < 15 for r in ran), (took, ran)
+
+
 def test_small_trees_are_enumerated_exactly():
     inv = _inv([("a", "a100-80gb", 1, 4), ("v", "v100", 1, 4)], [("a", "v", 25, 2)])
     r = search(PRESETS["llama2-7b"], inv, 32)

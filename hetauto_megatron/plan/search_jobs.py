@@ -11,14 +11,16 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import time
 
-from . import local
+from . import local, stop
 from .constraints import cost_per_million_tokens
 from .evaluator import LayoutEvaluator
 from .mcts import TreeRun, run_tree
 from .space import SearchSpace
 
+FORWARD_EVERY_S = 0.1          # how often run_all looks whether a Ctrl-C is to be passed on to its workers
 PARALLEL_AFTER_S = 5.0          # jobs go to worker processes only once the search has run this long (run_all)
 
 # What the jobs work on: the search's tree, evaluator and configuration. Set before the search runs jobs
@@ -109,7 +111,17 @@ def run_all(fn, jobs: list, workers: int, started: float) -> list:
     if workers <= 1 or len(jobs) <= 1 or time.perf_counter() - started < PARALLEL_AFTER_S:
         return [fn(j) for j in jobs]
     with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        done = pool.map(priced_in_worker, [(fn, j) for j in jobs], chunksize=1)
+        pending = pool.map_async(priced_in_worker, [(fn, j) for j in jobs], chunksize=1)
+        told = False
+        while not pending.ready():
+            pending.wait(FORWARD_EVERY_S)
+            if stop.requested() and not told:
+                # a Ctrl-C this process got and its workers may not have (`kill -INT` of the command alone, not a
+                # terminal's, which reaches them all): their jobs end with what they found, as this process's do
+                for child in multiprocessing.active_children():
+                    os.kill(child.pid, signal.SIGINT)
+                told = True
+        done = pending.get()
     cache = _CTX["ev"].cache
     for _, priced in done:
         for key, value in priced:

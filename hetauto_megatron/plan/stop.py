@@ -7,7 +7,8 @@ Ctrl-C (SIGINT) makes every such check true, as an expired --budget-s would, so 
 the best plan found so far; a second Ctrl-C stops the command (KeyboardInterrupt, exit 130). The search's worker
 processes (plan/search_jobs.py) are forked while the handler is in place, so they hold it too: a terminal's
 Ctrl-C, which reaches every process of the command, stops each worker's tree or climb at its next check with what
-it found, where Python's own handler would raise KeyboardInterrupt inside the workers and lose their rounds.
+it found, where Python's own handler would raise KeyboardInterrupt inside the workers and lose their rounds; a
+SIGINT sent to the command's process alone (`kill -INT`) is passed on to them (search_jobs.run_all).
 
 Why a flag of the process rather than an argument: a signal handler can only leave its mark in the process's
 state, and the checks sit deep in the search's loops, which take a deadline already.
@@ -30,6 +31,11 @@ def out_of_time(deadline: float | None, grace_s: float = 0.0) -> bool:
     --budget-s), or more than `grace_s` after a Ctrl-C asked the search to stop."""
     now = time.perf_counter()
     return (_requested and now - _pressed_at > grace_s) or (deadline is not None and now > deadline)
+
+
+def requested() -> bool:
+    """Whether a Ctrl-C asked this process's search to stop."""
+    return _requested
 
 
 def ctrl_c_reaches() -> bool:
@@ -64,8 +70,11 @@ def ctrl_c_keeps_best(command: str):
     def first(signum, frame):
         global _requested, _pressed_at
         _requested, _pressed_at = True, time.perf_counter()
-        signal.signal(signal.SIGINT, signal.default_int_handler)    # a second Ctrl-C stops the command
-        if os.getpid() == owner:            # (the workers hold this handler too: one line, from the command)
+        # The workers hold this handler too and keep it: they never raise KeyboardInterrupt (the command's second
+        # Ctrl-C ends them with their pool), and one that already stopped is not disturbed by the signal forwarded
+        # to it (search_jobs.run_all). The command says it once.
+        if os.getpid() == owner:
+            signal.signal(signal.SIGINT, signal.default_int_handler)    # a second Ctrl-C stops the command
             os.write(2, f"{command}: Ctrl-C: stopping the search with the best plan found so far (Ctrl-C again "
                         "stops the command)\n".encode())
     first._keeps_best = True
