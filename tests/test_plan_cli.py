@@ -554,10 +554,9 @@ def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, h
 @pytest.mark.parametrize("search, wait_for", [
     # ~16M layouts (~2 h): the first progress line says how long
     (["--search", "exhaustive"], "exhaustive:"),
-    # the tree search grown to 2M playouts (~10 s): its second round of trees runs in worker processes (forked once
-    # the search has run 5 s), which the terminal's Ctrl-C reaches too
-    (["--iterations", "2000000"], "search: 3 trees"),
-], ids=["exhaustive", "mcts-workers"])
+    # the tree search grown to 2M playouts (~10 s; its worker processes: test_plan_search.py)
+    (["--iterations", "2000000"], "tree 0:"),
+], ids=["exhaustive", "mcts"])
 def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for):
     """A Ctrl-C during `hetauto plan` on the 736-device example ends the search with the best plan found so far,
     as --budget-s does, and writes it (before: exit 130 and no plan for the tree search, the default, whose workers
