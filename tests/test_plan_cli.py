@@ -554,8 +554,9 @@ def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, h
 @pytest.mark.parametrize("search, wait_for", [
     # ~16M layouts (~2 h): the first progress line says how long
     (["--search", "exhaustive"], "exhaustive:"),
-    # the tree search grown to 2M playouts (~10 s; its worker processes: test_plan_search.py)
-    (["--iterations", "2000000"], "tree 0:"),
+    # the tree search grown to 2M playouts (~10 s; its worker processes: test_plan_search.py); --explain's what-ifs
+    # (searches too) are skipped after the Ctrl-C
+    (["--iterations", "2000000", "--explain"], "tree 0:"),
 ], ids=["exhaustive", "mcts"])
 def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for):
     """A Ctrl-C during `hetauto plan` on the 736-device example ends the search with the best plan found so far,
@@ -594,3 +595,4 @@ def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for
     assert "Ctrl-C: stopping the search" in stderr and stderr.count("Ctrl-C:") == 1, stderr   # once, not per worker
     assert "Traceback" not in stderr and "(cut short by Ctrl-C)" in stdout, stdout + stderr
     assert yaml.safe_load(out.read_text())["estimate"]["search"]["cut_by_budget"] is True
+    assert ("--explain skipped after the Ctrl-C" in stderr) is ("--explain" in search), stderr

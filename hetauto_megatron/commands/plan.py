@@ -140,7 +140,7 @@ def add_arguments(parser) -> None:
                              "picture (.svg and .pdf too; repeatable; 'hetauto simulate --help')")
     parser.add_argument("--explain", action="store_true",
                         help="also explain the plan: bottleneck, memory headroom, runners-up, sensitivity "
-                             "('hetauto explain --help')")
+                             "('hetauto explain --help'; skipped after a Ctrl-C of the search)")
 
 
 def check_selective_runs(con, model, engine: str | None) -> None:
@@ -256,7 +256,11 @@ def run(args) -> int:
         from ..plan.timeline import predicted_timeline
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     explained = None
-    if args.explain:
+    if args.explain and ctrl_c.pressed:
+        # its what-ifs are searches too (seconds each): after a Ctrl-C the user wants the plan, not more searching
+        print("hetauto plan: --explain skipped after the Ctrl-C; 'hetauto explain --plan FILE' explains the plan "
+              "written", file=sys.stderr)
+    elif args.explain:
         from .explain import explain_report
         explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed,
                                    progress=not args.quiet and not args.json, workers=args.workers,
