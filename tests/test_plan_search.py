@@ -1,5 +1,6 @@
 """Search: MCTS lands within 1% of the exhaustive optimum of the same decision tree; determinism; errors."""
 import os
+import signal
 
 import pytest
 from helpers import small_inventory as _inv
@@ -87,26 +88,31 @@ def test_budget_cuts_the_search_and_says_so():
     assert r.stage_layers and sum(r.stage_layers) == 80
 
 
+@pytest.fixture
+def sigint():
+    """Sets SIGINT's disposition for the test (a suite started in the background of a script ignores SIGINT, a
+    terminal's process has Python's handler) and restores it after: sigint(handler)."""
+    previous = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("sigint_ignored", [False, True])
-def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint_ignored):
+def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint, sigint_ignored):
     """--search exhaustive on the 736-device example (some 16 million leaves) ran for minutes past --budget-s,
     silent: it stops at the budget with the best leaf priced so far, says so, and reports progress every second.
     The progress line offers Ctrl-C only where it would reach the command (`hetauto plan` searches under
     plan/stop.py's handler): not when SIGINT is ignored, as in a command started in the background of a script
     (`hetauto plan ... &`), where the handler is not installed."""
-    import signal
-
     from hetauto_megatron.plan.stop import ctrl_c_keeps_best
     from hetauto_megatron.spec.inventory import load_inventory
     inv = load_inventory("examples/llama/inventory-4clusters-736.yaml")
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
-    try:
-        with ctrl_c_keeps_best("hetauto plan"):
-            r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5,
-                                                                            progress=True, workers=1))
-        assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    disposition = signal.SIG_IGN if sigint_ignored else signal.default_int_handler
+    sigint(disposition)
+    with ctrl_c_keeps_best("hetauto plan"):
+        r = search(PRESETS["llama2-70b"], inv, 512, config=SearchConfig(method="exhaustive", budget_s=1.5,
+                                                                        progress=True, workers=1))
+    assert signal.getsignal(signal.SIGINT) is disposition
     err = capsys.readouterr().err
     assert "left at" in err and ("Ctrl-C stops it" in err) is not sigint_ignored, err
     assert r.cut_by_budget and r.to_dict()["cut_by_budget"] and r.method == "exhaustive"
@@ -115,37 +121,30 @@ def test_exhaustive_search_keeps_its_budget_and_reports_progress(capsys, sigint_
     assert "exhaustive:" in err and "leaves priced" in err, err
 
 
-def test_ctrl_c_stops_the_search_once_and_the_command_at_the_second():
+def test_ctrl_c_stops_the_search_once_and_the_command_at_the_second(sigint):
     """Under `hetauto plan`'s handler (plan/stop.py) a real SIGINT makes every part of the search stop as at its
     deadline, and no KeyboardInterrupt; a second one raises it; a search the first one left with nothing that fits
     ends as an interrupted command (KeyboardInterrupt: exit 130), not as "no feasible plan" (exit 3). Afterwards
     SIGINT is Python's own again and nothing is left stopped."""
-    import signal
-
-    from hetauto_megatron.errors import InfeasibleError
     from hetauto_megatron.plan.stop import ctrl_c_keeps_best, out_of_time
-    # (a suite started in the background of a script ignores SIGINT: give the test the terminal's disposition)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with ctrl_c_keeps_best("hetauto plan") as ctrl_c:
-            assert not out_of_time(None)
+    sigint(signal.default_int_handler)
+    with ctrl_c_keeps_best("hetauto plan") as ctrl_c:
+        assert not out_of_time(None)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert out_of_time(None) and not out_of_time(None, grace_s=60)
+    assert ctrl_c.pressed and not out_of_time(None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_keeps_best("hetauto plan"):
             os.kill(os.getpid(), signal.SIGINT)
-            assert out_of_time(None) and not out_of_time(None, grace_s=60)
-        assert ctrl_c.pressed and not out_of_time(None)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with pytest.raises(KeyboardInterrupt):
-            with ctrl_c_keeps_best("hetauto plan"):
-                os.kill(os.getpid(), signal.SIGINT)
-                os.kill(os.getpid(), signal.SIGINT)
-        with pytest.raises(KeyboardInterrupt):
-            with ctrl_c_keeps_best("hetauto plan"):
-                os.kill(os.getpid(), signal.SIGINT)
-                raise InfeasibleError("nothing fits yet")
-        with pytest.raises(InfeasibleError):            # without a Ctrl-C it stays what it is
-            with ctrl_c_keeps_best("hetauto plan"):
-                raise InfeasibleError("nothing fits")
-    finally:
-        signal.signal(signal.SIGINT, previous)
+            os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_keeps_best("hetauto plan"):
+            os.kill(os.getpid(), signal.SIGINT)
+            raise InfeasibleError("nothing fits yet")
+    with pytest.raises(InfeasibleError):            # without a Ctrl-C it stays what it is
+        with ctrl_c_keeps_best("hetauto plan"):
+            raise InfeasibleError("nothing fits")
 
 
 def _job_until_stopped(limit_s):
@@ -159,13 +158,12 @@ def _job_until_stopped(limit_s):
     return time.perf_counter() - start
 
 
-def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes():
+def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes(sigint):
     """A SIGINT sent to the command's process alone (`kill -INT`, a scheduler's; a terminal's reaches every process
     of the command) is passed on to the search's worker processes, whose jobs then end with what they found: two
     jobs of up to 60 s in two forked workers, the signal 1 s in, end within seconds (without the forwarding they
     ran their 60 s)."""
     import math
-    import signal
     import threading
     import time
 
@@ -174,7 +172,7 @@ def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes():
 
     class Priced:                    # what a worker's results bring back: the layouts it priced (none here)
         cache: dict = {}
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    sigint(signal.default_int_handler)
     search_jobs._CTX["ev"] = Priced()
     press = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     try:
@@ -186,7 +184,6 @@ def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes():
     finally:
         press.cancel()
         search_jobs.release()
-        signal.signal(signal.SIGINT, previous)
     assert took < 15 and all(0.5 < r < 15 for r in ran), (took, ran)
 
 
