@@ -54,6 +54,24 @@ def run_hetauto(*argv: str, cwd: str = ROOT, timeout: float = 300) -> subprocess
                           cwd=cwd, timeout=timeout)
 
 
+def hetauto_here(*argv: str) -> subprocess.CompletedProcess:
+    """`hetauto ARGV...` as run_hetauto gives it (exit code, stdout, stderr, from the repository root), run in this
+    process: a fresh interpreter imports torch and Megatron-Core again, about 5 s of a dry run's 8 on 2 cores (its
+    ranks are forked from the command's process either way). For the tests whose point is what the command does,
+    not that it starts; test_runtime_overlap.py's emulated-link runs and the CLI's error paths keep run_hetauto."""
+    import contextlib
+    import io
+
+    from hetauto_megatron import cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(list(argv))
+        except SystemExit as exc:          # argparse's refusals, as the interpreter would end with them
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["hetauto", *argv], rc, out.getvalue(), err.getvalue())
+
+
 def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGV...` with environment `env` in `cwd`, run in a child forked from this process (the
     script's own code runs as its __main__, with sys.argv and sys.path[0] as the interpreter sets them; what it

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from helpers import run_hetauto
+from helpers import hetauto_here
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan.exchange_roots import describe_roots, exchange_weights
@@ -139,7 +139,7 @@ def test_dry_run_exchanges_by_the_chosen_shares(tmp_path):
     path.write_text(yaml.safe_dump({"version": 4, "model": TINY, "global_batch_size": 6, "precision": "fp32",
                                     "meshes": meshes, "inventory": inv}))
     steps = 2
-    out = run_hetauto("dryrun", "--plan", str(path), "--tiny", "--reference", "--json", "--steps", str(steps))
+    out = hetauto_here("dryrun", "--plan", str(path), "--tiny", "--reference", "--json", "--steps", str(steps))
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["max_abs_diff"] <= 1e-5, r

@@ -11,7 +11,7 @@ import json
 from collections import Counter
 
 import pytest
-from helpers import cpu_inventory, planned_cross_cluster_bytes, run_hetauto
+from helpers import cpu_inventory, hetauto_here, planned_cross_cluster_bytes, run_hetauto
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.layout import PipelineLayout
@@ -28,7 +28,7 @@ def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("alongside")
     (d / "inv.yaml").write_text(cpu_inventory(a=2, b=4))
     files = {"trace": d / "timeline.json", "picture": d / "timeline.png"}
-    out = run_hetauto("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json", "--steps", str(STEPS),
+    out = hetauto_here("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json", "--steps", str(STEPS),
                       "--timeline", str(files["trace"]), "--timeline", str(files["picture"]), "--compare",
                       "--inventory", str(d / "inv.yaml"))
     assert out.returncode == 0, out.stderr
@@ -120,7 +120,7 @@ def test_meshes_side_by_side_in_one_of_two_pipelines(tmp_path):
                         "stage_layers": [5], "pipeline": 1}]}
     path = tmp_path / "both.yaml"
     path.write_text(yaml.safe_dump(plan))
-    out = run_hetauto("dryrun", "--plan", str(path), "--tiny", "--reference", "--json", "--steps", "2")
+    out = hetauto_here("dryrun", "--plan", str(path), "--tiny", "--reference", "--json", "--steps", "2")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["max_abs_diff"] <= 1e-5, r

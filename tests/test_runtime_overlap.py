@@ -66,7 +66,7 @@ def test_emulated_links_carry_two_pipelines_and_their_gradient_exchange(tmp_path
     import json
 
     import yaml
-    from helpers import run_hetauto
+    from helpers import hetauto_here
 
     from hetauto_megatron.commands._dryrun_comparison import measured_plan
     from hetauto_megatron.plan.simulate import simulate
@@ -81,7 +81,7 @@ def test_emulated_links_carry_two_pipelines_and_their_gradient_exchange(tmp_path
                       dict(mesh("c", 1, 1, 2, [8]), pipeline=1)]}
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(two))
-    r = run_hetauto("dryrun", "--plan", str(path), "--tiny", "--emulate-links", "1", "--steps", "2", "--json")
+    r = hetauto_here("dryrun", "--plan", str(path), "--tiny", "--emulate-links", "1", "--steps", "2", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     plan = measured_plan(report, plan_from_dict(two), report_file=str(path), tiny=None)

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from helpers import cpu_inventory, planned_cross_cluster_bytes, run_hetauto
+from helpers import cpu_inventory, hetauto_here, planned_cross_cluster_bytes
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.train import CLIP_GRAD
@@ -26,7 +26,7 @@ STEPS = 3
 
 @pytest.mark.parametrize("distributed_optimizer", [True, False])
 def test_two_pipelines_match_one_process_and_move_the_priced_bytes(distributed_optimizer):
-    out = run_hetauto("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json",
+    out = hetauto_here("dryrun", "--plan", PLAN, "--tiny", "--reference", "--json",
                       *([] if distributed_optimizer else ["--no-distributed-optimizer"]))
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
