@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -52,9 +50,12 @@ GPT = {"name": "tiny-gpt", "num_layers": 4, "hidden_size": 64, "num_attention_he
        "max_position_embeddings": 32}
 
 
-def test_megatrons_checkpointed_mlp_takes_over_its_bias_parameter():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env)
+def test_megatrons_checkpointed_mlp_takes_over_its_bias_parameter(tmp_path):
+    from helpers import run_script_forked
+
+    probe = tmp_path / "probe.py"       # in a child of this process: its world and Megatron's state stay there
+    probe.write_text(PROBE)
+    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])
     # without biases the checkpointed MLP trains; with them the output projection's bias parameter is returned
