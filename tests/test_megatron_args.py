@@ -581,6 +581,21 @@ def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
         assert exc.value.exit_code == 2
 
 
+def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it_off(monkeypatch):
+    """NVIDIA's example launch scripts pass --sequence-parallel whatever the TP (Megatron-LM's
+    examples/llama/train_llama3_8b_h100_fp8.sh at TP 1: "Always enable sequence parallelism with TP_SIZE=2"), and
+    Megatron's validate_args turns it off where TP is 1: on a plan whose meshes are all TP 1 the flag builds what the
+    plan prices. Before, it was refused there as a flag no mesh runs; a mesh of TP 2 told sequence_parallel: false
+    still refuses it (above)."""
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [8]}]})
+    margs, args = _megatron_args(monkeypatch, ["--sequence-parallel"])
+    rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None),
+                                                                  None))
+    margs.validate_args(args, {})
+    assert args.sequence_parallel is False and args.tensor_model_parallel_size == 1
+
+
 def test_precision_flags_follow_the_plan(monkeypatch):
     def mesh(device):
         return [{"cluster": "a", "device_type": device, "tp": 1, "dp": 1, "micro_batch_size": 8, "stage_layers": [8]}]

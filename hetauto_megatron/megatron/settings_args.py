@@ -4,8 +4,8 @@ Megatron's flags for the runtime settings and the precision (sequence_parallel, 
 overlap_grad_reduce, overlap_param_gather, grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32, bf16, fp16,
 fp8 and its transformer_impl: plan/megatron_flags.py, the table the cost model priced) are switches that default
 to off, so a flag the user did not give is filled in from the plan (per mesh, like TP), and one the user gave
-that no mesh of the plan runs (e.g. --sequence-parallel where every mesh has sequence_parallel: false, or --fp16
-in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for what
+that no mesh of the plan runs (e.g. --sequence-parallel where every mesh of TP > 1 has sequence_parallel: false,
+or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for what
 the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
 value, and a value the user gave (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh
 runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size).
@@ -59,7 +59,12 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             continue
         if not isinstance(want, bool):
             continue                # fp8 format and transformer_impl: checked below
-        if getattr(args, arg, False) and not any(v.get(arg, (False,))[0] for v in every):
+        # --sequence-parallel on a TP 1 mesh builds nothing: Megatron turns it off there (arguments.py
+        # validate_args, "Disabling sequence parallelism because tensor model parallelism is disabled"), so such
+        # a mesh runs what the flag says (NVIDIA's example scripts pass it whatever the TP)
+        runs = [v.get(arg, (False,))[0] or (arg == "sequence_parallel" and plan.meshes[i].tp == 1)
+                for i, v in enumerate(every)]
+        if getattr(args, arg, False) and not any(runs):
             clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
         out[arg] = want
     fp8 = mine["fp8"][0]

@@ -99,6 +99,19 @@ UNPRICED = (
              "the full recomputation's saved layer inputs split over the TP ranks and all-gathered again before "
              "each recompute (tensor_parallel/random.py CheckpointFunction): the plan prices whole inputs kept and "
              "no gather (a mesh with sequence_parallel: true splits them, as priced)"),
+    # The loss the plan prices (cost/analytic.py LOSS_BYTES, Engine.loss "vocab_parallel"): Megatron-Core's unfused
+    # vocabulary-parallel cross entropy, whose passes over the fp32 logits are counted in its source. The fused one
+    # (fusions/fused_cross_entropy.py under torch.compile, or Transformer Engine's kernel with
+    # --cross-entropy-fusion-impl te) makes other passes and returns a bf16 gradient whatever the precision.
+    Unpriced("cross_entropy_loss_fusion", "--cross-entropy-loss-fusion", False,
+             "Megatron's fused cross entropy (compiled passes, or Transformer Engine's kernel with "
+             "--cross-entropy-fusion-impl te): the plan prices the unfused vocabulary-parallel loss's passes over "
+             "the fp32 logits (docs/cost-model.md)"),
+    # fp8 plans train on 16-bit parameters (cost/model_state.py: dtype_bytes 2 for fp8): the distributed
+    # optimizer's buffer holds them, and its parameter all-gather moves them, in 16 bits.
+    Unpriced("fp8_param_gather", "--fp8-param-gather", False,
+             "weights kept in fp8 (Transformer Engine's fp8 parameters) and all-gathered in fp8: the plan prices "
+             "16-bit weights in the distributed optimizer's buffer and their gather in 16 bits"),
     # Adam: the plan prices two fp32 moments per parameter (cost/model_state.py) and Adam's step traffic
     # (plan/tail_costs.py optimizer_time); SGD keeps one momentum buffer, Muon, Lion and SOAP other state.
     Unpriced("optimizer", "--optimizer", "adam",
