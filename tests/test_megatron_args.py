@@ -596,6 +596,33 @@ def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it
     assert args.sequence_parallel is False and args.tensor_model_parallel_size == 1
 
 
+def test_a_step_batch_size_schedule_must_end_at_the_plans_batch(monkeypatch):
+    """Megatron-Core 0.19's --step-batch-size-schedule (NVIDIA's examples/gpt3/train_gpt3_175b_distributed.sh ramps
+    its batch with one) takes the place of --global-batch-size: its last batch must be the plan's, every batch a
+    multiple of the pipeline's micro-batch step (DP 2 x micro-batch 2 = 4 samples here). Before, a schedule ending
+    at 16 trained at 16 from its last threshold on, a batch the plan never priced; a plan of two pipelines refuses
+    the schedule as it refuses --rampup-batch-size (each mesh's Megatron counts its own share of the batch)."""
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 2, "stage_layers": [8]}]})
+    c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 2, None), None)
+    _, args = _megatron_args(monkeypatch, ["--step-batch-size-schedule", "0:4 2.5K:8"])
+    rewrite.rewrite_args(args, plan, c)
+    for schedule, needle in [("0:4 1K:16", "ends at a global batch of 16 samples; the plan priced 8"),
+                             ("0:2 1K:8", "batches of 2 samples, not multiples of the 4 samples"),
+                             ("0:4 soon:8", "entry 'soon:8' is not THRESHOLD:BATCH")]:
+        _, args = _megatron_args(monkeypatch, ["--step-batch-size-schedule", schedule])
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, plan, c, file="plan.yaml")
+        assert exc.value.field == "--step-batch-size-schedule" and needle in exc.value.message, exc.value.message
+    one = {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [8]}
+    two = plan_from_dict({"version": 3, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8,
+                          "pipelines": [{"samples": 4}, {"samples": 4}], "meshes": [one, {**one, "pipeline": 1}]})
+    _, args = _megatron_args(monkeypatch, ["--step-batch-size-schedule", "0:4 1K:8"])
+    with pytest.raises(InputError, match="--step-batch-size-schedule is not supported with a plan of several"):
+        rewrite.rewrite_args(args, two, launch_identity.check_launch(two, launch_identity.LaunchIdentity(0, 2, None),
+                                                                     None))
+
+
 def test_precision_flags_follow_the_plan(monkeypatch):
     def mesh(device):
         return [{"cluster": "a", "device_type": device, "tp": 1, "dp": 1, "micro_batch_size": 8, "stage_layers": [8]}]

@@ -85,7 +85,8 @@ _SAMPLE_ARGS = (("train_samples", "--train-samples", "--train-iters"),
                 ("lr_warmup_samples", "--lr-warmup-samples", "--lr-warmup-iters"),
                 ("lr_decay_samples", "--lr-decay-samples", "--lr-decay-iters"),
                 ("lr_wsd_decay_samples", "--lr-wsd-decay-samples", "--lr-wsd-decay-iters"),
-                ("rampup_batch_size", "--rampup-batch-size", None))
+                ("rampup_batch_size", "--rampup-batch-size", None),
+                ("step_batch_size_schedule", "--step-batch-size-schedule", None))
 
 
 def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
@@ -103,6 +104,8 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                          fix=f"pass --global-batch-size {plan.global_batch_size} (or drop it: --hetauto sets each "
                              "mesh's share), or make a plan for this batch with 'hetauto plan'")
     if plan.is_simple:
+        if getattr(args, "step_batch_size_schedule", None):
+            check_batch_schedule(args.step_batch_size_schedule, plan, file=file)
         return
     for arg, flag, instead in _SAMPLE_ARGS:
         if getattr(args, arg, None):
@@ -116,6 +119,47 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                              "evaluation reads the global batch as training does, and losses and gradients are "
                              "weighted by each mesh's share of the samples", file=file, field=flag,
                              fix="drop the flag")
+
+
+def check_batch_schedule(schedule: str, plan: Plan, *, file: str | None = None) -> None:
+    """Megatron-Core 0.19's --step-batch-size-schedule "THRESHOLD:BATCH ..." on a plan of one pipeline: the global
+    batch it trains at from its last threshold on must be the plan's (its time and memory were priced for that
+    batch; the earlier ones ramp up to it, as --rampup-batch-size does, which ends at --global-batch-size), and
+    every batch a whole number of the pipeline's micro-batch steps (each mesh's DP x micro-batch size). Megatron
+    takes the schedule's batches instead of --global-batch-size, so a schedule ending elsewhere trained the whole
+    run at a batch the plan never priced."""
+    step = mesh_layout(plan, 0).step
+    pairs = []
+    for entry in schedule.replace(",", " ").split():
+        threshold, _, batch = entry.partition(":")
+        try:
+            pairs.append((_count(threshold), _count(batch)))
+        except ValueError:
+            raise InputError(f"--step-batch-size-schedule entry {entry!r} is not THRESHOLD:BATCH (numbers, "
+                             "thresholds with an optional K, M, B or T)", file=file,
+                             field="--step-batch-size-schedule",
+                             fix=f'e.g. --step-batch-size-schedule "0:{step} 1B:{plan.global_batch_size}"') from None
+    if not pairs:
+        return
+    last = max(pairs)[1]
+    odd = [b for _, b in pairs if b <= 0 or b % step]
+    if last != plan.global_batch_size or odd:
+        why = (f"ends at a global batch of {last} samples; the plan priced {plan.global_batch_size}"
+               if last != plan.global_batch_size else
+               f"has batches of {', '.join(map(str, odd))} samples, not multiples of the {step} samples of the "
+               "plan's micro-batch step (each mesh's DP x micro-batch size)")
+        raise InputError(f"--step-batch-size-schedule {schedule!r} {why}", file=file,
+                         field="--step-batch-size-schedule",
+                         fix=f"end the schedule at {plan.global_batch_size} with batches that are multiples of "
+                             f"{step}, or make a plan for the batch it ends at ('hetauto plan --global-batch-size')")
+
+
+def _count(text: str) -> int:
+    """A number of Megatron's batch schedule, with its K, M, B or T suffix (num_microbatches_calculator.py
+    _parse_numeric_value)."""
+    text = text.strip().upper()
+    scale = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9, "T": 10 ** 12}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 def checkpoint_stage(plan: Plan, placement: RankCoords) -> int:
