@@ -42,6 +42,11 @@ class LayerImpl:
                                    # width
     grouped_kv_max_head_dim: int | None = None   # K and V taken grouped only up to this head dim (repeated
                                    # above it, as kv_repeated); None: at any head dim
+    query_views_qkv: bool = False  # Megatron's local attention: on a TP rank holding one key/value group and more
+                                   # than one head, with no rotary embedding to copy Q, Q reaches the score GEMM
+                                   # as a view of the fused QKV output at micro-batch 1 (its reshape to
+                                   # [s, b x heads, head_dim] merges a dimension of one; from 2 on it copies), so
+                                   # the Q kept for the backward keeps that whole output
     checkpoint_bytes: int = 0      # what a full recomputation's checkpoint keeps in the device's memory beside the
                                    # layer's input, per layer and micro-batch; its backward holds as much again while
                                    # it re-runs the layer (DeepSpeed's on CPU: two RNG states, below)
@@ -54,7 +59,7 @@ TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
-                         dropout_mask_bytes=None)
+                         dropout_mask_bytes=None, query_views_qkv=True)
 
 
 def mask_bytes(impl: LayerImpl, E: int) -> int:
@@ -63,7 +68,7 @@ def mask_bytes(impl: LayerImpl, E: int) -> int:
 
 
 def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidden_dropout: float,
-                 attention_dropout: float) -> dict[str, float]:
+                 attention_dropout: float, tp: int = 1) -> dict[str, float]:
     """Bytes one layer keeps for one micro-batch, by how TP divides them (element size E):
     rep     outside the TP regions: divided by TP only under sequence parallelism. The two norms' inputs and
             outputs (each output is the next linear's input: QKV, MLP), their fp32 row statistics, the
@@ -97,6 +102,10 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
             # without GQA Megatron's local attention repeats nothing: V stays a view of the fused QKV output,
             # so that whole tensor (h + 2 kv wide) is kept beside the rotated Q and K: s b (3 kv - h) more
             attn += s * b * (3 * model.kv_hidden - h) * E
+        if impl.query_views_qkv and b == 1 and model.position_embedding != "rope" and model.num_query_groups == tp < a:
+            # one key/value group per TP rank (`tp` ranks share the groups), no rotation: the kept Q is a view of
+            # the fused QKV output, which keeps K and V at one group's width beside it (per rank, once divided by TP)
+            attn += 2 * s * b * model.kv_hidden * E
     mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
@@ -111,7 +120,7 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
     MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input.
     The dropouts are the mesh's settings (plan/settings.py; 0 = off, the default)."""
     p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl, hidden_dropout,
-                     attention_dropout)
+                     attention_dropout, tp)
     rep_tp = tp if sequence_parallel else 1
     if recompute == "full":
         return p["input"] / rep_tp + impl.checkpoint_bytes
