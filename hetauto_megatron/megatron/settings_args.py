@@ -5,8 +5,8 @@ overlap_grad_reduce, overlap_param_gather, grad_reduce_in_bf16 / accumulate_allr
 fp8 and its transformer_impl: plan/megatron_flags.py, the table the cost model priced) are switches that default
 to off, so a flag the user did not give is filled in from the plan (per mesh, like TP), and one the user gave
 that no mesh of the plan runs (e.g. --sequence-parallel where every mesh of TP > 1 has sequence_parallel: false,
-or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for what
-the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
+or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for
+what the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
 value, and a value the user gave (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh
 runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size).
 
