@@ -601,7 +601,7 @@ def test_a_step_batch_size_schedule_must_end_at_the_plans_batch(monkeypatch):
     its batch with one) takes the place of --global-batch-size: its last batch must be the plan's, every batch a
     multiple of the pipeline's micro-batch step (DP 2 x micro-batch 2 = 4 samples here). Before, a schedule ending
     at 16 trained at 16 from its last threshold on, a batch the plan never priced; a plan of two pipelines refuses
-    the schedule as it refuses --rampup-batch-size (each mesh's Megatron counts its own share of the batch)."""
+    the schedule (each mesh's Megatron counts its own share of the batch)."""
     plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 2, "stage_layers": [8]}]})
     c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 2, None), None)

@@ -124,10 +124,10 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
 def check_batch_schedule(schedule: str, plan: Plan, *, file: str | None = None) -> None:
     """Megatron-Core 0.19's --step-batch-size-schedule "THRESHOLD:BATCH ..." on a plan of one pipeline: the global
     batch it trains at from its last threshold on must be the plan's (its time and memory were priced for that
-    batch; the earlier ones ramp up to it, as --rampup-batch-size does, which ends at --global-batch-size), and
-    every batch a whole number of the pipeline's micro-batch steps (each mesh's DP x micro-batch size). Megatron
-    takes the schedule's batches instead of --global-batch-size, so a schedule ending elsewhere trained the whole
-    run at a batch the plan never priced."""
+    batch; the earlier ones ramp up to it: Megatron-Core 0.19 ignores the older --rampup-batch-size, with a
+    warning), and every batch a whole number of the pipeline's micro-batch steps (each mesh's DP x micro-batch
+    size). Megatron takes the schedule's batches instead of --global-batch-size, so a schedule ending elsewhere
+    trained the whole run at a batch the plan never priced."""
     step = mesh_layout(plan, 0).step
     pairs = []
     for entry in schedule.replace(",", " ").split():
