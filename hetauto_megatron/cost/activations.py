@@ -68,7 +68,7 @@ def mask_bytes(impl: LayerImpl, E: int) -> int:
 
 
 def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidden_dropout: float,
-                 attention_dropout: float, tp: int = 1) -> dict[str, float]:
+                 attention_dropout: float, tp: int) -> dict[str, float]:
     """Bytes one layer keeps for one micro-batch, by how TP divides them (element size E):
     rep     outside the TP regions: divided by TP only under sequence parallelism. The two norms' inputs and
             outputs (each output is the next linear's input: QKV, MLP), their fp32 row statistics, the
