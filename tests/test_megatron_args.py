@@ -786,3 +786,21 @@ def test_a_damaged_checkpoint_record_is_named_not_a_traceback(tmp_path, text):
     with pytest.raises(InputError) as exc:     # (was AttributeError / TypeError)
         check_resume(PLAN, str(path))
     assert exc.value.field == "--load" and exc.value.fix
+
+
+def test_a_transformer_engine_typed_for_a_plan_of_cpu_processes_is_refused(monkeypatch):
+    """CPU processes build Megatron's local layers, which the plan priced for them (the --hetauto hook sets them on
+    a CPU rank: test_dryrun_config_matches_launch.py); a typed --transformer-impl transformer_engine on a plan
+    with no accelerator mesh is one paragraph naming the flag and the mesh. Megatron-LM's default, the same word
+    left untyped (marked by args.py, as argparse would otherwise convert it to a plain string), runs."""
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], impl="transformer_engine")
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+    assert exc.value.field == "meshes[0].device_type" and exc.value.exit_code == 2
+    assert "--transformer-impl transformer_engine (plan: meshes[0] is CPU processes" in exc.value.message
+    margs, args = _megatron_args(monkeypatch, ["--vocab-size", "128"])
+    assert args.transformer_impl == "transformer_engine"       # Megatron-LM's default, untyped
+    rewrite.rewrite_args(args, PLAN, c)
+    margs.validate_args(args, {})
+    assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm

@@ -108,9 +108,10 @@ def _logged_losses(text):
 
 
 def job_flags(plan, iters):
-    """The job's own arguments after the emitted ones: mock data, the vocabulary, CPU flags."""
+    """The job's own arguments after the emitted ones: mock data, the vocabulary, a comparable CPU run's flags (a CPU
+    mesh's layers come with its launch script)."""
     return (["--vocab-size", str(plan.model.vocab_size)] +
-            demo.training_flags(iters, 1234) + demo.CPU_FLAGS)
+            demo.training_flags(iters, 1234) + demo.CPU_RUN_FLAGS)
 
 
 def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):

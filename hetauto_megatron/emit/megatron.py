@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from ..errors import InputError
 from ..plan.layout import PipelineLayout, megatron_layout
-from ..plan.megatron_flags import megatron_setting_args, precision_args
+from ..plan.megatron_flags import layer_args, megatron_setting_args, precision_args
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY, ROTARY_BASE
 from .launches import Launch, plan_launches
@@ -102,12 +102,13 @@ def pipeline_args(plan: Plan, pipeline: int = 0) -> list[str]:
 
 
 def mesh_args(mesh: Mesh, precision: str = "bf16") -> list[str]:
-    """What differs between meshes: TP, micro-batch, recomputation, the runtime settings (plan/settings.py) and
+    """What differs between meshes: TP, micro-batch, recomputation, the runtime settings (plan/settings.py),
     the precision the mesh trains in (Plan.mesh_precision: the plan's; fp32 on CPU processes), which also
-    spells the gradient dtype's flag; DP follows from the device count."""
+    spells the gradient dtype's flag, and on CPU processes the local, unfused layers (megatron_flags.layer_args);
+    DP follows from the device count."""
     return ["--tensor-model-parallel-size", str(mesh.tp), "--micro-batch-size", str(mesh.micro_batch_size),
             *recompute_args(mesh.recompute), *megatron_setting_args(mesh.settings, precision),
-            *precision_args(precision)]
+            *precision_args(precision), *layer_args(mesh.device_type)]
 
 
 def job_args(plan: Plan, pipeline: int = 0) -> list[str]:

@@ -3,9 +3,9 @@
 Megatron-LM builds its parser and then lets the entry script add its own arguments through one callable
 (`parse_and_validate_args(extra_args_provider=...)`). An entry script may already use that slot (Megatron-LM's
 pretrain_gpt.py passes ModelOpt's provider when it is installed), so ours composes with an existing provider
-instead of replacing it. It also marks the defaults of Megatron's dropout and layout flags (`ParserDefault`,
-`ParserDefaultInt`), so the `--hetauto` rewrite can tell a value the user typed from one the parser filled in. Importing this module costs
-nothing: no torch, no megatron.
+instead of replacing it. It also marks the defaults of Megatron's dropout, layout and layer-implementation flags
+(`ParserDefault`, `ParserDefaultInt`, `ParserDefaultStr`), so the `--hetauto` rewrite can tell a value the user typed
+from one the parser filled in. Importing this module costs nothing: no torch, no megatron.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ GROUP_TITLE = "hetauto (heterogeneous multi-cluster training)"
 DROPOUT_ARGS = tuple(arg for arg, (_, setting) in MEGATRON_ARGS.items() if setting in DROPOUT_KEYS)
 # the parallel layout a launch may give, which must then be the plan's (rewrite.check_layout_args)
 LAYOUT_ARGS = ("tensor_model_parallel_size", "micro_batch_size", "pipeline_model_parallel_size")
+# the layer implementation, which CPU processes set to Megatron's local layers (settings_args.py)
+IMPL_ARGS = ("transformer_impl",)
 
 
 class ParserDefault(float):
@@ -36,6 +38,15 @@ class ParserDefault(float):
         return float, (float(self),)
 
 
+class ParserDefaultStr(str):
+    """--transformer-impl as Megatron's parser gives it when the flag is absent (transformer_engine): only this mark
+    tells it from a typed --transformer-impl transformer_engine, which a plan of CPU processes refuses. Pickled as
+    a plain str."""
+
+    def __reduce__(self):
+        return str, (str(self),)
+
+
 class ParserDefaultInt(int):
     """A layout degree as Megatron's parser gives it when the flag is absent (TP and PP 1): only this mark tells
     an absent --tensor-model-parallel-size from a typed 1, which must then be the plan's (argparse converts typed
@@ -46,13 +57,26 @@ class ParserDefaultInt(int):
 
 
 def mark_parser_defaults(parser: argparse.ArgumentParser) -> None:
-    """Make the defaults of Megatron's dropout flags ParserDefault values and those of its layout flags
-    ParserDefaultInt values (idempotent; a parser without the flags is left as it is)."""
+    """Make the defaults of Megatron's dropout flags ParserDefault values, those of its layout flags
+    ParserDefaultInt values and --transformer-impl's a ParserDefaultStr (idempotent; a parser without the flags is
+    left as it is)."""
     for action in parser._actions:
-        for dests, kind, mark in ((DROPOUT_ARGS, float, ParserDefault), (LAYOUT_ARGS, int, ParserDefaultInt)):
+        for dests, kind, mark in ((DROPOUT_ARGS, float, ParserDefault), (LAYOUT_ARGS, int, ParserDefaultInt),
+                                  (IMPL_ARGS, str, ParserDefaultStr)):
             # (exactly the plain type: not a bool, not a value marked already)
             if action.dest in dests and type(action.default) is kind:
                 action.default = mark(action.default)
+                if kind is str and action.type is not None:
+                    # argparse passes a string default through the flag's type when the flag is absent, which
+                    # would drop the mark: that conversion keeps it (a typed value arrives as a plain str)
+                    action.type = _keeping_mark(action.type)
+
+
+def _keeping_mark(convert):
+    def keep(value):
+        return value if isinstance(value, ParserDefaultStr) else convert(value)
+    keep.__name__ = getattr(convert, "__name__", "convert")   # argparse names it in "invalid <name> value"
+    return keep
 
 
 def add_hetauto_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

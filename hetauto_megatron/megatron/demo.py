@@ -22,6 +22,7 @@ import tempfile
 from ..emit.megatron import model_args, pipeline_args
 from ..errors import InputError
 from ..plan.layout import PipelineLayout
+from ..plan.megatron_flags import layer_args
 from ..plan.plan import Plan, load_plan
 from ..runtime.launcher import LaunchError
 
@@ -29,17 +30,17 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 ENTRY_SCRIPT = os.path.join(_ROOT, "examples", "llama", "pretrain_llama_hetauto.py")
 DEFAULT_PLAN = os.path.join(_ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
 
-# Megatron-LM flags for a CPU run that is comparable across layouts (docs/megatron-integration.md): the local
-# (non-Transformer-Engine) layer spec, no fused kernels, fp32, no dropout, weights drawn in full on the CPU.
-# `--transformer-impl local` alone selects the local spec; NVIDIA's pretrain_gpt.py fails on `--spec local`
-# (and Megatron accepts `--attention-backend local` only together with it).
-CPU_FLAGS = [
-    "--transformer-impl", "local",
-    "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion",
-    "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-masked-softmax-fusion", "--no-rope-fusion",
+# Megatron-LM flags for a CPU run that is comparable across layouts (docs/megatron-integration.md): no dropout,
+# weights drawn in full on the CPU (so every layout starts from the same numbers), no data-loader workers ...
+CPU_RUN_FLAGS = [
     "--attention-dropout", "0", "--hidden-dropout", "0", "--use-cpu-initialization",
     "--num-workers", "0", "--no-create-attention-mask-in-dataloader",
 ]
+# ... and, for Megatron's own run (no --hetauto), the local (non-Transformer-Engine) layer spec without fused kernels
+# and fp32, which a CPU mesh's launch script carries and the --hetauto hook sets on CPU ranks that lack them
+# (plan/megatron_flags.py CPU_LAYER_ARGS). `--transformer-impl local` alone selects the local spec; NVIDIA's
+# pretrain_gpt.py fails on `--spec local` (and Megatron accepts `--attention-backend local` only together with it).
+CPU_FLAGS = [*layer_args("cpu"), *CPU_RUN_FLAGS]
 
 
 def model_flags(plan: Plan) -> list[str]:
@@ -62,8 +63,8 @@ def training_flags(iters: int, seed: int) -> list[str]:
 
 def hetauto_argv(plan_path: str, plan: Plan, *, iters: int, seed: int) -> list[str]:
     """The command line of the --hetauto run (TP, DP, micro-batch, layout come from the plan: a layout flag
-    typed must be the plan's, rewrite.check_layout_args, so none is)."""
-    return (model_flags(plan) + training_flags(iters, seed) + CPU_FLAGS +
+    typed must be the plan's, rewrite.check_layout_args, so none is; so do a CPU rank's layers)."""
+    return (model_flags(plan) + training_flags(iters, seed) + CPU_RUN_FLAGS +
             ["--global-batch-size", str(plan.global_batch_size), "--hetauto", "--hetauto-plan", plan_path])
 
 

@@ -8,7 +8,8 @@ that no mesh of the plan runs (e.g. --sequence-parallel where every mesh of TP >
 or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for
 what the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
 value, and a value the user gave (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh
-runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size).
+runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size), and a
+mesh of CPU processes Megatron's local layers without fused kernels (megatron_flags.CPU_LAYER_ARGS), as priced.
 
 Apart from rewrite.py, which applies these values with the parallel layout: this is the one place that reads
 the plan's per-mesh settings table for Megatron's arguments (pure functions, no torch).
@@ -16,12 +17,12 @@ the plan's per-mesh settings table for Megatron's arguments (pure functions, no 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..plan.megatron_flags import MEGATRON_ARGS, megatron_values
+from ..plan.megatron_flags import CPU_LAYER_ARGS, MEGATRON_ARGS, megatron_values
 from ..plan.plan import Plan
 from ..plan.vocab_padding import padded_vocab_size
 from ..runtime.ranks import RankCoords
 from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
-from .args import ParserDefault
+from .args import ParserDefault, ParserDefaultStr
 
 
 def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[object, str]]:
@@ -79,6 +80,16 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             clashes.append((f"--transformer-impl {impl} (plan: precision is fp8, which runs on Transformer Engine)",
                             "precision"))
         out["transformer_impl"] = want_impl
+    if mesh.device_type == "cpu":
+        # CPU processes build the local, unfused layers the plan priced for them, whatever the launch says
+        # (megatron_flags.CPU_LAYER_ARGS: Megatron-LM's fused defaults stop a CPU rank with a traceback); a typed
+        # --transformer-impl of another kind is refused when no mesh of the plan is an accelerator that runs it
+        impl = getattr(args, "transformer_impl", None)
+        if impl not in (None, "local") and not isinstance(impl, ParserDefaultStr) and \
+                all(m.device_type == "cpu" for m in plan.meshes):
+            clashes.append((f"--transformer-impl {impl} (plan: meshes[{placement.mesh_index}] is CPU processes, "
+                            "which build Megatron's local layers)", f"meshes[{placement.mesh_index}].device_type"))
+        out.update({arg: value for arg, (_, value) in CPU_LAYER_ARGS.items()})
     if clashes:
         raise InputError("the Megatron arguments ask for something the plan does not run: "
                          + "; ".join(text for text, _ in clashes), file=file, field=clashes[0][1],

@@ -1,4 +1,5 @@
-"""The Megatron-LM spelling of what a plan decides per mesh: its runtime settings and the job's precision.
+"""The Megatron-LM spelling of what a plan decides per mesh: its runtime settings, the job's precision, and on CPU
+processes the layers (CPU_LAYER_ARGS).
 
 Apart from plan/settings.py (what the settings are, their defaults and overrides) because this is how Megatron-LM
 names them: one table of Megatron attributes and flags (`MEGATRON_ARGS`), filled for one mesh by
@@ -31,6 +32,24 @@ MEGATRON_ARGS = {
 }
 # fp8 runs Transformer Engine's GEMMs in fp8 ("hybrid": E4M3 forward, E5M2 gradients) on bf16 parameters.
 FP8_FORMAT = "hybrid"
+
+# The layers a mesh of CPU processes builds: Megatron's local layer spec without its fused kernels, the layers the
+# dry run builds (runtime/model.py) and the cost model prices for CPU meshes (cost/activations.py DRY_RUN_IMPL).
+# Every fused kernel needs CUDA (Transformer Engine, APEX, torch.compile for a GPU): at Megatron-LM's defaults a CPU
+# rank stops with a traceback in TransformerConfig ("apply_rope_fusion is not available"), in ColumnParallelLinear
+# (APEX's fused_weight_gradient_mlp_cuda), in torch's LayerNorm (persist_layer_norm) or inside torch.compile (the
+# fused bias kernels); without --transformer-impl local, in Transformer Engine's layer spec. Megatron attribute ->
+# (its flag, the value the flag gives it).
+CPU_LAYER_ARGS = {
+    "transformer_impl": ("--transformer-impl", "local"),
+    "gradient_accumulation_fusion": ("--no-gradient-accumulation-fusion", False),
+    "no_persist_layer_norm": ("--no-persist-layer-norm", True),
+    "bias_gelu_fusion": ("--no-bias-gelu-fusion", False),
+    "bias_swiglu_fusion": ("--no-bias-swiglu-fusion", False),
+    "bias_dropout_fusion": ("--no-bias-dropout-fusion", False),
+    "masked_softmax_fusion": ("--no-masked-softmax-fusion", False),
+    "apply_rope_fusion": ("--no-rope-fusion", False),
+}
 
 
 def megatron_values(s: RuntimeSettings, precision: str = DEFAULT_PRECISION) -> dict:
@@ -75,3 +94,12 @@ def megatron_setting_args(s: RuntimeSettings, precision: str = DEFAULT_PRECISION
 def precision_args(precision: str) -> list[str]:
     """Megatron-LM flags for the job's training precision (fp32: none, Megatron's default)."""
     return _flags(megatron_values(default_settings(1), precision), from_precision=True)
+
+
+def layer_args(device_type: str) -> list[str]:
+    """Megatron-LM flags for the layers a mesh of this device type builds: CPU processes' (CPU_LAYER_ARGS); none for
+    an accelerator, whose launch runs Megatron-LM's defaults (Transformer Engine's layers, which the plan prices)."""
+    if device_type != "cpu":
+        return []
+    return [token for flag, value in CPU_LAYER_ARGS.values()
+            for token in ([flag] if isinstance(value, bool) else [flag, value])]
