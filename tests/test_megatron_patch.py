@@ -239,6 +239,10 @@ MISTAKES = {
                                                     "Fix:"]),
     "unknown cluster": (6, ["--hetauto-cluster", "cluster-z"],
                         ["the plan has no cluster 'cluster-z' (its clusters: cluster-a, cluster-b)", "Fix:"]),
+    # Megatron-LM's own assertion in validate_args (before: its traceback)
+    "megatron's own argument check": (6, ["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "10"],
+                                      ["Megatron-LM's own check of the arguments (validate_args) refused this launch: "
+                                       "can only specify one of lr-warmup-fraction and lr-warmup-iters", "Fix:"]),
 }
 
 

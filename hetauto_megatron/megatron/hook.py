@@ -46,7 +46,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, model_checks, rewrite
 from .args import hetauto_args_provider
@@ -212,7 +212,17 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
             _take_charge_of_exit()     # gloo's groups, as under --hetauto
-        result = original_validate(args, defaults)
+        try:
+            result = original_validate(args, defaults)
+        except AssertionError as exc:
+            # Megatron-LM checks the command line with assertions (two warm-up flags at once, a batch its
+            # micro-batches do not divide, ...): under --hetauto a user mistake is one paragraph, also Megatron's
+            # own finding; without --hetauto the script reports it as before
+            if "state" not in state_box or not str(exc).strip():
+                raise
+            raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
+                             f"{first_line(exc)}", fix="correct the flags it names on this launch's command line") \
+                from None
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
             # Megatron sees the real job (pretrain also re-reads both from torch.distributed).
