@@ -136,7 +136,8 @@ def test_validation_world_size_yields_mesh_dp():
 # ---- model arguments ---------------------------------------------------------------------------------------
 def ns(**kw):
     base = dict(num_layers=None, hidden_size=None, num_attention_heads=None, ffn_hidden_size=None, seq_length=None,
-                group_query_attention=False, num_query_groups=None, context_parallel_size=1, num_experts=None)
+                group_query_attention=False, num_query_groups=None, context_parallel_size=1, num_experts=None,
+                mock_data=True)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -306,7 +307,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "num_layers_per_virtual_pipeline_stage": ["1"], "num_virtual_stages_per_pipeline_rank": ["2"],
              "main_grads_dtype": ["bf16"], "main_params_dtype": ["fp16"], "exp_avg_dtype": ["bf16"],
              "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"]}
-    base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32"]
+    base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--mock-data"]
 
     def parse(*extra):     # as the patched pretrain_gpt.py parses (hetauto's provider marks Megatron's defaults)
         monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *base, *extra])
@@ -446,9 +448,9 @@ def test_checkpoints_of_mixed_tp_plans_need_the_torch_format():
 
 
 # ---- runtime settings, precision and vocabulary from the plan (plan/settings.py, plan/megatron_flags.py) ----
-def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"]):
+def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"], data=("--mock-data",)):
     """Megatron-LM's own parser on a CPU-friendly command line with `model`'s architecture flags (None: none),
-    plus `extra`."""
+    `data` (the dataset's flags), plus `extra`."""
     import megatron.training.arguments as margs
 
     from hetauto_megatron.emit.megatron import architecture_args
@@ -458,7 +460,7 @@ def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"]):
     cpu.apply()
     monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--max-position-embeddings", "32",
                                       *(["--transformer-impl", impl] if impl else []),
-                                      "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--mock-data",
+                                      "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", *data,
                                       "--train-iters", "1", "--lr", "1e-3",
                                       *[f for a in (architecture_args(model) if model else []) for f in a.flags],
                                       *extra])
@@ -804,3 +806,21 @@ def test_a_transformer_engine_typed_for_a_plan_of_cpu_processes_is_refused(monke
     rewrite.rewrite_args(args, PLAN, c)
     margs.validate_args(args, {})
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
+
+
+def test_a_launch_without_training_data_is_refused_before_anything_is_built(monkeypatch):
+    """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to
+    forget): NVIDIA's pretrain_gpt.py built the model and the optimizer on every rank and then stopped in Megatron's
+    dataset builder with a traceback (GPTDataset on a path of None). Now one paragraph at the argument check; any
+    of Megatron's dataset flags, as its parser names them, passes."""
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], data=())
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+    assert exc.value.field == "--data-path" and "names no training data" in exc.value.message
+    assert "--mock-data" in exc.value.fix and exc.value.exit_code == 2
+    for data in (["--mock-data"], ["--data-path", "corpus_text_document"],
+                 ["--train-data-path", "a", "--valid-data-path", "b", "--test-data-path", "c"],
+                 ["--data-args-path", "blend.txt"], ["--per-split-data-args-path", "splits.json"]):
+        _, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], data=data)
+        rewrite.rewrite_args(args, PLAN, c)

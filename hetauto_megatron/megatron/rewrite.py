@@ -94,6 +94,7 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only
     (and checkpoints in the per-rank `torch` format: `check_checkpoint_format`)."""
     check_checkpoint_format(args, plan, file=file)
+    check_training_data(args)
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -119,6 +120,26 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                              "evaluation reads the global batch as training does, and losses and gradients are "
                              "weighted by each mesh's share of the samples", file=file, field=flag,
                              fix="drop the flag")
+
+
+# Megatron-LM's flags that name a dataset (training/utils get_blend_and_blend_per_split reads them)
+_DATA_ARGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
+              "per_split_data_args_path")
+
+
+def check_training_data(args) -> None:
+    """A launch that names no dataset and no --mock-data: NVIDIA's pretrain_gpt.py builds the model and the optimizer
+    on every rank of every cluster and then stops in Megatron's dataset builder with a traceback (GPTDataset on a
+    path of None). The emitted launch scripts pass the data arguments through, so forgetting them is easy.
+    Megatron's SFT dataset reads its own arguments and is left to it."""
+    if getattr(args, "mock_data", False) or getattr(args, "sft", False):
+        return
+    if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
+        raise InputError("the launch names no training data: none of --data-path, --data-args-path, "
+                         "--train-data-path, --per-split-data-args-path, and not --mock-data", field="--data-path",
+                         fix="add --data-path PREFIX [PREFIX ...] to the command (the launch scripts of 'hetauto emit "
+                             "megatron' pass it to Megatron: bash launch/<cluster>.sh --data-path ...), or "
+                             "--mock-data for synthetic tokens")
 
 
 def check_batch_schedule(schedule: str, plan: Plan, *, file: str | None = None) -> None:
