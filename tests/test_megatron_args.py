@@ -458,7 +458,8 @@ def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"], data
 
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     cpu.apply()
-    monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--max-position-embeddings", "32",
+    monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+                                      "--max-position-embeddings", "32",
                                       *(["--transformer-impl", impl] if impl else []),
                                       "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", *data,
                                       "--train-iters", "1", "--lr", "1e-3",
@@ -808,7 +809,7 @@ def test_a_transformer_engine_typed_for_a_plan_of_cpu_processes_is_refused(monke
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
 
 
-def test_a_launch_without_training_data_is_refused_before_anything_is_built(monkeypatch):
+def test_a_launch_without_training_data_or_its_vocabulary_is_refused_before_anything_is_built(monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to
     forget): NVIDIA's pretrain_gpt.py built the model and the optimizer on every rank and then stopped in Megatron's
     dataset builder with a traceback (GPTDataset on a path of None). Now one paragraph at the argument check; any
@@ -824,3 +825,9 @@ def test_a_launch_without_training_data_is_refused_before_anything_is_built(monk
                  ["--data-args-path", "blend.txt"], ["--per-split-data-args-path", "splits.json"]):
         _, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], data=data)
         rewrite.rewrite_args(args, PLAN, c)
+    # the tokenizer of mock data (its TypeError traceback once Megatron had initialised every rank, before)
+    _, args = _megatron_args(monkeypatch)
+    args.vocab_size = None                      # Megatron's parser's value when the flag is absent
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+    assert exc.value.field == "--vocab-size" and exc.value.fix.startswith("add --vocab-size 128")

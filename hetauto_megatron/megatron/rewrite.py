@@ -94,7 +94,7 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only
     (and checkpoints in the per-rank `torch` format: `check_checkpoint_format`)."""
     check_checkpoint_format(args, plan, file=file)
-    check_training_data(args)
+    check_training_data(args, plan)
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -127,11 +127,16 @@ _DATA_ARGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path
               "per_split_data_args_path")
 
 
-def check_training_data(args) -> None:
+def check_training_data(args, plan: Plan) -> None:
     """A launch that names no dataset and no --mock-data: NVIDIA's pretrain_gpt.py builds the model and the optimizer
     on every rank of every cluster and then stops in Megatron's dataset builder with a traceback (GPTDataset on a
     path of None). The emitted launch scripts pass the data arguments through, so forgetting them is easy.
-    Megatron's SFT dataset reads its own arguments and is left to it."""
+    Megatron's SFT dataset reads its own arguments and is left to it. Likewise Megatron's NullTokenizer (mock data's
+    usual tokenizer) without --vocab-size: a TypeError traceback on every rank once initialised."""
+    if getattr(args, "tokenizer_type", None) == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
+        raise InputError("--tokenizer-type NullTokenizer takes its vocabulary size from --vocab-size, which the launch "
+                         "does not give", field="--vocab-size",
+                         fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
     if getattr(args, "mock_data", False) or getattr(args, "sft", False):
         return
     if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
