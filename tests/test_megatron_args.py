@@ -137,7 +137,7 @@ def test_validation_world_size_yields_mesh_dp():
 def ns(**kw):
     base = dict(num_layers=None, hidden_size=None, num_attention_heads=None, ffn_hidden_size=None, seq_length=None,
                 group_query_attention=False, num_query_groups=None, context_parallel_size=1, num_experts=None,
-                mock_data=True)
+                mock_data=True, lr=1e-3, train_iters=1)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -308,7 +308,7 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "main_grads_dtype": ["bf16"], "main_params_dtype": ["fp16"], "exp_avg_dtype": ["bf16"],
              "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-            "--mock-data"]
+            "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
 
     def parse(*extra):     # as the patched pretrain_gpt.py parses (hetauto's provider marks Megatron's defaults)
         monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *base, *extra])
@@ -809,7 +809,8 @@ def test_a_transformer_engine_typed_for_a_plan_of_cpu_processes_is_refused(monke
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
 
 
-def test_a_launch_without_training_data_or_its_vocabulary_is_refused_before_anything_is_built(monkeypatch):
+def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
+        monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to
     forget): NVIDIA's pretrain_gpt.py built the model and the optimizer on every rank and then stopped in Megatron's
     dataset builder with a traceback (GPTDataset on a path of None). Now one paragraph at the argument check; any
@@ -825,9 +826,15 @@ def test_a_launch_without_training_data_or_its_vocabulary_is_refused_before_anyt
                  ["--data-args-path", "blend.txt"], ["--per-split-data-args-path", "splits.json"]):
         _, args = _megatron_args(monkeypatch, ["--vocab-size", "128"], data=data)
         rewrite.rewrite_args(args, PLAN, c)
-    # the tokenizer of mock data (its TypeError traceback once Megatron had initialised every rank, before)
-    _, args = _megatron_args(monkeypatch)
-    args.vocab_size = None                      # Megatron's parser's value when the flag is absent
-    with pytest.raises(InputError) as exc:
-        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
-    assert exc.value.field == "--vocab-size" and exc.value.fix.startswith("add --vocab-size 128")
+    # the tokenizer of mock data (its TypeError traceback once Megatron had initialised every rank, before), the
+    # learning rate and the run's length (tracebacks once every rank had built the model and the optimizer)
+    for absent, field, fix in (("vocab_size", "--vocab-size", "add --vocab-size 128"), ("lr", "--lr", "add --lr"),
+                               ("train_iters", "--train-iters", "add --train-iters N")):
+        _, args = _megatron_args(monkeypatch)
+        setattr(args, absent, None)             # Megatron's parser's value when the flag is absent
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+        assert exc.value.field == field and exc.value.fix.startswith(fix), exc.value.message
+    _, args = _megatron_args(monkeypatch, ["--train-samples", "8"])
+    args.train_iters = None
+    rewrite.rewrite_args(args, PLAN, c)

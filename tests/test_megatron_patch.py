@@ -243,6 +243,9 @@ MISTAKES = {
     "megatron's own argument check": (6, ["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "10"],
                                       ["Megatron-LM's own check of the arguments (validate_args) refused this launch: "
                                        "can only specify one of lr-warmup-fraction and lr-warmup-iters", "Fix:"]),
+    # a bare assertion of Megatron-LM's: its line is what names the flags
+    "megatron's bare assertion": (6, ["--min-lr", "1e-2"], ["refused this launch: `assert args.min_lr <= args.lr` "
+                                                           "(megatron/training/arguments.py, line", "Fix:"]),
 }
 
 

@@ -218,11 +218,11 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             # Megatron-LM checks the command line with assertions (two warm-up flags at once, a batch its
             # micro-batches do not divide, ...): under --hetauto a user mistake is one paragraph, also Megatron's
             # own finding; without --hetauto the script reports it as before
-            if "state" not in state_box or not str(exc).strip():
+            if "state" not in state_box:
                 raise
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
-                             f"{first_line(exc)}", fix="correct the flags it names on this launch's command line") \
-                from None
+                             f"{_assertion_text(exc)}", fix="correct the flags it names on this launch's command "
+                                                            "line") from None
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
             # Megatron sees the real job (pretrain also re-reads both from torch.distributed).
@@ -245,6 +245,20 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if note:
                 print(note, flush=True)
     return args
+
+
+def _assertion_text(exc: AssertionError) -> str:
+    """An assertion's message, or for a bare `assert` (Megatron's `assert args.min_lr <= args.lr`) its line and
+    where it stands, which is what names the flags then."""
+    import traceback
+
+    if str(exc).strip():
+        return first_line(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not frames[-1].line:
+        return "an assertion without a message"
+    where = frames[-1]
+    return f"`{where.line.strip()}` (megatron/{where.filename.split('/megatron/')[-1]}, line {where.lineno})"
 
 
 def _log_rewrite(state: _State) -> None:

@@ -94,7 +94,7 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only
     (and checkpoints in the per-rank `torch` format: `check_checkpoint_format`)."""
     check_checkpoint_format(args, plan, file=file)
-    check_training_data(args, plan)
+    check_training_args(args, plan)
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -127,12 +127,19 @@ _DATA_ARGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path
               "per_split_data_args_path")
 
 
-def check_training_data(args, plan: Plan) -> None:
-    """A launch that names no dataset and no --mock-data: NVIDIA's pretrain_gpt.py builds the model and the optimizer
-    on every rank of every cluster and then stops in Megatron's dataset builder with a traceback (GPTDataset on a
-    path of None). The emitted launch scripts pass the data arguments through, so forgetting them is easy.
-    Megatron's SFT dataset reads its own arguments and is left to it. Likewise Megatron's NullTokenizer (mock data's
-    usual tokenizer) without --vocab-size: a TypeError traceback on every rank once initialised."""
+def check_training_args(args, plan: Plan) -> None:
+    """What Megatron-LM needs to train and checks only once every rank of every cluster has initialised, or built
+    the model and the optimizer, each a traceback there: a launch that names no dataset and no --mock-data
+    (Megatron's dataset builder stops on GPTDataset with a path of None; the emitted launch scripts pass the data
+    arguments through, so forgetting them is easy; Megatron's SFT dataset reads its own and is left to it),
+    NullTokenizer (mock data's usual tokenizer) without --vocab-size, no --lr (Megatron has no default) and neither
+    --train-iters nor --train-samples."""
+    if getattr(args, "lr", 0) is None:
+        raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
+                         fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
+    if getattr(args, "train_iters", 0) is None and getattr(args, "train_samples", 0) is None:
+        raise InputError("the launch gives neither --train-iters nor --train-samples: Megatron-LM cannot tell how "
+                         "long to train", field="--train-iters", fix="add --train-iters N (or --train-samples N)")
     if getattr(args, "tokenizer_type", None) == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
         raise InputError("--tokenizer-type NullTokenizer takes its vocabulary size from --vocab-size, which the launch "
                          "does not give", field="--vocab-size",
