@@ -246,6 +246,10 @@ MISTAKES = {
     # a bare assertion of Megatron-LM's: its line is what names the flags
     "megatron's bare assertion": (6, ["--min-lr", "1e-2"], ["refused this launch: `assert args.min_lr <= args.lr` "
                                                            "(megatron/training/arguments.py, line", "Fix:"]),
+    # Megatron's assertion on the tokenizer's arguments, raised where it builds the tokenizer
+    "a tokenizer without its files": (6, ["--tokenizer-type", "HuggingFaceTokenizer"],
+                                      ["Megatron-LM could not build the tokenizer (--tokenizer-type "
+                                       "HuggingFaceTokenizer): Tokenizer path must be specified", "Fix:"]),
 }
 
 

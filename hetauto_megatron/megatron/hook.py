@@ -177,13 +177,23 @@ def _prepare_hetauto(args) -> _State:
 
 def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
     """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
-    against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table."""
+    against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table. Megatron's
+    own assertions on the tokenizer's arguments are one paragraph too."""
     import megatron.training.global_vars as global_vars
 
     build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
 
     def checked(args, **kwargs):
-        tokenizer = build(args, **kwargs)
+        try:
+            tokenizer = build(args, **kwargs)
+        except AssertionError as exc:      # Megatron's check of the tokenizer's arguments ("Tokenizer path must ...")
+            kind = getattr(args, "tokenizer_type", None)
+            raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}): "
+                             f"{_assertion_text(exc)}", field="--tokenizer-type",
+                             fix="give the tokenizer's files (--tokenizer-model for HuggingFaceTokenizer and "
+                                 "SentencePiece, --vocab-file and --merge-file for GPT2BPETokenizer), or "
+                                 f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
+                                 "--mock-data") from None
         model_checks.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
         return tokenizer
 
