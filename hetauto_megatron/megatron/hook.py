@@ -46,13 +46,14 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from ..errors import InputError, first_line
+from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, model_checks, rewrite
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
-from .script_guard import ending_cleanly, exit_after_training, guard_script_errors, main_guard  # noqa: F401
+from .script_guard import (assertion_text, ending_cleanly, exit_after_training, guard_script_errors,  # noqa: F401
+                           main_guard)
 from .training_seams import install_gradient_rules
 
 # megatron-core releases whose training loop has the seams the hook uses (pretrain's p2p_communicator,
@@ -189,7 +190,7 @@ def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
         except AssertionError as exc:      # Megatron's check of the tokenizer's arguments ("Tokenizer path must ...")
             kind = getattr(args, "tokenizer_type", None)
             raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}): "
-                             f"{_assertion_text(exc)}", field="--tokenizer-type",
+                             f"{assertion_text(exc)}", field="--tokenizer-type",
                              fix="give the tokenizer's files (--tokenizer-model for HuggingFaceTokenizer and "
                                  "SentencePiece, --vocab-file and --merge-file for GPT2BPETokenizer), or "
                                  f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
@@ -231,7 +232,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if "state" not in state_box:
                 raise
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
-                             f"{_assertion_text(exc)}", fix="correct the flags it names on this launch's command "
+                             f"{assertion_text(exc)}", fix="correct the flags it names on this launch's command "
                                                             "line") from None
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
@@ -255,20 +256,6 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if note:
                 print(note, flush=True)
     return args
-
-
-def _assertion_text(exc: AssertionError) -> str:
-    """An assertion's message, or for a bare `assert` (Megatron's `assert args.min_lr <= args.lr`) its line and
-    where it stands, which is what names the flags then."""
-    import traceback
-
-    if str(exc).strip():
-        return first_line(exc)
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or not frames[-1].line:
-        return "an assertion without a message"
-    where = frames[-1]
-    return f"`{where.line.strip()}` (megatron/{where.filename.split('/megatron/')[-1]}, line {where.lineno})"
 
 
 def _log_rewrite(state: _State) -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from . import launch_identity
 
 
@@ -207,3 +207,17 @@ def guard_script_errors() -> None:
     sys.excepthook = excepthook
     if "--hetauto" in sys.argv[1:]:
         launch_identity.identity_from_env()      # InputError (the hook above prints it) for a variable not a number
+
+
+def assertion_text(exc: AssertionError) -> str:
+    """An assertion's message, or for a bare `assert` (Megatron's `assert args.min_lr <= args.lr`) its line and
+    where it stands, which is what names the flags then."""
+    import traceback
+
+    if str(exc).strip():
+        return first_line(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not frames[-1].line:
+        return "an assertion without a message"
+    where = frames[-1]
+    return f"`{where.line.strip()}` (megatron/{where.filename.split('/megatron/')[-1]}, line {where.lineno})"
