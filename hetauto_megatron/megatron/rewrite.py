@@ -94,7 +94,6 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
     were priced for it); a plan that is not one pipeline of single meshes takes iteration-based schedules only
     (and checkpoints in the per-rank `torch` format: `check_checkpoint_format`)."""
     check_checkpoint_format(args, plan, file=file)
-    check_training_args(args, plan)
     have = getattr(args, "global_batch_size", None)
     if have is not None and int(have) != plan.global_batch_size:
         split = ""
@@ -265,6 +264,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
     check_unpriced(args, file=file)
     check_job_args(args, plan, file=file)
+    check_training_args(args, plan)
     check_layout_args(args, plan, placement, file=file)
     check_attention_args(args, plan, placement, file=file)
     check_ddp_bucket_args(args, plan, placement, file=file)
