@@ -226,9 +226,9 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
         try:
             result = original_validate(args, defaults)
         except AssertionError as exc:
-            # Megatron-LM checks the command line with assertions (two warm-up flags at once, a batch its
-            # micro-batches do not divide, ...): under --hetauto a user mistake is one paragraph, also Megatron's
-            # own finding; without --hetauto the script reports it as before
+            # Megatron-LM checks the command line with assertions (two warm-up flags at once, --min-lr above
+            # --lr, ...): under --hetauto a user mistake is one paragraph, also Megatron's own finding; without
+            # --hetauto the script reports it as before
             if "state" not in state_box:
                 raise
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "

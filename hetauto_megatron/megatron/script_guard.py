@@ -220,4 +220,4 @@ def assertion_text(exc: AssertionError) -> str:
     if not frames or not frames[-1].line:
         return "an assertion without a message"
     where = frames[-1]
-    return f"`{where.line.strip()}` (megatron/{where.filename.split('/megatron/')[-1]}, line {where.lineno})"
+    return f"`{where.line.strip()}` ({where.filename.split('site-packages/')[-1]}, line {where.lineno})"
