@@ -262,12 +262,12 @@ def test_a_tokenizer_larger_than_the_plans_vocabulary_is_refused_when_megatron_b
     than the plan's 128 (a LLaMA-3 tokenizer on a LLaMA-2 plan) would index past the embedding table; fewer runs."""
     import megatron.training.global_vars as global_vars
 
-    from hetauto_megatron.megatron import hook
+    from hetauto_megatron.megatron import training_inputs
 
     monkeypatch.setattr(global_vars, "build_tokenizer", global_vars.build_tokenizer)     # restored afterwards
     monkeypatch.setattr(global_vars, "_GLOBAL_TOKENIZER", None)
-    hook._check_tokenizer_when_built(PLAN, "plan.yaml")
-    hook._check_tokenizer_when_built(PLAN, "plan.yaml")        # a second --hetauto parse wraps Megatron's once
+    training_inputs.check_tokenizer_when_built(PLAN, "plan.yaml")
+    training_inputs.check_tokenizer_when_built(PLAN, "plan.yaml")    # a second --hetauto parse wraps Megatron's once
     for tokens in (128, 100, 200):
         _, args = _megatron_args(monkeypatch, ["--vocab-size", str(tokens)])
         args.rank, args.padded_vocab_size = 0, PLAN.padded_vocab_size      # as the rewrite sets them
@@ -807,6 +807,37 @@ def test_a_transformer_engine_typed_for_a_plan_of_cpu_processes_is_refused(monke
     rewrite.rewrite_args(args, PLAN, c)
     margs.validate_args(args, {})
     assert args.transformer_impl == "local" and not args.apply_rope_fusion and args.no_persist_layer_norm
+
+
+def test_a_tokenizer_file_this_machine_lacks_is_refused_before_anything_is_built(monkeypatch, tmp_path):
+    """A tokenizer's file the launch names and this machine does not have: Megatron-LM stopped every rank once all
+    had initialised ("ValueError: tokenizer_path: ... is invalid" for SentencePiece). Every rank builds the
+    tokenizer, so each checks its own machine at the argument stage; what the type does not read, GPT-2's files
+    left out (Megatron downloads them) and a model of the hub pass."""
+    model = tmp_path / "tok.model"
+    model.write_text("x")
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    refused = [(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", str(tmp_path / "nope.model")],
+                "--tokenizer-model", "does not exist on this machine"),
+               (["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", str(tmp_path)],
+                "--tokenizer-model", "is a directory, not a file"),
+               (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(model), "--merge-file",
+                 str(tmp_path / "merges.txt")], "--merge-file", "does not exist"),
+               (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "./nope"], "--tokenizer-model",
+                "does not exist")]
+    for extra, field, words in refused:
+        _, args = _megatron_args(monkeypatch, extra)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+        assert exc.value.field == field and words in exc.value.message, (extra, exc.value.message)
+        assert "--tokenizer-type" in exc.value.message and exc.value.exit_code == 2
+    for extra in (["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", str(model)],
+                  ["--tokenizer-type", "GPT2BPETokenizer"],
+                  ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "meta-llama/Llama-2-7b-hf"],
+                  ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path)],
+                  ["--vocab-file", str(tmp_path / "unread.json")]):       # NullTokenizer reads no file
+        _, args = _megatron_args(monkeypatch, extra)
+        rewrite.rewrite_args(args, PLAN, c)
 
 
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(

@@ -272,6 +272,39 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
             assert words in paragraph[0], (name, words, paragraph[0])
 
 
+def test_a_data_prefix_this_machine_lacks_is_one_paragraph_where_megatron_reads_it(nvidia_script, tmp_path):
+    """A --data-path prefix without its .bin and .idx on the machine of a rank that reads data: Megatron-LM built
+    the model and the optimizer, then stopped in IndexedDataset with an AssertionError traceback. Only some ranks
+    read data (each pipeline's first and last stage, TP rank 0), so it is said where Megatron reads it: one
+    paragraph naming the flag, Megatron's words and the machine, exit 2. A one-rank plan of the tiny model."""
+    import socket
+
+    import yaml
+
+    from hetauto_megatron.megatron import demo
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.runtime.launcher import free_port
+
+    raw = yaml.safe_load(open(PLAN))
+    raw.update(global_batch_size=4, meshes=[{"cluster": "cluster-a", "device_type": "cpu", "tp": 1, "dp": 1,
+                                              "micro_batch_size": 2, "recompute": "none", "stage_layers": [8]}])
+    plan_file = tmp_path / "one-rank.yaml"
+    plan_file.write_text(yaml.safe_dump(raw))
+    argv = demo.hetauto_argv(str(plan_file), load_plan(str(plan_file)), iters=1, seed=1)
+    argv.remove("--mock-data")
+    prefix = str(tmp_path / "corpus_text_document")
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), CUDA_DEVICE_MAX_CONNECTIONS="1")
+    proc = run_script_forked(nvidia_script, argv + ["--data-path", "1.0", prefix], env, str(tmp_path))
+    err = proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    paragraph = [line for line in err.splitlines() if line.startswith("hetauto: error:")]
+    assert len(paragraph) == 1, err[-3000:]
+    assert paragraph[0].startswith(f"hetauto: error: field '--data-path': Megatron-LM could not build the training "
+                                   f"data on this machine ({socket.gethostname()})"), paragraph[0]
+    assert f"cannot be found at the path prefix {prefix}" in paragraph[0] and "PREFIX.idx" in paragraph[0]
+
+
 @pytest.mark.parametrize("variables", [{"RANK": "abc", "WORLD_SIZE": "6"}, {"RANK": "0", "WORLD_SIZE": "six"},
                                        {"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "first"}])
 def test_nvidia_script_answers_launch_variables_that_are_not_numbers(nvidia_script, tmp_path, variables):

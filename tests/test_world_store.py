@@ -65,6 +65,23 @@ def test_a_rank_stopped_by_another_clusters_refusal_names_that_cluster_not_the_a
            "cluster-b has it in full)" in exc.message, exc.message
 
 
+def test_a_rank_stopped_by_a_refusal_of_its_own_cluster_does_not_say_its_launch_is_not_at_fault(monkeypatch):
+    """After the join a rank of the same cluster can refuse (its machine lacks the training data: only some ranks
+    read it); the others of that cluster said "another cluster's launch was refused ... cluster cluster-a refused
+    the job; the launch of this cluster (cluster-a) ... not at fault". They name the rank of this cluster."""
+    monkeypatch.setenv("HETAUTO_CLUSTER", "cluster-a")
+    exc = world_store.refused_elsewhere("rank 0 (cluster cluster-a): field '--data-path': no data", 1,
+                                        after_join=True)
+    assert exc.message.startswith("rank 0 of this cluster (cluster-a) refused the job after the clusters had "
+                                  "joined, so this rank (1) stops too"), exc.message
+    assert "another cluster" not in exc.message and "this cluster (cluster-a) and" not in exc.message
+    assert "The refusal: rank 0 (cluster cluster-a): field '--data-path'" in exc.message
+    assert exc.fix.startswith("fix what the refusal says (the log of global rank 0 on cluster cluster-a")
+    monkeypatch.setenv("HETAUTO_CLUSTER", "cluster-b")
+    assert "cluster cluster-a refused the job" in world_store.refused_elsewhere(
+        "rank 0 (cluster cluster-a): field '--data-path': no data", 4, after_join=True).message
+
+
 def test_nobody_hosting_is_a_timeout_paragraph():
     start = time.monotonic()
     with pytest.raises(InputError) as info:

@@ -48,7 +48,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from . import checkpoint_plan, launch_identity, model_checks, rewrite
+from . import checkpoint_plan, launch_identity, rewrite, training_inputs
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
@@ -171,35 +171,10 @@ def _prepare_hetauto(args) -> _State:
     checkpoint_plan.check_resume(
         plan, checkpoint_plan.record_path(load, checkpoint_plan.loaded_iteration(load, getattr(args, "ckpt_step", None))),
         finetune=bool(getattr(args, "finetune", False)), load_dir=load, file=args.hetauto_plan)
-    _check_tokenizer_when_built(plan, args.hetauto_plan)
+    training_inputs.check_tokenizer_when_built(plan, args.hetauto_plan)
+    training_inputs.check_data_when_built()
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
-
-
-def _check_tokenizer_when_built(plan: Plan, file: str) -> None:
-    """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
-    against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table. Megatron's
-    own assertions on the tokenizer's arguments are one paragraph too."""
-    import megatron.training.global_vars as global_vars
-
-    build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
-
-    def checked(args, **kwargs):
-        try:
-            tokenizer = build(args, **kwargs)
-        except AssertionError as exc:      # Megatron's check of the tokenizer's arguments ("Tokenizer path must ...")
-            kind = getattr(args, "tokenizer_type", None)
-            raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}): "
-                             f"{assertion_text(exc)}", field="--tokenizer-type",
-                             fix="give the tokenizer's files (--tokenizer-model for HuggingFaceTokenizer and "
-                                 "SentencePiece, --vocab-file and --merge-file for GPT2BPETokenizer), or "
-                                 f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
-                                 "--mock-data") from None
-        model_checks.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
-        return tokenizer
-
-    checked._hetauto_original = build
-    global_vars.build_tokenizer = checked
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,

@@ -41,6 +41,7 @@ from ..runtime.ranks import RankCoords
 from .args import ParserDefaultInt
 from .model_checks import check_model_args
 from .settings_args import runtime_setting_overrides
+from .training_inputs import check_training_args
 from .unpriced import check_attention_args, check_ddp_bucket_args, check_unpriced
 
 # Arguments that choose a pipeline split some other way; the plan's layout replaces them.
@@ -119,38 +120,6 @@ def check_job_args(args, plan: Plan, *, file: str | None = None) -> None:
                              "evaluation reads the global batch as training does, and losses and gradients are "
                              "weighted by each mesh's share of the samples", file=file, field=flag,
                              fix="drop the flag")
-
-
-# Megatron-LM's flags that name a dataset (training/utils get_blend_and_blend_per_split reads them)
-_DATA_ARGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
-              "per_split_data_args_path")
-
-
-def check_training_args(args, plan: Plan) -> None:
-    """What Megatron-LM needs to train and checks only once every rank of every cluster has initialised, or built
-    the model and the optimizer, each a traceback there: a launch that names no dataset and no --mock-data
-    (Megatron's dataset builder stops on GPTDataset with a path of None; the emitted launch scripts pass the data
-    arguments through, so forgetting them is easy; Megatron's SFT dataset reads its own and is left to it),
-    NullTokenizer (mock data's usual tokenizer) without --vocab-size, no --lr (Megatron has no default) and neither
-    --train-iters nor --train-samples."""
-    if getattr(args, "lr", 0) is None:
-        raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
-                         fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
-    if getattr(args, "train_iters", 0) is None and getattr(args, "train_samples", 0) is None:
-        raise InputError("the launch gives neither --train-iters nor --train-samples: Megatron-LM cannot tell how "
-                         "long to train", field="--train-iters", fix="add --train-iters N (or --train-samples N)")
-    if getattr(args, "tokenizer_type", None) == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
-        raise InputError("--tokenizer-type NullTokenizer takes its vocabulary size from --vocab-size, which the launch "
-                         "does not give", field="--vocab-size",
-                         fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
-    if getattr(args, "mock_data", False) or getattr(args, "sft", False):
-        return
-    if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
-        raise InputError("the launch names no training data: none of --data-path, --data-args-path, "
-                         "--train-data-path, --per-split-data-args-path, and not --mock-data", field="--data-path",
-                         fix="add --data-path PREFIX [PREFIX ...] to the command (the launch scripts of 'hetauto emit "
-                             "megatron' pass it to Megatron: bash launch/<cluster>.sh --data-path ...), or "
-                             "--mock-data for synthetic tokens")
 
 
 def check_batch_schedule(schedule: str, plan: Plan, *, file: str | None = None) -> None:

@@ -293,6 +293,12 @@ def refused_elsewhere(refused: str, rank: int, *, after_join: bool = False) -> I
         log = f"the log of global rank {other}" + (f" on cluster {cluster}" if cluster != "?" else "")
     mine = os.environ.get("HETAUTO_CLUSTER")
     when = " after the clusters had joined" if after_join else ""
+    if found and mine and found.group(2) == mine:
+        # a rank of this very cluster: its launch is this one's, so neither "another cluster" nor "not at fault"
+        return InputError(f"rank {found.group(1)} of this cluster ({mine}) refused the job{when}, so this rank "
+                          f"({rank}) stops too; the rendezvous address is not at fault. The refusal: {refused}",
+                          fix=f"fix what the refusal says ({log} has it in full), then start every cluster's launch "
+                              "again")
     return InputError(f"another cluster's launch was refused{when}, so this rank ({rank}) stops too: {who} refused "
                       f"the job; the launch of this cluster{f' ({mine})' if mine else ''} and the rendezvous address are "
                       f"not at fault. The refusal: {refused}",

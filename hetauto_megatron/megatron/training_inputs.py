@@ -1,0 +1,169 @@
+"""What Megatron-LM reads to train besides the model, under --hetauto: the training data, the tokenizer and its
+files, the learning rate and the run's length. Megatron checks them late, each a traceback there: once every rank
+of every cluster has initialised (the tokenizer), or has built the model and the optimizer (the data, the
+scheduler). Here they are one paragraph (exit 2):
+
+- `check_training_args`, at the argument stage (rewrite.rewrite_args), on every rank before anything is built:
+  what the launch must give, and the tokenizer's files, which every rank reads on its own machine;
+- `check_tokenizer_when_built` and `check_data_when_built`, where Megatron builds them: its own failures there
+  (an assertion, a file not found) said with its words, naming the flag. Only some ranks read data (each
+  pipeline's first and last stage, tensor-parallel rank 0: pretrain_gpt.py is_dataset_built_on_rank), so a data
+  prefix missing on one machine is found where it is read; the rank's refusal then stops the others
+  (world_store.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+from ..errors import InputError
+from ..plan.plan import Plan
+from .script_guard import assertion_text
+
+# Megatron-LM's flags that name a dataset (training/utils get_blend_and_blend_per_split reads them)
+_DATA_ARGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
+              "per_split_data_args_path")
+
+# The files each --tokenizer-type reads (Megatron-Core 0.19 tokenizers/utils/build_tokenizer.py): every rank builds
+# the tokenizer in initialize_megatron, so each must be on every machine of the job. GPT2BPETokenizer without its
+# files downloads GPT-2's; HuggingFaceTokenizer's --tokenizer-model may name a model of the hub instead of a path,
+# so only one written as a path (absolute, ./, ../, ~) is checked.
+_TOKENIZER_FILES = {
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "SentencePieceTokenizer": ("tokenizer_model",),
+    "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "Llama2Tokenizer": ("tokenizer_model",),
+    "TikTokenizer": ("tokenizer_model",),
+    "HuggingFaceTokenizer": ("vocab_file", "merge_file", "tokenizer_model"),
+}
+_HUB_OR_PATH = ("HuggingFaceTokenizer",)
+
+
+def check_training_args(args, plan: Plan) -> None:
+    """A launch that names no dataset and no --mock-data (Megatron's dataset builder stops on GPTDataset with a path
+    of None; the emitted launch scripts pass the data arguments through, so forgetting them is easy; Megatron's SFT
+    dataset reads its own and is left to it), NullTokenizer (mock data's usual tokenizer) without --vocab-size, no
+    --lr (Megatron has no default), neither --train-iters nor --train-samples, and a tokenizer file this machine
+    does not have."""
+    if getattr(args, "lr", 0) is None:
+        raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
+                         fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
+    if getattr(args, "train_iters", 0) is None and getattr(args, "train_samples", 0) is None:
+        raise InputError("the launch gives neither --train-iters nor --train-samples: Megatron-LM cannot tell how "
+                         "long to train", field="--train-iters", fix="add --train-iters N (or --train-samples N)")
+    if getattr(args, "tokenizer_type", None) == "NullTokenizer" and getattr(args, "vocab_size", None) is None:
+        raise InputError("--tokenizer-type NullTokenizer takes its vocabulary size from --vocab-size, which the launch "
+                         "does not give", field="--vocab-size",
+                         fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
+    check_tokenizer_files(args)
+    if getattr(args, "mock_data", False) or getattr(args, "sft", False):
+        return
+    if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
+        raise InputError("the launch names no training data: none of --data-path, --data-args-path, "
+                         "--train-data-path, --per-split-data-args-path, and not --mock-data", field="--data-path",
+                         fix="add --data-path PREFIX [PREFIX ...] to the command (the launch scripts of 'hetauto emit "
+                             "megatron' pass it to Megatron: bash launch/<cluster>.sh --data-path ...), or "
+                             "--mock-data for synthetic tokens")
+
+
+def check_tokenizer_files(args) -> None:
+    """Each file the launch's --tokenizer-type reads exists on this machine (a SentencePiece model Megatron could
+    not find was "ValueError: tokenizer_path: ... is invalid" on every rank, once all had initialised)."""
+    kind = getattr(args, "tokenizer_type", None)
+    for arg in _TOKENIZER_FILES.get(kind, ()):
+        path = getattr(args, arg, None)
+        if not isinstance(path, str) or not path:
+            continue
+        if kind in _HUB_OR_PATH and arg == "tokenizer_model" and not path.startswith(("/", "./", "../", "~")):
+            continue
+        found = os.path.expanduser(path)
+        if os.path.isfile(found) or (kind in _HUB_OR_PATH and os.path.isdir(found)):
+            continue
+        flag = "--" + arg.replace("_", "-")
+        what = "is a directory, not a file" if os.path.isdir(found) else "does not exist"
+        raise InputError(f"{flag} {path} {what} on this machine ({socket.gethostname()}); --tokenizer-type {kind} "
+                         "reads it, and every rank of the job builds the tokenizer on its own machine",
+                         field=flag, fix=f"give {flag} the file's path as this machine sees it (every cluster's "
+                                         "machines need the file, at the path the launch gives)")
+
+
+def check_tokenizer_when_built(plan: Plan, file: str) -> None:
+    """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
+    against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table. Megatron's
+    own assertions on the tokenizer's arguments are one paragraph too."""
+    import megatron.training.global_vars as global_vars
+
+    from . import model_checks
+
+    build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
+
+    def checked(args, **kwargs):
+        try:
+            tokenizer = build(args, **kwargs)
+        except AssertionError as exc:      # Megatron's check of the tokenizer's arguments ("Tokenizer path must ...")
+            kind = getattr(args, "tokenizer_type", None)
+            raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}): "
+                             f"{assertion_text(exc)}", field="--tokenizer-type",
+                             fix="give the tokenizer's files (--tokenizer-model for HuggingFaceTokenizer and "
+                                 "SentencePiece, --vocab-file and --merge-file for GPT2BPETokenizer), or "
+                                 f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
+                                 "--mock-data") from None
+        model_checks.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
+        return tokenizer
+
+    checked._hetauto_original = build
+    global_vars.build_tokenizer = checked
+
+
+def check_data_when_built() -> None:
+    """Megatron-LM builds the datasets once the model and the optimizer are built, on the ranks that read data:
+    its failures on the launch's data arguments there (IndexedDataset's "One or both of the .idx and .bin files
+    cannot be found at the path prefix ...", a --data-args-path file not found) are one paragraph naming the flag
+    whose value the failure names, and this machine."""
+    import megatron.training.training as training
+
+    build = getattr(training.build_train_valid_test_datasets, "_hetauto_original",
+                    training.build_train_valid_test_datasets)
+
+    def checked(*a, **kw):
+        try:
+            return build(*a, **kw)
+        except (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+            from megatron.training import get_args
+            text = assertion_text(exc) if isinstance(exc, AssertionError) else str(exc)
+            flag = _flag_named_in(get_args(), text)
+            missing = isinstance(exc, OSError) or ".bin" in text or ".idx" in text
+            raise InputError(f"Megatron-LM could not build the training data on this machine "
+                             f"({socket.gethostname()}) from the launch's {flag}: {text}", field=flag,
+                             fix=_MISSING_DATA_FIX if missing else f"correct {flag} as Megatron-LM's words say, or "
+                                                                   "use --mock-data for synthetic tokens") from None
+
+    checked._hetauto_original = build
+    training.build_train_valid_test_datasets = checked
+
+
+_MISSING_DATA_FIX = ("each data prefix (of --data-path, the file of --data-args-path, --train-data-path and the "
+                     "other splits' flags) names PREFIX.bin and PREFIX.idx, as Megatron-LM's tools/preprocess_data.py writes them; the ranks that "
+                     "read data (each pipeline's first and last stage, tensor-parallel rank 0) need them on their "
+                     "machines, at the path the launch gives; or --mock-data for synthetic tokens")
+# the flags a failure of Megatron's dataset builder can be about
+_BUILD_ARGS = _DATA_ARGS + ("split", "data_cache_path", "per_dataset_sequences_path")
+
+
+def _flag_named_in(args, text: str) -> str:
+    """The flag a failure's text is about: the one whose value (a path, a prefix of a blend) it names, the longest
+    found; else the one whose name it says ("split must be provided ..."); else the data flag the launch gives."""
+    best, flag = 0, None
+    for arg in _BUILD_ARGS:
+        value = getattr(args, arg, None)
+        for item in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(item, str) and len(item) > best and item in text:
+                best, flag = len(item), "--" + arg.replace("_", "-")
+    if flag is None:
+        named = [arg for arg in _BUILD_ARGS if re.search(rf"\b{arg}\b", text)]
+        given = [arg for arg in _DATA_ARGS if getattr(args, arg, None)]
+        flag = "--" + (named + given + ["data_path"])[0].replace("_", "-")
+    return flag
