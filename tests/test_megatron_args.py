@@ -840,6 +840,24 @@ def test_a_tokenizer_file_this_machine_lacks_is_refused_before_anything_is_built
         rewrite.rewrite_args(args, PLAN, c)
 
 
+def test_a_save_directory_this_machine_cannot_write_is_refused_before_anything_is_built(monkeypatch, tmp_path):
+    """--save under a file: NVIDIA's pretrain_gpt.py trained to the first save and then stopped with a
+    NotADirectoryError traceback (measured at --save-interval 1). Each rank checks its own machine at the argument
+    stage; a directory still to be created, one that exists and object storage pass."""
+    (tmp_path / "notes.txt").write_text("x")
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    for save in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "checkpoints"):
+        _, args = _megatron_args(monkeypatch, ["--save", str(save), "--save-interval", "100", "--ckpt-format", "torch"])
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+        assert exc.value.field == "--save" and f"{tmp_path / 'notes.txt'} is a file, not a directory" in \
+            exc.value.message, exc.value.message
+    for save in (str(tmp_path / "runs" / "a" / "checkpoints"), str(tmp_path), "msc://bucket/checkpoints"):
+        _, args = _megatron_args(monkeypatch, ["--save", save, "--ckpt-format", "torch"])
+        rewrite.rewrite_args(args, PLAN, c)
+    assert not (tmp_path / "runs").exists()         # checked, not created
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

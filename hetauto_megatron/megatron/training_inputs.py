@@ -46,8 +46,8 @@ def check_training_args(args, plan: Plan) -> None:
     """A launch that names no dataset and no --mock-data (Megatron's dataset builder stops on GPTDataset with a path
     of None; the emitted launch scripts pass the data arguments through, so forgetting them is easy; Megatron's SFT
     dataset reads its own and is left to it), NullTokenizer (mock data's usual tokenizer) without --vocab-size, no
-    --lr (Megatron has no default), neither --train-iters nor --train-samples, and a tokenizer file this machine
-    does not have."""
+    --lr (Megatron has no default), neither --train-iters nor --train-samples, a tokenizer file this machine
+    does not have, and a --save directory it cannot write."""
     if getattr(args, "lr", 0) is None:
         raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
                          fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
@@ -59,6 +59,7 @@ def check_training_args(args, plan: Plan) -> None:
                          "does not give", field="--vocab-size",
                          fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
     check_tokenizer_files(args)
+    check_save_dir(args)
     if getattr(args, "mock_data", False) or getattr(args, "sft", False):
         return
     if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
@@ -88,6 +89,27 @@ def check_tokenizer_files(args) -> None:
                          "reads it, and every rank of the job builds the tokenizer on its own machine",
                          field=flag, fix=f"give {flag} the file's path as this machine sees it (every cluster's "
                                          "machines need the file, at the path the launch gives)")
+
+
+def check_save_dir(args) -> None:
+    """--save is a directory this machine can write, or can create: every rank writes its part of each checkpoint
+    there, and Megatron-LM first tries when it saves, so a path under a file or on a read-only mount trained until
+    --save-interval (or the end of the run) and then stopped every rank with a traceback, the iterations since the
+    last checkpoint lost. A path of object storage (scheme://) is left to Megatron."""
+    path = getattr(args, "save", None)
+    if not isinstance(path, str) or not path or "://" in path:
+        return
+    probe = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)          # the nearest part that exists: Megatron creates the rest
+    if os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK):
+        return
+    what = (f"{probe} is a file, not a directory" if not os.path.isdir(probe) else
+            f"this process cannot write {probe} (its permissions, or a read-only file system)")
+    raise InputError(f"--save {path}: {what} on this machine ({socket.gethostname()}); every rank writes its part "
+                     "of each checkpoint there, and Megatron-LM would find out only at the first save, after "
+                     "training until then", field="--save",
+                     fix="give --save a directory each machine of the job can write (it is created if missing)")
 
 
 def check_tokenizer_when_built(plan: Plan, file: str) -> None:
@@ -146,9 +168,10 @@ def check_data_when_built() -> None:
 
 
 _MISSING_DATA_FIX = ("each data prefix (of --data-path, the file of --data-args-path, --train-data-path and the "
-                     "other splits' flags) names PREFIX.bin and PREFIX.idx, as Megatron-LM's tools/preprocess_data.py writes them; the ranks that "
-                     "read data (each pipeline's first and last stage, tensor-parallel rank 0) need them on their "
-                     "machines, at the path the launch gives; or --mock-data for synthetic tokens")
+                     "other splits' flags) names PREFIX.bin and PREFIX.idx, as Megatron-LM's "
+                     "tools/preprocess_data.py writes them; the ranks that read data (each pipeline's first and last "
+                     "stage, tensor-parallel rank 0) need them on their machines, at the path the launch gives; or "
+                     "--mock-data for synthetic tokens")
 # the flags a failure of Megatron's dataset builder can be about
 _BUILD_ARGS = _DATA_ARGS + ("split", "data_cache_path", "per_dataset_sequences_path")
 
