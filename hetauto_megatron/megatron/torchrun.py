@@ -1,25 +1,32 @@
 """`hetauto-torchrun`: torch's launcher, torchrun (torch.distributed.run, every option of it), as the launch scripts
-'hetauto emit megatron' writes start it. One difference: when the workers stop on a failure they reported in one
+'hetauto emit megatron' writes start it. Two differences. When the workers stop on a failure they reported in one
 paragraph, the launch ends with one line pointing at that paragraph instead of torchrun's ChildFailedError
 traceback: a user error (exit 2 after its paragraph: a refused argument, a plan that does not match the launch;
 megatron/hook.py) ends it with exit 2, a rank of the job that went away or stopped answering under them
 (runtime/liveness.py LOST_PEER_EXIT, after the paragraph naming it) with exit 1, torchrun's status for a failed
 launch. Any other failure (a crash: a traceback, exit 1; a signal; another exit status) is torchrun's own report.
+And at the end of a launch of several nodes that succeeded, node 0's agent, which hosts the launch's store, waits
+until every agent is through torch's exit barrier (`hold_the_store_at_exit`), so that no node of a job that
+succeeded logs an error there.
 """
 from __future__ import annotations
 
 import re
 import signal
 import sys
+import time
 
 USER_ERROR = 2
 FAILED = 1                       # torchrun's own exit status for a launch whose workers failed
+_THROUGH_KEY = "hetauto/through_exit_barrier"     # counter: agents through torch's exit barrier
+HOLD_S = 30.0                    # the most node 0's agent waits for the others there
 
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import DistNetworkError, run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    hold_the_store_at_exit()
     try:
         run.main(argv)
     except DistNetworkError as exc:
@@ -45,6 +52,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetauto-torchrun: {line}", file=sys.stderr)
         return status
     return 0
+
+
+def hold_the_store_at_exit() -> None:
+    """torch's agents end a launch that succeeded with a barrier on the launch's store (torch.distributed.elastic
+    SimpleElasticAgent._exit_barrier), which node 0's agent hosts (static rendezvous: --master-addr, --node-rank 0).
+    Node 0 left as soon as the last agent had checked in, while that agent still waited on the store for the
+    barrier's key, so now and then a node of a job that succeeded logged "Error waiting on exit barrier" with a
+    traceback and a page of C++ frames (pytorch/pytorch#69520; seen on 1 of 4 two-node launches here). Each agent
+    now counts itself through the barrier, and node 0's agent leaves once all have, or after HOLD_S."""
+    from torch.distributed.elastic.agent.server import api
+
+    original = api.SimpleElasticAgent._exit_barrier
+    if getattr(original, "_hetauto", False):
+        return
+
+    def _exit_barrier(self):
+        original(self)
+        group = self._worker_group
+        try:
+            through = self._store.add(_THROUGH_KEY, 1)
+            deadline = time.monotonic() + HOLD_S
+            while group.group_rank == 0 and through < group.group_world_size and time.monotonic() < deadline:
+                time.sleep(0.05)
+                through = self._store.add(_THROUGH_KEY, 0)
+        except Exception:   # noqa: BLE001  (a store already gone: the launch's result stands, as torch's barrier's)
+            pass
+
+    _exit_barrier._hetauto = True
+    api.SimpleElasticAgent._exit_barrier = _exit_barrier
 
 
 def reported(failures: dict) -> tuple[str, int] | None:
