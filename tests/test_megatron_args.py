@@ -840,6 +840,34 @@ def test_a_tokenizer_file_this_machine_lacks_is_refused_before_anything_is_built
         rewrite.rewrite_args(args, PLAN, c)
 
 
+def test_a_tokenizer_whose_package_is_missing_is_one_paragraph_where_megatron_builds_it(monkeypatch, tmp_path):
+    """Megatron-Core imports a tokenizer's package only if present and fails once it builds the tokenizer ("NameError:
+    name 'AutoTokenizer' is not defined" for GPT-2's without transformers, measured here; "sentencepiece library
+    should be installed."), on every rank once all had initialised. Megatron's own build (global_vars, as
+    initialize_megatron calls it) with the package blocked (None in sys.modules: missing to Python's import system,
+    whatever this machine has): one paragraph naming the package, exit 2."""
+    import megatron.training.global_vars as global_vars
+
+    from hetauto_megatron.megatron import training_inputs
+
+    model = tmp_path / "tok.model"
+    model.write_text("not a SentencePiece model")
+    monkeypatch.setattr(global_vars, "build_tokenizer", global_vars.build_tokenizer)     # restored afterwards
+    monkeypatch.setattr(global_vars, "_GLOBAL_TOKENIZER", None)
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    training_inputs.check_tokenizer_when_built(PLAN, "plan.yaml")
+    _, args = _megatron_args(monkeypatch, ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                           str(model)])
+    args.rank, args.padded_vocab_size = 0, PLAN.padded_vocab_size
+    with pytest.raises(InputError) as exc:
+        global_vars.rebuild_tokenizer(args)
+    assert exc.value.field == "--tokenizer-type" and exc.value.exit_code == 2
+    assert "it is built with the Python package sentencepiece, which the environment of this rank lacks" in \
+        exc.value.message, exc.value.message
+    assert exc.value.fix.startswith("install it (pip install sentencepiece)")
+    monkeypatch.setattr(global_vars, "_GLOBAL_TOKENIZER", None)
+
+
 def test_a_save_directory_this_machine_cannot_write_is_refused_before_anything_is_built(monkeypatch, tmp_path):
     """--save under a file: NVIDIA's pretrain_gpt.py trained to the first save and then stopped with a
     NotADirectoryError traceback (measured at --save-interval 1). Each rank checks its own machine at the argument

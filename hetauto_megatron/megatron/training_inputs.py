@@ -13,11 +13,12 @@ scheduler). Here they are one paragraph (exit 2):
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..plan.plan import Plan
 from .script_guard import assertion_text
 
@@ -40,6 +41,16 @@ _TOKENIZER_FILES = {
     "HuggingFaceTokenizer": ("vocab_file", "merge_file", "tokenizer_model"),
 }
 _HUB_OR_PATH = ("HuggingFaceTokenizer",)
+# The Python package each --tokenizer-type is built with (Megatron-Core 0.19 tokenizers/text/libraries: GPT-2's and
+# BERT's through HuggingFace's AutoTokenizer); Megatron imports it only if present and fails once it builds one
+# ("NameError: name 'AutoTokenizer' is not defined", "sentencepiece library should be installed."): said where it
+# fails (check_tokenizer_when_built), after Megatron's own checks of the tokenizer's arguments
+_TOKENIZER_PACKAGE = {
+    "GPT2BPETokenizer": "transformers", "BertWordPieceLowerCase": "transformers", "BertWordPieceCase": "transformers",
+    "HuggingFaceTokenizer": "transformers", "SFTTokenizer": "transformers",
+    "SentencePieceTokenizer": "sentencepiece", "GPTSentencePieceTokenizer": "sentencepiece",
+    "Llama2Tokenizer": "sentencepiece", "TikTokenizer": "tiktoken",
+}
 
 
 def check_training_args(args, plan: Plan) -> None:
@@ -91,6 +102,14 @@ def check_tokenizer_files(args) -> None:
                                          "machines need the file, at the path the launch gives)")
 
 
+def _installed(package: str) -> bool:
+    """Whether `package` can be imported here, without importing it (transformers takes seconds)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):   # a parent missing, or an import blocked (None in sys.modules)
+        return False
+
+
 def check_save_dir(args) -> None:
     """--save is a directory this machine can write, or can create: every rank writes its part of each checkpoint
     there, and Megatron-LM first tries when it saves, so a path under a file or on a read-only mount trained until
@@ -133,6 +152,17 @@ def check_tokenizer_when_built(plan: Plan, file: str) -> None:
                                  "SentencePiece, --vocab-file and --merge-file for GPT2BPETokenizer), or "
                                  f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
                                  "--mock-data") from None
+        except Exception as exc:            # noqa: BLE001  (re-raised unless the tokenizer's package is missing)
+            kind = getattr(args, "tokenizer_type", None)
+            package = _TOKENIZER_PACKAGE.get(kind)
+            if not package or _installed(package):
+                raise
+            raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}: "
+                             f"{first_line(exc)}): it is built with the Python package {package}, which the "
+                             f"environment of this rank lacks (on {socket.gethostname()})", field="--tokenizer-type",
+                             fix=f"install it (pip install {package}) in the environment every cluster's ranks run "
+                                 f"in, or use --tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} "
+                                 "with --mock-data for synthetic tokens") from None
         model_checks.check_tokenizer_vocab(getattr(tokenizer, "vocab_size", None), plan, file=file)
         return tokenizer
 
