@@ -1,15 +1,16 @@
 """What Megatron-LM reads to train besides the model, under --hetauto: the training data, the tokenizer and its
-files, the learning rate and the run's length. Megatron checks them late, each a traceback there: once every rank
-of every cluster has initialised (the tokenizer), or has built the model and the optimizer (the data, the
-scheduler). Here they are one paragraph (exit 2):
+files, the checkpoint directory, the learning rate and the run's length. Megatron checks them late, each a
+traceback there: once every rank of every cluster has initialised (the tokenizer), or has built the model and the
+optimizer (the data, the scheduler, the first save). Here they are one paragraph (exit 2):
 
 - `check_training_args`, at the argument stage (rewrite.rewrite_args), on every rank before anything is built:
-  what the launch must give, and the tokenizer's files, which every rank reads on its own machine;
+  what the launch must give, the tokenizer's files and the --save directory, which every rank reads or writes on
+  its own machine;
 - `check_tokenizer_when_built` and `check_data_when_built`, where Megatron builds them: its own failures there
-  (an assertion, a file not found) said with its words, naming the flag. Only some ranks read data (each
-  pipeline's first and last stage, tensor-parallel rank 0: pretrain_gpt.py is_dataset_built_on_rank), so a data
-  prefix missing on one machine is found where it is read; the rank's refusal then stops the others
-  (world_store.py).
+  (an assertion, a file not found, a tokenizer's package missing) said with its words, naming the flag. Only some
+  ranks read data (each pipeline's first and last stage, tensor-parallel rank 0: pretrain_gpt.py
+  is_dataset_built_on_rank), so a data prefix missing on one machine is found where it is read; the rank's refusal
+  then stops the others (world_store.py).
 """
 from __future__ import annotations
 
