@@ -13,6 +13,7 @@ import sys
 import pytest
 from helpers import wait_all
 from test_megatron_patch import nvidia_script  # noqa: F401  (fixture: NVIDIA's pretrain_gpt.py, patched)
+from test_torchrun_port import HETAUTO_TORCHRUN
 
 from hetauto_megatron.emit.megatron import emit_megatron
 from hetauto_megatron.megatron import demo
@@ -21,7 +22,6 @@ from hetauto_megatron.plan.plan import load_plan
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
-HETAUTO_TORCHRUN = os.path.join(os.path.dirname(sys.executable), "hetauto-torchrun")
 
 
 @pytest.fixture(scope="module")

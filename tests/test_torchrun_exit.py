@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-from hetauto_megatron.runtime.launcher import free_port
+from test_torchrun_port import HETAUTO_TORCHRUN
 
-HETAUTO_TORCHRUN = os.path.join(os.path.dirname(sys.executable), "hetauto-torchrun")
+from hetauto_megatron.runtime.launcher import free_port
 
 # node 1's agent: hetauto-torchrun with a second between its check-in at the exit barrier and its wait for the key
 LATE_AGENT = """

@@ -95,7 +95,7 @@ def check_tokenizer_files(args) -> None:
         found = os.path.expanduser(path)
         if os.path.isfile(found) or (kind in _HUB_OR_PATH and os.path.isdir(found)):
             continue
-        flag = "--" + arg.replace("_", "-")
+        flag = _flag(arg)
         what = "is a directory, not a file" if os.path.isdir(found) else "does not exist"
         raise InputError(f"{flag} {path} {what} on this machine ({socket.gethostname()}); --tokenizer-type {kind} "
                          "reads it, and every rank of the job builds the tokenizer on its own machine",
@@ -143,10 +143,10 @@ def check_tokenizer_when_built(plan: Plan, file: str) -> None:
     build = getattr(global_vars.build_tokenizer, "_hetauto_original", global_vars.build_tokenizer)
 
     def checked(args, **kwargs):
+        kind = getattr(args, "tokenizer_type", None)
         try:
             tokenizer = build(args, **kwargs)
         except AssertionError as exc:      # Megatron's check of the tokenizer's arguments ("Tokenizer path must ...")
-            kind = getattr(args, "tokenizer_type", None)
             raise InputError(f"Megatron-LM could not build the tokenizer (--tokenizer-type {kind}): "
                              f"{assertion_text(exc)}", field="--tokenizer-type",
                              fix="give the tokenizer's files (--tokenizer-model for HuggingFaceTokenizer and "
@@ -154,7 +154,6 @@ def check_tokenizer_when_built(plan: Plan, file: str) -> None:
                                  f"--tokenizer-type NullTokenizer --vocab-size {plan.model.vocab_size} with "
                                  "--mock-data") from None
         except Exception as exc:            # noqa: BLE001  (re-raised unless the tokenizer's package is missing)
-            kind = getattr(args, "tokenizer_type", None)
             package = _TOKENIZER_PACKAGE.get(kind)
             if not package or _installed(package):
                 raise
@@ -215,9 +214,14 @@ def _flag_named_in(args, text: str) -> str:
         value = getattr(args, arg, None)
         for item in (value if isinstance(value, (list, tuple)) else [value]):
             if isinstance(item, str) and len(item) > best and item in text:
-                best, flag = len(item), "--" + arg.replace("_", "-")
+                best, flag = len(item), _flag(arg)
     if flag is None:
         named = [arg for arg in _BUILD_ARGS if re.search(rf"\b{arg}\b", text)]
         given = [arg for arg in _DATA_ARGS if getattr(args, arg, None)]
-        flag = "--" + (named + given + ["data_path"])[0].replace("_", "-")
+        flag = _flag((named + given + ["data_path"])[0])
     return flag
+
+
+def _flag(arg: str) -> str:
+    """Megatron-LM's flag of an argument's attribute: data_path -> --data-path."""
+    return "--" + arg.replace("_", "-")
