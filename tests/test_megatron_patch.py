@@ -272,13 +272,9 @@ def test_nvidia_script_answers_user_mistakes_with_one_paragraph_and_exit_2(nvidi
             assert words in paragraph[0], (name, words, paragraph[0])
 
 
-def test_a_data_prefix_this_machine_lacks_is_one_paragraph_where_megatron_reads_it(nvidia_script, tmp_path):
-    """A --data-path prefix without its .bin and .idx on the machine of a rank that reads data: Megatron-LM built
-    the model and the optimizer, then stopped in IndexedDataset with an AssertionError traceback. Only some ranks
-    read data (each pipeline's first and last stage, TP rank 0), so it is said where Megatron reads it: one
-    paragraph naming the flag, Megatron's words and the machine, exit 2. A one-rank plan of the tiny model."""
-    import socket
-
+def _one_rank_without_mock_data(nvidia_script, tmp_path, extra: list):
+    """NVIDIA's script under --hetauto on a one-rank plan of the tiny model, reading the data `extra` names instead
+    of --mock-data: (its exit code, the lines of its paragraph, stderr)."""
     import yaml
 
     from hetauto_megatron.megatron import demo
@@ -292,17 +288,51 @@ def test_a_data_prefix_this_machine_lacks_is_one_paragraph_where_megatron_reads_
     plan_file.write_text(yaml.safe_dump(raw))
     argv = demo.hetauto_argv(str(plan_file), load_plan(str(plan_file)), iters=1, seed=1)
     argv.remove("--mock-data")
-    prefix = str(tmp_path / "corpus_text_document")
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), CUDA_DEVICE_MAX_CONNECTIONS="1")
-    proc = run_script_forked(nvidia_script, argv + ["--data-path", "1.0", prefix], env, str(tmp_path))
+    proc = run_script_forked(nvidia_script, argv + extra, env, str(tmp_path))
     err = proc.stderr
-    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
-    paragraph = [line for line in err.splitlines() if line.startswith("hetauto: error:")]
-    assert len(paragraph) == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return proc.returncode, [line for line in err.splitlines() if line.startswith("hetauto: error:")], err
+
+
+def test_a_data_prefix_this_machine_lacks_is_one_paragraph_where_megatron_reads_it(nvidia_script, tmp_path):
+    """A --data-path prefix without its .bin and .idx on the machine of a rank that reads data: Megatron-LM built
+    the model and the optimizer, then stopped in IndexedDataset with an AssertionError traceback. Only some ranks
+    read data (each pipeline's first and last stage, TP rank 0), so it is said where Megatron reads it: one
+    paragraph naming the flag, Megatron's words and the machine, exit 2."""
+    import socket
+
+    prefix = str(tmp_path / "corpus_text_document")
+    code, paragraph, err = _one_rank_without_mock_data(nvidia_script, tmp_path, ["--data-path", "1.0", prefix])
+    assert code == 2 and len(paragraph) == 1, err[-3000:]
     assert paragraph[0].startswith(f"hetauto: error: field '--data-path': Megatron-LM could not build the training "
                                    f"data on this machine ({socket.gethostname()})"), paragraph[0]
     assert f"cannot be found at the path prefix {prefix}" in paragraph[0] and "PREFIX.idx" in paragraph[0]
+
+
+def test_a_per_split_file_megatron_cannot_read_is_one_paragraph(nvidia_script, tmp_path):
+    """--per-split-data-args-path naming a file that is not JSON: Megatron-LM's json.load stopped the rank with a
+    JSONDecodeError traceback once the model was built; one paragraph naming the file, the flag, the parser's
+    words and the keys to write, exit 2. The file's other shapes Megatron could not index (a list; a key missing:
+    KeyError, TypeError tracebacks) are said the same way (the check itself, in this process)."""
+    from hetauto_megatron.megatron.training_inputs import _check_per_split_file
+
+    bad = tmp_path / "splits.json"
+    bad.write_text('{"train": ["1.0", "/data/a"],')
+    code, paragraph, err = _one_rank_without_mock_data(nvidia_script, tmp_path,
+                                                       ["--per-split-data-args-path", str(bad)])
+    assert code == 2 and len(paragraph) == 1, err[-3000:]
+    assert paragraph[0].startswith(f"hetauto: error: {bad}: field '--per-split-data-args-path': "), paragraph[0]
+    assert "it is not JSON (Expecting property name" in paragraph[0] and '"train", "valid" and "test"' in paragraph[0]
+    for text, words in (('["/data/a"]', "a JSON list, not an object"), ('{"train": "/data/a", "valid": "/data/a"}',
+                                                                         "no key 'test'"),
+                        ('{"train": {"a": 1}, "valid": null, "test": "/data/a"}', "'train' is not a string or a list")):
+        bad.write_text(text)
+        with pytest.raises(InputError, match=words):
+            _check_per_split_file(str(bad))
+    bad.write_text('{"train": ["30", "/data/a", "70", "/data/b"], "valid": "/data/c", "test": null}')
+    _check_per_split_file(str(bad))                   # Megatron's own reading of it, left to Megatron
 
 
 @pytest.mark.parametrize("variables", [{"RANK": "abc", "WORLD_SIZE": "6"}, {"RANK": "0", "WORLD_SIZE": "six"},

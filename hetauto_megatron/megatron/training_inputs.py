@@ -181,10 +181,11 @@ def check_data_when_built() -> None:
                     training.build_train_valid_test_datasets)
 
     def checked(*a, **kw):
+        from megatron.training import get_args
+        _check_per_split_file(get_args().per_split_data_args_path)
         try:
             return build(*a, **kw)
         except (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
-            from megatron.training import get_args
             text = assertion_text(exc) if isinstance(exc, AssertionError) else str(exc)
             flag = _flag_named_in(get_args(), text)
             missing = isinstance(exc, OSError) or ".bin" in text or ".idx" in text
@@ -195,6 +196,40 @@ def check_data_when_built() -> None:
 
     checked._hetauto_original = build
     training.build_train_valid_test_datasets = checked
+
+
+_SPLITS = ("train", "valid", "test")
+
+
+def _check_per_split_file(path) -> None:
+    """The JSON file of --per-split-data-args-path, as Megatron-LM reads it right after this (training/utils
+    get_blend_and_blend_per_split: json.load, then [train], [valid] and [test], each a string of prefixes or a
+    list): its mistakes were a JSONDecodeError, KeyError or TypeError traceback there. A file that cannot be read
+    is left to Megatron (a file not found is said by the wrap), and so is a remote path (scheme://)."""
+    if not path or "://" in path or not os.path.isfile(path):
+        return
+    import json
+    problem = None
+    try:
+        with open(path, encoding="utf-8") as f:
+            splits = json.load(f)
+    except (OSError, UnicodeDecodeError):
+        return
+    except json.JSONDecodeError as exc:
+        problem = f"it is not JSON ({exc})"
+    else:
+        if not isinstance(splits, dict):
+            problem = f"it holds a JSON {type(splits).__name__}, not an object"
+        elif missing := [s for s in _SPLITS if s not in splits]:
+            problem = f"it has no key {', '.join(repr(s) for s in missing)}"
+        elif wrong := [s for s in _SPLITS if splits[s] is not None and not isinstance(splits[s], (str, list))]:
+            problem = f"the value of {', '.join(repr(s) for s in wrong)} is not a string or a list"
+    if problem:
+        raise InputError(f"Megatron-LM cannot read the launch's blend of each split from this file on this machine "
+                         f"({socket.gethostname()}): {problem}", file=path, field="--per-split-data-args-path",
+                         fix='write a JSON object with the keys "train", "valid" and "test", each the blend of its '
+                             'split as --data-path takes it: a string of prefixes, or a list (e.g. {"train": '
+                             '["30", "PREFIX_A", "70", "PREFIX_B"], "valid": "PREFIX_C", "test": "PREFIX_C"})')
 
 
 _MISSING_DATA_FIX = ("each data prefix (of --data-path, the file of --data-args-path, --train-data-path and the "
