@@ -886,6 +886,38 @@ def test_a_save_directory_this_machine_cannot_write_is_refused_before_anything_i
     assert not (tmp_path / "runs").exists()         # checked, not created
 
 
+def test_wandb_logging_the_last_rank_cannot_do_is_refused_before_anything_is_built(monkeypatch, tmp_path):
+    """--wandb-project: the job's last rank logs to Weights & Biases (Megatron-LM's _set_wandb_writer as it
+    initialises), importing wandb and writing under --wandb-save-dir or --save/wandb. Without the package NVIDIA's
+    pretrain_gpt.py stopped that rank with a ModuleNotFoundError traceback (measured); without either directory
+    Megatron's os.path.join(None, 'wandb') would be a TypeError. Refused at the argument check on that rank only:
+    the other ranks do not log."""
+    from megatron.training import global_vars
+
+    from hetauto_megatron.megatron.training_inputs import _installed
+    ident = launch_identity.LaunchIdentity
+    first = launch_identity.check_launch(PLAN, ident(0, PLAN.world_size, None), None)
+    last = launch_identity.check_launch(PLAN, ident(PLAN.world_size - 1, PLAN.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, ["--wandb-project", "p"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, last, file="plan.yaml")
+    assert exc.value.field == "--wandb-save-dir" and "gives neither directory" in exc.value.message
+    _, args = _megatron_args(monkeypatch, ["--wandb-project", "p"])
+    rewrite.rewrite_args(args, PLAN, first)
+    for flags in (["--save", str(tmp_path), "--ckpt-format", "torch"], ["--wandb-save-dir", str(tmp_path)]):
+        _, args = _megatron_args(monkeypatch, ["--wandb-project", "p", *flags])
+        if _installed("wandb"):
+            rewrite.rewrite_args(args, PLAN, last)
+            continue
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, PLAN, last, file="plan.yaml")
+        assert exc.value.field == "--wandb-project" and "has no wandb package" in exc.value.message, exc.value.message
+        assert f"global rank {PLAN.world_size - 1}" in exc.value.message and "pip install wandb" in exc.value.fix
+        args.rank, args.world_size = PLAN.world_size - 1, PLAN.world_size     # what Megatron does on that rank
+        with pytest.raises(ModuleNotFoundError):
+            global_vars._set_wandb_writer(args)
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

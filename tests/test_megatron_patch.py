@@ -335,6 +335,19 @@ def test_a_per_split_file_megatron_cannot_read_is_one_paragraph(nvidia_script, t
     _check_per_split_file(str(bad))                   # Megatron's own reading of it, left to Megatron
 
 
+def test_a_dataset_index_cache_this_machine_cannot_write_is_one_paragraph(nvidia_script, tmp_path):
+    """--data-cache-path under a file: Megatron-Core's rank 0 could not write the dataset indices it draws and
+    stopped with "Exception: ... Failed to write dataset materials to the data cache directory" (a traceback, once
+    the model was built); one paragraph naming --data-cache-path and the OSError, exit 2."""
+    (tmp_path / "notes.txt").write_text("x")
+    code, paragraph, err = _one_rank_without_mock_data(
+        nvidia_script, tmp_path, ["--mock-data", "--data-cache-path", str(tmp_path / "notes.txt" / "cache")])
+    assert code == 2 and len(paragraph) == 1, err[-3000:]
+    assert paragraph[0].startswith("hetauto: error: field '--data-cache-path': Megatron-LM could not write the dataset "
+                                   "indices it draws to its cache directory"), paragraph[0]
+    assert "Not a directory" in paragraph[0] and str(tmp_path / "notes.txt") in paragraph[0], paragraph[0]
+
+
 @pytest.mark.parametrize("variables", [{"RANK": "abc", "WORLD_SIZE": "6"}, {"RANK": "0", "WORLD_SIZE": "six"},
                                        {"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "first"}])
 def test_nvidia_script_answers_launch_variables_that_are_not_numbers(nvidia_script, tmp_path, variables):

@@ -93,13 +93,14 @@ NVIDIA_ITERS = 4
 LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|")
 
 
-def _torchrun(script, argv, nproc, port, log, env=None):
+def _torchrun(script, argv, nproc, port, log, env=None, cwd=None):
     cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
            "--master-port", str(port), script, *argv]
     fh = open(log, "w")
     return subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore", CUDA_DEVICE_MAX_CONNECTIONS="1",
                                           **(env or {})),
-                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.path.dirname(script))
+                            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=cwd or os.path.dirname(script))
 
 
 def _logged_losses(text):
@@ -115,14 +116,16 @@ def job_flags(plan, iters):
             demo.training_flags(iters, 1234) + demo.CPU_RUN_FLAGS)
 
 
-def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=()):
+def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, extra=(), data=None):
     """Run the launch scripts `hetauto emit megatron` writes for the plan (2 devices per node) as they are, one
     bash per node (their default launcher, hetauto-torchrun, inside: its rendezvous per launch, NVIDIA's script as
     MEGATRON_SCRIPT; no node of the job that succeeded may log torch's "Error waiting on exit barrier", which
     torchrun's node 0 caused now and then by leaving before the others were through: pytorch/pytorch#69520), then
     Megatron's own single-pipeline run (demo.reference_argv: without --hetauto the patched script is Megatron's
-    own, on CPU with the flags of docs/megatron-integration.md, demo.CPU_FLAGS, and must train). Returns (launches, logs by "<launch>.node<n>", by
-    launch name (its last node) and "reference", the --hetauto losses, Megatron's)."""
+    own, on CPU with the flags of docs/megatron-integration.md, demo.CPU_FLAGS, and must train). `data`: a real
+    dataset's flags in place of --mock-data, every launch and Megatron's run in a directory of its own (as on
+    machines of their own: a relative path in `data` is then each one's own). Returns (launches, logs by
+    "<launch>.node<n>", by launch name (its last node) and "reference", the --hetauto losses, Megatron's)."""
     from hetauto_megatron.runtime.launcher import free_port
 
     plan = load_plan(plan_file)
@@ -131,6 +134,15 @@ def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, ex
     base = dict(os.environ, TORCHRUN=HETAUTO_TORCHRUN, MEGATRON_SCRIPT=script, HETAUTO_MASTER_ADDR="127.0.0.1",
                 HETAUTO_MASTER_PORT=str(free_port()), HETAUTO_TIMEOUT_S="120", CLUSTER_MASTER_ADDR="127.0.0.1",
                 PYTHONWARNINGS="ignore")
+    def with_data(argv):
+        return [f for a in argv for f in (data if data and a == "--mock-data" else [a])]
+
+    def cwd(name):
+        if not data:
+            return os.path.dirname(script)
+        os.makedirs(tmp_path / name, exist_ok=True)
+        return str(tmp_path / name)
+
     procs, logs = [], {}
     for la in launches:
         path = tmp_path / f"{la['name']}.sh"
@@ -140,9 +152,9 @@ def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, ex
             log = tmp_path / f"{la['name']}.node{node}.log"
             env = dict(base, NODE_RANK=str(node), CLUSTER_MASTER_PORT=str(port))
             with open(log, "w") as fh:
-                procs.append(subprocess.Popen(["bash", str(path), *job_flags(plan, NVIDIA_ITERS), *extra], env=env,
-                                              stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                              cwd=os.path.dirname(script)))
+                procs.append(subprocess.Popen(["bash", str(path), *with_data(job_flags(plan, NVIDIA_ITERS)), *extra],
+                                              env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                              cwd=cwd(la["name"])))
             logs[f"{la['name']}.node{node}"] = logs[la["name"]] = log
     codes = wait_all(procs, timeout=400)
     logs = {name: log.read_text() for name, log in logs.items()}
@@ -153,8 +165,8 @@ def run_against_megatron(script, tmp_path, plan_file, launch_facts, last_log, ex
 
     ref_argv, stages = demo.reference_argv(plan, iters=NVIDIA_ITERS, seed=1234)
     ref_log = tmp_path / "megatron.log"
-    codes = wait_all([_torchrun(script, ref_argv + PRODUCTION_FLAGS + list(extra), stages, free_port(), ref_log)],
-                     timeout=300)
+    codes = wait_all([_torchrun(script, with_data(ref_argv + PRODUCTION_FLAGS + list(extra)), stages, free_port(),
+                                ref_log, cwd=cwd("reference"))], timeout=300)
     assert codes == [0], ref_log.read_text()[-3000:]
     logs["reference"] = ref_log.read_text()
     ref = _logged_losses(logs["reference"])

@@ -172,7 +172,7 @@ def _prepare_hetauto(args) -> _State:
         plan, checkpoint_plan.record_path(load, checkpoint_plan.loaded_iteration(load, getattr(args, "ckpt_step", None))),
         finetune=bool(getattr(args, "finetune", False)), load_dir=load, file=args.hetauto_plan)
     training_inputs.check_tokenizer_when_built(plan, args.hetauto_plan)
-    training_inputs.check_data_when_built()
+    training_inputs.check_data_when_built(plan, placement.rank)
     args.local_rank = ident.local_rank
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
 

@@ -233,7 +233,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
     check_unpriced(args, file=file)
     check_job_args(args, plan, file=file)
-    check_training_args(args, plan)
+    check_training_args(args, plan, placement.rank)
     check_layout_args(args, plan, placement, file=file)
     check_attention_args(args, plan, placement, file=file)
     check_ddp_bucket_args(args, plan, placement, file=file)

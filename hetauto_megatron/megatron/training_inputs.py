@@ -1,13 +1,15 @@
-"""What Megatron-LM reads to train besides the model, under --hetauto: the training data, the tokenizer and its
-files, the checkpoint directory, the learning rate and the run's length. Megatron checks them late, each a
-traceback there: once every rank of every cluster has initialised (the tokenizer), or has built the model and the
-optimizer (the data, the scheduler, the first save). Here they are one paragraph (exit 2):
+"""What Megatron-LM reads to train besides the model, under --hetauto: the training data and its index cache, the
+tokenizer and its files, the checkpoint directory, Weights & Biases logging, the learning rate and the run's
+length. Megatron checks them late, each a traceback there: once every rank of every cluster has initialised (the
+tokenizer, wandb), or has built the model and the optimizer (the data, the scheduler, the first save). Here they
+are one paragraph (exit 2):
 
 - `check_training_args`, at the argument stage (rewrite.rewrite_args), on every rank before anything is built:
   what the launch must give, the tokenizer's files and the --save directory, which every rank reads or writes on
-  its own machine;
+  its own machine, and on the job's last rank what --wandb-project needs;
 - `check_tokenizer_when_built` and `check_data_when_built`, where Megatron builds them: its own failures there
-  (an assertion, a file not found, a tokenizer's package missing) said with its words, naming the flag. Only some
+  (an assertion, a file not found, a tokenizer's package missing, a cache it cannot write) said with its words,
+  naming the flag; before Megatron's build of the data, each cluster's index cache (data_cache.py). Only some
   ranks read data (each pipeline's first and last stage, tensor-parallel rank 0: pretrain_gpt.py
   is_dataset_built_on_rank), so a data prefix missing on one machine is found where it is read; the rank's refusal
   then stops the others (world_store.py).
@@ -54,12 +56,13 @@ _TOKENIZER_PACKAGE = {
 }
 
 
-def check_training_args(args, plan: Plan) -> None:
+def check_training_args(args, plan: Plan, rank: int) -> None:
     """A launch that names no dataset and no --mock-data (Megatron's dataset builder stops on GPTDataset with a path
     of None; the emitted launch scripts pass the data arguments through, so forgetting them is easy; Megatron's SFT
     dataset reads its own and is left to it), NullTokenizer (mock data's usual tokenizer) without --vocab-size, no
     --lr (Megatron has no default), neither --train-iters nor --train-samples, a tokenizer file this machine
-    does not have, and a --save directory it cannot write."""
+    does not have, a --save directory it cannot write, and on the job's last rank (`rank`, global) what
+    --wandb-project needs."""
     if getattr(args, "lr", 0) is None:
         raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
                          fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
@@ -72,6 +75,8 @@ def check_training_args(args, plan: Plan) -> None:
                          fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
     check_tokenizer_files(args)
     check_save_dir(args)
+    if rank == plan.world_size - 1:
+        check_wandb(args, plan)
     if getattr(args, "mock_data", False) or getattr(args, "sft", False):
         return
     if not any(getattr(args, arg, None) for arg in _DATA_ARGS):
@@ -132,6 +137,24 @@ def check_save_dir(args) -> None:
                      fix="give --save a directory each machine of the job can write (it is created if missing)")
 
 
+def check_wandb(args, plan: Plan) -> None:
+    """--wandb-project: the job's last rank (global rank world size - 1) logs to Weights & Biases; Megatron-LM
+    imports wandb there as it initialises, and writes its files under --wandb-save-dir, else --save/wandb
+    (training/global_vars.py _set_wandb_writer). Without the package it was a ModuleNotFoundError traceback on that
+    rank, without either directory a TypeError (os.path.join of None), once every rank had started."""
+    if not getattr(args, "wandb_project", None):
+        return
+    if not getattr(args, "wandb_save_dir", None) and not getattr(args, "save", None):
+        raise InputError("--wandb-project logs to Weights & Biases from the job's last rank, into --wandb-save-dir "
+                         "or else --save/wandb, and the launch gives neither directory", field="--wandb-save-dir",
+                         fix="add --wandb-save-dir DIR (or --save DIR), or drop --wandb-project")
+    if not _installed("wandb"):
+        raise InputError(f"--wandb-project logs to Weights & Biases from the job's last rank (global rank "
+                         f"{plan.world_size - 1}, this process on {socket.gethostname()}), and its Python environment "
+                         "has no wandb package", field="--wandb-project",
+                         fix="install it there (pip install wandb) or drop --wandb-project")
+
+
 def check_tokenizer_when_built(plan: Plan, file: str) -> None:
     """Megatron builds its tokenizer after validation (initialize_megatron), on every rank: check its vocabulary
     against the plan's there (model_checks.check_tokenizer_vocab), before any layer indexes the table. Megatron's
@@ -170,24 +193,46 @@ def check_tokenizer_when_built(plan: Plan, file: str) -> None:
     global_vars.build_tokenizer = checked
 
 
-def check_data_when_built() -> None:
+def check_data_when_built(plan: Plan, rank: int) -> None:
     """Megatron-LM builds the datasets once the model and the optimizer are built, on the ranks that read data:
-    its failures on the launch's data arguments there (IndexedDataset's "One or both of the .idx and .bin files
-    cannot be found at the path prefix ...", a --data-args-path file not found) are one paragraph naming the flag
-    whose value the failure names, and this machine."""
+    first their index cache on each cluster (data_cache.py), then its failures on the launch's data arguments
+    (IndexedDataset's "One or both of the .idx and .bin files cannot be found at the path prefix ...", a
+    --data-args-path file not found, a --per-split-data-args-path file it cannot read, a cache directory it cannot
+    write) are one paragraph naming the flag whose value the failure names, and this machine."""
     import megatron.training.training as training
+
+    from .data_cache import build_cache_on_each_cluster
 
     build = getattr(training.build_train_valid_test_datasets, "_hetauto_original",
                     training.build_train_valid_test_datasets)
 
-    def checked(*a, **kw):
+    def checked(*a):
         from megatron.training import get_args
-        _check_per_split_file(get_args().per_split_data_args_path)
+        args = get_args()
+        _check_per_split_file(args.per_split_data_args_path)
         try:
-            return build(*a, **kw)
-        except (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+            build_cache_on_each_cluster(build, a, args, plan, rank)
+            return build(*a)
+        except Exception as exc:
+            cause = _cache_write_failure(exc, args.data_cache_path)
+            if cause is not None:
+                raise InputError(f"Megatron-LM could not write the dataset indices it draws to its cache directory "
+                                 f"on this machine ({socket.gethostname()}): {cause}", field="--data-cache-path",
+                                 fix="give --data-cache-path a directory each cluster's machines can write (without "
+                                     "it, Megatron-LM writes beside the data: a 'cache' directory next to each "
+                                     "prefix)") from None
+            if isinstance(exc, FileNotFoundError) and _in_cache(exc, args.data_cache_path):
+                raise InputError(f"the dataset indices this cluster's first rank that reads data wrote to the cache "
+                                 f"directory are not on this machine ({socket.gethostname()}): {exc}. Megatron-LM "
+                                 "writes them once and every rank that reads data loads them from the same path",
+                                 field="--data-cache-path",
+                                 fix="give --data-cache-path a directory the machines of each cluster share (each "
+                                     "cluster writes its own copy)") from None
+            if not isinstance(exc, (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                    PermissionError)):
+                raise
             text = assertion_text(exc) if isinstance(exc, AssertionError) else str(exc)
-            flag = _flag_named_in(get_args(), text)
+            flag = _flag_named_in(args, text)
             missing = isinstance(exc, OSError) or ".bin" in text or ".idx" in text
             raise InputError(f"Megatron-LM could not build the training data on this machine "
                              f"({socket.gethostname()}) from the launch's {flag}: {text}", field=flag,
@@ -196,6 +241,27 @@ def check_data_when_built() -> None:
 
     checked._hetauto_original = build
     training.build_train_valid_test_datasets = checked
+
+
+def _in_cache(exc: OSError, cache_dir: str | None) -> bool:
+    """Whether the path of an OSError lies in the dataset index cache: --data-cache-path, else the `cache`
+    directory Megatron-Core puts beside a prefix."""
+    path = os.path.abspath(str(exc.filename)) if exc.filename else ""
+    return bool(path) and (f"{os.sep}cache{os.sep}" in path or (
+        bool(cache_dir) and path.startswith(os.path.abspath(cache_dir) + os.sep)))
+
+
+def _cache_write_failure(exc: BaseException, cache_dir: str | None) -> OSError | None:
+    """The OSError of writing the dataset index cache, else None: under Megatron-Core's "Failed to write dataset
+    materials to the data cache directory" (build_generic_dataset re-raises it as a bare Exception, which a mock
+    dataset wraps once more), or, built alone (data_cache.py), raised as it is for a path in the cache."""
+    said = False
+    while exc is not None:
+        said = said or "data cache directory" in str(exc)
+        if isinstance(exc, OSError):
+            return exc if said or (_in_cache(exc, cache_dir) and not isinstance(exc, FileNotFoundError)) else None
+        exc = exc.__cause__
+    return None
 
 
 _SPLITS = ("train", "valid", "test")
