@@ -308,39 +308,65 @@ def test_every_mesh_stage_checkpoints_under_its_own_name():
     assert sorted(names) == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0), (4, 0)]
 
 
+def _rank_in_its_clusters_directory(rank, world_size, root, plan_file, argv, log_dir):
+    """demo's forked rank, run in root/<its cluster>: a relative --save / --load is then its cluster's own, as on
+    clusters that share no file system."""
+    from hetauto_megatron.runtime.ranks import rank_coords
+
+    where = os.path.join(root, rank_coords(load_plan(plan_file), rank).cluster)
+    os.makedirs(where, exist_ok=True)
+    os.chdir(where)
+    return demo._rank_main(rank, world_size, demo.ENTRY_SCRIPT, argv, log_dir)
+
+
 def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrupted_loss(tmp_path):
     """--ckpt-format torch under two pipelines (each with its stage 0): 3 iterations saving at the 2nd, then a run
     resumed from that checkpoint trains the 3rd: Megatron logs the uninterrupted run's loss. The plain optimizer,
     as in test_megatron_pretrain's checkpoint test (Megatron-Core 0.19 does not resume its distributed optimizer
-    from the `torch` format on CPU). Our entry script on forked processes (cheaper than torchrun)."""
+    from the `torch` format on CPU). Our entry script on forked processes (cheaper than torchrun), each cluster's
+    ranks in a directory of their own with a relative --save: as clusters that share no file system. Megatron's
+    tracker file (which a --load without --ckpt-step reads) was rank 0's alone, so cluster-a's ranks started from
+    random while cluster-b's loaded the checkpoint; each cluster's first rank now writes it, and the plan record."""
     import dataclasses
+
+    import megatron.training.training  # noqa: F401  (imported once, before the fork: demo.run_entry does so too)
+
+    from hetauto_megatron.runtime.launcher import launch
 
     plan = load_plan(two_pipeline_plan(tmp_path))
     plan = dataclasses.replace(plan, meshes=tuple(dataclasses.replace(
         m, setting_overrides={"distributed_optimizer": False, "overlap_param_gather": False}) for m in plan.meshes))
     plan_file = str(tmp_path / "plain.yaml")
     plan.save(plan_file)
-    ckpt = tmp_path / "ckpt"
     argv = demo.hetauto_argv(plan_file, plan, iters=3, seed=1234) + ["--ckpt-format", "torch"]
     argv[argv.index("--global-batch-size") + 1] = str(plan.global_batch_size)
     logs, steps = {}, {}
-    for name, extra in (("whole", ["--save", str(ckpt), "--save-interval", "2"]),
-                        ("resumed", ["--load", str(ckpt), "--ckpt-step", "2"])):
+    for name, extra in (("whole", ["--save", "ckpt", "--save-interval", "2"]),
+                        ("resumed", ["--load", "ckpt", "--ckpt-step", "2"]),
+                        ("latest", ["--load", "ckpt"])):     # the tracker's iteration: 3, nothing left to train
         (tmp_path / name).mkdir()
-        steps[name] = demo.last_rank_losses(demo.run_entry(argv + extra, plan.world_size, log_dir=str(tmp_path / name)))
+        ranks = launch(_rank_in_its_clusters_directory, plan.world_size, timeout_s=300,
+                       args=(str(tmp_path), plan_file, argv + extra, str(tmp_path / name)),
+                       env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+        steps[name] = [r["losses"] for r in ranks]
         logs[name] = (tmp_path / name / f"rank{plan.world_size - 1}.log").read_text()
-    # pipeline 0 (TP 1): mesh stages 0, 1; pipeline 1 (TP 2): 2, 3 - no file shared between the pipelines
-    shards = sorted(p.name for p in (ckpt / "iter_0000002").iterdir() if p.name != "hetauto-plan.json")
-    assert shards == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002", "mp_rank_00_003", "mp_rank_01_002",
-                      "mp_rank_01_003"]
+    assert steps["latest"] == [[]] * plan.world_size, steps["latest"]
+    # pipeline 0 (TP 1, cluster-b): mesh stages 0, 1; pipeline 1 (TP 2, cluster-a): 2, 3 - no file shared between
+    # the pipelines; each cluster holds its own shards, the plan record and the tracker
+    for cluster, files in (("cluster-b", ["mp_rank_00_000", "mp_rank_00_001"]),
+                           ("cluster-a", ["mp_rank_00_002", "mp_rank_00_003", "mp_rank_01_002", "mp_rank_01_003"])):
+        saved = tmp_path / cluster / "ckpt"
+        assert sorted(p.name for p in (saved / "iter_0000002").iterdir()) == sorted(files + ["hetauto-plan.json"])
+        assert (saved / "latest_checkpointed_iteration.txt").read_text().strip() == "3", cluster
+    ckpt = tmp_path / "cluster-a" / "ckpt"
     whole = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["whole"]))
     resumed = dict(re.findall(r"iteration\s+(\d+)/\s*\d+ .*\| lm loss: ([0-9.E+-]+) \|", logs["resumed"]))
     assert sorted(whole) == ["1", "2", "3"] and sorted(resumed) == ["3"], (whole, resumed)
     print(f"uninterrupted {whole['3']}, resumed {resumed['3']}")
     # the demo's per-step record is the whole batch's loss too (the --hetauto demo takes these plans); Megatron's
     # log line averages since the previous line in the first iterations, a complete interval is the step's loss
-    assert len(steps["whole"]) == 3 and abs(steps["whole"][-1] - float(whole["3"])) <= 1e-6
-    assert abs(steps["whole"][0] - float(whole["1"])) <= 1e-6 and steps["resumed"] == steps["whole"][2:]
+    assert len(steps["whole"][-1]) == 3 and abs(steps["whole"][-1][-1] - float(whole["3"])) <= 1e-6
+    assert abs(steps["whole"][-1][0] - float(whole["1"])) <= 1e-6 and steps["resumed"][-1] == steps["whole"][-1][2:]
     assert abs(float(whole["3"]) - float(resumed["3"])) <= 1e-6
     # the save recorded the plan layout beside the checkpoint; resuming under a re-planned one (here: the pipelines'
     # shares of the batch split otherwise, which Megatron resumes silently at another data position) is refused

@@ -111,8 +111,9 @@ def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_d
 
 
 def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: int) -> None:
-    """Write into the checkpoint just saved (its iter_NNNNNNN folder) the layout it was saved under (rank 0 calls it
-    after each save): each iteration's checkpoint says its own plan, also when a folder holds several plans' saves."""
+    """Write into the checkpoint just saved (its iter_NNNNNNN folder) the layout it was saved under (each cluster's
+    first rank calls it after each save): each iteration's checkpoint says its own plan, also when a folder holds
+    several plans' saves."""
     path = record_path(save_dir, iteration)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     record = {"layout": resume_layout(plan), "plan_file": os.path.abspath(plan_file) if plan_file else None,
@@ -120,3 +121,15 @@ def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: in
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
     os.replace(path + ".tmp", path)
+
+
+def write_tracker(save_dir: str, iteration: int) -> None:
+    """Megatron-LM's tracker file (latest_checkpointed_iteration.txt, which a --load without --ckpt-step reads),
+    as global rank 0 writes it after a save, written at once (a file system shared with rank 0 gets the same text).
+    For the clusters whose file system rank 0 does not write: without it their ranks found no checkpoint to load
+    while rank 0's cluster loaded one (and met in a collective the others never entered)."""
+    path = os.path.join(save_dir, "latest_checkpointed_iteration.txt")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+    os.replace(tmp, path)

@@ -80,22 +80,30 @@ def install_gradient_rules(state) -> None:
 
 
 def install_checkpoint_record(state) -> None:
-    """After each checkpoint Megatron-LM's loop saves, global rank 0 writes the plan layout it was saved under
-    beside it (megatron/checkpoint_plan.py), which a later --load checks."""
+    """After each checkpoint Megatron-LM's loop saves, the first rank of each cluster writes the plan layout it was
+    saved under beside it (megatron/checkpoint_plan.py), which a later --load checks, and, on the clusters but
+    global rank 0's, Megatron's tracker file, which only rank 0 writes: clusters in other sites rarely share a file
+    system, and each cluster's ranks read their own shards, the record and the tracker from theirs."""
     import megatron.training.training as training
     import torch.distributed as dist
     from megatron.training import get_args
 
+    from ..runtime.ranks import cluster_first_ranks
+
     original = training.save_checkpoint
     if getattr(original, "_hetauto", False):
         return
+    writers = set(cluster_first_ranks(state.plan).values())
 
     @functools.wraps(original)
     def save_checkpoint(iteration, *a, **kw):
         out = original(iteration, *a, **kw)
-        save = getattr(get_args(), "save", None)
-        if save and dist.get_rank() == 0:
-            checkpoint_plan.write_record(state.plan, save, state.plan_file, iteration)
+        args = get_args()
+        rank = dist.get_rank()
+        if args.save and rank in writers:
+            checkpoint_plan.write_record(state.plan, args.save, state.plan_file, iteration)
+            if rank != 0 and not getattr(args, "async_save", False):   # an async save's tracker comes at its end
+                checkpoint_plan.write_tracker(args.save, iteration)
         return out
 
     save_checkpoint._hetauto = True

@@ -73,6 +73,15 @@ def global_rank(plan, mesh_index: int, stage_in_mesh: int, dp: int, tp: int) -> 
     return plan.rank_offset(mesh_index) + (stage_in_mesh * mesh.dp + dp) * mesh.tp + tp
 
 
+def cluster_first_ranks(plan) -> dict[str, int]:
+    """Each cluster's lowest global rank, by cluster: the rank that writes what Megatron-LM writes once per job
+    (global rank 0's files) on its cluster's file system, where the clusters share none."""
+    first: dict[str, int] = {}
+    for i, mesh in enumerate(plan.meshes):
+        first[mesh.cluster] = min(first.get(mesh.cluster, plan.world_size), plan.rank_offset(i))
+    return first
+
+
 def mesh_stage_ranks(plan, mesh_index: int, stage_in_mesh: int) -> list[int]:
     """Global ranks of one stage of one mesh, in Megatron's order (dp-major, tp fastest)."""
     mesh = plan.meshes[mesh_index]
