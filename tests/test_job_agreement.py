@@ -1,6 +1,6 @@
 """Every cluster's launch must run the same job (megatron/job_agreement.py): two real processes joined through the
-world store, the second launched with another --train-iters (and --lr), as a cluster whose job arguments were typed
-differently. Before: nothing compared them; the clusters trained together until the shorter one finished, then each
+world store, the second launched with another --train-iters (and --lr, --seed and data blend), as a cluster whose
+job arguments were typed differently. Before: nothing compared them; the clusters trained together until the shorter one finished, then each
 side waited HETAUTO_TIMEOUT_S in a pipeline receive or Megatron's closing barrier and stopped with exit 1 and a gloo
 traceback. Now every rank stops at once with one paragraph naming the flags and each cluster's value (exit 2)."""
 from test_world_store import _joined_ranks  # one process per rank, joined through the world store
@@ -29,7 +29,7 @@ def _ranks(tmp_path, values: list, timeout: float = 60) -> list:
         "from hetauto_megatron.plan.plan import load_plan",
         f"plan = load_plan({plan_file!r})",
         f"args = argparse.Namespace(train_iters={iters}, eval_interval=1000, eval_iters=0, lr={lr}, "
-        "clip_grad=1.0, save_interval=None)",
+        f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r})",
         "try:",
         "    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
         "except InputError as exc:",
@@ -37,20 +37,37 @@ def _ranks(tmp_path, values: list, timeout: float = 60) -> list:
         "print('agreed', file=sys.stderr, flush=True)",
         # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
         "dist.barrier()",
-        "dist.destroy_process_group()"]) for iters, lr in values]
+        "dist.destroy_process_group()"]) for iters, lr, seed, blend in values]
     return _joined_ranks(tails, timeout=timeout)
 
 
 def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp_path):
-    values = [(4, 1e-3), (6, 3e-4)]        # cluster-b typed --train-iters 6 --lr 3e-4
+    # cluster-b typed --train-iters 6 --lr 3e-4 --seed 7 and another blend's weights
+    values = [(4, 1e-3, 1234, ["30", "/data/a", "70", "/data/b"]), (6, 3e-4, 7, ["50", "/mnt/a", "50", "/mnt/b"])]
     for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values)):
         assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
         assert "different job arguments" in out, out
         assert "--train-iters: 4 on rank 0 (cluster cluster-a, stage 0), 6 on rank 1 (cluster cluster-b, stage 1)" \
             in out, out
         assert "--lr: 0.001 on rank 0" in out and "0.0003 on rank 1" in out, out
+        assert "--seed: 1234 on rank 0" in out and "7 on rank 1" in out, out
+        assert "--data-path: 2 prefixes weighted [30.0, 70.0] on rank 0" in out and "[50.0, 50.0] on rank 1" in out
 
 
 def test_the_same_job_arguments_pass(tmp_path):
-    for rank, (code, out, _) in enumerate(_ranks(tmp_path, [(4, 1e-3)] * 2)):
+    # each machine's own paths to the same blend
+    same = [(4, 1e-3, 1234, ["30", f"/{root}/a", "70", f"/{root}/b"]) for root in ("data", "mnt")]
+    for rank, (code, out, _) in enumerate(_ranks(tmp_path, same)):
         assert code == 0 and "agreed" in out, (rank, out)
+
+
+def test_the_blend_compared_is_megatrons_reading_of_data_path():
+    """The number of prefixes and their weights job_agreement compares are what Megatron-Core's own
+    get_blend_from_list reads from the same --data-path."""
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    from hetauto_megatron.megatron.job_agreement import blend_of
+    for data_path in (["a"], ["a", "b"], ["0.3", "a", "0.7", "b"], ["1", "a"], ["a", "b", "c"], ["30", "a", "b", "c"],
+                      ["1e-1", "/x/a", "9e-1", "/x/b"]):
+        prefixes, weights = get_blend_from_list(list(data_path))
+        assert blend_of(data_path) == (len(prefixes), weights), data_path

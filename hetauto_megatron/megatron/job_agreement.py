@@ -9,7 +9,12 @@ the launch script's name. Two kinds must agree on every rank:
   barrier on the other, and both stopped with exit 1 and a transport traceback ("that process is gone or stuck");
   an evaluation every 2 iterations on one cluster only did the same at iteration 2;
 - the optimizer's numbers: each stage would step its layers with another learning rate, clipping or decay, a model
-  the job never meant to train, without any error.
+  the job never meant to train, without any error;
+- the samples drawn: a pipeline's first stage reads the tokens and its last stage the labels of the same samples,
+  and each pipeline its share of one sequence of samples, each rank drawing it from the launch's data arguments.
+  A --seed, --split or blend typed otherwise on one cluster (or mock data beside real data) trained on tokens and
+  labels of different samples, without any error. The prefixes' paths may differ (each machine's own), not their
+  number nor their weights.
 A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
 """
 from __future__ import annotations
@@ -23,12 +28,37 @@ SCHEDULE_ARGS = ("train_iters", "train_samples", "skip_train", "eval_interval", 
 OPTIMIZER_ARGS = ("optimizer", "lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                   "lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction", "weight_decay", "clip_grad",
                   "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum")
-JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS
+DATA_ARGS = ("seed", "mock_data", "split", "data_path", "dataloader_type", "reset_position_ids", "reset_attention_mask",
+             "eod_mask_loss")
+JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS
 
 
 def job_values(args) -> dict:
-    """This rank's job arguments, as comparable text (absent ones left out)."""
-    return {name: repr(getattr(args, name)) for name in JOB_ARGS if hasattr(args, name)}
+    """This rank's job arguments, as comparable text (absent ones left out); of --data-path, the blend's number of
+    prefixes and their weights."""
+    values = {name: repr(getattr(args, name)) for name in JOB_ARGS if hasattr(args, name)}
+    if getattr(args, "data_path", None):
+        values["data_path"] = _blend(args.data_path)
+    return values
+
+
+def blend_of(data_path: list) -> tuple[int, list[float] | None]:
+    """(number of prefixes, their weights or None) as Megatron-Core reads --data-path (core/datasets/utils.py
+    get_blend_from_list: a weight before each prefix where the count is even and every other item is a number,
+    else prefixes only). Read here without importing Megatron-Core, which a rank may not have loaded yet."""
+    items = list(data_path)
+    if len(items) % 2 == 0:
+        try:
+            return len(items) // 2, [float(w) for w in items[0::2]]
+        except ValueError:
+            pass
+    return len(items), None
+
+
+def _blend(data_path: list) -> str:
+    """'2 prefixes weighted [0.3, 0.7]' (blend_of)."""
+    count, weights = blend_of(data_path)
+    return f"{count} prefix{'es' if count > 1 else ''}" + (f" weighted {weights}" if weights else "")
 
 
 def differences(plan, every: list) -> list[str]:
@@ -56,4 +86,5 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
         raise InputError(f"the clusters' launches were given different job arguments, which every rank must share "
                          f"(this process is rank {rank}): {shown}", file=file, field=found[0].split(":")[0],
                          fix="give every cluster's launch the same job arguments after the script's name (the "
-                             "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings)")
+                             "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings, the "
+                             "data's seed, split and blend)")
