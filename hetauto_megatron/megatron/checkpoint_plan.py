@@ -118,9 +118,10 @@ def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: in
     os.makedirs(os.path.dirname(path), exist_ok=True)
     record = {"layout": resume_layout(plan), "plan_file": os.path.abspath(plan_file) if plan_file else None,
               "iteration": iteration}
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"       # each cluster's first rank writes it: on a shared file system, at once
+    with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def write_tracker(save_dir: str, iteration: int) -> None:
