@@ -1,7 +1,7 @@
 """Megatron-LM's dataset index cache on every cluster of the job.
 
 Megatron-Core draws each dataset's document, sample and shuffle indices once and keeps them in a cache directory
-(--data-cache-path, else a `cache` directory beside the data prefix): global rank 0 builds them and writes the
+(--data-cache-path, else a directory under each prefix's path: PREFIX/cache/GPTDataset_indices): global rank 0 builds them and writes the
 files while the other ranks wait, then every rank that reads data loads them from the same path
 (core/datasets/blended_megatron_dataset_builder.py build_generic_dataset, gpt_dataset.py
 _build_document_sample_shuffle_indices, blended_dataset.py). That assumes one file system for the whole job. Clusters
@@ -51,7 +51,7 @@ def _alone():
         dist.is_initialized = saved
 
 
-def build_cache_on_each_cluster(build, build_args: tuple, args, plan: Plan, rank: int) -> None:
+def build_cache_on_each_cluster(build, build_args: tuple, build_kwargs: dict, args, plan: Plan, rank: int) -> None:
     """Megatron's `build` (build_train_valid_test_datasets) once on each cluster's cache builder, a cluster at a
     time, every rank waiting at the world's barrier after each (module docstring). Nothing to do for mock data (no
     files), a plan on one cluster, or --dataloader-fast-cache-load (the user vouches the cache is everywhere)."""
@@ -63,5 +63,5 @@ def build_cache_on_each_cluster(build, build_args: tuple, args, plan: Plan, rank
             print(f"[hetauto] rank {rank} builds the dataset indices of cluster {cluster} (its cache, where its file "
                   "system lacks it)", flush=True)
             with _alone():
-                build(*build_args)
+                build(*build_args, **build_kwargs)
         dist.barrier()

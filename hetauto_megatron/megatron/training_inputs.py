@@ -206,21 +206,21 @@ def check_data_when_built(plan: Plan, rank: int) -> None:
     build = getattr(training.build_train_valid_test_datasets, "_hetauto_original",
                     training.build_train_valid_test_datasets)
 
-    def checked(*a):
+    def checked(*a, **kw):
         from megatron.training import get_args
         args = get_args()
         _check_per_split_file(args.per_split_data_args_path)
         try:
-            build_cache_on_each_cluster(build, a, args, plan, rank)
-            return build(*a)
+            build_cache_on_each_cluster(build, a, kw, args, plan, rank)
+            return build(*a, **kw)
         except Exception as exc:
             cause = _cache_write_failure(exc, args.data_cache_path)
             if cause is not None:
                 raise InputError(f"Megatron-LM could not write the dataset indices it draws to its cache directory "
                                  f"on this machine ({socket.gethostname()}): {cause}", field="--data-cache-path",
                                  fix="give --data-cache-path a directory each cluster's machines can write (without "
-                                     "it, Megatron-LM writes beside the data: a 'cache' directory next to each "
-                                     "prefix)") from None
+                                     "it, Megatron-LM writes under each prefix's path: PREFIX/cache/"
+                                     "GPTDataset_indices)") from None
             if isinstance(exc, FileNotFoundError) and _in_cache(exc, args.data_cache_path):
                 raise InputError(f"the dataset indices this cluster's first rank that reads data wrote to the cache "
                                  f"directory are not on this machine ({socket.gethostname()}): {exc}. Megatron-LM "
@@ -244,10 +244,10 @@ def check_data_when_built(plan: Plan, rank: int) -> None:
 
 
 def _in_cache(exc: OSError, cache_dir: str | None) -> bool:
-    """Whether the path of an OSError lies in the dataset index cache: --data-cache-path, else the `cache`
-    directory Megatron-Core puts beside a prefix."""
+    """Whether the path of an OSError lies in the dataset index cache: --data-cache-path, else the directory
+    Megatron-Core makes of a prefix when none is given (gpt_dataset.py: PREFIX/cache/GPTDataset_indices)."""
     path = os.path.abspath(str(exc.filename)) if exc.filename else ""
-    return bool(path) and (f"{os.sep}cache{os.sep}" in path or (
+    return bool(path) and (re.search(r"/cache/\w+_indices(/|$)", path.replace(os.sep, "/")) is not None or (
         bool(cache_dir) and path.startswith(os.path.abspath(cache_dir) + os.sep)))
 
 
