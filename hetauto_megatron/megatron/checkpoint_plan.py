@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..plan.plan import Plan
 
 SIDECAR = "hetauto-plan.json"
+TRACKER = "latest_checkpointed_iteration.txt"    # Megatron-LM's: the iteration a --load reads by default
 
 
 # The model's fields that shape its weights (not its name, nor the sequence, which no weight depends on unless the
@@ -73,7 +74,7 @@ def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
     if ckpt_step is not None:
         return int(ckpt_step)
     try:
-        with open(os.path.join(load_dir, "latest_checkpointed_iteration.txt")) as f:
+        with open(os.path.join(load_dir, TRACKER)) as f:
             return int(f.read().strip())
     except (OSError, TypeError, ValueError):
         return None
@@ -118,10 +119,7 @@ def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: in
     os.makedirs(os.path.dirname(path), exist_ok=True)
     record = {"layout": resume_layout(plan), "plan_file": os.path.abspath(plan_file) if plan_file else None,
               "iteration": iteration}
-    tmp = f"{path}.{os.getpid()}.tmp"       # each cluster's first rank writes it: on a shared file system, at once
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
+    _write_at_once(path, json.dumps(record, indent=1))
 
 
 def write_tracker(save_dir: str, iteration: int) -> None:
@@ -129,8 +127,13 @@ def write_tracker(save_dir: str, iteration: int) -> None:
     as global rank 0 writes it after a save, written at once (a file system shared with rank 0 gets the same text).
     For the clusters whose file system rank 0 does not write: without it their ranks found no checkpoint to load
     while rank 0's cluster loaded one (and met in a collective the others never entered)."""
-    path = os.path.join(save_dir, "latest_checkpointed_iteration.txt")
+    _write_at_once(os.path.join(save_dir, TRACKER), str(iteration))
+
+
+def _write_at_once(path: str, text: str) -> None:
+    """`text` into `path`, replaced in one step, through a temporary file of this process's own: each cluster's
+    first rank writes these files, on a file system shared with rank 0 at the same moment."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        f.write(str(iteration))
+        f.write(text)
     os.replace(tmp, path)

@@ -214,33 +214,41 @@ def check_data_when_built(plan: Plan, rank: int) -> None:
             build_cache_on_each_cluster(build, a, kw, args, plan, rank)
             return build(*a, **kw)
         except Exception as exc:
-            cause = _cache_write_failure(exc, args.data_cache_path)
-            if cause is not None:
-                raise InputError(f"Megatron-LM could not write the dataset indices it draws to its cache directory "
-                                 f"on this machine ({socket.gethostname()}): {cause}", field="--data-cache-path",
-                                 fix="give --data-cache-path a directory each cluster's machines can write (without "
-                                     "it, Megatron-LM writes under each prefix's path: PREFIX/cache/"
-                                     "GPTDataset_indices)") from None
-            if isinstance(exc, FileNotFoundError) and _in_cache(exc, args.data_cache_path):
-                raise InputError(f"the dataset indices this cluster's first rank that reads data wrote to the cache "
-                                 f"directory are not on this machine ({socket.gethostname()}): {exc}. Megatron-LM "
-                                 "writes them once and every rank that reads data loads them from the same path",
-                                 field="--data-cache-path",
-                                 fix="give --data-cache-path a directory the machines of each cluster share (each "
-                                     "cluster writes its own copy)") from None
-            if not isinstance(exc, (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                                    PermissionError)):
+            said = _data_failure(exc, args)
+            if said is None:
                 raise
-            text = assertion_text(exc) if isinstance(exc, AssertionError) else str(exc)
-            flag = _flag_named_in(args, text)
-            missing = isinstance(exc, OSError) or ".bin" in text or ".idx" in text
-            raise InputError(f"Megatron-LM could not build the training data on this machine "
-                             f"({socket.gethostname()}) from the launch's {flag}: {text}", field=flag,
-                             fix=_MISSING_DATA_FIX if missing else f"correct {flag} as Megatron-LM's words say, or "
-                                                                   "use --mock-data for synthetic tokens") from None
+            raise said from None
 
     checked._hetauto_original = build
     training.build_train_valid_test_datasets = checked
+
+
+def _data_failure(exc: Exception, args) -> InputError | None:
+    """The paragraph for a failure of Megatron's dataset build on the launch's data arguments (check_data_when_built),
+    None for any other exception (it keeps its traceback)."""
+    host = socket.gethostname()
+    cause = _cache_write_failure(exc, args.data_cache_path)
+    if cause is not None:
+        return InputError(f"Megatron-LM could not write the dataset indices it draws to its cache directory on this "
+                          f"machine ({host}): {cause}", field="--data-cache-path",
+                          fix="give --data-cache-path a directory each cluster's machines can write (without it, "
+                              "Megatron-LM writes under each prefix's path: PREFIX/cache/GPTDataset_indices)")
+    if isinstance(exc, FileNotFoundError) and _in_cache(exc, args.data_cache_path):
+        return InputError(f"the dataset indices this cluster's first rank that reads data wrote to the cache "
+                          f"directory are not on this machine ({host}): {exc}. Megatron-LM writes them once and every "
+                          "rank that reads data loads them from the same path", field="--data-cache-path",
+                          fix="give --data-cache-path a directory the machines of each cluster share (each cluster "
+                              "writes its own copy)")
+    if not isinstance(exc, (AssertionError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                            PermissionError)):
+        return None
+    text = assertion_text(exc) if isinstance(exc, AssertionError) else str(exc)
+    flag = _flag_named_in(args, text)
+    missing = isinstance(exc, OSError) or ".bin" in text or ".idx" in text
+    return InputError(f"Megatron-LM could not build the training data on this machine ({host}) from the launch's "
+                      f"{flag}: {text}", field=flag,
+                      fix=_MISSING_DATA_FIX if missing else f"correct {flag} as Megatron-LM's words say, or use "
+                                                            "--mock-data for synthetic tokens")
 
 
 def _in_cache(exc: OSError, cache_dir: str | None) -> bool:
