@@ -918,6 +918,43 @@ def test_wandb_logging_the_last_rank_cannot_do_is_refused_before_anything_is_bui
             global_vars._set_wandb_writer(args)
 
 
+def test_autoresume_without_its_library_is_refused_where_megatron_would_end_the_job_quietly(monkeypatch, tmp_path):
+    """--adlr-autoresume: Megatron-LM's own _set_adlr_autoresume, run on the same namespace, ends the process with
+    sys.exit() (exit code 0: the launch reported success, untrained) where the check refuses, and imports
+    AutoResume where the check passes: $SUBMIT_SCRIPTS naming a directory with userlib/auto_resume.py."""
+    from megatron.training import global_vars
+
+    c = launch_identity.check_launch(PLAN, launch_identity.LaunchIdentity(0, PLAN.world_size, None), None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SUBMIT_SCRIPTS", raising=False)
+    _, args = _megatron_args(monkeypatch, ["--adlr-autoresume"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, PLAN, c, file="plan.yaml")
+    assert exc.value.field == "--adlr-autoresume" and exc.value.exit_code == 2
+    assert f"nor under the current directory ({tmp_path}" in exc.value.message, exc.value.message
+    assert "SUBMIT_SCRIPTS" in exc.value.fix
+    monkeypatch.setattr(sys, "path", list(sys.path))        # Megatron appends to it
+    monkeypatch.setattr(global_vars, "_GLOBAL_ADLR_AUTORESUME", None)
+    with pytest.raises(SystemExit) as ended:
+        global_vars._set_adlr_autoresume(args)
+    assert ended.value.code is None                          # exit code 0
+    scripts = tmp_path / "submit"
+    (scripts / "userlib").mkdir(parents=True)
+    (scripts / "userlib" / "__init__.py").write_text("")
+    (scripts / "userlib" / "auto_resume.py").write_text("class AutoResume:\n    pass\n")
+    monkeypatch.setenv("SUBMIT_SCRIPTS", str(scripts))
+    monkeypatch.delitem(sys.modules, "userlib", raising=False)
+    monkeypatch.delitem(sys.modules, "userlib.auto_resume", raising=False)
+    _, args = _megatron_args(monkeypatch, ["--adlr-autoresume"])
+    rewrite.rewrite_args(args, PLAN, c)
+    assert "userlib" not in sys.modules                       # looked for, not imported
+    global_vars._set_adlr_autoresume(args)
+    assert global_vars.get_adlr_autoresume().__name__ == "AutoResume"
+    monkeypatch.setattr(global_vars, "_GLOBAL_ADLR_AUTORESUME", None)
+    for name in ("userlib.auto_resume", "userlib"):
+        sys.modules.pop(name, None)
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

@@ -1,12 +1,12 @@
 """What Megatron-LM reads to train besides the model, under --hetauto: the training data and its index cache, the
-tokenizer and its files, the checkpoint directory, Weights & Biases logging, the learning rate and the run's
-length. Megatron checks them late, each a traceback there: once every rank of every cluster has initialised (the
+tokenizer and its files, the checkpoint directory, Weights & Biases logging, ADLR's autoresume, the learning rate
+and the run's length. Megatron checks them late, each a traceback there: once every rank of every cluster has initialised (the
 tokenizer, wandb), or has built the model and the optimizer (the data, the scheduler, the first save). Here they
 are one paragraph (exit 2):
 
 - `check_training_args`, at the argument stage (rewrite.rewrite_args), on every rank before anything is built:
   what the launch must give, the tokenizer's files and the --save directory, which every rank reads or writes on
-  its own machine, and on the job's last rank what --wandb-project needs;
+  its own machine, the library of --adlr-autoresume, and on the job's last rank what --wandb-project needs;
 - `check_tokenizer_when_built` and `check_data_when_built`, where Megatron builds them: its own failures there
   (an assertion, a file not found, a tokenizer's package missing, a cache it cannot write) said with its words,
   naming the flag; before Megatron's build of the data, each cluster's index cache (data_cache.py). Only some
@@ -20,6 +20,7 @@ import importlib.util
 import os
 import re
 import socket
+import sys
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan
@@ -61,8 +62,8 @@ def check_training_args(args, plan: Plan, rank: int) -> None:
     of None; the emitted launch scripts pass the data arguments through, so forgetting them is easy; Megatron's SFT
     dataset reads its own and is left to it), NullTokenizer (mock data's usual tokenizer) without --vocab-size, no
     --lr (Megatron has no default), neither --train-iters nor --train-samples, a tokenizer file this machine
-    does not have, a --save directory it cannot write, and on the job's last rank (`rank`, global) what
-    --wandb-project needs."""
+    does not have, a --save directory it cannot write, the library --adlr-autoresume needs, and on the job's last
+    rank (`rank`, global) what --wandb-project needs."""
     if getattr(args, "lr", 0) is None:
         raise InputError("the launch gives no --lr: Megatron-LM has no default learning rate", field="--lr",
                          fix="add --lr (the peak learning rate), with --min-lr and --lr-decay-style as the run needs")
@@ -75,6 +76,7 @@ def check_training_args(args, plan: Plan, rank: int) -> None:
                          fix=f"add --vocab-size {plan.model.vocab_size} (the plan's model)")
     check_tokenizer_files(args)
     check_save_dir(args)
+    check_autoresume(args)
     if rank == plan.world_size - 1:
         check_wandb(args, plan)
     if getattr(args, "mock_data", False) or getattr(args, "sft", False):
@@ -135,6 +137,32 @@ def check_save_dir(args) -> None:
                      "of each checkpoint there, and Megatron-LM would find out only at the first save, after "
                      "training until then", field="--save",
                      fix="give --save a directory each machine of the job can write (it is created if missing)")
+
+
+def check_autoresume(args) -> None:
+    """--adlr-autoresume: every rank imports userlib.auto_resume as Megatron-LM initialises, from the Python path
+    with $SUBMIT_SCRIPTS (else the current directory) appended (training/global_vars.py _set_adlr_autoresume).
+    Without it Megatron printed "ADLR autoresume is not available, exiting ..." on rank 0 and called sys.exit() on
+    every rank: the job ended with exit code 0, untrained, and the launch reported success."""
+    if not getattr(args, "adlr_autoresume", False) or _autoresume_found():
+        return
+    where = os.environ.get("SUBMIT_SCRIPTS")
+    place = f"$SUBMIT_SCRIPTS ({where})" if where else f"the current directory ({os.getcwd()}; $SUBMIT_SCRIPTS unset)"
+    raise InputError(f"--adlr-autoresume imports the module userlib.auto_resume on every rank, and this machine "
+                     f"({socket.gethostname()}) has it neither on the Python path nor under {place}; Megatron-LM "
+                     "would end the job at once with exit code 0, untrained", field="--adlr-autoresume",
+                     fix="set SUBMIT_SCRIPTS to the directory that holds userlib/auto_resume.py on every machine of "
+                         "the job, or drop --adlr-autoresume")
+
+
+def _autoresume_found() -> bool:
+    """Whether `from userlib.auto_resume import AutoResume` finds its module as Megatron-LM looks for it, without
+    importing it (nor the package userlib)."""
+    from importlib.machinery import PathFinder
+    package = PathFinder.find_spec("userlib", [*sys.path, os.environ.get("SUBMIT_SCRIPTS", ".")])
+    if package is None or not package.submodule_search_locations:
+        return False
+    return PathFinder.find_spec("userlib.auto_resume", list(package.submodule_search_locations)) is not None
 
 
 def check_wandb(args, plan: Plan) -> None:
