@@ -526,10 +526,10 @@ def test_launch_environment_figures(name, value, monkeypatch):
     """Read before the process groups are made: a NaN timeout or a port that is not one stopped every rank with a
     bare ValueError/OverflowError inside torch; now one InputError (the hook's excepthook prints it, exit 2)."""
     from hetauto_megatron.errors import InputError
-    from hetauto_megatron.megatron import hook, world_store
+    from hetauto_megatron.megatron import timeouts, world_store
     monkeypatch.setenv(name, value)
     with pytest.raises(InputError) as exc:
-        hook._timeout_s() if name == "HETAUTO_TIMEOUT_S" else world_store.master_port()
+        timeouts.env_timeout_s() if name == "HETAUTO_TIMEOUT_S" else world_store.master_port()
     assert exc.value.field == name and "Fix: " in exc.value.message
 
 

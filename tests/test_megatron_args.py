@@ -955,6 +955,44 @@ def test_autoresume_without_its_library_is_refused_where_megatron_would_end_the_
         sys.modules.pop(name, None)
 
 
+def test_megatrons_timeout_flag_is_the_timeout_of_every_wait_under_hetauto(monkeypatch, tmp_path):
+    """--distributed-timeout-minutes (NVIDIA's example scripts give 60, for long dataset builds and checkpoint loads)
+    was ignored under --hetauto: hetauto builds the process groups, with HETAUTO_TIMEOUT_S (600 s). Typed, it is now
+    the timeout of every wait between ranks; Megatron's default (10, not
+    typed) leaves HETAUTO_TIMEOUT_S; a typed 10 is taken. The hook keeps it for every wait it starts.
+    --distributed-timeout-seconds-after-init, which stopped
+    every rank after the first iteration with a TypeError in Megatron's update_pg_timeout (its process groups are
+    not the ones under --hetauto), is refused, and so is a timeout of 0 minutes."""
+    from hetauto_megatron.megatron.timeouts import job_timeout_s
+    monkeypatch.setenv("HETAUTO_TIMEOUT_S", "90")
+    for extra, expected in (([], (90.0, "HETAUTO_TIMEOUT_S")),
+                            (["--distributed-timeout-minutes", "60"], (3600.0, "--distributed-timeout-minutes 60")),
+                            (["--distributed-timeout-minutes", "10"], (600.0, "--distributed-timeout-minutes 10"))):
+        _, args = _megatron_args(monkeypatch, extra)
+        assert job_timeout_s(args) == expected, extra
+    for extra, field in ((["--distributed-timeout-seconds-after-init", "300"],
+                          "--distributed-timeout-seconds-after-init"),
+                         (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes")):
+        _, args = _megatron_args(monkeypatch, extra)
+        with pytest.raises(InputError) as exc:
+            job_timeout_s(args)
+        assert exc.value.field == field and exc.value.exit_code == 2, exc.value.message
+    # the hook keeps them for every wait it starts (the rendezvous, runtime.groups.build_groups, the exchange);
+    # it wraps Megatron's tokenizer and dataset builds for its plan: put back after the test
+    import megatron.training.global_vars as global_vars
+    import megatron.training.training as training
+
+    from hetauto_megatron.megatron import hook
+    monkeypatch.setattr(global_vars, "build_tokenizer", global_vars.build_tokenizer)
+    monkeypatch.setattr(training, "build_train_valid_test_datasets", training.build_train_valid_test_datasets)
+    PLAN.save(str(tmp_path / "plan.yaml"))
+    for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", str(PLAN.world_size))):
+        monkeypatch.setenv(var, value)
+    _, args = _megatron_args(monkeypatch, ["--distributed-timeout-minutes", "60", "--hetauto", "--hetauto-plan",
+                                           str(tmp_path / "plan.yaml")])
+    assert hook._prepare_hetauto(args).timeout_s == 3600.0
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

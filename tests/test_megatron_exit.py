@@ -45,7 +45,7 @@ from hetauto_megatron.megatron import hook
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
-hook._take_charge_of_exit()         # as parse_and_validate_args does under --hetauto or on CPU
+hook._take_charge_of_exit(600.0)     # as parse_and_validate_args does under --hetauto or on CPU
 class Teardown:                     # says so if the interpreter is torn down (os._exit skips it)
     def __del__(self):
         print(" and went on to the interpreter's teardown", flush=True)
@@ -110,7 +110,7 @@ if end == "train-exits":
         sys.exit(3)
     training.train = train
 if end != "not-in-charge":
-    hook._take_charge_of_exit()     # as parse_and_validate_args does under --hetauto or on CPU
+    hook._take_charge_of_exit(600.0)     # as parse_and_validate_args does under --hetauto or on CPU
 if end == "train-exits":
     # the hook wrapped the module attribute that pretrain() reads by name when it calls train()
     print("wrapped:", training.train.__wrapped__ is train and training.train._hetauto_ends_cleanly,

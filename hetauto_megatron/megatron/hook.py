@@ -40,7 +40,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import inspect
-import math
 import os
 import sys
 import threading
@@ -48,7 +47,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
-from . import checkpoint_plan, launch_identity, rewrite, training_inputs
+from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
@@ -109,6 +108,7 @@ class _State:
     context: object = None        # runtime RankContext, once built
     communicator: object = None
     liveness: object = None       # runtime.liveness.Liveness: who went away when a collective fails
+    timeout_s: float = timeouts.DEFAULT_S    # of every wait between ranks (timeouts.py)
 
 
 _STATE: Optional[_State] = None
@@ -135,18 +135,6 @@ def enable_cpu_mode() -> None:
     cpu.apply()
 
 
-def _timeout_s() -> float:
-    raw = os.environ.get("HETAUTO_TIMEOUT_S", "600")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1
-    if not 0 < value < math.inf:      # NaN and inf too: the process groups' timedelta cannot hold them
-        raise InputError(f"HETAUTO_TIMEOUT_S={raw!r} is not a positive number of seconds", field="HETAUTO_TIMEOUT_S",
-                         fix="unset it (default 600) or give seconds, e.g. 600")
-    return value
-
-
 def _prepare_hetauto(args) -> _State:
     """Between Megatron's parsing and its validation: load the plan, place this rank, rewrite its arguments."""
     if not args.hetauto_plan:
@@ -166,6 +154,7 @@ def _prepare_hetauto(args) -> _State:
         from ..runtime.device import check_local_device, set_fp32_arithmetic
         check_local_device(device_type, rank=ident.rank, file=args.hetauto_plan)
         set_fp32_arithmetic(plan, placement.cluster, device_type)
+    timeout_s, timeout_from = timeouts.job_timeout_s(args)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
     load = getattr(args, "load", None)
     checkpoint_plan.check_resume(
@@ -174,7 +163,9 @@ def _prepare_hetauto(args) -> _State:
     training_inputs.check_tokenizer_when_built(plan, args.hetauto_plan)
     training_inputs.check_data_when_built(plan, placement.rank)
     args.local_rank = ident.local_rank
-    return _State(plan, args.hetauto_plan, ident, placement, device_type, changed)
+    if ident.rank == 0:
+        print(f"[hetauto] every wait between ranks times out after {timeout_s:g} s ({timeout_from})", flush=True)
+    return _State(plan, args.hetauto_plan, ident, placement, device_type, changed, timeout_s=timeout_s)
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
@@ -197,7 +188,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             enable_cpu_mode()
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
-            _take_charge_of_exit()     # gloo's groups, as under --hetauto
+            _take_charge_of_exit(timeouts.env_timeout_s())     # gloo's groups, as under --hetauto
         try:
             result = original_validate(args, defaults)
         except AssertionError as exc:
@@ -278,9 +269,9 @@ def _join_world(state: _State) -> None:
         # whose launch is refused tells the others through it (world_store.py)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
-                                 int(os.environ["MASTER_PORT"]), _timeout_s(), file=state.plan_file)
+                                 int(os.environ["MASTER_PORT"]), state.timeout_s, file=state.plan_file)
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
-    init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
+    init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                      dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
 
 
@@ -304,8 +295,8 @@ def pretrain_kwargs(args) -> dict:
         # side waiting for the other until the timeout, or train another model (job_agreement.py)
         from .job_agreement import check_same_job
         check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file)
-        _take_charge_of_exit()
-        ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=_timeout_s(),
+        _take_charge_of_exit(state.timeout_s)
+        ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)
         from ..runtime.liveness import Liveness
         # every rank's listener address, learnt now while every rank is there (runtime/liveness.py)
@@ -314,7 +305,7 @@ def pretrain_kwargs(args) -> dict:
         groups.set_megatron_globals(ctx)
         state.context = ctx
         state.communicator = HeteroP2PCommunicator(ctx, core_transformer_config_from_args(args),
-                                                   timeout_s=_timeout_s())
+                                                   timeout_s=state.timeout_s)
         install_gradient_rules(state)
     return {"p2p_communicator": state.communicator, "pg_collection": state.context.pg,
             "skip_model_parallel_init": True}
@@ -324,13 +315,13 @@ _EXIT_IN_CHARGE: Optional[int] = None     # the process (pid) whose exit the hoo
                                           # inherits the value, not the charge
 
 
-def _take_charge_of_exit() -> None:
+def _take_charge_of_exit(timeout_s: float) -> None:
     """This process's groups are the hook's (--hetauto) or gloo's on CPU: destroy them at a clean exit
     (`_destroy_groups_at_exit`), and end the process right after training (`script_guard.exit_after_training`)."""
     global _EXIT_IN_CHARGE
     if not in_charge_of_exit():
         _EXIT_IN_CHARGE = os.getpid()
-        atexit.register(_destroy_groups_at_exit, _timeout_s())
+        atexit.register(_destroy_groups_at_exit, timeout_s)
         # pretrain() calls train() by its module's name; parsing Megatron's arguments imported that module
         training = sys.modules.get("megatron.training.training")
         if training is not None and not getattr(training.train, "_hetauto_ends_cleanly", False):
