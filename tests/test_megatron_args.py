@@ -993,6 +993,38 @@ def test_megatrons_timeout_flag_is_the_timeout_of_every_wait_under_hetauto(monke
     assert hook._prepare_hetauto(args).timeout_s == 3600.0
 
 
+def test_the_arguments_megatron_saves_in_a_checkpoint_load_with_its_weights_only_loader(monkeypatch, tmp_path):
+    """The parser's marked defaults (args.py) stayed in the namespace where nothing replaced them: without --hetauto
+    every one (the layout, the dropouts, --transformer-impl), under --hetauto on accelerators --transformer-impl's
+    Transformer Engine, and on every launch --distributed-timeout-minutes. Megatron-LM saves its arguments in each
+    checkpoint and loads them with torch.load's weights-only unpickler, Megatron-Core's safe globals registered: a
+    marked value was refused ("Unsupported global: GLOBAL int", measured on the 2-cluster CPU plan's --load, then
+    Megatron's "could not load the checkpoint" and sys.exit() on every rank). The hook makes them plain values
+    again once read (before Megatron validates them); both namespaces then load, every value equal."""
+    import pickle
+
+    import torch
+    from megatron.core.safe_globals import register_safe_globals
+
+    from hetauto_megatron.megatron.args import unmark_parser_defaults
+    register_safe_globals()
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].replace(vocab_size=50257).to_dict(),
+                           "global_batch_size": 8, "meshes": TIED_50257})
+    _, plain_megatron = _megatron_args(monkeypatch, ["--vocab-size", "50257"])
+    _, hetauto = _megatron_args(monkeypatch, ["--vocab-size", "50257"], model=plan.model)
+    rewrite.rewrite_args(hetauto, plan, launch_identity.check_launch(
+        plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None))
+    assert type(hetauto.transformer_impl) is not str             # the rewrite left the default marked
+    for args in (plain_megatron, hetauto):
+        path = tmp_path / "args.pt"
+        torch.save({"args": args}, path)
+        with pytest.raises(pickle.UnpicklingError, match="Unsupported global"):
+            torch.load(path)
+        unmark_parser_defaults(args)
+        torch.save({"args": args}, path)
+        assert vars(torch.load(path)["args"]) == vars(args)
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

@@ -33,8 +33,8 @@ class ParserDefault(float):
     """A dropout as Megatron's parser gives it when the flag is absent: its default (0.1), a float like any other
     to Megatron. Every other setting the plan decides defaults to off or unset, so a given flag shows; a dropout's
     default is not 0, and only this mark tells an absent --hidden-dropout from a typed --hidden-dropout 0.1
-    (argparse converts typed values with float(): never a ParserDefault). Pickled as a plain float, so saved
-    arguments (Megatron's checkpoints) load without hetauto."""
+    (argparse converts typed values with float(): never a ParserDefault). Read before Megatron validates the
+    arguments, then made a plain float again (unmark_parser_defaults)."""
 
     def __reduce__(self):
         return float, (float(self),)
@@ -42,8 +42,7 @@ class ParserDefault(float):
 
 class ParserDefaultStr(str):
     """--transformer-impl as Megatron's parser gives it when the flag is absent (transformer_engine): only this mark
-    tells it from a typed --transformer-impl transformer_engine, which a plan of CPU processes refuses. Pickled as
-    a plain str."""
+    tells it from a typed --transformer-impl transformer_engine, which a plan of CPU processes refuses."""
 
     def __reduce__(self):
         return str, (str(self),)
@@ -52,7 +51,7 @@ class ParserDefaultStr(str):
 class ParserDefaultInt(int):
     """A layout degree as Megatron's parser gives it when the flag is absent (TP and PP 1): only this mark tells
     an absent --tensor-model-parallel-size from a typed 1, which must then be the plan's (argparse converts typed
-    values with int(): never a ParserDefaultInt). Pickled as a plain int."""
+    values with int(): never a ParserDefaultInt)."""
 
     def __reduce__(self):
         return int, (int(self),)
@@ -72,6 +71,20 @@ def mark_parser_defaults(parser: argparse.ArgumentParser) -> None:
                     # argparse passes a string default through the flag's type when the flag is absent, which
                     # would drop the mark: that conversion keeps it (a typed value arrives as a plain str)
                     action.type = _keeping_mark(action.type)
+
+
+_PLAIN = {ParserDefault: float, ParserDefaultInt: int, ParserDefaultStr: str}
+
+
+def unmark_parser_defaults(args) -> None:
+    """Every marked default of a parsed namespace made its plain value again, once the marks are read (the --hetauto
+    rewrite, timeouts.py): Megatron-LM saves its arguments in each checkpoint and loads them with torch.load's
+    weights-only unpickler, which refuses the call to float(), int() or str() a marked value pickles as (measured:
+    "Unsupported global: GLOBAL int", then Megatron's "could not load the checkpoint" and an exit on every rank)."""
+    for key, value in list(vars(args).items()):
+        plain = _PLAIN.get(type(value))
+        if plain is not None:
+            setattr(args, key, plain(value))
 
 
 def _keeping_mark(convert):

@@ -48,7 +48,7 @@ from typing import Callable, Optional
 from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
-from .args import hetauto_args_provider
+from .args import hetauto_args_provider, unmark_parser_defaults
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
 from .script_guard import (assertion_text, ending_cleanly, exit_after_training, guard_script_errors,  # noqa: F401
@@ -189,6 +189,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors
             _take_charge_of_exit(timeouts.env_timeout_s())     # gloo's groups, as under --hetauto
+        unmark_parser_defaults(args)      # read above; Megatron's checkpoints keep the arguments (args.py)
         try:
             result = original_validate(args, defaults)
         except AssertionError as exc:
