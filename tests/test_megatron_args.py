@@ -1023,6 +1023,26 @@ def test_the_arguments_megatron_saves_in_a_checkpoint_load_with_its_weights_only
         unmark_parser_defaults(args)
         torch.save({"args": args}, path)
         assert vars(torch.load(path)["args"]) == vars(args)
+    # what the patched script's parse (hook.parse_and_validate_args) hands Megatron without --hetauto: no mark left
+    from hetauto_megatron.runtime.launcher import launch
+    saved = launch(_hook_parse_without_hetauto, 1, args=(str(tmp_path / "hook-args.pt"),), timeout_s=120)[0]
+    assert vars(torch.load(saved)["args"])["tensor_model_parallel_size"] == 1
+
+
+def _hook_parse_without_hetauto(rank, world_size, path):
+    """A forked process: Megatron's arguments as the patched script parses and validates them (Megatron keeps them
+    in its globals), saved as a checkpoint keeps them."""
+    import torch
+
+    from hetauto_megatron.megatron import hook
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    sys.argv = ["pretrain_gpt.py", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data",
+                "--train-iters", "1", "--lr", "1e-3", "--no-gradient-accumulation-fusion",
+                "--no-persist-layer-norm", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "1"]
+    args = hook.parse_and_validate_args()
+    torch.save({"args": args}, path)
+    return path
 
 
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
