@@ -57,7 +57,7 @@ def test_hetauto_pretrain_matches_megatron_homogeneous_layout(tiny_run):
 def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tmp_path):
     """--ckpt-format torch under --hetauto with TP 2 and TP 1 meshes: each (TP rank, stage) saves its own shard;
     3 iterations saving at the 2nd, then a run resumed from that checkpoint trains the 3rd: its loss is the
-    uninterrupted run's.
+    uninterrupted run's; a rank whose shard is missing stops with one paragraph.
 
     The plan's meshes run without the distributed optimizer here: Megatron-Core 0.19 cannot load its
     distributed-optimizer state from the `torch` format when the optimizer is torch's Adam on fp32 parameters
@@ -81,6 +81,17 @@ def test_checkpoint_per_mesh_shards_and_resume_gives_the_uninterrupted_losses(tm
                                                    plan.world_size, log_dir=str(tmp_path)))
     assert len(whole) == 3 and len(set(whole)) == 3 and len(resumed) == 1
     assert abs(resumed[0] - whole[2]) <= 1e-6, (whole, resumed)
+    # cluster-b's shard not on its machine (a copy left out): Megatron printed "could not load the checkpoint" and
+    # ended those ranks with sys.exit(), exit code 0, the others stopping in their next collective; now one
+    # paragraph on those ranks, naming the shard and --load
+    import shutil
+
+    from hetauto_megatron.errors import InputError
+    shutil.rmtree(ckpt / "iter_0000002" / "mp_rank_00_002")
+    with pytest.raises(InputError) as exc:
+        demo.run_entry(argv + ["--load", str(ckpt), "--ckpt-step", "2"], plan.world_size, log_dir=str(tmp_path))
+    assert exc.value.field == "--load" and "iter_0000002/mp_rank_00_002/model_optim_rng.pt, is not on this machine" \
+        in exc.value.message, exc.value.message
 
 
 # ---- NVIDIA's pretrain_gpt.py under torchrun, at the production settings -----------------------------------------

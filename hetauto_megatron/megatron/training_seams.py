@@ -8,6 +8,7 @@
   counted as the gradient norm counts it (gradients.params_norm_once);
 - `install_step_bounds`: each schedule run bracketed by the communicator's begin_step / end_step;
 - `install_checkpoint_record`: the plan layout a checkpoint was saved under, written beside it;
+- `install_checkpoint_load_check`: a rank that cannot load its shard of a checkpoint stops with one paragraph;
 - `install_job_statistics`: the step's statistics, which every rank already holds for the whole job, not reduced
   again over the world each iteration.
 
@@ -73,6 +74,7 @@ def install_gradient_rules(state) -> None:
     training.setup_model_and_optimizer = setup_model_and_optimizer
     install_step_bounds(state)
     install_checkpoint_record(state)
+    install_checkpoint_load_check()
     install_job_statistics(state)
     if not state.plan.is_simple:
         from .plan_data import install_plan_batches
@@ -108,6 +110,62 @@ def install_checkpoint_record(state) -> None:
 
     save_checkpoint._hetauto = True
     training.save_checkpoint = save_checkpoint
+
+
+def install_checkpoint_load_check() -> None:
+    """Megatron-LM loads each rank's own shard of a `torch` checkpoint (and reads the tracker) in
+    checkpointing._load_base_checkpoint; where it cannot, it prints "could not load the checkpoint" and the reason,
+    then calls sys.exit(): exit code 0 on that rank. Measured on the 2-cluster tiny plan with cluster-b's shard
+    missing (machines that share no file system, a copy left out): cluster-b's ranks ended "successfully" while the
+    others stopped in their next collective with gloo's "Connection closed by peer". Now that rank stops with one
+    paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py).
+    --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
+    import os
+    import socket
+
+    import megatron.training.checkpointing as checkpointing
+
+    from ..errors import InputError
+
+    original = checkpointing._load_base_checkpoint
+    if getattr(original, "_hetauto", False):
+        return
+
+    @functools.wraps(original)
+    def load_base_checkpoint(load_dir, args, rank0=False, *a, **kw):
+        try:
+            return original(load_dir, args, rank0, *a, **kw)
+        except SystemExit as exc:
+            tracker = checkpointing.get_checkpoint_tracker_filename(load_dir) if load_dir else None
+            asked = getattr(args, "exit_on_missing_checkpoint", False) and not (tracker and os.path.isfile(tracker))
+            if exc.code not in (None, 0) or asked:
+                raise
+            iteration = checkpointing.get_loaded_iteration()
+            release = not getattr(args, "ckpt_step", None) and _tracker_text(tracker) == "release"
+            shard = (checkpointing.get_checkpoint_name(load_dir, iteration, release, return_base_dir=False)
+                     if isinstance(iteration, int) and iteration >= 0 and not rank0 else None)
+            where = f"on this machine ({socket.gethostname()})"
+            if shard and not os.path.exists(shard):
+                what = f"this rank's shard of iteration {iteration}, {shard}, is not {where}"
+            else:
+                what = (f"Megatron-LM could not load this rank's checkpoint from {load_dir} {where} (its reason is "
+                        "printed above)")
+            raise InputError(f"--load {load_dir}: {what}; every rank loads its own shard from --load as its machine "
+                             "sees it, and Megatron-LM would have ended this rank with exit code 0", field="--load",
+                             fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards "
+                                 "of its ranks (each cluster's ranks save theirs where they run), or start without "
+                                 "--load") from None
+
+    load_base_checkpoint._hetauto = True
+    checkpointing._load_base_checkpoint = load_base_checkpoint
+
+
+def _tracker_text(path) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
 
 
 def install_step_bounds(state) -> None:
