@@ -1045,6 +1045,26 @@ def _hook_parse_without_hetauto(rank, world_size, path):
     return path
 
 
+def test_a_tracker_megatron_cannot_read_is_one_paragraph_not_a_quiet_exit(tmp_path):
+    """A tracker that holds no iteration (a copy cut short): Megatron-LM's own read_metadata prints "Invalid metadata
+    file" and calls sys.exit() (exit code 0 on every rank, the launch reported success). Under --hetauto the
+    rank's paragraph names the tracker and what it holds (training_seams.install_checkpoint_load_check); a missing
+    shard is tested where a checkpoint is loaded (test_megatron_pretrain.py)."""
+    from types import SimpleNamespace
+
+    import megatron.training.checkpointing as checkpointing
+
+    from hetauto_megatron.megatron.training_seams import _load_failure
+    tracker = tmp_path / "latest_checkpointed_iteration.txt"
+    tracker.write_text("iter_00\n")
+    with pytest.raises(SystemExit) as ended:
+        checkpointing.read_metadata(str(tracker))
+    assert ended.value.code is None
+    exc = _load_failure(checkpointing, str(tmp_path), SimpleNamespace(ckpt_step=None), False, str(tracker))
+    assert exc.field == "--load" and f"tracker {tracker}" in exc.message and "'iter_00', not an iteration" in \
+        exc.message and "--ckpt-step" in exc.fix, exc.message
+
+
 def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_before_anything_is_built(
         monkeypatch):
     """No dataset and no --mock-data (the emitted launch scripts pass the data arguments through, so they are easy to

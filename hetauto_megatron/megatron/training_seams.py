@@ -121,11 +121,8 @@ def install_checkpoint_load_check() -> None:
     paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py).
     --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
     import os
-    import socket
 
     import megatron.training.checkpointing as checkpointing
-
-    from ..errors import InputError
 
     original = checkpointing._load_base_checkpoint
     if getattr(original, "_hetauto", False):
@@ -140,24 +137,38 @@ def install_checkpoint_load_check() -> None:
             asked = getattr(args, "exit_on_missing_checkpoint", False) and not (tracker and os.path.isfile(tracker))
             if exc.code not in (None, 0) or asked:
                 raise
-            iteration = checkpointing.get_loaded_iteration()
-            release = not getattr(args, "ckpt_step", None) and _tracker_text(tracker) == "release"
-            shard = (checkpointing.get_checkpoint_name(load_dir, iteration, release, return_base_dir=False)
-                     if isinstance(iteration, int) and iteration >= 0 and not rank0 else None)
-            where = f"on this machine ({socket.gethostname()})"
-            if shard and not os.path.exists(shard):
-                what = f"this rank's shard of iteration {iteration}, {shard}, is not {where}"
-            else:
-                what = (f"Megatron-LM could not load this rank's checkpoint from {load_dir} {where} (its reason is "
-                        "printed above)")
-            raise InputError(f"--load {load_dir}: {what}; every rank loads its own shard from --load as its machine "
-                             "sees it, and Megatron-LM would have ended this rank with exit code 0", field="--load",
-                             fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards "
-                                 "of its ranks (each cluster's ranks save theirs where they run), or start without "
-                                 "--load") from None
+            raise _load_failure(checkpointing, load_dir, args, rank0, tracker) from None
 
     load_base_checkpoint._hetauto = True
     checkpointing._load_base_checkpoint = load_base_checkpoint
+
+
+def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
+    """The paragraph for a rank Megatron-LM's _load_base_checkpoint ended (install_checkpoint_load_check)."""
+    import os
+    import socket
+
+    from ..errors import InputError
+
+    where = f"on this machine ({socket.gethostname()})"
+    text, step = _tracker_text(tracker), getattr(args, "ckpt_step", None)
+    if text is not None and text != "release" and not text.isdigit() and not step:
+        return InputError(f"--load {load_dir}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
+                          "iteration, and Megatron-LM would have ended this rank with exit code 0", field="--load",
+                          fix="write the checkpoint's iteration number (or release) in it, or give --ckpt-step N")
+    iteration = checkpointing.get_loaded_iteration()
+    release = not step and text == "release"
+    shard = (checkpointing.get_checkpoint_name(load_dir, iteration, release, return_base_dir=False)
+             if isinstance(iteration, int) and iteration >= 0 and not rank0 else None)
+    if shard and not os.path.exists(shard):
+        what = f"this rank's shard of iteration {iteration}, {shard}, is not {where}"
+    else:
+        what = (f"Megatron-LM could not load this rank's checkpoint from {load_dir} {where} (it printed why in this "
+                "rank's log, or in global rank 0's)")
+    return InputError(f"--load {load_dir}: {what}; every rank loads its own shard from --load as its machine sees "
+                      "it, and Megatron-LM would have ended this rank with exit code 0", field="--load",
+                      fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards of its "
+                          "ranks (each cluster's ranks save theirs where they run), or start without --load")
 
 
 def _tracker_text(path) -> str | None:
