@@ -3,9 +3,9 @@
 Megatron-LM builds its parser and then lets the entry script add its own arguments through one callable
 (`parse_and_validate_args(extra_args_provider=...)`). An entry script may already use that slot (Megatron-LM's
 pretrain_gpt.py passes ModelOpt's provider when it is installed), so ours composes with an existing provider
-instead of replacing it. It also marks the defaults of Megatron's dropout, layout, timeout and layer-implementation flags
-(`ParserDefault`, `ParserDefaultInt`, `ParserDefaultStr`), so the `--hetauto` rewrite can tell a value the user typed
-from one the parser filled in. Importing this module costs nothing: no torch, no megatron.
+instead of replacing it. It also marks the defaults of Megatron's dropout, layout, timeout and layer-implementation
+flags (`ParserDefault`, `ParserDefaultInt`, `ParserDefaultStr`), so the `--hetauto` rewrite can tell a value the user
+typed from one the parser filled in. Importing this module costs nothing: no torch, no megatron.
 """
 from __future__ import annotations
 
@@ -59,11 +59,12 @@ class ParserDefaultInt(int):
 
 def mark_parser_defaults(parser: argparse.ArgumentParser) -> None:
     """Make the defaults of Megatron's dropout flags ParserDefault values, those of its layout flags and of
-    --distributed-timeout-minutes ParserDefaultInt values and --transformer-impl's a ParserDefaultStr (idempotent; a parser without the flags is
-    left as it is)."""
+    --distributed-timeout-minutes ParserDefaultInt values and --transformer-impl's a ParserDefaultStr (idempotent;
+    a parser without the flags is left as it is)."""
     for action in parser._actions:
         for dests, kind, mark in ((DROPOUT_ARGS, float, ParserDefault),
-                                  (LAYOUT_ARGS + TIMEOUT_ARGS, int, ParserDefaultInt), (IMPL_ARGS, str, ParserDefaultStr)):
+                                  (LAYOUT_ARGS + TIMEOUT_ARGS, int, ParserDefaultInt),
+                                  (IMPL_ARGS, str, ParserDefaultStr)):
             # (exactly the plain type: not a bool, not a value marked already)
             if action.dest in dests and type(action.default) is kind:
                 action.default = mark(action.default)

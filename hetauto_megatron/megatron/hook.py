@@ -164,7 +164,8 @@ def _prepare_hetauto(args) -> _State:
     training_inputs.check_data_when_built(plan, placement.rank)
     args.local_rank = ident.local_rank
     if ident.rank == 0:
-        print(f"[hetauto] every wait between ranks times out after {timeout_s:g} s ({timeout_from})", flush=True)
+        print(f"[hetauto] every wait between ranks times out after {timeout_s:g} s ({timeout_from})",
+              flush=True)
     return _State(plan, args.hetauto_plan, ident, placement, device_type, changed, timeout_s=timeout_s)
 
 

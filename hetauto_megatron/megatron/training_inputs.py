@@ -1,8 +1,8 @@
 """What Megatron-LM reads to train besides the model, under --hetauto: the training data and its index cache, the
 tokenizer and its files, the checkpoint directory, Weights & Biases logging, ADLR's autoresume, the learning rate
-and the run's length. Megatron checks them late, each a traceback there: once every rank of every cluster has initialised (the
-tokenizer, wandb), or has built the model and the optimizer (the data, the scheduler, the first save). Here they
-are one paragraph (exit 2):
+and the run's length. Megatron checks them late, each a traceback there: once every rank of every cluster has
+initialised (the tokenizer, wandb), or has built the model and the optimizer (the data, the scheduler, the first
+save). Here they are one paragraph (exit 2):
 
 - `check_training_args`, at the argument stage (rewrite.rewrite_args), on every rank before anything is built:
   what the launch must give, the tokenizer's files and the --save directory, which every rank reads or writes on
