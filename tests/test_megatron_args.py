@@ -1025,24 +1025,43 @@ def test_the_arguments_megatron_saves_in_a_checkpoint_load_with_its_weights_only
         assert vars(torch.load(path)["args"]) == vars(args)
     # what the patched script's parse (hook.parse_and_validate_args) hands Megatron without --hetauto: no mark left
     from hetauto_megatron.runtime.launcher import launch
-    saved = launch(_hook_parse_without_hetauto, 1, args=(str(tmp_path / "hook-args.pt"),), timeout_s=120)[0]
+    saved = launch(_parse_with_the_hook, 1, args=(str(tmp_path / "hook-args.pt"), 1, []), timeout_s=120)[0]
     assert vars(torch.load(saved)["args"])["tensor_model_parallel_size"] == 1
 
 
-def _hook_parse_without_hetauto(rank, world_size, path):
-    """A forked process: Megatron's arguments as the patched script parses and validates them (Megatron keeps them
-    in its globals), saved as a checkpoint keeps them."""
+def _parse_with_the_hook(rank, world_size, path, world, extra):
+    """A forked process: Megatron's arguments as the patched script parses and validates them (hook.parse_and_
+    validate_args; Megatron keeps them in its globals) as rank 0 of `world`: with --hetauto in `extra` the tiny
+    model's architecture flags (the plan gives the rest), else a small model's sizes; saved as a checkpoint keeps
+    them."""
     import torch
 
+    from hetauto_megatron.emit.megatron import architecture_args
     from hetauto_megatron.megatron import hook
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     sys.argv = ["pretrain_gpt.py", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data",
                 "--train-iters", "1", "--lr", "1e-3", "--no-gradient-accumulation-fusion",
-                "--no-persist-layer-norm", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "1"]
+                "--no-persist-layer-norm", "--max-position-embeddings", "32",
+                *([f for a in architecture_args(PRESETS["tiny"]) for f in a.flags] if "--hetauto" in extra else
+                  ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                   "--micro-batch-size", "1"]), *extra]
     args = hook.parse_and_validate_args()
     torch.save({"args": args}, path)
     return path
+
+
+def test_a_flag_megatron_ends_every_rank_for_is_one_paragraph_under_hetauto(tmp_path):
+    """--checkpoint-activations (older Megatron-LM scripts): Megatron's validate_args printed "no longer valid" on
+    global rank 0 and called exit() on every rank, exit code 0, untrained; without --hetauto it still does, under it
+    one paragraph naming the flag and the plan's recomputation (measured through the patched script's parse)."""
+    from hetauto_megatron.runtime.launcher import LaunchError, launch
+    PLAN.save(str(tmp_path / "plan.yaml"))
+    with pytest.raises(LaunchError, match="SystemExit: None"):
+        launch(_parse_with_the_hook, 1, args=(str(tmp_path / "a.pt"), 1, ["--checkpoint-activations"]), timeout_s=120)
+    with pytest.raises(InputError) as exc:
+        launch(_parse_with_the_hook, 1, args=(str(tmp_path / "b.pt"), PLAN.world_size, [
+            "--hetauto", "--hetauto-plan", str(tmp_path / "plan.yaml"), "--checkpoint-activations"]), timeout_s=120)
+    assert exc.value.field == "--checkpoint-activations" and "recompute" in exc.value.fix, exc.value.message
 
 
 def test_a_tracker_megatron_cannot_read_is_one_paragraph_not_a_quiet_exit(tmp_path):

@@ -202,6 +202,11 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
                              f"{assertion_text(exc)}", fix="correct the flags it names on this launch's command "
                                                             "line") from None
+        except SystemExit as exc:
+            # a few of its checks print on global rank 0 and call exit(): exit code 0 on every rank, untrained
+            if "state" not in state_box or exc.code not in (None, 0):
+                raise
+            raise _validation_exit(args) from None
         if "state" in state_box:
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
             # Megatron sees the real job (pretrain also re-reads both from torch.distributed).
@@ -224,6 +229,18 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if note:
                 print(note, flush=True)
     return args
+
+
+def _validation_exit(args) -> InputError:
+    """The paragraph for a launch Megatron-LM's validate_args ended with exit() (measured: --checkpoint-activations,
+    a flag of older Megatron-LM scripts, printed "no longer valid" on global rank 0 only and every rank exited 0)."""
+    if getattr(args, "checkpoint_activations", False):
+        return InputError("--checkpoint-activations is no longer a Megatron-LM flag (it ended every rank with exit "
+                          "code 0, untrained)", field="--checkpoint-activations",
+                          fix="drop it: under --hetauto each mesh's recomputation is the plan's (its `recompute` "
+                              "field, given to Megatron as --recompute-granularity and --recompute-method)")
+    return InputError("Megatron-LM's own check of the arguments (validate_args) ended this launch with exit code 0, "
+                      "untrained; it says why on global rank 0", fix="correct the flag global rank 0's log names")
 
 
 def _log_rewrite(state: _State) -> None:
