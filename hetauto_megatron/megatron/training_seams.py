@@ -8,7 +8,7 @@
   counted as the gradient norm counts it (gradients.params_norm_once);
 - `install_step_bounds`: each schedule run bracketed by the communicator's begin_step / end_step;
 - `install_checkpoint_record`: the plan layout a checkpoint was saved under, written beside it;
-- `install_checkpoint_load_check`: a rank that cannot load its shard of a checkpoint stops with one paragraph;
+- `install_checkpoint_load_check`: a rank that cannot load a checkpoint stops with one paragraph, not exit code 0;
 - `install_job_statistics`: the step's statistics, which every rank already holds for the whole job, not reduced
   again over the world each iteration.
 
@@ -118,8 +118,9 @@ def install_checkpoint_load_check() -> None:
     then calls sys.exit(): exit code 0 on that rank. Measured on the 2-cluster tiny plan with cluster-b's shard
     missing (machines that share no file system, a copy left out): cluster-b's ranks ended "successfully" while the
     others stopped in their next collective with gloo's "Connection closed by peer". Now that rank stops with one
-    paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py).
-    --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
+    paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py); so does a
+    rank that load_checkpoint ends after the shard is read (an rng state missing: measured with a checkpoint saved
+    with --no-save-rng, checked by hand). --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
     import os
 
     import megatron.training.checkpointing as checkpointing
@@ -136,11 +137,40 @@ def install_checkpoint_load_check() -> None:
             tracker = checkpointing.get_checkpoint_tracker_filename(load_dir) if load_dir else None
             asked = getattr(args, "exit_on_missing_checkpoint", False) and not (tracker and os.path.isfile(tracker))
             if exc.code not in (None, 0) or asked:
+                exc._hetauto_asked = asked
                 raise
             raise _load_failure(checkpointing, load_dir, args, rank0, tracker) from None
 
     load_base_checkpoint._hetauto = True
     checkpointing._load_base_checkpoint = load_base_checkpoint
+
+    import megatron.training.training as training
+    original_load = training.load_checkpoint
+
+    @functools.wraps(original_load)
+    def load_checkpoint(*a, **kw):
+        # its other quiet exits, once the shard is read: an rng state the checkpoint lacks (saved with
+        # --no-save-rng), no iteration in it, a checkpoint version it cannot convert; printed on global rank 0
+        try:
+            return original_load(*a, **kw)
+        except SystemExit as exc:
+            if exc.code not in (None, 0) or getattr(exc, "_hetauto_asked", False):
+                raise
+            import socket
+
+            from megatron.training import get_args
+
+            from ..errors import InputError
+            load = get_args().load
+            raise InputError(f"--load {load}: Megatron-LM stopped loading the checkpoint on this machine "
+                             f"({socket.gethostname()}) and would have ended this rank with exit code 0, untrained; "
+                             "it printed why on global rank 0 (e.g. \"Unable to load rng state\" for a checkpoint "
+                             "saved with --no-save-rng)", field="--load",
+                             fix="do as global rank 0's log says (e.g. add --no-load-rng), or start without "
+                                 "--load") from None
+
+    load_checkpoint._hetauto = True
+    training.load_checkpoint = load_checkpoint
 
 
 def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
