@@ -958,9 +958,8 @@ def test_autoresume_without_its_library_is_refused_where_megatron_would_end_the_
 def test_megatrons_timeout_flag_is_the_timeout_of_every_wait_under_hetauto(monkeypatch, tmp_path):
     """--distributed-timeout-minutes (NVIDIA's example scripts give 60, for long dataset builds and checkpoint loads)
     was ignored under --hetauto: hetauto builds the process groups, with HETAUTO_TIMEOUT_S (600 s). Typed, it is now
-    the timeout of every wait between ranks; Megatron's default (10, not
-    typed) leaves HETAUTO_TIMEOUT_S; a typed 10 is taken. The hook keeps it for every wait it starts.
-    --distributed-timeout-seconds-after-init, which stopped
+    the timeout of every wait between ranks; Megatron's default (10, not typed) leaves HETAUTO_TIMEOUT_S; a typed 10
+    is taken. The hook keeps it for every wait it starts. --distributed-timeout-seconds-after-init, which stopped
     every rank after the first iteration with a TypeError in Megatron's update_pg_timeout (its process groups are
     not the ones under --hetauto), is refused, and so is a timeout of 0 minutes."""
     from hetauto_megatron.megatron.timeouts import job_timeout_s
