@@ -1063,6 +1063,25 @@ def test_a_flag_megatron_ends_every_rank_for_is_one_paragraph_under_hetauto(tmp_
     assert exc.value.field == "--checkpoint-activations" and "recompute" in exc.value.fix, exc.value.message
 
 
+def test_checkpoint_args_are_refused_under_hetauto_before_megatron_reads_rank_0s_shard(tmp_path):
+    """--use-checkpoint-args: Megatron-LM reads the model's arguments from global rank 0's shard on every rank while
+    it parses; a machine of another cluster without that shard stopped with a traceback (here a tracker and an empty
+    iteration directory: Megatron's "unknown checkpoint format", which it still raises without --hetauto). Under
+    --hetauto the model is the plan's: one paragraph, before Megatron reads anything."""
+    from hetauto_megatron.runtime.launcher import LaunchError, launch
+    PLAN.save(str(tmp_path / "plan.yaml"))
+    (tmp_path / "ckpt" / "iter_0000002").mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2\n")
+    flags = ["--use-checkpoint-args", "--load", str(tmp_path / "ckpt")]
+    with pytest.raises(LaunchError, match="unknown checkpoint format"):
+        launch(_parse_with_the_hook, 1, args=(str(tmp_path / "a.pt"), 1, flags), timeout_s=120)
+    with pytest.raises(InputError) as exc:
+        launch(_parse_with_the_hook, 1, args=(str(tmp_path / "b.pt"), PLAN.world_size,
+                                              ["--hetauto", "--hetauto-plan", str(tmp_path / "plan.yaml"), *flags]),
+               timeout_s=120)
+    assert exc.value.field == "--use-checkpoint-args" and exc.value.fix.startswith("drop --use-checkpoint-args")
+
+
 def test_a_tracker_megatron_cannot_read_is_one_paragraph_not_a_quiet_exit(tmp_path):
     """A tracker that holds no iteration (a copy cut short): Megatron-LM's own read_metadata prints "Invalid metadata
     file" and calls sys.exit() (exit code 0 on every rank, the launch reported success). Under --hetauto the

@@ -213,13 +213,22 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             args.world_size = state_box["state"].plan.world_size
         return result
 
-    margs.validate_args = validate_args
+    original_parse = margs.parse_args
+
+    def parse_args(*a, **kw):
+        args = original_parse(*a, **kw)
+        if getattr(args, "hetauto", False) and (args.use_checkpoint_args or
+                                                 (args_defaults or {}).get("use_checkpoint_args", False)):
+            raise _checkpoint_args_refused()     # before Megatron reads the checkpoint (parse_and_validate_args)
+        return args
+
+    margs.validate_args, margs.parse_args = validate_args, parse_args
     try:
         args = margs.parse_and_validate_args(extra_args_provider=hetauto_args_provider(extra_args_provider),
                                              ignore_unknown_args=ignore_unknown_args,
                                              args_defaults=dict(args_defaults or {}))
     finally:
-        margs.validate_args = original_validate
+        margs.validate_args, margs.parse_args = original_validate, original_parse
     _STATE = state_box.get("state")
     if _STATE is not None:
         _log_rewrite(_STATE)
@@ -229,6 +238,17 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if note:
                 print(note, flush=True)
     return args
+
+
+def _checkpoint_args_refused() -> InputError:
+    """--use-checkpoint-args under --hetauto: Megatron-LM reads the model's arguments from global rank 0's shard of
+    the checkpoint on every rank while it parses, which the other clusters' machines need not have (measured: a
+    FileNotFoundError or "unknown checkpoint format" traceback there); under --hetauto the model is the plan's, and
+    a --load is checked against the plan it was saved under (checkpoint_plan.py)."""
+    return InputError("--use-checkpoint-args reads the model's arguments from global rank 0's shard of the checkpoint "
+                      "on every rank of every cluster, while Megatron-LM parses them; under --hetauto the model's "
+                      "arguments are the plan's, and a --load is checked against the plan it was saved under",
+                      field="--use-checkpoint-args", fix="drop --use-checkpoint-args (keep --load)")
 
 
 def _validation_exit(args) -> InputError:
