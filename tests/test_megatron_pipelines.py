@@ -394,3 +394,22 @@ def test_two_pipelines_checkpoint_per_mesh_stage_and_resume_gives_the_uninterrup
                                               *plan.meshes[1:]))
     with pytest.raises(InputError, match="stage_layers"):
         check_resume(moved, record, finetune=True)
+    # --pretrained-checkpoint: where --load holds no checkpoint, Megatron-LM loads that one as --finetune
+    # (load_checkpoint, on its own checkpoint_exists); it was not checked against the plan
+    from types import SimpleNamespace
+
+    from megatron.training.checkpointing import checkpoint_exists
+
+    from hetauto_megatron.megatron.checkpoint_plan import check_load
+    empty = tmp_path / "no-checkpoint-yet"
+    assert not checkpoint_exists(str(empty)) and checkpoint_exists(str(ckpt))
+    for load in (None, str(empty)):
+        given = SimpleNamespace(load=load, pretrained_checkpoint=str(ckpt), ckpt_step=2, finetune=False)
+        check_load(resplit, given)                     # loaded as --finetune: the weights' layout is the same
+        with pytest.raises(InputError, match="stage_layers") as exc:
+            check_load(moved, given)
+        assert exc.value.field == "--pretrained-checkpoint" and "without --pretrained-checkpoint" in exc.value.fix
+    with pytest.raises(InputError) as exc:                  # --load holds one: Megatron loads it, not the other
+        check_load(resplit, SimpleNamespace(load=str(ckpt), pretrained_checkpoint=str(empty), ckpt_step=2,
+                                            finetune=False))
+    assert exc.value.field == "--load"

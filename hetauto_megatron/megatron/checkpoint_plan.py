@@ -80,11 +80,26 @@ def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
         return None
 
 
+def check_load(plan: Plan, args, *, file: str | None = None) -> None:
+    """The checkpoint a launch's Megatron arguments load, checked against the plan (check_resume): --load's, at
+    --ckpt-step or its tracker's iteration; where --load holds no checkpoint (no tracker) and the launch gives
+    --pretrained-checkpoint, that one's, which Megatron-LM then loads as --finetune (checkpointing.load_checkpoint:
+    `pretrained_dir is not None and not checkpoint_exists(load_dir)`)."""
+    load, step = getattr(args, "load", None), getattr(args, "ckpt_step", None)
+    pretrained = getattr(args, "pretrained_checkpoint", None)
+    if pretrained and not (load and os.path.isfile(os.path.join(load, TRACKER))):
+        check_resume(plan, record_path(pretrained, loaded_iteration(pretrained, step)), finetune=True,
+                     load_dir=pretrained, file=file, flag="--pretrained-checkpoint")
+        return
+    check_resume(plan, record_path(load, loaded_iteration(load, step)), finetune=bool(getattr(args, "finetune", False)),
+                 load_dir=load, file=file)
+
+
 def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_dir: str | None = None,
-                 file: str | None = None) -> None:
-    """Refuse to load a checkpoint (its record at `path`) saved under another plan layout: InputError naming --load
-    and what differs (with `finetune`, only what the weights depend on). A checkpoint without a record (saved
-    without --hetauto, or by an older hetauto) is Megatron's to check."""
+                 file: str | None = None, flag: str = "--load") -> None:
+    """Refuse to load a checkpoint (its record at `path`) saved under another plan layout: InputError naming the
+    `flag` it is loaded from and what differs (with `finetune`, only what the weights depend on). A checkpoint
+    without a record (saved without --hetauto, or by an older hetauto) is Megatron's to check."""
     if not path or not os.path.isfile(path):
         return
     try:
@@ -96,7 +111,7 @@ def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_d
             differ += _differences(saved["data"], now["data"], "")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"cannot read which plan the checkpoint was saved under ({type(exc).__name__}: {exc})",
-                         file=path, field="--load",
+                         file=path, field=flag,
                          fix="restore the file from the save, or delete it to leave the check to Megatron") from None
     if differ:
         raise InputError(f"the checkpoint in {load_dir or os.path.dirname(path)} was saved under another plan layout ("
@@ -104,11 +119,11 @@ def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_d
                          + "): its files hold each mesh stage's layers"
                          + ("" if finetune else ", and each mesh counts its share of the batch")
                          + ", so loading it under this plan would put other weights into stages"
-                         + ("" if finetune else " or resume the data elsewhere"), file=file, field="--load",
+                         + ("" if finetune else " or resume the data elsewhere"), file=file, field=flag,
                          fix=f"resume with the plan it was saved under ({record.get('plan_file') or 'its plan file'} "
                              f"at iteration {record.get('iteration', '?')})"
                              + ("" if finetune else ", or --finetune if only the batch changed")
-                             + ", or start this plan without --load")
+                             + f", or start this plan without {flag}")
 
 
 def write_record(plan: Plan, save_dir: str, plan_file: str | None, iteration: int) -> None:

@@ -156,10 +156,7 @@ def _prepare_hetauto(args) -> _State:
         set_fp32_arithmetic(plan, placement.cluster, device_type)
     timeout_s, timeout_from = timeouts.job_timeout_s(args)
     changed = rewrite.rewrite_args(args, plan, placement, file=args.hetauto_plan)
-    load = getattr(args, "load", None)
-    checkpoint_plan.check_resume(
-        plan, checkpoint_plan.record_path(load, checkpoint_plan.loaded_iteration(load, getattr(args, "ckpt_step", None))),
-        finetune=bool(getattr(args, "finetune", False)), load_dir=load, file=args.hetauto_plan)
+    checkpoint_plan.check_load(plan, args, file=args.hetauto_plan)
     training_inputs.check_tokenizer_when_built(plan, args.hetauto_plan)
     training_inputs.check_data_when_built(plan, placement.rank)
     args.local_rank = ident.local_rank
