@@ -182,9 +182,11 @@ def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
 
     where = f"on this machine ({socket.gethostname()})"
     text, step = _tracker_text(tracker), getattr(args, "ckpt_step", None)
+    # Megatron loads --pretrained-checkpoint where --load holds none (checkpoint_plan.check_load)
+    flag = "--load" if load_dir == getattr(args, "load", None) else "--pretrained-checkpoint"
     if text is not None and text != "release" and not text.isdigit() and not step:
-        return InputError(f"--load {load_dir}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
-                          "iteration, and Megatron-LM would have ended this rank with exit code 0", field="--load",
+        return InputError(f"{flag} {load_dir}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
+                          "iteration, and Megatron-LM would have ended this rank with exit code 0", field=flag,
                           fix="write the checkpoint's iteration number (or release) in it, or give --ckpt-step N")
     iteration = checkpointing.get_loaded_iteration()
     release = not step and text == "release"
@@ -195,10 +197,10 @@ def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
     else:
         what = (f"Megatron-LM could not load this rank's checkpoint from {load_dir} {where} (it printed why in this "
                 "rank's log, or in global rank 0's)")
-    return InputError(f"--load {load_dir}: {what}; every rank loads its own shard from --load as its machine sees "
-                      "it, and Megatron-LM would have ended this rank with exit code 0", field="--load",
+    return InputError(f"{flag} {load_dir}: {what}; every rank loads its own shard from {flag} as its machine sees "
+                      "it, and Megatron-LM would have ended this rank with exit code 0", field=flag,
                       fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards of its "
-                          "ranks (each cluster's ranks save theirs where they run), or start without --load")
+                          f"ranks (each cluster's ranks save theirs where they run), or start without {flag}")
 
 
 def _tracker_text(path) -> str | None:
