@@ -71,3 +71,41 @@ def test_the_blend_compared_is_megatrons_reading_of_data_path():
                       ["1e-1", "/x/a", "9e-1", "/x/b"]):
         prefixes, weights = get_blend_from_list(list(data_path))
         assert blend_of(data_path) == (len(prefixes), weights), data_path
+
+
+def test_the_checkpoint_compared_is_the_one_megatron_loads(tmp_path):
+    """A cluster whose --load holds no checkpoint (its copy left out) beside one that resumes started from random
+    weights at iteration 0 while the other resumed: different iterations, as with another --train-iters. What each
+    rank resumes from is compared (not the paths), chosen as Megatron-LM chooses it: --load's checkpoint where its
+    tracker is (checkpoint_exists, read_metadata), its --ckpt-step without one, else --pretrained-checkpoint's."""
+    from types import SimpleNamespace
+
+    from megatron.training.checkpointing import checkpoint_exists, read_metadata
+
+    from hetauto_megatron.megatron.checkpoint_plan import TRACKER
+    from hetauto_megatron.megatron.job_agreement import differences, job_values, loaded_checkpoint
+    import yaml
+
+    from hetauto_megatron.plan.plan import plan_from_dict
+    a, b, pretrained = (tmp_path / name for name in ("a", "b", "pretrained"))
+    for directory, iteration in ((a, "3"), (pretrained, "5")):
+        directory.mkdir()
+        (directory / TRACKER).write_text(iteration + "\n")
+    b.mkdir()
+
+    def launch(**given):
+        return SimpleNamespace(**{"load": None, "ckpt_step": None, "pretrained_checkpoint": None, **given})
+
+    assert checkpoint_exists(str(a)) and read_metadata(str(a / TRACKER)) == (3, False)
+    assert not checkpoint_exists(str(b))
+    assert loaded_checkpoint(launch(load=str(a))) == "iteration 3 of --load"
+    assert loaded_checkpoint(launch(load=str(b))) == loaded_checkpoint(launch()) == "no checkpoint"
+    assert loaded_checkpoint(launch(load=str(b), ckpt_step=2)) == "iteration 2 of --load"
+    assert loaded_checkpoint(launch(load=str(b), pretrained_checkpoint=str(pretrained))) == \
+        "iteration 5 of --pretrained-checkpoint"
+    assert loaded_checkpoint(launch(load=str(a), pretrained_checkpoint=str(pretrained))) == "iteration 3 of --load"
+    plan = plan_from_dict(yaml.safe_load(PLAN_YAML))
+    assert differences(plan, [job_values(launch(load=str(a))), job_values(launch(load=str(b)))]) == [
+        "--load: iteration 3 of --load on rank 0 (cluster cluster-a, stage 0), no checkpoint on rank 1 "
+        "(cluster cluster-b, stage 1)"]
+    assert differences(plan, [job_values(launch(load=str(a))), job_values(launch(load=str(a / "..") + "/a"))]) == []

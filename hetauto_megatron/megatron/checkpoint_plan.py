@@ -80,19 +80,26 @@ def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
         return None
 
 
-def check_load(plan: Plan, args, *, file: str | None = None) -> None:
-    """The checkpoint a launch's Megatron arguments load, checked against the plan (check_resume): --load's, at
-    --ckpt-step or its tracker's iteration; where --load holds no checkpoint (no tracker) and the launch gives
-    --pretrained-checkpoint, that one's, which Megatron-LM then loads as --finetune (checkpointing.load_checkpoint:
-    `pretrained_dir is not None and not checkpoint_exists(load_dir)`)."""
-    load, step = getattr(args, "load", None), getattr(args, "ckpt_step", None)
-    pretrained = getattr(args, "pretrained_checkpoint", None)
+def loaded_from(args) -> tuple[str, str] | None:
+    """(directory, flag) of the checkpoint a launch's Megatron arguments load, as Megatron-LM chooses it
+    (checkpointing.load_checkpoint): --load's; where --load holds no checkpoint (no tracker) and the launch gives
+    --pretrained-checkpoint, that one, which Megatron then loads as --finetune; None without either."""
+    load, pretrained = getattr(args, "load", None), getattr(args, "pretrained_checkpoint", None)
     if pretrained and not (load and os.path.isfile(os.path.join(load, TRACKER))):
-        check_resume(plan, record_path(pretrained, loaded_iteration(pretrained, step)), finetune=True,
-                     load_dir=pretrained, file=file, flag="--pretrained-checkpoint")
+        return pretrained, "--pretrained-checkpoint"
+    return (load, "--load") if load else None
+
+
+def check_load(plan: Plan, args, *, file: str | None = None) -> None:
+    """The checkpoint a launch's Megatron arguments load (loaded_from), at --ckpt-step or its tracker's iteration,
+    checked against the plan (check_resume); a pretrained one as --finetune."""
+    found = loaded_from(args)
+    if found is None:
         return
-    check_resume(plan, record_path(load, loaded_iteration(load, step)), finetune=bool(getattr(args, "finetune", False)),
-                 load_dir=load, file=file)
+    directory, flag = found
+    finetune = flag == "--pretrained-checkpoint" or bool(getattr(args, "finetune", False))
+    check_resume(plan, record_path(directory, loaded_iteration(directory, getattr(args, "ckpt_step", None))),
+                 finetune=finetune, load_dir=directory, file=file, flag=flag)
 
 
 def check_resume(plan: Plan, path: str | None, *, finetune: bool = False, load_dir: str | None = None,

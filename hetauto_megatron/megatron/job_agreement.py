@@ -14,13 +14,19 @@ the launch script's name. Two kinds must agree on every rank:
   and each pipeline its share of one sequence of samples, each rank drawing it from the launch's data arguments.
   A --seed, --split or blend typed otherwise on one cluster (or mock data beside real data) trained on tokens and
   labels of different samples, without any error. The prefixes' paths may differ (each machine's own), not their
-  number nor their weights.
+  number nor their weights;
+- the checkpoint resumed from: a cluster whose --load holds no checkpoint (its copy left out) beside one that
+  resumes at iteration N started from random weights at iteration 0, and the two ran different iterations, as with
+  another --train-iters; so do --finetune, --no-load-optim and --no-load-rng.
 A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
 """
 from __future__ import annotations
 
+import os
+
 from ..errors import InputError
 from ..runtime.ranks import describe_rank
+from .checkpoint_plan import TRACKER, loaded_from
 
 # Megatron argument names (args.<name>), spelled as flags in the message
 SCHEDULE_ARGS = ("train_iters", "train_samples", "skip_train", "eval_interval", "eval_iters", "save_interval",
@@ -30,7 +36,10 @@ OPTIMIZER_ARGS = ("optimizer", "lr", "min_lr", "lr_decay_style", "lr_decay_iters
                   "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum")
 DATA_ARGS = ("seed", "mock_data", "split", "data_path", "dataloader_type", "reset_position_ids", "reset_attention_mask",
              "eod_mask_loss")
-JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS
+# "load": the checkpoint the rank resumes from (loaded_checkpoint), derived from --load, its tracker and
+# --pretrained-checkpoint
+CHECKPOINT_ARGS = ("load", "finetune", "no_load_optim", "no_load_rng")
+JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS
 
 
 def job_values(args) -> dict:
@@ -39,7 +48,27 @@ def job_values(args) -> dict:
     values = {name: repr(getattr(args, name)) for name in JOB_ARGS if hasattr(args, name)}
     if getattr(args, "data_path", None):
         values["data_path"] = _blend(args.data_path)
+    values["load"] = loaded_checkpoint(args)
     return values
+
+
+def loaded_checkpoint(args) -> str:
+    """What the rank resumes from, as Megatron-LM decides it (checkpoint_plan.loaded_from, then its
+    _load_base_checkpoint: --ckpt-step, else the tracker's iteration; no tracker and no --ckpt-step: nothing). Not
+    the paths, each machine's own."""
+    found = loaded_from(args)
+    if found is None:
+        return "no checkpoint"
+    directory, flag = found
+    step = getattr(args, "ckpt_step", None)
+    if step:
+        return f"iteration {step} of {flag}"
+    try:
+        with open(os.path.join(directory, TRACKER)) as f:
+            text = f.read().strip()
+    except OSError:
+        return "no checkpoint"
+    return f"iteration {text} of {flag}" if text.isdigit() else f"{text!r} of {flag}"
 
 
 def blend_of(data_path: list) -> tuple[int, list[float] | None]:
@@ -87,4 +116,4 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
                          f"(this process is rank {rank}): {shown}", file=file, field=found[0].split(":")[0],
                          fix="give every cluster's launch the same job arguments after the script's name (the "
                              "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings, the "
-                             "data's seed, split and blend)")
+                             "data's seed, split and blend, the checkpoint to resume from)")
