@@ -68,16 +68,22 @@ def record_path(load_dir: str | None, iteration: int | None) -> str | None:
     return os.path.join(load_dir, f"iter_{iteration:07d}", SIDECAR)
 
 
+def tracker_text(load_dir: str | None) -> str | None:
+    """What Megatron's tracker file under `load_dir` says (an iteration, or 'release'), None where there is none."""
+    try:
+        with open(os.path.join(load_dir, TRACKER)) as f:
+            return f.read().strip()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
+
+
 def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
     """The iteration a --load reads: --ckpt-step, else the one Megatron's tracker file names (None: no tracker, or a
     'release' checkpoint, which hetauto never writes)."""
     if ckpt_step is not None:
         return int(ckpt_step)
-    try:
-        with open(os.path.join(load_dir, TRACKER)) as f:
-            return int(f.read().strip())
-    except (OSError, TypeError, ValueError):
-        return None
+    text = tracker_text(load_dir)
+    return int(text) if text is not None and text.isdigit() else None
 
 
 def loaded_from(args) -> tuple[str, str] | None:

@@ -2,7 +2,7 @@
 share, checked once after the world is joined (collective over the default group, gloo, the world's timeout).
 
 The plan fixes the layout (runtime/rendezvous.py check_same_plan), but each cluster types its own job arguments after
-the launch script's name. Two kinds must agree on every rank:
+the launch script's name. These must agree on every rank:
 - the schedule of collectives: iterations, evaluation and checkpoint intervals, exits. A cluster launched with
   `--train-iters 6` beside one with 4 trained 4 iterations together, then each side waited the whole
   HETAUTO_TIMEOUT_S (600 s by default) for the other, in a pipeline receive on one side and Megatron's closing
@@ -22,11 +22,9 @@ A difference stops every rank with the same paragraph (exit 2) naming each flag 
 """
 from __future__ import annotations
 
-import os
-
 from ..errors import InputError
 from ..runtime.ranks import describe_rank
-from .checkpoint_plan import TRACKER, loaded_from
+from .checkpoint_plan import loaded_from, tracker_text
 
 # Megatron argument names (args.<name>), spelled as flags in the message
 SCHEDULE_ARGS = ("train_iters", "train_samples", "skip_train", "eval_interval", "eval_iters", "save_interval",
@@ -63,10 +61,8 @@ def loaded_checkpoint(args) -> str:
     step = getattr(args, "ckpt_step", None)
     if step:
         return f"iteration {step} of {flag}"
-    try:
-        with open(os.path.join(directory, TRACKER)) as f:
-            text = f.read().strip()
-    except OSError:
+    text = tracker_text(directory)
+    if text is None:
         return "no checkpoint"
     return f"iteration {text} of {flag}" if text.isdigit() else f"{text!r} of {flag}"
 

@@ -121,8 +121,6 @@ def install_checkpoint_load_check() -> None:
     paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py); so does a
     rank that load_checkpoint ends after the shard is read (an rng state missing: measured with a checkpoint saved
     with --no-save-rng, checked by hand). --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
-    import os
-
     import megatron.training.checkpointing as checkpointing
 
     original = checkpointing._load_base_checkpoint
@@ -134,12 +132,13 @@ def install_checkpoint_load_check() -> None:
         try:
             return original(load_dir, args, rank0, *a, **kw)
         except SystemExit as exc:
-            tracker = checkpointing.get_checkpoint_tracker_filename(load_dir) if load_dir else None
-            asked = getattr(args, "exit_on_missing_checkpoint", False) and not (tracker and os.path.isfile(tracker))
+            # Megatron's exit where the launch asked for it: no tracker, no --ckpt-step (_load_base_checkpoint)
+            asked = (getattr(args, "exit_on_missing_checkpoint", False) and not getattr(args, "ckpt_step", None)
+                     and checkpoint_plan.tracker_text(load_dir) is None)
             if exc.code not in (None, 0) or asked:
                 exc._hetauto_asked = asked
                 raise
-            raise _load_failure(checkpointing, load_dir, args, rank0, tracker) from None
+            raise _load_failure(checkpointing, load_dir, args, rank0) from None
 
     load_base_checkpoint._hetauto = True
     checkpointing._load_base_checkpoint = load_base_checkpoint
@@ -173,7 +172,7 @@ def install_checkpoint_load_check() -> None:
     training.load_checkpoint = load_checkpoint
 
 
-def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
+def _load_failure(checkpointing, load_dir, args, rank0: bool):
     """The paragraph for a rank Megatron-LM's _load_base_checkpoint ended (install_checkpoint_load_check)."""
     import os
     import socket
@@ -181,7 +180,8 @@ def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
     from ..errors import InputError
 
     where = f"on this machine ({socket.gethostname()})"
-    text, step = _tracker_text(tracker), getattr(args, "ckpt_step", None)
+    text, step = checkpoint_plan.tracker_text(load_dir), getattr(args, "ckpt_step", None)
+    tracker = os.path.join(load_dir, checkpoint_plan.TRACKER) if load_dir else None
     # Megatron loads --pretrained-checkpoint where --load holds none (checkpoint_plan.check_load)
     flag = "--load" if load_dir == getattr(args, "load", None) else "--pretrained-checkpoint"
     if text is not None and text != "release" and not text.isdigit() and not step:
@@ -201,14 +201,6 @@ def _load_failure(checkpointing, load_dir, args, rank0: bool, tracker):
                       "it, and Megatron-LM would have ended this rank with exit code 0", field=flag,
                       fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards of its "
                           f"ranks (each cluster's ranks save theirs where they run), or start without {flag}")
-
-
-def _tracker_text(path) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except (OSError, TypeError, UnicodeDecodeError):
-        return None
 
 
 def install_step_bounds(state) -> None:
