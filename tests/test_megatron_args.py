@@ -1097,7 +1097,7 @@ def test_a_tracker_megatron_cannot_read_is_one_paragraph_not_a_quiet_exit(tmp_pa
     with pytest.raises(SystemExit) as ended:
         checkpointing.read_metadata(str(tracker))
     assert ended.value.code is None
-    exc = _load_failure(checkpointing, str(tmp_path), SimpleNamespace(load=str(tmp_path), ckpt_step=None), False)
+    exc = _load_failure((str(tmp_path), "--load"), SimpleNamespace(load=str(tmp_path), ckpt_step=None))
     assert exc.field == "--load" and f"tracker {tracker}" in exc.message and "'iter_00', not an iteration" in \
         exc.message and "--ckpt-step" in exc.fix, exc.message
 

@@ -113,94 +113,73 @@ def install_checkpoint_record(state) -> None:
 
 
 def install_checkpoint_load_check() -> None:
-    """Megatron-LM loads each rank's own shard of a `torch` checkpoint (and reads the tracker) in
-    checkpointing._load_base_checkpoint; where it cannot, it prints "could not load the checkpoint" and the reason,
-    then calls sys.exit(): exit code 0 on that rank. Measured on the 2-cluster tiny plan with cluster-b's shard
-    missing (machines that share no file system, a copy left out): cluster-b's ranks ended "successfully" while the
-    others stopped in their next collective with gloo's "Connection closed by peer". Now that rank stops with one
-    paragraph naming the shard and --load (exit 2), which the other clusters learn from (world_store.py); so does a
-    rank that load_checkpoint ends after the shard is read (an rng state missing: measured with a checkpoint saved
-    with --no-save-rng, checked by hand). --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
-    import megatron.training.checkpointing as checkpointing
+    """Megatron-LM loads a checkpoint in checkpointing.load_checkpoint, each rank its own shard of a `torch` one;
+    where it cannot (the shard not on this machine or unreadable, a tracker that holds no iteration, an rng state
+    that a checkpoint saved with --no-save-rng lacks, ...) it prints why, on this rank or on global rank 0 only, and
+    calls sys.exit(): exit code 0 on that rank. Measured on the 2-cluster tiny plan with cluster-b's shard missing
+    (machines that share no file system, a copy left out): cluster-b's ranks ended "successfully" while the others
+    stopped in their next collective with gloo's "Connection closed by peer". Now that rank stops with one
+    paragraph naming the flag it loads from (exit 2), which the other clusters learn from (world_store.py).
+    --exit-on-missing-checkpoint's exit, which the launch asked for, stays."""
+    import megatron.training.training as training
 
-    original = checkpointing._load_base_checkpoint
+    original = training.load_checkpoint
     if getattr(original, "_hetauto", False):
         return
 
     @functools.wraps(original)
-    def load_base_checkpoint(load_dir, args, rank0=False, *a, **kw):
-        try:
-            return original(load_dir, args, rank0, *a, **kw)
-        except SystemExit as exc:
-            # Megatron's exit where the launch asked for it: no tracker, no --ckpt-step (_load_base_checkpoint)
-            asked = (getattr(args, "exit_on_missing_checkpoint", False) and not getattr(args, "ckpt_step", None)
-                     and checkpoint_plan.tracker_text(load_dir) is None)
-            if exc.code not in (None, 0) or asked:
-                exc._hetauto_asked = asked
-                raise
-            raise _load_failure(checkpointing, load_dir, args, rank0) from None
-
-    load_base_checkpoint._hetauto = True
-    checkpointing._load_base_checkpoint = load_base_checkpoint
-
-    import megatron.training.training as training
-    original_load = training.load_checkpoint
-
-    @functools.wraps(original_load)
     def load_checkpoint(*a, **kw):
-        # its other quiet exits, once the shard is read: an rng state the checkpoint lacks (saved with
-        # --no-save-rng), no iteration in it, a checkpoint version it cannot convert; printed on global rank 0
         try:
-            return original_load(*a, **kw)
+            return original(*a, **kw)
         except SystemExit as exc:
-            if exc.code not in (None, 0) or getattr(exc, "_hetauto_asked", False):
-                raise
-            import socket
-
             from megatron.training import get_args
-
-            from ..errors import InputError
-            load = get_args().load
-            raise InputError(f"--load {load}: Megatron-LM stopped loading the checkpoint on this machine "
-                             f"({socket.gethostname()}) and would have ended this rank with exit code 0, untrained; "
-                             "it printed why on global rank 0 (e.g. \"Unable to load rng state\" for a checkpoint "
-                             "saved with --no-save-rng)", field="--load",
-                             fix="do as global rank 0's log says (e.g. add --no-load-rng), or start without "
-                                 "--load") from None
+            args, found = get_args(), None
+            if exc.code in (None, 0):
+                found = checkpoint_plan.loaded_from(args)
+            # Megatron's exit where the launch asked for it: no tracker, no --ckpt-step (_load_base_checkpoint)
+            asked = found is not None and getattr(args, "exit_on_missing_checkpoint", False) and \
+                not getattr(args, "ckpt_step", None) and checkpoint_plan.tracker_text(found[0]) is None
+            if found is None or asked:
+                raise
+            raise _load_failure(found, args) from None
 
     load_checkpoint._hetauto = True
     training.load_checkpoint = load_checkpoint
 
 
-def _load_failure(checkpointing, load_dir, args, rank0: bool):
-    """The paragraph for a rank Megatron-LM's _load_base_checkpoint ended (install_checkpoint_load_check)."""
+def _load_failure(found: tuple[str, str], args):
+    """The paragraph for a rank Megatron-LM's load_checkpoint ended, loading from `found` (checkpoint_plan.loaded_from:
+    directory, flag)."""
     import os
     import socket
 
+    import megatron.training.checkpointing as checkpointing
+
     from ..errors import InputError
 
+    directory, flag = found
     where = f"on this machine ({socket.gethostname()})"
-    text, step = checkpoint_plan.tracker_text(load_dir), getattr(args, "ckpt_step", None)
-    tracker = os.path.join(load_dir, checkpoint_plan.TRACKER) if load_dir else None
-    # Megatron loads --pretrained-checkpoint where --load holds none (checkpoint_plan.check_load)
-    flag = "--load" if load_dir == getattr(args, "load", None) else "--pretrained-checkpoint"
+    text, step = checkpoint_plan.tracker_text(directory), getattr(args, "ckpt_step", None)
     if text is not None and text != "release" and not text.isdigit() and not step:
-        return InputError(f"{flag} {load_dir}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
+        tracker = os.path.join(directory, checkpoint_plan.TRACKER)
+        return InputError(f"{flag} {directory}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
                           "iteration, and Megatron-LM would have ended this rank with exit code 0", field=flag,
                           fix="write the checkpoint's iteration number (or release) in it, or give --ckpt-step N")
     iteration = checkpointing.get_loaded_iteration()
-    release = not step and text == "release"
-    shard = (checkpointing.get_checkpoint_name(load_dir, iteration, release, return_base_dir=False)
-             if isinstance(iteration, int) and iteration >= 0 and not rank0 else None)
+    shard = (checkpointing.get_checkpoint_name(directory, iteration, not step and text == "release",
+                                               return_base_dir=False)
+             if getattr(args, "ckpt_format", None) == "torch" and isinstance(iteration, int) and iteration >= 0
+             else None)
     if shard and not os.path.exists(shard):
-        what = f"this rank's shard of iteration {iteration}, {shard}, is not {where}"
+        what, fix = (f"this rank's shard of iteration {iteration}, {shard}, is not {where}",
+                     "give each machine the checkpoint's iteration directory with the mp_rank_* shards of its ranks "
+                     f"(each cluster's ranks save theirs where they run), or start without {flag}")
     else:
-        what = (f"Megatron-LM could not load this rank's checkpoint from {load_dir} {where} (it printed why in this "
-                "rank's log, or in global rank 0's)")
-    return InputError(f"{flag} {load_dir}: {what}; every rank loads its own shard from {flag} as its machine sees "
-                      "it, and Megatron-LM would have ended this rank with exit code 0", field=flag,
-                      fix="give each machine the checkpoint's iteration directory with the mp_rank_* shards of its "
-                          f"ranks (each cluster's ranks save theirs where they run), or start without {flag}")
+        what, fix = (f"Megatron-LM could not load this rank's checkpoint from it {where} (it printed why in this "
+                     "rank's log, or in global rank 0's: e.g. \"Unable to load rng state\" for a checkpoint saved "
+                     "with --no-save-rng)", "do as that log says (e.g. add --no-load-rng), or start without " + flag)
+    return InputError(f"{flag} {directory}: {what}; Megatron-LM would have ended this rank with exit code 0",
+                      field=flag, fix=fix)
 
 
 def install_step_bounds(state) -> None:
