@@ -306,7 +306,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "experimental_attention_variant": ["gated_delta_net"], "window_size": ["128,0"],
              "num_layers_per_virtual_pipeline_stage": ["1"], "num_virtual_stages_per_pipeline_rank": ["2"],
              "main_grads_dtype": ["bf16"], "main_params_dtype": ["fp16"], "exp_avg_dtype": ["bf16"],
-             "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"]}
+             "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"],
+             "cuda_graph_impl": ["local"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
 

@@ -289,8 +289,9 @@ def test_nvidia_pretrain_gpt_runs_a_gpt_family_plan_at_production_settings_as_me
     on each (TP rank, stage), in both runs, must be what the planner prices its memory from (cost/memory.py
     stage_params, from the model spec, which GPT-2's published count checks): --disable-bias-linear, --swiglu,
     RMSNorm, rotary positions or an untied output layer each change them; Megatron's argument printout must show
-    the production settings, the GPT family's settings and each mesh's recomputation; and each torchrun worker must
-    have found its global place from its cluster-relative RANK and the script's offset."""
+    the production settings, the GPT family's settings and each mesh's recomputation; each torchrun worker must
+    have found its global place from its cluster-relative RANK and the script's offset; and the NCCL flight
+    recorder's variables the hook sets for --flight-recorder-dump-path must be those Megatron's own run printed."""
     import yaml
 
     from hetauto_megatron.cost.memory import stage_params
@@ -304,8 +305,15 @@ def test_nvidia_pretrain_gpt_runs_a_gpt_family_plan_at_production_settings_as_me
     plan_file = tmp_path / "gpt-plan.yaml"
     plan_file.write_text(yaml.safe_dump(raw))
     launches, logs, het_losses, ref_losses = run_against_megatron(
-        nvidia_script, tmp_path, str(plan_file), [("cluster-a", 0, 0, 4), ("cluster-b", 0, 4, 2)], "cluster-b")
+        nvidia_script, tmp_path, str(plan_file), [("cluster-a", 0, 0, 4), ("cluster-b", 0, 4, 2)], "cluster-b",
+        extra=("--flight-recorder-dump-path", str(tmp_path / "nccl-trace")))
     print(f"--hetauto: {het_losses}\nMegatron's layout: {ref_losses}")
+    # the NCCL flight recorder's environment (megatron/group_args.py): what Megatron's own run printed setting it
+    ours = dict(kv.split("=", 1) for kv in re.search(r"\[hetauto\] NCCL flight recorder: (.*)",
+                                                     logs["cluster-a.node0"]).group(1).split(", "))
+    megatrons = dict(re.findall(r"^\s+(TORCH_\w+)=(.*)$", logs["reference"], re.M))
+    assert ours["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "nccl-trace"), ours
+    assert {k: megatrons.get(k) for k in ours} == ours, (ours, megatrons)
     assert max(abs(a - b) for a, b in zip(het_losses, ref_losses)) <= 1e-5, (het_losses, ref_losses)
     assert [la["nnodes"] for la in launches] == [2, 1]
     assert "[hetauto] rank 2: cluster cluster-a (cpu), mesh 0, stage 1" in logs["cluster-a.node1"]

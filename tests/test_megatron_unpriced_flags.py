@@ -174,3 +174,31 @@ def test_a_launchs_collectives_over_the_world_every_iteration_are_announced_with
         unpriced_world_collectives(logged, plan)
     _, plain = parse_emitted(monkeypatch, plan, [])
     assert unpriced_world_collectives(plain, plan) is None
+
+
+@pytest.mark.parametrize("flags,impl", [(["--cuda-graph-impl", "local"], "local"),
+                                        (["--cuda-graph-impl", "transformer_engine"], "transformer_engine"),
+                                        (["--enable-cuda-graph"], "local"),
+                                        (["--external-cuda-graph"], "transformer_engine")])
+def test_cuda_graphs_are_refused(monkeypatch, flags, impl):
+    """Megatron's validate_args turns each spelling into a CUDA graph implementation, which its transformer config
+    captures with: graphs replay kernels without their launches, from static buffers and a memory pool, where the
+    plan priced eager launches and no graph memory. Before: the rewrite let them through (on CPU every rank then
+    stopped with an AttributeError traceback)."""
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, flags)
+    margs.validate_args(args, {})
+    assert args.cuda_graph_impl == impl and margs.core_transformer_config_from_args(args).cuda_graph_impl == impl
+    _refused(monkeypatch, plan, flags, flags[0])
+
+
+def test_a_captured_optimizer_step_is_refused(monkeypatch):
+    """Megatron's optimizer config captures the step in a CUDA graph (on CPU every rank stopped with torch's
+    "capturable" assertion); the plan priced the eager step. Before: the rewrite let it through."""
+    from megatron.training.training import get_megatron_optimizer_config
+
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--optimizer-cuda-graph"])
+    margs.validate_args(args, {})
+    assert get_megatron_optimizer_config(args)[0].optimizer_cuda_graph
+    _refused(monkeypatch, plan, ["--optimizer-cuda-graph"], "--optimizer-cuda-graph")

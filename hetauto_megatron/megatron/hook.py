@@ -49,6 +49,7 @@ from ..errors import InputError
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider, unmark_parser_defaults
+from .group_args import flight_recorder_env
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
 from .script_guard import (assertion_text, ending_cleanly, exit_after_training, guard_script_errors,  # noqa: F401
@@ -281,7 +282,7 @@ def _log_rewrite(state: _State) -> None:
 
 # ---- process groups (megatron/mpu_globals.py fills parallel_state from them) ----------------------------
 
-def _join_world(state: _State) -> None:
+def _join_world(state: _State, args) -> None:
     """Join the one torch.distributed world that spans every cluster (launch contract): global rank =
     HETAUTO_RANK_OFFSET + RANK, rendezvous at HETAUTO_MASTER_ADDR/PORT when the clusters launch separately."""
     import torch.distributed as dist
@@ -295,6 +296,11 @@ def _join_world(state: _State) -> None:
                              f"{state.ident.rank} of {state.plan.world_size}", file=state.plan_file, field="meshes",
                              fix="let --hetauto initialise torch.distributed (do not call init_process_group first)")
         return
+    # Megatron-LM's NCCL flight recorder options, applied as its _initialize_distributed would (group_args.py)
+    recorder = flight_recorder_env(args)
+    os.environ.update(recorder)
+    if recorder and state.ident.rank == 0:
+        print("[hetauto] NCCL flight recorder: " + ", ".join(f"{k}={v}" for k, v in recorder.items()), flush=True)
     store = None
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         from . import world_store
@@ -326,7 +332,7 @@ def pretrain_kwargs(args) -> dict:
         from ..runtime import groups
         from ..runtime.communicator import HeteroP2PCommunicator
 
-        _join_world(state)
+        _join_world(state, args)
         # every cluster's launch runs the same job (iterations, intervals, optimizer): a difference would leave one
         # side waiting for the other until the timeout, or train another model (job_agreement.py)
         from .job_agreement import check_same_job

@@ -29,8 +29,8 @@ pipeline's samples, the gradient sum across them, the logged loss of the whole b
 Before the layout is written, the launch's own arguments are checked against the plan: the model's shape and
 architecture (model_checks.py: unset shape values filled in, contradictions refused), the runtime settings,
 precision and vocabulary (settings_args.py: given per mesh, a flag no mesh runs refused), the job-wide ones
-here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout) and the features
-the plan never priced (unpriced.py).
+here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout), the features
+the plan never priced (unpriced.py) and how Megatron would build its own process groups (group_args.py).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
 from ..runtime.ranks import RankCoords
 from .args import ParserDefaultInt
+from .group_args import check_group_args
 from .model_checks import check_model_args
 from .settings_args import runtime_setting_overrides
 from .training_inputs import check_training_args
@@ -232,6 +233,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     """Rewrite a parsed (not yet validated) Megatron argument namespace in place for this rank.
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
     check_unpriced(args, file=file)
+    check_group_args(args, file=file)
     check_job_args(args, plan, file=file)
     check_training_args(args, plan, placement.rank)
     check_layout_args(args, plan, placement, file=file)

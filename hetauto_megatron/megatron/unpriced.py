@@ -116,6 +116,20 @@ UNPRICED = (
     # (plan/tail_costs.py optimizer_time); SGD keeps one momentum buffer, Muon, Lion and SOAP other state.
     Unpriced("optimizer", "--optimizer", "adam",
              "another optimizer than Adam: the plan prices Adam's two fp32 moments per parameter and its step"),
+    # CUDA graphs: each captured layer (or the whole iteration, or the optimizer step) replays without launching
+    # its kernels one by one, from static input and output buffers and a private memory pool; the plan prices
+    # eager launches (cost/analytic.py kernel_latency_s per kernel) and no graph memory
+    Unpriced("cuda_graph_impl", "--cuda-graph-impl", "none",
+             "CUDA graphs, with their static buffers and memory pool: the plan prices eager kernel launches and no "
+             "graph memory"),
+    Unpriced("enable_cuda_graph", "--enable-cuda-graph", False,
+             "CUDA graphs (the older spelling of --cuda-graph-impl local): the plan prices eager kernel launches "
+             "and no graph memory"),
+    Unpriced("external_cuda_graph", "--external-cuda-graph", False,
+             "CUDA graphs (the older spelling of --cuda-graph-impl transformer_engine): the plan prices eager "
+             "kernel launches and no graph memory"),
+    Unpriced("optimizer_cuda_graph", "--optimizer-cuda-graph", False,
+             "the optimizer step captured in a CUDA graph: the plan prices its eager step"),
     Unpriced("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage", None,
              "the interleaved schedule: the plan runs and prices 1F1B"),
     Unpriced("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank", None,
