@@ -1,9 +1,10 @@
 """Megatron-LM's options for the world and the process groups it builds itself, against Megatron-LM's own code.
 Under --hetauto the hook starts the world and builds the plan's groups, so Megatron's `_initialize_distributed`
 skips its two branches that read such options (torch.distributed already started; `skip_model_parallel_init`) and
-`get_model` its branch that builds the all-gather groups (the plan's `pg_collection` given). Every option those
-branches read must be refused by name, applied by the hook, or be one the rewrite sets or refuses already; and the
-flight recorder's environment the hook sets must be the one Megatron's own code sets (run here)."""
+`get_model` its branch that builds the all-gather groups (the plan's `pg_collection` given), and the plan's
+communicator replaces Megatron-Core's `P2PCommunicator._communicate`. Every option that code reads must be
+refused by name, applied by the hook, or be one the rewrite sets or refuses already; and the flight recorder's
+environment the hook sets must be the one Megatron's own code sets (run here)."""
 import ast
 import inspect
 import os
@@ -26,14 +27,16 @@ SET_BY_THE_HOOK = {
     "local_rank", "rank", "world_size",   # the launch's, checked against the plan (launch_identity.py)
     "use_gloo_process_groups",            # read again by Megatron's optimizer, which gets the hook's gloo copies
 }
-# meaningful only with a feature the rewrite refuses (unpriced.py): context or expert parallelism
+# meaningful only with a feature the rewrite refuses (unpriced.py): context or expert parallelism, multi-token
+# prediction
 WITH_A_REFUSED_FEATURE = {"hierarchical_context_parallel_sizes", "hybrid_context_parallel",
-                          "expert_model_parallel_size", "expert_tensor_parallel_size"}
+                          "expert_model_parallel_size", "expert_tensor_parallel_size", "mtp_standalone"}
 
 # a value other than Megatron's default for each refused option, as typed
 TYPED = {"--use-tp-pp-dp-mapping": [], "--use-sharp": [], "--sharp-enabled-group": ["dp"],
          "--nccl-communicator-config-path": ["nccl.yaml"], "--high-priority-stream-groups": ["dp"],
          "--pipeline-model-parallel-comm-backend": ["ucc"], "--create-all-gather-group": [],
+         "--use-ring-exchange-p2p": [],
          "--fake-process-group": []}
 
 
@@ -57,13 +60,18 @@ def test_every_option_of_megatrons_own_group_building_is_refused_applied_or_set(
     [(_, not_started)] = _branches(initialize._initialize_distributed, "torch.distributed.is_initialized()")
     [(model_parallel, _)] = _branches(initialize._initialize_distributed, "skip_model_parallel_init")
     [(without_groups, _)] = _branches(training.get_model, "pg_collection is None")
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    sends = ast.parse(textwrap.dedent(inspect.getsource(P2PCommunicator._communicate)))
+    # the pipeline's sends (replaced by the plan's communicator): the config's fields that are launch options
+    send_options = {n.attr for n in ast.walk(sends) if isinstance(n, ast.Attribute) and
+                    "config" in (getattr(n.value, "attr", None), getattr(n.value, "id", None))}
     parser, flags = megatron_options()
     options = {a.dest for a in parser._actions}
-    read = _read_args(not_started + model_parallel + without_groups) & options
+    read = (_read_args(not_started + model_parallel + without_groups) | send_options) & options
     refused = {g.dest for g in group_args.GROUP_OPTIONS}
     applied = {dest for _, dest, _ in group_args._FLIGHT_RECORDER_ENV} | {"flight_recorder_dump_path"}
     unpriced = {u.dest for u in UNPRICED}
-    assert "create_all_gather_group" in read and "use_sharp" in read and "flight_recorder_dump_path" in read
+    assert {"create_all_gather_group", "use_sharp", "use_ring_exchange_p2p"} <= read and "flight_recorder_dump_path" in read
     unplaced = read - refused - applied - unpriced - SET_BY_THE_HOOK - WITH_A_REFUSED_FEATURE
     assert not unplaced, f"Megatron-LM's own group building reads options --hetauto neither runs nor refuses: {unplaced}"
     assert not refused - read, "a refused option Megatron-LM's skipped code does not read"

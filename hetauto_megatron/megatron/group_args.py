@@ -1,13 +1,15 @@
-"""Megatron-LM's options for the world and process groups it builds itself, under --hetauto (pure, no torch).
+"""Megatron-LM's options for the world, the process groups and the pipeline sends it builds itself, under --hetauto
+(pure, no torch).
 
 Without --hetauto, Megatron-LM starts torch.distributed and builds its process groups in
 training/initialize.py `_initialize_distributed` (then core/parallel_state.py `initialize_model_parallel`), and
 the distributed optimizer's extra all-gather groups in training/training.py `get_model`. Under --hetauto the world
 and every group are the plan's, built by the hook (hook.py `_join_world`, runtime/groups.py `build_groups`): the
 world is already started when `_initialize_distributed` runs, which then skips everything but reading the rank, and
-`get_model` receives the plan's groups (`pg_collection`), which skips the all-gather groups. What those two
-functions would have made of the options below did not happen, without a word (measured on the tiny 2-cluster CPU
-plan: the run trained the same losses with each option as without it).
+`get_model` receives the plan's groups (`pg_collection`), which skips the all-gather groups. The pipeline's sends
+are the plan's communicator's (runtime/communicator.py), which replaces Megatron-Core's
+`P2PCommunicator._communicate`. What that code would have made of the options below did not happen, without a
+word (measured on the tiny 2-cluster CPU plan: the run trained the same losses with each option as without it).
 
 - The NCCL flight recorder's options (`--flight-recorder-*`) only set environment variables before the world starts
   (TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, ...): the hook sets the same ones, the same way, before
@@ -41,6 +43,9 @@ GROUP_OPTIONS = (
                 "high-priority streams for the named communicators"),
     GroupOption("pipeline_model_parallel_comm_backend", "--pipeline-model-parallel-comm-backend", None,
                 "another backend for the pipeline's sends: under --hetauto they are the plan's communicator's"),
+    GroupOption("use_ring_exchange_p2p", "--use-ring-exchange-p2p", False,
+                "a custom ring-exchange kernel for the pipeline's sends: under --hetauto they are the plan's "
+                "communicator's"),
     GroupOption("create_all_gather_group", "--create-all-gather-group", False,
                 "a second data-parallel group for the distributed optimizer's all-gathers"),
     GroupOption("fake_process_group", "--fake-process-group", False,
@@ -53,9 +58,9 @@ def check_group_args(args, *, file: str | None = None) -> None:
     """InputError naming every option of GROUP_OPTIONS given a value other than Megatron's default."""
     given = [g for g in GROUP_OPTIONS if getattr(args, g.dest, g.default) != g.default]
     if given:
-        raise InputError("the Megatron arguments set how Megatron-LM builds its own process groups, which it does "
-                         "not build under --hetauto (the world and its groups are the plan's, built by hetauto, and "
-                         "these options would be dropped without a word): " + "; ".join(
+        raise InputError("the Megatron arguments set how Megatron-LM builds its own process groups or sends "
+                         "between pipeline stages; under --hetauto the world, its groups and the sends are the "
+                         "plan's, built by hetauto, and these options would be dropped without a word: " + "; ".join(
                              f"{g.flag} {getattr(args, g.dest)!r} ({g.what})" for g in given),
                          file=file, field=given[0].flag,
                          fix="drop " + ", ".join(g.flag for g in given) + " (the plan places the ranks and "
