@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from . import tool_version
+from . import code_digest, tool_version
 from .errors import InfeasibleError, InputError
 
 # (command name, module under hetauto_megatron.commands, one-line help). Order = order in --help.
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetauto", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Plan and run one Megatron training job across clusters of different accelerators.")
-    parser.add_argument("--version", action="version", version=f"hetauto {tool_version()}")
+    parser.add_argument("--version", action="version", version=f"hetauto {tool_version()} (code {code_digest()[:12]})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(f".commands.{module}", __package__)

@@ -3,6 +3,8 @@ world store, the second launched with another --train-iters (and --lr, --seed an
 job arguments were typed differently. Before: nothing compared them; the clusters trained together until the shorter one finished, then each
 side waited HETAUTO_TIMEOUT_S in a pipeline receive or Megatron's closing barrier and stopped with exit 1 and a gloo
 traceback. Now every rank stops at once with one paragraph naming the flags and each cluster's value (exit 2)."""
+import re
+
 from test_world_store import _joined_ranks  # one process per rank, joined through the world store
 
 # two one-rank clusters, one stage each
@@ -18,7 +20,7 @@ meshes:
 """
 
 
-def _ranks(tmp_path, values: list, timeout: float = 60) -> list:
+def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
     plan_file = str(tmp_path / "plan.yaml")
     with open(plan_file, "w") as fh:
         fh.write(PLAN_YAML)
@@ -38,7 +40,7 @@ def _ranks(tmp_path, values: list, timeout: float = 60) -> list:
         # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
         "dist.barrier()",
         "dist.destroy_process_group()"]) for iters, lr, seed, blend in values]
-    return _joined_ranks(tails, timeout=timeout)
+    return _joined_ranks(tails, env=env, timeout=timeout)
 
 
 def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp_path):
@@ -52,6 +54,34 @@ def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp
         assert "--lr: 0.001 on rank 0" in out and "0.0003 on rank 1" in out, out
         assert "--seed: 1234 on rank 0" in out and "7 on rank 1" in out, out
         assert "--data-path: 2 prefixes weighted [30.0, 70.0] on rank 0" in out and "[50.0, 50.0] on rank 1" in out
+
+
+def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_path):
+    """Cluster-b's machines run a copy of hetauto-megatron with one file edited (the same version number), as a
+    cluster whose install was not updated with the others'. Before: nothing compared them (its other
+    communicator or rewrite would hang in a transfer or train another model). Now every rank stops at once with one
+    paragraph naming the code each cluster runs, before the job arguments are compared (they differ here too)."""
+    import os
+    import shutil
+
+    import hetauto_megatron
+
+    copy = tmp_path / "other-install"
+    shutil.copytree(os.path.dirname(hetauto_megatron.__file__), copy / "hetauto_megatron",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "hetauto_megatron" / "runtime" / "communicator.py", "a") as fh:
+        fh.write("\n# an edit made on cluster-b's machines only\n")
+    values = [(4, 1e-3, 1234, ["/data/a"]), (6, 1e-3, 1234, ["/data/a"])]
+    other = {"PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}     # the copy, not this checkout (the current folder)
+    ours = hetauto_megatron.code_digest()[:12]
+    for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, env=[{}, other])):
+        assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
+        assert "the clusters run different software" in out and "--train-iters" not in out, out
+        found = re.search(r"hetauto-megatron: (\S+) \(code (\w+)\) on rank 0 \(cluster cluster-a, stage 0\), "
+                          r"(\S+) \(code (\w+)\) on rank 1 \(cluster cluster-b, stage 1\)", out)
+        assert found and found.group(1) == found.group(3) and found.group(2) == ours != found.group(4), out
+        assert "megatron-core" not in out.split("Fix:")[0], out       # the same Megatron-Core on both
+        assert "hetauto --version" in out, out
 
 
 def test_the_same_job_arguments_pass(tmp_path):

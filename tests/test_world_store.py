@@ -170,9 +170,10 @@ def test_the_host_going_away_is_a_paragraph():
     assert "lost the rendezvous" in info.value.message and "global rank 0" in info.value.message
 
 
-def _joined_ranks(tails: list, env: dict | None = None, timeout: float = 90) -> list:
+def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 90) -> list:
     """One process per rank: each joins the world store, makes torch's gloo group on it (collectives time out
-    after 120 s) and runs its tail; -> [(exit code, stderr, seconds from the start)]."""
+    after 120 s) and runs its tail, with `env` added to its environment (a list: one for each rank); -> [(exit
+    code, stderr, seconds from the start)]."""
     import os
     import subprocess
     import sys
@@ -187,7 +188,8 @@ def _joined_ranks(tails: list, env: dict | None = None, timeout: float = 90) -> 
               "timeout=datetime.timedelta(seconds=120)); ")
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", common.format(rank=r) + tail], stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "HETAUTO_CLUSTER": f"cluster-{r}", **(env or {})})
+                              text=True, env={**os.environ, "HETAUTO_CLUSTER": f"cluster-{r}",
+                                              **((env[r] if isinstance(env, list) else env) or {})})
              for r, tail in enumerate(tails)]
     out = []
     try:

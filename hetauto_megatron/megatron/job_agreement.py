@@ -19,6 +19,12 @@ the launch script's name. These must agree on every rank:
   resumes at iteration N started from random weights at iteration 0, and the two ran different iterations, as with
   another --train-iters; so do --finetune, --no-load-optim and --no-load-rng.
 A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
+
+So does different software, compared first: each cluster's machines have their own install, and a cluster left on
+another hetauto-megatron (another communicator, rewrite or gradient rule) or another Megatron-Core (another model
+initialisation, schedule or optimizer) beside the others' would hang in a transfer or train another model, with
+nothing to say why. The version of hetauto-megatron and the digest of its code (an edited checkout keeps the
+version), and Megatron-Core's version, must be the same on every rank.
 """
 from __future__ import annotations
 
@@ -86,15 +92,28 @@ def _blend(data_path: list) -> str:
     return f"{count} prefix{'es' if count > 1 else ''}" + (f" weighted {weights}" if weights else "")
 
 
-def differences(plan, every: list) -> list[str]:
-    """'--train-iters: 4 on rank 0 (cluster a, stage 0), 6 on rank 1 (cluster b, stage 1)' for each argument
-    where some rank differs from rank 0 (the first such rank is named)."""
+def software_values() -> dict:
+    """What this rank runs that every rank must share: hetauto-megatron's version and the digest of its code (an
+    edited checkout keeps the version), and Megatron-Core's version."""
+    from .. import code_digest, tool_version
+    from .hook import megatron_core_version
+    return {"hetauto-megatron": f"{tool_version()} (code {code_digest()[:12]})",
+            "megatron-core": megatron_core_version()}
+
+
+SOFTWARE = ("hetauto-megatron", "megatron-core")
+
+
+def differences(plan, every: list, names=JOB_ARGS, label=lambda name: f"--{name.replace('_', '-')}") -> list[str]:
+    """'--train-iters: 4 on rank 0 (cluster a, stage 0), 6 on rank 1 (cluster b, stage 1)' for each of `names`
+    (Megatron arguments by default, spelled as flags by `label`) where some rank differs from rank 0 (the first
+    such rank is named)."""
     out = []
-    for name in JOB_ARGS:
+    for name in names:
         first = every[0].get(name)
         other = next((r for r, values in enumerate(every) if values.get(name) != first), None)
         if other is not None:
-            out.append(f"--{name.replace('_', '-')}: {first} on {describe_rank(plan, 0)}, "
+            out.append(f"{label(name)}: {first} on {describe_rank(plan, 0)}, "
                        f"{every[other].get(name)} on {describe_rank(plan, other)}")
     return out
 
@@ -104,8 +123,15 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
     import torch.distributed as dist
 
     every = [None] * world_size
-    dist.all_gather_object(every, job_values(args))
-    found = differences(plan, every)
+    dist.all_gather_object(every, {"job": job_values(args), "software": software_values()})
+    software = differences(plan, [e["software"] for e in every], SOFTWARE, label=str)
+    if software:
+        raise InputError(f"the clusters run different software, which every rank must share (this process is rank "
+                         f"{rank}): {'; '.join(software)}", file=file, field=software[0].split(":")[0],
+                         fix="install the same hetauto-megatron and megatron-core on every cluster's machines (the "
+                             "same release or commit, unedited: 'hetauto --version' prints the version and the "
+                             "digest of the code, 'pip show megatron-core' Megatron-Core's version)")
+    found = differences(plan, [e["job"] for e in every])
     if found:
         shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
         raise InputError(f"the clusters' launches were given different job arguments, which every rank must share "
