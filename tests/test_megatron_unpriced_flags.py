@@ -202,3 +202,17 @@ def test_a_captured_optimizer_step_is_refused(monkeypatch):
     margs.validate_args(args, {})
     assert get_megatron_optimizer_config(args)[0].optimizer_cuda_graph
     _refused(monkeypatch, plan, ["--optimizer-cuda-graph"], "--optimizer-cuda-graph")
+
+
+def test_tp_collectives_under_the_gemms_are_refused(monkeypatch):
+    """On a TP 2 mesh with sequence parallelism (the production settings, where Megatron's validate_args accepts
+    the flag) Megatron's transformer config runs the TP collectives under the GEMMs (Transformer Engine's
+    userbuffers, which initialize_megatron sets up for the flag), where the plan priced them exposed. Before: the
+    rewrite let it through."""
+    plan = _plan(tp=2, dp=1)
+    assert plan.meshes[0].settings.sequence_parallel
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    margs, args = parse_emitted(monkeypatch, plan, ["--tp-comm-overlap"])
+    margs.validate_args(args, {})
+    assert margs.core_transformer_config_from_args(args).tp_comm_overlap and args.sequence_parallel
+    _refused(monkeypatch, plan, ["--tp-comm-overlap"], "--tp-comm-overlap")

@@ -116,6 +116,12 @@ UNPRICED = (
     # (plan/tail_costs.py optimizer_time); SGD keeps one momentum buffer, Muon, Lion and SOAP other state.
     Unpriced("optimizer", "--optimizer", "adam",
              "another optimizer than Adam: the plan prices Adam's two fp32 moments per parameter and its step"),
+    # TP collectives: the plan prices them exposed beside the GEMMs (cost/analytic.py; `tp_comm_overlap` prices only
+    # published jobs that ran so, plan/calibration.py); Transformer Engine's userbuffers run them under the GEMMs
+    # (initialize.py _initialize_tp_communicators, which initialize_megatron calls for this flag)
+    Unpriced("tp_comm_overlap", "--tp-comm-overlap", False,
+             "the TP collectives run under the GEMMs (Transformer Engine's userbuffers): the plan prices them "
+             "exposed, as hetauto's runtime runs them"),
     # CUDA graphs: each captured layer (or the whole iteration, or the optimizer step) replays without launching
     # its kernels one by one, from static input and output buffers and a private memory pool; the plan prices
     # eager launches (cost/analytic.py kernel_latency_s per kernel) and no graph memory
