@@ -216,3 +216,15 @@ def test_tp_collectives_under_the_gemms_are_refused(monkeypatch):
     margs.validate_args(args, {})
     assert margs.core_transformer_config_from_args(args).tp_comm_overlap and args.sequence_parallel
     _refused(monkeypatch, plan, ["--tp-comm-overlap"], "--tp-comm-overlap")
+
+
+def test_activations_offloaded_to_the_host_are_refused(monkeypatch):
+    """On a plan of one stage (the only pipeline Megatron offloads on) its transformer config offloads the
+    activations of the layers named to the host, where the plan's memory keeps them on the device. Before: the
+    rewrite let it through."""
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--cpu-offloading-num-layers", "2"])
+    margs.validate_args(args, {})
+    config = margs.core_transformer_config_from_args(args)
+    assert config.cpu_offloading and config.cpu_offloading_num_layers == 2
+    _refused(monkeypatch, plan, ["--cpu-offloading-num-layers", "2"], "--cpu-offloading-num-layers")

@@ -66,6 +66,9 @@ UNPRICED = (
              "another attention than the plan's causal self-attention"),
     Unpriced("window_size", "--window-size", None,
              "sliding-window attention: the plan prices full causal attention"),
+    Unpriced("cpu_offloading_num_layers", "--cpu-offloading-num-layers", 0,
+             "the activations of that many layers offloaded to the host (Transformer Engine's CPU offloading, on "
+             "plans of one stage): the plan's memory keeps the activations on the device"),
     Unpriced("fine_grained_activation_offloading", "--fine-grained-activation-offloading", False,
              "activation offloading: the plan's memory keeps the activations on the device"),
     # Transformer Engine's precision-aware optimizer and its dtypes (Megatron's defaults: off and fp32). The plan
