@@ -644,6 +644,14 @@ def test_precision_flags_follow_the_plan(monkeypatch):
     _, args = _megatron_args(monkeypatch)
     rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     assert (args.bf16, args.fp8, args.transformer_impl) == (True, "hybrid", "transformer_engine")
+    # the first and last layers in bf16 (Megatron-Core's fp8_utils gives them no fp8 context): not what was priced
+    import inspect
+
+    from megatron.core import fp8_utils
+    _, args = _megatron_args(monkeypatch, ["--first-last-layers-bf16"])
+    assert args.first_last_layers_bf16 and "config.first_last_layers_bf16" in inspect.getsource(fp8_utils)
+    with pytest.raises(InputError, match="--first-last-layers-bf16 .plan: precision is fp8"):
+        rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
     # CPU processes (dry runs) train in fp32 whatever the plan's precision: a --bf16 for them is refused
     cpu = {**base, "meshes": mesh("cpu")}
     plan = plan_from_dict(cpu)

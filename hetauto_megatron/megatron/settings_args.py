@@ -80,6 +80,10 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             clashes.append((f"--transformer-impl {impl} (plan: precision is fp8, which runs on Transformer Engine)",
                             "precision"))
         out["transformer_impl"] = want_impl
+        if getattr(args, "first_last_layers_bf16", False):
+            # Megatron-Core's fp8_utils: the first and last layers' GEMMs in bf16, slower than the fp8 priced
+            clashes.append(("--first-last-layers-bf16 (plan: precision is fp8, every layer's GEMMs priced in fp8)",
+                            "precision"))
     if mesh.device_type == "cpu":
         # CPU processes build the local, unfused layers the plan priced for them, whatever the launch says
         # (megatron_flags.CPU_LAYER_ARGS: Megatron-LM's fused defaults stop a CPU rank with a traceback); a typed
