@@ -243,6 +243,11 @@ MISTAKES = {
     "megatron's own argument check": (6, ["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "10"],
                                       ["Megatron-LM's own check of the arguments (validate_args) refused this launch: "
                                        "can only specify one of lr-warmup-fraction and lr-warmup-iters", "Fix:"]),
+    # a RuntimeError of Megatron-LM's validate_args (a flag that needs a package this machine lacks; before: its
+    # traceback on every rank)
+    "megatron's own error": (6, ["--non-persistent-ckpt-type", "local"],
+                             ["refused this launch: nvidia_resiliency_ext is required for local checkpointing",
+                              "Fix:"]),
     # a bare assertion of Megatron-LM's: its line is what names the flags
     "megatron's bare assertion": (6, ["--min-lr", "1e-2"], ["refused this launch: `assert args.min_lr <= args.lr` "
                                                            "(megatron/training/arguments.py, line", "Fix:"]),

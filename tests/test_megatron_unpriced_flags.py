@@ -228,3 +228,15 @@ def test_activations_offloaded_to_the_host_are_refused(monkeypatch):
     config = margs.core_transformer_config_from_args(args)
     assert config.cpu_offloading and config.cpu_offloading_num_layers == 2
     _refused(monkeypatch, plan, ["--cpu-offloading-num-layers", "2"], "--cpu-offloading-num-layers")
+
+
+def test_fp4_is_refused(monkeypatch):
+    """Megatron trains in fp4 for --fp4-format (Transformer Engine's NVFP4 recipe, its validate_args says), a
+    precision the plan has no rates or element sizes for. Before: the rewrite let it through (and without
+    Transformer Engine Megatron's ValueError was a traceback on every rank)."""
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--fp4-format", "e2m1"])
+    with pytest.raises(ValueError, match="--fp4-format requires Transformer Engine .* NVFP4"):
+        margs.validate_args(args, {})     # here, without Transformer Engine: a traceback under --hetauto before
+    _refused(monkeypatch, plan, ["--fp4-format", "e2m1"], "--fp4-format")
+    _refused(monkeypatch, plan, ["--fp4-param-gather"], "--fp4-param-gather")

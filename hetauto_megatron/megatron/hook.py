@@ -45,7 +45,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..plan.plan import Plan, load_plan
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider, unmark_parser_defaults
@@ -191,15 +191,16 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
         unmark_parser_defaults(args)      # read above; Megatron's checkpoints keep the arguments (args.py)
         try:
             result = original_validate(args, defaults)
-        except AssertionError as exc:
+        except (AssertionError, ValueError, RuntimeError) as exc:
             # Megatron-LM checks the command line with assertions (two warm-up flags at once, --min-lr above
-            # --lr, ...): under --hetauto a user mistake is one paragraph, also Megatron's own finding; without
-            # --hetauto the script reports it as before
+            # --lr, ...) and a few ValueErrors and RuntimeErrors (a flag that needs a package this machine lacks,
+            # --non-persistent-ckpt-type local without nvidia_resiliency_ext): under --hetauto a user mistake is one
+            # paragraph, also Megatron's own finding; without --hetauto the script reports it as before
             if "state" not in state_box:
                 raise
+            text = assertion_text(exc) if isinstance(exc, AssertionError) else first_line(exc)
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
-                             f"{assertion_text(exc)}", fix="correct the flags it names on this launch's command "
-                                                            "line") from None
+                             f"{text}", fix="correct the flags it names on this launch's command line") from None
         except SystemExit as exc:
             # a few of its checks print on global rank 0 and call exit(): exit code 0 on every rank, untrained
             if "state" not in state_box or exc.code not in (None, 0):

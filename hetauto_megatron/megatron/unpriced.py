@@ -115,6 +115,13 @@ UNPRICED = (
     Unpriced("fp8_param_gather", "--fp8-param-gather", False,
              "weights kept in fp8 (Transformer Engine's fp8 parameters) and all-gathered in fp8: the plan prices "
              "16-bit weights in the distributed optimizer's buffer and their gather in 16 bits"),
+    # fp4 (Transformer Engine's NVFP4 recipe): a precision the plan has no rates or element sizes for (plan.precision
+    # is bf16, fp16, fp8 or fp32)
+    Unpriced("fp4", "--fp4-format", None,
+             "fp4 GEMMs (Transformer Engine's NVFP4): the plan prices its own precision, bf16, fp16, fp8 or fp32"),
+    Unpriced("fp4_param_gather", "--fp4-param-gather", False,
+             "weights kept and all-gathered in fp4: the plan prices 16-bit weights in the distributed optimizer's "
+             "buffer and their gather in 16 bits"),
     # Adam: the plan prices two fp32 moments per parameter (cost/model_state.py) and Adam's step traffic
     # (plan/tail_costs.py optimizer_time); SGD keeps one momentum buffer, Muon, Lion and SOAP other state.
     Unpriced("optimizer", "--optimizer", "adam",
