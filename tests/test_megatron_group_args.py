@@ -69,7 +69,7 @@ def test_every_option_of_megatrons_own_group_building_is_refused_applied_or_set(
     options = {a.dest for a in parser._actions}
     read = (_read_args(not_started + model_parallel + without_groups) | send_options) & options
     refused = {g.dest for g in group_args.GROUP_OPTIONS}
-    applied = {dest for _, dest, _ in group_args._FLIGHT_RECORDER_ENV} | {"flight_recorder_dump_path"}
+    applied = {dest for _, dest, _ in group_args.FLIGHT_RECORDER_ENV} | {"flight_recorder_dump_path"}
     unpriced = {u.dest for u in UNPRICED}
     assert {"create_all_gather_group", "use_sharp", "use_ring_exchange_p2p"} <= read and "flight_recorder_dump_path" in read
     unplaced = read - refused - applied - unpriced - SET_BY_THE_HOOK - WITH_A_REFUSED_FEATURE

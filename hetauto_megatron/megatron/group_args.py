@@ -68,7 +68,7 @@ def check_group_args(args, *, file: str | None = None) -> None:
 
 
 # Megatron-LM's flight recorder options -> the environment variables its _initialize_distributed sets from them
-_FLIGHT_RECORDER_ENV = (
+FLIGHT_RECORDER_ENV = (
     ("TORCH_NCCL_TRACE_BUFFER_SIZE", "flight_recorder_trace_buffer_size", str),
     ("TORCH_NCCL_DUMP_ON_TIMEOUT", "flight_recorder_dump_on_timeout", lambda v: str(int(v))),
     ("TORCH_INCLUDE_STACK_TRACE", "flight_recorder_include_stack_trace", lambda v: str(int(v))),
@@ -90,7 +90,7 @@ def flight_recorder_env(args, environ=None) -> dict:
         return {}
     prefix = os.path.join(path, "_dump_") if os.path.isdir(path) else path
     wanted = {"TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
-    for name, dest, text in _FLIGHT_RECORDER_ENV:
+    for name, dest, text in FLIGHT_RECORDER_ENV:
         if hasattr(args, dest):
             wanted[name] = text(getattr(args, dest))
     return {name: value for name, value in wanted.items() if name not in environ}
