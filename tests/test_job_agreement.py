@@ -28,11 +28,13 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
         "",
         "import argparse, sys",
         "from hetauto_megatron.megatron.job_agreement import check_same_job",
+        "from hetauto_megatron.runtime.rendezvous import check_same_plan",
         "from hetauto_megatron.plan.plan import load_plan",
         f"plan = load_plan({plan_file!r})",
         f"args = argparse.Namespace(train_iters={iters}, eval_interval=1000, eval_iters=0, lr={lr}, "
         f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r})",
-        "try:",
+        "try:",     # as the hook runs them: the plan (and the code) when the world is joined, then the job
+        "    check_same_plan(plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
         "    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
         "except InputError as exc:",
         "    _exit_for_user(exc)",
@@ -60,7 +62,8 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
     """Cluster-b's machines run a copy of hetauto-megatron with one file edited (the same version number), as a
     cluster whose install was not updated with the others'. Before: nothing compared them (its other
     communicator or rewrite would hang in a transfer or train another model). Now every rank stops at once with one
-    paragraph naming the code each cluster runs, before the job arguments are compared (they differ here too)."""
+    paragraph naming the code each cluster runs, with the plan (runtime/rendezvous.py check_same_plan), before the
+    job arguments are compared (they differ here too)."""
     import os
     import shutil
 
@@ -76,11 +79,11 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
     ours = hetauto_megatron.code_digest()[:12]
     for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, env=[{}, other])):
         assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
-        assert "the clusters run different software" in out and "--train-iters" not in out, out
-        found = re.search(r"hetauto-megatron: (\S+) \(code (\w+)\) on rank 0 \(cluster cluster-a, stage 0\), "
-                          r"(\S+) \(code (\w+)\) on rank 1 \(cluster cluster-b, stage 1\)", out)
-        assert found and found.group(1) == found.group(3) and found.group(2) == ours != found.group(4), out
-        assert "megatron-core" not in out.split("Fix:")[0], out       # the same Megatron-Core on both
+        assert "field 'hetauto-megatron'" in out and "--train-iters" not in out, out
+        found = re.search(r"the clusters run different hetauto-megatron code, which every rank must share \(this "
+                          rf"process is rank {rank}\): code (\w+) on rank 0 \(cluster cluster-a, stage 0\), (\w+) "
+                          r"on rank 1 \(cluster cluster-b, stage 1\)\.", out)
+        assert found and found.group(1) == ours != found.group(2), out
         assert "hetauto --version" in out, out
 
 

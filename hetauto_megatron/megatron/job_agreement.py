@@ -20,11 +20,10 @@ the launch script's name. These must agree on every rank:
   another --train-iters; so do --finetune, --no-load-optim and --no-load-rng.
 A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
 
-So does different software, compared first: each cluster's machines have their own install, and a cluster left on
-another hetauto-megatron (another communicator, rewrite or gradient rule) or another Megatron-Core (another model
-initialisation, schedule or optimizer) beside the others' would hang in a transfer or train another model, with
-nothing to say why. The version of hetauto-megatron and the digest of its code (an edited checkout keeps the
-version), and Megatron-Core's version, must be the same on every rank.
+So does another Megatron-Core, compared first: each cluster's machines have their own install, and a cluster left on
+another Megatron-Core (another model initialisation, schedule or optimizer) beside the others' would train another
+model or hang, with nothing to say why. (hetauto-megatron's own code is compared earlier, with the plan:
+runtime/rendezvous.py check_same_plan.)
 """
 from __future__ import annotations
 
@@ -93,15 +92,13 @@ def _blend(data_path: list) -> str:
 
 
 def software_values() -> dict:
-    """What this rank runs that every rank must share: hetauto-megatron's version and the digest of its code (an
-    edited checkout keeps the version), and Megatron-Core's version."""
-    from .. import code_digest, tool_version
+    """What this rank runs that every rank must share besides hetauto-megatron's code (compared with the plan,
+    runtime/rendezvous.py check_same_plan): Megatron-Core's version."""
     from .hook import megatron_core_version
-    return {"hetauto-megatron": f"{tool_version()} (code {code_digest()[:12]})",
-            "megatron-core": megatron_core_version()}
+    return {"megatron-core": megatron_core_version()}
 
 
-SOFTWARE = ("hetauto-megatron", "megatron-core")
+SOFTWARE = ("megatron-core",)
 
 
 def differences(plan, every: list, names=JOB_ARGS, label=lambda name: f"--{name.replace('_', '-')}") -> list[str]:
@@ -128,9 +125,8 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
     if software:
         raise InputError(f"the clusters run different software, which every rank must share (this process is rank "
                          f"{rank}): {'; '.join(software)}", file=file, field=software[0].split(":")[0],
-                         fix="install the same hetauto-megatron and megatron-core on every cluster's machines (the "
-                             "same release or commit, unedited: 'hetauto --version' prints the version and the "
-                             "digest of the code, 'pip show megatron-core' Megatron-Core's version)")
+                         fix="install the same megatron-core on every cluster's machines ('pip show megatron-core' "
+                             "prints its version)")
     found = differences(plan, [e["job"] for e in every])
     if found:
         shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")

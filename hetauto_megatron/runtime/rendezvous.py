@@ -80,16 +80,33 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
     """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
     cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
     train silently wrong (or hang). Each rank contributes its plan's fingerprint (plan_file.layout_digest, the
-    stored inventory as parsed); where any differs from rank 0's, every rank stops with the same paragraph."""
+    stored inventory as parsed); where any differs from rank 0's, every rank stops with the same paragraph. Before
+    the plan, the code: each cluster's machines have their own install, and one left on another hetauto-megatron
+    (another communicator, rewrite or gradient rule) would hang in a transfer or train another model, with nothing to
+    say why (an edited checkout keeps the version: the digest of the code is compared, hetauto_megatron.code_digest)."""
     import torch
     import torch.distributed as dist
 
+    from .. import code_digest
     from ..plan.plan_file import layout_digest
-    # (15 hex digits: a 60-bit integer, which an int64 tensor holds)
-    mine = torch.tensor([int(layout_digest(plan, inventory_as_parsed=True)[:15], 16)], dtype=torch.int64)
-    every = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    from .ranks import describe_rank
+    # (15 hex digits each: a 60-bit integer, which an int64 tensor holds)
+    mine = torch.tensor([int(layout_digest(plan, inventory_as_parsed=True)[:15], 16), int(code_digest()[:15], 16)],
+                        dtype=torch.int64)
+    every = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(every, mine)
-    other = [r for r in range(world_size) if int(every[r]) != int(every[0])]
+    # the code first: another hetauto-megatron may read the same plan file into another fingerprint
+    code = [f"{int(e[1]):015x}"[:12] for e in every]
+    other = [r for r in range(world_size) if code[r] != code[0]]
+    if other:
+        raise InputError(f"the clusters run different hetauto-megatron code, which every rank must share (this "
+                         f"process is rank {rank}): code {code[0]} on {describe_rank(plan, 0)}, {code[other[0]]} on "
+                         f"{describe_rank(plan, other[0])}" + (f" and {len(other) - 1} more rank(s)" if len(other) > 1
+                                                             else ""),
+                         file=file, field="hetauto-megatron",
+                         fix="install the same hetauto-megatron on every cluster's machines (the same release or "
+                             "commit, unedited; 'hetauto --version' prints the first 12 digits of its code's digest)")
+    other = [r for r in range(world_size) if int(every[r][0]) != int(every[0][0])]
     if other:
         ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
         raise InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
