@@ -196,7 +196,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             # --lr, ...) and a few ValueErrors and RuntimeErrors (a flag that needs a package this machine lacks,
             # --non-persistent-ckpt-type local without nvidia_resiliency_ext): under --hetauto a user mistake is one
             # paragraph, also Megatron's own finding; without --hetauto the script reports it as before
-            if "state" not in state_box:
+            if "state" not in state_box or not (isinstance(exc, AssertionError) or _raised_by_megatrons_check(exc)):
                 raise
             text = assertion_text(exc) if isinstance(exc, AssertionError) else first_line(exc)
             raise InputError(f"Megatron-LM's own check of the arguments (validate_args) refused this launch: "
@@ -237,6 +237,15 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             if note:
                 print(note, flush=True)
     return args
+
+
+def _raised_by_megatrons_check(exc: BaseException) -> bool:
+    """The error was raised by Megatron-LM's argument checks themselves (megatron/training/arguments.py), not by a
+    library they called (a device query that failed is not a mistake on the command line)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].filename.replace(os.sep, "/").endswith("megatron/training/arguments.py")
 
 
 def _checkpoint_args_refused() -> InputError:
