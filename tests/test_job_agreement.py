@@ -87,6 +87,33 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
         assert "hetauto --version" in out, out
 
 
+def test_a_cluster_running_another_megatron_core_stops_every_rank_naming_it(tmp_path):
+    """Cluster-b's machines run a copy of Megatron-Core whose release says 0.19.1 (a cluster installed with another
+    patch release, which the hook's own version check lets through). Before: nothing compared them. Now every rank
+    stops at once with one paragraph naming each cluster's release, before the job arguments (they differ too)."""
+    import os
+    import shutil
+
+    import megatron.core
+    from megatron.core.package_info import __version__
+
+    copy = tmp_path / "other-megatron"
+    shutil.copytree(os.path.dirname(os.path.dirname(megatron.core.__file__)), copy / "megatron",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    info = copy / "megatron" / "core" / "package_info.py"
+    text = info.read_text()
+    assert "\nPATCH = 2\n" in text and __version__ == "0.19.2"
+    info.write_text(text.replace("\nPATCH = 2\n", "\nPATCH = 1\n"))
+    values = [(4, 1e-3, 1234, ["/data/a"]), (6, 1e-3, 1234, ["/data/a"])]
+    other = {"PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}
+    for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, env=[{}, other])):
+        assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
+        assert (f"the clusters run different software, which every rank must share (this process is rank {rank}): "
+                "megatron-core: 0.19.2 on rank 0 (cluster cluster-a, stage 0), 0.19.1 on rank 1 (cluster cluster-b, "
+                "stage 1)") in out, out
+        assert "--train-iters" not in out and "pip show megatron-core" in out, out
+
+
 def test_the_same_job_arguments_pass(tmp_path):
     # each machine's own paths to the same blend
     same = [(4, 1e-3, 1234, ["30", f"/{root}/a", "70", f"/{root}/b"]) for root in ("data", "mnt")]
