@@ -45,11 +45,21 @@ exit codes: 0 ok, 2 invalid input (the message names file, field and fix), 3 no 
 'hetauto COMMAND --help' explains each command."""
 
 
+class _Version(argparse.Action):
+    """--version: the package's version and the first 12 digits of its code's digest, read only when asked (the
+    digest reads every file of the package)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"hetauto {tool_version()} (code {code_digest()[:12]})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetauto", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Plan and run one Megatron training job across clusters of different accelerators.")
-    parser.add_argument("--version", action="version", version=f"hetauto {tool_version()} (code {code_digest()[:12]})")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and the digest of the code "
+                        "(every cluster of a job must run the same) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(f".commands.{module}", __package__)
