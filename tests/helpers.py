@@ -337,3 +337,66 @@ def shared_uplinks_draw(rng, p, occ, whole=True):
             occ[l] * rng.choice([1.0, 0.5, 0.8, rng.random()])
         out.append(((((c[l], "out"), sec), ((c[l + 1], "in"), sec)), (((c[l + 1], "out"), sec), ((c[l], "in"), sec))))
     return tuple(out) if any(out) else None
+
+
+def side_by_side(fn, jobs, timeout: float = 600) -> list:
+    """[fn(job) for job in jobs], computed in processes forked from this one, as many at once as this machine has
+    cores (each takes every k-th job, in order, so jobs that share a cache still share it). For tests that check a
+    pure, single-threaded computation (the planner's searches, their brute-force references) on several independent
+    instances: pytest runs one test at a time, so a second core is otherwise idle. The results come back pickled;
+    an exception in a job (a failed assert) is raised here with the job's own traceback, and a job still running
+    after `timeout` seconds fails the test. Forked children see this process's state (monkeypatches, fixtures), so
+    `fn` may be a closure; nothing they change comes back but the results."""
+    import pickle
+    import signal
+    import tempfile
+    import time
+    import traceback
+
+    jobs = list(jobs)
+    k = max(1, min(len(jobs), len(os.sched_getaffinity(0))))
+    if k == 1:
+        return [fn(job) for job in jobs]
+    children = []
+    for i in range(k):
+        out = tempfile.TemporaryFile()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:    # the child: its share of the jobs, then a plain exit (no pytest teardown, no atexit)
+            code = 0
+            try:
+                try:
+                    result = ("ok", [fn(job) for job in jobs[i::k]])
+                except BaseException as exc:    # noqa: BLE001  (carried to the parent, which raises it)
+                    code = 1
+                    result = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                pickle.dump(result, out)
+                out.flush()
+            finally:
+                os._exit(code)
+        children.append((pid, out))
+    deadline, results, errors = time.monotonic() + timeout, [None] * len(jobs), []
+    for i, (pid, out) in enumerate(children):
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() > deadline:
+                for other, _ in children:
+                    try:
+                        os.kill(other, signal.SIGKILL)
+                        os.waitpid(other, 0)
+                    except (ProcessLookupError, ChildProcessError):
+                        pass
+                raise AssertionError(f"side_by_side: jobs still running after {timeout:.0f} s")
+            time.sleep(0.01)
+        out.seek(0)
+        try:
+            result = pickle.load(out)
+        except EOFError:
+            result = ("error", "the job's process ended without a result", "")
+        if result[0] == "ok":
+            results[i::k] = result[1]
+        else:
+            errors.append(result)
+    if errors:
+        raise AssertionError(f"{errors[0][1]}\n--- in the forked job:\n{errors[0][2]}")
+    return results

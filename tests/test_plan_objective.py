@@ -5,7 +5,7 @@ import pathlib
 import random
 
 import pytest
-from helpers import leaves_within_bounds, run_hetauto
+from helpers import leaves_within_bounds, run_hetauto, side_by_side
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
@@ -297,12 +297,14 @@ def test_a_floor_the_fastest_plan_meets_keeps_it_and_a_looser_floor_is_never_wor
             "--set", "cluster.ascend.price_per_device_hour=1.2", "--set", "cluster.mi300x.price_per_device_hour=2.0")
     tokens = 512 * PRESETS["llama2-70b"].seq_length
     fastest = tokens / plan_json(*args)["tokens_per_s"]
-    for seed in ("0", "2"):
-        out = plan_json(*args, "--seed", seed, "--max-iteration-s", f"{fastest * 1.005:.4f}")
+    runs = [(*args, "--seed", seed, "--max-iteration-s", f"{fastest * 1.005:.4f}") for seed in ("0", "2")]
+    floors = (1.05, 1.10, 1.15)
+    runs += [(*args, "--objective", "cost", "--max-iteration-s", f"{fastest * floor:.4f}") for floor in floors]
+    outs = side_by_side(lambda argv: plan_json(*argv), runs)    # independent commands
+    for out in outs[:2]:
         assert tokens / out["tokens_per_s"] == pytest.approx(fastest, rel=1e-3)
     values = []
-    for floor in (1.05, 1.10, 1.15):
-        out = plan_json(*args, "--objective", "cost", "--max-iteration-s", f"{fastest * floor:.4f}")
+    for floor, out in zip(floors, outs[2:]):
         seconds = tokens / out["tokens_per_s"]
         assert seconds <= fastest * floor * (1 + 1e-6)
         values.append(out["cost_per_million_tokens"] * seconds ** TIME_WEIGHT)

@@ -3,7 +3,7 @@ import os
 import signal
 
 import pytest
-from helpers import small_inventory as _inv
+from helpers import side_by_side, small_inventory as _inv
 
 from hetauto_megatron.errors import InfeasibleError
 from hetauto_megatron.plan.layout_pricing import layout_to_plan
@@ -32,9 +32,9 @@ INSTANCES = {
 def test_mcts_within_one_percent_of_exhaustive(name):
     inv, model, gbs = INSTANCES[name]
     model = PRESETS[model]
-    best = search(model, inv, gbs, config=SearchConfig(method="exhaustive"))
     # an explicit playout budget keeps it a real tree search (small trees are otherwise just enumerated)
-    mcts = search(model, inv, gbs, config=SearchConfig(method="mcts", seed=0, iterations=2000))
+    configs = [SearchConfig(method="exhaustive"), SearchConfig(method="mcts", seed=0, iterations=2000)]
+    best, mcts = side_by_side(lambda config: search(model, inv, gbs, config=config), configs)
     assert mcts.method == "mcts"
     assert mcts.candidates_evaluated < 3 * best.candidates_evaluated
     assert mcts.iteration_time_s <= best.iteration_time_s * 1.01, (name, mcts.choices, best.choices)
@@ -289,6 +289,6 @@ def test_the_default_search_of_the_16k_example_finds_the_best_plan_of_two_of_its
                                       "inventory-8clusters-16k.yaml"))
     model = PRESETS["gpt3-175b"]
     pair = inv.without(c.name for c in inv.clusters if c.name not in ("h800", "h100"))
-    exact = search(model, pair, 4096, config=SearchConfig(method="exhaustive"))
-    found = search(model, inv, 4096, config=SearchConfig(seed=seed))
+    exact, found = side_by_side(lambda job: search(model, job[0], 4096, config=job[1]),
+                                [(pair, SearchConfig(method="exhaustive")), (inv, SearchConfig(seed=seed))])
     assert found.iteration_time_s <= exact.iteration_time_s * (1 + 1e-9), (found.choices, exact.choices)

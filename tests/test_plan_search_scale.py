@@ -3,7 +3,7 @@ import math
 import random
 
 import pytest
-from helpers import RANDOM_DEVICES, leaves_within_bounds, random_instance, small_inventory as _inv
+from helpers import RANDOM_DEVICES, leaves_within_bounds, random_instance, side_by_side, small_inventory as _inv
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.cost.memory import stage_memory_bytes
@@ -24,17 +24,21 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
     """Against brute force over layer counts with the memory model: the cap is exact for every recomputation
     level (full recomputation's one-layer buffer is paid once, not per layer) and every in-flight count."""
     rng = random.Random(3)
-    checked = full_above_old = 0
+    draws = []
     for _ in range(250):
         dev = rng.choice(DEVICES)
-        cl = _inv([("x", dev, 2, 8)], []).clusters[0]
-        model = PRESETS[rng.choice(["llama2-7b", "llama2-70b", "gpt3-175b", "llama3-8b"])]
+        model = rng.choice(["llama2-7b", "llama2-70b", "gpt3-175b", "llama3-8b"])
         tp, dp, mb = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 8]), rng.choice([1, 2, 4])
         rc = rng.choice(["none", "selective", "full"])
         first, last = rng.random() < 0.3, rng.random() < 0.3
+        draws.append((dev, model, tp, dp, mb, rc, first, last, rng.choice([0, 0, 4])))  # an overlapped boundary's
+
+    def check(draw) -> tuple[int, int]:
+        dev, name, tp, dp, mb, rc, first, last, buffers = draw
+        cl, model = _inv([("x", dev, 2, 8)], []).clusters[0], PRESETS[name]
         prof = costing.stage_profile(model, cl, tp, dp, mb, rc, COST)
         table = CapTable(model, prof, first, last)
-        buffers = rng.choice([0, 0, 4])     # an overlapped boundary's tensors
+        checked = full_above_old = 0
         for f in (1, 2, 5, 17, 40):
             need = [stage_memory_bytes(model, layers=n, tp=tp, dp=dp, micro_batch_size=mb, recompute=rc,
                                        in_flight=f, first=first, last=last, settings=prof.settings,
@@ -51,6 +55,10 @@ def test_memory_cap_is_the_largest_layer_count_that_fits():
                 # what a slope taken between zero and one layer would allow (the buffer counted per layer)
                 old = int((prof.memory_cap - need[0]) // (need[1] - need[0]))
                 full_above_old += exact > old
+        return checked, full_above_old
+
+    counts = side_by_side(check, draws)
+    checked, full_above_old = (sum(c[i] for c in counts) for i in (0, 1))
     assert checked > 500 and full_above_old > 20
 
 
@@ -156,8 +164,9 @@ def test_bounded_enumeration_keeps_the_best_leaves_of_the_full_one():
     pricing fewer of them; in diving order (the seeding enumeration's) too, which changes only the order. Told
     to stop after pricing a few leaves, it stops unsettled with no more than those."""
     rng = random.Random(13)
-    for _ in range(3):
-        inv, model, gbs = _random_instance(rng)
+
+    def check(instance):
+        inv, model, gbs = instance
         sp = space_mod.SearchSpace(model, inv, gbs, COST)
         full_ev, ev, dive_ev, few_ev = (LayoutEvaluator(model, inv, gbs, COST, "overlapped") for _ in range(4))
         value = layout_value(sp, full_ev)
@@ -170,6 +179,8 @@ def test_bounded_enumeration_keeps_the_best_leaves_of_the_full_one():
         some: dict = {}
         assert bounded_enumeration(sp, few_ev, 16, found=some, max_priced=5)[0] is None
         assert 0 < len(some) <= 5
+
+    side_by_side(check, [_random_instance(rng) for _ in range(3)])
 
 
 def test_interchangeable_clusters_are_searched_once():
@@ -223,7 +234,7 @@ def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs, rem
     inv = load_inventory(f"examples/llama/{example}")
     r = search(model, inv, gbs, config=SearchConfig(seed=0, workers=1))
     old = layout_to_plan(model, gbs, r.choices, r.stage_layers, inv, boundaries=r.boundaries)
-    for gone in ([c.name for c in inv.clusters] if removed == "every cluster" else [m.cluster for m in r.choices]):
+    def replan_without(gone):
         d = inv.to_dict()
         d["clusters"] = [c for c in d["clusters"] if c["name"] != gone]
         d["links"] = [link for link in d.get("links", []) if gone not in link["between"]]
@@ -234,6 +245,9 @@ def test_replan_reaches_the_cold_plan_after_any_cluster_leaves(example, gbs, rem
         hot = search(model, smaller, gbs, config=SearchConfig(seed=0, workers=1, warm_start=tuple(warm)))
         assert hot.iteration_time_s <= cold.iteration_time_s * 1.01, (gone, hot.iteration_time_s,
                                                                        cold.iteration_time_s)
+
+    side_by_side(replan_without, [c.name for c in inv.clusters] if removed == "every cluster" else
+                 [m.cluster for m in r.choices])
 
 
 @pytest.mark.parametrize("objective", ["throughput", "cost"])

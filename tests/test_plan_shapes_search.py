@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from helpers import small_inventory
+from helpers import side_by_side, small_inventory
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan import alongside_search, multi_search
@@ -400,17 +400,18 @@ def test_tight_partition_bound_stays_below_every_searched_plan(tie):
     cost, cfg = AnalyticCostModel(), SearchConfig(workers=1)
     bound = PartitionBound(model, inv, 128, cost)
     names = [c.name for c in inv.clusters]
-    checked = 0
-    for blocks in (
-            [["c0", "c1"], ["c2", "c3", "c4"]], [["c0", "c1", "c2"], ["c3", "c4"]], [["c0"], ["c1", "c2", "c3", "c4"]],
-            [["c0", "c1"], ["c2"], ["c3", "c4"]], [["c1", "c2"], ["c3", "c4"]]):
+
+    def check(blocks) -> bool:
         out = multi_search.ShapesResult(None, math.inf, None, 0.0)
         found = multi_search._search_partition(model, inv, 128, cost, cfg, Constraints(), names, blocks, {}, out)
         assert bound.tight(blocks) >= bound(blocks)
         if found is not None:
             assert bound.tight(blocks) <= found[0], blocks
-            checked += 1
-    assert checked >= 3
+        return found is not None
+
+    partitions = ([["c0", "c1"], ["c2", "c3", "c4"]], [["c0", "c1", "c2"], ["c3", "c4"]],
+                  [["c0"], ["c1", "c2", "c3", "c4"]], [["c0", "c1"], ["c2"], ["c3", "c4"]], [["c1", "c2"], ["c3", "c4"]])
+    assert sum(side_by_side(check, partitions)) >= 3
     # the staircase counts 4 of the 6 pairs of 2 and 3 clusters (all 6 with a tied table): tighter untied
     blocks = [["c0", "c1"], ["c2", "c3", "c4"]]
     assert (bound._sync(blocks, staircase=True) > bound._sync(blocks)) is not tie

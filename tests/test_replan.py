@@ -2,7 +2,7 @@
 import math
 import random
 
-from helpers import random_instance
+from helpers import random_instance, side_by_side
 
 from hetauto_megatron.cost.analytic import AnalyticCostModel
 from hetauto_megatron.plan import space as space_mod
@@ -28,17 +28,15 @@ def _instances(count: int):
 def test_warm_enumeration_finds_the_best_leaf_when_it_settles():
     """Left to settle (no patience limit), the warm enumeration's best leaf is the best of every leaf (all
     micro-batches, or only those allowed); with that value as the incumbent it prices nothing better."""
-    checked = 0
-    for sp, ev in _instances(4):
+    def check(instance) -> int:
+        sp, ev = instance
         value = layout_value(sp, ev)
         bound = lambda c: sp.leaf_bound(c, ev)     # noqa: E731
-        every = {}
+        every, checked = {}, 0
         for leaf in space_mod.leaves(sp):
             t, layout = value(leaf)
             if math.isfinite(t):
                 every[layout] = t
-        if not every:
-            continue
         for mbs in (None, {None: {1}}):
             allowed = [t for k, t in every.items() if mbs is None or all(m.micro_batch_size == 1 for m in k)]
             if not allowed:
@@ -51,7 +49,9 @@ def test_warm_enumeration_finds_the_best_leaf_when_it_settles():
                                                  micro_batches=mbs)
             assert settled and all(t >= min(allowed) * (1 - 1e-9) for t in found.values())
             checked += 1
-    assert checked >= 4
+        return checked
+
+    assert sum(side_by_side(check, _instances(4))) >= 4
 
 
 def test_shortlist_keeps_the_best_few_and_every_one_with_few_micro_batches():
