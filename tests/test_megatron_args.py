@@ -307,7 +307,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "num_layers_per_virtual_pipeline_stage": ["1"], "num_virtual_stages_per_pipeline_rank": ["2"],
              "main_grads_dtype": ["bf16"], "main_params_dtype": ["fp16"], "exp_avg_dtype": ["bf16"],
              "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"],
-             "cuda_graph_impl": ["local"], "cpu_offloading_num_layers": ["2"], "fp4": ["e2m1"]}
+             "cuda_graph_impl": ["local"], "cpu_offloading_num_layers": ["2"], "fp4": ["e2m1"],
+             "empty_unused_memory_level": ["1"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
 

@@ -159,6 +159,18 @@ UNPRICED = (
     # is one scalar all-reduced over the world each iteration. "disabled" drops that scalar (a NaN or infinite loss
     # still stops the job): a few hop latencies the plan over-prices, as --no-align-grad-reduce changes nothing
     # priced; "report_stats" runs every step twice (core/rerun_state_machine.py REPORT_DETERMINISM_STATS).
+    # Megatron-LM's train_step calls torch.cuda.empty_cache() after each optimizer step (1), and after each
+    # forward-backward too (2): the allocator hands its cached blocks back to the driver, and the next iteration
+    # allocates every activation and gradient anew (cudaMalloc/cudaFree, each synchronising the device)
+    Unpriced("empty_unused_memory_level", "--empty-unused-memory-level", 0,
+             "the caching allocator emptied every iteration, so each one allocates its tensors from the driver "
+             "again: device synchronisations and allocation time the plan does not price (its memory already "
+             "counts the allocator's cache)"),
+    # Megatron-Core's schedules (finish_embedding_wgrad_compute): on the last pipeline stage the output layer's
+    # weight-gradient GEMMs of every micro-batch wait for the pipeline's flush
+    Unpriced("defer_embedding_wgrad_compute", "--defer-embedding-wgrad-compute", False,
+             "the last stage's output-layer weight-gradient GEMMs deferred to the end of the pipeline's flush, "
+             "with their activations kept until then: the plan prices them in each micro-batch's backward"),
     Unpriced("rerun_mode", "--rerun-mode", "validate_results",
              "every iteration's forward and backward passes run twice, to report their non-determinism: the plan "
              "prices one run", allowed=("disabled",)),
