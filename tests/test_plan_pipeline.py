@@ -6,7 +6,7 @@ import pytest
 from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed
 from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b, warmup_counts, warmup_forwards
 from hetauto_megatron.plan.pipeline_memory import memory_terms
-from helpers import random_pipeline, shared_uplinks_draw
+from helpers import random_pipeline, shared_uplinks_draw, side_by_side
 from pipeline_reference import reference_makespan
 
 
@@ -83,10 +83,11 @@ def test_a_simulation_stopped_above_a_bound_only_stops_where_the_full_simulation
     1x or above), else that makespan; and it does stop on some (most schedules repeat within a few rounds, and
     then the jump leaves nothing to stop)."""
     rng = random.Random(31)
-    stopped = 0
-    for _ in range(40):
-        p, m, f, b, link, lat, blk, depth = random_pipeline(rng, 3, (300, 500))
+
+    def stops(pipeline) -> int:
+        p, m, f, b, link, lat, blk, depth = pipeline
         full = simulate_1f1b(f, b, link, m, latency=lat, blocking=blk, depth=depth, record=True).makespan
+        stopped = 0
         for share in (0.5, 0.8, 0.95, 0.999, 1.0, 1.05):
             got = simulate_1f1b(f, b, link, m, latency=lat, blocking=blk, depth=depth, above=share * full)
             if got is None:
@@ -94,6 +95,9 @@ def test_a_simulation_stopped_above_a_bound_only_stops_where_the_full_simulation
                 stopped += 1
             else:
                 assert got.makespan == pytest.approx(full, rel=1e-9)
+        return stopped
+
+    stopped = sum(side_by_side(stops, [random_pipeline(rng, 3, (300, 500)) for _ in range(40)]))
     assert stopped >= 4, stopped
 
 
