@@ -42,7 +42,7 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
         # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
         "dist.barrier()",
         "dist.destroy_process_group()"]) for iters, lr, seed, blend in values]
-    return _joined_ranks(tails, env=env, timeout=timeout)
+    return _joined_ranks(tails, env=env, timeout=timeout, plan_file=plan_file)
 
 
 def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp_path):
@@ -60,10 +60,12 @@ def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp
 
 def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_path):
     """Cluster-b's machines run a copy of hetauto-megatron with one file edited (the same version number), as a
-    cluster whose install was not updated with the others'. Before: nothing compared them (its other
-    communicator or rewrite would hang in a transfer or train another model). Now every rank stops at once with one
-    paragraph naming the code each cluster runs, with the plan (runtime/rendezvous.py check_same_plan), before the
-    job arguments are compared (they differ here too)."""
+    cluster whose install was not updated with the others': here the edit renames a key of the world store's
+    rendezvous, as a release that changed its protocol would. Before: the world's join compared the code
+    (runtime/rendezvous.py check_same_plan), but a rendezvous that differs never got there: each side waited for
+    the other to check in until the timeout (60 s here), then stopped with a timeout that named no code. Now each
+    rank compares its code with the host's before anything else of the rendezvous (megatron/world_store.py): cluster-b's
+    rank stops at once with one paragraph naming the code each cluster runs, and its refusal stops rank 0."""
     import os
     import shutil
 
@@ -72,19 +74,23 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
     copy = tmp_path / "other-install"
     shutil.copytree(os.path.dirname(hetauto_megatron.__file__), copy / "hetauto_megatron",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "hetauto_megatron" / "runtime" / "communicator.py", "a") as fh:
-        fh.write("\n# an edit made on cluster-b's machines only\n")
+    store_py = copy / "hetauto_megatron" / "megatron" / "world_store.py"
+    text = store_py.read_text()
+    assert '\nJOINED = "hetauto/joined"' in text
+    store_py.write_text(text.replace('\nJOINED = "hetauto/joined"', '\nJOINED = "hetauto/checked-in"'))
     values = [(4, 1e-3, 1234, ["/data/a"]), (6, 1e-3, 1234, ["/data/a"])]
     other = {"PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}     # the copy, not this checkout (the current folder)
     ours = hetauto_megatron.code_digest()[:12]
     for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, env=[{}, other])):
-        assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
+        assert code == 2 and seconds < 30 and "Traceback" not in out, (rank, seconds, out)
         assert "field 'hetauto-megatron'" in out and "--train-iters" not in out, out
+        # the paragraph is cluster-b's rank's; rank 0 stops on its refusal (its launch's HETAUTO_CLUSTER here: cluster-1)
         found = re.search(r"the clusters run different hetauto-megatron code, which every rank must share \(this "
-                          rf"process is rank {rank}\): code (\w+) on rank 0 \(cluster cluster-a, stage 0\), (\w+) "
+                          r"process is rank 1\): code (\w+) on rank 0 \(cluster cluster-a, stage 0\), (\w+) "
                           r"on rank 1 \(cluster cluster-b, stage 1\)\.", out)
         assert found and found.group(1) == ours != found.group(2), out
         assert "hetauto --version" in out, out
+        assert rank == 1 or "cluster cluster-1 refused the job" in out, out
 
 
 def test_a_cluster_running_another_megatron_core_stops_every_rank_naming_it(tmp_path):

@@ -170,20 +170,28 @@ def test_the_host_going_away_is_a_paragraph():
     assert "lost the rendezvous" in info.value.message and "global rank 0" in info.value.message
 
 
-def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 90) -> list:
-    """One process per rank: each joins the world store, makes torch's gloo group on it (collectives time out
-    after 120 s) and runs its tail, with `env` added to its environment (a list: one for each rank); -> [(exit
-    code, stderr, seconds from the start)]."""
+def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 90,
+                  plan_file: str | None = None) -> list:
+    """One process per rank: each joins the world store (a refusal there is its paragraph and exit 2, as the
+    patched script's guard gives it; `plan_file`: the plan that names the ranks in it), makes torch's gloo group on
+    it (collectives time out after 120 s) and runs its tail, with `env` added to its environment (a list: one for
+    each rank); -> [(exit code, stderr, seconds from the start)]."""
     import os
     import subprocess
     import sys
 
     port, world = free_port(), len(tails)
+    describe = (f"(lambda plan: lambda r: describe_rank(plan, r))(load_plan({plan_file!r}))" if plan_file else "None")
     common = ("import datetime, time; import torch.distributed as dist; "
               "from hetauto_megatron.megatron import world_store as w; "
               "from hetauto_megatron.errors import InputError; "
-              "from hetauto_megatron.megatron.script_guard import exit_for_user as _exit_for_user; "
-              f"store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0); "
+              "from hetauto_megatron.plan.plan import load_plan; "
+              "from hetauto_megatron.runtime.ranks import describe_rank; "
+              "from hetauto_megatron.megatron.script_guard import exit_for_user as _exit_for_user\n"
+              "try:\n"
+              f"    store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0, describe={describe})\n"
+              "except InputError as exc:\n"
+              "    _exit_for_user(exc)\n"
               f"dist.init_process_group('gloo', rank={{rank}}, world_size={world}, store=store, "
               "timeout=datetime.timedelta(seconds=120)); ")
     start = time.monotonic()

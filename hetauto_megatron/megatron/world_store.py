@@ -9,6 +9,10 @@ timeout that did not say why. Now:
 - `join`: each rank connects to the store (rank 0 hosts it), counts itself in, and waits until the plan's world
   has checked in, reading the store's refusals twice a second: one stops it at once (InputError, exit 2) naming the
   refused rank, its cluster and its paragraph. torch's process group is then made on that store.
+- Before anything else of this protocol each rank compares its hetauto-megatron code with the host's (the digest
+  the host leaves under CODE as it starts the store): a cluster left on other code, whose rendezvous may differ,
+  would otherwise wait in it until the timeout without a word. It stops at once naming both (exit 2), and its
+  refusal stops the others.
 - `post_refusal`: a rank that refuses its input before joining leaves its paragraph in the store (rank 0 hosts the
   store for it; another rank waits up to POST_S for the host to answer).
 - Nobody who knows of a refusal leaves before the host says so: the host keeps the store up until every rank has
@@ -45,6 +49,8 @@ REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refuse
 READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the host waits for them)
 RELEASED = "hetauto/released"       # set by the host when it stops waiting for readers
 RANK_KEY = "hetauto/rank"           # counter per global rank: processes of that rank that checked in
+CODE = "hetauto/code"               # the host's code digest (hetauto_megatron.code_digest, 12 digits)
+CODE_WAIT_S = 10.0                  # how long a rank waits for the host's digest (the host sets it as it starts)
 POLL_S = 0.5
 CONNECT_TRY_S = 5.0                 # a client's connection attempt; retried until the rendezvous timeout
 POST_S = 60.0                       # how long a refused rank waits for the host to answer
@@ -166,10 +172,29 @@ def _pass_on(store, rank: int, world_size: int) -> None:
         return
 
 
-def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None):
+def _check_code(store, rank: int, deadline: float, describe, file: str | None) -> None:
+    """This rank's code against the host's (module docstring): InputError naming both where they differ, or where
+    the host left none (an older hetauto-megatron, whose protocol may differ from here on)."""
+    from .. import code_digest
+    from ..runtime.rendezvous import different_code_error
+    until = min(deadline, time.monotonic() + CODE_WAIT_S)
+    while not store.check([CODE]) and time.monotonic() < until:
+        if store.check([REFUSED]):
+            return          # a refused rank 0 hosts the store to say so: the join reads its refusal next
+        time.sleep(0.05)
+    theirs = store.get(CODE).decode() if store.check([CODE]) else None
+    mine = code_digest()[:12]
+    if theirs != mine:
+        raise different_code_error(rank, {0: theirs, rank: mine}, describe, file)
+
+
+def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None,
+         describe=None):
     """Check this rank in and wait for the whole world (module docstring); returns the store for
-    init_process_group. InputError (exit 2) on a refusal, a port the host cannot take, the host going away, or
-    the timeout."""
+    init_process_group. InputError (exit 2) on other code than the host's, a refusal, a port the host cannot take,
+    the host going away, or the timeout. `describe(rank)` names a rank in those paragraphs (its cluster and stage,
+    from the plan)."""
+    describe = describe or (lambda r: f"rank {r}")
     deadline = time.monotonic() + timeout_s
     if rank == 0:
         try:
@@ -204,6 +229,17 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
             raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
     try:
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        if rank == 0:
+            from .. import code_digest
+            store.set(CODE, code_digest()[:12])
+        else:
+            try:
+                _check_code(store, rank, deadline, describe, file)
+            except InputError as exc:     # passed on through the store this rank holds, so the others stop now
+                print(f"hetauto: passing this refusal on to the other clusters' ranks through the rendezvous at "
+                      f"{addr}:{port} (up to {LINGER_S:.0f} s)", file=sys.stderr, flush=True)
+                _post(store, rank, world_size, os.environ.get("HETAUTO_CLUSTER") or "?", exc.message)
+                raise _ours(exc) from None
         # each global rank checks in once: a second process of the same rank (a launch started twice, two nodes of a
         # cluster given one NODE_RANK) counted as another rank, so the world "joined" without its real last rank and
         # the extra process waited in gloo's connection mesh until it failed with a traceback, minutes later
@@ -338,12 +374,19 @@ def post_refusal(message: str, env=None) -> None:
               f"{port} (up to {POST_S + LINGER_S:.0f} s)", file=sys.stderr, flush=True)
         if rank == 0 and not _WORLD:
             store = _store(addr, port, host=True, world_size=world_size, timeout_s=POST_S)
+            from .. import code_digest
+            store.set(CODE, code_digest()[:12])     # as join's host does: the others compare it first
         else:                       # (after the join rank 0's own store, which torch's group holds, still serves)
             store = _connect(addr, port, time.monotonic() + POST_S)
             if store is None:
                 return
-        store.set(f"{REFUSED}/{rank}", f"rank {rank} (cluster {cluster}): {message}"[:2000])
-        store.append(REFUSED, f"{rank} ")
-        _pass_on(store, rank, world_size)
+        _post(store, rank, world_size, cluster, message)
     except Exception:             # noqa: BLE001  (best effort: the refusal is printed anyway)
         return
+
+
+def _post(store, rank: int, world_size: int, cluster: str, message: str) -> None:
+    """This rank's refusal into the store, then the host's linger (_pass_on)."""
+    store.set(f"{REFUSED}/{rank}", f"rank {rank} (cluster {cluster}): {message}"[:2000])
+    store.append(REFUSED, f"{rank} ")
+    _pass_on(store, rank, world_size)

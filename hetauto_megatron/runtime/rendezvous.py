@@ -76,6 +76,21 @@ def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reaso
                           "HETAUTO_MASTER_ADDR/PORT for all")
 
 
+def different_code_error(rank: int, codes: dict, describe, file: str | None) -> InputError:
+    """Ranks run other hetauto-megatron code than rank 0: `codes` maps rank 0 and each such rank to its code's
+    digest (12 digits; None where that rank's code does not say, an older hetauto-megatron), `describe(rank)` names
+    a rank. Said at the world store's join (megatron/world_store.py, before anything else of its protocol) and
+    again when the world has joined (check_same_plan), in the same words."""
+    other = [r for r in codes if r != 0]
+    shown = {r: codes[r] or "(not said: an older hetauto-megatron)" for r in codes}
+    return InputError(f"the clusters run different hetauto-megatron code, which every rank must share (this process "
+                      f"is rank {rank}): code {shown[0]} on {describe(0)}, {shown[other[0]]} on {describe(other[0])}"
+                      + (f" and {len(other) - 1} more rank(s)" if len(other) > 1 else ""),
+                      file=file, field="hetauto-megatron",
+                      fix="install the same hetauto-megatron on every cluster's machines (the same release or commit, "
+                          "unedited; 'hetauto --version' prints the first 12 digits of its code's digest)")
+
+
 def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None) -> None:
     """Every rank loaded the same plan (collective over the default group, on CPU tensors: gloo everywhere): a
     cluster launched with a stale or edited copy would build other groups, batches and layers than the rest and
@@ -99,13 +114,7 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
     code = [f"{int(e[1]):015x}"[:12] for e in every]
     other = [r for r in range(world_size) if code[r] != code[0]]
     if other:
-        raise InputError(f"the clusters run different hetauto-megatron code, which every rank must share (this "
-                         f"process is rank {rank}): code {code[0]} on {describe_rank(plan, 0)}, {code[other[0]]} on "
-                         f"{describe_rank(plan, other[0])}" + (f" and {len(other) - 1} more rank(s)" if len(other) > 1
-                                                             else ""),
-                         file=file, field="hetauto-megatron",
-                         fix="install the same hetauto-megatron on every cluster's machines (the same release or "
-                             "commit, unedited; 'hetauto --version' prints the first 12 digits of its code's digest)")
+        raise different_code_error(rank, {r: code[r] for r in [0, *other]}, lambda r: describe_rank(plan, r), file)
     other = [r for r in range(world_size) if int(every[r][0]) != int(every[0][0])]
     if other:
         ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
