@@ -93,6 +93,57 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
         assert rank == 1 or "cluster cluster-1 refused the job" in out, out
 
 
+def test_without_the_world_store_the_worlds_join_compares_the_code(tmp_path):
+    """A world made without the world store (one torchrun over several clusters' nodes, HETAUTO_MASTER_ADDR unset)
+    has no rendezvous of ours to compare the code at: the world's join (check_same_plan) compares it, in the same
+    words, and each rank stops with them. Cluster-b's copy differs by a comment only."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import hetauto_megatron
+
+    from hetauto_megatron.runtime.launcher import free_port
+
+    copy = tmp_path / "other-install"
+    shutil.copytree(os.path.dirname(hetauto_megatron.__file__), copy / "hetauto_megatron",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "hetauto_megatron" / "runtime" / "communicator.py", "a") as fh:
+        fh.write("\n# an edit made on cluster-b's machines only\n")
+    plan_file = str(tmp_path / "plan.yaml")
+    with open(plan_file, "w") as fh:
+        fh.write(PLAN_YAML)
+    port = free_port()
+    code = ("import datetime, torch.distributed as dist\n"
+            "from hetauto_megatron.errors import InputError\n"
+            "from hetauto_megatron.megatron.script_guard import exit_for_user\n"
+            "from hetauto_megatron.plan.plan import load_plan\n"
+            "from hetauto_megatron.runtime.rendezvous import check_same_plan\n"
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank={{rank}}, world_size=2, "
+            "timeout=datetime.timedelta(seconds=60))\n"
+            "try:\n"
+            f"    check_same_plan(load_plan({plan_file!r}), {{rank}}, 2, file='plan.yaml')\n"
+            "except InputError as exc:\n"
+            "    exit_for_user(exc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETAUTO_")}
+    procs = [subprocess.Popen([sys.executable, "-c", code.format(rank=r)], stderr=subprocess.PIPE, text=True,
+                              env=dict(env, **extra)) for r, extra in
+             enumerate([{}, {"PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}])]
+    ours = hetauto_megatron.code_digest()[:12]
+    try:
+        for rank, p in enumerate(procs):
+            _, out = p.communicate(timeout=60)
+            assert p.returncode == 2 and "Traceback" not in out, (rank, out)
+            found = re.search(rf"the clusters run different hetauto-megatron code, which every rank must share \(this "
+                              rf"process is rank {rank}\): code (\w+) on rank 0 \(cluster cluster-a, stage 0\), "
+                              r"(\w+) on rank 1 \(cluster cluster-b, stage 1\)\.", out)
+            assert found and found.group(1) == ours != found.group(2), out
+    finally:
+        for p in procs:
+            p.kill()
+
+
 def test_a_cluster_running_another_megatron_core_stops_every_rank_naming_it(tmp_path):
     """Cluster-b's machines run a copy of Megatron-Core whose release says 0.19.1 (a cluster installed with another
     patch release, which the hook's own version check lets through). Before: nothing compared them. Now every rank
