@@ -21,6 +21,8 @@ meshes:
 
 
 def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
+    """One rank per entry of `values`, (--train-iters, --lr, --seed, --data-path[, seconds it waits for the others:
+    600 where left out]), each checking the plan and the job as the hook does once the world is joined."""
     plan_file = str(tmp_path / "plan.yaml")
     with open(plan_file, "w") as fh:
         fh.write(PLAN_YAML)
@@ -35,19 +37,22 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
         f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r})",
         "try:",     # as the hook runs them: the plan (and the code) when the world is joined, then the job
         "    check_same_plan(plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
-        "    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
+        f"    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml', timeout_s={wait})",
         "except InputError as exc:",
         "    _exit_for_user(exc)",
         "print('agreed', file=sys.stderr, flush=True)",
         # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
         "dist.barrier()",
-        "dist.destroy_process_group()"]) for iters, lr, seed, blend in values]
+        "dist.destroy_process_group()"]) for iters, lr, seed, blend, wait in (v + (600.0,) * (5 - len(v))
+                                                                              for v in values)]
     return _joined_ranks(tails, env=env, timeout=timeout, plan_file=plan_file)
 
 
 def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp_path):
-    # cluster-b typed --train-iters 6 --lr 3e-4 --seed 7 and another blend's weights
-    values = [(4, 1e-3, 1234, ["30", "/data/a", "70", "/data/b"]), (6, 3e-4, 7, ["50", "/mnt/a", "50", "/mnt/b"])]
+    # cluster-b typed --train-iters 6 --lr 3e-4 --seed 7 and another blend's weights, and waits an hour for the others
+    # (--distributed-timeout-minutes 60, or HETAUTO_TIMEOUT_S=3600: the hook gives each rank's seconds)
+    values = [(4, 1e-3, 1234, ["30", "/data/a", "70", "/data/b"]),
+              (6, 3e-4, 7, ["50", "/mnt/a", "50", "/mnt/b"], 3600.0)]
     for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values)):
         assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
         assert "different job arguments" in out, out
@@ -56,6 +61,8 @@ def test_clusters_launched_with_other_job_arguments_stop_at_once_naming_them(tmp
         assert "--lr: 0.001 on rank 0" in out and "0.0003 on rank 1" in out, out
         assert "--seed: 1234 on rank 0" in out and "7 on rank 1" in out, out
         assert "--data-path: 2 prefixes weighted [30.0, 70.0] on rank 0" in out and "[50.0, 50.0] on rank 1" in out
+        assert ("--distributed-timeout-minutes: 600 s on rank 0 (cluster cluster-a, stage 0), 3600 s on rank 1 "
+                "(cluster cluster-b, stage 1)") in out, out
 
 
 def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_path):

@@ -348,7 +348,8 @@ def pretrain_kwargs(args) -> dict:
         # every cluster's launch runs the same job (iterations, intervals, optimizer): a difference would leave one
         # side waiting for the other until the timeout, or train another model (job_agreement.py)
         from .job_agreement import check_same_job
-        check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file)
+        check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file,
+                       timeout_s=state.timeout_s)
         _take_charge_of_exit(state.timeout_s)
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)

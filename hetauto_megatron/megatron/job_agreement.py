@@ -17,13 +17,16 @@ the launch script's name. These must agree on every rank:
   number nor their weights;
 - the checkpoint resumed from: a cluster whose --load holds no checkpoint (its copy left out) beside one that
   resumes at iteration N started from random weights at iteration 0, and the two ran different iterations, as with
-  another --train-iters; so do --finetune, --no-load-optim and --no-load-rng.
+  another --train-iters; so do --finetune, --no-load-optim and --no-load-rng;
+- how long a rank waits for the others (timeouts.py: --distributed-timeout-minutes, else HETAUTO_TIMEOUT_S): each
+  rank bounds its own waits, so a cluster given 60 minutes for a long index build or checkpoint load beside one left
+  at 10 stopped at 10, in a collective the slow cluster had not reached yet.
 A difference stops every rank with the same paragraph (exit 2) naming each flag and what each cluster gave.
 
 So does another Megatron-Core, compared first: each cluster's machines have their own install, and a cluster left on
 another Megatron-Core (another model initialisation, schedule or optimizer) beside the others' would train another
 model or hang, with nothing to say why. (hetauto-megatron's own code is compared earlier, with the plan:
-runtime/rendezvous.py check_same_plan.)
+megatron/world_store.py, as each rank reaches the rendezvous, and runtime/rendezvous.py check_same_plan.)
 """
 from __future__ import annotations
 
@@ -42,16 +45,21 @@ DATA_ARGS = ("seed", "mock_data", "split", "data_path", "dataloader_type", "rese
 # "load": the checkpoint the rank resumes from (loaded_checkpoint), derived from --load, its tracker and
 # --pretrained-checkpoint
 CHECKPOINT_ARGS = ("load", "finetune", "no_load_optim", "no_load_rng")
-JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS
+# "distributed_timeout_minutes": the seconds every wait between ranks takes at most (timeouts.job_timeout_s: the flag,
+# else HETAUTO_TIMEOUT_S), given by the hook
+JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS + ("distributed_timeout_minutes",)
 
 
-def job_values(args) -> dict:
+def job_values(args, timeout_s: float | None = None) -> dict:
     """This rank's job arguments, as comparable text (absent ones left out); of --data-path, the blend's number of
-    prefixes and their weights."""
+    prefixes and their weights; `timeout_s`, this rank's wait for the others (timeouts.py), as seconds."""
     values = {name: repr(getattr(args, name)) for name in JOB_ARGS if hasattr(args, name)}
     if getattr(args, "data_path", None):
         values["data_path"] = _blend(args.data_path)
     values["load"] = loaded_checkpoint(args)
+    values.pop("distributed_timeout_minutes", None)
+    if timeout_s is not None:
+        values["distributed_timeout_minutes"] = f"{timeout_s:g} s"
     return values
 
 
@@ -115,12 +123,14 @@ def differences(plan, every: list, names=JOB_ARGS, label=lambda name: f"--{name.
     return out
 
 
-def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None = None) -> None:
-    """InputError (exit 2, the same paragraph on every rank) when the ranks' job arguments differ."""
+def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None = None,
+                   timeout_s: float | None = None) -> None:
+    """InputError (exit 2, the same paragraph on every rank) when the ranks' job arguments differ (with `timeout_s`,
+    this rank's wait for the others, too)."""
     import torch.distributed as dist
 
     every = [None] * world_size
-    dist.all_gather_object(every, {"job": job_values(args), "software": software_values()})
+    dist.all_gather_object(every, {"job": job_values(args, timeout_s), "software": software_values()})
     software = differences(plan, [e["software"] for e in every], SOFTWARE, label=str)
     if software:
         raise InputError(f"the clusters run different software, which every rank must share (this process is rank "
@@ -134,4 +144,5 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
                          f"(this process is rank {rank}): {shown}", file=file, field=found[0].split(":")[0],
                          fix="give every cluster's launch the same job arguments after the script's name (the "
                              "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings, the "
-                             "data's seed, split and blend, the checkpoint to resume from)")
+                             "data's seed, split and blend, the checkpoint to resume from, the wait for the others: "
+                             "--distributed-timeout-minutes, else HETAUTO_TIMEOUT_S in the launch's environment)")
