@@ -25,8 +25,8 @@ A difference stops every rank with the same paragraph (exit 2) naming each flag 
 
 So does another Megatron-Core, compared first: each cluster's machines have their own install, and a cluster left on
 another Megatron-Core (another model initialisation, schedule or optimizer) beside the others' would train another
-model or hang, with nothing to say why. (hetauto-megatron's own code is compared earlier, with the plan:
-megatron/world_store.py, as each rank reaches the rendezvous, and runtime/rendezvous.py check_same_plan.)
+model or hang, with nothing to say why. (hetauto-megatron's own code is compared earlier: as each rank reaches the
+world store's rendezvous, megatron/world_store.py, and with the plan, runtime/rendezvous.py check_same_plan.)
 """
 from __future__ import annotations
 
