@@ -122,13 +122,7 @@ def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: flo
                 sys.stderr.flush()
             finally:
                 os._exit(code)
-    deadline, code = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.01)
+    code = _reaped(pid, time.monotonic() + timeout)
     if code is None:
         os.killpg(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -137,6 +131,17 @@ def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: flo
     err.seek(0)
     return subprocess.CompletedProcess([script, *argv], code, out.read().decode(errors="replace"),
                                        err.read().decode(errors="replace"))
+
+
+def _reaped(pid: int, deadline: float) -> int | None:
+    """The exit code of forked child `pid` once it ends, or None if it still runs at `deadline` (time.monotonic)."""
+    import time
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    return None
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -378,16 +383,14 @@ def side_by_side(fn, jobs, timeout: float = 600) -> list:
         children.append((pid, out))
     deadline, results, errors = time.monotonic() + timeout, [None] * len(jobs), []
     for i, (pid, out) in enumerate(children):
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if time.monotonic() > deadline:
-                for other, _ in children:
-                    try:
-                        os.kill(other, signal.SIGKILL)
-                        os.waitpid(other, 0)
-                    except (ProcessLookupError, ChildProcessError):
-                        pass
-                raise AssertionError(f"side_by_side: jobs still running after {timeout:.0f} s")
-            time.sleep(0.01)
+        if _reaped(pid, deadline) is None:
+            for other, _ in children:
+                try:
+                    os.kill(other, signal.SIGKILL)
+                    os.waitpid(other, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            raise AssertionError(f"side_by_side: jobs still running after {timeout:.0f} s")
         out.seek(0)
         try:
             result = pickle.load(out)
