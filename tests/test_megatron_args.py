@@ -599,6 +599,24 @@ def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it
                                                                   None))
     margs.validate_args(args, {})
     assert args.sequence_parallel is False and args.tensor_model_parallel_size == 1
+    # beside a mesh of TP 2, only that mesh can run it: refused on the TP 1 mesh's rank when the TP 2 mesh is told
+    # sequence_parallel: false (before, the TP 1 mesh counted as running it and the flag passed, unrun), passed
+    # when it runs it
+    for tp2_sp, refused in [(False, True), (True, False)]:
+        mixed = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+            {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]},
+            {"cluster": "b", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4],
+             "settings": {"sequence_parallel": tp2_sp}}]})
+        for rank in (0, 1):
+            _, args = _megatron_args(monkeypatch, ["--sequence-parallel"])
+            c = launch_identity.check_launch(mixed, launch_identity.LaunchIdentity(rank, 3, None), None)
+            if refused:
+                with pytest.raises(InputError, match="--sequence-parallel") as exc:
+                    rewrite.rewrite_args(args, mixed, c, file="plan.yaml")
+                assert exc.value.exit_code == 2
+            else:
+                rewrite.rewrite_args(args, mixed, c)
+                assert args.sequence_parallel is (rank == 1)
 
 
 def test_a_step_batch_size_schedule_must_end_at_the_plans_batch(monkeypatch):

@@ -68,7 +68,7 @@ def megatron_core_version() -> str:
         from megatron.core.package_info import __version__
     except ImportError:
         raise InputError("megatron-core is not installed", field="--hetauto",
-                         fix=f"pip install 'megatron-core=={SUPPORTED_TEXT}'") from None
+                         fix="pip install 'megatron-core~=0.19.0'") from None
     return str(__version__)
 
 

@@ -61,10 +61,13 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
         if not isinstance(want, bool):
             continue                # fp8 format and transformer_impl: checked below
         # --sequence-parallel on a TP 1 mesh builds nothing: Megatron turns it off there (arguments.py
-        # validate_args, "Disabling sequence parallelism because tensor model parallelism is disabled"), so such
-        # a mesh runs what the flag says (NVIDIA's example scripts pass it whatever the TP)
-        runs = [v.get(arg, (False,))[0] or (arg == "sequence_parallel" and plan.meshes[i].tp == 1)
-                for i, v in enumerate(every)]
+        # validate_args, "Disabling sequence parallelism because tensor model parallelism is disabled"), so on a
+        # plan whose meshes are all TP 1 the flag runs what the plan says (NVIDIA's example scripts pass it whatever
+        # the TP); where a mesh has TP > 1, only those meshes can run it
+        runs = [v.get(arg, (False,))[0] for i, v in enumerate(every)
+                if arg != "sequence_parallel" or plan.meshes[i].tp > 1]
+        if arg == "sequence_parallel" and all(m.tp == 1 for m in plan.meshes):
+            runs = [True]
         if getattr(args, arg, False) and not any(runs):
             clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
         out[arg] = want
