@@ -276,7 +276,7 @@ TIE_BREAK = 1e-6
 # What time is worth under --objective cost: the search minimises money x seconds^TIME_WEIGHT, so a plan k times
 # faster wins when it costs less than k^TIME_WEIGHT times as much (twice as fast: under 0.7 % more; 10 % faster:
 # under 0.1 % more). Money alone traded any time for any saving: LLaMA-2-7B on 64 H800 + 32 910B priced 2 / 1
-# took 4 H800 at 43.4 s per iteration where 8 run 21.7 s for 0.02 % more per token, far below what the cost
+# took 4 H800 at 43.5 s per iteration where 8 run 21.7 s for 0.04 % more per token, far below what the cost
 # model can tell apart. Every bound of the cost objective multiplies by a time bound to this power
 # (plan/space_bounds.py), which keeps it a lower bound.
 TIME_WEIGHT = 0.01
