@@ -129,10 +129,10 @@ def kernel_roofline_s(r, phase: str) -> dict[str, float]:
     return out
 
 
-def roofline_ratios(layers, gpu: str, score_bwd_weight: float = 2.5, gemm_bwd_weight: float = 2.0) -> dict:
+def roofline_ratios(layers, gpu: str, score_bwd_weight: float, gemm_bwd_weight: float) -> dict:
     """(model, phase) -> [(measured less known / learned prior, measured less TP all-reduces / kernel rooflines,
-    measured, kernel rooflines by class)] over the GPU's TF32 configurations that are not host-bound. The weights
-    default to those chosen on all the data."""
+    measured, kernel rooflines by class)] over the GPU's TF32 configurations that are not host-bound, the learned
+    prior with the given backward weights (`consistency` passes those the fit chooses on all the data)."""
     rows = [r for r in layers if r.gpu == gpu and r.shape.kind == "transformer" and r.precision == "tf32"]
     hb = {(k[0], k[3], k[4], ph) for k, ph in L.host_bound_times(rows)}
     out: dict[tuple, list] = {}
@@ -175,12 +175,13 @@ def two_class_errors(ratios: dict, phase: str, coef, model: str) -> float:
     return statistics.median(errs)
 
 
-def consistency(layers, gpu: str) -> None:
+def consistency(layers, gpu: str, weights: tuple[float, float]) -> None:
     print(f"\n{gpu}, TF32 runs, configurations not host-bound: measured pass less its known part over the learned "
-          f"prior (weights 2.5 / 2.0), and less its TP all-reduces over the fork's kernel rooflines; min, median, max")
+          f"prior (weights {weights[0]:g} / {weights[1]:g}, chosen on all the data as `hetauto fit --sailor` "
+          "chooses them), and less its TP all-reduces over the fork's kernel rooflines; min, median, max")
     print(f"{'model':<12} {'pass':>4} {'configs':>7} {'/ learned prior':>18} {'/ kernel rooflines':>20}  "
           f"kernel rooflines by class (largest configuration)")
-    ratios = roofline_ratios(layers, gpu)
+    ratios = roofline_ratios(layers, gpu, *weights)
     for (m, ph), v in sorted(ratios.items()):
         a, b = sorted(x[0] for x in v), sorted(x[1] for x in v)
         big = max(v, key=lambda x: x[2])[3]
@@ -210,8 +211,9 @@ def main() -> int:
     for spec in args.fold or FOLDS:
         held, gpu = spec.split(":")
         fold(layers, held, gpu)
+    weights = L.choose_weights(layers)[:2]
     for gpu in args.gpu or ("GH-96", "A100-40"):
-        consistency(layers, gpu)
+        consistency(layers, gpu, weights)
     return 0
 
 

@@ -331,7 +331,7 @@ def host_floored(gpu_work_s: float, floor_s: float) -> float:
     than the host floor, the time the host takes to issue the pass (Python, PyTorch's dispatcher, the launches and
     the all-reduces' NCCL calls, all from one thread; where the host is slower, the GPU waits for each kernel and
     the all-reduces hide in that wait). The one rule the fit (sailor_host_floor.host_bound_times measures the floor on the
-    whole pass), the learned model's predictions of measured layers (model.predict_samples) and the planner's
+    whole pass), the learned model's predictions of measured layers (fitted.predict_samples) and the planner's
     stage profiles (plan/costing.stage_profile) apply. floor_s 0: no floor (the analytic model, a GPU none of
     whose measured configurations is host-bound)."""
     return max(gpu_work_s, floor_s)
