@@ -10,6 +10,7 @@ numbers (forward f, backward b, link transfer x per micro-batch), not from expla
   at least m / (m + p - 1) of the pipeline.
 """
 import json
+import os
 
 import pytest
 import yaml
@@ -494,3 +495,21 @@ def test_explain_re_searches_a_plan_that_crosses_no_cluster_boundary_with_the_de
     row = next(r for r in rep["runners_up"] if r["what"] == "one pipeline of single meshes")
     assert not load_plan(out).is_simple
     assert row["iteration_time_s"] == pytest.approx(512 * 4096 / simple["tokens_per_s"], rel=1e-5)
+
+
+def test_explain_of_a_plan_of_two_pipelines_on_an_inventory_nothing_fits_is_exit_3(capsys):
+    """A plan of two pipelines explained on an inventory where no layout fits (--set shrinks every cluster's memory):
+    the re-plan finds nothing and the plan itself does not fit, so there is nothing to weigh it against. Before, the
+    sensitivity's reference indexed the missing outcome: a TypeError traceback, exit 1. Now exit 3, one paragraph;
+    --no-search still explains the plan alone."""
+    root = os.path.join(os.path.dirname(__file__), "..", "examples", "llama")
+    argv = ["explain", "--plan", os.path.join(root, "plans", "tiny-2pipelines-cpu.yaml"), "--inventory",
+            os.path.join(root, "inventory-cpu-tiny-2clusters.yaml"), "--quiet"]
+    sets = []
+    for cluster in yaml.safe_load(open(argv[4]))["clusters"]:
+        sets += ["--set", f"cluster.{cluster['name']}.memory_gib=0.01"]
+    assert main(argv + sets) == 3
+    err = capsys.readouterr().err
+    assert "no feasible plan" in err and "Traceback" not in err, err
+    assert main(argv + sets + ["--no-search"]) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out

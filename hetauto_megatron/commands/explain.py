@@ -32,7 +32,8 @@ runners-up and the re-planned sensitivities (one search each, some 10-20 in all:
 clusters, a few seconds each for 736 devices, so half a minute in all there on two cores; run --workers at a
 time, one per core by default; a line on stderr after each, --quiet drops them).
 
-exit codes: 0 ok, 2 invalid input."""
+exit codes: 0 ok, 2 invalid input, 3 no layout fits the inventory at all (the runners-up and re-planned what-ifs
+have nothing to weigh the plan against; --no-search explains the plan alone)."""
 
 EPILOG = """\
 examples:

@@ -142,7 +142,9 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
             found = _outcome(replan(inventory))
         except InfeasibleError:
             found = None
-        ref, ref_cost = at_least_the_plan(plan, inventory, cost_model, found)[0][:2]
+        # (None, None) where neither the re-plan nor the plan fits the unchanged inventory: the what-ifs then
+        # report their own throughput with no change to compare
+        ref, ref_cost = (at_least_the_plan(plan, inventory, cost_model, found)[0] or (None, None))[:2]
         # A link the plan does not cross can only matter if a faster one brings other clusters in: re-planned at x2.
         for key in _unused_links(plan, inventory):
             link = inventory.links[key]
