@@ -697,3 +697,18 @@ def test_a_wrapped_model_file_with_another_top_level_key_names_that_key(tmp_path
     plan = os.path.join(REPO, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
     rc, _, err = run_cli(["plan", "--model", plan, "--inventory", CPU_INV, "--global-batch-size", "8"], capsys)
     assert rc == 2 and "it looks like a plan file" in err, err
+
+
+def test_a_garbled_search_record_is_a_paragraph_for_plan_from(tmp_path, capsys):
+    """`plan --from OLD` reads how OLD was searched (estimate.search); hand-edited into a list, or its `shapes` into
+    a string, it was an AttributeError traceback. Now exit 2 naming the field."""
+    import yaml
+    plan = str(tmp_path / "p.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    good = yaml.safe_load(open(plan))
+    for field, garble in (("estimate.search", lambda s: [1]), ("estimate.search.shapes", lambda s: {**s, "shapes": "x"})):
+        bad = {**good, "estimate": {**good["estimate"], "search": garble(good["estimate"]["search"])}}
+        old = write(tmp_path, "old.yaml", yaml.safe_dump(bad))
+        rc, _, err = run_cli(base + ["--from", old, "-o", str(tmp_path / "new.yaml")], capsys)
+        check_error(rc, err, field=field, words=["old.yaml"])

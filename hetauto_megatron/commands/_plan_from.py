@@ -17,6 +17,7 @@ def keep_job_of(old, args) -> dict:
     job settings whose flag was not given is taken from it (set on `args`) -> {argparse name: value taken}."""
     from ..plan.engines import ENGINES
     from ._common import recorded_memory_job
+    search = _search_record(old, args.from_plan)
     job = {"global_batch_size": old.global_batch_size, "precision": old.precision,
            "seq_length": old.model.seq_length, "engine": old.engine}
     if memory_job := recorded_memory_job(old, args.from_plan):
@@ -25,7 +26,7 @@ def keep_job_of(old, args) -> dict:
         # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
         # single meshes searched with every shape re-plans with every shape, since the new inventory may make
         # another shape win; a plan without the record: the default, unless it has the other shapes anyway
-        recorded = (((old.estimate or {}).get("search") or {}).get("shapes") or {}).get("setting")
+        recorded = (search.get("shapes") or {}).get("setting")
         job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
     if old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
         from ..plan.replan import searched_schedule
@@ -38,6 +39,24 @@ def keep_job_of(old, args) -> dict:
             setattr(args, name, value)
             kept[name] = value
     return kept
+
+
+def _search_record(old, file: str) -> dict:
+    """The old plan's estimate.search (how it was searched), {} where it has none; a hand-edited one of another
+    kind is an InputError naming the field (the estimate is never read for decisions but by --from)."""
+    from ..errors import InputError
+    from ..plan.constraints import Constraints
+    estimate = old.estimate if isinstance(old.estimate, dict) else {}
+    try:
+        Constraints.from_record(estimate.get("search"))     # the mapping and its constraints
+    except InputError as exc:
+        raise exc.within(file=file) from None
+    search = estimate.get("search") or {}
+    if not isinstance(search.get("shapes") or {}, dict):
+        raise InputError("must be a mapping (setting: all or simple, as hetauto plan writes it)", file=file,
+                         field="estimate.search.shapes",
+                         fix="remove the plan's estimate.search block (hetauto plan writes it) or correct it")
+    return search
 
 
 def keep_search_of(old, args, con, inventory, kept: dict):

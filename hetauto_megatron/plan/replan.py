@@ -29,7 +29,8 @@ def searched_schedule(plan: Plan, default: str | None = "overlapped") -> str | N
     overlapped if any mesh's boundary is, else blocking (a search with overlapped boundaries may still leave every
     one blocking where the buffers do not fit: the record says so); a plan with no boundary between clusters does
     not tell, and gets `default` (the search's)."""
-    recorded = ((plan.estimate or {}).get("search") or {}).get("boundary_schedule")
+    search = (plan.estimate or {}).get("search") if isinstance(plan.estimate, dict) else None
+    recorded = search.get("boundary_schedule") if isinstance(search, dict) else None
     if recorded in ("overlapped", "blocking"):
         return recorded
     crossing = [b for p in range(plan.num_pipelines) for a, b in zip(plan.positions(p), plan.positions(p)[1:])
