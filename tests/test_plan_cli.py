@@ -596,3 +596,26 @@ def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for
     assert "Traceback" not in stderr and "(cut short by Ctrl-C)" in stdout, stdout + stderr
     assert yaml.safe_load(out.read_text())["estimate"]["search"]["cut_by_budget"] is True
     assert ("--explain skipped after the Ctrl-C" in stderr) is ("--explain" in search), stderr
+
+
+def test_a_cluster_left_out_as_unable_stays_out_when_the_plan_is_priced_or_replanned(tmp_path, capsys):
+    """The peers' same-zone inventory trains in bf16 only on its A100s (the V100-16 has no bf16): `plan
+    --exclude-clusters v100` leaves the V100s out. Pricing that plan on the same inventory (simulate, explain,
+    compare), a layout on the A100s alone, and `plan --from` it refused the inventory for the V100s the plan never
+    uses (exit 2, "cluster v100 ... cannot train in bf16", the fix naming a flag those commands do not have). Now
+    they are left out, said on stderr; a layout on the V100s themselves is still refused."""
+    from helpers import run_cli
+    inv = os.path.join(os.path.dirname(__file__), "..", "examples", "peers", "inventory-same-zone.yaml")
+    plan = str(tmp_path / "a100.yaml")
+    assert run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--exclude-clusters", "v100", "--quiet",
+                    "-o", plan], capsys)[0] == 0
+    layout = ["--tp", "1", "--pp", "4", "--dp", "4", "--micro-batch-size", "1", "--global-batch-size", "64"]
+    for argv in (["simulate", "--plan", plan, "--inventory", inv], ["compare", plan, "--inventory", inv],
+                 ["explain", "--plan", plan, "--inventory", inv, "--no-search", "--quiet"],
+                 ["simulate", "--model", "llama2-7b", "--inventory", inv, "--cluster", "a100", *layout],
+                 ["plan", "--model", "llama2-7b", "--inventory", inv, "--from", plan, "--quiet",
+                  "-o", str(tmp_path / "again.yaml")]):
+        rc, _, err = run_cli(argv, capsys)
+        assert rc == 0 and "left out of the inventory: v100" in err, (argv, err)
+    rc, _, err = run_cli(["simulate", "--model", "llama2-7b", "--inventory", inv, "--cluster", "v100", *layout], capsys)
+    assert rc == 2 and "cannot train in bf16" in err, err

@@ -123,6 +123,19 @@ def measured_layers_hint(priced) -> None:
               "prices them from those (docs/cost-model-learned.md)", file=sys.stderr)
 
 
+def without_unused_unable(inventory, precision: str, used, command: str):
+    """The inventory without the clusters a plan or layout does not use (`used`: cluster names) whose device cannot
+    train at `precision` (said on stderr): `hetauto plan` left them out of its search (--exclude-clusters), so
+    pricing the plan, or searching its alternatives, on the same inventory leaves them out too; a cluster it uses
+    is refused as before."""
+    unable = [n for n in inventory.unable_at(precision) if n not in set(used)]
+    if not unable or len(unable) == len(inventory.clusters):
+        return inventory
+    print(f"{command}: left out of the inventory: {', '.join(unable)} (not used here, and cannot train in "
+          f"{precision})", file=sys.stderr)
+    return inventory.without(unable)
+
+
 def at_plan_precision(inventory, plan, plan_file: str | None):
     """The inventory priced at the plan's precision; where a device of it cannot train in that precision, the
     error names the plan file's `precision` (where the value came from), not a flag the user did not give."""

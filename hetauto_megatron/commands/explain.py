@@ -103,6 +103,9 @@ def plan_inputs(args, plan_path: str, plan=None):
         # a TF32 choice the plan's launch does not make is said (the figures follow --inventory)
         as_priced_on(plan, inventory, f"hetauto {getattr(args, 'command', None) or 'explain'}")
     inventory = apply_overrides(inventory, getattr(args, "set", None))
+    from ._common import without_unused_unable
+    inventory = without_unused_unable(inventory, plan.precision, [m.cluster for m in plan.meshes],
+                                      f"hetauto {getattr(args, 'command', None) or 'explain'}")
     cost_model = load_cost_model(getattr(args, "cost_model", None))
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
     from ._common import apply_memory_job, at_plan_precision, use_recorded_memory_job

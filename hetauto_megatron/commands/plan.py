@@ -197,6 +197,11 @@ def run(args) -> int:
     if args.emit:
         check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
     model, inventory, cost_model = load_inputs(args)
+    if old is not None:
+        # a cluster that cannot train at the job's precision and that the old plan does not use was left out of its
+        # search (--exclude-clusters, which the plan records without it, as its inventory is): it stays out
+        from ._common import without_unused_unable
+        inventory = without_unused_unable(inventory, args.precision, [m.cluster for m in old.meshes], "hetauto plan")
     inventory = without_excluded_unable(inventory, args)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:

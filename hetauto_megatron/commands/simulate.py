@@ -7,7 +7,7 @@ import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
                       as_priced_on, at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
-                      use_recorded_memory_job, write_timelines)
+                      use_recorded_memory_job, without_unused_unable, write_timelines)
 from ..spec.whatif import keys_help
 
 DESCRIPTION = """\
@@ -192,6 +192,7 @@ def run(args) -> int:
             raise InputError(f"{pp} stages for {model.num_layers} layers", field="--pp",
                              fix=f"use at most {model.num_layers + 2} stages (the first and the last may hold "
                                  "only the embedding and the output layer)")
+        inventory = without_unused_unable(inventory, args.precision or "bf16", [cluster.name], "hetauto simulate")
         layers = homogeneous_split(model, inventory, cluster, (tp, pp, dp, mbs, gbs), args, cost_model)
         try:
             # made for the engine that runs it (selective_runs: DeepSpeed's runs a biased model's "selective", as
@@ -214,6 +215,7 @@ def run(args) -> int:
     from ..plan.engines import check_engine_precision      # (plan and the plan file refuse it too)
     check_engine_precision(args.engine, plan.precision, field="--precision" if args.precision else "--engine",
                            command="simulate")
+    inventory = without_unused_unable(inventory, plan.precision, [m.cluster for m in plan.meshes], "hetauto simulate")
     try:
         # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
         apply_memory_job(cost_model, inventory.with_precision(plan.precision) if args.precision or not args.plan
