@@ -74,8 +74,11 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
     for i, (flag, path) in enumerate(outs):
         for in_flag, in_path in ins:
             if same(path, in_path):
-                raise InputError(f"{path!r} is also the input {in_flag} {in_path!r}; writing it would overwrite that "
-                                 "input", field=flag, fix=f"give {flag} another file name")
+                # (an emitted file lands in the --emit folder: the other file must move, or the folder)
+                fix = (f"give --emit another folder, or {in_flag} a file outside it" if flag == "--emit"
+                       else f"give {flag} another file name")
+                raise InputError(f"{path!r} is also {in_flag} {in_path!r}; writing it would overwrite that file",
+                                 field=flag, fix=fix)
         for other_flag, other in outs[:i]:
             if same(path, other):
                 raise InputError(f"{path!r} is also the output {other_flag} {other!r}; one would overwrite the "

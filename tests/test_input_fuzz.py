@@ -320,6 +320,17 @@ def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
     rc, _, err = run_cli(["emit", "summary", "--plan", plan, "-o", str(tmp_path)], capsys)
     check_error(rc, err, field="-o", words=["--plan", "overwrite"])
     assert open(plan).read() == before
+    # a --timeline named as an emitted file (a cluster's DeepSpeed config): the config was written and the
+    # timeline then over it, both reported written
+    out = tmp_path / "out"
+    out.mkdir()
+    base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--shapes", "simple",
+            "-o", str(out / "p.yaml"), "--emit", str(out)]
+    assert run_cli(base, capsys)[0] == 0
+    config = sorted(out.glob("ds_config.*.json"))[0]
+    rc, _, err = run_cli(base + ["--timeline", str(config)], capsys)
+    check_error(rc, err, field="--emit", words=["--timeline", "overwrite", "another folder"])
+    assert "traceEvents" in config.read_text()      # the timeline, as asked
 
 
 def test_messages_say_what_the_path_is(tmp_path, capsys):

@@ -251,15 +251,16 @@ def run(args) -> int:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
             plan.save(args.output)
         written.append(args.output)
+    if args.timeline:       # (before --emit, which then refuses to write over a timeline of its folder)
+        from ..plan.timeline import predicted_timeline
+        written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     if args.emit:
         from .emit import warn_stale
         emitted = emit_all(plan, args.output, args.emit, keep=[
-            ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan)])
+            ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
+            *[("--timeline", t) for t in args.timeline or []]])
         warn_stale(args.emit, emitted, "hetauto plan")
         written += emitted
-    if args.timeline:
-        from ..plan.timeline import predicted_timeline
-        written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     explained = None
     if args.explain and ctrl_c.pressed:
         # its what-ifs are searches too (seconds each): after a Ctrl-C the user wants the plan, not more searching
