@@ -723,3 +723,12 @@ def test_a_garbled_search_record_is_a_paragraph_for_plan_from(tmp_path, capsys):
         old = write(tmp_path, "old.yaml", yaml.safe_dump(bad))
         rc, _, err = run_cli(base + ["--from", old, "-o", str(tmp_path / "new.yaml")], capsys)
         check_error(rc, err, field=field, words=["old.yaml"])
+
+
+def test_emit_summary_refuses_the_cluster_it_would_not_read(capsys):
+    """`emit summary --cluster NAME` checked NAME and then printed every cluster's stages, as without it; like
+    --script or --plan-path, a flag the summary does not read is refused."""
+    plan = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "plans", "llama2-70b-736.yaml")
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan, "--cluster", "ascend"], capsys)
+    check_error(rc, err, field="--cluster", words=["summary"])
+    assert run_cli(["emit", "megatron", "--plan", plan, "--cluster", "ascend"], capsys)[0] == 0
