@@ -54,8 +54,27 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a value of the wrong type, a missing or unknown option) end as every other
+    invalid input does: usage and the message on stderr with a fix, exit 2, and under --json one error object on
+    stdout (sub-parsers are made of the root parser's class)."""
+    json_requested = False      # set by main() from its argv: an error is raised before args exist
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        fix = f"see '{self.prog} --help'"
+        if _Parser.json_requested:
+            import json
+            import re
+            named = re.match(r"argument ([^:/ ]+)", message)    # "argument --seq-length: invalid int value: 'x'"
+            print(json.dumps({"error": {"kind": "invalid input", "exit_code": 2, "message": f"{message}. Fix: {fix}.",
+                                        "file": None, "field": named.group(1) if named else None,
+                                        "reason": message, "fix": fix}}))
+        self.exit(2, f"{self.prog}: error: {message}. Fix: {fix}.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hetauto", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Plan and run one Megatron training job across clusters of different accelerators.")
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and the digest of the code "
@@ -72,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    _Parser.json_requested = "--json" in (sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra:     # told by the command's own parser: its usage, not the top level's
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")

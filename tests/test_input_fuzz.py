@@ -732,3 +732,20 @@ def test_emit_summary_refuses_the_cluster_it_would_not_read(capsys):
     rc, _, err = run_cli(["emit", "summary", "--plan", plan, "--cluster", "ascend"], capsys)
     check_error(rc, err, field="--cluster", words=["summary"])
     assert run_cli(["emit", "megatron", "--plan", plan, "--cluster", "ascend"], capsys)[0] == 0
+
+
+def test_an_option_the_parser_refuses_is_a_json_error_under_json(capsys):
+    """`--json` promises one object on stdout; a value of the wrong type (argparse's own error) printed nothing
+    there, and its message no fix."""
+    for argv, field in ((["plan", "--model", "tiny", "--inventory", CPU_INV, "--json", "--seq-length", "abc"],
+                         "--seq-length"),
+                        (["explain", "--plan", "p.yaml", "--json", "--runners-up", "x"], "--runners-up")):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        out, err = capsys.readouterr()
+        assert exc.value.code == 2 and "Fix: " in err and "Traceback" not in err, err
+        error = json.loads(out)["error"]
+        assert error["exit_code"] == 2 and error["field"] == field and "invalid" in error["reason"], error
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--seq-length", "abc"])
+    assert capsys.readouterr().out == ""        # without --json nothing on stdout
