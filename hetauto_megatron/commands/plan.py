@@ -70,7 +70,8 @@ def add_arguments(parser) -> None:
                         help="mcts (default) or exhaustive (every leaf of the same tree; small instances: it says "
                              "its progress on stderr and stops at --budget-s with the best leaf so far)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
-                        help="MCTS playouts in all (default, or 0: from the tree's estimated size; docs/search.md)")
+                        help="MCTS playouts in all, N / 6 per tree in six trees, at least one each (default, or "
+                             "0: from the tree's estimated size; docs/search.md); --search exhaustive ignores it")
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
                              "best plan found so far; the output then says '(cut by --budget-s)'; a first Ctrl-C "

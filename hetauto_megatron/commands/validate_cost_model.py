@@ -72,7 +72,8 @@ def add_arguments(p):
                    help="only for reports that do not name their model: the dry runs ran with --tiny "
                         "(--no-tiny: they ran the plan's model)")
     p.add_argument("--rows", type=int, default=15, metavar="N",
-                   help="table rows to print, worst first (default 15; 0 = all)")
+                   help="rows of the per-reading tables (profiles, --sailor) to print, worst first (default 15; "
+                        "0 = all); the --published and --dryrun tables print every run, in the file's order")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
 
