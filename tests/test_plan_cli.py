@@ -619,3 +619,12 @@ def test_a_cluster_left_out_as_unable_stays_out_when_the_plan_is_priced_or_repla
         assert rc == 0 and "left out of the inventory: v100" in err, (argv, err)
     rc, _, err = run_cli(["simulate", "--model", "llama2-7b", "--inventory", inv, "--cluster", "v100", *layout], capsys)
     assert rc == 2 and "cannot train in bf16" in err, err
+
+
+def test_iterations_with_the_exhaustive_search_is_refused(capsys):
+    """--search exhaustive --iterations 50 was taken and did nothing (every layout evaluated anyway)."""
+    from helpers import run_cli
+    inv = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "inventory-cpu-dryrun.yaml")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--search", "exhaustive", "--iterations",
+                          "50"], capsys)
+    assert rc == 2 and "field '--iterations'" in err and "Fix: " in err, err

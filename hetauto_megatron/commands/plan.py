@@ -71,7 +71,7 @@ def add_arguments(parser) -> None:
                              "its progress on stderr and stops at --budget-s with the best leaf so far)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
                         help="MCTS playouts in all, N / 6 per tree in six trees, at least one each (default, or "
-                             "0: from the tree's estimated size; docs/search.md); --search exhaustive ignores it")
+                             "0: from the tree's estimated size; docs/search.md); not with --search exhaustive")
     parser.add_argument("--budget-s", type=float, metavar="S",
                         help="stop the search (tree or exhaustive, and the new shapes') after S seconds, keeping the "
                              "best plan found so far; the output then says '(cut by --budget-s)'; a first Ctrl-C "
@@ -208,6 +208,9 @@ def run(args) -> int:
     if args.iterations < 0:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations",
                          fix="give the MCTS playouts in all, or 0 for the default from the tree's size")
+    if args.iterations and args.search == "exhaustive":     # it was taken and did nothing
+        raise InputError("sets the MCTS playouts; --search exhaustive evaluates every layout", field="--iterations",
+                         fix="drop --iterations, or search with mcts")
     check_budget_s(args.budget_s, "the search's time limit", 30)
     if args.workers < 0:
         raise InputError(f"must not be negative, got {args.workers}", field="--workers",
