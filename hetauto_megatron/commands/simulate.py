@@ -183,6 +183,12 @@ def run(args) -> int:
             if v < 1:
                 raise InputError(f"must be at least 1, got {v}", field=n, fix=f"give {n} 1 or more")
         tp, pp, dp, mbs, gbs = layout
+        from ..plan.engines import recompute_as_run_by
+        if args.recompute and recompute_as_run_by(args.recompute, args.engine) != args.recompute:
+            # (as `plan --engine deepspeed --recompute` refuses it; a plan file is priced as the engine runs it)
+            raise InputError(f"{args.recompute}: DeepSpeed's pipeline engine checkpoints whole layers only",
+                             field="--recompute", fix=f"use --recompute {recompute_as_run_by(args.recompute, args.engine)}"
+                             " or none, or simulate with --engine megatron")
         try:
             cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
         except InputError as exc:       # named as the flag that chose it
