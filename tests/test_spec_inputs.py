@@ -492,6 +492,9 @@ def test_messages_that_named_the_wrong_thing(tmp_path, capsys):
              (["validate-cost-model", "--published", "--rows", "-1"], "--rows", ["not be negative"]),
              # said the machine had no CPU "that torch can use"
              (["profile", "--device-type", "cpu", "--overheads"], "--overheads", ["CPU processes have no"]),
+             # the timing grid's options were taken and did nothing
+             (["profile", "--device-type", "h100-sxm", "--overheads", "--quick", "--seed", "3"], "--overheads",
+              ["--quick, --seed would do nothing"]),
              # printed a links entry the inventory loader then refused
              (["probe-link", "--local", "--between", "a b", "c"], "--between", ["not a usable cluster name"])]
     for argv, field, words in cases:

@@ -70,6 +70,15 @@ def run(args) -> int:
     from ..measure.profile import profile, stderr_progress
     device = get_device(args.device_type, field="--device-type")
     if args.overheads:
+        # the grid's options time operators or layers, which --overheads does not: taken, they did nothing
+        unread = [flag for flag, given in (("--quick", args.quick), ("--layers", args.layers),
+                                           ("--layer-impl", args.layer_impl != "torch"), ("--grid", args.grid),
+                                           ("--dtype", args.dtype), ("--threads", args.threads is not None),
+                                           ("--seed", args.seed != 0)) if given]
+        if unread:
+            raise InputError(f"measures memory overheads, not timings: {', '.join(unread)} would do nothing",
+                             field="--overheads", fix=f"drop {', '.join(unread)}, or profile timings without "
+                             "--overheads")
         return _overheads(args, device)
     grid = args.grid or grid_name(device, args.quick, args.layers)
     gran = granularity(grid)
