@@ -139,7 +139,9 @@ ROWS = [("iteration_time_s", "iteration s", "{:.3f}", "min"), ("tokens_per_s", "
 
 def format_table(rows: list[dict]) -> str:
     import os
-    header = ["", ""] + [os.path.basename(r["plan"]) for r in rows]
+    names = [os.path.basename(r["plan"]) for r in rows]
+    # two plans of the same file name in different folders: their columns show the paths as given
+    header = ["", ""] + [r["plan"] if names.count(n) > 1 else n for n, r in zip(names, rows)]
     lines = []
     for key, label, fmt, better in ROWS:
         vals = [r[key] for r in rows]
