@@ -513,3 +513,25 @@ def test_explain_of_a_plan_of_two_pipelines_on_an_inventory_nothing_fits_is_exit
     assert "no feasible plan" in err and "Traceback" not in err, err
     assert main(argv + sets + ["--no-search"]) == 0
     assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_compare_names_the_plan_whose_inventory_lacks_a_set_key(readme_plan, tmp_path, capsys):
+    """`compare a.yaml b.yaml --set cluster.X.nodes=4` where only b's inventory has X: refused, naming the plan
+    whose inventory lacks it (the paragraph named only the clusters it has); the same file twice in two folders is
+    headed by its paths."""
+    a, inv = readme_plan
+    three = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "inventory-3clusters.yaml")
+    b = str(tmp_path / "b.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", three, "--global-batch-size", "512", "-o", b,
+                 "--quiet"]) == 0
+    extra = [c["name"] for c in yaml.safe_load(open(three))["clusters"]
+             if c["name"] not in {c["name"] for c in yaml.safe_load(open(inv))["clusters"]}][0]
+    capsys.readouterr()
+    assert main(["compare", a, b, "--set", f"cluster.{extra}.nodes=4"]) == 2
+    assert f"(in the inventory {a} is priced on)" in capsys.readouterr().err
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "p.yaml").write_text(open(a).read())
+    assert main(["compare", str(tmp_path / "x" / "p.yaml"), str(tmp_path / "y" / "p.yaml")]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert str(tmp_path / "x" / "p.yaml") in head and str(tmp_path / "y" / "p.yaml") in head

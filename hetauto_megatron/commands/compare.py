@@ -165,7 +165,15 @@ def run(args) -> int:
     from .explain import plan_inputs
     rows, jobs, inputs = [], {}, []
     for path in args.plans:
-        plan, inventory, cost_model = plan_inputs(args, path)
+        try:
+            plan, inventory, cost_model = plan_inputs(args, path)
+        except InputError as exc:
+            if exc.field == "--set" and exc.file is None and len(args.plans) > 1:
+                # a key of one plan's inventory and not another's: say whose inventory refused it
+                raise InputError(f"{exc.reason} (in the inventory {path} is priced on)", field="--set",
+                                 fix=f"{exc.fix}; compare the plans whose inventories have it, or give "
+                                     "--inventory one inventory for all") from None
+            raise
         jobs[path] = (plan.model.name, plan.model.num_layers, plan.model.hidden_size, plan.model.seq_length,
                       plan.global_batch_size)
         inputs.append((path, plan, inventory, cost_model))
