@@ -640,3 +640,19 @@ def test_simulate_refuses_a_recomputation_the_engine_does_not_run(capsys):
     rc, _, err = run_cli(base + ["selective"], capsys)
     assert rc == 2 and "field '--recompute'" in err and "whole layers" in err, err
     assert run_cli(base + ["full"], capsys)[0] == 0
+
+
+def test_simulate_a_plan_at_a_longer_sequence_than_its_learned_positions(tmp_path, capsys):
+    """`simulate --plan P --seq-length N` past the learned positions of P's own model was a paragraph naming no file,
+    whose fix (set max_position_embeddings) no flag reaches, where `--model` beside it and `plan --seq-length` build
+    the longer table with a note: now the plan's model does too."""
+    from helpers import run_cli
+    inv = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "inventory-cpu-dryrun.yaml")
+    model = tmp_path / "gpt.yaml"       # the tiny shapes with GPT's learned positions, 32 of them
+    model.write_text("preset: tiny\nposition_embedding: learned\nmax_position_embeddings: 32\n")
+    plan = str(tmp_path / "g.yaml")
+    assert run_cli(["plan", "--model", str(model), "--inventory", inv, "--global-batch-size", "8", "--quiet",
+                    "-o", plan], capsys)[0] == 0
+    rc, out, err = run_cli(["simulate", "--plan", plan, "--seq-length", "64", "--json"], capsys)
+    assert rc == 0 and "learned positions" in err and "64-row position table" in err, err
+    assert json.loads(out)["tokens_per_s"] > 0

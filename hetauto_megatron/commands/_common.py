@@ -65,14 +65,16 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
     inventory stored in it stand in for a --model or --inventory left out."""
     from ..cost.learned import load_cost_model
     from ..errors import InputError
-    from ..spec.model import load_model
+    from ..spec.model import load_model, with_seq_length
     from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length",
                          fix="give the training sequence length in tokens, e.g. --seq-length 4096")
     try:
         if args.model is None:
-            model = plan.model if args.seq_length is None else plan.model.replace(seq_length=args.seq_length)
+            model = plan.model if args.seq_length is None else with_seq_length(
+                plan.model, args.seq_length, f"{plan_path or 'the plan'}'s model",
+                note=lambda line: print(f"note: {line}", file=sys.stderr))
         else:
             model = load_model(args.model, seq_length=args.seq_length,
                                note=lambda line: print(f"note: {line}", file=sys.stderr))

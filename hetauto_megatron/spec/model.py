@@ -328,12 +328,15 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
                                  file=source, field=other[0],
                                  fix="move those keys inside the 'model:' block, or drop them")
         spec = model_from_dict(_named_by_file(data, source), file=source)
-    if seq_length:
-        # a longer learned table is what training at that length builds (rotary: ModelSpec raises its reach)
-        if spec.position_embedding == "learned" and seq_length > spec.max_position_embeddings and note is not None:
-            note(f"--seq-length {seq_length:,} is longer than the {spec.max_position_embeddings:,} learned positions "
-                 f"of {source}: the plan builds a {seq_length:,}-row position table (a model trained from scratch; a "
-                 f"checkpoint with {spec.max_position_embeddings:,} positions will not load into it)")
-        spec = spec.replace(seq_length=seq_length, max_position_embeddings=max(seq_length, spec.max_position_embeddings)
-                            if spec.position_embedding == "learned" else spec.max_position_embeddings)
-    return spec
+    return with_seq_length(spec, seq_length, source, note) if seq_length else spec
+
+
+def with_seq_length(spec: ModelSpec, seq_length: int, source: str, note=None) -> ModelSpec:
+    """`spec` trained at --seq-length `seq_length` (of the model read from `source`): a longer learned table is what
+    training at that length builds, and `note` is told so (rotary: ModelSpec raises its reach)."""
+    if spec.position_embedding == "learned" and seq_length > spec.max_position_embeddings and note is not None:
+        note(f"--seq-length {seq_length:,} is longer than the {spec.max_position_embeddings:,} learned positions "
+             f"of {source}: the plan builds a {seq_length:,}-row position table (a model trained from scratch; a "
+             f"checkpoint with {spec.max_position_embeddings:,} positions will not load into it)")
+    return spec.replace(seq_length=seq_length, max_position_embeddings=max(seq_length, spec.max_position_embeddings)
+                        if spec.position_embedding == "learned" else spec.max_position_embeddings)
