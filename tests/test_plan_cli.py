@@ -350,6 +350,11 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     assert json.loads(r.stdout)["kept_from_plan"]["boundary_schedule"] == "blocking"
     assert all(m.get("boundary", {}).get("schedule", "blocking") == "blocking"
                for m in json.loads(r.stdout)["plan"]["meshes"])
+    # re-planned for DeepSpeed's engine, which blocks at every boundary: the schedule is not said to be kept (it
+    # was: "kept: ... --boundary-schedule overlapped", a flag that --engine deepspeed refuses)
+    r = hetauto(*base, "--from", str(old), "--json", "--engine", "deepspeed")
+    assert r.returncode == 0, r.stderr
+    assert "boundary_schedule" not in json.loads(r.stdout)["kept_from_plan"] and "--boundary-schedule" not in r.stderr
 
 
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):

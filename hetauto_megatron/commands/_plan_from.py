@@ -28,7 +28,8 @@ def keep_job_of(old, args) -> dict:
         # another shape win; a plan without the record: the default, unless it has the other shapes anyway
         recorded = (search.get("shapes") or {}).get("setting")
         job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
-    if old.engine == "megatron":     # (DeepSpeed's engine blocks at every boundary anyway)
+    # (DeepSpeed's engine blocks at every boundary: an old plan of its searched none, a new one would run none)
+    if old.engine == "megatron" and not ENGINES[args.engine or old.engine].blocking_boundaries:
         from ..plan.replan import searched_schedule
         schedule = searched_schedule(old, default=None)      # (None: the plan does not tell; the default runs)
         if schedule is not None:
