@@ -83,16 +83,25 @@ def test_memory_cap_where_memory_is_not_affine_takes_few_readings():
         asked.append(n)
         return reading(n, 2, 0)
 
-    n = memory_fit.layers_that_fit(need, prof.memory_cap, model.num_layers)
+    # the edge itself, far past the ceiling a 2-layer model's cap stops at (asked as for a 100,000-layer model)
+    n = memory_fit.layers_that_fit(need, prof.memory_cap, 100_000)
     assert n > 10_000 and len(asked) < 100, (n, len(asked))
     assert need(n) <= prof.memory_cap < need(n + 1)
+    # for the model itself the cap stops at the ceiling, in a few readings of at most that many layers: a memory_gib
+    # of 1e9 made the search ask for the memory of a billion layers, walking each (plan ran for minutes)
+    asked.clear()
+    ceiling = memory_fit.cap_ceiling(model.num_layers)
+    assert memory_fit.layers_that_fit(need, prof.memory_cap, model.num_layers) == ceiling
+    assert max(asked) <= ceiling and len(asked) < 20, asked
+    assert memory_fit.layers_that_fit(need, 1e9 * 2 ** 30, model.num_layers) == ceiling
     # needs steeper (the step overshoots) or flatter (it falls short) above a bend, against brute force
     for bend in (5, 50, 500):
         for late in (3.0, 0.25):
             def bent(k, bend=bend, late=late):
                 return 100 + min(k, bend) + late * max(k - bend, 0)
             exact = max(k for k in range(0, 10_000) if bent(k) <= 2000)
-            assert memory_fit.layers_that_fit(bent, 2000, 2) == exact, (bend, late)
+            assert memory_fit.layers_that_fit(bent, 2000, 5_000) == exact, (bend, late)
+            assert memory_fit.layers_that_fit(bent, 2000, 2) == min(exact, memory_fit.cap_ceiling(2)), (bend, late)
 
 
 def _random_instance(rng):

@@ -147,18 +147,27 @@ def max_layers_in_memory(model: ModelSpec, prof: StageProfile, in_flight: int, f
     return layers_that_fit(need, prof.memory_cap, model.num_layers)
 
 
+def cap_ceiling(num_layers: int) -> int:
+    """The largest layer cap `layers_that_fit` reports: twice the model's layers, and at least 400 (past it a cap
+    no longer binds any stage of the model)."""
+    return max(2 * num_layers, 400)
+
+
 def layers_that_fit(need, limit: float, num_layers: int) -> int:
     """The largest n with need(n) <= limit, -1 if even need(0) exceeds it; `need` (bytes for n layers) grows
     with n, mostly affinely from one layer on: a step from the slope between one and two layers, then bisected
     against `need` to the exact edge so that rounding or a bend never overstates it (need(n) > limit for n
-    above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer costs nothing.)"""
+    above). need(0) is only asked when not even one layer fits. (`num_layers` when a layer costs nothing.)
+    A cap above `cap_ceiling(num_layers)` is that ceiling: the stage then holds every layer of the model with room to
+    spare, and each reading of `need` walks its n layers (a memory_gib of 1e9 asked for a billion-layer edge)."""
     one = need(1)
     if one > limit:
         return -1 if need(0) > limit else 0
     per = need(2) - one
     if per <= 0:
         return num_layers
-    n = 1 + int((limit - one) // per)
+    ceiling = cap_ceiling(num_layers)
+    n = min(1 + int((limit - one) // per), ceiling)
     # need is not affine everywhere (DeepSpeed's state is the largest of three affine sets, one with a fixed
     # bucket), so the step may miss by far: a small model's cap is tens of thousands of layers, which a walk
     # one layer at a time took 250,000 readings to reach. Bisect between a count that fits and one that does not.
@@ -166,9 +175,11 @@ def layers_that_fit(need, limit: float, num_layers: int) -> int:
         lo, hi = 1, n
     else:
         lo, step = n, 1
-        while need(lo + step) <= limit:
+        while lo + step < ceiling and need(lo + step) <= limit:
             lo, step = lo + step, 2 * step
-        hi = lo + step
+        hi = min(lo + step, ceiling)
+        if hi == ceiling and need(ceiling) <= limit:
+            return ceiling
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if need(mid) <= limit else (lo, mid)
