@@ -535,3 +535,18 @@ def test_compare_names_the_plan_whose_inventory_lacks_a_set_key(readme_plan, tmp
     assert main(["compare", str(tmp_path / "x" / "p.yaml"), str(tmp_path / "y" / "p.yaml")]) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert str(tmp_path / "x" / "p.yaml") in head and str(tmp_path / "y" / "p.yaml") in head
+
+
+def test_explain_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
+    """A link of 1e-6 Gbit/s between the only two clusters: the plan's estimate is 0 tokens/s, and explain divided
+    the blocking boundaries' throughput by it (ZeroDivisionError, exit 1); now the change is '-'."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n"
+                   "  - {name: b, device: h100, nodes: 1, devices_per_node: 8}\n"
+                   "links:\n  - {between: [a, b], bandwidth_gbps: 0.000001}\n")
+    plan = str(tmp_path / "x.yaml")
+    assert main(["plan", "--model", "llama2-7b", "--inventory", str(inv), "--use-clusters", "a,b", "--quiet",
+                 "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["explain", "--plan", plan, "--no-search"]) == 0
+    assert "blocking instead (same layout) 0 tokens/s (-)" in capsys.readouterr().out

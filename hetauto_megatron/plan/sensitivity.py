@@ -186,7 +186,8 @@ def blocking_boundaries(plan: Plan, inventory, cost_model, base: float) -> dict 
             names += [f"{plan.meshes[i].cluster} -> {plan.meshes[j].cluster}" for i in here for j in there
                       if plan.meshes[i].boundary_schedule == "overlapped"]
     return {"boundaries": list(dict.fromkeys(names)),
-            "tokens_per_s": est.tokens_per_s, "change": est.tokens_per_s / base - 1.0, "fits": est.fits}
+            "tokens_per_s": est.tokens_per_s, "change": est.tokens_per_s / base - 1.0 if base > 0 else None,
+            "fits": est.fits}
 
 
 def _outcome(found):
