@@ -661,3 +661,17 @@ def test_simulate_a_plan_at_a_longer_sequence_than_its_learned_positions(tmp_pat
     rc, out, err = run_cli(["simulate", "--plan", plan, "--seq-length", "64", "--json"], capsys)
     assert rc == 0 and "learned positions" in err and "64-row position table" in err, err
     assert json.loads(out)["tokens_per_s"] > 0
+
+
+def test_no_feasible_plan_on_clusters_no_link_joins_names_the_links(tmp_path, capsys):
+    """Two clusters of 8 devices with no link between them: LLaMA-2-70B fits on the 16 together (with a link it
+    plans) but on neither alone. The paragraph said it "does not fit on the inventory's 16 devices" and to add devices;
+    it now says no link joins the two groups and names the inventory's `links`."""
+    from helpers import run_cli
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n"
+                   "  - {name: b, device: h100, nodes: 1, devices_per_node: 8}\n")
+    rc, _, err = run_cli(["plan", "--model", "llama2-70b", "--inventory", str(inv), "--quiet"], capsys)
+    assert rc == 3 and "No chain of links joins a | b" in err and "field 'links'" in err, err
+    inv.write_text(inv.read_text() + "links:\n  - {between: [a, b], bandwidth_gbps: 25}\n")
+    assert run_cli(["plan", "--model", "llama2-70b", "--inventory", str(inv), "--quiet"], capsys)[0] == 0

@@ -43,7 +43,8 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
                    "pipelines; or add devices with more memory, or shorten --seq-length")
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
-            f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)} {fix}")
+            f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)}"
+            f"{_groups_note(inventory, sp)} {fix}")
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer
@@ -79,6 +80,22 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
     if ev.engine == "deepspeed":
         rules += ", and DeepSpeed's engine runs one TP, DP and micro-batch size in every mesh"
     raise InfeasibleError(f"{model.name}: no layout of this inventory follows the rules ({rules})")
+
+
+def _groups_note(inventory: Inventory, sp: SearchSpace) -> str:
+    """Where no chain of links joins the usable clusters, a plan holds one group of them only, whose devices are
+    fewer than the count the paragraph names: say so, with the link that would join them."""
+    names = [c.name for c in inventory.clusters if c.name not in sp.con.exclude_clusters]
+    groups: list[list[str]] = []
+    for name in names:
+        if not any(name in g for g in groups):
+            reached = [name] + [o for o in names if o != name and _unlinked(inventory, [name, o]) is None]
+            groups.append(reached)
+    if len(groups) < 2:
+        return ""
+    where = f"{inventory.source}, field " if inventory.source else "field "
+    return (f" No chain of links joins {' | '.join(', '.join(g) for g in groups)}: a plan uses the devices of one "
+            f"of these groups only (a link between them, {where}'links', lets it use more).")
 
 
 def _unlinked(inventory: Inventory, required) -> tuple[str, str] | None:
