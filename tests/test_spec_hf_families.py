@@ -205,3 +205,21 @@ def test_linear_biases_are_read_where_the_config_says_all_or_none(tmp_path):
     with pytest.raises(InputError) as info:
         load_model(write_config(tmp_path, {**FALCON_7B, "bias": "false"}))
     assert info.value.field == "bias" and "true or false" in info.value.reason
+
+
+@pytest.mark.parametrize("key, value", [("alibi", "true"), ("alibi", 1), ("multi_query", "true"),
+                                        ("new_decoder_architecture", "false"), ("parallel_attn", 0)])
+def test_falcon_switches_of_another_type_are_refused(tmp_path, key, value):
+    """Falcon's switches were read as `is True`: "true" or 1 for alibi planned rotary positions (Falcon-RW's ALiBi is
+    refused when true), "true" for multi_query planned 71 key/value groups for Falcon-7B's one."""
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, {**FALCON_7B, key: value}))
+    assert info.value.field == key and "true or false" in info.value.reason
+
+
+def test_zero_attention_heads_is_named_with_its_own_fix(tmp_path):
+    """num_attention_heads 0 (GPT-2's n_head 0) was refused with the key/value heads' fix."""
+    cfg = {**REFINEDWEB_7B, "n_head": 0}
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg))
+    assert info.value.field == "n_head" and "key/value" not in info.value.fix and "attention heads" in info.value.fix

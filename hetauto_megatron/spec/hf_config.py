@@ -30,6 +30,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise InputError(f"must be {'a string' if kind is str else 'an integer'}, got {value!r}"[:200], file=file,
                              field=key, fix="pass the model's config.json as its library wrote it")
+    # switches read as `is True` below (Falcon's; GPT-NeoX's parallel residual): "true" or 1 was read as false
+    for key in ("alibi", "multi_query", "new_decoder_architecture", "parallel_attn", "use_parallel_residual"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            raise InputError(f"must be true or false, got {cfg[key]!r}"[:200], file=file, field=key,
+                             fix="write true or false, as the model's published config.json has it")
     mt = str(cfg.get("model_type", "")).lower()
     unsupported_fix = "write a model YAML with the architecture's keys instead (docs/inputs.md)"
 
@@ -89,6 +94,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     L = first(*SOURCE_KEYS["num_layers"])
     h = first(*SOURCE_KEYS["hidden_size"])
     heads = first(*SOURCE_KEYS["num_attention_heads"])
+    if heads <= 0:
+        key = next(k for k in SOURCE_KEYS["num_attention_heads"] if cfg.get(k) is not None)
+        raise InputError(f"must be a positive integer, got {heads}", file=file, field=key,
+                         fix="set it to the model's attention heads, as its published config.json has it")
     # multi-query attention (GPT-BigCode, StarCoder): one key/value head, said by a flag rather than a count
     kv = first(*SOURCE_KEYS["num_query_groups"], default=1 if cfg.get("multi_query") is True else heads)
     # Falcon-7B: multi-query (FalconConfig's default; it writes num_kv_heads = the heads, which only the new decoder

@@ -91,11 +91,12 @@ class ModelSpec:
                              fix="write the model's RoPE theta (config.json: rope_theta), e.g. 10000 or 500000")
         if self.position_embedding == "learned" and self.rotary_base != ROTARY_BASE:
             raise InputError(f"is {self.rotary_base}, but the model has learned positions, not rotary ones",
-                             field="rotary_base", fix="leave rotary_base out, or write position_embedding: rope")
+                             field="rotary_base", fix=f"leave rotary_base out (over a preset of rotary positions, "
+                             f"write rotary_base: {ROTARY_BASE}), or write position_embedding: rope")
         if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
             raise InputError(f"is {self.max_position_embeddings}, fewer learned positions than the sequence's "
                              f"{self.seq_length} tokens", field="max_position_embeddings",
-                             fix=f"set it to at least {self.seq_length}, or a shorter seq_length (--seq-length)")
+                             fix=f"set it to at least {self.seq_length}, or write a shorter seq_length")
         if self.hidden_size % self.num_attention_heads:
             raise InputError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}", field="hidden_size",
