@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from ..spec._fields import MAX_FIGURE
@@ -106,13 +107,17 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
     used: dict[str, int] = {}
     for m in plan.meshes:
         used[m.cluster] = used.get(m.cluster, 0) + m.num_devices
-    mem = [(s["memory_gib"] / s["memory_cap_gib"], s["memory_gib"], s["memory_cap_gib"]) for s in est["stages"]]
+    # (a capacity that rounds to 0 GiB, e.g. --set memory_gib=0.004: infinitely over it)
+    mem = [(s["memory_gib"] / s["memory_cap_gib"] if s["memory_cap_gib"] > 0 else math.inf, s["memory_gib"],
+            s["memory_cap_gib"]) for s in est["stages"]]
     peak = max(mem)
+    share = peak[0] if math.isfinite(peak[0]) else None     # (JSON has no infinity)
     tokens = plan.global_batch_size * plan.model.seq_length
     row = {"plan": path, "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"],
            "tokens_per_s_per_device": est["tokens_per_s"] / plan.world_size,
-           "tflops_per_device": est["tflops_per_device"], "peak_memory_share": peak[0],
-           "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB ({peak[0]:.0%})", "peak_memory_gib": peak[1],
+           "tflops_per_device": est["tflops_per_device"], "peak_memory_share": share,
+           "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB" + (f" ({share:.0%})" if share is not None else ""),
+           "peak_memory_gib": peak[1],
            "peak_memory_capacity_gib": peak[2], "fits": bool(est["fits"]),
            "engine": plan.engine, "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
            "pipeline": _pipelines(plan),

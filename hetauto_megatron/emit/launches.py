@@ -170,3 +170,29 @@ def check_plan_inventory(plan: Plan, file: str | None) -> None:
         if have and n > have:
             raise InputError(f"uses {n} devices of cluster {name}, which has only {have}", file=file,
                              field="meshes", fix="reduce tp, dp or the stage count of that cluster's meshes")
+    _check_launchable(plan, file)
+
+
+def _check_launchable(plan: Plan, file: str | None) -> None:
+    """What simulate, explain and compare check of a plan against the inventory it stores, for every emit target
+    too (a DeepSpeed config or a summary of a layout no launch can start was written): whole nodes, TP groups inside
+    a node, and a link between clusters next to each other in a pipeline."""
+    from ..plan.simulate import check_plan_against_inventory
+    from ..spec.inventory import inventory_from_dict
+    try:
+        inventory = inventory_from_dict(plan.inventory, file=file)
+    except InputError as exc:
+        raise exc.within(prefix="inventory") from None
+    try:
+        check_plan_against_inventory(plan, inventory)
+    except InputError as exc:
+        raise exc.within(file=file) from None
+    for p in range(plan.num_pipelines):
+        positions = plan.positions(p)
+        for here, there in zip(positions, positions[1:]):
+            for a, b in {(plan.meshes[i].cluster, plan.meshes[j].cluster) for i in here for j in there}:
+                if a != b and inventory.link(a, b) is None:
+                    raise InputError(f"clusters {a} and {b} are next to each other in pipeline {p}, but the plan's "
+                                     "inventory has no link between them", file=file, field="inventory.links",
+                                     fix=f"add a links entry between: [{a}, {b}] to the plan's inventory, or "
+                                         "re-plan")
