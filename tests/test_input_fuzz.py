@@ -749,3 +749,21 @@ def test_an_option_the_parser_refuses_is_a_json_error_under_json(capsys):
     with pytest.raises(SystemExit):
         cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--seq-length", "abc"])
     assert capsys.readouterr().out == ""        # without --json nothing on stdout
+
+
+def test_a_hand_edited_estimate_of_no_prediction_is_not_summarised(tmp_path, capsys):
+    """`emit summary` printed an estimate edited to NaN, infinity or -1 s as the plan's ("iteration nan s",
+    "-1.000 s" with its bottleneck at 0 %), and --json wrote NaN, which strict JSON readers refuse."""
+    import yaml
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                    "--shapes", "simple", "-o", plan], capsys)[0] == 0
+    good = yaml.safe_load(open(plan))
+    for value in (float("nan"), float("inf"), -1.0):
+        bad = write(tmp_path, "bad.yaml", yaml.safe_dump({**good, "estimate": {**good["estimate"],
+                                                                              "iteration_time_s": value}}))
+        rc, out, err = run_cli(["emit", "summary", "--plan", bad], capsys)
+        assert rc == 0 and "no prediction gives" in err and "nan" not in out and "-1.000" not in out, out
+        rc, out, _ = run_cli(["emit", "summary", "--plan", bad, "--json"], capsys)
+        doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+        assert rc == 0 and doc["estimate"] is None

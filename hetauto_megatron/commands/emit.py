@@ -184,12 +184,17 @@ def run(args) -> int:
         if args.cluster is not None:      # it was checked and then shown every cluster anyway
             raise InputError("is for 'hetauto emit megatron' and 'emit deepspeed' (one cluster's files); the "
                              "summary is the whole plan's", field="--cluster", fix="drop --cluster for the summary")
-        from ..plan.plan_file import estimate_is_stale
+        from ..plan.plan_file import estimate_is_garbled, estimate_is_stale
         estimate = plan.estimate
         if estimate_is_stale(plan):      # figures of another layout would be shown as this one's
             print(f"hetauto emit: {args.plan} was changed after 'hetauto plan' wrote its estimate: the summary shows "
                   f"the layout only; 'hetauto compare {args.plan}' prices the layout as it is now (or re-plan)",
                   file=sys.stderr)
+            estimate = None
+        elif estimate_is_garbled(plan):      # NaN, infinite or negative figures printed as the plan's
+            print(f"hetauto emit: {args.plan}'s estimate holds figures no prediction gives (not finite, or a time "
+                  f"that is not positive): the summary shows the layout only; 'hetauto compare {args.plan}' prices "
+                  "it afresh", file=sys.stderr)
             estimate = None
         text = format_summary(plan, estimate, file=args.plan)
         if out_dir:

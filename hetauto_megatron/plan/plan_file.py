@@ -80,6 +80,22 @@ def estimate_is_stale(plan: Plan) -> bool:
     return isinstance(est.get("layout_digest"), str) and est["layout_digest"] != layout_digest(plan)
 
 
+def estimate_is_garbled(plan: Plan) -> bool:
+    """Whether the plan's estimate holds a figure no prediction gives (a hand edit: NaN, an infinity, or an
+    iteration time that is not positive): the summary then shows the layout only, as for a stale estimate."""
+    import math
+    est = plan.estimate if isinstance(plan.estimate, dict) else {}
+
+    def bad(x) -> bool:
+        if isinstance(x, dict):
+            return any(bad(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return any(bad(v) for v in x)
+        return isinstance(x, float) and not math.isfinite(x)
+    time = est.get("iteration_time_s")
+    return bad(est) or (isinstance(time, (int, float)) and not isinstance(time, bool) and time <= 0)
+
+
 def plan_to_yaml(plan: Plan) -> str:
     return "# hetauto plan: pipeline order, one mesh per cluster share (docs/plan-format.md)\n" + \
         yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=None, width=120)
