@@ -767,3 +767,19 @@ def test_a_hand_edited_estimate_of_no_prediction_is_not_summarised(tmp_path, cap
         rc, out, _ = run_cli(["emit", "summary", "--plan", bad, "--json"], capsys)
         doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
         assert rc == 0 and doc["estimate"] is None
+
+
+def test_a_recorded_constraint_that_cannot_hold_names_the_plans_record(tmp_path, capsys):
+    """`plan --from OLD` keeps the constraints OLD records; one edited into something impossible (recompute bogus,
+    TP 3 on 2 devices per node) was refused naming --recompute or --tp, flags the user did not give, and no file."""
+    import yaml
+    plan = str(tmp_path / "p.yaml")
+    base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
+    assert run_cli(base + ["-o", plan], capsys)[0] == 0
+    good = yaml.safe_load(open(plan))
+    cluster = good["meshes"][0]["cluster"]
+    for constraint, flag in (({"recompute": {cluster: "bogus"}}, "--recompute"), ({"tp": {cluster: 3}}, "--tp")):
+        search = {**good["estimate"]["search"], "constraints": constraint}
+        old = write(tmp_path, "old.yaml", yaml.safe_dump({**good, "estimate": {**good["estimate"], "search": search}}))
+        rc, _, err = run_cli(base + ["--from", old, "-o", str(tmp_path / "new.yaml")], capsys)
+        check_error(rc, err, field="estimate.search", words=["old.yaml", f"as {flag}", f"give {flag}"])

@@ -60,7 +60,26 @@ def _search_record(old, file: str) -> dict:
     return search
 
 
-def keep_search_of(old, args, con, inventory, kept: dict):
+def _check_kept(con, names: list, model, inventory, args) -> None:
+    """The constraints kept from the old plan's record (`names`), checked alone as the search checks flags: one
+    that cannot mean anything here names the record it came from, not a flag the user did not give."""
+    import dataclasses
+
+    from ..errors import InputError
+    from ..plan.constraints import Constraints, check
+    only = Constraints(objective=con.objective if "objective" in names else "throughput",
+                       **{n: getattr(con, n) for n in names if n != "objective" and n in
+                          {f.name for f in dataclasses.fields(Constraints)}})
+    try:
+        check(only, model, inventory, args.global_batch_size)
+    except InputError as exc:
+        raise InputError(f"{exc.reason} (kept from its estimate.search, as {exc.field or 'a constraint'}: --from "
+                         "re-plans under the constraints the plan was made under)", file=args.from_plan,
+                         field="estimate.search", fix=f"give {exc.field} on the command line to replace it, or "
+                         f"correct the plan's estimate.search ({exc.fix})" if exc.field else exc.fix) from None
+
+
+def keep_search_of(old, args, con, inventory, kept: dict, model=None):
     """--from: the old plan's objective and constraints (its estimate.search) where no flag sets them; says on
     stderr what was kept of the job and of these (adding the latter to `kept`) -> the constraints to search under."""
     from ..errors import InputError
@@ -75,6 +94,8 @@ def keep_search_of(old, args, con, inventory, kept: dict):
                                      ("micro_batch_size", args.micro_batch_size),
                                      ("max_iteration_s", args.max_iteration_s)) if flag not in (None, [])}
     con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
+    if model is not None and names:
+        _check_kept(con, names, model, inventory, args)
     shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
     for name in names:
         kept[name] = con.objective if name == "objective" else con.active[name]

@@ -221,14 +221,16 @@ def run(args) -> int:
         check_engine_precision(args.engine, args.precision, field="--precision", command="plan")
     check_timeline_paths(args.timeline)
     if old is not None and (old.model.num_layers != model.num_layers or old.model.hidden_size != model.hidden_size):
-        raise InputError(f"was made for {old.model.name}, not {model.name}", file=args.from_plan, field="model",
+        raise InputError(f"was made for {old.model.name} ({old.model.num_layers} layers, hidden "
+                         f"{old.model.hidden_size}), not {model.name} ({model.num_layers} layers, hidden "
+                         f"{model.hidden_size})", file=args.from_plan, field="model",
                          fix="pass the plan made for this --model, or drop --from for a cold search")
     con = constraints_from_args(args)
     if old is not None:
         from ..plan.engines import DEFAULT_ENGINE
         from ..plan.replan import warm_layouts
         from ..plan.space import SearchSpace
-        con = keep_search_of(old, args, con, inventory, kept)
+        con = keep_search_of(old, args, con, inventory, kept, model)
         # the warm start as the constrained tree would hold it (under --max-devices, fewer stages where the cap
         # binds), not one the search then drops as breaking a constraint
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model, constraints=con,

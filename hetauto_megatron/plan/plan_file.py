@@ -129,7 +129,11 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     data = require_mapping(data, "a plan", file)
     reject_unknown(data, {"version", "model", "global_batch_size", "precision", "engine", "pipelines", "meshes",
                           "inventory", "estimate"}, file=file)
-    version = get(data, "version", int, file=file, fix=f"add 'version: {PLAN_VERSION}' at the top")
+    # written but of another type ("3", 3.0): the file's own version, unquoted, not this hetauto's (whose rules
+    # would change what an older file prices, e.g. TF32 from version 4)
+    version = get(data, "version", int, file=file,
+                  fix="write the version the file was written in as a whole number, unquoted (e.g. version: 3)"
+                      if "version" in data else f"add 'version: {PLAN_VERSION}' at the top")
     raw_meshes = data.get("meshes") if isinstance(data.get("meshes"), list) else []
     v2_keys = (["precision"] if "precision" in data else []) + sorted(
         {"meshes[*].settings" for m in raw_meshes if isinstance(m, dict) and "settings" in m})

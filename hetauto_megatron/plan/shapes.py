@@ -160,7 +160,9 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
                              if x.samples_per_step != target and target % x.dp == 0)
             raise InputError(f"dp * micro_batch_size must be equal in every mesh so all run the same micro-batches; "
                              f"got {detail}", field="meshes",
-                             fix="raise the micro-batch size of the smaller-DP mesh" + (f" ({hint})" if hint else ""))
+                             fix="make dp x micro_batch_size equal in every mesh" + (
+                                 f", e.g. {hint}" if hint else f": no micro-batch size reaches {target} samples on "
+                                 "every mesh's dp, so change a dp too (or re-plan)"))
         detail = "; ".join(" + ".join(f"meshes[{i}] {meshes[i].dp}x{meshes[i].micro_batch_size}" for i in pos)
                            + f" = {s}" for pos, s in zip(positions, steps))
         odd = next(pos for pos, s in zip(positions, steps) if s != steps[0])
