@@ -236,11 +236,14 @@ def read_json_file(path: str, *, field: str | None = None, fix: str | None = Non
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
                          field=field, fix=fix or "correct the syntax (quotes, commas, braces)") from None
     except RecursionError:
-        raise InputError(_TOO_DEEP, file=path, field=field, fix=fix) from None
+        raise InputError(_TOO_DEEP, file=path, field=field,
+                         fix=fix or "write it with its usual few levels of keys and lists") from None
+    except UnicodeDecodeError:      # (a ValueError too: before it)
+        raise InputError("is not a UTF-8 text file", file=path, field=field,
+                         fix=fix or "save it as UTF-8 text") from None
     except ValueError as exc:     # a key twice, or an integer of more digits than Python converts
-        raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field, fix=fix) from None
-    except UnicodeDecodeError:
-        raise InputError("is not a UTF-8 text file", file=path, field=field, fix=fix) from None
+        raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field,
+                         fix=fix or "correct that value or key, as the message names it") from None
     except OSError as exc:
         raise InputError(f"cannot be read: {exc.strerror}", file=path, field=field,
                          fix="check the path and the file's permissions") from None
