@@ -783,3 +783,21 @@ def test_a_recorded_constraint_that_cannot_hold_names_the_plans_record(tmp_path,
         old = write(tmp_path, "old.yaml", yaml.safe_dump({**good, "estimate": {**good["estimate"], "search": search}}))
         rc, _, err = run_cli(base + ["--from", old, "-o", str(tmp_path / "new.yaml")], capsys)
         check_error(rc, err, field="estimate.search", words=["old.yaml", f"as {flag}", f"give {flag}"])
+
+
+def test_a_boundary_or_settings_block_of_another_kind_is_refused(tmp_path, capsys):
+    """`boundary: false` (or []) was read as no block, a blocking boundary, where `boundary: overlapped` is refused
+    as not a mapping; so was `settings: false`. Only null means no block."""
+    import yaml
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                    "--shapes", "simple", "-o", plan], capsys)[0] == 0
+    good = yaml.safe_load(open(plan))
+    for key, value in (("boundary", False), ("boundary", []), ("settings", False)):
+        meshes = [{**good["meshes"][0], key: value}] + good["meshes"][1:]
+        bad = write(tmp_path, "bad.yaml", yaml.safe_dump({**good, "meshes": meshes}))
+        rc, _, err = run_cli(["simulate", "--plan", bad], capsys)
+        assert rc == 2 and f"expected a mapping (key: value pairs) for meshes[0].{key}" in err and "Fix: " in err, err
+    meshes = [{**good["meshes"][0], "boundary": None}] + good["meshes"][1:]
+    assert run_cli(["simulate", "--plan", write(tmp_path, "ok.yaml", yaml.safe_dump({**good, "meshes": meshes}))],
+                   capsys)[0] == 0

@@ -170,7 +170,9 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
         if blank:
             raise InputError("has no value (an empty YAML value is null)", file=file, field=p + blank,
                              fix=f"write the mesh's {blank}, or leave the key out for its default (docs/plan-format.md)")
-        boundary = require_mapping(raw.get("boundary") or {}, f"meshes[{i}].boundary", file)
+        # (null alone is "no block": false, [] or 0 are not mappings and are refused, as a string is)
+        boundary = require_mapping({} if raw.get("boundary") is None else raw["boundary"], f"meshes[{i}].boundary",
+                                   file)
         reject_unknown(boundary, {"schedule", "depth"}, file=file, prefix=f"{p}boundary.")
         try:
             meshes.append(Mesh(
@@ -220,7 +222,7 @@ def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -
     file leaves out is what that engine runs, not Megatron's default (which it would refuse as asking for more)."""
     from .engines import ENGINES, as_run_by
     from .settings import default_settings
-    written = dict(require_mapping(raw.get("settings") or {}, field, file))
+    written = dict(require_mapping({} if raw.get("settings") is None else raw["settings"], field, file))
     tp = raw.get("tp", 1)
     if engine not in ENGINES or not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         return written          # (Plan and Mesh name these)
