@@ -801,3 +801,12 @@ def test_a_boundary_or_settings_block_of_another_kind_is_refused(tmp_path, capsy
     meshes = [{**good["meshes"][0], "boundary": None}] + good["meshes"][1:]
     assert run_cli(["simulate", "--plan", write(tmp_path, "ok.yaml", yaml.safe_dump({**good, "meshes": meshes}))],
                    capsys)[0] == 0
+
+
+def test_a_number_with_a_leading_zero_is_refused_not_read_as_octal(tmp_path, capsys):
+    """YAML 1.1 reads 01000 as octal: `global_batch_size: 01000` planned a batch of 512 without a word (and
+    `nodes: 010` 8 nodes); a name written so (cluster 007) stays the text it is."""
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY.replace("nodes: 1", "nodes: 01", 1))
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
+                         capsys)
+    assert rc == 2 and "starts with a 0, which YAML reads as octal" in err and "Fix: write 1 " in err, err

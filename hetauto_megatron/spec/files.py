@@ -41,6 +41,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                  if tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") else rx) for tag, rx in entries]
         for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
+    def construct_yaml_int(self, node):
+        # YAML 1.1 reads a leading zero as octal: global_batch_size: 01000 was 512, silently
+        text = str(node.value).replace("_", "")
+        if re.fullmatch(r"[-+]?0[0-9]+", text):
+            raise InputError(f"the number {node.value} (line {node.start_mark.line + 1}) starts with a 0, which YAML "
+                             f"reads as octal ({node.value} = {super().construct_yaml_int(node)})", file=self.name,
+                             fix=f"write {int(text)} without the leading zero (or 0o{text.lstrip('+-0')} for octal)")
+        return super().construct_yaml_int(node)
+
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen = set()
@@ -54,6 +63,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                      fix="delete or rename one of the two (two list entries each need their own '-')")
                 seen.add((key.tag, key.value))
         return super().construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 
 
 # Keys whose values are names (a cluster, a device type, a link's two ends, a model or inventory label): read as
