@@ -550,3 +550,15 @@ def test_explain_of_a_plan_whose_throughput_rounds_to_zero(tmp_path, capsys):
     capsys.readouterr()
     assert main(["explain", "--plan", plan, "--no-search"]) == 0
     assert "blocking instead (same layout) 0 tokens/s (-)" in capsys.readouterr().out
+
+
+def test_explain_no_search_reads_a_plan_whose_search_record_is_garbled(readme_plan, tmp_path, capsys):
+    """`estimate.search: x` (hand-edited): simulate, compare and emit read the plan, and explain --no-search, which
+    searches nothing, refused it; explain with its re-plans still names the record."""
+    a, _ = readme_plan
+    plan = yaml.safe_load(open(a))
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**plan, "estimate": {**plan["estimate"], "search": "x"}}))
+    assert main(["explain", "--plan", str(path), "--no-search", "--quiet"]) == 0
+    assert main(["explain", "--plan", str(path), "--quiet", "--runners-up", "0"]) == 2
+    assert "field 'estimate.search'" in capsys.readouterr().err

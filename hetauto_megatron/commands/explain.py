@@ -156,6 +156,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside).
     `progress`: a line on stderr per re-planned what-if (each is a whole search). `workers`: processes the
     re-planned what-ifs are searched in (0: one per available core); the report does not depend on it."""
+    from ..errors import InputError
     from ..plan import explain as X
     from ..plan import sensitivity as S
     from ..plan.constraints import Constraints, cost_per_million_tokens, devices_by_cluster
@@ -164,7 +165,12 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     from ..plan.search_jobs import default_workers
     from ..plan.simulate import simulate
     # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
-    constraints = Constraints.from_record((plan.estimate or {}).get("search"))
+    try:
+        constraints = Constraints.from_record((plan.estimate or {}).get("search"))
+    except InputError:
+        if do_search:       # the re-plans search under them: the paragraph names the record
+            raise
+        constraints = Constraints()     # --no-search reads only the objective of it, as simulate reads none
     from ..plan.replan import searched_schedule
     schedule = searched_schedule(plan)  # (a plan that crosses no cluster boundary: the search's default)
     inventory = inventory.with_precision(plan.precision)   # re-plans train in the plan's precision too
