@@ -718,7 +718,8 @@ def test_a_garbled_search_record_is_a_paragraph_for_plan_from(tmp_path, capsys):
     base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet"]
     assert run_cli(base + ["-o", plan], capsys)[0] == 0
     good = yaml.safe_load(open(plan))
-    for field, garble in (("estimate.search", lambda s: [1]), ("estimate.search.shapes", lambda s: {**s, "shapes": "x"})):
+    for field, garble in (("estimate.search", lambda s: [1]),
+                          ("estimate.search.shapes", lambda s: {**s, "shapes": "x"})):
         bad = {**good, "estimate": {**good["estimate"], "search": garble(good["estimate"]["search"])}}
         old = write(tmp_path, "old.yaml", yaml.safe_dump(bad))
         rc, _, err = run_cli(base + ["--from", old, "-o", str(tmp_path / "new.yaml")], capsys)
@@ -810,3 +811,18 @@ def test_a_number_with_a_leading_zero_is_refused_not_read_as_octal(tmp_path, cap
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet"],
                          capsys)
     assert rc == 2 and "starts with a 0, which YAML reads as octal" in err and "Fix: write 1 " in err, err
+
+
+def test_inventory_messages_name_what_was_written(tmp_path, capsys):
+    """An unknown key under inter_node listed the known keys without node_gbps; a link `between: [a, null]` named a
+    cluster 'None'."""
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: a, device: a100, nodes: 1, devices_per_node: 8, "
+                                      "inter_node: {bandwidth_gbps: 100, foo: 1}}\n")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="clusters[0].inter_node", words=["node_gbps"])
+    inv = write(tmp_path, "inv.yaml", "clusters:\n  - {name: a, device: a100, nodes: 1, devices_per_node: 8}\n"
+                                      "  - {name: b, device: a100, nodes: 1, devices_per_node: 8}\n"
+                                      "links:\n  - {between: [a, null], bandwidth_gbps: 10}\n")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, field="links[0].between", words=["empty entry"])
+    assert "'None'" not in err

@@ -187,8 +187,9 @@ def run(args) -> int:
         if args.recompute and recompute_as_run_by(args.recompute, args.engine) != args.recompute:
             # (as `plan --engine deepspeed --recompute` refuses it; a plan file is priced as the engine runs it)
             raise InputError(f"{args.recompute}: DeepSpeed's pipeline engine checkpoints whole layers only",
-                             field="--recompute", fix=f"use --recompute {recompute_as_run_by(args.recompute, args.engine)}"
-                             " or none, or simulate with --engine megatron")
+                             field="--recompute",
+                             fix=f"use --recompute {recompute_as_run_by(args.recompute, args.engine)} or none, or "
+                                 "simulate with --engine megatron")
         try:
             cluster = inventory.cluster(args.cluster) if args.cluster else inventory.clusters[0]
         except InputError as exc:       # named as the flag that chose it

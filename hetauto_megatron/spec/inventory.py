@@ -294,6 +294,9 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         intra = _link(raw.get("intra_node"), file=file, prefix=p + "intra_node.",
                       default={"bandwidth_gbps": dev.intra_node_gbps, "latency_us": _DEFAULT_INTRA_NODE_LATENCY_US})
         raw_inter = raw.get("inter_node")
+        if isinstance(raw_inter, dict):     # (its known keys named with node_gbps, which _link does not read)
+            reject_unknown(raw_inter, {"bandwidth_gbps", "latency_us", "node_gbps"}, file=file,
+                           prefix=p + "inter_node.")
         node_gbps = None
         if isinstance(raw_inter, dict) and "node_gbps" in raw_inter:
             raw_inter = dict(raw_inter)
@@ -329,6 +332,10 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         raw = require_mapping(raw, f"links[{i}]", file)
         reject_unknown(raw, {"between", "bandwidth_gbps", "latency_ms", "flow_gbps"}, file=file, prefix=p)
         pair = get(raw, "between", list, file=file, prefix=p, fix="write between: [cluster_a, cluster_b]")
+        if any(x is None for x in pair):        # (an empty or null entry read as the text 'None')
+            raise InputError(f"has an empty entry: {pair}", file=file, field=p + "between",
+                             fix=f"name both clusters: between: [cluster_a, cluster_b] (the inventory's: "
+                                 f"{', '.join(sorted(names))})")
         pair = [str(x) for x in pair]
         if len(pair) != 2 or pair[0] == pair[1]:
             why = "a link from a cluster to itself; its own network is its inter_node entry" \
