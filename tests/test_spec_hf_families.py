@@ -223,3 +223,18 @@ def test_zero_attention_heads_is_named_with_its_own_fix(tmp_path):
     with pytest.raises(InputError) as info:
         load_model(write_config(tmp_path, cfg))
     assert info.value.field == "n_head" and "key/value" not in info.value.fix and "attention heads" in info.value.fix
+
+
+def test_gpt2_positions_by_their_other_name_and_an_absurd_rope_theta(tmp_path):
+    """GPT2Config maps max_position_embeddings onto n_positions: a GPT-2 config.json written with that name was
+    refused ("none of n_positions, n_ctx"). A rope_theta of 1e300 was planned, and its 301 digits written into the
+    plan and the launch."""
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
+            "max_position_embeddings": 64}
+    assert load_model(write_config(tmp_path, gpt2)).max_position_embeddings == 64
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+             "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64, "rope_theta": 1e300}
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, llama, "other"))
+    assert info.value.field == "rope_theta" and "at most 1,000,000,000" in info.value.reason
+    assert load_model(write_config(tmp_path, {**llama, "rope_theta": 1e7}, "third")).rotary_base == 10_000_000

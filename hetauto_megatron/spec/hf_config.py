@@ -118,7 +118,8 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     family = _HF_FAMILIES.get(mt)
     if mt == "gpt2":
         ffn = cfg.get("n_inner") or 4 * h
-        max_pos = first("n_positions", "n_ctx")
+        # (GPT2Config maps max_position_embeddings onto n_positions: a hand-written file may use that name)
+        max_pos = first("n_positions", "n_ctx", "max_position_embeddings")
     elif mt == "opt":
         ffn = first("ffn_dim")
         # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.

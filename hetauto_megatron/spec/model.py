@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ._fields import file_kind, get, reject_unknown
+from ._fields import MAX_FIGURE, file_kind, get, reject_unknown, shorten
 from .files import load_yaml_file
 from ..cache_keys import cached_hash
 
@@ -23,6 +23,7 @@ MAX_LAYERS = 10_000
 MAX_SIZE = 10_000_000
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128     # Megatron's default --make-vocab-size-divisible-by
 ROTARY_BASE = 10000                    # Megatron's default --rotary-base (LLaMA-2's RoPE theta)
+MAX_ROTARY_BASE = int(MAX_FIGURE)      # above every published RoPE theta (10^7 at most): a typo, not a model
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,11 @@ class ModelSpec:
                 # a typo, not a model: the planner's work grows with these, so it would run for ever
                 raise InputError(f"is {getattr(self, key)}, more than any transformer has (at most {limit:,} here)",
                                  field=key, fix=fix)
-        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, int) or self.rotary_base <= 1:
-            raise InputError(f"must be an integer above 1, got {self.rotary_base!r}", field="rotary_base",
+        # (published thetas reach 10^7; a 301-digit one was written into plans and launch scripts)
+        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, int) or \
+                not 1 < self.rotary_base <= MAX_ROTARY_BASE:
+            raise InputError(f"must be an integer above 1 and at most {MAX_ROTARY_BASE:,}, got "
+                             f"{shorten(repr(self.rotary_base), 40)}", field="rotary_base",
                              fix="write the model's RoPE theta (config.json: rope_theta), e.g. 10000 or 500000")
         if self.position_embedding == "learned" and self.rotary_base != ROTARY_BASE:
             raise InputError(f"is {self.rotary_base}, but the model has learned positions, not rotary ones",
