@@ -635,18 +635,6 @@ def test_iterations_with_the_exhaustive_search_is_refused(capsys):
     assert rc == 2 and "field '--iterations'" in err and "Fix: " in err, err
 
 
-def test_simulate_refuses_a_recomputation_the_engine_does_not_run(capsys):
-    """simulate --engine deepspeed --recompute selective priced full recomputation under the flag's name (its
-    table said `full`); `plan --engine deepspeed --recompute C=selective` refuses it, and so does simulate now."""
-    from helpers import run_cli
-    inv = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "inventory-2clusters.yaml")
-    base = ["simulate", "--model", "llama2-7b", "--inventory", inv, "--tp", "1", "--pp", "2", "--dp", "8",
-            "--micro-batch-size", "1", "--global-batch-size", "256", "--engine", "deepspeed", "--recompute"]
-    rc, _, err = run_cli(base + ["selective"], capsys)
-    assert rc == 2 and "field '--recompute'" in err and "whole layers" in err, err
-    assert run_cli(base + ["full"], capsys)[0] == 0
-
-
 def test_simulate_a_plan_at_a_longer_sequence_than_its_learned_positions(tmp_path, capsys):
     """`simulate --plan P --seq-length N` past the learned positions of P's own model was a paragraph naming no file,
     whose fix (set max_position_embeddings) no flag reaches, where `--model` beside it and `plan --seq-length` build

@@ -153,7 +153,10 @@ def test_simulate_prices_selective_under_deepspeed_as_it_runs(tmp_path, capsys):
     runs = {}
     for recompute in ("selective", "full"):
         assert main(base + ["--recompute", recompute]) == 0, capsys.readouterr().err
-        runs[recompute] = json.loads(capsys.readouterr().out)
+        out = capsys.readouterr()
+        runs[recompute] = json.loads(out.out)
+        # said, since the flag asked for another (the stage table's recompute column was all that told it)
+        assert ("runs, and is priced, as full" in out.err) == (recompute == "selective"), out.err
     selective, full = runs["selective"], runs["full"]
     assert selective["engine"] == "deepspeed"
     assert [st["recompute"] for st in selective["stages"]] == ["full", "full"]
