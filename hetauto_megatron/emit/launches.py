@@ -190,7 +190,7 @@ def _check_launchable(plan: Plan, file: str | None) -> None:
     for p in range(plan.num_pipelines):
         positions = plan.positions(p)
         for here, there in zip(positions, positions[1:]):
-            for a, b in {(plan.meshes[i].cluster, plan.meshes[j].cluster) for i in here for j in there}:
+            for a, b in sorted({(plan.meshes[i].cluster, plan.meshes[j].cluster) for i in here for j in there}):
                 if a != b and inventory.link(a, b) is None:
                     raise InputError(f"clusters {a} and {b} are next to each other in pipeline {p}, but the plan's "
                                      "inventory has no link between them", file=file, field="inventory.links",
