@@ -826,3 +826,30 @@ def test_inventory_messages_name_what_was_written(tmp_path, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8"], capsys)
     check_error(rc, err, field="links[0].between", words=["empty entry"])
     assert "'None'" not in err
+
+
+def test_every_emit_target_refuses_a_layout_no_launch_starts(tmp_path, capsys):
+    """A plan edited to a TP group across two nodes, a launch that is not whole nodes, or clusters next to each
+    other without a link in the plan's inventory: simulate and `emit megatron` refused them, `emit deepspeed` and
+    `emit summary` wrote a config and a summary. And `compare` of a plan whose device memory rounds to 0 GiB divided
+    by it (ZeroDivisionError)."""
+    import yaml
+    inv = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "inventory-2clusters.yaml")
+    plan = str(tmp_path / "p.yaml")
+    assert run_cli(["plan", "--model", "llama2-70b", "--inventory", inv, "--shapes", "simple", "--quiet", "-o", plan],
+                   capsys)[0] == 0
+    good = yaml.safe_load(open(plan))
+    assert len({m["cluster"] for m in good["meshes"]}) == 2      # one pipeline across both clusters
+    first = good["meshes"][0]
+    cases = [({**good, "meshes": [{**first, "tp": 16}] + good["meshes"][1:]}, "meshes[0]"),
+             ({**good, "inventory": {**good["inventory"], "clusters": [
+                 {**c, "devices_per_node": 6, "nodes": 100} if c["name"] == first["cluster"] else c
+                 for c in good["inventory"]["clusters"]]}}, "meshes[0]"),
+             ({**good, "inventory": {**good["inventory"], "links": []}}, "inventory.links")]
+    for bad, field in cases:
+        path = write(tmp_path, "bad.yaml", yaml.safe_dump(bad))
+        for target in ("deepspeed", "summary", "megatron"):
+            rc, _, err = run_cli(["emit", target, "--plan", path, "-o", str(tmp_path / "out")], capsys)
+            assert rc == 2 and f"field '{field}" in err and "Fix: " in err, (target, err)
+    rc, out, _ = run_cli(["compare", plan, "--set", f"cluster.{first['cluster']}.memory_gib=0.004", "--json"], capsys)
+    assert rc == 0 and json.loads(out, parse_constant=lambda c: pytest.fail(c))["plans"][0]["fits"] is False
