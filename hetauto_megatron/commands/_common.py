@@ -130,7 +130,8 @@ def without_unused_unable(inventory, precision: str, used, command: str):
     train at `precision` (said on stderr): `hetauto plan` left them out of its search (--exclude-clusters), so
     pricing the plan, or searching its alternatives, on the same inventory leaves them out too; a cluster it uses
     is refused as before."""
-    unable = [n for n in inventory.unable_at(precision) if n not in set(used)]
+    used = set(used)
+    unable = [n for n in inventory.unable_at(precision) if n not in used]
     if not unable or len(unable) == len(inventory.clusters):
         return inventory
     print(f"{command}: left out of the inventory: {', '.join(unable)} (not used here, and cannot train in "

@@ -63,13 +63,10 @@ def _search_record(old, file: str) -> dict:
 def _check_kept(con, names: list, model, inventory, args) -> None:
     """The constraints kept from the old plan's record (`names`), checked alone as the search checks flags: one
     that cannot mean anything here names the record it came from, not a flag the user did not give."""
-    import dataclasses
-
     from ..errors import InputError
     from ..plan.constraints import Constraints, check
     only = Constraints(objective=con.objective if "objective" in names else "throughput",
-                       **{n: getattr(con, n) for n in names if n != "objective" and n in
-                          {f.name for f in dataclasses.fields(Constraints)}})
+                       **{n: getattr(con, n) for n in names if n != "objective"})
     try:
         check(only, model, inventory, args.global_batch_size)
     except InputError as exc:
