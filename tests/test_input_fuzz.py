@@ -82,6 +82,26 @@ def test_nonfinite_figure_in_a_measured_overheads_file(tmp_path, capsys):
     check_error(rc, err, field="fragmentation", words=["overheads-cpu.json", "finite number"])
 
 
+def test_an_overheads_file_naming_its_device_by_an_alias_is_read():
+    """A file whose device_type is an alias the inventory takes ("A100", "H100 SXM") was refused as measured on
+    another device; one of another type still is."""
+    import tempfile
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.devices import get_device
+    from hetauto_megatron.spec.overheads import overhead_from_value
+    with tempfile.TemporaryDirectory() as d:
+        for alias, device, ok in (("A100", "a100", True), ("H100 SXM", "h100", True), ("a100", "h100", False)):
+            path = os.path.join(d, "o.json")
+            open(path, "w").write(json.dumps({"device_type": alias, "context_gib": 0.75}))
+            dev = get_device(device)
+            try:
+                got = overhead_from_value(path, device=dev, file=None, field="clusters[0].overheads")
+                assert ok and got.context_gib == 0.75, (alias, device)
+            except InputError as exc:
+                assert not ok and f"measured on a {get_device(alias).name}" in str(exc), (alias, str(exc))
+
+
 # ---- --set: NaN/inf accepted, a connection faster than its link accepted ---------------------------------
 @pytest.mark.parametrize("item, words", [
     ("link.site-a-site-b.bandwidth_gbps=nan", ["finite number"]),
@@ -851,5 +871,8 @@ def test_every_emit_target_refuses_a_layout_no_launch_starts(tmp_path, capsys):
         for target in ("deepspeed", "summary", "megatron"):
             rc, _, err = run_cli(["emit", target, "--plan", path, "-o", str(tmp_path / "out")], capsys)
             assert rc == 2 and f"field '{field}" in err and "Fix: " in err, (target, err)
+        for argv in (["simulate"], ["explain", "--no-search"], ["compare"]):     # named 'links' of the plan file
+            rc, _, err = run_cli(argv[:1] + (["--plan"] if argv[0] != "compare" else []) + [path] + argv[1:], capsys)
+            assert rc == 2 and f"field '{field}" in err and "Fix: " in err, (argv, err)
     rc, out, _ = run_cli(["compare", plan, "--set", f"cluster.{first['cluster']}.memory_gib=0.004", "--json"], capsys)
     assert rc == 0 and json.loads(out, parse_constant=lambda c: pytest.fail(c))["plans"][0]["fits"] is False

@@ -623,7 +623,9 @@ def test_a_cluster_left_out_as_unable_stays_out_when_the_plan_is_priced_or_repla
         rc, _, err = run_cli(argv, capsys)
         assert rc == 0 and "left out of the inventory: v100" in err, (argv, err)
     rc, _, err = run_cli(["simulate", "--model", "llama2-7b", "--inventory", inv, "--cluster", "v100", *layout], capsys)
-    assert rc == 2 and "cannot train in bf16" in err, err
+    # that one cluster chosen: the fix names the flags simulate has (it named plan --exclude-clusters)
+    assert rc == 2 and "cannot train in bf16" in err and "--precision one it has (fp16, fp32)" in err, err
+    assert "--exclude-clusters" not in err and "field '--precision'" in err, err
 
 
 def test_iterations_with_the_exhaustive_search_is_refused(capsys):

@@ -137,14 +137,24 @@ def test_cohere_gemma_and_nemotron_differences_are_said_with_megatrons_flags():
     # llava-hf/llava-1.5-7b-hf: the language model under text_config, beside the vision tower
     ({"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064},
       "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024}}, "text_config",
-     ["one level down", "save the text_config block as a config.json"]),
+     ["one level down", "beside an encoder (vision_config)", "save the text_config block as a config.json"]),
+    # no encoder beside it: not said to stand beside one
     ({"model_type": "mllama", "text_config": {"model_type": "mllama_text_model", "num_hidden_layers": 40}},
-     "text_config", ["one level down"])])
+     "text_config", ["one level down", "the top level does not describe it"])])
 def test_refusals_say_why(tmp_path, cfg, field, words):
     with pytest.raises(InputError) as info:
         load_model(write_config(tmp_path, cfg), seq_length=2048)
     said = f"{info.value.reason} {info.value.fix}"
     assert info.value.field == field and all(w in said for w in words), said
+
+
+def test_an_empty_nested_block_reads_the_top_level(tmp_path):
+    """`text_config: {}` beside a complete top level nests nothing: it was refused as a language model one level
+    down, beside an encoder."""
+    cfg = json.load(open(os.path.join(HF, "llama-2-7b.json")))
+    plain = load_model(write_config(tmp_path, cfg), seq_length=2048)
+    assert load_model(write_config(tmp_path, dict(cfg, text_config={}), "nested"), seq_length=2048).num_layers \
+        == plain.num_layers == 32
 
 
 @pytest.mark.parametrize("factor", [{"a": 1}, "8", -8.0, 0, True, float("nan")])

@@ -270,7 +270,11 @@ def test_bias_and_rope_scaling_notes_name_flags_megatron_has():
     assert "--rotary-seq-len-interpolation-factor 4" in said and "--use-rope-scaling" not in said, said
     llama31 = " ".join(not_carried({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
     assert "--use-rope-scaling --rope-scaling-factor 8.0" in llama31, llama31
-    named = set(re.findall(r"--[a-z][a-z-]+", said + " " + llama31))
+    # an epsilon of 0, negative or quoted is said (it passed without a word, where 1e-6 got its flag)
+    eps = {v: " ".join(not_carried({"model_type": "llama", "rms_norm_eps": v})) for v in (0, -1e-6, "1e-6", 1e-6, 1e-5)}
+    assert all("not a positive number" in eps[v] and "--norm-epsilon" in eps[v] for v in (0, -1e-6, "1e-6")), eps
+    assert "--norm-epsilon 1e-06" in eps[1e-6] and "epsilon" not in eps[1e-5], eps
+    named = set(re.findall(r"--[a-z][a-z-]+", said + " " + llama31 + " " + eps[0]))
     assert named and named <= options, named - options
 
 

@@ -52,8 +52,11 @@ def inventory_of(path: str | None, plan, plan_path: str | None):
     if path is not None:
         return load_inventory(path)
     if plan is not None and plan.inventory:
+        from ..plan.simulate import check_plan_links
         try:
-            return inventory_from_dict(plan.inventory, file=plan_path)
+            inventory = inventory_from_dict(plan.inventory, file=plan_path)
+            check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
+            return inventory
         except InputError as exc:
             raise exc.within(prefix="inventory") from None
     raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",

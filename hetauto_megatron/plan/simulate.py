@@ -302,6 +302,20 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
             raise InputError(f"the plan uses {n} devices of cluster {name}, which has {have}", field="meshes",
                              fix="reduce tp, dp or the number of stages on that cluster")
     plan.check_whole_nodes(lambda c: (inventory.cluster(c).devices_per_node, inventory.cluster(c).nodes))
+    check_plan_links(plan, inventory)
+
+
+def check_plan_links(plan: Plan, inventory: Inventory) -> None:
+    """A link in the inventory between every two clusters next to each other in a pipeline (checked up front:
+    explain re-planned its what-ifs before the simulation found one missing)."""
+    for p in range(plan.num_pipelines):
+        positions = plan.positions(p)
+        for here, there in zip(positions, positions[1:]):
+            for a, b in sorted({(plan.meshes[i].cluster, plan.meshes[j].cluster) for i in here for j in there}):
+                if a != b and inventory.link(a, b) is None:
+                    raise InputError(f"clusters {a} and {b} are next to each other in pipeline {p}, but the "
+                                     "inventory has no link between them", file=inventory.source, field="links",
+                                     fix=f"add a links entry between: [{a}, {b}], or re-plan")
 
 
 def plan_boundaries(plan: Plan) -> list:

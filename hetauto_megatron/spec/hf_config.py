@@ -52,11 +52,13 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         return default
 
     for key in _NESTED_KEYS:
-        if isinstance(cfg.get(key), dict):
+        if isinstance(cfg.get(key), dict) and cfg[key]:      # an empty block nests nothing: the top level is read
             # LLaVA, Mllama, Gemma-3: the language model's keys are one level down, beside a vision encoder
-            raise InputError(f"holds the language model's config one level down (model_type {mt or 'unknown'}), "
-                             "beside an encoder: planned as the language model alone it would leave the encoder's "
-                             "weights and compute out", file=file, field=key,
+            encoder = next((k for k in _MULTIMODAL_KEYS if isinstance(cfg.get(k), dict)), None)
+            beside = (f", beside an encoder ({encoder}): planned as the language model alone it would leave the "
+                      "encoder's weights and compute out" if encoder else ": the top level does not describe it")
+            raise InputError(f"holds the language model's config one level down (model_type {mt or 'unknown'})"
+                             + beside, file=file, field=key,
                              fix=f"to plan the language model alone, save the {key} block as a config.json of its "
                              "own (with its model_type) and pass that; or " + unsupported_fix)
     if mt == "chatglm":

@@ -90,8 +90,13 @@ def not_carried(cfg: dict) -> list[str]:
     if isinstance(theta, float) and math.isfinite(theta) and theta != round(theta):
         out.append(f"rotary base {theta!r} (Megatron's --rotary-base takes an integer: launched as {round(theta)})")
     eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", cfg.get("norm_epsilon"))))
-    if isinstance(eps, float) and math.isfinite(eps) and eps > 0 and eps != 1e-5:
+    number = isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
+    if number and eps > 0 and eps != 1e-5:
         out.append(f"normalisation epsilon {eps:g} (Megatron: --norm-epsilon {eps:g})")
+    elif eps is not None and not (number and eps > 0):
+        # 0, a negative, or a string ("1e-6" quoted): no epsilon Megatron's flag would take as meant
+        out.append(f"normalisation epsilon {str(eps)[:40]} is not a positive number: launched with Megatron's "
+                   "default 1e-05 (write it as a number, e.g. 1e-06, and pass --norm-epsilon)")
     return out
 
 

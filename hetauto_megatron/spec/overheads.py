@@ -79,6 +79,9 @@ def overhead_from_value(value, *, device, file: str | None, field: str) -> Runti
         source, where = path, None
         measured_on = value.get("device_type") if isinstance(value, dict) else None
         if measured_on is not None and measured_on != device.name:
+            from .devices import canonical_device_name     # an alias the inventory takes ("A100") names the same
+            measured_on = canonical_device_name(measured_on) or measured_on
+        if measured_on is not None and measured_on != device.name:
             raise InputError(f"was measured on a {measured_on}, but the cluster's device is {device.name}",
                              file=file, field=field, fix=f"measure a {device.name} with 'hetauto profile "
                              f"--device-type {device.name} --overheads', or leave the field out")
