@@ -562,3 +562,21 @@ def test_explain_no_search_reads_a_plan_whose_search_record_is_garbled(readme_pl
     assert main(["explain", "--plan", str(path), "--no-search", "--quiet"]) == 0
     assert main(["explain", "--plan", str(path), "--quiet", "--runners-up", "0"]) == 2
     assert "field 'estimate.search'" in capsys.readouterr().err
+
+
+def test_the_slow_boundary_of_a_deep_one_mesh_pipeline_is_found_among_the_boundaries_tried():
+    """A pipeline of 40 stages in one mesh (no boundary between meshes, so the breakdown tries the boundaries
+    inside it, at most MAX_BOUNDARIES_TRIED of them: one simulation each had made a 200-stage summary take 30 s):
+    the one slow link is still the one named, checked against the makespan with each link made instant alone."""
+    from hetauto_megatron.plan import explain
+    from hetauto_megatron.plan.simulate import stage_makespan
+    n, m, slow = 40, 8, 29
+    stages = [{"mesh": 0, "forward_s": 0.01, "backward_s": 0.02, "busy_s": m * 0.03,
+               "send_next_s": (0.05 if i == slow else 1e-4) if i < n - 1 else 0.0} for i in range(n)]
+    makespan = stage_makespan(stages, m)
+    got = explain.breakdown({"stages": stages, "iteration_time_s": makespan, "pipeline_s": makespan}, m)
+    links = [s["send_next_s"] for s in stages[:-1]]
+    saves = [makespan - stage_makespan(stages, m, [0.0 if k == i else x for k, x in enumerate(links)])
+             for i in range(n - 1)]
+    assert n - 1 > explain.MAX_BOUNDARIES_TRIED
+    assert got["link_boundary"] == slow == max(range(n - 1), key=lambda i: saves[i]), (got, saves)

@@ -56,6 +56,10 @@ def _usable_estimate(estimate) -> bool:
                and s.get("send_next_depth", 0) >= 0 for s in stages)
 
 
+# How many boundaries the bottleneck line simulates without (one simulation each)
+MAX_BOUNDARIES_TRIED = 16
+
+
 def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     """The six parts of the iteration from a simulator estimate (`Estimate.to_dict()` or a plan file's
     `estimate` block); None when the estimate lacks the per-stage times (an older file)."""
@@ -90,6 +94,9 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     if parts["link"] > 1e-9 * T:
         between = [i for i in range(len(links)) if stages[i].get("mesh") != stages[i + 1].get("mesh")
                    or "mesh" not in stages[i]] or range(len(links))
+        if len(between) > MAX_BOUNDARIES_TRIED:     # the slowest links (ties: the first): a pipeline of 200 stages
+            # in one mesh took a simulation per boundary, 30 s for one summary at 2,000 micro-batches
+            between = sorted(sorted(between, key=lambda i: -links[i])[:MAX_BOUNDARIES_TRIED])
         alone_saves = {}
         for i in between:
             alone = stage_makespan(stages, m, [0.0 if k == i else x for k, x in enumerate(links)])
