@@ -92,6 +92,34 @@ def test_device_layer_mapping_and_local_check():
             check_local_device("h800", rank=3)
 
 
+def test_without_an_accelerator_megatron_imports_without_torchdynamo_and_compiles_at_the_first_call():
+    """A fresh process as a CPU rank starts (the runtime imported first, as the hook's import in the patched
+    pretrain_gpt.py does): Megatron-Core's and Megatron-LM's imports, the GPT model's included, no longer import
+    TorchDynamo and Inductor (about 2 s of each rank's start-up); torch.compile still compiles, at the first call
+    (TorchDynamo is imported then), with the function's result, and a module is still compiled at once."""
+    import subprocess
+    import sys
+    code = "\n".join([
+        "import sys, torch",
+        "import hetauto_megatron.megatron.hook",
+        "import megatron.training, megatron.core.models.gpt",
+        "from megatron.core.jit import jit_fuser",
+        "assert not any(m in sys.modules for m in ('torch._dynamo', 'torch._inductor')), 'imported at start-up'",
+        "f = torch.compile(lambda x: x * 2 + 1, backend='eager')",
+        "g = jit_fuser(lambda x: x - 1)",
+        "assert 'torch._dynamo' not in sys.modules, 'compiled before the first call'",
+        "x = torch.arange(4.0)",
+        "assert torch.equal(f(x), x * 2 + 1) and 'torch._dynamo' in sys.modules",
+        "m = torch.compile(torch.nn.Linear(2, 2), backend='eager')",
+        "assert type(m).__name__ == 'OptimizedModule', type(m)",
+        "print('ok')"])
+    import torch
+    if torch.cuda.device_count() > 0:
+        pytest.skip("a process with an accelerator keeps torch.compile as it is")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_launch_reports_a_world_size_mismatch_as_input_error():
     from hetauto_megatron.runtime.rendezvous import init_distributed
 

@@ -47,6 +47,7 @@ from typing import Callable, Optional
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan, load_plan
+from ..runtime.device import has_accelerator
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider, unmark_parser_defaults
 from .group_args import flight_recorder_env
@@ -120,13 +121,6 @@ def current_plan_state() -> Optional[_State]:
     return _STATE
 
 
-def _has_accelerator() -> bool:
-    import importlib.util
-
-    import torch
-    return torch.cuda.is_available() or importlib.util.find_spec("torch_npu") is not None
-
-
 def enable_cpu_mode() -> None:
     """Megatron-Core's CUDA redirections (runtime device layer) plus the training loop's (cpu.py)."""
     from ..runtime.device import enable_cpu_redirects
@@ -183,7 +177,7 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
             _check_pretrain_signature()
             state = _prepare_hetauto(args)
             state_box["state"] = state
-        elif not _has_accelerator():
+        elif not has_accelerator():
             enable_cpu_mode()
             if args.distributed_backend == "nccl":
                 args.distributed_backend = "gloo"  # the only torch.distributed backend for CPU tensors

@@ -8,3 +8,8 @@ tied embeddings, global grad norm), model (GPTModel per rank), train / dryrun (t
 deepspeed_pipeline (an emitted DeepSpeed config run by DeepSpeed's pipeline engine, docs/deepspeed.md).
 Modules import torch and Megatron lazily or at their own import; this package import stays light.
 """
+from . import lazy_compile as _lazy_compile
+
+# before any Megatron import this package's modules make: torch.compile deferred to the first call where no
+# accelerator is (Megatron-Core's import then skips TorchDynamo and Inductor)
+_lazy_compile.install()

@@ -24,6 +24,14 @@ from ..errors import InputError
 from ..spec.devices import get_device
 
 
+def has_accelerator() -> bool:
+    """Whether this process can reach an accelerator: a CUDA (or ROCm) device, or torch_npu installed. The device
+    count reads NVML (or AMD SMI) where it can rather than initialising the CUDA driver, which a process that forks
+    ranks afterwards must not have done (torch.cuda.is_available() does, unless PYTORCH_NVML_BASED_CUDA_CHECK=1)."""
+    import torch
+    return torch.cuda.device_count() > 0 or importlib.util.find_spec("torch_npu") is not None
+
+
 def torch_device_for(device_type: str) -> str:
     """'cuda', 'npu' or 'cpu' for a catalog device type (or alias)."""
     return get_device(device_type).torch_device
