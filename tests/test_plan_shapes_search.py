@@ -382,6 +382,25 @@ def test_a_replica_group_alongside_on_the_same_cluster_keeps_tp_inside_nodes():
     assert alongside_search.with_group(plan3, 0, main3, extra2, [], 1, six) is None
 
 
+def test_a_replica_group_alongside_needs_a_link_to_every_neighbouring_cluster():
+    """A pipeline a -> b and a group of cluster c alongside b's mesh: c is linked to b (the mesh it joins) but not to
+    a, whose stage sends it its activations. The candidate was priced, and since simulate checks every neighbour's
+    link (as every emit target does) it stopped `plan` with exit 2 (the GPT-3 example at a global batch of 16,384:
+    "clusters ascend and h100 are next to each other ... no link"); it is not offered now. With a link a-c it is."""
+    from hetauto_megatron.plan.plan import Mesh, Plan
+    model = MODEL.replace(num_layers=4)
+    meshes = (Mesh("a", "cpu", 1, 1, 2, "none", (2,)), Mesh("b", "cpu", 1, 1, 2, "none", (2,)))
+    plan = Plan(model=model, global_batch_size=4, meshes=meshes)
+    main, extra = Mesh("b", "cpu", 1, 1, 1, "none", (2,)), Mesh("c", "cpu", 1, 1, 1, "none", (2,), alongside=True)
+    clusters = [("a", "cpu", 1, 1), ("b", "cpu", 1, 1), ("c", "cpu", 1, 1)]
+    unlinked = small_inventory(clusters, [("a", "b", 10, 1), ("b", "c", 10, 1)])
+    assert alongside_search.with_group(plan, 1, main, extra, [0], 1, unlinked) is None
+    linked = small_inventory(clusters, [("a", "b", 10, 1), ("b", "c", 10, 1), ("a", "c", 10, 1)])
+    cand = alongside_search.with_group(plan, 1, main, extra, [0], 1, linked)
+    assert [(m.cluster, m.alongside) for m in cand.meshes] == [("a", False), ("b", False), ("c", True)]
+    assert simulate(cand, linked).iteration_time_s > 0
+
+
 def _chain_of_five(tie: bool = False):
     """Five clusters in a chain (each linked to the next only), two device types, a small model: most pairs of
     clusters of two blocks have no link, which the exchange's bound counts at the inventory's slowest one."""

@@ -18,7 +18,7 @@ from .search import search
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, plan_score, progress,
                             within_budget)
 from .engines import selective_runs
-from .simulate import simulate
+from .simulate import check_plan_links, simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK
 from .stop import out_of_time
@@ -163,7 +163,8 @@ def mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shape
 
 def with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) -> Plan | None:
     """The plan with `extra` alongside mesh `idx` (now `main`); the pipeline's other meshes (`mates`) scale their
-    micro-batch by `scale`. None when the launches would not start on whole nodes (Plan.check_whole_nodes), or
+    micro-batch by `scale`. None when the launches would not start on whole nodes (Plan.check_whole_nodes), when
+    a cluster of the group has no link to a cluster at a neighbouring position (simulate.check_plan_links), or
     when no order of the two groups keeps every TP group inside a node: on one
     cluster the two share a launch, ranks in mesh order, so e.g. one TP 1 device before four TP 2 groups would put
     a TP group across two 8-device nodes, the other order not. Both orders are tried (the two hold the same
@@ -184,6 +185,7 @@ def with_group(plan: Plan, idx: int, main, extra, mates, scale: int, inventory) 
             cand = dataclasses.replace(plan, meshes=(*meshes[:idx], first, second, *meshes[idx + 1:]), estimate=None)
             cand.check_tp_inside_nodes(lambda c: inventory.cluster(c).devices_per_node)
             cand.check_whole_nodes(lambda c: (inventory.cluster(c).devices_per_node, inventory.cluster(c).nodes))
+            check_plan_links(cand, inventory)     # the group's cluster sends to and receives from every neighbour
             return cand
         except InputError:
             continue
