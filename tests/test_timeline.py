@@ -375,3 +375,19 @@ def test_a_tied_table_across_clusters_has_the_exchange_lanes_and_the_norm_its_ow
                 assert (named[what]["ts"], named[what]["ts"] + named[what]["dur"]) == pytest.approx(drawn, abs=1e-3)
             opt = next(e for e in spans if e["cat"] == "optimizer")
             assert opt["ts"] >= norm[0]["ts"] + norm[0]["dur"] - 1e-3, n
+
+
+def test_a_timeline_picture_is_the_same_bytes_for_the_same_plan(tmp_path, capsys):
+    """SVG and PDF pictures carried the time they were drawn (and the SVG a random salt in every id): two runs on
+    the same plan differed in every file. Plans are deterministic; so are their pictures."""
+    plan = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml")
+    files = {}
+    for run in ("a", "b"):
+        paths = [str(tmp_path / f"{run}.svg"), str(tmp_path / f"{run}.pdf")]
+        assert main(["simulate", "--plan", plan, "--inventory", inv, "--timeline", paths[0], "--timeline", paths[1]]) \
+            == 0
+        files[run] = [open(p, "rb").read() for p in paths]
+    capsys.readouterr()
+    assert files["a"][0].startswith(b"<?xml") and files["a"][1].startswith(b"%PDF")
+    assert files["a"] == files["b"]
