@@ -281,7 +281,17 @@ PLAN_CASES = {
     "sp-not-dividing-sequence": (plan_text(model="{preset: tiny, seq_length: 31}"),
                                  "meshes[0].settings.sequence_parallel", ["31-token sequence", "tp=2",
                                                                           "sequence_parallel: false"], True),
-    "bad-version": (plan_text(version=7), "version", ["version 7 is not supported"], True),
+    "bad-version": (plan_text(version=7), "version", ["version 7 is not supported", "a newer hetauto"], True),
+    # a newer file's new key or value is no mistake in it: the version is named, not "remove them"
+    "newer-version-new-key": (plan_text(version=5, mesh_a=MESH_A.replace("tp: 2", "tp: 2, experts: 8")), "version",
+                              ["version 5 is not supported", "a newer hetauto"], True),
+    "newer-version-new-value": (plan_text(version=5, mesh_a=MESH_A.replace("recompute: none", "recompute: offload")),
+                                "version", ["version 5 is not supported"], True),
+    # keys no file of that version had: an overlapped boundary (version 2) priced in a version-1 file
+    "v1-boundary": (plan_text(mesh_a=MESH_A.replace("}", ", boundary: {schedule: overlapped, depth: 1}}")), "version",
+                    ["is 1, but the plan uses version-2 keys (meshes[*].boundary)"], True),
+    "v2-engine": (plan_text(version=2) + "engine: deepspeed\n", "version",
+                  ["is 2, but the plan uses version-3 keys (engine)"], True),
     "empty-plan": ("", None, ["is empty", "docs/plan-format.md"], True),
     "depth-huge": (plan_text(version=2, mesh_a=MESH_A.replace("}", ", boundary: {schedule: overlapped, depth: 1000000000}}")),
                    "meshes[0].boundary.depth", ["more extra micro-batches in flight than the global batch has"], True),
@@ -318,6 +328,32 @@ def test_plan_file_errors(case, tmp_path, capsys):
     check_error(rc, err, file=plan if names_plan else None, field=field, words=words)
     # under --json stdout holds the same failure as one object, nothing else
     assert json.loads(out)["error"]["message"] in err and json.loads(out)["error"]["field"] == field
+
+
+def test_a_null_in_a_json_plan_is_not_explained_as_yaml(tmp_path, capsys):
+    """`"version": null` in a JSON file was told that "YAML reads an empty value, null and ~ as nothing"."""
+    import yaml
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    data = yaml.safe_load(plan_text())
+    for name, text in (("plan.json", json.dumps(dict(data, version=None))),
+                       ("plan.yaml", plan_text().replace("version: 1", "version: null"))):
+        plan = write(tmp_path, name, text)
+        rc, _, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", plan], capsys)
+        check_error(rc, err, file=plan, field="version", words=["is missing"])
+        assert ("YAML reads" in err) is name.endswith(".yaml") and ("it is null" in err) is name.endswith(".json"), err
+
+
+def test_a_version_1_plan_on_a_device_without_bf16_is_told_how_to_write_its_precision(tmp_path, capsys):
+    """A version-1 file (bf16) on V100s was told "choose a precision it has: fp16, fp32"; writing `precision:`
+    then was refused as a version-2 key. The fix now says both, and following it emits the plan."""
+    text = ("version: 1\nmodel: {preset: llama2-7b}\nglobal_batch_size: 64\nmeshes:\n- {cluster: v100, device_type: "
+            "v100-32gb, tp: 8, dp: 1, micro_batch_size: 1, recompute: full, stage_layers: [16, 16]}\n")
+    plan = write(tmp_path, "v1.yaml", text)
+    rc, _, err = run_cli(["emit", "summary", "--plan", plan, "-o", str(tmp_path / "out")], capsys)
+    check_error(rc, err, file=plan, field="precision", words=["cannot train in bf16", "precision: fp16 or fp32",
+                                                               "version: 2"])
+    fixed = write(tmp_path, "v2.yaml", text.replace("version: 1", "version: 2\nprecision: fp16"))
+    assert run_cli(["emit", "summary", "--plan", fixed, "-o", str(tmp_path / "out")], capsys)[0] == 0
 
 
 def test_plan_file_valid_baseline(tmp_path, capsys):

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..spec.devices import get_device
+from ..spec.devices import PRECISIONS, get_device
 from ..spec.model import ModelSpec
 from . import shapes
 from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, RECOMPUTE_SETTINGS,  # noqa: F401
@@ -253,7 +253,15 @@ class Plan:
         """The precision a mesh's ranks train in: the plan's, except that CPU processes (dry runs) train in fp32
         (spec/devices.py); InputError if the mesh's device type lacks the plan's precision (fp8 on an A100)."""
         dev = get_device(self.meshes[mesh_index].device_type)
-        return dev.at_precision(self.precision, field="precision").precision
+        try:
+            return dev.at_precision(self.precision, field="precision").precision
+        except InputError as exc:       # a fix in the plan's own terms (a version-1 file has no precision key)
+            have = [p for p in PRECISIONS if dev.peak_tflops_at(p) is not None]
+            raise InputError(exc.reason, file=exc.file, field="precision",
+                             fix=f"write precision: {' or '.join(have)} in the plan"
+                                 + (" (and version: 2: a version-1 file has no precision key)" if self.version == 1
+                                    else "") + ", or re-plan without that cluster (hetauto plan --exclude-clusters)"
+                             ) from None
 
     @property
     def vocab_tps(self) -> list[int]:

@@ -134,10 +134,18 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     version = get(data, "version", int, file=file,
                   fix="write the version the file was written in as a whole number, unquoted (e.g. version: 3)"
                       if "version" in data else f"add 'version: {PLAN_VERSION}' at the top")
+    if version not in READABLE_VERSIONS:     # first: a newer file's other keys and values are no mistake in it
+        newer = version > PLAN_VERSION
+        raise InputError(f"plan version {version} is not supported (this hetauto reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))})", file=file, field="version",
+                         fix="a newer hetauto-megatron wrote it: read it with that release (or a later one), or "
+                             "re-create the plan with this one's 'hetauto plan'" if newer else
+                             f"re-create the plan with 'hetauto plan', or set version: {PLAN_VERSION} if the file "
+                             "follows docs/plan-format.md")
     raw_meshes = data.get("meshes") if isinstance(data.get("meshes"), list) else []
     v2_keys = (["precision"] if "precision" in data else []) + sorted(
-        {"meshes[*].settings" for m in raw_meshes if isinstance(m, dict) and "settings" in m})
-    v3_keys = (["pipelines"] if "pipelines" in data else []) + sorted(
+        {f"meshes[*].{k}" for m in raw_meshes if isinstance(m, dict) for k in ("settings", "boundary") if k in m})
+    v3_keys = [k for k in ("engine", "pipelines") if k in data] + sorted(
         {f"meshes[*].{k}" for m in raw_meshes if isinstance(m, dict) for k in ("pipeline", "alongside") if k in m})
     # A key newer than the file's version, also at its default: read by the older version's rules it would change
     # what was priced (version 1 had neither precision nor settings: bf16, the default settings), and a file that
