@@ -163,6 +163,8 @@ def _edited_profile(prof, line: int, key: str, value: str) -> str:
     ("nan-fwd", "fwd_p10_s", ["nan", "finite"]),
     ("inf-bwd", "bwd_p10_s", ["inf", "finite"]),
     ("negative-fwd", "fwd_p10_s", ["-0.001", "non-negative"]),
+    # under a nanosecond (5e-324): its error overflowed to Infinity in validate-cost-model --json
+    ("subnormal-fwd", "fwd_p10_s", ["4.94066e-324", "under a nanosecond"]),
     ("nan-peak", "peak_tflops", ["nan", "finite"]),
 ])
 def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
@@ -178,6 +180,7 @@ def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
     else:
         line, key, value = {"nan-fwd": (1, '"fwd_p10_s": ', "NaN"), "inf-bwd": (2, '"bwd_p10_s": ', "Infinity"),
                             "negative-fwd": (1, '"fwd_p10_s": ', "-0.001"),
+                            "subnormal-fwd": (1, '"fwd_p10_s": ', "5e-324"),
                             "nan-peak": (0, '"peak_tflops": ', "NaN")}[case]
         bad.write_text(_edited_profile(prof, line, key, value))
     runs = [["fit", str(bad), "-o", str(tmp_path / "m"), "--holdout", "0"]]

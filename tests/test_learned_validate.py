@@ -135,6 +135,9 @@ def test_fp32_cpu_memory_and_transfers_use_four_bytes(dryrun):
     ("missing", "dry-run report not found"),
     ("not-json", "is not valid JSON"),
     ("no-time", "no positive measured iteration time"),
+    # a time no dry run measures: its error overflowed to -Infinity / Infinity in --json (not strict JSON)
+    ("huge-time", "no dry run's iteration time"),
+    ("tiny-time", "no dry run's iteration time"),
     ("no-model", "does not say which model shape"),
     ("contradicts", "contradicts the report"),
     ("other-plan", "report is of another plan"),
@@ -155,6 +158,10 @@ def test_bad_dryrun_inputs_exit_2(dryrun, tmp_path, capsys, case, needle):
         rep = str(tmp_path / "r.json")
     elif case == "no-time":
         (tmp_path / "r.json").write_text(json.dumps({"error": "rank 3 died"}))
+        rep = str(tmp_path / "r.json")
+    elif case in ("huge-time", "tiny-time"):
+        (tmp_path / "r.json").write_text(json.dumps(dict(json.load(open(rep)), iteration_s=1e308 if case ==
+                                                         "huge-time" else 5e-324)))
         rep = str(tmp_path / "r.json")
     elif case == "contradicts":
         rep, extra = named, ["--no-tiny"]

@@ -40,6 +40,9 @@ def load_dryrun_report(path: str) -> dict:
         raise InputError(f"has no positive measured iteration time (iteration_s: {t!r})", file=path,
                          field="iteration_s", fix="pass the output of a dry run that finished: "
                                                   "'hetauto dryrun --plan PLAN --json'")
+    if not 1e-9 <= t <= 1e9:     # no dry run's iteration: a hand-edited figure (its error overflowed to Infinity)
+        raise InputError(f"is {t:g} s, no dry run's iteration time (1 ns to 1e9 s)", file=path, field="iteration_s",
+                         fix="pass the output of a dry run that finished: 'hetauto dryrun --plan PLAN --json'")
     steps = rep.get("steps")
     if isinstance(steps, list) and len(steps) == 1:
         # the time of a run of one step is that step's: the first, slowed by the memory hooks and the profiler
@@ -136,11 +139,11 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
     row = {"label": label, "model": plan.model.name, "hidden_size": plan.model.hidden_size,
            "seq_length": plan.model.seq_length, "ranks": plan.world_size, "cores": cores, "stretch": factor,
            "measured_s": meas, "predicted_s": est.iteration_time_s,
-           "error_pct": 100.0 * (est.iteration_time_s - meas) / meas,
+           "error_pct": 100.0 * (est.iteration_time_s / meas - 1),
            "pipeline_s": est.pipeline_s, "cost_model": est.cost_model}
     if analytic is not None:
         a = simulate(plan, inventory, SharedCoresCostModel(analytic, factor)).iteration_time_s
-        row.update(analytic_s=a, analytic_error_pct=100.0 * (a - meas) / meas)
+        row.update(analytic_s=a, analytic_error_pct=100.0 * (a / meas - 1))
     return row
 
 

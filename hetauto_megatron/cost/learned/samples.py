@@ -181,6 +181,9 @@ def measured_time(value, *, file: str, field: str, row: str, fix: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise InputError(f"{row} has {field} {value}, not a finite, non-negative number of seconds", file=file,
                          field=field, fix=fix)
+    if 0 < value < 1e-9:     # no timer reads under a nanosecond: a hand-edited figure (its error overflowed)
+        raise InputError(f"{row} has {field} {value:g}, under a nanosecond: no measured time", file=file,
+                         field=field, fix=fix)
     return value
 
 

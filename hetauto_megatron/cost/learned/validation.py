@@ -40,8 +40,8 @@ def validate_layers(model, paths: list[str]) -> dict:
                 table.append({"device": device.name, "source": source, "phase": phase,
                               "label": f"{r.model} tp{r.shape.tp} b{r.shape.micro_batch} s{r.shape.seq}",
                               "measured_s": meas, "predicted_s": pred[i], "analytic_s": ana[i],
-                              "error_pct": 100.0 * (pred[i] - meas) / meas,
-                              "analytic_error_pct": 100.0 * (ana[i] - meas) / meas})
+                              "error_pct": 100.0 * (pred[i] / meas - 1),
+                              "analytic_error_pct": 100.0 * (ana[i] / meas - 1)})
     summary = summarise(table, {"analytic_mape_pct": "analytic_s"})
     for key, v in summary.items():
         v["source"] = ",".join(sorted({r["source"] for r in table if key == "all" or
