@@ -248,7 +248,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         return rep
     if shapes_result is not None and search_result is None:
         search_result = shapes_result.simple
-    est = simulate(plan, inventory, cost_model).to_dict()
+    priced = simulate(plan, inventory, cost_model)
+    est = priced.to_dict()
     bd = X.breakdown(est, plan.num_micro_batches)
     rep = {"model": plan.model.name, "devices": plan.world_size, "stages": plan.pipeline_parallel_size,
            "micro_batches": plan.num_micro_batches, "global_batch_size": plan.global_batch_size,
@@ -257,7 +258,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "objective": constraints.objective,
            "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens),
            "memory": X.memory_headroom(est), "runners_up": None, "runners_up_requested": k, "sensitivity": None,
-           "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, est["tokens_per_s"])}
+           # (the change against the unrounded rate: the rounded one moved a tiny rate's change by its rounding)
+           "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, priced.tokens_per_s)}
     if do_search:
         rep["runners_up"] = X.runners_up(plan, search_result or run_search(inventory), k, inventory,
                                          constraints)
