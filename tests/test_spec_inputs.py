@@ -12,7 +12,7 @@ import os
 import textwrap
 
 import pytest
-from helpers import CPU_INVENTORY, run_cli, run_hetauto
+from helpers import CPU_INVENTORY, ROOT, run_cli, run_hetauto
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,6 +354,24 @@ def test_a_version_1_plan_on_a_device_without_bf16_is_told_how_to_write_its_prec
                                                                "version: 2"])
     fixed = write(tmp_path, "v2.yaml", text.replace("version: 1", "version: 2\nprecision: fp16"))
     assert run_cli(["emit", "summary", "--plan", fixed, "-o", str(tmp_path / "out")], capsys)[0] == 0
+
+
+def test_no_layer_fits_names_where_the_memory_figure_came_from(tmp_path, capsys):
+    """Exit 3 when not one layer fits: the fix named the inventory file's `clusters[0].memory_gib` also where
+    --set gave the figure (the file has no memory_gib there); it names the --set item now, and the file's field
+    where the file gave it."""
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    sets = ["--set", "cluster.h800.memory_gib=1", "--set", "cluster.ascend.memory_gib=1"]
+    rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, *sets], capsys)
+    check_error(rc, err, code=3, words=["not one transformer layer fits", "(--set cluster.h800.memory_gib=1)"])
+    assert "field 'clusters[0].memory_gib'" not in err, err
+    import yaml
+    raw = yaml.safe_load(open(inv))
+    for c in raw["clusters"]:
+        c["memory_gib"] = 1
+    small = write(tmp_path, "small.yaml", yaml.safe_dump(raw))
+    rc, _, err = run_cli(["plan", "--model", "llama2-7b", "--inventory", small], capsys)
+    check_error(rc, err, code=3, words=[f"({small}, field 'clusters[0].memory_gib')"])
 
 
 def test_plan_file_valid_baseline(tmp_path, capsys):

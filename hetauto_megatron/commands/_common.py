@@ -1,6 +1,7 @@
 """Arguments and loading shared by the planner commands (plan, simulate)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 
@@ -56,7 +57,7 @@ def inventory_of(path: str | None, plan, plan_path: str | None):
         try:
             inventory = inventory_from_dict(plan.inventory, file=plan_path)
             check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
-            return inventory
+            return dataclasses.replace(inventory, stored_in_plan=True)
         except InputError as exc:
             raise exc.within(prefix="inventory") from None
     raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",

@@ -80,6 +80,10 @@ class Inventory:
     # The job's training precision the devices are priced at (with_precision); "" = the catalog's 16-bit peaks.
     # Precision is not a field of the inventory file: it is a property of the job (hetauto plan --precision).
     precision: str = ""
+    # Where its figures came from, for messages only: the --set items applied to it (spec/whatif.py), and whether
+    # it is a plan file's stored inventory (its fields then sit under the plan's `inventory:`)
+    overrides: tuple = field(default=(), compare=False)
+    stored_in_plan: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         names = [c.name for c in self.clusters]
@@ -118,6 +122,15 @@ class Inventory:
         clusters = tuple(dataclasses.replace(c, uplink_gbps=None if c.uplink_gbps is None else c.uplink_gbps / scale)
                          for c in self.clusters)
         return dataclasses.replace(self, clusters=clusters, links=links)
+
+    def where(self, field_name: str, set_key: str | None = None) -> str:
+        """Where a user changes the inventory's `field_name` ('clusters[0].memory_gib'): the --set item that gave it
+        (`set_key`: 'cluster.h800.memory_gib'), else the file and the field (under `inventory.` in a plan file)."""
+        given = [o for o in self.overrides if set_key and o.partition("=")[0].strip() == set_key]
+        if given:
+            return f"--set {given[-1]}"
+        name = ("inventory." if self.stored_in_plan else "") + field_name
+        return f"{self.source}, field '{name}'" if self.source else f"field '{name}'"
 
     def with_precision(self, precision: str) -> "Inventory":
         """The inventory as a job training in `precision` sees it: every device's peak and element size at that

@@ -156,6 +156,7 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
         else:
             raise InputError(f"unknown key {key!r}: keys start with 'link.' or 'cluster.'", field="--set",
                              fix=_examples(inv))
+        inv = dataclasses.replace(inv, overrides=(*inv.overrides, item))
     return inv
 
 
