@@ -587,3 +587,14 @@ def test_the_slow_boundary_of_a_deep_one_mesh_pipeline_is_found_among_the_bounda
              for i in range(n - 1)]
     assert n - 1 > explain.MAX_BOUNDARIES_TRIED
     assert got["link_boundary"] == slow == max(range(n - 1), key=lambda i: saves[i]), (got, saves)
+
+
+def test_explain_checks_the_plan_against_the_inventory_before_it_replans(readme_plan, tmp_path, capsys):
+    """--inventory without the plan's clusters: the what-ifs were re-planned first (seconds on a large inventory),
+    and only then the plan was refused."""
+    plan, _ = readme_plan
+    inv = tmp_path / "one.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: h800, nodes: 1, devices_per_node: 1}\n")
+    assert main(["explain", "--plan", plan, "--inventory", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "re-plan" not in err and "which the inventory" in err and f"{plan}: field 'meshes[0].cluster'" in err, err

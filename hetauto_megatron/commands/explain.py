@@ -106,6 +106,12 @@ def plan_inputs(args, plan_path: str, plan=None):
     from ._common import without_unused_unable
     inventory = without_unused_unable(inventory, plan.precision, [m.cluster for m in plan.meshes],
                                       f"hetauto {getattr(args, 'command', None) or 'explain'}")
+    from ..plan.simulate import check_plan_against_inventory
+    from ._common import plan_error
+    try:        # up front: an inventory the plan does not fit was found only after the what-ifs were re-planned
+        check_plan_against_inventory(plan, inventory)
+    except InputError as exc:
+        raise plan_error(exc, plan_path, getattr(args, "set", None)) from None
     cost_model = load_cost_model(getattr(args, "cost_model", None))
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
     from ._common import apply_memory_job, at_plan_precision, use_recorded_memory_job
