@@ -66,7 +66,8 @@ class _Parser(argparse.ArgumentParser):
         if _Parser.json_requested:
             import json
             import re
-            named = re.match(r"argument ([^:/ ]+)", message)    # "argument --seq-length: invalid int value: 'x'"
+            # "argument --seq-length: invalid int value: 'x'"; "unrecognized arguments: --foo 3" (the first)
+            named = re.match(r"argument ([^:/ ]+)", message) or re.match(r"unrecognized arguments: (\S+)", message)
             print(json.dumps({"error": {"kind": "invalid input", "exit_code": 2, "message": f"{message}. Fix: {fix}.",
                                         "file": None, "field": named.group(1) if named else None,
                                         "reason": message, "fix": fix}}))

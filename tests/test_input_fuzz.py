@@ -767,6 +767,9 @@ def test_an_option_the_parser_refuses_is_a_json_error_under_json(capsys):
         assert exc.value.code == 2 and "Fix: " in err and "Traceback" not in err, err
         error = json.loads(out)["error"]
         assert error["exit_code"] == 2 and error["field"] == field and "invalid" in error["reason"], error
+    with pytest.raises(SystemExit):     # an unknown option is the field too (it was null)
+        cli.main(["simulate", "--plan", "p.yaml", "--json", "--bogus", "3"])
+    assert json.loads(capsys.readouterr().out)["error"]["field"] == "--bogus"
     with pytest.raises(SystemExit):
         cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--seq-length", "abc"])
     assert capsys.readouterr().out == ""        # without --json nothing on stdout
