@@ -287,6 +287,12 @@ def time_factor(seconds: float) -> float:
     return seconds ** TIME_WEIGHT if seconds > 0 else 0.0
 
 
+def every_device_free(inventory: Inventory) -> bool:
+    """Whether no cluster has a price above 0: the cost objective is then the time (objective_value), and the
+    search runs as the throughput objective's (space.SearchSpace), whose bounds are the times'."""
+    return all(not cl.price_per_device_hour for cl in inventory.clusters)
+
+
 def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: dict[str, int],
                     ceiling: float | None = None) -> float:
     """What the search minimises for an iteration of `seconds` on the devices `used` (per cluster): the seconds,
@@ -297,11 +303,9 @@ def objective_value(c: Constraints, inventory: Inventory, seconds: float, used: 
     limit = c.max_iteration_s
     if c.objective == "cost" and limit is not None and math.isfinite(seconds) and seconds > limit:
         return (floor_ceiling(c, inventory) if ceiling is None else ceiling) * seconds / limit
-    if c.objective != "cost" or not math.isfinite(seconds):
-        return seconds
-    dearest = max((cl.price_per_device_hour or 0.0 for cl in inventory.clusters), default=0.0)
-    if dearest == 0:
-        return seconds      # every device free: the fastest plan costs nothing too
+    if c.objective != "cost" or not math.isfinite(seconds) or every_device_free(inventory):
+        return seconds      # (every device free: the fastest plan costs nothing too)
+    dearest = max(cl.price_per_device_hour or 0.0 for cl in inventory.clusters)
     return seconds * (price_per_second(inventory, used) * time_factor(seconds) + TIE_BREAK * dearest / 3600)
 
 

@@ -29,7 +29,7 @@ import random
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, memory_fit
-from .constraints import Constraints, devices_by_cluster, objective_value
+from .constraints import Constraints, devices_by_cluster, every_device_free, objective_value
 from .evaluator import AUTO
 from .plan import launch_nodes
 from .engines import DEFAULT_ENGINE, selective_runs
@@ -93,6 +93,9 @@ class SearchSpace(SpaceBounds):
         self.engine = engine
         self.selective = selective_runs(model, engine)        # recompute "selective" runs for this model
         self.con = con = constraints or Constraints()
+        if con.objective == "cost" and every_device_free(inventory):
+            # money bounds of 0 pruned nothing while every plan's value was its time: 10x the throughput's search
+            self.con = con = dataclasses.replace(con, objective="throughput")
         self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
         self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
         self.samples = [1 << k for k in range(inventory.num_devices.bit_length())
