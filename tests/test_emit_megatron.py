@@ -58,14 +58,25 @@ def test_layout_example():
     assert megatron_layout([8]) is None         # one stage: nothing to split, no flag
 
 
-def run_script(path, tmp_path, node_rank, extra_env=None):
+RUN_DIR = "run"
+
+
+def run_script(path, tmp_path, node_rank, extra_env=None, entries=()):
+    """Run an emitted script with torchrun recorded, in a directory of its own (RUN_DIR) that holds the entry
+    scripts it may start (pretrain_gpt.py, mine.py and `entries`: the script checks the one it starts is there)."""
     recorder = tmp_path / "recorder.py"
     recorder.write_text(RECORDER)
     out = tmp_path / f"rec-{os.path.basename(path)}-{node_rank}.json"
+    run_dir = tmp_path / RUN_DIR
+    run_dir.mkdir(exist_ok=True)
+    for name in ("pretrain_gpt.py", "mine.py", *entries):
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).touch()
     env = {"PATH": os.environ["PATH"], "NODE_RANK": str(node_rank), "CLUSTER_MASTER_ADDR": "10.0.0.1",
            "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": f"{sys.executable} {recorder}", "RECORD_TO": str(out),
            **(extra_env or {})}
-    proc = subprocess.run(["bash", str(path), "--mock-data"], env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["bash", str(path), "--mock-data"], env=env, capture_output=True, text=True, timeout=30,
+                          cwd=run_dir)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -201,11 +212,24 @@ def test_consecutive_meshes_of_one_cluster_share_a_launch(tmp_path):
         assert tr.nnodes == 3 and tr.nproc_per_node == 2
 
 
-def test_cluster_split_by_another_gets_one_launch_per_run():
+def test_cluster_split_by_another_gets_one_launch_per_run(tmp_path):
+    """Each launch of a split cluster is a torchrun of its own, on nodes and a rendezvous of its own: its script
+    said "run it on every node of this cluster with CLUSTER_MASTER_ADDR set to this cluster's node 0", which put
+    both launches' rendezvous on one address and port, and named "node 0 of cluster a" for the job's rendezvous,
+    which is node 0 of launch a.mesh0 (global rank 0)."""
     plan = plan_from_dict(tiny_plan([mesh("a", 1, 1, 1, [2]), mesh("b", 1, 1, 1, [4]), mesh("a", 1, 1, 1, [2])]))
     launches = emit_megatron(plan, plan_path="p.yaml", devices_per_node=1)
     assert [(la["name"], la["rank_offset"]) for la in launches] == [("a.mesh0", 0), ("b", 1), ("a.mesh2", 2)]
     assert [la["env"]["HETAUTO_RANK_OFFSET"] for la in launches] == ["0", "1", "2"]
+    for la in launches:
+        head = la["script"].split("set -euo")[0]
+        assert "node 0 of launch a.mesh0 (cluster a)" in head, head
+        assert ("One of 2 launches on cluster a (a.mesh0.sh, a.mesh2.sh)" in head and "this launch's node 0" in head
+                and "this cluster's node 0" not in head) is (la["cluster"] == "a"), head
+    path = tmp_path / "a.mesh2.sh"
+    path.write_text(launches[2]["script"])
+    tr, _ = split_torchrun(run_script(path, tmp_path, "00")["argv"])      # a zero-padded rank reads as its number
+    assert tr.node_rank == 0
 
 
 def test_launch_smaller_than_a_node_starts_on_one_node(tmp_path):
@@ -284,13 +308,13 @@ def test_user_paths_are_quoted_in_the_scripts(tmp_path):
         path = out / "a.sh"
         check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
         assert check.returncode == 0, check.stderr
-        tr, rest = split_torchrun(run_script(path, tmp_path, node_rank=0)["argv"])
+        tr, rest = split_torchrun(run_script(path, tmp_path, node_rank=0, entries=[script])["argv"])
         assert rest[-3:] == ["--hetauto-plan", plan_path if argv else os.path.abspath(plan), "--mock-data"]
         assert tr.script == (script if argv else "pretrain_gpt.py")
         tr, rest = split_torchrun(run_script(path, tmp_path, node_rank=0, extra_env={
             "HETAUTO_PLAN": "/elsewhere/p.yaml", "MEGATRON_SCRIPT": "mine.py"})["argv"])
         assert rest[-2] == "/elsewhere/p.yaml" and tr.script == "mine.py"
-    assert not any(m.exists() for m in marks) and not os.path.exists("m0")     # (the scripts ran in this cwd)
+    assert not any(m.exists() for m in marks) and not (tmp_path / RUN_DIR / "m0").exists()   # (their cwd)
 
 
 def test_devices_per_node_applies_only_without_an_inventory(tmp_path, capsys):
@@ -348,6 +372,11 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     ({"CLUSTER_MASTER_ADDR": None}, "set CLUSTER_MASTER_ADDR"),
     # the default launcher, hetauto-torchrun, missing where the script runs (an environment without hetauto)
     ({"TORCHRUN": None, "PATH": "/usr/bin:/bin"}, "the launcher hetauto-torchrun is not on PATH"),
+    # a number no node has (bash's test said "integer expression expected" first)
+    ({"NODE_RANK": "99999999999999999999"}, "NODE_RANK=99999999999999999999 is not a node index"),
+    # no entry script where it runs: every worker's python exited 2, which read as a paragraph of hetauto's
+    ({"MEGATRON_SCRIPT": "/nowhere/pretrain_gpt.py", "TORCHRUN": "true"},
+     "the Megatron-LM entry script /nowhere/pretrain_gpt.py is not there"),
 ])
 def test_a_launch_script_refuses_a_node_it_does_not_have(tmp_path, env, words):
     """A node rank outside the cluster's nodes (or a missing address) stops the script with exit 2 before torchrun

@@ -17,7 +17,8 @@ targets:
              with the HETAUTO_* environment (docs/launch.md), the vendor stack's variables and the
              Megatron-LM arguments (TP, whole-pipeline PP, --pipeline-model-parallel-layout for the
              uneven split, model shape, micro/global batch, recompute, bf16, distributed optimizer,
-             --hetauto --hetauto-plan). Printed, or one <cluster>.sh per cluster with -o DIR.
+             --hetauto --hetauto-plan). Printed, or one <cluster>.sh per cluster with -o DIR
+             (<cluster>.mesh<i>.sh per launch where a cluster holds several: each on nodes of its own).
   deepspeed  per mesh, a ds_config JSON checked by DeepSpeed's own parser for that mesh's data-parallel
              size, plus the plain list of plan features DeepSpeed cannot express (docs/deepspeed.md).
              Printed, or ds_config.<cluster>.json files and deepspeed-unsupported.txt with -o DIR.

@@ -156,18 +156,34 @@ def _node_ranges(plan: Plan, la: Launch) -> list[tuple[int, int, int]] | None:
     return out
 
 
-def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT) -> str:
+def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAULT_SCRIPT,
+                  launches: list[Launch] | None = None) -> str:
+    """The shell script of launch `la`; `launches`: every launch of the plan (plan_launches), whose names the
+    header gives where a cluster holds several (each a torchrun of its own, on nodes and a rendezvous of its own)."""
     from .summary import count_noun
-    first = plan.meshes[0].cluster
+    launches = launches or [la]
+    first = next((x for x in launches if x.rank_offset == 0), la)       # global rank 0: the job's rendezvous
+    mine = [x.name for x in launches if x.cluster == la.cluster]
     env, notes = launch_env(plan, la)
     last_rank = la.rank_offset + la.num_devices - 1
+    where = (f"node 0 of cluster {first.cluster}" if first.name == first.cluster else
+             f"node 0 of launch {first.name} (cluster {first.cluster})")
+    unit = "launch" if len(mine) > 1 else "cluster"
+    if len(mine) > 1:       # "this cluster's node 0" sent every launch's torchrun to one address and port
+        run = [f"# One of {len(mine)} launches on cluster {la.cluster} ({', '.join(n + '.sh' for n in mine)}), each a "
+               "torchrun of its own on nodes of its own.",
+               f"# Run this one once on every node of its {count_noun(la.nnodes, 'node')} with NODE_RANK=0..{la.nnodes - 1} "
+               "and CLUSTER_MASTER_ADDR set to",
+               f"# this launch's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: {where}."]
+    else:
+        run = [f"# Run it once on every node of this cluster with NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR "
+               "set to",
+               f"# this cluster's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: {where}."]
     lines = [
         "#!/usr/bin/env bash",
         f"# hetauto launch for cluster {la.cluster}: global ranks {la.rank_offset}-{last_rank} of {plan.world_size}, "
         f"{count_noun(la.nnodes, 'node')} x {la.nproc_per_node} {plan.meshes[la.mesh_indices[0]].device_type} ({la.vendor}).",
-        f"# Run it once on every node of this cluster with NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR set to",
-        "# this cluster's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: node 0 of cluster "
-        f"{first}.",
+        *run,
         "# Extra arguments (data, tokenizer, optimizer, checkpoints) are passed through to Megatron.",
     ]
     if plan.num_pipelines > 1:
@@ -187,13 +203,16 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         # node rank outside the cluster's nodes would leave every cluster waiting at the rendezvous
         "refuse() { echo \"hetauto launch (cluster $HETAUTO_CLUSTER): $1\" >&2; exit 2; }",
         f"HETAUTO_CLUSTER={shlex.quote(la.cluster)}",
-        f'[ -n "${{NODE_RANK:-}}" ] || refuse "set NODE_RANK to the index of this node in the cluster '
+        f'[ -n "${{NODE_RANK:-}}" ] || refuse "set NODE_RANK to the index of this node in the {unit} '
         f'(0..{la.nnodes - 1})"',
-        f'case "$NODE_RANK" in *[!0-9]*) refuse "NODE_RANK=$NODE_RANK is not a node index (0..{la.nnodes - 1})" ;; esac',
-        f'[ "$NODE_RANK" -lt {la.nnodes} ] || refuse "NODE_RANK=$NODE_RANK, but the plan runs this cluster on '
+        # digits only, at most 9 (a longer number is no index, and overflows the test below); 07 reads as 7
+        f'case "$NODE_RANK" in *[!0-9]*|??????????*) refuse "NODE_RANK=$NODE_RANK is not a node index '
+        f'(0..{la.nnodes - 1})" ;; esac',
+        'NODE_RANK=$((10#$NODE_RANK))',
+        f'[ "$NODE_RANK" -lt {la.nnodes} ] || refuse "NODE_RANK=$NODE_RANK, but the plan runs this {unit} on '
         f'{count_noun(la.nnodes, "node")}: 0..{la.nnodes - 1}"',
-        '[ -n "${CLUSTER_MASTER_ADDR:-}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this cluster"',
-        f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to node 0 of cluster {first}, '
+        f'[ -n "${{CLUSTER_MASTER_ADDR:-}}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this {unit}"',
+        f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to {where}, '
         'reachable from every cluster"',
         "",
         "export HETAUTO_CLUSTER",
@@ -217,7 +236,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
             lines += [f"  {pat})  # mesh {k}", "    MESH_ARGS=(",
                       _fmt_args(plan_mesh_args(plan, k), "      "),
                       "    ) ;;"]
-        lines += [f'  *) echo "NODE_RANK must be 0..{la.nnodes - 1}" >&2; exit 2 ;;', "esac"]
+        lines += [f'  *) refuse "NODE_RANK must be 0..{la.nnodes - 1}" ;;', "esac"]
     else:
         # A node holds ranks of two meshes: one argument list cannot be right for all of them; the --hetauto
         # hook rewrites TP, micro-batch and recompute per rank from the plan, so list the first mesh's.
@@ -233,10 +252,14 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     lines += ['launcher="${TORCHRUN:-hetauto-torchrun}"',
               'command -v "${launcher%% *}" >/dev/null 2>&1 || refuse "the launcher ${launcher%% *} is not on PATH: '
               'install hetauto (pip install) in the environment that runs torchrun, or set TORCHRUN"',
+              # (every worker's python found no script and exited 2, which read as a paragraph of hetauto's)
+              'entry="${MEGATRON_SCRIPT:-$megatron_script_default}"',
+              '[ -f "$entry" ] || refuse "the Megatron-LM entry script $entry is not there (from $PWD): set '
+              'MEGATRON_SCRIPT to the patched pretrain_gpt.py (hetauto patch-megatron), or run this in its directory"',
               f'exec $launcher --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
-              '  "${MEGATRON_SCRIPT:-$megatron_script_default}" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
+              '  "$entry" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
               '"${HETAUTO_ARGS[@]}" "$@"',
               ""]
     return "\n".join(lines)
@@ -246,7 +269,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
                   devices_per_node: int | None = None, file: str | None = None) -> list[dict]:
     """Per launch: its facts, the exact argument lists and the shell script text (what `hetauto emit megatron`
     prints or writes). `cluster` keeps only that cluster's launches."""
-    launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
+    every = launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
     if cluster is not None:
         names = sorted({la.cluster for la in launches})
         launches = [la for la in launches if la.cluster == cluster]
@@ -264,7 +287,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
             "env": {"HETAUTO_CLUSTER": la.cluster, "HETAUTO_RANK_OFFSET": str(la.rank_offset),
                     "HETAUTO_WORLD_SIZE": str(plan.world_size), **env},
             "megatron_args": {str(k): megatron_args(plan, k, plan_path) for k in la.mesh_indices},
-            "script": launch_script(plan, la, plan_path=plan_path, script=script),
+            "script": launch_script(plan, la, plan_path=plan_path, script=script, launches=every),
         })
     return out
 
