@@ -204,7 +204,8 @@ def test_fp32_with_tf32_is_priced_from_sailors_tensor_core_runs(tmp_path, sailor
     _plan(tmp_path, "--emit", str(tmp_path / "launch"))
     a100 = (tmp_path / "launch" / "a100.sh").read_text()
     v100 = (tmp_path / "launch" / "v100.sh").read_text()
-    assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0" in v100
+    assert "export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in a100 and "export NVIDIA_TF32_OVERRIDE=0" in v100
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in v100 and "NVIDIA_TF32_OVERRIDE" not in a100
 
 
 def test_simulate_and_compare_give_one_fits_verdict(tmp_path, capsys, sailor_model):

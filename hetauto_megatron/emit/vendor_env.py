@@ -18,14 +18,17 @@ def vendor_env(vendor: str, max_tp: int, fp32_tf32: bool | None = None) -> tuple
     for an fp32 plan on NVIDIA devices, whether its GEMMs run on the TF32 tensor cores as priced (the cluster's
     device type and the inventory's `tf32`). Transformer Engine runs Megatron's fp32 GEMMs on TF32 whatever
     PyTorch says; PyTorch's own matmuls (the attention scores, the output layer) follow its switch, which NVIDIA's
-    containers turn on and upstream PyTorch leaves off: so the switch is set either way, and where the plan was
-    priced without TF32, NVIDIA_TF32_OVERRIDE=0 turns it off in every NVIDIA library, Transformer Engine's
-    cuBLASLt GEMMs included."""
+    containers turn on and upstream PyTorch leaves off: the --hetauto hook sets it on every rank as priced
+    (runtime/device.py set_fp32_gemms), and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 turns it on from the process's
+    start; where the plan was priced without TF32, NVIDIA_TF32_OVERRIDE=0 turns TF32 off in every NVIDIA library,
+    Transformer Engine's cuBLASLt GEMMs included (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=0 would do nothing: PyTorch
+    reads the variable only to force TF32 on)."""
     env: dict[str, str] = {}
     notes: list[str] = []
     if vendor == "nvidia" and fp32_tf32 is not None:
-        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1" if fp32_tf32 else "0"
-        if not fp32_tf32:
+        if fp32_tf32:
+            env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
+        else:
             env["NVIDIA_TF32_OVERRIDE"] = "0"
     if vendor in ("nvidia", "amd", "ascend") and max_tp > 1:
         # Megatron orders TP communication behind compute on one hardware queue; it asserts this is 1.
