@@ -181,12 +181,16 @@ def unsupported_features(plan: Plan) -> list[str]:
         out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "
                    "gradients in that precision unless ZeRO is on")
     if plan.model.tie_embeddings and plan.pipeline_parallel_size > 1 and any(
-            not as_run_by(m.settings, ENGINE).distributed_optimizer for m in meshes):
-        # DeepSpeed 0.19.8 runtime/utils.py clip_grad_norm_ (ZeRO-0's clipping) sums every parameter of the stage,
-        # the tied table's copy on the first and on the last stage alike; ZeRO-1's norm counts it once
-        out.append("gradient clipping of the tied embedding without the distributed optimizer: ZeRO-0 clips by a "
-                   "norm that counts the tied table's gradient on the first and the last stage, so the updates differ "
-                   "slightly from one model's when the clip binds (ZeRO-1, the distributed optimizer, counts it once)")
+            not as_run_by(m.settings, ENGINE).distributed_optimizer and plan.mesh_precision(i) != "bf16"
+            for i, m in enumerate(meshes)):
+        # DeepSpeed 0.19.8 without ZeRO: fp32 clips with runtime/utils.py clip_grad_norm_ and fp16 with its
+        # FP16 optimizers' norm of the stage's gradients, each summing the tied table's copy on the first and on
+        # the last stage alike; bf16 builds BF16_Optimizer (engine.py _do_optimizer_sanity_check), whose norm skips
+        # the copy the pipeline module marks ds_pipe_replicated, as ZeRO-1's counts it once
+        out.append("gradient clipping of the tied embedding without the distributed optimizer: in fp32 or fp16, "
+                   "ZeRO-0 clips by a norm that counts the tied table's gradient on the first and the last stage, so "
+                   "the updates differ slightly from one model's when the clip binds (ZeRO-1, the distributed "
+                   "optimizer, and bf16 count it once)")
     if plan.precision == "fp8" and any(plan.mesh_precision(i) == "fp8" for i in range(len(meshes))):
         out.append("fp8 training: DeepSpeed has no fp8 setting (the configs say bf16); the model's layers must "
                    "run their GEMMs in fp8 themselves (Transformer Engine)")
