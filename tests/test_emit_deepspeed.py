@@ -248,3 +248,12 @@ def test_fp16_starts_from_megatrons_loss_scale(monkeypatch):
             (args.loss_scale_window, args.hysteresis, args.min_loss_scale)
     bf16 = deepspeed_config(PLANS["recompute_full_one_stage"](), 0)
     assert bf16["fp16"] == {"enabled": False}
+
+
+def test_a_refused_emit_creates_no_output_directory(tmp_path, capsys):
+    """`emit deepspeed -o DIR` of a plan of two pipelines (refused, exit 2) left an empty DIR (and its parents)."""
+    two = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")
+    out = tmp_path / "new" / "sub"
+    assert main(["emit", "deepspeed", "--plan", two, "-o", str(out)]) == 2
+    assert "pipelines" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    assert main(["emit", "summary", "--plan", two, "-o", str(out)]) == 0 and (out / "summary.txt").exists()

@@ -136,7 +136,9 @@ def run(args) -> int:
         if args.devices_per_node < 1:
             raise InputError(f"must be at least 1, got {args.devices_per_node}", field="--devices-per-node",
                              fix="give --devices-per-node 1 or more")
-    out_dir = make_output_dir(args.output, "-o") if args.output else None
+    out_dir = args.output or None
+    if out_dir and os.path.exists(out_dir):
+        make_output_dir(out_dir, "-o")      # a file there is refused before any work; created once there is output
     written: list[str] = []
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
@@ -148,6 +150,7 @@ def run(args) -> int:
                                  script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
                                  file=args.plan)
         if out_dir:
+            make_output_dir(out_dir, "-o")
             written += write_megatron(launches, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             from ..plan.layout import PipelineLayout
@@ -168,6 +171,7 @@ def run(args) -> int:
         configs = emit_deepspeed(plan, cluster=args.cluster, file=args.plan)
         unsupported = unsupported_features(plan)
         if out_dir:
+            make_output_dir(out_dir, "-o")
             written += write_deepspeed(configs, unsupported, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
@@ -199,6 +203,7 @@ def run(args) -> int:
             estimate = None
         text = format_summary(plan, estimate, file=args.plan)
         if out_dir:
+            make_output_dir(out_dir, "-o")
             written += write_summary(text, out_dir, keep=[("--plan", args.plan)])
         if args.json:
             shape = ({"pipeline_parallel_size": plan.pipeline_parallel_size} if plan.is_simple else
