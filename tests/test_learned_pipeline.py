@@ -194,6 +194,33 @@ def test_corrupt_profile_is_named(case, field, words, fitted, tmp_path, capsys):
         assert all(w in err for w in words), err
 
 
+def test_a_profile_cut_off_before_some_operator_kinds_is_not_fitted(fitted, tmp_path, capsys):
+    """A profile stopped before it reached some kinds (rows are written kind after kind): it was fitted without a
+    word, and the model priced those kinds from other devices' rates or the bare roofline (a cut-off CPU profile of
+    attention, activation and add alone: 1.73 s per iteration where the whole one gives 2.08 s). Refused now,
+    naming the kinds; an output directory no file can be written in is refused before the fit too (it was
+    LightGBM's traceback once the fit was done)."""
+    lines = fitted[0].read_text().splitlines(keepends=True)
+    kept = [lines[0]] + [x for x in lines[1:] if json.loads(x)["op"]["kind"] in ("attention", "activation", "add")]
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(kept))
+    assert main(["fit", str(cut), "-o", str(tmp_path / "m"), "--holdout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'rows'" in err and "gemm" in err and "resumes into the file" in err and "Traceback" not in err, err
+    assert not (tmp_path / "m").exists()
+    import tempfile
+    locked = "/sys/kernel"       # sysfs: no file can be made there, by root either
+    if not os.path.isdir(locked):
+        pytest.skip(f"no {locked} on this machine")
+    try:
+        with tempfile.TemporaryFile(dir=locked):
+            pytest.skip(f"{locked} takes files on this machine")
+    except OSError:
+        pass
+    assert main(["fit", str(fitted[0]), "-o", locked, "--holdout", "0"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
 def test_cut_off_booster_is_refused_not_a_crash(fitted, tmp_path):
     """LightGBM's parser aborts the process (SIGABRT) or crashes it (SIGSEGV, the last lines cut) on a cut-off
     booster file instead of raising; each cut is refused in one paragraph, exit 2, in a fresh interpreter as a

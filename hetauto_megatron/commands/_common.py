@@ -244,8 +244,16 @@ def check_output_dir(path: str, flag: str) -> None:
     parent that is not a directory (the directory itself is created when the results are written)."""
     import os
 
+    import tempfile
+
     from ..errors import InputError
     if os.path.isdir(path):
+        try:    # a directory no file can be made in (/sys, a read-only mount) failed only after the work was done
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as exc:
+            raise InputError(f"{path!r} cannot be written: {exc.strerror or exc}", field=flag,
+                             fix="choose a directory you can write (it is created if needed)") from None
         return
     if os.path.exists(path):
         raise InputError(f"{path!r} exists and is not a directory", field=flag,

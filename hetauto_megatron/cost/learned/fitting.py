@@ -18,7 +18,8 @@ from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_readin
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
-from .samples import BOOSTERS, DeviceInfo, MeasuredLayer, Sample, mape, profile_granularity, profile_samples, read_layers
+from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, mape,
+                      profile_granularity, profile_samples, read_layers)
 
 
 # Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.
@@ -304,6 +305,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         if p in layer_files:
             continue
         info, rows = profile_samples(p)
+        check_every_operator_kind(p, info, rows)
         if info.name in devices:
             raise InputError(f"device type {info.name} comes from two profiles", file=p, field="device_type",
                              fix="pass one of them (a further 'hetauto profile --layers' run of the same "

@@ -158,6 +158,21 @@ _REMEASURE = "delete the row (profiling resumes and re-measures it)"
 _LEFT_OUT = "to measure again: delete those rows, and 'hetauto profile' resumes into the file"
 
 
+def check_every_operator_kind(path: str, info: "DeviceInfo", samples: list) -> None:
+    """An operator profile to fit from times every operator kind in both passes (every grid does: measure/grids.py
+    keeps each kind when it samples): a kind missing is a profile cut off before it, whose layers the fitted model
+    would price from other devices' rates or the bare roofline (fitted.calibrated_s) without a word."""
+    for phase in ("fwd", "bwd"):
+        have = {F.OP_KINDS[int(x.features[0])] for x in samples if x.phase == phase}
+        missing = [k for k in F.OP_KINDS if k not in have]
+        if missing:
+            raise InputError(f"holds no {phase} time of the operator kind(s) {', '.join(missing)}, which every layer "
+                             f"of a model is priced from (a profile stopped before it reached them: {info.rows} "
+                             "rows)", file=path, field="rows",
+                             fix="run the same 'hetauto profile' command again: it resumes into the file and "
+                                 "measures the rest")
+
+
 def _time_field(row: dict, phase: str) -> str:
     """The field a row's time of one pass is read from: the 10th percentile where the row has it, else the median."""
     return f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
