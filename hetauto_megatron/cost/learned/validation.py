@@ -70,9 +70,18 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
         raise InputError("the model covers none of the measured device types "
                          f"({', '.join(sorted({s.device for s in samples}))})", field="--cost-model",
                          fix="fit a model that includes these measurements' device type")
+    # a device measured in another arithmetic than the model's (a bf16 profile against an fp32 fit): the planner
+    # never prices it with that model (LearnedCostModel.coverage), so its error would be no error of the model's
+    other = {(s.device, s.arithmetic) for s in rows if s.arithmetic != model.devices[s.device].arithmetic}
+    rows = [s for s in rows if s.arithmetic == model.devices[s.device].arithmetic]
+    if not rows:
+        device, arithmetic = sorted(other)[0]
+        raise InputError(f"the model measured {device} in {model.devices[device].arithmetic}, these measurements "
+                         f"are in {arithmetic}: the planner prices no precision with another's rates", field="--profile",
+                         fix="validate with measurements in the precision the model was fitted on, or fit one on these")
     pred = predict_samples(model.fitted, rows)
     table = [{"device": s.device, "phase": s.phase, "label": s.label, "measured_s": s.measured_s,
-              "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p - s.measured_s) / s.measured_s}
+              "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p / s.measured_s - 1)}
              for s, p in zip(rows, pred)]
     return {"rows": table, "summary": summarise(table, {"prior_mape_pct": "prior_s"}),
             "skipped": len(samples) - len(rows)}
