@@ -233,6 +233,19 @@ def test_a_profile_in_another_precision_is_not_validated_as_the_models_error(fit
     assert "measured cpu in fp32, these measurements are in 16-bit" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("device, words", [("h100-sxm", "(nvidia hardware), but its header says it was measured on cpu"),
+                                           ("bogus-gpu", "which the catalog does not have")])
+def test_a_profile_relabelled_to_another_device_is_not_fitted(fitted, tmp_path, capsys, device, words):
+    """The CPU profile with its device_type edited to h100-sxm was fitted, and priced H100 plans from the CPU's
+    times (24,890 s per iteration for 35.5 s) as "learned"; an unknown type was fitted too."""
+    lines = fitted[0].read_text().splitlines(keepends=True)
+    bad = tmp_path / "relabelled.jsonl"
+    bad.write_text(json.dumps({**json.loads(lines[0]), "device_type": device}) + "\n" + "".join(lines[1:]))
+    assert main(["fit", str(bad), "-o", str(tmp_path / "m"), "--holdout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'device_type'" in err and words in err and "Traceback" not in err, err
+
+
 def test_cut_off_booster_is_refused_not_a_crash(fitted, tmp_path):
     """LightGBM's parser aborts the process (SIGABRT) or crashes it (SIGSEGV, the last lines cut) on a cut-off
     booster file instead of raising; each cut is refused in one paragraph, exit 2, in a fresh interpreter as a

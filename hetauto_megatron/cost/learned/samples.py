@@ -132,6 +132,20 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
         if not (math.isfinite(value) and value > 0):    # every feature divides by them
             raise InputError(f"the header's {name} is {value}, not a positive finite number", file=path, field=name,
                              fix="re-run 'hetauto profile' to write a fresh file")
+    # 'hetauto profile' times catalog types only, and says the vendor it ran on: a device_type edited to another
+    # (a CPU profile relabelled h100-sxm) priced H100 plans from the CPU's times, 700x too slow, as "learned"
+    from ...spec.devices import canonical_device_name, get_device
+    known = canonical_device_name(dev)
+    if known is None:
+        raise InputError(f"names device type {dev!r}, which the catalog does not have", file=path,
+                         field="device_type", fix="profile a catalog type ('hetauto profile --device-type TYPE', "
+                                                  "'hetauto profile --help' lists them)")
+    vendor = header.get("vendor")
+    if vendor is not None and vendor != get_device(known).vendor:
+        raise InputError(f"says device_type {dev} ({get_device(known).vendor} hardware), but its header says it was "
+                         f"measured on {vendor} hardware", file=path, field="device_type",
+                         fix="profile that device type on its own hardware ('hetauto profile --device-type "
+                             f"{known}'), or keep the device type it was measured on")
     samples, zeros = [], []
     for r in rows:
         try:
