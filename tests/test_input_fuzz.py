@@ -506,6 +506,9 @@ def _edit(doc, path, value):
     (("devices", "a100-40gb", "name"), "h100-sxm", "devices.a100-40gb"),
     (("boosters",), {"layer_fwd": "/etc/passwd"}, "boosters.layer_fwd"),
     (("boosters",), {"layer_fwd": "../other/layer_fwd.txt"}, "boosters.layer_fwd"),
+    # a calibration table emptied (a device then "not in the model, it covers: none"), a booster no fit writes
+    (("calibration",), {}, "calibration"),
+    (("boosters",), {"foo": "foo.txt"}, "boosters.foo"),
 ])
 def test_garbled_cost_model_manifest(path, value, field, tmp_path, capsys):
     d = tmp_path / "model"

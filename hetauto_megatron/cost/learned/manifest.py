@@ -166,11 +166,24 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
             if r <= 0:
                 raise InputError(f"must be positive, got {r:g} (no fit writes that)", file=path,
                                  field=f"{table}.{k}.rate", fix="re-fit it with 'hetauto fit'")
+    # every device a fit lists has its calibration (a table deleted or emptied by hand read as "no measurements
+    # of cpu in the learned model (it covers: none)", priced by the analytic model)
+    calibrated = {k.split("|", 1)[0] for k in tables["calibration"]}
+    uncalibrated = sorted(d for d in devices if d not in calibrated)
+    if uncalibrated:
+        raise InputError(f"lists device type(s) {', '.join(uncalibrated)} without their calibration", file=path,
+                         field="calibration", fix="re-fit it with 'hetauto fit'")
     lgb = _lgb()
     boosters = {}
     named = man.get("boosters", {})
     if not isinstance(named, dict) or not all(isinstance(f, str) for f in named.values()):
         raise InputError("must map each booster's name to its file name", file=path, field="boosters",
+                         fix="re-fit it with 'hetauto fit'")
+    from .samples import BOOSTERS
+    unknown = sorted(n for n in named if n not in BOOSTERS)
+    if unknown:      # no fit writes another (a predictor the planner would never ask)
+        raise InputError(f"names booster(s) {', '.join(map(str, unknown))}, which no fit writes (it writes "
+                         f"{', '.join(BOOSTERS)})", file=path, field=f"boosters.{unknown[0]}",
                          fix="re-fit it with 'hetauto fit'")
     for name, fname in named.items():
         # a booster is a file of the model's own directory (a name that leads out of it is never what fit writes)
