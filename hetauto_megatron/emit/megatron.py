@@ -172,8 +172,8 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     if len(mine) > 1:       # "this cluster's node 0" sent every launch's torchrun to one address and port
         run = [f"# One of {len(mine)} launches on cluster {la.cluster} ({', '.join(n + '.sh' for n in mine)}), each a "
                "torchrun of its own on nodes of its own.",
-               f"# Run this one once on every node of its {count_noun(la.nnodes, 'node')} with NODE_RANK=0..{la.nnodes - 1} "
-               "and CLUSTER_MASTER_ADDR set to",
+               f"# Run this one once on every node of its {count_noun(la.nnodes, 'node')} with "
+               f"NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR set to",
                f"# this launch's node 0. HETAUTO_MASTER_ADDR is the same on every cluster: {where}."]
     else:
         run = [f"# Run it once on every node of this cluster with NODE_RANK=0..{la.nnodes - 1} and CLUSTER_MASTER_ADDR "
@@ -211,7 +211,8 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         'NODE_RANK=$((10#$NODE_RANK))',
         f'[ "$NODE_RANK" -lt {la.nnodes} ] || refuse "NODE_RANK=$NODE_RANK, but the plan runs this {unit} on '
         f'{count_noun(la.nnodes, "node")}: 0..{la.nnodes - 1}"',
-        f'[ -n "${{CLUSTER_MASTER_ADDR:-}}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this {unit}"',
+        f'[ -n "${{CLUSTER_MASTER_ADDR:-}}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this '
+        f'{unit}"',
         f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to {where}, '
         'reachable from every cluster"',
         "",

@@ -53,14 +53,16 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
             f"{model.name} does not fit on {devices} {even}: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
             f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)} "
-            f"Fix: devices with more memory ({inventory.where(f'clusters[{index}].memory_gib', f'cluster.{c.name}.memory_gib')}"
-            f"), more devices per node for a larger TP, or a shorter --seq-length")
+            f"Fix: devices with more memory ("
+            f"{inventory.where(f'clusters[{index}].memory_gib', f'cluster.{c.name}.memory_gib')}), more devices per "
+            "node for a larger TP, or a shorter --seq-length")
     apart = _unlinked(inventory, sp.con.use_clusters)
     if apart:
         raise InfeasibleError(
             f"{model.name}: --use-clusters requires {', '.join(sp.con.use_clusters)} in one pipeline, but the "
             f"inventory links no chain of clusters from {apart[0]} to {apart[1]} (clusters next to each other in "
-            f"the pipeline must be linked). Fix: add a link between them ({inventory.where('links')}), or drop --use-clusters")
+            f"the pipeline must be linked). Fix: add a link between them ({inventory.where('links')}), or drop "
+            "--use-clusters")
     rules = ("TP divides the heads and the MLP width (and the sequence, with sequence parallelism), the global "
              "batch is a whole number of micro-batch steps of every mesh's DP x micro-batch size, clusters next to "
              "each other in a pipeline are linked")

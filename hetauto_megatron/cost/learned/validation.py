@@ -77,7 +77,8 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
     if not rows:
         device, arithmetic = sorted(other)[0]
         raise InputError(f"the model measured {device} in {model.devices[device].arithmetic}, these measurements "
-                         f"are in {arithmetic}: the planner prices no precision with another's rates", field="--profile",
+                         f"are in {arithmetic}: the planner prices no precision with another's rates",
+                         field="--profile",
                          fix="validate with measurements in the precision the model was fitted on, or fit one on these")
     pred = predict_samples(model.fitted, rows)
     table = [{"device": s.device, "phase": s.phase, "label": s.label, "measured_s": s.measured_s,
