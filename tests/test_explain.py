@@ -598,3 +598,32 @@ def test_explain_checks_the_plan_against_the_inventory_before_it_replans(readme_
     assert main(["explain", "--plan", plan, "--inventory", str(inv)]) == 2
     err = capsys.readouterr().err
     assert "re-plan" not in err and "which the inventory" in err and f"{plan}: field 'meshes[0].cluster'" in err, err
+
+
+def test_compare_marks_only_plans_that_fit_and_says_what_else_differs(readme_plan, tmp_path, capsys):
+    """The README's plan beside itself with its stored H800s cut to 60 GiB (no longer fits) and beside its fp32
+    twin: '<' marked the plan over its memory the fastest; plans priced on different stored inventories were ranked
+    without a word; the precision was nowhere (fp16 marked 2.4x "better" than fp32)."""
+    a, inv = readme_plan
+    raw = yaml.safe_load(open(a))
+    raw["inventory"]["clusters"] = [dict(c, memory_gib=60) if c["name"] == "h800" else c
+                                    for c in raw["inventory"]["clusters"]]
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(raw))
+    slow = str(tmp_path / "slow.yaml")      # fewer devices, on the plan's own inventory: slower, and fits
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", slow,
+                 "--quiet", "--max-devices", "64"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(small), slow]) == 0
+    out, err = capsys.readouterr()
+    rows = {line[3:31].strip(): line[31:] for line in out.splitlines() if line[:1] in "* "}
+    times = rows["iteration s"].split()
+    assert rows["fits in memory"].split() == ["NO", "yes"] and float(times[0]) < float(times[1]), rows
+    assert times[1:] == [times[1], "<"], rows["iteration s"]       # the plan that fits, not the faster one
+    assert "priced on different inventories" in err and f"({small}; {slow})" in err, err
+    twin = tmp_path / "fp16.yaml"
+    twin.write_text(yaml.safe_dump(dict(yaml.safe_load(open(a)), precision="fp16")))
+    assert main(["compare", a, str(twin)]) == 0
+    out, err = capsys.readouterr()
+    assert any(line.startswith("*  precision") and "bf16" in line and "fp16" in line for line in out.splitlines())
+    assert "train different jobs" in err and "different inventories" not in err, err

@@ -98,6 +98,16 @@ def _bottleneck(plan, est: dict) -> str:
     return f"{PARTS[k]} {bd['parts'][k]['share']:.0%}{where}"
 
 
+def _machine(stored) -> object:
+    """A plan's stored inventory without its prices (which --price and the cost row handle): what its figures
+    depend on."""
+    if not isinstance(stored, dict):
+        return stored
+    clusters = [{k: v for k, v in c.items() if k != "price_per_device_hour"} if isinstance(c, dict) else c
+                for c in stored.get("clusters") or []]
+    return {**stored, "clusters": clusters, "name": None, "description": None}
+
+
 def plan_row(path: str, plan, inventory, cost_model) -> dict:
     from ..plan.constraints import cost_per_million_tokens
     from ..plan.explain import cross_cluster_bytes
@@ -119,7 +129,7 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
            "peak_memory": f"{peak[1]:.1f} / {peak[2]:g} GiB" + (f" ({share:.0%})" if share is not None else ""),
            "peak_memory_gib": peak[1],
            "peak_memory_capacity_gib": peak[2], "fits": bool(est["fits"]),
-           "engine": plan.engine, "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
+           "engine": plan.engine, "precision": plan.precision, "devices": plan.world_size, "clusters": ", ".join(f"{k} {v}" for k, v in used.items()),
            "pipeline": _pipelines(plan),
            # '+': a replica group alongside the mesh before it (as the simulate table marks it)
            "meshes": ", ".join(f"{'P%d ' % m.pipeline if several else ''}{'+' if m.alongside else ''}{m.cluster} "
@@ -136,7 +146,7 @@ ROWS = [("iteration_time_s", "iteration s", "{:.3f}", "min"), ("tokens_per_s", "
         ("tflops_per_device", "TFLOP/s per device", "{:.1f}", "max"),
         ("cost_per_million_tokens", "cost per 1M tokens", "{:.3f}", "min"),
         ("peak_memory", "peak memory", "{}", None), ("fits", "fits in memory", "{}", None),
-        ("engine", "engine", "{}", None),
+        ("engine", "engine", "{}", None), ("precision", "precision", "{}", None),
         ("devices", "devices", "{}", None), ("clusters", "clusters (devices)", "{}", None),
         ("meshes", "meshes", "{}", None), ("pipeline", "pipeline", "{}", None),
         ("cross_cluster_bytes", "cross-cluster GB/iteration", "{:.2f}", "min"), ("bottleneck", "bottleneck", "{}", None)]
@@ -154,15 +164,21 @@ def format_table(rows: list[dict]) -> str:
             continue
         shown = ["-" if v is None else ("yes" if v else "NO") if key == "fits" else
                  fmt.format(v / 1e9 if key == "cross_cluster_bytes" else v) for v in vals]
-        if better and len(rows) > 1 and all(v is not None for v in vals):
-            best = (max if better == "max" else min)(vals)
-            shown = [s + (" <" if v == best and len(set(vals)) > 1 else "") for s, v in zip(shown, vals)]
-        differ = len({str(v) for v in vals}) > 1
+        differ = len(set(shown)) > 1        # as shown, too
+        if better and len(rows) > 1:
+            # the best of the figures as shown (marks on unrounded ones put '<' on one of three equal "0.0"s), among
+            # the plans that fit (a plan over its memory was marked the fastest) and have the figure (a cost)
+            figures = [float(x.replace(",", "")) if v is not None and r["fits"] else None
+                       for x, v, r in zip(shown, vals, rows)]
+            known = [f for f in figures if f is not None]
+            if len(set(known)) > 1 or (known and len(known) < len(figures)):
+                best = (max if better == "max" else min)(known)
+                shown = [x + (" <" if f == best else "") for x, f in zip(shown, figures)]
         lines.append(["*" if differ else "", label] + shown)
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
     fmt_line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt_line(header), fmt_line(["-" * w for w in widths]), *map(fmt_line, lines),
-                      "('*': the plans differ; '<': the best value)"])
+                      "('*': the plans differ; '<': the best value of the plans that fit)"])
 
 
 def run(args) -> int:
@@ -180,8 +196,16 @@ def run(args) -> int:
                                      "--inventory one inventory for all") from None
             raise
         jobs[path] = (plan.model.name, plan.model.num_layers, plan.model.hidden_size, plan.model.seq_length,
-                      plan.global_batch_size)
+                      plan.global_batch_size, plan.precision)
         inputs.append((path, plan, inventory, cost_model))
+    if not args.inventory:      # each on its own: a faster network is no better plan
+        groups: dict[str, list[str]] = {}
+        for path, plan, *_ in inputs:
+            groups.setdefault(json.dumps(_machine(plan.inventory), sort_keys=True), []).append(path)
+        if len(groups) > 1:
+            print("hetauto compare: the plans are priced on different inventories, each on the one it stores ("
+                  + "; ".join(" and ".join(g) for g in groups.values()) + "), so their figures compare different "
+                  "machines too; --inventory INV prices them all on one", file=sys.stderr)
     prices = _prices(args, [inv for _, _, inv, _ in inputs])
     for path, plan, inventory, cost_model in inputs:
         try:
@@ -200,7 +224,8 @@ def run(args) -> int:
                       file=sys.stderr)
     if len(set(jobs.values())) > 1:     # (the '<' marks then compare different work)
         print("hetauto compare: the plans train different jobs (" + "; ".join(
-            f"{p}: {n}, {layers} layers, hidden {h}, sequence {s}, batch {b}" for p, (n, layers, h, s, b) in jobs.items())
+            f"{p}: {n}, {layers} layers, hidden {h}, sequence {s}, batch {b}, {pr}"
+            for p, (n, layers, h, s, b, pr) in jobs.items())
               + "): time per iteration and tokens/s compare different work", file=sys.stderr)
     if args.json:
         differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
