@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import run_cli
+from helpers import ROOT, run_cli
 
 from hetauto_megatron import cli
 
@@ -113,6 +113,21 @@ def test_bad_set_values(item, words, capsys):
     rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
                           "--set", item], capsys)
     check_error(rc, err, field="--set", words=words)
+
+
+def test_a_slower_link_and_its_connection_set_in_either_order(capsys):
+    """A link's bandwidth below its connection's flow was refused at once, before the next --set lowered the flow:
+    the order of two --set items decided whether a what-if ran. Checked once both are applied."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.whatif import apply_overrides
+    inv = load_inventory(os.path.join(ROOT, "examples", "peers", "inventory-cross-region.yaml"))
+    slower, flow = "link.a100-v100.bandwidth_gbps=2", "link.a100-v100.flow_gbps=1"
+    for items in ([slower, flow], [flow, slower]):
+        link = apply_overrides(inv, items).link("a100", "v100")
+        assert (link.bandwidth_gbps, link.flow_gbps) == (2, 1), items
+    with pytest.raises(InputError, match="one connection \\(3.2 Gbit/s\\) would be faster"):
+        apply_overrides(inv, [slower])
 
 
 def test_set_link_key_read_two_ways_is_refused(tmp_path, capsys):

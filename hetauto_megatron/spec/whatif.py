@@ -115,6 +115,7 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
     """`inv` with each 'KEY=VALUE' of `settings` applied in order (InputError naming --set for a bad one, or for
     a setting given twice: link.a-b and link.b-a are one link, and a silent last-wins would hide which counts)."""
     seen: dict = {}
+    touched: dict = {}      # link -> the last --set item that changed it
 
     def once(what, item):
         if what in seen:
@@ -138,11 +139,8 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             old = inv.links[pair]
             new = dataclasses.replace(old, **({"latency_s": value * 1e-3} if field == "latency_ms" else
                                               {field: value}))
-            if new.flow_gbps is not None and new.flow_gbps > new.bandwidth_gbps:
-                raise InputError(f"{key}={text}: one connection ({new.flow_gbps} Gbit/s) would be faster than the "
-                                 f"whole link ({new.bandwidth_gbps} Gbit/s)", field="--set",
-                                 fix="keep flow_gbps at most bandwidth_gbps (set both if you change the link)")
             inv = dataclasses.replace(inv, links={**inv.links, pair: new})
+            touched[pair] = item
         elif kind == "cluster":
             match = max((c for c in inv.clusters if rest.startswith(c.name + ".")), key=lambda c: len(c.name),
                         default=None)
@@ -157,6 +155,13 @@ def apply_overrides(inv: Inventory, settings: list[str] | None) -> Inventory:
             raise InputError(f"unknown key {key!r}: keys start with 'link.' or 'cluster.'", field="--set",
                              fix=_examples(inv))
         inv = dataclasses.replace(inv, overrides=(*inv.overrides, item))
+    # once every item is applied: a slower link and its connection, set in either order, are one change
+    for pair, item in touched.items():
+        link = inv.links[pair]
+        if link.flow_gbps is not None and link.flow_gbps > link.bandwidth_gbps:
+            raise InputError(f"{item}: one connection ({link.flow_gbps:g} Gbit/s) would be faster than the whole link "
+                             f"({link.bandwidth_gbps:g} Gbit/s)", field="--set",
+                             fix="keep flow_gbps at most bandwidth_gbps (set both if you change the link)")
     return inv
 
 
