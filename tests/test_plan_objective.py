@@ -423,3 +423,21 @@ def test_cost_search_climb_adds_one_cheap_device_for_the_head():
     assert best[1].tp * best[1].dp * best[1].num_stages == 1 and best_t < alone_t * (1 - 1e-3)
     climbed = min(t for t, _ in climb(sp, ev, alone, None))
     assert climbed == pytest.approx(best_t, rel=1e-12)
+
+
+def test_a_cost_plan_replanned_on_an_unpriced_inventory_is_told_the_flag_that_replaces_its_objective(tmp_path):
+    """`plan --from` a plan made under --objective cost, on an inventory without prices: the fix said "give
+    clusters[0].price_per_device_hour on the command line", which is no flag. It names the inventory's prices, or
+    --objective throughput in place of the kept objective; following the latter re-plans."""
+    priced = tmp_path / "priced.yaml"
+    priced.write_text(PRICED)
+    old = tmp_path / "cost.yaml"
+    r = run_hetauto(*PLAN, "--inventory", str(priced), "--objective", "cost", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(PRICED.replace(", price_per_device_hour: 10.0", "").replace(", price_per_device_hour: 1.0", ""))
+    r = run_hetauto(*PLAN, "--inventory", str(bare), "--from", str(old))
+    assert r.returncode == 2 and "field 'estimate.search'" in r.stderr and "on the command line" not in r.stderr, \
+        r.stderr
+    assert "as --objective cost" in r.stderr and "--objective throughput in place of" in r.stderr, r.stderr
+    assert run_hetauto(*PLAN, "--inventory", str(bare), "--from", str(old), "--objective", "throughput").returncode == 0

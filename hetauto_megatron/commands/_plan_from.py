@@ -70,10 +70,17 @@ def _check_kept(con, names: list, model, inventory, args) -> None:
     try:
         check(only, model, inventory, args.global_batch_size)
     except InputError as exc:
-        raise InputError(f"{exc.reason} (kept from its estimate.search, as {exc.field or 'a constraint'}: --from "
+        flag = exc.field if exc.field and exc.field.startswith("--") else None
+        if flag:
+            fix = f"give {flag} on the command line to replace it, or correct the plan's estimate.search ({exc.fix})"
+        elif "price_per_device_hour" in (exc.field or ""):      # the kept --objective cost needs every price
+            fix = f"{exc.fix}; or --objective throughput in place of the plan's --objective cost"
+        else:       # (a field of the inventory, e.g. clusters[0].price_per_device_hour, is no flag to give)
+            fix = exc.fix
+        what = flag or ("--objective cost" if "price_per_device_hour" in (exc.field or "") else "a constraint")
+        raise InputError(f"{exc.reason} (kept from its estimate.search, as {what}: --from "
                          "re-plans under the constraints the plan was made under)", file=args.from_plan,
-                         field="estimate.search", fix=f"give {exc.field} on the command line to replace it, or "
-                         f"correct the plan's estimate.search ({exc.fix})" if exc.field else exc.fix) from None
+                         field="estimate.search", fix=fix) from None
 
 
 def keep_search_of(old, args, con, inventory, kept: dict, model=None):

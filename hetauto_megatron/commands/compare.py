@@ -189,7 +189,7 @@ def run(args) -> int:
         try:
             plan, inventory, cost_model = plan_inputs(args, path)
         except InputError as exc:
-            if exc.field == "--set" and exc.file is None and len(args.plans) > 1:
+            if exc.field == "--set" and exc.file is None and len(args.plans) > 1 and not args.inventory:
                 # a key of one plan's inventory and not another's: say whose inventory refused it
                 raise InputError(f"{exc.reason} (in the inventory {path} is priced on)", field="--set",
                                  fix=f"{exc.fix}; compare the plans whose inventories have it, or give "
