@@ -191,6 +191,11 @@ def test_a_dryrun_report_of_one_step_is_not_an_iteration_time(dryrun_inputs, cap
     (["--steps", "1", "--timeline", "t.png", "--compare"], "--steps"),
     (["--seed", "99999999999999999999"], "--seed"),
     (["--seed", "-1"], "--seed"),
+    # a billion steps ran for ever; 10^400 ended in an OverflowError traceback (the run's deadline)
+    (["--steps", "1000000000"], "--steps"),
+    (["--steps", "1" + "0" * 400], "--steps"),
+    # every rank's wait overflowed C's int (exit 1, "6 rank(s) failed: OverflowError")
+    (["--timeout", "1e300"], "--timeout"),
 ])
 def test_dryrun_refuses_before_starting_a_rank(argv, field, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

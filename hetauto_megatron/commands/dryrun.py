@@ -7,6 +7,7 @@ import math
 import sys
 
 from ..errors import InputError
+from ..spec._fields import shorten
 from ._timeline import add_timeline_args, check_timeline_args, write_dryrun_timelines
 
 DESCRIPTION = """\
@@ -53,13 +54,15 @@ predicted memory (every rank is a process here) exceeds this machine's available
 
 TOLERANCE = 1e-5
 MAX_LOCAL_RANKS = 16
+MAX_STEPS = 100_000             # a dry run checks a plan in a few steps; more is a mistyped number
+MAX_TIMEOUT_S = 86_400.0        # a day: each rank's wait is a timedelta handed to C (10^14 s overflowed it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan file (YAML or JSON) from 'hetauto plan'")
     parser.add_argument("--tiny", action="store_true",
                         help="shrink the model (hidden, heads, vocab, sequence) but keep layers and layout")
-    parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
+    parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3; at most 100,000)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of weights and data (default 1234)")
     parser.add_argument("--reference", action="store_true",
                         help="also run the model in one process and compare (exit 1 if they differ > 1e-5)")
@@ -71,24 +74,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the scale that keeps the plan's link-to-compute ratio on this CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                        help="seconds any rank may wait for a peer before failing (default 120)")
+                        help="seconds any rank may wait for a peer before failing (default 120; at most a day, 86400)")
     add_timeline_args(parser)
 
 
 def run(args) -> int:
     from ..plan.plan import load_plan
 
-    if args.steps < 1:
-        raise InputError(f"must be at least 1, got {args.steps}", field="--steps", fix="give --steps 1 or more")
+    if not 1 <= args.steps <= MAX_STEPS:     # (a billion steps ran for ever; 10^400 overflowed the run's deadline)
+        raise InputError(f"must be from 1 to {MAX_STEPS:,}, got {shorten(str(args.steps), 40)}", field="--steps",
+                         fix="give --steps 1 or more (default 3; a dry run checks a plan in a few steps)")
     if args.steps < 2 and getattr(args, "compare", False):
         raise InputError("--compare sets the prediction against the measured iteration time, the median of the "
                          "steps after the first (which the memory measurement slows): one step has none",
                          field="--steps", fix="give --steps 2 or more (default 3)")
     if not 0 <= args.seed < 2 ** 63:    # every rank seeds torch with it (a C long)
         raise InputError(f"must be from 0 to 2**63 - 1, got {args.seed}", field="--seed", fix="e.g. --seed 1234")
-    if not 0 < args.timeout < math.inf:     # NaN too: every rank's wait would fail to convert it
-        raise InputError(f"must be a positive number of seconds, got {args.timeout}", field="--timeout",
-                         fix="e.g. --timeout 120")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:     # NaN too; each rank's wait is a timedelta, and C's int
+        raise InputError(f"must be a positive number of seconds up to {MAX_TIMEOUT_S:g} (a day), got "
+                         f"{args.timeout:g}", field="--timeout", fix="e.g. --timeout 120")
     plan = load_plan(args.plan)
     if plan.world_size > MAX_LOCAL_RANKS:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
@@ -114,9 +118,12 @@ def run(args) -> int:
         raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
-        if "timeout" in report["error"].lower():      # e.g. --timeout 0.05: the ranks could not even connect
+        if any(w in report["error"].lower() for w in ("timeout", "timed out")):   # (gloo: "Timed out waiting")
+            # e.g. --timeout 0.05: the ranks could not even connect; or emulated links slower than the waits
             print(f"hetauto dryrun: a wait ran past --timeout {args.timeout:g} s (every wait counts, the ranks' "
-                  "connecting included): on a slow or busy machine give a larger --timeout (default 120)",
+                  "connecting included): on a slow or busy machine give a larger --timeout (default 120)"
+                  + (f"; with --emulate-links {scale:g} a rank also waits on peers that wait on the slowed links, "
+                     "so give a smaller scale or a larger --timeout" if scale and scale > 1 else ""),
                   file=sys.stderr)
         from ..cli import json_error        # (the README: under --json every failure is one object on stdout too)
         json_error(args, 1, "run failed", report["error"])
