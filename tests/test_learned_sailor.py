@@ -375,3 +375,21 @@ def test_weight_choice_counts_each_reading_once(layers):
     more = [dataclasses.replace(r, index=r.index + k * top) for k in (1, 2) for r in train
             if r.model == "GPT-Neo-2.7" and r.shape.kind == "transformer"]
     assert L.choose_weights(train + more) == L.choose_weights(train)
+
+
+def test_runs_of_models_and_gpus_the_reader_does_not_know_are_named(tmp_path, capsys):
+    """A GPU (B200) or a model (FOO-1) added to profiles_tmp.json was left out of the fit without a word; the reading
+    names them now, and the packaged file, every run of which it knows, reads without one."""
+    import shutil
+    d = tmp_path / "sailor"
+    shutil.copytree(SAILOR, d)
+    data = json.loads((d / "profiles_tmp.json").read_text())
+    model = next(iter(data))
+    gpu = next(iter(data[model]))
+    data[model]["B200"] = data[model][gpu]
+    data["FOO-1"] = {gpu: data[model][gpu]}
+    (d / "profiles_tmp.json").write_text(json.dumps(data))
+    known = L.load_sailor(str(d))
+    err = capsys.readouterr().err
+    assert f"left out GPU B200 ({model}), model FOO-1" in err and "this reader knows the models" in err, err
+    assert len(known) == len(L.load_sailor(SAILOR)) and "left out" not in capsys.readouterr().err

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import statistics
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -91,17 +92,21 @@ def sailor_device(gpu: str) -> tuple[str, float, float]:
     return "", 0.0, 0.0
 
 
-def _profiled_runs(data: dict):
+def _profiled_runs(data: dict, unknown: list | None = None):
     """(model name, its ModelSpec, GPU name, sailor_device(GPU), {micro-batch: {TP: entries}}) of every run in
-    profiles_tmp.json whose model and GPU we know."""
+    profiles_tmp.json whose model and GPU we know; the others are named in `unknown` (where given)."""
     for mname, per_gpu in data.items():
         spec = SAILOR_MODELS.get(mname)
         if spec is None:
+            if unknown is not None:
+                unknown.append(f"model {mname}")
             continue
         for gpu, per_mb in per_gpu.items():
             device = sailor_device(gpu)
             if device[0]:
                 yield mname, spec, gpu, device, per_mb
+            elif unknown is not None:
+                unknown.append(f"GPU {gpu} ({mname})")
 
 
 def load_sailor(directory: str, *, quiet: bool = False) -> list[SailorLayer]:
@@ -122,8 +127,9 @@ def load_sailor(directory: str, *, quiet: bool = False) -> list[SailorLayer]:
                          field="--sailor", fix="pass the directory holding Sailor's profiles_tmp.json and llm_info.json, "
                                                "or '--sailor' alone for the packaged copy")
     zeros: list[str] = []
+    unknown: list[str] = []
     try:
-        out = _load_sailor(path, zeros)
+        out = _load_sailor(path, zeros, unknown)
     except (AttributeError, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as exc:
         # the layout below, [model][gpu][micro_batch][tp][layer] = [fwd_s, bwd_s, update_s], broken somewhere
         raise InputError(f"is not laid out as Sailor's profiles_tmp.json ({type(exc).__name__}: {str(exc)[:120]})",
@@ -136,14 +142,19 @@ def load_sailor(directory: str, *, quiet: bool = False) -> list[SailorLayer]:
     # (every reader of the layers leaves a pass of time 0 out: sailor_samples, sailor_layer_samples, ...)
     if not quiet:
         warn_zero_times(path, zeros, "the fit and the validation use the other readings")
+        if unknown:     # (they were left out without a word)
+            print(f"hetauto: warning: {path}: left out {', '.join(unknown[:6])}"
+                  f"{f' and {len(unknown) - 6} more' if len(unknown) > 6 else ''}: this reader knows the models "
+                  f"{', '.join(SAILOR_MODELS)} and the GPUs {', '.join(SAILOR_GPUS)}", file=sys.stderr)
     prec = sailor_precisions(out)
     out = [dataclasses.replace(r, precision=prec[(r.model, r.gpu)]) for r in out]
     return with_tp_comm(out, out, read_allreduce_fits(directory))
 
 
-def _load_sailor(path: str, zeros: list[str]) -> list[SailorLayer]:
+def _load_sailor(path: str, zeros: list[str], unknown: list[str]) -> list[SailorLayer]:
     """The layers of profiles_tmp.json at `path` (load_sailor checks the layout and finishes them); each forward or
-    backward time of 0 is named in `zeros` (samples.measured_time refuses a negative or non-finite one)."""
+    backward time of 0 is named in `zeros` (samples.measured_time refuses a negative or non-finite one), each model
+    or GPU this reader does not know in `unknown`."""
     out = []
 
     def reading(entry: list, where: str) -> tuple[float, float]:
@@ -152,7 +163,7 @@ def _load_sailor(path: str, zeros: list[str]) -> list[SailorLayer]:
         zeros.extend(f"{where} {name}" for t, name in zip(times, ("forward_s", "backward_s")) if t == 0)
         return times[0], times[1]
 
-    for mname, spec, gpu, (dev, peak, bw), per_mb in _profiled_runs(read_json_file(path, field="--sailor")):
+    for mname, spec, gpu, (dev, peak, bw), per_mb in _profiled_runs(read_json_file(path, field="--sailor"), unknown):
         for mb, per_tp in per_mb.items():
             for tp, layers in per_tp.items():
                 mb_i, tp_i = int(mb), int(tp)
