@@ -109,3 +109,24 @@ def test_plans_of_replica_groups_or_several_pipelines_name_their_bottleneck(name
     stored.write_text(yaml.safe_dump(doc))
     assert not [x for x in _run(capsys, "emit", "summary", "--plan", str(stored)).splitlines()
                 if x.startswith("bottleneck")]
+
+
+def test_a_summary_says_where_the_estimate_it_shows_comes_from(readme_plan, tmp_path, capsys):
+    """A plan's estimate is shown as recorded: edited after the plan was made (its layout fingerprint no longer
+    matches) it is left out, and one an older hetauto wrote (no fingerprint; the cost model has moved since) was
+    shown without a word; it is said now. The plan as written is shown without a note."""
+    plan, _ = readme_plan
+    assert main(["emit", "summary", "--plan", plan]) == 0
+    assert "hetauto emit" not in capsys.readouterr().err
+    raw = yaml.safe_load(open(plan))
+    raw["estimate"].pop("layout_digest")
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(raw))
+    assert main(["emit", "summary", "--plan", str(old)]) == 0
+    out, err = capsys.readouterr()
+    assert "written by an older hetauto" in err and f"hetauto compare {old}" in err, err
+    assert f"{raw['estimate']['iteration_time_s']:.3f}" in out      # shown as recorded
+    raw["estimate"]["layout_digest"] = "0" * 16       # another layout's fingerprint
+    old.write_text(yaml.safe_dump(raw))
+    assert main(["emit", "summary", "--plan", str(old)]) == 0
+    assert "was changed after 'hetauto plan' wrote its estimate" in capsys.readouterr().err

@@ -201,6 +201,11 @@ def run(args) -> int:
                   f"that is not positive): the summary shows the layout only; 'hetauto compare {args.plan}' prices "
                   "it afresh", file=sys.stderr)
             estimate = None
+        elif isinstance(estimate, dict) and not isinstance(estimate.get("layout_digest"), str):
+            # an older hetauto's estimate (no fingerprint): shown as recorded, but said, since the cost model moved
+            print(f"hetauto emit: {args.plan}'s estimate was written by an older hetauto (it carries no layout "
+                  f"fingerprint): the summary shows its figures as recorded; 'hetauto compare {args.plan}' prices "
+                  "the layout with this one", file=sys.stderr)
         text = format_summary(plan, estimate, file=args.plan)
         if out_dir:
             make_output_dir(out_dir, "-o")
