@@ -243,7 +243,6 @@ def check_output_dir(path: str, flag: str) -> None:
     """Refuse an output directory that cannot be created before any work is done: a file of that name, or a
     parent that is not a directory (the directory itself is created when the results are written)."""
     import os
-
     import tempfile
 
     from ..errors import InputError

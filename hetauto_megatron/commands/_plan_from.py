@@ -71,13 +71,14 @@ def _check_kept(con, names: list, model, inventory, args) -> None:
         check(only, model, inventory, args.global_batch_size)
     except InputError as exc:
         flag = exc.field if exc.field and exc.field.startswith("--") else None
+        unpriced = "price_per_device_hour" in (exc.field or "")     # the kept --objective cost needs every price
         if flag:
             fix = f"give {flag} on the command line to replace it, or correct the plan's estimate.search ({exc.fix})"
-        elif "price_per_device_hour" in (exc.field or ""):      # the kept --objective cost needs every price
+        elif unpriced:
             fix = f"{exc.fix}; or --objective throughput in place of the plan's --objective cost"
         else:       # (a field of the inventory, e.g. clusters[0].price_per_device_hour, is no flag to give)
             fix = exc.fix
-        what = flag or ("--objective cost" if "price_per_device_hour" in (exc.field or "") else "a constraint")
+        what = flag or ("--objective cost" if unpriced else "a constraint")
         raise InputError(f"{exc.reason} (kept from its estimate.search, as {what}: --from "
                          "re-plans under the constraints the plan was made under)", file=args.from_plan,
                          field="estimate.search", fix=fix) from None

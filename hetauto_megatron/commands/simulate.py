@@ -194,14 +194,12 @@ def run(args) -> int:
         except InputError as exc:       # named as the flag that chose it
             raise InputError(f"the inventory {exc.reason}", file=args.inventory, field="--cluster",
                              fix=exc.fix) from None
-        from ..spec.devices import PRECISIONS
         try:    # the one cluster --cluster chose: a precision it has, or another cluster (nothing to exclude)
             cluster.device.at_precision(args.precision or "bf16")
         except InputError as exc:
-            have = [p for p in PRECISIONS if cluster.device.peak_tflops_at(p) is not None]
             raise InputError(f"cluster {cluster.name}: {exc.reason}", file=args.inventory, field="--precision",
-                             fix=f"give --precision one it has ({', '.join(have)}), or --cluster another "
-                                 "cluster") from None
+                             fix=f"give --precision one it has ({', '.join(cluster.device.precisions)}), or "
+                                 "--cluster another cluster") from None
         if pp > model.num_layers + 2:
             raise InputError(f"{pp} stages for {model.num_layers} layers", field="--pp",
                              fix=f"use at most {model.num_layers + 2} stages (the first and the last may hold "

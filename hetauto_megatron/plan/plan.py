@@ -22,13 +22,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..spec.devices import PRECISIONS, get_device
+from ..spec.devices import get_device
 from ..spec.model import ModelSpec
 from . import shapes
 from .mesh import (BOUNDARY_SCHEDULES, MAX_GLOBAL_BATCH_SIZE, RECOMPUTE_MODES, RECOMPUTE_SETTINGS,  # noqa: F401
                    Mesh, check_global_batch_size, recompute_settings)
-from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, load_plan, plan_from_dict, plan_to_dict,  # noqa: F401
-                        plan_to_yaml, save_plan)
+from .plan_file import (PLAN_VERSION, READABLE_VERSIONS, check_readable_version, load_plan, plan_from_dict,  # noqa: F401
+                        plan_to_dict, plan_to_yaml, save_plan)
 from .engines import DEFAULT_ENGINE, as_run_by, check_engine, selective_runs, recompute_as_run_by
 from .precision import DEFAULT_PRECISION, check_precision
 from .vocab_padding import model_padded_vocab_size
@@ -88,11 +88,7 @@ class Plan:
                                  fix="write a depth of 0, 1, 2, ... (the planner chooses at most the micro-batch "
                                      "count; docs/plan-format.md)")
         m = self.model
-        if self.version not in READABLE_VERSIONS:
-            raise InputError(f"plan version {self.version} is not supported (this hetauto reads versions "
-                             f"{', '.join(map(str, READABLE_VERSIONS))})", field="version",
-                             fix=f"re-create the plan with this hetauto's 'hetauto plan', or set version: {PLAN_VERSION} "
-                                 "if the file follows docs/plan-format.md")
+        check_readable_version(self.version)
         if not self.meshes:
             raise InputError("a plan needs at least one mesh", field="meshes",
                              fix="list the meshes in pipeline order (docs/plan-format.md)")
@@ -256,9 +252,8 @@ class Plan:
         try:
             return dev.at_precision(self.precision, field="precision").precision
         except InputError as exc:       # a fix in the plan's own terms (a version-1 file has no precision key)
-            have = [p for p in PRECISIONS if dev.peak_tflops_at(p) is not None]
             raise InputError(exc.reason, file=exc.file, field="precision",
-                             fix=f"write precision: {' or '.join(have)} in the plan"
+                             fix=f"write precision: {' or '.join(dev.precisions)} in the plan"
                                  + (" (and version: 2: a version-1 file has no precision key)" if self.version == 1
                                     else "") + ", or re-plan without that cluster (hetauto plan --exclude-clusters)"
                              ) from None

@@ -74,6 +74,17 @@ def layout_digest(plan: Plan, *, inventory_as_parsed: bool = False) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_readable_version(version: int, file: str | None = None) -> None:
+    """InputError unless this hetauto reads plans of `version` (a newer one: the release that wrote it does)."""
+    if version not in READABLE_VERSIONS:
+        raise InputError(f"plan version {version} is not supported (this hetauto reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))})", file=file, field="version",
+                         fix="a newer hetauto-megatron wrote it: read it with that release (or a later one), or "
+                             "re-create the plan with this one's 'hetauto plan'" if version > PLAN_VERSION else
+                             f"re-create the plan with 'hetauto plan', or set version: {PLAN_VERSION} if the file "
+                             "follows docs/plan-format.md")
+
+
 def estimate_is_stale(plan: Plan) -> bool:
     """Whether the plan's estimate was recorded for another layout (a file without the fingerprint: unknown, no)."""
     est = plan.estimate if isinstance(plan.estimate, dict) else {}
@@ -134,14 +145,7 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     version = get(data, "version", int, file=file,
                   fix="write the version the file was written in as a whole number, unquoted (e.g. version: 3)"
                       if "version" in data else f"add 'version: {PLAN_VERSION}' at the top")
-    if version not in READABLE_VERSIONS:     # first: a newer file's other keys and values are no mistake in it
-        newer = version > PLAN_VERSION
-        raise InputError(f"plan version {version} is not supported (this hetauto reads versions "
-                         f"{', '.join(map(str, READABLE_VERSIONS))})", file=file, field="version",
-                         fix="a newer hetauto-megatron wrote it: read it with that release (or a later one), or "
-                             "re-create the plan with this one's 'hetauto plan'" if newer else
-                             f"re-create the plan with 'hetauto plan', or set version: {PLAN_VERSION} if the file "
-                             "follows docs/plan-format.md")
+    check_readable_version(version, file)   # first: a newer file's other keys and values are no mistake in it
     raw_meshes = data.get("meshes") if isinstance(data.get("meshes"), list) else []
     v2_keys = (["precision"] if "precision" in data else []) + sorted(
         {f"meshes[*].{k}" for m in raw_meshes if isinstance(m, dict) for k in ("settings", "boundary") if k in m})

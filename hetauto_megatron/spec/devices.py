@@ -90,6 +90,11 @@ class DeviceType:
         """Whether the device has TF32 tensor cores (a datasheet TF32 peak; never a CPU process)."""
         return self.vendor != "cpu" and "tf32" in dict(self.peaks)
 
+    @property
+    def precisions(self) -> list[str]:
+        """The training precisions this device has (PRECISIONS order): the ones a fix may suggest."""
+        return [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]
+
     def peak_tflops_at(self, precision: str) -> float | None:
         """Dense peak at a training precision, scaled like an inventory override; None if the device lacks it."""
         if self.vendor == "cpu":
@@ -109,7 +114,7 @@ class DeviceType:
         if precision == "fp32" and self.tf32 and self.has_tf32:
             peak = self.peak_tflops_at("tf32")   # fp32 storage, GEMMs on the TF32 tensor cores
         if peak is None:
-            have = [p for p in PRECISIONS if self.peak_tflops_at(p) is not None]
+            have = self.precisions
             raise InputError(f"device type {self.name} ({self.description or self.vendor}) cannot train in "
                              f"{precision}", file=file, field=field or "--precision",
                              fix=f"choose a precision it has: {', '.join(have)}, or leave that cluster out (hetauto "

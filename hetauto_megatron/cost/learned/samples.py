@@ -140,9 +140,9 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
         raise InputError(f"names device type {dev!r}, which the catalog does not have", file=path,
                          field="device_type", fix="profile a catalog type ('hetauto profile --device-type TYPE', "
                                                   "'hetauto profile --help' lists them)")
-    vendor = header.get("vendor")
-    if vendor is not None and vendor != get_device(known).vendor:
-        raise InputError(f"says device_type {dev} ({get_device(known).vendor} hardware), but its header says it was "
+    vendor, catalog_vendor = header.get("vendor"), get_device(known).vendor
+    if vendor is not None and vendor != catalog_vendor:
+        raise InputError(f"says device_type {dev} ({catalog_vendor} hardware), but its header says it was "
                          f"measured on {vendor} hardware", file=path, field="device_type",
                          fix="profile that device type on its own hardware ('hetauto profile --device-type "
                              f"{known}'), or keep the device type it was measured on")
