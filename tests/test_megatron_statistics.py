@@ -85,6 +85,10 @@ times = clock._get_elapsed_time_all_ranks(["step"], reset=True, barrier=False)
 out["timers_shape"], out["timers_all_set"] = list(times.shape), bool((times > 0).all())
 print("STAGED " + json.dumps(out), flush=True)
 dist.barrier()
+# as every hetauto rank ends (runtime/train.py, the hook's exit): left to the interpreter's teardown, a gloo worker
+# thread still releasing a finished operation's tensor can abort the process after the work is done
+# ("terminate called without an active exception", pytorch/pytorch#190489; rank 1 here, once in some 50 runs)
+dist.destroy_process_group()
 """
 
 
