@@ -17,7 +17,9 @@ from megatron.core.transformer.pipeline_parallel_layer_layout import PipelinePar
 from megatron.training.arguments import add_megatron_arguments
 
 from hetauto_megatron.cli import main
+from hetauto_megatron.errors import InputError
 from hetauto_megatron.emit.megatron import emit_megatron, megatron_args
+from hetauto_megatron.megatron.timeouts import env_timeout_s
 from hetauto_megatron.plan.layout import megatron_layout
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 
@@ -375,17 +377,49 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     # a number no node has (bash's test said "integer expression expected" first)
     ({"NODE_RANK": "99999999999999999999"}, "NODE_RANK=99999999999999999999 is not a node index"),
     # no entry script where it runs: every worker's python exited 2, which read as a paragraph of hetauto's
-    ({"MEGATRON_SCRIPT": "/nowhere/pretrain_gpt.py", "TORCHRUN": "true"},
+    ({"MEGATRON_SCRIPT": "/nowhere/pretrain_gpt.py"},
      "the Megatron-LM entry script /nowhere/pretrain_gpt.py is not there"),
+    # torchrun refused these ports on every node, with its usage text ('abc') or a ValueError traceback (70000)
+    *[({"CLUSTER_MASTER_PORT": p}, f"CLUSTER_MASTER_PORT={p} is not a TCP port: set it to a port from 1 to 65535")
+      for p in ("abc", "0", "70000", "-1")],
+    # every worker refused them (megatron/timeouts.py), after torchrun had started on every node
+    *[({"HETAUTO_TIMEOUT_S": s}, f"HETAUTO_TIMEOUT_S={s} is not a positive number of seconds: unset it (default 600)")
+      for s in ("-5", "abc", "0", "nan")],
 ])
 def test_a_launch_script_refuses_a_node_it_does_not_have(tmp_path, env, words):
-    """A node rank outside the cluster's nodes (or a missing address) stops the script with exit 2 before torchrun
-    starts; before, torchrun waited for nodes that never come and every other cluster hung at the rendezvous."""
-    out = tmp_path / "launch"
-    assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out), "--cluster", "h800"]) == 0
-    base = {"PATH": os.environ["PATH"], "NODE_RANK": "1", "CLUSTER_MASTER_ADDR": "10.0.0.1",
-            "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": "false"}
-    base.update(env)
-    proc = subprocess.run(["bash", str(out / "h800.sh")], env={k: v for k, v in base.items() if v is not None},
-                          capture_output=True, text=True, timeout=30)
+    """A node rank outside the cluster's nodes (or a missing address, a port that is no port, a timeout that is no
+    positive number) stops the script with exit 2 before torchrun starts; before, torchrun waited for nodes that
+    never come and every other cluster hung at the rendezvous."""
+    proc = run_launch_check(tmp_path, env)
     assert proc.returncode == 2 and words in proc.stderr and "hetauto launch (cluster h800)" in proc.stderr, proc
+    assert not (tmp_path / "launched").exists()
+
+
+def run_launch_check(tmp_path, env):
+    """Run h800.sh of the 736-device plan with `env` over valid values (None: unset), where it finds its entry
+    script; its launcher, if started, records its arguments in the file `launched`."""
+    out = tmp_path / "launch"
+    if not out.exists():
+        assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out), "--cluster", "h800"]) == 0
+        (tmp_path / "pretrain_gpt.py").touch()
+        (tmp_path / "recorder.py").write_text(RECORDER)
+    base = {"PATH": os.environ["PATH"], "NODE_RANK": "1", "CLUSTER_MASTER_ADDR": "10.0.0.1",
+            "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": f"{sys.executable} {tmp_path / 'recorder.py'}",
+            "RECORD_TO": str(tmp_path / "launched"), **env}
+    return subprocess.run(["bash", str(out / "h800.sh")], env={k: v for k, v in base.items() if v is not None},
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+
+
+def test_a_launch_script_takes_the_timeouts_the_workers_take(tmp_path, monkeypatch):
+    """The script refuses a HETAUTO_TIMEOUT_S where the workers' own reading of it (megatron/timeouts.py: Python's
+    float, above 0) does, on each value. Not listed: a float's overflow (1e999) and underflow (1e-999), which only
+    the workers refuse, and non-ASCII digits, which only the script refuses."""
+    for value in ("600", "0.5", ".5", "5.", "+6e2", "6E-1", "1_000", " 600 ", "\t7\n", "00.001", "-5", "abc", "0",
+                  "0.0", "0e5", "nan", "inf", "-inf", "1__0", "_1", "1_", "1e", ".", "0x10", "1,5", "1 2", "+-1"):
+        monkeypatch.setenv("HETAUTO_TIMEOUT_S", value)
+        try:
+            workers_take = env_timeout_s() > 0
+        except InputError:
+            workers_take = False
+        proc = run_launch_check(tmp_path, {"HETAUTO_TIMEOUT_S": value})
+        assert (proc.returncode == 0) == workers_take, (value, proc.stderr)

@@ -215,13 +215,27 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         f'{unit}"',
         f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to {where}, '
         'reachable from every cluster"',
+        # torchrun refuses a port that is no TCP port on every node, with its usage text or a traceback
+        f'CLUSTER_MASTER_PORT="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}"',
+        '[[ $CLUSTER_MASTER_PORT =~ ^[0-9]{1,9}$ ]] && '
+        '(( 10#$CLUSTER_MASTER_PORT >= 1 && 10#$CLUSTER_MASTER_PORT <= 65535 )) || refuse '
+        f'"CLUSTER_MASTER_PORT=$CLUSTER_MASTER_PORT is not a TCP port: set it to a port from 1 to 65535 that node 0 '
+        f'of this {unit} has free, or unset it ({DEFAULT_CLUSTER_PORT})"',
+        # every worker refused it (megatron/timeouts.py); its rule: a Python float (digits, a fraction, an exponent,
+        # '_' between digits, spaces around) above 0 (one too large for a float, 1e999, only the workers refuse)
+        f'HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
+        "digits='[0-9](_?[0-9])*'",
+        r'seconds="^[[:space:]]*[+]?($digits(\.($digits)?)?|\.$digits)([eE][+-]?$digits)?[[:space:]]*\$"',
+        '[[ $HETAUTO_TIMEOUT_S =~ $seconds && ${HETAUTO_TIMEOUT_S%%[eE]*} == *[1-9]* ]] || refuse '
+        f'"HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is not a positive number of seconds: unset it (default '
+        f'{DEFAULT_TIMEOUT_S}) or give seconds, e.g. {DEFAULT_TIMEOUT_S}"',
         "",
         "export HETAUTO_CLUSTER",
         f"export HETAUTO_RANK_OFFSET={la.rank_offset}",
         f"export HETAUTO_WORLD_SIZE={plan.world_size}",
         "export HETAUTO_MASTER_ADDR",
         f'export HETAUTO_MASTER_PORT="${{HETAUTO_MASTER_PORT:-{DEFAULT_GLOBAL_PORT}}}"',
-        f'export HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
+        "export HETAUTO_TIMEOUT_S",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += ["# vendor settings to adapt to the site (not required):"] + [f"# {n}" for n in notes]
@@ -259,7 +273,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               'MEGATRON_SCRIPT to the patched pretrain_gpt.py (hetauto patch-megatron), or run this in its directory"',
               f'exec $launcher --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
-              f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="${{CLUSTER_MASTER_PORT:-{DEFAULT_CLUSTER_PORT}}}" \\',
+              f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="$CLUSTER_MASTER_PORT" \\',
               '  "$entry" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
               '"${HETAUTO_ARGS[@]}" "$@"',
               ""]
