@@ -441,3 +441,21 @@ def test_a_cost_plan_replanned_on_an_unpriced_inventory_is_told_the_flag_that_re
         r.stderr
     assert "as --objective cost" in r.stderr and "--objective throughput in place of" in r.stderr, r.stderr
     assert run_hetauto(*PLAN, "--inventory", str(bare), "--from", str(old), "--objective", "throughput").returncode == 0
+
+
+def test_cluster_lists_typed_in_another_order_write_the_same_plan(tmp_path):
+    """--use-clusters b,a --exclude-clusters d,c and --use-clusters a,b --exclude-clusters c,d ask for the same plan
+    (a cluster is in the list or not), but the file recorded each list as typed: the two plans differed in bytes."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n" + "".join(
+        f"  - {{name: {n}, device: cpu, nodes: 1, devices_per_node: 2}}\n" for n in "abcd") + "links:\n" + "".join(
+        f"  - {{between: [{x}, {y}], bandwidth_gbps: 10, latency_ms: 0.1}}\n" for x, y in ("ab", "bc", "cd", "ad")))
+    files = []
+    for use, exclude in (("b,a", "d,c"), ("a,b", "c,d")):
+        files.append(tmp_path / f"{use.replace(',', '')}.yaml")
+        r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "16", "--quiet",
+                        "--workers", "1", "--use-clusters", use, "--exclude-clusters", exclude, "-o", str(files[-1]))
+        assert r.returncode == 0, r.stderr
+    assert files[0].read_bytes() == files[1].read_bytes()
+    assert load_plan(str(files[0])).estimate["search"]["constraints"] == {"use_clusters": ["a", "b"],
+                                                                          "exclude_clusters": ["c", "d"]}

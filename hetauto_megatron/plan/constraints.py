@@ -31,6 +31,12 @@ class Constraints:
     micro_batch_size: int | None = None    # every mesh's micro-batch
     max_iteration_s: float | None = None   # a throughput floor: no plan slower than this per iteration
 
+    def __post_init__(self):
+        # Sets of clusters (every reader asks only whether a cluster is in one), kept sorted: the same request typed
+        # in another order (--use-clusters b,a) is the same constraint and records the same plan file.
+        for name in ("use_clusters", "exclude_clusters"):
+            object.__setattr__(self, name, tuple(sorted(getattr(self, name))))
+
     def tp_of(self, cluster: str) -> int | None:
         return dict(self.tp).get(cluster)
 
