@@ -357,6 +357,29 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     assert "boundary_schedule" not in json.loads(r.stdout)["kept_from_plan"] and "--boundary-schedule" not in r.stderr
 
 
+def test_replan_of_another_model_plans_its_own_sequence_length(tmp_path):
+    """--from a plan of tiny at --seq-length 16 with --model of another model of the same layers and hidden size
+    (another MLP width, 64-token sequences) planned 16 tokens and said "kept: --seq-length 16": the sequence
+    length is the model's, so the given model's own is planned; the same model (in a file of another name) keeps
+    the old plan's, and --seq-length given wins."""
+    inv = "examples/llama/inventory-cpu-dryrun.yaml"
+    old = tmp_path / "old.yaml"
+    (tmp_path / "other.yaml").write_text("preset: tiny\nffn_hidden_size: 128\nseq_length: 64\n")
+    (tmp_path / "same.yaml").write_text("preset: tiny\n")
+    base = ("plan", "--inventory", inv, "--quiet", "--workers", "1", "--global-batch-size", "16")
+    r = hetauto(*base, "--model", "tiny", "--seq-length", "16", "-o", str(old))
+    assert r.returncode == 0, r.stderr
+    for model, flags, want in (("other.yaml", (), 64), ("same.yaml", (), 16),
+                               ("other.yaml", ("--seq-length", "8"), 8)):
+        r = hetauto(*base, "--model", str(tmp_path / model), "--from", str(old), "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["plan"]["model"]["seq_length"] == want, (model, flags)
+        assert ("seq_length" in out["kept_from_plan"]) == (model == "same.yaml" and not flags), (model, flags)
+        assert ("--seq-length not kept" in r.stderr) == (model == "other.yaml" and not flags), r.stderr
+    assert out["plan"]["model"]["ffn_hidden_size"] == 128
+
+
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
     """`hetauto explain --plan p --bogus` printed the top level's usage ('hetauto: error'), not explain's."""
     from hetauto_megatron.cli import main

@@ -42,6 +42,25 @@ def keep_job_of(old, args) -> dict:
     return kept
 
 
+def own_seq_length_of_another_model(old, args, model, kept: dict):
+    """--from with a model other than the old plan's (same layers and hidden size, else refused): the sequence length
+    belongs to the model, so the given model's own is planned (unless --seq-length is given), not the old plan's,
+    which keep_job_of took before the model was read -> the model to plan. The same model keeps the old plan's."""
+    import dataclasses
+    from ..spec.model import load_model
+    # read with the old plan's sequence length: the same model then equals the old plan's (its name aside: a
+    # copy of the model file elsewhere is the same model)
+    if "seq_length" not in kept or dataclasses.replace(model, name=old.model.name) == old.model:
+        return model
+    del kept["seq_length"]
+    args.seq_length = None
+    model = load_model(args.model, note=lambda line: print(f"note: {line}", file=sys.stderr))
+    print(f"hetauto plan: --seq-length not kept from {args.from_plan}: --model {args.model} is not the model it was "
+          f"made for ({old.model.name}), so its own sequence length, {model.seq_length}, is planned (give "
+          "--seq-length for another)", file=sys.stderr)
+    return model
+
+
 def _search_record(old, file: str) -> dict:
     """The old plan's estimate.search (how it was searched), {} where it has none; a hand-edited one of another
     kind is an InputError naming the field (the estimate is never read for decisions but by --from)."""

@@ -10,7 +10,7 @@ from ..outputs import output_errors, refuse_overwriting_inputs
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
 from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
-from ._plan_from import JOB_DEFAULTS, keep_job_of, keep_search_of
+from ._plan_from import JOB_DEFAULTS, keep_job_of, keep_search_of, own_seq_length_of_another_model
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -126,7 +126,8 @@ def add_arguments(parser) -> None:
                              "pipelines or replica groups side by side seeds it with each pipeline, and the new "
                              "shapes are searched again with it as the plan to beat, where it still runs) and print "
                              "what moved; the job stays the old plan's (global "
-                             "batch, precision, sequence length, engine, boundary schedule, --shapes) and so do its "
+                             "batch, precision, sequence length unless --model is another model, engine, boundary "
+                             "schedule, --shapes) and so do its "
                              "objective and constraints (--objective, --max-devices, --use-clusters, "
                              "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size, --max-iteration-s; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
@@ -225,6 +226,8 @@ def run(args) -> int:
                          f"{old.model.hidden_size}), not {model.name} ({model.num_layers} layers, hidden "
                          f"{model.hidden_size})", file=args.from_plan, field="model",
                          fix="pass the plan made for this --model, or drop --from for a cold search")
+    if old is not None:
+        model = own_seq_length_of_another_model(old, args, model, kept)
     con = constraints_from_args(args)
     if old is not None:
         from ..plan.engines import DEFAULT_ENGINE
