@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except InfeasibleError as exc:
         print(f"hetauto {args.command}: no feasible plan: {exc}", file=sys.stderr)
-        json_error(args, exc.exit_code, "no feasible plan", str(exc))
+        json_error(args, exc.exit_code, "no feasible plan", str(exc), file=exc.file, field=exc.field,
+                   reason=exc.reason, fix=exc.fix)
         return exc.exit_code
     except BrokenPipeError:          # output piped into `head` and friends: not an error
         sys.stderr.close()
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 def json_error(args, exit_code: int, kind: str, message: str, **parts) -> None:
     """Under --json, the failure as one JSON object on stdout too (the paragraph stays on stderr), so that a
     script reading stdout gets an object, not nothing: {"error": {"kind", "exit_code", "message", and for invalid
-    input "file", "field", "reason", "fix"}}."""
+    input and no feasible plan "file", "field", "reason", "fix"}} (null where the paragraph names none)."""
     if getattr(args, "json", False):
         import json
         print(json.dumps({"error": {"kind": kind, "exit_code": exit_code, "message": message, **parts}}))

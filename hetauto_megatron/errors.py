@@ -44,6 +44,27 @@ def first_line(exc: BaseException) -> str:
 
 
 class InfeasibleError(Exception):
-    """No plan fits the devices; the message says what is short (e.g. memory per device). Exit code 3."""
+    """No plan fits the devices; the message says what is short (e.g. memory per device). Exit code 3.
+
+    The paragraph is written whole (its fix is not always labelled "Fix:"); `file`, `field` and `fix` repeat the
+    parts of it a script wants (the --json error object carries them, as InputError's), None where it names none."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None, fix: str | None = None):
+        self.file, self.field, self.fix = file, field, fix
+        super().__init__(message)
+
+    @property
+    def reason(self) -> str:
+        """The paragraph without its fix, as InputError's reason (the fix may sit mid-paragraph: a wrapped one)."""
+        text = str(self)
+        if self.fix:
+            for said in (f" Fix: {self.fix}.", f" Fix: {self.fix}", f" {self.fix}.", f" {self.fix}"):
+                if said in text:
+                    return text.replace(said, "", 1).strip()
+        return text
+
+    def reworded(self, message: str) -> "InfeasibleError":
+        """The same miss in another paragraph (one that quotes this one), keeping where it points and its fix."""
+        return InfeasibleError(message, file=self.file, field=self.field, fix=self.fix)

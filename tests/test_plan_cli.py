@@ -566,6 +566,52 @@ def test_json_failures_are_an_object_on_stdout():
     assert err["kind"] == "no feasible plan" and err["exit_code"] == 3 and "does not fit" in err["message"]
 
 
+def test_json_infeasible_object_names_file_field_and_fix(tmp_path):
+    """Exit 3's JSON object had kind, exit_code and message only, where exit 2's names the file, the field and the
+    fix that its paragraph names: now exit 3's carries them too (null where the paragraph names none), from plan and
+    explain alike."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: cpu, nodes: 1, devices_per_node: 2, memory_gib: 1}\n"
+                   "  - {name: b, device: cpu, nodes: 1, devices_per_node: 2}\n")
+
+    def failure(*args):
+        r = hetauto(*args, "--quiet", "--json")
+        assert r.returncode == 3, r.stderr
+        err = json.loads(r.stdout)["error"]
+        assert set(err) == {"kind", "exit_code", "message", "file", "field", "reason", "fix"}, err
+        assert err["message"] in r.stderr and err["kind"] == "no feasible plan"
+        # the paragraph is its reason and its fix, nothing lost
+        assert err["reason"] in err["message"] and (err["fix"] is None or err["fix"] in err["message"]), err
+        return err
+
+    # not one layer of LLaMA-2-7B (0.2B parameters, 12 bytes each to train with Adam) fits a 1 GiB device: the
+    # memory of the cluster that misses by the least is the fix (a's, in the file, where b's is --set as small)
+    small = ("--set", "cluster.b.memory_gib=1")
+    err = failure("plan", "--model", "llama2-7b", "--inventory", str(inv), *small)
+    assert (err["file"], err["field"]) == (str(inv), "clusters[0].memory_gib"), err
+    assert err["fix"].startswith(f"devices with more memory ({inv}, field 'clusters[0].memory_gib')"), err
+    # a's shrunk further by --set: b's --set item is the field, no file (as exit 2 names a --set item)
+    err = failure("plan", "--model", "llama2-7b", "--inventory", str(inv), "--set", "cluster.a.memory_gib=0.01", *small)
+    assert (err["file"], err["field"]) == (None, "--set") and "(--set cluster.b.memory_gib=1)" in err["fix"], err
+    # two clusters no link joins, both required: the inventory's links
+    err = failure("plan", "--model", "tiny", "--inventory", str(inv), "--use-clusters", "a,b")
+    assert (err["file"], err["field"]) == (str(inv), "links") and err["fix"].endswith("or drop --use-clusters"), err
+    # a model too big for all of it: the fix is said, no one field holds it
+    err = failure("plan", "--model", "llama2-70b", "--inventory", str(inv))
+    assert (err["file"], err["field"], err["fix"]) == (None, None, "Add devices or clusters, or shorten --seq-length")
+    assert "misses by" in err["reason"] and "Add devices" not in err["reason"], err
+    # a wrapped paragraph (a constraint binds) keeps the inner error's field and fix
+    err = failure("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
+                  "--max-iteration-s", "1e-6")
+    assert err["field"] == "--max-iteration-s" and err["fix"] == "a larger --max-iteration-s, or more or faster devices"
+    assert err["reason"].startswith("under the constraints") and "Fix:" not in err["reason"], err
+    # explain re-plans on an inventory where nothing fits: the same object
+    err = failure("explain", "--plan", "examples/llama/plans/tiny-2pipelines-cpu.yaml", "--inventory",
+                  "examples/llama/inventory-cpu-tiny-2clusters.yaml", "--set", "cluster.cluster-a.memory_gib=0.01",
+                  "--set", "cluster.cluster-b.memory_gib=0.01")
+    assert (err["file"], err["field"]) == (None, "--set") and "memory_gib=0.01" in err["fix"], err
+
+
 @pytest.mark.parametrize("nodes, gbs, hint", [(2, 64, False), (8, 4, True)])
 def test_the_batch_depth_hint_only_where_the_batch_binds(tmp_path, nodes, gbs, hint):
     """LLaMA-2-70B on A100-40s that cannot hold it: 16 devices and a batch of 64 were told "the pipeline is at most 64

@@ -81,5 +81,5 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         # The binding constraint is the news; the closest miss under the constraints follows as detail.
         under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
         if binding:
-            raise InfeasibleError(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
-        raise InfeasibleError(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
+            raise exc.reworded(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
+        raise exc.reworded(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None

@@ -342,9 +342,10 @@ def check_floor(model, c: Constraints, seconds: float) -> None:
     more than any above it, and the fastest above it the most (objective_value), so the search found none."""
     limit = c.max_iteration_s
     if limit is not None and seconds > limit:
+        fix = "a larger --max-iteration-s, or more or faster devices"
         raise InfeasibleError(
             f"{model.name}: no plan that fits runs within --max-iteration-s {limit:g} s per iteration (the fastest "
-            f"the search found: {seconds:.3f} s). Fix: a larger --max-iteration-s, or more or faster devices")
+            f"the search found: {seconds:.3f} s). Fix: {fix}", field="--max-iteration-s", fix=fix)
 
 
 def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:

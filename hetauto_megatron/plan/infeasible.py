@@ -34,35 +34,39 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
     if miss:
         short, where = miss
         depth = sp.max_stages(1)
-        fix = "Add devices or clusters, or shorten --seq-length"
+        fix = said = "Add devices or clusters, or shorten --seq-length"
         # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
         if depth < min(model.num_layers + 2, sp.max_devices):
-            fix = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
-                   f"than micro-batches: the global batch is {sp.gbs}" + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: a "
-                   "larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
+            fix = ("a larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
                    "pipelines; or add devices with more memory, or shorten --seq-length")
+            said = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
+                    f"than micro-batches: the global batch is {sp.gbs}"
+                    + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: {fix}")
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)}"
-            f"{_groups_note(inventory, sp)} {fix}")
+            f"{_groups_note(inventory, sp)} {said}", fix=fix)
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer
         c = inventory.clusters[index]
+        memory = (f'clusters[{index}].memory_gib', f'cluster.{c.name}.memory_gib')
+        fix = (f"devices with more memory ({inventory.where(*memory)}), more devices per node for a larger TP, or a "
+               "shorter --seq-length")
+        file, field = inventory.locate(*memory)
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
             f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)} "
-            f"Fix: devices with more memory ("
-            f"{inventory.where(f'clusters[{index}].memory_gib', f'cluster.{c.name}.memory_gib')}), more devices per "
-            "node for a larger TP, or a shorter --seq-length")
+            f"Fix: {fix}", file=file, field=field, fix=fix)
     apart = _unlinked(inventory, sp.con.use_clusters)
     if apart:
+        fix = f"add a link between them ({inventory.where('links')}), or drop --use-clusters"
+        file, field = inventory.locate("links")
         raise InfeasibleError(
             f"{model.name}: --use-clusters requires {', '.join(sp.con.use_clusters)} in one pipeline, but the "
             f"inventory links no chain of clusters from {apart[0]} to {apart[1]} (clusters next to each other in "
-            f"the pipeline must be linked). Fix: add a link between them ({inventory.where('links')}), or drop "
-            "--use-clusters")
+            f"the pipeline must be linked). Fix: {fix}", file=file, field=field, fix=fix)
     rules = ("TP divides the heads and the MLP width (and the sequence, with sequence parallelism), the global "
              "batch is a whole number of micro-batch steps of every mesh's DP x micro-batch size, clusters next to "
              "each other in a pipeline are linked")

@@ -129,8 +129,14 @@ class Inventory:
         given = [o for o in self.overrides if set_key and o.partition("=")[0].strip() == set_key]
         if given:
             return f"--set {given[-1]}"
-        name = ("inventory." if self.stored_in_plan else "") + field_name
-        return f"{self.source}, field '{name}'" if self.source else f"field '{name}'"
+        file, name = self.locate(field_name, set_key)
+        return f"{file}, field '{name}'" if file else f"field '{name}'"
+
+    def locate(self, field_name: str, set_key: str | None = None) -> tuple[str | None, str]:
+        """(file, field) of `where`, as an error's file and field: (None, '--set') where a --set item gave it."""
+        if any(set_key and o.partition("=")[0].strip() == set_key for o in self.overrides):
+            return None, "--set"
+        return self.source or None, ("inventory." if self.stored_in_plan else "") + field_name
 
     def with_precision(self, precision: str) -> "Inventory":
         """The inventory as a job training in `precision` sees it: every device's peak and element size at that
