@@ -343,6 +343,22 @@ def test_a_null_in_a_json_plan_is_not_explained_as_yaml(tmp_path, capsys):
         assert ("YAML reads" in err) is name.endswith(".yaml") and ("it is null" in err) is name.endswith(".json"), err
 
 
+def test_a_key_twice_in_a_json_plan_names_its_line(tmp_path, capsys):
+    """A JSON plan with a key written twice was refused without the line (a YAML plan's says it): now the key and
+    the line of its second writing. Here `tp` twice in the second mesh, below the first mesh's own `tp`."""
+    import yaml
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    lines = json.dumps(yaml.safe_load(plan_text()), indent=2).splitlines()
+    second_mesh = lines.index('      "cluster": "cluster-b",')
+    first_tp = lines.index('      "tp": 1,', second_mesh)
+    lines.insert(first_tp + 1, '      "tp": 2,')
+    assert lines.count('      "tp": 2,') == 2      # the first mesh's tp 2, then the one written twice
+    plan = write(tmp_path, "plan.json", "\n".join(lines) + "\n")
+    rc, out, err = run_cli(["simulate", "--model", "tiny", "--inventory", inv, "--plan", plan, "--json"], capsys)
+    check_error(rc, err, file=plan, field="tp", words=["'tp' is written twice", f"(line {first_tp + 2})"])
+    assert json.loads(out)["error"]["field"] == "tp"
+
+
 def test_a_version_1_plan_on_a_device_without_bf16_is_told_how_to_write_its_precision(tmp_path, capsys):
     """A version-1 file (bf16) on V100s was told "choose a precision it has: fp16, fp32"; writing `precision:`
     then was refused as a version-2 key. The fix now says both, and following it emits the plan."""

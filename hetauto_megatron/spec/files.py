@@ -229,14 +229,60 @@ def load_yaml_file(path: str, what: str) -> dict:
     return require_mapping(data, what, path)
 
 
+class DuplicateJSONKey(ValueError):
+    """A key written twice in one JSON object (a ValueError, as json's own failures to convert a value are)."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"the key {shorten(key)!r} is written twice in one object")
+
+
 def json_object_pairs(pairs):
     """json's object_pairs_hook: a dict, refusing a key written twice (json would keep the last silently)."""
     out = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"the key {shorten(k)!r} is written twice in one object")
+            raise DuplicateJSONKey(k)
         out[k] = v
     return out
+
+
+def _line_of_second(text: str, key: str) -> int | None:
+    """The line where `key` is written the second time in one object of the JSON `text`, None if not found.
+    json's pairs hook is given no positions, so the text is read again (only after it was refused) by json's
+    Python scanner with an object reader that notes where each key starts."""
+    from json import decoder, scanner
+    space = decoder.WHITESPACE.match
+
+    class Found(Exception):
+        pass
+
+    def parse_object(s_and_end, strict, scan_once, *_):
+        text, end = s_and_end       # just past the '{'; the text parsed once already, so its syntax is sound
+        seen = set()
+        end = space(text, end).end()
+        while text[end] != "}":
+            start = end
+            name, end = decoder.scanstring(text, end + 1, strict)
+            if name == key and name in seen:
+                raise Found(text.count("\n", 0, start) + 1)
+            seen.add(name)
+            _, end = scan_once(text, space(text, space(text, end).end() + 1).end())     # past the ':'
+            end = space(text, end).end()
+            if text[end] == ",":
+                end = space(text, end + 1).end()
+        return {}, end + 1
+
+    reader = json.JSONDecoder()
+    reader.parse_object = parse_object
+    reader.scan_once = scanner.py_make_scanner(reader)
+    try:
+        reader.decode(text)
+    except Found as found:
+        return found.args[0]
+    except (ValueError, RecursionError):
+        pass
+    return None
 
 
 def read_json_file(path: str, *, field: str | None = None, fix: str | None = None):
@@ -253,6 +299,12 @@ def read_json_file(path: str, *, field: str | None = None, fix: str | None = Non
     except UnicodeDecodeError:      # (a ValueError too: before it)
         raise InputError("is not a UTF-8 text file", file=path, field=field,
                          fix=fix or "save it as UTF-8 text") from None
+    except DuplicateJSONKey as exc:     # named with its line, as a YAML file's key written twice is
+        with open(path, encoding="utf-8-sig") as fh:
+            line = _line_of_second(fh.read(), exc.key)
+        raise InputError(f"the key {shorten(exc.key)!r} is written twice in one object"
+                         + (f" (line {line})" if line else "") + "; most JSON readers keep the last and drop the first",
+                         file=path, field=field or exc.key, fix=fix or "delete or rename one of the two") from None
     except ValueError as exc:     # a key twice, or an integer of more digits than Python converts
         raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field,
                          fix=fix or "correct that value or key, as the message names it") from None
