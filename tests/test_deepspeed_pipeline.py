@@ -216,3 +216,45 @@ def test_one_stage_plan_runs_the_recomputation_it_was_priced_with(tmp_path):
     reference = _single_process_losses(plan.model, plan.global_batch_size, plan.padded_vocab_size)
     for r in results:
         assert max(abs(a - b) for a, b in zip(r["losses"], reference)) <= 1e-5, (r["losses"], reference)
+
+
+def _zero_stage_refusals(rank, world_size, model, cfg):
+    """What hetauto's initialize and DeepSpeed's own initialize (of the same one-stage PipelineModule) say of `cfg`."""
+    import torch
+    import torch.distributed as dist
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+
+    deepspeed = dsp.import_deepspeed()
+    deepspeed.init_distributed(dist_backend="gloo")
+    out = {"hetauto": None, "deepspeed": None}
+    try:
+        dsp.initialize(model, cfg, file="ds_config.a.json")
+    except InputError as exc:
+        out["hetauto"] = [exc.file, exc.field, exc.reason]
+    module = dsp.pipeline_module(model, cfg)
+    params = [p for p in module.parameters() if p.requires_grad]
+    try:
+        deepspeed.initialize(model=module, optimizer=torch.optim.Adam(params), model_parameters=params, config=cfg)
+    except AssertionError as exc:
+        out["deepspeed"] = str(exc)
+    dist.destroy_process_group()
+    return out
+
+
+def test_zero_2_is_refused_by_the_engine_with_one_stage_and_by_initialize_before_it():
+    """DeepSpeed's PipelineEngine refuses ZeRO-2 with a one-stage PipelineModule (its assert, measured here on the
+    package), which every mesh runs as: a one-stage config edited to ZeRO-2 is refused by hetauto's `initialize`
+    before any layer is built, naming the file and the field (before: it got as far as DeepSpeed's assert)."""
+    from hetauto_megatron.runtime.launcher import free_port, launch
+
+    plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 2,
+                           "meshes": [mesh("a", 1, 1, 1, [8])]})
+    cfg = json.loads(json.dumps(emit_deepspeed(plan)[0]["config"]))
+    cfg["zero_optimization"]["stage"] = 2
+    out = launch(_zero_stage_refusals, 1, args=(plan.model, cfg), timeout_s=300,
+                 env={"MASTER_PORT": str(free_port())})[0]
+    assert out["deepspeed"] == "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", out
+    assert out["hetauto"][:2] == ["ds_config.a.json", "zero_optimization.stage"], out
+    assert out["hetauto"][2].startswith("ZeRO stage 2: DeepSpeed's pipeline engine refuses"), out

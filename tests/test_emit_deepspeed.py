@@ -73,7 +73,7 @@ def test_every_config_passes_deepspeeds_parser(name):
         assert cfg["hetauto"]["partition"] == stage_partition(p.stage_layers)
         # the same config is rejected by DeepSpeed for any other DP size: the DP size really reached the parser
         with pytest.raises(InputError, match="rejected by DeepSpeed's parser"):
-            validate(cfg, m.dp + 1, pipeline_stages=p.pipeline_parallel_size)
+            validate(cfg, m.dp + 1)
 
 
 def test_partition_boundaries():
@@ -86,7 +86,7 @@ def test_partition_boundaries():
     (lambda c: c.update(train_batch_size=15), "rejected by DeepSpeed's parser"),
     (lambda c: c.update(fp16={"enabled": True}), "rejected by DeepSpeed's parser"),
     (lambda c: c["zero_optimization"].update(stgae=1), "rejected by DeepSpeed's parser"),
-    (lambda c: c["zero_optimization"].update(stage=2), "ZeRO stage 2 with 4 pipeline stages"),
+    (lambda c: c["zero_optimization"].update(stage=2), "ZeRO stage 2: DeepSpeed's pipeline engine refuses"),
     (lambda c: c.update(pipline={}), "unknown top-level key(s) pipline"),
     (lambda c: c["activation_checkpointing"].update(partitioned=True), "unknown activation_checkpointing key"),
     (lambda c: c["pipeline"].update(partition=[0, 3, 6]), "pipeline key(s) partition that DeepSpeed's engine never reads"),
@@ -96,8 +96,55 @@ def test_validation_catches(change, words):
     cfg = deepspeed_config(p, 0)
     change(cfg)
     with pytest.raises(InputError) as exc:
-        validate(cfg, p.meshes[0].dp, pipeline_stages=p.pipeline_parallel_size)
+        validate(cfg, p.meshes[0].dp)
     assert words in str(exc.value)
+
+
+# The keys DeepSpeed 0.19.8's parser reads under data_types (runtime/config.py, DeepSpeedConfig._initialize_params,
+# read from the installed package); any other is ignored there without a word.
+DATA_TYPES_KEYS = "buffer_dtype, grad_accum_dtype, keep_in_fp32_modules, param_dtype"
+
+
+@pytest.mark.parametrize("change, field, words", [
+    # a misspelt grad_accum_dtype: DeepSpeed would accumulate in its default, not the fp32 the memory model priced
+    (lambda d: d.update(grad_accum_dtyp=d.pop("grad_accum_dtype")), "data_types.grad_accum_dtyp", "grad_accum_dtyp:"),
+    (lambda d: d.update(accum="fp32", dtype="bf16"), "data_types", "accum, dtype:"),
+])
+def test_hand_edited_data_types_keys_are_refused(tmp_path, change, field, words):
+    """A data_types key DeepSpeed does not read (before: accepted, and ignored by DeepSpeed) is refused with the
+    file, the field and DeepSpeed's own keys; the keys it reads pass."""
+    p = plan([mesh("a", 2, 4, 1, [8], device="h800")], gbs=8)
+    cfg = deepspeed_config(p, 0)
+    assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["bf16"]["enabled"]   # bf16, ZeRO-1: fp32 sums
+    change(cfg["data_types"])
+    path = str(tmp_path / "ds_config.a.json")
+    with pytest.raises(InputError) as exc:
+        validate(cfg, p.meshes[0].dp, file=path)
+    assert (exc.value.file, exc.value.field, exc.value.exit_code) == (path, field, 2)
+    assert words in exc.value.reason and exc.value.fix.startswith(f"use the keys DeepSpeed 0.19.8 reads there: "
+                                                                   f"{DATA_TYPES_KEYS} ")
+    known = deepspeed_config(p, 0)
+    known["data_types"].update(param_dtype="bf16", buffer_dtype=None, keep_in_fp32_modules="auto")
+    assert validate(known, p.meshes[0].dp).grad_accum_dtype == "fp32"
+
+
+@pytest.mark.parametrize("stage", [2, "2", 3])
+def test_hand_edited_zero_2_or_3_is_refused_with_one_pipeline_stage_too(stage):
+    """DeepSpeed's PipelineEngine asserts ZeRO stage < 2 whatever the stage count (runtime/pipe/engine.py; measured in
+    tests/test_deepspeed_pipeline.py), and every mesh runs as a PipelineModule: a one-stage config edited to ZeRO-2
+    or 3 was accepted before (only more than one pipeline stage was refused), and a string stage at any depth."""
+    p = PLANS["recompute_none_one_stage"]()
+    assert p.pipeline_parallel_size == 1
+    cfg = deepspeed_config(p, 0)
+    assert validate(cfg, p.meshes[0].dp).zero_optimization_stage == 1     # as emitted: ZeRO-1 passes
+    cfg["zero_optimization"]["stage"] = stage
+    with pytest.raises(InputError) as exc:
+        validate(cfg, p.meshes[0].dp, file="ds_config.a.json")
+    assert (exc.value.file, exc.value.field) == ("ds_config.a.json", "zero_optimization.stage")
+    assert exc.value.reason.startswith(f"ZeRO stage {int(stage)}: DeepSpeed's pipeline engine refuses")
+    assert exc.value.fix.startswith("set it to 1 (the distributed optimizer) or 0")
+    cfg["zero_optimization"]["stage"] = 0
+    assert validate(cfg, p.meshes[0].dp).zero_optimization_stage == 0
 
 
 def test_unsupported_features_only_those_that_apply():
@@ -240,7 +287,7 @@ def test_fp16_starts_from_megatrons_loss_scale(monkeypatch):
     _, args = parse_emitted(monkeypatch, p, [])
     assert args.fp16 and args.loss_scale is None          # Megatron: dynamic loss scaling from its defaults
     for r in emit_deepspeed(p):
-        parsed = validate(r["config"], r["data_parallel_size"], pipeline_stages=p.pipeline_parallel_size)
+        parsed = validate(r["config"], r["data_parallel_size"])
         fp16 = parsed.float16_config
         assert fp16.enabled and fp16.loss_scale == 0                            # dynamic
         assert fp16.initial_dynamic_scale() == args.initial_loss_scale == 2 ** 32

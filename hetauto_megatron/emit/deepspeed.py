@@ -6,9 +6,10 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
   plan's global batch in every mesh (dp x micro-batch is equal everywhere, so the step counts agree);
 - the mesh's runtime settings as DeepSpeed's engine runs them (plan/settings.py, the one table Megatron's
   arguments are read from too, its `deepspeed` row: plan/engines.py `as_run_by`): the distributed optimizer is
-  ZeRO stage 1 (stages 2/3 are refused with pipelining), grad_reduce_dtype is the communication and gradient-accumulation
-  dtype; the pipeline engine reduces gradients after the last backward whatever overlap_comm says, so overlap_comm
-  is the table's (off) and a plan asking for overlap_grad_reduce gets it listed as unsupported;
+  ZeRO stage 1 (the pipeline engine refuses stages 2/3, one pipeline stage too), grad_reduce_dtype is the
+  communication and gradient-accumulation dtype; the pipeline engine reduces gradients after the last backward
+  whatever overlap_comm says, so overlap_comm is the table's (off) and a plan asking for overlap_grad_reduce gets
+  it listed as unsupported;
 - the precision the mesh trains in (the plan's; fp32 on CPU; fp8 as bf16); activation checkpointing from the
   mesh's recompute mode;
 - the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
@@ -16,7 +17,8 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
   explicit list needs a subclass overriding _partition_layers (docs/deepspeed.md).
 What does not map is listed by `unsupported_features`, only for the features the given plan uses.
 
-`deepspeed` (and torch) are imported only inside `validate`, quietly.
+`deepspeed` (and torch) are imported only inside `validate`, quietly. `check_hand_edits` is also what the launch
+(runtime/deepspeed_pipeline.py `initialize`) checks of a config edited by hand.
 """
 from __future__ import annotations
 
@@ -79,9 +81,10 @@ def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     # The DP gradient reduction's element type (Megatron's grad_reduce_in_fp32): DeepSpeed reduces in
     # communication_data_type and accumulates in data_types.grad_accum_dtype.
     reduce_dtype = low if low and settings.grad_reduce_dtype == "param" else "fp32"
-    # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; with
-    # pipelining DeepSpeed allows stages 0 and 1 only). overlap_comm: the table's row for DeepSpeed's engine (off:
-    # under the pipeline engine ZeRO reduces in ReduceGrads after the last backward either way, engines.py).
+    # The distributed optimizer is ZeRO-1 (optimizer state and master weights sharded over DP; DeepSpeed's
+    # pipeline engine, which runs every mesh, allows stages 0 and 1 only). overlap_comm: the table's row for
+    # DeepSpeed's engine (off: under the pipeline engine ZeRO reduces in ReduceGrads after the last backward either
+    # way, engines.py).
     zero = {"stage": 1 if settings.distributed_optimizer else 0}
     if settings.distributed_optimizer:
         zero["overlap_comm"] = settings.overlap_grad_reduce
@@ -243,7 +246,44 @@ def _import_deepspeed():
     return ds_comm, DeepSpeedConfig, set(ACT_CHKPT_DEFAULT)
 
 
-def validate(cfg: dict, dp: int, *, pipeline_stages: int = 1, where: str = "the DeepSpeed config"):
+def check_hand_edits(cfg: dict, *, file: str | None = None) -> None:
+    """What a hand edit of an emitted config can write that DeepSpeed 0.19.8 lets through to a run the plan did not
+    price, or refuses only by an assert deep inside deepspeed.initialize: a `data_types` key its parser does not
+    read (ignored silently: a misspelt grad_accum_dtype accumulates in DeepSpeed's default, not as priced), and a ZeRO
+    stage its pipeline engine refuses. Run by `validate` and, before the launch builds anything, by
+    runtime/deepspeed_pipeline.py `initialize`; `deepspeed` is imported already."""
+    from deepspeed.runtime import constants as ds
+    from deepspeed.runtime.zero.config import ZeroStageEnum, get_zero_config
+
+    # the keys runtime/config.py reads from data_types (DeepSpeedConfig._initialize_params), DeepSpeed's own names
+    known = sorted((ds.GRAD_ACCUM_DTYPE, ds.PARAM_DTYPE, ds.BUFFER_DTYPE, ds.KEEP_IN_FP32_MODULES))
+    fix = f"use the keys DeepSpeed 0.19.8 reads there: {', '.join(known)} (the emitted config has grad_accum_dtype)"
+    data_types = cfg.get(ds.DATA_TYPES, {})
+    if not isinstance(data_types, dict):
+        raise InputError(f"is {data_types!r}, not a mapping of keys", file=file, field=ds.DATA_TYPES, fix=fix)
+    unknown = sorted(set(data_types) - set(known))
+    if unknown:
+        one = len(unknown) == 1
+        field = f"{ds.DATA_TYPES}.{unknown[0]}" if one else ds.DATA_TYPES
+        raise InputError(f"{', '.join(unknown)}: not {'a key' if one else 'keys'} DeepSpeed reads under data_types "
+                         f"(its parser ignores {'it' if one else 'them'} silently, so the run is not the one the "
+                         "plan priced)", file=file, field=field, fix=fix)
+    try:
+        stage = get_zero_config(cfg).stage       # as DeepSpeed reads it ("2" and 2.0 are stage 2)
+    except Exception:      # malformed: DeepSpeed's parser names it (validate parses next; at launch, initialize)
+        return
+    # PipelineEngine.__init__ (runtime/pipe/engine.py) asserts stage < ZeroStageEnum.gradients whatever the stage
+    # count, and every mesh runs as a PipelineModule (runtime/deepspeed_pipeline.py), a one-stage plan too
+    if stage >= ZeroStageEnum.gradients:
+        raise InputError(f"ZeRO stage {int(stage)}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (its "
+                         "assert in runtime/pipe/engine.py), with one pipeline stage too, since every mesh runs as a "
+                         "PipelineModule; and the planner prices ZeRO-0 and ZeRO-1 only", file=file,
+                         field="zero_optimization.stage",
+                         fix="set it to 1 (the distributed optimizer) or 0, as 'hetauto emit deepspeed' writes it from "
+                             "the mesh's distributed_optimizer setting")
+
+
+def validate(cfg: dict, dp: int, *, where: str = "the DeepSpeed config", file: str | None = None):
     """Parse `cfg` with DeepSpeed's own DeepSpeedConfig as a job of data-parallel size `dp` would, then check
     what that parser lets through. Returns the parsed DeepSpeedConfig; raises InputError naming the problem."""
     ds_comm, DeepSpeedConfig, act_keys = _import_deepspeed()
@@ -258,19 +298,19 @@ def validate(cfg: dict, dp: int, *, pipeline_stages: int = 1, where: str = "the 
     if bad:
         problems.append(f"pipeline key(s) {', '.join(bad)} that DeepSpeed's engine never reads (stages and partition "
                         "are PipelineModule arguments)")
-    stage = cfg.get("zero_optimization", {}).get("stage", 0)
-    if pipeline_stages > 1 and isinstance(stage, int) and stage > 1:
-        problems.append(f"ZeRO stage {stage} with {pipeline_stages} pipeline stages (the pipeline engine allows 0 or 1)")
     if problems:
-        raise InputError("; ".join(problems), field=where)
+        raise InputError("; ".join(problems), file=file, field=where)
+    check_hand_edits(cfg, file=file)
     try:
         with _quiet(), _data_parallel_world(ds_comm, dp):
             parsed = DeepSpeedConfig(copy.deepcopy(cfg))
     except Exception as exc:   # DeepSpeed raises AssertionError/ValueError/pydantic errors: all mean "invalid"
         first = first_line(exc)
-        raise InputError(f"rejected by DeepSpeed's parser with data-parallel size {dp}: {first}", field=where) from None
+        raise InputError(f"rejected by DeepSpeed's parser with data-parallel size {dp}: {first}", file=file,
+                         field=where) from None
     if parsed.world_size != dp:
-        raise InputError(f"DeepSpeed parsed it for data-parallel size {parsed.world_size}, expected {dp}", field=where)
+        raise InputError(f"DeepSpeed parsed it for data-parallel size {parsed.world_size}, expected {dp}", file=file,
+                         field=where)
     return parsed
 
 
@@ -288,7 +328,7 @@ def emit_deepspeed(plan: Plan, *, cluster: str | None = None, file: str | None =
         mesh = plan.meshes[i]
         name = names[i]
         cfg = deepspeed_config(plan, i)
-        parsed = validate(cfg, mesh.dp, pipeline_stages=plan.pipeline_parallel_size, where=f"meshes[{i}] ({name})")
+        parsed = validate(cfg, mesh.dp, where=f"meshes[{i}] ({name})")
         out.append({"name": name, "mesh": i, "cluster": mesh.cluster, "data_parallel_size": mesh.dp,
                     "config": cfg,
                     "parsed": {"train_batch_size": parsed.train_batch_size,

@@ -306,10 +306,16 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
     return module
 
 
-def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed: int = BASE_SEED):
+def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed: int = BASE_SEED,
+               file: str | None = None):
     """`deepspeed.initialize` of this rank's pipeline module with an Adam optimizer (torch's: DeepSpeed's own
-    would be JIT-compiled). Returns the PipelineEngine; train with `engine.train_batch(data_iter)`."""
+    would be JIT-compiled). Returns the PipelineEngine; train with `engine.train_batch(data_iter)`. `file`: the
+    config's path, named in the errors about a hand-edited config."""
+    from ..emit.deepspeed import check_hand_edits
+
     deepspeed = import_deepspeed()
+    # before any layer is built: what DeepSpeed would ignore, or refuse only by an assert after building the optimizer
+    check_hand_edits(ds_config, file=file)
     module = pipeline_module(model, ds_config, base_seed=base_seed)
     if "tf32" in ds_config["hetauto"]:     # an fp32 plan: its GEMMs on TF32 or not, as the plan priced them
         set_fp32_gemms(bool(ds_config["hetauto"]["tf32"]))
