@@ -97,6 +97,23 @@ def test_validate_prints_table_and_mape(fitted, capsys):
     assert math.isfinite(res["summary"]["all"]["mape_pct"])
 
 
+def test_validate_json_gives_the_rows_the_table_prints(fitted, capsys):
+    """--rows N cut the table to its N worst rows, but --json gave every row whatever N: it now gives the rows the
+    table prints, in its order (the summary still counts them all); without --rows, --json gives every row."""
+    prof, model = fitted
+    argv = ["validate-cost-model", "--cost-model", str(model), "--profile", str(prof)]
+    assert main(argv + ["--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--json", "--rows", "3"]) == 0
+    three = json.loads(capsys.readouterr().out)
+    worst = sorted(every["rows"], key=lambda r: abs(r["error_pct"]), reverse=True)[:3]
+    assert len(every["rows"]) > 3 and three["rows"] == worst and three["summary"] == every["summary"]
+    assert main(argv + ["--rows", "3"]) == 0
+    table = capsys.readouterr().out.split("\n\n")[0].splitlines()[1:]       # the rows, under the header
+    assert [line.split(None, 5)[5] for line in table] == [r["label"] for r in three["rows"]]
+    assert [line.split()[1] for line in table] == [r["phase"] for r in three["rows"]]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["fit", "-o", "OUT"], "nothing to fit"),
     (["fit", "missing.jsonl", "-o", "OUT"], "profile file not found"),

@@ -53,6 +53,9 @@ examples:
 exit codes: 0 ok (whatever the errors measured), 2 invalid input (the message names file, field and fix)."""
 
 
+DEFAULT_TABLE_ROWS = 15      # the per-reading tables' rows without --rows (--json then gives every row)
+
+
 def add_arguments(p):
     p.add_argument("--cost-model", metavar="MODEL_DIR",
                    help="directory written by 'hetauto fit' (needed for --profile/--sailor; with --dryrun only, "
@@ -71,9 +74,11 @@ def add_arguments(p):
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                    help="only for reports that do not name their model: the dry runs ran with --tiny "
                         "(--no-tiny: they ran the plan's model)")
-    p.add_argument("--rows", type=int, default=15, metavar="N",
-                   help="rows of the per-reading tables (profiles, --sailor) to print, worst first (default 15; "
-                        "0 = all); the --published and --dryrun tables print every run, in the file's order")
+    p.add_argument("--rows", type=int, metavar="N",
+                   help=f"rows of the per-reading tables (profiles, --sailor) to print, worst first (default "
+                        f"{DEFAULT_TABLE_ROWS}; 0 = all); --json gives the same rows when --rows is given, else every "
+                        "row in the file's order; the --published and --dryrun tables print every run, in the file's "
+                        "order")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
 
@@ -205,7 +210,7 @@ def print_operator_table(res: dict, max_rows: int) -> None:
 
 
 def run(args) -> int:
-    if args.rows < 0:
+    if args.rows is not None and args.rows < 0:
         raise InputError(f"must not be negative, got {args.rows}", field="--rows",
                          fix="give the number of table rows to print, or 0 for all")
     if not args.profile and not args.sailor and not args.dryrun and args.published is None:
@@ -221,6 +226,10 @@ def run(args) -> int:
     dry = dryrun_results(args) if args.dryrun else None
     pub = published_results(args.published, args.cost_model) if args.published is not None else None
     if args.json:
+        if args.rows is not None:     # the rows the table would print, in its order (the summaries keep them all)
+            for part in (res, res.get("layers")):
+                if part and "rows" in part:
+                    part["rows"] = worst_first(part["rows"], args.rows)
         print(json.dumps({**res, **({"dryruns": dry} if dry else {}), **({"published": pub} if pub else {})},
                          indent=1))
         return 0
@@ -229,12 +238,13 @@ def run(args) -> int:
         if res or dry:
             print()
     layers = res.pop("layers", None)
+    rows = DEFAULT_TABLE_ROWS if args.rows is None else args.rows
     if res:
-        print_operator_table(res, args.rows)
+        print_operator_table(res, rows)
     if layers:
         if res:
             print()
-        print_layer_table(layers, args.rows)
+        print_layer_table(layers, rows)
     if dry:
         if res or layers:
             print()
