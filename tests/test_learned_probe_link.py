@@ -71,6 +71,20 @@ def test_probe_link_max_size_is_honoured_up_to_its_cap(capsys):
     assert "--max-size-mib" in err and "at most 1024 MiB" in err and "Traceback" not in err
 
 
+def test_probe_link_max_size_below_the_smallest_message_is_refused(capsys):
+    """--max-size-mib 0.0001 (about 105 bytes) still probed a 1 KiB message, beyond the limit: a limit below the
+    smallest message the probe sends (1 KiB) is refused, naming the smallest accepted value, which probes that
+    message alone."""
+    from hetauto_megatron.measure.probe_link import message_sizes
+    assert main(["probe-link", "--local", "--max-size-mib", "0.0001", "--iters", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert "field '--max-size-mib'" in captured.err and "got 0.0001" in captured.err
+    smallest = "0.0009765625"          # 1 KiB in MiB
+    assert f"give --max-size-mib {smallest} or more" in captured.err
+    assert message_sizes(float(smallest) * (1 << 20)) == (1024,)
+
+
 def test_probe_link_sides_started_with_different_options_stop_with_one_paragraph():
     """The two sides of a probe each wait for the messages their own options give: started with different --iters,
     one side aborted in gloo (a size mismatch, exit 134) and the other printed a traceback. Both now stop at once,

@@ -34,7 +34,8 @@ def add_arguments(p):
                    help="the two clusters' names in the printed inventory 'links:' entry (default: cluster_a "
                         "cluster_b; rank 0 prints it)")
     p.add_argument("--max-size-mib", type=float, default=64.0, metavar="MIB",
-                   help="largest message (default 64 MiB, at most 1024): sizes go up by 4x from 1 KiB to it")
+                   help="largest message (default 64 MiB, at least 1 KiB = 0.0009765625, at most 1024): sizes go "
+                        "up by 4x from 1 KiB to it")
     p.add_argument("--iters", type=int, default=5, metavar="N", help="repetitions per message size (default 5)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the other side (default 60)")
@@ -44,9 +45,12 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from ..measure.probe_link import MAX_SIZE_MIB, MIN_SIZE_MIB
     for flag, value, ok, want, fix in (
-            ("--max-size-mib", args.max_size_mib, args.max_size_mib > 0, "positive",
-             "give a positive size, e.g. --max-size-mib 64 (the default)"),
+            # the sizes go up from 1 KiB: a smaller limit would leave nothing to probe
+            ("--max-size-mib", args.max_size_mib, args.max_size_mib >= MIN_SIZE_MIB,
+             f"at least {MIN_SIZE_MIB} MiB (1 KiB: the smallest message the probe sends)",
+             f"give --max-size-mib {MIN_SIZE_MIB} or more, e.g. --max-size-mib 64 (the default)"),
             ("--iters", args.iters, args.iters >= 1, "at least 1", "give at least 1, e.g. --iters 5 (the default)"),
             ("--timeout", args.timeout, 0 < args.timeout < float("inf"), "positive",
              "give a positive number of seconds, e.g. --timeout 60 (the default)"),
@@ -54,7 +58,6 @@ def run(args) -> int:
              "give 1 to 64, e.g. --connections 8")):
         if not ok:
             raise InputError(f"must be {want}, got {value:g}", field=flag, fix=fix)
-    from ..measure.probe_link import MAX_SIZE_MIB
     if args.max_size_mib > MAX_SIZE_MIB:
         raise InputError(f"at most {MAX_SIZE_MIB} MiB, got {args.max_size_mib:g} (each connection holds a buffer of "
                          "the largest message on both hosts)", field="--max-size-mib",

@@ -26,17 +26,20 @@ from dataclasses import dataclass
 from ..errors import InputError
 
 DEFAULT_SIZES = tuple(1 << p for p in range(10, 27, 2))   # 1 KiB .. 64 MiB
+# The smallest message the probe sends (the first of its sizes): a --max-size-mib below it would probe none.
+MIN_SIZE_BYTES = 1 << 10
+MIN_SIZE_MIB = MIN_SIZE_BYTES / (1 << 20)
 # The largest message --max-size-mib may ask for: each connection holds one such buffer on both hosts.
 MAX_SIZE_MIB = 1024
 
 
 def message_sizes(max_bytes: float) -> tuple[int, ...]:
     """The probe's message sizes: powers of 4 from 1 KiB up to `max_bytes` (at least the 1 KiB one)."""
-    sizes, n = [], 1 << 10
+    sizes, n = [], MIN_SIZE_BYTES
     while n <= max_bytes:
         sizes.append(n)
         n *= 4
-    return tuple(sizes) or (1 << 10,)
+    return tuple(sizes) or (MIN_SIZE_BYTES,)
 
 
 @dataclass(frozen=True)
