@@ -36,15 +36,25 @@ def test_probe_link_connections_give_the_total_and_one_connections_rate(capsys):
     # --json gives the N connections' own rate too, as the text does (it was left out)
     assert main(["probe-link", "--local", "--max-size-mib", "1", "--iters", "2", "--timeout", "60",
                  "--connections", "2", "--json"]) == 0
-    res = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
     assert res["connections"] == 2 and 0 < res["together_gbps"] <= res["link"]["bandwidth_gbps"]
+    assert "hetauto probe-link: 2 connections at once, size 1/" in captured.err     # its progress too
 
 
-def test_probe_link_json_has_per_size_rates(capsys):
+def test_probe_link_json_has_per_size_rates_and_progress_on_stderr(capsys):
+    """The probe (half a minute by default) printed nothing until its result: each step is now a line on stderr,
+    and stdout stays the JSON alone."""
     assert main(["probe-link", "--local", "--max-size-mib", "0.25", "--iters", "1", "--json"]) == 0
-    res = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
     assert [r["bytes"] for r in res["per_size"]] == [1024, 4096, 16384, 65536, 262144]
     assert res["latency_us"] > 0 and res["link"]["bandwidth_gbps"] > 0
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("hetauto probe-link: waiting for rank 1 at 127.0.0.1:")
+    assert lines[1].startswith(f"hetauto probe-link: latency {res['latency_us']:.1f} us")
+    assert [line.split(": ")[1] for line in lines[2:]] == [f"size {i}/5" for i in range(1, 6)]
+    assert [int(line.split()[4].replace(",", "")) for line in lines[2:]] == [r["bytes"] for r in res["per_size"]]
 
 
 def test_probe_link_bad_inputs_exit_2(capsys):

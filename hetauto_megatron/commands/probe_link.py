@@ -10,7 +10,8 @@ DESCRIPTION = """\
 Measure point-to-point bandwidth (over message sizes) and latency between two hosts through torch.distributed
 gloo: host tensors sent on a two-rank gloo group, the path pipeline activations take between clusters. Like
 iperf3, but through the same stack. Start '--rank 0' on a host of one cluster and '--rank 1' on a host of the
-other, both with --master set to rank 0's address; rank 0 prints the inventory 'links:' entry to paste.
+other, both with --master set to rank 0's address; rank 0 reports each step on stderr as it goes (the latency,
+then each message size) and prints the inventory 'links:' entry to paste.
 --connections N also sends the largest messages on N connections at once, as a boundary's rank pairs do: the
 entry then gives their total as bandwidth_gbps and one connection's rate as flow_gbps (on a long-haul path one
 TCP stream gets far less than the path).
@@ -77,14 +78,15 @@ def run(args) -> int:
         raise InputError(f"--local runs both sides on this machine, so {flag} would be ignored", field=flag,
                          fix="drop --local to probe a link between two hosts, or drop --rank and --master")
     if args.local:
-        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections)
+        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections,
+                        progress=True)
     else:
         if args.rank is None or args.master is None:
             raise InputError("both --rank and --master are needed (or --local)", field="--rank",
                              fix="run '--rank 0 --master HOST:PORT' on one host and '--rank 1' with the same "
                                  "--master on the other")
         m = P.run_side(args.rank, args.master, sizes=sizes, iters=args.iters, timeout_s=args.timeout,
-                       connections=args.connections)
+                       connections=args.connections, progress=True)
         if m is None:
             print("probe-link: done (rank 0 prints the result)")
             return 0

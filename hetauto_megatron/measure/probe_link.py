@@ -103,14 +103,27 @@ def _check_resolves(rank: int, host: str, port: int, timeout_s: float) -> None:
               f"({timeout_s:g} s)", file=sys.stderr, flush=True)
 
 
+def _stderr_progress(started: float):
+    """A line on stderr per step of the probe (the default one takes up to half a minute on a busy host), timed
+    from `started`: stdout keeps the result alone (--json)."""
+    def say(text: str) -> None:
+        print(f"hetauto probe-link: {text} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    return say
+
+
 def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, ping_iters: int = 50,
-             timeout_s: float = 60.0, connections: int = 1) -> LinkMeasurement | None:
-    """Run one side of the probe; rank 0 returns the measurement, rank 1 returns None."""
+             timeout_s: float = 60.0, connections: int = 1, progress: bool = False) -> LinkMeasurement | None:
+    """Run one side of the probe; rank 0 returns the measurement, rank 1 returns None. With `progress`, rank 0
+    (the side that reports the result) says each step on stderr."""
     if rank not in (0, 1):
         raise InputError(f"must be 0 or 1, got {rank}", field="--rank",
                          fix="start '--rank 0' on one host and '--rank 1' on the other")
     host, port = parse_master(master)
     _check_resolves(rank, host, port, timeout_s)
+    say = _stderr_progress(time.perf_counter()) if progress and rank == 0 else None
+    if say:     # (before torch's import: seconds on a busy host)
+        print(f"hetauto probe-link: waiting for rank 1 at {master} (up to --timeout, {timeout_s:g} s)",
+              file=sys.stderr, flush=True)
     import torch
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -124,7 +137,7 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
     try:
         _check_same_options(torch, dist, rank, (len(sizes), max(sizes), iters, ping_iters, connections))
         try:
-            return _measure(torch, dist, rank, sizes, iters, ping_iters, connections, timeout)
+            return _measure(torch, dist, rank, sizes, iters, ping_iters, connections, timeout, say)
         except RuntimeError as exc:     # gloo: the other side stopped or timed out mid-probe
             raise InputError(f"the other side stopped answering during the probe ({str(exc).splitlines()[0][:160]})",
                              field="--master", fix="run both sides to the end with the same options, or raise "
@@ -153,7 +166,7 @@ def _check_same_options(torch, dist, rank: int, options: tuple) -> None:
                                                      "--connections")
 
 
-def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout=None):
+def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout=None, say=None):
     peer = 1 - rank
     small = torch.zeros(1, dtype=torch.float32)
     # Latency: ping-pong of one float.
@@ -174,12 +187,18 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
     # ping can take as long as a large message (2 ms against 45 us measured), and subtracting it left no time and
     # an absurd rate (33,554,432 Gbit/s in the link entry).
     floor = min(rtts) / 2
+    if say:
+        say(f"latency {latency * 1e6:.1f} us ({ping_iters} ping-pongs); next: {len(sizes)} message "
+            f"size{'s' if len(sizes) > 1 else ''}, {iters} time{'s' if iters > 1 else ''} each")
     per_size = []
-    for n in sizes:
+    for i, n in enumerate(sizes, 1):
         buf = torch.empty(max(1, n // 4), dtype=torch.float32)
         times = [round_trip(buf, small) for _ in range(iters + 1)]
         one_way = max(statistics.median(times[1:]) - floor, 1e-9)
         per_size.append((buf.numel() * 4, one_way, buf.numel() * 4 / one_way))
+        if say:
+            say(f"size {i}/{len(sizes)}: {n:,} B in {one_way * 1e3:.3f} ms one way, "
+                f"{n / one_way * 8 / 1e9:.3f} Gbit/s")
     # The largest third is bandwidth-bound, where the latency is a small share of a message's time. Where it is
     # not (a message that took no longer than twice the latency: a small --max-size-mib, or a ping slowed by a busy
     # host) the difference is noise, and its rate absurd: such sizes give no bandwidth.
@@ -194,7 +213,7 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
         # every rank creates the same groups in the same order; each is a gloo context of its own connection
         groups = [None] + [dist.new_group([0, 1], backend="gloo", timeout=timeout) for _ in range(connections - 1)]
         rates = []
-        for n, _, _ in largest:
+        for i, (n, _, _) in enumerate(largest, 1):
             bufs = [torch.empty(max(1, n // 4), dtype=torch.float32) for _ in groups]
             times = []
             for _ in range(iters + 1):
@@ -210,6 +229,9 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
             one_way = statistics.median(times[1:]) - floor
             if one_way > floor:         # as for one connection: no faster than a ping gives no rate
                 rates.append(len(groups) * bufs[0].numel() * 4 / one_way)
+            if say:
+                say(f"{connections} connections at once, size {i}/{len(largest)}: {n:,} B each, "
+                    + (f"{rates[-1] * 8 / 1e9:.3f} Gbit/s together" if one_way > floor else "no slower than a ping"))
         together = max(rates, default=None)
     if rank != 0:
         return None
@@ -221,9 +243,9 @@ def _local_peer(port: int, sizes, iters, timeout_s, connections=1):
 
 
 def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, port: int | None = None,
-              connections: int = 1) -> LinkMeasurement:
+              connections: int = 1, progress: bool = False) -> LinkMeasurement:
     """Both sides on this machine (a second process for rank 1): a self-test of the probe, and the loopback
-    figures of this host."""
+    figures of this host. With `progress`, rank 0 says each step on stderr."""
     import multiprocessing as mp
     from ..runtime.launcher import free_port
     port = port or free_port()
@@ -231,7 +253,8 @@ def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, p
     proc = ctx.Process(target=_local_peer, args=(port, tuple(sizes), iters, timeout_s, connections), daemon=True)
     proc.start()
     try:
-        m = run_side(0, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections)
+        m = run_side(0, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections,
+                     progress=progress)
     finally:
         proc.join(timeout_s)
         if proc.is_alive():
