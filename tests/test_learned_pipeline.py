@@ -287,3 +287,42 @@ def test_cut_off_booster_is_refused_not_a_crash(fitted, tmp_path):
         assert "op_fwd.txt is not a whole LightGBM model" in r.stderr and "Traceback" not in r.stderr
     r = run_hetauto("simulate", "--model", "tiny", "--inventory", inv, "--plan", str(plan), "--cost-model", str(whole))
     assert r.returncode == 0, r.stderr
+
+
+def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_lists_both(fitted, tmp_path, capsys):
+    """fit takes one operator profile per device: two files of the CPU (the tiny grid at seeds 0 and 1, which
+    subsample different shapes) were refused with a fix about --layers files. The fix now names the command that
+    measures the second file's grid into the first; run as it says, it adds the rows the first lacked, and the
+    header lists both grids and seeds (it kept the first grid's name alone), and the merged file is fitted."""
+    import re
+    import shlex
+    import shutil
+
+    from hetauto_megatron.cost.learned.samples import profile_grids
+    from hetauto_megatron.measure.grids import GRIDS, grid_ops
+    first = tmp_path / "a" / "profile-cpu.jsonl"
+    first.parent.mkdir()
+    shutil.copy(fitted[0], first)
+    assert profile_grids(read_profile(str(first))[0]) == [{"grid": "tiny", "seed": 0}]
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--seed", "1", "--out", str(tmp_path / "b")]) == 0
+    second = tmp_path / "b" / "profile-cpu.jsonl"
+    capsys.readouterr()
+    assert main(["fit", str(first), str(second), "-o", str(tmp_path / "m"), "--holdout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{second}: field 'device_type'" in err and str(first) in err and "--layers" not in err, err
+    command = re.search(r"'hetauto (profile [^']*)'", err)
+    assert command and command.group(1) == f"profile --device-type cpu --grid tiny --seed 1 --out {first.parent}", err
+    before = first.read_text().splitlines(keepends=True)
+    assert main(shlex.split(command.group(1))) == 0
+    header, rows = read_profile(str(first))
+    assert profile_grids(header) == [{"grid": "tiny", "seed": 0}, {"grid": "tiny", "seed": 1}] and "grid" not in header
+    assert {k: v for k, v in header.items() if k != "grids"} == \
+        {k: v for k, v in json.loads(before[0]).items() if k != "grids"}     # the rest of the header as it was
+    both = {op.key() for seed in (0, 1) for op in grid_ops(GRIDS["tiny"], seed)}
+    assert len(both) > len(before) - 1 and sorted(r["key"] for r in rows) == sorted(both)
+    assert first.read_text().splitlines(keepends=True)[1:len(before)] == before[1:]   # the first rows untouched
+    merged = first.read_text()
+    assert main(shlex.split(command.group(1))) == 0 and first.read_text() == merged   # again: nothing to add
+    capsys.readouterr()
+    assert main(["fit", str(first), "-o", str(tmp_path / "m"), "--holdout", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"]["cpu"]["rows"] == len(both)

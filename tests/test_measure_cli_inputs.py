@@ -67,6 +67,50 @@ def test_profile_resumes_a_file_of_the_same_thread_count(tmp_path, capsys, no_ti
     assert res["measured_now"] == 0 and res["resumed"] == res["operators"] > 0
 
 
+def test_resuming_a_file_of_one_grid_name_lists_the_grids_in_its_header(tmp_path, capsys, no_timing):
+    """A file written before the header listed its grids names one 'grid' and no seed; resumed (here with nothing
+    left to time), the header lists that grid (seed not recorded) and this run's, and the rows stay as they were."""
+    from hetauto_megatron.cost.learned import read_profile
+    from hetauto_megatron.cost.learned.samples import profile_grids
+    prof = tmp_path / "profile-cpu.jsonl"
+    write_tiny_profile(prof)
+    rows = prof.read_text().splitlines(keepends=True)[1:]
+    assert profile_grids(read_profile(str(prof))[0]) == [{"grid": "tiny", "seed": None}]
+    rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path)], capsys)
+    assert rc == 0, err
+    header = read_profile(str(prof))[0]
+    assert header["grids"] == [{"grid": "tiny", "seed": None}, {"grid": "tiny", "seed": 0}] and "grid" not in header
+    assert prof.read_text().splitlines(keepends=True)[1:] == rows and not list(tmp_path.glob("*.tmp"))
+
+
+def _with_grids(path, grids) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    header = {k: v for k, v in json.loads(lines[0]).items() if k != "grid"}
+    path.write_text(json.dumps({**header, "grids": grids}) + "\n" + "".join(lines[1:]))
+
+
+@pytest.mark.parametrize("first_name, second_grids, fix", [
+    # a first file of another name than profile writes: copied to where a resume finds it
+    ("ops.jsonl", [{"grid": "tiny", "seed": 3}],
+     "copy {first} to DIR/profile-cpu.jsonl, then run 'hetauto profile --device-type cpu --grid tiny --seed 3 "
+     "--out DIR'"),
+    ("profile-cpu.jsonl", [{"grid": "tiny", "seed": 0}], ": {first} was profiled over this one's grids too"),
+])
+def test_fit_says_what_to_do_with_two_operator_profiles_of_one_device(tmp_path, capsys, first_name, second_grids,
+                                                                      fix):
+    """The paragraph talked of --layers files only; it names both files and says how to measure the second's grid
+    into the first (or, where the first holds its grids already, to pass one)."""
+    first, second = tmp_path / "a" / first_name, tmp_path / "b" / "profile-cpu.jsonl"
+    for path, grids in ((first, [{"grid": "tiny", "seed": 0}]), (second, second_grids)):
+        path.parent.mkdir()
+        write_tiny_profile(path)
+        _with_grids(path, grids)
+    rc, _, err = run_cli(["fit", str(first), str(second), "-o", str(tmp_path / "m")], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"{second}: field 'device_type': device type cpu comes from two operator profiles, {first}" in err, err
+    assert "Fix: pass one of them" in err and fix.format(first=first) in err and "--layers" not in err, err
+
+
 def test_fit_holdout_of_one_or_more_says_how_to_fix_it(tmp_path, capsys):
     prof = tmp_path / "profile-cpu.jsonl"
     write_tiny_profile(prof)

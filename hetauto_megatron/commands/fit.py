@@ -16,8 +16,9 @@ def sailor_path(value: str | None) -> str | None:
 
 DESCRIPTION = """\
 Fit a cost model from measured times: operator profiles written by 'hetauto profile' (one file per device
-type) and, with --sailor, the published per-layer GPU measurements of the Sailor project (A100, V100, GH200,
-RTX GPUs; a copy ships with hetauto, --sailor=DIR reads another directory holding profiles_tmp.json).
+type: a second grid of a device is profiled into its file, which 'hetauto profile' resumes) and, with --sailor,
+the published per-layer GPU measurements of the Sailor project (A100, V100, GH200, RTX GPUs; a copy ships with
+hetauto, --sailor=DIR reads another directory holding profiles_tmp.json).
 
 Two stages. (1) The roofline prior, calibrated per device type, phase and operator kind:
 time = rate x prior + overhead. (2) LightGBM regressors correcting what is left,

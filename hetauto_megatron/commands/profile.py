@@ -16,7 +16,9 @@ Each operator is warmed up, then repeated; the file keeps the median and the spr
 timed with CUDA events while a spin kernel keeps the GPU busy, so a row is the kernels' device time, not the
 host's launch path; on CPU, wall clock. The output is a JSON-lines file DIR/profile-<device type>.jsonl with
 the device and library versions in its header. Re-running resumes: rows already in the file are skipped (a file
-timed with another dtype or, on cpu, another --threads is refused). Feed the file to 'hetauto fit'.
+timed with another dtype or, on cpu, another --threads is refused). Resuming with another --grid or --seed adds
+that grid's rows, and the header's "grids" lists every grid and seed the rows come from: so two grids of one
+device reach 'hetauto fit', which takes one operator profile per device. Feed the file to 'hetauto fit'.
 
 --layers times whole transformer layers instead (the same operators chained, for model-like shapes at each TP
 degree) into DIR/layers-<device type>.jsonl. Given to 'hetauto fit' with the operator profile, they teach it

@@ -16,8 +16,9 @@ On accelerators, each pass is timed with device events (the stream's own clock, 
 the interval), on CUDA behind a spin kernel that hides the host's launch path; on CPU with the wall clock.
 
 Output: JSON lines, a header (format, granularity, device type and its datasheet figures, dtype, library
-versions, how rows were timed) then one row per operator or layer. A run that finds its file already there
-checks the header matches and skips the rows it holds, so an interrupted profile resumes where it stopped.
+versions, how rows were timed, the grids and seeds profiled into it) then one row per operator or layer. A run
+that finds its file already there checks the header matches and skips the rows it holds, so an interrupted
+profile resumes where it stopped; one with another grid or seed adds that grid's rows and its name to the header.
 torch is imported only when timing starts.
 """
 from __future__ import annotations
@@ -30,10 +31,11 @@ import sys
 import time
 
 from ..errors import InputError
-from ..outputs import make_output_dir, write_text_file
+from ..outputs import make_output_dir, output_errors, write_text_file
 from ..spec.devices import DeviceType
 from ..cost import features as F
 from ..cost.learned import PROFILE_FORMAT, read_profile
+from ..cost.learned.samples import profile_grids
 from .grids import GRIDS, LAYER_GRIDS, granularity, grid_ops, layer_shapes
 
 
@@ -211,7 +213,7 @@ def _spread(xs: list[float]) -> float:
     return round((hi - _p10(xs)) / med, 4) if med > 0 else 0.0
 
 
-def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, torch) -> dict:
+def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, seed: int, torch) -> dict:
     try:
         from importlib.metadata import version
         ours = version("hetauto-megatron")
@@ -221,7 +223,7 @@ def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, t
             "device_type": device.name,
             "vendor": device.vendor, "peak_tflops": device.peak_tflops, "hbm_gbps": device.hbm_gbps,
             "torch_device": torch_device, "dtype": dtype_name, "dtype_bytes": F.DTYPE_BYTES[dtype_name],
-            "grid": grid, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "grids": [{"grid": grid, "seed": seed}], "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "hetauto": ours, "host_cpu": platform.processor() or platform.machine(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if torch_device.startswith("cuda"):
@@ -276,7 +278,7 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
         torch.set_num_threads(threads)
     done: set[str] = set()
     runner = Runner(torch, torch_device, getattr(torch, dtype))
-    header = {**_header(device, torch_device, dtype, grid, torch), "timing": runner.timing, "tf32": tf32}
+    header = {**_header(device, torch_device, dtype, grid, seed, torch), "timing": runner.timing, "tf32": tf32}
     if dtype == "float32" and device.vendor != "cpu" and device.peak_tflops_at("fp32") is not None:
         header["peak_tflops"] = device.at_precision("fp32").peak_tflops     # not the 16-bit peak: what fp32 runs at
     if grid in LAYER_GRIDS:
@@ -298,6 +300,10 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
                              fix=f"pass the file's thread count (--threads {old['threads']}) to resume it, or write "
                                  "to another --out directory")
         done = {r.get("key") for r in rows}
+        grids = profile_grids(old)
+        if {"grid": grid, "seed": seed} not in grids:     # this run adds another grid's rows: the header says so
+            old.pop("grid", None)       # (the single name of a file written before the list)
+            _replace_header(out_path, {**old, "grids": grids + [{"grid": grid, "seed": seed}]})
     else:
         # before any timing: an --out the system refuses (e.g. under /proc) is named at once
         make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")
@@ -333,6 +339,18 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
             "operators" if grid in GRIDS else "layers": len(items),
             "measured_now": len(todo), "resumed": len(items) - len(todo),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _replace_header(path: str, header: dict) -> None:
+    """Write `header` over the first line of the profile at `path`, its rows as they are: into a new file renamed over
+    the old one, so that an interruption leaves one of the two whole."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    first = next(i for i, line in enumerate(lines) if line.strip())      # read_profile found the header there
+    lines[first] = json.dumps(header, sort_keys=True) + "\n"
+    write_text_file(path + ".tmp", "".join(lines), field="--out")
+    with output_errors(path, "--out"):
+        os.replace(path + ".tmp", path)
 
 
 def _check_device(torch, torch_device: str, device: DeviceType) -> None:

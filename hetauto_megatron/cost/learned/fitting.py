@@ -19,7 +19,7 @@ from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
 from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, mape,
-                      profile_granularity, profile_samples, read_layers)
+                      profile_granularity, profile_samples, read_layers, two_operator_profiles)
 
 
 # Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.
@@ -301,16 +301,16 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     devices: dict[str, DeviceInfo] = {}
     samples: list[Sample] = []
     layer_files = [p for p in profiles if profile_granularity(p) == "layer"]
+    op_files: dict[str, str] = {}       # device type -> its operator profile
     for p in profiles:
         if p in layer_files:
             continue
         info, rows = profile_samples(p)
         check_every_operator_kind(p, info, rows)
         if info.name in devices:
-            raise InputError(f"device type {info.name} comes from two profiles", file=p, field="device_type",
-                             fix="pass one of them (a further 'hetauto profile --layers' run of the same "
-                                 "--layer-impl resumes into that file; files of two implementations do not merge)")
+            raise two_operator_profiles(info.name, op_files[info.name], p)
         devices[info.name] = info
+        op_files[info.name] = p
         samples += rows
     if sailor_dir:
         sailor = load_sailor(sailor_dir)
