@@ -111,6 +111,34 @@ def test_fit_says_what_to_do_with_two_operator_profiles_of_one_device(tmp_path, 
     assert "Fix: pass one of them" in err and fix.format(first=first) in err and "--layers" not in err, err
 
 
+def _write_tiny_layers(path, *, threads: int) -> None:
+    """A CPU layer file of the layers-tiny grid as 'hetauto profile --layers' writes it, with made-up times."""
+    from hetauto_megatron.measure.grids import LAYER_GRIDS, layer_shapes
+    header = {"format": PROFILE_FORMAT, "granularity": "layer", "feature_version": F.FEATURE_VERSION,
+              "device_type": "cpu", "vendor": "cpu", "peak_tflops": 0.128, "hbm_gbps": 20.0, "torch_device": "cpu",
+              "dtype": "float32", "dtype_bytes": 4, "grids": [{"grid": "layers-tiny", "seed": 0}],
+              "threads": threads, "tf32": False, "timing": "wall clock", "layer_impl": "torch"}
+    rows = [{"key": sh.key(), "model": name, "layer": sh.to_dict(), "fwd_s": 1e-4 * (1 + i), "bwd_s": 2e-4 * (1 + i),
+             "reps": 7} for i, (name, sh) in enumerate(layer_shapes(LAYER_GRIDS["layers-tiny"]))]
+    path.write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in [header] + rows))
+
+
+def test_fit_refuses_cpu_layers_and_operators_of_different_thread_counts(tmp_path, capsys):
+    """Operators timed with 1 thread and layers with 2 were fitted together without a word: the composition
+    learned the second thread's speed-up as the layer's own. Refused naming both files; the same count fits."""
+    ops, layers = tmp_path / "profile-cpu.jsonl", tmp_path / "layers-cpu.jsonl"
+    write_tiny_profile(ops, threads=1)
+    _write_tiny_layers(layers, threads=2)
+    rc, _, err = run_cli(["fit", str(ops), str(layers), "-o", str(tmp_path / "m"), "--holdout", "0"], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"{layers}: field 'threads': layers were timed with threads 2" in err and f"{ops} with threads 1" in err
+    assert "Fix: re-measure one file with the other's thread count" in err and "--threads 1" in err, err
+    assert not (tmp_path / "m").exists()
+    _write_tiny_layers(layers, threads=1)
+    rc, _, err = run_cli(["fit", str(ops), str(layers), "-o", str(tmp_path / "m"), "--holdout", "0"], capsys)
+    assert rc == 0, err
+
+
 def test_fit_holdout_of_one_or_more_says_how_to_fix_it(tmp_path, capsys):
     prof = tmp_path / "profile-cpu.jsonl"
     write_tiny_profile(prof)

@@ -32,9 +32,10 @@ LightGBM's text format. 'hetauto plan/simulate --cost-model MODEL_DIR' use it fo
 and the analytic model for the others.
 
 Whole layers timed by 'hetauto profile --layers' (pass the file among the PROFILEs, with the same device's
-operator profile) add a third stage: a layer's time = rate x (sum of its operators) + overhead, per device
-and phase, for the backward work no isolated operator does (gradient accumulation where the residual stream
-forks, assembling the gradients of fused projections). Its leave-one-model-out error is reported."""
+operator profile, timed in the same dtype and, on cpu, with the same --threads) add a third stage: a layer's
+time = rate x (sum of its operators) + overhead, per device and phase, for the backward work no isolated
+operator does (gradient accumulation where the residual stream forks, assembling the gradients of fused
+projections). Its leave-one-model-out error is reported."""
 
 EPILOG = """\
 examples:

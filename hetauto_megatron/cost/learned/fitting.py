@@ -18,8 +18,8 @@ from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_readin
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
-from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, mape,
-                      profile_granularity, profile_samples, read_layers, two_operator_profiles)
+from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, check_same_threads,
+                      mape, profile_granularity, profile_samples, read_layers, two_operator_profiles)
 
 
 # Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.
@@ -325,7 +325,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     else:
         score_weight, gemm_weight, weight_scores = 1.0, 1.0, {"score": {}, "gemm": {}}
         optimizer, optimizer_report = {}, {}
-    layers = _layer_files_of(layer_files, devices)
+    layers = _layer_files_of(layer_files, devices, op_files)
     if len(samples) < 8:
         raise InputError(f"only {len(samples)} measurements: too few to fit", field="PROFILES",
                          fix="profile more shapes (drop --quick or widen the grid)")
@@ -370,7 +370,7 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                      model.score_bwd_weight, dict(model.host_floor), model.gemm_bwd_weight)
 
 
-def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
+def _layer_files_of(layer_files: list[str], devices: dict, op_files: dict) -> dict:
     """Device -> measured layers, each file checked against the operator profile it composes."""
     layers: dict[str, list[MeasuredLayer]] = {}
     for p in layer_files:
@@ -388,5 +388,6 @@ def _layer_files_of(layer_files: list[str], devices: dict) -> dict:
             raise InputError(f"layers were timed with {header.get('dtype')}{' on TF32' if header.get('tf32') else ''}, "
                              f"the operators in {devices[dev].arithmetic}", file=p, field="dtype",
                              fix="profile layers and operators with the same --dtype")
+        check_same_threads(op_files[dev], p, header)
         layers[dev] = rows
     return layers

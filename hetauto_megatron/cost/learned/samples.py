@@ -147,6 +147,25 @@ def two_operator_profiles(device: str, first: str, second: str) -> InputError:
                           "rows it lacks are measured and its header lists every grid")
 
 
+def check_same_threads(ops_path: str, layers_path: str, layers_header: dict) -> None:
+    """Operators and whole layers of one CPU timed with different intra-op thread counts: refused. A CPU row's time
+    depends on the count (measure/profile.py refuses to resume a file with another one for that reason), so the
+    layer composition fitted from the two files would learn the threads' speed-up as the layer's own work. An
+    accelerator's kernels do not depend on it (the H200 files say 16: the host's), and a header without the field
+    passes."""
+    ops_header = read_profile(ops_path, header_only=True)[0]
+    ops_threads, layer_threads = ops_header.get("threads"), layers_header.get("threads")
+    if "cpu" not in (ops_header.get("torch_device"), layers_header.get("torch_device")) or \
+            None in (ops_threads, layer_threads) or ops_threads == layer_threads:
+        return
+    raise InputError(f"layers were timed with threads {layer_threads!r}, the operators of the same device in "
+                     f"{ops_path} with threads {ops_threads!r}: a CPU's times depend on its thread count",
+                     file=layers_path, field="threads",
+                     fix=f"re-measure one file with the other's thread count: e.g. delete {layers_path} and run "
+                         f"'hetauto profile --device-type {layers_header.get('device_type')} --layers --threads "
+                         f"{ops_threads}' again with the other options it was made with")
+
+
 def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     header, rows = read_profile(path)
     if header.get("granularity", "op") != "op":
