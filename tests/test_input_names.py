@@ -89,7 +89,7 @@ def test_plan_file_keys_naming_clusters_are_read_as_written(tmp_path, capsys):
     assert record["constraints"] == {"tp": {"007": 1}, "recompute": {"yes": "full", "0x10": "none"},
                                     "use_clusters": ["007", "yes"]}
     c = Constraints.from_record(record)
-    assert c.tp == (("007", 1),) and c.recompute == (("yes", "full"), ("0x10", "none"))
+    assert c.tp == (("007", 1),) and c.recompute == (("0x10", "none"), ("yes", "full"))    # (sorted by cluster)
     assert c.use_clusters == ("007", "yes")
     rc, out, err = run_cli(["simulate", "--plan", str(path), "--json"], capsys)
     assert rc == 0, err

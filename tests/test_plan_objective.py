@@ -459,3 +459,24 @@ def test_cluster_lists_typed_in_another_order_write_the_same_plan(tmp_path):
     assert files[0].read_bytes() == files[1].read_bytes()
     assert load_plan(str(files[0])).estimate["search"]["constraints"] == {"use_clusters": ["a", "b"],
                                                                           "exclude_clusters": ["c", "d"]}
+
+
+def test_pins_typed_in_another_order_write_the_same_plan(tmp_path):
+    """--tp b=2 --tp a=1 --recompute d=full --recompute c=none and the same pins typed a, b, c, d ask for the same
+    plan (each pin is read by its cluster), but the file recorded the pins as typed: the two plans differed in
+    bytes."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n" + "".join(
+        f"  - {{name: {n}, device: cpu, nodes: 1, devices_per_node: 2}}\n" for n in "abcd") + "links:\n" + "".join(
+        f"  - {{between: [{x}, {y}], bandwidth_gbps: 10, latency_ms: 0.1}}\n" for x, y in ("ab", "bc", "cd", "ad")))
+    files = []
+    for pins in (("--tp", "b=2", "--tp", "a=1", "--recompute", "d=full", "--recompute", "c=none"),
+                 ("--tp", "a=1", "--tp", "b=2", "--recompute", "c=none", "--recompute", "d=full")):
+        files.append(tmp_path / f"{len(files)}.yaml")
+        r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "16", "--quiet",
+                        "--workers", "1", *pins, "-o", str(files[-1]))
+        assert r.returncode == 0, r.stderr
+    assert files[0].read_bytes() == files[1].read_bytes()
+    constraints = load_plan(str(files[0])).estimate["search"]["constraints"]
+    assert list(constraints["tp"].items()) == [("a", 1), ("b", 2)]
+    assert list(constraints["recompute"].items()) == [("c", "none"), ("d", "full")]

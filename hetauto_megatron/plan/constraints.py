@@ -36,6 +36,10 @@ class Constraints:
         # in another order (--use-clusters b,a) is the same constraint and records the same plan file.
         for name in ("use_clusters", "exclude_clusters"):
             object.__setattr__(self, name, tuple(sorted(getattr(self, name))))
+        # Pins per cluster (read by cluster: tp_of, recompute_of; a cluster at most once), sorted by cluster the
+        # same way: --tp b=2,a=4 and --tp a=4,b=2 record the same plan file.
+        for name in ("tp", "recompute"):
+            object.__setattr__(self, name, tuple(sorted(getattr(self, name), key=lambda pin: pin[0])))
 
     def tp_of(self, cluster: str) -> int | None:
         return dict(self.tp).get(cluster)
@@ -166,7 +170,8 @@ def describe(c: Constraints, name: str) -> str:
 
 
 def parse_pins(items: list[str], flag: str, example: str) -> tuple:
-    """'CLUSTER=VALUE' strings -> ((cluster, value), ...) in the order given (a cluster at most once)."""
+    """'CLUSTER=VALUE' strings -> ((cluster, value), ...) in the order given (a cluster at most once; Constraints
+    sorts them by cluster)."""
     out: dict[str, str] = {}
     for item in items or []:
         name, sep, value = (x.strip() for x in item.partition("="))
