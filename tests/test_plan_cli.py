@@ -380,6 +380,30 @@ def test_replan_of_another_model_plans_its_own_sequence_length(tmp_path):
     assert out["plan"]["model"]["ffn_hidden_size"] == 128
 
 
+def test_replan_of_another_model_with_fewer_positions_than_the_old_sequence_tells_its_notes_once(tmp_path):
+    """--from a plan of 64-token sequences with --model of another model of the same layers and hidden size and 32
+    learned positions: the model was first read at the old plan's 64 tokens, which said "note: --seq-length 64 is
+    longer than the 32 learned positions" (a flag never typed) before 32 was planned, and a config.json's notes
+    (its dropout) were printed twice, once per read."""
+    inv = "examples/llama/inventory-cpu-dryrun.yaml"
+    old = tmp_path / "old.yaml"
+    (tmp_path / "learned.yaml").write_text("preset: tiny\nffn_hidden_size: 128\nposition_embedding: learned\n"
+                                           "seq_length: 32\nmax_position_embeddings: 32\n")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_layer": 8, "n_embd": 64, "n_head": 4, "n_inner": 128, "vocab_size": 128,
+        "n_positions": 32, "resid_pdrop": 0.1}))
+    base = ("plan", "--inventory", inv, "--quiet", "--workers", "1", "--global-batch-size", "16")
+    assert hetauto(*base, "--model", "tiny", "--seq-length", "64", "-o", str(old)).returncode == 0
+    for model in ("learned.yaml", "config.json"):
+        r = hetauto(*base, "--model", str(tmp_path / model), "--from", str(old), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["plan"]["model"]["seq_length"] == 32, model
+        assert "--seq-length not kept" in r.stderr and "--seq-length 64" not in r.stderr, r.stderr
+        notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
+        assert len(notes) == len(set(notes)), r.stderr
+    assert sum("trains with dropout" in line for line in notes) == 1, r.stderr
+
+
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
     """`hetauto explain --plan p --bogus` printed the top level's usage ('hetauto: error'), not explain's."""
     from hetauto_megatron.cli import main

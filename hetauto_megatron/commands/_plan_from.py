@@ -42,23 +42,33 @@ def keep_job_of(old, args) -> dict:
     return kept
 
 
-def own_seq_length_of_another_model(old, args, model, kept: dict):
+def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
     """--from with a model other than the old plan's (same layers and hidden size, else refused): the sequence length
     belongs to the model, so the given model's own is planned (unless --seq-length is given), not the old plan's,
-    which keep_job_of took before the model was read -> the model to plan. The same model keeps the old plan's."""
+    which keep_job_of took before the model was read. Whether --model is another model; if so, the kept sequence
+    length is dropped here, before load_inputs reads the model, so that it reads it once, at its own length: read at
+    the old plan's, a model of fewer learned positions was told "--seq-length N is longer than the learned
+    positions" (a flag never typed), and the model's notes were printed again by a second read."""
     import dataclasses
     from ..spec.model import load_model
-    # read with the old plan's sequence length: the same model then equals the old plan's (its name aside: a
-    # copy of the model file elsewhere is the same model)
-    if "seq_length" not in kept or dataclasses.replace(model, name=old.model.name) == old.model:
-        return model
+    if "seq_length" not in kept:
+        return False
+    # read quietly (load_inputs reads it again and prints its notes), at the old plan's sequence length: the same
+    # model then equals the old plan's (its name aside: a copy of the model file elsewhere is the same model)
+    model = load_model(args.model, seq_length=kept["seq_length"])
+    if dataclasses.replace(model, name=old.model.name) == old.model or (model.num_layers, model.hidden_size) != (
+            old.model.num_layers, old.model.hidden_size):
+        return False        # (the same model keeps it; one of other layers is refused after load_inputs)
     del kept["seq_length"]
     args.seq_length = None
-    model = load_model(args.model, note=lambda line: print(f"note: {line}", file=sys.stderr))
+    return True
+
+
+def say_own_seq_length(old, args, model) -> None:
+    """What drop_seq_length_for_another_model did, once the model (read at its own length) is known to be planned."""
     print(f"hetauto plan: --seq-length not kept from {args.from_plan}: --model {args.model} is not the model it was "
           f"made for ({old.model.name}), so its own sequence length, {model.seq_length}, is planned (give "
           "--seq-length for another)", file=sys.stderr)
-    return model
 
 
 def _search_record(old, file: str) -> dict:

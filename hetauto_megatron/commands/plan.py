@@ -10,7 +10,8 @@ from ..outputs import output_errors, refuse_overwriting_inputs
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
 from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
-from ._plan_from import JOB_DEFAULTS, keep_job_of, keep_search_of, own_seq_length_of_another_model
+from ._plan_from import (JOB_DEFAULTS, drop_seq_length_for_another_model, keep_job_of, keep_search_of,
+                         say_own_seq_length)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -198,6 +199,7 @@ def run(args) -> int:
     check_output_file(args.output, "-o")
     if args.emit:
         check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
+    another_model = old is not None and drop_seq_length_for_another_model(old, args, kept)
     model, inventory, cost_model = load_inputs(args)
     if old is not None:
         # a cluster that cannot train at the job's precision and that the old plan does not use was left out of its
@@ -226,8 +228,8 @@ def run(args) -> int:
                          f"{old.model.hidden_size}), not {model.name} ({model.num_layers} layers, hidden "
                          f"{model.hidden_size})", file=args.from_plan, field="model",
                          fix="pass the plan made for this --model, or drop --from for a cold search")
-    if old is not None:
-        model = own_seq_length_of_another_model(old, args, model, kept)
+    if another_model:
+        say_own_seq_length(old, args, model)
     con = constraints_from_args(args)
     if old is not None:
         from ..plan.engines import DEFAULT_ENGINE
