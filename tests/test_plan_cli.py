@@ -402,6 +402,14 @@ def test_replan_of_another_model_with_fewer_positions_than_the_old_sequence_tell
         notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
         assert len(notes) == len(set(notes)), r.stderr
     assert sum("trains with dropout" in line for line in notes) == 1, r.stderr
+    # a config.json of no sequence length of its own (no positions key: read only given one) keeps the old plan's
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 128}))
+    r = hetauto(*base, "--model", str(tmp_path / "llama" / "config.json"), "--from", str(old), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["plan"]["model"]["seq_length"] == 64, r.stderr
+    assert "--seq-length not kept" not in r.stderr, r.stderr
 
 
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):

@@ -59,6 +59,11 @@ def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
     if dataclasses.replace(model, name=old.model.name) == old.model or (model.num_layers, model.hidden_size) != (
             old.model.num_layers, old.model.hidden_size):
         return False        # (the same model keeps it; one of other layers is refused after load_inputs)
+    from ..errors import InputError
+    try:
+        load_model(args.model)
+    except InputError:
+        return False        # a model of no sequence length of its own (a config.json without positions) keeps it
     del kept["seq_length"]
     args.seq_length = None
     return True
