@@ -632,6 +632,9 @@ def test_json_infeasible_object_names_file_field_and_fix(tmp_path):
     err = failure("plan", "--model", "llama2-70b", "--inventory", str(inv))
     assert (err["file"], err["field"], err["fix"]) == (None, None, "Add devices or clusters, or shorten --seq-length")
     assert "misses by" in err["reason"] and "Add devices" not in err["reason"], err
+    # the global batch caps the pipeline's depth (one micro-batch, one stage): the option the fix names first
+    err = failure("plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "1")
+    assert (err["file"], err["field"]) == (None, "--global-batch-size") and "at most 1 stage deep" in err["reason"]
     # a wrapped paragraph (a constraint binds) keeps the inner error's field and fix
     err = failure("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
                   "--max-iteration-s", "1e-6")

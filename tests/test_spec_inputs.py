@@ -359,6 +359,33 @@ def test_a_key_twice_in_a_json_plan_names_its_line(tmp_path, capsys):
     assert json.loads(out)["error"]["field"] == "tp"
 
 
+def test_a_key_twice_in_a_json_model_is_told_its_own_fix_and_read_once(tmp_path, capsys):
+    """A model file's key written twice got the model reader's fix ("pass the model's config.json"), not the one for
+    a key written twice; and the file was opened a second time to find the line, which waits for ever on a pipe
+    (a named FIFO fed once, as `--model <(...)` gives)."""
+    import threading
+    text = '{"preset": "tiny",\n "seq_length": 32,\n "seq_length": 64}\n'
+    model = write(tmp_path, "model.json", text)
+    inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
+    rc, _, err = run_cli(["plan", "--model", model, "--inventory", inv, "--global-batch-size", "8"], capsys)
+    check_error(rc, err, file=model, words=["'seq_length' is written twice", "(line 3)",
+                                            "Fix: delete or rename one of the two"])
+    fifo = str(tmp_path / "fifo.json")
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "w") as fh:
+            fh.write(text)
+    threading.Thread(target=feed, daemon=True).start()
+    done = []
+    reader = threading.Thread(target=lambda: done.append(run_cli(["plan", "--model", fifo, "--inventory", inv,
+                                                                  "--global-batch-size", "8"], capsys)), daemon=True)
+    reader.start()
+    reader.join(20)
+    assert done, "reading a JSON file from a pipe waited for a second writer"
+    check_error(done[0][0], done[0][2], file=fifo, words=["'seq_length' is written twice", "(line 3)"])
+
+
 def test_a_version_1_plan_on_a_device_without_bf16_is_told_how_to_write_its_precision(tmp_path, capsys):
     """A version-1 file (bf16) on V100s was told "choose a precision it has: fp16, fp32"; writing `precision:`
     then was refused as a version-2 key. The fix now says both, and following it emits the plan."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from ..errors import InputError
 
@@ -88,7 +89,8 @@ def run(args) -> int:
         m = P.run_side(args.rank, args.master, sizes=sizes, iters=args.iters, timeout_s=args.timeout,
                        connections=args.connections, progress=True)
         if m is None:
-            print("probe-link: done (rank 0 prints the result)")
+            # stdout is for the result: under --json a script reading rank 1's stdout gets nothing to parse wrongly
+            print("hetauto probe-link: done (rank 0 prints the result)", file=sys.stderr)
             return 0
     a, b = args.between
     if args.json:

@@ -35,6 +35,7 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
         short, where = miss
         depth = sp.max_stages(1)
         fix = said = "Add devices or clusters, or shorten --seq-length"
+        field = None        # (no one field: the inventory's devices, or the sequence)
         # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
         if depth < min(model.num_layers + 2, sp.max_devices):
             fix = ("a larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
@@ -42,10 +43,11 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
             said = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
                     f"than micro-batches: the global batch is {sp.gbs}"
                     + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: {fix}")
+            field = "--global-batch-size"       # what binds first, as the fix says
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)}"
-            f"{_groups_note(inventory, sp)} {said}", fix=fix)
+            f"{_groups_note(inventory, sp)} {said}", field=field, fix=fix)
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer

@@ -289,7 +289,8 @@ def read_json_file(path: str, *, field: str | None = None, fix: str | None = Non
     """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
     try:
         with open(path, encoding="utf-8-sig") as fh:      # a byte-order mark (PowerShell writes one) is no error
-            return json.load(fh, object_pairs_hook=json_object_pairs)
+            text = fh.read()        # read once: a second open of a pipe would wait for ever
+        return json.loads(text, object_pairs_hook=json_object_pairs)
     except json.JSONDecodeError as exc:
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
                          field=field, fix=fix or "correct the syntax (quotes, commas, braces)") from None
@@ -300,11 +301,11 @@ def read_json_file(path: str, *, field: str | None = None, fix: str | None = Non
         raise InputError("is not a UTF-8 text file", file=path, field=field,
                          fix=fix or "save it as UTF-8 text") from None
     except DuplicateJSONKey as exc:     # named with its line, as a YAML file's key written twice is
-        with open(path, encoding="utf-8-sig") as fh:
-            line = _line_of_second(fh.read(), exc.key)
+        line = _line_of_second(text, exc.key)
+        # (the fix is this one whatever the caller's: theirs is about the file's content, not a key written twice)
         raise InputError(f"the key {shorten(exc.key)!r} is written twice in one object"
                          + (f" (line {line})" if line else "") + "; most JSON readers keep the last and drop the first",
-                         file=path, field=field or exc.key, fix=fix or "delete or rename one of the two") from None
+                         file=path, field=field or exc.key, fix="delete or rename one of the two") from None
     except ValueError as exc:     # a key twice, or an integer of more digits than Python converts
         raise InputError(f"cannot be read: {_value_problem(exc)}", file=path, field=field,
                          fix=fix or "correct that value or key, as the message names it") from None
