@@ -410,6 +410,14 @@ def test_replan_of_another_model_with_fewer_positions_than_the_old_sequence_tell
     r = hetauto(*base, "--model", str(tmp_path / "llama" / "config.json"), "--from", str(old), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["plan"]["model"]["seq_length"] == 64, r.stderr
     assert "--seq-length not kept" not in r.stderr, r.stderr
+    # a model on a pipe is read once (a second read found `<(...)` empty and waited on a named FIFO for ever): the
+    # same model, fed once through a FIFO, re-plans at the old plan's length
+    import threading
+    fifo = str(tmp_path / "model.yaml")
+    os.mkfifo(fifo)
+    threading.Thread(target=lambda: open(fifo, "w").write("preset: tiny\n"), daemon=True).start()
+    r = run_hetauto(*base, "--model", fifo, "--from", str(old), "--json", timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["plan"]["model"]["seq_length"] == 64, r.stderr
 
 
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):
@@ -635,6 +643,11 @@ def test_json_infeasible_object_names_file_field_and_fix(tmp_path):
     # the global batch caps the pipeline's depth (one micro-batch, one stage): the option the fix names first
     err = failure("plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "1")
     assert (err["file"], err["field"]) == (None, "--global-batch-size") and "at most 1 stage deep" in err["reason"]
+    # --max-pp below the batch's micro-batches binds instead: it is the field, and the fix's first word
+    err = failure("plan", "--model", "llama2-7b", "--inventory", str(inv), "--max-pp", "2")
+    assert err["field"] == "--max-pp" and err["fix"].startswith("a larger --max-pp allows"), err
+    # (the constraints' sentence came after the paragraph's "Fix: ...": the fix now ends it, as everywhere)
+    assert "no single constraint binds" in err["reason"] and err["message"].endswith(f"Fix: {err['fix']}"), err
     # a wrapped paragraph (a constraint binds) keeps the inner error's field and fix
     err = failure("plan", "--model", "tiny", "--inventory", "examples/llama/inventory-cpu-dryrun.yaml",
                   "--max-iteration-s", "1e-6")

@@ -82,4 +82,9 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
         if binding:
             raise exc.reworded(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
-        raise exc.reworded(f"{str(exc).rstrip('.')}. {under[0].upper()}{under[1:]}") from None
+        # none binds: the constraints are said before the miss's own fix, which ends the paragraph
+        text, fix = str(exc).rstrip("."), (exc.fix or "").rstrip(".")
+        if not fix or not text.endswith(fix):
+            raise exc.reworded(f"{text}. {under[0].upper()}{under[1:]}.") from None
+        miss = text[:-len(fix)].rstrip().removesuffix("Fix:").rstrip().rstrip(".")
+        raise exc.reworded(f"{miss}. {under[0].upper()}{under[1:]}. Fix: {fix}") from None

@@ -1,6 +1,7 @@
 """`hetauto plan --from OLD`: what a re-plan keeps of the old plan's job and search where no flag is given."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -51,8 +52,8 @@ def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
     positions" (a flag never typed), and the model's notes were printed again by a second read."""
     import dataclasses
     from ..spec.model import load_model
-    if "seq_length" not in kept:
-        return False
+    if "seq_length" not in kept or not _rereadable(args.model):
+        return False        # (a pipe is read once, by load_inputs: its model keeps the old plan's length)
     # read quietly (load_inputs reads it again and prints its notes), at the old plan's sequence length: the same
     # model then equals the old plan's (its name aside: a copy of the model file elsewhere is the same model)
     model = load_model(args.model, seq_length=kept["seq_length"])
@@ -67,6 +68,15 @@ def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
     del kept["seq_length"]
     args.seq_length = None
     return True
+
+
+def _rereadable(source: str) -> bool:
+    """Whether --model can be read more than once: a preset, or a regular file (or a directory's config.json), not
+    a pipe (`--model <(...)`, a named FIFO), which a second read finds empty or waits on for ever."""
+    from ..spec.model import PRESETS
+    if os.path.isdir(source):
+        source = os.path.join(source, "config.json")
+    return source in PRESETS or os.path.isfile(source)
 
 
 def say_own_seq_length(old, args, model) -> None:

@@ -38,12 +38,14 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
         field = None        # (no one field: the inventory's devices, or the sequence)
         # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
         if depth < min(model.num_layers + 2, sp.max_devices):
-            fix = ("a larger --global-batch-size" + (" or --max-pp" if sp.con.max_pp else "") + " allows deeper "
+            # what binds: --max-pp below the batch's micro-batches, else the batch (and --max-pp, if given, next)
+            field = "--max-pp" if sp.con.max_pp and depth == sp.con.max_pp < sp.gbs else "--global-batch-size"
+            fix = (("a larger --max-pp" if field == "--max-pp" else "a larger --global-batch-size"
+                    + (" or --max-pp" if sp.con.max_pp else "")) + " allows deeper "
                    "pipelines; or add devices with more memory, or shorten --seq-length")
             said = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
                     f"than micro-batches: the global batch is {sp.gbs}"
                     + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: {fix}")
-            field = "--global-batch-size"       # what binds first, as the fix says
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)}"
