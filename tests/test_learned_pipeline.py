@@ -298,7 +298,7 @@ def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_li
     import shlex
     import shutil
 
-    from hetauto_megatron.cost.learned.samples import profile_grids
+    from hetauto_megatron.cost.learned.profile_merge import profile_grids
     from hetauto_megatron.measure.grids import GRIDS, grid_ops
     first = tmp_path / "a" / "profile-cpu.jsonl"
     first.parent.mkdir()

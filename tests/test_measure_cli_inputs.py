@@ -67,20 +67,41 @@ def test_profile_resumes_a_file_of_the_same_thread_count(tmp_path, capsys, no_ti
     assert res["measured_now"] == 0 and res["resumed"] == res["operators"] > 0
 
 
-def test_resuming_a_file_of_one_grid_name_lists_the_grids_in_its_header(tmp_path, capsys, no_timing):
-    """A file written before the header listed its grids names one 'grid' and no seed; resumed (here with nothing
-    left to time), the header lists that grid (seed not recorded) and this run's, and the rows stay as they were."""
+def test_resuming_a_file_of_one_grid_name_with_that_grid_adds_no_grid_to_its_header(tmp_path, capsys, no_timing):
+    """A file written before the header listed its grids names one 'grid' and no seed, which matches any seed:
+    resumed with that grid (here with nothing left to time), its header listed the grid twice, at seed None and
+    at seed 0, for the same rows. The file stays as it was."""
     from hetauto_megatron.cost.learned import read_profile
-    from hetauto_megatron.cost.learned.samples import profile_grids
+    from hetauto_megatron.cost.learned.profile_merge import profile_grids
     prof = tmp_path / "profile-cpu.jsonl"
     write_tiny_profile(prof)
-    rows = prof.read_text().splitlines(keepends=True)[1:]
+    before = prof.read_text()
     assert profile_grids(read_profile(str(prof))[0]) == [{"grid": "tiny", "seed": None}]
     rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path)], capsys)
     assert rc == 0, err
-    header = read_profile(str(prof))[0]
-    assert header["grids"] == [{"grid": "tiny", "seed": None}, {"grid": "tiny", "seed": 0}] and "grid" not in header
-    assert prof.read_text().splitlines(keepends=True)[1:] == rows and not list(tmp_path.glob("*.tmp"))
+    assert prof.read_text() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_resuming_a_layer_file_with_another_seed_adds_no_grid_to_its_header(tmp_path, capsys, no_timing):
+    """--seed does not change a layer grid's shapes, yet a layers file resumed with --seed 3 gained a second
+    entry for the same rows; a layer grid's entry has no seed now, and matches the one a file holds at any."""
+    layers = tmp_path / "layers-cpu.jsonl"
+    _write_tiny_layers(layers, threads=1)
+    before = layers.read_text()
+    rc, _, err = run_cli(["profile", "--device-type", "cpu", "--layers", "--grid", "layers-tiny", "--seed", "3",
+                          "--out", str(tmp_path), "--json"], capsys)
+    assert rc == 0, err
+    assert layers.read_text() == before
+
+
+def test_a_grid_entry_has_a_seed_where_the_seed_picks_the_shapes():
+    """The header's entry for a grid names its seed where two seeds give other shapes (every operator grid
+    subsamples its operators with it) and leaves it out where they give the same (layer grids)."""
+    from hetauto_megatron.measure.grids import LAYER_GRIDS, grid_entry
+    for name, grid in GRIDS.items():
+        assert grid_ops(grid, 0) != grid_ops(grid, 1) and grid_entry(name, 1) == {"grid": name, "seed": 1}, name
+    for name in LAYER_GRIDS:
+        assert grid_entry(name, 1) == {"grid": name}, name
 
 
 def _with_grids(path, grids) -> None:

@@ -17,8 +17,9 @@ timed with CUDA events while a spin kernel keeps the GPU busy, so a row is the k
 host's launch path; on CPU, wall clock. The output is a JSON-lines file DIR/profile-<device type>.jsonl with
 the device and library versions in its header. Re-running resumes: rows already in the file are skipped (a file
 timed with another dtype or, on cpu, another --threads is refused). Resuming with another --grid or --seed adds
-that grid's rows, and the header's "grids" lists every grid and seed the rows come from: so two grids of one
-device reach 'hetauto fit', which takes one operator profile per device. Feed the file to 'hetauto fit'.
+that grid's rows, and the header's "grids" lists every grid and seed the rows come from (a layer grid's shapes do
+not depend on --seed: it lists no seed): so two grids of one device reach 'hetauto fit', which takes one operator
+profile per device. Feed the file to 'hetauto fit'.
 
 --layers times whole transformer layers instead (the same operators chained, for model-like shapes at each TP
 degree) into DIR/layers-<device type>.jsonl. Given to 'hetauto fit' with the operator profile, they teach it

@@ -96,6 +96,14 @@ def granularity(grid: str) -> str:
     return "layer" if grid in LAYER_GRIDS else "op"
 
 
+def grid_entry(grid: str, seed: int) -> dict:
+    """How a profile's header lists a grid profiled into it (its "grids"): the name, and the seed where the seed
+    picks the shapes. Every operator grid has more distinct operators than its max_ops, so the seed picks its
+    sample (grid_ops; a test checks each grid); a layer grid times every shape whatever the seed, so its entry has
+    none (and matches any: cost/learned/profile_merge.py `holds_grid`)."""
+    return {"grid": grid} if grid in LAYER_GRIDS else {"grid": grid, "seed": seed}
+
+
 def layer_shapes(grid: LayerGridSpec) -> list[tuple[str, F.LayerShape]]:
     """Every valid (model, TP, micro-batch, sequence) of the grid, in a fixed order, as (model name, layer
     shape); a shape two models share is timed once."""

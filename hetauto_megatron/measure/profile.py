@@ -18,8 +18,8 @@ the interval), on CUDA behind a spin kernel that hides the host's launch path; o
 Output: JSON lines, a header (format, granularity, device type and its datasheet figures, dtype, library
 versions, how rows were timed, the grids and seeds profiled into it) then one row per operator or layer. A run
 that finds its file already there checks the header matches and skips the rows it holds, so an interrupted
-profile resumes where it stopped; one with another grid or seed adds that grid's rows and its name to the header.
-torch is imported only when timing starts.
+profile resumes where it stopped; one with another grid (or an operator grid's seed) adds that grid's rows and
+its name to the header. torch is imported only when timing starts.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from ..outputs import make_output_dir, output_errors, write_text_file
 from ..spec.devices import DeviceType
 from ..cost import features as F
 from ..cost.learned import PROFILE_FORMAT, read_profile
-from ..cost.learned.samples import profile_grids
-from .grids import GRIDS, LAYER_GRIDS, granularity, grid_ops, layer_shapes
+from ..cost.learned.profile_merge import holds_grid, profile_grids
+from .grids import GRIDS, LAYER_GRIDS, granularity, grid_entry, grid_ops, layer_shapes
 
 
 # ---- timing ---------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def _header(device: DeviceType, torch_device: str, dtype_name: str, grid: str, s
             "device_type": device.name,
             "vendor": device.vendor, "peak_tflops": device.peak_tflops, "hbm_gbps": device.hbm_gbps,
             "torch_device": torch_device, "dtype": dtype_name, "dtype_bytes": F.DTYPE_BYTES[dtype_name],
-            "grids": [{"grid": grid, "seed": seed}], "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "grids": [grid_entry(grid, seed)], "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "hetauto": ours, "host_cpu": platform.processor() or platform.machine(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if torch_device.startswith("cuda"):
@@ -301,9 +301,9 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
                                  "to another --out directory")
         done = {r.get("key") for r in rows}
         grids = profile_grids(old)
-        if {"grid": grid, "seed": seed} not in grids:     # this run adds another grid's rows: the header says so
+        if not holds_grid(grids, grid_entry(grid, seed)):     # this run adds another grid's rows: the header says so
             old.pop("grid", None)       # (the single name of a file written before the list)
-            _replace_header(out_path, {**old, "grids": grids + [{"grid": grid, "seed": seed}]})
+            _replace_header(out_path, {**old, "grids": grids + [grid_entry(grid, seed)]})
     else:
         # before any timing: an --out the system refuses (e.g. under /proc) is named at once
         make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")

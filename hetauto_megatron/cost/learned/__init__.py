@@ -9,6 +9,8 @@ Three kinds of measurement train it (cost/features.py defines the feature vector
 
 One module per concept:
 - samples.py: a measured row (`Sample`), what is known of a device (`DeviceInfo`), the profile files;
+- profile_merge.py: the grids a profile file holds (a second grid of a device is profiled into its file), and the
+  fit's fix for two operator profiles of one device;
 - sailor.py: the Sailor data and the training rows made of it (with its TP all-reduces set apart);
 - sailor_host_floor.py: where Sailor's timings measure the host, not the GPU (a floor under a layer's time);
 - sailor_links.py: Sailor's all-reduce curves inside a node, as a time and as an alpha-beta link, and the rates the

@@ -13,13 +13,14 @@ from ...errors import InputError
 from .. import features as F
 from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_samples
 from .manifest import save_model
+from .profile_merge import two_operator_profiles
 from .roofline_calibration import _fit_rate_overhead, fit_calibration
 from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_reading_samples, sailor_samples
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
 from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, check_same_threads,
-                      mape, profile_granularity, profile_samples, read_layers, two_operator_profiles)
+                      mape, profile_granularity, profile_samples, read_layers)
 
 
 # Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.

@@ -112,41 +112,6 @@ def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[di
     return header, rows
 
 
-def profile_grids(header: dict) -> list[dict]:
-    """Every grid a profile's rows were measured over, as {"grid": name, "seed": n} in the order they were profiled:
-    a profile resumed with another --grid or --seed adds that grid's rows to the file (how two grids of one device
-    reach the fit, which takes one operator profile per device), and its header's "grids" lists them all. A file
-    written before that list existed names one "grid" and no seed (None: not recorded)."""
-    grids = header.get("grids")
-    if isinstance(grids, list):
-        return [g for g in grids if isinstance(g, dict)]
-    return [{"grid": header["grid"], "seed": None}] if "grid" in header else []
-
-
-def two_operator_profiles(device: str, first: str, second: str) -> InputError:
-    """The paragraph for two operator profiles of one device type given to the fit, which takes one per device: it
-    says how to measure the second file's grids (profile_grids) into the first."""
-    why = f"device type {device} comes from two operator profiles, {first} and this one"
-    held = profile_grids(read_profile(first, header_only=True)[0])
-    # (a grid of an unrecorded seed, from a file older than the list, is held where the first has the grid)
-    grids = [g for g in profile_grids(read_profile(second, header_only=True)[0]) if g not in held and not
-             (g.get("seed") is None and any(h.get("grid") == g.get("grid") for h in held))]
-    if not grids:
-        return InputError(why, file=second, field="device_type",
-                          fix=f"pass one of them: {first} was profiled over this one's grids too")
-    # 'hetauto profile --out DIR' resumes DIR/profile-<device>.jsonl: a file of another name is copied there first
-    named = os.path.basename(first) == f"profile-{device}.jsonl"
-    copy = "" if named else f"copy {first} to DIR/profile-{device}.jsonl, then run "
-    out = (os.path.dirname(first) or ".") if named else "DIR"
-    runs = ", then ".join(f"'hetauto profile --device-type {device} --grid {g.get('grid')}"
-                          + (f" --seed {g['seed']}" if g.get("seed") not in (None, 0) else "") + f" --out {out}'"
-                          for g in grids)
-    return InputError(why, file=second, field="device_type",
-                      fix=f"pass one of them, or measure both files' grids into one: {copy}{runs} (with the --dtype "
-                          f"and --threads this one was made with) to resume {first if named else 'that copy'}: the "
-                          "rows it lacks are measured and its header lists every grid")
-
-
 def check_same_threads(ops_path: str, layers_path: str, layers_header: dict) -> None:
     """Operators and whole layers of one CPU timed with different intra-op thread counts: refused. A CPU row's time
     depends on the count (measure/profile.py refuses to resume a file with another one for that reason), so the
