@@ -292,8 +292,10 @@ def test_cut_off_booster_is_refused_not_a_crash(fitted, tmp_path):
 def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_lists_both(fitted, tmp_path, capsys):
     """fit takes one operator profile per device: two files of the CPU (the tiny grid at seeds 0 and 1, which
     subsample different shapes) were refused with a fix about --layers files. The fix now names the command that
-    measures the second file's grid into the first; run as it says, it adds the rows the first lacked, and the
-    header lists both grids and seeds (it kept the first grid's name alone), and the merged file is fitted."""
+    measures the second file's grid into the first, at the first's dtype and thread count (the second was timed
+    with 2 threads: the fix said to pass those, which profile refuses for a file of 1); run as it says, it adds the
+    rows the first lacked, and the header lists both grids and seeds (it kept the first grid's name alone), and the
+    merged file is fitted."""
     import re
     import shlex
     import shutil
@@ -304,14 +306,17 @@ def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_li
     first.parent.mkdir()
     shutil.copy(fitted[0], first)
     assert profile_grids(read_profile(str(first))[0]) == [{"grid": "tiny", "seed": 0}]
-    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--seed", "1", "--out", str(tmp_path / "b")]) == 0
+    assert main(["profile", "--device-type", "cpu", "--grid", "tiny", "--seed", "1", "--threads", "2",
+                 "--out", str(tmp_path / "b")]) == 0
     second = tmp_path / "b" / "profile-cpu.jsonl"
     capsys.readouterr()
     assert main(["fit", str(first), str(second), "-o", str(tmp_path / "m"), "--holdout", "0"]) == 2
     err = capsys.readouterr().err
     assert f"{second}: field 'device_type'" in err and str(first) in err and "--layers" not in err, err
+    assert f"this one was timed with threads 2, {first} with threads 1" in err and "re-measured" in err, err
     command = re.search(r"'hetauto (profile [^']*)'", err)
-    assert command and command.group(1) == f"profile --device-type cpu --grid tiny --seed 1 --out {first.parent}", err
+    assert command and command.group(1) == ("profile --device-type cpu --grid tiny --seed 1 --dtype float32 "
+                                            f"--threads 1 --out {first.parent}"), err
     before = first.read_text().splitlines(keepends=True)
     assert main(shlex.split(command.group(1))) == 0
     header, rows = read_profile(str(first))

@@ -114,7 +114,7 @@ def _with_grids(path, grids) -> None:
     # a first file of another name than profile writes: copied to where a resume finds it
     ("ops.jsonl", [{"grid": "tiny", "seed": 3}],
      "copy {first} to DIR/profile-cpu.jsonl, then run 'hetauto profile --device-type cpu --grid tiny --seed 3 "
-     "--out DIR'"),
+     "--dtype float32 --threads 1 --out DIR'"),
     ("profile-cpu.jsonl", [{"grid": "tiny", "seed": 0}], ": {first} was profiled over this one's grids too"),
 ])
 def test_fit_says_what_to_do_with_two_operator_profiles_of_one_device(tmp_path, capsys, first_name, second_grids,
@@ -130,6 +130,48 @@ def test_fit_says_what_to_do_with_two_operator_profiles_of_one_device(tmp_path, 
     assert rc == 2 and "Traceback" not in err, err
     assert f"{second}: field 'device_type': device type cpu comes from two operator profiles, {first}" in err, err
     assert "Fix: pass one of them" in err and fix.format(first=first) in err and "--layers" not in err, err
+    assert "re-measured" not in err, err       # both timed alike: the second's rows could be merged as they are
+
+
+@pytest.mark.parametrize("second_settings, words", [
+    ({"threads": 1}, "this one was timed with threads 1, {first} with threads 2"),
+    ({"threads": 2, "dtype": "bfloat16", "dtype_bytes": 2},
+     "this one was timed with dtype bfloat16, {first} with dtype float32"),
+])
+def test_fit_gives_the_command_at_the_first_files_own_settings(tmp_path, capsys, no_timing, second_settings,
+                                                                words):
+    """The fix said to resume the first file with the --dtype and --threads the second was made with, which
+    profile refuses (a file of 2 threads resumed with 1: exit 2). The command now carries the first's own, and
+    says the second's grid is re-measured at them; run as given, profile accepts it and lists the grid (the
+    first file holds the grid's operators already here, so nothing is timed)."""
+    import re
+    import shlex
+
+    from hetauto_megatron.cost.learned import read_profile
+    from hetauto_megatron.cost.learned.profile_merge import profile_grids
+    first, second = tmp_path / "a" / "profile-cpu.jsonl", tmp_path / "b" / "profile-cpu.jsonl"
+    for path in (first, second):
+        path.parent.mkdir()
+        write_tiny_profile(path, threads=2 if path == first else 1)
+    _with_grids(first, [{"grid": "tiny", "seed": 0}])
+    _with_grids(second, [{"grid": "tiny", "seed": 3}])
+    lines = second.read_text().splitlines(keepends=True)
+    second.write_text(json.dumps({**json.loads(lines[0]), **second_settings}) + "\n" + "".join(lines[1:]))
+    held = {json.loads(line)["key"] for line in first.read_text().splitlines()[1:]}
+    with first.open("a") as fh:
+        for op in grid_ops(GRIDS["tiny"], 3):
+            if op.key() not in held:
+                fh.write(json.dumps({"key": op.key(), "op": op.to_dict(), "fwd_s": 1e-5, "bwd_s": 2e-5, "reps": 7})
+                         + "\n")
+    rc, _, err = run_cli(["fit", str(first), str(second), "-o", str(tmp_path / "m")], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    command = re.search(r"'hetauto (profile [^']*)'", err)
+    assert command and command.group(1) == ("profile --device-type cpu --grid tiny --seed 3 --dtype float32 "
+                                            f"--threads 2 --out {first.parent}"), err
+    assert words.format(first=first) in err and "re-measured at the first's settings" in err, err
+    rc, _, err = run_cli(shlex.split(command.group(1)), capsys)
+    assert rc == 0, err
+    assert profile_grids(read_profile(str(first))[0]) == [{"grid": "tiny", "seed": 0}, {"grid": "tiny", "seed": 3}]
 
 
 def _write_tiny_layers(path, *, threads: int) -> None:

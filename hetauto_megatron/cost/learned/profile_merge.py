@@ -29,12 +29,26 @@ def holds_grid(grids: list[dict], entry: dict) -> bool:
                for g in grids)
 
 
+# what a resume must match (measure/profile.py refuses another), and the words for it; tf32 follows from --dtype
+# and the device (profile takes no flag for it), threads count on CPU only (accelerator kernels do not depend on it)
+def _settings(header: dict) -> dict:
+    cpu = header.get("torch_device") == "cpu"
+    return {"dtype": header.get("dtype"), "tf32": bool(header.get("tf32", False)),
+            "threads": header.get("threads") if cpu else None}
+
+
+def _words(settings: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k} {str(settings[k]).lower() if k == 'tf32' else settings[k]}" for k in keys)
+
+
 def two_operator_profiles(device: str, first: str, second: str) -> InputError:
     """The paragraph for two operator profiles of one device type given to the fit, which takes one per device: it
-    says how to measure the second file's grids (profile_grids) into the first."""
+    gives the command that measures the second file's grids (profile_grids) into the first, with the first's own
+    --dtype and --threads (a resume at others is refused)."""
     why = f"device type {device} comes from two operator profiles, {first} and this one"
-    held = profile_grids(read_profile(first, header_only=True)[0])
-    grids = [g for g in profile_grids(read_profile(second, header_only=True)[0]) if not holds_grid(held, g)]
+    first_header, second_header = (read_profile(p, header_only=True)[0] for p in (first, second))
+    held = profile_grids(first_header)
+    grids = [g for g in profile_grids(second_header) if not holds_grid(held, g)]
     if not grids:
         return InputError(why, file=second, field="device_type",
                           fix=f"pass one of them: {first} was profiled over this one's grids too")
@@ -42,10 +56,17 @@ def two_operator_profiles(device: str, first: str, second: str) -> InputError:
     named = os.path.basename(first) == f"profile-{device}.jsonl"
     copy = "" if named else f"copy {first} to DIR/profile-{device}.jsonl, then run "
     out = (os.path.dirname(first) or ".") if named else "DIR"
+    ours, theirs = _settings(first_header), _settings(second_header)
+    flags = "".join(f" --{k} {ours[k]}" for k in ("dtype", "threads") if ours[k] is not None)
     runs = ", then ".join(f"'hetauto profile --device-type {device} --grid {g.get('grid')}"
-                          + (f" --seed {g['seed']}" if g.get("seed") not in (None, 0) else "") + f" --out {out}'"
+                          + (f" --seed {g['seed']}" if g.get("seed") not in (None, 0) else "") + f"{flags} --out {out}'"
                           for g in grids)
-    return InputError(why, file=second, field="device_type",
-                      fix=f"pass one of them, or measure both files' grids into one: {copy}{runs} (with the --dtype "
-                          f"and --threads this one was made with) to resume {first if named else 'that copy'}: the "
-                          "rows it lacks are measured and its header lists every grid")
+    fix = (f"pass one of them, or measure both files' grids into one: {copy}{runs} to resume "
+           f"{first if named else 'that copy'} at its own settings: the rows it lacks are measured and its header "
+           "lists every grid")
+    # a header without a field (written before it existed) is not taken for a difference
+    differ = [k for k in ours if None not in (ours[k], theirs[k]) and ours[k] != theirs[k]]
+    if differ:
+        fix += (f" (this one was timed with {_words(theirs, differ)}, {first} with {_words(ours, differ)}: its rows "
+                "cannot be merged as they are, so its grids are re-measured at the first's settings)")
+    return InputError(why, file=second, field="device_type", fix=fix)
