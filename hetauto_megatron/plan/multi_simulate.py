@@ -208,7 +208,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
     # a cluster at two of this pipeline's boundaries: its uplink carries both (plan/shared_uplinks.py)
     uplinks = boundary_uplinks(flows, lambda name: inventory.cluster(name).uplink_bytes_per_s)
     sim = simulate_1f1b(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth, uplinks=uplinks,
-                        record=record)
+                        record=record, with_busy=False)     # (the rows take m x (f + b), per group)
     in_flight, buffers = memory_terms(p, m, blocking, depth, staged)
     # the tail as tail_costs.iteration_tail prices it, over every group of every stage
     reduce_s = after_s = fill_s = opt_s = 0.0

@@ -50,6 +50,7 @@ and is within a few % of it once m >= 32; the search re-ranks its best candidate
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -83,7 +84,7 @@ class Event:
 @dataclass(frozen=True)
 class PipelineTimes:
     makespan: float                 # end of the last backward
-    busy: tuple[float, ...]         # compute seconds per stage
+    busy: tuple[float, ...] | None  # compute seconds per stage (None: not asked for, simulate_1f1b's with_busy)
     finish: tuple[float, ...]       # when each stage ran its last backward
     events: tuple[Event, ...] | None = None   # every operation, when simulated with record=True
 
@@ -141,7 +142,7 @@ def _boundaries(p, link, latency, blocking, depth):
 
 
 def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None,
-                  record: bool = False, above: float = math.inf) -> PipelineTimes | None:
+                  record: bool = False, above: float = math.inf, with_busy: bool = True) -> PipelineTimes | None:
     """fwd[i], bwd[i]: per-micro-batch compute seconds of stage i (or a sequence of m: micro-batch j's own time,
     to replay measured operations); link[l]: one micro-batch's transfer time
     between stage l and l + 1 (latency included); latency[l]: the part of it that does not occupy the link
@@ -150,27 +151,33 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     also occupy (plan/shared_uplinks.py `boundary_uplinks`; default none). record=True also returns every
     operation's start and end (`PipelineTimes.events`, see `Event`). `above`: a makespan the caller only needs
     beaten; where the simulation runs in rounds and proves the makespan above it, the answer is None (the rest of
-    the rounds not run)."""
+    the rounds not run). `with_busy=False`: the caller reads no `busy` (None then; each stage's sum over its m
+    compute times is not taken)."""
     p = len(fwd)
     assert len(bwd) == p and len(link) == p - 1 and m >= 1
     x, lat, blk, d = _boundaries(p, link, latency, blocking, depth)
     occ = [a - b for a, b in zip(x, lat)]
-    f = [_per_micro_batch(v, m) for v in fwd]
-    b = [_per_micro_batch(v, m) for v in bwd]
     assert uplinks is None or len(uplinks) == p - 1
     busy = contended(uplinks, occ)
-    if busy:        # transfers sharing an uplink must be started in the order they are due: its own loop
-        from .pipeline_shared import simulate_shared
-        return simulate_shared(f, b, x, lat, occ, blk, warmup_counts(p, m, d), m, busy, record)
     warm = warmup_counts(p, m, d)
-    if not record and rounds.usable(warm, m) \
+    if not busy and not record and rounds.usable(warm, m) \
             and all(isinstance(v, numbers.Real) for v in (*fwd, *bwd)):
-        # the search's case: the same operations, jumping over the steady state (plan/pipeline_rounds.py)
-        out = rounds.simulate_rounds([v[0] for v in f], [v[0] for v in b], x, occ, blk, warm, m, above)
+        # the search's case: the same operations, jumping over the steady state (plan/pipeline_rounds.py); one
+        # compute time per stage, so no list of m of them (at a global batch of 1,000,000 building and adding
+        # those lists took most of a search)
+        f1, b1 = [float(v) for v in fwd], [float(v) for v in bwd]
+        out = rounds.simulate_rounds(f1, b1, x, occ, blk, warm, m, above)
         if out is None:
             return None
         makespan, finish = out
-        return PipelineTimes(makespan, tuple(sum(f[i]) + sum(b[i]) for i in range(p)), finish)
+        return PipelineTimes(makespan, tuple(_repeated_sum(f1[i], m) + _repeated_sum(b1[i], m) for i in range(p))
+                             if with_busy else None, finish)
+    f = [_per_micro_batch(v, m) for v in fwd]
+    b = [_per_micro_batch(v, m) for v in bwd]
+    if busy:        # transfers sharing an uplink must be started in the order they are due: its own loop
+        from .pipeline_shared import simulate_shared
+        out = simulate_shared(f, b, x, lat, occ, blk, warm, m, busy, record)
+        return out if with_busy else PipelineTimes(out.makespan, None, out.finish, out.events)
     order = _dependency_order(p, m, warm)
     free = [0.0] * p                    # when stage i may start its next operation
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
@@ -228,10 +235,18 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
                 since = max(fr, (f_sent if fw else b_sent)[k])
                 if ready > since:
                     ev.append(Event(("stage", i), "recv", j, since, ready))
-    busy = tuple(sum(f[i]) + sum(b[i]) for i in range(p))
+    busy = tuple(sum(f[i]) + sum(b[i]) for i in range(p)) if with_busy else None
     if record:
         ev.sort(key=lambda e: (e.start, e.resource, e.kind))
     return PipelineTimes(max(finish), busy, tuple(finish), tuple(ev) if record else None)
+
+
+@lru_cache(maxsize=1 << 14)
+def _repeated_sum(x: float, m: int) -> float:
+    """sum([x] * m) without the list: the same m additions (`sum` compensates float round-off, so a product
+    would differ in the last bits). Cached: a search simulates the same stage times at several depths and
+    layouts, and at a million micro-batches one sum takes tens of milliseconds."""
+    return sum(itertools.repeat(x, m))
 
 
 def _per_micro_batch(v, m: int) -> list[float]:

@@ -24,12 +24,36 @@ on the GPT-3 example has thousands of micro-batches per pipeline and this is mos
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 # A round that adds the same amount to every part of the state within this share of the amount repeats (float
 # round-off in times of ~1e3 s is ~1e-13 s; a period is >= ~1e-6 s).
 SAME_STEP = 1e-9
 MIN_ROUNDS = 8          # fewer rounds than this: nothing to jump over
 CHECK_EVERY = 16        # rounds between two looks at whether the makespan is proven above a caller's bound
+# From SPARSE_FROM x stages^2 micro-batches on, the arrival times are kept in a dict of those written, not a list of
+# stages x micro-batches: the rounds touch O(stages x (stages + transient)) of them, and at a global batch of
+# 1,000,000 allocating and freeing lists of millions of zeros was most of a simulation's time (with fewer, the list
+# is faster: a dict's reads cost more, and a long transient makes many of them).
+SPARSE_FROM = 32
+
+
+class _Zeros(dict):
+    """Arrival times by index, for many micro-batches: an index never written reads 0.0, as in the list."""
+    __slots__ = ()
+
+    def __missing__(self, key):
+        return 0.0
+
+
+def _times(p: int, m: int):
+    """p x m arrival times, all 0.0: a list, or for many micro-batches a `_Zeros`."""
+    return _Zeros() if m >= SPARSE_FROM * p * p else [0.0] * (p * m)
+
+
+def _window(arr, lo: int, hi: int) -> list:
+    """arr[lo:hi] as a list (either kind of `_times`)."""
+    return arr[lo:hi] if isinstance(arr, list) else [arr[k] for k in range(lo, hi)]
 
 
 def usable(warm: tuple, m: int) -> bool:
@@ -47,8 +71,8 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
     p = len(f)
     last = p - 1
     free = [0.0] * p
-    f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
-    b_arr = [0.0] * (p * m)
+    f_arr = _times(p, m)                # [i * m + j]: when micro-batch j's activation is at stage i
+    b_arr = _times(p, m)
     link_f = [0.0] * p
     link_b = [0.0] * p
     finish = [0.0] * p
@@ -90,7 +114,7 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
         stage i - 1 has sent ahead of stage i (micro-batches w_i + r + 1 .. w_{i-1} + r)."""
         s = free + link_f[:last] + link_b[:last]
         for i in range(1, p):
-            s.extend(f_arr[i * m + warm[i] + r + 1:i * m + warm[i - 1] + r + 1])
+            s.extend(_window(f_arr, i * m + warm[i] + r + 1, i * m + warm[i - 1] + r + 1))
         return s
 
     rounds = m - warm[0]
@@ -172,15 +196,26 @@ def _jump(r: int, n: int, times: int, step: list, free, link_f, link_b, f_arr, w
             arr[i] += times * next(it)
     for i in range(1, p):
         lo, hi = i * m + warm[i] + r + 1, i * m + warm[i - 1] + r + 1
-        f_arr[lo + n:hi + n] = [f_arr[k] + times * next(it) for k in range(lo, hi)]
+        moved = [f_arr[k] + times * next(it) for k in range(lo, hi)]
+        if isinstance(f_arr, list):
+            f_arr[lo + n:hi + n] = moved
+        else:
+            for k, t in enumerate(moved, lo + n):
+                f_arr[k] = t
 
 
 def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
-    """The operations after the rounds, in a dependency order: stage i starts at its operation w_i + 2 x rounds
-    (w_i + rounds forwards and `rounds` backwards done)."""
-    done = ([warm[i] + 2 * rounds for i in range(p)], [warm[i] + rounds for i in range(p)], [rounds] * p)
-    for i, fw, j in dependency_walk(p, m, warm, done):
+    """The operations after the rounds, in a dependency order (`_drain_order`)."""
+    for i, fw, j in _drain_order(p, m, warm, rounds):
         (forward if fw else backward)(i, j)
+
+
+@lru_cache(maxsize=256)
+def _drain_order(p: int, m: int, warm: tuple, rounds: int) -> tuple:
+    """`dependency_walk` from the end of the rounds: stage i starts at its operation w_i + 2 x rounds (w_i + rounds
+    forwards and `rounds` backwards done). Cached: layouts of one stage count and warm-up share it."""
+    done = ([warm[i] + 2 * rounds for i in range(p)], [warm[i] + rounds for i in range(p)], [rounds] * p)
+    return tuple(dependency_walk(p, m, warm, done))
 
 
 def dependency_walk(p: int, m: int, warm: tuple, done=None):

@@ -273,7 +273,7 @@ def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> flo
     fwd = [s["forward_s"] for s in stages]
     bwd = [s["backward_s"] for s in stages]
     links = [s["send_next_s"] for s in stages[:-1]] if links is None else list(links)
-    return simulate_1f1b(fwd, bwd, links, m, **stage_schedule(stages, links)).makespan
+    return simulate_1f1b(fwd, bwd, links, m, **stage_schedule(stages, links), with_busy=False).makespan
 
 
 def plan_choices(plan: Plan) -> list[MeshChoice]:
