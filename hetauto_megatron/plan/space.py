@@ -108,6 +108,7 @@ class SearchSpace(SpaceBounds):
         self._fits: dict = {}          # one-layer memory checks, and the bounds' per-shape figures
         self._actions: dict = {}
         self._decoded: dict = {}
+        self._meshes: dict = {}
         self._pinned_rc = {c.name: con.recompute_of(c.name) for c in inventory.clusters}   # --recompute
         # the cost objective's tree decides each mesh's stages too (after its DP: the pending decision is then the
         # pair (TP, DP)); the throughput objective's mesh takes the most stages its devices allow
@@ -139,9 +140,11 @@ class SearchSpace(SpaceBounds):
         """A mesh takes as many stages as its devices allow (within --max-devices), leaving one stage for each
         mesh after it, unless `stages` (one of `stage_options`) says how many. Its recomputation is the
         evaluator's choice unless --recompute pins it."""
-        k = self.most_stages(cluster, tp, dp, samples, stages_before, meshes_after, devices_before) \
-            if stages is None else stages
-        return MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+        key = (cluster, tp, dp, samples, stages_before, meshes_after, devices_before, stages)
+        if key not in self._meshes:     # (one object per mesh: the tree decodes the same mesh on many paths)
+            k = self.most_stages(*key[:-1]) if stages is None else stages
+            self._meshes[key] = MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+        return self._meshes[key]
 
     def refit(self, shapes, samples: int) -> tuple:
         """Meshes of the given (cluster, TP, DP), in pipeline order, at `samples` per step, each with the stages the
@@ -271,8 +274,8 @@ class SearchSpace(SpaceBounds):
     def _compute_actions(self, path: tuple) -> list:
         order, complete, S, meshes, pending = self.decode(path)
         if not complete:
-            prev = order[-1] if order else None
-            nxt = [c for c in self.names if c not in order and self.tp[c]
+            prev, taken = order[-1] if order else None, set(order)
+            nxt = [c for c in self.names if c not in taken and self.tp[c]
                    and self._earlier_twins_used(c, order)
                    and (prev is None or self.inventory.link(prev, c) is not None)]
             done = order and all(c in order for c in self.con.use_clusters)   # --use-clusters: all taken part

@@ -18,10 +18,13 @@ docs/search.md ("Bounds") states each with its reasoning.
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 from ..cost.analytic import DEFAULT_CALIBRATION
 from . import costing
+from .bound_terms import BoundTerms
 from .constraints import bound_under_floor, devices_by_cluster, floor_ceiling, price_per_second, time_factor
 from .leaf_bound import split_lower_bound
 from .settings import settings_as_run
@@ -38,7 +41,7 @@ def peak_rate(cluster) -> float:
         cluster.device.vendor)
 
 
-class SpaceBounds:
+class SpaceBounds(BoundTerms):
     """The bounds half of `SearchSpace` (which inherits it): they read the tree it defines (`decode`,
     `actions`, the TP degrees per cluster, the one-layer memory check) and share its caches."""
 
@@ -48,6 +51,8 @@ class SpaceBounds:
         self._bounds: dict = {}
         self._child_bounds: dict = {}
         self._leaf_bounds: dict = {}
+        self._joinable_compute = None       # order_bound's compute term while every cluster may still join
+        self._init_terms()
         self.leaf_links = False         # leaf_bound with the boundaries' share of the period (re-planning's)
         self._flops = model.model_flops_per_token() * gbs * model.seq_length
         self._rate = {c.name: peak_rate(c) for c in self.inventory.clusters}
@@ -85,6 +90,8 @@ class SpaceBounds:
 
     def order_bound(self, order: tuple, complete: bool) -> float:
         """No plan whose pipeline starts with `order` (is `order`, when complete) runs faster than this."""
+        if not complete:
+            return self._order_bound(order, False)      # (from the order's cached figures: no cache of its own)
         key = ("order", order, complete)
         b = self._fits.get(key)
         if b is None:
@@ -92,11 +99,20 @@ class SpaceBounds:
         return b
 
     def _order_bound(self, order: tuple, complete: bool) -> float:
-        names = order if complete else [c for c in self.names if c in order or self.tp[c]]
-        bound = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
-        for a, b in zip(order, order[1:]):
-            bound = max(bound, self._act_bytes[a] / self.inventory.link(a, b).bytes_per_s)
-        return bound
+        all_tp, slowest_link = self._order_links(order)
+        if not complete and all_tp:
+            # the clusters that may still join are those with a TP degree, whatever the order: the same sum for
+            # every open order (a 20-cluster inventory bounds hundreds of thousands of them)
+            if self._joinable_compute is None:
+                names = [c for c in self.names if self.tp[c]]
+                self._joinable_compute = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
+            bound = self._joinable_compute
+        else:
+            names = order if complete else [c for c in self.names if c in order or self.tp[c]]
+            bound = COMPUTE_SLACK * self._flops / sum(self._rate[c] for c in names)
+        # each link of the order: the whole iteration's activations crossing it once (the largest of them, kept
+        # along the order: max takes one of its arguments, so in any order the same float)
+        return bound if slowest_link is None else max(bound, slowest_link)
 
     def leaf_bound(self, choices: tuple, ev) -> float:
         """A lower bound on the objective of a finished layout (one the tree holds or a local-search move): the
@@ -284,22 +300,25 @@ class SpaceBounds:
         The stage times sum to at least L x the fastest per-layer time, plus for each middle stage what its
         layer costs above the fastest."""
         m = self.gbs // S
-        rate, fastest = 0.0, math.inf
-        middle = []                     # per-layer time of each stage that must hold a layer
         done = complete and len(meshes) == len(order)       # a leaf: the last mesh's last stage is an end too
-        for i, c in enumerate(meshes):
-            per = self.layer_time(c.cluster, c.tp, c.dp, c.micro_batch_size)
-            rate += c.num_stages / per
-            fastest = min(fastest, per)
-            middle += [per] * max(0, c.num_stages - (i == 0) - (done and i == len(meshes) - 1))
+        rate, fastest, middle = self._meshes_terms(meshes, done)
+        middle = list(middle)           # per-layer time of each stage that must hold a layer
         rest = order[len(meshes):] if complete else [c for c in self.names if c not in order and self.tp[c]]
         for i, cl in enumerate(rest):
             if i == 0 and isinstance(pending, tuple):     # TP and DP decided, the stages not yet (cost objective)
                 tp, dp = pending
                 best = (self.mesh_rate(cl, tp, dp, S), self.layer_time(cl, tp, dp, S // dp))
-            else:
-                tps = [pending] if i == 0 and pending is not None else self.tp[cl]
-                best = self._best_shape(cl, S, tps)
+            elif (i == 0 and pending is not None) or not complete:
+                best = self._best_shape(cl, S, [pending] if i == 0 and pending is not None else self.tp[cl])
+            else:   # the clusters from here on at their best shapes, from a list the node's children share
+                shapes = self._rest_shapes(rest[i:], S)
+                if shapes is None:
+                    return math.inf
+                rates, pers = shapes
+                rate = functools.reduce(operator.add, rates, rate)      # (added one by one, as below)
+                fastest = min(fastest, *pers)
+                middle += pers[0 if meshes or i else 1:-1]
+                break
             if best is None:
                 if complete:
                     return math.inf
