@@ -46,6 +46,17 @@ def set_partitions_into(items: list, k: int):
 EXACT_PATH_MAX = 8
 
 
+def _joined(adj: list) -> bool:
+    """Whether the links `adj` (per cluster, its neighbours) join every cluster (a walk from the first)."""
+    seen, todo = {0}, [0]
+    while todo:
+        for j in adj[todo.pop()]:
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return len(seen) == len(adj)
+
+
 def _bottleneck_spanning_tree(n: int, bw: dict) -> float:
     """The narrowest link of the widest spanning tree (Kruskal, widest links first); 0 when the block is not
     connected (then no order through it exists either)."""
@@ -134,6 +145,12 @@ class PartitionBound:
             return _bottleneck_spanning_tree(n, bw)
         for t in sorted(set(bw.values()), reverse=True):
             adj = [[j for j in range(n) if bw.get((i, j), 0.0) >= t] for i in range(n)]
+            # what decides without the programme: no path through a cluster without a link or through clusters
+            # not joined at all; and every cluster linked to half of them or more is a cycle through all (Dirac)
+            if min(map(len, adj)) == 0 or not _joined(adj):
+                continue
+            if 2 * min(map(len, adj)) >= n:
+                return t
             reach = [0] * (1 << n)          # reach[mask]: bitset of end clusters of a path covering mask
             for i in range(n):
                 reach[1 << i] |= 1 << i
