@@ -172,6 +172,18 @@ def test_simulate_plan_reports_every_stage_and_memory():
     assert simulate(heavier, inv).memory_gib[0] > est.memory_gib[0]
 
 
+def test_a_meshs_settings_are_checked_whatever_was_built_before():
+    """Every mesh reduces its settings' overrides to those that change something (settings.minimal_overrides, once
+    per TP and overrides: the search's groups alongside build thousands of meshes). An override of 0 is no
+    true/false even after a mesh with false (equal keys of a cache, 0 == False) was built; 0.0 dropout after 0.1."""
+    from hetauto_megatron.errors import InputError
+    off = Mesh("a", "h800", 2, 4, 1, "none", (8,), {"distributed_optimizer": False, "hidden_dropout": 0.1})
+    assert off.setting_overrides == (("distributed_optimizer", False), ("hidden_dropout", 0.1))
+    with pytest.raises(InputError, match="must be true or false, got 0"):
+        Mesh("a", "h800", 2, 4, 1, "none", (8,), {"distributed_optimizer": 0, "hidden_dropout": 0.1})
+    assert Mesh("a", "h800", 2, 4, 1, "none", (8,), {"hidden_dropout": 0.0}).setting_overrides == ()
+
+
 def test_recorded_events_cover_every_operation():
     f, b, link, m = [1.0, 2.0, 1.5], [2.0, 4.0, 3.0], [0.5, 2.5], 6
     t = simulate_1f1b(f, b, link, m, record=True)

@@ -171,8 +171,23 @@ def settings_as_run(tp: int, overrides: tuple = (), engine: str = DEFAULT_ENGINE
 
 def minimal_overrides(tp: int, overrides) -> tuple:
     """The overrides that change something, as sorted (key, value) pairs: a key whose value the others already
-    imply is dropped, so equal settings give equal overrides (and equal meshes)."""
+    imply is dropped, so equal settings give equal overrides (and equal meshes). Cached per TP and overrides, with
+    their types (True and 1 are equal keys): every mesh built runs it (the search's groups alongside, thousands)."""
     items = dict(overrides)
+    try:
+        key = (type(tp), tp, tuple((k, type(v), v) for k, v in sorted(items.items())))
+        hash(key)
+    except TypeError:               # (a value that cannot be a key: resolved as it is)
+        return _minimal_overrides(tp, items)
+    return _cached_minimal_overrides(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_minimal_overrides(key: tuple) -> tuple:
+    return _minimal_overrides(key[1], {k: v for k, _, v in key[2]})
+
+
+def _minimal_overrides(tp: int, items: dict) -> tuple:
     settings = resolve_settings(tp, items)      # validates
     keep = {}
     for key in sorted(items):
