@@ -9,6 +9,16 @@ from helpers import ROOT
 
 from hetauto_megatron.cli import main
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Where each test runs under the two workers pytest.ini starts (--dist loadgroup): the modules marked `ranks`
+    start several processes that each want a core, so they share one group and run one at a time, never two of
+    them on the 2 cores at once; every other module is a group of its own, so its fixtures are built once."""
+    for item in items:
+        group = "ranks" if item.get_closest_marker("ranks") else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 TINY_PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
 
 

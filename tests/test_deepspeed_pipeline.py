@@ -22,6 +22,8 @@ from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.engines import as_run_by
 from hetauto_megatron.plan.simulate import padded_model, plan_choices
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 STEPS, LR, DATA_SEED = 3, 1e-2, 7
 # One vendor (cpu), TP 1 and DP 2 and micro-batch 1 everywhere, 5 + 3 layers, full recomputation in the
 # second cluster: DeepSpeed can express it (its gap: the uneven split, which is what hetauto.partition carries).

@@ -5,7 +5,11 @@ side waited HETAUTO_TIMEOUT_S in a pipeline receive or Megatron's closing barrie
 traceback. Now every rank stops at once with one paragraph naming the flags and each cluster's value (exit 2)."""
 import re
 
+import pytest
+
 from test_world_store import _joined_ranks  # one process per rank, joined through the world store
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
 # two one-rank clusters, one stage each
 PLAN_YAML = """\

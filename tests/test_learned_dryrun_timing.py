@@ -7,6 +7,8 @@ import pytest
 
 from helpers import ROOT
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 PLANS = os.path.join(ROOT, "examples", "llama", "plans")
 
 

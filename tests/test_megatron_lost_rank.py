@@ -28,6 +28,8 @@ from hetauto_megatron.runtime.launcher import free_port
 from hetauto_megatron.runtime.liveness import LOST_PEER_EXIT
 from hetauto_megatron.runtime.ranks import describe_rank
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 # Runs the patched script as its __main__; in the dying rank, first makes the chosen Megatron function end the
 # process instead of running (the collective's other side then waits on a process that is gone).
 DYING = r'''

@@ -19,6 +19,8 @@ from hetauto_megatron.emit.megatron import emit_megatron
 from hetauto_megatron.megatron import demo
 from hetauto_megatron.plan.plan import load_plan
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TWO_RANKS = r"""

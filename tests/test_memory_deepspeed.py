@@ -33,6 +33,8 @@ from hetauto_megatron.plan.settings import resolve_settings
 from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.devices import get_device
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 TOLERANCE = 0.10
 MBS, MICRO = 2, 4
 MODEL = {"preset": "tiny", "num_layers": 6, "vocab_size": 256}     # logits 4x a boundary tensor

@@ -50,6 +50,8 @@ from hetauto_megatron.emit.deepspeed import emit_deepspeed
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.engines import as_run_by
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 TOLERANCE = 0.10
 MBS, MICRO = 2, 4
 # A plain MLP of 255 hidden units (with its biases, as Megatron builds a plain MLP): an odd parameter count per

@@ -24,6 +24,8 @@ import yaml
 
 from hetauto_megatron.cli import main
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 ACTIVATIONS_TOLERANCE = 0.10
 # Overlapped boundaries' tensors (messages held, pieces, sends in flight) are priced as the runtime holds them: those
 # runs' activations within 1 % (what is left: the dry run's causal mask and rope table, 1,280 bytes at most, kept

@@ -18,6 +18,8 @@ from hetauto_megatron.runtime.layout import PipelineLayout
 from hetauto_megatron.runtime.train import CLIP_GRAD
 from hetauto_megatron.runtime.transfers import Share
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 PLAN = "examples/llama/plans/tiny-alongside-cpu.yaml"
 STEPS = 3
 

@@ -13,6 +13,8 @@ from hetauto_megatron.runtime.launcher import LaunchError, launch
 from hetauto_megatron.runtime.ranks import global_rank, rank_coords, validate_launch
 from hetauto_megatron.spec.model import PRESETS
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 TINY = PRESETS["tiny"].to_dict()
 
 

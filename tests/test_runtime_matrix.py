@@ -21,6 +21,8 @@ from hetauto_megatron.runtime.gradients import owned_interval
 from hetauto_megatron.runtime.train import CLIP_GRAD
 from hetauto_megatron.spec.model import PRESETS
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 TINY = PRESETS["tiny"].to_dict()  # 8 layers, 4 heads, 2 key/value groups
 TIED = {**TINY, "tie_embeddings": True}
 STEPS = 3

@@ -13,6 +13,8 @@ from hetauto_megatron.runtime import host_staging
 from hetauto_megatron.runtime.dryrun import run_dryrun
 from hetauto_megatron.spec.model import PRESETS
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 TINY = PRESETS["tiny"].to_dict()
 
 

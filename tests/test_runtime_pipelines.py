@@ -20,6 +20,8 @@ from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.runtime.train import CLIP_GRAD
 from hetauto_megatron.spec.model import model_from_dict
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 PLAN = "examples/llama/plans/tiny-2pipelines-cpu.yaml"
 STEPS = 3
 

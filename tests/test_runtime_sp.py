@@ -15,6 +15,8 @@ from test_runtime_matrix import TINY, plan
 from hetauto_megatron.runtime.dryrun import run_dryrun
 from hetauto_megatron.runtime.train import CLIP_GRAD
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 GPT2_VOCAB = 50257
 
 
