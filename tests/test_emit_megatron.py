@@ -382,6 +382,9 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
     # torchrun refused these ports on every node, with its usage text ('abc') or a ValueError traceback (70000)
     *[({"CLUSTER_MASTER_PORT": p}, f"CLUSTER_MASTER_PORT={p} is not a TCP port: set it to a port from 1 to 65535")
       for p in ("abc", "0", "70000", "-1")],
+    # every worker refused these (megatron/world_store.py), after torchrun had started on every node
+    *[({"HETAUTO_MASTER_PORT": p}, f"HETAUTO_MASTER_PORT={p} is not a TCP port: set it to a port from 1 to 65535")
+      for p in ("abc", "0", "70000", "2²")],
     # every worker refused them (megatron/timeouts.py), after torchrun had started on every node
     *[({"HETAUTO_TIMEOUT_S": s}, f"HETAUTO_TIMEOUT_S={s} is not a positive number of seconds: unset it (default 600)")
       for s in ("-5", "abc", "0", "nan")],

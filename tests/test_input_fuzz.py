@@ -570,7 +570,8 @@ def test_garbled_search_record_is_named_by_explain(search, field, tmp_path, caps
 
 # ---- the launch environment the --hetauto hook reads on every torchrun worker ----------------------------------
 @pytest.mark.parametrize("name, value", [("HETAUTO_TIMEOUT_S", "nan"), ("HETAUTO_TIMEOUT_S", "inf"),
-                                         ("HETAUTO_MASTER_PORT", "http"), ("HETAUTO_MASTER_PORT", "70000")])
+                                         ("HETAUTO_MASTER_PORT", "http"), ("HETAUTO_MASTER_PORT", "70000"),
+                                         ("HETAUTO_MASTER_PORT", "2\u00b2")])     # a digit int() does not read
 def test_launch_environment_figures(name, value, monkeypatch):
     """Read before the process groups are made: a NaN timeout or a port that is not one stopped every rank with a
     bare ValueError/OverflowError inside torch; now one InputError (the hook's excepthook prints it, exit 2)."""

@@ -221,6 +221,12 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         '(( 10#$CLUSTER_MASTER_PORT >= 1 && 10#$CLUSTER_MASTER_PORT <= 65535 )) || refuse '
         f'"CLUSTER_MASTER_PORT=$CLUSTER_MASTER_PORT is not a TCP port: set it to a port from 1 to 65535 that node 0 '
         f'of this {unit} has free, or unset it ({DEFAULT_CLUSTER_PORT})"',
+        # every worker refused it (megatron/world_store.py master_port), after torchrun had started on every node
+        f'HETAUTO_MASTER_PORT="${{HETAUTO_MASTER_PORT:-{DEFAULT_GLOBAL_PORT}}}"',
+        '[[ $HETAUTO_MASTER_PORT =~ ^[0-9]{1,9}$ ]] && '
+        '(( 10#$HETAUTO_MASTER_PORT >= 1 && 10#$HETAUTO_MASTER_PORT <= 65535 )) || refuse '
+        '"HETAUTO_MASTER_PORT=$HETAUTO_MASTER_PORT is not a TCP port: set it to a port from 1 to 65535 that global '
+        f'rank 0\'s host has free, the same on every cluster, or unset it ({DEFAULT_GLOBAL_PORT})"',
         # every worker refused it (megatron/timeouts.py); its rule: a Python float (digits, a fraction, an exponent,
         # '_' between digits, spaces around) above 0 (one too large for a float, 1e999, only the workers refuse)
         f'HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
@@ -234,7 +240,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         f"export HETAUTO_RANK_OFFSET={la.rank_offset}",
         f"export HETAUTO_WORLD_SIZE={plan.world_size}",
         "export HETAUTO_MASTER_ADDR",
-        f'export HETAUTO_MASTER_PORT="${{HETAUTO_MASTER_PORT:-{DEFAULT_GLOBAL_PORT}}}"',
+        "export HETAUTO_MASTER_PORT",
         "export HETAUTO_TIMEOUT_S",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

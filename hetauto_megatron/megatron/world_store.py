@@ -69,7 +69,7 @@ def master_port(env=None) -> str:
     env = os.environ if env is None else env
     name = "HETAUTO_MASTER_PORT" if env.get("HETAUTO_MASTER_PORT") else "MASTER_PORT"
     raw = env.get(name) or DEFAULT_PORT
-    if not (raw.strip().isdigit() and 0 < int(raw) < 65536):
+    if not (raw.strip().isascii() and raw.strip().isdigit() and 0 < int(raw) < 65536):   # ('²' is a digit)
         raise InputError(f"{name}={raw!r} is not a TCP port", field=name,
                          fix="set it as the launch command from 'hetauto emit megatron' does (a port from 1 to "
                              "65535 that global rank 0's host has free)")
