@@ -1,22 +1,40 @@
 """Fixtures several test modules share: each costs real processes, so it runs once per test session."""
 import contextlib
+import functools
 import io
 import json
 import os
+import re
 
 import pytest
 from helpers import ROOT
 
 from hetauto_megatron.cli import main
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Where each test runs under the two workers pytest.ini starts (--dist loadgroup): the modules marked `ranks`
-    start several processes that each want a core, so they share one group and run one at a time, never two of
-    them on the 2 cores at once; every other module is a group of its own, so its fixtures are built once."""
-    for item in items:
-        group = "ranks" if item.get_closest_marker("ranks") else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
+_RANKS_MARK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.ranks\b", re.MULTILINE)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """How the two workers pytest.ini starts share the tests: a module at a time (its fixtures are built once), and
+    the modules marked `ranks` (`pytestmark = pytest.mark.ranks`: they start several processes that each want a
+    core) as one unit, so they run one after another on one worker, never two of them on the 2 cores at once. The
+    test ids stay as they are (a failure's id can be run again, --lf works)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class ModulesAndRanks(LoadScopeScheduling):
+        @functools.cache
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            try:
+                marked = _RANKS_MARK.search((root / module).read_text())
+            except OSError:
+                marked = None
+            return "ranks" if marked else module
+
+    return ModulesAndRanks(config, log)
 
 
 TINY_PLAN = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2clusters-cpu.yaml")

@@ -13,6 +13,8 @@ from helpers import record_calls, record_instructions
 
 from hetauto_megatron.spec.model import PRESETS
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 MODEL, MICRO, MICRO_BATCHES, TP = PRESETS["tiny"], 2, 4, 2
 
 

@@ -21,6 +21,8 @@ from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.runtime.launcher import launch
 from hetauto_megatron.spec.model import ModelSpec
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 MODEL = ModelSpec(name="pin", num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2,
                   ffn_hidden_size=512, vocab_size=1000, seq_length=16, tie_embeddings=True)
 PLAN = Plan(MODEL, 4, (Mesh("c", "cpu", 1, 2, 1, "none", (1, 1)),))

@@ -19,6 +19,8 @@ from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.spec.inventory import inventory_from_dict
 from hetauto_megatron.spec.model import PRESETS
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 NAMES = ["a", "b", "c"]
 
 

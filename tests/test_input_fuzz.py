@@ -17,6 +17,8 @@ from helpers import ROOT, run_cli
 
 from hetauto_megatron import cli
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_INV = os.path.join(REPO, "examples", "llama", "inventory-cpu-dryrun.yaml")
 with open(CPU_INV) as _fh:

@@ -8,6 +8,8 @@ import pytest
 from hetauto_megatron.cli import main
 from hetauto_megatron.cost import learned as L
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 H200 = {k: os.path.join(L.H200_DATA, f) for k, f in (("ops", "profile-h200.jsonl"), ("layers", "layers-h200.jsonl"),
                                                       ("full", "profile-h200-full-grid-part.jsonl"))}
 

@@ -1,10 +1,13 @@
 """probe-link between two local processes: a bandwidth and a latency, printed as a parseable inventory link."""
 import json
 
+import pytest
 import yaml
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.spec.inventory import inventory_from_dict
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
 
 def test_probe_link_local_reports_bandwidth_and_latency_as_inventory_link(capsys):

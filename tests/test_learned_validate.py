@@ -12,6 +12,8 @@ from hetauto_megatron.plan.simulate import simulate
 from hetauto_megatron.runtime.dryrun import prepare_plan
 from hetauto_megatron.spec.inventory import load_inventory
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 PLAN = TINY_PLAN
 
 

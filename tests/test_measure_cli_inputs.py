@@ -14,6 +14,8 @@ from hetauto_megatron.cost import features as F
 from hetauto_megatron.cost.learned import PROFILE_FORMAT
 from hetauto_megatron.measure.grids import GRIDS, grid_ops
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 
 def write_tiny_profile(path, *, threads: int = 1, rows: int | None = None) -> None:
     """A CPU operator profile of the tiny grid as 'hetauto profile --grid tiny' writes it (header, then a row per

@@ -30,6 +30,8 @@ from hetauto_megatron.plan.plan import Mesh, Plan
 from hetauto_megatron.runtime.launcher import launch
 from hetauto_megatron.spec.model import ModelSpec
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 MODEL = ModelSpec(name="pin", num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2,
                   ffn_hidden_size=512, vocab_size=1000, seq_length=16)
 GPT_ODD = ModelSpec(name="gpt-odd", num_layers=2, hidden_size=48, num_attention_heads=4, num_query_groups=4,

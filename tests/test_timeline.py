@@ -12,6 +12,8 @@ from helpers import CPU_INVENTORY, ROOT
 from hetauto_megatron.cli import main
 from hetauto_megatron.plan.plan import load_plan
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 FIELDS = ("name", "ph", "ts", "dur", "pid", "tid")
 
 

@@ -8,9 +8,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from test_torchrun_port import HETAUTO_TORCHRUN
 
 from hetauto_megatron.runtime.launcher import free_port
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
 # node 1's agent: hetauto-torchrun with a second between its check-in at the exit barrier and its wait for the key
 LATE_AGENT = """

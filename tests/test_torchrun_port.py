@@ -6,6 +6,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 HETAUTO_TORCHRUN = os.path.join(os.path.dirname(sys.executable), "hetauto-torchrun")
 
 

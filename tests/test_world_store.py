@@ -11,6 +11,8 @@ from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import world_store
 from hetauto_megatron.runtime.launcher import free_port
 
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 
 def test_a_refusal_posted_by_another_rank_stops_the_host_at_once():
     port, caught = free_port(), {}

@@ -10,6 +10,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hetauto_megatron.runtime.launcher import free_port
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
 
 def test_a_rank_started_twice_is_refused_at_once_and_the_others_join():
