@@ -1,4 +1,5 @@
-"""Fixtures several test modules share: each costs real processes, so it runs once per test session."""
+"""How the suite's two workers share the modules (pytest_xdist_make_scheduler), and the fixtures several test modules
+share: each costs real processes, so it runs once per test session (on each worker that needs it)."""
 import contextlib
 import functools
 import io
