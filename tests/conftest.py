@@ -23,17 +23,17 @@ def pytest_xdist_make_scheduler(config, log):
     test ids stay as they are (a failure's id can be run again, --lf works)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    root = config.rootpath
+    @functools.cache            # (once per module, not per test)
+    def scope(module: str) -> str:
+        try:
+            marked = _RANKS_MARK.search((config.rootpath / module).read_text())
+        except OSError:
+            marked = None
+        return "ranks" if marked else module
 
     class ModulesAndRanks(LoadScopeScheduling):
-        @functools.cache
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            try:
-                marked = _RANKS_MARK.search((root / module).read_text())
-            except OSError:
-                marked = None
-            return "ranks" if marked else module
+            return scope(nodeid.split("::", 1)[0])
 
     return ModulesAndRanks(config, log)
 

@@ -300,10 +300,10 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
                              fix=f"pass the file's thread count (--threads {old['threads']}) to resume it, or write "
                                  "to another --out directory")
         done = {r.get("key") for r in rows}
-        grids = profile_grids(old)
-        if not holds_grid(grids, grid_entry(grid, seed)):     # this run adds another grid's rows: the header says so
+        grids, entry = profile_grids(old), grid_entry(grid, seed)
+        if not holds_grid(grids, entry):     # this run adds another grid's rows: the header says so
             old.pop("grid", None)       # (the single name of a file written before the list)
-            _replace_header(out_path, {**old, "grids": grids + [grid_entry(grid, seed)]})
+            _replace_header(out_path, {**old, "grids": grids + [entry]})
     else:
         # before any timing: an --out the system refuses (e.g. under /proc) is named at once
         make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")
