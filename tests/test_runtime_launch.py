@@ -9,6 +9,7 @@ from hetauto_megatron.cli import main
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.runtime.device import backend_for, check_local_device, init_backend, torch_device_for
+from hetauto_megatron.runtime import launcher
 from hetauto_megatron.runtime.launcher import LaunchError, launch
 from hetauto_megatron.runtime.ranks import global_rank, rank_coords, validate_launch
 from hetauto_megatron.spec.model import PRESETS
@@ -22,6 +23,19 @@ def two_cluster_plan(dev_a="cpu", dev_b="cpu"):
     return plan_from_dict({"version": 1, "model": TINY, "global_batch_size": 4, "meshes": [
         {"cluster": "a", "device_type": dev_a, "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [2, 2]},
         {"cluster": "b", "device_type": dev_b, "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4]}]})
+
+
+def test_rendezvous_ports_come_from_below_the_kernels_own_range():
+    """A port checked free and bound later must not be one the kernel hands out meanwhile (another launch's
+    connections and gloo's port-0 listeners take ports of the ephemeral range)."""
+    with open(launcher._EPHEMERAL_RANGE_FILE) as f:
+        low = int(f.read().split()[0])          # the kernel's own statement, not the module's reading of it
+    ports = [launcher.free_port() for _ in range(20)]
+    assert all(10000 <= p < low for p in ports), (low, ports)
+    assert len(set(ports)) > 10                  # drawn, not one fixed number two workers would share
+    import socket
+    with socket.socket() as held:                # each is free: a listener can take it
+        held.bind(("127.0.0.1", ports[0]))
 
 
 def test_rank_coords_follow_megatron_order_inside_each_mesh():

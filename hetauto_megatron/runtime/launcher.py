@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import sys
@@ -32,7 +33,44 @@ class LaunchError(RuntimeError):
         super().__init__(f"{len(self.failures)} rank(s) failed:\n" + "\n".join(lines))
 
 
+# Where the kernel hands out ports of its own (outgoing connections, and listeners bound to port 0 such as gloo's
+# per-pair ones); Linux says it in this file, other systems default to IANA's 49152-65535.
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 10000     # below: well-known and registered services are common
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A TCP port nobody listens on now, for a rendezvous that binds it a moment later.
+
+    Drawn at random below the kernel's ephemeral range: between this check and the rendezvous's bind, the kernel
+    may give a port of that range to any other process's connection or port-0 listener (another launch's gloo
+    pairs, say), whereas a port below it is taken only by someone choosing that very number. Falls back to a port
+    the kernel picks where the range leaves no room.
+    """
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1000:
+        draw = random.Random()       # its own generator: a caller's random state (seeds) stays untouched
+        for _ in range(64):
+            port = draw.randrange(_LOWEST_PORT, low)
+            if _bindable(port):
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
