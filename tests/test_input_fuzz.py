@@ -572,6 +572,7 @@ def test_garbled_search_record_is_named_by_explain(search, field, tmp_path, caps
 
 # ---- the launch environment the --hetauto hook reads on every torchrun worker ----------------------------------
 @pytest.mark.parametrize("name, value", [("HETAUTO_TIMEOUT_S", "nan"), ("HETAUTO_TIMEOUT_S", "inf"),
+                                         ("HETAUTO_TIMEOUT_S", "1e12"),   # torch's deadlines overflow
                                          ("HETAUTO_MASTER_PORT", "http"), ("HETAUTO_MASTER_PORT", "70000"),
                                          ("HETAUTO_MASTER_PORT", "2\u00b2")])     # a digit int() does not read
 def test_launch_environment_figures(name, value, monkeypatch):
@@ -590,6 +591,7 @@ def test_launch_environment_figures(name, value, monkeypatch):
     (["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--budget-s", "nan"],
      "--budget-s"),
     (["probe-link", "--timeout", "inf"], "--timeout"),
+    (["probe-link", "--timeout", "1e12"], "--timeout"),    # was an OverflowError traceback in Python's poll
 ])
 def test_nonfinite_command_line_figures(argv, field, tmp_path, capsys):
     _written_plan(tmp_path, capsys)

@@ -989,7 +989,7 @@ def test_megatrons_timeout_flag_is_the_timeout_of_every_wait_under_hetauto(monke
     the timeout of every wait between ranks; Megatron's default (10, not typed) leaves HETAUTO_TIMEOUT_S; a typed 10
     is taken. The hook keeps it for every wait it starts. --distributed-timeout-seconds-after-init, which stopped
     every rank after the first iteration with a TypeError in Megatron's update_pg_timeout (its process groups are
-    not the ones under --hetauto), is refused, and so is a timeout of 0 minutes."""
+    not the ones under --hetauto), is refused, and so is a timeout of 0 minutes or of more than a week."""
     from hetauto_megatron.megatron.timeouts import job_timeout_s
     monkeypatch.setenv("HETAUTO_TIMEOUT_S", "90")
     for extra, expected in (([], (90.0, "HETAUTO_TIMEOUT_S")),
@@ -999,7 +999,9 @@ def test_megatrons_timeout_flag_is_the_timeout_of_every_wait_under_hetauto(monke
         assert job_timeout_s(args) == expected, extra
     for extra, field in ((["--distributed-timeout-seconds-after-init", "300"],
                           "--distributed-timeout-seconds-after-init"),
-                         (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes")):
+                         (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes"),
+                         # more than a week: torch's deadlines overflow not far above
+                         (["--distributed-timeout-minutes", "10081"], "--distributed-timeout-minutes")):
         _, args = _megatron_args(monkeypatch, extra)
         with pytest.raises(InputError) as exc:
             job_timeout_s(args)

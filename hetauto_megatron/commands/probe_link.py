@@ -47,6 +47,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from ..emit.megatron import MAX_TIMEOUT_S
     from ..measure.probe_link import MAX_SIZE_MIB, MIN_SIZE_MIB
     for flag, value, ok, want, fix in (
             # the sizes go up from 1 KiB: a smaller limit would leave nothing to probe
@@ -54,8 +55,9 @@ def run(args) -> int:
              f"at least {MIN_SIZE_MIB} MiB (1 KiB: the smallest message the probe sends)",
              f"give --max-size-mib {MIN_SIZE_MIB} or more, e.g. --max-size-mib 64 (the default)"),
             ("--iters", args.iters, args.iters >= 1, "at least 1", "give at least 1, e.g. --iters 5 (the default)"),
-            ("--timeout", args.timeout, 0 < args.timeout < float("inf"), "positive",
-             "give a positive number of seconds, e.g. --timeout 60 (the default)"),
+            ("--timeout", args.timeout, 0 < args.timeout <= MAX_TIMEOUT_S,
+             f"positive, at most a week ({MAX_TIMEOUT_S} s; Python's and torch's clocks overflow not far above)",
+             f"give a positive number of seconds up to {MAX_TIMEOUT_S}, e.g. --timeout 60 (the default)"),
             ("--connections", args.connections, 1 <= args.connections <= 64, "1 to 64",
              "give 1 to 64, e.g. --connections 8")):
         if not ok:

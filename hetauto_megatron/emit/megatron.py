@@ -30,6 +30,10 @@ DEFAULT_SCRIPT = "pretrain_gpt.py"
 DEFAULT_CLUSTER_PORT = 29500    # torchrun rendezvous inside one cluster
 DEFAULT_GLOBAL_PORT = 29600     # the cross-cluster TCP store; differs so both can live on the same node 0
 DEFAULT_TIMEOUT_S = 600
+# The longest wait between ranks a job may ask for: a week, beyond any index build or checkpoint load; much
+# longer ones break torch (its deadlines, now + timeout in nanoseconds, overflow past about 1e9 s: a store
+# connect then timed out at once with a negative timeout, and Python's poll raised OverflowError)
+MAX_TIMEOUT_S = 7 * 86_400
 
 
 # ---- Megatron arguments ------------------------------------------------------------------------------------
@@ -228,13 +232,17 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         '"HETAUTO_MASTER_PORT=$HETAUTO_MASTER_PORT is not a TCP port: set it to a port from 1 to 65535 that global '
         f'rank 0\'s host has free, the same on every cluster, or unset it ({DEFAULT_GLOBAL_PORT})"',
         # every worker refused it (megatron/timeouts.py); its rule: a Python float (digits, a fraction, an exponent,
-        # '_' between digits, spaces around) above 0 (one too large for a float, 1e999, only the workers refuse)
+        # '_' between digits, spaces around) above 0 and at most MAX_TIMEOUT_S
         f'HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
         "digits='[0-9](_?[0-9])*'",
         r'seconds="^[[:space:]]*[+]?($digits(\.($digits)?)?|\.$digits)([eE][+-]?$digits)?[[:space:]]*\$"',
         '[[ $HETAUTO_TIMEOUT_S =~ $seconds && ${HETAUTO_TIMEOUT_S%%[eE]*} == *[1-9]* ]] || refuse '
         f'"HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is not a positive number of seconds: unset it (default '
         f'{DEFAULT_TIMEOUT_S}) or give seconds, e.g. {DEFAULT_TIMEOUT_S}"',
+        # its size: awk reads the number without Python's '_' (1e999 is inf there, as in Python)
+        f'awk -v s="${{HETAUTO_TIMEOUT_S//_/}}" \'BEGIN {{ exit !(s + 0 <= {MAX_TIMEOUT_S}) }}\' || refuse '
+        f'"HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is more than a week ({MAX_TIMEOUT_S} s), the longest wait between '
+        f'ranks a launch may set: give at most {MAX_TIMEOUT_S}, or unset it (default {DEFAULT_TIMEOUT_S})"',
         "",
         "export HETAUTO_CLUSTER",
         f"export HETAUTO_RANK_OFFSET={la.rank_offset}",

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 
+from ..emit.megatron import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from ..errors import InputError
 from .args import ParserDefaultInt
 
-DEFAULT_S = 600.0
+DEFAULT_S = float(DEFAULT_TIMEOUT_S)
 
 
 def env_timeout_s() -> float:
@@ -30,6 +31,10 @@ def env_timeout_s() -> float:
     if not 0 < value < math.inf:      # NaN and inf too: the process groups' timedelta cannot hold them
         raise InputError(f"HETAUTO_TIMEOUT_S={raw!r} is not a positive number of seconds", field="HETAUTO_TIMEOUT_S",
                          fix="unset it (default 600) or give seconds, e.g. 600")
+    if value > MAX_TIMEOUT_S:
+        raise InputError(f"HETAUTO_TIMEOUT_S={raw!r} is more than a week ({MAX_TIMEOUT_S} s), the longest wait "
+                         "between ranks a run may set (torch's deadlines overflow not far above)",
+                         field="HETAUTO_TIMEOUT_S", fix=f"give at most {MAX_TIMEOUT_S}, or unset it (default 600)")
     return value
 
 
@@ -48,6 +53,12 @@ def job_timeout_s(args) -> tuple[float, str]:
     minutes = getattr(args, "distributed_timeout_minutes", None)
     if minutes is None or isinstance(minutes, ParserDefaultInt):
         return env_timeout_s(), "HETAUTO_TIMEOUT_S"
+    if minutes > MAX_TIMEOUT_S / 60:
+        raise InputError(f"--distributed-timeout-minutes {minutes}: more than a week ({MAX_TIMEOUT_S // 60} minutes), "
+                         "the longest wait between ranks a run may set (torch's deadlines overflow not far above)",
+                         field="--distributed-timeout-minutes",
+                         fix=f"give at most {MAX_TIMEOUT_S // 60} minutes, or drop the flag (HETAUTO_TIMEOUT_S, "
+                             "default 600 s, then applies)")
     if minutes <= 0:
         raise InputError(f"--distributed-timeout-minutes {minutes}: a timeout must be a positive number of minutes",
                          field="--distributed-timeout-minutes",
