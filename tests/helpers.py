@@ -348,7 +348,8 @@ def side_by_side(fn, jobs, timeout: float = 600) -> list:
     """[fn(job) for job in jobs], computed in processes forked from this one, as many at once as this machine has
     cores (each takes every k-th job, in order, so jobs that share a cache still share it). For tests that check a
     pure, single-threaded computation (the planner's searches, their brute-force references) on several independent
-    instances: pytest runs one test at a time, so a second core is otherwise idle. The results come back pickled;
+    instances: a test's core is otherwise the only one it uses, and when the other pytest worker (pytest.ini) waits
+    or runs one process, the second core is idle; when both are busy the system shares them. The results come back pickled;
     an exception in a job (a failed assert) is raised here with the job's own traceback, and a job still running
     after `timeout` seconds fails the test. Forked children see this process's state (monkeypatches, fixtures), so
     `fn` may be a closure; nothing they change comes back but the results."""
