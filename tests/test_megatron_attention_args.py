@@ -3,11 +3,14 @@
 the plan priced Transformer Engine's fused attention (no s x s scores kept) on devices and precisions that have it
 (bf16 on an H800), its unfused attention in fp32 or on a V100. A flag that makes a fused-priced mesh run unfused
 attention must be refused by the --hetauto rewrite, naming it."""
+import sys
+
 import pytest
 from helpers import parse_emitted as _parse, rank0_placement as _placement
 
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import rewrite
+from hetauto_megatron.megatron.args import hetauto_args_provider
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.spec.model import PRESETS
 
@@ -47,3 +50,32 @@ def test_attention_the_plan_priced_runs(monkeypatch, device, precision, extra):
     margs, args = _parse(monkeypatch, plan, extra)
     rewrite.rewrite_args(args, plan, _placement(plan))
     margs.validate_args(args, {})
+
+
+def test_no_attention_mask_from_the_data_loader_as_priced(monkeypatch):
+    """Megatron-LM's default makes the data loader build an s x s boolean mask per sample, copied to the first and
+    last stages and broadcast over TP every micro-batch (pretrain_gpt.py get_batch reads
+    args.create_attention_mask_in_dataloader), which the plan prices neither in memory nor in time and a causal
+    model's attention does not read. The launch scripts turn it off, and so does the rewrite where a launch left the
+    flag out; --reset-attention-mask, whose document cuts live in that mask, keeps it. Before: NVIDIA's default ran,
+    and only the demo's own command line turned it off."""
+    import megatron.training.arguments as margs
+
+    from hetauto_megatron.emit.megatron import megatron_args
+
+    plan = _plan("h800", "bf16")
+    emitted = megatron_args(plan, 0, "plan.yaml")
+    _, args = _parse(monkeypatch, plan, [])
+    assert "--no-create-attention-mask-in-dataloader" in emitted and args.create_attention_mask_in_dataloader is False
+    # a launch of its own without the flag: Megatron's parser builds the mask; the rewrite turns it off
+    monkeypatch.setattr("sys.argv", [a for a in sys.argv if a != "--no-create-attention-mask-in-dataloader"])
+    args = margs.parse_args(hetauto_args_provider())
+    assert args.create_attention_mask_in_dataloader is True
+    rewrite.rewrite_args(args, plan, _placement(plan))
+    margs.validate_args(args, {})
+    assert args.create_attention_mask_in_dataloader is False
+    # document-level masking needs the mask: left as Megatron builds it
+    monkeypatch.setattr("sys.argv", [*sys.argv, "--reset-attention-mask"])
+    args = margs.parse_args(hetauto_args_provider())
+    rewrite.rewrite_args(args, plan, _placement(plan))
+    assert args.create_attention_mask_in_dataloader is True and args.reset_attention_mask

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from ..errors import InputError
 from ..plan.layout import PipelineLayout, megatron_layout
-from ..plan.megatron_flags import layer_args, megatron_setting_args, precision_args
+from ..plan.megatron_flags import job_setting_args, layer_args, megatron_setting_args, precision_args
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
 from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY, ROTARY_BASE
 from .launches import Launch, plan_launches
@@ -116,10 +116,11 @@ def mesh_args(mesh: Mesh, precision: str = "bf16") -> list[str]:
 
 
 def job_args(plan: Plan, pipeline: int = 0) -> list[str]:
-    """Arguments every rank of one pipeline shares: its pipeline, the model and the job's global batch (the
-    --hetauto hook gives each mesh its share of it). The padded vocabulary is not a flag: the hook gives every
-    mesh the plan's one padded size."""
-    return [*pipeline_args(plan, pipeline), *model_args(plan), "--global-batch-size", str(plan.global_batch_size)]
+    """Arguments every rank of one pipeline shares: its pipeline, the model, the job's global batch (the
+    --hetauto hook gives each mesh its share of it) and what every launch runs (megatron_flags.JOB_ARGS). The
+    padded vocabulary is not a flag: the hook gives every mesh the plan's one padded size."""
+    return [*pipeline_args(plan, pipeline), *model_args(plan), "--global-batch-size", str(plan.global_batch_size),
+            *job_setting_args()]
 
 
 def plan_mesh_args(plan: Plan, mesh_index: int) -> list[str]:

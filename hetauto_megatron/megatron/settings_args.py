@@ -9,7 +9,8 @@ or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the pl
 what the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
 value, and a value the user gave (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh
 runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size), and a
-mesh of CPU processes Megatron's local layers without fused kernels (megatron_flags.CPU_LAYER_ARGS), as priced.
+mesh of CPU processes Megatron's local layers without fused kernels (megatron_flags.CPU_LAYER_ARGS), as priced, and
+every rank what every launch runs (megatron_flags.JOB_ARGS: no attention mask from the data loader).
 
 Apart from rewrite.py, which applies these values with the parallel layout: this is the one place that reads
 the plan's per-mesh settings table for Megatron's arguments (pure functions, no torch).
@@ -17,7 +18,7 @@ the plan's per-mesh settings table for Megatron's arguments (pure functions, no 
 from __future__ import annotations
 
 from ..errors import InputError
-from ..plan.megatron_flags import CPU_LAYER_ARGS, MEGATRON_ARGS, megatron_values
+from ..plan.megatron_flags import CPU_LAYER_ARGS, JOB_ARGS, MEGATRON_ARGS, megatron_values
 from ..plan.plan import Plan
 from ..plan.vocab_padding import padded_vocab_size
 from ..runtime.ranks import RankCoords
@@ -121,6 +122,12 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
                                  f"for a model file with make_vocab_size_divisible_by: {given} (docs/inputs.md)")
     out["padded_vocab_size"] = padded
     out["make_vocab_size_divisible_by"] = padded // mesh.tp
+    # What every launch runs (JOB_ARGS), also where the launch left the flags out. --reset-attention-mask cuts the
+    # data loader's mask at document ends, which Megatron then needs: its mask is left on (and unpriced) there.
+    job = {arg: value for arg, (_, value) in JOB_ARGS.items()}
+    if getattr(args, "reset_attention_mask", False):
+        job.pop("create_attention_mask_in_dataloader")
+    out.update(job)
     return out
 
 

@@ -1,5 +1,5 @@
 """The Megatron-LM spelling of what a plan decides per mesh: its runtime settings, the job's precision, and on CPU
-processes the layers (CPU_LAYER_ARGS).
+processes the layers (CPU_LAYER_ARGS), and what every launch runs (JOB_ARGS).
 
 Apart from plan/settings.py (what the settings are, their defaults and overrides) because this is how Megatron-LM
 names them: one table of Megatron attributes and flags (`MEGATRON_ARGS`), filled for one mesh by
@@ -51,6 +51,17 @@ CPU_LAYER_ARGS = {
     "apply_rope_fusion": ("--no-rope-fusion", False),
 }
 
+# What every launch of a plan runs, whatever its meshes: Megatron attribute -> (its flag, the value the flag gives it).
+# No attention mask made by the data loader: at Megatron-LM's default the first and last stages load, per micro-batch,
+# an s x s boolean mask per sample (GPTDataset; core/utils.py get_batch_on_this_tp_rank copies it to the device and
+# broadcasts it over TP: 16 MiB a sample at 4,096 tokens, 1 GiB at 32,768) that a causal model's attention does not
+# read (Transformer Engine's causal kernels; the local layers' softmax builds its causal mask itself when given
+# none: fusions/fused_softmax.py). The plan prices neither its bytes nor its broadcast. Megatron needs it only where
+# --reset-attention-mask cuts it at document ends (settings_args.py leaves it on there).
+JOB_ARGS = {
+    "create_attention_mask_in_dataloader": ("--no-create-attention-mask-in-dataloader", False),
+}
+
 
 def megatron_values(s: RuntimeSettings, precision: str = DEFAULT_PRECISION) -> dict:
     """{Megatron attribute: value} for one mesh's settings at the job's precision (keys of MEGATRON_ARGS; a
@@ -94,6 +105,11 @@ def megatron_setting_args(s: RuntimeSettings, precision: str = DEFAULT_PRECISION
 def precision_args(precision: str) -> list[str]:
     """Megatron-LM flags for the job's training precision (fp32: none, Megatron's default)."""
     return _flags(megatron_values(default_settings(1), precision), from_precision=True)
+
+
+def job_setting_args() -> list[str]:
+    """Megatron-LM flags every launch of a plan carries (JOB_ARGS)."""
+    return [flag for flag, _ in JOB_ARGS.values()]
 
 
 def layer_args(device_type: str) -> list[str]:
