@@ -55,3 +55,21 @@ def test_explain_of_two_pipelines_gives_the_cost_per_token(tmp_path):
     # unpriced: the key is there, null
     assert run_json("explain", "--plan", TWO_PIPELINES, "--inventory", TWO_PIPELINES_INVENTORY,
                     "--no-search")["cost_per_million_tokens"] is None
+
+
+def test_simulate_json_of_several_pipelines_has_their_keys_together(tmp_path):
+    """`pipelines`, `replica_sync_s` and `exchange_roots` are present or absent together, as the plan's shape
+    decides (docs/explain.md); before, `exchange_roots` was left out where no parameter had three or more holders
+    (here each has two: one mesh per pipeline, DP 1)."""
+    text = open(TWO_PIPELINES).read()
+    text = text.replace("tp: 1, dp: 2, micro_batch_size: 2, recompute: none, stage_layers: [2, 6]",
+                        "tp: 1, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [8]")
+    text = text.replace("tp: 2, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [4, 4]",
+                        "tp: 1, dp: 1, micro_batch_size: 2, recompute: none, stage_layers: [8]")
+    plan = tmp_path / "two-holders.yaml"
+    plan.write_text(text)
+    sim = run_json("simulate", "--plan", str(plan), "--inventory", TWO_PIPELINES_INVENTORY)
+    assert len(sim["pipelines"]) == 2 and sim["replica_sync_s"] > 0 and sim["exchange_roots"] == [], sim
+    one = run_json("simulate", "--plan", os.path.join(LLAMA, "plans", "tiny-2clusters-cpu.yaml"),
+                   "--inventory", TWO_PIPELINES_INVENTORY)
+    assert not {"pipelines", "replica_sync_s", "exchange_roots"} & set(one), set(one)

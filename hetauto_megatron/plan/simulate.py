@@ -89,8 +89,9 @@ class Estimate:
                 "optimizer_s": r(self.optimizer_s), "sync_s": r(self.sync_s),
                 "grad_norm_s": r(self.grad_norm_s), "result_check_s": r(self.result_check_s), "stages": self.stages,
                 "cost_model": self.cost_model, **({"cost_model_why": self.cost_model_why} if self.cost_model_why else {}),
-                **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s)} if self.pipelines else {}),
-                **({"exchange_roots": self.exchange_roots} if self.exchange_roots else {})}
+                # present or absent together, as the plan's shape decides (docs/explain.md): [] with two holders
+                **({"pipelines": self.pipelines, "replica_sync_s": r(self.replica_sync_s),
+                    "exchange_roots": self.exchange_roots} if self.pipelines or self.exchange_roots else {})}
 
 
 def _rate(x: float, decimals: int) -> float:
