@@ -600,6 +600,32 @@ def test_nonfinite_command_line_figures(argv, field, tmp_path, capsys):
     check_error(rc, err, field=field, fix=argv[0] != "probe-link")
 
 
+@pytest.mark.parametrize("argv, field", [
+    # characters str.isdigit() takes and int() refuses: each was a ValueError traceback
+    (["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--tp", "site-a=\u00b2"], "--tp"),
+    (["probe-link", "--rank", "1", "--master", "127.0.0.1:\u00b2"], "--master"),
+    # a count beyond a long long: a traceback on both sides once they had connected
+    (["probe-link", "--local", "--iters", "99999999999999999999"], "--iters"),
+    # 100,000 threads crashed the process (exit 139, no word) and left a profile header that asked for them again
+    (["profile", "--device-type", "cpu", "--threads", "100000", "--out", "OUT"], "--threads"),
+])
+def test_figures_the_commands_cannot_hold(argv, field, tmp_path, capsys):
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    rc, _, err = run_cli(argv, capsys)
+    check_error(rc, err, field=field)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_list_that_names_none_is_refused(capsys):
+    """--use-clusters ',' (or an empty shell variable) ran as if the flag were not there: every cluster."""
+    with pytest.raises(SystemExit) as exc:     # the parser's refusal, as for any malformed flag
+        cli.main(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
+                  "--use-clusters", ",", "--json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert json.loads(out)["error"]["field"] == "--use-clusters" and "names no cluster" in err, (out, err)
+
+
 def test_a_json_plan_is_read_as_json(tmp_path, capsys):
     """A .json plan indented with tabs (jq --tab) was refused as invalid (the YAML parser reads JSON but not its
     tabs); a missing value was "field 'model' is missing" and a trailing comma passed: a JSON file is read as JSON."""

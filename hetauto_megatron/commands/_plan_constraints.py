@@ -11,6 +11,9 @@ class NameList(argparse.Action):
     with argparse's default the last one alone was kept, silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if not any(x.strip() for x in values.split(",")):    # ',' or '' (an empty shell variable): not "every cluster"
+            raise argparse.ArgumentError(self, f"{values!r} names no cluster: give cluster names separated by commas, "
+                                               "e.g. h800,mi300x, or leave the flag out")
         before = getattr(namespace, self.dest, None)
         setattr(namespace, self.dest, f"{before},{values}" if before else values)
 
@@ -39,7 +42,7 @@ def constraints_from_args(args):
     from ..plan.constraints import Constraints, parse_names, parse_pins
     tp = []
     for name, value in parse_pins(args.tp, "--tp", "h800=8"):
-        if not value.isdigit():
+        if not value.isdecimal():       # what int() reads ("²" is a digit it refuses)
             raise InputError(f"{name}={value}: the TP degree must be a whole number", field="--tp",
                              fix=f"write e.g. --tp {name}=8")
         tp.append((name, int(value)))

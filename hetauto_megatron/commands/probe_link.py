@@ -38,7 +38,7 @@ def add_arguments(p):
     p.add_argument("--max-size-mib", type=float, default=64.0, metavar="MIB",
                    help="largest message (default 64 MiB, at least 1 KiB = 0.0009765625, at most 1024): sizes go "
                         "up by 4x from 1 KiB to it")
-    p.add_argument("--iters", type=int, default=5, metavar="N", help="repetitions per message size (default 5)")
+    p.add_argument("--iters", type=int, default=5, metavar="N", help="repetitions per message size (default 5, at most 10,000)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the other side (default 60)")
     p.add_argument("--connections", type=int, default=1, metavar="N",
@@ -48,13 +48,15 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..emit.megatron import MAX_TIMEOUT_S
-    from ..measure.probe_link import MAX_SIZE_MIB, MIN_SIZE_MIB
+    from ..measure.probe_link import MAX_ITERS, MAX_SIZE_MIB, MIN_SIZE_MIB
     for flag, value, ok, want, fix in (
             # the sizes go up from 1 KiB: a smaller limit would leave nothing to probe
             ("--max-size-mib", args.max_size_mib, args.max_size_mib >= MIN_SIZE_MIB,
              f"at least {MIN_SIZE_MIB} MiB (1 KiB: the smallest message the probe sends)",
              f"give --max-size-mib {MIN_SIZE_MIB} or more, e.g. --max-size-mib 64 (the default)"),
-            ("--iters", args.iters, args.iters >= 1, "at least 1", "give at least 1, e.g. --iters 5 (the default)"),
+            # (a count beyond a long long stopped both sides with a traceback where they agree on it)
+            ("--iters", args.iters, 1 <= args.iters <= MAX_ITERS, f"1 to {MAX_ITERS:,} (each message size is sent "
+             "that many times)", "give e.g. --iters 5 (the default)"),
             ("--timeout", args.timeout, 0 < args.timeout <= MAX_TIMEOUT_S,
              f"positive, at most a week ({MAX_TIMEOUT_S} s; Python's and torch's clocks overflow not far above)",
              f"give a positive number of seconds up to {MAX_TIMEOUT_S}, e.g. --timeout 60 (the default)"),

@@ -91,8 +91,11 @@ def run(args) -> int:
     if gran == "layer" and not args.layers:     # a grid never changes what is timed behind the user's back
         raise InputError(f"{grid} is a layer grid, and without --layers profile times operators", field="--grid",
                          fix=f"add --layers to time whole layers, or pick an operator grid: {', '.join(GRIDS)}")
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"must be at least 1, got {args.threads}", field="--threads", fix="give --threads 1 or more")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if args.threads is not None and not 1 <= args.threads <= cores:
+        # more threads than cores time the scheduler, not the device (and 100,000 crashed the process)
+        raise InputError(f"must be 1 to {cores}, the cores this process may use, got {args.threads}",
+                         field="--threads", fix=f"give --threads 1 to {cores} (default 1 on cpu)")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError("exists and is not a directory", file=args.out, field="--out",
                          fix="pass a directory (it is created when missing)")

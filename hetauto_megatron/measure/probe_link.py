@@ -31,6 +31,7 @@ MIN_SIZE_BYTES = 1 << 10
 MIN_SIZE_MIB = MIN_SIZE_BYTES / (1 << 20)
 # The largest message --max-size-mib may ask for: each connection holds one such buffer on both hosts.
 MAX_SIZE_MIB = 1024
+MAX_ITERS = 10_000        # repetitions per message size: a minute of the largest messages on a fast link is ~100
 
 
 def message_sizes(max_bytes: float) -> tuple[int, ...]:
@@ -81,7 +82,7 @@ def link_yaml(m: LinkMeasurement, a: str, b: str) -> str:
 
 def parse_master(master: str) -> tuple[str, int]:
     host, sep, port = master.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise InputError(f"'{master}' is not HOST:PORT", field="--master",
                          fix="give the rank-0 side's address reachable from the other side, e.g. 10.0.0.5:29600")
     return host, int(port)
@@ -131,7 +132,7 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
         dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=2,
                                 timeout=timeout)
     except Exception as exc:   # rendezvous refused / timed out: the user's network or address
-        raise InputError(f"could not reach the other side at {master} within {timeout_s:.0f} s ({exc})",
+        raise InputError(f"could not reach the other side at {master} within {timeout_s:g} s ({exc})",
                          field="--master", fix="start both sides with the same --master (rank 0's address), "
                                                "check the port is open, or raise --timeout") from None
     try:

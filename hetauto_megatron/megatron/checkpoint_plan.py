@@ -83,7 +83,7 @@ def loaded_iteration(load_dir: str | None, ckpt_step: int | None) -> int | None:
     if ckpt_step is not None:
         return int(ckpt_step)
     text = tracker_text(load_dir)
-    return int(text) if text is not None and text.isdigit() else None
+    return int(text) if text is not None and text.isdecimal() else None
 
 
 def loaded_from(args) -> tuple[str, str] | None:

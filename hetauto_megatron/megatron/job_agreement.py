@@ -77,7 +77,7 @@ def loaded_checkpoint(args) -> str:
     text = tracker_text(directory)
     if text is None:
         return "no checkpoint"
-    return f"iteration {text} of {flag}" if text.isdigit() else f"{text!r} of {flag}"
+    return f"iteration {text} of {flag}" if text.isdecimal() else f"{text!r} of {flag}"
 
 
 def blend_of(data_path: list) -> tuple[int, list[float] | None]:

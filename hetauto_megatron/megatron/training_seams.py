@@ -160,7 +160,7 @@ def _load_failure(found: tuple[str, str], args):
     directory, flag = found
     where = f"on this machine ({socket.gethostname()})"
     text, step = checkpoint_plan.tracker_text(directory), getattr(args, "ckpt_step", None)
-    if text is not None and text != "release" and not text.isdigit() and not step:
+    if text is not None and text != "release" and not text.isdecimal() and not step:   # what int() reads ("²" is a digit it refuses)
         tracker = os.path.join(directory, checkpoint_plan.TRACKER)
         return InputError(f"{flag} {directory}: Megatron-LM's tracker {tracker} {where} holds {text[:40]!r}, not an "
                           "iteration, and Megatron-LM would have ended this rank with exit code 0", field=flag,

@@ -127,7 +127,7 @@ def select_local_device(device_type: str, *, rank: int) -> None:
 
     count = torch.cuda.device_count()
     raw = os.environ.get("LOCAL_RANK", str(rank))
-    if not raw.strip().isdigit():
+    if not raw.strip().isdecimal():     # what int() reads (not "²", a digit it refuses)
         raise InputError(f"LOCAL_RANK={raw!r} is not a device index", field="LOCAL_RANK",
                          fix="start the ranks with torchrun (or the launch scripts), which set it")
     local = int(raw)

@@ -268,7 +268,7 @@ def host_floor_at(floors: dict, device: str, phase: str, tp: int) -> float:
     if tp == 1:
         return floors.get(f"{device}|{phase}", 0.0) if one is None else one
     head = f"{device}|{phase}|tp"
-    degrees = sorted(int(k[len(head):]) for k in floors if k.startswith(head) and k[len(head):].isdigit()
+    degrees = sorted(int(k[len(head):]) for k in floors if k.startswith(head) and k[len(head):].isdecimal()
                      and int(k[len(head):]) > 1)
     below = [d for d in degrees if d < tp]
     if below or degrees:
