@@ -616,6 +616,20 @@ def test_figures_the_commands_cannot_hold(argv, field, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="a system without /dev/zero")
+@pytest.mark.parametrize("where", ["model", "overheads"])
+def test_an_input_without_an_end_is_refused(where, tmp_path, capsys):
+    """A path to a device that never ends (or a multi-gigabyte file): the whole of it was read into memory, 2.8 GB
+    in 5 s and on."""
+    inv = CPU_INV
+    if where == "overheads":
+        inv = tmp_path / "inv.yaml"
+        inv.write_text(CPU_INVENTORY.replace("    device: cpu\n", "    device: cpu\n    overheads: /dev/zero\n", 1))
+    rc, _, err = run_cli(["plan", "--model", "/dev/zero" if where == "model" else "tiny", "--inventory", str(inv),
+                          "--global-batch-size", "8"], capsys)
+    assert rc == 2 and "Traceback" not in err and "/dev/zero" in err and "larger than 64 MiB" in err, err
+
+
 def test_a_cluster_list_that_names_none_is_refused(capsys):
     """--use-clusters ',' (or an empty shell variable) ran as if the flag were not there: every cluster."""
     with pytest.raises(SystemExit) as exc:     # the parser's refusal, as for any malformed flag

@@ -25,6 +25,20 @@ MAX_ALIAS_EXPANSION = 100_000
 
 _TOO_DEEP = "nests its lists and mappings too deeply to be read (hundreds of levels)"
 
+# The largest input file read: hetauto's inventories, models, plans and tables take kilobytes (a plan of 16,384
+# devices under a megabyte); a path to /dev/zero or to a multi-gigabyte file filled memory without an end.
+MAX_INPUT_BYTES = 64 << 20
+
+
+def _read_bounded(fh, path: str, field: str | None = None) -> str:
+    """The file's text, read once (a second open of a pipe would wait for ever), refused beyond MAX_INPUT_BYTES."""
+    text = fh.read(MAX_INPUT_BYTES + 1)
+    if len(text) > MAX_INPUT_BYTES:
+        raise InputError(f"is larger than {MAX_INPUT_BYTES >> 20} MiB, far more than any input hetauto reads (a plan "
+                         "of 16,384 devices takes under 1 MiB)", file=path, field=field,
+                         fix="check the path: it names another kind of file (or a device such as /dev/zero)")
+    return text
+
 
 _SEXAGESIMAL = re.compile(r"\n\s*\|[^\n|]*\(\?::\[0-5\]\?\[0-9\]\)\+[^\n|]*?(?=\)\$\Z|\n)")
 
@@ -206,7 +220,7 @@ def load_yaml_file(path: str, what: str) -> dict:
         return require_mapping(data, what, path)
     try:
         with open(path, encoding="utf-8") as fh:
-            data = _safe_load_bounded(fh, path)
+            data = _safe_load_bounded(_read_bounded(fh, path), path)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -289,7 +303,7 @@ def read_json_file(path: str, *, field: str | None = None, fix: str | None = Non
     """Parse a JSON file, turning every syntax, encoding or I/O failure into an InputError naming the file."""
     try:
         with open(path, encoding="utf-8-sig") as fh:      # a byte-order mark (PowerShell writes one) is no error
-            text = fh.read()        # read once: a second open of a pipe would wait for ever
+            text = _read_bounded(fh, path, field)
         return json.loads(text, object_pairs_hook=json_object_pairs)
     except json.JSONDecodeError as exc:
         raise InputError(f"is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", file=path,
