@@ -10,12 +10,12 @@ collective buffers need a launch of 2+ ranks) keeps the vendor's estimate.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 
 from ..errors import InputError
 from ._fields import get, reject_unknown, require_mapping
+from .files import read_json_file
 
 GIB = 1024 ** 3
 
@@ -66,16 +66,12 @@ def overhead_from_value(value, *, device, file: str | None, field: str) -> Runti
     source, where = file, field
     if isinstance(value, str):
         path = value if os.path.isabs(value) or not file else os.path.join(os.path.dirname(file), value)
-        try:
-            with open(path) as fh:
-                value = json.load(fh)
-        except OSError as exc:
-            raise InputError(f"cannot read the overheads file {path}: {exc.strerror}", file=file, field=field,
+        if not os.path.exists(path):
+            raise InputError(f"the overheads file {path} is not there", file=file, field=field,
                              fix="give the path of the file 'hetauto profile --overheads' wrote (relative to the "
-                                 "inventory), or the figures inline") from None
-        except (ValueError, RecursionError) as exc:
-            raise InputError(f"is not JSON ({str(exc)[:120] or 'nested too deeply'})", file=path, field=field,
-                             fix="pass the file 'hetauto profile --overheads' wrote, unchanged") from None
+                                 "inventory), or the figures inline")
+        # (the project's JSON reader: its syntax errors with line and column, a key written twice, a bounded size)
+        value = read_json_file(path, field=field, fix="pass the file 'hetauto profile --overheads' wrote, unchanged")
         source, where = path, None
         measured_on = value.get("device_type") if isinstance(value, dict) else None
         if measured_on is not None and measured_on != device.name:
