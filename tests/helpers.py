@@ -152,9 +152,20 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-# a job's flags for Megatron-LM's parser on CPU (what a user appends to an emitted launch script)
+# a job's flags for Megatron-LM's parser (what a user appends to an emitted launch script; an emitted script of cpu
+# processes carries their unfused layers itself, and an accelerator mesh's runs Megatron's fused defaults)
 JOB_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data", "--train-iters", "1",
-             "--lr", "1e-3", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-rope-fusion"]
+             "--lr", "1e-3"]
+
+
+def transformer_config(margs, args):
+    """Megatron's core_transformer_config_from_args for parsed (and validated) arguments, on a machine that may lack
+    Transformer Engine: its TransformerConfig refuses the fused rotary embedding (Megatron-LM's default on an
+    accelerator mesh) without it, so a copy of the arguments with that one fusion off is what builds the config."""
+    import copy
+    args = copy.copy(args)
+    args.apply_rope_fusion = False
+    return margs.core_transformer_config_from_args(args)
 
 
 def parse_emitted(monkeypatch, plan, extra):

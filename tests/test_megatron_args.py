@@ -308,7 +308,7 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "main_grads_dtype": ["bf16"], "main_params_dtype": ["fp16"], "exp_avg_dtype": ["bf16"],
              "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"],
              "cuda_graph_impl": ["local"], "cpu_offloading_num_layers": ["2"], "fp4": ["e2m1"],
-             "empty_unused_memory_level": ["1"]}
+             "empty_unused_memory_level": ["1"], "tensor_parallel_num_weight_shards": ["2"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
 
@@ -463,8 +463,7 @@ def _megatron_args(monkeypatch, extra=(), impl=None, model=PRESETS["tiny"], data
     monkeypatch.setattr(sys, "argv", ["x", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
                                       "--max-position-embeddings", "32",
                                       *(["--transformer-impl", impl] if impl else []),
-                                      "--no-gradient-accumulation-fusion", "--no-persist-layer-norm", *data,
-                                      "--train-iters", "1", "--lr", "1e-3",
+                                      "--no-persist-layer-norm", *data, "--train-iters", "1", "--lr", "1e-3",
                                       *[f for a in (architecture_args(model) if model else []) for f in a.flags],
                                       *extra])
     return margs, margs.parse_args(hetauto_args_provider())
@@ -671,6 +670,22 @@ def test_precision_flags_follow_the_plan(monkeypatch):
     assert args.first_last_layers_bf16 and "config.first_last_layers_bf16" in inspect.getsource(fp8_utils)
     with pytest.raises(InputError, match="--first-last-layers-bf16 .plan: precision is fp8"):
         rewrite.rewrite_args(args, plan, launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None))
+    # the weight-gradient GEMMs in bf16 (Megatron-Core's fp8 recipe overrides their precision): refused in fp8, in
+    # both of Megatron's spellings; in bf16 no fp8 recipe is built, and the flag runs what the plan priced
+    assert "override_linear_precision=(False, False, not config.fp8_wgrad)" in inspect.getsource(fp8_utils)
+    rank0 = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 1, None), None)
+    for spelling in ("--no-fp8-wgrad", "--disable-fp8-wgrad"):
+        _, args = _megatron_args(monkeypatch, [spelling])
+        assert args.fp8_wgrad is False
+        with pytest.raises(InputError, match="--no-fp8-wgrad .plan: precision is fp8") as exc:
+            rewrite.rewrite_args(args, plan, rank0, file="plan.yaml")
+        assert exc.value.field == "precision" and exc.value.exit_code == 2
+    bf16 = plan_from_dict({**base, "precision": "bf16"})
+    margs, args = _megatron_args(monkeypatch, ["--no-fp8-wgrad"])
+    rewrite.rewrite_args(args, bf16, launch_identity.check_launch(bf16, launch_identity.LaunchIdentity(0, 1, None),
+                                                                  None))
+    margs.validate_args(args, {})
+    assert args.fp8 is None and args.bf16 and args.fp8_wgrad is False
     # CPU processes (dry runs) train in fp32 whatever the plan's precision: a --bf16 for them is refused
     cpu = {**base, "meshes": mesh("cpu")}
     plan = plan_from_dict(cpu)

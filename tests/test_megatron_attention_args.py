@@ -6,7 +6,7 @@ attention must be refused by the --hetauto rewrite, naming it."""
 import sys
 
 import pytest
-from helpers import parse_emitted as _parse, rank0_placement as _placement
+from helpers import parse_emitted as _parse, rank0_placement as _placement, transformer_config
 
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import rewrite
@@ -31,7 +31,7 @@ def test_unfused_attention_on_a_mesh_priced_fused_is_refused(monkeypatch, extra,
     # Megatron's own reading, without the rewrite: it would build unfused attention / the local layers
     margs, args = _parse(monkeypatch, plan, extra)
     margs.validate_args(args, {})
-    config = margs.core_transformer_config_from_args(args)
+    config = transformer_config(margs, args)
     assert runs in (config.attention_backend.name, args.transformer_impl)
     _, args = _parse(monkeypatch, plan, extra)
     with pytest.raises(InputError) as exc:

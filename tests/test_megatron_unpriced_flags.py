@@ -4,7 +4,7 @@ megatron/training/training.py get_megatron_optimizer_config, get_megatron_ddp_co
 what each flag makes Megatron run; the --hetauto rewrite must refuse, by name and before Megatron validates
 anything, every one that runs something the plan did not price, and let through what it priced."""
 import pytest
-from helpers import parse_emitted, rank0_placement
+from helpers import parse_emitted, rank0_placement, transformer_config
 
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import rewrite
@@ -47,7 +47,7 @@ def test_fp32_residual_connection_is_refused(monkeypatch):
     plan = _plan()
     margs, args = parse_emitted(monkeypatch, plan, ["--fp32-residual-connection"])
     margs.validate_args(args, {})
-    config = margs.core_transformer_config_from_args(args)
+    config = transformer_config(margs, args)
     assert config.fp32_residual_connection and config.pipeline_dtype == torch.float and args.bf16
     _refused(monkeypatch, plan, ["--fp32-residual-connection"], "--fp32-residual-connection")
 
@@ -60,7 +60,7 @@ def test_distribute_saved_activations_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")          # the mesh's two ranks, as torchrun tells Megatron's parser
     margs, args = parse_emitted(monkeypatch, plan, ["--distribute-saved-activations"])
     margs.validate_args(args, {})
-    config = margs.core_transformer_config_from_args(args)
+    config = transformer_config(margs, args)
     assert config.distribute_saved_activations and config.recompute_granularity == "full"
     assert config.tensor_model_parallel_size == 2 and not config.sequence_parallel
     _refused(monkeypatch, plan, ["--distribute-saved-activations"], "--distribute-saved-activations")
@@ -188,7 +188,7 @@ def test_cuda_graphs_are_refused(monkeypatch, flags, impl):
     plan = _plan()
     margs, args = parse_emitted(monkeypatch, plan, flags)
     margs.validate_args(args, {})
-    assert args.cuda_graph_impl == impl and margs.core_transformer_config_from_args(args).cuda_graph_impl == impl
+    assert args.cuda_graph_impl == impl and transformer_config(margs, args).cuda_graph_impl == impl
     _refused(monkeypatch, plan, flags, flags[0])
 
 
@@ -214,7 +214,7 @@ def test_tp_collectives_under_the_gemms_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     margs, args = parse_emitted(monkeypatch, plan, ["--tp-comm-overlap"])
     margs.validate_args(args, {})
-    assert margs.core_transformer_config_from_args(args).tp_comm_overlap and args.sequence_parallel
+    assert transformer_config(margs, args).tp_comm_overlap and args.sequence_parallel
     _refused(monkeypatch, plan, ["--tp-comm-overlap"], "--tp-comm-overlap")
 
 
@@ -225,7 +225,7 @@ def test_activations_offloaded_to_the_host_are_refused(monkeypatch):
     plan = _plan()
     margs, args = parse_emitted(monkeypatch, plan, ["--cpu-offloading-num-layers", "2"])
     margs.validate_args(args, {})
-    config = margs.core_transformer_config_from_args(args)
+    config = transformer_config(margs, args)
     assert config.cpu_offloading and config.cpu_offloading_num_layers == 2
     _refused(monkeypatch, plan, ["--cpu-offloading-num-layers", "2"], "--cpu-offloading-num-layers")
 
@@ -240,3 +240,99 @@ def test_fp4_is_refused(monkeypatch):
         margs.validate_args(args, {})     # here, without Transformer Engine: a traceback under --hetauto before
     _refused(monkeypatch, plan, ["--fp4-format", "e2m1"], "--fp4-format")
     _refused(monkeypatch, plan, ["--fp4-param-gather"], "--fp4-param-gather")
+
+
+def test_a_gated_attention_output_is_refused(monkeypatch):
+    """Megatron-LM counts the gate in its own FLOPs (training.py num_floating_point_operations: the QKV projection
+    wider by the query's width) and its transformer config builds it; the plan priced the model's Q, K and V
+    projections alone. Before: the rewrite let it through."""
+    from megatron.training.training import num_floating_point_operations
+
+    plan = _plan()
+    flops = {}
+    for extra in ([], ["--attention-output-gate"]):
+        margs, args = parse_emitted(monkeypatch, plan, extra)
+        margs.validate_args(args, {})
+        args.padded_vocab_size = 128            # (Megatron sets it where it builds the tokenizer)
+        flops[bool(extra)] = num_floating_point_operations(args, 8)
+    assert transformer_config(margs, args).attention_output_gate and flops[True] > flops[False]
+    _refused(monkeypatch, plan, ["--attention-output-gate"], "--attention-output-gate")
+
+
+def test_a_quick_geglu_mlp_is_refused(monkeypatch):
+    """Beside the plan's --swiglu, Megatron's config builder stops every rank with an AssertionError; on a plain
+    GeLU MLP with biases it builds a gated MLP (the first layer twice as wide) of quick-GeLU with the bias-GeLU
+    fusion on, which Megatron's MLP refuses at the first forward. Both refused by name before."""
+    import inspect
+
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.transformer.mlp import MLP
+
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--quick-geglu"])
+    margs.validate_args(args, {})
+    with pytest.raises(AssertionError):
+        transformer_config(margs, args)
+    _refused(monkeypatch, plan, ["--quick-geglu"], "--quick-geglu")
+    gelu = plan_from_dict({"version": 4, "global_batch_size": 8, "model": {
+        "preset": "tiny", "position_embedding": "learned", "gated_mlp": False}, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [8]}]})
+    margs, args = parse_emitted(monkeypatch, gelu, ["--quick-geglu"])
+    margs.validate_args(args, {})
+    config = transformer_config(margs, args)
+    assert config.gated_linear_unit and config.activation_func is quick_gelu and config.bias_activation_fusion
+    assert "Only support fusion of gelu and swiglu" in inspect.getsource(MLP.forward)
+    _refused(monkeypatch, gelu, ["--quick-geglu"], "--quick-geglu")
+
+
+def test_weights_sharded_beyond_tp_are_refused(monkeypatch):
+    """Megatron's validate_args turns --tensor-parallel-num-weight-shards above TP into generalized TP and takes it
+    out of DP: on the plan's TP 1, DP 2 mesh, 2 shards leave DP 1, where the plan priced DP 2. Before: the rewrite
+    let it through."""
+    plan = _plan()
+    monkeypatch.setenv("WORLD_SIZE", "2")           # the mesh's two ranks, as torchrun tells Megatron's parser
+    margs, args = parse_emitted(monkeypatch, plan, ["--tensor-parallel-num-weight-shards", "2"])
+    margs.validate_args(args, {})
+    assert (args.gtp_weight_remat_size, args.data_parallel_size) == (2, 1) and plan.meshes[0].dp == 2
+    _refused(monkeypatch, plan, ["--tensor-parallel-num-weight-shards", "2"], "--tensor-parallel-num-weight-shards")
+    assert _accepted(monkeypatch, plan, []).data_parallel_size == 2
+
+
+def test_timers_that_barrier_the_world_or_drain_the_device_per_micro_batch_are_refused(monkeypatch):
+    """Megatron-Core's timers: a timer of a level above the job's is a dummy; a timed one synchronizes the device at
+    its start and stop, and barriers the world first when asked (the timers' barrier group is never set), as every
+    level-1 timer of the iteration is asked by Megatron's default barrier_with_L1_time (training.py's optimizer
+    timer among them). Level 2 times every micro-batch's forward compute. Level 1 is refused with those barriers
+    and runs without them; level 2 is refused either way. Before: both were let through."""
+    import inspect
+
+    import torch
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.timers import Timers
+    from megatron.training import training
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "barrier", lambda group=None: calls.append(("barrier", group)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(("synchronize",)))
+    Timers(0, "minmax")("optimizer", log_level=1).start(barrier=True)
+    assert calls == []
+    timers = Timers(1, "minmax")
+    timers("optimizer", log_level=1).start(barrier=True)
+    timers("optimizer").stop()
+    assert calls == [("barrier", None), ("synchronize",), ("synchronize",)]
+    assert "timers('optimizer', log_level=1).start(barrier=args.barrier_with_L1_time)" in \
+        inspect.getsource(training.train_step)
+    assert "config.timers('forward-compute', log_level=2).start()" in inspect.getsource(schedules.forward_step)
+
+    plan = _plan()
+    margs, args = parse_emitted(monkeypatch, plan, ["--timing-log-level", "1"])
+    margs.validate_args(args, {})
+    assert args.timing_log_level == 1 and args.barrier_with_L1_time is True          # Megatron's default
+    error = _refused(monkeypatch, plan, ["--timing-log-level", "1"], "--timing-log-level")
+    assert "--no-barrier-with-level-1-timing" in error.fix
+    args = _accepted(monkeypatch, plan, ["--timing-log-level", "1", "--no-barrier-with-level-1-timing"])
+    assert args.timing_log_level == 1 and args.barrier_with_L1_time is False
+    for extra in (["--timing-log-level", "2"], ["--timing-log-level", "2", "--no-barrier-with-level-1-timing"]):
+        error = _refused(monkeypatch, plan, extra, "--timing-log-level")
+        assert "forward and backward compute" in error.reason and "--timing-log-level 1" in error.fix
+    _accepted(monkeypatch, plan, ["--timing-log-level", "0"])

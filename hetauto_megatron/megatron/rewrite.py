@@ -30,7 +30,8 @@ Before the layout is written, the launch's own arguments are checked against the
 architecture (model_checks.py: unset shape values filled in, contradictions refused), the runtime settings,
 precision and vocabulary (settings_args.py: given per mesh, a flag no mesh runs refused), the job-wide ones
 here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout), the features
-the plan never priced (unpriced.py) and how Megatron would build its own process groups (group_args.py).
+the plan never priced (unpriced.py), the fused kernels an accelerator mesh was priced with (fusion_args.py) and
+how Megatron would build its own process groups (group_args.py).
 """
 from __future__ import annotations
 
@@ -39,11 +40,12 @@ from ..plan.layout import mesh_layout, megatron_layout
 from ..plan.plan import Plan, recompute_settings
 from ..runtime.ranks import RankCoords
 from .args import ParserDefaultInt
+from .fusion_args import check_fusion_args
 from .group_args import check_group_args
 from .model_checks import check_model_args
 from .settings_args import runtime_setting_overrides
 from .training_inputs import check_training_args
-from .unpriced import check_attention_args, check_ddp_bucket_args, check_unpriced
+from .unpriced import check_attention_args, check_ddp_bucket_args, check_timing_args, check_unpriced
 
 # Arguments that choose a pipeline split some other way; the plan's layout replaces them.
 # (the interleaved schedule's virtual stages are refused: megatron/unpriced.py)
@@ -233,11 +235,13 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     """Rewrite a parsed (not yet validated) Megatron argument namespace in place for this rank.
     Returns {argument: (old, new)} for every value that changed, for the start-up log."""
     check_unpriced(args, file=file)
+    check_timing_args(args, file=file)
     check_group_args(args, file=file)
     check_job_args(args, plan, file=file)
     check_training_args(args, plan, placement.rank)
     check_layout_args(args, plan, placement, file=file)
     check_attention_args(args, plan, placement, file=file)
+    check_fusion_args(args, plan, placement, file=file)
     check_ddp_bucket_args(args, plan, placement, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file)}

@@ -88,6 +88,13 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             # Megatron-Core's fp8_utils: the first and last layers' GEMMs in bf16, slower than the fp8 priced
             clashes.append(("--first-last-layers-bf16 (plan: precision is fp8, every layer's GEMMs priced in fp8)",
                             "precision"))
+        if getattr(args, "fp8_wgrad", True) is False:
+            # --no-fp8-wgrad (or --disable-fp8-wgrad): Megatron-Core's fp8 recipe overrides the weight-gradient
+            # GEMMs' precision (fp8_utils.py get_fp8_recipe, override_linear_precision=(False, False, not
+            # config.fp8_wgrad)), so a third of every layer's GEMMs run in bf16, slower than the fp8 rate priced.
+            # Outside fp8 plans Megatron builds no fp8 recipe, so the flag changes nothing there and passes.
+            clashes.append(("--no-fp8-wgrad (plan: precision is fp8, the weight-gradient GEMMs priced in fp8)",
+                            "precision"))
     if mesh.device_type == "cpu":
         # CPU processes build the local, unfused layers the plan priced for them, whatever the launch says
         # (megatron_flags.CPU_LAYER_ARGS: Megatron-LM's fused defaults stop a CPU rank with a traceback); a typed

@@ -51,6 +51,14 @@ UNPRICED = (
     Unpriced("use_megatron_fsdp", "--use-megatron-fsdp", False,
              "Megatron FSDP, which shards the weights: the plan prices Megatron's distributed optimizer over each "
              "mesh's DP group"),
+    # generalized TP (validate_args: gtp_weight_remat_size = shards / TP): every weight sharded further and
+    # all-gathered again in each forward and backward, and the GTP degree taken out of DP (data_parallel_size =
+    # world / (TP x PP x CP x GTP)). The rewrite gives each rank its own mesh's TP, which a launch's value was not
+    # written against (a value below it is Megatron's ValueError, "must be >= tensor_model_parallel_size"): any
+    # value is refused, and without it Megatron shards each weight over the mesh's TP alone
+    Unpriced("tensor_parallel_num_weight_shards", "--tensor-parallel-num-weight-shards", None,
+             "weights sharded over more ranks than TP (generalized TP), re-gathered in each pass, with a smaller DP "
+             "group: the plan shards each weight over its mesh's TP and prices that mesh's DP"),
     Unpriced("num_distributed_optimizer_instances", "--num-distributed-optimizer-instances", 1,
              "several distributed-optimizer instances: the plan shards the optimizer state over each mesh's whole "
              "DP group"),
@@ -66,6 +74,20 @@ UNPRICED = (
              "another attention than the plan's causal self-attention"),
     Unpriced("window_size", "--window-size", None,
              "sliding-window attention: the plan prices full causal attention"),
+    # Megatron-Core's SelfAttention widens its fused QKV projection by one more query-sized block, the gate, and
+    # multiplies the attention output by its sigmoid (attention.py linear_qkv_out_dim, _apply_output_gate);
+    # Megatron-LM counts the gate's GEMM in its own FLOPs (training.py num_floating_point_operations)
+    Unpriced("attention_output_gate", "--attention-output-gate", False,
+             "a gated attention output: a QKV projection wider by the query's width, and the gate's activations; "
+             "the plan prices the model's Q, K and V projections alone"),
+    # core_transformer_config_from_args: a gated MLP (fc1 twice as wide) with the quick-GeLU activation, a model
+    # the plan's files cannot describe (ModelSpec: SwiGLU or a plain GeLU MLP), hence not the architecture table
+    # (emit/megatron.py architecture_args). Beside --swiglu the config builder's assertion stops every rank; on a
+    # plain MLP with biases Megatron's bias-GeLU fusion stays on, and mlp.py raises at the first forward ("Only
+    # support fusion of gelu and swiglu")
+    Unpriced("quick_geglu", "--quick-geglu", False,
+             "a quick-GeGLU MLP (gated: the first MLP layer twice as wide, another activation): the plan prices its "
+             "model's SwiGLU or plain GeLU MLP"),
     Unpriced("cpu_offloading_num_layers", "--cpu-offloading-num-layers", 0,
              "the activations of that many layers offloaded to the host (Transformer Engine's CPU offloading, on "
              "plans of one stage): the plan's memory keeps the activations on the device"),
@@ -185,6 +207,39 @@ def check_unpriced(args, *, file: str | None = None) -> None:
             f"{u.flag} {getattr(args, u.dest)!r} ({u.what})" for u in given), file=file, field=given[0].flag,
             fix="drop " + ", ".join(u.flag for u in given) + " (--hetauto runs the plan's dense GPT layers with "
                 "Megatron's distributed optimizer; docs/megatron-integration.md)")
+
+
+def check_timing_args(args, *, file: str | None = None) -> None:
+    """Megatron-LM's timers past level 0 (core/timers.py: each timer's start and stop synchronizes the device, and
+    with barrier=True first barriers its group, the world: Megatron never sets the timers' barrier group).
+    Level 2 times every micro-batch's forward and backward compute (core/pipeline_parallel/schedules.py
+    forward-compute, backward-compute): the device is drained before and after each, so the host no longer runs
+    ahead of it and nothing in flight (a pipeline transfer, a DP bucket's reduction) overlaps the next compute as
+    priced. Refused, naming the flag.
+    Level 1 times the iteration's phases: the forward-backward run, finalize_model_grads' four gradient syncs, the
+    optimizer step and its parts, and the distributed optimizer's parameter gather where it is not overlapped. With
+    Megatron's default barrier_with_L1_time (on unless --no-barrier-with-level-1-timing) each of those eleven to
+    thirteen timers first barriers the whole world (gloo's dissemination barrier: log2(ranks) rounds, each
+    crossing the slow links between clusters), and how many there are differs between meshes (the parameter
+    gather's: settings.overlap_param_gather and distributed_optimizer; the fp16 optimizer's unscaling), so ranks
+    of two meshes would pair different barriers: refused, naming the flag. Level 1 with
+    --no-barrier-with-level-1-timing runs: its timers drain the device at the phases' boundaries, where each rank
+    waits for that work before the next phase anyway (the gradient syncs, the step); what it adds is a kernel
+    launch's latency at each, within the iteration overhead the plan prices."""
+    level = getattr(args, "timing_log_level", 0) or 0
+    barrier = getattr(args, "barrier_with_L1_time", True)
+    if level < 1 or (level == 1 and not barrier):
+        return
+    fix = "drop --timing-log-level, or give --timing-log-level 1" + \
+          (" with --no-barrier-with-level-1-timing" if barrier else "")
+    if level >= 2:
+        why = ("synchronizes the device before and after every micro-batch's forward and backward compute: the "
+               "plan prices the host running ahead of the device and transfers overlapping the compute")
+    else:
+        why = ("barriers every rank of the world before each of about a dozen timed phases an iteration (Megatron's "
+               "default, barrier_with_L1_time), a number that differs between meshes of different settings: the "
+               "plan prices no such barrier")
+    raise InputError(f"--timing-log-level {level} {why}", file=file, field="--timing-log-level", fix=fix)
 
 
 def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
