@@ -170,8 +170,7 @@ def test_every_emitted_launch_passes_megatrons_own_validation(monkeypatch, tmp_p
             rank = plan.rank_offset(i)
             monkeypatch.setattr(sys, "argv", ["x", *megatron_args(plan, i, path), "--tokenizer-type", "NullTokenizer",
                                               "--vocab-size", str(plan.model.vocab_size), "--mock-data",
-                                              "--train-iters", "1", "--lr", "1e-4",
-                                              "--no-gradient-accumulation-fusion", "--no-persist-layer-norm"])
+                                              "--train-iters", "1", "--lr", "1e-4"])
             args = margs.parse_args(hetauto_args_provider())
             placement = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
             assert placement.mesh_index == i
