@@ -81,5 +81,28 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
                                  field=flag, fix=fix)
         for other_flag, other in outs[:i]:
             if same(path, other):
-                raise InputError(f"{path!r} is also the output {other_flag} {other!r}; one would overwrite the "
-                                 "other", field=flag, fix=f"give {flag} and {other_flag} different file names")
+                # (an emitted file's name is the plan's, not the user's: the other file or the folder must move)
+                fix = (f"give {other_flag} a file outside the --emit folder, or --emit another folder"
+                       if flag == "--emit" else f"give {flag} and {other_flag} different file names")
+                what = f"{path!r}, a file {flag} writes," if flag == "--emit" else repr(path)
+                raise InputError(f"{what} is also the output {other_flag} {other!r}; one would overwrite the "
+                                 "other", field=flag, fix=fix)
+
+
+def refuse_folder_over_files(folder, files) -> None:
+    """Refuse, before any work, an output folder ((option, path); path None: not given) that is one of the output
+    files `files` ((option, path) pairs) or lies under one: the file is written first, and the folder then cannot
+    be made (`plan -o out --emit out` wrote the plan, then called the file it had made not a directory)."""
+    flag, path = folder
+    if not path:
+        return
+    where = os.path.realpath(path)
+    for file_flag, file in files:
+        if not file:
+            continue
+        target = os.path.realpath(file)
+        if where == target or where.startswith(target + os.sep):
+            how = "is" if where == target else "lies under"
+            raise InputError(f"{path!r} {how} the output file of {file_flag} ({file!r}), which is written first, "
+                             "so the folder could not be made there", field=flag,
+                             fix=f"give {flag} and {file_flag} different names (a folder apart from the file)")

@@ -346,19 +346,23 @@ def test_output_over_an_input_is_refused_before_the_search(tmp_path, capsys):
 
 def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
     """`plan -o out/summary.txt --emit out` wrote the plan and then the summary over it; `emit summary -o DIR`
-    with the plan in DIR named summary.txt did the same: refused, the plan kept."""
+    with the plan in DIR named summary.txt did the same: refused, before the plan is written (plan), or with the
+    plan kept (emit)."""
     inv = write(tmp_path, "inv.yaml", CPU_INVENTORY)
     plan = str(tmp_path / "summary.txt")
-    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet",
-                          "--shapes", "simple", "-o", plan, "--emit", str(tmp_path)], capsys)
+    argv = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--shapes", "simple",
+            "-o", plan]
+    rc, _, err = run_cli(argv + ["--emit", str(tmp_path)], capsys)
     check_error(rc, err, field="--emit", words=["-o", "overwrite"])
+    assert not os.path.exists(plan)
+    assert run_cli(argv, capsys)[0] == 0
     before = open(plan).read()
     assert before.lstrip().startswith(("#", "version")) or "meshes" in before
     rc, _, err = run_cli(["emit", "summary", "--plan", plan, "-o", str(tmp_path)], capsys)
     check_error(rc, err, field="-o", words=["--plan", "overwrite"])
     assert open(plan).read() == before
     # a --timeline named as an emitted file (a cluster's DeepSpeed config): the config was written and the
-    # timeline then over it, both reported written
+    # timeline then over it, both reported written; now refused before either, the earlier config kept
     out = tmp_path / "out"
     out.mkdir()
     base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--shapes", "simple",
@@ -367,7 +371,7 @@ def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
     config = sorted(out.glob("ds_config.*.json"))[0]
     rc, _, err = run_cli(base + ["--timeline", str(config)], capsys)
     check_error(rc, err, field="--emit", words=["--timeline", "overwrite", "another folder"])
-    assert "traceEvents" in config.read_text()      # the timeline, as asked
+    assert "traceEvents" not in config.read_text() and "train_batch_size" in config.read_text()
 
 
 def test_messages_say_what_the_path_is(tmp_path, capsys):

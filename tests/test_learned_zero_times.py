@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 
+import pytest
+
 from helpers import run_cli
 
 from hetauto_megatron.cost import learned as L
@@ -96,3 +98,37 @@ def test_negative_or_nan_times_in_sailor_data_are_refused(tmp_path, capsys):
         assert rc == 2 and "Traceback" not in err, err
         assert f"{d}/profiles_tmp.json" in err and "field 'backward_s'" in err and "Fix: " in err, err
         assert "OPT-350 RTX-3090 micro-batch 16 TP 4 entry 5" in err and str(value) in err, err
+
+
+def _with_time(name: str, dst, index: int | None, field: str, value: str) -> str:
+    """A copy of the packaged H200 file `name` whose `field` reads `value` (JSON text) on line index + 1 of the file
+    (index 0: the header), or on every row where index is None (as `sed` edits every line)."""
+    lines = open(os.path.join(H200, name)).read().splitlines()
+    for i in range(1, len(lines)) if index is None else (index,):
+        lines[i], n = re.subn(rf'"{field}": [0-9.e+-]+', f'"{field}": {value}', lines[i])
+        assert n == 1, (name, i, field)
+    dst.write_text("\n".join(lines) + "\n")
+    return str(dst)
+
+
+@pytest.mark.parametrize("name, index, field, value, words", [
+    # every row's forward time 1e300 s (fitted, it predicted iterations of 2.48e+303 s): the first row is refused
+    ("profile-h200.jsonl", None, "fwd_p10_s", "1e300", ["1e+300", "more than an hour"]),
+    ("profile-h200.jsonl", 3, "fwd_p10_s", "3601.5", ["3601.5", "more than an hour"]),
+    ("profile-h200.jsonl", 5, "bwd_p10_s", '"0.001"', ["'0.001'", "JSON string", "no quotes"]),
+    ("profile-h200.jsonl", 5, "bwd_p10_s", "true", ["True", "JSON boolean"]),
+    ("layers-h200.jsonl", 2, "fwd_p10_s", '"0.0015"', ["'0.0015'", "JSON string"]),
+    ("layers-h200.jsonl", 4, "bwd_p10_s", "7200", ["7200", "more than an hour"]),
+])
+def test_a_time_that_is_no_number_or_above_an_hour_is_refused(name, index, field, value, words, tmp_path, capsys):
+    """A measured pass above an hour, or a time written as JSON text or true, was fitted (float() read "0.001");
+    refused now as the times under a nanosecond are: exit 2 naming the file, the line and the field, no model
+    written."""
+    files = {n: os.path.join(H200, n) for n in ("profile-h200.jsonl", "layers-h200.jsonl")}
+    files[name] = bad = _with_time(name, tmp_path / name, index, field, value)
+    rc, _, err = run_cli(["fit", *files.values(), "-o", str(tmp_path / "m"), "--holdout", "0"], capsys)
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    line = 2 if index is None else index + 1      # the file's line of the first row edited (the header is line 1)
+    assert f"{bad}: field '{field}': line {line} " in err and "Fix: " in err, err
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "m").exists()

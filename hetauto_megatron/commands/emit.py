@@ -59,30 +59,43 @@ def add_arguments(parser) -> None:
                              "plan's inventory gives each cluster's, and a different N is refused")
 
 
-def _write(out_dir: str, name: str, text: str, mode: int, field: str, keep=()) -> str:
-    """Write one emitted file, refusing to write it over a file of `keep` ((option, path) pairs: the command's
-    inputs and the plan it just wrote), e.g. `plan -o out/summary.txt --emit out`."""
-    path = os.path.join(out_dir, name)
-    refuse_overwriting_inputs([(field, path)], keep)
-    return write_text_file(path, text, field=field, mode=mode)
+def write_files(files: list[tuple], out_dir: str, field: str, keep=()) -> list[str]:
+    """Write emitted files ((name, text, mode) each) into `out_dir`, refusing them all before the first is written
+    where one would go over a file of `keep` ((option, path) pairs: the command's inputs and the plan it wrote),
+    e.g. `plan -o out/summary.txt --emit out`: a refusal half way left some of the files written."""
+    paths = [os.path.join(out_dir, name) for name, _, _ in files]
+    refuse_overwriting_inputs([(field, path) for path in paths], keep)
+    return [write_text_file(path, text, field=field, mode=mode) for path, (_, text, mode) in zip(paths, files)]
 
 
-# One writer per target, shared with 'hetauto plan --emit'; each returns the paths it wrote.
+# The files of each target (name, text, mode), shared with 'hetauto plan --emit', which names them all before it
+# writes anything; the writers below return the paths they wrote.
+def megatron_files(launches: list[dict]) -> list[tuple]:
+    return [(f"{la['name']}.sh", la["script"], 0o755) for la in launches]
+
+
+def deepspeed_files(configs: list[dict], unsupported: list[str]) -> list[tuple]:
+    text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
+            if unsupported else "none\n")
+    return [(f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644) for c in configs] + [
+        ("deepspeed-unsupported.txt", text, 0o644)]
+
+
+def summary_files(text: str) -> list[tuple]:
+    return [("summary.txt", text + "\n", 0o644)]
+
+
 def write_megatron(launches: list[dict], out_dir: str, field: str = "-o", keep=()) -> list[str]:
-    return [_write(out_dir, f"{la['name']}.sh", la["script"], 0o755, field, keep) for la in launches]
+    return write_files(megatron_files(launches), out_dir, field, keep)
 
 
 def write_deepspeed(configs: list[dict], unsupported: list[str], out_dir: str, field: str = "-o",
                     keep=()) -> list[str]:
-    written = [_write(out_dir, f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644, field,
-                      keep) for c in configs]
-    text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
-            if unsupported else "none\n")
-    return written + [_write(out_dir, "deepspeed-unsupported.txt", text, 0o644, field, keep)]
+    return write_files(deepspeed_files(configs, unsupported), out_dir, field, keep)
 
 
 def write_summary(text: str, out_dir: str, field: str = "-o", keep=()) -> list[str]:
-    return [_write(out_dir, "summary.txt", text + "\n", 0o644, field, keep)]
+    return write_files(summary_files(text), out_dir, field, keep)
 
 
 def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit") -> list[str]:

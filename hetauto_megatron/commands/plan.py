@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..outputs import output_errors, refuse_overwriting_inputs
+from ..outputs import output_errors, refuse_folder_over_files, refuse_overwriting_inputs
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
 from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
@@ -41,9 +41,9 @@ plan is written (YAML, or JSON for a .json name; docs/plan-format.md); with --em
 Megatron launch scripts and DeepSpeed configs. Same inputs and --seed give the same plan.
 
 exit codes: 0 ok; 2 invalid input (the message names file, field and fix; e.g. an unknown cluster in a
-constraint, --objective cost without a cluster's price, or -o or --timeline naming an input file); 3 no feasible
-plan (the message says by how much memory the closest layout misses, and which constraint binds when lifting one
-would make a plan feasible)."""
+constraint, --objective cost without a cluster's price, or -o, --timeline or --emit naming an input file or one
+another, refused before anything is written); 3 no feasible plan (the message says by how much memory the closest
+layout misses, and which constraint binds when lifting one would make a plan feasible)."""
 
 EPILOG = """\
 examples:
@@ -188,6 +188,9 @@ def run(args) -> int:
     refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
                               [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
                                ("--cost-model", args.cost_model)])
+    # (before check_output_dir, which would call the file -o writes merely "not a directory")
+    refuse_folder_over_files(("--emit", args.emit), [("-o", args.output)] + [("--timeline", t)
+                                                                          for t in args.timeline or []])
     if args.from_plan:
         from ..plan.plan import load_plan
         old = load_plan(args.from_plan)
@@ -257,19 +260,29 @@ def run(args) -> int:
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes,
                                                             args.memory_job, cfg.schedule))
+    inputs = [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
+              ("--cost-model", args.cost_model)]
+    timelines = [("--timeline", t) for t in args.timeline or []]
+    emitted, note = emitted_files(plan, args.output) if args.emit else ([], None)
+    # every output named before the first is written (the launch scripts' names come from the plan): -o
+    # DIR/h800.sh with --emit DIR wrote the plan, and the script refused to overwrite it after
+    refuse_overwriting_inputs([("-o", args.output), *timelines,
+                               *[("--emit", os.path.join(args.emit, name)) for name, _, _ in emitted]], inputs)
     written = []
     if args.output:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files
             plan.save(args.output)
         written.append(args.output)
-    if args.timeline:       # (before --emit, which then refuses to write over a timeline of its folder)
+    if args.timeline:
         from ..plan.timeline import predicted_timeline
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     if args.emit:
-        from .emit import warn_stale
-        emitted = emit_all(plan, args.output, args.emit, keep=[
-            ("-o", args.output), ("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
-            *[("--timeline", t) for t in args.timeline or []]])
+        from ..outputs import make_output_dir
+        from .emit import warn_stale, write_files
+        make_output_dir(args.emit, "--emit")
+        if note:
+            print(f"hetauto plan: {note}", file=sys.stderr)
+        emitted = write_files(emitted, args.emit, "--emit", keep=[("-o", args.output), *inputs, *timelines])
         warn_stale(args.emit, emitted, "hetauto plan")
         written += emitted
     explained = None
@@ -353,29 +366,25 @@ def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", m
             "search": record, "layout_digest": layout_digest(plan)}
 
 
-def emit_all(plan, plan_path: str, out_dir: str, keep=()) -> list[str]:
-    """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan, never over
-    a file of `keep` ((option, path): the inputs and the plan file)."""
+def emitted_files(plan, plan_path: str) -> tuple[list[tuple], str | None]:
+    """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan, as
+    (name, text, mode) each, and a note for stderr on what is left out (or None): named before anything is written,
+    so that one over another output or an input is refused while nothing is on disk yet."""
     from ..emit.deepspeed import emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
-    from ..outputs import make_output_dir
-    from .emit import write_deepspeed, write_megatron, write_summary
-    make_output_dir(out_dir, "--emit")
+    from .emit import deepspeed_files, megatron_files, summary_files
+    summary = summary_files(format_summary(plan, plan.estimate))
     if plan.engine == "deepspeed":      # made for DeepSpeed's pipeline engine: its configs are what runs it
-        print("hetauto plan: the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs "
-              "written, no Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the "
-              "plan's estimate does not price)", file=sys.stderr)
-        return (write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)
-                + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit", keep))
-    scripts = emit_megatron(plan, plan_path=os.path.abspath(plan_path), file=plan_path)
-    written = write_megatron(scripts, out_dir, "--emit", keep)
+        return deepspeed_files(emit_deepspeed(plan), unsupported_features(plan)) + summary, (
+            "the plan is for DeepSpeed's pipeline engine (--engine deepspeed): DeepSpeed configs written, no "
+            "Megatron-LM launch scripts ('hetauto emit megatron' writes them; they run 1F1B, which the plan's "
+            "estimate does not price)")
+    files = megatron_files(emit_megatron(plan, plan_path=os.path.abspath(plan_path), file=plan_path))
     if plan.is_simple:
-        written += write_deepspeed(emit_deepspeed(plan), unsupported_features(plan), out_dir, "--emit", keep)
-    else:
-        # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
-        from ..plan.shapes import describe_shape
-        print(f"hetauto plan: no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
-              "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes too)",
-              file=sys.stderr)
-    return written + write_summary(format_summary(plan, plan.estimate), out_dir, "--emit", keep)
+        return files + deepspeed_files(emit_deepspeed(plan), unsupported_features(plan)) + summary, None
+    # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
+    from ..plan.shapes import describe_shape
+    return files + summary, (f"no DeepSpeed configs written: this plan has {describe_shape(plan.meshes)[0]}, which "
+                             "only the Megatron-LM launch scripts run (--shapes simple plans a shape DeepSpeed takes "
+                             "too)")

@@ -116,17 +116,21 @@ def _seeded(model, inventory, gbs, cost, cfg, con, best, out: ShapesResult):
 
 
 def _meets(con: Constraints, plan: Plan, schedule: str) -> bool:
-    """Whether a plan obeys the constraints (and the boundary schedule) as the new shapes' search keeps them:
-    --max-pp per pipeline, the pins per mesh, the clusters pinned in and out."""
+    """Whether a plan of any shape obeys the constraints (and the boundary schedule) as the new shapes' search
+    keeps them: --max-pp per pipeline, the pins per mesh (meshes alongside another included), the clusters pinned
+    in and out, --max-devices over every mesh."""
     used = {m.cluster for m in plan.meshes}
     if used & set(con.exclude_clusters) or not set(con.use_clusters) <= used:
+        return False
+    if con.max_devices is not None and plan.world_size > con.max_devices:
         return False
     if any(con.tp_of(m.cluster) not in (None, m.tp) or con.recompute_of(m.cluster) not in (None, m.recompute)
            or con.micro_batch_size not in (None, m.micro_batch_size)
            or (schedule == "blocking" and m.boundary_schedule != "blocking") for m in plan.meshes):
         return False
-    return con.max_pp is None or all(plan.pipeline(p).pipeline_parallel_size <= con.max_pp
-                                     for p in range(plan.num_pipelines))
+    # a pipeline's depth as the search bounds it (each block's search, and groups alongside add no stage): meshes
+    # side by side share their stages, so they count once (Plan.pipeline_stages), not once per mesh
+    return con.max_pp is None or all(plan.pipeline_stages(p) <= con.max_pp for p in range(plan.num_pipelines))
 
 
 # ---- level 1: clusters -> pipelines ----------------------------------------------------------------------------

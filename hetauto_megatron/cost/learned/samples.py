@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ...errors import InputError
 from .. import features as F
+from ...spec._fields import shorten
 from ...spec.files import json_object_pairs
 
 
@@ -70,6 +71,13 @@ class DeviceInfo:
 def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[dict]]:
     """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line.
     `header_only`: stop after the header (rows come back empty)."""
+    header, numbered = read_profile_lines(path, header_only=header_only)
+    return header, [row for _, row in numbered]
+
+
+def read_profile_lines(path: str, *, header_only: bool = False) -> tuple[dict, list[tuple[int, dict]]]:
+    """read_profile with each row's line number in the file, (line, row): a row's bad reading is named by its line,
+    where the user edits it."""
     if not os.path.isfile(path):
         if os.path.isdir(path):
             raise InputError("is a directory, not a profile file", file=path,
@@ -102,7 +110,7 @@ def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[di
                     raise InputError(f"line {no} is a JSON {type(rec).__name__}, not an object", file=path,
                                      fix="delete the line (profiling resumes and re-measures the row)")
                 else:
-                    rows.append(rec)
+                    rows.append((no, rec))
     except UnicodeDecodeError:
         raise InputError("is not a UTF-8 text file", file=path, fix="pass a file written by 'hetauto profile'") from None
     except OSError as exc:
@@ -132,7 +140,7 @@ def check_same_threads(ops_path: str, layers_path: str, layers_header: dict) -> 
 
 
 def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
-    header, rows = read_profile(path)
+    header, rows = read_profile_lines(path)
     if header.get("granularity", "op") != "op":
         raise InputError("holds whole-layer timings ('hetauto profile --layers'), not operators", file=path,
                          field="granularity", fix="pass it to 'hetauto fit' together with the same device's operator "
@@ -166,12 +174,12 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
                          fix="profile that device type on its own hardware ('hetauto profile --device-type "
                              f"{known}'), or keep the device type it was measured on")
     samples, zeros = [], []
-    for r in rows:
+    for no, r in rows:
         try:
             op = F.Op.from_dict(r["op"])
             # The 10th percentile, not the median: on a shared host the median also measures the neighbours
             # (a preempted repetition takes a scheduler slice longer); on a dedicated accelerator both agree.
-            phases = {ph: _timing(r, ph, path) for ph in ("fwd", "bwd")}
+            phases = {ph: _timing(r, ph, path, no) for ph in ("fwd", "bwd")}
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
@@ -211,27 +219,45 @@ def _time_field(row: dict, phase: str) -> str:
     return f"{phase}_p10_s" if f"{phase}_p10_s" in row else f"{phase}_s"
 
 
-def _timing(row: dict, phase: str, path: str) -> float:
-    """A row's time of one pass (_time_field), checked by measured_time."""
+def _timing(row: dict, phase: str, path: str, line: int) -> float:
+    """A row's time of one pass (_time_field), checked by measured_time; `line`: the row's line in the file."""
     name = _time_field(row, phase)
-    return measured_time(row[name], file=path, field=name, row=f"row {row.get('key', '?')}", fix=_REMEASURE)
+    return measured_time(row[name], file=path, field=name, row=f"line {line} (row {row.get('key', '?')})",
+                         fix=_REMEASURE)
+
+
+# The most one measured pass may take. `hetauto profile` runs each row at least 9 times (2 warm-up, 7 timed:
+# measure/profile.py), so a pass of an hour would hold a profile 9 hours on one row; and the largest layer of the
+# published models (a 70B layer, ~1.6e13 FLOP forward over 8k tokens) takes minutes at most even on a CPU of 1e11
+# FLOP/s. A longer time is a hand edit or a corrupted entry, and the fit would carry it into every plan it prices
+# (a layer pass of 1e300 s predicted iterations of 1e303 s).
+MAX_MEASURED_S = 3600.0
+
+_JSON_TYPES = {str: "a JSON string", bool: "a JSON boolean", list: "a JSON array", dict: "a JSON object",
+               type(None): "JSON null"}
 
 
 def measured_time(value, *, file: str, field: str, row: str, fix: str) -> float:
     """A measured time in seconds from a file of measurements (a profile, Sailor's profiles_tmp.json). A NaN,
     infinite or negative one is no time at all (a hand-edited or corrupted entry): refused, naming the file, the row
     and the field (the fit would otherwise fail far from the cause). 0 is a timer that read nothing, a broken
-    measurement among many good ones: returned, for the reader to leave out and count (warn_zero_times)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        value = math.nan      # (text, a list: no number of seconds either)
+    measurement among many good ones: returned, for the reader to leave out and count (warn_zero_times). A value
+    that is no JSON number (text such as "0.001", true) is refused too: every writer of these files writes numbers,
+    so a quoted one was edited by hand, and float() took "1e300" or true (1 s) as a time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        what = _JSON_TYPES.get(type(value), f"a {type(value).__name__}")
+        raise InputError(f"{row} has {field} {shorten(repr(value), 40)}, {what}, not a number of seconds", file=file,
+                         field=field, fix=f"write the time as a JSON number (no quotes), or {fix}")
+    value = float(value)
     if not math.isfinite(value) or value < 0:
         raise InputError(f"{row} has {field} {value}, not a finite, non-negative number of seconds", file=file,
                          field=field, fix=fix)
     if 0 < value < 1e-9:     # no timer reads under a nanosecond: a hand-edited figure (its error overflowed)
         raise InputError(f"{row} has {field} {value:g}, under a nanosecond: no measured time", file=file,
                          field=field, fix=fix)
+    if value > MAX_MEASURED_S:
+        raise InputError(f"{row} has {field} {value:g} s, more than an hour ({MAX_MEASURED_S:g} s) for one pass: no "
+                         "measured time", file=file, field=field, fix=fix)
     return value
 
 
@@ -323,7 +349,7 @@ class MeasuredLayer:
 
 def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
     """(header, rows) of a file written by `hetauto profile --layers`."""
-    header, rows = read_profile(path)
+    header, rows = read_profile_lines(path)
     if header.get("granularity") != "layer":
         raise InputError("holds operator timings, not whole layers", file=path, field="granularity",
                          fix="pass a file written by 'hetauto profile --layers'")
@@ -331,10 +357,10 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
         raise InputError("holds a header but no measured layers", file=path, field="rows",
                          fix="run 'hetauto profile --layers' again to fill it (it resumes into the file)")
     out, zeros = [], []
-    for r in rows:
+    for no, r in rows:
         try:
             layer = MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
-                                  _timing(r, "fwd", path), _timing(r, "bwd", path))
+                                  _timing(r, "fwd", path, no), _timing(r, "bwd", path, no))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")
