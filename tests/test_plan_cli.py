@@ -377,6 +377,8 @@ def test_replan_of_another_model_plans_its_own_sequence_length(tmp_path):
         assert out["plan"]["model"]["seq_length"] == want, (model, flags)
         assert ("seq_length" in out["kept_from_plan"]) == (model == "same.yaml" and not flags), (model, flags)
         assert ("--seq-length not kept" in r.stderr) == (model == "other.yaml" and not flags), r.stderr
+        if "--seq-length not kept" in r.stderr:     # what makes it another model, since the names may agree
+            assert "ffn_hidden_size 256 there, 128 here" in r.stderr, r.stderr
     assert out["plan"]["model"]["ffn_hidden_size"] == 128
 
 

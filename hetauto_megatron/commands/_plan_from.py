@@ -81,8 +81,14 @@ def _rereadable(source: str) -> bool:
 
 def say_own_seq_length(old, args, model) -> None:
     """What drop_seq_length_for_another_model did, once the model (read at its own length) is known to be planned."""
+    import dataclasses
+    # what differs, besides the lengths: a preset and a plan's model may share a name (tiny) and not a shape
+    differ = [f"{f.name} {getattr(old.model, f.name)} there, {getattr(model, f.name)} here"
+              for f in dataclasses.fields(model) if f.name not in ("name", "seq_length", "max_position_embeddings")
+              and getattr(model, f.name) != getattr(old.model, f.name)]
+    what = f"{old.model.name}" + (f": {'; '.join(differ[:3])}" if differ else "")
     print(f"hetauto plan: --seq-length not kept from {args.from_plan}: --model {args.model} is not the model it was "
-          f"made for ({old.model.name}), so its own sequence length, {model.seq_length}, is planned (give "
+          f"made for ({what}), so its own sequence length, {model.seq_length}, is planned (give "
           "--seq-length for another)", file=sys.stderr)
 
 

@@ -231,7 +231,7 @@ def run(args) -> int:
                          f"{old.model.hidden_size}), not {model.name} ({model.num_layers} layers, hidden "
                          f"{model.hidden_size})", file=args.from_plan, field="model",
                          fix="pass the plan made for this --model, or drop --from for a cold search")
-    if another_model:
+    if another_model and model.seq_length != old.model.seq_length:    # (the same length: nothing to say)
         say_own_seq_length(old, args, model)
     con = constraints_from_args(args)
     if old is not None:
