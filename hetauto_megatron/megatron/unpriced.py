@@ -88,6 +88,10 @@ UNPRICED = (
     Unpriced("quick_geglu", "--quick-geglu", False,
              "a quick-GeGLU MLP (gated: the first MLP layer twice as wide, another activation): the plan prices its "
              "model's SwiGLU or plain GeLU MLP"),
+    # core_transformer_config_from_args: squared ReLU as the MLP's activation; beside --swiglu its assertion stops
+    # every rank with a traceback, and on a plain MLP it trains an activation the plan's model does not have
+    Unpriced("squared_relu", "--squared-relu", False,
+             "a squared-ReLU MLP: the plan prices its model's SwiGLU or plain GeLU MLP"),
     Unpriced("cpu_offloading_num_layers", "--cpu-offloading-num-layers", 0,
              "the activations of that many layers offloaded to the host (Transformer Engine's CPU offloading, on "
              "plans of one stage): the plan's memory keeps the activations on the device"),
