@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    _Parser.json_requested = "--json" in (sys.argv[1:] if argv is None else argv)
+    # --json, or an abbreviation argparse takes for it (--jso)
+    _Parser.json_requested = any(len(a) >= 4 and "--json".startswith(a)
+                                 for a in (sys.argv[1:] if argv is None else argv))
     args, extra = parser.parse_known_args(argv)
     if extra:     # told by the command's own parser: its usage, not the top level's
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -634,6 +634,14 @@ def test_an_input_without_an_end_is_refused(where, tmp_path, capsys):
     assert rc == 2 and "Traceback" not in err and "/dev/zero" in err and "larger than 64 MiB" in err, err
 
 
+def test_an_abbreviated_json_flag_gets_the_json_error(capsys):
+    """argparse takes --jso for --json; a parser refusal then printed no JSON object, where --json gets one."""
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "tiny", "--jso", "--inventory", CPU_INV, "--global-batch-size", "x"])
+    out, _ = capsys.readouterr()
+    assert json.loads(out)["error"]["field"] == "--global-batch-size", out
+
+
 def test_a_cluster_list_that_names_none_is_refused(capsys):
     """--use-clusters ',' (or an empty shell variable) ran as if the flag were not there: every cluster."""
     with pytest.raises(SystemExit) as exc:     # the parser's refusal, as for any malformed flag

@@ -248,3 +248,17 @@ def test_gpt2_positions_by_their_other_name_and_an_absurd_rope_theta(tmp_path):
         load_model(write_config(tmp_path, llama, "other"))
     assert info.value.field == "rope_theta" and "at most 1,000,000,000" in info.value.reason
     assert load_model(write_config(tmp_path, {**llama, "rope_theta": 1e7}, "third")).rotary_base == 10_000_000
+
+
+@pytest.mark.parametrize("name, key, value", [
+    # the error named intermediate_size, a key GPT-2's file does not have
+    ("gpt2.json", "n_inner", 3072.0),
+    # passed without a word: the note on what the launch leaves out then said nothing of them
+    ("pythia-160m.json", "rotary_pct", "x"), ("pythia-160m.json", "rotary_pct", 2.0),
+    ("pythia-160m.json", "rotary_pct", float("nan")), ("pythia-160m.json", "rotary_pct", True)])
+def test_a_malformed_figure_is_named_by_the_files_own_key(tmp_path, name, key, value):
+    cfg = json.load(open(os.path.join(HF, name)))
+    cfg[key] = value
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg), seq_length=2048)
+    assert info.value.field == key and repr(value)[:20] in info.value.reason, info.value.reason

@@ -402,3 +402,14 @@ def test_linear_biases_is_a_model_field_written_only_where_it_is_not_the_mlp_kin
         plan_from_dict(raw, file="plan.yaml")
     text = str(info.value)
     assert "plan.yaml" in text and "model.linear_biases" in text and "true or false" in text, text
+
+
+def test_an_empty_model_name_is_refused(tmp_path):
+    """name: '' gave summaries and plans a model without a name (docs/inputs.md: an empty name is exit 2)."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.model import load_model
+    path = tmp_path / "m.yaml"
+    path.write_text("name: ''\npreset: tiny\n")
+    with pytest.raises(InputError) as info:
+        load_model(str(path))
+    assert info.value.field == "name" and info.value.exit_code == 2

@@ -143,8 +143,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                              field=keys[0], fix="pass the sequence length you train at with --seq-length N, or "
                              + unsupported_fix)
     if isinstance(ffn, bool) or not isinstance(ffn, int):
-        raise InputError(f"the MLP width must be an integer, got {ffn!r}", file=file, field="intermediate_size",
-                         fix="correct the value")
+        # named by the key the file gave it in (GPT-2's n_inner, OPT's ffn_dim), not the one Llama's files use
+        key = next((k for k in ({"gpt2": ("n_inner",), "opt": ("ffn_dim",)}.get(mt) or SOURCE_KEYS["ffn_hidden_size"])
+                    if cfg.get(k) is not None), "intermediate_size")
+        raise InputError(f"the MLP width must be an integer, got {ffn!r}"[:200], file=file, field=key,
+                         fix="correct the value (a whole number, as the model's published config.json has it)")
     proj = cfg.get("word_embed_proj_dim") if mt == "opt" else None
     if proj is not None and (isinstance(proj, bool) or not isinstance(proj, int)):
         raise InputError(f"must be an integer, got {proj!r}"[:200], file=file, field="word_embed_proj_dim",
@@ -168,6 +171,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         raise InputError(f"must be true or false, got {tie!r}", file=file, field="tie_word_embeddings",
                          fix="write true or false")
     _check_rope_scaling(cfg.get("rope_scaling"), file)
+    for key in ("rotary_pct", "partial_rotary_factor"):       # ("x", 2.0 or NaN passed without a word)
+        part = cfg.get(key)
+        if part is not None and (isinstance(part, bool) or not isinstance(part, (int, float)) or not 0 < part <= 1):
+            raise InputError(f"must be the fraction of each head rotated, above 0 and at most 1, got {part!r}"[:200],
+                             file=file, field=key, fix="correct the value, as the model's published config.json has it")
     for key in ("bias", "mlp_bias", "attention_bias"):     # whether the linear layers have biases (hf_linear_biases)
         if cfg.get(key) is not None and not isinstance(cfg[key], bool):
             raise InputError(f"must be true or false, got {cfg[key]!r}"[:200], file=file, field=key,

@@ -268,6 +268,9 @@ def model_from_dict(data: dict, *, file: str | None = None, prefix: str = "") ->
         kw[key] = get(data, key, int, file=file, prefix=prefix)
     kw["name"] = str(get(data, "name", (str, int, float), default=os.path.splitext(os.path.basename(file or "model"))[0],
                          file=file, prefix=prefix))
+    if not kw["name"].strip():     # name: '' gave summaries and plans a model without a name
+        raise InputError("is empty", file=file, field=f"{prefix}name",
+                         fix="give the model a name, or leave the key out (the file's own name is taken)")
     kw["num_query_groups"] = get(data, "num_query_groups", int, default=0, file=file, prefix=prefix)
     kw["gated_mlp"] = get(data, "gated_mlp", bool, default=True, file=file, prefix=prefix)
     kw["tie_embeddings"] = get(data, "tie_embeddings", bool, default=False, file=file, prefix=prefix)
