@@ -650,6 +650,10 @@ def test_a_cluster_list_that_names_none_is_refused(capsys):
     out, err = capsys.readouterr()
     assert exc.value.code == 2 and "Traceback" not in err
     assert json.loads(out)["error"]["field"] == "--use-clusters" and "names no cluster" in err, (out, err)
+    # an empty list of clusters to leave out leaves none out
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8",
+                          "--exclude-clusters", "", "--quiet"], capsys)
+    assert rc == 0, err
 
 
 def test_a_json_plan_is_read_as_json(tmp_path, capsys):

@@ -74,8 +74,9 @@ def test_no_attention_mask_from_the_data_loader_as_priced(monkeypatch):
     rewrite.rewrite_args(args, plan, _placement(plan))
     margs.validate_args(args, {})
     assert args.create_attention_mask_in_dataloader is False
-    # document-level masking needs the mask: left as Megatron builds it
-    monkeypatch.setattr("sys.argv", [*sys.argv, "--reset-attention-mask"])
-    args = margs.parse_args(hetauto_args_provider())
+    # document-level masking needs the mask (GPTDataset drops the cuts without one), also where the emitted
+    # launch says --no-create-attention-mask-in-dataloader and the user adds --reset-attention-mask to it
+    _, args = _parse(monkeypatch, plan, ["--reset-attention-mask"])
+    assert args.create_attention_mask_in_dataloader is False
     rewrite.rewrite_args(args, plan, _placement(plan))
     assert args.create_attention_mask_in_dataloader is True and args.reset_attention_mask

@@ -9,7 +9,7 @@ import pytest
 from helpers import parse_emitted, rank0_placement, transformer_config
 
 from hetauto_megatron.errors import InputError
-from hetauto_megatron.megatron import launch_identity, rewrite
+from hetauto_megatron.megatron import fusion_args, launch_identity, rewrite
 from hetauto_megatron.megatron.fusion_args import FUSIONS
 from hetauto_megatron.plan.megatron_flags import CPU_LAYER_ARGS
 from hetauto_megatron.plan.plan import plan_from_dict
@@ -52,6 +52,8 @@ def test_every_fusion_a_cpu_mesh_turns_off_is_judged_for_accelerator_meshes():
     (GPT, {}, "--no-bias-dropout-fusion", "bias_dropout_fusion"),
 ])
 def test_a_fusion_turned_off_where_the_plan_priced_it_is_refused(monkeypatch, model, settings, flag, attribute):
+    # as on an install with APEX's fused weight-gradient kernel (NVIDIA's containers); without it, below
+    monkeypatch.setattr(fusion_args, "fused_accumulation_available", lambda: True)
     plan = _plan(model, **settings)
     _, fused = _megatron(monkeypatch, plan, [])
     _, unfused = _megatron(monkeypatch, plan, [flag])
@@ -140,6 +142,23 @@ def test_every_fusion_flag_runs_on_a_mesh_of_cpu_processes_and_is_judged_per_mes
         {"cluster": "b", "device_type": "cpu", "tp": 1, "dp": 1, "micro_batch_size": 1, "stage_layers": [4]}]})
     args = _accepted(monkeypatch, both, flags, rank=1)
     assert args.transformer_impl == "local" and args.gradient_accumulation_fusion is False
+    monkeypatch.setattr(fusion_args, "fused_accumulation_available", lambda: True)     # an install with APEX's kernel
     _, args = parse_emitted(monkeypatch, both, ["--no-gradient-accumulation-fusion"])
     with pytest.raises(InputError, match=r"on meshes\[0\] \(h800\): --no-gradient-accumulation-fusion"):
         rewrite.rewrite_args(args, both, rank0_placement(both))
+
+
+def test_without_apexs_kernel_the_gradient_accumulation_runs_unfused(monkeypatch):
+    """Megatron-Core's ColumnParallelLinear (the output layer, under Transformer Engine's layers too) raises at build
+    time when the fusion is on without APEX's fused_weight_gradient_mlp_cuda, as on this install: such a launch can
+    only run the unfused accumulation, so --no-gradient-accumulation-fusion passes there and the rewrite turns the
+    fusion off where the launch left it on (before, every rank stopped with Megatron's RuntimeError, and typing the
+    flag was refused)."""
+    import megatron.core.tensor_parallel.layers as layers
+    assert fusion_args.fused_accumulation_available() is layers._grad_accum_fusion_available is False
+    plan = _plan(LLAMA)
+    assert _accepted(monkeypatch, plan, ["--no-gradient-accumulation-fusion"]).gradient_accumulation_fusion is False
+    margs, args = parse_emitted(monkeypatch, plan, [])
+    assert args.gradient_accumulation_fusion is True          # Megatron-LM's default, which could not build here
+    changed = rewrite.rewrite_args(args, plan, rank0_placement(plan))
+    assert changed["gradient_accumulation_fusion"] == (True, False)

@@ -30,6 +30,8 @@ def test_rendezvous_ports_come_from_below_the_kernels_own_range():
     connections and gloo's port-0 listeners take ports of the ephemeral range)."""
     with open(launcher._EPHEMERAL_RANGE_FILE) as f:
         low = int(f.read().split()[0])          # the kernel's own statement, not the module's reading of it
+    if low < 11000:
+        pytest.skip(f"this kernel's own ports start at {low}: no room below them, the kernel picks (the fallback)")
     ports = [launcher.free_port() for _ in range(20)]
     assert all(10000 <= p < low for p in ports), (low, ports)
     assert len(set(ports)) > 10                  # drawn, not one fixed number two workers would share

@@ -11,7 +11,9 @@ class NameList(argparse.Action):
     with argparse's default the last one alone was kept, silently)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if not any(x.strip() for x in values.split(",")):    # ',' or '' (an empty shell variable): not "every cluster"
+        # --use-clusters ',' or '' (an empty shell variable) ran as "every cluster"; an empty --exclude-clusters
+        # "$DOWN" excludes none, as meant
+        if self.dest == "use_clusters" and not any(x.strip() for x in values.split(",")):
             raise argparse.ArgumentError(self, f"{values!r} names no cluster: give cluster names separated by commas, "
                                                "e.g. h800,mi300x, or leave the flag out")
         before = getattr(namespace, self.dest, None)

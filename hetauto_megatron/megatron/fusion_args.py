@@ -50,8 +50,10 @@ class Fusion(NamedTuple):
 
 # Megatron attribute (a key of CPU_LAYER_ARGS, whose flag turns the fusion off) -> Fusion
 FUSIONS = {
+    # (only where this rank's Megatron can build it: without APEX's kernel its output layer refuses the fusion,
+    # so that launch has no other way, and check_fusion_args turns the fusion off there)
     "gradient_accumulation_fusion": Fusion(
-        lambda model, s: True,
+        lambda model, s: fused_accumulation_available(),
         "each weight gradient written apart and added into the fp32 main gradient every micro-batch: one more pass "
         "over the weights' gradients and a transient weight gradient, where the plan prices accumulation in place"),
     "bias_swiglu_fusion": Fusion(
@@ -76,14 +78,25 @@ FUSIONS = {
 }
 
 
-def check_fusion_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
+def fused_accumulation_available() -> bool:
+    """Whether APEX's fused weight-gradient kernel is installed here: Megatron-Core's ColumnParallelLinear (the
+    output layer, also under Transformer Engine's layers) raises at build time when gradient_accumulation_fusion
+    is on without it (tensor_parallel/layers.py), so an install without APEX (pip's megatron-core, some ROCm
+    stacks) can only run the unfused accumulation."""
+    import importlib.util
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
+
+def check_fusion_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:
     """Refuse, on a rank of an accelerator mesh, every flag of CPU_LAYER_ARGS that turns off a fusion whose unfused
     path changes what the plan priced there (see the module docstring). A CPU mesh runs the unfused layers as
-    priced."""
+    priced. Returns the overrides of an accelerator rank that cannot build a fusion: the gradient accumulation's
+    without APEX's kernel is turned off (Megatron stopped every rank at the model's build with a RuntimeError),
+    its extra pass over the weights' gradients unpriced, as the start-up log's changed arguments say."""
     k = placement.mesh_index
     mesh = plan.meshes[k]
     if mesh.device_type == "cpu":
-        return
+        return {}
     off = [(CPU_LAYER_ARGS[dest][0], f.what) for dest, f in FUSIONS.items()
            if f.priced is not None and getattr(args, dest, None) == CPU_LAYER_ARGS[dest][1]
            and f.priced(plan.model, mesh.settings)]
@@ -95,3 +108,4 @@ def check_fusion_args(args, plan: Plan, placement: RankCoords, *, file: str | No
                          fix="drop " + ", ".join(flags) + " (Megatron-LM's fused defaults run what the plan priced "
                              "for a mesh of accelerators; the unfused layers are priced only for meshes of cpu "
                              "processes)")
+    return {} if fused_accumulation_available() else {"gradient_accumulation_fusion": False}

@@ -241,10 +241,10 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     check_training_args(args, plan, placement.rank)
     check_layout_args(args, plan, placement, file=file)
     check_attention_args(args, plan, placement, file=file)
-    check_fusion_args(args, plan, placement, file=file)
+    fusions = check_fusion_args(args, plan, placement, file=file)
     check_ddp_bucket_args(args, plan, placement, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
-           **runtime_setting_overrides(args, plan, placement, file=file)}
+           **runtime_setting_overrides(args, plan, placement, file=file), **fusions}
     new["rank"] = placement.rank
     new["world_size"] = validation_world_size(plan, placement)
     changed = {}

@@ -130,10 +130,11 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     out["padded_vocab_size"] = padded
     out["make_vocab_size_divisible_by"] = padded // mesh.tp
     # What every launch runs (JOB_ARGS), also where the launch left the flags out. --reset-attention-mask cuts the
-    # data loader's mask at document ends, which Megatron then needs: its mask is left on (and unpriced) there.
+    # data loader's mask at document ends, which Megatron then needs (GPTDataset drops the cuts without a word when
+    # it builds no mask): the mask is built there, as Megatron builds it, whatever the emitted flag says (unpriced).
     job = {arg: value for arg, (_, value) in JOB_ARGS.items()}
     if getattr(args, "reset_attention_mask", False):
-        job.pop("create_attention_mask_in_dataloader")
+        job["create_attention_mask_in_dataloader"] = True
     out.update(job)
     return out
 
