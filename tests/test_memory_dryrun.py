@@ -199,6 +199,10 @@ def test_the_settings_line_names_the_gradients_dtype():
         assert line.endswith(f"; gradients reduced in {words}"), line
     assert settings_line(0, {"cluster": "a", "tp": 1, "dp": 2, **ran, "grad_reduce_dtype": "param",
                              "grad_buffer_dtype": None}).endswith("gradients reduced in the parameters' dtype")
+    # a mesh that runs dropout says so (the JSON had it; the table left it out)
+    config.hidden_dropout = 0.1
+    ran = settings_that_ran(config, ddp_config, opt, [types.SimpleNamespace(grad_dtype=torch.float32)])
+    assert settings_line(0, {"cluster": "a", "tp": 1, "dp": 2, **ran}).endswith("; hidden_dropout 0.1")
 
 
 def test_profile_overheads_needs_the_device():

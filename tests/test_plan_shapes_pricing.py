@@ -275,3 +275,25 @@ def test_a_tail_without_parameter_gathers_exposes_none():
                                   overhead_s=0.0, stages=[{"optimizer_s": round(step, 6)}], fits=True,
                                   optimizer_s=step)
     assert with_gathers.gathers_s == pytest.approx(0.25, abs=1e-6)
+
+
+def test_the_exchange_over_a_long_haul_link_is_capped_by_its_connections():
+    """A link's per-connection rate (flow_gbps: one TCP stream on a long-haul path gets far less than the path)
+    caps the gradient exchange between two pipelines as it caps a pipeline boundary: the runtime sends each rank
+    pair's messages on one connection (gloo), so TP 1 x DP 2 on each side (Megatron's distributed optimizer: each
+    DP rank the source of half the elements) moves every element over 2 connections, at 2 x 1 Gbit/s on a 100
+    Gbit/s link. Before, the exchange was priced at the link's 100 Gbit/s whatever its connections."""
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    node = {"nodes": 1, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}
+    link = {"between": ["a1", "a2"], "bandwidth_gbps": 100, "latency_ms": 2}
+    model = PRESETS["tiny"]
+    pipes = [(8, [[_mesh("a1", "h100", 1, 2, 1, [model.num_layers])]]),
+             (8, [[_mesh("a2", "h100", 1, 2, 1, [model.num_layers])]])]
+    params = model.replace(vocab_size=-(-model.vocab_size // 128) * 128).total_params    # padded at TP 1
+    for flow, rate in ((None, 100), (1, 2 * 1), (60, 100)):
+        inv = inventory_from_dict({"clusters": [{"name": "a1", "device": "h100", **node},
+                                                {"name": "a2", "device": "h100", **node}],
+                                   "links": [{**link, **({"flow_gbps": flow} if flow else {})}]})
+        got = _price(model, inv, pipes)
+        # every element once each way at once (fp32 gradient buffer), one latency; nothing to copy inside a holder
+        assert got.replica_sync_s == pytest.approx(2e-3 + 4 * params / (rate * 1e9 / 8), rel=1e-9), flow

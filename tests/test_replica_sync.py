@@ -241,3 +241,22 @@ def test_each_message_is_read_as_it_was_written():
                     sorted((p.name, p.rect) for p in back if p.move.phase == "pair")
         paired = [p for m in msgs.values() for _, _, ps in m.sends for p in ps if p.move.phase == "pair"]
         assert bool(paired) == (phases[0] == "pair")
+
+
+@pytest.mark.parametrize("a, b", [((1, 1), (1, 1)), ((1, 2), (1, 3)), ((1, 4), (1, 6)), ((2, 2), (1, 3)),
+                                  ((2, 2), (2, 2)), ((4, 1), (1, 4)), ((2, 4), (4, 2)), ((2, 2), (1, 1))])
+def test_the_priced_rank_pairs_are_the_runtimes_where_the_cuts_are_runs(a, b):
+    """The exchange's price counts the rank pairs (one connection each) that share a link's per-connection limit
+    (plan/tail_costs.py exchange_pairs): the runtime's own moves between two holders have exactly that many pairs
+    where both cut the elements into runs (no TP, or TP across rows), and more, never fewer, where TP cuts columns
+    (the price's per-connection limit then conservative)."""
+    from hetauto_megatron.plan.tail_costs import exchange_pairs
+    for partition_dim in (0, 1, None):
+        owners = _owners((0, 0), 0.5, (48, 24), *a, partition_dim, first_rank=0) + \
+            _owners((1, 0), 0.5, (48, 24), *b, partition_dim, first_rank=100)
+        pairs = {(m.src, m.dst) for m in sync_moves("w", owners) if m.src < 100 <= m.dst}
+        sources = [sum(1 for o in owners if o.holder == h and o.source and o.lo < o.hi) for h in ((0, 0), (1, 0))]
+        if partition_dim == 1 and min(a[0], b[0]) < max(a[0], b[0]):
+            assert len(pairs) >= exchange_pairs(*sources), (partition_dim, len(pairs))
+        else:
+            assert len(pairs) == exchange_pairs(*sources), (partition_dim, len(pairs))

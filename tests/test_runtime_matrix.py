@@ -237,3 +237,21 @@ def test_priced_tie_exchange_is_what_the_runtime_sent():
         priced_bytes_per_direction = (exchange - link.latency_s) * link.bytes_per_s
         measured = r["bytes"]["inter_cluster"] - boundary_bytes(p, r)
         assert priced_bytes_per_direction == pytest.approx(measured / 2 / STEPS, rel=1e-9)
+
+
+def test_a_full_size_tp_plan_matches_its_reference_within_the_optimizers_rounding():
+    """examples/llama/plans/cpu-small-tp2.yaml at full size (hidden 384, vocabulary 4,096): the losses match the
+    one-process reference to fp32 rounding, and so do the gradients, while the norms the two optimizers report
+    differ by about 1e-5 of themselves (each takes fp32 norms of its own tensors: shards there, whole tensors
+    here). `hetauto dryrun --reference` failed this shipped plan under one 1e-5 absolute tolerance; the grad norm
+    is now held to 1e-4 of itself (runtime/dryrun.py parity), the loss still to 1e-5."""
+    from hetauto_megatron.plan.plan import load_plan
+    from hetauto_megatron.runtime.dryrun import parity
+    r = run_dryrun(load_plan(os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml")), steps=2,
+                   seed=1234, tiny=False, reference=True, timeout_s=120)
+    assert r["parity"]["ok"] and r["parity"]["loss_max_abs_diff"] <= 1e-5, r["parity"]
+    # the rule itself, on figures of that size: a grad norm off by 1e-3 of itself or a loss off by 2e-5 fails
+    ref = [{"loss": 8.4, "grad_norm": 1.77}]
+    assert parity([{"loss": 8.4, "grad_norm": 1.77 * (1 + 2e-5)}], ref)["ok"]
+    assert not parity([{"loss": 8.4, "grad_norm": 1.77 * (1 + 1e-3)}], ref)["ok"]
+    assert not parity([{"loss": 8.4 + 2e-5, "grad_norm": 1.77}], ref)["ok"]

@@ -257,13 +257,16 @@ def holders_sync_steps(inventory: Inventory, blocks, rule=exchange_weights) -> l
     "in" | "out"), ("copies", holder, cluster)."""
     if not blocks:
         return []
-    phases, copies = _exchange_traffic(inventory, blocks, rule)
+    phases, copies, pairs = _exchange_traffic(inventory, blocks, rule)
     steps = []
-    for name, phase in zip(("gather phase", "scatter phase"), phases):
+    for name, phase, phase_pairs in zip(("gather phase", "scatter phase"), phases, pairs):
         out = {}
         for res, nbytes in phase.items():
             if res[0] == "link":
-                t = link_between(inventory, res[1], res[2]).transfer_time(nbytes)
+                # one connection per rank pair (gloo), so a link's per-connection rate (flow_gbps) caps what few
+                # pairs move, as for pipeline boundaries
+                flows = sum(phase_pairs.get(res, {}).values()) or None
+                t = link_between(inventory, res[1], res[2]).transfer_time(nbytes, flows)
             elif res[0] == "uplink":
                 up = inventory.cluster(res[1]).uplink_bytes_per_s
                 t = nbytes / up if up else 0.0
@@ -281,19 +284,32 @@ def holders_sync_steps(inventory: Inventory, blocks, rule=exchange_weights) -> l
 def holders_cross_cluster_bytes(inventory: Inventory, blocks, rule=exchange_weights) -> float:
     """Bytes the exchange of holders_sync_time moves between clusters per iteration (both phases, both
     directions of every inventory link)."""
-    phases, _ = _exchange_traffic(inventory, blocks, rule) if blocks else ([], {})
+    phases = _exchange_traffic(inventory, blocks, rule)[0] if blocks else []
     return sum(nbytes for phase in phases for res, nbytes in phase.items() if res[0] == "link")
 
 
-def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], dict]:
-    """(per phase: resource -> bytes, per holder: [DP broadcast bytes, TP broadcast bytes, its profile]) of the
-    exchange holders_sync_time prices. Resources: ("link", from cluster, to cluster), ("uplink", cluster,
-    "out" | "in"), ("ranks", holder, cluster, "in" | "out")."""
+def exchange_pairs(a: int, b: int) -> int:
+    """Rank pairs that exchange elements between two holders whose a and b source ranks each own an even run of the
+    same elements: a + b - gcd(a, b), the runs' boundaries taken together (each piece between two boundaries is one
+    pair). Where TP cuts a parameter's rows or columns the regions are rectangles and the runtime's pairs
+    (runtime/shard_regions.py) may be more; the estimate prices the per-connection limit of a long-haul link."""
+    return a + b - math.gcd(a, b)
+
+
+def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], dict, list[dict]]:
+    """(per phase: resource -> bytes, per holder: [DP broadcast bytes, TP broadcast bytes, its profile], per phase:
+    link resource -> {(holder, root holder): rank pairs}) of the exchange holders_sync_time prices. Resources:
+    ("link", from cluster, to cluster), ("uplink", cluster, "out" | "in"), ("ranks", holder, cluster, "in" |
+    "out"). A pair of holders' rank pairs (exchange_pairs) count once per phase and link however many parameters
+    they exchange: every parameter's messages of a rank pair go in one message (one connection)."""
     phases = [{}, {}]          # per phase: resource (one direction) -> bytes
     copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
+    pairs = [{}, {}]           # per phase: link resource -> {(holder, root holder): rank pairs}
 
-    def add(phase: int, res, nbytes: float) -> None:
+    def add(phase: int, res, nbytes: float, holders=None, ranks: int = 0) -> None:
         phases[phase][res] = phases[phase].get(res, 0.0) + nbytes
+        if holders is not None:
+            pairs[phase].setdefault(res, {})[holders] = ranks
 
     for (n, dup), hs in blocks:
         if len(hs) < 2 or n == 0:
@@ -320,8 +336,10 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                 gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
                 sent = gb * run                                       # its run of the elements, once each way
                 back = 0 if len(hs) == 2 else 1
+                holders, ranks = None, 0
                 if c != rc:
                     to_root, from_root = ("link", c, rc), ("link", rc, c)
+                    holders, ranks = (key, rk), exchange_pairs(owner_ranks(prof), owner_ranks(rp))
                     # every link out of (into) a cluster also crosses its uplink, where the inventory gives one
                     add(0, ("uplink", c, "out"), sent)
                     add(0, ("uplink", rc, "in"), sent)
@@ -331,9 +349,9 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                     # each root rank's share, counted at the per-device rate (longer where a node's NIC is shared)
                     sent *= rank_pairs_share(inventory.cluster(c), min(owner_ranks(prof), owner_ranks(rp)))
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
-                add(0, to_root, sent)
-                add(back, from_root, sent)
-    return phases, copies
+                add(0, to_root, sent, holders, ranks)
+                add(back, from_root, sent, holders, ranks)
+    return phases, copies, pairs
 
 
 def tied_table_blocks(model: ModelSpec, meshes, first: StageProfile, last: StageProfile) -> list:

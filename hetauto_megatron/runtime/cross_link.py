@@ -171,7 +171,8 @@ class CrossLink:
 class ExchangeEmulation:
     """The holders' gradient exchange (replica_sync.py) over emulated links, as plan/tail_costs.py's
     holders_sync_time prices it: in each phase (0: pair and gather, 1: scatter) every rank's messages between
-    two clusters add up on that link direction, one transfer at the inventory's bandwidth plus its latency,
+    two clusters add up on that link direction, one transfer at the inventory's bandwidth (or, for few rank pairs,
+    at their number times the link's per-connection rate, flow_gbps) plus its latency,
     and a cluster's bytes out (in) over all its links also cross its uplink where the inventory gives one; all
     of it times `scale`. A rank with such messages holds, once its own messages have completed (every partner
     has then started the phase), for the longest of the resources they cross: the phase's emulated length.
@@ -180,12 +181,15 @@ class ExchangeEmulation:
     def __init__(self, scale: float, inventory, moves, cluster_of: dict):
         self.scale, self.inventory, self.cluster_of = scale, inventory, cluster_of
         self.elements: list[dict] = [{}, {}]      # per phase: resource -> elements of every rank's messages
+        self.pairs: list[dict] = [{}, {}]         # per phase: link -> its (sending, receiving) rank pairs
         for m in moves:
             a, b = cluster_of[m.src], cluster_of[m.dst]
             if a != b:
-                phase = self.elements[1 if m.phase == "scatter" else 0]
+                k = 1 if m.phase == "scatter" else 0
+                phase = self.elements[k]
                 for res in (("link", a, b), ("uplink", a, "out"), ("uplink", b, "in")):
                     phase[res] = phase.get(res, 0) + m.numel
+                self.pairs[k].setdefault(("link", a, b), set()).add((m.src, m.dst))
 
     def seconds(self, phase: int, me: int, peers_out, peers_in, itemsize: int) -> float:
         """The emulated length of this rank's part of `phase` (0 when none of its messages leaves its cluster)."""
@@ -198,7 +202,9 @@ class ExchangeEmulation:
                 continue
             # (clusters the inventory does not link: the route the planner prices, its slowest link)
             link = link_between(self.inventory, a, b)
-            longest = max(longest, link.transfer_time(elements[("link", a, b)] * itemsize))
+            # one connection per rank pair: the link's per-connection rate (flow_gbps) caps what few pairs move
+            flows = len(self.pairs[phase][("link", a, b)])
+            longest = max(longest, link.transfer_time(elements[("link", a, b)] * itemsize, flows))
             for cluster, way in ((a, "out"), (b, "in")):
                 up = self.inventory.cluster(cluster).uplink_bytes_per_s
                 if up:
