@@ -88,7 +88,7 @@ def test_plans_of_replica_groups_or_several_pipelines_name_their_bottleneck(name
     T = est["iteration_time_s"]
     slow = max(range(len(est["pipelines"])), key=lambda p: est["pipelines"][p]["before_sync_s"])
     parts = {"slowest pipeline (1F1B)": est["pipelines"][slow]["pipeline_s"],
-             "its exposed DP reduction": est["dp_exposed_s"], "gradients summed across holders": est["replica_sync_s"]}
+             "exposed DP reduction and gathers": est["dp_exposed_s"], "gradients summed across holders": est["replica_sync_s"]}
     parts["norm, optimizer, overhead"] = T - sum(parts.values())
     worst = max(parts, key=parts.get)
     text = _run(capsys, "simulate", "--plan", plan, "--inventory", inv)
@@ -130,3 +130,22 @@ def test_a_summary_says_where_the_estimate_it_shows_comes_from(readme_plan, tmp_
     old.write_text(yaml.safe_dump(raw))
     assert main(["emit", "summary", "--plan", str(old)]) == 0
     assert "was changed after 'hetauto plan' wrote its estimate" in capsys.readouterr().err
+
+
+def test_a_stage_just_over_its_memory_shows_the_digits_that_say_so(capsys, tmp_path):
+    """A stage 40 MiB over its device showed "75.1 / 75.1" beside "fits: no", and explain its headroom as
+    "-0.0 GiB": the used memory and the headroom take the decimals that tell them from the capacity and 0."""
+    import re
+    plan = str(tmp_path / "p.yaml")
+    _run(capsys, "plan", "--model", "llama2-70b", "--inventory", os.path.join(EXAMPLES, "inventory-2clusters.yaml"),
+         "--global-batch-size", "512", "--quiet", "-o", plan)
+    est = json.loads(_run(capsys, "simulate", "--plan", plan, "--json"))
+    k, used = max(((k, st["memory_gib"]) for k, st in enumerate(est["stages"])
+                   if st["cluster"] == "h800" and round(st["memory_gib"], 1) < st["memory_gib"]), key=lambda x: x[1])
+    cap = round(used, 1)                 # below what the stage uses, equal to it at one decimal
+    over = ["--set", f"cluster.h800.memory_gib={cap}"]
+    text = _run(capsys, "simulate", "--plan", plan, *over)
+    shown = re.findall(r"(\d+\.\d+) / " + re.escape(f"{cap:g}") + r"\b", text)
+    assert f"{used:.2f}" in shown and f"{cap:.1f}" not in shown, (shown, used, cap)
+    rep = _run(capsys, "explain", "--plan", plan, *over, "--no-search")
+    assert f"{cap - used:.2f} GiB" in rep and "-0.0 GiB" not in rep, rep

@@ -284,7 +284,7 @@ def format_report(rep: dict) -> str:
         from ..plan.multi_explain import format_shapes_report
         return "\n".join([format_shapes_report(rep)] + _format_what_if(rep))
     bd = rep["breakdown"]
-    from ..emit.summary import count_noun
+    from ..emit.summary import count_noun, distinct_gib
     out = [f"plan: {rep['model']} on {count_noun(rep['devices'], 'device')}, {count_noun(rep['stages'], 'stage')}, "
            f"{count_noun(rep['micro_batches'], 'micro-batch')}; predicted {rep['iteration_time_s']:.3f} s per iteration, {rep['tokens_per_s']:,.0f} tokens/s"
            + (f", {rep['cost_per_million_tokens']:.4f} per 1M tokens" if rep.get("cost_per_million_tokens") is not None
@@ -309,8 +309,9 @@ def format_report(rep: dict) -> str:
             "  stage  cluster         used GiB  capacity GiB  headroom"]
     tight = min(rep["memory"], key=lambda m: m["headroom_share"], default=None)
     for m in rep["memory"]:
-        out.append(f"  {m['stage']:>5}  {str(m['cluster']):<14} {m['memory_gib']:>9.1f}  {m['capacity_gib']:>12.1f}  "
-                   f"{m['headroom_gib']:>6.1f} GiB ({100 * m['headroom_share']:.0f}%)"
+        used, room = distinct_gib(m["memory_gib"], m["capacity_gib"]), distinct_gib(m["headroom_gib"], 0.0)
+        out.append(f"  {m['stage']:>5}  {str(m['cluster']):<14} {used:>9}  {m['capacity_gib']:>12.1f}  "
+                   f"{room:>6} GiB ({100 * m['headroom_share']:.{0 if abs(m['headroom_share']) >= 0.005 else 1}f}%)"
                    + ("  <- least headroom" if m is tight else ""))
     if rep["runners_up"] is not None and rep.get("runners_up_requested", 1) > 0:     # (--runners-up 0: none asked)
         # with prices, each layout's cost per 1M tokens too; under --objective cost that is what ranks them

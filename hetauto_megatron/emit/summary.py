@@ -99,6 +99,15 @@ def _tf32_words(plan: Plan, i: int) -> list[str]:
     return ["TF32 GEMMs" if fp32_tf32(plan, mesh.cluster) else "no TF32"]
 
 
+def distinct_gib(value: float, against: float) -> str:
+    """`value` with one decimal, or as many more (up to 3) as tell it from `against`: a stage over its memory by
+    40 MiB showed "75.1 / 75.1" beside "fits: no", its headroom "-0.0 GiB"."""
+    digits = 1
+    while digits < 3 and value != against and round(value, digits) == round(against, digits):
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def _num(value, fmt: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
@@ -183,7 +192,8 @@ def format_summary(plan: Plan, estimate: dict | None = None, *, file: str | None
                 # The capacity the estimate was made against (the inventory simulated, which may override the
                 # catalog's memory_gib), else the plan's own inventory, else the catalog.
                 cap = st.get("memory_cap_gib")
-                mem += f" / {cap if _num(cap, 'g') != '-' else _capacity_gib(plan, i):g}"
+                cap = cap if _num(cap, 'g') != '-' else _capacity_gib(plan, i)
+                mem = f"{distinct_gib(st['memory_gib'], cap)} / {cap:g}"
             util = _num(st.get("utilisation"), ".0%")
             last = s == plan.pipeline_parallel_size - 1
             row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"), _num(st.get("bubble_s"), ".3f"),
@@ -230,8 +240,9 @@ def _format_shapes(plan: Plan, est: dict | None) -> str:
                     if est:
                         st = rows_by_key.get((i, stage + j), {})
                         mem = _num(st.get("memory_gib"), ".1f")
-                        if mem != "-":
-                            mem += f" / {_num(st.get('memory_cap_gib'), 'g')}"
+                        if mem != "-" and _num(st.get("memory_cap_gib"), "g") != "-":
+                            mem = (f"{distinct_gib(st['memory_gib'], st['memory_cap_gib'])} / "
+                                   f"{_num(st['memory_cap_gib'], 'g')}")
                         row += [_num(st.get("compute_s"), ".3f"), _num(st.get("busy_s"), ".3f"),
                                 _num(st.get("send_next_s"), ".4f"), mem, _num(st.get("utilisation"), ".0%")]
                     rows.append(row)

@@ -140,8 +140,9 @@ def grad_norm_note(bd: dict) -> str:
             + (f", the result check {shown(check)}" if check else "") + ")")
 
 
-def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str:
-    """One sentence naming the bottleneck and where it sits (short: a few words, for tables)."""
+def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False, of: str = "the iteration") -> str:
+    """One sentence naming the bottleneck and where it sits (short: a few words, for tables); `of`: what its share
+    is a share of."""
     if bd is None:
         return "-"
     k = bd["bottleneck"]
@@ -165,7 +166,7 @@ def describe_bottleneck(plan: Plan, bd: dict | None, short: bool = False) -> str
         where = f" ({plan.pipeline_parallel_size} stages over {plan.num_micro_batches} micro-batches)"
     if short:
         return f"{k.replace('_', ' ')} {share:.0%}{where}"
-    return f"{PART_NAMES[k]}{where}: {share:.0%} of the iteration"
+    return f"{PART_NAMES[k]}{where}: {share:.0%} of {of}"
 
 
 def memory_headroom(estimate: dict) -> list[dict]:

@@ -15,7 +15,9 @@ from . import sensitivity as S
 from .exchange_roots import describe_roots
 from .simulate import simulate
 
-PARTS = {"pipeline": "slowest pipeline (1F1B)", "dp_sync": "its exposed DP reduction",
+# (the exposed DP time is the job's: the reduction of the pipeline the exchange waits for and the parameter gathers
+# of the one whose tail ends last, which may be another pipeline: multi_simulate.py)
+PARTS = {"pipeline": "slowest pipeline (1F1B)", "dp_sync": "exposed DP reduction and gathers",
          "holders_sync": "gradients summed across holders", "rest": "norm, optimizer, overhead"}
 
 
@@ -40,7 +42,7 @@ def shapes_breakdown(est: dict) -> dict:
             "grad_norm_s": min(X._figure(est.get("grad_norm_s")), parts["rest"]),     # of the rest, the global norm
             "result_check_s": min(X._figure(est.get("result_check_s")), parts["rest"]),   # and the result check
             "text": f"{PARTS[worst]} ({parts[worst]:.3f} s, {parts[worst] / T:.0%} of the iteration)"
-                    + (f", pipeline {slow}" if worst in ("pipeline", "dp_sync") else "")}
+                    + (f", pipeline {slow}" if worst == "pipeline" else "")}
 
 
 def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) -> dict:
@@ -57,7 +59,8 @@ def shapes_report(plan, inventory, cost_model, factors=(0.5, 2.0), replan=None) 
         why = None
         if sub.is_simple:
             sub_est = simulate(sub, inventory, cost_model).to_dict()
-            why = X.describe_bottleneck(sub, X.breakdown(sub_est, sub.num_micro_batches))
+            # the pipeline trained alone: its parts are shares of its own iteration, not of the plan's
+            why = X.describe_bottleneck(sub, X.breakdown(sub_est, sub.num_micro_batches), of="its own iteration")
         rows.append({**info, "clusters": sorted({plan.meshes[i].cluster for i in plan.pipeline_mesh_indices(p)}),
                      "meshes": plan.pipeline_mesh_indices(p), "bottleneck": why})
     sens = S.sensitivity(plan, inventory, cost_model, replan=replan, factors=factors)
