@@ -46,3 +46,19 @@ def test_every_transfer_holds_both_stages():
         t = [simulate_deepspeed([1.0] * p, [2.0] * p, [x] * (p - 1), m)[0] for m in (40, 41)]
         assert t[1] - t[0] == pytest.approx(per)
         assert simulate_deepspeed([1.0] * p, [2.0] * p, [x] * (p - 1), 1)[0] == pytest.approx(3 * p + 2 * (p - 1) * x)
+
+
+@pytest.mark.parametrize("m, p", [(1, 1), (1, 2), (3, 2), (4, 3), (8, 4), (2, 5), (7, 6)])
+def test_the_instruction_lists_are_deepspeeds_own(m, p):
+    """Each stage's instructions, in their order, as DeepSpeed 0.19.8's own TrainSchedule yields them (its
+    transfers, forward and backward passes; loads, reductions and the optimizer step left out). The order was
+    documented and simulated the other way round inside a step (a receive before the send)."""
+    from deepspeed.runtime.pipe import schedule as ds
+
+    from hetauto_megatron.plan.deepspeed_schedule import RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD
+    kinds = {ds.SendGrad: SEND_GRAD, ds.RecvActivation: RECV_ACT, ds.RecvGrad: RECV_GRAD,
+             ds.SendActivation: SEND_ACT, ds.ForwardPass: FORWARD, ds.BackwardPass: BACKWARD}
+    for s in range(p):
+        sched = ds.TrainSchedule(micro_batches=m, stages=p, stage_id=s)
+        theirs = [kinds[type(c)] for step in sched.steps() for c in step if type(c) in kinds]
+        assert [k for k, _ in train_schedule(m, p, s)] == theirs, (m, p, s)

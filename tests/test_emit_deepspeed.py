@@ -14,6 +14,7 @@ from hetauto_megatron.plan.engines import as_run_by
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_736 = os.path.join(ROOT, "examples", "llama", "plans", "llama2-70b-736.yaml")
+PLANS_FILE_TWO = os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-pp2.yaml")     # site-a, site-b
 
 
 def plan(meshes, gbs=16, precision="bf16"):
@@ -304,3 +305,25 @@ def test_a_refused_emit_creates_no_output_directory(tmp_path, capsys):
     assert main(["emit", "deepspeed", "--plan", two, "-o", str(out)]) == 2
     assert "pipelines" in capsys.readouterr().err and not (tmp_path / "new").exists()
     assert main(["emit", "summary", "--plan", two, "-o", str(out)]) == 0 and (out / "summary.txt").exists()
+
+
+def test_configs_of_a_megatron_plan_that_does_not_fit_under_deepspeed_say_so(tmp_path, capsys):
+    """LLaMA-2-13B planned for Megatron's engine on the 64 H800 fits (its overlaps and sequence parallelism); as
+    DeepSpeed's engine runs the emitted configs (no sequence parallelism, no overlaps) a stage exceeds its device,
+    which `simulate --engine deepspeed` says: emit wrote the configs with exit 0 and no word of it."""
+    plan = str(tmp_path / "p13.yaml")
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    assert main(["plan", "--model", "llama2-13b", "--inventory", inv, "--exclude-clusters", "ascend",
+                 "--global-batch-size", "256", "--shapes", "simple", "-o", plan, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--plan", plan, "--engine", "deepspeed", "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    over = [i for i, st in enumerate(sim["stages"]) if st["memory_gib"] > st["memory_cap_gib"]]
+    assert over and not sim["fits"], sim["memory_gib"]
+    assert main(["emit", "deepspeed", "--plan", plan, "-o", str(tmp_path / "ds")]) == 0
+    err = capsys.readouterr().err
+    assert f"stage {over[0]} needs {sim['stages'][over[0]]['memory_gib']:.1f} GiB" in err and "does not fit" in err, err
+    # one cluster's configs again into the same folder: the other cluster's file is this plan's, not stale
+    assert main(["emit", "deepspeed", "--plan", PLANS_FILE_TWO, "-o", str(tmp_path / "two")]) == 0
+    assert main(["emit", "deepspeed", "--plan", PLANS_FILE_TWO, "--cluster", "site-b", "-o", str(tmp_path / "two")]) == 0
+    assert "still holds" not in capsys.readouterr().err

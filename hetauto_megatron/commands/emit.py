@@ -98,11 +98,12 @@ def write_summary(text: str, out_dir: str, field: str = "-o", keep=()) -> list[s
     return write_files(summary_files(text), out_dir, field, keep)
 
 
-def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit") -> list[str]:
+def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit", plans=()) -> list[str]:
     """Launch scripts and DeepSpeed configs in `out_dir` that an earlier emit wrote and this one did not (a plan
     with other clusters or meshes): named on stderr, since launching one starts ranks the plan does not have.
-    Only files of the kinds this emit wrote, and scripts only where their header says hetauto wrote them."""
-    mine = {os.path.basename(p) for p in written}
+    Only files of the kinds this emit wrote, and scripts only where their header says hetauto wrote them.
+    `plans`: names of this plan's other files that this emit left out (--cluster), which are not stale."""
+    mine = {os.path.basename(p) for p in written} | set(plans)
     kinds = {name.endswith(".sh") for name in mine if name.endswith(".sh") or name.startswith("ds_config.")}
     stale = []
     for name in sorted(os.listdir(out_dir)):
@@ -123,6 +124,32 @@ def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit") 
         print(f"{command}: {out_dir} still holds {', '.join(stale)} from an earlier emit, not part of this plan: "
               "remove them (launching them would start ranks this plan does not have)", file=sys.stderr)
     return stale
+
+
+def deepspeed_notes(plan, path: str) -> list[str]:
+    """What a user of the DeepSpeed configs must know beyond the features DeepSpeed cannot express: a plan made for
+    Megatron's engine that does not fit as DeepSpeed's engine runs it (no overlaps or sequence parallelism, full
+    recomputation for selective: Plan.for_engine), on the inventory the plan carries; and what the package's own
+    PipelineModule helper (runtime/deepspeed_pipeline.py) does not build (TP, dropout), which it refuses."""
+    notes = []
+    if plan.engine != "deepspeed" and plan.inventory and plan.is_simple:
+        from ..plan.simulate import simulate
+        from ..spec.inventory import inventory_from_dict
+        est = simulate(plan.for_engine("deepspeed"), inventory_from_dict(plan.inventory), engine="deepspeed")
+        over = [f"stage {i} needs {st['memory_gib']:.1f} GiB of {st['memory_cap_gib']:g}"
+                for i, st in enumerate(est.stages) if st["memory_gib"] > st["memory_cap_gib"]]
+        if over:
+            notes.append(f"as DeepSpeed's pipeline engine runs {path} (its estimate prices Megatron's 1F1B), "
+                         f"{'; '.join(over)}: it does not fit ('hetauto simulate --plan {path} --engine deepspeed'); "
+                         "'hetauto plan --engine deepspeed' plans a job that fits as DeepSpeed runs it")
+    if any(m.tp > 1 for m in plan.meshes):
+        notes.append("TP > 1: the package's PipelineModule helper (hetauto_megatron.runtime.deepspeed_pipeline) "
+                     "builds layers that are not tensor-parallel and refuses these configs; run them with "
+                     "Megatron's layers and their mpu (docs/deepspeed.md)")
+    if any(m.settings.hidden_dropout or m.settings.attention_dropout for m in plan.meshes):
+        notes.append("dropout: the package's PipelineModule helper applies none and refuses these configs; run them "
+                     "with layers that apply the configs' dropouts (docs/deepspeed.md)")
+    return notes
 
 
 def run(args) -> int:
@@ -153,6 +180,7 @@ def run(args) -> int:
     if out_dir and os.path.exists(out_dir):
         make_output_dir(out_dir, "-o")      # a file there is refused before any work; created once there is output
     written: list[str] = []
+    others: list[str] = []      # the plan's files of the other clusters, where --cluster keeps one
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
         if plan.engine != "megatron":      # the plan was made (and is priced) for another engine
@@ -165,6 +193,10 @@ def run(args) -> int:
         if out_dir:
             make_output_dir(out_dir, "-o")
             written += write_megatron(launches, out_dir, keep=[("--plan", args.plan)])
+            if args.cluster is not None:
+                others = [name for name, _, _ in megatron_files(emit_megatron(
+                    plan, plan_path=args.plan_path or os.path.abspath(args.plan), script=args.script or DEFAULT_SCRIPT,
+                    devices_per_node=args.devices_per_node, file=args.plan))]
         if args.json:
             from ..plan.layout import PipelineLayout
             pipes = [{"samples": plan.samples_per_pipeline[p],
@@ -183,9 +215,13 @@ def run(args) -> int:
         from ..emit.deepspeed import emit_deepspeed, unsupported_features
         configs = emit_deepspeed(plan, cluster=args.cluster, file=args.plan)
         unsupported = unsupported_features(plan)
+        for note in deepspeed_notes(plan, args.plan):
+            print(f"hetauto emit: {note}", file=sys.stderr)
         if out_dir:
             make_output_dir(out_dir, "-o")
             written += write_deepspeed(configs, unsupported, out_dir, keep=[("--plan", args.plan)])
+            if args.cluster is not None:
+                others = [name for name, _, _ in deepspeed_files(emit_deepspeed(plan, file=args.plan), [])]
         if args.json:
             print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
         elif not out_dir:
@@ -234,7 +270,7 @@ def run(args) -> int:
         elif not out_dir:
             print(text)
     if out_dir:
-        warn_stale(out_dir, written)
+        warn_stale(out_dir, written, plans=others)
     if not args.json:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)

@@ -278,10 +278,13 @@ def run(args) -> int:
         written += write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model)])
     if args.emit:
         from ..outputs import make_output_dir
-        from .emit import warn_stale, write_files
+        from .emit import deepspeed_notes, warn_stale, write_files
         make_output_dir(args.emit, "--emit")
         if note:
             print(f"hetauto plan: {note}", file=sys.stderr)
+        if any(name.startswith("ds_config.") for name, _, _ in emitted):
+            for ds_note in deepspeed_notes(plan, args.output):
+                print(f"hetauto plan: {ds_note}", file=sys.stderr)
         emitted = write_files(emitted, args.emit, "--emit", keep=[("-o", args.output), *inputs, *timelines])
         warn_stale(args.emit, emitted, "hetauto plan")
         written += emitted

@@ -4,14 +4,14 @@ DeepSpeed's engine (`deepspeed.runtime.pipe.schedule.TrainSchedule`, which `Pipe
 instruction by instruction) runs a lock-step schedule of 2 (m + p - 1) steps: at every step a stage runs one
 forward or one backward (or nothing), and it exchanges with its neighbours as separate instructions, in this order:
 
-    forward step:   RecvActivation(this micro-batch), SendGrad(the previous step's micro-batch), ForwardPass
-    backward step:  SendActivation(the previous step's micro-batch), RecvGrad(this micro-batch), BackwardPass
+    forward step:   SendGrad(the previous step's micro-batch), RecvActivation(this micro-batch), ForwardPass
+    backward step:  RecvGrad(this micro-batch), SendActivation(the previous step's micro-batch), BackwardPass
 
 (the first and the last stage have no neighbour on one side). Each instruction is one NCCL point-to-point transfer
 of several MB, waited for before the next instruction: the sender's and the receiver's streams both wait until it
 has been received, so a send and its receive start together, when both stages have reached them, and both stages
 are held for the whole transfer. A middle stage therefore runs four transfers one after the other per micro-batch
-(receive the activation, send the gradient, send the activation, receive the gradient), none overlapped with its
+(send the gradient, receive the activation, receive the gradient, send the activation), none overlapped with its
 compute or with each other, where Megatron's 1F1B (plan/pipeline.py) holds only the sender and pairs each send with
 the receive the stage needs next. With transfers of zero time the two schedules give the same makespan (the order
 of the forwards and backwards is the same); each transfer's time is what differs: in a pipeline of equal stages
@@ -60,15 +60,15 @@ def train_schedule(m: int, p: int, s: int) -> list[tuple[int, int]]:
             mb = (step - 1) // 2 - p + 1 + s // 2
         valid, prev_valid = 0 <= mb < m, 0 <= prev < m
         if forward and s > 0:
-            if valid:
-                out.append((RECV_ACT, mb))
             if prev_valid:
                 out.append((SEND_GRAD, prev))
+            if valid:
+                out.append((RECV_ACT, mb))
         elif not forward and s < p - 1:
-            if prev_valid:
-                out.append((SEND_ACT, prev))
             if valid:
                 out.append((RECV_GRAD, mb))
+            if prev_valid:
+                out.append((SEND_ACT, prev))
         if valid:
             out.append((FORWARD if forward else BACKWARD, mb))
         prev = mb
