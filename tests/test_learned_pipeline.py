@@ -331,3 +331,34 @@ def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_li
     capsys.readouterr()
     assert main(["fit", str(first), "-o", str(tmp_path / "m"), "--holdout", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["devices"]["cpu"]["rows"] == len(both)
+
+
+def test_an_accelerator_profile_relabelled_within_its_vendor_or_by_an_alias(tmp_path, capsys):
+    """The packaged H200 profiles: relabelled h100-sxm (the same vendor) it was fitted, and priced H100 plans from
+    the H200's times as "learned"; its header's memory bandwidth (4800 GB/s, the H200's in the catalog, which
+    'hetauto profile' writes) tells the device it was timed on. Labelled with an alias (H200), the fitted model was
+    keyed "H200" and priced h200 clusters with the analytic model, saying it covers H200."""
+    from hetauto_megatron.cost.learned import LearnedCostModel
+    from hetauto_megatron.spec.devices import get_device
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",
+                        "h200")
+    files = []
+    for name in ("profile-h200.jsonl", "layers-h200.jsonl"):
+        lines = open(os.path.join(data, name)).read().splitlines(keepends=True)
+        files.append((name, json.loads(lines[0]), "".join(lines[1:])))
+
+    def write(device_type):
+        paths = []
+        for name, header, rest in files:
+            path = tmp_path / f"{device_type}-{name}"
+            path.write_text(json.dumps({**header, "device_type": device_type}) + "\n" + rest)
+            paths.append(str(path))
+        return paths
+
+    assert main(["fit", write("h100-sxm")[0], "-o", str(tmp_path / "relabelled"), "--holdout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'device_type'" in err and "4800" in err and "NVIDIA H200" in err, err
+    assert main(["fit", *write("H200"), "-o", str(tmp_path / "alias"), "--holdout", "0"]) == 0
+    capsys.readouterr()
+    source, _ = LearnedCostModel(str(tmp_path / "alias")).coverage(get_device("h200"))
+    assert source is not None, source

@@ -113,7 +113,9 @@ def train_model(samples: list[Sample], seed: int = 0, rounds: int | None = None)
     if rounds is None:
         chosen, _ = choose_rounds(samples, seed)
         present = {f"{s.granularity}_{s.phase}" for s in samples}
-        per = {n: chosen.get(n, NUM_ROUNDS) for n in BOOSTERS if n in present}
+        # no fold could judge a booster (one group of shapes, or none held out): no trees, the calibration
+        # alone, as where the trees do not clearly beat it; unjudged, NUM_ROUNDS were kept and said cross-validated
+        per = {n: chosen.get(n, 0) for n in BOOSTERS if n in present}
     else:
         per = {n: rounds for n in BOOSTERS}
     return FittedModel(cal, _train_trees(samples, cal, per, seed), per)
@@ -376,7 +378,8 @@ def _layer_files_of(layer_files: list[str], devices: dict, op_files: dict) -> di
     layers: dict[str, list[MeasuredLayer]] = {}
     for p in layer_files:
         header, rows = read_layers(p)
-        dev = str(header.get("device_type"))
+        from ...spec.devices import canonical_device_name
+        dev = canonical_device_name(str(header.get("device_type"))) or str(header.get("device_type"))   # (as for operators)
         if devices.get(dev) is None or devices[dev].granularity != "op":
             raise InputError(f"whole layers of device type {dev}, but no operator profile of it is being fitted",
                              file=p, field="device_type",

@@ -173,6 +173,17 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
                          f"measured on {vendor} hardware", file=path, field="device_type",
                          fix="profile that device type on its own hardware ('hetauto profile --device-type "
                              f"{known}'), or keep the device type it was measured on")
+    # ... and writes the catalog's figures of the type it times: another accelerator of the same vendor relabelled
+    # (an H200 profile saying h100-sxm) keeps its own memory bandwidth, and priced the H100 from the H200's times
+    catalog = get_device(known)
+    if catalog.vendor != "cpu" and abs(bw - catalog.hbm_gbps) > 1e-6 * catalog.hbm_gbps:
+        measured = header.get("accelerator")
+        raise InputError(f"says device_type {dev}, whose memory bandwidth is {catalog.hbm_gbps:g} GB/s, but its "
+                         f"header's hbm_gbps is {bw:g}" + (f" (measured on: {measured})" if measured else "")
+                         + ": it was timed on another device type", file=path, field="device_type",
+                         fix="keep the device type it was measured on, or profile that device type on its own "
+                             f"hardware ('hetauto profile --device-type {known}')")
+    dev = known         # the catalog's name: an alias in the header (H200) keyed the fitted model apart from it
     samples, zeros = [], []
     for no, r in rows:
         try:
