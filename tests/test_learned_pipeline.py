@@ -362,3 +362,31 @@ def test_an_accelerator_profile_relabelled_within_its_vendor_or_by_an_alias(tmp_
     capsys.readouterr()
     source, _ = LearnedCostModel(str(tmp_path / "alias")).coverage(get_device("h200"))
     assert source is not None, source
+
+
+def test_an_inventory_that_changes_a_measured_devices_figures_is_priced_by_them(tmp_path, capsys):
+    """`--set cluster.X.peak_tflops=...` (or an inventory giving a catalog type other figures) describes another
+    device than the one the learned model measured: the learned model kept pricing the measured H200 (2.459 s of
+    compute whatever the peak) and said "learned". Now that device is the analytic model's, as if no model were
+    fitted, and the reason says so."""
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",
+                        "h200")
+    model = str(tmp_path / "m")
+    assert main(["fit", os.path.join(data, "profile-h200.jsonl"), os.path.join(data, "layers-h200.jsonl"),
+                 "-o", model]) == 0
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: h2, device: h200, nodes: 1, devices_per_node: 8}\n")
+    plan = str(tmp_path / "p.yaml")
+    assert main(["plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "64",
+                 "--cost-model", model, "-o", plan, "--quiet"]) == 0
+    capsys.readouterr()
+    faster = ["--set", "cluster.h2.peak_tflops=2250"]
+
+    def simulated(*extra):
+        assert main(["simulate", "--plan", plan, "--inventory", str(inv), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    learned = simulated("--cost-model", model, *faster)
+    assert learned["cost_model"]["h200"] == "analytic" and "other figures" in learned["cost_model_why"]["h200"]
+    assert learned["iteration_time_s"] == simulated(*faster)["iteration_time_s"]
+    assert simulated("--cost-model", model)["cost_model"]["h200"] == "learned"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..comm import allreduce_time
-from ...spec.devices import DeviceType, canonical_device_name
+from ...spec.devices import CATALOG, DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
 from .. import features as F
@@ -52,6 +52,16 @@ class LearnedCostModel:
             hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
+        # an inventory that gives the type other figures (`--set cluster.X.peak_tflops=...`, or a catalog type
+        # standing in for a device it lacks) describes another device than the one measured: its times were the
+        # measured device's, said "learned", while the analytic model followed the figures
+        cat = CATALOG.get(name)
+        changed = [f"{key} {getattr(device, attr):g} (measured: the catalog's {getattr(cat, attr):g})"
+                   for key, attr in (("peak_tflops", "reference_tflops"), ("hbm_gbps", "hbm_gbps"))
+                   if cat is not None and abs(getattr(device, attr) - getattr(cat, attr)) > 1e-9 * getattr(cat, attr)]
+        if changed:
+            return None, (f"the inventory gives {name} other figures than the device the learned model measured "
+                          f"({'; '.join(changed)}): the analytic model prices it from them")
         want = F.device_arithmetic(device)
         if info.arithmetic != want:
             return None, (f"the learned model measured {name} in {_ARITHMETIC_WORDS[info.arithmetic]}, the plan trains "
