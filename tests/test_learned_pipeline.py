@@ -390,3 +390,22 @@ def test_an_inventory_that_changes_a_measured_devices_figures_is_priced_by_them(
     assert learned["cost_model"]["h200"] == "analytic" and "other figures" in learned["cost_model_why"]["h200"]
     assert learned["iteration_time_s"] == simulated(*faster)["iteration_time_s"]
     assert simulated("--cost-model", model)["cost_model"]["h200"] == "learned"
+
+
+def test_a_manifest_figure_written_as_text_is_refused(fitted, tmp_path, capsys):
+    """A calibration rate edited to the text "1.0" was read by float() and changed the plans; a fit writes
+    numbers. And a profile path that is a device (/dev/zero) was called "not found"."""
+    import shutil
+    _, model_dir = fitted
+    bad = tmp_path / "m"
+    shutil.copytree(model_dir, bad)
+    man = json.loads((bad / "manifest.json").read_text())
+    key = next(iter(man["calibration"]))
+    man["calibration"][key]["rate"] = str(man["calibration"][key]["rate"])
+    (bad / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(Exception) as exc:
+        LearnedCostModel(str(bad))
+    assert getattr(exc.value, "field", None) == "calibration", exc.value
+    if os.path.exists("/dev/zero"):
+        assert main(["fit", "/dev/zero", "-o", str(tmp_path / "z")]) == 2
+        assert "is not a regular file" in capsys.readouterr().err

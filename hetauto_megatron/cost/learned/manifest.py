@@ -100,6 +100,13 @@ def booster_text_problem(path: str) -> str | None:
     return None
 
 
+def _number(value) -> float:
+    """A figure a fit wrote as a JSON number: text ("1.0") or true is a hand edit float() would read."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
 def _read_rates(rates, path: str) -> dict:
     """The manifest's tp_allreduce_bytes_per_s: per key a list of [message bytes, bytes/s] in increasing bytes, or
     (models fitted before the sizes were kept) one rate for every size."""
@@ -150,7 +157,7 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
     tables = {}
     for table in ("calibration", "composition", "optimizer_step"):
         try:
-            tables[table] = {k: (float(v["rate"]), float(v["overhead_s"]))
+            tables[table] = {k: (_number(v["rate"]), _number(v["overhead_s"]))
                              for k, v in man.get(table, {}).items()}
         except (TypeError, KeyError, ValueError, AttributeError):
             raise InputError(f"has a garbled '{table}' table", file=path, field=table,

@@ -82,6 +82,9 @@ def read_profile_lines(path: str, *, header_only: bool = False) -> tuple[dict, l
         if os.path.isdir(path):
             raise InputError("is a directory, not a profile file", file=path,
                              fix=f"pass the .jsonl files in it, e.g. {os.path.join(path, '*.jsonl')}")
+        if os.path.exists(path):     # /dev/zero, a pipe: "not found" named the wrong fault
+            raise InputError("is not a regular file (a device or a pipe), not a profile file", file=path,
+                             fix="pass a file written by 'hetauto profile'")
         raise InputError("profile file not found", file=path, fix="pass a file written by 'hetauto profile'")
     header, rows = None, []
     try:
