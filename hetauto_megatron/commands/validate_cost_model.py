@@ -37,7 +37,9 @@ it, or --inventory) with the cost model (--cost-model, or the analytic model),
 and compares the predicted iteration time with the measured one. The prediction uses the model shape the dry
 run ran (a --tiny dry run shrinks it; the report says which) and its ranks' share of the CPU cores: with more
 ranks than cores, compute is stretched by ranks / cores. With --cost-model the analytic prediction is shown
-next to the learned one."""
+next to the learned one; the column is named after the model that priced the rows, and stderr says which
+model prices each device type and why, as 'hetauto plan' does (a learned model without cpu measurements leaves
+them to the analytic model)."""
 
 EPILOG = """\
 examples:
