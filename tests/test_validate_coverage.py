@@ -47,6 +47,18 @@ def layer_json(argv, capsys) -> dict:
     return json.loads(out)["layers"]
 
 
+def test_published_runs_say_why_per_device(sailor_model_dir, capsys):
+    """The Sailor model covers A100-80 in TF32; the published runs trained in 16-bit: each device type's reason is
+    given, and the learned figures are the analytic ones (the in-sample column) where it prices none."""
+    code, out, _ = run(["--published", "--cost-model", sailor_model_dir, "--json"], capsys)
+    res = json.loads(out)["published"]
+    a100 = res["learned_coverage"]["a100-80gb"]
+    assert a100["priced_by"] == "analytic" and "TF32" in a100["why"] and "16-bit" in a100["why"]
+    assert all(r["learned_s"] == r["in_sample_s"] for r in res["rows"] if r["learned_source"] == "analytic")
+    code, out, _ = run(["--published", "--cost-model", sailor_model_dir], capsys)
+    assert code == 0 and "covers none" not in out and f"  a100-80gb: analytic ({a100['why']})" in out
+
+
 def test_dryrun_column_named_after_the_model_that_priced_it(models, tmp_path, capsys):
     """A model without cpu measurements: the dry run is priced by the analytic model, labelled so, with the same
     figure as without --cost-model, and stderr says why."""

@@ -28,8 +28,9 @@ measure the fit, not the prediction; validate on a profile measured separately (
 Published runs: --published compares the analytic model with the packaged published Megatron-LM runs
 (--published=FILE another table in the same format): each run's error in sample (the packaged constants,
 fitted on all runs) beside its error out of sample (the constants fitted without that run), and, with
---cost-model, the learned model's (which is never fitted on these runs; device types it does not cover are
-priced by the analytic model, and the table says which model priced each run).
+--cost-model, the learned model's (which is never fitted on these runs; device types it does not cover, or
+covers in another precision than the runs', are priced by the analytic model: the table says which model priced
+each run, and below it why, per device type).
 
 Iteration times: --dryrun REPORT PLAN (repeatable) takes the output of 'hetauto dryrun --plan PLAN --json' and
 the plan it ran, simulates the plan on its inventory (the one stored in the plan, as 'hetauto plan -o' writes
@@ -107,8 +108,10 @@ def published_results(path: str | None, cost_model_dir: str | None) -> dict:
             learned = LearnedCostModel(cost_model_dir, fallback=C.era_cost_model(run))
             from ..spec.devices import get_device
             t = C.predict(run, cost_model=learned)
+            # the device as C.predict prices it: the catalog's, at its 16-bit peak (the runs trained in fp16 or bf16)
+            info, why = learned.coverage(get_device(run.device))
             row.update(learned_s=t, learned_error_pct=100.0 * (t / run.published_s - 1),
-                       learned_source=learned.source(get_device(run.device)))
+                       learned_source="learned" if info is not None else "analytic", learned_why=why)
         rows.append(row)
 
     def summary(key):
@@ -121,6 +124,9 @@ def published_results(path: str | None, cost_model_dir: str | None) -> dict:
                        "analytic_leave_one_out": summary("held_out_error_pct")}}
     if cost_model_dir:
         out["summary"]["learned"] = summary("learned_error_pct")
+        # which model priced each device type's runs, and why (a type covered in another precision says so)
+        out["learned_coverage"] = {r["device"]: {"priced_by": r["learned_source"], "why": r["learned_why"]}
+                                   for r in rows}
     return out
 
 
@@ -150,8 +156,10 @@ def print_published_table(res: dict) -> None:
         # the device types the learned model does not cover are priced by the analytic model (the 'by' column)
         by = {r.get("learned_source") for r in res["rows"]} - {None}
         what = ("learned (never fitted on these runs)" if by != {"analytic"} else
-                "--cost-model (covers none of these devices: analytic)")
+                "--cost-model (prices none of these runs: analytic)")
         print(f"{what + ':':<53} MAPE {s['learned']['mape_pct']:.1f} %, worst {s['learned']['worst_pct']:.1f} %")
+        for device, c in res.get("learned_coverage", {}).items():
+            print(f"  {device}: {c['priced_by']} ({c['why']})")
     print(f"fitted constants: {', '.join(res['fitted_constants'])}; the others are physical (docs/cost-model.md)")
 
 
