@@ -10,6 +10,8 @@ from helpers import CPU_INVENTORY
 
 from hetauto_megatron.cli import main
 from hetauto_megatron.cost import learned as L
+from hetauto_megatron.cost.analytic import AnalyticCostModel
+from hetauto_megatron.spec.devices import get_device
 
 OPS, LAYERS = (os.path.join(L.H200_DATA, f) for f in ("profile-h200.jsonl", "layers-h200.jsonl"))
 
@@ -45,6 +47,61 @@ def layer_json(argv, capsys) -> dict:
     code, out, err = run(argv + ["--json"], capsys)
     assert code == 0, err
     return json.loads(out)["layers"]
+
+
+def test_layer_file_in_another_precision_is_refused_naming_the_field(models, capsys):
+    bf16, _, layers32, d = models
+    code, _, err = run(["--cost-model", bf16, "--profile", layers32], capsys)
+    assert code == 2 and f"{layers32}: field 'dtype'" in err and "16-bit" in err and "Traceback" not in err
+    # the header's dtype changed alone: its element width contradicts it
+    half = relabelled(LAYERS, d / "half.jsonl", dtype="float32", tf32=True)
+    code, _, err = run(["--cost-model", bf16, "--profile", half], capsys)
+    assert code == 2 and "field 'dtype_bytes'" in err and half in err
+    # TF32 claimed for 16-bit layers
+    code, _, err = run(["--cost-model", bf16, "--profile", relabelled(LAYERS, d / "t.jsonl", tf32=True)], capsys)
+    assert code == 2 and "field 'tf32'" in err
+    # a CPU is priced in fp32 whatever the job's precision: bf16 CPU layers have no figure to compare with
+    cpu = relabelled(LAYERS, d / "cpu.jsonl", device_type="cpu", vendor="cpu")
+    code, _, err = run(["--cost-model", bf16, "--profile", cpu], capsys)
+    assert code == 2 and "field 'dtype'" in err and "fp32" in err
+
+
+def test_tf32_layers_priced_at_tf32(models, capsys):
+    """A model fitted on TF32 files prices the TF32 layer file as learned, and the analytic column is the analytic
+    model's layer time for an fp32 job on TF32 (computed here), not a bf16 job's."""
+    bf16, tf32, layers32, _ = models
+    res = layer_json(["--cost-model", tf32, "--profile", layers32], capsys)
+    assert {r["source"] for r in res["rows"]} == {"learned"} and res["summary"]["all"]["source"] == "learned"
+    _, measured = L.read_layers(layers32)
+    analytic = AnalyticCostModel(sequence_parallel=False)
+    at_tf32, at_bf16 = get_device("h200").at_precision("fp32"), get_device("h200").at_precision("bf16")
+    for layer, fwd, bwd in zip(measured, res["rows"][0::2], res["rows"][1::2]):
+        spec, tp, b = layer.shape.model(layer.model), layer.shape.tp, layer.shape.micro_batch
+        assert (fwd["analytic_s"], bwd["analytic_s"]) == pytest.approx(analytic.layer_times(spec, at_tf32, tp, b))
+        assert fwd["analytic_s"] != pytest.approx(analytic.layer_times(spec, at_bf16, tp, b)[0])
+        assert (fwd["measured_s"], bwd["measured_s"]) == (layer.fwd_s, layer.bwd_s)
+    # the bf16 file against the bf16 model: its analytic column is a bf16 job's
+    res = layer_json(["--cost-model", bf16, "--profile", LAYERS], capsys)
+    layer = L.read_layers(LAYERS)[1][0]
+    want = analytic.layer_times(layer.shape.model(layer.model), at_bf16, layer.shape.tp, layer.shape.micro_batch)
+    assert (res["rows"][0]["analytic_s"], res["rows"][1]["analytic_s"]) == pytest.approx(want)
+
+
+def test_layer_file_the_model_does_not_price_is_skipped_with_its_reason(models, capsys):
+    bf16, tf32, layers32, d = models
+    other = relabelled(LAYERS, d / "h100.jsonl", device_type="h100-sxm")
+    res = layer_json(["--cost-model", bf16, "--profile", LAYERS, "--profile", other, "--profile", layers32], capsys)
+    assert {r["device"] for r in res["rows"]} == {"h200"} and {r["source"] for r in res["rows"]} == {"learned"}
+    n = 2 * len(L.read_layers(LAYERS)[1])
+    assert len(res["rows"]) == n and res["skipped"] == 2 * n
+    why = {s["file"]: s for s in res["skipped_why"]}
+    assert why[other]["device"] == "h100-sxm" and "no measurements of h100-sxm" in why[other]["reason"]
+    assert why[layers32]["arithmetic"] == "tf32" and "another precision" in why[layers32]["reason"]
+    code, out, _ = run(["--cost-model", bf16, "--profile", LAYERS, "--profile", other], capsys)
+    assert code == 0 and f"{other}: {n} rows of h100-sxm measured in 16-bit" in out
+    # only files it does not price: refused, naming the file and the device type
+    code, _, err = run(["--cost-model", bf16, "--profile", other], capsys)
+    assert code == 2 and f"{other}: field 'device_type'" in err
 
 
 def test_published_runs_say_why_per_device(sailor_model_dir, capsys):

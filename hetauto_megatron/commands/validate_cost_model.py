@@ -21,9 +21,12 @@ and phase, next to the roofline prior's.
 
 Whole layers: a file from 'hetauto profile --layers' (passed with --profile too) compares each measured layer
 with the layer time the planner would use - from the model (for a profiled device: the sum of the layer's
-operators) and from the analytic model - forward and backward, with each one's MAPE.
-Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
-measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
+operators) and from the analytic model - forward and backward, with each one's MAPE - for the device at the
+precision the file's layers ran in (its header's dtype and tf32).
+Rows the model does not price - of a device type it has no measurements of, or measured in another precision
+than the model's (an operator or layer file's header, a Sailor reading's) - are skipped, counted per device type
+and precision with the reason; when it prices none of them, the command refuses (exit 2). Note: rows the model was
+fitted on measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
 
 Published runs: --published compares the analytic model with the packaged published Megatron-LM runs
 (--published=FILE another table in the same format): each run's error in sample (the packaged constants,
@@ -194,6 +197,7 @@ def worst_first(rows: list[dict], max_rows: int) -> list[dict]:
 
 
 def print_layer_table(res: dict, max_rows: int) -> None:
+    from ..cost.learned.validation import skipped_lines
     rows = worst_first(res["rows"], max_rows)
     print("Whole layers (one TP rank, no sequence parallelism): measured vs the planner's layer time")
     print(f"{'device':<10} {'ph':<4} {'measured ms':>12} {'model ms':>10} {'error %':>8} {'analytic ms':>12} "
@@ -204,6 +208,8 @@ def print_layer_table(res: dict, max_rows: int) -> None:
     print(f"\n{'device phase':<24} {'rows':>6} {'model':>9} {'MAPE %':>8} {'analytic MAPE %':>16}")
     for k, v in res["summary"].items():
         print(f"{k:<24} {v['rows']:>6} {v['source']:>9} {v['mape_pct']:>8.2f} {v['analytic_mape_pct']:>16.2f}")
+    for line in skipped_lines(res.get("skipped_why", [])):
+        print(f"({line})")
 
 
 def print_operator_table(res: dict, max_rows: int) -> None:
