@@ -104,6 +104,25 @@ def test_layer_file_the_model_does_not_price_is_skipped_with_its_reason(models, 
     assert code == 2 and f"{other}: field 'device_type'" in err
 
 
+def test_sailor_readings_skipped_say_their_precision(sailor_model_dir, capsys):
+    """The A100-40 readings measured without TF32 are skipped because the model measured A100-40 on TF32: the
+    count comes from the readings' own precision labels, the model's from its manifest."""
+    from hetauto_megatron.commands.fit import SAILOR_DEFAULT, sailor_path
+    model = L.LearnedCostModel(sailor_model_dir)
+    readings = L.sailor_reading_samples([r for r in L.load_sailor(sailor_path(SAILOR_DEFAULT))
+                                         if r.shape.kind == "transformer"], 1.0, 1.0)
+    other = [s for s in readings if s.arithmetic != model.devices[s.device].arithmetic]
+    assert other and {(s.device, s.arithmetic) for s in other} == {("a100-40gb", "fp32")}
+    code, out, _ = run(["--cost-model", sailor_model_dir, "--sailor", "--json"], capsys)
+    res = json.loads(out)
+    assert code == 0 and res["skipped"] == len(other) and res["summary"]["all"]["rows"] == len(readings) - len(other)
+    skip, = res["skipped_why"]
+    assert (skip["device"], skip["arithmetic"], skip["rows"]) == ("a100-40gb", "fp32", len(other))
+    code, out, _ = run(["--cost-model", sailor_model_dir, "--sailor"], capsys)
+    assert f"{len(other)} rows of a100-40gb measured in fp32 without tensor cores skipped" in out
+    assert "TF32" in out.splitlines()[-1] and "device types the model does not cover" not in out
+
+
 def test_published_runs_say_why_per_device(sailor_model_dir, capsys):
     """The Sailor model covers A100-80 in TF32; the published runs trained in 16-bit: each device type's reason is
     given, and the learned figures are the analytic ones (the in-sample column) where it prices none."""

@@ -213,6 +213,7 @@ def print_layer_table(res: dict, max_rows: int) -> None:
 
 
 def print_operator_table(res: dict, max_rows: int) -> None:
+    from ..cost.learned.validation import skipped_lines
     rows = worst_first(res["rows"], max_rows)
     print(f"{'device':<12} {'ph':<4} {'measured ms':>12} {'predicted ms':>13} {'error %':>8}  row")
     for r in rows:
@@ -221,8 +222,8 @@ def print_operator_table(res: dict, max_rows: int) -> None:
     print(f"\n{'device phase':<24} {'rows':>6} {'MAPE %':>8} {'prior MAPE %':>13}")
     for k, v in res["summary"].items():
         print(f"{k:<24} {v['rows']:>6} {v['mape_pct']:>8.2f} {v['prior_mape_pct']:>13.2f}")
-    if res["skipped"]:
-        print(f"({res['skipped']} rows of device types the model does not cover were skipped)")
+    for line in skipped_lines(res.get("skipped_why", [])):
+        print(f"({line})")
 
 
 def run(args) -> int:

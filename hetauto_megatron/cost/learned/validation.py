@@ -126,19 +126,32 @@ def summarise(table: list[dict], others: dict[str, str]) -> dict:
 
 
 def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
-    """Predicted vs measured for each sample the model covers; per-row error, MAPE by device and phase."""
+    """Predicted vs measured for each sample the model covers; per-row error, MAPE by device and phase; the rows
+    left out ("skipped"), and per device type and arithmetic why ("skipped_why")."""
     covered = set(model.covered_devices())
     rows = [s for s in samples if s.device in covered]
     if not rows:
         raise InputError("the model covers none of the measured device types "
                          f"({', '.join(sorted({s.device for s in samples}))})", field="--cost-model",
                          fix="fit a model that includes these measurements' device type")
-    # a device measured in another arithmetic than the model's (a bf16 profile against an fp32 fit): the planner
-    # never prices it with that model (LearnedCostModel.coverage), so its error would be no error of the model's
-    other = {(s.device, s.arithmetic) for s in rows if s.arithmetic != model.devices[s.device].arithmetic}
+    skipped = {}
+    for s in samples:
+        if s.device not in covered:
+            why = f"no measurements of {s.device} in the model (it covers: {', '.join(sorted(covered))})"
+        elif s.arithmetic != model.devices[s.device].arithmetic:
+            # a device measured in another arithmetic than the model's (a bf16 profile against an fp32 fit): the
+            # planner never prices it with that model (LearnedCostModel.coverage), so its error is no error of the
+            # model's
+            why = (f"the model measured {s.device} in {_ARITHMETIC_WORDS[model.devices[s.device].arithmetic]}: no "
+                   "rate is borrowed from another precision")
+        else:
+            continue
+        entry = skipped.setdefault((s.device, s.arithmetic), {"device": s.device, "arithmetic": s.arithmetic,
+                                                              "rows": 0, "reason": why})
+        entry["rows"] += 1
     rows = [s for s in rows if s.arithmetic == model.devices[s.device].arithmetic]
     if not rows:
-        device, arithmetic = sorted(other)[0]
+        device, arithmetic = sorted(k for k in skipped if k[0] in covered)[0]
         raise InputError(f"the model measured {device} in {model.devices[device].arithmetic}, these measurements "
                          f"are in {arithmetic}: the planner prices no precision with another's rates",
                          field="--profile",
@@ -148,7 +161,7 @@ def validate(model: LearnedCostModel, samples: list[Sample]) -> dict:
               "predicted_s": p, "prior_s": s.baseline_s, "error_pct": 100.0 * (p / s.measured_s - 1)}
              for s, p in zip(rows, pred)]
     return {"rows": table, "summary": summarise(table, {"prior_mape_pct": "prior_s"}),
-            "skipped": len(samples) - len(rows)}
+            "skipped": len(samples) - len(rows), "skipped_why": [skipped[k] for k in sorted(skipped)]}
 
 
 def skipped_lines(skipped_why: list[dict]) -> list[str]:
