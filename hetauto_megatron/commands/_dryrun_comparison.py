@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
+from ..cost.shared_cores import SharedCoresCostModel
 from ..errors import InputError
 from ..spec.files import read_json_file
 
@@ -114,7 +116,7 @@ def measured_plan(report: dict, plan, *, report_file: str, tiny: bool | None):
 def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: int, analytic=None) -> dict:
     """Predicted vs measured iteration time of one dry run. `plan` carries the measured model shape
     (measured_plan); compute is stretched by max(1, ranks / cores). `analytic`: a second model shown beside."""
-    from ..cost.shared_cores import SharedCoresCostModel, core_sharing_factor
+    from ..cost.shared_cores import core_sharing_factor
     from ..plan.simulate import simulate
     for i, mesh in enumerate(plan.meshes):
         if mesh.device_type != "cpu":
@@ -134,17 +136,35 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
     scale = report.get("link_scale")
     if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf:
         inventory = inventory.with_link_time_scale(float(scale))
-    est = simulate(plan, inventory, SharedCoresCostModel(cost_model, factor))
+    stretched = _SaysWhy if hasattr(cost_model, "coverage") else SharedCoresCostModel
+    est = simulate(plan, inventory, stretched(cost_model, factor))
     meas = float(report["iteration_s"])
     row = {"label": label, "model": plan.model.name, "hidden_size": plan.model.hidden_size,
            "seq_length": plan.model.seq_length, "ranks": plan.world_size, "cores": cores, "stretch": factor,
            "measured_s": meas, "predicted_s": est.iteration_time_s,
            "error_pct": 100.0 * (est.iteration_time_s / meas - 1),
-           "pipeline_s": est.pipeline_s, "cost_model": est.cost_model}
-    if analytic is not None:
+           "pipeline_s": est.pipeline_s, "cost_model": est.cost_model,
+           **({"cost_model_why": est.cost_model_why} if est.cost_model_why else {})}
+    # where the learned model covers none of the plan's devices its fallback priced them: the analytic column
+    # would repeat the prediction under another name
+    if analytic is not None and "learned" in est.cost_model.values():
         a = simulate(plan, inventory, SharedCoresCostModel(analytic, factor)).iteration_time_s
         row.update(analytic_s=a, analytic_error_pct=100.0 * (a / meas - 1))
     return row
+
+
+class _SaysWhy(SharedCoresCostModel):
+    """A stretched learned model that says why it prices each device type as it does (the simulator records
+    `coverage` in Estimate.cost_model_why, as for the unstretched model 'hetauto simulate' uses)."""
+
+    def coverage(self, device):
+        return self.base.coverage(device)
+
+
+def priced_by(rows: list[dict]) -> str:
+    """The model that priced the rows' devices: 'learned', 'analytic', or 'learned/analytic' where both did."""
+    sources = {s for r in rows for s in r["cost_model"].values()}
+    return "/".join(sorted(sources, reverse=True)) or "analytic"
 
 
 def dryrun_summary(rows: list[dict]) -> dict:
@@ -196,12 +216,16 @@ def dryrun_results(args) -> dict:
         except InputError as exc:      # the plan's meshes (device type, clusters): name the plan file
             raise (exc.within(file=plan_file) if exc.file is None and (exc.field or "").startswith("meshes")
                    else exc) from None
-    return {"cost_model": model.name, "rows": rows, "summary": dryrun_summary(rows)}
+    # which model priced each device type, and why, as 'hetauto plan' says it (commands/_common.py)
+    said = {(d, r["cost_model"][d], why) for r in rows for d, why in r.get("cost_model_why", {}).items()}
+    for device, source, why in sorted(said):
+        print(f"cost model: {device}: {source} ({why})", file=sys.stderr)
+    return {"cost_model": priced_by(rows), "rows": rows, "summary": dryrun_summary(rows)}
 
 
 def print_dryrun_table(res: dict) -> None:
     rows = res["rows"]
-    with_analytic = any("analytic_s" in r for r in rows)
+    with_analytic = bool(rows) and all("analytic_s" in r for r in rows)
     head = f"{'plan':<28} {'model shape':>13} {'ranks':>5} {'x':>4} {'measured s':>11} {res['cost_model'] + ' s':>11} " \
            f"{'error %':>8}"
     print(head + (f" {'analytic s':>11} {'error %':>8}" if with_analytic else ""))

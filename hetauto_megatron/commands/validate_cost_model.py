@@ -21,15 +21,19 @@ and phase, next to the roofline prior's.
 
 Whole layers: a file from 'hetauto profile --layers' (passed with --profile too) compares each measured layer
 with the layer time the planner would use - from the model (for a profiled device: the sum of the layer's
-operators) and from the analytic model - forward and backward, with each one's MAPE.
-Rows of device types the model does not cover are skipped (and counted). Note: rows the model was fitted on
-measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
+operators) and from the analytic model - forward and backward, with each one's MAPE - for the device at the
+precision the file's layers ran in (its header's dtype and tf32).
+Rows the model does not price - of a device type it has no measurements of, or measured in another precision
+than the model's (an operator or layer file's header, a Sailor reading's) - are skipped, counted per device type
+and precision with the reason; when it prices none of them, the command refuses (exit 2). Note: rows the model was
+fitted on measure the fit, not the prediction; validate on a profile measured separately (or fit with a hold-out).
 
 Published runs: --published compares the analytic model with the packaged published Megatron-LM runs
 (--published=FILE another table in the same format): each run's error in sample (the packaged constants,
 fitted on all runs) beside its error out of sample (the constants fitted without that run), and, with
---cost-model, the learned model's (which is never fitted on these runs; device types it does not cover are
-priced by the analytic model, and the table says which model priced each run).
+--cost-model, the learned model's (which is never fitted on these runs; device types it does not cover, or
+covers in another precision than the runs', are priced by the analytic model: the table says which model priced
+each run, and below it why, per device type).
 
 Iteration times: --dryrun REPORT PLAN (repeatable) takes the output of 'hetauto dryrun --plan PLAN --json' and
 the plan it ran, simulates the plan on its inventory (the one stored in the plan, as 'hetauto plan -o' writes
@@ -37,7 +41,9 @@ it, or --inventory) with the cost model (--cost-model, or the analytic model),
 and compares the predicted iteration time with the measured one. The prediction uses the model shape the dry
 run ran (a --tiny dry run shrinks it; the report says which) and its ranks' share of the CPU cores: with more
 ranks than cores, compute is stretched by ranks / cores. With --cost-model the analytic prediction is shown
-next to the learned one."""
+next to the learned one; the column is named after the model that priced the rows, and stderr says which
+model prices each device type and why, as 'hetauto plan' does (a learned model without cpu measurements leaves
+them to the analytic model)."""
 
 EPILOG = """\
 examples:
@@ -105,8 +111,10 @@ def published_results(path: str | None, cost_model_dir: str | None) -> dict:
             learned = LearnedCostModel(cost_model_dir, fallback=C.era_cost_model(run))
             from ..spec.devices import get_device
             t = C.predict(run, cost_model=learned)
+            # the device as C.predict prices it: the catalog's, at its 16-bit peak (the runs trained in fp16 or bf16)
+            info, why = learned.coverage(get_device(run.device))
             row.update(learned_s=t, learned_error_pct=100.0 * (t / run.published_s - 1),
-                       learned_source=learned.source(get_device(run.device)))
+                       learned_source="learned" if info is not None else "analytic", learned_why=why)
         rows.append(row)
 
     def summary(key):
@@ -119,6 +127,9 @@ def published_results(path: str | None, cost_model_dir: str | None) -> dict:
                        "analytic_leave_one_out": summary("held_out_error_pct")}}
     if cost_model_dir:
         out["summary"]["learned"] = summary("learned_error_pct")
+        # which model priced each device type's runs, and why (a type covered in another precision says so)
+        out["learned_coverage"] = {r["device"]: {"priced_by": r["learned_source"], "why": r["learned_why"]}
+                                   for r in rows}
     return out
 
 
@@ -148,8 +159,10 @@ def print_published_table(res: dict) -> None:
         # the device types the learned model does not cover are priced by the analytic model (the 'by' column)
         by = {r.get("learned_source") for r in res["rows"]} - {None}
         what = ("learned (never fitted on these runs)" if by != {"analytic"} else
-                "--cost-model (covers none of these devices: analytic)")
+                "--cost-model (prices none of these runs: analytic)")
         print(f"{what + ':':<53} MAPE {s['learned']['mape_pct']:.1f} %, worst {s['learned']['worst_pct']:.1f} %")
+        for device, c in res.get("learned_coverage", {}).items():
+            print(f"  {device}: {c['priced_by']} ({c['why']})")
     print(f"fitted constants: {', '.join(res['fitted_constants'])}; the others are physical (docs/cost-model.md)")
 
 
@@ -184,6 +197,7 @@ def worst_first(rows: list[dict], max_rows: int) -> list[dict]:
 
 
 def print_layer_table(res: dict, max_rows: int) -> None:
+    from ..cost.learned.validation import skipped_lines
     rows = worst_first(res["rows"], max_rows)
     print("Whole layers (one TP rank, no sequence parallelism): measured vs the planner's layer time")
     print(f"{'device':<10} {'ph':<4} {'measured ms':>12} {'model ms':>10} {'error %':>8} {'analytic ms':>12} "
@@ -194,9 +208,12 @@ def print_layer_table(res: dict, max_rows: int) -> None:
     print(f"\n{'device phase':<24} {'rows':>6} {'model':>9} {'MAPE %':>8} {'analytic MAPE %':>16}")
     for k, v in res["summary"].items():
         print(f"{k:<24} {v['rows']:>6} {v['source']:>9} {v['mape_pct']:>8.2f} {v['analytic_mape_pct']:>16.2f}")
+    for line in skipped_lines(res.get("skipped_why", [])):
+        print(f"({line})")
 
 
 def print_operator_table(res: dict, max_rows: int) -> None:
+    from ..cost.learned.validation import skipped_lines
     rows = worst_first(res["rows"], max_rows)
     print(f"{'device':<12} {'ph':<4} {'measured ms':>12} {'predicted ms':>13} {'error %':>8}  row")
     for r in rows:
@@ -205,8 +222,8 @@ def print_operator_table(res: dict, max_rows: int) -> None:
     print(f"\n{'device phase':<24} {'rows':>6} {'MAPE %':>8} {'prior MAPE %':>13}")
     for k, v in res["summary"].items():
         print(f"{k:<24} {v['rows']:>6} {v['mape_pct']:>8.2f} {v['prior_mape_pct']:>13.2f}")
-    if res["skipped"]:
-        print(f"({res['skipped']} rows of device types the model does not cover were skipped)")
+    for line in skipped_lines(res.get("skipped_why", [])):
+        print(f"({line})")
 
 
 def run(args) -> int:
