@@ -340,9 +340,11 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         shapes = len({(s.device, s.group) for s in samples})
         held = len({(s.device, s.group) for s in test})
         if not test:
-            raise InputError(f"{holdout:g} holds out none of the {shapes} shapes", field="--holdout",
-                             fix="give a larger share (e.g. --holdout 0.2), or --holdout 0 to fit without a "
-                                 "held-out report")
+            # (with one shape no share can hold one out and keep one to fit: a larger share is no fix there)
+            fix = ("give a larger share (e.g. --holdout 0.2), or --holdout 0 to fit without a held-out report"
+                   if shapes > 1 else "profile more shapes (a larger --grid) to hold one out, or --holdout 0 to fit "
+                                      "without a held-out report")
+            raise InputError(f"{holdout:g} holds out none of the {shapes} shapes", field="--holdout", fix=fix)
         if len(train) < 8:
             raise InputError(f"{holdout:g} holds out {held} of the {shapes} shapes, which leaves {len(train)} "
                              "measurements to train on (at least 8 needed)", field="--holdout",
