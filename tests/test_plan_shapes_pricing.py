@@ -297,3 +297,35 @@ def test_the_exchange_over_a_long_haul_link_is_capped_by_its_connections():
         got = _price(model, inv, pipes)
         # every element once each way at once (fp32 gradient buffer), one latency; nothing to copy inside a holder
         assert got.replica_sync_s == pytest.approx(2e-3 + 4 * params / (rate * 1e9 / 8), rel=1e-9), flow
+
+
+def test_the_exchanges_rank_pairs_count_once_per_link_direction():
+    """Two pipelines of two stages with a tied table: the layers' blocks have two holders, the table four (both
+    ends of both pipelines), so the same two meshes meet in blocks of two and of four, with either one the root. A
+    link direction carries each pair of sending and receiving ranks once; the price counted a pair of holders again
+    when they met with the other as root (12 connections one way, 8 the other, for the runtime's 8 each way)."""
+    from hetauto_megatron.plan.multi_simulate import price_shapes
+    from hetauto_megatron.plan.tail_costs import _exchange_traffic
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    from hetauto_megatron.plan.exchange_roots import exchange_weights
+    node = {"nodes": 1, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}
+    inv = inventory_from_dict({"clusters": [{"name": "a1", "device": "h100", **node},
+                                            {"name": "a2", "device": "h100", **node}],
+                               "links": [{"between": ["a1", "a2"], "bandwidth_gbps": 100, "latency_ms": 2,
+                                          "flow_gbps": 1}]})
+    model = PRESETS["tiny"].replace(tie_embeddings=True)
+    half = model.num_layers // 2
+    pipes = [(8, [[_mesh(c, "h100", 1, 2, 1, [half, half])]]) for c in ("a1", "a2")]
+    shapes, k = [], 0
+    for samples, positions in pipes:
+        pos = []
+        for group in positions:
+            pos.append([(k + j, m) for j, m in enumerate(group)])
+            k += len(group)
+        shapes.append(PipelineShape(pos, samples))
+    blocks = price_shapes(model, inv.with_precision("bf16"), shapes, COST).extra["holders"]
+    assert any(len(hs) == 2 for _, hs in blocks) and any(len(hs) == 4 for _, hs in blocks)
+    _, _, pairs = _exchange_traffic(inv.with_precision("bf16"), blocks, exchange_weights)
+    for phase in pairs:
+        there, back = (sum(phase.get(("link", x, y), {}).values()) for x, y in (("a1", "a2"), ("a2", "a1")))
+        assert there == back, (there, back)

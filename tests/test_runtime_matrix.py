@@ -255,3 +255,6 @@ def test_a_full_size_tp_plan_matches_its_reference_within_the_optimizers_roundin
     assert parity([{"loss": 8.4, "grad_norm": 1.77 * (1 + 2e-5)}], ref)["ok"]
     assert not parity([{"loss": 8.4, "grad_norm": 1.77 * (1 + 1e-3)}], ref)["ok"]
     assert not parity([{"loss": 8.4 + 2e-5, "grad_norm": 1.77}], ref)["ok"]
+    # a norm of 0 matches a rounding-sized one; a NaN in any step fails (max() let a later NaN pass)
+    assert parity([{"loss": 8.4, "grad_norm": 1e-12}], [{"loss": 8.4, "grad_norm": 0.0}])["ok"]
+    assert not parity(ref + [{"loss": float("nan"), "grad_norm": 1.7}], ref + [{"loss": 8.3, "grad_norm": 1.7}])["ok"]

@@ -148,7 +148,7 @@ def run(args) -> int:
         par = report["parity"]
         print(f"hetauto dryrun: the plan's run differs from the single-process reference: losses by "
               f"{par['loss_max_abs_diff']:.3g} (tolerance {LOSS_TOLERANCE:g}), grad norms by "
-              f"{par['grad_norm_max_rel_diff']:.3g} of themselves (tolerance {GRAD_NORM_TOLERANCE:g})", file=sys.stderr)
+              f"{_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g})", file=sys.stderr)
         return 1
     return 0
 
@@ -268,6 +268,11 @@ def _print_memory(report: dict) -> None:
               f"allocator peak in the step {g['allocator_peak'] / 1024:,.0f}")
 
 
+def _rel(x) -> str:
+    """A relative difference, or what it is against a reference norm of 0."""
+    return "-" if x is None else f"{x:.3g}"
+
+
 def settings_line(i: int, s: dict) -> str:
     """One mesh's settings as its ranks ran them (a report's "settings" entry), the gradients' dtype named:
     grad_reduce_dtype "param" is the parameters' dtype, which the DDP gradient buffers report."""
@@ -314,7 +319,7 @@ def _print_table(report: dict, plan) -> None:
     if ref:
         par = report["parity"]
         print(f"vs single process: losses within {par['loss_max_abs_diff']:.3g} (tolerance {LOSS_TOLERANCE:g}), grad "
-              f"norms within {par['grad_norm_max_rel_diff']:.3g} of themselves (tolerance {GRAD_NORM_TOLERANCE:g}): "
+              f"norms within {_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g}): "
               f"{'match' if par['ok'] else 'MISMATCH'}")
     how = ("median of steps after the first, slowest rank" if len(report["steps"]) > 1 else
            "the only step, slowed by the memory measurement: run --steps 2 or more for the iteration time")

@@ -136,7 +136,8 @@ def deepspeed_notes(plan, path: str) -> list[str]:
         from ..plan.simulate import simulate
         from ..spec.inventory import inventory_from_dict
         est = simulate(plan.for_engine("deepspeed"), inventory_from_dict(plan.inventory), engine="deepspeed")
-        over = [f"stage {i} needs {st['memory_gib']:.1f} GiB of {st['memory_cap_gib']:g}"
+        from ..emit.summary import distinct_gib
+        over = [f"stage {i} needs {distinct_gib(st['memory_gib'], st['memory_cap_gib'])} GiB of {st['memory_cap_gib']:g}"
                 for i, st in enumerate(est.stages) if st["memory_gib"] > st["memory_cap_gib"]]
         if over:
             notes.append(f"as DeepSpeed's pipeline engine runs {path} (its estimate prices Megatron's 1F1B), "

@@ -298,13 +298,13 @@ def exchange_pairs(a: int, b: int) -> int:
 
 def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], dict, list[dict]]:
     """(per phase: resource -> bytes, per holder: [DP broadcast bytes, TP broadcast bytes, its profile], per phase:
-    link resource -> {(holder, root holder): rank pairs}) of the exchange holders_sync_time prices. Resources:
+    link resource -> {(sending holder, receiving holder): rank pairs}) of the exchange holders_sync_time prices. Resources:
     ("link", from cluster, to cluster), ("uplink", cluster, "out" | "in"), ("ranks", holder, cluster, "in" |
     "out"). A pair of holders' rank pairs (exchange_pairs) count once per phase and link however many parameters
     they exchange: every parameter's messages of a rank pair go in one message (one connection)."""
     phases = [{}, {}]          # per phase: resource (one direction) -> bytes
     copies: dict = {}          # holder -> [DP broadcast bytes, TP broadcast bytes, its profile]
-    pairs = [{}, {}]           # per phase: link resource -> {(holder, root holder): rank pairs}
+    pairs = [{}, {}]           # per phase: link resource -> {(sending holder, receiving holder): rank pairs}
 
     def add(phase: int, res, nbytes: float, holders=None, ranks: int = 0) -> None:
         phases[phase][res] = phases[phase].get(res, 0.0) + nbytes
@@ -336,10 +336,14 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                 gb = grad_buffer_bytes(prof.cluster.device.dtype_bytes, prof.settings)
                 sent = gb * run                                       # its run of the elements, once each way
                 back = 0 if len(hs) == 2 else 1
-                holders, ranks = None, 0
+                to_pair = from_pair = None
+                ranks = 0
                 if c != rc:
                     to_root, from_root = ("link", c, rc), ("link", rc, c)
-                    holders, ranks = (key, rk), exchange_pairs(owner_ranks(prof), owner_ranks(rp))
+                    # keyed by direction (sender, receiver): the same two holders meet in blocks of two and of
+                    # more, with either the root, and their rank pairs on a link direction count once
+                    to_pair, from_pair = (key, rk), (rk, key)
+                    ranks = exchange_pairs(owner_ranks(prof), owner_ranks(rp))
                     # every link out of (into) a cluster also crosses its uplink, where the inventory gives one
                     add(0, ("uplink", c, "out"), sent)
                     add(0, ("uplink", rc, "in"), sent)
@@ -349,8 +353,8 @@ def _exchange_traffic(inventory: Inventory, blocks, rule) -> tuple[list[dict], d
                     # each root rank's share, counted at the per-device rate (longer where a node's NIC is shared)
                     sent *= rank_pairs_share(inventory.cluster(c), min(owner_ranks(prof), owner_ranks(rp)))
                     to_root, from_root = ("ranks", rk, c, "in"), ("ranks", rk, c, "out")
-                add(0, to_root, sent, holders, ranks)
-                add(back, from_root, sent, holders, ranks)
+                add(0, to_root, sent, to_pair, ranks)
+                add(back, from_root, sent, from_pair, ranks)
     return phases, copies, pairs
 
 

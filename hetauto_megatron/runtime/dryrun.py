@@ -131,12 +131,20 @@ GRAD_NORM_TOLERANCE = 1e-4
 
 
 def parity(steps: list[dict], reference: list[dict]) -> dict:
-    """{"loss_max_abs_diff", "grad_norm_max_rel_diff", "ok"} of the plan's steps against the reference's."""
-    loss = max(abs(a["loss"] - b["loss"]) for a, b in zip(steps, reference))
-    norm = max(abs(a["grad_norm"] - b["grad_norm"]) / max(abs(b["grad_norm"]), 1e-30)
-               for a, b in zip(steps, reference))
-    return {"loss_max_abs_diff": loss, "grad_norm_max_rel_diff": norm,
-            "ok": loss <= LOSS_TOLERANCE and norm <= GRAD_NORM_TOLERANCE}
+    """{"loss_max_abs_diff", "grad_norm_max_rel_diff", "ok"} of the plan's steps against the reference's. A grad norm
+    also matches within LOSS_TOLERANCE absolute (a norm near 0); any figure that is not finite fails (max() would
+    let a NaN after the first step pass)."""
+    import math
+    pairs = list(zip(steps, reference))
+    finite = all(math.isfinite(x[k]) for a, b in pairs for x in (a, b) for k in ("loss", "grad_norm"))
+    loss = max(abs(a["loss"] - b["loss"]) for a, b in pairs)
+    rel = [abs(a["grad_norm"] - b["grad_norm"]) / abs(b["grad_norm"]) if b["grad_norm"] else math.inf
+           for a, b in pairs]
+    norms_ok = all(r <= GRAD_NORM_TOLERANCE or abs(a["grad_norm"] - b["grad_norm"]) <= LOSS_TOLERANCE
+                   for r, (a, b) in zip(rel, pairs))
+    worst = max(rel)
+    return {"loss_max_abs_diff": loss, "grad_norm_max_rel_diff": worst if math.isfinite(worst) else None,   # (JSON)
+            "ok": finite and loss <= LOSS_TOLERANCE and norms_ok}
 
 
 def available_host_bytes() -> int | None:

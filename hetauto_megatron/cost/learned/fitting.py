@@ -394,6 +394,14 @@ def _layer_files_of(layer_files: list[str], devices: dict, op_files: dict) -> di
             raise InputError(f"layers were timed with {header.get('dtype')}{' on TF32' if header.get('tf32') else ''}, "
                              f"the operators in {devices[dev].arithmetic}", file=p, field="dtype",
                              fix="profile layers and operators with the same --dtype")
+        # timed on the device of its operator profile: the header's memory bandwidth is that device's (a layer
+        # file of another device relabelled was composed with this one's operators)
+        bw = header.get("hbm_gbps")
+        if isinstance(bw, (int, float)) and not isinstance(bw, bool) and \
+                abs(bw - devices[dev].hbm_gbps) > 1e-9 * devices[dev].hbm_gbps:
+            raise InputError(f"says device_type {dev}, but its header's hbm_gbps {bw:g} is not that of the device "
+                             f"its operator profile was timed on ({devices[dev].hbm_gbps:g})", file=p,
+                             field="device_type", fix="pass the layer file timed on the same device as the operators")
         check_same_threads(op_files[dev], p, header)
         layers[dev] = rows
     return layers

@@ -55,10 +55,15 @@ class LearnedCostModel:
         # an inventory that gives the type other figures (`--set cluster.X.peak_tflops=...`, or a catalog type
         # standing in for a device it lacks) describes another device than the one measured: its times were the
         # measured device's, said "learned", while the analytic model followed the figures
+        # Compared with the figures the measurement recorded (its header's memory bandwidth; its 16-bit peak, or
+        # for fp32 / TF32 measurements the catalog's 16-bit peak, whose fp32 and TF32 peaks follow from it), not
+        # with today's catalog alone; a CPU's figures are the host's, whatever the inventory says
         cat = CATALOG.get(name)
-        changed = [f"{key} {getattr(device, attr):g} (measured: the catalog's {getattr(cat, attr):g})"
-                   for key, attr in (("peak_tflops", "reference_tflops"), ("hbm_gbps", "hbm_gbps"))
-                   if cat is not None and abs(getattr(device, attr) - getattr(cat, attr)) > 1e-9 * getattr(cat, attr)]
+        peak = info.peak_tflops if info.arithmetic == "16-bit" else (cat.reference_tflops if cat else None)
+        changed = [f"{key} {have:g} (measured: {was:g})"
+                   for key, have, was in (("peak_tflops", device.reference_tflops, peak),
+                                          ("hbm_gbps", device.hbm_gbps, info.hbm_gbps))
+                   if device.vendor != "cpu" and was and abs(have - was) > 1e-9 * was]
         if changed:
             return None, (f"the inventory gives {name} other figures than the device the learned model measured "
                           f"({'; '.join(changed)}): the analytic model prices it from them")
