@@ -409,3 +409,46 @@ def test_a_manifest_figure_written_as_text_is_refused(fitted, tmp_path, capsys):
     if os.path.exists("/dev/zero"):
         assert main(["fit", "/dev/zero", "-o", str(tmp_path / "z")]) == 2
         assert "is not a regular file" in capsys.readouterr().err
+
+
+def test_the_inventorys_figures_are_compared_with_the_measurements_not_todays_catalog(fitted, tmp_path, capsys):
+    """A model whose measurement recorded other figures than today's catalog (a catalog corrected since the fit:
+    here the H200 model's recorded peak edited to 900 TFLOP/s) prices an inventory stating the figures measured,
+    and hands the catalog's own figures to the analytic model; a CPU's figures are the host's, whatever the
+    inventory says (the CPU model keeps pricing a cluster whose cpu peak is overridden)."""
+    import dataclasses
+    import shutil
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",
+                        "h200")
+    model = tmp_path / "m"
+    assert main(["fit", os.path.join(data, "profile-h200.jsonl"), os.path.join(data, "layers-h200.jsonl"),
+                 "-o", str(model)]) == 0
+    man = json.loads((model / "manifest.json").read_text())
+    man["devices"]["h200"]["peak_tflops"] = 900.0
+    (model / "manifest.json").write_text(json.dumps(man))
+    learned = LearnedCostModel(str(model))
+    h200 = get_device("h200").at_precision("bf16")
+    info, why = learned.coverage(h200)
+    assert info is None and "peak_tflops 989 (measured: 900)" in why, why
+    as_measured = dataclasses.replace(get_device("h200"), peak_tflops=900.0, reference_tflops=900.0,
+                                      peaks=(("bf16", 900.0),)).at_precision("bf16")
+    assert learned.coverage(as_measured)[0] is not None
+    _, cpu_model = fitted
+    cpu = get_device("cpu")
+    faster = dataclasses.replace(cpu, peak_tflops=cpu.peak_tflops * 3, reference_tflops=cpu.peak_tflops * 3)
+    assert LearnedCostModel(str(cpu_model)).coverage(faster.at_precision("fp32"))[0] is not None
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("hbm", [4000.0, float("nan"), "4800"])
+def test_a_layer_file_timed_on_another_device_than_its_operators_is_refused(tmp_path, capsys, hbm):
+    """The H200's operator profile with a layer file whose header's memory bandwidth is another device's (an
+    accelerator relabelled, or a garbled figure): its layers were composed with the H200's operators."""
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hetauto_megatron", "data",
+                        "h200")
+    lines = open(os.path.join(data, "layers-h200.jsonl")).read().splitlines(keepends=True)
+    bad = tmp_path / "layers.jsonl"
+    bad.write_text(json.dumps({**json.loads(lines[0]), "hbm_gbps": hbm}) + "\n" + "".join(lines[1:]))
+    assert main(["fit", os.path.join(data, "profile-h200.jsonl"), str(bad), "-o", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "field 'device_type'" in err and "hbm_gbps" in err and "Traceback" not in err, err

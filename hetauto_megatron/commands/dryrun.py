@@ -146,8 +146,12 @@ def run(args) -> int:
         _print_exposed(report, plan, scale)
     if args.reference and not report["parity"]["ok"]:
         par = report["parity"]
+        if not par["finite"]:
+            print("hetauto dryrun: a loss or grad norm of the plan's run or of the single-process reference is not a "
+                  "finite number (NaN or infinite): the two cannot be compared", file=sys.stderr)
+            return 1
         print(f"hetauto dryrun: the plan's run differs from the single-process reference: losses by "
-              f"{par['loss_max_abs_diff']:.3g} (tolerance {LOSS_TOLERANCE:g}), grad norms by "
+              f"{_rel(par['loss_max_abs_diff'])} (tolerance {LOSS_TOLERANCE:g}), grad norms by "
               f"{_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g})", file=sys.stderr)
         return 1
     return 0
@@ -269,7 +273,7 @@ def _print_memory(report: dict) -> None:
 
 
 def _rel(x) -> str:
-    """A relative difference, or what it is against a reference norm of 0."""
+    """A difference, or "-" where it is no number (against a reference norm of 0, or a figure not finite)."""
     return "-" if x is None else f"{x:.3g}"
 
 
@@ -318,7 +322,7 @@ def _print_table(report: dict, plan) -> None:
         print(settings_line(i, s))
     if ref:
         par = report["parity"]
-        print(f"vs single process: losses within {par['loss_max_abs_diff']:.3g} (tolerance {LOSS_TOLERANCE:g}), grad "
+        print(f"vs single process: losses within {_rel(par['loss_max_abs_diff'])} (tolerance {LOSS_TOLERANCE:g}), grad "
               f"norms within {_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g}): "
               f"{'match' if par['ok'] else 'MISMATCH'}")
     how = ("median of steps after the first, slowest rank" if len(report["steps"]) > 1 else

@@ -131,19 +131,23 @@ GRAD_NORM_TOLERANCE = 1e-4
 
 
 def parity(steps: list[dict], reference: list[dict]) -> dict:
-    """{"loss_max_abs_diff", "grad_norm_max_rel_diff", "ok"} of the plan's steps against the reference's. A grad norm
-    also matches within LOSS_TOLERANCE absolute (a norm near 0); any figure that is not finite fails (max() would
-    let a NaN after the first step pass)."""
+    """{"loss_max_abs_diff", "grad_norm_max_rel_diff", "finite", "ok"} of the plan's steps against the
+    reference's. A grad norm below 0.1 (LOSS_TOLERANCE / GRAD_NORM_TOLERANCE) may also match within LOSS_TOLERANCE
+    absolute, where 1e-4 of it is below the losses' rounding; a figure that is not finite fails ("finite": false;
+    max() let a NaN after the first step pass), and a difference that is not a number is reported as null."""
     import math
     pairs = list(zip(steps, reference))
     finite = all(math.isfinite(x[k]) for a, b in pairs for x in (a, b) for k in ("loss", "grad_norm"))
+    small = LOSS_TOLERANCE / GRAD_NORM_TOLERANCE
     loss = max(abs(a["loss"] - b["loss"]) for a, b in pairs)
     rel = [abs(a["grad_norm"] - b["grad_norm"]) / abs(b["grad_norm"]) if b["grad_norm"] else math.inf
            for a, b in pairs]
-    norms_ok = all(r <= GRAD_NORM_TOLERANCE or abs(a["grad_norm"] - b["grad_norm"]) <= LOSS_TOLERANCE
+    norms_ok = all(r <= GRAD_NORM_TOLERANCE or (abs(b["grad_norm"]) <= small
+                                                and abs(a["grad_norm"] - b["grad_norm"]) <= LOSS_TOLERANCE)
                    for r, (a, b) in zip(rel, pairs))
     worst = max(rel)
-    return {"loss_max_abs_diff": loss, "grad_norm_max_rel_diff": worst if math.isfinite(worst) else None,   # (JSON)
+    number = lambda x: x if finite and math.isfinite(x) else None      # noqa: E731  (JSON has no NaN)
+    return {"loss_max_abs_diff": number(loss), "grad_norm_max_rel_diff": number(worst), "finite": finite,
             "ok": finite and loss <= LOSS_TOLERANCE and norms_ok}
 
 

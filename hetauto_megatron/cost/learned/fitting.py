@@ -397,10 +397,10 @@ def _layer_files_of(layer_files: list[str], devices: dict, op_files: dict) -> di
         # timed on the device of its operator profile: the header's memory bandwidth is that device's (a layer
         # file of another device relabelled was composed with this one's operators)
         bw = header.get("hbm_gbps")
-        if isinstance(bw, (int, float)) and not isinstance(bw, bool) and \
-                abs(bw - devices[dev].hbm_gbps) > 1e-9 * devices[dev].hbm_gbps:
-            raise InputError(f"says device_type {dev}, but its header's hbm_gbps {bw:g} is not that of the device "
-                             f"its operator profile was timed on ({devices[dev].hbm_gbps:g})", file=p,
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not math.isfinite(bw)
+                               or abs(bw - devices[dev].hbm_gbps) > 1e-9 * devices[dev].hbm_gbps):
+            raise InputError(f"says device_type {dev}, but its header's hbm_gbps {str(bw)[:40]} is not that of the "
+                             f"device its operator profile was timed on ({devices[dev].hbm_gbps:g})", file=p,
                              field="device_type", fix="pass the layer file timed on the same device as the operators")
         check_same_threads(op_files[dev], p, header)
         layers[dev] = rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..comm import allreduce_time
-from ...spec.devices import CATALOG, DeviceType, canonical_device_name
+from ...spec.devices import DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
 from .. import features as F
@@ -52,21 +52,6 @@ class LearnedCostModel:
             hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
-        # an inventory that gives the type other figures (`--set cluster.X.peak_tflops=...`, or a catalog type
-        # standing in for a device it lacks) describes another device than the one measured: its times were the
-        # measured device's, said "learned", while the analytic model followed the figures
-        # Compared with the figures the measurement recorded (its header's memory bandwidth; its 16-bit peak, or
-        # for fp32 / TF32 measurements the catalog's 16-bit peak, whose fp32 and TF32 peaks follow from it), not
-        # with today's catalog alone; a CPU's figures are the host's, whatever the inventory says
-        cat = CATALOG.get(name)
-        peak = info.peak_tflops if info.arithmetic == "16-bit" else (cat.reference_tflops if cat else None)
-        changed = [f"{key} {have:g} (measured: {was:g})"
-                   for key, have, was in (("peak_tflops", device.reference_tflops, peak),
-                                          ("hbm_gbps", device.hbm_gbps, info.hbm_gbps))
-                   if device.vendor != "cpu" and was and abs(have - was) > 1e-9 * was]
-        if changed:
-            return None, (f"the inventory gives {name} other figures than the device the learned model measured "
-                          f"({'; '.join(changed)}): the analytic model prices it from them")
         want = F.device_arithmetic(device)
         if info.arithmetic != want:
             return None, (f"the learned model measured {name} in {_ARITHMETIC_WORDS[info.arithmetic]}, the plan trains "
@@ -77,6 +62,19 @@ class LearnedCostModel:
         if device.precision == "fp8":   # same element size as bf16, another GEMM rate: measured never in fp8
             return None, (f"the learned model measured {name} in 16-bit, the plan trains in fp8: no rate is "
                           "borrowed from another precision")
+        # an inventory that gives the type other figures (`--set cluster.X.peak_tflops=...`, or a catalog type
+        # standing in for a device it lacks) describes another device than the one measured: its times were the
+        # measured device's, said "learned", while the analytic model followed the figures. Compared with the
+        # figures the measurement recorded (the device's peak in the measurement's arithmetic, which the plan's
+        # was checked above to be), not with today's catalog; a CPU's are the host's
+        peak = device.peak_tflops_at({"16-bit": "bf16"}.get(info.arithmetic, info.arithmetic)) or device.peak_tflops
+        changed = [f"{key} {have:g} (measured: {was:g})"
+                   for key, have, was in (("peak_tflops", peak, info.peak_tflops),
+                                          ("hbm_gbps", device.hbm_gbps, info.hbm_gbps))
+                   if device.vendor != "cpu" and was and abs(have - was) > 1e-9 * was]
+        if changed:
+            return None, (f"the inventory gives {name} other figures than the device the learned model measured "
+                          f"({'; '.join(changed)}): the analytic model prices it from them")
         return info, f"measured ({info.source}, {info.rows} rows, {_ARITHMETIC_WORDS[info.arithmetic]})"
 
     def _info(self, device: DeviceType) -> DeviceInfo | None:
