@@ -57,7 +57,7 @@ CPU_LAYER_ARGS = {
 # broadcasts it over TP: 16 MiB a sample at 4,096 tokens, 1 GiB at 32,768) that a causal model's attention does not
 # read (Transformer Engine's causal kernels; the local layers' softmax builds its causal mask itself when given
 # none: fusions/fused_softmax.py). The plan prices neither its bytes nor its broadcast. Megatron needs it only where
-# --reset-attention-mask cuts it at document ends (settings_args.py leaves it on there).
+# --reset-attention-mask cuts it at document ends (settings_args.py builds it there, unpriced).
 JOB_ARGS = {
     "create_attention_mask_in_dataloader": ("--no-create-attention-mask-in-dataloader", False),
 }
