@@ -22,8 +22,8 @@ def _plan(model, gbs, meshes):
     return Plan(model=model, global_batch_size=gbs, meshes=tuple(meshes))
 
 
-def _price(model, inv, pipelines, precision="bf16"):
-    """pipelines: [(samples, [[Mesh, ...] per position])]"""
+def _shapes(pipelines):
+    """pipelines: [(samples, [[Mesh, ...] per position])] -> their PipelineShapes, meshes numbered in order."""
     shapes, k = [], 0
     for samples, positions in pipelines:
         pos = []
@@ -31,7 +31,12 @@ def _price(model, inv, pipelines, precision="bf16"):
             pos.append([(k + j, m) for j, m in enumerate(group)])
             k += len(group)
         shapes.append(PipelineShape(pos, samples))
-    return shapes_estimate(model, inv.with_precision(precision), shapes, COST)
+    return shapes
+
+
+def _price(model, inv, pipelines, precision="bf16"):
+    """pipelines: [(samples, [[Mesh, ...] per position])]"""
+    return shapes_estimate(model, inv.with_precision(precision), _shapes(pipelines), COST)
 
 
 def _mesh(cluster, device, tp, dp, mbs, layers, **kw):
@@ -315,14 +320,7 @@ def test_the_exchanges_rank_pairs_count_once_per_link_direction():
                                           "flow_gbps": 1}]})
     model = PRESETS["tiny"].replace(tie_embeddings=True)
     half = model.num_layers // 2
-    pipes = [(8, [[_mesh(c, "h100", 1, 2, 1, [half, half])]]) for c in ("a1", "a2")]
-    shapes, k = [], 0
-    for samples, positions in pipes:
-        pos = []
-        for group in positions:
-            pos.append([(k + j, m) for j, m in enumerate(group)])
-            k += len(group)
-        shapes.append(PipelineShape(pos, samples))
+    shapes = _shapes([(8, [[_mesh(c, "h100", 1, 2, 1, [half, half])]]) for c in ("a1", "a2")])
     blocks = price_shapes(model, inv.with_precision("bf16"), shapes, COST).extra["holders"]
     assert any(len(hs) == 2 for _, hs in blocks) and any(len(hs) == 4 for _, hs in blocks)
     _, _, pairs = _exchange_traffic(inv.with_precision("bf16"), blocks, exchange_weights)
