@@ -8,6 +8,7 @@ import sys
 
 from ..errors import InputError
 from ..spec._fields import shorten
+from ..emit.summary import _num      # a figure, or '-' where there is none (a norm of 0, a NaN)
 from ..runtime.dryrun import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 from ._timeline import add_timeline_args, check_timeline_args, write_dryrun_timelines
 
@@ -151,8 +152,8 @@ def run(args) -> int:
                   "finite number (NaN or infinite): the two cannot be compared", file=sys.stderr)
             return 1
         print(f"hetauto dryrun: the plan's run differs from the single-process reference: losses by "
-              f"{_rel(par['loss_max_abs_diff'])} (tolerance {LOSS_TOLERANCE:g}), grad norms by "
-              f"{_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g})", file=sys.stderr)
+              f"{_num(par['loss_max_abs_diff'], '.3g')} (tolerance {LOSS_TOLERANCE:g}), grad norms by "
+              f"{_num(par['grad_norm_max_rel_diff'], '.3g')} of themselves (tolerance {GRAD_NORM_TOLERANCE:g})", file=sys.stderr)
         return 1
     return 0
 
@@ -272,11 +273,6 @@ def _print_memory(report: dict) -> None:
               f"allocator peak in the step {g['allocator_peak'] / 1024:,.0f}")
 
 
-def _rel(x) -> str:
-    """A difference, or "-" where it is no number (against a reference norm of 0, or a figure not finite)."""
-    return "-" if x is None else f"{x:.3g}"
-
-
 def settings_line(i: int, s: dict) -> str:
     """One mesh's settings as its ranks ran them (a report's "settings" entry), the gradients' dtype named:
     grad_reduce_dtype "param" is the parameters' dtype, which the DDP gradient buffers report."""
@@ -322,8 +318,8 @@ def _print_table(report: dict, plan) -> None:
         print(settings_line(i, s))
     if ref:
         par = report["parity"]
-        print(f"vs single process: losses within {_rel(par['loss_max_abs_diff'])} (tolerance {LOSS_TOLERANCE:g}), grad "
-              f"norms within {_rel(par['grad_norm_max_rel_diff'])} of themselves (tolerance {GRAD_NORM_TOLERANCE:g}): "
+        print(f"vs single process: losses within {_num(par['loss_max_abs_diff'], '.3g')} (tolerance {LOSS_TOLERANCE:g}), grad "
+              f"norms within {_num(par['grad_norm_max_rel_diff'], '.3g')} of themselves (tolerance {GRAD_NORM_TOLERANCE:g}): "
               f"{'match' if par['ok'] else 'MISMATCH'}")
     how = ("median of steps after the first, slowest rank" if len(report["steps"]) > 1 else
            "the only step, slowed by the memory measurement: run --steps 2 or more for the iteration time")
