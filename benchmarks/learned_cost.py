@@ -80,15 +80,12 @@ def sailor_part() -> None:
         # what `hetauto fit --sailor` does on the three training models: the backward score-traffic weight chosen
         # by leave-one-model-out among them, then the calibration and the trees
         # the TP all-reduces' rates read from the training models only, for the held-out rows too
-        train = [r for r in layers if r.model != held]
-        fits = L.read_allreduce_fits(SAILOR)
-        train_layers = L.with_tp_comm(train, train, fits)
+        train_layers, held_layers = L.leave_model_out(layers, held, SAILOR)
         weight, gemm_weight, _ = L.choose_weights(train_layers)
         model = L.train_sailor_model(train_layers, weight, 0, gemm_bwd_weight=gemm_weight)
         calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0, gemm_bwd_weight=gemm_weight)
         trained_gpus = {r.gpu for r in layers if r.model != held}
-        test_layers = L.with_tp_comm([r for r in layers if r.model == held and r.shape.kind == "transformer"],
-                                     train, fits)
+        test_layers = [r for r in held_layers if r.shape.kind == "transformer"]
         print(f"  (fit without {held}: backward score-traffic weight {weight}, TF32 GEMM weight {gemm_weight}; boosting rounds kept by "
               "cross-validation: " + ", ".join(f"{k} {v}" for k, v in sorted(model.rounds.items())) + "; host floor: "
               + (", ".join(f"{k.replace('|', ' ')} {v * 1e3:.2f} ms" for k, v in sorted(model.host_floor.items()))

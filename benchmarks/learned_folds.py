@@ -41,10 +41,10 @@ def config_times(layers) -> dict[tuple, tuple]:
 
 
 def fold(layers, held: str, gpu: str) -> None:
-    train = [r for r in layers if r.model != held]
+    train, held_layers = L.leave_model_out(layers, held)    # TP all-reduce rates from the training models only
     w, g, _ = L.choose_weights(train)
     model = L.train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
-    test = [r for r in layers if r.model == held and r.gpu == gpu and r.shape.kind == "transformer"]
+    test = [r for r in held_layers if r.gpu == gpu and r.shape.kind == "transformer"]
     rows = L.sailor_layer_samples(test, w, g)
     pred = L.predict_samples(model, rows)
     per = {ph: L.mape([p for p, s in zip(pred, rows) if s.phase == ph], [s.measured_s for s in rows if s.phase == ph])

@@ -23,11 +23,12 @@ def folds(layers):
     rounds on this data (benchmarks/learned_cost.py), so the calibration is the fit."""
     out = {}
     for held in sorted({r.model for r in layers}):
-        train = [r for r in layers if r.model != held]
+        # the TP all-reduces' rates from the training models only: load_sailor reads them from every model
+        train, held_layers = L.leave_model_out(layers, held)
         weight, gemm_weight, _ = L.choose_weights(train)
         gpus = {r.gpu for r in train}
-        test = L.sailor_layer_samples([r for r in layers if r.model == held and r.gpu in gpus
-                                       and r.shape.kind == "transformer"], weight, gemm_weight)
+        test = L.sailor_layer_samples([r for r in held_layers if r.gpu in gpus and r.shape.kind == "transformer"],
+                                      weight, gemm_weight)
         out[held] = (train, (weight, gemm_weight),
                      L.train_sailor_model(train, weight, rounds=0, gemm_bwd_weight=gemm_weight), test)
     return out

@@ -21,9 +21,7 @@ def layers():
 def left_out(layers, model: str) -> tuple[list, list]:
     """(training layers, held-out layers) of a fit without `model`: the TP all-reduces' rates read from the
     training models only, for the held-out rows too (L.with_tp_comm)."""
-    train = [r for r in layers if r.model != model]
-    fits = L.read_allreduce_fits(SAILOR)
-    return L.with_tp_comm(train, train, fits), L.with_tp_comm([r for r in layers if r.model == model], train, fits)
+    return L.leave_model_out(layers, model, SAILOR)
 
 
 def test_model_shapes_match_sailor_parameter_counts():

@@ -30,8 +30,11 @@ def test_every_run_whose_layout_holds_its_model_is_compared(job):
 
 
 def test_peak_memory_within_10_percent_at_every_micro_batch_size(job):
-    """Target 10 % (the issue's per-stage memory target), at micro-batch 1-2 (parameter and optimizer state
-    dominate) and 4-8 (activations dominate) alike."""
+    """MAPE within 10 % at micro-batch 1-2 (parameter and optimizer state dominate) and 4-8 (activations
+    dominate) alike: a mean over the runs, not a bound on each (benchmarks/memory_sailor.py prints every run; a
+    few miss 10 % on their own, the worst GPT-Neo-2.7 at 8 nodes x 2). The per-stage 10 % bound is on the CPU dry
+    runs, whose every tensor is measured (test_memory_dryrun.py); Sailor's own simulator reaches 5.9 % MAPE here
+    (the strict xfail below)."""
     _, rows = job
     for sel in (lambda r: r["micro_batch_size"] <= 2, lambda r: r["micro_batch_size"] >= 4):
         part = [(r, x) for r, x in rows if sel(r)]

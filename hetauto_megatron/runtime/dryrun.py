@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -112,8 +113,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     report["shared_digests"] = shared_digests(results)
     if ref is not None:
         report["reference"] = [{"loss": l, "grad_norm": g} for l, g in zip(ref["losses"], ref["grad_norms"])]
-        report["max_abs_diff"] = max(max(abs(a["loss"] - b["loss"]), abs(a["grad_norm"] - b["grad_norm"]))
-                                     for a, b in zip(report["steps"], report["reference"]))
+        report["max_abs_diff"] = max_abs_diff(report["steps"], report["reference"])
         report["parity"] = parity(report["steps"], report["reference"])
     report["seconds"] = time.perf_counter() - t0
     return report
@@ -130,12 +130,18 @@ LOSS_TOLERANCE = 1e-5
 GRAD_NORM_TOLERANCE = 1e-4
 
 
+def max_abs_diff(steps: list[dict], reference: list[dict]) -> float | None:
+    """The largest absolute difference of a step's loss or grad norm from the reference's; None (JSON's null: it
+    has no NaN) where a figure is not finite, which max() let pass as agreement after the first step."""
+    diffs = [abs(a[k] - b[k]) for a, b in zip(steps, reference) for k in ("loss", "grad_norm")]
+    return max(diffs) if diffs and all(map(math.isfinite, diffs)) else None
+
+
 def parity(steps: list[dict], reference: list[dict]) -> dict:
     """{"loss_max_abs_diff", "grad_norm_max_rel_diff", "finite", "ok"} of the plan's steps against the
     reference's. A grad norm below 0.1 (LOSS_TOLERANCE / GRAD_NORM_TOLERANCE) may also match within LOSS_TOLERANCE
     absolute, where 1e-4 of it is below the losses' rounding; a figure that is not finite fails ("finite": false;
     max() let a NaN after the first step pass), and a difference that is not a number is reported as null."""
-    import math
     pairs = list(zip(steps, reference))
     finite = all(math.isfinite(x[k]) for a, b in pairs for x in (a, b) for k in ("loss", "grad_norm"))
     small = LOSS_TOLERANCE / GRAD_NORM_TOLERANCE

@@ -36,9 +36,9 @@ from .manifest import save_model  # noqa: F401
 from .model import LearnedCostModel, load_cost_model  # noqa: F401
 from .roofline_calibration import _fit_rate_overhead, fit_calibration  # noqa: F401
 from .sailor import (SAILOR_DATA, SAILOR_FP32_TFLOPS, SAILOR_GPUS, SAILOR_MODELS, SailorLayer,  # noqa: F401
-                     forward_tflops, load_sailor, read_allreduce_fits, sailor_device_infos, sailor_layer_samples,
-                     sailor_precisions, sailor_reading_samples, sailor_samples, sailor_tp_allreduce_rates,
-                     with_tp_comm)
+                     forward_tflops, leave_model_out, load_sailor, read_allreduce_fits, sailor_device_infos,
+                     sailor_layer_samples, sailor_precisions, sailor_reading_samples, sailor_samples,
+                     sailor_tp_allreduce_rates, with_tp_comm)
 from .sailor_links import sailor_set_apart_rates  # noqa: F401
 from .sailor_host_floor import HOST_BOUND_RATIO, host_bound_times, sailor_host_floors  # noqa: F401
 from .samples import (H200_DATA, MODEL_FORMAT, PROFILE_FORMAT, DeviceInfo, MeasuredLayer, Sample,  # noqa: F401

@@ -197,6 +197,16 @@ def with_tp_comm(layers: list[SailorLayer], rates_from: list[SailorLayer], fits:
     return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits, rates)) for r in layers]
 
 
+def leave_model_out(layers: list[SailorLayer], model: str, directory: str = SAILOR_DATA
+                    ) -> tuple[list[SailorLayer], list[SailorLayer]]:
+    """(training layers, held-out layers) of a fit without `model`, the TP all-reduces' rates read from the
+    training models only, for the held-out rows too: load_sailor sets them from every model, the held-out one
+    included, so its rows alone would let its own measurements into its prediction."""
+    train = [r for r in layers if r.model != model]
+    fits = read_allreduce_fits(directory)
+    return with_tp_comm(train, train, fits), with_tp_comm([r for r in layers if r.model == model], train, fits)
+
+
 def forward_tflops(r: SailorLayer) -> float:
     """The FLOP rate a measured transformer layer achieved in its forward pass (attention scores counted in
     full, as the unfused runs compute them)."""
