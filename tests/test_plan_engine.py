@@ -63,6 +63,16 @@ def test_plan_file_records_the_engine_and_simulate_uses_it(tmp_path):
     planned = json.loads(r.stdout)
     plan = load_plan(str(out))
     assert plan.engine == "deepspeed" and plan.is_simple
+    # the file records what was searched (the engine's one pipeline, blocking boundaries), not the flags' defaults
+    search = plan.estimate["search"]
+    assert search["shapes"]["setting"] == "simple" and search["boundary_schedule"] == "blocking", search
+    # ... which a Megatron re-plan of it does not keep: its engine forced them
+    again = tmp_path / "megatron.yaml"
+    r = run_hetauto("plan", "--from", str(out), "--engine", "megatron", "--model", "llama2-7b", "--inventory",
+                    "examples/llama/inventory-2clusters.yaml", "--quiet", "-o", str(again))
+    assert r.returncode == 0, r.stderr
+    search = load_plan(str(again)).estimate["search"]
+    assert search["shapes"]["setting"] == "all" and search["boundary_schedule"] == "overlapped", search
     args = ("simulate", "--model", "llama2-7b", "--inventory", "examples/llama/inventory-2clusters.yaml",
             "--plan", str(out), "--json")
     recorded, told = run_hetauto(*args), run_hetauto(*args, "--engine", "deepspeed")
@@ -144,6 +154,8 @@ def test_search_closed_form_screens_deepspeeds_schedule_within_its_published_mar
     (["--use-clusters", "h800,ascend"], "--use-clusters", ["one vendor", "h800 is nvidia", "ascend is ascend"]),
     # ignored in silence: the plan blocked at every boundary
     (["--boundary-schedule", "overlapped"], "--boundary-schedule", ["blocks on every pipeline transfer"]),
+    # ignored in silence too: the search ran one pipeline of single meshes
+    (["--shapes", "all"], "--shapes", ["one pipeline of one mesh per cluster"]),
 ])
 def test_what_deepspeeds_engine_cannot_run_is_refused_by_name(flags, field, words, capsys):
     import os

@@ -27,7 +27,8 @@ def keep_job_of(old, args) -> dict:
         # the --shapes the old plan was searched with (its estimate.search records it): a plan of one pipeline of
         # single meshes searched with every shape re-plans with every shape, since the new inventory may make
         # another shape win; a plan without the record: the default, unless it has the other shapes anyway
-        recorded = (search.get("shapes") or {}).get("setting")
+        # (a DeepSpeed plan records "simple", which its engine forced, not a choice a Megatron re-plan keeps)
+        recorded = None if ENGINES[old.engine].simple_only else (search.get("shapes") or {}).get("setting")
         job["shapes"] = recorded if recorded in ("all", "simple") and old.is_simple else "all"
     # (DeepSpeed's engine blocks at every boundary: an old plan of its searched none, a new one would run none)
     if old.engine == "megatron" and not ENGINES[args.engine or old.engine].blocking_boundaries:

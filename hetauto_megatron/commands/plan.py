@@ -158,7 +158,7 @@ def check_selective_runs(con, model, engine: str | None) -> None:
                              fix=f"use --recompute {name}=full or none")
 
 
-def check_deepspeed_constraints(con, inventory, schedule_given) -> None:
+def check_deepspeed_constraints(con, inventory, schedule_given, shapes_given=None) -> None:
     """What DeepSpeed's pipeline engine cannot run, refused by name rather than planned around in silence (the
     search would leave a cluster pinned to selective recomputation out, or find nothing and blame the links)."""
     from ..errors import InputError
@@ -169,6 +169,9 @@ def check_deepspeed_constraints(con, inventory, schedule_given) -> None:
                              fix=f"use --recompute {name}=full or none, or plan with --engine megatron")
     if schedule_given == "overlapped":
         raise InputError("DeepSpeed's engine blocks on every pipeline transfer", field="--boundary-schedule", fix=fix)
+    if shapes_given == "all":
+        raise InputError("DeepSpeed's engine runs one pipeline of one mesh per cluster (--shapes simple), not several "
+                         "pipelines or side-by-side meshes", field="--shapes", fix=fix)
     vendors = {inventory.cluster(c).device.vendor: c for c in con.use_clusters}
     if len(vendors) > 1:
         raise InputError("DeepSpeed's engine runs one collective library, so one vendor's devices; "
@@ -185,6 +188,7 @@ def run(args) -> int:
     old = warm = None
     kept = {}
     schedule_given = args.boundary_schedule      # (before a --from plan or the default fills it in)
+    shapes_given = args.shapes
     refuse_overwriting_inputs([("-o", args.output)] + [("--timeline", t) for t in args.timeline or []],
                               [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
                                ("--cost-model", args.cost_model)])
@@ -244,7 +248,7 @@ def run(args) -> int:
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model, constraints=con,
                                              engine=args.engine or DEFAULT_ENGINE))
     if args.engine == "deepspeed":
-        check_deepspeed_constraints(con, inventory, schedule_given)
+        check_deepspeed_constraints(con, inventory, schedule_given, shapes_given)
     check_selective_runs(con, model, args.engine)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
@@ -258,8 +262,11 @@ def run(args) -> int:
         result = search_explained(model, inventory, args.global_batch_size, cost_model, cfg, shapes)
     plan = result.plan.for_engine(args.engine)
     estimate = simulate(plan, inventory, cost_model, engine=plan.engine)
-    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, args.shapes,
-                                                            args.memory_job, cfg.schedule))
+    # the plan records what was searched: DeepSpeed's engine, simple shapes and blocking boundaries whatever the
+    # defaults said
+    searched_schedule = "blocking" if ENGINES[args.engine].blocking_boundaries else cfg.schedule
+    plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, shapes,
+                                                            args.memory_job, searched_schedule))
     inputs = [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
               ("--cost-model", args.cost_model)]
     timelines = [("--timeline", t) for t in args.timeline or []]
