@@ -958,3 +958,23 @@ def test_every_emit_target_refuses_a_layout_no_launch_starts(tmp_path, capsys):
             assert rc == 2 and f"field '{field}" in err and "Fix: " in err, (argv, err)
     rc, out, _ = run_cli(["compare", plan, "--set", f"cluster.{first['cluster']}.memory_gib=0.004", "--json"], capsys)
     assert rc == 0 and json.loads(out, parse_constant=lambda c: pytest.fail(c))["plans"][0]["fits"] is False
+
+
+def test_a_timeline_too_large_to_draw_is_refused_before_anything_is_written(tmp_path, capsys):
+    """A million micro-batches: the plan alone takes a fraction of a second, its timeline took gigabytes and ended in
+    a MemoryError traceback (plan/timeline.py MAX_TIMELINE_OPERATIONS)."""
+    plan = os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-pp2.yaml")
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
+    picture = tmp_path / "t.png"
+    rc, out, err = run_cli(["simulate", "--plan", plan, "--inventory", inv, "--global-batch-size", "1000000",
+                            "--timeline", str(picture)], capsys)
+    assert rc == 2 and "field '--timeline'" in err and "2,000,000 forwards and backwards" in err, err
+    written = tmp_path / "p.yaml"
+    rc, out, err = run_cli(["plan", "--model", "tiny", "--inventory", os.path.join(
+        ROOT, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml"), "--global-batch-size", "1000000",
+        "--quiet", "-o", str(written), "--timeline", str(picture)], capsys)
+    assert rc == 2 and "field '--timeline'" in err, err
+    assert not picture.exists() and not written.exists()
+    # a plan's own size draws
+    rc, out, err = run_cli(["simulate", "--plan", plan, "--inventory", inv, "--timeline", str(picture)], capsys)
+    assert rc == 0 and picture.exists(), err

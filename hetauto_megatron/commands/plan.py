@@ -275,6 +275,9 @@ def run(args) -> int:
     # DIR/h800.sh with --emit DIR wrote the plan, and the script refused to overwrite it after
     refuse_overwriting_inputs([("-o", args.output), *timelines,
                                *[("--emit", os.path.join(args.emit, name)) for name, _, _ in emitted]], inputs)
+    if args.timeline:
+        from ..plan.timeline import check_timeline_size
+        check_timeline_size(plan)           # (before the plan file: nothing written, or everything asked)
     written = []
     if args.output:
         with output_errors(args.output, "-o"):      # e.g. -o /proc/p.yaml: the folder exists but takes no files

@@ -260,7 +260,8 @@ def run(args) -> int:
         raise
     written = []
     if args.timeline:
-        from ..plan.timeline import predicted_timeline
+        from ..plan.timeline import check_timeline_size, predicted_timeline
+        check_timeline_size(plan)
         written = write_timelines(args.timeline, [predicted_timeline(plan, inventory, cost_model, engine=args.engine)])
     from ..plan.constraints import cost_per_million_tokens
     cost = cost_per_million_tokens(inventory, plan.meshes, est.iteration_time_s,

@@ -70,6 +70,33 @@ def _fill(spans: list[Span], lane: int, t0: float, t1: float, kind: str, out: li
         out.append(Span(lane, kind, t0, t1, label=label))
 
 
+# The most forwards and backwards a predicted timeline draws: every operation becomes events, spans, a rectangle
+# and a trace entry (a few kB each), so a global batch of a million samples took gigabytes and minutes and ended in
+# a MemoryError where the plan alone takes 0.2 s; a real plan's iteration (16,384 devices) takes tens of thousands.
+MAX_TIMELINE_OPERATIONS = 200_000
+
+
+def timeline_operations(plan) -> int:
+    """Forwards and backwards of one iteration of `plan`, over every pipeline stage of every pipeline."""
+    from .layout import PipelineLayout
+    total = 0
+    for pipe in sorted({m.pipeline for m in plan.meshes}):
+        layout = PipelineLayout(plan, pipe)
+        total += 2 * layout.num_stages * layout.num_micro_batches
+    return total
+
+
+def check_timeline_size(plan, flag: str = "--timeline") -> None:
+    """Refuse a timeline too large to draw (MAX_TIMELINE_OPERATIONS), before anything is written."""
+    from ..errors import InputError
+    n = timeline_operations(plan)
+    if n > MAX_TIMELINE_OPERATIONS:
+        raise InputError(f"the plan's iteration runs {n:,} forwards and backwards, more than a timeline draws "
+                         f"({MAX_TIMELINE_OPERATIONS:,}: every one takes a few kB of events and trace)", field=flag,
+                         fix="draw the plan at a smaller --global-batch-size (its schedule repeats), or drop "
+                             "--timeline")
+
+
 def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = None,
                        engine: str | None = None) -> Timeline:
     """The simulator's schedule of one iteration of `plan` as `engine` runs it (None: the plan's; Megatron's 1F1B
