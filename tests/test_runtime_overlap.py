@@ -4,6 +4,7 @@ the single-process reference's losses and grad norms (1e-5), as the blocking sch
 changes at the boundary; link emulation holds a blocking sender for the emulated transfer, and the measured
 exposed time says so."""
 import json
+import re
 
 import pytest
 from helpers import mesh
@@ -110,6 +111,14 @@ def test_emulate_links_needs_an_inventory(tmp_path):
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
                     "100000", "--timeout", "5", "--inventory", "examples/llama/inventory-cpu-tiny-2clusters.yaml")
     assert r.returncode == 2 and "past --timeout 5 s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # ... and so is one whose bytes alone take past it, on a link of no latency (1e300 overflowed the clock)
+    inv = tmp_path / "inv.yaml"
+    with open("examples/llama/inventory-cpu-tiny-2clusters.yaml") as f:
+        inv.write_text(re.sub(r"latency_ms: *[0-9.]+", "latency_ms: 0", f.read()))
+    assert "latency_ms: 0" in inv.read_text()
+    r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
+                    "1e300", "--timeout", "20", "--inventory", str(inv))
+    assert r.returncode == 2 and "past --timeout 20 s" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_prediction_of_an_emulated_run_prices_the_emulated_links(tmp_path):

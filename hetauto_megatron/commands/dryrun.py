@@ -226,14 +226,20 @@ def _emulation(args, plan):
             scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
         except InputError as exc:
             raise (exc.within(file=args.plan) if exc.file is None else exc) from None
-    # every wait has --timeout: an emulated latency past it would fail every rank as if a peer had died
-    slowest = max((inv.link(a, b).latency_s for a in {m.cluster for m in plan.meshes}
-                   for b in {m.cluster for m in plan.meshes} if a < b and inv.link(a, b) is not None), default=0.0)
-    if slowest * scale >= args.timeout:
-        raise InputError(f"{scale:g} makes a transfer take at least {slowest * scale:.3g} s (the inventory's "
-                         f"{slowest * 1e3:g} ms latency x {scale:g}), past --timeout {args.timeout:g} s, which every "
-                         "wait has", field="--emulate-links",
-                         fix="give a smaller scale, or a --timeout well above the emulated link times")
+    # every wait has --timeout: an emulated transfer past it would fail every rank as if a peer had died (and one
+    # past what a clock holds, e.g. 1e300, failed them with an OverflowError)
+    run = prepare_plan(plan, tiny=args.tiny)
+    nbytes = max(run.model.seq_length * m.micro_batch_size * run.model.hidden_size * 4 for m in run.meshes)
+    clusters = sorted({m.cluster for m in plan.meshes})
+    links = [inv.link(a, b) for a in clusters for b in clusters if a < b and inv.link(a, b) is not None]
+    for link in links:
+        seconds = link.transfer_time(nbytes) * scale       # (at least: fewer connections may go slower)
+        if not seconds < args.timeout:
+            raise InputError(f"{scale:g} makes a transfer take {seconds:.3g} s (the inventory's {link.latency_s * 1e3:g}"
+                             f" ms latency and {link.bandwidth_gbps:g} Gbit/s for a {nbytes / 2**20:.3g} MiB activation, x "
+                             f"{scale:g}), past --timeout {args.timeout:g} s, which every wait has",
+                             field="--emulate-links",
+                             fix="give a smaller scale, or a --timeout well above the emulated link times")
     return plan, scale
 
 
