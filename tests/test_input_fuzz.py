@@ -978,3 +978,18 @@ def test_a_timeline_too_large_to_draw_is_refused_before_anything_is_written(tmp_
     # a plan's own size draws
     rc, out, err = run_cli(["simulate", "--plan", plan, "--inventory", inv, "--timeline", str(picture)], capsys)
     assert rc == 0 and picture.exists(), err
+
+
+def test_clusters_named_alike_but_for_case_are_refused_with_the_inventory(tmp_path, capsys):
+    """Clusters `a` and `A` planned (a whole search), and `-o plan.yaml --emit DIR` then blamed the plan file's
+    meshes[1].cluster, a file never written: their launch scripts a.sh and A.sh are one file on macOS and Windows."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n"
+                   "  - {name: a, device: cpu, nodes: 1, devices_per_node: 2}\n"
+                   "  - {name: A, device: cpu, nodes: 1, devices_per_node: 2}\n"
+                   "links:\n  - {between: [a, A], bandwidth_gbps: 10, latency_ms: 1}\n")
+    out = tmp_path / "p.yaml"
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", str(inv), "--quiet", "-o", str(out),
+                          "--emit", str(tmp_path / "em")], capsys)
+    assert rc == 2 and str(inv) in err and "'clusters[1].name'" in err and "differ only in case" in err, err
+    assert not out.exists()

@@ -286,6 +286,13 @@ def inventory_from_dict(data: dict, *, file: str | None = None) -> Inventory:
         if name in first_of:
             raise InputError(f"the cluster name {name!r} appears more than once (clusters[{first_of[name]}] has it "
                              "too)", file=file, field=p + "name", fix="give every cluster a unique name")
+        other = next((n for n in first_of if n.lower() == name.lower()), None)
+        if other is not None:
+            # each cluster's launch script is named after it (emit/launches.py), and h800.sh and H800.sh are one
+            # file on macOS's and Windows' file systems: said here, not after a search, by a plan no one can emit
+            raise InputError(f"the cluster names {other!r} (clusters[{first_of[other]}]) and {name!r} differ only in "
+                             "case, and each names a launch script file", file=file, field=p + "name",
+                             fix="give the clusters names that differ in more than case")
         first_of[name] = i
         dev = get_device(str(get(raw, "device", (str, int), file=file, prefix=p)), file=file, field=p + "device")
         overrides = {}
