@@ -993,3 +993,23 @@ def test_clusters_named_alike_but_for_case_are_refused_with_the_inventory(tmp_pa
                           "--emit", str(tmp_path / "em")], capsys)
     assert rc == 2 and str(inv) in err and "'clusters[1].name'" in err and "differ only in case" in err, err
     assert not out.exists()
+
+
+def test_a_folder_named_like_a_preset_is_told_apart(tmp_path, monkeypatch, capsys):
+    """A downloaded checkpoint folder ./llama2-7b (2 layers here): --model llama2-7b planned the 32-layer preset
+    without a word; it still does (presets first), saying so and how to read the folder."""
+    (tmp_path / "llama2-7b").mkdir()
+    (tmp_path / "llama2-7b" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 128}))
+    monkeypatch.chdir(tmp_path)
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    args = ["--cluster", "h800", "--tp", "1", "--pp", "1", "--dp", "1", "--micro-batch-size", "1",
+            "--global-batch-size", "8", "--inventory", inv, "--json"]
+    from hetauto_megatron.spec import model as M
+    monkeypatch.setattr(M, "_SHADOWED", set())
+    rc, out, err = run_cli(["simulate", "--model", "llama2-7b", *args], capsys)
+    assert rc == 0 and "names the preset llama2-7b, not the file or folder" in err and "./llama2-7b" in err, err
+    assert json.loads(out)["stages"][0]["layers"] == 32
+    rc, out, err = run_cli(["simulate", "--model", "./llama2-7b", *args], capsys)
+    assert rc == 0 and "names the preset" not in err and json.loads(out)["stages"][0]["layers"] == 2, err

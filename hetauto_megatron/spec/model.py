@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -296,6 +297,9 @@ def _named_by_file(data, source: str):
     return data
 
 
+_SHADOWED: set[str] = set()     # preset names a path here shadows, warned about once per process
+
+
 def load_model(source: str, *, seq_length: int | None = None, note=None) -> ModelSpec:
     """A preset name, a config.json (Hugging Face) or a model YAML. `seq_length` overrides the file's.
 
@@ -308,6 +312,11 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
 
     if source in PRESETS:
         spec = PRESETS[source]
+        if os.path.exists(source) and source not in _SHADOWED:
+            # a downloaded checkpoint folder named like a preset was passed over without a word
+            _SHADOWED.add(source)
+            print(f"hetauto: warning: --model {source} names the preset {source}, not the file or folder "
+                  f"{source} here; write ./{source} to read that instead", file=sys.stderr)
     elif not os.path.exists(source) and not source.endswith((".json", ".yaml", ".yml")):
         raise InputError(f"'{source}' is neither a preset nor an existing file", field="--model",
                          fix=f"pass a model YAML, a Hugging Face config.json, or a preset: {', '.join(PRESETS)}")
