@@ -1013,3 +1013,15 @@ def test_a_folder_named_like_a_preset_is_told_apart(tmp_path, monkeypatch, capsy
     assert json.loads(out)["stages"][0]["layers"] == 32
     rc, out, err = run_cli(["simulate", "--model", "./llama2-7b", *args], capsys)
     assert rc == 0 and "names the preset" not in err and json.loads(out)["stages"][0]["layers"] == 2, err
+
+
+@pytest.mark.parametrize("pp, dp, words", [("33", "1", ["33 processes", "change --dp or --pp"]),
+                                           ("4", "64", ["256 devices", "reduce --tp, --dp or --pp"])])
+def test_a_layout_given_by_flags_is_blamed_on_the_flags(pp, dp, words, capsys):
+    """simulate --tp/--pp/--dp: no meshes were written, yet the error named field 'meshes[0]' and told the user to
+    change the meshes' dp or stages."""
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    rc, _, err = run_cli(["simulate", "--model", "llama2-7b", "--inventory", inv, "--cluster", "h800", "--tp", "1",
+                          "--pp", pp, "--dp", dp, "--micro-batch-size", "1", "--global-batch-size", "64"], capsys)
+    assert rc == 2 and "field '--tp/--pp/--dp'" in err and "meshes" not in err, err
+    assert all(w in err for w in words), err

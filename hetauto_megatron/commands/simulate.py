@@ -257,6 +257,11 @@ def run(args) -> int:
         if not args.plan and exc.field and exc.field.startswith("meshes[0]."):
             flag = {"tp": "--tp", "device_type": "--cluster"}.get(exc.field.split(".")[-1], exc.field)
             raise InputError(exc.reason, field=flag, fix=exc.fix) from None
+        if not args.plan and exc.field in ("meshes[0]", "meshes"):
+            # the layout came from --tp/--pp/--dp: no meshes were written, so the flags are named
+            fix = (exc.fix or "").replace("the meshes' dp or stages", "--dp or --pp").replace(
+                "reduce tp, dp or the number of stages", "reduce --tp, --dp or --pp")
+            raise InputError(exc.reason, field="--tp/--pp/--dp", fix=fix) from None
         raise
     written = []
     if args.timeline:
