@@ -1025,3 +1025,20 @@ def test_a_layout_given_by_flags_is_blamed_on_the_flags(pp, dp, words, capsys):
                           "--pp", pp, "--dp", dp, "--micro-batch-size", "1", "--global-batch-size", "64"], capsys)
     assert rc == 2 and "field '--tp/--pp/--dp'" in err and "meshes" not in err, err
     assert all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("scale", ['"x"', "0", "-5", "true"])
+def test_a_dry_run_reports_link_scale_is_checked(scale, tmp_path):
+    """A hand-edited link_scale was read as a run without emulation: its prediction priced the links at full speed
+    beside a measurement of links slowed that many times."""
+    from hetauto_megatron.commands._dryrun_comparison import load_dryrun_report
+    from hetauto_megatron.errors import InputError
+    path = tmp_path / "r.json"
+    path.write_text('{"iteration_s": 0.5, "steps": [{}, {}], "link_scale": %s}' % scale)
+    with pytest.raises(InputError) as e:
+        load_dryrun_report(str(path))
+    assert e.value.field == "link_scale" and e.value.file == str(path)
+    path.write_text('{"iteration_s": 0.5, "steps": [{}, {}], "link_scale": null}')
+    assert load_dryrun_report(str(path))["link_scale"] is None
+    with pytest.raises(InputError, match="is a directory"):
+        load_dryrun_report(str(tmp_path))

@@ -19,8 +19,11 @@ REPORT_KEYS = {"iteration_s", "step_times_s", "steps", "memory", "error"}
 
 def load_dryrun_report(path: str) -> dict:
     """A 'hetauto dryrun --json' report, checked for what the comparison reads."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):        # (a device or a pipe exists: read_json_file bounds what it reads)
         raise InputError("dry-run report not found", file=path, field="--dryrun",
+                         fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
+    if os.path.isdir(path):
+        raise InputError("is a directory, not a dry-run report", file=path, field="--dryrun",
                          fix="pass the output of 'hetauto dryrun --plan PLAN --json'")
     rep = read_json_file(path, field="--dryrun",
                          fix="pass the output of 'hetauto dryrun --plan PLAN --json' (nothing else on stdout)")
@@ -45,6 +48,14 @@ def load_dryrun_report(path: str) -> dict:
     if not 1e-9 <= t <= 1e9:     # no dry run's iteration: a hand-edited figure (its error overflowed to Infinity)
         raise InputError(f"is {t:g} s, no dry run's iteration time (1 ns to 1e9 s)", file=path, field="iteration_s",
                          fix="pass the output of a dry run that finished: 'hetauto dryrun --plan PLAN --json'")
+    scale = rep.get("link_scale")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < scale < math.inf):
+        # (a hand-edited "x", 0 or -5 was read as a run without emulation, its links priced at full speed)
+        from ..spec._fields import shorten
+        raise InputError(f"link_scale is {shorten(repr(scale), 40)}, not the positive number a dry run with "
+                         "--emulate-links records (or null without it)", file=path, field="link_scale",
+                         fix="pass the report 'hetauto dryrun --json' wrote, unchanged")
     steps = rep.get("steps")
     if isinstance(steps, list) and len(steps) == 1:
         # the time of a run of one step is that step's: the first, slowed by the memory hooks and the profiler
@@ -133,8 +144,8 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
                          fix=f"{exc.fix}; or pass the inventory the plan was made for (--inventory)") from None
     factor = core_sharing_factor(plan.world_size, cores)
     # a run with --emulate-links SCALE ran the inventory's links SCALE times as slow (its report says how much)
-    scale = report.get("link_scale")
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf:
+    scale = report.get("link_scale")        # (load_dryrun_report checked it: null, or a positive number)
+    if scale is not None:
         inventory = inventory.with_link_time_scale(float(scale))
     stretched = _SaysWhy if hasattr(cost_model, "coverage") else SharedCoresCostModel
     est = simulate(plan, inventory, stretched(cost_model, factor))
