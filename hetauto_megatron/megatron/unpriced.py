@@ -197,6 +197,16 @@ UNPRICED = (
     Unpriced("defer_embedding_wgrad_compute", "--defer-embedding-wgrad-compute", False,
              "the last stage's output-layer weight-gradient GEMMs deferred to the end of the pipeline's flush, "
              "with their activations kept until then: the plan prices them in each micro-batch's backward"),
+    # Norms on each layer's queries and keys (Megatron's q_layernorm / k_layernorm, built by gpt_builders.py): each
+    # keeps its input for the backward, a query and a key tensor more per layer and micro-batch than the plan's
+    # activations count (measured on Megatron-Core's own layer on CPU: +3.8 % of a layer's kept bytes with unfused
+    # attention's scores, +7.8 % with 2 KV groups; more beside flash attention, which keeps no scores)
+    Unpriced("qk_layernorm", "--qk-layernorm", False,
+             "norms on the queries and keys, whose inputs each layer keeps for the backward: activations the plan "
+             "does not count"),
+    Unpriced("qk_l2_norm", "--qk-l2-norm", False,
+             "L2 norms on the queries and keys, whose inputs each layer keeps for the backward: activations the "
+             "plan does not count"),
     Unpriced("rerun_mode", "--rerun-mode", "validate_results",
              "every iteration's forward and backward passes run twice, to report their non-determinism: the plan "
              "prices one run", allowed=("disabled",)),

@@ -120,7 +120,8 @@ def _bias_and_norm_notes(cfg: dict, mt: str, built: bool) -> list[str]:
     if mt == "cohere":
         out.append("LayerNorm without a shift (Cohere's): built as RMSNorm, the same weights, the mean not subtracted")
         if cfg.get("use_qk_norm") is True:
-            out.append("norms on the queries and keys (use_qk_norm; Megatron: --qk-layernorm)")
+            out.append("norms on the queries and keys (use_qk_norm; Megatron: --qk-layernorm, which the plan does "
+                       "not price: hetauto's launches refuse it)")
     scale = cfg.get("logit_scale")
     if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
         out.append(f"logits multiplied by logit_scale {scale:g} (Cohere's): built unscaled (Megatron's GPT has no "
