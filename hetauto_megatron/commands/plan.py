@@ -133,8 +133,8 @@ def add_arguments(parser) -> None:
                              "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size, --max-iteration-s; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
                              "dropped) unless its flag is given; stderr says what was kept")
-    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
-                        "naming an input file (--inventory, --model, --from) or a --timeline is refused")
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json, "
+                        "in any case); naming an input file (--inventory, --model, --from) or a --timeline is refused")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
