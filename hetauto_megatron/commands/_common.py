@@ -53,13 +53,20 @@ def inventory_of(path: str | None, plan, plan_path: str | None):
     if path is not None:
         return load_inventory(path)
     if plan is not None and plan.inventory:
-        from ..plan.simulate import check_plan_links
+        from ..plan.simulate import check_plan_clusters, check_plan_links
         try:
-            inventory = inventory_from_dict(plan.inventory, file=plan_path)
-            check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
-            return dataclasses.replace(inventory, stored_in_plan=True)
+            inventory = dataclasses.replace(inventory_from_dict(plan.inventory, file=plan_path), stored_in_plan=True)
         except InputError as exc:
             raise exc.within(prefix="inventory") from None
+        try:    # a mesh's cluster the inventory lacks first: the plan's field, not a link to add to the inventory
+            check_plan_clusters(plan, inventory)
+        except InputError as exc:
+            raise exc.within(file=plan_path) from None
+        try:
+            check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
+        except InputError as exc:
+            raise exc.within(prefix="inventory") from None
+        return inventory
     raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
                      fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
 
