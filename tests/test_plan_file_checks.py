@@ -38,3 +38,20 @@ def test_a_mesh_on_a_cluster_the_stored_inventory_lacks_is_named_before_its_link
         one_paragraph(rc, err, "meshes[0].cluster")
         assert path in err and "zzz" in err and "cluster-a" in err, (argv, err)
         assert "links" not in err, (argv, err)
+
+
+def test_the_cost_model_is_described_at_the_plan_files_precision(tmp_path, capsys, sailor_model_dir):
+    """simulate --plan of an fp32 plan with a learned model of fp32 measurements: stderr said every device type was
+    priced by the analytic model "because the plan trains in 16-bit precision" (the default, not the plan's), while
+    the figures were the learned model's."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: a100-40gb, nodes: 1, devices_per_node: 2}\n")
+    plan = str(tmp_path / "p.yaml")
+    rc, _, err = run_cli(["plan", "--model", "tiny", "--inventory", str(inv), "--precision", "fp32",
+                          "--global-batch-size", "4", "--quiet", "--workers", "1", "-o", plan], capsys)
+    assert rc == 0, err
+    rc, out, err = run_cli(["simulate", "--plan", plan, "--cost-model", sailor_model_dir, "--json"], capsys)
+    assert rc == 0, err
+    said = [line for line in err.splitlines() if line.startswith("cost model: a100-40gb")]
+    assert len(said) == 1 and "learned" in said[0] and "16-bit" not in said[0], err
+    assert yaml.safe_load(out)["cost_model"] == {"a100-40gb": "learned"}

@@ -103,8 +103,11 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
     if hasattr(cost_model, "describe"):
         # Which model prices each device type, and why: a learned model never answers silently for a type
         # (or a precision) it has no measurements of. --json carries the same under "cost_model_why".
-        # at the job's precision: the learned model covers a device type per element size
-        priced = _able(inventory, args.precision) if getattr(args, "precision", None) else inventory
+        # at the precision priced (--precision, else the plan's: an fp32 plan file was described at bf16, said to
+        # be analytic where its figures were the learned model's): the learned model covers a type per element size
+        given = getattr(args, "precision", None)
+        precision = given or (plan.precision if plan is not None else None)
+        priced = _able(inventory, precision, None if given else plan, plan_path) if precision else inventory
         for line in cost_model.describe(c.device for c in priced.clusters):
             print(f"cost model: {line}", file=sys.stderr)
         apply_memory_job(cost_model, priced)
@@ -113,12 +116,13 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
     return model, inventory, cost_model
 
 
-def _able(inventory, precision: str):
+def _able(inventory, precision: str, plan=None, plan_path: str | None = None):
     """The inventory at `precision`, for the notes above only: without the clusters whose device lacks it (which
-    `--exclude-clusters` may still take out, or the command refuses later, naming them)."""
+    `--exclude-clusters` may still take out, or the command refuses later, naming them). `plan`: the precision is
+    that plan file's, which a refusal names."""
     unable = inventory.unable_at(precision)
     if len(unable) == len(inventory.clusters):      # none can: the inventory's own refusal names them all
-        return inventory.with_precision(precision)
+        return inventory.with_precision(precision) if plan is None else at_plan_precision(inventory, plan, plan_path)
     return inventory.without(unable).with_precision(precision)
 
 
