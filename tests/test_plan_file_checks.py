@@ -91,10 +91,10 @@ def test_dryrun_refuses_a_precision_the_plans_devices_lack(tmp_path, capsys, mon
         assert rc == 2 and emitted == err.replace("hetauto dryrun", "hetauto emit"), (emitted, err)
 
 
-def test_plan_from_names_the_old_plans_precision(tmp_path, capsys):
+def test_plan_from_names_the_old_plans_precision(tmp_path, capsys, sailor_model_dir):
     """plan --from a plan in fp8 onto an inventory of A100s, no --precision given: the refusal named the inventory
-    file's field '--precision' (a flag not given); it is the old plan's `precision`. With --precision given, the
-    flag is named as before."""
+    file's field '--precision' (a flag not given); it is the old plan's `precision`, also with a learned model
+    (whose notes refused it first). With --precision given, the flag is named as before."""
     old = gpu_plan(tmp_path, "a100-80gb", "fp8")
     inv = tmp_path / "inv.yaml"
     inv.write_text("clusters:\n  - {name: a, device: a100-80gb, nodes: 1, devices_per_node: 2}\n")
@@ -102,6 +102,8 @@ def test_plan_from_names_the_old_plans_precision(tmp_path, capsys):
     rc, _, err = run_cli(argv, capsys)
     one_paragraph(rc, err, "precision")
     assert f"{old}: field 'precision'" in err and "--precision bf16 or fp16 or fp32" in err, err
+    rc, _, learned = run_cli(argv + ["--cost-model", sailor_model_dir], capsys)
+    assert rc == 2 and learned == err, learned
     rc, _, err = run_cli(argv + ["--precision", "fp8"], capsys)
     one_paragraph(rc, err, "--precision")
     assert str(inv) in err, err
