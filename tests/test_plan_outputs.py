@@ -46,3 +46,16 @@ def test_plan_file_named_as_an_emitted_script(tmp_path, capsys):
     err = refused(capsys, "--emit", str(launch), "-o", str(tmp_path / "q.yaml"), "--timeline", str(launch / config))
     assert "--timeline" in err and config in err
     assert os.listdir(launch) == [] and not (tmp_path / "q.yaml").exists()
+
+
+def test_plan_file_named_json_in_capitals_reads_back(tmp_path, capsys):
+    """-o P.JSON: written as YAML (the writer took only a lower-case .json for JSON) while every reader took the
+    name for JSON, so no command could read the plan back; now one rule decides both."""
+    import json
+    plan = str(tmp_path / "P.JSON")
+    rc, _, err = run_cli(BASE + ["--global-batch-size", "4", "-o", plan], capsys)
+    assert rc == 0, err
+    with open(plan) as fh:
+        assert json.load(fh)["version"]
+    rc, out, err = run_cli(["simulate", "--plan", plan], capsys)
+    assert rc == 0 and "iteration" in out, err

@@ -53,13 +53,20 @@ def inventory_of(path: str | None, plan, plan_path: str | None):
     if path is not None:
         return load_inventory(path)
     if plan is not None and plan.inventory:
-        from ..plan.simulate import check_plan_links
+        from ..plan.simulate import check_plan_clusters, check_plan_links
         try:
-            inventory = inventory_from_dict(plan.inventory, file=plan_path)
-            check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
-            return dataclasses.replace(inventory, stored_in_plan=True)
+            inventory = dataclasses.replace(inventory_from_dict(plan.inventory, file=plan_path), stored_in_plan=True)
         except InputError as exc:
             raise exc.within(prefix="inventory") from None
+        try:    # a mesh's cluster the inventory lacks first: the plan's field, not a link to add to the inventory
+            check_plan_clusters(plan, inventory)
+        except InputError as exc:
+            raise exc.within(file=plan_path) from None
+        try:
+            check_plan_links(plan, inventory)     # up front, and named as the stored inventory's field
+        except InputError as exc:
+            raise exc.within(prefix="inventory") from None
+        return inventory
     raise InputError("carries no inventory to simulate it on", file=plan_path, field="inventory",
                      fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
 
@@ -96,22 +103,27 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
     if hasattr(cost_model, "describe"):
         # Which model prices each device type, and why: a learned model never answers silently for a type
         # (or a precision) it has no measurements of. --json carries the same under "cost_model_why".
-        # at the job's precision: the learned model covers a device type per element size
-        priced = _able(inventory, args.precision) if getattr(args, "precision", None) else inventory
-        for line in cost_model.describe(c.device for c in priced.clusters):
-            print(f"cost model: {line}", file=sys.stderr)
-        apply_memory_job(cost_model, priced)
-    elif getattr(args, "precision", None) == "fp32":
-        measured_layers_hint(_able(inventory, "fp32"))
+        # at the precision priced (--precision, else the plan's: an fp32 plan file was described at bf16, said to
+        # be analytic where its figures were the learned model's): the learned model covers a type per element size
+        precision = getattr(args, "precision", None) or (plan.precision if plan is not None else None)
+        priced = _able(inventory, precision) if precision else inventory
+        if priced is not None:
+            for line in cost_model.describe(c.device for c in priced.clusters):
+                print(f"cost model: {line}", file=sys.stderr)
+            apply_memory_job(cost_model, priced)
+    elif getattr(args, "precision", None) == "fp32" and (able := _able(inventory, "fp32")) is not None:
+        measured_layers_hint(able)
     return model, inventory, cost_model
 
 
 def _able(inventory, precision: str):
     """The inventory at `precision`, for the notes above only: without the clusters whose device lacks it (which
-    `--exclude-clusters` may still take out, or the command refuses later, naming them)."""
+    `--exclude-clusters` may still take out, or the command refuses later, naming them); None where no cluster
+    can train in it: the command refuses it later, naming where the precision came from (--precision, or a plan
+    file's `precision`, which plan --from keeps)."""
     unable = inventory.unable_at(precision)
-    if len(unable) == len(inventory.clusters):      # none can: the inventory's own refusal names them all
-        return inventory.with_precision(precision)
+    if len(unable) == len(inventory.clusters):
+        return None
     return inventory.without(unable).with_precision(precision)
 
 
@@ -129,30 +141,33 @@ def measured_layers_hint(priced) -> None:
               "prices them from those (docs/cost-model-learned.md)", file=sys.stderr)
 
 
-def without_unused_unable(inventory, precision: str, used, command: str):
+def without_unused_unable(inventory, precision: str, used, command: str | None):
     """The inventory without the clusters a plan or layout does not use (`used`: cluster names) whose device cannot
-    train at `precision` (said on stderr): `hetauto plan` left them out of its search (--exclude-clusters), so
-    pricing the plan, or searching its alternatives, on the same inventory leaves them out too; a cluster it uses
-    is refused as before."""
+    train at `precision` (said on stderr, unless `command` is None: the caller said it already): `hetauto plan`
+    left them out of its search (--exclude-clusters), so pricing the plan, or searching its alternatives, on the
+    same inventory leaves them out too; a cluster it uses is refused as before."""
     used = set(used)
     unable = [n for n in inventory.unable_at(precision) if n not in used]
     if not unable or len(unable) == len(inventory.clusters):
         return inventory
-    print(f"{command}: left out of the inventory: {', '.join(unable)} (not used here, and cannot train in "
-          f"{precision})", file=sys.stderr)
+    if command:
+        print(f"{command}: left out of the inventory: {', '.join(unable)} (not used here, and cannot train in "
+              f"{precision})", file=sys.stderr)
     return inventory.without(unable)
 
 
-def at_plan_precision(inventory, plan, plan_file: str | None):
+def at_plan_precision(inventory, plan, plan_file: str | None, fix: str | None = None):
     """The inventory priced at the plan's precision; where a device of it cannot train in that precision, the
-    error names the plan file's `precision` (where the value came from), not a flag the user did not give."""
+    error names the plan file's `precision` (where the value came from), not a flag the user did not give.
+    `fix`: the command's own (default: re-plan, or price it on another inventory)."""
     from ..errors import InputError
     try:
         return inventory.with_precision(plan.precision)
     except InputError as exc:
         raise InputError(f"the plan trains in {plan.precision}, but {exc.reason}", file=plan_file, field="precision",
-                         fix=f"re-plan for this inventory (hetauto plan --precision with one every cluster has), or "
-                             f"simulate it on an inventory whose clusters train in {plan.precision}") from None
+                         fix=fix or f"re-plan for this inventory (hetauto plan --precision with one every cluster "
+                                    f"has), or simulate it on an inventory whose clusters train in {plan.precision}"
+                         ) from None
 
 
 def recorded_memory_job(plan, plan_file: str | None) -> str | None:

@@ -44,6 +44,18 @@ def keep_job_of(old, args) -> dict:
     return kept
 
 
+def at_kept_precision(inventory, old, plan_file: str):
+    """The inventory at the precision --from kept of the old plan (no --precision given): where a cluster cannot
+    train in it, the refusal names the plan file's `precision`, not the flag, and how to re-plan in another."""
+    from ..spec.devices import PRECISIONS
+    from ._common import at_plan_precision
+    common = [p for p in PRECISIONS if p != old.precision and not inventory.unable_at(p)]
+    return at_plan_precision(inventory, old, plan_file, fix=(
+        f"give --precision {' or '.join(common)} (--from keeps the plan's precision unless it is given), or "
+        if common else "no precision suits every cluster: ") + "leave the clusters without it out (hetauto plan "
+        "--exclude-clusters, or remove them from the inventory)")
+
+
 def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
     """--from with a model other than the old plan's (same layers and hidden size, else refused): the sequence length
     belongs to the model, so the given model's own is planned (unless --seq-length is given), not the old plan's,

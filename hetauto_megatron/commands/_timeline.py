@@ -61,7 +61,7 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
     from ..plan.timeline import predicted_timeline
     from ..runtime.op_timing import measured_timeline
     from ..spec.inventory import inventory_from_dict, load_inventory
-    from ._common import write_timelines
+    from ._common import without_unused_unable, write_timelines
     from ._dryrun_comparison import measured_plan
     ran = measured_plan(report, plan, report_file=args.plan, tiny=None)
     written = []
@@ -71,6 +71,8 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
         if args.compare:
             inv = load_inventory(args.inventory) if args.inventory else inventory_from_dict(plan.inventory,
                                                                                              file=args.plan)
+            # as the check before the run priced it (commands/dryrun.py _check_inventory, which said so)
+            inv = without_unused_unable(inv, plan.precision, [m.cluster for m in plan.meshes], None)
             if report.get("link_scale"):        # the links as --emulate-links ran them
                 inv = inv.with_link_time_scale(report["link_scale"])
             factor = core_sharing_factor(ran.world_size, report["cores"])

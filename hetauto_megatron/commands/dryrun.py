@@ -101,6 +101,9 @@ def run(args) -> int:
         raise InputError(f"the plan has {plan.world_size} devices; a local dry run starts one process per device "
                          f"and allows at most {MAX_LOCAL_RANKS}", file=args.plan, field="meshes",
                          fix="dry-run a smaller plan with the same shape (fewer DP replicas or stages)")
+    # a precision a mesh's device lacks (fp8 on an A100 or a cpu process), refused as simulate and emit refuse it,
+    # though the dry run itself trains in fp32: the field is the plan's `precision` (dryrun has no flag for it)
+    plan.check_precision(args.plan)
     check_timeline_args(args, plan)
     dropping = [i for i, m in enumerate(plan.meshes) if m.settings.hidden_dropout or m.settings.attention_dropout]
     if args.reference and dropping:
@@ -171,6 +174,11 @@ def _check_inventory(args, plan) -> None:
         inv, where = inventory_from_dict(plan.inventory, file=args.plan), args.plan
     else:
         return
+    if args.compare or args.emulate_links:
+        # priced (the prediction, the links' scale) as simulate prices the plan: without the clusters it does not
+        # use that cannot train in its precision (said here; _emulation and the timelines leave them out quietly)
+        from ._common import without_unused_unable
+        inv = without_unused_unable(inv, plan.precision, [m.cluster for m in plan.meshes], "hetauto dryrun")
     try:
         if args.compare:        # the prediction (its first check is the plan against the inventory)
             simulate(plan, inv, AnalyticCostModel())
@@ -222,8 +230,10 @@ def _emulation(args, plan):
                                      field="links", file=args.inventory or args.plan,
                                      fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
     if args.emulate_links == "auto":
+        from ._common import without_unused_unable
+        priced = without_unused_unable(inv, plan.precision, [m.cluster for m in plan.meshes], None)
         try:
-            scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny))
+            scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny), priced)
         except InputError as exc:
             raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     # every wait has --timeout: an emulated transfer past it would fail every rank as if a peer had died (and one

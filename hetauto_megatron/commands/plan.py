@@ -10,8 +10,8 @@ from ..outputs import output_errors, refuse_folder_over_files, refuse_overwritin
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
 from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
-from ._plan_from import (JOB_DEFAULTS, drop_seq_length_for_another_model, keep_job_of, keep_search_of,
-                         say_own_seq_length)
+from ._plan_from import (JOB_DEFAULTS, at_kept_precision, drop_seq_length_for_another_model, keep_job_of,
+                         keep_search_of, say_own_seq_length)
 
 DESCRIPTION = """\
 Search how to train a model on a multi-cluster device inventory: which clusters take part and in what
@@ -133,8 +133,8 @@ def add_arguments(parser) -> None:
                              "--exclude-clusters, --tp, --recompute, --max-pp, --micro-batch-size, --max-iteration-s; "
                              "a pin of a cluster no longer in the inventory, or that a flag given contradicts, is "
                              "dropped) unless its flag is given; stderr says what was kept")
-    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json); "
-                        "naming an input file (--inventory, --model, --from) or a --timeline is refused")
+    parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json, "
+                        "in any case); naming an input file (--inventory, --model, --from) or a --timeline is refused")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
                                                       "per cluster into DIR (needs -o)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -214,6 +214,8 @@ def run(args) -> int:
         from ._common import without_unused_unable
         inventory = without_unused_unable(inventory, args.precision, [m.cluster for m in old.meshes], "hetauto plan")
     inventory = without_excluded_unable(inventory, args)
+    if "precision" in kept:
+        inventory = at_kept_precision(inventory, old, args.from_plan)
     inventory = inventory.with_precision(args.precision)   # every device priced at the job's precision
     if args.iterations < 0:
         raise InputError(f"must not be negative, got {args.iterations}", field="--iterations",

@@ -115,7 +115,8 @@ def run(args) -> int:
         from ..plan.plan import check_global_batch_size
         check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     stored = None
-    if args.plan and (args.model is None or args.inventory is None):
+    if args.plan:
+        # its model and inventory stand in for a flag left out, and the cost model is described at its precision
         stored = load_plan(args.plan)
     elif args.model is None or args.inventory is None:
         missing = [f for f, v in (("--model", args.model), ("--inventory", args.inventory)) if v is None]

@@ -145,11 +145,7 @@ def file_stems(clusters: list[str], first_meshes: list[int], file: str | None = 
 def check_plan_inventory(plan: Plan, file: str | None) -> None:
     """The plan may carry the inventory it was made for: its clusters must exist and be big enough (every
     'hetauto emit' target checks it: a summary of a plan that cannot run would print stale estimates)."""
-    for k in range(len(plan.meshes)):        # a precision a mesh's device lacks, named with the plan's file
-        try:
-            plan.mesh_precision(k)
-        except InputError as exc:
-            raise exc.within(file=file) from None
+    plan.check_precision(file)      # a precision a mesh's device lacks, named with the plan's file
     if not plan.inventory:
         return
     used: dict[str, int] = {}

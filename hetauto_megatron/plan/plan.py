@@ -258,6 +258,15 @@ class Plan:
                                     else "") + ", or re-plan without that cluster (hetauto plan --exclude-clusters)"
                              ) from None
 
+    def check_precision(self, file: str | None = None) -> None:
+        """Every mesh's device trains in the plan's precision (mesh_precision), the refusal naming `file`: checked
+        by every command that runs or launches the plan (emit, dryrun), as simulate prices it."""
+        for k in range(len(self.meshes)):
+            try:
+                self.mesh_precision(k)
+            except InputError as exc:
+                raise exc.within(file=file) from None
+
     @property
     def vocab_tps(self) -> list[int]:
         """The TP sizes the vocabulary is padded for: every mesh's, and a pipeline view's other pipelines'."""

@@ -14,7 +14,7 @@ import yaml
 from ..errors import InputError
 from ..spec._fields import get, reject_unknown, require_mapping
 from ..spec.inventory import check_cluster_name, inventory_from_dict
-from ..spec.files import load_yaml_file
+from ..spec.files import is_json_name, load_yaml_file
 from ..spec.model import model_from_dict
 from .mesh import Mesh
 from .engines import DEFAULT_ENGINE
@@ -113,8 +113,8 @@ def plan_to_yaml(plan: Plan) -> str:
 
 
 def save_plan(plan: Plan, path: str) -> None:
-    """Write the plan: JSON for a .json name, YAML otherwise."""
-    text = json.dumps(plan_to_dict(plan), indent=2) + "\n" if path.endswith(".json") else plan_to_yaml(plan)
+    """Write the plan: JSON for a .json name (any case, as the readers decide it), YAML otherwise."""
+    text = json.dumps(plan_to_dict(plan), indent=2) + "\n" if is_json_name(path) else plan_to_yaml(plan)
     with open(path, "w") as fh:
         fh.write(text)
 

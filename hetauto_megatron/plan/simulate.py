@@ -291,12 +291,9 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
     """A plan may only use clusters the inventory has, with the device type, node size and count it has: its
     launches start on whole nodes, no more than the cluster has, as `hetauto emit` checks them (Plan.check_whole_nodes;
     `hetauto dryrun` accepted a plan of two pipelines on one single-node cluster that emit refused)."""
+    check_plan_clusters(plan, inventory)
     used: dict[str, int] = {}
-    names = [c.name for c in inventory.clusters]
     for i, mesh in enumerate(plan.meshes):
-        if mesh.cluster not in names:
-            raise InputError(f"names cluster {mesh.cluster!r}, which the inventory "
-                             f"{inventory.source + ' ' if inventory.source else ''}does not have", field=f"meshes[{i}].cluster", fix=f"use one of: {', '.join(names)}")
         cl = inventory.cluster(mesh.cluster)
         if cl.device.name != mesh.device_type:
             raise InputError(f"mesh on cluster {mesh.cluster} says device_type {mesh.device_type} but the inventory "
@@ -311,6 +308,18 @@ def check_plan_against_inventory(plan: Plan, inventory: Inventory) -> None:
                              fix="reduce tp, dp or the number of stages on that cluster")
     plan.check_whole_nodes(lambda c: (inventory.cluster(c).devices_per_node, inventory.cluster(c).nodes))
     check_plan_links(plan, inventory)
+
+
+def check_plan_clusters(plan: Plan, inventory: Inventory) -> None:
+    """Every mesh's cluster is one the inventory has (before its links are checked: a missing link to a cluster
+    the inventory lacks is the mesh's cluster at fault, and "add a links entry" to it failed next)."""
+    names = [c.name for c in inventory.clusters]
+    for i, mesh in enumerate(plan.meshes):
+        if mesh.cluster not in names:
+            which = ("the plan's inventory" if inventory.stored_in_plan else
+                     f"the inventory {inventory.source}" if inventory.source else "the inventory")
+            raise InputError(f"names cluster {mesh.cluster!r}, which {which} does not have",
+                             field=f"meshes[{i}].cluster", fix=f"use one of: {', '.join(names)}")
 
 
 def check_plan_links(plan: Plan, inventory: Inventory) -> None:

@@ -56,7 +56,8 @@ def get(data: dict, key: str, kind: type | tuple, *, default: Any = _MISSING, fi
     if key not in data or data[key] is None:
         if default is _MISSING:
             # written but empty, null or ~: YAML's nothing (a name spelled null is text only when quoted)
-            why = ("" if key not in data else " (it is null)" if str(file or "").lower().endswith(".json") else
+            from .files import is_json_name      # (files.py imports this module)
+            why = ("" if key not in data else " (it is null)" if is_json_name(file or "") else
                    " (YAML reads an empty value, null and ~ as nothing; quote text such as 'null')")
             raise InputError("is missing" + why, file=file, field=field, fix=fix or f"add '{key}:'")
         return default

@@ -203,6 +203,12 @@ def _expanded_size(root) -> tuple[int | None, int]:
     return size[id(root)], len(size)
 
 
+def is_json_name(path: str) -> bool:
+    """Whether a file is JSON by its name (.json, in any case): the one rule for reading and for writing, so that a
+    plan written to P.JSON, which was written as YAML while every reader took it for JSON, reads back."""
+    return str(path).lower().endswith(".json")
+
+
 def load_yaml_file(path: str, what: str) -> dict:
     """Read a YAML (or JSON) file into a mapping, turning every I/O or syntax failure into an InputError."""
     if not os.path.exists(path):
@@ -210,7 +216,7 @@ def load_yaml_file(path: str, what: str) -> dict:
     if os.path.isdir(path):
         article = "an" if what[:1] in "aeiou" else "a"
         raise InputError(f"is a directory, not {article} {what} file", file=path, fix=f"pass the {what} YAML file itself")
-    if path.lower().endswith(".json"):
+    if is_json_name(path):
         # read as JSON, by a JSON parser: the YAML parser refused JSON's tab indentation and took a missing value
         # or a trailing comma for valid
         data = read_json_file(path)
