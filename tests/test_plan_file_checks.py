@@ -121,3 +121,27 @@ def test_dryrun_prices_an_fp8_plan_as_simulate_does(tmp_path, capsys, monkeypatc
                           "t.json", "--compare"], capsys)
     assert rc == 0, err
     assert err.count("left out of the inventory: b") == 1 and os.path.exists("t.json"), err
+
+
+def test_a_plan_a_learned_model_priced_says_so_when_the_analytic_one_prices_it(tmp_path, capsys):
+    """A plan made with --cost-model (estimate.cost_model: learned) was re-priced by the analytic model in
+    simulate, explain and compare without a word: other figures than the plan's, and explain's bottleneck and
+    runners-up another model's."""
+    import os
+
+    from helpers import ROOT, run_cli
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = tmp_path / "p.yaml"
+    assert run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--global-batch-size", "64", "--quiet",
+                    "-o", str(plan)], capsys)[0] == 0
+    text = plan.read_text()
+    assert "cost_model: {h800: analytic}" in text
+    for name, source, warned in (("analytic.yaml", "analytic", False), ("learned.yaml", "learned", True)):
+        path = tmp_path / name
+        path.write_text(text.replace("cost_model: {h800: analytic}", f"cost_model: {{h800: {source}}}"))
+        for argv in (["simulate", "--plan", str(path)], ["explain", "--plan", str(path), "--no-search"],
+                     ["compare", str(path), str(plan)]):
+            rc, _, err = run_cli(argv, capsys)
+            assert rc == 0, err
+            said = f"{path} was priced with a learned cost model for h800" in err and "--cost-model" in err
+            assert said == warned, (argv, err)

@@ -184,6 +184,21 @@ def recorded_memory_job(plan, plan_file: str | None) -> str | None:
     return name
 
 
+def warn_if_priced_otherwise(cost_model, plan, plan_file: str | None, command: str) -> None:
+    """Say on stderr where a plan that a learned model priced (its estimate.cost_model) is now priced by the
+    analytic one (no --cost-model given): its figures would differ from the plan's without a word, and explain's
+    bottleneck and runners-up would be another model's."""
+    recorded = (plan.estimate or {}).get("cost_model")
+    if hasattr(cost_model, "coverage") or not isinstance(recorded, dict):
+        return      # (a learned model given says itself what it covers: LearnedCostModel.describe)
+    learned = sorted(str(d) for d, src in recorded.items() if src == "learned")
+    if learned:
+        print(f"hetauto {command}: warning: {plan_file} was priced with a learned cost model for "
+              f"{', '.join(learned)} (its estimate.cost_model); without --cost-model the analytic model prices it "
+              "here: pass --cost-model with the directory it was planned with to compare like with like",
+              file=sys.stderr)
+
+
 def use_recorded_memory_job(cost_model, plan, plan_file: str | None, given: str | None = None) -> None:
     """Set the plan's recorded memory job on `cost_model` (unless --memory-job `given` already set one)."""
     from ..plan.memory_fit import MEMORY_JOBS

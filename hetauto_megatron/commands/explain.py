@@ -116,6 +116,8 @@ def plan_inputs(args, plan_path: str, plan=None):
     # the plan's memory job, decided at its precision as every command decides it (plan/memory_fit.py)
     from ._common import apply_memory_job, at_plan_precision, use_recorded_memory_job
     use_recorded_memory_job(cost_model, plan, plan_path)       # the --memory-job the plan was fitted to
+    from ._common import warn_if_priced_otherwise
+    warn_if_priced_otherwise(cost_model, plan, plan_path, getattr(args, "command", None) or "explain")
     apply_memory_job(cost_model, at_plan_precision(inventory, plan, plan_path))
     return plan, inventory, cost_model
 

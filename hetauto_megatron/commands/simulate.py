@@ -7,7 +7,7 @@ import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
                       as_priced_on, at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
-                      use_recorded_memory_job, without_unused_unable, write_timelines)
+                      use_recorded_memory_job, warn_if_priced_otherwise, without_unused_unable, write_timelines)
 from ..spec.whatif import keys_help
 
 DESCRIPTION = """\
@@ -139,6 +139,7 @@ def run(args) -> int:
             args.engine = plan.engine
         # the --memory-job the plan was fitted to, unless the flag names one
         use_recorded_memory_job(cost_model, plan, args.plan, args.memory_job)
+        warn_if_priced_otherwise(cost_model, plan, args.plan, "simulate")
         if plan.model.num_layers != model.num_layers or plan.model.hidden_size != model.hidden_size:
             raise InputError(f"the plan is for model {plan.model.name} ({plan.model.num_layers} layers, hidden "
                              f"{plan.model.hidden_size}) but --model is {model.name} ({model.num_layers} layers, "
