@@ -13,7 +13,9 @@ ends and the next begins:
     in the next forward) is the first stage's tied table, a bucket of its own: before the exact layout was priced
     the first stage's buckets were taken as equal (the table's bucket priced as the whole stage, 2.9x the table);
     the last stage reduces its copy of the table first, behind its own backward;
-  - Megatron-LM's own bucket-size rule is the one it prices.
+  - Megatron-LM's own bucket-size rule is the one it prices;
+  - a later stage starts its reduction once its last send_backward has returned (recorded in a dry run's ranks):
+    a blocking boundary's link is no part of the drain the tail hides it behind.
 """
 import pytest
 
@@ -144,3 +146,87 @@ def test_the_published_runs_engine_is_priced_only():
     assert not ENGINES["megatron-core-0.8"].runs_here
     with pytest.raises(InputError, match="megatron, deepspeed"):
         check_engine("megatron-core-0.8", field="engine")
+
+
+def test_a_later_stage_reduces_once_its_last_gradient_send_returned(tmp_path, monkeypatch):
+    """With overlap_grad_reduce Megatron-Core 0.19 calls `config.grad_sync_func` (which the runtime sets as
+    Megatron-LM does) on a pipeline rank after the first only after the cool-down, once its last send_backward has
+    returned (schedules.py forward_backward_pipelining_without_interleaving). Recorded in the dry run's rank
+    processes, two clusters of DP 2 joined by a blocking boundary over an emulated 40 ms link: on each second-stage
+    rank the last backward, then the call that sends its gradient, held at least the link's 40 ms, then the
+    reduction's start, nothing between. So the tail does not hide that reduction behind the link
+    (plan/tail_costs.py tail_windows, the next test)."""
+    import json
+    import os
+    import time
+
+    from helpers import mesh
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.pipeline_parallel import schedules
+
+    from hetauto_megatron.plan.plan import plan_from_dict
+    from hetauto_megatron.runtime import communicator
+    from hetauto_megatron.runtime.dryrun import run_dryrun
+    from hetauto_megatron.spec.model import PRESETS
+
+    def log(*entry):
+        with open(tmp_path / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(json.dumps([*entry, time.perf_counter()]) + "\n")
+
+    def recorded(original, before, after=None):
+        def call(*a, **k):
+            if before:
+                log(*before(*a, **k))
+            out = original(*a, **k)
+            if after:
+                log(after)
+            return out
+        return call
+
+    communicate = communicator.HeteroP2PCommunicator._communicate
+    monkeypatch.setattr(communicator.HeteroP2PCommunicator, "_communicate", recorded(
+        communicate, lambda self, **k: ("call", self.ctx.coords.stage, k["tensor_send_prev"] is not None), "return"))
+    monkeypatch.setattr(schedules, "backward_step", recorded(schedules.backward_step, None, "backward"))
+    monkeypatch.setattr(DistributedDataParallel, "start_grad_sync", recorded(
+        DistributedDataParallel.start_grad_sync, lambda *a, **k: ("grad_sync",)))
+    inv = {"clusters": [{"name": n, "device": "cpu", "nodes": 1, "devices_per_node": 2} for n in "ab"],
+           "links": [{"between": ["a", "b"], "bandwidth_gbps": 100, "latency_ms": 40}]}
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 4,
+                           "inventory": inv, "meshes": [{**mesh("a", 1, 2, 1, [4]), "boundary": {"schedule": "blocking"}},
+                                                         mesh("b", 1, 2, 1, [4])]})
+    assert all(m.settings.overlap_grad_reduce for m in plan.meshes)
+    r = run_dryrun(plan, steps=2, seed=7, tiny=True, reference=False, timeout_s=60, emulate_links=1.0)
+    assert "error" not in r, r.get("error")
+    logs = [[json.loads(line) for line in f.read_text().splitlines()] for f in tmp_path.glob("*.jsonl")]
+    later = [log for log in logs if any(e[:2] == ["call", 1] for e in log)]
+    assert len(later) == 2, logs                        # the second stage's two DP ranks
+    for log in later:
+        syncs = [i for i, e in enumerate(log) if e[0] == "grad_sync"]
+        assert len(syncs) == 2, log                     # one per step
+        for i in syncs:
+            backward, call, returned = log[i - 3], log[i - 2], log[i - 1]
+            assert [backward[0], call[:3], returned[0]] == ["backward", ["call", 1, True], "return"], log
+            assert returned[-1] - backward[-1] >= 0.040, log
+
+
+def test_the_tail_hides_a_later_stages_reduction_only_after_its_last_send():
+    """The order above, by hand: stages of 1 + 2 s and 4 + 8 s (forward + backward), a 3 s link. The second stage's
+    last backward ends at t; a blocking send holds it until t + 3, when its gradient reaches the first stage,
+    whose last backward ends at t + 5, the pipeline's end. Its 10 s reduction, started at t + 3, sticks out 8 s
+    (the tail priced 5 before, as if it started at t). Overlapped, the send returns at t: 5 s. And against the
+    simulated timeline of three stages (plan/pipeline.py events): each later stage's reduction, started when its
+    last send ends, hides behind what the tail's drain counts."""
+    from hetauto_megatron.plan.pipeline import simulate_1f1b
+    from hetauto_megatron.plan.tail_costs import tail_windows
+
+    reduce = 10.0
+    for blocking, exposed in (([True], 8.0), ([False], 5.0)):
+        drain = list(tail_windows([1.0, 4.0], [2.0, 8.0], [3.0], blocking))[1][2]
+        assert max(0.0, reduce - drain) == exposed, blocking
+    f, b, x = [1.0, 1.5, 4.0], [2.0, 3.0, 8.0], [3.0, 2.5]
+    for blocking in ([True, True], [False, True], [True, False]):
+        sim = simulate_1f1b(f, b, x, 8, blocking=blocking, record=True)
+        windows = list(tail_windows(f, b, x, blocking))
+        for i in (1, 2):
+            last_send = max(e.end for e in sim.events if e.resource == ("stage", i))   # its last B, or its send
+            assert windows[i][2] == pytest.approx(sim.makespan - last_send), (blocking, i)

@@ -140,8 +140,9 @@ def test_bucket_padding_the_plan_does_not_price_is_refused_at_any_dp(monkeypatch
 
 def test_no_align_grad_reduce_runs_what_the_plan_priced(monkeypatch):
     """Under the 1F1B schedule a pipeline rank after the first holds one gradient bucket, complete at the end of
-    its last backward, whether its reduction is started from the bucket's hook (--no-align-grad-reduce) or right
-    after that backward (Megatron's default): the moment the plan prices, so the flag is accepted."""
+    its last backward. Its reduction starts from the bucket's hook there (--no-align-grad-reduce) or, by
+    Megatron's default, which the plan prices, once its last send_backward returned: the flag can only start it
+    earlier, by at most a blocking send's link time, which the plan over-prices, so it is accepted."""
     plan = plan_from_dict({"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
         {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 1, "stage_layers": [4, 4]}]})
     args = _accepted(monkeypatch, plan, ["--no-align-grad-reduce"])

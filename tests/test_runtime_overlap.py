@@ -1,8 +1,9 @@
 """Overlapped cross-cluster boundaries on real Megatron-Core (CPU, gloo, forked ranks): asynchronous transfers
 (sends posted by the communication thread, as on accelerators), receives posted ahead and a deeper warm-up give
 the single-process reference's losses and grad norms (1e-5), as the blocking schedule does, across TP and DP
-changes at the boundary; link emulation holds a blocking sender for the emulated transfer, and the measured
-exposed time says so."""
+changes at the boundary; the side before an overlapped boundary posts its gradients' receives as its first
+activation crosses; link emulation holds a blocking sender for the emulated transfer, and the measured exposed
+time says so."""
 import json
 import re
 
@@ -147,3 +148,59 @@ def test_the_prediction_of_an_emulated_run_prices_the_emulated_links(tmp_path):
     measured = rows[1000]["measured_s"] - rows[1]["measured_s"]
     predicted = rows[1000]["predicted_s"] - rows[1]["predicted_s"]
     assert predicted > 0.5 and abs(predicted / measured - 1) <= 0.25, (predicted, measured, rows)
+
+
+def _record_posts(monkeypatch, where):
+    """Make each forked rank write, in order, every call of the schedule into the communicator (`_communicate`:
+    its stage, whether it sends forward, whether it receives backward) and every posted receive of a gradient
+    across clusters (`torch.distributed.irecv` with a gradient tag: its message number), to its own file."""
+    import os
+
+    import torch.distributed as dist
+
+    from hetauto_megatron.runtime import communicator
+    from hetauto_megatron.runtime.cross_link import _BLOCKS, _GRAD
+
+    def log(entry):
+        with open(where / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    irecv, communicate = dist.irecv, communicator.HeteroP2PCommunicator._communicate
+
+    def recording_irecv(tensor, src=None, group=None, tag=0, **kw):
+        if tag >= _GRAD:
+            log(["post", (tag - _GRAD) // (_BLOCKS + 1)])
+        return irecv(tensor, src, group=group, tag=tag, **kw)
+
+    def recording_communicate(self, **kw):
+        log(["call", self.ctx.coords.stage, kw["tensor_send_next"] is not None, bool(kw["recv_next"])])
+        return communicate(self, **kw)
+
+    monkeypatch.setattr(dist, "irecv", recording_irecv)
+    monkeypatch.setattr(communicator.HeteroP2PCommunicator, "_communicate", recording_communicate)
+
+
+@pytest.mark.parametrize("depth,gbs", [(2, 4), (2, 2)])
+def test_gradient_receives_are_posted_when_the_first_activation_crosses(depth, gbs, tmp_path, monkeypatch):
+    """gloo starts a transfer only once its receive is posted. The stage before an overlapped boundary posts the
+    receives of its first depth + 1 gradients (no more than the step's micro-batches) in the call that sends its
+    first activation across, before Megatron's schedule asks for a gradient (its first recv_backward), as the
+    simulator prices it (plan/pipeline.py: receives posted early). Posted there only from that first
+    recv_backward, the first gradient crossed one link time late behind a slow stage before the boundary. The
+    order is read from the rank processes; the losses still match the single-process reference."""
+    monkeypatch.setattr(host_staging, "THREAD_ON_CPU", True)
+    _record_posts(monkeypatch, tmp_path)
+    p = _plan(mesh("a", 1, 1, 1, [4]), mesh("b", 1, 1, 1, [4]), {"schedule": "overlapped", "depth": depth}, gbs)
+    r = run_dryrun(p, steps=2, seed=7, tiny=True, reference=True, timeout_s=60)
+    assert "error" not in r, r.get("error")
+    assert r["max_abs_diff"] <= 1e-5, r
+    m = p.num_micro_batches
+    logs = [[json.loads(line) for line in f.read_text().splitlines()] for f in tmp_path.glob("*.jsonl")]
+    before = [log for log in logs if ["call", 0, True, False] in log]      # stage 0: the side before the boundary
+    assert len(before) == 1, logs
+    log = before[0]
+    first_send = log.index(["call", 0, True, False])
+    first_recv_backward = next(i for i, e in enumerate(log) if e[0] == "call" and e[3])
+    posted = {e[1] for e in log[first_send:first_recv_backward] if e[0] == "post"}
+    assert posted == set(range(min(depth + 1, m))), log[:first_recv_backward + 1]
+    assert not any(e[0] == "post" for e in log[:first_send])

@@ -10,11 +10,13 @@ What the launch scripts may add to the planned shapes because the plan's time an
 (the Hugging Face reader names them: --add-qkv-bias, --rotary-percent, --norm-epsilon, --use-rope-scaling,
 spec/hf_notes.py not_carried) is not in the table. Neither is --no-align-grad-reduce: under the 1F1B schedule
 the plan runs (the interleaved one is refused) it only decides whether a pipeline rank after the first starts its
-gradient reduction from its bucket's hook during its last backward or right after it (Megatron-Core 0.19
-schedules.py forward_backward_pipelining_without_interleaving, `config.grad_sync_func is None or
-is_pp_first_stage`), and such a rank holds one bucket (distributed_data_parallel.py, `disable_bucketing or pp_rank >
-0`), complete only when that backward ends: the moment the plan prices either way (plan/tail_costs.py
-dp_exposed_times). The DP gradient buckets themselves are priced (`check_ddp_bucket_args`).
+gradient reduction from its bucket's hook as its last backward ends or after the cool-down, once its last
+send_backward has returned (Megatron-Core 0.19 schedules.py forward_backward_pipelining_without_interleaving,
+`config.grad_sync_func is None or is_pp_first_stage`; such a rank holds one bucket, distributed_data_parallel.py
+`disable_bucketing or pp_rank > 0`, complete only when that backward ends). The plan prices the default, the
+later start (plan/tail_costs.py tail_windows): where that send blocks, the flag starts the reduction earlier by
+at most the link time, which the plan over-prices. The DP gradient buckets themselves are priced
+(`check_ddp_bucket_args`).
 """
 from __future__ import annotations
 
@@ -183,8 +185,9 @@ UNPRICED = (
              "groups are the plan's (per-cluster meshes and the cross-cluster communicator), built once"),
     # Megatron-LM's result validation (plan/engines.py result_checks): the plan prices its default mode, whose check
     # is one scalar all-reduced over the world each iteration. "disabled" drops that scalar (a NaN or infinite loss
-    # still stops the job): a few hop latencies the plan over-prices, as --no-align-grad-reduce changes nothing
-    # priced; "report_stats" runs every step twice (core/rerun_state_machine.py REPORT_DETERMINISM_STATS).
+    # still stops the job): a few hop latencies the plan over-prices, as it does a blocking send's link time under
+    # --no-align-grad-reduce; "report_stats" runs every step twice (core/rerun_state_machine.py
+    # REPORT_DETERMINISM_STATS).
     # Megatron-LM's train_step calls torch.cuda.empty_cache() after each optimizer step (1), and after each
     # forward-backward too (2): the allocator hands its cached blocks back to the driver, and the next iteration
     # allocates every activation and gradient anew (cudaMalloc/cudaFree, each synchronising the device)

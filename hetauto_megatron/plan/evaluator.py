@@ -254,9 +254,11 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
                 pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)], norm, self.engine)
         return out
 
-    def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list):
-        """(fwd, bwd, iteration tail) of a layer split: the tail depends on the split, not on the boundaries."""
-        key = (cur, tuple(layers))
+    def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list, blocking: list):
+        """(fwd, bwd, iteration tail) of a layer split: the tail depends on the split and on which boundaries block
+        (a later stage's reduction starts once its last gradient send returned: tail_costs.tail_windows), not on
+        the depths."""
+        key = (cur, tuple(layers), tuple(blocking))
         out = self._tails.get(key)
         if out is None:
             # prof.times of every stage: n x the per-layer time in the middle (what times adds there is 0.0, which
@@ -267,14 +269,15 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
             fwd[0], bwd[0] = profs[0].times(layers[0], True, p == 1)
             if p > 1:
                 fwd[-1], bwd[-1] = profs[-1].times(layers[-1], False, True)
-            t = tail_costs.tail_seconds(pm, profs, layers, fwd, bwd, links, self.sync(cur, pm), self._stage_terms)
+            t = tail_costs.tail_seconds(pm, profs, layers, fwd, bwd, links, blocking, self.sync(cur, pm),
+                                        self._stage_terms)
             out = self._tails[key] = (tuple(fwd), tuple(bwd), t)
         return out
 
     def time(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], m: int) -> float:
         """evaluate_layout's closed form for blocking boundaries, from the cached terms."""
         links, latency, _, _, overhead = self.joins(cur, pm)
-        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
+        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, [True] * len(links))
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
             return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m) + tail + overhead

@@ -91,7 +91,7 @@ class OverlapPricing:
                 layers = split_layers(per, fixed, lo, dcaps, L) if min(dcaps) >= 0 else None
                 if layers is None:
                     return Priced(math.inf, False, None, None, None, None, None)
-                fwd, bwd, tail = self.tail(cur, pm, profs, layers, links)
+                fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, blocking)
             closed = self.estimate(fwd, bwd, links, m, latency=latency, blocking=blocking, depth=depth,
                                    uplinks=uplinks)
             t = closed + tail + overhead

@@ -89,7 +89,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
     """(LayoutResult, its closed-form tail or None). reuse: (layers, tail) of the same layout under looser memory
     caps (a shallower overlapped depth): when those layers fit these caps they are this split too (the greedy
     split is optimal for the looser caps and feasible for these), and the tail, which depends on the layers
-    only, is the same. simulate=False with exact: the split alone (its time NaN, for `_finish` to fill in)."""
+    and on which boundaries block (the same at every overlapped depth), is the same. simulate=False with exact:
+    the split alone (its time NaN, for `_finish` to fill in)."""
     profs, owners = pipe.profs, pipe.owners
     p = len(profs)
     blocking, depth = pipe.boundary_schedule(depths)
@@ -130,7 +131,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             bwd.append(b)
         if tail is None:
             tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links,
-                                             engine=engine)["tail_s"]
+                                             blocking, engine=engine)["tail_s"]
         if engine == "deepspeed":
             t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
                               blocking=blocking, depth=depth)

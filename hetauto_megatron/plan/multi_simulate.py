@@ -214,7 +214,7 @@ def price_pipeline(model: ModelSpec, inventory: Inventory, shape: PipelineShape,
     reduce_s = after_s = fill_s = opt_s = 0.0
     rows, fits = [], True
     overhead = 0.0
-    for i, (st, (_, _, drain, before)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links))):
+    for i, (st, (_, _, drain, before)) in enumerate(zip(stages, tail_costs.tail_windows(fwd, bwd, links, blocking))):
         stage_fill = 0.0        # a position's groups wait for their gathers side by side
         for (idx, mesh, prof), (f, b) in zip(st.groups, per_group[i]):
             r, g_fill, g_step = tail_costs.dp_exposed_times(model, prof, st.layers, st.first, st.last, f, b, drain,

@@ -33,8 +33,10 @@ def boundary_buffers(d: int, m: int, in_flight: int | None = None) -> int:
     step of m micro-batches: the messages it receives (runtime/cross_link.py `CrossLink.receive`), each posted
     ahead into a buffer of its own until the stage takes it. The link keeps d + 1 messages posted ahead (no more
     than the step has left) and, while it takes one, posts the next: d + 2 held at once.
-    The side receiving gradients (`in_flight` None: the stage before the boundary) takes its first gradient right
-    after a forward, its activations at their peak, and the one taken is no activation of its own: min(d + 2, m)
+    The side receiving gradients (`in_flight` None: the stage before the boundary) posts its first d + 1 as it
+    sends its first activation across (runtime/communicator.py `_gradients_ahead`), held through a warm-up whose
+    activations only grow, takes its first gradient right after a forward, its activations at their peak, and the
+    one taken is no activation of its own: min(d + 2, m)
     (a step has only m messages: the dry run's sender measured min(d + 2, m), depth 3 over 3 micro-batches held 3,
     not the 5 priced).
     The side receiving activations (`in_flight`: the micro-batches the stage holds at its peak, memory_terms')

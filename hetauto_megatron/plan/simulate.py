@@ -208,7 +208,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
     # global norm, optimizer.
     norm = tail_costs.grad_norm_time(inventory, choices)
     check = tail_costs.result_check_time(inventory, choices, engine, norm)
-    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links,
+    tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, links, blocking,
                                      tail_costs.iteration_sync_time(model, inventory, choices, profs, norm, engine))
     overhead = _iteration_overhead(cost_model, profs)
     if engine == "deepspeed":     # DeepSpeed's pipeline engine: its lock-step schedule, blocking sends

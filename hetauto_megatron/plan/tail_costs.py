@@ -83,7 +83,7 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     gradients, in layout order, one after the other (plan/bucket_exposure.py): what is still running after the
     stage's own backward (`own_bwd`), at least the last bucket's (the first layers', or the first stage's tied
     table's), hides behind `drain`, the last backwards of the stages before it (and the links between), still
-    running. With overlap_param_gather (the non-interleaved schedule leaves align_param_gather off) the next
+    running when it may start (tail_windows: a later stage's once its last gradient send returned). With overlap_param_gather (the non-interleaved schedule leaves align_param_gather off) the next
     iteration's first forward pre-hook starts the gather of the layout's last bucket and waits for it, each later
     pre-hook the next one's, which hides behind the forward of the bucket before it (`own_fwd` split by the
     buckets' work): the first is exposed in full; on later ranks, after the stage received its input, so it
@@ -111,26 +111,30 @@ def _exposure(s, reduce: float, gather: float, b: Buckets, own_fwd: float, own_b
     return reduce, 0.0, gather
 
 
-def tail_windows(fwd, bwd, links):
+def tail_windows(fwd, bwd, links, blocking):
     """(own forward, own backward, drain, fill) of each stage of a pipeline (pipeline order, its rank): the drain is
-    what runs after the stage's last backward, the last backwards of the stages before it and the links between;
-    the fill what runs before its first forward, their forwards and the links (dp_exposed_times)."""
+    what runs after the stage may start its reduction, the last backwards of the stages before it and the links
+    between, but for a stage after the first its own last gradient send where it blocks (`blocking`: per boundary):
+    Megatron-Core 0.19 calls `grad_sync_func` (set with overlap_grad_reduce) after the cool-down, once that send
+    has returned (schedules.py forward_backward_pipelining_without_interleaving); an overlapped one returns at
+    once. The fill is what runs before its first forward, their forwards and the links (dp_exposed_times)."""
     drain = fill = 0.0
     last = len(fwd) - 1
     for i, (f, b) in enumerate(zip(fwd, bwd)):
-        yield f, b, drain, fill
+        yield f, b, drain - (links[i - 1] if i and blocking[i - 1] else 0.0), fill
         link = links[i] if i < last else 0.0
         drain += b + link
         fill += f + link
 
 
 def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, layers, fwd, bwd,
-                   links, sync: float | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, float]:
+                   links, blocking, sync: float | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, float]:
     """What follows the last backward of the 1F1B pipeline, per stage lists of its times (pipeline order): the
     exposed gradient reduction of the slowest stage, then the job-wide terms every rank waits for (the tied table's
     holders' exchange, the engine's result check and the global-norm all-reduce), then the optimizer step (with a
     gather not overlapped: the slowest stage's step and gather), then what the parameter gathers in the forward
-    pre-hooks add to the next iteration's fill (each stage's, one after the other along the pipeline). Keys: tail_s,
+    pre-hooks add to the next iteration's fill (each stage's, one after the other along the pipeline); `blocking`:
+    per boundary, its schedule (tail_windows). Keys: tail_s,
     dp_exposed_s, optimizer_s, sync_s (seconds), and per stage stage_dp_exposed_s, stage_optimizer_s (lists).
     `sync`: iteration_sync_time(model, inventory, meshes, profiles, engine=engine) when the caller has it (it
     depends on the layout only, not on the layer split). The search's leaves need tail_s alone: `tail_seconds`."""
@@ -138,7 +142,7 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
         sync = iteration_sync_time(model, inventory, meshes, profiles, engine=engine)
     p = len(profiles)
     reduce_exp, after, opt, fill, exposed, g_fills, g_steps = [], [], [], 0.0, [], [], []
-    for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links)):
+    for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links, blocking)):
         prof, n = profiles[i], layers[i]
         r, g_fill, g_step = dp_exposed_times(model, prof, n, i == 0, i == p - 1, f, b, drain, before)
         opt.append(optimizer_time(model, prof, n, i == 0, i == p - 1))
@@ -156,7 +160,8 @@ def iteration_tail(model: ModelSpec, inventory: Inventory, meshes, profiles, lay
             "stage_gather_fill_s": g_fills, "stage_gather_step_s": g_steps}
 
 
-def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: float, memo: dict | None = None) -> float:
+def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, blocking, sync: float,
+                 memo: dict | None = None) -> float:
     """iteration_tail(...)["tail_s"], the same float, for the search's leaves: the stage terms remembered across
     calls in `memo`, a dict the caller keeps for one model (each stage kind's collectives, buckets and optimizer
     step, keyed by the profile, without hashing the model)."""
@@ -174,7 +179,8 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, sync: floa
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
                                  buckets_of(ddp_buckets(model, prof, n, i == 0, i == last)))
         reduce, gather, opt, buckets = terms
-        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain, before)
+        held = links[i - 1] if i and blocking[i - 1] else 0.0      # its last send_backward (tail_windows)
+        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain - held, before)
         if r > reduce_max:
             reduce_max = r
         fill += g_fill

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import time
 
 import torch
@@ -38,7 +39,7 @@ from .cross_link import CrossLink, LinkEmulator, covered, now, sleep_until, stam
 from .host_staging import HostStaging
 from .peers import PeerError, failure, wait_all
 from .ranks import describe_rank
-from .transfers import owned_seq_range
+from .seq_gather import allgather_seq
 
 
 class HeteroP2PCommunicator(P2PCommunicator):
@@ -182,6 +183,8 @@ class HeteroP2PCommunicator(P2PCommunicator):
             return
         for other in side[1]:
             self._send_to(other, tensor, shape, works, grad=grad, what=what)
+            if not grad:
+                self._gradients_ahead(other, shape)
 
     def _send_to(self, other, tensor, shape, works, *, grad, what):
         """Send this rank's blocks for mesh `other` (at the neighbouring stage)."""
@@ -248,7 +251,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         # side by side, whose boundaries are blocking: the buffer is then posted at once).
         buf, fills = None, []
         for other in side[1]:
-            buf, fill = self._recv_from(other, shape, works, buf, grad=grad, what=what)
+            buf, fill = self._recv_from(other, shape, works, buf, grad=grad)
             if fill is not None:
                 fills.append(fill)
 
@@ -257,70 +260,31 @@ class HeteroP2PCommunicator(P2PCommunicator):
                 for fill in fills:
                     fill()
                 if not self.ctx.mesh.settings.sequence_parallel:  # with SP the shard is all this rank holds
-                    self._allgather_seq(buf)
+                    self.bytes_sent["intra_cluster"] += allgather_seq(buf, self.ctx.mesh.tp, self.ctx.coords.tp_rank,
+                                                                      self.ctx.pg.tp)
             buf.requires_grad_(True)
 
         finish.append(assemble)
         return buf
 
-    def _recv_from(self, other, shape, works, into, *, grad, what):
+    def _recv_from(self, other, shape, works, into, *, grad):
         """Post the receives of this rank's blocks from mesh `other` into `into` (a fresh buffer when None).
         Returns (buffer, fill): fill() puts the received blocks in place and scales gradients (None when this rank
         receives nothing from `other`)."""
         boundary = self._crossing(other, shape)
-        c, plan = self.ctx.coords, self.ctx.plan
-        transfers = boundary.blocks(grad)
-        mine = [(k, tr, boundary.peer_rank(plan, tr.src_dp, tr.src_tp))
-                for k, tr in transfers if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
+        mine = self._incoming(boundary, grad)
         if into is None and not (boundary.inter and mine):
             into = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
         if not mine:
             return into, None
-        staging = torch.device("cpu" if boundary.inter else self.ctx.device)
-
-        def post_message(j, out, buf):
-            """Post the receives of one message into `buf` (a fresh buffer when None): (buffer, staged blocks,
-            send times)."""
-            if buf is None:
-                buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
-            staged, stamps = [], []
-            if boundary.inter:
-                for peer in sorted({peer for _, _, peer in mine}):
-                    stamps.append(torch.empty(1, dtype=torch.float64))
-                    self._post(dist.irecv, stamps[-1], peer, boundary.group, stamp_tag(grad, j), out,
-                               f"receive {what}")
-            for k, tr, peer in mine:
-                t = tag(grad, j, k)       # one message per call inside a cluster: j = 0
-                view = buf[tr.dst_seq, tr.dst_batch]
-                if view.is_contiguous() and view.device == staging:
-                    # The block is one contiguous run of the buffer on the right device: receive in place.
-                    self._post(dist.irecv, view, peer, boundary.group, t, out, f"receive {what} block {k}")
-                    continue
-                size = (tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2])
-                piece = (self.staging.receive_buffer(size, buf.dtype) if boundary.inter
-                         else torch.empty(size, dtype=buf.dtype, device=staging))
-                self._post(dist.irecv, piece, peer, boundary.group, t, out, f"receive {what} block {k}")
-                staged.append((tr, piece))
-            return buf, staged, stamps
-
         if boundary.inter:
             link = self._link(other, grad, shape)
-
-            def post(j):
-                out = []
-                # an overlapped link posts messages ahead, each into its own buffer; a blocking one posts this
-                # call's message only, into the shared buffer
-                buf, staged, stamps = post_message(j, out, None if link.overlapped else into)
-                # a message posted ahead is held outside autograd until the stage takes it (measured memory)
-                holds = [self.meter.hold(t) for t in [buf] + [piece for _, piece in staged]] \
-                    if link.overlapped and self.meter is not None else None
-                return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None,
-                                     holds]
+            post = functools.partial(self._post_link_message, boundary, mine, shape, grad, link, into)
             (buf, copies, started, _), on_way = link.receive(post, self._wait)   # taken: its holds dropped
             self._on_way.append(on_way)
             staged = []
         else:
-            buf, staged, _ = post_message(0, works, into)
+            buf, staged, _ = self._post_message(boundary, mine, shape, grad, 0, works, into)
 
         def fill():
             if boundary.inter:   # host -> device on the copy stream; the compute stream waits for it
@@ -337,28 +301,62 @@ class HeteroP2PCommunicator(P2PCommunicator):
 
         return buf, fill
 
-    def _allgather_seq(self, buf):
-        """Each TP rank received its own range of sequence positions; give everyone the whole tensor."""
-        tp = self.ctx.mesh.tp
-        if tp == 1:
+    def _incoming(self, boundary: Crossing, grad: bool) -> list:
+        """This rank's blocks of `boundary` in one direction: [(k, block, sending rank)]."""
+        c, plan = self.ctx.coords, self.ctx.plan
+        return [(k, tr, boundary.peer_rank(plan, tr.src_dp, tr.src_tp))
+                for k, tr in boundary.blocks(grad) if (tr.dst_tp, tr.dst_dp) == (c.tp_rank, c.dp_rank)]
+
+    def _post_message(self, boundary, mine, shape, grad, j, out, buf):
+        """Post the receives of message `j`'s blocks `mine` (`_incoming`) into `buf` (a fresh buffer when None),
+        appending them to `out`: (buffer, staged blocks, send times)."""
+        what = "gradient" if grad else "activation"
+        staging = torch.device("cpu" if boundary.inter else self.ctx.device)
+        if buf is None:
+            buf = torch.empty(shape, dtype=self.config.pipeline_dtype, device=self.ctx.device)
+        staged, stamps = [], []
+        if boundary.inter:
+            for peer in sorted({peer for _, _, peer in mine}):
+                stamps.append(torch.empty(1, dtype=torch.float64))
+                self._post(dist.irecv, stamps[-1], peer, boundary.group, stamp_tag(grad, j), out,
+                           f"receive {what}")
+        for k, tr, peer in mine:
+            t = tag(grad, j, k)       # one message per call inside a cluster: j = 0
+            view = buf[tr.dst_seq, tr.dst_batch]
+            if view.is_contiguous() and view.device == staging:
+                # The block is one contiguous run of the buffer on the right device: receive in place.
+                self._post(dist.irecv, view, peer, boundary.group, t, out, f"receive {what} block {k}")
+                continue
+            size = (tr.seq_stop - tr.seq_start, tr.batch_stop - tr.batch_start, shape[2])
+            piece = (self.staging.receive_buffer(size, buf.dtype) if boundary.inter
+                     else torch.empty(size, dtype=buf.dtype, device=staging))
+            self._post(dist.irecv, piece, peer, boundary.group, t, out, f"receive {what} block {k}")
+            staged.append((tr, piece))
+        return buf, staged, stamps
+
+    def _post_link_message(self, boundary, mine, shape, grad, link, into, j):
+        """`CrossLink.receive`'s post_message for a boundary between clusters: an overlapped link posts messages
+        ahead, each into its own buffer; a blocking one posts this call's message only, into `into`."""
+        out = []
+        buf, staged, stamps = self._post_message(boundary, mine, shape, grad, j, out,
+                                                 None if link.overlapped else into)
+        # a message posted ahead is held outside autograd until the stage takes it (measured memory)
+        holds = [self.meter.hold(t) for t in [buf] + [piece for _, piece in staged]] \
+            if link.overlapped and self.meter is not None else None
+        return out, stamps, [buf, [(piece, buf[tr.dst_seq, tr.dst_batch]) for tr, piece in staged], None, holds]
+
+    def _gradients_ahead(self, other, shape) -> None:
+        """Post the gradient receives of an overlapped boundary to mesh `other` ahead (depth + 1), called as the
+        stage sends an activation across it (a gradient has its shape). gloo moves a message only once its receive
+        is posted: left to the first recv_backward, a slow stage before the boundary would wait one more link time
+        than plan/pipeline.py prices (receives posted early)."""
+        boundary = self._crossing(other, shape)
+        mine = self._incoming(boundary, True)
+        if not (boundary.inter and mine):
             return
-        seq = buf.shape[0]
-        ranges = [owned_seq_range(t, tp, seq) for t in range(tp)]
-        me = self.ctx.coords.tp_rank
-        group = self.ctx.pg.tp
-        mine = buf[ranges[me][0]:ranges[me][1]]
-        if seq % tp == 0:
-            outs = [torch.empty_like(mine) for _ in range(tp)]
-            dist.all_gather(outs, mine.contiguous(), group=group)
-            for t, (lo, hi) in enumerate(ranges):
-                if t != me:
-                    buf[lo:hi] = outs[t]
-        else:
-            for t, (lo, hi) in enumerate(ranges):
-                part = buf[lo:hi].contiguous()
-                dist.broadcast(part, src=dist.get_global_rank(group, t), group=group)
-                buf[lo:hi] = part
-        self.bytes_sent["intra_cluster"] += mine.numel() * mine.element_size() * (tp - 1)
+        link = self._link(other, True, shape)
+        if link.overlapped:
+            link.post_ahead(functools.partial(self._post_link_message, boundary, mine, shape, True, link, None))
 
     def _start_early_copies(self) -> None:
         """Received messages posted ahead that have already arrived start their host-to-device copy now, so it is

@@ -6,8 +6,9 @@ The plan decides each cross-cluster boundary's schedule (plan/pipeline.py prices
 - overlapped: a send is handed to the communication thread and completed later (host_staging.py: the
               device-to-host copy on a copy stream, the gloo send posted by the thread as soon as the bytes are
               on the host, gloo moving them on its own threads while the stage computes); receives are posted
-              ahead, up to the boundary's depth + 1 messages, so a stage waits only when the data it needs has
-              not arrived. Sends in flight are completed at the next call and at the end of the step, every
+              ahead, up to the boundary's depth + 1 messages (the gradients' from the stage's first activation
+              sent across, as gloo starts a transfer only once its receive is posted), so a stage waits only
+              when the data it needs has not arrived. Sends in flight are completed at the next call and at the end of the step, every
               wait with the communicator's timeout.
 
 Each message carries the time its sender posted it (a one-element tensor beside the blocks), so both ends can
@@ -141,18 +142,28 @@ class CrossLink:
         self.posted = 0
         self.limit = num_micro_batches
 
+    def post_ahead(self, post_message) -> None:
+        """An overlapped link told its step's messages: keep depth + 1 receives posted, no more than the step has
+        left. post_message: as for `receive`. The communicator calls it from the send path too
+        (communicator.py `_gradients_ahead`), so that the gradients' receives are posted before the first one
+        is needed."""
+        if not self.overlapped or self.limit is None:
+            return
+        while len(self.ahead) < self.depth + 1 and self.posted < self.limit:
+            self._post_next(post_message)
+
+    def _post_next(self, post_message) -> None:
+        j, self.received = self.received, self.received + 1
+        self.ahead.append(post_message(j))
+        self.posted += 1
+
     def receive(self, post_message, wait):
         """post_message(message number) -> (works, send-time tensors, payload): the receives of one message (the
         send time from each sending peer, then the blocks). Returns (payload, (send time, arrival)) once the
         message has arrived."""
-        want = self.depth + 1 if self.overlapped else 1
-        limit = self.limit
-        while len(self.ahead) < want and (limit is None or self.posted < limit or not self.ahead):
-            j, self.received = self.received, self.received + 1
-            self.ahead.append(post_message(j))
-            self.posted += 1
-            if limit is None:
-                break
+        if not self.ahead:          # a blocking link (or one not told its step's messages) posts it now
+            self._post_next(post_message)
+        self.post_ahead(post_message)
         works, stamps, payload = self.ahead.popleft()
         t0 = now()
         wait(works)
@@ -160,11 +171,7 @@ class CrossLink:
         if self.emulator:
             sleep_until(self.emulator.arrival(sent_at, self.boundary_bytes))
         t1 = now()
-        if self.overlapped and limit is not None:   # keep `want` receives posted
-            while len(self.ahead) < want and self.posted < limit:
-                j, self.received = self.received, self.received + 1
-                self.ahead.append(post_message(j))
-                self.posted += 1
+        self.post_ahead(post_message)      # keep depth + 1 receives posted
         return payload, (sent_at, t1)
 
 
