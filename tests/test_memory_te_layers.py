@@ -1,0 +1,148 @@
+"""What the layers accelerator launches run keep, measured with Megatron-Core's own modules on CPU where they decide.
+
+Transformer Engine's modules need CUDA (module/base.py refuses to build one without it), so each check measures the
+part of the job that is Megatron-Core's code, the same under Transformer Engine, and cites Transformer Engine's source
+(v2.14) for what its modules do in that place:
+
+- the gated MLP: Megatron's MLP picks its activation's path itself (core/transformer/mlp.py); accelerator launches
+  leave bias_swiglu_fusion on (only CPU ranks turn it off: plan/megatron_flags.py CPU_LAYER_ARGS), so the fused
+  SwiGLU's autograd function runs (core/fusions/fused_bias_swiglu.py), which saves fc1's output alone; fc2 saves its
+  input (Transformer Engine's Linear in 16 bits: module/linear.py saves the input it was given, as Megatron's local
+  linear does);
+- recompute 'selective' under Transformer Engine's layer spec (core/models/gpt/gpt_layer_specs.py): the second norm
+  is fused into fc1 (TELayerNormColumnParallelLinear, pre_mlp_layernorm IdentityOp), so the MLP's checkpoint takes
+  the norm's input and re-runs the norm. Built here with the real spec function and TransformerLayer, with a CPU
+  stand-in for the fused module that keeps what Transformer Engine's keeps (module/layernorm_linear.py saves its
+  input, the norm's output for the weight gradient, and the norm's per-row statistics).
+
+Saved tensors are counted per unique storage (runtime/memory_meter.py SavedTensorMeter), the inputs and parameters
+left out. Target: the saved bytes exact to the byte.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from hetauto_megatron.cost.activations import DRY_RUN_IMPL, TRANSFORMER_ENGINE, _layer_parts, layer_activation_bytes
+from hetauto_megatron.cost.model_state import FP32
+from hetauto_megatron.spec.model import ModelSpec
+
+S, B, H, FFN, HEADS, V = 32, 2, 64, 160, 4, 128
+MODEL = ModelSpec(name="probe", num_layers=1, hidden_size=H, num_attention_heads=HEADS, ffn_hidden_size=FFN,
+                  vocab_size=V, seq_length=S, gated_mlp=True, position_embedding="learned")
+
+# One rank of a gloo world (the layers need their TP group), fp32 layers as on CPU; prints one JSON line.
+PROBE = r"""
+import json, tempfile
+from hetauto_megatron.runtime.device import enable_cpu_redirects
+enable_cpu_redirects()
+import torch, torch.distributed as dist, torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt import gpt_layer_specs
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import TransformerLayer
+from hetauto_megatron.runtime.memory_meter import SavedTensorMeter
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+parallel_state.initialize_model_parallel(1, 1)
+tensor_parallel.model_parallel_cuda_manual_seed(1)
+S, B, H, FFN, HEADS, V = %(shape)s
+out = {}
+
+def config(**kw):
+    return TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=HEADS, ffn_hidden_size=FFN,
+                             gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+                             normalization="LayerNorm", hidden_dropout=0.0, attention_dropout=0.0,
+                             use_cpu_initialization=True, gradient_accumulation_fusion=False,
+                             masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+                             persist_layer_norm=False, **kw)
+
+def kept(module, **kwargs):
+    x = torch.randn(S, B, H, requires_grad=True)
+    exclude = {p.untyped_storage().data_ptr() for p in module.parameters()} | {x.untyped_storage().data_ptr()}
+    meter = SavedTensorMeter(exclude)
+    with meter.metering():
+        y = module(x, **kwargs)      # (y keeps the graph, and so the saved tensors, alive while read)
+    return meter.live
+
+for fused in (True, False):
+    out["mlp", fused] = kept(MLP(config(bias_activation_fusion=fused),
+                                 MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)))
+
+class NormedColumnParallelLinear(ColumnParallelLinear):
+    # Transformer Engine's LayerNormColumnParallelLinear on CPU: the norm, then the GEMM on its output
+    def __init__(self, input_size, output_size, *, config, **kw):
+        super().__init__(input_size, output_size, config=config, **kw)
+        self.norm = torch.nn.LayerNorm(input_size)
+
+    def forward(self, x, **kw):
+        return super().forward(self.norm(x), **kw)
+
+class CpuTransformerEngine(LocalSpecProvider):
+    def fuse_layernorm_and_linear(self):
+        return True
+
+    def column_parallel_layer_norm_linear(self):
+        return NormedColumnParallelLinear
+
+gpt_layer_specs.TESpecProvider = CpuTransformerEngine      # the spec function builds with this provider
+specs = {"te": (gpt_layer_specs.get_gpt_layer_with_transformer_engine_submodules(), True),
+         "local": (gpt_layer_specs.get_gpt_layer_local_submodules(normalization="LayerNorm"), False)}
+for name, (submodules, fused) in specs.items():
+    for recompute in ("none", "selective"):
+        extra = {"recompute_granularity": "selective", "recompute_modules": ["mlp"]} if recompute != "none" else {}
+        layer = TransformerLayer(config(bias_activation_fusion=fused, **extra), submodules)
+        out["structure", name] = [type(layer.pre_mlp_layernorm).__name__, type(layer.mlp.linear_fc1).__name__]
+        out["layer", name, recompute] = kept(layer, attention_mask=None)
+
+print(json.dumps({json.dumps(k): v for k, v in out.items()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    from helpers import run_script_forked
+
+    probe = tmp_path_factory.mktemp("te-layers") / "probe.py"   # in a child: its world and Megatron's state stay there
+    probe.write_text(PROBE % {"shape": (S, B, H, FFN, HEADS, V)})
+    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return {tuple(json.loads(k)): v for k, v in rows.items()}
+
+
+def test_the_fused_swiglu_mlp_keeps_three_ffn_tensors(measured):
+    """Fused (accelerators): fc1's output, 2f wide, and fc2's input; 3 s*b*f. Unfused (CPU): also silu's output and
+    the linear half plus Megatron's GLU offset; 5. Priced 4 for the fused path before."""
+    mlp = {impl: _layer_parts(MODEL, B, S, FP32, impl, 0.0, 0.0, 1)["mlp"] for impl in (TRANSFORMER_ENGINE,
+                                                                                           DRY_RUN_IMPL)}
+    sbf = S * B * FFN * FP32
+    assert measured["mlp", True] == mlp[TRANSFORMER_ENGINE] == 3 * sbf
+    assert measured["mlp", False] == mlp[DRY_RUN_IMPL] == 5 * sbf
+
+
+def test_selective_recompute_under_transformer_engines_spec_recomputes_the_second_norm(measured):
+    """What 'selective' leaves out of a layer (none less selective): under Transformer Engine's spec the MLP and the
+    second norm's output (its per-row statistics too, which the priced fused norm leaves out: 2 fp32 a row for
+    torch's LayerNorm); under the local spec, whose norm runs before the checkpoint, the MLP alone."""
+    assert measured["structure", "te"] == ["IdentityOp", "NormedColumnParallelLinear"]
+    assert measured["structure", "local"] == ["LayerNorm", "ColumnParallelLinear"]
+
+    def dropped(impl):
+        kw = dict(sequence_parallel=False, dtype_bytes=FP32, impl=impl)
+        return layer_activation_bytes(MODEL, 1, B, "none", **kw) - layer_activation_bytes(MODEL, 1, B, "selective",
+                                                                                          **kw)
+    te = measured["layer", "te", "none"] - measured["layer", "te", "selective"]
+    assert te == dropped(TRANSFORMER_ENGINE) + 2 * FP32 * S * B
+    assert te - 2 * FP32 * S * B - measured["mlp", True] == S * B * H * FP32      # the norm's output
+    local = measured["layer", "local", "none"] - measured["layer", "local", "selective"]
+    assert local == dropped(DRY_RUN_IMPL) == measured["mlp", False]
+    # the priced norms of a spec that runs the norm before its checkpoint keep its output (the local spec's count)
+    assert dropped(dataclasses.replace(TRANSFORMER_ENGINE, pre_mlp_norm_in_fc1=False)) == measured["mlp", True]
+
