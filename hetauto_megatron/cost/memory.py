@@ -4,11 +4,11 @@ Everything here is priced with the mesh's `RuntimeSettings` (passed in; this mod
 the element size of the job's precision (`dtype_bytes`). What a stage holds per parameter (weights, gradient
 buffer, optimizer state) is cost/model_state.py; what one layer keeps for its backward pass per micro-batch is
 cost/activations.py; this module sums a stage: its parameters, the activations of its layers and micro-batches in
-flight, the first and last stages' extras (token ids, the head's logits), DeepSpeed's pipe buffers and the
-runtime's overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an
-overlapped cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every
-stage of real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what the ranks
-hold, measured (runtime/memory_meter.py).
+flight, the first and last stages' extras (token ids, the loss's tensors over the logits: `cross_entropy_bytes`),
+DeepSpeed's pipe buffers and the runtime's overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches
+in flight, more before an overlapped cross-cluster boundary (its warm-up depth, plan/pipeline.py).
+tests/test_memory_dryrun.py checks every stage of real dry runs (TP 1/2, DP 1/2, every recompute mode, the
+production settings) against what the ranks hold, measured (runtime/memory_meter.py).
 
 Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
 the allocator's fragmentation (spec/overheads.py): a cluster's measured figures when its inventory entry gives
@@ -63,6 +63,21 @@ def _params(terms: tuple, layers: int) -> float:
     return params
 
 
+def cross_entropy_bytes(loss: str, dtype_bytes: int) -> tuple[float, float]:
+    """Bytes per element of the loss's input (the logits on one TP rank) that the engine's cross entropy keeps from
+    its forward to its backward, and what it holds beyond that at its peaks (the same in the forward and the
+    backward), at element size `dtype_bytes`. Megatron-Core's vocabulary-parallel loss ("vocab_parallel",
+    core/tensor_parallel/cross_entropy.py; hetauto emits no --cross-entropy-loss-fusion) turns the logits to fp32
+    (`.float()`: a copy beside the 16-bit logits, which the model's forward holds until the loss returns; in fp32
+    the logits themselves), then works in place into the softmax it keeps (4 bytes), and its backward writes the
+    gradient into that softmax in place, which autograd casts back to a 16-bit gradient beside it: 4 kept, the
+    element size more at either peak in 16 bits, nothing more in fp32. torch's F.cross_entropy ("torch", DeepSpeed's
+    engine): the fp32 log-softmax kept and a gradient of its size formed in the backward."""
+    if loss == "vocab_parallel":
+        return float(FP32), float(dtype_bytes if dtype_bytes < FP32 else 0)
+    return float(FP32), float(FP32)
+
+
 @lru_cache(maxsize=65536)     # pure; a stage configuration's every memory reading asks for the same terms
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
@@ -102,15 +117,16 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
         first_saved = 8 * s * b + s * b * model.hidden_size * mask / rep_tp
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
-        # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
-        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward).
-        # Without an output layer the loss reads the norm's output itself, which the norm does not keep (its
-        # input does), and the softmax is over that output (model.logits_width)
+        # labels (int64), and what the cross entropy keeps over the logits (cross_entropy_bytes: the fp32
+        # softmax), split over TP by vocabulary; one micro-batch at a time (the last stage runs each backward right
+        # after its forward). Without an output layer the loss reads the norm's output itself, which the norm does
+        # not keep (its input does), and the softmax is over that output (model.logits_width)
         kept = 2 if model.output_layer else 1
         norm = (kept + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
             + (0 if impl.fused_norm else FP32 * s * b)
-        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.logits_width(tp)
-        logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
+        loss_kept, loss_peak = cross_entropy_bytes(settings.loss, E)
+        head = norm / rep_tp + 8 * s * b + loss_kept * s * b * model.logits_width(tp)
+        logits_grad = loss_peak * s * b * model.logits_width(tp)     # beside it at its peaks, not kept
     pipe = NO_PIPE_BUFFERS
     previous = 0.0
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/engines.py ENGINES)
