@@ -16,7 +16,8 @@ part of the job that is Megatron-Core's code, the same under Transformer Engine,
   input, the norm's output for the weight gradient, and the norm's per-row statistics);
 - the loss: Megatron-Core's unfused vocabulary-parallel cross entropy (hetauto emits no
   --cross-entropy-loss-fusion: megatron/unpriced.py refuses it) on the output layer's logits, its peak read by
-  torch's profiler from every CPU allocation (runtime/memory_meter.py allocator_peak).
+  torch's profiler from every CPU allocation (runtime/memory_meter.py allocator_peak);
+- fp8's cached fp8 weights: Transformer Engine's alone, so checked against its source (the last test).
 
 Saved tensors are counted per unique storage (runtime/memory_meter.py SavedTensorMeter), the inputs and parameters
 left out. Targets: the saved bytes exact to the byte; the loss's peak within 0.5 % (what it also allocates per
@@ -182,3 +183,33 @@ def test_the_vocabulary_parallel_losss_peak_is_its_softmax_and_one_logits_copy(m
     assert per_logit == pytest.approx(kept + peak, rel=LOSS_TOLERANCE), (dtype, per_logit)
     assert kept + peak == {2: 6, 4: 4}[element]
 
+
+def test_fp8_prices_transformer_engines_cached_fp8_weights():
+    """fp8 training keeps Transformer Engine's fp8 copies of every GEMM weight of the layers for the whole run, 2
+    bytes per element of the TP shard (cost/model_state.py FP8_WEIGHT_COPY_BYTES: Megatron passes
+    is_first_microbatch, core/extensions/transformer_engine.py TELinear.forward, so TransformerEngine v2.14 caches
+    the quantized weight in _fp8_workspaces["weight"], module/base.py get_weight_workspace; under Megatron's default
+    delayed scaling it is a Float8Tensor with its 1-byte data and, below compute capability 10.0, its 1-byte
+    transpose, csrc/quantizer.cpp). Priced as bf16 before. LLaMA-2-7B's layer: QKV 4096 x 12288, output 4096 x
+    4096, MLP 3 x 4096 x 11008 weights; on an H800 mesh at TP 2, 16 layers: 3.24 GB more than in bf16."""
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan.costing import stage_profile
+    from hetauto_megatron.plan.memory_fit import stage_memory
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    from hetauto_megatron.spec.model import PRESETS
+
+    model = PRESETS["llama2-7b"]
+    per_layer = 4096 * 12288 + 4096 * 4096 + 3 * 4096 * 11008
+    assert model.layer_linear_weights == per_layer
+    inventory = inventory_from_dict({"clusters": [{"name": "h", "device": "h800", "nodes": 1, "devices_per_node": 8}]})
+    held = {}
+    for precision in ("bf16", "fp8"):
+        prof = stage_profile(model, inventory.with_precision(precision).cluster("h"), 2, 4, 1, "none",
+                             AnalyticCostModel())
+        held[precision] = stage_memory(model, prof, 16, 2, False, False)
+    copies = 2 * 16 * per_layer / 2
+    assert held["fp8"]["fp8_weight_copies"] == copies == 3_238_002_688
+    assert held["bf16"]["fp8_weight_copies"] == 0
+    assert held["fp8"]["weights_grads_optimizer"] - held["bf16"]["weights_grads_optimizer"] == copies
+    assert held["fp8"]["activations"] == held["bf16"]["activations"]
+    assert held["fp8"]["total"] - held["bf16"]["total"] >= copies
