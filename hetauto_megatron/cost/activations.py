@@ -7,8 +7,9 @@ layers that run (`LayerImpl`: Transformer Engine by default, flash attention so 
 local spec of torch modules keeps more, `DRY_RUN_IMPL`); see `_layer_parts`. The parts outside the tensor-parallel
 regions (the norms' inputs and outputs, the dropout masks: Korthikanti's 10sbh of 34sbh) are divided by TP only
 under sequence parallelism; without it every TP rank holds them in full, Table 2's sbh(10 + 24/t). Recompute
-'selective' re-runs the MLP and keeps its input; 'full' keeps each layer's input; either re-materialises one layer
-(or MLP) at a time in the backward pass (`recompute_buffer_bytes`).
+'selective' re-runs the MLP and keeps its checkpoint's input (under Transformer Engine the second norm runs inside
+that checkpoint); 'full' keeps each layer's input; either re-materialises one layer (or MLP) at a time in the
+backward pass (`recompute_buffer_bytes`).
 """
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ class LayerImpl:
     fused_norm: bool = True        # the norm keeps its input and a per-row statistic; torch's RMSNorm is a
                                    # composite that also keeps the normalised input before the weight
     fused_rope: bool = True        # unfused rotary embedding keeps its cos and sin for Q and K: 4*s*head_dim
-    fused_glu: bool = True         # Megatron's unfused GLU adds its linear offset (0) to the linear half: one
-                                   # more s*b*f tensor
+    gated_mlp_tensors: int = 3     # s*b*f tensors a gated MLP keeps (fc1's output counts two: gate and up).
+                                   # 3: Megatron's fused SwiGLU, which accelerator launches run (bias_swiglu_fusion,
+                                   # turned off only on CPU: plan/megatron_flags.py CPU_LAYER_ARGS), saves fc1's
+                                   # output alone (core/fusions/fused_bias_swiglu.py SwiGLUFunction) and fc2 its
+                                   # input; 4: torch's silu(gate) * up also keeps silu's output; 5: Megatron's
+                                   # unfused GLU (core/transformer/mlp.py glu) also adds its linear offset (0) to
+                                   # the up half, one more tensor the product keeps
+    pre_mlp_norm_in_fc1: bool = True   # the second norm runs inside fc1 (Transformer Engine's spec:
+                                   # TELayerNormColumnParallelLinear, pre_mlp_layernorm IdentityOp,
+                                   # models/gpt/gpt_layer_specs.py), so recompute 'selective' checkpoints it with
+                                   # the MLP: the checkpoint keeps the norm's input and its output is recomputed
     dropout_mask_bytes: int | None = 1   # what a dropout keeps per element when the settings turn it on
                                    # (settings.hidden_dropout / attention_dropout > 0; at 0 PyTorch keeps nothing):
                                    # a 1-byte mask from the fused kernel on accelerators; None = the element size:
@@ -58,8 +68,8 @@ TRANSFORMER_ENGINE = LayerImpl()
 TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
 # and GLU) on CPU processes.
-DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, fused_glu=False,
-                         dropout_mask_bytes=None, query_views_qkv=True)
+DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, gated_mlp_tensors=5,
+                         pre_mlp_norm_in_fc1=False, dropout_mask_bytes=None, query_views_qkv=True)
 
 
 def mask_bytes(impl: LayerImpl, E: int) -> int:
@@ -75,8 +85,8 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
             composite RMSNorm's normalised input, the hidden-dropout masks after attention and MLP
     attn    inside TP: Q, K and V (GQA width with flash attention, repeated to every head without), the
             context (projection input); unfused: the softmax output (+ the attention dropout's mask and output)
-    mlp     inside TP: fc1 output (2f gated: gate and up), activation output, product (gated); Megatron's
-            unfused GLU offset add
+    mlp     inside TP: plain, fc1 output and activation output; gated, `impl.gated_mlp_tensors` (fc1's
+            output, 2f: gate and up, the product fc2 keeps, and what the GLU keeps beside them)
     fixed   not divided by TP nor by the micro-batch: unfused rope's cos/sin for Q and K"""
     h, f, a = model.hidden_size, model.ffn_hidden_size, model.num_attention_heads
     sbh, sbf = s * b * h, s * b * f
@@ -106,7 +116,7 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
             # one key/value group per TP rank (`tp` ranks share the groups), no rotation: the kept Q is a view of
             # the fused QKV output, which keeps K and V at one group's width beside it (per rank, once divided by TP)
             attn += 2 * s * b * model.kv_hidden * E
-    mlp = (4 if model.gated_mlp else 2) * sbf * E + (sbf * E if model.gated_mlp and not impl.fused_glu else 0)
+    mlp = (impl.gated_mlp_tensors if model.gated_mlp else 2) * sbf * E
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
     return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
 
@@ -117,14 +127,18 @@ def layer_activation_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
                            impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
                            attention_dropout: float = 0.0) -> float:
     """Bytes one layer keeps for one micro-batch between its forward and its backward. 'selective' re-runs the
-    MLP in the backward pass (its input, the second norm's output, stays), 'full' keeps the layer's input.
-    The dropouts are the mesh's settings (plan/settings.py; 0 = off, the default)."""
+    MLP in the backward pass and keeps the checkpoint's input: the second norm's output where that norm runs
+    before the MLP (the local spec), its input where it runs inside fc1 (Transformer Engine's spec:
+    `impl.pre_mlp_norm_in_fc1`), so there the norm's output, one of the four norm tensors, is recomputed too;
+    'full' keeps the layer's input. The dropouts are the mesh's settings (plan/settings.py; 0 = off, the
+    default)."""
     p = _layer_parts(model, micro_batch_size, seq_length or model.seq_length, dtype_bytes, impl, hidden_dropout,
                      attention_dropout, tp)
     rep_tp = tp if sequence_parallel else 1
     if recompute == "full":
         return p["input"] / rep_tp + impl.checkpoint_bytes
-    kept = p["rep"] / rep_tp + p["attn"] / tp + p["fixed"]
+    rep = p["rep"] - (p["input"] if recompute == "selective" and impl.pre_mlp_norm_in_fc1 else 0.0)
+    kept = rep / rep_tp + p["attn"] / tp + p["fixed"]
     return kept + (p["mlp"] / tp if recompute == "none" else 0.0)
 
 
@@ -134,7 +148,8 @@ def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
                            impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
                            attention_dropout: float = 0.0) -> float:
     """What recomputation materialises again during the backward pass, one layer at a time: the whole layer
-    ('full') or its MLP ('selective'); 0 without recomputation. 'full' less the layer's input: the first norm
+    ('full') or its MLP ('selective'; with the second norm's output where that norm runs inside fc1); 0 without
+    recomputation. 'full' less the layer's input: the first norm
     keeps the very storage the checkpoint keeps (Megatron's CheckpointFunction re-runs the layer on a detached
     view of its saved input), which layer_activation_bytes('full') counts already."""
     if recompute == "none":

@@ -4,11 +4,12 @@ Everything here is priced with the mesh's `RuntimeSettings` (passed in; this mod
 the element size of the job's precision (`dtype_bytes`). What a stage holds per parameter (weights, gradient
 buffer, optimizer state) is cost/model_state.py; what one layer keeps for its backward pass per micro-batch is
 cost/activations.py; this module sums a stage: its parameters, the activations of its layers and micro-batches in
-flight, the first and last stages' extras (token ids, the head's logits), DeepSpeed's pipe buffers and the
-runtime's overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an
-overlapped cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every
-stage of real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what the ranks
-hold, measured (runtime/memory_meter.py).
+flight, the first and last stages' extras (token ids, the loss's tensors over the logits: `cross_entropy_bytes`),
+in fp8 Transformer Engine's fp8 copies of the GEMM weights, DeepSpeed's pipe buffers and the runtime's
+overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an overlapped
+cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of
+real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what the ranks hold,
+measured (runtime/memory_meter.py).
 
 Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
 the allocator's fragmentation (spec/overheads.py): a cluster's measured figures when its inventory entry gives
@@ -25,7 +26,7 @@ from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 from .activations import TRANSFORMER_ENGINE, LayerImpl, layer_activation_bytes, mask_bytes, recompute_buffer_bytes
 from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
                               largest_param_tensor, stage_param_tensors)
-from .model_state import (FP32, precision_of, state_bytes_at_step_per_param,
+from .model_state import (FP32, FP8_WEIGHT_COPY_BYTES, precision_of, state_bytes_at_step_per_param,
                           state_bytes_per_element, state_counts, state_fixed_bytes, state_fixed_bytes_at_step,
                           state_padding_per_element)
 from .pipe_buffers import NONE as NO_PIPE_BUFFERS, deepspeed_pipe_buffers
@@ -63,6 +64,21 @@ def _params(terms: tuple, layers: int) -> float:
     return params
 
 
+def cross_entropy_bytes(loss: str, dtype_bytes: int) -> tuple[float, float]:
+    """Bytes per element of the loss's input (the logits on one TP rank) that the engine's cross entropy keeps from
+    its forward to its backward, and what it holds beyond that at its peaks (the same in the forward and the
+    backward), at element size `dtype_bytes`. Megatron-Core's vocabulary-parallel loss ("vocab_parallel",
+    core/tensor_parallel/cross_entropy.py; hetauto emits no --cross-entropy-loss-fusion) turns the logits to fp32
+    (`.float()`: a copy beside the 16-bit logits, which the model's forward holds until the loss returns; in fp32
+    the logits themselves), then works in place into the softmax it keeps (4 bytes), and its backward writes the
+    gradient into that softmax in place, which autograd casts back to a 16-bit gradient beside it: 4 kept, the
+    element size more at either peak in 16 bits, nothing more in fp32. torch's F.cross_entropy ("torch", DeepSpeed's
+    engine): the fp32 log-softmax kept and a gradient of its size formed in the backward."""
+    if loss == "vocab_parallel":
+        return float(FP32), float(dtype_bytes if dtype_bytes < FP32 else 0)
+    return float(FP32), float(FP32)
+
+
 @lru_cache(maxsize=65536)     # pure; a stage configuration's every memory reading asks for the same terms
 def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
@@ -75,8 +91,8 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     layer's kept activations per micro-batch, the recompute buffer, the first stage's bytes per micro-batch in
     flight, the last stage's head and logits gradient, the pipe buffers of an engine that keeps them:
     settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's previous micro-batch keeps per layer under
-    that engine; the state held at the gradient reduction as (its terms, the largest parameter tensor), or None:
-    state_bytes_at_reduction)."""
+    that engine; the fp8 weight copies per layer (0 outside fp8); the state held at the gradient reduction as (its
+    terms, the largest parameter tensor), or None: state_bytes_at_reduction)."""
     sp = settings.sequence_parallel
     per = tuple(state_bytes_per_element(E, dp, settings, precision).items())
     fixed = tuple(state_fixed_bytes(E, settings, precision).items())
@@ -102,15 +118,16 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
         first_saved = 8 * s * b + s * b * model.hidden_size * mask / rep_tp
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
-        # labels (int64), and the fp32 softmax the vocabulary-parallel cross entropy keeps, split over TP by
-        # vocabulary; one micro-batch at a time (the last stage runs each backward right after its forward).
-        # Without an output layer the loss reads the norm's output itself, which the norm does not keep (its
-        # input does), and the softmax is over that output (model.logits_width)
+        # labels (int64), and what the cross entropy keeps over the logits (cross_entropy_bytes: the fp32
+        # softmax), split over TP by vocabulary; one micro-batch at a time (the last stage runs each backward right
+        # after its forward). Without an output layer the loss reads the norm's output itself, which the norm does
+        # not keep (its input does), and the softmax is over that output (model.logits_width)
         kept = 2 if model.output_layer else 1
         norm = (kept + (1 if not impl.fused_norm and model.gated_mlp else 0)) * s * b * model.hidden_size * E \
             + (0 if impl.fused_norm else FP32 * s * b)
-        head = norm / rep_tp + 8 * s * b + FP32 * s * b * model.logits_width(tp)
-        logits_grad = FP32 * s * b * model.logits_width(tp)     # formed in the head's backward pass
+        loss_kept, loss_peak = cross_entropy_bytes(settings.loss, E)
+        head = norm / rep_tp + 8 * s * b + loss_kept * s * b * model.logits_width(tp)
+        logits_grad = loss_peak * s * b * model.logits_width(tp)     # beside it at its peaks, not kept
     pipe = NO_PIPE_BUFFERS
     previous = 0.0
     if settings.pipe_buffers:                         # DeepSpeed's engine (plan/engines.py ENGINES)
@@ -120,7 +137,10 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
             # the previous micro-batch's graph, which the last stage's logits slot keeps (cost/pipe_buffers.py),
             # keeps its checkpoints' own bytes (not their inputs), per layer
             previous = impl.checkpoint_bytes
-    return per, fixed, at_step, padding, act, buffer, first_saved, head, logits_grad, pipe, previous, reduction
+    # fp8: Transformer Engine's fp8 copies of each layer's GEMM weights (their TP shard), kept for the whole run
+    fp8_copies = FP8_WEIGHT_COPY_BYTES * model.layer_linear_weights / tp if precision == "fp8" else 0.0
+    return per, fixed, at_step, padding, act, buffer, first_saved, head, logits_grad, pipe, previous, fp8_copies, \
+        reduction
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -145,11 +165,11 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
     """stage_memory_bytes without its dict: (params, the state held as (bytes per element, elements per part or None:
     per parameter, fixed bytes, DeepSpeed's flat-buffer padding bytes per part), state, activations kept,
-    activations, reserved, pipe buffers, gradient reduction) of a configuration (`_configuration`) holding `layers`,
-    `in_flight` micro-batches and `boundary_buffers` boundary tensors. The search reads only the total, many
-    thousand times (stage_memory_reader, job_stage_memory_reader)."""
+    activations, reserved, pipe buffers, gradient reduction, fp8 weight copies: in the state) of a configuration
+    (`_configuration`) holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The
+    search reads only the total, many thousand times (stage_memory_reader, job_stage_memory_reader)."""
     (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, buffer, first_saved, head,
-     logits_grad, pipe, previous, reduction, tensor, overhead, ddp) = cfg
+     logits_grad, pipe, previous, fp8_copies, reduction, tensor, overhead, ddp) = cfg
     params = _params(params_terms, layers)
     counts = None if ddp is None else ddp(layers)    # None: every part per parameter
     if counts is None:
@@ -174,6 +194,8 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
             stepping += sum(v for _, v in pad_step)
         if stepping > state:
             state, held = stepping, (step_per, None, step_fixed, pad_step)
+    fp8 = layers * fp8_copies       # held through the micro-batches and the step alike
+    state += fp8
     saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -198,7 +220,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     if reduction is not None:
         above = max(0.0, deepspeed_held_at_reduction(*reduction, params) - (state + acts))
     reserved = overhead.bytes(state + acts + above)
-    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above
+    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, fp8
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
@@ -212,7 +234,7 @@ def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size:
                          dtype_bytes, impl, overhead, precision=precision)
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        _, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, boundary_buffers)
+        _, _, state, _, acts, reserved, _, above, _ = _reading(cfg, layers, in_flight, boundary_buffers)
         return state + acts + above + reserved
     return total
 
@@ -222,9 +244,10 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
                        seq_length: int | None = None, dtype_bytes: int = 2,
                        boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE,
                        overhead: RuntimeOverhead | None = None, precision: str | None = None) -> dict[str, float]:
-    """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer,
-    weights_grads_optimizer, activations, reserved, total. `model.vocab_size` is the padded vocabulary that
-    runs (plan.vocab_padding.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
+    """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer, fp8_weight_copies
+    (Transformer Engine's, in fp8 training: cost/model_state.py FP8_WEIGHT_COPY_BYTES; 0 otherwise),
+    weights_grads_optimizer (these four), activations, reserved, total. `model.vocab_size` is the padded vocabulary
+    that runs (plan.vocab_padding.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary beyond its
     activations: the messages it has received ahead, their pieces and, on CPU, its sends in flight
@@ -243,14 +266,14 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above = _reading(
+    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, fp8 = _reading(
         cfg, layers, in_flight, boundary_buffers)
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
         parts[k] += v
-    return {"params": params, **parts, "weights_grads_optimizer": state, "activations": acts,
-            "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above, "reserved": reserved,
-            "total": state + acts + above + reserved}
+    return {"params": params, **parts, "fp8_weight_copies": fp8, "weights_grads_optimizer": state,
+            "activations": acts, "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above,
+            "reserved": reserved, "total": state + acts + above + reserved}
 
 
 # ---- a job another framework runs ------------------------------------------------------------------------
@@ -294,6 +317,6 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _, above = _reading(cfg, layers, in_flight, 0)
+        params, _, state, _, acts, reserved, _, above, _ = _reading(cfg, layers, in_flight, 0)
         return state + acts + above + reserved + extra * params
     return total

@@ -11,9 +11,9 @@ settings (`FUSIONS`, each entry's `priced`):
     own (fuse_wgrad_accumulation, core/extensions/transformer_engine.py), which Megatron's DDP hook then adds into
     the fp32 main gradient: a transient weight gradient, and one more pass over every weight's gradient (2 + 4 + 4
     bytes a parameter) each micro-batch, where the plan prices the weight-gradient GEMMs accumulating in place.
---no-bias-swiglu-fusion (a gated MLP)   Megatron's unfused GLU (core/transformer/mlp.py, glu) keeps one more
-    s*b*f/TP tensor per layer (cost/activations.py fused_glu) and makes more passes over the MLP's activation than
-    the fused kernel's priced three (cost/analytic.py act_bytes).
+--no-bias-swiglu-fusion (a gated MLP)   Megatron's unfused GLU (core/transformer/mlp.py, glu) keeps two more
+    s*b*f/TP tensors per layer than the fused kernel, 5 against 3 (cost/activations.py gated_mlp_tensors), and makes
+    more passes over the MLP's activation than the fused kernel's priced three (cost/analytic.py act_bytes).
 --no-bias-gelu-fusion (a plain MLP with biases)   the bias add and the GeLU as two kernels: twice the activation's
     passes priced. Without biases Megatron's validate_args turns the fusion off itself (what the plan prices
     there), and a gated MLP never reads it.
@@ -58,7 +58,7 @@ FUSIONS = {
         "over the weights' gradients and a transient weight gradient, where the plan prices accumulation in place"),
     "bias_swiglu_fusion": Fusion(
         lambda model, s: model.gated_mlp,
-        "Megatron's unfused GLU keeps one more s*b*f/TP tensor per layer and makes more passes over the MLP's "
+        "Megatron's unfused GLU keeps two more s*b*f/TP tensors per layer and makes more passes over the MLP's "
         "activation than the fused SwiGLU priced"),
     "bias_gelu_fusion": Fusion(
         lambda model, s: not model.gated_mlp and model.linear_biases,

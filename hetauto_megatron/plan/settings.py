@@ -101,6 +101,12 @@ class RuntimeSettings:
         return ENGINES[self.engine].pipe_buffers
 
     @property
+    def loss(self) -> str:
+        """The engine's cross entropy (Engine.loss), whose tensors over the logits the memory model prices on the
+        last stage (cost/memory.py cross_entropy_bytes)."""
+        return ENGINES[self.engine].loss
+
+    @property
     def grad_accum_fp32(self) -> bool:
         """16-bit training accumulates its gradients in fp32 (the engine's gradient buffer is fp32):
         grad_reduce_dtype fp32, and under an engine that accumulates in fp32 only through ZeRO (DeepSpeed: its

@@ -227,7 +227,9 @@ def predicted_stage_memory(plan) -> dict:
                                        in_flight=in_flight[s], first=s == 0, last=s == p - 1,
                                        settings=mesh.settings, vendor="cpu", dtype_bytes=CPU_DTYPE_BYTES,
                                        boundary_buffers=buffers[s], impl=DRY_RUN_IMPL)
-                transient = b["activations"] - b["activations_saved"]   # the logits' gradient: not a saved tensor
+                # transients, not saved tensors: what the loss holds beyond its softmax at its peaks (cost/memory.py
+                # cross_entropy_bytes), an engine's pipe workspace
+                transient = b["activations"] - b["activations_saved"]
                 out[(i, sim)] = ({k: b[k] for k in MEMORY_PARTS} |
                                  {"activations": b["activations_saved"], "activation_workspace": transient,
                                   "in_flight": in_flight[s], "stage": s})

@@ -135,10 +135,15 @@ class ModelSpec:
         """Parameters of one transformer layer: the four projections' weights, their biases where the model has
         them (linear_biases) and the two norms (tests/test_spec_models.py checks the counts against published
         ones, to the parameter for GPT-2 and LLaMA). Qwen2's QKV-only biases are not a model hetauto builds."""
+        return self.layer_linear_weights + self.layer_replicated_params + self._column_biases
+
+    @property
+    def layer_linear_weights(self) -> int:
+        """The four projections' weights of one layer (QKV, attention output, MLP up, MLP down): the GEMM
+        weights, split over TP."""
         h = self.hidden_size
         attn = h * (h + 2 * self.kv_hidden) + h * h
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
-        return attn + mlp + self.layer_replicated_params + self._column_biases
+        return attn + (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
 
     @property
     def layer_replicated_params(self) -> int:
