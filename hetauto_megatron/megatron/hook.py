@@ -317,7 +317,8 @@ def _join_world(state: _State, args) -> None:
         from ..runtime.ranks import describe_rank
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
                                  int(os.environ["MASTER_PORT"]), state.timeout_s, file=state.plan_file,
-                                 describe=lambda r: describe_rank(state.plan, r))
+                                 describe=lambda r: describe_rank(state.plan, r),
+                                 plan=world_store.plan_digest(state.plan))
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
     init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                      dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
