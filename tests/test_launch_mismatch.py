@@ -71,3 +71,17 @@ def test_clusters_started_with_plans_of_different_world_sizes_stop_at_once(tmp_p
         assert "field '--hetauto-plan': the ranks were started with different plans" in text, text[-3000:]
     assert "loaded another plan than rank 0 (this process is rank 0)" in logs["cluster-a"], logs["cluster-a"][-3000:]
     assert "rank 0's plan runs 2 ranks, this one's 3" in logs["cluster-b"], logs["cluster-b"][-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--log-params-norm", "--exit-signal-handler"])
+def test_a_flag_that_adds_a_collective_over_the_world_on_one_cluster_only_is_named_at_once(tmp_path, flag):
+    """Typed on cluster-b only (the audit's launches): before, both clusters trained until that collective, waited
+    HETAUTO_TIMEOUT_S and stopped with exit 4 and a paragraph naming a collective (params_norm_once, Megatron's
+    all_gather_item), not the flag. Now every rank stops once the world is joined, naming the flag (exit 2)."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-a": PLAN_YAML, "cluster-b": PLAN_YAML},
+                                        {"cluster-b": [flag]})
+    assert codes == {"cluster-a": 2, "cluster-b": 2}, {c: text[-2000:] for c, text in logs.items()}
+    assert took < TIMEOUT_S - 30, took
+    for text in logs.values():
+        assert "Traceback" not in text and f"field '{flag}'" in text, text[-3000:]
+        assert f"{flag}: False on rank 0 (cluster cluster-a, stage 0), True on rank 1 (cluster cluster-b" in text
