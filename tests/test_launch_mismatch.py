@@ -85,3 +85,38 @@ def test_a_flag_that_adds_a_collective_over_the_world_on_one_cluster_only_is_nam
     for text in logs.values():
         assert "Traceback" not in text and f"field '{flag}'" in text, text[-3000:]
         assert f"{flag}: False on rank 0 (cluster cluster-a, stage 0), True on rank 1 (cluster cluster-b" in text
+
+
+def test_a_hand_launch_without_the_worlds_rendezvous_address_is_refused_at_once(tmp_path):
+    """Each cluster started by hand with hetauto-torchrun, HETAUTO_WORLD_SIZE and HETAUTO_RANK_OFFSET set but no
+    HETAUTO_MASTER_ADDR. Before: the hook fell back to each torchrun's own rendezvous, where the other cluster's
+    ranks never came: every rank waited HETAUTO_TIMEOUT_S, then stopped naming HETAUTO_WORLD_SIZE. Now every rank
+    stops at once naming HETAUTO_MASTER_ADDR (exit 2)."""
+    from test_torchrun_port import HETAUTO_TORCHRUN
+
+    from hetauto_megatron.megatron import demo
+
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN_YAML)
+    plan = load_plan(str(plan_file))
+    argv = [ENTRY, *demo.hetauto_argv(str(plan_file), plan, iters=2, seed=1)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HETAUTO_", "MASTER_"))}
+    procs, logs = [], []
+    start = time.monotonic()
+    for offset, cluster in enumerate(("cluster-a", "cluster-b")):
+        logs.append(tmp_path / f"{cluster}.log")
+        with open(logs[-1], "w") as fh:
+            procs.append(subprocess.Popen(
+                [HETAUTO_TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1",
+                 f"--master-port={free_port()}", *argv], stdout=fh, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+                env=dict(env, HETAUTO_CLUSTER=cluster, HETAUTO_RANK_OFFSET=str(offset), HETAUTO_WORLD_SIZE="2",
+                         HETAUTO_TIMEOUT_S=str(TIMEOUT_S), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+                start_new_session=True))
+    codes = wait_all(procs, timeout=TIMEOUT_S + 120)
+    took = time.monotonic() - start
+    texts = [log.read_text() for log in logs]
+    assert codes == [2, 2], [text[-2000:] for text in texts]
+    assert took < TIMEOUT_S - 30, took
+    for text in texts:
+        assert "Traceback" not in text and "field 'HETAUTO_MASTER_ADDR': this launch starts 1 of the world's 2 " \
+            "ranks" in text, text[-3000:]

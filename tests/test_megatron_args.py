@@ -79,6 +79,21 @@ def test_a_cluster_launched_with_other_processes_than_the_plans_is_refused():
     assert launch_identity.check_launch(PLAN, launch_identity.identity_from_env(whole), "b").mesh_index == 1
 
 
+def test_a_launch_of_some_of_the_worlds_ranks_needs_the_worlds_rendezvous_address():
+    """The ranks of one cluster's launch (torchrun's WORLD_SIZE below HETAUTO_WORLD_SIZE) meet the others' only at
+    HETAUTO_MASTER_ADDR: without it, refused naming it (tests/test_launch_mismatch.py runs it). One torchrun over the
+    whole job, and the address given, pass."""
+    def ident(world):
+        return launch_identity.identity_from_env({"RANK": "0", "WORLD_SIZE": world, "HETAUTO_RANK_OFFSET": "4",
+                                                  "HETAUTO_WORLD_SIZE": "6"})
+    with pytest.raises(InputError) as exc:
+        launch_identity.check_world_rendezvous(ident("2"), env={})
+    assert exc.value.field == "HETAUTO_MASTER_ADDR" and "starts 2 of the world's 6 ranks" in exc.value.reason
+    launch_identity.check_world_rendezvous(ident("2"), env={"HETAUTO_MASTER_ADDR": "10.0.0.1"})
+    launch_identity.check_world_rendezvous(ident("6"), env={})
+    launch_identity.check_world_rendezvous(launch_identity.identity_from_env({"RANK": "3", "WORLD_SIZE": "6"}), env={})
+
+
 @pytest.mark.parametrize("env,field", [
     ({"RANK": "x"}, "RANK"),
     ({"RANK": "0", "HETAUTO_RANK_OFFSET": "4"}, "HETAUTO_WORLD_SIZE"),

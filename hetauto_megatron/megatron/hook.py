@@ -305,6 +305,7 @@ def _join_world(state: _State, args) -> None:
     os.environ.update(recorder)
     if recorder and state.ident.rank == 0:
         print("[hetauto] NCCL flight recorder: " + ", ".join(f"{k}={v}" for k, v in recorder.items()), flush=True)
+    launch_identity.check_world_rendezvous(state.ident)
     store = None
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         from . import world_store
