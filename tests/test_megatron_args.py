@@ -309,8 +309,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     before Megatron validates anything (before: it trained a job the plan never priced, e.g. Megatron FSDP, or
     stopped every rank with one of Megatron's assertions); the table's defaults are Megatron's own (an argument
     left out is not refused). The legacy spellings that Megatron's validate_args turns into checked settings after
-    the rewrite: --recompute-activations gives way to the plan's recomputation, --use-rotary-position-embeddings on
-    a plan of learned positions is refused."""
+    the rewrite: --recompute-activations where the plan runs another recomputation, --use-rotary-position-embeddings
+    on a plan of learned positions, are refused."""
     import megatron.training.arguments as margs
 
     from hetauto_megatron.megatron.unpriced import UNPRICED
@@ -346,9 +346,10 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     from hetauto_megatron.emit.megatron import architecture_args
     architecture = [f for a in architecture_args(plan.model) for f in a.flags]
     rewrite.rewrite_args(parse("--rerun-mode", "disabled", *architecture), plan, c)
-    args = parse("--recompute-activations", *architecture)
-    rewrite.rewrite_args(args, plan, c)
-    assert (args.recompute_activations, args.recompute_granularity) == (False, "full")
+    # (Megatron's older spelling of selective recomputation: refused where the mesh runs another, as typed
+    # --recompute-granularity is, test_a_launch_that_asks_for_another_recomputation_or_split_is_refused)
+    with pytest.raises(InputError, match=r"--recompute-activations \(plan: recompute full "):
+        rewrite.rewrite_args(parse("--recompute-activations", *architecture), plan, c)
     learned = plan_from_dict({"version": 2, "global_batch_size": 8, "model": {
         "preset": "tiny", "position_embedding": "learned", "gated_mlp": False},
         "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2, "stage_layers": [8]}]})
@@ -413,6 +414,61 @@ def test_a_launch_that_asks_for_another_layout_is_refused(monkeypatch):
         with pytest.raises(InputError) as exc:
             rewrite.rewrite_args(args, plan, c, file="plan.yaml")
         assert words in exc.value.message and exc.value.exit_code == 2, exc.value.message
+
+
+def test_a_launch_that_asks_for_another_recomputation_or_split_is_refused(monkeypatch):
+    """A recomputation no mesh of the rank's cluster runs, or a pipeline split other than the plan's, typed on a
+    launch, was replaced by the plan's without a word (the audit's --recompute-granularity full --recompute-method
+    block --recompute-num-layers 2): one paragraph naming each (exit 2), as for TP. What the plan runs there passes,
+    typed as its launch script types it or spelt otherwise (the layout as Megatron reads it)."""
+    from helpers import mesh
+
+    from hetauto_megatron.emit.megatron import megatron_args
+    plan = make_plan([mesh("a", 1, 1, 1, [2, 1], "full"), mesh("a", 1, 1, 1, [1], "selective"),
+                      mesh("b", 1, 1, 1, [4])], gbs=4)
+    for rank, mesh_index in ((0, 0), (2, 1), (3, 2)):       # the launch of cluster a types mesh 0's flags
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
+        _, args = _megatron_args(monkeypatch, megatron_args(plan, 0 if rank < 3 else 2, "plan.yaml"), model=None)
+        rewrite.rewrite_args(args, plan, c)
+        assert args.recompute_granularity == {0: "full", 1: "selective", 2: None}[mesh_index]
+    a0 = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
+    emitted, plain = megatron_args(plan, 0, "plan.yaml"), megatron_args(plan, 2, "plan.yaml")   # (b's: no recompute)
+    for typed in (["--recompute-activations"], ["--recompute-granularity", "selective", "--recompute-modules", "mlp"],
+                  ["--pipeline-model-parallel-layout", "Ett|t|t|ttttL"], ["--decoder-first-pipeline-num-layers", "2"],
+                  ["--decoder-last-pipeline-num-layers", "4"]):
+        _, args = _megatron_args(monkeypatch, [*plain, *typed], model=None)
+        rewrite.rewrite_args(args, plan, a0)
+    for typed, words in (
+            (["--recompute-method", "block", "--recompute-num-layers", "2"],
+             "--recompute-granularity full --recompute-method block --recompute-num-layers 2 (plan: recompute full "
+             "(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) or selective "
+             "(--recompute-granularity selective --recompute-modules mlp) on cluster a)"),
+            (["--recompute-modules", "core_attn"], "--recompute-modules core_attn (plan: recompute full"),
+            (["--pipeline-model-parallel-layout", "Et|tt|t|ttttL"],
+             "--pipeline-model-parallel-layout Et|tt|t|ttttL (plan: Et*2|t|t|t*4L, stage layers [2, 1, 1, 4])"),
+            (["--decoder-first-pipeline-num-layers", "3"],
+             "--decoder-first-pipeline-num-layers 3 (plan: 2 layers on the first stage"),
+            (["--decoder-last-pipeline-num-layers", "2"], "--decoder-last-pipeline-num-layers 2 (plan: 4 layers on"),
+            (["--account-for-embedding-in-pipeline-split"], "--account-for-embedding-in-pipeline-split (plan: stage "
+             "layers [2, 1, 1, 4], the embedding not counted as a layer)"),
+            (["--account-for-loss-in-pipeline-split"], "--account-for-loss-in-pipeline-split (plan: ")):
+        _, args = _megatron_args(monkeypatch, [*emitted, *typed], model=None)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, plan, a0, file="plan.yaml")
+        assert words in exc.value.message and exc.value.exit_code == 2, exc.value.message
+    # cluster b runs no recomputation: mesh 0's flags typed on its launch are refused
+    b = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(3, plan.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, [*megatron_args(plan, 2, "plan.yaml"), "--recompute-granularity", "full"],
+                             model=None)
+    with pytest.raises(InputError, match=r"--recompute-granularity full \(plan: recompute none on cluster b\)"):
+        rewrite.rewrite_args(args, plan, b)
+    # the layouts compared as Megatron-Core reads them
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    letter = {LayerType.embedding: "E", LayerType.decoder: "t", LayerType.loss: "L"}
+    for text in ("Et*2|t|t|t*4L", "(Et*2|)*1,t*2L", "E|(tt|)*3,L", "Ett|t|t|ttttL"):
+        assert rewrite._layout_stages(text) == ["".join(letter[kind] for kind in stage) for stage in
+                                                PipelineParallelLayerLayout.parse_str_to_list(text)], text
 
 
 # ---- version ---------------------------------------------------------------------------------------------
