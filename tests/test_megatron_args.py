@@ -656,6 +656,38 @@ def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
         assert exc.value.exit_code == 2
 
 
+def test_a_setting_only_another_cluster_runs_is_refused_on_this_clusters_launch(monkeypatch):
+    """The audit's launch: cluster b's command line carrying cluster a's settings (--use-distributed-optimizer,
+    --overlap-param-gather, a dropout), which b's mesh runs without. Judged against every mesh of the plan they
+    passed, and b's ranks trained without them without a word; now they are judged against the meshes of the rank's
+    own cluster, as TP is: refused naming each (exit 2). On cluster a, and with b's own flags on b, they pass."""
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 4, "stage_layers": [4],
+         "settings": {"hidden_dropout": 0.1}},
+        {"cluster": "b", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 2, "stage_layers": [4],
+         "settings": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_param_gather": False}}]})
+    from hetauto_megatron.emit.megatron import plan_mesh_args
+    a_flags = plan_mesh_args(plan, 0)
+    assert "--use-distributed-optimizer" in a_flags and "--overlap-param-gather" in a_flags
+    a = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 4, None), None)
+    b = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(2, 4, None), None)
+    _, args = _megatron_args(monkeypatch, a_flags)
+    rewrite.rewrite_args(args, plan, a)
+    assert args.use_distributed_optimizer and args.overlap_param_gather
+    _, args = _megatron_args(monkeypatch, plan_mesh_args(plan, 1))
+    rewrite.rewrite_args(args, plan, b)
+    # (cluster a's TP and micro-batch left out: those are refused on b already, rewrite.check_layout_args)
+    settings = [f for f in a_flags if f in ("--use-distributed-optimizer", "--overlap-param-gather")]
+    _, args = _megatron_args(monkeypatch, [*plan_mesh_args(plan, 1), *settings, "--hidden-dropout", "0.1"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, b, file="plan.yaml")
+    assert exc.value.field == "meshes[1].settings.distributed_optimizer", exc.value.message
+    for needle in ("--use-distributed-optimizer (plan: meshes[1].settings.distributed_optimizer is false)",
+                   "--overlap-param-gather (plan: meshes[1].settings.overlap_param_gather is false)",
+                   "--hidden-dropout 0.1 (plan: meshes[1].settings.hidden_dropout is 0.0)"):
+        assert needle in exc.value.message, exc.value.message
+
+
 def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it_off(monkeypatch):
     """NVIDIA's example launch scripts pass --sequence-parallel whatever the TP (Megatron-LM's
     examples/llama/train_llama3_8b_h100_fp8.sh at TP 1: "Always enable sequence parallelism with TP_SIZE=2"), and
@@ -669,17 +701,19 @@ def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it
                                                                   None))
     margs.validate_args(args, {})
     assert args.sequence_parallel is False and args.tensor_model_parallel_size == 1
-    # beside a mesh of TP 2, only that mesh can run it: refused on the TP 1 mesh's rank when the TP 2 mesh is told
-    # sequence_parallel: false (before, the TP 1 mesh counted as running it and the flag passed, unrun), passed
-    # when it runs it
-    for tp2_sp, refused in [(False, True), (True, False)]:
+    # beside a mesh of TP 2 of the rank's cluster, only that mesh can run it: refused on the TP 1 mesh's rank when
+    # the TP 2 mesh is told sequence_parallel: false (before, the TP 1 mesh counted as running it and the flag
+    # passed, unrun), passed when it runs it. A TP 2 mesh of another cluster is not the rank's: its meshes are all
+    # TP 1 there (settings are judged against the rank's own cluster's meshes, as TP is)
+    for tp2_cluster, tp2_sp in [("a", False), ("a", True), ("b", False), ("b", True)]:
         mixed = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
             {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]},
-            {"cluster": "b", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4],
-             "settings": {"sequence_parallel": tp2_sp}}]})
+            {"cluster": tp2_cluster, "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2,
+             "stage_layers": [4], "settings": {"sequence_parallel": tp2_sp}}]})
         for rank in (0, 1):
             _, args = _megatron_args(monkeypatch, ["--sequence-parallel"])
             c = launch_identity.check_launch(mixed, launch_identity.LaunchIdentity(rank, 3, None), None)
+            refused = not tp2_sp and (rank == 1 or tp2_cluster == "a")
             if refused:
                 with pytest.raises(InputError, match="--sequence-parallel") as exc:
                     rewrite.rewrite_args(args, mixed, c, file="plan.yaml")

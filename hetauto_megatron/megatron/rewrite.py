@@ -28,10 +28,10 @@ pipeline's samples, the gradient sum across them, the logged loss of the whole b
 
 Before the layout is written, the launch's own arguments are checked against the plan: the model's shape and
 architecture (model_checks.py: unset shape values filled in, contradictions refused), the runtime settings,
-precision and vocabulary (settings_args.py: given per mesh, a flag no mesh runs refused), the job-wide ones
-here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout), the features
-the plan never priced (unpriced.py), the fused kernels an accelerator mesh was priced with (fusion_args.py) and
-how Megatron would build its own process groups (group_args.py).
+precision and vocabulary (settings_args.py: given per mesh, a flag no mesh of the rank's cluster runs refused), the
+job-wide ones here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout, a
+typed recomputation), the features the plan never priced (unpriced.py), the fused kernels an accelerator mesh
+was priced with (fusion_args.py) and how Megatron would build its own process groups (group_args.py).
 """
 from __future__ import annotations
 
