@@ -8,9 +8,10 @@ that no mesh of the rank's cluster in its pipeline runs (e.g. --sequence-paralle
 has sequence_parallel: false, or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's
 time and memory were priced for what the plan says. The dropouts are probabilities whose Megatron default (0.1) is
 not 0: each rank gets its mesh's value, and a value the user gave (also 0.1: the parser's default is marked,
-args.py ParserDefault) that no such mesh runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size), and a
-mesh of CPU processes Megatron's local layers without fused kernels (megatron_flags.CPU_LAYER_ARGS), as priced, and
-every rank what every launch runs (megatron_flags.JOB_ARGS: no attention mask from the data loader).
+args.py ParserDefault) that no such mesh runs is refused in the same way. Every mesh gets the plan's one padded
+vocabulary (Plan.padded_vocab_size), and a mesh of CPU processes Megatron's local layers without fused kernels
+(megatron_flags.CPU_LAYER_ARGS), as priced, and every rank what every launch runs (megatron_flags.JOB_ARGS: no
+attention mask from the data loader).
 
 Apart from rewrite.py, which applies these values with the parallel layout: this is the one place that reads
 the plan's per-mesh settings table for Megatron's arguments (pure functions, no torch).
