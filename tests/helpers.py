@@ -168,9 +168,9 @@ def transformer_config(margs, args):
     return margs.core_transformer_config_from_args(args)
 
 
-def parse_emitted(monkeypatch, plan, extra):
-    """(Megatron-LM's arguments module, its parse) of what `hetauto emit megatron` writes for the plan's mesh 0,
-    JOB_FLAGS and `extra`."""
+def parse_emitted(monkeypatch, plan, extra, mesh_index: int = 0):
+    """(Megatron-LM's arguments module, its parse) of what `hetauto emit megatron` writes for the plan's mesh
+    `mesh_index`, JOB_FLAGS and `extra`."""
     import sys
 
     import megatron.training.arguments as margs
@@ -181,7 +181,8 @@ def parse_emitted(monkeypatch, plan, extra):
 
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     cpu.apply()
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *megatron_args(plan, 0, "plan.yaml"), *JOB_FLAGS, *extra])
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *megatron_args(plan, mesh_index, "plan.yaml"), *JOB_FLAGS,
+                                      *extra])
     return margs, margs.parse_args(hetauto_args_provider())
 
 

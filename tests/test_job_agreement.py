@@ -24,9 +24,10 @@ meshes:
 """
 
 
-def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
+def _ranks(tmp_path, values: list, timeout: float = 60, env=None, more: list | None = None) -> list:
     """One rank per entry of `values`, (--train-iters, --lr, --seed, --data-path[, seconds it waits for the others:
-    600 where left out]), each checking the plan and the job as the hook does once the world is joined."""
+    600 where left out]), each checking the plan and the job as the hook does once the world is joined; `more`: for
+    each rank, other Megatron arguments (name: value)."""
     plan_file = str(tmp_path / "plan.yaml")
     with open(plan_file, "w") as fh:
         fh.write(PLAN_YAML)
@@ -38,7 +39,8 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
         "from hetauto_megatron.plan.plan import load_plan",
         f"plan = load_plan({plan_file!r})",
         f"args = argparse.Namespace(train_iters={iters}, eval_interval=1000, eval_iters=0, lr={lr}, "
-        f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r})",
+        f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r}, "
+        f"**{(more or [{}] * len(values))[rank]!r})",
         "try:",     # as the hook runs them: the plan (and the code) when the world is joined, then the job
         "    check_same_plan(plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
         f"    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml', timeout_s={wait})",
@@ -47,8 +49,8 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None) -> list:
         "print('agreed', file=sys.stderr, flush=True)",
         # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
         "dist.barrier()",
-        "dist.destroy_process_group()"]) for iters, lr, seed, blend, wait in (v + (600.0,) * (5 - len(v))
-                                                                              for v in values)]
+        "dist.destroy_process_group()"]) for rank, (iters, lr, seed, blend, wait) in
+        enumerate(v + (600.0,) * (5 - len(v)) for v in values)]
     return _joined_ranks(tails, env=env, timeout=timeout, plan_file=plan_file)
 
 
@@ -180,6 +182,38 @@ def test_a_cluster_running_another_megatron_core_stops_every_rank_naming_it(tmp_
                 "megatron-core: 0.19.2 on rank 0 (cluster cluster-a, stage 0), 0.19.1 on rank 1 (cluster cluster-b, "
                 "stage 1)") in out, out
         assert "--train-iters" not in out and "pip show megatron-core" in out, out
+
+
+def test_flags_that_add_collectives_over_the_world_on_one_cluster_only_stop_at_once_naming_them(tmp_path):
+    """Flags that add a collective over the world to iterations, typed on cluster-b only: before, the clusters agreed
+    and trained until the collective, then waited HETAUTO_TIMEOUT_S and stopped with exit 4 naming the collective,
+    not the flag (--log-params-norm, --exit-signal-handler), or one cluster trained to the end while the other
+    stopped in a timer's barrier (--log-interval). Now every rank stops at once naming each flag (exit 2)."""
+    values = [(4, 1e-3, 1234, ["/data/a"])] * 2
+    more = [dict(log_interval=100, log_params_norm=False, exit_signal_handler=False, rerun_mode="validate_results"),
+            dict(log_interval=2, log_params_norm=True, exit_signal_handler=True, rerun_mode="disabled")]
+    for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, more=more)):
+        assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, out)
+        assert "field '--log-interval'" in out and "--log-interval: 100 on rank 0 (cluster cluster-a, stage 0), 2 on " \
+            "rank 1 (cluster cluster-b, stage 1)" in out, out
+        for flag in ("--log-params-norm: False on rank 0", "--exit-signal-handler: False on rank 0",
+                     "--rerun-mode: 'validate_results' on rank 0"):
+            assert flag in out, out
+
+
+def test_the_collective_flags_compared_are_megatrons_and_include_every_unpriced_one():
+    """Every name compared is one of Megatron-LM's arguments (a misspelt one would be left out without a word:
+    job_values reads the names the namespace has), and every flag the launch notes as adding a collective over
+    the world to each iteration (unpriced.PER_ITERATION_WORLD) is compared."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    from hetauto_megatron.megatron.job_agreement import COLLECTIVE_ARGS, JOB_ARGS
+    from hetauto_megatron.megatron.unpriced import PER_ITERATION_WORLD
+    dests = {action.dest for action in add_megatron_arguments(argparse.ArgumentParser())._actions}
+    assert set(COLLECTIVE_ARGS) <= dests, set(COLLECTIVE_ARGS) - dests
+    assert {dest for dest, *_ in PER_ITERATION_WORLD} <= set(JOB_ARGS)
 
 
 def test_the_same_job_arguments_pass(tmp_path):

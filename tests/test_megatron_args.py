@@ -79,6 +79,21 @@ def test_a_cluster_launched_with_other_processes_than_the_plans_is_refused():
     assert launch_identity.check_launch(PLAN, launch_identity.identity_from_env(whole), "b").mesh_index == 1
 
 
+def test_a_launch_of_some_of_the_worlds_ranks_needs_the_worlds_rendezvous_address():
+    """The ranks of one cluster's launch (torchrun's WORLD_SIZE below HETAUTO_WORLD_SIZE) meet the others' only at
+    HETAUTO_MASTER_ADDR: without it, refused naming it (tests/test_launch_mismatch.py runs it). One torchrun over the
+    whole job, and the address given, pass."""
+    def ident(world):
+        return launch_identity.identity_from_env({"RANK": "0", "WORLD_SIZE": world, "HETAUTO_RANK_OFFSET": "4",
+                                                  "HETAUTO_WORLD_SIZE": "6"})
+    with pytest.raises(InputError) as exc:
+        launch_identity.check_world_rendezvous(ident("2"), env={})
+    assert exc.value.field == "HETAUTO_MASTER_ADDR" and "starts 2 of the world's 6 ranks" in exc.value.reason
+    launch_identity.check_world_rendezvous(ident("2"), env={"HETAUTO_MASTER_ADDR": "10.0.0.1"})
+    launch_identity.check_world_rendezvous(ident("6"), env={})
+    launch_identity.check_world_rendezvous(launch_identity.identity_from_env({"RANK": "3", "WORLD_SIZE": "6"}), env={})
+
+
 @pytest.mark.parametrize("env,field", [
     ({"RANK": "x"}, "RANK"),
     ({"RANK": "0", "HETAUTO_RANK_OFFSET": "4"}, "HETAUTO_WORLD_SIZE"),
@@ -294,8 +309,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     before Megatron validates anything (before: it trained a job the plan never priced, e.g. Megatron FSDP, or
     stopped every rank with one of Megatron's assertions); the table's defaults are Megatron's own (an argument
     left out is not refused). The legacy spellings that Megatron's validate_args turns into checked settings after
-    the rewrite: --recompute-activations gives way to the plan's recomputation, --use-rotary-position-embeddings on
-    a plan of learned positions is refused."""
+    the rewrite: --recompute-activations where the plan runs another recomputation, --use-rotary-position-embeddings
+    on a plan of learned positions, are refused."""
     import megatron.training.arguments as margs
 
     from hetauto_megatron.megatron.unpriced import UNPRICED
@@ -331,9 +346,10 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
     from hetauto_megatron.emit.megatron import architecture_args
     architecture = [f for a in architecture_args(plan.model) for f in a.flags]
     rewrite.rewrite_args(parse("--rerun-mode", "disabled", *architecture), plan, c)
-    args = parse("--recompute-activations", *architecture)
-    rewrite.rewrite_args(args, plan, c)
-    assert (args.recompute_activations, args.recompute_granularity) == (False, "full")
+    # (Megatron's older spelling of selective recomputation: refused where the mesh runs another, as typed
+    # --recompute-granularity is, test_a_launch_that_asks_for_another_recomputation_or_split_is_refused)
+    with pytest.raises(InputError, match=r"--recompute-activations \(plan: recompute full "):
+        rewrite.rewrite_args(parse("--recompute-activations", *architecture), plan, c)
     learned = plan_from_dict({"version": 2, "global_batch_size": 8, "model": {
         "preset": "tiny", "position_embedding": "learned", "gated_mlp": False},
         "meshes": [{"cluster": "a", "device_type": "cpu", "micro_batch_size": 1, "dp": 2, "stage_layers": [8]}]})
@@ -398,6 +414,61 @@ def test_a_launch_that_asks_for_another_layout_is_refused(monkeypatch):
         with pytest.raises(InputError) as exc:
             rewrite.rewrite_args(args, plan, c, file="plan.yaml")
         assert words in exc.value.message and exc.value.exit_code == 2, exc.value.message
+
+
+def test_a_launch_that_asks_for_another_recomputation_or_split_is_refused(monkeypatch):
+    """A recomputation no mesh of the rank's cluster runs, or a pipeline split other than the plan's, typed on a
+    launch, was replaced by the plan's without a word (the audit's --recompute-granularity full --recompute-method
+    block --recompute-num-layers 2): one paragraph naming each (exit 2), as for TP. What the plan runs there passes,
+    typed as its launch script types it or spelt otherwise (the layout as Megatron reads it)."""
+    from helpers import mesh
+
+    from hetauto_megatron.emit.megatron import megatron_args
+    plan = make_plan([mesh("a", 1, 1, 1, [2, 1], "full"), mesh("a", 1, 1, 1, [1], "selective"),
+                      mesh("b", 1, 1, 1, [4])], gbs=4)
+    for rank, mesh_index in ((0, 0), (2, 1), (3, 2)):       # the launch of cluster a types mesh 0's flags
+        c = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
+        _, args = _megatron_args(monkeypatch, megatron_args(plan, 0 if rank < 3 else 2, "plan.yaml"), model=None)
+        rewrite.rewrite_args(args, plan, c)
+        assert args.recompute_granularity == {0: "full", 1: "selective", 2: None}[mesh_index]
+    a0 = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, plan.world_size, None), None)
+    emitted, plain = megatron_args(plan, 0, "plan.yaml"), megatron_args(plan, 2, "plan.yaml")   # (b's: no recompute)
+    for typed in (["--recompute-activations"], ["--recompute-granularity", "selective", "--recompute-modules", "mlp"],
+                  ["--pipeline-model-parallel-layout", "Ett|t|t|ttttL"], ["--decoder-first-pipeline-num-layers", "2"],
+                  ["--decoder-last-pipeline-num-layers", "4"]):
+        _, args = _megatron_args(monkeypatch, [*plain, *typed], model=None)
+        rewrite.rewrite_args(args, plan, a0)
+    for typed, words in (
+            (["--recompute-method", "block", "--recompute-num-layers", "2"],
+             "--recompute-granularity full --recompute-method block --recompute-num-layers 2 (plan: recompute full "
+             "(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) or selective "
+             "(--recompute-granularity selective --recompute-modules mlp) on cluster a)"),
+            (["--recompute-modules", "core_attn"], "--recompute-modules core_attn (plan: recompute full"),
+            (["--pipeline-model-parallel-layout", "Et|tt|t|ttttL"],
+             "--pipeline-model-parallel-layout Et|tt|t|ttttL (plan: Et*2|t|t|t*4L, stage layers [2, 1, 1, 4])"),
+            (["--decoder-first-pipeline-num-layers", "3"],
+             "--decoder-first-pipeline-num-layers 3 (plan: 2 layers on the first stage"),
+            (["--decoder-last-pipeline-num-layers", "2"], "--decoder-last-pipeline-num-layers 2 (plan: 4 layers on"),
+            (["--account-for-embedding-in-pipeline-split"], "--account-for-embedding-in-pipeline-split (plan: stage "
+             "layers [2, 1, 1, 4], the embedding not counted as a layer)"),
+            (["--account-for-loss-in-pipeline-split"], "--account-for-loss-in-pipeline-split (plan: ")):
+        _, args = _megatron_args(monkeypatch, [*emitted, *typed], model=None)
+        with pytest.raises(InputError) as exc:
+            rewrite.rewrite_args(args, plan, a0, file="plan.yaml")
+        assert words in exc.value.message and exc.value.exit_code == 2, exc.value.message
+    # cluster b runs no recomputation: mesh 0's flags typed on its launch are refused
+    b = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(3, plan.world_size, None), None)
+    _, args = _megatron_args(monkeypatch, [*megatron_args(plan, 2, "plan.yaml"), "--recompute-granularity", "full"],
+                             model=None)
+    with pytest.raises(InputError, match=r"--recompute-granularity full \(plan: recompute none on cluster b\)"):
+        rewrite.rewrite_args(args, plan, b)
+    # the layouts compared as Megatron-Core reads them
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    letter = {LayerType.embedding: "E", LayerType.decoder: "t", LayerType.loss: "L"}
+    for text in ("Et*2|t|t|t*4L", "(Et*2|)*1,t*2L", "E|(tt|)*3,L", "Ett|t|t|ttttL"):
+        assert rewrite._layout_stages(text) == ["".join(letter[kind] for kind in stage) for stage in
+                                                PipelineParallelLayerLayout.parse_str_to_list(text)], text
 
 
 # ---- version ---------------------------------------------------------------------------------------------
@@ -585,6 +656,38 @@ def test_flags_that_contradict_the_plan_are_refused_naming_both(monkeypatch):
         assert exc.value.exit_code == 2
 
 
+def test_a_setting_only_another_cluster_runs_is_refused_on_this_clusters_launch(monkeypatch):
+    """The audit's launch: cluster b's command line carrying cluster a's settings (--use-distributed-optimizer,
+    --overlap-param-gather, a dropout), which b's mesh runs without. Judged against every mesh of the plan they
+    passed, and b's ranks trained without them without a word; now they are judged against the meshes of the rank's
+    own cluster, as TP is: refused naming each (exit 2). On cluster a, and with b's own flags on b, they pass."""
+    plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
+        {"cluster": "a", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 4, "stage_layers": [4],
+         "settings": {"hidden_dropout": 0.1}},
+        {"cluster": "b", "device_type": "h800", "tp": 1, "dp": 2, "micro_batch_size": 2, "stage_layers": [4],
+         "settings": {"sequence_parallel": False, "distributed_optimizer": False, "overlap_param_gather": False}}]})
+    from hetauto_megatron.emit.megatron import plan_mesh_args
+    a_flags = plan_mesh_args(plan, 0)
+    assert "--use-distributed-optimizer" in a_flags and "--overlap-param-gather" in a_flags
+    a = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(0, 4, None), None)
+    b = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(2, 4, None), None)
+    _, args = _megatron_args(monkeypatch, a_flags)
+    rewrite.rewrite_args(args, plan, a)
+    assert args.use_distributed_optimizer and args.overlap_param_gather
+    _, args = _megatron_args(monkeypatch, plan_mesh_args(plan, 1))
+    rewrite.rewrite_args(args, plan, b)
+    # (cluster a's TP and micro-batch left out: those are refused on b already, rewrite.check_layout_args)
+    settings = [f for f in a_flags if f in ("--use-distributed-optimizer", "--overlap-param-gather")]
+    _, args = _megatron_args(monkeypatch, [*plan_mesh_args(plan, 1), *settings, "--hidden-dropout", "0.1"])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, b, file="plan.yaml")
+    assert exc.value.field == "meshes[1].settings.distributed_optimizer", exc.value.message
+    for needle in ("--use-distributed-optimizer (plan: meshes[1].settings.distributed_optimizer is false)",
+                   "--overlap-param-gather (plan: meshes[1].settings.overlap_param_gather is false)",
+                   "--hidden-dropout 0.1 (plan: meshes[1].settings.hidden_dropout is 0.0)"):
+        assert needle in exc.value.message, exc.value.message
+
+
 def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it_off(monkeypatch):
     """NVIDIA's example launch scripts pass --sequence-parallel whatever the TP (Megatron-LM's
     examples/llama/train_llama3_8b_h100_fp8.sh at TP 1: "Always enable sequence parallelism with TP_SIZE=2"), and
@@ -598,17 +701,19 @@ def test_sequence_parallel_given_for_a_plan_of_tp_1_passes_and_megatron_turns_it
                                                                   None))
     margs.validate_args(args, {})
     assert args.sequence_parallel is False and args.tensor_model_parallel_size == 1
-    # beside a mesh of TP 2, only that mesh can run it: refused on the TP 1 mesh's rank when the TP 2 mesh is told
-    # sequence_parallel: false (before, the TP 1 mesh counted as running it and the flag passed, unrun), passed
-    # when it runs it
-    for tp2_sp, refused in [(False, True), (True, False)]:
+    # beside a mesh of TP 2 of the rank's cluster, only that mesh can run it: refused on the TP 1 mesh's rank when
+    # the TP 2 mesh is told sequence_parallel: false (before, the TP 1 mesh counted as running it and the flag
+    # passed, unrun), passed when it runs it. A TP 2 mesh of another cluster is not the rank's: its meshes are all
+    # TP 1 there (settings are judged against the rank's own cluster's meshes, as TP is)
+    for tp2_cluster, tp2_sp in [("a", False), ("a", True), ("b", False), ("b", True)]:
         mixed = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
             {"cluster": "a", "device_type": "h800", "tp": 1, "dp": 1, "micro_batch_size": 2, "stage_layers": [4]},
-            {"cluster": "b", "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2, "stage_layers": [4],
-             "settings": {"sequence_parallel": tp2_sp}}]})
+            {"cluster": tp2_cluster, "device_type": "h800", "tp": 2, "dp": 1, "micro_batch_size": 2,
+             "stage_layers": [4], "settings": {"sequence_parallel": tp2_sp}}]})
         for rank in (0, 1):
             _, args = _megatron_args(monkeypatch, ["--sequence-parallel"])
             c = launch_identity.check_launch(mixed, launch_identity.LaunchIdentity(rank, 3, None), None)
+            refused = not tp2_sp and (rank == 1 or tp2_cluster == "a")
             if refused:
                 with pytest.raises(InputError, match="--sequence-parallel") as exc:
                     rewrite.rewrite_args(args, mixed, c, file="plan.yaml")

@@ -82,8 +82,9 @@ def test_the_unfused_rotary_embedding_is_refused_with_rotary_positions_only(monk
 
 
 def _accepted(monkeypatch, plan, extra, rank=0):
-    margs, args = parse_emitted(monkeypatch, plan, extra)
+    """The rank's launch as emitted (its mesh's flags), with `extra`, rewritten and validated."""
     placement = launch_identity.check_launch(plan, launch_identity.LaunchIdentity(rank, plan.world_size, None), None)
+    margs, args = parse_emitted(monkeypatch, plan, extra, placement.mesh_index)
     rewrite.rewrite_args(args, plan, placement)
     margs.validate_args(args, {})
     return args

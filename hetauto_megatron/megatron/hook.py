@@ -305,6 +305,7 @@ def _join_world(state: _State, args) -> None:
     os.environ.update(recorder)
     if recorder and state.ident.rank == 0:
         print("[hetauto] NCCL flight recorder: " + ", ".join(f"{k}={v}" for k, v in recorder.items()), flush=True)
+    launch_identity.check_world_rendezvous(state.ident)
     store = None
     if os.environ.get("HETAUTO_MASTER_ADDR"):
         from . import world_store
@@ -317,7 +318,8 @@ def _join_world(state: _State, args) -> None:
         from ..runtime.ranks import describe_rank
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
                                  int(os.environ["MASTER_PORT"]), state.timeout_s, file=state.plan_file,
-                                 describe=lambda r: describe_rank(state.plan, r))
+                                 describe=lambda r: describe_rank(state.plan, r),
+                                 plan=world_store.plan_digest(state.plan))
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
     init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                      dry_run=state.device_type == "cpu", file=state.plan_file, store=store)

@@ -8,6 +8,10 @@ the launch script's name. These must agree on every rank:
   HETAUTO_TIMEOUT_S (600 s by default) for the other, in a pipeline receive on one side and Megatron's closing
   barrier on the other, and both stopped with exit 1 and a transport traceback ("that process is gone or stuck");
   an evaluation every 2 iterations on one cluster only did the same at iteration 2;
+- the collectives over the world Megatron-LM adds to iterations (COLLECTIVE_ARGS): a flag given on one cluster only
+  leaves the others out of that collective, and each side waits for the other until the timeout (--log-params-norm
+  or --exit-signal-handler on one cluster: exit 4 after HETAUTO_TIMEOUT_S, naming a collective, not the flag;
+  --log-interval 1 beside 2: one cluster trained to the end, the other stopped in a timer's barrier);
 - the optimizer's numbers: each stage would step its layers with another learning rate, clipping or decay, a model
   the job never meant to train, without any error;
 - the samples drawn: a pipeline's first stage reads the tokens and its last stage the labels of the same samples,
@@ -47,7 +51,18 @@ DATA_ARGS = ("seed", "mock_data", "split", "data_path", "dataloader_type", "rese
 CHECKPOINT_ARGS = ("load", "finetune", "no_load_optim", "no_load_rng")
 # "distributed_timeout_minutes": the seconds every wait between ranks takes at most (timeouts.job_timeout_s: the flag,
 # else HETAUTO_TIMEOUT_S), given by the hook
-JOB_ARGS = SCHEDULE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS + ("distributed_timeout_minutes",)
+# What adds a collective over the world to iterations, besides the iteration's own (Megatron-LM 0.19's training.py):
+# each logging iteration's barrier (the interval timer), with --timing-log-level 1 or more the timers' all-gather, and
+# another with --log-timers-to-tensorboard; unpriced.PER_ITERATION_WORLD's (the exit's time limit is a schedule
+# argument above); the result check's all-reduce (--rerun-mode disabled has none); the zero count's all-reduce over
+# the gradient-statistics group, the world under --hetauto (runtime/gradients.py); the straggler detector's report;
+# the barriers of the DP weight-hash check, the GPU sniff test and the autoresume check
+COLLECTIVE_ARGS = ("log_interval", "timing_log_level", "log_timers_to_tensorboard", "log_params_norm",
+                   "exit_signal_handler", "rerun_mode", "log_num_zeros_in_grad", "log_straggler",
+                   "check_weight_hash_across_dp_replicas_interval", "gpu_sniff_test_interval", "adlr_autoresume",
+                   "adlr_autoresume_interval")
+JOB_ARGS = (SCHEDULE_ARGS + COLLECTIVE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS +
+            ("distributed_timeout_minutes",))
 
 
 def job_values(args, timeout_s: float | None = None) -> dict:
@@ -143,6 +158,7 @@ def check_same_job(args, plan, rank: int, world_size: int, *, file: str | None =
         raise InputError(f"the clusters' launches were given different job arguments, which every rank must share "
                          f"(this process is rank {rank}): {shown}", file=file, field=found[0].split(":")[0],
                          fix="give every cluster's launch the same job arguments after the script's name (the "
-                             "iterations, evaluation, checkpoint and exit intervals, the optimizer's settings, the "
+                             "iterations, evaluation, checkpoint and exit intervals, the logging and checks that span "
+                             "every rank (--log-interval, --log-params-norm, ...), the optimizer's settings, the "
                              "data's seed, split and blend, the checkpoint to resume from, the wait for the others: "
                              "--distributed-timeout-minutes, else HETAUTO_TIMEOUT_S in the launch's environment)")

@@ -105,3 +105,21 @@ def check_launch_size(plan: Plan, ident: LaunchIdentity, *, file: str | None = N
                      f"{ident.rank_offset}-{ident.rank_offset + n - 1})", file=file, field="--nproc-per-node",
                      fix="start the cluster with the launch script 'hetauto emit megatron' wrote for it (its --nnodes "
                          "and --nproc-per-node)")
+
+
+def check_world_rendezvous(ident: LaunchIdentity, env: Mapping[str, str] | None = None) -> None:
+    """A launch that starts only some of the world's ranks (HETAUTO_WORLD_SIZE above torchrun's WORLD_SIZE: the
+    clusters launch separately) needs HETAUTO_MASTER_ADDR, where every cluster's ranks meet: without it each
+    launch's ranks met only at their own torchrun's rendezvous, never the others', and every rank waited the whole
+    HETAUTO_TIMEOUT_S, then stopped naming HETAUTO_WORLD_SIZE. Checked as the rank joins the world, after its
+    arguments (a refused argument says what is wrong with the launch first)."""
+    env = os.environ if env is None else env
+    if env.get("HETAUTO_MASTER_ADDR") or ident.launch_world is None or ident.launch_world >= ident.world_size:
+        return
+    raise InputError(f"this launch starts {ident.launch_world} of the world's {ident.world_size} ranks (torchrun's "
+                     "WORLD_SIZE and HETAUTO_WORLD_SIZE), so the other clusters' ranks are started elsewhere, but "
+                     "HETAUTO_MASTER_ADDR is not set: each launch's ranks would meet only at their own torchrun's "
+                     "rendezvous and wait for the others until the timeout", field="HETAUTO_MASTER_ADDR",
+                     fix="set HETAUTO_MASTER_ADDR to node 0 of the first cluster (where global rank 0 runs, reachable "
+                         "from every cluster) and HETAUTO_MASTER_PORT to a port free there, the same on every "
+                         "cluster, as the launch scripts of 'hetauto emit megatron' do")

@@ -28,12 +28,14 @@ pipeline's samples, the gradient sum across them, the logged loss of the whole b
 
 Before the layout is written, the launch's own arguments are checked against the plan: the model's shape and
 architecture (model_checks.py: unset shape values filled in, contradictions refused), the runtime settings,
-precision and vocabulary (settings_args.py: given per mesh, a flag no mesh runs refused), the job-wide ones
-here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout), the features
-the plan never priced (unpriced.py), the fused kernels an accelerator mesh was priced with (fusion_args.py) and
-how Megatron would build its own process groups (group_args.py).
+precision and vocabulary (settings_args.py: given per mesh, a flag no mesh of the rank's cluster runs refused), the
+job-wide ones here (the global batch, sample-based schedules, the checkpoint format, a typed parallel layout, a
+typed recomputation), the features the plan never priced (unpriced.py), the fused kernels an accelerator mesh
+was priced with (fusion_args.py) and how Megatron would build its own process groups (group_args.py).
 """
 from __future__ import annotations
+
+import re
 
 from ..errors import InputError
 from ..plan.layout import mesh_layout, megatron_layout
@@ -209,11 +211,13 @@ def check_checkpoint_format(args, plan: Plan, *, file: str | None = None) -> Non
 
 
 def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
-    """A parallel layout the launch gave must be one the plan runs there, or the user meant another job: TP and
-    the micro-batch of some mesh of the rank's cluster in its pipeline (a launch script lists one of them where
-    meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline (the interleaved
-    schedule is refused first: megatron/unpriced.py). Megatron's default (1, marked: args.py ParserDefaultInt, or
-    unset) passes; a typed 1 is checked."""
+    """A parallel layout the launch gave must be one the plan runs there, or the user meant another job: TP, the
+    micro-batch and the recomputation of some mesh of the rank's cluster in its pipeline (a launch script lists one
+    of them where meshes share a node; the rewrite then gives each rank its own), the stages of its pipeline and
+    their layers (the interleaved schedule is refused first: megatron/unpriced.py). Megatron's default (1 for the
+    degrees, marked: args.py ParserDefaultInt; unset or off for the others) passes; a typed value is checked, and
+    passes where it is the plan's (the launch scripts type the plan's). Before, a contradicting recomputation or
+    split was replaced by the plan's without a word, as if the launch had asked for it."""
     mesh = plan.meshes[placement.mesh_index]
     here = [m for m in plan.meshes if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
     clashes = []
@@ -224,11 +228,69 @@ def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | No
         if have is not None and not isinstance(have, ParserDefaultInt) and int(have) not in values:
             clashes.append(f"--{dest.replace('_', '-')} {have} (plan: {' or '.join(map(str, values))} on cluster "
                            f"{mesh.cluster})")
+    clashes += _recompute_clashes(args, here) + _split_clashes(args, plan, placement)
     if clashes:
         raise InputError("the launch asks for another parallel layout than the plan's: " + "; ".join(clashes),
                          file=file, field="meshes",
                          fix="drop those flags (the --hetauto hook sets each rank's layout from the plan), or make "
                              "a plan of that layout")
+
+
+_RECOMPUTE_ARGS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+
+
+def _recompute_clashes(args, here: list) -> list[str]:
+    """The recomputation flags the launch typed (Megatron's defaults: unset; --recompute-activations is its older
+    spelling of --recompute-granularity selective), unless some mesh of `here` runs all of them."""
+    from ..emit.megatron import recompute_args
+    typed = {dest: getattr(args, dest) for dest in _RECOMPUTE_ARGS if getattr(args, dest, None) is not None}
+    shown = [f"--{dest.replace('_', '-')} " + (" ".join(map(str, value)) if isinstance(value, list) else str(value))
+             for dest, value in typed.items()]
+    if getattr(args, "recompute_activations", False):
+        typed["recompute_granularity"] = "selective"
+        shown.append("--recompute-activations")
+    if not typed or any(all(recompute_settings(m.recompute)[dest] == value for dest, value in typed.items())
+                        for m in here):
+        return []
+    shown = " ".join(shown)
+    modes = sorted({m.recompute for m in here})
+    runs = " or ".join(f"{mode} ({' '.join(recompute_args(mode))})" if recompute_args(mode) else mode
+                       for mode in modes)
+    return [f"{shown} (plan: recompute {runs} on cluster {here[0].cluster})"]
+
+
+def _layout_stages(text: str) -> list[str]:
+    """Megatron-Core's reading of a --pipeline-model-parallel-layout, as text per stage (PipelineParallelLayerLayout
+    .parse_str_to_list: commas dropped, '(...)*n' and 'x*n' unrolled, '|' between stages): 'Et*2|t*2L' and
+    'Ett|ttL' are one layout."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda found: found.group(1) * int(found.group(2)), text)
+    return text.split("|")
+
+
+def _split_clashes(args, plan: Plan, placement: RankCoords) -> list[str]:
+    """The pipeline split flags the launch typed, against the stage layers of the rank's pipeline: its layout
+    (compared as Megatron reads it), the first and last stage's layers, and the embedding and the loss, which the
+    plan's layout places on the first and last stage without counting them as layers."""
+    layers = mesh_layout(plan, placement.mesh_index).stage_layers
+    plan_text = megatron_layout(layers) or f"E{'t' * layers[0]}L"
+    out = []
+    have = getattr(args, "pipeline_model_parallel_layout", None)
+    if have is not None and _layout_stages(str(have)) != _layout_stages(plan_text):
+        out.append(f"--pipeline-model-parallel-layout {have} (plan: {plan_text}, stage layers {list(layers)})")
+    for dest, stage, which in (("decoder_first_pipeline_num_layers", 0, "first"),
+                               ("decoder_last_pipeline_num_layers", -1, "last")):
+        have = getattr(args, dest, None)
+        if have is not None and int(have) != layers[stage]:
+            out.append(f"--{dest.replace('_', '-')} {have} (plan: {layers[stage]} layers on the {which} stage, "
+                       f"stage layers {list(layers)})")
+    for dest, what in (("account_for_embedding_in_pipeline_split", "the embedding"),
+                       ("account_for_loss_in_pipeline_split", "the loss")):
+        if getattr(args, dest, False):
+            out.append(f"--{dest.replace('_', '-')} (plan: stage layers {list(layers)}, {what} not counted as a "
+                       "layer)")
+    return out
 
 
 def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> dict:

@@ -4,13 +4,14 @@ Megatron's flags for the runtime settings and the precision (sequence_parallel, 
 overlap_grad_reduce, overlap_param_gather, grad_reduce_in_bf16 / accumulate_allreduce_grads_in_fp32, bf16, fp16,
 fp8 and its transformer_impl: plan/megatron_flags.py, the table the cost model priced) are switches that default
 to off, so a flag the user did not give is filled in from the plan (per mesh, like TP), and one the user gave
-that no mesh of the plan runs (e.g. --sequence-parallel where every mesh of TP > 1 has sequence_parallel: false,
-or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's time and memory were priced for
-what the plan says. The dropouts are probabilities whose Megatron default (0.1) is not 0: each rank gets its mesh's
-value, and a value the user gave (also 0.1: the parser's default is marked, args.py ParserDefault) that no mesh
-runs is refused in the same way. Every mesh gets the plan's one padded vocabulary (Plan.padded_vocab_size), and a
-mesh of CPU processes Megatron's local layers without fused kernels (megatron_flags.CPU_LAYER_ARGS), as priced, and
-every rank what every launch runs (megatron_flags.JOB_ARGS: no attention mask from the data loader).
+that no mesh of the rank's cluster in its pipeline runs (e.g. --sequence-parallel where every such mesh of TP > 1
+has sequence_parallel: false, or --fp16 in a bf16 plan) is refused, naming the flag and the plan field: the plan's
+time and memory were priced for what the plan says. The dropouts are probabilities whose Megatron default (0.1) is
+not 0: each rank gets its mesh's value, and a value the user gave (also 0.1: the parser's default is marked,
+args.py ParserDefault) that no such mesh runs is refused in the same way. Every mesh gets the plan's one padded
+vocabulary (Plan.padded_vocab_size), and a mesh of CPU processes Megatron's local layers without fused kernels
+(megatron_flags.CPU_LAYER_ARGS), as priced, and every rank what every launch runs (megatron_flags.JOB_ARGS: no
+attention mask from the data loader).
 
 Apart from rewrite.py, which applies these values with the parallel layout: this is the one place that reads
 the plan's per-mesh settings table for Megatron's arguments (pure functions, no torch).
@@ -44,9 +45,12 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     except InputError as exc:
         raise exc.within(file=file) from None
     out, clashes = {}, []
-    # A flag is refused when no mesh of the plan runs it: one argument list may serve several meshes (a node
-    # holding ranks of two meshes gets the first mesh's), and each rank takes its own mesh's value, like TP.
-    every = [_switch_values(plan, i) for i in range(len(plan.meshes))]
+    # A flag is refused when no mesh of the rank's cluster in its pipeline runs it, as rewrite.check_layout_args
+    # judges TP: one launch's argument list may serve several of those meshes (a node holding ranks of two meshes
+    # gets the first mesh's), and each rank takes its own mesh's value. Judged against every mesh of the plan, a
+    # setting only another cluster runs, typed on this one, was turned off there without a word.
+    near = [i for i, m in enumerate(plan.meshes) if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
+    every = {i: _switch_values(plan, i) for i in near}
     mine = every[placement.mesh_index]
     for arg, (want, field) in mine.items():
         flag = MEGATRON_ARGS[arg][0]
@@ -55,19 +59,19 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             # parser's marked default, args.py ParserDefault), and then, like a switch, it must be one a mesh runs.
             have = getattr(args, arg, None)
             if have is not None and not isinstance(have, ParserDefault) and \
-                    not any(v[arg][0] == float(have) for v in every):
+                    not any(v[arg][0] == float(have) for v in every.values()):
                 clashes.append((f"{flag} {have} (plan: {field} is {want})", field))
             out[arg] = want
             continue
         if not isinstance(want, bool):
             continue                # fp8 format and transformer_impl: checked below
         # --sequence-parallel on a TP 1 mesh builds nothing: Megatron turns it off there (arguments.py
-        # validate_args, "Disabling sequence parallelism because tensor model parallelism is disabled"), so on a
-        # plan whose meshes are all TP 1 the flag runs what the plan says (NVIDIA's example scripts pass it whatever
-        # the TP); where a mesh has TP > 1, only those meshes can run it
-        runs = [v.get(arg, (False,))[0] for i, v in enumerate(every)
+        # validate_args, "Disabling sequence parallelism because tensor model parallelism is disabled"), so where
+        # those meshes are all TP 1 the flag runs what the plan says (NVIDIA's example scripts pass it whatever the
+        # TP); where one has TP > 1, only those can run it
+        runs = [v.get(arg, (False,))[0] for i, v in every.items()
                 if arg != "sequence_parallel" or plan.meshes[i].tp > 1]
-        if arg == "sequence_parallel" and all(m.tp == 1 for m in plan.meshes):
+        if arg == "sequence_parallel" and all(plan.meshes[i].tp == 1 for i in near):
             runs = [True]
         if getattr(args, arg, False) and not any(runs):
             clashes.append((f"{flag} (plan: {field} is {_plan_word(plan, precision, field)})", field))
@@ -98,10 +102,10 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     if mesh.device_type == "cpu":
         # CPU processes build the local, unfused layers the plan priced for them, whatever the launch says
         # (megatron_flags.CPU_LAYER_ARGS: Megatron-LM's fused defaults stop a CPU rank with a traceback); a typed
-        # --transformer-impl of another kind is refused when no mesh of the plan is an accelerator that runs it
+        # --transformer-impl of another kind is refused when none of those meshes is an accelerator that runs it
         impl = getattr(args, "transformer_impl", None)
         if impl not in (None, "local") and not isinstance(impl, ParserDefaultStr) and \
-                all(m.device_type == "cpu" for m in plan.meshes):
+                all(plan.meshes[i].device_type == "cpu" for i in near):
             clashes.append((f"--transformer-impl {impl} (plan: meshes[{placement.mesh_index}] is CPU processes, "
                             "which build Megatron's local layers)", f"meshes[{placement.mesh_index}].device_type"))
         out.update({arg: value for arg, (_, value) in CPU_LAYER_ARGS.items()})

@@ -12,7 +12,9 @@ timeout that did not say why. Now:
 - Before anything else of this protocol each rank compares its hetauto-megatron code with the host's (the digest
   the host leaves under CODE as it starts the store): a cluster left on other code, whose rendezvous may differ,
   would otherwise wait in it until the timeout without a word. It stops at once naming both (exit 2), and its
-  refusal stops the others.
+  refusal stops the others. Then its plan, which the host leaves beside its code: a rank loaded with another
+  (another world size would count the check-ins against another world) stops at once, and so does every rank
+  that reads of it, with check_same_plan's paragraph (megatron/world_refusals.py).
 - `post_refusal`: a rank that refuses its input before joining leaves its paragraph in the store (rank 0 hosts the
   store for it; another rank waits up to POST_S for the host to answer).
 - Nobody who knows of a refusal leaves before the host says so: the host keeps the store up until every rank has
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import socket
 import sys
 import threading
@@ -43,6 +44,7 @@ import time
 
 from ..errors import InputError, first_line
 from ..runtime.rendezvous import rendezvous_setup_error, rendezvous_timeout_error
+from .world_refusals import PLAN, check_plan, plan_digest, refused_elsewhere, stopped_by  # noqa: F401
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
 REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refused its launch
@@ -189,11 +191,11 @@ def _check_code(store, rank: int, deadline: float, describe, file: str | None) -
 
 
 def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None,
-         describe=None):
+         describe=None, plan: str | None = None):
     """Check this rank in and wait for the whole world (module docstring); returns the store for
-    init_process_group. InputError (exit 2) on other code than the host's, a refusal, a port the host cannot take,
-    the host going away, or the timeout. `describe(rank)` names a rank in those paragraphs (its cluster and stage,
-    from the plan)."""
+    init_process_group. InputError (exit 2) on other code or another plan (`plan`: plan_digest) than the host's, a
+    refusal, a port the host cannot take, the host going away, or the timeout. `describe(rank)` names a rank in
+    those paragraphs (its cluster and stage, from the plan)."""
     describe = describe or (lambda r: f"rank {r}")
     deadline = time.monotonic() + timeout_s
     if rank == 0:
@@ -231,10 +233,13 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
         if rank == 0:
             from .. import code_digest
+            if plan is not None:
+                store.set(PLAN, plan)
             store.set(CODE, code_digest()[:12])
         else:
             try:
                 _check_code(store, rank, deadline, describe, file)
+                check_plan(store, rank, plan, file)
             except InputError as exc:     # passed on through the store this rank holds, so the others stop now
                 print(f"hetauto: passing this refusal on to the other clusters' ranks through the rendezvous at "
                       f"{addr}:{port} (up to {LINGER_S:.0f} s)", file=sys.stderr, flush=True)
@@ -255,12 +260,13 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
         while True:
             refused = _refusal(store)
             if refused is not None:
+                stop = stopped_by(store, refused, rank, file)      # (read while the host is surely up)
                 store.add(READ, 1)
                 _pass_on(store, rank, world_size)
-                raise _ours(refused_elsewhere(refused, rank))
+                raise _ours(stop)
             joined = store.add(JOINED, 0)
             if joined >= world_size:
-                _watch(addr, port, rank, world_size)
+                _watch(addr, port, rank, world_size, file)
                 return store
             if time.monotonic() > deadline:
                 raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
@@ -276,7 +282,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                    "then start every cluster's launch again")) from None
 
 
-def _watch(addr: str, port: int, rank: int, world_size: int) -> None:
+def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None = None) -> None:
     """After the join: a daemon thread with its own connection to the store (torch's process group uses the
     join's), reading the refusals every WATCH_S to WATCH_MAX_S (module docstring). Once it has read one, an
     exception that ends the main thread (the collective it waits in fails as the others stop) is not reported:
@@ -296,7 +302,7 @@ def _watch(addr: str, port: int, rank: int, world_size: int) -> None:
                 if refused is None or _WORLD.get("posting"):
                     continue        # (a rank refusing its own input says its own paragraph, and posts it)
                 _WORLD["stopping"] = True
-                exc = refused_elsewhere(refused, rank, after_join=True)
+                exc = stopped_by(client, refused, rank, file, after_join=True)
                 print(f"hetauto: error: {exc.message}", file=sys.__stderr__ or sys.stderr, flush=True)
                 client.add(READ, 1)
                 _pass_on(client, rank, world_size)
@@ -314,32 +320,6 @@ def _watch(addr: str, port: int, rank: int, world_size: int) -> None:
 
     sys.excepthook = excepthook
     threading.Thread(target=watch, name="hetauto-world-watch", daemon=True).start()
-
-
-def refused_elsewhere(refused: str, rank: int, *, after_join: bool = False) -> InputError:
-    """The paragraph of a rank that stops because another rank refused its launch (`refused`, as _refusal reads it:
-    'rank R (cluster C): paragraph'). It names the refusing cluster and where its reason is, and no field of this
-    rank's own: this rank's launch and the rendezvous address are fine (naming HETAUTO_MASTER_ADDR sent users to
-    check an address that had just worked)."""
-    found = re.match(r"rank (\d+) \(cluster ([^)]*)\): ", refused)
-    who, log = "another cluster", "the refusing rank's log"
-    if found:
-        other, cluster = found.groups()
-        who = f"cluster {cluster}" if cluster != "?" else f"the cluster of global rank {other}"
-        log = f"the log of global rank {other}" + (f" on cluster {cluster}" if cluster != "?" else "")
-    mine = os.environ.get("HETAUTO_CLUSTER")
-    when = " after the clusters had joined" if after_join else ""
-    if found and mine and found.group(2) == mine:
-        # a rank of this very cluster: its launch is this one's, so neither "another cluster" nor "not at fault"
-        return InputError(f"rank {found.group(1)} of this cluster ({mine}) refused the job{when}, so this rank "
-                          f"({rank}) stops too; the rendezvous address is not at fault. The refusal: {refused}",
-                          fix=f"fix what the refusal says ({log} has it in full), then start every cluster's launch "
-                              "again")
-    return InputError(f"another cluster's launch was refused{when}, so this rank ({rank}) stops too: {who} refused "
-                      f"the job; the launch of this cluster{f' ({mine})' if mine else ''} and the rendezvous address are "
-                      f"not at fault. The refusal: {refused}",
-                      fix=f"fix the launch of {who} as the refusal says ({log} has it in full), then start every "
-                          "cluster's launch again")
 
 
 def _ours(exc: InputError) -> InputError:

@@ -117,9 +117,15 @@ def check_same_plan(plan, rank: int, world_size: int, *, file: str | None = None
         raise different_code_error(rank, {r: code[r] for r in [0, *other]}, lambda r: describe_rank(plan, r), file)
     other = [r for r in range(world_size) if int(every[r][0]) != int(every[0][0])]
     if other:
-        ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
-        raise InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
-                         f"rank 0 (this process is rank {rank})", file=file,
-                         field="--hetauto-plan",
-                         fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
-                             "'hetauto emit megatron' writes its path into the scripts)")
+        raise different_plans_error(rank, other, file)
+
+
+def different_plans_error(rank: int, other: list, file: str | None, detail: str = "") -> InputError:
+    """Ranks `other` loaded another plan than rank 0. Said when the world has joined (check_same_plan) and, where the
+    clusters launch separately, as each rank checks in at the world store (megatron/world_store.py: a plan of
+    another world size never gets to the joined world), in the same words; `detail` adds what this rank knows."""
+    ranks = ", ".join(map(str, other[:8])) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
+    return InputError(f"the ranks were started with different plans: rank(s) {ranks} loaded another plan than "
+                      f"rank 0 (this process is rank {rank}){detail}", file=file, field="--hetauto-plan",
+                      fix="give every cluster's launch the same plan file (a copy of one file on each cluster; "
+                          "'hetauto emit megatron' writes its path into the scripts)")

@@ -1,0 +1,122 @@
+"""Clusters whose launches do not match each other, started as the emitted scripts start them (one bash per node, its
+hetauto-torchrun inside, the example entry script with --hetauto; two one-rank clusters: test_job_agreement's plan):
+every rank must stop at once with one paragraph naming what to fix (exit 2), never wait HETAUTO_TIMEOUT_S, and
+never end in gloo's traceback."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from helpers import ROOT, wait_all
+from test_job_agreement import PLAN_YAML
+from test_megatron_pretrain import job_flags
+
+from hetauto_megatron.emit.megatron import emit_megatron
+from hetauto_megatron.plan.plan import load_plan, plan_from_dict
+from hetauto_megatron.runtime.launcher import free_port
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
+ENTRY = os.path.join(ROOT, "examples", "llama", "pretrain_llama_hetauto.py")
+TIMEOUT_S = 90                     # HETAUTO_TIMEOUT_S: each case must end well before it
+
+
+def launch_clusters(tmp_path, plans: dict, extra: dict | None = None) -> tuple[dict, dict, float]:
+    """Run cluster X's emitted script from the plan `plans[X]` (YAML text), with `extra[X]` after the job's flags;
+    -> ({cluster: exit code}, {cluster: log}, seconds until the last one ended)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHRUN"}
+    env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+               HETAUTO_MASTER_ADDR="127.0.0.1", HETAUTO_MASTER_PORT=str(free_port()),
+               HETAUTO_TIMEOUT_S=str(TIMEOUT_S), CLUSTER_MASTER_ADDR="127.0.0.1", PYTHONWARNINGS="ignore",
+               MEGATRON_SCRIPT=ENTRY, NODE_RANK="0")
+    procs, logs = {}, {}
+    start = time.monotonic()
+    for cluster, yaml_text in plans.items():
+        plan_file = tmp_path / f"plan-{cluster}.yaml"
+        plan_file.write_text(yaml_text)
+        plan = load_plan(str(plan_file))
+        la = next(la for la in emit_megatron(plan, plan_path=str(plan_file)) if la["cluster"] == cluster)
+        script = tmp_path / f"{la['name']}.sh"
+        script.write_text(la["script"])
+        logs[cluster] = tmp_path / f"{cluster}.log"
+        with open(logs[cluster], "w") as fh:
+            procs[cluster] = subprocess.Popen(
+                ["bash", str(script), *job_flags(plan, 2), *(extra or {}).get(cluster, [])], stdout=fh,
+                stderr=subprocess.STDOUT, env=dict(env, CLUSTER_MASTER_PORT=str(free_port())),
+                start_new_session=True, cwd=str(tmp_path))
+    codes = dict(zip(procs, wait_all(list(procs.values()), timeout=TIMEOUT_S + 120)))
+    return codes, {c: path.read_text() for c, path in logs.items()}, time.monotonic() - start
+
+
+# test_job_agreement's plan with cluster-b at DP 2 (cluster-a's micro-batch 2 to match): 3 ranks where it has 2
+WIDER = PLAN_YAML.replace("cluster-a, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 1",
+                          "cluster-a, device_type: cpu, tp: 1, dp: 1, micro_batch_size: 2").replace(
+    "cluster-b, device_type: cpu, tp: 1, dp: 1,", "cluster-b, device_type: cpu, tp: 1, dp: 2,")
+
+
+def test_clusters_started_with_plans_of_different_world_sizes_stop_at_once(tmp_path):
+    """Cluster-b launched from a copy of the plan with DP 2 there (3 ranks where cluster-a's plan has 2). Before:
+    each rank counted the check-ins at the world store against its own plan's world, so all "joined", and every
+    rank waited in the plan comparison's all-gather until the timeout, then stopped with gloo's traceback, torchrun's
+    ChildFailedError and exit 1. Now each rank of cluster-b compares its plan with global rank 0's as it checks
+    in: every rank stops at once with the paragraph a same-size edited plan gets (exit 2)."""
+    assert plan_from_dict(yaml.safe_load(WIDER)).world_size == 3
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-a": PLAN_YAML, "cluster-b": WIDER})
+    assert codes == {"cluster-a": 2, "cluster-b": 2}, {c: text[-2000:] for c, text in logs.items()}
+    assert took < TIMEOUT_S - 30, took
+    for cluster, text in logs.items():
+        assert "Traceback" not in text and "ChildFailedError" not in text, text[-3000:]
+        assert "field '--hetauto-plan': the ranks were started with different plans" in text, text[-3000:]
+    assert "loaded another plan than rank 0 (this process is rank 0)" in logs["cluster-a"], logs["cluster-a"][-3000:]
+    assert "rank 0's plan runs 2 ranks, this one's 3" in logs["cluster-b"], logs["cluster-b"][-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--log-params-norm", "--exit-signal-handler"])
+def test_a_flag_that_adds_a_collective_over_the_world_on_one_cluster_only_is_named_at_once(tmp_path, flag):
+    """Typed on cluster-b only (the audit's launches): before, both clusters trained until that collective, waited
+    HETAUTO_TIMEOUT_S and stopped with exit 4 and a paragraph naming a collective (params_norm_once, Megatron's
+    all_gather_item), not the flag. Now every rank stops once the world is joined, naming the flag (exit 2)."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-a": PLAN_YAML, "cluster-b": PLAN_YAML},
+                                        {"cluster-b": [flag]})
+    assert codes == {"cluster-a": 2, "cluster-b": 2}, {c: text[-2000:] for c, text in logs.items()}
+    assert took < TIMEOUT_S - 30, took
+    for text in logs.values():
+        assert "Traceback" not in text and f"field '{flag}'" in text, text[-3000:]
+        assert f"{flag}: False on rank 0 (cluster cluster-a, stage 0), True on rank 1 (cluster cluster-b" in text
+
+
+def test_a_hand_launch_without_the_worlds_rendezvous_address_is_refused_at_once(tmp_path):
+    """Each cluster started by hand with hetauto-torchrun, HETAUTO_WORLD_SIZE and HETAUTO_RANK_OFFSET set but no
+    HETAUTO_MASTER_ADDR. Before: the hook fell back to each torchrun's own rendezvous, where the other cluster's
+    ranks never came: every rank waited HETAUTO_TIMEOUT_S, then stopped naming HETAUTO_WORLD_SIZE. Now every rank
+    stops at once naming HETAUTO_MASTER_ADDR (exit 2)."""
+    from test_torchrun_port import HETAUTO_TORCHRUN
+
+    from hetauto_megatron.megatron import demo
+
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(PLAN_YAML)
+    plan = load_plan(str(plan_file))
+    argv = [ENTRY, *demo.hetauto_argv(str(plan_file), plan, iters=2, seed=1)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HETAUTO_", "MASTER_"))}
+    procs, logs = [], []
+    start = time.monotonic()
+    for offset, cluster in enumerate(("cluster-a", "cluster-b")):
+        logs.append(tmp_path / f"{cluster}.log")
+        with open(logs[-1], "w") as fh:
+            procs.append(subprocess.Popen(
+                [HETAUTO_TORCHRUN, "--nnodes=1", "--nproc-per-node=1", "--master-addr=127.0.0.1",
+                 f"--master-port={free_port()}", *argv], stdout=fh, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+                env=dict(env, HETAUTO_CLUSTER=cluster, HETAUTO_RANK_OFFSET=str(offset), HETAUTO_WORLD_SIZE="2",
+                         HETAUTO_TIMEOUT_S=str(TIMEOUT_S), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1"),
+                start_new_session=True))
+    codes = wait_all(procs, timeout=TIMEOUT_S + 120)
+    took = time.monotonic() - start
+    texts = [log.read_text() for log in logs]
+    assert codes == [2, 2], [text[-2000:] for text in texts]
+    assert took < TIMEOUT_S - 30, took
+    for text in texts:
+        assert "Traceback" not in text and "field 'HETAUTO_MASTER_ADDR': this launch starts 1 of the world's 2 " \
+            "ranks" in text, text[-3000:]
