@@ -81,7 +81,7 @@ def sailor_part() -> None:
         # by leave-one-model-out among them, then the calibration and the trees
         # the TP all-reduces' rates read from the training models only, for the held-out rows too
         train_layers, held_layers = L.leave_model_out(layers, held, SAILOR)
-        weight, gemm_weight, _ = L.choose_weights(train_layers)
+        weight, gemm_weight, _ = L.choose_weights(train_layers, L.read_allreduce_fits(SAILOR))
         model = L.train_sailor_model(train_layers, weight, 0, gemm_bwd_weight=gemm_weight)
         calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0, gemm_bwd_weight=gemm_weight)
         trained_gpus = {r.gpu for r in layers if r.model != held}

@@ -42,7 +42,7 @@ def config_times(layers) -> dict[tuple, tuple]:
 
 def fold(layers, held: str, gpu: str) -> None:
     train, held_layers = L.leave_model_out(layers, held)    # TP all-reduce rates from the training models only
-    w, g, _ = L.choose_weights(train)
+    w, g, _ = L.choose_weights(train, L.read_allreduce_fits(L.SAILOR_DATA))
     model = L.train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
     test = [r for r in held_layers if r.gpu == gpu and r.shape.kind == "transformer"]
     rows = L.sailor_layer_samples(test, w, g)
@@ -211,7 +211,7 @@ def main() -> int:
     for spec in args.fold or FOLDS:
         held, gpu = spec.split(":")
         fold(layers, held, gpu)
-    weights = L.choose_weights(layers)[:2]
+    weights = L.choose_weights(layers, L.read_allreduce_fits(L.SAILOR_DATA))[:2]
     for gpu in args.gpu or ("GH-96", "A100-40"):
         consistency(layers, gpu, weights)
     return 0

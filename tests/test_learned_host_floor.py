@@ -25,7 +25,7 @@ def folds(layers):
     for held in sorted({r.model for r in layers}):
         # the TP all-reduces' rates from the training models only: load_sailor reads them from every model
         train, held_layers = L.leave_model_out(layers, held)
-        weight, gemm_weight, _ = L.choose_weights(train)
+        weight, gemm_weight, _ = L.choose_weights(train, L.read_allreduce_fits(L.SAILOR_DATA))
         gpus = {r.gpu for r in train}
         test = L.sailor_layer_samples([r for r in held_layers if r.gpu in gpus and r.shape.kind == "transformer"],
                                       weight, gemm_weight)

@@ -11,6 +11,7 @@ from hetauto_megatron.cost import learned as L
 from hetauto_megatron.spec.devices import get_device
 
 SAILOR = L.SAILOR_DATA   # the copy shipped inside the package
+FITS = L.read_allreduce_fits(SAILOR)   # each fold's TP all-reduce rates from its training models (leave_model_out)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_leave_one_model_out_error_is_bounded(layers):
 def llama_left_out(layers):
     """LLAMA-3-8's GH-96 layers predicted by a fit without LLAMA-3-8: (held layers, rows, predictions)."""
     train_layers, held = left_out(layers, "LLAMA-3-8")
-    weight, gemm_weight, _ = L.choose_weights(train_layers)
+    weight, gemm_weight, _ = L.choose_weights(train_layers, FITS)
     model = L.train_model(L.sailor_samples(train_layers, weight, gemm_weight), rounds=0)
     held = [r for r in held if r.gpu == "GH-96" and r.shape.kind == "transformer"]
     test = L.sailor_layer_samples(held, weight, gemm_weight)
@@ -150,7 +151,7 @@ def test_backward_score_weight_is_chosen_on_training_models_and_carries_over(lay
     """The weight on the backward's score traffic is chosen by leave-one-model-out among the training models
     only; fitted without GPT-Neo-2.7 it predicts GPT-Neo's A100 layers better than the counted traffic does."""
     train_layers, held = left_out(layers, "GPT-Neo-2.7")
-    weight, gemm_weight, scores = L.choose_weights(train_layers)
+    weight, gemm_weight, scores = L.choose_weights(train_layers, FITS)
     assert set(scores["score"]) == set(L.SCORE_WEIGHTS) and weight > 1.0
     assert scores["score"][weight] < scores["score"][1.0]
     held = [r for r in held if r.shape.kind == "transformer" and r.device in ("a100-40gb", "a100-80gb")]
@@ -170,7 +171,7 @@ def test_hopper_tf32_backward_gemm_weight_is_chosen_on_training_models_and_carri
     the other GPUs' rows do not depend on it."""
     from hetauto_megatron.cost import features as F
     train_layers, held = left_out(layers, "GPT-Neo-2.7")
-    weight, gemm_weight, scores = L.choose_weights(train_layers)
+    weight, gemm_weight, scores = L.choose_weights(train_layers, FITS)
     assert gemm_weight > 1.0 and set(scores["gemm"]) == set(L.GEMM_BWD_WEIGHTS)
     assert F.backward_gemm_weighted("gh200", "tf32") and not F.backward_gemm_weighted("a100-40gb", "tf32")
     assert not F.backward_gemm_weighted("gh200", "16-bit")
@@ -391,3 +392,19 @@ def test_runs_of_models_and_gpus_the_reader_does_not_know_are_named(tmp_path, ca
     err = capsys.readouterr().err
     assert f"left out GPU B200 ({model}), model FOO-1" in err and "this reader knows the models" in err, err
     assert len(known) == len(L.load_sailor(SAILOR)) and "left out" not in capsys.readouterr().err
+
+
+def test_a_held_out_models_measurements_do_not_reach_its_folds_fit(layers):
+    """The TP all-reduce rates are read from measured layers (sailor_tp_allreduce_rates), and load_sailor reads them
+    from every model: a fold that kept them let the held-out model's own times into its prediction. Its times slowed
+    by half: the fold's training rows and the all-reduces set apart on its held-out rows are the same (as in each of
+    choose_weights' folds when given the curves, what `hetauto fit --sailor` does)."""
+    held = "GPT-Neo-2.7"
+    slowed = [dataclasses.replace(r, fwd_s=r.fwd_s * 1.5, bwd_s=r.bwd_s * 1.5) if r.model == held else r
+              for r in layers]
+    (train_a, held_a), (train_b, held_b) = left_out(layers, held), left_out(slowed, held)
+    assert train_a == train_b
+    assert [r.tp_comm_s for r in held_a] == [r.tp_comm_s for r in held_b]
+    # (the leak: read from every model, the held-out rows' set-apart all-reduces follow their own times)
+    leaky = L.with_tp_comm(slowed, slowed, FITS)
+    assert [r.tp_comm_s for r in leaky if r.model == held] != [r.tp_comm_s for r in held_a]

@@ -89,6 +89,14 @@ def test_dryrun_refuses_a_precision_the_plans_devices_lack(tmp_path, capsys, mon
             assert not os.path.exists("t.json")
         rc, _, emitted = run_cli(["emit", "summary", "--plan", path], capsys)
         assert rc == 2 and emitted == err.replace("hetauto dryrun", "hetauto emit"), (emitted, err)
+    # validate-cost-model --dryrun prices a report's plan: the plan's precision named the same way (it named
+    # '--precision', an option it does not have)
+    report = tmp_path / "rep.json"
+    report.write_text('{"iteration_s": 0.5, "steps": [{"loss": 1, "grad_norm": 1}, {"loss": 1, "grad_norm": 1}], '
+                      '"step_times_s": [0.5, 0.5], "cores": 2}')
+    rc, out, err = run_cli(["validate-cost-model", "--dryrun", str(report), cpu, "--tiny"], capsys)
+    one_paragraph(rc, err, "precision")
+    assert cpu in err and "device type cpu" in err and "fp8" in err, err
 
 
 def test_plan_from_names_the_old_plans_precision(tmp_path, capsys, sailor_model_dir):
@@ -145,3 +153,20 @@ def test_a_plan_a_learned_model_priced_says_so_when_the_analytic_one_prices_it(t
             assert rc == 0, err
             said = f"{path} was priced with a learned cost model for h800" in err and "--cost-model" in err
             assert said == warned, (argv, err)
+
+
+def test_plan_from_a_plan_a_learned_model_priced_says_the_analytic_one_replans_it(tmp_path, capsys):
+    """plan --from a plan a learned model priced, without --cost-model: the analytic model re-planned it and the
+    "what moved" listing blamed the inventory for a layout the other model chose."""
+    from helpers import ROOT
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")
+    plan = tmp_path / "p.yaml"
+    assert run_cli(["plan", "--model", "llama2-7b", "--inventory", inv, "--global-batch-size", "64", "--quiet",
+                    "-o", str(plan)], capsys)[0] == 0
+    learned = tmp_path / "learned.yaml"
+    learned.write_text(plan.read_text().replace("cost_model: {h800: analytic}", "cost_model: {h800: learned}"))
+    for old, warned in ((plan, False), (learned, True)):
+        rc, _, err = run_cli(["plan", "--from", str(old), "--model", "llama2-7b", "--inventory", inv, "--quiet",
+                              "-o", str(tmp_path / "again.yaml")], capsys)
+        assert rc == 0, err
+        assert (f"{old} was priced with a learned cost model for h800" in err) == warned, err

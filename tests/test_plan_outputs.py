@@ -59,3 +59,15 @@ def test_plan_file_named_json_in_capitals_reads_back(tmp_path, capsys):
         assert json.load(fh)["version"]
     rc, out, err = run_cli(["simulate", "--plan", plan], capsys)
     assert rc == 0 and "iteration" in out, err
+    # a model's config.json named in capitals is read as JSON too (the model reader took only '.json': "it looks
+    # like a model file (what --model reads), not the file this option reads")
+    import os
+    from helpers import ROOT
+    hf = tmp_path / "HF.JSON"
+    hf.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
+                              "max_position_embeddings": 128}))
+    rc, out, err = run_cli(["simulate", "--model", str(hf), "--cluster", "h800", "--tp", "1", "--pp", "1", "--dp",
+                            "1", "--micro-batch-size", "1", "--global-batch-size", "8", "--inventory",
+                            os.path.join(ROOT, "examples", "llama", "inventory-2clusters.yaml")], capsys)
+    assert rc == 0 and "(2 layers)" in out, err

@@ -134,6 +134,7 @@ def dryrun_row(label: str, report: dict, plan, inventory, cost_model, *, cores: 
             raise InputError(f"mesh {i} is on {mesh.device_type}, but a dry run measures CPU processes: its time "
                              "can only be compared with a prediction for device type cpu", field=f"meshes[{i}]",
                              fix="validate with plans (and an inventory) whose clusters are of device type cpu")
+    plan.check_precision()      # the plan's precision named (the caller names its file), as dryrun and emit do
     from ..plan.simulate import check_plan_against_inventory
     try:
         check_plan_against_inventory(plan, inventory)
@@ -225,8 +226,8 @@ def dryrun_results(args) -> dict:
             rows.append(dryrun_row(os.path.basename(plan_file), report, plan, inventory, model, cores=cores,
                                    analytic=analytic))
         except InputError as exc:      # the plan's meshes (device type, clusters): name the plan file
-            raise (exc.within(file=plan_file) if exc.file is None and (exc.field or "").startswith("meshes")
-                   else exc) from None
+            raise (exc.within(file=plan_file) if exc.file is None and (exc.field or "").startswith(
+                ("meshes", "precision")) else exc) from None
     # which model priced each device type, and why, as 'hetauto plan' says it (commands/_common.py)
     said = {(d, r["cost_model"][d], why) for r in rows for d, why in r.get("cost_model_why", {}).items()}
     for device, source, why in sorted(said):

@@ -1,5 +1,5 @@
-"""`hetauto plan`'s objective and constraints from the command line, the clusters they leave out, and the search
-that names the binding constraint when nothing is feasible."""
+"""`hetauto plan`'s objective and constraints from the command line, what an engine cannot run of them (refused by
+name), the clusters they leave out, and the search that names the binding constraint when nothing is feasible."""
 from __future__ import annotations
 
 import argparse
@@ -93,3 +93,36 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
             raise exc.reworded(f"{text}. {under[0].upper()}{under[1:]}.") from None
         miss = text[:-len(fix)].rstrip().removesuffix("Fix:").rstrip().rstrip(".")
         raise exc.reworded(f"{miss}. {under[0].upper()}{under[1:]}. Fix: {fix}") from None
+
+
+def check_selective_runs(con, model, engine: str | None) -> None:
+    """--recompute CLUSTER=selective where the engine cannot run it for this model (plan/engines.py
+    selective_runs): refused by name, not planned around in silence."""
+    from ..errors import InputError
+    from ..plan.engines import DEFAULT_ENGINE, selective_runs
+    for name, mode in con.recompute:
+        if mode == "selective" and not selective_runs(model, engine or DEFAULT_ENGINE):
+            raise InputError(f"{name}=selective: Megatron-Core 0.19 cannot re-run the MLP of a model with linear "
+                             f"biases ({model.name}; plan/engines.py selective_runs says why)", field="--recompute",
+                             fix=f"use --recompute {name}=full or none")
+
+
+def check_deepspeed_constraints(con, inventory, schedule_given, shapes_given=None) -> None:
+    """What DeepSpeed's pipeline engine cannot run, refused by name rather than planned around in silence (the
+    search would leave a cluster pinned to selective recomputation out, or find nothing and blame the links)."""
+    from ..errors import InputError
+    fix = "drop it, or plan with --engine megatron"
+    for name, mode in con.recompute:
+        if mode == "selective":
+            raise InputError(f"{name}=selective: DeepSpeed's engine checkpoints whole layers only", field="--recompute",
+                             fix=f"use --recompute {name}=full or none, or plan with --engine megatron")
+    if schedule_given == "overlapped":
+        raise InputError("DeepSpeed's engine blocks on every pipeline transfer", field="--boundary-schedule", fix=fix)
+    if shapes_given == "all":
+        raise InputError("DeepSpeed's engine runs one pipeline of one mesh per cluster (--shapes simple), not several "
+                         "pipelines or side-by-side meshes", field="--shapes", fix=fix)
+    vendors = {inventory.cluster(c).device.vendor: c for c in con.use_clusters}
+    if len(vendors) > 1:
+        raise InputError("DeepSpeed's engine runs one collective library, so one vendor's devices; "
+                         + ", ".join(f"{c} is {v}" for v, c in vendors.items()), field="--use-clusters",
+                         fix="use clusters of one vendor, or plan with --engine megatron")

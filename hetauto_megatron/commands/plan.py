@@ -9,7 +9,8 @@ import sys
 from ..outputs import output_errors, refuse_folder_over_files, refuse_overwriting_inputs
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
-from ._plan_constraints import NameList, constraints_from_args, search_explained, without_excluded_unable
+from ._plan_constraints import (NameList, check_deepspeed_constraints, check_selective_runs, constraints_from_args,
+                                search_explained, without_excluded_unable)
 from ._plan_from import (JOB_DEFAULTS, at_kept_precision, drop_seq_length_for_another_model, keep_job_of,
                          keep_search_of, say_own_seq_length)
 
@@ -146,39 +147,6 @@ def add_arguments(parser) -> None:
                              "('hetauto explain --help'; skipped after a Ctrl-C of the search)")
 
 
-def check_selective_runs(con, model, engine: str | None) -> None:
-    """--recompute CLUSTER=selective where the engine cannot run it for this model (plan/engines.py
-    selective_runs): refused by name, not planned around in silence."""
-    from ..errors import InputError
-    from ..plan.engines import DEFAULT_ENGINE, selective_runs
-    for name, mode in con.recompute:
-        if mode == "selective" and not selective_runs(model, engine or DEFAULT_ENGINE):
-            raise InputError(f"{name}=selective: Megatron-Core 0.19 cannot re-run the MLP of a model with linear "
-                             f"biases ({model.name}; plan/engines.py selective_runs says why)", field="--recompute",
-                             fix=f"use --recompute {name}=full or none")
-
-
-def check_deepspeed_constraints(con, inventory, schedule_given, shapes_given=None) -> None:
-    """What DeepSpeed's pipeline engine cannot run, refused by name rather than planned around in silence (the
-    search would leave a cluster pinned to selective recomputation out, or find nothing and blame the links)."""
-    from ..errors import InputError
-    fix = "drop it, or plan with --engine megatron"
-    for name, mode in con.recompute:
-        if mode == "selective":
-            raise InputError(f"{name}=selective: DeepSpeed's engine checkpoints whole layers only", field="--recompute",
-                             fix=f"use --recompute {name}=full or none, or plan with --engine megatron")
-    if schedule_given == "overlapped":
-        raise InputError("DeepSpeed's engine blocks on every pipeline transfer", field="--boundary-schedule", fix=fix)
-    if shapes_given == "all":
-        raise InputError("DeepSpeed's engine runs one pipeline of one mesh per cluster (--shapes simple), not several "
-                         "pipelines or side-by-side meshes", field="--shapes", fix=fix)
-    vendors = {inventory.cluster(c).device.vendor: c for c in con.use_clusters}
-    if len(vendors) > 1:
-        raise InputError("DeepSpeed's engine runs one collective library, so one vendor's devices; "
-                         + ", ".join(f"{c} is {v}" for v, c in vendors.items()), field="--use-clusters",
-                         fix="use clusters of one vendor, or plan with --engine megatron")
-
-
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
@@ -209,6 +177,8 @@ def run(args) -> int:
     another_model = old is not None and drop_seq_length_for_another_model(old, args, kept)
     model, inventory, cost_model = load_inputs(args)
     if old is not None:
+        from ._common import warn_if_priced_otherwise
+        warn_if_priced_otherwise(cost_model, old, args.from_plan, "plan")   # what moved would be the model's doing
         # a cluster that cannot train at the job's precision and that the old plan does not use was left out of its
         # search (--exclude-clusters, which the plan records without it, as its inventory is): it stays out
         from ._common import without_unused_unable

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ._fields import MAX_FIGURE, file_kind, get, reject_unknown, shorten
-from .files import load_yaml_file
+from .files import is_json_name, load_yaml_file
 from ..cache_keys import cached_hash
 
 
@@ -322,7 +322,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
             _SHADOWED.add(source)
             print(f"hetauto: warning: --model {source} names the preset {source}, not the file or folder "
                   f"{source} here; write ./{source} to read that instead", file=sys.stderr)
-    elif not os.path.exists(source) and not source.endswith((".json", ".yaml", ".yml")):
+    elif not os.path.exists(source) and not source.lower().endswith((".json", ".yaml", ".yml")):
         raise InputError(f"'{source}' is neither a preset nor an existing file", field="--model",
                          fix=f"pass a model YAML, a Hugging Face config.json, or a preset: {', '.join(PRESETS)}")
     elif os.path.isdir(source):
@@ -331,7 +331,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
             raise InputError("is a directory without a config.json", file=source, field="--model",
                              fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
         spec = hf_model(read_hf_config(config), file=config, seq_length=seq_length, note=note)
-    elif source.endswith(".json"):
+    elif is_json_name(source):      # (.JSON too: the one rule every reader and writer follows)
         if not os.path.exists(source):
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
         cfg = read_hf_config(source)

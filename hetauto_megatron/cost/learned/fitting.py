@@ -15,7 +15,8 @@ from .fitted import FittedModel, _apply_rate, _lgb, calibrated_s, predict_sample
 from .manifest import save_model
 from .profile_merge import two_operator_profiles
 from .roofline_calibration import _fit_rate_overhead, fit_calibration
-from .sailor import SailorLayer, load_sailor, sailor_device_infos, sailor_reading_samples, sailor_samples
+from .sailor import (SailorLayer, leave_model_out, load_sailor, read_allreduce_fits, sailor_device_infos,
+                     sailor_reading_samples, sailor_samples)
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
@@ -144,17 +145,22 @@ SCORE_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
 GEMM_BWD_WEIGHTS = (1.0, 1.25, 1.5, 1.75, 2.0)
 
 
-def _lomo_errors(layers: list[SailorLayer], w: float, g: float) -> dict[str, list[float]]:
+def _lomo_errors(layers: list[SailorLayer], w: float, g: float, fits: dict | None = None) -> dict[str, list[float]]:
     """Device -> relative errors of every distinct reading of each model's transformer layers, predicted by the
     calibration fitted on the other models, judged where that calibration exists (as choose_rounds judges the
     trees): a row of a device and arithmetic no other model was measured in would measure the median borrowed from
     other devices, not the weights. A reading counts once (sailor_reading_samples): profiles_tmp.json repeats one
-    reading for most layers of a model, and its copies would weigh a configuration by its model's depth."""
+    reading for most layers of a model, and its copies would weigh a configuration by its model's depth. `fits`
+    (the data's all-reduce curves): each fold's TP all-reduce rates from its training models only (sailor.py
+    leave_model_out), as every leave-one-model-out figure takes them."""
     errs: dict[str, list[float]] = {}
     for held in sorted({r.model for r in layers}):
-        train = [r for r in layers if r.model != held]
+        if fits is None:
+            train, held_layers = [r for r in layers if r.model != held], [r for r in layers if r.model == held]
+        else:
+            train, held_layers = leave_model_out(layers, held, fits=fits)
         model = train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
-        held_layers = [r for r in layers if r.model == held and r.shape.kind == "transformer"]
+        held_layers = [r for r in held_layers if r.shape.kind == "transformer"]
         test = [s for s in sailor_reading_samples(held_layers, w, g) if s.calibration_key() in model.calibration]
         if not test:
             continue
@@ -164,7 +170,7 @@ def _lomo_errors(layers: list[SailorLayer], w: float, g: float) -> dict[str, lis
     return errs
 
 
-def choose_weights(layers: list[SailorLayer]) -> tuple[float, float, dict]:
+def choose_weights(layers: list[SailorLayer], fits: dict | None = None) -> tuple[float, float, dict]:
     """(score weight, backward-GEMM weight, {"score": {w: mean over GPUs of the leave-one-model-out MAPE % with the
     best backward-GEMM weight for w}, "gemm": {g: the same at the chosen w}}); 1.0, 1.0 with fewer than two
     models."""
@@ -175,11 +181,11 @@ def choose_weights(layers: list[SailorLayer]) -> tuple[float, float, dict]:
     gemm_grid = GEMM_BWD_WEIGHTS if len({r.model for r in weighted}) >= 2 else (1.0,)
     table: dict[float, dict[float, float]] = {}
     for w in SCORE_WEIGHTS:
-        errs = _lomo_errors(layers, w, 1.0)
+        errs = _lomo_errors(layers, w, 1.0, fits)
         rest = [statistics.mean(v) for d, v in errs.items() if d not in devices]
         for g in gemm_grid:
             # the backward-GEMM weight changes only its GPUs' rows: their errors from a fit on their rows alone
-            own = _lomo_errors(weighted, w, g) if len(gemm_grid) > 1 else errs
+            own = _lomo_errors(weighted, w, g, fits) if len(gemm_grid) > 1 else errs
             mine = [statistics.mean(v) for d, v in own.items() if d in devices]
             if rest or mine:
                 table.setdefault(w, {})[g] = round(100.0 * statistics.mean(rest + mine), 3)
@@ -322,7 +328,8 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
                 raise InputError(f"device type {name} is both profiled and in the Sailor data", field="--sailor",
                                  fix="fit them into separate model directories")
             devices[name] = info
-        score_weight, gemm_weight, weight_scores = choose_weights(sailor)
+        # (each fold's TP all-reduce rates from its training models: load_sailor read them from all)
+        score_weight, gemm_weight, weight_scores = choose_weights(sailor, read_allreduce_fits(sailor_dir))
         samples += sailor_samples(sailor, score_weight, gemm_weight)
         optimizer, optimizer_report = fit_optimizer(load_sailor_updates(sailor_dir, sailor))
     else:

@@ -197,13 +197,14 @@ def with_tp_comm(layers: list[SailorLayer], rates_from: list[SailorLayer], fits:
     return [dataclasses.replace(r, tp_comm_s=tp_allreduces_s(r, fits, rates)) for r in layers]
 
 
-def leave_model_out(layers: list[SailorLayer], model: str, directory: str = SAILOR_DATA
+def leave_model_out(layers: list[SailorLayer], model: str, directory: str = SAILOR_DATA, fits: dict | None = None
                     ) -> tuple[list[SailorLayer], list[SailorLayer]]:
     """(training layers, held-out layers) of a fit without `model`, the TP all-reduces' rates read from the
     training models only, for the held-out rows too: load_sailor sets them from every model, the held-out one
-    included, so its rows alone would let its own measurements into its prediction."""
+    included, so its rows alone would let its own measurements into its prediction. `fits`: the directory's
+    all-reduce curves (read_allreduce_fits), when the caller has them."""
     train = [r for r in layers if r.model != model]
-    fits = read_allreduce_fits(directory)
+    fits = read_allreduce_fits(directory) if fits is None else fits
     return with_tp_comm(train, train, fits), with_tp_comm([r for r in layers if r.model == model], train, fits)
 
 
