@@ -112,6 +112,14 @@ def test_emulate_links_needs_an_inventory(tmp_path):
     r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
                     "100000", "--timeout", "5", "--inventory", "examples/llama/inventory-cpu-tiny-2clusters.yaml")
     assert r.returncode == 2 and "past --timeout 5 s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # an inventory without the link the plan's pipeline crosses is named, with the link to add
+    nolink = tmp_path / "nolink.yaml"
+    with open("examples/llama/inventory-cpu-tiny-2clusters.yaml") as f:
+        nolink.write_text(f.read().split("links:")[0])
+    r = run_hetauto("dryrun", "--plan", "examples/llama/plans/tiny-2clusters-cpu.yaml", "--tiny", "--emulate-links",
+                    "--inventory", str(nolink))
+    assert r.returncode == 2 and f"{nolink}: field 'links'" in r.stderr and "[cluster-a, cluster-b]" in r.stderr, \
+        r.stderr
     # ... and so is one whose bytes alone take past it, on a link of no latency (1e300 overflowed the clock)
     inv = tmp_path / "inv.yaml"
     with open("examples/llama/inventory-cpu-tiny-2clusters.yaml") as f:

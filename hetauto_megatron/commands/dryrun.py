@@ -221,24 +221,21 @@ def _emulation(args, plan):
         check_plan_against_inventory(plan, inv)
     except InputError as exc:
         raise (exc.within(file=args.plan) if exc.file is None else exc) from None
-    for p in range(plan.num_pipelines):     # the meshes of consecutive positions of a pipeline send to each other
-        positions = plan.positions(p)
-        for here, there in zip(positions, positions[1:]):
-            for a, b in ((plan.meshes[i], plan.meshes[j]) for i in here for j in there):
-                if a.cluster != b.cluster and inv.link(a.cluster, b.cluster) is None:
-                    raise InputError(f"the inventory has no link between {a.cluster} and {b.cluster}",
-                                     field="links", file=args.inventory or args.plan,
-                                     fix=f"add a links entry between: [{a.cluster}, {b.cluster}]")
+    from ..plan.simulate import check_plan_links
+    try:        # the meshes of consecutive positions of a pipeline send to each other
+        check_plan_links(plan, inv)
+    except InputError as exc:
+        raise (exc.within(file=args.inventory or args.plan) if exc.file is None else exc) from None
+    run = prepare_plan(plan, tiny=args.tiny)
     if args.emulate_links == "auto":
         from ._common import without_unused_unable
         priced = without_unused_unable(inv, plan.precision, [m.cluster for m in plan.meshes], None)
         try:
-            scale = emulation_scale(plan, prepare_plan(plan, tiny=args.tiny), priced)
+            scale = emulation_scale(plan, run, priced)
         except InputError as exc:
             raise (exc.within(file=args.plan) if exc.file is None else exc) from None
     # every wait has --timeout: an emulated transfer past it would fail every rank as if a peer had died (and one
     # past what a clock holds, e.g. 1e300, failed them with an OverflowError)
-    run = prepare_plan(plan, tiny=args.tiny)
     nbytes = max(run.model.seq_length * m.micro_batch_size * run.model.hidden_size * 4 for m in run.meshes)
     clusters = sorted({m.cluster for m in plan.meshes})
     links = [inv.link(a, b) for a in clusters for b in clusters if a < b and inv.link(a, b) is not None]
