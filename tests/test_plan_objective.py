@@ -392,10 +392,12 @@ def test_repeated_cluster_lists_add_up(priced):
 
 
 def test_cost_search_climb_adds_one_cheap_device_for_the_head():
-    """The 736-device example's cheapest plan (32 MI300X, TP 1 x DP 4 x 8 stages of 10 layers, and one 910B holding
-    only the output layer) on a small cut of it: 4 nodes of MI300X and one of 910B, TP pinned to 1 (1,839 leaves).
-    Every leaf of the cost objective's tree is priced (exhaustive: the independent optimum); its best is that plan,
-    and its runner-up the MI300X alone. A tree too large to settle reaches the MI300X alone and climbs from it
+    """A plan of the shape the 736-device example's cheapest plan had (32 MI300X, TP 1 x DP 4 x 8 stages of 10
+    layers, and one 910B holding only the output layer) on a small cut of it: 4 nodes of MI300X and one of 910B, TP
+    pinned to 1, the MI300X given 176 GiB (memory_gib) so that the output layer is what the MI300X stages cannot
+    hold at DP 4 (at the catalog's 192 GiB the MI300X alone at DP 2 is cheapest since the fused SwiGLU's
+    activations are priced as Megatron keeps them). Every leaf of the cost objective's tree is priced (exhaustive:
+    the independent optimum); its best is that plan, and the MI300X alone above it. A tree too large to settle reaches the MI300X alone and climbs from it
     (plan/local.py): the climb must add the one-device stage of the cheap cluster. Its add move gave a cluster only
     its largest TP at the most stages its devices allow, the throughput objective's rule, and under the cost objective
     never reached the plan (seeds 0, 1 and 3 of the 736-device example stopped 0.4-0.6 % above it)."""
@@ -404,7 +406,7 @@ def test_cost_search_climb_adds_one_cheap_device_for_the_head():
     inv = inventory_from_dict({
         "clusters": [
             {"name": "mi300x", "device": "MI300X", "nodes": 4, "devices_per_node": 8, "price_per_device_hour": 2.0,
-             "intra_node": {"bandwidth_gbps": 3584, "latency_us": 5},
+             "memory_gib": 176, "intra_node": {"bandwidth_gbps": 3584, "latency_us": 5},
              "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}},
             {"name": "ascend", "device": "Ascend-910B", "nodes": 1, "devices_per_node": 8,
              "price_per_device_hour": 0.9, "intra_node": {"bandwidth_gbps": 1568, "latency_us": 8},
