@@ -72,9 +72,16 @@ class LayerImpl:
 
 
 TRANSFORMER_ENGINE = LayerImpl()
-# Transformer Engine in fp32: its fused attention backends take 16-bit inputs only, so it runs its unfused
-# attention, which keeps the s x s softmax output (plan/engines.py ENGINES, RuntimeSettings.fused_attention).
-TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
+# Transformer Engine in fp32 or on a V100: its fused attention backends take 16-bit inputs on sm80+ only, so it runs
+# its UnfusedDotProductAttention, which keeps the s x s softmax output (plan/engines.py ENGINES,
+# RuntimeSettings.fused_attention). In 16 bits its scaled masked softmax kernel runs and writes the gradient in place
+# into the incoming one (TransformerEngine csrc softmax.cpp: "Produce gradients in place"): the backward holds that
+# gradient beside the kept probabilities, 2 s x s tensors.
+TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False, score_grad_tensors=2)
+# In fp32 that kernel does not run (16-bit inputs only) and torch's softmax does, behind the same in-place mask on
+# a view of the score GEMM's output as Megatron's local attention (attention_mask_func's masked_fill_): 4 at once,
+# as measured there (score_grad_tensors). Its score GEMM's input is a fresh tensor, not a kept buffer.
+TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32 = LayerImpl(flash_attention=False, score_grad_tensors=4)
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, gated_mlp_tensors=5,
