@@ -124,7 +124,9 @@ def test_commands_reading_the_plan_price_it_with_its_memory_job(tmp_path, capsys
     plan.estimate["search"].pop("memory_job")
     plan.save(str(tmp_path / "without.yaml"))
     assert main(["compare", str(tmp_path / "without.yaml"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["plans"][0]["peak_memory_gib"] < 0.9 * compared["peak_memory_gib"]
+    # (by less than before: in fp32 our runtime's unfused attention holds its backward's s x s gradients too,
+    # cost/activations.py TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32; Sailor's job keeps its simulator's count)
+    assert json.loads(capsys.readouterr().out)["plans"][0]["peak_memory_gib"] < compared["peak_memory_gib"]
 
 
 # ---- fp32 GEMMs on TF32: the inventory's `tf32`, the peak, the learned model's coverage, the emitted switch --------

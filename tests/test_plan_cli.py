@@ -638,8 +638,9 @@ def test_json_infeasible_object_names_file_field_and_fix(tmp_path):
     # two clusters no link joins, both required: the inventory's links
     err = failure("plan", "--model", "tiny", "--inventory", str(inv), "--use-clusters", "a,b")
     assert (err["file"], err["field"]) == (str(inv), "links") and err["fix"].endswith("or drop --use-clusters"), err
-    # a model too big for all of it: the fix is said, no one field holds it
-    err = failure("plan", "--model", "llama2-70b", "--inventory", str(inv))
+    # a model too big for all of it: the fix is said, no one field holds it (at 2048 tokens, where one of its layers
+    # fits a CPU device: at its 4096 the local spec's s x s attention gradients alone outgrow b's 16 GiB)
+    err = failure("plan", "--model", "llama2-70b", "--inventory", str(inv), "--seq-length", "2048")
     assert (err["file"], err["field"], err["fix"]) == (None, None, "Add devices or clusters, or shorten --seq-length")
     assert "misses by" in err["reason"] and "Add devices" not in err["reason"], err
     # the global batch caps the pipeline's depth (one micro-batch, one stage): the option the fix names first

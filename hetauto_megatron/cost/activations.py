@@ -9,7 +9,8 @@ regions (the norms' inputs and outputs, the dropout masks: Korthikanti's 10sbh o
 under sequence parallelism; without it every TP rank holds them in full, Table 2's sbh(10 + 24/t). Recompute
 'selective' re-runs the MLP and keeps its checkpoint's input (under Transformer Engine the second norm runs inside
 that checkpoint); 'full' keeps each layer's input; either re-materialises one layer (or MLP) at a time in the
-backward pass (`recompute_buffer_bytes`).
+backward pass (`recompute_buffer_bytes`). Unfused attention's backward holds s x s gradients beyond what a layer keeps
+(`attention_backward_bytes`), and Megatron's local attention keeps a score buffer for the run (`score_buffer_bytes`).
 """
 from __future__ import annotations
 
@@ -60,16 +61,32 @@ class LayerImpl:
     checkpoint_bytes: int = 0      # what a full recomputation's checkpoint keeps in the device's memory beside the
                                    # layer's input, per layer and micro-batch; its backward holds as much again while
                                    # it re-runs the layer (DeepSpeed's on CPU: two RNG states, below)
+    score_grad_tensors: int = 0    # unfused attention: s x s tensors (b x heads/TP x s x s, element size) its
+                                   # backward holds at once. 4 under Megatron's local DotProductAttention: its mask is
+                                   # applied in place to a view of the score GEMM's output (attention_mask_func's
+                                   # masked_fill_), so autograd's CopySlices node holds the incoming gradient, its copy
+                                   # of it, that copy's clone and masked_fill's output (measured on CPU: 4.05 s x s
+                                   # tensors at the backward's peak, 3.05 with the fill out of place). 0: not priced
+    score_buffer: bool = False     # Megatron's local attention takes the score GEMM's (beta = 0) input from
+                                   # parallel_state's global memory buffer: one s x s tensor per rank kept for the run
 
 
 TRANSFORMER_ENGINE = LayerImpl()
-# Transformer Engine in fp32: its fused attention backends take 16-bit inputs only, so it runs its unfused
-# attention, which keeps the s x s softmax output (plan/engines.py ENGINES, RuntimeSettings.fused_attention).
-TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False)
+# Transformer Engine in fp32 or on a V100: its fused attention backends take 16-bit inputs on sm80+ only, so it runs
+# its UnfusedDotProductAttention, which keeps the s x s softmax output (plan/engines.py ENGINES,
+# RuntimeSettings.fused_attention). In 16 bits its scaled masked softmax kernel runs and writes the gradient in place
+# into the incoming one (TransformerEngine csrc softmax.cpp: "Produce gradients in place"): the backward holds that
+# gradient beside the kept probabilities, 2 s x s tensors.
+TRANSFORMER_ENGINE_UNFUSED_ATTENTION = LayerImpl(flash_attention=False, score_grad_tensors=2)
+# In fp32 that kernel does not run (16-bit inputs only) and torch's softmax does, behind the same in-place mask on
+# a view of the score GEMM's output as Megatron's local attention (attention_mask_func's masked_fill_): 4 at once,
+# as measured there (score_grad_tensors). Its score GEMM's input is a fresh tensor, not a kept buffer.
+TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32 = LayerImpl(flash_attention=False, score_grad_tensors=4)
 # What the dry run builds (runtime/model.py): Megatron's local spec (torch attention, torch norms, unfused rope
 # and GLU) on CPU processes.
 DRY_RUN_IMPL = LayerImpl(flash_attention=False, fused_norm=False, fused_rope=False, gated_mlp_tensors=5,
-                         pre_mlp_norm_in_fc1=False, dropout_mask_bytes=None, query_views_qkv=True)
+                         pre_mlp_norm_in_fc1=False, dropout_mask_bytes=None, query_views_qkv=True,
+                         score_grad_tensors=4, score_buffer=True)
 
 
 def mask_bytes(impl: LayerImpl, E: int) -> int:
@@ -107,7 +124,8 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
             attn += 2 * s * b * (h - (model.kv_hidden if model.position_embedding == "rope" else 0)) * E
     else:
         scores = a * s * s * b
-        attn += 2 * sbh * E + scores * E + (scores * (E + mask) if attention_dropout else 0)
+        kept_scores = scores * E + (scores * (E + mask) if attention_dropout else 0)
+        attn += 2 * sbh * E + kept_scores
         if model.num_query_groups == a and model.position_embedding == "rope" and not impl.fused_rope:
             # without GQA Megatron's local attention repeats nothing: V stays a view of the fused QKV output,
             # so that whole tensor (h + 2 kv wide) is kept beside the rotated Q and K: s b (3 kv - h) more
@@ -118,7 +136,9 @@ def _layer_parts(model: ModelSpec, b: int, s: int, E: int, impl: LayerImpl, hidd
             attn += 2 * s * b * model.kv_hidden * E
     mlp = (impl.gated_mlp_tensors if model.gated_mlp else 2) * sbf * E
     fixed = 4 * s * model.head_dim * E if model.position_embedding == "rope" and not impl.fused_rope else 0
-    return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E}
+    return {"rep": rep, "attn": attn, "mlp": mlp, "fixed": fixed, "input": sbh * E,
+            "scores": 0 if impl.flash_attention else a * s * s * b * E, "kept_scores": 0 if impl.flash_attention
+            else kept_scores}
 
 
 @lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
@@ -160,3 +180,36 @@ def recompute_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, rec
     if recompute == "full":     # (the backward's own checkpoint bytes while it re-runs the layer)
         return full - layer_activation_bytes(model, tp, micro_batch_size, "full", **kw) + 2 * impl.checkpoint_bytes
     return full - layer_activation_bytes(model, tp, micro_batch_size, "selective", **kw)
+
+
+@lru_cache(maxsize=65536)     # pure; every memory reading of a stage asks for the same layer
+def attention_backward_bytes(model: ModelSpec, tp: int, micro_batch_size: int, recompute: str, *,
+                             sequence_parallel: bool, seq_length: int | None = None, dtype_bytes: int = 2,
+                             impl: LayerImpl = TRANSFORMER_ENGINE, hidden_dropout: float = 0.0,
+                             attention_dropout: float = 0.0) -> float:
+    """What one layer's unfused attention backward holds at its peak beyond what the stage's count has for that
+    layer (its kept activations, and under recomputation the recompute buffer): `impl.score_grad_tensors` s x s
+    tensors, less the s x s ones the layer kept (the softmax output, the attention dropout's mask and output: freed
+    once the score GEMM's and the softmax's backward nodes have run) and less the MLP's (its backward runs first;
+    under 'selective' the recomputed MLP, the recompute buffer). 0 where it holds no more, or not priced (flash)."""
+    if not impl.score_grad_tensors:
+        return 0.0
+    s = seq_length or model.seq_length
+    p = _layer_parts(model, micro_batch_size, s, dtype_bytes, impl, hidden_dropout, attention_dropout, tp)
+    if recompute == "selective":
+        freed = recompute_buffer_bytes(model, tp, micro_batch_size, recompute, sequence_parallel=sequence_parallel,
+                                       seq_length=s, dtype_bytes=dtype_bytes, impl=impl,
+                                       hidden_dropout=hidden_dropout, attention_dropout=attention_dropout)
+    else:
+        freed = p["mlp"] / tp
+    return max(0.0, (impl.score_grad_tensors * p["scores"] - p["kept_scores"]) / tp - freed)
+
+
+def score_buffer_bytes(model: ModelSpec, tp: int, micro_batch_size: int, *, seq_length: int | None = None,
+                       dtype_bytes: int = 2, impl: LayerImpl = TRANSFORMER_ENGINE) -> float:
+    """The global memory buffer Megatron's local attention allocates for the score GEMM's input (`impl.score_buffer`):
+    one b x heads/TP x s x s tensor per rank, kept from the first forward on; 0 for other layers."""
+    if not impl.score_buffer or impl.flash_attention:
+        return 0.0
+    s = seq_length or model.seq_length
+    return model.num_attention_heads * s * s * micro_batch_size * dtype_bytes / tp

@@ -4,7 +4,8 @@ Everything here is priced with the mesh's `RuntimeSettings` (passed in; this mod
 the element size of the job's precision (`dtype_bytes`). What a stage holds per parameter (weights, gradient
 buffer, optimizer state) is cost/model_state.py; what one layer keeps for its backward pass per micro-batch is
 cost/activations.py; this module sums a stage: its parameters, the activations of its layers and micro-batches in
-flight, the first and last stages' extras (token ids, the loss's tensors over the logits: `cross_entropy_bytes`),
+flight, unfused attention's backward gradients and score buffer (cost/activations.py), the first and last stages'
+extras (token ids, the loss's tensors over the logits: `cross_entropy_bytes`),
 in fp8 Transformer Engine's fp8 copies of the GEMM weights, DeepSpeed's pipe buffers and the runtime's
 overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an overlapped
 cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of
@@ -23,7 +24,8 @@ from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
-from .activations import TRANSFORMER_ENGINE, LayerImpl, layer_activation_bytes, mask_bytes, recompute_buffer_bytes
+from .activations import (TRANSFORMER_ENGINE, LayerImpl, attention_backward_bytes, layer_activation_bytes, mask_bytes,
+                          recompute_buffer_bytes, score_buffer_bytes)
 from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
                               largest_param_tensor, stage_param_tensors)
 from .model_state import (FP32, FP8_WEIGHT_COPY_BYTES, precision_of, state_bytes_at_step_per_param,
@@ -88,7 +90,8 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     state_bytes_at_step_per_param, (E, settings, precision, the stage's largest tensors) for the bytes of its
     straddling tensors: state_fixed_bytes_at_step; empty: the same set), (DP, the bytes per element of
     DeepSpeed's flat-buffer padding held and at the step as pairs: state_padding_per_element; empty: none), one
-    layer's kept activations per micro-batch, the recompute buffer, the first stage's bytes per micro-batch in
+    layer's kept activations per micro-batch, (the recompute buffer, a layer's attention backward transients beyond
+    its count, the local attention's score buffer), the first stage's bytes per micro-batch in
     flight, the last stage's head and logits gradient, the pipe buffers of an engine that keeps them:
     settings.pipe_buffers, cost/pipe_buffers.py; what the last stage's previous micro-batch keeps per layer under
     that engine; the fp8 weight copies per layer (0 outside fp8); the state held at the gradient reduction as (its
@@ -111,6 +114,10 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
               attention_dropout=settings.attention_dropout)
     act = layer_activation_bytes(model, tp, b, recompute, **kw)
     buffer = recompute_buffer_bytes(model, tp, b, recompute, **kw)
+    # unfused attention's backward transients on top of a layer's count, and Megatron's local attention's score
+    # buffer, held for the run (cost/activations.py)
+    backward = (attention_backward_bytes(model, tp, b, recompute, **kw),
+                score_buffer_bytes(model, tp, b, seq_length=s, dtype_bytes=E, impl=impl))
     rep_tp = tp if sp else 1
     first_saved = head = logits_grad = 0.0
     if first:
@@ -139,8 +146,8 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
             previous = impl.checkpoint_bytes
     # fp8: Transformer Engine's fp8 copies of each layer's GEMM weights (their TP shard), kept for the whole run
     fp8_copies = FP8_WEIGHT_COPY_BYTES * model.layer_linear_weights / tp if precision == "fp8" else 0.0
-    return per, fixed, at_step, padding, act, buffer, first_saved, head, logits_grad, pipe, previous, fp8_copies, \
-        reduction
+    return per, fixed, at_step, padding, act, (buffer, *backward), first_saved, head, logits_grad, pipe, previous, \
+        fp8_copies, reduction
 
 
 def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, first: bool, last: bool, settings,
@@ -168,7 +175,8 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     activations, reserved, pipe buffers, gradient reduction, fp8 weight copies: in the state) of a configuration
     (`_configuration`) holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The
     search reads only the total, many thousand times (stage_memory_reader, job_stage_memory_reader)."""
-    (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, buffer, first_saved, head,
+    (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, (buffer, backward, scratch),
+     first_saved, head,
      logits_grad, pipe, previous, fp8_copies, reduction, tensor, overhead, ddp) = cfg
     params = _params(params_terms, layers)
     counts = None if ddp is None else ddp(layers)    # None: every part per parameter
@@ -200,14 +208,19 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
     buffer = buffer if layers else 0.0
+    # a layer's unfused attention backward holds s x s gradients beyond its count (cost/activations.py
+    # attention_backward_bytes); the local attention's score buffer is held from the first forward on
+    backward, scratch = (backward, scratch) if layers else (0.0, 0.0)
     if first:   # the token ids (int64) the embedding keeps, and its dropout mask
         saved += in_flight * first_saved
     workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
-    if last:
+    if last:    # the layers' backward runs after the head's has freed the logits
         saved += max(head, buffer)
-        workspace = max(head + logits_grad, buffer) - max(head, buffer)
+        workspace = max(head + logits_grad, buffer + backward) - max(head, buffer)
     else:
         saved += buffer
+        workspace = backward
+    workspace += scratch
     saved += boundary_buffers * tensor
     pipe_kept = in_flight * pipe.per_in_flight + pipe.fixed       # 0 unless the engine keeps pipe buffers
     saved += pipe_kept

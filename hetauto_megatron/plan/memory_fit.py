@@ -11,7 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..cost.activations import DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION, LayerImpl
+from ..cost.activations import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION,
+                                TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32, LayerImpl)
 from ..cost.deepspeed_layers import deepspeed_pipeline_impl
 from ..cost.memory import (JobMemory, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
                            stage_memory_reader as _stage_reader)
@@ -62,13 +63,17 @@ def layers_of(settings: RuntimeSettings, device) -> LayerImpl:
     precision): DeepSpeed's engine runs hetauto's pipeline module of torch layers (deepspeed_pipeline_impl: K and V
     at their GQA width or repeated to every head, by what torch's attention kernel on the device takes; on CPU its
     checkpoints' RNG states); Megatron with fused attention (RuntimeSettings.fused_attention) Transformer Engine's
-    count, with unfused attention (Transformer Engine in fp32 or on a V100) its unfused count, and on CPU processes
+    count, with unfused attention (Transformer Engine in fp32 or on a V100) its unfused count (by the precision: its
+    softmax's backward differs), and on CPU processes
     Megatron's local spec, which the dry runs build (DRY_RUN_IMPL, what they predict and measure)."""
     if ENGINES[settings.engine].layers == "torch":
         return deepspeed_pipeline_impl(device)
     if settings.fused_attention(device):
         return TRANSFORMER_ENGINE
-    return DRY_RUN_IMPL if device.vendor == "cpu" else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
+    if device.vendor == "cpu":
+        return DRY_RUN_IMPL
+    # its softmax's backward holds 4 s x s tensors in fp32 (torch's), 2 in 16 bits (its kernel)
+    return TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32 if device.dtype_bytes == 4 else TRANSFORMER_ENGINE_UNFUSED_ATTENTION
 
 
 def stage_memory(model: ModelSpec, prof: StageProfile, layers: int, in_flight: int, first: bool,
