@@ -55,7 +55,7 @@ def main() -> int:
 
     inv = os.path.join(EX, "inventory-2clusters.yaml")
     plan = os.path.join(work, "llama2-70b.yaml")
-    # the README's 2-cluster plan: overlapped boundaries (with blocking ones the plan leaves the 910B out)
+    # the README's 2-cluster plan: overlapped boundaries (with blocking ones the 910B holds only the last layers)
     run("plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "512", "-o", plan, "--quiet",
         "--boundary-schedule", "overlapped")
     png = os.path.join(args.out, "timeline-llama2-70b-2clusters.png")
