@@ -91,7 +91,7 @@ def test_bottleneck_compute_bound(tmp_path, capsys):
 
 
 def test_explain_full_report_on_the_readme_plan(readme_plan, capsys):
-    # overlapped boundaries: with blocking ones the README inventory's best plan leaves the 910B out
+    # overlapped boundaries: the README inventory's plan of the tour (its 910B holds the first stage)
     plan, _ = readme_plan          # (plan --explain: the demo test)
     rep = _json(capsys, "explain", "--plan", plan, "--json")
     assert len(rep["runners_up"]) == 5
