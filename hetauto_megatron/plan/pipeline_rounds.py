@@ -116,12 +116,20 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
 
     def send_f(i, j, post):
         """The blocking transfer of stage i's forward j, its receive posted at `post` (pipeline_calls.py)."""
-        s = max(sent_f[i], post, link_f[i])
+        s = sent_f[i]
+        if post > s:
+            s = post
+        if link_f[i] > s:
+            s = link_f[i]
         link_f[i] = s + occ[i]
         free[i] = f_arr[(i + 1) * m + j] = s + x[i]
 
     def send_b(i, j, post):
-        s = max(sent_b[i], post, link_b[i - 1])
+        s = sent_b[i]
+        if post > s:
+            s = post
+        if link_b[i - 1] > s:
+            s = link_b[i - 1]
         link_b[i - 1] = s + occ[i - 1]
         free[i] = b_arr[(i - 1) * m + j] = s + x[i - 1]
 
