@@ -51,9 +51,10 @@ slow link inside a run is why it costs time even when its bandwidth is not the b
 warm-up takes every micro-batch (w_i = m) runs no forward after a backward, so a run from it closes no cycle:
 only its own work counts. (Counting those runs too, as the closed form did before, charged a pipeline with
 fewer micro-batches than its first stage's warm-up a whole run of stages per micro-batch: with fewer than the
-stages 67 % above the simulation at the median, 220 % at worst; now 3.7 % and 20 %; benchmarks/closed_forms.py
-prints the figures by regime.) The closed form never undercuts the event simulation on the tests' random cases
-and is within a few % of it once m >= 32; the search re-ranks its best candidates with the event simulation.
+stages 67 % above the simulation at the median, 220 % at worst; then 3.7 % and 20 %, 6.3 % and 28 % since the
+rendezvous waits count; benchmarks/closed_forms.py prints the figures by regime.) The closed form never
+undercuts the event simulation on the tests' random cases and is within a few % of it once m >= 32; the
+search re-ranks its best candidates with the event simulation.
 """
 from __future__ import annotations
 
@@ -280,16 +281,20 @@ def _per_micro_batch(v, m: int) -> list[float]:
     return out
 
 
-def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None) -> float:
+def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None,
+                  rendezvous: bool = True) -> float:
     """The closed form (module docstring): sum of the stages + the links both ways + (m - 1) x the period, which
     is also at least the busiest shared uplink direction's time per micro-batch (`uplinks`, as simulate_1f1b).
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
-    evaluating every run of stages with numpy."""
-    first, period = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)[:2]
+    evaluating every run of stages with numpy. rendezvous=False leaves out the waits of Megatron's receives called
+    on their own (`_rendezvous_waits`): DeepSpeed's screen, on deepspeed_links, already holds both stages for
+    every transfer."""
+    first, period = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks, rendezvous)[:2]
     return first + (m - 1) * period
 
 
-def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth=None, uplinks=None) -> tuple:
+def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth=None, uplinks=None,
+                      rendezvous: bool = True) -> tuple:
     """estimate_1f1b's terms (its arguments): (the first micro-batch's round trip, the period, per boundary the
     link time with its wait for contended uplinks, per stage its compute plus the blocking sends that hold it,
     per stage that plus its rendezvous waits per period: what the period's runs add up)."""
@@ -313,7 +318,7 @@ def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth
             if occ > period_link:
                 period_link = occ
     held = list(stage)
-    if m > 1:
+    if m > 1 and rendezvous:
         _rendezvous_waits(stage, link, m, blocking, extra[:p - 1])
     period = _run_period(stage, gain, extra, m, overlapped)
     if busy:
