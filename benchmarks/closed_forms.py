@@ -60,7 +60,7 @@ def measure(n: int, seed: int) -> dict:
         row = out["contended uplink" if ups else regime(p, m, warmup_forwards(p, depth)[0])]
         row["estimate_1f1b"].append(estimate_1f1b(f, b, link, m, **kw) / sim - 1)
         row["estimate_fill_drain"].append(estimate_fill_drain(f, b, link, m, **kw) / sim - 1)
-        row["deepspeed"].append(estimate_1f1b(f, b, deepspeed_links(link, ups), m)
+        row["deepspeed"].append(estimate_1f1b(f, b, deepspeed_links(link, ups), m, rendezvous=False)
                                 / simulate_deepspeed(f, b, link, m, ups)[0] - 1)
     return out
 

@@ -8,11 +8,21 @@ time in its 1F1B order (w_i warm-ups); a transfer occupies its link direction fo
 `lat` ticks after that; a blocking boundary holds the sender until its transfer has arrived. A stage's forward
 or backward cost is one number, or a list with each micro-batch's own.
 
+Rendezvous (gloo, and NCCL for large messages, move a message only once its receive is posted): a transfer on a
+blocking boundary leaves its queue only once the receiver has posted the receive, which it does where
+Megatron-Core 0.19's forward_backward_pipelining_without_interleaving calls it. In the steady state a stage
+calls send_forward_recv_backward right after a forward and send_backward_recv_forward right after a backward
+(except after the loop's last one): the receive of the next operation's input is posted the tick that compute
+ends. Every other receive (warm-up and loop-entry recv_forward, cool-down recv_backward) is a call of its own,
+posted once the stage is idle at that operation (its compute ended, its blocking send arrived). Overlapped
+boundaries post their receives ahead: their transfers never wait for one.
+
 Shared uplinks (plan/shared_uplinks.py), as documented there: an uplink direction is contended when the
 transfers crossing it, each at its link's speed (its seconds on the uplink over its link occupancy, at most 1),
 need more than all of it together. A transfer crossing contended directions starts only when each is free and
 no transfer that was due before it (data ready and link free; ties by boundary, direction, micro-batch) still
-waits for one of them; it holds each for its seconds on it. Transfers start after the stages that finish at a
+waits for one of them (a blocking transfer is due once its receive is posted too); it holds each for its
+seconds on it. Transfers start after the stages that finish at a
 tick have handed theirs over, so those are among the candidates of the tick.
 """
 from __future__ import annotations
@@ -46,6 +56,7 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                     share[key] = share.get(key, 0) + (min(1, sec / occ[l]) if occ[l] else 1)
     busy_keys = {key for key, v in share.items() if v > 1 + 1e-9}
     arrived_ids = set()
+    posted = [{} for _ in range(p)]           # receives stage i has posted: ("F", j) / ("B", j) -> tick
     tid = 0
     done = 0
     t = 0
@@ -67,6 +78,12 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                     done += 1
                     last_end = t
                     changed = True
+                    if nxt[i] < len(orders[i]):
+                        # the steady loop's calls: the send of this compute goes with the next input's receive
+                        nk, nj = orders[i][nxt[i]]
+                        if (kind, nk) == ("F", "B") and nj < m - warm[i] or \
+                                (kind, nk) == ("B", "F") and nj > warm[i]:
+                            posted[i].setdefault((nk, nj), t)
                     if kind == "F" and i == p - 1:
                         have[i].add(("B", j))
                     elif kind == "F" or i > 0:
@@ -80,6 +97,7 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                     changed = True
                 if running[i] is None and held[i] is None and nxt[i] < len(orders[i]):
                     op = orders[i][nxt[i]]
+                    posted[i].setdefault(op, t)   # idle at this operation: its receive is posted
                     if op in have[i]:
                         nxt[i] += 1
                         cost = fwd[i] if op[0] == "F" else bwd[i]
@@ -87,8 +105,11 @@ def reference_makespan(fwd, bwd, occ, lat, m, blocking, depth, uplinks=None) -> 
                         changed = True
             heads = []
             for (l, d), q in queue.items():
+                if q and blocking[l] and q[0][1] not in posted[q[0][0]]:
+                    continue                      # rendezvous: the receiver has not posted its receive
                 if q and link_busy.get((l, d), 0) <= t:
-                    due = max(q[0][3], link_busy.get((l, d), 0))
+                    post = posted[q[0][0]][q[0][1]] if blocking[l] else 0
+                    due = max(q[0][3], link_busy.get((l, d), 0), post)
                     heads.append((due, l, 0 if d == "f" else 1, q[0][1][1], d))
             blocked = set()
             for due, l, way, _, d in sorted(heads):

@@ -21,8 +21,10 @@ from helpers import random_pipeline
     # The search's closed form charges stage 0 the whole round trip twice: 12 + 7 x 6.
     ([2, 1, 1], [4, 2, 2], [0, 0], 50.0, 54.0),
     # the same with blocking links of 0.5 s: each forward holds its stage 0.5 s more (period 6.5). B1 reaches
-    # stage 0 at 10 (F1 2.5, stage 1 until 4, stage 2 until 7.5, stage 1 until 10), then 8 x 4 + 5 x 2.5.
-    ([2, 1, 1], [4, 2, 2], [0.5, 0.5], 54.5, 12 + 2 + 7 * 6.5),
+    # stage 0 at 10 (F1 2.5, stage 1 until 4, stage 2 until 7.5, stage 1 until 10), then 8 x 4 + 5 x 2.5, and
+    # the cool-down's two recv_backward, each posted once the backward before it is done, wait 0.5 s for their
+    # transfer (rendezvous): 55.5. The search's closed form adds those two waits to its 7 periods.
+    ([2, 1, 1], [4, 2, 2], [0.5, 0.5], 55.5, 12 + 2 + 7 * 6.5 + 2 * 0.5),
     # the last stage sets the period: it has no warm-up, both closed forms give the same: 12 + 7 x 6
     ([1, 1, 2], [2, 2, 4], [0, 0], 54.0, 54.0),
 ])

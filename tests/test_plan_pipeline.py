@@ -174,13 +174,17 @@ def test_the_event_simulation_of_a_losing_depth_stops_early_and_the_choice_is_th
 
 
 def test_blocking_send_holds_the_sender():
-    """Two stages, a link as slow as the forward: blocking holds the first stage for every send, overlapped does not."""
+    """Two stages, a link as slow as the forward: blocking holds the sender for every send, overlapped does not.
+    Each send holds its stage the link's 1 s, except where the receiver posts its receive later (rendezvous):
+    stage 0's forward 1 ends at 3, but stage 1 posts its receive with the send of its backward 0, which ends at
+    5 (forward 0 from 2 to 3, backward 0 until 5), so the activation moves from 5 to 6."""
     f, b, x, m = [1.0, 1.0], [2.0, 2.0], [1.0], 8
     blocking = simulate_1f1b(f, b, x, m, blocking=[True], record=True)
     overlapped = simulate_1f1b(f, b, x, m, blocking=[False], record=True)
     assert overlapped.makespan < blocking.makespan
-    held = [e for e in blocking.events if e.kind == "send"]
-    assert len(held) == 2 * m and all(e.end - e.start == pytest.approx(1.0) for e in held)
+    held = {(e.resource[1], e.micro_batch): (e.start, e.end) for e in blocking.events if e.kind == "send"}
+    assert len(held) == 2 * m and held[(0, 1)] == (3.0, 6.0)
+    assert all(end - start == pytest.approx(1.0) for key, (start, end) in held.items() if key != (0, 1))
     assert not [e for e in overlapped.events if e.kind == "send"]
 
 
@@ -232,6 +236,9 @@ def test_a_plans_overlapped_boundaries_set_warm_up_and_memory():
 
 
 def test_closed_form_never_undercuts_the_event_simulation():
+    """400 random pipelines, 32-128 micro-batches: never below the event simulation; within 1.5 % at the median
+    and 6 % at the 90th percentile (1.1 % and 5.0 %: the rendezvous waits of the warm-up's and cool-down's
+    receives are counted in full, pipeline.py `_rendezvous_waits`; 0.8 % and 4.1 % before they were priced)."""
     rng = random.Random(0)
     errs = []
     for _ in range(400):
@@ -241,7 +248,7 @@ def test_closed_form_never_undercuts_the_event_simulation():
         assert sim <= est * (1 + 1e-9)
         errs.append(1 - sim / est)
     errs.sort()
-    assert errs[len(errs) // 2] < 0.01 and errs[int(0.9 * len(errs))] < 0.05
+    assert errs[len(errs) // 2] < 0.015 and errs[int(0.9 * len(errs))] < 0.06
 
 
 def _period_by_every_run(f, b, link, m, blk, depth):
@@ -254,6 +261,12 @@ def _period_by_every_run(f, b, link, m, blk, depth):
             stage[l] += link[l]
             stage[l + 1] += link[l]
     w = [min(m, p - i - 1 + sum(depth[i:])) for i in range(p)]
+    if m > 1:   # each receive Megatron calls on its own waits for its whole transfer (rendezvous), per period
+        for q in range(p):
+            if q and blk[q - 1]:
+                stage[q] += min(w[q], m - 1) * link[q - 1] / (m - 1)
+            if q < p - 1 and blk[q]:
+                stage[q] += w[q] * link[q] / (m - 1)
     best = max([0.0] + [x for x, bl in zip(link, blk) if not bl])      # latency 0: the whole transfer occupies
     for i in range(p):
         for k in range(i, p):
@@ -393,4 +406,5 @@ def test_closed_form_with_shared_uplinks_does_not_undercut_the_event_simulation(
         ups = shared_uplinks_draw(rng, p, [x - a for x, a in zip(link, lat)], whole=False)
         kw = dict(latency=lat, blocking=blk, depth=depth, uplinks=ups)
         assert simulate_1f1b(f, b, link, m, **kw).makespan <= estimate_1f1b(f, b, link, m, **kw) * 1.005
-        assert simulate_deepspeed(f, b, link, m, ups)[0] <= estimate_1f1b(f, b, deepspeed_links(link, ups), m) * 1.005
+        ds = estimate_1f1b(f, b, deepspeed_links(link, ups), m, rendezvous=False)
+        assert simulate_deepspeed(f, b, link, m, ups)[0] <= ds * 1.005

@@ -212,3 +212,23 @@ def test_gradient_receives_are_posted_when_the_first_activation_crosses(depth, g
     posted = {e[1] for e in log[first_send:first_recv_backward] if e[0] == "post"}
     assert posted == set(range(min(depth + 1, m))), log[:first_recv_backward + 1]
     assert not any(e[0] == "post" for e in log[:first_send])
+
+
+def test_an_emulated_blocking_transfer_starts_once_its_receive_is_posted():
+    """gloo moves a message only once its receive is posted. On an emulated blocking link (a 50 ms link, latency
+    only) a message sent 0.2 s before its receive is posted lands 50 ms after the post, not at once (as when the
+    emulation started it at its send time); one sent after the post lands 50 ms after its send."""
+    import torch
+
+    from hetauto_megatron.runtime.cross_link import CrossLink, LinkEmulator
+    for sent_before in (0.2, -0.03):
+        link = CrossLink(overlapped=False, depth=0, emulator=LinkEmulator(1e12, 0.05), boundary_bytes=1.0)
+        posted = []
+
+        def post_message(j, at):
+            posted.append(at)
+            return [], [torch.tensor([at - sent_before], dtype=torch.float64)], "payload"
+        payload, (sent_at, arrived) = link.receive(post_message, lambda works: None)
+        assert payload == "payload" and posted[0] is not None
+        assert arrived - max(sent_at, posted[0]) == pytest.approx(0.05, abs=0.01)
+        assert arrived - posted[0] >= 0.05 - 1e-3

@@ -280,7 +280,8 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, [True] * len(links))
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
-            return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m) + tail + overhead
+            return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m,
+                                 rendezvous=False) + tail + overhead
         return self.estimate(fwd, bwd, links, m, latency=latency, uplinks=self.uplinks(cur, pm)) + tail + overhead
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:

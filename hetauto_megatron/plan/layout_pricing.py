@@ -134,7 +134,7 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
                                              blocking, engine=engine)["tail_s"]
         if engine == "deepspeed":
             t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
-                              blocking=blocking, depth=depth)
+                              blocking=blocking, depth=depth, rendezvous=False)
         else:
             t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
                               uplinks=pipe.uplinks)

@@ -23,8 +23,13 @@ then alternates one forward and one backward, then drains its backwards). It pri
              it. Its depth d_l adds d_l warm-up forwards to every stage before the boundary, so d_l more
              micro-batches are in flight across the link (the link acts as d_l virtual stages):
                  w_i = min(m, p - i - 1 + sum_{l >= i} d_l)
-  Megatron pairs each send with the matching receive of the neighbour (send_forward_recv_backward with
-  send_backward_recv_forward), so a blocking transfer starts when the sender is done, as simulated here.
+  A blocking transfer is a rendezvous (gloo, and NCCL for large messages, move a message only once its receive
+  is posted): it starts once the sender has posted its send, the receiver its receive and its link direction is
+  free. Megatron's steady state pairs each send with the neighbour's matching receive
+  (send_forward_recv_backward with send_backward_recv_forward, each posted when its compute ends); its warm-up,
+  loop entry and cool-down receive in calls of their own, posted only once the stage's previous call returned,
+  so there the transfer cannot start before the receiver is idle (plan/pipeline_calls.py says which is which and
+  orders the simulation's steps).
 
 The operations are visited in a dependency order computed once per pipeline shape (cached), then each costs a few
 additions in a tight loop (~1 µs per operation). Where every micro-batch of a stage takes the same time and no
@@ -37,16 +42,19 @@ micro-batches).
 where P, the steady-state period, is the slowest cycle of the schedule's dependency graph: every overlapped
 link direction alone (its occupancy per micro-batch), and every run of stages i..k,
     (sum_{q=i..k} (f'_q + b'_q) + 2 sum_{overlapped links inside} x_l) / min(w_i - w_k + 1, m)
-with f'_q, b'_q the compute plus the blocking sends that hold stage q. A run is a cycle because 1F1B lets stage i
+with f'_q, b'_q the compute plus the blocking sends that hold stage q, plus its rendezvous waits (the whole
+blocking link before each receive called on its own: min(w_q, m - 1) activations and w_q gradients) spread
+over the m - 1 periods. A run is a cycle because 1F1B lets stage i
 start the forward of micro-batch j + (w_i - w_k + 1) only after the backward of micro-batch j came back
 through stages k..i: with k = i it is the stage itself, with k = p - 1 the in-flight window of stage i, and a
 slow link inside a run is why it costs time even when its bandwidth is not the bottleneck. A stage whose
 warm-up takes every micro-batch (w_i = m) runs no forward after a backward, so a run from it closes no cycle:
 only its own work counts. (Counting those runs too, as the closed form did before, charged a pipeline with
 fewer micro-batches than its first stage's warm-up a whole run of stages per micro-batch: with fewer than the
-stages 67 % above the simulation at the median, 220 % at worst; now 3.7 % and 20 %; benchmarks/closed_forms.py
-prints the figures by regime.) The closed form never undercuts the event simulation on the tests' random cases
-and is within a few % of it once m >= 32; the search re-ranks its best candidates with the event simulation.
+stages 67 % above the simulation at the median, 220 % at worst; then 3.7 % and 20 %, 6.3 % and 28 % since the
+rendezvous waits count; benchmarks/closed_forms.py prints the figures by regime.) The closed form never
+undercuts the event simulation on the tests' random cases and is within a few % of it once m >= 32; the
+search re-ranks its best candidates with the event simulation.
 """
 from __future__ import annotations
 
@@ -57,6 +65,7 @@ from functools import lru_cache
 
 import numbers
 
+from . import pipeline_calls as calls
 from . import pipeline_rounds as rounds
 from .shared_uplinks import contended, uplink_period, with_waits
 
@@ -118,14 +127,12 @@ def schedule_order(stage: int, p: int, m: int, warm: int | None = None) -> list[
 
 
 @lru_cache(maxsize=512)
-def _dependency_order(p: int, m: int, warm: tuple) -> tuple:
-    """All operations as (stage, is_forward, micro-batch), ordered so every input is produced before it is used
-    and each stage's operations keep their 1F1B order (pipeline_rounds.dependency_walk). Any such order gives the
-    simulation the same times."""
-    warm = tuple(min(p - i - 1, m) if w is None else w for i, w in enumerate(warm))
-    out = tuple(rounds.dependency_walk(p, m, warm))
-    if len(out) < 2 * p * m:  # cannot happen for warm-ups that do not grow down the pipeline
-        raise RuntimeError(f"1F1B schedule with warm-ups {warm} deadlocks")
+def _call_order(p: int, m: int, warm: tuple, blocking: tuple) -> tuple:
+    """The simulation's steps (pipeline_calls.call_walk: computes, and blocking transfers apart), ordered so every
+    input is known before it is used and each stage keeps its 1F1B order. Any such order gives the same times."""
+    out = tuple(calls.call_walk(p, m, warm, blocking))
+    if sum(1 for s in out if s[1] < calls.SEND_F) < 2 * p * m:   # cannot happen for warm-ups that do not grow
+        raise RuntimeError(f"1F1B schedule with warm-ups {warm} deadlocks")   # down the pipeline
     return out
 
 
@@ -178,8 +185,9 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
         from .pipeline_shared import simulate_shared
         out = simulate_shared(f, b, x, lat, occ, blk, warm, m, busy, record)
         return out if with_busy else PipelineTimes(out.makespan, None, out.finish, out.events)
-    order = _dependency_order(p, m, warm)
+    order = _call_order(p, m, warm, tuple(blk))
     free = [0.0] * p                    # when stage i may start its next operation
+    done = [0.0] * p                    # when stage i's last compute ended (a paired call posts its receive then)
     f_arr = [0.0] * (p * m)             # [i * m + j]: when micro-batch j's activation is at stage i
     b_arr = [0.0] * (p * m)             # ... its gradient
     f_sent = [0.0] * (p * m)            # when the sender finished the data now travelling to stage i
@@ -189,8 +197,27 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
     finish = [0.0] * p
     last = p - 1
     ev = [] if record else None
-    for i, fw, j in order:
+    for i, code, j, pair in order:
         k = i * m + j
+        if code >= calls.SEND_F:        # a blocking transfer: once sent, received and its link direction free
+            fw = code == calls.SEND_F
+            l, r = (i, i + 1) if fw else (i - 1, i - 1)
+            sent = (f_sent if fw else b_sent)[r * m + j]
+            post = done[r] if pair else free[r]
+            s = sent if sent > post else post
+            lf = link_f if fw else link_b
+            if lf[l] > s:
+                s = lf[l]
+            lf[l] = s + occ[l]
+            a = s + x[l]
+            (f_arr if fw else b_arr)[r * m + j] = a
+            free[i] = a
+            if record:
+                ev.append(Event(("link", l, "fwd" if fw else "bwd"), "F" if fw else "B", j, s, lf[l], a))
+                if a > sent:
+                    ev.append(Event(("stage", i), "send", j, sent, a))
+            continue
+        fw = code == calls.COMPUTE_F
         fr = free[i]
         if fw:
             ready = f_arr[k]
@@ -200,34 +227,31 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
                 b_arr[k] = end            # the loss is computed here: the backward may start at once
                 free[i] = end
             else:
-                s = end if end > link_f[i] else link_f[i]
-                link_f[i] = s + occ[i]
-                a = s + x[i]
-                f_arr[k + m] = a
-                free[i] = a if blk[i] else end
-                if record:
-                    f_sent[k + m] = end
-                    ev.append(Event(("link", i, "fwd"), "F", j, s, link_f[i], a))
-                    if blk[i] and a > end:
-                        ev.append(Event(("stage", i), "send", j, end, a))
+                f_sent[k + m] = end
+                free[i] = end
+                if not blk[i]:            # overlapped: posted at once, its receive posted ahead
+                    s = end if end > link_f[i] else link_f[i]
+                    link_f[i] = s + occ[i]
+                    a = s + x[i]
+                    f_arr[k + m] = a
+                    if record:
+                        ev.append(Event(("link", i, "fwd"), "F", j, s, link_f[i], a))
         else:
             ready = b_arr[k]
             start = fr if fr > ready else ready
             end = start + b[i][j]
             finish[i] = end
+            free[i] = end
             if i:
-                s = end if end > link_b[i - 1] else link_b[i - 1]
-                link_b[i - 1] = s + occ[i - 1]
-                a = s + x[i - 1]
-                b_arr[k - m] = a
-                free[i] = a if blk[i - 1] else end
-                if record:
-                    b_sent[k - m] = end
-                    ev.append(Event(("link", i - 1, "bwd"), "B", j, s, link_b[i - 1], a))
-                    if blk[i - 1] and a > end:
-                        ev.append(Event(("stage", i), "send", j, end, a))
-            else:
-                free[i] = end
+                b_sent[k - m] = end
+                if not blk[i - 1]:
+                    s = end if end > link_b[i - 1] else link_b[i - 1]
+                    link_b[i - 1] = s + occ[i - 1]
+                    a = s + x[i - 1]
+                    b_arr[k - m] = a
+                    if record:
+                        ev.append(Event(("link", i - 1, "bwd"), "B", j, s, link_b[i - 1], a))
+        done[i] = end
         if record:
             ev.append(Event(("stage", i), "F" if fw else "B", j, start, end))
             # waiting for data that is on its way (sent, queued or on the wire) is exposed communication
@@ -257,18 +281,23 @@ def _per_micro_batch(v, m: int) -> list[float]:
     return out
 
 
-def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None) -> float:
+def estimate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None,
+                  rendezvous: bool = True) -> float:
     """The closed form (module docstring): sum of the stages + the links both ways + (m - 1) x the period, which
     is also at least the busiest shared uplink direction's time per micro-batch (`uplinks`, as simulate_1f1b).
     Plain loops, O(p) per pass (`_run_period`): at the search's 2-100 stages they are several times faster than
-    evaluating every run of stages with numpy."""
-    first, period, _, _ = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)
+    evaluating every run of stages with numpy. rendezvous=False leaves out the waits of Megatron's receives called
+    on their own (`_rendezvous_waits`): DeepSpeed's screen, on deepspeed_links, already holds both stages for
+    every transfer."""
+    first, period = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks, rendezvous)[:2]
     return first + (m - 1) * period
 
 
-def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth=None, uplinks=None) -> tuple:
+def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth=None, uplinks=None,
+                      rendezvous: bool = True) -> tuple:
     """estimate_1f1b's terms (its arguments): (the first micro-batch's round trip, the period, per boundary the
-    link time with its wait for contended uplinks, per stage its compute plus the blocking sends that hold it)."""
+    link time with its wait for contended uplinks, per stage its compute plus the blocking sends that hold it,
+    per stage that plus its rendezvous waits per period: what the period's runs add up)."""
     p = len(fwd)
     busy = contended(uplinks, link, latency)
     if busy:            # each transfer's possible wait for the others on a contended uplink direction
@@ -288,11 +317,30 @@ def closed_form_terms(fwd, bwd, link, m: int, latency=None, blocking=None, depth
             occ = x - (0.0 if latency is None else latency[l])
             if occ > period_link:
                 period_link = occ
+    held = list(stage)
+    if m > 1 and rendezvous:
+        _rendezvous_waits(stage, link, m, blocking, extra[:p - 1])
     period = _run_period(stage, gain, extra, m, overlapped)
     if busy:
         period_link = max(period_link, uplink_period(busy))
     first = sum(fwd) + sum(bwd) + 2 * sum(link)
-    return first, (period if period > period_link else period_link), link, stage
+    return first, (period if period > period_link else period_link), link, held, stage
+
+
+def _rendezvous_waits(stage: list, link, m: int, blocking, depth) -> None:
+    """Add to each stage's time per period (in place) its rendezvous waits. A receive Megatron calls on its own,
+    after the previous operation returned (the warm-up's and loop entry's recv_forward, the cool-down's
+    recv_backward), starts its transfer only then (pipeline_calls.py), so stage q waits a whole blocking link for
+    each: min(w_q, m - 1) x_{q-1} + w_q x_q over the iteration, spread over the m - 1 periods. Counted in full:
+    charging only what the round trip's idle time does not already cover undercut the event simulation on
+    random pipelines (by up to 2.8 %), where the warm-up's receives chain the stages before a deep boundary."""
+    p = len(stage)
+    w = warmup_counts(p, m, depth)
+    for q in range(p):
+        if q and (blocking is None or blocking[q - 1]):
+            stage[q] += min(w[q], m - 1) * link[q - 1] / (m - 1)
+        if q < p - 1 and (blocking is None or blocking[q]):
+            stage[q] += w[q] * link[q] / (m - 1)
 
 
 def _run_period(stage: list, gain: list, extra: list, m: int, overlapped: list) -> float:

@@ -9,16 +9,19 @@ it), that reads as stage k's own work, m T_k, plus the rest of the round trip, R
 is not idle then. 1F1B gives it n_k = min(u_k, m - 1) more forwards to run before its first backward (u_k: its
 warm-up forwards, pipeline.warmup_forwards) and n_k backwards still to run after its last forward, so
 
-    T ~ sum_{i<k} (f_i + x_i) + sum_{i<k} (b_i + x_i) - h'_k + m T_k
+    T ~ sum_{i<k} (f_i + x_i) + sum_{i<k} (b_i + x_i) - h'_k + m T_k + n_k (h_k + h'_k)
         + max(R_k - h_k - n_k a_k, n_k (r_k - a_k))            (waiting for the first gradient)
         + max(R_k - h_k - n_k c_k, 0)                            (waiting for the last)
 
-with a_k = f_k + h_k and c_k = b_k + h'_k (h_k, h'_k: the forward and backward sends that hold stage k where
-its boundaries block) and r_k the slowest forward rate before it (a stage's forward, an overlapped link's
-occupancy), at which the warm-up forwards can reach it at all. That is exact where the stages around k keep up
-during fill and drain, and the estimate is the largest over k, never above estimate_1f1b. It does not apply
-where a run of stages or a link sets the period (their cycles leave stage k idle in the steady state too):
-there it is estimate_1f1b. estimate_1f1b counts the two waits as R_k - h_k - h'_k whatever n_k is, so it is
+with h_k, h'_k the forward and backward sends that hold stage k where its boundaries block. Its n_k warm-up
+forwards and cool-down backwards also wait, each, for its own receive's whole transfer: the warm-up's
+recv_forward and the cool-down's recv_backward are calls of their own, posted only once the call before
+returned, and a blocking transfer starts only then (rendezvous, pipeline.py). So each takes a_k = f_k + h_k + h'_k
+or c_k = b_k + h'_k + h_k, n_k (h_k + h'_k) more than m T_k counts; r_k is the slowest forward rate before k (a
+stage's a_i, an overlapped link's occupancy), at which the warm-up forwards can reach it at all. That is exact
+where the stages around k keep up during fill and drain, and the estimate is the largest over k, never above
+estimate_1f1b. It does not apply where a run of stages or a link sets the period (their cycles leave stage k
+idle in the steady state too): there it is estimate_1f1b. estimate_1f1b counts the two waits as R_k - h_k - h'_k whatever n_k is, so it is
 pessimistic by up to n_k (a_k + c_k) (tens of % with few micro-batches, a deep warm-up and a heavy first stage);
 this form can fall below the simulation where the stages around k lag in the fill or drain (a few %, on
 random pipelines; tests/test_plan_fill.py). Hence a ranking of its own, not a replacement.
@@ -30,10 +33,10 @@ from .pipeline import closed_form_terms, warmup_forwards
 
 def estimate_fill_drain(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=None, uplinks=None) -> float:
     """The closed form above; arguments as pipeline.estimate_1f1b's."""
-    first, period, link, stage = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)
+    first, period, link, stage, cycle = closed_form_terms(fwd, bwd, link, m, latency, blocking, depth, uplinks)
     closed = first + (m - 1) * period       # estimate_1f1b
     p = len(fwd)
-    if m <= 1 or p <= 1 or period > max(stage) * (1 + 1e-9):
+    if m <= 1 or p <= 1 or period > max(cycle) * (1 + 1e-9):
         return closed       # (a run of stages, a link or an uplink sets the period: estimate_1f1b's domain)
     blk = [blocking is None or blocking[l] for l in range(p - 1)]
     hold_f = [link[k] if k < p - 1 and blk[k] else 0.0 for k in range(p)]      # the forward send holding k
@@ -48,10 +51,12 @@ def estimate_fill_drain(fwd, bwd, link, m: int, *, latency=None, blocking=None, 
     best, before, rate = 0.0, 0.0, 0.0     # before: sum_{i<k} (f_i + b_i + 2 x_i)
     for k in range(p):
         n = min(warm[k], m - 1)
-        a, c = fwd[k] + hold_f[k], bwd[k] + hold_b[k]
+        # rendezvous: each of the n forwards and backwards also waits for its own receive's whole transfer
+        a, c = fwd[k] + hold_f[k] + hold_b[k], bwd[k] + hold_b[k] + hold_f[k]
         rate = max(rate, a)
         wait = rest[k] - hold_f[k]
-        t = before - hold_b[k] + m * stage[k] + max(wait - n * a, n * (rate - a)) + max(wait - n * c, 0.0)
+        t = before - hold_b[k] + m * stage[k] + n * (hold_b[k] + hold_f[k]) + max(wait - n * a, n * (rate - a)) \
+            + max(wait - n * c, 0.0)
         best = max(best, t)
         if k < p - 1:
             before += fwd[k] + bwd[k] + 2 * link[k]

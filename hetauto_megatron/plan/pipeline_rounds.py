@@ -4,12 +4,16 @@ The same operations, rules and arithmetic as `pipeline.simulate_1f1b` (its docst
 compute time per stage (not per micro-batch), no shared uplink, no recorded events. They are visited in rounds
 instead of a precomputed dependency order:
 
-- warm-up: stage 0's w_0 forwards, then stage 1's w_1, ... (stage i's forward of j needs stage i - 1's);
+- warm-up: forward j = 0 .. w_0 - 1 on every stage that warms up with it, stage 0 first (stage i's forward of j
+  needs stage i - 1's; a blocking transfer also needs its receiver back from its forward j - 1, whose
+  recv_forward is a call of its own: the rendezvous of plan/pipeline_calls.py);
 - round r = 0 .. m - w_0 - 1: from the last stage to the first, each runs the forward of micro-batch w_i + r and
   the backward of r. The forward needs stage i - 1's forward of w_i + r, done in an earlier round since the
-  warm-ups fall by at least one per stage; the backward needs stage i + 1's backward of r, done just before;
-- the drain: what is left (stage i's last w_0 - w_i pairs and its w_i backwards), in the dependency order of
-  `pipeline._dependency_order`, started where the rounds stopped.
+  warm-ups fall by at least one per stage; the backward needs stage i + 1's backward of r, done just before.
+  On a blocking boundary i the two transfers of stage i's and stage i + 1's paired calls (the forward of w_i + r
+  and the backward of r) are made once both computes are done;
+- the drain: what is left (stage i's last w_0 - w_i pairs and its w_i backwards), in the order of
+  `pipeline_calls.call_walk`, started where the rounds stopped.
 
 Why rounds: every operation is a max of its inputs plus a constant (max-plus linear), so one round maps the state
 the next rounds read (when each stage is free, when each link direction is free, the activations already sent
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+
+from . import pipeline_calls as calls
 
 # A round that adds the same amount to every part of the state within this share of the amount repeats (float
 # round-off in times of ~1e3 s is ~1e-13 s; a period is >= ~1e-6 s).
@@ -76,38 +82,65 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
     link_f = [0.0] * p
     link_b = [0.0] * p
     finish = [0.0] * p
+    done = [0.0] * p                    # when stage i's last compute ended (a paired call posts its receive then)
+    sent_f = [0.0] * p                  # when stage i's forward / backward whose blocking transfer is still to come
+    sent_b = [0.0] * p                  # ended
 
     def forward(i, j):
         k = i * m + j
         fr, ready = free[i], f_arr[k]
-        end = (fr if fr > ready else ready) + f[i]
+        done[i] = end = (fr if fr > ready else ready) + f[i]
+        free[i] = end
         if i == last:
             b_arr[k] = end
-            free[i] = end
+        elif blk[i]:
+            sent_f[i] = end             # its transfer waits for the receive (send_f)
         else:
             s = end if end > link_f[i] else link_f[i]
             link_f[i] = s + occ[i]
-            a = s + x[i]
-            f_arr[k + m] = a
-            free[i] = a if blk[i] else end
+            f_arr[k + m] = s + x[i]
 
     def backward(i, j):
         k = i * m + j
         fr, ready = free[i], b_arr[k]
-        end = (fr if fr > ready else ready) + b[i]
+        done[i] = end = (fr if fr > ready else ready) + b[i]
         finish[i] = end
+        free[i] = end
         if i:
-            s = end if end > link_b[i - 1] else link_b[i - 1]
-            link_b[i - 1] = s + occ[i - 1]
-            a = s + x[i - 1]
-            b_arr[k - m] = a
-            free[i] = a if blk[i - 1] else end
-        else:
-            free[i] = end
+            if blk[i - 1]:
+                sent_b[i] = end
+            else:
+                s = end if end > link_b[i - 1] else link_b[i - 1]
+                link_b[i - 1] = s + occ[i - 1]
+                b_arr[k - m] = s + x[i - 1]
 
-    for i in range(p):
-        for j in range(warm[i]):
-            forward(i, j)
+    def send_f(i, j, post):
+        """The blocking transfer of stage i's forward j, its receive posted at `post` (pipeline_calls.py)."""
+        s = sent_f[i]
+        if post > s:
+            s = post
+        if link_f[i] > s:
+            s = link_f[i]
+        link_f[i] = s + occ[i]
+        free[i] = f_arr[(i + 1) * m + j] = s + x[i]
+
+    def send_b(i, j, post):
+        s = sent_b[i]
+        if post > s:
+            s = post
+        if link_b[i - 1] > s:
+            s = link_b[i - 1]
+        link_b[i - 1] = s + occ[i - 1]
+        free[i] = b_arr[(i - 1) * m + j] = s + x[i - 1]
+
+    # warm-up: stage i's forward j is received by an unpaired recv_forward, posted once stage i + 1 returned from
+    # its forward j - 1 (done in the pass of j - 1, with its own transfer)
+    for j in range(warm[0]):
+        for i in range(p):
+            if j < warm[i]:
+                forward(i, j)
+                if i < last and blk[i]:
+                    send_f(i, j, free[i + 1])
 
     def state(r):
         """What round r + 1 onwards reads, after round r: free stages and link directions, and the activations
@@ -126,6 +159,11 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
     while r < rounds:
         for i in range(last, -1, -1):
             forward(i, warm[i] + r)
+            if i < last and blk[i]:
+                # the paired calls of boundary i: stage i's send_forward_recv_backward and stage i + 1's
+                # send_backward_recv_forward, each posted when its compute ended, wait for both transfers
+                send_f(i, warm[i] + r, done[i + 1])
+                send_b(i + 1, r, done[i])
             backward(i, r)
         if r + 2 < rounds:
             now = state(r)
@@ -145,7 +183,7 @@ def simulate_rounds(f: list, b: list, x: list, occ: list, blk: list, warm: tuple
             if len(seen) > longest:
                 del seen[0]
         r += 1
-    _drain(p, m, warm, rounds, forward, backward)
+    _drain(p, m, warm, blk, rounds, forward, backward, send_f, send_b, free, done)
     return max(finish), tuple(finish)
 
 
@@ -204,57 +242,25 @@ def _jump(r: int, n: int, times: int, step: list, free, link_f, link_b, f_arr, w
                 f_arr[k] = t
 
 
-def _drain(p: int, m: int, warm: tuple, rounds: int, forward, backward) -> None:
-    """The operations after the rounds, in a dependency order (`_drain_order`)."""
-    for i, fw, j in _drain_order(p, m, warm, rounds):
-        (forward if fw else backward)(i, j)
+def _drain(p: int, m: int, warm: tuple, blk: list, rounds: int, forward, backward, send_f, send_b, free,
+           done) -> None:
+    """The steps after the rounds, in a dependency order (`_drain_order`). A blocking transfer's receive is posted
+    when the receiver's last compute ended (paired) or once it returned (`free`)."""
+    for i, code, j, pair in _drain_order(p, m, warm, tuple(blk), rounds):
+        if code == calls.COMPUTE_F:
+            forward(i, j)
+        elif code == calls.COMPUTE_B:
+            backward(i, j)
+        else:
+            r = i + 1 if code == calls.SEND_F else i - 1
+            (send_f if code == calls.SEND_F else send_b)(i, j, done[r] if pair else free[r])
 
 
 @lru_cache(maxsize=256)
-def _drain_order(p: int, m: int, warm: tuple, rounds: int) -> tuple:
-    """`dependency_walk` from the end of the rounds: stage i starts at its operation w_i + 2 x rounds (w_i + rounds
-    forwards and `rounds` backwards done). Cached: layouts of one stage count and warm-up share it."""
-    done = ([warm[i] + 2 * rounds for i in range(p)], [warm[i] + rounds for i in range(p)], [rounds] * p)
-    return tuple(dependency_walk(p, m, warm, done))
-
-
-def dependency_walk(p: int, m: int, warm: tuple, done=None):
-    """Every operation (stage, is_forward, micro-batch) not yet done, in an order in which every input is produced
-    before it is used and each stage keeps its 1F1B order (w_i warm-up forwards, m - w_i (forward, backward) pairs,
-    w_i backwards; which also keeps every link direction's FIFO order). A stage runs until it waits for a
-    neighbour and is visited again only when that neighbour has produced something: a work list, each operation
-    looked at about once. `done`: per stage (operations, forwards, backwards) already run; default none."""
-    last = p - 1
-    ptr, f_done, b_done = (list(x) for x in done) if done else ([0] * p, [0] * p, [0] * p)
-    todo = list(range(p - 1, -1, -1))
-    n = 2 * m
-    while todo:
-        i = todo.pop()
-        k, w = ptr[i], warm[i]
-        fd, bd = f_done[i], b_done[i]
-        while k < n:
-            if k < w:
-                fw, j = True, k
-            elif k < 2 * m - w:
-                q, odd = divmod(k - w, 2)
-                fw, j = (False, q) if odd else (True, w + q)
-            else:
-                fw, j = False, k - m
-            if fw:
-                if i and f_done[i - 1] <= j:
-                    break
-                fd += 1
-            else:
-                if i < last and b_done[i + 1] <= j:
-                    break
-                bd += 1
-            # (the counters of stage i are published below, when it stops: its neighbours read them then)
-            yield i, fw, j
-            k += 1
-        if k == ptr[i]:
-            continue
-        if fd > f_done[i] and i < last:
-            todo.append(i + 1)
-        if bd > b_done[i] and i:
-            todo.append(i - 1)
-        ptr[i], f_done[i], b_done[i] = k, fd, bd
+def _drain_order(p: int, m: int, warm: tuple, blk: tuple, rounds: int) -> tuple:
+    """`pipeline_calls.call_walk` from the end of the rounds: stage i has computed (and returned from) w_i + 2 x
+    rounds operations, received w_{i-1} + rounds forwards and `rounds` backwards. Cached: layouts of one stage
+    count and warm-up share it."""
+    done = ([warm[i] + 2 * rounds for i in range(p)], [m] + [warm[i - 1] + rounds for i in range(1, p)],
+            [rounds] * p)
+    return tuple(calls.call_walk(p, m, warm, blk, done))

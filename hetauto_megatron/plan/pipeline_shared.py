@@ -7,13 +7,16 @@ the transfers take each such direction one at a time, first come, first served. 
 order they are due (data ready, link free), which the dependency order of the plain simulation does not give (it
 runs a stage ahead of its neighbours). So here every stage runs as far as its inputs allow, and the waiting
 transfers are started one at a time, the earliest due first: a transfer not yet created comes from an operation
-that waits for one of those, so it is due later than all of them.
+that waits for one of those, so it is due later than all of them. A blocking transfer is due once its receive is
+posted too (rendezvous, pipeline_calls.py): the receiver posts when its previous compute ends (a paired call) or
+once it returned from it, after a transfer already started.
 """
 from __future__ import annotations
 
 import heapq
 
 from .pipeline import Event, PipelineTimes, schedule_order
+from .pipeline_calls import paired
 from .shared_uplinks import Uplinks
 
 
@@ -40,11 +43,26 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
     waiting = []                        # heap of transfers to start: (due, boundary, direction, j, sender), due
                                         # when its data is ready and, once known, its link direction free
     ev = [] if record else None
+    sends = {}                          # blocking transfers by (stage receiving, "F" | "B", j): (ready, boundary,
+    posts = {}                          # direction, sender); the receives posted by then: when
+
+    def post(i, kind, j, t):
+        """Stage i posts its receive of (kind, j) at t, where it crosses a blocking boundary."""
+        if (i > 0 if kind == "F" else i < last) and blk[i - 1 if kind == "F" else i]:
+            key = (i, kind, j)
+            posts.setdefault(key, t)
+            queue(key)
+
+    def queue(key):
+        if key in sends and key in posts:
+            ready, l, d, sender = sends.pop(key)
+            heapq.heappush(waiting, (max(ready, posts[key]), l, d, key[2], sender))
 
     def run(i):
         """Stage i's operations until one waits for an input (or its blocking send)."""
         while ptr[i] < 2 * m and not held[i]:
             kind, j = orders[i][ptr[i]]
+            post(i, kind, j, free[i])   # (once returned from the previous call; a paired one posted earlier)
             ready = (f_arr if kind == "F" else b_arr)[i][j]
             if ready is None:
                 return
@@ -53,6 +71,10 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
             end = start + (f[i][j] if kind == "F" else b[i][j])
             ptr[i] += 1
             free[i] = end
+            if ptr[i] < 2 * m:          # the steady loop's calls post the next input's receive with this send
+                nk, nj = orders[i][ptr[i]]
+                if nk != kind and paired(nk == "F", nj, m, warm[i]):
+                    post(i, nk, nj, end)
             if record:
                 ev.append(Event(("stage", i), kind, j, start, end))
                 if (i > 0) if kind == "F" else (i < last):
@@ -63,14 +85,22 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
                 b_arr[i][j] = end        # the loss is computed here: the backward may start at once
             elif kind == "F":
                 f_end[i][j] = end
-                heapq.heappush(waiting, (end, i, 0, j, i))
                 held[i] = blk[i]
+                if blk[i]:
+                    sends[(i + 1, "F", j)] = (end, i, 0, i)
+                    queue((i + 1, "F", j))
+                else:
+                    heapq.heappush(waiting, (end, i, 0, j, i))
             else:
                 finish[i] = end
                 if i:
                     b_end[i][j] = end
-                    heapq.heappush(waiting, (end, i - 1, 1, j, i))
                     held[i] = blk[i - 1]
+                    if blk[i - 1]:
+                        sends[(i - 1, "B", j)] = (end, i - 1, 1, i)
+                        queue((i - 1, "B", j))
+                    else:
+                        heapq.heappush(waiting, (end, i - 1, 1, j, i))
 
     for i in range(p):
         run(i)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
 from .boundary import Crossing, crossing, neighbour
-from .cross_link import CrossLink, LinkEmulator, covered, now, sleep_until, stamp_tag, tag
+from .cross_link import CrossLink, LinkEmulator, covered, now, posted_tag, sleep_until, stamp_tag, tag
 from .host_staging import HostStaging
 from .peers import PeerError, failure, wait_all
 from .ranks import describe_rank
@@ -150,6 +150,7 @@ class HeteroP2PCommunicator(P2PCommunicator):
         if recv_next:
             recv_next_t = self._recv(+1, shape, works, finish, grad=True)
         held = [self._posted(fut) for fut in self._held]    # (works, sent at, arrival, host buffers)
+        held = [(w, at, a() if callable(a) else a, h) for w, at, a, h in held]   # (cross_link.CrossLink.send)
         for _, _, arrive, _ in held:
             if arrive is not None:
                 sleep_until(arrive)      # the emulated link holds a blocking sender until it delivered
@@ -227,7 +228,14 @@ class HeteroP2PCommunicator(P2PCommunicator):
                            stamp_tag(grad, j), out, f"send {what}")
             for k, piece, peer in pieces:
                 self._post(dist.isend, piece, peer, boundary.group, tag(grad, j, k), out, f"send {what} block {k}")
-            return out, sent_at, [piece for _, piece, _ in pieces]
+            # an emulated blocking link: each receiving peer sends back its receive's post time (cross_link.py),
+            # waited for apart from the sends (a gloo receive waited for again waits for another message)
+            back, got = ({p: torch.empty(1, dtype=torch.float64) for _, _, p in pieces}
+                         if link.emulator and not link.overlapped else {}), []
+            for peer, t in sorted(back.items()):
+                self._post(dist.irecv, t, peer, boundary.group, posted_tag(grad, j), got, f"send {what}")
+            return out, sent_at, [piece for _, piece, _ in pieces], \
+                (lambda: self._wait(got) or max(float(t.item()) for t in back.values())) if back else None
 
         # On CPU a send in flight keeps its blocks, the very storage of the stage's output (or input gradient),
         # which Megatron's schedule has let go (deallocate_output_tensor), or a contiguous copy of it: the
@@ -334,12 +342,15 @@ class HeteroP2PCommunicator(P2PCommunicator):
             staged.append((tr, piece))
         return buf, staged, stamps
 
-    def _post_link_message(self, boundary, mine, shape, grad, link, into, j):
+    def _post_link_message(self, boundary, mine, shape, grad, link, into, j, posted=None):
         """`CrossLink.receive`'s post_message for a boundary between clusters: an overlapped link posts messages
-        ahead, each into its own buffer; a blocking one posts this call's message only, into `into`."""
+        ahead, each into its own buffer; a blocking one this call's message only, into `into` (and `posted` back)."""
         out = []
         buf, staged, stamps = self._post_message(boundary, mine, shape, grad, j, out,
                                                  None if link.overlapped else into)
+        for peer in sorted({peer for _, _, peer in mine}) if posted is not None else ():
+            self._post(dist.isend, torch.tensor([posted], dtype=torch.float64), peer, boundary.group,
+                       posted_tag(grad, j), out, "receive")
         # a message posted ahead is held outside autograd until the stage takes it (measured memory)
         holds = [self.meter.hold(t) for t in [buf] + [piece for _, piece in staged]] \
             if link.overlapped and self.meter is not None else None

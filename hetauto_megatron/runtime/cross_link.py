@@ -15,6 +15,10 @@ Each message carries the time its sender posted it (a one-element tensor beside 
 run the same link emulation (`LinkEmulator`: the link direction is a queue at the inventory's bandwidth plus
 its latency, scaled for a CPU run) and the communicator can tell waiting for the link from waiting for the
 sender's compute: it counts as exposed only the time a message was on its way (sent, queued or on the wire).
+gloo moves a message only once its receive is posted (rendezvous); a blocking link's receive is posted with its
+call, which Megatron makes after the previous one returned where it receives alone (warm-up, cool-down). So
+under emulation the receiver of a blocking link sends its post time back to each sender, and both ends start the
+emulated transfer at the later of the send and the receive (plan/pipeline.py prices it so).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import time
 _WINDOW = 1024            # messages numbered modulo this in tags (far more than are ever in flight)
 _BLOCKS = 1023            # blocks per message at most; block slot _BLOCKS carries the send time
 _GRAD = 1 << 30           # gradient tags above every activation tag
+_POSTED = 1 << 29         # a receiver's post time sent back to the sender (emulated blocking links)
 
 
 def tag(grad: bool, message: int, block: int) -> int:
@@ -33,6 +38,11 @@ def tag(grad: bool, message: int, block: int) -> int:
 def stamp_tag(grad: bool, message: int) -> int:
     """The tag of a message's send time (one per sending-receiving pair)."""
     return tag(grad, message, _BLOCKS)
+
+
+def posted_tag(grad: bool, message: int) -> int:
+    """The tag of a receiver's post time for a message, sent back to its sender (emulated blocking links)."""
+    return _POSTED + stamp_tag(grad, message)
 
 
 def now() -> float:
@@ -89,20 +99,28 @@ class CrossLink:
 
     # ---- sending ---------------------------------------------------------------------------------------
     def send(self, post_all, submit, finish, held=None):
-        """post_all(message number) -> (works, send time, host buffers): on the communication thread, waits until
-        the message's bytes are on the host, then posts it (its send time to every receiving peer, then the
-        blocks). submit(job) runs a job on that thread (host_staging.HostStaging.submit) and returns its future;
+        """post_all(message number) -> (works, send time, host buffers, posted): on the communication thread, waits
+        until the message's bytes are on the host, then posts it (its send time to every receiving peer, then the
+        blocks); posted: None, or for an emulated blocking link a function that waits for the receivers' post
+        times and returns the latest. submit(job) runs a job on that thread (host_staging.HostStaging.submit)
+        and returns its future;
         finish(future) waits for the posted sends (raising on a dead peer) and frees the host buffers.
         Overlapped: returns None (completed later); `held()` (None: nothing to call) returns the meter's
         handles on what the send keeps alive, dropped with it. Blocking: returns the future; its result (works,
-        send time, emulated arrival or None, host buffers) is waited for by the caller together with the call's
+        send time, emulated arrival or None, host buffers; the arrival a function to call once the call's
+        receives are posted where the link is emulated) is waited for by the caller together with the call's
         receives
         (Megatron pairs each send with the neighbour's receive in one call; waiting for the send alone first
         would deadlock)."""
         j, self.sent = self.sent, self.sent + 1
 
         def job():
-            works, sent_at, hosts = post_all(j)
+            works, sent_at, hosts, posted = post_all(j)
+            if posted is not None:
+                # a blocking link's transfer starts once its receive is posted too; the caller asks once its own
+                # receives are posted (asking here, before them, would deadlock two paired calls)
+                return works, sent_at, lambda: self.emulator.arrival(max(sent_at, posted()), self.boundary_bytes), \
+                    hosts
             arrive = self.emulator.arrival(sent_at, self.boundary_bytes) if self.emulator else None
             return works, sent_at, arrive, hosts
 
@@ -158,18 +176,22 @@ class CrossLink:
         self.posted += 1
 
     def receive(self, post_message, wait):
-        """post_message(message number) -> (works, send-time tensors, payload): the receives of one message (the
-        send time from each sending peer, then the blocks). Returns (payload, (send time, arrival)) once the
+        """post_message(message number, posted at or None) -> (works, send-time tensors, payload): the receives
+        of one message (the send time from each sending peer, then the blocks; given the time it is posted at,
+        that time is also sent back to each sending peer). Returns (payload, (send time, arrival)) once the
         message has arrived."""
+        posted = None
         if not self.ahead:          # a blocking link (or one not told its step's messages) posts it now
-            self._post_next(post_message)
-        self.post_ahead(post_message)
+            posted = now() if self.emulator and not self.overlapped else None
+            self._post_next(lambda j: post_message(j, posted))
+        self.post_ahead(lambda j: post_message(j, None))
         works, stamps, payload = self.ahead.popleft()
         t0 = now()
         wait(works)
         sent_at = max(float(t.item()) for t in stamps)
         if self.emulator:
-            sleep_until(self.emulator.arrival(sent_at, self.boundary_bytes))
+            start = sent_at if posted is None else max(sent_at, posted)    # rendezvous (module docstring)
+            sleep_until(self.emulator.arrival(start, self.boundary_bytes))
         t1 = now()
         self.post_ahead(post_message)      # keep depth + 1 receives posted
         return payload, (sent_at, t1)
