@@ -416,3 +416,28 @@ def side_by_side(fn, jobs, timeout: float = 600) -> list:
     if errors:
         raise AssertionError(f"{errors[0][1]}\n--- in the forked job:\n{errors[0][2]}")
     return results
+
+
+# The opening of a script that runs Megatron-Core's modules in one gloo rank on the CPU (their TP group needs a
+# world): the CUDA-to-CPU redirections, then a world of one and Megatron's parallel state and RNG.
+ONE_RANK_PROBE = r"""
+import json, tempfile
+from hetauto_megatron.runtime.device import enable_cpu_redirects
+enable_cpu_redirects()
+import torch, torch.distributed as dist, torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+parallel_state.initialize_model_parallel(1, 1)
+tensor_parallel.model_parallel_cuda_manual_seed(1)
+"""
+
+
+def run_one_rank_probe(tmp_dir, body: str):
+    """Run ONE_RANK_PROBE + `body` in a child process (its world and Megatron's state stay there); the JSON its
+    last line of stdout prints."""
+    import json
+    probe = tmp_dir / "probe.py"
+    probe.write_text(ONE_RANK_PROBE + body)
+    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,9 +16,6 @@ the backward's gradients priced the prediction was -43 % (none) and -44 % (full)
 """
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from hetauto_megatron.cost.activations import (DRY_RUN_IMPL, attention_backward_bytes, layer_activation_bytes,
@@ -30,19 +27,11 @@ MODEL = ModelSpec(name="probe", num_layers=1, hidden_size=H, num_attention_heads
                   ffn_hidden_size=FFN, vocab_size=128, seq_length=S, gated_mlp=True, position_embedding="learned")
 TARGET = 0.10
 
-PROBE = r"""
-import json, tempfile
-from hetauto_megatron.runtime.device import enable_cpu_redirects
-enable_cpu_redirects()
-import torch, torch.distributed as dist, torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
+PROBE = r"""  # after helpers.ONE_RANK_PROBE
 from megatron.core.models.gpt import gpt_layer_specs
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from hetauto_megatron.runtime.memory_meter import allocator_peak
-dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-parallel_state.initialize_model_parallel(1, 1)
-tensor_parallel.model_parallel_cuda_manual_seed(1)
 S, B, H, FFN, HEADS, GROUPS = %(shape)s
 cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=HEADS, num_query_groups=GROUPS,
                         ffn_hidden_size=FFN, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
@@ -79,13 +68,9 @@ dist.destroy_process_group()
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    from helpers import run_script_forked
-
-    probe = tmp_path_factory.mktemp("attention-backward") / "probe.py"
-    probe.write_text(PROBE % {"shape": (S, B, H, FFN, HEADS, GROUPS)})
-    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from helpers import run_one_rank_probe
+    return run_one_rank_probe(tmp_path_factory.mktemp("attention-backward"),
+                              PROBE % {"shape": (S, B, H, FFN, HEADS, GROUPS)})
 
 
 def _predicted(recompute: str) -> float:

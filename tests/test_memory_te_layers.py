@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 
@@ -47,12 +46,7 @@ MODEL = ModelSpec(name="probe", num_layers=1, hidden_size=H, num_attention_heads
 LOSS_TOLERANCE = 0.005
 
 # One rank of a gloo world (the layers need their TP group), fp32 layers as on CPU; prints one JSON line.
-PROBE = r"""
-import json, tempfile
-from hetauto_megatron.runtime.device import enable_cpu_redirects
-enable_cpu_redirects()
-import torch, torch.distributed as dist, torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
+PROBE = r"""  # after helpers.ONE_RANK_PROBE
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt import gpt_layer_specs
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, vocab_parallel_cross_entropy
@@ -60,9 +54,6 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from hetauto_megatron.runtime.memory_meter import SavedTensorMeter, allocator_peak
-dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-parallel_state.initialize_model_parallel(1, 1)
-tensor_parallel.model_parallel_cuda_manual_seed(1)
 S, B, H, FFN, HEADS, V = %(shape)s
 out = {}
 
@@ -132,13 +123,8 @@ dist.destroy_process_group()
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    from helpers import run_script_forked
-
-    probe = tmp_path_factory.mktemp("te-layers") / "probe.py"   # in a child: its world and Megatron's state stay there
-    probe.write_text(PROBE % {"shape": (S, B, H, FFN, HEADS, V)})
-    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    from helpers import run_one_rank_probe
+    rows = run_one_rank_probe(tmp_path_factory.mktemp("te-layers"), PROBE % {"shape": (S, B, H, FFN, HEADS, V)})
     return {tuple(json.loads(k)): v for k, v in rows.items()}
 
 
