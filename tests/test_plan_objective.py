@@ -427,6 +427,43 @@ def test_cost_search_climb_adds_one_cheap_device_for_the_head():
     assert climbed == pytest.approx(best_t, rel=1e-12)
 
 
+def test_cost_search_climb_reshapes_a_head_mesh_at_its_stage_count():
+    """The 736-device example's plan under --objective cost --max-iteration-s 30 on a cut of it: its 12 nodes of
+    MI300X (TP pinned to 2) and 4 of its 32 nodes of H800. Every leaf of the cost objective's tree is priced
+    (exhaustive: the independent optimum); its best is 96 MI300X at TP 2 x DP 16 x 3 stages and 16 H800 holding
+    the head at TP 1 x DP 16 x 1 stage. The search stopped at the same layout with the H800 at TP 2 x DP 8 x 1 stage
+    (micro-batch 2), dearer and slower: the climb's TP/DP move gave the new shape the most stages its devices
+    allow (TP 1 x DP 16 x 2 stages here, x 16 on the example's 256 H800), never the one stage the cost objective's
+    tree gave the mesh. From that layout the climb must reach the optimum."""
+    from hetauto_megatron.plan.search_jobs import climb
+
+    inv = inventory_from_dict({
+        "clusters": [
+            {"name": "mi300x", "device": "MI300X", "nodes": 12, "devices_per_node": 8, "price_per_device_hour": 2.0,
+             "intra_node": {"bandwidth_gbps": 3584, "latency_us": 5},
+             "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}},
+            {"name": "h800", "device": "H800", "nodes": 4, "devices_per_node": 8, "price_per_device_hour": 2.5,
+             "intra_node": {"bandwidth_gbps": 1600, "latency_us": 5},
+             "inter_node": {"bandwidth_gbps": 400, "latency_us": 10}}],
+        "links": [{"between": ["mi300x", "h800"], "bandwidth_gbps": 50, "latency_ms": 2}]})
+    model = PRESETS["llama2-70b"]
+    con = Constraints(objective="cost", max_iteration_s=30.0, tp=(("mi300x", 2),))
+    sp = space_mod.SearchSpace(model, inv, 1024, COST, constraints=con)
+    ev = LayoutEvaluator(model, inv, 1024, COST, "overlapped")
+    value = layout_value(sp, ev)
+    ranked = sorted((x for x in map(value, space_mod.iter_leaves(sp)) if math.isfinite(x[0])), key=lambda x: x[0])
+    best_v, best = ranked[0]
+    shape = [(m.cluster, m.tp, m.dp, m.micro_batch_size, m.num_stages) for m in best]
+    assert shape == [("mi300x", 2, 16, 1, 3), ("h800", 1, 16, 1, 1)], shape
+    assert ev.resolve(best)[0] <= 30.0
+    # the search's stop: the same layout with the head at TP 2 x DP 8 (a leaf of the tree, within the floor)
+    start_v, start = next((v, k) for v, k in ranked if k[0] == best[0] and (k[1].cluster, k[1].tp, k[1].dp,
+                                                                              k[1].num_stages) == ("h800", 2, 8, 1))
+    assert start_v > best_v * (1 + 1e-3) and ev.resolve(start)[0] <= 30.0
+    climbed = min(v for v, _ in climb(sp, ev, start, None))
+    assert climbed == pytest.approx(best_v, rel=1e-12)
+
+
 def test_a_cost_plan_replanned_on_an_unpriced_inventory_is_told_the_flag_that_replaces_its_objective(tmp_path):
     """`plan --from` a plan made under --objective cost, on an inventory without prices: the fix said "give
     clusters[0].price_per_device_hour on the command line", which is no flag. It names the inventory's prices, or

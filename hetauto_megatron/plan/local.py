@@ -1,6 +1,7 @@
 """Local search around the tree's best leaves: change one decision at a time while it helps.
 
-Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes), its stage count,
+Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes; at the most stages its
+devices allow, and under the cost objective also at its stage count or its device count), its stage count,
 its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a mesh,
 adding an unused cluster anywhere (at its largest TP and the most stages its devices allow; under the cost
 objective also at every TP with one stage, the cheapest mesh the cost objective's tree gives it), and S halved or
@@ -81,6 +82,19 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
                 if (tp, dp) != (m.tp, m.dp):
                     out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before, len(choices) - i - 1,
                                                        devices_used - m.tp * m.dp * m.num_stages)))
+                    if space.stage_decision:
+                        # the cost objective's mesh may hold fewer stages than its devices allow: the new shape
+                        # also keeps the mesh's stages, or its devices (what the plan pays for). At the most
+                        # stages alone, 16 H800 at TP 2 x DP 8 x 1 stage became TP 1 x DP 16 x 16 stages, never
+                        # x 1 (a cheaper and faster head stage of the 736-device example under
+                        # --max-iteration-s 30), and the stage moves reach it only through dearer layouts
+                        keep = [m.num_stages]
+                        if m.tp * m.dp * m.num_stages % (tp * dp) == 0:
+                            keep.append(m.tp * m.dp * m.num_stages // (tp * dp))
+                        for k in dict.fromkeys(keep):
+                            out.append(with_mesh(i, space.mesh(m.cluster, tp, dp, S, before, len(choices) - i - 1,
+                                                               devices_used - m.tp * m.dp * m.num_stages,
+                                                               stages=k)))
         for k in (m.num_stages - 1, m.num_stages + 1, (m.num_stages + 1) // 2):
             if k != m.num_stages:
                 out.append(with_mesh(i, replace(m, num_stages=k)))
