@@ -310,7 +310,7 @@ def test_the_exchanges_rank_pairs_count_once_per_link_direction():
     link direction carries each pair of sending and receiving ranks once; the price counted a pair of holders again
     when they met with the other as root (12 connections one way, 8 the other, for the runtime's 8 each way)."""
     from hetauto_megatron.plan.multi_simulate import price_shapes
-    from hetauto_megatron.plan.tail_costs import _exchange_traffic
+    from hetauto_megatron.plan.holders_exchange import _exchange_traffic
     from hetauto_megatron.spec.inventory import inventory_from_dict
     from hetauto_megatron.plan.exchange_roots import exchange_weights
     node = {"nodes": 1, "devices_per_node": 8, "inter_node": {"bandwidth_gbps": 200, "latency_us": 10}}

@@ -250,7 +250,7 @@ def test_the_priced_rank_pairs_are_the_runtimes_where_the_cuts_are_runs(a, b):
     (plan/tail_costs.py exchange_pairs): the runtime's own moves between two holders have exactly that many pairs
     where both cut the elements into runs (no TP, or TP across rows), and more, never fewer, where TP cuts columns
     (the price's per-connection limit then conservative)."""
-    from hetauto_megatron.plan.tail_costs import exchange_pairs
+    from hetauto_megatron.plan.holders_exchange import exchange_pairs
     for partition_dim in (0, 1, None):
         owners = _owners((0, 0), 0.5, (48, 24), *a, partition_dim, first_rank=0) + \
             _owners((1, 0), 0.5, (48, 24), *b, partition_dim, first_rank=100)

@@ -215,7 +215,7 @@ def test_priced_tie_exchange_is_what_the_runtime_sent():
     from hetauto_megatron.plan.costing import StageProfile
     from hetauto_megatron.plan.link_costs import dp_ring_link
     from hetauto_megatron.plan.settings import resolve_settings
-    from hetauto_megatron.plan.tail_costs import holders_sync_time, tied_table_blocks
+    from hetauto_megatron.plan.holders_exchange import holders_sync_time, tied_table_blocks
     from hetauto_megatron.runtime.model import shrink_model
     from hetauto_megatron.spec.inventory import inventory_from_dict
 

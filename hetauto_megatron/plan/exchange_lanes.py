@@ -45,7 +45,7 @@ def exchange_spans(inventory, blocks, start: float, lanes: list, spans: list) ->
     """Appends the exchange's lanes (plan/timeline.Lane, kind "exchange") to `lanes` and their spans to `spans`
     for the holders' `blocks` (price_shapes' extra["holders"]) on `inventory` (the one they were priced on),
     starting at `start`; returns the exchange's end. No lane where nothing is exchanged."""
-    from .tail_costs import holders_sync_steps
+    from .holders_exchange import holders_sync_steps
     from .timeline import Lane, Span
     steps = [(name, step) for name, step in holders_sync_steps(inventory, blocks)
              if max((sec for sec, _ in step.values()), default=0.0) > 0]

@@ -15,7 +15,7 @@ the same stages (same `stage_layers`), possibly another device type, TP and micr
   is blocking.
 - **Each pipeline** runs 1F1B over its own stages (plan/pipeline.py), then each mesh's own DP reduction
   (exposed as its settings say and Megatron-Core runs it, tail_costs.dp_exposed_times).
-- **Gradients across holders** (`_holders`, priced by tail_costs.holders_sync_time, which also prices the
+- **Gradients across holders** (`_holders`, priced by holders_exchange.holders_sync_time, which also prices the
   tied table of one pipeline of single meshes in plan/simulate.py): every parameter's gradient is then summed
   across every mesh stage that holds it (the other pipelines, the alongside groups; with tied embeddings the
   output head's copies too), as runtime/replica_sync.py runs it: two holders send each other their reduced
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
-from . import costing, link_costs, memory_fit, tail_costs
+from . import costing, holders_exchange, link_costs, memory_fit, tail_costs
 from .exchange_roots import exchange_weights
 from .pipeline import simulate_1f1b
 from .pipeline_memory import memory_terms
@@ -306,7 +306,7 @@ def price_shapes(model: ModelSpec, inventory: Inventory, shapes: list[PipelineSh
     # every shape, one pipeline of single meshes too, sums the tied copies in the holders' exchange with every
     # other shared parameter (runtime/replica_sync.py)
     holders = _holders(pm, stage_lists, model.tie_embeddings)
-    sync = tail_costs.holders_sync_time(inventory, holders)
+    sync = holders_exchange.holders_sync_time(inventory, holders)
     norm = tail_costs.grad_norm_time(inventory, meshes)
     check = tail_costs.result_check_time(inventory, meshes, grad_norm=norm)    # Megatron-LM's loop (the default engine)
     T = (max(t.before_sync for t in timings) + sync + check + norm
@@ -334,7 +334,7 @@ def exchange_choices(inventory: Inventory, blocks) -> dict | None:
     holders = sorted({c for _, hs in blocks if len(hs) >= 3 for c, _, _ in hs})
     if not holders:
         return None
-    price = lambda rule: tail_costs.holders_sync_time(inventory, blocks, rule)     # noqa: E731
+    price = lambda rule: holders_exchange.holders_sync_time(inventory, blocks, rule)     # noqa: E731
     def one_root(c):        # c's holders root everything (blocks not held on c keep the turns)
         return lambda inv, cl, own: tuple(int(x == c) for x in cl) if c in cl else (1,) * len(cl)
     one = {c: price(one_root(c)) for c in holders}
@@ -348,7 +348,7 @@ def exchange_roots(inventory: Inventory, blocks) -> list[dict]:
     weights by which its holders root the elements (plan/exchange_roots.py), in plan order."""
     seen: dict = {}
     for _, hs in blocks:
-        key = (tuple(c for c, _, _ in hs), tuple(tail_costs.owner_ranks(p) for _, p, _ in hs))
+        key = (tuple(c for c, _, _ in hs), tuple(holders_exchange.owner_ranks(p) for _, p, _ in hs))
         if len(hs) >= 3 and key not in seen:
             seen[key] = list(exchange_weights(inventory, *map(list, key)))
     out = []

@@ -108,7 +108,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     from .exchange_lanes import sync_spans
     from .explain import breakdown
     from .simulate import simulate, tail_sync_terms
-    from .tail_costs import holders_sync_time
+    from .holders_exchange import holders_sync_time
     engine = engine or plan.engine
     est = simulate(plan, inventory, cost_model, engine=engine).to_dict()
     st = est["stages"]
