@@ -53,8 +53,10 @@ only its own work counts. (Counting those runs too, as the closed form did befor
 fewer micro-batches than its first stage's warm-up a whole run of stages per micro-batch: with fewer than the
 stages 67 % above the simulation at the median, 220 % at worst; then 3.7 % and 20 %, 6.3 % and 28 % since the
 rendezvous waits count; benchmarks/closed_forms.py prints the figures by regime.) The closed form never
-undercuts the event simulation on the tests' random cases and is within a few % of it once m >= 32; the
-search re-ranks its best candidates with the event simulation.
+undercuts the event simulation on the tests' random cases (32-128 micro-batches) and is within a few % of it
+once m >= 32; it is a bound of those cases, not of every pipeline (a wider draw with few micro-batches and
+mixed boundaries found 85 of 20,000 below it, by up to 6.3 %; 609 and 15.5 % before the rendezvous was priced),
+which is why the search re-ranks its best candidates with the event simulation.
 """
 from __future__ import annotations
 
