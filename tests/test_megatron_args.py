@@ -8,7 +8,7 @@ import pytest
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import launch_identity, model_checks, rewrite
 from hetauto_megatron.megatron.args import add_hetauto_args, hetauto_args_provider
-from hetauto_megatron.megatron.hook import check_megatron_version, megatron_core_version
+from hetauto_megatron.megatron.versions import check_megatron_version, megatron_core_version
 from hetauto_megatron.plan.plan import load_plan, plan_from_dict
 from hetauto_megatron.spec.model import PRESETS
 

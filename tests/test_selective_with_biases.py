@@ -5,7 +5,6 @@ test fails and the refusal can go."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
@@ -16,18 +15,10 @@ from hetauto_megatron.spec.model import PRESETS, ModelSpec
 
 # Megatron's MLP with and without biases, checkpointed as TransformerLayer checkpoints it under
 # recompute_modules ["mlp"] (a one-rank gloo world: the layers need their TP group)
-PROBE = r"""
-import json, sys, tempfile
-from hetauto_megatron.runtime.device import enable_cpu_redirects
-enable_cpu_redirects()
-import torch, torch.distributed as dist, torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
+PROBE = r"""  # after helpers.ONE_RANK_PROBE
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
-dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-parallel_state.initialize_model_parallel(1, 1)
-tensor_parallel.model_parallel_cuda_manual_seed(1)
 out = {}
 for bias in (False, True):
     cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32,
@@ -52,13 +43,8 @@ GPT = {"name": "tiny-gpt", "num_layers": 4, "hidden_size": 64, "num_attention_he
 
 
 def test_megatrons_checkpointed_mlp_takes_over_its_bias_parameter(tmp_path):
-    from helpers import run_script_forked
-
-    probe = tmp_path / "probe.py"       # in a child of this process: its world and Megatron's state stay there
-    probe.write_text(PROBE)
-    done = run_script_forked(str(probe), [], dict(os.environ), os.getcwd(), timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    from helpers import run_one_rank_probe
+    rows = run_one_rank_probe(tmp_path, PROBE)
     # without biases the checkpointed MLP trains; with them the output projection's bias parameter is returned
     # through the checkpoint and autograd re-bases it: no longer a leaf, so the backward re-enters the checkpoint
     assert rows["False"] == {"bias_is_output": False, "bias_still_a_leaf": None, "backward_done": True}

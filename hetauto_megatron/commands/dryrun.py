@@ -8,8 +8,6 @@ import sys
 
 from ..errors import InputError
 from ..spec._fields import shorten
-from ..emit.summary import _num      # a figure, or '-' where there is none (a norm of 0, a NaN)
-from ..runtime.dryrun import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 from ._timeline import add_timeline_args, check_timeline_args, write_dryrun_timelines
 
 DESCRIPTION = """\
@@ -82,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ..emit.summary import _num      # a figure, or '-' where there is none (a norm of 0, a NaN)
     from ..plan.plan import load_plan
+    from ..runtime.dryrun import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
 
     if not 1 <= args.steps <= MAX_STEPS:     # (a billion steps ran for ever; 10^400 overflowed the run's deadline)
         raise InputError(f"must be from 1 to {MAX_STEPS:,}, got {shorten(str(args.steps), 40)}", field="--steps",
@@ -303,7 +303,8 @@ def settings_line(i: int, s: dict) -> str:
 
 
 def _print_table(report: dict, plan) -> None:
-    from ..emit.summary import count_noun
+    from ..emit.summary import _num, count_noun
+    from ..runtime.dryrun import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
     from ..plan.layout import PipelineLayout
 
     m = report["model"]

@@ -134,7 +134,7 @@ def run(args) -> int:
             raise InputError(f"give either --plan or a layout ({', '.join(given)}), not both", field="--plan",
                              fix="with --plan only --global-batch-size, --seq-length, --precision and --engine may "
                                  "change (edit the plan file's meshes to change their recomputation or cluster)")
-        plan = stored if stored is not None else load_plan(args.plan)
+        plan = stored
         if args.engine is None:         # the engine the plan was made for
             args.engine = plan.engine
         # the --memory-job the plan was fitted to, unless the flag names one

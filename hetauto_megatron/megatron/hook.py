@@ -55,9 +55,7 @@ from .mpu_globals import populate_parallel_state
 from .script_guard import (assertion_text, ending_cleanly, exit_after_training, guard_script_errors,  # noqa: F401
                            main_guard)
 from .training_seams import install_gradient_rules
-# the supported megatron-core versions and the training loop's signature (check_megatron_version is public here too)
-from .versions import (SUPPORTED_MEGATRON_CORE, SUPPORTED_TEXT, _check_pretrain_signature,  # noqa: F401
-                       check_megatron_version, megatron_core_version)
+from .versions import _check_pretrain_signature, check_megatron_version
 
 
 @dataclasses.dataclass

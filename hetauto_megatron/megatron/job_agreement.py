@@ -117,7 +117,7 @@ def _blend(data_path: list) -> str:
 def software_values() -> dict:
     """What this rank runs that every rank must share besides hetauto-megatron's code (compared with the plan,
     runtime/rendezvous.py check_same_plan): Megatron-Core's version."""
-    from .hook import megatron_core_version
+    from .versions import megatron_core_version
     return {"megatron-core": megatron_core_version()}
 
 
