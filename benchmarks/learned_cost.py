@@ -76,12 +76,13 @@ def sailor_part() -> None:
     print(f"{'GPU':<10} {'held-out model':<14} {'layers':>7} {'layer %':>8} {'per pass %':>11} "
           f"{'calibrated %':>13} {'prior %':>8}")
     agg: dict[str, dict[str, list]] = {}
+    fits = L.read_allreduce_fits(SAILOR)     # Sailor's all-reduce curves, read once for every fold
     for held in models:
         # what `hetauto fit --sailor` does on the three training models: the backward score-traffic weight chosen
         # by leave-one-model-out among them, then the calibration and the trees
         # the TP all-reduces' rates read from the training models only, for the held-out rows too
-        train_layers, held_layers = L.leave_model_out(layers, held, SAILOR)
-        weight, gemm_weight, _ = L.choose_weights(train_layers, L.read_allreduce_fits(SAILOR))
+        train_layers, held_layers = L.leave_model_out(layers, held, fits=fits)
+        weight, gemm_weight, _ = L.choose_weights(train_layers, fits)
         model = L.train_sailor_model(train_layers, weight, 0, gemm_bwd_weight=gemm_weight)
         calibrated = L.train_sailor_model(train_layers, weight, 0, rounds=0, gemm_bwd_weight=gemm_weight)
         trained_gpus = {r.gpu for r in layers if r.model != held}

@@ -40,9 +40,9 @@ def config_times(layers) -> dict[tuple, tuple]:
             for k, rs in groups.items()}
 
 
-def fold(layers, held: str, gpu: str) -> None:
-    train, held_layers = L.leave_model_out(layers, held)    # TP all-reduce rates from the training models only
-    w, g, _ = L.choose_weights(train, L.read_allreduce_fits(L.SAILOR_DATA))
+def fold(layers, held: str, gpu: str, fits: dict) -> None:
+    train, held_layers = L.leave_model_out(layers, held, fits=fits)   # TP all-reduce rates from the training models
+    w, g, _ = L.choose_weights(train, fits)
     model = L.train_sailor_model(train, w, rounds=0, gemm_bwd_weight=g)
     test = [r for r in held_layers if r.gpu == gpu and r.shape.kind == "transformer"]
     rows = L.sailor_layer_samples(test, w, g)
@@ -208,10 +208,11 @@ def main() -> int:
     ap.add_argument("--gpu", action="append", help="GPU for the consistency table (default: GH-96, A100-40)")
     args = ap.parse_args()
     layers = L.load_sailor(L.SAILOR_DATA)
+    fits = L.read_allreduce_fits(L.SAILOR_DATA)
     for spec in args.fold or FOLDS:
         held, gpu = spec.split(":")
-        fold(layers, held, gpu)
-    weights = L.choose_weights(layers, L.read_allreduce_fits(L.SAILOR_DATA))[:2]
+        fold(layers, held, gpu, fits)
+    weights = L.choose_weights(layers, fits)[:2]
     for gpu in args.gpu or ("GH-96", "A100-40"):
         consistency(layers, gpu, weights)
     return 0

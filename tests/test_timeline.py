@@ -260,7 +260,7 @@ def test_the_gradient_exchange_across_clusters_has_its_own_lanes(tmp_path, capsy
     """Two pipelines, one per cluster, sum every gradient across the clusters after their DP reductions: the
     timeline shows that exchange on lanes of its own (before, only the stages' red tail held it, with the global
     norm, and no lane said which link it keeps busy). Its steps must add up to the exchange `simulate --json`
-    reports (`replica_sync_s`: price_shapes' tail_costs.holders_sync_time, summed there; the lanes lay out
+    reports (`replica_sync_s`: price_shapes' holders_exchange.holders_sync_time, summed there; the lanes lay out
     holders_sync_steps one after the other from the slowest pipeline's end), start where the slowest pipeline's DP
     reduction ends (`before_sync_s`) and end inside the stages' gradient sync, before the iteration ends."""
     plan = os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")

@@ -127,7 +127,7 @@ def mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shape
     """Sailor's shape: one cluster's pipeline with another cluster's devices as replica groups of its stages.
     Start from the best plan on each cluster alone, when a linked cluster could stand alongside it: the two
     groups would at least swap the model's gradients over the link between the two (one phase, both directions
-    at once: plan/tail_costs.py holders_sync_time), on top of the model's FLOPs at both clusters' peak; clusters
+    at once: plan/holders_exchange.py holders_sync_time), on top of the model's FLOPs at both clusters' peak; clusters
     where that bound cannot beat the best plan are skipped."""
     bound = PartitionBound(model, inventory, gbs)
     names = [c.name for c in inventory.clusters]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -45,6 +46,12 @@ from .simulate import MeshChoice, boundary_transfer, deepspeed_passes, num_micro
 from .split import split_layers
 
 AUTO = "auto"          # recomputation still to be chosen by the evaluator
+
+
+@lru_cache(maxsize=None)
+def _all_blocking(n: int) -> tuple:
+    """(True,) * n, built once per boundary count: the leaf evaluation's closed form asks it for every layout."""
+    return (True,) * n
 
 
 class LayoutEvaluator(OverlapPricing, LeafBound):
@@ -254,7 +261,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
                 pm, self.inventory, cur, [self.profile(cur[0], pm), self.profile(cur[-1], pm)], norm, self.engine)
         return out
 
-    def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list, blocking: list):
+    def tail(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], links: list, blocking):
         """(fwd, bwd, iteration tail) of a layer split: the tail depends on the split and on which boundaries block
         (a later stage's reduction starts once its last gradient send returned: tail_costs.tail_windows), not on
         the depths."""
@@ -277,7 +284,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
     def time(self, cur: tuple, pm: ModelSpec, profs: list, layers: list[int], m: int) -> float:
         """evaluate_layout's closed form for blocking boundaries, from the cached terms."""
         links, latency, _, _, overhead = self.joins(cur, pm)
-        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, [True] * len(links))
+        fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, _all_blocking(len(links)))
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
             return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m,

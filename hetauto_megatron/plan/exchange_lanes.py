@@ -2,11 +2,11 @@
 iteration-end sync (`sync_s`) sit.
 
 After the slowest pipeline's exposed DP reduction (`start`), every parameter several mesh stages hold is
-summed across them (plan/multi_simulate.py, priced by tail_costs.holders_sync_time; in one pipeline of single
+summed across them (plan/multi_simulate.py, priced by holders_exchange.holders_sync_time; in one pipeline of single
 meshes a tied embedding table whose first and last stages hold it, tail_costs.tied_table_blocks: the runtime's
 "pair" phase), exposed in full: nothing overlaps it, and the global gradient norm, the optimizer step and the
 rest of the tail follow it. Its steps run
-one after the other (tail_costs.holders_sync_steps: the gather phase, where pairs swap too; the
+one after the other (holders_exchange.holders_sync_steps: the gather phase, where pairs swap too; the
 scatter phase; the broadcasts inside every holder), each as long as its busiest resource. The timeline gets:
 
 - one lane `gradient exchange across holders` with a span per step (its seconds as priced; the lane ends where

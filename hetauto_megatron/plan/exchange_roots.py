@@ -15,7 +15,7 @@ holders in its own cluster) carries the sum of the shares of the roots it leads 
 maximum of linear functions of the shares. `exchange_weights` finds the shares that make it least, exactly (a
 linear programme, `_least_max_shares`), as integer weights (shard_regions.root_chunks cuts the elements by
 them), and keeps the roots taking turns, or one root taking all, wherever the rounded shares are not strictly
-faster. Priced by bandwidth (the bytes scale every choice alike); the price (tail_costs.holders_sync_time) then
+faster. Priced by bandwidth (the bytes scale every choice alike); the price (holders_exchange.holders_sync_time) then
 adds each link's latency.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ PRICE_TOLERANCE = 1e-3      # smaller weights where their phase is within this o
 
 def _loads(inventory: Inventory, clusters: list[str], owners) -> list[tuple[float, tuple[float, ...]]]:
     """Every resource one gather phase uses, as (bytes per second, bytes it carries per byte of each root's run),
-    as tail_costs.holders_sync_time prices them: a link direction between two clusters (every holder sending a
+    as holders_exchange.holders_sync_time prices them: a link direction between two clusters (every holder sending a
     root over it adds the whole run), each end's uplink direction where the inventory gives one, and the ranks of
     a root receiving from the holders in its own cluster (on the inter-node network; each such holder's rank
     pairs in parallel, so it adds the run over the fewer of its and the root's `owners`, the source ranks). The

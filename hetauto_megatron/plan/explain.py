@@ -188,7 +188,7 @@ def cross_cluster_bytes(plan: Plan, inventory, cost_model=None) -> float:
       across once);
     - the exchange that sums the gradients of parameters held on several clusters (the tied embedding table at
       both ends, the layers of other pipelines or of replica groups side by side), as runtime/replica_sync.py
-      moves them (tail_costs.holders_cross_cluster_bytes). The bytes do not depend on `cost_model`."""
+      moves them (holders_exchange.holders_cross_cluster_bytes). The bytes do not depend on `cost_model`."""
     from .multi_simulate import holder_blocks, shapes_of
     from .holders_exchange import holders_cross_cluster_bytes
     per_sample = plan.model.seq_length * plan.model.hidden_size

@@ -198,7 +198,7 @@ class PartitionBound:
         return max((self._pair_time(blocks[r], b, staircase) for i, b in enumerate(blocks) if i != r), default=0.0)
 
     def _sync(self, blocks: list, staircase: bool = False) -> float:
-        """The gradient exchange among the blocks' pipelines at best (plan/tail_costs.py holders_sync_time): two
+        """The gradient exchange among the blocks' pipelines at best (plan/holders_exchange.py holders_sync_time): two
         holders swap the whole buffer in one phase, both directions at once; H >= 3 in two phases, each block r
         the root of a share s_r of it (plan/exchange_roots.py chooses the shares), which every other block sends
         it over their cut in each phase: a phase lasts at least s_r times the slowest other block's cut to r, for

@@ -343,7 +343,7 @@ def plan_boundaries(plan: Plan) -> list:
 
 
 def tail_sync_terms(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None):
-    """(the inventory priced on, the holders' blocks for tail_costs.holders_sync_steps, the result check's seconds,
+    """(the inventory priced on, the holders' blocks for holders_exchange.holders_sync_steps, the result check's seconds,
     the global norm's seconds) of a plan of one pipeline of single meshes: the terms its `sync_s` sums
     (tail_costs.iteration_sync_time: a tied table held by the first and the last stage, none otherwise), as simulate
     prices them."""

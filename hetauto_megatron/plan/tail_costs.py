@@ -166,11 +166,10 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, blocking, 
     step, keyed by the profile, without hashing the model)."""
     memo = {} if memo is None else memo
     last = len(profiles) - 1
-    drain = before = 0.0
     reduce_max = after_max = -math.inf
     fill = 0.0
-    for i in range(last + 1):
-        prof, n, f, b = profiles[i], layers[i], fwd[i], bwd[i]
+    for i, (f, b, drain, before) in enumerate(tail_windows(fwd, bwd, links, blocking)):
+        prof, n = profiles[i], layers[i]
         key = (prof, n, i == 0, i == last)
         terms = memo.get(key)
         if terms is None:
@@ -178,16 +177,12 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, blocking, 
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
                                  buckets_of(ddp_buckets(model, prof, n, i == 0, i == last)))
         reduce, gather, opt, buckets = terms
-        held = links[i - 1] if i and blocking[i - 1] else 0.0      # its last send_backward (tail_windows)
-        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain - held, before)
+        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain, before)
         if r > reduce_max:
             reduce_max = r
         fill += g_fill
         if g_step + opt > after_max:
             after_max = g_step + opt
-        if i < last:
-            drain += b + links[i]
-            before += f + links[i]
     return reduce_max + sync + after_max + fill
 
 
