@@ -219,7 +219,7 @@ def check_layout_args(args, plan: Plan, placement: RankCoords, *, file: str | No
     passes where it is the plan's (the launch scripts type the plan's). Before, a contradicting recomputation or
     split was replaced by the plan's without a word, as if the launch had asked for it."""
     mesh = plan.meshes[placement.mesh_index]
-    here = [m for m in plan.meshes if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
+    here = [plan.meshes[i] for i in plan.launch_meshes(placement.mesh_index)]
     clashes = []
     for dest, values in (("tensor_model_parallel_size", sorted({m.tp for m in here})),
                          ("micro_batch_size", sorted({m.micro_batch_size for m in here})),

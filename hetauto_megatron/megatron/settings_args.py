@@ -49,7 +49,7 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
     # judges TP: one launch's argument list may serve several of those meshes (a node holding ranks of two meshes
     # gets the first mesh's), and each rank takes its own mesh's value. Judged against every mesh of the plan, a
     # setting only another cluster runs, typed on this one, was turned off there without a word.
-    near = [i for i, m in enumerate(plan.meshes) if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
+    near = plan.launch_meshes(placement.mesh_index)
     every = {i: _switch_values(plan, i) for i in near}
     mine = every[placement.mesh_index]
     for arg, (want, field) in mine.items():

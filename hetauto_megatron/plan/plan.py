@@ -281,6 +281,12 @@ class Plan:
     def world_size(self) -> int:
         return sum(mesh.num_devices for mesh in self.meshes)
 
+    def launch_meshes(self, mesh_index: int) -> list[int]:
+        """Indices of the meshes one launch serves with the mesh's: those of its cluster in its pipeline (one
+        launch script each, emit/launches.py), whose arguments a typed flag may match."""
+        mesh = self.meshes[mesh_index]
+        return [i for i, m in enumerate(self.meshes) if m.cluster == mesh.cluster and m.pipeline == mesh.pipeline]
+
     def rank_offset(self, mesh_index: int) -> int:
         return sum(mesh.num_devices for mesh in self.meshes[:mesh_index])
 
