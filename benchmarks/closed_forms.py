@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from helpers import random_pipeline, shared_uplinks_draw  # noqa: E402
 
-from hetauto_megatron.plan.deepspeed_schedule import deepspeed_links, simulate_deepspeed  # noqa: E402
+from hetauto_megatron.plan.deepspeed_schedule import estimate_deepspeed, simulate_deepspeed  # noqa: E402
 from hetauto_megatron.plan.pipeline import estimate_1f1b, simulate_1f1b, warmup_forwards  # noqa: E402
 from hetauto_megatron.plan.pipeline_fill import estimate_fill_drain  # noqa: E402
 from hetauto_megatron.plan.shared_uplinks import contended  # noqa: E402
@@ -60,7 +60,7 @@ def measure(n: int, seed: int) -> dict:
         row = out["contended uplink" if ups else regime(p, m, warmup_forwards(p, depth)[0])]
         row["estimate_1f1b"].append(estimate_1f1b(f, b, link, m, **kw) / sim - 1)
         row["estimate_fill_drain"].append(estimate_fill_drain(f, b, link, m, **kw) / sim - 1)
-        row["deepspeed"].append(estimate_1f1b(f, b, deepspeed_links(link, ups), m, rendezvous=False)
+        row["deepspeed"].append(estimate_deepspeed(f, b, link, m, ups)
                                 / simulate_deepspeed(f, b, link, m, ups)[0] - 1)
     return out
 

@@ -40,7 +40,7 @@ import heapq
 from ..cost import comm
 from ..spec.model import ModelSpec
 from . import link_costs
-from .pipeline import Event
+from .pipeline import Event, estimate_1f1b
 from .shared_uplinks import Uplinks, contended, with_waits
 
 FORWARD, BACKWARD, SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD = range(6)
@@ -157,6 +157,13 @@ def deepspeed_links(link: list[float], uplinks=None) -> list[float]:
     if uplinks:
         link = with_waits(link, contended(uplinks, link))
     return [2 * x for x in link]
+
+
+def estimate_deepspeed(fwd, bwd, link, m: int, uplinks=None, **kw) -> float:
+    """The search's screen of DeepSpeed's TrainSchedule: Megatron's closed form over `deepspeed_links`, without the
+    rendezvous waits of Megatron's receives called on their own (the doubled link times already hold both
+    stages). `kw`: estimate_1f1b's blocking and depth."""
+    return estimate_1f1b(fwd, bwd, deepspeed_links(link, uplinks), m, rendezvous=False, **kw)
 
 
 def _meta_bytes(tp: int) -> int:

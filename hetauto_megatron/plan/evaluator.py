@@ -31,7 +31,7 @@ from functools import lru_cache
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, link_costs, tail_costs
-from .deepspeed_schedule import deepspeed_links
+from .deepspeed_schedule import estimate_deepspeed
 from .evaluator_overlap import OverlapPricing
 from .layout_pricing import evaluate_layout
 from .leaf_bound import LeafBound
@@ -287,8 +287,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
         fwd, bwd, tail = self.tail(cur, pm, profs, layers, links, _all_blocking(len(links)))
         if self.engine == "deepspeed":     # its passes run the all-gathers of its TP-partitioned transfers
             fwd, bwd = deepspeed_passes(pm, profs, fwd, bwd)
-            return estimate_1f1b(fwd, bwd, deepspeed_links(links, self.uplinks(cur, pm)), m,
-                                 rendezvous=False) + tail + overhead
+            return estimate_deepspeed(fwd, bwd, links, m, self.uplinks(cur, pm)) + tail + overhead
         return self.estimate(fwd, bwd, links, m, latency=latency, uplinks=self.uplinks(cur, pm)) + tail + overhead
 
     def resolve(self, choices: tuple) -> tuple[float, tuple]:

@@ -13,7 +13,7 @@ from ..cost.memory import GIB
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import memory_fit, tail_costs
-from .deepspeed_schedule import deepspeed_links
+from .deepspeed_schedule import estimate_deepspeed
 from .overlap import Priced, choose_depths
 from .pipeline import estimate_1f1b
 from .plan import Mesh, Plan
@@ -133,8 +133,8 @@ def _evaluate(model, gbs, pipe: Pipeline, m, depths, choices, cost_model, exact,
             tail = tail_costs.iteration_tail(model, inventory, choices, profs, layers, fwd, bwd, pipe.links,
                                              blocking, engine=engine)["tail_s"]
         if engine == "deepspeed":
-            t = estimate_1f1b(*deepspeed_passes(model, profs, fwd, bwd), deepspeed_links(pipe.links, pipe.uplinks), m,
-                              blocking=blocking, depth=depth, rendezvous=False)
+            t = estimate_deepspeed(*deepspeed_passes(model, profs, fwd, bwd), pipe.links, m, pipe.uplinks,
+                                   blocking=blocking, depth=depth)
         else:
             t = estimate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
                               uplinks=pipe.uplinks)
