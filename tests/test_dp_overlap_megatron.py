@@ -148,14 +148,17 @@ def test_the_published_runs_engine_is_priced_only():
         check_engine("megatron-core-0.8", field="engine")
 
 
-def test_a_later_stage_reduces_once_its_last_gradient_send_returned(tmp_path, monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap_grad_reduce", "no_overlap_grad_reduce"])
+def test_a_later_stage_reduces_once_its_last_gradient_send_returned(tmp_path, monkeypatch, overlap):
     """With overlap_grad_reduce Megatron-Core 0.19 calls `config.grad_sync_func` (which the runtime sets as
     Megatron-LM does) on a pipeline rank after the first only after the cool-down, once its last send_backward has
-    returned (schedules.py forward_backward_pipelining_without_interleaving). Recorded in the dry run's rank
-    processes, two clusters of DP 2 joined by a blocking boundary over an emulated 40 ms link: on each second-stage
-    rank the last backward, then the call that sends its gradient, held at least the link's 40 ms, then the
-    reduction's start, nothing between. So the tail does not hide that reduction behind the link
-    (plan/tail_costs.py tail_windows, the next test)."""
+    returned (schedules.py forward_backward_pipelining_without_interleaving); without it, `finalize_model_grads`
+    reduces the whole stage synchronously (DDP.finish_grad_sync) at the same point, right as the rank's own schedule
+    ends, not when the pipeline's does. Recorded in the dry run's rank processes, two clusters of DP 2 joined by a
+    blocking boundary over an emulated 40 ms link: on each second-stage rank the last backward, then the call that
+    sends its gradient, held at least the link's 40 ms, then the reduction's start, nothing between. So the tail
+    hides that reduction behind the first stage's last backward (drain), but not behind the link
+    (plan/tail_costs.py tail_windows, the next tests)."""
     import json
     import os
     import time
@@ -187,14 +190,18 @@ def test_a_later_stage_reduces_once_its_last_gradient_send_returned(tmp_path, mo
     monkeypatch.setattr(communicator.HeteroP2PCommunicator, "_communicate", recorded(
         communicate, lambda self, **k: ("call", self.ctx.coords.stage, k["tensor_send_prev"] is not None), "return"))
     monkeypatch.setattr(schedules, "backward_step", recorded(schedules.backward_step, None, "backward"))
-    monkeypatch.setattr(DistributedDataParallel, "start_grad_sync", recorded(
-        DistributedDataParallel.start_grad_sync, lambda *a, **k: ("grad_sync",)))
+    sync = "start_grad_sync" if overlap else "finish_grad_sync"   # (grad_sync_func, or finalize_model_grads's call)
+    monkeypatch.setattr(DistributedDataParallel, sync, recorded(
+        getattr(DistributedDataParallel, sync), lambda *a, **k: ("grad_sync",)))
     inv = {"clusters": [{"name": n, "device": "cpu", "nodes": 1, "devices_per_node": 2} for n in "ab"],
            "links": [{"between": ["a", "b"], "bandwidth_gbps": 100, "latency_ms": 40}]}
     plan = plan_from_dict({"version": 2, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 4,
-                           "inventory": inv, "meshes": [{**mesh("a", 1, 2, 1, [4]), "boundary": {"schedule": "blocking"}},
-                                                         mesh("b", 1, 2, 1, [4])]})
-    assert all(m.settings.overlap_grad_reduce for m in plan.meshes)
+                           "inventory": inv, "meshes": [
+                               {**mesh("a", 1, 2, 1, [4]), "boundary": {"schedule": "blocking"}}, mesh("b", 1, 2, 1, [4])]
+                           if overlap else [{**mesh(c, 1, 2, 1, [4]), **extra, "settings": {
+                               "overlap_grad_reduce": False, "overlap_param_gather": False}}
+                               for c, extra in (("a", {"boundary": {"schedule": "blocking"}}), ("b", {}))]})
+    assert all(m.settings.overlap_grad_reduce == overlap for m in plan.meshes)
     r = run_dryrun(plan, steps=2, seed=7, tiny=True, reference=False, timeout_s=60, emulate_links=1.0)
     assert "error" not in r, r.get("error")
     logs = [[json.loads(line) for line in f.read_text().splitlines()] for f in tmp_path.glob("*.jsonl")]
@@ -230,3 +237,39 @@ def test_the_tail_hides_a_later_stages_reduction_only_after_its_last_send():
         for i in (1, 2):
             last_send = max(e.end for e in sim.events if e.resource == ("stage", i))   # its last B, or its send
             assert windows[i][2] == pytest.approx(sim.makespan - last_send), (blocking, i)
+
+
+def test_without_overlap_a_later_stage_reduces_behind_the_drain_unless_the_tied_table_is_summed_first():
+    """Without overlap_grad_reduce each rank reduces its whole stage once its own schedule has returned (recorded
+    above in Megatron-Core's ranks), so a second stage's reduction runs while the first stage still runs its last
+    backward: priced, its exposure is the whole reduction less that backward (the boundary blocks: its link holds
+    the second stage's send, no part of the drain). DeepSpeed 0.19.8's TrainSchedule, read here from the library,
+    ends every stage's last step with ReduceTiedGrads before ReduceGrads: with a tied table the last stage first
+    sums it with the first stage, after that stage's last backward, so its reduction is exposed in full; untied,
+    it hides behind that backward too. Two H800 clusters, one stage each, the whole gradient all-reduced in fp32
+    in either engine (no distributed optimizer): the same collective, started at another time."""
+    from deepspeed.runtime.pipe.schedule import TrainSchedule
+
+    from hetauto_megatron.plan.simulate import simulate
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+    from hetauto_megatron.spec.model import PRESETS
+
+    for stage in (0, 1):
+        last = [type(c).__name__ for c in list(TrainSchedule(micro_batches=4, stages=2, stage_id=stage).steps())[-1]]
+        assert last.index("ReduceTiedGrads") < last.index("ReduceGrads"), last
+    inv = inventory_from_dict({"clusters": [{"name": n, "device": "h800", "nodes": 2, "devices_per_node": 8,
+                                             "inter_node": {"bandwidth_gbps": 100, "latency_us": 10}} for n in "ab"],
+                               "links": [{"between": ["a", "b"], "bandwidth_gbps": 25, "latency_ms": 2}]})
+    off = {"overlap_grad_reduce": False, "overlap_param_gather": False, "distributed_optimizer": False}
+    rows = {}
+    for tied in (True, False):
+        model = PRESETS["llama2-7b"].replace(num_layers=16, tie_embeddings=tied)
+        plan = Plan(model, 64, tuple(Mesh(c, "h800", 8, 2, 1, "selective", (8,), dict(off)) for c in "ab"))
+        for engine in ("megatron", "deepspeed"):
+            rows[tied, engine] = simulate(plan, inv, engine=engine).stages
+    whole = rows[True, "deepspeed"][1]["dp_reduce_s"]       # the last stage's reduction, after the first stage's end
+    assert whole == pytest.approx(rows[True, "deepspeed"][0]["dp_reduce_s"], rel=0.01)   # ~ the same stage size
+    first_backward = {e: rows[True, e][0]["backward_s"] for e in ("megatron", "deepspeed")}
+    for tied in (True, False):
+        assert rows[tied, "megatron"][1]["dp_reduce_s"] == pytest.approx(whole - first_backward["megatron"], abs=2e-6)
+    assert rows[False, "deepspeed"][1]["dp_reduce_s"] == pytest.approx(whole - first_backward["deepspeed"], abs=2e-6)

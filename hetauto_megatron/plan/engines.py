@@ -61,6 +61,10 @@ class Engine:
                                     # --rerun-mode validate_results) asks every rank whether its loss was rejected,
                                     # after the pipeline drains (Megatron-Core's rerun_state_machine.py `_reduce_any`,
                                     # from core 0.10 on); plan/tail_costs.py result_check_time
+    tied_reduce_first: bool = False     # sums a tied table's gradients across its holders (the first and the last
+                                    # stage) before its DP reduction, so the last stage's reduction waits for the
+                                    # first stage's last backward (DeepSpeed's ReduceTiedGrads before ReduceGrads);
+                                    # else after it (Megatron: finalize_model_grads reduces over DP first)
 
 
 ENGINES = {
@@ -100,7 +104,7 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
-                        selective_recompute=False, fp8=False, loss="torch"),
+                        selective_recompute=False, fp8=False, loss="torch", tied_reduce_first=True),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
     # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later

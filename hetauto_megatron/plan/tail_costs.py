@@ -87,14 +87,28 @@ def dp_exposed_times(model: ModelSpec, prof: StageProfile, layers: int, first: b
     pre-hook the next one's, which hides behind the forward of the bucket before it (`own_fwd` split by the
     buckets' work): the first is exposed in full; on later ranks, after the stage received its input, so it
     delays every later stage too: the caller adds these delays up along the pipeline. Without the overlaps the
-    collectives are exposed in full, the gather right after the optimizer step. The published runs' Megatron-Core
+    gather is exposed in full, right after the optimizer step. The published runs' Megatron-Core
     (0.6-0.8, engines.py ENGINES "megatron-core-0.8", the same buckets and chain: core_r0.8.0
     param_and_grad_buffer.py, distrib_optimizer.py `_finish_param_sync_helper`) started the first gather at the
     step's start instead: it hides behind `fill`, the forwards of the stages before this one and the links
-    between."""
+    between.
+
+    Without overlap_grad_reduce the whole reduction starts once the stage's own schedule has returned, after its
+    cool-down (Megatron-Core's finalize_model_grads, called at the end of each rank's
+    forward_backward_pipelining_without_interleaving; Megatron-LM 2021's train_step alike; DeepSpeed's ReduceGrads
+    at its schedule's last step), so it too hides behind `drain`; but where the engine first sums a tied table
+    across its holders (Engine.tied_reduce_first), the last stage starts it only once the first stage is done."""
     reduce, gather = dp_sync_times(model, prof, layers, first, last)
     return _exposure(prof.settings, reduce, gather, buckets_of(ddp_buckets(model, prof, layers, first, last)),
-                     own_fwd, own_bwd, drain, fill)
+                     own_fwd, own_bwd, _reduce_window(model, prof.settings, first, last, drain), fill)
+
+
+def _reduce_window(model: ModelSpec, s, first: bool, last: bool, drain: float) -> float:
+    """What the stage's gradient reduction may hide behind (dp_exposed_times): the drain, but none for the last
+    stage of a tied table whose engine sums the table across its holders first (it waits for the first stage)."""
+    if last and not first and model.tie_embeddings and ENGINES[s.engine].tied_reduce_first:
+        return 0.0
+    return drain
 
 
 def _exposure(s, reduce: float, gather: float, b: Buckets, own_fwd: float, own_bwd: float, drain: float,
@@ -102,6 +116,8 @@ def _exposure(s, reduce: float, gather: float, b: Buckets, own_fwd: float, own_b
     """dp_exposed_times from the stage's collectives and its buckets (tail_seconds calls it with its memo)."""
     if s.overlap_grad_reduce:
         reduce = max(0.0, b.reduce_left(reduce, own_bwd) - drain)
+    else:
+        reduce = max(0.0, reduce - drain)
     if s.overlap_param_gather:
         chain = b.gather_chain(gather, own_fwd)
         if ENGINES[s.engine].param_gather_dispatch == "step_start":
@@ -177,7 +193,8 @@ def tail_seconds(model: ModelSpec, profiles, layers, fwd, bwd, links, blocking, 
             terms = memo[key] = (reduce, gather, optimizer_time(model, prof, n, i == 0, i == last),
                                  buckets_of(ddp_buckets(model, prof, n, i == 0, i == last)))
         reduce, gather, opt, buckets = terms
-        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b, drain, before)
+        r, g_fill, g_step = _exposure(prof.settings, reduce, gather, buckets, f, b,
+                                      _reduce_window(model, prof.settings, i == 0, i == last, drain), before)
         if r > reduce_max:
             reduce_max = r
         fill += g_fill
