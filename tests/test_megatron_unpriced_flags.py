@@ -173,8 +173,30 @@ def test_a_launchs_collectives_over_the_world_every_iteration_are_announced_with
     _, logged = parse_emitted(monkeypatch, plan, ["--log-params-norm"])
     assert "--log-params-norm (all-reduces the parameters' squared norm over the 4 ranks: 8.04 ms)" in \
         unpriced_world_collectives(logged, plan)
+    # Megatron-Core's optimizer step counts the gradients' zeros and SUM-reduces the count over its
+    # gradient-statistics group (core/optimizer/clip_grads.py count_zeros_fp32), the world under --hetauto. Before,
+    # the clusters had to agree on the flag (job_agreement.py COLLECTIVE_ARGS) and the note did not name it.
+    _, zeros = parse_emitted(monkeypatch, plan, ["--log-num-zeros-in-grad"])
+    assert zeros.log_num_zeros_in_grad
+    assert "--log-num-zeros-in-grad (all-reduces the gradients' count of zeros over the 4 ranks: 8.04 ms)" in \
+        unpriced_world_collectives(zeros, plan)
     _, plain = parse_emitted(monkeypatch, plan, [])
     assert unpriced_world_collectives(plain, plan) is None
+
+
+def test_deterministic_kernels_are_refused(monkeypatch):
+    """Megatron-LM's validate_args turns --deterministic-mode into deterministic kernels for the whole process
+    (training/determinism.py apply_determinism_to_args: torch.use_deterministic_algorithms, Transformer Engine's
+    deterministic attention backward, a fixed cuBLAS workspace, NCCL's ring), slower on an accelerator by what no
+    CPU measurement times: the plan prices the default kernels. Before: the rewrite let it through, unpriced."""
+    import torch
+
+    from megatron.training.determinism import ARG_VALUES_REQUIRED_FOR_DETERMINISM, DETERMINISM_ENV_VAR_DEFAULTS
+
+    assert DETERMINISM_ENV_VAR_DEFAULTS["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0" and \
+        "cross_entropy_loss_fusion" in ARG_VALUES_REQUIRED_FOR_DETERMINISM
+    error = _refused(monkeypatch, _plan(), ["--deterministic-mode"], "--deterministic-mode")
+    assert "deterministic kernels" in str(error) and not torch.are_deterministic_algorithms_enabled()
 
 
 @pytest.mark.parametrize("flags,impl", [(["--cuda-graph-impl", "local"], "local"),

@@ -54,9 +54,9 @@ CHECKPOINT_ARGS = ("load", "finetune", "no_load_optim", "no_load_rng")
 # What adds a collective over the world to iterations, besides the iteration's own (Megatron-LM 0.19's training.py):
 # each logging iteration's barrier (the interval timer), with --timing-log-level 1 or more the timers' all-gather, and
 # another with --log-timers-to-tensorboard; unpriced.PER_ITERATION_WORLD's (the exit's time limit is a schedule
-# argument above); the result check's all-reduce (--rerun-mode disabled has none); the zero count's all-reduce over
-# the gradient-statistics group, the world under --hetauto (runtime/gradients.py); the straggler detector's report;
-# the barriers of the DP weight-hash check, the GPU sniff test and the autoresume check
+# argument above; the zero count's all-reduce over the gradient-statistics group, the world under --hetauto,
+# runtime/gradients.py); the result check's all-reduce (--rerun-mode disabled has none); the straggler detector's
+# report; the barriers of the DP weight-hash check, the GPU sniff test and the autoresume check
 COLLECTIVE_ARGS = ("log_interval", "timing_log_level", "log_timers_to_tensorboard", "log_params_norm",
                    "exit_signal_handler", "rerun_mode", "log_num_zeros_in_grad", "log_straggler",
                    "check_weight_hash_across_dp_replicas_interval", "gpu_sniff_test_interval", "adlr_autoresume",

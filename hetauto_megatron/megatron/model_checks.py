@@ -89,6 +89,12 @@ def check_model_args(args, plan: Plan, *, file: str | None = None) -> dict:
         if have is not None and have != arch.value:
             how = "add " + " ".join(arch.flags) if arch.flags else "Megatron's default: leave the flag out"
             clashes.append(f"{arch.dest} {have} where the plan's model has {arch.why} ({how})")
+    # Megatron-Core's TransformerConfig accepts the residual-fused RMSNorm with RMSNorm only: beside a LayerNorm model
+    # every rank stopped at the model's build with its ValueError (with RMSNorm it builds nothing priced: unpriced.py)
+    norm = getattr(args, "normalization", None)
+    if getattr(args, "fused_residual_rmsnorm", False) and norm != "RMSNorm":
+        clashes.append(f"--fused-residual-rmsnorm, which Megatron-Core runs with RMSNorm only, beside normalization "
+                       f"{norm} (drop the flag)")
     # Megatron's legacy spelling of rotary embeddings, which its validate_args turns into position_embedding_type
     # after this check: rotary is the plan's model's, or the launch builds another model
     if getattr(args, "use_rotary_position_embeddings", False) and m.position_embedding != "rope":

@@ -16,7 +16,12 @@ send_backward has returned (Megatron-Core 0.19 schedules.py forward_backward_pip
 `disable_bucketing or pp_rank > 0`, complete only when that backward ends). The plan prices the default, the
 later start (plan/tail_costs.py tail_windows): where that send blocks, the flag starts the reduction earlier by
 at most the link time, which the plan over-prices. The DP gradient buckets themselves are priced
-(`check_ddp_bucket_args`).
+(`check_ddp_bucket_args`). Nor is --fused-residual-rmsnorm: Megatron-Core 0.19 reads it only in Transformer Engine's
+TENorm built for a norm followed by a residual (extensions/transformer_engine.py, has_residual), which the plan's
+layers never build: Transformer Engine's dense spec fuses both norms into the QKV and fc1 linears
+(gpt_layer_specs.py; only the refused MoE and MLA layers ask for such a norm), the block's final norm is
+LayerNormImpl, and the local spec ignores has_residual. It builds nothing priced; beside a LayerNorm model
+Megatron's TransformerConfig raises, so the rewrite refuses it there (model_checks.py).
 """
 from __future__ import annotations
 
@@ -210,6 +215,13 @@ UNPRICED = (
     Unpriced("qk_l2_norm", "--qk-l2-norm", False,
              "L2 norms on the queries and keys, whose inputs each layer keeps for the backward: activations the "
              "plan does not count"),
+    # Megatron-LM's apply_determinism_to_args (training/determinism.py): torch.use_deterministic_algorithms(True),
+    # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (Transformer Engine's attention takes its deterministic backward, or another
+    # backend), CUBLAS_WORKSPACE_CONFIG, NCCL_ALGO=Ring, and the embedding's backward by indexing
+    # (tensor_parallel/layers.py): kernels slower on an accelerator by amounts the CPU cannot time
+    Unpriced("deterministic_mode", "--deterministic-mode", False,
+             "deterministic kernels (torch's deterministic algorithms, Transformer Engine's deterministic attention "
+             "backward, a fixed cuBLAS workspace, NCCL's ring): slower kernels whose times the plan does not price"),
     Unpriced("rerun_mode", "--rerun-mode", "validate_results",
              "every iteration's forward and backward passes run twice, to report their non-determinism: the plan "
              "prices one run", allowed=("disabled",)),
@@ -332,12 +344,16 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
 # checkpoint_and_decide_exit): the exit's time limit (a MAX all-reduce of whether any rank's time is up) and the
 # exit signal (an all-gather of whether each rank received it); and the logged parameter norm (train: every
 # iteration, an all-reduce over the world under --hetauto, runtime/gradients.py params_norm_once, after a pass over
-# the rank's parameters). Legitimate in production launches, so not refused;
+# the rank's parameters); and the logged count of zero gradients (core/optimizer/clip_grads.py count_zeros_fp32, in
+# every optimizer step: a pass over the rank's gradients, then a SUM all-reduce over the gradient-statistics group,
+# the world under --hetauto, runtime/gradients.py count_grad_norm_once). Legitimate in production launches, so not
+# refused;
 # the plan's iteration time counts the world's result check and global norm only, so the launch says what each adds.
 PER_ITERATION_WORLD = (
     ("exit_duration_in_mins", "--exit-duration-in-mins", "all-reduces whether any rank's time is up", 1.0),
     ("exit_signal_handler", "--exit-signal-handler", "all-gathers whether each rank received the exit signal", 0.5),
     ("log_params_norm", "--log-params-norm", "all-reduces the parameters' squared norm", 1.0),
+    ("log_num_zeros_in_grad", "--log-num-zeros-in-grad", "all-reduces the gradients' count of zeros", 1.0),
 )
 
 
