@@ -87,3 +87,14 @@ def test_a_stage_decisions_bounds_in_one_pass_are_the_general_ones():
                 assert a == pytest.approx(b, rel=1e-12) or (math.isinf(a) and math.isinf(b)), (inst, path, a, b)
                 compared += 1
     assert compared > 500
+
+
+def test_every_catalog_accelerator_has_its_own_compute_units():
+    """The GEMMs' wave quantisation spreads a GEMM's output tiles over the device's SMs (CUs, AI cores): a catalog
+    accelerator missing from COMPUTE_UNITS took its vendor's default, the A100's 108, so the RTX 3090 (82 SMs),
+    2080 (46), 2080 Ti (68) and TITAN RTX (72) were priced with a third to twice more SMs than their datasheets
+    give. Every catalog accelerator has its own count; the default is for types an inventory defines."""
+    from hetauto_megatron.cost.analytic import COMPUTE_UNITS
+    from hetauto_megatron.spec.devices import CATALOG
+
+    assert [n for n, d in CATALOG.items() if d.vendor != "cpu" and n not in COMPUTE_UNITS] == []

@@ -42,8 +42,10 @@ from ..spec.model import ModelSpec
 # tiles the device computes at once. Datasheet figures; a type missing here gets its vendor's default.
 COMPUTE_UNITS = {
     "a100-40gb": 108, "a100-80gb": 108, "h100-sxm": 132, "h800": 132, "h20": 78, "h200": 132, "gh200": 132,
-    "v100": 80, "v100-16gb": 80, "l40s": 142, "a10": 72, "mi250x": 110, "mi300x": 304, "ascend-910b": 24,
+    "v100": 80, "v100-16gb": 80, "l40s": 142, "a10": 72, "rtx-3090": 82, "rtx-2080": 46, "rtx-2080-ti": 68,
+    "titan-rtx": 72, "mi250x": 110, "mi300x": 304, "ascend-910b": 24,
 }
+# a type an inventory defines itself (not in the catalog): its vendor's flagship count
 DEFAULT_COMPUTE_UNITS = {"nvidia": 108, "amd": 110, "ascend": 24, "cpu": 8}
 GEMM_TILE = 128     # output tile edge of the tensor-core GEMM kernels (cuBLAS / CUTLASS bf16 on Ampere, Hopper)
 
