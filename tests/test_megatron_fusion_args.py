@@ -163,3 +163,31 @@ def test_without_apexs_kernel_the_gradient_accumulation_runs_unfused(monkeypatch
     assert args.gradient_accumulation_fusion is True          # Megatron-LM's default, which could not build here
     changed = rewrite.rewrite_args(args, plan, rank0_placement(plan))
     assert changed["gradient_accumulation_fusion"] == (True, False)
+
+
+def test_transformer_engines_activation_on_a_swiglu_plan_is_refused_in_one_paragraph_before_the_join(monkeypatch):
+    """--use-te-activation-func passes the rewrite and Megatron-LM's validate_args on a SwiGLU plan of accelerators,
+    and Megatron-Core's TransformerConfig then refuses it beside the fused bias-SwiGLU the plan prices (a ValueError
+    that NVIDIA's pretrain_gpt.py met in pretrain(), after the join, as a traceback on every rank). The hook builds
+    that config right after validate_args: one paragraph naming the flag and its removal, exit 2. A launch without
+    it builds its config there as before."""
+    import sys
+
+    from hetauto_megatron.megatron.config_check import check_transformer_config
+    plan = _plan(LLAMA)
+    args = _accepted(monkeypatch, plan, ["--use-te-activation-func"])
+    assert args.swiglu and args.bias_swiglu_fusion and args.use_te_activation_func
+    margs = sys.modules["megatron.training.arguments"]
+    with pytest.raises(ValueError, match="bias_activation_fusion and use_te_activation_func cannot be both true"):
+        transformer_config(margs, args)                  # Megatron's own builder, as pretrain() calls it
+    # this machine lacks Transformer Engine, whose fused rotary embedding the config would refuse too (helpers.py)
+    args.apply_rope_fusion = False
+    with pytest.raises(InputError) as exc:
+        check_transformer_config(args, plan, sys.argv[1:], file="plan.yaml")
+    err = exc.value
+    assert err.exit_code == 2 and err.field == "--use-te-activation-func" and "\n" not in err.message
+    assert "remove --use-te-activation-func" in err.fix and "fused bias-SwiGLU" in err.message
+    assert "cannot be both true" in err.message
+    args = _accepted(monkeypatch, plan, [])
+    args.apply_rope_fusion = False
+    check_transformer_config(args, plan, sys.argv[1:], file="plan.yaml")

@@ -251,6 +251,12 @@ MISTAKES = {
     # a bare assertion of Megatron-LM's: its line is what names the flags
     "megatron's bare assertion": (6, ["--min-lr", "1e-2"], ["refused this launch: `assert args.min_lr <= args.lr` "
                                                            "(megatron/training/arguments.py, line", "Fix:"]),
+    # Megatron-Core's TransformerConfig refuses what validate_args let through (here: no Transformer Engine 2.3),
+    # now right after validate_args (before: its traceback in pretrain(), after the join, on every rank)
+    "megatron-core's config": (6, ["--symmetric-ar-type", "two_shot"],
+                               ["TransformerConfig (core_transformer_config_from_args) refused this launch: Must "
+                                "have at least TE version 2.3", "field '--symmetric-ar-type'",
+                                "remove --symmetric-ar-type"]),
     # Megatron's assertion on the tokenizer's arguments, raised where it builds the tokenizer
     "a tokenizer without its files": (6, ["--tokenizer-type", "HuggingFaceTokenizer"],
                                       ["Megatron-LM could not build the tokenizer (--tokenizer-type "

@@ -14,7 +14,9 @@ With --hetauto, per rank:
 1. the megatron-core version is checked (the seams used here exist in 0.19.x only);
 2. after Megatron parsed the command line and BEFORE it validates it, the rank's arguments are rewritten
    from the plan (rewrite.py: its mesh's TP, DP, micro-batch and recompute, the plan's pipeline depth,
-   layout and global batch; model-shape arguments checked against the plan);
+   layout and global batch; model-shape arguments checked against the plan); once Megatron validated them,
+   Megatron-Core's TransformerConfig is built from them as pretrain() will, so that its refusal comes now
+   (config_check.py);
 3. `pretrain_kwargs` joins the global torch.distributed world of the launch contract, builds the plan's
    process groups with the runtime instead of `initialize_model_parallel`, fills Megatron's parallel_state
    with this rank's own mesh groups (DDP, the optimizer and the data loader still read those globals; one
@@ -49,6 +51,7 @@ from ..plan.plan import Plan, load_plan
 from ..runtime.device import has_accelerator
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider, unmark_parser_defaults
+from .config_check import check_transformer_config
 from .group_args import flight_recorder_env
 from .mpu_globals import populate_parallel_state
 # How an entry script ends on a user mistake or a lost rank (the scripts call these as hook.*)
@@ -161,9 +164,13 @@ def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, igno
                 raise
             raise _validation_exit(args) from None
         if "state" in state_box:
+            state = state_box["state"]
+            # Megatron-Core's TransformerConfig refuses combinations validate_args lets through: refused here, one
+            # paragraph before any rank waits for another, not in pretrain() after the join (config_check.py)
+            check_transformer_config(args, state.plan, sys.argv[1:], file=state.plan_file)
             # validate_args derived this mesh's data_parallel_size from the mesh-sized world; from now on
             # Megatron sees the real job (pretrain also re-reads both from torch.distributed).
-            args.world_size = state_box["state"].plan.world_size
+            args.world_size = state.plan.world_size
         return result
 
     original_parse = margs.parse_args
