@@ -46,7 +46,7 @@ from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reducti
 # the weight: Megatron passes is_first_microbatch to every TE linear (core/extensions/transformer_engine.py, TELinear
 # and TELayerNormColumnParallelLinear.forward), so TE quantizes the weight into a workspace cached in the module's
 # _fp8_workspaces ("weight", module/base.py get_weight_workspace) and keeps it for the whole run, updated in place at
-# each first micro-batch. Under Megatron's default recipe (delayed scaling: --fp8-recipe, not emitted) that
+# each first micro-batch. Under Megatron's default recipe (delayed scaling: --fp8-recipe, not emitted; another is refused, megatron/settings_args.py) that
 # workspace is a Float8Tensor with its row-wise data (1 byte) and, for the backward's data-gradient GEMM, its
 # transpose (1 byte): TE allocates the transpose wherever cuBLASLt takes fp8 GEMMs in the TN layout only
 # (csrc/quantizer.cpp, with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(), false below
