@@ -42,15 +42,15 @@ from .deepspeed_state import (ADAM_MOMENT_BYTES, FP32, deepspeed_held_at_reducti
                               deepspeed_state_fixed_bytes, deepspeed_step_bytes_per_param, deepspeed_step_fixed_bytes)
 
 
-# fp8 training keeps, beside each 16-bit GEMM weight of Transformer Engine's layers, its fp8 copies, per element of
-# the weight: Megatron passes is_first_microbatch to every TE linear (core/extensions/transformer_engine.py, TELinear
-# and TELayerNormColumnParallelLinear.forward), so TE quantizes the weight into a workspace cached in the module's
+# fp8 training keeps, beside each 16-bit GEMM weight of Transformer Engine's layers, its fp8 copies, per element of the
+# weight: Megatron passes is_first_microbatch to every TE linear (core/extensions/transformer_engine.py, TELinear and
+# TELayerNormColumnParallelLinear.forward), so TE quantizes the weight into a workspace cached in the module's
 # _fp8_workspaces ("weight", module/base.py get_weight_workspace) and keeps it for the whole run, updated in place at
-# each first micro-batch. Under Megatron's default recipe (delayed scaling: --fp8-recipe, not emitted) that
-# workspace is a Float8Tensor with its row-wise data (1 byte) and, for the backward's data-gradient GEMM, its
-# transpose (1 byte): TE allocates the transpose wherever cuBLASLt takes fp8 GEMMs in the TN layout only
-# (csrc/quantizer.cpp, with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(), false below
-# compute capability 10.0): on every fp8 device of the catalog (Hopper 9.0, Ada 8.9, and the MI300X's 9.4 in
+# each first micro-batch. Under Megatron's default recipe (delayed scaling: --fp8-recipe, not emitted; another is
+# refused, megatron/settings_args.py) that workspace is a Float8Tensor with its row-wise data (1 byte) and, for the
+# backward's data-gradient GEMM, its transpose (1 byte): TE allocates the transpose wherever cuBLASLt takes fp8 GEMMs in
+# the TN layout only (csrc/quantizer.cpp, with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(),
+# false below compute capability 10.0): on every fp8 device of the catalog (Hopper 9.0, Ada 8.9, and the MI300X's 9.4 in
 # ROCm's port, which keeps the rule). TransformerEngine v2.14; one fp32 scale per weight is left out.
 FP8_WEIGHT_COPY_BYTES = 2
 

@@ -56,9 +56,12 @@ CHECKPOINT_ARGS = ("load", "finetune", "no_load_optim", "no_load_rng")
 # another with --log-timers-to-tensorboard; unpriced.PER_ITERATION_WORLD's (the exit's time limit is a schedule
 # argument above; the zero count's all-reduce over the gradient-statistics group, the world under --hetauto,
 # runtime/gradients.py); the result check's all-reduce (--rerun-mode disabled has none); the straggler detector's
-# report; the barriers of the DP weight-hash check, the GPU sniff test and the autoresume check
+# report; the energy monitor's all-reduce over the world (core/energy_monitor.py lap, each logging iteration where
+# NVML is installed, as on NVIDIA's machines, and get_total at the end: not every iteration, so not in
+# PER_ITERATION_WORLD, like the interval timer's barrier); the barriers of the DP weight-hash check, the GPU sniff
+# test and the autoresume check
 COLLECTIVE_ARGS = ("log_interval", "timing_log_level", "log_timers_to_tensorboard", "log_params_norm",
-                   "exit_signal_handler", "rerun_mode", "log_num_zeros_in_grad", "log_straggler",
+                   "exit_signal_handler", "rerun_mode", "log_num_zeros_in_grad", "log_straggler", "log_energy",
                    "check_weight_hash_across_dp_replicas_interval", "gpu_sniff_test_interval", "adlr_autoresume",
                    "adlr_autoresume_interval")
 JOB_ARGS = (SCHEDULE_ARGS + COLLECTIVE_ARGS + OPTIMIZER_ARGS + DATA_ARGS + CHECKPOINT_ARGS +

@@ -26,6 +26,10 @@ from ..runtime.ranks import RankCoords
 from ..spec.model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 from .args import ParserDefault, ParserDefaultStr
 
+# The fp8 recipe the cost model prices (cost/model_state.py FP8_WEIGHT_COPY_BYTES: delayed scaling's weight copies),
+# Megatron-LM's default --fp8-recipe
+PRICED_FP8_RECIPE = "delayed"
+
 
 def _switch_values(plan: Plan, mesh_index: int) -> dict[str, tuple[object, str]]:
     """Megatron argument -> (value the mesh runs, plan field) for every argument the plan decides
@@ -99,6 +103,17 @@ def runtime_setting_overrides(args, plan: Plan, placement: RankCoords, *, file: 
             # Outside fp8 plans Megatron builds no fp8 recipe, so the flag changes nothing there and passes.
             clashes.append(("--no-fp8-wgrad (plan: precision is fp8, the weight-gradient GEMMs priced in fp8)",
                             "precision"))
+        recipe = getattr(args, "fp8_recipe", PRICED_FP8_RECIPE)
+        recipe = getattr(recipe, "value", recipe)
+        if recipe != PRICED_FP8_RECIPE:
+            # Megatron-Core's get_fp8_recipe (fp8_utils.py) builds Transformer Engine's current scaling
+            # (tensorwise), 128-element block scaling (blockwise), MXFP8 (Blackwell only) or a user factory
+            # (custom): other weight copies and scales than the delayed-scaling copies the plan prices
+            # (cost/model_state.py FP8_WEIGHT_COPY_BYTES), other GEMM rates. The amax history's length and
+            # algorithm (--fp8-amax-history-len, --fp8-amax-compute-algo) pass: a few fp32 numbers per GEMM.
+            # Outside fp8 plans Megatron builds no recipe, and the flag changes nothing priced.
+            clashes.append((f"--fp8-recipe {recipe} (plan: precision is fp8, priced with Megatron's default "
+                            f"recipe, --fp8-recipe {PRICED_FP8_RECIPE}: delayed scaling)", "precision"))
     if mesh.device_type == "cpu":
         # CPU processes build the local, unfused layers the plan priced for them, whatever the launch says
         # (megatron_flags.CPU_LAYER_ARGS: Megatron-LM's fused defaults stop a CPU rank with a traceback); a typed

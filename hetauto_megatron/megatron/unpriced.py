@@ -222,6 +222,24 @@ UNPRICED = (
     Unpriced("deterministic_mode", "--deterministic-mode", False,
              "deterministic kernels (torch's deterministic algorithms, Transformer Engine's deterministic attention "
              "backward, a fixed cuBLAS workspace, NCCL's ring): slower kernels whose times the plan does not price"),
+    # Megatron-Core's enable_batch_invariant_mode (training/initialize.py; core/transformer/custom_layers/
+    # batch_invariant_kernels.py): aten's mm, addmm, _log_softmax and mean.dim and Transformer Engine's GEMM and
+    # RMSNorm replaced by Triton kernels for the whole process, at rates the plan's device catalog does not hold
+    Unpriced("batch_invariant_mode", "--batch-invariant-mode", False,
+             "batch-invariant kernels (Triton GEMMs, log-softmax and means in place of cuBLAS's and Transformer "
+             "Engine's): GEMM rates the plan does not price"),
+    # TransformerLayer._forward_mlp (core/transformer/transformer_layer.py): in training, unless the MLP is
+    # recomputed, every layer's MLP runs on N slices of the sequence, then concatenates them: N times the MLP's
+    # GEMM launches and TP collectives of 1/N the size, and a copy of its output, where the plan prices one pass
+    Unpriced("mlp_chunks_for_training", "--mlp-chunks-for-training", 1,
+             "every layer's MLP run on that many slices of the sequence (that many times its GEMM launches and TP "
+             "collectives, and a concatenation): the plan prices one MLP pass"),
+    # Megatron-LM's validate_args turns the distributed optimizer and overlap_param_gather off under it, after the
+    # rewrite set both from the plan, and training.py get_model freezes every parameter: no weight gradients,
+    # no DP reduction, no optimizer step, another memory and time than the plan's, its start-up log the plan's
+    Unpriced("freeze_all_layers", "--freeze-all-layers", False,
+             "every parameter frozen (no weight gradients, DP reduction or optimizer step) and Megatron's "
+             "distributed optimizer and parameter-gather overlap turned off: the plan prices training them"),
     Unpriced("rerun_mode", "--rerun-mode", "validate_results",
              "every iteration's forward and backward passes run twice, to report their non-determinism: the plan "
              "prices one run", allowed=("disabled",)),
