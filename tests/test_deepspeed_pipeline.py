@@ -260,3 +260,33 @@ def test_zero_2_is_refused_by_the_engine_with_one_stage_and_by_initialize_before
     assert out["deepspeed"] == "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", out
     assert out["hetauto"][:2] == ["ds_config.a.json", "zero_optimization.stage"], out
     assert out["hetauto"][2].startswith("ZeRO stage 2: DeepSpeed's pipeline engine refuses"), out
+
+
+def _initialize_refusal(rank, world_size, model, configs):
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+
+    dsp.import_deepspeed().init_distributed(dist_backend="gloo")
+    try:
+        dsp.initialize(model, dsp.config_for_rank(configs, rank))
+    except InputError as exc:
+        return [exc.field, exc.reason]
+    except Exception as exc:        # DeepSpeed's own refusal, which came first before the check
+        return [type(exc).__name__, str(exc)]
+    return None
+
+
+def test_meshes_of_different_dp_are_refused_before_deepspeed_builds_its_grid():
+    """Meshes of DP 1 x micro-batch 2 and DP 2 x micro-batch 1 (a Megatron plan emitted for DeepSpeed) launch 3 ranks,
+    which DeepSpeed's one grid of stages x DP cannot hold: every rank is refused by hetauto's check, naming the field,
+    before DeepSpeed's PipelineModule stops on `num_stages (2) must divide distributed world size (3)`."""
+    from hetauto_megatron.runtime.launcher import free_port, launch
+
+    plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
+                           "meshes": [mesh("a", 1, 1, 2, [5]), mesh("b", 1, 2, 1, [3])]})
+    assert any(line.startswith("different data-parallel sizes") for line in unsupported_features(plan))
+    configs = [json.loads(json.dumps(r["config"])) for r in emit_deepspeed(plan)]
+    out = launch(_initialize_refusal, plan.world_size, args=(plan.model, configs), timeout_s=300,
+                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    for r in out:
+        assert r[0] == "hetauto.data_parallel_size" and r[1].startswith("the launch has 3 ranks"), out

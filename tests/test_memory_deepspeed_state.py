@@ -354,7 +354,7 @@ def test_the_optimizer_priced_is_the_one_deepspeed_builds_for_every_emitted_conf
             for grad_reduce_dtype in ("fp32", "param"):
                 plan = _plan(precision, distributed_optimizer, grad_reduce_dtype, 2)
                 parsed.append(validate(deepspeed_config(plan, 0), plan.meshes[0].dp))
-                cases.append((precision, as_run_by(plan.meshes[0].settings, "deepspeed")))
+                cases.append((precision, plan.settings_as_run(0, "deepspeed")))
     built = launch(_optimizer_choices, 1, args=(parsed,), timeout_s=120, env={"MASTER_PORT": str(free_port())})[0]
     for (precision, settings), kind in zip(cases, built):
         where = (precision, settings.distributed_optimizer, settings.grad_reduce_dtype, kind)

@@ -7,7 +7,7 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
 - the mesh's runtime settings as DeepSpeed's engine runs them (plan/settings.py, the one table Megatron's
   arguments are read from too, its `deepspeed` row: plan/engines.py `as_run_by`): the distributed optimizer is
   ZeRO stage 1 (the pipeline engine refuses stages 2/3, one pipeline stage too), grad_reduce_dtype is the
-  communication and gradient-accumulation dtype; the pipeline engine reduces gradients after the last backward
+  communication and gradient-accumulation dtype (fp16 with ZeRO-1 runs it as "param": engines.py); the pipeline engine reduces gradients after the last backward
   whatever overlap_comm says, so overlap_comm is the table's (off) and a plan asking for overlap_grad_reduce gets
   it listed as unsupported;
 - the precision the mesh trains in (the plan's; fp32 on CPU; fp8 as bf16); activation checkpointing from the
@@ -30,7 +30,6 @@ import os
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan
-from ..plan.engines import as_run_by
 from ..plan.precision import sixteen_bit_dtype
 from ..plan.shapes import require_simple, uniform_topology_gaps
 from ..spec.devices import get_device
@@ -71,7 +70,7 @@ def stage_partition(stage_layers: list[int]) -> list[int]:
 def deepspeed_config(plan: Plan, mesh_index: int) -> dict:
     """The ds_config for the ranks of one mesh (a plain dict, not yet validated)."""
     mesh = plan.meshes[mesh_index]
-    settings = as_run_by(mesh.settings, ENGINE)     # what DeepSpeed's engine runs of the mesh's settings
+    settings = plan.settings_as_run(mesh_index, ENGINE)     # what DeepSpeed's engine runs of the mesh's settings
     # 'selective' recompute (the MLP re-run) has no DeepSpeed equivalent; checkpoint every layer instead so
     # the memory the plan budgeted is not exceeded (listed by unsupported_features).
     checkpoint = mesh.recompute in ("full", "selective")
@@ -176,15 +175,23 @@ def unsupported_features(plan: Plan) -> list[str]:
                    "--engine deepspeed' prices (more compute, less memory than the plan's 1F1B estimate)")
     for key, why in _SETTING_GAPS.items():     # settings the plan asks for that the engine's row turns off
         # (an overlap of the DP collectives where a mesh has DP 1 overlaps nothing, so loses nothing)
-        if any(getattr(m.settings, key) != getattr(as_run_by(m.settings, ENGINE), key)
-               and (m.dp > 1 or not key.startswith("overlap_")) for m in meshes):
+        if any(getattr(m.settings, key) != getattr(plan.settings_as_run(i, ENGINE), key)
+               and (m.dp > 1 or not key.startswith("overlap_")) for i, m in enumerate(meshes)):
             out.append(why)
     if any(not m.settings.distributed_optimizer and m.settings.grad_reduce_dtype == "fp32"
            and plan.mesh_precision(i) != "fp32" for i, m in enumerate(meshes)):
         out.append("fp32 gradient accumulation without the distributed optimizer: DeepSpeed accumulates bf16/fp16 "
                    "gradients in that precision unless ZeRO is on")
+    if any(m.settings.grad_reduce_dtype != plan.settings_as_run(i, ENGINE).grad_reduce_dtype
+           for i, m in enumerate(meshes)):
+        # engines.py ENGINES["deepspeed"]: DeepSpeedZeroOptimizer keeps fp32-accumulated fp16 gradients in a
+        # grad_accum attribute that the pipeline engine's tied-weight reduction never reads
+        out.append("fp16 gradients accumulated and reduced in fp32 with the distributed optimizer (grad_reduce_dtype "
+                   "fp32): DeepSpeed's ZeRO-1 then moves each fp16 gradient into an fp32 grad_accum attribute that its "
+                   "pipeline engine's tied-weight reduction never reads, so the configs accumulate and reduce in fp16 "
+                   "(grad_reduce_dtype param), which 'hetauto simulate --engine deepspeed' prices")
     if plan.model.tie_embeddings and plan.pipeline_parallel_size > 1 and any(
-            not as_run_by(m.settings, ENGINE).distributed_optimizer and plan.mesh_precision(i) != "bf16"
+            not plan.settings_as_run(i, ENGINE).distributed_optimizer and plan.mesh_precision(i) != "bf16"
             for i, m in enumerate(meshes)):
         # DeepSpeed 0.19.8 without ZeRO: fp32 clips with runtime/utils.py clip_grad_norm_ and fp16 with its
         # FP16 optimizers' norm of the stage's gradients, each summing the tied table's copy on the first and on

@@ -18,7 +18,6 @@ from ..plan.exchange_roots import describe_roots
 from ..plan.explain import breakdown, describe_bottleneck
 from ..plan.multi_explain import PARTS, shapes_breakdown
 from ..plan.plan import Plan
-from ..plan.engines import as_run_by
 from ..plan.precision import sixteen_bit_dtype
 from ..spec.devices import get_device
 from .launches import inventory_cluster
@@ -53,7 +52,7 @@ def _settings_text(plan: Plan) -> str:
     same ones together."""
     groups: dict[str, list[str]] = {}
     for i, mesh in enumerate(plan.meshes):
-        st = as_run_by(mesh.settings, plan.engine)
+        st = plan.settings_as_run(i)
         overlap = "+".join(w for w, on in (("grad", st.overlap_grad_reduce), ("param", st.overlap_param_gather)) if on)
         text = ", ".join([("SP" if st.sequence_parallel else "no SP"),
                           _optimizer_words(plan, i, st),

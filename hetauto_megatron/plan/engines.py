@@ -65,6 +65,8 @@ class Engine:
                                     # stage) before its DP reduction, so the last stage's reduction waits for the
                                     # first stage's last backward (DeepSpeed's ReduceTiedGrads before ReduceGrads);
                                     # else after it (Megatron: finalize_model_grads reduces over DP first)
+    fp16_fp32_accumulation: bool = True     # fp16 gradients accumulate and reduce in fp32 with the distributed
+                                    # optimizer as grad_reduce_dtype fp32 asks (else in fp16: as_run_by)
 
 
 ENGINES = {
@@ -101,10 +103,19 @@ ENGINES = {
     # Its layers (runtime/deepspeed_pipeline.py) call torch's scaled_dot_product_attention, whose memory-efficient
     # kernel takes fp32 and runs on a V100 (and its flash kernel on CPU): no s x s matrix at any precision. Its loss
     # is torch's F.cross_entropy on the fp32 logits (lm_loss).
+    # fp16 with ZeRO-1 and an fp32 grad_accum_dtype builds DeepSpeedZeroOptimizer (engine.py:2297-2311: only bf16
+    # gets the BF16 optimizer there), whose backward hook adds each fp16 `.grad` into an fp32 `grad_accum` attribute
+    # and sets `.grad` to None (zero/stage_1_and_2.py:397-404, :1234-1240, :2288-2289); the pipeline engine's
+    # ReduceTiedGrads sums only `weight.grad` and skips None (pipe/engine.py:281-285), so a tied table's two copies
+    # would never be summed and drift apart. So fp16 with ZeRO-1 runs grad_reduce_dtype "param" here (as_run_by):
+    # ZeRO-1 accumulating and reducing in fp16, whose `.grad` the tied reduction sums (measured:
+    # tests/test_deepspeed_tied_accumulation.py). bf16 with fp32 accumulation builds BF16_Optimizer, whose tied
+    # reduction reads its fp32 `_hp_grad`; fp16 without ZeRO accumulates in fp16 (FP16_UnfusedOptimizer).
     "deepspeed": Engine("deepspeed", False, False, False, False, True, True, True,
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
-                        selective_recompute=False, fp8=False, loss="torch", tied_reduce_first=True),
+                        selective_recompute=False, fp8=False, loss="torch", tied_reduce_first=True,
+                        fp16_fp32_accumulation=False),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the
     # step's start (core_r0.7.0 distrib_optimizer.py `zero_grad`: `_dispatch_gather_model_params(0)`), so a later
@@ -133,16 +144,22 @@ def check_engine_precision(engine: str, precision: str, *, field: str, command: 
                          fix=f"{command} --engine {engine} with bf16, fp16 or fp32, or fp8 with --engine megatron")
 
 
-def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE) -> RuntimeSettings:
+def as_run_by(s: RuntimeSettings, engine: str = DEFAULT_ENGINE, precision: str = "") -> RuntimeSettings:
     """A mesh's settings as `engine` runs them: a setting the engine does not run is off (what it then does is what
-    the cost model prices and the engine's emitter writes). The Megatron engine runs them all, unchanged."""
+    the cost model prices and the engine's emitter writes). The Megatron engine runs them all, unchanged.
+    `precision`: the mesh's training precision (Plan.mesh_precision, the device's at the job's precision; "" where
+    unknown: no rule that depends on it applies), for DeepSpeed's fp16 with ZeRO-1, which reduces in fp16
+    (Engine.fp16_fp32_accumulation)."""
     e = ENGINES[engine]
-    if e.overlaps_grad_reduce and e.overlaps_param_gather and e.sequence_parallel:
+    reduce_dtype = s.grad_reduce_dtype
+    if precision == "fp16" and s.distributed_optimizer and not e.fp16_fp32_accumulation:
+        reduce_dtype = "param"
+    if e.overlaps_grad_reduce and e.overlaps_param_gather and e.sequence_parallel and reduce_dtype == s.grad_reduce_dtype:
         return s if s.engine == engine else dataclasses.replace(s, engine=engine)
     return dataclasses.replace(s, overlap_grad_reduce=s.overlap_grad_reduce and e.overlaps_grad_reduce,
                                overlap_param_gather=s.overlap_param_gather and e.overlaps_param_gather,
                                sequence_parallel=s.sequence_parallel and e.sequence_parallel,
-                               engine=engine)
+                               grad_reduce_dtype=reduce_dtype, engine=engine)
 
 
 def recompute_as_run_by(recompute: str, engine: str = DEFAULT_ENGINE) -> str:

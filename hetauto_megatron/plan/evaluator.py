@@ -125,7 +125,7 @@ class LayoutEvaluator(OverlapPricing, LeafBound):
 
     def settings(self, c: MeshChoice):
         """The mesh's settings as the engine runs them (settings.py `settings_as_run`)."""
-        return settings_as_run(c.tp, c.setting_overrides, self.engine)
+        return settings_as_run(c.tp, c.setting_overrides, self.engine, self._clusters[c.cluster].device.precision)
 
     def segment(self, c: MeshChoice, pm: ModelSpec, to_end: int, m: int, first: bool, last: bool):
         """(profile, per-layer time, fixed time, memory cap) of each stage of mesh `c`, whose first stage is

@@ -244,7 +244,7 @@ def differences(a, a_layers, b, b_layers) -> list[str]:
     return out
 
 
-def _as_run_by(choices, engine: str) -> list:
+def _as_run_by(choices, engine: str, precision: str) -> list:
     """Layout choices to compare as `engine` runs them (engines.as_run_by, recompute_as_run_by): the search ranks
     layouts with the settings asked for, a plan made for DeepSpeed's engine records those it runs (Plan.for_engine),
     and the two must compare equal where they run the same. `setting_overrides` here holds what differs from the
@@ -253,7 +253,7 @@ def _as_run_by(choices, engine: str) -> list:
     from .settings import default_settings
 
     def deviations(c):
-        run, base = as_run_by(c.settings, engine).to_dict(), as_run_by(default_settings(c.tp), engine).to_dict()
+        run, base = (as_run_by(s, engine, precision).to_dict() for s in (c.settings, default_settings(c.tp)))
         return tuple(sorted((k, v) for k, v in run.items() if base[k] != v))
     return [dataclasses.replace(c, recompute=recompute_as_run_by(c.recompute, engine), setting_overrides=deviations(c))
             for c in choices]
@@ -265,7 +265,7 @@ def runners_up(plan: Plan, result, k: int = 5, inventory=None, constraints=None)
     other than the plan's own, each with its predicted throughput, its cost per 1M tokens where `inventory` prices
     every cluster it uses (else None), and what it decides differently (both as the plan's engine runs them)."""
     from .constraints import Constraints, cost_per_million_tokens, devices_by_cluster, objective_value
-    mine = _as_run_by(plan_choices(plan), plan.engine)
+    mine = _as_run_by(plan_choices(plan), plan.engine, plan.precision)
     tokens = plan.global_batch_size * plan.model.seq_length
 
     def cost(t, choices):
@@ -280,7 +280,7 @@ def runners_up(plan: Plan, result, k: int = 5, inventory=None, constraints=None)
     for t, choices, layers in ranked:
         if len(out) >= k:
             break
-        choices = _as_run_by(choices, plan.engine)
+        choices = _as_run_by(choices, plan.engine, plan.precision)
         if choices == mine and list(layers) == plan.stage_layers:
             continue
         out.append({"iteration_time_s": t, "tokens_per_s": tokens / t,

@@ -134,7 +134,7 @@ def _one_layer_miss(model: ModelSpec, inventory: Inventory, sp: SearchSpace):
     for index, c in enumerate(inventory.clusters):
         for tp in sp.tp.get(c.name, []):
             for dp in [s // mb for s in sp.samples if s >= mb and tp * (s // mb) <= c.num_devices]:
-                prof = stage_profile(model, c, tp, dp, mb, sp._rc(c.name), sp.cost, sp.settings_of(tp))
+                prof = stage_profile(model, c, tp, dp, mb, sp._rc(c.name), sp.cost, sp.settings_of(tp, c.name))
                 need = stage_memory_reader(model, prof, False, False)(1, 1)
                 if need <= prof.memory_cap:
                     return None

@@ -241,9 +241,14 @@ class Plan:
         parallelism; `recompute_as_run_by`: its selective is full), so that the file says what runs rather than
         what was asked for. The Megatron engine runs every setting as set."""
         meshes = self.meshes if engine == "megatron" else tuple(
-            dataclasses.replace(m, setting_overrides=as_run_by(m.settings, engine).to_dict(),
-                                recompute=recompute_as_run_by(m.recompute, engine)) for m in self.meshes)
+            dataclasses.replace(m, setting_overrides=self.settings_as_run(i, engine).to_dict(),
+                                recompute=recompute_as_run_by(m.recompute, engine)) for i, m in enumerate(self.meshes))
         return dataclasses.replace(self, meshes=meshes, engine=engine)
+
+    def settings_as_run(self, mesh_index: int, engine: str | None = None):
+        """A mesh's settings as `engine` (by default the plan's) runs them at the precision the mesh trains in
+        (engines.py `as_run_by`): what the emitters write and the pricing reads."""
+        return as_run_by(self.meshes[mesh_index].settings, engine or self.engine, self.mesh_precision(mesh_index))
 
     def mesh_precision(self, mesh_index: int) -> str:
         """The precision a mesh's ranks train in: the plan's, except that CPU processes (dry runs) train in fp32

@@ -197,7 +197,8 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
                 micro_batch_size=get(raw, "micro_batch_size", int, file=file, prefix=p),
                 recompute=get(raw, "recompute", str, default="none", file=file, prefix=p),
                 stage_layers=tuple(_layer_counts(get(raw, "stage_layers", list, file=file, prefix=p), p, file)),
-                setting_overrides=_settings_as_written(raw, engine, f"meshes[{i}].settings", file),
+                setting_overrides=_settings_as_written(raw, engine, precision, f"meshes[{i}].settings",
+                                                       file),
                 boundary_schedule=get(boundary, "schedule", str, default="blocking", file=file, prefix=f"{p}boundary."),
                 boundary_depth=get(boundary, "depth", int, default=0, file=file, prefix=f"{p}boundary."),
                 pipeline=get(raw, "pipeline", int, default=0, file=file, prefix=p),
@@ -229,9 +230,11 @@ def plan_from_dict(data: dict, *, file: str | None = None) -> Plan:
     return plan
 
 
-def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -> dict:
+def _settings_as_written(raw: dict, engine: str, precision: str, field: str, file: str | None) -> dict:
     """A mesh's settings overrides; under an engine that does not run every setting (DeepSpeed's), a setting the
-    file leaves out is what that engine runs, not Megatron's default (which it would refuse as asking for more)."""
+    file leaves out is what that engine runs at the mesh's precision (Plan.settings_as_run), not Megatron's default
+    (which it would refuse as asking for more)."""
+    from ..spec.devices import get_device
     from .engines import ENGINES, as_run_by
     from .settings import default_settings
     written = dict(require_mapping({} if raw.get("settings") is None else raw["settings"], field, file))
@@ -239,7 +242,11 @@ def _settings_as_written(raw: dict, engine: str, field: str, file: str | None) -
     if engine not in ENGINES or not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         return written          # (Plan and Mesh name these)
     base = default_settings(tp).to_dict()
-    runs = as_run_by(default_settings(tp), engine).to_dict()
+    try:        # the precision the mesh trains in (Plan.mesh_precision: CPU processes train in fp32)
+        precision = get_device(str(raw.get("device_type"))).at_precision(precision).precision
+    except InputError:
+        precision = ""      # (Plan and Mesh name an unknown device or precision)
+    runs = as_run_by(default_settings(tp), engine, precision).to_dict()
     return {**{k: v for k, v in runs.items() if base[k] != v}, **written}
 
 
@@ -260,7 +267,7 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     for k, m in enumerate(plan.meshes):
         # a setting the engine does not run (a hand edit, or a settings block left out: Megatron's defaults) would
         # be priced and emitted as if it ran
-        asked, runs = m.settings.to_dict(), as_run_by(m.settings, plan.engine).to_dict()
+        asked, runs = m.settings.to_dict(), plan.settings_as_run(k).to_dict()
         key = next((key for key in runs if asked[key] != runs[key]), None)
         if key is not None:
             have, run = (yaml.safe_dump(v).split("\n")[0] for v in (asked[key], runs[key]))   # (as YAML writes it)

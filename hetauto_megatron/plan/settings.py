@@ -167,12 +167,13 @@ def resolve_settings(tp: int, overrides: dict | None = None) -> RuntimeSettings:
 
 
 @functools.lru_cache(maxsize=None)
-def settings_as_run(tp: int, overrides: tuple = (), engine: str = DEFAULT_ENGINE) -> RuntimeSettings:
+def settings_as_run(tp: int, overrides: tuple = (), engine: str = DEFAULT_ENGINE,
+                    precision: str = "") -> RuntimeSettings:
     """A mesh's settings (the defaults for its TP with the plan's overrides, as (key, value) pairs) as `engine`
-    runs them (engines.py `as_run_by`): what the planner prices a mesh with (the search's evaluator and bounds,
+    runs them (engines.py `as_run_by`; `precision`, the mesh's device's, for its precision rules): what the planner prices a mesh with (the search's evaluator and bounds,
     plan/simulate.py). One object per (TP, overrides, engine): resolving them builds and validates settings objects
     (~7 us, a fifth of a new profile), and one object hashes once."""
-    return as_run_by(resolve_settings(tp, dict(overrides)), engine)
+    return as_run_by(resolve_settings(tp, dict(overrides)), engine, precision)
 
 
 def minimal_overrides(tp: int, overrides) -> tuple:

@@ -136,7 +136,7 @@ def _pipeline(model, inventory, choices, cost_model, engine: str = DEFAULT_ENGIN
         cl = inventory.cluster(c.cluster)
         recompute = recompute_as_run_by(c.recompute, engine)
         prof = costing.stage_profile(model, cl, c.tp, c.dp, c.micro_batch_size, recompute, cost_model,
-                                     settings_as_run(c.tp, c.setting_overrides, engine))
+                                     settings_as_run(c.tp, c.setting_overrides, engine, cl.device.precision))
         profs += [prof] * c.num_stages
         owners += [mi] * c.num_stages
     p = len(profs)

@@ -193,7 +193,7 @@ class SearchSpace(SpaceBounds):
         cap = self._fits.get(key)
         if cap is None:
             prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, rc, self.cost,
-                                         self.settings_of(tp))
+                                         self.settings_of(tp, cluster))
             cap = self._fits[key] = max(0, memory_fit.max_layers_in_memory(self.model, prof, 1, False, False))
         return cap
 

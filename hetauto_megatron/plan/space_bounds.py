@@ -365,11 +365,11 @@ class SpaceBounds(BoundTerms):
         t = self._fits.get(key)
         if t is None:
             prof = costing.stage_profile(self.model, self._cl[cluster], tp, dp, mb, "none", self.cost,
-                                         self.settings_of(tp))
+                                         self.settings_of(tp, cluster))
             t = self._fits[key] = prof.layer_fwd + prof.layer_bwd
         return t
 
-    def settings_of(self, tp: int):
-        """A mesh's default settings as the engine planned for runs them (what the evaluator prices a mesh
-        without overrides with: settings.py `settings_as_run`)."""
-        return settings_as_run(tp, (), self.engine)
+    def settings_of(self, tp: int, cluster: str):
+        """A mesh's default settings as the engine planned for runs them on `cluster`'s devices (what the evaluator
+        prices a mesh without overrides with: settings.py `settings_as_run`)."""
+        return settings_as_run(tp, (), self.engine, self._cl[cluster].device.precision)
