@@ -256,7 +256,7 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     be priced and emitted as if it ran. (`hetauto simulate --engine deepspeed` of another engine's plan still prices
     how that engine would run it, and says it cannot; emit/deepspeed.py lists the gaps.)"""
     from ..spec.devices import get_device
-    from .engines import ENGINES, as_run_by
+    from .engines import DEFAULT_ENGINE, ENGINES, as_run_by
     from .shapes import uniform_topology_gaps
     engine = ENGINES[plan.engine]
     other = (f"drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine "
@@ -264,6 +264,8 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     if plan.precision == "fp8" and not engine.fp8:
         raise InputError(f"is fp8: engine {plan.engine} (the file's 'engine') has no fp8 setting", file=file,
                          field="precision", fix=f"write bf16, fp16 or fp32, or {other}")
+    if plan.engine == DEFAULT_ENGINE:   # it runs every setting as written (and a mesh's precision is checked
+        return                          # where it is used: fp8 on a device without it is refused by name there)
     for k, m in enumerate(plan.meshes):
         # a setting the engine does not run (a hand edit, or a settings block left out: Megatron's defaults) would
         # be priced and emitted as if it ran
