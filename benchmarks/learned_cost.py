@@ -119,7 +119,7 @@ def sailor_optimizer_part() -> None:
     """The optimizer step of Sailor's profiled model (its third figure: one Adam call over the embedding, two
     layers and the head), fitted per GPU on the other models, each model left out in turn, against the bare
     memory traffic the analytic model prices."""
-    from hetauto_megatron.cost.learned.fitting import fit_optimizer
+    from hetauto_megatron.cost.learned.optimizer_step import fit_optimizer
     from hetauto_megatron.cost.learned.sailor_updates import load_sailor_updates
     table, report = fit_optimizer(load_sailor_updates(SAILOR))
     print("\nOptimizer step (one call over the profiled model), leave one model out (kept where at least two models "

@@ -44,27 +44,21 @@ def first_line(exc: BaseException) -> str:
 
 
 class InfeasibleError(Exception):
-    """No plan fits the devices; the message says what is short (e.g. memory per device). Exit code 3.
+    """No plan fits the devices; the paragraph says what is short (e.g. memory per device). Exit code 3.
 
-    The paragraph is written whole (its fix is not always labelled "Fix:"); `file`, `field` and `fix` repeat the
-    parts of it a script wants (the --json error object carries them, as InputError's), None where it names none."""
+    Built from its parts, as InputError: `reason` (what misses, and by how much), then the `fix` in the words
+    `said` (default "Fix: <fix>"; the bare fix where it reads as a sentence of its own, with a full stop where a
+    rewording quotes it mid-paragraph). `file`, `field`, `reason` and `fix` are what a script wants (the --json
+    error object carries them, as InputError's), None where the paragraph names none."""
 
     exit_code = 3
 
-    def __init__(self, message: str, *, file: str | None = None, field: str | None = None, fix: str | None = None):
-        self.file, self.field, self.fix = file, field, fix
-        super().__init__(message)
+    def __init__(self, reason: str, *, file: str | None = None, field: str | None = None, fix: str | None = None,
+                 said: str | None = None):
+        self.reason, self.file, self.field, self.fix = reason, file, field, fix
+        self.said = (f"Fix: {fix}" if said is None else said) if fix else None
+        super().__init__(f"{reason} {self.said}" if self.said else reason)
 
-    @property
-    def reason(self) -> str:
-        """The paragraph without its fix, as InputError's reason (the fix may sit mid-paragraph: a wrapped one)."""
-        text = str(self)
-        if self.fix:
-            for said in (f" Fix: {self.fix}.", f" Fix: {self.fix}", f" {self.fix}.", f" {self.fix}"):
-                if said in text:
-                    return text.replace(said, "", 1).strip()
-        return text
-
-    def reworded(self, message: str) -> "InfeasibleError":
+    def reworded(self, reason: str, said: str | None = None) -> "InfeasibleError":
         """The same miss in another paragraph (one that quotes this one), keeping where it points and its fix."""
-        return InfeasibleError(message, file=self.file, field=self.field, fix=self.fix)
+        return InfeasibleError(reason, file=self.file, field=self.field, fix=self.fix, said=said)

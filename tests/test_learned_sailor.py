@@ -290,7 +290,7 @@ def test_optimizer_step_of_a_model_left_out_is_predicted_from_the_others():
     fixed cost per step where `fit_optimizer`, given the other models only, keeps the fit for the GPU, else the
     traffic at full bandwidth. Target 25 % on the A100-40 and the GH200. (As the step of one layer with a fixed
     cost per layer, the reading before, the traffic alone was 76-84 % off.)"""
-    from hetauto_megatron.cost.learned.fitting import fit_optimizer
+    from hetauto_megatron.cost.learned.optimizer_step import fit_optimizer
     from hetauto_megatron.cost.learned.sailor_updates import load_sailor_updates
     ups = load_sailor_updates(L.SAILOR_DATA)
     for dev in ("a100-40gb", "gh200"):

@@ -420,6 +420,15 @@ def test_replan_of_another_model_with_fewer_positions_than_the_old_sequence_tell
     threading.Thread(target=lambda: open(fifo, "w").write("preset: tiny\n"), daemon=True).start()
     r = run_hetauto(*base, "--model", fifo, "--from", str(old), "--json", timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["plan"]["model"]["seq_length"] == 64, r.stderr
+    # read once and built at both lengths, another model fed through a FIFO is told apart as a file is (it kept the
+    # old plan's length, since telling it apart took a second read the pipe could not give)
+    other = str(tmp_path / "other.yaml")
+    os.mkfifo(other)
+    threading.Thread(target=lambda: open(other, "w").write("preset: tiny\nffn_hidden_size: 128\n"),
+                     daemon=True).start()
+    r = run_hetauto(*base, "--model", other, "--from", str(old), "--json", timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["plan"]["model"]["seq_length"] == 32, r.stderr
+    assert "--seq-length not kept" in r.stderr, r.stderr
 
 
 def test_unknown_flag_is_told_by_the_commands_own_parser(capsys):

@@ -71,12 +71,13 @@ def inventory_of(path: str | None, plan, plan_path: str | None):
                      fix="pass --inventory INV (plans written by 'hetauto plan -o' carry theirs)")
 
 
-def load_inputs(args, plan=None, plan_path: str | None = None):
+def load_inputs(args, plan=None, plan_path: str | None = None, model_read=None):
     """(model, inventory, cost model) from the command's options; `plan` (read from `plan_path`): the model and
-    inventory stored in it stand in for a --model or --inventory left out."""
+    inventory stored in it stand in for a --model or --inventory left out. `model_read`: --model where the command
+    has read it already (spec/model.py read_model), not read again."""
     from ..cost.learned import load_cost_model
     from ..errors import InputError
-    from ..spec.model import load_model, with_seq_length
+    from ..spec.model import model_at, read_model, with_seq_length
     from ..spec.whatif import apply_overrides
     if args.seq_length is not None and args.seq_length < 1:
         raise InputError(f"must be at least 1, got {args.seq_length}", field="--seq-length",
@@ -87,8 +88,8 @@ def load_inputs(args, plan=None, plan_path: str | None = None):
                 plan.model, args.seq_length, f"{plan_path or 'the plan'}'s model",
                 note=lambda line: print(f"note: {line}", file=sys.stderr))
         else:
-            model = load_model(args.model, seq_length=args.seq_length,
-                               note=lambda line: print(f"note: {line}", file=sys.stderr))
+            model = model_at(model_read or read_model(args.model), seq_length=args.seq_length,
+                             note=lambda line: print(f"note: {line}", file=sys.stderr))
     except InputError as exc:
         if args.seq_length is None or exc.field != "seq_length":
             raise

@@ -85,14 +85,12 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
                  else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
         # The binding constraint is the news; the closest miss under the constraints follows as detail.
         under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
-        if binding:
-            raise exc.reworded(f"{under}. Within them: {str(exc).rstrip('.')}.") from None
-        # none binds: the constraints are said before the miss's own fix, which ends the paragraph
-        text, fix = str(exc).rstrip("."), (exc.fix or "").rstrip(".")
-        if not fix or not text.endswith(fix):
-            raise exc.reworded(f"{text}. {under[0].upper()}{under[1:]}.") from None
-        miss = text[:-len(fix)].rstrip().removesuffix("Fix:").rstrip().rstrip(".")
-        raise exc.reworded(f"{miss}. {under[0].upper()}{under[1:]}. Fix: {fix}") from None
+        if binding:         # the miss quoted whole, its fix with it
+            if exc.fix:
+                raise exc.reworded(f"{under}. Within them: {exc.reason}", said=f"{exc.said}.") from None
+            raise exc.reworded(f"{under}. Within them: {exc.reason.rstrip('.')}.") from None
+        # none binds: the constraints are said before the miss's own fix, which ends the paragraph ("Fix: ...")
+        raise exc.reworded(f"{exc.reason.rstrip('.')}. {under[0].upper()}{under[1:]}.") from None
 
 
 def check_selective_runs(con, model, engine: str | None) -> None:

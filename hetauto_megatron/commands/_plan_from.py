@@ -1,7 +1,6 @@
 """`hetauto plan --from OLD`: what a re-plan keeps of the old plan's job and search where no flag is given."""
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -56,40 +55,31 @@ def at_kept_precision(inventory, old, plan_file: str):
         "--exclude-clusters, or remove them from the inventory)")
 
 
-def drop_seq_length_for_another_model(old, args, kept: dict) -> bool:
+def drop_seq_length_for_another_model(old, args, kept: dict, read) -> bool:
     """--from with a model other than the old plan's (same layers and hidden size, else refused): the sequence length
     belongs to the model, so the given model's own is planned (unless --seq-length is given), not the old plan's,
-    which keep_job_of took before the model was read. Whether --model is another model; if so, the kept sequence
-    length is dropped here, before load_inputs reads the model, so that it reads it once, at its own length: read at
-    the old plan's, a model of fewer learned positions was told "--seq-length N is longer than the learned
-    positions" (a flag never typed), and the model's notes were printed again by a second read."""
+    which keep_job_of took before the model was read. Whether --model (`read`: read_model, read once; load_inputs
+    builds the model planned from it too) is another model; if so, the kept sequence length is dropped here, before
+    load_inputs builds the model, so that it is built once, at its own length: built at the old plan's, a model of
+    fewer learned positions was told "--seq-length N is longer than the learned positions" (a flag never typed)."""
     import dataclasses
-    from ..spec.model import load_model
-    if "seq_length" not in kept or not _rereadable(args.model):
-        return False        # (a pipe is read once, by load_inputs: its model keeps the old plan's length)
-    # read quietly (load_inputs reads it again and prints its notes), at the old plan's sequence length: the same
-    # model then equals the old plan's (its name aside: a copy of the model file elsewhere is the same model)
-    model = load_model(args.model, seq_length=kept["seq_length"])
+    from ..spec.model import model_at
+    if "seq_length" not in kept:
+        return False
+    # built quietly (load_inputs prints its notes), at the old plan's sequence length: the same model then equals
+    # the old plan's (its name aside: a copy of the model file elsewhere is the same model)
+    model = model_at(read, seq_length=kept["seq_length"])
     if dataclasses.replace(model, name=old.model.name) == old.model or (model.num_layers, model.hidden_size) != (
             old.model.num_layers, old.model.hidden_size):
         return False        # (the same model keeps it; one of other layers is refused after load_inputs)
     from ..errors import InputError
     try:
-        load_model(args.model)
+        model_at(read)
     except InputError:
         return False        # a model of no sequence length of its own (a config.json without positions) keeps it
     del kept["seq_length"]
     args.seq_length = None
     return True
-
-
-def _rereadable(source: str) -> bool:
-    """Whether --model can be read more than once: a preset, or a regular file (or a directory's config.json), not
-    a pipe (`--model <(...)`, a named FIFO), which a second read finds empty or waits on for ever."""
-    from ..spec.model import PRESETS
-    if os.path.isdir(source):
-        source = os.path.join(source, "config.json")
-    return source in PRESETS or os.path.isfile(source)
 
 
 def say_own_seq_length(old, args, model) -> None:

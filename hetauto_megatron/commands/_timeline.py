@@ -20,7 +20,8 @@ def add_timeline_args(parser) -> None:
 
 
 def check_timeline_args(args, plan):
-    """Fail before the run: bad file names, --compare without --timeline or without an inventory."""
+    """Fail before the run: bad file names, --compare without --timeline or without an inventory. Returns the
+    inventory --inventory names, read here (None without it): the run's checks and prediction take it."""
     from ..errors import InputError
     from ._common import check_timeline_paths
     check_timeline_paths(args.timeline)
@@ -47,20 +48,23 @@ def check_timeline_args(args, plan):
     if args.cost_model and not args.compare:
         raise InputError("only --compare (the prediction of the run) reads a cost model", field="--cost-model",
                          fix="add --timeline FILE --compare, or drop --cost-model")
+    inventory = None
     if args.inventory:
         from ..spec.inventory import load_inventory
-        load_inventory(args.inventory)
+        inventory = load_inventory(args.inventory)
     if args.cost_model:
         from ..cost.learned import load_cost_model
         load_cost_model(args.cost_model)
+    return inventory
 
 
-def write_dryrun_timelines(args, plan, report) -> list[str]:
+def write_dryrun_timelines(args, plan, report, inventory) -> list[str]:
+    """The --timeline files of a run; `inventory`: the one the run was checked on (dryrun's _inventory), which
+    --compare predicts it on."""
     from ..cost.learned import load_cost_model
     from ..cost.shared_cores import SharedCoresCostModel, core_sharing_factor
     from ..plan.timeline import predicted_timeline
     from ..runtime.op_timing import measured_timeline
-    from ..spec.inventory import inventory_from_dict, load_inventory
     from ._common import without_unused_unable, write_timelines
     from ._dryrun_comparison import measured_plan
     ran = measured_plan(report, plan, report_file=args.plan, tiny=None)
@@ -69,10 +73,8 @@ def write_dryrun_timelines(args, plan, report) -> list[str]:
         per_stage = not path.lower().endswith(".json")     # pictures: one rank per stage, like the prediction
         timelines = [measured_timeline(ran, report["ops"], per_stage=per_stage)]
         if args.compare:
-            inv = load_inventory(args.inventory) if args.inventory else inventory_from_dict(plan.inventory,
-                                                                                             file=args.plan)
             # as the check before the run priced it (commands/dryrun.py _check_inventory, which said so)
-            inv = without_unused_unable(inv, plan.precision, [m.cluster for m in plan.meshes], None)
+            inv = without_unused_unable(inventory, plan.precision, [m.cluster for m in plan.meshes], None)
             if report.get("link_scale"):        # the links as --emulate-links ran them
                 inv = inv.with_link_time_scale(report["link_scale"])
             factor = core_sharing_factor(ran.world_size, report["cores"])

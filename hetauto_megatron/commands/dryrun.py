@@ -104,7 +104,7 @@ def run(args) -> int:
     # a precision a mesh's device lacks (fp8 on an A100 or a cpu process), refused as simulate and emit refuse it,
     # though the dry run itself trains in fp32: the field is the plan's `precision` (dryrun has no flag for it)
     plan.check_precision(args.plan)
-    check_timeline_args(args, plan)
+    given = check_timeline_args(args, plan)
     dropping = [i for i, m in enumerate(plan.meshes) if m.settings.hidden_dropout or m.settings.attention_dropout]
     if args.reference and dropping:
         raise InputError("--reference compares losses with a single-process run, and with dropout every layout "
@@ -112,10 +112,12 @@ def run(args) -> int:
                          fix="drop --reference, or dry-run the plan with hidden_dropout: 0 and attention_dropout: 0")
     from ..runtime.dryrun import run_dryrun
 
-    scale = None
+    # (a wrong --emulate-links number is told before the plan's inventory is read)
+    scale = _scale_given(args) if args.emulate_links else None
+    inv, where = _inventory(args, plan, given)
     if args.emulate_links:
-        plan, scale = _emulation(args, plan)     # (its scale is checked before any file is read)
-    _check_inventory(args, plan)
+        plan, scale = _emulation(args, plan, inv, scale)
+    _check_inventory(args, plan, inv, where)
     try:
         report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
                             timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
@@ -136,7 +138,7 @@ def run(args) -> int:
         return 1
     report["link_scale"] = scale        # the links as the run emulated them: its prediction prices them so
     if args.timeline:
-        for path in write_dryrun_timelines(args, plan, report):
+        for path in write_dryrun_timelines(args, plan, report, inv):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "parity", "bytes", "settings",
@@ -161,18 +163,24 @@ def run(args) -> int:
     return 0
 
 
-def _check_inventory(args, plan) -> None:
-    """Before any process starts: the plan fits the inventory it names (--inventory, else the one stored in the
-    plan file), as emit and explain check it; with --compare, the prediction can be made (every link it prices
-    exists). A mismatch found after the run would cost the run and lose its measurements."""
+def _inventory(args, plan, given):
+    """(the inventory the run is checked, emulated and predicted on, the file it came from), read once: --inventory's
+    (`given`, which check_timeline_args read), else the one stored in the plan file; (None, None) for neither."""
+    if given is not None:
+        return given, args.inventory
+    if plan.inventory is not None:
+        from ..spec.inventory import inventory_from_dict
+        return inventory_from_dict(plan.inventory, file=args.plan), args.plan
+    return None, None
+
+
+def _check_inventory(args, plan, inv, where) -> None:
+    """Before any process starts: the plan fits the inventory it names (`inv` from `where`: --inventory, else the
+    one stored in the plan file), as emit and explain check it; with --compare, the prediction can be made (every
+    link it prices exists). A mismatch found after the run would cost the run and lose its measurements."""
     from ..cost.analytic import AnalyticCostModel
     from ..plan.simulate import check_plan_against_inventory, simulate
-    from ..spec.inventory import inventory_from_dict, load_inventory
-    if args.inventory:
-        inv, where = load_inventory(args.inventory), args.inventory
-    elif plan.inventory is not None:
-        inv, where = inventory_from_dict(plan.inventory, file=args.plan), args.plan
-    else:
+    if inv is None:
         return
     if args.compare or args.emulate_links:
         # priced (the prediction, the links' scale) as simulate prices the plan: without the clusters it does not
@@ -193,30 +201,33 @@ def _check_inventory(args, plan) -> None:
         raise (exc.within(file=where) if exc.file is None else exc) from None
 
 
-def _emulation(args, plan):
-    """(plan with its inventory, link-time scale) for --emulate-links; the scale is printed by the caller."""
+def _scale_given(args) -> float | None:
+    """The link-time scale --emulate-links gives, None for the automatic one (worked out by _emulation)."""
+    if args.emulate_links == "auto":
+        return None
+    try:
+        scale = float(args.emulate_links)
+    except ValueError:
+        scale = -1.0
+    if not 0 < scale < math.inf:
+        raise InputError(f"must be a positive number, got {args.emulate_links!r}", field="--emulate-links",
+                         fix="give a scale such as 1 or 1000, or no value for the automatic one")
+    return scale
+
+
+def _emulation(args, plan, inv, scale):
+    """(plan with its inventory, link-time scale) for --emulate-links: `inv` is the inventory the links are
+    emulated at (_inventory), `scale` the one given (None: worked out here); the scale is printed by the caller."""
     import dataclasses
 
     from ..plan.simulate import check_plan_against_inventory
     from ..runtime.dryrun import emulation_scale, prepare_plan
-    from ..spec.inventory import load_inventory
-    scale = None
-    if args.emulate_links != "auto":      # a wrong number is told before any file is read
-        try:
-            scale = float(args.emulate_links)
-        except ValueError:
-            scale = -1.0
-        if not 0 < scale < math.inf:
-            raise InputError(f"must be a positive number, got {args.emulate_links!r}", field="--emulate-links",
-                             fix="give a scale such as 1 or 1000, or no value for the automatic one")
-    if args.inventory:
-        plan = dataclasses.replace(plan, inventory=load_inventory(args.inventory).to_dict())
-    if plan.inventory is None:
+    if inv is None:
         raise InputError("needs the inventory the plan was made for, and the plan file has none",
                          field="--emulate-links", file=args.plan,
                          fix="add --inventory INVENTORY.yaml (or write the plan with 'hetauto plan')")
-    from ..spec.inventory import inventory_from_dict
-    inv = inventory_from_dict(plan.inventory, file=args.inventory or args.plan)
+    if args.inventory:      # the ranks emulate the links of the plan's inventory
+        plan = dataclasses.replace(plan, inventory=inv.to_dict())
     try:                                  # the plan's clusters, devices and sizes first: a link needs both ends
         check_plan_against_inventory(plan, inv)
     except InputError as exc:

@@ -155,7 +155,7 @@ def deepspeed_notes(plan, path: str) -> list[str]:
 
 def run(args) -> int:
     from ..plan.plan import load_plan
-    from ..emit.launches import check_plan_inventory
+    from ..emit.launches import check_plan_inventory, only_cluster
     plan = load_plan(args.plan)
     check_plan_inventory(plan, args.plan)      # every target: what a hand-edited plan asks of its inventory
     for flag, value in (("--script", args.script), ("--plan-path", args.plan_path),
@@ -181,23 +181,21 @@ def run(args) -> int:
     if out_dir and os.path.exists(out_dir):
         make_output_dir(out_dir, "-o")      # a file there is refused before any work; created once there is output
     written: list[str] = []
-    others: list[str] = []      # the plan's files of the other clusters, where --cluster keeps one
+    others: list[str] = []      # the plan's files, of the other clusters too where --cluster keeps one
     if args.target == "megatron":
         from ..emit.megatron import DEFAULT_SCRIPT, emit_megatron
         if plan.engine != "megatron":      # the plan was made (and is priced) for another engine
             print(f"hetauto emit: {args.plan} was planned for {plan.engine}'s pipeline engine (its estimate prices "
                   f"that engine); these Megatron-LM scripts run Megatron's 1F1B ('hetauto simulate --engine megatron' "
                   "prices it)", file=sys.stderr)
-        launches = emit_megatron(plan, plan_path=args.plan_path or os.path.abspath(args.plan), cluster=args.cluster,
-                                 script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
-                                 file=args.plan)
+        every = emit_megatron(plan, plan_path=args.plan_path or os.path.abspath(args.plan),
+                              script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
+                              file=args.plan)
+        launches = only_cluster(every, args.cluster)
         if out_dir:
             make_output_dir(out_dir, "-o")
             written += write_megatron(launches, out_dir, keep=[("--plan", args.plan)])
-            if args.cluster is not None:
-                others = [name for name, _, _ in megatron_files(emit_megatron(
-                    plan, plan_path=args.plan_path or os.path.abspath(args.plan), script=args.script or DEFAULT_SCRIPT,
-                    devices_per_node=args.devices_per_node, file=args.plan))]
+            others = [name for name, _, _ in megatron_files(every)]
         if args.json:
             from ..plan.layout import PipelineLayout
             pipes = [{"samples": plan.samples_per_pipeline[p],
@@ -214,15 +212,15 @@ def run(args) -> int:
                 print(la["script"])
     elif args.target == "deepspeed":
         from ..emit.deepspeed import emit_deepspeed, unsupported_features
-        configs = emit_deepspeed(plan, cluster=args.cluster, file=args.plan)
+        every = emit_deepspeed(plan, file=args.plan)
+        configs = only_cluster(every, args.cluster)
         unsupported = unsupported_features(plan)
         for note in deepspeed_notes(plan, args.plan):
             print(f"hetauto emit: {note}", file=sys.stderr)
         if out_dir:
             make_output_dir(out_dir, "-o")
             written += write_deepspeed(configs, unsupported, out_dir, keep=[("--plan", args.plan)])
-            if args.cluster is not None:
-                others = [name for name, _, _ in deepspeed_files(emit_deepspeed(plan, file=args.plan), [])]
+            others = [name for name, _, _ in deepspeed_files(every, [])]
         if args.json:
             print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
         elif not out_dir:

@@ -174,8 +174,12 @@ def run(args) -> int:
     check_output_file(args.output, "-o")
     if args.emit:
         check_output_dir(args.emit, "--emit")       # e.g. --emit inv.yaml: a file, refused before the search
-    another_model = old is not None and drop_seq_length_for_another_model(old, args, kept)
-    model, inventory, cost_model = load_inputs(args)
+    read = None
+    if old is not None and "seq_length" in kept:    # (read once: the model is built from it twice, a pipe too)
+        from ..spec.model import read_model
+        read = read_model(args.model)
+    another_model = read is not None and drop_seq_length_for_another_model(old, args, kept, read)
+    model, inventory, cost_model = load_inputs(args, model_read=read)
     if old is not None:
         from ._common import warn_if_priced_otherwise
         warn_if_priced_otherwise(cost_model, old, args.from_plan, "plan")   # what moved would be the model's doing

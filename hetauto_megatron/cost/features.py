@@ -50,7 +50,8 @@ TF32_K_MAJOR_ONLY = frozenset({"h100-sxm", "h800", "h20", "h200", "gh200"})
 
 def backward_gemm_weighted(device: str, arithmetic: str) -> bool:
     """Whether a layer's backward GEMMs on `device` in `arithmetic` take the fitted backward-GEMM weight
-    (cost/learned/fitting.py choose_weights): TF32 GEMMs on a GPU whose TF32 instruction wants K-major operands."""
+    (cost/learned/backward_weights.py choose_weights): TF32 GEMMs on a GPU whose TF32 instruction wants K-major
+    operands."""
     return arithmetic == "tf32" and device in TF32_K_MAJOR_ONLY
 
 
@@ -358,8 +359,8 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     several times less efficient than short ones. The parts' shares are features: a layer dominated by score
     traffic behaves like other score-bound layers, whatever model it belongs to.
     `score_bwd_weight`: how many times the counted traffic the backward's score kernels cost (they reach a
-    lower share of the memory bandwidth than the forward's); fitted by `hetauto fit` (cost/learned/fitting.py:
-    choose_weights), 1 = as counted. `extra_pass`: `extra_score_pass` of the layer. `gemm_bwd_weight`: how many
+    lower share of the memory bandwidth than the forward's); fitted by `hetauto fit`
+    (cost/learned/backward_weights.py: choose_weights), 1 = as counted. `extra_pass`: `extra_score_pass` of the layer. `gemm_bwd_weight`: how many
     times their roofline at the forward's efficiency the backward's GEMMs take where `backward_gemm_weighted` (TF32 on
     a GPU whose TF32 instruction wants K-major operands), fitted the same way; 1 elsewhere.
     A sequence beyond the fused softmax kernel's reach adds `unfused_softmax_s`, outside this prior."""

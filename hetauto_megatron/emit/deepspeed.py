@@ -321,17 +321,13 @@ def validate(cfg: dict, dp: int, *, where: str = "the DeepSpeed config", file: s
     return parsed
 
 
-def emit_deepspeed(plan: Plan, *, cluster: str | None = None, file: str | None = None) -> list[dict]:
-    """Per mesh (optionally only `cluster`'s): name, the validated config, and what DeepSpeed derived."""
+def emit_deepspeed(plan: Plan, *, file: str | None = None) -> list[dict]:
+    """Per mesh: name, the validated config, and what DeepSpeed derived (launches.only_cluster keeps one
+    cluster's)."""
     require_simple(plan, "hetauto emit deepspeed", file)
-    picked = [i for i, m in enumerate(plan.meshes) if cluster is None or m.cluster == cluster]
-    if not picked:
-        names = sorted({m.cluster for m in plan.meshes})
-        raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
-                         fix=f"use one of: {', '.join(names)}")
     names = file_stems([m.cluster for m in plan.meshes], list(range(len(plan.meshes))), file)
     out = []
-    for i in picked:
+    for i in range(len(plan.meshes)):
         mesh = plan.meshes[i]
         name = names[i]
         cfg = deepspeed_config(plan, i)

@@ -114,6 +114,19 @@ def plan_launches(plan: Plan, *, devices_per_node: int | None = None, file: str 
     return launches
 
 
+def only_cluster(emitted: list[dict], cluster: str | None) -> list[dict]:
+    """The emitted launches or configs (each with its "cluster") of `cluster`, every one for None: the plan is
+    rendered once, whole, since `hetauto emit --cluster -o` also names the files of the other clusters (which are
+    not stale)."""
+    if cluster is None:
+        return emitted
+    mine = [e for e in emitted if e["cluster"] == cluster]
+    if not mine:
+        raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
+                         fix=f"use one of: {', '.join(sorted({e['cluster'] for e in emitted}))}")
+    return mine
+
+
 def file_stems(clusters: list[str], first_meshes: list[int], file: str | None = None) -> list[str]:
     """The name of each emitted file (launch script, DeepSpeed config) of a list of launches or meshes: its cluster,
     or `<cluster>.mesh<i>` (i: its first mesh) for a cluster with several, to keep their files apart. A cluster

@@ -18,7 +18,6 @@ from __future__ import annotations
 import shlex
 from typing import NamedTuple
 
-from ..errors import InputError
 from ..plan.layout import PipelineLayout, megatron_layout
 from ..plan.megatron_flags import job_setting_args, layer_args, megatron_setting_args, precision_args
 from ..plan.plan import RECOMPUTE_SETTINGS, Mesh, Plan
@@ -297,17 +296,11 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
     return "\n".join(lines)
 
 
-def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, script: str = DEFAULT_SCRIPT,
-                  devices_per_node: int | None = None, file: str | None = None) -> list[dict]:
+def emit_megatron(plan: Plan, *, plan_path: str, script: str = DEFAULT_SCRIPT, devices_per_node: int | None = None,
+                  file: str | None = None) -> list[dict]:
     """Per launch: its facts, the exact argument lists and the shell script text (what `hetauto emit megatron`
-    prints or writes). `cluster` keeps only that cluster's launches."""
-    every = launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
-    if cluster is not None:
-        names = sorted({la.cluster for la in launches})
-        launches = [la for la in launches if la.cluster == cluster]
-        if not launches:
-            raise InputError(f"the plan has no cluster named {cluster!r}", field="--cluster",
-                             fix=f"use one of: {', '.join(names)}")
+    prints or writes); every launch of the plan (launches.only_cluster keeps one cluster's)."""
+    launches = plan_launches(plan, devices_per_node=devices_per_node, file=file)
     out = []
     for la in launches:
         env, _ = launch_env(plan, la)
@@ -319,7 +312,7 @@ def emit_megatron(plan: Plan, *, plan_path: str, cluster: str | None = None, scr
             "env": {"HETAUTO_CLUSTER": la.cluster, "HETAUTO_RANK_OFFSET": str(la.rank_offset),
                     "HETAUTO_WORLD_SIZE": str(plan.world_size), **env},
             "megatron_args": {str(k): megatron_args(plan, k, plan_path) for k in la.mesh_indices},
-            "script": launch_script(plan, la, plan_path=plan_path, script=script, launches=every),
+            "script": launch_script(plan, la, plan_path=plan_path, script=script, launches=launches),
         })
     return out
 

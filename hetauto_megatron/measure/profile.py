@@ -9,7 +9,7 @@ and the relative spread ((p90 - p10) / median).
 With a layer grid (`--layers`) it times whole transformer layers instead, for model-like shapes: the same
 operators chained into one layer in plain PyTorch (at each TP degree), or Megatron-Core's own layer as the CPU
 dry runs build it (`--layer-impl megatron`, measure/layer_timing.py). `hetauto fit` learns from them how
-operators compose into a layer (cost/learned/fitting.py, stage 3); `hetauto validate-cost-model --profile
+operators compose into a layer (cost/learned/composition.py, stage 3); `hetauto validate-cost-model --profile
 layers-T.jsonl` checks the planner's layer time against them.
 
 On accelerators, each pass is timed with device events (the stream's own clock, no host synchronisation inside

@@ -350,7 +350,7 @@ def check_floor(model, c: Constraints, seconds: float) -> None:
         fix = "a larger --max-iteration-s, or more or faster devices"
         raise InfeasibleError(
             f"{model.name}: no plan that fits runs within --max-iteration-s {limit:g} s per iteration (the fastest "
-            f"the search found: {seconds:.3f} s). Fix: {fix}", field="--max-iteration-s", fix=fix)
+            f"the search found: {seconds:.3f} s).", field="--max-iteration-s", fix=fix)
 
 
 def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:

@@ -34,7 +34,8 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
     if miss:
         short, where = miss
         depth = sp.max_stages(1)
-        fix = said = "Add devices or clusters, or shorten --seq-length"
+        fix = said = "Add devices or clusters, or shorten --seq-length"      # (a sentence of its own)
+        depth_note = ""
         field = None        # (no one field: the inventory's devices, or the sequence)
         # the batch (or --max-pp) caps the pipeline's depth, not the layers nor the devices (a stage needs one)
         if depth < min(model.num_layers + 2, sp.max_devices):
@@ -43,13 +44,14 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
             fix = (("a larger --max-pp" if field == "--max-pp" else "a larger --global-batch-size"
                     + (" or --max-pp" if sp.con.max_pp else "")) + " allows deeper "
                    "pipelines; or add devices with more memory, or shorten --seq-length")
-            said = (f"The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more stages "
-                    f"than micro-batches: the global batch is {sp.gbs}"
-                    + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + f"). Fix: {fix}")
+            depth_note = (f" The pipeline is at most {depth} stage{'s' if depth != 1 else ''} deep here (no more "
+                          f"stages than micro-batches: the global batch is {sp.gbs}"
+                          + (f"; --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + ").")
+            said = None
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: the closest layout misses by {short:.1f} GiB per device (a stage on {where}; the "
             f"largest device has {largest:.0f} GiB).{space_mod.tp_shape_note(model, inventory)}"
-            f"{_groups_note(inventory, sp)} {said}", field=field, fix=fix)
+            f"{_groups_note(inventory, sp)}{depth_note}", field=field, fix=fix, said=said)
     layer = _one_layer_miss(model, inventory, sp)
     if layer:
         short, need, index, tp, dp = layer
@@ -61,8 +63,8 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
         raise InfeasibleError(
             f"{model.name} does not fit on {devices} {even}: not one transformer layer fits on any device; the closest stage misses by {short:.1f} "
             f"GiB per device (one layer at TP {tp}, DP {dp} on cluster {c.name}: {c.device.name}, "
-            f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)} "
-            f"Fix: {fix}", file=file, field=field, fix=fix)
+            f"{c.device.memory_gib:g} GiB, needs {need:.1f} GiB).{space_mod.tp_shape_note(model, inventory)}",
+            file=file, field=field, fix=fix)
     apart = _unlinked(inventory, sp.con.use_clusters)
     if apart:
         fix = f"add a link between them ({inventory.where('links')}), or drop --use-clusters"
@@ -70,7 +72,7 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
         raise InfeasibleError(
             f"{model.name}: --use-clusters requires {', '.join(sp.con.use_clusters)} in one pipeline, but the "
             f"inventory links no chain of clusters from {apart[0]} to {apart[1]} (clusters next to each other in "
-            f"the pipeline must be linked). Fix: {fix}", file=file, field=field, fix=fix)
+            f"the pipeline must be linked).", file=file, field=field, fix=fix)
     rules = ("TP divides the heads and the MLP width (and the sequence, with sequence parallelism), the global "
              "batch is a whole number of micro-batch steps of every mesh's DP x micro-batch size, clusters next to "
              "each other in a pipeline are linked")

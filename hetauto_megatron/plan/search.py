@@ -312,7 +312,7 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     if not ranked and not warm and cut:
         fix = "give the search more time (a larger --budget-s, or none)"
         raise InfeasibleError(f"{model.name}: --budget-s {cfg.budget_s:g} ran out before the search found a layout "
-                              f"that fits. Fix: {fix}", field="--budget-s", fix=fix)
+                              "that fits.", field="--budget-s", fix=fix)
     if not ranked and not warm:
         raise_infeasible(model, inventory, ev, sp)
     # The closed form screens; the event simulation decides among the best of the tree's own leaves, the same

@@ -209,7 +209,7 @@ def optimizer_time(model: ModelSpec, prof: StageProfile, layers: int, first: boo
     (the master copy in 16-bit training), two moments, read the gradient (and write the 16-bit weight):
     ~32 bytes per parameter in 16-bit mixed precision, 28 in fp32. A learned cost model may have measured the
     step on the device: then `optimizer_rate` x that traffic + `optimizer_step_s`, a fixed cost per optimizer call
-    (one per stage and iteration; cost/learned/fitting.py `fit_optimizer`)."""
+    (one per stage and iteration; cost/learned/optimizer_step.py `fit_optimizer`)."""
     per_param = adam_traffic_bytes_per_param(prof.cluster.device.dtype_bytes)
     shard = prof.dp if optimizer_sharded(prof) else 1
     traffic = stage_params(model, prof.tp, layers, first, last) / shard * per_param / (prof.cluster.device.hbm_gbps * 1e9)

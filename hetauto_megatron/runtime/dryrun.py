@@ -22,13 +22,13 @@ def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
     return plan
 
 
-def emulation_scale(plan, run_plan, inventory=None) -> float:
+def emulation_scale(plan, run_plan, inventory) -> float:
     """The factor on the inventory's link times that keeps, on this machine's CPU processes, the plan's ratio of
     link time to compute: the simulator's slowest-stage compute per micro-batch of the run (CPU devices, the
     model that runs, its ranks taking turns on this machine's cores as `validate-cost-model --dryrun` stretches
     them: cost/shared_cores.py) over that of the plan on its own inventory (for a plan made for CPU devices, the
     turns alone: 3 for 6 ranks on 2 cores). Without the turns the links ran that many times too fast next to the
-    compute. `inventory`: the plan's as priced (default: the one it carries)."""
+    compute. `inventory`: the plan's as priced (the dry run's, read once)."""
     from ..cost.analytic import AnalyticCostModel
     from ..cost.shared_cores import SharedCoresCostModel, core_sharing_factor, usable_cores
     from ..plan.simulate import simulate
@@ -37,7 +37,6 @@ def emulation_scale(plan, run_plan, inventory=None) -> float:
     def slowest(p, inv, cost_model=None) -> float:
         return max(s["forward_s"] + s["backward_s"] for s in simulate(p, inv, cost_model).stages)
 
-    real_inv = inventory if inventory is not None else inventory_from_dict(plan.inventory)
     cpu = dict(plan.inventory)
     cpu["clusters"] = [{k: v for k, v in c.items() if k not in ("memory_gib", "peak_tflops", "hbm_gbps", "tf32")}
                        | {"device": "cpu"} for c in plan.inventory["clusters"]]
@@ -45,7 +44,7 @@ def emulation_scale(plan, run_plan, inventory=None) -> float:
     cpu_plan = dataclasses.replace(run_plan, meshes=tuple(dataclasses.replace(m, device_type="cpu")
                                                           for m in run_plan.meshes), inventory=cpu, precision="fp32")
     turns = SharedCoresCostModel(AnalyticCostModel(), core_sharing_factor(run_plan.world_size, usable_cores()))
-    return slowest(cpu_plan, inventory_from_dict(cpu), turns) / slowest(plan, real_inv)
+    return slowest(cpu_plan, inventory_from_dict(cpu), turns) / slowest(plan, inventory)
 
 
 def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, timeout_s: float = 120.0,

@@ -313,7 +313,29 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
     only the longest one the positions allow: without `seq_length` that is the one planned, and `note` (a
     callable taking one line) is told so, since 131,072 tokens of a long-context model is rarely what is meant.
     """
-    from .hf_config import hf_model, read_hf_config     # (it builds ModelSpecs: imported here, not at the top)
+    return model_at(read_model(source), seq_length=seq_length, note=note)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A --model read once (`read_model`), to be built at any sequence length (`model_at`) without reading it again:
+    a command that tries several lengths must not read a file twice (a pipe holds its text once)."""
+    source: str                         # as given: a preset name or a path
+    spec: ModelSpec | None = None       # a preset, or a file of this project's own model keys
+    hf: dict | None = None              # else a Hugging Face config, which the sequence length shapes
+    file: str | None = None             # the config.json it came from (a directory stands for its config.json)
+
+
+def model_at(read: ModelSource, *, seq_length: int | None = None, note=None) -> ModelSpec:
+    """The model `read` holds, trained at `seq_length` (None: its own); `note` as for load_model."""
+    from .hf_config import hf_model
+    spec = read.spec if read.hf is None else hf_model(read.hf, file=read.file, seq_length=seq_length, note=note)
+    return with_seq_length(spec, seq_length, read.source, note) if seq_length else spec
+
+
+def read_model(source: str) -> ModelSource:
+    """Read a preset name, a config.json (Hugging Face, or its directory) or a model YAML (load_model)."""
+    from .hf_config import read_hf_config     # (hf_config builds ModelSpecs: imported here, not at the top)
 
     if source in PRESETS:
         spec = PRESETS[source]
@@ -330,7 +352,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         if not os.path.isfile(config):
             raise InputError("is a directory without a config.json", file=source, field="--model",
                              fix="pass a model YAML, a Hugging Face config.json (or its directory), or a preset")
-        spec = hf_model(read_hf_config(config), file=config, seq_length=seq_length, note=note)
+        return ModelSource(source, hf=read_hf_config(config), file=config)
     elif is_json_name(source):      # (.JSON too: the one rule every reader and writer follows)
         if not os.path.exists(source):
             raise InputError("model file not found", file=source, field="--model", fix="check the path")
@@ -338,7 +360,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
         if "model_type" not in cfg and ("preset" in cfg or {"num_layers", "ffn_hidden_size"} <= set(cfg)):
             spec = model_from_dict(_named_by_file(cfg, source), file=source)
         else:
-            spec = hf_model(cfg, file=source, seq_length=seq_length, note=note)
+            return ModelSource(source, hf=cfg, file=source)
     else:
         data = load_yaml_file(source, "model")
         if "model" in data and isinstance(data["model"], dict):
@@ -350,7 +372,7 @@ def load_model(source: str, *, seq_length: int | None = None, note=None) -> Mode
                                  file=source, field=other[0],
                                  fix="move those keys inside the 'model:' block, or drop them")
         spec = model_from_dict(_named_by_file(data, source), file=source)
-    return with_seq_length(spec, seq_length, source, note) if seq_length else spec
+    return ModelSource(source, spec=spec)
 
 
 def with_seq_length(spec: ModelSpec, seq_length: int, source: str, note=None) -> ModelSpec:

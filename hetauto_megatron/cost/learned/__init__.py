@@ -4,7 +4,7 @@ Three kinds of measurement train it (cost/features.py defines the feature vector
 - operator rows from `hetauto profile` (one device type per file): QKV/output projections, attention core, MLP
   GEMMs, norms, rotary, activation, logits GEMM, loss; a layer's time is the sum of its operators;
 - whole layers from `hetauto profile --layers` of a profiled device: how its operators compose into a layer
-  (stage 3 in fitting.py), kept where it carries over to a model left out;
+  (stage 3, composition.py), kept where it carries over to a model left out;
 - whole-layer rows: the per-layer GPU timings published by the Sailor project (sailor.py).
 
 One module per concept:
@@ -18,8 +18,12 @@ One module per concept:
 - sailor_updates.py: the optimizer step Sailor measured per profiled model;
 - roofline_calibration.py: stage 1, the roofline prior calibrated per group of rows (rate x prior + overhead),
   and the robust fit of a rate and an overhead the later stages reuse;
-- fitting.py: stage 2 fits LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated
-  rounds, stage 3 composes operators into layers; `fit` runs the three stages and saves the model;
+- boosting.py: stage 2 fits LightGBM on log(measured / calibrated) per (granularity, phase) with cross-validated
+  rounds;
+- backward_weights.py: the two weights on a Sailor layer's backward prior, chosen by leaving one model out;
+- composition.py: stage 3, how operators compose into a layer (the `hetauto profile --layers` files);
+- optimizer_step.py: the optimizer step Sailor measured, fitted per device;
+- fitting.py: `fit` runs the stages, measures a held-out share and saves the model;
 - fitted.py: the fitted model in memory (`FittedModel`: calibration and composition tables, boosters) and
   `predict_samples`;
 - manifest.py: the fitted model on disk (`manifest.json`: format, feature version, calibration and composition
@@ -29,8 +33,10 @@ One module per concept:
   number came from;
 - validation.py: predicted against measured.
 """
-from .fitting import (GEMM_BWD_WEIGHTS, ROUND_CHOICES, SCORE_WEIGHTS, FitResult, choose_rounds,  # noqa: F401
-                      choose_weights, fit, fit_composition, split_holdout, train_model, train_sailor_model)
+from .backward_weights import GEMM_BWD_WEIGHTS, SCORE_WEIGHTS, choose_weights  # noqa: F401
+from .boosting import ROUND_CHOICES, choose_rounds, train_model, train_sailor_model  # noqa: F401
+from .composition import fit_composition  # noqa: F401
+from .fitting import FitResult, fit, split_holdout  # noqa: F401
 from .fitted import FittedModel, calibrated_s, predict_samples  # noqa: F401
 from .manifest import save_model  # noqa: F401
 from .model import LearnedCostModel, load_cost_model  # noqa: F401

@@ -1,6 +1,6 @@
 """Stage 1 of the learned model's fit: the roofline prior calibrated per group of rows (rate x prior + overhead),
 and the robust fit of a rate and an overhead that stage 3 (composing operators into a layer) and the optimizer step
-reuse (cost/learned/fitting.py). The fitted table is applied by fitted.py (`calibrated_s`)."""
+reuse (cost/learned/composition.py, optimizer_step.py). The fitted table is applied by fitted.py (`calibrated_s`)."""
 from __future__ import annotations
 
 import math

@@ -350,7 +350,7 @@ def sailor_tp_allreduce_rates(layers: list[SailorLayer]) -> dict[str, tuple]:
 def _layer_row(shape: F.LayerShape, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float,
                score_bwd_weight: float, gemm_bwd_weight: float) -> tuple[tuple, float, float]:
     """F.layer_row of one configuration and its unfused softmax passes: the identical layers of a measured
-    configuration share them, and the weight choice (fitting.choose_weights) builds every sample many times over."""
+    configuration share them, and the weight choice (backward_weights.choose_weights) builds every sample many times over."""
     feats, prior = F.layer_row(shape, phase, dtype_bytes=dtype_bytes, peak_tflops=peak_tflops, hbm_gbps=hbm_gbps,
                                score_bwd_weight=score_bwd_weight, gemm_bwd_weight=gemm_bwd_weight)
     return tuple(feats), prior, F.unfused_softmax_s(shape, phase, dtype_bytes, hbm_gbps)
