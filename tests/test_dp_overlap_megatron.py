@@ -83,8 +83,15 @@ def _run(rank, world_size):
                 issued[_kind].append(_size)
                 return _call(*a, **k)
             setattr(g, name, issue)
+
+        def check(*a, _call=g.check_grads, **k):    # the norm each bucket's gradients are checked by
+            issued["checked"] = issued.get("checked", 0) + 1
+            return _call(*a, **k)
+        g.check_grads = check
     forward_backward()
-    return {"pp_rank": pp_rank, "bucket_size": ddp.bucket_size,
+    scaled = sorted({b.gradient_scaling_factor for g in ddp.bucket_groups for b in g.buckets})
+    return {"pp_rank": pp_rank, "bucket_size": ddp.bucket_size, "checked": issued.get("checked", 0),
+            "bucket_groups": len(ddp.bucket_groups), "scaling_factors": scaled,
             "overlap_param_gather": ddp.ddp_config.overlap_param_gather, "dispatched": dispatched,
             "reduce_order": issued["reduce"], "gather_order": issued["gather"],
             "params": sum(p.numel() for p in model.parameters())}
@@ -116,6 +123,38 @@ def test_buckets_per_pipeline_rank_are_what_the_tail_prices(ranks):
         assert r["gather_order"] == priced[::-1], r
         # the first stage reduces its tied table last and gathers it first; the last stage reduces its copy first
         assert r["reduce_order"][-1 if pp == 0 else 0] == table, r
+
+
+def test_the_passes_over_the_gradients_before_their_reduction_are_priced(ranks):
+    """Before a bucket's reduction Megatron-Core's DDP, as the dry run builds it (the launches' settings:
+    check_for_nan_in_grad from --check-for-nan-in-loss-and-grad), takes each bucket's norm once (a read of its
+    gradients) and scales it by 1/DP in place (a read and a write; DP 2 here): recorded in its ranks, against the
+    passes the tail prices at the device's memory rate (tail_costs.grad_buffer_passes); fp16's dynamic loss scaler
+    turns the check off in Megatron-LM's validate_args, and so does the pricing."""
+    import inspect
+
+    from megatron.training import arguments
+
+    from hetauto_megatron.cost.analytic import AnalyticCostModel
+    from hetauto_megatron.plan import tail_costs
+    from hetauto_megatron.plan.costing import stage_profile
+    from hetauto_megatron.spec.inventory import inventory_from_dict
+
+    inv = inventory_from_dict({"clusters": [{"name": "c", "device": "cpu", "nodes": 1, "devices_per_node": 4}]})
+    mesh = PLAN.meshes[0]
+    prof = stage_profile(MODEL, inv.cluster("c"), mesh.tp, mesh.dp, mesh.micro_batch_size, mesh.recompute,
+                         AnalyticCostModel(), mesh.settings)
+    for r in ranks:
+        assert r["checked"] == r["bucket_groups"], r          # each bucket checked once in the iteration
+        assert r["scaling_factors"] == [1 / mesh.dp], r        # and scaled in place by 1/DP
+        assert tail_costs.grad_buffer_passes(prof) == 1 + 2
+    # Megatron-LM's own rule, as its validate_args applies it to a launch without --loss-scale
+    for precision in ("fp32", "bf16", "fp16"):
+        args = arguments.parse_args(ignore_unknown_args=True)
+        args.fp16, args.bf16, args.loss_scale = precision == "fp16", precision == "bf16", None
+        source = inspect.getsource(arguments.validate_args)
+        assert "if not args.loss_scale:\n            args.check_for_nan_in_loss_and_grad = False" in source
+        assert args.check_for_nan_in_loss_and_grad and tail_costs.checks_gradients(precision) == (precision != "fp16")
 
 
 def test_megatron_bucket_size_rule_is_the_priced_one(monkeypatch):
@@ -267,9 +306,13 @@ def test_without_overlap_a_later_stage_reduces_behind_the_drain_unless_the_tied_
         plan = Plan(model, 64, tuple(Mesh(c, "h800", 8, 2, 1, "selective", (8,), dict(off)) for c in "ab"))
         for engine in ("megatron", "deepspeed"):
             rows[tied, engine] = simulate(plan, inv, engine=engine).stages
-    whole = rows[True, "deepspeed"][1]["dp_reduce_s"]       # the last stage's reduction, after the first stage's end
-    assert whole == pytest.approx(rows[True, "deepspeed"][0]["dp_reduce_s"], rel=0.01)   # ~ the same stage size
+    # the first stage's reduction is exposed whole in either engine (nothing runs after it); the second stage
+    # holds as many parameters (8 layers and a table: embedding, or output layer)
+    whole = {e: rows[True, e][0]["dp_reduce_s"] for e in ("megatron", "deepspeed")}
+    assert rows[True, "deepspeed"][1]["dp_reduce_s"] == pytest.approx(whole["deepspeed"], abs=2e-6)  # after stage 0
     first_backward = {e: rows[True, e][0]["backward_s"] for e in ("megatron", "deepspeed")}
     for tied in (True, False):
-        assert rows[tied, "megatron"][1]["dp_reduce_s"] == pytest.approx(whole - first_backward["megatron"], abs=2e-6)
-    assert rows[False, "deepspeed"][1]["dp_reduce_s"] == pytest.approx(whole - first_backward["deepspeed"], abs=2e-6)
+        assert rows[tied, "megatron"][1]["dp_reduce_s"] == pytest.approx(whole["megatron"] - first_backward["megatron"],
+                                                                         abs=2e-6)
+    assert rows[False, "deepspeed"][1]["dp_reduce_s"] == pytest.approx(whole["deepspeed"] - first_backward["deepspeed"],
+                                                                       abs=2e-6)

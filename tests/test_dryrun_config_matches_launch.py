@@ -29,6 +29,11 @@ FIELDS = ("deallocate_pipeline_outputs", "sequence_parallel", "tensor_model_para
           "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion",
           "apply_rope_fusion", "persist_layer_norm")
 
+# what DDP does with the gradients (DistributedDataParallelConfig fields)
+DDP_FIELDS = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32",
+              "check_for_nan_in_grad", "check_for_large_grads", "bucket_size", "average_in_collective",
+              "num_distributed_optimizer_instances", "align_param_gather")
+
 PLAN = {"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "meshes": [
     {"cluster": "a", "device_type": "cpu", "tp": 2, "dp": 1, "micro_batch_size": 2, "recompute": "selective",
      "stage_layers": [3, 2], "settings": {"hidden_dropout": 0.1}},
@@ -67,3 +72,13 @@ def test_the_dry_runs_config_is_megatron_lms_for_the_emitted_launch(monkeypatch,
     dry = transformer_config(plan, ctx, plan.model)
     assert {f: getattr(dry, f) for f in FIELDS} == {f: getattr(config, f) for f in FIELDS}
     assert args.transformer_impl == "local"       # Megatron's local layer spec, which the dry run builds
+    # and the DDP wrapper's configuration (buckets, overlaps, the gradients' dtype and their check before each
+    # reduction: the dry run left check_for_nan_in_grad off while every launch ran it)
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.training.training import get_megatron_ddp_config
+
+    from hetauto_megatron.runtime.train import ddp_settings
+    ddp = dataclasses.asdict(DistributedDataParallelConfig(**ddp_settings(ctx.mesh.settings, ctx.precision)))
+    launch_ddp = dataclasses.asdict(get_megatron_ddp_config(args))
+    fields = [f for f in DDP_FIELDS if f != "grad_reduce_in_fp32" or ctx.precision != "fp32"]  # (fp32 either way)
+    assert {f: ddp[f] for f in fields} == {f: launch_ddp[f] for f in fields}

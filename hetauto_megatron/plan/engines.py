@@ -65,6 +65,10 @@ class Engine:
                                     # stage) before its DP reduction, so the last stage's reduction waits for the
                                     # first stage's last backward (DeepSpeed's ReduceTiedGrads before ReduceGrads);
                                     # else after it (Megatron: finalize_model_grads reduces over DP first)
+    grad_buffer_passes: bool = True     # Megatron-Core's DDP passes over each bucket before reducing it: reads it
+                                    # for its gradient norm's check (check_for_nan_in_grad) and, at DP > 1, scales it
+                                    # by 1/DP in place (gradient_scaling_factor, --ddp-average-in-collective being
+                                    # off); param_and_grad_buffer.py start_grad_sync, tail_costs.grad_buffer_passes
     fp16_fp32_accumulation: bool = True     # fp16 gradients accumulate and reduce in fp32 with the distributed
                                     # optimizer as grad_reduce_dtype fp32 asks (else in fp16: as_run_by)
 
@@ -115,6 +119,7 @@ ENGINES = {
                         fp32_accumulation_needs_zero=True, optimizer_state="deepspeed",
                         reduce_bucket_elements=40_000_000, attention="sdpa", layers="torch",
                         selective_recompute=False, fp8=False, loss="torch", tied_reduce_first=True,
+                        grad_buffer_passes=False,
                         fp16_fp32_accumulation=False),
     # The Megatron-LM the published 2024 runs trained with (plan/calibration.py; Megatron-Core 0.6-0.8): the same
     # settings, but its distributed optimizer started the first bucket's parameter all-gather in zero_grad, at the

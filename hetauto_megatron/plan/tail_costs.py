@@ -46,9 +46,29 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
     # all-reduces whole buckets before each rank keeps its shard).
     reduce = (comm.reduce_scatter_time if prof.settings.sharded_grad_reduce else comm.allreduce_time)(
         grads, prof.dp, prof.dp_link)
+    reduce += grad_buffer_passes(prof) * grads / (prof.cluster.device.hbm_gbps * 1e9)
     if optimizer_sharded(prof):
         return reduce, comm.all_gather_time(dtype * params, prof.dp, prof.dp_link)
     return reduce, 0.0
+
+
+def checks_gradients(precision: str) -> bool:
+    """Megatron-LM's --check-for-nan-in-loss-and-grad (DDP's check_for_nan_in_grad) as its validate_args leaves it
+    for a launch of `precision` without --loss-scale (the launches set none): on, but off under fp16's dynamic loss
+    scaler, whose skipped steps are its check (arguments.py). runtime/train.py ddp_settings runs the same."""
+    return precision != "fp16"
+
+
+def grad_buffer_passes(prof: StageProfile) -> int:
+    """How many times Megatron-Core's DDP reads or writes the stage's gradient buffer before reducing it, in
+    start_grad_sync (param_and_grad_buffer.py): one read for each bucket's gradient norm, validated against NaN and
+    Inf (checks_gradients), and at DP > 1 a read and a write scaling it by 1/DP (gradient_scaling_factor; the
+    launches leave --ddp-average-in-collective off). Memory-bound passes, priced at the device's HBM rate as part
+    of the reduction (each runs just before its bucket's collective); none under an engine of other buckets
+    (Engine.grad_buffer_passes)."""
+    if not ENGINES[prof.settings.engine].grad_buffer_passes:
+        return 0
+    return int(checks_gradients(prof.cluster.device.precision)) + (2 if prof.dp > 1 else 0)
 
 
 def optimizer_sharded(prof: StageProfile) -> bool:

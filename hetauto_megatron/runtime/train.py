@@ -57,13 +57,18 @@ def step_tokens(spec, *, seed: int, step: int, micro: int, batch: int):
     return torch.randint(0, spec.vocab_size, (batch, spec.seq_length + 1), generator=g)
 
 
-def ddp_settings(settings) -> dict:
-    """Megatron's DistributedDataParallelConfig fields for a mesh's runtime settings (plan/settings.py), spelled
-    as Megatron-LM's `get_megatron_ddp_config` derives them from the command line."""
+def ddp_settings(settings, precision: str = "fp32") -> dict:
+    """Megatron's DistributedDataParallelConfig fields for a mesh's runtime settings (plan/settings.py) at the
+    precision its ranks train in, spelled as Megatron-LM's `get_megatron_ddp_config` derives them from the command
+    line. Its gradient check (each bucket's norm validated before the bucket is reduced) follows
+    --check-for-nan-in-loss-and-grad, on by default, which validate_args turns off for fp16's dynamic loss scaler
+    (the launches set no --loss-scale); plan/tail_costs.py prices its pass over the gradients."""
+    from ..plan.tail_costs import checks_gradients
     return dict(use_distributed_optimizer=settings.distributed_optimizer,
                 overlap_grad_reduce=settings.overlap_grad_reduce,
                 overlap_param_gather=settings.overlap_param_gather,
-                grad_reduce_in_fp32=settings.grad_reduce_dtype == "fp32")
+                grad_reduce_in_fp32=settings.grad_reduce_dtype == "fp32",
+                check_for_nan_in_grad=checks_gradients(precision))
 
 
 def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, timeout_s: float = 60.0,
@@ -109,7 +114,7 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     model = build_model(ctx, spec, config, seed=seed, vocab_size=vocab_size)
     settings = mesh.settings
     ddp = DistributedDataParallel(config=config, module=model, pg_collection=ctx.pg,
-                                  ddp_config=DistributedDataParallelConfig(**ddp_settings(settings)))
+                                  ddp_config=DistributedDataParallelConfig(**ddp_settings(settings, ctx.precision)))
     comm = HeteroP2PCommunicator(ctx, config, timeout_s=timeout_s)
     links, scalar_hold = None, 0.0
     if emulate_links is not None:      # the inventory's links, for the pipeline's and the exchange's emulation
