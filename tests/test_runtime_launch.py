@@ -295,5 +295,6 @@ def test_a_rank_that_never_joins_is_a_paragraph_not_a_rendezvous_traceback():
         {"cluster": "a", "device_type": "cpu", "dp": 2, "micro_batch_size": 1, "stage_layers": [8]}]})
     results = launch(_join, 2, args=([plan, plan], 4, (1,)), timeout_s=120)
     assert results[1]["error"] is None
-    assert results[0]["field"] == "HETAUTO_WORLD_SIZE"
+    assert results[0]["field"] == "HETAUTO_TIMEOUT_S"
     assert "waited 4 s for the plan's 2 ranks to join" in results[0]["error"] and "NODE_RANK" in results[0]["error"]
+    assert "give a larger HETAUTO_TIMEOUT_S" in results[0]["error"]

@@ -99,6 +99,35 @@ def test_a_rank_missing_is_a_timeout_paragraph_that_counts_who_came():
     assert "1 of 3 ranks checked in" in info.value.message
 
 
+def test_a_timeout_names_the_ranks_that_never_checked_in_and_the_timeout_to_raise():
+    """Ranks 0 and 2 of 3 check in, rank 1 never comes. Both named only a count and told to fix HETAUTO_WORLD_SIZE
+    and NODE_RANK, though the store knew who came and a launch still starting needs only a longer wait. Now each
+    names the missing rank as the plan describes it, and the setting its wait came from in the fix."""
+    port, caught = free_port(), {}
+    describe = {0: "rank 0 (cluster a, stage 0)", 1: "rank 1 (cluster b, stage 0)", 2: "rank 2 (cluster b, stage 1)"}
+
+    def rank(r, timeout_from):
+        try:
+            world_store.join(r, 3, "127.0.0.1", port, 4.0, file="plan.yaml", describe=describe.get,
+                             timeout_from=timeout_from)
+        except InputError as exc:
+            caught[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(0, "HETAUTO_TIMEOUT_S")),
+               threading.Thread(target=rank, args=(2, "--distributed-timeout-minutes 1"))]
+    threads[0].start()
+    time.sleep(0.5)         # (the host's store first)
+    threads[1].start()
+    for t in threads:
+        t.join(60)
+    for r, setting in ((0, "HETAUTO_TIMEOUT_S"), (2, "--distributed-timeout-minutes")):
+        exc = caught[r]
+        assert "(2 of 3 ranks checked in); never checked in: rank 1 (cluster b, stage 0):" in exc.message, exc.message
+        assert "rank 0 (" not in exc.message and "rank 2 (" not in exc.message
+        assert exc.field == setting and f"give a larger {setting}" in exc.fix, exc.fix
+        assert exc.exit_code == 2 and "plan.yaml" in str(exc)
+
+
 def test_a_taken_port_is_named():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -74,6 +74,7 @@ class _State:
     communicator: object = None
     liveness: object = None       # runtime.liveness.Liveness: who went away when a collective fails
     timeout_s: float = timeouts.DEFAULT_S    # of every wait between ranks (timeouts.py)
+    timeout_from: str = "HETAUTO_TIMEOUT_S"  # what set it: HETAUTO_TIMEOUT_S or --distributed-timeout-minutes N
 
 
 _STATE: Optional[_State] = None
@@ -121,7 +122,8 @@ def _prepare_hetauto(args) -> _State:
     if ident.rank == 0:
         print(f"[hetauto] every wait between ranks times out after {timeout_s:g} s ({timeout_from})",
               flush=True)
-    return _State(plan, args.hetauto_plan, ident, placement, device_type, changed, timeout_s=timeout_s)
+    return _State(plan, args.hetauto_plan, ident, placement, device_type, changed, timeout_s=timeout_s,
+                  timeout_from=timeout_from)
 
 
 def parse_and_validate_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
@@ -286,10 +288,11 @@ def _join_world(state: _State, args) -> None:
         store = world_store.join(state.ident.rank, state.plan.world_size, os.environ["MASTER_ADDR"],
                                  int(os.environ["MASTER_PORT"]), state.timeout_s, file=state.plan_file,
                                  describe=lambda r: describe_rank(state.plan, r),
-                                 plan=world_store.plan_digest(state.plan))
+                                 plan=world_store.plan_digest(state.plan), timeout_from=state.timeout_from)
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.ident.rank), str(state.plan.world_size)
     init_distributed(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
-                     dry_run=state.device_type == "cpu", file=state.plan_file, store=store)
+                     dry_run=state.device_type == "cpu", file=state.plan_file, store=store,
+                     timeout_from=state.timeout_from)
 
 
 def pretrain_kwargs(args) -> dict:

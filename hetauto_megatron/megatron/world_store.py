@@ -51,6 +51,7 @@ REFUSED = "hetauto/refused"         # appended: "RANK " of each rank that refuse
 READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the host waits for them)
 RELEASED = "hetauto/released"       # set by the host when it stops waiting for readers
 RANK_KEY = "hetauto/rank"           # counter per global rank: processes of that rank that checked in
+CHECKED_IN = "hetauto/checked_in"   # appended: "RANK " of each rank that checked in (a timeout names the others)
 CODE = "hetauto/code"               # the host's code digest (hetauto_megatron.code_digest, 12 digits)
 CODE_WAIT_S = 10.0                  # how long a rank waits for the host's digest (the host sets it as it starts)
 POLL_S = 0.5
@@ -191,11 +192,12 @@ def _check_code(store, rank: int, deadline: float, describe, file: str | None) -
 
 
 def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, file: str | None = None,
-         describe=None, plan: str | None = None):
+         describe=None, plan: str | None = None, timeout_from: str = "HETAUTO_TIMEOUT_S"):
     """Check this rank in and wait for the whole world (module docstring); returns the store for
     init_process_group. InputError (exit 2) on other code or another plan (`plan`: plan_digest) than the host's, a
     refusal, a port the host cannot take, the host going away, or the timeout. `describe(rank)` names a rank in
-    those paragraphs (its cluster and stage, from the plan)."""
+    those paragraphs (its cluster and stage, from the plan); `timeout_from` what set `timeout_s`, for the timeout's
+    paragraph (which names the ranks that never checked in)."""
     describe = describe or (lambda r: f"rank {r}")
     deadline = time.monotonic() + timeout_s
     if rank == 0:
@@ -228,7 +230,8 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                        "cluster (or stop what holds it there), then start every cluster's launch "
                                        "again")) from None
         if store is None:
-            raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file)
+            raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file,
+                           timeout_from=timeout_from)
     try:
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
         if rank == 0:
@@ -256,6 +259,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                        "NODE_RANK (0..nodes-1), and stop any earlier run of the launch still going; "
                                        "if that run already stopped, start every cluster's launch again (global rank "
                                        "0's rendezvous remembers the ranks that checked in)"))
+        store.append(CHECKED_IN, f"{rank} ")
         store.add(JOINED, 1)
         while True:
             refused = _refusal(store)
@@ -269,7 +273,8 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                 _watch(addr, port, rank, world_size, file)
                 return store
             if time.monotonic() > deadline:
-                raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file)
+                raise _timeout(rank, world_size, timeout_s, f"{joined} of {world_size} ranks checked in", file,
+                               missing=_missing(store, world_size), describe=describe, timeout_from=timeout_from)
             time.sleep(POLL_S)
     except InputError:
         raise
@@ -328,8 +333,15 @@ def _ours(exc: InputError) -> InputError:
     return exc
 
 
-def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: str | None) -> InputError:
-    return _ours(rendezvous_timeout_error(rank, world_size, timeout_s, reason, file))
+def _timeout(rank: int, world_size: int, timeout_s: float, reason: str, file: str | None, **named) -> InputError:
+    return _ours(rendezvous_timeout_error(rank, world_size, timeout_s, reason, file, **named))
+
+
+def _missing(store, world_size: int) -> list[int]:
+    """The global ranks that have not checked in: one read of CHECKED_IN (this rank's own entry is there), not one
+    request per rank, as every waiting rank of a large world asks at about the same time."""
+    came = {int(r) for r in store.get(CHECKED_IN).decode().split()}
+    return [r for r in range(world_size) if r not in came]
 
 
 def post_refusal(message: str, env=None) -> None:

@@ -9,9 +9,16 @@ Failures never hang the caller: a rank that raises or dies is reported with its 
 the other ranks get `grace_s` to notice (their collectives time out or see the closed connection) and exit
 with their own error, then whatever is left is killed. The whole launch has a deadline (`timeout_s`).
 An `InputError` raised by any rank is re-raised as itself, so the CLI prints it and exits 2.
+
+Stopping the launch stops its ranks: SIGTERM or SIGHUP (what `kill`, `timeout`, a batch scheduler and a closed
+terminal send) terminates every rank, kills those still there after STOP_GRACE_S, and exits 128 + the signal's
+number; Ctrl-C (SIGINT) reaches the ranks themselves and the launch kills what is left. A forked rank is not ended
+by its parent's death on its own (daemon=True acts only at a clean interpreter exit), so each rank also asks the
+kernel to kill it when the launch process dies by any other means (SIGKILL, the out-of-memory killer).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
@@ -19,6 +26,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 
 from ..errors import InputError
@@ -76,7 +84,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, args, env, conn):
+# The signals that ask the launch to stop (SIGINT is Python's KeyboardInterrupt, which the ranks receive too: they
+# share the terminal's process group), and how long a rank has to end on SIGTERM before it is killed.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 3.0
+_PR_SET_PDEATHSIG = 1       # linux/prctl.h
+
+
+class _Stopped(BaseException):
+    """A stop signal reached the launch (BaseException: no rank-result handling may swallow it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _catch_stop_signals() -> dict:
+    """Turn the stop signals into `_Stopped` in this process; {signal: previous handler} of those changed. Only
+    signals with the default action (an ignored one, e.g. SIGHUP under nohup, stays ignored; a caller's handler
+    stays), and only in the main thread (the only one Python lets set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    fired = []
+
+    def stop(signum, frame):
+        if not fired:       # once: a second signal must not cut short the stopping of the ranks
+            fired.append(signum)
+            raise _Stopped(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, stop)
+    return previous
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this rank when the launch process dies (Linux; elsewhere nothing), and end now if it
+    died already (between the fork and this call)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _end(procs: list, grace_s: float) -> None:
+    """End every rank still running: SIGTERM and up to `grace_s` to exit first when `grace_s` > 0, then SIGKILL."""
+    if grace_s > 0:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+        until = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, until - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+        p.join()
+
+
+def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers):
+    for sig, handler in stop_handlers.items():     # the launch's stop handlers are the parent's, not a rank's
+        signal.signal(sig, handler)
+    _die_with_parent(parent)
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     code = 0
@@ -113,59 +185,32 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     base_env.update(env or {})
     procs, conns = [], []
-    for rank in range(world_size):
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, rank, world_size, args, base_env, send), daemon=True)
-        p.start()
-        send.close()
-        procs.append(p)
-        conns.append(recv)
     payloads: dict[int, dict] = {}
     failures: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s
-    first_failure_at = None
+    stopped = None
+    previous = _catch_stop_signals()
     try:
-        while True:
-            for rank, (p, c) in enumerate(zip(procs, conns)):
-                if rank in payloads or rank in failures:
-                    continue
-                got = None
-                if c.poll():
-                    try:
-                        got = json.loads(c.recv_bytes().decode())
-                    except EOFError:
-                        got = None
-                if got is not None:
-                    payloads[rank] = got
-                    if "ok" not in got:     # an input error is raised below; any failure starts the grace
-                        failures[rank] = got.get("error", "rejected its input")
-                elif not p.is_alive():
-                    p.join()
-                    failures[rank] = f"process died (exit code {p.exitcode}) without reporting a result" + (
-                        " (killed by SIGKILL: most often the machine ran out of memory)"
-                        if p.exitcode == -signal.SIGKILL else "")
-                if rank in failures and first_failure_at is None:
-                    first_failure_at = time.monotonic()
-            if len(set(payloads) | set(failures)) == world_size:
-                break
-            now = time.monotonic()
-            why = None
-            if now > deadline:
-                why = f"still running after the launch timeout of {timeout_s:.0f}s; killed"
-            elif first_failure_at is not None and now - first_failure_at > grace_s:
-                why = (f"still running {grace_s:.0f}s after another rank failed; killed "
-                       "(it was probably waiting on the failed rank)")
-            if why:
-                failures.update({r: why for r in range(world_size) if r not in payloads and r not in failures})
-                break
-            time.sleep(0.01)
+        for rank in range(world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(fn, rank, world_size, args, base_env, send, os.getpid(), previous),
+                            daemon=True)
+            p.start()
+            send.close()
+            procs.append(p)
+            conns.append(recv)
+        _collect(procs, conns, payloads, failures, timeout_s, grace_s)
+    except _Stopped as exc:
+        stopped = exc.signum
     finally:
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-            p.join()
+        _end(procs, STOP_GRACE_S if stopped else 0.0)
         for c in conns:
             c.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped:
+        print(f"hetauto: stopped by {signal.Signals(stopped).name}; its {len(procs)} rank process(es) were ended",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + stopped)
     input_errors = sorted(r for r, got in payloads.items() if "input_error" in got)
     if input_errors:
         raise InputError(**payloads[input_errors[0]]["input_error"])
@@ -173,3 +218,45 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
         raise LaunchError(failures)
     return [payloads[r]["ok"] for r in range(world_size)]
 
+
+
+def _collect(procs, conns, payloads: dict, failures: dict, timeout_s: float, grace_s: float) -> None:
+    """Wait for every rank's result into `payloads` (rank -> what it sent) and `failures` (rank -> why), until
+    each has one, the deadline passed, or `grace_s` passed after the first failure."""
+    world_size = len(procs)
+    deadline = time.monotonic() + timeout_s
+    first_failure_at = None
+    while True:
+        for rank, (p, c) in enumerate(zip(procs, conns)):
+            if rank in payloads or rank in failures:
+                continue
+            got = None
+            if c.poll():
+                try:
+                    got = json.loads(c.recv_bytes().decode())
+                except EOFError:
+                    got = None
+            if got is not None:
+                payloads[rank] = got
+                if "ok" not in got:     # an input error is raised below; any failure starts the grace
+                    failures[rank] = got.get("error", "rejected its input")
+            elif not p.is_alive():
+                p.join()
+                failures[rank] = f"process died (exit code {p.exitcode}) without reporting a result" + (
+                    " (killed by SIGKILL: most often the machine ran out of memory)"
+                    if p.exitcode == -signal.SIGKILL else "")
+            if rank in failures and first_failure_at is None:
+                first_failure_at = time.monotonic()
+        if len(set(payloads) | set(failures)) == world_size:
+            return
+        now = time.monotonic()
+        why = None
+        if now > deadline:
+            why = f"still running after the launch timeout of {timeout_s:.0f}s; killed"
+        elif first_failure_at is not None and now - first_failure_at > grace_s:
+            why = (f"still running {grace_s:.0f}s after another rank failed; killed "
+                   "(it was probably waiting on the failed rank)")
+        if why:
+            failures.update({r: why for r in range(world_size) if r not in payloads and r not in failures})
+            return
+        time.sleep(0.01)

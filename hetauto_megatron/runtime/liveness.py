@@ -15,6 +15,7 @@ The collectives themselves are untouched: this only runs after one has failed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -236,10 +237,34 @@ def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
     """Print the paragraph and exit LOST_PEER_EXIT (not a user error): at once, without the clean exit's destruction
     of the groups, which would wait on the broken connections. Where this rank stopped on a loss, its listener goes
     to a small process that keeps telling the ranks that fail after it what it found, for LINGER_S."""
-    import subprocess
     import sys
     print(f"hetauto: error: {text.rstrip('.')}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    _answer_after_exit(liveness)
+    os._exit(LOST_PEER_EXIT)
+
+
+@contextlib.contextmanager
+def naming_lost_peers(liveness: Liveness):
+    """Inside it, gloo's error about a peer or a pipeline transfer's PeerError leaves as the PeerError whose text
+    names the rank that went away first (`lost_peer`), without gloo's own text and traceback; where this rank
+    stopped on a loss, its listener keeps answering what it found after the process ends, as `exit_for_lost_peer`
+    does. For a process that reports its failure itself (the dry run's ranks: runtime/launcher.py)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        text = lost_peer(liveness, exc)
+        if text is None:
+            raise
+        _answer_after_exit(liveness)
+        raise PeerError(text) from None
+
+
+def _answer_after_exit(liveness: "Liveness | None") -> None:
+    """Where this rank stopped on a loss, hand its listener to a small process that keeps telling the ranks that
+    fail after it what it found, for LINGER_S."""
+    import subprocess
+    import sys
     if liveness is not None and liveness.answer.startswith(b"S"):
         fd = liveness._server.fileno()
         try:
@@ -248,4 +273,3 @@ def exit_for_lost_peer(text: str, liveness: "Liveness | None") -> None:
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             pass            # then the ranks that fail after this one may name it too
-    os._exit(LOST_PEER_EXIT)

@@ -14,15 +14,19 @@ from ..errors import InputError, first_line
 from . import device as devlayer
 from .ranks import rank_coords, validate_launch
 
+MISSING_NAMED = 8       # a rendezvous timeout names this many of the ranks that never checked in, then counts
+
 
 def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.0, dry_run: bool = False,
-                     file: str | None = None, store=None, timeout_flag: str | None = None) -> None:
+                     file: str | None = None, store=None, timeout_flag: str | None = None,
+                     timeout_from: str = "HETAUTO_TIMEOUT_S") -> None:
     """Validate the launch, apply the device layer, then `init_process_group` (env:// rendezvous).
 
     `dry_run=True` runs every rank on CPU/gloo whatever the plan's device type; otherwise the rank's device
     type is checked against this process. `store`: a rendezvous store every rank has already joined
     (megatron/world_store.py) instead of env://. `timeout_flag`: the ranks are one command's local processes
-    (hetauto dryrun): a rendezvous that times out names that flag, not the launch scripts.
+    (hetauto dryrun): a rendezvous that times out names that flag, not the launch scripts. `timeout_from`: otherwise,
+    what set the timeout (megatron/timeouts.py: HETAUTO_TIMEOUT_S or --distributed-timeout-minutes N).
     """
     import torch.distributed as dist
 
@@ -47,7 +51,7 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
             raise InputError(f"rank {rank} waited {timeout_s:g} s for the {world_size} local ranks to connect, in "
                              f"vain ({reason[:200]})", file=file, field=timeout_flag,
                              fix=f"give a larger {timeout_flag}") from None
-        raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file) from None
+        raise rendezvous_timeout_error(rank, world_size, timeout_s, reason, file, timeout_from=timeout_from) from None
     if backend != "gloo":
         # a collective over the world with an accelerator tensor would span vendors' libraries: through host
         # memory on gloo instead (Megatron-LM's loop issues several, runtime/world_collectives.py)
@@ -64,16 +68,27 @@ def rendezvous_setup_error(rank: int, where: str, reason: str, file: str | None)
                           "all) and a HETAUTO_MASTER_PORT free there, other than the clusters' CLUSTER_MASTER_PORT")
 
 
-def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reason: str,
-                             file: str | None) -> InputError:
-    """Not every rank of the plan joined within the timeout."""
-    return InputError(f"rank {rank} waited {timeout_s:.0f} s for the plan's {world_size} ranks to join, in vain "
-                      f"({reason[:200]}): a cluster's launch did not start or stopped (its log says why, e.g. a "
-                      "refused argument), or it starts other ranks than the plan's", file=file,
-                      field="HETAUTO_WORLD_SIZE",
-                      fix="start every cluster's launch script as 'hetauto emit megatron' wrote it (its NODE_RANK in "
-                          "0..nodes-1 on each node, the --nproc-per-node and HETAUTO_RANK_OFFSET it sets), with one "
-                          "HETAUTO_MASTER_ADDR/PORT for all")
+def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reason: str, file: str | None, *,
+                             missing: list | None = None, describe=None,
+                             timeout_from: str = "HETAUTO_TIMEOUT_S") -> InputError:
+    """Not every rank of the plan joined within the timeout. `missing`: the global ranks that never checked in, where
+    the rendezvous knows them (megatron/world_store.py), each named by `describe(rank)` (its cluster and stage);
+    `timeout_from`: what set the timeout (HETAUTO_TIMEOUT_S, or '--distributed-timeout-minutes N'): both a launch
+    that never came and one still starting (a slow node, a long first import) end here."""
+    describe = describe or (lambda r: f"rank {r}")
+    absent = ""
+    if missing:
+        absent = ("; never checked in: " + ", ".join(describe(r) for r in missing[:MISSING_NAMED])
+                  + (f" and {len(missing) - MISSING_NAMED} more" if len(missing) > MISSING_NAMED else ""))
+    setting = timeout_from.split()[0]
+    whose = "the launch of those ranks' clusters" if missing else "every cluster's launch"
+    return InputError(f"rank {rank} waited {timeout_s:g} s for the plan's {world_size} ranks to join, in vain "
+                      f"({reason[:200]}){absent}: a cluster's launch did not start or stopped (its log "
+                      "says why, e.g. a refused argument), it starts other ranks than the plan's, or it was still "
+                      "starting", file=file, field=setting,
+                      fix=f"start {whose} with the script 'hetauto emit megatron' wrote (its NODE_RANK in 0..nodes-1 on each node, "
+                          "the --nproc-per-node and HETAUTO_RANK_OFFSET it sets, one HETAUTO_MASTER_ADDR/PORT for "
+                          f"all); where they start slowly, give a larger {setting} (it gave {timeout_s:g} s)")
 
 
 def different_code_error(rank: int, codes: dict, describe, file: str | None) -> InputError:

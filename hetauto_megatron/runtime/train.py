@@ -82,6 +82,22 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
     (pipeline boundaries, and the emulated holders' exchange); losses and norms are global, "settings" are this
     rank's runtime settings as Megatron built them (`settings_that_ran`), "shared" its values of the parameters
     other mesh stages also hold, after the last step (replica_sync.ReplicaSync.held_values)."""
+    from .groups import build_groups
+    from .liveness import Liveness, naming_lost_peers
+    from .rendezvous import init_distributed
+
+    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag=timeout_flag)
+    ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
+    # every rank's listener address, learnt while every rank is there: a rank that goes away later is named, not
+    # gloo's socket (runtime/liveness.py, as under Megatron-LM's --hetauto)
+    liveness = Liveness.start(ctx)
+    with naming_lost_peers(liveness):
+        return _train(ctx, plan, steps, seed, timeout_s, vocab_size, emulate_links)
+
+
+def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size: int | None,
+           emulate_links: float | None) -> dict:
+    """train_rank's training, once this rank's groups (`ctx`) are built."""
     import torch
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -91,14 +107,11 @@ def train_rank(rank: int, world_size: int, plan: Plan, steps: int, seed: int, ti
 
     from .communicator import HeteroP2PCommunicator
     from .gradients import count_grad_norm_once, make_finalize_model_grads
-    from .groups import build_groups, set_megatron_globals
+    from .groups import set_megatron_globals
     from .memory_meter import state_storages
     from .model import build_model, transformer_config
     from .op_timing import OpClock
-    from .rendezvous import init_distributed
 
-    init_distributed(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run, timeout_flag=timeout_flag)
-    ctx = build_groups(plan, rank, world_size, timeout_s=timeout_s, dry_run=dry_run)
     set_megatron_globals(ctx)
     spec, mesh, c = plan.model, ctx.mesh, ctx.coords
     on_device = ctx.device == "cuda"

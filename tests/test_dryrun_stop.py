@@ -1,0 +1,135 @@
+"""How a dry run's ranks end when the run is stopped or one of them goes away, with real rank processes.
+
+Stopping: `hetauto dryrun` (a fresh interpreter, as a user starts it) sent SIGTERM while its ranks train, as `kill`,
+`timeout` and batch schedulers stop a job, or SIGKILL. Before, the launch ended its ranks only on its own clean way
+out, which a signal's death skips: every rank, reparented to init, kept training. Now they are all gone within
+seconds, and on SIGTERM the command exits 143 (128 + SIGTERM).
+
+A lost rank: one rank of a 4-rank run is SIGKILLed at its second gradient-norm all-reduce over every rank (Megatron's
+get_grad_norm_fp32, the point a crash or the out-of-memory killer ends it: nothing else changed). Before, the ranks
+waiting on it reported gloo's raw text ("[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer
+[127.0.0.1]:26811"), naming no rank. Now each survivor names the rank, cluster and stage that went away first, as the
+Megatron-LM path does (runtime/liveness.py; tests/test_megatron_lost_rank.py)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import ROOT, wait_all
+from test_job_agreement import PLAN_YAML
+
+from hetauto_megatron.plan.plan import load_plan
+from hetauto_megatron.runtime.launcher import LaunchError, launch
+from hetauto_megatron.runtime.ranks import describe_rank
+
+pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.add(int(entry))
+    return kids
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that still runs (a zombie waiting to be reaped does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds `pid` has used (user + system), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_a_dry_run_ends_every_rank(sig):
+    """SIGTERM: the command ends its ranks and exits 143. SIGKILL (no handler runs: the out-of-memory killer, `kill
+    -9`): each rank dies with it."""
+    plan = os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-pp2.yaml")
+    run = subprocess.Popen([sys.executable, "-m", "hetauto_megatron.cli", "dryrun", "--plan", plan, "--tiny",
+                            "--steps", "100000", "--timeout", "60"], cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks: set[int] = set()
+    try:
+        # training: both ranks there, each past its start-up (a few CPU seconds: imports are the parent's)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and run.poll() is None:
+            ranks |= _children(run.pid)
+            if len(ranks) == 2 and all(_cpu_s(r) > 3 for r in ranks):
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and len(ranks) == 2, run.communicate(timeout=30)
+        run.send_signal(sig)
+        code = wait_all([run], timeout=30)[0]
+        until = time.monotonic() + 5
+        while any(map(_running, ranks)) and time.monotonic() < until:
+            time.sleep(0.1)
+        left = [r for r in ranks if _running(r)]
+        assert not left, f"rank processes {left} still run after the dry run was stopped"
+        if sig == signal.SIGTERM:
+            assert code == 128 + signal.SIGTERM
+            assert "stopped by SIGTERM" in run.stderr.read()
+    finally:
+        for r in ranks:          # (never leave a rank behind, whatever failed above)
+            if _running(r):
+                os.kill(r, signal.SIGKILL)
+
+
+# Two clusters of two ranks each, one stage each: every rank is in the gradient-norm all-reduce over the world, and
+# rank 3 shares its DP group (the gradients' reduce-scatter) with rank 2.
+FOUR_RANKS = PLAN_YAML.split("meshes:")[0] + """meshes:
+- {cluster: cluster-a, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [2]}
+- {cluster: cluster-b, device_type: cpu, tp: 1, dp: 2, micro_batch_size: 1, recompute: none, stage_layers: [2]}
+"""
+
+
+def _dies_at_second_norm(rank, world_size, dead, *train_args):
+    """The dry run's rank (train.train_rank); rank `dead` is SIGKILLed at its second gradient-norm all-reduce."""
+    if rank == dead:
+        import megatron.core.optimizer.optimizer as optimizer
+        calls, original = [], optimizer.get_grad_norm_fp32
+
+        def get_grad_norm_fp32(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args, **kwargs)
+        optimizer.get_grad_norm_fp32 = get_grad_norm_fp32
+    from hetauto_megatron.runtime.train import train_rank
+    return train_rank(rank, world_size, *train_args)
+
+
+@pytest.mark.parametrize("dead", [3, 0])
+def test_survivors_name_the_rank_that_went_away(tmp_path, dead):
+    (tmp_path / "plan.yaml").write_text(FOUR_RANKS)
+    plan = load_plan(str(tmp_path / "plan.yaml"))
+    with pytest.raises(LaunchError) as info:
+        launch(_dies_at_second_norm, 4, args=(dead, plan, 100, 1, 30.0), timeout_s=240, grace_s=40)
+    failures = info.value.failures
+    assert "SIGKILL" in failures[dead]
+    gone = describe_rank(plan, dead)
+    for rank in sorted(set(range(4)) - {dead}):
+        text = failures[rank]
+        assert f"{gone} went away first" in text, text
+        assert "pair.cc" not in text and "Traceback" not in text and "GLHF" not in text, text
+        assert text.startswith(f"PeerError: {describe_rank(plan, rank)}"), text
