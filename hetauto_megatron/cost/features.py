@@ -21,9 +21,26 @@ import math
 from dataclasses import dataclass
 
 # Bump when the meaning of a feature or of the prior changes: fitted models record it and refuse a mismatch.
-FEATURE_VERSION = 4
+# 5: the unfused attention operator ("attention_unfused"), which CPU meshes and Transformer Engine without its fused
+# backends run (a model fitted before priced their attention from the fused kernel's rate).
+FEATURE_VERSION = 5
 
-OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding")
+# "attention": a fused (flash / memory-efficient) attention, torch's scaled_dot_product_attention, what Transformer
+# Engine runs in 16 bits on sm80+ and DeepSpeed's layers call. "attention_unfused": the attention that materialises
+# the s x s scores, as Megatron's local DotProductAttention computes it (CPU meshes, --transformer-impl local) and
+# Transformer Engine's UnfusedDotProductAttention (fp32, V100): a full (not causal-half) score GEMM, the mask filled
+# in, a softmax, the context GEMM. Appended last: the kind's index is a feature, the others keep theirs.
+OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding", "attention_unfused")
+ATTENTION_KINDS = ("attention", "attention_unfused")
+
+
+def runs_unfused_attention(device, dtype_bytes: int) -> bool:
+    """Whether Megatron's attention on `device` (a spec.devices.DeviceType) with `dtype_bytes`-wide tensors keeps
+    the s x s scores: Transformer Engine's fused backends take 16-bit inputs on a device that has them
+    (DeviceType.fused_attention: not a V100); in fp32 it runs its unfused attention, and a CPU mesh (always fp32)
+    Megatron's local one. The one rule RuntimeSettings.fused_attention (what a plan's mesh runs), the profiler (which
+    attention it times) and the fit (which kinds a profile must hold) read."""
+    return not (dtype_bytes <= 2 and device.fused_attention)
 # Whole-layer rows (measured per layer, e.g. the shipped GPU measurements).
 LAYER_KINDS = ("transformer", "head", "embedding")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -114,6 +131,9 @@ class Op:
         if self.kind == "attention":
             # QK^T and PV, causal: half of the s x s score matrix is computed.
             return 2.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
+        if self.kind == "attention_unfused":
+            # QK^T and PV over the whole s x s matrix: the mask is filled in after the GEMM, nothing is skipped.
+            return 4.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
         if self.kind == "rotary":
             return 3.0 * t * self.heads * self.head_dim
         if self.kind == "activation":
@@ -129,7 +149,7 @@ class Op:
         t = self.tokens
         if self.kind == "gemm":
             return t * self.k + self.k * self.n + t * self.n
-        if self.kind == "attention":
+        if self.kind in ATTENTION_KINDS:
             return self.batch * self.seq * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         if self.kind == "rotary":
             return 2.0 * t * self.heads * self.head_dim
@@ -143,7 +163,7 @@ class Op:
 
     def score_elements(self) -> float:
         """Size of the attention score matrix: what an unfused attention writes and reads back."""
-        return float(self.batch * self.heads * self.seq * self.seq) if self.kind == "attention" else 0.0
+        return float(self.batch * self.heads * self.seq * self.seq) if self.kind in ATTENTION_KINDS else 0.0
 
 
 def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float) -> float:
@@ -154,6 +174,12 @@ def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float)
 def op_prior_s(op: Op, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
     f = _BWD_FLOP_FACTOR.get(op.kind, 2.0) if phase == "bwd" else 1.0
     elements = f * op.elements_moved()
+    if op.kind == "attention_unfused":
+        # the s x s scores go through memory kernel by kernel (SCORE_BYTES_PER_ELEMENT: the score GEMM's output,
+        # the mask filled in, the softmax, the context GEMM's input; the backward's), beside Q, K, V and the context
+        per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
+        return roofline_s(f * op.flops(), elements * dtype_bytes + op.score_elements() * (per_elem * dtype_bytes + mask),
+                          peak_tflops, hbm_gbps)
     if op.kind == "embedding" and phase == "bwd":
         # The table's gradient is written whole (zeroed, then the looked-up rows accumulated into it): its cost
         # grows with vocabulary x hidden, not only with the tokens.
@@ -176,8 +202,10 @@ def _check_tp(model, tp: int):
             raise ValueError(f"tp {tp} does not divide {attr} {getattr(model, attr)} of {model.name}")
 
 
-def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
-    """The operators one TP rank runs for one transformer layer and one micro-batch."""
+def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None, *,
+              unfused_attention: bool = False) -> list[Op]:
+    """The operators one TP rank runs for one transformer layer and one micro-batch; its attention unfused where
+    the layer runs it so (`runs_unfused_attention`, RuntimeSettings.fused_attention)."""
     _check_tp(model, tp)
     s = seq_length or model.seq_length
     t, h, d = micro_batch_size * s, model.hidden_size, model.head_dim
@@ -187,7 +215,7 @@ def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = No
            Op("qkv", "gemm", t, k=h, n=(heads + 2 * kv) * d)]
     if model.position_embedding == "rope":
         ops.append(Op("rotary", "rotary", t, heads=heads + kv, head_dim=d))
-    ops += [Op("attention", "attention", t, batch=micro_batch_size, seq=s, heads=heads, kv_heads=kv, head_dim=d),
+    ops += [Op("attention", ATTENTION_KINDS[bool(unfused_attention)], t, batch=micro_batch_size, seq=s, heads=heads, kv_heads=kv, head_dim=d),
             Op("proj", "gemm", t, k=heads * d, n=h),
             Op("residual1", "add", t, n=h),
             Op("norm2", "norm", t, n=h),
@@ -261,8 +289,10 @@ class LayerShape:
                          num_query_groups=self.kv_heads, gated_mlp=bool(self.gated),
                          position_embedding="rope" if self.rope else "learned")
 
-    def ops(self) -> list[Op]:
-        fn = {"transformer": layer_ops, "head": head_ops, "embedding": embedding_ops}[self.kind]
+    def ops(self, unfused_attention: bool = False) -> list[Op]:
+        if self.kind == "transformer":
+            return layer_ops(self.model(), self.tp, self.micro_batch, unfused_attention=unfused_attention)
+        fn = {"head": head_ops, "embedding": embedding_ops}[self.kind]
         return fn(self.model(), self.tp, self.micro_batch)
 
     def key(self) -> str:
@@ -367,7 +397,7 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
     for o in ops:
         t = op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps)
-        parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind == "attention" else "other"] += t
+        parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind in ATTENTION_KINDS else "other"] += t
     if phase == "bwd":
         parts["gemm"] *= gemm_bwd_weight
     scores = sum(o.score_elements() for o in ops)

@@ -20,8 +20,9 @@ from .sailor import (SailorLayer, leave_model_out, load_sailor, read_allreduce_f
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
-from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_every_operator_kind, check_same_threads,
-                      mape, profile_granularity, profile_samples, read_layers)
+from .profile_checks import check_every_operator_kind
+from .samples import (BOOSTERS, DeviceInfo, MeasuredLayer, Sample, check_same_threads, mape, profile_granularity,
+                      profile_samples, read_layers)
 
 
 # Small data (hundreds of rows): shallow trees, many of them, slow learning rate; one thread = deterministic.
@@ -215,7 +216,7 @@ def choose_weights(layers: list[SailorLayer], fits: dict | None = None) -> tuple
 # rule that keeps or drops the trees. On a CPU, whose caches make a layer faster or slower than its operators
 # depending on the shape, it usually does not.
 def layer_op_sums(model: FittedModel, info: DeviceInfo, layers: list[MeasuredLayer]) -> list[tuple[float, float]]:
-    return [model.op_sum_times(info, r.shape.ops()) for r in layers]
+    return [model.op_sum_times(info, r.shape.ops(r.unfused_attention)) for r in layers]
 
 
 def fit_composition(model: FittedModel, infos: dict, layers: dict) -> tuple[dict, dict]:
