@@ -301,7 +301,7 @@ def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_li
     import shutil
 
     from hetauto_megatron.cost.learned.profile_merge import profile_grids
-    from hetauto_megatron.measure.grids import GRIDS, grid_ops
+    from hetauto_megatron.measure.grids import GRIDS, grid_ops, with_unfused_attention
     first = tmp_path / "a" / "profile-cpu.jsonl"
     first.parent.mkdir()
     shutil.copy(fitted[0], first)
@@ -323,7 +323,7 @@ def test_a_second_grid_of_one_device_is_profiled_into_its_file_and_the_header_li
     assert profile_grids(header) == [{"grid": "tiny", "seed": 0}, {"grid": "tiny", "seed": 1}] and "grid" not in header
     assert {k: v for k, v in header.items() if k != "grids"} == \
         {k: v for k, v in json.loads(before[0]).items() if k != "grids"}     # the rest of the header as it was
-    both = {op.key() for seed in (0, 1) for op in grid_ops(GRIDS["tiny"], seed)}
+    both = {op.key() for seed in (0, 1) for op in with_unfused_attention(grid_ops(GRIDS["tiny"], seed), True)}
     assert len(both) > len(before) - 1 and sorted(r["key"] for r in rows) == sorted(both)
     assert first.read_text().splitlines(keepends=True)[1:len(before)] == before[1:]   # the first rows untouched
     merged = first.read_text()

@@ -12,7 +12,7 @@ from helpers import ROOT, cpu_inventory, run_cli
 
 from hetauto_megatron.cost import features as F
 from hetauto_megatron.cost.learned import PROFILE_FORMAT
-from hetauto_megatron.measure.grids import GRIDS, grid_ops
+from hetauto_megatron.measure.grids import GRIDS, grid_ops, with_unfused_attention
 
 pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
@@ -24,7 +24,7 @@ def write_tiny_profile(path, *, threads: int = 1, rows: int | None = None) -> No
               "device_type": "cpu", "vendor": "cpu", "peak_tflops": 0.128, "hbm_gbps": 20.0, "torch_device": "cpu",
               "dtype": "float32", "dtype_bytes": 4, "grid": "tiny", "threads": threads, "tf32": False,
               "timing": "wall clock"}
-    ops = grid_ops(GRIDS["tiny"], 0)[:rows]
+    ops = with_unfused_attention(grid_ops(GRIDS["tiny"], 0), True)[:rows]
     lines = [header] + [{"key": op.key(), "op": op.to_dict(), "fwd_s": 1e-5 * (1 + i % 7),
                          "bwd_s": 2e-5 * (1 + i % 5), "reps": 7} for i, op in enumerate(ops)]
     path.write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
@@ -161,7 +161,7 @@ def test_fit_gives_the_command_at_the_first_files_own_settings(tmp_path, capsys,
     second.write_text(json.dumps({**json.loads(lines[0]), **second_settings}) + "\n" + "".join(lines[1:]))
     held = {json.loads(line)["key"] for line in first.read_text().splitlines()[1:]}
     with first.open("a") as fh:
-        for op in grid_ops(GRIDS["tiny"], 3):
+        for op in with_unfused_attention(grid_ops(GRIDS["tiny"], 3), True):
             if op.key() not in held:
                 fh.write(json.dumps({"key": op.key(), "op": op.to_dict(), "fwd_s": 1e-5, "bwd_s": 2e-5, "reps": 7})
                          + "\n")
@@ -182,7 +182,8 @@ def _write_tiny_layers(path, *, threads: int) -> None:
     header = {"format": PROFILE_FORMAT, "granularity": "layer", "feature_version": F.FEATURE_VERSION,
               "device_type": "cpu", "vendor": "cpu", "peak_tflops": 0.128, "hbm_gbps": 20.0, "torch_device": "cpu",
               "dtype": "float32", "dtype_bytes": 4, "grids": [{"grid": "layers-tiny", "seed": 0}],
-              "threads": threads, "tf32": False, "timing": "wall clock", "layer_impl": "torch"}
+              "threads": threads, "tf32": False, "timing": "wall clock", "layer_impl": "torch",
+              "attention": "unfused"}
     rows = [{"key": sh.key(), "model": name, "layer": sh.to_dict(), "fwd_s": 1e-4 * (1 + i), "bwd_s": 2e-4 * (1 + i),
              "reps": 7} for i, (name, sh) in enumerate(layer_shapes(LAYER_GRIDS["layers-tiny"]))]
     path.write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in [header] + rows))
@@ -213,15 +214,15 @@ def test_fit_holdout_of_one_or_more_says_how_to_fix_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("share, needle", [
-    ("0.99", "holds out 46 of the 46 shapes, which leaves 0 measurements to train on"),
-    ("0.005", "holds out none of the 46 shapes"),
+    ("0.995", "holds out 52 of the 52 shapes, which leaves 0 measurements to train on"),
+    ("0.005", "holds out none of the 52 shapes"),
 ])
 def test_fit_refuses_a_holdout_that_leaves_no_held_out_report(tmp_path, capsys, share, needle):
     """A share that holds out every shape (nothing to train on) or none (nothing to report) used to fit with
     exit 0 and leave the held-out report out without a word."""
     prof = tmp_path / "profile-cpu.jsonl"
     write_tiny_profile(prof)
-    assert len(grid_ops(GRIDS["tiny"], 0)) == 46
+    assert len(with_unfused_attention(grid_ops(GRIDS["tiny"], 0), True)) == 52
     rc, out, err = run_cli(["fit", str(prof), "-o", str(tmp_path / "m"), "--holdout", share], capsys)
     assert rc == 2 and "Traceback" not in err, err
     assert needle in err and "field '--holdout'" in err and "Fix:" in err and "--holdout 0" in err

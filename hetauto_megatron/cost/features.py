@@ -21,53 +21,35 @@ import math
 from dataclasses import dataclass
 
 # Bump when the meaning of a feature or of the prior changes: fitted models record it and refuse a mismatch.
-FEATURE_VERSION = 4
+# 5: the unfused attention operator ("attention_unfused"), which CPU meshes and Transformer Engine without its fused
+# backends run (a model fitted before priced their attention from the fused kernel's rate).
+FEATURE_VERSION = 5
 
-OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding")
+# "attention": a fused (flash / memory-efficient) attention, torch's scaled_dot_product_attention, what Transformer
+# Engine runs in 16 bits on sm80+ and DeepSpeed's layers call. "attention_unfused": the attention that materialises
+# the s x s scores, as Megatron's local DotProductAttention computes it (CPU meshes, --transformer-impl local) and
+# Transformer Engine's UnfusedDotProductAttention (fp32, V100): a full (not causal-half) score GEMM, the mask filled
+# in, a softmax, the context GEMM. Appended last: the kind's index is a feature, the others keep theirs.
+OP_KINDS = ("gemm", "attention", "norm", "rotary", "activation", "add", "loss", "embedding", "attention_unfused")
+ATTENTION_KINDS = ("attention", "attention_unfused")
+
+
+def runs_unfused_attention(device, dtype_bytes: int) -> bool:
+    """Whether Megatron's attention on `device` (a spec.devices.DeviceType) with `dtype_bytes`-wide tensors keeps
+    the s x s scores: Transformer Engine's fused backends take 16-bit inputs on a device that has them
+    (DeviceType.fused_attention: not a V100); in fp32 it runs its unfused attention, and a CPU mesh (always fp32)
+    Megatron's local one. The one rule RuntimeSettings.fused_attention (what a plan's mesh runs), the profiler (which
+    attention it times) and the fit (which kinds a profile must hold) read."""
+    return not (dtype_bytes <= 2 and device.fused_attention)
 # Whole-layer rows (measured per layer, e.g. the shipped GPU measurements).
 LAYER_KINDS = ("transformer", "head", "embedding")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-# The arithmetic a measurement ran in, and so which plans its rates may price (cost/learned/model.py `coverage`)
-# and which calibration group it joins: 16-bit tensor-core training (bf16/fp16), fp32 on the CUDA cores, or fp32
-# storage with its GEMMs on the TF32 tensor cores. Each with the element size of the tensors the job stores and
-# moves (activations, TP all-reduces, softmax passes, pipeline sends): a TF32 job's are fp32, 4 bytes.
-ARITHMETIC_BYTES = {"16-bit": 2, "fp32": 4, "tf32": 4}
+# The arithmetic a measurement ran in and the backward-GEMM weighting: cost/arithmetic.py (re-exported here, where the
+# profiler, the fit and the prediction read them).
+from .arithmetic import (ARITHMETIC_BYTES, TF32_K_MAJOR_ONLY, arithmetic_of, backward_gemm_weight,  # noqa: E402,F401
+                         backward_gemm_weighted, device_arithmetic)
 
-
-def arithmetic_of(dtype_bytes: int, tf32: bool = False) -> str:
-    """The arithmetic of a job whose tensors are `dtype_bytes` wide (`tf32`: an fp32 job's GEMMs on TF32)."""
-    return "16-bit" if dtype_bytes == 2 else "tf32" if tf32 else "fp32"
-
-
-# GPUs whose TF32 tensor-core instruction takes its operands K-major only: Hopper's wgmma transposes an operand in
-# shared memory for 16-bit types alone (PTX ISA, wgmma.mma_async: imm-trans-a/-b are for .f16/.bf16). A linear
-# layer's forward GEMM (X W^T) reads both operands K-major; its backward's do not (dX = dY W reads W N-major,
-# dW = dY^T X reads dY and X M- and N-major), so in TF32 they run off that instruction's fast path, at a lower share
-# of the TF32 peak than the forward's. Ampere's mma.sync loads its operands through registers in any layout.
-TF32_K_MAJOR_ONLY = frozenset({"h100-sxm", "h800", "h20", "h200", "gh200"})
-
-
-def backward_gemm_weighted(device: str, arithmetic: str) -> bool:
-    """Whether a layer's backward GEMMs on `device` in `arithmetic` take the fitted backward-GEMM weight
-    (cost/learned/backward_weights.py choose_weights): TF32 GEMMs on a GPU whose TF32 instruction wants K-major
-    operands."""
-    return arithmetic == "tf32" and device in TF32_K_MAJOR_ONLY
-
-
-def backward_gemm_weight(device: str, arithmetic: str, fitted: float) -> float:
-    """The backward-GEMM weight a layer prior on `device` in `arithmetic` takes: the fitted one where
-    backward_gemm_weighted, else 1."""
-    return fitted if backward_gemm_weighted(device, arithmetic) else 1.0
-
-
-def device_arithmetic(device) -> str:
-    """The arithmetic a plan's device (spec/devices.py DeviceType, placed at the job's precision) trains in:
-    an fp32 job on a device with TF32 tensor cores is a TF32 job (its GEMMs run on them, as Transformer Engine runs
-    fp32 GEMMs) unless its cluster says `tf32: false`."""
-    tf32 = (device.dtype_bytes == 4 and device.precision == "fp32" and getattr(device, "tf32", False)
-            and device.has_tf32)
-    return arithmetic_of(device.dtype_bytes, tf32)
 
 # Backward costs relative to forward, for the prior only (the trees learn the real ratio):
 # GEMMs compute grad-input and grad-weight (2x); attention recomputes probabilities (~2.5x).
@@ -115,6 +97,9 @@ class Op:
         if self.kind == "attention":
             # QK^T and PV, causal: half of the s x s score matrix is computed.
             return 2.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
+        if self.kind == "attention_unfused":
+            # QK^T and PV over the whole s x s matrix: the mask is filled in after the GEMM, nothing is skipped.
+            return 4.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
         if self.kind == "rotary":
             return 3.0 * t * self.heads * self.head_dim
         if self.kind == "activation":
@@ -130,7 +115,7 @@ class Op:
         t = self.tokens
         if self.kind == "gemm":
             return t * self.k + self.k * self.n + t * self.n
-        if self.kind == "attention":
+        if self.kind in ATTENTION_KINDS:
             return self.batch * self.seq * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         if self.kind == "rotary":
             return 2.0 * t * self.heads * self.head_dim
@@ -144,7 +129,7 @@ class Op:
 
     def score_elements(self) -> float:
         """Size of the attention score matrix: what an unfused attention writes and reads back."""
-        return float(self.batch * self.heads * self.seq * self.seq) if self.kind == "attention" else 0.0
+        return float(self.batch * self.heads * self.seq * self.seq) if self.kind in ATTENTION_KINDS else 0.0
 
 
 def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float) -> float:
@@ -155,6 +140,12 @@ def roofline_s(flops: float, nbytes: float, peak_tflops: float, hbm_gbps: float)
 def op_prior_s(op: Op, phase: str, dtype_bytes: int, peak_tflops: float, hbm_gbps: float) -> float:
     f = _BWD_FLOP_FACTOR.get(op.kind, 2.0) if phase == "bwd" else 1.0
     elements = f * op.elements_moved()
+    if op.kind == "attention_unfused":
+        # the s x s scores go through memory kernel by kernel (SCORE_BYTES_PER_ELEMENT: the score GEMM's output,
+        # the mask filled in, the softmax, the context GEMM's input; the backward's), beside Q, K, V and the context
+        per_elem, mask = SCORE_BYTES_PER_ELEMENT[phase]
+        return roofline_s(f * op.flops(), elements * dtype_bytes + op.score_elements() * (per_elem * dtype_bytes + mask),
+                          peak_tflops, hbm_gbps)
     if op.kind == "embedding" and phase == "bwd":
         # The table's gradient is written whole (zeroed, then the looked-up rows accumulated into it): its cost
         # grows with vocabulary x hidden, not only with the tokens.
@@ -177,8 +168,10 @@ def _check_tp(model, tp: int):
             raise ValueError(f"tp {tp} does not divide {attr} {getattr(model, attr)} of {model.name}")
 
 
-def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None) -> list[Op]:
-    """The operators one TP rank runs for one transformer layer and one micro-batch."""
+def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = None, *,
+              unfused_attention: bool = False) -> list[Op]:
+    """The operators one TP rank runs for one transformer layer and one micro-batch; its attention unfused where
+    the layer runs it so (`runs_unfused_attention`, RuntimeSettings.fused_attention)."""
     _check_tp(model, tp)
     s = seq_length or model.seq_length
     t, h, d = micro_batch_size * s, model.hidden_size, model.head_dim
@@ -188,7 +181,7 @@ def layer_ops(model, tp: int, micro_batch_size: int, seq_length: int | None = No
            Op("qkv", "gemm", t, k=h, n=(heads + 2 * kv) * d)]
     if model.position_embedding == "rope":
         ops.append(Op("rotary", "rotary", t, heads=heads + kv, head_dim=d))
-    ops += [Op("attention", "attention", t, batch=micro_batch_size, seq=s, heads=heads, kv_heads=kv, head_dim=d),
+    ops += [Op("attention", ATTENTION_KINDS[bool(unfused_attention)], t, batch=micro_batch_size, seq=s, heads=heads, kv_heads=kv, head_dim=d),
             Op("proj", "gemm", t, k=heads * d, n=h),
             Op("residual1", "add", t, n=h),
             Op("norm2", "norm", t, n=h),
@@ -262,8 +255,10 @@ class LayerShape:
                          num_query_groups=self.kv_heads, gated_mlp=bool(self.gated),
                          position_embedding="rope" if self.rope else "learned")
 
-    def ops(self) -> list[Op]:
-        fn = {"transformer": layer_ops, "head": head_ops, "embedding": embedding_ops}[self.kind]
+    def ops(self, unfused_attention: bool = False) -> list[Op]:
+        if self.kind == "transformer":
+            return layer_ops(self.model(), self.tp, self.micro_batch, unfused_attention=unfused_attention)
+        fn = {"head": head_ops, "embedding": embedding_ops}[self.kind]
         return fn(self.model(), self.tp, self.micro_batch)
 
     def key(self) -> str:
@@ -368,7 +363,7 @@ def layer_prior_parts(ops: list[Op], phase: str, dtype_bytes: int, peak_tflops: 
     parts = {"gemm": 0.0, "attention": 0.0, "scores": 0.0, "other": 0.0}
     for o in ops:
         t = op_prior_s(o, phase, dtype_bytes, peak_tflops, hbm_gbps)
-        parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind == "attention" else "other"] += t
+        parts["gemm" if o.kind in ("gemm", "loss") else "attention" if o.kind in ATTENTION_KINDS else "other"] += t
     if phase == "bwd":
         parts["gemm"] *= gemm_bwd_weight
     scores = sum(o.score_elements() for o in ops)

@@ -3,7 +3,8 @@
 An operator grid (`GridSpec`) is a product of model-like configurations (hidden size, heads and key/value heads,
 FFN width, sequence, micro-batch, TP, vocabulary); each is cut into the operators one TP rank runs
 (cost/features.py: `layer_ops`, `head_ops`, `embedding_ops`), shapes that repeat are kept once, and above
-`max_ops` a deterministic sample keeps every operator kind. A layer grid (`LayerGridSpec`) names models and the
+`max_ops` a deterministic sample keeps every operator kind; where the device runs unfused attention each attention
+operator gets its unfused twin (`with_unfused_attention`). A layer grid (`LayerGridSpec`) names models and the
 TP, micro-batch and sequence to time their whole layers at. measure/profile.py times them.
 """
 from __future__ import annotations
@@ -157,3 +158,14 @@ def grid_ops(grid: GridSpec, seed: int = 0) -> list[F.Op]:
             keep += lst if len(lst) <= n else rng.sample(lst, n)
         ops = sorted(keep, key=lambda o: o.key())
     return ops
+
+
+def with_unfused_attention(ops: list[F.Op], unfused: bool) -> list[F.Op]:
+    """`ops` and, where the device runs unfused attention (`unfused`: features.runs_unfused_attention), each attention
+    operator's unfused twin of the same shape. Added after grid_ops's sample, so that the sample of every other kind
+    stays what it was: a profile written before the unfused kind resumes into the same rows and adds the twins."""
+    if not unfused:
+        return ops
+    twins = [F.Op(o.name, "attention_unfused", o.tokens, batch=o.batch, seq=o.seq, heads=o.heads,
+                  kv_heads=o.kv_heads, head_dim=o.head_dim) for o in ops if o.kind == "attention"]
+    return sorted(ops + twins, key=lambda o: o.key())

@@ -36,7 +36,8 @@ from ..spec.devices import DeviceType
 from ..cost import features as F
 from ..cost.learned import PROFILE_FORMAT, read_profile
 from ..cost.learned.profile_merge import holds_grid, profile_grids
-from .grids import GRIDS, LAYER_GRIDS, granularity, grid_entry, grid_ops, layer_shapes
+from .attention import causal_mask, megatron_local_attention
+from .grids import GRIDS, LAYER_GRIDS, granularity, grid_entry, grid_ops, layer_shapes, with_unfused_attention
 
 
 # ---- timing ---------------------------------------------------------------------------------------------
@@ -48,8 +49,9 @@ SPIN_CYCLES_PER_S = 2.0e9
 class Runner:
     """Builds an operator's inputs once and runs forward / forward+backward on them."""
 
-    def __init__(self, torch, device: str, dtype):
+    def __init__(self, torch, device: str, dtype, unfused_attention: bool = False):
         self.torch, self.device, self.dtype = torch, device, dtype
+        self.unfused_attention = unfused_attention     # the layers' attention (features.runs_unfused_attention)
         kind = device.split(":")[0]
         # Accelerators: the device's own events time each pass on its stream (torch.cuda.Event, torch.npu.Event).
         self.backend = getattr(torch, kind) if kind in ("cuda", "npu") else None
@@ -105,6 +107,11 @@ class Runner:
             kk, v = p(op.batch, op.kv_heads, op.seq, op.head_dim), p(op.batch, op.kv_heads, op.seq, op.head_dim)
             gqa = op.heads != op.kv_heads
             return [q, kk, v], lambda: nnf.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=gqa)
+        if k == "attention_unfused":     # Megatron's layout: [s, b, heads, d]
+            q = p(op.seq, op.batch, op.heads, op.head_dim)
+            kk, v = p(op.seq, op.batch, op.kv_heads, op.head_dim), p(op.seq, op.batch, op.kv_heads, op.head_dim)
+            mask = causal_mask(t, op.seq, dev)
+            return [q, kk, v], lambda: megatron_local_attention(t, q, kk, v, mask)
         if k == "norm":
             x, w = p(op.tokens, op.n), p(op.n)
             return [x, w], lambda: nnf.rms_norm(x, (op.n,), w, 1e-5)
@@ -134,7 +141,7 @@ class Runner:
     def build_layer(self, shape: F.LayerShape):
         """(inputs and weights needing grads, forward function) of one transformer layer as one TP rank runs
         it: exactly the operators of `features.layer_ops`, chained, so the sum of the operators' predictions
-        can be checked against the whole."""
+        can be checked against the whole; its attention the one the profile times (`unfused_attention`)."""
         t = self.torch
         nnf = t.nn.functional
         p = self._param
@@ -145,6 +152,7 @@ class Runner:
         w_qkv, w_proj = p((heads + 2 * kv) * d, h), p(h, heads * d)
         w_fc1, w_fc2 = p((2 if shape.gated else 1) * ffn, h), p(h, ffn)
         cos, sin = self._rotary_tables(s, d)
+        mask = causal_mask(t, s, self.device)
 
         def fwd():
             qkv = nnf.linear(nnf.rms_norm(x, (h,), n1, 1e-5), w_qkv).view(b, s, heads + 2 * kv, d)
@@ -152,9 +160,13 @@ class Runner:
             if shape.rope:
                 qk = self._rotate(qk, cos, sin)
             q, k = qk[:, :, :heads], qk[:, :, heads:]
-            a = nnf.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=True, enable_gqa=heads != kv)
-            x1 = x + nnf.linear(a.transpose(1, 2).reshape(b * s, heads * d), w_proj)
+            if self.unfused_attention:    # [b, s, ...] as [s, b, ...] views: the same kernels on these shapes
+                a = megatron_local_attention(t, q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask)
+                a = a.transpose(0, 1)
+            else:
+                a = nnf.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     is_causal=True, enable_gqa=heads != kv).transpose(1, 2)
+            x1 = x + nnf.linear(a.reshape(b * s, heads * d), w_proj)
             u = nnf.linear(nnf.rms_norm(x1, (h,), n2, 1e-5), w_fc1)
             act = nnf.silu(u[:, :ffn]) * u[:, ffn:] if shape.gated else nnf.gelu(u)
             return x1 + nnf.linear(act, w_fc2)
@@ -240,6 +252,13 @@ def default_dtype(device: DeviceType) -> str:
 LAYER_IMPLS = ("torch", "megatron")
 
 
+def layer_attention(layer_impl: str, unfused: bool) -> str:
+    """The attention a layer file's layers ran (its header's "attention"): Megatron-Core's layers their local unfused
+    one; torch layers the profile's (`unfused`: features.runs_unfused_attention; files written before the field
+    timed torch's fused scaled_dot_product_attention)."""
+    return "unfused" if layer_impl == "megatron" or unfused else "fused"
+
+
 def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None = None, torch_device: str | None = None,
             warmup: int = 2, min_reps: int = 7, max_reps: int = 100, budget_s: float = 0.15, seed: int = 0,
             threads: int | None = None, layer_impl: str = "torch", progress=None) -> dict:
@@ -277,20 +296,25 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
     if threads:
         torch.set_num_threads(threads)
     done: set[str] = set()
-    runner = Runner(torch, torch_device, getattr(torch, dtype))
+    # the attention Megatron runs on this device in this dtype: unfused ones are timed as their own operator kind
+    unfused = F.runs_unfused_attention(device, F.DTYPE_BYTES[dtype])
+    runner = Runner(torch, torch_device, getattr(torch, dtype), unfused_attention=unfused)
     header = {**_header(device, torch_device, dtype, grid, seed, torch), "timing": runner.timing, "tf32": tf32}
     if dtype == "float32" and device.vendor != "cpu" and device.peak_tflops_at("fp32") is not None:
         header["peak_tflops"] = device.at_precision("fp32").peak_tflops     # not the 16-bit peak: what fp32 runs at
     if grid in LAYER_GRIDS:
         header["layer_impl"] = layer_impl
+        header["attention"] = layer_attention(layer_impl, unfused)
     if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
         old, rows = read_profile(out_path)
         # files written before a field existed hold its first meaning
-        defaults = {"granularity": "op", "layer_impl": "torch", "tf32": False}
+        defaults = {"granularity": "op", "layer_impl": "torch", "tf32": False,
+                    "attention": layer_attention(old.get("layer_impl", "torch"), False)}
         for key in ("granularity", "device_type", "dtype", "torch_device", "tf32") + (
-                ("layer_impl",) if grid in LAYER_GRIDS else ()):
+                ("layer_impl", "attention") if grid in LAYER_GRIDS else ()):
             if old.get(key, defaults.get(key)) != header[key]:
-                raise InputError(f"holds a profile with {key} {old.get(key)!r}, this run has {header[key]!r}",
+                raise InputError(f"holds a profile with {key} {old.get(key, defaults.get(key))!r}, this run has "
+                                 f"{header[key]!r}",
                                  file=out_path, field=key, fix="write to another --out directory or delete the file")
         # a CPU row's time depends on the intra-op thread count, so rows timed with another count would mix
         # into the fit unnoticed (accelerator kernels do not depend on it); a header without the field passes
@@ -323,7 +347,7 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
                  for name, sh in layer_shapes(LAYER_GRIDS[grid])]
     else:
         items = [(op.key(), op.name, {"op": op.to_dict()}, lambda op=op: runner.time_fn(*runner.build(op), **timing))
-                 for op in grid_ops(GRIDS[grid], seed)]
+                 for op in with_unfused_attention(grid_ops(GRIDS[grid], seed), unfused)]
     todo = [it for it in items if it[0] not in done]
     torch.manual_seed(seed)
     started = time.perf_counter()

@@ -152,15 +152,19 @@ def _as_mesh_runs(cost_model, sequence_parallel: bool, fused_attention: bool, lo
     whether its attention is fused on the device at its precision (RuntimeSettings.fused_attention: unfused attention
     moves the s x s scores through memory; a model without flash attention stays without) and its engine's cross
     entropy (Engine.loss: Megatron-Core's and torch's make different passes over the logits). A learned model's own
-    layers are what its measurements ran."""
+    layers are what its measurements ran, the attention included: its profile's fused or unfused attention operator
+    (its own `flash_attention`, set here as the analytic model's)."""
     for inner in ("fallback", "base"):      # a learned model's analytic fallback; a wrapper's model (shared_cores.py)
         wrapped = getattr(cost_model, inner, None)
         if wrapped is not None:
             priced = _as_mesh_runs(wrapped, sequence_parallel, fused_attention, loss)
-            if priced is wrapped:
+            own = inner == "fallback" and getattr(cost_model, "flash_attention", fused_attention) != fused_attention
+            if priced is wrapped and not own:
                 return cost_model
             other = copy.copy(cost_model)
             setattr(other, inner, priced)
+            if own:
+                other.flash_attention = fused_attention
             return other
     # A model told its software has no flash attention (plan/calibration.py: the 2021 runs) keeps it off.
     want = {"sequence_parallel": sequence_parallel,

@@ -126,11 +126,12 @@ class RuntimeSettings:
         """The engine's attention keeps no s x s score matrix (flash or memory-efficient attention) on `device` (a
         spec.devices.DeviceType at the job's precision): Transformer Engine's in 16 bits on a device that has it
         (DeviceType.fused_attention: not a V100), torch's scaled_dot_product_attention always (Engine.attention).
-        The analytic time model and the memory model both price the layer this way (plan/costing.py,
-        plan/memory_fit.py)."""
+        The analytic and learned time models and the memory model all price the layer this way (plan/costing.py,
+        plan/memory_fit.py; the learned model from the profile's fused or unfused attention operator)."""
         if ENGINES[self.engine].attention == "sdpa":
             return True
-        return device.dtype_bytes <= 2 and device.fused_attention
+        from ..cost.features import runs_unfused_attention
+        return not runs_unfused_attention(device, device.dtype_bytes)
 
     @property
     def reduce_bucket_elements(self) -> int:

@@ -21,7 +21,7 @@ from .samples import DeviceInfo, MeasuredLayer, check_same_threads, mape, read_l
 # rule that keeps or drops the trees. On a CPU, whose caches make a layer faster or slower than its operators
 # depending on the shape, it usually does not.
 def layer_op_sums(model: FittedModel, info: DeviceInfo, layers: list[MeasuredLayer]) -> list[tuple[float, float]]:
-    return [model.op_sum_times(info, r.shape.ops()) for r in layers]
+    return [model.op_sum_times(info, r.shape.ops(r.unfused_attention)) for r in layers]
 
 
 def fit_composition(model: FittedModel, infos: dict, layers: dict) -> tuple[dict, dict]:

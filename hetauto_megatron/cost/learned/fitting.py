@@ -21,7 +21,8 @@ from .sailor import load_sailor, read_allreduce_fits, sailor_device_infos, sailo
 from .sailor_host_floor import sailor_host_floors
 from .sailor_links import sailor_set_apart_rates
 from .sailor_updates import load_sailor_updates
-from .samples import DeviceInfo, Sample, check_every_operator_kind, mape, profile_granularity, profile_samples
+from .profile_checks import check_every_operator_kind
+from .samples import DeviceInfo, Sample, mape, profile_granularity, profile_samples
 
 
 def split_holdout(samples: list[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:

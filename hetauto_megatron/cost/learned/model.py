@@ -22,6 +22,10 @@ class LearnedCostModel:
     """Same interface as AnalyticCostModel; learned where the model directory covers the device type."""
 
     name = "learned"
+    # The attention the priced layers run: fused (the profile's "attention" operator) or, False, the unfused one that
+    # keeps the s x s scores ("attention_unfused": CPU meshes, Transformer Engine in fp32 or on a V100). Set per mesh
+    # as for the analytic model (plan/costing.py _as_mesh_runs, from RuntimeSettings.fused_attention).
+    flash_attention = True
 
     def __init__(self, model_dir: str, fallback=None):
         if fallback is None:
@@ -118,12 +122,13 @@ class LearnedCostModel:
             # per-layer data measures transformer layers only (see sailor_samples): the analytic model prices the
             # embedding and head for the device as this plan sees it (its precision, TF32), so not cached by name
             return getattr(self.fallback, f"{piece}_times")(model, device, tp, mb, seq)
-        key = (piece, model, info.name, tp, mb, seq)
+        unfused = piece == "layer" and not self.flash_attention
+        key = (piece, model, info.name, tp, mb, seq, unfused)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         if info.granularity == "op" and piece == "layer":
-            res = self.fitted.composed_layer_times(info, F.layer_ops(model, tp, mb, seq))
+            res = self.fitted.composed_layer_times(info, F.layer_ops(model, tp, mb, seq, unfused_attention=unfused))
         elif info.granularity == "op":
             fn = {"head": F.head_ops, "embedding": F.embedding_ops}[piece]
             res = self.fitted.op_sum_times(info, fn(model, tp, mb, seq))

@@ -13,6 +13,7 @@ from ...errors import InputError
 from .. import features as F
 from ...spec._fields import shorten
 from ...spec.files import json_object_pairs
+from .profile_checks import check_dtype_bytes
 
 
 MODEL_FORMAT = "hetauto-learned-cost/3"   # 3: calibration groups and devices keyed by arithmetic
@@ -158,6 +159,7 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"header lacks or garbles {exc}", file=path, field="header",
                          fix="re-run 'hetauto profile' to write a fresh file")
+    check_dtype_bytes(path, header, db)
     for name, value in (("peak_tflops", peak), ("hbm_gbps", bw)):
         if not (math.isfinite(value) and value > 0):    # every feature divides by them
             raise InputError(f"the header's {name} is {value}, not a positive finite number", file=path, field=name,
@@ -211,21 +213,6 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
 
 _REMEASURE = "delete the row (profiling resumes and re-measures it)"
 _LEFT_OUT = "to measure again: delete those rows, and 'hetauto profile' resumes into the file"
-
-
-def check_every_operator_kind(path: str, info: "DeviceInfo", samples: list) -> None:
-    """An operator profile to fit from times every operator kind in both passes (every grid does: measure/grids.py
-    keeps each kind when it samples): a kind missing is a profile cut off before it, whose layers the fitted model
-    would price from other devices' rates or the bare roofline (fitted.calibrated_s) without a word."""
-    for phase in ("fwd", "bwd"):
-        have = {F.OP_KINDS[int(x.features[0])] for x in samples if x.phase == phase}
-        missing = [k for k in F.OP_KINDS if k not in have]
-        if missing:
-            raise InputError(f"holds no {phase} time of the operator kind(s) {', '.join(missing)}, which every layer "
-                             f"of a model is priced from (a profile stopped before it reached them: {info.rows} "
-                             "rows)", file=path, field="rows",
-                             fix="run the same 'hetauto profile' command again: it resumes into the file and "
-                                 "measures the rest")
 
 
 def _time_field(row: dict, phase: str) -> str:
@@ -359,6 +346,15 @@ class MeasuredLayer:
     shape: F.LayerShape
     fwd_s: float
     bwd_s: float
+    unfused_attention: bool = False     # the layer ran an unfused attention (layer_file_unfused)
+
+
+def layer_file_unfused(header: dict) -> bool:
+    """Whether a layer file's layers ran an unfused attention: its header's "attention" (measure/profile.py
+    layer_attention); a file written before the field: Megatron-Core's layers their local unfused one, torch layers
+    torch's fused scaled_dot_product_attention."""
+    default = "unfused" if header.get("layer_impl") == "megatron" else "fused"
+    return header.get("attention", default) == "unfused"
 
 
 def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
@@ -371,10 +367,11 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
         raise InputError("holds a header but no measured layers", file=path, field="rows",
                          fix="run 'hetauto profile --layers' again to fill it (it resumes into the file)")
     out, zeros = [], []
+    unfused = layer_file_unfused(header)
     for no, r in rows:
         try:
             layer = MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
-                                  _timing(r, "fwd", path, no), _timing(r, "bwd", path, no))
+                                  _timing(r, "fwd", path, no), _timing(r, "bwd", path, no), unfused)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
                              fix="delete the row (profiling resumes and re-measures it)")

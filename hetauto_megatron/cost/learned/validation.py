@@ -9,7 +9,7 @@ from ...errors import InputError
 from .. import features as F
 from .fitted import predict_samples
 from .model import _ARITHMETIC_WORDS, LearnedCostModel
-from .samples import Sample, mape, read_layers
+from .samples import Sample, layer_file_unfused, mape, read_layers
 
 # the header's dtype (measure/profile.py writes the torch name) -> the training precision a job in it has
 _PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -67,11 +67,17 @@ def validate_layers(model: LearnedCostModel, paths: list[str]) -> dict:
     layers run every element-wise operator on the whole sequence, so the analytic model is asked without sequence
     parallelism. A file the model does not price (its device type, or that in the file's precision) is skipped
     with the reason: the planner would give the analytic model's time, which the analytic column already shows."""
+    import copy
+
     from ..analytic import AnalyticCostModel
-    analytic = AnalyticCostModel(sequence_parallel=False)
     table, skipped = [], []
     for path in paths:
         header, rows = read_layers(path)
+        # both priced with the attention the file's layers ran (fused, or unfused: samples.layer_file_unfused)
+        fused = not layer_file_unfused(header)
+        analytic = AnalyticCostModel(sequence_parallel=False, flash_attention=fused)
+        learned = copy.copy(model)
+        learned.flash_attention = fused
         device, arithmetic = layer_file_device(header, path)
         info, why = model.coverage(device)
         measured = model.devices.get(device.name)
@@ -84,7 +90,7 @@ def validate_layers(model: LearnedCostModel, paths: list[str]) -> dict:
             continue
         for r in rows:
             spec = r.shape.model(r.model)
-            pred = model.layer_times(spec, device, r.shape.tp, r.shape.micro_batch)
+            pred = learned.layer_times(spec, device, r.shape.tp, r.shape.micro_batch)
             ana = analytic.layer_times(spec, device, r.shape.tp, r.shape.micro_batch)
             for i, phase in enumerate(("fwd", "bwd")):
                 meas = r.fwd_s if phase == "fwd" else r.bwd_s
