@@ -337,3 +337,26 @@ def test_nvidia_pretrain_gpt_runs_a_gpt_family_plan_at_production_settings_as_me
     for name, recompute in (("cluster-a.node0", "full"), ("cluster-b", "None"), ("reference", "None")):
         for arg, value in {**GPT_FAMILY, "recompute_granularity": recompute}.items():
             assert re.search(rf"^\s*{arg} \.+ {value}$", logs[name], re.M), (name, arg, logs[name][-3000:])
+
+
+def test_num_zeros_in_grad_counts_each_parameter_once(tmp_path):
+    """--log-num-zeros-in-grad logs the zeros in the model's gradients. Megatron's count_zeros sums over its
+    gradient-statistics group, under --hetauto the world, every rank's parameters: a plan of two pipelines counted
+    each parameter twice (212,608 zeros where Megatron's own homogeneous run of the same model, each parameter
+    once, counts 106,304). An untied vocabulary of 2,048 rows, most unseen in a step, so the count is not 0."""
+    import yaml
+
+    data = yaml.safe_load(open(os.path.join(ROOT, "examples", "llama", "plans", "tiny-2pipelines-cpu.yaml")))
+    data["model"].update(vocab_size=2048, tie_embeddings=False)
+    path = str(tmp_path / "plan.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    plan = load_plan(path)
+    assert not plan.is_simple
+    het = demo.run_entry(demo.hetauto_argv(path, plan, iters=2, seed=1234) + ["--log-num-zeros-in-grad"],
+                         plan.world_size)
+    argv, world = demo.reference_argv(plan, iters=2, seed=1234)
+    ref = demo.run_entry(argv + ["--log-num-zeros-in-grad"], world)
+    assert ref[-1]["num_zeros"] and all(z > 0 for z in ref[-1]["num_zeros"]), ref[-1]
+    for r in het:
+        assert r["num_zeros"] == ref[-1]["num_zeros"], (r["num_zeros"], ref[-1]["num_zeros"])

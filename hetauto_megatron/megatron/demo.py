@@ -92,7 +92,7 @@ def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str
         sys.stdout = sys.stderr = open(fd, "w", buffering=1)
     import megatron.training.training as training
 
-    losses, grad_norms = [], []
+    losses, grad_norms, zeros = [], [], []
     original_train = training.train
 
     def train(*args, **kwargs):
@@ -107,6 +107,8 @@ def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str
                 losses.append(float(loss_dict["lm loss"]))
             if grad_norm is not None:
                 grad_norms.append(float(grad_norm))
+            if out[6] is not None:      # --log-num-zeros-in-grad
+                zeros.append(float(out[6]))
             return out
 
         training.train_step = train_step
@@ -123,7 +125,7 @@ def _rank_main(rank: int, world_size: int, script: str, argv: list, log_dir: str
 
     state = hook.current_plan_state()
     comm = getattr(state, "communicator", None) if state else None
-    return {"losses": losses, "grad_norms": grad_norms,
+    return {"losses": losses, "grad_norms": grad_norms, "num_zeros": zeros,
             "bytes": dict(getattr(comm, "bytes_sent", {}) or {})}
 
 

@@ -92,6 +92,37 @@ def count_grad_norm_once(optimizer, ctx, replicas=None) -> None:
                                                          not isinstance(sub, DistributedOptimizer)))
         if not sub.hetauto_counts_in_norm:
             sub.get_grads_for_grad_norm = lambda *args, **kwargs: []
+    # --log-num-zeros-in-grad: Megatron's count_zeros reads every rank's parameters whatever the rule above, so over
+    # the world it counted each DP replica (without the distributed optimizer) and each holder again
+    optimizer.count_zeros = lambda: zeros_once(optimizer, ctx)
+
+
+def _counted_once(optimizer):
+    """The parameters of the ranks that count (count_grad_norm_once), by Megatron's own filter of the optimizer's
+    parameters: TP duplicates and shared copies left out."""
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        if getattr(sub, "hetauto_counts_in_norm", True):
+            for p in sub.get_parameters():
+                if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
+                    yield p
+
+
+def zeros_once(optimizer, ctx) -> float:
+    """The zeros in the gradients, each parameter counted once over every mesh by the rule the global gradient
+    norm counts them, summed over the world's gloo group: what Megatron-LM logs with --log-num-zeros-in-grad
+    (count_zeros_fp32 over one replica's model-parallel group in Megatron)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.zeros(1, dtype=torch.float64)
+    for p in _counted_once(optimizer):
+        if getattr(p, "grad", None) is not None:
+            total += (p.grad.detach() == 0).sum().cpu().double()
+    dist.all_reduce(total, group=ctx.world_gloo)
+    return total.item()
 
 
 def params_norm_once(optimizer, ctx) -> float:
@@ -103,14 +134,9 @@ def params_norm_once(optimizer, ctx) -> float:
     every DP replica and every pipeline's copy again."""
     import torch
     import torch.distributed as dist
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-    from megatron.core.transformer.module import param_is_not_shared
 
     total = torch.zeros(1, dtype=torch.float64)
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        if getattr(sub, "hetauto_counts_in_norm", True):
-            for p in sub.get_parameters():
-                if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
-                    total += p.detach().double().square().sum().cpu()
+    for p in _counted_once(optimizer):
+        total += p.detach().double().square().sum().cpu()
     dist.all_reduce(total, group=ctx.world_gloo)
     return total.item() ** 0.5
