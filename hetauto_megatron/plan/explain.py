@@ -22,7 +22,7 @@ import dataclasses
 import math
 
 from .plan import Plan
-from .simulate import _DEFAULT_COST, plan_choices, stage_makespan
+from .simulate import _DEFAULT_COST, plan_choices, stage_makespan, stage_passes
 
 PARTS = ("compute", "bubble", "link", "dp_sync", "tail_sync", "optimizer", "overhead")
 PART_NAMES = {"compute": "compute of the slowest stage", "bubble": "pipeline bubble (fill and drain)",
@@ -67,8 +67,7 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
         return None
     stages = estimate["stages"]
     m = num_micro_batches
-    fwd = [s["forward_s"] for s in stages]
-    bwd = [s["backward_s"] for s in stages]
+    fwd, bwd = stage_passes(stages)     # as the engine runs them (DeepSpeed's with its all-gathers)
     links = [s["send_next_s"] for s in stages[:-1]]
     T = float(estimate["iteration_time_s"])
     makespan = float(estimate["pipeline_s"])

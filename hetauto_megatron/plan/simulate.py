@@ -242,6 +242,8 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
             "gather_fill_s": round(tail["stage_gather_fill_s"][i], 6),
             "gather_step_s": round(tail["stage_gather_step_s"][i], 6),
         })
+        if engine == "deepspeed":   # its passes' all-gathers and its schedule (stage_makespan re-runs it)
+            stages[-1].update({"engine": engine, "partition_gather_s": round(partition_gather_time(model, prof), 9)})
         if i < p - 1:   # the boundary to the next stage, as simulated (stage_makespan re-runs it)
             stages[-1].update({"send_next_latency_s": round(pipe.latency[i], 9),
                                "send_next_schedule": "blocking" if blocking[i] else "overlapped",
@@ -268,13 +270,26 @@ def stage_schedule(stages: list[dict], links: list | None = None) -> dict:
             "uplinks": shared_uplinks.without_links(shared_uplinks.from_rows(stages), links)}
 
 
-def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> float:
-    """The 1F1B makespan of an estimate's `stages`, optionally with other link times (e.g. 0 to price the links
-    away); boundaries keep their simulated schedule."""
+def stage_passes(stages: list[dict]) -> tuple[list[float], list[float]]:
+    """(forward, backward) per stage of an estimate's `stages` as their engine runs them: under DeepSpeed's, with
+    the all-gathers of its TP-partitioned transfers (rows it priced say so: "engine", "partition_gather_s")."""
     fwd = [s["forward_s"] for s in stages]
     bwd = [s["backward_s"] for s in stages]
+    if stages and stages[0].get("engine") == "deepspeed":
+        return partitioned_passes(fwd, bwd, [float(s.get("partition_gather_s", 0.0)) for s in stages])
+    return fwd, bwd
+
+
+def stage_makespan(stages: list[dict], m: int, links: list | None = None) -> float:
+    """The pipeline's makespan of an estimate's `stages` as their engine schedules it (Megatron's 1F1B, or
+    DeepSpeed's TrainSchedule where the rows say so), optionally with other link times (e.g. 0 to price the links
+    away); boundaries keep their simulated schedule."""
+    fwd, bwd = stage_passes(stages)
     links = [s["send_next_s"] for s in stages[:-1]] if links is None else list(links)
-    return simulate_1f1b(fwd, bwd, links, m, **stage_schedule(stages, links), with_busy=False).makespan
+    schedule = stage_schedule(stages, links)
+    if stages and stages[0].get("engine") == "deepspeed":
+        return simulate_deepspeed(fwd, bwd, links, m, schedule["uplinks"])[0]
+    return simulate_1f1b(fwd, bwd, links, m, **schedule, with_busy=False).makespan
 
 
 def plan_choices(plan: Plan) -> list[MeshChoice]:
