@@ -166,3 +166,19 @@ def test_what_deepspeeds_engine_cannot_run_is_refused_by_name(flags, field, word
                             *flags], capsys)
     assert rc == 2 and out == "" and f"field '{field}'" in err and "Fix: " in err, err
     assert all(w in err for w in words), err
+
+
+def test_a_deepspeed_plan_in_a_precision_its_device_lacks_is_refused_naming_the_file():
+    """Loading checks a DeepSpeed plan's settings as that engine runs them at each mesh's precision; a V100 (no
+    bf16) in a bf16 plan was refused there without the file's name, which every other load error gives."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.plan.plan import plan_from_dict
+    from hetauto_megatron.spec.model import PRESETS
+
+    data = {"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "precision": "bf16",
+            "engine": "deepspeed", "meshes": [{"cluster": "v", "device_type": "v100-16gb", "tp": 1, "dp": 1,
+                                               "micro_batch_size": 8, "stage_layers": [8]}]}
+    with pytest.raises(InputError) as exc:
+        plan_from_dict(data, file="plan.yaml")
+    assert exc.value.file == "plan.yaml" and exc.value.field == "precision", exc.value.message
+    assert "cannot train in bf16" in exc.value.message

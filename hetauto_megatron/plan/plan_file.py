@@ -269,7 +269,11 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     for k, m in enumerate(plan.meshes):
         # a setting the engine does not run (a hand edit, or a settings block left out: Megatron's defaults) would
         # be priced and emitted as if it ran
-        asked, runs = m.settings.to_dict(), plan.settings_as_run(k).to_dict()
+        try:
+            runs = plan.settings_as_run(k).to_dict()
+        except InputError as exc:       # (a mesh's device lacking the plan's precision: said of this file)
+            raise exc.within(file=file) from None
+        asked = m.settings.to_dict()
         key = next((key for key in runs if asked[key] != runs[key]), None)
         if key is not None:
             have, run = (yaml.safe_dump(v).split("\n")[0] for v in (asked[key], runs[key]))   # (as YAML writes it)

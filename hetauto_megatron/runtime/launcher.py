@@ -202,11 +202,13 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
     except _Stopped as exc:
         stopped = exc.signum
     finally:
+        # the handlers back first: a stop signal from here on has its default action (the ranks die with this
+        # process, _die_with_parent) instead of raising _Stopped where nothing catches it
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         _end(procs, STOP_GRACE_S if stopped else 0.0)
         for c in conns:
             c.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if stopped:
         print(f"hetauto: stopped by {signal.Signals(stopped).name}; its {len(procs)} rank process(es) were ended",
               file=sys.stderr, flush=True)
