@@ -3,7 +3,6 @@ keeps the s x s scores: `hetauto profile` times that attention as its own operat
 `hetauto fit` learns its rate, and the learned model composes a CPU mesh's layer from it. Checked against Megatron's
 own attention and layer as the dry run builds them, timed on this CPU."""
 import json
-import math
 
 import pytest
 
@@ -99,31 +98,6 @@ def test_cpu_profile_times_the_unfused_kind_and_the_learned_model_composes_it(ti
     want = model.fitted.composed_layer_times(model.devices["cpu"], F.layer_ops(spec, 1, 1, unfused_attention=True))
     assert (unf.layer_fwd, unf.layer_bwd) == pytest.approx(want)
     assert unf.layer_fwd > fused.layer_fwd and unf.layer_bwd > fused.layer_bwd
-
-
-def test_learned_cpu_layer_follows_the_measured_dry_run_layer_at_long_sequences(tiny_cpu_model):
-    """A CPU layer at 512 tokens, where the s x s attention is most of its time, priced by the model fitted on the
-    tiny grid (sequences of 16 and 32: a 16x extrapolation), against the same layer as the dry run builds it
-    (Megatron-Core's, measure/layer_timing.py) timed on this CPU: within a factor 2 each pass (measured 1.3-1.6x over:
-    the tiny grid's small shapes run at a lower rate). Composed from the fused attention operator, what the model
-    priced before, it is more than 2x too fast (2.4-2.8x), further off than the unfused composition."""
-    from hetauto_megatron.measure.layer_timing import megatron_layer_times
-    from hetauto_megatron.runtime.dryrun import preload_megatron
-    from hetauto_megatron.spec.model import ModelSpec
-
-    model = L.LearnedCostModel(str(tiny_cpu_model[1]))
-    info = model.devices["cpu"]
-    heads, kv, d, s = SHAPE
-    spec = ModelSpec("attn", 1, heads * d, heads, 4 * heads * d, 128, s, num_query_groups=kv)
-    preload_megatron()
-    meas = megatron_layer_times(F.LayerShape.of(spec, 1, 1), "attn", timing=TIMING, threads=1)
-    unfused = model.fitted.composed_layer_times(info, F.layer_ops(spec, 1, 1, unfused_attention=True))
-    fused = model.fitted.composed_layer_times(info, F.layer_ops(spec, 1, 1))
-    for i, phase in enumerate(("fwd", "bwd")):
-        m = meas[f"{phase}_p10_s"]
-        assert m / 2 < unfused[i] < 2 * m, (phase, m, unfused, fused)
-        assert fused[i] < m / 2 and abs(math.log(unfused[i] / m)) < abs(math.log(fused[i] / m)), \
-            (phase, m, unfused, fused)
 
 
 def test_a_cpu_profile_without_the_unfused_kind_is_refused_and_resumed(tiny_cpu_model, tmp_path, capsys):

@@ -17,9 +17,19 @@ OPS, LAYERS = (os.path.join(L.H200_DATA, f) for f in ("profile-h200.jsonl", "lay
 
 
 def relabelled(src: str, dst, **header) -> str:
-    """`src` with its header's fields replaced (the rows unchanged)."""
+    """`src` with its header's fields replaced (the rows unchanged). An operator profile relabelled fp32 also
+    holds each attention row as the unfused attention's, which an fp32 job runs on the H200 (Transformer Engine's
+    fused kernels take 16-bit inputs only: features.runs_unfused_attention) and its profile times: the same
+    readings, only to give the fit the operator kind it prices fp32 layers from."""
     lines = open(src).read().splitlines()
-    dst.write_text("\n".join([json.dumps({**json.loads(lines[0]), **header})] + lines[1:]) + "\n")
+    rows = lines[1:]
+    if header.get("dtype") == "float32":
+        for line in lines[1:]:
+            row = json.loads(line)
+            if row.get("op", {}).get("kind") == "attention":
+                rows.append(json.dumps({**row, "key": "attention_unfused" + row["key"][len("attention"):],
+                                        "op": {**row["op"], "kind": "attention_unfused"}}))
+    dst.write_text("\n".join([json.dumps({**json.loads(lines[0]), **header})] + rows) + "\n")
     return str(dst)
 
 
