@@ -519,3 +519,41 @@ def test_pins_typed_in_another_order_write_the_same_plan(tmp_path):
     constraints = load_plan(str(files[0])).estimate["search"]["constraints"]
     assert list(constraints["tp"].items()) == [("a", 1), ("b", 2)]
     assert list(constraints["recompute"].items()) == [("c", "none"), ("d", "full")]
+
+
+def test_cost_search_climb_moves_stages_between_meshes_whose_stages_are_full():
+    """The 736-device example under --objective cost --max-iteration-s 13 (TP pinned to the plan's: MI300X 4, H800
+    2, 910B 4; A100 left out). Every stage of 96 MI300X at TP 4 x DP 2 (2 layers a stage) and 256 H800 at TP 2 x DP 2
+    (1 layer, two stages a node) is full: a stage fewer alone cannot hold the layers within the bound, a stage more
+    alone only costs. The search's climb stopped at 9 MI300X stages and 64 H800 (0.6610 per 1M tokens): one H800
+    stage fewer is no count whole nodes start, two fewer miss the bound, and the optimum (12 and 56 stages and the
+    910B holding the head, 0.6363 by the closed form) is three steps that move a stage from the H800 to the MI300X
+    and one that puts the 910B in place of two H800 stages. Against every stage count of these shapes (with and
+    without the 910B head stage), the climb from that stop must reach the best."""
+    from hetauto_megatron.plan.search_jobs import climb
+    from hetauto_megatron.plan.simulate import MeshChoice
+    from hetauto_megatron.spec.inventory import load_inventory
+    from hetauto_megatron.spec.whatif import apply_overrides
+
+    inv = apply_overrides(load_inventory(str(pathlib.Path(__file__).parent.parent / "examples" / "llama"
+                                             / "inventory-4clusters-736.yaml")),
+                          [f"cluster.{c}.price_per_device_hour={p}" for c, p in
+                           (("h800", 2.5), ("ascend", 0.9), ("mi300x", 2.0))]).without(["a100"])
+    model = PRESETS["llama2-70b"]
+    con = Constraints(objective="cost", max_iteration_s=13.0, tp=(("mi300x", 4), ("h800", 2), ("ascend", 4)))
+    sp = space_mod.SearchSpace(model, inv, 1024, COST, constraints=con)
+    ev = LayoutEvaluator(model, inv, 1024, COST, "overlapped")
+
+    def layout(k_mi, k_h, head=()):
+        return (MeshChoice("mi300x", 4, 2, 1, "auto", k_mi), MeshChoice("h800", 2, 2, 1, "auto", k_h)) + head
+
+    def value(c):
+        return sp.score(ev.resolve(c)[0], c)
+    head = (MeshChoice("ascend", 4, 1, 2, "auto", 1),)
+    cut = [layout(a, b, h) for a in range(1, 13) for b in range(2, 65, 2) for h in ((), head)]
+    best_v, best = min((value(c), c) for c in cut if sp.legal(c))
+    assert best == layout(12, 56, head) and ev.resolve(best)[0] <= 13.0
+    start = layout(9, 64)
+    assert value(start) > best_v * 1.03 and ev.resolve(start)[0] <= 13.0
+    climbed = min(v for v, _ in climb(sp, ev, start, None))
+    assert climbed <= best_v * (1 + 1e-12)

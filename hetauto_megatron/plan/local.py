@@ -1,10 +1,12 @@
 """Local search around the tree's best leaves: change one decision at a time while it helps.
 
 Moves: TP and DP of a mesh together (the common trade: same devices, other shard shapes; at the most stages its
-devices allow, and under the cost objective also at its stage count or its device count), its stage count,
-its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a mesh,
-adding an unused cluster anywhere (at its largest TP and the most stages its devices allow; under the cost
-objective also at every TP with one stage, the cheapest mesh the cost objective's tree gives it), and S halved or
+devices allow, and under the cost objective also at its stage count or its device count), its stage count (under
+the cost objective also the nearest counts whole nodes can start, and one mesh a step up while another takes a
+step down), its recomputation, any other order of the same meshes (adjacent swaps beyond four meshes), dropping a
+mesh, adding an unused cluster anywhere (at its largest TP and the most stages its devices allow; under the cost
+objective also at every TP with one stage, the cheapest mesh the cost objective's tree gives it, alone or in place
+of a step down of the stages of a mesh beside it), and S halved or
 doubled: each mesh absorbs the change in its DP (giving up
 stages where its devices run out) or its micro-batch, or one mesh takes any TP/DP at the new S while the others
 absorb it in their micro-batch (the TP/DP move across an S step: without it a climb stalls at a small S whose
@@ -66,6 +68,15 @@ def climb(space: SearchSpace, resolve, start: tuple, deadline: float | None = No
     return found
 
 
+def stage_steps(space: SearchSpace, m) -> tuple:
+    """(the next smaller, the next larger) stage count of mesh `m` that whole nodes of its cluster can start
+    (`SearchSpace.whole_nodes`), None where there is none (at least one stage, at most the cluster's devices)."""
+    n = space.inventory.cluster(m.cluster).num_devices // (m.tp * m.dp)
+    down = next((k for k in range(m.num_stages - 1, 0, -1) if space.whole_nodes(m.cluster, m.tp * m.dp * k)), None)
+    up = next((k for k in range(m.num_stages + 1, n + 1) if space.whole_nodes(m.cluster, m.tp * m.dp * k)), None)
+    return down, up
+
+
 def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
     S = choices[0].dp * choices[0].micro_batch_size
     out = []
@@ -98,6 +109,21 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
         for k in (m.num_stages - 1, m.num_stages + 1, (m.num_stages + 1) // 2):
             if k != m.num_stages:
                 out.append(with_mesh(i, replace(m, num_stages=k)))
+        if space.stage_decision:
+            # the nearest counts whole nodes can start (a mesh of two stages a node steps by two: one stage more or
+            # fewer is not legal), and one mesh a step up while another takes a step down: layers move between
+            # clusters at about the same depth. Where the memory fills every stage (a time cap's plans), a stage
+            # fewer alone cannot hold the layers and a stage more alone only costs: 96 MI300X at 9 stages and 256
+            # H800 at 64 stood there, 0.6610 per 1M tokens, three such steps from 12 and 58 stages at 0.6470
+            down, up = stage_steps(space, m)
+            for k in (down, up):
+                if k is not None and k not in (m.num_stages - 1, m.num_stages + 1):
+                    out.append(with_mesh(i, replace(m, num_stages=k)))
+            for j, o in enumerate(choices):
+                lower = stage_steps(space, o)[0]
+                if j != i and up is not None and lower is not None:
+                    out.append(tuple(replace(x, num_stages=up) if n == i else replace(x, num_stages=lower) if n == j
+                                     else x for n, x in enumerate(choices)))
         for rc in RECOMPUTE_MODES:
             if rc != m.recompute:
                 out.append(with_mesh(i, replace(m, recompute=rc)))
@@ -122,6 +148,17 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             for mesh in dict.fromkeys(added):
                 for i in range(len(choices) + 1):
                     out.append(choices[:i] + (mesh,) + choices[i:])
+            if space.stage_decision:
+                # the cluster's one-stage meshes in place of a step of the stages of a mesh beside it (a cheap stage
+                # taking the head or a few layers off a neighbour whose stages are full: 4 910B holding the head after
+                # 256 H800 at 1 layer a stage, which take two stages fewer; either step alone is dearer)
+                lower = [stage_steps(space, o)[0] for o in choices]
+                for mesh in dict.fromkeys(added[1:]):
+                    for i in range(len(choices) + 1):
+                        for j in (i - 1, i):        # the meshes beside it
+                            if 0 <= j < len(choices) and (k := lower[j]) is not None:
+                                fewer = choices[:j] + (replace(choices[j], num_stages=k),) + choices[j + 1:]
+                                out.append(fewer[:i] + (mesh,) + fewer[i:])
     for S2 in (S // 2, S * 2):
         if S2 not in space.samples:
             continue
