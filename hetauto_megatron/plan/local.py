@@ -9,8 +9,8 @@ objective also at every TP with one stage, the cheapest mesh the cost objective'
 of a step down of the stages of a mesh beside it), and S halved or
 doubled: each mesh absorbs the change in its DP (giving up
 stages where its devices run out) or its micro-batch, or one mesh takes any TP/DP at the new S while the others
-absorb it in their micro-batch (the TP/DP move across an S step: without it a climb stalls at a small S whose
-best reshaping needs the larger S first). Each climb is independent of the others (its own
+absorb it in their micro-batch or refit (their DP scaled, the stages their devices allow) (the TP/DP move across
+an S step: without it a climb stalls at a small S whose best reshaping needs the larger S first). Each climb is independent of the others (its own
 record of what it tried; the evaluator's caches make repeats cheap), so climbs can run in any order or in
 parallel and give the same result.
 """
@@ -194,4 +194,17 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
                         out.append(absorbed[:i] + [space.mesh(m.cluster, tp, dp, S2, before, len(choices) - i - 1,
                                                               devices_used - m.tp * m.dp * m.num_stages)]
                                    + absorbed[i + 1:])
+        # or one mesh takes another shape at the new S while the others refit (their DP scaled with S, the stages
+        # their devices allow): the refit above where one mesh's devices cannot take its DP scaled (8 devices at
+        # TP 4 x DP 2 -> DP 4), so that mesh must reshape too (TP 2 x DP 4)
+        for i, m in enumerate(choices):
+            if not all(x.dp * S2 % S == 0 for j, x in enumerate(choices) if j != i):
+                continue
+            for tp in space.tp[m.cluster]:
+                for dp in divisors(S2):
+                    shapes = [(x.cluster, x.tp, x.dp * S2 // S) for x in choices]
+                    shapes[i] = (m.cluster, tp, dp)
+                    refit = space.refit(shapes, S2)
+                    out.append(tuple(r if j == i else replace(r, recompute=x.recompute)
+                                     for j, (r, x) in enumerate(zip(refit, choices))))
     return [tuple(c) for c in out]
