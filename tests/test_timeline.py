@@ -78,7 +78,8 @@ def test_predicted_timeline_of_the_readme_plan(readme_plan, tmp_path, capsys):
     assert len(cross) == 1
     x = (est["stages"][cross[0]]["send_next_s"] - est["stages"][cross[0]]["send_next_latency_s"]) * 1e6
     cross_lanes = [s for _, proc, s in lanes.values() if proc.startswith("link ")]   # the process between clusters
-    assert len(cross_lanes) == 2 and all(e["dur"] == pytest.approx(x, rel=1e-6) for s in cross_lanes for e in s)
+    # (the estimate's send_next_s is to the microsecond; the trace draws the simulated transfer itself)
+    assert len(cross_lanes) == 2 and all(e["dur"] == pytest.approx(x, abs=1.0) for s in cross_lanes for e in s)
 
 
 def test_measured_and_predicted_timelines_of_a_dry_run(tiny_dryrun_files):
@@ -393,3 +394,37 @@ def test_a_timeline_picture_is_the_same_bytes_for_the_same_plan(tmp_path, capsys
     capsys.readouterr()
     assert files["a"][0].startswith(b"<?xml") and files["a"][1].startswith(b"%PDF")
     assert files["a"] == files["b"]
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed"])
+def test_the_readme_plans_timeline_is_its_simulation(readme_plan, tmp_path, capsys, engine):
+    """The trace of the README's plan, as each engine runs it: per stage the forward and backward spans add up to the
+    simulated busy time and the last ends at pipeline_s (Megatron's 1F1B was re-run from the estimate's passes
+    rounded to the microsecond: 99 us short over 128 micro-batches, 44-72 us off per stage); and the fixed overhead
+    is drawn whole, the cost model's 10 ms, after the stage that finishes last (under DeepSpeed the tail's parts
+    were taken from two stages, the largest step's and the largest DP exposure's, and the overhead drawn 5.8 ms
+    with an idle gap the iteration does not have)."""
+    from hetauto_megatron.cost.analytic import DEFAULT_CALIBRATION
+
+    plan, inv = readme_plan
+    trace = str(tmp_path / "t.json")
+    assert main(["simulate", "--plan", plan, "--inventory", inv, "--engine", engine, "--json", "--timeline",
+                 trace]) == 0
+    est = json.loads(capsys.readouterr().out)
+    with open(trace) as fh:
+        lanes = _check_format(json.load(fh))
+    stages = {int(n.split()[1]): spans for n, _, spans in lanes.values() if n.startswith("stage ")}
+    ends = []
+    for i, spans in stages.items():
+        passes = [e for e in spans if e["cat"] in ("forward", "backward")]
+        assert sum(e["dur"] for e in passes) / 1e6 == pytest.approx(est["stages"][i]["busy_s"], abs=2e-6)
+        ends.append(max(e["ts"] + e["dur"] for e in passes) / 1e6)
+        overhead = [e for e in spans if e["cat"] == "overhead"]
+        assert len(overhead) == 1 and overhead[0]["dur"] / 1e6 == pytest.approx(
+            DEFAULT_CALIBRATION.iteration_overhead_s, abs=2e-6), overhead
+        before = max(e["ts"] + e["dur"] for e in spans if e["cat"] not in ("overhead", "idle"))
+        if before / 1e6 == pytest.approx(est["iteration_time_s"] - DEFAULT_CALIBRATION.iteration_overhead_s,
+                                          abs=2e-6):
+            ends.append(None)                     # this stage's tail ends where the overhead starts
+    assert max(e for e in ends if e is not None) == pytest.approx(est["pipeline_s"], abs=2e-6)
+    assert None in ends, "no stage's tail ends where the overhead starts"

@@ -197,29 +197,29 @@ ENGINE_NAMES = {"megatron": "Megatron's 1F1B", "deepspeed": "DeepSpeed's pipelin
 
 
 def _pipeline_events(plan, inventory, cost_model, stages: list[dict], engine: str) -> tuple[list, float]:
-    """(every operation, makespan) of a simple plan's pipeline as the estimate of `engine` simulated it: Megatron's
-    1F1B from the estimate's stages (each boundary as simulated), DeepSpeed's TrainSchedule from its passes with
-    the all-gathers of its partitioned transfers (simulate._finish)."""
+    """(every operation, makespan) of a simple plan's pipeline as the estimate of `engine` simulated it, from the
+    same unrounded passes and links (simulate._finish): Megatron's 1F1B with each boundary's schedule, DeepSpeed's
+    TrainSchedule with the all-gathers of its partitioned transfers. (Re-run from the estimate's stages, rounded to
+    the microsecond, 1F1B drifted from pipeline_s and busy_s by up to 0.1 ms over 128 micro-batches.)"""
+    from .simulate import _DEFAULT_COST, _pipeline, padded_model, plan_boundaries, plan_choices
     m = plan.num_micro_batches
+    choices = plan_choices(plan)
+    model = padded_model(plan.model, choices)
+    pipe = _pipeline(model, inventory.with_precision(plan.precision), choices, cost_model or _DEFAULT_COST, engine)
+    p, layers = len(pipe.profs), plan.stage_layers
+    passes = [prof.times(layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
+    fwd, bwd = [f for f, _ in passes], [b for _, b in passes]
     if engine == "deepspeed":
         from .deepspeed_schedule import simulate_deepspeed
-        from .simulate import _DEFAULT_COST, _pipeline, deepspeed_passes, padded_model, plan_choices
-        choices = plan_choices(plan)
-        model = padded_model(plan.model, choices)
-        pipe = _pipeline(model, inventory.with_precision(plan.precision), choices, cost_model or _DEFAULT_COST,
-                         engine)
-        p, layers = len(pipe.profs), plan.stage_layers
-        passes = [prof.times(layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
+        from .simulate import deepspeed_passes
         events: list = []
-        makespan, _ = simulate_deepspeed(*deepspeed_passes(model, pipe.profs, [f for f, _ in passes],
-                                                           [b for _, b in passes]), pipe.links, m, pipe.uplinks,
+        makespan, _ = simulate_deepspeed(*deepspeed_passes(model, pipe.profs, fwd, bwd), pipe.links, m, pipe.uplinks,
                                          events=events)
         return events, makespan
     from .pipeline import simulate_1f1b
-    from .simulate import stage_schedule
-    fwd = [s["forward_s"] for s in stages]
-    bwd = [s["backward_s"] for s in stages]
-    run = simulate_1f1b(fwd, bwd, [s["send_next_s"] for s in stages[:-1]], m, record=True, **stage_schedule(stages))
+    blocking, depth = pipe.boundary_schedule(plan_boundaries(plan))
+    run = simulate_1f1b(fwd, bwd, pipe.links, m, latency=pipe.latency, blocking=blocking, depth=depth,
+                        uplinks=pipe.uplinks, record=True)
     return list(run.events), run.makespan
 
 
