@@ -63,6 +63,10 @@ def test_layout_example():
 RUN_DIR = "run"
 
 
+# an entry script with --hetauto: what hetauto patch-megatron adds to NVIDIA's pretrain_gpt.py (patches/)
+PATCHED_ENTRY = "from hetauto_megatron.megatron import hook as hetauto  # --hetauto: one job across clusters\n"
+
+
 def run_script(path, tmp_path, node_rank, extra_env=None, entries=()):
     """Run an emitted script with torchrun recorded, in a directory of its own (RUN_DIR) that holds the entry
     scripts it may start (pretrain_gpt.py, mine.py and `entries`: the script checks the one it starts is there)."""
@@ -73,7 +77,7 @@ def run_script(path, tmp_path, node_rank, extra_env=None, entries=()):
     run_dir.mkdir(exist_ok=True)
     for name in ("pretrain_gpt.py", "mine.py", *entries):
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        (run_dir / name).touch()
+        (run_dir / name).write_text(PATCHED_ENTRY)
     env = {"PATH": os.environ["PATH"], "NODE_RANK": str(node_rank), "CLUSTER_MASTER_ADDR": "10.0.0.1",
            "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": f"{sys.executable} {recorder}", "RECORD_TO": str(out),
            **(extra_env or {})}
@@ -406,7 +410,7 @@ def run_launch_check(tmp_path, env):
     out = tmp_path / "launch"
     if not out.exists():
         assert main(["emit", "megatron", "--plan", PLAN_736, "-o", str(out), "--cluster", "h800"]) == 0
-        (tmp_path / "pretrain_gpt.py").touch()
+        (tmp_path / "pretrain_gpt.py").write_text(PATCHED_ENTRY)
         (tmp_path / "recorder.py").write_text(RECORDER)
     base = {"PATH": os.environ["PATH"], "NODE_RANK": "1", "CLUSTER_MASTER_ADDR": "10.0.0.1",
             "HETAUTO_MASTER_ADDR": "10.9.9.9", "TORCHRUN": f"{sys.executable} {tmp_path / 'recorder.py'}",
@@ -429,3 +433,25 @@ def test_a_launch_script_takes_the_timeouts_the_workers_take(tmp_path, monkeypat
             workers_take = False
         proc = run_launch_check(tmp_path, {"HETAUTO_TIMEOUT_S": value})
         assert (proc.returncode == 0) == workers_take, (value, proc.stderr)
+
+
+def test_a_launch_refuses_an_entry_script_without_hetauto_and_one_port_for_both_rendezvous(tmp_path):
+    """Before torchrun starts, in one line (exit 2): an entry script that does not import hetauto's hook (NVIDIA's
+    pretrain_gpt.py unpatched: every worker printed Megatron's whole usage text, 'unrecognized arguments:
+    --hetauto', while the other clusters waited out their timeout), and, on the launch that holds global rank 0,
+    whose node 0 hosts both rendezvous, one port for torchrun's and the world's (the other clusters' ranks met
+    torchrun's store there and stopped with torch's C++ frames). The 736-device plan's first cluster is the
+    H800s'."""
+    assert run_launch_check(tmp_path, {}).returncode == 0
+    (tmp_path / "launched").unlink()
+    (tmp_path / "pretrain_gpt.py").write_text("import megatron  # NVIDIA's, not patched\n")
+    proc = run_launch_check(tmp_path, {})
+    assert proc.returncode == 2 and not (tmp_path / "launched").exists(), proc
+    assert "has no --hetauto" in proc.stderr and "hetauto patch-megatron" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    (tmp_path / "pretrain_gpt.py").write_text(PATCHED_ENTRY)
+    proc = run_launch_check(tmp_path, {"CLUSTER_MASTER_PORT": "29541", "HETAUTO_MASTER_PORT": "029541"})
+    assert proc.returncode == 2 and "are both 029541" in proc.stderr, proc
+    assert not (tmp_path / "launched").exists()
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert run_launch_check(tmp_path, {"CLUSTER_MASTER_PORT": "29541", "HETAUTO_MASTER_PORT": "29542"}).returncode == 0

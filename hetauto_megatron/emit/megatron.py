@@ -28,6 +28,8 @@ from .vendor_env import launch_env
 DEFAULT_SCRIPT = "pretrain_gpt.py"
 DEFAULT_CLUSTER_PORT = 29500    # torchrun rendezvous inside one cluster
 DEFAULT_GLOBAL_PORT = 29600     # the cross-cluster TCP store; differs so both can live on the same node 0
+# what an entry script with --hetauto holds (the patch's import, examples/llama/pretrain_llama_hetauto.py's): grep -E
+ENTRY_MARK = r"hetauto_megatron[.]megatron( import hook|[.]hook)"
 DEFAULT_TIMEOUT_S = 600
 # The longest wait between ranks a job may ask for: a week, beyond any index build or checkpoint load; much
 # longer ones break torch (its deadlines, now + timeout in nanoseconds, overflow past about 1e9 s: a store
@@ -231,6 +233,16 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         '(( 10#$HETAUTO_MASTER_PORT >= 1 && 10#$HETAUTO_MASTER_PORT <= 65535 )) || refuse '
         '"HETAUTO_MASTER_PORT=$HETAUTO_MASTER_PORT is not a TCP port: set it to a port from 1 to 65535 that global '
         f'rank 0\'s host has free, the same on every cluster, or unset it ({DEFAULT_GLOBAL_PORT})"',
+    ]
+    if la.rank_offset == 0:
+        # node 0 of this launch hosts both rendezvous (torchrun's and the world's): one port for both put torchrun's
+        # store where the other clusters' ranks looked for the world's, and they stopped with torch's C++ frames
+        lines += [
+            '(( 10#$CLUSTER_MASTER_PORT != 10#$HETAUTO_MASTER_PORT )) || refuse "CLUSTER_MASTER_PORT and '
+            'HETAUTO_MASTER_PORT are both $HETAUTO_MASTER_PORT: node 0 of this launch hosts both rendezvous, so give '
+            f'them two free ports (or unset both: {DEFAULT_CLUSTER_PORT} and {DEFAULT_GLOBAL_PORT})"',
+        ]
+    lines += [
         # every worker refused it (megatron/timeouts.py); its rule: a Python float (digits, a fraction, an exponent,
         # '_' between digits, spaces around) above 0 and at most MAX_TIMEOUT_S
         f'HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
@@ -287,6 +299,11 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               'entry="${MEGATRON_SCRIPT:-$megatron_script_default}"',
               '[ -f "$entry" ] || refuse "the Megatron-LM entry script $entry is not there (from $PWD): set '
               'MEGATRON_SCRIPT to the patched pretrain_gpt.py (hetauto patch-megatron), or run this in its directory"',
+              # (an unpatched script printed Megatron's whole usage text on every worker, "unrecognized arguments:
+              # --hetauto", and the other clusters waited out their timeout)
+              f'! command -v grep >/dev/null 2>&1 || grep -qE {shlex.quote(ENTRY_MARK)} "$entry" || refuse "the '
+              'entry script $entry has no --hetauto (it does not import hetauto_megatron.megatron.hook): patch it '
+              'with hetauto patch-megatron /path/to/Megatron-LM, or set MEGATRON_SCRIPT to a patched one"',
               f'exec $launcher --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="$CLUSTER_MASTER_PORT" \\',
