@@ -77,18 +77,19 @@ def breakdown(estimate: dict, num_micro_batches: int) -> dict | None:
     # The tail after the pipeline: the exposed DP sync (and the job-wide tied-table / grad-norm sync), the
     # optimizer step, and the cost model's fixed overhead, which is what remains of T.
     tail = max(0.0, T - makespan)
-    per = lambda key: [_figure(s.get(key)) for s in stages]
-    t_dp = max(range(len(stages)), key=lambda i: per("dp_exposed_s")[i])
-    t_opt = max(range(len(stages)), key=lambda i: per("optimizer_s")[i])
+    per = {key: [_figure(s.get(key)) for s in stages]
+           for key in ("dp_exposed_s", "optimizer_s", "dp_reduce_s", "gather_fill_s", "gather_step_s")}
+    t_dp = max(range(len(stages)), key=per["dp_exposed_s"].__getitem__)
+    t_opt = max(range(len(stages)), key=per["optimizer_s"].__getitem__)
     opt_s, dp_s = _figure(estimate.get("optimizer_s")), _figure(estimate.get("dp_exposed_s"))
     if all(k in s for s in stages for k in ("dp_reduce_s", "gather_fill_s", "gather_step_s", "optimizer_s")):
         # the tail as tail_costs.iteration_tail adds it up: the slowest reduction, the job-wide sync, then the
         # stage whose parameter gather after the step and step together take longest (its step is the optimizer
         # part, its gather the DP part's), and the gathers delaying the next fill; the largest step and the largest
         # DP exposure may be two stages' (ZeRO-1's gather after a short step), which took the fixed overhead's share
-        t_opt = max(range(len(stages)), key=lambda i: per("gather_step_s")[i] + per("optimizer_s")[i])
-        opt_s = per("optimizer_s")[t_opt]
-        dp_s = max(per("dp_reduce_s")) + sum(per("gather_fill_s")) + per("gather_step_s")[t_opt]
+        t_opt = max(range(len(stages)), key=lambda i: per["gather_step_s"][i] + per["optimizer_s"][i])
+        opt_s = per["optimizer_s"][t_opt]
+        dp_s = max(per["dp_reduce_s"]) + sum(per["gather_fill_s"]) + per["gather_step_s"][t_opt]
     opt = min(opt_s, tail)
     dp = min(dp_s, tail - opt)
     sync = min(_figure(estimate.get("sync_s")), tail - opt - dp)

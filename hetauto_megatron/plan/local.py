@@ -86,6 +86,8 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
 
     # devices in use: a changed or added mesh takes what --max-devices leaves it
     devices_used = sum(x.tp * x.dp * x.num_stages for x in choices)
+    # each mesh's nearest whole-node stage counts (the cost objective's stage moves below read them)
+    steps = [stage_steps(space, x) for x in choices] if space.stage_decision else []
     for i, m in enumerate(choices):
         before = sum(x.num_stages for x in choices[:i])
         for tp in space.tp[m.cluster]:
@@ -115,13 +117,13 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             # clusters at about the same depth. Where the memory fills every stage (a time cap's plans), a stage
             # fewer alone cannot hold the layers and a stage more alone only costs: 96 MI300X at 9 stages and 256
             # H800 at 64 stood there, 0.6610 per 1M tokens, three such steps from 12 and 58 stages at 0.6470
-            down, up = stage_steps(space, m)
+            down, up = steps[i]
             for k in (down, up):
                 if k is not None and k not in (m.num_stages - 1, m.num_stages + 1):
                     out.append(with_mesh(i, replace(m, num_stages=k)))
-            for j, o in enumerate(choices):
-                lower = stage_steps(space, o)[0]
-                if j != i and up is not None and lower is not None:
+            for j in range(len(choices) if up is not None else 0):
+                lower = steps[j][0]
+                if j != i and lower is not None:
                     out.append(tuple(replace(x, num_stages=up) if n == i else replace(x, num_stages=lower) if n == j
                                      else x for n, x in enumerate(choices)))
         for rc in RECOMPUTE_MODES:
@@ -152,7 +154,7 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
                 # the cluster's one-stage meshes in place of a step of the stages of a mesh beside it (a cheap stage
                 # taking the head or a few layers off a neighbour whose stages are full: 4 910B holding the head after
                 # 256 H800 at 1 layer a stage, which take two stages fewer; either step alone is dearer)
-                lower = [stage_steps(space, o)[0] for o in choices]
+                lower = [down for down, _ in steps]
                 for mesh in dict.fromkeys(added[1:]):
                     for i in range(len(choices) + 1):
                         for j in (i - 1, i):        # the meshes beside it
@@ -197,12 +199,13 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
         # or one mesh takes another shape at the new S while the others refit (their DP scaled with S, the stages
         # their devices allow): the refit above where one mesh's devices cannot take its DP scaled (8 devices at
         # TP 4 x DP 2 -> DP 4), so that mesh must reshape too (TP 2 x DP 4)
+        scaled = [(x.cluster, x.tp, x.dp * S2 // S) for x in choices]
         for i, m in enumerate(choices):
             if not all(x.dp * S2 % S == 0 for j, x in enumerate(choices) if j != i):
                 continue
             for tp in space.tp[m.cluster]:
                 for dp in divisors(S2):
-                    shapes = [(x.cluster, x.tp, x.dp * S2 // S) for x in choices]
+                    shapes = list(scaled)
                     shapes[i] = (m.cluster, tp, dp)
                     refit = space.refit(shapes, S2)
                     out.append(tuple(r if j == i else replace(r, recompute=x.recompute)

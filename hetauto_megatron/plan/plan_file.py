@@ -256,7 +256,7 @@ def _check_engine_runs_it(plan: Plan, file: str | None) -> None:
     be priced and emitted as if it ran. (`hetauto simulate --engine deepspeed` of another engine's plan still prices
     how that engine would run it, and says it cannot; emit/deepspeed.py lists the gaps.)"""
     from ..spec.devices import get_device
-    from .engines import DEFAULT_ENGINE, ENGINES, as_run_by
+    from .engines import DEFAULT_ENGINE, ENGINES
     from .shapes import uniform_topology_gaps
     engine = ENGINES[plan.engine]
     other = (f"drop 'engine' (hetauto's runtime and Megatron-LM run it as written) or re-plan with --engine "

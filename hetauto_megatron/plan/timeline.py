@@ -113,7 +113,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     est = simulate(plan, inventory, cost_model, engine=engine).to_dict()
     st = est["stages"]
     p, m = len(st), plan.num_micro_batches
-    events, makespan = _pipeline_events(plan, inventory, cost_model, st, engine)
+    events, makespan = _pipeline_events(plan, inventory, cost_model, engine)
     T = est["iteration_time_s"]
     parts = breakdown(est, m)["parts"]
     tail_end = T - parts["overhead"]["seconds"]
@@ -196,7 +196,7 @@ def _link_spans(events, link_lane: dict, spans: list[Span]) -> dict[int, list]:
 ENGINE_NAMES = {"megatron": "Megatron's 1F1B", "deepspeed": "DeepSpeed's pipeline engine"}
 
 
-def _pipeline_events(plan, inventory, cost_model, stages: list[dict], engine: str) -> tuple[list, float]:
+def _pipeline_events(plan, inventory, cost_model, engine: str) -> tuple[list, float]:
     """(every operation, makespan) of a simple plan's pipeline as the estimate of `engine` simulated it, from the
     same unrounded passes and links (simulate._finish): Megatron's 1F1B with each boundary's schedule, DeepSpeed's
     TrainSchedule with the all-gathers of its partitioned transfers. (Re-run from the estimate's stages, rounded to
