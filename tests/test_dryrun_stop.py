@@ -27,8 +27,17 @@ from hetauto_megatron.runtime.ranks import describe_rank
 pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
 
-def _children(pid: int) -> set[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
+def _ranks(pid: int) -> set[int]:
+    """The rank processes of the dry run `pid`: its running children that are forks of it (the same command line).
+    Its short-lived helpers (ctypes' `ldconfig -p`, an import's `git rev-parse`) are not ranks: counted as such, a
+    slow machine that caught one in the act waited forever for a third rank to train."""
+    def cmdline(p):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as fh:
+                return fh.read()
+        except OSError:
+            return None
+    own = cmdline(pid)
     kids = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -37,7 +46,7 @@ def _children(pid: int) -> set[int]:
                     stat = fh.read()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and _running(int(entry)) and cmdline(entry) == own:
                 kids.add(int(entry))
     return kids
 
@@ -61,6 +70,15 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _kill_group(run: subprocess.Popen) -> None:
+    """SIGKILL whatever of the dry run's session is left (it was started in a session of its own)."""
+    try:
+        os.killpg(run.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    run.wait(timeout=30)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_stopping_a_dry_run_ends_every_rank(sig):
     """SIGTERM: the command ends its ranks and exits 143. SIGKILL (no handler runs: the out-of-memory killer, `kill
@@ -74,11 +92,14 @@ def test_stopping_a_dry_run_ends_every_rank(sig):
         # training: both ranks there, each past its start-up (a few CPU seconds: imports are the parent's)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:
-            ranks |= _children(run.pid)
+            ranks = _ranks(run.pid)
             if len(ranks) == 2 and all(_cpu_s(r) > 3 for r in ranks):
                 break
             time.sleep(0.2)
-        assert run.poll() is None and len(ranks) == 2, run.communicate(timeout=30)
+        if run.poll() is not None or len(ranks) != 2:
+            _kill_group(run)
+            pytest.fail(f"the dry run did not reach two training ranks (ranks {sorted(ranks)}, exit {run.poll()}): "
+                        f"{run.communicate(timeout=30)}")
         run.send_signal(sig)
         code = wait_all([run], timeout=30)[0]
         until = time.monotonic() + 5
@@ -90,9 +111,7 @@ def test_stopping_a_dry_run_ends_every_rank(sig):
             assert code == 128 + signal.SIGTERM
             assert "stopped by SIGTERM" in run.stderr.read()
     finally:
-        for r in ranks:          # (never leave a rank behind, whatever failed above)
-            if _running(r):
-                os.kill(r, signal.SIGKILL)
+        _kill_group(run)         # (never leave the run or a rank behind, whatever failed above)
 
 
 # Two clusters of two ranks each, one stage each: every rank is in the gradient-norm all-reduce over the world, and
