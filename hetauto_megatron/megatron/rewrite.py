@@ -47,7 +47,8 @@ from .group_args import check_group_args
 from .model_checks import check_model_args
 from .settings_args import runtime_setting_overrides
 from .training_inputs import check_training_args
-from .unpriced import check_attention_args, check_ddp_bucket_args, check_timing_args, check_unpriced
+from .unpriced import (check_attention_args, check_ddp_bucket_args, check_loss_scale, check_timing_args,
+                       check_unpriced)
 
 # Arguments that choose a pipeline split some other way; the plan's layout replaces them.
 # (the interleaved schedule's virtual stages are refused: megatron/unpriced.py)
@@ -305,6 +306,7 @@ def rewrite_args(args, plan: Plan, placement: RankCoords, *, file: str | None = 
     check_attention_args(args, plan, placement, file=file)
     fusions = check_fusion_args(args, plan, placement, file=file)
     check_ddp_bucket_args(args, plan, placement, file=file)
+    check_loss_scale(args, plan, placement, file=file)
     new = {**check_model_args(args, plan, file=file), **layout_overrides(plan, placement),
            **runtime_setting_overrides(args, plan, placement, file=file), **fusions}
     new["rank"] = placement.rank

@@ -147,6 +147,48 @@ def check_ddp_bucket_args(args, plan: Plan, placement: RankCoords, *, file: str 
                          fix="drop --ddp-num-buckets (Megatron's default buckets, as priced)")
 
 
+def static_loss_scale_builds(precision: str, distributed_optimizer: bool) -> str | None:
+    """What Megatron-LM builds for a static --loss-scale on ranks training in `precision`, that the plan does not
+    price; None where it builds nothing. Megatron-Core's get_megatron_optimizer gives every mixed-precision
+    optimizer (fp16, bf16, and fp32 under the distributed optimizer) a ConstantGradScaler for it, and
+    Megatron's FP32Optimizer (fp32 without the distributed optimizer) ignores it."""
+    if precision == "fp16":
+        # validate_args turns the gradient check off only for fp16's dynamic scaler (`if not args.loss_scale`):
+        # with a static scale DDP's check_for_nan_in_grad stays on, priced off (plan/tail_costs.py checks_gradients)
+        return ("Megatron-LM then keeps --check-for-nan-in-loss-and-grad on for fp16 (validate_args turns it off "
+                "only for the dynamic loss scaler): a read of the gradient buffer before each DP reduction that "
+                "the plan prices off for fp16 (tail_costs.grad_buffer_passes)")
+    if precision != "fp32" or distributed_optimizer:
+        # MixedPrecisionOptimizer.prepare_grads unscales the main gradients and checks them when it has a scaler
+        # (torch._amp_foreach_non_finite_check_and_unscale_), then all-reduces found_inf and reads it on the host
+        return ("Megatron-Core then gives the optimizer a constant loss scaler, which scales every loss and, "
+                "before each step, unscales and checks the main gradients (a read and a write of them), "
+                "all-reduces the overflow flag and waits for it on the host: passes and a collective the plan "
+                f"prices none of in {precision} training, which needs no loss scaling")
+    return None
+
+
+def check_loss_scale(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
+    """--loss-scale (Megatron-LM's static loss scale) where it builds what the rank's mesh was not priced with
+    (static_loss_scale_builds): refused, naming the flag. 0, like no flag, is Megatron's dynamic scaler
+    (`if config.loss_scale` / `if not args.loss_scale`). The dynamic scaler's own flags (--initial-loss-scale,
+    --min-loss-scale, --loss-scale-window, --hysteresis) only set when it grows and backs off its scale and skips
+    a step: nothing the plan prices, so they pass."""
+    scale = getattr(args, "loss_scale", None)
+    if not scale:
+        return
+    k = placement.mesh_index
+    precision = plan.mesh_precision(k)
+    why = static_loss_scale_builds(precision, plan.meshes[k].settings.distributed_optimizer)
+    if why is None:
+        return
+    fix = ("drop --loss-scale: the plan runs fp16 with Megatron's dynamic loss scaler (tune it with "
+           "--initial-loss-scale, --loss-scale-window, --hysteresis or --min-loss-scale, which change nothing priced)"
+           if precision == "fp16" else f"drop --loss-scale: {precision} training runs without a loss scale, as priced")
+    raise InputError(f"--loss-scale {scale:g} (a static loss scale) on meshes[{k}] ({plan.meshes[k].cluster}, "
+                     f"{precision}): {why}", file=file, field="--loss-scale", fix=fix)
+
+
 # Megatron-LM arguments that add a collective over the world to every iteration (training.py
 # checkpoint_and_decide_exit): the exit's time limit (a MAX all-reduce of whether any rank's time is up) and the
 # exit signal (an all-gather of whether each rank received it); and the logged parameter norm (train: every

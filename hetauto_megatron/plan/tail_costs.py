@@ -54,7 +54,8 @@ def dp_sync_times(model: ModelSpec, prof: StageProfile, layers: int, first: bool
 
 def checks_gradients(precision: str) -> bool:
     """Megatron-LM's --check-for-nan-in-loss-and-grad (DDP's check_for_nan_in_grad) as its validate_args leaves it
-    for a launch of `precision` without --loss-scale (the launches set none): on, but off under fp16's dynamic loss
+    for a launch of `precision` without --loss-scale (the launches set none, and --hetauto refuses one: a static scale
+    keeps the check on in fp16, megatron/unpriced.py check_loss_scale): on, but off under fp16's dynamic loss
     scaler, whose skipped steps are its check (arguments.py). runtime/train.py ddp_settings runs the same."""
     return precision != "fp16"
 

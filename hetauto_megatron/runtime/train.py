@@ -62,7 +62,8 @@ def ddp_settings(settings, precision: str = "fp32") -> dict:
     precision its ranks train in, spelled as Megatron-LM's `get_megatron_ddp_config` derives them from the command
     line. Its gradient check (each bucket's norm validated before the bucket is reduced) follows
     --check-for-nan-in-loss-and-grad, on by default, which validate_args turns off for fp16's dynamic loss scaler
-    (the launches set no --loss-scale); plan/tail_costs.py prices its pass over the gradients."""
+    (the launches set no --loss-scale, which --hetauto refuses: megatron/unpriced.py check_loss_scale);
+    plan/tail_costs.py prices its pass over the gradients."""
     from ..plan.tail_costs import checks_gradients
     return dict(use_distributed_optimizer=settings.distributed_optimizer,
                 overlap_grad_reduce=settings.overlap_grad_reduce,
