@@ -390,7 +390,7 @@ def test_devices_per_node_errors_name_the_flag(tmp_path, capsys):
       for p in ("abc", "0", "70000", "2²")],
     # every worker refused them (megatron/timeouts.py), after torchrun had started on every node
     *[({"HETAUTO_TIMEOUT_S": s}, f"HETAUTO_TIMEOUT_S={s} is not a positive number of seconds: unset it (default 600)")
-      for s in ("-5", "abc", "0", "nan")],
+      for s in ("-5", "abc", "0", "nan", "1e-400")],    # (1e-400: a float's underflow, 0.0 to the workers)
     # torch's deadlines overflowed (a store connect timed out at once) and Python's poll raised OverflowError
     *[({"HETAUTO_TIMEOUT_S": s}, f"HETAUTO_TIMEOUT_S={s} is more than a week (604800 s)")
       for s in ("604801", "1e12", "1_000_000", "1e999")],
@@ -421,11 +421,13 @@ def run_launch_check(tmp_path, env):
 
 def test_a_launch_script_takes_the_timeouts_the_workers_take(tmp_path, monkeypatch):
     """The script refuses a HETAUTO_TIMEOUT_S where the workers' own reading of it (megatron/timeouts.py: Python's
-    float, above 0, at most a week) does, on each value. Not listed: a float's underflow (1e-999), which only the
-    workers refuse, and non-ASCII digits, which only the script refuses."""
+    float, above 0, at most a week) does, on each value: a float's underflow (1e-400: 0.0) too, which only the
+    workers refused, after torchrun had started on every node. Not listed: non-ASCII digits, which only the script
+    refuses."""
     for value in ("600", "0.5", ".5", "5.", "+6e2", "6E-1", "1_000", " 600 ", "\t7\n", "00.001", "-5", "abc", "0",
                   "0.0", "0e5", "nan", "inf", "-inf", "1__0", "_1", "1_", "1e", ".", "0x10", "1,5", "1 2", "+-1",
-                  "604800", "6.048e5", "604_800.0", "604800.5", "1e12", "1e999", "1_000_000"):
+                  "604800", "6.048e5", "604_800.0", "604800.5", "1e12", "1e999", "1_000_000",
+                  "1e-400", "0.1e-330", "1_0e-400", "5e-324", "1e-320"):
         monkeypatch.setenv("HETAUTO_TIMEOUT_S", value)
         try:
             workers_take = env_timeout_s() > 0

@@ -1,7 +1,10 @@
 """The world's rendezvous of separately launched clusters (megatron/world_store.py) on torch's real TCP store, in
-one process: a refusal reaches the ranks waiting at once; a missing host, a missing rank and a taken port are one
-paragraph each (exit 2), never a hang or torch's traceback."""
+one process (a rank that finds no host: in a process of its own): a refusal reaches the ranks waiting at once; a
+missing host, a missing rank and a taken port are one paragraph each (exit 2), never a hang or torch's traceback."""
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,6 +15,8 @@ from hetauto_megatron.megatron import world_store
 from hetauto_megatron.runtime.launcher import free_port
 
 pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_refusal_posted_by_another_rank_stops_the_host_at_once():
@@ -84,13 +89,35 @@ def test_a_rank_stopped_by_a_refusal_of_its_own_cluster_does_not_say_its_launch_
         "rank 0 (cluster cluster-a): field '--data-path': no data", 4, after_join=True).message
 
 
-def test_nobody_hosting_is_a_timeout_paragraph():
-    start = time.monotonic()
-    with pytest.raises(InputError) as info:
-        world_store.join(1, 2, "127.0.0.1", free_port(), 2.0)
-    assert time.monotonic() - start < 15
-    assert "waited 2 s for the plan's 2 ranks to join" in info.value.message
-    assert "no rendezvous answered" in info.value.message and info.value.exit_code == 2
+def test_nobody_hosting_names_the_address_and_the_launch_of_global_rank_0():
+    """A rank (a process of its own) joins a port where nothing listens: the launch holding global rank 0 never
+    started, or this one was given another address or port. It said it waited for 'the plan's 2 ranks', that 'a
+    cluster's launch' did not start, and to raise HETAUTO_TIMEOUT_S, where the ranks that reach the store name the
+    ranks missing. Now one paragraph names the address and port tried, that nothing listens there, whose launch
+    hosts it and the variables to make the same on every cluster."""
+    with socket.socket() as held:       # bound, never listening: a connection is refused, and no one else takes it
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        code = ("import sys\n"
+                "from hetauto_megatron.megatron import world_store as w\n"
+                "from hetauto_megatron.errors import InputError\n"
+                "try:\n"
+                f"    w.join(1, 2, '127.0.0.1', {port}, 3.0, file='plan.yaml')\n"
+                "except InputError as exc:\n"
+                "    print(exc.message, file=sys.stderr)\n"
+                "    raise SystemExit(exc.exit_code)\n")
+        start = time.monotonic()
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the join waited past 90 s with a 3 s timeout") from None
+    assert r.returncode == 2 and time.monotonic() - start < 60, r.stderr
+    said = r.stderr.strip()
+    assert said.startswith("plan.yaml: field 'HETAUTO_MASTER_ADDR': rank 1 waited 3 s for the world's rendezvous "
+                           f"at 127.0.0.1:{port}, but nothing accepted a connection there: no process listens"), said
+    assert "the launch holding global rank 0" in said and "did not start" in said, said
+    assert "another HETAUTO_MASTER_ADDR or HETAUTO_MASTER_PORT" in said and "give a larger HETAUTO_TIMEOUT_S" in said
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said
 
 
 def test_a_rank_missing_is_a_timeout_paragraph_that_counts_who_came():

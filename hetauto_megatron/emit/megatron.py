@@ -248,12 +248,15 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         f'HETAUTO_TIMEOUT_S="${{HETAUTO_TIMEOUT_S:-{DEFAULT_TIMEOUT_S}}}"',
         "digits='[0-9](_?[0-9])*'",
         r'seconds="^[[:space:]]*[+]?($digits(\.($digits)?)?|\.$digits)([eE][+-]?$digits)?[[:space:]]*\$"',
-        '[[ $HETAUTO_TIMEOUT_S =~ $seconds && ${HETAUTO_TIMEOUT_S%%[eE]*} == *[1-9]* ]] || refuse '
-        f'"HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is not a positive number of seconds: unset it (default '
+        f'not_seconds="HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is not a positive number of seconds: unset it (default '
         f'{DEFAULT_TIMEOUT_S}) or give seconds, e.g. {DEFAULT_TIMEOUT_S}"',
-        # its size: awk reads the number without Python's '_' (1e999 is inf there, as in Python); a node without
-        # awk leaves it to the workers, which refuse it too
-        f'! command -v awk >/dev/null 2>&1 || '
+        '[[ $HETAUTO_TIMEOUT_S =~ $seconds && ${HETAUTO_TIMEOUT_S%%[eE]*} == *[1-9]* ]] || refuse "$not_seconds"',
+        # its value: awk reads the number without Python's '_', as Python's float does: 1e-400 underflows to 0
+        # there (the workers refused it, after torchrun had started on every node) and 1e999 is inf; a node
+        # without awk leaves both to the workers, which refuse them too
+        'has_awk() { command -v awk >/dev/null 2>&1; }',
+        '! has_awk || awk -v s="${HETAUTO_TIMEOUT_S//_/}" \'BEGIN { exit !(s + 0 > 0) }\' || refuse "$not_seconds"',
+        f'! has_awk || '
         f'awk -v s="${{HETAUTO_TIMEOUT_S//_/}}" \'BEGIN {{ exit !(s + 0 <= {MAX_TIMEOUT_S}) }}\' || refuse '
         f'"HETAUTO_TIMEOUT_S=$HETAUTO_TIMEOUT_S is more than a week ({MAX_TIMEOUT_S} s), the longest wait between '
         f'ranks a launch may set: give at most {MAX_TIMEOUT_S}, or unset it (default {DEFAULT_TIMEOUT_S})"',

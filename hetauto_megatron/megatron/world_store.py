@@ -43,7 +43,7 @@ import threading
 import time
 
 from ..errors import InputError, first_line
-from ..runtime.rendezvous import rendezvous_setup_error, rendezvous_timeout_error
+from ..runtime.rendezvous import rendezvous_no_host_error, rendezvous_setup_error, rendezvous_timeout_error
 from .world_refusals import PLAN, check_plan, plan_digest, refused_elsewhere, stopped_by  # noqa: F401
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
@@ -230,8 +230,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
                                        "cluster (or stop what holds it there), then start every cluster's launch "
                                        "again")) from None
         if store is None:
-            raise _timeout(rank, world_size, timeout_s, f"no rendezvous answered at {addr}:{port}", file,
-                           timeout_from=timeout_from)
+            raise _ours(rendezvous_no_host_error(rank, f"{addr}:{port}", timeout_s, file, timeout_from=timeout_from))
     try:
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
         if rank == 0:

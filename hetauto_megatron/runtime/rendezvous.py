@@ -91,6 +91,25 @@ def rendezvous_timeout_error(rank: int, world_size: int, timeout_s: float, reaso
                           f"all); where they start slowly, give a larger {setting} (it gave {timeout_s:g} s)")
 
 
+def rendezvous_no_host_error(rank: int, where: str, timeout_s: float, file: str | None, *,
+                             timeout_from: str = "HETAUTO_TIMEOUT_S") -> InputError:
+    """A rank of separately launched clusters (megatron/world_store.py join) reached no rendezvous store at `where`
+    (addr:port) within the timeout: nothing listens there. Apart from rendezvous_timeout_error, which ranks that
+    reached the store give, naming the ranks that never checked in: a rank that never reached it knows of no rank,
+    and that paragraph said only that 'a cluster's launch' did not start, though one launch hosts the store."""
+    setting = timeout_from.split()[0]
+    return InputError(f"rank {rank} waited {timeout_s:g} s for the world's rendezvous at {where}, but nothing "
+                      "accepted a connection there: no process listens at that address and port, so the launch "
+                      "holding global rank 0 (node 0 of the first cluster), which hosts it, did not start or "
+                      "stopped before (its log says why), or this launch was given another HETAUTO_MASTER_ADDR or "
+                      "HETAUTO_MASTER_PORT than that one (or a firewall drops the connection)", file=file,
+                      field="HETAUTO_MASTER_ADDR",
+                      fix="start the launch holding global rank 0 (every launch script's header names its node 0) "
+                          "and give every cluster's launch the same HETAUTO_MASTER_ADDR (that node, reachable from "
+                          "all) and HETAUTO_MASTER_PORT; where it starts slowly, give a larger "
+                          f"{setting} (it gave {timeout_s:g} s)")
+
+
 def different_code_error(rank: int, codes: dict, describe, file: str | None) -> InputError:
     """Ranks run other hetauto-megatron code than rank 0: `codes` maps rank 0 and each such rank to its code's
     digest (12 digits; None where that rank's code does not say, an older hetauto-megatron), `describe(rank)` names
