@@ -17,7 +17,8 @@ import pytest
 from helpers import mesh, record_calls, record_instructions
 
 from hetauto_megatron.cost.memory import stage_params
-from hetauto_megatron.emit.deepspeed import emit_deepspeed, stage_partition, unsupported_features
+from hetauto_megatron.emit.deepspeed import deepspeed_config, emit_deepspeed, stage_partition, unsupported_features
+from hetauto_megatron.errors import InputError
 from hetauto_megatron.plan.plan import plan_from_dict
 from hetauto_megatron.plan.engines import as_run_by
 from hetauto_megatron.plan.simulate import padded_model, plan_choices
@@ -284,8 +285,11 @@ def test_meshes_of_different_dp_are_refused_before_deepspeed_builds_its_grid():
 
     plan = plan_from_dict({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 8,
                            "meshes": [mesh("a", 1, 1, 2, [5]), mesh("b", 1, 2, 1, [3])]})
-    assert any(line.startswith("different data-parallel sizes") for line in unsupported_features(plan))
-    configs = [json.loads(json.dumps(r["config"])) for r in emit_deepspeed(plan)]
+    with pytest.raises(InputError) as exc:      # the emit refuses the plan by the same rule, check_one_grid
+        emit_deepspeed(plan)
+    assert exc.value.field == "meshes[1].dp"
+    # the configs as a hand assembly (or an older hetauto) would give them
+    configs = [json.loads(json.dumps(deepspeed_config(plan, i))) for i in range(len(plan.meshes))]
     out = launch(_initialize_refusal, plan.world_size, args=(plan.model, configs), timeout_s=300,
                  env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     for r in out:

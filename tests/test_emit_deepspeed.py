@@ -27,9 +27,9 @@ def with_settings(m, **settings):
 
 
 PLANS = {
-    "736": lambda: load_plan(PLAN_736),
-    "dp_mismatch": lambda: plan([mesh("h", 2, 2, 2, [0, 4], "selective", "h800"),
-                                 mesh("n", 1, 4, 1, [3, 1], "full", "ascend-910b")]),
+    # one DP size (else no DeepSpeed job: test_plan_of_different_dp_is_refused), and every other gap
+    "mixed": lambda: plan([mesh("h", 2, 2, 2, [0, 4], "selective", "h800"),
+                           mesh("n", 1, 2, 2, [3, 1], "full", "ascend-910b")]),
     "recompute_none_one_stage": lambda: plan([mesh("a", 2, 4, 1, [8])], gbs=8),
     "recompute_full_one_stage": lambda: plan([mesh("a", 1, 2, 1, [8], "full")], gbs=8),
     "dp1_uneven": lambda: plan([mesh("a", 1, 1, 4, [5, 1]), mesh("b", 1, 1, 4, [2], "full")], gbs=12),
@@ -93,7 +93,7 @@ def test_partition_boundaries():
     (lambda c: c["pipeline"].update(partition=[0, 3, 6]), "pipeline key(s) partition that DeepSpeed's engine never reads"),
 ])
 def test_validation_catches(change, words):
-    p = PLANS["dp_mismatch"]()
+    p = PLANS["mixed"]()
     cfg = deepspeed_config(p, 0)
     change(cfg)
     with pytest.raises(InputError) as exc:
@@ -163,11 +163,10 @@ def test_unsupported_features_only_those_that_apply():
     fp32_accumulation = plan([with_settings(mesh("a", 1, 2, 2, [4], device="h800"), distributed_optimizer=False,
                                             overlap_grad_reduce=False, overlap_param_gather=False)] * 2)
     assert ["fp32 gradient accumulation" in line for line in unsupported_features(fp32_accumulation)] == [True]
-    text = "\n".join(unsupported_features(PLANS["dp_mismatch"]()))
-    for w in ("tensor-parallel sizes", "data-parallel sizes", "micro-batch sizes", "cross-vendor", "selective",
-              "uneven layer split"):
+    text = "\n".join(unsupported_features(PLANS["mixed"]()))
+    for w in ("tensor-parallel sizes", "cross-vendor", "selective", "uneven layer split"):
         assert w in text
-    assert len(unsupported_features(PLANS["736"]())) == 9
+    assert "data-parallel sizes" not in text and "micro-batch sizes" not in text     # refused, not listed
     # DP 1 everywhere: no DP collective to overlap, so no overlap lost
     assert not any("overlap" in line for line in unsupported_features(PLANS["dp1_uneven"]()))
     # a tied embedding across stages: ZeRO-0's clipping counts the table's gradient on both ends (DeepSpeed's
@@ -191,17 +190,48 @@ def test_unsupported_features_only_those_that_apply():
 
 
 def test_cli_writes_files_and_json(tmp_path, capsys):
+    """A plan of one DP size whose other gaps DeepSpeed runs without (TP per mesh, two vendors, selective
+    recomputation run as full, the uneven split): configs written, the gaps listed as notes, exit 0."""
+    path = tmp_path / "mixed.yaml"
+    path.write_text(json.dumps({"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 16, "meshes": [
+        mesh("h", 2, 2, 2, [0, 4], "selective", "h800"), mesh("n", 1, 2, 2, [3, 1], "full", "ascend-910b")]}))
     out = tmp_path / "ds"
-    assert main(["emit", "deepspeed", "--plan", PLAN_736, "-o", str(out), "--json"]) == 0
+    assert main(["emit", "deepspeed", "--plan", str(path), "-o", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert sorted(os.listdir(out)) == ["deepspeed-unsupported.txt", "ds_config.a100.json", "ds_config.ascend.json",
-                                       "ds_config.h800.json", "ds_config.mi300x.json"]
-    on_disk = json.loads((out / "ds_config.mi300x.json").read_text())
-    assert on_disk == result["configs"][3]["config"] and on_disk["train_micro_batch_size_per_gpu"] == 1
+    assert sorted(os.listdir(out)) == ["deepspeed-unsupported.txt", "ds_config.h.json", "ds_config.n.json"]
+    on_disk = json.loads((out / "ds_config.n.json").read_text())
+    assert on_disk == result["configs"][1]["config"] and on_disk["train_micro_batch_size_per_gpu"] == 2
     assert "cross-vendor" in (out / "deepspeed-unsupported.txt").read_text()
-    assert main(["emit", "deepspeed", "--plan", PLAN_736, "--cluster", "ascend"]) == 0
+    assert main(["emit", "deepspeed", "--plan", str(path), "--cluster", "n"]) == 0
     printed = capsys.readouterr().out
-    assert "# ds_config for ascend" in printed and "ds_config for h800" not in printed
+    assert "# ds_config for n " in printed and "ds_config for h " not in printed
+
+
+def test_plan_of_different_dp_is_refused(tmp_path, capsys):
+    """The 736-device example's meshes have DP 4, 4, 4 and 8: DeepSpeed's one grid has one DP size, and the launch of
+    such configs is refused (runtime/deepspeed_pipeline.py, by the same check_one_grid). Emitting them exits 2 naming
+    the plan, the meshes' DP and the fix, and writes nothing (before: exit 0, the configs written and the problem in
+    deepspeed-unsupported.txt, so 'emit && deepspeed' went on to a launch that cannot run). 'hetauto plan --emit',
+    which writes Megatron-LM's scripts beside, leaves the DeepSpeed configs out with a note instead."""
+    from hetauto_megatron.commands.plan import emitted_files
+
+    out = tmp_path / "ds"
+    for extra in ([], ["--json"], ["--cluster", "ascend"]):
+        assert main(["emit", "deepspeed", "--plan", PLAN_736, "-o", str(out), *extra]) == 2
+        captured = capsys.readouterr()
+        err = json.loads(captured.out)["error"]["message"] if extra == ["--json"] else captured.err
+        assert f"{PLAN_736}: field 'meshes[3].dp'" in err and "Traceback" not in err, err
+        assert "(h800) DP 4" in err and "(mi300x) DP 8" in err and "one DP size for every stage" in err
+        assert "Fix:" in err and "hetauto plan --engine deepspeed" in err and "hetauto emit megatron" in err
+        assert not out.exists()
+    with pytest.raises(InputError) as exc:
+        emit_deepspeed(load_plan(PLAN_736))
+    assert exc.value.field == "meshes[3].dp"
+    files, note = emitted_files(load_plan(PLAN_736), PLAN_736)
+    names = [name for name, _, _ in files]
+    assert "h800.sh" in names and "summary.txt" in names and not any(n.startswith("ds_config.") for n in names)
+    assert not any("unsupported" in n for n in names)
+    assert note.startswith("no DeepSpeed configs written: the meshes have different data-parallel sizes"), note
 
 
 def test_cli_bad_plan_exits_2(tmp_path, capsys):

@@ -365,8 +365,8 @@ def test_emitted_files_never_land_on_the_plan_or_an_input(tmp_path, capsys):
     # timeline then over it, both reported written; now refused before either, the earlier config kept
     out = tmp_path / "out"
     out.mkdir()
-    base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--shapes", "simple",
-            "-o", str(out / "p.yaml"), "--emit", str(out)]
+    base = ["plan", "--model", "tiny", "--inventory", inv, "--global-batch-size", "8", "--quiet", "--engine",
+            "deepspeed", "-o", str(out / "p.yaml"), "--emit", str(out)]      # (one DP size: DeepSpeed configs written)
     assert run_cli(base, capsys)[0] == 0
     config = sorted(out.glob("ds_config.*.json"))[0]
     rc, _, err = run_cli(base + ["--timeline", str(config)], capsys)
@@ -407,13 +407,15 @@ def test_output_file_name_taken_by_a_directory(tiny_cpu_model, tmp_path, capsys)
     """A directory where emit, plan --emit or fit writes a file (site-a.sh, summary.txt, manifest.json, ...)."""
     plan = str(tmp_path / "p.yaml")
     base = ["plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet", "--shapes",
-            "simple"]      # (a plan DeepSpeed's emitter takes)
+            "simple"]
     assert run_cli(base + ["-o", plan], capsys)[0] == 0
-    for target, name in (("megatron", "site-a.sh"), ("summary", "summary.txt"),
-                         ("deepspeed", "ds_config.site-a.json")):
+    ds_plan = str(tmp_path / "ds.yaml")      # one DP size in every mesh: a plan DeepSpeed's emitter takes
+    assert run_cli(base + ["--engine", "deepspeed", "-o", ds_plan], capsys)[0] == 0
+    for target, name, path in (("megatron", "site-a.sh", plan), ("summary", "summary.txt", plan),
+                               ("deepspeed", "ds_config.site-a.json", ds_plan)):
         out = tmp_path / f"out-{target}"
         (out / name).mkdir(parents=True)
-        rc, _, err = run_cli(["emit", target, "--plan", plan, "-o", str(out)], capsys)
+        rc, _, err = run_cli(["emit", target, "--plan", path, "-o", str(out)], capsys)
         check_error(rc, err, field="-o", words=[name, "directory"])
     rc, _, err = run_cli(base + ["-o", str(tmp_path / "p2.yaml"), "--emit", str(tmp_path / "out-megatron")], capsys)
     check_error(rc, err, field="--emit", words=["site-a.sh"])

@@ -20,8 +20,10 @@ targets:
              --hetauto --hetauto-plan). Printed, or one <cluster>.sh per cluster with -o DIR
              (<cluster>.mesh<i>.sh per launch where a cluster holds several: each on nodes of its own).
   deepspeed  per mesh, a ds_config JSON checked by DeepSpeed's own parser for that mesh's data-parallel
-             size, plus the plain list of plan features DeepSpeed cannot express (docs/deepspeed.md).
-             Printed, or ds_config.<cluster>.json files and deepspeed-unsupported.txt with -o DIR.
+             size, plus the plain list of plan features DeepSpeed cannot express but runs without
+             (docs/deepspeed.md). Printed, or ds_config.<cluster>.json files and deepspeed-unsupported.txt with
+             -o DIR. A plan whose meshes differ in DP is no DeepSpeed job (its engine has one DP size for every
+             stage): exit 2, nothing written.
   summary    the per-stage table (cluster, device, devices, TP/DP, layers, and the plan's estimate of time,
              memory and utilisation when the plan carries one). Printed, or summary.txt with -o DIR.
 
@@ -36,7 +38,8 @@ examples:
       NODE_RANK=0 CLUSTER_MASTER_ADDR=x-node0 HETAUTO_MASTER_ADDR=first-node0 launch/X.sh --data-path ...
   hetauto emit deepspeed --plan plan.yaml -o ds/ --json
 
-exit codes: 0 ok, 2 invalid plan or options (the message names file, field and fix)."""
+exit codes: 0 ok, 2 invalid plan or options, or a DeepSpeed emit of meshes of different DP (the message names
+file, field and fix)."""
 
 TARGETS = ("megatron", "deepspeed", "summary")
 

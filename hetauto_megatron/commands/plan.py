@@ -137,7 +137,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (YAML; JSON if it ends in .json, "
                         "in any case); naming an input file (--inventory, --model, --from) or a --timeline is refused")
     parser.add_argument("--emit", metavar="DIR", help="also write Megatron launch scripts and DeepSpeed configs "
-                                                      "per cluster into DIR (needs -o)")
+                                                      "per cluster into DIR (needs -o); the DeepSpeed configs only "
+                                                      "where DeepSpeed runs the plan (one pipeline, one DP size), "
+                                                      "said on stderr")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--timeline", action="append", metavar="FILE",
                         help="write the plan's predicted iteration: FILE.json a Chrome/Perfetto trace, FILE.png a "
@@ -266,12 +268,12 @@ def run(args) -> int:
         from ..outputs import make_output_dir
         from .emit import deepspeed_notes, warn_stale, write_files
         make_output_dir(args.emit, "--emit")
-        if note:
-            print(f"hetauto plan: {note}", file=sys.stderr)
         if any(name.startswith("ds_config.") for name, _, _ in emitted):
             for ds_note in deepspeed_notes(plan, args.output):
                 print(f"hetauto plan: {ds_note}", file=sys.stderr)
         emitted = write_files(emitted, args.emit, "--emit", keep=[("-o", args.output), *inputs, *timelines])
+        if note:        # what was left out, once the rest is written (a refused file says only its paragraph)
+            print(f"hetauto plan: {note}", file=sys.stderr)
         warn_stale(args.emit, emitted, "hetauto plan")
         written += emitted
     explained = None
@@ -359,9 +361,10 @@ def emitted_files(plan, plan_path: str) -> tuple[list[tuple], str | None]:
     """What 'hetauto emit megatron|deepspeed|summary -o DIR' would write for every cluster of the plan, as
     (name, text, mode) each, and a note for stderr on what is left out (or None): named before anything is written,
     so that one over another output or an input is refused while nothing is on disk yet."""
-    from ..emit.deepspeed import emit_deepspeed, unsupported_features
+    from ..emit.deepspeed import check_one_grid, deepspeed_config, emit_deepspeed, unsupported_features
     from ..emit.megatron import emit_megatron
     from ..emit.summary import format_summary
+    from ..errors import InputError
     from .emit import deepspeed_files, megatron_files, summary_files
     summary = summary_files(format_summary(plan, plan.estimate))
     if plan.engine == "deepspeed":      # made for DeepSpeed's pipeline engine: its configs are what runs it
@@ -371,6 +374,14 @@ def emitted_files(plan, plan_path: str) -> tuple[list[tuple], str | None]:
             "estimate does not price)")
     files = megatron_files(emit_megatron(plan, plan_path=os.path.abspath(plan_path), file=plan_path))
     if plan.is_simple:
+        # meshes of different DP are no DeepSpeed job (check_one_grid, which 'hetauto emit deepspeed' exits 2 by):
+        # the plan is fine for the Megatron-LM scripts, so they are written and the DeepSpeed configs left out
+        blocks = [deepspeed_config(plan, i)["hetauto"] for i in range(len(plan.meshes))]
+        try:
+            check_one_grid(blocks, file=plan_path)
+        except InputError as exc:
+            return files + summary, (f"no DeepSpeed configs written: {exc.reason} ('hetauto plan --engine "
+                                     "deepspeed' plans one it runs)")
         return files + deepspeed_files(emit_deepspeed(plan), unsupported_features(plan)) + summary, None
     # DeepSpeed's pipeline engine runs one pipeline of equal stages; the Megatron-LM scripts run every shape.
     from ..plan.shapes import describe_shape

@@ -15,7 +15,9 @@ and one communication backend, so a heterogeneous plan maps onto it only partly.
 - the explicit stage partition, under our own top-level key "hetauto" (DeepSpeed ignores unknown top-level
   keys, and never reads pipeline.partition/stages): PipelineModule takes only named partition methods, so an
   explicit list needs a subclass overriding _partition_layers (docs/deepspeed.md).
-What does not map is listed by `unsupported_features`, only for the features the given plan uses.
+What does not map is listed by `unsupported_features`, only for the features the given plan uses; meshes of
+different DP (and so of different micro-batch) are no DeepSpeed job at all, and `check_one_grid` refuses them
+(exit 2, no config written), the same rule the launch checks its rank count by.
 
 `deepspeed` (and torch) are imported only inside `validate`, quietly. `check_hand_edits` is also what the launch
 (runtime/deepspeed_pipeline.py `initialize`) checks of a config edited by hand.
@@ -146,8 +148,39 @@ _SETTING_GAPS = {
 }
 
 
+# DeepSpeed's pipeline engine lays the whole launch out as one grid (PipelineModule's ProcessTopology), one DP size
+# for every stage: a plan whose meshes differ in DP is no job DeepSpeed runs, however its configs are written. The one
+# rule, and its one wording, for the emit (every mesh's config) and the launch (its own config and rank count).
+ONE_GRID = ("DeepSpeed's pipeline engine lays the whole job out as one grid of stages x data-parallel size (its "
+            "PipelineModule's ProcessTopology), one DP size for every stage")
+ONE_GRID_FIX = ("plan with the same DP in every mesh ('hetauto plan --engine deepspeed' plans equal TP, DP and "
+                "micro-batch), or run this plan with Megatron-LM ('hetauto emit megatron') or hetauto's runtime")
+
+
+def check_one_grid(blocks: list[dict], world: int | None = None, *, file: str | None = None) -> None:
+    """Raise InputError unless DeepSpeed's one grid holds the meshes of these configs' `hetauto` blocks: at emit
+    every mesh's (`file` the plan; field meshes[k].dp, the first mesh of another DP than mesh 0), at launch the rank's
+    own with `world` the launch's rank count (field hetauto.data_parallel_size: stages x DP ranks; the layers are
+    not tensor-parallel, TP is 1 there). A launch of every mesh's configs has another rank count than stages x DP for
+    at least one mesh when their DPs differ, so each side catches the same plans."""
+    odd = [b for b in blocks if b["data_parallel_size"] != blocks[0]["data_parallel_size"]]
+    if odd:
+        sizes = ", ".join(f"mesh {b['mesh']} ({b['cluster']}) DP {b['data_parallel_size']}" for b in blocks)
+        raise InputError(f"the meshes have different data-parallel sizes ({sizes}): {ONE_GRID}, so no DeepSpeed "
+                         "launch can run this plan", file=file,
+                         field=f"meshes[{odd[0]['mesh']}].dp", fix=ONE_GRID_FIX)
+    for b in blocks if world is not None else ():
+        stages, dp = b["pipeline_parallel_size"], b["data_parallel_size"]
+        if world != stages * dp:
+            raise InputError(f"the launch has {world} ranks, but {ONE_GRID}: {stages} stages x DP {dp} "
+                             f"({stages * dp} ranks) as mesh {b['mesh']} ({b['cluster']}) of the plan gives it, so "
+                             "every mesh must have that data-parallel size", file=file,
+                             field="hetauto.data_parallel_size", fix=ONE_GRID_FIX)
+
+
 def unsupported_features(plan: Plan) -> list[str]:
-    """Plain sentences, one per feature of this plan that one DeepSpeed job cannot express."""
+    """Plain sentences, one per feature of this plan that one DeepSpeed job cannot express but runs without (a
+    difference in DP, and so in micro-batch, is no job at all: `check_one_grid` refuses it)."""
     out = []
     meshes = plan.meshes
 
@@ -159,13 +192,6 @@ def unsupported_features(plan: Plan) -> list[str]:
     if "tp" in gaps:
         out.append(f"different tensor-parallel sizes per mesh ({per_mesh('tp')}): DeepSpeed's ProcessTopology is "
                    "one grid with a single TP size")
-    if "dp" in gaps:
-        out.append(f"different data-parallel sizes per mesh ({per_mesh('dp')}): DeepSpeed's ProcessTopology has a "
-                   "single DP size, so stages cannot be replicated differently")
-    if "micro_batch_size" in gaps:
-        out.append(f"different micro-batch sizes per mesh ({per_mesh('micro_batch_size')}): the pipeline engine "
-                   "sends each micro-batch whole to the next stage; it cannot re-split activations between meshes "
-                   "of different DP")
     if "vendor" in gaps:
         out.append(f"cross-vendor communication ({', '.join(sorted(set(vendors)))}): DeepSpeed runs one backend for the whole job "
                    "(NCCL, HCCL or gloo) and has no bridge between the clusters' collective libraries")
@@ -326,11 +352,12 @@ def emit_deepspeed(plan: Plan, *, file: str | None = None) -> list[dict]:
     cluster's)."""
     require_simple(plan, "hetauto emit deepspeed", file)
     names = file_stems([m.cluster for m in plan.meshes], list(range(len(plan.meshes))), file)
+    configs = [deepspeed_config(plan, i) for i in range(len(plan.meshes))]
+    check_one_grid([cfg[OUR_KEY] for cfg in configs], file=file)     # before any is parsed: none is written
     out = []
-    for i in range(len(plan.meshes)):
+    for i, cfg in enumerate(configs):
         mesh = plan.meshes[i]
         name = names[i]
-        cfg = deepspeed_config(plan, i)
         parsed = validate(cfg, mesh.dp, where=f"meshes[{i}] ({name})")
         out.append({"name": name, "mesh": i, "cluster": mesh.cluster, "data_parallel_size": mesh.dp,
                     "config": cfg,

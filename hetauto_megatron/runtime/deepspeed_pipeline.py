@@ -285,15 +285,10 @@ def pipeline_module(model: ModelSpec, ds_config: dict, *, base_seed: int = BASE_
     stages = block["pipeline_parallel_size"]
     # DeepSpeed's PipelineModule lays the whole launch out as one grid of stages x DP (x TP 1): a plan whose meshes
     # differ in DP launches another number of ranks, which DeepSpeed refuses with its own RuntimeError (or, where
-    # the count happens to divide, places ranks in other stages than the plan): say so first, in the plan's terms
-    world, dp = dist.get_world_size(), block["data_parallel_size"]
-    if world != stages * dp:
-        raise InputError(f"the launch has {world} ranks, but DeepSpeed's pipeline engine runs one grid of {stages} "
-                         f"stages x data-parallel size {dp} ({stages * dp} ranks) as mesh {block['mesh']} "
-                         f"({block['cluster']}) of the plan gives it: every mesh must have the same data-parallel size",
-                         field="hetauto.data_parallel_size",
-                         fix="re-plan with 'hetauto plan --engine deepspeed' (equal TP, DP and micro-batch in every "
-                             "mesh), or run this plan with hetauto's runtime or Megatron-LM ('hetauto emit megatron')")
+    # the count happens to divide, places ranks in other stages than the plan): said first, in the plan's terms, by
+    # the rule 'hetauto emit deepspeed' refuses such a plan by (configs written by hand, or by an older hetauto)
+    from ..emit.deepspeed import check_one_grid
+    check_one_grid([block], dist.get_world_size())
     # the tables padded as the plan priced them (the tokens, synthetic_batch's, stay in the model's vocabulary)
     built = model.with_padded_vocab(block.get("padded_vocab_size", model.vocab_size))
     module = _pipeline_module_class()(
