@@ -13,6 +13,7 @@ from hetauto_megatron.cost import learned as L
 pytestmark = pytest.mark.ranks     # starts rank processes: one such module at a time (conftest)
 
 TIMING = dict(warmup=2, min_reps=7, max_reps=40, budget_s=0.4)
+ROUNDS = 3
 # (heads, key/value heads, head_dim, seq): GQA, and a sequence at which the s x s scores dominate the attention
 SHAPE = (4, 2, 16, 512)
 
@@ -45,11 +46,19 @@ def _attention_rank(rank, world_size, timing):
     q = torch.randn(s, 1, heads, d).mul_(0.1).requires_grad_(True)
     k, v = (torch.randn(s, 1, kv, d).mul_(0.1).requires_grad_(True) for _ in range(2))
     runner = Runner(torch, "cpu", torch.float32)
-    out = {"megatron": runner.time_fn([q, k, v], lambda: core(q, k, v, mask), **timing)}
+    subjects = {"megatron": ([q, k, v], lambda: core(q, k, v, mask))}
     for kind in F.ATTENTION_KINDS:
         op = F.Op("attention", kind, s, batch=1, seq=s, heads=heads, kv_heads=kv, head_dim=d)
-        out[kind] = runner.time_fn(*runner.build(op), **timing)
-    return {name: (t["fwd_p10_s"], t["bwd_p10_s"]) for name, t in out.items()}
+        subjects[kind] = runner.build(op)
+    # Rounds taken in turn, the fastest round's p10 kept: on a shared machine a burst of load lands on one round of
+    # one subject, never on every round of it (timed one after the other, a burst made Megatron's look 2x slower).
+    best: dict[str, list[float]] = {}
+    for _ in range(ROUNDS):
+        for name, (inputs, fwd) in subjects.items():
+            t = runner.time_fn(inputs, fwd, **timing)
+            got = best.setdefault(name, [float("inf")] * 2)
+            got[:] = min(got[0], t["fwd_p10_s"]), min(got[1], t["bwd_p10_s"])
+    return {name: tuple(t) for name, t in best.items()}
 
 
 def test_profile_times_the_attention_the_cpu_runtime_runs():
