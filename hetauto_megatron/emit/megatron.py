@@ -295,9 +295,18 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               f"megatron_script_default={shlex.quote(script)}",
               "HETAUTO_ARGS=(", '  --hetauto --hetauto-plan "${HETAUTO_PLAN:-$hetauto_plan_default}"', ")", ""]
     # hetauto-torchrun: torchrun, ending a worker's user error (exit 2) with exit 2 and no traceback of its own
-    lines += ['launcher="${TORCHRUN:-hetauto-torchrun}"',
-              'command -v "${launcher%% *}" >/dev/null 2>&1 || refuse "the launcher ${launcher%% *} is not on PATH: '
-              'install hetauto (pip install) in the environment that runs torchrun, or set TORCHRUN"',
+    # TORCHRUN is a command and its arguments, split on blanks as the shell splits a word, without globbing (a
+    # `*` in an argument reached torchrun as the file names it matched), and run as an array; a value that
+    # names an executable file whole is that one path, so a path with a space works too (without arguments)
+    lines += ['if [ -f "${TORCHRUN:-}" ] && [ -x "$TORCHRUN" ]; then launcher=("$TORCHRUN")',
+              'else set -f; launcher=(${TORCHRUN:-hetauto-torchrun}); set +f; fi',
+              '[ -n "${TORCHRUN:-}" ] || command -v hetauto-torchrun >/dev/null 2>&1 || refuse "the launcher '
+              'hetauto-torchrun is not on PATH: install hetauto (pip install) in the environment that runs torchrun, '
+              'or set TORCHRUN"',
+              '[ -n "${launcher[0]:-}" ] && command -v "${launcher[0]}" >/dev/null 2>&1 || refuse "TORCHRUN=$TORCHRUN: '
+              'its command ${launcher[0]:-(none)} is not on PATH nor an executable file: set TORCHRUN to the '
+              'torchrun command, its arguments after blanks (e.g. python -m torch.distributed.run; no quotes), or '
+              'to the path of one executable file alone (spaces and all, no arguments)"',
               # (every worker's python found no script and exited 2, which read as a paragraph of hetauto's)
               'entry="${MEGATRON_SCRIPT:-$megatron_script_default}"',
               '[ -f "$entry" ] || refuse "the Megatron-LM entry script $entry is not there (from $PWD): set '
@@ -307,7 +316,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
               f'! command -v grep >/dev/null 2>&1 || grep -qE {shlex.quote(ENTRY_MARK)} "$entry" || refuse "the '
               'entry script $entry has no --hetauto (it does not import hetauto_megatron.megatron.hook): patch it '
               'with hetauto patch-megatron /path/to/Megatron-LM, or set MEGATRON_SCRIPT to a patched one"',
-              f'exec $launcher --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
+              f'exec "${{launcher[@]}}" --nnodes={la.nnodes} --nproc-per-node={la.nproc_per_node} '
               f'--node-rank="$NODE_RANK" \\',
               f'  --master-addr="$CLUSTER_MASTER_ADDR" --master-port="$CLUSTER_MASTER_PORT" \\',
               '  "$entry" "${MESH_ARGS[@]}" "${MEGATRON_ARGS[@]}" '
