@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from ..errors import InputError
@@ -80,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    # torch's C++ layer logs every failed rendezvous attempt of every rank with a native stack trace (over a
+    # hundred lines at --timeout 0.001) ahead of the one paragraph the failure reaches the user as; set before
+    # torch is imported, which the ranks (forked) inherit. As probe-link does; a user's own level is kept.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from ..emit.summary import _num      # a figure, or '-' where there is none (a norm of 0, a NaN)
     from ..plan.plan import load_plan
     from ..runtime.dryrun import GRAD_NORM_TOLERANCE, LOSS_TOLERANCE
