@@ -309,18 +309,62 @@ def leaves_within_bounds(sp, value, limit: int, rng=None) -> int:
     return feasible
 
 
+def descendants(pids) -> list[int]:
+    """Every live process below `pids` (children, their children, ...), read from /proc by parent pid. Taken in one
+    pass before anything is killed: a process whose parent dies is reparented to init (or a subreaper), and then
+    nothing leads from the launch to it any more."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue            # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def kill_launches(procs) -> None:
+    """SIGKILL the subprocesses `procs` (Popen) that still run, every process below them and the process groups of
+    all of them, then reap `procs`. torch's elastic agent (torchrun, hetauto-torchrun) starts each worker in a
+    session of its own, so killing the launch's process group (bash and the agent) left the workers training or
+    waiting up to their HETAUTO_TIMEOUT_S beside the rest of the suite."""
+    import signal
+    running = [p.pid for p in procs if p.returncode is None]   # not reaped: the pid is still the launch's
+    below = descendants(running)                # all of them before any dies (its children would go to init)
+    ours = os.getpgrp()
+    for pid in running + below:                 # the launches first: an agent killed starts no more workers
+        try:
+            group = os.getpgid(pid)
+            if group != ours:                   # (a process started without a session of its own: not pytest's)
+                os.killpg(group, signal.SIGKILL)    # any member the walk above did not reach
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in procs:
+        p.wait()
+
+
 def wait_all(procs, timeout: float) -> list[int]:
     """Exit codes of subprocesses started with start_new_session=True; whatever still runs after `timeout`
-    seconds (or when waiting fails) is killed with its whole process group, so no launch outlives its test."""
-    import os
-    import signal
+    seconds (or when waiting fails) is killed with every process it started and their process groups
+    (kill_launches), so no launch, and no worker of one, outlives its test."""
+    import time
+    deadline, codes = time.monotonic() + timeout, []
     try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+        return codes
+    finally:
+        if len(codes) < len(procs):
+            kill_launches(procs)
 
 
 def random_pipeline(rng, min_stages: int = 1, micro_batches=(32, 64, 128)):

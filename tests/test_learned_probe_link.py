@@ -114,10 +114,15 @@ def test_probe_link_sides_started_with_different_options_stop_with_one_paragraph
     def side(rank, iters):
         return subprocess.Popen([sys.executable, "-m", "hetauto_megatron.cli", "probe-link", "--rank", str(rank),
                                  "--master", master, "--timeout", "60", "--max-size-mib", "1", "--iters", str(iters)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs = [side(0, 1), side(1, 3)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    from helpers import kill_launches
+    procs = [side(0, 1)]
+    try:
+        procs.append(side(1, 3))
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:        # (a side still waiting for the other when something above failed)
+        kill_launches(procs)
+    for p, err in zip(procs, errs):
         assert p.returncode == 2 and "Traceback" not in err, err
         assert "field '--iters'" in err and "--iters: rank 0 1, rank 1 3" in err
 

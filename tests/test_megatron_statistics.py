@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import kill_launches
 
 pytestmark = pytest.mark.ranks     # starts several rank processes: one such module at a time (conftest)
 
@@ -97,9 +98,15 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     store = tmp_path_factory.mktemp("world") / "store"
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_RANKS, str(store), str(r)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    procs = []
+    try:
+        for r in (0, 1):
+            procs.append(subprocess.Popen([sys.executable, "-c", TWO_RANKS, str(store), str(r)], cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:        # a rank left waiting in the file:// rendezvous would wait torch's default 30 minutes
+        kill_launches(procs)
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     return [o.splitlines() for o, _ in outs]
 

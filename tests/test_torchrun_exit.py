@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from helpers import kill_launches
 from test_torchrun_port import HETAUTO_TORCHRUN
 
 from hetauto_megatron.runtime.launcher import free_port
@@ -38,10 +39,13 @@ def test_node_0_stays_until_every_node_is_through_the_exit_barrier(tmp_path):
     args = ["--nnodes=2", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     node0 = subprocess.Popen([HETAUTO_TORCHRUN, *args, "--node-rank=0", str(worker)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    node1 = subprocess.run([sys.executable, "-c", LATE_AGENT, *args, "--node-rank=1", str(worker)], env=env,
-                           capture_output=True, text=True, timeout=120)
-    out0 = node0.communicate(timeout=120)[0]
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        node1 = subprocess.run([sys.executable, "-c", LATE_AGENT, *args, "--node-rank=1", str(worker)], env=env,
+                               capture_output=True, text=True, timeout=120)
+        out0 = node0.communicate(timeout=120)[0]
+    finally:        # (node 0's agent and its worker, whatever failed above: node 1 is ended by subprocess.run)
+        kill_launches([node0])
     out1 = node1.stdout + node1.stderr
     assert node0.returncode == 0 and node1.returncode == 0, (out0[-3000:], out1[-3000:])
     # before: node 1 logged torch's "Error waiting on exit barrier ... Failed to recv, got 0 bytes" and its traceback
