@@ -204,8 +204,10 @@ def compare(measured: dict, overheads: str | None, cost_model=None) -> list[dict
         entry = {"run": f"{row['model']} mbs {row['micro_batch_size']} {row['recompute']} {row['precision']}",
                  "parts": {k: (b[k], m[k]) for k in ("weights", "gradients", "optimizer")}
                  | {"activations": (b["activations_saved"], m["activations"])},
-                 # the allocator's peak over the run: the state, the activations and the step's transients
-                 "allocated_peak": (b["weights_grads_optimizer"] + b["activations"], dev["allocated_peak"]),
+                 # the allocator's peak over the run: the state, the activations and their transients, or what
+                 # the gradient reduction or the optimizer's step hold above them once the activations are gone
+                 "allocated_peak": (b["weights_grads_optimizer"] + b["activations"] + b["gradient_reduction"]
+                                    + b["optimizer_step"], dev["allocated_peak"]),
                  "measured_state": state,
                  "in_use": {k: (v["total"], dev["in_use"]) for k, v in p["memory"].items()},
                  "context_gib": dev["context"] / GIB,

@@ -56,5 +56,6 @@ def test_megatron_lm_hetauto_launch_on_the_h200_peak_within_target():
     row = {"model": "llama-1b", "micro_batch_size": 1, "recompute": "none", "global_batch_size": 8,
            "precision": "bf16"}
     b = runs.predict("h200", row, _measured()["facts"], None)["memory"]["vendor"]
-    predicted = b["weights_grads_optimizer"] + b["activations"]
+    # the peak: state and activations, or the gradient reduction's or the optimizer step's set after them
+    predicted = b["weights_grads_optimizer"] + b["activations"] + b["gradient_reduction"] + b["optimizer_step"]
     assert abs(predicted - measured) <= TARGET * measured, (predicted, measured)

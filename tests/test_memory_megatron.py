@@ -6,12 +6,14 @@ wrapped in Megatron-Core's DistributedDataParallel and optimizer with the mesh's
 (runtime/train.py: ddp_settings), once per case: fp32 (what CPU dry runs train in) and bf16 mixed precision,
 with and without the distributed optimizer, gradients reduced in fp32 or in bf16, and a GPT-family model of odd
 widths (linear biases, LayerNorm with shifts, learned positions, tied table: 48-element vectors). One optimizer step
-materialises Adam's moments. The bytes are then read from the real tensors (runtime/memory_meter.py, as the dry run
-reads them):
+materialises Adam's moments. The bytes are read from the real tensors (runtime/memory_meter.py, as the dry run
+reads them) when the step returns and again after zero_grad, where the next step's forward starts (Megatron-LM's
+train_step zeroes the gradient buffer and the optimizer's gradients before its forward):
     weights    the DP buffer's param_data (distributed optimizer), else the parameters themselves
     gradients  the DP buffer's grad_data (every parameter's main_grad)
     optimizer  every tensor the optimizer holds that is not a view of those buffers or of the parameters:
-               fp32 master shards, Adam's exp_avg / exp_avg_sq, fp32 copies of bf16 gradients
+               fp32 master shards, Adam's exp_avg / exp_avg_sq and, at the step only, the fp32 copies of bf16
+               gradients it steps on (with a bf16 gradient buffer)
 and compared with cost/memory.stage_memory_bytes for the same stage (padded vocabulary, DP 2): exact to the byte,
 the weights and the gradient buffer on each rank and the optimizer's shard on the busier one. With the distributed
 optimizer Megatron starts every parameter on a 64-element boundary and pads every bucket's end to a multiple of
@@ -86,8 +88,12 @@ def _measure(rank, world_size):
         for buf in ddp.buffers:        # some gradient, so that Adam allocates its moments on the step
             buf.grad_data.fill_(1e-3)
         opt.step()
-        held = state_storages(model, ddp, opt)     # what the dry run's memory meter reads from the tensors
-        out.append({k: held[k] for k in ("weights", "gradients", "optimizer")})
+        at_step = state_storages(model, ddp, opt)     # what the dry run's memory meter reads from the tensors
+        ddp.zero_grad_buffer()                        # what train_step runs before the next step's forward
+        opt.zero_grad()
+        held = state_storages(model, ddp, opt)
+        out.append({k: held[k] for k in ("weights", "gradients", "optimizer")}
+                   | {"at_step": {k: at_step[k] for k in ("weights", "gradients", "optimizer")}})
     layouts = [_megatron_layout(sizes, *case[4:]) for case, sizes in _layout_cases()] if rank == 0 else []
     return {"state": out, "layouts": layouts}
 
@@ -114,6 +120,34 @@ def test_weights_gradients_and_optimizer_state_match_megatron(measured):
         assert max(held) == want["optimizer"], (case, held, want["optimizer"])
     # the distributed optimizer shards the state over the 2 DP ranks: bf16 keeps 12 bytes per parameter / 2
     assert measured[0]["state"][1]["optimizer"] < 0.55 * measured[0]["state"][3]["optimizer"]
+
+
+def test_the_steps_fp32_gradient_copies_are_the_steps_set_not_held_with_the_activations(measured):
+    """With a bf16 gradient buffer Megatron-Core's optimizer steps on fp32 copies of the gradients (4 bytes per
+    element of its shard), which zero_grad frees before the next forward: the model prices them in the state at the
+    step (`state_at_step`, a candidate for the peak of its own, once the activations are gone), not in the state
+    held beside the activations. Priced as held before: LLaMA-2-7B's 8-layer middle stage with 4 micro-batches in
+    flight at 49.2 GiB where it holds 43.2."""
+    copies = 0
+    for i, (spec, precision, overrides) in enumerate(CASES):
+        plan = _plan(spec, overrides)
+        model = spec.replace(vocab_size=plan.padded_vocab_size)
+        want = stage_memory_bytes(model, layers=2, tp=1, dp=2, micro_batch_size=1, recompute="none", in_flight=1,
+                                  first=True, last=True, settings=plan.meshes[0].settings, vendor="cpu",
+                                  dtype_bytes=4 if precision == "fp32" else 2)
+        case = (spec.name, precision, overrides)
+        # the busier rank's, as priced (its optimizer shard holds more of the buffer's padding)
+        busiest = max(measured, key=lambda got: got["state"][i]["optimizer"])["state"][i]
+        step_set = sum(busiest["at_step"].values())
+        assert step_set == want["state_at_step"], (case, busiest, want["state_at_step"])
+        extra = busiest["at_step"]["optimizer"] - busiest["optimizer"]     # what the step holds and zero_grad frees
+        copies += extra > 0
+        assert want["weights_grads_optimizer"] == sum(busiest[k] for k in ("weights", "gradients", "optimizer"))
+        assert want["state_at_step"] - want["weights_grads_optimizer"] == extra, (case, extra)
+        # the peak: state + activations, or the step's set when it holds more (no gradient reduction here)
+        assert want["total"] - want["reserved"] == pytest.approx(
+            max(want["weights_grads_optimizer"] + want["activations"], step_set), rel=1e-12), case
+    assert copies == 2        # the two cases with a bf16 gradient buffer and the distributed optimizer
 
 
 def _layout_cases():

@@ -17,11 +17,12 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               (:182, :225) and so Adam's moments are one partition per DP rank, with ZeRO-0 too: the optimizer is
               built over the data-parallel group whatever the ZeRO stage (engine.py:2611-2626, `partition_count`
               :153). With a 16-bit accumulation buffer the step runs on an fp32 copy of the partition's gradient
-              (`grad_partition.to(...)`, :417): 4/d more while Adam steps.
+              (`grad_partition.to(...)`, :417): 4/d more while Adam steps, set to None right after (:426-428).
   fp16        fp16 without ZeRO: `FP16_UnfusedOptimizer` (engine.py:2555-2606, for a torch optimizer: not one of
               DeepSpeed's fused ones), fp16/unfused_optimizer.py. Weights 2 and `.grad` 2 per parameter; fp32 master
               weights (:78) and so Adam's moments on every DP rank, unpartitioned; its step first copies every
-              `.grad` to an fp32 `.grad` of its master (:216-222): 2 + 2 + 4 + 8 + 4 at the step.
+              `.grad` to an fp32 `.grad` of its master (:216-222) and frees them once Adam has stepped
+              (:232-236): 2 + 2 + 4 + 8 + 4 at the step.
   zero        fp32 or fp16 with ZeRO-1, or bf16 with ZeRO-1 and bf16 accumulation: `DeepSpeedZeroOptimizer`
               (zero/stage_1_and_2.py). Weights in a flat buffer (:509); each parameter's `.grad` while the
               micro-batches accumulate (fp16 with fp32 accumulation: each `.grad` is added into an fp32
@@ -40,12 +41,11 @@ the ZeRO stage and `data_types.grad_accum_dtype`, all three written by emit/deep
               (:3118, 4/d; the same tensor when A is 4); the flat copy is dropped (:3119), then the `.grad`s
               (:3126-3128) before the torch optimizer steps (:3139). E + (2A + C + 12)/d and the straddling
               `.grad`s (C = 4 for a 16-bit A, else 0): E + 20/d every time, 2 + 20/d in bf16 (the `.grad`s 2/d,
-              the bf16 partition 2/d, its fp32 copy 4/d, master and moments 12/d), 4 + 20/d in fp32. The state
-              priced is the larger of the two sets (measured at DP 1 and 2 in bf16 and fp32, reading every line
-              of that step: at DP 1 in bf16 the step's 2 + 20 outweighs the 2 + 2 + 12 held through the
-              micro-batches when the bucket is left out). Its gradient hooks (registered
-              with contiguous_gradients, on by default: :713-715, zero/config.py:102) allocate a reduce bucket of
-              `reduce_bucket_size` elements in the gradient's element type at a step's first backward
+              the bf16 partition 2/d, its fp32 copy 4/d, master and moments 12/d), 4 + 20/d in fp32 (measured at
+              DP 1 and 2 in bf16 and fp32, reading every line of that step: at DP 1 in bf16 the step's 2 + 20
+              outweighs the 2 + 2 + 12 held through the micro-batches when the bucket is left out). Its gradient
+              hooks (registered with contiguous_gradients, on by default: :713-715, zero/config.py:102) allocate a
+              reduce bucket of `reduce_bucket_size` elements in the gradient's element type at a step's first backward
               (`setup_buckets`, :3256-3269, from the hooks :1354-1372) and hold it, beside the activations of the
               micro-batches still in flight, until the reduction after the last backward releases it (:924-927,
               :1061); the reduction allocates a second one (`reduce_gradients`, :963-968).
@@ -60,6 +60,11 @@ master partition, Adam's moments, the step's fp32 gradient partition and the ZeR
 parameter (deepspeed_padding_elements,
 deepspeed_padding_bytes_per_element). Fewer than 2 x DP elements a stage, priced to the element as
 cost/ddp_buffer.py prices Megatron-Core's padding.
+
+Every optimizer's step runs after ReduceGrads, when the activations are gone: what it holds (the FP16 and BF16
+optimizers' fp32 gradient copies, the ZeRO optimizer's set above; deepspeed_step_bytes_per_param) is a candidate
+for the stage's peak of its own (cost/memory.py), not added to the set held with the activations
+(deepspeed_state_bytes_per_param).
 
 d is the mesh's DP degree. DeepSpeed refuses fp16 on CPU, so the fp16 rows are read in the source, not measured
 here. The torch optimizer and FP16_UnfusedOptimizer step on every parameter and gather nothing; the BF16 and ZeRO
@@ -129,19 +134,18 @@ def deepspeed_shards_optimizer(precision: str, settings) -> bool:
 
 
 def deepspeed_state_bytes_per_param(precision: str, dp: int, settings) -> dict[str, float]:
-    """Bytes per parameter DeepSpeed's engine holds through a step's micro-batches (for the torch, BF16 and FP16
-    optimizers, the most it holds, their step included), as {"weights", "gradients", "optimizer"} (the module
-    docstring gives each term's source); the ZeRO optimizer's step holds another set
-    (deepspeed_step_bytes_per_param)."""
+    """Bytes per parameter DeepSpeed's engine holds through a step's micro-batches, as {"weights", "gradients",
+    "optimizer"} (the module docstring gives each term's source); the optimizer's step may hold another set
+    (deepspeed_step_bytes_per_param), once the activations are gone."""
     E = float(element_bytes(precision))
     kind = deepspeed_optimizer(precision, settings)
     if kind == "torch":
         return {"weights": E, "gradients": E, "optimizer": float(ADAM_MOMENT_BYTES)}
-    if kind == "fp16":      # fp32 master weights and moments on every rank; the step's fp32 copy of every .grad
-        return {"weights": E, "gradients": E, "optimizer": float(FP32 + ADAM_MOMENT_BYTES + FP32)}
+    if kind == "fp16":      # fp32 master weights and moments on every rank
+        return {"weights": E, "gradients": E, "optimizer": float(FP32 + ADAM_MOMENT_BYTES)}
     if kind == "bf16":
         return {"weights": E, "gradients": E + _accumulation_bytes(precision, settings),
-                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(precision, settings)) / dp}
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
     return {"weights": E, "gradients": float(_accumulation_bytes(precision, settings)),
             "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
 
@@ -162,12 +166,22 @@ def _step_gradient_copy_bytes(precision: str, settings) -> int:
 
 
 def deepspeed_step_bytes_per_param(precision: str, dp: int, settings) -> dict[str, float] | None:
-    """Bytes per parameter the ZeRO optimizer holds at the largest point of its step (stage_1_and_2.py:3119; module
-    docstring): the reduce bucket and the `.grad`s outside the rank's partition freed, those inside (A/d), the flat
-    partition copied from them (A/d) and its fp32 copy (4/d, none when A is 4) held beside master and moments;
-    the straddling tensors' `.grad`s beyond the partition are deepspeed_step_fixed_bytes. None for the other
-    optimizers, whose step adds to what they hold (deepspeed_state_bytes_per_param counts it)."""
-    if deepspeed_optimizer(precision, settings) != "zero":
+    """Bytes per parameter the optimizer holds at the largest point of its step (module docstring), when that is
+    not what it holds through the micro-batches: the ZeRO optimizer's (stage_1_and_2.py:3119) with the reduce bucket
+    and the `.grad`s outside the rank's partition freed, those inside (A/d), the flat partition copied from them
+    (A/d) and its fp32 copy (4/d, none when A is 4) held beside master and moments (the straddling tensors'
+    `.grad`s beyond the partition are deepspeed_step_fixed_bytes); the FP16 optimizer's set with the fp32 copy of
+    every `.grad` (unfused_optimizer.py:216-222); the BF16 optimizer's with the fp32 copy of its gradient partition
+    from a 16-bit accumulation buffer (bf16_optimizer.py:417). None: the torch optimizer, the BF16 optimizer with
+    fp32 accumulation (their step allocates nothing but Adam's moments, held from the first step on)."""
+    kind = deepspeed_optimizer(precision, settings)
+    held = deepspeed_state_bytes_per_param(precision, dp, settings)
+    if kind == "fp16":
+        return {**held, "optimizer": held["optimizer"] + FP32}
+    if kind == "bf16":
+        copy = _step_gradient_copy_bytes(precision, settings)
+        return {**held, "optimizer": held["optimizer"] + copy / dp} if copy else None
+    if kind != "zero":
         return None
     return {"weights": float(element_bytes(precision)), "gradients": _step_gradient_bytes(precision, settings) / dp,
             "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
@@ -229,12 +243,13 @@ def deepspeed_padding_bytes_per_element(precision: str, dp: int, settings,
     and :3113-3126: `partition_size` is the padded buffer's over DP), with the ZeRO step's flat partition and the
     `averaged_gradients` it is copied from (a zero tensor of the padding on the last rank, :2890-2891). The
     `.grad`s and ZeRO's `grad_accum` are per parameter, not padded; the torch and FP16 optimizers flatten nothing.
-    `at_step`: the ZeRO optimizer's set at its step (deepspeed_step_bytes_per_param)."""
+    `at_step`: the set at the optimizer's step (deepspeed_step_bytes_per_param)."""
     kind = deepspeed_optimizer(precision, settings)
     E = float(element_bytes(precision))
     if kind == "bf16":
+        copy = _step_gradient_copy_bytes(precision, settings) if at_step else 0
         return {"weights": E, "gradients": float(_accumulation_bytes(precision, settings)),
-                "optimizer": (FP32 + ADAM_MOMENT_BYTES + _step_gradient_copy_bytes(precision, settings)) / dp}
+                "optimizer": (FP32 + ADAM_MOMENT_BYTES + copy) / dp}
     if kind == "zero":
         return {"weights": E, "gradients": _step_gradient_bytes(precision, settings) / dp if at_step else 0.0,
                 "optimizer": (FP32 + ADAM_MOMENT_BYTES) / dp}
@@ -265,15 +280,12 @@ def deepspeed_reduction_terms(precision: str, dp: int, settings) -> tuple:
         return sum(per.values()), fixed, float(E), True, dp, 0.0
     if kind == "fp16":      # the same fallback over the fp16 .grads (the step's fp32 copies are not formed yet),
         # flattened, and converted to the communication type when that is fp32 (engine.py:3796-3801)
-        step_copy = FP32
-        return (sum(per.values()) - step_copy, fixed, float(E + (communication if communication != E else 0)), True,
-                dp, 0.0)
+        return sum(per.values()), fixed, float(E + (communication if communication != E else 0)), True, dp, 0.0
     if kind == "bf16":
         accumulation = _accumulation_bytes(precision, settings)
-        step_copy = _step_gradient_copy_bytes(precision, settings) / dp        # formed in the step, not yet
         copy = float(communication) if communication != accumulation else 0.0
         # the copy converts the whole flat accumulation buffer, its padding included (engine.py:3800-3801)
-        return sum(per.values()) - step_copy, fixed, copy, False, dp, padding - step_copy + copy
+        return sum(per.values()), fixed, copy, False, dp, padding + copy
     return sum(per.values()), 2 * fixed, 0.0, False, dp, padding     # the second reduce bucket
 
 

@@ -7,10 +7,12 @@ cost/activations.py; this module sums a stage: its parameters, the activations o
 flight, unfused attention's backward gradients and score buffer (cost/activations.py), the first and last stages'
 extras (token ids, the loss's tensors over the logits: `cross_entropy_bytes`),
 in fp8 Transformer Engine's fp8 copies of the GEMM weights, DeepSpeed's pipe buffers and the runtime's
-overheads. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more before an overlapped
-cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py checks every stage of
-real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what the ranks hold,
-measured (runtime/memory_meter.py).
+overheads. The state held through the micro-batches is summed with the activations; what only the gradient
+reduction after the last backward or the optimizer's step holds (cost/model_state.py) is a candidate for the peak of
+its own, once the activations are gone. Under 1F1B stage i of p holds min(p - i, m) micro-batches in flight, more
+before an overlapped cross-cluster boundary (its warm-up depth, plan/pipeline.py). tests/test_memory_dryrun.py
+checks every stage of real dry runs (TP 1/2, DP 1/2, every recompute mode, the production settings) against what
+the ranks hold, measured (runtime/memory_meter.py).
 
 Beyond the tensors, a real job holds its runtime's context, the collective library's buffers, workspaces and
 the allocator's fragmentation (spec/overheads.py): a cluster's measured figures when its inventory entry gives
@@ -86,7 +88,7 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
                  seq_length: int | None, E: int, impl: LayerImpl, precision: str | None = None) -> tuple:
     """stage_memory_bytes' terms that do not depend on the layer count, the in-flight count or the buffers: (bytes per
     element of the state as (key, value) pairs (state_bytes_per_element), the fixed state bytes as (key, value)
-    pairs (state_fixed_bytes), the state at the optimizer's step as (bytes per parameter as pairs:
+    pairs (state_fixed_bytes), the state at the optimizer's step as (bytes per element as pairs:
     state_bytes_at_step_per_param, (E, settings, precision, the stage's largest tensors) for the bytes of its
     straddling tensors: state_fixed_bytes_at_step; empty: the same set), (DP, the bytes per element of
     DeepSpeed's flat-buffer padding held and at the step as pairs: state_padding_per_element; empty: none), one
@@ -170,11 +172,13 @@ def _configuration(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, f
 
 
 def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> tuple:
-    """stage_memory_bytes without its dict: (params, the state held as (bytes per element, elements per part or None:
-    per parameter, fixed bytes, DeepSpeed's flat-buffer padding bytes per part), state, activations kept,
-    activations, reserved, pipe buffers, gradient reduction, fp8 weight copies: in the state) of a configuration
-    (`_configuration`) holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The
-    search reads only the total, many thousand times (stage_memory_reader, job_stage_memory_reader)."""
+    """stage_memory_bytes without its dict: (params, the state held through the micro-batches as (bytes per element,
+    elements per part or None: per parameter, fixed bytes, DeepSpeed's flat-buffer padding bytes per part), state,
+    activations kept, activations, reserved, pipe buffers, gradient reduction, optimizer step, the state at the
+    step, fp8 weight copies: in the state) of a configuration (`_configuration`) holding `layers`, `in_flight`
+    micro-batches and `boundary_buffers` boundary tensors. The peak is state + activations + gradient reduction +
+    optimizer step. The search reads only that, many thousand times (stage_memory_reader,
+    job_stage_memory_reader)."""
     (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, (buffer, backward, scratch),
      first_saved, head,
      logits_grad, pipe, previous, fp8_copies, reduction, tensor, overhead, ddp) = cfg
@@ -192,18 +196,17 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     held = (per, counts, fixed, pad_held)
     if fixed:
         state += sum(v for _, v in fixed)
-    if at_step:                                      # a different set while the optimizer steps: the larger
+    fp8 = layers * fp8_copies       # held through the micro-batches and the step alike
+    state += fp8
+    stepping = state
+    if at_step:                                      # a different set while the optimizer steps
         step_per, (E, step_settings, precision, tensors) = at_step
         # the straddling tensors' gradients: which can cross a boundary depends on the partition's size
         step_fixed = tuple(state_fixed_bytes_at_step(E, dp, step_settings, params, tensors, precision).items())
-        stepping = sum([params * v for _, v in step_per]) + sum(v for _, v in step_fixed)
+        stepping = sum([(params if counts is None else counts[k]) * v for k, v in step_per]) \
+            + sum(v for _, v in step_fixed) + fp8
         if pad_step:
-            pad_step = tuple((k, pad * v) for k, v in pad_step)
-            stepping += sum(v for _, v in pad_step)
-        if stepping > state:
-            state, held = stepping, (step_per, None, step_fixed, pad_step)
-    fp8 = layers * fp8_copies       # held through the micro-batches and the step alike
-    state += fp8
+            stepping += sum(pad * v for _, v in pad_step)
     saved = in_flight * layers * act + layers * previous
     # Recomputation re-materialises one layer (or its MLP) at a time in the backward pass; on the last stage
     # that happens after the head's backward has freed the logits, so the two do not add (max below)
@@ -226,14 +229,17 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     saved += pipe_kept
     workspace += pipe.workspace
     acts = saved + workspace
-    # The third candidate for the peak: the state held while the gradient reduction after the last backward
-    # runs, with its buffers, when the activations are gone (state_bytes_at_reduction): what it holds above the
-    # state and activations of the other two, 0 when they hold more
+    # Two more candidates for the peak, each when the activations are gone: the state held while the gradient
+    # reduction after the last backward runs, with its buffers (state_bytes_at_reduction), and the state at the
+    # optimizer's step, which runs after it (state_bytes_at_step_per_param: the fp32 gradient copies the step
+    # makes and frees before the next forward). Each is reported as what it holds above the candidates before it,
+    # 0 when they hold more, so that the parts add up to the peak
     above = 0.0
     if reduction is not None:
         above = max(0.0, deepspeed_held_at_reduction(*reduction, params) - (state + acts))
-    reserved = overhead.bytes(state + acts + above)
-    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, fp8
+    step_above = max(0.0, stepping - (state + acts + above))
+    reserved = overhead.bytes(state + acts + above + step_above)
+    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, step_above, stepping, fp8
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
@@ -247,8 +253,9 @@ def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size:
                          dtype_bytes, impl, overhead, precision=precision)
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        _, _, state, _, acts, reserved, _, above, _ = _reading(cfg, layers, in_flight, boundary_buffers)
-        return state + acts + above + reserved
+        _, _, state, _, acts, reserved, _, above, step_above, _, _ = _reading(cfg, layers, in_flight,
+                                                                            boundary_buffers)
+        return state + acts + above + step_above + reserved
     return total
 
 
@@ -257,9 +264,11 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
                        seq_length: int | None = None, dtype_bytes: int = 2,
                        boundary_buffers: int = 0, impl: LayerImpl = TRANSFORMER_ENGINE,
                        overhead: RuntimeOverhead | None = None, precision: str | None = None) -> dict[str, float]:
-    """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer, fp8_weight_copies
-    (Transformer Engine's, in fp8 training: cost/model_state.py FP8_WEIGHT_COPY_BYTES; 0 otherwise),
-    weights_grads_optimizer (these four), activations, reserved, total. `model.vocab_size` is the padded vocabulary
+    """Bytes on the busiest device of a stage; keys: params, weights, gradients, optimizer (as held through the
+    micro-batches, beside the activations), fp8_weight_copies (Transformer Engine's, in fp8 training:
+    cost/model_state.py FP8_WEIGHT_COPY_BYTES; 0 otherwise), weights_grads_optimizer (these four), activations,
+    gradient_reduction, optimizer_step, reserved, total (weights_grads_optimizer + activations + gradient_reduction +
+    optimizer_step + reserved: the peak). `model.vocab_size` is the padded vocabulary
     that runs (plan.vocab_padding.padded_vocab_size); `settings` the mesh's RuntimeSettings (sequence parallelism, the
     optimizer's sharding, the gradient buffer's dtype and the dropouts are read from it). boundary_buffers: whole
     (sequence x micro-batch x hidden) tensors the stage holds for an overlapped cross-cluster boundary beyond its
@@ -270,6 +279,11 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
     `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds
     the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine).
+    `optimizer_step`: what the state held while the optimizer steps exceeds those three (0 when it does not):
+    the fp32 gradient copies Megatron-Core's optimizer steps on when the gradient buffer is not fp32, DeepSpeed's
+    FP16 and BF16 optimizers' and its ZeRO optimizer's step set (state_bytes_at_step_per_param), which exist only
+    inside the step, after the activations are gone. `state_at_step`: the bytes of that set (weights, gradients,
+    optimizer state and fp8 copies; weights_grads_optimizer when the step allocates nothing more).
     `precision`: the training precision (precision_of: None = what dtype_bytes implies), which only DeepSpeed's
     optimizers read (fp16 and bf16 build different ones)."""
     cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
@@ -279,14 +293,15 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, fp8 = _reading(
-        cfg, layers, in_flight, boundary_buffers)
+    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, step_above, stepping, fp8 = \
+        _reading(cfg, layers, in_flight, boundary_buffers)
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
         parts[k] += v
     return {"params": params, **parts, "fp8_weight_copies": fp8, "weights_grads_optimizer": state,
             "activations": acts, "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above,
-            "reserved": reserved, "total": state + acts + above + reserved}
+            "optimizer_step": step_above, "state_at_step": stepping, "reserved": reserved,
+            "total": state + acts + above + step_above + reserved}
 
 
 # ---- a job another framework runs ------------------------------------------------------------------------
@@ -330,6 +345,6 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _, above, _ = _reading(cfg, layers, in_flight, 0)
-        return state + acts + above + reserved + extra * params
+        params, _, state, _, acts, reserved, _, above, step_above, _, _ = _reading(cfg, layers, in_flight, 0)
+        return state + acts + above + step_above + reserved + extra * params
     return total

@@ -14,13 +14,18 @@ CPU dry runs). Megatron-Core's own allocations, per element of its DDP buffer (c
     master weights   4 (16-bit training)         the optimizer's fp32 copy; none in fp32 training, where the
                                                  parameter is its own master
     Adam moments     8                           exp_avg and exp_avg_sq in fp32
-    fp32 gradients   4, only when the gradient buffer is not fp32: the optimizer steps on `.float()` copies of
-                     the (shard of the) gradients
+    fp32 gradients   4, only when the gradient buffer is not fp32, and only while the optimizer steps: it steps
+                     on `.float()` copies of the (shard of the) gradients, made in step()
+                     (`_copy_model_grads_to_main_grads`, distrib_optimizer.py:2782, optimizer.py:1097) and set to
+                     None by zero_grad (distrib_optimizer.py:2558-2588, optimizer.py:1048-1061), which Megatron-LM's
+                     train_step (and runtime/train.py) calls before the next step's forward: the activations are
+                     gone when they exist, so they are the step's set (state_bytes_at_step_per_param), not held
 
 the last three per parameter element in the busiest DP rank's shard with the distributed optimizer (ZeRO-1: each
 DP rank owns one piece of every bucket, and its optimizer state covers the parameters' elements there, not the
 padding), per parameter without it. Up to that padding this is Megatron's own `theoretical_memory_usage` (6 +
-12/d bytes per parameter in bf16 with the distributed optimizer over d DP ranks, 18 without; `state_bytes_per_param`).
+12/d bytes per parameter in bf16 with the distributed optimizer over d DP ranks, 18 without; `state_bytes_per_param`;
+its formula counts no fp32 gradient copy either).
 The padding (every parameter starting on a 64-element boundary, every bucket's end on a multiple of lcm(DP, 128))
 is fewer than lcm(DP, 128) elements a bucket at real widths, but a 32-element bias of the dry run's --tiny widths
 takes 64 elements.
@@ -81,9 +86,14 @@ def state_bytes_per_element(dtype_bytes: int, dp: int, settings, precision: str 
         return deepspeed_state_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
     grad = grad_buffer_bytes(dtype_bytes, settings)
     master = FP32 if dtype_bytes < FP32 else 0
-    fp32_grad_copy = FP32 if grad < FP32 else 0
-    return {"weights": float(dtype_bytes), "gradients": float(grad),
-            "optimizer": float(master + ADAM_MOMENT_BYTES + fp32_grad_copy)}
+    return {"weights": float(dtype_bytes), "gradients": float(grad), "optimizer": float(master + ADAM_MOMENT_BYTES)}
+
+
+def _step_gradient_copy_bytes(dtype_bytes: int, settings) -> int:
+    """Megatron-Core's fp32 copy of each gradient its optimizer steps on, per element of its shard: only when the
+    gradient buffer is not fp32 (`.float()` of an fp32 main_grad is the buffer itself); made in step(), freed by
+    the next zero_grad (module docstring)."""
+    return FP32 if grad_buffer_bytes(dtype_bytes, settings) < FP32 else 0
 
 
 def state_elements(buffer: StageBuffer) -> dict[str, int]:
@@ -152,12 +162,20 @@ def state_bytes_at_step_per_param(dtype_bytes: int, dp: int, settings,
     """Bytes per parameter held while the optimizer steps, when that is a different set than the one held through
     the micro-batches (state_bytes_per_param + state_fixed_bytes): DeepSpeed's ZeRO optimizer frees the reduce
     bucket and the gradients outside the rank's partition, copies those inside into a flat partition and that
-    into the fp32 partition it steps on (cost/deepspeed_state.py), with state_fixed_bytes_at_step. The state
-    priced is the larger of the two; None: one set (Megatron-Core, whose figures already include the step's
-    copies)."""
+    into the fp32 partition it steps on, and its FP16 and BF16 optimizers add an fp32 copy of the gradients
+    (cost/deepspeed_state.py), with state_fixed_bytes_at_step; Megatron-Core's optimizer adds its fp32 gradient
+    copies (4 per element of its shard, when the gradient buffer is not fp32). The step runs after the last
+    backward, when the activations are gone: cost/memory.py prices this set as a candidate for the peak of its own,
+    beside the micro-batches' set with the activations. None: one set (the step allocates nothing more). Per element
+    `state_elements` counts under Megatron-Core (its optimizer shard for the copies), per parameter under
+    DeepSpeed."""
     if settings.optimizer_state == "deepspeed":
         return deepspeed_step_bytes_per_param(precision_of(dtype_bytes, precision), dp, settings)
-    return None
+    copy = _step_gradient_copy_bytes(dtype_bytes, settings)
+    if not copy:
+        return None
+    held = state_bytes_per_element(dtype_bytes, dp, settings, precision)
+    return {**held, "optimizer": held["optimizer"] + copy}
 
 
 def state_fixed_bytes_at_step(dtype_bytes: int, dp: int, settings, params: float, tensors: tuple[float, float],

@@ -172,7 +172,8 @@ def available_host_bytes() -> int | None:
 def check_host_memory(run_plan, *, tiny: bool) -> None:
     """Refuse, before any process starts, a dry run the memory model says this machine cannot hold: every rank
     is a process here, so the run needs the sum of the ranks' predicted memory (weights, gradients, optimizer
-    state, activations and the logits' workspace, in fp32): a lower bound, without each process's own torch and
+    state, activations and the logits' workspace, in fp32, or what the gradient reduction or the optimizer's step
+    hold beyond them once the activations are gone): a lower bound, without each process's own torch and
     Megatron or a container's limit below the host's MemAvailable. Without it the kernel kills the ranks one by
     one and the run fails minutes later with nothing to say why."""
     have = available_host_bytes()
@@ -183,7 +184,7 @@ def check_host_memory(run_plan, *, tiny: bool) -> None:
     for i, mesh in enumerate(run_plan.meshes):
         for local in range(mesh.num_devices):
             want = predicted[(i, local // (mesh.tp * mesh.dp))]
-            need += sum(want[k] for k in MEMORY_PARTS) + want["activation_workspace"]
+            need += sum(want[k] for k in MEMORY_PARTS) + want["activation_workspace"] + want["after_backward"]
     if need <= have:
         return
     from ..errors import InputError
@@ -229,8 +230,12 @@ def predicted_stage_memory(plan) -> dict:
                 # transients, not saved tensors: what the loss holds beyond its softmax at its peaks (cost/memory.py
                 # cross_entropy_bytes), an engine's pipe workspace
                 transient = b["activations"] - b["activations_saved"]
+                # what the gradient reduction and the optimizer's step hold above the state and activations
+                # (cost/memory.py): part of the peak, but not of any part the run measures
+                after = b["gradient_reduction"] + b["optimizer_step"]
                 out[(i, sim)] = ({k: b[k] for k in MEMORY_PARTS} |
                                  {"activations": b["activations_saved"], "activation_workspace": transient,
+                                  "after_backward": after,
                                   "in_flight": in_flight[s], "stage": s})
     return out
 

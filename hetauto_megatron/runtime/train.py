@@ -253,7 +253,11 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
     clock.uninstall()
     comm.staging.close()       # the communication thread (accelerators): every send completed in end_step
     shared = replicas.held_values([ddp]) if replicas is not None else []
-    state = state_storages(model, ddp, opt)      # after a step: Adam's moments exist
+    # after a step (Adam's moments exist), as the next step's forward holds it: zero_grad frees the fp32 gradient
+    # copies the step made (16-bit gradient buffers), as train_step does before each forward; the memory model
+    # prices those copies in the step's set, apart from the activations (cost/memory.py)
+    opt.zero_grad()
+    state = state_storages(model, ddp, opt)
     memory = {k: state[k] for k in ("weights", "gradients", "optimizer")}
     memory.update(activations=meter.peak, allocator_peak=alloc.get("peak", 0))
     if on_device:       # the device's own readings (this process alone on it): the allocator's peaks from the
