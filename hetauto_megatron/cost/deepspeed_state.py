@@ -292,10 +292,20 @@ def deepspeed_reduction_terms(precision: str, dp: int, settings) -> tuple:
 def deepspeed_held_at_reduction(terms: tuple, largest_tensor: float, params: float) -> float:
     """Bytes held while the reduction runs for a stage of `params` parameters: deepspeed_reduction_terms' terms,
     the stage's largest parameter tensor (largest_param_tensor)."""
+    return min(deepspeed_held_at_reduction_pieces(terms, largest_tensor, params))
+
+
+def deepspeed_held_at_reduction_pieces(terms: tuple, largest_tensor: float, params: float) -> tuple[float, ...]:
+    """deepspeed_held_at_reduction as the smallest of these, each affine in the stage's parameters (but for the
+    few padding elements): the flat copy of every parameter's gradient and, when the copy is cut, of
+    ALLREDUCE_BUFFER_ELEMENTS and one more tensor. Apart so that the memory caps (plan/memory_caps.py) can fit
+    each piece's line; a smallest of lines is not one line."""
     per, fixed, copy, cut, dp, padding = terms
-    elements = min(params, ALLREDUCE_BUFFER_ELEMENTS + largest_tensor) if cut else params
     pad = deepspeed_padding_elements(params, dp) if padding else 0
-    return per * params + fixed + copy * elements + padding * pad
+    whole = per * params + fixed + copy * params + padding * pad
+    if not cut:
+        return (whole,)
+    return whole, per * params + fixed + copy * (ALLREDUCE_BUFFER_ELEMENTS + largest_tensor) + padding * pad
 
 
 def largest_param_tensor(model: ModelSpec, tp: int, first: bool, last: bool) -> float:

@@ -28,8 +28,8 @@ from ..spec.model import ModelSpec
 from ..spec.overheads import GIB, RuntimeOverhead, vendor_overhead
 from .activations import (TRANSFORMER_ENGINE, LayerImpl, attention_backward_bytes, layer_activation_bytes, mask_bytes,
                           recompute_buffer_bytes, score_buffer_bytes)
-from .deepspeed_state import (deepspeed_held_at_reduction, deepspeed_padding_elements, deepspeed_reduction_terms,
-                              largest_param_tensor, stage_param_tensors)
+from .deepspeed_state import (deepspeed_held_at_reduction_pieces, deepspeed_padding_elements,
+                              deepspeed_reduction_terms, largest_param_tensor, stage_param_tensors)
 from .model_state import (FP32, FP8_WEIGHT_COPY_BYTES, precision_of, state_bytes_at_step_per_param,
                           state_bytes_per_element, state_counts, state_fixed_bytes, state_fixed_bytes_at_step,
                           state_padding_per_element)
@@ -175,10 +175,14 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     """stage_memory_bytes without its dict: (params, the state held through the micro-batches as (bytes per element,
     elements per part or None: per parameter, fixed bytes, DeepSpeed's flat-buffer padding bytes per part), state,
     activations kept, activations, reserved, pipe buffers, gradient reduction, optimizer step, the state at the
-    step, fp8 weight copies: in the state) of a configuration (`_configuration`) holding `layers`, `in_flight`
-    micro-batches and `boundary_buffers` boundary tensors. The peak is state + activations + gradient reduction +
-    optimizer step. The search reads only that, many thousand times (stage_memory_reader,
-    job_stage_memory_reader)."""
+    step, fp8 weight copies: in the state, the candidates for the peak) of a configuration (`_configuration`)
+    holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The peak is state +
+    activations + gradient reduction + optimizer step, the largest of the candidates: (state + activations,), the
+    pieces of the state at the gradient reduction (the smallest of them: deepspeed_held_at_reduction_pieces; none
+    without a reduction), (the state at the step,); each piece affine in the layers, the in-flight count and the
+    buffers (but for DeepSpeed's few padding elements and straddling tensors), their largest not. The search reads
+    only the peak or the candidates, many thousand times (stage_memory_reader, job_stage_memory_reader,
+    stage_memory_candidates_reader)."""
     (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, (buffer, backward, scratch),
      first_saved, head,
      logits_grad, pipe, previous, fp8_copies, reduction, tensor, overhead, ddp) = cfg
@@ -235,11 +239,15 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     # makes and frees before the next forward). Each is reported as what it holds above the candidates before it,
     # 0 when they hold more, so that the parts add up to the peak
     above = 0.0
+    reducing = ()
     if reduction is not None:
-        above = max(0.0, deepspeed_held_at_reduction(*reduction, params) - (state + acts))
+        reducing = deepspeed_held_at_reduction_pieces(*reduction, params)
+        above = max(0.0, min(reducing) - (state + acts))
     step_above = max(0.0, stepping - (state + acts + above))
     reserved = overhead.bytes(state + acts + above + step_above)
-    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, step_above, stepping, fp8
+    candidates = ((state + acts,), reducing, (stepping,)) if reducing else ((state + acts,), (stepping,))
+    return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, step_above, stepping, fp8, \
+        candidates
 
 
 def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str, first: bool,
@@ -253,10 +261,35 @@ def stage_memory_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size:
                          dtype_bytes, impl, overhead, precision=precision)
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        _, _, state, _, acts, reserved, _, above, step_above, _, _ = _reading(cfg, layers, in_flight,
-                                                                            boundary_buffers)
+        _, _, state, _, acts, reserved, _, above, step_above, _, _, _ = _reading(cfg, layers, in_flight,
+                                                                               boundary_buffers)
         return state + acts + above + step_above + reserved
     return total
+
+
+def _candidate_totals(candidates: tuple, overhead: RuntimeOverhead, extra: float = 0.0) -> tuple:
+    """_reading's candidates as totals, each piece with the runtime overhead it would bring as the peak and `extra`
+    bytes beside it: the overhead is affine and grows with what it is taken on (RuntimeOverhead.bytes), so the
+    largest candidate's total (the smallest of its pieces') is the stage's total, and each piece stays affine."""
+    return tuple(tuple(x + overhead.bytes(x) + extra for x in pieces) for pieces in candidates)
+
+
+def stage_memory_candidates_reader(model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int, recompute: str,
+                                   first: bool, last: bool, settings, vendor: str = "nvidia",
+                                   seq_length: int | None = None, dtype_bytes: int = 2,
+                                   impl: LayerImpl = TRANSFORMER_ENGINE, overhead: RuntimeOverhead | None = None,
+                                   precision: str | None = None):
+    """stage_memory_reader's total as its candidates for the peak, a function of (layers, in_flight,
+    boundary_buffers) giving a tuple of candidates, each a tuple of pieces, each affine (_reading): the total is
+    the largest candidate's smallest piece (with its overhead: _candidate_totals). The memory caps
+    (plan/memory_caps.py) fit each piece's line, as the largest of lines is not one line."""
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, settings, vendor, seq_length,
+                         dtype_bytes, impl, overhead, precision=precision)
+    over = cfg[-2]
+
+    def candidates(layers: int, in_flight: int, boundary_buffers: int = 0) -> tuple:
+        return _candidate_totals(_reading(cfg, layers, in_flight, boundary_buffers)[-1], over)
+    return candidates
 
 
 def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro_batch_size: int,
@@ -293,7 +326,7 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, step_above, stepping, fp8 = \
+    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, step_above, stepping, fp8, _ = \
         _reading(cfg, layers, in_flight, boundary_buffers)
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
@@ -345,6 +378,21 @@ def job_stage_memory_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: in
     extra = job.extra_bytes_per_param
 
     def total(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:
-        params, _, state, _, acts, reserved, _, above, step_above, _, _ = _reading(cfg, layers, in_flight, 0)
+        params, _, state, _, acts, reserved, _, above, step_above, _, _, _ = _reading(cfg, layers, in_flight, 0)
         return state + acts + above + step_above + reserved + extra * params
     return total
+
+
+def job_stage_memory_candidates_reader(job: JobMemory, model: ModelSpec, *, tp: int, dp: int, micro_batch_size: int,
+                                       recompute: str, first: bool, last: bool, vendor: str = "nvidia",
+                                       seq_length: int | None = None, overhead: RuntimeOverhead | None = None):
+    """job_stage_memory_reader's total as its candidates (stage_memory_candidates_reader), the framework's bytes
+    per parameter beside each (outside the overhead, as job_stage_memory_bytes adds them)."""
+    cfg = _configuration(model, tp, dp, micro_batch_size, recompute, first, last, job.settings, vendor, seq_length,
+                         job.dtype_bytes, job.impl, overhead, gradient_reduction=False)
+    extra, over = job.extra_bytes_per_param, cfg[-2]
+
+    def candidates(layers: int, in_flight: int, boundary_buffers: int = 0) -> tuple:
+        r = _reading(cfg, layers, in_flight, 0)
+        return _candidate_totals(r[-1], over, extra * r[0])
+    return candidates

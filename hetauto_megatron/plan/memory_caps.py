@@ -8,42 +8,47 @@ from . import memory_fit
 
 class CapTable:
     """Memory caps of one stage configuration for every in-flight count and boundary-buffer count, without
-    re-running the memory model for each: a stage's memory is affine in its layer count (from one layer on), in
-    its in-flight micro-batches and in the boundary tensors it holds, with a layers x in-flight term (the
-    activations), so five readings of the memory model give it everywhere. A sixth reading, away from those,
-    checks the shape; if the memory model ever stops having it, every count is asked of
-    memory_fit.max_layers_in_memory directly. Three more, taken only when a stage cannot hold even one layer, give
-    the zero-layer memory (affine in the in-flight count and the buffers) that tells a cap of 0 from -1."""
+    re-running the memory model for each. A stage's peak is the largest of a few candidates (cost/memory.py
+    `_reading`: the state with the activations, the state at DeepSpeed's gradient reduction, the state at the
+    optimizer's step, and a memory job's), the reduction's the smallest of two pieces; each piece, with the runtime
+    overhead it would bring as the peak, is affine in the layer count (from one layer on), in the in-flight
+    micro-batches and in the boundary tensors the stage holds, with a layers x in-flight term (the activations). So
+    five readings of the candidates (memory_fit.stage_memory_candidates) give each piece's line everywhere, and the
+    cap is the smallest over the candidates of the largest over their pieces of the count its line allows: one
+    line fitted through the largest candidate misses the kinks between them (a stage of llama2-7b under DeepSpeed
+    fp16 on an H800 was allowed 23 layers, which need 98.4 GiB of its 80). A sixth reading, away from those,
+    checks every line; if the memory model ever stops having that shape, every count is asked of
+    memory_fit.max_layers_in_memory directly. Where not even one layer fits, the memory of zero layers, read,
+    tells a cap of 0 from -1."""
 
     def __init__(self, model, prof, first: bool, last: bool):
         self.model, self.prof, self.first, self.last = model, prof, first, last
         self.caps: dict[tuple, int] = {}          # (in-flight, buffers) -> cap, buffers > 0
         self.limit = prof.memory_cap
         self.row: list[int] = []                  # by in-flight count, no buffers (most asks); None: not yet
+        self._total = None                        # the total's reader, for zero layers (read when a cap is below 1)
 
-        need = self.reading = memory_fit.stage_memory_reader(model, prof, first, last)   # (n, f, buffers)
-        self._zero = None               # zero layers: a + c * f + e * buffers (read when a cap is below 1)
-        m11, m21, m12, m22 = need(1, 1), need(2, 1), need(1, 2), need(2, 2)
-        d = (m22 - m12) - (m21 - m11)                         # layers x in-flight
-        b = (m21 - m11) - d                                   # per layer
-        c = (m12 - m11) - d                                   # per in-flight micro-batch
-        a = m11 - b - c - d                                   # one layer and none in flight, less a layer
-        self.coef = (a, b, c, d, need(1, 1, 1) - m11)         # ... and per boundary tensor
-        probe = need(7, 5, 3)
-        self.affine = abs(self._need(7, 5, 3) - probe) <= 1e-9 * max(probe, 1.0)
+        need = memory_fit.stage_memory_candidates(model, prof, first, last)   # (n, f, buffers) -> candidates
+        m11, m21, m12, m22, m111, probe = (need(1, 1), need(2, 1), need(1, 2), need(2, 2), need(1, 1, 1),
+                                           need(7, 5, 3))
+        lines, affine = [], True
+        for i, probes in enumerate(probe):
+            pieces = []
+            for j, at in enumerate(probes):
+                p11, p21, p12, p22 = m11[i][j], m21[i][j], m12[i][j], m22[i][j]
+                d = (p22 - p12) - (p21 - p11)                     # layers x in-flight
+                b = (p21 - p11) - d                               # per layer
+                c = (p12 - p11) - d                               # per in-flight micro-batch
+                a = p11 - b - c - d                               # one layer and none in flight, less a layer
+                line = (a, b, c, d, m111[i][j] - p11)             # ... and per boundary tensor
+                pieces.append(line)
+                affine = affine and abs(self._line(line, 7, 5, 3) - at) <= 1e-9 * max(at, 1.0)
+            lines.append(tuple(pieces))
+        self.lines, self.affine = tuple(lines), affine
 
-    @property
-    def zero(self) -> tuple:
-        if self._zero is None:
-            need = self.reading
-            z1, z2 = need(0, 1), need(0, 2)
-            self._zero = (z1 - (z2 - z1), z2 - z1, need(0, 1, 1) - z1)
-        return self._zero
-
-    def _need(self, n: int, f: int, buf: int = 0) -> float:
-        if n == 0:
-            return self.zero[0] + self.zero[1] * f + self.zero[2] * buf
-        a, b, c, d, e = self.coef
+    @staticmethod
+    def _line(line: tuple, n: int, f: int, buf: int = 0) -> float:
+        a, b, c, d, e = line
         return a + b * n + c * f + d * n * f + e * buf
 
     def in_flight_caps(self, to_end: int, m: int, k: int) -> list[int]:
@@ -84,16 +89,34 @@ class CapTable:
         """The cap for f in flight and buf boundary tensors (uncached: `cap` and the rows remember it)."""
         if not self.affine:
             return memory_fit.max_layers_in_memory(self.model, self.prof, f, self.first, self.last, buf)
-        # memory_fit.layers_that_fit written out on the affine need, where its step lands on the edge (so the same
-        # caps as its bisection): the search asks it tens of thousands of times
-        a, b, c, d, e = self.coef
-        limit = self.limit
-        n = 1
-        if a + b * n + c * f + d * n * f + e * buf > limit:
-            return -1 if self._need(0, f, buf) > limit else 0
-        if b + d * f <= 0:
+        n = None                        # None: no candidate's line grows with the layers
+        for pieces in self.lines:       # the peak must fit as every candidate, as any one of its pieces
+            caps = [self._line_cap(line, f, buf) for line in pieces]
+            if None in caps:            # a piece that never outgrows the memory: neither does the candidate
+                continue
+            if n is None or max(caps) < n:
+                n = max(caps)
+            if n is not None and n < 1:
+                break
+        if n is None:
             return self.model.num_layers
-        n = 1 + int((limit - (a + b * n + c * f + d * n * f + e * buf)) // (b + d * f))
+        if n < 1:
+            if self._total is None:
+                self._total = memory_fit.stage_memory_reader(self.model, self.prof, self.first, self.last)
+            return -1 if self._total(0, f, buf) > self.limit else 0
+        return min(n, memory_fit.cap_ceiling(self.model.num_layers))      # as memory_fit.layers_that_fit stops
+
+    def _line_cap(self, line: tuple, f: int, buf: int):
+        """The largest n >= 1 one line allows, 0 if not one layer, None if it does not grow with the layers:
+        memory_fit.layers_that_fit written out on the line, where its step lands on the edge (so the same caps as
+        its bisection): the search asks it tens of thousands of times."""
+        a, b, c, d, e = line
+        limit = self.limit
+        if a + b + c * f + d * f + e * buf > limit:
+            return 0
+        if b + d * f <= 0:
+            return None
+        n = 1 + int((limit - (a + b + c * f + d * f + e * buf)) // (b + d * f))
         while n > 1 and a + b * n + c * f + d * n * f + e * buf > limit:
             n -= 1
         while a + b * (n + 1) + c * f + d * (n + 1) * f + e * buf <= limit:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 from ..cost.activations import (DRY_RUN_IMPL, TRANSFORMER_ENGINE, TRANSFORMER_ENGINE_UNFUSED_ATTENTION,
                                 TRANSFORMER_ENGINE_UNFUSED_ATTENTION_FP32, LayerImpl)
 from ..cost.deepspeed_layers import deepspeed_pipeline_impl
-from ..cost.memory import (JobMemory, job_stage_memory_bytes, job_stage_memory_reader, stage_memory_bytes,
+from ..cost.memory import (JobMemory, job_stage_memory_bytes, job_stage_memory_candidates_reader,
+                           job_stage_memory_reader, stage_memory_bytes,
+                           stage_memory_candidates_reader as _stage_candidates_reader,
                            stage_memory_reader as _stage_reader)
 from ..cost.sailor_job import SAILOR_ELEMENT_BYTES
 from ..spec.inventory import Inventory
@@ -114,6 +116,29 @@ def stage_memory_reader(model: ModelSpec, prof: StageProfile, first: bool, last:
     def larger(layers: int, in_flight: int, boundary_buffers: int = 0) -> float:     # it must fit both ways
         return max(total(layers, in_flight, boundary_buffers), job(layers, in_flight))
     return larger
+
+
+def stage_memory_candidates(model: ModelSpec, prof: StageProfile, first: bool, last: bool):
+    """stage_memory_reader's total as its candidates for the peak (cost/memory.py stage_memory_candidates_reader):
+    a function of (layers, in_flight, boundary_buffers) giving a tuple of candidates, each a tuple of pieces that
+    are each affine in the three; the total is the largest candidate's smallest piece. With a memory job, that
+    job's candidates too (the stage must fit both ways). What the memory caps (plan/memory_caps.py) fit: the total
+    is the largest of several lines, and one line fitted through it misses the kinks between them."""
+    dev = prof.cluster.device
+    own = _stage_candidates_reader(model, tp=prof.tp, dp=prof.dp, micro_batch_size=prof.micro_batch_size,
+                                   recompute=prof.recompute, first=first, last=last, settings=prof.settings,
+                                   vendor=dev.vendor, dtype_bytes=dev.dtype_bytes, impl=layer_impl(prof),
+                                   overhead=prof.cluster.overhead, precision=dev.precision)
+    if prof.memory_job is None:
+        return own
+    job = job_stage_memory_candidates_reader(prof.memory_job, model, tp=prof.tp, dp=prof.dp,
+                                             micro_batch_size=prof.micro_batch_size, recompute=prof.recompute,
+                                             first=first, last=last, vendor=dev.vendor,
+                                             overhead=prof.cluster.overhead)
+
+    def both(layers: int, in_flight: int, boundary_buffers: int = 0) -> tuple:
+        return own(layers, in_flight, boundary_buffers) + job(layers, in_flight)
+    return both
 
 
 def sailor_deepspeed_job() -> JobMemory:
