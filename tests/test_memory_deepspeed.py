@@ -16,7 +16,9 @@ less the weights, gradients and optimizer state and whatever was alive before th
 as each backward pass starts (where a TP > 1 stage has rebuilt its whole output and the received gradient, the
 model's workspace). Predicted: the memory model's activations kept (`activations_saved`: the layers the planner
 prices a DeepSpeed stage with, plan/memory_fit.py layers_of, and the pipe buffers) and its pipe buffers, kept and
-with the workspace, for the same stage. Target: every stage within 10 %, each of the three.
+with the workspace, for the same stage. Target: every stage within 10 %, each of the three. And what each rank holds
+beside its state as the optimizer step starts (OptimizerStep's boundary, after the last backward), against the
+model's `pipe_buffers_at_step`, which the step's candidate for the peak adds to the step set.
 """
 import json
 
@@ -75,8 +77,12 @@ def _measure(engine, module, model):
         held = {p: b for p, b in held_storages(exclude).items() if p not in saved}
         return sum(saved.values()), sum(held.values())
 
+    at_step = []
+
     def wrap(fn, name):
         def run(self, *args, **kwargs):
+            if name == "OptimizerStep":     # what the engine still holds as the step starts, beside the state
+                at_step.append(read())
             result = fn(self, *args, **kwargs)
             if name not in ("OptimizerStep", "ReduceGrads", "ReduceTiedGrads"):   # gradient and optimizer state
                 rows.append((name, *read()))
@@ -120,7 +126,8 @@ def _measure(engine, module, model):
         dsp.TransformerLayer.forward = forward
     name, saved, held = max(rows, key=lambda r: r[1] + r[2])
     return {"stage": engine.stage_id, "at": name, "saved": saved, "engine": held,
-            "engine_in_backward": max(backward_entries), "layer_forwards": forwards[0]}
+            "engine_in_backward": max(backward_entries), "layer_forwards": forwards[0],
+            "at_step": at_step}
 
 
 def _tp1_rank(rank, world_size, model, configs):
@@ -202,17 +209,46 @@ def tp2_run():
 def _predicted(model, *, tp_engine, layers, first, last, in_flight, settings, recompute="none"):
     """The memory model's kept activations, kept pipe buffers and pipe buffers with the backward's workspace, of a
     stage whose layers run at TP 1."""
+    return _predicted_with_step(model, tp_engine=tp_engine, layers=layers, first=first, last=last,
+                                in_flight=in_flight, settings=settings, recompute=recompute)[:3]
+
+
+def _predicted_with_step(model, *, tp_engine, layers, first, last, in_flight, settings, recompute="none"):
+    """_predicted's three, and what the engine holds beside the state through the optimizer step."""
     b = stage_memory_bytes(model, layers=layers, tp=1, dp=1, micro_batch_size=MBS, recompute=recompute,
                            in_flight=in_flight, first=first, last=last, settings=settings, dtype_bytes=4,
                            impl=layers_of(settings, CPU))
     if tp_engine == 1:      # (no workspace at TP 1)
-        return b["activations_saved"], b["pipe_buffers"], b["pipe_buffers"]
+        return b["activations_saved"], b["pipe_buffers"], b["pipe_buffers"], b["pipe_buffers_at_step"]
     # the engine partitions over its model axis of 2; the replicated layers' logits are the whole vocabulary
     s, E = model.seq_length, 4
     pipe = deepspeed_pipe_buffers(tp_engine, s * MBS * model.hidden_size * E, s * MBS * model.vocab_size * E,
                                   first, last)
     kept = in_flight * pipe.per_in_flight + pipe.fixed
-    return b["activations_saved"] - b["pipe_buffers"] + kept, kept, kept + pipe.workspace
+    assert recompute == "none"
+    return b["activations_saved"] - b["pipe_buffers"] + kept, kept, kept + pipe.workspace, pipe.at_step
+
+
+def _ids_bytes(model, stage, stages):
+    """The int64 token ids (first stage) and labels (last) the engine keeps per slot, which the model does not
+    count (cost/pipe_buffers.py): a few hundred bytes here, but beside a 1/TP receive buffer alone at the step
+    more than the tolerance. Slots: TrainSchedule.num_pipe_buffers."""
+    slots = max(2, min(stages - stage, MICRO))
+    return 8 * model.seq_length * MBS * slots * ((stage == 0) + (stage == stages - 1))
+
+
+def _check_at_step(rows):
+    """What each rank holds beside its state as OptimizerStep starts (after the last backward: the autograd
+    graphs the last stage's slots keep, and the engine's buffers) against the model's pipe_buffers_at_step.
+    Before the model counted it (the step's candidate for the peak was the state alone) every stage held more
+    than predicted: its receive buffer, and on the last stage two logits and four boundary tensors."""
+    for where, predicted, got, ids in rows:
+        measured = sum(got["at_step"][0])
+        print(f"{where}: held at the optimizer step predicted {predicted / 1024:.1f} / measured "
+              f"{measured / 1024:.1f} KiB ({ids} bytes of token ids and labels)")
+    for where, predicted, got, ids in rows:
+        (saved, held), = got["at_step"]
+        assert saved + held - ids == pytest.approx(predicted, rel=TOLERANCE), (where, predicted, got, ids)
 
 
 def _check(rows):
@@ -260,6 +296,36 @@ def test_every_stage_at_tp2_within_10_percent(tp2_run):
     _check(rows)
 
 
+def test_what_the_engine_holds_at_the_optimizer_step_tp1(tp1_run):
+    """The step's candidate for the peak is the step set plus what the engine still holds (cost/memory.py
+    _reading): every stage of the TP 1 run, within 10 %."""
+    plan, results = tp1_run
+    p = len(results)
+    settings = as_run_by(resolve_settings(1, ZERO0), "deepspeed")
+    rows = []
+    for r in results:
+        i = r["stage"]
+        predicted = _predicted_with_step(plan.model, tp_engine=1, layers=plan.stage_layers[i], first=i == 0,
+                                         last=i == p - 1, in_flight=min(p - i, MICRO), settings=settings)[3]
+        rows.append(((1, i), predicted, r, _ids_bytes(plan.model, i, p)))
+    _check_at_step(rows)
+
+
+def test_what_the_engine_holds_at_the_optimizer_step_tp2(tp2_run):
+    """As at TP 1, the engine's transfers partitioned over TP 2 (its receive buffer is 1/TP; the last stage's
+    received inputs whole)."""
+    model, results = tp2_run
+    settings = as_run_by(resolve_settings(1, ZERO0), "deepspeed")
+    per = model.num_layers // TP2_STAGES
+    rows = []
+    for rank, r in enumerate(results):
+        i = r["stage"]
+        predicted = _predicted_with_step(model, tp_engine=2, layers=per, first=i == 0, last=i == TP2_STAGES - 1,
+                                         in_flight=min(TP2_STAGES - i, MICRO), settings=settings)[3]
+        rows.append(((2, i, rank), predicted, r, _ids_bytes(model, i, TP2_STAGES)))
+    _check_at_step(rows)
+
+
 def test_selective_recompute_runs_and_is_priced_as_full_under_deepspeed(tmp_path, tp1_run):
     """DeepSpeed checkpoints whole layers only: a plan asking for selective recomputation is emitted with
     activation_checkpoint_interval 1, and `simulate --engine deepspeed` prices it as full recomputation
@@ -289,6 +355,12 @@ def test_selective_recompute_runs_and_is_priced_as_full_under_deepspeed(tmp_path
         print(f"stage {i}, recomputing: activations predicted {predicted / 1024:.0f} / measured "
               f"{measured / 1024:.0f} KiB (peak at {r['at']})")
         assert measured == pytest.approx(predicted, rel=TOLERANCE), (i, predicted, r)
+    # at the step the last stage's two slots keep both micro-batches' graphs, their checkpoints included
+    # (measured: 2 micro-batches x 2 layers x 10,112 bytes more than without recomputation)
+    _check_at_step([((1, r["stage"]), _predicted_with_step(
+        plan.model, tp_engine=1, layers=plan.stage_layers[r["stage"]], first=r["stage"] == 0, last=r["stage"] == 2,
+        in_flight=min(3 - r["stage"], MICRO), settings=settings, recompute="full")[3], r,
+        _ids_bytes(plan.model, r["stage"], 3)) for r in results])
     for r, p in zip(sorted(results, key=lambda r: r["stage"]), sorted(plain, key=lambda r: r["stage"])):
         layers = plan.stage_layers[r["stage"]]
         print(f"stage {r['stage']}: {r['layer_forwards']} layer forwards with recompute, {p['layer_forwards']} without")

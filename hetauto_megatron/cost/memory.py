@@ -179,7 +179,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The peak is state +
     activations + gradient reduction + optimizer step, the largest of the candidates: (state + activations,), the
     pieces of the state at the gradient reduction (the smallest of them: deepspeed_held_at_reduction_pieces; none
-    without a reduction), (the state at the step,); each piece affine in the layers, the in-flight count and the
+    without a reduction), (the state at the step + what DeepSpeed's engine holds through it,); each piece affine in the layers, the in-flight count and the
     buffers (but for DeepSpeed's few padding elements and straddling tensors), their largest not. The search reads
     only the peak or the candidates, many thousand times (stage_memory_reader, job_stage_memory_reader,
     stage_memory_candidates_reader)."""
@@ -243,9 +243,13 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     if reduction is not None:
         reducing = deepspeed_held_at_reduction_pieces(*reduction, params)
         above = max(0.0, min(reducing) - (state + acts))
-    step_above = max(0.0, stepping - (state + acts + above))
+    # DeepSpeed's engine keeps some pipe buffers through the step (cost/pipe_buffers.py: the receive buffer; on the
+    # last stage both slots' logits and their backpropagated micro-batches' inputs, input gradients and, under full
+    # recomputation, checkpoints): beside the step set, not part of the state it reports (0 under Megatron's engine)
+    step_peak = stepping + pipe.at_step + 2 * layers * previous
+    step_above = max(0.0, step_peak - (state + acts + above))
     reserved = overhead.bytes(state + acts + above + step_above)
-    candidates = ((state + acts,), reducing, (stepping,)) if reducing else ((state + acts,), (stepping,))
+    candidates = ((state + acts,), reducing, (step_peak,)) if reducing else ((state + acts,), (step_peak,))
     return params, held, state, saved, acts, reserved, pipe_kept + pipe.workspace, above, step_above, stepping, fp8, \
         candidates
 
@@ -309,13 +313,16 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     (plan/pipeline_memory.py `side_buffers` counts them; not the one it runs on, its input, which the activations
     count). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
-    DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine).
+    DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine);
+    `pipe_buffers_at_step`: what it still holds through the optimizer step (in `optimizer_step`'s candidate).
     `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds
     the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine).
     `optimizer_step`: what the state held while the optimizer steps exceeds those three (0 when it does not):
     the fp32 gradient copies Megatron-Core's optimizer steps on when the gradient buffer is not fp32, DeepSpeed's
     FP16 and BF16 optimizers' and its ZeRO optimizer's step set (state_bytes_at_step_per_param), which exist only
-    inside the step, after the activations are gone. `state_at_step`: the bytes of that set (weights, gradients,
+    inside the step, after the activations are gone, with what DeepSpeed's pipeline engine still holds then
+    (cost/pipe_buffers.py `at_step`, and the last stage's checkpoints of two micro-batches under full
+    recomputation). `state_at_step`: the bytes of that set (weights, gradients,
     optimizer state and fp8 copies; weights_grads_optimizer when the step allocates nothing more).
     `precision`: the training precision (precision_of: None = what dtype_bytes implies), which only DeepSpeed's
     optimizers read (fp16 and bf16 build different ones)."""
@@ -326,13 +333,14 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
 
 def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> dict[str, float]:
     """stage_memory_bytes' dict of a configuration (`_configuration`)."""
-    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, step_above, stepping, fp8, _ = \
-        _reading(cfg, layers, in_flight, boundary_buffers)
+    params, (per, counts, fixed, padding), state, saved, acts, reserved, pipe, above, step_above, stepping, fp8, \
+        candidates = _reading(cfg, layers, in_flight, boundary_buffers)
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
         parts[k] += v
     return {"params": params, **parts, "fp8_weight_copies": fp8, "weights_grads_optimizer": state,
-            "activations": acts, "activations_saved": saved, "pipe_buffers": pipe, "gradient_reduction": above,
+            "activations": acts, "activations_saved": saved, "pipe_buffers": pipe,
+            "pipe_buffers_at_step": candidates[-1][0] - stepping, "gradient_reduction": above,
             "optimizer_step": step_above, "state_at_step": stepping, "reserved": reserved,
             "total": state + acts + above + step_above + reserved}
 
