@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         print(f"hetauto {args.command}: interrupted", file=sys.stderr)
+        json_error(args, 130, "interrupted", "interrupted (Ctrl-C) before it finished")
         return 130
 
 

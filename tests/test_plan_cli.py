@@ -732,6 +732,44 @@ def test_ctrl_c_during_a_search_keeps_the_best_so_far(tmp_path, search, wait_for
     assert ("--explain skipped after the Ctrl-C" in stderr) is ("--explain" in search), stderr
 
 
+def test_ctrl_c_under_json_still_gives_an_object_on_stdout(tmp_path):
+    """A command stopped by Ctrl-C under --json: one error object on stdout (kind "interrupted", exit 130), as for
+    every other failure; before, stdout stayed empty. The command waits to read its plan from a named pipe nobody
+    writes, so the signal always lands while it runs."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fifo = tmp_path / "plan.yaml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+                             "signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+                             os.path.join(os.path.dirname(sys.executable), "hetauto"), "simulate", "--plan", str(fifo),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        # until it waits on the pipe: its open() of a pipe with no writer blocks in the kernel (wchan
+        # wait_for_partner)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/wchan") as fh:
+                    if "partner" in fh.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, stderr
+    assert json.loads(stdout)["error"]["kind"] == "interrupted", stdout
+    assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
 def test_a_cluster_left_out_as_unable_stays_out_when_the_plan_is_priced_or_replanned(tmp_path, capsys):
     """The peers' same-zone inventory trains in bf16 only on its A100s (the V100-16 has no bf16): `plan
     --exclude-clusters v100` leaves the V100s out. Pricing that plan on the same inventory (simulate, explain,

@@ -230,6 +230,11 @@ def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):
     r = run_hetauto(*PLAN, "--inventory", priced, "--max-devices", "1", "--tp", "fast=1")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     assert "the constraint that binds: --max-devices 1" in r.stderr
+    # for scripts: the binding flag is the field and its lifting the fix (the miss's own "add devices" was the fix)
+    r = run_hetauto(*PLAN, "--inventory", priced, "--max-devices", "1", "--tp", "fast=1", "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 3 and err["field"] == "--max-devices", err
+    assert "--max-devices" in err["fix"] and "Add devices" not in err["message"], err
 
 
 def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_path):

@@ -62,7 +62,7 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
     import dataclasses as dc
 
     from ..errors import InfeasibleError
-    from ..plan.constraints import check_floor, describe
+    from ..plan.constraints import FLAGS, check_floor, describe
     from ..plan.multi_search import search_shapes
     from ..plan.search import search
     try:
@@ -71,13 +71,14 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
         con = cfg.constraints
         if not con.active:
             raise
-        binding = []
+        binding, flags = [], []
         for name in con.active:
             trial = dc.replace(cfg, constraints=con.without(name), iterations=min(cfg.iterations or 400, 400),
                                progress=False, local_search=False)
             try:
                 check_floor(model, trial.constraints, search(model, inventory, gbs, cost_model, trial).iteration_time_s)
                 binding.append(describe(con, name))
+                flags.append(FLAGS.get(name, name))
             except InfeasibleError:
                 pass
         where = (f"the constraint that binds: {'; '.join(binding)} (without it a plan fits)" if len(binding) == 1
@@ -85,10 +86,13 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
                  else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
         # The binding constraint is the news; the closest miss under the constraints follows as detail.
         under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
-        if binding:         # the miss quoted whole, its fix with it
-            if exc.fix:
-                raise exc.reworded(f"{under}. Within them: {exc.reason}", said=f"{exc.said}.") from None
-            raise exc.reworded(f"{under}. Within them: {exc.reason.rstrip('.')}.") from None
+        if binding:
+            # the binding constraint is what to change (the miss's own fix, e.g. "add devices" under --max-devices 1,
+            # would not help): it is the paragraph's fix and, for scripts, the field
+            fix = (f"loosen or drop {flags[0]} (without it a plan fits)" if len(flags) == 1
+                   else f"loosen or drop any one of {', '.join(flags)} (without any one of them a plan fits)")
+            raise InfeasibleError(f"{under}. Within them: {exc.reason.rstrip('.')}.", file=exc.file, field=flags[0],
+                                  fix=fix) from None
         # none binds: the constraints are said before the miss's own fix, which ends the paragraph ("Fix: ...")
         raise exc.reworded(f"{exc.reason.rstrip('.')}. {under[0].upper()}{under[1:]}.") from None
 
