@@ -152,3 +152,17 @@ def test_survivors_name_the_rank_that_went_away(tmp_path, dead):
         assert f"{gone} went away first" in text, text
         assert "pair.cc" not in text and "Traceback" not in text and "GLHF" not in text, text
         assert text.startswith(f"PeerError: {describe_rank(plan, rank)}"), text
+
+
+def test_a_rank_named_first_that_stopped_on_a_loss_itself_is_named(tmp_path):
+    """The probe answers a word for most ranks, but ("stopping", [ranks it named]) for a rank that stopped on a loss
+    itself; naming such a rank among those that went away first looked its answer up as a key, and the survivor's
+    paragraph became "TypeError: unhashable type: 'list'" (seen once in the test above, rank 0 lost: which answer a
+    survivor meets depends on the order the ranks fail in)."""
+    from types import SimpleNamespace
+
+    from hetauto_megatron.runtime.liveness import _named
+    (tmp_path / "plan.yaml").write_text(FOUR_RANKS)
+    plan = load_plan(str(tmp_path / "plan.yaml"))
+    text = _named(SimpleNamespace(plan=plan), [0, 1], {0: ("stopping", [3]), 1: "silent", 2: "gone"})
+    assert text == f"{describe_rank(plan, 0)}, {describe_rank(plan, 1)} (its node does not answer)", text

@@ -86,13 +86,17 @@ def search_explained(model, inventory, gbs, cost_model, cfg, shapes="all"):
                  else "no single constraint binds: lifting any one of them alone still leaves nothing feasible")
         # The binding constraint is the news; the closest miss under the constraints follows as detail.
         under = f"under the constraints {'; '.join(describe(con, n) for n in con.active)}, {where}"
-        if binding:
-            # the binding constraint is what to change (the miss's own fix, e.g. "add devices" under --max-devices 1,
-            # would not help): it is the paragraph's fix and, for scripts, the field
+        if binding and exc.field is None:
+            # a miss that points nowhere (memory: its fix, "add devices", would not help under --max-devices 1): the
+            # binding constraint is what to change, the paragraph's fix and, for scripts, the field
             fix = (f"loosen or drop {flags[0]} (without it a plan fits)" if len(flags) == 1
                    else f"loosen or drop any one of {', '.join(flags)} (without any one of them a plan fits)")
             raise InfeasibleError(f"{under}. Within them: {exc.reason.rstrip('.')}.", file=exc.file, field=flags[0],
                                   fix=fix) from None
+        if binding:         # the miss points at its input (an inventory's links): quoted whole, its fix with it
+            if exc.fix:
+                raise exc.reworded(f"{under}. Within them: {exc.reason}", said=f"{exc.said}.") from None
+            raise exc.reworded(f"{under}. Within them: {exc.reason.rstrip('.')}.") from None
         # none binds: the constraints are said before the miss's own fix, which ends the paragraph ("Fix: ...")
         raise exc.reworded(f"{exc.reason.rstrip('.')}. {under[0].upper()}{under[1:]}.") from None
 

@@ -209,7 +209,10 @@ def collective_failure(liveness: Liveness, exc: BaseException, head: str | None 
 
 def _named(ctx, ranks: list[int], found: dict | None = None) -> str:
     """'rank 1 (cluster b, stage 1), rank 3 (...)', each with what the probe `found` adds to it (_NOTE)."""
-    return ", ".join(describe_rank(ctx.plan, r) + _NOTE.get((found or {}).get(r), "") for r in ranks)
+    # (a state is a word, or ("stopping", [ranks it named]) for a rank that stopped on a loss itself: no note, and
+    # not a key: its list made the lookup a TypeError, the paragraph of a survivor that probed such a rank)
+    notes = {r: _NOTE.get(state, "") for r, state in (found or {}).items() if isinstance(state, str)}
+    return ", ".join(describe_rank(ctx.plan, r) + notes.get(r, "") for r in ranks)
 
 
 # What a stopping rank's listener answers once the rank has exited: a process of its own, given the listening
