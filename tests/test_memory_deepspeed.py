@@ -283,17 +283,19 @@ def test_every_stage_at_tp1_within_10_percent(tp1_run):
     assert max(r["engine"] / (r["saved"] + r["engine"]) for _, _, r in rows) > TOLERANCE
 
 
-def test_every_stage_at_tp2_within_10_percent(tp2_run):
+def _tp2_stages(tp2_run):
+    """Each rank of the TP 2 run: (where, its result, its stage's arguments to _predicted / _predicted_with_step)."""
     model, results = tp2_run
     settings = as_run_by(resolve_settings(1, ZERO0), "deepspeed")
     per = model.num_layers // TP2_STAGES
-    rows = []
     for rank, r in enumerate(results):
         i = r["stage"]
-        rows.append(((2, i, rank), _predicted(model, tp_engine=2, layers=per, first=i == 0,
-                                              last=i == TP2_STAGES - 1, in_flight=min(TP2_STAGES - i, MICRO),
-                                              settings=settings), r))
-    _check(rows)
+        yield (2, i, rank), r, dict(model=model, tp_engine=2, layers=per, first=i == 0, last=i == TP2_STAGES - 1,
+                                    in_flight=min(TP2_STAGES - i, MICRO), settings=settings)
+
+
+def test_every_stage_at_tp2_within_10_percent(tp2_run):
+    _check([(where, _predicted(**stage), r) for where, r, stage in _tp2_stages(tp2_run)])
 
 
 def test_what_the_engine_holds_at_the_optimizer_step_tp1(tp1_run):
@@ -314,15 +316,8 @@ def test_what_the_engine_holds_at_the_optimizer_step_tp1(tp1_run):
 def test_what_the_engine_holds_at_the_optimizer_step_tp2(tp2_run):
     """As at TP 1, the engine's transfers partitioned over TP 2 (its receive buffer is 1/TP; the last stage's
     received inputs whole)."""
-    model, results = tp2_run
-    settings = as_run_by(resolve_settings(1, ZERO0), "deepspeed")
-    per = model.num_layers // TP2_STAGES
-    rows = []
-    for rank, r in enumerate(results):
-        i = r["stage"]
-        predicted = _predicted_with_step(model, tp_engine=2, layers=per, first=i == 0, last=i == TP2_STAGES - 1,
-                                         in_flight=min(TP2_STAGES - i, MICRO), settings=settings)[3]
-        rows.append(((2, i, rank), predicted, r, _ids_bytes(model, i, TP2_STAGES)))
+    rows = [(where, _predicted_with_step(**stage)[3], r, _ids_bytes(stage["model"], where[1], TP2_STAGES))
+            for where, r, stage in _tp2_stages(tp2_run)]
     _check_at_step(rows)
 
 
