@@ -14,11 +14,6 @@ its fitted rate absorbs that).
 from __future__ import annotations
 
 
-def causal_mask(torch, seq: int, device):
-    """The dry run's causal mask (runtime/train.py): [1, 1, s, s], True = masked."""
-    return torch.tril(torch.ones(1, 1, seq, seq, device=device)) < 0.5
-
-
 def megatron_local_attention(torch, q, k, v, mask):
     """Context [s, b, heads x d] of q [s, b, heads, d] and k, v [s, b, kv_heads, d], as Megatron's local
     DotProductAttention computes it (see above)."""

@@ -32,7 +32,7 @@ def _time_layer_rank(rank: int, world_size: int, plan, timing: dict, threads: in
 
     from .profile import Runner
     from ..runtime.groups import build_groups, set_megatron_globals
-    from ..runtime.model import build_model, transformer_config
+    from ..runtime.model import build_model, causal_mask, transformer_config
     from ..runtime.rendezvous import init_distributed
 
     torch.set_num_threads(threads)
@@ -45,7 +45,7 @@ def _time_layer_rank(rank: int, world_size: int, plan, timing: dict, threads: in
     s = spec.seq_length
     # Megatron's layout: [sequence, batch, hidden]; the dry run's causal mask (True = masked) and rotary table.
     x = torch.randn(s, mbs, spec.hidden_size).mul_(0.1).requires_grad_(True)
-    mask = torch.tril(torch.ones(1, 1, s, s)) < 0.5
+    mask = causal_mask(s)
     rope = model.rotary_pos_emb(s) if spec.position_embedding == "rope" else None
     params = [p for p in layer.parameters() if p.requires_grad]
 

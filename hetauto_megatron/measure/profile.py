@@ -36,7 +36,8 @@ from ..spec.devices import DeviceType
 from ..cost import features as F
 from ..cost.learned import PROFILE_FORMAT, read_profile
 from ..cost.learned.profile_merge import holds_grid, profile_grids
-from .attention import causal_mask, megatron_local_attention
+from ..runtime.model import causal_mask
+from .attention import megatron_local_attention
 from .grids import GRIDS, LAYER_GRIDS, granularity, grid_entry, grid_ops, layer_shapes, with_unfused_attention
 
 
@@ -110,7 +111,7 @@ class Runner:
         if k == "attention_unfused":     # Megatron's layout: [s, b, heads, d]
             q = p(op.seq, op.batch, op.heads, op.head_dim)
             kk, v = p(op.seq, op.batch, op.kv_heads, op.head_dim), p(op.seq, op.batch, op.kv_heads, op.head_dim)
-            mask = causal_mask(t, op.seq, dev)
+            mask = causal_mask(op.seq, dev)
             return [q, kk, v], lambda: megatron_local_attention(t, q, kk, v, mask)
         if k == "norm":
             x, w = p(op.tokens, op.n), p(op.n)
@@ -152,7 +153,7 @@ class Runner:
         w_qkv, w_proj = p((heads + 2 * kv) * d, h), p(h, heads * d)
         w_fc1, w_fc2 = p((2 if shape.gated else 1) * ffn, h), p(h, ffn)
         cos, sin = self._rotary_tables(s, d)
-        mask = causal_mask(t, s, self.device)
+        mask = causal_mask(s, self.device)
 
         def fwd():
             qkv = nnf.linear(nnf.rms_norm(x, (h,), n1, 1e-5), w_qkv).view(b, s, heads + 2 * kv, d)

@@ -43,6 +43,13 @@ def shrink_model(spec: ModelSpec, plan) -> ModelSpec:
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def causal_mask(seq: int, device="cpu"):
+    """Megatron's causal attention mask as the dry run, the layer timing and the profiler give it: [1, 1, s, s],
+    True = masked (the local attention fills those scores with -10000 before its softmax)."""
+    import torch
+    return torch.tril(torch.ones(1, 1, seq, seq, device=device)) < 0.5
+
+
 def torch_dtype(precision: str):
     import torch
     return getattr(torch, TORCH_DTYPES[precision])

@@ -110,7 +110,7 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
     from .gradients import count_grad_norm_once, make_finalize_model_grads
     from .groups import set_megatron_globals
     from .memory_meter import state_storages
-    from .model import build_model, transformer_config
+    from .model import build_model, causal_mask, transformer_config
     from .op_timing import OpClock
 
     set_megatron_globals(ctx)
@@ -172,7 +172,7 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
     first, last = c.sample_start, c.sample_stop   # this replica's samples of every step
     dev = ctx.device
     positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
-    causal = torch.tril(torch.ones(1, 1, seq, seq, device=dev)) < 0.5  # True = masked
+    causal = causal_mask(seq, dev)
 
     # Megatron-LM's result validation (its default --rerun-mode validate_results), as its training loop runs it:
     # the loss function rejects a NaN or infinite loss, and after each forward-backward pass every rank learns
