@@ -27,10 +27,16 @@ def test_every_packaged_run_is_composed_with_the_learned_model(rows):
 
 def test_whole_iteration_error_reaches_sailors_simulator(rows):
     """The job as it ran (fp32, GEMMs on TF32: 4-byte transfers, all-gathers and all-reduces), the learned layers
-    fitted in the same element size: 7.1 % over the 26 runs (OPT-350 8.1 %, GPT-Neo 5.7 %); 7.0 % while the fit read
-    the GH200 runs as 2-byte, 9.5 % while the plans were bf16 (docs/cost-model-learned.md)."""
-    errs = [abs(S.error_pct(x)) for x in rows[0]]
-    assert sum(errs) / len(errs) <= S.SAILOR_SIMULATOR_MAPE
+    fitted in the same element size. Sailor's 8.9 % is its simulator's error on its OPT-350 runs, so those runs are
+    held to it on their own (the GPT-Neo runs, predicted closer, must not average a miss away), and every run
+    together to the same figure (docs/cost-model-learned.md: 5.8 % over the 26 runs, OPT-350 6.0 %, GPT-Neo 5.6 %)."""
+    def mape(xs):
+        errs = [abs(S.error_pct(x)) for x in xs]
+        return sum(errs) / len(errs)
+    opt = [x for x in rows[0] if x["run"]["model"].upper().startswith("OPT")]
+    assert len(opt) >= 10, sorted({x["run"]["model"] for x in rows[0]})
+    assert mape(opt) <= S.SAILOR_SIMULATOR_MAPE
+    assert mape(rows[0]) <= S.SAILOR_SIMULATOR_MAPE
 
 
 def test_whole_iterations_at_micro_batch_4_to_8_within_10_percent(rows):
