@@ -198,7 +198,7 @@ def test_replan_keeps_the_old_plans_objective_and_constraints(priced, tmp_path):
     (("--recompute", "fast=most"), "--recompute", "none, selective, full"),
     (("--tp", "fast=3"), "--tp", "1, 2, 4, 8"),
     (("--use-clusters", "fast", "--exclude-clusters", "fast"), "--exclude-clusters", "drop fast"),
-    (("--micro-batch-size", "3"), "--micro-batch-size", "power of two"),
+    (("--micro-batch-size", "3"), "--micro-batch-size", "divisor of --global-batch-size 64: 1, 2, 4, 8"),
     (("--max-iteration-s", "0"), "--max-iteration-s", "--max-iteration-s 30"),
     (("--max-iteration-s", "nan"), "--max-iteration-s", "--max-iteration-s 30"),
 ])

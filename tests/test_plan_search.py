@@ -3,7 +3,7 @@ import os
 import signal
 
 import pytest
-from helpers import side_by_side, small_inventory as _inv
+from helpers import run_hetauto, side_by_side, small_inventory as _inv
 
 from hetauto_megatron.errors import InfeasibleError
 from hetauto_megatron.plan.layout_pricing import layout_to_plan
@@ -197,17 +197,25 @@ def test_small_trees_are_enumerated_exactly():
 
 @pytest.mark.parametrize("params_b", [1.7, 7.1])
 def test_search_plan_is_predicted_no_slower_than_the_published_megatron_run(params_b):
-    """Against a published row, not the code itself: on the published run's cluster, model and global batch
-    (its era's software), the search's plan must be predicted at most 20 % slower than the iteration time
-    Megatron-LM published (20 %: the worst held-out error the analytic model is held to)."""
-    from hetauto_megatron.plan.calibration import era_cost_model, published_runs
-    run = next(r for r in published_runs() if r.params_b == params_b)
+    """Against a published row, not the code itself: with the constants fitted on the OTHER published runs (this
+    one held out), the run's own configuration is predicted within 20 % of the iteration time Megatron-LM published
+    (20 %: the worst held-out error the analytic model is held to; both ways, so a model that prices everything
+    too fast fails here), and on the run's cluster, model and global batch (its era's software) the search finds a
+    plan that model prices no slower than that configuration, hence at most 20 % slower than the published time."""
+    from hetauto_megatron.plan.calibration import era_cost_model, fit_constants, predict, published_runs
+    runs = published_runs()
+    run = next(r for r in runs if r.params_b == params_b)
+    held_out = fit_constants([r for r in runs if r is not run])
+    cost = era_cost_model(run, held_out)
+    published_config = predict(run, cost_model=cost)
+    assert abs(published_config / run.published_s - 1) <= 0.20, (published_config, run.published_s)
     gpus = run.tp * run.pp * run.dp
     inv = inventory_from_dict({"clusters": [{
         "name": "c", "device": run.device, "nodes": gpus // 8, "devices_per_node": 8,
         "intra_node": {"bandwidth_gbps": run.intra_node_gbps, "latency_us": 5},
         "inter_node": {"bandwidth_gbps": run.inter_node_gbps, "latency_us": 10}}]})
-    r = search(run.model, inv, run.global_batch, era_cost_model(run), SearchConfig(seed=0))
+    r = search(run.model, inv, run.global_batch, cost, SearchConfig(seed=0))
+    assert r.iteration_time_s <= published_config * (1 + 1e-9), (r.choices, r.iteration_time_s, published_config)
     assert r.iteration_time_s <= 1.2 * run.published_s, (r.choices, r.iteration_time_s, run.published_s)
 
 
@@ -317,3 +325,34 @@ def test_climb_reshapes_the_mesh_a_refit_across_an_s_step_cannot_take():
     t, best = min(climb(sp, ev, start, None), key=lambda x: x[0])
     assert best == target
     assert ev.exact(ev.resolve(best)[1]).iteration_time_s == pytest.approx(3.7887, abs=5e-4)
+
+
+def test_a_step_of_the_global_batch_with_an_odd_factor_where_a_clusters_devices_have_it():
+    """S (DP x micro-batch) divides the global batch; an odd factor of it is offered only where a cluster's devices
+    (or the --max-devices budget) have that factor: 12 nodes of 8 take DP 48 or 96 at a global batch of 192 (the
+    published 7.1B run's TP 2 x DP 48), 8 + 16 devices never S = 3 or 6 (their devices could not all take part)."""
+    from hetauto_megatron.plan.constraints import Constraints
+    from hetauto_megatron.plan.space import step_sizes
+    twelve = _inv([("c", "h100-sxm", 12, 8)], [])
+    assert step_sizes(192, twelve, Constraints()) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
+    assert step_sizes(512, twelve, Constraints()) == [1, 2, 4, 8, 16, 32, 64]          # as before: powers of two
+    small = _inv([("a", "a100-80gb", 1, 8), ("b", "a100-80gb", 2, 8)], [("a", "b", 100, 1)])
+    assert step_sizes(192, small, Constraints()) == [1, 2, 4, 8, 16]
+    assert step_sizes(192, small, Constraints(max_devices=12)) == [1, 2, 3, 4, 6, 8, 12, 16, 24]
+    # a pinned micro-batch of 3: DP is S / 3 (a power of two on these clusters, at most their 24 devices)
+    assert step_sizes(192, small, Constraints(micro_batch_size=3)) == [3, 6, 12, 24, 48]
+    assert step_sizes(512, small, Constraints(micro_batch_size=4)) == [4, 8, 16, 32, 64]
+
+
+def test_a_pinned_micro_batch_of_3_plans(tmp_path):
+    """--micro-batch-size needs only to divide the global batch (Megatron-LM's own rule): 3 on 16 A100s at a
+    global batch of 48 gives meshes of micro-batch 3 whose DP x 3 steps make up the batch."""
+    import json
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("clusters:\n  - {name: a, device: a100-80gb, nodes: 2, devices_per_node: 8}\n")
+    r = run_hetauto("plan", "--model", "llama2-7b", "--inventory", str(inv), "--global-batch-size", "48",
+                    "--micro-batch-size", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    meshes = json.loads(r.stdout)["plan"]["meshes"]
+    # Megatron-LM's rule (arguments.py): the global batch is a whole number of micro-batch steps of DP x micro-batch
+    assert meshes and all(m["micro_batch_size"] == 3 and 48 % (m["dp"] * 3) == 0 for m in meshes), meshes

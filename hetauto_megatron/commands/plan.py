@@ -109,7 +109,7 @@ def add_arguments(parser) -> None:
                         "(default: the lightest that fits)")
     g.add_argument("--max-pp", type=int, metavar="N", help="at most N pipeline stages in all")
     g.add_argument("--micro-batch-size", type=int, metavar="N",
-                   help="every mesh runs micro-batches of N samples (a power of two)")
+                   help="every mesh runs micro-batches of N samples (dividing the global batch)")
     g.add_argument("--max-iteration-s", type=float, metavar="SECONDS",
                    help="a throughput floor: no plan slower than SECONDS per iteration (with --objective cost: the "
                         "cheapest plan that runs at least this fast)")

@@ -231,11 +231,12 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
         raise InputError(f"must be a number of seconds above 0, got {c.max_iteration_s}", field="--max-iteration-s",
                          fix="give the longest iteration you accept, e.g. --max-iteration-s 30, or leave it out")
     mb = c.micro_batch_size
-    if mb is not None and (mb & (mb - 1) or gbs % mb):
-        what = (f"{mb} is more than the global batch {gbs}" if mb > gbs else
-                f"{mb} is not a power of two" if mb & (mb - 1) else f"{mb} does not divide the global batch {gbs}")
-        raise InputError(f"{what} (a micro-batch step moves a power of two of samples, dividing the global batch)",
-                         field="--micro-batch-size", fix="use 1, 2, 4, ... dividing --global-batch-size")
+    if mb is not None and gbs % mb:
+        what = f"{mb} is more than the global batch {gbs}" if mb > gbs else f"{mb} does not divide the global batch {gbs}"
+        raise InputError(f"{what} (every micro-batch step moves whole micro-batches, and the steps make up the "
+                         "global batch)", field="--micro-batch-size",
+                         fix=f"use a divisor of --global-batch-size {gbs}: " + ", ".join(
+                             str(d) for d in [d for d in range(1, gbs + 1) if gbs % d == 0][:6]) + ", ...")
     if c.objective == "cost":
         missing = [x.name for x in inventory.clusters if x.name not in c.exclude_clusters
                    and x.price_per_device_hour is None]

@@ -77,6 +77,16 @@ def stage_steps(space: SearchSpace, m) -> tuple:
     return down, up
 
 
+def step_neighbours(samples: list[int], S: int) -> list[int]:
+    """The micro-batch steps one prime factor away from S (S / p, S x p) that the tree offers: halving and doubling,
+    and a factor 3 where the global batch and a cluster's devices have one (a DP of 32 -> 96)."""
+    return [S2 for S2 in samples if S2 != S and (S2 % S == 0 and _prime(S2 // S) or S % S2 == 0 and _prime(S // S2))]
+
+
+def _prime(n: int) -> bool:
+    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
 def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
     S = choices[0].dp * choices[0].micro_batch_size
     out = []
@@ -161,16 +171,14 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
                             if 0 <= j < len(choices) and (k := lower[j]) is not None:
                                 fewer = choices[:j] + (replace(choices[j], num_stages=k),) + choices[j + 1:]
                                 out.append(fewer[:i] + (mesh,) + fewer[i:])
-    for S2 in (S // 2, S * 2):
-        if S2 not in space.samples:
-            continue
+    for S2 in step_neighbours(space.samples, S):
         # each mesh absorbs the change in its DP or in its micro-batch (every combination up to four meshes)
         per_mesh = []
         for m in choices:
             opts = []
-            if S2 > S or m.dp % 2 == 0:
+            if m.dp * S2 % S == 0:
                 opts.append(replace(m, dp=m.dp * S2 // S))
-            if S2 > S or m.micro_batch_size % 2 == 0:
+            if m.micro_batch_size * S2 % S == 0:
                 opts.append(replace(m, micro_batch_size=m.micro_batch_size * S2 // S))
             per_mesh.append(opts)
         if any(not o for o in per_mesh):
@@ -187,7 +195,7 @@ def neighbours(space: SearchSpace, choices: tuple) -> list[tuple]:
             out.append(tuple(replace(r, recompute=m.recompute) for r, m in zip(refit, choices)))
         # or one mesh takes another shape at the new S (stages as its devices allow, as the tree gives them)
         # while the others absorb the change in their micro-batch: the TP/DP move across an S step
-        if all(S2 > S or m.micro_batch_size % 2 == 0 for m in choices):
+        if all(m.micro_batch_size * S2 % S == 0 for m in choices):
             absorbed = [replace(m, micro_batch_size=m.micro_batch_size * S2 // S) for m in choices]
             for i, m in enumerate(choices):
                 before = sum(x.num_stages for x in choices[:i])

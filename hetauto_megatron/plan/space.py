@@ -2,7 +2,7 @@
 
 A plan is built by a sequence of decisions, each a level of the tree:
     the clusters taking part, in pipeline order (one decision per position, then stop);
-    S, the samples per micro-batch step (= dp * micro_batch_size, equal in every mesh);
+    S, the samples per micro-batch step (= dp * micro_batch_size, equal in every mesh; `step_sizes`);
     for each mesh in pipeline order: its TP, then its DP (micro-batch = S / DP), and under the cost objective
     its number of stages.
 A mesh takes as many pipeline stages as its cluster's devices allow (devices // (TP * DP)), leaving one for
@@ -41,6 +41,25 @@ END = "<end>"
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def odd_part(n: int) -> int:
+    return n // (n & -n)
+
+
+def step_sizes(gbs: int, inventory: Inventory, con: Constraints) -> list[int]:
+    """The tree's choices of S, the samples a micro-batch step moves (DP x micro-batch): the divisors of the global
+    batch that are a multiple of a pinned micro-batch (else of 1) whose DP (S / micro-batch) is no larger than the
+    devices and whose DP's odd factor (S / 2^k) divides a cluster's device count or the --max-devices budget.
+
+    A DP of 48 on 96 devices (12 nodes of 8) is a step of 48 or 96, which a power of two never gives: without it the
+    96 H100s of Megatron-LM's published 7.1B run (TP 2 x DP 48) had to take three pipeline stages, priced 18 %
+    slower. An odd factor no cluster's devices have (S = 3 on 8 + 16 devices) could only leave devices idle, so it is
+    not offered (a smaller tree); a power-of-two global batch gives the powers of two, as the tree always had."""
+    sizes = [c.num_devices for c in inventory.clusters] + ([con.max_devices] if con.max_devices else [])
+    mb = con.micro_batch_size or 1
+    return [s for s in range(mb, min(gbs, inventory.num_devices * mb) + 1, mb)
+            if gbs % s == 0 and any(n % odd_part(s // mb) == 0 for n in sizes)]
 
 
 def _node_and_head_tps(model: ModelSpec, cluster) -> list[int]:
@@ -98,9 +117,7 @@ class SearchSpace(SpaceBounds):
             self.con = con = dataclasses.replace(con, objective="throughput")
         self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
         self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
-        self.samples = [1 << k for k in range(inventory.num_devices.bit_length())
-                        if gbs % (1 << k) == 0 and (1 << k) <= inventory.num_devices
-                        and (1 << k) >= (con.micro_batch_size or 1)]
+        self.samples = step_sizes(gbs, inventory, con)
         self.tp = {c.name: [t for t in tp_degrees(model, c) if con.tp_of(c.name) in (None, t)]
                    for c in inventory.clusters}
         self.names = [c.name for c in inventory.clusters]
