@@ -179,10 +179,10 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     holding `layers`, `in_flight` micro-batches and `boundary_buffers` boundary tensors. The peak is state +
     activations + gradient reduction + optimizer step, the largest of the candidates: (state + activations,), the
     pieces of the state at the gradient reduction (the smallest of them: deepspeed_held_at_reduction_pieces; none
-    without a reduction), (the state at the step + what DeepSpeed's engine holds through it,); each piece affine in the layers, the in-flight count and the
-    buffers (but for DeepSpeed's few padding elements and straddling tensors), their largest not. The search reads
-    only the peak or the candidates, many thousand times (stage_memory_reader, job_stage_memory_reader,
-    stage_memory_candidates_reader)."""
+    without a reduction), (the state at the step,), the last two each + what DeepSpeed's engine holds then; each
+    piece affine in the layers, the in-flight count and the buffers (but for DeepSpeed's few padding elements and
+    straddling tensors), their largest not. The search reads only the peak or the candidates, many thousand times
+    (stage_memory_reader, job_stage_memory_reader, stage_memory_candidates_reader)."""
     (params_terms, first, last, per, fixed, at_step, (dp, pad_held, pad_step), act, (buffer, backward, scratch),
      first_saved, head,
      logits_grad, pipe, previous, fp8_copies, reduction, tensor, overhead, ddp) = cfg
@@ -235,18 +235,16 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     acts = saved + workspace
     # Two more candidates for the peak, each when the activations are gone: the state held while the gradient
     # reduction after the last backward runs, with its buffers (state_bytes_at_reduction), and the state at the
-    # optimizer's step, which runs after it (state_bytes_at_step_per_param: the fp32 gradient copies the step
-    # makes and frees before the next forward). Each is reported as what it holds above the candidates before it,
-    # 0 when they hold more, so that the parts add up to the peak
+    # step after it (state_bytes_at_step_per_param: the fp32 gradient copies it makes and frees), each beside what
+    # DeepSpeed's engine holds from the last backward on (cost/pipe_buffers.py at_step: nothing frees a slot between
+    # them; 0 under Megatron's). Each is reported as what it holds above the candidates before it (0 when less)
+    after_backward = pipe.at_step + 2 * layers * previous
     above = 0.0
     reducing = ()
     if reduction is not None:
-        reducing = deepspeed_held_at_reduction_pieces(*reduction, params)
+        reducing = tuple(x + after_backward for x in deepspeed_held_at_reduction_pieces(*reduction, params))
         above = max(0.0, min(reducing) - (state + acts))
-    # DeepSpeed's engine keeps some pipe buffers through the step (cost/pipe_buffers.py: the receive buffer; on the
-    # last stage both slots' logits and their backpropagated micro-batches' inputs, input gradients and, under full
-    # recomputation, checkpoints): beside the step set, not part of the state it reports (0 under Megatron's engine)
-    step_peak = stepping + pipe.at_step + 2 * layers * previous
+    step_peak = stepping + after_backward
     step_above = max(0.0, step_peak - (state + acts + above))
     reserved = overhead.bytes(state + acts + above + step_above)
     candidates = ((state + acts,), reducing, (step_peak,)) if reducing else ((state + acts,), (step_peak,))
@@ -314,9 +312,10 @@ def stage_memory_bytes(model: ModelSpec, *, layers: int, tp: int, dp: int, micro
     count). `overhead`: the device's
     measured runtime overheads (the inventory cluster's); None: the vendor's estimates. `pipe_buffers`: what
     DeepSpeed's pipeline engine keeps (included in the activations; 0 under the Megatron engine);
-    `pipe_buffers_at_step`: what it still holds through the optimizer step (in `optimizer_step`'s candidate).
-    `gradient_reduction`: what the state held while DeepSpeed's gradient reduction runs, with its buffers, exceeds
-    the state and activations (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine).
+    `pipe_buffers_at_step`, `pipe_buffers_at_reduction`: what it still holds through the step and the gradient
+    reduction before it, as their candidates count it. `gradient_reduction`: what the state held while DeepSpeed's
+    gradient reduction runs, with its buffers and the engine's, exceeds the state and activations
+    (state_bytes_at_reduction; 0 when it does not, and under the Megatron engine).
     `optimizer_step`: what the state held while the optimizer steps exceeds those three (0 when it does not):
     the fp32 gradient copies Megatron-Core's optimizer steps on when the gradient buffer is not fp32, DeepSpeed's
     FP16 and BF16 optimizers' and its ZeRO optimizer's step set (state_bytes_at_step_per_param), which exist only
@@ -338,10 +337,12 @@ def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) 
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
         parts[k] += v
+    reduction = cfg[-4]     # (_stage_terms' last, before the boundary tensor, the overhead and the counts)
+    at_reduction = min(candidates[1]) - min(deepspeed_held_at_reduction_pieces(*reduction, params)) if reduction else 0.
     return {"params": params, **parts, "fp8_weight_copies": fp8, "weights_grads_optimizer": state,
             "activations": acts, "activations_saved": saved, "pipe_buffers": pipe,
-            "pipe_buffers_at_step": candidates[-1][0] - stepping, "gradient_reduction": above,
-            "optimizer_step": step_above, "state_at_step": stepping, "reserved": reserved,
+            "pipe_buffers_at_step": candidates[-1][0] - stepping, "pipe_buffers_at_reduction": at_reduction,
+            "gradient_reduction": above, "optimizer_step": step_above, "state_at_step": stepping, "reserved": reserved,
             "total": state + acts + above + step_above + reserved}
 
 

@@ -26,13 +26,16 @@ keeps; DeepSpeed's `PipelineEngine` keeps, per stage, in `pipe_buffers` (one slo
   workspace     with TP > 1 a stage other than the last rebuilds, for each backward, its whole output (819) and the
                 whole received gradient (834): 2 boundary tensors while the backward runs.
 
-At the optimizer step (after the schedule's last backward; the engine clears no slot at the end of a step) every
-  output has been freed by its backward and every received activation by its SendGrad: a stage holds its receive
-  buffer, and the last stage its two slots' logits, and now both slots hold a backpropagated micro-batch whose
-  graph keeps its received input and that input's gradient: 2 logits + 4 boundary tensors, and under full
-  recomputation both micro-batches' checkpoints (cost/memory.py adds them). Measured (tests/test_memory_deepspeed.py,
-  the bytes beyond the state as OptimizerStep starts): first and middle stages their receive buffer, the last stage
-  receive buffer + 2 logits + 4 boundary tensors, TP 1 and 2, and 2 micro-batches x the layers' checkpoints.
+At the gradient reduction and the optimizer step (ReduceGrads, then OptimizerStep, after the schedule's last backward:
+  schedule.py:238-241; `_exec_reduce_grads`, 287-295, and the reduction it calls touch no pipe buffer, and the
+  engine clears no slot at the end of a step) every output has been freed by its backward and every received
+  activation by its SendGrad: a stage holds its receive buffer, and the last stage its two slots' logits, and now
+  both slots hold a backpropagated micro-batch whose graph keeps its received input and that input's gradient:
+  2 logits + 4 boundary tensors, and under full
+  recomputation both micro-batches' checkpoints (cost/memory.py adds them, beside the state at the reduction and at
+  the step alike). Measured (tests/test_memory_deepspeed.py, the bytes beyond the state as ReduceGrads and as
+  OptimizerStep start): first and middle stages their receive buffer, the last stage receive buffer + 2 logits + 4
+  boundary tensors, TP 1 and 2, and 2 micro-batches x the layers' checkpoints.
 
 Not counted: the first stage's token ids and the last stage's labels per slot (int64, 8/(h x element) of a boundary
 tensor each) and the meta tensors (a few int64). With one micro-batch per step the last stage holds one logits
@@ -49,7 +52,7 @@ class PipeBuffers(NamedTuple):
     per_in_flight: float
     fixed: float
     workspace: float
-    at_step: float = 0.0     # held through the optimizer step, after the last backward (beside the state)
+    at_step: float = 0.0     # held after the last backward, through the gradient reduction and the optimizer step
 
 
 NONE = PipeBuffers(0.0, 0.0, 0.0, 0.0)
@@ -62,7 +65,7 @@ def deepspeed_pipe_buffers(tp: int, boundary: float, logits: float, first: bool,
     vocabulary / TP x element; a model without an output layer sends its final norm's outputs to the loss:
     ModelSpec.logits_width); `tp`: the stage's TP group, over which the engine partitions its transfers."""
     if first and last:                 # one stage: no transfers, only the output slots
-        return PipeBuffers(0.0, 2 * logits, 0.0, 2 * logits)     # (at the step: not measured)
+        return PipeBuffers(0.0, 2 * logits, 0.0, 2 * logits)     # and both still at the reduction and the step
     part = boundary / tp               # what crosses per TP rank (the whole tensor with TP 1)
     per = 0.0 if last else part        # the output (or its slice) until its backward
     if not first and tp == 1:
