@@ -127,8 +127,9 @@ def run(args) -> int:
         report = run_dryrun(plan, steps=args.steps, seed=args.seed, tiny=args.tiny, reference=args.reference,
                             timeout_s=args.timeout, distributed_optimizer=args.distributed_optimizer,
                             emulate_links=scale, timeout_flag="--timeout")
-    except InputError as exc:     # the plan's checks before any process starts: name the plan file
-        raise (exc.within(file=args.plan) if exc.file is None else exc) from None
+    except InputError as exc:
+        # the plan's checks before any process starts name the plan file; a wait past --timeout is the flag's
+        raise (exc.within(file=args.plan) if exc.file is None and exc.field != "--timeout" else exc) from None
     if "error" in report:
         print(f"hetauto dryrun: the run failed:\n{report['error']}", file=sys.stderr)
         if any(w in report["error"].lower() for w in ("timeout", "timed out")):   # (gloo: "Timed out waiting")

@@ -357,27 +357,27 @@ def plan_boundaries(plan: Plan) -> list:
     return [boundary_depth([a], [b]) for a, b in zip(m, m[1:])] + [None]
 
 
-def tail_sync_terms(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None):
+def tail_sync_terms(plan: Plan, priced: dict, engine: str):
     """(the inventory priced on, the holders' blocks for holders_exchange.holders_sync_steps, the result check's seconds,
     the global norm's seconds) of a plan of one pipeline of single meshes: the terms its `sync_s` sums
     (tail_costs.iteration_sync_time: a tied table held by the first and the last stage, none otherwise), as simulate
-    prices them."""
-    engine = engine or plan.engine
-    inventory = inventory.with_precision(plan.precision)
+    prices them, from what it priced them with (`simulate(..., priced=)`)."""
+    inventory, model, profs = priced["inventory"], priced["model"], priced["pipe"].profs
     choices = plan_choices(plan)
-    model = padded_model(plan.model, choices)
-    profs = _pipeline(model, inventory, choices, cost_model or _DEFAULT_COST, engine).profs
     norm = tail_costs.grad_norm_time(inventory, choices)
     return (inventory, tail_costs.tied_table_blocks(model, choices, profs[0], profs[-1]),
             tail_costs.result_check_time(inventory, choices, engine, norm), norm)
 
 
-def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None) -> Estimate:
+def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | None = None, *,
+             priced: dict | None = None) -> Estimate:
     """The plan's iteration as `engine` runs its pipeline: "megatron" (hetauto's runtime and Megatron-LM: 1F1B,
     plan/pipeline.py) or "deepspeed" (DeepSpeed's pipeline engine, the configs `hetauto emit deepspeed` writes:
     its lock-step TrainSchedule, plan/deepspeed_schedule.py; one pipeline of single meshes, every boundary
     blocking; the DP reduction as that engine runs it, engines.py ENGINES). Every other term is the same. None: the
-    engine the plan was made for (`Plan.engine`), so every command prices a plan as it runs."""
+    engine the plan was made for (`Plan.engine`), so every command prices a plan as it runs. `priced`: a simple
+    plan's padded model, pipeline and inventory (at the plan's precision) as priced go in it ("model", "pipe",
+    "inventory"), for a caller that replays the pipeline (plan/timeline.py) without building it again."""
     engine = engine or plan.engine
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {tuple(ENGINES)}")
@@ -392,5 +392,7 @@ def simulate(plan: Plan, inventory: Inventory, cost_model=None, engine: str | No
     choices = plan_choices(plan)
     model = padded_model(plan.model, choices)
     pipe = _pipeline(model, inventory, choices, cost_model, engine)
+    if priced is not None:
+        priced.update(model=model, pipe=pipe, inventory=inventory)
     return _finish(model, plan.global_batch_size, pipe, plan.stage_layers, plan.num_micro_batches,
                    plan_boundaries(plan) if engine == "megatron" else None, choices, cost_model, inventory, engine)

@@ -110,10 +110,11 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     from .simulate import simulate, tail_sync_terms
     from .holders_exchange import holders_sync_time
     engine = engine or plan.engine
-    est = simulate(plan, inventory, cost_model, engine=engine).to_dict()
+    priced: dict = {}       # the pipeline the estimate priced, replayed below: built once
+    est = simulate(plan, inventory, cost_model, engine=engine, priced=priced).to_dict()
     st = est["stages"]
     p, m = len(st), plan.num_micro_batches
-    events, makespan = _pipeline_events(plan, inventory, cost_model, engine)
+    events, makespan = _pipeline_events(plan, priced["model"], priced["pipe"], engine)
     T = est["iteration_time_s"]
     parts = breakdown(est, m)["parts"]
     tail_end = T - parts["overhead"]["seconds"]
@@ -125,7 +126,7 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
     # the job-wide sync on every stage, as sync_s prices it: the tied table's holders' exchange (where its first
     # and last stages hold it), then the engine's result check and the global norm; lanes of their own show them
     # (plan/exchange_lanes.py)
-    inv, blocks, check, norm = tail_sync_terms(plan, inventory, cost_model, engine)
+    inv, blocks, check, norm = tail_sync_terms(plan, priced, engine)
     for i in range(p):
         t = 0.0
         for e in per_stage.get(i, []):         # F, B, send (held by a blocking send), recv (its input is on the link)
@@ -196,16 +197,14 @@ def _link_spans(events, link_lane: dict, spans: list[Span]) -> dict[int, list]:
 ENGINE_NAMES = {"megatron": "Megatron's 1F1B", "deepspeed": "DeepSpeed's pipeline engine"}
 
 
-def _pipeline_events(plan, inventory, cost_model, engine: str) -> tuple[list, float]:
+def _pipeline_events(plan, model, pipe, engine: str) -> tuple[list, float]:
     """(every operation, makespan) of a simple plan's pipeline as the estimate of `engine` simulated it, from the
-    same unrounded passes and links (simulate._finish): Megatron's 1F1B with each boundary's schedule, DeepSpeed's
-    TrainSchedule with the all-gathers of its partitioned transfers. (Re-run from the estimate's stages, rounded to
-    the microsecond, 1F1B drifted from pipeline_s and busy_s by up to 0.1 ms over 128 micro-batches.)"""
-    from .simulate import _DEFAULT_COST, _pipeline, padded_model, plan_boundaries, plan_choices
+    same unrounded passes and links of the pipeline it priced (`pipe`, and the padded `model`: simulate's
+    `priced`): Megatron's 1F1B with each boundary's schedule, DeepSpeed's TrainSchedule with the all-gathers of its
+    partitioned transfers. (Re-run from the estimate's stages, rounded to the microsecond, 1F1B drifted from
+    pipeline_s and busy_s by up to 0.1 ms over 128 micro-batches.)"""
+    from .simulate import plan_boundaries
     m = plan.num_micro_batches
-    choices = plan_choices(plan)
-    model = padded_model(plan.model, choices)
-    pipe = _pipeline(model, inventory.with_precision(plan.precision), choices, cost_model or _DEFAULT_COST, engine)
     p, layers = len(pipe.profs), plan.stage_layers
     passes = [prof.times(layers[i], i == 0, i == p - 1) for i, prof in enumerate(pipe.profs)]
     fwd, bwd = [f for f, _ in passes], [b for _, b in passes]

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
+
+from ..errors import InputError
 
 
 def prepare_plan(plan, *, tiny: bool, distributed_optimizer: bool = True):
@@ -69,7 +72,8 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     last step (`shared_digests`).
     `emulate_links`: cross-cluster transfers run at the plan inventory's link bandwidth and latency with their
     time multiplied by this scale (runtime/cross_link.py).
-    Raises InputError for a plan the launch rejects.
+    Raises InputError for a plan the launch rejects, and (with `timeout_flag`) for ranks that stopped on waits
+    past `timeout_s` (`waits_timed_out`): one paragraph naming the flag whichever wait ran out first.
     """
     t0 = time.perf_counter()
     run_plan = prepare_plan(plan, tiny=tiny, distributed_optimizer=distributed_optimizer)
@@ -83,14 +87,20 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
     try:
         results = launch(train_rank, run_plan.world_size, args=(run_plan, steps, seed, timeout_s, True, None,
                                                                 emulate_links, timeout_flag),
-                         timeout_s=launch_timeout, grace_s=timeout_s + 10)
+                         timeout_s=launch_timeout, grace_s=timeout_s + 10, drop_lines=NATIVE_LOG_LINE)
         ref = None
         if reference:
             # the reference builds the plan's padded vocabulary, not the one its single TP-1 mesh would pad to
             ref = launch(train_rank, 1, args=(reference_plan(run_plan), steps, seed, timeout_s, True,
                                               run_plan.padded_vocab_size, None, timeout_flag),
-                         timeout_s=launch_timeout)[0]
+                         timeout_s=launch_timeout, drop_lines=NATIVE_LOG_LINE)[0]
+    except InputError as exc:
+        if timeout_flag and exc.field == timeout_flag:      # the ranks could not connect in time
+            raise wait_timeout_error(timeout_s, timeout_flag, emulate_links) from None
+        raise
     except LaunchError as exc:
+        if timeout_flag and waits_timed_out(exc.failures):
+            raise wait_timeout_error(timeout_s, timeout_flag, emulate_links) from None
         return {"error": str(exc)}
     first = results[0]
     report = {
@@ -117,6 +127,39 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         report["parity"] = parity(report["steps"], report["reference"])
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+# gloo's own log lines (its file and line in brackets: "[.../gloo/transport/tcp/debug_logger.cc:9] ERROR failed to
+# connect, willRetry=1, ..."), and torch's c10d ones where a user's TORCH_CPP_LOG_LEVEL lets them through: each
+# rank writes them to stderr before its failure comes back as one paragraph
+NATIVE_LOG_LINE = re.compile(rb"^(\[rank\d+\]:)?\[[^\]\n]*(gloo|c10d|ProcessGroup|TCPStore)[^\]\n]*\]")
+# a failure that a peer giving up on its wait causes in the ranks still waiting on it
+# (not a rank still running well after the others gave up, which the launch kills: that one is stuck, and a larger
+# timeout would only wait longer for it)
+_KNOCK_ON = ("connection closed by peer", "connection reset by peer", "broken pipe", "went away first")
+
+
+def waits_timed_out(failures: dict[int, str]) -> bool:
+    """Whether a failed launch's ranks (rank -> reason) stopped on waits past their timeout and nothing else: a
+    rank's wait timed out, and every other failure is a timeout too or what one causes in its peers. With a short
+    timeout which wait runs out first (connecting, building a group, a transfer, a collective) varies from run to
+    run; a rank that died or failed otherwise keeps the launch's own report."""
+    def timed_out(text: str) -> bool:
+        text = text.lower().replace("launch timeout", "")      # (the whole launch's deadline: a hang)
+        return "timed out" in text or "timeout" in text
+    return (any(timed_out(t) for t in failures.values())
+            and all(timed_out(t) or any(w in t.lower() for w in _KNOCK_ON) for t in failures.values()))
+
+
+def wait_timeout_error(timeout_s: float, flag: str, emulate_links: float | None) -> InputError:
+    """The one paragraph of a dry run whose waits ran past `flag`, whichever wait ran out first."""
+    return InputError(
+        f"a wait between the ranks ran past {flag} {timeout_s:g} s (every wait counts: the ranks connecting, "
+        "building their groups, each step's transfers and collectives; which one runs out first varies from run "
+        "to run)", field=flag,
+        fix=f"give a larger {flag} (default 120; on a slow or busy machine the ranks take seconds to connect)"
+        + (f"; with --emulate-links {emulate_links:g} a rank also waits on peers that wait on the slowed links, so "
+           "a smaller scale helps too" if emulate_links and emulate_links > 1 else ""))
 
 
 # How close the plan's run must be to the one-process reference (--reference). Losses: fp32 sums of the same
@@ -187,7 +230,6 @@ def check_host_memory(run_plan, *, tiny: bool) -> None:
             need += sum(want[k] for k in MEMORY_PARTS) + want["activation_workspace"] + want["after_backward"]
     if need <= have:
         return
-    from ..errors import InputError
     fix = ("dry-run a plan with fewer devices or a shorter sequence, or on a machine with more memory" if tiny else
            "add --tiny (it keeps the layer counts and the whole parallel layout and shrinks hidden size, heads, "
            "vocabulary and sequence), or dry-run on a machine with more memory")

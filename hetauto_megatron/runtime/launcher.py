@@ -15,6 +15,10 @@ terminal send) terminates every rank, kills those still there after STOP_GRACE_S
 number; Ctrl-C (SIGINT) reaches the ranks themselves and the launch kills what is left. A forked rank is not ended
 by its parent's death on its own (daemon=True acts only at a clean interpreter exit), so each rank also asks the
 kernel to kill it when the launch process dies by any other means (SIGKILL, the out-of-memory killer).
+
+`drop_lines`: the ranks' stderr passes through the launch, line by line, leaving out the lines it matches (gloo
+writes every retried connection to stderr itself, with no setting to stop it; the dry run drops those, as the
+failure they precede reaches the user as one paragraph).
 """
 from __future__ import annotations
 
@@ -145,9 +149,14 @@ def _end(procs: list, grace_s: float) -> None:
         p.join()
 
 
-def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers):
+def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay):
     for sig, handler in stop_handlers.items():     # the launch's stop handlers are the parent's, not a rank's
         signal.signal(sig, handler)
+    if relay is not None:       # fd 2 itself: native libraries (gloo) write there, not to sys.stderr
+        sys.stderr.flush()
+        os.dup2(relay[1], 2)
+        os.close(relay[0])
+        os.close(relay[1])
     _die_with_parent(parent)
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
@@ -174,12 +183,25 @@ def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers):
     os._exit(code)
 
 
+def _relay_lines(read_fd: int, drop) -> None:
+    """Copy the ranks' stderr (the pipe's `read_fd`) to this process's fd 2, less the lines `drop` matches."""
+    with os.fdopen(read_fd, "rb") as pipe:
+        for line in pipe:
+            if drop.search(line):
+                continue
+            try:
+                os.write(2, line)
+            except OSError:        # our own stderr is gone: keep draining so that no rank blocks on the pipe
+                pass
+
+
 def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, grace_s: float = 30.0,
-           env: dict | None = None) -> list:
+           env: dict | None = None, drop_lines=None) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` forked processes; return the results in rank order.
 
     Raises `InputError` (the lowest failing rank's) when a rank rejected its input, `LaunchError` when any rank
-    failed otherwise, died, or the launch passed `timeout_s`.
+    failed otherwise, died, or the launch passed `timeout_s`. `drop_lines` (a compiled bytes pattern): the ranks'
+    stderr lines it matches are left out.
     """
     ctx = multiprocessing.get_context("fork")
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
@@ -188,16 +210,23 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
     payloads: dict[int, dict] = {}
     failures: dict[int, str] = {}
     stopped = None
+    relay = os.pipe() if drop_lines is not None else None
+    relayer = None
     previous = _catch_stop_signals()
     try:
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, rank, world_size, args, base_env, send, os.getpid(), previous),
-                            daemon=True)
+            p = ctx.Process(target=_child, args=(fn, rank, world_size, args, base_env, send, os.getpid(), previous,
+                                                 relay), daemon=True)
             p.start()
             send.close()
             procs.append(p)
             conns.append(recv)
+        if relay is not None:       # (started after the forks: no rank is forked from a process with threads)
+            os.close(relay[1])
+            relayer = threading.Thread(target=_relay_lines, args=(relay[0], drop_lines), daemon=True)
+            relayer.start()
+            relay = None
         _collect(procs, conns, payloads, failures, timeout_s, grace_s)
     except _Stopped as exc:
         stopped = exc.signum
@@ -209,6 +238,11 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
         _end(procs, STOP_GRACE_S if stopped else 0.0)
         for c in conns:
             c.close()
+        if relay is not None:       # (a fork failed before the relay started)
+            os.close(relay[0])
+            os.close(relay[1])
+        if relayer is not None:     # the ranks' last lines before the launch's own words (a process the ranks
+            relayer.join(5.0)       # started may hold the pipe open: not waited for beyond this)
     if stopped:
         print(f"hetauto: stopped by {signal.Signals(stopped).name}; its {len(procs)} rank process(es) were ended",
               file=sys.stderr, flush=True)

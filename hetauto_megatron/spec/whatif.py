@@ -53,9 +53,9 @@ def keys_line() -> str:
 def _examples(inv: Inventory) -> str:
     names = [c.name for c in inv.clusters]
     ex = [f"cluster.{names[0]}.nodes=8"]
-    if inv.links:
-        a, b = sorted(next(iter(inv.links)))
-        ex.insert(0, f"link.{a}-{b}.bandwidth_gbps=100")
+    spelled = next((s for s in (link_spelling(inv, p) for p in inv.links) if s), None)
+    if spelled:       # (a link whose names read one way only: the example must set the link it names)
+        ex.insert(0, f"link.{spelled}.bandwidth_gbps=100")
     return ("write --set link.A-B.FIELD=V (FIELD: " + ", ".join(LINK_FIELDS) + ") or --set cluster.NAME.FIELD=V "
             "(FIELD: " + ", ".join(CLUSTER_FIELDS) + "), e.g. " + ", ".join(ex)
             + f"; clusters: {', '.join(names)}")
@@ -89,24 +89,59 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     return value
 
 
+def _readings(names, text: str) -> set[frozenset]:
+    """Every pair of the cluster `names` that `text` spells as NAME-NAME: a '-' inside a name makes several."""
+    return {frozenset((text[:i], text[i + 1:])) for i, ch in enumerate(text)
+            if ch == "-" and text[:i] in names and text[i + 1:] in names}
+
+
+def link_spelling(inv: Inventory, pair: frozenset) -> str | None:
+    """A NAME-NAME text that reads as `pair` and nothing else (either order, sorted first), or None where both
+    orders read as another pair too (clusters a, b-c, a-b, c, b and c-a: the a to b-c link is a-b-c or b-c-a)."""
+    names = {c.name for c in inv.clusters}
+    for a, b in (sorted(pair), sorted(pair, reverse=True)):
+        if _readings(names, f"{a}-{b}") == {pair}:
+            return f"{a}-{b}"
+    return None
+
+
+def _link_keys(inv: Inventory, pairs, field: str, lead: str) -> str:
+    """`lead` and the --set keys of `pairs` (links of `inv`) that _link_pair reads back as each and nothing else;
+    then the links no key spells, and what to do instead."""
+    keys = [f"link.{s}.{field}" for s in (link_spelling(inv, p) for p in pairs) if s]
+    none = [" and ".join(sorted(p)) for p in pairs if link_spelling(inv, p) is None]
+    text = lead + ", ".join(keys) if keys else ""
+    if none:
+        text += ("; " if text else "") + ("no key names the link between " + "; ".join(none) + " alone (its "
+                                          "clusters' names joined by '-' spell another pair either way round): "
+                                          "edit its figures in the inventory file, or rename a cluster")
+    return text
+
+
 def _link_pair(inv: Inventory, text: str, key: str) -> frozenset:
     names = {c.name for c in inv.clusters}
     pairs = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "-"
              and text[:i] in names and text[i + 1:] in names]
+    field = key.rpartition(".")[2]
     if not pairs:
         raise InputError(f"{key}: {text!r} is not two of the inventory's clusters joined by '-'", field="--set",
                          fix=_examples(inv))
-    if len({frozenset(p) for p in pairs}) > 1:
-        # cluster names with '-' in them can split the key two ways: taking either would set a link silently
-        readings = " or ".join(f"{a!r} and {b!r}" for a, b in pairs)
-        raise InputError(f"{key}: {text!r} reads as the link between {readings}", field="--set",
-                         fix="rename a cluster in the inventory so that no two names joined by '-' spell another "
-                             "pair, or edit the link's figures in the inventory file")
+    readings = _readings(names, text)
+    if len(readings) > 1:
+        # cluster names with '-' in them can split the key two ways: taking either would set a link silently;
+        # the fix spells each link among the readings in an order that reads one way only (where one does)
+        said = " or ".join(f"{a!r} and {b!r}" for a, b in pairs)
+        links = sorted((p for p in readings if p in inv.links), key=sorted)
+        raise InputError(f"{key}: {text!r} reads as the link between {said}", field="--set",
+                         fix=_link_keys(inv, links, field, "write ") if links else
+                         _link_keys(inv, inv.links, field, "no reading is a link of the inventory; override an "
+                                                           "existing link: ") if inv.links else
+                         "add the link to the inventory's links: first")
     pair = frozenset(pairs[0])
     if pair not in inv.links:
         a, b = pairs[0]
         raise InputError(f"{key}: the inventory has no link between {a} and {b}", field="--set",
-                         fix="override an existing link: " + ", ".join("-".join(sorted(p)) for p in inv.links)
+                         fix=_link_keys(inv, inv.links, field, "override an existing link: ")
                          if inv.links else "add the link to the inventory's links: first")
     return pair
 
