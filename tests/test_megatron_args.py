@@ -324,7 +324,8 @@ def test_megatron_features_the_plan_does_not_price_are_refused_through_megatrons
              "exp_avg_sq_dtype": ["bf16"], "optimizer": ["sgd"], "rerun_mode": ["report_stats"],
              "cuda_graph_impl": ["local"], "cpu_offloading_num_layers": ["2"], "fp4": ["e2m1"],
              "empty_unused_memory_level": ["1"], "tensor_parallel_num_weight_shards": ["2"],
-             "mlp_chunks_for_training": ["4"]}
+             "mlp_chunks_for_training": ["4"], "ddp_param_name_patterns_for_fp32_local_accumulation": ["all"],
+             "spec": ["megatron.core.models.gpt.gpt_layer_specs", "get_gpt_layer_local_spec"]}
     base = ["--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--mock-data", "--lr", "1e-3", "--train-iters", "1"]
 

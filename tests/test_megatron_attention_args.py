@@ -2,11 +2,13 @@
 (and core_transformer_config_from_args) say what --attention-backend and --transformer-impl make Megatron build;
 the plan priced Transformer Engine's fused attention (no s x s scores kept) on devices and precisions that have it
 (bf16 on an H800), its unfused attention in fp32 or on a V100. A flag that makes a fused-priced mesh run unfused
-attention must be refused by the --hetauto rewrite, naming it."""
+attention must be refused by the --hetauto rewrite, naming it; so must a flag that makes Megatron build other layers
+(--spec, --transformer-impl inference_optimized) or cut attention at document ends (--sft,
+--dataloader-inter-document-masking)."""
 import sys
 
 import pytest
-from helpers import parse_emitted as _parse, rank0_placement as _placement, transformer_config
+from helpers import nvidia_megatron_lm, parse_emitted as _parse, rank0_placement as _placement, transformer_config
 
 from hetauto_megatron.errors import InputError
 from hetauto_megatron.megatron import rewrite
@@ -80,3 +82,80 @@ def test_no_attention_mask_from_the_data_loader_as_priced(monkeypatch):
     assert args.create_attention_mask_in_dataloader is False
     rewrite.rewrite_args(args, plan, _placement(plan))
     assert args.create_attention_mask_in_dataloader is True and args.reset_attention_mask
+
+
+def test_layers_megatron_builds_for_another_spec_or_implementation_are_refused(monkeypatch):
+    """NVIDIA's gpt_builders.py builds the layers from --spec whatever --transformer-impl says, and from Megatron-
+    Core's inference spec for --transformer-impl inference_optimized; Megatron's validate_args and config builder
+    accept both on the plan's H800 mesh, priced with Transformer Engine's layers. Before: --spec naming the local
+    spec bypassed the refusal of --transformer-impl local, and inference_optimized was let through."""
+    import inspect
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import import_module
+
+    plan = _plan("h800", "bf16")
+    spec = ["--spec", "megatron.core.models.gpt.gpt_layer_specs", "get_gpt_layer_local_spec"]
+    margs, args = _parse(monkeypatch, plan, spec)
+    margs.validate_args(args, {})
+    assert args.transformer_impl == "transformer_engine" and import_module(args.spec) is get_gpt_layer_local_spec
+    where = nvidia_megatron_lm()
+    if where is not None:           # NVIDIA's builder reads --spec before --transformer-impl
+        monkeypatch.syspath_prepend(where)
+        import gpt_builders
+        source = inspect.getsource(gpt_builders.gpt_builder)
+        assert source.index("import_module(args.spec)") < source.index("use_te = args.transformer_impl")
+        assert 'config.transformer_impl == "inference_optimized"' in inspect.getsource(
+            gpt_builders._get_transformer_layer_spec)
+    _, args = _parse(monkeypatch, plan, spec)
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, _placement(plan), file="plan.yaml")
+    assert exc.value.field == "--spec" and exc.value.exit_code == 2 and "drop --spec" in exc.value.fix
+
+    impl = ["--transformer-impl", "inference_optimized"]
+    margs, args = _parse(monkeypatch, plan, impl)
+    margs.validate_args(args, {})
+    assert transformer_config(margs, args).transformer_impl == "inference_optimized"
+    _, args = _parse(monkeypatch, plan, impl)
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, _placement(plan), file="plan.yaml")
+    assert exc.value.field == "--transformer-impl" and "inference_optimized" in exc.value.message
+    # the priced implementation typed out runs
+    _, args = _parse(monkeypatch, plan, ["--transformer-impl", "transformer_engine"])
+    rewrite.rewrite_args(args, plan, _placement(plan))
+
+
+@pytest.mark.parametrize("flag", ["--dataloader-inter-document-masking", "--sft"])
+def test_attention_cut_at_document_ends_is_refused(monkeypatch, flag):
+    """NVIDIA's pretrain_gpt.py get_batch gives every pipeline stage the data loader's cu_seqlens for --sft or
+    --dataloader-inter-document-masking (varlen attention cut at each document's end, a batch read on every stage
+    each micro-batch); Megatron-Core's GPTDataset returns them for inter_document_masking (run here on its mock
+    data). The plan prices full causal attention over each sample. Before: both were let through."""
+    import numpy
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset, MockGPTLowLevelDataset
+    from megatron.core.datasets.utils import Split
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    plan = _plan("h800", "bf16")
+    margs, args = _parse(monkeypatch, plan, [flag])
+    margs.validate_args(args, {})
+    assert getattr(args, flag[2:].replace("-", "_"))
+    where = nvidia_megatron_lm()
+    if where is not None:
+        text = open(f"{where}/pretrain_gpt.py").read()
+        assert "has_cu_seqlens = is_sft or args.dataloader_inter_document_masking" in text
+    tokenizer = NullTokenizer(128)
+    keys = {}
+    for cut in (False, True):
+        config = GPTDatasetConfig(random_seed=1, sequence_length=32, blend=None, blend_per_split=[None] * 3,
+                                  split="1,0,0", tokenizer=tokenizer, reset_position_ids=False,
+                                  reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
+                                  inter_document_masking=cut)
+        data = MockGPTDataset(MockGPTLowLevelDataset(tokenizer), None, numpy.arange(64), 4, Split.train, config)
+        keys[cut] = set(data[0])
+    assert "cu_seqlens" in keys[True] - keys[False]
+    _, args = _parse(monkeypatch, plan, [flag])
+    with pytest.raises(InputError) as exc:
+        rewrite.rewrite_args(args, plan, _placement(plan), file="plan.yaml")
+    assert exc.value.field == flag and exc.value.exit_code == 2 and f"drop {flag}" in exc.value.fix
+    assert "full causal attention" in exc.value.message

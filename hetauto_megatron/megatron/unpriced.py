@@ -78,6 +78,16 @@ def check_timing_args(args, *, file: str | None = None) -> None:
     raise InputError(f"--timing-log-level {level} {why}", file=file, field="--timing-log-level", fix=fix)
 
 
+# What Megatron-LM's --transformer-impl values other than its default build (NVIDIA's gpt_builders.py
+# _get_transformer_layer_spec)
+_OTHER_LAYERS = {
+    "local": "Megatron's local layers (unfused attention keeping each layer's s x s scores, unfused norms and rotary "
+             "embedding)",
+    "inference_optimized": "Megatron-Core's inference-optimized layers (get_gpt_layer_with_inference_spec), built "
+                           "for serving",
+}
+
+
 def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str | None = None) -> None:
     """The attention the rank's mesh was priced with (plan/memory_fit.py layers_of, RuntimeSettings.fused_attention):
     on a device whose Transformer Engine runs fused attention at the plan's precision, no s x s score matrix is
@@ -87,18 +97,22 @@ def check_attention_args(args, plan: Plan, placement: RankCoords, *, file: str |
     An accelerator mesh is priced with Transformer Engine's layers (Megatron-LM's default --transformer-impl; a CPU
     mesh with Megatron's local spec, the dry runs' layers): --transformer-impl local there builds the local spec,
     whose attention keeps the s x s scores at every precision and whose norms, rotary embedding and GLU keep more
-    (cost/activations.py DRY_RUN_IMPL against TRANSFORMER_ENGINE): refused, naming the flag."""
+    (cost/activations.py DRY_RUN_IMPL against TRANSFORMER_ENGINE): refused, naming the flag; so is
+    --transformer-impl inference_optimized, which builds Megatron-Core's inference layers
+    (gpt_layer_specs.py get_gpt_layer_with_inference_spec), priced nowhere. (--spec, which NVIDIA's gpt_builders.py
+    builds the layers from whatever --transformer-impl says, is refused on every mesh: unpriced_table.py.)"""
     from ..plan.engines import as_run_by
     from ..spec.devices import get_device
 
     k = placement.mesh_index
     mesh = plan.meshes[k]
-    if mesh.device_type != "cpu" and getattr(args, "transformer_impl", None) == "local":
-        raise InputError(f"--transformer-impl local builds Megatron's local layers (unfused attention keeping each "
-                         f"layer's s x s scores, unfused norms and rotary embedding); the plan priced meshes[{k}] "
+    impl = getattr(args, "transformer_impl", None)
+    if mesh.device_type != "cpu" and impl not in (None, "transformer_engine"):
+        builds = _OTHER_LAYERS.get(impl, "layers other than Transformer Engine's")
+        raise InputError(f"--transformer-impl {impl} builds {builds}; the plan priced meshes[{k}] "
                          f"({mesh.device_type}) with Transformer Engine's layers, Megatron-LM's default",
                          file=file, field="--transformer-impl",
-                         fix="drop --transformer-impl local (Megatron-LM's default, transformer_engine, runs what "
+                         fix=f"drop --transformer-impl {impl} (Megatron-LM's default, transformer_engine, runs what "
                              "the plan priced); the local layers are priced only for meshes of cpu processes")
     device = get_device(mesh.device_type).at_precision(plan.mesh_precision(k), field="precision")
     if not as_run_by(mesh.settings, plan.engine).fused_attention(device):

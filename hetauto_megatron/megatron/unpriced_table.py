@@ -53,6 +53,28 @@ UNPRICED = (
              "another attention than the plan's causal self-attention"),
     Unpriced("window_size", "--window-size", None,
              "sliding-window attention: the plan prices full causal attention"),
+    # Per-document attention (NVIDIA's pretrain_gpt.py get_batch: has_cu_seqlens = args.sft or
+    # args.dataloader_inter_document_masking): the data loader cuts each sample at its documents' ends
+    # (gpt_dataset.py cu_seqlens; --sft's SFTDataset packs sequences), attention runs on variable-length (THD)
+    # documents, and every pipeline stage, not only the first and last, reads a batch each micro-batch and
+    # gathers its lengths on the host (update_seqlen_stats_from_cu_seqlens)
+    Unpriced("dataloader_inter_document_masking", "--dataloader-inter-document-masking", False,
+             "attention cut at each document's end (variable-length THD attention from the data loader's "
+             "cu_seqlens), with every pipeline stage reading a batch and syncing with the host each micro-batch: "
+             "the plan prices full causal attention over each sample and data read by the first and last stages"),
+    Unpriced("sft", "--sft", False,
+             "Megatron's SFT training (SFTDataset's packed sequences, attention cut at each sequence's end, every "
+             "pipeline stage reading a batch and syncing with the host each micro-batch): the plan prices "
+             "pretraining's full causal attention over each sample"),
+    # NVIDIA's gpt_builders.py builds the layers from --spec whatever --transformer-impl says (`if args.spec is
+    # not None: import_module(args.spec)`): a spec of the launch's choosing (e.g. the local spec on an accelerator
+    # mesh, whose --transformer-impl local is refused: unpriced.py check_attention_args). The plan prices the spec
+    # Megatron picks from --transformer-impl, which the rewrite checks: Transformer Engine's on accelerator
+    # meshes, the local one on CPU meshes (set there by the hook; no launch of hetauto's passes --spec)
+    Unpriced("spec", "--spec", None,
+             "layers built from the spec module named (NVIDIA's gpt_builders.py), not the ones the plan priced: "
+             "Transformer Engine's layers on accelerator meshes, Megatron's local layers on meshes of CPU "
+             "processes, which Megatron builds from --transformer-impl"),
     # Megatron-Core's SelfAttention widens its fused QKV projection by one more query-sized block, the gate, and
     # multiplies the attention output by its sigmoid (attention.py linear_qkv_out_dim, _apply_output_gate);
     # Megatron-LM counts the gate's GEMM in its own FLOPs (training.py num_floating_point_operations)
@@ -97,6 +119,24 @@ UNPRICED = (
              "every DP bucket of the distributed optimizer's buffer padded to a multiple of lcm(DP, 128, 65,536) "
              "elements (param_layout.py bucket_end_divisor): the plan prices the buffer padded to lcm(DP, 128) "
              "(cost/ddp_buffer.py)"),
+    # The DP gradient buffer and its reduction as priced (cost/ddp_buffer.py, plan/tail_costs.py): main gradients
+    # in the mesh's grad_reduce_dtype, reduced by NCCL's reduce-scatter (all-reduce without the distributed
+    # optimizer). Megatron-Core's param_and_grad_buffer.py gives each parameter the patterns match an fp32
+    # main_grad of its own beside its slot in the buffer (main_grad_copy_in_grad_buffer); where the mesh reduces
+    # in fp32 (the plan's default) DistributedDataParallelConfig asserts "Only need to explicitly specify
+    # param_name patterns ..." on every rank inside pretrain(), after the ranks joined
+    Unpriced("ddp_param_name_patterns_for_fp32_local_accumulation",
+             "--ddp-param-name-patterns-for-fp32-local-accumulation", [],
+             "an fp32 copy of the main gradient of every parameter the patterns match, accumulated beside the "
+             "gradient buffer: memory and passes the plan does not price; where the mesh reduces in fp32, "
+             "Megatron-Core's DDP config asserts on every rank once the ranks joined"),
+    # reduce_scatter_with_fp32_accumulation.py: an all-to-all of the bucket in the gradient dtype into a buffer of
+    # the bucket's size, then a local fp32 sum of the DP shards, in place of NCCL's reduce-scatter; and DDP's
+    # partition_buckets gives every bucket a group of its own (distributed_data_parallel.py)
+    Unpriced("ddp_reduce_scatter_with_fp32_accumulation", "--ddp-reduce-scatter-with-fp32-accumulation", False,
+             "the distributed optimizer's DP reduce-scatter replaced by an all-to-all into a buffer the size of "
+             "the bucket and a local fp32 sum, and one bucket per bucket group: another collective, buffer and "
+             "passes than the NCCL reduce-scatter the plan prices"),
     # Layers as the plan prices them: a 16-bit residual stream, and a full recomputation that keeps each layer's
     # whole input (split over TP only by sequence parallelism, which the plan's settings decide).
     Unpriced("fp32_residual_connection", "--fp32-residual-connection", False,
