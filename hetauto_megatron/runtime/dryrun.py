@@ -100,7 +100,7 @@ def run_dryrun(plan, *, steps: int, seed: int, tiny: bool, reference: bool, time
         raise
     except LaunchError as exc:
         if timeout_flag and waits_timed_out(exc.failures):
-            raise wait_timeout_error(timeout_s, timeout_flag, emulate_links) from None
+            raise wait_timeout_error(timeout_s, timeout_flag, emulate_links, first_timeout(exc.failures)) from None
         return {"error": str(exc)}
     first = results[0]
     report = {
@@ -144,19 +144,33 @@ def waits_timed_out(failures: dict[int, str]) -> bool:
     rank's wait timed out, and every other failure is a timeout too or what one causes in its peers. With a short
     timeout which wait runs out first (connecting, building a group, a transfer, a collective) varies from run to
     run; a rank that died or failed otherwise keeps the launch's own report."""
-    def timed_out(text: str) -> bool:
-        text = text.lower().replace("launch timeout", "")      # (the whole launch's deadline: a hang)
-        return "timed out" in text or "timeout" in text
-    return (any(timed_out(t) for t in failures.values())
-            and all(timed_out(t) or any(w in t.lower() for w in _KNOCK_ON) for t in failures.values()))
+    return (any(_timed_out(t) for t in failures.values())
+            and all(_timed_out(t) or any(w in t.lower() for w in _KNOCK_ON) for t in failures.values()))
 
 
-def wait_timeout_error(timeout_s: float, flag: str, emulate_links: float | None) -> InputError:
-    """The one paragraph of a dry run whose waits ran past `flag`, whichever wait ran out first."""
+def _timed_out(text: str) -> bool:
+    text = text.lower().replace("launch timeout", "")      # (the whole launch's deadline: a hang)
+    return "timed out" in text or "timeout" in text
+
+
+def first_timeout(failures: dict[int, str]) -> str | None:
+    """'rank R: its report' of the lowest rank whose wait timed out (its first line, shortened): where this run's
+    wait ran out, which the one paragraph keeps."""
+    rank = min((r for r, t in failures.items() if _timed_out(t)), default=None)
+    if rank is None:
+        return None
+    line = failures[rank].strip().splitlines()[0] if failures[rank].strip() else ""
+    return f"rank {rank}: {line[:240] + ('...' if len(line) > 240 else '')}"
+
+
+def wait_timeout_error(timeout_s: float, flag: str, emulate_links: float | None,
+                       first: str | None = None) -> InputError:
+    """The one paragraph of a dry run whose waits ran past `flag`, whichever wait ran out first (`first`: where it
+    did this time, when known)."""
     return InputError(
         f"a wait between the ranks ran past {flag} {timeout_s:g} s (every wait counts: the ranks connecting, "
         "building their groups, each step's transfers and collectives; which one runs out first varies from run "
-        "to run)", field=flag,
+        "to run" + (f"; this time {first}" if first else "") + ")", field=flag,
         fix=f"give a larger {flag} (default 120; on a slow or busy machine the ranks take seconds to connect)"
         + (f"; with --emulate-links {emulate_links:g} a rank also waits on peers that wait on the slowed links, so "
            "a smaller scale helps too" if emulate_links and emulate_links > 1 else ""))
