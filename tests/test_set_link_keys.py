@@ -80,3 +80,17 @@ def test_a_link_no_key_spells_alone_says_to_edit_the_inventory(tmp_path):
     for spelled in ("a-b-c", "b-c-a"):     # (the error's claim: both orders read two ways)
         with pytest.raises(InputError, match="reads as the link between"):
             apply_overrides(inv, [f"link.{spelled}.bandwidth_gbps=1"])
+
+
+def test_explains_what_if_keys_read_back_as_their_link(tmp_path):
+    """`explain`'s what-if rows give each link's --set key for scripts (--json "key"): it was the sorted join,
+    'link.a-b-c.bandwidth_gbps' for both links here, which --set refuses as two links; now each sets its own link,
+    and a link no key spells alone has none (null)."""
+    from hetauto_megatron.plan.sensitivity import _link_key
+    inv = load_inventory(_inventory(tmp_path, NAMES, LINKS))
+    for pair in map(frozenset, LINKS):
+        key = _link_key(inv, pair)
+        assert _set_link(inv, re.sub(r"^link\.|\.bandwidth_gbps$", "", key)) == pair, key
+    names = ("a", "b-c", "a-b", "c", "b", "c-a", "d")
+    inv = load_inventory(_inventory(tmp_path, names, (("a", "b-c"), ("b", "d"))))
+    assert _link_key(inv, frozenset(("a", "b-c"))) is None

@@ -8,6 +8,7 @@ import dataclasses
 import math
 
 from ..errors import InfeasibleError, InputError
+from ..spec.whatif import link_spelling
 from .batch_split import split_batch
 from .plan import Plan
 from .simulate import check_plan_against_inventory, simulate
@@ -50,6 +51,13 @@ def links_crossed(plan: Plan, inventory) -> list[tuple[frozenset, str]]:
         if a.cluster != b.cluster and key in inventory.links and key not in [k for k, _ in used]:
             used.append((key, "-".join(m.cluster for m in plan.meshes if m.cluster in key)))
     return used
+
+
+def _link_key(inventory, key: frozenset) -> str | None:
+    """The --set key of a link's bandwidth that reads back as that link alone (spec/whatif.py link_spelling: with
+    '-' in cluster names a joined pair can spell another pair); None where no spelling does."""
+    spelled = link_spelling(inventory, key)
+    return f"link.{spelled}.bandwidth_gbps" if spelled else None
 
 
 def with_batch(plan: Plan, gbs: int) -> Plan:
@@ -117,7 +125,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
     rows = []
     for key, name in links_crossed(plan, inventory):
         link = inventory.links[key]
-        row = {"what": f"link {name} bandwidth", "key": f"link.{name}.bandwidth_gbps", "base": link.bandwidth_gbps,
+        row = {"what": f"link {name} bandwidth", "key": _link_key(inventory, key), "base": link.bandwidth_gbps,
                "method": "same layout", "base_tokens_per_s": base, "cases": []}
         for f in factors:
             row["cases"].append(_case(f, link.bandwidth_gbps * f, _tokens(plan, _link_at(inventory, key, f),
@@ -150,7 +158,7 @@ def sensitivity(plan: Plan, inventory, cost_model, *, replan=None, factors=(0.5,
             link = inventory.links[key]
             name = "-".join(sorted(key))
             f = max(factors)
-            rows.append({"what": f"link {name} bandwidth (unused)", "key": f"link.{name}.bandwidth_gbps",
+            rows.append({"what": f"link {name} bandwidth (unused)", "key": _link_key(inventory, key),
                          "base": link.bandwidth_gbps, "method": "re-planned", "base_tokens_per_s": ref,
                          "base_cost_per_million_tokens": ref_cost,
                          "cases": [_replanned(replan, _link_at(inventory, key, f), f, link.bandwidth_gbps * f, ref,
