@@ -526,7 +526,8 @@ def _edit(doc, path, value):
     # (ZeroDivisionError, TypeError) and printed Infinity or a negative pipeline time under --json; a rate of 1e300
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "overhead_s"), 1.7e308,
      "calibration.a100-40gb|layer|fwd|0|16-bit.overhead_s"),
-    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "overhead_s"), -1, "calibration.a100-40gb|layer|fwd|0|16-bit.overhead_s"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "overhead_s"), -1,
+     "calibration.a100-40gb|layer|fwd|0|16-bit.overhead_s"),
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), 1e300, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
     (("host_floor",), {"a100-40gb|fwd|tp1": 1e300}, "host_floor.a100-40gb|fwd|tp1"),
     (("tp_allreduce_bytes_per_s",), {"a100-40gb|tp2": 1e300}, "tp_allreduce_bytes_per_s"),

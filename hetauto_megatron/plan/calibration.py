@@ -138,7 +138,8 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if missing:
             raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
                              fix="add these keys to the source (see the packaged table)")
-        device = get_device(str(cfg["device"]), file=path, field=f"{source}.device")   # (inventory_from_dict names no file)
+        # (inventory_from_dict names no file)
+        device = get_device(str(cfg["device"]), file=path, field=f"{source}.device")
         for key in _SWITCHES:
             if not isinstance(cfg[key], bool):
                 raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,

@@ -32,10 +32,10 @@ def check_source(cfg: dict, table: dict, source: str, path: str) -> None:
     micro-batch size and its node links."""
     for key, limit in (("vocab", MAX_SIZE), ("seq_len", MAX_SIZE)):
         v = table.get(key)
+        what = "vocabulary size" if key == "vocab" else "sequence length in tokens"
         if not _is_number(v, True) or not 0 < v <= limit:
             raise InputError(f"{key} of source {source} is {v!r}, not a whole number from 1 to {limit:,}", file=path,
-                             field=f"{source}.{key}", fix=f"give the {'vocabulary size' if key == 'vocab' else 'sequence length in tokens'} "
-                             "the published runs trained with")
+                             field=f"{source}.{key}", fix=f"give the {what} the published runs trained with")
     if table.get("recompute") not in RECOMPUTE_MODES:
         raise InputError(f"recompute of source {source} is {table.get('recompute')!r}", file=path,
                          field=f"{source}.recompute", fix=f"write one of {', '.join(RECOMPUTE_MODES)} (Megatron's "
