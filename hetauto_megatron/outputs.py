@@ -8,6 +8,7 @@ InputError naming the path, the option and the fix, never a traceback. Every lay
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 from .errors import InputError
@@ -106,3 +107,31 @@ def refuse_folder_over_files(folder, files) -> None:
             raise InputError(f"{path!r} {how} the output file of {file_flag} ({file!r}), which is written first, "
                              "so the folder could not be made there", field=flag,
                              fix=f"give {flag} and {file_flag} different names (a folder apart from the file)")
+
+
+def _non_finite(obj, where: str = "") -> str | None:
+    """Where in a JSON document the first NaN or infinity sits ('estimate.iteration_time_s'), None if nowhere."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "(the document)"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
+def json_text(obj, **kwargs) -> str:
+    """`obj` as JSON text with no NaN or Infinity, which Python writes by default and no JSON parser reads: a figure
+    that is not finite came from an input figure beyond any hardware that no reader caught, so it is refused
+    naming where it sits rather than handed to a script as JSON that is not."""
+    import json
+    try:
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:
+        where = _non_finite(obj)
+        if where is None:
+            raise
+        raise InputError(f"the result's {where} is not a finite number, which JSON cannot hold", field=where,
+                         fix="check the figures of the input files (a rate, overhead, bandwidth or peak far beyond "
+                             "any hardware); the run without --json shows the figures") from None

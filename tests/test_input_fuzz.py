@@ -494,7 +494,7 @@ def _manifest() -> dict:
     from hetauto_megatron.cost import features as F
     from hetauto_megatron.cost.learned.samples import MODEL_FORMAT
     return {"format": MODEL_FORMAT, "feature_version": F.FEATURE_VERSION, "boosters": {},
-            "calibration": {"a100-40gb|layer|fwd|0|16-bit": {"rate": 1.2, "overhead_s": -0.001},
+            "calibration": {"a100-40gb|layer|fwd|0|16-bit": {"rate": 1.2, "overhead_s": 0.001},
                             "a100-40gb|layer|bwd|0|16-bit": {"rate": 1.1, "overhead_s": 0.0}},
             "devices": {"a100-40gb": {"name": "a100-40gb", "granularity": "layer", "dtype_bytes": 2,
                                       "peak_tflops": 312.0, "hbm_gbps": 1555.0, "rows": 10, "source": "sailor",
@@ -522,6 +522,16 @@ def _edit(doc, path, value):
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), -2.0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
     (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), 0, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
     (("score_bwd_weight",), float("inf"), "score_bwd_weight"),
+    # figures no fit writes: an overhead of 1.7e308 s or -1 s crashed plan, explain and simulate --timeline
+    # (ZeroDivisionError, TypeError) and printed Infinity or a negative pipeline time under --json; a rate of 1e300
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "overhead_s"), 1.7e308,
+     "calibration.a100-40gb|layer|fwd|0|16-bit.overhead_s"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "overhead_s"), -1,
+     "calibration.a100-40gb|layer|fwd|0|16-bit.overhead_s"),
+    (("calibration", "a100-40gb|layer|fwd|0|16-bit", "rate"), 1e300, "calibration.a100-40gb|layer|fwd|0|16-bit.rate"),
+    (("host_floor",), {"a100-40gb|fwd|tp1": 1e300}, "host_floor.a100-40gb|fwd|tp1"),
+    (("tp_allreduce_bytes_per_s",), {"a100-40gb|tp2": 1e300}, "tp_allreduce_bytes_per_s"),
+    (("gemm_bwd_weight",), 1e300, "gemm_bwd_weight"),
     (("boosters",), 3, "boosters"),
     (("boosters",), {"layer_fwd": 4}, "boosters"),
     (("boosters",), {"layer_fwd": "layer_fwd.txt"}, "boosters"),

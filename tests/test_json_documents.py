@@ -73,3 +73,25 @@ def test_simulate_json_of_several_pipelines_has_their_keys_together(tmp_path):
     one = run_json("simulate", "--plan", os.path.join(LLAMA, "plans", "tiny-2clusters-cpu.yaml"),
                    "--inventory", TWO_PIPELINES_INVENTORY)
     assert not {"pipelines", "replica_sync_s", "exchange_roots"} & set(one), set(one)
+
+
+def test_no_command_prints_nan_or_infinity_as_json():
+    """Python's json writes NaN and Infinity, which no JSON parser reads: a learned model's overhead of 1.7e308 s
+    printed Infinity from simulate and compare --json, a published table's micro-batch of 1000 from
+    validate-cost-model --json. Every command's --json goes through outputs.json_text, which refuses a figure that
+    is not finite naming where it sits (exit 2, and one JSON error object like every invalid input)."""
+    import glob
+    import re
+
+    import pytest
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.outputs import json_text
+    with pytest.raises(InputError) as exc:
+        json_text({"estimate": {"stages": [{"time_s": 1.0}, {"time_s": float("inf")}]}})
+    assert exc.value.field == "estimate.stages[1].time_s", exc.value.message
+    assert json.loads(json_text({"a": [1.5, None]})) == {"a": [1.5, None]}
+    printed = [f"{os.path.basename(p)}: {line.strip()}" for p in glob.glob(os.path.join(ROOT, "hetauto_megatron",
+                                                                                          "commands", "*.py"))
+               for line in open(p) if re.search(r"print\(json\.dumps\(", line)]
+    assert not printed, printed

@@ -5,6 +5,7 @@ import json
 import math
 import sys
 
+from ..outputs import json_text
 from ..spec._fields import MAX_FIGURE
 from .explain import add_plan_input_args
 
@@ -231,7 +232,7 @@ def run(args) -> int:
         differ = [k for k, *_ in ROWS if len({str(r[k]) for r in rows}) > 1]
         # (JSON for scripts: `fits` a boolean, the peak memory also as numbers; the table shows them in words)
         from ._common import json_document
-        print(json.dumps(json_document("compare", {"plans": rows, "differ": differ}), indent=2))
+        print(json_text(json_document("compare", {"plans": rows, "differ": differ}), indent=2))
     else:
         print(format_table(rows))
     return 0

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 
 from ..errors import InputError
+from ..outputs import json_text
 from ..spec._fields import shorten
 from ._timeline import add_timeline_args, check_timeline_args, write_dryrun_timelines
 
@@ -147,7 +147,7 @@ def run(args) -> int:
         for path in write_dryrun_timelines(args, plan, report, inv):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
-        print(json.dumps({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "parity", "bytes", "settings",
+        print(json_text({**{k: report[k] for k in ("steps", "reference", "max_abs_diff", "parity", "bytes", "settings",
                                                     "padded_vocab_size",
                                                     "step_times_s", "iteration_s", "seconds", "model", "cores",
                                                     "exposed_s", "memory", "shared_digests", "link_scale")

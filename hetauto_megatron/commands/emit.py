@@ -1,12 +1,11 @@
 """`hetauto emit megatron|deepspeed|summary`: turn a plan file into what a job needs to run."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from ..errors import InputError
-from ..outputs import make_output_dir, refuse_overwriting_inputs, write_text_file
+from ..outputs import json_text, make_output_dir, refuse_overwriting_inputs, write_text_file
 from ..spec._fields import shorten
 
 DESCRIPTION = """\
@@ -80,7 +79,7 @@ def megatron_files(launches: list[dict]) -> list[tuple]:
 def deepspeed_files(configs: list[dict], unsupported: list[str]) -> list[tuple]:
     text = ("Plan features DeepSpeed cannot express:\n" + "".join(f"- {u}\n" for u in unsupported)
             if unsupported else "none\n")
-    return [(f"ds_config.{c['name']}.json", json.dumps(c["config"], indent=2) + "\n", 0o644) for c in configs] + [
+    return [(f"ds_config.{c['name']}.json", json_text(c["config"], indent=2) + "\n", 0o644) for c in configs] + [
         ("deepspeed-unsupported.txt", text, 0o644)]
 
 
@@ -205,7 +204,7 @@ def run(args) -> int:
                       "pipeline_parallel_size": PipelineLayout(plan, p).num_stages} for p in range(plan.num_pipelines)]
             # "pipeline_parallel_size": the one pipeline's depth (plans of one pipeline); "pipelines": each one's
             depth = {"pipeline_parallel_size": pipes[0]["pipeline_parallel_size"]} if len(pipes) == 1 else {}
-            print(json.dumps({"world_size": plan.world_size, **depth, "pipelines": pipes,
+            print(json_text({"world_size": plan.world_size, **depth, "pipelines": pipes,
                               "launches": launches, "written": written}, indent=2))
         elif not out_dir:
             for la in launches:
@@ -225,12 +224,12 @@ def run(args) -> int:
             written += write_deepspeed(configs, unsupported, out_dir, keep=[("--plan", args.plan)])
             others = [name for name, _, _ in deepspeed_files(every, [])]
         if args.json:
-            print(json.dumps({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
+            print(json_text({"configs": configs, "unsupported": unsupported, "written": written}, indent=2))
         elif not out_dir:
             for c in configs:
                 print(f"# ds_config for {c['name']} (mesh {c['mesh']}, data-parallel size {c['data_parallel_size']}; "
                       "accepted by DeepSpeed's parser)")
-                print(json.dumps(c["config"], indent=2))
+                print(json_text(c["config"], indent=2))
             print("# plan features DeepSpeed cannot express:" if unsupported else
                   "# DeepSpeed can express every feature of this plan")
             for u in unsupported:
@@ -267,7 +266,7 @@ def run(args) -> int:
                                      "pipeline_parallel_size": plan.pipeline_stages(p)}
                                     for p in range(plan.num_pipelines)]})
             from ._common import json_document
-            print(json.dumps(json_document("emit-summary", {"summary": text, "world_size": plan.world_size, **shape,
+            print(json_text(json_document("emit-summary", {"summary": text, "world_size": plan.world_size, **shape,
                                                             "estimate": estimate, "written": written}), indent=2))
         elif not out_dir:
             print(text)

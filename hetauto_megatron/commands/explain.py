@@ -1,9 +1,10 @@
 """`hetauto explain`: why this plan - its bottleneck, memory headroom, the runners-up, and what-if sensitivity."""
 from __future__ import annotations
 
-import json
 import sys
 import time
+
+from ..outputs import json_text
 
 DESCRIPTION = """\
 Explain a plan before booking the devices:
@@ -385,7 +386,7 @@ def run(args) -> int:
                else exc) from None
     if args.json:
         from ._common import json_document
-        print(json.dumps(json_document("explain", rep), indent=2))
+        print(json_text(json_document("explain", rep), indent=2))
     else:
         print(format_report(rep))
     return 0

@@ -1,7 +1,7 @@
 """`hetauto fit`: fit the learned (LightGBM) cost model from operator profiles and/or per-layer GPU data."""
 from __future__ import annotations
 
-import json
+from ..outputs import json_text
 
 # What a bare `--sailor` stores; `sailor_path` resolves it to the packaged copy (cost.learned is imported lazily).
 SAILOR_DEFAULT = "packaged"
@@ -70,7 +70,7 @@ def run(args) -> int:
     res = fit(list(args.profiles), args.out, sailor_dir=sailor_path(args.sailor), holdout=args.holdout,
               seed=args.seed)
     if args.json:
-        print(json.dumps(res.to_dict(), indent=1, sort_keys=True))
+        print(json_text(res.to_dict(), indent=1, sort_keys=True))
         return 0
     print(f"fitted {res.rows} rows -> {res.model_dir}")
     print(f"device types: {', '.join(f'{k} ({v.granularity})' for k, v in sorted(res.devices.items()))}")

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
-from ..outputs import output_errors, refuse_folder_over_files, refuse_overwriting_inputs
+from ..outputs import json_text, output_errors, refuse_folder_over_files, refuse_overwriting_inputs
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, check_budget_s,
                       check_output_dir, check_output_file, check_timeline_paths, load_inputs, write_timelines)
 from ._plan_constraints import (NameList, check_deepspeed_constraints, check_selective_runs, constraints_from_args,
@@ -297,7 +296,7 @@ def run(args) -> int:
         # keys that do not apply are null, never absent (docs/explain.md): the plan file's estimate leaves the
         # cost out when a cluster has no price and the learned model's reasons out when it prices nothing, and
         # --explain and --from add their parts only when given
-        print(json.dumps(json_document("plan", {
+        print(json_text(json_document("plan", {
             **plan.estimate, "cost_model_why": plan.estimate.get("cost_model_why"),
             "cost_per_million_tokens": plan.estimate.get("cost_per_million_tokens"),
             "search": search_record, "plan": plan.to_dict(), "written": written, "explain": explained or None,

@@ -1,11 +1,11 @@
 """`hetauto probe-link`: measure a link's bandwidth and latency through torch.distributed gloo."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from ..errors import InputError
+from ..outputs import json_text
 
 DESCRIPTION = """\
 Measure point-to-point bandwidth (over message sizes) and latency between two hosts through torch.distributed
@@ -98,7 +98,7 @@ def run(args) -> int:
             return 0
     a, b = args.between
     if args.json:
-        print(json.dumps(m.to_dict(a, b), indent=1))
+        print(json_text(m.to_dict(a, b), indent=1))
         return 0
     print(f"# latency {m.latency_s * 1e6:.1f} us, bandwidth {m.bandwidth_gbps:.3f} Gbit/s "
           f"({m.bandwidth_bytes_per_s / 1e6:.1f} MB/s) on one connection"

@@ -5,7 +5,7 @@ import json
 import os
 
 from ..errors import InputError
-from ..outputs import make_output_dir, write_text_file
+from ..outputs import json_text, make_output_dir, write_text_file
 
 DESCRIPTION = """\
 Time the operators a transformer layer is made of (QKV and output projections, attention core, MLP GEMMs,
@@ -106,7 +106,7 @@ def run(args) -> int:
     summary = profile(device, out, grid=grid, dtype=args.dtype, seed=args.seed, threads=args.threads,
                       layer_impl=args.layer_impl, progress=stderr_progress)
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary, indent=1))
     else:
         what = "operators" if "operators" in summary else "layers"
         print(f"{summary['file']}: {summary[what]} {what} ({summary['measured_now']} measured now, "
@@ -127,10 +127,10 @@ def _overheads(args, device) -> int:
                          fix="run it on a machine with the device (one process per device, alone on it)")
     result = {"device_type": device.name, **measure_overheads(device.vendor)}
     make_output_dir(args.out, "--out")
-    path = write_text_file(os.path.join(args.out, f"overheads-{device.name}.json"), json.dumps(result, indent=1),
+    path = write_text_file(os.path.join(args.out, f"overheads-{device.name}.json"), json_text(result, indent=1),
                            field="--out")
     comm = "not measured (one rank)" if result["comm_gib"] is None else f"{result['comm_gib']:.2f} GiB"
-    print(json.dumps(result, indent=1) if args.json else
+    print(json_text(result, indent=1) if args.json else
           f"{path}: context {result['context_gib']:.2f} GiB, workspace {result['workspace_gib']:.2f} GiB, "
           f"collective buffers {comm}, fragmentation {result['fragmentation']:.1%}")
     return 0

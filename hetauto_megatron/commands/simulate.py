@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 from ._common import (add_memory_job_arg, add_model_inventory_args, add_precision_arg, apply_memory_job,
                       as_priced_on, at_plan_precision, check_timeline_paths, load_inputs, measured_layers_hint,
                       use_recorded_memory_job, warn_if_priced_otherwise, without_unused_unable, write_timelines)
+from ..outputs import json_text
 from ..spec.whatif import keys_help
 
 DESCRIPTION = """\
@@ -276,7 +276,7 @@ def run(args) -> int:
     if args.json:
         from ._common import json_document
         # every key always present (null where it does not apply), as explain and compare write them
-        print(json.dumps(json_document("simulate", {"engine": args.engine, **est.to_dict(),
+        print(json_text(json_document("simulate", {"engine": args.engine, **est.to_dict(),
                                                     "cost_model_why": est.cost_model_why or None,
                                                     "cost_per_million_tokens": cost, "written": written or []}),
                          indent=2))

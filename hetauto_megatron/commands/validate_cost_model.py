@@ -3,10 +3,10 @@ commands/_dryrun_comparison.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from ..errors import InputError
+from ..outputs import json_text
 from ._dryrun_comparison import dryrun_results, print_dryrun_table
 from .fit import SAILOR_DEFAULT, sailor_path
 
@@ -247,7 +247,7 @@ def run(args) -> int:
             for part in (res, res.get("layers")):
                 if part and "rows" in part:
                     part["rows"] = worst_first(part["rows"], args.rows)
-        print(json.dumps({**res, **({"dryruns": dry} if dry else {}), **({"published": pub} if pub else {})},
+        print(json_text({**res, **({"dryruns": dry} if dry else {}), **({"published": pub} if pub else {})},
                          indent=1))
         return 0
     if pub:

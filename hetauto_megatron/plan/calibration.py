@@ -26,6 +26,7 @@ from ..spec.files import load_yaml_file
 from ..spec.model import ModelSpec
 from .layout_pricing import evaluate_layout
 from .engines import ENGINES
+from .published_checks import ROW_KEYS, check_layout, check_row, check_source, in_table_terms
 from .simulate import MeshChoice
 
 TABLE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "data", "published-megatron-throughput.yaml"))
@@ -115,35 +116,6 @@ def published_iteration_time(flops_count: str, vocab: int, seq: int, row: dict) 
 
 
 _SOURCE_KEYS = {"rows", "vocab", "seq_len", "recompute", "runtime_settings"}
-_ROW_KEYS = ("params_b", "heads", "hidden", "layers", "tp", "pp", "gpus", "batch", "tflops_per_gpu")
-
-
-def _check_row(row, i: int, source: str, path: str) -> None:
-    """One row of a published-runs table: known keys, positive whole numbers, a whole data-parallel degree."""
-    from .mesh import MAX_GLOBAL_BATCH_SIZE
-    where = f"{source}.rows[{i}]"
-    if not isinstance(row, dict):
-        raise InputError(f"row {i} of {source} is not a mapping", file=path, field=where,
-                         fix=f"write each row as {{{', '.join(_ROW_KEYS)}}}")
-    unknown = sorted(set(row) - set(_ROW_KEYS) - {"dp"}, key=str)
-    if unknown:
-        raise InputError(f"row {i} of {source} has unknown key {unknown[0]!r}", file=path, field=f"{where}.{unknown[0]}",
-                         fix=f"use only {', '.join(_ROW_KEYS)} (and dp)")
-    for key in _ROW_KEYS:
-        v = row.get(key)
-        whole = key not in ("params_b", "tflops_per_gpu")
-        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-              and (not whole or isinstance(v, int)))
-        if not ok:
-            raise InputError(f"row {i} of {source}: {key} is {v!r}, not a positive {'whole ' if whole else ''}number",
-                             file=path, field=f"{where}.{key}", fix=f"give {key} as the published table states it")
-    if row["batch"] > MAX_GLOBAL_BATCH_SIZE:
-        raise InputError(f"row {i} of {source}: batch {row['batch']} is above {MAX_GLOBAL_BATCH_SIZE:,}", file=path,
-                         field=f"{where}.batch", fix="give the global batch in samples")
-    tp, pp, gpus = row["tp"], row["pp"], row["gpus"]
-    if gpus % (tp * pp) or ("dp" in row and row["dp"] != gpus // (tp * pp)):
-        raise InputError(f"row {i} of {source}: gpus {gpus} is not tp x pp x dp ({tp} x {pp} x {row.get('dp', '?')})",
-                         file=path, field=f"{where}.gpus", fix="give gpus = tp x pp x dp")
 
 
 def published_runs(path: str = TABLE) -> list[PublishedRun]:
@@ -166,7 +138,8 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if missing:
             raise InputError(f"source {source} does not say {', '.join(missing)}", file=path, field=source,
                              fix="add these keys to the source (see the packaged table)")
-        get_device(str(cfg["device"]), file=path, field=f"{source}.device")     # (inventory_from_dict names no file)
+        # (inventory_from_dict names no file)
+        device = get_device(str(cfg["device"]), file=path, field=f"{source}.device")
         for key in _SWITCHES:
             if not isinstance(cfg[key], bool):
                 raise InputError(f"{key} of source {source} is {cfg[key]!r}, not true or false", file=path,
@@ -184,8 +157,10 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
         if unknown:
             raise InputError(f"source {source} has unknown key {unknown[0]!r}", file=path, field=f"{source}.{unknown[0]}",
                              fix=f"use only {', '.join(sorted(set(cfg) | _SOURCE_KEYS))}")
+        check_source(cfg, table, source, path)
         for i, row in enumerate(table["rows"]):
-            _check_row(row, i, source, path)
+            check_row(row, i, source, path)
+            check_layout(row, i, source, path, cfg["micro_batch_size"], device.peak_tflops, device.name)
             try:
                 h = row["hidden"]
                 model = ModelSpec(name=f"gpt-{row['params_b']}b", num_layers=row["layers"], hidden_size=h,
@@ -200,9 +175,11 @@ def published_runs(path: str = TABLE) -> list[PublishedRun]:
                     published_iteration_time(cfg["flops_count"], table["vocab"], table["seq_len"], row),
                     tuple(sorted(dict(table.get("runtime_settings") or _SOURCE_SETTINGS.get(source, {})).items())),
                     cfg["tp_comm_overlap"], cfg["engine"]))
+            except InputError as exc:
+                raise in_table_terms(exc, i, source, path) from None
             except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
                 raise InputError(f"row {i} of {source} is incomplete ({exc})", file=path, field=f"{source}.rows",
-                                 fix="give params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops_per_gpu")
+                                 fix=f"give {', '.join(ROW_KEYS)}")
     return out
 
 

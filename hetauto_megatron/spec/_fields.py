@@ -101,20 +101,51 @@ def file_kind(keys) -> tuple[str, str] | None:
     return next(((key, what) for key, what in _FILE_KEYS.items() if key in keys), None)
 
 
+def _hf_names(known) -> dict[str, str]:
+    """A Hugging Face config.json key -> the key of ours it is read into (num_hidden_layers -> num_layers), for the
+    keys of a model file (hf_families.SOURCE_KEYS: the names the config reader takes)."""
+    from .hf_families import SOURCE_KEYS
+    names: dict[str, str] = {}
+    for ours, theirs in SOURCE_KEYS.items():
+        for k in theirs:
+            if ours in known and k not in known:
+                names.setdefault(k, ours)
+    return names
+
+
+# The keys only a Hugging Face config.json has (it names its family and its classes): a model YAML holding them is
+# a config.json's content, which --model reads from a .json file, not a file of hetauto's own keys
+_HF_CONFIG_KEYS = ("model_type", "architectures")
+
+
 def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None, prefix: str = "") -> None:
     unknown = sorted((str(k) for k in set(data) - set(known)))
     kind = (file_kind(unknown) or (None, None))[1]
-    if kind and not prefix:     # a whole file of another kind: say so, not "remove them"
+    own = (file_kind(known) or (None, None))[1]     # the kind of file these keys make up: never "another" kind
+    if kind and kind != own and not prefix:     # a whole file of another kind: say so, not "remove them"
         raise InputError(f"has key(s) {', '.join(unknown[:4])}{', ...' if len(unknown) > 4 else ''}: it looks like "
                          f"{kind}, not the file this option reads", file=file,
                          fix="pass each file to its own option (--model, --inventory, --plan)")
+    hf = _hf_names(known)
+    if hf and not prefix and any(k in unknown for k in _HF_CONFIG_KEYS):
+        said = next(k for k in _HF_CONFIG_KEYS if k in unknown)
+        raise InputError(f"has '{said}:' and other Hugging Face keys: it looks like a config.json's content, "
+                         "written in a model file of hetauto's own keys", file=file, field=said,
+                         fix="save it as config.json (a file named .json, or the checkpoint directory holding it) "
+                             "and pass that to --model, which reads Hugging Face configs (docs/inputs.md, 'Hugging "
+                             "Face config.json'); or write the model with hetauto's keys: " + ", ".join(sorted(known)))
     if unknown:
-        renames = []
+        renames, drops = [], []
         for k in unknown:
             close = difflib.get_close_matches(k, list(known), n=1)
-            if close:
-                renames.append(f"'{k}' to '{close[0]}'")
-        fix = (f"rename {', '.join(renames)} (a likely typo); otherwise " if renames else "") + \
+            if k in hf and hf[k] in data:
+                drops.append(f"'{k}' (the Hugging Face name of {hf[k]}, which the file gives too)")
+            elif k in hf:
+                renames.append(f"'{k}' to '{hf[k]}' (the Hugging Face name of hetauto's {hf[k]})")
+            elif close:
+                renames.append(f"'{k}' to '{close[0]}' (a likely typo)")
+        said = ([f"rename {', '.join(renames)}"] if renames else []) + ([f"drop {', '.join(drops)}"] if drops else [])
+        fix = (f"{'; '.join(said)}; otherwise " if said else "") + \
             f"remove them; the known keys here are {', '.join(sorted(known))}"
         raise InputError(f"unknown key(s) {', '.join(unknown)}", file=file, field=prefix.rstrip(".") or None, fix=fix)
 

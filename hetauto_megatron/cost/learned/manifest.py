@@ -100,6 +100,31 @@ def booster_text_problem(path: str) -> str | None:
     return None
 
 
+# The range a fitted figure can hold (a fit writes none outside it; an edited manifest can). A rate is a time over
+# its roofline prior (`time = rate x prior + overhead`), 0.2-7 on the CPU and about 1-1.5 on GPUs, where a
+# catalog peak is off by at most a few times: four orders of magnitude either side is no device. An overhead is
+# a fixed time per call, fitted from 0 up to 95 % of the group's fastest measurement (roofline_calibration.py):
+# never negative, and an hour per kernel, layer or optimizer call is no job. Past them the prices overflow to
+# infinity or turn negative (a ZeroDivisionError in the search's bounds, Infinity in --json).
+RATE_RANGE = (1e-4, 1e4)
+MAX_OVERHEAD_S = 3600.0
+# the TP all-reduce's measured bus rate: 1 kB/s to 1 PB/s (fits hold 1e9-3e11); message sizes up to 1 PB
+BYTES_PER_S_RANGE = (1e3, 1e15)
+MAX_MESSAGE_BYTES = 1e15
+
+
+def _out_of_range(rate: float, overhead: float) -> tuple[str, str] | None:
+    """(field, what is wrong) for a calibration, composition or optimizer-step entry outside what a fit writes."""
+    if not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+        what = "must be positive" if rate <= 0 else "is outside what any fit writes"
+        return "rate", (f"{what}, got {rate:g} (a rate is the time over its roofline prior, fitted between "
+                        f"{RATE_RANGE[0]:g} and {RATE_RANGE[1]:g})")
+    if not 0 <= overhead <= MAX_OVERHEAD_S:
+        return "overhead_s", (f"is {overhead:g} s, outside what any fit writes (a fixed time per call, from 0 to "
+                              f"{MAX_OVERHEAD_S:g} s)")
+    return None
+
+
 def _number(value) -> float:
     """A figure a fit wrote as a JSON number: text ("1.0") or true is a hand edit float() would read."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -113,11 +138,14 @@ def _read_rates(rates, path: str) -> dict:
     def number(x, low: float) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and low < x < math.inf
 
+    def rate(x) -> bool:
+        return number(x, 0) and BYTES_PER_S_RANGE[0] <= x <= BYTES_PER_S_RANGE[1]
+
     def points(v):
-        if number(v, 0):
+        if rate(v):
             return float(v)
         if not isinstance(v, list) or not v or not all(isinstance(p, list) and len(p) == 2 and number(p[0], 0)
-                                                       and number(p[1], 0) for p in v):
+                                                       and p[0] <= MAX_MESSAGE_BYTES and rate(p[1]) for p in v):
             return None
         out = tuple((float(b), float(r)) for b, r in v)
         return out if all(a[0] < b[0] for a, b in zip(out, out[1:])) else None
@@ -125,7 +153,8 @@ def _read_rates(rates, path: str) -> dict:
     read = {str(k): points(v) for k, v in rates.items()} if isinstance(rates, dict) else None
     if read is None or any(v is None for v in read.values()):
         raise InputError("has a garbled tp_allreduce_bytes_per_s table (each entry a rate in bytes/s, or a list of "
-                         "[message bytes, bytes/s] in increasing bytes)", file=path, field="tp_allreduce_bytes_per_s",
+                         f"[message bytes, bytes/s] in increasing bytes; rates from {BYTES_PER_S_RANGE[0]:g} to "
+                         f"{BYTES_PER_S_RANGE[1]:g} bytes/s)", file=path, field="tp_allreduce_bytes_per_s",
                          fix="re-fit it with 'hetauto fit'")
     return read
 
@@ -169,10 +198,11 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
                              "calibration key)", file=path, field=f"{table}.{bad[0]}", fix="re-fit it with 'hetauto fit'")
         # a fit makes every rate positive (roofline_calibration.py _fit_rate_overhead: the exp of a median): a rate
         # of 0 or below would price that work as free or negative and steer the search to it
-        for k, (r, _) in tables[table].items():
-            if r <= 0:
-                raise InputError(f"must be positive, got {r:g} (no fit writes that)", file=path,
-                                 field=f"{table}.{k}.rate", fix="re-fit it with 'hetauto fit'")
+        for k, (r, o) in tables[table].items():
+            bad = _out_of_range(r, o)
+            if bad:
+                raise InputError(bad[1], file=path, field=f"{table}.{k}.{bad[0]}",
+                                 fix="re-fit the model with 'hetauto fit' (an edited figure is not a fitted one)")
     # every device a fit lists has its calibration (a table deleted or emptied by hand read as "no measurements
     # of cpu in the learned model (it covers: none)", priced by the analytic model)
     calibrated = {k.split("|", 1)[0] for k in tables["calibration"]}
@@ -213,7 +243,8 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
     weight = man.get("score_bwd_weight", 1.0)   # models fitted before it existed: the counted traffic
     gemm_weight = man.get("gemm_bwd_weight", 1.0)   # models fitted before it existed: the forward's efficiency
     for field, value in (("score_bwd_weight", weight), ("gemm_bwd_weight", gemm_weight)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not RATE_RANGE[0] <= value <= RATE_RANGE[1]:     # (a weight of about 1: a share of the traffic)
             raise InputError(f"has a garbled {field} ({value!r})", file=path, field=field,
                              fix="re-fit it with 'hetauto fit'")
     fit = man.get("fit") if isinstance(man.get("fit"), dict) else {}    # the fit's report: informational
@@ -222,10 +253,13 @@ def read_model_dir(model_dir: str) -> tuple[dict, dict, FittedModel]:
     fitted.optimizer = tables["optimizer_step"]
     fitted.gemm_bwd_weight = float(gemm_weight)
     floor = man.get("host_floor", {})   # models fitted before it existed: no floor
-    if not isinstance(floor, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in floor.values()):
+    if not isinstance(floor, dict):
         raise InputError("has a garbled host_floor table", file=path, field="host_floor",
                          fix="re-fit it with 'hetauto fit'")
+    for k, v in floor.items():      # the host's time per pass: seconds, as an overhead
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_OVERHEAD_S:
+            raise InputError(f"is {v!r}, not a time per pass from 0 to {MAX_OVERHEAD_S:g} s", file=path,
+                             field=f"host_floor.{k}", fix="re-fit the model with 'hetauto fit'")
     fitted.host_floor = {str(k): float(v) for k, v in floor.items()}
     rates = man.get("tp_allreduce_bytes_per_s", {})   # models fitted before it existed: the node's link
     fitted.tp_allreduce = _read_rates(rates, path)
