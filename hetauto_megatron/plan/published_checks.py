@@ -4,7 +4,8 @@ so that a figure the analytic model cannot price is one paragraph naming the fil
 an infinite prediction or a field of ModelSpec or the inventory the table does not have.
 
 A row must describe a layout Megatron-LM could have run: TP divides the heads and the heads the hidden size,
-tp x pp x dp is the GPU count, PP divides the layers (Megatron-LM's even split; the table has no uneven one),
+tp x pp x dp is the GPU count, no more stages than layers (a split need not be even: Megatron-LM splits
+unevenly too, and the prediction takes the best split),
 the global batch is a whole number of micro-batches per data-parallel rank, and the published TFLOP/s per GPU
 are within the device's dense peak. The runs are priced on nodes of 8 GPUs (calibration.py `predict`), as the
 published systems (Selene, Eos) were built."""
@@ -110,8 +111,8 @@ def check_layout(row: dict, i: int, source: str, path: str, micro_batch_size: in
     if gpus > GPUS_PER_NODE and gpus % GPUS_PER_NODE:
         refuse("gpus", f"gpus {gpus} is not a whole number of nodes of {GPUS_PER_NODE} GPUs",
                f"give the published GPU count ({GPUS_PER_NODE} or fewer, or a multiple of {GPUS_PER_NODE})")
-    if layers < pp or layers % pp:
-        refuse("pp", f"pp {pp} does not divide the {layers} layers (each pipeline stage holds as many)",
+    if layers < pp:       # (an uneven split is Megatron-LM's too: --decoder-first/last-pipeline-num-layers)
+        refuse("pp", f"pp {pp} is more stages than the {layers} layers (each pipeline stage holds at least one)",
                "give the published PP degree and layer count")
     if row["batch"] % (micro_batch_size * dp):
         refuse("batch", f"batch {row['batch']} is not a whole number of micro-batches of {micro_batch_size} on each "
