@@ -257,16 +257,15 @@ class PartitionBound:
 
     def _layer_rate(self, name: str) -> float:
         """Sample-layers (forward and backward) one device of the cluster runs per second at best: the largest
-        b / (TP x per-layer time) over the TP degrees and the power-of-two micro-batches b the search may give it
-        (a superset of the shapes it offers; per-layer time does not depend on DP)."""
+        b / (TP x per-layer time) over the TP degrees and every micro-batch b up to the largest the search may give
+        (a superset of the shapes it offers, odd micro-batches among them: space.step_sizes; per-layer time does not
+        depend on DP)."""
         r = self._layer_rates.get(name)
         if r is None:
             c, r = self.inventory.cluster(name), 0.0
             for tp in tp_degrees(self.model, c):
-                mb = 1
-                while mb <= self.max_mb:
+                for mb in range(1, self.max_mb + 1):
                     prof = costing.stage_profile(self.model, c, tp, 1, mb, "none", self.cost, default_settings(tp))
                     r = max(r, mb / (tp * (prof.layer_fwd + prof.layer_bwd)))
-                    mb *= 2
             self._layer_rates[name] = r
         return r

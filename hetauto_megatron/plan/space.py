@@ -47,19 +47,23 @@ def odd_part(n: int) -> int:
     return n // (n & -n)
 
 
-def step_sizes(gbs: int, inventory: Inventory, con: Constraints) -> list[int]:
+def step_sizes(gbs: int, inventory: Inventory, con: Constraints, max_micro_batch: int = 16) -> list[int]:
     """The tree's choices of S, the samples a micro-batch step moves (DP x micro-batch): the divisors of the global
-    batch that are a multiple of a pinned micro-batch (else of 1) whose DP (S / micro-batch) is no larger than the
-    devices and whose DP's odd factor (S / 2^k) divides a cluster's device count or the --max-devices budget.
+    batch that are some DP x micro-batch the tree can offer, a micro-batch of at most `max_micro_batch` (the pinned
+    one where --micro-batch-size pins it) and a DP of at most the devices whose odd factor (DP / 2^k) divides a
+    cluster's device count or the --max-devices budget. So the pinned tree's steps are among the free tree's, and
+    its optimum is a leaf of the free tree (docs/search.md).
 
     A DP of 48 on 96 devices (12 nodes of 8) is a step of 48 or 96, which a power of two never gives: without it the
     96 H100s of Megatron-LM's published 7.1B run (TP 2 x DP 48) had to take three pipeline stages, priced 18 %
-    slower. An odd factor no cluster's devices have (S = 3 on 8 + 16 devices) could only leave devices idle, so it is
-    not offered (a smaller tree); a power-of-two global batch gives the powers of two, as the tree always had."""
+    slower. A DP whose odd factor no cluster's devices have (DP 3 on 8 + 16 devices) could only leave devices idle,
+    so it is not offered (a smaller tree); the micro-batch may hold an odd factor (DP 8 x 3 on 8 devices at a global
+    batch of 24: one step of 24 samples). Until 2026-12-07 S was also at most the devices, so a mesh of every device
+    as DP never ran micro-batches of 2 or more (24 A100s at a global batch of 96: DP 24 x 2 is 1.7 % faster)."""
     sizes = [c.num_devices for c in inventory.clusters] + ([con.max_devices] if con.max_devices else [])
-    mb = con.micro_batch_size or 1
-    return [s for s in range(mb, min(gbs, inventory.num_devices * mb) + 1, mb)
-            if gbs % s == 0 and any(n % odd_part(s // mb) == 0 for n in sizes)]
+    mbs = [con.micro_batch_size] if con.micro_batch_size else range(1, max_micro_batch + 1)
+    dps = [d for d in range(1, inventory.num_devices + 1) if any(n % odd_part(d) == 0 for n in sizes)]
+    return sorted({dp * mb for mb in mbs for dp in dps if gbs % (dp * mb) == 0})
 
 
 def _node_and_head_tps(model: ModelSpec, cluster) -> list[int]:
@@ -117,7 +121,7 @@ class SearchSpace(SpaceBounds):
             self.con = con = dataclasses.replace(con, objective="throughput")
         self.max_mb = max(max_micro_batch, con.micro_batch_size or 0)
         self.max_devices = min(inventory.num_devices, con.max_devices or inventory.num_devices)
-        self.samples = step_sizes(gbs, inventory, con)
+        self.samples = step_sizes(gbs, inventory, con, self.max_mb)
         self.tp = {c.name: [t for t in tp_degrees(model, c) if con.tp_of(c.name) in (None, t)]
                    for c in inventory.clusters}
         self.names = [c.name for c in inventory.clusters]
