@@ -49,21 +49,21 @@ def odd_part(n: int) -> int:
 
 def step_sizes(gbs: int, inventory: Inventory, con: Constraints, max_micro_batch: int = 16) -> list[int]:
     """The tree's choices of S, the samples a micro-batch step moves (DP x micro-batch): the divisors of the global
-    batch that are some DP x micro-batch the tree can offer, a micro-batch of at most `max_micro_batch` (the pinned
-    one where --micro-batch-size pins it) and a DP of at most the devices whose odd factor (DP / 2^k) divides a
-    cluster's device count or the --max-devices budget. So the pinned tree's steps are among the free tree's, and
+    batch, at most the devices, that are some DP x micro-batch the tree can offer: a micro-batch of at most
+    `max_micro_batch` (the pinned one where --micro-batch-size pins it) and a DP whose odd factor (DP / 2^k) divides
+    a cluster's device count or the --max-devices budget. So the pinned tree's steps are among the free tree's, and
     its optimum is a leaf of the free tree (docs/search.md).
 
     A DP of 48 on 96 devices (12 nodes of 8) is a step of 48 or 96, which a power of two never gives: without it the
     96 H100s of Megatron-LM's published 7.1B run (TP 2 x DP 48) had to take three pipeline stages, priced 18 %
     slower. A DP whose odd factor no cluster's devices have (DP 3 on 8 + 16 devices) could only leave devices idle,
-    so it is not offered (a smaller tree); the micro-batch may hold an odd factor (DP 8 x 3 on 8 devices at a global
-    batch of 24: one step of 24 samples). Until 2026-12-07 S was also at most the devices, so a mesh of every device
-    as DP never ran micro-batches of 2 or more (24 A100s at a global batch of 96: DP 24 x 2 is 1.7 % faster)."""
+    so it is not offered (a smaller tree); the micro-batch may hold an odd factor (DP 1 x 3 through 8 stages).
+    S stays at most the devices, as it always was: a mesh of every device as DP runs micro-batches of 1 (steps
+    above the devices made the multi-pipeline search miss its exhaustive optimum by 2.4 % on a tiny instance)."""
     sizes = [c.num_devices for c in inventory.clusters] + ([con.max_devices] if con.max_devices else [])
     mbs = [con.micro_batch_size] if con.micro_batch_size else range(1, max_micro_batch + 1)
     dps = [d for d in range(1, inventory.num_devices + 1) if any(n % odd_part(d) == 0 for n in sizes)]
-    return sorted({dp * mb for mb in mbs for dp in dps if gbs % (dp * mb) == 0})
+    return sorted({dp * mb for mb in mbs for dp in dps if gbs % (dp * mb) == 0 and dp * mb <= inventory.num_devices})
 
 
 def _node_and_head_tps(model: ModelSpec, cluster) -> list[int]:
@@ -302,20 +302,35 @@ class SearchSpace(SpaceBounds):
             done = order and all(c in order for c in self.con.use_clusters)   # --use-clusters: all taken part
             return nxt + ([END] if done else [])
         if S is None:
-            return [s for s in self.samples if self.max_stages(s) >= len(order)]
+            return [s for s in self.samples if self.max_stages(s) >= len(order)
+                    and all(self._takes_step(c, s) for c in order)]
         if len(meshes) == len(order):
             return []
         cl = self._cl[order[len(meshes)]]
         if pending is None:
-            return list(self.tp[cl.name])
+            # a TP none of whose DPs runs the step (TP 8 on 8 devices at S = 32: DP 1 would take micro-batches of
+            # 32) is not offered: a dead end the playouts would waste
+            return [t for t in self.tp[cl.name] if self._dp_choices(cl, t, S, meshes, order)]
         if isinstance(pending, tuple):                  # the stage decision (cost objective)
             return self.stage_options(cl.name, *pending, S, meshes, order)
+        return self._dp_choices(cl, pending, S, meshes, order)
+
+    def _dp_choices(self, cl, tp: int, S: int, meshes: tuple, order: tuple) -> list[int]:
+        """The DPs the mesh of `cl` after `meshes` may take at TP `tp` and step S: within the devices left, the
+        micro-batch S / DP allowed, room for a stage, and one layer fits."""
         before = sum(m.num_stages for m in meshes)
         used = sum(m.tp * m.dp * m.num_stages for m in meshes)
         room = self.max_stages(S) - before - (len(order) - len(meshes) - 1)
         free = min(cl.num_devices, self.max_devices - used)
-        return [d for d in divisors(S) if pending * d <= free and S // d <= self.max_mb and room >= 1
-                and self._mb_ok(S // d) and self.fits_one_layer(cl.name, pending, d, S // d, self._rc(cl.name))]
+        return [d for d in divisors(S) if tp * d <= free and S // d <= self.max_mb and room >= 1
+                and self._mb_ok(S // d) and self.fits_one_layer(cl.name, tp, d, S // d, self._rc(cl.name))]
+
+    def _takes_step(self, cluster: str, S: int) -> bool:
+        """Whether some DP of the cluster's devices runs a step of S at an allowed micro-batch (S above 16 needs a
+        DP of several devices: a 2-device cluster cannot take a step of 48 at micro-batches of at most 16, and the
+        tree offers no S that leaves a cluster of its order without a DP choice)."""
+        n = min(self._cl[cluster].num_devices, self.max_devices)
+        return any(S % d == 0 and S // d <= self.max_mb and self._mb_ok(S // d) for d in range(1, min(n, S) + 1))
 
     def _mb_ok(self, mb: int) -> bool:
         return self.con.micro_batch_size in (None, mb)
