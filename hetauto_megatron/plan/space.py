@@ -302,15 +302,12 @@ class SearchSpace(SpaceBounds):
             done = order and all(c in order for c in self.con.use_clusters)   # --use-clusters: all taken part
             return nxt + ([END] if done else [])
         if S is None:
-            return [s for s in self.samples if self.max_stages(s) >= len(order)
-                    and all(self._takes_step(c, s) for c in order)]
+            return [s for s in self.samples if self.max_stages(s) >= len(order)]
         if len(meshes) == len(order):
             return []
         cl = self._cl[order[len(meshes)]]
         if pending is None:
-            # a TP none of whose DPs runs the step (TP 8 on 8 devices at S = 32: DP 1 would take micro-batches of
-            # 32) is not offered: a dead end the playouts would waste
-            return [t for t in self.tp[cl.name] if self._dp_choices(cl, t, S, meshes, order)]
+            return list(self.tp[cl.name])
         if isinstance(pending, tuple):                  # the stage decision (cost objective)
             return self.stage_options(cl.name, *pending, S, meshes, order)
         return self._dp_choices(cl, pending, S, meshes, order)
@@ -324,13 +321,6 @@ class SearchSpace(SpaceBounds):
         free = min(cl.num_devices, self.max_devices - used)
         return [d for d in divisors(S) if tp * d <= free and S // d <= self.max_mb and room >= 1
                 and self._mb_ok(S // d) and self.fits_one_layer(cl.name, tp, d, S // d, self._rc(cl.name))]
-
-    def _takes_step(self, cluster: str, S: int) -> bool:
-        """Whether some DP of the cluster's devices runs a step of S at an allowed micro-batch (S above 16 needs a
-        DP of several devices: a 2-device cluster cannot take a step of 48 at micro-batches of at most 16, and the
-        tree offers no S that leaves a cluster of its order without a DP choice)."""
-        n = min(self._cl[cluster].num_devices, self.max_devices)
-        return any(S % d == 0 and S // d <= self.max_mb and self._mb_ok(S // d) for d in range(1, min(n, S) + 1))
 
     def _mb_ok(self, mb: int) -> bool:
         return self.con.micro_batch_size in (None, mb)
