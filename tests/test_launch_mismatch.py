@@ -159,6 +159,21 @@ def test_a_cluster_started_without_one_of_its_nodes_says_so_within_the_timeout(t
     assert "never checked in: rank 1 (cluster cluster-b" in logs["cluster-a"], logs["cluster-a"][-3000:]
 
 
+def test_a_node_whose_node_0_never_started_says_so_within_the_timeout(tmp_path):
+    """Only node 1 of cluster-b's two started. Before: torch's client retried node 0's rendezvous for 600 s, logging
+    each try with a page of C++ frames, then the agent's traceback. Now it waits quietly HETAUTO_TIMEOUT_S and says
+    in one paragraph that node 0 of the cluster, which hosts the rendezvous, never answered (exit 2)."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-b": WIDER}, devices_per_node=1,
+                                        timeout_s=SHORT_TIMEOUT_S, env_over={"NODE_RANK": "1"})
+    text = logs["cluster-b"]
+    assert codes == {"cluster-b": 2}, text[-3000:]
+    assert took < ENDS_WITHIN_S, took
+    assert "Traceback" not in text and "frame #" not in text and text.count("hetauto-torchrun: error:") == 1, text
+    assert ("field 'CLUSTER_MASTER_ADDR': this cluster's plan has 2 nodes; this node (NODE_RANK=1) could not reach "
+            "the torchrun rendezvous of cluster-b at 127.0.0.1:") in text, text
+    assert "node 0 (NODE_RANK=0), which hosts it, did not start its launch" in text, text
+
+
 @pytest.mark.parametrize("addr, words", [
     (" ", "CLUSTER_MASTER_ADDR=' ' is blank"),                          # torch's ValueError traceback, exit 1
     ("127.0.0.1:29500", "CLUSTER_MASTER_ADDR='127.0.0.1:29500' is not a host alone: it has a port"),   # (a hang)

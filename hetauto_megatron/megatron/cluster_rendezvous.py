@@ -6,7 +6,7 @@ timeout=N` says otherwise (torch/distributed/elastic/rendezvous/static_tcp_rende
 fewer nodes than the plan hung there silently whatever HETAUTO_TIMEOUT_S said, then printed the agent's traceback.
 So hetauto-torchrun gives that rendezvous the job's timeout (HETAUTO_TIMEOUT_S, megatron/timeouts.py) where the
 command line sets none, and ends a rendezvous that fails with one paragraph naming the nodes that never joined,
-exit 2. Before it, the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
+exit 2 (a node other than 0 first waits quietly for node 0's rendezvous to accept a connection). Before it, the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
 error" warnings until the timeout) is refused with the checks the world's rendezvous makes of HETAUTO_MASTER_ADDR
 (runtime/rendezvous.py address_mistake).
 """
@@ -53,7 +53,29 @@ def prepare(args) -> float | None:
         timeout_s = float(max(1, math.ceil(env_timeout_s())))
         args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"timeout={timeout_s:.0f}"]))
     check_address(args.master_addr, timeout_s)
+    if args.node_rank != 0:
+        wait_for_node0(args, timeout_s)
     return timeout_s
+
+
+def wait_for_node0(args, timeout_s: float) -> None:
+    """A node other than 0 waits, quietly, until node 0's rendezvous accepts a plain connection: torch's client logged
+    each failed try with a page of C++ frames, and a node 0 never started reads as one paragraph (failed_error)."""
+    addr, port = args.master_addr.strip(), int(args.master_port or 29500)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((addr, port), timeout=min(5.0, max(0.1, left))).close()
+            return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            from torch.distributed.run import parse_min_max_nnodes
+            raise failed_error(f"nothing accepted a connection at {addr}:{port}",
+                               node_rank=args.node_rank, nnodes=parse_min_max_nnodes(args.nnodes)[1], addr=addr,
+                               port=port, timeout_s=timeout_s, cluster=os.environ.get("HETAUTO_CLUSTER"))
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 ADDR_FIX = ("set CLUSTER_MASTER_ADDR to the address (or a name every node of the cluster resolves) of this cluster's "
@@ -137,9 +159,9 @@ def failed_error(reason: str, *, node_rank: int, nnodes: int, addr: str, port, t
                           "another NODE_RANK, CLUSTER_MASTER_ADDR or CLUSTER_MASTER_PORT, or was still starting",
                           field="NODE_RANK", fix=fix)
     if node_rank != 0 and "connect" in reason.lower():
-        return InputError(f"this cluster's plan has {nnodes} nodes; this node (NODE_RANK={node_rank}) reached no "
-                          f"{where}{within} ({reason[:200]}): node 0 (NODE_RANK=0), which hosts it, did not start "
-                          "its launch or stopped, or this node was given another CLUSTER_MASTER_ADDR or "
+        return InputError(f"this cluster's plan has {nnodes} nodes; this node (NODE_RANK={node_rank}) could not "
+                          f"reach {where}{within} ({reason[:200]}): node 0 (NODE_RANK=0), which hosts it, did not "
+                          "start its launch or stopped, or this node was given another CLUSTER_MASTER_ADDR or "
                           "CLUSTER_MASTER_PORT than node 0's (or a firewall drops the connection)",
                           field="CLUSTER_MASTER_ADDR", fix=fix)
     return InputError(f"this cluster's plan has {nnodes} nodes, and not all of them joined {where}{within} "
