@@ -27,14 +27,17 @@ TIMEOUT_S = 300
 STOPS_AT_ONCE_S = 150
 
 
-def launch_clusters(tmp_path, plans: dict, extra: dict | None = None) -> tuple[dict, dict, float]:
-    """Run cluster X's emitted script from the plan `plans[X]` (YAML text), with `extra[X]` after the job's flags;
-    -> ({cluster: exit code}, {cluster: log}, seconds until the last one ended)."""
+def launch_clusters(tmp_path, plans: dict, extra: dict | None = None, *, timeout_s: float = TIMEOUT_S,
+                    devices_per_node: int | None = None, env_over: dict | None = None) -> tuple[dict, dict, float]:
+    """Run node 0 of cluster X's emitted script from the plan `plans[X]` (YAML text), with `extra[X]` after the job's
+    flags and `env_over` over the launch's environment; -> ({cluster: exit code}, {cluster: log}, seconds until the
+    last one ended)."""
     env = {k: v for k, v in os.environ.items() if k != "TORCHRUN"}
     env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
                HETAUTO_MASTER_ADDR="127.0.0.1", HETAUTO_MASTER_PORT=str(free_port()),
-               HETAUTO_TIMEOUT_S=str(TIMEOUT_S), CLUSTER_MASTER_ADDR="127.0.0.1", PYTHONWARNINGS="ignore",
+               HETAUTO_TIMEOUT_S=str(timeout_s), CLUSTER_MASTER_ADDR="127.0.0.1", PYTHONWARNINGS="ignore",
                MEGATRON_SCRIPT=ENTRY, NODE_RANK="0")
+    env.update(env_over or {})
     procs, logs = {}, {}
     start = time.monotonic()
     try:
@@ -42,7 +45,8 @@ def launch_clusters(tmp_path, plans: dict, extra: dict | None = None) -> tuple[d
             plan_file = tmp_path / f"plan-{cluster}.yaml"
             plan_file.write_text(yaml_text)
             plan = load_plan(str(plan_file))
-            la = next(la for la in emit_megatron(plan, plan_path=str(plan_file)) if la["cluster"] == cluster)
+            la = next(la for la in emit_megatron(plan, plan_path=str(plan_file), devices_per_node=devices_per_node)
+                      if la["cluster"] == cluster)
             script = tmp_path / f"{la['name']}.sh"
             script.write_text(la["script"])
             logs[cluster] = tmp_path / f"{cluster}.log"
@@ -51,7 +55,7 @@ def launch_clusters(tmp_path, plans: dict, extra: dict | None = None) -> tuple[d
                     ["bash", str(script), *job_flags(plan, 2), *(extra or {}).get(cluster, [])], stdout=fh,
                     stderr=subprocess.STDOUT, env=dict(env, CLUSTER_MASTER_PORT=str(free_port())),
                     start_new_session=True, cwd=str(tmp_path))
-        codes = dict(zip(procs, wait_all(list(procs.values()), timeout=TIMEOUT_S + 120)))
+        codes = dict(zip(procs, wait_all(list(procs.values()), timeout=timeout_s + 120)))
     finally:        # (a launch started before something above failed: it and its workers)
         kill_launches(list(procs.values()))
     return codes, {c: path.read_text() for c, path in logs.items()}, time.monotonic() - start
@@ -130,3 +134,61 @@ def test_a_hand_launch_without_the_worlds_rendezvous_address_is_refused_at_once(
     for text in texts:
         assert "Traceback" not in text and "field 'HETAUTO_MASTER_ADDR': this launch starts 1 of the world's 2 " \
             "ranks" in text, text[-3000:]
+
+
+# a rendezvous that cannot complete must end within its timeout: short here, with room for a loaded 2-core machine
+SHORT_TIMEOUT_S = 25
+ENDS_WITHIN_S = SHORT_TIMEOUT_S + 90
+
+
+def test_a_cluster_started_without_one_of_its_nodes_says_so_within_the_timeout(tmp_path):
+    """cluster-b's plan has 2 one-device nodes; only its node 0 is started (and cluster-a's). Before: cluster-b's
+    torchrun waited in torch's static rendezvous for node 1 with torch's own 600 s, whatever HETAUTO_TIMEOUT_S said,
+    without a word, then ended in the agent's traceback (only cluster-a's rank said, after HETAUTO_TIMEOUT_S, that
+    cluster-b's ranks never checked in). Now hetauto-torchrun gives that rendezvous HETAUTO_TIMEOUT_S and ends it
+    with one paragraph naming the node that never joined (exit 2)."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-a": WIDER, "cluster-b": WIDER}, devices_per_node=1,
+                                        timeout_s=SHORT_TIMEOUT_S)
+    assert codes == {"cluster-a": 2, "cluster-b": 2}, {c: text[-2000:] for c, text in logs.items()}
+    assert took < ENDS_WITHIN_S, took
+    b = logs["cluster-b"]
+    assert "Traceback" not in b and b.count("hetauto-torchrun: error:") == 1, b[-3000:]
+    assert ("field 'NODE_RANK': this cluster's plan has 2 nodes; node(s) 1 never joined the torchrun rendezvous of "
+            "cluster-b at 127.0.0.1:") in b, b[-3000:]
+    assert f"give a larger HETAUTO_TIMEOUT_S (it gave {SHORT_TIMEOUT_S} s)" in b, b[-3000:]
+    assert "never checked in: rank 1 (cluster cluster-b" in logs["cluster-a"], logs["cluster-a"][-3000:]
+
+
+def test_a_node_whose_node_0_never_started_says_so_within_the_timeout(tmp_path):
+    """Only node 1 of cluster-b's two started. Before: torch's client retried node 0's rendezvous for 600 s, logging
+    each try with a page of C++ frames, then the agent's traceback. Now it waits quietly HETAUTO_TIMEOUT_S and says
+    in one paragraph that node 0 of the cluster, which hosts the rendezvous, never answered (exit 2)."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-b": WIDER}, devices_per_node=1,
+                                        timeout_s=SHORT_TIMEOUT_S, env_over={"NODE_RANK": "1"})
+    text = logs["cluster-b"]
+    assert codes == {"cluster-b": 2}, text[-3000:]
+    assert took < ENDS_WITHIN_S, took
+    assert "Traceback" not in text and "frame #" not in text and text.count("hetauto-torchrun: error:") == 1, text
+    assert ("field 'CLUSTER_MASTER_ADDR': this cluster's plan has 2 nodes; this node (NODE_RANK=1) could not reach "
+            "the torchrun rendezvous of cluster-b at 127.0.0.1:") in text, text
+    assert "node 0 (NODE_RANK=0), which hosts it, did not start its launch" in text, text
+
+
+@pytest.mark.parametrize("addr, words", [
+    (" ", "CLUSTER_MASTER_ADDR=' ' is blank"),                          # torch's ValueError traceback, exit 1
+    ("127.0.0.1:29500", "CLUSTER_MASTER_ADDR='127.0.0.1:29500' is not a host alone: it has a port"),   # (a hang)
+    ("no.such.host.invalid", "CLUSTER_MASTER_ADDR='no.such.host.invalid' does not resolve"),   # (a hang; RFC 2606)
+])
+def test_a_cluster_address_that_is_no_host_is_one_paragraph(tmp_path, addr, words):
+    """The launch script's check of CLUSTER_MASTER_ADDR was only that it is set: blank, torchrun stopped with a
+    ValueError traceback; with a port or a name that does not resolve, it hung with c10d's "gai error" warnings
+    until torch's rendezvous timeout. Now one paragraph naming the variable and the fix, exit 2 (a name that does
+    not resolve after HETAUTO_TIMEOUT_S: it may appear once node 0 is up), with the checks HETAUTO_MASTER_ADDR gets."""
+    codes, logs, took = launch_clusters(tmp_path, {"cluster-b": WIDER}, devices_per_node=1,
+                                        timeout_s=SHORT_TIMEOUT_S, env_over={"CLUSTER_MASTER_ADDR": addr})
+    text = logs["cluster-b"]
+    assert codes == {"cluster-b": 2}, text[-3000:]
+    assert took < ENDS_WITHIN_S, took
+    assert "Traceback" not in text and "gai error" not in text, text[-3000:]
+    assert f"hetauto-torchrun: error: field 'CLUSTER_MASTER_ADDR': {words}" in text, text[-3000:]
+    assert "Fix: set CLUSTER_MASTER_ADDR to the address" in text, text[-3000:]

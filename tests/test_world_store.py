@@ -315,6 +315,21 @@ def test_an_address_that_does_not_resolve_is_said_at_once_and_named(capfd):
     assert err.count("does not resolve") == 1 and "retrying until the rendezvous timeout (3 s)" in err, err
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("addr", [" ", "127.0.0.1:29600", "http://node0"])
+def test_an_address_that_is_no_host_is_refused_at_once(capfd, rank, addr):
+    """HETAUTO_MASTER_ADDR blank or with a port (or a URL): torch's lookup of the whole text failed, and the rank
+    retried it until the rendezvous timeout, then said it did not resolve. It is no host at all, so refused at once
+    (the check CLUSTER_MASTER_ADDR gets in hetauto-torchrun, megatron/cluster_rendezvous.py); an IPv6 address is a
+    host."""
+    start = time.monotonic()
+    with pytest.raises(InputError) as info:
+        world_store.join(rank, 2, addr, free_port(), 30.0)
+    assert time.monotonic() - start < 5
+    assert info.value.field == "HETAUTO_MASTER_ADDR" and f"HETAUTO_MASTER_ADDR={addr!r} " in info.value.message
+    assert "does not resolve" not in capfd.readouterr().err
+
+
 def test_waiting_for_a_host_not_up_yet_prints_nothing(capfd):
     """A rank whose host is not up yet retries quietly (torch's client logged some 60 lines of C++ stack per try)."""
     with pytest.raises(InputError):

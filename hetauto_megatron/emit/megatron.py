@@ -217,6 +217,7 @@ def launch_script(plan: Plan, la: Launch, *, plan_path: str, script: str = DEFAU
         'NODE_RANK=$((10#$NODE_RANK))',
         f'[ "$NODE_RANK" -lt {la.nnodes} ] || refuse "NODE_RANK=$NODE_RANK, but the plan runs this {unit} on '
         f'{count_noun(la.nnodes, "node")}: 0..{la.nnodes - 1}"',
+        # (set, here: its form and lookup and the rendezvous's timeout are hetauto-torchrun's, cluster_rendezvous.py)
         f'[ -n "${{CLUSTER_MASTER_ADDR:-}}" ] || refuse "set CLUSTER_MASTER_ADDR to the address of node 0 of this '
         f'{unit}"',
         f'[ -n "${{HETAUTO_MASTER_ADDR:-}}" ] || refuse "set HETAUTO_MASTER_ADDR to {where}, '

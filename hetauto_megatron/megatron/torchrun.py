@@ -5,6 +5,9 @@ traceback: a user error (exit 2 after its paragraph: a refused argument, a plan 
 megatron/hook.py) ends it with exit 2, a rank of the job that went away or stopped answering under them
 (runtime/liveness.py LOST_PEER_EXIT, after the paragraph naming it) with exit 1, torchrun's status for a failed
 launch. Any other failure (a crash: a traceback, exit 1; a signal; another exit status) is torchrun's own report.
+Before the workers, the launch's own rendezvous (megatron/cluster_rendezvous.py): its address is checked, it waits
+for the launch's nodes HETAUTO_TIMEOUT_S (torch's static rendezvous waited 600 s whatever the job said), and nodes
+that never joined end it with one paragraph naming them, exit 2.
 And at the end of a launch of several nodes that succeeded, node 0's agent, which hosts the launch's store, waits
 until every agent is through torch's exit barrier (`hold_the_store_at_exit`), so that no node of a job that
 succeeded logs an error there.
@@ -24,11 +27,24 @@ HOLD_S = 30.0                    # the most node 0's agent waits for the others 
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import DistNetworkError, run
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+
+    from ..errors import InputError
+    from .cluster_rendezvous import ClusterRendezvousFailed, catch_rendezvous_failure, failed_paragraph, prepare
 
     hold_the_store_at_exit()
+    catch_rendezvous_failure()
+    args = run.parse_args(argv)         # (torchrun.main's own first step: its usage errors stay its own)
     try:
-        run.main(argv)
+        rdzv_timeout_s = prepare(args)
+    except InputError as exc:
+        print(f"hetauto-torchrun: error: {exc.message}", file=sys.stderr)
+        return USER_ERROR
+    try:
+        record(run.run)(args)           # what torchrun.main runs, with the parsed arguments prepare() completed
+    except ClusterRendezvousFailed as exc:
+        print(f"hetauto-torchrun: error: {failed_paragraph(exc, args, rdzv_timeout_s)}", file=sys.stderr)
+        return USER_ERROR
     except DistNetworkError as exc:
         # the agent's own rendezvous store (node 0 of the launch, --master-addr/--master-port) could not listen:
         # a user's environment (a port taken), said in one paragraph, not torchrun's 40-line traceback

@@ -43,7 +43,8 @@ import threading
 import time
 
 from ..errors import InputError, first_line
-from ..runtime.rendezvous import rendezvous_no_host_error, rendezvous_setup_error, rendezvous_timeout_error
+from ..runtime.rendezvous import (address_error, address_mistake, rendezvous_no_host_error, rendezvous_setup_error,
+                                  rendezvous_timeout_error)
 from .world_refusals import PLAN, check_plan, plan_digest, refused_elsewhere, stopped_by  # noqa: F401
 
 JOINED = "hetauto/joined"           # counter: ranks that checked in
@@ -64,6 +65,7 @@ WATCH_MAX_S = LINGER_S / 3          # but often enough that every watcher reads 
 _WORLD: dict = {}                   # this process after its join: addr, port, rank, world_size; "posting" (its
                                     # own refusal), "stopping" (another's, read by its watcher)
 DEFAULT_PORT = "29500"
+ADDR_FIX = "give the address (or a name every node resolves) of node 0 of the first cluster, where global rank 0 runs"
 
 
 def master_port(env=None) -> str:
@@ -200,6 +202,9 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
     paragraph (which names the ranks that never checked in)."""
     describe = describe or (lambda r: f"rank {r}")
     deadline = time.monotonic() + timeout_s
+    mistake = address_mistake(addr)
+    if mistake:         # no host at all: said at once, where a lookup of it was retried until the timeout
+        raise _ours(address_error("HETAUTO_MASTER_ADDR", addr, mistake, ADDR_FIX).within(file))
     if rank == 0:
         try:
             store = _store(addr, port, host=True, world_size=world_size, timeout_s=timeout_s)
@@ -219,8 +224,7 @@ def join(rank: int, world_size: int, addr: str, port: int, timeout_s: float, *, 
         if store is None and lookup:
             raise _ours(InputError(f"the rendezvous address {addr!r} does not resolve ({lookup[0].strerror}), "
                                    f"waited {timeout_s:g} s", file=file, field="HETAUTO_MASTER_ADDR",
-                                   fix="give the address (or a name every node resolves) of node 0 of the first "
-                                       "cluster, where global rank 0 runs")) from None
+                                   fix=ADDR_FIX)) from None
         if store is None and silent:
             raise _ours(InputError(f"rank {rank} found something at {addr}:{port} that accepts connections but does "
                                    f"not answer as the world's rendezvous store (waited {timeout_s:g} s): another "

@@ -8,6 +8,7 @@ join), with messages Megatron-LM's --hetauto store (megatron/world_store.py) rai
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 
 from ..errors import InputError, first_line
@@ -58,6 +59,29 @@ def init_distributed(plan, rank: int, world_size: int, *, timeout_s: float = 60.
         from . import world_collectives
         world_collectives.install()
     check_same_plan(plan, rank, world_size, file=file)
+
+
+def address_mistake(addr: str) -> str | None:
+    """What makes a rendezvous address as a launch gives it (HETAUTO_MASTER_ADDR, CLUSTER_MASTER_ADDR) no host,
+    before any lookup; None where it may be one (a name, an IPv4 or IPv6 address, the latter perhaps in brackets).
+    Blank, torch's rendezvous stopped with a ValueError traceback; with a port (or a URL), a lookup of the whole
+    text failed and every try was retried until the timeout, with c10d's "gai error" warnings on the way."""
+    text = addr.strip()
+    if not text:
+        return "is blank"
+    if any(c.isspace() for c in text):
+        return "has blanks in it"
+    if ":" in text:
+        try:
+            ipaddress.ip_address(text[1:-1] if text.startswith("[") and text.endswith("]") else text)
+        except ValueError:
+            return "is not a host alone: it has a port or a scheme (host:port, a URL), which torch reads as a name"
+    return None
+
+
+def address_error(name: str, addr: str, mistake: str, fix: str) -> InputError:
+    """The paragraph for an address `address_mistake` refused, or one that does not resolve (`mistake` says so)."""
+    return InputError(f"{name}={addr!r} {mistake}", field=name, fix=fix)
 
 
 def rendezvous_setup_error(rank: int, where: str, reason: str, file: str | None) -> InputError:
