@@ -6,7 +6,8 @@ timeout=N` says otherwise (torch/distributed/elastic/rendezvous/static_tcp_rende
 fewer nodes than the plan hung there silently whatever HETAUTO_TIMEOUT_S said, then printed the agent's traceback.
 So hetauto-torchrun gives that rendezvous the job's timeout (HETAUTO_TIMEOUT_S, megatron/timeouts.py) where the
 command line sets none, and ends a rendezvous that fails with one paragraph naming the nodes that never joined,
-exit 2 (a node other than 0 first waits quietly for node 0's rendezvous to accept a connection). Before it, the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
+exit 2 (a node other than 0 first waits quietly for node 0's rendezvous to accept a connection).
+Before it, the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
 error" warnings until the timeout) is refused with the checks the world's rendezvous makes of HETAUTO_MASTER_ADDR
 (runtime/rendezvous.py address_mistake).
 """
