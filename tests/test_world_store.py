@@ -245,7 +245,15 @@ def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 
               "from hetauto_megatron.errors import InputError; "
               "from hetauto_megatron.plan.plan import load_plan; "
               "from hetauto_megatron.runtime.ranks import describe_rank; "
-              "from hetauto_megatron.megatron.script_guard import exit_for_user as _exit_for_user\n"
+              "from hetauto_megatron.megatron.script_guard import exit_for_user\n"
+              # a rank's user error ends as the hook ends a rank that holds gloo groups (script_guard.
+              # exit_after_training: os._exit); left to interpreter finalisation a gloo thread can abort it after
+              # the paragraph (SIGABRT, "terminate called without an active exception": pytorch#190489)
+              "def _exit_for_user(exc):\n"
+              "    try:\n"
+              "        exit_for_user(exc)\n"
+              "    except SystemExit as end:\n"
+              "        import os, sys; sys.stderr.flush(); os._exit(end.code)\n"
               "try:\n"
               f"    store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0, describe={describe})\n"
               "except InputError as exc:\n"
