@@ -337,11 +337,12 @@ def _stage_dict(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) 
     parts = {k: (params if counts is None else counts[k]) * v for k, v in per}
     for k, v in fixed + padding:
         parts[k] += v
-    reduction = cfg[-4]     # (_stage_terms' last, before the boundary tensor, the overhead and the counts)
-    at_reduction = min(candidates[1]) - min(deepspeed_held_at_reduction_pieces(*reduction, params)) if reduction else 0.
+    at_step = candidates[-1][0] - stepping
+    # what the engine holds at the reduction is what it holds at the step (_reading adds the same buffers to both)
+    at_reduction = at_step if len(candidates) == 3 else 0.
     return {"params": params, **parts, "fp8_weight_copies": fp8, "weights_grads_optimizer": state,
             "activations": acts, "activations_saved": saved, "pipe_buffers": pipe,
-            "pipe_buffers_at_step": candidates[-1][0] - stepping, "pipe_buffers_at_reduction": at_reduction,
+            "pipe_buffers_at_step": at_step, "pipe_buffers_at_reduction": at_reduction,
             "gradient_reduction": above, "optimizer_step": step_above, "state_at_step": stepping, "reserved": reserved,
             "total": state + acts + above + step_above + reserved}
 

@@ -35,8 +35,13 @@ class ClusterRendezvousFailed(Exception):
         self.reason = reason
 
 
-def _timeout_given(rdzv_conf: str) -> bool:
-    return any(kv.split("=", 1)[0].strip() == "timeout" for kv in (rdzv_conf or "").split(","))
+def _given_timeout(rdzv_conf: str) -> str | None:
+    """The timeout a launch's --rdzv-conf gives (text as written, "" for a bare 'timeout'), None where it gives none."""
+    for kv in (rdzv_conf or "").split(","):
+        key, _, value = kv.partition("=")
+        if key.strip() == "timeout":
+            return value.strip()
+    return None
 
 
 def prepare(args) -> float | None:
@@ -46,8 +51,8 @@ def prepare(args) -> float | None:
     if args.rdzv_backend != "static" or args.rdzv_endpoint:
         return None
     from .timeouts import env_timeout_s
-    if _timeout_given(args.rdzv_conf):      # the launch's own (torch reads it, and refuses what is no number)
-        given = dict(kv.split("=", 1) for kv in args.rdzv_conf.split(",") if "=" in kv).get("timeout", "").strip()
+    given = _given_timeout(args.rdzv_conf)
+    if given is not None:      # the launch's own (torch reads it, and refuses what is no number)
         timeout_s = float(given) if given.isdigit() else env_timeout_s()
     else:
         # torch reads the rendezvous's timeout as whole seconds (int(...)): at least the job's

@@ -89,10 +89,11 @@ def _number(key: str, text: str, integer: bool, inv: Inventory) -> float:
     return value
 
 
-def _readings(names, text: str) -> set[frozenset]:
-    """Every pair of the cluster `names` that `text` spells as NAME-NAME: a '-' inside a name makes several."""
-    return {frozenset((text[:i], text[i + 1:])) for i, ch in enumerate(text)
-            if ch == "-" and text[:i] in names and text[i + 1:] in names}
+def _splits(names, text: str) -> list[tuple[str, str]]:
+    """Every (NAME, NAME) of the cluster `names` that `text` spells as NAME-NAME: a '-' inside a name makes
+    several."""
+    return [(text[:i], text[i + 1:]) for i, ch in enumerate(text)
+            if ch == "-" and text[:i] in names and text[i + 1:] in names]
 
 
 def link_spelling(inv: Inventory, pair: frozenset) -> str | None:
@@ -100,7 +101,7 @@ def link_spelling(inv: Inventory, pair: frozenset) -> str | None:
     orders read as another pair too (clusters a, b-c, a-b, c, b and c-a: the a to b-c link is a-b-c or b-c-a)."""
     names = {c.name for c in inv.clusters}
     for a, b in (sorted(pair), sorted(pair, reverse=True)):
-        if _readings(names, f"{a}-{b}") == {pair}:
+        if {frozenset(p) for p in _splits(names, f"{a}-{b}")} == {pair}:
             return f"{a}-{b}"
     return None
 
@@ -108,8 +109,9 @@ def link_spelling(inv: Inventory, pair: frozenset) -> str | None:
 def _link_keys(inv: Inventory, pairs, field: str, lead: str) -> str:
     """`lead` and the --set keys of `pairs` (links of `inv`) that _link_pair reads back as each and nothing else;
     then the links no key spells, and what to do instead."""
-    keys = [f"link.{s}.{field}" for s in (link_spelling(inv, p) for p in pairs) if s]
-    none = [" and ".join(sorted(p)) for p in pairs if link_spelling(inv, p) is None]
+    spelled = [(p, link_spelling(inv, p)) for p in pairs]
+    keys = [f"link.{s}.{field}" for _, s in spelled if s]
+    none = [" and ".join(sorted(p)) for p, s in spelled if s is None]
     text = lead + ", ".join(keys) if keys else ""
     if none:
         text += ("; " if text else "") + ("no key names the link between " + "; ".join(none) + " alone (its "
@@ -120,13 +122,12 @@ def _link_keys(inv: Inventory, pairs, field: str, lead: str) -> str:
 
 def _link_pair(inv: Inventory, text: str, key: str) -> frozenset:
     names = {c.name for c in inv.clusters}
-    pairs = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "-"
-             and text[:i] in names and text[i + 1:] in names]
+    pairs = _splits(names, text)
     field = key.rpartition(".")[2]
     if not pairs:
         raise InputError(f"{key}: {text!r} is not two of the inventory's clusters joined by '-'", field="--set",
                          fix=_examples(inv))
-    readings = _readings(names, text)
+    readings = {frozenset(p) for p in pairs}
     if len(readings) > 1:
         # cluster names with '-' in them can split the key two ways: taking either would set a link silently;
         # the fix spells each link among the readings in an order that reads one way only (where one does)
