@@ -36,20 +36,15 @@ def _ranks(tmp_path, values: list, timeout: float = 60, env=None, more: list | N
         "import argparse, sys",
         "from hetauto_megatron.megatron.job_agreement import check_same_job",
         "from hetauto_megatron.runtime.rendezvous import check_same_plan",
-        "from hetauto_megatron.plan.plan import load_plan",
         f"plan = load_plan({plan_file!r})",
         f"args = argparse.Namespace(train_iters={iters}, eval_interval=1000, eval_iters=0, lr={lr}, "
         f"clip_grad=1.0, save_interval=None, seed={seed}, mock_data=False, split='99,1,0', data_path={blend!r}, "
         f"**{(more or [{}] * len(values))[rank]!r})",
-        "try:",     # as the hook runs them: the plan (and the code) when the world is joined, then the job
-        "    check_same_plan(plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
-        f"    check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml', timeout_s={wait})",
-        "except InputError as exc:",
-        "    _exit_for_user(exc)",
+        # as the hook runs them: the plan (and the code) when the world is joined, then the job
+        "check_same_plan(plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml')",
+        f"check_same_job(args, plan, dist.get_rank(), dist.get_world_size(), file='plan.yaml', timeout_s={wait})",
         "print('agreed', file=sys.stderr, flush=True)",
-        # both ranks leave together: rank 0 hosts the store, and a rank whose store went first aborts at exit
-        "dist.barrier()",
-        "dist.destroy_process_group()"]) for rank, (iters, lr, seed, blend, wait) in
+        "dist.barrier()"]) for rank, (iters, lr, seed, blend, wait) in
         enumerate(v + (600.0,) * (5 - len(v)) for v in values)]
     return _joined_ranks(tails, env=env, timeout=timeout, plan_file=plan_file)
 
@@ -128,22 +123,19 @@ def test_without_the_world_store_the_worlds_join_compares_the_code(tmp_path):
     with open(plan_file, "w") as fh:
         fh.write(PLAN_YAML)
     port = free_port()
+    # each rank ends as under the patched script with --hetauto: the hook in charge of its exit before the world
+    # joins (hook.pretrain_kwargs), main_guard turning the refusal into its paragraph and exit 2
     code = ("import datetime, torch.distributed as dist\n"
-            "from hetauto_megatron.errors import InputError\n"
-            "from hetauto_megatron.megatron.script_guard import exit_for_user\n"
+            "from hetauto_megatron.megatron import hook\n"
+            "from hetauto_megatron.megatron.script_guard import main_guard\n"
             "from hetauto_megatron.plan.plan import load_plan\n"
             "from hetauto_megatron.runtime.rendezvous import check_same_plan\n"
-            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank={{rank}}, world_size=2, "
+            "def main():\n"
+            f"    dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank={{rank}}, world_size=2, "
             "timeout=datetime.timedelta(seconds=60))\n"
-            "try:\n"
             f"    check_same_plan(load_plan({plan_file!r}), {{rank}}, 2, file='plan.yaml')\n"
-            "except InputError as exc:\n"
-            "    try:\n"
-            "        exit_for_user(exc)\n"
-            # as the hook ends a rank that holds gloo groups (script_guard.exit_after_training: os._exit); left to
-            # interpreter finalisation a gloo thread can abort it after the paragraph (SIGABRT, pytorch#190489)
-            "    except SystemExit as end:\n"
-            "        import os, sys; sys.stderr.flush(); os._exit(end.code)\n")
+            "hook._take_charge_of_exit(60.0)\n"
+            "main_guard(main)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETAUTO_")}
     procs = [subprocess.Popen([sys.executable, "-c", code.format(rank=r)], stderr=subprocess.PIPE, text=True,
                               env=dict(env, **extra)) for r, extra in

@@ -228,6 +228,10 @@ def test_the_host_going_away_is_a_paragraph():
     assert "lost the rendezvous" in info.value.message and "global rank 0" in info.value.message
 
 
+def _indented(tail: str) -> str:
+    return "".join(f"    {line}\n" for line in tail.splitlines() if line.strip())
+
+
 def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 90,
                   plan_file: str | None = None) -> list:
     """One process per rank: each joins the world store (a refusal there is its paragraph and exit 2, as the
@@ -240,28 +244,22 @@ def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 
 
     port, world = free_port(), len(tails)
     describe = (f"(lambda plan: lambda r: describe_rank(plan, r))(load_plan({plan_file!r}))" if plan_file else "None")
+    # each rank ends as under the patched script with --hetauto: the hook in charge of its exit before the join
+    # (hook.pretrain_kwargs), main_guard turning a refusal into its paragraph and exit 2, a finished rank's groups
+    # destroyed at its exit (hook._destroy_groups_at_exit)
     common = ("import datetime, time; import torch.distributed as dist; "
-              "from hetauto_megatron.megatron import world_store as w; "
+              "from hetauto_megatron.megatron import hook, world_store as w; "
               "from hetauto_megatron.errors import InputError; "
               "from hetauto_megatron.plan.plan import load_plan; "
               "from hetauto_megatron.runtime.ranks import describe_rank; "
-              "from hetauto_megatron.megatron.script_guard import exit_for_user\n"
-              # a rank's user error ends as the hook ends a rank that holds gloo groups (script_guard.
-              # exit_after_training: os._exit); left to interpreter finalisation a gloo thread can abort it after
-              # the paragraph (SIGABRT, "terminate called without an active exception": pytorch#190489)
-              "def _exit_for_user(exc):\n"
-              "    try:\n"
-              "        exit_for_user(exc)\n"
-              "    except SystemExit as end:\n"
-              "        import os, sys; sys.stderr.flush(); os._exit(end.code)\n"
-              "try:\n"
+              "from hetauto_megatron.megatron.script_guard import main_guard\n"
+              "def main():\n"
               f"    store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0, describe={describe})\n"
-              "except InputError as exc:\n"
-              "    _exit_for_user(exc)\n"
-              f"dist.init_process_group('gloo', rank={{rank}}, world_size={world}, store=store, "
-              "timeout=datetime.timedelta(seconds=120)); ")
+              f"    dist.init_process_group('gloo', rank={{rank}}, world_size={world}, store=store, "
+              "timeout=datetime.timedelta(seconds=120))\n")
+    end = "\nhook._take_charge_of_exit(60.0)\nmain_guard(main)\n"
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", common.format(rank=r) + tail], stderr=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", common.format(rank=r) + _indented(tail) + end], stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "HETAUTO_CLUSTER": f"cluster-{r}",
                                               **((env[r] if isinstance(env, list) else env) or {})})
              for r, tail in enumerate(tails)]
@@ -276,8 +274,8 @@ def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 
     return out
 
 
-REFUSE = ("time.sleep(1); _exit_for_user(InputError('the checkpoint was saved under another plan layout', "
-          "field='--load', fix='resume with the plan it was saved under'))")
+REFUSE = ("time.sleep(1); raise InputError('the checkpoint was saved under another plan layout', "
+          "field='--load', fix='resume with the plan it was saved under')")
 
 
 @pytest.mark.parametrize("refusing", [0, 1])
@@ -304,9 +302,8 @@ def test_a_refusal_after_the_join_stops_the_ranks_waiting_in_a_collective(refusi
 def test_a_job_that_ends_normally_ends_quietly_on_every_rank():
     """Rank 0 (the store's host) finishes first; the watchers of the ranks still working met the closed store and
     torch logged its C++ stack on each (13 lines per rank)."""
-    end = "; dist.destroy_process_group()"        # as the hook ends a rank (hook._destroy_groups_at_exit)
-    for rank, (code, err, _) in enumerate(_joined_ranks(["dist.barrier()" + end, "dist.barrier(); time.sleep(5)" + end,
-                                                          "dist.barrier(); time.sleep(2.5)" + end])):
+    for rank, (code, err, _) in enumerate(_joined_ranks(["dist.barrier()", "dist.barrier(); time.sleep(5)",
+                                                          "dist.barrier(); time.sleep(2.5)"])):
         assert code == 0 and "frame #" not in err and "TCPStore" not in err, (rank, err[:2000])
 
 

@@ -310,13 +310,17 @@ def pretrain_kwargs(args) -> dict:
         from ..runtime import groups
         from ..runtime.communicator import HeteroP2PCommunicator
 
+        # from the join on, this process holds the rendezvous store and gloo's groups: a refusal below (a rank
+        # started twice, another plan or job) ends as a finished run does (exit_after_training), not through
+        # interpreter finalisation, where a gloo or store thread aborted the rank after its paragraph (SIGABRT,
+        # pytorch#190489) and torchrun reported a crash where the paragraph said exit 2
+        _take_charge_of_exit(state.timeout_s)
         _join_world(state, args)
         # every cluster's launch runs the same job (iterations, intervals, optimizer): a difference would leave one
         # side waiting for the other until the timeout, or train another model (job_agreement.py)
         from .job_agreement import check_same_job
         check_same_job(args, state.plan, state.ident.rank, state.plan.world_size, file=state.plan_file,
                        timeout_s=state.timeout_s)
-        _take_charge_of_exit(state.timeout_s)
         ctx = groups.build_groups(state.plan, state.ident.rank, state.plan.world_size, timeout_s=state.timeout_s,
                                   dry_run=state.device_type == "cpu", host_dp_copies=True)
         from ..runtime.liveness import Liveness
