@@ -204,7 +204,16 @@ def guard_script_errors() -> None:
                 sys.stderr = stream
             if lost is not None:
                 _exit_for_lost_peer(lost)
-            exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
+            try:
+                exit_for_user(exc)   # SystemExit raised inside an excepthook sets the exit code
+            except SystemExit as end:
+                # where the hook owns the exit (after the world's join under --hetauto, or gloo's groups on CPU)
+                # the refusal ends as main_guard ends it, not through interpreter finalisation, in which a gloo or
+                # store thread can abort the process after its paragraph (SIGABRT, pytorch#190489)
+                from .hook import in_charge_of_exit
+                if in_charge_of_exit():
+                    exit_after_training(_exit_status(end))
+                raise
         previous(kind, exc, tb)
 
     excepthook._hetauto = True
