@@ -1,6 +1,7 @@
 """`hetauto emit deepspeed`: every emitted config passes DeepSpeed's own parser for its mesh's DP size."""
 import json
 import os
+import re
 
 import pytest
 from helpers import mesh
@@ -357,3 +358,36 @@ def test_configs_of_a_megatron_plan_that_does_not_fit_under_deepspeed_say_so(tmp
     assert main(["emit", "deepspeed", "--plan", PLANS_FILE_TWO, "-o", str(tmp_path / "two")]) == 0
     assert main(["emit", "deepspeed", "--plan", PLANS_FILE_TWO, "--cluster", "site-b", "-o", str(tmp_path / "two")]) == 0
     assert "still holds" not in capsys.readouterr().err
+
+
+FP8_PLAN = """version: 4
+model: {name: llama2-7b, num_layers: 32, hidden_size: 4096, num_attention_heads: 32, ffn_hidden_size: 11008,
+  vocab_size: 32000, seq_length: 4096, num_query_groups: 32, gated_mlp: true, tie_embeddings: false,
+  position_embedding: rope, max_position_embeddings: 4096}
+global_batch_size: 64
+precision: fp8
+meshes:
+- {cluster: h100, device_type: h100-sxm, tp: 1, dp: 8, micro_batch_size: 1, recompute: none, stage_layers: [32]}
+inventory:
+  clusters:
+  - {name: h100, device: h100-sxm, nodes: 1, devices_per_node: 8}
+  links: []
+"""
+
+
+def test_the_configs_of_an_fp8_plan_are_priced_in_the_precision_they_say(tmp_path, capsys):
+    """DeepSpeed's configs have no fp8 setting: an fp8 Megatron plan's configs say bf16. The note on a plan that does
+    not fit as DeepSpeed runs it priced fp8 (97.1 GiB where bf16 needs 85.0) and named a command that refused the
+    plan ('engine deepspeed has no fp8 setting', exit 2). It now prices what the configs say, and its command runs
+    and gives the same figure."""
+    plan = tmp_path / "fp8.yaml"
+    plan.write_text(FP8_PLAN)
+    assert main(["emit", "deepspeed", "--plan", str(plan), "-o", str(tmp_path / "ds")]) == 0
+    err = capsys.readouterr().err
+    with open(tmp_path / "ds" / "ds_config.h100.json") as fh:
+        assert json.load(fh)["bf16"]["enabled"] is True
+    found = re.search(r"stage 0 needs ([\d.]+) GiB of 80: it does not fit \('hetauto (simulate [^']+)'\)", err)
+    assert found, err
+    assert main([*found.group(2).split(), "--json"]) == 0, capsys.readouterr().err
+    sim = json.loads(capsys.readouterr().out)
+    assert f"{sim['stages'][0]['memory_gib']:.1f}" == found.group(1), sim["stages"][0]

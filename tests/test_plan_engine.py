@@ -182,3 +182,28 @@ def test_a_deepspeed_plan_in_a_precision_its_device_lacks_is_refused_naming_the_
         plan_from_dict(data, file="plan.yaml")
     assert exc.value.file == "plan.yaml" and exc.value.field == "precision", exc.value.message
     assert "cannot train in bf16" in exc.value.message
+
+
+def test_a_deepspeed_fp16_plan_written_before_its_fp16_reduction_was_priced_still_reads(capsys):
+    """DeepSpeed's fp16 with ZeRO-1 reduces gradients in fp16 (engines.py as_run_by); version-4 files written before
+    hetauto priced that say `grad_reduce_dtype: fp32`, which loading refused as a setting the engine does not run
+    (exit 2 from simulate, emit and explain on a file hetauto had written). It reads as it runs, with a note naming
+    the field; another setting the engine does not run is still refused."""
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.model import PRESETS
+
+    def data(reduce_dtype, overlap=False):
+        settings = {"sequence_parallel": False, "distributed_optimizer": True, "overlap_grad_reduce": overlap,
+                    "overlap_param_gather": False, "grad_reduce_dtype": reduce_dtype}
+        return {"version": 4, "model": PRESETS["tiny"].to_dict(), "global_batch_size": 8, "precision": "fp16",
+                "engine": "deepspeed", "meshes": [{"cluster": "v", "device_type": "v100-16gb", "tp": 1, "dp": 1,
+                                                   "micro_batch_size": 8, "stage_layers": [8], "settings": settings}]}
+
+    old = plan_from_dict(data("fp32"), file="old-plan.yaml")
+    err = capsys.readouterr().err
+    assert "old-plan.yaml: meshes[0].settings.grad_reduce_dtype fp32 is read as param" in err, err
+    assert old.meshes[0].settings.grad_reduce_dtype == "param"
+    assert old.settings_as_run(0) == plan_from_dict(data("param")).settings_as_run(0)
+    with pytest.raises(InputError) as exc:
+        plan_from_dict(data("param", overlap=True), file="plan.yaml")
+    assert exc.value.field == "meshes[0].settings.overlap_grad_reduce" and "runs false" in exc.value.message

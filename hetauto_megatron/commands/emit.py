@@ -1,6 +1,7 @@
 """`hetauto emit megatron|deepspeed|summary`: turn a plan file into what a job needs to run."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -137,13 +138,17 @@ def deepspeed_notes(plan, path: str) -> list[str]:
     if plan.engine != "deepspeed" and plan.inventory and plan.is_simple:
         from ..plan.simulate import simulate
         from ..spec.inventory import inventory_from_dict
-        est = simulate(plan.for_engine("deepspeed"), inventory_from_dict(plan.inventory), engine="deepspeed")
+        # DeepSpeed's configs have no fp8 setting: an fp8 plan's say bf16 (emit/deepspeed.py), which is priced
+        precision = "bf16" if plan.precision == "fp8" else plan.precision
+        est = simulate(dataclasses.replace(plan.for_engine("deepspeed"), precision=precision),
+                       inventory_from_dict(plan.inventory), engine="deepspeed")
         from ..emit.summary import distinct_gib
         over = [f"stage {i} needs {distinct_gib(st['memory_gib'], st['memory_cap_gib'])} GiB of {st['memory_cap_gib']:g}"
                 for i, st in enumerate(est.stages) if st["memory_gib"] > st["memory_cap_gib"]]
         if over:
             notes.append(f"as DeepSpeed's pipeline engine runs {path} (its estimate prices Megatron's 1F1B), "
-                         f"{'; '.join(over)}: it does not fit ('hetauto simulate --plan {path} --engine deepspeed'); "
+                         f"{'; '.join(over)}: it does not fit ('hetauto simulate --plan {path} --engine deepspeed"
+                         f"{' --precision bf16' if precision != plan.precision else ''}'); "
                          "'hetauto plan --engine deepspeed' plans a job that fits as DeepSpeed runs it")
     if any(m.tp > 1 for m in plan.meshes):
         notes.append("TP > 1: the package's PipelineModule helper (hetauto_megatron.runtime.deepspeed_pipeline) "

@@ -7,6 +7,7 @@ READABLE_VERSIONS, an older file meaning what it meant when it was written.
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING
 
 import yaml
@@ -247,6 +248,14 @@ def _settings_as_written(raw: dict, engine: str, precision: str, field: str, fil
     except InputError:
         precision = ""      # (Plan and Mesh name an unknown device or precision)
     runs = as_run_by(default_settings(tp), engine, precision).to_dict()
+    if (written.get("grad_reduce_dtype") == "fp32" and runs["grad_reduce_dtype"] == "param"
+            and written.get("distributed_optimizer", base["distributed_optimizer"]) is True):
+        # DeepSpeed's fp16 with ZeRO-1 reduces in fp16 (engines.py as_run_by); a plan written before that was
+        # priced says fp32, which this version would refuse as a setting the engine does not run: read as it runs
+        print(f"hetauto: note: {file or 'the plan'}: {field}.grad_reduce_dtype fp32 is read as param: engine "
+              f"{engine} reduces fp16 gradients in fp16 under ZeRO-1 (a plan written before hetauto priced that "
+              "says fp32); re-plan or write param to drop this note", file=sys.stderr)
+        written["grad_reduce_dtype"] = "param"
     return {**{k: v for k, v in runs.items() if base[k] != v}, **written}
 
 
