@@ -90,7 +90,7 @@ def test_a_cluster_running_other_hetauto_code_stops_every_rank_naming_it(tmp_pat
     other = {"PYTHONPATH": str(copy), "PYTHONSAFEPATH": "1"}     # the copy, not this checkout (the current folder)
     ours = hetauto_megatron.code_digest()[:12]
     for rank, (code, out, seconds) in enumerate(_ranks(tmp_path, values, env=[{}, other])):
-        assert code == 2 and seconds < 30 and "Traceback" not in out, (rank, seconds, out)
+        assert code == 2 and seconds < 45 and "Traceback" not in out, (rank, seconds, out)
         assert "field 'hetauto-megatron'" in out and "--train-iters" not in out, out
         # the paragraph is cluster-b's rank's; rank 0 stops on its refusal (its launch's HETAUTO_CLUSTER here: cluster-1)
         found = re.search(r"the clusters run different hetauto-megatron code, which every rank must share \(this "

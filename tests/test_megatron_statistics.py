@@ -88,10 +88,13 @@ times = clock._get_elapsed_time_all_ranks(["step"], reset=True, barrier=False)
 out["timers_shape"], out["timers_all_set"] = list(times.shape), bool((times > 0).all())
 print("STAGED " + json.dumps(out), flush=True)
 dist.barrier()
-# as every hetauto rank ends (runtime/train.py, the hook's exit): left to the interpreter's teardown, a gloo worker
-# thread still releasing a finished operation's tensor can abort the process after the work is done
-# ("terminate called without an active exception", pytorch/pytorch#190489; rank 1 here, once in some 50 runs)
-dist.destroy_process_group()
+# as every hetauto rank ends (the hook's exit: groups destroyed, then no interpreter teardown, in which a gloo worker
+# thread still releasing a finished operation's tensor can abort the process after the work is done: "terminate
+# called without an active exception", pytorch/pytorch#190489; rank 1 here, once in some 50 runs while the groups
+# were destroyed and the script left to end by itself)
+from hetauto_megatron.megatron import hook
+hook._take_charge_of_exit(60.0)
+hook.exit_after_training()
 """
 
 
