@@ -1283,3 +1283,23 @@ def test_a_launch_without_data_vocabulary_learning_rate_or_length_is_refused_bef
     _, args = _megatron_args(monkeypatch, ["--train-samples", "8"])
     args.train_iters = None
     rewrite.rewrite_args(args, PLAN, c)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_older_fp32_plan_without_an_inventory_means_the_same_once_saved_again(tmp_path, version):
+    """A version 1-3 plan without an inventory ran its fp32 GEMMs without TF32 (version 4 turns TF32 on where the
+    device has it). Saved again it was written as version 4, so the same plan read back ran on TF32: its emitted
+    launch exported TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 where the original's said NVIDIA_TF32_OVERRIDE=0."""
+    from hetauto_megatron.emit.megatron import emit_megatron
+    from hetauto_megatron.emit.vendor_env import fp32_tf32
+
+    meshes = [{"cluster": c, "device_type": "a100-80gb", "tp": 1, "dp": 8, "micro_batch_size": 1,
+               "recompute": "none", "stage_layers": [16]} for c in ("a", "b")]
+    old = plan_from_dict({"version": version, "model": PRESETS["llama2-7b"].to_dict(), "global_batch_size": 64,
+                          "precision": "fp32", "meshes": meshes}, file="old.yaml")
+    path = str(tmp_path / "again.yaml")
+    old.save(path)
+    again = load_plan(path)
+    assert fp32_tf32(old, "a") is False and fp32_tf32(again, "a") is False
+    scripts = [{la["cluster"]: la["script"] for la in emit_megatron(p, plan_path="plan.yaml")} for p in (old, again)]
+    assert "NVIDIA_TF32_OVERRIDE=0" in scripts[0]["a"] and scripts[0] == scripts[1]

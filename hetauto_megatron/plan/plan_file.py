@@ -36,8 +36,11 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 # ---- writing ----------------------------------------------------------------------------------------------
 def plan_to_dict(plan: Plan) -> dict:
     """The plan as the file's mapping, at PLAN_VERSION: every mesh's settings in full and every boundary between
-    clusters spelled out, so the file says what runs."""
-    d = {"version": PLAN_VERSION, "model": plan.model.to_dict(), "global_batch_size": plan.global_batch_size,
+    clusters spelled out, so the file says what runs. A plan read from a version 1-3 file without an inventory is
+    written as version 3 (which has every key this writes): its fp32 GEMMs ran without TF32, which version 4 would
+    turn on for the device types that have it (emit/vendor_env.py fp32_tf32) with nothing in the file to say so."""
+    version = PLAN_VERSION if plan.inventory is not None or plan.version >= 4 else 3
+    d = {"version": version, "model": plan.model.to_dict(), "global_batch_size": plan.global_batch_size,
          "precision": plan.precision}
     if plan.engine != DEFAULT_ENGINE:       # optional: absent means megatron (files without it read as before)
         d["engine"] = plan.engine
