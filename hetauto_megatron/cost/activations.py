@@ -69,6 +69,10 @@ class LayerImpl:
                                    # tensors at the backward's peak, 3.05 with the fill out of place). 0: not priced
     score_buffer: bool = False     # Megatron's local attention takes the score GEMM's (beta = 0) input from
                                    # parallel_state's global memory buffer: one s x s tensor per rank kept for the run
+    position_ids_per_sample: bool = True   # learned positions: the embedding keeps its position ids (int64) per
+                                   # micro-batch, one row per sample as Megatron-LM's batch has them ([b, s], its
+                                   # get_batch; the dry run's batch too); False: one row of s (hetauto's DeepSpeed
+                                   # pipeline module makes it per micro-batch, runtime/deepspeed_pipeline.py)
 
 
 TRANSFORMER_ENGINE = LayerImpl()

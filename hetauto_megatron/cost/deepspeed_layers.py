@@ -14,7 +14,7 @@ from .activations import LayerImpl
 # and V (on CPU; on an accelerator in 16 bits, not a V100), and V is copied out of the fused QKV output when rope
 # copies Q and K, so that output is not kept beside them. Measured on CPU (LLaMA-style and GPT-style models).
 DEEPSPEED_PIPELINE_IMPL = LayerImpl(flash_attention=True, fused_norm=False, fused_rope=False, gated_mlp_tensors=4,
-                                    pre_mlp_norm_in_fc1=False, dropout_mask_bytes=None)
+                                    pre_mlp_norm_in_fc1=False, dropout_mask_bytes=None, position_ids_per_sample=False)
 # torch's CUDA flash kernel takes head dims up to 256, and trains (192, 224] only outside sm86/sm89 (its
 # check_head_dim_size_flash and the sm86/89 filter); above, enable_gqa falls to the math kernel and its s x s scores.
 # The module and the pricing both take K and V grouped on an accelerator only up to 192, where every sm80+ card runs

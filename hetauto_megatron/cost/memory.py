@@ -123,8 +123,13 @@ def _stage_terms(model: ModelSpec, tp: int, dp: int, b: int, recompute: str, fir
     rep_tp = tp if sp else 1
     first_saved = head = logits_grad = 0.0
     if first:
+        # the token ids (int64) the embedding keeps, and its dropout mask; with learned positions their ids (int64,
+        # LayerImpl.position_ids_per_sample); at TP > 1 the bool mask with which Megatron's vocabulary-parallel
+        # embedding zeroes the rows of the ids outside its part, which the backward of that fill keeps (Megatron-Core
+        # tensor_parallel/layers.py VocabParallelEmbedding.forward: output_parallel[input_mask, :] = 0.0)
         mask = mask_bytes(impl, E) if settings.hidden_dropout else 0
-        first_saved = 8 * s * b + s * b * model.hidden_size * mask / rep_tp
+        positions = 8 * s * (b if impl.position_ids_per_sample else 1) if model.position_embedding == "learned" else 0
+        first_saved = 8 * s * b + positions + (s * b if tp > 1 else 0) + s * b * model.hidden_size * mask / rep_tp
     if last:
         # the final norm (as a layer's norms: input, output, statistic, the composite's normalised input), the
         # labels (int64), and what the cross entropy keeps over the logits (cross_entropy_bytes: the fp32
@@ -218,7 +223,7 @@ def _reading(cfg: tuple, layers: int, in_flight: int, boundary_buffers: int) -> 
     # a layer's unfused attention backward holds s x s gradients beyond its count (cost/activations.py
     # attention_backward_bytes); the local attention's score buffer is held from the first forward on
     backward, scratch = (backward, scratch) if layers else (0.0, 0.0)
-    if first:   # the token ids (int64) the embedding keeps, and its dropout mask
+    if first:   # what the embedding keeps (first_saved above)
         saved += in_flight * first_saved
     workspace = 0.0     # transient: not kept for a backward pass, but allocated at the peak
     if last:    # the layers' backward runs after the head's has freed the logits

@@ -171,7 +171,6 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
     seq, mbs, batch = spec.seq_length, mesh.micro_batch_size, layout.step
     first, last = c.sample_start, c.sample_stop   # this replica's samples of every step
     dev = ctx.device
-    positions = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
     causal = causal_mask(seq, dev)
 
     # Megatron-LM's result validation (its default --rerun-mode validate_results), as its training loop runs it:
@@ -189,6 +188,9 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
 
     def forward_step(data_iterator, module):
         tokens = next(data_iterator)
+        # one row of position ids per sample, each micro-batch its own, as Megatron-LM's batch (its get_batch):
+        # learned positions keep them for the backward (cost/activations.py LayerImpl.position_ids_per_sample)
+        positions = torch.arange(seq, device=dev).repeat(mbs, 1)
         out = module(tokens[:, :-1].contiguous(), positions, causal, labels=tokens[:, 1:].contiguous())
         return out, loss_func
 
