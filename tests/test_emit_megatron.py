@@ -457,3 +457,30 @@ def test_a_launch_refuses_an_entry_script_without_hetauto_and_one_port_for_both_
     assert not (tmp_path / "launched").exists()
     assert len(proc.stderr.strip().splitlines()) == 1
     assert run_launch_check(tmp_path, {"CLUSTER_MASTER_PORT": "29541", "HETAUTO_MASTER_PORT": "29542"}).returncode == 0
+
+
+def test_a_plan_that_does_not_fit_its_devices_is_said_before_its_launches_are_written(tmp_path, capsys):
+    """The 736-device example plan with its 64 GiB cluster's memory given as 4 GiB in the plan's inventory (a hand
+    edit, or an inventory corrected after planning): `simulate` says a stage does not fit, and `emit megatron` wrote
+    the launches with exit 0 and no word (its DeepSpeed target said so). Now it says which stage needs what, before
+    writing them; the plan as it was emits without that note."""
+    import yaml
+
+    src = os.path.join(os.path.dirname(__file__), "..", "examples", "llama", "plans", "llama2-70b-736.yaml")
+    with open(src) as fh:
+        data = yaml.safe_load(fh)
+    assert main(["emit", "megatron", "--plan", src, "-o", str(tmp_path / "as-planned")]) == 0
+    assert "does not fit" not in capsys.readouterr().err
+    smaller = [c for c in data["inventory"]["clusters"] if c["memory_gib"] == 64.0]
+    assert len(smaller) == 1
+    smaller[0]["memory_gib"] = 4.0
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["simulate", "--plan", str(path), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    over = [i for i, st in enumerate(sim["stages"]) if st["memory_gib"] > st["memory_cap_gib"]]
+    assert over and not sim["fits"]
+    assert main(["emit", "megatron", "--plan", str(path), "-o", str(tmp_path / "edited")]) == 0
+    err = capsys.readouterr().err
+    assert f"as planned, stage {over[0]} needs {sim['stages'][over[0]]['memory_gib']:.1f} GiB of 4" in err, err
+    assert "does not fit its devices" in err and os.path.exists(tmp_path / "edited"), err

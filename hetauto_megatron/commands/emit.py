@@ -129,27 +129,47 @@ def warn_stale(out_dir: str, written: list[str], command: str = "hetauto emit", 
     return stale
 
 
+def over_memory(plan, engine: str) -> list[str]:
+    """'stage i needs X GiB of Y' for each stage of `plan` that exceeds its device as `engine` runs it, priced on the
+    inventory the plan carries ([] without one); an fp8 plan under DeepSpeed at the bf16 its configs say."""
+    if not plan.inventory:
+        return []
+    from ..emit.summary import distinct_gib
+    from ..plan.simulate import simulate
+    from ..spec.inventory import inventory_from_dict
+    if engine != plan.engine:
+        plan = plan.for_engine(engine)
+    if engine == "deepspeed" and plan.precision == "fp8":   # DeepSpeed's configs have no fp8 setting: they say bf16
+        plan = dataclasses.replace(plan, precision="bf16")
+    est = simulate(plan, inventory_from_dict(plan.inventory), engine=engine)
+    return [f"stage {i} needs {distinct_gib(st['memory_gib'], st['memory_cap_gib'])} GiB of {st['memory_cap_gib']:g}"
+            for i, st in enumerate(est.stages) if st["memory_gib"] > st["memory_cap_gib"]]
+
+
+def as_planned_notes(plan, path: str, engine: str) -> list[str]:
+    """A plan for `engine` that does not fit its devices as priced (a hand edit: the search plans only what fits)
+    launches into an out-of-memory error on the cluster: said before its files are written."""
+    if plan.engine != engine:
+        return []
+    over = over_memory(plan, engine)
+    return [f"as planned, {'; '.join(over)}: {path} does not fit its devices ('hetauto simulate --plan {path}' "
+            "shows each stage), so its launches would stop out of memory; 'hetauto plan' plans a job that fits"] \
+        if over else []
+
+
 def deepspeed_notes(plan, path: str) -> list[str]:
     """What a user of the DeepSpeed configs must know beyond the features DeepSpeed cannot express: a plan made for
     Megatron's engine that does not fit as DeepSpeed's engine runs it (no overlaps or sequence parallelism, full
     recomputation for selective: Plan.for_engine), on the inventory the plan carries; and what the package's own
     PipelineModule helper (runtime/deepspeed_pipeline.py) does not build (TP, dropout), which it refuses."""
-    notes = []
-    if plan.engine != "deepspeed" and plan.inventory and plan.is_simple:
-        from ..plan.simulate import simulate
-        from ..spec.inventory import inventory_from_dict
-        # DeepSpeed's configs have no fp8 setting: an fp8 plan's say bf16 (emit/deepspeed.py), which is priced
-        precision = "bf16" if plan.precision == "fp8" else plan.precision
-        est = simulate(dataclasses.replace(plan.for_engine("deepspeed"), precision=precision),
-                       inventory_from_dict(plan.inventory), engine="deepspeed")
-        from ..emit.summary import distinct_gib
-        over = [f"stage {i} needs {distinct_gib(st['memory_gib'], st['memory_cap_gib'])} GiB of {st['memory_cap_gib']:g}"
-                for i, st in enumerate(est.stages) if st["memory_gib"] > st["memory_cap_gib"]]
+    notes = as_planned_notes(plan, path, "deepspeed")
+    if plan.engine != "deepspeed" and plan.is_simple:
+        over = over_memory(plan, "deepspeed")
         if over:
+            bf16 = " --precision bf16" if plan.precision == "fp8" else ""
             notes.append(f"as DeepSpeed's pipeline engine runs {path} (its estimate prices Megatron's 1F1B), "
                          f"{'; '.join(over)}: it does not fit ('hetauto simulate --plan {path} --engine deepspeed"
-                         f"{' --precision bf16' if precision != plan.precision else ''}'); "
-                         "'hetauto plan --engine deepspeed' plans a job that fits as DeepSpeed runs it")
+                         f"{bf16}'); 'hetauto plan --engine deepspeed' plans a job that fits as DeepSpeed runs it")
     if any(m.tp > 1 for m in plan.meshes):
         notes.append("TP > 1: the package's PipelineModule helper (hetauto_megatron.runtime.deepspeed_pipeline) "
                      "builds layers that are not tensor-parallel and refuses these configs; run them with "
@@ -198,6 +218,8 @@ def run(args) -> int:
         every = emit_megatron(plan, plan_path=args.plan_path or os.path.abspath(args.plan),
                               script=args.script or DEFAULT_SCRIPT, devices_per_node=args.devices_per_node,
                               file=args.plan)
+        for note in as_planned_notes(plan, args.plan, "megatron"):
+            print(f"hetauto emit: {note}", file=sys.stderr)
         launches = only_cluster(every, args.cluster)
         if out_dir:
             make_output_dir(out_dir, "-o")
