@@ -6,7 +6,6 @@ group is kept when the priced plan is faster."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ..errors import InfeasibleError, InputError
 from . import costing
@@ -150,14 +149,18 @@ def mixed_starts(model, inventory, gbs, cost, cfg, con, usable, best, out: Shape
         out.levels_cut |= r.cut_by_budget
         out.pipelines_searched += 1
         start = layout_to_plan(model, gbs, r.choices, r.stage_layers, inventory, boundaries=r.boundaries)
-        held = (math.inf, math.inf, start)
+        # a group is kept where the plan gains on the cluster alone (its score: above --max-iteration-s it is worth
+        # less than any plan within it, so groups that bring it under are kept); from no score at all the first
+        # group was kept however slow, and the row below named a plan slower than the cluster alone
+        held = (plan_score(con, inventory, start, r.iteration_time_s), r.iteration_time_s, start)
         found = groups_alongside(model, inventory, cost, con, held, out, cfg.max_micro_batch, deadline)
         if found is not held and not all(u in {m.cluster for m in found[2].meshes} for u in con.use_clusters):
             found = held                 # --use-clusters: a cluster pinned in is missing
         if found is not held and found[0] < best[0] - 1e-12:
             best = found
-        out.tried.append((f"{c} with groups alongside", found[1] if found is not held else None,
-                          f"partners {'+'.join(partners)}"))
+        out.tried.append((f"{c} with groups alongside", found[1], f"partners {'+'.join(partners)}")
+                         if found is not held else
+                         (f"{c} alone", r.iteration_time_s, f"no group of {'+'.join(partners)} alongside gains"))
     return best
 
 

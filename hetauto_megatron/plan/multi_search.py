@@ -86,7 +86,11 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         if len(usable) > 1:
             best = _partitions(model, inventory, gbs, cost, quiet_config(cfg), con, usable, best, out, deadline)
         progress(out, "replica groups side by side")
-        best = groups_alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
+        grown = groups_alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
+        if grown is not best:       # (what explain lists as the alternatives: the plan itself among them)
+            out.tried.append(("the best of the above with groups alongside", grown[1],
+                              "the devices it leaves free as replica groups"))
+        best = grown
         best = mixed_starts(model, inventory, gbs, cost, quiet_config(cfg), con, usable, best, out, deadline)
     out.levels_cut = out.levels_cut or out_of_time(deadline)
     if not over_floor_ok:
