@@ -40,6 +40,38 @@ def keep_job_of(old, args) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, value)
             kept[name] = value
+    kept.update(_kept_settings(old, args.from_plan))
+    return kept
+
+
+def _kept_settings(old, file: str) -> dict:
+    """The old plan's dropouts where every mesh has the same (they change what is trained, so the re-plan trains
+    them too; the search never chooses them) -> {setting: value}. Says on stderr where its meshes differ (none
+    kept: no one value is the job's), and which of its other settings the new plan leaves for the defaults: the
+    search chooses none of them, and each would change the new meshes' time or memory."""
+    from ..plan.engines import as_run_by
+    from ..plan.settings import JOB_SETTING_KEYS, default_settings, job_settings, shared_job_settings
+    shared = shared_job_settings(old.meshes)
+    kept = {} if shared is None else dict(shared)      # ({} where the old plan trains without dropout)
+    if shared is None:
+        said = "; ".join(f"meshes[{i}] ({m.cluster}): "
+                         + (", ".join(f"{k} {v}" for k, v in job_settings(m.settings.to_dict())) or "none")
+                         for i, m in enumerate(old.meshes))
+        print(f"hetauto plan: the dropouts of {file} not kept: its meshes differ ({said}), so the new plan runs "
+              "none; give every mesh of it the same settings.hidden_dropout and attention_dropout to keep them, "
+              "or write them into the new plan's meshes' settings", file=sys.stderr)
+    others: dict = {}
+    for i, m in enumerate(old.meshes):
+        runs = old.settings_as_run(i).to_dict()      # (against what its engine runs by default: DeepSpeed's no SP)
+        base = as_run_by(default_settings(m.tp), old.engine, old.mesh_precision(i)).to_dict()
+        for k in runs:
+            said = f"{k} {str(runs[k]).lower() if isinstance(runs[k], bool) else runs[k]}"
+            if k not in JOB_SETTING_KEYS and runs[k] != base[k] and said not in others.setdefault(m.cluster, []):
+                others[m.cluster].append(said)
+    if any(others.values()):
+        print(f"hetauto plan: settings of {file} not kept (the search does not choose them; the new plan runs "
+              "their defaults): " + "; ".join(f"{c}: {', '.join(v)}" for c, v in others.items() if v),
+              file=sys.stderr)
     return kept
 
 
@@ -154,7 +186,8 @@ def keep_search_of(old, args, con, inventory, kept: dict, model=None):
     con, names, dropped = keep_constraints(recorded, con, given, inventory, args.global_batch_size)
     if model is not None and names:
         _check_kept(con, names, model, inventory, args)
-    shown = [f"{JOB_FLAGS[k]} {v}" for k, v in kept.items()]
+    # (the dropouts have no flag: the plan's meshes' settings)
+    shown = [f"{JOB_FLAGS[k]} {v}" if k in JOB_FLAGS else f"settings.{k} {v}" for k, v in kept.items()]
     for name in names:
         kept[name] = con.objective if name == "objective" else con.active[name]
         shown.append(f"--objective {con.objective}" if name == "objective" else describe(con, name))

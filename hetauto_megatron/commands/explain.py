@@ -171,6 +171,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     from ..plan.constraints import Constraints, cost_per_million_tokens, devices_by_cluster
     from ..plan.multi_search import search_shapes
     from ..plan.search import SearchConfig, search
+    from ..plan.settings import shared_job_settings
     from ..plan.search_jobs import default_workers
     from ..plan.simulate import simulate
     # re-planned under the plan's own boundary schedule, objective and constraints (as its estimate recorded them)
@@ -186,7 +187,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
     tokens = plan.global_batch_size * plan.model.seq_length
     # ... and for the plan's pipeline engine (DeepSpeed's: its uniform layouts, priced as it runs them)
     config = SearchConfig(seed=seed, schedule=schedule, constraints=constraints, engine=plan.engine,
-                          budget_s=budget_s)
+                          budget_s=budget_s, job_settings=shared_job_settings(plan.meshes) or ())   # its dropouts
     searches = {}
 
     def key(inv):

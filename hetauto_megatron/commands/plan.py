@@ -151,6 +151,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
+    from ..plan.settings import job_settings
     from ..plan.simulate import simulate
     from ..plan.plan import check_global_batch_size
     from ..plan.engines import ENGINES, check_engine_precision
@@ -223,13 +224,13 @@ def run(args) -> int:
         # the warm start as the constrained tree would hold it (under --max-devices, fewer stages where the cap
         # binds), not one the search then drops as breaking a constraint
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model, constraints=con,
-                                             engine=args.engine or DEFAULT_ENGINE))
+                                             engine=args.engine or DEFAULT_ENGINE, job_settings=job_settings(kept)))
     if args.engine == "deepspeed":
         check_deepspeed_constraints(con, inventory, schedule_given, shapes_given)
     check_selective_runs(con, model, args.engine)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
-                       warm_plan=old,
+                       warm_plan=old, job_settings=job_settings(kept),     # (the dropouts --from kept)
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
     # DeepSpeed's engine runs one pipeline of single meshes (engines.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)

@@ -17,6 +17,7 @@ from .search import search
 from .shapes_result import (ShapesResult, block_constraints, objective_bound, plan_score, progress,
                             within_budget)
 from .engines import selective_runs
+from .settings import job_settings
 from .simulate import check_plan_links, simulate
 from .space import tp_degrees
 from .space_bounds import COMPUTE_SLACK
@@ -100,9 +101,11 @@ def groups_alongside(model, inventory, cost, con, best, out: ShapesResult, max_m
                                 if con.recompute_of(cl.name) not in (None, rc) or (
                                         rc == "selective" and not selective_runs(model)):
                                     continue
+                                # (the group trains the mesh's job, its dropouts; the rest at its own TP's defaults)
                                 extra = dataclasses.replace(mesh, cluster=cl.name, device_type=cl.device.name,
                                                             tp=tp, dp=dp, micro_batch_size=mbs[1], recompute=rc,
-                                                            setting_overrides=(), alongside=True,
+                                                            setting_overrides=job_settings(
+                                                                mesh.setting_overrides), alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=mbs[0])
                                 cand = with_group(plan, idx, main, extra, mates, scale, inv)

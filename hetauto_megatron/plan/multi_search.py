@@ -108,8 +108,10 @@ def _seeded(model, inventory, gbs, cost, cfg, con, best, out: ShapesResult):
     old = cfg.warm_plan
     if old.is_simple or old.global_batch_size != gbs or not _meets(con, old, cfg.schedule):
         return best
+    # (its meshes run the new job's settings, as every plan searched does: its own other settings are not searched)
     seed = dataclasses.replace(old, model=model, inventory=inventory.to_dict(), estimate=None,
-                               precision=inventory.precision or old.precision)
+                               precision=inventory.precision or old.precision, meshes=tuple(
+                                   dataclasses.replace(m, setting_overrides=cfg.job_settings) for m in old.meshes))
     try:
         est = simulate(seed, inventory, cost)      # (which checks the plan against the inventory first)
     except InputError:          # a cluster gone or smaller, a link missing: it does not run here

@@ -67,7 +67,9 @@ def _warm_chain(meshes: list, space: SearchSpace) -> list[tuple]:
     S = kept[0].samples_per_step
     if S not in space.samples or any(m.samples_per_step != S for m in kept):
         return []
-    as_was = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size, AUTO, len(m.stage_layers)) for m in kept)
+    # (the old meshes' shapes running the new job's settings: the search prices no other)
+    as_was = tuple(MeshChoice(m.cluster, m.tp, m.dp, m.micro_batch_size, AUTO, len(m.stage_layers),
+                              space.job_settings) for m in kept)
     out = []
     for layout in (as_was, space.refit([(m.cluster, m.tp, m.dp) for m in kept], S)):
         if space.legal(layout) and layout not in out:
@@ -195,4 +197,36 @@ def describe_moves(old: Plan, new: Plan) -> list[str]:
             lines.append(f"{name}: joined the plan ({now})")
     if order(old) != order(new):
         lines.append(f"pipeline order: {order(old)}  =>  {order(new)}")
+    lines += [f"{name}: settings {', '.join(moved)}" for name, moved in settings_moves(old, new).items()]
     return lines or ["nothing moved: the old plan is still the best found"]
+
+
+def settings_moves(old: Plan, new: Plan) -> dict:
+    """{cluster: ["key old -> new", ...]} for each cluster in both plans whose meshes run other settings: a
+    setting any of its meshes sets apart from its TP's default, old or new, whose values differ (a setting that
+    only follows a new TP's default is no move: the TP's line says it). Its meshes' distinct values are joined by
+    "/"."""
+    from .settings import default_settings
+
+    def text(v):
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    def by_cluster(plan):
+        out: dict = {}
+        for m in plan.meshes:
+            s, base = m.settings.to_dict(), default_settings(m.tp).to_dict()
+            for k, v in s.items():
+                values, apart = out.setdefault(m.cluster, {}).setdefault(k, ([], [False]))
+                if text(v) not in values:
+                    values.append(text(v))
+                apart[0] |= v != base[k]
+        return out
+
+    before, after = by_cluster(old), by_cluster(new)
+    out: dict = {}
+    for name in (n for n in before if n in after):
+        for k, (was, was_apart) in before[name].items():
+            now, now_apart = after[name][k]
+            if (was_apart[0] or now_apart[0]) and was != now:
+                out.setdefault(name, []).append(f"{k} {'/'.join(was)} -> {'/'.join(now)}")
+    return out

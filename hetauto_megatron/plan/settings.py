@@ -141,6 +141,23 @@ class RuntimeSettings:
 
 
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "engine")
+# The settings that belong to the job trained, not to how a mesh runs it: a dropout changes the model's training,
+# so a search never chooses them; every mesh it builds runs the job's (SearchConfig.job_settings, `plan --from`).
+JOB_SETTING_KEYS = DROPOUT_KEYS
+
+
+def job_settings(overrides) -> tuple:
+    """The job's own settings among a mesh's overrides ((key, value) pairs or a dict), as the sorted pairs that
+    differ from the defaults: what every mesh of a search is built with (() for the default job)."""
+    base = RuntimeSettings(sequence_parallel=False)
+    return tuple(sorted((k, float(v)) for k, v in dict(overrides).items()
+                        if k in JOB_SETTING_KEYS and float(v) != getattr(base, k)))
+
+
+def shared_job_settings(meshes) -> tuple | None:
+    """The job settings (`job_settings`) every one of a plan's meshes runs, None where they differ."""
+    each = {job_settings(m.settings.to_dict()) for m in meshes}
+    return next(iter(each)) if len(each) == 1 else None
 
 
 def default_settings(tp: int) -> RuntimeSettings:

@@ -108,8 +108,9 @@ class SearchSpace(SpaceBounds):
     bounds (`bound`, `leaf_bound`, ...) come from SpaceBounds."""
 
     def __init__(self, model: ModelSpec, inventory: Inventory, gbs: int, cost_model, max_micro_batch: int = 16,
-                 constraints: Constraints | None = None, engine: str = DEFAULT_ENGINE):
+                 constraints: Constraints | None = None, engine: str = DEFAULT_ENGINE, job_settings: tuple = ()):
         self.model, self.inventory, self.gbs, self.cost = model, inventory, gbs, cost_model
+        self.job_settings = job_settings      # the job's dropouts: every mesh of the tree runs them (`mesh`)
         # the engine planned for: the tree's memory checks and the bounds' layer times are its settings' (DeepSpeed's
         # engine runs without sequence parallelism or the overlaps; priced with Megatron's, a bound exceeded the
         # layouts below it by up to 9 % and the bounded search could cut its optimum)
@@ -164,7 +165,8 @@ class SearchSpace(SpaceBounds):
         key = (cluster, tp, dp, samples, stages_before, meshes_after, devices_before, stages)
         if key not in self._meshes:     # (one object per mesh: the tree decodes the same mesh on many paths)
             k = self.most_stages(*key[:-1]) if stages is None else stages
-            self._meshes[key] = MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k)
+            self._meshes[key] = MeshChoice(cluster, tp, dp, samples // dp, self._pinned_rc[cluster] or AUTO, k,
+                                           self.job_settings)
         return self._meshes[key]
 
     def refit(self, shapes, samples: int) -> tuple:
@@ -377,8 +379,7 @@ class SearchSpace(SpaceBounds):
             used = seen.setdefault(cls, [])
             name = twins[len(used)]
             used.append(name)
-            out.append(m if name == m.cluster else MeshChoice(name, m.tp, m.dp, m.micro_batch_size, m.recompute,
-                                                              m.num_stages))
+            out.append(m if name == m.cluster else dataclasses.replace(m, cluster=name))
         return tuple(out)
 
     def _list_shapes(self, cluster: str, S: int, tps) -> list[tuple[int, int]]:

@@ -370,6 +370,6 @@ class SpaceBounds(BoundTerms):
         return t
 
     def settings_of(self, tp: int, cluster: str):
-        """A mesh's default settings as the engine planned for runs them on `cluster`'s devices (what the evaluator
-        prices a mesh without overrides with: settings.py `settings_as_run`)."""
-        return settings_as_run(tp, (), self.engine, self._cl[cluster].device.precision)
+        """A mesh's settings (the defaults, with the job's dropouts) as the engine planned for runs them on
+        `cluster`'s devices (what the evaluator prices the tree's meshes with: settings.py `settings_as_run`)."""
+        return settings_as_run(tp, self.job_settings, self.engine, self._cl[cluster].device.precision)
