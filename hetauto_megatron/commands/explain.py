@@ -321,7 +321,7 @@ def format_report(rep: dict) -> str:
         # with prices, each layout's cost per 1M tokens too; under --objective cost that is what ranks them
         priced = rep.get("cost_per_million_tokens") is not None
         by_cost = priced and rep.get("objective") == "cost"
-        out += ["", "runners-up (the search's next best layouts, predicted"
+        out += ["", "runners-up (the next best layouts the search re-checked, predicted"
                 + (", ranked by the plan's objective: cost per token weighed by time, k times as fast wins"
                    f" below k^{TIME_WEIGHT:g} times the cost):" if by_cost else "):"),
                 f"  {'#':>2}  {'tokens/s':>10}  {'vs plan':>8}" + (f"  {'per 1M tok':>10}  {'vs plan':>8}" if priced
