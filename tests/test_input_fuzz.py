@@ -511,6 +511,8 @@ def _edit(doc, path, value):
 
 @pytest.mark.parametrize("path, value, field", [
     (("devices", "a100-40gb", "peak_tflops"), float("nan"), "devices.a100-40gb"),
+    (("devices", "a100-40gb", "peak_tflops"), 1e300, "devices.a100-40gb"),     # beyond any device (the inventory's)
+    (("devices", "a100-40gb", "hbm_gbps"), 1e-30, "devices.a100-40gb"),
     (("devices", "a100-40gb", "name"), {"a": 1}, "devices.a100-40gb"),
     (("devices", "a100-40gb", "extra"), 1, "devices.a100-40gb"),
     (("devices", "a100-40gb", "arithmetic"), "fp64", "devices.a100-40gb"),

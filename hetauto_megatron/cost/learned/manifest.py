@@ -11,6 +11,7 @@ import os
 
 from ...errors import InputError
 from ...outputs import make_output_dir, write_text_file
+from ...spec._fields import MAX_FIGURE, MIN_FIGURE
 from ...spec.files import read_json_file
 from .. import features as F
 from .fitted import FittedModel, _lgb
@@ -66,13 +67,14 @@ def _device_infos(raw, path: str) -> dict:
                 ok = ok and isinstance(x, str)
             elif kind in ("int", int):
                 ok = ok and isinstance(x, int) and not isinstance(x, bool) and x >= (0 if key == "rows" else 1)
-            else:
-                ok = ok and isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+            else:       # (the inventory's own bounds on a device's figures: far past them the prices overflow)
+                ok = ok and isinstance(x, (int, float)) and not isinstance(x, bool) and MIN_FIGURE <= x <= MAX_FIGURE
         ok = ok and v["arithmetic"] in F.ARITHMETIC_BYTES and F.ARITHMETIC_BYTES[v["arithmetic"]] == v["dtype_bytes"]
         ok = ok and v.get("name", name) == name     # (the entry of a device is that device's)
         if not ok:
             raise InputError(f"has a garbled entry for {name!r} (expected {', '.join(kinds)}, each a figure of "
-                             "the right kind)", file=path, field=f"devices.{name}", fix="re-fit it with 'hetauto fit'")
+                             f"the right kind; rates between {MIN_FIGURE:g} and {MAX_FIGURE:g}, as in an "
+                             "inventory)", file=path, field=f"devices.{name}", fix="re-fit it with 'hetauto fit'")
         out[name] = DeviceInfo(**v)
     return out
 
