@@ -3,15 +3,17 @@ every mesh the re-plan writes and priced as `hetauto simulate` prices the writte
 does not choose are named on stderr, and what moved lists each cluster's settings that changed."""
 import dataclasses
 import json
+import os
 
 import yaml
-from helpers import hetauto_here
+from helpers import ROOT, hetauto_here
 
 from hetauto_megatron.plan.plan import load_plan
 from hetauto_megatron.plan.replan import describe_moves
 
-INV = "examples/llama/inventory-2clusters.yaml"
-TINY2 = "examples/llama/inventory-cpu-tiny-2clusters.yaml"
+EXAMPLES = os.path.join(ROOT, "examples", "llama")
+INV = os.path.join(EXAMPLES, "inventory-2clusters.yaml")
+TINY2 = os.path.join(EXAMPLES, "inventory-cpu-tiny-2clusters.yaml")
 DROPOUTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 
 
@@ -58,7 +60,7 @@ def test_replan_keeps_the_dropouts_and_names_the_settings_it_leaves(tmp_path):
 
 def test_replan_of_meshes_of_different_dropouts_keeps_none_and_says_so(tmp_path):
     old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
-    _edited("examples/llama/plans/tiny-2pipelines-cpu.yaml", old, lambda i: {"hidden_dropout": 0.1 * i})
+    _edited(os.path.join(EXAMPLES, "plans", "tiny-2pipelines-cpu.yaml"), old, lambda i: {"hidden_dropout": 0.1 * i})
     r = hetauto_here("plan", "--model", "tiny", "--inventory", TINY2, "--quiet", "--workers", "1", "--from",
                      str(old), "-o", str(new))
     assert r.returncode == 0, r.stderr
@@ -70,7 +72,7 @@ def test_replan_of_other_shapes_keeps_the_dropouts_in_every_mesh(tmp_path):
     """A plan of two pipelines and one of a mesh alongside another: whichever shape wins (the old plan seeds the
     new shapes' search, groups alongside are added from free devices), every mesh written trains the dropouts, and
     the estimate is what simulate measures of the file."""
-    for src in ("examples/llama/plans/tiny-2pipelines-cpu.yaml", "examples/llama/plans/tiny-alongside-cpu.yaml"):
+    for src in (os.path.join(EXAMPLES, "plans", "tiny-2pipelines-cpu.yaml"), os.path.join(EXAMPLES, "plans", "tiny-alongside-cpu.yaml")):
         old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
         _edited(src, old, lambda i: DROPOUTS)
         r = hetauto_here("plan", "--model", "tiny", "--inventory", TINY2, "--quiet", "--workers", "1", "--from",
@@ -83,8 +85,25 @@ def test_replan_of_other_shapes_keeps_the_dropouts_in_every_mesh(tmp_path):
 
 def test_what_moved_lists_a_clusters_settings_that_changed():
     """The same meshes with other settings are a move, not "nothing moved"."""
-    before = load_plan("examples/llama/plans/tiny-2clusters-cpu.yaml")
+    before = load_plan(os.path.join(EXAMPLES, "plans", "tiny-2clusters-cpu.yaml"))
     first = dataclasses.replace(before.meshes[0], setting_overrides={"hidden_dropout": 0.1})
     after = dataclasses.replace(before, meshes=(first, *before.meshes[1:]))
     assert describe_moves(before, after) == [f"{first.cluster}: settings hidden_dropout 0.0 -> 0.1"]
     assert describe_moves(before, before) == ["nothing moved: the old plan is still the best found"]
+
+
+def test_replan_of_a_plan_in_a_precision_some_of_its_devices_lack_takes_the_given_one(tmp_path):
+    """The old plan asks fp8 of the Ascend cluster, which has none: naming the settings it leaves asked each mesh's
+    settings as run at that precision and refused the re-plan (exit 2, no file named) even with --precision bf16
+    given, which re-planned before. With --precision it re-plans; without, the refusal names the file and the fix."""
+    cold, old = tmp_path / "cold.yaml", tmp_path / "old.yaml"
+    base = ("plan", "--model", "llama2-70b", "--inventory", INV, "--quiet", "--workers", "1")
+    assert hetauto_here(*base, "-o", str(cold)).returncode == 0
+    doc = yaml.safe_load(cold.read_text())
+    doc["precision"] = "fp8"
+    doc.pop("estimate", None)
+    old.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = hetauto_here(*base, "--from", str(old), "--precision", "bf16", "-o", str(tmp_path / "new.yaml"))
+    assert r.returncode == 0, r.stderr
+    r = hetauto_here(*base, "--from", str(old), "-o", str(tmp_path / "refused.yaml"))
+    assert r.returncode == 2 and f"{old}: field 'precision'" in r.stderr and "--precision" in r.stderr, r.stderr

@@ -217,12 +217,12 @@ def test_the_host_going_away_is_a_paragraph():
         up = time.monotonic() + 60
         while not world_store._host_up("127.0.0.1", port, 1.0) and time.monotonic() < up:
             time.sleep(0.2)             # (its interpreter's start-up takes seconds on a loaded machine)
-        def kill_once_checked_in():      # (a fixed delay let the host go before a slow rank 1 had checked in)
+        def kill_once_checked_in():      # once rank 1 has checked in (the host counts itself): a fixed delay let
             client = world_store._connect("127.0.0.1", port, time.monotonic() + 60)
             until = time.monotonic() + 60
-            while client is not None and client.add(world_store.JOINED, 0) < 1 and time.monotonic() < until:
+            while client is not None and client.add(world_store.JOINED, 0) < 2 and time.monotonic() < until:
                 time.sleep(0.1)
-            host.kill()
+            host.kill()                  # the host go before a slow rank 1 had connected
 
         threading.Thread(target=kill_once_checked_in, daemon=True).start()
         start = time.monotonic()

@@ -49,6 +49,7 @@ def _kept_settings(old, file: str) -> dict:
     them too; the search never chooses them) -> {setting: value}. Says on stderr where its meshes differ (none
     kept: no one value is the job's), and which of its other settings the new plan leaves for the defaults: the
     search chooses none of them, and each would change the new meshes' time or memory."""
+    from ..errors import InputError
     from ..plan.engines import as_run_by
     from ..plan.settings import JOB_SETTING_KEYS, default_settings, job_settings, shared_job_settings
     shared = shared_job_settings(old.meshes)
@@ -62,8 +63,11 @@ def _kept_settings(old, file: str) -> dict:
               "or write them into the new plan's meshes' settings", file=sys.stderr)
     others: dict = {}
     for i, m in enumerate(old.meshes):
-        runs = old.settings_as_run(i).to_dict()      # (against what its engine runs by default: DeepSpeed's no SP)
-        base = as_run_by(default_settings(m.tp), old.engine, old.mesh_precision(i)).to_dict()
+        try:    # (against what its engine runs by default: DeepSpeed's no SP)
+            runs = old.settings_as_run(i).to_dict()
+            base = as_run_by(default_settings(m.tp), old.engine, old.mesh_precision(i)).to_dict()
+        except InputError:      # a device of it that cannot train in its precision: the re-plan's decides
+            runs, base = m.settings.to_dict(), default_settings(m.tp).to_dict()
         for k in runs:
             said = f"{k} {str(runs[k]).lower() if isinstance(runs[k], bool) else runs[k]}"
             if k not in JOB_SETTING_KEYS and runs[k] != base[k] and said not in others.setdefault(m.cluster, []):
