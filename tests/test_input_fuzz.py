@@ -574,6 +574,16 @@ def test_cost_model_manifest_without_its_devices_table_is_refused(tmp_path, caps
     check_error(rc, err, field="devices", words=["manifest.json"])
 
 
+def test_a_json_document_given_as_a_profile_is_named_so(tmp_path, capsys):
+    """Sailor's packaged profiles (one JSON document) or a model's manifest given to `fit` as a profile: the message
+    said its first line "is not JSON ... (a cut-off last line can be deleted)", of a valid JSON file."""
+    doc = tmp_path / "profiles.json"
+    doc.write_text(json.dumps({"LLAMA-3-8": {"A100-40": {"2": [0.1, 0.2]}}}, indent=2))
+    rc, _, err = run_cli(["fit", str(doc), "-o", str(tmp_path / "model")], capsys)
+    check_error(rc, err, field="format", words=["is one JSON document, not a profile", "--sailor"])
+    assert "cut-off" not in err, err
+
+
 @pytest.mark.parametrize("search, field", [(7, "estimate.search"),
                                            ({"constraints": {"tp": "eight"}}, "estimate.search.constraints.tp"),
                                            ({"objective": "speed"}, "estimate.search.objective"),

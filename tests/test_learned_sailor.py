@@ -261,6 +261,11 @@ def test_fit_with_sailor_covers_gpus_and_falls_back_for_others(sailor_model_dir)
     # naming the 16 GB type of the same chip
     info, why = m.coverage(get_device("V100"))
     assert info is None and "v100-16gb" in why and "a100-40gb" in why and m.source(get_device("V100")) == "analytic"
+    assert "the same chip" in why
+    # ... and no other chip: the RTX 2080 is not the 2080 Ti or the 3090 the data covers (a name's prefix said it
+    # was, and told the user to price it with their rates)
+    info, why = m.coverage(get_device("2080"))
+    assert info is None and "rtx-2080-ti" in why and "the same chip" not in why, why
     # the V100-16 was measured in fp32 only: a 2-byte plan is not priced with other GPUs' tensor-core rates ...
     info, why = m.coverage(get_device("v100-16gb"))
     assert info is None and "fp32 without tensor cores" in why and "16-bit" in why

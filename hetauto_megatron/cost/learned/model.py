@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..comm import allreduce_time
-from ...spec.devices import DeviceType, canonical_device_name
+from ...spec.devices import CATALOG, DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
 from .. import features as F
@@ -52,7 +52,7 @@ class LearnedCostModel:
         covered = ", ".join(self.covered_devices()) or "none"
         info = self.devices.get(name)
         if info is None or name not in self._covered:
-            kin = [d for d in self.covered_devices() if d.split("-")[0] == name.split("-")[0] and d != name]
+            kin = [d for d in self.covered_devices() if d != name and _same_chip(d, name)]
             hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
@@ -215,3 +215,11 @@ def load_cost_model(path: str | None):
         from ..analytic import AnalyticCostModel
         return AnalyticCostModel()
     return LearnedCostModel(path)
+
+
+def _same_chip(a: str, b: str) -> bool:
+    """Two catalog types of one chip that differ in memory (V100 16 and 32 GB, A100 40 and 80 GB): the same vendor
+    and the same datasheet peaks at every precision. A shared name prefix is not one chip (the RTX 2080, 2080 Ti and
+    3090 are three)."""
+    x, y = CATALOG.get(a), CATALOG.get(b)
+    return x is not None and y is not None and x.vendor == y.vendor and x.peaks == y.peaks

@@ -69,6 +69,17 @@ class DeviceInfo:
 
 
 # ---- profiles written by `hetauto profile` -------------------------------------------------------------------
+def _whole_json(path: str) -> bool:
+    """Whether the file is one JSON document (a manifest, Sailor's profiles), read at most 64 MiB."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(64 << 20)
+        json.loads(text)
+        return True
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
 def read_profile(path: str, *, header_only: bool = False) -> tuple[dict, list[dict]]:
     """(header, rows) of a profile JSON-lines file; malformed files raise InputError naming the line.
     `header_only`: stop after the header (rows come back empty)."""
@@ -97,6 +108,10 @@ def read_profile_lines(path: str, *, header_only: bool = False) -> tuple[dict, l
                 try:
                     rec = json.loads(line, object_pairs_hook=json_object_pairs)
                 except json.JSONDecodeError as exc:
+                    if header is None and _whole_json(path):    # a JSON document, not a profile's JSON lines
+                        raise InputError("is one JSON document, not a profile (a header line, then one JSON object "
+                                         "per line)", file=path, field="format", fix="pass a file written by 'hetauto profile'; "
+                                         "Sailor's measurements are read with 'hetauto fit --sailor[=DIR]'") from None
                     raise InputError(f"line {no} is not JSON ({exc.msg})", file=path, fix="pass a file written by "
                                      "'hetauto profile' (a cut-off last line can be deleted)") from None
                 except (RecursionError, ValueError) as exc:    # nested hundreds deep, a key twice, a huge integer
