@@ -137,6 +137,17 @@ def test_fit_says_what_to_do_with_two_operator_profiles_of_one_device(tmp_path, 
     assert "re-measured" not in err, err       # both timed alike: the second's rows could be merged as they are
 
 
+def test_a_second_grids_file_of_one_device_is_named_as_the_second_profile(tmp_path, capsys):
+    """The packaged H200 profile and its separately measured full-grid part (larger shapes of some operator kinds)
+    given together: the fit named the second file's missing norm, rotary and loss rows and said to resume its
+    profiling, not that one device came from two profiles, whose paragraph says how to measure both into one."""
+    h200 = os.path.join(ROOT, "hetauto_megatron", "data", "h200")
+    first, second = (os.path.join(h200, f) for f in ("profile-h200.jsonl", "profile-h200-full-grid-part.jsonl"))
+    rc, _, err = run_cli(["fit", first, second, "-o", str(tmp_path / "m")], capsys)
+    assert rc == 2 and f"{second}: field 'device_type': device type h200 comes from two operator profiles" in err, err
+    assert "holds no fwd time" not in err, err
+
+
 @pytest.mark.parametrize("second_settings, words", [
     ({"threads": 1}, "this one was timed with threads 1, {first} with threads 2"),
     ({"threads": 2, "dtype": "bfloat16", "dtype_bytes": 2},

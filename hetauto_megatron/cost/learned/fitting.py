@@ -72,9 +72,9 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
         if p in layer_files:
             continue
         info, rows = profile_samples(p)
-        check_every_operator_kind(p, info, rows)
-        if info.name in devices:
+        if info.name in devices:    # (before its own completeness: a second grid's file may hold only some kinds)
             raise two_operator_profiles(info.name, op_files[info.name], p)
+        check_every_operator_kind(p, info, rows)
         devices[info.name] = info
         op_files[info.name] = p
         samples += rows
