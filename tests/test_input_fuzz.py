@@ -396,6 +396,11 @@ def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
     for target in ("/proc/hetauto-p.yaml", "/proc/version"):
         rc, _, err = run_cli(base + [target], capsys)
         check_error(rc, err, field="-o", words=[target, "cannot write"])
+    # a folder that takes no new file is refused before the work (root passes os.access there): a dry run's
+    # --timeline in /sys was refused only once the ranks had trained
+    rc, _, err = run_cli(["dryrun", "--plan", os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml"),
+                          "--tiny", "--steps", "1", "--timeline", "/sys/hetauto-t.json"], capsys)
+    check_error(rc, err, field="--timeline", words=["/sys/hetauto-t.json", "takes no new file"])
     rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", "/proc/hetauto-zz"], capsys)
     check_error(rc, err, field="--out", words=["/proc/hetauto-zz"])
     profile, _ = tiny_cpu_model

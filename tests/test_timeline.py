@@ -7,6 +7,7 @@ import os
 from collections import Counter, defaultdict
 
 import pytest
+from conftest import TINY_PLAN
 from helpers import CPU_INVENTORY, ROOT
 
 from hetauto_megatron.cli import main
@@ -104,6 +105,41 @@ def test_measured_and_predicted_timelines_of_a_dry_run(tiny_dryrun_files):
     predicted = {n: s for n, proc, s in lanes.values() if proc.startswith("predicted") and n.startswith("stage ")}
     assert len(predicted) == plan.pipeline_parallel_size
     assert all(Counter(e["cat"] for e in s)["forward"] == m for s in predicted.values())
+
+
+def test_the_prediction_beside_a_dry_run_without_the_distributed_optimizer_is_of_what_ran(tiny_dryrun_files,
+                                                                                           tmp_path, capsys):
+    """`dryrun --no-distributed-optimizer --compare`: the run's settings say the plain optimizer, but the prediction
+    drawn beside it priced the plan's distributed one (each DP rank stepping 1/DP of the parameters, then their
+    all-gather). Now it is the plain optimizer's: on the stage whose mesh has DP 2 a longer step and no gather, the
+    same elsewhere, against the prediction of the run with the distributed optimizer (the session's dry run)."""
+    from helpers import CPU_INVENTORY
+    (tmp_path / "inv.yaml").write_text(CPU_INVENTORY)
+    trace = tmp_path / "plain.json"
+    assert main(["dryrun", "--plan", TINY_PLAN, "--tiny", "--steps", "2", "--no-distributed-optimizer", "--json",
+                 "--timeline", str(trace), "--compare", "--inventory", str(tmp_path / "inv.yaml")]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert all(s["distributed_optimizer"] is False for s in ran["settings"]), ran["settings"]
+
+    def predicted(path):
+        with open(path) as fh:
+            lanes = _lanes(json.load(fh)["traceEvents"])
+        return {n: Counter({k: 0.0 for k in ("optimizer", "dp-sync")}) + Counter(
+            {cat: sum(e["dur"] for e in spans if e["cat"] == cat) for cat in ("optimizer", "dp-sync")})
+            for n, proc, spans in lanes.values() if proc.startswith("predicted") and n.startswith("stage ")}, {
+            n: sum(e["cat"] == "dp-sync" for e in spans)
+            for n, proc, spans in lanes.values() if proc.startswith("predicted") and n.startswith("stage ")}
+
+    (plain, plain_syncs), (sharded, sharded_syncs) = predicted(trace), predicted(tiny_dryrun_files[1]["trace"])
+    plan = load_plan(TINY_PLAN)
+    wide = [f"stage {i}" for i, m in enumerate(m for m in plan.meshes for _ in m.stage_layers) if m.dp > 1]
+    assert wide and set(plain) == set(sharded)
+    for name in plain:
+        if name in wide:
+            assert plain[name]["optimizer"] > 1.5 * sharded[name]["optimizer"], (name, plain, sharded)
+            assert plain_syncs[name] < sharded_syncs[name], (name, plain_syncs, sharded_syncs)
+        else:
+            assert plain[name]["optimizer"] == pytest.approx(sharded[name]["optimizer"], rel=1e-6), name
 
 
 def test_timeline_errors(tmp_path, capsys):

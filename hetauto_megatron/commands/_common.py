@@ -250,6 +250,7 @@ def check_output_file(path: str | None, flag: str, example: str = "plan.yaml") -
     """Refuse an output file that cannot be written before any work is done (a directory, a missing folder);
     `example`: the file name the fix suggests."""
     import os
+    import tempfile
 
     from ..errors import InputError
     if path is None:
@@ -265,9 +266,12 @@ def check_output_file(path: str | None, flag: str, example: str = "plan.yaml") -
     if not os.path.isdir(folder):
         raise InputError(f"the folder {folder!r} of {path!r} does not exist", field=flag,
                          fix="create the folder first, or write the file elsewhere")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"the folder {folder!r} is not writable", field=flag, fix="write the file elsewhere")
-
+    try:    # a file made there, not os.access: root passes that check on /sys or a read-only mount, and the
+        with tempfile.TemporaryFile(dir=folder):    # write failed only after the work was done
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write {path!r}: its folder {folder!r} takes no new file ({exc.strerror or exc})",
+                         field=flag, fix="write the file elsewhere") from None
 
 
 def check_output_dir(path: str, flag: str) -> None:
