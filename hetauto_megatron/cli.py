@@ -4,7 +4,8 @@ Each command module defines `add_arguments(parser)`, `run(args) -> int` and opti
 `EPILOG` (its --help text); the one-line help is in COMMANDS below. Every command module is imported to build
 the parser, so none imports torch, megatron or deepspeed at module level: each does inside `run`, and only
 when it needs them, so `hetauto plan` never pays for them.
-User mistakes (InputError) print one paragraph and exit 2; an infeasible problem exits 3.
+User mistakes (InputError) print one paragraph and exit 2; an infeasible problem exits 3; Ctrl-C exits 130 and a
+stop signal the command turned into StoppedBySignal 128 + its number.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import importlib
 import sys
 
 from . import code_digest, tool_version
-from .errors import InfeasibleError, InputError
+from .errors import InfeasibleError, InputError, StoppedBySignal
 
 # (command name, module under hetauto_megatron.commands, one-line help). Order = order in --help.
 COMMANDS = [
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetauto {args.command}: interrupted", file=sys.stderr)
         json_error(args, 130, "interrupted", "interrupted (Ctrl-C) before it finished")
         return 130
+    except StoppedBySignal as exc:   # (a SystemExit, its paragraph printed: caught, or --json's stdout stays empty)
+        json_error(args, exc.code, "interrupted", exc.message)
+        return exc.code
 
 
 def json_error(args, exit_code: int, kind: str, message: str, **parts) -> None:

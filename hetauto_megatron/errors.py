@@ -2,7 +2,8 @@
 
 Everything a user can get wrong (a malformed file, an unknown device, a plan that does not fit the launched
 job) raises `InputError`; the CLI prints its one-paragraph message and exits 2. A search that finds nothing
-that fits raises `InfeasibleError` (exit 3) saying by how much it misses. Internal bugs stay tracebacks.
+that fits raises `InfeasibleError` (exit 3) saying by how much it misses. A command that stopped its processes
+on SIGTERM or SIGHUP raises `StoppedBySignal` (exit 128 + the signal's number). Internal bugs stay tracebacks.
 """
 from __future__ import annotations
 
@@ -62,3 +63,14 @@ class InfeasibleError(Exception):
     def reworded(self, reason: str, said: str | None = None) -> "InfeasibleError":
         """The same miss in another paragraph (one that quotes this one), keeping where it points and its fix."""
         return InfeasibleError(reason, file=self.file, field=self.field, fix=self.fix, said=said)
+
+
+class StoppedBySignal(SystemExit):
+    """A stop signal (SIGTERM, SIGHUP) ended the command after it ended the processes it had started; `message` says
+    what was ended, which the raiser has printed already (code run outside the CLI's main says it too). A SystemExit with the shell's status for death by that signal (128 + its number), so that code
+    outside the CLI's main still exits with that status and no traceback; the CLI's main also reports it under
+    --json, as a Ctrl-C (kind "interrupted")."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(128 + signum)
+        self.signum, self.message = signum, message

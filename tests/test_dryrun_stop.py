@@ -10,6 +10,7 @@ get_grad_norm_fp32, the point a crash or the out-of-memory killer ends it: nothi
 waiting on it reported gloo's raw text ("[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer
 [127.0.0.1]:26811"), naming no rank. Now each survivor names the rank, cluster and stage that went away first, as the
 Megatron-LM path does (runtime/liveness.py; tests/test_megatron_lost_rank.py)."""
+import json
 import os
 import re
 import signal
@@ -82,11 +83,12 @@ def _kill_group(run: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_stopping_a_dry_run_ends_every_rank(sig):
-    """SIGTERM: the command ends its ranks and exits 143. SIGKILL (no handler runs: the out-of-memory killer, `kill
-    -9`): each rank dies with it."""
+    """SIGTERM: the command ends its ranks and exits 143, and under --json its stdout is one error object (kind
+    "interrupted", as a Ctrl-C's; it was empty: the launch's SystemExit passed the CLI's error reporting by). SIGKILL
+    (no handler runs: the out-of-memory killer, `kill -9`): each rank dies with it."""
     plan = os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-pp2.yaml")
     run = subprocess.Popen([sys.executable, "-m", "hetauto_megatron.cli", "dryrun", "--plan", plan, "--tiny",
-                            "--steps", "100000", "--timeout", "60"], cwd=ROOT, start_new_session=True,
+                            "--steps", "100000", "--timeout", "60", "--json"], cwd=ROOT, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ranks: set[int] = set()
     try:
@@ -111,6 +113,11 @@ def test_stopping_a_dry_run_ends_every_rank(sig):
         if sig == signal.SIGTERM:
             assert code == 128 + signal.SIGTERM
             assert "stopped by SIGTERM" in run.stderr.read()
+            lines = run.stdout.read().strip().splitlines()
+            assert lines, "--json printed nothing on stdout"
+            error = json.loads(lines[-1])["error"]
+            assert error["kind"] == "interrupted" and error["exit_code"] == 143, error
+            assert "SIGTERM" in error["message"], error
     finally:
         _kill_group(run)         # (never leave the run or a rank behind, whatever failed above)
 

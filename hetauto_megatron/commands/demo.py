@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -30,7 +31,9 @@ examples:
   hetauto demo --skip-training --out /tmp/demo   # only the planning step, seconds
 
 exit codes: 0 every step succeeded and the losses matched, 2 invalid options (--out a file), otherwise the
-failing step's exit code (1: a run failed or its losses did not match)."""
+failing step's exit code (1: a run failed or its losses did not match; 128 + N: a step killed by signal N).
+SIGTERM or SIGHUP stops the running step (its own handling ends its ranks) and exits 128 + the signal's number
+(143, 129); Ctrl-C (130) likewise."""
 
 
 def add_arguments(parser) -> None:
@@ -42,13 +45,64 @@ def _root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# After the step was sent the signal, how long it has to stop: its own launch gives its ranks STOP_GRACE_S before
+# killing them (runtime/launcher.py), and then says so; a step still there after this is killed (its ranks die with
+# it: each asked the kernel to).
+STEP_STOP_S = 15.0
+
+
 def _step(title: str, argv: list[str]) -> int:
     print(f"\n=== {title}\n$ hetauto {' '.join(argv)}" if argv[0] != "-m" else f"\n=== {title}\n$ python {' '.join(argv)}",
           flush=True)
+    from ..runtime.launcher import StopRequested, catch_stop_signals
     cmd = [sys.executable] + (argv if argv[0] == "-m" else ["-m", "hetauto_megatron.cli"] + argv)
     # Megatron and torch print import-time warnings about optional GPU libraries; they say nothing here.
     env = dict(os.environ, PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
-    rc = subprocess.call(cmd, env=env)
+    # The step is a process of its own, which a signal sent to the demo's pid alone (kill, timeout, a batch
+    # scheduler) does not reach: it kept running, and writing into --out, after the demo had gone. So the stop
+    # signals are the launcher's here too (raised as StopRequested), and passed on to the step.
+    previous = catch_stop_signals()
+    proc = None
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+        rc = proc.wait()
+    except (StopRequested, KeyboardInterrupt) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        previous = {}
+        if proc is not None:
+            _stop(proc, signum)
+        if isinstance(exc, KeyboardInterrupt):
+            raise               # the CLI's "interrupted", exit 130
+        from ..errors import StoppedBySignal
+        said = f"stopped by {signal.Signals(signum).name}; its running step was stopped"
+        print(f"hetauto demo: {said}", file=sys.stderr, flush=True)
+        raise StoppedBySignal(signum, said) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return step_status(rc)
+
+
+def _stop(proc: subprocess.Popen, signum: int) -> None:
+    """Pass `signum` on to the running step and wait for it to stop, STEP_STOP_S at most, then kill it. (A Ctrl-C at
+    a terminal reached the step already; a second SIGINT only makes a `plan` that kept its best plan stop too.)"""
+    try:
+        proc.send_signal(signum)
+        proc.wait(STEP_STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def step_status(rc: int) -> int:
+    """The demo's exit status for a step's return code, said on stderr where the step failed: a step killed by a
+    signal (subprocess's -N) is the shell's 128 + N, not -N (which exit statuses wrap to 256 - N: 247 for SIGKILL)."""
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+        print(f"hetauto demo: step killed by {name} (exit {128 - rc})", file=sys.stderr)
+        return 128 - rc
     if rc:
         print(f"hetauto demo: step failed with exit code {rc}", file=sys.stderr)
     return rc

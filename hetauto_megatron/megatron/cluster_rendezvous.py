@@ -7,7 +7,8 @@ fewer nodes than the plan hung there silently whatever HETAUTO_TIMEOUT_S said, t
 So hetauto-torchrun gives that rendezvous the job's timeout (HETAUTO_TIMEOUT_S, megatron/timeouts.py) where the
 command line sets none, and ends a rendezvous that fails with one paragraph naming the nodes that never joined,
 exit 2 (a node other than 0 first waits quietly for node 0's rendezvous to accept a connection).
-Before it, the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
+Before it, the arguments torch refuses with a traceback (a rendezvous timeout that is not whole seconds, a
+--master-port outside 0..65535, a --nproc-per-node below 1: check_arguments), and the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
 error" warnings until the timeout) is refused with the checks the world's rendezvous makes of HETAUTO_MASTER_ADDR
 (runtime/rendezvous.py address_mistake).
 """
@@ -48,12 +49,13 @@ def prepare(args) -> float | None:
     """Checks torchrun's parsed arguments before it starts and gives its static rendezvous the job's timeout;
     returns the rendezvous timeout in seconds (None where the launch uses another rendezvous backend, which this
     leaves to torch). InputError for a timeout or an address that cannot work."""
+    check_arguments(args)
     if args.rdzv_backend != "static" or args.rdzv_endpoint:
         return None
     from .timeouts import env_timeout_s
     given = _given_timeout(args.rdzv_conf)
-    if given is not None:      # the launch's own (torch reads it, and refuses what is no number)
-        timeout_s = float(given) if given.isdigit() else env_timeout_s()
+    if given is not None:      # the launch's own (checked in check_arguments: whole seconds, at least 1)
+        timeout_s = float(given)
     else:
         # torch reads the rendezvous's timeout as whole seconds (int(...)): at least the job's
         timeout_s = float(max(1, math.ceil(env_timeout_s())))
@@ -62,6 +64,31 @@ def prepare(args) -> float | None:
     if args.node_rank != 0:
         wait_for_node0(args, timeout_s)
     return timeout_s
+
+
+def check_arguments(args) -> None:
+    """torchrun's arguments that torch itself refuses with a traceback (exit 1) after parsing them, refused here with
+    one paragraph naming the flag and the fix (InputError, exit 2): a rendezvous timeout that is not whole seconds
+    (torch's static rendezvous reads it with int(); 0 failed the rendezvous at once, naming the nodes as missing), a
+    --master-port outside the TCP ports, a --nproc-per-node below 1 (an AssertionError). The timeout only of the
+    static rendezvous, the one that reads it."""
+    given = _given_timeout(args.rdzv_conf) if args.rdzv_backend == "static" and not args.rdzv_endpoint else None
+    if given is not None and (not given.isdigit() or int(given) < 1):
+        raise InputError(f"--rdzv-conf timeout={given!r} is not a whole number of seconds of at least 1 (torch's "
+                         "rendezvous reads it as an integer)", field="--rdzv-conf timeout",
+                         fix="give whole seconds, e.g. 'timeout=600', or leave the timeout out: hetauto-torchrun then "
+                             "gives the rendezvous HETAUTO_TIMEOUT_S, rounded up")
+    port = args.master_port
+    if port is not None and not 0 <= port <= 65535:
+        raise InputError(f"--master-port {port} is not a TCP port", field="--master-port",
+                         fix="set CLUSTER_MASTER_PORT (the launch script's --master-port) to a port between 1024 and "
+                             "65535 that is free on this cluster's node 0, the same on every node of the cluster")
+    nproc = str(args.nproc_per_node).strip()
+    if nproc.lstrip("+-").isdigit() and int(nproc) < 1:
+        raise InputError(f"--nproc-per-node {nproc} starts no worker", field="--nproc-per-node",
+                         fix="give the worker processes per node, at least 1: the plan's count for this cluster's "
+                             "nodes, as the launch script 'hetauto emit megatron' wrote gives it (or 'auto', 'gpu', "
+                             "'cpu')")
 
 
 def wait_for_node0(args, timeout_s: float) -> None:

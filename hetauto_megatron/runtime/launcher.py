@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from ..errors import InputError
+from ..errors import InputError, StoppedBySignal
 
 
 class LaunchError(RuntimeError):
@@ -95,7 +95,7 @@ STOP_GRACE_S = 3.0
 _PR_SET_PDEATHSIG = 1       # linux/prctl.h
 
 
-class _Stopped(BaseException):
+class StopRequested(BaseException):
     """A stop signal reached the launch (BaseException: no rank-result handling may swallow it)."""
 
     def __init__(self, signum: int):
@@ -103,8 +103,8 @@ class _Stopped(BaseException):
         self.signum = signum
 
 
-def _catch_stop_signals() -> dict:
-    """Turn the stop signals into `_Stopped` in this process; {signal: previous handler} of those changed. Only
+def catch_stop_signals() -> dict:
+    """Turn the stop signals into `StopRequested` in this process; {signal: previous handler} of those changed. Only
     signals with the default action (an ignored one, e.g. SIGHUP under nohup, stays ignored; a caller's handler
     stays), and only in the main thread (the only one Python lets set handlers)."""
     if threading.current_thread() is not threading.main_thread():
@@ -114,7 +114,7 @@ def _catch_stop_signals() -> dict:
     def stop(signum, frame):
         if not fired:       # once: a second signal must not cut short the stopping of the ranks
             fired.append(signum)
-            raise _Stopped(signum)
+            raise StopRequested(signum)
 
     previous = {}
     for sig in STOP_SIGNALS:
@@ -212,7 +212,7 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
     stopped = None
     relay = os.pipe() if drop_lines is not None else None
     relayer = None
-    previous = _catch_stop_signals()
+    previous = catch_stop_signals()
     try:
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
@@ -228,11 +228,11 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
             relayer.start()
             relay = None
         _collect(procs, conns, payloads, failures, timeout_s, grace_s)
-    except _Stopped as exc:
+    except StopRequested as exc:
         stopped = exc.signum
     finally:
         # the handlers back first: a stop signal from here on has its default action (the ranks die with this
-        # process, _die_with_parent) instead of raising _Stopped where nothing catches it
+        # process, _die_with_parent) instead of raising StopRequested where nothing catches it
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _end(procs, STOP_GRACE_S if stopped else 0.0)
@@ -244,9 +244,9 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
         if relayer is not None:     # the ranks' last lines before the launch's own words (a process the ranks
             relayer.join(5.0)       # started may hold the pipe open: not waited for beyond this)
     if stopped:
-        print(f"hetauto: stopped by {signal.Signals(stopped).name}; its {len(procs)} rank process(es) were ended",
-              file=sys.stderr, flush=True)
-        raise SystemExit(128 + stopped)
+        said = f"stopped by {signal.Signals(stopped).name}; its {len(procs)} rank process(es) were ended"
+        print(f"hetauto: {said}", file=sys.stderr, flush=True)
+        raise StoppedBySignal(stopped, said)
     input_errors = sorted(r for r, got in payloads.items() if "input_error" in got)
     if input_errors:
         raise InputError(**payloads[input_errors[0]]["input_error"])
