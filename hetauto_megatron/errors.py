@@ -67,9 +67,9 @@ class InfeasibleError(Exception):
 
 class StoppedBySignal(SystemExit):
     """A stop signal (SIGTERM, SIGHUP) ended the command after it ended the processes it had started; `message` says
-    what was ended, which the raiser has printed already (code run outside the CLI's main says it too). A SystemExit with the shell's status for death by that signal (128 + its number), so that code
-    outside the CLI's main still exits with that status and no traceback; the CLI's main also reports it under
-    --json, as a Ctrl-C (kind "interrupted")."""
+    what was ended, which the raiser has printed already. A SystemExit with the shell's status for death by that
+    signal (128 + its number), so that code outside the CLI's main still exits with that status and no traceback;
+    the CLI's main also reports it under --json, as a Ctrl-C (kind "interrupted")."""
 
     def __init__(self, signum: int, message: str):
         super().__init__(128 + signum)

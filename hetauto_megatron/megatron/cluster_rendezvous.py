@@ -8,9 +8,9 @@ So hetauto-torchrun gives that rendezvous the job's timeout (HETAUTO_TIMEOUT_S, 
 command line sets none, and ends a rendezvous that fails with one paragraph naming the nodes that never joined,
 exit 2 (a node other than 0 first waits quietly for node 0's rendezvous to accept a connection).
 Before it, the arguments torch refuses with a traceback (a rendezvous timeout that is not whole seconds, a
---master-port outside 0..65535, a --nproc-per-node below 1: check_arguments), and the address: blank (torch's ValueError traceback), with a port, or not resolving (c10d's "gai
-error" warnings until the timeout) is refused with the checks the world's rendezvous makes of HETAUTO_MASTER_ADDR
-(runtime/rendezvous.py address_mistake).
+--master-port outside 0..65535, a --nproc-per-node below 1: check_arguments), and the address: blank (torch's
+ValueError traceback), with a port, or not resolving (c10d's "gai error" warnings until the timeout) is refused
+with the checks the world's rendezvous makes of HETAUTO_MASTER_ADDR (runtime/rendezvous.py address_mistake).
 """
 from __future__ import annotations
 
