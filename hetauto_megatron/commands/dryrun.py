@@ -35,8 +35,10 @@ multiplied by a scale that keeps the plan's ratio of link time to compute on thi
 (printed; give SCALE to choose it). The gradient exchange across meshes holding the same layers (several
 pipelines, replica groups side by side) crosses the emulated links too, as the planner prices it, and the global
 gradient norm's all-reduce is held for its hops between clusters (on one machine they are the loopback's). It
-reports, per rank, the time its compute waited on a cross-cluster transfer: what the links will cost, measured,
-before booking the clusters.
+reports, per rank, the time its compute waited on a cross-cluster transfer, measured before booking the clusters:
+the links' time where it is not hidden and, at a blocking boundary, also the sender's wait for its peer to post
+the receive (the peer's own compute), which a faster link does not remove. `hetauto explain`'s "exposed link
+time" is another figure: what the plan would gain with links that cost nothing.
 
 --tiny keeps the layer counts and the whole parallel layout but shrinks hidden size, heads, vocabulary and
 sequence so the run takes seconds. --reference also trains the same model in ONE process and compares:
@@ -282,8 +284,9 @@ def _print_exposed(report: dict, plan, scale) -> None:
         # without emulation the "links" are this machine's loopback: the wait is the other ranks' turn on the
         # shared cores, not a link's cost
         print("waited on cross-cluster transfers per step (median"
-              + (")" if scale is not None else "; loopback without --emulate-links: the ranks' turns on this "
-                 "machine's cores, not a link's cost)") + ": "
+              + ("; at a blocking boundary the wait for the peer's receive too)" if scale is not None else
+                 "; loopback without --emulate-links: the ranks' turns on this machine's cores, not a link's cost)")
+              + ": "
               + ", ".join(f"rank {r} {t * 1e3:.1f} ms ({t / it:.0%})" for r, t in rows))
 
 
