@@ -354,10 +354,10 @@ def test_recorded_events_never_overlap_on_a_resource():
 
 def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     """Depth d on the boundary after mesh 0: each stage of mesh 0 holds d more micro-batches of its layers'
-    activations (and the first stage d more token ids, and embedding dropout masks with dropout on); the two stages at the
-    boundary hold the messages they receive ahead, boundary tensors (sequence x micro-batch x hidden): d + 2
-    gradients before it, d + 1 activations after it (the one taken is the stage's input, priced with its layers);
-    mesh 1 beyond the boundary stage is unchanged."""
+    activations (and the first stage d more token ids, their masks at TP > 1, and embedding dropout masks with
+    dropout on); the two stages at the boundary hold the messages they receive ahead, boundary tensors (sequence x
+    micro-batch x hidden): d + 2 gradients before it, d + 1 activations after it (the one taken is the stage's
+    input, priced with its layers); mesh 1 beyond the boundary stage is unchanged."""
     import dataclasses
 
     from hetauto_megatron.cost.activations import layer_activation_bytes
@@ -380,9 +380,10 @@ def test_overlapped_boundary_memory_counts_warmup_and_buffers():
     # each rank's piece of a boundary tensor: split over TP by sequence under sequence parallelism
     sp_a, sp_b = (m.tp if m.settings.sequence_parallel else 1 for m in (a, b))
     boundary_a, boundary_b = (d + 2) * 2 * s * 1 * h / sp_a, (d + 1) * 2 * s * 2 * h / sp_b
-    # int64 ids, and a 1-byte embedding dropout mask when the mesh's settings have hidden dropout (default: none)
+    # int64 ids, the vocabulary-parallel embedding's bool mask at TP 2 (1 byte per id), and a 1-byte embedding
+    # dropout mask when the mesh's settings have hidden dropout (default: none)
     mask = s * h / (2 if a.settings.sequence_parallel else 1) if a.settings.hidden_dropout else 0.0
-    first_extra = d * (8 * s + mask)
+    first_extra = d * (8 * s + s + mask)
     want = [d * 10 * act + first_extra, d * 10 * act + boundary_a, boundary_b, 0.0]
     got = [(x - y) * GIB for x, y in zip(deep.memory_gib, base.memory_gib)]
     assert got == pytest.approx(want, rel=1e-9, abs=1.0)
