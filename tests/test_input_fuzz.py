@@ -401,6 +401,11 @@ def test_output_the_system_refuses_is_named(tiny_cpu_model, tmp_path, capsys):
     rc, _, err = run_cli(["dryrun", "--plan", os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml"),
                           "--tiny", "--steps", "1", "--timeline", "/sys/hetauto-t.json"], capsys)
     check_error(rc, err, field="--timeline", words=["/sys/hetauto-t.json", "takes no new file"])
+    # ... while a file that is there is written in place, in a folder that takes no new one (/dev/fd)
+    from helpers import run_hetauto     # (a process of its own: its stdout is the file written)
+    r = run_hetauto("plan", "--model", "tiny", "--inventory", CPU_INV, "--global-batch-size", "8", "--quiet",
+                     "-o", "/dev/stdout")
+    assert r.returncode == 0 and "version: 4" in r.stdout, r.stderr
     rc, _, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", "/proc/hetauto-zz"], capsys)
     check_error(rc, err, field="--out", words=["/proc/hetauto-zz"])
     profile, _ = tiny_cpu_model

@@ -266,8 +266,12 @@ def check_output_file(path: str | None, flag: str, example: str = "plan.yaml") -
     if not os.path.isdir(folder):
         raise InputError(f"the folder {folder!r} of {path!r} does not exist", field=flag,
                          fix="create the folder first, or write the file elsewhere")
-    try:    # a file made there, not os.access: root passes that check on /sys or a read-only mount, and the
-        with tempfile.TemporaryFile(dir=folder):    # write failed only after the work was done
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"the folder {folder!r} is not writable", field=flag, fix="write the file elsewhere")
+    if os.path.exists(path):    # written in place (a file, /dev/fd/1, a process substitution): nothing is created
+        return
+    try:    # a file made there too: root passes os.access on /sys or a read-only mount, where the write failed
+        with tempfile.TemporaryFile(dir=folder):    # only after the work was done
             pass
     except OSError as exc:
         raise InputError(f"cannot write {path!r}: its folder {folder!r} takes no new file ({exc.strerror or exc})",

@@ -90,8 +90,25 @@ def check_report_of_plan(report: dict, plan, *, report_file: str, plan_file: str
 
 
 def measured_plan(report: dict, plan, *, report_file: str, tiny: bool | None):
-    """`plan` with the model shape the dry run measured: the report's "model", or (for reports without it)
-    the plan's model, shrunk the way --tiny shrinks it when `tiny`."""
+    """`plan` as the dry run ran it: with the model shape it measured (the report's "model", or for reports without
+    it the plan's model, shrunk the way --tiny shrinks it when `tiny`), and with the plain optimizer where the
+    report's settings say every mesh ran it (`dryrun --no-distributed-optimizer`: priced with the plan's
+    distributed one, each DP rank stepping 1/DP of the parameters and gathering them, the prediction was of
+    another run than the one measured)."""
+    plan = _optimizer_as_run(report, plan)
+    return _model_as_run(report, plan, report_file=report_file, tiny=tiny)
+
+
+def _optimizer_as_run(report: dict, plan):
+    settings = report.get("settings")
+    if (isinstance(settings, list) and settings and all(isinstance(s, dict) for s in settings)
+            and all(s.get("distributed_optimizer") is False for s in settings)):
+        from ..runtime.dryrun import prepare_plan
+        return prepare_plan(plan, tiny=False, distributed_optimizer=False)
+    return plan
+
+
+def _model_as_run(report: dict, plan, *, report_file: str, tiny: bool | None):
     import dataclasses
 
     from ..spec.model import model_from_dict

@@ -61,11 +61,13 @@ def _step(title: str, argv: list[str]) -> int:
     env = dict(os.environ, PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR")
     # The step is a process of its own, which a signal sent to the demo's pid alone (kill, timeout, a batch
     # scheduler) does not reach: it kept running, and writing into --out, after the demo had gone. So the stop
-    # signals are the launcher's here too (raised as StopRequested), and passed on to the step.
+    # signals are the launcher's here too (raised as StopRequested), and passed on to the step's process group:
+    # its own (process_group=0), which holds the processes it forked (the search's workers, which a signal to the
+    # step alone left running, reparented to init), and which a terminal's Ctrl-C reaches through the demo.
     previous = catch_stop_signals()
     proc = None
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, process_group=0)
         rc = proc.wait()
     except (StopRequested, KeyboardInterrupt) as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
@@ -87,14 +89,19 @@ def _step(title: str, argv: list[str]) -> int:
 
 
 def _stop(proc: subprocess.Popen, signum: int) -> None:
-    """Pass `signum` on to the running step and wait for it to stop, STEP_STOP_S at most, then kill it. (A Ctrl-C at
-    a terminal reached the step already; a second SIGINT only makes a `plan` that kept its best plan stop too.)"""
-    try:
-        proc.send_signal(signum)
-        proc.wait(STEP_STOP_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    """Pass `signum` on to the running step's process group and wait for the step to stop, STEP_STOP_S at most,
+    then kill the group."""
+    for sig in (signum, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:      # (the group is gone)
+            pass
+        try:
+            proc.wait(STEP_STOP_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
 
 
 def step_status(rc: int) -> int:

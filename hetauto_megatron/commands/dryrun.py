@@ -146,9 +146,6 @@ def run(args) -> int:
         return 1
     report["link_scale"] = scale        # the links as the run emulated them: its prediction prices them so
     if args.timeline:
-        if not args.distributed_optimizer:  # the prediction of what ran: the plain optimizer (prepare_plan)
-            from ..runtime.dryrun import prepare_plan
-            plan = prepare_plan(plan, tiny=False, distributed_optimizer=False)
         for path in write_dryrun_timelines(args, plan, report, inv):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:

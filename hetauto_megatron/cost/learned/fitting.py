@@ -68,15 +68,20 @@ def fit(profiles: list[str], out_dir: str, *, sailor_dir: str | None = None, hol
     samples: list[Sample] = []
     layer_files = [p for p in profiles if profile_granularity(p) == "layer"]
     op_files: dict[str, str] = {}       # device type -> its operator profile
+    read = []
     for p in profiles:
         if p in layer_files:
             continue
         info, rows = profile_samples(p)
-        if info.name in devices:    # (before its own completeness: a second grid's file may hold only some kinds)
+        if info.name in op_files:
             raise two_operator_profiles(info.name, op_files[info.name], p)
+        op_files[info.name] = p
+        read.append((p, info, rows))
+    # each file's completeness once no device has two: a second grid's file may hold only some operator kinds,
+    # whichever order the files were given in
+    for p, info, rows in read:
         check_every_operator_kind(p, info, rows)
         devices[info.name] = info
-        op_files[info.name] = p
         samples += rows
     if sailor_dir:
         sailor = load_sailor(sailor_dir)

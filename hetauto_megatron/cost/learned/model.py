@@ -53,7 +53,7 @@ class LearnedCostModel:
         info = self.devices.get(name)
         if info is None or name not in self._covered:
             kin = [d for d in self.covered_devices() if d != name and _same_chip(d, name)]
-            hint = (f"; {' / '.join(kin)}: the same chip with another memory size, if yours are those write "
+            hint = (f"; {' / '.join(kin)}: the same chip (another memory or variant), if yours are those write "
                     "that name in the inventory") if kin else ""
             return None, f"no measurements of {name} in the learned model (it covers: {covered}){hint}"
         want = F.device_arithmetic(device)
@@ -218,8 +218,8 @@ def load_cost_model(path: str | None):
 
 
 def _same_chip(a: str, b: str) -> bool:
-    """Two catalog types of one chip that differ in memory (V100 16 and 32 GB, A100 40 and 80 GB): the same vendor
-    and the same datasheet peaks at every precision. A shared name prefix is not one chip (the RTX 2080, 2080 Ti and
+    """Two catalog types of one chip (V100 16 and 32 GB, A100 40 and 80 GB, H100 and its H800 and H200 variants): the
+    same vendor and the same datasheet peaks at every precision. A shared name prefix is not one chip (the RTX 2080, 2080 Ti and
     3090 are three)."""
     x, y = CATALOG.get(a), CATALOG.get(b)
     return x is not None and y is not None and x.vendor == y.vendor and x.peaks == y.peaks
