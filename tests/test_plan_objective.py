@@ -251,6 +251,24 @@ def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_pat
     assert "no more stages than micro-batches (here at most 2: global batch 2)" in r.stderr, r.stderr
 
 
+def test_use_clusters_deeper_than_max_pp_names_the_flag(tmp_path):
+    """Three pinned clusters with --max-pp 2 and a global batch of 64: the paragraph blamed the micro-batches ("no
+    more stages than micro-batches (here at most 2: global batch 64, --max-pp 2)"), which allow 64."""
+    inv = tmp_path / "three.yaml"
+    inv.write_text("clusters:\n" + "".join(f"  - {{name: {c}, device: cpu, nodes: 1, devices_per_node: 1}}\n"
+                                            for c in "abc")
+                   + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 0.1}\n"
+                   + "  - {between: [b, c], bandwidth_gbps: 10, latency_ms: 0.1}\n")
+    r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "64", "--shapes",
+                    "simple", "--use-clusters", "a,b,c", "--max-pp", "2", "--quiet")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "a pipeline has at most --max-pp 2 stages" in r.stderr and "micro-batches (here" not in r.stderr, r.stderr
+    # and a micro-batch size that does not divide the batch lists the divisors (the list ended ", ." before)
+    r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "64",
+                    "--micro-batch-size", "3", "--quiet")
+    assert r.returncode == 2 and "1, 2, 4, 8, 16, 32, 64." in r.stderr and ", ." not in r.stderr, r.stderr
+
+
 def test_use_clusters_deeper_than_the_layers_names_the_layer_rule(tmp_path):
     """Eleven pinned clusters in a chain make eleven stages, but the 8-layer model allows at most 10 (a stage per
     layer plus an embedding and a head stage, space.max_stages) while the 64 micro-batches allow 64: the paragraph

@@ -255,10 +255,33 @@ def test_gpt2_positions_by_their_other_name_and_an_absurd_rope_theta(tmp_path):
     ("gpt2.json", "n_inner", 3072.0),
     # passed without a word: the note on what the launch leaves out then said nothing of them
     ("pythia-160m.json", "rotary_pct", "x"), ("pythia-160m.json", "rotary_pct", 2.0),
-    ("pythia-160m.json", "rotary_pct", float("nan")), ("pythia-160m.json", "rotary_pct", True)])
+    ("pythia-160m.json", "rotary_pct", float("nan")), ("pythia-160m.json", "rotary_pct", True),
+    # read as 4 x hidden, or as a dense model, or said nothing of, without a word
+    ("gpt2.json", "n_inner", 0), ("gpt2.json", "n_inner", False), ("pythia-160m.json", "intermediate_size", 0),
+    ("llama-2-7b.json", "num_local_experts", "8"), ("llama-2-7b.json", "num_local_experts", 8.0),
+    ("llama-2-7b.json", "sliding_window", "4096")])
 def test_a_malformed_figure_is_named_by_the_files_own_key(tmp_path, name, key, value):
     cfg = json.load(open(os.path.join(HF, name)))
     cfg[key] = value
     with pytest.raises(InputError) as info:
         load_model(write_config(tmp_path, cfg), seq_length=2048)
     assert info.value.field == key and repr(value)[:20] in info.value.reason, info.value.reason
+
+
+def test_query_and_key_norms_of_the_families_that_always_have_them_are_said():
+    """Qwen3, OLMo-2 and Gemma-3 normalise every layer's queries and keys (q_norm, k_norm), which Megatron builds
+    only under --qk-layernorm (refused by the launches, unpriced): said only for Cohere's switch before, so a Qwen3
+    plan launched another model without a word."""
+    for mt in ("qwen3", "olmo2", "gemma3_text"):
+        said = " ".join(not_carried({"model_type": mt, "hidden_act": "silu"}))
+        assert "norms on the queries and keys" in said and "--qk-layernorm" in said, (mt, said)
+    assert "queries and keys" not in " ".join(not_carried({"model_type": "qwen2", "hidden_act": "silu"}))
+
+
+def test_an_activation_that_is_no_name_is_refused_for_a_family_the_table_does_not_know(tmp_path):
+    """A family outside the table is read by its activation's name (gated or not); a number was read as an ungated
+    MLP without a word."""
+    cfg = {**json.load(open(os.path.join(HF, "llama-2-7b.json"))), "model_type": "foo", "hidden_act": 3}
+    with pytest.raises(InputError) as info:
+        load_model(write_config(tmp_path, cfg), seq_length=2048)
+    assert info.value.field == "hidden_act" and "activation's name" in info.value.reason, info.value.reason

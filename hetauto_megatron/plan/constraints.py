@@ -235,8 +235,7 @@ def check(c: Constraints, model, inventory: Inventory, gbs: int) -> None:
         what = f"{mb} is more than the global batch {gbs}" if mb > gbs else f"{mb} does not divide the global batch {gbs}"
         raise InputError(f"{what} (every micro-batch step moves whole micro-batches, and the steps make up the "
                          "global batch)", field="--micro-batch-size",
-                         fix=f"use a divisor of --global-batch-size {gbs}: " + ", ".join(
-                             str(d) for d in [d for d in range(1, gbs + 1) if gbs % d == 0][:6]) + ", ...")
+                         fix=f"use a divisor of --global-batch-size {gbs}: " + _divisors_said(gbs))
     if c.objective == "cost":
         missing = [x.name for x in inventory.clusters if x.name not in c.exclude_clusters
                    and x.price_per_device_hour is None]
@@ -357,3 +356,11 @@ def check_floor(model, c: Constraints, seconds: float) -> None:
 def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: float, tokens: int) -> float | None:
     rate = price_per_second(inventory, devices_by_cluster(meshes))
     return None if rate is None else rate * iteration_time_s / tokens * 1e6
+
+
+def _divisors_said(n: int, most: int = 8) -> str:
+    """The divisors of n, the first `most` of them where there are more ("1, 2, 4, 8, 16, 32, 64, 128 and 1 more":
+    a trailing ", ..." lost its dots to the message's full stop)."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    more = len(divisors) - most
+    return ", ".join(map(str, divisors[:most])) + (f" and {more} more" if more > 0 else "")

@@ -83,10 +83,11 @@ def raise_infeasible(model: ModelSpec, inventory: Inventory, ev: LayoutEvaluator
     if depth < min(sp.gbs // samples, sp.con.max_pp or sp.gbs):
         rules += (f", a pipeline has no more stages than its layers and an embedding and a head stage (here at "
                   f"most {depth}: {model.num_layers} layers)")
+    elif sp.con.max_pp and sp.con.max_pp <= sp.gbs // samples:     # (the flag binds, not the micro-batches)
+        rules += f", a pipeline has at most --max-pp {sp.con.max_pp} stage{'s' if sp.con.max_pp != 1 else ''}"
     else:
         rules += (f", a pipeline has no more stages than micro-batches (here at most {depth}: global batch {sp.gbs}"
-                  + (f", --micro-batch-size {sp.con.micro_batch_size}" if sp.con.micro_batch_size else "")
-                  + (f", --max-pp {sp.con.max_pp}" if sp.con.max_pp else "") + ")")
+                  + (f", --micro-batch-size {sp.con.micro_batch_size}" if sp.con.micro_batch_size else "") + ")")
     if ev.engine == "deepspeed":
         rules += ", and DeepSpeed's engine runs one TP, DP and micro-batch size in every mesh"
     raise InfeasibleError(f"{model.name}: no layout of this inventory follows the rules ({rules})")

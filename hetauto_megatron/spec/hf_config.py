@@ -82,7 +82,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     if cfg.get("is_encoder_decoder"):
         raise InputError(f"describes an encoder-decoder model (model_type {mt or 'unknown'}); hetauto plans "
                          "decoder-only transformers", file=file, field="is_encoder_decoder", fix=unsupported_fix)
+    if cfg.get("sliding_window") is not None:     # ("4096": a window the notes passed over in silence)
+        first("sliding_window")
     for key in _MOE_KEYS:
+        if cfg.get(key) is not None:    # a count written otherwise ("8", 8.0) was planned as a dense model
+            first(key)
         if isinstance(cfg.get(key), int) and cfg[key] > 1:
             raise InputError(f"describes a mixture-of-experts model ({cfg[key]} experts), which hetauto does not "
                              "model: planning it as a dense model would under-count its weights", file=file,
@@ -119,7 +123,7 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
                          fix=unsupported_fix)
     family = _HF_FAMILIES.get(mt)
     if mt == "gpt2":
-        ffn = cfg.get("n_inner") or 4 * h
+        ffn = first("n_inner", default=4 * h)     # (null: 4h; 0 or false was read as 4h too)
         # (GPT2Config maps max_position_embeddings onto n_positions: a hand-written file may use that name)
         max_pos = first("n_positions", "n_ctx", "max_position_embeddings")
     elif mt == "opt":
@@ -127,7 +131,10 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
         # OPT's position table has 2 extra rows (a fairseq offset): 1,536 parameters at 125M, not modelled.
         max_pos = first("max_position_embeddings")
     else:
-        ffn = cfg.get("intermediate_size") or cfg.get("ffn_dim") or cfg.get("n_inner") or cfg.get("ffn_hidden_size")
+        # the first key written (0 or false was passed over as absent, and GPT-NeoX's 0 became 4h)
+        written = next((k for k in ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
+                        if cfg.get(k) is not None), None)
+        ffn = first(written) if written is not None else None
         if ffn is None and family is not None and not family[0]:
             ffn = 4 * h   # GPT-Neo / GPT-J leave it null: the classic 4h MLP
         ffn = ffn if ffn is not None else first(*SOURCE_KEYS["ffn_hidden_size"])
@@ -161,7 +168,11 @@ def model_from_hf_config(cfg: dict, *, file: str | None = None, seq_length: int 
     if family is not None:
         gated, tie_default, pos = family
     else:
-        act = cfg.get("hidden_act") or cfg.get("hidden_activation") or cfg.get("activation_function") or "silu"
+        act_key = next((k for k in ("hidden_act", "hidden_activation", "activation_function") if cfg.get(k)), None)
+        act = cfg[act_key] if act_key else "silu"
+        if not isinstance(act, str):    # (a number was read as an ungated MLP without a word)
+            raise InputError(f"must be an activation's name, got {act!r}", file=file, field=act_key,
+                             fix="write the activation's name, e.g. \"silu\" or \"gelu\"")
         # transformers' save_pretrained leaves tie_word_embeddings out only when it is true (PretrainedConfig's
         # default, and the class's): a family this table does not know, written without it, ties its head (a file
         # without model_type was not written so, and keeps the untied default)
@@ -260,9 +271,15 @@ def hf_model(cfg: dict, *, file: str, seq_length: int | None, note) -> ModelSpec
         missing = not_carried(cfg)
         if missing:
             flags = any("Megatron: --" in item for item in missing)
-            note(f"{file}: the launch scripts build the planned shapes without: {'; '.join(missing)}. The plan's "
-                 "time and memory hardly depend on them" + ("; add the flags named to Megatron's arguments to build "
-                                                            "them" if flags else ""))
+            window = cfg.get("sliding_window")
+            # a window shorter than the sequence planned: full attention does much more work than it would
+            longer = isinstance(window, int) and not isinstance(window, bool) and window < spec.seq_length \
+                and cfg.get("use_sliding_window") is not False
+            weight = (f"The plan prices what they launch, full attention over the {spec.seq_length:,} tokens (the "
+                      f"window of {window:,} would attend over far fewer: less work than planned); its time and memory "
+                      "hardly depend on the rest") if longer else "The plan's time and memory hardly depend on them"
+            note(f"{file}: the launch scripts build the planned shapes without: {'; '.join(missing)}. {weight}"
+                 + ("; add the flags named to Megatron's arguments to build them" if flags else ""))
         dropout = dropout_note(cfg, file)
         if dropout:
             note(dropout)

@@ -15,6 +15,9 @@ HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "hidden_dropout", "hidden_dr
 ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", "attn_dropout")
 # Gemma's embeddings are multiplied by sqrt(hidden_size) (Megatron-Core 0.19's GPT has no such switch)
 _SCALED_EMBEDDING_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
+# families whose attention always normalises its queries and keys (Qwen3Attention, Olmo2Attention, Gemma3Attention:
+# q_norm and k_norm), which Megatron builds only under --qk-layernorm
+_QK_NORM_FAMILIES = {"qwen3", "olmo2", "gemma3", "gemma3_text"}
 
 
 def not_carried(cfg: dict) -> list[str]:
@@ -119,9 +122,11 @@ def _bias_and_norm_notes(cfg: dict, mt: str, built: bool) -> list[str]:
                        "every linear layer's bias or none (--disable-bias-linear)")
     if mt == "cohere":
         out.append("LayerNorm without a shift (Cohere's): built as RMSNorm, the same weights, the mean not subtracted")
-        if cfg.get("use_qk_norm") is True:
-            out.append("norms on the queries and keys (use_qk_norm; Megatron: --qk-layernorm, which the plan does "
-                       "not price: hetauto's launches refuse it)")
+    # Cohere's behind a switch; Qwen3, OLMo-2 and Gemma-3 always (their q_norm and k_norm)
+    if (mt == "cohere" and cfg.get("use_qk_norm") is True) or mt in _QK_NORM_FAMILIES:
+        out.append("norms on the queries and keys (" + ("use_qk_norm" if mt == "cohere" else f"{mt}'s q_norm and "
+                   "k_norm") + "; Megatron: --qk-layernorm, which the plan does not price: hetauto's launches refuse "
+                   "it): planned and launched without them")
     scale = cfg.get("logit_scale")
     if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
         out.append(f"logits multiplied by logit_scale {scale:g} (Cohere's): built unscaled (Megatron's GPT has no "
