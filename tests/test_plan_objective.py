@@ -1,6 +1,7 @@
 """The objective (throughput or cost per token) and the search's constraints, through the command a user runs."""
 import json
 import math
+import os
 import pathlib
 import random
 
@@ -267,6 +268,30 @@ def test_use_clusters_deeper_than_max_pp_names_the_flag(tmp_path):
     r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "64",
                     "--micro-batch-size", "3", "--quiet")
     assert r.returncode == 2 and "1, 2, 4, 8, 16, 32, 64." in r.stderr and ", ." not in r.stderr, r.stderr
+
+
+def test_use_clusters_beyond_max_pp_is_planned_as_several_pipelines(tmp_path):
+    """--use-clusters h800,mi300x with --max-pp 1: no single pipeline holds two clusters in one stage, but two
+    pipelines of one stage each do (--max-pp bounds each pipeline, --use-clusters the plan). The single-pipeline
+    search's refusal ended the command (exit 3) before the other shapes were searched; --shapes simple still
+    refuses. explain lists the single pipeline as none."""
+    from helpers import ROOT
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-3clusters.yaml")
+    plan = str(tmp_path / "p.yaml")
+    base = ("plan", "--model", "llama2-70b", "--inventory", inv, "--global-batch-size", "128", "--use-clusters",
+            "h800,mi300x", "--max-pp", "1", "--quiet", "--workers", "1")
+    r = run_hetauto(*base, "-o", plan)
+    assert r.returncode == 0, r.stderr
+    written = load_plan(plan)
+    assert {m.cluster for m in written.meshes} == {"h800", "mi300x"}
+    assert all(written.pipeline_stages(p) <= 1 for p in range(written.num_pipelines)), written.meshes
+    sim = run_hetauto("simulate", "--plan", plan, "--json")
+    assert sim.returncode == 0 and json.loads(sim.stdout)["fits"], sim.stderr
+    assert run_hetauto(*base, "--shapes", "simple").returncode == 3
+    r = run_hetauto("explain", "--plan", plan, "--json", "--workers", "1", "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = {a["what"]: a for a in json.loads(r.stdout)["runners_up"]}
+    assert rows["one pipeline of single meshes"]["iteration_time_s"] is None, rows
 
 
 def test_use_clusters_deeper_than_the_layers_names_the_layer_rule(tmp_path):

@@ -321,7 +321,8 @@ def run(args) -> int:
               f"{result.partitions_searched} searched; {count_noun(result.alongside_tried, 'replica group')} side by "
               "side priced; "
               + (f"the plan has {describe_shape(plan.meshes)[0]} (one pipeline of single meshes: "
-                 f"{result.simple.iteration_time_s:.3f} s)" if not plan.is_simple else "one pipeline of single meshes kept"))
+                 + (f"{result.simple.iteration_time_s:.3f} s)" if result.simple is not None else
+                    "none follows the constraints)") if not plan.is_simple else "one pipeline of single meshes kept"))
     if moved is not None:
         print("\nwhat moved since " + args.from_plan + ":\n" + "\n".join("  " + line for line in moved))
     if explained:

@@ -80,8 +80,11 @@ def alternatives(result, seconds: float, k: int) -> list[dict]:
     of single meshes, each partition of the clusters into pipelines it searched and each cluster's pipeline with
     groups alongside, the fastest first (the infeasible last), at most `k`: {"what", "iteration_time_s" (None:
     none fits), "note", "vs_plan"}."""
-    rows = [{"what": "one pipeline of single meshes", "iteration_time_s": result.simple.iteration_time_s,
-             "note": f"{len(result.simple.choices)} mesh{'' if len(result.simple.choices) == 1 else 'es'}"}]
+    simple = result.simple
+    rows = [{"what": "one pipeline of single meshes", "iteration_time_s": simple.iteration_time_s,
+             "note": f"{len(simple.choices)} mesh{'' if len(simple.choices) == 1 else 'es'}"} if simple is not None
+            else {"what": "one pipeline of single meshes", "iteration_time_s": None,
+                  "note": "none follows the constraints"}]
     rows += [{"what": f"pipelines {what}" if "|" in what else what, "iteration_time_s": t, "note": why}
              for what, t, why in result.tried]
     for r in rows:

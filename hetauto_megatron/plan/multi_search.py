@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import sys
 import time
 
@@ -65,10 +66,20 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     t0 = time.perf_counter()
     con = cfg.constraints or Constraints()
     # under --max-iteration-s a single pipeline slower than it is the start that the other shapes must beat
-    base = search(model, inventory, gbs, cost, cfg)
-    plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
-    best = (plan_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
-    out = ShapesResult(plan, base.iteration_time_s, base, 0.0)
+    try:
+        base = search(model, inventory, gbs, cost, cfg)
+    except InfeasibleError:
+        # no single pipeline follows the constraints (--use-clusters naming more clusters than --max-pp stages):
+        # several pipelines may, so the other shapes are searched; where none does, this error is the answer
+        if shapes == "simple" or ENGINES[cfg.engine].simple_only or con.max_devices is not None:
+            raise
+        unfit = sys.exc_info()[1]
+        base = plan = None
+        best = (math.inf, math.inf, None)
+    if base is not None:
+        plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
+        best = (plan_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
+    out = ShapesResult(plan, base.iteration_time_s if base is not None else math.inf, base, 0.0)
     if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
         if not over_floor_ok:
             check_floor(model, con, base.iteration_time_s)
@@ -86,12 +97,15 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         if len(usable) > 1:
             best = _partitions(model, inventory, gbs, cost, quiet_config(cfg), con, usable, best, out, deadline)
         progress(out, "replica groups side by side")
-        grown = groups_alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
-        if grown is not best:       # (what explain lists as the alternatives: the plan itself among them)
-            out.tried.append(("the best of the above with groups alongside", grown[1],
-                              "the devices it leaves free as replica groups"))
-        best = grown
+        if best[2] is not None:     # (groups grow from a plan)
+            grown = groups_alongside(model, inventory, cost, con, best, out, cfg.max_micro_batch, deadline)
+            if grown is not best:       # (what explain lists as the alternatives: the plan itself among them)
+                out.tried.append(("the best of the above with groups alongside", grown[1],
+                                  "the devices it leaves free as replica groups"))
+            best = grown
         best = mixed_starts(model, inventory, gbs, cost, quiet_config(cfg), con, usable, best, out, deadline)
+    if best[2] is None:
+        raise unfit
     out.levels_cut = out.levels_cut or out_of_time(deadline)
     if not over_floor_ok:
         check_floor(model, con, best[1])

@@ -17,7 +17,8 @@ from .search import SearchConfig, SearchResult
 class ShapesResult:
     plan: Plan                      # the best plan found (estimate not set)
     iteration_time_s: float
-    simple: SearchResult            # the single-pipeline search (its runners-up, method, ...)
+    simple: SearchResult | None     # the single-pipeline search (its runners-up, method, ...); None where no
+                                    # single pipeline follows the constraints and several pipelines do
     seconds: float
     partitions: int = 0             # partitions of the clusters into pipelines considered
     partitions_searched: int = 0    # ... whose bound beat the best plan, searched
@@ -30,18 +31,20 @@ class ShapesResult:
 
     @property
     def candidates_evaluated(self) -> int:
-        return self.simple.candidates_evaluated
+        return self.simple.candidates_evaluated if self.simple is not None else 0
 
     @property
     def method(self) -> str:
-        return self.simple.method
+        return self.simple.method if self.simple is not None else "new shapes only"
 
     @property
     def cut_by_budget(self) -> bool:
-        return self.simple.cut_by_budget or self.levels_cut
+        return (self.simple is not None and self.simple.cut_by_budget) or self.levels_cut
 
     def to_dict(self) -> dict:
-        return {**self.simple.to_dict(), "seconds": round(self.seconds, 3), "cut_by_budget": self.cut_by_budget,
+        simple = self.simple.to_dict() if self.simple is not None else {   # (no single pipeline follows the
+            "method": self.method, "candidates_evaluated": 0, "playouts": 0, "trees": 0}   # constraints)
+        return {**simple, "seconds": round(self.seconds, 3), "cut_by_budget": self.cut_by_budget,
                 "shapes": {"partitions": self.partitions, "partitions_searched": self.partitions_searched,
                            "partitions_cut": self.partitions_cut,
                            "pipelines_searched": self.pipelines_searched, "alongside_tried": self.alongside_tried}}
