@@ -69,9 +69,11 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
     try:
         base = search(model, inventory, gbs, cost, cfg)
     except InfeasibleError:
-        # no single pipeline follows the constraints (--use-clusters naming more clusters than --max-pp stages):
-        # several pipelines may, so the other shapes are searched; where none does, this error is the answer
-        if shapes == "simple" or ENGINES[cfg.engine].simple_only or con.max_devices is not None:
+        # no single pipeline holds every cluster --use-clusters pins (more of them than --max-pp stages, or than
+        # the micro-batches allow): several pipelines may, so the other shapes are searched; where none does, this
+        # error is the answer. (Any other refusal, e.g. memory no layer fits in, stands: no shape can help it.)
+        if shapes == "simple" or ENGINES[cfg.engine].simple_only or con.max_devices is not None \
+                or len(con.use_clusters) < 2:
             raise
         unfit = sys.exc_info()[1]
         base = plan = None
