@@ -238,14 +238,20 @@ def test_infeasible_constraints_exit_3_naming_the_binding_one(priced):
     assert "--max-devices" in err["fix"] and "Add devices" not in err["message"], err
 
 
-def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_path):
-    """Three pinned clusters make three stages, but a global batch of 2 allows at most 2 (no more stages than
-    micro-batches, space.max_stages): the paragraph listed only the TP, batch and link rules, none of which bound."""
+def _three_cpu_clusters(tmp_path):
+    """An inventory of three one-device CPU clusters a, b, c in a chain."""
     inv = tmp_path / "three.yaml"
     inv.write_text("clusters:\n" + "".join(f"  - {{name: {c}, device: cpu, nodes: 1, devices_per_node: 1}}\n"
                                             for c in "abc")
                    + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 0.1}\n"
                    + "  - {between: [b, c], bandwidth_gbps: 10, latency_ms: 0.1}\n")
+    return inv
+
+
+def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_path):
+    """Three pinned clusters make three stages, but a global batch of 2 allows at most 2 (no more stages than
+    micro-batches, space.max_stages): the paragraph listed only the TP, batch and link rules, none of which bound."""
+    inv = _three_cpu_clusters(tmp_path)
     r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "2", "--shapes",
                     "simple", "--use-clusters", "a,b,c", "--quiet")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
@@ -255,11 +261,7 @@ def test_use_clusters_deeper_than_the_micro_batches_names_the_depth_rule(tmp_pat
 def test_use_clusters_deeper_than_max_pp_names_the_flag(tmp_path):
     """Three pinned clusters with --max-pp 2 and a global batch of 64: the paragraph blamed the micro-batches ("no
     more stages than micro-batches (here at most 2: global batch 64, --max-pp 2)"), which allow 64."""
-    inv = tmp_path / "three.yaml"
-    inv.write_text("clusters:\n" + "".join(f"  - {{name: {c}, device: cpu, nodes: 1, devices_per_node: 1}}\n"
-                                            for c in "abc")
-                   + "links:\n  - {between: [a, b], bandwidth_gbps: 10, latency_ms: 0.1}\n"
-                   + "  - {between: [b, c], bandwidth_gbps: 10, latency_ms: 0.1}\n")
+    inv = _three_cpu_clusters(tmp_path)
     r = run_hetauto("plan", "--model", "tiny", "--inventory", str(inv), "--global-batch-size", "64", "--shapes",
                     "simple", "--use-clusters", "a,b,c", "--max-pp", "2", "--quiet")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
