@@ -8,18 +8,10 @@ import json
 import os
 
 import pytest
-import yaml
 from helpers import ROOT, run_cli
+from test_measure_cli_inputs import _published_table
 
 from hetauto_megatron.plan.calibration import TABLE, published_runs
-
-
-def _table(tmp_path, edit) -> str:
-    data = yaml.safe_load(open(TABLE))
-    edit(data)
-    path = tmp_path / "published.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
 
 
 def _source(**kw):
@@ -49,7 +41,7 @@ def _row(**kw):
     (_source(seq_len=0), "source_a_a100.seq_len", "seq_len"),
 ])
 def test_a_published_row_megatron_could_not_run_is_named(tmp_path, capsys, edit, field, words):
-    path = _table(tmp_path, edit)
+    path = _published_table(tmp_path, edit)
     rc, out, err = run_cli(["validate-cost-model", f"--published={path}", "--json"], capsys)
     assert rc == 2 and "Traceback" not in err, err
     assert f"{path}: field '{field}'" in err and words in err and "Fix:" in err, err
