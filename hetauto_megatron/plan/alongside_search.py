@@ -72,6 +72,7 @@ def groups_alongside(model, inventory, cost, con, best, out: ShapesResult, max_m
             # faster than that alone. With other pipelines holding them too (three or more holders) the exchange
             # may route around that link (plan/exchange_roots.py): no bound then
             grads = 2 * model.layer_params * sum(mesh.stage_layers) if plan.num_pipelines == 1 else 0.0
+            job = job_settings(mesh.setting_overrides)   # (a group trains the mesh's job: its dropouts)
             for cl in inv.clusters:
                 free = cl.num_devices - used.get(cl.name, 0)
                 if cl.name in con.exclude_clusters or free < k or (
@@ -101,11 +102,10 @@ def groups_alongside(model, inventory, cost, con, best, out: ShapesResult, max_m
                                 if con.recompute_of(cl.name) not in (None, rc) or (
                                         rc == "selective" and not selective_runs(model)):
                                     continue
-                                # (the group trains the mesh's job, its dropouts; the rest at its own TP's defaults)
+                                # (the rest of its settings at its own TP's defaults)
                                 extra = dataclasses.replace(mesh, cluster=cl.name, device_type=cl.device.name,
                                                             tp=tp, dp=dp, micro_batch_size=mbs[1], recompute=rc,
-                                                            setting_overrides=job_settings(
-                                                                mesh.setting_overrides), alongside=True,
+                                                            setting_overrides=job, alongside=True,
                                                             boundary_schedule="blocking", boundary_depth=0)
                                 main = dataclasses.replace(mesh, micro_batch_size=mbs[0])
                                 cand = with_group(plan, idx, main, extra, mates, scale, inv)

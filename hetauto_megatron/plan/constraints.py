@@ -361,6 +361,7 @@ def cost_per_million_tokens(inventory: Inventory, meshes, iteration_time_s: floa
 def _divisors_said(n: int, most: int = 8) -> str:
     """The divisors of n, the first `most` of them where there are more ("1, 2, 4, 8, 16, 32, 64, 128 and 1 more":
     a trailing ", ..." lost its dots to the message's full stop)."""
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    more = len(divisors) - most
-    return ", ".join(map(str, divisors[:most])) + (f" and {more} more" if more > 0 else "")
+    from .space import divisors     # (space imports this module)
+    found = divisors(n)
+    more = len(found) - most
+    return ", ".join(map(str, found[:most])) + (f" and {more} more" if more > 0 else "")

@@ -65,24 +65,23 @@ def search_shapes(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=N
         raise InputError(f"unknown value {shapes!r}", field="--shapes", fix="use all or simple")
     t0 = time.perf_counter()
     con = cfg.constraints or Constraints()
+    one_pipeline = shapes == "simple" or ENGINES[cfg.engine].simple_only     # (DeepSpeed's engine: one pipeline)
     # under --max-iteration-s a single pipeline slower than it is the start that the other shapes must beat
     try:
         base = search(model, inventory, gbs, cost, cfg)
-    except InfeasibleError:
+    except InfeasibleError as exc:
         # no single pipeline holds every cluster --use-clusters pins (more of them than --max-pp stages, or than
         # the micro-batches allow): several pipelines may, so the other shapes are searched; where none does, this
         # error is the answer. (Any other refusal, e.g. memory no layer fits in, stands: no shape can help it.)
-        if shapes == "simple" or ENGINES[cfg.engine].simple_only or con.max_devices is not None \
-                or len(con.use_clusters) < 2:
+        if one_pipeline or con.max_devices is not None or len(con.use_clusters) < 2:
             raise
-        unfit = sys.exc_info()[1]
-        base = plan = None
+        unfit, base = exc, None
         best = (math.inf, math.inf, None)
     if base is not None:
         plan = layout_to_plan(model, gbs, base.choices, base.stage_layers, inventory, boundaries=base.boundaries)
         best = (plan_score(con, inventory, plan, base.iteration_time_s), base.iteration_time_s, plan)
-    out = ShapesResult(plan, base.iteration_time_s if base is not None else math.inf, base, 0.0)
-    if shapes == "simple" or ENGINES[cfg.engine].simple_only:   # (DeepSpeed's engine: one pipeline)
+    out = ShapesResult(best[2], best[1], base, 0.0)
+    if one_pipeline:
         if not over_floor_ok:
             check_floor(model, con, base.iteration_time_s)
         out.seconds = time.perf_counter() - t0

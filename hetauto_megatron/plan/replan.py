@@ -212,21 +212,24 @@ def settings_moves(old: Plan, new: Plan) -> dict:
         return str(v).lower() if isinstance(v, bool) else str(v)
 
     def by_cluster(plan):
-        out: dict = {}
+        """({cluster: {key: its meshes' distinct values}}, {(cluster, key) a mesh sets apart from its default})"""
+        values: dict = {}
+        apart: set = set()
         for m in plan.meshes:
-            s, base = m.settings.to_dict(), default_settings(m.tp).to_dict()
-            for k, v in s.items():
-                values, apart = out.setdefault(m.cluster, {}).setdefault(k, ([], [False]))
-                if text(v) not in values:
-                    values.append(text(v))
-                apart[0] |= v != base[k]
-        return out
+            base = default_settings(m.tp).to_dict()
+            for k, v in m.settings.to_dict().items():
+                seen = values.setdefault(m.cluster, {}).setdefault(k, [])
+                if text(v) not in seen:
+                    seen.append(text(v))
+                if v != base[k]:
+                    apart.add((m.cluster, k))
+        return values, apart
 
-    before, after = by_cluster(old), by_cluster(new)
+    (before, apart_before), (after, apart_after) = by_cluster(old), by_cluster(new)
     out: dict = {}
     for name in (n for n in before if n in after):
-        for k, (was, was_apart) in before[name].items():
-            now, now_apart = after[name][k]
-            if (was_apart[0] or now_apart[0]) and was != now:
+        for k, was in before[name].items():
+            now = after[name][k]
+            if (name, k) in apart_before | apart_after and was != now:
                 out.setdefault(name, []).append(f"{k} {'/'.join(was)} -> {'/'.join(now)}")
     return out
