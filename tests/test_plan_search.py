@@ -148,14 +148,15 @@ def test_ctrl_c_stops_the_search_once_and_the_command_at_the_second(sigint):
 
 
 def _job_until_stopped(limit_s):
-    """A search job's stand-in: works until the search's stop check says so (or limit_s), -> seconds it ran."""
+    """A search job's stand-in: works until the search's stop check says so (or limit_s), -> when it stopped
+    (time.monotonic: one clock for every process of the machine)."""
     import time
 
     from hetauto_megatron.plan.stop import out_of_time
-    start = time.perf_counter()
-    while not out_of_time(None) and time.perf_counter() - start < limit_s:
+    start = time.monotonic()
+    while not out_of_time(None) and time.monotonic() - start < limit_s:
         time.sleep(0.01)
-    return time.perf_counter() - start
+    return time.monotonic()
 
 
 def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes(sigint):
@@ -174,17 +175,21 @@ def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes(sigint):
         cache: dict = {}
     sigint(signal.default_int_handler)
     search_jobs._CTX["ev"] = Priced()
-    press = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    pressed = []
+    press = threading.Timer(1.0, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
     try:
         with ctrl_c_keeps_best("hetauto plan"):
             press.start()
-            start = time.perf_counter()
-            ran = search_jobs.run_all(_job_until_stopped, [60.0, 60.0], 2, started=-math.inf)
-            took = time.perf_counter() - start
+            start = time.monotonic()
+            stopped = search_jobs.run_all(_job_until_stopped, [60.0, 60.0], 2, started=-math.inf)
+            took = time.monotonic() - start
     finally:
         press.cancel()
         search_jobs.release()
-    assert took < 15 and all(0.5 < r < 15 for r in ran), (took, ran)
+    # every job ran until the signal (not stopped before it, however late a loaded machine forked its worker),
+    # and stopped within seconds of it
+    assert took < 15 and pressed and all(pressed[0] <= t < pressed[0] + 14 for t in stopped), (took, pressed,
+                                                                                             stopped)
 
 
 def test_small_trees_are_enumerated_exactly():
