@@ -389,6 +389,9 @@ def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():
     from hetauto_megatron.runtime.launcher import free_port
     code = ("import torch.distributed as dist; from hetauto_megatron.megatron import hook; "
             "from hetauto_megatron.errors import InputError; hook.guard_script_errors(); "
+            # (as parse_and_validate_args does under --hetauto or on CPU: the process ends through the hook's exit,
+            # not interpreter finalisation with gloo's store alive, which can abort, pytorch#190489)
+            "hook._take_charge_of_exit(60.0); "
             f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1); "
             "raise InputError('the ranks were started with different plans', field='--hetauto-plan', "
             "fix='start every rank with the same plan file')")

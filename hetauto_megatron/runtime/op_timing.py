@@ -63,11 +63,13 @@ class OpClock:
             setattr(obj, name, original)
         self._undo = []
 
-    def begin_step(self) -> None:
-        self._ops, self._count, self._t0 = [], {}, time.perf_counter()
+    def begin_step(self, at: float) -> None:
+        """`at`/`end_step`'s: the step's own perf_counter stamps, so that the lanes span exactly the step time the
+        run reports (two reads of the clock differ by whatever preempted the process between them)."""
+        self._ops, self._count, self._t0 = [], {}, at
 
-    def end_step(self) -> None:
-        self.steps.append({"start": self._t0, "end": time.perf_counter(), "ops": self._ops})
+    def end_step(self, at: float) -> None:
+        self.steps.append({"start": self._t0, "end": at, "ops": self._ops})
 
 
 def measured_timeline(plan, rank_steps: list[list[dict]], *, step: int = -1, per_stage: bool = False,

@@ -203,7 +203,7 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
     meter, alloc = None, {}
     for step in range(steps):
         t0 = time.perf_counter()
-        clock.begin_step()
+        clock.begin_step(t0)
         if plan.num_pipelines == 1:
             step_batches = [step_tokens(spec, seed=seed, step=step, micro=m, batch=batch)
                             for m in range(layout.num_micro_batches)]
@@ -240,8 +240,9 @@ def _train(ctx, plan: Plan, steps: int, seed: int, timeout_s: float, vocab_size:
                 time.sleep(scalar_hold)
         if on_device:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        clock.end_step()
+        t_end = time.perf_counter()
+        times.append(t_end - t0)
+        clock.end_step(t_end)
         # The loss lives on the last stage; weight each replica by its share of the step's samples (1 / dp for a
         # mesh alone at the stage) and its pipeline's share of the global batch, and give the sum to everyone.
         value = 0.0
