@@ -89,9 +89,11 @@ def flush_open_files() -> None:
             pass
     # io's C base class, not the abstract io.IOBase: every file object derives from it, and the abstract class's
     # isinstance over the 400,000-odd objects of a process that imported Megatron took 0.3 s of CPU per rank
-    # (three times the C check), paid by every rank of every launch at its exit
+    # (three times the C check), paid by every rank of every launch at its exit. The object's type, not isinstance:
+    # isinstance also asks an object for its __class__, and torch.distributed's deprecated `reduce_op` answers
+    # that with a FutureWarning on stderr (every `hetauto probe-link` printed two)
     for obj in gc.get_objects():
-        if isinstance(obj, _io._IOBase) and obj not in (sys.stdout, sys.stderr):
+        if issubclass(type(obj), _io._IOBase) and obj not in (sys.stdout, sys.stderr):
             try:
                 if not obj.closed and obj.writable():
                     obj.flush()
