@@ -92,6 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of `argv` (default: this process's command line) and return its exit status. Run on this
+    process's own command line (the `hetauto` script, `python -m hetauto_megatron.cli`), a command that joined a
+    torch.distributed world (probe-link: runtime/clean_exit.py took charge of the exit) ends the process here, with
+    that status, as a Megatron rank ends: its groups destroyed and the atexit handlers run, then no interpreter
+    finalisation, in which a gloo thread can abort a command that succeeded (SIGABRT, pytorch#190489). Called with
+    a list (from Python), it returns."""
+    code = _run(argv)
+    clean_exit = sys.modules.get("hetauto_megatron.runtime.clean_exit")     # never imported: no world joined
+    if argv is None and clean_exit is not None and clean_exit.in_charge_of_exit():
+        clean_exit.end_process(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     # --json, or an abbreviation argparse takes for it (--jso)
     _Parser.json_requested = any(len(a) >= 4 and "--json".startswith(a)

@@ -294,3 +294,66 @@ def test_meshes_of_different_dp_are_refused_before_deepspeed_builds_its_grid():
                  env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     for r in out:
         assert r[0] == "hetauto.data_parallel_size" and r[1].startswith("the launch has 3 ranks"), out
+
+
+# docs/deepspeed.md's script, as a rank of a torchrun launch runs it on CPU (gloo), with one batch of synthetic samples;
+# an object held by sys says so on fd 1 if the interpreter is torn down (the clean end, os._exit, skips it)
+DOCUMENTED_SCRIPT = r"""
+import json, os, sys
+from hetauto_megatron.megatron.script_guard import main_guard
+from hetauto_megatron.plan.plan import load_plan
+from hetauto_megatron.runtime import deepspeed_pipeline as dsp
+
+class Teardown:
+    def __del__(self, write=os.write):
+        write(1, b"teardown\n")
+sys.hetauto_teardown = Teardown()
+
+def main():
+    plan = load_plan(sys.argv[1])
+    deepspeed = dsp.import_deepspeed()
+    deepspeed.init_distributed(dist_backend="gloo")
+    path = sys.argv[2]
+    cfg = json.load(open(path))
+    engine = dsp.initialize(plan.model, cfg, lr=3e-4, file=path)
+    batches = iter([dsp.synthetic_batch(plan.model, [i]) for i in range(cfg["train_batch_size"])])
+    print("loss", float(engine.train_batch(data_iter=batches)), flush=True)
+
+main_guard(main)
+print("went on after main_guard", flush=True)
+"""
+
+
+@pytest.mark.parametrize("zero_stage, code", [(0, 0), (2, 2)])
+def test_the_documented_script_ends_as_a_megatron_rank_does(tmp_path, zero_stage, code):
+    """docs/deepspeed.md's script on CPU: a finished run, and a refused config (ZeRO-2, one paragraph), end after
+    main_guard without interpreter finalisation, with their exit status, as the --hetauto ranks end; before, both went
+    on to Python's own teardown with gloo's groups and the store alive, where a gloo thread can abort the rank after
+    its work (SIGABRT, pytorch#190489)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from hetauto_megatron.runtime.launcher import free_port
+
+    plan_dict = {"version": 2, "model": {"preset": "tiny"}, "global_batch_size": 2,
+                 "meshes": [mesh("a", 1, 1, 1, [8])]}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan_dict))
+    cfg = emit_deepspeed(plan_from_dict(plan_dict))[0]["config"]
+    cfg["zero_optimization"]["stage"] = zero_stage
+    (tmp_path / "ds_config.a.json").write_text(json.dumps(cfg))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=root)
+    r = subprocess.run([sys.executable, "-c", DOCUMENTED_SCRIPT, str(tmp_path / "plan.yaml"),
+                        str(tmp_path / "ds_config.a.json")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == code, r.stdout + r.stderr[-3000:]
+    assert ("loss " in r.stdout) == (code == 0), r.stdout
+    if code == 2:
+        assert "hetauto: error: ds_config.a.json: field 'zero_optimization.stage'" in r.stderr.replace(
+            str(tmp_path) + "/", ""), r.stderr[-3000:]
+    assert "teardown" not in r.stdout and "went on after main_guard" not in r.stdout, r.stdout
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]

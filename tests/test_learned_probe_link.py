@@ -137,3 +137,55 @@ def test_a_master_name_that_does_not_resolve_is_said_at_once(capsys):
     assert main(["probe-link", "--rank", "1", "--master", "nohost.invalid:29600", "--timeout", "2"]) == 2
     err = capsys.readouterr().err
     assert err.index("does not resolve") < err.index("could not reach the other side")
+
+
+# `hetauto probe-link` as its own process, through the command line's entry (cli.main on sys.argv), run as a file so
+# that --local's spawned second process imports it too (as __mp_main__): in each process an object held by sys says
+# so on fd 1 if the interpreter is torn down (the clean end, os._exit, skips it). With "peer-aborts" the second
+# process aborts as it ends, as a gloo thread aborted a finished rank in its teardown (SIGABRT, pytorch#190489).
+PROBE_ENTRY = r"""
+import atexit, os, sys
+
+class Teardown:
+    def __init__(self, who):
+        self.who = who
+    def __del__(self, write=os.write):
+        write(1, f"{self.who} teardown\n".encode())
+
+if __name__ == "__mp_main__":       # --local's second process (rank 1)
+    sys.hetauto_teardown = Teardown("rank 1")
+    if os.environ.get("PEER_END") == "peer-aborts":
+        atexit.register(os.abort)
+else:
+    sys.hetauto_teardown = Teardown("rank 0")
+    from hetauto_megatron.cli import main
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("end, code", [("clean", 0), ("peer-aborts", 1)])
+def test_probe_link_local_ends_both_processes_cleanly_and_checks_the_second(tmp_path, end, code):
+    """Both processes of `probe-link --local` joined a gloo world: each now ends as a Megatron rank does (groups
+    destroyed, atexit handlers run, no interpreter teardown, where a gloo thread can abort a probe that succeeded),
+    and the second process's exit status is checked: before, one that aborted left the command at exit 0 with its
+    figures; now the run failed, one paragraph naming the signal, exit 1, and --json's error object."""
+    import os
+    import subprocess
+    import sys
+
+    entry = tmp_path / "probe_entry.py"
+    entry.write_text(PROBE_ENTRY)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PEER_END=end, PYTHONPATH=root)
+    r = subprocess.run([sys.executable, str(entry), "probe-link", "--local", "--max-size-mib", "0.25", "--iters", "1",
+                        "--timeout", "60", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == code, r.stdout + r.stderr
+    assert "teardown" not in r.stdout, r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    if code == 0:
+        assert json.loads(r.stdout)["link"]["bandwidth_gbps"] > 0
+    else:
+        said = "hetauto probe-link: the run failed: --local's second process (rank 1) was killed by SIGABRT"
+        assert said in r.stderr, r.stderr
+        assert json.loads(r.stdout)["error"]["kind"] == "run failed", r.stdout

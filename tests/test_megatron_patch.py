@@ -393,6 +393,9 @@ def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():
             # not interpreter finalisation with gloo's store alive, which can abort, pytorch#190489)
             "hook._take_charge_of_exit(60.0); "
             f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1); "
+            # the join's process holds gloo's group: it ends as a --hetauto rank's (hook.pretrain_kwargs takes charge
+            # before the join), not through interpreter finalisation, where a gloo thread can abort it (pytorch#190489)
+            "hook._take_charge_of_exit(60.0); "
             "raise InputError('the ranks were started with different plans', field='--hetauto-plan', "
             "fix='start every rank with the same plan file')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

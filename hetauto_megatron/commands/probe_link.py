@@ -25,7 +25,8 @@ examples:
   with 8 connections at once: add --connections 8 on both sides
   self-test:                  hetauto probe-link --local --json
 
-exit codes: 0 ok, 2 invalid options or the other side not reached within --timeout."""
+exit codes: 0 ok, 1 the run failed (--local's second process failed), 2 invalid options or the other side not
+reached within --timeout."""
 
 
 def add_arguments(p):
@@ -83,8 +84,14 @@ def run(args) -> int:
         raise InputError(f"--local runs both sides on this machine, so {flag} would be ignored", field=flag,
                          fix="drop --local to probe a link between two hosts, or drop --rank and --master")
     if args.local:
-        m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections,
-                        progress=True)
+        try:
+            m = P.run_local(sizes=sizes, iters=args.iters, timeout_s=args.timeout, connections=args.connections,
+                            progress=True)
+        except P.LocalPeerFailed as exc:    # a failed run: its paragraph, exit 1 (as 'hetauto dryrun' says one)
+            print(f"hetauto probe-link: the run failed: {exc}", file=sys.stderr)
+            from ..cli import json_error
+            json_error(args, 1, "run failed", str(exc))
+            return 1
     else:
         if args.rank is None or args.master is None:
             raise InputError("both --rank and --master are needed (or --local)", field="--rank",

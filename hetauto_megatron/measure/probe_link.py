@@ -135,6 +135,11 @@ def run_side(rank: int, master: str, *, sizes=DEFAULT_SIZES, iters: int = 5, pin
         raise InputError(f"could not reach the other side at {master} within {timeout_s:g} s ({exc})",
                          field="--master", fix="start both sides with the same --master (rank 0's address), "
                                                "check the port is open, or raise --timeout") from None
+    # this process now holds gloo's group and the rendezvous store: it ends as a Megatron rank does (the command
+    # line's end, cli.py; --local's second process, _local_peer), not through interpreter finalisation, in which
+    # a gloo thread can abort a probe that succeeded (SIGABRT, pytorch#190489)
+    from ..runtime.clean_exit import take_charge_of_exit
+    take_charge_of_exit(timeout_s)
     try:
         _check_same_options(torch, dist, rank, (len(sizes), max(sizes), iters, ping_iters, connections))
         try:
@@ -239,14 +244,55 @@ def _measure(torch, dist, rank, sizes, iters, ping_iters, connections=1, timeout
     return LinkMeasurement(latency, max(r for _, _, r in big), tuple(per_size), connections, together)
 
 
+class LocalPeerFailed(RuntimeError):
+    """--local's second process (rank 1) failed although rank 0 measured: the run failed (exit 1), its result is
+    not given."""
+
+
 def _local_peer(port: int, sizes, iters, timeout_s, connections=1):
-    run_side(1, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections)
+    """Rank 1 of --local, in its own process: its failure is its exit status, which run_local checks (a refusal
+    its one paragraph, exit 2), and it ends as clean_exit.end_process ends a rank, not through finalisation."""
+    import traceback
+
+    from ..runtime.clean_exit import end_process
+    code = 0
+    try:
+        run_side(1, f"127.0.0.1:{port}", sizes=sizes, iters=iters, timeout_s=timeout_s, connections=connections)
+    except InputError as exc:
+        print(f"hetauto probe-link: error: rank 1 (--local's second process): {exc.message}", file=sys.stderr,
+              flush=True)
+        code = exc.exit_code
+    except BaseException:       # noqa: BLE001  (an internal error keeps its traceback; its status tells the parent)
+        traceback.print_exc()
+        code = 1
+    end_process(code)
+
+
+def peer_failure(exitcode: int | None, timeout_s: float) -> str | None:
+    """Why --local's second process failed, from its exit status (multiprocessing's: minus the signal that ended it),
+    or None where it succeeded."""
+    import signal
+    if exitcode == 0:
+        return None
+    if exitcode is None or exitcode == -signal.SIGTERM:     # (SIGTERM: run_local's own, past the timeout)
+        how = f"did not end within --timeout ({timeout_s:g} s) after the probe"
+    elif exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        how = f"was killed by {name}"
+    else:
+        how = f"ended with exit {exitcode}"
+    return (f"--local's second process (rank 1) {how}, so the probe failed and its figures are not given; what it "
+            "printed above says why. Run it again; on a busy host give a larger --timeout")
 
 
 def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, port: int | None = None,
               connections: int = 1, progress: bool = False) -> LinkMeasurement:
     """Both sides on this machine (a second process for rank 1): a self-test of the probe, and the loopback
-    figures of this host. With `progress`, rank 0 says each step on stderr."""
+    figures of this host. With `progress`, rank 0 says each step on stderr. LocalPeerFailed where rank 1 failed
+    although rank 0 measured (before, its exit status was not looked at: a side that aborted passed)."""
     import multiprocessing as mp
     from ..runtime.launcher import free_port
     port = port or free_port()
@@ -261,4 +307,7 @@ def run_local(*, sizes=DEFAULT_SIZES, iters: int = 5, timeout_s: float = 60.0, p
         if proc.is_alive():
             proc.terminate()
             proc.join(5)
+    failed = peer_failure(proc.exitcode, timeout_s)
+    if failed:
+        raise LocalPeerFailed(failed)
     return m

@@ -30,7 +30,7 @@ With --hetauto, per rank:
 5. under a plan of several pipelines or meshes side by side (format version 3), each rank runs its own
    pipeline's Megatron (every layer then has several holders, step 4); plan_data.py gives each replica its
    samples of the global batch and logs the whole batch's loss.
-6. at a clean exit the process groups are destroyed while the interpreter is alive (`_destroy_groups_at_exit`),
+6. at a clean exit the process groups are destroyed while the interpreter is alive (runtime/clean_exit.py),
    and once pretrain() returned the process ends without interpreter finalisation
    (`script_guard.exit_after_training`, the patched script's last line); so do Megatron's early exits
    (`ending_cleanly` wraps its train(); under `main_guard` once the script's main has unwound).
@@ -39,15 +39,15 @@ With --hetauto, per rank:
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import sys
-import threading
 from typing import Callable, Optional
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan, load_plan
+from ..runtime.clean_exit import destroy_groups_at_exit as _destroy_groups_at_exit  # noqa: F401  (hook.*)
+from ..runtime.clean_exit import take_charge_of_exit
 from ..runtime.device import has_accelerator
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
 from .args import hetauto_args_provider, unmark_parser_defaults
@@ -336,47 +336,12 @@ def pretrain_kwargs(args) -> dict:
             "skip_model_parallel_init": True}
 
 
-_EXIT_IN_CHARGE: Optional[int] = None     # the process (pid) whose exit the hook took charge of; a forked child
-                                          # inherits the value, not the charge
-
-
 def _take_charge_of_exit(timeout_s: float) -> None:
     """This process's groups are the hook's (--hetauto) or gloo's on CPU: destroy them at a clean exit
-    (`_destroy_groups_at_exit`), and end the process right after training (`script_guard.exit_after_training`)."""
-    global _EXIT_IN_CHARGE
-    if not in_charge_of_exit():
-        _EXIT_IN_CHARGE = os.getpid()
-        atexit.register(_destroy_groups_at_exit, timeout_s)
-        # pretrain() calls train() by its module's name; parsing Megatron's arguments imported that module
-        training = sys.modules.get("megatron.training.training")
-        if training is not None and not getattr(training.train, "_hetauto_ends_cleanly", False):
-            training.train = ending_cleanly(training.train)
-
-
-def in_charge_of_exit() -> bool:
-    return _EXIT_IN_CHARGE == os.getpid()
-
-
-def _destroy_groups_at_exit(timeout_s: float) -> None:
-    """At a clean exit, destroy the process groups while the interpreter is still alive. Left to interpreter
-    finalisation, a gloo worker thread still releasing a finished operation's tensor can abort the process
-    ("terminate called without an active exception", pytorch/pytorch#190489) after training succeeded. Skipped
-    after an uncaught exception (other ranks may still wait in a collective); bounded by the plan's timeout, after
-    which the exit goes on as before."""
-    if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_type", None) is not None:
-        return
-    dist = sys.modules.get("torch.distributed")    # never imported: no groups (importing torch here took seconds)
-    if dist is None or not (dist.is_available() and dist.is_initialized()):
-        return
-    worker = threading.Thread(target=dist.destroy_process_group, name="hetauto-destroy-groups", daemon=True)
-    try:
-        worker.start()
-    except RuntimeError:
-        # Python 3.12.0-3.12.1 refuse new threads in atexit handlers ("can't create new thread at interpreter
-        # shutdown", python/cpython#113964): destroy them here, unbounded.
-        dist.destroy_process_group()
-        return
-    worker.join(timeout_s)
-    if worker.is_alive():
-        print(f"hetauto: warning: the process groups were not destroyed within {timeout_s:g} s at exit",
-              file=sys.stderr, flush=True)
+    (runtime/clean_exit.py `destroy_groups_at_exit`), and end the process right after training
+    (`script_guard.exit_after_training`), also after Megatron's early exits (`ending_cleanly`)."""
+    take_charge_of_exit(timeout_s)
+    # pretrain() calls train() by its module's name; parsing Megatron's arguments imported that module
+    training = sys.modules.get("megatron.training.training")
+    if training is not None and not getattr(training.train, "_hetauto_ends_cleanly", False):
+        training.train = ending_cleanly(training.train)

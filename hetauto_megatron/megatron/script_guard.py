@@ -7,10 +7,6 @@ error in a collective across the clusters) is one paragraph naming it, exit 4 (r
 LOST_PEER_EXIT). Anything else keeps its traceback."""
 from __future__ import annotations
 
-import _io
-import atexit
-import ctypes
-import gc
 import io
 import os
 import sys
@@ -18,6 +14,7 @@ import threading
 from typing import Callable, Optional
 
 from ..errors import InputError, first_line
+from ..runtime.clean_exit import end_process, in_charge_of_exit
 from . import launch_identity
 
 
@@ -50,7 +47,8 @@ def _exit_for_lost_peer(text: str):
 
 # The (process, thread) running main_guard's fn, or None: there `ending_cleanly` lets Megatron's early exit unwind
 # the user's main (its finally blocks, its context managers) for main_guard to end the process after it. Keyed as
-# hook._EXIT_IN_CHARGE is: a forked child inherits the value, not the guard; another thread is not the guard's.
+# runtime/clean_exit.py's charge of the exit is: a forked child inherits the value, not the guard; another thread
+# is not the guard's.
 _GUARDED: Optional[tuple] = None
 
 
@@ -76,7 +74,6 @@ def main_guard(fn: Callable[[], None]) -> None:
                 raise
             _exit_for_lost_peer(lost)
     except SystemExit as exc:
-        from .hook import in_charge_of_exit
         if in_charge_of_exit():
             exit_after_training(_exit_status(exc))
         raise
@@ -97,8 +94,9 @@ def _exit_status(exc: SystemExit) -> int:
 
 def exit_after_training(code: int = 0) -> None:
     """End the process now that training returned (the patched pretrain_gpt.py's last line; main_guard after
-    main), where the hook owns the process groups (--hetauto, or gloo's on CPU; elsewhere this returns and the
-    script ends as before): TensorBoard's writer closed, the non-daemon threads joined and the atexit handlers
+    main), where the process groups are the package's (the hook's under --hetauto, gloo's on CPU, a DeepSpeed run's
+    through deepspeed_pipeline.initialize: runtime/clean_exit.py took charge of the exit; elsewhere this returns and
+    the script ends as before): TensorBoard's writer closed, the non-daemon threads joined and the atexit handlers
     run while the interpreter is whole (the groups destroyed, logging flushed), files still open flushed, then
     exit `code` (0) without interpreter finalisation. Left to finalisation, a gloo worker thread that still drops a
     finished operation's tensor needs the interpreter lock once Python has begun to tear down, and the process aborted
@@ -106,8 +104,8 @@ def exit_after_training(code: int = 0) -> None:
     torchrun reported a failure (pytorch/pytorch#190489; seen on CPU runs of NVIDIA's script with the groups
     destroyed already in the atexit handler). Megatron's own early exits (--exit-interval,
     --exit-duration-in-mins, --exit-signal-handler) sys.exit() inside pretrain() and never reach this line:
-    `ending_cleanly` brings them here with their exit code (under main_guard, once main's stack has unwound)."""
-    from .hook import in_charge_of_exit
+    `ending_cleanly` brings them here with their exit code (under main_guard, once main's stack has unwound).
+    A DeepSpeed run's process (runtime/deepspeed_pipeline.py initialize took the charge) ends here the same way."""
     if not in_charge_of_exit():
         return
     # a script that never imported Megatron's globals has no writer (importing Megatron here took seconds)
@@ -118,42 +116,9 @@ def exit_after_training(code: int = 0) -> None:
         writer = None
     if writer is not None:
         writer.close()
-    # What Python's exit does, in its order, here while every thread can still take the lock: the threading
-    # module's exit callbacks (concurrent.futures' executors told to stop) and every non-daemon thread joined
-    # (Megatron deletes old checkpoints in one after a save, checkpointing.py remove_iter_ckpts and
-    # _async_delete_checkpoint_impl; os._exit would kill it mid-rmtree), then the atexit handlers
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    _flush_open_files()
-    os._exit(code)
-
-
-def _flush_open_files() -> None:
-    """Flush every Python file object still open for writing (the streams, and a log or metrics file the script
-    opened and never closed), as finalisation would have when it dropped them: os._exit then loses nothing
-    written through Python, nor what native code wrote with C stdio. Each is flushed, not closed (another handler
-    may still hold it); one that cannot be flushed (a closed pipe) is left as it is."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    # io's C base class, not the abstract io.IOBase: every file object derives from it, and the abstract class's
-    # isinstance over the 400,000-odd objects of a process that imported Megatron took 0.3 s of CPU per rank
-    # (three times the C check), paid by every rank of every launch at its exit
-    for obj in gc.get_objects():
-        if isinstance(obj, _io._IOBase) and obj not in (sys.stdout, sys.stderr):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
-    # and the C library's own streams, which os._exit does not flush either: what native code printed with C stdio
-    # (NCCL_DEBUG's lines go to stdout so, block-buffered when a launcher pipes it to a log) would be lost
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
+    # Python's own exit less the interpreter's teardown (the non-daemon threads joined, the atexit handlers run,
+    # open files flushed): runtime/clean_exit.py
+    end_process(code)
 
 
 def ending_cleanly(train: Callable) -> Callable:
@@ -171,7 +136,6 @@ def ending_cleanly(train: Callable) -> Callable:
         try:
             return train(*args, **kwargs)
         except SystemExit as exc:
-            from .hook import in_charge_of_exit
             if in_charge_of_exit() and not _guarded_here():
                 exit_after_training(_exit_status(exc))
             raise
@@ -210,7 +174,6 @@ def guard_script_errors() -> None:
                 # where the hook owns the exit (after the world's join under --hetauto, or gloo's groups on CPU)
                 # the refusal ends as main_guard ends it, not through interpreter finalisation, in which a gloo or
                 # store thread can abort the process after its paragraph (SIGABRT, pytorch#190489)
-                from .hook import in_charge_of_exit
                 if in_charge_of_exit():
                     exit_after_training(_exit_status(end))
                 raise

@@ -316,10 +316,18 @@ def initialize(model: ModelSpec, ds_config: dict, *, lr: float = 1e-3, base_seed
                file: str | None = None):
     """`deepspeed.initialize` of this rank's pipeline module with an Adam optimizer (torch's: DeepSpeed's own
     would be JIT-compiled). Returns the PipelineEngine; train with `engine.train_batch(data_iter)`. `file`: the
-    config's path, named in the errors about a hand-edited config."""
+    config's path, named in the errors about a hand-edited config.
+
+    From here the process holds torch.distributed's groups (DeepSpeed's, gloo's on CPU): it takes charge of the
+    process's exit (clean_exit.py), so that the groups are destroyed at a clean exit and an entry script run by
+    `main_guard` ends after main without interpreter finalisation, in which a gloo thread could abort a finished
+    run (SIGABRT, pytorch#190489), as Megatron's ranks end; a refusal below ends the same way after its paragraph."""
     from ..emit.deepspeed import check_hand_edits
+    from .clean_exit import take_charge_of_exit
 
     deepspeed = import_deepspeed()
+    # bounded as DeepSpeed's own waits are (DEEPSPEED_TIMEOUT, 10 minutes by default)
+    take_charge_of_exit(importlib.import_module("deepspeed.constants").default_pg_timeout.total_seconds())
     # before any layer is built: what DeepSpeed would ignore, or refuse only by an assert after building the optimizer
     check_hand_edits(ds_config, file=file)
     module = pipeline_module(model, ds_config, base_seed=base_seed)
