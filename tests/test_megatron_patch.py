@@ -389,9 +389,6 @@ def test_a_refusal_after_the_process_group_exists_still_prints_its_paragraph():
     from hetauto_megatron.runtime.launcher import free_port
     code = ("import torch.distributed as dist; from hetauto_megatron.megatron import hook; "
             "from hetauto_megatron.errors import InputError; hook.guard_script_errors(); "
-            # (as parse_and_validate_args does under --hetauto or on CPU: the process ends through the hook's exit,
-            # not interpreter finalisation with gloo's store alive, which can abort, pytorch#190489)
-            "hook._take_charge_of_exit(60.0); "
             f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1); "
             # the join's process holds gloo's group: it ends as a --hetauto rank's (hook.pretrain_kwargs takes charge
             # before the join), not through interpreter finalisation, where a gloo thread can abort it (pytorch#190489)
