@@ -97,11 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.distributed world (probe-link: runtime/clean_exit.py took charge of the exit) ends the process here, with
     that status, as a Megatron rank ends: its groups destroyed and the atexit handlers run, then no interpreter
     finalisation, in which a gloo thread can abort a command that succeeded (SIGABRT, pytorch#190489). Called with
-    a list (from Python), it returns."""
+    a list (from Python), it returns, and a charge of the exit the command took is given up: the caller's process
+    is not the command's to end."""
+    def in_charge() -> bool:
+        clean_exit = sys.modules.get("hetauto_megatron.runtime.clean_exit")     # never imported: no world joined
+        return clean_exit is not None and clean_exit.in_charge_of_exit()
+    was_in_charge = in_charge()
     code = _run(argv)
-    clean_exit = sys.modules.get("hetauto_megatron.runtime.clean_exit")     # never imported: no world joined
-    if argv is None and clean_exit is not None and clean_exit.in_charge_of_exit():
-        clean_exit.end_process(code)
+    if in_charge() and not was_in_charge:
+        from .runtime import clean_exit
+        if argv is None:
+            clean_exit.end_process(code)
+        clean_exit.give_up_charge()
     return code
 
 

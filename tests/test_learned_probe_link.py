@@ -11,8 +11,12 @@ pytestmark = pytest.mark.ranks     # starts several rank processes: one such mod
 
 
 def test_probe_link_local_reports_bandwidth_and_latency_as_inventory_link(capsys):
+    """Called from Python (as here), the command returns and leaves the caller's process as it was: not in charge
+    of its exit (a later main_guard in the caller's script would have ended the caller's process)."""
+    from hetauto_megatron.runtime.clean_exit import in_charge_of_exit
     assert main(["probe-link", "--local", "--max-size-mib", "1", "--iters", "2", "--timeout", "60",
                  "--between", "east", "west"]) == 0
+    assert not in_charge_of_exit()
     out = capsys.readouterr().out
     link = yaml.safe_load(out)["links"]
     assert len(link) == 1 and link[0]["bandwidth_gbps"] > 0 and link[0]["latency_ms"] > 0

@@ -40,6 +40,16 @@ def in_charge_of_exit() -> bool:
     return _IN_CHARGE == os.getpid()
 
 
+def give_up_charge() -> None:
+    """Undo `take_charge_of_exit` where the process is not the command's own (cli.main called from Python, after a
+    probe-link that destroyed its group): the caller's later script ending (`main_guard`, `exit_after_training`)
+    then returns as before, instead of ending the caller's process."""
+    global _IN_CHARGE
+    if in_charge_of_exit():
+        _IN_CHARGE = None
+        atexit.unregister(destroy_groups_at_exit)
+
+
 def destroy_groups_at_exit(timeout_s: float) -> None:
     """At a clean exit, destroy the process groups while the interpreter is still alive. Left to interpreter
     finalisation, a gloo worker thread still releasing a finished operation's tensor can abort the process
