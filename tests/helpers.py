@@ -104,6 +104,11 @@ def run_script_forked(script: str, argv: list, env: dict, cwd: str, timeout: flo
             os.environ.update(env)
             sys.argv = [script, *map(str, argv)]
             sys.path[0] = os.path.dirname(os.path.abspath(script))
+            # as the launcher's forked ranks (runtime/launcher.py): OpenMP's thread team is not fork-safe, and a
+            # child of a process whose torch ops had started it (test_measure_cli_inputs' in-process `hetauto
+            # profile` runs, earlier on the same worker) hung in its first parallel op until the 300 s timeout
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
             try:
                 runpy.run_path(script, run_name="__main__")
                 code = 0
