@@ -33,3 +33,21 @@ def test_small_cpu_plans_simulate_with_the_learned_model(name, tiny_cpu_model):
     assert est.cost_model == {"cpu": "learned"} and est.fits
     # the plans are sized so that compute dominates: a learned CPU step is far above the transfer times
     assert est.iteration_time_s > 10 * max(s["send_next_s"] for s in est.stages)
+
+
+def test_a_learned_model_with_trees_prices_in_forked_workers(tiny_cpu_model, tmp_path):
+    """A fitted model whose boosters are kept (20 rounds) in `hetauto plan --explain --workers 2`: the command's own
+    predictions started LightGBM's OpenMP team (torch's libgomp, one per process), which is not fork-safe, and the
+    forked what-if workers hung in their first prediction until killed; the predictions are single-threaded now."""
+    import subprocess
+    import sys
+
+    from hetauto_megatron.cost.learned.fitting import fit
+    out = tmp_path / "model"
+    fit([str(tiny_cpu_model[0])], str(out), holdout=0.0, rounds=20)
+    assert any(p.suffix == ".txt" for p in out.iterdir()), list(out.iterdir())      # the boosters are kept
+    r = subprocess.run([sys.executable, "-m", "hetauto_megatron.cli", "plan", "--model", "tiny", "--inventory",
+                        os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml"), "--global-batch-size",
+                        "8", "--cost-model", str(out), "--workers", "2", "--explain"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert r.returncode == 0 and "re-planned" in r.stderr, r.stderr[-2000:]

@@ -82,7 +82,8 @@ def choose_rounds(samples: list[Sample], seed: int = 0) -> tuple[dict, dict]:
             meas = np.array([s.measured_s for s in rows])
             X = np.array([s.features for s in rows], dtype=np.float64)
             for k in ROUND_CHOICES:
-                corr = np.exp(boosters[name].predict(X, num_iteration=k)) if k else 1.0
+                # (one thread, as FittedModel.times predicts: a forked process after this one would hang)
+                corr = np.exp(boosters[name].predict(X, num_iteration=k, num_threads=1)) if k else 1.0
                 per_fold.setdefault(name, {}).setdefault(k, []).append(
                     100.0 * float(np.mean(np.abs(base * corr + known - meas) / meas)))
     scores, chosen = {}, {}

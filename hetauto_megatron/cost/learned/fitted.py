@@ -51,7 +51,9 @@ class FittedModel:
         """Seconds for rows of one booster: calibrated roofline x the booster's correction (when kept)."""
         import numpy as np
         b = self.boosters.get(name)
-        corr = b.predict(np.array(X, dtype=np.float64)) if b is not None else [0.0] * len(keys)
+        # one thread: LightGBM's OpenMP team (torch's libgomp, one copy per process) is not fork-safe, and the
+        # search's and explain's forked workers hung in their first prediction after the parent's had started it
+        corr = b.predict(np.array(X, dtype=np.float64), num_threads=1) if b is not None else [0.0] * len(keys)
         return [calibrated_s(self.calibration, k, p) * math.exp(float(c)) for k, p, c in zip(keys, priors, corr)]
 
     def op_sum_times(self, info: "DeviceInfo", ops: list[F.Op]) -> tuple[float, float]:
