@@ -1,6 +1,6 @@
-"""The --hetauto hook's clean exit (hook._destroy_groups_at_exit): the process groups are destroyed in an atexit
-handler, also where Python refuses new threads there (3.12.0-3.12.1: every rank of a torchrun launch printed
-"Exception ignored in atexit callback ... can't create new thread at interpreter shutdown")."""
+"""The --hetauto hook's clean exit (runtime/clean_exit.py destroy_groups_at_exit): the process groups are destroyed
+in an atexit handler, also where Python refuses new threads there (3.12.0-3.12.1: every rank of a torchrun launch
+printed "Exception ignored in atexit callback ... can't create new thread at interpreter shutdown")."""
 import os
 import subprocess
 import sys
@@ -12,11 +12,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r"""
 import atexit, sys, threading
 import torch.distributed as dist
-from hetauto_megatron.megatron.hook import _destroy_groups_at_exit
+from hetauto_megatron.runtime.clean_exit import destroy_groups_at_exit
 
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 atexit.register(lambda: print("initialized after the handler:", dist.is_initialized(), flush=True))
-atexit.register(_destroy_groups_at_exit, 30.0)
+atexit.register(destroy_groups_at_exit, 30.0)
 from hetauto_megatron.megatron import hook
 hook.exit_after_training()  # the hook did not take charge of this process's exit (an accelerator without --hetauto)
 print("went on after training", flush=True)

@@ -253,7 +253,7 @@ def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 
     describe = (f"(lambda plan: lambda r: describe_rank(plan, r))(load_plan({plan_file!r}))" if plan_file else "None")
     # each rank ends as under the patched script with --hetauto: the hook in charge of its exit before the join
     # (hook.pretrain_kwargs), main_guard turning a refusal into its paragraph and exit 2, a finished rank's groups
-    # destroyed at its exit (hook._destroy_groups_at_exit)
+    # destroyed at its exit (clean_exit.destroy_groups_at_exit)
     common = ("import datetime, time; import torch.distributed as dist; "
               "from hetauto_megatron.megatron import hook, world_store as w; "
               "from hetauto_megatron.errors import InputError; "

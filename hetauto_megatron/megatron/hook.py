@@ -46,7 +46,6 @@ from typing import Callable, Optional
 
 from ..errors import InputError, first_line
 from ..plan.plan import Plan, load_plan
-from ..runtime.clean_exit import destroy_groups_at_exit as _destroy_groups_at_exit  # noqa: F401  (hook.*)
 from ..runtime.clean_exit import take_charge_of_exit
 from ..runtime.device import has_accelerator
 from . import checkpoint_plan, launch_identity, rewrite, timeouts, training_inputs
