@@ -298,3 +298,22 @@ def test_a_rank_that_never_joins_is_a_paragraph_not_a_rendezvous_traceback():
     assert results[0]["field"] == "HETAUTO_TIMEOUT_S"
     assert "waited 4 s for the plan's 2 ranks to join" in results[0]["error"] and "NODE_RANK" in results[0]["error"]
     assert "give a larger HETAUTO_TIMEOUT_S" in results[0]["error"]
+
+
+def _early_rank_zero(rank, world_size):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank == 0:
+        return "done"          # rank 0, the rendezvous store's host, is through first
+    time.sleep(0.5)            # its peers still read the store: a group of their own, built from it
+    group = dist.new_group([1, 2], use_local_synchronization=True)
+    return dist.get_world_size(group)
+
+
+def test_a_rank_done_first_keeps_the_rendezvous_store_for_its_peers():
+    """Rank 0 hosts the env:// rendezvous store. Before, a rank 0 that was through left at once, and a peer still in
+    its rendezvous or building a group from the store failed with 'Connection reset by peer' (a refused DeepSpeed
+    launch failed so on CI: one rank still connecting when rank 0 left with its refusal). As torchrun's agent keeps
+    the store, the launch keeps a finished rank until every rank has its result."""
+    assert launch(_early_rank_zero, 3, timeout_s=120) == ["done", 2, 2]

@@ -8,7 +8,8 @@ torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL
 Failures never hang the caller: a rank that raises or dies is reported with its rank number and message;
 the other ranks get `grace_s` to notice (their collectives time out or see the closed connection) and exit
 with their own error, then whatever is left is killed. The whole launch has a deadline (`timeout_s`).
-An `InputError` raised by any rank is re-raised as itself, so the CLI prints it and exits 2.
+An `InputError` raised by any rank is re-raised as itself, so the CLI prints it and exits 2. A rank that returned
+or refused its input stays until the launch ends it (rank 0 hosts the rendezvous store its peers may still read).
 
 Stopping the launch stops its ranks: SIGTERM or SIGHUP (what `kill`, `timeout`, a batch scheduler and a closed
 terminal send) terminates every rank, kills those still there after STOP_GRACE_S, and exits 128 + the signal's
@@ -149,7 +150,7 @@ def _end(procs: list, grace_s: float) -> None:
         p.join()
 
 
-def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay):
+def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay, linger_s):
     for sig, handler in stop_handlers.items():     # the launch's stop handlers are the parent's, not a rank's
         signal.signal(sig, handler)
     if relay is not None:       # fd 2 itself: native libraries (gloo) write there, not to sys.stderr
@@ -171,14 +172,21 @@ def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay):
     except BaseException as exc:  # report everything: the parent decides what to show
         payload = {"error": f"{type(exc).__name__}: {exc}"}
         code = 1
+    sys.stdout.flush()      # before the result: once every result is in, the launch ends the ranks at once
+    sys.stderr.flush()
     try:
         conn.send_bytes(json.dumps(payload, default=float).encode())
     except Exception as exc:
         conn.send_bytes(json.dumps({"error": f"result is not JSON-able: {exc}"}).encode())
         code = 1
     conn.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    if code != 1:
+        # A rank that finished (or refused its input, as its peers will) stays until the launch ends it: rank 0
+        # hosts the rendezvous store (env://), and a peer still in its rendezvous or building a group reads that
+        # store; rank 0 gone first, the peer failed with "Connection reset by peer" instead of its own result.
+        # torchrun's agent hosts the store for the same reason. A rank that failed leaves now: its peers, waiting
+        # on it in a collective, see the closed connection and report instead of waiting out the grace.
+        time.sleep(linger_s)
     # Skip interpreter teardown: atexit handlers inherited from the parent (and torch's) must not run twice.
     os._exit(code)
 
@@ -217,7 +225,7 @@ def launch(fn, world_size: int, *, args: tuple = (), timeout_s: float = 300.0, g
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_child, args=(fn, rank, world_size, args, base_env, send, os.getpid(), previous,
-                                                 relay), daemon=True)
+                                                 relay, timeout_s + grace_s), daemon=True)
             p.start()
             send.close()
             procs.append(p)
