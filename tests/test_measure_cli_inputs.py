@@ -71,6 +71,20 @@ def test_profile_resumes_a_file_of_the_same_thread_count(tmp_path, capsys, no_ti
     assert res["measured_now"] == 0 and res["resumed"] == res["operators"] > 0
 
 
+def test_profile_called_from_python_gives_the_callers_thread_count_back(tmp_path, capsys, no_timing):
+    """profile times a CPU with one intra-op thread; called from Python (cli.main with a list), it left the caller's
+    process at that count (a later fork inherited it, and the caller's own work ran on one thread)."""
+    import torch
+
+    write_tiny_profile(tmp_path / "profile-cpu.jsonl", threads=1)
+    torch.set_num_threads(3)
+    rc, out, err = run_cli(["profile", "--device-type", "cpu", "--grid", "tiny", "--out", str(tmp_path), "--json"],
+                           capsys)
+    assert rc == 0, err
+    assert json.loads(out)["resumed"] > 0       # it ran at one thread: the file's count, else refused
+    assert torch.get_num_threads() == 3
+
+
 def test_resuming_a_file_of_one_grid_name_with_that_grid_adds_no_grid_to_its_header(tmp_path, capsys, no_timing):
     """A file written before the header listed its grids names one 'grid' and no seed, which matches any seed:
     resumed with that grid (here with nothing left to time), its header listed the grid twice, at seed None and

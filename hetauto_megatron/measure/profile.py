@@ -294,76 +294,84 @@ def profile(device: DeviceType, out_path: str, *, grid: str, dtype: str | None =
         # One intra-op thread: each CPU rank of a dry run computes alone, and with several threads a single
         # descheduled thread (a shared machine) stalls the whole GEMM for a scheduler slice (~16 ms).
         threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-    done: set[str] = set()
-    # the attention Megatron runs on this device in this dtype: unfused ones are timed as their own operator kind
-    unfused = F.runs_unfused_attention(device, F.DTYPE_BYTES[dtype])
-    runner = Runner(torch, torch_device, getattr(torch, dtype), unfused_attention=unfused)
-    header = {**_header(device, torch_device, dtype, grid, seed, torch), "timing": runner.timing, "tf32": tf32}
-    if dtype == "float32" and device.vendor != "cpu" and device.peak_tflops_at("fp32") is not None:
-        header["peak_tflops"] = device.at_precision("fp32").peak_tflops     # not the 16-bit peak: what fp32 runs at
-    if grid in LAYER_GRIDS:
-        header["layer_impl"] = layer_impl
-        header["attention"] = layer_attention(layer_impl, unfused)
-    if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
-        old, rows = read_profile(out_path)
-        # files written before a field existed hold its first meaning
-        defaults = {"granularity": "op", "layer_impl": "torch", "tf32": False,
-                    "attention": layer_attention(old.get("layer_impl", "torch"), False)}
-        for key in ("granularity", "device_type", "dtype", "torch_device", "tf32") + (
-                ("layer_impl", "attention") if grid in LAYER_GRIDS else ()):
-            if old.get(key, defaults.get(key)) != header[key]:
-                raise InputError(f"holds a profile with {key} {old.get(key, defaults.get(key))!r}, this run has "
-                                 f"{header[key]!r}",
-                                 file=out_path, field=key, fix="write to another --out directory or delete the file")
-        # a CPU row's time depends on the intra-op thread count, so rows timed with another count would mix
-        # into the fit unnoticed (accelerator kernels do not depend on it); a header without the field passes
-        if torch_device == "cpu" and old.get("threads") not in (None, header["threads"]):
-            raise InputError(f"holds a profile timed with threads {old['threads']!r}, this run has "
-                             f"{header['threads']!r}", file=out_path, field="threads",
-                             fix=f"pass the file's thread count (--threads {old['threads']}) to resume it, or write "
-                                 "to another --out directory")
-        done = {r.get("key") for r in rows}
-        grids, entry = profile_grids(old), grid_entry(grid, seed)
-        if not holds_grid(grids, entry):     # this run adds another grid's rows: the header says so
-            old.pop("grid", None)       # (the single name of a file written before the list)
-            _replace_header(out_path, {**old, "grids": grids + [entry]})
-    else:
-        # before any timing: an --out the system refuses (e.g. under /proc) is named at once
-        make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")
-        write_text_file(out_path, json.dumps(header, sort_keys=True) + "\n", field="--out")
-    timing = dict(warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
-    # (key, label, row fields, measure) of everything the grid measures
-    if grid in LAYER_GRIDS and layer_impl == "megatron":
-        from ..runtime.dryrun import preload_megatron
-        from .layer_timing import megatron_layer_times
-        preload_megatron()   # once, so that each layer's forked process starts with Megatron-Core imported
-        items = [(sh.key(), f"{name} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
-                  lambda sh=sh, name=name: megatron_layer_times(sh, name, timing=timing, threads=threads or 1))
-                 for name, sh in layer_shapes(LAYER_GRIDS[grid]) if sh.tp == 1]
-    elif grid in LAYER_GRIDS:
-        items = [(sh.key(), f"{name} tp{sh.tp} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
-                  lambda sh=sh: runner.time_fn(*runner.build_layer(sh), **timing))
-                 for name, sh in layer_shapes(LAYER_GRIDS[grid])]
-    else:
-        items = [(op.key(), op.name, {"op": op.to_dict()}, lambda op=op: runner.time_fn(*runner.build(op), **timing))
-                 for op in with_unfused_attention(grid_ops(GRIDS[grid], seed), unfused)]
-    todo = [it for it in items if it[0] not in done]
-    torch.manual_seed(seed)
-    started = time.perf_counter()
-    with torch.inference_mode(False), open(out_path, "a") as fh:
-        for i, (key, label, fields, measure) in enumerate(todo, 1):
-            res = measure()
-            fh.write(json.dumps({"key": key, **fields, **res}, sort_keys=True) + "\n")
-            fh.flush()   # a crash loses at most the row being timed
-            if progress:
-                elapsed = time.perf_counter() - started
-                progress(i, len(todo), label, res, elapsed / i * (len(todo) - i))
-    return {"file": out_path, "device_type": device.name, "grid": grid, "granularity": granularity(grid),
-            "operators" if grid in GRIDS else "layers": len(items),
-            "measured_now": len(todo), "resumed": len(items) - len(todo),
-            "seconds": round(time.perf_counter() - started, 2)}
+    # the caller's intra-op thread count back afterwards: called from Python (cli.main with a list, a notebook),
+    # a count left changed would time the caller's later work, and forked ranks, with another team
+    threads_before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        done: set[str] = set()
+        # the attention Megatron runs on this device in this dtype: unfused ones are timed as their own operator kind
+        unfused = F.runs_unfused_attention(device, F.DTYPE_BYTES[dtype])
+        runner = Runner(torch, torch_device, getattr(torch, dtype), unfused_attention=unfused)
+        header = {**_header(device, torch_device, dtype, grid, seed, torch), "timing": runner.timing, "tf32": tf32}
+        if dtype == "float32" and device.vendor != "cpu" and device.peak_tflops_at("fp32") is not None:
+            header["peak_tflops"] = device.at_precision("fp32").peak_tflops     # not the 16-bit peak: what fp32 runs at
+        if grid in LAYER_GRIDS:
+            header["layer_impl"] = layer_impl
+            header["attention"] = layer_attention(layer_impl, unfused)
+        if os.path.exists(out_path) and os.path.getsize(out_path) > 0:
+            old, rows = read_profile(out_path)
+            # files written before a field existed hold its first meaning
+            defaults = {"granularity": "op", "layer_impl": "torch", "tf32": False,
+                        "attention": layer_attention(old.get("layer_impl", "torch"), False)}
+            for key in ("granularity", "device_type", "dtype", "torch_device", "tf32") + (
+                    ("layer_impl", "attention") if grid in LAYER_GRIDS else ()):
+                if old.get(key, defaults.get(key)) != header[key]:
+                    raise InputError(f"holds a profile with {key} {old.get(key, defaults.get(key))!r}, this run has "
+                                     f"{header[key]!r}",
+                                     file=out_path, field=key,
+                                     fix="write to another --out directory or delete the file")
+            # a CPU row's time depends on the intra-op thread count, so rows timed with another count would mix
+            # into the fit unnoticed (accelerator kernels do not depend on it); a header without the field passes
+            if torch_device == "cpu" and old.get("threads") not in (None, header["threads"]):
+                raise InputError(f"holds a profile timed with threads {old['threads']!r}, this run has "
+                                 f"{header['threads']!r}", file=out_path, field="threads",
+                                 fix=f"pass the file's thread count (--threads {old['threads']}) to resume it, or "
+                                     "write to another --out directory")
+            done = {r.get("key") for r in rows}
+            grids, entry = profile_grids(old), grid_entry(grid, seed)
+            if not holds_grid(grids, entry):     # this run adds another grid's rows: the header says so
+                old.pop("grid", None)       # (the single name of a file written before the list)
+                _replace_header(out_path, {**old, "grids": grids + [entry]})
+        else:
+            # before any timing: an --out the system refuses (e.g. under /proc) is named at once
+            make_output_dir(os.path.dirname(os.path.abspath(out_path)), "--out")
+            write_text_file(out_path, json.dumps(header, sort_keys=True) + "\n", field="--out")
+        timing = dict(warmup=warmup, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+        # (key, label, row fields, measure) of everything the grid measures
+        if grid in LAYER_GRIDS and layer_impl == "megatron":
+            from ..runtime.dryrun import preload_megatron
+            from .layer_timing import megatron_layer_times
+            preload_megatron()   # once, so that each layer's forked process starts with Megatron-Core imported
+            items = [(sh.key(), f"{name} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
+                      lambda sh=sh, name=name: megatron_layer_times(sh, name, timing=timing, threads=threads or 1))
+                     for name, sh in layer_shapes(LAYER_GRIDS[grid]) if sh.tp == 1]
+        elif grid in LAYER_GRIDS:
+            items = [(sh.key(), f"{name} tp{sh.tp} b{sh.micro_batch} s{sh.seq}", {"model": name, "layer": sh.to_dict()},
+                      lambda sh=sh: runner.time_fn(*runner.build_layer(sh), **timing))
+                     for name, sh in layer_shapes(LAYER_GRIDS[grid])]
+        else:
+            items = [(op.key(), op.name, {"op": op.to_dict()},
+                      lambda op=op: runner.time_fn(*runner.build(op), **timing))
+                     for op in with_unfused_attention(grid_ops(GRIDS[grid], seed), unfused)]
+        todo = [it for it in items if it[0] not in done]
+        torch.manual_seed(seed)
+        started = time.perf_counter()
+        with torch.inference_mode(False), open(out_path, "a") as fh:
+            for i, (key, label, fields, measure) in enumerate(todo, 1):
+                res = measure()
+                fh.write(json.dumps({"key": key, **fields, **res}, sort_keys=True) + "\n")
+                fh.flush()   # a crash loses at most the row being timed
+                if progress:
+                    elapsed = time.perf_counter() - started
+                    progress(i, len(todo), label, res, elapsed / i * (len(todo) - i))
+        return {"file": out_path, "device_type": device.name, "grid": grid, "granularity": granularity(grid),
+                "operators" if grid in GRIDS else "layers": len(items),
+                "measured_now": len(todo), "resumed": len(items) - len(todo),
+                "seconds": round(time.perf_counter() - started, 2)}
+    finally:
+        torch.set_num_threads(threads_before)
 
 
 def _replace_header(path: str, header: dict) -> None:
