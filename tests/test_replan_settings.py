@@ -107,3 +107,29 @@ def test_replan_of_a_plan_in_a_precision_some_of_its_devices_lack_takes_the_give
     assert r.returncode == 0, r.stderr
     r = hetauto_here(*base, "--from", str(old), "-o", str(tmp_path / "refused.yaml"))
     assert r.returncode == 2 and f"{old}: field 'precision'" in r.stderr and "--precision" in r.stderr, r.stderr
+
+
+def test_a_cold_plan_trains_the_dropouts_its_flags_give_and_a_flag_replaces_what_from_kept(tmp_path):
+    """--hidden-dropout / --attention-dropout: every mesh of the plan runs them (before, a cold search could only
+    plan without dropout), the estimate prices them as `simulate` prices the written file, and the launch states
+    them; given with --from, a flag replaces the old plan's value; a probability out of range is one paragraph."""
+    cold, again = tmp_path / "cold.yaml", tmp_path / "again.yaml"
+    base = ("plan", "--model", "tiny", "--inventory", TINY2, "--quiet", "--workers", "1")
+    r = hetauto_here(*base, "--hidden-dropout", "0.1", "--attention-dropout", "0.05", "-o", str(cold),
+                     "--emit", str(tmp_path / "emit"))
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(cold))
+    assert all((m.settings.hidden_dropout, m.settings.attention_dropout) == (0.1, 0.05) for m in plan.meshes)
+    assert plan.estimate["memory_gib"] == _simulated(cold, TINY2)["memory_gib"]
+    _edited(str(cold), tmp_path / "none.yaml", lambda i: {k: 0.0 for k in DROPOUTS})
+    assert sum(plan.estimate["memory_gib"]) > sum(_simulated(tmp_path / "none.yaml", TINY2)["memory_gib"])
+    scripts = sorted((tmp_path / "emit").glob("*.sh"))      # one launch script per cluster
+    assert len(scripts) == 2 and all("--hidden-dropout 0.1\n" in p.read_text() and "--attention-dropout 0.05\n"
+                                     in p.read_text() for p in scripts), scripts
+    r = hetauto_here(*base, "--from", str(cold), "--hidden-dropout", "0", "-o", str(again))
+    assert r.returncode == 0, r.stderr
+    assert all((m.settings.hidden_dropout, m.settings.attention_dropout) == (0.0, 0.05)
+               for m in load_plan(str(again)).meshes)
+    r = hetauto_here(*base, "--hidden-dropout", "1.5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--hidden-dropout" in r.stderr and "1.5" in r.stderr and "Fix:" in r.stderr, r.stderr

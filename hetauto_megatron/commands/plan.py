@@ -67,6 +67,12 @@ def add_arguments(parser) -> None:
     add_memory_job_arg(parser)
     parser.add_argument("--global-batch-size", type=int, default=None, metavar="N",
                         help="sequences per iteration (default 512; with --from, the old plan's)")
+    for flag, where in (("--hidden-dropout", "after the embedding and each layer's attention and MLP"),
+                        ("--attention-dropout", "on the attention probabilities")):
+        parser.add_argument(flag, type=float, default=None, metavar="P",
+                            help=f"the job's dropout probability {where} (Megatron's {flag}), run by every mesh and "
+                                 "priced: above 0 each such dropout keeps its mask for the backward pass (default 0, "
+                                 "as LLM pre-training runs; with --from, the old plan's)")
     parser.add_argument("--search", choices=("mcts", "exhaustive"), default="mcts",
                         help="mcts (default) or exhaustive (every leaf of the same tree; small instances: it says "
                              "its progress on stderr and stops at --budget-s with the best leaf so far)")
@@ -148,6 +154,25 @@ def add_arguments(parser) -> None:
                              "('hetauto explain --help'; skipped after a Ctrl-C of the search)")
 
 
+def given_dropouts(args, kept: dict) -> dict:
+    """The job's dropouts given by --hidden-dropout / --attention-dropout -> {setting: probability}; a flag given
+    replaces what --from kept of the old plan (dropped from `kept`). Every mesh the search builds runs them
+    (SearchConfig.job_settings), so the memory model prices their masks."""
+    from ..errors import InputError
+    given = {}
+    for key in ("hidden_dropout", "attention_dropout"):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if not 0 <= value < 1:      # (NaN fails this too)
+            flag = "--" + key.replace("_", "-")
+            raise InputError(f"must be a probability from 0 up to (not including) 1, got {value:g}", field=flag,
+                             fix=f"give {flag} 0 (no dropout, the default) or e.g. {flag} 0.1")
+        given[key] = float(value)
+        kept.pop(key, None)
+    return given
+
+
 def run(args) -> int:
     from ..errors import InputError
     from ..plan.search import SearchConfig
@@ -172,6 +197,7 @@ def run(args) -> int:
     for name, default in JOB_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    dropouts = given_dropouts(args, kept)
     check_global_batch_size(args.global_batch_size, field="--global-batch-size")
     check_output_file(args.output, "-o")
     if args.emit:
@@ -224,13 +250,14 @@ def run(args) -> int:
         # the warm start as the constrained tree would hold it (under --max-devices, fewer stages where the cap
         # binds), not one the search then drops as breaking a constraint
         warm = warm_layouts(old, SearchSpace(model, inventory, args.global_batch_size, cost_model, constraints=con,
-                                             engine=args.engine or DEFAULT_ENGINE, job_settings=job_settings(kept)))
+                                             engine=args.engine or DEFAULT_ENGINE,
+                                             job_settings=job_settings({**kept, **dropouts})))
     if args.engine == "deepspeed":
         check_deepspeed_constraints(con, inventory, schedule_given, shapes_given)
     check_selective_runs(con, model, args.engine)
     cfg = SearchConfig(method=args.search, iterations=args.iterations, budget_s=args.budget_s, seed=args.seed,
                        progress=not args.quiet and not args.json, workers=args.workers, warm_start=tuple(warm or ()),
-                       warm_plan=old, job_settings=job_settings(kept),     # (the dropouts --from kept)
+                       warm_plan=old, job_settings=job_settings({**kept, **dropouts}),  # (the flags', else --from's)
                        schedule=args.boundary_schedule, constraints=con, engine=args.engine)
     # DeepSpeed's engine runs one pipeline of single meshes (engines.py ENGINES; the evaluator plans its uniform
     # layouts and blocking boundaries only)
