@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import code_digest, tool_version
@@ -98,12 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     that status, as a Megatron rank ends: its groups destroyed and the atexit handlers run, then no interpreter
     finalisation, in which a gloo thread can abort a command that succeeded (SIGABRT, pytorch#190489). Called with
     a list (from Python), it returns, and a charge of the exit the command took is given up: the caller's process
-    is not the command's to end."""
+    is not the command's to end, and torch's C++ log level that dryrun and probe-link set for their own process
+    (TORCH_CPP_LOG_LEVEL) is the caller's again, so that processes the caller starts later log as it asked."""
     def in_charge() -> bool:
         clean_exit = sys.modules.get("hetauto_megatron.runtime.clean_exit")     # never imported: no world joined
         return clean_exit is not None and clean_exit.in_charge_of_exit()
     was_in_charge = in_charge()
-    code = _run(argv)
+    log_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    try:
+        code = _run(argv)
+    finally:
+        if argv is not None and os.environ.get("TORCH_CPP_LOG_LEVEL") != log_level:
+            if log_level is None:
+                os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+            else:
+                os.environ["TORCH_CPP_LOG_LEVEL"] = log_level
     if in_charge() and not was_in_charge:
         from .runtime import clean_exit
         if argv is None:

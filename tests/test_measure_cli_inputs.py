@@ -478,3 +478,16 @@ def test_a_dry_run_timeout_too_short_to_connect_names_the_flag():
     assert run.returncode == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
     assert "'--timeout'" in err and "HETAUTO_MASTER_ADDR" not in err and "NODE_RANK" not in err, err
     assert json.loads(run.stdout)["error"]["field"] == "--timeout"
+
+
+def test_a_command_called_from_python_leaves_torchs_log_level_as_it_was(capsys, monkeypatch):
+    """dryrun quiets torch's C++ log (TORCH_CPP_LOG_LEVEL) for its own process; called from Python (cli.main with a
+    list) it left the variable set, so every process the caller started later (a test's fresh interpreter) logged
+    nothing of what that test checks the absence of, whatever the code under test did."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    rc, out, err = run_cli(["dryrun", "--plan", TINY_PLAN, "--steps", "0"], capsys)     # refused: set, then left
+    assert rc == 2 and "--steps" in err, err
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")       # a caller's own level stays too
+    run_cli(["dryrun", "--plan", TINY_PLAN, "--steps", "0"], capsys)
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO"

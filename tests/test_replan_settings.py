@@ -65,7 +65,14 @@ def test_replan_of_meshes_of_different_dropouts_keeps_none_and_says_so(tmp_path)
                      str(old), "-o", str(new))
     assert r.returncode == 0, r.stderr
     assert "the dropouts of" in r.stderr and "not kept: its meshes differ" in r.stderr
+    assert "--hidden-dropout P and --attention-dropout P" in r.stderr
     assert all(m.settings.hidden_dropout == 0.0 for m in load_plan(str(new)).meshes)
+    # the job's dropouts given by the flags: nothing to say of the old plan's (it said "runs none" before)
+    r = hetauto_here("plan", "--model", "tiny", "--inventory", TINY2, "--quiet", "--workers", "1", "--from",
+                     str(old), "--hidden-dropout", "0.1", "--attention-dropout", "0", "-o", str(new))
+    assert r.returncode == 0, r.stderr
+    assert "the dropouts of" not in r.stderr, r.stderr
+    assert all(m.settings.hidden_dropout == 0.1 for m in load_plan(str(new)).meshes)
 
 
 def test_replan_of_other_shapes_keeps_the_dropouts_in_every_mesh(tmp_path):

@@ -40,11 +40,13 @@ def keep_job_of(old, args) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, value)
             kept[name] = value
-    kept.update(_kept_settings(old, args.from_plan))
+    kept.update(_kept_settings(old, args.from_plan,
+                               given=[k for k in ("hidden_dropout", "attention_dropout") if getattr(args, k, None)
+                                      is not None]))
     return kept
 
 
-def _kept_settings(old, file: str) -> dict:
+def _kept_settings(old, file: str, given=()) -> dict:
     """The old plan's dropouts where every mesh has the same (they change what is trained, so the re-plan trains
     them too; the search never chooses them) -> {setting: value}. Says on stderr where its meshes differ (none
     kept: no one value is the job's), and which of its other settings the new plan leaves for the defaults: the
@@ -54,13 +56,15 @@ def _kept_settings(old, file: str) -> dict:
     from ..plan.settings import JOB_SETTING_KEYS, default_settings, job_settings, shared_job_settings
     shared = shared_job_settings(old.meshes)
     kept = {} if shared is None else dict(shared)      # ({} where the old plan trains without dropout)
-    if shared is None:
+    unset = [k for k in JOB_SETTING_KEYS if k not in given]     # (a flag given decides its own: plan.py)
+    if shared is None and unset:
         said = "; ".join(f"meshes[{i}] ({m.cluster}): "
                          + (", ".join(f"{k} {v}" for k, v in job_settings(m.settings.to_dict())) or "none")
                          for i, m in enumerate(old.meshes))
         print(f"hetauto plan: the dropouts of {file} not kept: its meshes differ ({said}), so the new plan runs "
-              "none; give every mesh of it the same settings.hidden_dropout and attention_dropout to keep them, "
-              "or write them into the new plan's meshes' settings", file=sys.stderr)
+              f"no {' and no '.join(unset)}; give the job's with "
+              f"{' and '.join('--' + k.replace('_', '-') + ' P' for k in unset)}, or every mesh of it the same "
+              "settings.hidden_dropout and attention_dropout to keep them", file=sys.stderr)
     others: dict = {}
     for i, m in enumerate(old.meshes):
         try:    # (against what its engine runs by default: DeepSpeed's no SP)

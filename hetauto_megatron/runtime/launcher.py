@@ -9,7 +9,7 @@ Failures never hang the caller: a rank that raises or dies is reported with its 
 the other ranks get `grace_s` to notice (their collectives time out or see the closed connection) and exit
 with their own error, then whatever is left is killed. The whole launch has a deadline (`timeout_s`).
 An `InputError` raised by any rank is re-raised as itself, so the CLI prints it and exits 2. A rank that returned
-or refused its input stays until the launch ends it (rank 0 hosts the rendezvous store its peers may still read).
+its result stays until the launch ends it (rank 0 hosts the rendezvous store its peers may still read).
 
 Stopping the launch stops its ranks: SIGTERM or SIGHUP (what `kill`, `timeout`, a batch scheduler and a closed
 terminal send) terminates every rank, kills those still there after STOP_GRACE_S, and exits 128 + the signal's
@@ -180,13 +180,17 @@ def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay, 
         conn.send_bytes(json.dumps({"error": f"result is not JSON-able: {exc}"}).encode())
         code = 1
     conn.close()
-    if code != 1:
-        # A rank that finished (or refused its input, as its peers will) stays until the launch ends it: rank 0
-        # hosts the rendezvous store (env://), and a peer still in its rendezvous or building a group reads that
-        # store; rank 0 gone first, the peer failed with "Connection reset by peer" instead of its own result.
-        # torchrun's agent hosts the store for the same reason. A rank that failed leaves now: its peers, waiting
-        # on it in a collective, see the closed connection and report instead of waiting out the grace.
-        time.sleep(linger_s)
+    if code == 0:
+        # A rank that finished stays until the launch ends it: rank 0 hosts the rendezvous store (env://), and a
+        # peer still in its rendezvous or building a group reads that store; rank 0 gone first, the peer failed
+        # with "Connection reset by peer" instead of its own result. torchrun's agent hosts the store for the same
+        # reason. A rank that failed or refused its input leaves now: its peers, perhaps waiting on it in a
+        # collective, see the closed connection and report instead of waiting out the grace (a refusal is what the
+        # launch raises, whatever they report).
+        try:
+            time.sleep(linger_s)
+        except BaseException:       # Ctrl-C reaches the ranks too: no traceback, the launch ends the rest
+            pass
     # Skip interpreter teardown: atexit handlers inherited from the parent (and torch's) must not run twice.
     os._exit(code)
 
