@@ -43,7 +43,8 @@ typical flow:
   hetauto plan --model tiny --inventory examples/llama/inventory-cpu-dryrun.yaml --global-batch-size 8 -o tiny.yaml
   hetauto dryrun --plan tiny.yaml --tiny --reference      # a plan small enough for this machine's CPU processes
 
-exit codes: 0 ok, 2 invalid input (the message names file, field and fix), 3 no feasible plan.
+exit codes: 0 ok, 1 a run that failed (a dryrun rank, probe-link --local's second process), 2 invalid input
+(the message names file, field and fix), 3 no feasible plan, 130 stopped by Ctrl-C (143 SIGTERM, 129 SIGHUP).
 'hetauto COMMAND --help' explains each command."""
 
 
