@@ -192,6 +192,43 @@ def test_a_ctrl_c_of_the_command_alone_reaches_its_worker_processes(sigint):
                                                                                              stopped)
 
 
+AFTER_CTRL_C = r"""
+import math, os, signal, sys, time
+from hetauto_megatron.plan import search_jobs
+from hetauto_megatron.plan.stop import ctrl_c_keeps_best, out_of_time
+
+def job(limit_s):
+    start = time.monotonic()
+    while not out_of_time(None) and time.monotonic() - start < limit_s:
+        time.sleep(0.01)
+    return round(time.monotonic() - start, 2)
+
+class Priced:
+    cache = {}
+signal.signal(signal.SIGINT, signal.default_int_handler)
+search_jobs._CTX["ev"] = Priced()
+with ctrl_c_keeps_best("hetauto plan"):
+    os.kill(os.getpid(), signal.SIGINT)          # the first Ctrl-C, in the trees (say)
+    time.sleep(0.1)
+    print(search_jobs.run_all(job, [30.0, 30.0], 2, started=-math.inf), flush=True)   # then the climbs' jobs
+"""
+
+
+def test_jobs_started_after_the_first_ctrl_c_end_without_a_traceback_or_a_hang():
+    """The audit's case: after the first Ctrl-C the command's SIGINT handler is Python's own again (for a second
+    Ctrl-C); the climbs' pool, forked after it, inherited that handler, and the Ctrl-C passed on to its workers
+    raised KeyboardInterrupt in them: a traceback per worker, and the job a worker held was lost, so the command
+    waited for it for ever (`hetauto plan` hung after a `kill -INT`). Now such jobs end at their first check."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    run = subprocess.run([sys.executable, "-c", AFTER_CTRL_C], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         start_new_session=True)     # (its own SIGINT, whatever the suite's disposition)
+    assert run.returncode == 0 and "Traceback" not in run.stderr and "KeyboardInterrupt" not in run.stderr, run.stderr
+    assert all(t < 5 for t in eval(run.stdout.strip().splitlines()[-1])), run.stdout
+
+
 def test_small_trees_are_enumerated_exactly():
     inv = _inv([("a", "a100-80gb", 1, 4), ("v", "v100", 1, 4)], [("a", "v", 25, 2)])
     r = search(PRESETS["llama2-7b"], inv, 32)

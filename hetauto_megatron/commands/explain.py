@@ -158,8 +158,9 @@ def _search_ahead(inventories: list, search_one, workers: int, on_done, outcome=
 
 def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_result=None, do_search: bool = True,
                    k: int = 5, seed: int = 0, progress: bool = False, workers: int = 1,
-                   budget_s: float | None = None) -> dict:
-    """Everything `hetauto explain` prints, as one JSON-able dict. `search_result` (the single-pipeline search) or
+                   budget_s: float | None = None, skip_hint: str = "--no-search skips them") -> dict:
+    """Everything `hetauto explain` prints, as one JSON-able dict. `skip_hint`: how the progress lines say to skip
+    the re-plans (`plan --explain` has no --no-search). `search_result` (the single-pipeline search) or
     `shapes_result` (the whole search, shapes_result.ShapesResult): a search already run on the same inputs (plan
     --explain), reused for the runners-up; a plan of the new shapes lists the alternatives the whole search
     weighed (the best single pipeline, each partition into pipelines and each cluster with groups alongside).
@@ -203,7 +204,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         done[0] += 1
         if progress:
             print(f"explain: re-planned {done[0]} of {len(whatifs)} what-ifs, {time.perf_counter() - t0:.1f} s "
-                  "(--no-search skips them)", file=sys.stderr, flush=True)
+                  f"({skip_hint})", file=sys.stderr, flush=True)
 
     def search_one(inv):
         # a plan of one pipeline of single meshes re-plans that shape (as `plan --shapes simple` would); the other
@@ -235,7 +236,7 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
         # said first: each re-plan is a whole search, and a large inventory's first may take a minute
         print(f"explain: re-planning {len(whatifs)} what-ifs (the inventory as it is, each unused link at x2, each "
               f"cluster at x0.5 and x2), each a whole search, in {workers} process{'es' if workers > 1 else ''} "
-              "(--no-search skips them)", file=sys.stderr, flush=True)
+              f"({skip_hint})", file=sys.stderr, flush=True)
     if do_search and workers > 1:
         # the changed inventories in worker processes (the unchanged one's whole search is needed here)
         todo = list({key(inv): inv for inv in whatifs[1:] if key(inv) != key(inventory)}.values())

@@ -271,7 +271,7 @@ def run(args) -> int:
     # defaults said
     searched_schedule = "blocking" if ENGINES[args.engine].blocking_boundaries else cfg.schedule
     plan = dataclasses.replace(plan, estimate=plan_estimate(plan, inventory, estimate, result, con, shapes,
-                                                            args.memory_job, searched_schedule))
+                                                            args.memory_job, searched_schedule, ctrl_c.pressed))
     inputs = [("--model", args.model), ("--inventory", args.inventory), ("--from", args.from_plan),
               ("--cost-model", args.cost_model)]
     timelines = [("--timeline", t) for t in args.timeline or []]
@@ -312,7 +312,8 @@ def run(args) -> int:
         from .explain import explain_report
         explained = explain_report(plan, inventory, cost_model, shapes_result=result, seed=args.seed,
                                    progress=not args.quiet and not args.json, workers=args.workers,
-                                   budget_s=args.budget_s)      # its re-plans capped as the search was
+                                   budget_s=args.budget_s,      # its re-plans capped as the search was
+                                   skip_hint="drop --explain to skip them")
     moved = None
     if old is not None:
         from ..plan.replan import describe_moves
@@ -336,7 +337,7 @@ def run(args) -> int:
         print(f"\ncost: {plan.estimate['cost_per_million_tokens']:.4f} per 1M tokens (price per device-hour x "
               f"devices used; objective: {con.objective})")
     print(f"\nsearch: {result.method}, {result.candidates_evaluated} layouts evaluated in {result.seconds:.2f} s"
-          + ((" (cut short by Ctrl-C)" if ctrl_c.pressed else " (cut by --budget-s)") if result.cut_by_budget else "")
+          + (" (cut short by Ctrl-C)" if ctrl_c.pressed else " (cut by --budget-s)" if result.cut_by_budget else "")
           + (f", warm start from {args.from_plan}" if old is not None else ""))
     if result.partitions or result.alongside_tried:
         from ..emit.summary import count_noun
@@ -361,17 +362,20 @@ def run(args) -> int:
 
 
 def plan_estimate(plan, inventory, estimate, result, con, shapes: str = "all", memory_job: str | None = None,
-                  schedule: str | None = None) -> dict:
+                  schedule: str | None = None, ctrl_c: bool = False) -> dict:
     """The plan's `estimate`: the simulation, the cost per 1M tokens when its clusters have prices, and how the
     plan was made (search method, objective, constraints, the --shapes setting: `shapes.setting`, which --from
     keeps; the --memory-job every stage was also fitted to, which simulate, explain, compare and --from apply; the
-    --boundary-schedule searched with, which --from and explain's re-plans keep: replan.searched_schedule)."""
+    --boundary-schedule searched with, which --from and explain's re-plans keep: replan.searched_schedule).
+    `ctrl_c`: a Ctrl-C stopped the search, which `cut_by_budget` says as for --budget-s, also where no part of the
+    search had noticed it yet (the final re-check, say)."""
     from .. import tool_version
     from ..plan.constraints import cost_per_million_tokens
     from ..plan.plan_file import layout_digest
     tokens = plan.global_batch_size * plan.model.seq_length
     cost = cost_per_million_tokens(inventory, plan.meshes, estimate.iteration_time_s, tokens)
     record = {**result.to_dict(), "objective": con.objective, "constraints": con.active}
+    record["cut_by_budget"] = bool(record.get("cut_by_budget")) or ctrl_c
     record["shapes"] = {"setting": shapes, **record.get("shapes", {})}
     if memory_job not in (None, "none"):
         record["memory_job"] = memory_job

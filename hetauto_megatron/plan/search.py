@@ -348,7 +348,11 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
                 found = sorted(found + [(sp.score(ev.resolve(v)[0], v), v) for v in micro_batch_variants(sp, top[1])],
                                key=lambda x: x[0])
             shortlists = [shortlist(found, gbs, min(cfg.rerank, REPLAN_RERANK), cfg.rerank, RERANK_MARGIN_M,
-                                    lambda c: ev.resolve(c)[1])]
+                                    lambda c: ev.resolve(c)[1]),
+                          # and the old plan's own layouts, whatever their closed form: a re-plan is never slower
+                          # than the plan it started from (the closed form overcounts some layouts' fill and
+                          # drain, and the old one fell off the list above on an unchanged inventory)
+                          sorted(warm_found, key=lambda x: x[0])]
     best, exact, late = _rank_exact(ev, shortlists, len(shortlists[0]) if warm else cfg.rerank, sp.score,
                                     deadline, cfg.progress)
     if best is None:

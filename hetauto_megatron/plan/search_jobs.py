@@ -108,9 +108,10 @@ def run_all(fn, jobs: list, workers: int, started: float) -> list:
     0.33 s each against 0.27, climbs 0.55 s against 0.39) and were slower in wall time (1.42 s against 1.14),
     so a search that has run less than PARALLEL_AFTER_S keeps its jobs in this process. The plan is the same
     either way (the cache only remembers values)."""
-    if workers <= 1 or len(jobs) <= 1 or time.perf_counter() - started < PARALLEL_AFTER_S:
-        return [fn(j) for j in jobs]
-    with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+    if workers <= 1 or len(jobs) <= 1 or time.perf_counter() - started < PARALLEL_AFTER_S or stop.requested():
+        return [fn(j) for j in jobs]    # (after a Ctrl-C each job ends at its first check: no processes for that)
+    with multiprocessing.get_context("fork").Pool(min(workers, len(jobs)), initializer=stop.keep_best_in_worker) \
+            as pool:
         pending = pool.map_async(priced_in_worker, [(fn, j) for j in jobs], chunksize=1)
         told = False
         while not pending.ready():

@@ -38,6 +38,21 @@ def requested() -> bool:
     return _requested
 
 
+def _worker_stop(signum, frame):
+    global _requested, _pressed_at
+    if not _requested:
+        _requested, _pressed_at = True, time.perf_counter()
+
+
+def keep_best_in_worker() -> None:
+    """A search worker's SIGINT handler (the pool's initializer, search_jobs.run_all): under ctrl_c_keeps_best its
+    job ends with what it found, whichever handler the worker was forked with. Forked after the first Ctrl-C, it
+    held Python's own again (which the command had put back for a second Ctrl-C), and the Ctrl-C passed on to it
+    raised KeyboardInterrupt in it: a traceback, and the job it held lost."""
+    if ctrl_c_reaches() or (_requested and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, _worker_stop)
+
+
 def ctrl_c_reaches() -> bool:
     """Whether a Ctrl-C would stop this process's search keeping the best found: only under ctrl_c_keeps_best,
     which is not installed when the process started with SIGINT ignored (a command started in the background of a

@@ -125,7 +125,8 @@ def reject_unknown(data: dict, known: set[str] | list[str], *, file: str | None,
     if kind and kind != own and not prefix:     # a whole file of another kind: say so, not "remove them"
         raise InputError(f"has key(s) {', '.join(unknown[:4])}{', ...' if len(unknown) > 4 else ''}: it looks like "
                          f"{kind}, not the file this option reads", file=file,
-                         fix="pass each file to its own option (--model, --inventory, --plan)")
+                         fix="pass each file to its own option (--model, --inventory, and a plan to --plan, or to "
+                             "'hetauto plan --from')")
     hf = _hf_names(known)
     if hf and not prefix and any(k in unknown for k in _HF_CONFIG_KEYS):
         said = next(k for k in _HF_CONFIG_KEYS if k in unknown)
