@@ -203,3 +203,28 @@ def test_recorded_events_cover_every_operation():
             tr = [e for e in t.events if e.resource == ("link", l, d)]
             assert [e.kind for e in tr] == [kind] * m
     assert max(e.end for e in t.events) == pytest.approx(t.makespan)
+
+
+@pytest.mark.parametrize("edited", [0, 1])
+def test_meshes_side_by_side_that_differ_name_the_one_whose_layers_are_wrong(edited):
+    """examples' tiny-alongside plan, one of the two meshes side by side in stage 0 given 3 layers instead of 4. The
+    refusal named the mesh alongside whichever was edited, and told it to copy the edited one's layers: a plan that
+    then failed on the next check (the pipeline's layers short of the model's). It names the edited mesh, with the
+    other's layers as the fix, and that fix gives a plan that loads."""
+    import copy
+
+    import yaml
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.plan.plan_file import plan_from_dict
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    good = yaml.safe_load(open(os.path.join(root, "examples", "llama", "plans", "tiny-alongside-cpu.yaml")))
+    bad = copy.deepcopy(good)
+    bad["meshes"][edited]["stage_layers"] = [3]
+    with pytest.raises(InputError) as e:
+        plan_from_dict(bad)
+    assert e.value.field == f"meshes[{edited}].stage_layers", e.value.message
+    assert "write stage_layers: [4]" in e.value.fix
+    assert ("alongside: true" in e.value.fix) == (edited == 1)      # only the mesh alongside has the flag to drop
+    bad["meshes"][edited]["stage_layers"] = [4]                      # the fix, as it says
+    assert plan_from_dict(bad).meshes[edited].stage_layers == (4,)

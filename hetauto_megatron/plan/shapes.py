@@ -142,14 +142,20 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
                          field=f"meshes[{idx.start}].alongside",
                          fix="remove `alongside: true` (the first mesh of a pipeline starts a stage of its own)")
     positions = positions_of(meshes, idx)
-    for pos in positions:
+    for k, pos in enumerate(positions):
+        # (of two meshes side by side that differ, the one whose layers leave the pipeline short of the model's is
+        # named: told to copy the other's, the fix made the pipeline's total wrong, the next refusal)
+        rest = sum(sum(meshes[q[0]].stage_layers) for j, q in enumerate(positions) if j != k)
+        whole = [rest + sum(meshes[i].stage_layers) == m.num_layers for i in range(len(meshes))]
         for i in pos[1:]:
             if meshes[i].stage_layers != meshes[pos[0]].stage_layers:
-                raise InputError(f"is {list(meshes[i].stage_layers)} but this mesh is alongside meshes[{pos[0]}] "
-                                 f"with {list(meshes[pos[0]].stage_layers)}: meshes side by side hold the same stages",
-                                 field=f"meshes[{i}].stage_layers",
-                                 fix=f"write stage_layers: {list(meshes[pos[0]].stage_layers)}, or remove "
-                                     "`alongside: true` to make it the next stage(s) of the pipeline")
+                wrong, right = (pos[0], i) if whole[i] and not whole[pos[0]] else (i, pos[0])
+                raise InputError(f"is {list(meshes[wrong].stage_layers)} but meshes[{right}], side by side with it, "
+                                 f"has {list(meshes[right].stage_layers)}: meshes side by side hold the same stages",
+                                 field=f"meshes[{wrong}].stage_layers",
+                                 fix=f"write stage_layers: {list(meshes[right].stage_layers)}" + (
+                                     ", or remove `alongside: true` to make it the next stage(s) of the pipeline"
+                                     if meshes[wrong].alongside else ""))
     steps = [position_step(meshes, pos) for pos in positions]
     where = "" if simple else f" of pipeline {p}"
     if len(set(steps)) != 1:
