@@ -690,3 +690,34 @@ def test_the_plan_the_search_picked_is_among_the_alternatives_it_weighed(tmp_pat
                                 "--exclude-clusters", next(n for n in names if n != c), "--json"], capsys)
         assert rc == 0, err
         assert row["iteration_time_s"] <= json.loads(out)["iteration_time_s"] * (1 + 1e-6), (c, alts)
+
+
+def test_a_ctrl_c_of_explain_is_its_one_line_without_the_workers_tracebacks(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) while explain re-plans its what-ifs in two worker
+    processes: the command said "hetauto explain: interrupted" (exit 130), and above it each worker printed its
+    KeyboardInterrupt traceback. The workers now leave the Ctrl-C to the command, whose pool ends them."""
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    plan = tmp_path / "plan.yaml"
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-3clusters.yaml")
+    assert main(["plan", "--model", "llama2-70b", "--inventory", inv, "--quiet", "--workers", "1", "-o",
+                 str(plan)]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto_megatron.cli", "explain", "--plan", str(plan),
+                             "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = []
+    try:
+        for line in proc.stderr:            # the first what-if done: the workers are at their next ones
+            err.append(line)
+            if "re-planned 1 of" in line:
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        err.append(proc.communicate(timeout=120)[1])
+    finally:
+        proc.kill()
+    text = "".join(err)
+    assert proc.returncode == 130 and "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert text.strip().endswith("hetauto explain: interrupted"), text[-3000:]

@@ -46,11 +46,16 @@ def _worker_stop(signum, frame):
 
 def keep_best_in_worker() -> None:
     """A search worker's SIGINT handler (the pool's initializer, search_jobs.run_all): under ctrl_c_keeps_best its
-    job ends with what it found, whichever handler the worker was forked with. Forked after the first Ctrl-C, it
+    job ends with what it found, whichever handler the worker was forked with; otherwise the worker leaves the
+    Ctrl-C to the command. Forked after the first Ctrl-C, it
     held Python's own again (which the command had put back for a second Ctrl-C), and the Ctrl-C passed on to it
     raised KeyboardInterrupt in it: a traceback, and the job it held lost."""
     if ctrl_c_reaches() or (_requested and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
         signal.signal(signal.SIGINT, _worker_stop)
+    elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # a search outside ctrl_c_keeps_best (explain's): the command stops on the Ctrl-C and its pool ends the
+        # workers, which printed a KeyboardInterrupt traceback each before
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def ctrl_c_reaches() -> bool:
