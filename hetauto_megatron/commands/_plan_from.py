@@ -40,9 +40,9 @@ def keep_job_of(old, args) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, value)
             kept[name] = value
+    from ..plan.settings import JOB_SETTING_KEYS
     kept.update(_kept_settings(old, args.from_plan,
-                               given=[k for k in ("hidden_dropout", "attention_dropout") if getattr(args, k, None)
-                                      is not None]))
+                               given=[k for k in JOB_SETTING_KEYS if getattr(args, k, None) is not None]))
     return kept
 
 

@@ -142,15 +142,15 @@ def _search_ahead(inventories: list, search_one, workers: int, on_done, outcome=
     has a feasible plan, in `workers` processes forked now, each search on one core (as one search alone runs it:
     the same plan, which depends on its seed only); `on_done()` after each found."""
     import multiprocessing
-    import signal
+
+    from ..plan import stop
     _AHEAD.update(search=search_one, inventories=inventories,
                   outcome=outcome or (lambda result, inv: result.iteration_time_s))
     try:
         # the workers leave a Ctrl-C to this process, which ends them with the pool (each raised KeyboardInterrupt
         # and printed its traceback under the command's one line "interrupted")
         with multiprocessing.get_context("fork").Pool(min(workers, len(inventories)),
-                                                       initializer=signal.signal,
-                                                       initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+                                                       initializer=stop.keep_best_in_worker) as pool:
             out = {}
             for i, seconds in pool.imap_unordered(_ahead_job, range(len(inventories))):
                 if seconds is not None:

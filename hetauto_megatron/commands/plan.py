@@ -159,9 +159,10 @@ def given_dropouts(args, kept: dict) -> dict:
     replaces what --from kept of the old plan (dropped from `kept`). Every mesh the search builds runs them
     (SearchConfig.job_settings), so the memory model prices their masks."""
     from ..errors import InputError
+    from ..plan.settings import JOB_SETTING_KEYS
     given = {}
-    for key in ("hidden_dropout", "attention_dropout"):
-        value = getattr(args, key)
+    for key in JOB_SETTING_KEYS:
+        value = getattr(args, key, None)
         if value is None:
             continue
         if not 0 <= value < 1:      # (NaN fails this too)

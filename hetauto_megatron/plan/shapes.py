@@ -143,12 +143,12 @@ def _check_pipeline(plan, p: int, idx: range, samples: int, simple: bool) -> Non
                          fix="remove `alongside: true` (the first mesh of a pipeline starts a stage of its own)")
     positions = positions_of(meshes, idx)
     for k, pos in enumerate(positions):
-        # (of two meshes side by side that differ, the one whose layers leave the pipeline short of the model's is
-        # named: told to copy the other's, the fix made the pipeline's total wrong, the next refusal)
-        rest = sum(sum(meshes[q[0]].stage_layers) for j, q in enumerate(positions) if j != k)
-        whole = [rest + sum(meshes[i].stage_layers) == m.num_layers for i in range(len(meshes))]
         for i in pos[1:]:
             if meshes[i].stage_layers != meshes[pos[0]].stage_layers:
+                # the one whose layers leave the pipeline short of the model's is named (told to copy the other's,
+                # the fix made the pipeline's total wrong, the next refusal)
+                rest = sum(sum(meshes[q[0]].stage_layers) for j, q in enumerate(positions) if j != k)
+                whole = {x: rest + sum(meshes[x].stage_layers) == m.num_layers for x in (i, pos[0])}
                 wrong, right = (pos[0], i) if whole[i] and not whole[pos[0]] else (i, pos[0])
                 raise InputError(f"is {list(meshes[wrong].stage_layers)} but meshes[{right}], side by side with it, "
                                  f"has {list(meshes[right].stage_layers)}: meshes side by side hold the same stages",

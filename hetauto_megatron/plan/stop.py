@@ -38,20 +38,20 @@ def requested() -> bool:
     return _requested
 
 
-def _worker_stop(signum, frame):
+def _note_ctrl_c(signum=None, frame=None) -> None:
+    """A Ctrl-C asked the search to stop: every out_of_time check of this process is true from now."""
     global _requested, _pressed_at
-    if not _requested:
-        _requested, _pressed_at = True, time.perf_counter()
+    _requested, _pressed_at = True, time.perf_counter()
 
 
 def keep_best_in_worker() -> None:
-    """A search worker's SIGINT handler (the pool's initializer, search_jobs.run_all): under ctrl_c_keeps_best its
-    job ends with what it found, whichever handler the worker was forked with; otherwise the worker leaves the
-    Ctrl-C to the command. Forked after the first Ctrl-C, it
-    held Python's own again (which the command had put back for a second Ctrl-C), and the Ctrl-C passed on to it
-    raised KeyboardInterrupt in it: a traceback, and the job it held lost."""
+    """A search worker's SIGINT handler (a pool's initializer: search_jobs.run_all, explain's what-ifs): under
+    ctrl_c_keeps_best its job ends with what it found, whichever handler the worker was forked with; otherwise the
+    worker leaves the Ctrl-C to the command. Forked after the first Ctrl-C, a worker held Python's own handler
+    again (which the command had put back for a second Ctrl-C), and the Ctrl-C passed on to it raised
+    KeyboardInterrupt in it: a traceback, and the job it held lost."""
     if ctrl_c_reaches() or (_requested and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        signal.signal(signal.SIGINT, _worker_stop)
+        signal.signal(signal.SIGINT, _note_ctrl_c)
     elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # a search outside ctrl_c_keeps_best (explain's): the command stops on the Ctrl-C and its pool ends the
         # workers, which printed a KeyboardInterrupt traceback each before
@@ -88,8 +88,7 @@ def ctrl_c_keeps_best(command: str):
     owner = os.getpid()
 
     def first(signum, frame):
-        global _requested, _pressed_at
-        _requested, _pressed_at = True, time.perf_counter()
+        _note_ctrl_c()
         # The workers hold this handler too and keep it: they never raise KeyboardInterrupt (the command's second
         # Ctrl-C ends them with their pool), and one that already stopped is not disturbed by the signal forwarded
         # to it (search_jobs.run_all). The command says it once.
