@@ -240,11 +240,11 @@ def _indented(tail: str) -> str:
 
 
 def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 90,
-                  plan_file: str | None = None) -> list:
+                  plan_file: str | None = None, before_join: str = "") -> list:
     """One process per rank: each joins the world store (a refusal there is its paragraph and exit 2, as the
     patched script's guard gives it; `plan_file`: the plan that names the ranks in it), makes torch's gloo group on
     it (collectives time out after 120 s) and runs its tail, with `env` added to its environment (a list: one for
-    each rank); -> [(exit code, stderr, seconds from the start)]."""
+    each rank), and `before_join` run before its join; -> [(exit code, stderr, seconds from the start)]."""
     import os
     import subprocess
     import sys
@@ -260,6 +260,7 @@ def _joined_ranks(tails: list, env: dict | list | None = None, timeout: float = 
               "from hetauto_megatron.plan.plan import load_plan; "
               "from hetauto_megatron.runtime.ranks import describe_rank; "
               "from hetauto_megatron.megatron.script_guard import main_guard\n"
+              f"{before_join}\n"
               "def main():\n"
               f"    store = w.join({{rank}}, {world}, '127.0.0.1', {port}, 60.0, describe={describe})\n"
               f"    dist.init_process_group('gloo', rank={{rank}}, world_size={world}, store=store, "
@@ -311,6 +312,18 @@ def test_a_job_that_ends_normally_ends_quietly_on_every_rank():
     torch logged its C++ stack on each (13 lines per rank)."""
     for rank, (code, err, _) in enumerate(_joined_ranks(["dist.barrier()", "dist.barrier(); time.sleep(5)",
                                                           "dist.barrier(); time.sleep(2.5)"])):
+        assert code == 0 and "frame #" not in err and "TCPStore" not in err, (rank, err[:2000])
+
+
+def test_no_watcher_reads_the_store_as_its_host_ends_a_job_that_went_well():
+    """A watcher found the host up, then read the store as rank 0 ended: the closed connection made torch log its
+    C++ stack (some 60 lines) on that rank; rank 0's own watcher met its store closing under it the same way, at
+    the end of a job that went well. Here the watchers read without pause (WATCH_S 0), so that every end meets a
+    read: rank 0 ends at once, the others 2 s later. Each rank stops its watcher as it ends, and the host stays
+    until the others have ended or have seen it leave (world_store.end_of_job)."""
+    for rank, (code, err, _) in enumerate(_joined_ranks(["dist.barrier()", "dist.barrier(); time.sleep(2)",
+                                                          "dist.barrier(); time.sleep(2)"],
+                                                         before_join="w.WATCH_S = 0.0")):
         assert code == 0 and "frame #" not in err and "TCPStore" not in err, (rank, err[:2000])
 
 

@@ -108,6 +108,11 @@ def exit_after_training(code: int = 0) -> None:
     A DeepSpeed run's process (runtime/deepspeed_pipeline.py initialize took the charge) ends here the same way."""
     if not in_charge_of_exit():
         return
+    # a rank of separately launched clusters: its store's watcher stopped, and at a normal end the host stays until
+    # no other rank's watcher reads its store (world_store.end_of_job); a process that never joined has none
+    world_store = sys.modules.get("hetauto_megatron.megatron.world_store")
+    if world_store is not None:
+        world_store.end_of_job(clean=code == 0)
     # a script that never imported Megatron's globals has no writer (importing Megatron here took seconds)
     global_vars = sys.modules.get("megatron.training.global_vars")
     try:

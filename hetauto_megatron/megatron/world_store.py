@@ -29,8 +29,9 @@ close, or at HETAUTO_TIMEOUT_S (600 s by default) where they stay open. So `join
 rank, with a connection of its own to the store, that reads the refusals every WATCH_S (less often in worlds of
 over 500 ranks, at most every WATCH_MAX_S so that every rank reads within the host's linger): one stops the rank
 (exit 2, the refused rank's paragraph) once the host has passed it on, and the error its collective meets as the
-others stop is not reported. The watcher says nothing when the host goes away: that is also how a finished job
-ends; the collectives' timeouts bound a crash. It doubles each rank's connections to rank 0's store (two per
+others stop is not reported. At a normal end each rank stops its watcher and the host stays until no watcher reads
+its store (end_of_job); otherwise the watcher says nothing when the host goes away; the collectives' timeouts bound
+a crash. It doubles each rank's connections to rank 0's store (two per
 rank: mind `ulimit -n` on rank 0's node in worlds of thousands).
 """
 from __future__ import annotations
@@ -53,6 +54,8 @@ READ = "hetauto/refusal_read"       # counter: ranks that read a refusal (the ho
 RELEASED = "hetauto/released"       # set by the host when it stops waiting for readers
 RANK_KEY = "hetauto/rank"           # counter per global rank: processes of that rank that checked in
 CHECKED_IN = "hetauto/checked_in"   # appended: "RANK " of each rank that checked in (a timeout names the others)
+ENDED = "hetauto/ended"             # counter: ranks that ended normally with their watcher stopped (end_of_job)
+LEAVING = "hetauto/leaving"         # set by the host as it ends normally: the watchers still reading stop
 CODE = "hetauto/code"               # the host's code digest (hetauto_megatron.code_digest, 12 digits)
 CODE_WAIT_S = 10.0                  # how long a rank waits for the host's digest (the host sets it as it starts)
 POLL_S = 0.5
@@ -62,6 +65,7 @@ LINGER_S = 60.0                     # the most the host stays to pass a refusal 
 WATCH_S = 2.0                       # how often a joined rank's watcher reads the refusals: at least, and more
 WATCH_READS_PER_S = 250.0           # seldom in large worlds, so that rank 0's store answers this many a second,
 WATCH_MAX_S = LINGER_S / 3          # but often enough that every watcher reads a refusal while the host lingers
+END_MARGIN_S = 2.0                  # beyond a watch period, for a watcher's last poll as the host ends (end_of_job)
 _WORLD: dict = {}                   # this process after its join: addr, port, rank, world_size; "posting" (its
                                     # own refusal), "stopping" (another's, read by its watcher)
 DEFAULT_PORT = "29500"
@@ -295,17 +299,23 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None = 
     join's), reading the refusals every WATCH_S to WATCH_MAX_S (module docstring). Once it has read one, an
     exception that ends the main thread (the collective it waits in fails as the others stop) is not reported:
     the watcher ends the process with the refusal's paragraph and exit 2 once the host has passed it on."""
-    _WORLD.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False, stopping=False)
     every_s = min(max(WATCH_S, world_size / WATCH_READS_PER_S), WATCH_MAX_S)
+    stop = threading.Event()
+    _WORLD.update(addr=addr, port=port, rank=rank, world_size=world_size, posting=False, stopping=False,
+                  every_s=every_s, stop=stop, client=None)
 
     def watch():
         try:
             client = _connect(addr, port, time.monotonic() + 60.0)
+            _WORLD["client"] = client
             while client is not None:
-                time.sleep(every_s)
+                if stop.wait(every_s):
+                    return          # this rank ends normally (end_of_job)
                 # (rank 0 hosts the store in this very process: it is up while this thread runs)
                 if rank != 0 and not _host_up(addr, port, CONNECT_TRY_S):
                     return          # the host went: a finished job (quietly), or a crash the timeouts bound
+                if rank != 0 and client.check([LEAVING]):
+                    return          # the host ends normally and stays up until every watcher has read this
                 refused = _refusal(client)
                 if refused is None or _WORLD.get("posting"):
                     continue        # (a rank refusing its own input says its own paragraph, and posts it)
@@ -327,7 +337,37 @@ def _watch(addr: str, port: int, rank: int, world_size: int, file: str | None = 
         previous(kind, exc, tb)
 
     sys.excepthook = excepthook
-    threading.Thread(target=watch, name="hetauto-world-watch", daemon=True).start()
+    _WORLD["watcher"] = threading.Thread(target=watch, name="hetauto-world-watch", daemon=True)
+    _WORLD["watcher"].start()
+
+
+def end_of_job(clean: bool) -> None:
+    """As a joined rank ends (script_guard.exit_after_training): its watcher stops before the store can go, and at a
+    normal end (`clean`) no other rank's watcher is left reading a store that is gone. Left alone, a watcher that
+    had found the host up and then read the store as rank 0 ended met the closed connection, and torch logged its
+    C++ stack (some 60 lines) on that rank at the end of a job that went well; rank 0's own watcher met its store
+    closing under it the same way. So each rank stops its watcher and counts itself out (ENDED); the host then
+    sets LEAVING and stays until every rank has counted itself out, or until each watcher still reading has polled
+    once since (one period and a margin: ranks still saving a checkpoint, or gone without ending normally, do
+    not keep it longer). A rank that was stopped by a refusal, or is posting its own, ends as before."""
+    if not _WORLD or _WORLD.get("stopping") or _WORLD.get("posting"):
+        return
+    _WORLD["stop"].set()
+    _WORLD["watcher"].join(CONNECT_TRY_S + 1.0)     # a poll under way finishes first
+    client, rank = _WORLD.get("client"), _WORLD["rank"]
+    if not clean or client is None or _WORLD["watcher"].is_alive():
+        return
+    try:
+        if rank != 0:
+            if _host_up(_WORLD["addr"], _WORLD["port"], CONNECT_TRY_S):   # (gone: nothing to tell, nothing logged)
+                client.add(ENDED, 1)
+            return
+        client.set(LEAVING, "1")
+        until = time.monotonic() + _WORLD["every_s"] + END_MARGIN_S
+        while client.add(ENDED, 0) < _WORLD["world_size"] - 1 and time.monotonic() < until:
+            time.sleep(0.05)
+    except Exception:                   # noqa: BLE001  (the host went between two reads: the job has ended)
+        return
 
 
 def _ours(exc: InputError) -> InputError:
