@@ -97,3 +97,29 @@ def test_deepspeeds_layers_rotate_as_megatron_core_does(monkeypatch):
         rope = RotaryEmbedding(kv_channels=d, rotary_percent=1.0, rotary_base=theta, use_cpu_initialization=True)
         megatron = _apply_rotary_pos_emb_bshd(x.permute(2, 0, 1, 3), rope(s), rotary_interleaved=False)
         assert torch.allclose(_rotate(x, theta), megatron.permute(1, 2, 0, 3), atol=1e-5), theta
+
+
+def test_rotary_heads_of_an_odd_width_are_refused_as_megatron_core_cannot_rotate_them(monkeypatch):
+    """Megatron-Core's RotaryEmbedding gives a head of an odd width one frequency channel too many, so the model's
+    first forward pass failed on the shapes (a plan of 4 heads of 25 channels was planned, emitted and dry-run with
+    --tiny, whose heads are 16 wide, then failed at full size). The model file is refused instead (exit 2, naming
+    hidden_size); even widths, and learned positions of any width, are accepted."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from hetauto_megatron.errors import InputError
+    from hetauto_megatron.spec.model import ModelSpec
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")   # where RotaryEmbedding moves its frequencies
+    for width in (24, 25, 26, 33):
+        rope = RotaryEmbedding(kv_channels=width, rotary_percent=1.0, use_cpu_initialization=True)
+        runs = rope(8).shape[-1] == width      # the channels Megatron rotates against the head's own
+        shape = dict(name="m", num_layers=2, hidden_size=4 * width, num_attention_heads=4, ffn_hidden_size=64,
+                     vocab_size=128, seq_length=8)
+        if runs:
+            ModelSpec(**shape, position_embedding="rope")
+        else:
+            with pytest.raises(InputError) as refused:
+                ModelSpec(**shape, position_embedding="rope")
+            assert refused.value.field == "hidden_size" and "odd" in refused.value.reason, refused.value.message
+        ModelSpec(**shape, position_embedding="learned", max_position_embeddings=8)
+        assert runs == (width % 2 == 0)

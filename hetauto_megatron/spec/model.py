@@ -106,6 +106,14 @@ class ModelSpec:
             raise InputError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}", field="hidden_size",
                              fix="use a hidden size that is a multiple of the head count")
+        if self.position_embedding == "rope" and (self.hidden_size // self.num_attention_heads) % 2:
+            # Megatron's RotaryEmbedding turns pairs of a head's channels (frequencies arange(0, head_dim, 2),
+            # written twice): an odd head is one channel short, and the first forward pass fails on the shapes
+            raise InputError(f"hidden_size {self.hidden_size} over num_attention_heads {self.num_attention_heads} "
+                             f"gives heads of {self.hidden_size // self.num_attention_heads} channels, an odd number, "
+                             "which rotary positions cannot turn (they rotate pairs of channels)", field="hidden_size",
+                             fix="use a hidden size that gives heads of an even width (hidden_size / "
+                                 "num_attention_heads even), or write position_embedding: learned")
         if self.num_attention_heads % self.num_query_groups:
             raise InputError(f"num_query_groups {self.num_query_groups} must divide num_attention_heads "
                              f"{self.num_attention_heads}", field="num_query_groups",
