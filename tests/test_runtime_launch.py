@@ -317,3 +317,28 @@ def test_a_rank_done_first_keeps_the_rendezvous_store_for_its_peers():
     launch failed so on CI: one rank still connecting when rank 0 left with its refusal). As torchrun's agent keeps
     the store, the launch keeps a finished rank until every rank has its result."""
     assert launch(_early_rank_zero, 3, timeout_s=120) == ["done", 2, 2]
+
+
+def _rank_zero_leaves_its_peer_in_a_collective(rank, world_size):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=240))
+    if rank == 0:
+        return "done"          # returns without the all-reduce its peer waits in (a defect of the function)
+    dist.all_reduce(torch.ones(3))
+    return "reduced"
+
+
+def test_a_rank_done_first_closes_its_groups_so_a_peer_waiting_on_it_fails_at_once():
+    """A finished rank stays for the rendezvous store (the test above), but its groups close: a peer waiting on it
+    in a collective reports gloo's closed connection at once, instead of waiting out the collective's timeout
+    (240 s here) with the finished rank's connections still open."""
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as failed:
+        launch(_rank_zero_leaves_its_peer_in_a_collective, 2, timeout_s=200, grace_s=5)
+    # (gloo says "Connection closed by peer" or "Read error ... reset", as the kernel tells it)
+    assert list(failed.value.failures) == [1] and "gloo" in failed.value.failures[1], failed.value.failures
+    assert time.monotonic() - start < 120

@@ -186,13 +186,30 @@ def _child(fn, rank, world_size, args, env, conn, parent, stop_handlers, relay, 
         # with "Connection reset by peer" instead of its own result. torchrun's agent hosts the store for the same
         # reason. A rank that failed or refused its input leaves now: its peers, perhaps waiting on it in a
         # collective, see the closed connection and report instead of waiting out the grace (a refusal is what the
-        # launch raises, whatever they report).
+        # launch raises, whatever they report). Its groups go now, the store stays: a peer that waits on it in a
+        # collective (a defect of `fn`) sees the closed connection and reports, instead of waiting out its timeout.
+        kept = _close_groups_keep_store()      # (the store: held until os._exit below)
         try:
             time.sleep(linger_s)
         except BaseException:       # Ctrl-C reaches the ranks too: no traceback, the launch ends the rest
             pass
     # Skip interpreter teardown: atexit handlers inherited from the parent (and torch's) must not run twice.
     os._exit(code)
+
+
+def _close_groups_keep_store():
+    """Destroy this finished rank's process groups (on a thread of their own: a destroy that waits on something
+    does not hold the rank) and return the default group's store, which the caller keeps: on rank 0 that object
+    hosts the env:// rendezvous. None when the rank made no group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:           # noqa: BLE001  (torch's private helper moved: keep the groups, as before)
+        return None
+    threading.Thread(target=dist.destroy_process_group, name="hetauto-close-groups", daemon=True).start()
+    return store
 
 
 def _relay_lines(read_fd: int, drop) -> None:
