@@ -134,7 +134,8 @@ class Exhaustive:
         inv = restrict(self.inv, con)
         out = []
         try:
-            sp = SearchSpace(self.model, inv, share, self.cost, 16, con)
+            # (a pipeline of several runs steps of at most the devices, as the search offers them: space.step_sizes)
+            sp = SearchSpace(self.model, inv, share, self.cost, 16, con, steps_above_devices=False)
             ev = LayoutEvaluator(self.model, inv, share, self.cost, "overlapped")
             seen = set()
             for leaf in space_mod.leaves(sp):

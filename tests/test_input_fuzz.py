@@ -1006,7 +1006,7 @@ def test_a_timeline_too_large_to_draw_is_refused_before_anything_is_written(tmp_
     written = tmp_path / "p.yaml"
     rc, out, err = run_cli(["plan", "--model", "tiny", "--inventory", os.path.join(
         ROOT, "examples", "llama", "inventory-cpu-tiny-2clusters.yaml"), "--global-batch-size", "1000000",
-        "--quiet", "-o", str(written), "--timeline", str(picture)], capsys)
+        "--micro-batch-size", "1", "--quiet", "-o", str(written), "--timeline", str(picture)], capsys)
     assert rc == 2 and "field '--timeline'" in err, err
     assert not picture.exists() and not written.exists()
     # a plan's own size draws

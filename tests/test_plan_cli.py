@@ -342,7 +342,7 @@ def test_replan_keeps_the_old_plans_job_unless_a_flag_is_given(tmp_path):
     assert out["kept_from_plan"] == {"precision": "fp32", "seq_length": 16, "shapes": "all"}
     # a Megatron plan of blocking boundaries is re-planned with blocking boundaries
     r = hetauto(*base, "--global-batch-size", "16", "--boundary-schedule", "blocking", "--shapes", "simple",
-                "-o", str(old))      # (one pipeline across both clusters: a boundary between them)
+                "--use-clusters", "site-a,site-b", "-o", str(old))   # (one pipeline across both: a boundary)
     assert r.returncode == 0, r.stderr
     assert any(m.boundary_schedule == "blocking" for m in load_plan(str(old)).meshes[:-1])
     r = hetauto(*base, "--from", str(old), "--json")

@@ -33,17 +33,19 @@ def test_plan_file_named_as_an_emitted_script(tmp_path, capsys):
     """--emit D -o D/<a cluster's launch script> (D existing): the plan was written, then the script refused to
     overwrite it; now refused before either. The script's name is read from an emit of the same plan elsewhere."""
     first = tmp_path / "first"
-    rc, _, err = run_cli(BASE + ["-o", str(tmp_path / "p.yaml"), "--emit", str(first)], capsys)
+    # (--shapes simple: a plan of one pipeline of single meshes, which DeepSpeed's configs are emitted for)
+    rc, _, err = run_cli(BASE + ["--shapes", "simple", "-o", str(tmp_path / "p.yaml"), "--emit", str(first)], capsys)
     assert rc == 0, err
     script = sorted(n for n in os.listdir(first) if n.endswith(".sh"))[0]
     launch = tmp_path / "launch"
     launch.mkdir()
-    err = refused(capsys, "--emit", str(launch), "-o", str(launch / script))
+    err = refused(capsys, "--shapes", "simple", "--emit", str(launch), "-o", str(launch / script))
     assert "-o" in err and script in err and "overwrite" in err
     assert os.listdir(launch) == []
     # a --timeline named as an emitted file: refused too, before the plan file is written
     config = sorted(n for n in os.listdir(first) if n.startswith("ds_config."))[0]
-    err = refused(capsys, "--emit", str(launch), "-o", str(tmp_path / "q.yaml"), "--timeline", str(launch / config))
+    err = refused(capsys, "--shapes", "simple", "--emit", str(launch), "-o", str(tmp_path / "q.yaml"), "--timeline",
+                  str(launch / config))
     assert "--timeline" in err and config in err
     assert os.listdir(launch) == [] and not (tmp_path / "q.yaml").exists()
 

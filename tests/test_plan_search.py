@@ -370,20 +370,25 @@ def test_climb_reshapes_the_mesh_a_refit_across_an_s_step_cannot_take():
 
 
 def test_a_step_of_the_global_batch_with_an_odd_factor_where_a_clusters_devices_have_it():
-    """S (DP x micro-batch, at most the devices) divides the global batch; a DP's odd factor is offered only where
-    a cluster's devices (or the --max-devices budget) have it: 12 nodes of 8 take DP 48 at a global batch of 192
-    (the published 7.1B run's TP 2 x DP 48), 8 + 16 devices never DP 3. Pinning the micro-batch only narrows the
-    steps (the pinned tree's optimum is a leaf of the free one: docs/search.md)."""
+    """S (DP x micro-batch, up to the global batch) divides the global batch; a DP's odd factor is offered only
+    where a cluster's devices (or the --max-devices budget) have it: 12 nodes of 8 take DP 48 at a global batch of
+    192 (the published 7.1B run's TP 2 x DP 48), 8 + 16 devices never DP 3; every device as DP takes micro-batches
+    of 2 or more (DP 96 x 2 = 192, DP 24 x 2 = 48 on 24 devices), except in a pipeline of a multi-pipeline plan
+    (above_devices=False: at most the devices). Pinning the micro-batch only narrows the steps (the pinned tree's
+    optimum is a leaf of the free one: docs/search.md)."""
     from hetauto_megatron.plan.constraints import Constraints
     from hetauto_megatron.plan.space import step_sizes
     twelve = _inv([("c", "h100-sxm", 12, 8)], [])
-    assert step_sizes(192, twelve, Constraints()) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
-    assert step_sizes(512, twelve, Constraints()) == [1, 2, 4, 8, 16, 32, 64]          # as before: powers of two
+    assert step_sizes(192, twelve, Constraints()) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 192]
+    assert step_sizes(512, twelve, Constraints()) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]   # powers of two
+    assert step_sizes(192, twelve, Constraints(), above_devices=False) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64,
+                                                                          96]
+    assert step_sizes(96, _inv([("a", "a100-80gb", 3, 8)], []), Constraints())[-2:] == [48, 96]   # DP 24 x 2, x 4
     small = _inv([("a", "a100-80gb", 1, 8), ("b", "a100-80gb", 2, 8)], [("a", "b", 100, 1)])
     assert step_sizes(192, small, Constraints(micro_batch_size=1)) == [1, 2, 4, 8, 16]
     assert step_sizes(192, small, Constraints(micro_batch_size=1, max_devices=12)) == [1, 2, 3, 4, 6, 8, 12, 16, 24]
     # a pinned micro-batch of 3: DP is S / 3, a power of two on these clusters
-    assert step_sizes(192, small, Constraints(micro_batch_size=3)) == [3, 6, 12, 24]
+    assert step_sizes(192, small, Constraints(micro_batch_size=3)) == [3, 6, 12, 24, 48]
     assert 3 in step_sizes(192, small, Constraints())            # DP 1 x 3 (through stages): the free tree has it
     for gbs, inv in ((192, small), (192, twelve), (96, _inv([("a", "a100-80gb", 3, 8)], []))):
         free = set(step_sizes(gbs, inv, Constraints()))
@@ -416,6 +421,37 @@ def test_a_pinned_micro_batch_of_3_plans(tmp_path):
     meshes = json.loads(r.stdout)["plan"]["meshes"]
     # Megatron-LM's rule (arguments.py): the global batch is a whole number of micro-batch steps of DP x micro-batch
     assert meshes and all(m["micro_batch_size"] == 3 and 48 % (m["dp"] * 3) == 0 for m in meshes), meshes
+
+
+def test_a_small_model_on_one_node_runs_every_device_as_dp_at_the_best_micro_batch(tmp_path, capsys):
+    """OPT-350M on 8 H100s at a global batch of 512, what anyone would run as plain data parallelism: the tree held
+    steps of at most the devices, so every device as DP ran micro-batches of 1 and the search took two pipeline
+    stages of DP 4 x 2 (1.034 s) instead. Now the plan is one stage of DP 8, and no hand-written DP 8 plan at a
+    micro-batch the tree offers (up to 16, docs/search.md) is faster (each priced by `hetauto simulate` of its
+    file)."""
+    import json
+
+    import yaml
+    from helpers import ROOT, run_cli
+    (tmp_path / "inv.yaml").write_text("clusters:\n  - {name: a, device: h100-sxm, nodes: 1, devices_per_node: 8}\n")
+    plan = tmp_path / "plan.yaml"
+    rc, out, err = run_cli(["plan", "--model", os.path.join(ROOT, "examples", "peers", "models", "opt-350m.yaml"),
+                            "--inventory", str(tmp_path / "inv.yaml"), "--global-batch-size", "512", "--quiet",
+                            "--workers", "1", "-o", str(plan), "--json"], capsys)
+    assert rc == 0, err
+    found = json.loads(out)["iteration_time_s"]
+    mesh, = yaml.safe_load(plan.read_text())["meshes"]
+    assert (mesh["dp"], len(mesh["stage_layers"])) == (8, 1) and mesh["micro_batch_size"] > 1, mesh
+    for mb in (1, 2, 4, 8, 16):
+        d = yaml.safe_load(plan.read_text())
+        d["meshes"][0].update(tp=1, dp=8, micro_batch_size=mb, recompute="none", stage_layers=[24])
+        d.pop("estimate", None)
+        (tmp_path / f"dp8-{mb}.yaml").write_text(yaml.safe_dump(d))
+        rc, out, err = run_cli(["simulate", "--plan", str(tmp_path / f"dp8-{mb}.yaml"), "--json"], capsys)
+        assert rc == 0, err
+        priced = json.loads(out)
+        if priced["fits"]:
+            assert found <= priced["iteration_time_s"] * (1 + 1e-9), (mb, found, priced["iteration_time_s"])
 
 
 @pytest.mark.parametrize("mb", [2, 3])

@@ -113,7 +113,8 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
     from ..plan.constraints import cost_per_million_tokens
     from ..plan.explain import cross_cluster_bytes
     from ..plan.simulate import simulate
-    est = simulate(plan, inventory, cost_model).to_dict()
+    priced = simulate(plan, inventory, cost_model)
+    est = priced.to_dict()
     several = plan.num_pipelines > 1
     used: dict[str, int] = {}
     for m in plan.meshes:
@@ -137,7 +138,9 @@ def plan_row(path: str, plan, inventory, cost_model) -> dict:
                                f"TP{m.tp} DP{m.dp} mbs{m.micro_batch_size} {m.recompute}" for m in plan.meshes),
            "cross_cluster_bytes": cross_cluster_bytes(plan, inventory.with_precision(plan.precision), cost_model),
            "bottleneck": _bottleneck(plan, est),
-           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens)}
+           # (of the unrounded time, as simulate and explain give it)
+           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, priced.iteration_time_s,
+                                                              tokens)}
     return row
 
 

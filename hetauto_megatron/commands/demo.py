@@ -135,7 +135,7 @@ def run(args) -> int:
         steps += [
             ("2a/3 Plan the tiny model on two CPU 'clusters' (4 + 2 processes)",
              ["plan", "--model", "tiny", "--inventory", os.path.join(ex, "inventory-cpu-dryrun.yaml"),
-              "--global-batch-size", "8", "-o", tiny_plan, "--quiet"]),
+              "--global-batch-size", "24", "-o", tiny_plan, "--quiet"]),
             ("2b/3 Dry-run that plan on real Megatron-Core and compare with one process",
              ["dryrun", "--plan", tiny_plan, "--tiny", "--reference",
               "--timeline", os.path.join(out, "tiny-dryrun-timeline.png"), "--compare"]),

@@ -272,7 +272,8 @@ def explain_report(plan, inventory, cost_model, *, search_result=None, shapes_re
            "iteration_time_s": est["iteration_time_s"], "tokens_per_s": est["tokens_per_s"], "fits": est["fits"],
            "breakdown": bd, "bottleneck": X.describe_bottleneck(plan, bd),
            "objective": constraints.objective,
-           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, est["iteration_time_s"], tokens),
+           # (of the unrounded time, as simulate and the what-ifs give it: the 6-decimal one moved it by 2e-6)
+           "cost_per_million_tokens": cost_per_million_tokens(inventory, plan.meshes, priced.iteration_time_s, tokens),
            "memory": X.memory_headroom(est), "runners_up": None, "runners_up_requested": k, "sensitivity": None,
            # (the change against the unrounded rate: the rounded one moved a tiny rate's change by its rounding)
            "blocking_boundaries": S.blocking_boundaries(plan, inventory, cost_model, priced.tokens_per_s)}

@@ -237,7 +237,8 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
             try:
                 # (a block above --max-iteration-s at its first share may come under it as the shares move)
                 cache[key] = search(model, inventory, share, cost, dataclasses.replace(
-                    within_budget(cfg, deadline), constraints=block_constraints(con, blk, names)))
+                    within_budget(cfg, deadline), constraints=block_constraints(con, blk, names),
+                    steps_above_devices=False))
                 out.levels_cut |= cache[key].cut_by_budget
             except (InfeasibleError, InputError):
                 cache[key] = None

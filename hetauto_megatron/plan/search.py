@@ -104,6 +104,8 @@ class SearchConfig:
     warm_plan: object = None           # the previous plan itself (re-planning): the new shapes' first incumbent
     constraints: Constraints | None = None   # objective and hard constraints (plan/constraints.py)
     job_settings: tuple = ()           # the job's dropouts, every mesh built runs them (settings.job_settings)
+    steps_above_devices: bool = True   # micro-batch steps above the devices (space.step_sizes); a multi-pipeline
+                                       # plan's pipelines are searched without them
 
 
 @dataclass
@@ -202,7 +204,8 @@ def _search(model: ModelSpec, inventory: Inventory, gbs: int, cost_model=None,
     con = cfg.constraints or Constraints()
     check_constraints(con, model, inventory, gbs)
     inventory = restrict(inventory, con)    # the excluded clusters are not there
-    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, con, cfg.engine, cfg.job_settings)
+    sp = SearchSpace(model, inventory, gbs, cost, cfg.max_micro_batch, con, cfg.engine, cfg.job_settings,
+                     cfg.steps_above_devices)
     if not any(sp.tp.values()):
         raise InputError(f"no TP degree up to the node size divides the model's {model.num_attention_heads} "
                          f"attention heads and {model.num_query_groups} key/value heads", field="model",
