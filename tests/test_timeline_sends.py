@@ -1,4 +1,4 @@
-"""What a predicted timeline draws as a send.
+"""What a predicted timeline draws as a send, and that every span shows in its picture.
 
 A blocking send is a rendezvous (plan/pipeline.py): the transfer starts once the receiver has posted its receive,
 then takes its link's time. Until then the sender waits for its peer's compute, the pipeline bubble: drawn blank
@@ -6,7 +6,7 @@ then takes its link's time. Until then the sender waits for its peer's compute, 
 (`send_next_s`, each direction once per micro-batch), however long it waits for its neighbours."""
 import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 from helpers import ROOT
@@ -88,3 +88,34 @@ def test_a_send_is_drawn_from_the_rendezvous_not_while_its_receiver_computes(sha
             waited += t.start > max(c.end for c in computes[i] if c.end <= s.start + 1e-12) + 1e-9
     assert waited > 100     # senders often wait for their receivers: the cases test what is drawn then
 
+
+def test_every_kind_of_span_shows_in_the_picture_however_short(tmp_path):
+    """A lane of each kind whose spans are 13 us in a 1 s iteration (the CPU plans' transfers between clusters,
+    the exchange inside a cluster of the side-by-side plans): drawn to scale they are a hundredth of a pixel and
+    the lane looked empty (only the global norm's was widened). Read back from the picture: every kind's colour
+    is there; the JSON trace keeps the spans' own times."""
+    from PIL import Image
+
+    from hetauto_megatron.emit.picture import KIND_COLOURS, cluster_colour, draw_timelines
+    from hetauto_megatron.emit.trace import trace_events
+    from hetauto_megatron.plan.timeline import Lane, Span, Timeline
+    kinds = ["send", "receive", "dp-sync", "optimizer", "overhead", "exchange", "norm"]
+    lanes = [Lane("stage 0", "a", "stage", 0)] + [Lane(k, "a", "link", 0, True) for k in kinds]
+    spans = [Span(lane, "forward" if lane == 0 else kinds[lane - 1], t / 20, t / 20 + 13e-6, t)
+             for lane in range(len(lanes)) for t in range(20)]
+    tl = Timeline("t", lanes, spans, 1.0, ["a"])
+
+    def colours(timeline):
+        path = str(tmp_path / "t.png")
+        draw_timelines([timeline], path)
+        with Image.open(path) as im:
+            return Counter({c: n for n, c in im.convert("RGB").getcolors(1 << 24)})
+    # the pixels the spans add to the same lanes drawn empty (the labels and legend have some of these colours)
+    added = colours(tl)
+    added.subtract(colours(Timeline("t", lanes, [], 1.0, ["a"])))
+    for kind, hexc in [("forward", cluster_colour(0))] + [(k, KIND_COLOURS[k]) for k in kinds]:
+        rgb = tuple(int(hexc[i:i + 2], 16) for i in (1, 3, 5))
+        near = sum(n for c, n in added.items() if max(abs(x - y) for x, y in zip(c, rgb)) <= 12)
+        assert near >= 20 * 10, (kind, near)    # 20 slivers, each a pixel or more wide and many high
+    durations = [e["dur"] for e in trace_events([tl]) if e["ph"] == "X"]
+    assert len(durations) == len(spans) and all(d == pytest.approx(13) for d in durations)
