@@ -92,8 +92,9 @@ def test_a_send_is_drawn_from_the_rendezvous_not_while_its_receiver_computes(sha
 def test_every_kind_of_span_shows_in_the_picture_however_short(tmp_path):
     """A lane of each kind whose spans are 13 us in a 1 s iteration (the CPU plans' transfers between clusters,
     the exchange inside a cluster of the side-by-side plans): drawn to scale they are a hundredth of a pixel and
-    the lane looked empty (only the global norm's was widened). Read back from the picture: every kind's colour
-    is there; the JSON trace keeps the spans' own times."""
+    the lane looked empty (only the global norm's was widened). Drawn above a timeline ten times as long (a dry
+    run's measured panel shares the time axis of its prediction) and read back from the picture: every kind's
+    colour is there; the JSON trace keeps the spans' own times."""
     from PIL import Image
 
     from hetauto_megatron.emit.picture import KIND_COLOURS, cluster_colour, draw_timelines
@@ -104,10 +105,11 @@ def test_every_kind_of_span_shows_in_the_picture_however_short(tmp_path):
     spans = [Span(lane, "forward" if lane == 0 else kinds[lane - 1], t / 20, t / 20 + 13e-6, t)
              for lane in range(len(lanes)) for t in range(20)]
     tl = Timeline("t", lanes, spans, 1.0, ["a"])
+    measured = Timeline("m", [Lane("rank 0", "b", "rank", 0)], [Span(0, "forward", 0.0, 10.0, 0)], 10.0, ["b"])
 
     def colours(timeline):
         path = str(tmp_path / "t.png")
-        draw_timelines([timeline], path)
+        draw_timelines([timeline, measured], path)
         with Image.open(path) as im:
             return Counter({c: n for n, c in im.convert("RGB").getcolors(1 << 24)})
     # the pixels the spans add to the same lanes drawn empty (the labels and legend have some of these colours)

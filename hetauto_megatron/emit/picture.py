@@ -55,6 +55,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     heights = [max(2, len(r)) * 0.32 + 0.9 for r in rows]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights) + 0.8), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": heights})
+    # a pixel or two of the shared time axis, which spans the longest timeline (a measured one beside its prediction)
+    sliver = max([tl.iteration_s for tl in timelines] + [s.end for tl in timelines for s in tl.spans]) / 600
     for ax, tl, lanes in zip(axes[:, 0], timelines, rows):
         y_of = {lane: len(lanes) - 1 - k for k, lane in enumerate(lanes)}
         bars: dict = {}
@@ -70,7 +72,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
             # a span far shorter than a pixel (a 13 us transfer, a scalar's all-reduce in a second-long iteration)
             # is drawn at least a pixel wide, or a lane of them looks empty; beneath the spans drawn to scale, so
             # a sliver shows only where nothing else is (the trace keeps every span's own times)
-            width = max(s.duration, tl.iteration_s / 600)
+            width = max(s.duration, sliver)
             bars.setdefault((y_of[s.lane], c, width > s.duration), []).append((s.start, width))
         for (y, c, widened), xr in bars.items():
             # the exchange's steps follow each other: edges show where (a sliver has neither edges nor hatching,
