@@ -175,16 +175,17 @@ def test_the_event_simulation_of_a_losing_depth_stops_early_and_the_choice_is_th
 
 def test_blocking_send_holds_the_sender():
     """Two stages, a link as slow as the forward: blocking holds the sender for every send, overlapped does not.
-    Each send holds its stage the link's 1 s, except where the receiver posts its receive later (rendezvous):
-    stage 0's forward 1 ends at 3, but stage 1 posts its receive with the send of its backward 0, which ends at
-    5 (forward 0 from 2 to 3, backward 0 until 5), so the activation moves from 5 to 6."""
+    Each send holds its stage the link's 1 s once the receiver has posted its receive (rendezvous): stage 0's
+    forward 1 ends at 3, but stage 1 posts its receive with the send of its backward 0, which ends at 5 (forward
+    0 from 2 to 3, backward 0 until 5), so the activation moves from 5 to 6; stage 0 is held from 5 (from 3 to 5
+    it waits for stage 1's compute: the bubble, not a send)."""
     f, b, x, m = [1.0, 1.0], [2.0, 2.0], [1.0], 8
     blocking = simulate_1f1b(f, b, x, m, blocking=[True], record=True)
     overlapped = simulate_1f1b(f, b, x, m, blocking=[False], record=True)
     assert overlapped.makespan < blocking.makespan
     held = {(e.resource[1], e.micro_batch): (e.start, e.end) for e in blocking.events if e.kind == "send"}
-    assert len(held) == 2 * m and held[(0, 1)] == (3.0, 6.0)
-    assert all(end - start == pytest.approx(1.0) for key, (start, end) in held.items() if key != (0, 1))
+    assert len(held) == 2 * m and held[(0, 1)] == (5.0, 6.0)
+    assert all(end - start == pytest.approx(1.0) for start, end in held.values())
     assert not [e for e in overlapped.events if e.kind == "send"]
 
 

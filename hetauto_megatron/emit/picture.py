@@ -5,7 +5,8 @@ and per link direction between clusters. Forward and backward take their cluster
 darker), a link's transfers and sends are grey, waiting to receive is pink, DP sync red, the optimizer black, the fixed per-iteration
 overhead olive, the gradient exchange across holders (its steps, the links it keeps busy: lanes of their own)
 dark red and hatched, the scalars all-reduced over the world (Megatron-LM's result check and the global gradient
-norm, a lane each) dark violet; idle time is left blank.
+norm, a lane each) dark violet; idle time is left blank. A span shorter than a pixel is drawn a pixel wide, beneath the
+spans drawn to scale.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     heights = [max(2, len(r)) * 0.32 + 0.9 for r in rows]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, sum(heights) + 0.8), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": heights})
+    # a pixel or two of the shared time axis, which spans the longest timeline (a measured one beside its prediction)
+    sliver = max([tl.iteration_s for tl in timelines] + [s.end for tl in timelines for s in tl.spans]) / 600
     for ax, tl, lanes in zip(axes[:, 0], timelines, rows):
         y_of = {lane: len(lanes) - 1 - k for k, lane in enumerate(lanes)}
         bars: dict = {}
@@ -66,13 +69,18 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 c = base if s.kind == "forward" else _darker(base)
             else:
                 c = KIND_COLOURS.get(s.kind, "#9e9e9e")
-            # a scalar's all-reduce over the world is a sliver (milliseconds in seconds): drawn at least a pixel wide
-            width = max(s.duration, tl.iteration_s / 600) if s.kind == "norm" else s.duration
-            bars.setdefault((y_of[s.lane], c), []).append((s.start, width))
-        for (y, c), xr in bars.items():
-            hatched = c == KIND_COLOURS["exchange"]       # its steps follow each other: edges show where
-            ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white", linewidth=0.8 if hatched else 0.2,
-                           hatch="////" if hatched else None)
+            # a span far shorter than a pixel (a 13 us transfer, a scalar's all-reduce in a second-long iteration)
+            # is drawn at least a pixel wide, or a lane of them looks empty; beneath the spans drawn to scale, so
+            # a sliver shows only where nothing else is (the trace keeps every span's own times)
+            width = max(s.duration, sliver)
+            bars.setdefault((y_of[s.lane], c, width > s.duration), []).append((s.start, width))
+        for (y, c, widened), xr in bars.items():
+            # the exchange's steps follow each other: edges show where (a sliver has neither edges nor hatching,
+            # which would leave it white)
+            hatched = c == KIND_COLOURS["exchange"] and not widened
+            ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=[c], edgecolor="white",
+                           linewidth=0.0 if widened else 0.8 if hatched else 0.2, hatch="////" if hatched else None,
+                           zorder=0.9 if widened else 1)
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels([tl.lanes[i].name + (f"  [{tl.lanes[i].cluster}]" if tl.lanes[i].kind in ("stage", "rank")
                                                 else "")

@@ -78,8 +78,8 @@ class Event:
 
     resource: ("stage", i) for pipeline stage i, or ("link", l, "fwd" | "bwd") for the link between stages l and
               l + 1 in the direction of the activations ("fwd") or of their gradients ("bwd").
-    kind:     on a stage: "F" / "B" (forward / backward compute), "send" (the stage is held by a send it does not
-              overlap), "recv" (the stage waits for data that is still on its link: exposed communication);
+    kind:     on a stage: "F" / "B" (forward / backward compute), "send" (held by a send it does not overlap, once
+              its receive is posted: the wait for that is idle), "recv" (waiting for data still on its link);
               on a link: "F" / "B" (the micro-batch's activation / gradient occupying the link from `start` to
               `end`; it reaches the other side at `arrival`, `end` plus the latency).
     Events of one resource never overlap.
@@ -216,8 +216,9 @@ def simulate_1f1b(fwd, bwd, link, m: int, *, latency=None, blocking=None, depth=
             free[i] = a
             if record:
                 ev.append(Event(("link", l, "fwd" if fw else "bwd"), "F" if fw else "B", j, s, lf[l], a))
-                if a > sent:
-                    ev.append(Event(("stage", i), "send", j, sent, a))
+                met = sent if sent > post else post     # held from the rendezvous on: waiting for it is the bubble
+                if a > met:
+                    ev.append(Event(("stage", i), "send", j, met, a))
             continue
         fw = code == calls.COMPUTE_F
         fr = free[i]

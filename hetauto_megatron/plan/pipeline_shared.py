@@ -45,6 +45,7 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
     ev = [] if record else None
     sends = {}                          # blocking transfers by (stage receiving, "F" | "B", j): (ready, boundary,
     posts = {}                          # direction, sender); the receives posted by then: when
+    met = {}                            # (boundary, direction, j) -> when a blocking transfer's rendezvous was
 
     def post(i, kind, j, t):
         """Stage i posts its receive of (kind, j) at t, where it crosses a blocking boundary."""
@@ -56,7 +57,8 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
     def queue(key):
         if key in sends and key in posts:
             ready, l, d, sender = sends.pop(key)
-            heapq.heappush(waiting, (max(ready, posts[key]), l, d, key[2], sender))
+            met[(l, d, key[2])] = due = max(ready, posts[key])
+            heapq.heappush(waiting, (due, l, d, key[2], sender))
 
     def run(i):
         """Stage i's operations until one waits for an input (or its blocking send)."""
@@ -122,8 +124,10 @@ def simulate_shared(f: list, b: list, x: list, lat: list, occ: list, blk: list, 
             ready = (f_end if d == 0 else b_end)[sender][j]
             sent[(to, "F" if d == 0 else "B", j)] = ready
             ev.append(Event(("link", l, direction), "F" if d == 0 else "B", j, s, s + occ[l], a))
-            if blk[l] and a > ready:
-                ev.append(Event(("stage", sender), "send", j, ready, a))
+            # the sender is held by its send from the rendezvous (then waiting only for its link and uplinks);
+            # before it, it waits for the receiver's compute: the bubble, as in pipeline.simulate_1f1b
+            if blk[l] and a > met[(l, d, j)]:
+                ev.append(Event(("stage", sender), "send", j, met[(l, d, j)], a))
         if blk[l]:
             held[sender] = False
             free[sender] = a

@@ -4,7 +4,8 @@ Lanes are pipeline stages, link directions, or (measured) ranks; spans are what 
 `end` (seconds from the iteration's start), of these kinds:
     forward, backward    compute of one micro-batch;
     send                 on a link lane: one micro-batch's activation (or its gradient) crossing;
-                         on a stage or rank lane: the time it is held by a send it does not overlap;
+                         on a stage or rank lane: the time it is held by a send it does not overlap (predicted:
+                         from when its receiver posted the receive; waiting for that is idle);
     receive              waiting for data that is on its link (exposed communication);
     idle                 waiting for another stage's compute (the bubble), or done and waiting for the others;
     dp-sync, optimizer   the gradient synchronisation not hidden by compute (the DP reduction; where several
