@@ -109,7 +109,7 @@ def load_inputs(args, plan=None, plan_path: str | None = None, model_read=None):
         precision = getattr(args, "precision", None) or (plan.precision if plan is not None else None)
         priced = _able(inventory, precision) if precision else inventory
         if priced is not None:
-            for line in cost_model.describe(c.device for c in priced.clusters):
+            for line in cost_model.describe(priced.clusters):
                 print(f"cost model: {line}", file=sys.stderr)
             apply_memory_job(cost_model, priced)
     elif getattr(args, "precision", None) == "fp32" and (able := _able(inventory, "fp32")) is not None:

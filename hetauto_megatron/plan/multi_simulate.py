@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost.memory import GIB
+from ..cost.priced_by import sources_and_why
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
 from . import costing, holders_exchange, link_costs, memory_fit, tail_costs
@@ -367,7 +368,7 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
     tokens = gbs * model.seq_length
     world = sum(m.num_devices for s in shapes for m in s.meshes)
     flops = model.model_flops_per_token() * tokens
-    rows, peak, sources, why = [], 0.0, {}, {}
+    rows, peak, priced = [], 0.0, []
     for p, (s, t) in enumerate(zip(shapes, res.pipelines)):
         for row in t.stages:
             mem = row.pop("_memory")
@@ -376,9 +377,8 @@ def shapes_estimate(model: ModelSpec, inventory: Inventory, shapes: list[Pipelin
         for m in s.meshes:
             dev = inventory.cluster(m.cluster).device
             peak += dev.peak_tflops * 1e12 * m.num_devices
-            sources[dev.name] = cost_model.source(dev)
-            if hasattr(cost_model, "coverage"):
-                why[dev.name] = cost_model.coverage(dev)[1]
+            priced.append((m.cluster, dev))
+    sources, why = sources_and_why(priced, cost_model)
     est = Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                    mfu=flops / T / peak, memory_gib=[mem / GIB for _, mem in rows], fits=res.fits,
                    pipeline_s=max(t.makespan for t in res.pipelines),

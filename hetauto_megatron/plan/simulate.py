@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..cost.analytic import AnalyticCostModel
 from ..cost.memory import GIB
+from ..cost.priced_by import sources_and_why
 from ..errors import InputError
 from ..spec.inventory import Inventory
 from ..spec.model import ModelSpec
@@ -71,7 +72,8 @@ class Estimate:
     grad_norm_s: float = 0.0          # of which the global-norm all-reduce (tail_costs.grad_norm_time)
     result_check_s: float = 0.0       # and the engine's result check over the world (tail_costs.result_check_time)
     stages: list[dict] = field(default_factory=list)
-    cost_model: dict = field(default_factory=dict)   # device type -> "analytic" | "learned"
+    # device type (priced_by.cluster_key per cluster where a type's clusters differ) -> "analytic" | "learned"
+    cost_model: dict = field(default_factory=dict)
     cost_model_why: dict = field(default_factory=dict)   # device type -> why that model prices it (learned only)
     # several pipelines / mixed replica groups (plan/multi_simulate.py): per pipeline its samples and times, and
     # the exchange that sums gradients across the mesh stages holding the same parameters
@@ -249,9 +251,7 @@ def _finish(model, gbs, pipe: Pipeline, layers, m, depths, choices, cost_model, 
                                "send_next_schedule": "blocking" if blocking[i] else "overlapped",
                                "send_next_depth": depth[i]})
             stages[-1].update(shared_uplinks.to_row(pipe.uplinks[i] if pipe.uplinks else None))
-    sources = {prof.cluster.device.name: cost_model.source(prof.cluster.device) for prof in profs}
-    why = {prof.cluster.device.name: cost_model.coverage(prof.cluster.device)[1] for prof in profs} \
-        if hasattr(cost_model, "coverage") else {}
+    sources, why = sources_and_why([(prof.cluster.name, prof.cluster.device) for prof in profs], cost_model)
     return Estimate(iteration_time_s=T, tokens_per_s=tokens / T, tflops_per_device=flops / T / world / 1e12,
                     mfu=flops / T / peak, memory_gib=[x / GIB for x in mem], fits=fits, pipeline_s=makespan,
                     dp_exposed_s=tail["dp_exposed_s"], optimizer_s=tail["optimizer_s"], sync_s=tail["sync_s"],

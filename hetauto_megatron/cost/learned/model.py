@@ -10,6 +10,7 @@ from ...spec.devices import CATALOG, DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
 from .. import features as F
+from ..priced_by import priced_per_device
 from .manifest import read_model_dir
 from .samples import DeviceInfo, allreduce_rate_at, calibration_key, tp_allreduce_key
 
@@ -87,13 +88,13 @@ class LearnedCostModel:
     def source(self, device: DeviceType) -> str:
         return "learned" if self._info(device) is not None else "analytic"
 
-    def describe(self, devices) -> list[str]:
-        """One line per device type: which model prices it and why (what the planner says on stderr)."""
-        out = []
-        for dev in sorted({d.name: d for d in devices}.values(), key=lambda d: d.name):
-            info, why = self.coverage(dev)
-            out.append(f"{dev.name}: {'learned' if info is not None else 'analytic'} ({why})")
-        return out
+    def describe(self, clusters) -> list[str]:
+        """One line per device type: which model prices it and why (what the planner says on stderr); one per
+        cluster for a type whose clusters it prices differently (priced_by.priced_per_device). `clusters`: the
+        inventory's clusters (bare device types are read as clusters of their own name)."""
+        pairs = [(c.name, getattr(c, "device", c)) for c in clusters]
+        answers = priced_per_device(pairs, lambda d: (self.source(d), self.coverage(d)[1]))
+        return [f"{key}: {source} ({why})" for key, (source, why) in answers.items()]
 
     def covered_devices(self) -> list[str]:
         """Device types this model predicts for (by name; some need not be in the catalog)."""

@@ -13,7 +13,8 @@ from ...errors import InputError
 from .. import features as F
 from ...spec._fields import shorten
 from ...spec.files import json_object_pairs
-from .profile_checks import check_dtype_bytes
+from .profile_checks import (_JSON_TYPES, _REMEASURE, check_dtype_bytes, layer_of_row, op_of_row,
+                             row_label)
 
 
 MODEL_FORMAT = "hetauto-learned-cost/3"   # 3: calibration groups and devices keyed by arithmetic
@@ -206,14 +207,14 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     dev = known         # the catalog's name: an alias in the header (H200) keyed the fitted model apart from it
     samples, zeros = [], []
     for no, r in rows:
+        op = op_of_row(r, path=path, line=no)     # each dimension checked: a hand edit is named, not a traceback
         try:
-            op = F.Op.from_dict(r["op"])
             # The 10th percentile, not the median: on a shared host the median also measures the neighbours
             # (a preempted repetition takes a scheduler slice longer); on a dedicated accelerator both agree.
             phases = {ph: _timing(r, ph, path, no) for ph in ("fwd", "bwd")}
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
-                             fix="delete the row (profiling resumes and re-measures it)")
+        except KeyError as exc:
+            raise InputError(f"{row_label(r, no)} lacks its time", file=path, field=str(exc.args[0]),
+                             fix=_REMEASURE) from None
         for phase, t in phases.items():
             if t == 0:
                 zeros.append(f"row {r.get('key', '?')} {_time_field(r, phase)}")
@@ -226,7 +227,6 @@ def profile_samples(path: str) -> tuple[DeviceInfo, list[Sample]]:
     return info, samples
 
 
-_REMEASURE = "delete the row (profiling resumes and re-measures it)"
 _LEFT_OUT = "to measure again: delete those rows, and 'hetauto profile' resumes into the file"
 
 
@@ -238,8 +238,7 @@ def _time_field(row: dict, phase: str) -> str:
 def _timing(row: dict, phase: str, path: str, line: int) -> float:
     """A row's time of one pass (_time_field), checked by measured_time; `line`: the row's line in the file."""
     name = _time_field(row, phase)
-    return measured_time(row[name], file=path, field=name, row=f"line {line} (row {row.get('key', '?')})",
-                         fix=_REMEASURE)
+    return measured_time(row[name], file=path, field=name, row=row_label(row, line), fix=_REMEASURE)
 
 
 # The most one measured pass may take. `hetauto profile` runs each row at least 9 times (2 warm-up, 7 timed:
@@ -248,9 +247,6 @@ def _timing(row: dict, phase: str, path: str, line: int) -> float:
 # FLOP/s. A longer time is a hand edit or a corrupted entry, and the fit would carry it into every plan it prices
 # (a layer pass of 1e300 s predicted iterations of 1e303 s).
 MAX_MEASURED_S = 3600.0
-
-_JSON_TYPES = {str: "a JSON string", bool: "a JSON boolean", list: "a JSON array", dict: "a JSON object",
-               type(None): "JSON null"}
 
 
 def measured_time(value, *, file: str, field: str, row: str, fix: str) -> float:
@@ -384,12 +380,13 @@ def read_layers(path: str) -> tuple[dict, list[MeasuredLayer]]:
     out, zeros = [], []
     unfused = layer_file_unfused(header)
     for no, r in rows:
+        shape = layer_of_row(r, path=path, line=no)     # each field checked, as a model's and for its TP degree
         try:
-            layer = MeasuredLayer(str(r.get("model", "?")), F.LayerShape.from_dict(r["layer"]),
-                                  _timing(r, "fwd", path, no), _timing(r, "bwd", path, no), unfused)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"row {r.get('key', '?')} is malformed ({exc})", file=path,
-                             fix="delete the row (profiling resumes and re-measures it)")
+            layer = MeasuredLayer(str(r.get("model", "?")), shape, _timing(r, "fwd", path, no),
+                                  _timing(r, "bwd", path, no), unfused)
+        except KeyError as exc:
+            raise InputError(f"{row_label(r, no)} lacks its time", file=path, field=str(exc.args[0]),
+                             fix=_REMEASURE) from None
         if layer.fwd_s == 0 or layer.bwd_s == 0:      # the layer's time is both passes': no half of it is kept
             zeros.append(f"row {r.get('key', '?')} {_time_field(r, 'fwd' if layer.fwd_s == 0 else 'bwd')}")
         else:
