@@ -464,3 +464,16 @@ def test_the_readme_plans_timeline_is_its_simulation(readme_plan, tmp_path, caps
             ends.append(None)                     # this stage's tail ends where the overhead starts
     assert max(e for e in ends if e is not None) == pytest.approx(est["pipeline_s"], abs=2e-6)
     assert None in ends, "no stage's tail ends where the overhead starts"
+
+
+def test_a_pictures_title_counts_in_words_and_gives_the_time_to_four_digits():
+    """A one-stage plan's title said '1 stages', and an iteration of 1.003 s was written '1 s'."""
+    from hetauto_megatron.plan.simulate import simulate
+    from hetauto_megatron.plan.timeline import predicted_timeline
+    from hetauto_megatron.spec.inventory import load_inventory
+
+    plan = load_plan(os.path.join(ROOT, "examples", "llama", "plans", "cpu-small-tp2.yaml"))
+    inv = load_inventory(os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml"))
+    title = predicted_timeline(plan, inv).title
+    assert "1 stage," in title and f"{plan.num_micro_batches} micro-batch" in title, title
+    assert f"{simulate(plan, inv).iteration_time_s:.4g} s per iteration" in title, title

@@ -139,8 +139,8 @@ def predicted_timeline(plan, inventory, cost_model=None, *, title: str | None = 
                         (holders_sync_time(inv, blocks), check, norm), tail_end, T)
     sync_spans(inv, blocks, norm, plan.world_size, start, lanes, spans, check)
     spans.sort(key=lambda s: (s.lane, s.start))
-    name = title or (f"predicted: {plan.model.name}, {p} stages, {m} micro-batches, "
-                     f"{T:.3g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
+    name = title or (f"predicted: {plan.model.name}, {_count(p, 'stage')}, {_count(m, 'micro-batch')}, "
+                     f"{T:.4g} s per iteration" + (f", as {ENGINE_NAMES[engine]} runs it" if engine != "megatron" else ""))
     return Timeline(name, lanes, spans, T, clusters, "predicted")
 
 
@@ -295,13 +295,17 @@ def _shapes_timeline(plan, inventory, cost_model, title: str | None) -> Timeline
     per = [len({r["stage"] for r in t.stages}) for t in res.pipelines]     # each pipeline's own stages
     stages = sum(per)
     groups = sum(len(t.stages) for t in res.pipelines)
-    plural = lambda n, word: f"{n} {word}{'' if n == 1 else 'es' if word.endswith('batch') else 's'}"
-    shape = (f"1 pipeline of {plural(per[0], 'stage')}" if len(per) == 1 else
+    shape = (f"1 pipeline of {_count(per[0], 'stage')}" if len(per) == 1 else
              f"{len(per)} pipelines of {' + '.join(str(n) for n in per)} stages")
     batches = [t.micro_batches for t in res.pipelines]
     name = title or (f"predicted: {plan.model.name}, {shape}"
                      + (f" ({groups} groups with the replica groups side by side)" if groups > stages else "")
-                     + (f", {plural(batches[0], 'micro-batch')}" if len(batches) == 1 else
+                     + (f", {_count(batches[0], 'micro-batch')}" if len(batches) == 1 else
                         f", {' + '.join(str(b) for b in batches)} micro-batches (by pipeline)")
-                     + f", {T:.3g} s per iteration")
+                     + f", {T:.4g} s per iteration")
     return Timeline(name, lanes, spans, T, clusters, "predicted")
+
+
+def _count(n: int, word: str) -> str:
+    """'1 stage', '2 stages', '1 micro-batch', '4 micro-batches' (a picture's title said '1 stages')."""
+    return f"{n} {word}{'' if n == 1 else 'es' if word.endswith('batch') else 's'}"
