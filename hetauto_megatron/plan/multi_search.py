@@ -234,6 +234,8 @@ def _search_partition(model, inventory, gbs, cost, cfg, con, names, blocks, cach
         key = (tuple(blk), share)
         if key not in cache:
             out.pipelines_searched += 1
+            # (each is a whole single-pipeline search, quiet: tens of seconds for a block of many clusters)
+            progress(out, f"  pipeline {'+'.join(blk)} at {share:,} samples: searching")
             try:
                 # (a block above --max-iteration-s at its first share may come under it as the shares move)
                 cache[key] = search(model, inventory, share, cost, dataclasses.replace(
