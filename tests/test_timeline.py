@@ -477,3 +477,25 @@ def test_a_pictures_title_counts_in_words_and_gives_the_time_to_four_digits():
     title = predicted_timeline(plan, inv).title
     assert "1 stage," in title and f"{plan.num_micro_batches} micro-batch" in title, title
     assert f"{simulate(plan, inv).iteration_time_s:.4g} s per iteration" in title, title
+
+
+def test_a_pictures_legend_names_only_what_it_draws(tmp_path, capsys):
+    """The legend listed every kind of span, also those a plan has none of (link transfers and waits on a plan of
+    one stage, the exchange across holders on an untied plan). The SVG keeps each label's text."""
+    import re
+
+    from helpers import run_cli
+    inv = os.path.join(ROOT, "examples", "llama", "inventory-cpu-dryrun.yaml")
+
+    def labels(plan):
+        svg = tmp_path / "t.svg"
+        rc, _, err = run_cli(["simulate", "--plan", os.path.join(ROOT, "examples", "llama", "plans", plan),
+                              "--inventory", inv, "--timeline", str(svg)], capsys)
+        assert rc == 0, err
+        return set(re.findall(r"<!-- (.*?) -->", svg.read_text()))
+
+    one = labels("cpu-small-tp2.yaml")
+    assert {"optimizer", "site-a forward"} <= one, one
+    assert not {"link transfer / send", "receive: waiting for a link / peer", "gradient exchange across holders"} & one
+    two = labels("cpu-small-pp2.yaml")
+    assert "link transfer / send" in two, two

@@ -47,6 +47,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
     from matplotlib.patches import Patch
 
     clusters = list(dict.fromkeys(c for tl in timelines for c in tl.clusters))
@@ -57,6 +58,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                              gridspec_kw={"height_ratios": heights})
     # a pixel or two of the shared time axis, which spans the longest timeline (a measured one beside its prediction)
     sliver = max([tl.iteration_s for tl in timelines] + [s.end for tl in timelines for s in tl.spans]) / 600
+    drawn: set = set()          # the colours drawn: the legend names only what the picture shows
     for ax, tl, lanes in zip(axes[:, 0], timelines, rows):
         y_of = {lane: len(lanes) - 1 - k for k, lane in enumerate(lanes)}
         bars: dict = {}
@@ -74,6 +76,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
             # a sliver shows only where nothing else is (the trace keeps every span's own times)
             width = max(s.duration, sliver)
             bars.setdefault((y_of[s.lane], c, width > s.duration), []).append((s.start, width))
+            drawn.add(c)
         for (y, c, widened), xr in bars.items():
             # the exchange's steps follow each other: edges show where (a sliver has neither edges nor hatching,
             # which would leave it white)
@@ -93,7 +96,7 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
     handles = []
     for c in clusters:
         handles += [Patch(color=colour[c], label=f"{c} forward"), Patch(color=_darker(colour[c]), label=f"{c} backward")]
-    handles += [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
+    kinds = [Patch(color=KIND_COLOURS["send"], label="link transfer / send"),
                 Patch(color=KIND_COLOURS["receive"], label="receive: waiting for a link / peer"),
                 Patch(color=KIND_COLOURS["dp-sync"], label="gradient sync: DP, across holders"),
                 Patch(facecolor=KIND_COLOURS["exchange"], hatch="////", edgecolor="white",
@@ -101,6 +104,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 Patch(color=KIND_COLOURS["norm"], label="result check, global gradient norm"),
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
+    # (an untied plan has no exchange across holders, a plan of one stage no link transfer: not listed)
+    handles += [h for h in kinds if to_hex(h.get_facecolor()) in {to_hex(c) for c in drawn}]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if len(handles) <= 6 else 0.09, 1, 1))
     # the same picture, byte for byte, for the same timeline: no creation date, and a fixed salt for the SVG's ids
