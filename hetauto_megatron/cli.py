@@ -40,7 +40,7 @@ typical flow:
       --timeline plan.png
   hetauto explain --plan plan.yaml
   hetauto emit megatron --plan plan.yaml -o launch/
-  hetauto plan --model tiny --inventory examples/llama/inventory-cpu-dryrun.yaml --global-batch-size 8 -o tiny.yaml
+  hetauto plan --model tiny --inventory examples/llama/inventory-cpu-dryrun.yaml --global-batch-size 24 -o tiny.yaml
   hetauto dryrun --plan tiny.yaml --tiny --reference      # a plan small enough for this machine's CPU processes
 
 exit codes: 0 ok, 1 a run that failed (a dryrun rank, probe-link --local's second process), 2 invalid input
