@@ -105,7 +105,8 @@ def draw_timelines(timelines: list[Timeline], path: str, *, all_links: bool = Fa
                 Patch(color=KIND_COLOURS["optimizer"], label="optimizer"),
                 Patch(color=KIND_COLOURS["overhead"], label="per-iteration overhead")]
     # (an untied plan has no exchange across holders, a plan of one stage no link transfer: not listed)
-    handles += [h for h in kinds if to_hex(h.get_facecolor()) in {to_hex(c) for c in drawn}]
+    shown = {to_hex(c) for c in drawn}
+    handles += [h for h in kinds if to_hex(h.get_facecolor()) in shown]
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 if len(handles) <= 6 else 0.09, 1, 1))
     # the same picture, byte for byte, for the same timeline: no creation date, and a fixed salt for the SVG's ids

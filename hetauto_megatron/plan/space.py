@@ -345,11 +345,8 @@ class SearchSpace(SpaceBounds):
         more) at an allowed micro-batch that one layer fits in; else the subtree is a dead end that playouts would
         keep falling into. The steps up to the devices are not filtered (the trees they make are as before)."""
         key = ("step", cluster, S)
-        if key not in self._fits:
-            n = min(self._cl[cluster].num_devices, self.max_devices)
-            self._fits[key] = any(t * d <= n and S // d <= self.max_mb and self._mb_ok(S // d)
-                                  and self.fits_one_layer(cluster, t, d, S // d, self._rc(cluster))
-                                  for t in self.tp[cluster] for d in divisors(S) if d <= n)
+        if key not in self._fits:      # (the cluster as a pipeline's first mesh: all of its devices free)
+            self._fits[key] = any(self._dp_choices(self._cl[cluster], t, S, (), (cluster,)) for t in self.tp[cluster])
         return self._fits[key]
 
     def _mb_ok(self, mb: int) -> bool:

@@ -10,7 +10,7 @@ from ...spec.devices import CATALOG, DeviceType, canonical_device_name
 from ...spec.inventory import LinkSpec
 from ...spec.model import ModelSpec
 from .. import features as F
-from ..priced_by import priced_per_device
+from ..priced_by import sources_and_why
 from .manifest import read_model_dir
 from .samples import DeviceInfo, allreduce_rate_at, calibration_key, tp_allreduce_key
 
@@ -92,9 +92,8 @@ class LearnedCostModel:
         """One line per device type: which model prices it and why (what the planner says on stderr); one per
         cluster for a type whose clusters it prices differently (priced_by.priced_per_device). `clusters`: the
         inventory's clusters (bare device types are read as clusters of their own name)."""
-        pairs = [(c.name, getattr(c, "device", c)) for c in clusters]
-        answers = priced_per_device(pairs, lambda d: (self.source(d), self.coverage(d)[1]))
-        return [f"{key}: {source} ({why})" for key, (source, why) in answers.items()]
+        sources, why = sources_and_why([(c.name, getattr(c, "device", c)) for c in clusters], self)
+        return [f"{key}: {source} ({why[key]})" for key, source in sources.items()]
 
     def covered_devices(self) -> list[str]:
         """Device types this model predicts for (by name; some need not be in the catalog)."""
